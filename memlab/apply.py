@@ -1,0 +1,81 @@
+"""Put a plan on the live model for real training, and take it off again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.batch import Batch, LossFn
+from memlab.module_state import ModuleStructure
+from memlab.plan import Plan
+from memlab.step import TrainingStep
+
+
+class Applied:
+    """A plan put on a live model: ``optimizer``, ``step(batch)`` and ``undo()``.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> applied = apply(model, Plan(checkpointing=True), loss_fn=lambda m, b: m(b).pow(2).mean())
+        >>> loss = applied.step(torch.randn(8, 4))
+        >>> applied.undo()
+    """
+
+    def __init__(self, model: nn.Module, plan: Plan, *, loss_fn: LossFn | None, lr: float) -> None:
+        self.model = model
+        self.plan = plan
+        self._before = ModuleStructure.capture(model)
+        try:
+            self._step = TrainingStep(model, plan, loss_fn=loss_fn, lr=lr)
+        except BaseException:
+            self._before.restore()
+            raise
+        self.active = True
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer the plan trains with (torch AdamW, bitsandbytes AdamW8bit, or the CPU-offloaded one)."""
+        return self._step.optimizer
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self._step.notes)
+
+    def step(self, batch: Batch) -> float:
+        """One optimizer step over one effective batch (``micro_batch * accumulation`` rows); the loss as a float."""
+        if not self.active:
+            raise RuntimeError("this plan was undone; call memlab.apply(model, plan) again to train with it")
+        return self._step(batch)
+
+    def undo(self) -> None:
+        """Take the techniques off the model (checkpointing, training flag, hooks); weights keep what training did."""
+        if not self.active:
+            return
+        self._step.close()
+        self._before.restore()
+        self.active = False
+
+    def __enter__(self) -> Applied:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.undo()
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "undone"
+        return f"<memlab.Applied {self.plan.label()} on {type(self.model).__name__} ({state})>"
+
+
+def apply(model: nn.Module, plan: Plan, *, loss_fn: LossFn | None = None, lr: float = 1e-5) -> Applied:
+    """Put ``plan`` on the live ``model`` and return what trains with it.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> with apply(model, Plan(accumulation=2, micro_batch=4), loss_fn=lambda m, b: m(b).mean()) as applied:
+        ...     _ = applied.step(torch.randn(8, 4))
+    """
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a memlab.Plan, not {type(plan).__name__}; write memlab.Plan(...)")
+    return Applied(model, plan, loss_fn=loss_fn, lr=lr)

@@ -1,0 +1,132 @@
+"""Batches: counting rows, cutting micro-batches, moving to a device, and the default loss."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Union
+
+import torch
+from torch import nn
+
+from memlab.errors import MemlabError
+
+Batch = Union[Mapping[str, Any], torch.Tensor, tuple[Any, ...], list[Any]]
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+def _tensors(batch: Batch) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(batch, torch.Tensor):
+        yield "batch", batch
+    elif isinstance(batch, Mapping):
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor):
+                yield repr(key), value
+    elif isinstance(batch, (tuple, list)):
+        for position, value in enumerate(batch):
+            if isinstance(value, torch.Tensor):
+                yield f"[{position}]", value
+    else:
+        raise MemlabError(
+            f"a batch of type {type(batch).__name__} is not supported; "
+            "pass a dict of tensors, a tensor, or a tuple of tensors with rows on dimension 0"
+        )
+
+
+def count_rows(batch: Batch) -> int:
+    """Rows in a batch (dimension 0 of every tensor in it, which must agree).
+
+    Example:
+        >>> count_rows({"input_ids": torch.zeros(4, 8), "labels": torch.zeros(4, 8)})
+        4
+    """
+    rows: dict[str, int] = {}
+    for name, tensor in _tensors(batch):
+        if tensor.dim() == 0:
+            raise MemlabError(f"batch tensor {name} is a scalar; every batch tensor needs rows on dimension 0")
+        rows[name] = tensor.shape[0]
+    if not rows:
+        raise MemlabError("the batch holds no tensors; pass a dict of tensors, a tensor, or a tuple of tensors")
+    if len(set(rows.values())) > 1:
+        listed = ", ".join(f"{name}: {count}" for name, count in rows.items())
+        raise MemlabError(f"batch tensors disagree on the number of rows ({listed}); give them the same dimension 0")
+    return next(iter(rows.values()))
+
+
+def count_tokens(batch: Batch) -> int | None:
+    """Tokens in a batch: the sum of ``attention_mask`` if present, else the size of ``input_ids``; None otherwise.
+
+    Example:
+        >>> count_tokens({"input_ids": torch.zeros(2, 5, dtype=torch.long)})
+        10
+    """
+    if not isinstance(batch, Mapping):
+        return None
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor):
+        return int(mask.sum().item())
+    ids = batch.get("input_ids")
+    if isinstance(ids, torch.Tensor):
+        return ids.numel()
+    return None
+
+
+def map_tensors(batch: Batch, function: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+    """The batch with ``function`` applied to every tensor; other values pass through unchanged."""
+    if isinstance(batch, torch.Tensor):
+        return function(batch)
+    if isinstance(batch, Mapping):
+        return {key: function(v) if isinstance(v, torch.Tensor) else v for key, v in batch.items()}
+    return type(batch)(function(v) if isinstance(v, torch.Tensor) else v for v in batch)
+
+
+def take_rows(batch: Batch, indices: torch.Tensor) -> Batch:
+    """The rows at ``indices`` of every tensor (a new tensor each time, never a view of the user's batch)."""
+    return map_tensors(batch, lambda tensor: tensor.index_select(0, indices.to(tensor.device)))
+
+
+def batch_device(batch: Batch) -> torch.device | None:
+    for _, tensor in _tensors(batch):
+        return tensor.device
+    return None
+
+
+def default_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """``model(**batch).loss`` for a dict batch, the Hugging Face convention."""
+    if not isinstance(batch, Mapping):
+        raise MemlabError(
+            f"a {type(batch).__name__} batch needs a loss_fn; pass loss_fn=lambda model, batch: <scalar loss>"
+        )
+    output = model(**batch)
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if loss is None:
+        raise MemlabError(
+            f"{type(model).__name__}(**batch) returned no .loss (does the batch have labels?); "
+            "add labels to the batch or pass loss_fn=lambda model, batch: <scalar loss>"
+        )
+    return loss
+
+
+def resolve_loss_fn(batch: Batch, loss_fn: LossFn | None) -> LossFn:
+    """The loss function to use: the user's, else the default for dict batches; a clear error otherwise."""
+    if loss_fn is not None:
+        if not callable(loss_fn):
+            raise MemlabError("loss_fn must be callable as loss_fn(model, batch) -> scalar tensor")
+        return loss_fn
+    if not isinstance(batch, Mapping):
+        raise MemlabError(
+            f"a {type(batch).__name__} batch needs a loss_fn; pass loss_fn=lambda model, batch: <scalar loss>"
+        )
+    return default_loss
+
+
+def check_loss(loss: Any) -> torch.Tensor:
+    """The loss itself if it is a scalar tensor that can be differentiated; a clear error otherwise."""
+    if not isinstance(loss, torch.Tensor):
+        raise MemlabError(f"the loss is a {type(loss).__name__}, not a tensor; return a scalar tensor from loss_fn")
+    if loss.numel() != 1:
+        raise MemlabError(
+            f"the loss has shape {tuple(loss.shape)}, not a scalar; reduce it, e.g. return loss.mean()"
+        )
+    if not loss.requires_grad:
+        raise MemlabError("the loss does not require grad; compute it from the model's output without no_grad()")
+    return loss.reshape(())

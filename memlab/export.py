@@ -1,0 +1,311 @@
+"""Take a plan elsewhere: ``TrainingArguments`` keywords, a DeepSpeed config, a plain PyTorch loop.
+
+``Plan.to_training_arguments()``, ``Plan.to_deepspeed()`` and ``Plan.to_code()`` call these functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from memlab.plan import PLAN_FIELDS, Plan
+
+__all__ = ["deepspeed_config", "pytorch_code", "training_arguments"]
+
+_TRAINER_OPTIMIZERS = {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit"}
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_uses_activation_checkpointing() -> bool:
+    """Whether the installed transformers names checkpointing ``activation_checkpointing`` (5.x) or only
+    ``gradient_checkpointing`` (older releases, where the new name is rejected)."""
+    from transformers import TrainingArguments
+
+    return "activation_checkpointing" in {f.name for f in dataclasses.fields(TrainingArguments)}
+
+
+def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``transformers.TrainingArguments`` that do what ``plan`` does.
+
+    - ``per_device_train_batch_size``: ``plan.micro_batch`` (left out when it is None: keep your own).
+    - ``gradient_accumulation_steps``: ``plan.accumulation``.
+    - checkpointing: ``activation_checkpointing=True`` with
+      ``activation_checkpointing_kwargs={"use_reentrant": False}`` where the installed transformers has those
+      names (5.x, where ``gradient_checkpointing*`` are deprecated aliases that warn);
+      ``gradient_checkpointing`` / ``gradient_checkpointing_kwargs`` with older releases, or when
+      ``legacy_names=True``.
+    - ``bf16`` / ``fp16``: from ``plan.precision`` (both False for fp32). On a machine without a bf16 GPU,
+      transformers refuses ``bf16=True`` unless you also pass ``use_cpu=True``.
+    - ``optim``: ``"adamw_torch"`` or ``"adamw_bnb_8bit"`` (bitsandbytes).
+
+    Offload: the Trainer has no flag that offloads optimizer state, and none that offloads all activations.
+    Where the plan checkpoints and offloads activations, transformers 5.x can hold the checkpointed
+    activations in pinned CPU memory (``activation_checkpointing_kwargs["offload"] = True``), and that key is
+    set. Everything else that the plan offloads needs DeepSpeed: pass ``deepspeed=plan.to_deepspeed()`` (see
+    :func:`deepspeed_config`).
+
+    Args:
+        plan: the plan to express.
+        legacy_names: True for the ``gradient_checkpointing`` names, False for ``activation_checkpointing``,
+            None (default) to follow the installed transformers.
+
+    Example:
+        >>> plan = Plan(micro_batch=4, accumulation=2, precision="bf16")
+        >>> kwargs = training_arguments(plan, legacy_names=False)
+        >>> kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"], kwargs["bf16"]
+        (4, 2, True)
+        >>> kwargs["optim"], kwargs["activation_checkpointing"]
+        ('adamw_torch', False)
+        >>> # then: transformers.TrainingArguments(output_dir="out", **kwargs)
+    """
+    if legacy_names is None:
+        legacy_names = not _installed_uses_activation_checkpointing()
+    kwargs: dict[str, Any] = {}
+    if plan.micro_batch is not None:
+        kwargs["per_device_train_batch_size"] = plan.micro_batch
+    kwargs["gradient_accumulation_steps"] = plan.accumulation
+    name = "gradient_checkpointing" if legacy_names else "activation_checkpointing"
+    kwargs[name] = plan.checkpointing
+    if plan.checkpointing:
+        checkpoint_kwargs: dict[str, Any] = {"use_reentrant": False}
+        if plan.offloads_activations and not legacy_names:
+            checkpoint_kwargs["offload"] = True
+        kwargs[f"{name}_kwargs"] = checkpoint_kwargs
+    kwargs["bf16"] = plan.precision == "bf16"
+    kwargs["fp16"] = plan.precision == "fp16"
+    kwargs["optim"] = _TRAINER_OPTIMIZERS[plan.optimizer]
+    return kwargs
+
+
+def deepspeed_config(plan: Plan) -> dict[str, Any]:
+    """A DeepSpeed config (ZeRO stage 2) for ``plan``: for ``TrainingArguments(deepspeed=...)`` or a file.
+
+    - ``train_micro_batch_size_per_gpu``: ``plan.micro_batch``, or ``"auto"`` (the Trainer fills it in) when
+      None.
+    - ``gradient_accumulation_steps``: ``plan.accumulation``.
+    - ``zero_optimization``: stage 2; with ``"offload_optimizer": {"device": "cpu", "pin_memory": True}``
+      where the plan offloads the optimizer.
+    - ``bf16`` / ``fp16``: ``{"enabled": True}``; fp16 with ``"loss_scale": 0`` (dynamic loss scaling).
+    - ``optimizer``: AdamW with ``"auto"`` parameters (the Trainer fills them in; with optimizer offload
+      DeepSpeed runs its CPU Adam). 8-bit Adam is not a DeepSpeed optimizer: the key is left out and
+      ``"_comment"`` says to pass the bitsandbytes optimizer yourself (for the Trainer:
+      ``optimizers=(bnb.optim.AdamW8bit(...), None)``); ``"zero_allow_untested_optimizer": True`` lets ZeRO
+      take it, and with optimizer offload ``"zero_force_ds_cpu_optimizer": False`` lets it run instead of
+      DeepSpeed's CPU Adam.
+    - activation offload: ``"activation_checkpointing": {"cpu_checkpointing": True, ...}``. DeepSpeed offloads
+      only checkpointed activations, so this acts together with checkpointing (and then only where the model
+      checkpoints through ``deepspeed.checkpointing``); without checkpointing ``"_comment"`` says so.
+
+    Only what the plan decides is set: no learning rate, scheduler, clipping or ZeRO tuning.
+
+    Example:
+        >>> plan = Plan(micro_batch=2, accumulation=8, precision="fp16", offload="optimizer")
+        >>> config = deepspeed_config(plan)
+        >>> config["zero_optimization"]["offload_optimizer"]["device"], config["fp16"]
+        ('cpu', {'enabled': True, 'loss_scale': 0})
+        >>> config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]
+        (2, 8)
+    """
+    comments: list[str] = []
+    zero: dict[str, Any] = {"stage": 2}
+    if plan.offloads_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": plan.micro_batch if plan.micro_batch is not None else "auto",
+        "gradient_accumulation_steps": plan.accumulation,
+        "zero_optimization": zero,
+    }
+    if plan.precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif plan.precision == "fp16":
+        config["fp16"] = {"enabled": True, "loss_scale": 0}
+    if plan.optimizer == "adamw":
+        config["optimizer"] = {
+            "type": "AdamW",
+            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+        }
+    else:
+        comments.append(
+            "8-bit AdamW is not a DeepSpeed optimizer: create bitsandbytes.optim.AdamW8bit yourself and "
+            "pass it (Trainer(optimizers=(optimizer, None)) or deepspeed.initialize(optimizer=optimizer))"
+        )
+        config["zero_allow_untested_optimizer"] = True
+        if plan.offloads_optimizer:
+            config["zero_force_ds_cpu_optimizer"] = False
+            comments.append(
+                "optimizer offload with a client optimizer: DeepSpeed's own CPU Adam is not used, so the "
+                "8-bit update runs wherever bitsandbytes runs it"
+            )
+    if plan.offloads_activations:
+        config["activation_checkpointing"] = {
+            "partition_activations": False,
+            "cpu_checkpointing": True,
+            "contiguous_memory_optimization": False,
+            "synchronize_checkpoint_boundary": False,
+        }
+        if not plan.checkpointing:
+            comments.append(
+                "DeepSpeed offloads only checkpointed activations: cpu_checkpointing acts only with "
+                "activation checkpointing on"
+            )
+    if comments:
+        config["_comment"] = "; ".join(comments)
+    return config
+
+
+def pytorch_code(plan: Plan) -> str:
+    """A plain PyTorch training loop, as source text, that does what ``plan`` does.
+
+    The snippet expects two names to exist: ``model`` (a ``torch.nn.Module`` already on its device, a Hugging
+    Face model where checkpointing is on) and ``batches`` (an iterable of dicts of tensors, dimension 0 being
+    rows; the loss is ``model(**micro_batch).loss``, in ``compute_loss``). With ``micro_batch`` set, each
+    batch is one optimizer step, cut into micro-batches of that many rows; with ``micro_batch=None``, each
+    batch is one micro-batch and every ``accumulation`` batches make a step. It uses ``torch.autocast`` (+
+    ``GradScaler`` for fp16), ``activation_checkpointing_enable`` (``gradient_checkpointing_enable`` before
+    transformers 5), ``bitsandbytes.optim.AdamW8bit``, CPU copies of the weights for optimizer offload and
+    ``torch.autograd.graph.save_on_cpu`` for activation offload.
+
+    Example:
+        >>> code = pytorch_code(Plan(micro_batch=2, accumulation=4, precision="fp16"))
+        >>> "GradScaler" in code and "torch.autocast" in code
+        True
+        >>> _ = compile(code, "<plan>", "exec")
+    """
+    fields = ", ".join(f"{name}={getattr(plan, name)!r}" for name in PLAN_FIELDS)
+    lines: list[str] = [f"# memlab plan {plan.label()!r}", f"#   {fields}"]
+    lines.append("# Needs `model` (a torch.nn.Module on its device) and `batches` (an iterable of dicts of")
+    if plan.micro_batch is not None:
+        rows = plan.micro_batch * plan.accumulation
+        lines.append(
+            f"# tensors, dimension 0 = rows). Each batch is one optimizer step of {rows} rows "
+            f"({plan.micro_batch} x {plan.accumulation} micro-batches)."
+        )
+    else:
+        lines.append(
+            "# tensors, dimension 0 = rows). Each batch is one micro-batch; "
+            + (
+                "each makes one optimizer step."
+                if plan.accumulation == 1
+                else f"{plan.accumulation} batches make one optimizer step."
+            )
+        )
+    lines.append("import torch")
+    if plan.optimizer == "adamw8bit":
+        lines.append("import bitsandbytes as bnb")
+    lines += [
+        "",
+        "lr = 1e-5",
+        *([f"micro_batch = {plan.micro_batch}"] if plan.micro_batch is not None else []),
+        f"accumulation = {plan.accumulation}",
+        "device = next(model.parameters()).device",
+        *(
+            ['pin = device.type == "cuda"  # pinned CPU memory makes copies to and from the GPU faster']
+            if plan.offload != "none"
+            else []
+        ),
+        "model.train()",
+        "",
+        "",
+        "def compute_loss(model, micro):",
+        "    return model(**micro).loss",
+        "",
+        "",
+    ]
+    if plan.checkpointing:
+        lines += [
+            "# Activation checkpointing: keep only each block's input, recompute the rest in backward",
+            'if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5',
+            '    model.activation_checkpointing_enable({"use_reentrant": False})',
+            "else:",
+            '    model.gradient_checkpointing_enable({"use_reentrant": False})',
+            "",
+        ]
+    optimizer_class = "bnb.optim.AdamW8bit" if plan.optimizer == "adamw8bit" else "torch.optim.AdamW"
+    lines.append("params = [p for p in model.parameters() if p.requires_grad]")
+    if plan.offloads_optimizer:
+        lines += [
+            "# Optimizer offload: optimizer state and update live on the CPU, on copies of the weights",
+            "cpu_params = [",
+            '    torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin).copy_(p.detach())',
+            "    for p in params",
+            "]",
+            "for cpu_p in cpu_params:",
+            "    cpu_p.requires_grad_()",
+            f"optimizer = {optimizer_class}(cpu_params, lr=lr)",
+        ]
+    else:
+        lines.append(f"optimizer = {optimizer_class}(params, lr=lr)")
+    if plan.precision == "fp16":
+        lines.append("scaler = torch.amp.GradScaler(device.type)  # dynamic loss scaling for fp16")
+
+    contexts = []
+    if plan.offloads_activations:
+        contexts.append("torch.autograd.graph.save_on_cpu(pin_memory=pin)")
+    if plan.precision != "fp32":
+        dtype = "torch.bfloat16" if plan.precision == "bf16" else "torch.float16"
+        contexts.append(f"torch.autocast(device.type, dtype={dtype})")
+
+    def forward_backward(indent: str, micro: str, divisor: str) -> list[str]:
+        body = [f"{indent}micro = {micro}"]
+        call = f"loss = compute_loss(model, micro) / {divisor}"
+        if contexts:
+            if plan.offloads_activations:
+                body.append(f"{indent}# save_on_cpu: tensors kept for backward wait in CPU memory")
+            body.append(f"{indent}with {', '.join(contexts)}:")
+            body.append(f"{indent}    {call}")
+        else:
+            body.append(f"{indent}{call}")
+        backward = "scaler.scale(loss).backward()" if plan.precision == "fp16" else "loss.backward()"
+        body.append(f"{indent}{backward}")
+        return body
+
+    def optimizer_step(indent: str) -> list[str]:
+        body = []
+        if plan.offloads_optimizer:
+            body += [
+                f"{indent}for p, cpu_p in zip(params, cpu_params):  # gradients to the CPU",
+                f'{indent}    cpu_p.grad = None if p.grad is None else p.grad.to("cpu", dtype=cpu_p.dtype)',
+                f"{indent}    p.grad = None",
+            ]
+        if plan.precision == "fp16":
+            body += [f"{indent}scaler.step(optimizer)", f"{indent}scaler.update()"]
+        else:
+            body.append(f"{indent}optimizer.step()")
+        body.append(f"{indent}optimizer.zero_grad(set_to_none=True)")
+        if plan.offloads_optimizer:
+            body += [
+                f"{indent}with torch.no_grad():  # updated weights back to the device",
+                f"{indent}    for p, cpu_p in zip(params, cpu_params):",
+                f"{indent}        p.copy_(cpu_p, non_blocking=True)",
+            ]
+        return body
+
+    lines += ["", ""]
+    if plan.micro_batch is not None:
+        lines += [
+            "for batch in batches:",
+            "    rows = len(next(iter(batch.values())))",
+            "    starts = range(0, rows, micro_batch)",
+            "    for start in starts:",
+            *forward_backward(
+                "        ",
+                "{k: v[start : start + micro_batch].to(device) for k, v in batch.items()}",
+                "len(starts)",
+            ),
+            *optimizer_step("    "),
+        ]
+    elif plan.accumulation == 1:
+        lines += [
+            "for batch in batches:",
+            *forward_backward("    ", "{k: v.to(device) for k, v in batch.items()}", "accumulation"),
+            *optimizer_step("    "),
+        ]
+    else:
+        lines += [
+            "for index, batch in enumerate(batches):",
+            *forward_backward("    ", "{k: v.to(device) for k, v in batch.items()}", "accumulation"),
+            "    if (index + 1) % accumulation == 0:",
+            *optimizer_step("        "),
+        ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,428 @@
+"""MemoryTracker: live tensor-storage bytes by category, and their peak, on any device (CPU, meta, fake).
+
+The tracker is a ``TorchDispatchMode``. After every operator it looks at the storages of the outputs: a
+storage it has not seen before is a new allocation and is charged to the current phase's category; a weak
+reference with a callback takes the bytes off again when the storage is freed. Views share their base's
+storage and so are never counted twice. Storages that existed before tracking started are only counted when
+they are given as ``baseline`` or passed to :meth:`MemoryTracker.mark`: an aliasing operator (a view, an
+in-place or ``out=`` op) that hands back such a storage does not allocate it.
+
+What it cannot see: memory an operator allocates and frees inside its kernel (workspaces), memory that
+never becomes a tensor (allocator caches, CUDA context), and storage-less tensors (sparse ones). On CUDA
+the allocator's own statistics (:mod:`memlab.measure.cuda`) are the reference; the tracker provides the
+breakdown by category.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
+
+from memlab.errors import MemlabError
+from memlab.plan import format_bytes
+
+__all__ = ["CATEGORIES", "MemoryTracker"]
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
+
+_SAMPLE_INTERVAL_S = 1e-3
+
+# ``lift_fresh`` is declared as aliasing its input, but that input is the tensor ``torch.tensor(...)`` has
+# just built outside the dispatcher: its storage is a new allocation.
+_FRESH_DESPITE_ALIASING = frozenset({torch.ops.aten.lift_fresh.default})
+
+_aliasing_cache: dict[Any, bool] = {}
+
+
+def _returns_alias(func: Any) -> bool:
+    """True when every tensor the operator returns aliases an input (views, in-place, ``out=``)."""
+    try:
+        return _aliasing_cache[func]
+    except KeyError:
+        pass
+    if func in _FRESH_DESPITE_ALIASING:
+        result = False
+    else:
+        try:
+            returns = func._schema.returns
+            result = bool(returns) and all(r.alias_info is not None for r in returns)
+        except AttributeError:  # not an OpOverload (a higher-order operator, say): treat outputs as fresh
+            result = False
+    _aliasing_cache[func] = result
+    return result
+
+
+def _as_int(value: Any) -> int:
+    """Storage sizes are ints, except symbolic ones under fake tensors with dynamic shapes."""
+    if type(value) is int:
+        return value
+    try:
+        return int(value)
+    except Exception:  # an unbacked symbolic size has no value to count
+        return 0
+
+
+class _Ledger:
+    """The accounting, shared with the weak-reference callbacks.
+
+    It never holds a tensor or a storage (only weak references to storages), so a freed storage's callback
+    can always run. Callbacks can fire at any allocation (cyclic garbage collection), including in the
+    middle of an update here; they therefore only queue the free while an update is under way, and the
+    queue is applied at the end of it.
+    """
+
+    def __init__(self) -> None:
+        self.totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        # id(storage) -> [weakref to the storage, category, nbytes]
+        self.entries: dict[int, list[Any]] = {}
+        self.live = 0
+        self.peak = 0
+        self.peak_totals: dict[str, int] = dict(self.totals)
+        self.busy = False
+        self.pending: list[tuple[int, weakref.ref[Any]]] = []
+
+    def freed(self, key: int, ref: weakref.ref[Any]) -> None:
+        self.pending.append((key, ref))
+        if not self.busy:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.busy:
+            return
+        self.busy = True
+        try:
+            self._apply_pending()
+        finally:
+            self.busy = False
+
+    def _apply_pending(self) -> None:
+        entries, totals = self.entries, self.totals
+        while self.pending:
+            key, ref = self.pending.pop()
+            entry = entries.get(key)
+            if entry is None or entry[0] is not ref:
+                continue
+            del entries[key]
+            totals[entry[1]] -= entry[2]
+            self.live -= entry[2]
+
+    def lookup(self, storage: Any) -> list[Any] | None:
+        """The entry of a live tracked storage, or None (a stale entry of a dead one is dropped)."""
+        entry = self.entries.get(id(storage))
+        if entry is None:
+            return None
+        if entry[0]() is storage:
+            return entry
+        # Same id as a storage that died with its free still queued: apply that free first.
+        del self.entries[id(storage)]
+        self.totals[entry[1]] -= entry[2]
+        self.live -= entry[2]
+        return None
+
+    def add(self, storage: Any, category: str) -> int:
+        nbytes = _as_int(storage.nbytes())
+        key = id(storage)
+        ref = weakref.ref(storage, functools.partial(self.freed, key))
+        self.entries[key] = [ref, category, nbytes]
+        self.totals[category] += nbytes
+        self.live += nbytes
+        return nbytes
+
+    def resize(self, entry: list[Any], storage: Any) -> int:
+        """Follow a tracked storage that an in-place op (``resize_``, ``out=``) has grown or shrunk."""
+        nbytes = _as_int(storage.nbytes())
+        change = nbytes - entry[2]
+        if change:
+            entry[2] = nbytes
+            self.totals[entry[1]] += change
+            self.live += change
+        return change
+
+    def move(self, entry: list[Any], category: str) -> None:
+        if entry[1] != category:
+            self.totals[entry[1]] -= entry[2]
+            self.totals[category] += entry[2]
+            entry[1] = category
+
+    def note_peak(self) -> bool:
+        if self.live > self.peak:
+            self.peak = self.live
+            self.peak_totals = dict(self.totals)
+            return True
+        return False
+
+
+def _check_category(category: str) -> str:
+    if category not in CATEGORIES:
+        raise MemlabError(f"unknown memory category {category!r}; write one of {', '.join(CATEGORIES)}")
+    return category
+
+
+class MemoryTracker(TorchDispatchMode):
+    """Counts live tensor-storage bytes by category while active, and their peak (a ``TorchDispatchMode``).
+
+    Args:
+        baseline: category -> tensors already alive when tracking starts (parameters and buffers under
+            ``"params"``, optimizer state under ``"optimizer"``, the batch under ``"other"``...). Each storage
+            is counted once, under the first category that names it; ``None`` entries are ignored.
+        budget: bytes; when an operator makes ``live_bytes`` exceed it, the operator raises
+            ``torch.OutOfMemoryError`` (after its allocation was counted in ``peak_bytes``), exactly like a
+            real out-of-memory. ``None``: no limit.
+        device: only storages on this device count. ``"cuda"`` without an index means the current CUDA device
+            (device 0 when CUDA is not initialised, as for fake tensors). ``"meta"`` counts meta tensors and
+            fake tensors (``FakeTensorMode``) of any fake device, which is what a dry run needs.
+        on_sample: called with ``live_bytes`` on each new peak and otherwise at most once a millisecond, from
+            inside the operator that changed it: keep it cheap and do not run tensor operations in it.
+
+    Allocations made inside :meth:`phase` count under its category, elsewhere under ``"other"``. Frees are
+    counted whenever they happen, after ``__exit__`` too, so ``live_bytes`` stays true for what was
+    tracked. The tracker is meant for one thread at a time (the autograd engine's hand-off to its device
+    threads is fine).
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(8, 8)
+        >>> tracker = MemoryTracker(baseline={"params": model.parameters()})
+        >>> with tracker:
+        ...     with tracker.phase("activations"):
+        ...         model(torch.ones(4, 8)).sum().backward()
+        ...     tracker.mark([p.grad for p in model.parameters()], "grads")
+        >>> tracker.breakdown["params"]
+        288
+        >>> sum(tracker.breakdown.values()) == tracker.peak_bytes
+        True
+    """
+
+    def __init__(
+        self,
+        *,
+        baseline: Mapping[str, Iterable[torch.Tensor | None]] | None = None,
+        budget: int | None = None,
+        device: torch.device | str = "cpu",
+        on_sample: Callable[[int], None] | None = None,
+    ) -> None:
+        super().__init__()
+        if budget is not None and budget < 0:
+            raise MemlabError(f"budget {budget} is negative; write a number of bytes >= 0 or None")
+        self.budget = budget
+        self.device = torch.device(device)
+        self._device_type = self.device.type
+        self._device_index = self.device.index
+        if self._device_type == "cuda" and self._device_index is None:
+            self._device_index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+        self._on_sample = on_sample
+        self._last_sample = 0.0
+        self._category = "other"
+        self._active = False
+        self._ledger = _Ledger()
+        if baseline:
+            for category, tensors in baseline.items():
+                _check_category(category)
+                self._register(tensors, category, move=False)
+        self._ledger.note_peak()
+
+    # ----------------------------------------------------------------------------------------------- results
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of the tracked storages alive now."""
+        self._ledger.flush()
+        return self._ledger.live
+
+    @property
+    def peak_bytes(self) -> int:
+        """The largest ``live_bytes`` seen so far, baseline included."""
+        return self._ledger.peak
+
+    @property
+    def breakdown(self) -> dict[str, int]:
+        """Bytes by category at the moment of the peak (all categories; the values sum to the peak)."""
+        return dict(self._ledger.peak_totals)
+
+    def live_breakdown(self) -> dict[str, int]:
+        """Bytes by category now.
+
+        Example:
+            >>> MemoryTracker().live_breakdown()
+            {'params': 0, 'grads': 0, 'optimizer': 0, 'activations': 0, 'other': 0}
+        """
+        self._ledger.flush()
+        return dict(self._ledger.totals)
+
+    def reset_peak(self) -> None:
+        """Start the peak again from what is live now (for measuring a second step with the same tracker).
+
+        Example:
+            >>> tracker = MemoryTracker()
+            >>> tracker.reset_peak()
+            >>> tracker.peak_bytes
+            0
+        """
+        ledger = self._ledger
+        ledger.flush()
+        ledger.peak = ledger.live
+        ledger.peak_totals = dict(ledger.totals)
+
+    # ---------------------------------------------------------------------------------------------- controls
+    def __enter__(self) -> MemoryTracker:
+        if self.budget is not None and self.live_bytes > self.budget:
+            self._raise_over_budget(self.live_bytes)
+        super().__enter__()
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._active = False
+        super().__exit__(*exc)
+
+    @contextlib.contextmanager
+    def phase(self, category: str) -> Iterator[None]:
+        """Charge the allocations made inside to ``category``; the previous category comes back afterwards.
+
+        Example:
+            >>> tracker = MemoryTracker()
+            >>> with tracker, tracker.phase("activations"):
+            ...     x = torch.empty(1000)
+            >>> tracker.live_breakdown()["activations"]
+            4000
+        """
+        previous = self._category
+        self._category = _check_category(category)
+        try:
+            yield
+        finally:
+            self._category = previous
+
+    def mark(self, tensors: Iterable[torch.Tensor | None], category: str) -> None:
+        """Move the storages of ``tensors`` (``None`` ignored) to ``category``, adding those not yet tracked.
+
+        Called from ``register_post_accumulate_grad_hook`` hooks it files gradients under ``"grads"`` as
+        soon as they exist, so the breakdown at a peak inside ``backward`` shows them there.
+
+        Example:
+            >>> tracker = MemoryTracker()
+            >>> weight = torch.empty(10)
+            >>> tracker.mark([weight, None], "params")
+            >>> tracker.live_breakdown()["params"]
+            40
+        """
+        added = self._register(tensors, _check_category(category), move=True)
+        if added:
+            new_peak = self._ledger.note_peak()
+            if self._active and self.budget is not None and self._ledger.live > self.budget:
+                self._raise_over_budget(self._ledger.live)
+            if self._on_sample is not None:
+                self._maybe_sample(new_peak)
+
+    # ------------------------------------------------------------------------------------------- internals
+    def _storages(self, tensor: torch.Tensor) -> tuple[Any, ...]:
+        """The storages behind ``tensor`` on this tracker's device (none for storage-less tensors)."""
+        if type(tensor) is not torch.Tensor and is_traceable_wrapper_subclass(tensor):
+            names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+            return tuple(s for name in names for s in self._storages(getattr(tensor, name)))
+        if self._device_type == "meta":
+            try:
+                storage = tensor.untyped_storage()
+            except Exception:  # sparse and other storage-less layouts
+                return ()
+            # Fake tensors report their fake device but keep their storage on meta.
+            return (storage,) if storage.device.type == "meta" else ()
+        device = tensor.device
+        if device.type != self._device_type:
+            return ()
+        if self._device_index is not None and device.index is not None and device.index != self._device_index:
+            return ()
+        try:
+            return (tensor.untyped_storage(),)
+        except Exception:
+            return ()
+
+    def _register(self, tensors: Iterable[torch.Tensor | None], category: str, *, move: bool) -> int:
+        ledger = self._ledger
+        added = 0
+        ledger.flush()
+        ledger.busy = True
+        try:
+            for tensor in tensors:
+                if tensor is None:
+                    continue
+                for storage in self._storages(tensor):
+                    entry = ledger.lookup(storage)
+                    if entry is None:
+                        added += ledger.add(storage, category)
+                    elif move:
+                        ledger.move(entry, category)
+        finally:
+            ledger.busy = False
+        ledger.flush()
+        return added
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            outputs: Iterable[Any] = (out,)
+        elif isinstance(out, (tuple, list)):
+            outputs = out if all(not isinstance(o, (tuple, list, dict)) for o in out) else tree_leaves(out)
+        elif out is None:
+            return out
+        else:
+            outputs = tree_leaves(out)
+        aliasing = _returns_alias(func)
+        ledger = self._ledger
+        category = self._category
+        added = 0
+        ledger.busy = True
+        try:
+            for tensor in outputs:
+                if not isinstance(tensor, torch.Tensor):
+                    continue
+                for storage in self._storages(tensor):
+                    entry = ledger.lookup(storage)
+                    if entry is not None:
+                        if aliasing:
+                            added += ledger.resize(entry, storage)
+                    elif not aliasing:
+                        added += ledger.add(storage, category)
+        finally:
+            ledger.busy = False
+        if ledger.pending:
+            ledger.flush()
+        if added > 0:
+            new_peak = ledger.note_peak()
+            if self._active and self.budget is not None and ledger.live > self.budget:
+                live = ledger.live
+                # Free this operator's outputs now: the error's traceback must not keep them alive.
+                del out, outputs, tensor, storage
+                self._raise_over_budget(live)
+            if self._on_sample is not None:
+                self._maybe_sample(new_peak)
+        elif self._on_sample is not None:
+            self._maybe_sample(False)
+        return out
+
+    def _raise_over_budget(self, live: int) -> None:
+        budget = self.budget
+        raise torch.OutOfMemoryError(
+            f"memlab budget: out of memory: the step needs more than {format_bytes(budget)} "
+            f"({budget} bytes; tried to hold {format_bytes(live)}, {live} bytes)"
+        )
+
+    def _maybe_sample(self, new_peak: bool) -> None:
+        now = time.perf_counter()
+        if new_peak or now - self._last_sample >= _SAMPLE_INTERVAL_S:
+            self._last_sample = now
+            assert self._on_sample is not None
+            self._on_sample(self._ledger.live)

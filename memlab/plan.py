@@ -1,0 +1,240 @@
+"""Plan: one setting of the memory techniques, plus parsing of budgets and ``--try`` grids."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from memlab.errors import MemlabError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "adamw8bit")
+OFFLOADS = ("none", "optimizer", "activations", "all")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One training setting: how a batch is split and which memory techniques are on.
+
+    Args:
+        micro_batch: rows per forward/backward; ``None`` means all rows of the batch given.
+        accumulation: micro-batches per optimizer step (effective batch = micro_batch * accumulation).
+        checkpointing: activation (gradient) checkpointing on or off.
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (fp16 uses dynamic loss scaling).
+        optimizer: ``"adamw"`` or ``"adamw8bit"`` (bitsandbytes).
+        offload: ``"none"``, ``"optimizer"``, ``"activations"`` or ``"all"``.
+
+    Example:
+        >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
+        'mb2x4 bf16'
+        >>> Plan(precision="fp8")
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: precision='fp8' is not known; write one of fp32, bf16, fp16
+    """
+
+    micro_batch: int | None = None
+    accumulation: int = 1
+    checkpointing: bool = False
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    offload: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.micro_batch is not None and (
+            isinstance(self.micro_batch, bool) or not isinstance(self.micro_batch, int) or self.micro_batch < 1
+        ):
+            raise MemlabError(
+                f"micro_batch={self.micro_batch!r} is not allowed; write a whole number >= 1, or None for all rows"
+            )
+        if isinstance(self.accumulation, bool) or not isinstance(self.accumulation, int) or self.accumulation < 1:
+            raise MemlabError(f"accumulation={self.accumulation!r} is not allowed; write a whole number >= 1")
+        if not isinstance(self.checkpointing, bool):
+            raise MemlabError(f"checkpointing={self.checkpointing!r} is not allowed; write True or False")
+        for name, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("offload", OFFLOADS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise MemlabError(f"{name}={value!r} is not known; write one of {', '.join(allowed)}")
+
+    @property
+    def offloads_optimizer(self) -> bool:
+        return self.offload in ("optimizer", "all")
+
+    @property
+    def offloads_activations(self) -> bool:
+        return self.offload in ("activations", "all")
+
+    def rows_per_step(self, batch_rows: int) -> int:
+        """Rows one optimizer step consumes: ``micro_batch * accumulation`` (micro_batch defaults to the batch)."""
+        return (self.micro_batch or batch_rows) * self.accumulation
+
+    def label(self) -> str:
+        """A short name for tables and plots: only what differs from the plain plan is shown."""
+        parts = []
+        if self.micro_batch is not None or self.accumulation != 1:
+            parts.append(f"mb{self.micro_batch or 'all'}x{self.accumulation}")
+        if self.checkpointing:
+            parts.append("ckpt")
+        if self.precision != "fp32":
+            parts.append(self.precision)
+        if self.optimizer != "adamw":
+            parts.append(self.optimizer)
+        if self.offload != "none":
+            parts.append(f"offload-{self.offload}")
+        return " ".join(parts) or "plain"
+
+    def replace(self, **changes: Any) -> Plan:
+        """A copy with some fields changed (validated like a new Plan)."""
+        return replace(self, **changes)
+
+    def to_training_arguments(self) -> dict[str, Any]:
+        """Keyword arguments for ``transformers.TrainingArguments`` that do what this plan does."""
+        from memlab.export import training_arguments
+
+        return training_arguments(self)
+
+    def to_deepspeed(self) -> dict[str, Any]:
+        """A DeepSpeed config dict for this plan (ZeRO offload where the plan offloads)."""
+        from memlab.export import deepspeed_config
+
+        return deepspeed_config(self)
+
+    def to_code(self) -> str:
+        """A plain PyTorch training-loop snippet that does what this plan does."""
+        from memlab.export import pytorch_code
+
+        return pytorch_code(self)
+
+
+PLAN_FIELDS = tuple(f.name for f in fields(Plan))
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1024,
+    "KB": 1000,
+    "KIB": 1024,
+    "M": 1024**2,
+    "MB": 1000**2,
+    "MIB": 1024**2,
+    "G": 1024**3,
+    "GB": 1000**3,
+    "GIB": 1024**3,
+    "T": 1024**4,
+    "TB": 1000**4,
+    "TIB": 1024**4,
+}
+_BUDGET_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_budget(budget: int | str | None) -> int | None:
+    """Bytes from an int or a string such as ``"8GiB"``, ``"500MB"``, ``"1.5G"`` (G, M, K alone are binary).
+
+    Example:
+        >>> parse_budget("1.5G")
+        1610612736
+        >>> parse_budget("500MB")
+        500000000
+        >>> parse_budget("lots")
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: budget 'lots' is not understood; write bytes as a number or a size such as 8GiB, 500MB, 1.5G
+    """
+    if budget is None:
+        return None
+    if isinstance(budget, bool):
+        raise MemlabError("budget must be bytes or a size string; write for example budget='8GiB'")
+    if isinstance(budget, int):
+        if budget <= 0:
+            raise MemlabError(f"budget {budget} is not positive; write a size such as 8GiB")
+        return budget
+    if isinstance(budget, float):
+        if budget <= 0:
+            raise MemlabError(f"budget {budget} is not positive; write a size such as 8GiB")
+        return int(budget)
+    match = _BUDGET_PATTERN.match(str(budget))
+    unit = match.group(2).upper() if match else ""
+    if match is None or unit not in _UNITS:
+        raise MemlabError(
+            f"budget {budget!r} is not understood; write bytes as a number or a size such as 8GiB, 500MB, 1.5G"
+        )
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise MemlabError(f"budget {budget!r} is not positive; write a size such as 8GiB")
+    return value
+
+
+def format_bytes(num_bytes: float | None) -> str:
+    """``1536`` -> ``'1.5 KiB'``; used in tables and messages.
+
+    Example:
+        >>> format_bytes(3 * 1024**3)
+        '3.00 GiB'
+    """
+    if num_bytes is None:
+        return "-"
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} B" if unit == "B" else f"{value:.{2 if unit == 'GiB' else 1}f} {unit}"
+        value /= 1024
+    return f"{value:.2f} TiB"
+
+
+_BOOLEANS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
+
+
+def parse_value(field: str, text: str) -> Any:
+    """One ``--try`` value for a Plan field, from text: ``checkpointing=on``, ``micro_batch=8``, ``micro_batch=all``."""
+    text = text.strip()
+    if field == "checkpointing":
+        if text.lower() not in _BOOLEANS:
+            raise MemlabError(f"checkpointing={text!r} is not understood; write on or off")
+        return _BOOLEANS[text.lower()]
+    if field in ("micro_batch", "accumulation"):
+        if field == "micro_batch" and text.lower() in ("all", "none"):
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise MemlabError(f"{field}={text!r} is not a whole number; write for example {field}=4") from None
+    return text
+
+
+def parse_grid(items: Iterable[str] | Mapping[str, Sequence[Any]], base: Plan | None = None) -> list[Plan]:
+    """Plans for every combination of ``KEY=V1,V2`` items (or a mapping of field to values), in the given order.
+
+    Example:
+        >>> [p.label() for p in parse_grid(["precision=fp32,bf16", "checkpointing=off,on"])]
+        ['plain', 'ckpt', 'bf16', 'ckpt bf16']
+    """
+    base = base or Plan()
+    axes: dict[str, list[Any]] = {}
+    if isinstance(items, Mapping):
+        for key, values in items.items():
+            _check_field(key)
+            axes[key] = list(values)
+    else:
+        for item in items:
+            key, sep, values = item.partition("=")
+            key = key.strip().replace("-", "_")
+            if not sep or not values.strip():
+                raise MemlabError(f"{item!r} is not KEY=V1,V2; write for example precision=fp32,bf16")
+            _check_field(key)
+            if key in axes:
+                raise MemlabError(f"{key} is given twice; write all its values once, as {key}=V1,V2")
+            axes[key] = [parse_value(key, v) for v in values.split(",") if v.strip()]
+    plans: list[Plan] = []
+    for combination in itertools.product(*axes.values()):
+        plan = base.replace(**dict(zip(axes.keys(), combination)))
+        if plan not in plans:
+            plans.append(plan)
+    return plans or [base]
+
+
+def _check_field(key: str) -> None:
+    if key not in PLAN_FIELDS:
+        raise MemlabError(f"{key!r} is not a plan setting; write one of {', '.join(PLAN_FIELDS)}")

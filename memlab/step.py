@@ -1,0 +1,135 @@
+"""One optimizer step of a plan on a live model: the techniques put together.
+
+``TrainingStep`` is what ``apply`` hands the user and what every trial runs, so the measured step and the applied
+step are the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from memlab.batch import Batch, LossFn, batch_device, check_loss, map_tensors, resolve_loss_fn
+from memlab.module_state import trainable_parameters
+from memlab.plan import Plan
+from memlab.techniques.accumulation import micro_batches, scale_loss
+from memlab.techniques.checkpointing import enable_checkpointing
+from memlab.techniques.offload import OffloadedOptimizer, activation_offload, offload_notes
+from memlab.techniques.optimizer import build_optimizer
+from memlab.techniques.precision import autocast, check_precision, grad_scaler
+
+
+class Phases(Protocol):
+    """What a memory tracker offers the step: a category for new allocations, and re-labelling of tensors."""
+
+    def phase(self, category: str) -> contextlib.AbstractContextManager[None]: ...
+
+    def mark(self, tensors: Any, category: str) -> None: ...
+
+
+class _NoPhases:
+    def phase(self, category: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def mark(self, tensors: Any, category: str) -> None:
+        return None
+
+
+NO_PHASES = _NoPhases()
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
+    for parameter in model.parameters():
+        return parameter.device
+    return torch.device("cpu")
+
+
+class TrainingStep:
+    """A model prepared for a plan: checkpointing on, its optimizer built, ready to run optimizer steps.
+
+    Call ``close()`` to take checkpointing off again (weights keep what training did).
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> step = TrainingStep(model, Plan(accumulation=2, micro_batch=2), loss_fn=lambda m, b: m(b).mean())
+        >>> isinstance(step(torch.randn(4, 4)), float)
+        True
+        >>> step.close()
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        plan: Plan,
+        *,
+        loss_fn: LossFn | None = None,
+        lr: float = 1e-5,
+        batch: Batch | None = None,
+    ) -> None:
+        self.model = model
+        self.plan = plan
+        self.device = model_device(model)
+        self.parameters = trainable_parameters(model)
+        self.notes = check_precision(plan, self.device) + offload_notes(plan, self.device)
+        self.loss_fn = loss_fn if batch is None else resolve_loss_fn(batch, loss_fn)
+        self._undo_checkpointing: Callable[[], None] | None = None
+        self.optimizer = self._build_optimizer(lr)
+        if plan.checkpointing:
+            self._undo_checkpointing = enable_checkpointing(model)
+        self.scaler = grad_scaler(plan, self.device)
+
+    def _build_optimizer(self, lr: float) -> Any:
+        def make(parameters: Any) -> torch.optim.Optimizer:
+            return build_optimizer(parameters, self.plan, lr)
+
+        if self.plan.offloads_optimizer and self.device.type != "cpu":
+            return OffloadedOptimizer(self.parameters, make)
+        return make(self.parameters)
+
+    def __call__(self, batch: Batch, tracker: Phases = NO_PHASES) -> float:
+        """One optimizer step over one effective batch; returns the mean micro-batch loss as a float."""
+        loss_fn = self.loss_fn or resolve_loss_fn(batch, None)
+        self.model.train()
+        with tracker.phase("other"):
+            parts = micro_batches(_on_device(batch, self.device), self.plan)
+        total = torch.zeros((), device=self.device)
+        for part in parts:
+            with tracker.phase("activations"):
+                with autocast(self.plan, self.device), activation_offload(self.plan, self.device):
+                    loss = check_loss(loss_fn(self.model, part))
+                scaled = scale_loss(loss.float(), self.plan)
+                if self.scaler is not None:
+                    self.scaler.scale(scaled).backward()
+                else:
+                    scaled.backward()
+                total += scaled.detach()
+                del loss, scaled
+            tracker.mark([p.grad for p in self.parameters], "grads")
+        del parts
+        with tracker.phase("other"):
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return float(total.item())
+
+    def close(self) -> None:
+        """Take checkpointing off again (the model's previous setting comes back exactly)."""
+        if self._undo_checkpointing is not None:
+            self._undo_checkpointing()
+            self._undo_checkpointing = None
+
+
+def _on_device(batch: Batch, device: torch.device) -> Batch:
+    source = batch_device(batch)
+    if source is None or source == device:
+        return batch
+    return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True))
+

@@ -1,0 +1,1 @@
+"""One module per memory technique; each puts itself on a model (or a step) and takes itself off again."""

@@ -1,0 +1,38 @@
+"""Gradient accumulation: several micro-batches per optimizer step, each loss scaled to keep the gradient."""
+
+from __future__ import annotations
+
+import torch
+
+from memlab.batch import Batch, count_rows, take_rows
+from memlab.plan import Plan
+
+
+def micro_batches(batch: Batch, plan: Plan) -> list[Batch]:
+    """The micro-batches of one optimizer step: ``plan.accumulation`` slices of ``plan.micro_batch`` rows.
+
+    Rows are taken in order and wrap around (rows repeat) when the plan asks for more rows than the batch has.
+
+    Example:
+        >>> parts = micro_batches(torch.arange(6).reshape(6, 1), Plan(micro_batch=2, accumulation=3))
+        >>> [p.flatten().tolist() for p in parts]
+        [[0, 1], [2, 3], [4, 5]]
+    """
+    rows = count_rows(batch)
+    size = plan.micro_batch or rows
+    if size == rows and plan.accumulation == 1:
+        return [batch]
+    order = torch.arange(size * plan.accumulation) % rows
+    return [take_rows(batch, order[i * size : (i + 1) * size]) for i in range(plan.accumulation)]
+
+
+def scale_loss(loss: torch.Tensor, plan: Plan) -> torch.Tensor:
+    """The micro-batch loss weighted so that summed gradients equal the mean over the effective batch.
+
+    Exact when the loss is a mean over rows (or over tokens with equal token counts per micro-batch).
+
+    Example:
+        >>> scale_loss(torch.tensor(8.0), Plan(micro_batch=2, accumulation=4)).item()
+        2.0
+    """
+    return loss / plan.accumulation if plan.accumulation > 1 else loss

@@ -1,0 +1,79 @@
+"""Offload to CPU: optimizer state with the update on the CPU, and activations through ``save_on_cpu``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.plan import Plan
+
+NOTHING_TO_MOVE = "offload moves nothing on a CPU-only device: memory and speed are as without it"
+
+
+def offload_notes(plan: Plan, device: torch.device) -> list[str]:
+    """What the plan's offload means on this device.
+
+    Example:
+        >>> offload_notes(Plan(offload="all"), torch.device("cpu"))
+        ['offload moves nothing on a CPU-only device: memory and speed are as without it']
+    """
+    if plan.offload != "none" and device.type == "cpu":
+        return [NOTHING_TO_MOVE]
+    return []
+
+
+def activation_offload(plan: Plan, device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Saved activations go to (pinned) CPU memory during forward and come back for backward."""
+    if not plan.offloads_activations or device.type == "cpu":
+        return contextlib.nullcontext()
+    return torch.autograd.graph.save_on_cpu(pin_memory=True)
+
+
+class OffloadedOptimizer:
+    """Keeps fp32 master weights and optimizer state in CPU memory and runs the update there.
+
+    ``param_groups`` are the device parameters, so a ``GradScaler`` can unscale their gradients as usual; ``step()``
+    copies gradients into pinned CPU buffers, steps the CPU optimizer, and copies the new weights back.
+    """
+
+    def __init__(
+        self,
+        parameters: Sequence[nn.Parameter],
+        make_optimizer: Callable[[Sequence[nn.Parameter]], torch.optim.Optimizer],
+    ) -> None:
+        self.device_parameters = list(parameters)
+        pin = torch.cuda.is_available()
+        self.cpu_parameters = [
+            nn.Parameter(torch.empty(p.shape, dtype=torch.float32, pin_memory=pin).copy_(p.detach()))
+            for p in self.device_parameters
+        ]
+        self.inner = make_optimizer(self.cpu_parameters)
+        self.param_groups = [{**group, "params": self.device_parameters} for group in self.inner.param_groups[:1]]
+        self.state: dict[Any, Any] = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for parameter in self.device_parameters:
+            parameter.grad = None
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:
+        for device_param, cpu_param in zip(self.device_parameters, self.cpu_parameters):
+            if device_param.grad is None:
+                cpu_param.grad = None
+                continue
+            if cpu_param.grad is None:
+                cpu_param.grad = torch.empty_like(cpu_param, pin_memory=cpu_param.is_pinned())
+            cpu_param.grad.copy_(device_param.grad, non_blocking=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.inner.step()
+        for device_param, cpu_param in zip(self.device_parameters, self.cpu_parameters):
+            device_param.copy_(cpu_param, non_blocking=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()

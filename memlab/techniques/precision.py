@@ -1,0 +1,52 @@
+"""Mixed precision: ``torch.autocast`` on the model's device type, a ``GradScaler`` for fp16, fp32 master weights."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from memlab.errors import UnsupportedTechnique
+from memlab.plan import Plan
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_precision(plan: Plan, device: torch.device) -> list[str]:
+    """Notes about the plan's precision on this device; a clear error where the device cannot run it.
+
+    Example:
+        >>> check_precision(Plan(precision="fp16"), torch.device("cpu"))
+        ['fp16 on CPU is slow: CPUs have no fast fp16 matrix units; compare bf16, or measure on the GPU']
+    """
+    if plan.precision == "fp32":
+        return []
+    if device.type == "cuda" and plan.precision == "bf16" and not torch.cuda.is_bf16_supported():
+        raise UnsupportedTechnique(
+            f"{torch.cuda.get_device_name(device)} has no bf16; write precision='fp16' (loss-scaled) instead"
+        )
+    if device.type not in ("cuda", "cpu", "xpu", "mps"):
+        raise UnsupportedTechnique(f"mixed precision on {device.type} is not supported; write precision='fp32'")
+    if device.type == "cpu" and plan.precision == "fp16":
+        return ["fp16 on CPU is slow: CPUs have no fast fp16 matrix units; compare bf16, or measure on the GPU"]
+    return []
+
+
+def autocast(plan: Plan, device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """The autocast context of the plan (a no-op for fp32).
+
+    Example:
+        >>> with autocast(Plan(precision="bf16"), torch.device("cpu")):
+        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+        torch.bfloat16
+    """
+    if plan.precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=_DTYPES[plan.precision])
+
+
+def grad_scaler(plan: Plan, device: torch.device) -> torch.amp.GradScaler | None:
+    """A dynamic loss scaler for fp16 (None otherwise): small fp16 gradients would underflow to zero without it."""
+    if plan.precision != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type)

@@ -1,0 +1,201 @@
+"""Issue 3: measure() and compare() on tiny real models on CPU."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+
+import psutil
+import pytest
+import torch
+from models import (
+    VOCAB,
+    assert_same,
+    fingerprint,
+    lm_batch,
+    mlp_batch,
+    mlp_loss,
+    tiny_bert,
+    tiny_gpt2,
+    tiny_llama,
+    tiny_mlp,
+    tiny_t5,
+)
+
+import memlab
+from memlab.events import MemorySample, StepFinished, TrialFinished, TrialStarted
+from memlab.trial import TrialRunner
+
+
+def parameter_count(model) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def test_params_are_four_bytes_each_and_the_breakdown_adds_up():
+    model = tiny_gpt2()
+    trial = memlab.measure(model, lm_batch(rows=4), memlab.Plan())
+    assert trial.status == "ok", trial.error
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert trial.breakdown["params"] == 4 * parameter_count(model) + buffers
+    assert set(trial.breakdown) == {"params", "grads", "optimizer", "activations", "other"}
+    assert abs(sum(trial.breakdown.values()) - trial.peak_bytes) <= 0.05 * trial.peak_bytes
+    # Steady state: AdamW's two moments exist before the measured step.
+    assert trial.breakdown["optimizer"] >= 2 * 4 * parameter_count(model)
+    assert trial.step_time_s > 0 and trial.samples_per_s > 0 and trial.tokens_per_s > 0
+
+
+def test_8bit_adam_optimizer_bytes_are_under_30_percent_of_adamw():
+    model, batch = tiny_gpt2(width=128), lm_batch(rows=2)
+    report = memlab.compare(model, batch, [memlab.Plan(), memlab.Plan(optimizer="adamw8bit")], progress=False)
+    adamw, adam8 = (t.breakdown["optimizer"] for t in report.trials)
+    assert adam8 <= 0.30 * adamw, (adam8, adamw)
+
+
+def test_checkpointing_halves_activations_on_an_8_layer_model():
+    model, batch = tiny_llama(layers=8, width=64), lm_batch(rows=4, length=32)
+    plain, checkpointed = memlab.compare(
+        model, batch, [memlab.Plan(), memlab.Plan(checkpointing=True)], progress=False
+    ).trials
+    assert checkpointed.breakdown["activations"] <= 0.5 * plain.breakdown["activations"]
+    assert checkpointed.peak_bytes < plain.peak_bytes
+
+
+def test_accumulation_lowers_the_peak_at_the_same_effective_batch():
+    model, batch = tiny_llama(width=64), lm_batch(rows=8, length=32)
+    whole, split = memlab.compare(
+        model, batch, [memlab.Plan(), memlab.Plan(micro_batch=2, accumulation=4)], progress=False
+    ).trials
+    assert whole.rows_per_step == split.rows_per_step == 8
+    assert split.breakdown["activations"] < whole.breakdown["activations"]
+
+
+@pytest.mark.parametrize(
+    "build, batch, loss_fn",
+    [
+        (tiny_llama, lambda: lm_batch(rows=4), None),
+        (tiny_t5, lambda: {**lm_batch(rows=4), "labels": torch.randint(0, VOCAB, (4, 8))}, None),
+        (tiny_bert, lambda: {**lm_batch(rows=4), "labels": torch.randint(0, 3, (4,))}, None),
+        (tiny_mlp, mlp_batch, mlp_loss),
+    ],
+    ids=["causal-lm", "t5", "bert-classifier", "plain-module"],
+)
+def test_measure_works_across_model_kinds(build, batch, loss_fn):
+    model = build()
+    before = fingerprint(model)
+    trials = memlab.compare(
+        model, batch(), [memlab.Plan(), memlab.Plan(micro_batch=2, accumulation=2, checkpointing=True)],
+        loss_fn=loss_fn, progress=False,
+    ).trials
+    assert [t.status for t in trials] == ["ok", "ok"], [t.error for t in trials]
+    assert all(t.peak_bytes > t.breakdown["params"] > 0 for t in trials)
+    assert (trials[0].tokens_per_s is None) == (loss_fn is not None)
+    assert_same(before, fingerprint(model))
+
+
+def test_a_budget_too_small_is_an_oom_with_the_peak_reached():
+    model, batch = tiny_gpt2(), lm_batch(rows=4)
+    plain = memlab.measure(model, batch, memlab.Plan())
+    budget = int(plain.peak_bytes * 0.8)
+    trial = memlab.measure(model, batch, memlab.Plan(), budget=budget)
+    assert trial.status == "oom" and "out of memory" in trial.error
+    assert trial.peak_bytes > budget
+    assert not trial.fits
+    assert memlab.measure(model, batch, memlab.Plan(), budget=plain.peak_bytes + 1).status == "ok"
+
+
+def test_compare_leaves_model_hooks_grads_and_user_optimizer_bit_exact():
+    model, batch = tiny_gpt2(), lm_batch(rows=4)
+    user_optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(**batch).loss.backward()
+    user_optimizer.step()
+    model(**batch).loss.backward()  # leave .grad fields filled, as a user's half-done step would
+    model.transformer.h[0].register_forward_hook(lambda *args: None)
+    model.eval()
+    state_before = {k: v.clone() for k, v in user_optimizer.state[model.lm_head.weight].items()}
+    before = fingerprint(model)
+    plain_peak = memlab.measure(model, batch, memlab.Plan()).peak_bytes
+
+    def broken_loss(model, batch):
+        raise ValueError("my loss is broken")
+
+    report = memlab.compare(
+        model, batch, [memlab.Plan(), memlab.Plan(checkpointing=True), memlab.Plan(precision="bf16")],
+        budget=int(plain_peak * 1.02), progress=False,
+    )
+    statuses = {t.plan.label(): t.status for t in report.trials}
+    assert statuses == {"plain": "ok", "ckpt": "ok", "bf16": statuses["bf16"]}
+    oom = memlab.measure(model, batch, memlab.Plan(accumulation=1), budget=int(plain_peak * 0.5))
+    error = memlab.measure(model, batch, memlab.Plan(), loss_fn=broken_loss)
+    assert oom.status == "oom" and error.status == "error" and "my loss is broken" in error.error
+    assert_same(before, fingerprint(model))
+    for key, value in state_before.items():
+        assert torch.equal(user_optimizer.state[model.lm_head.weight][key], value)
+
+
+def test_keyboard_interrupt_restores_the_model_then_propagates():
+    model, batch = tiny_gpt2(), lm_batch(rows=2)
+    model.eval()
+    before = fingerprint(model)
+    calls = itertools.count()
+
+    def interrupted(model, batch):
+        if next(calls) == 2:
+            raise KeyboardInterrupt
+        return model(**batch).loss
+
+    with pytest.raises(KeyboardInterrupt):
+        memlab.compare(model, batch, [memlab.Plan(checkpointing=True)], loss_fn=interrupted, progress=False)
+    assert_same(before, fingerprint(model))
+
+
+def _live_tensor_count() -> int:
+    gc.collect()
+    return sum(1 for obj in gc.get_objects() if isinstance(obj, torch.Tensor))
+
+
+def test_thirty_ooms_in_a_row_leave_nothing_behind():
+    model, batch = tiny_gpt2(), lm_batch(rows=4)
+    peak = memlab.measure(model, batch, memlab.Plan(), steps=1).peak_bytes
+    plans = [memlab.Plan(micro_batch=4, accumulation=1 + i % 2) for i in range(30)]
+    memlab.compare(model, batch, plans[:2], budget=peak // 2, steps=1, progress=False)  # warm caches
+    tensors_before = _live_tensor_count()
+    rss_before = psutil.Process().memory_info().rss
+    report = memlab.compare(model, batch, plans, budget=peak // 2, steps=1, progress=False)
+    assert [t.status for t in report.trials] == ["oom"] * 30
+    assert _live_tensor_count() <= tensors_before
+    assert psutil.Process().memory_info().rss < 1.05 * rss_before
+
+
+def test_steps_are_timed_by_the_median_and_warmup_is_not_timed(monkeypatch):
+    from memlab import step as step_module
+
+    now = {"t": 0.0}
+    durations = iter([100.0, 3.0, 1.0, 2.0])  # the warm-up step, then three timed steps
+    real_call = step_module.TrainingStep.__call__
+
+    def call_with_fake_duration(self, batch, tracker=step_module.NO_PHASES):
+        if tracker is step_module.NO_PHASES:  # the tracked step is never timed
+            now["t"] += next(durations)
+        return real_call(self, batch, tracker)
+
+    monkeypatch.setattr(step_module.TrainingStep, "__call__", call_with_fake_duration)
+    model, batch = tiny_mlp(), mlp_batch(rows=8)
+    runner = TrialRunner(model, batch, loss_fn=mlp_loss, steps=3, warmup=1, clock=lambda: now["t"])
+    trial = runner.run(memlab.Plan())
+    assert trial.step_time_s == 2.0
+    assert trial.samples_per_s == 8 / 2.0
+
+
+def test_progress_events_arrive_in_order():
+    events = []
+    model, batch = tiny_mlp(), mlp_batch()
+    memlab.compare(
+        model, batch, [memlab.Plan(), memlab.Plan(checkpointing=True)], loss_fn=mlp_loss, steps=2,
+        callback=events.append, progress=False,
+    )
+    kinds = [type(e).__name__ for e in events if not isinstance(e, MemorySample)]
+    assert kinds[0] == "TrialStarted" and kinds[-1] == "TrialFinished"
+    per_trial = [e for e in events if isinstance(e, StepFinished) and e.index == 0]
+    assert [e.kind for e in per_trial] == ["warmup", "tracked", "timed", "timed"]
+    assert sum(isinstance(e, TrialStarted) for e in events) == sum(isinstance(e, TrialFinished) for e in events) == 2
+    assert any(isinstance(e, MemorySample) for e in events)
