@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import nn
 
 from memlab.errors import MemlabError
 
-Batch = Union[Mapping[str, Any], torch.Tensor, tuple[Any, ...], list[Any]]
+Batch = Mapping[str, Any] | torch.Tensor | tuple[Any, ...] | list[Any]
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
 

@@ -182,14 +182,13 @@ def pytorch_code(plan: Plan) -> str:
             f"({plan.micro_batch} x {plan.accumulation} micro-batches)."
         )
     else:
-        lines.append(
-            "# tensors, dimension 0 = rows). Each batch is one micro-batch; "
-            + (
-                "each makes one optimizer step."
-                if plan.accumulation == 1
-                else f"{plan.accumulation} batches make one optimizer step."
+        if plan.accumulation == 1:
+            lines.append("# tensors, dimension 0 = rows). Each batch is one optimizer step.")
+        else:
+            lines.append(
+                "# tensors, dimension 0 = rows). Each batch is one micro-batch; "
+                f"{plan.accumulation} batches make one optimizer step."
             )
-        )
     lines.append("import torch")
     if plan.optimizer == "adamw8bit":
         lines.append("import bitsandbytes as bnb")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
@@ -44,6 +46,10 @@ class Plan:
     offload: str = "none"
 
     def __post_init__(self) -> None:
+        if isinstance(self.micro_batch, numbers.Integral) and not isinstance(self.micro_batch, bool):
+            object.__setattr__(self, "micro_batch", int(self.micro_batch))
+        if isinstance(self.accumulation, numbers.Integral) and not isinstance(self.accumulation, bool):
+            object.__setattr__(self, "accumulation", int(self.accumulation))
         if self.micro_batch is not None and (
             isinstance(self.micro_batch, bool) or not isinstance(self.micro_batch, int) or self.micro_batch < 1
         ):
@@ -74,8 +80,10 @@ class Plan:
     def label(self) -> str:
         """A short name for tables and plots: only what differs from the plain plan is shown."""
         parts = []
-        if self.micro_batch is not None or self.accumulation != 1:
-            parts.append(f"mb{self.micro_batch or 'all'}x{self.accumulation}")
+        if self.micro_batch is not None:
+            parts.append(f"mb{self.micro_batch}x{self.accumulation}")
+        elif self.accumulation != 1:
+            parts.append(f"accum{self.accumulation}")
         if self.checkpointing:
             parts.append("ckpt")
         if self.precision != "fp32":
@@ -130,7 +138,7 @@ _UNITS = {
 _BUDGET_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
-def parse_budget(budget: int | str | None) -> int | None:
+def parse_budget(budget: int | float | str | None) -> int | None:
     """Bytes from an int or a string such as ``"8GiB"``, ``"500MB"``, ``"1.5G"`` (G, M, K alone are binary).
 
     Example:
@@ -138,10 +146,10 @@ def parse_budget(budget: int | str | None) -> int | None:
         1610612736
         >>> parse_budget("500MB")
         500000000
-        >>> parse_budget("lots")
+        >>> parse_budget("lots")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        memlab.errors.MemlabError: budget 'lots' is not understood; write bytes as a number or a size such as 8GiB, 500MB, 1.5G
+        memlab.errors.MemlabError: budget 'lots' is not understood; write ... such as 8GiB, 500MB, 1.5G
     """
     if budget is None:
         return None
@@ -152,8 +160,8 @@ def parse_budget(budget: int | str | None) -> int | None:
             raise MemlabError(f"budget {budget} is not positive; write a size such as 8GiB")
         return budget
     if isinstance(budget, float):
-        if budget <= 0:
-            raise MemlabError(f"budget {budget} is not positive; write a size such as 8GiB")
+        if not math.isfinite(budget) or budget < 1:
+            raise MemlabError(f"budget {budget} is not positive (a whole number of bytes); write a size such as 8GiB")
         return int(budget)
     match = _BUDGET_PATTERN.match(str(budget))
     unit = match.group(2).upper() if match else ""
@@ -162,7 +170,7 @@ def parse_budget(budget: int | str | None) -> int | None:
             f"budget {budget!r} is not understood; write bytes as a number or a size such as 8GiB, 500MB, 1.5G"
         )
     value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
+    if value < 1:
         raise MemlabError(f"budget {budget!r} is not positive; write a size such as 8GiB")
     return value
 
@@ -178,7 +186,7 @@ def format_bytes(num_bytes: float | None) -> str:
         return "-"
     value = float(num_bytes)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
+        if abs(round(value, 2 if unit == "GiB" else 1)) < 1024:
             return f"{value:.0f} B" if unit == "B" else f"{value:.{2 if unit == 'GiB' else 1}f} {unit}"
         value /= 1024
     return f"{value:.2f} TiB"
@@ -204,7 +212,7 @@ def parse_value(field: str, text: str) -> Any:
     return text
 
 
-def parse_grid(items: Iterable[str] | Mapping[str, Sequence[Any]], base: Plan | None = None) -> list[Plan]:
+def parse_grid(items: str | Iterable[str] | Mapping[str, Any], base: Plan | None = None) -> list[Plan]:
     """Plans for every combination of ``KEY=V1,V2`` items (or a mapping of field to values), in the given order.
 
     Example:
@@ -213,10 +221,12 @@ def parse_grid(items: Iterable[str] | Mapping[str, Sequence[Any]], base: Plan | 
     """
     base = base or Plan()
     axes: dict[str, list[Any]] = {}
+    if isinstance(items, str):
+        items = items.split()
     if isinstance(items, Mapping):
         for key, values in items.items():
             _check_field(key)
-            axes[key] = list(values)
+            axes[key] = [values] if isinstance(values, (str, bool, int)) or values is None else list(values)
     else:
         for item in items:
             key, sep, values = item.partition("=")
@@ -227,9 +237,11 @@ def parse_grid(items: Iterable[str] | Mapping[str, Sequence[Any]], base: Plan | 
             if key in axes:
                 raise MemlabError(f"{key} is given twice; write all its values once, as {key}=V1,V2")
             axes[key] = [parse_value(key, v) for v in values.split(",") if v.strip()]
+            if not axes[key]:
+                raise MemlabError(f"{item!r} gives no values; write for example {key}=V1,V2")
     plans: list[Plan] = []
     for combination in itertools.product(*axes.values()):
-        plan = base.replace(**dict(zip(axes.keys(), combination)))
+        plan = base.replace(**dict(zip(axes.keys(), combination, strict=True)))
         if plan not in plans:
             plans.append(plan)
     return plans or [base]

@@ -94,9 +94,7 @@ class Trial:
         self.peak_bytes = int(self.peak_bytes)
         unknown = set(self.breakdown) - set(CATEGORIES)
         if unknown:
-            raise ValueError(
-                f"breakdown has unknown categories {sorted(unknown)}; use only {', '.join(CATEGORIES)}"
-            )
+            raise ValueError(f"breakdown has unknown categories {sorted(unknown)}; use only {', '.join(CATEGORIES)}")
         breakdown = {name: int(self.breakdown.get(name, 0)) for name in CATEGORIES}
         if any(value < 0 for value in breakdown.values()):
             raise ValueError(f"breakdown has negative bytes: {breakdown}")
@@ -124,7 +122,7 @@ class Trial:
             >>> t = Trial(Plan(accumulation=2), "ok", 10, {"params": 10}, 0.1, 20.0, None, "cpu")
             >>> d = t.to_dict()
             >>> d["label"], d["accumulation"], d["params_bytes"], d["optimizer_bytes"], d["optimizer"]
-            ('mballx2', 2, 10, 0, 'adamw')
+            ('accum2', 2, 10, 0, 'adamw')
         """
         data: dict[str, Any] = {"label": self.label, "status": self.status, "fits": self.fits}
         data["peak_bytes"] = self.peak_bytes

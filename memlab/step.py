@@ -98,6 +98,28 @@ class TrainingStep:
         with tracker.phase("other"):
             parts = micro_batches(_on_device(batch, self.device), self.plan)
         total = torch.zeros((), device=self.device)
+        # While tracking, a gradient is labelled the moment it is accumulated, so that a peak inside backward
+        # counts it as a gradient rather than as an activation.
+        hooks = [] if tracker is NO_PHASES else [
+            p.register_post_accumulate_grad_hook(lambda param: tracker.mark([param.grad], "grads"))
+            for p in self.parameters
+        ]
+        try:
+            self._accumulate(parts, loss_fn, total, tracker)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        del parts
+        with tracker.phase("other"):
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return float(total.item())
+
+    def _accumulate(self, parts: list[Batch], loss_fn: LossFn, total: torch.Tensor, tracker: Phases) -> None:
         for part in parts:
             with tracker.phase("activations"):
                 with autocast(self.plan, self.device), activation_offload(self.plan, self.device):
@@ -109,16 +131,6 @@ class TrainingStep:
                     scaled.backward()
                 total += scaled.detach()
                 del loss, scaled
-            tracker.mark([p.grad for p in self.parameters], "grads")
-        del parts
-        with tracker.phase("other"):
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        return float(total.item())
 
     def close(self) -> None:
         """Take checkpointing off again (the model's previous setting comes back exactly)."""

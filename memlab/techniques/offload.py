@@ -62,7 +62,7 @@ class OffloadedOptimizer:
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> None:
-        for device_param, cpu_param in zip(self.device_parameters, self.cpu_parameters):
+        for device_param, cpu_param in zip(self.device_parameters, self.cpu_parameters, strict=True):
             if device_param.grad is None:
                 cpu_param.grad = None
                 continue
@@ -72,7 +72,7 @@ class OffloadedOptimizer:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self.inner.step()
-        for device_param, cpu_param in zip(self.device_parameters, self.cpu_parameters):
+        for device_param, cpu_param in zip(self.device_parameters, self.cpu_parameters, strict=True):
             device_param.copy_(cpu_param, non_blocking=True)
 
     def state_dict(self) -> dict[str, Any]:

@@ -46,13 +46,13 @@ def test_params_are_four_bytes_each_and_the_breakdown_adds_up():
 
 def test_8bit_adam_optimizer_bytes_are_under_30_percent_of_adamw():
     model, batch = tiny_gpt2(width=128), lm_batch(rows=2)
-    report = memlab.compare(model, batch, [memlab.Plan(), memlab.Plan(optimizer="adamw8bit")], progress=False)
+    report = memlab.compare(model, batch, [memlab.Plan(), memlab.Plan(optimizer="adamw8bit")], progress=False, steps=1)
     adamw, adam8 = (t.breakdown["optimizer"] for t in report.trials)
     assert adam8 <= 0.30 * adamw, (adam8, adamw)
 
 
 def test_checkpointing_halves_activations_on_an_8_layer_model():
-    model, batch = tiny_llama(layers=8, width=64), lm_batch(rows=4, length=32)
+    model, batch = tiny_llama(layers=8, width=32), lm_batch(rows=4, length=32)
     plain, checkpointed = memlab.compare(
         model, batch, [memlab.Plan(), memlab.Plan(checkpointing=True)], progress=False
     ).trials
@@ -84,7 +84,7 @@ def test_measure_works_across_model_kinds(build, batch, loss_fn):
     before = fingerprint(model)
     trials = memlab.compare(
         model, batch(), [memlab.Plan(), memlab.Plan(micro_batch=2, accumulation=2, checkpointing=True)],
-        loss_fn=loss_fn, progress=False,
+        loss_fn=loss_fn, progress=False, steps=1,
     ).trials
     assert [t.status for t in trials] == ["ok", "ok"], [t.error for t in trials]
     assert all(t.peak_bytes > t.breakdown["params"] > 0 for t in trials)
@@ -94,13 +94,13 @@ def test_measure_works_across_model_kinds(build, batch, loss_fn):
 
 def test_a_budget_too_small_is_an_oom_with_the_peak_reached():
     model, batch = tiny_gpt2(), lm_batch(rows=4)
-    plain = memlab.measure(model, batch, memlab.Plan())
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1)
     budget = int(plain.peak_bytes * 0.8)
-    trial = memlab.measure(model, batch, memlab.Plan(), budget=budget)
+    trial = memlab.measure(model, batch, memlab.Plan(), budget=budget, steps=1)
     assert trial.status == "oom" and "out of memory" in trial.error
     assert trial.peak_bytes > budget
     assert not trial.fits
-    assert memlab.measure(model, batch, memlab.Plan(), budget=plain.peak_bytes + 1).status == "ok"
+    assert memlab.measure(model, batch, memlab.Plan(), budget=plain.peak_bytes + 1, steps=1).status == "ok"
 
 
 def test_compare_leaves_model_hooks_grads_and_user_optimizer_bit_exact():
@@ -113,19 +113,19 @@ def test_compare_leaves_model_hooks_grads_and_user_optimizer_bit_exact():
     model.eval()
     state_before = {k: v.clone() for k, v in user_optimizer.state[model.lm_head.weight].items()}
     before = fingerprint(model)
-    plain_peak = memlab.measure(model, batch, memlab.Plan()).peak_bytes
+    plain_peak = memlab.measure(model, batch, memlab.Plan(), steps=1).peak_bytes
 
     def broken_loss(model, batch):
         raise ValueError("my loss is broken")
 
     report = memlab.compare(
         model, batch, [memlab.Plan(), memlab.Plan(checkpointing=True), memlab.Plan(precision="bf16")],
-        budget=int(plain_peak * 1.02), progress=False,
+        budget=int(plain_peak * 1.02), progress=False, steps=1,
     )
     statuses = {t.plan.label(): t.status for t in report.trials}
     assert statuses == {"plain": "ok", "ckpt": "ok", "bf16": statuses["bf16"]}
-    oom = memlab.measure(model, batch, memlab.Plan(accumulation=1), budget=int(plain_peak * 0.5))
-    error = memlab.measure(model, batch, memlab.Plan(), loss_fn=broken_loss)
+    oom = memlab.measure(model, batch, memlab.Plan(accumulation=1), budget=int(plain_peak * 0.5), steps=1)
+    error = memlab.measure(model, batch, memlab.Plan(), loss_fn=broken_loss, steps=1)
     assert oom.status == "oom" and error.status == "error" and "my loss is broken" in error.error
     assert_same(before, fingerprint(model))
     for key, value in state_before.items():
@@ -144,7 +144,7 @@ def test_keyboard_interrupt_restores_the_model_then_propagates():
         return model(**batch).loss
 
     with pytest.raises(KeyboardInterrupt):
-        memlab.compare(model, batch, [memlab.Plan(checkpointing=True)], loss_fn=interrupted, progress=False)
+        memlab.compare(model, batch, [memlab.Plan(checkpointing=True)], loss_fn=interrupted, progress=False, steps=1)
     assert_same(before, fingerprint(model))
 
 

@@ -13,9 +13,9 @@ from memlab.errors import MemlabError
 from memlab.measure import CATEGORIES, MemoryTracker, is_oom_error, release_error, release_memory
 
 
-def _mlp(device: str = "cpu") -> nn.Module:
+def _mlp() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
 
 
 def _param_bytes(model: nn.Module) -> int:
@@ -45,7 +45,11 @@ def test_allocations_outside_a_phase_count_as_other_and_phases_nest() -> None:
             d = b * 2
         e = torch.tensor([1.0, 2.0])  # built outside the dispatcher, then lifted: still a new allocation
     assert tracker.live_breakdown() == {
-        "params": 0, "grads": 0, "optimizer": 80, "activations": 160, "other": 48,
+        "params": 0,
+        "grads": 0,
+        "optimizer": 80,
+        "activations": 160,
+        "other": 48,
     }
     del a, b, c, d, e
 
@@ -86,11 +90,11 @@ def test_tensors_alive_before_tracking_are_not_counted_when_only_viewed() -> Non
 
 
 def test_baseline_counts_each_storage_once_first_category_wins() -> None:
-    model = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 10, bias=False))
-    model[1].weight = model[0].weight  # tied: one storage behind two modules
-    params = [model[0].weight, model[1].weight, None]
+    embedding, head = nn.Embedding(10, 8), nn.Linear(8, 10, bias=False)
+    head.weight = embedding.weight  # tied: one storage behind two modules
+    params: list[torch.Tensor | None] = [embedding.weight, head.weight, None]
     batch = torch.ones(3, 8)
-    tracker = MemoryTracker(baseline={"params": params, "other": [batch, model[0].weight]})
+    tracker = MemoryTracker(baseline={"params": params, "other": [batch, embedding.weight]})
     assert tracker.live_breakdown()["params"] == 10 * 8 * 4
     assert tracker.live_breakdown()["other"] == 3 * 8 * 4
     assert tracker.peak_bytes == tracker.live_bytes == 10 * 8 * 4 + 3 * 8 * 4
@@ -224,10 +228,10 @@ def test_thirty_budget_ooms_in_a_row_leave_nothing_behind() -> None:
                 errors.append(error)  # kept, as a notebook keeps the last error
             model.zero_grad(set_to_none=True)
         assert len(errors) == 30
-        assert all(is_oom_error(error) for error in errors)
+        assert all(is_oom_error(kept) for kept in errors)
         assert witness.live_bytes > 0  # the tracebacks hold the failed steps' frames...
-        for error in errors:
-            release_error(error)
+        for kept in errors:
+            release_error(kept)
         release_memory()
         assert witness.live_bytes == 0  # ...until they are released
     assert _live_tensor_count() == tensors_before

@@ -1,0 +1,339 @@
+"""The ``memlab`` command: ``memlab demo`` (a fit on a built-in small model) and ``memlab estimate``.
+
+``memlab --help`` lists the commands and ``memlab COMMAND --help`` their options. A wrong argument prints one
+line on stderr that says what to write, and the exit status is 2.
+
+Example (in a terminal)::
+
+    $ memlab demo                      # budget: 60% of what the plain plan needs
+    $ memlab demo --budget 20MiB --batch-size 8 --html report.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import importlib
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TextIO
+
+__all__ = [
+    "DEMO_BUDGET_FRACTION",
+    "build_parser",
+    "demo_plans",
+    "main",
+    "plan_code",
+    "run_demo",
+    "write_html_report",
+]
+
+DEMO_BUDGET_FRACTION = 0.6
+"""Without ``--budget``, ``memlab demo`` allows this fraction of the plain plan's peak, which forces a choice."""
+
+_ESTIMATE_MODULE = "memlab.estimate_cli"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr (what is wrong, and where the help is), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}; see {self.prog} --help\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``memlab`` argument parser with its sub-commands (``demo``, ``estimate``).
+
+    Example:
+        >>> args = build_parser().parse_args(["demo", "--budget", "20MiB", "--steps", "1"])
+        >>> args.command, args.budget, args.steps, args.html
+        ('demo', '20MiB', 1, 'memlab-report.html')
+    """
+    from memlab import __version__
+
+    parser = _Parser(
+        prog="memlab",
+        description="Fit training into GPU memory: measure, compare and choose memory plans for a model.",
+        epilog="In Jupyter: %load_ext memlab, then %%memfit model batch --budget 8GiB (see %%memfit?).",
+    )
+    parser.add_argument("--version", action="version", version=f"memlab {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    demo = commands.add_parser(
+        "demo",
+        help="find the fastest plan that fits a budget, on a built-in small model (runs on a CPU)",
+        description=(
+            "Build a small Llama from its config (nothing is downloaded), measure what its plain training step "
+            "needs, and find the fastest plan that fits the budget at the batch size; print the table and "
+            "write an HTML report with the figure."
+        ),
+    )
+    demo.add_argument(
+        "--budget",
+        metavar="SIZE",
+        help=(
+            f"memory budget such as 20MiB or 8GiB "
+            f"(default: {DEMO_BUDGET_FRACTION * 100:.0f}%% of the plain plan's peak)"
+        ),
+    )
+    demo.add_argument(
+        "--batch-size",
+        dest="batch_size",
+        metavar="N",
+        type=_whole_number,
+        default=None,
+        help="effective batch size (rows per optimizer step) to keep (default: 8, the rows of the demo batch)",
+    )
+    demo.add_argument(
+        "--steps", metavar="N", type=_whole_number, default=2, help="timed optimizer steps per plan (default 2)"
+    )
+    demo.add_argument(
+        "--html",
+        metavar="PATH",
+        default="memlab-report.html",
+        help="where to write the HTML report (default: memlab-report.html)",
+    )
+    demo.set_defaults(handler=_demo_command)
+    _add_estimate_command(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``memlab`` command line; returns the exit status (0 when all went well).
+
+    Example:
+        >>> main(["--version"])
+        memlab 0.1.0
+        0
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as stop:  # --help, --version and argument errors
+        return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        print("memlab: error: choose a command, such as: memlab demo", file=sys.stderr)
+        return 2
+    return handler(args)
+
+
+# --- memlab demo --------------------------------------------------------------------------------------------------
+
+
+def _whole_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; write for example 8") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is too small; write a whole number >= 1")
+    return value
+
+
+def _demo_command(args: argparse.Namespace) -> int:
+    from memlab.errors import MemlabError
+    from memlab.plan import parse_budget
+
+    try:
+        budget = parse_budget(args.budget)
+    except MemlabError as error:
+        print(f"memlab demo: error: {error}", file=sys.stderr)
+        return 2
+    return run_demo(budget=budget, batch_size=args.batch_size, html_path=args.html, steps=args.steps)
+
+
+def demo_plans(batch_size: int, rows: int) -> list[Any]:
+    """The fixed plans ``memlab demo`` compares when ``memlab.search`` is not there: at ``batch_size`` rows per
+    optimizer step, the whole batch at once, then halves and quarters with accumulation, each with and without
+    checkpointing.
+
+    Example:
+        >>> [plan.label() for plan in demo_plans(8, rows=8)]
+        ['plain', 'ckpt', 'mb4x2', 'mb4x2 ckpt', 'mb2x4', 'mb2x4 ckpt']
+    """
+    from memlab.plan import Plan
+
+    plans = []
+    for parts in (1, 2, 4):
+        if batch_size % parts:
+            continue
+        micro = batch_size // parts
+        base = Plan(micro_batch=None if micro == rows and parts == 1 else micro, accumulation=parts)
+        plans += [base, base.replace(checkpointing=True)]
+    return plans
+
+
+def plan_code(plan: Any) -> str:
+    """The shortest ``memlab.Plan(...)`` expression for ``plan``: only the fields that differ from the defaults.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> plan_code(Plan(micro_batch=4, accumulation=2, checkpointing=True))
+        'memlab.Plan(micro_batch=4, accumulation=2, checkpointing=True)'
+        >>> plan_code(Plan())
+        'memlab.Plan()'
+    """
+    from memlab.plan import PLAN_FIELDS, Plan
+
+    default = Plan()
+    changed = [
+        f"{name}={getattr(plan, name)!r}" for name in PLAN_FIELDS if getattr(plan, name) != getattr(default, name)
+    ]
+    return f"memlab.Plan({', '.join(changed)})"
+
+
+def run_demo(
+    *,
+    budget: int | None = None,
+    batch_size: int | None = None,
+    html_path: str | os.PathLike[str] | None = "memlab-report.html",
+    steps: int = 2,
+    out: TextIO | None = None,
+) -> int:
+    """``memlab demo``: fit the built-in small Llama into a budget, print the table and the winner, write HTML.
+
+    Without a ``budget``, the plain plan is measured first and the budget is :data:`DEMO_BUDGET_FRACTION` of its
+    peak, so the plain plan does not fit and memlab has to choose. Returns the exit status (0).
+
+    Example:
+        >>> import io
+        >>> out = io.StringIO()
+        >>> run_demo(steps=1, html_path=None, out=out)  # doctest: +SKIP
+        0
+        >>> "Winner:" in out.getvalue()  # doctest: +SKIP
+        True
+    """
+    import torch
+
+    from memlab.demo import default_batch, default_model
+    from memlab.plan import Plan, format_bytes
+    from memlab.trial import compare, measure
+
+    stream = out if out is not None else sys.stdout
+
+    def say(text: str = "") -> None:
+        print(text, file=stream, flush=True)
+
+    started = time.perf_counter()
+    model = default_model()
+    batch = default_batch()
+    rows = int(batch["input_ids"].shape[0])
+    batch_size = batch_size or rows
+    parameters = sum(p.numel() for p in model.parameters())
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        model.to(device)
+        batch = {key: value.to(device) for key, value in batch.items()}
+    say(
+        f"memlab demo: a small Llama ({parameters / 1e6:.2f}M parameters, 4 layers) built from its config, "
+        f"a batch of {rows} x {batch['input_ids'].shape[1]} random tokens, on {device}."
+    )
+    if budget is None:
+        plain = measure(model, batch, Plan(), steps=1, warmup=1)
+        if plain.status != "ok":
+            say(f"The plain plan failed ({plain.error}); pass --budget SIZE to choose a budget yourself.")
+            return 1
+        budget = int(plain.peak_bytes * DEMO_BUDGET_FRACTION)
+        say(
+            f"The plain plan peaks at {format_bytes(plain.peak_bytes)}; the budget is "
+            f"{DEMO_BUDGET_FRACTION:.0%} of that: {format_bytes(budget)} (--budget SIZE sets another)."
+        )
+    say(f"Looking for the fastest plan that fits {format_bytes(budget)} at {batch_size} rows per optimizer step...")
+    if importlib.util.find_spec("memlab.search") is not None:
+        fit = importlib.import_module("memlab.search").fit
+        report = fit(model, batch, budget=budget, batch_size=batch_size, steps=steps, warmup=1, progress=True)
+    else:
+        say("(memlab.search is not in this install: comparing a fixed set of plans instead.)")
+        plans = demo_plans(batch_size, rows)
+        report = compare(model, batch, plans, steps=steps, warmup=1, budget=budget, progress=True)
+    say()
+    say(report.to_text())
+    say()
+    best = report.best
+    if best is not None:
+        speed = "" if best.samples_per_s is None else f", {best.samples_per_s:.1f} samples/s"
+        say(f"Winner: {best.label} (peak {format_bytes(best.peak_bytes)} within {format_bytes(budget)}{speed})")
+        say(f"Put it on a model in a notebook with memlab.apply(model, {plan_code(best.plan)}).")
+    else:
+        say(f"Winner: none; no plan fits {format_bytes(budget)}. Try a bigger --budget.")
+    if html_path is not None:
+        path = write_html_report(report, html_path, title="memlab demo")
+        say(f"HTML report with the figure: {path}")
+    say(f"Done in {time.perf_counter() - started:.1f} s.")
+    return 0
+
+
+def write_html_report(report: Any, path: str | os.PathLike[str], *, title: str = "memlab report") -> str:
+    """Write a self-contained HTML page (works offline: plotly.js is inlined) with the Report's figure and table.
+
+    Returns the absolute path written.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> from memlab.report import Report, Trial
+        >>> from memlab.plan import Plan
+        >>> report = Report([Trial(Plan(), "ok", 2**20, {"params": 2**20}, 0.5, 8.0, None, "cpu")])
+        >>> target = pathlib.Path(tempfile.mkdtemp()) / "r.html"
+        >>> written = write_html_report(report, target)
+        >>> "plotly" in target.read_text() and "<table" in target.read_text()
+        True
+    """
+    figure = report.plot().to_html(full_html=False, include_plotlyjs=True)
+    page = "\n".join(
+        [
+            "<!DOCTYPE html>",
+            "<html><head><meta charset='utf-8'>",
+            f"<title>{html.escape(title)}</title>",
+            "<style>body{font-family:sans-serif;margin:1.5em} pre{background:#f6f6f6;padding:8px}</style>",
+            "</head><body>",
+            f"<h1>{html.escape(title)}</h1>",
+            figure,
+            "<h2>Every plan tried</h2>",
+            report._repr_html_(),
+            "<h2>As text</h2>",
+            f"<pre>{html.escape(report.to_text())}</pre>",
+            "</body></html>",
+        ]
+    )
+    target = os.path.abspath(os.fspath(path))
+    directory = os.path.dirname(target)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    with open(target, "w", encoding="utf-8") as handle:
+        handle.write(page)
+    return target
+
+
+# --- memlab estimate ------------------------------------------------------------------------------------------------
+
+
+def _add_estimate_command(commands: Any) -> None:
+    """The ``memlab estimate`` sub-command, owned by ``memlab.estimate_cli`` (imported here, only if present).
+
+    That module provides ``add_arguments(parser: argparse.ArgumentParser) -> None`` and
+    ``run(args: argparse.Namespace) -> int``. Until it exists, ``memlab estimate`` says so in one line and
+    exits with status 2.
+    """
+    help_text = "predict, without the hardware, whether a model fits (a dry run on fake tensors)"
+    if importlib.util.find_spec(_ESTIMATE_MODULE) is None:
+        parser = commands.add_parser("estimate", help=help_text + " [not available yet]", add_help=False)
+        parser.add_argument("rest", nargs=argparse.REMAINDER)
+        parser.set_defaults(handler=_estimate_missing)
+        return
+    module = importlib.import_module(_ESTIMATE_MODULE)
+    parser = commands.add_parser("estimate", help=help_text)
+    module.add_arguments(parser)
+    parser.set_defaults(handler=module.run)
+
+
+def _estimate_missing(args: argparse.Namespace) -> int:
+    print(
+        f"memlab estimate: not available yet in this memlab ({_ESTIMATE_MODULE} is missing); "
+        "use memlab demo, or memlab.estimate(...) once it lands",
+        file=sys.stderr,
+    )
+    return 2

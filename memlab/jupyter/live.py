@@ -1,0 +1,430 @@
+"""The live figure: a plotly FigureWidget that memlab's progress events redraw while trials run.
+
+Four panels, always the same traces in the same order (so every redraw updates them in place):
+
+* top left, **memory of the running trial**: live bytes over the seconds of the trial, from the samples taken
+  during its tracked step (warm-up and timed steps are not tracked, so they only move the clock on);
+* top right, **peak memory by category** per setting, stacked (params, grads, optimizer, activations, other),
+  a grey hatched "does not fit" bar for a setting that ran out of memory, a red ``x`` for one that failed, and
+  a dashed budget line;
+* bottom left, **samples/s** per setting (the best one green);
+* bottom right, **memory vs throughput**: a point per setting that reached a peak (an out-of-memory one at 0
+  samples/s), green where it fits the budget, grey where it does not.
+
+Redraws are batched: a step or a memory sample redraws at most once per ``min_interval_s`` (inside
+``widget.batch_update()``, so one message goes to the browser), while the start and the end of a trial always
+redraw. That keeps the kernel free for the training it measures.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from memlab.events import Event, MemorySample, StepFinished, TrialFinished, TrialStarted
+from memlab.plan import Plan, format_bytes, parse_budget
+from memlab.report import (
+    _BEST_COLOR,
+    _CATEGORY_COLORS,
+    _DOES_NOT_FIT_COLOR,
+    _RATE_COLOR,
+    CATEGORIES,
+    Report,
+    figure_data,
+)
+
+__all__ = ["LiveFigure"]
+
+_MIB = 1024**2
+_MAX_LIVE_POINTS = 2000
+_BUDGET_COLOR = "#D62728"
+
+# Trace order (indices into ``widget.data``).
+LIVE = 0
+CATEGORY_TRACES = {name: 1 + i for i, name in enumerate(CATEGORIES)}
+DOES_NOT_FIT = 1 + len(CATEGORIES)
+ERROR = DOES_NOT_FIT + 1
+SPEED = ERROR + 1
+SCATTER_FITS = SPEED + 1
+SCATTER_MISSES = SCATTER_FITS + 1
+
+_TITLES = ("Memory of the running trial", "Peak memory by category", "Throughput", "Memory vs throughput")
+
+
+class LiveFigure:
+    """The live plotly FigureWidget: memory over steps of the running trial, peak by category per setting with the
+    budget line, samples/s per setting, memory-vs-throughput scatter. Fed by memlab's progress events.
+
+    Pass it as the ``callback`` of ``memlab.compare`` / ``measure`` / ``fit`` and display ``.widget``; it keeps
+    every trial it has seen in ``.report``, so several calls add up in one figure.
+
+    Args:
+        budget: the memory budget (bytes, or a string such as ``"8GiB"``) drawn as a line; None for no line.
+        min_interval_s: the least time between two redraws while a trial runs.
+        clock: the clock used to space redraws (for tests).
+
+    Example:
+        >>> import torch, memlab
+        >>> live = LiveFigure(budget="1GiB")
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        >>> report = memlab.compare(model, torch.randn(4, 8), [memlab.Plan()], loss_fn=lambda m, b: m(b).mean(),
+        ...                         steps=1, callback=live, progress=False)
+        >>> live.report.trials[0].label, live.widget.data[1].x
+        ('plain', ('plain',))
+    """
+
+    def __init__(
+        self,
+        budget: int | str | None = None,
+        *,
+        min_interval_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.min_interval_s = min_interval_s
+        self.report = Report([], budget=parse_budget(budget))
+        self.widget: go.FigureWidget = _build_widget()
+        self._title_notes = [note.to_plotly_json() for note in self.widget.layout.annotations]
+        self.redraws = 0
+        self._clock = clock
+        self._last_draw = -math.inf
+        self._pending = False
+        self._running: Plan | None = None
+        self._running_text = ""
+        self._live_seconds: list[float] = []
+        self._live_mib: list[float] = []
+        self._offset_s = 0.0
+        self._warned = False
+        self._draw()
+
+    @property
+    def budget(self) -> int | None:
+        """The budget in bytes drawn as a line (None: no line); setting it redraws."""
+        return self.report.budget
+
+    @budget.setter
+    def budget(self, budget: int | str | None) -> None:
+        self.report.budget = parse_budget(budget)
+        self._draw()
+
+    def __call__(self, event: Event) -> None:
+        """Take one progress event; redraw now or later (see the module docstring). Never raises.
+
+        Example:
+            >>> from memlab.events import TrialStarted, MemorySample
+            >>> live = LiveFigure(min_interval_s=60)
+            >>> live(TrialStarted(plan=Plan(), index=0, total=1))
+            >>> live(MemorySample(plan=Plan(), index=0, seconds=0.1, live_bytes=2**20))
+            >>> live.widget.data[0].y, live.flush(), live.widget.data[0].y
+            ((), None, (1.0,))
+        """
+        try:
+            self._take(event)
+        except Exception as error:  # noqa: BLE001 - a drawing problem must never stop a trial
+            if not self._warned:
+                warnings.warn(f"memlab's live figure could not draw: {error}", RuntimeWarning, stacklevel=2)
+                self._warned = True
+
+    def show_report(self, report: Report) -> None:
+        """Draw a whole Report at once (its trials and its budget replace what the figure showed).
+
+        Example:
+            >>> from memlab.report import Trial
+            >>> live = LiveFigure()
+            >>> live.show_report(Report([Trial(Plan(), "ok", 2**20, {"params": 2**20}, 0.5, 8.0, None, "cpu")]))
+            >>> live.widget.data[1].y
+            (1.0,)
+        """
+        self.report = Report(list(report.trials), budget=report.budget)
+        self._draw()
+
+    def flush(self) -> None:
+        """Redraw now if events arrived since the last redraw."""
+        if self._pending:
+            self._draw()
+
+    def _take(self, event: Event) -> None:
+        if isinstance(event, TrialStarted):
+            self._running = event.plan
+            self._running_text = f"{event.plan.label()} (setting {event.index + 1} of {event.total})"
+            self._live_seconds, self._live_mib = [], []
+            self._offset_s = 0.0
+            self._draw()
+        elif isinstance(event, MemorySample):
+            self._add_point(self._offset_s + event.seconds, event.live_bytes)
+            self._maybe_draw()
+        elif isinstance(event, StepFinished):
+            if event.live_bytes is not None:
+                self._add_point(self._offset_s + event.seconds, event.live_bytes)
+            self._offset_s += event.seconds
+            self._running_text = f"{event.plan.label()}: {event.kind} step {event.step + 1} done"
+            self._maybe_draw()
+        elif isinstance(event, TrialFinished):
+            self.report.trials.append(event.trial)
+            self._running = None
+            self._running_text = f"{event.trial.label}: {_status_word(event.trial.status)}"
+            self._draw()
+
+    def _add_point(self, seconds: float, live_bytes: int) -> None:
+        self._live_seconds.append(seconds)
+        self._live_mib.append(live_bytes / _MIB)
+        self._pending = True
+
+    def _maybe_draw(self) -> None:
+        self._pending = True
+        if self._clock() - self._last_draw >= self.min_interval_s:
+            self._draw()
+
+    def _draw(self) -> None:
+        data = figure_data(self.report)
+        labels = data["labels"]
+        fig = self.widget
+        seconds, mib = _thin(self._live_seconds, self._live_mib, _MAX_LIVE_POINTS)
+        with fig.batch_update():
+            fig.data[LIVE].update(x=seconds, y=mib)
+            for name, index in CATEGORY_TRACES.items():
+                fig.data[index].update(x=labels, y=data["categories"][name])
+            does_not_fit = _does_not_fit_heights(self.report, data)
+            fig.data[DOES_NOT_FIT].update(
+                x=labels,
+                y=does_not_fit,
+                customdata=data["does_not_fit"],
+                text=["does not fit" if height is not None else "" for height in does_not_fit],
+            )
+            fig.data[ERROR].update(x=labels, y=data["error"], text=data["error_text"])
+            fig.data[SPEED].update(
+                x=labels,
+                y=data["samples_per_s"],
+                marker_color=[_BEST_COLOR if label == data["best"] else _RATE_COLOR for label in labels],
+            )
+            peaks = [dnf if dnf is not None else peak for dnf, peak in zip(does_not_fit, data["peak_mib"], strict=True)]
+            for index, fits in ((SCATTER_FITS, True), (SCATTER_MISSES, False)):
+                points = [
+                    (peak, speed or 0.0, label)
+                    for label, peak, speed, fit in zip(labels, peaks, data["samples_per_s"], data["fits"], strict=True)
+                    if peak is not None and fit == fits
+                ]
+                fig.data[index].update(x=[p[0] for p in points], y=[p[1] for p in points], text=[p[2] for p in points])
+            fig.layout.shapes = _budget_shapes(data["budget_mib"])
+            fig.layout.annotations = self._annotations(data)
+        self.redraws += 1
+        self._pending = False
+        self._last_draw = self._clock()
+
+    def _annotations(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        titles = list(_TITLES)
+        if self._running_text:
+            titles[0] = f"{'Running' if self._running is not None else 'Last'}: {self._running_text}"
+        if data["best"] is not None:
+            titles[2] = f"Throughput (best: {data['best']})"
+        notes = [dict(note) for note in self._title_notes]
+        for note, title in zip(notes, titles, strict=True):
+            note["text"] = title
+        if data["budget_mib"] is not None:
+            notes.append(
+                {
+                    "text": f"budget {format_bytes(self.report.budget)}",
+                    "xref": "x2 domain",
+                    "yref": "y2",
+                    "x": 0,
+                    "y": data["budget_mib"],
+                    "xanchor": "left",
+                    "yanchor": "bottom",
+                    "showarrow": False,
+                    "font": {"color": _BUDGET_COLOR},
+                }
+            )
+        return notes
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+
+def _build_widget() -> go.FigureWidget:
+    fig = make_subplots(
+        rows=2,
+        cols=2,
+        subplot_titles=_TITLES,
+        horizontal_spacing=0.12,
+        vertical_spacing=0.16,
+    )
+    fig.add_trace(
+        go.Scatter(
+            name="live memory",
+            x=[],
+            y=[],
+            mode="lines",
+            line={"color": "#4C78A8"},
+            showlegend=False,
+            hovertemplate="%{x:.3f} s<br>%{y:.2f} MiB<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+    for name in CATEGORIES:
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                x=[],
+                y=[],
+                marker_color=_CATEGORY_COLORS[name],
+                legendgroup="memory",
+                hovertemplate="%{x}<br>" + name + ": %{y:.2f} MiB<extra></extra>",
+            ),
+            row=1,
+            col=2,
+        )
+    fig.add_trace(
+        go.Bar(
+            name="does not fit",
+            x=[],
+            y=[],
+            marker={"color": _DOES_NOT_FIT_COLOR, "pattern": {"shape": "/"}},
+            legendgroup="does not fit",
+            textposition="inside",
+            insidetextanchor="middle",
+            hovertemplate="%{x}<br>does not fit: out of memory (reached %{customdata:.2f} MiB)<extra></extra>",
+        ),
+        row=1,
+        col=2,
+    )
+    fig.add_trace(
+        go.Scatter(
+            name="error",
+            x=[],
+            y=[],
+            mode="markers",
+            marker={"symbol": "x", "size": 12, "color": _BUDGET_COLOR},
+            hovertemplate="%{x}<br>error: %{text}<extra></extra>",
+        ),
+        row=1,
+        col=2,
+    )
+    fig.add_trace(
+        go.Bar(
+            name="samples/s",
+            x=[],
+            y=[],
+            marker_color=_RATE_COLOR,
+            showlegend=False,
+            hovertemplate="%{x}<br>%{y:.3g} samples/s<extra></extra>",
+        ),
+        row=2,
+        col=1,
+    )
+    for name, color, symbol, legend in (
+        ("fits", _BEST_COLOR, "circle", True),
+        ("does not fit", _DOES_NOT_FIT_COLOR, "x", False),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                name=name,
+                x=[],
+                y=[],
+                mode="markers+text",
+                textposition="top center",
+                marker={"color": color, "symbol": symbol, "size": 11},
+                legendgroup=name,
+                showlegend=legend,
+                hovertemplate="%{text}<br>%{x:.2f} MiB, %{y:.3g} samples/s<extra>" + name + "</extra>",
+            ),
+            row=2,
+            col=2,
+        )
+    fig.update_layout(
+        barmode="stack",
+        height=620,
+        margin={"t": 40, "b": 40, "l": 60, "r": 20},
+        legend_title_text="memory",
+        bargap=0.25,
+    )
+    fig.update_xaxes(title_text="seconds into the trial", row=1, col=1)
+    fig.update_yaxes(title_text="live memory (MiB)", rangemode="tozero", row=1, col=1)
+    fig.update_xaxes(type="category", row=1, col=2)
+    fig.update_yaxes(title_text="peak (MiB)", rangemode="tozero", row=1, col=2)
+    fig.update_xaxes(type="category", row=2, col=1)
+    fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="peak memory (MiB)", rangemode="tozero", row=2, col=2)
+    fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=2, col=2)
+    return go.FigureWidget(fig)
+
+
+def _does_not_fit_heights(report: Report, data: dict[str, Any]) -> list[float | None]:
+    """The "does not fit" bar of each out-of-memory trial (None elsewhere), at least as high as its budget.
+
+    A trial stopped by the budget may have reached little before the allocation that broke it, so the bar shows
+    the larger of what it reached and the budget; failing both, the highest peak drawn, so it is never invisible.
+    """
+    floor = max((peak for peak in data["peak_mib"] if peak), default=1.0)
+    heights: list[float | None] = []
+    for trial, reached in zip(report.trials, data["does_not_fit"], strict=True):
+        if reached is None:
+            heights.append(None)
+            continue
+        budget = trial.budget if trial.budget is not None else report.budget
+        height = max(reached, (budget or 0) / _MIB)
+        heights.append(height if height > 0 else floor)
+    return heights
+
+
+def _budget_shapes(budget_mib: float | None) -> list[dict[str, Any]]:
+    """Dashed budget lines: across the peak-by-category and live-memory panels, and up the scatter."""
+    if budget_mib is None:
+        return []
+    line = {"color": _BUDGET_COLOR, "dash": "dash", "width": 2}
+    return [
+        {
+            "type": "line",
+            "xref": "x2 domain",
+            "x0": 0,
+            "x1": 1,
+            "yref": "y2",
+            "y0": budget_mib,
+            "y1": budget_mib,
+            "line": line,
+            "name": "budget",
+        },
+        {
+            "type": "line",
+            "xref": "x domain",
+            "x0": 0,
+            "x1": 1,
+            "yref": "y",
+            "y0": budget_mib,
+            "y1": budget_mib,
+            "line": line,
+            "name": "budget (live)",
+        },
+        {
+            "type": "line",
+            "xref": "x4",
+            "x0": budget_mib,
+            "x1": budget_mib,
+            "yref": "y4 domain",
+            "y0": 0,
+            "y1": 1,
+            "line": line,
+            "name": "budget (scatter)",
+        },
+    ]
+
+
+def _thin(xs: list[float], ys: list[float], limit: int) -> tuple[list[float], list[float]]:
+    """At most about ``limit`` points, evenly spaced, always keeping the highest one (the peak)."""
+    if len(xs) <= limit:
+        return list(xs), list(ys)
+    stride = math.ceil(len(xs) / limit)
+    keep = set(range(0, len(xs), stride))
+    keep.add(max(range(len(ys)), key=ys.__getitem__))
+    keep.add(len(xs) - 1)
+    order = sorted(keep)
+    return [xs[i] for i in order], [ys[i] for i in order]
+
+
+def _status_word(status: str) -> str:
+    return {"ok": "done", "oom": "does not fit (out of memory)", "error": "failed"}.get(status, status)

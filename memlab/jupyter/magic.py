@@ -1,0 +1,508 @@
+"""The ``%%memfit`` magic: measure, compare and fit memory plans on the model already in the kernel.
+
+Load it with ``%load_ext memlab``. This module is the only one that imports IPython for the magic; ``import
+memlab`` never imports it (``memlab.load_ipython_extension`` imports it when IPython asks).
+
+What the magic does, in order:
+
+1. It reads its options (declared with ``magic_arguments``; ``%%memfit?`` shows them) and looks MODEL and BATCH
+   up in the user namespace: plain names, or attribute chains such as ``trainer.model``. Nothing is ``eval``-ed.
+2. It compiles the cell body once into the loss function (see :func:`body_loss_fn`).
+3. It checks everything it can before the model is touched. Any wrong input raises IPython's ``UsageError``
+   with one line that says what is wrong and what to write; then nothing has run and the model is as it was.
+4. It runs: ``memlab.compare`` over the ``--try`` grid, or ``memlab.search.fit`` when ``--budget`` or
+   ``--batch-size`` is given, or ``memlab.estimate.estimate`` per plan with ``--dry-run``. Unless ``--quiet``,
+   the live figure (``memlab.jupyter.live.LiveFigure``) is displayed first and updated while trials run.
+   Errors raised by the loss while a trial runs are that trial's ``"error"`` status, not a UsageError.
+5. With ``--apply`` it puts the best plan on the live model with ``memlab.apply`` and stores what it returns
+   as ``memfit_applied`` in the user namespace (``memfit_applied.undo()`` takes it off again).
+6. The Report is the cell's value: IPython shows its table, and ``r = _`` keeps it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import keyword
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from torch import nn
+
+from memlab.batch import Batch, LossFn, count_rows
+from memlab.errors import MemlabError
+from memlab.plan import Plan, parse_budget, parse_grid
+from memlab.report import Report
+
+__all__ = [
+    "APPLIED_NAME",
+    "MemfitMagics",
+    "body_loss_fn",
+    "empty_body_transformer",
+    "load_ipython_extension",
+    "lookup_name",
+    "unload_ipython_extension",
+]
+
+APPLIED_NAME = "memfit_applied"
+"""The user-namespace name under which ``--apply`` stores the :class:`memlab.Applied`."""
+
+_USAGE = (
+    "write %%memfit MODEL BATCH [--try KEY=V1,V2 ...] [--budget SIZE] [--batch-size N] [--steps N] "
+    "[--warmup N] [--lr LR] [--apply] [--dry-run] [--quiet]; %%memfit? shows the help"
+)
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_RESULT = "_memfit_loss_"
+
+
+def _usage_error(message: str) -> UsageError:
+    """A UsageError whose message is exactly one line."""
+    return UsageError(" ".join(str(message).split()))
+
+
+# --- names ------------------------------------------------------------------------------------------------------
+
+
+def lookup_name(namespace: Mapping[str, Any], name: str, what: str) -> Any:
+    """The object a name stands for in ``namespace``: ``model``, or an attribute chain such as ``trainer.model``.
+
+    Only identifiers joined by dots are accepted, and they are resolved with dictionary lookups and
+    ``getattr``; nothing is ever ``eval``-ed. A bad or unknown name raises a one-line ``UsageError``.
+
+    Example:
+        >>> class Trainer:
+        ...     model = "the model"
+        >>> lookup_name({"trainer": Trainer()}, "trainer.model", "MODEL")
+        'the model'
+        >>> lookup_name({}, "net", "MODEL")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        IPython.core.error.UsageError: MODEL 'net' is not defined in the notebook; define it in a cell first, ...
+    """
+    name = name.strip()
+    parts = name.split(".")
+    if not _NAME.match(name) or any(keyword.iskeyword(part) for part in parts):
+        raise _usage_error(
+            f"{what} {name!r} is not a variable name; write the name of a notebook variable, such as "
+            f"{'model' if what == 'MODEL' else 'batch'} or trainer.{'model' if what == 'MODEL' else 'batch'} "
+            "(expressions are not evaluated)"
+        )
+    if parts[0] not in namespace:
+        raise _usage_error(
+            f"{what} {parts[0]!r} is not defined in the notebook; define it in a cell first, or check the spelling"
+        )
+    value = namespace[parts[0]]
+    for depth, part in enumerate(parts[1:], start=1):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            owner = ".".join(parts[:depth])
+            raise _usage_error(
+                f"{what} {name!r}: {owner} has no attribute {part!r}; write a name that exists, such as {owner}"
+            ) from None
+    return value
+
+
+# --- the cell body as the loss ----------------------------------------------------------------------------------
+
+
+def body_loss_fn(
+    body: str | None,
+    namespace: Mapping[str, Any],
+    model_name: str = "model",
+    batch_name: str = "batch",
+) -> LossFn | None:
+    """The loss function a cell body stands for, compiled once; None for an empty body (``model(**batch).loss``).
+
+    The body runs for every micro-batch in a fresh copy of ``namespace`` in which ``model_name`` and
+    ``batch_name`` are bound to the model and the micro-batch (for dotted names such as ``trainer.model``,
+    the names ``model`` and ``batch`` are bound instead). The loss is the variable ``loss`` if the body assigns
+    it, else the value of the body's last line if that is an expression (``model(**batch).loss``). A syntax
+    error, or a body that does neither, raises a one-line ``UsageError``.
+
+    Example:
+        >>> import torch
+        >>> loss_fn = body_loss_fn("out = model(batch)\\nloss = out.pow(2).mean()", {}, "model", "batch")
+        >>> float(loss_fn(lambda x: x, torch.ones(3)))
+        1.0
+        >>> float(body_loss_fn("net(x).sum()", {}, "net", "x")(lambda x: 2 * x, torch.ones(3)))
+        6.0
+        >>> body_loss_fn("# nothing here", {}) is None
+        True
+    """
+    source = (body or "").strip("\n")
+    try:
+        tree = ast.parse(source, filename="<memfit>", mode="exec")
+    except SyntaxError as error:
+        raise _syntax_error(error) from None
+    if not tree.body:
+        return None
+    assigns_loss = any(
+        isinstance(node, ast.Name) and node.id == "loss" and isinstance(node.ctx, ast.Store) for node in ast.walk(tree)
+    )
+    if assigns_loss:
+        result = "loss"
+    elif isinstance(tree.body[-1], ast.Expr):
+        last = tree.body[-1]
+        assign = ast.Assign(targets=[ast.Name(id=_RESULT, ctx=ast.Store())], value=last.value)
+        tree.body[-1] = ast.copy_location(assign, last)
+        ast.fix_missing_locations(tree)
+        result = _RESULT
+    else:
+        raise _usage_error(
+            "the cell body must set loss = ... (or be an expression), for example loss = model(**batch).loss; "
+            "leave the body empty for model(**batch).loss"
+        )
+    try:
+        code = compile(tree, "<memfit>", "exec")
+    except SyntaxError as error:
+        raise _syntax_error(error) from None
+    model_key = model_name if "." not in model_name else "model"
+    batch_key = batch_name if "." not in batch_name else "batch"
+
+    def loss_fn(model: nn.Module, batch: Batch) -> Any:
+        scope = dict(namespace)
+        scope.pop("loss", None)
+        scope.pop(_RESULT, None)
+        scope[model_key] = model
+        scope[batch_key] = batch
+        exec(code, scope)  # the user's own cell body, run as their loss function
+        if result not in scope:
+            raise MemlabError("the cell body did not set loss; write loss = ... on every path through it")
+        return scope[result]
+
+    loss_fn.__name__ = loss_fn.__qualname__ = "memfit_cell_loss"
+    return loss_fn
+
+
+def _syntax_error(error: SyntaxError) -> UsageError:
+    where = f" on line {error.lineno}" if error.lineno else ""
+    return _usage_error(
+        f"the cell body has a syntax error{where}: {error.msg}; "
+        "write Python that sets loss = ..., or leave the body empty for model(**batch).loss"
+    )
+
+
+# --- options ----------------------------------------------------------------------------------------------------
+
+
+def _unquote(text: str | None) -> str | None:
+    if text is not None and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+def _whole(option: str, text: str, minimum: int, example: int) -> int:
+    text = _unquote(text) or ""
+    try:
+        value = int(text)
+    except ValueError:
+        raise _usage_error(f"{option} {text!r} is not a whole number; write for example {option} {example}") from None
+    if value < minimum:
+        raise _usage_error(
+            f"{option} {value} is too small; write a whole number >= {minimum}, such as {option} {example}"
+        )
+    return value
+
+
+def _positive_float(option: str, text: str, example: str) -> float:
+    text = _unquote(text) or ""
+    try:
+        value = float(text)
+    except ValueError:
+        raise _usage_error(f"{option} {text!r} is not a number; write for example {option} {example}") from None
+    if not value > 0 or value == float("inf"):
+        raise _usage_error(f"{option} {text} is not a positive number; write for example {option} {example}")
+    return value
+
+
+def _check_divides(plans: Sequence[Plan], axes: set[str], batch_size: int) -> None:
+    """With ``--batch-size``, every micro-batch (and accumulation) in the grid must divide it exactly."""
+    divisors = ", ".join(str(n) for n in range(1, batch_size + 1) if batch_size % n == 0)
+    for plan in plans:
+        if "micro_batch" in axes and plan.micro_batch is not None and batch_size % plan.micro_batch:
+            raise _usage_error(
+                f"micro_batch={plan.micro_batch} does not divide --batch-size {batch_size}; "
+                f"write micro_batch values among {divisors}"
+            )
+        if "accumulation" in axes and batch_size % plan.accumulation:
+            raise _usage_error(
+                f"accumulation={plan.accumulation} does not divide --batch-size {batch_size}; "
+                f"write accumulation values among {divisors}"
+            )
+        if (
+            {"micro_batch", "accumulation"} <= axes
+            and plan.micro_batch is not None
+            and plan.micro_batch * plan.accumulation != batch_size
+        ):
+            raise _usage_error(
+                f"micro_batch={plan.micro_batch} x accumulation={plan.accumulation} is not --batch-size "
+                f"{batch_size}; with --batch-size, try only micro_batch (accumulation follows from it)"
+            )
+
+
+def _axes(grid: Sequence[str]) -> dict[str, list[Any]]:
+    """``["precision=fp32,bf16", ...]`` as ``{"precision": ["fp32", "bf16"], ...}`` (values parsed)."""
+    from memlab.plan import parse_value
+
+    axes: dict[str, list[Any]] = {}
+    for item in grid:
+        key, _, values = item.partition("=")
+        key = key.strip().replace("-", "_")
+        axes[key] = [parse_value(key, value) for value in values.split(",") if value.strip()]
+    return axes
+
+
+def _require(module: str, feature: str, instead: str) -> Any:
+    """Import a memlab module that another part of the project provides, or say clearly that it is missing."""
+    if importlib.util.find_spec(module) is None:
+        raise _usage_error(f"{feature} is not available yet in this memlab ({module} is missing); {instead}")
+    return importlib.import_module(module)
+
+
+# --- the magic --------------------------------------------------------------------------------------------------
+
+
+@magics_class
+class MemfitMagics(Magics):
+    """The magics that ``%load_ext memlab`` registers: ``%%memfit`` (cell) and ``%memfit`` (line)."""
+
+    @magic_arguments()
+    @argument("model", metavar="MODEL", help="name of the torch nn.Module in the notebook, e.g. model")
+    @argument("batch", metavar="BATCH", help="name of the batch in the notebook (dict of tensors, tensor, tuple)")
+    @argument(
+        "--try",
+        dest="grid",
+        nargs="+",
+        metavar="KEY=V1,V2",
+        default=[],
+        help=(
+            "plans to compare: every combination of the values, e.g. precision=fp32,bf16 checkpointing=off,on "
+            "accumulation=1,4 micro_batch=8,2 optimizer=adamw,adamw8bit offload=none,optimizer"
+        ),
+    )
+    @argument(
+        "--budget",
+        metavar="SIZE",
+        help="memory budget such as 8GiB, 500MB, 1.5G: search for the fastest plan that fits it",
+    )
+    @argument(
+        "--batch-size",
+        dest="batch_size",
+        metavar="N",
+        help="effective batch size (rows per optimizer step) to keep while searching; default: the rows of BATCH",
+    )
+    @argument("--steps", metavar="N", default="3", help="timed optimizer steps per plan (default 3)")
+    @argument("--warmup", metavar="N", default="1", help="untimed warm-up steps per plan, >= 1 (default 1)")
+    @argument("--lr", metavar="LR", default="1e-5", help="learning rate of the optimizer (default 1e-5)")
+    @argument(
+        "--apply",
+        action="store_true",
+        help="put the best plan on the live model afterwards, as memfit_applied (memfit_applied.undo() undoes it)",
+    )
+    @argument(
+        "--dry-run",
+        dest="dry_run",
+        action="store_true",
+        help="estimate the plans on fake tensors instead of running them (nothing is trained)",
+    )
+    @argument("--quiet", action="store_true", help="no live figure; only the table at the end")
+    @line_cell_magic
+    def memfit(self, line: str, cell: str | None = None) -> Report:
+        """Measure peak memory and speed of training plans on the live model; find the fastest that fits.
+
+        The cell body is the loss over MODEL and BATCH, run for every micro-batch (BATCH is bound to the
+        micro-batch); it sets loss = ... or is an expression. An empty body, and the line form %memfit,
+        mean model(**batch).loss. The model is left exactly as it was, unless --apply is given.
+
+        Without --budget or --batch-size, every plan of the --try grid is measured (no --try: the plain plan).
+        With --budget and/or --batch-size, memlab searches for the fastest plan that fits the budget at that
+        effective batch size (the --try values, if any, limit the search). The result is a memlab.Report:
+        the cell shows its table, and r = _ keeps it (r.best, r.plot(), r.to_dataframe()).
+
+        Examples::
+
+          %load_ext memlab
+
+          %%memfit model batch --try precision=fp32,bf16 checkpointing=off,on
+          loss = model(**batch).loss
+
+          %%memfit model batch --budget 8GiB --batch-size 32 --apply
+
+          %memfit model batch --try micro_batch=8,2 --quiet
+        """
+        args = self._parse(line)
+        namespace = self._namespace()
+        model = lookup_name(namespace, args.model, "MODEL")
+        if not isinstance(model, nn.Module):
+            raise _usage_error(
+                f"MODEL {args.model!r} is a {type(model).__name__}, not a torch nn.Module; "
+                "write the name of your model, e.g. %%memfit model batch"
+            )
+        batch = lookup_name(namespace, args.batch, "BATCH")
+        try:
+            rows = count_rows(batch)
+        except MemlabError as error:
+            raise _usage_error(f"BATCH {args.batch!r}: {error}") from None
+        loss_fn = body_loss_fn(cell, namespace, args.model, args.batch)
+        if loss_fn is None and not isinstance(batch, Mapping):
+            raise _usage_error(
+                f"BATCH {args.batch!r} is a {type(batch).__name__}, so memlab cannot call model(**batch); "
+                "write the loss in the cell body, e.g. loss = loss_fn(model(batch[0]), batch[1])"
+            )
+
+        steps = _whole("--steps", args.steps, 1, 3)
+        warmup = _whole("--warmup", args.warmup, 1, 1)
+        batch_size = None if args.batch_size is None else _whole("--batch-size", args.batch_size, 1, rows)
+        lr = _positive_float("--lr", args.lr, "1e-5")
+        try:
+            budget = parse_budget(_unquote(args.budget))
+            plans = parse_grid(args.grid)
+        except MemlabError as error:
+            raise _usage_error(str(error)) from None
+        axes = _axes(args.grid)
+        search = budget is not None or batch_size is not None
+        if search and batch_size is not None:
+            _check_divides(plans, set(axes), batch_size)
+        if args.apply and args.dry_run:
+            raise _usage_error("--apply needs measured plans, and --dry-run only estimates them; drop one of the two")
+        if args.dry_run:
+            _require("memlab.estimate", "the dry run", "leave out --dry-run to measure the plans for real")
+        fit = None
+        if search:
+            fit = _require("memlab.search", "the budget search", "use --try KEY=V1,V2 to compare plans you choose").fit
+
+        live = None if args.quiet else self._live_figure(budget)
+        common: dict[str, Any] = {"loss_fn": loss_fn, "budget": budget}
+        try:
+            if fit is not None:
+                kwargs: dict[str, Any] = dict(
+                    common,
+                    batch_size=batch_size if batch_size is not None else rows,
+                    steps=steps,
+                    warmup=warmup,
+                    lr=lr,
+                    callback=live,
+                    progress=False,
+                    dry_run=args.dry_run,
+                )
+                if axes:
+                    kwargs["space"] = axes
+                report = fit(model, batch, **kwargs)
+            elif args.dry_run:
+                estimate = importlib.import_module("memlab.estimate").estimate
+                trials = [estimate(model, batch, plan, lr=lr, **common) for plan in plans]
+                report = Report(trials, budget=budget)
+            else:
+                from memlab.trial import compare
+
+                report = compare(
+                    model, batch, plans, steps=steps, warmup=warmup, lr=lr, callback=live, progress=False, **common
+                )
+        except MemlabError as error:
+            raise _usage_error(str(error)) from None
+        if live is not None:
+            live.show_report(report)
+        if args.apply:
+            self._apply(model, report, loss_fn, lr, args.model)
+        return report
+
+    # --- helpers ---
+
+    def _parse(self, line: str) -> Any:
+        try:
+            return parse_argstring(self.memfit, line)
+        except UsageError as error:
+            raise _usage_error(f"{str(error).rstrip('.')}; {_USAGE}") from None
+        except ValueError as error:  # shlex: an unclosed quote
+            raise _usage_error(f"the options cannot be read ({error}); {_USAGE}") from None
+
+    def _namespace(self) -> dict[str, Any]:
+        if self.shell is None:
+            raise _usage_error("%%memfit runs only inside IPython; load it there with %load_ext memlab")
+        namespace: dict[str, Any] = self.shell.user_ns
+        return namespace
+
+    def _live_figure(self, budget: int | None) -> Any:
+        from IPython.display import display
+
+        from memlab.jupyter.live import LiveFigure
+
+        live = LiveFigure(budget)
+        display(live.widget)
+        return live
+
+    def _apply(self, model: nn.Module, report: Report, loss_fn: LossFn | None, lr: float, model_name: str) -> None:
+        from memlab.apply import Applied, apply
+
+        best = report.best
+        if best is None:
+            print(f"No plan fits, so nothing was applied; {model_name} is as it was.")
+            return
+        namespace = self._namespace()
+        previous = namespace.get(APPLIED_NAME)
+        if isinstance(previous, Applied) and previous.active and previous.model is model:
+            previous.undo()
+            print(f"Undid the previous {APPLIED_NAME} ({previous.plan.label()}) first.")
+        applied = apply(model, best.plan, loss_fn=loss_fn, lr=lr)
+        namespace[APPLIED_NAME] = applied
+        print(
+            f"Applied {best.label} to {model_name} as {APPLIED_NAME}: train with {APPLIED_NAME}.step(batch); "
+            f"undo with {APPLIED_NAME}.undo()"
+        )
+
+
+def empty_body_transformer(lines: list[str]) -> list[str]:
+    """Let a ``%%memfit`` cell have no body: IPython refuses an empty cell magic body, so give it a blank line.
+
+    An input transformer (IPython's ``input_transformers_cleanup``) that ``%load_ext memlab`` installs; a cell
+    that is only ``%%memfit model batch --budget 8GiB`` then means ``model(**batch).loss``, like ``%memfit``.
+
+    Example:
+        >>> empty_body_transformer(["%%memfit model batch --budget 8GiB\\n"])
+        ['%%memfit model batch --budget 8GiB\\n', '\\n']
+        >>> empty_body_transformer(["%%memfit model batch\\n", "loss = model(**batch).loss\\n"])[1]
+        'loss = model(**batch).loss\\n'
+    """
+    if lines and _CELL_MAGIC_LINE.match(lines[0]) and not "".join(lines[1:]).strip():
+        first = lines[0] if lines[0].endswith("\n") else lines[0] + "\n"
+        return [first, "\n"]
+    return lines
+
+
+_CELL_MAGIC_LINE = re.compile(r"^%%memfit(\s|$)")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register ``%%memfit`` and ``%memfit`` in ``ipython`` (what ``%load_ext memlab`` calls).
+
+    Example:
+        >>> from IPython.core.interactiveshell import InteractiveShell
+        >>> shell = InteractiveShell.instance()
+        >>> load_ipython_extension(shell)
+        >>> "memfit" in shell.magics_manager.magics["cell"]
+        True
+    """
+    ipython.register_magics(MemfitMagics)
+    cleanup = getattr(ipython, "input_transformers_cleanup", None)
+    if cleanup is not None and empty_body_transformer not in cleanup:
+        cleanup.append(empty_body_transformer)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Remove ``%%memfit`` and ``%memfit`` again (what ``%unload_ext`` and ``%reload_ext memlab`` call)."""
+    magics = ipython.magics_manager.magics
+    for kind in ("line", "cell"):
+        function = magics[kind].get("memfit")
+        owner = getattr(function, "__self__", None)
+        if isinstance(owner, MemfitMagics):
+            del magics[kind]["memfit"]
+    ipython.magics_manager.registry.pop(MemfitMagics.__name__, None)
+    cleanup = getattr(ipython, "input_transformers_cleanup", None)
+    while cleanup is not None and empty_body_transformer in cleanup:
+        cleanup.remove(empty_body_transformer)

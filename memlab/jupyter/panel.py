@@ -1,0 +1,347 @@
+"""The widget panel: choose a setting with one control per technique, run it on the live model, compare, apply.
+
+``memlab.panel(model, batch)`` returns a :class:`Panel`, an ``ipywidgets.VBox``:
+
+* controls, each labelled with its technique: accumulation (micro-batch rows and accumulation steps),
+  checkpointing, precision, optimizer, offload, and a memory budget (such as ``8GiB``; empty for none);
+* **Run** measures the setting on the live model (``memlab.compare`` with the live figure as its callback; the
+  model is left bit-exact), **Apply** puts the setting on the model for real training (``memlab.apply``; the
+  result is ``panel.applied``), **Undo** takes it off again;
+* a one-line status, the live figure (:class:`memlab.jupyter.live.LiveFigure`) and a table of every run.
+
+A run happens in the kernel, synchronously: the controls are disabled until it is over. Mistakes (a budget that is
+not a size, an impossible setting, an exception in the loss) are shown as one line in the status, never as a
+traceback; a setting that runs out of memory (or over the budget) is a "does not fit" result, not an error.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as widgets
+from torch import nn
+
+from memlab.apply import Applied, apply
+from memlab.batch import Batch, LossFn, count_rows, resolve_loss_fn
+from memlab.errors import MemlabError
+from memlab.events import Callback, Event
+from memlab.jupyter.live import LiveFigure
+from memlab.plan import OFFLOADS, OPTIMIZERS, PRECISIONS, Plan, format_bytes, parse_budget
+from memlab.report import Report, Trial
+from memlab.trial import compare
+
+__all__ = ["Panel", "panel"]
+
+_WIDE = {"description_width": "initial"}
+_COLORS = {"info": "#333", "ok": "#2b7a2b", "warn": "#8a5a00", "error": "#b00020"}
+_MAX_STATUS = 200
+
+
+class Panel(widgets.VBox):
+    """The memlab widget panel on a live model and batch (see the module docstring).
+
+    Args:
+        model: the model to measure (its parameters, buffers, flags and hooks are left as they were).
+        batch: a batch as ``memlab.measure`` takes it (a dict of tensors, a tensor, or a tuple of tensors).
+        loss_fn: ``loss_fn(model, micro_batch) -> loss``; the default is ``model(**batch).loss``.
+        budget: the budget the budget field starts with (bytes, or a size string such as ``"8GiB"``).
+        steps, warmup, lr: as for ``memlab.measure``.
+        callback: also called with every progress event (the live figure always is).
+        min_interval_s: the least time between two redraws of the live figure during a run.
+
+    Attributes:
+        report: the Report of every run so far (its budget is the last run's budget).
+        applied: the ``memlab.Applied`` of the last Apply, or None.
+        controls: the input widgets by name: ``micro_batch``, ``accumulation``, ``checkpointing``, ``precision``,
+            ``optimizer``, ``offload``, ``budget``.
+        run_button, apply_button, undo_button: the buttons (``button.click()`` works without a browser).
+        status: the one-line HTML message; table: the HTML table of runs; figure: the LiveFigure.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        >>> p = Panel(model, torch.randn(4, 8), loss_fn=lambda m, b: m(b).mean(), steps=1)
+        >>> p.controls["checkpointing"].value = True
+        >>> p.run_button.click()
+        >>> [trial.label for trial in p.report], p.run_button.disabled
+        (['ckpt'], False)
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batch: Batch,
+        loss_fn: LossFn | None = None,
+        *,
+        budget: int | str | None = None,
+        steps: int = 3,
+        warmup: int = 1,
+        lr: float = 1e-5,
+        callback: Callback | None = None,
+        min_interval_s: float = 0.25,
+    ) -> None:
+        self.rows = count_rows(batch)
+        resolve_loss_fn(batch, loss_fn)  # a batch that needs a loss_fn says so now, not at the first Run
+        self.model = model
+        self.batch = batch
+        self.loss_fn = loss_fn
+        self.steps = steps
+        self.warmup = warmup
+        self.lr = lr
+        self.callback = callback
+        self.report = Report([], budget=parse_budget(budget))
+        self.applied: Applied | None = None
+        self.figure = LiveFigure(self.report.budget, min_interval_s=min_interval_s)
+        self.controls: dict[str, widgets.ValueWidget] = _controls(self.rows, budget)
+        self.run_button = widgets.Button(
+            description="Run", icon="play", button_style="primary", tooltip="Measure this setting on the live model"
+        )
+        self.apply_button = widgets.Button(
+            description="Apply", icon="check", tooltip="Put this setting on the live model (memlab.apply)"
+        )
+        self.undo_button = widgets.Button(
+            description="Undo", icon="undo", disabled=True, tooltip="Take the applied setting off the model again"
+        )
+        self.status = widgets.HTML(layout=widgets.Layout(width="100%"))
+        self.table = widgets.HTML(self.report._repr_html_())
+        self.effective = widgets.HTML()
+        self._running = False
+        self.run_button.on_click(lambda _: self.run())
+        self.apply_button.on_click(lambda _: self.apply())
+        self.undo_button.on_click(lambda _: self.undo())
+        for name in ("micro_batch", "accumulation"):
+            self.controls[name].observe(lambda _: self._show_effective(), names="value")
+        self._show_effective()
+        self._say("Choose a setting and click Run to measure it on the live model.", "info")
+        super().__init__(children=self._layout())
+        self.add_class("memlab-panel")
+
+    # --- actions --------------------------------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        """The Plan the controls describe (a micro-batch of all the batch's rows is ``micro_batch=None``).
+
+        Example:
+            >>> import torch
+            >>> p = Panel(torch.nn.Linear(4, 1), torch.randn(8, 4), loss_fn=lambda m, b: m(b).mean())
+            >>> p.controls["micro_batch"].value, p.controls["accumulation"].value = 2, 4
+            >>> p.plan().label()
+            'mb2x4'
+        """
+        values = {name: self.controls[name].value for name in ("accumulation", "precision", "optimizer", "offload")}
+        micro_batch = int(self.controls["micro_batch"].value)
+        return Plan(
+            micro_batch=None if micro_batch == self.rows else micro_batch,
+            checkpointing=bool(self.controls["checkpointing"].value),
+            **values,
+        )
+
+    def budget(self) -> int | None:
+        """The budget field in bytes (None when empty); a MemlabError when it is not a size."""
+        text = str(self.controls["budget"].value).strip()
+        return parse_budget(text) if text else None
+
+    def run(self) -> Trial | None:
+        """Measure the current setting on the live model (what the Run button does); the Trial, or None.
+
+        Never raises for a bad setting or a failing trial: the status line says what happened.
+        """
+        if self._running:
+            return None
+        if self.applied is not None and self.applied.active:
+            self._say(f"{self.applied.plan.label()} is applied to the model; click Undo before running", "warn")
+            return None
+        try:
+            plan, budget = self.plan(), self.budget()
+        except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
+            self._say(f"Cannot run: {_one_line(error)}", "error")
+            return None
+        self._set_busy(True)
+        self._say(f"Running {plan.label()}...", "info")
+        try:
+            self.figure.budget = budget
+            report = compare(
+                self.model,
+                self.batch,
+                [plan],
+                loss_fn=self.loss_fn,
+                steps=self.steps,
+                warmup=self.warmup,
+                budget=budget,
+                lr=self.lr,
+                callback=self._on_event,
+                progress=False,
+            )
+            trial = report.trials[0]
+            self.report.trials.append(trial)
+            self.report.budget = budget
+            self._say(*_trial_message(trial, self.report))
+            return trial
+        except KeyboardInterrupt:
+            self._say("Interrupted; the model is as it was", "warn")
+            return None
+        except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
+            self._say(f"Error: {_one_line(error)}", "error")
+            return None
+        finally:
+            self.figure.flush()
+            self.table.value = self.report._repr_html_()
+            self._set_busy(False)
+
+    def apply(self) -> Applied | None:
+        """Put the current setting on the live model (what the Apply button does); see ``memlab.apply``.
+
+        A setting applied before is undone first. Train with ``panel.applied.step(batch)``; Undo takes it off.
+        """
+        if self._running:
+            return None
+        try:
+            plan = self.plan()
+            if self.applied is not None:
+                self.applied.undo()
+            self.applied = apply(self.model, plan, loss_fn=self.loss_fn, lr=self.lr)
+        except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
+            self.applied = None
+            self._say(f"Cannot apply: {_one_line(error)}", "error")
+        else:
+            self._say(f"Applied {plan.label()}: train with panel.applied.step(batch); Undo takes it off", "ok")
+        self._set_busy(False)
+        return self.applied
+
+    def undo(self) -> None:
+        """Take the applied setting off the model again (what the Undo button does)."""
+        if self._running or self.applied is None:
+            return
+        try:
+            self.applied.undo()
+            self._say(f"Undid {self.applied.plan.label()}; weights keep what training did", "info")
+        except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
+            self._say(f"Cannot undo: {_one_line(error)}", "error")
+        self.applied = None
+        self._set_busy(False)
+
+    # --- display --------------------------------------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        self.figure(event)
+        if self.callback is not None:
+            self.callback(event)
+
+    def _set_busy(self, running: bool) -> None:
+        self._running = running
+        for control in self.controls.values():
+            control.disabled = running
+        self.run_button.disabled = running
+        self.apply_button.disabled = running
+        self.undo_button.disabled = running or self.applied is None or not self.applied.active
+
+    def _say(self, message: str, kind: str) -> None:
+        text = message if len(message) <= _MAX_STATUS else message[: _MAX_STATUS - 3] + "..."
+        self.status.value = (
+            f"<div class='memlab-status memlab-{kind}' title='{html.escape(message, quote=True)}' "
+            f"style='color:{_COLORS[kind]};white-space:nowrap;overflow:hidden;text-overflow:ellipsis'>"
+            f"{html.escape(text)}</div>"
+        )
+
+    def _show_effective(self) -> None:
+        rows = int(self.controls["micro_batch"].value or 0) * int(self.controls["accumulation"].value or 0)
+        self.effective.value = f"<span style='color:#555'>= {rows} rows per optimizer step</span>"
+
+    def _layout(self) -> list[widgets.Widget]:
+        c = self.controls
+        accumulation = widgets.HBox(
+            [widgets.HTML("<b>accumulation</b>"), c["micro_batch"], c["accumulation"], self.effective]
+        )
+        techniques = widgets.HBox([c["checkpointing"], c["precision"]])
+        more = widgets.HBox([c["optimizer"], c["offload"], c["budget"]])
+        buttons = widgets.HBox([self.run_button, self.apply_button, self.undo_button])
+        return [accumulation, techniques, more, buttons, self.status, self.figure.widget, self.table]
+
+
+def panel(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, **kwargs: Any) -> Panel:
+    """The memlab widget panel on a live model: one control per technique, Run, Apply/Undo, live figure, table.
+
+    Keyword arguments go to :class:`Panel` (``budget``, ``steps``, ``warmup``, ``lr``, ``callback``).
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        >>> p = panel(model, torch.randn(4, 8), loss_fn=lambda m, b: m(b).mean(), steps=1)
+        >>> p.run_button.click()
+        >>> len(p.report), p.report.trials[0].status
+        (1, 'ok')
+    """
+    return Panel(model, batch, loss_fn, **kwargs)
+
+
+def _controls(rows: int, budget: int | str | None) -> dict[str, widgets.ValueWidget]:
+    budget_text = "" if budget is None else budget if isinstance(budget, str) else format_bytes(budget)
+    return {
+        "micro_batch": widgets.BoundedIntText(
+            value=rows,
+            min=1,
+            max=1_000_000,
+            description="micro-batch",
+            style=_WIDE,
+            layout=widgets.Layout(width="150px"),
+            tooltip="rows per forward/backward",
+        ),
+        "accumulation": widgets.BoundedIntText(
+            value=1,
+            min=1,
+            max=100_000,
+            description="steps",
+            style=_WIDE,
+            layout=widgets.Layout(width="120px"),
+            tooltip="micro-batches per optimizer step",
+        ),
+        "checkpointing": widgets.Checkbox(
+            value=False, description="checkpointing", indent=False, layout=widgets.Layout(width="140px")
+        ),
+        "precision": widgets.ToggleButtons(
+            options=list(PRECISIONS), value="fp32", description="precision", style={**_WIDE, "button_width": "60px"}
+        ),
+        "optimizer": widgets.Dropdown(
+            options=list(OPTIMIZERS),
+            value="adamw",
+            description="optimizer",
+            style=_WIDE,
+            layout=widgets.Layout(width="200px"),
+        ),
+        "offload": widgets.Dropdown(
+            options=list(OFFLOADS),
+            value="none",
+            description="offload",
+            style=_WIDE,
+            layout=widgets.Layout(width="180px"),
+        ),
+        "budget": widgets.Text(
+            value=budget_text,
+            description="budget",
+            placeholder="e.g. 8GiB; empty: none",
+            style=_WIDE,
+            layout=widgets.Layout(width="230px"),
+        ),
+    }
+
+
+def _trial_message(trial: Trial, report: Report) -> tuple[str, str]:
+    speed = "" if trial.samples_per_s is None else f", {trial.samples_per_s:.3g} samples/s"
+    if trial.status == "oom":
+        budget = "" if trial.budget is None else f" in {format_bytes(trial.budget)}"
+        reached = f", reached {format_bytes(trial.peak_bytes)}" if trial.peak_bytes else ""
+        return f"{trial.label}: does not fit{budget} (out of memory{reached})", "warn"
+    if trial.status == "error":
+        return f"{trial.label}: error: {_one_line(trial.error or 'unknown error')}", "error"
+    if not report.fits(trial):
+        return f"{trial.label}: does not fit: peak {format_bytes(trial.peak_bytes)} is over the budget", "warn"
+    return f"{trial.label}: fits, peak {format_bytes(trial.peak_bytes)}{speed}", "ok"
+
+
+def _one_line(error: BaseException | str) -> str:
+    text = str(error).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if isinstance(error, BaseException) and not isinstance(error, MemlabError):
+        return f"{type(error).__name__}: {first}" if first else type(error).__name__
+    return first or "unknown error"

@@ -1,0 +1,220 @@
+"""The panel in a real browser: JupyterLab on localhost, driven by Playwright in Debian's headless Chromium.
+
+The test starts ``jupyter lab`` in a temporary directory (its own config, settings, workspaces and runtime
+directories, no news or update checks), writes a notebook whose cell builds the panel on a tiny GPT-2, opens it,
+runs all cells, clicks the panel's Run button, and waits until the plotly figure draws the new trial. It then
+switches checkpointing on in the browser, runs again, and checks that the second setting is drawn too. A screenshot
+is saved to ``tests/artifacts/panel.png``. The server (and so the kernel) is always killed.
+
+Chromium comes from Debian's ``chromium`` package (Playwright's own browser download does not work here). Without
+it the test is skipped, except under ``CI=true``, where a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "tests" / "artifacts"
+START_TIMEOUT_S = 90
+KERNEL_TIMEOUT_MS = 150_000
+RUN_TIMEOUT_MS = 120_000
+
+CELL = """\
+from models import lm_batch, tiny_gpt2
+from memlab.jupyter.panel import panel
+
+p = panel(tiny_gpt2(), lm_batch(rows=4, length=8), steps=1)
+p"""
+
+
+def _require_chromium() -> None:
+    if CHROMIUM.exists():
+        return
+    message = f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install -y chromium)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message + "; under CI=true the browser test must run", pytrace=False)
+    pytest.skip(message)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _write_notebook(path: Path) -> None:
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(CELL)]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, path)
+
+
+def _write_config(root: Path) -> dict[str, str]:
+    """An isolated Jupyter config: no news, no update check, no notification toast; returns the environment."""
+    config = root / "config"
+    settings = root / "settings"
+    (config).mkdir()
+    (config / "jupyter_server_config.json").write_text(
+        json.dumps({"LabApp": {"news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate"}})
+    )
+    notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notification.parent.mkdir(parents=True)
+    notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    env = dict(os.environ)
+    env.update(
+        JUPYTER_CONFIG_DIR=str(config),
+        JUPYTER_RUNTIME_DIR=str(root / "runtime"),
+        JUPYTERLAB_SETTINGS_DIR=str(settings),
+        JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
+
+
+@pytest.fixture
+def jupyter_lab(tmp_path: Path) -> Iterator[str]:
+    """A JupyterLab server on localhost serving ``tmp_path / "notebooks"``; yields the notebook's URL."""
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    _write_notebook(notebooks / "panel.ipynb")
+    env = _write_config(tmp_path)
+    port, token = _free_port(), secrets.token_hex(16)
+    log = (tmp_path / "jupyter.log").open("wb")
+    command = [
+        sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+        f"--port={port}", f"--ServerApp.token={token}", f"--ServerApp.root_dir={notebooks}",
+        "--ServerApp.port_retries=0", "--expose-app-in-browser", "--LabApp.news_url=None",
+        f"--LabServerApp.user_settings_dir={env['JUPYTERLAB_SETTINGS_DIR']}",
+        f"--LabServerApp.workspaces_dir={env['JUPYTERLAB_WORKSPACES_DIR']}",
+    ]  # fmt: skip
+    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_server(server, f"http://127.0.0.1:{port}/api/status?token={token}", tmp_path / "jupyter.log")
+        yield f"http://127.0.0.1:{port}/lab/tree/panel.ipynb?token={token}"
+    finally:
+        _kill(server)
+        log.close()
+
+
+def _wait_for_server(server: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"jupyter lab exited with {server.returncode}:\n{log.read_text()[-3000:]}", pytrace=False)
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"jupyter lab did not answer in {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}", pytrace=False)
+
+
+def _kill(server: subprocess.Popen[bytes]) -> None:
+    """Stop the server and its kernels (its whole process group, which this test created)."""
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(server.pid, signal.SIGKILL)  # kernels left behind by the server, if any
+    except ProcessLookupError:
+        pass
+    if server.poll() is None:
+        server.wait(timeout=15)
+
+
+def test_panel_runs_a_trial_and_draws_it_in_jupyterlab(jupyter_lab: str) -> None:
+    _require_chromium()
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1700})
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(jupyter_lab, wait_until="domcontentloaded", timeout=60_000)
+            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell", timeout=60_000)
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+            page.wait_for_function(
+                "() => { const s = document.querySelector('.jp-Notebook-ExecutionIndicator');"
+                " return s && s.getAttribute('data-status') === 'idle'; }",
+                timeout=KERNEL_TIMEOUT_MS,
+            )
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+            panel = page.locator(".memlab-panel")
+            run = panel.locator("button", has_text="Run")
+            run.wait_for(state="visible", timeout=KERNEL_TIMEOUT_MS)
+            plot = panel.locator(".js-plotly-plot")
+            plot.first.wait_for(state="visible", timeout=60_000)
+            expect(panel.locator(".widget-checkbox", has_text="checkpointing")).to_be_visible()
+            for label in ("precision", "optimizer", "offload", "budget", "micro-batch", "steps"):
+                expect(panel.get_by_text(label, exact=True).first).to_be_visible()
+
+            run.click()
+            expect(run).to_be_disabled(timeout=30_000)  # the kernel is running the trial
+            expect(_tick_labels(plot)).to_contain_text(["plain"], timeout=RUN_TIMEOUT_MS)
+            expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)
+            expect(panel.locator(".memlab-status")).to_contain_text("plain: fits")
+
+            panel.locator(".widget-checkbox input[type=checkbox]").check()
+            run.click()
+            expect(_tick_labels(plot)).to_contain_text(["plain", "ckpt"], timeout=RUN_TIMEOUT_MS)
+            expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)
+            expect(panel.locator(".memlab-report")).to_contain_text("ckpt")
+
+            # The DOM holds what the kernel measured: a stacked bar per category for both settings, and both
+            # points of the memory-vs-throughput scatter with their labels.
+            bars = plot.locator(".barlayer .trace.bars .point")
+            assert bars.count() >= 2 * 5
+            scatter_text = plot.locator(".scatterlayer .textpoint").all_text_contents()
+            assert sorted(scatter_text) == ["ckpt", "plain"]
+            outputs = page.locator(".jp-OutputArea").inner_text()
+            assert "Traceback" not in outputs and "Error" not in outputs
+            assert not [e for e in errors if "memlab" in e or "plotly" in e or "widget" in e.lower()], errors
+
+            panel.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "panel.png"))
+            panel.screenshot(path=str(ARTIFACTS / "panel-widget.png"))
+        finally:
+            browser.close()
+    assert (ARTIFACTS / "panel.png").stat().st_size > 10_000
+
+
+def _tick_labels(plot):  # type: ignore[no-untyped-def]
+    """The category labels on the x axis of the peak-memory panel (the figure's second x axis)."""
+    return plot.locator(".xaxislayer-above .x2tick text")

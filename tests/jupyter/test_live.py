@@ -1,0 +1,206 @@
+"""The live figure without a browser: what the FigureWidget holds after progress events, and how often it redraws."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from models import mlp_batch, mlp_loss, tiny_mlp
+
+import memlab
+from memlab.events import MemorySample, StepFinished, TrialFinished, TrialStarted
+from memlab.jupyter import live as live_module
+from memlab.jupyter.live import LiveFigure
+from memlab.plan import Plan
+from memlab.report import CATEGORIES, Report, Trial
+
+MIB = 1024**2
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ok_trial(plan: Plan, peak_mib: float, speed: float, budget: int | None = None) -> Trial:
+    peak = int(peak_mib * MIB)
+    quarter = peak // 4
+    breakdown = {"params": quarter, "grads": quarter, "optimizer": quarter, "activations": peak - 3 * quarter}
+    return Trial(plan, "ok", peak, breakdown, 1 / speed, speed, None, "cpu", budget=budget)
+
+
+def oom_trial(plan: Plan, reached_mib: float, budget: int | None) -> Trial:
+    return Trial(plan, "oom", int(reached_mib * MIB), {}, None, None, None, "cpu", error="out of memory", budget=budget)
+
+
+def error_trial(plan: Plan) -> Trial:
+    return Trial(plan, "error", 0, {}, None, None, None, "cpu", error="RuntimeError: boom")
+
+
+def traces_on(figure: LiveFigure, xaxis: str) -> dict[str, Any]:
+    return {trace.name: trace for trace in figure.widget.data if trace.xaxis == xaxis}
+
+
+def run_trial(figure: LiveFigure, trial: Trial, index: int, total: int, samples: Sequence[int] = ()) -> None:
+    plan = trial.plan
+    figure(TrialStarted(plan=plan, index=index, total=total))
+    figure(StepFinished(plan, index, 0, "warmup", 0.5, 2.0, None, None))
+    for number, live in enumerate(samples):
+        figure(MemorySample(plan=plan, index=index, seconds=0.01 * (number + 1), live_bytes=live))
+    if trial.status == "ok":
+        figure(StepFinished(plan, index, 0, "tracked", 0.1, 2.0, samples[-1] if samples else None, trial.peak_bytes))
+        figure(StepFinished(plan, index, 0, "timed", 0.2, 2.0, None, None))
+    figure(TrialFinished(trial=trial, index=index, total=total))
+
+
+def test_a_bar_per_setting_for_each_category_and_a_point_per_setting() -> None:
+    budget = 10 * MIB
+    figure = LiveFigure(budget=budget, clock=FakeClock())
+    trials = [
+        ok_trial(Plan(), 8.0, 20.0, budget),
+        ok_trial(Plan(checkpointing=True), 4.0, 15.0, budget),
+        ok_trial(Plan(precision="bf16"), 12.0, 30.0, budget),  # ran, but over the budget
+        oom_trial(Plan(micro_batch=64), 3.0, budget),
+        error_trial(Plan(optimizer="adamw8bit")),
+    ]
+    for index, trial in enumerate(trials):
+        run_trial(figure, trial, index, len(trials), samples=[MIB, 2 * MIB])
+
+    labels = ("plain", "ckpt", "bf16", "mb64x1", "adamw8bit")
+    bars = traces_on(figure, "x2")
+    for name in CATEGORIES:
+        assert bars[name].x == labels
+        assert [y is not None for y in bars[name].y] == [True, True, True, False, False]
+    assert bars["params"].y[0] == pytest.approx(2.0)
+    assert sum(bars[name].y[1] for name in CATEGORIES) == pytest.approx(4.0)
+    # The OOM setting is a "does not fit" bar, at least as high as the budget it broke; the failure an x.
+    assert bars["does not fit"].y == (None, None, None, pytest.approx(10.0), None)
+    assert bars["does not fit"].text[3] == "does not fit"
+    assert bars["error"].y == (None, None, None, None, 0.0)
+    assert bars["error"].text[4] == "RuntimeError: boom"
+
+    speed = traces_on(figure, "x3")["samples/s"]
+    assert speed.x == labels and speed.y == (20.0, 15.0, 30.0, None, None)
+    assert speed.marker.color[0] == live_module._BEST_COLOR  # plain is the fastest that fits
+
+    scatter = traces_on(figure, "x4")
+    assert scatter["fits"].text == ("plain", "ckpt")
+    assert scatter["fits"].x == (pytest.approx(8.0), pytest.approx(4.0))
+    assert scatter["does not fit"].text == ("bf16", "mb64x1")
+    assert scatter["does not fit"].y == (30.0, 0.0)
+    assert len(scatter["fits"].x) + len(scatter["does not fit"].x) == 4  # every setting that reached a peak
+
+
+def test_the_budget_line_is_a_dashed_shape_at_the_budget() -> None:
+    figure = LiveFigure(budget="6MiB")
+    shapes = {shape.name: shape for shape in figure.widget.layout.shapes}
+    line = shapes["budget"]
+    assert (line.type, line.yref, line.xref, line.y0, line.y1) == ("line", "y2", "x2 domain", 6.0, 6.0)
+    assert line.line.dash == "dash"
+    assert shapes["budget (scatter)"].x0 == 6.0 and shapes["budget (scatter)"].xref == "x4"
+    assert any("budget 6.0 MiB" in note.text for note in figure.widget.layout.annotations)
+    figure.budget = None
+    assert figure.widget.layout.shapes == ()
+
+
+def test_memory_of_the_running_trial_is_drawn_in_seconds_into_the_trial() -> None:
+    clock = FakeClock()
+    figure = LiveFigure(clock=clock)
+    plan = Plan(checkpointing=True)
+    figure(TrialStarted(plan=plan, index=0, total=2))
+    assert "Running: ckpt (setting 1 of 2)" == figure.widget.layout.annotations[0].text
+    figure(StepFinished(plan, 0, 0, "warmup", 0.5, 2.0, None, None))
+    figure(MemorySample(plan=plan, index=0, seconds=0.1, live_bytes=MIB))
+    figure(MemorySample(plan=plan, index=0, seconds=0.2, live_bytes=3 * MIB))
+    figure.flush()
+    live = figure.widget.data[live_module.LIVE]
+    assert live.x == (pytest.approx(0.6), pytest.approx(0.7)) and live.y == (1.0, 3.0)
+    # A new trial starts a new line.
+    figure(TrialStarted(plan=Plan(), index=1, total=2))
+    assert figure.widget.data[live_module.LIVE].x == ()
+
+
+def test_updates_are_batched_at_most_one_redraw_per_interval() -> None:
+    clock = FakeClock()
+    figure = LiveFigure(min_interval_s=0.25, clock=clock)
+    sent: list[str | None] = []
+    send_state = figure.widget.send_state
+    figure.widget.send_state = lambda key=None: (sent.append(key), send_state(key))  # type: ignore[method-assign]
+    plan = Plan()
+    figure(TrialStarted(plan=plan, index=0, total=1))  # always redraws
+    redraws = figure.redraws
+    for number in range(500):
+        figure(MemorySample(plan=plan, index=0, seconds=number / 1000, live_bytes=number * 1024))
+    assert figure.redraws == redraws  # no time passed: all waiting
+    assert figure.widget.data[live_module.LIVE].x == ()
+    clock.now += 0.3
+    figure(MemorySample(plan=plan, index=0, seconds=0.6, live_bytes=MIB))
+    assert figure.redraws == redraws + 1
+    assert len(figure.widget.data[live_module.LIVE].x) == 501
+    clock.now += 0.1
+    figure(StepFinished(plan, 0, 0, "tracked", 0.7, 1.0, MIB, MIB))
+    assert figure.redraws == redraws + 1  # too soon
+    figure(TrialFinished(trial=ok_trial(plan, 1.0, 10.0), index=0, total=1))  # always redraws
+    assert figure.redraws == redraws + 2
+    assert figure.widget.data[1].x == ("plain",)
+    # Each redraw is one batched update message, never a stream of restyles and relayouts.
+    assert "_py2js_restyle" not in sent and "_py2js_relayout" not in sent
+    assert 0 < sent.count("_py2js_update") <= 2 * (figure.redraws - redraws + 1)
+
+
+def test_flush_draws_what_is_waiting_and_nothing_else() -> None:
+    figure = LiveFigure(min_interval_s=3600, clock=FakeClock())
+    redraws = figure.redraws
+    figure.flush()
+    assert figure.redraws == redraws
+    figure(MemorySample(plan=Plan(), index=0, seconds=0.1, live_bytes=MIB))
+    figure.flush()
+    assert figure.redraws == redraws + 1
+
+
+def test_show_report_draws_a_whole_report_with_its_budget() -> None:
+    report = Report([ok_trial(Plan(), 2.0, 5.0), oom_trial(Plan(accumulation=2), 0.0, 1 * MIB)], budget=1 * MIB)
+    figure = LiveFigure()
+    figure.show_report(report)
+    bars = traces_on(figure, "x2")
+    assert bars["params"].x == ("plain", "mballx2")
+    assert bars["does not fit"].y == (None, pytest.approx(1.0))  # reached nothing, yet drawn up to its budget
+    assert figure.widget.layout.shapes[0].y0 == pytest.approx(1.0)
+    assert figure.report == report and figure.report is not report
+
+
+def test_many_samples_are_thinned_but_the_peak_is_kept() -> None:
+    xs = [float(i) for i in range(10_000)]
+    ys = [float(i % 97) for i in range(10_000)]
+    ys[4321] = 1e6
+    thin_x, thin_y = live_module._thin(xs, ys, 2000)
+    assert len(thin_x) <= 2002 and 1e6 in thin_y and thin_x[-1] == xs[-1]
+
+
+def test_a_drawing_problem_warns_once_and_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    figure = LiveFigure()
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("no plotly today")
+
+    monkeypatch.setattr(live_module, "figure_data", broken)
+    with pytest.warns(RuntimeWarning, match="no plotly today"):
+        figure(TrialStarted(plan=Plan(), index=0, total=1))
+    figure(TrialStarted(plan=Plan(), index=0, total=1))  # a second failure is quiet
+
+
+def test_as_the_callback_of_compare_it_draws_every_trial() -> None:
+    model = tiny_mlp(blocks=2, width=16)
+    figure = LiveFigure(budget="64MiB", min_interval_s=0.0)
+    plans = [Plan(), Plan(checkpointing=True)]
+    report = memlab.compare(
+        model, mlp_batch(rows=8, width=16), plans, loss_fn=mlp_loss, steps=1, callback=figure, progress=False
+    )
+    assert figure.report.trials == report.trials
+    assert traces_on(figure, "x2")["params"].x == ("plain", "ckpt")
+    assert len(figure.widget.data[live_module.LIVE].x) > 0  # samples of the tracked step were drawn
+    assert max(figure.widget.data[live_module.LIVE].y) <= report.trials[-1].peak_bytes / MIB + 1e-9

@@ -1,0 +1,181 @@
+"""The widget panel without a browser: buttons clicked from Python, as ipywidgets' own tests do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+import pytest
+import torch
+from models import assert_same, fingerprint, lm_batch, tiny_gpt2
+
+import memlab
+from memlab.errors import MemlabError
+from memlab.events import Event, TrialFinished
+from memlab.jupyter.live import LiveFigure
+from memlab.jupyter.panel import Panel, panel
+from memlab.plan import Plan
+from memlab.report import CATEGORIES, Report
+
+MIB = 1024**2
+TECHNIQUES = ("micro_batch", "accumulation", "checkpointing", "precision", "optimizer", "offload", "budget")
+
+
+def small_batch() -> dict[str, torch.Tensor]:
+    return lm_batch(rows=4, length=8)
+
+
+@pytest.fixture(scope="module")
+def two_runs() -> dict[str, Any]:
+    """Run plain, switch checkpointing on, run again; note what the buttons looked like during the runs."""
+    model = tiny_gpt2()
+    before = fingerprint(model)
+    seen: list[dict[str, bool]] = []
+
+    def watch(event: Event) -> None:
+        if isinstance(event, TrialFinished):
+            return
+        seen.append(
+            {
+                "run": p.run_button.disabled,
+                "apply": p.apply_button.disabled,
+                "undo": p.undo_button.disabled,
+                **{name: control.disabled for name, control in p.controls.items()},
+            }
+        )
+
+    p = panel(model, small_batch(), steps=1, callback=watch)
+    p.run_button.click()
+    p.controls["checkpointing"].value = True
+    p.run_button.click()
+    return {"panel": p, "model": model, "before": before, "seen": seen}
+
+
+def test_panel_is_a_widget_with_a_control_per_technique(two_runs: dict[str, Any]) -> None:
+    p: Panel = two_runs["panel"]
+    assert isinstance(p, widgets.VBox)
+    assert isinstance(p.figure, LiveFigure) and isinstance(p.figure.widget, go.FigureWidget)
+    assert set(p.controls) == set(TECHNIQUES)
+    descriptions = {name: control.description for name, control in p.controls.items()}
+    assert descriptions["checkpointing"] == "checkpointing"
+    assert descriptions["precision"] == "precision" and descriptions["optimizer"] == "optimizer"
+    assert descriptions["offload"] == "offload" and descriptions["budget"] == "budget"
+    assert (descriptions["micro_batch"], descriptions["accumulation"]) == ("micro-batch", "steps")
+    assert "accumulation" in str(p.children[0].children[0].value)  # the group of micro-batch and steps
+    assert [b.description for b in (p.run_button, p.apply_button, p.undo_button)] == ["Run", "Apply", "Undo"]
+    assert p.figure.widget in p.children and p.table in p.children and p.status in p.children
+
+
+def test_run_then_checkpointing_then_run_gives_two_trials_in_report_and_figure(two_runs: dict[str, Any]) -> None:
+    p: Panel = two_runs["panel"]
+    assert isinstance(p.report, Report)
+    assert [trial.plan for trial in p.report] == [Plan(), Plan(checkpointing=True)]
+    assert [trial.status for trial in p.report] == ["ok", "ok"]
+    data = {trace.name: trace for trace in p.figure.widget.data if trace.xaxis == "x2"}
+    for name in CATEGORIES:
+        assert data[name].x == ("plain", "ckpt")
+        assert all(value is not None for value in data[name].y)
+    assert data["params"].y[0] == pytest.approx(p.report[0].breakdown["params"] / MIB)
+    speed = next(trace for trace in p.figure.widget.data if trace.name == "samples/s")
+    assert speed.x == ("plain", "ckpt") and all(value > 0 for value in speed.y)
+    points = [trace for trace in p.figure.widget.data if trace.xaxis == "x4"]
+    assert sorted(label for trace in points for label in trace.text) == ["ckpt", "plain"]
+    assert "plain" in p.table.value and "ckpt" in p.table.value
+    assert "ckpt: fits" in p.status.value
+    assert_same(two_runs["before"], fingerprint(two_runs["model"]))
+
+
+def test_controls_are_disabled_while_running_and_enabled_after(two_runs: dict[str, Any]) -> None:
+    p: Panel = two_runs["panel"]
+    seen = two_runs["seen"]
+    assert seen, "the callback saw no events"
+    assert all(all(state.values()) for state in seen), "something was clickable during a run"
+    assert not p.run_button.disabled and not p.apply_button.disabled
+    assert not any(control.disabled for control in p.controls.values())
+    assert p.undo_button.disabled  # nothing applied yet
+
+
+def test_out_of_memory_is_does_not_fit_not_an_error() -> None:
+    p = panel(tiny_gpt2(), small_batch(), steps=1, budget="64KiB")
+    trial = p.run()
+    assert trial is not None and trial.status == "oom"
+    assert "does not fit" in p.status.value and "memlab-warn" in p.status.value
+    assert "does not fit" in p.table.value
+    for html in (p.status.value, p.table.value):
+        assert "Traceback" not in html and 'File "' not in html
+    bar = next(trace for trace in p.figure.widget.data if trace.name == "does not fit" and trace.type == "bar")
+    assert bar.y[0] == pytest.approx(64 / 1024)
+    assert p.report.budget == 64 * 1024
+    assert not p.run_button.disabled
+
+
+def test_bad_budget_is_one_line_in_the_panel_and_nothing_runs() -> None:
+    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    p.controls["budget"].value = "lots of memory"
+    p.run_button.click()  # must not raise
+    assert len(p.report) == 0
+    status = p.status.value
+    assert "memlab-error" in status and "budget" in status and "8GiB" in status
+    assert "\n" not in status and "Traceback" not in status
+    assert not p.run_button.disabled and not p.controls["budget"].disabled
+
+
+def test_an_exception_in_the_loss_is_one_line_and_the_panel_stays_usable() -> None:
+    def broken_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        raise RuntimeError("the loss broke\nsecond line of detail")
+
+    p = panel(tiny_gpt2(), small_batch(), loss_fn=broken_loss, steps=1)
+    p.run_button.click()
+    assert [trial.status for trial in p.report] == ["error"]
+    status = p.status.value
+    assert "memlab-error" in status and "the loss broke" in status
+    assert "second line" not in status and "Traceback" not in status
+    assert not p.run_button.disabled
+
+
+def test_a_plan_error_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = panel(tiny_gpt2(), small_batch(), steps=1)
+
+    def impossible() -> Plan:
+        raise MemlabError("offload='disk' is not known; write one of none, optimizer, activations, all")
+
+    monkeypatch.setattr(p, "plan", impossible)
+    p.run_button.click()
+    p.apply_button.click()
+    assert "Cannot apply: offload=&#x27;disk&#x27; is not known" in p.status.value
+    assert len(p.report) == 0 and p.applied is None
+
+
+def test_apply_then_undo_leaves_the_model_bit_exact() -> None:
+    model = tiny_gpt2()
+    before = fingerprint(model)
+    p = panel(model, small_batch(), steps=1)
+    p.controls["checkpointing"].value = True
+    p.controls["micro_batch"].value = 2
+    p.controls["accumulation"].value = 2
+    p.apply_button.click()
+    assert isinstance(p.applied, memlab.Applied) and p.applied.active
+    assert p.applied.plan == Plan(micro_batch=2, accumulation=2, checkpointing=True)
+    assert model.transformer.gradient_checkpointing  # on the live model
+    assert not p.undo_button.disabled
+    p.run_button.click()  # refused while a plan is applied
+    assert len(p.report) == 0 and "click Undo" in p.status.value
+    p.undo_button.click()
+    assert p.applied is None and p.undo_button.disabled
+    assert_same(before, fingerprint(model))
+
+
+def test_effective_batch_and_plan_follow_the_controls() -> None:
+    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    assert p.plan() == Plan()  # all rows of the batch: micro_batch=None
+    p.controls["micro_batch"].value = 1
+    p.controls["accumulation"].value = 4
+    p.controls["precision"].value = "bf16"
+    assert p.plan() == Plan(micro_batch=1, accumulation=4, precision="bf16")
+    assert "4 rows per optimizer step" in p.effective.value
+
+
+def test_a_batch_that_needs_a_loss_fn_says_so_when_the_panel_is_built() -> None:
+    with pytest.raises(MemlabError, match="loss_fn"):
+        panel(torch.nn.Linear(4, 1), torch.randn(8, 4))

@@ -1,0 +1,354 @@
+"""Trial and Report: fits/best, breakdown rules, tables, HTML, JSON, the figure, events, and lazy imports."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from memlab.events import Callback, Event, MemorySample, StepFinished, TrialFinished, TrialStarted
+from memlab.plan import PLAN_FIELDS, Plan
+from memlab.report import CATEGORIES, Report, Trial, figure_data
+
+MIB = 1024**2
+
+
+def ok(plan: Plan, peak_mib: float, speed: float | None, **extra: Any) -> Trial:
+    peak = int(peak_mib * MIB)
+    breakdown = {"params": peak // 4, "grads": peak // 4, "optimizer": peak // 4, "activations": peak // 8}
+    breakdown["other"] = peak - sum(breakdown.values())
+    return Trial(
+        plan,
+        "ok",
+        peak,
+        breakdown,
+        None if speed is None else 8 / speed,
+        speed,
+        None if speed is None else speed * 128,
+        "cpu",
+        **extra,
+    )
+
+
+def oom(plan: Plan, peak_mib: float) -> Trial:
+    peak = int(peak_mib * MIB)
+    return Trial(
+        plan,
+        "oom",
+        peak,
+        {"activations": peak},
+        None,
+        None,
+        None,
+        "cpu",
+        error="OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n(more detail)",
+    )
+
+
+def error(plan: Plan) -> Trial:
+    return Trial(
+        plan, "error", 0, {}, None, None, None, "cpu", error="RuntimeError: shapes do not match\nTraceback line two"
+    )
+
+
+@pytest.fixture
+def report() -> Report:
+    return Report(
+        [
+            ok(Plan(), 900, 10.0),
+            ok(Plan(checkpointing=True), 500, 6.0),
+            ok(Plan(precision="bf16"), 700, 14.0),
+            oom(Plan(micro_batch=64), 2000),
+            error(Plan(optimizer="adamw8bit")),
+            ok(Plan(micro_batch=2, accumulation=4, checkpointing=True), 400, 5.0, notes=("fp16 on CPU is slow",)),
+        ],
+        budget=800 * MIB,
+    )
+
+
+# --- Trial ---------------------------------------------------------------------------------------------------------
+
+
+def test_breakdown_has_every_category_and_adds_up_to_the_peak() -> None:
+    trial = Trial(Plan(), "ok", 100, {"params": 60}, 1.0, 2.0, None, "cpu")
+    assert list(trial.breakdown) == list(CATEGORIES)
+    assert trial.breakdown == {"params": 60, "grads": 0, "optimizer": 0, "activations": 0, "other": 40}
+    assert sum(trial.breakdown.values()) == trial.peak_bytes
+
+
+def test_empty_breakdown_puts_the_peak_under_other() -> None:
+    trial = Trial(Plan(), "error", 12, {}, None, None, None, "cpu", error="boom")
+    assert trial.breakdown["other"] == 12
+
+
+@pytest.mark.parametrize(
+    ("breakdown", "match"),
+    [({"params": 200}, "more than peak_bytes"), ({"weights": 1}, "unknown categories"), ({"params": -1}, "negative")],
+)
+def test_bad_breakdown_raises(breakdown: dict[str, int], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Trial(Plan(), "ok", 100, breakdown, 1.0, 2.0, None, "cpu")
+
+
+def test_bad_status_raises() -> None:
+    with pytest.raises(ValueError, match="status"):
+        Trial(Plan(), "fine", 0, {}, None, None, None, "cpu")
+
+
+def test_trial_fits_needs_ok_and_the_budget() -> None:
+    assert ok(Plan(), 10, 1.0).fits
+    assert ok(Plan(), 10, 1.0, budget=10 * MIB).fits
+    assert not ok(Plan(), 10, 1.0, budget=10 * MIB - 1).fits
+    assert not oom(Plan(), 1).fits
+    assert not error(Plan()).fits
+
+
+# --- best ----------------------------------------------------------------------------------------------------------
+
+
+def test_best_is_the_fastest_trial_that_fits(report: Report) -> None:
+    # bf16 is the fastest within 800 MiB; plain (900 MiB) is over the budget
+    assert report.best is report.trials[2]
+    assert Report(report.trials).best is report.trials[2]
+    assert Report(report.trials, budget=600 * MIB).best is report.trials[1]
+
+
+def test_an_oom_or_error_trial_is_never_best() -> None:
+    fast_oom = oom(Plan(micro_batch=64), 1)
+    fast_oom.samples_per_s = 1e9
+    crashed = error(Plan())
+    assert Report([fast_oom, crashed]).best is None
+    slow = ok(Plan(checkpointing=True), 100, 0.5)
+    assert Report([fast_oom, crashed, slow]).best is slow
+
+
+def test_best_tie_goes_to_the_lower_peak() -> None:
+    big, small = ok(Plan(), 300, 5.0), ok(Plan(checkpointing=True), 200, 5.0)
+    assert Report([big, small]).best is small
+    assert Report([small, big]).best is small
+
+
+def test_best_respects_each_trials_own_budget() -> None:
+    over = ok(Plan(), 300, 50.0, budget=100 * MIB)
+    under = ok(Plan(checkpointing=True), 50, 1.0, budget=100 * MIB)
+    assert Report([over, under]).best is under
+
+
+def test_estimates_without_speed_rank_by_peak() -> None:
+    a = ok(Plan(), 300, None, estimated=True)
+    b = ok(Plan(checkpointing=True), 100, None, estimated=True)
+    assert Report([a, b]).best is b
+    assert Report([]).best is None
+
+
+# --- container -----------------------------------------------------------------------------------------------------
+
+
+def test_report_is_a_sequence_of_trials(report: Report) -> None:
+    assert len(report) == 6
+    assert list(report) == report.trials
+    assert report[0] is report.trials[0]
+    assert report[-1] is report.trials[-1]
+    part = report[1:3]
+    assert isinstance(part, Report) and part.trials == report.trials[1:3] and part.budget == report.budget
+
+
+# --- dataframe -----------------------------------------------------------------------------------------------------
+
+
+def test_to_dataframe_columns_and_values(report: Report) -> None:
+    frame = report.to_dataframe()
+    assert len(frame) == len(report)
+    expected = [
+        "label",
+        "status",
+        "fits",
+        "peak_bytes",
+        *(f"{name}_bytes" for name in CATEGORIES),
+        "step_time_s",
+        "samples_per_s",
+        "tokens_per_s",
+        "error",
+        *PLAN_FIELDS,
+    ]
+    assert list(frame.columns[: len(expected)]) == expected
+    for name in (
+        "device",
+        "rows_per_step",
+        "budget",
+        "reserved_bytes",
+        "rss_bytes",
+        "preexisting_bytes",
+        "notes",
+        "estimated",
+    ):
+        assert name in frame.columns
+    assert list(frame["label"]) == [t.label for t in report]
+    assert list(frame["status"]) == ["ok", "ok", "ok", "oom", "error", "ok"]
+    assert list(frame["fits"]) == [False, True, True, False, False, True]
+    assert list(frame["peak_bytes"]) == [t.peak_bytes for t in report]
+    assert frame.loc[2, "precision"] == "bf16"
+    assert frame.loc[5, "notes"] == "fp16 on CPU is slow"
+    assert frame.loc[3, "micro_batch"] == 64
+    assert frame["samples_per_s"].dtype.kind == "f"
+
+
+def test_empty_report_dataframe_has_the_columns() -> None:
+    frame = Report([]).to_dataframe()
+    assert len(frame) == 0 and "peak_bytes" in frame.columns and "precision" in frame.columns
+
+
+# --- HTML and text -------------------------------------------------------------------------------------------------
+
+
+def test_html_names_every_plan_and_marks_what_does_not_fit(report: Report) -> None:
+    page = report._repr_html_()
+    for trial in report:
+        assert trial.label in page
+    assert page.count("does not fit") == 2  # the OOM and the plan over the 800 MiB budget
+    assert "\u2605 best" in page and "bf16 \u2605 best" in page
+    assert "900.0 MiB" in page  # sizes are formatted
+    assert "RuntimeError: shapes do not match" in page and "Traceback line two" not in page  # errors: one line
+    assert "fp16 on CPU is slow" in page
+    assert "Budget: 800.0 MiB" in page
+    assert "Held before" not in page
+
+
+def test_html_names_memory_held_before_and_escapes() -> None:
+    trial = ok(Plan(), 10, 1.0, preexisting_bytes=3 * MIB, notes=("<script>",))
+    page = Report([trial])._repr_html_()
+    assert "Held before the trials: 3.0 MiB" in page
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "No trials" in Report([])._repr_html_()
+    assert trial._repr_html_().count("<tr") == 2
+
+
+def test_text_table(report: Report) -> None:
+    text = str(report)
+    assert text == report.to_text()
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["plan", "status", "peak"]
+    best_line = next(line for line in lines if line.startswith("*"))
+    assert "bf16" in best_line
+    assert "does not fit (OOM)" in text and "does not fit (over budget)" in text
+    assert "Best: bf16" in text and "Budget: 800.0 MiB" in text and "Device: cpu" in text
+    assert Report([]).to_text() == "No trials yet."
+
+
+# --- JSON ----------------------------------------------------------------------------------------------------------
+
+
+def test_json_round_trip(report: Report) -> None:
+    report.trials[0] = dataclasses.replace(
+        report.trials[0],
+        reserved_bytes=123,
+        rss_bytes=456,
+        preexisting_bytes=7,
+        rows_per_step=8,
+        budget=10**12,
+        device="cuda:0",
+    )
+    text = report.to_json()
+    data = json.loads(text)
+    assert data["budget"] == report.budget and len(data["trials"]) == len(report)
+    assert data["trials"][0]["label"] == "plain" and data["trials"][0]["fits"] is False
+    again = Report.from_json(text)
+    assert again == report
+    assert Report.from_dict(report.to_dict()) == report
+    assert again.best == report.best
+
+
+def test_trial_to_dict_is_flat_and_json_friendly() -> None:
+    trial = ok(Plan(micro_batch=2, precision="fp16"), 10, 3.0, notes=("a", "b"), estimated=True)
+    data = trial.to_dict()
+    assert all(not isinstance(value, (dict, tuple, Plan)) for value in data.values())
+    assert data["micro_batch"] == 2 and data["precision"] == "fp16" and data["optimizer"] == "adamw"
+    assert data["label"] == "mb2x1 fp16" and data["notes"] == ["a", "b"] and data["estimated"] is True
+    assert Trial.from_dict(json.loads(json.dumps(data))) == trial
+
+
+# --- figure --------------------------------------------------------------------------------------------------------
+
+
+def test_figure_data_lists(report: Report) -> None:
+    data = figure_data(report)
+    assert data["labels"] == [t.label for t in report]
+    assert data["best"] == "bf16"
+    assert data["categories"]["params"][0] == pytest.approx(900 / 4)
+    assert data["categories"]["params"][3] is None and data["does_not_fit"][3] == pytest.approx(2000)
+    assert data["error"] == [None, None, None, None, 0.0, None]
+    assert data["error_text"][4] == "RuntimeError: shapes do not match"
+    assert data["samples_per_s"] == [10.0, 6.0, 14.0, None, None, 5.0]
+    assert data["budget_mib"] == pytest.approx(800)
+    assert data["fits"] == [False, True, True, False, False, True]
+    json.dumps(data)  # plain data
+
+
+def test_figure_data_makes_repeated_labels_unique() -> None:
+    data = figure_data(Report([ok(Plan(), 1, 1.0), ok(Plan(), 1, 2.0), ok(Plan(), 1, 3.0)]))
+    assert data["labels"] == ["plain", "plain (2)", "plain (3)"]
+    assert data["best"] == "plain (3)"
+
+
+def test_plot_has_a_trace_per_category_and_a_samples_trace(report: Report) -> None:
+    import plotly.graph_objects as go
+
+    figure = report.plot()
+    assert isinstance(figure, go.Figure)
+    names = [trace.name for trace in figure.data]
+    assert names == [*CATEGORIES, "does not fit", "error", "samples/s"]
+    by_name = {trace.name: trace for trace in figure.data}
+    assert list(by_name["params"].x) == [t.label for t in report]
+    assert by_name["does not fit"].marker.pattern.shape == "/"
+    assert by_name["samples/s"].xaxis == "x2"
+    assert figure.layout.barmode == "stack"
+    assert "MiB" in figure.layout.yaxis.title.text and figure.layout.yaxis2.title.text == "samples/s"
+    assert figure.layout.title.text and "bf16" in figure.layout.title.text
+    budget_lines = [shape for shape in figure.layout.shapes if shape.y0 == shape.y1]
+    assert budget_lines and budget_lines[0].y0 == pytest.approx(800)
+
+
+def test_plot_without_budget_or_trials() -> None:
+    figure = Report([ok(Plan(), 1, 1.0)]).plot()
+    assert not figure.layout.shapes
+    assert len(Report([]).plot().data) == len(CATEGORIES) + 3
+
+
+# --- events --------------------------------------------------------------------------------------------------------
+
+
+def test_events_are_frozen_dataclasses_for_a_callback() -> None:
+    plan = Plan()
+    trial = ok(plan, 1, 1.0)
+    events: list[Event] = [
+        TrialStarted(plan=plan, index=0, total=1),
+        StepFinished(plan=plan, index=0, step=0, kind="timed", seconds=0.1, loss=1.0, live_bytes=1, peak_bytes=2),
+        MemorySample(plan=plan, index=0, seconds=0.05, live_bytes=10),
+        TrialFinished(trial=trial, index=0, total=1),
+    ]
+    for event in events:
+        assert dataclasses.is_dataclass(event)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            event.index = 3  # type: ignore[misc]
+    seen: list[Event] = []
+    callback: Callback = seen.append
+    for event in events:
+        callback(event)
+    assert seen == events
+    assert isinstance(events[3], TrialFinished) and events[3].trial is trial
+
+
+# --- lazy imports --------------------------------------------------------------------------------------------------
+
+
+def test_importing_report_events_and_export_does_not_import_plotly_or_pandas() -> None:
+    code = (
+        "import sys, memlab.report, memlab.events, memlab.export; "
+        "bad = [m for m in ('plotly', 'pandas', 'IPython', 'ipywidgets', 'bitsandbytes') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
