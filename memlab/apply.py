@@ -16,6 +16,7 @@ class Applied:
     """A plan put on a live model: ``optimizer``, ``step(batch)`` and ``undo()``.
 
     Example:
+        >>> import torch
         >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
         >>> applied = apply(model, Plan(checkpointing=True), loss_fn=lambda m, b: m(b).pow(2).mean())
         >>> loss = applied.step(torch.randn(8, 4))
@@ -71,6 +72,7 @@ def apply(model: nn.Module, plan: Plan, *, loss_fn: LossFn | None = None, lr: fl
     """Put ``plan`` on the live ``model`` and return what trains with it.
 
     Example:
+        >>> import torch
         >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
         >>> with apply(model, Plan(accumulation=2, micro_batch=4), loss_fn=lambda m, b: m(b).mean()) as applied:
         ...     _ = applied.step(torch.randn(8, 4))

@@ -25,6 +25,7 @@ __all__ = [
     "DEMO_BUDGET_FRACTION",
     "build_parser",
     "demo_plans",
+    "demo_space",
     "main",
     "plan_code",
     "run_demo",
@@ -146,6 +147,19 @@ def _demo_command(args: argparse.Namespace) -> int:
     return run_demo(budget=budget, batch_size=args.batch_size, html_path=args.html, steps=args.steps)
 
 
+def demo_space(batch_size: int) -> dict[str, list[Any]]:
+    """What ``memlab demo`` searches on a CPU: the batch split (micro-batches down to a quarter of the batch)
+    and checkpointing, in fp32 with AdamW. bf16 and 8-bit AdamW run slowly on a CPU (they are there for GPUs), so
+    leaving them out keeps the demo under a minute; on CUDA it searches ``fit``'s whole default space.
+
+    Example:
+        >>> demo_space(8)["micro_batch"], demo_space(6)["micro_batch"]
+        ([8, 4, 2], [6, 3, 2])
+    """
+    sizes = [size for size in range(batch_size, 0, -1) if batch_size % size == 0 and 4 * size >= batch_size]
+    return {"micro_batch": sizes, "checkpointing": [False, True], "precision": ["fp32"], "optimizer": ["adamw"]}
+
+
 def demo_plans(batch_size: int, rows: int) -> list[Any]:
     """The fixed plans ``memlab demo`` compares when ``memlab.search`` is not there: at ``batch_size`` rows per
     optimizer step, the whole batch at once, then halves and quarters with accumulation, each with and without
@@ -245,7 +259,13 @@ def run_demo(
     say(f"Looking for the fastest plan that fits {format_bytes(budget)} at {batch_size} rows per optimizer step...")
     if importlib.util.find_spec("memlab.search") is not None:
         fit = importlib.import_module("memlab.search").fit
-        report = fit(model, batch, budget=budget, batch_size=batch_size, steps=steps, warmup=1, progress=True)
+        space = None
+        if device == "cpu":
+            space = demo_space(batch_size)
+            say("(On a CPU the search keeps fp32 and AdamW: bf16 and 8-bit AdamW are for GPUs and slow here.)")
+        report = fit(
+            model, batch, budget=budget, batch_size=batch_size, steps=steps, warmup=1, progress=True, space=space
+        )
     else:
         say("(memlab.search is not in this install: comparing a fixed set of plans instead.)")
         plans = demo_plans(batch_size, rows)

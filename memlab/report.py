@@ -6,6 +6,7 @@ so ``import memlab`` stays light.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 from collections.abc import Iterator, Mapping
@@ -193,6 +194,7 @@ class Report:
     Args:
         trials: the trials, in the order they ran.
         budget: the memory budget in bytes the trials were compared against, if any.
+        skipped: plans a search chose not to measure, each with the reason (e.g. predicted not to fit).
 
     Example:
         >>> fast = Trial(Plan(), "ok", 900, {"params": 900}, 0.5, 8.0, None, "cpu")
@@ -204,6 +206,7 @@ class Report:
 
     trials: list[Trial] = field(default_factory=list)
     budget: int | None = None
+    skipped: list[tuple[Plan, str]] = field(default_factory=list)
 
     def fits(self, trial: Trial) -> bool:
         """Whether ``trial`` fits: its own budget (:attr:`Trial.fits`) and this report's budget, if set.
@@ -260,7 +263,8 @@ class Report:
             data = trial.to_dict()
             data["fits"] = self.fits(trial)
             trials.append(data)
-        return {"budget": self.budget, "trials": trials}
+        skipped = [{"plan": dataclasses.asdict(plan), "reason": reason} for plan, reason in self.skipped]
+        return {"budget": self.budget, "trials": trials, "skipped": skipped}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
@@ -271,7 +275,9 @@ class Report:
             >>> Report.from_dict(r.to_dict()) == r
             True
         """
-        return cls([Trial.from_dict(item) for item in data.get("trials", [])], budget=data.get("budget"))
+        skipped = [(Plan(**item["plan"]), str(item["reason"])) for item in data.get("skipped", [])]
+        trials = [Trial.from_dict(item) for item in data.get("trials", [])]
+        return cls(trials, budget=data.get("budget"), skipped=skipped)
 
     def to_json(self, indent: int | None = 2) -> str:
         """The report as a JSON string (see :meth:`to_dict`); :meth:`from_json` reads it back.
@@ -365,6 +371,9 @@ class Report:
             lines.append("Device: " + ", ".join(devices))
         if any(trial.estimated for trial in self.trials):
             lines.append("Estimated: dry run on fake tensors, no step was timed")
+        if self.skipped:
+            reasons = sorted({reason for _, reason in self.skipped})
+            lines.append(f"Not measured: {len(self.skipped)} plans ({'; '.join(reasons)})")
         return lines
 
     def to_text(self) -> str:

@@ -238,13 +238,25 @@ def activation_key(plan: Plan) -> ActivationKey:
 
 @dataclass(frozen=True)
 class Line:
-    """Activation bytes as ``intercept + per_row * micro_batch``."""
+    """Activation bytes as ``intercept + per_row * micro_batch`` up to ``known_up_to`` rows; beyond it, growing by
+    ``per_row_above`` per row (what a single measured size can say safely about larger micro-batches).
+
+    Example:
+        >>> line = Line(10.0, 100.0, known_up_to=2, per_row_above=50.0)
+        >>> line.at(1), line.at(2), line.at(4)
+        (110.0, 210.0, 310.0)
+    """
 
     intercept: float
     per_row: float
+    known_up_to: float = math.inf
+    per_row_above: float = 0.0
 
     def at(self, micro_batch: int) -> float:
-        return self.intercept + self.per_row * micro_batch
+        if micro_batch <= self.known_up_to:
+            return self.intercept + self.per_row * micro_batch
+        known = self.intercept + self.per_row * self.known_up_to
+        return known + self.per_row_above * (micro_batch - self.known_up_to)
 
 
 def fit_line(points: Sequence[tuple[int, float]]) -> Line:
@@ -252,7 +264,7 @@ def fit_line(points: Sequence[tuple[int, float]]) -> Line:
 
     Example:
         >>> fit_line([(1, 150.0), (8, 1200.0)])
-        Line(intercept=0.0, per_row=150.0)
+        Line(intercept=0.0, per_row=150.0, known_up_to=inf, per_row_above=0.0)
     """
     xs = [float(x) for x, _ in points]
     ys = [float(y) for _, y in points]
@@ -267,12 +279,31 @@ def fit_line(points: Sequence[tuple[int, float]]) -> Line:
     return Line(intercept, slope)
 
 
+def one_point_line(
+    size: int, value: float, *, intercept: float = 0.0, at_least: Sequence[tuple[int, float]] = ()
+) -> Line:
+    """Activations known at one micro-batch size: below it, ``intercept`` (a neighbour's, else 0) plus bytes in
+    proportion to rows; above it, at least what larger plans were seen to reach before running out of memory
+    (``at_least``: ``(micro_batch, bytes)`` lower bounds), else flat. Both sides lean low, so that a plan is
+    never skipped for memory on a guess.
+
+    Example:
+        >>> line = one_point_line(2, 200.0, at_least=[(8, 800.0)])
+        >>> line.at(1), line.at(2), line.at(8)
+        (100.0, 200.0, 800.0)
+    """
+    intercept = min(max(intercept, 0.0), value)
+    above = [(bound - value) / (rows - size) for rows, bound in at_least if rows > size]
+    return Line(intercept, (value - intercept) / size, known_up_to=size, per_row_above=max([0.0, *above]))
+
+
 class MemoryModel:
     """Predicts a plan's peak bytes from measured trials (see the module docstring for the model).
 
-    Only trials that ran (``"ok"``) teach it; where nothing was measured it assumes the least a plan can need:
-    AdamW keeps two moments per trainable byte, 8-bit AdamW a quarter of that, accumulation holds every gradient,
-    and an unmeasured technique's activations are 0.
+    Trials that ran (``"ok"``) give the parts of the peak; a trial that ran out of memory says its activations were
+    at least its peak reached minus the fixed parts. Where nothing was measured it assumes the least a plan can
+    need: AdamW keeps two moments per trainable byte, 8-bit AdamW a quarter of that, accumulation holds every
+    gradient, and an unmeasured technique's activations are 0.
 
     Example:
         >>> def ran(plan, activations):
@@ -293,23 +324,37 @@ class MemoryModel:
         if ran:
             self.common = statistics.median(t.breakdown["params"] + t.breakdown["other"] for t in ran)
         else:
-            self.common = self.trainable_bytes
+            # Parameters are in place before any step, so even a trial that failed shows them.
+            self.common = max([self.trainable_bytes, *(float(t.breakdown["params"]) for t in trials)])
         self._optimizer = _medians(ran, lambda t: (t.plan.optimizer, t.plan.offloads_optimizer), "optimizer")
         self._grads = _medians(ran, lambda t: t.plan.accumulation > 1, "grads")
-        self._points: dict[ActivationKey, list[tuple[int, float]]] = {}
+        points: dict[ActivationKey, list[tuple[int, float]]] = {}
         for trial in ran:
             point = (micro_batch_of(trial.plan, batch_size), float(trial.breakdown["activations"]))
-            self._points.setdefault(activation_key(trial.plan), []).append(point)
+            points.setdefault(activation_key(trial.plan), []).append(point)
+        self._at_least: dict[ActivationKey, list[tuple[int, float]]] = {}
+        for trial in trials:
+            if trial.status == "oom":
+                bound = trial.peak_bytes - self.fixed_bytes(trial.plan) - self.grads_bytes(trial.plan)
+                point = (micro_batch_of(trial.plan, batch_size), max(0.0, bound))
+                self._at_least.setdefault(activation_key(trial.plan), []).append(point)
         self._lines: dict[ActivationKey, Line] = {
-            key: fit_line(points) for key, points in self._points.items() if len({x for x, _ in points}) > 1
+            key: fit_line(group) for key, group in points.items() if len({x for x, _ in group}) > 1
         }
         with_two_sizes = dict(self._lines)
-        for key, points in self._points.items():
+        for key, group in points.items():
             if key not in self._lines:
-                (size, value), *_ = points
                 donor = self._nearest(key, with_two_sizes)
-                intercept = min(donor[1].intercept, value) if donor else 0.0
-                self._lines[key] = Line(intercept, (statistics.fmean(v for _, v in points) - intercept) / size)
+                self._lines[key] = one_point_line(
+                    group[0][0],
+                    statistics.fmean(v for _, v in group),
+                    intercept=donor[1].intercept if donor else 0.0,
+                    at_least=self._at_least.get(key, ()),
+                )
+
+    def fixed_bytes(self, plan: Plan) -> float:
+        """What does not depend on the batch split: params, other and optimizer state."""
+        return self.common + self.optimizer_bytes(plan)
 
     def optimizer_bytes(self, plan: Plan) -> float:
         """Optimizer state on the device: measured for this optimizer, else what it needs at least."""
@@ -346,12 +391,16 @@ class MemoryModel:
         return Line(donor[1].intercept, per_row)
 
     def activations(self, plan: Plan) -> float:
+        """Predicted activation bytes at the peak (never below what an out-of-memory trial showed)."""
+        size = micro_batch_of(plan, self.batch_size)
         line = self.activation_line(plan)
-        return 0.0 if line is None else max(0.0, line.at(micro_batch_of(plan, self.batch_size)))
+        predicted = 0.0 if line is None else max(0.0, line.at(size))
+        seen = [bound for rows, bound in self._at_least.get(activation_key(plan), ()) if rows <= size]
+        return max([predicted, *seen])
 
     def predict(self, plan: Plan) -> float:
         """Predicted peak bytes of a plan."""
-        fixed = self.common + self.optimizer_bytes(plan)
+        fixed = self.fixed_bytes(plan)
         peak = fixed + self.grads_bytes(plan) + self.activations(plan)
         # After the last backward every gradient exists next to the optimizer state, accumulation or not.
         return max(peak, fixed + self.trainable_bytes)

@@ -36,7 +36,7 @@ from torch import nn
 
 from memlab.batch import Batch, LossFn, count_rows
 from memlab.errors import MemlabError
-from memlab.plan import Plan, parse_budget, parse_grid
+from memlab.plan import parse_budget, parse_grid
 from memlab.report import Report
 
 __all__ = [
@@ -221,29 +221,23 @@ def _positive_float(option: str, text: str, example: str) -> float:
     return value
 
 
-def _check_divides(plans: Sequence[Plan], axes: set[str], batch_size: int) -> None:
-    """With ``--batch-size``, every micro-batch (and accumulation) in the grid must divide it exactly."""
-    divisors = ", ".join(str(n) for n in range(1, batch_size + 1) if batch_size % n == 0)
-    for plan in plans:
-        if "micro_batch" in axes and plan.micro_batch is not None and batch_size % plan.micro_batch:
-            raise _usage_error(
-                f"micro_batch={plan.micro_batch} does not divide --batch-size {batch_size}; "
-                f"write micro_batch values among {divisors}"
-            )
-        if "accumulation" in axes and batch_size % plan.accumulation:
-            raise _usage_error(
-                f"accumulation={plan.accumulation} does not divide --batch-size {batch_size}; "
-                f"write accumulation values among {divisors}"
-            )
-        if (
-            {"micro_batch", "accumulation"} <= axes
-            and plan.micro_batch is not None
-            and plan.micro_batch * plan.accumulation != batch_size
-        ):
-            raise _usage_error(
-                f"micro_batch={plan.micro_batch} x accumulation={plan.accumulation} is not --batch-size "
-                f"{batch_size}; with --batch-size, try only micro_batch (accumulation follows from it)"
-            )
+def _check_search(
+    axes: Mapping[str, Sequence[Any]], batch_size: int, given: bool, budget: int | None, device: str
+) -> None:
+    """What ``fit`` needs, checked before anything runs: a budget off CUDA, and micro-batches that divide the
+    effective batch (accumulation follows from them, so it is not an axis of the search)."""
+    size = f"--batch-size {batch_size}" if given else f"the batch size {batch_size} (the rows of BATCH)"
+    if budget is None and device != "cuda":
+        raise _usage_error(f"the search on {device} needs a budget; add for example --budget 500MB")
+    if "accumulation" in axes:
+        raise _usage_error(
+            "with --budget or --batch-size, accumulation follows from the batch size / micro_batch; "
+            "write --try micro_batch=V1,V2 instead of accumulation"
+        )
+    divisors = ", ".join(str(n) for n in range(batch_size, 0, -1) if batch_size % n == 0)
+    for value in axes.get("micro_batch", []):
+        if value is not None and batch_size % value:
+            raise _usage_error(f"micro_batch={value} does not divide {size}; write micro_batch values among {divisors}")
 
 
 def _axes(grid: Sequence[str]) -> dict[str, list[Any]]:
@@ -256,6 +250,12 @@ def _axes(grid: Sequence[str]) -> dict[str, list[Any]]:
         key = key.strip().replace("-", "_")
         axes[key] = [parse_value(key, value) for value in values.split(",") if value.strip()]
     return axes
+
+
+def _device_type(model: nn.Module) -> str:
+    for parameter in model.parameters():
+        return parameter.device.type
+    return "cpu"
 
 
 def _require(module: str, feature: str, instead: str) -> Any:
@@ -367,8 +367,8 @@ class MemfitMagics(Magics):
             raise _usage_error(str(error)) from None
         axes = _axes(args.grid)
         search = budget is not None or batch_size is not None
-        if search and batch_size is not None:
-            _check_divides(plans, set(axes), batch_size)
+        if search:
+            _check_search(axes, batch_size or rows, batch_size is not None, budget, _device_type(model))
         if args.apply and args.dry_run:
             raise _usage_error("--apply needs measured plans, and --dry-run only estimates them; drop one of the two")
         if args.dry_run:

@@ -199,3 +199,17 @@ def test_progress_events_arrive_in_order():
     assert [e.kind for e in per_trial] == ["warmup", "tracked", "timed", "timed"]
     assert sum(isinstance(e, TrialStarted) for e in events) == sum(isinstance(e, TrialFinished) for e in events) == 2
     assert any(isinstance(e, MemorySample) for e in events)
+
+
+def test_no_memory_is_left_behind_by_trials_that_succeed_or_fail():
+    model, batch = tiny_gpt2(), lm_batch(rows=4)
+
+    def broken_loss(model, batch):
+        raise RuntimeError("broken on purpose")
+
+    plans = [memlab.Plan(), memlab.Plan(optimizer="adamw8bit", precision="bf16")]
+    memlab.compare(model, batch, plans, steps=1, progress=False)  # bitsandbytes makes its globals on first use
+    before = _live_tensor_count()
+    memlab.compare(model, batch, plans, steps=1, progress=False)
+    memlab.measure(model, batch, memlab.Plan(), loss_fn=broken_loss, steps=1)
+    assert _live_tensor_count() <= before

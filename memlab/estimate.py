@@ -1,0 +1,501 @@
+"""Dry runs: the memory of a training step predicted on fake tensors, without the hardware and without the weights.
+
+``estimate`` runs one steady-state training step of a plan exactly as :func:`memlab.measure` does (the same
+:class:`~memlab.step.TrainingStep`, the same :class:`~memlab.measure.tracker.MemoryTracker`, the same warm-up and
+baseline, through :class:`~memlab.trial.TrialRunner`), but on tensors of PyTorch's ``FakeTensorMode``: they have
+shapes, dtypes, devices and storages, and no data. So nothing is computed, no memory is taken, and a 7B model's
+step is predicted in seconds on a laptop.
+
+How the model gets onto fake tensors:
+
+- a live ``nn.Module`` is copied with ``copy.deepcopy`` whose memo already maps every parameter, buffer and tensor
+  attribute to a fake twin (``FakeTensorMode.from_tensor``: no data is copied; tied weights and views stay shared).
+  The live model, its gradients, hooks and flags are never touched;
+- a transformers config is built on the ``meta`` device (the class named in ``config.architectures``, else
+  ``AutoModelForCausalLM``; fp32 weights whatever ``config.dtype`` says, as memlab trains with fp32 master weights),
+  then moved onto fake tensors the same way;
+- a model name is read through ``AutoConfig.from_pretrained`` (a local path to a config, a built-in shape such as
+  ``"llama-7b"``, or a Hub name when the Hub is reachable).
+
+What an estimate cannot see (also said in each Trial's ``notes``):
+
+- allocator rounding and fragmentation, kernel workspaces (memory an operator takes and gives back inside
+  itself), the CUDA context, and memory held outside the step;
+- values: code that reads a tensor's value (``.item()``, ``if tensor:``) reads 0 on fake tensors, so
+  data-dependent branches take one side. Hugging Face models build their attention mask explicitly on fake tensors
+  (they cannot see that it is all ones), a few bytes per token pair more than the real run;
+- CUDA, when this PyTorch cannot reach a GPU: a ``"cuda"`` estimate then runs CPU kernels under CPU autocast rules
+  (and AdamW's foreach update, CUDA's default); CPU offload cannot be shown then;
+- bitsandbytes, where its operators cannot run on fake tensors: its 8-bit state is then computed from its known
+  size (:func:`adamw8bit_state_bytes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from memlab.batch import Batch, LossFn
+from memlab.errors import MemlabError
+from memlab.module_state import trainable_parameters
+from memlab.plan import Plan, parse_budget
+from memlab.report import Report, Trial
+from memlab.trial import TrialRunner, check_plans
+
+__all__ = [
+    "BLIND_SPOTS",
+    "KNOWN_SHAPES",
+    "adamw8bit_state_bytes",
+    "estimate",
+    "estimate_plans",
+    "fake_batch",
+    "load_config",
+    "meta_model",
+    "parse_batch_shape",
+]
+
+BLIND_SPOTS = "estimated on fake tensors: allocator rounding, fragmentation, kernel workspaces, CUDA context not included"
+_CPU_KERNELS = (
+    "no CUDA here: estimated with CPU kernels and CPU autocast rules (and AdamW's foreach update, as on CUDA); "
+    "CUDA's attention kernels may differ"
+)
+_NO_OFFLOAD = "offload needs CUDA to be estimated: shown as no change"
+_BNB_COMPUTED = (
+    "bitsandbytes cannot run on fake tensors here: its 8-bit state is computed from its known size "
+    "(2 bytes per parameter, fp32 moments below 4096 elements)"
+)
+_CPU_ONLY_NOTES = (
+    "fp16 on CPU is slow: CPUs have no fast fp16 matrix units; compare bf16, or measure on the GPU",
+    "offload moves nothing on a CPU-only device: memory and speed are as without it",
+)
+
+# Model shapes that need no download: name -> (config class name, keyword arguments).
+KNOWN_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-7b": (
+        "LlamaConfig",
+        dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+             num_key_value_heads=32, vocab_size=32000),
+    ),
+    "llama-13b": (
+        "LlamaConfig",
+        dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
+             num_key_value_heads=40, vocab_size=32000),
+    ),
+    "llama-70b": (
+        "LlamaConfig",
+        dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+             num_key_value_heads=8, vocab_size=32000),
+    ),
+    "gpt2": ("GPT2Config", {}),
+}
+"""Built-in shapes for ``estimate`` and ``memlab estimate`` (Llama 2 7B/13B/70B, GPT-2 small)."""
+
+_INTEGER_NAMES = ("input_ids", "labels", "decoder_input_ids", "attention_mask", "token_type_ids", "position_ids")
+
+# bitsandbytes' 8-bit optimizers: tensors below this many elements keep fp32 state; 8-bit state is quantized in
+# blocks of this many elements, each with a float32 absmax; one 256-entry float32 map per moment is shared.
+_BNB_MIN_8BIT_SIZE = 4096
+_BNB_BLOCK = 256
+_BNB_QMAP_BYTES = 2 * 256 * 4
+
+
+# --- public API ------------------------------------------------------------------------------------------------------
+
+
+def estimate(
+    model_or_config: Any,
+    batch: Any,
+    plan: Plan | None = None,
+    *,
+    loss_fn: LossFn | None = None,
+    budget: int | str | None = None,
+    lr: float = 1e-5,
+    device: str | torch.device | None = None,
+) -> Trial:
+    """Predict the memory of one steady-state training step of ``plan``, on fake tensors (nothing runs for real).
+
+    The result has the semantics of :func:`memlab.measure`: ``peak_bytes`` and a ``breakdown`` by category
+    (params, grads, optimizer, activations, other) at the moment of the peak, with the optimizer state already
+    there. It is a :class:`~memlab.report.Trial` with ``estimated=True``, no timings, and ``notes`` saying what an
+    estimate cannot see. Against a ``budget`` it "fits" when the predicted peak is within it (``trial.fits``).
+
+    Args:
+        model_or_config: a live ``nn.Module`` (copied onto fake tensors, never touched; a model on the ``meta``
+            device, such as :func:`meta_model` builds, works too), a transformers config
+            (built on fake tensors, nothing downloaded), or a name: a path to a ``config.json`` or its folder, a
+            built-in shape from :data:`KNOWN_SHAPES` (``"llama-7b"``), or a Hub name (needs the network).
+        batch: tensors as for ``measure`` (a dict, a tensor, a tuple), or a dict of shapes such as
+            ``{"input_ids": (1, 512), "labels": (1, 512)}`` (``*_ids``, ``labels`` and ``attention_mask`` are
+            int64, other names float32).
+        plan: the plan (default: the plain ``Plan()``).
+        loss_fn: ``loss_fn(model, batch) -> scalar``, as for ``measure`` (default ``model(**batch).loss``).
+        budget: bytes or a size such as ``"24GiB"``; the trial records it, and ``fits`` compares against it.
+        lr: the optimizer's learning rate (it does not change memory).
+        device: the device to predict for: ``"cpu"`` or ``"cuda"``. Default: the live model's device, and for a
+            config or a name ``"cuda"`` where CUDA is available, else ``"cpu"``.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        ...                      num_attention_heads=2, vocab_size=256)
+        >>> trial = estimate(config, {"input_ids": (2, 32), "labels": (2, 32)}, Plan(checkpointing=True),
+        ...                  device="cpu", budget="64MiB")
+        >>> trial.status, trial.estimated, trial.fits, sum(trial.breakdown.values()) == trial.peak_bytes
+        ('ok', True, True, True)
+    """
+    plan = Plan() if plan is None else plan
+    return estimate_plans(model_or_config, batch, [plan], loss_fn=loss_fn, budget=budget, lr=lr, device=device)[0]
+
+
+def estimate_plans(
+    model_or_config: Any,
+    batch: Any,
+    plans: Sequence[Plan] | Plan,
+    *,
+    loss_fn: LossFn | None = None,
+    budget: int | str | None = None,
+    lr: float = 1e-5,
+    device: str | torch.device | None = None,
+) -> Report:
+    """:func:`estimate` for several plans, building the fake model once: a Report of estimated Trials.
+
+    A plan that fails on fake tensors is an ``"error"`` trial; the others still run.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+        >>> report = estimate_plans(model, torch.randn(8, 16), [Plan(), Plan(checkpointing=True)],
+        ...                         loss_fn=lambda m, b: m(b).mean())
+        >>> [t.status for t in report], report[1].peak_bytes <= report[0].peak_bytes
+        (['ok', 'ok'], True)
+    """
+    plans = check_plans(plans)
+    limit = parse_budget(budget)
+    target = _target_device(model_or_config, device)
+    kernels = target if target.type != "cuda" or torch.cuda.is_available() else torch.device("cpu")
+    mode = _FakeMode()
+    with _quiet_transformers():
+        model = _fake_model(model_or_config, mode, kernels)
+    fake = fake_batch(batch, mode, kernels)
+    runner = _DryRunner(model, fake, loss_fn=loss_fn, lr=lr, foreach=target.type == "cuda")
+    trials = []
+    with mode, runner.session():
+        for plan in plans:
+            trial = runner.run(plan)
+            if trial.status == "error" and plan.optimizer == "adamw8bit":
+                trial = _computed_8bit_trial(runner, plan, trial, model)
+            trials.append(_as_estimate(trial, target, kernels, limit))
+    return Report(trials, budget=limit)
+
+
+def fake_batch(batch: Any, mode: FakeTensorMode, device: str | torch.device = "cpu") -> Batch:
+    """The batch on fake tensors of ``mode`` on ``device``: tensors are faked, shapes become fake tensors.
+
+    A shape is a tuple, list or ``torch.Size`` of ints; its dtype comes from its name (``*_ids``, ``labels``,
+    ``attention_mask``: int64; others float32).
+
+    Example:
+        >>> batch = fake_batch({"input_ids": (2, 8), "pixel_values": (2, 3, 4, 4)}, FakeTensorMode())
+        >>> batch["input_ids"].dtype, tuple(batch["pixel_values"].shape)
+        (torch.int64, (2, 3, 4, 4))
+    """
+    device = torch.device(device)
+
+    def convert(name: str, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return _fake_tensor(value, mode, device)
+        if _is_shape(value):
+            dtype = torch.int64 if _is_integer_name(name) else torch.float32
+            with mode:
+                return torch.zeros(tuple(int(v) for v in value), dtype=dtype, device=device)
+        return value
+
+    if isinstance(batch, Mapping):
+        return {key: convert(str(key), value) for key, value in batch.items()}
+    if isinstance(batch, torch.Tensor):
+        return _fake_tensor(batch, mode, device)
+    if isinstance(batch, (tuple, list)) and not _is_shape(batch):
+        return type(batch)(convert("", value) for value in batch)
+    raise MemlabError(
+        f"a batch of type {type(batch).__name__} cannot be estimated; pass tensors, or shapes such as "
+        '{"input_ids": (1, 512), "labels": (1, 512)}'
+    )
+
+
+def parse_batch_shape(text: str, names: Sequence[str] = ("input_ids", "labels")) -> dict[str, tuple[int, ...]]:
+    """``"1x512"`` -> ``{"input_ids": (1, 512), "labels": (1, 512)}`` (rows x tokens), for the command line.
+
+    Example:
+        >>> parse_batch_shape("4x128")
+        {'input_ids': (4, 128), 'labels': (4, 128)}
+        >>> parse_batch_shape("4 by 128")
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: batch '4 by 128' is not ROWSxTOKENS; write for example --batch 1x512
+    """
+    parts = text.lower().replace("*", "x").split("x")
+    try:
+        shape = tuple(int(part) for part in parts)
+    except ValueError:
+        shape = ()
+    if len(shape) != 2 or min(shape) < 1:
+        raise MemlabError(f"batch {text!r} is not ROWSxTOKENS; write for example --batch 1x512")
+    return {name: shape for name in names}
+
+
+def load_config(name: str | os.PathLike[str]) -> Any:
+    """A transformers config from a name: a path to a config (file or folder), a :data:`KNOWN_SHAPES` entry, or
+    a Hub name (fetched with ``AutoConfig.from_pretrained``; a MemlabError in one line when that fails).
+
+    Example:
+        >>> load_config("llama-7b").hidden_size
+        4096
+    """
+    import transformers
+
+    text = os.fspath(name)
+    if os.path.exists(text):
+        try:
+            return transformers.AutoConfig.from_pretrained(text)
+        except Exception as error:  # noqa: BLE001 - any failure to read a local config is the user's to fix
+            raise MemlabError(
+                f"could not read a transformers config from {text} ({type(error).__name__}); "
+                "pass a config.json with a model_type, or its folder"
+            ) from None
+    if text.lower() in KNOWN_SHAPES:
+        class_name, keywords = KNOWN_SHAPES[text.lower()]
+        return getattr(transformers, class_name)(**keywords)
+    try:
+        return transformers.AutoConfig.from_pretrained(text)
+    except Exception:  # noqa: BLE001 - offline, gated, misspelt: the remedy is the same
+        raise MemlabError(
+            f"could not fetch the config of {text} (offline?); pass a transformers config or --config path/to/config.json"
+        ) from None
+
+
+def adamw8bit_state_bytes(parameters: Sequence[torch.Tensor]) -> int:
+    """Bytes of ``bitsandbytes.optim.AdamW8bit`` state for ``parameters`` (what it holds after its first step).
+
+    Tensors of 4096 elements or more keep two uint8 moments (2 bytes per element) and a float32 absmax per
+    256-element block for each moment; smaller tensors keep two float32 moments (8 bytes per element). The two
+    256-entry float32 quantization maps are shared by all tensors.
+
+    Example:
+        >>> adamw8bit_state_bytes([torch.empty(4096), torch.empty(10)])  # 8192 + 2 * 4 * 16 + 8 * 10 + 2048
+        10448
+    """
+    total = 0
+    quantized = False
+    for parameter in parameters:
+        count = parameter.numel()
+        if count >= _BNB_MIN_8BIT_SIZE:
+            quantized = True
+            blocks = -(-count // _BNB_BLOCK)
+            total += 2 * count + 2 * 4 * blocks
+        else:
+            total += 8 * count
+    return total + (_BNB_QMAP_BYTES if quantized else 0)
+
+
+# --- the dry run -----------------------------------------------------------------------------------------------------
+
+
+class _FakeMode(FakeTensorMode):
+    """``FakeTensorMode`` in which reading a value that was never computed gives 0 instead of an error.
+
+    Values known to fake tensors (constants, such as AdamW's step counter) are read as they are.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(allow_non_fake_inputs=True)
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            tensor = args[0]
+            if not (isinstance(tensor, FakeTensor) and tensor.constant is not None):
+                if tensor.dtype == torch.bool:
+                    return False
+                return 0.0 if tensor.dtype.is_floating_point or tensor.dtype.is_complex else 0
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class _DryRunner(TrialRunner):
+    """measure()'s runner without the timed steps (fake steps have no meaningful time).
+
+    With ``foreach``, torch's AdamW takes its foreach update, as it does by default on CUDA (its temporaries are
+    part of the peak there).
+    """
+
+    def __init__(self, model: nn.Module, batch: Batch, *, loss_fn: LossFn | None, lr: float, foreach: bool) -> None:
+        super().__init__(model, batch, loss_fn=loss_fn, steps=1, warmup=1, budget=None, lr=lr)
+        self.foreach = foreach
+
+    def _warm_up(self, step: Any, plan: Plan, index: int, measurement: Any) -> None:
+        if self.foreach:
+            optimizer = getattr(step.optimizer, "inner", step.optimizer)
+            for group in optimizer.param_groups:
+                if "foreach" in group and group["foreach"] is None:
+                    group["foreach"] = True
+        super()._warm_up(step, plan, index, measurement)
+
+    def _timed_steps(self, step: Any, plan: Plan, index: int, measurement: Any) -> None:
+        return None
+
+
+def _computed_8bit_trial(runner: _DryRunner, plan: Plan, failed: Trial, model: nn.Module) -> Trial:
+    """The 8-bit plan from the AdamW plan's estimate, its optimizer state replaced by the known 8-bit size."""
+    adamw = runner.run(plan.replace(optimizer="adamw"))
+    if adamw.status != "ok":
+        return failed
+    state = adamw8bit_state_bytes(trainable_parameters(model))
+    breakdown = dict(adamw.breakdown)
+    peak = adamw.peak_bytes - breakdown["optimizer"] + state
+    breakdown["optimizer"] = state
+    return dataclasses.replace(
+        adamw, plan=plan, peak_bytes=peak, breakdown=breakdown, notes=(*adamw.notes, _BNB_COMPUTED)
+    )
+
+
+def _as_estimate(trial: Trial, target: torch.device, kernels: torch.device, budget: int | None) -> Trial:
+    notes = [BLIND_SPOTS]
+    if kernels != target:
+        notes.append(_CPU_KERNELS)
+        if trial.plan.offload != "none":
+            notes.append(_NO_OFFLOAD)
+    skip = _CPU_ONLY_NOTES if kernels != target else ()
+    notes += [note for note in trial.notes if note not in skip]
+    return dataclasses.replace(
+        trial,
+        device=str(target) if kernels != target else trial.device,
+        step_time_s=None,
+        samples_per_s=None,
+        tokens_per_s=None,
+        budget=budget,
+        reserved_bytes=None,
+        rss_bytes=None,
+        notes=tuple(dict.fromkeys(notes)),
+        estimated=True,
+    )
+
+
+def _target_device(model_or_config: Any, device: str | torch.device | None) -> torch.device:
+    if device is not None:
+        target = torch.device(device)
+    elif isinstance(model_or_config, nn.Module):
+        target = next((p.device for p in model_or_config.parameters()), torch.device("cpu"))
+        if target.type == "meta":
+            target = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        target = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if target.type not in ("cpu", "cuda"):
+        raise MemlabError(f"device={str(target)!r} cannot be estimated; write device='cuda' or device='cpu'")
+    if target.type == "cuda" and target.index is None and torch.cuda.is_available():
+        target = torch.device("cuda", torch.cuda.current_device())
+    return target
+
+
+# --- fake models -----------------------------------------------------------------------------------------------------
+
+
+def _fake_model(model_or_config: Any, mode: FakeTensorMode, device: torch.device) -> nn.Module:
+    if isinstance(model_or_config, nn.Module):
+        return _fake_copy(model_or_config, mode, device)
+    if isinstance(model_or_config, (str, os.PathLike)):
+        model_or_config = load_config(model_or_config)
+    if _is_transformers_config(model_or_config):
+        return _fake_copy(meta_model(model_or_config), mode, device)
+    raise MemlabError(
+        f"cannot estimate a {type(model_or_config).__name__}; pass an nn.Module, a transformers config, "
+        'or a name such as "llama-7b" or a path to a config.json'
+    )
+
+
+def _fake_copy(model: nn.Module, mode: FakeTensorMode, device: torch.device) -> nn.Module:
+    """A deep copy of ``model`` whose tensors are fake (no data copied); the model itself is not touched."""
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for tensor in [*module._parameters.values(), *module._buffers.values(), *vars(module).values()]:
+            if isinstance(tensor, torch.Tensor) and id(tensor) not in memo:
+                fake = _fake_tensor(tensor, mode, device)
+                if isinstance(tensor, nn.Parameter):
+                    fake = nn.Parameter(fake, requires_grad=tensor.requires_grad)
+                memo[id(tensor)] = fake
+    with torch.no_grad():
+        return copy.deepcopy(model, memo)
+
+
+def _fake_tensor(tensor: torch.Tensor, mode: FakeTensorMode, device: torch.device) -> torch.Tensor:
+    """A fake twin of ``tensor`` on ``device``: same shape, strides, dtype; no data."""
+    if isinstance(tensor, FakeTensor) and tensor.fake_mode is mode and tensor.device == device:
+        return tensor
+    detached = tensor.detach()
+    if detached.device == device and not isinstance(detached, FakeTensor):
+        return mode.from_tensor(detached)  # views and tied storages stay shared
+    with mode:
+        return torch.empty_strided(detached.size(), detached.stride(), dtype=detached.dtype, device=device)
+
+
+def _is_transformers_config(value: Any) -> bool:
+    return any(cls.__name__ == "PretrainedConfig" or cls.__name__ == "PreTrainedConfig" for cls in type(value).__mro__)
+
+
+def meta_model(config: Any) -> nn.Module:
+    """The model of a transformers config on the meta device (no memory), in fp32.
+
+    The class is the first of ``config.architectures`` that transformers has, else ``AutoModelForCausalLM``, else
+    ``AutoModel``. ``estimate`` accepts the result like any model.
+
+    Example:
+        >>> model = meta_model(load_config("llama-7b"))
+        >>> type(model).__name__, model.lm_head.weight.device.type, sum(p.numel() for p in model.parameters())
+        ('LlamaForCausalLM', 'meta', 6738415616)
+    """
+    import transformers
+
+    if not _is_transformers_config(config):
+        raise MemlabError(f"{type(config).__name__} is not a transformers config; pass one, or a name such as llama-7b")
+
+    with torch.device("meta"):
+        for name in getattr(config, "architectures", None) or ():
+            cls = getattr(transformers, str(name), None)
+            if isinstance(cls, type) and issubclass(cls, nn.Module):
+                return cls._from_config(config, dtype=torch.float32)
+        try:
+            return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        except ValueError:
+            return transformers.AutoModel.from_config(config, dtype=torch.float32)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    try:
+        from transformers.utils import logging
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        yield
+        return
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def _is_shape(value: Any) -> bool:
+    return isinstance(value, (tuple, list, torch.Size)) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ) and len(value) > 0
+
+
+def _is_integer_name(name: str) -> bool:
+    name = name.strip("'\"")
+    return name in _INTEGER_NAMES or name.endswith("_ids") or name.endswith("labels") or name.endswith("_mask")

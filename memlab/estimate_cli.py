@@ -1,0 +1,132 @@
+"""``memlab estimate``: predict, without the hardware, which plans fit a memory budget (a dry run on fake tensors).
+
+Example (nothing is downloaded with a built-in shape or a local config)::
+
+    memlab estimate meta-llama/Llama-2-7b-hf --config llama-7b --batch 1x512 --budget 24GiB \\
+        --try precision=bf16 checkpointing=off,on optimizer=adamw,adamw8bit
+
+prints one line per plan (predicted peak, where it goes, fits or does not fit) and exits with 0 when a plan fits
+(or no budget was given), 1 when none fits, 2 on wrong input.
+
+``memlab.cli`` builds the sub-command with :func:`add_arguments` and runs it with :func:`run`; this module imports
+neither torch nor transformers until :func:`run` is called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TextIO
+
+__all__ = ["add_arguments", "run"]
+
+_DESCRIPTION = (
+    "Predict the peak memory of one training step for each plan, on fake tensors: nothing is downloaded but the "
+    "config, nothing is computed, no memory is taken. MODEL is a Hub name, a path to a config.json (or its folder), "
+    "or a built-in shape: {shapes}."
+)
+_EPILOG = (
+    "Exit status: 0 when a plan fits the budget (or no budget was given), 1 when none fits, 2 on wrong input. "
+    "Estimates leave out allocator rounding and fragmentation, kernel workspaces and the CUDA context: keep a margin."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare ``memlab estimate``'s arguments on ``parser`` (a sub-command parser of ``memlab``).
+
+    Example:
+        >>> parser = argparse.ArgumentParser(prog="memlab estimate")
+        >>> add_arguments(parser)
+        >>> args = parser.parse_args(["llama-7b", "--batch", "1x512", "--try", "checkpointing=off,on"])
+        >>> args.model, args.batch, args.try_
+        ('llama-7b', '1x512', ['checkpointing=off,on'])
+    """
+    from memlab.estimate import KNOWN_SHAPES
+
+    parser.description = _DESCRIPTION.format(shapes=", ".join(KNOWN_SHAPES))
+    parser.epilog = _EPILOG
+    parser.add_argument("model", metavar="MODEL", help="a Hub model name, a path to a config.json, or a built-in shape")
+    parser.add_argument(
+        "--config",
+        metavar="PATH_OR_NAME",
+        default=None,
+        help="where the config comes from, when not from MODEL (a config.json, its folder, a shape or a Hub name)",
+    )
+    parser.add_argument(
+        "--batch", metavar="ROWSxTOKENS", default="1x512", help="rows and tokens per batch (default: 1x512)"
+    )
+    parser.add_argument("--budget", metavar="SIZE", default=None, help="memory budget such as 24GiB or 16GB")
+    parser.add_argument(
+        "--try",
+        dest="try_",
+        metavar="KEY=V1,V2",
+        nargs="+",
+        action="extend",
+        default=None,
+        help="plan settings to combine, e.g. precision=fp32,bf16 checkpointing=off,on micro_batch=1,2 "
+        "accumulation=4 optimizer=adamw,adamw8bit (default: the plain plan)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="the device to predict for (default: cuda where CUDA is available, else cpu)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run ``memlab estimate`` with parsed ``args``; returns the exit status (0 fits, 1 none fits, 2 wrong input).
+
+    Example:
+        >>> parser = argparse.ArgumentParser(prog="memlab estimate")
+        >>> add_arguments(parser)
+        >>> run(parser.parse_args(["llama-7b", "--batch", "1 by 512"]), err=sys.stdout)
+        memlab estimate: batch '1 by 512' is not ROWSxTOKENS; write for example --batch 1x512
+        2
+    """
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    from memlab.errors import MemlabError
+
+    try:
+        return _run(args, out, err)
+    except MemlabError as error:
+        print(f"memlab estimate: {error}", file=err)
+        return 2
+
+
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from memlab.estimate import estimate_plans, load_config, meta_model, parse_batch_shape
+    from memlab.plan import parse_budget, parse_grid
+
+    batch = parse_batch_shape(args.batch)
+    budget = parse_budget(args.budget)
+    plans = parse_grid(args.try_ or [])
+    source = args.config or args.model
+    if not args.json:
+        print(f"memlab estimate: reading the config of {source}", file=err)
+    config = load_config(source)
+    model = meta_model(config)
+    parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    report = estimate_plans(model, batch, plans, budget=budget, device=args.device)
+    if args.json:
+        print(report.to_json(), file=out)
+    else:
+        rows, tokens = batch["input_ids"]
+        print(
+            f"{args.model}: {type(model).__name__}, {_count(parameters)} parameters, batch {rows}x{tokens}, "
+            f"{len(plans)} plan{'s' if len(plans) != 1 else ''}",
+            file=out,
+        )
+        print(report.to_text(), file=out)
+    if budget is None:
+        return 0
+    return 0 if any(report.fits(trial) for trial in report) else 1
+
+
+def _count(number: int) -> str:
+    for size, unit in ((10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if number >= size:
+            return f"{number / size:.2f}{unit}"
+    return str(number)

@@ -1,0 +1,34 @@
+"""The examples in the public docstrings run and print what they say."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "memlab",
+    "memlab.plan",
+    "memlab.batch",
+    "memlab.apply",
+    "memlab.step",
+    "memlab.trial",
+    "memlab.report",
+    "memlab.export",
+    "memlab.errors",
+    "memlab.techniques.accumulation",
+    "memlab.techniques.checkpointing",
+    "memlab.techniques.precision",
+    "memlab.techniques.optimizer",
+    "memlab.techniques.offload",
+    "memlab.measure.tracker",
+    "memlab.measure.oom",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name: str) -> None:
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0
