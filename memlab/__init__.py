@@ -14,6 +14,7 @@ from typing import Any
 
 from memlab.apply import Applied, apply
 from memlab.errors import MemlabError, UnsupportedTechnique
+from memlab.estimate import estimate
 from memlab.plan import Plan, parse_budget
 from memlab.report import Report, Trial
 from memlab.trial import compare, measure
@@ -29,6 +30,7 @@ __all__ = [
     "UnsupportedTechnique",
     "apply",
     "compare",
+    "estimate",
     "load_ipython_extension",
     "measure",
     "parse_budget",

@@ -17,7 +17,8 @@ How the model gets onto fake tensors:
 - a model name is read through ``AutoConfig.from_pretrained`` (a local path to a config, a built-in shape such as
   ``"llama-7b"``, or a Hub name when the Hub is reachable).
 
-What an estimate cannot see (also said in each Trial's ``notes``):
+What an estimate cannot see (each Trial's ``notes`` say so for the first point, and for the last two where they
+apply):
 
 - allocator rounding and fragmentation, kernel workspaces (memory an operator takes and gives back inside
   itself), the CUDA context, and memory held outside the step;
@@ -48,6 +49,7 @@ from memlab.errors import MemlabError
 from memlab.module_state import trainable_parameters
 from memlab.plan import Plan, parse_budget
 from memlab.report import Report, Trial
+from memlab.techniques.offload import NOTHING_TO_MOVE
 from memlab.trial import TrialRunner, check_plans
 
 __all__ = [
@@ -62,7 +64,9 @@ __all__ = [
     "parse_batch_shape",
 ]
 
-BLIND_SPOTS = "estimated on fake tensors: allocator rounding, fragmentation, kernel workspaces, CUDA context not included"
+BLIND_SPOTS = (
+    "estimated on fake tensors: allocator rounding, fragmentation, kernel workspaces, CUDA context not included"
+)
 _CPU_KERNELS = (
     "no CUDA here: estimated with CPU kernels and CPU autocast rules (and AdamW's foreach update, as on CUDA); "
     "CUDA's attention kernels may differ"
@@ -72,27 +76,41 @@ _BNB_COMPUTED = (
     "bitsandbytes cannot run on fake tensors here: its 8-bit state is computed from its known size "
     "(2 bytes per parameter, fp32 moments below 4096 elements)"
 )
-_CPU_ONLY_NOTES = (
-    "fp16 on CPU is slow: CPUs have no fast fp16 matrix units; compare bf16, or measure on the GPU",
-    "offload moves nothing on a CPU-only device: memory and speed are as without it",
-)
 
 # Model shapes that need no download: name -> (config class name, keyword arguments).
 KNOWN_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-7b": (
         "LlamaConfig",
-        dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-             num_key_value_heads=32, vocab_size=32000),
+        dict(
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            vocab_size=32000,
+        ),
     ),
     "llama-13b": (
         "LlamaConfig",
-        dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
-             num_key_value_heads=40, vocab_size=32000),
+        dict(
+            hidden_size=5120,
+            intermediate_size=13824,
+            num_hidden_layers=40,
+            num_attention_heads=40,
+            num_key_value_heads=40,
+            vocab_size=32000,
+        ),
     ),
     "llama-70b": (
         "LlamaConfig",
-        dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-             num_key_value_heads=8, vocab_size=32000),
+        dict(
+            hidden_size=8192,
+            intermediate_size=28672,
+            num_hidden_layers=80,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            vocab_size=32000,
+        ),
     ),
     "gpt2": ("GPT2Config", {}),
 }
@@ -276,7 +294,8 @@ def load_config(name: str | os.PathLike[str]) -> Any:
         return transformers.AutoConfig.from_pretrained(text)
     except Exception:  # noqa: BLE001 - offline, gated, misspelt: the remedy is the same
         raise MemlabError(
-            f"could not fetch the config of {text} (offline?); pass a transformers config or --config path/to/config.json"
+            f"could not fetch the config of {text} (offline?); "
+            "pass a transformers config or --config path/to/config.json"
         ) from None
 
 
@@ -325,7 +344,7 @@ class _FakeMode(FakeTensorMode):
                 if tensor.dtype == torch.bool:
                     return False
                 return 0.0 if tensor.dtype.is_floating_point or tensor.dtype.is_complex else 0
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        return super().__torch_dispatch__(func, types, args, kwargs or {})
 
 
 class _DryRunner(TrialRunner):
@@ -371,8 +390,11 @@ def _as_estimate(trial: Trial, target: torch.device, kernels: torch.device, budg
         notes.append(_CPU_KERNELS)
         if trial.plan.offload != "none":
             notes.append(_NO_OFFLOAD)
-    skip = _CPU_ONLY_NOTES if kernels != target else ()
-    notes += [note for note in trial.notes if note not in skip]
+    for note in trial.notes:
+        # Notes about the CPU the kernels ran on do not apply to the CUDA device the estimate is for.
+        if kernels != target and (note == NOTHING_TO_MOVE or note.startswith("fp16 on CPU")):
+            continue
+        notes.append(note)
     return dataclasses.replace(
         trial,
         device=str(target) if kernels != target else trial.device,
@@ -408,7 +430,16 @@ def _target_device(model_or_config: Any, device: str | torch.device | None) -> t
 
 def _fake_model(model_or_config: Any, mode: FakeTensorMode, device: torch.device) -> nn.Module:
     if isinstance(model_or_config, nn.Module):
-        return _fake_copy(model_or_config, mode, device)
+        try:
+            return _fake_copy(model_or_config, mode, device)
+        except MemlabError:
+            raise
+        except Exception as error:  # noqa: BLE001 - tensor subclasses, objects deepcopy cannot copy...
+            raise MemlabError(
+                f"could not copy the {type(model_or_config).__name__} onto fake tensors "
+                f"({type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}); "
+                "pass its transformers config (model.config) instead"
+            ) from None
     if isinstance(model_or_config, (str, os.PathLike)):
         model_or_config = load_config(model_or_config)
     if _is_transformers_config(model_or_config):
@@ -466,8 +497,8 @@ def meta_model(config: Any) -> nn.Module:
 
     with torch.device("meta"):
         for name in getattr(config, "architectures", None) or ():
-            cls = getattr(transformers, str(name), None)
-            if isinstance(cls, type) and issubclass(cls, nn.Module):
+            cls: Any = getattr(transformers, str(name), None)
+            if isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "_from_config"):
                 return cls._from_config(config, dtype=torch.float32)
         try:
             return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -491,9 +522,11 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 def _is_shape(value: Any) -> bool:
-    return isinstance(value, (tuple, list, torch.Size)) and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    ) and len(value) > 0
+    return (
+        isinstance(value, (tuple, list, torch.Size))
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and len(value) > 0
+    )
 
 
 def _is_integer_name(name: str) -> bool:

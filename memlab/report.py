@@ -410,6 +410,10 @@ class Report:
             lines.append("  ".join(row[key].ljust(widths[key]) for key in keys).rstrip())
         return "\n".join(lines + [""] + self._footer())
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's plain-text view (a terminal, or text/plain): the table rather than the dataclass fields."""
+        printer.text("Report(...)" if cycle else self.to_text())
+
     def __str__(self) -> str:
         return self.to_text()
 

@@ -25,7 +25,6 @@ fits two small models to what it measured, and skips what cannot fit or cannot w
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from memlab.errors import MemlabError
-from memlab.plan import OFFLOADS, OPTIMIZERS, PLAN_FIELDS, PRECISIONS, Plan, format_bytes, parse_budget
+from memlab.plan import PLAN_FIELDS, Plan, format_bytes, parse_budget
 from memlab.report import Report, Trial
 
 if TYPE_CHECKING:
@@ -208,9 +207,10 @@ def needs_at_least(plan: Plan, other: Plan, batch_size: int) -> bool:
     never compared: without accumulation the gradients need not be held while activations are.
 
     Example:
-        >>> needs_at_least(Plan(micro_batch=4, accumulation=2), Plan(micro_batch=2, accumulation=4, checkpointing=True), 8)
+        >>> small = Plan(micro_batch=2, accumulation=4, checkpointing=True)
+        >>> needs_at_least(Plan(micro_batch=4, accumulation=2), small, 8)
         True
-        >>> needs_at_least(Plan(micro_batch=4, accumulation=2, precision="bf16"), Plan(micro_batch=2, accumulation=4), 8)
+        >>> needs_at_least(Plan(micro_batch=4, accumulation=2, precision="bf16"), small, 8)
         False
     """
     if plan.precision != other.precision or plan.offload != other.offload:
@@ -694,6 +694,12 @@ class Search:
             else:
                 self.skipped.append((plan, reason))
         self.pending = keep
+        if not keep and not self.trials and self.skipped:
+            # Nothing looks possible: still measure the plan predicted to need least, so that the report shows
+            # how far off the budget is.
+            closest = min(self.skipped, key=lambda item: memory.predict(item[0]))
+            self.skipped.remove(closest)
+            return closest[0]
         if not keep:
             return None
         probe = self._memory_probe()
@@ -712,19 +718,19 @@ class Search:
             if not fits(trial, self.budget) and trial.status != "error" and needs_at_least(
                 plan, trial.plan, self.batch_size
             ):
-                return f"needs at least the memory of {trial.label}, which did not fit"
+                return f"cannot fit: needs at least the memory of {trial.label}, which did not fit"
         predicted = memory.predict(plan)
         if predicted > self.budget * self.fit_margin:
             return (
-                f"predicted peak {format_bytes(predicted)} is more than {self.fit_margin - 1:.0%} over the budget "
-                f"{format_bytes(self.budget)}"
+                f"predicted not to fit: peak {format_bytes(predicted)}, more than {self.fit_margin - 1:.0%} over "
+                f"the budget {format_bytes(self.budget)}"
             )
         if best is not None and best.samples_per_s is not None:
             bound = speed.upper(plan)
             if bound <= best.samples_per_s:
                 return (
-                    f"cannot beat {best.label} ({best.samples_per_s:.3g} samples/s): "
-                    f"at most {bound:.3g} samples/s predicted"
+                    f"cannot beat the best: at most {bound:.3g} samples/s predicted, "
+                    f"{best.label} ran at {best.samples_per_s:.3g}"
                 )
         return None
 
@@ -821,9 +827,11 @@ def fit(
     """The fastest plan whose measured peak fits ``budget`` at the effective batch ``batch_size``.
 
     Plans are measured on the live model (restored bit-exact afterwards) fastest-expected first, and plans that
-    cannot fit or cannot beat the best so far are skipped (see the module docstring for how). The returned
-    Report holds every measured trial in order; its ``best`` is the answer (None when nothing fits), and its
-    ``skipped`` lists the plans not measured with the reason.
+    cannot fit or cannot beat the best so far are skipped (see the module docstring for how). The first plan runs
+    without the budget's cap, so that its whole peak is known even when it does not fit (on CUDA it is still
+    limited by the device); every other plan runs capped at the budget, as ``measure(..., budget=budget)`` does.
+    The returned Report holds every measured trial in order; its ``best`` is the answer (None when nothing fits),
+    and its ``skipped`` lists the plans not measured with the reason.
 
     Args:
         model: the model to train, on its device.
@@ -889,7 +897,15 @@ def fit(
 
         def measure(plan: Plan, index: int, total: int) -> Trial:
             bar.set_postfix_str(plan.label())
-            return runner.run(plan, index, total)
+            if index > 0:
+                return runner.run(plan, index, total)
+            # The first plan runs without the budget's cap: a capped run that does not fit stops at the budget and
+            # says only that, while the whole peak and its breakdown teach the memory model the most.
+            runner.budget = None
+            try:
+                return runner.run(plan, index, total)
+            finally:
+                runner.budget = budget_bytes
 
         def advance(done: int) -> None:
             bar.update(done - bar.n)
@@ -898,14 +914,7 @@ def fit(
             candidates, measure, budget=budget_bytes, batch_size=batch_size, trainable_bytes=trainable,
             prior=prior, on_step=advance,
         )
-    return make_report(result.trials, budget_bytes, result.skipped)
-
-
-def make_report(trials: list[Trial], budget: int, skipped: list[tuple[Plan, str]]) -> Report:
-    """A Report of the trials, with ``skipped`` where the Report has that field."""
-    if "skipped" in {f.name for f in dataclasses.fields(Report)}:
-        return Report(trials, budget=budget, skipped=skipped)  # type: ignore[call-arg]
-    return Report(trials, budget=budget)
+    return Report(result.trials, budget=budget_bytes, skipped=result.skipped)
 
 
 def _dry_run(
@@ -918,16 +927,18 @@ def _dry_run(
     loss_fn: LossFn | None,
     lr: float,
 ) -> Report:
+    """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
+    estimated to fit: that one is the answer, and the plans after it are skipped as expected slower."""
     from memlab.estimate import estimate
+    from memlab.step import model_device
 
     speed = SpeedModel([], candidates, batch_size=batch_size, prior=prior)
     order = sorted(candidates, key=speed.expected, reverse=True)
+    device = model_device(model)
     trials: list[Trial] = []
-    skipped: list[tuple[Plan, str]] = []
     for position, plan in enumerate(order):
-        trial = estimate(model, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr)
-        trials.append(trial)
-        if trial.status == "ok" and trial.peak_bytes <= budget:
-            skipped = [(p, f"expected slower than {plan.label()}, which is estimated to fit") for p in order[position + 1 :]]
-            break
-    return make_report(trials, budget, skipped)
+        trials.append(estimate(model, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device))
+        if fits(trials[-1], budget):
+            reason = f"expected slower: {plan.label()} is expected faster and is estimated to fit"
+            return Report(trials, budget=budget, skipped=[(slower, reason) for slower in order[position + 1 :]])
+    return Report(trials, budget=budget)

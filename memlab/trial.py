@@ -156,7 +156,7 @@ class TrialRunner:
             self._structure.restore()
             self._values.restore()
             self._values = self._structure = None
-            release_memory()
+            release_memory(collect=False)
 
     def run(self, plan: Plan, index: int = 0, total: int = 1) -> Trial:
         """Measure one plan; the model is restored afterwards (inside ``session()``)."""
@@ -189,7 +189,7 @@ class TrialRunner:
             self._structure.restore()
             self._values.restore()
             self._values.detach_grads()
-            release_memory()
+            release_memory(collect=measurement.status != "ok")
         trial = measurement.to_trial(self._rows_per_step(plan), self._tokens_per_step(plan))
         self._emit(TrialFinished(trial=trial, index=index, total=total))
         return trial

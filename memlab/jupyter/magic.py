@@ -11,7 +11,7 @@ What the magic does, in order:
 3. It checks everything it can before the model is touched. Any wrong input raises IPython's ``UsageError``
    with one line that says what is wrong and what to write; then nothing has run and the model is as it was.
 4. It runs: ``memlab.compare`` over the ``--try`` grid, or ``memlab.search.fit`` when ``--budget`` or
-   ``--batch-size`` is given, or ``memlab.estimate.estimate`` per plan with ``--dry-run``. Unless ``--quiet``,
+   ``--batch-size`` is given, or ``memlab.estimate.estimate_plans`` with ``--dry-run``. Unless ``--quiet``,
    the live figure (``memlab.jupyter.live.LiveFigure``) is displayed first and updated while trials run.
    Errors raised by the loss while a trial runs are that trial's ``"error"`` status, not a UsageError.
 5. With ``--apply`` it puts the best plan on the live model with ``memlab.apply`` and stores what it returns
@@ -142,6 +142,10 @@ def body_loss_fn(
         raise _syntax_error(error) from None
     if not tree.body:
         return None
+    try:  # some errors ('return' outside a function, for one) show only when compiling
+        compile(tree, "<memfit>", "exec")
+    except SyntaxError as error:
+        raise _syntax_error(error) from None
     assigns_loss = any(
         isinstance(node, ast.Name) and node.id == "loss" and isinstance(node.ctx, ast.Store) for node in ast.walk(tree)
     )
@@ -258,6 +262,11 @@ def _device_type(model: nn.Module) -> str:
     return "cpu"
 
 
+def _shows_widgets(shell: Any) -> bool:
+    """Whether the front end can draw a widget: a Jupyter kernel can; a terminal IPython only prints its repr."""
+    return getattr(shell, "kernel", None) is not None
+
+
 def _require(module: str, feature: str, instead: str) -> Any:
     """Import a memlab module that another part of the project provides, or say clearly that it is missing."""
     if importlib.util.find_spec(module) is None:
@@ -322,8 +331,13 @@ class MemfitMagics(Magics):
 
         Without --budget or --batch-size, every plan of the --try grid is measured (no --try: the plain plan).
         With --budget and/or --batch-size, memlab searches for the fastest plan that fits the budget at that
-        effective batch size (the --try values, if any, limit the search). The result is a memlab.Report:
+        effective batch size (the --try values, if any, limit the search; accumulation then follows from
+        --batch-size / micro_batch, and on a CPU a --budget is needed). The result is a memlab.Report:
         the cell shows its table, and r = _ keeps it (r.best, r.plot(), r.to_dataframe()).
+
+        In Jupyter the live figure is drawn while the plans run (not with --quiet, nor in a terminal IPython).
+        MODEL and BATCH are looked up by name (trainer.model works too); nothing is evaluated. Wrong input
+        stops with a one-line UsageError before the model is touched.
 
         Examples::
 
@@ -343,6 +357,10 @@ class MemfitMagics(Magics):
             raise _usage_error(
                 f"MODEL {args.model!r} is a {type(model).__name__}, not a torch nn.Module; "
                 "write the name of your model, e.g. %%memfit model batch"
+            )
+        if not any(parameter.requires_grad for parameter in model.parameters()):
+            raise _usage_error(
+                f"MODEL {args.model!r} has no trainable parameters; set requires_grad=True on what should train"
             )
         batch = lookup_name(namespace, args.batch, "BATCH")
         try:
@@ -377,7 +395,7 @@ class MemfitMagics(Magics):
         if search:
             fit = _require("memlab.search", "the budget search", "use --try KEY=V1,V2 to compare plans you choose").fit
 
-        live = None if args.quiet else self._live_figure(budget)
+        live = None if args.quiet or not _shows_widgets(self.shell) else self._live_figure(budget)
         common: dict[str, Any] = {"loss_fn": loss_fn, "budget": budget}
         try:
             if fit is not None:
@@ -395,9 +413,8 @@ class MemfitMagics(Magics):
                     kwargs["space"] = axes
                 report = fit(model, batch, **kwargs)
             elif args.dry_run:
-                estimate = importlib.import_module("memlab.estimate").estimate
-                trials = [estimate(model, batch, plan, lr=lr, **common) for plan in plans]
-                report = Report(trials, budget=budget)
+                estimate_plans = importlib.import_module("memlab.estimate").estimate_plans
+                report = estimate_plans(model, batch, plans, lr=lr, **common)
             else:
                 from memlab.trial import compare
 

@@ -44,6 +44,14 @@ START_TIMEOUT_S = 90
 KERNEL_TIMEOUT_MS = 150_000
 RUN_TIMEOUT_MS = 120_000
 
+KERNEL_READY = """() => {
+    const widget = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    const context = widget && widget.sessionContext;
+    const kernel = context && context.session && context.session.kernel;
+    return Boolean(context && context.isReady && kernel && kernel.status === "idle"
+                   && kernel.connectionStatus === "connected");
+}"""
+
 CELL = """\
 from models import lm_batch, tiny_gpt2
 from memlab.jupyter.panel import panel
@@ -87,6 +95,9 @@ def _write_config(root: Path) -> dict[str, str]:
     notification = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     notification.parent.mkdir(parents=True)
     notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    tracker = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True)
+    tracker.write_text(json.dumps({"autoStartDefaultKernel": True}))  # no "Select Kernel" dialog
     env = dict(os.environ)
     env.update(
         JUPYTER_CONFIG_DIR=str(config),
@@ -169,12 +180,9 @@ def test_panel_runs_a_trial_and_draws_it_in_jupyterlab(jupyter_lab: str) -> None
             page.goto(jupyter_lab, wait_until="domcontentloaded", timeout=60_000)
             page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell", timeout=60_000)
             page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-            page.wait_for_function(
-                "() => { const s = document.querySelector('.jp-Notebook-ExecutionIndicator');"
-                " return s && s.getAttribute('data-status') === 'idle'; }",
-                timeout=KERNEL_TIMEOUT_MS,
-            )
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.wait_for_function(KERNEL_READY, timeout=KERNEL_TIMEOUT_MS)
+            # Not awaited: the command's promise settles only when the cells have run.
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
             panel = page.locator(".memlab-panel")
             run = panel.locator("button", has_text="Run")

@@ -24,6 +24,8 @@ MODULES = [
     "memlab.techniques.offload",
     "memlab.measure.tracker",
     "memlab.measure.oom",
+    "memlab.estimate",
+    "memlab.estimate_cli",
 ]
 
 

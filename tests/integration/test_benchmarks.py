@@ -1,0 +1,85 @@
+"""The benchmark runners end to end at their hidden ``--smoke`` size: they run and write valid JSON (and HTML)
+that names the device and the versions. Nothing here asserts on timings."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def load(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Import a runner from ``benchmarks/`` (the repository root on ``sys.path`` for the test only)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+
+    def loader(name: str) -> ModuleType:
+        return importlib.import_module(f"benchmarks.{name}")
+
+    return loader
+
+
+def check_result(path: Path, name: str) -> dict[str, Any]:
+    """The JSON file is valid, strict JSON (no NaN) with the header every result has."""
+    assert path.exists(), path
+    data = json.loads(path.read_text(), parse_constant=lambda token: pytest.fail(f"{token} in {path}"))
+    assert data["benchmark"] == name
+    assert data["size"] == "smoke"
+    assert data["date"]
+    device = data["device"]
+    assert device["type"] == "cpu"
+    assert device["cpu"] and device["cpu_cores"] >= 1 and device["torch_threads"] >= 1
+    versions = data["versions"]
+    for package in ("torch", "transformers", "bitsandbytes", "accelerate", "python"):
+        assert versions[package], package
+    html = path.with_suffix(".html")
+    assert html.exists() and "plotly" in html.read_text()
+    return data
+
+
+def test_overhead(load: Any, tmp_path: Path) -> None:
+    result = load("overhead").main(["--smoke", "--device", "cpu", "--out", str(tmp_path)])
+    data = check_result(tmp_path / "overhead-cpu-smoke.json", "overhead")
+    assert data["ratio"] == pytest.approx(result["ratio"])
+    assert data["ratio"] > 0 and math.isfinite(data["ratio"])
+    for side in ("memlab", "hand"):
+        assert len(data[side]["step_times_s"]) == data["rounds"]
+        assert all(len(r) == data["timed_steps_per_round"] for r in data[side]["step_times_s"])
+    assert data["goal"] == 0.97
+
+
+def test_hf_table(load: Any, tmp_path: Path) -> None:
+    load("hf_table").main(["--smoke", "--device", "cpu", "--rows", "7,8", "--out", str(tmp_path)])
+    data = check_result(tmp_path / "hf_table-cpu-smoke.json", "hf_table")
+    rows = {row["row"]: row for row in data["rows"]}
+    assert list(rows) == ["baseline", "bs1 ga4 + ckpt + fp16 + 8-bit Adam", "Adafactor"]
+    for name in ("baseline", "bs1 ga4 + ckpt + fp16 + 8-bit Adam"):
+        for side in ("memlab", "trainer"):
+            assert rows[name][side]["status"] == "ok", rows[name][side]
+            assert rows[name][side]["peak_bytes"] > 0 and rows[name][side]["samples_per_s"] > 0
+        assert rows[name]["throughput_ratio"] > 0
+    assert rows["baseline"]["memlab"]["memory_saving"] == 0
+    assert rows["Adafactor"]["memlab"]["status"] == "not supported by memlab"
+    assert rows["Adafactor"]["trainer"]["status"] == "ok"
+    assert rows["Adafactor"]["training_arguments"]["optim"] == "adafactor"
+    assert "| row |" in data["markdown"]
+
+
+def test_fit_vs_finders(load: Any, tmp_path: Path) -> None:
+    pytest.importorskip("memlab.search")
+    load("fit_vs_finders").main(["--smoke", "--device", "cpu", "--activation-fraction", "0.5", "--out", str(tmp_path)])
+    data = check_result(tmp_path / "fit_vs_finders-cpu-smoke.json", "fit_vs_finders")
+    methods = {m["method"]: m for m in data["methods"]}
+    assert set(methods) == {"memlab.fit", "seeds' recipe", "accelerate find_executable_batch_size"}
+    for method in methods.values():
+        assert method["trials_run"] >= 1 and method["wall_s"] >= 0
+        if method["pick"] is not None:
+            assert method["pick"]["fits"] and method["pick"]["peak_bytes"] <= data["budget_bytes"]
+    assert methods["memlab.fit"]["pick"] is not None

@@ -1,0 +1,84 @@
+"""The ``memlab`` command: help, the demo end to end (table, winner, HTML with the figure), and bad arguments."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memlab.cli import build_parser, demo_plans, demo_space, main, plan_code
+from memlab.plan import Plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def memlab_command(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m memlab ARGS`` in a fresh interpreter, as a user's shell would run ``memlab ARGS``."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", "memlab", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
+
+
+def test_help_lists_the_commands() -> None:
+    result = memlab_command("--help")
+    assert result.returncode == 0, result.stderr
+    assert "demo" in result.stdout and "estimate" in result.stdout
+    demo = memlab_command("demo", "--help")
+    assert demo.returncode == 0
+    for option in ("--budget", "--batch-size", "--html", "--steps"):
+        assert option in demo.stdout
+
+
+def test_demo_prints_a_table_and_a_winner_and_writes_html(tmp_path: Path) -> None:
+    target = tmp_path / "out" / "report.html"
+    result = memlab_command("demo", "--steps", "1", "--html", str(target))
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "plan" in out and "status" in out and "peak" in out and "samples/s" in out  # the table header
+    assert "does not fit" in out  # the budget forces a real choice: the plain plan does not fit
+    winner = [line for line in out.splitlines() if line.startswith("Winner: ")]
+    assert len(winner) == 1 and "none" not in winner[0], out
+    assert str(target) in out
+    page = target.read_text(encoding="utf-8")
+    assert "<table" in page and "Plotly.newPlot" in page and "samples/s" in page
+    assert 'src="https://cdn' not in page and len(page) > 1_000_000  # plotly.js is inlined: it opens offline
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["demo", "--steps", "0"], "--steps"),
+        (["demo", "--batch-size", "many"], "--batch-size"),
+        (["demo", "--budget", "lots"], "budget 'lots' is not understood"),
+        (["demo", "--colour"], "unrecognized arguments: --colour"),
+        (["bogus"], "invalid choice: 'bogus'"),
+    ],
+    ids=["zero-steps", "batch-size-not-a-number", "bad-budget", "unknown-option", "unknown-command"],
+)
+def test_bad_arguments_exit_non_zero_with_one_line(args: list[str], fragment: str) -> None:
+    result = memlab_command(*args, timeout=120)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip() and "kernels" not in line]
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0]
+    assert result.stdout == ""
+
+
+def test_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert "memlab" in capsys.readouterr().out
+    assert main([]) == 2  # no command: the help, and a line saying to choose one
+    assert "choose a command" in capsys.readouterr().err
+    assert main(["demo", "--budget", "-1"]) == 2
+
+
+def test_demo_pieces() -> None:
+    assert build_parser().parse_args(["demo"]).batch_size is None
+    assert [p.label() for p in demo_plans(8, rows=8)][:3] == ["plain", "ckpt", "mb4x2"]
+    assert all(p.rows_per_step(8) == 6 for p in demo_plans(6, rows=8))
+    assert demo_space(8)["micro_batch"] == [8, 4, 2]
+    assert plan_code(Plan(precision="bf16")) == "memlab.Plan(precision='bf16')"

@@ -1,0 +1,100 @@
+"""Issue 4 (fit): the fastest plan within a budget, on tiny real models on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import assert_same, fingerprint, lm_batch, tiny_gpt2, tiny_llama
+
+import memlab
+from memlab.events import TrialFinished, TrialStarted
+from memlab.search import candidate_plans, default_space, fit
+
+
+def test_fit_at_60_percent_of_the_plain_peak_fits_keeps_the_batch_and_beats_the_grid():
+    model, batch = tiny_gpt2(), lm_batch(rows=8)
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1)
+    assert plain.status == "ok", plain.error
+    budget = int(plain.peak_bytes * 0.6)
+    before = fingerprint(model)
+    events: list[object] = []
+
+    report = fit(model, batch, budget=budget, steps=1, warmup=1, progress=False, callback=events.append)
+
+    assert_same(before, fingerprint(model))
+    best = report.best
+    assert best is not None and best.fits and report.fits(best)
+    assert best.peak_bytes <= budget and best.rows_per_step == 8
+    grid = candidate_plans(8, default_space(8), batch_rows=8)
+    assert len(report.trials) < len(grid)
+    assert len(report.trials) + len(report.skipped) == len(grid)
+    assert all(reason for _, reason in report.skipped)
+    assert best.plan != memlab.Plan()  # the plain plan does not fit: a technique or a split was needed
+    started = [e for e in events if isinstance(e, TrialStarted)]
+    assert len(started) == len(report.trials) == len([e for e in events if isinstance(e, TrialFinished)])
+    again = memlab.measure(model, batch, best.plan, budget=budget, steps=1)
+    assert again.status == "ok" and again.peak_bytes <= budget, again.error
+    assert_same(before, fingerprint(model))
+
+
+def test_fit_a_llama_at_a_larger_effective_batch_in_a_restricted_space():
+    model, batch = tiny_llama(), lm_batch(rows=4)
+    plain = memlab.measure(model, batch, memlab.Plan(micro_batch=8), steps=1)
+    budget = int(plain.peak_bytes * 0.75)
+    space = {"precision": ["fp32"], "optimizer": ["adamw"]}
+    report = fit(model, batch, budget=budget, batch_size=8, space=space, steps=1, progress=False)
+    assert report.best is not None and report.best.rows_per_step == 8 and report.best.peak_bytes <= budget
+    assert all(t.plan.precision == "fp32" and t.plan.optimizer == "adamw" for t in report.trials)
+    assert len(report.trials) < len(candidate_plans(8, {**default_space(8), **space}))
+
+
+def test_a_budget_below_anything_possible_has_no_best_and_says_why():
+    model, batch = tiny_gpt2(), lm_batch(rows=4)
+    before = fingerprint(model)
+    report = fit(model, batch, budget="16KiB", steps=1, progress=False)
+    assert report.best is None
+    assert report.trials and not any(report.fits(t) for t in report.trials)
+    assert all(t.status == "oom" for t in report.trials)
+    assert report.skipped and all(reason for _, reason in report.skipped)
+    assert "Best: none of these fits" in report.to_text()
+    assert_same(before, fingerprint(model))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"budget": "1GiB", "batch_size": 0}, "batch_size=0 is not allowed; write a whole number >= 1"),
+        ({"budget": "1GiB", "batch_size": 2.5}, "batch_size=2.5 is not allowed"),
+        ({"budget": "lots"}, "budget 'lots' is not understood; write bytes as a number or a size such as 8GiB"),
+        ({}, "needs a budget; write for example budget='8GiB'"),
+        ({"budget": "1GiB", "space": {"micro_batch": [3]}}, "micro_batch=3 does not divide batch_size=4"),
+        ({"budget": "1GiB", "space": {"accumulation": [2]}}, "restrict micro_batch instead"),
+        ({"budget": "1GiB", "space": ["precision=bf16"]}, "space must be a dict"),
+    ],
+)
+def test_bad_input_says_what_to_write(kwargs, message):
+    model, batch = tiny_gpt2(), lm_batch(rows=4)
+    with pytest.raises(memlab.MemlabError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        fit(model, batch, progress=False, **kwargs)
+
+
+def test_fit_rejects_what_is_not_a_model():
+    with pytest.raises(memlab.MemlabError, match="must be a torch nn.Module"):
+        fit("gpt2", lm_batch(rows=2), budget="1GiB")
+
+
+def test_dry_run_ranks_estimates_without_running_a_step():
+    pytest.importorskip("memlab.estimate", reason="memlab.estimate (dry runs) is not there yet")
+    model, batch = tiny_gpt2(), lm_batch(rows=4)
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1)
+    before = fingerprint(model)
+    space = {"precision": ["fp32"], "optimizer": ["adamw"]}
+    report = fit(model, batch, budget=int(plain.peak_bytes * 0.8), dry_run=True, space=space, progress=False)
+    assert_same(before, fingerprint(model))
+    assert report.trials and all(t.estimated for t in report.trials)
+    best = report.best
+    assert best is not None and best is report.trials[-1] and best.peak_bytes <= report.budget
+    assert best.rows_per_step == 4 and best.plan != memlab.Plan()
+    assert len(report.trials) + len(report.skipped) == len(candidate_plans(4, {**default_space(4), **space}))
+    assert all(reason.startswith("expected slower") for _, reason in report.skipped)
+    assert torch.equal(model.lm_head.weight, before["tensors"]["lm_head.weight"][1])

@@ -1,0 +1,361 @@
+"""``%%memfit`` in a real IPython shell: grids, cell bodies, help, --apply, the search, and bad input.
+
+Every bad invocation must raise IPython's UsageError with a one-line message, before the model is touched.
+Models are tiny and every run uses ``--steps 1 --warmup 1`` so the whole file stays well under a minute and a half.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.testing.globalipapp import start_ipython
+from models import assert_same, fingerprint, lm_batch, mlp_batch, tiny_gpt2, tiny_mlp
+
+import memlab
+from memlab.apply import Applied
+from memlab.jupyter import magic
+from memlab.jupyter.magic import APPLIED_NAME, MemfitMagics, body_loss_fn, empty_body_transformer
+from memlab.plan import parse_grid
+
+FAST = "--steps 1 --warmup 1 --quiet"
+HAS_SEARCH = importlib.util.find_spec("memlab.search") is not None
+HAS_ESTIMATE = importlib.util.find_spec("memlab.estimate") is not None
+MLP_LOSS = "x, y = pairs\nloss = (mlp(x).squeeze(-1) - y).pow(2).mean()"
+needs_search = pytest.mark.skipif(not HAS_SEARCH, reason="memlab.search (fit) has not landed yet")
+
+
+class Trainer:
+    """Something with a model attribute, as a Hugging Face Trainer has."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    ip = start_ipython()
+    assert ip is not None
+    ip.run_line_magic("load_ext", "memlab")
+    ip.user_ns.update(
+        model=tiny_gpt2(layers=1, width=16),
+        batch=lm_batch(rows=4, length=8),
+        mlp=tiny_mlp(blocks=2, width=8),
+        pairs=mlp_batch(rows=4, width=8),
+        trainer=None,
+        number=3,
+        frozen=tiny_mlp(blocks=1, width=8).requires_grad_(False),
+        words="not a batch",
+    )
+    ip.user_ns["trainer"] = Trainer(ip.user_ns["model"])
+    yield ip
+    ip.user_ns.pop(APPLIED_NAME, None)
+
+
+def memfit(shell: InteractiveShell, line: str, body: str = "\n") -> Any:
+    return shell.run_cell_magic("memfit", line, body)
+
+
+# --- what works -------------------------------------------------------------------------------------------------
+
+
+def test_grid_gives_one_trial_per_point_and_leaves_the_model_alone(shell: InteractiveShell) -> None:
+    before = fingerprint(shell.user_ns["model"])
+    report = memfit(shell, f"model batch --try precision=fp32,bf16 checkpointing=off,on {FAST}")
+    assert isinstance(report, memlab.Report)
+    assert [t.plan for t in report.trials] == parse_grid(["precision=fp32,bf16", "checkpointing=off,on"])
+    assert len(report) == 4
+    assert {t.status for t in report.trials} == {"ok"}
+    assert_same(before, fingerprint(shell.user_ns["model"]))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "loss = model(**batch).loss",
+        "out = model(**batch)\nout.loss * scale  # the last expression, with a notebook variable",
+        "# a comment only: the default loss\n",
+    ],
+    ids=["assign", "last-expression", "comment-only"],
+)
+def test_body_forms(shell: InteractiveShell, body: str) -> None:
+    shell.user_ns["scale"] = 0.5
+    report = memfit(shell, f"model batch {FAST}", body)
+    assert [t.status for t in report.trials] == ["ok"], report.trials[0].error
+
+
+def test_body_runs_on_each_micro_batch(shell: InteractiveShell) -> None:
+    shell.user_ns["seen"] = []
+    report = memfit(
+        shell,
+        f"model batch --try micro_batch=2 accumulation=2 {FAST}",
+        "seen.append(len(batch['input_ids']))\nloss = model(**batch).loss",
+    )
+    assert report.trials[0].status == "ok"
+    assert shell.user_ns["seen"] and set(shell.user_ns["seen"]) == {2}
+    assert "loss" not in shell.user_ns  # the body ran in a copy of the namespace
+
+
+def test_tuple_batch_with_a_loss_body_and_attribute_names(shell: InteractiveShell) -> None:
+    before = fingerprint(shell.user_ns["mlp"])
+    body = "x, y = pairs\nloss = torch.nn.functional.mse_loss(mlp(x).squeeze(-1), y)"
+    shell.user_ns["torch"] = torch
+    report = memfit(shell, f"mlp pairs --try checkpointing=off,on {FAST}", body)
+    assert [t.status for t in report.trials] == ["ok", "ok"]
+    assert_same(before, fingerprint(shell.user_ns["mlp"]))
+    report = memfit(shell, f"trainer.model batch {FAST}", "model(**batch).loss")
+    assert report.trials[0].status == "ok"
+
+
+def test_an_error_in_the_loss_is_a_trial_error_not_a_usage_error(shell: InteractiveShell) -> None:
+    before = fingerprint(shell.user_ns["model"])
+    report = memfit(shell, f"model batch {FAST}", "loss = model(**batch).loss + undefined_name")
+    assert report.trials[0].status == "error"
+    assert "undefined_name" in (report.trials[0].error or "")
+    assert_same(before, fingerprint(shell.user_ns["model"]))
+
+
+def test_line_form_and_a_cell_with_no_body(shell: InteractiveShell) -> None:
+    report = shell.run_line_magic("memfit", f"model batch {FAST}")
+    assert isinstance(report, memlab.Report) and report.trials[0].status == "ok"
+    # IPython refuses an empty cell-magic body; %load_ext memlab installs a transformer that allows it.
+    result = shell.run_cell(f"%%memfit model batch {FAST}")
+    assert result.error_in_exec is None and result.error_before_exec is None
+    assert isinstance(result.result, memlab.Report)
+    assert shell.user_ns["_"] is result.result  # r = _ keeps the Report
+
+
+def test_reload_and_unload(shell: InteractiveShell) -> None:
+    shell.run_line_magic("reload_ext", "memlab")
+    assert shell.find_cell_magic("memfit") is not None and shell.find_line_magic("memfit") is not None
+    assert shell.input_transformers_cleanup.count(empty_body_transformer) == 1
+    report = memfit(shell, f"model batch {FAST}")
+    assert report.trials[0].status == "ok"
+    shell.run_line_magic("unload_ext", "memlab")
+    try:
+        assert shell.find_cell_magic("memfit") is None and shell.find_line_magic("memfit") is None
+        assert empty_body_transformer not in shell.input_transformers_cleanup
+        assert MemfitMagics.__name__ not in getattr(shell.magics_manager, "registry", {})
+    finally:
+        shell.run_line_magic("load_ext", "memlab")
+    assert shell.find_cell_magic("memfit") is not None
+
+
+def test_help_comes_from_the_argument_declarations(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    shell.run_line_magic("pinfo", "%%memfit")
+    text = capsys.readouterr().out
+    for option in (
+        "--try",
+        "KEY=V1,V2",
+        "--budget",
+        "--batch-size",
+        "--steps",
+        "--warmup",
+        "--lr",
+        "--apply",
+        "--dry-run",
+        "--quiet",
+        "MODEL",
+        "BATCH",
+        "Examples",
+        "%%memfit model batch --budget 8GiB",
+    ):
+        assert option in text, option
+
+
+def test_usage_error_prints_one_line_in_a_cell(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    result = shell.run_cell("%%memfit model batch --budget lots\nloss = model(**batch).loss")
+    assert isinstance(result.error_in_exec, UsageError)
+    captured = capsys.readouterr()
+    lines = [line for line in (captured.out + captured.err).splitlines() if line.strip()]
+    assert lines == [f"UsageError: {result.error_in_exec}"]
+    assert "Traceback" not in captured.err
+
+
+def test_live_figure_is_displayed_and_fed(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    import IPython.display
+
+    shown: list[Any] = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, *args, **kwargs: shown.append(obj))
+    memfit(shell, f"mlp pairs {FAST.replace('--quiet', '')}", MLP_LOSS)
+    assert shown == []  # a terminal IPython cannot draw widgets: no figure, no huge repr
+    monkeypatch.setattr(magic, "_shows_widgets", lambda shell: True)  # as in a Jupyter kernel
+    report = memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1", MLP_LOSS)
+    assert len(report) == 2
+    assert len(shown) == 1
+    widget = shown[0]
+    assert type(widget).__name__ == "FigureWidget"
+    assert list(widget.data[1].x) == [t.label for t in report.trials]
+    shown.clear()
+    memfit(shell, f"mlp pairs {FAST}", MLP_LOSS)
+    assert shown == []  # --quiet: no figure
+
+
+def test_apply_stores_memfit_applied(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tiny_mlp(blocks=2, width=8)
+    shell.user_ns["fresh"] = model
+    before = fingerprint(model)
+    body = MLP_LOSS.replace("mlp(", "fresh(")
+    report = memfit(shell, f"fresh pairs --try micro_batch=4,2 checkpointing=on --apply {FAST}", body)
+    applied = shell.user_ns[APPLIED_NAME]
+    assert isinstance(applied, Applied) and applied.active
+    assert report.best is not None and applied.plan == report.best.plan and applied.model is model
+    assert f"{APPLIED_NAME}.undo()" in capsys.readouterr().out
+    assert isinstance(applied.step(shell.user_ns["pairs"]), float)
+    # Applying again takes the previous plan off first.
+    memfit(shell, f"fresh pairs --try checkpointing=off --apply {FAST}", body)
+    assert not applied.active and shell.user_ns[APPLIED_NAME] is not applied
+    shell.user_ns[APPLIED_NAME].undo()
+    after = fingerprint(model)
+    for key in ("hooks", "patched", "checkpointing", "training", "requires_grad", "param_ids"):
+        assert after[key] == before[key], key
+    del shell.user_ns[APPLIED_NAME]
+
+
+@needs_search
+def test_budget_and_batch_size_search_through_fit(shell: InteractiveShell) -> None:
+    before = fingerprint(shell.user_ns["model"])
+    report = memfit(
+        shell, f"model batch --budget 1GiB --batch-size 8 --try precision=fp32 optimizer=adamw {FAST}", "\n"
+    )
+    assert isinstance(report, memlab.Report) and report.budget == 1024**3
+    assert report.best is not None and report.best.rows_per_step == 8
+    for trial in report.trials:
+        assert trial.plan.precision == "fp32" and trial.plan.optimizer == "adamw"
+        assert 8 % (trial.plan.micro_batch or 4) == 0
+    assert_same(before, fingerprint(shell.user_ns["model"]))
+
+
+@needs_search
+def test_apply_when_nothing_fits_applies_nothing(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    shell.user_ns.pop(APPLIED_NAME, None)
+    before = fingerprint(shell.user_ns["mlp"])
+    space = "--try precision=fp32 optimizer=adamw checkpointing=off"
+    report = memfit(shell, f"mlp pairs --budget 1KiB {space} --apply {FAST}", MLP_LOSS)
+    assert report.best is None
+    assert APPLIED_NAME not in shell.user_ns
+    assert "nothing was applied" in capsys.readouterr().out
+    assert_same(before, fingerprint(shell.user_ns["mlp"]))
+
+
+def test_dry_run(shell: InteractiveShell) -> None:
+    if not HAS_ESTIMATE:
+        with pytest.raises(UsageError, match="not available yet"):
+            memfit(shell, f"model batch --dry-run --try checkpointing=off,on {FAST}")
+        return
+    report = memfit(shell, f"model batch --dry-run --try checkpointing=off,on {FAST}")
+    assert len(report) == 2 and all(t.estimated for t in report.trials)
+
+
+def _ones(module: torch.nn.Module) -> None:
+    if isinstance(module, torch.nn.Linear):
+        torch.nn.init.ones_(module.weight)
+
+
+identity = torch.nn.Identity()
+
+
+def test_body_loss_fn_alone() -> None:
+    loss_fn = body_loss_fn("y = m(b)\nloss = y.sum()", {}, "m", "b")
+    assert loss_fn is not None
+    assert float(loss_fn(torch.nn.Linear(2, 2, bias=False).requires_grad_(False).apply(_ones), torch.ones(2))) == 4.0
+    double = body_loss_fn("m(b).sum() * k", {"k": 2.0}, "m", "b")
+    walrus = body_loss_fn("(loss := m(b).sum())", {}, "m", "b")
+    assert double is not None and walrus is not None
+    assert float(double(identity, torch.ones(2))) == 4.0
+    assert float(walrus(identity, torch.ones(3))) == 3.0
+    assert body_loss_fn("", {}) is None
+    assert body_loss_fn("   \n\n", {}) is None
+    # A stale loss in the notebook is never read back as this body's loss.
+    fn = body_loss_fn("if False:\n    loss = 1", {"loss": torch.tensor(5.0)})
+    assert fn is not None
+    with pytest.raises(memlab.MemlabError, match="did not set loss"):
+        fn(identity, torch.ones(1))
+
+
+# --- what must be refused -------------------------------------------------------------------------------------
+
+BAD = [
+    ("unknown-model", "modl batch", "", "'modl' is not defined"),
+    ("unknown-batch", "model batsh", "", "'batsh' is not defined"),
+    ("unknown-attribute", "trainer.modle batch", "", "has no attribute 'modle'"),
+    ("expression-name", "model[0] batch", "", "not a variable name"),
+    ("not-a-module", "number batch", "", "not a torch nn.Module"),
+    ("not-a-batch", "model words", "", "BATCH 'words'"),
+    ("frozen-model", "frozen batch", "", "no trainable parameters"),
+    ("unknown-option", "model batch --fast", "", "unrecognized arguments: --fast"),
+    ("missing-batch", "model", "", "required: BATCH"),
+    ("unclosed-quote", 'model batch --budget "8GiB', "", "cannot be read"),
+    ("bad-budget", "model batch --budget lots", "", "budget 'lots' is not understood"),
+    ("zero-budget", "model batch --budget 0", "", "not positive"),
+    ("unknown-value", "model batch --try precision=fp8", "", "precision='fp8' is not known"),
+    ("unknown-key", "model batch --try colour=red,blue", "", "'colour' is not a plan setting"),
+    ("not-key-value", "model batch --try precision", "", "is not KEY=V1,V2"),
+    ("key-twice", "model batch --try precision=fp32 precision=bf16", "", "given twice"),
+    ("try-without-values", "model batch --try", "", "expected at least one argument"),
+    ("zero-micro-batch", "model batch --try micro_batch=0", "", "micro_batch=0 is not allowed"),
+    ("negative-accumulation", "model batch --try accumulation=-1", "", "accumulation=-1 is not allowed"),
+    ("bad-checkpointing", "model batch --try checkpointing=maybe", "", "write on or off"),
+    ("zero-steps", "model batch --steps 0", "", "--steps 0 is too small"),
+    ("negative-steps", "model batch --steps -2", "", "--steps -2 is too small"),
+    ("steps-not-a-number", "model batch --steps many", "", "not a whole number"),
+    ("zero-warmup", "model batch --warmup 0", "", "--warmup 0 is too small"),
+    ("zero-batch-size", "model batch --budget 1GiB --batch-size 0", "", "--batch-size 0 is too small"),
+    ("negative-batch-size", "model batch --budget 1GiB --batch-size -8", "", "--batch-size -8 is too small"),
+    (
+        "micro-batch-not-dividing",
+        "model batch --budget 1GiB --batch-size 8 --try micro_batch=3",
+        "",
+        "micro_batch=3 does not divide --batch-size 8",
+    ),
+    (
+        "micro-batch-not-dividing-rows",
+        "model batch --budget 1GiB --try micro_batch=3",
+        "",
+        "does not divide the batch size 4",
+    ),
+    ("accumulation-in-search", "model batch --budget 1GiB --try accumulation=2,4", "", "write --try micro_batch"),
+    ("search-without-budget-on-cpu", "model batch --batch-size 8", "", "needs a budget"),
+    ("zero-lr", "model batch --lr 0", "", "--lr 0 is not a positive number"),
+    ("lr-not-a-number", "model batch --lr fast", "", "--lr 'fast' is not a number"),
+    ("apply-with-dry-run", "model batch --apply --dry-run", "", "drop one of the two"),
+    ("body-syntax-error", "model batch", "loss = model(**batch).loss +", "syntax error on line 1"),
+    ("body-return", "model batch", "return model(**batch).loss", "syntax error"),
+    ("body-without-loss", "model batch", "out = model(**batch)", "must set loss = ..."),
+    ("tuple-batch-empty-body", "mlp pairs", "", "write the loss in the cell body"),
+]
+
+
+@pytest.mark.parametrize(("line", "body", "fragment"), [case[1:] for case in BAD], ids=[case[0] for case in BAD])
+def test_bad_invocations_raise_one_line_usage_errors(
+    shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch, line: str, body: str, fragment: str
+) -> None:
+    import IPython.display
+
+    shown: list[Any] = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, *args, **kwargs: shown.append(obj))
+    monkeypatch.setattr(magic, "_shows_widgets", lambda shell: True)
+    models = {name: shell.user_ns[name] for name in ("model", "mlp")}
+    before = {name: fingerprint(model) for name, model in models.items()}
+    shell.user_ns.pop(APPLIED_NAME, None)
+    with pytest.raises(UsageError) as caught:
+        if body:
+            memfit(shell, line, body)
+        else:
+            shell.run_line_magic("memfit", line)
+    message = str(caught.value)
+    assert fragment in message
+    assert "\n" not in message and message.strip() == message and len(message) < 400
+    assert shown == [], "nothing is displayed before the input is checked"
+    assert APPLIED_NAME not in shell.user_ns
+    for name, model in models.items():
+        assert_same(before[name], fingerprint(model))
+
+
+def test_at_least_fifteen_bad_invocations() -> None:
+    assert len(BAD) >= 15 and len({case[0] for case in BAD}) == len(BAD)

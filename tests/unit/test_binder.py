@@ -1,0 +1,126 @@
+"""Issue 6: binder/ holds what repo2docker needs to open the cookbook on a CPU-only Binder.
+
+A binder/ folder makes repo2docker ignore the configuration files at the repository root (pyproject.toml
+included), so these files alone must install a CPU torch and memlab itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[2]
+BINDER = ROOT / "binder"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+INDEX_OPTIONS = ("--extra-index-url", "--index-url")
+
+
+def requirement_lines() -> tuple[list[Requirement], dict[str, list[str]]]:
+    """The requirements and the pip options of binder/requirements.txt; anything else fails the test."""
+    requirements: list[Requirement] = []
+    options: dict[str, list[str]] = {}
+    for number, raw in enumerate((BINDER / "requirements.txt").read_text().splitlines(), start=1):
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-"):
+            name, _, value = line.partition(" ")
+            assert name in INDEX_OPTIONS, f"line {number}: only index options belong here, not {name}"
+            options.setdefault(name, []).append(value.strip())
+            continue
+        try:
+            requirements.append(Requirement(line))
+        except InvalidRequirement as error:
+            pytest.fail(f"binder/requirements.txt line {number} is not a requirement: {line!r} ({error})")
+    return requirements, options
+
+
+def pyproject_dependencies() -> dict[str, Requirement]:
+    """memlab's own dependencies (from the installed metadata, which pyproject.toml wrote), extras left out."""
+    requirements = [Requirement(text) for text in metadata.requires("memlab") or []]
+    return {r.name: r for r in requirements if r.marker is None}
+
+
+def test_binder_has_what_repo2docker_reads_and_nothing_that_would_override_it():
+    assert (BINDER / "requirements.txt").is_file()
+    assert (BINDER / "postBuild").is_file()
+    # environment.yml would make repo2docker use conda and skip requirements.txt; a Dockerfile skips everything.
+    for overriding in ("environment.yml", "Dockerfile", "Pipfile", "setup.py"):
+        assert not (BINDER / overriding).exists(), f"binder/{overriding} would change what repo2docker builds"
+
+
+def test_every_requirement_line_parses():
+    requirements, _ = requirement_lines()
+    assert requirements
+    assert len({r.name for r in requirements}) == len(requirements), "a package is listed twice"
+
+
+def test_torch_is_pinned_to_a_cpu_build():
+    requirements, options = requirement_lines()
+    torch = [r for r in requirements if r.name == "torch"]
+    assert len(torch) == 1, "binder/requirements.txt must pin torch"
+    specifiers = list(torch[0].specifier)
+    assert len(specifiers) == 1 and specifiers[0].operator == "==", f"pin one torch version: {torch[0]}"
+    version = Version(specifiers[0].version)
+    assert version.local == "cpu", f"pin the CPU build, e.g. torch=={version.public}+cpu"
+    assert CPU_INDEX in options.get("--extra-index-url", []) + options.get("--index-url", []), (
+        f"the CPU builds of torch come from {CPU_INDEX}; add --extra-index-url {CPU_INDEX}"
+    )
+    assert pyproject_dependencies()["torch"].specifier.contains(version.public), "the pin must satisfy pyproject"
+
+
+def test_pins_satisfy_the_package_dependencies():
+    """pip must not replace a pinned package (the CPU torch above all) when postBuild installs memlab."""
+    requirements, _ = requirement_lines()
+    wanted = pyproject_dependencies()
+    for requirement in requirements:
+        if requirement.name in wanted:
+            for specifier in requirement.specifier:
+                pinned = Version(specifier.version).public
+                assert wanted[requirement.name].specifier.contains(pinned), f"{requirement} vs pyproject"
+
+
+def test_runtime_names_a_python_the_package_supports():
+    runtime = BINDER / "runtime.txt"
+    if not runtime.exists():
+        pytest.skip("no runtime.txt: repo2docker's default Python")
+    match = re.fullmatch(r"python-(3\.\d+)", runtime.read_text().strip())
+    assert match, "runtime.txt holds one line such as python-3.11"
+    requires = metadata.metadata("memlab")["Requires-Python"]
+    assert SpecifierSet(requires).contains(match.group(1) + ".0"), f"python-{match.group(1)} vs {requires}"
+
+
+def postbuild_commands() -> list[list[str]]:
+    commands = []
+    for line in (BINDER / "postBuild").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            commands.append(shlex.split(line, comments=True))
+    return commands
+
+
+def test_postbuild_is_an_executable_bash_script_that_stops_on_the_first_error():
+    text = (BINDER / "postBuild").read_text()
+    assert text.startswith("#!/bin/bash\n") or text.startswith("#!/usr/bin/env bash\n"), "start with a shebang"
+    assert postbuild_commands()[0] == ["set", "-e"], "the first command must be set -e"
+    assert os.access(BINDER / "postBuild", os.X_OK), "chmod +x binder/postBuild"
+
+
+def test_postbuild_installs_the_package_itself_from_the_repository_root():
+    installs = []
+    for words in postbuild_commands():
+        if "pip" in words and "install" in words:
+            after = words[words.index("install") + 1 :]
+            installs.append([word for word in after if not word.startswith("--") or word == "-e"])
+    assert any("." in args or ".[" in " ".join(args) for args in installs), (
+        f"postBuild must pip install the repository (pip install -e .); it runs {installs}"
+    )
+    assert not any("torch" in " ".join(args) for args in installs), "torch comes from requirements.txt (CPU build)"
