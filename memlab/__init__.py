@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlab.apply import Applied, apply
 from memlab.errors import MemlabError, UnsupportedTechnique
@@ -18,6 +18,9 @@ from memlab.estimate import estimate
 from memlab.plan import Plan, parse_budget
 from memlab.report import Report, Trial
 from memlab.trial import compare, measure
+
+if TYPE_CHECKING:
+    from memlab.jupyter.panel import Panel
 
 __version__ = "0.1.0"
 
@@ -33,6 +36,7 @@ __all__ = [
     "estimate",
     "load_ipython_extension",
     "measure",
+    "panel",
     "parse_budget",
     "unload_ipython_extension",
 ]
@@ -50,3 +54,19 @@ def unload_ipython_extension(ipython: Any) -> None:
     from memlab.jupyter.magic import unload_ipython_extension as unload
 
     unload(ipython)
+
+
+def panel(model: Any, batch: Any, loss_fn: Any = None, **keywords: Any) -> Panel:
+    """The widget panel on the live model: a control per technique, Run, Apply/Undo, the live figure, every run.
+
+    ipywidgets and plotly are imported here, on first use, never by ``import memlab``.
+
+    Example:
+        >>> import memlab, torch
+        >>> p = memlab.panel(torch.nn.Linear(4, 1), torch.randn(8, 4), loss_fn=lambda m, b: m(b).mean(), steps=1)
+        >>> p.run_button.click(); len(p.report)
+        1
+    """
+    from memlab.jupyter.panel import panel as make_panel
+
+    return make_panel(model, batch, loss_fn, **keywords)

@@ -4,23 +4,23 @@ The space is every combination of micro_batch (a divisor of ``batch_size``; accu
 checkpointing, precision, optimizer and offload. Measuring all of it is slow, so the search measures a few plans,
 fits two small models to what it measured, and skips what cannot fit or cannot win:
 
-- Memory (:class:`MemoryModel`): ``peak = params + other + optimizer + grads + activations``. Each part comes from
-  the measured breakdowns: the optimizer bytes per optimizer (unmeasured 8-bit AdamW: a quarter of AdamW's), the
-  gradients held at the peak (with accumulation every gradient is held), and activations as a line
-  ``intercept + per_row * micro_batch`` per (checkpointing, precision, activation offload). A line needs two
-  micro-batch sizes; with one, its intercept is borrowed from a neighbour's line; with none, its per-row bytes are
-  a neighbour's times the ratio a technique was measured to have, and 0 while that ratio is unknown (an
-  unmeasured technique might save everything, so it is never skipped for memory before it is measured).
-- Speed (:class:`SpeedModel`): ``log(samples/s)`` is a sum of one effect per setting (micro_batch,
-  checkpointing, precision, optimizer, offload), fitted by least squares to the measured trials. A plan's speed is
-  predicted only where the measurements determine it; otherwise it is unknown, so it could be the fastest and
-  must be measured. Throughput is assumed never to fall when micro_batch grows with the same techniques, so a
-  plan is at most as fast as its larger-micro-batch twin.
-- Stop rule (:class:`Search`): a plan is skipped when a plan it needs at least as much memory as did not fit,
-  when its predicted peak is over ``budget * 1.1`` (borderline plans are measured), or when its speed bound
-  cannot beat the best so far: a predicted speed must exceed ``0.9 * best`` (a 10% margin for the model's
-  error) and a twin's measured speed must exceed ``best``. The rest are measured fastest-expected first (plans
-  predicted to fit before borderline ones), until none is left. The answer is always a measured trial.
+- Memory (:class:`MemoryModel`): ``peak = params + other + optimizer + grads + activations``, each part from the
+  measured breakdowns: optimizer bytes per optimizer (8-bit AdamW unmeasured: a quarter of AdamW's), gradients
+  held at the peak (with accumulation, all of them), and activations as a line ``intercept + per_row *
+  micro_batch`` per (checkpointing, precision, activation offload). A line needs two micro-batch sizes; from one
+  size it leans low (proportional below it, flat above unless an out-of-memory trial showed more); for a
+  combination never measured, per-row bytes are a neighbour's times the ratio each technique was measured to have,
+  and 0 while a ratio is unknown (an unmeasured technique might save everything). The first plan runs without the
+  budget's cap, so its whole breakdown is known even when it does not fit.
+- Speed (:class:`SpeedModel`): ``log(samples/s)`` is a sum of one effect per setting, fitted by least squares. A
+  plan's speed is predicted only where the measurements determine it; otherwise it could be the fastest and must
+  be measured. On CUDA throughput is assumed never to fall when micro_batch grows with the same techniques, so a
+  plan is at most as fast as its larger-micro-batch twin (on a CPU that does not hold; every size is measured).
+- Stop rule (:class:`Search`): a plan is skipped when it needs at least the memory of a plan that did not fit
+  (:func:`needs_at_least`), when its predicted peak is over ``FIT_MARGIN * budget`` (1.1; borderline plans are
+  measured), or when it cannot beat the best so far: a predicted speed must exceed ``SPEED_MARGIN * best`` (0.9,
+  the model's error) and a measured twin's speed must exceed ``best``. The rest are measured fastest-expected
+  first (plans predicted to fit before borderline ones) until none is left, so the answer is a measured trial.
 """
 
 from __future__ import annotations
@@ -391,11 +391,12 @@ class MemoryModel:
         return Line(donor[1].intercept, per_row)
 
     def activations(self, plan: Plan) -> float:
-        """Predicted activation bytes at the peak (never below what an out-of-memory trial showed)."""
+        """Predicted activation bytes at the peak (never below what out-of-memory trials imply)."""
         size = micro_batch_of(plan, self.batch_size)
         line = self.activation_line(plan)
         predicted = 0.0 if line is None else max(0.0, line.at(size))
-        seen = [bound for rows, bound in self._at_least.get(activation_key(plan), ()) if rows <= size]
+        # A line with a non-negative intercept keeps at least size/rows of what ``rows`` needed at fewer rows.
+        seen = [bound * min(1.0, size / rows) for rows, bound in self._at_least.get(activation_key(plan), ())]
         return max([predicted, *seen])
 
     def predict(self, plan: Plan) -> float:
@@ -449,6 +450,9 @@ class SpeedPrior:
     Args:
         micro_batch_exponent: samples/s grows as ``micro_batch ** exponent`` (bigger micro-batches are faster).
         ratios: expected samples/s relative to the plain plan, per ``(field, value)``.
+        monotone: whether throughput can be assumed never to fall when micro_batch grows (same techniques). True
+            on GPUs; on CPUs bigger activations can cost more per row (the allocator maps and unmaps large blocks
+            every step), so there every micro-batch size must be measured before it can be ruled out.
 
     Example:
         >>> speed_prior("cuda").ratio("precision", "bf16") > speed_prior("cpu").ratio("precision", "bf16")
@@ -457,6 +461,7 @@ class SpeedPrior:
 
     micro_batch_exponent: float = 0.3
     ratios: Mapping[tuple[str, Any], float] = field(default_factory=dict)
+    monotone: bool = True
 
     def ratio(self, name: str, value: Any) -> float:
         return self.ratios.get((name, value), 1.0)
@@ -473,6 +478,7 @@ def speed_prior(device_type: str) -> SpeedPrior:
     gpu = device_type == "cuda"
     return SpeedPrior(
         micro_batch_exponent=0.3 if gpu else 0.1,
+        monotone=gpu,
         ratios={
             ("checkpointing", True): 0.75,
             ("precision", "bf16"): 1.6 if gpu else 1.0,
@@ -583,11 +589,12 @@ class SpeedModel:
         """The most samples/s the plan can have under the model's assumptions (``inf`` when unknown).
 
         A measured plan: its measured speed. A determined plan: its prediction / ``margin`` (the model's error).
-        Otherwise the smallest such bound of a twin with a larger micro-batch and the same techniques.
+        Otherwise, where the prior says throughput is monotone in micro_batch, the smallest such bound of a twin
+        with a larger micro-batch and the same techniques.
         """
         own = self._own_upper(plan)
-        if own is not None:
-            return own
+        if own is not None or not self.prior.monotone:
+            return math.inf if own is None else own
         size = micro_batch_of(plan, self.batch_size)
         bounds = [
             bound
@@ -735,9 +742,9 @@ class Search:
         return None
 
     def _memory_probe(self) -> Plan | None:
-        """After a first plan that did not fit: the same techniques at the smallest micro-batch, so that the
-        activations of those techniques get a second point (a line: intercept and bytes per row)."""
-        if len(self.trials) != 1 or fits(self.trials[0], self.budget) or self.trials[0].status == "error":
+        """After a first plan that ran out of memory: the same techniques at the smallest micro-batch, so that the
+        memory model learns the fixed parts (params, gradients, optimizer state) and a first activation size."""
+        if len(self.trials) != 1 or self.trials[0].status != "oom":
             return None
         first = self.trials[0].plan
         smallest = min(micro_batch_of(p, self.batch_size) for p in self.pending)

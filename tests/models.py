@@ -22,7 +22,7 @@ def tiny_gpt2(layers: int = 2, width: int = 32) -> nn.Module:
 
     config = GPT2Config(
         n_layer=layers, n_embd=width, n_head=2, vocab_size=VOCAB, n_positions=64,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
     )
     torch.manual_seed(0)
     return GPT2LMHeadModel(config)

@@ -11,9 +11,10 @@ Four panels, always the same traces in the same order (so every redraw updates t
 * bottom right, **memory vs throughput**: a point per setting that reached a peak (an out-of-memory one at 0
   samples/s), green where it fits the budget, grey where it does not.
 
-Redraws are batched: a step or a memory sample redraws at most once per ``min_interval_s`` (inside
-``widget.batch_update()``, so one message goes to the browser), while the start and the end of a trial always
-redraw. That keeps the kernel free for the training it measures.
+Redraws are batched: a step or a memory sample redraws at most once per ``min_interval_s``, while the start and the
+end of a trial always redraw. A redraw is one ``plotly_update`` message for all the traces (every trace given every
+value explicitly), plus one batched layout message when the titles or the budget line changed. That keeps the
+kernel free for the training it measures, and the browser in step with Python.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ SPEED = ERROR + 1
 SCATTER_FITS = SPEED + 1
 SCATTER_MISSES = SCATTER_FITS + 1
 
+_TRACE_KEYS = ("x", "y", "text", "customdata", "marker.color")
 _TITLES = ("Memory of the running trial", "Peak memory by category", "Throughput", "Memory vs throughput")
 
 
@@ -90,6 +92,8 @@ class LiveFigure:
         self.report = Report([], budget=parse_budget(budget))
         self.widget: go.FigureWidget = _build_widget()
         self._title_notes = [note.to_plotly_json() for note in self.widget.layout.annotations]
+        self._defaults = [_trace_defaults(trace) for trace in self.widget.data]
+        self._layout: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
         self.redraws = 0
         self._clock = clock
         self._last_draw = -math.inf
@@ -144,7 +148,16 @@ class LiveFigure:
         self._draw()
 
     def flush(self) -> None:
-        """Redraw now if events arrived since the last redraw."""
+        """Redraw now if events arrived since the last redraw (the panel calls it when a run ends).
+
+        Example:
+            >>> live = LiveFigure(min_interval_s=60)
+            >>> live(MemorySample(plan=Plan(), index=0, seconds=0.1, live_bytes=2**20))
+            >>> before = live.redraws
+            >>> live.flush(); live.flush()
+            >>> live.redraws - before
+            1
+        """
         if self._pending:
             self._draw()
 
@@ -182,39 +195,51 @@ class LiveFigure:
 
     def _draw(self) -> None:
         data = figure_data(self.report)
-        labels = data["labels"]
-        fig = self.widget
-        seconds, mib = _thin(self._live_seconds, self._live_mib, _MAX_LIVE_POINTS)
-        with fig.batch_update():
-            fig.data[LIVE].update(x=seconds, y=mib)
-            for name, index in CATEGORY_TRACES.items():
-                fig.data[index].update(x=labels, y=data["categories"][name])
-            does_not_fit = _does_not_fit_heights(self.report, data)
-            fig.data[DOES_NOT_FIT].update(
-                x=labels,
-                y=does_not_fit,
-                customdata=data["does_not_fit"],
-                text=["does not fit" if height is not None else "" for height in does_not_fit],
-            )
-            fig.data[ERROR].update(x=labels, y=data["error"], text=data["error_text"])
-            fig.data[SPEED].update(
-                x=labels,
-                y=data["samples_per_s"],
-                marker_color=[_BEST_COLOR if label == data["best"] else _RATE_COLOR for label in labels],
-            )
-            peaks = [dnf if dnf is not None else peak for dnf, peak in zip(does_not_fit, data["peak_mib"], strict=True)]
-            for index, fits in ((SCATTER_FITS, True), (SCATTER_MISSES, False)):
-                points = [
-                    (peak, speed or 0.0, label)
-                    for label, peak, speed, fit in zip(labels, peaks, data["samples_per_s"], data["fits"], strict=True)
-                    if peak is not None and fit == fits
-                ]
-                fig.data[index].update(x=[p[0] for p in points], y=[p[1] for p in points], text=[p[2] for p in points])
-            fig.layout.shapes = _budget_shapes(data["budget_mib"])
-            fig.layout.annotations = self._annotations(data)
+        columns = self._columns(data)
+        traces = range(len(self.widget.data))
+        # One explicit value per trace for every key, in one ``plotly_update``: plotly's ``batch_update`` leaves the
+        # values of traces it did not touch undefined, and a FigureWidget shown inside an ipywidgets box (the panel)
+        # then loses their marker colours in the browser.
+        restyle = {key: [{**self._defaults[index], **columns[index]}[key] for index in traces] for key in _TRACE_KEYS}
+        self.widget.plotly_update(restyle_data=restyle, trace_indexes=list(traces))
+        layout = (_budget_shapes(data["budget_mib"]), self._annotations(data))
+        if layout != self._layout:  # layout objects are set through the figure, so Python's view stays current
+            with self.widget.batch_update():
+                self.widget.layout.shapes, self.widget.layout.annotations = layout
+            self._layout = layout
         self.redraws += 1
         self._pending = False
         self._last_draw = self._clock()
+
+    def _columns(self, data: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        """What each trace shows, by trace index: ``{index: {"x": [...], "y": [...], ...}}``."""
+        labels = data["labels"]
+        seconds, mib = _thin(self._live_seconds, self._live_mib, _MAX_LIVE_POINTS)
+        columns: dict[int, dict[str, Any]] = {LIVE: {"x": seconds, "y": mib}}
+        for name, index in CATEGORY_TRACES.items():
+            columns[index] = {"x": labels, "y": data["categories"][name]}
+        does_not_fit = _does_not_fit_heights(self.report, data)
+        columns[DOES_NOT_FIT] = {
+            "x": labels,
+            "y": does_not_fit,
+            "customdata": data["does_not_fit"],
+            "text": ["does not fit" if height is not None else "" for height in does_not_fit],
+        }
+        columns[ERROR] = {"x": labels, "y": data["error"], "text": data["error_text"]}
+        columns[SPEED] = {
+            "x": labels,
+            "y": data["samples_per_s"],
+            "marker.color": [_BEST_COLOR if label == data["best"] else _RATE_COLOR for label in labels],
+        }
+        peaks = [dnf if dnf is not None else peak for dnf, peak in zip(does_not_fit, data["peak_mib"], strict=True)]
+        for index, fits in ((SCATTER_FITS, True), (SCATTER_MISSES, False)):
+            points = [
+                (peak, speed or 0.0, label)
+                for label, peak, speed, fit in zip(labels, peaks, data["samples_per_s"], data["fits"], strict=True)
+                if peak is not None and fit == fits
+            ]
+            columns[index] = {"x": [p[0] for p in points], "y": [p[1] for p in points], "text": [p[2] for p in points]}
+        return columns
 
     def _annotations(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         titles = list(_TITLES)
@@ -352,6 +377,12 @@ def _build_widget() -> go.FigureWidget:
     fig.update_xaxes(title_text="peak memory (MiB)", rangemode="tozero", row=2, col=2)
     fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=2, col=2)
     return go.FigureWidget(fig)
+
+
+def _trace_defaults(trace: Any) -> dict[str, Any]:
+    """The values a trace keeps where a redraw does not set them: no text, no customdata, its own marker colour."""
+    marker = getattr(trace, "marker", None)
+    return {"text": [], "customdata": [], "marker.color": None if marker is None else marker.color}
 
 
 def _does_not_fit_heights(report: Report, data: dict[str, Any]) -> list[float | None]:

@@ -138,7 +138,15 @@ class Panel(widgets.VBox):
         )
 
     def budget(self) -> int | None:
-        """The budget field in bytes (None when empty); a MemlabError when it is not a size."""
+        """The budget field in bytes (None when empty); a MemlabError when it is not a size.
+
+        Example:
+            >>> import torch
+            >>> p = Panel(torch.nn.Linear(4, 1), torch.randn(8, 4), loss_fn=lambda m, b: m(b).mean())
+            >>> p.controls["budget"].value = "2 MiB"
+            >>> p.budget()
+            2097152
+        """
         text = str(self.controls["budget"].value).strip()
         return parse_budget(text) if text else None
 
@@ -146,6 +154,16 @@ class Panel(widgets.VBox):
         """Measure the current setting on the live model (what the Run button does); the Trial, or None.
 
         Never raises for a bad setting or a failing trial: the status line says what happened.
+
+        Example:
+            >>> import torch
+            >>> p = Panel(torch.nn.Linear(4, 1), torch.randn(8, 4), loss_fn=lambda m, b: m(b).mean(), steps=1)
+            >>> p.controls["budget"].value = "lots"
+            >>> p.run() is None, "budget 'lots' is not understood" in html.unescape(p.status.value)
+            (True, True)
+            >>> p.controls["budget"].value = ""
+            >>> p.run().status
+            'ok'
         """
         if self._running:
             return None
@@ -193,6 +211,16 @@ class Panel(widgets.VBox):
         """Put the current setting on the live model (what the Apply button does); see ``memlab.apply``.
 
         A setting applied before is undone first. Train with ``panel.applied.step(batch)``; Undo takes it off.
+
+        Example:
+            >>> import torch
+            >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+            >>> p = Panel(model, torch.randn(8, 4), loss_fn=lambda m, b: m(b).mean())
+            >>> p.controls["checkpointing"].value = True
+            >>> applied = p.apply()
+            >>> loss = applied.step(torch.randn(8, 4))
+            >>> p.undo(); p.applied is None
+            True
         """
         if self._running:
             return None
@@ -210,7 +238,7 @@ class Panel(widgets.VBox):
         return self.applied
 
     def undo(self) -> None:
-        """Take the applied setting off the model again (what the Undo button does)."""
+        """Take the applied setting off the model again (what the Undo button does); see :meth:`apply`."""
         if self._running or self.applied is None:
             return
         try:

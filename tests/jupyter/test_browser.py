@@ -1,10 +1,13 @@
-"""The panel in a real browser: JupyterLab on localhost, driven by Playwright in Debian's headless Chromium.
+"""The panel in a real browser: JupyterLab 4 (and Notebook 7) on localhost, driven by Playwright in headless Chromium.
 
-The test starts ``jupyter lab`` in a temporary directory (its own config, settings, workspaces and runtime
-directories, no news or update checks), writes a notebook whose cell builds the panel on a tiny GPT-2, opens it,
-runs all cells, clicks the panel's Run button, and waits until the plotly figure draws the new trial. It then
-switches checkpointing on in the browser, runs again, and checks that the second setting is drawn too. A screenshot
-is saved to ``tests/artifacts/panel.png``. The server (and so the kernel) is always killed.
+The test starts ``jupyter lab`` (or ``jupyter notebook``) in a temporary directory (its own config, settings,
+workspaces and runtime directories, no news or update checks), writes a notebook whose cell builds the panel on a
+tiny GPT-2, opens it, runs all cells, clicks the panel's Run button, and waits until the plotly figure draws the new
+trial. It then switches checkpointing on in the browser, runs again, and checks that the second setting is drawn
+too, in its colours. Screenshots go to ``tests/artifacts/`` (``panel.png`` for JupyterLab, ``panel-notebook7.png``
+for Notebook 7). The server (and so the kernel) is always killed.
+
+The Notebook 7 run needs the ``notebook`` package (>= 7); without it that case is skipped.
 
 Chromium comes from Debian's ``chromium`` package (Playwright's own browser download does not work here). Without
 it the test is skipped, except under ``CI=true``, where a missing browser is a failure.
@@ -12,6 +15,7 @@ it the test is skipped, except under ``CI=true``, where a missing browser is a f
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -25,6 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from memlab.report import _BEST_COLOR, _CATEGORY_COLORS
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -52,11 +58,13 @@ KERNEL_READY = """() => {
                    && kernel.connectionStatus === "connected");
 }"""
 
-CELL = """\
-from models import lm_batch, tiny_gpt2
-from memlab.jupyter.panel import panel
+FILLS = "elements => elements.map(element => getComputedStyle(element).fill)"
 
-p = panel(tiny_gpt2(), lm_batch(rows=4, length=8), steps=1)
+CELL = """\
+import memlab
+from models import lm_batch, tiny_gpt2
+
+p = memlab.panel(tiny_gpt2(), lm_batch(rows=4, length=8), steps=1)
 p"""
 
 
@@ -110,36 +118,55 @@ def _write_config(root: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def jupyter_lab(tmp_path: Path) -> Iterator[str]:
-    """A JupyterLab server on localhost serving ``tmp_path / "notebooks"``; yields the notebook's URL."""
+FRONT_ENDS = {
+    # name: (command after ``python -m``, options of that front end, path of the notebook, screenshot)
+    "lab": (
+        ["jupyter", "lab"],
+        ["--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+        "lab/tree/panel.ipynb",
+        "panel.png",
+    ),
+    "notebook": (["notebook"], [], "notebooks/panel.ipynb", "panel-notebook7.png"),
+}
+
+
+@pytest.fixture(params=sorted(FRONT_ENDS))
+def jupyter_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A Jupyter server on localhost serving ``tmp_path / "notebooks"``; yields (front end, the notebook's URL)."""
+    front_end: str = request.param
+    _require_chromium()
+    if front_end == "notebook" and importlib.util.find_spec("notebook") is None:
+        pytest.skip("Notebook 7 is not installed (pip install 'notebook>=7')")
+    module, options, path, _ = FRONT_ENDS[front_end]
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     _write_notebook(notebooks / "panel.ipynb")
     env = _write_config(tmp_path)
     port, token = _free_port(), secrets.token_hex(16)
-    log = (tmp_path / "jupyter.log").open("wb")
+    log_path = tmp_path / "jupyter.log"
     command = [
-        sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
-        f"--port={port}", f"--ServerApp.token={token}", f"--ServerApp.root_dir={notebooks}",
-        "--ServerApp.port_retries=0", "--expose-app-in-browser", "--LabApp.news_url=None",
+        sys.executable, "-m", *module, "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
+        f"--ServerApp.token={token}", f"--ServerApp.root_dir={notebooks}", "--ServerApp.port_retries=0",
+        "--expose-app-in-browser", *options,
         f"--LabServerApp.user_settings_dir={env['JUPYTERLAB_SETTINGS_DIR']}",
         f"--LabServerApp.workspaces_dir={env['JUPYTERLAB_WORKSPACES_DIR']}",
     ]  # fmt: skip
-    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_for_server(server, f"http://127.0.0.1:{port}/api/status?token={token}", tmp_path / "jupyter.log")
-        yield f"http://127.0.0.1:{port}/lab/tree/panel.ipynb?token={token}"
-    finally:
-        _kill(server)
-        log.close()
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _wait_for_server(server, f"http://127.0.0.1:{port}/api/status?token={token}", log_path)
+            yield front_end, f"http://127.0.0.1:{port}/{path}?token={token}"
+        finally:
+            _kill(server)
 
 
 def _wait_for_server(server: subprocess.Popen[bytes], url: str, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            pytest.fail(f"jupyter lab exited with {server.returncode}:\n{log.read_text()[-3000:]}", pytrace=False)
+            pytest.fail(
+                f"the Jupyter server exited with {server.returncode}:\n{log.read_text()[-3000:]}", pytrace=False
+            )
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
@@ -147,7 +174,7 @@ def _wait_for_server(server: subprocess.Popen[bytes], url: str, log: Path) -> No
         except OSError:
             pass
         time.sleep(0.5)
-    pytest.fail(f"jupyter lab did not answer in {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}", pytrace=False)
+    pytest.fail(f"the Jupyter server did not answer in {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}", pytrace=False)
 
 
 def _kill(server: subprocess.Popen[bytes]) -> None:
@@ -166,9 +193,11 @@ def _kill(server: subprocess.Popen[bytes]) -> None:
         server.wait(timeout=15)
 
 
-def test_panel_runs_a_trial_and_draws_it_in_jupyterlab(jupyter_lab: str) -> None:
-    _require_chromium()
+def test_panel_runs_a_trial_and_draws_it_in_the_browser(jupyter_server: tuple[str, str]) -> None:
     from playwright.sync_api import expect, sync_playwright
+
+    front_end, url = jupyter_server
+    screenshot = ARTIFACTS / FRONT_ENDS[front_end][3]
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
@@ -177,7 +206,7 @@ def test_panel_runs_a_trial_and_draws_it_in_jupyterlab(jupyter_lab: str) -> None
             page = browser.new_page(viewport={"width": 1500, "height": 1700})
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(jupyter_lab, wait_until="domcontentloaded", timeout=60_000)
+            page.goto(url, wait_until="domcontentloaded", timeout=60_000)
             page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell", timeout=60_000)
             page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
             page.wait_for_function(KERNEL_READY, timeout=KERNEL_TIMEOUT_MS)
@@ -213,14 +242,28 @@ def test_panel_runs_a_trial_and_draws_it_in_jupyterlab(jupyter_lab: str) -> None
             assert sorted(scatter_text) == ["ckpt", "plain"]
             outputs = page.locator(".jp-OutputArea").inner_text()
             assert "Traceback" not in outputs and "Error" not in outputs
+            # The widget front ends were found: no plain-text fallback, no "Error displaying widget".
+            assert "Panel(children=" not in outputs and "VBox(" not in outputs and "FigureWidget(" not in outputs
             assert not [e for e in errors if "memlab" in e or "plotly" in e or "widget" in e.lower()], errors
+            # Drawn in its colours: every category's bar, and the settings that fit as green points.
+            bar_fills = set(plot.locator(".barlayer .trace.bars .point path").evaluate_all(FILLS))
+            assert {_rgb(color) for color in _CATEGORY_COLORS.values()} <= bar_fills, bar_fills
+            point_fills = plot.locator(".scatterlayer .trace .points path.point").evaluate_all(FILLS)
+            assert _rgb(_BEST_COLOR) in point_fills, point_fills
 
             panel.scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / "panel.png"))
-            panel.screenshot(path=str(ARTIFACTS / "panel-widget.png"))
+            page.screenshot(path=str(screenshot))
+            if front_end == "lab":
+                panel.screenshot(path=str(ARTIFACTS / "panel-widget.png"))
         finally:
             browser.close()
-    assert (ARTIFACTS / "panel.png").stat().st_size > 10_000
+    assert screenshot.stat().st_size > 10_000
+
+
+def _rgb(color: str) -> str:
+    """``"#4C78A8"`` -> ``"rgb(76, 120, 168)"``, as the browser reports an SVG fill."""
+    red, green, blue = (int(color[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({red}, {green}, {blue})"
 
 
 def _tick_labels(plot):  # type: ignore[no-untyped-def]

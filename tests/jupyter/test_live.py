@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import doctest
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from models import mlp_batch, mlp_loss, tiny_mlp
+from plotly.basedatatypes import Undefined
 
 import memlab
 from memlab.events import MemorySample, StepFinished, TrialFinished, TrialStarted
@@ -70,7 +72,8 @@ def test_a_bar_per_setting_for_each_category_and_a_point_per_setting() -> None:
     for index, trial in enumerate(trials):
         run_trial(figure, trial, index, len(trials), samples=[MIB, 2 * MIB])
 
-    labels = ("plain", "ckpt", "bf16", "mb64x1", "adamw8bit")
+    labels = tuple(trial.label for trial in trials)
+    assert labels[:3] == ("plain", "ckpt", "bf16")
     bars = traces_on(figure, "x2")
     for name in CATEGORIES:
         assert bars[name].x == labels
@@ -90,7 +93,7 @@ def test_a_bar_per_setting_for_each_category_and_a_point_per_setting() -> None:
     scatter = traces_on(figure, "x4")
     assert scatter["fits"].text == ("plain", "ckpt")
     assert scatter["fits"].x == (pytest.approx(8.0), pytest.approx(4.0))
-    assert scatter["does not fit"].text == ("bf16", "mb64x1")
+    assert scatter["does not fit"].text == ("bf16", labels[3])
     assert scatter["does not fit"].y == (30.0, 0.0)
     assert len(scatter["fits"].x) + len(scatter["does not fit"].x) == 4  # every setting that reached a peak
 
@@ -128,8 +131,16 @@ def test_updates_are_batched_at_most_one_redraw_per_interval() -> None:
     clock = FakeClock()
     figure = LiveFigure(min_interval_s=0.25, clock=clock)
     sent: list[str | None] = []
+    updates: list[dict[str, Any]] = []
     send_state = figure.widget.send_state
-    figure.widget.send_state = lambda key=None: (sent.append(key), send_state(key))  # type: ignore[method-assign]
+
+    def record(key: Any = None) -> None:
+        sent.append(key)
+        if key == "_py2js_update" and figure.widget._py2js_update is not None:
+            updates.append(figure.widget._py2js_update)
+        send_state(key)
+
+    figure.widget.send_state = record  # type: ignore[method-assign]
     plan = Plan()
     figure(TrialStarted(plan=plan, index=0, total=1))  # always redraws
     redraws = figure.redraws
@@ -147,9 +158,15 @@ def test_updates_are_batched_at_most_one_redraw_per_interval() -> None:
     figure(TrialFinished(trial=ok_trial(plan, 1.0, 10.0), index=0, total=1))  # always redraws
     assert figure.redraws == redraws + 2
     assert figure.widget.data[1].x == ("plain",)
-    # Each redraw is one batched update message, never a stream of restyles and relayouts.
+    # A redraw is one update of the traces (and one of the layout where titles or budget changed), never a stream
+    # of restyles and relayouts; every trace gets an explicit value, none is left undefined.
     assert "_py2js_restyle" not in sent and "_py2js_relayout" not in sent
-    assert 0 < sent.count("_py2js_update") <= 2 * (figure.redraws - redraws + 1)
+    assert 0 < len(updates) <= 2 * (figure.redraws - redraws + 1)
+    for update in updates:
+        if update["style_traces"]:
+            assert update["style_traces"] == list(range(len(figure.widget.data)))
+            for values in update["style_data"].values():
+                assert len(values) == len(figure.widget.data) and Undefined not in values
 
 
 def test_flush_draws_what_is_waiting_and_nothing_else() -> None:
@@ -167,7 +184,7 @@ def test_show_report_draws_a_whole_report_with_its_budget() -> None:
     figure = LiveFigure()
     figure.show_report(report)
     bars = traces_on(figure, "x2")
-    assert bars["params"].x == ("plain", "mballx2")
+    assert bars["params"].x == ("plain", Plan(accumulation=2).label())
     assert bars["does not fit"].y == (None, pytest.approx(1.0))  # reached nothing, yet drawn up to its budget
     assert figure.widget.layout.shapes[0].y0 == pytest.approx(1.0)
     assert figure.report == report and figure.report is not report
@@ -204,3 +221,8 @@ def test_as_the_callback_of_compare_it_draws_every_trial() -> None:
     assert traces_on(figure, "x2")["params"].x == ("plain", "ckpt")
     assert len(figure.widget.data[live_module.LIVE].x) > 0  # samples of the tracked step were drawn
     assert max(figure.widget.data[live_module.LIVE].y) <= report.trials[-1].peak_bytes / MIB + 1e-9
+
+
+def test_the_docstring_examples_run() -> None:
+    result = doctest.testmod(live_module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import time
 from pathlib import Path
 
@@ -97,12 +98,15 @@ def warnings_printed(nb: nbformat.NotebookNode) -> list[str]:
 
 @pytest.mark.timeout(PER_NOTEBOOK_S + 60)
 @pytest.mark.parametrize("name", NAMES)
-def test_notebook_runs_top_to_bottom(name, tmp_path):
+def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
     from nbclient import NotebookClient
 
     missing = missing_apis(name)
     if missing:
         pytest.skip(f"waits on {', '.join(missing)}")
+    # One torch thread in the kernel, like the smallest Binder (binder/start does the same there): on a shared
+    # machine, threads that wait for each other make the small steps many times slower, and the timings flaky.
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     nb = with_small_sizes(nbformat.read(NOTEBOOKS / name, as_version=4), name)
     client = NotebookClient(
         nb, timeout=PER_NOTEBOOK_S, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 from typing import Any
 
 import ipywidgets as widgets
@@ -179,3 +180,10 @@ def test_effective_batch_and_plan_follow_the_controls() -> None:
 def test_a_batch_that_needs_a_loss_fn_says_so_when_the_panel_is_built() -> None:
     with pytest.raises(MemlabError, match="loss_fn"):
         panel(torch.nn.Linear(4, 1), torch.randn(8, 4))
+
+
+def test_the_docstring_examples_run() -> None:
+    import memlab.jupyter.panel as module
+
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import subprocess
 from importlib import metadata
 from pathlib import Path
 
@@ -124,3 +125,29 @@ def test_postbuild_installs_the_package_itself_from_the_repository_root():
         f"postBuild must pip install the repository (pip install -e .); it runs {installs}"
     )
     assert not any("torch" in " ".join(args) for args in installs), "torch comes from requirements.txt (CPU build)"
+
+
+def test_start_hands_over_to_the_server_with_a_sane_thread_count():
+    """binder/start (run at every session start) matches torch's threads to the CPUs the container may use."""
+    start = BINDER / "start"
+    if not start.exists():
+        pytest.skip("no binder/start")
+    text = start.read_text()
+    assert text.startswith("#!/bin/bash\n") and os.access(start, os.X_OK)
+    assert text.rstrip().endswith('exec "$@"'), 'binder/start must end with exec "$@" (it wraps the server)'
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    for limit, most in ((None, os.cpu_count() or 1), ("0.5", 1), ("1", 1)):
+        if limit is not None:
+            env["CPU_LIMIT"] = limit
+        shown = subprocess.run(
+            [str(start), "bash", "-c", 'echo "$OMP_NUM_THREADS"'], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert shown.isdigit() and 1 <= int(shown) <= most, (limit, shown)
+    kept = subprocess.run(
+        [str(start), "bash", "-c", 'echo "$OMP_NUM_THREADS"'],
+        env={**env, "OMP_NUM_THREADS": "3"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert kept == "3", "a thread count the user set is kept"

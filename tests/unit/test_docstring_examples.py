@@ -26,6 +26,8 @@ MODULES = [
     "memlab.measure.oom",
     "memlab.estimate",
     "memlab.estimate_cli",
+    "memlab.jupyter.panel",
+    "memlab.jupyter.live",
 ]
 
 

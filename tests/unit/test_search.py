@@ -304,9 +304,11 @@ def test_out_of_memory_trials_raise_the_activation_floor():
     small = ran(Plan(micro_batch=1, accumulation=8), 100)
     oom = Trial(Plan(micro_batch=8), "oom", 2400, {"params": 100}, None, None, None, "cpu")
     model = MemoryModel([small, oom], trainable_bytes=100, batch_size=8)
-    # At 8 rows activations were at least 2400 - params 100 - AdamW 200 = 2100 bytes: 2000 more over 7 rows.
+    # At 8 rows activations were at least 2400 - params 100 - AdamW 200 = 2100 bytes: 2000 more over 7 rows,
+    # and (a line with a non-negative intercept) at least half of that at 4 rows, more than the line says.
     assert model.activations(Plan(micro_batch=8)) == pytest.approx(2100)
-    assert model.activations(Plan(micro_batch=4, accumulation=2)) == pytest.approx(100 + 3 * 2000 / 7)
+    assert model.activation_line(Plan(micro_batch=4, accumulation=2)).at(4) == pytest.approx(100 + 3 * 2000 / 7)
+    assert model.activations(Plan(micro_batch=4, accumulation=2)) == pytest.approx(2100 / 2)
 
 
 # --- speed model ---------------------------------------------------------------------------------------------
@@ -401,11 +403,14 @@ def test_search_with_noisy_speeds_stays_close_to_the_best():
     assert max(shortfalls) < 0.15 and sum(shortfalls) / len(shortfalls) < 0.05, shortfalls
 
 
-def test_a_generous_budget_needs_few_trials():
-    landscape = LANDSCAPES["gpt2-cpu-bf16-slow"]()
+@pytest.mark.parametrize("name, most", [("gpt2-cpu-bf16-slow", 8), ("gpu", 6)])
+def test_a_generous_budget_needs_few_trials(name, most):
+    """On a GPU larger micro-batches are never slower, so the full batch rules the rest out; on a CPU each micro-batch
+    size (4 here) is measured once, with the techniques that might be faster."""
+    landscape = LANDSCAPES[name]()
     candidates, result = landscape.fit(landscape.plain_peak() * 2)
-    assert result.best is not None and result.best.plan == Plan(micro_batch=8)
-    assert len(result.trials) <= 4
+    assert result.best is not None and result.best.plan == landscape.grid_best(landscape.plain_peak() * 2, candidates)
+    assert len(result.trials) <= most
 
 
 def test_nothing_fits_measures_little_and_reports_why():

@@ -1,0 +1,1187 @@
+"""Writes the workshop notebooks (``NN_name.ipynb``) from the cells below, with no outputs.
+
+The notebooks are generated so that they stay consistent with each other and can be reviewed as plain Python:
+edit this file, then run ``python notebooks/_build.py`` (``--check`` only reports notebooks that are out of date,
+which the tests also do).
+
+Every notebook follows the same shape: a short explanation, the setup cell, a cell tagged ``parameters`` with the
+sizes (CI injects smaller ones after it, papermill-style), the device, a model built from a config (the
+``from_pretrained`` line is there for readers with internet), an experiment through memlab's API, a plot, and an
+exercise with a collapsed solution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from textwrap import dedent
+
+import nbformat
+from nbformat import NotebookNode
+
+HERE = Path(__file__).resolve().parent
+
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
+# --- cells ----------------------------------------------------------------------------------------------------
+
+
+def md(text: str) -> NotebookNode:
+    return nbformat.v4.new_markdown_cell(dedent(text).strip())
+
+
+def code(text: str, *, tags: tuple[str, ...] = (), hidden: bool = False) -> NotebookNode:
+    cell = nbformat.v4.new_code_cell(dedent(text).strip())
+    if tags:
+        cell.metadata["tags"] = list(tags)
+    if hidden:
+        cell.metadata["jupyter"] = {"source_hidden": True, "outputs_hidden": True}
+    return cell
+
+
+STDLIB = ("copy", "logging", "warnings")
+
+
+def setup(*extra_imports: str) -> NotebookNode:
+    """The first code cell: imports (standard library, then third party, then memlab), quiet warnings and logs,
+    a seed, and a MiB formatter. ``extra_imports`` are import lines, sorted in with the others."""
+
+    def module(line: str) -> str:
+        return line.split()[1]
+
+    base = [
+        "import logging",
+        "import warnings",
+        "import torch",
+        "import transformers",
+        "from transformers import AutoModelForCausalLM, LlamaConfig",
+    ]
+    imports = sorted({*base, *extra_imports}, key=lambda line: (module(line), line.startswith("from"), line))
+    lines = [
+        *[line for line in imports if module(line) in STDLIB],
+        "",
+        "# Quiet before the imports: some libraries warn while they load.",
+        'warnings.filterwarnings("ignore", category=FutureWarning)',
+        'logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # optional CPU kernels it may not find',
+        "",
+        *[line for line in imports if module(line) not in STDLIB],
+        "",
+        "import memlab",
+        "",
+        "transformers.logging.set_verbosity_error()",
+        "torch.manual_seed(0)",
+        "",
+        "",
+        "def human(num_bytes):",
+        '    """Bytes in KiB, MiB or GiB, for printing."""',
+        '    for unit in ("B", "KiB", "MiB"):',
+        "        if abs(num_bytes) < 1024:",
+        '            return f"{num_bytes:,.1f} {unit}"',
+        "        num_bytes /= 1024",
+        '    return f"{num_bytes:,.1f} GiB"',
+    ]
+    return code("\n".join(lines))
+
+
+SIZES = """
+# Sizes of the model and the batch. The defaults run in about a minute on a small CPU (a free Binder);
+# on a GPU, make them bigger. The tests run every notebook with smaller values injected after this cell.
+hidden = 128   # width of the model
+layers = 4     # transformer blocks
+vocab = 4096   # vocabulary size
+rows = 8       # sequences per batch
+seq_len = 64   # tokens per sequence
+steps = 3      # timed steps per measurement
+"""
+
+
+def parameters(extra: str = "") -> NotebookNode:
+    return code(dedent(SIZES).strip() + ("\n" + dedent(extra).strip() if extra else ""), tags=("parameters",))
+
+
+DEVICE = code(
+    """
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    where = torch.cuda.get_device_name() if device == "cuda" else f"the CPU, {torch.get_num_threads()} threads"
+    print("Running on", where)
+    """
+)
+
+MODEL = code(
+    """
+    # With internet, a real checkpoint works the same way; replace the config and from_config lines with:
+    #   model = AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M").to(device)
+    #   vocab = model.config.vocab_size
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=vocab,
+        max_position_embeddings=4 * seq_len,
+        use_cache=False,
+    )
+    model = AutoModelForCausalLM.from_config(config).to(device)
+
+    # Random tokens: memory and speed do not depend on what the text says.
+    ids = torch.randint(0, vocab, (rows, seq_len), device=device)
+    batch = {"input_ids": ids, "labels": ids}
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{n_params:,} parameters; a batch of {rows} rows x {seq_len} tokens")
+    """
+)
+
+
+def start(title: str, intro: str, *, imports: tuple[str, ...] = (), extra_parameters: str = "") -> list[NotebookNode]:
+    return [md(title + "\n\n" + dedent(intro).strip()), setup(*imports), parameters(extra_parameters), DEVICE, MODEL]
+
+
+def exercise(text: str, solution: str) -> list[NotebookNode]:
+    return [
+        md(f"## Exercise\n\n{dedent(text).strip()}\n\nThe next cell holds one solution, folded: click it to open."),
+        code("# Solution\n" + dedent(solution).strip(), hidden=True),
+    ]
+
+
+# --- 00 where memory goes -------------------------------------------------------------------------------------
+
+NB00 = [
+    *start(
+        "# 00 · Where the memory goes",
+        """
+        A training step keeps several kinds of tensors on the device at once. memlab sorts them into five
+        categories:
+
+        | category | what it holds | how big |
+        |---|---|---|
+        | `params` | the weights | 4 bytes per parameter in fp32 |
+        | `grads` | one gradient per weight, written by backward | 4 bytes per parameter |
+        | `optimizer` | AdamW's two running averages per weight | 8 bytes per parameter |
+        | `activations` | what forward saves for backward, and scratch space | grows with rows × tokens |
+        | `other` | the batch, and whatever the process already held | |
+
+        The first three are fixed by the model. Activations depend on what you push through it, which makes
+        them the part you can most often shrink. This notebook measures all of them on a small model, then
+        moves the batch size and the sequence length to see which bars follow.
+        """,
+        imports=("import plotly.graph_objects as go", "from plotly.subplots import make_subplots"),
+    ),
+    md(
+        """
+        ## One training step, measured
+
+        `memlab.measure` runs a few training steps of a plan on the live model and reports the peak memory of a
+        steady step (the optimizer state already exists), split by category, and the speed. `memlab.Plan()` is
+        plain fp32 training with AdamW. Afterwards the model is exactly as it was.
+        """
+    ),
+    code(
+        """
+        trial = memlab.measure(model, batch, memlab.Plan(), steps=steps)
+        trial
+        """
+    ),
+    md("Set the measurement beside the bytes-per-parameter rule from the table:"),
+    code(
+        """
+        rule = {"params": 4 * n_params, "grads": 4 * n_params, "optimizer": 8 * n_params}
+        for name, measured in trial.breakdown.items():
+            guess = human(rule[name]) if name in rule else "depends on the batch"
+            print(f"{name:12} measured {human(measured):>11}    rule of thumb: {guess}")
+        print(f"{'peak':12} measured {human(trial.peak_bytes):>11}")
+        """
+    ),
+    md(
+        """
+        The breakdown is a snapshot at the moment of the peak. If `grads` reads zero there, nothing is missing:
+        in a plain step the peak usually comes at the end of forward, when every activation is saved and
+        backward has not started. The previous step's gradients were freed by `zero_grad(set_to_none=True)`, and
+        the new ones appear during backward while the activations are released, so the two mostly take turns.
+        (With gradient accumulation, notebook 01, the gradients live through the next micro-batch and do show
+        up.)
+
+        The figure is the same breakdown as a stacked bar, with the speed beside it:
+        """
+    ),
+    code("memlab.Report([trial]).plot()"),
+    md(
+        """
+        ## More rows, longer sequences
+
+        `Plan(micro_batch=k)` feeds k rows per forward and backward (memlab repeats rows when k is more than the
+        batch holds), so one `compare` call walks through batch sizes. For sequence length we cut the batch to
+        shorter rows and measure each.
+        """
+    ),
+    code(
+        """
+        sizes = sorted({max(1, rows // 4), max(1, rows // 2), rows, 2 * rows})
+        by_rows = memlab.compare(model, batch, [memlab.Plan(micro_batch=k) for k in sizes], steps=steps)
+
+        lengths = sorted({max(2, seq_len // 4), max(2, seq_len // 2), seq_len})
+        by_length = [
+            memlab.measure(model, {key: value[:, :n] for key, value in batch.items()}, memlab.Plan(), steps=steps)
+            for n in lengths
+        ]
+        by_rows
+        """
+    ),
+    code(
+        """
+        colors = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B", "activations": "#E45756"}
+        fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=("more rows", "longer rows"))
+        for col, (xs, trials) in enumerate([(sizes, by_rows.trials), (lengths, by_length)], start=1):
+            for name, color in colors.items():
+                ys = [t.breakdown[name] / 2**20 for t in trials]
+                fig.add_trace(
+                    go.Scatter(x=xs, y=ys, name=name, mode="lines+markers", line_color=color, showlegend=col == 1),
+                    row=1, col=col,
+                )
+        fig.update_xaxes(title_text="rows per step", row=1, col=1)
+        fig.update_xaxes(title_text=f"tokens per row ({rows} rows)", row=1, col=2)
+        fig.update_yaxes(title_text="MiB at the peak", rangemode="tozero", row=1, col=1)
+        fig.update_layout(title="What grows with the batch")
+        fig
+        """
+    ),
+    md(
+        """
+        Params and optimizer state stay flat: the model's own memory does not care about the batch.
+        Activations climb. (On a very small batch the peak can move to the optimizer step, where gradients
+        exist and activations are gone; the lines then swap.) Activations per token tell whether the climb is
+        a straight line: the same bytes per token means linear; bytes per token that grow with the length mean
+        some tensor is length × length, as attention scores are when the attention implementation
+        materializes them.
+        """
+    ),
+    code(
+        """
+        def per_token(t, tokens):
+            return f"{t.breakdown['activations'] / tokens / 1024:7.1f} KiB of activations per token"
+
+
+        for k, t in zip(sizes, by_rows.trials):
+            print(f"{k:4} rows x {seq_len:4} tokens:", per_token(t, k * seq_len))
+        for n, t in zip(lengths, by_length):
+            print(f"{rows:4} rows x {n:4} tokens:", per_token(t, rows * n))
+        print("attention implementation:", model.config._attn_implementation)
+        """
+    ),
+    *exercise(
+        """
+        Double `hidden` (the width) and measure again. Which categories grow about 4×, which about 2×, and why?
+        Make a guess from the table at the top before you run it.
+        """,
+        """
+        wide_config = LlamaConfig(**{**config.to_dict(), "hidden_size": 2 * hidden, "intermediate_size": 8 * hidden})
+        wide = AutoModelForCausalLM.from_config(wide_config).to(device)
+        wide_trial = memlab.measure(wide, batch, memlab.Plan(), steps=1)
+        for name in ("params", "optimizer", "activations"):
+            print(f"{name:12} x{wide_trial.breakdown[name] / max(trial.breakdown[name], 1):.1f}")
+        # Weight matrices in the blocks are hidden x hidden, so they grow 4x; the embedding and output tables are
+        # vocab x hidden and only double, which pulls the ratio down in a small model. Activations inside the
+        # blocks are rows x tokens x hidden (about 2x), but the logits are rows x tokens x vocab and do not grow
+        # with the width at all.
+        del wide
+        """,
+    ),
+]
+
+
+# --- 01 gradient accumulation ---------------------------------------------------------------------------------
+
+NB01 = [
+    *start(
+        "# 01 · Gradient accumulation",
+        """
+        When a batch of B rows does not fit, split it. Run forward and backward on B/k rows at a time, k times;
+        backward adds each micro-batch's gradients to `.grad`; step the optimizer once at the end. If every
+        micro-batch's loss is divided by k, the sum is the mean over all B rows: the same gradient, so the same
+        training, as the big batch.
+
+        Activations now follow the micro-batch, not the batch. What it costs: k small passes instead of one big
+        one, and small passes keep the hardware less busy. This notebook checks both claims with numbers.
+        """,
+        imports=("import copy",),
+    ),
+    md(
+        """
+        ## The same gradient, numerically
+
+        `memlab.apply(model, plan)` puts a plan on a model for real training and returns an object with an
+        `optimizer` and `step(batch)`. A hook that runs just before the optimizer's step sees the gradients it
+        is about to use. We take them for the whole batch at once, then for the same batch in micro-batches.
+        Each run uses a fresh copy of the model, so both start from the same weights.
+        """
+    ),
+    code(
+        """
+        def gradients_at_step(plan, data=batch):
+            \"\"\"The gradients the optimizer receives at its first step, on a copy of the model.\"\"\"
+            twin = copy.deepcopy(model)
+            applied = memlab.apply(twin, plan)
+            seen = []
+
+            def grab(optimizer, args, kwargs):
+                seen.extend(p.grad.detach().clone() for group in optimizer.param_groups for p in group["params"])
+
+            applied.optimizer.register_step_pre_hook(grab)
+            applied.step(data)
+            applied.undo()
+            return seen
+
+
+        def relative_difference(got, want):
+            top = sum(((g - w).double() ** 2).sum() for g, w in zip(got, want)) ** 0.5
+            bottom = sum((w.double() ** 2).sum() for w in want) ** 0.5
+            return float(top / bottom)
+
+
+        full = gradients_at_step(memlab.Plan())
+        factors = [k for k in (2, 4, 8) if rows % k == 0]
+        for k in factors:
+            accumulated = gradients_at_step(memlab.Plan(micro_batch=rows // k, accumulation=k))
+            difference = relative_difference(accumulated, full)
+            print(f"{k} micro-batches of {rows // k} rows: relative difference {difference:.1e}")
+        """
+    ),
+    md(
+        """
+        Differences near 1e-7 are float32 rounding: the sums happen in another order. Without the division by
+        k the gradient would be k times too big. Here is that mistake, made by hand:
+        """
+    ),
+    code(
+        """
+        k = factors[-1]
+        twin = copy.deepcopy(model)
+        for start in range(0, rows, rows // k):
+            part = {key: value[start : start + rows // k] for key, value in batch.items()}
+            twin(**part).loss.backward()  # no division by k
+        undivided = [p.grad for p in twin.parameters()]
+        norm = lambda grads: float(sum((g.double() ** 2).sum() for g in grads) ** 0.5)  # noqa: E731
+        print(f"{k} micro-batches, loss not divided: gradient {norm(undivided) / norm(full):.2f} times the right size")
+        del twin, undivided
+        """
+    ),
+    md(
+        """
+        ## What it costs
+
+        Every plan below trains on the same rows per optimizer step; only the split differs.
+        """
+    ),
+    code(
+        """
+        plans = [memlab.Plan()] + [memlab.Plan(micro_batch=rows // k, accumulation=k) for k in factors]
+        report = memlab.compare(model, batch, plans, steps=steps)
+        report
+        """
+    ),
+    code("report.plot()"),
+    code(
+        """
+        plain = report[0]
+        for t in report:
+            print(
+                f"{t.label:8} peak {t.peak_bytes / plain.peak_bytes:5.0%} of plain,",
+                f"activations {human(t.breakdown['activations']):>10},",
+                f"speed {t.samples_per_s / plain.samples_per_s:5.0%} of plain",
+            )
+        """
+    ),
+    md(
+        """
+        The activations shrink with the micro-batch; params, optimizer state and now the gradients (they are
+        kept between micro-batches) do not, so the peak flattens out at the model's own memory. Speed usually
+        drops as the micro-batch gets small, a lot on a GPU, whose kernels need many rows to be busy, and less
+        on a CPU. The right split is the largest micro-batch that fits.
+        """
+    ),
+    *exercise(
+        """
+        The Hugging Face loss is a mean over the tokens whose label is not `-100`. Here every row has the same
+        number of such tokens. Mask the second half of the labels in the first half of the rows (padding does
+        this in real data) and compare the accumulated gradient with the full one again. Why does it no longer
+        match?
+        """,
+        """
+        padded = {"input_ids": batch["input_ids"], "labels": batch["labels"].clone()}
+        padded["labels"][: rows // 2, seq_len // 2 :] = -100
+        full_padded = gradients_at_step(memlab.Plan(), padded)
+        halves = gradients_at_step(memlab.Plan(micro_batch=rows // 2, accumulation=2), padded)
+        print(f"relative difference with uneven token counts: {relative_difference(halves, full_padded):.1e}")
+        # Each micro-batch's loss is a mean over its own tokens; dividing by k then gives a token in the short
+        # micro-batch more weight than a token in the long one. The fix is to weight each micro-batch by its
+        # share of the tokens (sum of losses over the total token count) instead of dividing by k.
+        """,
+    ),
+]
+
+
+# --- 02 gradient checkpointing --------------------------------------------------------------------------------
+
+NB02 = [
+    *start(
+        "# 02 · Gradient checkpointing",
+        """
+        Backward needs the intermediate results of forward. Normally each transformer block keeps all of its
+        intermediate tensors until backward reaches it. With checkpointing, a block keeps only its input; its
+        insides are thrown away after forward and computed again, block by block, when backward needs them.
+
+        So activations shrink to one saved input per block plus the insides of the one block being redone.
+        The price is a second forward pass through every block, roughly a third more arithmetic per step.
+        Hugging Face models switch it on with `model.gradient_checkpointing_enable()`; memlab does that for
+        you and switches it back off afterwards.
+        """,
+        imports=("import copy", "import plotly.graph_objects as go", "from plotly.subplots import make_subplots"),
+    ),
+    md(
+        """
+        ## Memory against time, at three batch sizes
+        """
+    ),
+    code(
+        """
+        sizes = sorted({max(1, rows // 2), rows, 2 * rows})
+        plans = [memlab.Plan(micro_batch=k, checkpointing=on) for k in sizes for on in (False, True)]
+        report = memlab.compare(model, batch, plans, steps=steps)
+        report
+        """
+    ),
+    code("report.plot()"),
+    code(
+        """
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("activations at the peak", "time per step"))
+        for on, color in ((False, "#4C78A8"), (True, "#E45756")):
+            trials = [t for t in report if t.plan.checkpointing == on]
+            name = "checkpointing" if on else "plain"
+            fig.add_trace(go.Scatter(x=sizes, y=[t.breakdown["activations"] / 2**20 for t in trials], name=name,
+                                     mode="lines+markers", line_color=color), row=1, col=1)
+            fig.add_trace(go.Scatter(x=sizes, y=[t.step_time_s * 1000 for t in trials], name=name, showlegend=False,
+                                     mode="lines+markers", line_color=color), row=1, col=2)
+        fig.update_xaxes(title_text="rows per step")
+        fig.update_yaxes(title_text="MiB", rangemode="tozero", row=1, col=1)
+        fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=2)
+        fig
+        """
+    ),
+    code(
+        """
+        for k in sizes:
+            off, on = (t for t in report if t.plan.micro_batch == k)
+            print(f"{k:3} rows: checkpointing keeps {on.breakdown['activations'] / off.breakdown['activations']:4.0%} "
+                  f"of the activations and takes {on.step_time_s / off.step_time_s:4.0%} of the time")
+        """
+    ),
+    md(
+        """
+        On tiny models a step is dominated by overheads, so the time ratio is noisy; the memory ratio is the
+        dependable part. The bigger the model and batch, the closer the extra time gets to one more forward.
+
+        ## Seeing the recomputation
+
+        A hook on the first block's MLP counts how often it starts during one training step. (A hook at the
+        *end* of the MLP would miss the second run: PyTorch stops recomputing as soon as it has every tensor
+        backward asked for.)
+        """
+    ),
+    code(
+        """
+        twin = copy.deepcopy(model)  # apply trains for real; keep the notebook's model as it is
+        calls = []
+        hook = twin.model.layers[0].mlp.register_forward_pre_hook(lambda module, args: calls.append(1))
+        for on in (False, True):
+            calls.clear()
+            with memlab.apply(twin, memlab.Plan(checkpointing=on)) as applied:
+                applied.step(batch)
+            print(f"checkpointing={on}: the first block's MLP ran {len(calls)} time(s) in one step")
+        hook.remove()
+        del twin
+        """
+    ),
+    *exercise(
+        """
+        Checkpointing and accumulation both cut activations. For your batch, which gives the lower peak at the
+        same rows per step, `Plan(micro_batch=rows // 2, accumulation=2)` or `Plan(checkpointing=True)`? Which
+        is faster? What do you get with both?
+        """,
+        """
+        half = max(1, rows // 2)
+        options = [
+            memlab.Plan(micro_batch=half, accumulation=rows // half),
+            memlab.Plan(checkpointing=True),
+            memlab.Plan(micro_batch=half, accumulation=rows // half, checkpointing=True),
+        ]
+        both = memlab.compare(model, batch, options, steps=1)
+        for t in both:
+            print(f"{t.label:12} peak {human(t.peak_bytes):>10}  {t.samples_per_s:8.1f} samples/s")
+        """,
+    ),
+]
+
+
+# --- 03 mixed precision ---------------------------------------------------------------------------------------
+
+NB03 = [
+    *start(
+        "# 03 · Mixed precision: fp16 and bf16",
+        """
+        Under `torch.autocast`, matrix multiplications and most layers run in a 16-bit type, while the weights
+        themselves stay fp32 ("master weights"), so that small updates are not rounded away. There are two
+        16-bit types:
+
+        - **fp16** has 5 exponent bits: numbers below about 6e-8 become zero. Gradients are often that small,
+          so the loss is multiplied by a large factor before backward and the gradients divided by it before
+          the optimizer step. A `GradScaler` picks the factor as it goes: it halves it (and skips the step)
+          when a gradient overflows, and raises it again after a run of clean steps.
+        - **bf16** keeps fp32's 8 exponent bits and drops mantissa bits instead: the same range as fp32, less
+          precision, no scaling needed.
+
+        Memory: tensors saved for backward are 16-bit, so activations shrink. Weights, gradients and optimizer
+        state stay fp32, so those bars do not. Speed is a matter of hardware, as the measurement shows.
+        """,
+    ),
+    md("## Small numbers in each type"),
+    code(
+        """
+        small = torch.tensor([1e-3, 1e-5, 1e-7, 1e-9])
+        print("fp32:              ", small.tolist())
+        print("fp16:              ", small.half().float().tolist())
+        print("bf16:              ", small.bfloat16().float().tolist())
+        scale = 2.0**16
+        print("fp16, scaled first:", ((small * scale).half().float() / scale).tolist())
+        """
+    ),
+    md(
+        """
+        fp16 loses the smallest values entirely (and rounds the next ones coarsely); scaled by 2^16 first, they
+        survive. bf16 keeps them all, with two to three significant digits.
+
+        ## fp32, bf16 and fp16 on this device
+        """
+    ),
+    code(
+        """
+        report = memlab.compare(model, batch, [memlab.Plan(precision=p) for p in ("fp32", "bf16", "fp16")], steps=steps)
+        report
+        """
+    ),
+    code("report.plot()"),
+    code(
+        """
+        fp32 = report[0]
+        for t in report:
+            if t.status != "ok":
+                print(f"{t.plan.precision:5} {t.status}: {t.error}")
+                continue
+            print(f"{t.plan.precision:5} activations {human(t.breakdown['activations']):>10}, "
+                  f"speed {t.samples_per_s / fp32.samples_per_s:6.0%} of fp32", *t.notes)
+        if device == "cpu":
+            print("CPU instruction set PyTorch uses:", torch.backends.cpu.get_cpu_capability())
+        """
+    ),
+    md(
+        """
+        **Why fp16 is slow on a CPU.** GPUs have matrix units built for fp16 and bf16. Most CPUs have no fast
+        fp16 arithmetic: the work goes through conversions to and from fp32 or through slow fallback kernels,
+        which only adds time, and the note memlab attaches to the trial says so. bf16 is different on recent
+        x86 server CPUs (AVX512-BF16, AMX), which have bf16 dot-product instructions; on older ones it is slow
+        too. The speeds above are this machine's answer. On a GPU with tensor cores, both 16-bit types are
+        usually much faster than fp32.
+
+        The master weights really do stay fp32:
+        """
+    ),
+    code(
+        """
+        half = "bf16" if report[1].status == "ok" else "fp16"  # older GPUs have no bf16
+        with memlab.apply(model, memlab.Plan(precision=half)) as applied:
+            applied.step(batch)  # one real training step
+            print(f"weight dtypes during {half} training:", {str(p.dtype) for p in model.parameters()})
+        """
+    ),
+    *exercise(
+        """
+        Which categories did bf16 shrink compared with fp32, and which stayed the same? Explain each with the
+        list at the top. Then: what would change if the weights themselves were stored in bf16 (pure bf16
+        training, no fp32 master copy)?
+        """,
+        """
+        bf16 = report[1]
+        if bf16.status == "ok":
+            for name in ("params", "grads", "optimizer", "activations"):
+                if fp32.breakdown[name]:
+                    print(f"{name:12} bf16 / fp32 = {bf16.breakdown[name] / fp32.breakdown[name]:.2f}")
+                else:
+                    print(f"{name:12} none at the fp32 peak")
+        # Only activations shrink: they are what autocast computes in 16 bits. Weights, gradients and AdamW's
+        # state stay fp32. Pure bf16 weights would halve params and grads (and the optimizer state if it is bf16
+        # too), at the risk of updates smaller than bf16's precision being lost.
+        """,
+    ),
+]
+
+
+# --- 04 8-bit Adam --------------------------------------------------------------------------------------------
+
+NB04 = [
+    *start(
+        "# 04 · 8-bit Adam",
+        """
+        AdamW keeps two fp32 numbers per weight, a running mean of the gradient and of its square: 8 bytes per
+        parameter, twice the weights themselves. bitsandbytes' `AdamW8bit` stores both in 8 bits. To keep them
+        accurate, it quantizes in blocks of 256 values, each block with its own scale, so one large value only
+        coarsens its own block. The update itself is still computed in fp32.
+
+        That is 2 bytes per parameter instead of 8, a quarter. bitsandbytes keeps tensors with fewer than
+        4096 elements (biases, norms) in fp32, where the saving would be tiny anyway. The question is whether
+        training still behaves the same: a short run answers it.
+        """,
+        imports=("import copy", "import plotly.graph_objects as go"),
+        extra_parameters="""
+        curve_steps = 30   # optimizer steps in the loss-curve run
+        lr = 1e-3          # learning rate of that run
+        """,
+    ),
+    md("## The optimizer state, measured"),
+    code(
+        """
+        report = memlab.compare(model, batch, [memlab.Plan(), memlab.Plan(optimizer="adamw8bit")], steps=steps)
+        report
+        """
+    ),
+    code("report.plot()"),
+    code(
+        """
+        adamw, eight_bit = report
+        big = sum(p.numel() for p in model.parameters() if p.numel() >= 4096)
+        expected = (2 * big + 8 * (n_params - big)) / (8 * n_params)
+        print(f"AdamW state:      {human(adamw.breakdown['optimizer'])}")
+        print(f"AdamW8bit state:  {human(eight_bit.breakdown['optimizer'])}")
+        print(f"ratio {eight_bit.breakdown['optimizer'] / adamw.breakdown['optimizer']:.2f}; "
+              f"{big / n_params:.0%} of the parameters are in tensors big enough for 8 bits, "
+              f"which predicts {expected:.2f} (plus a little for the block scales)")
+        """
+    ),
+    md(
+        """
+        ## Does it train the same?
+
+        Two copies of the model, the same batch, the same learning rate: one with AdamW, one with AdamW8bit.
+        `applied.step(batch)` does one optimizer step and returns the loss. On a single repeated batch the
+        model memorizes it, so the loss falls quickly; what matters is whether the two curves agree.
+        """
+    ),
+    code(
+        """
+        def train(optimizer):
+            twin = copy.deepcopy(model)
+            with memlab.apply(twin, memlab.Plan(optimizer=optimizer), lr=lr) as applied:
+                return [applied.step(batch) for _ in range(curve_steps)]
+
+
+        curves = {name: train(name) for name in ("adamw", "adamw8bit")}
+        fig = go.Figure([go.Scatter(y=losses, name=name, mode="lines+markers") for name, losses in curves.items()])
+        fig.update_layout(title="AdamW against AdamW8bit", xaxis_title="optimizer step", yaxis_title="loss")
+        fig
+        """
+    ),
+    code(
+        """
+        for name, losses in curves.items():
+            print(f"{name:10} loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+        """
+    ),
+    *exercise(
+        """
+        Which tensors of this model keep fp32 state, and what share of the parameters do they hold? Then
+        predict the saving for other shapes, such as the tiny one the tests use (hidden 32, vocab 128) and a
+        7B-like one. (Models built on the `meta` device have shapes but no memory, so this costs nothing.)
+        """,
+        """
+        small = {name: p.numel() for name, p in model.named_parameters() if p.numel() < 4096}
+        print(f"{len(small)} tensors keep fp32 state, {sum(small.values()) / n_params:.2%} of the parameters:")
+        print(sorted(small)[:4], "...")
+        for width, words in ((32, 128), (128, 4096), (1024, 32000), (4096, 32000)):
+            shape = LlamaConfig(
+                **{**config.to_dict(), "hidden_size": width, "intermediate_size": 4 * width, "vocab_size": words}
+            )
+            with torch.device("meta"):
+                shell = AutoModelForCausalLM.from_config(shape)
+            sizes = [p.numel() for p in shell.parameters()]
+            share = sum(s for s in sizes if s >= 4096) / sum(sizes)
+            ratio = (2 * share + 8 * (1 - share)) / 8
+            print(f"hidden={width:5} vocab={words:6}: {share:7.2%} of parameters get 8-bit state; ratio {ratio:.2f}")
+        # Only the norm weights (one vector of `hidden` numbers each) stay fp32 in a model of any real size.
+        """,
+    ),
+]
+
+
+# --- 05 offload -----------------------------------------------------------------------------------------------
+
+NB05 = [
+    *start(
+        "# 05 · Offload to CPU memory",
+        """
+        Offload trades GPU memory for traffic over the link between CPU and GPU (PCIe, or NVLink-C2C on some
+        machines):
+
+        - `offload="optimizer"`: AdamW's state and an fp32 copy of the weights live in (pinned) CPU memory and
+          the update runs on the CPU. Each step the gradients travel to the CPU and the new weights travel back.
+        - `offload="activations"`: tensors that forward saves for backward are copied to pinned CPU memory as
+          they are made and copied back when backward needs them (`torch.autograd.graph.save_on_cpu`).
+        - `offload="all"`: both.
+
+        Without a GPU everything already lives in CPU memory, so there is nothing to move. memlab then runs
+        the plan unchanged and attaches a note that says so, rather than reporting a saving that does not exist.
+        """,
+        extra_parameters="""
+        link_gb_per_s = 16   # CPU-GPU link in GB/s (PCIe 4.0 x16 is rated ~32 each way; real copies get less)
+        """,
+    ),
+    md("## The four settings on this device"),
+    code(
+        """
+        plans = [memlab.Plan(offload=where) for where in ("none", "optimizer", "activations", "all")]
+        report = memlab.compare(model, batch, plans, steps=steps)
+        report
+        """
+    ),
+    code("report.plot()"),
+    code(
+        """
+        for t in report:
+            print(f"{t.label:22} peak {human(t.peak_bytes):>10}  {t.samples_per_s:8.1f} samples/s  ", *t.notes)
+        """
+    ),
+    md(
+        """
+        On a GPU the `optimizer` bar shrinks with optimizer offload, and the `activations` bar with activation
+        offload, while the steps get slower by the time the copies take (unless they hide behind compute).
+
+        ## When it pays
+
+        Per step, optimizer offload moves the fp32 gradients down and the fp32 weights back up; activation
+        offload moves the saved activations down and back. From the plain plan's numbers and the link speed in
+        the parameters cell:
+        """
+    ),
+    code(
+        """
+        plain = report[0]
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        moves = {
+            "optimizer": (plain.breakdown["optimizer"], 2 * 4 * trainable),
+            "activations": (plain.breakdown["activations"], 2 * plain.breakdown["activations"]),
+        }
+        for what, (frees, traffic) in moves.items():
+            seconds = traffic / (link_gb_per_s * 1e9)
+            print(f"offload={what!r:14} frees up to {human(frees):>10}, moves {human(traffic):>10} per step "
+                  f"= {seconds * 1000:6.2f} ms at {link_gb_per_s} GB/s")
+        print(f"one plain step here takes {plain.step_time_s * 1000:.1f} ms")
+        """
+    ),
+    md(
+        """
+        The traffic for optimizer offload grows with the parameters, not with the batch; a larger batch makes
+        each step longer, so the same copy time weighs less. Offload pays when:
+
+        1. without it the plan does not fit, and the other remedies (accumulation, checkpointing, bf16, 8-bit
+           Adam) are already on or cost more time than the copies;
+        2. the copy time is small next to a step, or overlaps with it;
+        3. the CPU is fast enough for the update (for optimizer offload it does AdamW over every parameter).
+
+        It rarely pays for a model that fits once the cheaper techniques are on.
+        """
+    ),
+    *exercise(
+        """
+        Offload and 8-bit Adam both go after the optimizer state. With the numbers above, how much does each
+        free, and which costs less time? Measure `Plan(offload="optimizer")` against `Plan(optimizer="adamw8bit")`
+        (on a CPU, offload will report no change; on a GPU you get the real trade).
+        """,
+        """
+        pair = [memlab.Plan(offload="optimizer"), memlab.Plan(optimizer="adamw8bit")]
+        pair = memlab.compare(model, batch, pair, steps=1)
+        for t in pair:
+            print(f"{t.label:20} optimizer {human(t.breakdown['optimizer']):>10}  peak {human(t.peak_bytes):>10}  "
+                  f"{t.samples_per_s:8.1f} samples/s", *t.notes)
+        """,
+    ),
+]
+
+
+# --- 06 %%memfit and the panel --------------------------------------------------------------------------------
+
+NB06 = [
+    *start(
+        "# 06 · `%%memfit` and the panel: the fastest plan that fits",
+        """
+        The earlier notebooks turned one technique on at a time. In practice you have a memory budget and the
+        number of rows you want per optimizer step, and want the fastest combination that fits. memlab
+        searches for it on the live model, three ways: the `%%memfit` cell magic, `memlab.fit` in Python,
+        and a widget panel to try settings by hand. Then the winner goes onto the model, or into the
+        Hugging Face `Trainer`.
+        """,
+        extra_parameters="""
+        budget_fraction = 0.8   # the budget, as a share of what plain training peaks at
+        """,
+    ),
+    md(
+        """
+        ## Compare chosen plans with `%%memfit`
+
+        `%load_ext memlab` registers the magic. `%%memfit MODEL BATCH --try KEY=V1,V2 ...` measures every
+        combination of the values; the cell body is the loss (leave it empty for `model(**batch).loss`). The
+        figure fills in while the plans run. `%%memfit?` shows every option.
+        """
+    ),
+    code("%load_ext memlab"),
+    code(
+        """
+        %%memfit model batch --try precision=fp32,bf16 checkpointing=off,on --steps $steps
+        loss = model(**batch).loss
+        """
+    ),
+    md(
+        """
+        `--quiet` leaves out the live figure. The magic returns a `memlab.Report` either way, so `_` picks it up
+        in the next cell.
+        """
+    ),
+    code(
+        """
+        %%memfit model batch --try optimizer=adamw,adamw8bit --steps $steps --quiet
+        """
+    ),
+    code(
+        """
+        tried = _
+        print("fastest of these:", tried.best.label)
+        """
+    ),
+    md(
+        """
+        ## Search within a budget: `memlab.fit`
+
+        We set the budget below what plain training needs, so plain training will not do. `fit` keeps the
+        rows per optimizer step fixed (`batch_size`) and searches micro-batch sizes with accumulation,
+        checkpointing, precision, the optimizer and (on a GPU) offload. It measures the plans most likely to
+        win first, and skips those that its measurements show cannot fit or cannot be faster. On a CPU the
+        budget is enforced by memlab's own accounting, and going over it counts as out of memory.
+        """
+    ),
+    code(
+        """
+        plain = memlab.measure(model, batch, memlab.Plan(), steps=steps)
+        budget = int(budget_fraction * plain.peak_bytes)
+        print(f"plain training peaks at {human(plain.peak_bytes)}; the budget is {human(budget)}")
+        """
+    ),
+    code(
+        """
+        report = memlab.fit(model, batch, budget=budget, batch_size=rows, steps=steps)
+        report
+        """
+    ),
+    code("report.plot()"),
+    md(
+        """
+        ## Apply it
+
+        `memlab.apply` puts the best plan on the model; `step` trains one effective batch; `undo` takes the
+        techniques off again (the weights keep what they learned).
+        """
+    ),
+    code(
+        """
+        best = report.best
+        print("best plan:", best.plan)
+        applied = memlab.apply(model, best.plan)
+        losses = [applied.step(batch) for _ in range(3)]
+        applied.undo()
+        print("losses:", [round(loss, 3) for loss in losses])
+        """
+    ),
+    md(
+        """
+        The magic does the search and the apply in one cell: with `--budget` and `--batch-size` it searches
+        like `fit`, and `--apply` leaves the result on the model as `memfit_applied`:
+
+        ```
+        %%memfit model batch --budget 8GiB --batch-size 32 --apply
+        ```
+
+        ## The panel
+
+        `memlab.panel(model, batch)` gives one control per technique, a Run button that measures the current
+        setting and adds it to the figure and the table, and Apply/Undo buttons. `panel.report` holds every
+        run so far. (The panel needs a running kernel; a static copy of the notebook shows no panel.)
+        """
+    ),
+    code(
+        """
+        board = memlab.panel(model, batch)
+        board
+        """
+    ),
+    code(
+        """
+        board.report  # press Run a few times above, then run this cell again
+        """
+    ),
+    md(
+        """
+        ## Take the plan to the Trainer
+
+        A plan translates into `TrainingArguments` keywords: the micro-batch becomes
+        `per_device_train_batch_size`, accumulation `gradient_accumulation_steps`, and so on.
+        """
+    ),
+    code(
+        """
+        kwargs = best.plan.to_training_arguments()
+        kwargs.setdefault("per_device_train_batch_size", rows)  # micro_batch=None: all rows of the batch
+        kwargs
+        """
+    ),
+    code(
+        """
+        from transformers import TrainingArguments
+
+        args = TrainingArguments(output_dir="memlab-out", report_to="none", use_cpu=device == "cpu", **kwargs)
+        print(f"micro-batch {args.per_device_train_batch_size}, accumulation {args.gradient_accumulation_steps},")
+        print(f"bf16={args.bf16}, fp16={args.fp16}, optim={args.optim}")
+        # then: Trainer(model=model, args=args, train_dataset=...).train()
+        """
+    ),
+    md("Without the Trainer, `best.plan.to_code()` writes the same plan as a plain PyTorch loop:"),
+    code("print(best.plan.to_code())"),
+    *exercise(
+        """
+        Halve the budget and search again in one cell with the magic, applying the result. Does anything still
+        fit? If so, what did the search give up to get there? Undo it afterwards.
+        """,
+        """
+        half = budget // 2
+        %memfit model batch --budget $half --batch-size $rows --steps 1 --quiet --apply
+        if "memfit_applied" in globals():
+            print("applied:", memfit_applied.plan.label())
+            memfit_applied.undo()
+        """,
+    ),
+]
+
+
+# --- 07 will a 7B model fit? ----------------------------------------------------------------------------------
+
+NB07 = [
+    md(
+        """
+        # 07 · Will a 7B model fit?
+
+        Before renting a GPU, it helps to know whether training will fit on it. memlab can run one training
+        step on *fake* tensors: they carry shapes and dtypes but no data, so the step allocates nothing and
+        computes nothing, while memlab counts every byte a real step would hold. A laptop without a GPU can
+        dry-run a 7-billion-parameter model this way in under a minute.
+
+        The question here: can one 24 GiB GPU fully fine-tune a Llama-shaped 7B model on 512-token rows?
+        """
+    ),
+    setup(),
+    code(
+        """
+        # The shape of Llama 2 7B. The tests shrink it; leave it as it is to ask the real question.
+        hidden = 4096
+        layers = 32
+        heads = 32
+        intermediate = 11008
+        vocab = 32000
+        seq_len = 512
+        budget = "24GiB"
+        """,
+        tags=("parameters",),
+    ),
+    code(
+        """
+        # With internet, read a real model's config instead (no weights are downloaded):
+        #   config = transformers.AutoConfig.from_pretrained("meta-llama/Llama-2-7b-hf")
+        config = LlamaConfig(
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            vocab_size=vocab,
+        )
+        with torch.device("meta"):  # shapes only: no memory
+            shell = AutoModelForCausalLM.from_config(config)
+        n_params = sum(p.numel() for p in shell.parameters())
+        del shell
+        print(f"{n_params:,} parameters ({n_params / 1e9:.2f} billion)")
+        """
+    ),
+    md(
+        """
+        ## The arithmetic first
+
+        Before any activation, full training holds weights, gradients and optimizer state. Per parameter:
+        """
+    ),
+    code(
+        """
+        per_parameter = {
+            "fp32 weights, fp32 grads, AdamW": 4 + 4 + 8,
+            "bf16 autocast (fp32 master weights), AdamW": 4 + 4 + 8,
+            "fp32 weights, fp32 grads, AdamW8bit": 4 + 4 + 2,
+        }
+        limit = memlab.parse_budget(budget)
+        for setup_name, nbytes in per_parameter.items():
+            print(f"{setup_name:45} {nbytes:2} bytes/param = {nbytes * n_params / 2**30:6.1f} GiB "
+                  f"({nbytes * n_params / limit:.1f}x the budget)")
+        """
+    ),
+    md(
+        """
+        Mixed precision does not change this line: it saves activations, not model state. The dry run adds
+        what the arithmetic leaves out: activations, temporary buffers, and the moment when they all peak
+        together.
+
+        ## The dry run
+
+        `memlab.estimate` takes a config (or a model) and a batch given as shapes. `device="cuda"` asks about a
+        GPU even on a machine without one (the fake step then uses CPU kernels, and the result says so in its
+        notes).
+        """
+    ),
+    code(
+        """
+        shapes = {"input_ids": (1, seq_len), "labels": (1, seq_len)}
+        plan = memlab.Plan(precision="bf16", checkpointing=True)
+        estimate = memlab.estimate(config, shapes, plan, budget=budget, device="cuda")
+        estimate
+        """
+    ),
+    code(
+        """
+        for note in estimate.notes:
+            print("-", note)
+        """
+    ),
+    md(
+        """
+        Read the breakdown with the moment of the peak in mind. With checkpointing, activations are small,
+        and the peak often falls in the optimizer step instead: gradients and AdamW's state are all there, and
+        PyTorch's AdamW on a GPU updates many tensors in one go, which needs temporary buffers (counted under
+        `other`).
+        """
+    ),
+    md("## Which plans fit in the budget?"),
+    code(
+        """
+        plans = [
+            memlab.Plan(),
+            memlab.Plan(precision="bf16", checkpointing=True),
+            memlab.Plan(precision="bf16", checkpointing=True, optimizer="adamw8bit"),
+        ]
+        report = memlab.Report([memlab.estimate(config, shapes, p, budget=budget, device="cuda") for p in plans],
+                               budget=limit)
+        report
+        """
+    ),
+    code("report.plot()"),
+    code(
+        """
+        fitting = [t.label for t in report if report.fits(t)]
+        smallest = min(report, key=lambda t: t.peak_bytes)
+        print(f"fits in {budget}:", ", ".join(fitting) or "none of these plans")
+        print(f"smallest peak: {smallest.label}, {smallest.peak_bytes / 2**30:.1f} GiB")
+        """
+    ),
+    md(
+        """
+        If none fits, the techniques in this cookbook are not enough on their own for full fine-tuning at this
+        size. The usual next steps: train a small adapter and freeze the weights (LoRA; frozen weights need no
+        gradients or optimizer state and can be stored in 16 or 4 bits), shard the model state across several
+        GPUs (ZeRO, FSDP), or offload the optimizer state to CPU memory (notebook 05), which the estimate
+        can show on a machine that has a GPU.
+        """
+    ),
+    *exercise(
+        """
+        Which common GPU memory sizes would the smallest plan above fit in, with 10% to spare for what the
+        estimate cannot see (allocator rounding, the CUDA context)? Then change `seq_len` in the parameters
+        cell to 2048 and run again: which categories grow?
+        """,
+        """
+        for gib in (16, 24, 40, 48, 80, 141):
+            verdict = "fits" if smallest.peak_bytes * 1.1 <= gib * 2**30 else "does not fit"
+            print(f"{gib:4} GiB: {smallest.label} {verdict}")
+        """,
+    ),
+]
+
+
+NOTEBOOKS: dict[str, list[NotebookNode]] = {
+    "00_where_memory_goes.ipynb": NB00,
+    "01_gradient_accumulation.ipynb": NB01,
+    "02_gradient_checkpointing.ipynb": NB02,
+    "03_mixed_precision.ipynb": NB03,
+    "04_8bit_adam.ipynb": NB04,
+    "05_offload.ipynb": NB05,
+    "06_memfit_and_panel.ipynb": NB06,
+    "07_will_7b_fit.ipynb": NB07,
+}
+
+
+# --- writing --------------------------------------------------------------------------------------------------
+
+
+def build(name: str) -> NotebookNode:
+    """The notebook ``name`` as nbformat v4, with deterministic cell ids and no outputs."""
+    stem = name.split("_", 1)[0]
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    nb.metadata["language_info"] = {"name": "python"}
+    cells = []
+    for index, template in enumerate(NOTEBOOKS[name]):
+        cell = nbformat.from_dict(template)  # a copy: shared cells (device, model) appear in several notebooks
+        cell["id"] = f"nb{stem}-{index:02d}"
+        cells.append(cell)
+    nb.cells = cells
+    nbformat.validate(nb)
+    return nb
+
+
+def render(nb: NotebookNode) -> str:
+    return nbformat.writes(nb) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="report notebooks that differ from this script")
+    args = parser.parse_args(argv)
+    stale = []
+    for name in NOTEBOOKS:
+        path = HERE / name
+        text = render(build(name))
+        if path.exists() and path.read_text(encoding="utf-8") == text:
+            continue
+        stale.append(name)
+        if not args.check:
+            path.write_text(text, encoding="utf-8")
+    if args.check and stale:
+        print("out of date (run python notebooks/_build.py):", ", ".join(stale))
+        return 1
+    if not args.check:
+        print(f"wrote {len(stale)} of {len(NOTEBOOKS)} notebooks" if stale else "all notebooks up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
