@@ -17,6 +17,7 @@ from memlab.errors import MemlabError, UnsupportedTechnique
 from memlab.estimate import estimate
 from memlab.plan import Plan, parse_budget
 from memlab.report import Report, Trial
+from memlab.search import fit
 from memlab.trial import compare, measure
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ __all__ = [
     "apply",
     "compare",
     "estimate",
+    "fit",
     "load_ipython_extension",
     "measure",
     "panel",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
@@ -372,8 +373,9 @@ class Report:
         if any(trial.estimated for trial in self.trials):
             lines.append("Estimated: dry run on fake tensors, no step was timed")
         if self.skipped:
-            reasons = sorted({reason for _, reason in self.skipped})
-            lines.append(f"Not measured: {len(self.skipped)} plans ({'; '.join(reasons)})")
+            kinds = Counter(reason.split(":", 1)[0].strip() for _, reason in self.skipped)
+            counted = ", ".join(f"{count} {kind}" for kind, count in kinds.most_common())
+            lines.append(f"Not measured: {len(self.skipped)} plans ({counted})")
         return lines
 
     def to_text(self) -> str:

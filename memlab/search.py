@@ -867,7 +867,7 @@ def fit(
     from memlab.measure.cuda import cuda_bf16_supported
     from memlab.module_state import trainable_parameters, unique_parameters
     from memlab.step import model_device
-    from memlab.trial import TrialRunner, _progress_bar
+    from memlab.trial import TrialRunner, progress_bar
 
     if not isinstance(model, torch.nn.Module):
         raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
@@ -900,7 +900,7 @@ def fit(
     runner = TrialRunner(
         model, batch, loss_fn=loss_fn, steps=steps, warmup=warmup, budget=budget_bytes, lr=lr, callback=callback
     )
-    with runner.session(), _progress_bar(len(candidates), progress) as bar:
+    with runner.session(), progress_bar(len(candidates), progress) as bar:
 
         def measure(plan: Plan, index: int, total: int) -> Trial:
             bar.set_postfix_str(plan.label())

@@ -86,7 +86,7 @@ def compare(
     )
     plans = check_plans(plans)
     trials: list[Trial] = []
-    with runner.session(), _progress_bar(len(plans), progress) as bar:
+    with runner.session(), progress_bar(len(plans), progress) as bar:
         for index, plan in enumerate(plans):
             bar.set_postfix_str(plan.label())
             trials.append(runner.run(plan, index, len(plans)))
@@ -341,7 +341,7 @@ def _process_rss() -> int | None:
 
 
 @contextlib.contextmanager
-def _progress_bar(total: int, enabled: bool) -> Iterator[Any]:
+def progress_bar(total: int, enabled: bool) -> Iterator[Any]:
     from tqdm.auto import tqdm
 
     bar = tqdm(total=total, desc="memlab", unit="plan", disable=not enabled or total < 2, leave=False)

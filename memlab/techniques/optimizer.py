@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,8 +26,37 @@ def build_optimizer(parameters: Sequence[nn.Parameter], plan: Plan, lr: float) -
         # Imported here: bitsandbytes is heavy and prints at import; `import memlab` must not pull it in.
         import bitsandbytes
 
-        return bitsandbytes.optim.AdamW8bit(parameters, lr=lr)
+        optimizer = bitsandbytes.optim.AdamW8bit(parameters, lr=lr)
+        optimizer.mng = _own_override_manager(optimizer, parameters)
+        return optimizer
     return torch.optim.AdamW(parameters, lr=lr)
+
+
+def _own_override_manager(optimizer: torch.optim.Optimizer, parameters: Sequence[nn.Parameter]) -> Any:
+    """A bitsandbytes override manager holding only the overrides that name these parameters.
+
+    bitsandbytes keeps overrides on a process-wide singleton, keyed partly by (group, position) and never cleared:
+    after the Trainer has registered 32-bit embeddings for one model, every later 8-bit optimizer would keep
+    32-bit state at those positions. A private copy keeps what the user set for these parameters and nothing else.
+    """
+    from bitsandbytes.optim import GlobalOptimManager
+
+    shared = GlobalOptimManager.get_instance()
+    own = GlobalOptimManager.__new__(GlobalOptimManager)
+    own.initialize()
+    ours = {id(p) for p in parameters}
+    own.module_weight_config_triple = [
+        (module, name, config)
+        for module, name, config in shared.module_weight_config_triple
+        if id(getattr(module, name, None)) in ours
+    ]
+    own.pid2config = {key: config for key, config in shared.pid2config.items() if key in ours}
+    own.uses_config_override = bool(own.pid2config or own.module_weight_config_triple)
+    for group_index, group in enumerate(optimizer.param_groups):
+        for position, parameter in enumerate(group["params"]):
+            if id(parameter) in own.pid2config:
+                own.index2config[(group_index, position)] = own.pid2config[id(parameter)]
+    return own
 
 
 def state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

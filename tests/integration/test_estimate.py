@@ -133,12 +133,12 @@ def test_a_config_and_shapes_give_what_the_live_model_and_its_batch_give():
 
 
 def test_8bit_state_size_is_what_a_real_adamw8bit_holds_on_cpu():
-    import bitsandbytes
+    from memlab.techniques.optimizer import build_optimizer
 
     model, batch = tiny_llama(width=64), lm_batch(rows=2)
     parameters = list(model.parameters())
     assert {p.numel() >= 4096 for p in parameters} == {True, False}  # both kinds of state are exercised
-    optimizer = bitsandbytes.optim.AdamW8bit(parameters, lr=1e-5)
+    optimizer = build_optimizer(parameters, memlab.Plan(optimizer="adamw8bit"), lr=1e-5)  # as memlab builds it
     model(**batch).loss.backward()
     optimizer.step()
     assert unique_bytes(state_tensors(optimizer)) == adamw8bit_state_bytes(parameters)

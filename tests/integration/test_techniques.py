@@ -240,3 +240,31 @@ def test_import_memlab_pulls_in_no_jupyter_or_bitsandbytes():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_8bit_adam_ignores_overrides_left_on_bitsandbytes_singleton_for_other_models():
+    """The Trainer registers 32-bit embeddings on bitsandbytes' global manager, keyed by position and never
+    cleared; memlab's 8-bit optimizer must not inherit that for a different model."""
+    import bitsandbytes
+
+    shared = bitsandbytes.optim.GlobalOptimManager.get_instance()
+    saved = (dict(shared.index2config), dict(shared.pid2config), list(shared.module_weight_config_triple))
+    other = tiny_gpt2(width=128)
+    try:
+        shared.register_module_override(other.transformer.wte, "weight", {"optim_bits": 32})
+        stale = bitsandbytes.optim.AdamW8bit(other.parameters())
+        stale.check_overrides()  # what the Trainer's optimizer does at its first step
+        model = tiny_gpt2(width=128)
+        with memlab.apply(model, memlab.Plan(optimizer="adamw8bit")) as applied:
+            applied.step(lm_batch(rows=2))
+            moments = [t for t in state_tensors(applied.optimizer) if t.numel() >= 4096]
+        assert all(t.dtype == torch.uint8 for t in moments)
+        # An override the user set for this very model is kept.
+        shared.register_module_override(model.transformer.wte, "weight", {"optim_bits": 32})
+        with memlab.apply(model, memlab.Plan(optimizer="adamw8bit")) as applied:
+            applied.step(lm_batch(rows=2))
+            embedding_state = applied.optimizer.state[model.transformer.wte.weight]
+        assert embedding_state["state1"].dtype == torch.float32
+    finally:
+        shared.index2config, shared.pid2config = saved[0], saved[1]
+        shared.module_weight_config_triple = saved[2]

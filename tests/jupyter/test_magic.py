@@ -6,6 +6,7 @@ Models are tiny and every run uses ``--steps 1 --warmup 1`` so the whole file st
 
 from __future__ import annotations
 
+import builtins
 import importlib.util
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +40,9 @@ class Trainer:
 
 @pytest.fixture(scope="module")
 def shell() -> Iterator[InteractiveShell]:
+    # Doctests run earlier in the session leave builtins._ behind, and IPython then never sets _ (see its
+    # DisplayHook.update_user_ns); a real kernel has no builtins._.
+    builtins.__dict__.pop("_", None)
     ip = start_ipython()
     assert ip is not None
     ip.run_line_magic("load_ext", "memlab")

@@ -28,6 +28,7 @@ MODULES = [
     "memlab.estimate_cli",
     "memlab.jupyter.panel",
     "memlab.jupyter.live",
+    "memlab.search",
 ]
 
 
