@@ -7,6 +7,7 @@ from typing import Any
 from torch import nn
 
 from memlab.batch import Batch, LossFn
+from memlab.errors import MemlabError
 from memlab.module_state import ModuleStructure
 from memlab.plan import Plan
 from memlab.step import TrainingStep
@@ -78,5 +79,7 @@ def apply(model: nn.Module, plan: Plan, *, loss_fn: LossFn | None = None, lr: fl
         ...     _ = applied.step(torch.randn(8, 4))
     """
     if not isinstance(plan, Plan):
-        raise TypeError(f"plan must be a memlab.Plan, not {type(plan).__name__}; write memlab.Plan(...)")
+        raise MemlabError(f"plan must be a memlab.Plan, not {type(plan).__name__}; write memlab.Plan(...)")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise MemlabError(f"lr={lr!r} is not allowed; write a positive learning rate such as lr=1e-5")
     return Applied(model, plan, loss_fn=loss_fn, lr=lr)

@@ -14,7 +14,8 @@ Batch = Mapping[str, Any] | torch.Tensor | tuple[Any, ...] | list[Any]
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
 
-def _tensors(batch: Batch) -> Iterator[tuple[str, torch.Tensor]]:
+def named_tensors(batch: Batch) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of a batch (dict, tensor, tuple or list) with a name for messages."""
     if isinstance(batch, torch.Tensor):
         yield "batch", batch
     elif isinstance(batch, Mapping):
@@ -40,12 +41,14 @@ def count_rows(batch: Batch) -> int:
         4
     """
     rows: dict[str, int] = {}
-    for name, tensor in _tensors(batch):
+    for name, tensor in named_tensors(batch):
         if tensor.dim() == 0:
             raise MemlabError(f"batch tensor {name} is a scalar; every batch tensor needs rows on dimension 0")
         rows[name] = tensor.shape[0]
     if not rows:
         raise MemlabError("the batch holds no tensors; pass a dict of tensors, a tensor, or a tuple of tensors")
+    if 0 in rows.values():
+        raise MemlabError("the batch has no rows; pass at least one row (dimension 0 of every tensor)")
     if len(set(rows.values())) > 1:
         listed = ", ".join(f"{name}: {count}" for name, count in rows.items())
         raise MemlabError(f"batch tensors disagree on the number of rows ({listed}); give them the same dimension 0")
@@ -76,7 +79,10 @@ def map_tensors(batch: Batch, function: Callable[[torch.Tensor], torch.Tensor]) 
         return function(batch)
     if isinstance(batch, Mapping):
         return {key: function(v) if isinstance(v, torch.Tensor) else v for key, v in batch.items()}
-    return type(batch)(function(v) if isinstance(v, torch.Tensor) else v for v in batch)
+    values = [function(v) if isinstance(v, torch.Tensor) else v for v in batch]
+    if hasattr(batch, "_fields"):  # a namedtuple takes its fields as arguments
+        return type(batch)(*values)
+    return type(batch)(values)
 
 
 def take_rows(batch: Batch, indices: torch.Tensor) -> Batch:
@@ -85,7 +91,7 @@ def take_rows(batch: Batch, indices: torch.Tensor) -> Batch:
 
 
 def batch_device(batch: Batch) -> torch.device | None:
-    for _, tensor in _tensors(batch):
+    for _, tensor in named_tensors(batch):
         return tensor.device
     return None
 

@@ -16,7 +16,13 @@ from torch import nn
 
 _MISSING = object()
 # Instance attributes that checkpointing (Hugging Face's or memlab's own) sets on modules.
-_PATCHED_ATTRIBUTES = ("forward", "gradient_checkpointing", "_gradient_checkpointing_func", "_require_grads_hook")
+_PATCHED_ATTRIBUTES = (
+    "forward",
+    "gradient_checkpointing",
+    "_gradient_checkpointing_func",
+    "_require_grads_hook",
+    "_require_grads_hooks",
+)
 _HOOK_DICTS = (
     "_forward_hooks",
     "_forward_hooks_with_kwargs",
@@ -114,6 +120,7 @@ class ModelValues:
     """
 
     tensors: list[tuple[torch.Tensor, torch.Tensor]]
+    slots: list[tuple[dict[str, Any], dict[str, Any]]]
     grads: list[tuple[nn.Parameter, torch.Tensor | None]]
     cpu_rng: torch.Tensor
     cuda_rng: list[torch.Tensor] | None
@@ -127,9 +134,16 @@ class ModelValues:
                 continue
             seen.add(id(tensor))
             tensors.append((tensor, _copy_to_cpu(tensor.detach())))
+        # Which tensor object each module's parameter and buffer names point at: a forward that reassigns a
+        # buffer (self.buf = self.buf + 1, or a fresh register_buffer) must find the original put back.
+        slots = [
+            (registry, dict(registry))
+            for module in model.modules()
+            for registry in (module._parameters, module._buffers)
+        ]
         grads = [(p, p.grad) for p in unique_parameters(model)]
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        return cls(tensors, grads, torch.random.get_rng_state(), cuda_rng)
+        return cls(tensors, slots, grads, torch.random.get_rng_state(), cuda_rng)
 
     def detach_grads(self) -> None:
         """Set every ``.grad`` to None for the trial; the user's gradient tensors are kept aside untouched."""
@@ -137,6 +151,10 @@ class ModelValues:
             parameter.grad = None
 
     def restore(self) -> None:
+        for registry, saved_entries in self.slots:
+            if registry.keys() != saved_entries.keys() or any(registry[k] is not v for k, v in saved_entries.items()):
+                registry.clear()
+                registry.update(saved_entries)
         with torch.no_grad():
             for live, saved in self.tensors:
                 live.copy_(saved)

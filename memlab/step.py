@@ -17,7 +17,7 @@ from memlab.batch import Batch, LossFn, batch_device, check_loss, map_tensors, r
 from memlab.module_state import trainable_parameters
 from memlab.plan import Plan
 from memlab.techniques.accumulation import micro_batches, scale_loss
-from memlab.techniques.checkpointing import enable_checkpointing
+from memlab.techniques.checkpointing import disable_checkpointing, enable_checkpointing, is_checkpointing
 from memlab.techniques.offload import OffloadedOptimizer, activation_offload, offload_notes
 from memlab.techniques.optimizer import build_optimizer
 from memlab.techniques.precision import autocast, check_precision, grad_scaler
@@ -69,19 +69,23 @@ class TrainingStep:
         *,
         loss_fn: LossFn | None = None,
         lr: float = 1e-5,
-        batch: Batch | None = None,
     ) -> None:
         self.model = model
         self.plan = plan
         self.device = model_device(model)
         self.parameters = trainable_parameters(model)
         self.notes = check_precision(plan, self.device) + offload_notes(plan, self.device)
-        self.loss_fn = loss_fn if batch is None else resolve_loss_fn(batch, loss_fn)
+        self.loss_fn = loss_fn
         self._undo_checkpointing: Callable[[], None] | None = None
         self.optimizer = self._build_optimizer(lr)
         if plan.checkpointing:
             self._undo_checkpointing = enable_checkpointing(model)
+        elif is_checkpointing(model):
+            self._undo_checkpointing = disable_checkpointing(model)
         self.scaler = grad_scaler(plan, self.device)
+        # Set once, not every step: a user who puts a submodule in eval mode between steps (a frozen
+        # BatchNorm, say) keeps it that way.
+        model.train()
 
     def _build_optimizer(self, lr: float) -> Any:
         def make(parameters: Any) -> torch.optim.Optimizer:
@@ -94,7 +98,12 @@ class TrainingStep:
     def __call__(self, batch: Batch, tracker: Phases = NO_PHASES) -> float:
         """One optimizer step over one effective batch; returns the mean micro-batch loss as a float."""
         loss_fn = self.loss_fn or resolve_loss_fn(batch, None)
-        self.model.train()
+        # Gradients left by the user's own backward, or by a step that failed half-way, must not leak in.
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.enable_grad():
+            return self._step(batch, loss_fn, tracker)
+
+    def _step(self, batch: Batch, loss_fn: LossFn, tracker: Phases) -> float:
         with tracker.phase("other"):
             parts = micro_batches(_on_device(batch, self.device), self.plan)
         total = torch.zeros((), device=self.device)
@@ -106,6 +115,9 @@ class TrainingStep:
         ]
         try:
             self._accumulate(parts, loss_fn, total, tracker)
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
         finally:
             for hook in hooks:
                 hook.remove()

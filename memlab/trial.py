@@ -8,15 +8,18 @@ without tracking, whose median is the step time.
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import time
+import traceback
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from memlab.batch import Batch, LossFn, count_rows, count_tokens, resolve_loss_fn
+from memlab.batch import Batch, LossFn, count_rows, count_tokens, named_tensors, resolve_loss_fn
 from memlab.errors import MemlabError
 from memlab.events import Callback, MemorySample, StepFinished, TrialFinished, TrialStarted
 from memlab.measure.cuda import CudaPeak, cap_cuda_memory
@@ -30,6 +33,9 @@ from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import state_tensors
 
 Clock = Callable[[], float]
+# fp16's GradScaler skips the optimizer step while the scale is too high, so the optimizer state may not exist
+# after the requested warm-up; at most this many more steps are run to reach a steady state.
+_EXTRA_WARMUP_LIMIT = 8
 
 
 def measure(
@@ -97,6 +103,10 @@ def compare(
 def check_plans(plans: Sequence[Plan] | Plan) -> list[Plan]:
     if isinstance(plans, Plan):
         return [plans]
+    if isinstance(plans, str):
+        raise MemlabError(
+            f"plans={plans!r} is text; pass a list of memlab.Plan, or memlab.plan.parse_grid({plans!r}) for a grid"
+        )
     plans = list(plans)
     if not plans:
         raise MemlabError("no plans to compare; pass a list such as [memlab.Plan(), memlab.Plan(checkpointing=True)]")
@@ -128,6 +138,8 @@ class TrialRunner:
             raise MemlabError(f"steps={steps!r} is not allowed; write a whole number >= 1")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise MemlabError(f"warmup={warmup!r} is not allowed; write a whole number >= 0")
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+            raise MemlabError(f"lr={lr!r} is not allowed; write a positive learning rate such as lr=1e-5")
         if not trainable_parameters(model):
             raise MemlabError("the model has no trainable parameters; set requires_grad=True on what should train")
         self.rows = count_rows(batch)
@@ -143,11 +155,18 @@ class TrialRunner:
         self.device = model_device(model)
         self._values: ModelValues | None = None
         self._structure: ModuleStructure | None = None
+        self._held_before: list[torch.Tensor] = []
+        self._held_bytes = 0
+        # Cutting the batch once here turns a batch that cannot be sliced into one clear error, before any trial.
+        micro_batches(batch, Plan(micro_batch=1))
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
         """Capture the model once; whatever happens inside, it comes back bit-exact."""
         self._structure = ModuleStructure.capture(self.model)
+        self._held_before = self._memory_held_before() if self.device.type == "cpu" else []
+        self._held_bytes = _unique_storage_bytes(self._held_before, exclude=[*self.model.parameters(),
+                                                 *self.model.buffers(), *(t for _, t in named_tensors(self.batch))])
         self._values = ModelValues.capture(self.model)
         self._values.detach_grads()
         try:
@@ -156,7 +175,40 @@ class TrialRunner:
             self._structure.restore()
             self._values.restore()
             self._values = self._structure = None
+            self._held_before = []
+            self._held_bytes = 0
             release_memory(collect=False)
+
+    def _memory_held_before(self) -> list[torch.Tensor]:
+        """On CPU, what the process already holds besides the model and the batch (the user's optimizer state,
+        gradients, other variables): the device must hold it too, so it counts under "other".
+
+        Found by one scan of live objects per session (CUDA reads the same from its allocator instead).
+        """
+        from torch._subclasses.fake_tensor import is_fake
+
+        own = {id(t) for t in [*self.model.parameters(), *self.model.buffers()]}
+        own.update(id(t) for _, t in named_tensors(self.batch))
+        if any(is_fake(t) for t in self.model.parameters()):
+            return []  # a dry run: this process's memory is not the hypothetical device's
+        gc.collect()
+        held = []
+        with warnings.catch_warnings():  # isinstance() on some deprecated torch proxies warns
+            warnings.simplefilter("ignore")
+            objects = gc.get_objects()
+            tensors = [obj for obj in objects if isinstance(obj, torch.Tensor)]
+        del objects
+        for obj in tensors:
+            if (
+                id(obj) not in own
+                and obj.device.type == "cpu"
+                and not obj.is_sparse
+                and not is_fake(obj)
+            ):
+                held.append(obj)
+        seen = {id(t) for t in held}
+        held += [p.grad for p in unique_parameters(self.model) if p.grad is not None and id(p.grad) not in seen]
+        return held
 
     def run(self, plan: Plan, index: int = 0, total: int = 1) -> Trial:
         """Measure one plan; the model is restored afterwards (inside ``session()``)."""
@@ -165,6 +217,7 @@ class TrialRunner:
                 return self.run(plan, index, total)
         self._emit(TrialStarted(plan=plan, index=index, total=total))
         measurement = _Measurement(plan=plan, device=self.device, budget=self.budget)
+        measurement.preexisting_bytes = self._held_bytes
         step: TrainingStep | None = None
         try:
             step = TrainingStep(self.model, plan, loss_fn=self.loss_fn, lr=self.lr)
@@ -174,8 +227,11 @@ class TrialRunner:
                 self._tracked_step(step, plan, index, measurement)
                 self._timed_steps(step, plan, index, measurement)
             measurement.status = "ok"
-        except KeyboardInterrupt:
-            measurement.status = "interrupted"
+        except KeyboardInterrupt as interrupt:
+            # The traceback would keep the step's frames, and so its optimizer state and activations, alive
+            # for as long as the notebook keeps the exception; the running frames are skipped.
+            traceback.clear_frames(interrupt.__traceback__)
+            measurement.error = "interrupted"
             raise
         except Exception as error:  # noqa: BLE001 - every failure of a plan is reported, never raised
             measurement.fail(error)
@@ -189,7 +245,7 @@ class TrialRunner:
             self._structure.restore()
             self._values.restore()
             self._values.detach_grads()
-            release_memory(collect=measurement.status != "ok")
+            release_memory(collect=measurement.status != "ok" or measurement.error is not None)
         trial = measurement.to_trial(self._rows_per_step(plan), self._tokens_per_step(plan))
         self._emit(TrialFinished(trial=trial, index=index, total=total))
         return trial
@@ -197,7 +253,9 @@ class TrialRunner:
     def _warm_up(self, step: TrainingStep, plan: Plan, index: int, measurement: _Measurement) -> None:
         # On CPU the budget is enforced by tracking, so the warm-up is tracked too when there is a budget:
         # the first step (which creates the optimizer state) must fit as well.
-        for number in range(self.warmup):
+        for number in range(self.warmup + _EXTRA_WARMUP_LIMIT):
+            if number >= self.warmup and state_tensors(step.optimizer):
+                break
             started = self.clock()
             if self.budget is not None and self.device.type != "cuda":
                 with MemoryTracker(baseline=self._baseline(step), budget=self.budget, device=self.device) as tracker:
@@ -226,6 +284,7 @@ class TrialRunner:
         cuda_peak = CudaPeak(self.device) if not on_cpu else contextlib.nullcontext()
         try:
             with cuda_peak, tracker:
+                measurement.tracked_at_start = tracker.live_bytes
                 loss = step(self.batch, tracker)
         finally:
             measurement.record_peak(tracker, cuda_peak if isinstance(cuda_peak, CudaPeak) else None)
@@ -247,8 +306,8 @@ class TrialRunner:
 
     def _baseline(self, step: TrainingStep) -> dict[str, list[torch.Tensor]]:
         tensors = [*unique_parameters(self.model), *self.model.buffers()]
-        batch_tensors = [t for part in micro_batches(self.batch, Plan()) for t in _tensors_of(part)]
-        return {"params": tensors, "optimizer": state_tensors(step.optimizer), "other": batch_tensors}
+        other = [tensor for _, tensor in named_tensors(self.batch)] + self._held_before
+        return {"params": tensors, "optimizer": state_tensors(step.optimizer), "other": other}
 
     def _rows_per_step(self, plan: Plan) -> int:
         return plan.rows_per_step(self.rows)
@@ -276,6 +335,7 @@ class _Measurement:
         self.peak_bytes = 0
         self.reserved_bytes: int | None = None
         self.preexisting_bytes = 0
+        self.tracked_at_start = 0
         self.breakdown: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self.step_times: list[float] = []
         self.notes: list[str] = []
@@ -288,7 +348,7 @@ class _Measurement:
             # memory held before the trial) is "other".
             peak = cuda_peak.peak_allocated
             known = sum(v for k, v in breakdown.items() if k != "other")
-            self.preexisting_bytes = max(0, cuda_peak.start_allocated - breakdown.get("params", 0))
+            self.preexisting_bytes = max(0, cuda_peak.start_allocated - self.tracked_at_start)
             breakdown["other"] = max(0, peak - known)
             self.reserved_bytes = cuda_peak.peak_reserved
         self.peak_bytes = peak
@@ -322,11 +382,15 @@ class _Measurement:
         )
 
 
-def _tensors_of(batch: Batch) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    values = batch.values() if isinstance(batch, dict) else batch
-    return [value for value in values if isinstance(value, torch.Tensor)]
+def _unique_storage_bytes(tensors: Sequence[torch.Tensor], exclude: Sequence[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors``, leaving out storages that ``exclude`` uses."""
+    excluded = {t.untyped_storage().data_ptr() for t in exclude if t.device.type == "cpu"}
+    sizes: dict[int, int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in excluded:
+            sizes[storage.data_ptr()] = storage.nbytes()
+    return sum(sizes.values())
 
 
 def _synchronize(device: torch.device) -> None:

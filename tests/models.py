@@ -97,7 +97,15 @@ def fingerprint(model: nn.Module) -> dict[str, Any]:
     """Everything about a model that memlab promises to leave as it was, in a form that compares with ==."""
     modules = dict(model.named_modules(remove_duplicate=False))
     return {
-        "tensors": {k: (v.dtype, v.detach().clone()) for k, v in model.state_dict(keep_vars=True).items()},
+        # named_parameters/named_buffers, not state_dict: non-persistent buffers (rotary inv_freq) count too.
+        "tensors": {
+            k: (v.dtype, v.detach().clone())
+            for k, v in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+        },
+        "tensor_ids": {
+            k: id(v)
+            for k, v in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+        },
         "requires_grad": {k: p.requires_grad for k, p in model.named_parameters()},
         "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()},
         "grad_ids": {k: id(p.grad) for k, p in model.named_parameters()},

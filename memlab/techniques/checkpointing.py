@@ -18,13 +18,16 @@ def enable_checkpointing(model: nn.Module) -> Undo:
     """Turn checkpointing on; the returned function puts the model's previous setting back exactly.
 
     Hugging Face models go through their own switch (``activation_checkpointing_enable``, the successor of
-    ``gradient_checkpointing_enable``) with ``use_reentrant=False``; any other module gets the blocks of its largest
-    ``ModuleList``/``Sequential`` wrapped in non-reentrant ``torch.utils.checkpoint``.
+    ``gradient_checkpointing_enable``) with ``use_reentrant=False``; any other module gets its repeated blocks
+    (see :func:`repeated_blocks`) wrapped in non-reentrant ``torch.utils.checkpoint``.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
         >>> undo = enable_checkpointing(model)
-        >>> undo()
+        >>> is_checkpointing(model)
+        True
+        >>> undo(); is_checkpointing(model)
+        False
     """
     # The Hugging Face switch also adds an input-embedding hook that its "disable" leaves behind, so undo
     # restores the captured per-module state instead of calling "disable".
@@ -42,6 +45,36 @@ def enable_checkpointing(model: nn.Module) -> Undo:
     return before.restore
 
 
+def disable_checkpointing(model: nn.Module) -> Undo:
+    """Turn checkpointing off where the model already has it on (a plan without it must run without it).
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+        >>> undo_on = enable_checkpointing(model)
+        >>> undo_off = disable_checkpointing(model)
+        >>> is_checkpointing(model)
+        False
+        >>> undo_off(); is_checkpointing(model)
+        True
+    """
+    before = ModuleStructure.capture(model)
+    for module in model.modules():
+        if getattr(module.__dict__.get("forward"), _MEMLAB_MARK, False):
+            del module.__dict__["forward"]
+        if getattr(module, "gradient_checkpointing", False) is True:
+            module.__dict__["gradient_checkpointing"] = False
+    return before.restore
+
+
+def is_checkpointing(model: nn.Module) -> bool:
+    """Whether any block of the model is checkpointed (by Hugging Face's switch or by memlab's wrapper)."""
+    return any(
+        getattr(module, "gradient_checkpointing", False) is True
+        or getattr(module.__dict__.get("forward"), _MEMLAB_MARK, False)
+        for module in model.modules()
+    )
+
+
 def _is_hugging_face(model: nn.Module) -> bool:
     return bool(getattr(model, "supports_gradient_checkpointing", False)) and hasattr(
         model, "gradient_checkpointing_enable"
@@ -49,7 +82,9 @@ def _is_hugging_face(model: nn.Module) -> bool:
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The children of the model's largest ``nn.ModuleList``/``nn.Sequential`` (by count, then by parameters).
+    """The blocks to checkpoint: the children of the ``nn.ModuleList``/``nn.Sequential`` that holds the most
+    parameters in blocks of their own (children with submodules), so that a transformer's layer list wins over
+    the small ``Sequential`` inside each layer; containers of single layers are used only when there is no other.
 
     Example:
         >>> len(repeated_blocks(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))))
@@ -62,10 +97,18 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
             "nn.ModuleList or nn.Sequential, or use a Hugging Face model"
         )
 
-    def size(container: nn.Module) -> tuple[int, int]:
-        return len(list(container.children())), sum(p.numel() for p in container.parameters())
+    def block_parameters(container: nn.Module) -> int:
+        blocks = [child for child in container.children() if any(True for _ in child.children())]
+        return sum(p.numel() for block in blocks for p in block.parameters()) if len(blocks) > 1 else 0
+
+    def size(container: nn.Module) -> tuple[int, int, int]:
+        every_parameter = sum(p.numel() for p in container.parameters())
+        return block_parameters(container), every_parameter, len(list(container.children()))
 
     return list(max(containers, key=size).children())
+
+
+_MEMLAB_MARK = "_memlab_checkpointed"
 
 
 def _wrap_forward(block: nn.Module) -> None:
@@ -76,5 +119,6 @@ def _wrap_forward(block: nn.Module) -> None:
             return original(*args, **kwargs)
         return torch.utils.checkpoint.checkpoint(original, *args, use_reentrant=False, **kwargs)
 
+    setattr(checkpointed_forward, _MEMLAB_MARK, True)
     # An instance attribute shadows the class's forward; restoring the captured state removes it again.
     block.forward = checkpointed_forward  # type: ignore[method-assign]

@@ -7,6 +7,7 @@ import contextlib
 import torch
 
 from memlab.errors import UnsupportedTechnique
+from memlab.measure.cuda import cuda_bf16_supported
 from memlab.plan import Plan
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -21,9 +22,10 @@ def check_precision(plan: Plan, device: torch.device) -> list[str]:
     """
     if plan.precision == "fp32":
         return []
-    if device.type == "cuda" and plan.precision == "bf16" and not torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and plan.precision == "bf16" and not cuda_bf16_supported(device):
         raise UnsupportedTechnique(
-            f"{torch.cuda.get_device_name(device)} has no bf16; write precision='fp16' (loss-scaled) instead"
+            f"{torch.cuda.get_device_name(device)} has no native bf16 (emulated bf16 is slow); "
+            "write precision='fp16' (loss-scaled) instead"
         )
     if device.type not in ("cuda", "cpu", "xpu", "mps"):
         raise UnsupportedTechnique(f"mixed precision on {device.type} is not supported; write precision='fp32'")

@@ -268,3 +268,37 @@ def test_8bit_adam_ignores_overrides_left_on_bitsandbytes_singleton_for_other_mo
     finally:
         shared.index2config, shared.pid2config = saved[0], saved[1]
         shared.module_weight_config_triple = saved[2]
+
+
+def test_a_step_ignores_gradients_left_by_the_users_own_backward():
+    model, batch = tiny_mlp(), mlp_batch()
+    want = optimizer_gradients(model, batch, memlab.Plan(), mlp_loss)
+    dirty = copy.deepcopy(model)
+    mlp_loss(dirty, batch).backward()  # stale gradients the user left behind
+    got = optimizer_gradients(dirty, batch, memlab.Plan(), mlp_loss)
+    assert relative_error(got, want) < 1e-6
+
+
+def test_a_step_that_fails_half_way_leaves_no_gradients_for_the_next():
+    model, batch = tiny_mlp(), mlp_batch()
+    want = optimizer_gradients(model, batch, memlab.Plan(micro_batch=4, accumulation=2), mlp_loss)
+    calls = {"n": 0}
+
+    def fails_on_second_micro_batch(m, b):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("out of memory (simulated)")
+        return mlp_loss(m, b)
+
+    twin = copy.deepcopy(model)
+    applied = memlab.apply(twin, memlab.Plan(micro_batch=4, accumulation=2), loss_fn=fails_on_second_micro_batch)
+    with pytest.raises(RuntimeError):
+        applied.step(batch)
+    assert all(p.grad is None for p in twin.parameters())
+    seen: list[torch.Tensor] = []
+    applied.optimizer.register_step_pre_hook(
+        lambda opt, a, k: seen.extend(p.grad.clone() for g in opt.param_groups for p in g["params"])
+    )
+    applied.step(batch)
+    applied.undo()
+    assert relative_error(seen, want) < 1e-5
