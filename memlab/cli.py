@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import html
-import importlib
-import importlib.util
 import os
 import sys
 import time
@@ -34,8 +32,6 @@ __all__ = [
 
 DEMO_BUDGET_FRACTION = 0.6
 """Without ``--budget``, ``memlab demo`` allows this fraction of the plain plan's peak, which forces a choice."""
-
-_ESTIMATE_MODULE = "memlab.estimate_cli"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -161,9 +157,9 @@ def demo_space(batch_size: int) -> dict[str, list[Any]]:
 
 
 def demo_plans(batch_size: int, rows: int) -> list[Any]:
-    """The fixed plans ``memlab demo`` compares when ``memlab.search`` is not there: at ``batch_size`` rows per
-    optimizer step, the whole batch at once, then halves and quarters with accumulation, each with and without
-    checkpointing.
+    """A fixed grid of plans to compare by hand on the demo model (``memlab demo`` itself searches
+    :func:`demo_space` with ``fit``): at ``batch_size`` rows per optimizer step, the whole batch at once, then halves
+    and quarters with accumulation, each with and without checkpointing.
 
     Example:
         >>> [plan.label() for plan in demo_plans(8, rows=8)]
@@ -225,7 +221,8 @@ def run_demo(
 
     from memlab.demo import default_batch, default_model
     from memlab.plan import Plan, format_bytes
-    from memlab.trial import compare, measure
+    from memlab.search import fit
+    from memlab.trial import measure
 
     stream = out if out is not None else sys.stdout
 
@@ -257,19 +254,11 @@ def run_demo(
             f"{DEMO_BUDGET_FRACTION:.0%} of that: {format_bytes(budget)} (--budget SIZE sets another)."
         )
     say(f"Looking for the fastest plan that fits {format_bytes(budget)} at {batch_size} rows per optimizer step...")
-    if importlib.util.find_spec("memlab.search") is not None:
-        fit = importlib.import_module("memlab.search").fit
-        space = None
-        if device == "cpu":
-            space = demo_space(batch_size)
-            say("(On a CPU the search keeps fp32 and AdamW: bf16 and 8-bit AdamW are for GPUs and slow here.)")
-        report = fit(
-            model, batch, budget=budget, batch_size=batch_size, steps=steps, warmup=1, progress=True, space=space
-        )
-    else:
-        say("(memlab.search is not in this install: comparing a fixed set of plans instead.)")
-        plans = demo_plans(batch_size, rows)
-        report = compare(model, batch, plans, steps=steps, warmup=1, budget=budget, progress=True)
+    space = None
+    if device == "cpu":
+        space = demo_space(batch_size)
+        say("(On a CPU the search keeps fp32 and AdamW: bf16 and 8-bit AdamW are for GPUs and slow here.)")
+    report = fit(model, batch, budget=budget, batch_size=batch_size, steps=steps, warmup=1, progress=True, space=space)
     say()
     say(report.to_text())
     say()
@@ -332,28 +321,11 @@ def write_html_report(report: Any, path: str | os.PathLike[str], *, title: str =
 
 
 def _add_estimate_command(commands: Any) -> None:
-    """The ``memlab estimate`` sub-command, owned by ``memlab.estimate_cli`` (imported here, only if present).
+    """The ``memlab estimate`` sub-command: its arguments and its handler come from :mod:`memlab.estimate_cli`."""
+    from memlab import estimate_cli
 
-    That module provides ``add_arguments(parser: argparse.ArgumentParser) -> None`` and
-    ``run(args: argparse.Namespace) -> int``. Until it exists, ``memlab estimate`` says so in one line and
-    exits with status 2.
-    """
-    help_text = "predict, without the hardware, whether a model fits (a dry run on fake tensors)"
-    if importlib.util.find_spec(_ESTIMATE_MODULE) is None:
-        parser = commands.add_parser("estimate", help=help_text + " [not available yet]", add_help=False)
-        parser.add_argument("rest", nargs=argparse.REMAINDER)
-        parser.set_defaults(handler=_estimate_missing)
-        return
-    module = importlib.import_module(_ESTIMATE_MODULE)
-    parser = commands.add_parser("estimate", help=help_text)
-    module.add_arguments(parser)
-    parser.set_defaults(handler=module.run)
-
-
-def _estimate_missing(args: argparse.Namespace) -> int:
-    print(
-        f"memlab estimate: not available yet in this memlab ({_ESTIMATE_MODULE} is missing); "
-        "use memlab demo, or memlab.estimate(...) once it lands",
-        file=sys.stderr,
+    parser = commands.add_parser(
+        "estimate", help="predict, without the hardware, whether a model fits (a dry run on fake tensors)"
     )
-    return 2
+    estimate_cli.add_arguments(parser)
+    parser.set_defaults(handler=estimate_cli.run)

@@ -15,7 +15,8 @@ How the model gets onto fake tensors:
   ``AutoModelForCausalLM``; fp32 weights whatever ``config.dtype`` says, as memlab trains with fp32 master weights),
   then moved onto fake tensors the same way;
 - a model name is read through ``AutoConfig.from_pretrained`` (a local path to a config, a built-in shape such as
-  ``"llama-7b"``, or a Hub name when the Hub is reachable).
+  ``"llama-7b"``, or a Hub name: from the local Hugging Face cache when it is there, else fetched when the Hub
+  answers; offline, a misspelt, gated or private name fails at once, in one line).
 
 What an estimate cannot see (each Trial's ``notes`` say so for the first point, and for the last two where they
 apply):
@@ -46,6 +47,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from memlab.batch import Batch, LossFn
 from memlab.errors import MemlabError
+from memlab.events import Callback
 from memlab.module_state import trainable_parameters
 from memlab.plan import Plan, parse_budget
 from memlab.report import Report, Trial
@@ -134,8 +136,12 @@ def estimate(
     plan: Plan | None = None,
     *,
     loss_fn: LossFn | None = None,
+    steps: int = 3,
+    warmup: int = 1,
     budget: int | str | None = None,
     lr: float = 1e-5,
+    callback: Callback | None = None,
+    progress: bool = True,
     device: str | torch.device | None = None,
 ) -> Trial:
     """Predict the memory of one steady-state training step of ``plan``, on fake tensors (nothing runs for real).
@@ -149,7 +155,8 @@ def estimate(
         model_or_config: a live ``nn.Module`` (copied onto fake tensors, never touched; a model on the ``meta``
             device, such as :func:`meta_model` builds, works too), a transformers config
             (built on fake tensors, nothing downloaded), or a name: a path to a ``config.json`` or its folder, a
-            built-in shape from :data:`KNOWN_SHAPES` (``"llama-7b"``), or a Hub name (needs the network).
+            built-in shape from :data:`KNOWN_SHAPES` (``"llama-7b"``), or a Hub name (the cached config, else the
+            network; see :func:`load_config`).
         batch: tensors as for ``measure`` (a dict, a tensor, a tuple), or a dict of shapes such as
             ``{"input_ids": (1, 512), "labels": (1, 512)}`` (``*_ids``, ``labels`` and ``attention_mask`` are
             int64, other names float32).
@@ -157,6 +164,9 @@ def estimate(
         loss_fn: ``loss_fn(model, batch) -> scalar``, as for ``measure`` (default ``model(**batch).loss``).
         budget: bytes or a size such as ``"24GiB"``; the trial records it, and ``fits`` compares against it.
         lr: the optimizer's learning rate (it does not change memory).
+        steps, warmup, callback, progress: accepted so that ``estimate`` takes every keyword ``measure`` and
+            ``compare`` take (code can switch between them), and ignored: a dry run has one fake step, nothing to
+            time and nothing to report while it runs.
         device: the device to predict for: ``"cpu"`` or ``"cuda"``. Default: the live model's device, and for a
             config or a name ``"cuda"`` where CUDA is available, else ``"cpu"``.
 
@@ -179,11 +189,17 @@ def estimate_plans(
     plans: Sequence[Plan] | Plan,
     *,
     loss_fn: LossFn | None = None,
+    steps: int = 3,
+    warmup: int = 1,
     budget: int | str | None = None,
     lr: float = 1e-5,
+    callback: Callback | None = None,
+    progress: bool = True,
     device: str | torch.device | None = None,
 ) -> Report:
     """:func:`estimate` for several plans, building the fake model once: a Report of estimated Trials.
+
+    The keywords are :func:`estimate`'s (``steps``, ``warmup``, ``callback`` and ``progress`` are ignored).
 
     A plan that fails on fake tensors is an ``"error"`` trial; the others still run.
 
@@ -270,7 +286,8 @@ def parse_batch_shape(text: str, names: Sequence[str] = ("input_ids", "labels"))
 
 def load_config(name: str | os.PathLike[str]) -> Any:
     """A transformers config from a name: a path to a config (file or folder), a :data:`KNOWN_SHAPES` entry, or
-    a Hub name (fetched with ``AutoConfig.from_pretrained``; a MemlabError in one line when that fails).
+    a Hub name (``AutoConfig.from_pretrained``: the cached config if there is one, else fetched; a MemlabError in
+    one line, within seconds, when it cannot be had: offline, ``HF_HUB_OFFLINE=1``, misspelt, gated, private).
 
     Example:
         >>> load_config("llama-7b").hidden_size
@@ -290,13 +307,66 @@ def load_config(name: str | os.PathLike[str]) -> Any:
     if text.lower() in KNOWN_SHAPES:
         class_name, keywords = KNOWN_SHAPES[text.lower()]
         return getattr(transformers, class_name)(**keywords)
+    return _hub_config(text)
+
+
+def _hub_config(name: str) -> Any:
+    """The config of the Hub model ``name``: from the local Hugging Face cache when it is there, else fetched.
+
+    Before fetching, one request with no retries and a short timeout (``HF_HUB_ETAG_TIMEOUT`` seconds if set, else
+    :data:`_HUB_PROBE_TIMEOUT_S`) checks that the Hub answers for ``name``: offline (or with ``HF_HUB_OFFLINE=1``),
+    misspelt, gated or private names fail at once, in one line, instead of after the Hub client's retries.
+    """
+    import transformers
+
+    with contextlib.suppress(Exception):  # not in the cache (or unreadable there): ask the Hub
+        return transformers.AutoConfig.from_pretrained(name, local_files_only=True)
+    problem = _hub_problem(name)
+    if problem is None:
+        try:
+            return transformers.AutoConfig.from_pretrained(name)
+        except Exception as error:  # noqa: BLE001 - whatever went wrong, the remedy is the same
+            problem = "offline?" if isinstance(error, OSError) else f"{type(error).__name__}: {_first_line(error)}"
+    raise MemlabError(
+        f"could not fetch the config of {name} ({problem}); pass a transformers config or --config path/to/config.json"
+    )
+
+
+_HUB_PROBE_TIMEOUT_S = 5.0
+"""Seconds the Hub has to answer for a model's config.json before memlab says it is offline."""
+
+
+def _hub_problem(name: str) -> str | None:
+    """Why the Hub cannot give ``name``'s config.json, in a few words; None when it can (one request, no retries).
+
+    Example:
+        >>> _hub_problem("not a model name!")
+        'not a Hub model name'
+    """
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, utils
+
     try:
-        return transformers.AutoConfig.from_pretrained(text)
-    except Exception:  # noqa: BLE001 - offline, gated, misspelt: the remedy is the same
-        raise MemlabError(
-            f"could not fetch the config of {text} (offline?); "
-            "pass a transformers config or --config path/to/config.json"
-        ) from None
+        url = hf_hub_url(name, "config.json")
+    except utils.HFValidationError:
+        return "not a Hub model name"
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set and it is not in the Hugging Face cache"
+    timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or _HUB_PROBE_TIMEOUT_S)
+    try:
+        get_hf_file_metadata(url, timeout=timeout)
+    except utils.GatedRepoError:
+        return "gated: accept its licence on the Hub and log in with `hf auth login`"
+    except utils.RepositoryNotFoundError:
+        return "no such model on the Hub, or a private one: check the name, or log in with `hf auth login`"
+    except utils.EntryNotFoundError:
+        return "it has no config.json on the Hub"
+    except Exception:  # noqa: BLE001 - no network, no DNS, a timeout, offline mode, the Hub down
+        return "offline?"
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
 
 
 def adamw8bit_state_bytes(parameters: Sequence[torch.Tensor]) -> int:

@@ -14,16 +14,28 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
+from memlab.errors import MemlabError
+from memlab.measure.tracker import CATEGORIES
 from memlab.plan import PLAN_FIELDS, Plan, format_bytes
 
 if TYPE_CHECKING:
     import pandas
     import plotly.graph_objects
 
-__all__ = ["CATEGORIES", "STATUSES", "Report", "Trial", "figure_data"]
-
-CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
-"""Where the memory goes, in the order tables and stacked bars show them."""
+__all__ = [
+    "CATEGORIES",
+    "FIGURE_TITLES",
+    "STATUSES",
+    "Report",
+    "Trial",
+    "budget_line",
+    "budget_note",
+    "comparison_figure",
+    "comparison_traces",
+    "figure_columns",
+    "figure_data",
+    "one_line",
+]
 
 STATUSES = ("ok", "oom", "error")
 
@@ -38,6 +50,7 @@ _CATEGORY_COLORS = {
 _DOES_NOT_FIT_COLOR = "#7F7F7F"
 _BEST_COLOR = "#2CA02C"
 _RATE_COLOR = "#72B7B2"
+_BUDGET_COLOR = "#D62728"
 
 
 @dataclass
@@ -181,7 +194,14 @@ class Trial:
         )
 
     def to_text(self) -> str:
-        """A plain-text table of this one trial (see :meth:`Report.to_text`)."""
+        """A plain-text table of this one trial (see :meth:`Report.to_text`).
+
+        Example:
+            >>> t = Trial(Plan(), "oom", 2048, {}, None, None, None, "cpu", error="out of memory", budget=1024)
+            >>> lines = t.to_text().splitlines()
+            >>> lines[1].split()[:5], lines[-2]
+            (['plain', 'does', 'not', 'fit', '(OOM)'], 'Budget: 1.0 KiB')
+        """
         return Report([self], budget=self.budget).to_text()
 
     def _repr_html_(self) -> str:
@@ -224,6 +244,11 @@ class Report:
         """The fastest trial that fits (most samples/s; a tie goes to the lower peak), or None.
 
         Trials without a speed (estimates) rank below any measured speed, and among themselves by lower peak.
+
+        Example:
+            >>> fast = Trial(Plan(), "ok", 900, {"params": 900}, 0.5, 8.0, None, "cpu")
+            >>> Report([fast], budget=1000).best is fast, Report([fast], budget=800).best
+            (True, None)
         """
         candidates = [trial for trial in self.trials if self.fits(trial)]
         if not candidates:
@@ -255,9 +280,15 @@ class Report:
     # --- data -----------------------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"budget": ..., "trials": [Trial.to_dict(), ...]}``, JSON-friendly.
+        """``{"budget": ..., "trials": [Trial.to_dict(), ...], "skipped": [...]}``, JSON-friendly.
 
         The ``fits`` of each trial here is the report's view (see :meth:`fits`).
+
+        Example:
+            >>> r = Report([Trial(Plan(), "ok", 900, {"params": 900}, 0.5, 8.0, None, "cpu")], budget=800)
+            >>> d = r.to_dict()
+            >>> d["budget"], d["trials"][0]["label"], d["trials"][0]["fits"], d["skipped"]
+            (800, 'plain', False, [])
         """
         trials = []
         for trial in self.trials:
@@ -330,7 +361,7 @@ class Report:
             status = _status_text(trial, self.fits(trial))
             notes = list(trial.notes)
             if trial.error:
-                notes.insert(0, _one_line(trial.error))
+                notes.insert(0, one_line(trial.error))
             peak = format_bytes(trial.peak_bytes) if trial.status != "error" else "-"
             if trial.status == "oom" and trial.peak_bytes:
                 peak = ">= " + peak
@@ -471,105 +502,222 @@ class Report:
     # --- figure ---------------------------------------------------------------------------------------------
 
     def plot(self) -> plotly.graph_objects.Figure:
-        """A plotly figure: peak memory by category per plan (left) and samples/s per plan (right).
+        """A plotly figure: samples/s per plan (left) and peak memory by category per plan (right).
 
-        The left panel stacks params, grads, optimizer, activations and other (MiB) for each plan; an
-        out-of-memory plan is a grey hatched "does not fit" bar at the peak it reached, a failed plan an ``x``
-        on the axis, and a dashed line marks the budget. The best plan's samples/s bar is green. The traces
-        are always the same eight (five categories, "does not fit", "error", "samples/s"), in that order, so a
-        live figure can update them in place with :func:`figure_data`.
+        The right panel stacks params, grads, optimizer, activations and other (MiB) for each plan; an
+        out-of-memory plan is a grey hatched "does not fit" bar (as high as the peak it reached, at least its
+        budget), a failed plan an ``x`` on the axis, and a dashed line marks the budget. The best plan's samples/s
+        bar is green. This is the top row of the live figure (:mod:`memlab.jupyter.live`), built by the same
+        :func:`comparison_figure`: the traces are always the same eight (five categories, "does not fit", "error",
+        "samples/s"), in that order.
 
         Example:
             >>> r = Report([Trial(Plan(), "ok", 2**20, {"params": 2**20}, 0.5, 8.0, None, "cpu")])
             >>> [trace.name for trace in r.plot().data][-1]
             'samples/s'
         """
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-
         data = figure_data(self)
-        labels = data["labels"]
-        fig = make_subplots(
-            rows=1,
-            cols=2,
-            column_widths=[0.6, 0.4],
-            horizontal_spacing=0.12,
-            subplot_titles=("Peak memory by category", "Throughput"),
-        )
-        for name in CATEGORIES:
-            fig.add_trace(
-                go.Bar(
-                    name=name,
-                    x=labels,
-                    y=data["categories"][name],
-                    marker_color=_CATEGORY_COLORS[name],
-                    legendgroup="memory",
-                    hovertemplate="%{x}<br>" + name + ": %{y:.1f} MiB<extra></extra>",
-                ),
-                row=1,
-                col=1,
-            )
-        fig.add_trace(
-            go.Bar(
-                name="does not fit",
-                x=labels,
-                y=data["does_not_fit"],
-                marker={"color": _DOES_NOT_FIT_COLOR, "pattern": {"shape": "/"}},
-                legendgroup="memory",
-                hovertemplate="%{x}<br>does not fit: out of memory at %{y:.1f} MiB<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                name="error",
-                x=labels,
-                y=data["error"],
-                mode="markers",
-                marker={"symbol": "x", "size": 12, "color": "#D62728"},
-                text=data["error_text"],
-                hovertemplate="%{x}<br>error: %{text}<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
-        fig.add_trace(
-            go.Bar(
-                name="samples/s",
-                x=labels,
-                y=data["samples_per_s"],
-                marker_color=[_BEST_COLOR if label == data["best"] else _RATE_COLOR for label in labels],
-                showlegend=False,
-                hovertemplate="%{x}<br>%{y:.3g} samples/s<extra></extra>",
-            ),
-            row=1,
-            col=2,
-        )
+        fig = comparison_figure(figure_columns(self, data))
         if data["budget_mib"] is not None:
-            fig.add_hline(
-                y=data["budget_mib"],
-                line_dash="dash",
-                line_color="#D62728",
-                annotation_text=f"budget {format_bytes(self.budget)}",
-                annotation_position="top left",
-                row=1,
-                col=1,
-            )
+            fig.add_shape(budget_line(data["budget_mib"]))
+            fig.add_annotation(budget_note(self.budget or 0))
         title = "memlab: memory and speed per plan"
         if data["best"] is not None:
             title += f" (best: {data['best']})"
-        fig.update_layout(
-            barmode="stack",
-            title=title,
-            legend_title_text="memory",
-            bargap=0.25,
-            margin={"t": 80},
-        )
-        fig.update_xaxes(title_text="plan", type="category")
-        fig.update_yaxes(title_text="peak memory (MiB)", rangemode="tozero", row=1, col=1)
-        fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=1, col=2)
+        fig.update_layout(title=title, margin={"t": 80})
         return fig
+
+
+FIGURE_TITLES = ("Throughput", "Peak memory by category")
+"""The titles of the two panels of every memlab figure: samples/s per plan in column 1 (axes ``x``, ``y``), peak
+memory by category per plan in column 2 (axes ``x2``, ``y2``)."""
+
+THROUGHPUT_COLUMN, MEMORY_COLUMN = 1, 2
+_COLUMN_WIDTHS = (0.4, 0.6)
+_TRACE_COLUMNS = (*(MEMORY_COLUMN for _ in CATEGORIES), MEMORY_COLUMN, MEMORY_COLUMN, THROUGHPUT_COLUMN)
+
+
+def comparison_figure(
+    columns: list[dict[str, Any]] | None = None, *, more_titles: tuple[str, ...] = ()
+) -> plotly.graph_objects.Figure:
+    """The figure of :meth:`Report.plot` and of the live figure: the subplot layout, axes and per-plan traces.
+
+    Row 1 is throughput (column 1) and peak memory by category (column 2), holding :func:`comparison_traces`
+    filled with ``columns`` (see :func:`figure_columns`; None: empty, for a live figure to fill). ``more_titles``
+    adds rows below (two titles per row) for the caller's own traces; the live figure adds one. plotly is
+    imported here, never when memlab is imported.
+
+    Example:
+        >>> fig = comparison_figure(more_titles=("Memory of the running trial", "Memory vs throughput"))
+        >>> [a.text for a in fig.layout.annotations][:2], fig.data[0].xaxis, fig.data[-1].xaxis
+        (['Throughput', 'Peak memory by category'], 'x2', 'x')
+    """
+    from plotly.subplots import make_subplots
+
+    rows = 1 + len(more_titles) // 2
+    fig = make_subplots(
+        rows=rows,
+        cols=2,
+        column_widths=list(_COLUMN_WIDTHS),
+        horizontal_spacing=0.12,
+        vertical_spacing=0.16,
+        subplot_titles=(*FIGURE_TITLES, *more_titles),
+    )
+    for trace, column in zip(comparison_traces(columns), _TRACE_COLUMNS, strict=True):
+        fig.add_trace(trace, row=1, col=column)
+    fig.update_layout(barmode="stack", legend_title_text="memory", bargap=0.25)
+    fig.update_xaxes(title_text="plan", type="category", row=1)
+    fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=1, col=THROUGHPUT_COLUMN)
+    fig.update_yaxes(title_text="peak memory (MiB)", rangemode="tozero", row=1, col=MEMORY_COLUMN)
+    return fig
+
+
+def comparison_traces(columns: list[dict[str, Any]] | None = None) -> list[Any]:
+    """The eight per-plan traces, styled: the five categories, "does not fit" and "error" (peak memory panel), and
+    "samples/s" (throughput panel), in that order; filled with ``columns`` (:func:`figure_columns`), else empty.
+
+    Example:
+        >>> [trace.name for trace in comparison_traces()][5:]
+        ['does not fit', 'error', 'samples/s']
+    """
+    import plotly.graph_objects as go
+
+    traces: list[Any] = [
+        go.Bar(
+            name=name,
+            x=[],
+            y=[],
+            marker_color=_CATEGORY_COLORS[name],
+            legendgroup="memory",
+            hovertemplate="%{x}<br>" + name + ": %{y:.2f} MiB<extra></extra>",
+        )
+        for name in CATEGORIES
+    ]
+    traces.append(
+        go.Bar(
+            name="does not fit",
+            x=[],
+            y=[],
+            marker={"color": _DOES_NOT_FIT_COLOR, "pattern": {"shape": "/"}},
+            legendgroup="does not fit",
+            textposition="inside",
+            insidetextanchor="middle",
+            hovertemplate="%{x}<br>does not fit: out of memory (reached %{customdata:.2f} MiB)<extra></extra>",
+        )
+    )
+    traces.append(
+        go.Scatter(
+            name="error",
+            x=[],
+            y=[],
+            mode="markers",
+            marker={"symbol": "x", "size": 12, "color": _BUDGET_COLOR},
+            hovertemplate="%{x}<br>error: %{text}<extra></extra>",
+        )
+    )
+    traces.append(
+        go.Bar(
+            name="samples/s",
+            x=[],
+            y=[],
+            marker_color=_RATE_COLOR,
+            showlegend=False,
+            hovertemplate="%{x}<br>%{y:.3g} samples/s<extra></extra>",
+        )
+    )
+    for trace, values in zip(traces, columns or [], strict=False):
+        for key, value in values.items():
+            trace[key] = value
+    return traces
+
+
+def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """What each of the :func:`comparison_traces` shows, in trace order: ``{"x": ..., "y": ...}`` and, where the
+    trace has them, ``"text"``, ``"customdata"`` (the MiB an out-of-memory plan reached) and ``"marker.color"``.
+
+    An out-of-memory plan's "does not fit" bar is at least as high as its budget: a trial stopped by the budget
+    may have reached little before the allocation that broke it (failing both, the highest peak drawn, so the bar
+    is never invisible).
+
+    Example:
+        >>> oom = Trial(Plan(), "oom", 0, {}, None, None, None, "cpu", error="out of memory", budget=2**21)
+        >>> figure_columns(Report([oom]))[5]
+        {'x': ['plain'], 'y': [2.0], 'customdata': [0.0], 'text': ['does not fit']}
+    """
+    data = figure_data(report) if data is None else data
+    labels = data["labels"]
+    heights = _does_not_fit_heights(report, data)
+    columns: list[dict[str, Any]] = [{"x": labels, "y": data["categories"][name]} for name in CATEGORIES]
+    columns.append(
+        {
+            "x": labels,
+            "y": heights,
+            "customdata": data["does_not_fit"],
+            "text": ["does not fit" if height is not None else "" for height in heights],
+        }
+    )
+    columns.append({"x": labels, "y": data["error"], "text": data["error_text"]})
+    columns.append(
+        {
+            "x": labels,
+            "y": data["samples_per_s"],
+            "marker.color": [_BEST_COLOR if label == data["best"] else _RATE_COLOR for label in labels],
+        }
+    )
+    return columns
+
+
+def budget_line(budget_mib: float) -> dict[str, Any]:
+    """The dashed budget line across the peak memory panel, as a plotly shape.
+
+    Example:
+        >>> budget_line(8.0)["yref"], budget_line(8.0)["line"]["dash"]
+        ('y2', 'dash')
+    """
+    return {
+        "type": "line",
+        "xref": "x2 domain",
+        "x0": 0,
+        "x1": 1,
+        "yref": "y2",
+        "y0": budget_mib,
+        "y1": budget_mib,
+        "line": {"color": _BUDGET_COLOR, "dash": "dash", "width": 2},
+        "name": "budget",
+    }
+
+
+def budget_note(budget: int) -> dict[str, Any]:
+    """The label of :func:`budget_line` (``"budget 8.0 GiB"``), as a plotly annotation.
+
+    Example:
+        >>> budget_note(2**20)["text"]
+        'budget 1.0 MiB'
+    """
+    return {
+        "text": f"budget {format_bytes(budget)}",
+        "xref": "x2 domain",
+        "yref": "y2",
+        "x": 0,
+        "y": budget / _MIB,
+        "xanchor": "left",
+        "yanchor": "bottom",
+        "showarrow": False,
+        "font": {"color": _BUDGET_COLOR},
+    }
+
+
+def _does_not_fit_heights(report: Report, data: Mapping[str, Any]) -> list[float | None]:
+    floor = max((peak for peak in data["peak_mib"] if peak), default=1.0)
+    heights: list[float | None] = []
+    for trial, reached in zip(report.trials, data["does_not_fit"], strict=True):
+        if reached is None:
+            heights.append(None)
+            continue
+        budget = trial.budget if trial.budget is not None else report.budget
+        height = max(reached, (budget or 0) / _MIB)
+        heights.append(height if height > 0 else floor)
+    return heights
 
 
 def figure_data(report: Report) -> dict[str, Any]:
@@ -614,7 +762,7 @@ def figure_data(report: Report) -> dict[str, Any]:
             categories[name].append(trial.breakdown[name] / _MIB if ran else None)
         does_not_fit.append(trial.peak_bytes / _MIB if trial.status == "oom" else None)
         error.append(0.0 if trial.status == "error" else None)
-        error_text.append(_one_line(trial.error) if trial.status == "error" and trial.error else "")
+        error_text.append(one_line(trial.error) if trial.status == "error" and trial.error else "")
         peak.append(trial.peak_bytes / _MIB if trial.status != "error" else None)
         speed.append(trial.samples_per_s if ran else None)
         if trial is best:
@@ -649,10 +797,28 @@ def _status_text(trial: Trial, fits: bool) -> str:
     return "ok (estimate)" if trial.estimated else "ok"
 
 
-def _one_line(message: str, limit: int = 120) -> str:
-    lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
-    text = lines[0] if lines else ""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def one_line(message: BaseException | str, limit: int | None = 120) -> str:
+    """The first non-empty line of a message, for a table cell or a status line; at most ``limit`` characters.
+
+    An exception other than a :class:`~memlab.errors.MemlabError` (whose messages are written for the user) is
+    prefixed with its type name, and one without a message is its type name alone.
+
+    Example:
+        >>> one_line("CUDA out of memory.\\n  Tried to allocate 2.00 GiB")
+        'CUDA out of memory.'
+        >>> one_line(ValueError("\\nbad value\\nmore")), one_line(MemlabError("write budget='8GiB'"))
+        ('ValueError: bad value', "write budget='8GiB'")
+        >>> one_line("x" * 200, limit=10), one_line(KeyboardInterrupt())
+        ('xxxxxxx...', 'KeyboardInterrupt')
+    """
+    text = next((line.strip() for line in str(message).splitlines() if line.strip()), "")
+    if isinstance(message, BaseException) and not isinstance(message, MemlabError):
+        text = f"{type(message).__name__}: {text}" if text else type(message).__name__
+    elif isinstance(message, BaseException) and not text:
+        text = type(message).__name__
+    if limit is None or len(text) <= limit:
+        return text
+    return text[: limit - 3] + "..."
 
 
 def _format_seconds(seconds: float | None) -> str:

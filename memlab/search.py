@@ -25,6 +25,7 @@ fits two small models to what it measured, and skips what cannot fit or cannot w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -837,6 +838,7 @@ def fit(
     cannot fit or cannot beat the best so far are skipped (see the module docstring for how). The first plan runs
     without the budget's cap, so that its whole peak is known even when it does not fit (on CUDA it is still
     limited by the device); every other plan runs capped at the budget, as ``measure(..., budget=budget)`` does.
+    Every trial records the budget (the first one too), so ``trial.fits`` agrees with ``report.fits(trial)``.
     The returned Report holds every measured trial in order; its ``best`` is the answer (None when nothing fits),
     and its ``skipped`` lists the plans not measured with the reason.
 
@@ -907,12 +909,16 @@ def fit(
             if index > 0:
                 return runner.run(plan, index, total)
             # The first plan runs without the budget's cap: a capped run that does not fit stops at the budget and
-            # says only that, while the whole peak and its breakdown teach the memory model the most.
+            # says only that, while the whole peak and its breakdown teach the memory model the most. Its Trial
+            # (and the TrialFinished event that carries it) is then held to the budget like every other trial, so
+            # ``trial.fits`` says whether it fits the budget.
             runner.budget = None
+            runner.callback = _with_budget(callback, budget_bytes)
             try:
-                return runner.run(plan, index, total)
+                return dataclasses.replace(runner.run(plan, index, total), budget=budget_bytes)
             finally:
                 runner.budget = budget_bytes
+                runner.callback = callback
 
         def advance(done: int) -> None:
             bar.update(done - bar.n)
@@ -922,6 +928,29 @@ def fit(
             prior=prior, on_step=advance,
         )
     return Report(result.trials, budget=budget_bytes, skipped=result.skipped)
+
+
+def _with_budget(callback: Callback | None, budget: int) -> Callback | None:
+    """``callback``, with the Trial of a ``TrialFinished`` event held to ``budget`` (for fit's uncapped first run).
+
+    Example:
+        >>> from memlab.events import TrialFinished
+        >>> seen = []
+        >>> trial = Trial(Plan(), "ok", 900, {"params": 900}, 0.5, 8.0, None, "cpu")
+        >>> _with_budget(seen.append, 800)(TrialFinished(trial=trial, index=0, total=1))
+        >>> seen[0].trial.budget, seen[0].trial.fits
+        (800, False)
+    """
+    if callback is None:
+        return None
+    from memlab.events import TrialFinished
+
+    def forward(event: Any) -> None:
+        if isinstance(event, TrialFinished):
+            event = dataclasses.replace(event, trial=dataclasses.replace(event.trial, budget=budget))
+        callback(event)
+
+    return forward
 
 
 def _dry_run(

@@ -165,8 +165,9 @@ class TrialRunner:
         """Capture the model once; whatever happens inside, it comes back bit-exact."""
         self._structure = ModuleStructure.capture(self.model)
         self._held_before = self._memory_held_before() if self.device.type == "cpu" else []
-        self._held_bytes = _unique_storage_bytes(self._held_before, exclude=[*self.model.parameters(),
-                                                 *self.model.buffers(), *(t for _, t in named_tensors(self.batch))])
+        if self._held_before:
+            own = [*self.model.parameters(), *self.model.buffers(), *(t for _, t in named_tensors(self.batch))]
+            self._held_bytes = _unique_storage_bytes(self._held_before, exclude=own)
         self._values = ModelValues.capture(self.model)
         self._values.detach_grads()
         try:

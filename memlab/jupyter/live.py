@@ -1,13 +1,15 @@
 """The live figure: a plotly FigureWidget that memlab's progress events redraw while trials run.
 
-Four panels, always the same traces in the same order (so every redraw updates them in place):
+Four panels, always the same traces in the same order (so every redraw updates them in place). The top row is
+:meth:`memlab.Report.plot`'s figure, built by the same :func:`memlab.report.comparison_figure` (the same traces,
+colours and layout); the bottom row is the live figure's own:
 
-* top left, **memory of the running trial**: live bytes over the seconds of the trial, from the samples taken
-  during its tracked step (warm-up and timed steps are not tracked, so they only move the clock on);
+* top left, **samples/s** per setting (the best one green);
 * top right, **peak memory by category** per setting, stacked (params, grads, optimizer, activations, other),
   a grey hatched "does not fit" bar for a setting that ran out of memory, a red ``x`` for one that failed, and
   a dashed budget line;
-* bottom left, **samples/s** per setting (the best one green);
+* bottom left, **memory of the running trial**: live bytes over the seconds of the trial, from the samples taken
+  during its tracked step (warm-up and timed steps are not tracked, so they only move the clock on);
 * bottom right, **memory vs throughput**: a point per setting that reached a peak (an out-of-memory one at 0
   samples/s), green where it fits the budget, grey where it does not.
 
@@ -26,17 +28,20 @@ from collections.abc import Callable
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from memlab.events import Event, MemorySample, StepFinished, TrialFinished, TrialStarted
-from memlab.plan import Plan, format_bytes, parse_budget
+from memlab.plan import Plan, parse_budget
 from memlab.report import (
     _BEST_COLOR,
-    _CATEGORY_COLORS,
     _DOES_NOT_FIT_COLOR,
-    _RATE_COLOR,
     CATEGORIES,
+    FIGURE_TITLES,
+    THROUGHPUT_COLUMN,
     Report,
+    budget_line,
+    budget_note,
+    comparison_figure,
+    figure_columns,
     figure_data,
 )
 
@@ -44,19 +49,22 @@ __all__ = ["LiveFigure"]
 
 _MIB = 1024**2
 _MAX_LIVE_POINTS = 2000
-_BUDGET_COLOR = "#D62728"
+_LIVE_COLOR = "#4C78A8"
 
-# Trace order (indices into ``widget.data``).
-LIVE = 0
-CATEGORY_TRACES = {name: 1 + i for i, name in enumerate(CATEGORIES)}
-DOES_NOT_FIT = 1 + len(CATEGORIES)
+# Trace order (indices into ``widget.data``): Report.plot's eight traces, then the live figure's own three.
+CATEGORY_TRACES = {name: i for i, name in enumerate(CATEGORIES)}
+DOES_NOT_FIT = len(CATEGORIES)
 ERROR = DOES_NOT_FIT + 1
 SPEED = ERROR + 1
-SCATTER_FITS = SPEED + 1
+LIVE = SPEED + 1
+SCATTER_FITS = LIVE + 1
 SCATTER_MISSES = SCATTER_FITS + 1
 
 _TRACE_KEYS = ("x", "y", "text", "customdata", "marker.color")
-_TITLES = ("Memory of the running trial", "Peak memory by category", "Throughput", "Memory vs throughput")
+_LIVE_TITLES = ("Memory of the running trial", "Memory vs throughput")
+_TITLES = (*FIGURE_TITLES, *_LIVE_TITLES)
+_THROUGHPUT_TITLE = THROUGHPUT_COLUMN - 1  # indices into _TITLES
+_RUNNING_TITLE = len(FIGURE_TITLES)
 
 
 class LiveFigure:
@@ -77,7 +85,7 @@ class LiveFigure:
         >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
         >>> report = memlab.compare(model, torch.randn(4, 8), [memlab.Plan()], loss_fn=lambda m, b: m(b).mean(),
         ...                         steps=1, callback=live, progress=False)
-        >>> live.report.trials[0].label, live.widget.data[1].x
+        >>> live.report.trials[0].label, live.widget.data[0].x
         ('plain', ('plain',))
     """
 
@@ -108,7 +116,14 @@ class LiveFigure:
 
     @property
     def budget(self) -> int | None:
-        """The budget in bytes drawn as a line (None: no line); setting it redraws."""
+        """The budget in bytes drawn as a line (None: no line); setting it redraws.
+
+        Example:
+            >>> live = LiveFigure()
+            >>> live.budget = "2MiB"
+            >>> live.budget, [shape.name for shape in live.widget.layout.shapes][0]
+            (2097152, 'budget')
+        """
         return self.report.budget
 
     @budget.setter
@@ -124,7 +139,7 @@ class LiveFigure:
             >>> live = LiveFigure(min_interval_s=60)
             >>> live(TrialStarted(plan=Plan(), index=0, total=1))
             >>> live(MemorySample(plan=Plan(), index=0, seconds=0.1, live_bytes=2**20))
-            >>> live.widget.data[0].y, live.flush(), live.widget.data[0].y
+            >>> live.widget.data[LIVE].y, live.flush(), live.widget.data[LIVE].y
             ((), None, (1.0,))
         """
         try:
@@ -141,7 +156,7 @@ class LiveFigure:
             >>> from memlab.report import Trial
             >>> live = LiveFigure()
             >>> live.show_report(Report([Trial(Plan(), "ok", 2**20, {"params": 2**20}, 0.5, 8.0, None, "cpu")]))
-            >>> live.widget.data[1].y
+            >>> live.widget.data[0].y
             (1.0,)
         """
         self.report = Report(list(report.trials), budget=report.budget)
@@ -214,23 +229,10 @@ class LiveFigure:
     def _columns(self, data: dict[str, Any]) -> dict[int, dict[str, Any]]:
         """What each trace shows, by trace index: ``{index: {"x": [...], "y": [...], ...}}``."""
         labels = data["labels"]
+        columns: dict[int, dict[str, Any]] = dict(enumerate(figure_columns(self.report, data)))
         seconds, mib = _thin(self._live_seconds, self._live_mib, _MAX_LIVE_POINTS)
-        columns: dict[int, dict[str, Any]] = {LIVE: {"x": seconds, "y": mib}}
-        for name, index in CATEGORY_TRACES.items():
-            columns[index] = {"x": labels, "y": data["categories"][name]}
-        does_not_fit = _does_not_fit_heights(self.report, data)
-        columns[DOES_NOT_FIT] = {
-            "x": labels,
-            "y": does_not_fit,
-            "customdata": data["does_not_fit"],
-            "text": ["does not fit" if height is not None else "" for height in does_not_fit],
-        }
-        columns[ERROR] = {"x": labels, "y": data["error"], "text": data["error_text"]}
-        columns[SPEED] = {
-            "x": labels,
-            "y": data["samples_per_s"],
-            "marker.color": [_BEST_COLOR if label == data["best"] else _RATE_COLOR for label in labels],
-        }
+        columns[LIVE] = {"x": seconds, "y": mib}
+        does_not_fit = columns[DOES_NOT_FIT]["y"]
         peaks = [dnf if dnf is not None else peak for dnf, peak in zip(does_not_fit, data["peak_mib"], strict=True)]
         for index, fits in ((SCATTER_FITS, True), (SCATTER_MISSES, False)):
             points = [
@@ -244,26 +246,14 @@ class LiveFigure:
     def _annotations(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         titles = list(_TITLES)
         if self._running_text:
-            titles[0] = f"{'Running' if self._running is not None else 'Last'}: {self._running_text}"
+            titles[_RUNNING_TITLE] = f"{'Running' if self._running is not None else 'Last'}: {self._running_text}"
         if data["best"] is not None:
-            titles[2] = f"Throughput (best: {data['best']})"
+            titles[_THROUGHPUT_TITLE] = f"{titles[_THROUGHPUT_TITLE]} (best: {data['best']})"
         notes = [dict(note) for note in self._title_notes]
         for note, title in zip(notes, titles, strict=True):
             note["text"] = title
-        if data["budget_mib"] is not None:
-            notes.append(
-                {
-                    "text": f"budget {format_bytes(self.report.budget)}",
-                    "xref": "x2 domain",
-                    "yref": "y2",
-                    "x": 0,
-                    "y": data["budget_mib"],
-                    "xanchor": "left",
-                    "yanchor": "bottom",
-                    "showarrow": False,
-                    "font": {"color": _BUDGET_COLOR},
-                }
-            )
+        if self.report.budget is not None:
+            notes.append(budget_note(self.report.budget))
         return notes
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -271,73 +261,17 @@ class LiveFigure:
 
 
 def _build_widget() -> go.FigureWidget:
-    fig = make_subplots(
-        rows=2,
-        cols=2,
-        subplot_titles=_TITLES,
-        horizontal_spacing=0.12,
-        vertical_spacing=0.16,
-    )
+    """Report.plot's figure (empty) with a second row: the running trial's memory, and memory vs throughput."""
+    fig = comparison_figure(more_titles=_LIVE_TITLES)
     fig.add_trace(
         go.Scatter(
             name="live memory",
             x=[],
             y=[],
             mode="lines",
-            line={"color": "#4C78A8"},
+            line={"color": _LIVE_COLOR},
             showlegend=False,
             hovertemplate="%{x:.3f} s<br>%{y:.2f} MiB<extra></extra>",
-        ),
-        row=1,
-        col=1,
-    )
-    for name in CATEGORIES:
-        fig.add_trace(
-            go.Bar(
-                name=name,
-                x=[],
-                y=[],
-                marker_color=_CATEGORY_COLORS[name],
-                legendgroup="memory",
-                hovertemplate="%{x}<br>" + name + ": %{y:.2f} MiB<extra></extra>",
-            ),
-            row=1,
-            col=2,
-        )
-    fig.add_trace(
-        go.Bar(
-            name="does not fit",
-            x=[],
-            y=[],
-            marker={"color": _DOES_NOT_FIT_COLOR, "pattern": {"shape": "/"}},
-            legendgroup="does not fit",
-            textposition="inside",
-            insidetextanchor="middle",
-            hovertemplate="%{x}<br>does not fit: out of memory (reached %{customdata:.2f} MiB)<extra></extra>",
-        ),
-        row=1,
-        col=2,
-    )
-    fig.add_trace(
-        go.Scatter(
-            name="error",
-            x=[],
-            y=[],
-            mode="markers",
-            marker={"symbol": "x", "size": 12, "color": _BUDGET_COLOR},
-            hovertemplate="%{x}<br>error: %{text}<extra></extra>",
-        ),
-        row=1,
-        col=2,
-    )
-    fig.add_trace(
-        go.Bar(
-            name="samples/s",
-            x=[],
-            y=[],
-            marker_color=_RATE_COLOR,
-            showlegend=False,
-            hovertemplate="%{x}<br>%{y:.3g} samples/s<extra></extra>",
         ),
         row=2,
         col=1,
@@ -361,19 +295,9 @@ def _build_widget() -> go.FigureWidget:
             row=2,
             col=2,
         )
-    fig.update_layout(
-        barmode="stack",
-        height=620,
-        margin={"t": 40, "b": 40, "l": 60, "r": 20},
-        legend_title_text="memory",
-        bargap=0.25,
-    )
-    fig.update_xaxes(title_text="seconds into the trial", row=1, col=1)
-    fig.update_yaxes(title_text="live memory (MiB)", rangemode="tozero", row=1, col=1)
-    fig.update_xaxes(type="category", row=1, col=2)
-    fig.update_yaxes(title_text="peak (MiB)", rangemode="tozero", row=1, col=2)
-    fig.update_xaxes(type="category", row=2, col=1)
-    fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=2, col=1)
+    fig.update_layout(height=620, margin={"t": 40, "b": 40, "l": 60, "r": 20})
+    fig.update_xaxes(title_text="seconds into the trial", row=2, col=1)
+    fig.update_yaxes(title_text="live memory (MiB)", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text="peak memory (MiB)", rangemode="tozero", row=2, col=2)
     fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=2, col=2)
     return go.FigureWidget(fig)
@@ -385,64 +309,24 @@ def _trace_defaults(trace: Any) -> dict[str, Any]:
     return {"text": [], "customdata": [], "marker.color": None if marker is None else marker.color}
 
 
-def _does_not_fit_heights(report: Report, data: dict[str, Any]) -> list[float | None]:
-    """The "does not fit" bar of each out-of-memory trial (None elsewhere), at least as high as its budget.
-
-    A trial stopped by the budget may have reached little before the allocation that broke it, so the bar shows
-    the larger of what it reached and the budget; failing both, the highest peak drawn, so it is never invisible.
-    """
-    floor = max((peak for peak in data["peak_mib"] if peak), default=1.0)
-    heights: list[float | None] = []
-    for trial, reached in zip(report.trials, data["does_not_fit"], strict=True):
-        if reached is None:
-            heights.append(None)
-            continue
-        budget = trial.budget if trial.budget is not None else report.budget
-        height = max(reached, (budget or 0) / _MIB)
-        heights.append(height if height > 0 else floor)
-    return heights
-
-
 def _budget_shapes(budget_mib: float | None) -> list[dict[str, Any]]:
-    """Dashed budget lines: across the peak-by-category and live-memory panels, and up the scatter."""
+    """Dashed budget lines: across the peak-by-category panel (as in Report.plot) and the live-memory panel, and
+    up the scatter."""
     if budget_mib is None:
         return []
-    line = {"color": _BUDGET_COLOR, "dash": "dash", "width": 2}
-    return [
-        {
-            "type": "line",
-            "xref": "x2 domain",
-            "x0": 0,
-            "x1": 1,
-            "yref": "y2",
-            "y0": budget_mib,
-            "y1": budget_mib,
-            "line": line,
-            "name": "budget",
-        },
-        {
-            "type": "line",
-            "xref": "x domain",
-            "x0": 0,
-            "x1": 1,
-            "yref": "y",
-            "y0": budget_mib,
-            "y1": budget_mib,
-            "line": line,
-            "name": "budget (live)",
-        },
-        {
-            "type": "line",
-            "xref": "x4",
-            "x0": budget_mib,
-            "x1": budget_mib,
-            "yref": "y4 domain",
-            "y0": 0,
-            "y1": 1,
-            "line": line,
-            "name": "budget (scatter)",
-        },
-    ]
+    across = budget_line(budget_mib)
+    live = {**across, "xref": "x3 domain", "yref": "y3", "name": "budget (live)"}
+    scatter = {
+        **across,
+        "xref": "x4",
+        "x0": budget_mib,
+        "x1": budget_mib,
+        "yref": "y4 domain",
+        "y0": 0,
+        "y1": 1,
+        "name": "budget (scatter)",
+    }
+    return [across, live, scatter]
 
 
 def _thin(xs: list[float], ys: list[float], limit: int) -> tuple[list[float], list[float]]:

@@ -10,8 +10,8 @@ What the magic does, in order:
 2. It compiles the cell body once into the loss function (see :func:`body_loss_fn`).
 3. It checks everything it can before the model is touched. Any wrong input raises IPython's ``UsageError``
    with one line that says what is wrong and what to write; then nothing has run and the model is as it was.
-4. It runs: ``memlab.compare`` over the ``--try`` grid, or ``memlab.search.fit`` when ``--budget`` or
-   ``--batch-size`` is given, or ``memlab.estimate.estimate_plans`` with ``--dry-run``. Unless ``--quiet``,
+4. It runs: ``memlab.compare`` over the ``--try`` grid, or ``memlab.fit`` when ``--budget`` or
+   ``--batch-size`` is given, or ``memlab.estimate`` (every plan) with ``--dry-run``. Unless ``--quiet``,
    the live figure (``memlab.jupyter.live.LiveFigure``) is displayed first and updated while trials run.
    Errors raised by the loss while a trial runs are that trial's ``"error"`` status, not a UsageError.
 5. With ``--apply`` it puts the best plan on the live model with ``memlab.apply`` and stores what it returns
@@ -22,8 +22,6 @@ What the magic does, in order:
 from __future__ import annotations
 
 import ast
-import importlib
-import importlib.util
 import keyword
 import re
 from collections.abc import Mapping, Sequence
@@ -36,8 +34,11 @@ from torch import nn
 
 from memlab.batch import Batch, LossFn, count_rows
 from memlab.errors import MemlabError
+from memlab.estimate import estimate_plans
 from memlab.plan import parse_budget, parse_grid
 from memlab.report import Report
+from memlab.search import fit
+from memlab.trial import compare
 
 __all__ = [
     "APPLIED_NAME",
@@ -267,19 +268,26 @@ def _shows_widgets(shell: Any) -> bool:
     return getattr(shell, "kernel", None) is not None
 
 
-def _require(module: str, feature: str, instead: str) -> Any:
-    """Import a memlab module that another part of the project provides, or say clearly that it is missing."""
-    if importlib.util.find_spec(module) is None:
-        raise _usage_error(f"{feature} is not available yet in this memlab ({module} is missing); {instead}")
-    return importlib.import_module(module)
-
-
 # --- the magic --------------------------------------------------------------------------------------------------
 
 
 @magics_class
 class MemfitMagics(Magics):
-    """The magics that ``%load_ext memlab`` registers: ``%%memfit`` (cell) and ``%memfit`` (line)."""
+    """The magics that ``%load_ext memlab`` registers: ``%%memfit`` (cell) and ``%memfit`` (line).
+
+    Example (a test shell stands in for the notebook's; in a notebook, write the cell itself)::
+
+        >>> import torch
+        >>> from IPython.testing import globalipapp
+        >>> shell = globalipapp.get_ipython()
+        >>> load_ipython_extension(shell)
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        >>> shell.user_ns.update(net=net, xs=torch.randn(8, 4))
+        >>> report = shell.run_cell_magic("memfit", "net xs --try checkpointing=off,on --steps 1 --quiet",
+        ...                               "loss = net(xs).pow(2).mean()")
+        >>> [(trial.label, trial.status) for trial in report]
+        [('plain', 'ok'), ('ckpt', 'ok')]
+    """
 
     @magic_arguments()
     @argument("model", metavar="MODEL", help="name of the torch nn.Module in the notebook, e.g. model")
@@ -389,16 +397,11 @@ class MemfitMagics(Magics):
             _check_search(axes, batch_size or rows, batch_size is not None, budget, _device_type(model))
         if args.apply and args.dry_run:
             raise _usage_error("--apply needs measured plans, and --dry-run only estimates them; drop one of the two")
-        if args.dry_run:
-            _require("memlab.estimate", "the dry run", "leave out --dry-run to measure the plans for real")
-        fit = None
-        if search:
-            fit = _require("memlab.search", "the budget search", "use --try KEY=V1,V2 to compare plans you choose").fit
 
         live = None if args.quiet or not _shows_widgets(self.shell) else self._live_figure(budget)
         common: dict[str, Any] = {"loss_fn": loss_fn, "budget": budget}
         try:
-            if fit is not None:
+            if search:
                 kwargs: dict[str, Any] = dict(
                     common,
                     batch_size=batch_size if batch_size is not None else rows,
@@ -413,11 +416,8 @@ class MemfitMagics(Magics):
                     kwargs["space"] = axes
                 report = fit(model, batch, **kwargs)
             elif args.dry_run:
-                estimate_plans = importlib.import_module("memlab.estimate").estimate_plans
                 report = estimate_plans(model, batch, plans, lr=lr, **common)
             else:
-                from memlab.trial import compare
-
                 report = compare(
                     model, batch, plans, steps=steps, warmup=warmup, lr=lr, callback=live, progress=False, **common
                 )
@@ -499,8 +499,8 @@ def load_ipython_extension(ipython: Any) -> None:
     """Register ``%%memfit`` and ``%memfit`` in ``ipython`` (what ``%load_ext memlab`` calls).
 
     Example:
-        >>> from IPython.core.interactiveshell import InteractiveShell
-        >>> shell = InteractiveShell.instance()
+        >>> from IPython.testing import globalipapp
+        >>> shell = globalipapp.get_ipython()  # a test shell; in a notebook: %load_ext memlab
         >>> load_ipython_extension(shell)
         >>> "memfit" in shell.magics_manager.magics["cell"]
         True
@@ -512,7 +512,16 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """Remove ``%%memfit`` and ``%memfit`` again (what ``%unload_ext`` and ``%reload_ext memlab`` call)."""
+    """Remove ``%%memfit`` and ``%memfit`` again (what ``%unload_ext`` and ``%reload_ext memlab`` call).
+
+    Example:
+        >>> from IPython.testing import globalipapp
+        >>> shell = globalipapp.get_ipython()  # a test shell; in a notebook: %unload_ext memlab
+        >>> load_ipython_extension(shell); unload_ipython_extension(shell)
+        >>> "memfit" in shell.magics_manager.magics["cell"], empty_body_transformer in shell.input_transformers_cleanup
+        (False, False)
+        >>> load_ipython_extension(shell)  # as it was
+    """
     magics = ipython.magics_manager.magics
     for kind in ("line", "cell"):
         function = magics[kind].get("memfit")

@@ -24,11 +24,10 @@ from torch import nn
 
 from memlab.apply import Applied, apply
 from memlab.batch import Batch, LossFn, count_rows, resolve_loss_fn
-from memlab.errors import MemlabError
 from memlab.events import Callback, Event
 from memlab.jupyter.live import LiveFigure
 from memlab.plan import OFFLOADS, OPTIMIZERS, PRECISIONS, Plan, format_bytes, parse_budget
-from memlab.report import Report, Trial
+from memlab.report import Report, Trial, one_line
 from memlab.trial import compare
 
 __all__ = ["Panel", "panel"]
@@ -173,7 +172,7 @@ class Panel(widgets.VBox):
         try:
             plan, budget = self.plan(), self.budget()
         except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
-            self._say(f"Cannot run: {_one_line(error)}", "error")
+            self._say(f"Cannot run: {one_line(error, limit=None)}", "error")
             return None
         self._set_busy(True)
         self._say(f"Running {plan.label()}...", "info")
@@ -200,7 +199,7 @@ class Panel(widgets.VBox):
             self._say("Interrupted; the model is as it was", "warn")
             return None
         except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
-            self._say(f"Error: {_one_line(error)}", "error")
+            self._say(f"Error: {one_line(error, limit=None)}", "error")
             return None
         finally:
             self.figure.flush()
@@ -231,7 +230,7 @@ class Panel(widgets.VBox):
             self.applied = apply(self.model, plan, loss_fn=self.loss_fn, lr=self.lr)
         except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
             self.applied = None
-            self._say(f"Cannot apply: {_one_line(error)}", "error")
+            self._say(f"Cannot apply: {one_line(error, limit=None)}", "error")
         else:
             self._say(f"Applied {plan.label()}: train with panel.applied.step(batch); Undo takes it off", "ok")
         self._set_busy(False)
@@ -245,7 +244,7 @@ class Panel(widgets.VBox):
             self.applied.undo()
             self._say(f"Undid {self.applied.plan.label()}; weights keep what training did", "info")
         except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
-            self._say(f"Cannot undo: {_one_line(error)}", "error")
+            self._say(f"Cannot undo: {one_line(error, limit=None)}", "error")
         self.applied = None
         self._set_busy(False)
 
@@ -361,15 +360,8 @@ def _trial_message(trial: Trial, report: Report) -> tuple[str, str]:
         reached = f", reached {format_bytes(trial.peak_bytes)}" if trial.peak_bytes else ""
         return f"{trial.label}: does not fit{budget} (out of memory{reached})", "warn"
     if trial.status == "error":
-        return f"{trial.label}: error: {_one_line(trial.error or 'unknown error')}", "error"
+        return f"{trial.label}: error: {one_line(trial.error or 'unknown error', limit=None)}", "error"
     if not report.fits(trial):
         return f"{trial.label}: does not fit: peak {format_bytes(trial.peak_bytes)} is over the budget", "warn"
     return f"{trial.label}: fits, peak {format_bytes(trial.peak_bytes)}{speed}", "ok"
 
-
-def _one_line(error: BaseException | str) -> str:
-    text = str(error).strip()
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    if isinstance(error, BaseException) and not isinstance(error, MemlabError):
-        return f"{type(error).__name__}: {first}" if first else type(error).__name__
-    return first or "unknown error"

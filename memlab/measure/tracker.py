@@ -32,6 +32,7 @@ from memlab.plan import format_bytes
 __all__ = ["CATEGORIES", "MemoryTracker"]
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
+"""Where the memory goes (the tracker's categories), in the order tables and stacked bars show them."""
 
 _SAMPLE_INTERVAL_S = 1e-3
 

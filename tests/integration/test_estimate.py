@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import doctest
 import importlib
 import io
@@ -45,6 +46,16 @@ def within(estimated: int, measured: int, tolerance: float = 0.05) -> bool:
     return abs(estimated - measured) <= tolerance * measured
 
 
+def step_only(trial):
+    """The measured trial without what the test process already held (counted in "other"): an estimate is of
+    the step on a device of its own, so that is what it is compared with."""
+    other = trial.breakdown["other"] - trial.preexisting_bytes
+    return dataclasses.replace(
+        trial, peak_bytes=trial.peak_bytes - trial.preexisting_bytes,
+        breakdown={**trial.breakdown, "other": other}, preexisting_bytes=0,
+    )
+
+
 def unique_bytes(tensors) -> int:
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())
@@ -55,7 +66,7 @@ def llama_and_measured():
     model, batch = tiny_llama(), lm_batch(rows=8)
     report = memlab.compare(model, batch, THREE_PLANS, steps=1, progress=False)
     assert [t.status for t in report] == ["ok"] * 3, [t.error for t in report]
-    return model, batch, report.trials
+    return model, batch, [step_only(t) for t in report.trials]
 
 
 @pytest.mark.parametrize("index", range(3), ids=[p.label() for p in THREE_PLANS])
@@ -78,7 +89,7 @@ def test_estimate_is_within_5_percent_of_measure(llama_and_measured, index):
 def test_a_plain_module_with_a_loss_fn_is_estimated_like_it_is_measured():
     model, batch = tiny_mlp(), mlp_batch(rows=16)
     plans = [memlab.Plan(), memlab.Plan(checkpointing=True, micro_batch=4, accumulation=4)]
-    measured = memlab.compare(model, batch, plans, loss_fn=mlp_loss, steps=1, progress=False)
+    measured = [step_only(t) for t in memlab.compare(model, batch, plans, loss_fn=mlp_loss, steps=1, progress=False)]
     before = fingerprint(model)
     estimated = estimate_plans(model, batch, plans, loss_fn=mlp_loss)
     assert_same(before, fingerprint(model))
@@ -98,7 +109,7 @@ def test_a_plain_module_with_a_loss_fn_is_estimated_like_it_is_measured():
 def test_other_architectures_are_estimated_within_5_percent(build, batch):
     model, batch = build(), batch()
     plan = memlab.Plan(checkpointing=True, precision="bf16")
-    measured = memlab.measure(model, batch, plan, steps=1)
+    measured = step_only(memlab.measure(model, batch, plan, steps=1))
     trial = estimate(model, batch, plan)
     assert trial.status == "ok", trial.error
     assert within(trial.peak_bytes, measured.peak_bytes), (trial.peak_bytes, measured.peak_bytes)
@@ -256,18 +267,86 @@ def test_cuda_without_cuda_is_estimated_with_cpu_kernels_and_says_so():
 
 
 def test_a_model_name_that_cannot_be_fetched_says_what_to_do(monkeypatch):
+    import huggingface_hub
     import transformers
 
     def offline(*args, **kwargs):
         raise OSError("We couldn't connect to 'https://huggingface.co'")
 
+    def hub_answers(*args, **kwargs):
+        return None
+
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", hub_answers)
     with pytest.raises(MemlabError) as error:
         estimate("meta-llama/Llama-2-7b-hf", {"input_ids": (1, 512), "labels": (1, 512)})
     assert str(error.value) == (
         "could not fetch the config of meta-llama/Llama-2-7b-hf (offline?); "
         "pass a transformers config or --config path/to/config.json"
     )
+
+
+def test_a_hub_name_is_read_from_the_cache_first_and_the_hub_is_asked_once_without_retries(monkeypatch):
+    import huggingface_hub
+    import transformers
+
+    calls: list[dict] = []
+    cached = transformers.LlamaConfig(hidden_size=64)
+
+    def from_pretrained(name, **kwargs):
+        calls.append(kwargs)
+        if kwargs.get("local_files_only"):
+            return cached
+        raise AssertionError("the cached config is enough")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", from_pretrained)
+    assert load_config("my-org/cached") is cached and calls == [{"local_files_only": True}]
+
+    def unreachable(url, **kwargs):
+        calls.append({"probe": url, **kwargs})
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    def not_cached(name, **kwargs):
+        calls.append(kwargs)
+        raise OSError("not in the cache" if kwargs.get("local_files_only") else "retried five times")
+
+    calls.clear()
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", not_cached)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", unreachable)
+    with pytest.raises(MemlabError, match=r"could not fetch the config of my-org/missing \(offline\?\)"):
+        load_config("my-org/missing")
+    assert calls[0] == {"local_files_only": True} and len(calls) == 2  # never the retrying download
+    assert calls[1]["probe"].endswith("my-org/missing/resolve/main/config.json") and calls[1]["timeout"] <= 10
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(MemlabError, match="HF_HUB_OFFLINE is set and it is not in the Hugging Face cache"):
+        load_config("my-org/missing")
+    with pytest.raises(MemlabError, match=r"no such \(not a Hub model name\)"):
+        load_config("no such")
+
+
+def test_an_unknown_hub_name_fails_in_seconds_whether_online_or_not(monkeypatch):
+    """No mocks: offline this is one failed request, online a "not found" answer; never the Hub client's retries."""
+    import time
+
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "2")
+    started = time.perf_counter()
+    with pytest.raises(MemlabError, match="could not fetch the config of memlab-no-such-org/no-such-model"):
+        load_config("memlab-no-such-org/no-such-model")
+    assert time.perf_counter() - started < 5
+
+
+def test_estimate_takes_the_keywords_of_measure_and_ignores_what_a_dry_run_cannot_use():
+    events: list[object] = []
+    model, batch = tiny_mlp(), mlp_batch()
+    trial = estimate(
+        model, batch, memlab.Plan(), loss_fn=mlp_loss, steps=3, warmup=1, budget="1GiB", lr=1e-5,
+        callback=events.append, progress=False,
+    )
+    assert trial.status == "ok" and trial.estimated and trial.fits, trial.error
+    report = estimate_plans(model, batch, [memlab.Plan()], loss_fn=mlp_loss, steps=1, warmup=2, progress=True)
+    assert report[0].peak_bytes == trial.peak_bytes
+    assert events == []
 
 
 def test_wrong_inputs_are_clear_errors():

@@ -73,6 +73,23 @@ def test_a_budget_below_anything_possible_has_no_best_and_says_why():
     assert_same(before, fingerprint(model))
 
 
+def test_every_trial_of_a_fit_carries_the_budget_the_uncapped_first_one_too():
+    model, batch = tiny_gpt2(), lm_batch(rows=4)
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1)
+    budget = int(plain.peak_bytes * 0.7)
+    events: list[object] = []
+    space = {"precision": ["fp32"], "optimizer": ["adamw"]}
+    report = fit(model, batch, budget=budget, space=space, steps=1, progress=False, callback=events.append)
+    assert len(report.trials) >= 2
+    assert all(t.budget == budget == report.budget for t in report.trials)
+    assert all(t.fits == report.fits(t) for t in report.trials)
+    first = report.trials[0]  # ran uncapped, so it reached its whole peak, over the budget
+    assert first.status == "ok" and first.peak_bytes > budget and not first.fits
+    finished = [e.trial for e in events if isinstance(e, TrialFinished)]
+    assert [t.budget for t in finished] == [budget] * len(report.trials)
+    assert [t.fits for t in finished] == [t.fits for t in report.trials]
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -97,7 +114,6 @@ def test_fit_rejects_what_is_not_a_model():
 
 
 def test_dry_run_ranks_estimates_without_running_a_step():
-    pytest.importorskip("memlab.estimate", reason="memlab.estimate (dry runs) is not there yet")
     model, batch = tiny_gpt2(), lm_batch(rows=4)
     plain = memlab.measure(model, batch, memlab.Plan(), steps=1)
     before = fingerprint(model)

@@ -86,7 +86,7 @@ def test_a_bar_per_setting_for_each_category_and_a_point_per_setting() -> None:
     assert bars["error"].y == (None, None, None, None, 0.0)
     assert bars["error"].text[4] == "RuntimeError: boom"
 
-    speed = traces_on(figure, "x3")["samples/s"]
+    speed = traces_on(figure, "x")["samples/s"]  # the top left panel, as in Report.plot
     assert speed.x == labels and speed.y == (20.0, 15.0, 30.0, None, None)
     assert speed.marker.color[0] == live_module._BEST_COLOR  # plain is the fastest that fits
 
@@ -104,6 +104,7 @@ def test_the_budget_line_is_a_dashed_shape_at_the_budget() -> None:
     line = shapes["budget"]
     assert (line.type, line.yref, line.xref, line.y0, line.y1) == ("line", "y2", "x2 domain", 6.0, 6.0)
     assert line.line.dash == "dash"
+    assert (shapes["budget (live)"].xref, shapes["budget (live)"].yref) == ("x3 domain", "y3")
     assert shapes["budget (scatter)"].x0 == 6.0 and shapes["budget (scatter)"].xref == "x4"
     assert any("budget 6.0 MiB" in note.text for note in figure.widget.layout.annotations)
     figure.budget = None
@@ -115,7 +116,8 @@ def test_memory_of_the_running_trial_is_drawn_in_seconds_into_the_trial() -> Non
     figure = LiveFigure(clock=clock)
     plan = Plan(checkpointing=True)
     figure(TrialStarted(plan=plan, index=0, total=2))
-    assert "Running: ckpt (setting 1 of 2)" == figure.widget.layout.annotations[0].text
+    titles = [note.text for note in figure.widget.layout.annotations]
+    assert titles[2] == "Running: ckpt (setting 1 of 2)"  # the bottom left panel's title
     figure(StepFinished(plan, 0, 0, "warmup", 0.5, 2.0, None, None))
     figure(MemorySample(plan=plan, index=0, seconds=0.1, live_bytes=MIB))
     figure(MemorySample(plan=plan, index=0, seconds=0.2, live_bytes=3 * MIB))

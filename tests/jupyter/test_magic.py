@@ -7,7 +7,6 @@ Models are tiny and every run uses ``--steps 1 --warmup 1`` so the whole file st
 from __future__ import annotations
 
 import builtins
-import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
-from IPython.testing.globalipapp import start_ipython
+from IPython.testing import globalipapp
 from models import assert_same, fingerprint, lm_batch, mlp_batch, tiny_gpt2, tiny_mlp
 
 import memlab
@@ -25,10 +24,7 @@ from memlab.jupyter.magic import APPLIED_NAME, MemfitMagics, body_loss_fn, empty
 from memlab.plan import parse_grid
 
 FAST = "--steps 1 --warmup 1 --quiet"
-HAS_SEARCH = importlib.util.find_spec("memlab.search") is not None
-HAS_ESTIMATE = importlib.util.find_spec("memlab.estimate") is not None
 MLP_LOSS = "x, y = pairs\nloss = (mlp(x).squeeze(-1) - y).pow(2).mean()"
-needs_search = pytest.mark.skipif(not HAS_SEARCH, reason="memlab.search (fit) has not landed yet")
 
 
 class Trainer:
@@ -43,7 +39,9 @@ def shell() -> Iterator[InteractiveShell]:
     # Doctests run earlier in the session leave builtins._ behind, and IPython then never sets _ (see its
     # DisplayHook.update_user_ns); a real kernel has no builtins._.
     builtins.__dict__.pop("_", None)
-    ip = start_ipython()
+    # The session's one test shell: start_ipython() answers None once it has run (the docstring examples of
+    # memlab.jupyter.magic may have started it first), get_ipython() always answers the shell.
+    ip = globalipapp.get_ipython()
     assert ip is not None
     ip.run_line_magic("load_ext", "memlab")
     ip.user_ns.update(
@@ -221,7 +219,6 @@ def test_apply_stores_memfit_applied(shell: InteractiveShell, capsys: pytest.Cap
     del shell.user_ns[APPLIED_NAME]
 
 
-@needs_search
 def test_budget_and_batch_size_search_through_fit(shell: InteractiveShell) -> None:
     before = fingerprint(shell.user_ns["model"])
     report = memfit(
@@ -235,7 +232,6 @@ def test_budget_and_batch_size_search_through_fit(shell: InteractiveShell) -> No
     assert_same(before, fingerprint(shell.user_ns["model"]))
 
 
-@needs_search
 def test_apply_when_nothing_fits_applies_nothing(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
     shell.user_ns.pop(APPLIED_NAME, None)
     before = fingerprint(shell.user_ns["mlp"])
@@ -248,10 +244,6 @@ def test_apply_when_nothing_fits_applies_nothing(shell: InteractiveShell, capsys
 
 
 def test_dry_run(shell: InteractiveShell) -> None:
-    if not HAS_ESTIMATE:
-        with pytest.raises(UsageError, match="not available yet"):
-            memfit(shell, f"model batch --dry-run --try checkpointing=off,on {FAST}")
-        return
     report = memfit(shell, f"model batch --dry-run --try checkpointing=off,on {FAST}")
     assert len(report) == 2 and all(t.estimated for t in report.trials)
 

@@ -1,4 +1,4 @@
-"""The examples in the public docstrings run and print what they say."""
+"""The examples in the public docstrings run and print what they say, and every module listed has some."""
 
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ MODULES = [
     "memlab.jupyter.panel",
     "memlab.jupyter.live",
     "memlab.search",
+    "memlab.cli",
+    "memlab.events",
+    "memlab.demo",
+    "memlab.jupyter.magic",
 ]
 
 
@@ -36,4 +40,5 @@ MODULES = [
 def test_docstring_examples(name: str) -> None:
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0, f"{name} has no docstring examples"
     assert result.failed == 0

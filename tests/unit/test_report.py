@@ -304,12 +304,31 @@ def test_plot_has_a_trace_per_category_and_a_samples_trace(report: Report) -> No
     by_name = {trace.name: trace for trace in figure.data}
     assert list(by_name["params"].x) == [t.label for t in report]
     assert by_name["does not fit"].marker.pattern.shape == "/"
-    assert by_name["samples/s"].xaxis == "x2"
+    # The live figure's top row: samples/s on the left (x, y), peak memory by category on the right (x2, y2).
+    assert by_name["samples/s"].xaxis == "x" and {by_name[name].xaxis for name in CATEGORIES} == {"x2"}
+    assert [note.text for note in figure.layout.annotations][:2] == ["Throughput", "Peak memory by category"]
     assert figure.layout.barmode == "stack"
-    assert "MiB" in figure.layout.yaxis.title.text and figure.layout.yaxis2.title.text == "samples/s"
+    assert "MiB" in figure.layout.yaxis2.title.text and figure.layout.yaxis.title.text == "samples/s"
     assert figure.layout.title.text and "bf16" in figure.layout.title.text
     budget_lines = [shape for shape in figure.layout.shapes if shape.y0 == shape.y1]
-    assert budget_lines and budget_lines[0].y0 == pytest.approx(800)
+    assert budget_lines and budget_lines[0].y0 == pytest.approx(800) and budget_lines[0].yref == "y2"
+
+
+def test_plot_and_the_live_figure_share_traces_colours_and_layout(report: Report) -> None:
+    from memlab.jupyter.live import LiveFigure
+
+    static = report.plot()
+    live = LiveFigure()
+    live.show_report(report)
+    shared = live.widget.data[: len(static.data)]
+    for drawn, alive in zip(static.data, shared, strict=True):
+        assert (drawn.name, drawn.type, drawn.xaxis, drawn.yaxis) == (alive.name, alive.type, alive.xaxis, alive.yaxis)
+        assert drawn.hovertemplate == alive.hovertemplate and drawn.legendgroup == alive.legendgroup
+        assert drawn.marker.color == alive.marker.color and drawn.x == alive.x and drawn.y == alive.y
+    for axis in ("xaxis", "xaxis2"):  # the same columns (the live figure adds a row, so its heights differ)
+        assert static.layout[axis].domain == live.widget.layout[axis].domain
+    for axis in ("xaxis", "xaxis2", "yaxis", "yaxis2"):
+        assert static.layout[axis].title.text == live.widget.layout[axis].title.text
 
 
 def test_plot_without_budget_or_trials() -> None:
