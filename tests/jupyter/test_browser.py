@@ -60,11 +60,18 @@ KERNEL_READY = """() => {
 
 FILLS = "elements => elements.map(element => getComputedStyle(element).fill)"
 
+# The loss sleeps a little so that a run lasts long enough (about 1.5 s) for the browser to see the
+# controls disabled while it goes, however fast the machine is.
 CELL = """\
+import time
 import memlab
 from models import lm_batch, tiny_gpt2
 
-p = memlab.panel(tiny_gpt2(), lm_batch(rows=4, length=8), steps=1)
+def slow_loss(model, batch):
+    time.sleep(0.4)
+    return model(**batch).loss
+
+p = memlab.panel(tiny_gpt2(), lm_batch(rows=4, length=8), loss_fn=slow_loss, steps=1)
 p"""
 
 
