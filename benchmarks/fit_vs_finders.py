@@ -88,10 +88,10 @@ def half_precision(device: torch.device) -> str:
 
 def run_fit(model: nn.Module, batch: Any, size: Size, budget: int) -> Search:
     """memlab's ``fit`` over its default space."""
-    from memlab.search import fit
+    import memlab
 
     started = time.perf_counter()
-    report = fit(
+    report = memlab.fit(
         model, batch, budget=budget, batch_size=size.batch_size, steps=size.steps, warmup=size.warmup, progress=False
     )
     skipped = len(getattr(report, "skipped", []) or [])

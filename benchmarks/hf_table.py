@@ -223,6 +223,12 @@ def _step_clock(device: torch.device, tracked: int) -> Any:
             common.synchronize(device)
             self._started = time.perf_counter()
 
+        def close(self) -> None:
+            """Leave the tracker if a failed step left it entered."""
+            if self._tracker is not None:
+                self._tracker.__exit__(None, None, None)
+                self._tracker = None
+
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             common.synchronize(device)
             seconds = time.perf_counter() - self._started
@@ -244,10 +250,11 @@ def reset_bitsandbytes_overrides() -> None:
     """Forget the per-parameter overrides the Trainer registers in bitsandbytes' global ``GlobalOptimManager``.
 
     For ``adamw_bnb_8bit`` the Trainer registers every ``nn.Embedding`` weight for 32-bit optimizer state. The
-    manager is a process-wide singleton that keeps those modules alive and keys the override by the parameter's
-    (group, index) position too, so a later bitsandbytes optimizer (memlab's next 8-bit trial) would get 32-bit
-    settings for whatever parameter sits at the same position. Measured here: a memlab 8-bit trial right after
-    a Trainer 8-bit run peaked one embedding-size higher ("other") than the same trial in a fresh process.
+    manager is a process-wide singleton that keeps those modules (the Trainer's copy of the model) alive, and keys
+    the override by the parameter's (group, index) position too, so that any later bitsandbytes optimizer gets
+    32-bit settings for whatever parameter sits at the same position. memlab's own 8-bit optimizer keeps a
+    private manager with only the overrides that name its parameters; the reset frees the copy and keeps the next
+    Trainer row as clean as the first.
     """
     import sys
 
@@ -314,6 +321,7 @@ def measure_trainer(
             "step_time_s": None,
         }
     finally:
+        clock.close()
         del trainer, copied
         reset_bitsandbytes_overrides()
         common.release(device)
@@ -368,6 +376,7 @@ def run(
             ran = result[side]["status"] == "ok"
             result[side]["memory_saving"] = 1 - peak / base if base and peak and ran else None
     ratios = [r["throughput_ratio"] for r in rows if r["throughput_ratio"] is not None]
+    same_work = [r["throughput_ratio"] for r in rows if r["throughput_ratio"] is not None and "8-bit" not in r["row"]]
     parameters = sum(p.numel() for p in model.parameters())
     return {
         "model": {"class": type(model).__name__, "parameters": parameters, **asdict(size)},
@@ -399,6 +408,9 @@ def run(
         "throughput_ratio_min": min(ratios) if ratios else None,
         "goal": GOAL,
         "meets_goal": bool(ratios) and min(ratios) >= GOAL,
+        # The 8-bit rows differ in work, not in overhead: the Trainer updates embeddings with 32-bit Adam.
+        "throughput_ratio_min_same_work": min(same_work) if same_work else None,
+        "meets_goal_same_work": bool(same_work) and min(same_work) >= GOAL,
     }
 
 
@@ -441,7 +453,7 @@ def half_note(half: str, device: torch.device) -> str:
 
 
 def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+    return "-" if value is None else f"{value:.3g}"
 
 
 def _percent(value: float | None) -> str | None:
@@ -521,7 +533,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     common.write_figure(figure(result), args.out / f"{stem}.html")
     print(result["markdown"])
     print(f"memlab/Trainer throughput: median {_rate(result['throughput_ratio_median'])}, "
-          f"min {_rate(result['throughput_ratio_min'])} (goal >= {GOAL})")
+          f"min {_rate(result['throughput_ratio_min'])}, min without the 8-bit rows "
+          f"{_rate(result['throughput_ratio_min_same_work'])} (goal >= {GOAL})")
     print(f"wrote {path}")
     return result
 
