@@ -22,7 +22,6 @@ from typing import Any, NoReturn, TextIO
 __all__ = [
     "DEMO_BUDGET_FRACTION",
     "build_parser",
-    "demo_plans",
     "demo_space",
     "main",
     "plan_code",
@@ -154,27 +153,6 @@ def demo_space(batch_size: int) -> dict[str, list[Any]]:
     """
     sizes = [size for size in range(batch_size, 0, -1) if batch_size % size == 0 and 4 * size >= batch_size]
     return {"micro_batch": sizes, "checkpointing": [False, True], "precision": ["fp32"], "optimizer": ["adamw"]}
-
-
-def demo_plans(batch_size: int, rows: int) -> list[Any]:
-    """A fixed grid of plans to compare by hand on the demo model (``memlab demo`` itself searches
-    :func:`demo_space` with ``fit``): at ``batch_size`` rows per optimizer step, the whole batch at once, then halves
-    and quarters with accumulation, each with and without checkpointing.
-
-    Example:
-        >>> [plan.label() for plan in demo_plans(8, rows=8)]
-        ['plain', 'ckpt', 'mb4x2', 'mb4x2 ckpt', 'mb2x4', 'mb2x4 ckpt']
-    """
-    from memlab.plan import Plan
-
-    plans = []
-    for parts in (1, 2, 4):
-        if batch_size % parts:
-            continue
-        micro = batch_size // parts
-        base = Plan(micro_batch=None if micro == rows and parts == 1 else micro, accumulation=parts)
-        plans += [base, base.replace(checkpointing=True)]
-    return plans
 
 
 def plan_code(plan: Any) -> str:

@@ -20,7 +20,6 @@ from memlab.plan import PLAN_FIELDS, Plan, format_bytes
 
 if TYPE_CHECKING:
     import pandas
-    import plotly.graph_objects
 
 __all__ = [
     "CATEGORIES",
@@ -501,7 +500,7 @@ class Report:
 
     # --- figure ---------------------------------------------------------------------------------------------
 
-    def plot(self) -> plotly.graph_objects.Figure:
+    def plot(self) -> Any:  # a plotly.graph_objects.Figure; plotly is imported only when drawing
         """A plotly figure: samples/s per plan (left) and peak memory by category per plan (right).
 
         The right panel stacks params, grads, optimizer, activations and other (MiB) for each plan; an
@@ -539,7 +538,7 @@ _TRACE_COLUMNS = (*(MEMORY_COLUMN for _ in CATEGORIES), MEMORY_COLUMN, MEMORY_CO
 
 def comparison_figure(
     columns: list[dict[str, Any]] | None = None, *, more_titles: tuple[str, ...] = ()
-) -> plotly.graph_objects.Figure:
+) -> Any:  # a plotly Figure
     """The figure of :meth:`Report.plot` and of the live figure: the subplot layout, axes and per-plan traces.
 
     Row 1 is throughput (column 1) and peak memory by category (column 2), holding :func:`comparison_traces`

@@ -166,8 +166,7 @@ class TrialRunner:
         self._structure = ModuleStructure.capture(self.model)
         self._held_before = self._memory_held_before() if self.device.type == "cpu" else []
         if self._held_before:
-            own = [*self.model.parameters(), *self.model.buffers(), *(t for _, t in named_tensors(self.batch))]
-            self._held_bytes = _unique_storage_bytes(self._held_before, exclude=own)
+            self._held_bytes = _unique_storage_bytes(self._held_before, exclude=self._own_tensors())
         self._values = ModelValues.capture(self.model)
         self._values.detach_grads()
         try:
@@ -180,6 +179,10 @@ class TrialRunner:
             self._held_bytes = 0
             release_memory(collect=False)
 
+    def _own_tensors(self) -> list[torch.Tensor]:
+        """The model's parameters and buffers and the batch's tensors: what a trial counts by name."""
+        return [*self.model.parameters(), *self.model.buffers(), *(t for _, t in named_tensors(self.batch))]
+
     def _memory_held_before(self) -> list[torch.Tensor]:
         """On CPU, what the process already holds besides the model and the batch (the user's optimizer state,
         gradients, other variables): the device must hold it too, so it counts under "other".
@@ -188,8 +191,7 @@ class TrialRunner:
         """
         from torch._subclasses.fake_tensor import is_fake
 
-        own = {id(t) for t in [*self.model.parameters(), *self.model.buffers()]}
-        own.update(id(t) for _, t in named_tensors(self.batch))
+        own = {id(t) for t in self._own_tensors()}
         if any(is_fake(t) for t in self.model.parameters()):
             return []  # a dry run: this process's memory is not the hypothetical device's
         gc.collect()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memlab.cli import build_parser, demo_plans, demo_space, main, plan_code
+from memlab.cli import build_parser, demo_space, main, plan_code
 from memlab.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,5 @@ def test_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_demo_pieces() -> None:
     assert build_parser().parse_args(["demo"]).batch_size is None
-    assert [p.label() for p in demo_plans(8, rows=8)][:3] == ["plain", "ckpt", "mb4x2"]
-    assert all(p.rows_per_step(8) == 6 for p in demo_plans(6, rows=8))
     assert demo_space(8)["micro_batch"] == [8, 4, 2]
     assert plan_code(Plan(precision="bf16")) == "memlab.Plan(precision='bf16')"
