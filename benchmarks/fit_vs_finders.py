@@ -179,6 +179,7 @@ def _trial_row(trial: Any) -> dict[str, Any]:
 def run(size: Size, device: torch.device, activation_fraction: float, lr: float = 1e-5) -> dict[str, Any]:
     """Calibrate the budget, run the three searches, measure their picks again, and describe it all."""
     import memlab
+    from memlab.options import RunOptions
     from memlab.trial import TrialRunner
 
     model = common.llama_model(
@@ -196,7 +197,7 @@ def run(size: Size, device: torch.device, activation_fraction: float, lr: float 
     common.release(device)
 
     def with_runner(search: Callable[[Any], Search]) -> Search:
-        runner = TrialRunner(model, batch, steps=size.steps, warmup=size.warmup, budget=budget, lr=lr)
+        runner = TrialRunner(model, batch, RunOptions(steps=size.steps, warmup=size.warmup, budget=budget, lr=lr))
         with runner.session():
             return search(runner)
 

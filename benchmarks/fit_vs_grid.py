@@ -169,10 +169,13 @@ def recipe_plans(batch_size: int, half: str) -> list[list[Any]]:
 
 def run_recipe(model: nn.Module, batch: Any, size: Size, budget: int, half: str) -> Method:
     """The seeds' recipe: the first plan of :func:`recipe_plans`, in order, that fits."""
+    from memlab.options import RunOptions
     from memlab.trial import TrialRunner
 
     clock = _Clock()
-    runner = TrialRunner(model, batch, steps=size.steps, warmup=size.warmup, budget=budget, callback=clock)
+    runner = TrialRunner(
+        model, batch, RunOptions(steps=size.steps, warmup=size.warmup, budget=budget, callback=clock)
+    )
     method = Method("recipe")
     started = time.perf_counter()
     with runner.session():
@@ -304,7 +307,7 @@ def warm_up_libraries() -> None:
 def run(size: Size, device: torch.device, fraction: float, repeats: int) -> dict[str, Any]:
     """Calibrate the budget, run fit, the grid and the recipe, measure the winners again, describe it all."""
     import memlab
-    from memlab.measure.cuda import cuda_bf16_supported
+    from memlab.device import cuda_bf16_supported
     from memlab.search import candidate_plans, default_space
 
     model = common.llama_model(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from typing import Any
 
 from torch import nn
@@ -9,8 +11,12 @@ from torch import nn
 from memlab.batch import Batch, LossFn
 from memlab.errors import MemlabError
 from memlab.module_state import ModuleStructure
+from memlab.options import check_learning_rate
 from memlab.plan import Plan
 from memlab.step import TrainingStep
+
+_ACTIVE: weakref.WeakKeyDictionary[nn.Module, Applied] = weakref.WeakKeyDictionary()
+"""The plan applied to each model now, so that applying another first takes it off."""
 
 
 class Applied:
@@ -24,9 +30,21 @@ class Applied:
         >>> applied.undo()
     """
 
+    active: bool
+    """True from apply until undo."""
+
     def __init__(self, model: nn.Module, plan: Plan, *, loss_fn: LossFn | None, lr: float) -> None:
         self.model = model
         self.plan = plan
+        previous = _ACTIVE.get(model)
+        if previous is not None and previous.active:
+            # Re-running `a = memlab.apply(model, plan)` would otherwise stack a second plan on the first one, and
+            # the first could no longer be undone (its Applied is gone with the old `a`).
+            previous.undo()
+            warnings.warn(
+                f"memlab: {previous.plan.label()} was still applied to this model; it was undone first",
+                stacklevel=3,
+            )
         self._before = ModuleStructure.capture(model)
         try:
             self._step = TrainingStep(model, plan, loss_fn=loss_fn, lr=lr)
@@ -34,6 +52,7 @@ class Applied:
             self._before.restore()
             raise
         self.active = True
+        _ACTIVE[model] = self
 
     @property
     def optimizer(self) -> Any:
@@ -57,6 +76,8 @@ class Applied:
         self._step.close()
         self._before.restore()
         self.active = False
+        if _ACTIVE.get(self.model) is self:
+            del _ACTIVE[self.model]
 
     def __enter__(self) -> Applied:
         return self
@@ -72,6 +93,8 @@ class Applied:
 def apply(model: nn.Module, plan: Plan, *, loss_fn: LossFn | None = None, lr: float = 1e-5) -> Applied:
     """Put ``plan`` on the live ``model`` and return what trains with it.
 
+    A plan still applied to the same model (say, from running the cell before) is undone first, with a warning.
+
     Example:
         >>> import torch
         >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
@@ -80,6 +103,6 @@ def apply(model: nn.Module, plan: Plan, *, loss_fn: LossFn | None = None, lr: fl
     """
     if not isinstance(plan, Plan):
         raise MemlabError(f"plan must be a memlab.Plan, not {type(plan).__name__}; write memlab.Plan(...)")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        raise MemlabError(f"lr={lr!r} is not allowed; write a positive learning rate such as lr=1e-5")
-    return Applied(model, plan, loss_fn=loss_fn, lr=lr)
+    if not isinstance(model, nn.Module):
+        raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
+    return Applied(model, plan, loss_fn=loss_fn, lr=check_learning_rate(lr))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -117,12 +118,27 @@ def resolve_loss_fn(batch: Batch, loss_fn: LossFn | None) -> LossFn:
     if loss_fn is not None:
         if not callable(loss_fn):
             raise MemlabError("loss_fn must be callable as loss_fn(model, batch) -> scalar tensor")
+        _check_takes_model_and_batch(loss_fn)
         return loss_fn
     if not isinstance(batch, Mapping):
         raise MemlabError(
             f"a {type(batch).__name__} batch needs a loss_fn; pass loss_fn=lambda model, batch: <scalar loss>"
         )
     return default_loss
+
+
+def _check_takes_model_and_batch(loss_fn: Callable[..., Any]) -> None:
+    try:
+        signature = inspect.signature(loss_fn)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to check
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise MemlabError(
+            f"loss_fn{signature} cannot be called as loss_fn(model, batch); "
+            "write it with two arguments, e.g. loss_fn=lambda model, batch: model(batch).mean()"
+        ) from None
 
 
 def check_loss(loss: Any) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 ``estimate`` runs one steady-state training step of a plan exactly as :func:`memlab.measure` does (the same
 :class:`~memlab.step.TrainingStep`, the same :class:`~memlab.measure.tracker.MemoryTracker`, the same warm-up and
-baseline, through :class:`~memlab.trial.TrialRunner`), but on tensors of PyTorch's ``FakeTensorMode``: they have
+baseline, through :class:`~memlab.trial.TrialRunner` with a :class:`~memlab.measure.probes.FakeProbe`, which never
+reads or caps a real allocator and times nothing), but on tensors of PyTorch's ``FakeTensorMode``: they have
 shapes, dtypes, devices and storages, and no data. So nothing is computed, no memory is taken, and a 7B model's
 step is predicted in seconds on a laptop.
 
@@ -47,8 +48,9 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from memlab.batch import Batch, LossFn
 from memlab.errors import MemlabError
-from memlab.events import Callback
+from memlab.measure.probes import FakeProbe
 from memlab.module_state import trainable_parameters
+from memlab.options import RunOptions
 from memlab.plan import Plan, parse_budget
 from memlab.report import Report, Trial
 from memlab.techniques.offload import NOTHING_TO_MOVE
@@ -136,12 +138,8 @@ def estimate(
     plan: Plan | None = None,
     *,
     loss_fn: LossFn | None = None,
-    steps: int = 3,
-    warmup: int = 1,
     budget: int | str | None = None,
     lr: float = 1e-5,
-    callback: Callback | None = None,
-    progress: bool = True,
     device: str | torch.device | None = None,
 ) -> Trial:
     """Predict the memory of one steady-state training step of ``plan``, on fake tensors (nothing runs for real).
@@ -164,9 +162,6 @@ def estimate(
         loss_fn: ``loss_fn(model, batch) -> scalar``, as for ``measure`` (default ``model(**batch).loss``).
         budget: bytes or a size such as ``"24GiB"``; the trial records it, and ``fits`` compares against it.
         lr: the optimizer's learning rate (it does not change memory).
-        steps, warmup, callback, progress: accepted so that ``estimate`` takes every keyword ``measure`` and
-            ``compare`` take (code can switch between them), and ignored: a dry run has one fake step, nothing to
-            time and nothing to report while it runs.
         device: the device to predict for: ``"cpu"`` or ``"cuda"``. Default: the live model's device, and for a
             config or a name ``"cuda"`` where CUDA is available, else ``"cpu"``.
 
@@ -189,17 +184,13 @@ def estimate_plans(
     plans: Sequence[Plan] | Plan,
     *,
     loss_fn: LossFn | None = None,
-    steps: int = 3,
-    warmup: int = 1,
     budget: int | str | None = None,
     lr: float = 1e-5,
-    callback: Callback | None = None,
-    progress: bool = True,
     device: str | torch.device | None = None,
 ) -> Report:
     """:func:`estimate` for several plans, building the fake model once: a Report of estimated Trials.
 
-    The keywords are :func:`estimate`'s (``steps``, ``warmup``, ``callback`` and ``progress`` are ignored).
+    The keywords are :func:`estimate`'s.
 
     A plan that fails on fake tensors is an ``"error"`` trial; the others still run.
 
@@ -211,6 +202,7 @@ def estimate_plans(
         (['ok', 'ok'], True)
     """
     plans = check_plans(plans)
+    options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
     limit = parse_budget(budget)
     target = _target_device(model_or_config, device)
     kernels = target if target.type != "cuda" or torch.cuda.is_available() else torch.device("cpu")
@@ -218,7 +210,7 @@ def estimate_plans(
     with _quiet_transformers():
         model = _fake_model(model_or_config, mode, kernels)
     fake = fake_batch(batch, mode, kernels)
-    runner = _DryRunner(model, fake, loss_fn=loss_fn, lr=lr, foreach=target.type == "cuda")
+    runner = TrialRunner(model, fake, options, probe=FakeProbe(kernels, target=target))
     trials = []
     with mode, runner.session():
         for plan in plans:
@@ -417,30 +409,7 @@ class _FakeMode(FakeTensorMode):
         return super().__torch_dispatch__(func, types, args, kwargs or {})
 
 
-class _DryRunner(TrialRunner):
-    """measure()'s runner without the timed steps (fake steps have no meaningful time).
-
-    With ``foreach``, torch's AdamW takes its foreach update, as it does by default on CUDA (its temporaries are
-    part of the peak there).
-    """
-
-    def __init__(self, model: nn.Module, batch: Batch, *, loss_fn: LossFn | None, lr: float, foreach: bool) -> None:
-        super().__init__(model, batch, loss_fn=loss_fn, steps=1, warmup=1, budget=None, lr=lr)
-        self.foreach = foreach
-
-    def _warm_up(self, step: Any, plan: Plan, index: int, measurement: Any) -> None:
-        if self.foreach:
-            optimizer = getattr(step.optimizer, "inner", step.optimizer)
-            for group in optimizer.param_groups:
-                if "foreach" in group and group["foreach"] is None:
-                    group["foreach"] = True
-        super()._warm_up(step, plan, index, measurement)
-
-    def _timed_steps(self, step: Any, plan: Plan, index: int, measurement: Any) -> None:
-        return None
-
-
-def _computed_8bit_trial(runner: _DryRunner, plan: Plan, failed: Trial, model: nn.Module) -> Trial:
+def _computed_8bit_trial(runner: TrialRunner, plan: Plan, failed: Trial, model: nn.Module) -> Trial:
     """The 8-bit plan from the AdamW plan's estimate, its optimizer state replaced by the known 8-bit size."""
     adamw = runner.run(plan.replace(optimizer="adamw"))
     if adamw.status != "ok":
@@ -592,11 +561,14 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 def _is_shape(value: Any) -> bool:
-    return (
+    shape = (
         isinstance(value, (tuple, list, torch.Size))
         and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         and len(value) > 0
     )
+    if shape and min(value) < 1:
+        raise MemlabError(f"shape {tuple(value)} has a size below 1; write sizes >= 1, such as (1, 512)")
+    return shape
 
 
 def _is_integer_name(name: str) -> bool:

@@ -7,7 +7,7 @@ import math
 import numbers
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from memlab.errors import MemlabError
@@ -17,9 +17,29 @@ OPTIMIZERS = ("adamw", "adamw8bit")
 OFFLOADS = ("none", "optimizer", "activations", "all")
 
 
+def lever(default: Any, *, help: str, short: str = "", choices: tuple[str, ...] = ()) -> Any:
+    """A Plan field that is a lever: its default and what front ends show of it.
+
+    Args:
+        default: the value that changes nothing (the plain plan's).
+        help: what the lever does and what it costs, one sentence each (the panel's tooltip, the magic's help).
+        short: how a plan's label shows a value other than the default: a format string (``"offload-{}"``), or
+            for a boolean the text shown when it is True. Empty: the lever has its own rule in :meth:`Plan.label`.
+        choices: the allowed values of a text lever; Plan checks them and front ends offer them.
+
+    Example:
+        >>> [f.metadata["help"].split(":")[0] for f in fields(Plan)][:2]
+        ['rows per forward/backward', 'micro-batches per optimizer step']
+    """
+    return field(default=default, metadata={"help": help, "short": short, "choices": choices})
+
+
 @dataclass(frozen=True)
 class Plan:
-    """One training setting: how a batch is split and which memory techniques are on.
+    """One training setting: how a batch is split and which memory levers are on.
+
+    Each field is a lever declared with :func:`lever`: its help text and allowed values are what the panel, the
+    magic and the search show and check, so a new lever is a field here plus its module in ``memlab/techniques/``.
 
     Args:
         micro_batch: rows per forward/backward; ``None`` means all rows of the batch given.
@@ -38,12 +58,44 @@ class Plan:
         memlab.errors.MemlabError: precision='fp8' is not known; write one of fp32, bf16, fp16
     """
 
-    micro_batch: int | None = None
-    accumulation: int = 1
-    checkpointing: bool = False
-    precision: str = "fp32"
-    optimizer: str = "adamw"
-    offload: str = "none"
+    micro_batch: int | None = lever(
+        None, help="rows per forward/backward: fewer rows, fewer activations; None means the whole batch"
+    )
+    accumulation: int = lever(
+        1, help="micro-batches per optimizer step: keeps the effective batch while micro-batches shrink; more steps"
+    )
+    checkpointing: bool = lever(
+        False,
+        short="ckpt",
+        help="activation checkpointing: keeps fewer activations and recomputes them in backward (about 30% slower)",
+    )
+    precision: str = lever(
+        "fp32",
+        short="{}",
+        choices=PRECISIONS,
+        help="autocast compute dtype: bf16/fp16 halve activations and are faster on GPUs; fp16 scales the loss",
+    )
+    optimizer: str = lever(
+        "adamw",
+        short="{}",
+        choices=OPTIMIZERS,
+        help="adamw keeps 8 bytes of state per weight; adamw8bit (bitsandbytes) about 2, at a small cost in accuracy",
+    )
+    offload: str = lever(
+        "none",
+        short="offload-{}",
+        choices=OFFLOADS,
+        help="moves optimizer state and/or saved activations to CPU memory: less GPU memory, slower steps",
+    )
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
+        # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.
+        unknown = [key for key in kwargs if key not in PLAN_FIELDS]
+        if unknown:
+            raise MemlabError(f"{unknown[0]!r} is not a plan setting; write one of {', '.join(PLAN_FIELDS)}")
+        if len(args) > len(PLAN_FIELDS):
+            raise MemlabError(f"a Plan takes at most {len(PLAN_FIELDS)} settings; name them, e.g. Plan(accumulation=4)")
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batch, numbers.Integral) and not isinstance(self.micro_batch, bool):
@@ -58,12 +110,12 @@ class Plan:
             )
         if isinstance(self.accumulation, bool) or not isinstance(self.accumulation, int) or self.accumulation < 1:
             raise MemlabError(f"accumulation={self.accumulation!r} is not allowed; write a whole number >= 1")
-        if not isinstance(self.checkpointing, bool):
-            raise MemlabError(f"checkpointing={self.checkpointing!r} is not allowed; write True or False")
-        for name, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS), ("offload", OFFLOADS)):
+        for name, spec in LEVERS.items():
             value = getattr(self, name)
-            if value not in allowed:
-                raise MemlabError(f"{name}={value!r} is not known; write one of {', '.join(allowed)}")
+            if spec.type == "bool" and not isinstance(value, bool):
+                raise MemlabError(f"{name}={value!r} is not allowed; write True or False")
+            if spec.choices and value not in spec.choices:
+                raise MemlabError(f"{name}={value!r} is not known; write one of {', '.join(spec.choices)}")
 
     @property
     def offloads_optimizer(self) -> bool:
@@ -78,20 +130,22 @@ class Plan:
         return (self.micro_batch or batch_rows) * self.accumulation
 
     def label(self) -> str:
-        """A short name for tables and plots: only what differs from the plain plan is shown."""
+        """A short name for tables and plots: only what differs from the plain plan is shown.
+
+        Example:
+            >>> Plan(micro_batch=2, accumulation=4, checkpointing=True, offload="all").label()
+            'mb2x4 ckpt offload-all'
+        """
         parts = []
         if self.micro_batch is not None:
             parts.append(f"mb{self.micro_batch}x{self.accumulation}")
         elif self.accumulation != 1:
             parts.append(f"accum{self.accumulation}")
-        if self.checkpointing:
-            parts.append("ckpt")
-        if self.precision != "fp32":
-            parts.append(self.precision)
-        if self.optimizer != "adamw":
-            parts.append(self.optimizer)
-        if self.offload != "none":
-            parts.append(f"offload-{self.offload}")
+        for name, spec in LEVERS.items():
+            value = getattr(self, name)
+            if not spec.short or value == spec.default:
+                continue
+            parts.append(spec.short if spec.type == "bool" else spec.short.format(value))
         return " ".join(parts) or "plain"
 
     def replace(self, **changes: Any) -> Plan:
@@ -119,8 +173,37 @@ class Plan:
 
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
 
+
+@dataclass(frozen=True)
+class LeverSpec:
+    """What :func:`lever` declared for one Plan field, for front ends: ``type`` is ``"int"`` (a count, None
+    allowed for micro_batch), ``"bool"`` or ``"choice"``."""
+
+    name: str
+    default: Any
+    type: str
+    help: str
+    short: str
+    choices: tuple[str, ...]
+
+
+def _spec(plan_field: Any) -> LeverSpec:
+    choices = tuple(plan_field.metadata.get("choices", ()))
+    kind = "choice" if choices else "bool" if isinstance(plan_field.default, bool) else "int"
+    return LeverSpec(
+        plan_field.name, plan_field.default, kind, plan_field.metadata["help"], plan_field.metadata["short"], choices
+    )
+
+
+LEVERS: dict[str, LeverSpec] = {f.name: _spec(f) for f in fields(Plan)}
+"""Every Plan field's :class:`LeverSpec`, in field order.
+
+Example:
+    >>> LEVERS["precision"].choices, LEVERS["checkpointing"].type
+    (('fp32', 'bf16', 'fp16'), 'bool')
+"""
+
 _UNITS = {
-    "": 1,
     "B": 1,
     "K": 1024,
     "KB": 1000,
@@ -150,6 +233,10 @@ def parse_budget(budget: int | float | str | None) -> int | None:
         Traceback (most recent call last):
         ...
         memlab.errors.MemlabError: budget 'lots' is not understood; write ... such as 8GiB, 500MB, 1.5G
+        >>> parse_budget("24")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: budget '24' has no unit; write the unit, such as 24GiB or 24MB ...
     """
     if budget is None:
         return None
@@ -165,6 +252,11 @@ def parse_budget(budget: int | float | str | None) -> int | None:
         return int(budget)
     match = _BUDGET_PATTERN.match(str(budget))
     unit = match.group(2).upper() if match else ""
+    if match is not None and not unit:
+        raise MemlabError(
+            f"budget {budget!r} has no unit; write the unit, such as {match.group(1)}GiB or {match.group(1)}MB "
+            "(or bytes as a number, not text)"
+        )
     if match is None or unit not in _UNITS:
         raise MemlabError(
             f"budget {budget!r} is not understood; write bytes as a number or a size such as 8GiB, 500MB, 1.5G"
@@ -195,21 +287,56 @@ def format_bytes(num_bytes: float | None) -> str:
 _BOOLEANS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
 
 
-def parse_value(field: str, text: str) -> Any:
-    """One ``--try`` value for a Plan field, from text: ``checkpointing=on``, ``micro_batch=8``, ``micro_batch=all``."""
+def parse_value(name: str, text: str) -> Any:
+    """One ``--try`` value for a Plan field, from text: ``checkpointing=on``, ``micro_batch=8``, ``micro_batch=all``.
+
+    Example:
+        >>> parse_value("checkpointing", "on"), parse_value("micro_batch", "all"), parse_value("precision", "bf16")
+        (True, None, 'bf16')
+    """
     text = text.strip()
-    if field == "checkpointing":
+    spec = LEVERS[name]
+    if spec.type == "bool":
         if text.lower() not in _BOOLEANS:
-            raise MemlabError(f"checkpointing={text!r} is not understood; write on or off")
+            raise MemlabError(f"{name}={text!r} is not understood; write on or off")
         return _BOOLEANS[text.lower()]
-    if field in ("micro_batch", "accumulation"):
-        if field == "micro_batch" and text.lower() in ("all", "none"):
+    if spec.type == "int":
+        if spec.default is None and text.lower() in ("all", "none"):
             return None
         try:
             return int(text)
         except ValueError:
-            raise MemlabError(f"{field}={text!r} is not a whole number; write for example {field}=4") from None
+            raise MemlabError(f"{name}={text!r} is not a whole number; write for example {name}=4") from None
     return text
+
+
+def parse_axes(items: str | Iterable[str] | Mapping[str, Any]) -> dict[str, list[Any]]:
+    """``KEY=V1,V2`` items (or a mapping of field to values) as ``{field: [values]}``, values parsed, keys checked.
+
+    Example:
+        >>> parse_axes(["precision=fp32,bf16", "micro_batch=all,2"])
+        {'precision': ['fp32', 'bf16'], 'micro_batch': [None, 2]}
+    """
+    axes: dict[str, list[Any]] = {}
+    if isinstance(items, str):
+        items = items.split()
+    if isinstance(items, Mapping):
+        for key, values in items.items():
+            _check_field(key)
+            axes[key] = [values] if isinstance(values, (str, bool, int)) or values is None else list(values)
+        return axes
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not values.strip():
+            raise MemlabError(f"{item!r} is not KEY=V1,V2; write for example precision=fp32,bf16")
+        _check_field(key)
+        if key in axes:
+            raise MemlabError(f"{key} is given twice; write all its values once, as {key}=V1,V2")
+        axes[key] = [parse_value(key, v) for v in values.split(",") if v.strip()]
+        if not axes[key]:
+            raise MemlabError(f"{item!r} gives no values; write for example {key}=V1,V2")
+    return axes
 
 
 def parse_grid(items: str | Iterable[str] | Mapping[str, Any], base: Plan | None = None) -> list[Plan]:
@@ -220,25 +347,7 @@ def parse_grid(items: str | Iterable[str] | Mapping[str, Any], base: Plan | None
         ['plain', 'ckpt', 'bf16', 'ckpt bf16']
     """
     base = base or Plan()
-    axes: dict[str, list[Any]] = {}
-    if isinstance(items, str):
-        items = items.split()
-    if isinstance(items, Mapping):
-        for key, values in items.items():
-            _check_field(key)
-            axes[key] = [values] if isinstance(values, (str, bool, int)) or values is None else list(values)
-    else:
-        for item in items:
-            key, sep, values = item.partition("=")
-            key = key.strip().replace("-", "_")
-            if not sep or not values.strip():
-                raise MemlabError(f"{item!r} is not KEY=V1,V2; write for example precision=fp32,bf16")
-            _check_field(key)
-            if key in axes:
-                raise MemlabError(f"{key} is given twice; write all its values once, as {key}=V1,V2")
-            axes[key] = [parse_value(key, v) for v in values.split(",") if v.strip()]
-            if not axes[key]:
-                raise MemlabError(f"{item!r} gives no values; write for example {key}=V1,V2")
+    axes = parse_axes(items)
     plans: list[Plan] = []
     for combination in itertools.product(*axes.values()):
         plan = base.replace(**dict(zip(axes.keys(), combination, strict=True)))

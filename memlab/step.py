@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from memlab.batch import Batch, LossFn, batch_device, check_loss, map_tensors, resolve_loss_fn
+from memlab.device import model_device
 from memlab.module_state import trainable_parameters
 from memlab.plan import Plan
 from memlab.techniques.accumulation import micro_batches, scale_loss
@@ -42,17 +43,12 @@ class _NoPhases:
 NO_PHASES = _NoPhases()
 
 
-def model_device(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter (CPU for a model without parameters)."""
-    for parameter in model.parameters():
-        return parameter.device
-    return torch.device("cpu")
-
-
 class TrainingStep:
     """A model prepared for a plan: checkpointing on, its optimizer built, ready to run optimizer steps.
 
-    Call ``close()`` to take checkpointing off again (weights keep what training did).
+    Call ``close()`` to take checkpointing off again (weights keep what training did). ``optimizer_device_type``
+    chooses whose optimizer defaults to build with (default: the model's device; a dry run on CPU kernels for a
+    CUDA estimate passes ``"cuda"``).
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
@@ -69,15 +65,16 @@ class TrainingStep:
         *,
         loss_fn: LossFn | None = None,
         lr: float = 1e-5,
+        optimizer_device_type: str | None = None,
     ) -> None:
         self.model = model
         self.plan = plan
         self.device = model_device(model)
         self.parameters = trainable_parameters(model)
-        self.notes = check_precision(plan, self.device) + offload_notes(plan, self.device)
+        self.notes = check_precision(plan, self.device, self.parameters) + offload_notes(plan, self.device)
         self.loss_fn = loss_fn
         self._undo_checkpointing: Callable[[], None] | None = None
-        self.optimizer = self._build_optimizer(lr)
+        self.optimizer = self._build_optimizer(lr, optimizer_device_type or self.device.type)
         if plan.checkpointing:
             self._undo_checkpointing = enable_checkpointing(model)
         elif is_checkpointing(model):
@@ -87,9 +84,9 @@ class TrainingStep:
         # BatchNorm, say) keeps it that way.
         model.train()
 
-    def _build_optimizer(self, lr: float) -> Any:
+    def _build_optimizer(self, lr: float, device_type: str) -> Any:
         def make(parameters: Any) -> torch.optim.Optimizer:
-            return build_optimizer(parameters, self.plan, lr)
+            return build_optimizer(parameters, self.plan, lr, device_type=device_type)
 
         if self.plan.offloads_optimizer and self.device.type != "cpu":
             return OffloadedOptimizer(self.parameters, make)

@@ -2,35 +2,42 @@
 
 A trial's steps: ``max(warmup, 1)`` untimed warm-up steps (the first creates the optimizer state, so what follows is a
 steady-state step), one tracked step that gives the peak and its composition by category, and ``steps`` timed steps
-without tracking, whose median is the step time.
+without tracking, whose median is the step time. What differs by device (how the budget is enforced, where the
+peak is read, what memory is held before) is the :class:`~memlab.measure.probes.Probe`'s business.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
+import math
 import statistics
 import time
 import traceback
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
+from typing_extensions import Unpack
 
-from memlab.batch import Batch, LossFn, count_rows, count_tokens, named_tensors, resolve_loss_fn
+from memlab.batch import Batch, count_rows, count_tokens, named_tensors, resolve_loss_fn
 from memlab.errors import MemlabError
-from memlab.events import Callback, MemorySample, StepFinished, TrialFinished, TrialStarted
-from memlab.measure.cuda import CudaPeak, cap_cuda_memory
+from memlab.events import MemorySample, StepFinished, TrialFinished, TrialStarted
+from memlab.measure.cuda import CudaPeak
+from memlab.measure.held import unique_storage_bytes
 from memlab.measure.oom import is_oom_error, release_error, release_memory
-from memlab.measure.tracker import CATEGORIES, MemoryTracker
+from memlab.measure.probes import Probe, probe_for
+from memlab.measure.reading import PeakReading, read_peak
+from memlab.measure.tracker import MemoryTracker
 from memlab.module_state import ModelValues, ModuleStructure, trainable_parameters, unique_parameters
-from memlab.plan import Plan, parse_budget
+from memlab.options import RunKeywords, RunOptions
+from memlab.plan import Plan
 from memlab.report import Report, Trial
-from memlab.step import TrainingStep, model_device
+from memlab.step import TrainingStep
 from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import state_tensors
+
+__all__ = ["TrialRunner", "check_plans", "compare", "keep_on_interrupt", "measure", "progress_bar"]
 
 Clock = Callable[[], float]
 # fp16's GradScaler skips the optimizer step while the scale is too high, so the optimizer state may not exist
@@ -38,19 +45,11 @@ Clock = Callable[[], float]
 _EXTRA_WARMUP_LIMIT = 8
 
 
-def measure(
-    model: nn.Module,
-    batch: Batch,
-    plan: Plan,
-    *,
-    loss_fn: LossFn | None = None,
-    steps: int = 3,
-    warmup: int = 1,
-    budget: int | str | None = None,
-    lr: float = 1e-5,
-    callback: Callback | None = None,
-) -> Trial:
+def measure(model: nn.Module, batch: Batch, plan: Plan, **options: Unpack[RunKeywords]) -> Trial:
     """Measure one plan on the live model: peak memory by category and throughput. The model is left as it was.
+
+    Keywords are :class:`~memlab.options.RunKeywords` (``loss_fn``, ``steps``, ``warmup``, ``budget``, ``lr``,
+    ``callback``); no progress bar is shown for one plan.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
@@ -58,27 +57,16 @@ def measure(
         >>> trial.status, trial.breakdown["params"] == 4 * sum(p.numel() for p in model.parameters())
         ('ok', True)
     """
-    report = compare(
-        model, batch, [plan], loss_fn=loss_fn, steps=steps, warmup=warmup, budget=budget, lr=lr,
-        callback=callback, progress=False,
-    )
-    return report.trials[0]
+    options["progress"] = False
+    return compare(model, batch, [plan], **options).trials[0]
 
 
-def compare(
-    model: nn.Module,
-    batch: Batch,
-    plans: Sequence[Plan],
-    *,
-    loss_fn: LossFn | None = None,
-    steps: int = 3,
-    warmup: int = 1,
-    budget: int | str | None = None,
-    lr: float = 1e-5,
-    callback: Callback | None = None,
-    progress: bool = True,
-) -> Report:
+def compare(model: nn.Module, batch: Batch, plans: Sequence[Plan], **options: Unpack[RunKeywords]) -> Report:
     """Measure every plan in turn on the live model; a plan that runs out of memory or fails does not stop the rest.
+
+    Keywords are :class:`~memlab.options.RunKeywords`. Ctrl-C stops the run; the model is restored and the
+    KeyboardInterrupt raised again, carrying the trials finished so far as ``.report`` (in a notebook:
+    ``sys.last_value.report``).
 
     Example:
         >>> model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
@@ -87,25 +75,58 @@ def compare(
         >>> [t.status for t in report.trials]
         ['ok', 'ok']
     """
-    runner = TrialRunner(
-        model, batch, loss_fn=loss_fn, steps=steps, warmup=warmup, budget=budget, lr=lr, callback=callback
-    )
+    run_options = RunOptions.from_keywords(options)
     plans = check_plans(plans)
+    runner = TrialRunner(model, batch, run_options)
     trials: list[Trial] = []
-    with runner.session(), progress_bar(len(plans), progress) as bar:
-        for index, plan in enumerate(plans):
-            bar.set_postfix_str(plan.label())
-            trials.append(runner.run(plan, index, len(plans)))
-            bar.update(1)
-    return Report(trials, budget=runner.budget)
+    with keep_on_interrupt(trials, run_options.budget):
+        with runner.session(), progress_bar(len(plans), run_options.progress) as bar:
+            for index, plan in enumerate(plans):
+                bar.set_postfix_str(plan.label())
+                trials.append(runner.run(plan, index, len(plans)))
+                bar.update(1)
+    return Report(trials, budget=run_options.budget)
+
+
+@contextlib.contextmanager
+def keep_on_interrupt(trials: list[Trial], budget: int | None) -> Iterator[None]:
+    """On Ctrl-C, the trials finished so far ride on the KeyboardInterrupt as ``.report`` (a Report), and the
+    interrupt is raised again: in a notebook, ``sys.last_value.report`` has them.
+
+    Example:
+        >>> finished: list[Trial] = []
+        >>> try:
+        ...     with keep_on_interrupt(finished, budget=None):
+        ...         raise KeyboardInterrupt
+        ... except KeyboardInterrupt as interrupt:
+        ...     report = interrupt.report
+        >>> len(report)
+        0
+    """
+    try:
+        yield
+    except KeyboardInterrupt as interrupt:
+        interrupt.report = Report(list(trials), budget=budget)  # type: ignore[attr-defined]
+        raise
 
 
 def check_plans(plans: Sequence[Plan] | Plan) -> list[Plan]:
+    """The plans as a non-empty list of Plan; a clear error for anything else.
+
+    Example:
+        >>> check_plans(Plan())
+        [Plan(micro_batch=None, accumulation=1, checkpointing=False, precision='fp32', optimizer='adamw', \
+offload='none')]
+    """
     if isinstance(plans, Plan):
         return [plans]
     if isinstance(plans, str):
         raise MemlabError(
             f"plans={plans!r} is text; pass a list of memlab.Plan, or memlab.plan.parse_grid({plans!r}) for a grid"
+        )
+    if plans is None or not isinstance(plans, Iterable):
+        raise MemlabError(
+            f"plans={plans!r} is not a list of plans; pass e.g. [memlab.Plan(), memlab.Plan(checkpointing=True)]"
         )
     plans = list(plans)
     if not plans:
@@ -117,42 +138,47 @@ def check_plans(plans: Sequence[Plan] | Plan) -> list[Plan]:
 
 
 class TrialRunner:
-    """Runs plans on one model and batch, with what every trial shares checked and captured once."""
+    """Runs plans on one model and batch, with what every trial shares checked and captured once.
+
+    Args:
+        model, batch: the live model and one batch.
+        options: how trials run (default: ``RunOptions()``).
+        probe: how memory is bounded and read (default: :func:`~memlab.measure.probes.probe_for` the model).
+        clock: the clock timed steps read (for tests).
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> runner = TrialRunner(model, torch.randn(4, 4), RunOptions(loss_fn=lambda m, b: m(b).mean(), steps=1))
+        >>> with runner.session():
+        ...     trials = [runner.run(Plan()), runner.run(Plan(checkpointing=True))]
+        >>> [t.status for t in trials]
+        ['ok', 'ok']
+    """
 
     def __init__(
         self,
         model: nn.Module,
         batch: Batch,
+        options: RunOptions | None = None,
         *,
-        loss_fn: LossFn | None = None,
-        steps: int = 3,
-        warmup: int = 1,
-        budget: int | str | None = None,
-        lr: float = 1e-5,
-        callback: Callback | None = None,
+        probe: Probe | None = None,
         clock: Clock = time.perf_counter,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise MemlabError(f"steps={steps!r} is not allowed; write a whole number >= 1")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise MemlabError(f"warmup={warmup!r} is not allowed; write a whole number >= 0")
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-            raise MemlabError(f"lr={lr!r} is not allowed; write a positive learning rate such as lr=1e-5")
         if not trainable_parameters(model):
             raise MemlabError("the model has no trainable parameters; set requires_grad=True on what should train")
+        if probe is None:
+            _check_real(model, batch)  # only a dry run (which brings its own probe) can take tensors without data
+            probe = probe_for(model)
+        self.probe = probe
+        self.options = options or RunOptions()
         self.rows = count_rows(batch)
         self.model = model
         self.batch = batch
-        self.loss_fn = resolve_loss_fn(batch, loss_fn)
-        self.steps = steps
-        self.warmup = max(warmup, 1)
-        self.budget = parse_budget(budget)
-        self.lr = lr
-        self.callback = callback
+        self.loss_fn = resolve_loss_fn(batch, self.options.loss_fn)
+        self.device = self.probe.device
         self.clock = clock
-        self.device = model_device(model)
         self._values: ModelValues | None = None
         self._structure: ModuleStructure | None = None
         self._held_before: list[torch.Tensor] = []
@@ -160,13 +186,18 @@ class TrialRunner:
         # Cutting the batch once here turns a batch that cannot be sliced into one clear error, before any trial.
         micro_batches(batch, Plan(micro_batch=1))
 
+    @property
+    def budget(self) -> int | None:
+        """The budget in bytes every trial is held to (from the options)."""
+        return self.options.budget
+
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
         """Capture the model once; whatever happens inside, it comes back bit-exact."""
         self._structure = ModuleStructure.capture(self.model)
-        self._held_before = self._memory_held_before() if self.device.type == "cpu" else []
-        if self._held_before:
-            self._held_bytes = _unique_storage_bytes(self._held_before, exclude=self._own_tensors())
+        own = self._own_tensors()
+        self._held_before = self.probe.held_before(own, [p.grad for p in unique_parameters(self.model)])
+        self._held_bytes = unique_storage_bytes(self._held_before, exclude=own) if self._held_before else 0
         self._values = ModelValues.capture(self.model)
         self._values.detach_grads()
         try:
@@ -183,61 +214,39 @@ class TrialRunner:
         """The model's parameters and buffers and the batch's tensors: what a trial counts by name."""
         return [*self.model.parameters(), *self.model.buffers(), *(t for _, t in named_tensors(self.batch))]
 
-    def _memory_held_before(self) -> list[torch.Tensor]:
-        """On CPU, what the process already holds besides the model and the batch (the user's optimizer state,
-        gradients, other variables): the device must hold it too, so it counts under "other".
+    def run(self, plan: Plan, index: int = 0, total: int = 1, *, capped: bool = True) -> Trial:
+        """Measure one plan; the model is restored afterwards (inside ``session()``, or in one of its own).
 
-        Found by one scan of live objects per session (CUDA reads the same from its allocator instead).
+        With ``capped=False`` the trial runs without the budget's limit (so that its whole peak is known even when
+        it does not fit) and is still judged against the budget: ``trial.fits`` says whether it fits.
         """
-        from torch._subclasses.fake_tensor import is_fake
-
-        own = {id(t) for t in self._own_tensors()}
-        if any(is_fake(t) for t in self.model.parameters()):
-            return []  # a dry run: this process's memory is not the hypothetical device's
-        gc.collect()
-        held = []
-        with warnings.catch_warnings():  # isinstance() on some deprecated torch proxies warns
-            warnings.simplefilter("ignore")
-            objects = gc.get_objects()
-            tensors = [obj for obj in objects if isinstance(obj, torch.Tensor)]
-        del objects
-        for obj in tensors:
-            if (
-                id(obj) not in own
-                and obj.device.type == "cpu"
-                and not obj.is_sparse
-                and not is_fake(obj)
-            ):
-                held.append(obj)
-        seen = {id(t) for t in held}
-        held += [p.grad for p in unique_parameters(self.model) if p.grad is not None and id(p.grad) not in seen]
-        return held
-
-    def run(self, plan: Plan, index: int = 0, total: int = 1) -> Trial:
-        """Measure one plan; the model is restored afterwards (inside ``session()``)."""
         if self._values is None or self._structure is None:
             with self.session():
-                return self.run(plan, index, total)
+                return self.run(plan, index, total, capped=capped)
+        limit = self.budget if capped else None
         self._emit(TrialStarted(plan=plan, index=index, total=total))
-        measurement = _Measurement(plan=plan, device=self.device, budget=self.budget)
-        measurement.preexisting_bytes = self._held_bytes
+        record = _Record(plan, held_before_bytes=self._held_bytes)
         step: TrainingStep | None = None
         try:
-            step = TrainingStep(self.model, plan, loss_fn=self.loss_fn, lr=self.lr)
-            measurement.notes.extend(step.notes)
-            with cap_cuda_memory(self.budget if self.device.type == "cuda" else None, self.device):
-                self._warm_up(step, plan, index, measurement)
-                self._tracked_step(step, plan, index, measurement)
-                self._timed_steps(step, plan, index, measurement)
-            measurement.status = "ok"
+            step = TrainingStep(
+                self.model, plan, loss_fn=self.loss_fn, lr=self.options.lr,
+                optimizer_device_type=self.probe.optimizer_device_type,
+            )
+            record.notes.extend(step.notes)
+            with self.probe.cap(limit):
+                self._warm_up(step, plan, index, limit, record)
+                self._tracked_step(step, plan, index, limit, record)
+                if self.probe.times_steps:
+                    self._timed_steps(step, plan, index, record)
+            record.status = "ok"
         except KeyboardInterrupt as interrupt:
             # The traceback would keep the step's frames, and so its optimizer state and activations, alive
             # for as long as the notebook keeps the exception; the running frames are skipped.
             traceback.clear_frames(interrupt.__traceback__)
-            measurement.error = "interrupted"
+            record.error = "interrupted"
             raise
         except Exception as error:  # noqa: BLE001 - every failure of a plan is reported, never raised
-            measurement.fail(error)
+            record.fail(error)
             release_error(error)
             del error
         finally:
@@ -248,72 +257,80 @@ class TrialRunner:
             self._structure.restore()
             self._values.restore()
             self._values.detach_grads()
-            release_memory(collect=measurement.status != "ok" or measurement.error is not None)
-        trial = measurement.to_trial(self._rows_per_step(plan), self._tokens_per_step(plan))
+            release_memory(collect=record.status != "ok" or record.error is not None)
+        trial = record.to_trial(
+            device=self.device,
+            rows_per_step=plan.rows_per_step(self.rows),
+            tokens_per_step=self._tokens_per_step(plan),
+            budget=self.budget,
+            rss_bytes=self.probe.rss_bytes(),
+        )
         self._emit(TrialFinished(trial=trial, index=index, total=total))
         return trial
 
-    def _warm_up(self, step: TrainingStep, plan: Plan, index: int, measurement: _Measurement) -> None:
-        # On CPU the budget is enforced by tracking, so the warm-up is tracked too when there is a budget:
-        # the first step (which creates the optimizer state) must fit as well.
-        for number in range(self.warmup + _EXTRA_WARMUP_LIMIT):
-            if number >= self.warmup and state_tensors(step.optimizer):
+    def _tracker(self, step: TrainingStep, budget: int | None, on_sample: Any = None) -> MemoryTracker:
+        tensors = [*unique_parameters(self.model), *self.model.buffers()]
+        other = [tensor for _, tensor in named_tensors(self.batch)] + self._held_before
+        return MemoryTracker(
+            baseline={"params": tensors, "optimizer": state_tensors(step.optimizer), "other": other},
+            budget=budget if self.probe.tracker_enforces_budget else None,
+            device=self.device,
+            on_sample=on_sample,
+        )
+
+    def _warm_up(self, step: TrainingStep, plan: Plan, index: int, limit: int | None, record: _Record) -> None:
+        # Where tracking enforces the budget, the warm-up is tracked too when there is one: the first step (which
+        # creates the optimizer state) must fit as well.
+        tracked = limit is not None and self.probe.tracker_enforces_budget
+        for number in range(max(self.options.warmup, 1) + _EXTRA_WARMUP_LIMIT):
+            if number >= max(self.options.warmup, 1) and state_tensors(step.optimizer):
                 break
             started = self.clock()
-            if self.budget is not None and self.device.type != "cuda":
-                with MemoryTracker(baseline=self._baseline(step), budget=self.budget, device=self.device) as tracker:
+            if tracked:
+                with self._tracker(step, limit) as tracker:
                     try:
-                        loss = step(self.batch, tracker)
+                        loss = _finite(step(self.batch, tracker))
                     finally:
-                        measurement.peak_bytes = max(measurement.peak_bytes, tracker.peak_bytes)
-                        measurement.breakdown = dict(tracker.breakdown)
+                        record.reading = PeakReading(
+                            max(record.reading.peak_bytes, tracker.peak_bytes), dict(tracker.breakdown)
+                        )
             else:
-                loss = step(self.batch)
+                loss = _finite(step(self.batch))
             self._emit(StepFinished(plan, index, number, "warmup", self.clock() - started, loss, None, None))
 
-    def _tracked_step(self, step: TrainingStep, plan: Plan, index: int, measurement: _Measurement) -> None:
+    def _tracked_step(self, step: TrainingStep, plan: Plan, index: int, limit: int | None, record: _Record) -> None:
         started = self.clock()
-        on_cpu = self.device.type != "cuda"
 
         def sample(live_bytes: int) -> None:
             self._emit(MemorySample(plan=plan, index=index, seconds=self.clock() - started, live_bytes=live_bytes))
 
-        tracker = MemoryTracker(
-            baseline=self._baseline(step),
-            budget=self.budget if on_cpu else None,
-            device=self.device,
-            on_sample=sample if self.callback else None,
-        )
-        cuda_peak = CudaPeak(self.device) if not on_cpu else contextlib.nullcontext()
+        tracker = self._tracker(step, limit, sample if self.options.callback else None)
+        tracked_at_start = 0
+        allocator: CudaPeak | None = None
         try:
-            with cuda_peak, tracker:
-                measurement.tracked_at_start = tracker.live_bytes
-                loss = step(self.batch, tracker)
+            with self.probe.allocator_peak() as allocator, tracker:
+                tracked_at_start = tracker.live_bytes
+                loss = _finite(step(self.batch, tracker))
         finally:
-            measurement.record_peak(tracker, cuda_peak if isinstance(cuda_peak, CudaPeak) else None)
+            # Read after the allocator's block has ended (its peak is read on exit), out of memory or not.
+            record.reading = read_peak(tracker, allocator, tracked_at_start)
+        if record.reading.held_before_bytes is not None:
+            record.held_before_bytes = record.reading.held_before_bytes
         self._emit(
             StepFinished(
-                plan, index, 0, "tracked", self.clock() - started, loss, tracker.live_bytes, measurement.peak_bytes
+                plan, index, 0, "tracked", self.clock() - started, loss, tracker.live_bytes, record.reading.peak_bytes
             )
         )
 
-    def _timed_steps(self, step: TrainingStep, plan: Plan, index: int, measurement: _Measurement) -> None:
-        for number in range(self.steps):
-            _synchronize(self.device)
+    def _timed_steps(self, step: TrainingStep, plan: Plan, index: int, record: _Record) -> None:
+        for number in range(self.options.steps):
+            self.probe.synchronize()
             started = self.clock()
-            loss = step(self.batch)
-            _synchronize(self.device)
+            loss = _finite(step(self.batch))
+            self.probe.synchronize()
             seconds = self.clock() - started
-            measurement.step_times.append(seconds)
+            record.step_times.append(seconds)
             self._emit(StepFinished(plan, index, number, "timed", seconds, loss, None, None))
-
-    def _baseline(self, step: TrainingStep) -> dict[str, list[torch.Tensor]]:
-        tensors = [*unique_parameters(self.model), *self.model.buffers()]
-        other = [tensor for _, tensor in named_tensors(self.batch)] + self._held_before
-        return {"params": tensors, "optimizer": state_tensors(step.optimizer), "other": other}
-
-    def _rows_per_step(self, plan: Plan) -> int:
-        return plan.rows_per_step(self.rows)
 
     def _tokens_per_step(self, plan: Plan) -> int | None:
         counts = [count_tokens(part) for part in micro_batches(self.batch, plan)]
@@ -322,40 +339,40 @@ class TrialRunner:
         return sum(c for c in counts if c is not None)
 
     def _emit(self, event: Any) -> None:
-        if self.callback is not None:
-            self.callback(event)
+        if self.options.callback is not None:
+            self.options.callback(event)
 
 
-class _Measurement:
-    """What one trial has measured so far; becomes a Trial at the end, whatever stopped it."""
+def _finite(loss: float) -> float:
+    """The loss itself; an error when it is NaN or infinite (such a step trains nothing, so it is no result)."""
+    if not math.isfinite(loss):
+        raise MemlabError(f"the loss is {loss}: the step trains nothing; check the data, the lr, or fp16 overflow")
+    return loss
 
-    def __init__(self, plan: Plan, device: torch.device, budget: int | None) -> None:
+
+def _check_real(model: nn.Module, batch: Batch) -> None:
+    """A clear error for a model or batch without data (meta tensors), which only a dry run can take."""
+    where = "model" if any(p.is_meta for p in model.parameters()) else None
+    if where is None and any(t.is_meta for _, t in named_tensors(batch)):
+        where = "batch"
+    if where is not None:
+        raise MemlabError(
+            f"the {where} is on the meta device (it has no data); measure a real one, or predict this one with "
+            "memlab.estimate(model, batch, plan)"
+        )
+
+
+class _Record:
+    """What one trial has found so far; becomes a Trial at the end, whatever stopped it."""
+
+    def __init__(self, plan: Plan, held_before_bytes: int) -> None:
         self.plan = plan
-        self.device = device
-        self.budget = budget
         self.status = "error"
         self.error: str | None = None
-        self.peak_bytes = 0
-        self.reserved_bytes: int | None = None
-        self.preexisting_bytes = 0
-        self.tracked_at_start = 0
-        self.breakdown: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self.reading = PeakReading()
+        self.held_before_bytes = held_before_bytes
         self.step_times: list[float] = []
         self.notes: list[str] = []
-
-    def record_peak(self, tracker: MemoryTracker, cuda_peak: CudaPeak | None) -> None:
-        breakdown = dict(tracker.breakdown)
-        peak = tracker.peak_bytes
-        if cuda_peak is not None and cuda_peak.peak_allocated:
-            # The allocator's peak is the truth on CUDA; what tracking did not see (rounding, workspaces,
-            # memory held before the trial) is "other".
-            peak = cuda_peak.peak_allocated
-            known = sum(v for k, v in breakdown.items() if k != "other")
-            self.preexisting_bytes = max(0, cuda_peak.start_allocated - self.tracked_at_start)
-            breakdown["other"] = max(0, peak - known)
-            self.reserved_bytes = cuda_peak.peak_reserved
-        self.peak_bytes = peak
-        self.breakdown = breakdown
 
     def fail(self, error: BaseException) -> None:
         self.status = "oom" if is_oom_error(error) else "error"
@@ -363,52 +380,38 @@ class _Measurement:
         first_line = message[0] if message else ""
         self.error = f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
 
-    def to_trial(self, rows_per_step: int, tokens_per_step: int | None) -> Trial:
+    def to_trial(
+        self,
+        *,
+        device: torch.device,
+        rows_per_step: int,
+        tokens_per_step: int | None,
+        budget: int | None,
+        rss_bytes: int | None,
+    ) -> Trial:
         step_time = statistics.median(self.step_times) if self.status == "ok" and self.step_times else None
-        rss = _process_rss() if self.device.type == "cpu" else None
         return Trial(
             plan=self.plan,
             status=self.status,
-            peak_bytes=int(self.peak_bytes),
-            breakdown={key: int(self.breakdown.get(key, 0)) for key in CATEGORIES},
+            peak_bytes=int(self.reading.peak_bytes),
+            breakdown=dict(self.reading.breakdown),
             step_time_s=step_time,
             samples_per_s=rows_per_step / step_time if step_time else None,
             tokens_per_s=tokens_per_step / step_time if step_time and tokens_per_step else None,
-            device=str(self.device),
+            device=str(device),
             error=self.error,
             rows_per_step=rows_per_step,
-            budget=self.budget,
-            reserved_bytes=self.reserved_bytes,
-            rss_bytes=rss,
-            preexisting_bytes=self.preexisting_bytes,
+            budget=budget,
+            reserved_bytes=self.reading.reserved_bytes,
+            rss_bytes=rss_bytes,
+            preexisting_bytes=self.held_before_bytes,
             notes=tuple(dict.fromkeys(self.notes)),
         )
 
 
-def _unique_storage_bytes(tensors: Sequence[torch.Tensor], exclude: Sequence[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind ``tensors``, leaving out storages that ``exclude`` uses."""
-    excluded = {t.untyped_storage().data_ptr() for t in exclude if t.device.type == "cpu"}
-    sizes: dict[int, int] = {}
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in excluded:
-            sizes[storage.data_ptr()] = storage.nbytes()
-    return sum(sizes.values())
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _process_rss() -> int | None:
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
-
-
 @contextlib.contextmanager
 def progress_bar(total: int, enabled: bool) -> Iterator[Any]:
+    """A tqdm bar over ``total`` plans (disabled for one plan, or when ``enabled`` is False)."""
     from tqdm.auto import tqdm
 
     bar = tqdm(total=total, desc="memlab", unit="plan", disable=not enabled or total < 2, leave=False)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ast
 import keyword
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -35,7 +35,10 @@ from torch import nn
 from memlab.batch import Batch, LossFn, count_rows
 from memlab.errors import MemlabError
 from memlab.estimate import estimate_plans
-from memlab.plan import parse_budget, parse_grid
+from memlab.events import Event
+from memlab.jupyter.live import LiveFigure
+from memlab.options import RunOptions
+from memlab.plan import LEVERS, parse_axes, parse_grid
 from memlab.report import Report
 from memlab.search import fit
 from memlab.trial import compare
@@ -56,6 +59,11 @@ APPLIED_NAME = "memfit_applied"
 _USAGE = (
     "write %%memfit MODEL BATCH [--try KEY=V1,V2 ...] [--budget SIZE] [--batch-size N] [--steps N] "
     "[--warmup N] [--lr LR] [--apply] [--dry-run] [--quiet]; %%memfit? shows the help"
+)
+_DEFAULTS = RunOptions()
+_LEVER_HELP = "; ".join(
+    f"{name}={'|'.join(spec.choices) if spec.choices else 'on|off' if spec.type == 'bool' else 'N'} ({spec.help})"
+    for name, spec in LEVERS.items()
 )
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _RESULT = "_memfit_loss_"
@@ -202,67 +210,6 @@ def _unquote(text: str | None) -> str | None:
     return text
 
 
-def _whole(option: str, text: str, minimum: int, example: int) -> int:
-    text = _unquote(text) or ""
-    try:
-        value = int(text)
-    except ValueError:
-        raise _usage_error(f"{option} {text!r} is not a whole number; write for example {option} {example}") from None
-    if value < minimum:
-        raise _usage_error(
-            f"{option} {value} is too small; write a whole number >= {minimum}, such as {option} {example}"
-        )
-    return value
-
-
-def _positive_float(option: str, text: str, example: str) -> float:
-    text = _unquote(text) or ""
-    try:
-        value = float(text)
-    except ValueError:
-        raise _usage_error(f"{option} {text!r} is not a number; write for example {option} {example}") from None
-    if not value > 0 or value == float("inf"):
-        raise _usage_error(f"{option} {text} is not a positive number; write for example {option} {example}")
-    return value
-
-
-def _check_search(
-    axes: Mapping[str, Sequence[Any]], batch_size: int, given: bool, budget: int | None, device: str
-) -> None:
-    """What ``fit`` needs, checked before anything runs: a budget off CUDA, and micro-batches that divide the
-    effective batch (accumulation follows from them, so it is not an axis of the search)."""
-    size = f"--batch-size {batch_size}" if given else f"the batch size {batch_size} (the rows of BATCH)"
-    if budget is None and device != "cuda":
-        raise _usage_error(f"the search on {device} needs a budget; add for example --budget 500MB")
-    if "accumulation" in axes:
-        raise _usage_error(
-            "with --budget or --batch-size, accumulation follows from the batch size / micro_batch; "
-            "write --try micro_batch=V1,V2 instead of accumulation"
-        )
-    divisors = ", ".join(str(n) for n in range(batch_size, 0, -1) if batch_size % n == 0)
-    for value in axes.get("micro_batch", []):
-        if value is not None and batch_size % value:
-            raise _usage_error(f"micro_batch={value} does not divide {size}; write micro_batch values among {divisors}")
-
-
-def _axes(grid: Sequence[str]) -> dict[str, list[Any]]:
-    """``["precision=fp32,bf16", ...]`` as ``{"precision": ["fp32", "bf16"], ...}`` (values parsed)."""
-    from memlab.plan import parse_value
-
-    axes: dict[str, list[Any]] = {}
-    for item in grid:
-        key, _, values = item.partition("=")
-        key = key.strip().replace("-", "_")
-        axes[key] = [parse_value(key, value) for value in values.split(",") if value.strip()]
-    return axes
-
-
-def _device_type(model: nn.Module) -> str:
-    for parameter in model.parameters():
-        return parameter.device.type
-    return "cpu"
-
-
 def _shows_widgets(shell: Any) -> bool:
     """Whether the front end can draw a widget: a Jupyter kernel can; a terminal IPython only prints its repr."""
     return getattr(shell, "kernel", None) is not None
@@ -296,11 +243,12 @@ class MemfitMagics(Magics):
         "--try",
         dest="grid",
         nargs="+",
+        action="extend",
         metavar="KEY=V1,V2",
         default=[],
         help=(
-            "plans to compare: every combination of the values, e.g. precision=fp32,bf16 checkpointing=off,on "
-            "accumulation=1,4 micro_batch=8,2 optimizer=adamw,adamw8bit offload=none,optimizer"
+            "plans to compare: every combination of the values (repeated --try options make one grid), e.g. "
+            "precision=fp32,bf16 checkpointing=off,on micro_batch=8,2. The levers: " + _LEVER_HELP
         ),
     )
     @argument(
@@ -311,12 +259,13 @@ class MemfitMagics(Magics):
     @argument(
         "--batch-size",
         dest="batch_size",
+        type=int,
         metavar="N",
         help="effective batch size (rows per optimizer step) to keep while searching; default: the rows of BATCH",
     )
-    @argument("--steps", metavar="N", default="3", help="timed optimizer steps per plan (default 3)")
-    @argument("--warmup", metavar="N", default="1", help="untimed warm-up steps per plan, >= 1 (default 1)")
-    @argument("--lr", metavar="LR", default="1e-5", help="learning rate of the optimizer (default 1e-5)")
+    @argument("--steps", type=int, metavar="N", default=_DEFAULTS.steps, help="timed optimizer steps per plan")
+    @argument("--warmup", type=int, metavar="N", default=_DEFAULTS.warmup, help="untimed warm-up steps per plan")
+    @argument("--lr", type=float, metavar="LR", default=_DEFAULTS.lr, help="learning rate of the optimizer")
     @argument(
         "--apply",
         action="store_true",
@@ -382,51 +331,44 @@ class MemfitMagics(Magics):
                 "write the loss in the cell body, e.g. loss = loss_fn(model(batch[0]), batch[1])"
             )
 
-        steps = _whole("--steps", args.steps, 1, 3)
-        warmup = _whole("--warmup", args.warmup, 1, 1)
-        batch_size = None if args.batch_size is None else _whole("--batch-size", args.batch_size, 1, rows)
-        lr = _positive_float("--lr", args.lr, "1e-5")
-        try:
-            budget = parse_budget(_unquote(args.budget))
-            plans = parse_grid(args.grid)
-        except MemlabError as error:
-            raise _usage_error(str(error)) from None
-        axes = _axes(args.grid)
-        search = budget is not None or batch_size is not None
-        if search:
-            _check_search(axes, batch_size or rows, batch_size is not None, budget, _device_type(model))
+        search = args.budget is not None or args.batch_size is not None
         if args.apply and args.dry_run:
             raise _usage_error("--apply needs measured plans, and --dry-run only estimates them; drop one of the two")
-
-        live = None if args.quiet or not _shows_widgets(self.shell) else self._live_figure(budget)
-        common: dict[str, Any] = {"loss_fn": loss_fn, "budget": budget}
+        # The core checks the options and the grid (and fit its space) before anything runs; the live figure is
+        # shown at the first trial, so that a refused invocation displays nothing.
+        live: _DisplayedOnFirstEvent | None = None
         try:
+            options = RunOptions.from_keywords(
+                {
+                    "loss_fn": loss_fn, "steps": args.steps, "warmup": args.warmup, "budget": _unquote(args.budget),
+                    "lr": args.lr, "progress": False,
+                }
+            )
+            plans = parse_grid(args.grid)
+            if not args.quiet and _shows_widgets(self.shell):
+                live = _DisplayedOnFirstEvent(LiveFigure(options.budget))
+                options = options.replace(callback=live)
             if search:
-                kwargs: dict[str, Any] = dict(
-                    common,
-                    batch_size=batch_size if batch_size is not None else rows,
-                    steps=steps,
-                    warmup=warmup,
-                    lr=lr,
-                    callback=live,
-                    progress=False,
-                    dry_run=args.dry_run,
-                )
-                if axes:
-                    kwargs["space"] = axes
-                report = fit(model, batch, **kwargs)
+                space = parse_axes(args.grid) or None
+                size = rows if args.batch_size is None else args.batch_size
+                report = fit(model, batch, batch_size=size, space=space, dry_run=args.dry_run, **options.keywords())
             elif args.dry_run:
-                report = estimate_plans(model, batch, plans, lr=lr, **common)
+                report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
             else:
-                report = compare(
-                    model, batch, plans, steps=steps, warmup=warmup, lr=lr, callback=live, progress=False, **common
-                )
+                report = compare(model, batch, plans, **options.keywords())
         except MemlabError as error:
             raise _usage_error(str(error)) from None
+        except KeyboardInterrupt as interrupt:
+            # Returned, not raised: IPython would keep the traceback, and with it the cell body's tensors.
+            report = getattr(interrupt, "report", None) or Report([])
+            print(f"Interrupted: {len(report)} plan(s) were measured; the model is as it was.")
+            if live is not None:
+                live.show(report)
+            return report
         if live is not None:
-            live.show_report(report)
+            live.show(report)
         if args.apply:
-            self._apply(model, report, loss_fn, lr, args.model)
+            self._apply(model, report, loss_fn, options.lr, args.model)
         return report
 
     # --- helpers ---
@@ -444,15 +386,6 @@ class MemfitMagics(Magics):
             raise _usage_error("%%memfit runs only inside IPython; load it there with %load_ext memlab")
         namespace: dict[str, Any] = self.shell.user_ns
         return namespace
-
-    def _live_figure(self, budget: int | None) -> Any:
-        from IPython.display import display
-
-        from memlab.jupyter.live import LiveFigure
-
-        live = LiveFigure(budget)
-        display(live.widget)
-        return live
 
     def _apply(self, model: nn.Module, report: Report, loss_fn: LossFn | None, lr: float, model_name: str) -> None:
         from memlab.apply import Applied, apply
@@ -472,6 +405,31 @@ class MemfitMagics(Magics):
             f"Applied {best.label} to {model_name} as {APPLIED_NAME}: train with {APPLIED_NAME}.step(batch); "
             f"undo with {APPLIED_NAME}.undo()"
         )
+
+
+class _DisplayedOnFirstEvent:
+    """A callback that shows the live figure when the first event arrives (the input has been checked by then, so
+    a refused invocation displays nothing) and hands every event on to it."""
+
+    def __init__(self, live: LiveFigure) -> None:
+        self.live = live
+        self.shown = False
+
+    def __call__(self, event: Event) -> None:
+        self._display()
+        self.live(event)
+
+    def show(self, report: Report) -> None:
+        """Draw the finished report (displaying the figure now if no event came, as in a dry run)."""
+        self._display()
+        self.live.show_report(report)
+
+    def _display(self) -> None:
+        if not self.shown:
+            from IPython.display import display
+
+            display(self.live.widget)
+            self.shown = True
 
 
 def empty_body_transformer(lines: list[str]) -> list[str]:

@@ -21,12 +21,14 @@ from typing import Any
 
 import ipywidgets as widgets
 from torch import nn
+from typing_extensions import Unpack
 
 from memlab.apply import Applied, apply
 from memlab.batch import Batch, LossFn, count_rows, resolve_loss_fn
-from memlab.events import Callback, Event
+from memlab.events import Event
 from memlab.jupyter.live import LiveFigure
-from memlab.plan import OFFLOADS, OPTIMIZERS, PRECISIONS, Plan, format_bytes, parse_budget
+from memlab.options import RunOptions, TrialKeywords
+from memlab.plan import LEVERS, LeverSpec, Plan, format_bytes, parse_budget
 from memlab.report import Report, Trial, one_line
 from memlab.trial import compare
 
@@ -44,10 +46,9 @@ class Panel(widgets.VBox):
         model: the model to measure (its parameters, buffers, flags and hooks are left as they were).
         batch: a batch as ``memlab.measure`` takes it (a dict of tensors, a tensor, or a tuple of tensors).
         loss_fn: ``loss_fn(model, micro_batch) -> loss``; the default is ``model(**batch).loss``.
-        budget: the budget the budget field starts with (bytes, or a size string such as ``"8GiB"``).
-        steps, warmup, lr: as for ``memlab.measure``.
-        callback: also called with every progress event (the live figure always is).
         min_interval_s: the least time between two redraws of the live figure during a run.
+        options: :class:`~memlab.options.TrialKeywords` (``budget`` is what the budget field starts with; ``callback``
+            is called with every progress event as well as the live figure).
 
     Attributes:
         report: the Report of every run so far (its budget is the last run's budget).
@@ -73,23 +74,17 @@ class Panel(widgets.VBox):
         batch: Batch,
         loss_fn: LossFn | None = None,
         *,
-        budget: int | str | None = None,
-        steps: int = 3,
-        warmup: int = 1,
-        lr: float = 1e-5,
-        callback: Callback | None = None,
         min_interval_s: float = 0.25,
+        **options: Unpack[TrialKeywords],
     ) -> None:
         self.rows = count_rows(batch)
+        self.options = RunOptions.from_keywords({**options, "loss_fn": loss_fn, "progress": False})
         resolve_loss_fn(batch, loss_fn)  # a batch that needs a loss_fn says so now, not at the first Run
         self.model = model
         self.batch = batch
         self.loss_fn = loss_fn
-        self.steps = steps
-        self.warmup = warmup
-        self.lr = lr
-        self.callback = callback
-        self.report = Report([], budget=parse_budget(budget))
+        budget = self.options.budget
+        self.report = Report([], budget=budget)
         self.applied: Applied | None = None
         self.figure = LiveFigure(self.report.budget, min_interval_s=min_interval_s)
         self.controls: dict[str, widgets.ValueWidget] = _controls(self.rows, budget)
@@ -128,13 +123,10 @@ class Panel(widgets.VBox):
             >>> p.plan().label()
             'mb2x4'
         """
-        values = {name: self.controls[name].value for name in ("accumulation", "precision", "optimizer", "offload")}
-        micro_batch = int(self.controls["micro_batch"].value)
-        return Plan(
-            micro_batch=None if micro_batch == self.rows else micro_batch,
-            checkpointing=bool(self.controls["checkpointing"].value),
-            **values,
-        )
+        values = {name: self.controls[name].value for name in LEVERS}
+        if values["micro_batch"] == self.rows:
+            values["micro_batch"] = None
+        return Plan(**values)
 
     def budget(self) -> int | None:
         """The budget field in bytes (None when empty); a MemlabError when it is not a size.
@@ -179,16 +171,7 @@ class Panel(widgets.VBox):
         try:
             self.figure.budget = budget
             report = compare(
-                self.model,
-                self.batch,
-                [plan],
-                loss_fn=self.loss_fn,
-                steps=self.steps,
-                warmup=self.warmup,
-                budget=budget,
-                lr=self.lr,
-                callback=self._on_event,
-                progress=False,
+                self.model, self.batch, [plan], **self.options.keywords(budget=budget, callback=self._on_event)
             )
             trial = report.trials[0]
             self.report.trials.append(trial)
@@ -227,7 +210,7 @@ class Panel(widgets.VBox):
             plan = self.plan()
             if self.applied is not None:
                 self.applied.undo()
-            self.applied = apply(self.model, plan, loss_fn=self.loss_fn, lr=self.lr)
+            self.applied = apply(self.model, plan, loss_fn=self.loss_fn, lr=self.options.lr)
         except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
             self.applied = None
             self._say(f"Cannot apply: {one_line(error, limit=None)}", "error")
@@ -252,8 +235,8 @@ class Panel(widgets.VBox):
 
     def _on_event(self, event: Event) -> None:
         self.figure(event)
-        if self.callback is not None:
-            self.callback(event)
+        if self.options.callback is not None:
+            self.options.callback(event)
 
     def _set_busy(self, running: bool) -> None:
         self._running = running
@@ -277,13 +260,11 @@ class Panel(widgets.VBox):
 
     def _layout(self) -> list[widgets.Widget]:
         c = self.controls
-        accumulation = widgets.HBox(
-            [widgets.HTML("<b>accumulation</b>"), c["micro_batch"], c["accumulation"], self.effective]
-        )
-        techniques = widgets.HBox([c["checkpointing"], c["precision"]])
-        more = widgets.HBox([c["optimizer"], c["offload"], c["budget"]])
+        accumulation = widgets.HBox([c["micro_batch"], c["accumulation"], self.effective])
+        others = [c[name] for name in LEVERS if name not in ("micro_batch", "accumulation")]
+        levers = widgets.HBox([*others, c["budget"]], layout=widgets.Layout(flex_flow="row wrap"))
         buttons = widgets.HBox([self.run_button, self.apply_button, self.undo_button])
-        return [accumulation, techniques, more, buttons, self.status, self.figure.widget, self.table]
+        return [accumulation, levers, buttons, self.status, self.figure.widget, self.table]
 
 
 def panel(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, **kwargs: Any) -> Panel:
@@ -302,55 +283,37 @@ def panel(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, **kwarg
     return Panel(model, batch, loss_fn, **kwargs)
 
 
-def _controls(rows: int, budget: int | str | None) -> dict[str, widgets.ValueWidget]:
-    budget_text = "" if budget is None else budget if isinstance(budget, str) else format_bytes(budget)
-    return {
-        "micro_batch": widgets.BoundedIntText(
-            value=rows,
-            min=1,
-            max=1_000_000,
-            description="micro-batch",
-            style=_WIDE,
-            layout=widgets.Layout(width="150px"),
-            tooltip="rows per forward/backward",
-        ),
-        "accumulation": widgets.BoundedIntText(
-            value=1,
-            min=1,
-            max=100_000,
-            description="steps",
-            style=_WIDE,
-            layout=widgets.Layout(width="120px"),
-            tooltip="micro-batches per optimizer step",
-        ),
-        "checkpointing": widgets.Checkbox(
-            value=False, description="checkpointing", indent=False, layout=widgets.Layout(width="140px")
-        ),
-        "precision": widgets.ToggleButtons(
-            options=list(PRECISIONS), value="fp32", description="precision", style={**_WIDE, "button_width": "60px"}
-        ),
-        "optimizer": widgets.Dropdown(
-            options=list(OPTIMIZERS),
-            value="adamw",
-            description="optimizer",
-            style=_WIDE,
-            layout=widgets.Layout(width="200px"),
-        ),
-        "offload": widgets.Dropdown(
-            options=list(OFFLOADS),
-            value="none",
-            description="offload",
-            style=_WIDE,
-            layout=widgets.Layout(width="180px"),
-        ),
-        "budget": widgets.Text(
-            value=budget_text,
-            description="budget",
-            placeholder="e.g. 8GiB; empty: none",
-            style=_WIDE,
-            layout=widgets.Layout(width="230px"),
-        ),
-    }
+def _controls(rows: int, budget: int | None) -> dict[str, widgets.ValueWidget]:
+    """A control per lever of :data:`memlab.plan.LEVERS` (named after it, its help as the tooltip), and the budget."""
+    controls = {name: _lever_control(spec, rows) for name, spec in LEVERS.items()}
+    controls["budget"] = widgets.Text(
+        value="" if budget is None else format_bytes(budget),
+        description="budget",
+        placeholder="e.g. 8GiB; empty: none",
+        tooltip="the memory a setting may use; over it, the setting does not fit",
+        style=_WIDE,
+        layout=widgets.Layout(width="230px"),
+    )
+    return controls
+
+
+def _lever_control(spec: LeverSpec, rows: int) -> widgets.ValueWidget:
+    """The widget for one lever: a number box for counts, a checkbox for switches, a drop-down for choices."""
+    description = spec.name.replace("_", "-")
+    if spec.type == "bool":
+        return widgets.Checkbox(
+            value=spec.default, description=description, tooltip=spec.help, indent=False,
+            layout=widgets.Layout(width="140px"),
+        )
+    if spec.type == "choice":
+        return widgets.Dropdown(
+            options=list(spec.choices), value=spec.default, description=description, tooltip=spec.help,
+            style=_WIDE, layout=widgets.Layout(width="200px"),
+        )
+    return widgets.BoundedIntText(
+        value=rows if spec.default is None else spec.default, min=1, max=1_000_000, description=description,
+        tooltip=spec.help, style=_WIDE, layout=widgets.Layout(width="170px"),
+    )
 
 
 def _trial_message(trial: Trial, report: Report) -> tuple[str, str]:

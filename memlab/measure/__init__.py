@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memlab.measure.cuda import CudaPeak, cap_cuda_memory, cuda_bf16_supported
+from memlab.measure.cuda import CudaPeak, cap_cuda_memory
 from memlab.measure.oom import is_oom_error, release_error, release_memory
 from memlab.measure.tracker import CATEGORIES, MemoryTracker
 
@@ -11,7 +11,6 @@ __all__ = [
     "CudaPeak",
     "MemoryTracker",
     "cap_cuda_memory",
-    "cuda_bf16_supported",
     "is_oom_error",
     "release_error",
     "release_memory",

@@ -12,20 +12,9 @@ from types import TracebackType
 
 import torch
 
-__all__ = ["CudaPeak", "cap_cuda_memory", "cuda_bf16_supported"]
+from memlab.device import DeviceLike, cuda_device
 
-DeviceLike = torch.device | str | int
-
-
-def _cuda_device(device: DeviceLike) -> torch.device:
-    """``"cuda"``, ``0``, ``"cuda:1"`` -> a CUDA device with its index (the current one if none)."""
-    resolved = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    if resolved.type != "cuda":
-        raise ValueError(f"{resolved} is not a CUDA device; write torch.device('cuda') or 'cuda:0'")
-    if resolved.index is None:
-        resolved = torch.device("cuda", torch.cuda.current_device())
-    return resolved
-
+__all__ = ["CudaPeak", "cap_cuda_memory"]
 
 class CudaPeak:
     """The CUDA caching allocator's peak over a ``with`` block (synchronised at both ends).
@@ -49,7 +38,7 @@ class CudaPeak:
         self.peak_reserved = 0
 
     def __enter__(self) -> CudaPeak:
-        device = self.device = _cuda_device(self.device)
+        device = self.device = cuda_device(self.device)
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         self.start_allocated = torch.cuda.memory_allocated(device)
@@ -87,7 +76,7 @@ def cap_cuda_memory(budget: int | None, device: DeviceLike) -> Iterator[None]:
     if budget is None:
         yield
         return
-    resolved = _cuda_device(device)
+    resolved = cuda_device(device)
     total = torch.cuda.get_device_properties(resolved).total_memory
     fraction = min(1.0, max(0.0, float(budget) / float(total)))
     getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.7 has it
@@ -98,20 +87,3 @@ def cap_cuda_memory(budget: int | None, device: DeviceLike) -> Iterator[None]:
         yield
     finally:
         torch.cuda.set_per_process_memory_fraction(float(previous), resolved)
-
-
-def cuda_bf16_supported(device: DeviceLike | None = None) -> bool:
-    """True when ``device`` (default: the current CUDA device) runs bfloat16 natively (compute capability
-    >= 8.0, or any ROCm GPU); False without CUDA. Emulated bf16 on older GPUs counts as unsupported: it is
-    slow.
-
-    Example:
-        >>> cuda_bf16_supported("cuda") in (True, False)
-        True
-    """
-    if not torch.cuda.is_available():
-        return False
-    if torch.version.hip:
-        return True
-    resolved = _cuda_device("cuda" if device is None else device)
-    return torch.cuda.get_device_properties(resolved).major >= 8

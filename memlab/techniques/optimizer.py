@@ -12,8 +12,11 @@ from memlab.errors import MemlabError
 from memlab.plan import Plan
 
 
-def build_optimizer(parameters: Sequence[nn.Parameter], plan: Plan, lr: float) -> torch.optim.Optimizer:
-    """A fresh optimizer of the plan's kind for ``parameters``.
+def build_optimizer(
+    parameters: Sequence[nn.Parameter], plan: Plan, lr: float, *, device_type: str | None = None
+) -> torch.optim.Optimizer:
+    """A fresh optimizer of the plan's kind for ``parameters``, with the defaults torch takes on ``device_type``
+    (default: the parameters' device): on CUDA, AdamW's foreach update, whose temporaries are part of the peak.
 
     Example:
         >>> layer = nn.Linear(4, 4)
@@ -29,7 +32,9 @@ def build_optimizer(parameters: Sequence[nn.Parameter], plan: Plan, lr: float) -
         optimizer = bitsandbytes.optim.AdamW8bit(parameters, lr=lr)
         optimizer.mng = _own_override_manager(optimizer, parameters)
         return optimizer
-    return torch.optim.AdamW(parameters, lr=lr)
+    device_type = device_type or parameters[0].device.type
+    # torch picks foreach by itself on real CUDA tensors; a dry run for CUDA on CPU kernels must ask for it.
+    return torch.optim.AdamW(parameters, lr=lr, foreach=True if device_type == "cuda" else None)
 
 
 def _own_override_manager(optimizer: torch.optim.Optimizer, parameters: Sequence[nn.Parameter]) -> Any:

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 import torch
 
+from memlab.device import cuda_bf16_supported
 from memlab.errors import UnsupportedTechnique
-from memlab.measure.cuda import cuda_bf16_supported
 from memlab.plan import Plan
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def check_precision(plan: Plan, device: torch.device) -> list[str]:
-    """Notes about the plan's precision on this device; a clear error where the device cannot run it.
+def check_precision(plan: Plan, device: torch.device, parameters: Sequence[torch.Tensor] = ()) -> list[str]:
+    """Notes about the plan's precision on this device; a clear error where the device cannot run it, or where
+    the trained ``parameters`` are fp16 (loss scaling cannot unscale fp16 gradients).
 
     Example:
         >>> check_precision(Plan(precision="fp16"), torch.device("cpu"))
@@ -22,6 +24,11 @@ def check_precision(plan: Plan, device: torch.device) -> list[str]:
     """
     if plan.precision == "fp32":
         return []
+    if plan.precision == "fp16" and any(p.dtype == torch.float16 for p in parameters):
+        raise UnsupportedTechnique(
+            "the trained weights are fp16, and fp16 loss scaling needs fp32 weights; load the model in fp32 "
+            "(autocast computes in fp16), or write precision='bf16'"
+        )
     if device.type == "cuda" and plan.precision == "bf16" and not cuda_bf16_supported(device):
         raise UnsupportedTechnique(
             f"{torch.cuda.get_device_name(device)} has no native bf16 (emulated bf16 is slow); "

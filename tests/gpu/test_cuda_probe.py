@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from memlab.measure import CudaPeak, MemoryTracker, cap_cuda_memory, cuda_bf16_supported, is_oom_error
+from memlab.device import cuda_bf16_supported
+from memlab.measure import CudaPeak, MemoryTracker, cap_cuda_memory, is_oom_error
 
 pytestmark = [
     pytest.mark.gpu,

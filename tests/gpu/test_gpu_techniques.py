@@ -11,7 +11,7 @@ from models import lm_batch, tiny_llama
 
 import memlab
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def cuda_model(width: int = 256, layers: int = 4):

@@ -24,6 +24,7 @@ from models import (
 
 import memlab
 from memlab.events import MemorySample, StepFinished, TrialFinished, TrialStarted
+from memlab.options import RunOptions
 from memlab.trial import TrialRunner
 
 
@@ -180,7 +181,7 @@ def test_steps_are_timed_by_the_median_and_warmup_is_not_timed(monkeypatch):
 
     monkeypatch.setattr(step_module.TrainingStep, "__call__", call_with_fake_duration)
     model, batch = tiny_mlp(), mlp_batch(rows=8)
-    runner = TrialRunner(model, batch, loss_fn=mlp_loss, steps=3, warmup=1, clock=lambda: now["t"])
+    runner = TrialRunner(model, batch, RunOptions(loss_fn=mlp_loss, steps=3, warmup=1), clock=lambda: now["t"])
     trial = runner.run(memlab.Plan())
     assert trial.step_time_s == 2.0
     assert trial.samples_per_s == 8 / 2.0

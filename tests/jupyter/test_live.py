@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 from collections.abc import Sequence
 from typing import Any
 
@@ -223,8 +222,3 @@ def test_as_the_callback_of_compare_it_draws_every_trial() -> None:
     assert traces_on(figure, "x2")["params"].x == ("plain", "ckpt")
     assert len(figure.widget.data[live_module.LIVE].x) > 0  # samples of the tracked step were drawn
     assert max(figure.widget.data[live_module.LIVE].y) <= report.trials[-1].peak_bytes / MIB + 1e-9
-
-
-def test_the_docstring_examples_run() -> None:
-    result = doctest.testmod(live_module, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0

@@ -288,7 +288,8 @@ BAD = [
     ("missing-batch", "model", "", "required: BATCH"),
     ("unclosed-quote", 'model batch --budget "8GiB', "", "cannot be read"),
     ("bad-budget", "model batch --budget lots", "", "budget 'lots' is not understood"),
-    ("zero-budget", "model batch --budget 0", "", "not positive"),
+    ("zero-budget", "model batch --budget 0GiB", "", "not positive"),
+    ("budget-without-unit", "model batch --budget 24", "", "budget '24' has no unit"),
     ("unknown-value", "model batch --try precision=fp8", "", "precision='fp8' is not known"),
     ("unknown-key", "model batch --try colour=red,blue", "", "'colour' is not a plan setting"),
     ("not-key-value", "model batch --try precision", "", "is not KEY=V1,V2"),
@@ -297,28 +298,28 @@ BAD = [
     ("zero-micro-batch", "model batch --try micro_batch=0", "", "micro_batch=0 is not allowed"),
     ("negative-accumulation", "model batch --try accumulation=-1", "", "accumulation=-1 is not allowed"),
     ("bad-checkpointing", "model batch --try checkpointing=maybe", "", "write on or off"),
-    ("zero-steps", "model batch --steps 0", "", "--steps 0 is too small"),
-    ("negative-steps", "model batch --steps -2", "", "--steps -2 is too small"),
-    ("steps-not-a-number", "model batch --steps many", "", "not a whole number"),
-    ("zero-warmup", "model batch --warmup 0", "", "--warmup 0 is too small"),
-    ("zero-batch-size", "model batch --budget 1GiB --batch-size 0", "", "--batch-size 0 is too small"),
-    ("negative-batch-size", "model batch --budget 1GiB --batch-size -8", "", "--batch-size -8 is too small"),
+    ("zero-steps", "model batch --steps 0", "", "steps=0 is not allowed"),
+    ("negative-steps", "model batch --steps -2", "", "steps=-2 is not allowed"),
+    ("steps-not-a-number", "model batch --steps many", "", "--steps: invalid int value"),
+    ("negative-warmup", "model batch --warmup -1", "", "warmup=-1 is not allowed"),
+    ("zero-batch-size", "model batch --budget 1GiB --batch-size 0", "", "batch_size=0 is not allowed"),
+    ("negative-batch-size", "model batch --budget 1GiB --batch-size -8", "", "batch_size=-8 is not allowed"),
     (
         "micro-batch-not-dividing",
         "model batch --budget 1GiB --batch-size 8 --try micro_batch=3",
         "",
-        "micro_batch=3 does not divide --batch-size 8",
+        "micro_batch=3 does not divide batch_size=8",
     ),
     (
         "micro-batch-not-dividing-rows",
         "model batch --budget 1GiB --try micro_batch=3",
         "",
-        "does not divide the batch size 4",
+        "does not divide batch_size=4",
     ),
-    ("accumulation-in-search", "model batch --budget 1GiB --try accumulation=2,4", "", "write --try micro_batch"),
+    ("accumulation-in-search", "model batch --budget 1GiB --try accumulation=2,4", "", "restrict micro_batch"),
     ("search-without-budget-on-cpu", "model batch --batch-size 8", "", "needs a budget"),
-    ("zero-lr", "model batch --lr 0", "", "--lr 0 is not a positive number"),
-    ("lr-not-a-number", "model batch --lr fast", "", "--lr 'fast' is not a number"),
+    ("zero-lr", "model batch --lr 0", "", "lr=0.0 is not allowed"),
+    ("lr-not-a-number", "model batch --lr fast", "", "--lr: invalid float value"),
     ("apply-with-dry-run", "model batch --apply --dry-run", "", "drop one of the two"),
     ("body-syntax-error", "model batch", "loss = model(**batch).loss +", "syntax error on line 1"),
     ("body-return", "model batch", "return model(**batch).loss", "syntax error"),
@@ -355,3 +356,25 @@ def test_bad_invocations_raise_one_line_usage_errors(
 
 def test_at_least_fifteen_bad_invocations() -> None:
     assert len(BAD) >= 15 and len({case[0] for case in BAD}) == len(BAD)
+
+
+def test_repeated_try_options_make_one_grid_and_warmup_zero_is_accepted(shell: InteractiveShell) -> None:
+    report = memfit(
+        shell, "mlp pairs --try checkpointing=off,on --try micro_batch=all,2 --steps 1 --warmup 0 --quiet", MLP_LOSS
+    )
+    assert [t.label for t in report] == [p.label() for p in parse_grid(["checkpointing=off,on", "micro_batch=all,2"])]
+    assert len(report) == 4 and all(t.status == "ok" for t in report)
+    python_side = memlab.measure(
+        shell.user_ns["mlp"], shell.user_ns["pairs"], memlab.Plan(), warmup=0, steps=1,
+        loss_fn=lambda m, b: (m(b[0]).squeeze(-1) - b[1]).pow(2).mean(),
+    )
+    assert python_side.status == "ok"
+
+
+def test_help_lists_every_lever(shell: InteractiveShell) -> None:
+    from memlab.plan import LEVERS
+
+    doc = MemfitMagics.memfit.__doc__  # what %%memfit? shows, generated from the argument declarations
+    assert doc is not None
+    for name, spec in LEVERS.items():
+        assert f"{name}=" in doc and all(choice in doc for choice in spec.choices)

@@ -140,7 +140,6 @@ def test_labels_of_distinct_plans_differ() -> None:
     [
         (None, None),
         (1000, 1000),
-        ("1000", 1000),
         ("1000B", 1000),
         ("8GiB", 8 * 1024**3),
         ("8 GiB", 8 * 1024**3),
@@ -170,10 +169,24 @@ def test_parse_budget_rejects_what_it_cannot_read(text: str) -> None:
         parse_budget(text)
 
 
-@pytest.mark.parametrize("value", [0, -5, "0", "0GiB", 0.0, -1.0, "0.5"])
+@pytest.mark.parametrize("value", [0, -5, "0GiB", 0.0, -1.0, "0.5B"])
 def test_parse_budget_rejects_non_positive(value: int | float | str) -> None:
     with pytest.raises(MemlabError, match="not positive"):
         parse_budget(value)
+
+
+@pytest.mark.parametrize("text", ["1.5", "24", " 8 "])
+def test_a_size_without_a_unit_asks_for_one(text: str) -> None:
+    with pytest.raises(MemlabError, match="has no unit; write the unit"):
+        parse_budget(text)
+
+
+def test_a_misspelt_plan_setting_is_a_memlab_error() -> None:
+    with pytest.raises(MemlabError, match="'micro_batch_size' is not a plan setting; write one of micro_batch"):
+        Plan(micro_batch_size=2)  # type: ignore[call-arg]
+    with pytest.raises(MemlabError, match="at most"):
+        Plan(1, 1, False, "fp32", "adamw", "none", "extra")  # type: ignore[call-arg]
+    assert Plan(2, 4) == Plan(micro_batch=2, accumulation=4)
 
 
 def test_parse_budget_rejects_bool() -> None:

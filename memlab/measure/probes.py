@@ -1,0 +1,143 @@
+"""Probes: how a trial's memory is bounded and read on one kind of device, handed to the trial runner.
+
+The runner does the same steps everywhere; the probe says what differs by device:
+
+- :class:`CpuProbe`: memlab's tracker is the measurement and enforces the budget; memory the process already
+  holds is found by one scan of live objects; resident memory is reported as context.
+- :class:`CudaProbe`: the caching allocator is the truth: the budget is a real cap on it, the peak is its
+  ``max_memory_allocated``, and what it held at the start of the tracked step is memory held before.
+- :class:`FakeProbe`: a dry run on fake tensors. It never reads or caps a real allocator, scans nothing, and
+  times nothing; it builds optimizers with the defaults of the device the estimate is for.
+
+:func:`probe_for` picks the probe of a model; a model on fake or meta tensors always gets a :class:`FakeProbe`, so
+a dry run can never touch the real allocator even where its fake tensors say ``"cuda"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import is_fake
+
+from memlab.device import model_device, synchronize
+from memlab.measure.cuda import CudaPeak, cap_cuda_memory
+from memlab.measure.held import cpu_tensors_held
+
+__all__ = ["CpuProbe", "CudaProbe", "FakeProbe", "Probe", "probe_for"]
+
+
+class Probe:
+    """What a trial runner asks of a device (this base is the CPU's behaviour without the scan).
+
+    Attributes:
+        device: where the trial's tensors live.
+        tracker_enforces_budget: the tracker raises an out-of-memory error past the budget (no real cap here).
+        times_steps: timed steps mean something (False on fake tensors).
+        optimizer_device_type: whose defaults optimizers are built with (``"cuda"``: foreach updates).
+    """
+
+    tracker_enforces_budget = True
+    times_steps = True
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.optimizer_device_type = device.type
+
+    def held_before(self, own: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        """Tensors the process holds besides ``own`` (the model's and the batch's), counted under "other"."""
+        return []
+
+    def cap(self, budget: int | None) -> contextlib.AbstractContextManager[Any]:
+        """A real cap on the device's memory at ``budget`` for the block (none where the tracker enforces it)."""
+        return contextlib.nullcontext()
+
+    def allocator_peak(self) -> contextlib.AbstractContextManager[CudaPeak | None]:
+        """The allocator's own peak over the block, where there is an allocator to read (None elsewhere)."""
+        return contextlib.nullcontext()
+
+    def synchronize(self) -> None:
+        """Wait for queued work before a clock is read."""
+
+    def rss_bytes(self) -> int | None:
+        """The process's resident memory, as context for CPU trials (None elsewhere)."""
+        return None
+
+
+class CpuProbe(Probe):
+    """A CPU (or other non-CUDA) device: tracking enforces the budget; held memory is found by a scan.
+
+    Example:
+        >>> probe = CpuProbe(torch.device("cpu"))
+        >>> probe.tracker_enforces_budget, probe.rss_bytes() > 0
+        (True, True)
+    """
+
+    def held_before(self, own: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        return cpu_tensors_held(own, grads)
+
+    def rss_bytes(self) -> int | None:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+
+
+class CudaProbe(Probe):
+    """A CUDA device: the budget caps the caching allocator, whose peak is the measurement.
+
+    Example:
+        >>> CudaProbe(torch.device("cuda", 0)).tracker_enforces_budget
+        False
+    """
+
+    tracker_enforces_budget = False
+
+    def cap(self, budget: int | None) -> contextlib.AbstractContextManager[Any]:
+        return cap_cuda_memory(budget, self.device)
+
+    def allocator_peak(self) -> contextlib.AbstractContextManager[CudaPeak | None]:
+        return CudaPeak(self.device)
+
+    def synchronize(self) -> None:
+        synchronize(self.device)
+
+
+class FakeProbe(Probe):
+    """A dry run on fake tensors: nothing real is read, capped, scanned or timed.
+
+    Args:
+        device: the device the fake tensors say they are on.
+        target: the device the estimate is for (its optimizer defaults are used); default ``device``.
+
+    Example:
+        >>> probe = FakeProbe(torch.device("cpu"), target=torch.device("cuda"))
+        >>> probe.times_steps, probe.optimizer_device_type
+        (False, 'cuda')
+    """
+
+    times_steps = False
+
+    def __init__(self, device: torch.device, target: torch.device | None = None) -> None:
+        super().__init__(device)
+        self.optimizer_device_type = (target or device).type
+
+
+def probe_for(model: nn.Module) -> Probe:
+    """The probe for a model's device: fake or meta tensors get a :class:`FakeProbe`, CUDA a :class:`CudaProbe`,
+    anything else a :class:`CpuProbe`.
+
+    Example:
+        >>> type(probe_for(nn.Linear(2, 2))).__name__
+        'CpuProbe'
+        >>> type(probe_for(nn.Linear(2, 2, device="meta"))).__name__
+        'FakeProbe'
+    """
+    device = model_device(model)
+    if device.type == "meta" or any(is_fake(p) for p in model.parameters()):
+        return FakeProbe(device)
+    if device.type == "cuda":
+        return CudaProbe(device)
+    return CpuProbe(device)

@@ -1,0 +1,141 @@
+"""``fit``: the fastest plan whose measured peak fits a memory budget at a fixed effective batch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from typing_extensions import Unpack
+
+from memlab.batch import Batch, count_rows
+from memlab.device import cuda_bf16_supported, model_device
+from memlab.errors import MemlabError
+from memlab.module_state import trainable_parameters, unique_parameters
+from memlab.options import RunKeywords, RunOptions
+from memlab.plan import Plan
+from memlab.report import Report, Trial
+from memlab.search.space import candidate_plans, default_space, fits
+from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
+from memlab.search.strategy import run_search
+from memlab.trial import TrialRunner, keep_on_interrupt, progress_bar
+
+__all__ = ["fit"]
+
+
+def fit(
+    model: nn.Module,
+    batch: Batch,
+    *,
+    batch_size: int | None = None,
+    space: Mapping[str, Sequence[Any]] | None = None,
+    dry_run: bool = False,
+    **options: Unpack[RunKeywords],
+) -> Report:
+    """The fastest plan whose measured peak fits ``budget`` at the effective batch ``batch_size``.
+
+    Plans are measured on the live model (restored bit-exact afterwards) fastest-expected first, and plans that
+    cannot fit or cannot beat the best so far are skipped (see :mod:`memlab.search` for how). The first plan runs
+    without the budget's cap, so that its whole peak is known even when it does not fit (on CUDA it is still
+    limited by the device); every other plan runs capped at the budget, as ``measure(..., budget=budget)`` does.
+    Every trial is judged against the budget (the first one too), so ``trial.fits`` agrees with
+    ``report.fits(trial)``. The returned Report holds every measured trial in order; its ``best`` is the answer
+    (None when nothing fits), and its ``skipped`` lists the plans not measured with the reason. Ctrl-C stops the
+    search; the KeyboardInterrupt carries the trials measured so far as ``.report``.
+
+    Args:
+        model: the model to train, on its device.
+        batch: one batch (dict of tensors, tensor, or tuple); rows repeat where ``batch_size`` asks for more.
+        batch_size: the effective batch (rows per optimizer step); default: the rows of ``batch``.
+        space: restrict the axes, e.g. ``{"precision": ["fp32"], "micro_batch": [8, 4]}`` (keys are Plan fields;
+            ``accumulation`` follows from ``batch_size / micro_batch``). Default: :func:`default_space`.
+        dry_run: rank by :func:`memlab.estimate.estimate` (fake tensors, nothing runs): plans are estimated in
+            order of expected speed and the first estimated to fit is the answer; nothing is timed.
+        options: :class:`~memlab.options.RunKeywords`. ``budget``: bytes or a size such as ``"8GiB"``; default on
+            CUDA the device's free memory plus what the model holds there; on CPU it must be given.
+
+    Example:
+        >>> model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+        >>> report = fit(model, torch.randn(8, 16), budget="1MiB", loss_fn=lambda m, b: m(b).mean(),
+        ...              steps=1, progress=False, space={"precision": ["fp32"], "optimizer": ["adamw"]})
+        >>> report.best.fits, report.best.rows_per_step
+        (True, 8)
+    """
+    run_options = RunOptions.from_keywords(options)
+    if not isinstance(model, nn.Module):
+        raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
+    rows = count_rows(batch)
+    if batch_size is None:
+        batch_size = rows
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise MemlabError(f"batch_size={batch_size!r} is not allowed; write a whole number >= 1, e.g. batch_size=32")
+    device = model_device(model)
+    budget = run_options.budget
+    if budget is None:
+        if device.type != "cuda":
+            raise MemlabError(
+                f"fit on {device.type} needs a budget; write for example budget='8GiB' or budget='500MB'"
+            )
+        held = sum(t.numel() * t.element_size() for t in [*unique_parameters(model), *model.buffers()])
+        budget = int(torch.cuda.mem_get_info(device)[0]) + held
+    resolved_space: dict[str, Sequence[Any]] = dict(
+        default_space(batch_size, device.type, device.type == "cuda" and cuda_bf16_supported(device))
+    )
+    if space is not None:
+        if not isinstance(space, Mapping):
+            raise MemlabError("space must be a dict of plan fields to values, e.g. {'precision': ['fp32', 'bf16']}")
+        resolved_space.update(space)
+    candidates = candidate_plans(batch_size, resolved_space, batch_rows=rows)
+    trainable = sum(p.numel() * p.element_size() for p in trainable_parameters(model))
+    prior = speed_prior(device.type)
+    run_options = run_options.replace(budget=budget)
+    if dry_run:
+        return _dry_run(model, batch, candidates, batch_size, prior, run_options)
+    runner = TrialRunner(model, batch, run_options)
+    measured: list[Trial] = []
+    with keep_on_interrupt(measured, budget), runner.session():
+        with progress_bar(len(candidates), run_options.progress) as bar:
+
+            def measure(plan: Plan, index: int, total: int) -> Trial:
+                bar.set_postfix_str(plan.label())
+                # The first plan runs without the budget's cap: a capped run that does not fit stops at the budget
+                # and says only that, while the whole peak and its breakdown teach the memory model the most.
+                trial = runner.run(plan, index, total, capped=index > 0)
+                measured.append(trial)
+                return trial
+
+            def advance(done: int) -> None:
+                bar.update(done - bar.n)
+
+            result = run_search(
+                candidates, measure, budget=budget, batch_size=batch_size, trainable_bytes=trainable, prior=prior,
+                on_step=advance,
+            )
+    return Report(result.trials, budget=budget, skipped=result.skipped)
+
+
+def _dry_run(
+    model: nn.Module,
+    batch: Batch,
+    candidates: Sequence[Plan],
+    batch_size: int,
+    prior: SpeedPrior,
+    options: RunOptions,
+) -> Report:
+    """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
+    estimated to fit: that one is the answer, and the plans after it are skipped as expected slower."""
+    from memlab.estimate import estimate
+
+    budget = options.budget or 0
+    speed = SpeedModel([], candidates, batch_size=batch_size, prior=prior)
+    order = sorted(candidates, key=speed.expected, reverse=True)
+    device = model_device(model)
+    trials: list[Trial] = []
+    for position, plan in enumerate(order):
+        trial = estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device)
+        trials.append(trial)
+        if fits(trials[-1], budget):
+            reason = f"expected slower: {plan.label()} is expected faster and is estimated to fit"
+            return Report(trials, budget=budget, skipped=[(slower, reason) for slower in order[position + 1 :]])
+    return Report(trials, budget=budget)

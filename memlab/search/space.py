@@ -1,0 +1,171 @@
+"""The space fit searches: candidate plans at a fixed effective batch, and what one plan says about another.
+
+Every combination of micro_batch (a divisor of ``batch_size``; accumulation makes up the rest), checkpointing,
+precision, optimizer and offload. :func:`needs_at_least` says when a plan needs at least another's memory whatever
+the model, so that one plan that does not fit rules out many.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from memlab.errors import MemlabError
+from memlab.plan import PLAN_FIELDS, Plan
+from memlab.report import Trial
+
+TECHNIQUES = ("checkpointing", "precision", "optimizer", "offload")
+"""The plan fields other than the batch split, in the order candidates are listed."""
+
+TECHNIQUE_DEFAULTS = {name: getattr(Plan(), name) for name in TECHNIQUES}
+"""Each technique's value in the plain plan."""
+
+OPTIMIZER_RANK = {"adamw8bit": 0, "adamw": 1}
+"""Lower rank = fewer optimizer bytes for the same parameters; optimizers not listed compare only with themselves."""
+
+
+def divisors(number: int) -> list[int]:
+    """The divisors of ``number``, largest first.
+
+    Example:
+        >>> divisors(12)
+        [12, 6, 4, 3, 2, 1]
+    """
+    return [d for d in range(number, 0, -1) if number % d == 0]
+
+
+def default_space(
+    batch_size: int, device_type: str = "cpu", bf16_supported: bool = True
+) -> dict[str, list[Any]]:
+    """The axes ``fit`` searches by default on a device.
+
+    micro_batch: every divisor of ``batch_size``; checkpointing off and on; precision fp32 and the device's fast
+    half precision (bf16, or fp16 on a GPU without bf16); optimizer AdamW and 8-bit AdamW; offload only on CUDA
+    (on a CPU there is nothing to move it to, so it can never help).
+
+    Example:
+        >>> default_space(4)
+        {'micro_batch': [4, 2, 1], 'checkpointing': [False, True], 'precision': ['fp32', 'bf16'], \
+'optimizer': ['adamw', 'adamw8bit'], 'offload': ['none']}
+        >>> default_space(2, "cuda", bf16_supported=False)["precision"], default_space(2, "cuda")["offload"]
+        (['fp32', 'fp16'], ['none', 'optimizer', 'all'])
+    """
+    half = "bf16" if device_type != "cuda" or bf16_supported else "fp16"
+    return {
+        "micro_batch": divisors(batch_size),
+        "checkpointing": [False, True],
+        "precision": ["fp32", half],
+        "optimizer": ["adamw", "adamw8bit"],
+        "offload": ["none", "optimizer", "all"] if device_type == "cuda" else ["none"],
+    }
+
+
+def candidate_plans(
+    batch_size: int, space: Mapping[str, Sequence[Any]], *, batch_rows: int | None = None
+) -> list[Plan]:
+    """Every plan of ``space`` at the effective batch ``batch_size``, largest micro-batch first.
+
+    ``space`` maps plan fields to the values to try; ``micro_batch`` values must divide ``batch_size`` (``None``
+    means all of it) and ``accumulation`` follows from them. Fields not given keep the plain plan's value. When
+    ``batch_rows`` equals ``batch_size``, the full-batch plan is written ``micro_batch=None`` (labelled "plain").
+
+    Example:
+        >>> [p.label() for p in candidate_plans(4, {"micro_batch": [4, 2], "checkpointing": [False, True]})]
+        ['mb4x1', 'mb4x1 ckpt', 'mb2x2', 'mb2x2 ckpt']
+        >>> candidate_plans(4, {"micro_batch": [3]})
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: micro_batch=3 does not divide batch_size=4; write divisors of 4: 4, 2, 1
+    """
+    for key in space:
+        if key == "accumulation":
+            raise MemlabError(
+                "accumulation follows from batch_size / micro_batch; restrict micro_batch instead, "
+                "e.g. space={'micro_batch': [8, 4]}"
+            )
+        if key not in PLAN_FIELDS:
+            raise MemlabError(f"{key!r} is not a plan setting; write keys among {', '.join(PLAN_FIELDS)}")
+    if isinstance(space.get("micro_batch"), (str, bytes)):
+        raise MemlabError("space values are lists; write for example space={'micro_batch': [8, 4]}")
+    micro: list[int] = []
+    for value in space.get("micro_batch", divisors(batch_size)):
+        size = batch_size if value is None else value
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1 or batch_size % size:
+            listed = ", ".join(str(d) for d in divisors(batch_size))
+            raise MemlabError(
+                f"micro_batch={value!r} does not divide batch_size={batch_size}; write divisors of {batch_size}: "
+                f"{listed}"
+            )
+        if size not in micro:
+            micro.append(size)
+    axes: list[list[Any]] = []
+    for name in TECHNIQUES:
+        values = space.get(name, [TECHNIQUE_DEFAULTS[name]])
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            raise MemlabError(f"space[{name!r}] must be a list; write for example {{{name!r}: [{values!r}]}}")
+        axes.append(list(dict.fromkeys(values)))
+    if not micro or not all(axes):
+        raise MemlabError("the space is empty; give every axis at least one value")
+    plans = []
+    for size in micro:
+        for values in _product(axes):
+            plan = Plan(
+                micro_batch=None if size == batch_size == batch_rows else size,
+                accumulation=batch_size // size,
+                **dict(zip(TECHNIQUES, values, strict=True)),
+            )
+            plans.append(plan)
+    return plans
+
+
+def _product(axes: list[list[Any]]) -> list[tuple[Any, ...]]:
+    combinations: list[tuple[Any, ...]] = [()]
+    for values in axes:
+        combinations = [(*combination, value) for combination in combinations for value in values]
+    return combinations
+
+
+def micro_batch_of(plan: Plan, batch_size: int) -> int:
+    """Rows per micro-batch of a candidate (``micro_batch=None`` means the whole effective batch)."""
+    return plan.micro_batch or batch_size // plan.accumulation
+
+
+def fits(trial: Trial, budget: int) -> bool:
+    """True when the trial ran and its peak is within ``budget``."""
+    return trial.status == "ok" and trial.peak_bytes <= budget
+
+
+def best_of(trials: Iterable[Trial], budget: int) -> Trial | None:
+    """The fastest trial that fits (a tie goes to the lower peak), as :attr:`Report.best` chooses."""
+    fitting = [t for t in trials if fits(t, budget) and t.samples_per_s is not None]
+    if not fitting:
+        return None
+    return max(fitting, key=lambda t: (t.samples_per_s or 0.0, -t.peak_bytes))
+
+
+def needs_at_least(plan: Plan, other: Plan, batch_size: int) -> bool:
+    """Whether ``plan`` needs at least the memory of ``other``, whatever the model (so if ``other`` does not fit,
+    neither does ``plan``).
+
+    True when both use the same precision and offload, ``plan`` has at least ``other``'s micro-batch, checkpoints
+    only if ``other`` does, and its optimizer keeps at least as much state. Going from accumulation to none is
+    never compared: without accumulation the gradients need not be held while activations are.
+
+    Example:
+        >>> small = Plan(micro_batch=2, accumulation=4, checkpointing=True)
+        >>> needs_at_least(Plan(micro_batch=4, accumulation=2), small, 8)
+        True
+        >>> needs_at_least(Plan(micro_batch=4, accumulation=2, precision="bf16"), small, 8)
+        False
+    """
+    if plan.precision != other.precision or plan.offload != other.offload:
+        return False
+    if plan.checkpointing and not other.checkpointing:
+        return False
+    if plan.optimizer != other.optimizer:
+        mine, theirs = OPTIMIZER_RANK.get(plan.optimizer), OPTIMIZER_RANK.get(other.optimizer)
+        if mine is None or theirs is None or mine < theirs:
+            return False
+    if plan.accumulation == 1 and other.accumulation > 1:
+        return False
+    return micro_batch_of(plan, batch_size) >= micro_batch_of(other, batch_size)

@@ -1,0 +1,206 @@
+"""The strategy of the search: measure a few plans, skip what cannot fit or cannot win, repeat.
+
+A plan is skipped when it needs at least the memory of a plan that did not fit (:func:`needs_at_least`), when its
+predicted peak is over ``FIT_MARGIN * budget`` (borderline plans are measured), or when it cannot beat the best so
+far: a predicted speed must exceed ``SPEED_MARGIN * best`` and a measured twin's speed must exceed ``best``. The
+rest are measured fastest-expected first (plans predicted to fit before borderline ones) until none is left, so the
+answer is a measured trial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from memlab.plan import Plan, format_bytes
+from memlab.report import Trial
+from memlab.search.memory import FIT_MARGIN, MemoryModel
+from memlab.search.space import TECHNIQUES, best_of, fits, micro_batch_of, needs_at_least
+from memlab.search.speed import SPEED_MARGIN, SpeedModel, SpeedPrior
+
+MeasureFn = Callable[[Plan, int, int], Trial]
+"""``measure(plan, index, total) -> Trial``: how the search measures one plan (``TrialRunner.run`` in ``fit``)."""
+
+
+class Search:
+    """The state of one search: what was measured, what was skipped (and why), and what to measure next.
+
+    Call :meth:`next_plan` (None when done), measure it, hand the trial to :meth:`record`; or let
+    :func:`run_search` do the loop.
+
+    Args:
+        candidates: the plans to choose from (:func:`candidate_plans`).
+        budget: bytes the chosen plan's measured peak must stay within.
+        batch_size: the effective batch every candidate keeps.
+        trainable_bytes: bytes of the trainable parameters (what gradients and AdamW state are sized by).
+        prior: expected speeds before measuring (:func:`speed_prior`).
+        fit_margin: skip for memory only above ``budget * fit_margin``.
+        speed_margin: skip a determined plan when its predicted speed is at most ``speed_margin * best``.
+
+    Example:
+        >>> plans = candidate_plans(2, {"micro_batch": [2, 1]})
+        >>> search = Search(plans, budget=1000, batch_size=2, trainable_bytes=100)
+        >>> first = search.next_plan(); first.label()
+        'mb2x1'
+        >>> search.record(Trial(first, "ok", 900, {"params": 100}, 0.1, 20.0, None, "cpu", rows_per_step=2))
+        >>> search.next_plan() is None, search.skipped[0][0].label()
+        (True, 'mb1x2')
+    """
+
+    def __init__(
+        self,
+        candidates: Sequence[Plan],
+        *,
+        budget: int,
+        batch_size: int,
+        trainable_bytes: int,
+        prior: SpeedPrior | None = None,
+        fit_margin: float = FIT_MARGIN,
+        speed_margin: float = SPEED_MARGIN,
+    ) -> None:
+        self.candidates = list(dict.fromkeys(candidates))
+        self.budget = budget
+        self.batch_size = batch_size
+        self.trainable_bytes = trainable_bytes
+        self.prior = prior or SpeedPrior()
+        self.fit_margin = fit_margin
+        self.speed_margin = speed_margin
+        self.trials: list[Trial] = []
+        self.skipped: list[tuple[Plan, str]] = []
+        self.pending: list[Plan] = list(self.candidates)
+
+    @property
+    def best(self) -> Trial | None:
+        """The fastest measured trial that fits the budget so far."""
+        return best_of(self.trials, self.budget)
+
+    def models(self) -> tuple[MemoryModel, SpeedModel]:
+        """The memory and speed models fitted to the trials so far."""
+        memory = MemoryModel(self.trials, trainable_bytes=self.trainable_bytes, batch_size=self.batch_size)
+        speed = SpeedModel(
+            self.trials, self.candidates, batch_size=self.batch_size, prior=self.prior, margin=self.speed_margin
+        )
+        return memory, speed
+
+    def next_plan(self) -> Plan | None:
+        """Skip what cannot fit or cannot win, then the plan to measure next (None when none is left)."""
+        memory, speed = self.models()
+        best = self.best
+        keep = []
+        for plan in self.pending:
+            reason = self.skip_reason(plan, memory, speed, best)
+            if reason is None:
+                keep.append(plan)
+            else:
+                self.skipped.append((plan, reason))
+        self.pending = keep
+        if not keep and not self.trials and self.skipped:
+            # Nothing looks possible: still measure the plan predicted to need least, so that the report shows
+            # how far off the budget is.
+            closest = min(self.skipped, key=lambda item: memory.predict(item[0]))
+            self.skipped.remove(closest)
+            return closest[0]
+        if not keep:
+            return None
+        probe = self._memory_probe()
+        if probe is not None:
+            return probe
+        return max(
+            keep,
+            key=lambda plan: (memory.predict(plan) <= self.budget, speed.expected(plan), -memory.predict(plan)),
+        )
+
+    def skip_reason(
+        self, plan: Plan, memory: MemoryModel, speed: SpeedModel, best: Trial | None
+    ) -> str | None:
+        """Why ``plan`` need not be measured, or None when it must be."""
+        for trial in self.trials:
+            if not fits(trial, self.budget) and trial.status != "error" and needs_at_least(
+                plan, trial.plan, self.batch_size
+            ):
+                return f"cannot fit: needs at least the memory of {trial.label}, which did not fit"
+        predicted = memory.predict(plan)
+        if predicted > self.budget * self.fit_margin:
+            return (
+                f"predicted not to fit: peak {format_bytes(predicted)}, more than {self.fit_margin - 1:.0%} over "
+                f"the budget {format_bytes(self.budget)}"
+            )
+        if best is not None and best.samples_per_s is not None:
+            bound = speed.upper(plan)
+            if bound <= best.samples_per_s:
+                return (
+                    f"cannot beat the best: at most {bound:.3g} samples/s predicted, "
+                    f"{best.label} ran at {best.samples_per_s:.3g}"
+                )
+        return None
+
+    def _memory_probe(self) -> Plan | None:
+        """After a first plan that ran out of memory: the same techniques at the smallest micro-batch, so that the
+        memory model learns the fixed parts (params, gradients, optimizer state) and a first activation size."""
+        if len(self.trials) != 1 or self.trials[0].status != "oom":
+            return None
+        first = self.trials[0].plan
+        smallest = min(micro_batch_of(p, self.batch_size) for p in self.pending)
+        for plan in self.pending:
+            if micro_batch_of(plan, self.batch_size) == smallest and all(
+                getattr(plan, name) == getattr(first, name) for name in TECHNIQUES
+            ):
+                return plan
+        return None
+
+    def record(self, trial: Trial) -> None:
+        """Add a measured trial (its plan leaves the pending list)."""
+        self.trials.append(trial)
+        if trial.plan in self.pending:
+            self.pending.remove(trial.plan)
+
+
+@dataclass
+class SearchResult:
+    """What :func:`run_search` did: the trials in the order measured, the plans skipped with the reason."""
+
+    trials: list[Trial]
+    skipped: list[tuple[Plan, str]]
+    best: Trial | None
+
+
+def run_search(
+    candidates: Sequence[Plan],
+    measure: MeasureFn,
+    *,
+    budget: int,
+    batch_size: int,
+    trainable_bytes: int,
+    prior: SpeedPrior | None = None,
+    fit_margin: float = FIT_MARGIN,
+    speed_margin: float = SPEED_MARGIN,
+    on_step: Callable[[int], None] | None = None,
+) -> SearchResult:
+    """Measure candidates one at a time until none left can fit and win (see the module docstring).
+
+    ``measure(plan, index, total)`` returns the plan's Trial; ``on_step(done)`` is told how many candidates are
+    settled (measured or skipped) after each step, for a progress bar.
+
+    Example:
+        >>> def fake(plan, index, total):  # smaller micro-batches: less memory, slower
+        ...     rows = plan.micro_batch or 8
+        ...     peak = 100 + 50 * rows
+        ...     status = "ok" if peak <= 400 else "oom"
+        ...     return Trial(plan, status, peak, {"params": 50, "activations": 50 * rows}, 1.0,
+        ...                  10.0 * rows ** 0.5 if status == "ok" else None, None, "cpu", budget=400)
+        >>> result = run_search(candidate_plans(8, {}), fake, budget=400, batch_size=8, trainable_bytes=50)
+        >>> result.best.label, len(result.trials), len(candidate_plans(8, {}))
+        ('mb4x2', 3, 4)
+    """
+    search = Search(
+        candidates, budget=budget, batch_size=batch_size, trainable_bytes=trainable_bytes, prior=prior,
+        fit_margin=fit_margin, speed_margin=speed_margin,
+    )
+    total = len(search.candidates)
+    while (plan := search.next_plan()) is not None:
+        if on_step is not None:
+            on_step(len(search.trials) + len(search.skipped))
+        search.record(measure(plan, len(search.trials), total))
+    if on_step is not None:
+        on_step(total)
+    return SearchResult(search.trials, search.skipped, search.best)
