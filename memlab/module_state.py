@@ -1,126 +1,181 @@
 """What a trial or an applied technique can change on a model, captured and put back exactly.
 
-Two kinds of state: the structure (training flags, hooks, checkpointing attributes, ``requires_grad``), cheap to
-capture, and the values (parameters, buffers, ``.grad`` fields, random-number state), which cost a copy and so are
-taken once per ``compare``/``fit`` rather than once per plan.
+Two kinds of state:
+
+- the structure (:class:`ModuleStructure`): the instance state of every module and parameter, captured generally
+  (every attribute, whatever its name, and the contents of every dict, set and list it holds: hooks, the
+  parameter/buffer/submodule registries, flags a library sets lazily), plus the instance state of the plain
+  objects modules hold (a transformers config, say). Cheap: shallow copies, no tensor data.
+- the values (:class:`ModelValues`): the tensors a trial can change (trainable parameters and buffers), ``.grad``
+  fields and random-number state. They cost a host copy, so they are taken once per ``compare``/``fit`` rather than
+  once per plan, and frozen parameters are never copied.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+__all__ = ["ModelValues", "ModuleStructure", "trainable_parameters", "unique_parameters"]
+
 _MISSING = object()
-# Instance attributes that checkpointing (Hugging Face's or memlab's own) sets on modules.
-_PATCHED_ATTRIBUTES = (
-    "forward",
-    "gradient_checkpointing",
-    "_gradient_checkpointing_func",
-    "_require_grads_hook",
-    "_require_grads_hooks",
-)
-_HOOK_DICTS = (
-    "_forward_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-    "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs",
-    "_backward_hooks",
-    "_backward_pre_hooks",
-    "_state_dict_hooks",
-    "_state_dict_pre_hooks",
-    "_load_state_dict_pre_hooks",
-    "_load_state_dict_post_hooks",
-)
-_TENSOR_HOOK_DICTS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+# Tensor hooks that live on the C side of a tensor (not in its __dict__), so they are captured by name.
+_TENSOR_HOOK_ATTRIBUTES = ("_backward_hooks",)
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _is_plain_object(value: Any) -> bool:
+    """An object whose own attributes a trial might change (a config), as opposed to modules, tensors, containers,
+    functions, classes and simple values, which are captured by identity or by their contents."""
+    return (
+        hasattr(value, "__dict__")
+        and not isinstance(value, (nn.Module, torch.Tensor, type, *_PLAIN))
+        and not callable(value)
+    )
+
+
+@dataclass
+class _InstanceState:
+    """One object's ``__dict__`` (entries by identity) and the contents of the containers it holds."""
+
+    owner: Any
+    attributes: dict[str, Any]
+    contents: dict[str, Any]
+
+    @classmethod
+    def capture(cls, owner: Any) -> _InstanceState:
+        attributes = dict(vars(owner))
+        contents: dict[str, Any] = {}
+        for name, value in attributes.items():
+            if isinstance(value, dict):
+                contents[name] = dict(value)
+            elif isinstance(value, (set, list)):
+                contents[name] = type(value)(value)
+        return cls(owner, attributes, contents)
+
+    def restore(self) -> None:
+        current = vars(self.owner)
+        for name in [name for name in current if name not in self.attributes]:
+            del current[name]
+        for name, value in self.attributes.items():
+            if current.get(name, _MISSING) is not value:
+                current[name] = value
+        for name, saved in self.contents.items():
+            container = self.attributes[name]
+            # In place, so that whoever holds the container (a RemovableHandle holds its hook dict) still sees it.
+            if isinstance(container, dict):
+                if container.keys() != saved.keys() or any(container[k] is not v for k, v in saved.items()):
+                    container.clear()
+                    container.update(saved)
+            elif isinstance(container, set):
+                if len(container) != len(saved) or any(item not in container for item in saved):
+                    container.clear()
+                    container.update(saved)
+            elif len(container) != len(saved) or any(a is not b for a, b in zip(container, saved, strict=True)):
+                container[:] = saved  # compared by identity: == on tensors would not give a bool
 
 
 @dataclass
 class ModuleStructure:
-    """Training flags, hooks, patched attributes and ``requires_grad`` of every module and parameter."""
+    """The instance state of every module, parameter and plain object the modules hold, and ``requires_grad``.
 
-    training: dict[int, bool] = field(default_factory=dict)
-    hooks: dict[tuple[int, str], OrderedDict[Any, Any]] = field(default_factory=dict)
-    attributes: dict[tuple[int, str], Any] = field(default_factory=dict)
-    requires_grad: dict[int, bool] = field(default_factory=dict)
-    tensor_hooks: dict[tuple[int, str], Any] = field(default_factory=dict)
-    modules: dict[int, nn.Module] = field(default_factory=dict)
-    parameters: dict[int, nn.Parameter] = field(default_factory=dict)
+    Restoring removes what was added, puts back what was changed or removed (the same objects), and refills
+    containers in place; so hooks, flags and attributes that any library sets during a trial, whatever their
+    names, are gone afterwards.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(2, 2))
+        >>> before = ModuleStructure.capture(model)
+        >>> model[0].lazily_set_flag = True
+        >>> handle = model.register_forward_hook(lambda module, args, output: None)
+        >>> before.restore()
+        >>> hasattr(model[0], "lazily_set_flag"), len(model._forward_hooks)
+        (False, 0)
+    """
+
+    states: list[_InstanceState] = field(default_factory=list)
+    requires_grad: list[tuple[nn.Parameter, bool]] = field(default_factory=list)
+    tensor_hooks: list[tuple[nn.Parameter, str, Any]] = field(default_factory=list)
 
     @classmethod
     def capture(cls, model: nn.Module) -> ModuleStructure:
         state = cls()
+        seen: set[int] = set()
         for module in model.modules():
-            key = id(module)
-            state.modules[key] = module
-            state.training[key] = module.training
-            for name in _HOOK_DICTS:
-                hooks = getattr(module, name, None)
-                if hooks is not None:
-                    state.hooks[key, name] = OrderedDict(hooks)
-            for name in _PATCHED_ATTRIBUTES:
-                state.attributes[key, name] = module.__dict__.get(name, _MISSING)
+            state.states.append(_InstanceState.capture(module))
+            for value in vars(module).values():
+                if _is_plain_object(value) and id(value) not in seen:
+                    seen.add(id(value))
+                    state.states.append(_InstanceState.capture(value))
         for parameter in unique_parameters(model):
-            key = id(parameter)
-            state.parameters[key] = parameter
-            state.requires_grad[key] = parameter.requires_grad
-            for name in _TENSOR_HOOK_DICTS:
+            state.states.append(_InstanceState.capture(parameter))
+            state.requires_grad.append((parameter, parameter.requires_grad))
+            for name in _TENSOR_HOOK_ATTRIBUTES:
                 hooks = getattr(parameter, name, None)
-                state.tensor_hooks[key, name] = None if hooks is None else OrderedDict(hooks)
+                state.tensor_hooks.append((parameter, name, None if hooks is None else dict(hooks)))
         return state
 
     def restore(self) -> None:
-        for key, module in self.modules.items():
-            module.training = self.training[key]
-            for name in _HOOK_DICTS:
-                hooks = getattr(module, name, None)
-                if hooks is not None and (key, name) in self.hooks:
-                    # In place, so the user's RemovableHandles (which hold the dict) keep working.
-                    hooks.clear()
-                    hooks.update(self.hooks[key, name])
-            for name in _PATCHED_ATTRIBUTES:
-                saved = self.attributes[key, name]
-                if saved is _MISSING:
-                    module.__dict__.pop(name, None)
-                else:
-                    module.__dict__[name] = saved
-        for key, parameter in self.parameters.items():
-            parameter.requires_grad_(self.requires_grad[key])
-            for name in _TENSOR_HOOK_DICTS:
-                saved = self.tensor_hooks[key, name]
-                current = getattr(parameter, name, None)
-                if saved is None:
-                    if current:
-                        setattr(parameter, name, None)
-                elif current is not None:
-                    current.clear()
-                    current.update(saved)
-                else:
-                    setattr(parameter, name, OrderedDict(saved))
+        for instance in self.states:
+            instance.restore()
+        for parameter, requires_grad in self.requires_grad:
+            parameter.requires_grad_(requires_grad)
+        for parameter, name, saved in self.tensor_hooks:
+            current = getattr(parameter, name, None)
+            if saved is None:
+                if current:
+                    setattr(parameter, name, None)
+            elif current is not None:
+                current.clear()
+                current.update(saved)
 
 
 def unique_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """Every parameter once (tied weights appear once)."""
+    """Every parameter once (tied weights appear once).
+
+    Example:
+        >>> layer = nn.Linear(2, 2)
+        >>> len(unique_parameters(nn.Sequential(layer, layer)))
+        2
+    """
     return list({id(p): p for p in model.parameters()}.values())
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The unique parameters with ``requires_grad``.
+
+    Example:
+        >>> model = nn.Linear(2, 2)
+        >>> model.bias.requires_grad_(False)
+        Parameter containing:
+        tensor([...])
+        >>> len(trainable_parameters(model))
+        1
+    """
     return [p for p in unique_parameters(model) if p.requires_grad]
 
 
 @dataclass
 class ModelValues:
-    """Parameter and buffer values, ``.grad`` fields and random-number state, to put back bit-exact.
+    """Values of the tensors a trial can change, ``.grad`` fields and random-number state, to put back bit-exact.
 
-    Copies live in CPU memory so that a snapshot never takes device memory from the trial it protects.
+    What a trial can change: trainable parameters (the optimizer steps them) and buffers (running statistics).
+    Frozen parameters are never copied, so a LoRA model's base costs nothing. Copies live in CPU memory so that a
+    snapshot never takes device memory from the trial it protects; ``host_bytes`` says how much they hold.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+        >>> model[0].weight.requires_grad_(False)
+        Parameter containing:
+        tensor([...])
+        >>> ModelValues.capture(model).host_bytes  # bias 16 + BatchNorm weight, bias, 2 stats 64 + count 8
+        88
     """
 
     tensors: list[tuple[torch.Tensor, torch.Tensor]]
-    slots: list[tuple[dict[str, Any], dict[str, Any]]]
     grads: list[tuple[nn.Parameter, torch.Tensor | None]]
     cpu_rng: torch.Tensor
     cuda_rng: list[torch.Tensor] | None
@@ -129,21 +184,19 @@ class ModelValues:
     def capture(cls, model: nn.Module) -> ModelValues:
         seen: set[int] = set()
         tensors: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for tensor in [*model.parameters(), *model.buffers()]:
+        for tensor in [*trainable_parameters(model), *model.buffers()]:
             if id(tensor) in seen:
                 continue
             seen.add(id(tensor))
             tensors.append((tensor, _copy_to_cpu(tensor.detach())))
-        # Which tensor object each module's parameter and buffer names point at: a forward that reassigns a
-        # buffer (self.buf = self.buf + 1, or a fresh register_buffer) must find the original put back.
-        slots = [
-            (registry, dict(registry))
-            for module in model.modules()
-            for registry in (module._parameters, module._buffers)
-        ]
         grads = [(p, p.grad) for p in unique_parameters(model)]
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        return cls(tensors, slots, grads, torch.random.get_rng_state(), cuda_rng)
+        return cls(tensors, grads, torch.random.get_rng_state(), cuda_rng)
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of host memory the copies hold."""
+        return sum(copy.numel() * copy.element_size() for _, copy in self.tensors)
 
     def detach_grads(self) -> None:
         """Set every ``.grad`` to None for the trial; the user's gradient tensors are kept aside untouched."""
@@ -151,10 +204,6 @@ class ModelValues:
             parameter.grad = None
 
     def restore(self) -> None:
-        for registry, saved_entries in self.slots:
-            if registry.keys() != saved_entries.keys() or any(registry[k] is not v for k, v in saved_entries.items()):
-                registry.clear()
-                registry.update(saved_entries)
         with torch.no_grad():
             for live, saved in self.tensors:
                 live.copy_(saved)

@@ -969,7 +969,7 @@ NB06 = [
         """,
         """
         half = budget // 2
-        %memfit model batch --budget $half --batch-size $rows --steps 1 --quiet --apply
+        %memfit model batch --budget {half}B --batch-size $rows --steps 1 --quiet --apply
         if "memfit_applied" in globals():
             print("applied:", memfit_applied.plan.label())
             memfit_applied.undo()

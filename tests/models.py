@@ -122,8 +122,27 @@ def fingerprint(model: nn.Module) -> dict[str, Any]:
             k: tuple(sorted(a for a in ("forward", "gradient_checkpointing", "_require_grads_hook") if a in m.__dict__))
             for k, m in modules.items()
         },
+        # Every attribute of every module and parameter, whatever its name: a flag or hook that a library sets
+        # lazily during a trial shows here.
+        "attributes": {k: _attributes(m) for k, m in modules.items()},
+        "parameter_attributes": {k: _attributes(p) for k, p in model.named_parameters()},
         "checkpointing": {k: getattr(m, "gradient_checkpointing", None) for k, m in modules.items()},
     }
+
+
+def _attributes(owner: Any) -> dict[str, Any]:
+    """An object's instance attributes by identity, with the keys of the dicts it holds (hook ids, registries)."""
+    described: dict[str, Any] = {}
+    for name, value in vars(owner).items():
+        if isinstance(value, (bool, int, float, str, type(None))):
+            described[name] = value
+        elif isinstance(value, dict):
+            described[name] = (id(value), tuple((key, id(item)) for key, item in value.items()))
+        elif isinstance(value, (set, list, tuple)):
+            described[name] = (id(value), len(value))
+        else:
+            described[name] = id(value)
+    return described
 
 
 def assert_same(before: dict[str, Any], after: dict[str, Any]) -> None:

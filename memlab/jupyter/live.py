@@ -1,7 +1,7 @@
 """The live figure: a plotly FigureWidget that memlab's progress events redraw while trials run.
 
 Four panels, always the same traces in the same order (so every redraw updates them in place). The top row is
-:meth:`memlab.Report.plot`'s figure, built by the same :func:`memlab.report.comparison_figure` (the same traces,
+:meth:`memlab.Report.plot`'s figure, built by the same :func:`memlab.report.figure.comparison_figure` (the same traces,
 colours and layout); the bottom row is the live figure's own:
 
 * top left, **samples/s** per setting (the best one green);
@@ -31,13 +31,12 @@ import plotly.graph_objects as go
 
 from memlab.events import Event, MemorySample, StepFinished, TrialFinished, TrialStarted
 from memlab.plan import Plan, parse_budget
-from memlab.report import (
-    _BEST_COLOR,
-    _DOES_NOT_FIT_COLOR,
-    CATEGORIES,
+from memlab.report import CATEGORIES, Report
+from memlab.report.figure import (
+    BEST_COLOR,
+    DOES_NOT_FIT_COLOR,
     FIGURE_TITLES,
     THROUGHPUT_COLUMN,
-    Report,
     budget_line,
     budget_note,
     comparison_figure,
@@ -277,8 +276,8 @@ def _build_widget() -> go.FigureWidget:
         col=1,
     )
     for name, color, symbol, legend in (
-        ("fits", _BEST_COLOR, "circle", True),
-        ("does not fit", _DOES_NOT_FIT_COLOR, "x", False),
+        ("fits", BEST_COLOR, "circle", True),
+        ("does not fit", DOES_NOT_FIT_COLOR, "x", False),
     ):
         fig.add_trace(
             go.Scatter(

@@ -29,7 +29,7 @@ from memlab.search.fit import fit
 from memlab.search.memory import FIT_MARGIN, Line, MemoryModel, fit_line, one_point_line
 from memlab.search.space import best_of, candidate_plans, default_space, divisors, fits, micro_batch_of, needs_at_least
 from memlab.search.speed import SPEED_MARGIN, SpeedModel, SpeedPrior, speed_prior
-from memlab.search.strategy import Search, SearchResult, run_search
+from memlab.search.strategy import Search, SearchResult
 
 __all__ = [
     "FIT_MARGIN",
@@ -50,6 +50,5 @@ __all__ = [
     "micro_batch_of",
     "needs_at_least",
     "one_point_line",
-    "run_search",
     "speed_prior",
 ]

@@ -18,7 +18,7 @@ from memlab.plan import Plan
 from memlab.report import Report, Trial
 from memlab.search.space import candidate_plans, default_space, fits
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
-from memlab.search.strategy import run_search
+from memlab.search.strategy import Search
 from memlab.trial import TrialRunner, keep_on_interrupt, progress_bar
 
 __all__ = ["fit"]
@@ -108,10 +108,8 @@ def fit(
             def advance(done: int) -> None:
                 bar.update(done - bar.n)
 
-            result = run_search(
-                candidates, measure, budget=budget, batch_size=batch_size, trainable_bytes=trainable, prior=prior,
-                on_step=advance,
-            )
+            search = Search(candidates, budget=budget, batch_size=batch_size, trainable_bytes=trainable, prior=prior)
+            result = search.run(measure, on_step=advance)
     return Report(result.trials, budget=budget, skipped=result.skipped)
 
 

@@ -79,6 +79,7 @@ class SpeedModel:
     larger-micro-batch twin.
 
     Example:
+        >>> from memlab.search.space import candidate_plans
         >>> def ran(plan, speed):
         ...     return Trial(plan, "ok", 1, {}, 8 / speed, speed, None, "cpu")
         >>> plans = candidate_plans(8, {"micro_batch": [8, 4], "checkpointing": [False, True],

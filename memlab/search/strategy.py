@@ -38,6 +38,7 @@ class Search:
         speed_margin: skip a determined plan when its predicted speed is at most ``speed_margin * best``.
 
     Example:
+        >>> from memlab.search.space import candidate_plans
         >>> plans = candidate_plans(2, {"micro_batch": [2, 1]})
         >>> search = Search(plans, budget=1000, batch_size=2, trainable_bytes=100)
         >>> first = search.next_plan(); first.label()
@@ -148,6 +149,34 @@ class Search:
                 return plan
         return None
 
+    def run(self, measure: MeasureFn, on_step: Callable[[int], None] | None = None) -> SearchResult:
+        """Measure candidates one at a time until none left can fit and win (see the module docstring).
+
+        ``measure(plan, index, total)`` returns the plan's Trial; ``on_step(done)`` is told how many candidates are
+        settled (measured or skipped) after each step, for a progress bar.
+
+        Example:
+            >>> from memlab.search.space import candidate_plans
+            >>> def fake(plan, index, total):  # smaller micro-batches: less memory, slower
+            ...     rows = plan.micro_batch or 8
+            ...     peak = 100 + 50 * rows
+            ...     status = "ok" if peak <= 400 else "oom"
+            ...     return Trial(plan, status, peak, {"params": 50, "activations": 50 * rows}, 1.0,
+            ...                  10.0 * rows ** 0.5 if status == "ok" else None, None, "cpu", budget=400)
+            >>> search = Search(candidate_plans(8, {}), budget=400, batch_size=8, trainable_bytes=50)
+            >>> result = search.run(fake)
+            >>> result.best.label, len(result.trials), len(search.candidates)
+            ('mb4x2', 3, 4)
+        """
+        total = len(self.candidates)
+        while (plan := self.next_plan()) is not None:
+            if on_step is not None:
+                on_step(len(self.trials) + len(self.skipped))
+            self.record(measure(plan, len(self.trials), total))
+        if on_step is not None:
+            on_step(total)
+        return SearchResult(self.trials, self.skipped, self.best)
+
     def record(self, trial: Trial) -> None:
         """Add a measured trial (its plan leaves the pending list)."""
         self.trials.append(trial)
@@ -157,50 +186,8 @@ class Search:
 
 @dataclass
 class SearchResult:
-    """What :func:`run_search` did: the trials in the order measured, the plans skipped with the reason."""
+    """What :meth:`Search.run` did: the trials in the order measured, the plans skipped with the reason."""
 
     trials: list[Trial]
     skipped: list[tuple[Plan, str]]
     best: Trial | None
-
-
-def run_search(
-    candidates: Sequence[Plan],
-    measure: MeasureFn,
-    *,
-    budget: int,
-    batch_size: int,
-    trainable_bytes: int,
-    prior: SpeedPrior | None = None,
-    fit_margin: float = FIT_MARGIN,
-    speed_margin: float = SPEED_MARGIN,
-    on_step: Callable[[int], None] | None = None,
-) -> SearchResult:
-    """Measure candidates one at a time until none left can fit and win (see the module docstring).
-
-    ``measure(plan, index, total)`` returns the plan's Trial; ``on_step(done)`` is told how many candidates are
-    settled (measured or skipped) after each step, for a progress bar.
-
-    Example:
-        >>> def fake(plan, index, total):  # smaller micro-batches: less memory, slower
-        ...     rows = plan.micro_batch or 8
-        ...     peak = 100 + 50 * rows
-        ...     status = "ok" if peak <= 400 else "oom"
-        ...     return Trial(plan, status, peak, {"params": 50, "activations": 50 * rows}, 1.0,
-        ...                  10.0 * rows ** 0.5 if status == "ok" else None, None, "cpu", budget=400)
-        >>> result = run_search(candidate_plans(8, {}), fake, budget=400, batch_size=8, trainable_bytes=50)
-        >>> result.best.label, len(result.trials), len(candidate_plans(8, {}))
-        ('mb4x2', 3, 4)
-    """
-    search = Search(
-        candidates, budget=budget, batch_size=batch_size, trainable_bytes=trainable_bytes, prior=prior,
-        fit_margin=fit_margin, speed_margin=speed_margin,
-    )
-    total = len(search.candidates)
-    while (plan := search.next_plan()) is not None:
-        if on_step is not None:
-            on_step(len(search.trials) + len(search.skipped))
-        search.record(measure(plan, len(search.trials), total))
-    if on_step is not None:
-        on_step(total)
-    return SearchResult(search.trials, search.skipped, search.best)

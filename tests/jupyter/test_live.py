@@ -15,6 +15,7 @@ from memlab.jupyter import live as live_module
 from memlab.jupyter.live import LiveFigure
 from memlab.plan import Plan
 from memlab.report import CATEGORIES, Report, Trial
+from memlab.report.figure import BEST_COLOR
 
 MIB = 1024**2
 
@@ -87,7 +88,7 @@ def test_a_bar_per_setting_for_each_category_and_a_point_per_setting() -> None:
 
     speed = traces_on(figure, "x")["samples/s"]  # the top left panel, as in Report.plot
     assert speed.x == labels and speed.y == (20.0, 15.0, 30.0, None, None)
-    assert speed.marker.color[0] == live_module._BEST_COLOR  # plain is the fastest that fits
+    assert speed.marker.color[0] == BEST_COLOR  # plain is the fastest that fits
 
     scatter = traces_on(figure, "x4")
     assert scatter["fits"].text == ("plain", "ckpt")

@@ -12,7 +12,8 @@ import pytest
 
 from memlab.events import Callback, Event, MemorySample, StepFinished, TrialFinished, TrialStarted
 from memlab.plan import PLAN_FIELDS, Plan
-from memlab.report import CATEGORIES, Report, Trial, figure_data
+from memlab.report import CATEGORIES, Report, Trial
+from memlab.report.figure import figure_data
 
 MIB = 1024**2
 

@@ -28,7 +28,6 @@ from memlab.search import (
     micro_batch_of,
     needs_at_least,
     one_point_line,
-    run_search,
     speed_prior,
 )
 
@@ -116,10 +115,11 @@ class Landscape:
         self.measured.clear()
         candidates = candidate_plans(self.batch_size, {**self.space(), **(space or {})})
         assert self.trainable is not None
-        result = run_search(
-            candidates, self.measure(budget), budget=budget, batch_size=self.batch_size,
-            trainable_bytes=self.trainable, prior=speed_prior(self.device),
+        search = Search(
+            candidates, budget=budget, batch_size=self.batch_size, trainable_bytes=self.trainable,
+            prior=speed_prior(self.device),
         )
+        result = search.run(self.measure(budget))
         return candidates, result
 
     def grid_best(self, budget: int, candidates: list[Plan]) -> Plan | None:

@@ -1,0 +1,16 @@
+"""Results: :class:`Trial` and :class:`Report` as data, their tables, and their figures.
+
+- :mod:`memlab.report.data`: Trial, Report (best, fits, JSON, pandas).
+- :mod:`memlab.report.tables`: text and HTML tables (pandas renders them).
+- :mod:`memlab.report.figure`: the plotly figures (Report.plot and the live figure's top row).
+- :mod:`memlab.report.format`: one-line messages, seconds and rates as text.
+
+Tables and figures are imported when first drawn, so ``import memlab`` imports neither pandas nor plotly.
+"""
+
+from __future__ import annotations
+
+from memlab.report.data import CATEGORIES, STATUSES, Report, Trial
+from memlab.report.format import format_rate, format_seconds, one_line
+
+__all__ = ["CATEGORIES", "STATUSES", "Report", "Trial", "format_rate", "format_seconds", "one_line"]

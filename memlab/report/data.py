@@ -1,0 +1,377 @@
+"""Trial and Report as data: what a measurement found, which trial is best, and JSON / pandas forms.
+
+Tables (:mod:`memlab.report.tables`) and figures (:mod:`memlab.report.figure`) are drawn by their own modules,
+imported when first used, so ``import memlab`` imports neither pandas nor plotly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, overload
+
+from memlab.measure.tracker import CATEGORIES
+from memlab.plan import PLAN_FIELDS, Plan
+
+if TYPE_CHECKING:
+    import pandas
+
+__all__ = ["CATEGORIES", "STATUSES", "Report", "Trial"]
+
+STATUSES = ("ok", "oom", "error")
+
+
+@dataclass
+class Trial:
+    """The result of running one plan: peak memory, where it went, and speed.
+
+    Args:
+        plan: the plan that was run.
+        status: ``"ok"``, ``"oom"`` (out of memory, or over the budget memlab enforces) or ``"error"``.
+        peak_bytes: the peak memory of a steady-state training step (for ``"oom"``: the peak reached).
+        breakdown: bytes per category at the moment of the peak; keys are :data:`CATEGORIES` and the
+            values add up to ``peak_bytes``. Missing categories count as 0, and what the breakdown does not
+            account for is added to ``"other"`` (so an empty breakdown puts all of ``peak_bytes`` there); more
+            than ``peak_bytes`` is a ValueError.
+        step_time_s: median seconds per optimizer step, or None (not timed, failed, or an estimate).
+        samples_per_s: rows per second, or None.
+        tokens_per_s: tokens per second, or None where the batch has no tokens.
+        device: the device the trial ran on, such as ``"cuda:0"`` or ``"cpu"``.
+        error: the error message for ``"oom"`` and ``"error"`` trials.
+        rows_per_step: rows per optimizer step (the effective batch).
+        budget: the budget in bytes the trial was held to, if any.
+        reserved_bytes: the CUDA caching allocator's ``max_memory_reserved``.
+        rss_bytes: process resident memory after the trial (CPU context).
+        preexisting_bytes: memory held before the trial began; it is part of ``"other"``.
+        notes: remarks for the reader, such as ``"fp16 on CPU is slow"``.
+        estimated: True for dry-run estimates (no real step ran).
+
+    Example:
+        >>> t = Trial(Plan(precision="bf16"), status="ok", peak_bytes=300,
+        ...           breakdown={"params": 100, "grads": 100, "activations": 100},
+        ...           step_time_s=0.5, samples_per_s=8.0, tokens_per_s=None, device="cpu", budget=400)
+        >>> t.fits, t.label, t.breakdown["optimizer"]
+        (True, 'bf16', 0)
+    """
+
+    plan: Plan
+    status: str
+    peak_bytes: int
+    breakdown: dict[str, int]
+    step_time_s: float | None
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    device: str
+    error: str | None = None
+    rows_per_step: int | None = None
+    budget: int | None = None
+    reserved_bytes: int | None = None
+    rss_bytes: int | None = None
+    preexisting_bytes: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    estimated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status={self.status!r} is not one of {', '.join(STATUSES)}")
+        self.peak_bytes = int(self.peak_bytes)
+        unknown = set(self.breakdown) - set(CATEGORIES)
+        if unknown:
+            raise ValueError(f"breakdown has unknown categories {sorted(unknown)}; use only {', '.join(CATEGORIES)}")
+        breakdown = {name: int(self.breakdown.get(name, 0)) for name in CATEGORIES}
+        if any(value < 0 for value in breakdown.values()):
+            raise ValueError(f"breakdown has negative bytes: {breakdown}")
+        total = sum(breakdown.values())
+        if total > self.peak_bytes:
+            raise ValueError(f"breakdown adds up to {total} bytes, more than peak_bytes={self.peak_bytes}")
+        breakdown["other"] += self.peak_bytes - total
+        self.breakdown = breakdown
+        self.notes = tuple(self.notes)
+
+    @property
+    def label(self) -> str:
+        """The plan's short label, as in tables and plots."""
+        return self.plan.label()
+
+    @property
+    def fits(self) -> bool:
+        """True when the trial ran (``status == "ok"``) and its peak is within its budget (if it had one)."""
+        return self.status == "ok" and (self.budget is None or self.peak_bytes <= self.budget)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A flat, JSON-friendly dict: plan fields under their own names, bytes under ``<category>_bytes``.
+
+        Example:
+            >>> t = Trial(Plan(accumulation=2), "ok", 10, {"params": 10}, 0.1, 20.0, None, "cpu")
+            >>> d = t.to_dict()
+            >>> d["label"], d["accumulation"], d["params_bytes"], d["optimizer_bytes"], d["optimizer"]
+            ('accum2', 2, 10, 0, 'adamw')
+        """
+        data: dict[str, Any] = {"label": self.label, "status": self.status, "fits": self.fits}
+        data["peak_bytes"] = self.peak_bytes
+        for name in CATEGORIES:
+            data[f"{name}_bytes"] = self.breakdown[name]
+        data.update(
+            step_time_s=self.step_time_s,
+            samples_per_s=self.samples_per_s,
+            tokens_per_s=self.tokens_per_s,
+            error=self.error,
+        )
+        for name in PLAN_FIELDS:
+            data[name] = getattr(self.plan, name)
+        data.update(
+            device=self.device,
+            rows_per_step=self.rows_per_step,
+            budget=self.budget,
+            reserved_bytes=self.reserved_bytes,
+            rss_bytes=self.rss_bytes,
+            preexisting_bytes=self.preexisting_bytes,
+            notes=list(self.notes),
+            estimated=self.estimated,
+        )
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Trial:
+        """The Trial that :meth:`to_dict` described (``label`` and ``fits`` are recomputed, not read).
+
+        Example:
+            >>> t = Trial(Plan(precision="bf16"), "oom", 5, {"activations": 5}, None, None, None, "cuda:0",
+            ...           error="CUDA out of memory")
+            >>> Trial.from_dict(t.to_dict()) == t
+            True
+        """
+        plan = Plan(**{name: data[name] for name in PLAN_FIELDS if name in data})
+        return cls(
+            plan=plan,
+            status=data["status"],
+            peak_bytes=data["peak_bytes"],
+            breakdown={name: data.get(f"{name}_bytes", 0) for name in CATEGORIES},
+            step_time_s=data.get("step_time_s"),
+            samples_per_s=data.get("samples_per_s"),
+            tokens_per_s=data.get("tokens_per_s"),
+            device=data.get("device", "unknown"),
+            error=data.get("error"),
+            rows_per_step=data.get("rows_per_step"),
+            budget=data.get("budget"),
+            reserved_bytes=data.get("reserved_bytes"),
+            rss_bytes=data.get("rss_bytes"),
+            preexisting_bytes=data.get("preexisting_bytes", 0),
+            notes=tuple(data.get("notes") or ()),
+            estimated=bool(data.get("estimated", False)),
+        )
+
+    def to_text(self) -> str:
+        """A plain-text table of this one trial (see :meth:`Report.to_text`).
+
+        Example:
+            >>> t = Trial(Plan(), "oom", 2048, {}, None, None, None, "cpu", error="out of memory", budget=1024)
+            >>> lines = t.to_text().splitlines()
+            >>> lines[1].split()[:5], lines[-2]
+            (['plain', 'does', 'not', 'fit', '(OOM)'], 'Budget: 1.0 KiB')
+        """
+        return Report([self], budget=self.budget).to_text()
+
+    def _repr_html_(self) -> str:
+        return Report([self], budget=self.budget)._repr_html_()
+
+
+@dataclass
+class Report:
+    """The trials of a ``compare`` or ``fit`` (or a panel's runs so far), with tables, JSON and a figure.
+
+    Args:
+        trials: the trials, in the order they ran.
+        budget: the memory budget in bytes the trials were compared against, if any.
+        skipped: plans a search chose not to measure, each with the reason (e.g. predicted not to fit).
+
+    Example:
+        >>> fast = Trial(Plan(), "ok", 900, {"params": 900}, 0.5, 8.0, None, "cpu")
+        >>> small = Trial(Plan(checkpointing=True), "ok", 500, {"params": 500}, 1.0, 4.0, None, "cpu")
+        >>> report = Report([fast, small], budget=600)
+        >>> report.best.label, len(report), report[0].label
+        ('ckpt', 2, 'plain')
+    """
+
+    trials: list[Trial] = field(default_factory=list)
+    budget: int | None = None
+    skipped: list[tuple[Plan, str]] = field(default_factory=list)
+
+    def fits(self, trial: Trial) -> bool:
+        """Whether ``trial`` fits: its own budget (:attr:`Trial.fits`) and this report's budget, if set.
+
+        Example:
+            >>> t = Trial(Plan(), "ok", 900, {"params": 900}, 0.5, 8.0, None, "cpu")
+            >>> Report([t]).fits(t), Report([t], budget=800).fits(t)
+            (True, False)
+        """
+        return trial.fits and (self.budget is None or trial.peak_bytes <= self.budget)
+
+    @property
+    def best(self) -> Trial | None:
+        """The fastest trial that fits (most samples/s; a tie goes to the lower peak), or None.
+
+        Trials without a speed (estimates) rank below any measured speed, and among themselves by lower peak.
+
+        Example:
+            >>> fast = Trial(Plan(), "ok", 900, {"params": 900}, 0.5, 8.0, None, "cpu")
+            >>> Report([fast], budget=1000).best is fast, Report([fast], budget=800).best
+            (True, None)
+        """
+        candidates = [trial for trial in self.trials if self.fits(trial)]
+        if not candidates:
+            return None
+
+        def rank(trial: Trial) -> tuple[float, int]:
+            speed = trial.samples_per_s if trial.samples_per_s is not None else float("-inf")
+            return (speed, -trial.peak_bytes)
+
+        return max(candidates, key=rank)
+
+    def __len__(self) -> int:
+        return len(self.trials)
+
+    def __iter__(self) -> Iterator[Trial]:
+        return iter(self.trials)
+
+    @overload
+    def __getitem__(self, index: int) -> Trial: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Report: ...
+
+    def __getitem__(self, index: int | slice) -> Trial | Report:
+        if isinstance(index, slice):
+            return Report(self.trials[index], budget=self.budget)
+        return self.trials[index]
+
+    # --- data -----------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"budget": ..., "trials": [Trial.to_dict(), ...], "skipped": [...]}``, JSON-friendly.
+
+        The ``fits`` of each trial here is the report's view (see :meth:`fits`).
+
+        Example:
+            >>> r = Report([Trial(Plan(), "ok", 900, {"params": 900}, 0.5, 8.0, None, "cpu")], budget=800)
+            >>> d = r.to_dict()
+            >>> d["budget"], d["trials"][0]["label"], d["trials"][0]["fits"], d["skipped"]
+            (800, 'plain', False, [])
+        """
+        trials = []
+        for trial in self.trials:
+            data = trial.to_dict()
+            data["fits"] = self.fits(trial)
+            trials.append(data)
+        skipped = [{"plan": dataclasses.asdict(plan), "reason": reason} for plan, reason in self.skipped]
+        return {"budget": self.budget, "trials": trials, "skipped": skipped}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Report:
+        """The Report that :meth:`to_dict` described; keys other than ``budget`` and ``trials`` are ignored.
+
+        Example:
+            >>> r = Report([Trial(Plan(), "ok", 1, {"other": 1}, 0.1, 10.0, None, "cpu")], budget=2)
+            >>> Report.from_dict(r.to_dict()) == r
+            True
+        """
+        skipped = [(Plan(**item["plan"]), str(item["reason"])) for item in data.get("skipped", [])]
+        trials = [Trial.from_dict(item) for item in data.get("trials", [])]
+        return cls(trials, budget=data.get("budget"), skipped=skipped)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The report as a JSON string (see :meth:`to_dict`); :meth:`from_json` reads it back.
+
+        Example:
+            >>> r = Report([Trial(Plan(), "error", 0, {}, None, None, None, "cpu", error="boom")])
+            >>> Report.from_json(r.to_json()) == r
+            True
+        """
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        """The Report in a JSON string written by :meth:`to_json`."""
+        return cls.from_dict(json.loads(text))
+
+    def to_dataframe(self) -> pandas.DataFrame:
+        """One row per trial; the columns are the keys of :meth:`Trial.to_dict` (notes joined by ``"; "``).
+
+        Columns: ``label, status, fits, peak_bytes, params_bytes, grads_bytes, optimizer_bytes,
+        activations_bytes, other_bytes, step_time_s, samples_per_s, tokens_per_s, error``, the plan fields
+        (``micro_batch, accumulation, checkpointing, precision, optimizer, offload``), then ``device,
+        rows_per_step, budget, reserved_bytes, rss_bytes, preexisting_bytes, notes, estimated``.
+
+        Example:
+            >>> r = Report([Trial(Plan(), "ok", 1, {"other": 1}, 0.1, 10.0, None, "cpu")])
+            >>> list(r.to_dataframe().columns[:4])
+            ['label', 'status', 'fits', 'peak_bytes']
+        """
+        import pandas
+
+        rows = []
+        for data in self.to_dict()["trials"]:
+            data["notes"] = "; ".join(data["notes"])
+            rows.append(data)
+        frame = pandas.DataFrame(rows, columns=list(_EMPTY_TRIAL.to_dict()))
+        for name in ("step_time_s", "samples_per_s", "tokens_per_s"):
+            frame[name] = frame[name].astype("float64")
+        for name in ("micro_batch", "rows_per_step", "budget", "reserved_bytes", "rss_bytes"):
+            frame[name] = frame[name].astype("Int64")
+        return frame
+
+    # --- tables and figure (drawn by memlab.report.tables and memlab.report.figure) ---
+
+    def to_text(self) -> str:
+        """A plain-text table for the terminal: a line per trial, ``*`` marks the best, then a summary.
+
+        Example:
+            >>> r = Report([Trial(Plan(), "ok", 2048, {"params": 2048}, 0.25, 16.0, None, "cpu")])
+            >>> lines = r.to_text().splitlines()
+            >>> lines[0].split()[:4], lines[1].split()[:4]
+            (['plan', 'status', 'peak', 'params'], ['*', 'plain', 'ok', '2.0'])
+            >>> for line in lines[3:]:
+            ...     print(line)
+            Best: plain (peak 2.0 KiB, 16.0 samples/s)
+            Device: cpu
+        """
+        from memlab.report.tables import text_table
+
+        return text_table(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's plain-text view (a terminal, or text/plain): the table rather than the dataclass fields."""
+        printer.text("Report(...)" if cycle else self.to_text())
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def _repr_html_(self) -> str:
+        """An HTML table: sizes in KiB/MiB/GiB, the best row highlighted, OOM rows marked "does not fit"."""
+        from memlab.report.tables import html_table
+
+        return html_table(self)
+
+    def plot(self) -> Any:  # a plotly.graph_objects.Figure; plotly is imported only when drawing
+        """A plotly figure: samples/s per plan (left) and peak memory by category per plan (right).
+
+        The right panel stacks params, grads, optimizer, activations and other (MiB) for each plan; an
+        out-of-memory plan is a grey hatched "does not fit" bar (as high as the peak it reached, at least its
+        budget), a failed plan an ``x`` on the axis, and a dashed line marks the budget. The best plan's samples/s
+        bar is green. This is the top row of the live figure (:mod:`memlab.jupyter.live`), built by the same
+        :func:`comparison_figure`: the traces are always the same eight (five categories, "does not fit", "error",
+        "samples/s"), in that order.
+
+        Example:
+            >>> r = Report([Trial(Plan(), "ok", 2**20, {"params": 2**20}, 0.5, 8.0, None, "cpu")])
+            >>> [trace.name for trace in r.plot().data][-1]
+            'samples/s'
+        """
+        from memlab.report.figure import report_figure
+
+        return report_figure(self)
+
+
+_EMPTY_TRIAL = Trial(Plan(), "error", 0, {}, None, None, None, "")

@@ -1,0 +1,61 @@
+"""Small text forms shared by tables, the live figure and the panel: one-line messages, seconds, rates."""
+
+from __future__ import annotations
+
+from memlab.errors import MemlabError
+
+__all__ = ["format_rate", "format_seconds", "one_line"]
+
+
+def one_line(message: BaseException | str, limit: int | None = 120) -> str:
+    """The first non-empty line of a message, for a table cell or a status line; at most ``limit`` characters.
+
+    An exception other than a :class:`~memlab.errors.MemlabError` (whose messages are written for the user) is
+    prefixed with its type name, and one without a message is its type name alone.
+
+    Example:
+        >>> one_line("CUDA out of memory.\\n  Tried to allocate 2.00 GiB")
+        'CUDA out of memory.'
+        >>> one_line(ValueError("\\nbad value\\nmore")), one_line(MemlabError("write budget='8GiB'"))
+        ('ValueError: bad value', "write budget='8GiB'")
+        >>> one_line("x" * 200, limit=10), one_line(KeyboardInterrupt())
+        ('xxxxxxx...', 'KeyboardInterrupt')
+    """
+    text = next((line.strip() for line in str(message).splitlines() if line.strip()), "")
+    if isinstance(message, BaseException) and not isinstance(message, MemlabError):
+        text = f"{type(message).__name__}: {text}" if text else type(message).__name__
+    elif isinstance(message, BaseException) and not text:
+        text = type(message).__name__
+    if limit is None or len(text) <= limit:
+        return text
+    return text[: limit - 3] + "..."
+
+
+def format_seconds(seconds: float | None) -> str:
+    """``0.25`` -> ``'250 ms'``, ``2.5`` -> ``'2.50 s'``, None -> ``'-'``.
+
+    Example:
+        >>> format_seconds(0.25), format_seconds(2.5), format_seconds(None)
+        ('250 ms', '2.50 s', '-')
+    """
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    return f"{seconds:.2f} s"
+
+
+def format_rate(rate: float | None) -> str:
+    """A rate with three significant figures or so: ``1234.5`` -> ``'1,234'``, ``12.34`` -> ``'12.3'``.
+
+    Example:
+        >>> format_rate(1234.5), format_rate(12.34), format_rate(1.234), format_rate(None)
+        ('1,234', '12.3', '1.23', '-')
+    """
+    if rate is None:
+        return "-"
+    if rate >= 100:
+        return f"{rate:,.0f}"
+    if rate >= 10:
+        return f"{rate:.1f}"
+    return f"{rate:.2f}"
