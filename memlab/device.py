@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["DeviceLike", "cuda_bf16_supported", "cuda_device", "model_device", "synchronize"]
+__all__ = ["DeviceLike", "cuda_bf16_supported", "cuda_capacity", "cuda_device", "model_device", "synchronize"]
 
 DeviceLike = torch.device | str | int
 
@@ -64,3 +64,17 @@ def synchronize(device: torch.device) -> None:
     """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def cuda_capacity(device: DeviceLike) -> int:
+    """The most this process can have allocated on ``device``: what the driver has free plus what torch's caching
+    allocator already holds (its tensors, the user's included, and its cache). A trial's peak counts everything the
+    process has allocated, so this is what a default budget must compare it with.
+
+    Example:
+        >>> cuda_capacity("cuda")  # doctest: +SKIP
+        84987740160
+    """
+    resolved = cuda_device(device)
+    free, _ = torch.cuda.mem_get_info(resolved)
+    return int(free) + int(torch.cuda.memory_reserved(resolved))

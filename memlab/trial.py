@@ -24,10 +24,9 @@ from memlab.batch import Batch, count_rows, count_tokens, named_tensors, resolve
 from memlab.errors import MemlabError
 from memlab.events import MemorySample, StepFinished, TrialFinished, TrialStarted
 from memlab.measure.cuda import CudaPeak
-from memlab.measure.held import unique_storage_bytes
 from memlab.measure.oom import is_oom_error, release_error, release_memory
 from memlab.measure.probes import Probe, probe_for
-from memlab.measure.reading import PeakReading, read_peak
+from memlab.measure.reading import PeakReading, read_failed_peak, read_peak
 from memlab.measure.tracker import MemoryTracker
 from memlab.module_state import ModelValues, ModuleStructure, trainable_parameters, unique_parameters
 from memlab.options import RunKeywords, RunOptions
@@ -195,9 +194,8 @@ class TrialRunner:
     def session(self) -> Iterator[None]:
         """Capture the model once; whatever happens inside, it comes back bit-exact."""
         self._structure = ModuleStructure.capture(self.model)
-        own = self._own_tensors()
-        self._held_before = self.probe.held_before(own, [p.grad for p in unique_parameters(self.model)])
-        self._held_bytes = unique_storage_bytes(self._held_before, exclude=own) if self._held_before else 0
+        held = self.probe.held_before(self._own_tensors(), [p.grad for p in unique_parameters(self.model)])
+        self._held_before, self._held_bytes = held.tensors, held.bytes
         self._values = ModelValues.capture(self.model)
         self._values.detach_grads()
         try:
@@ -223,7 +221,7 @@ class TrialRunner:
         if self._values is None or self._structure is None:
             with self.session():
                 return self.run(plan, index, total, capped=capped)
-        limit = self.budget if capped else None
+        limit = self.probe.bound(self.budget if capped else None)
         self._emit(TrialStarted(plan=plan, index=index, total=total))
         record = _Record(plan, held_before_bytes=self._held_bytes)
         step: TrainingStep | None = None
@@ -279,24 +277,33 @@ class TrialRunner:
         )
 
     def _warm_up(self, step: TrainingStep, plan: Plan, index: int, limit: int | None, record: _Record) -> None:
-        # Where tracking enforces the budget, the warm-up is tracked too when there is one: the first step (which
-        # creates the optimizer state) must fit as well.
+        # Where tracking enforces a limit, the warm-up is tracked too: the first step (which creates the optimizer
+        # state) must fit as well. Where the allocator is the truth, its peak is what a failed warm-up reached.
         tracked = limit is not None and self.probe.tracker_enforces_budget
-        for number in range(max(self.options.warmup, 1) + _EXTRA_WARMUP_LIMIT):
-            if number >= max(self.options.warmup, 1) and state_tensors(step.optimizer):
-                break
-            started = self.clock()
-            if tracked:
-                with self._tracker(step, limit) as tracker:
-                    try:
-                        loss = _finite(step(self.batch, tracker))
-                    finally:
-                        record.reading = PeakReading(
-                            max(record.reading.peak_bytes, tracker.peak_bytes), dict(tracker.breakdown)
-                        )
-            else:
-                loss = _finite(step(self.batch))
-            self._emit(StepFinished(plan, index, number, "warmup", self.clock() - started, loss, None, None))
+        allocator: CudaPeak | None = None
+        finished = False
+        try:
+            with self.probe.allocator_peak() as allocator:
+                for number in range(max(self.options.warmup, 1) + _EXTRA_WARMUP_LIMIT):
+                    if number >= max(self.options.warmup, 1) and state_tensors(step.optimizer):
+                        break
+                    started = self.clock()
+                    if tracked:
+                        with self._tracker(step, limit) as tracker:
+                            try:
+                                loss = _finite(step(self.batch, tracker))
+                            finally:
+                                record.reading = PeakReading(
+                                    max(record.reading.peak_bytes, tracker.peak_bytes), dict(tracker.breakdown)
+                                )
+                    else:
+                        loss = _finite(step(self.batch))
+                    seconds = self.clock() - started
+                    self._emit(StepFinished(plan, index, number, "warmup", seconds, loss, None, None))
+            finished = True
+        finally:
+            if not finished:
+                record.reading = read_failed_peak(record.reading, allocator)
 
     def _tracked_step(self, step: TrainingStep, plan: Plan, index: int, limit: int | None, record: _Record) -> None:
         started = self.clock()
@@ -305,17 +312,13 @@ class TrialRunner:
             self._emit(MemorySample(plan=plan, index=index, seconds=self.clock() - started, live_bytes=live_bytes))
 
         tracker = self._tracker(step, limit, sample if self.options.callback else None)
-        tracked_at_start = 0
         allocator: CudaPeak | None = None
         try:
             with self.probe.allocator_peak() as allocator, tracker:
-                tracked_at_start = tracker.live_bytes
                 loss = _finite(step(self.batch, tracker))
         finally:
             # Read after the allocator's block has ended (its peak is read on exit), out of memory or not.
-            record.reading = read_peak(tracker, allocator, tracked_at_start)
-        if record.reading.held_before_bytes is not None:
-            record.held_before_bytes = record.reading.held_before_bytes
+            record.reading = read_peak(tracker, allocator)
         self._emit(
             StepFinished(
                 plan, index, 0, "tracked", self.clock() - started, loss, tracker.live_bytes, record.reading.peak_bytes

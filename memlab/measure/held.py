@@ -53,7 +53,7 @@ def unique_storage_bytes(tensors: Sequence[torch.Tensor], exclude: Sequence[torc
         >>> unique_storage_bytes([base, base[:2], torch.zeros(2)])
         24
     """
-    excluded = {t.untyped_storage().data_ptr() for t in exclude if t.device.type == "cpu"}
+    excluded = {t.untyped_storage().data_ptr() for t in exclude}
     sizes: dict[int, int] = {}
     for tensor in tensors:
         storage = tensor.untyped_storage()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,9 +26,24 @@ from torch._subclasses.fake_tensor import is_fake
 
 from memlab.device import model_device, synchronize
 from memlab.measure.cuda import CudaPeak, cap_cuda_memory
-from memlab.measure.held import cpu_tensors_held
+from memlab.measure.held import cpu_tensors_held, unique_storage_bytes
 
-__all__ = ["CpuProbe", "CudaProbe", "FakeProbe", "Probe", "probe_for"]
+__all__ = ["CpuProbe", "CudaProbe", "FakeProbe", "HeldMemory", "Probe", "probe_for"]
+
+# On CPU no trial runs without a bound: the tracker stops a step that would hold more tensor bytes than this share
+# of the memory the machine has available when the session starts (the rest is for everything that is not a tensor).
+CPU_BOUND_SHARE = 0.8
+
+
+@dataclass
+class HeldMemory:
+    """Memory the process holds before any trial besides the model and the batch (the user's, not memlab's).
+
+    ``tensors``: those that a tracker should count (CPU); ``bytes``: how much it is in all.
+    """
+
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    bytes: int = 0
 
 
 class Probe:
@@ -47,9 +63,15 @@ class Probe:
         self.device = device
         self.optimizer_device_type = device.type
 
-    def held_before(self, own: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
-        """Tensors the process holds besides ``own`` (the model's and the batch's), counted under "other"."""
-        return []
+    def held_before(self, own: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> HeldMemory:
+        """What the process holds besides ``own`` (the model's and the batch's), counted under "other"; read once,
+        when a session starts, so that nothing memlab's own trials leave in torch (workspaces) is blamed on it."""
+        return HeldMemory()
+
+    def bound(self, budget: int | None) -> int | None:
+        """The limit a trial runs under: the budget, and where the device cannot stop a step itself, at most
+        what the machine can hold (no trial runs unbounded)."""
+        return budget
 
     def cap(self, budget: int | None) -> contextlib.AbstractContextManager[Any]:
         """A real cap on the device's memory at ``budget`` for the block (none where the tracker enforces it)."""
@@ -72,12 +94,22 @@ class CpuProbe(Probe):
 
     Example:
         >>> probe = CpuProbe(torch.device("cpu"))
-        >>> probe.tracker_enforces_budget, probe.rss_bytes() > 0
-        (True, True)
+        >>> probe.tracker_enforces_budget, probe.rss_bytes() > 0, probe.bound(None) == probe.machine_bound
+        (True, True, True)
     """
 
-    def held_before(self, own: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
-        return cpu_tensors_held(own, grads)
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        import psutil
+
+        self.machine_bound = int(psutil.virtual_memory().available * CPU_BOUND_SHARE)
+
+    def held_before(self, own: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> HeldMemory:
+        tensors = cpu_tensors_held(own, grads)
+        return HeldMemory(tensors, unique_storage_bytes(tensors, exclude=own) if tensors else 0)
+
+    def bound(self, budget: int | None) -> int | None:
+        return self.machine_bound if budget is None else min(budget, self.machine_bound)
 
     def rss_bytes(self) -> int | None:
         import psutil
@@ -94,6 +126,14 @@ class CudaProbe(Probe):
     """
 
     tracker_enforces_budget = False
+
+    def held_before(self, own: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> HeldMemory:
+        # The allocator knows what the process holds; what is not the model's, the batch's or a gradient (the
+        # user's, but memlab sets it aside) is someone else's: an old optimizer, other variables.
+        synchronize(self.device)
+        allocated = torch.cuda.memory_allocated(self.device)
+        mine = [t for t in [*own, *(g for g in grads if g is not None)] if t.device == self.device]
+        return HeldMemory([], max(0, allocated - unique_storage_bytes(mine)))
 
     def cap(self, budget: int | None) -> contextlib.AbstractContextManager[Any]:
         return cap_cuda_memory(budget, self.device)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from memlab.measure.cuda import CudaPeak
 from memlab.measure.tracker import CATEGORIES, MemoryTracker
 
-__all__ = ["PeakReading", "read_peak"]
+__all__ = ["PeakReading", "read_failed_peak", "read_peak"]
 
 
 @dataclass
@@ -18,16 +18,14 @@ class PeakReading:
         peak_bytes: the peak (the allocator's on CUDA, else the tracker's).
         breakdown: bytes per category at the peak; adds up to ``peak_bytes``.
         reserved_bytes: the CUDA caching allocator's reserved peak, else None.
-        held_before_bytes: memory already allocated when the step began that tracking does not know (CUDA).
     """
 
     peak_bytes: int = 0
     breakdown: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     reserved_bytes: int | None = None
-    held_before_bytes: int | None = None
 
 
-def read_peak(tracker: MemoryTracker, allocator: CudaPeak | None, tracked_at_start: int = 0) -> PeakReading:
+def read_peak(tracker: MemoryTracker, allocator: CudaPeak | None) -> PeakReading:
     """The reading of a tracked step: the tracker's breakdown, and on CUDA the allocator's peak, with what tracking
     did not see (rounding, workspaces, memory held before the step) under "other".
 
@@ -43,9 +41,17 @@ def read_peak(tracker: MemoryTracker, allocator: CudaPeak | None, tracked_at_sta
     peak = allocator.peak_allocated
     known = sum(value for key, value in breakdown.items() if key != "other")
     breakdown["other"] = max(0, peak - known)
-    return PeakReading(
-        peak,
-        breakdown,
-        reserved_bytes=allocator.peak_reserved,
-        held_before_bytes=max(0, allocator.start_allocated - tracked_at_start),
-    )
+    return PeakReading(peak, breakdown, reserved_bytes=allocator.peak_reserved)
+
+
+def read_failed_peak(reading: PeakReading, allocator: CudaPeak | None) -> PeakReading:
+    """The reading of a step that failed untracked (an out-of-memory in the first warm-up step, on CUDA): the
+    allocator's peak, when it is more than what was known, all of it under "other" (what held it is unknown).
+
+    Example:
+        >>> read_failed_peak(PeakReading(10, {"params": 10}), None).peak_bytes
+        10
+    """
+    if allocator is None or allocator.peak_allocated <= reading.peak_bytes:
+        return reading
+    return PeakReading(allocator.peak_allocated, {"other": allocator.peak_allocated}, allocator.peak_reserved)

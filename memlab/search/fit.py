@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import nn
 from typing_extensions import Unpack
 
 from memlab.batch import Batch, count_rows
-from memlab.device import cuda_bf16_supported, model_device
+from memlab.device import cuda_bf16_supported, cuda_capacity, model_device
 from memlab.errors import MemlabError
-from memlab.module_state import trainable_parameters, unique_parameters
+from memlab.module_state import trainable_parameters
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
 from memlab.report import Report, Trial
@@ -53,9 +52,10 @@ def fit(
         dry_run: rank by :func:`memlab.estimate.estimate` (fake tensors, nothing runs): plans are estimated in
             order of expected speed and the first estimated to fit is the answer; nothing is timed.
         options: :class:`~memlab.options.RunKeywords`. ``budget``: bytes or a size such as ``"8GiB"``; default on
-            CUDA the device's free memory plus what the model holds there; on CPU it must be given.
+            CUDA what this process can hold there (:func:`memlab.device.cuda_capacity`); on CPU it must be given.
 
     Example:
+        >>> import torch
         >>> model = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
         >>> report = fit(model, torch.randn(8, 16), budget="1MiB", loss_fn=lambda m, b: m(b).mean(),
         ...              steps=1, progress=False, space={"precision": ["fp32"], "optimizer": ["adamw"]})
@@ -77,8 +77,7 @@ def fit(
             raise MemlabError(
                 f"fit on {device.type} needs a budget; write for example budget='8GiB' or budget='500MB'"
             )
-        held = sum(t.numel() * t.element_size() for t in [*unique_parameters(model), *model.buffers()])
-        budget = int(torch.cuda.mem_get_info(device)[0]) + held
+        budget = cuda_capacity(device)
     resolved_space: dict[str, Sequence[Any]] = dict(
         default_space(batch_size, device.type, device.type == "cuda" and cuda_bf16_supported(device))
     )

@@ -33,11 +33,21 @@ def activation_offload(plan: Plan, device: torch.device) -> contextlib.AbstractC
     return torch.autograd.graph.save_on_cpu(pin_memory=True)
 
 
-class OffloadedOptimizer:
+class OffloadedOptimizer(torch.optim.Optimizer):
     """Keeps fp32 master weights and optimizer state in CPU memory and runs the update there.
 
-    ``param_groups`` are the device parameters, so a ``GradScaler`` can unscale their gradients as usual; ``step()``
-    copies gradients into pinned CPU buffers, steps the CPU optimizer, and copies the new weights back.
+    It is a real ``torch.optim.Optimizer`` whose ``param_groups`` hold the device parameters, so a ``GradScaler``
+    unscales their gradients as usual and LR schedulers (``LambdaLR``, ...) and hand-set learning rates work on it:
+    before each update the hyperparameters of its groups are copied to the CPU optimizer's. ``step()`` copies the
+    gradients into (pinned) CPU buffers, steps the CPU optimizer, and copies the new weights back.
+
+    Example:
+        >>> layer = nn.Linear(4, 4)
+        >>> optimizer = OffloadedOptimizer(list(layer.parameters()), lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+        >>> scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)
+        >>> layer(torch.ones(2, 4)).sum().backward(); optimizer.step(); scheduler.step()
+        >>> optimizer.param_groups[0]["lr"], optimizer.inner.param_groups[0]["lr"]
+        (0.0005, 0.0005)
     """
 
     def __init__(
@@ -52,8 +62,9 @@ class OffloadedOptimizer:
             for p in self.device_parameters
         ]
         self.inner = make_optimizer(self.cpu_parameters)
-        self.param_groups = [{**group, "params": self.device_parameters} for group in self.inner.param_groups[:1]]
-        self.state: dict[Any, Any] = {}
+        super().__init__(self.device_parameters, dict(self.inner.defaults))
+        # The groups' hyperparameters are the inner optimizer's (its lr, betas...), over the device parameters.
+        self.param_groups[0].update({k: v for k, v in self.inner.param_groups[0].items() if k != "params"})
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for parameter in self.device_parameters:
@@ -61,7 +72,9 @@ class OffloadedOptimizer:
         self.inner.zero_grad(set_to_none=set_to_none)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> None:
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        for outer, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
+            inner.update({key: value for key, value in outer.items() if key != "params"})
         for device_param, cpu_param in zip(self.device_parameters, self.cpu_parameters, strict=True):
             if device_param.grad is None:
                 cpu_param.grad = None

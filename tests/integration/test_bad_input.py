@@ -123,3 +123,135 @@ def test_the_same_budget_rules_everywhere_a_budget_is_given() -> None:
     ):
         with pytest.raises(MemlabError, match="has no unit"):
             call()
+
+
+# --- bounds and the CUDA paths, with fakes where the machine has no GPU ------------------------------------------
+
+
+def test_no_cpu_trial_runs_unbounded() -> None:
+    from memlab.measure.probes import CpuProbe
+    from memlab.options import RunOptions
+    from memlab.trial import TrialRunner
+
+    model = tiny_mlp()
+    before = fingerprint(model)
+    probe = CpuProbe(torch.device("cpu"))
+    assert probe.machine_bound > 0
+    probe.machine_bound = 64 * 1024  # as if the machine had almost nothing free
+    runner = TrialRunner(model, mlp_batch(), RunOptions(loss_fn=mlp_loss, steps=1), probe=probe)
+    trial = runner.run(memlab.Plan(), capped=False)  # no budget, not capped: still bounded by the machine
+    assert trial.status == "oom" and trial.budget is None
+    assert_same(before, fingerprint(model))
+
+
+class _FakeAllocatorPeak:
+    """Stands in for CudaPeak: the allocator's numbers, set by the test."""
+
+    def __init__(self, peak: int) -> None:
+        self.peak_allocated = peak
+        self.peak_reserved = peak
+        self.start_allocated = 0
+
+    def __enter__(self) -> _FakeAllocatorPeak:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _fake_cuda_probe(monkeypatch: pytest.MonkeyPatch, allocated: list[int], peak: int) -> object:
+    """A CudaProbe on the CPU whose allocator answers what the test says (nothing here touches CUDA)."""
+    import contextlib
+
+    from memlab.measure import probes
+
+    monkeypatch.setattr(probes, "synchronize", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated[0])
+    probe = probes.CudaProbe(torch.device("cpu"))
+    monkeypatch.setattr(probe, "cap", lambda budget: contextlib.nullcontext())
+    monkeypatch.setattr(probe, "allocator_peak", lambda: _FakeAllocatorPeak(peak))
+    return probe
+
+
+def test_on_cuda_memory_held_before_is_read_once_so_torchs_workspaces_are_not_blamed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from memlab.options import RunOptions
+    from memlab.trial import TrialRunner
+
+    model, batch = tiny_mlp(), mlp_batch()
+    own = sum(t.numel() * t.element_size() for t in [*model.parameters(), *batch])
+    allocated = [own + 1000]  # the user holds 1000 bytes of their own
+    probe = _fake_cuda_probe(monkeypatch, allocated, peak=10**7)
+    runner = TrialRunner(model, batch, RunOptions(loss_fn=mlp_loss, steps=1), probe=probe)  # type: ignore[arg-type]
+    with runner.session():
+        first = runner.run(memlab.Plan())
+        allocated[0] += 8 * 1024**2  # cuBLAS took a workspace during the first trial
+        second = runner.run(memlab.Plan(checkpointing=True))
+    assert first.preexisting_bytes == second.preexisting_bytes == 1000
+
+
+def test_on_cuda_an_out_of_memory_in_the_first_step_keeps_the_peak_it_reached(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memlab.options import RunOptions
+    from memlab.trial import TrialRunner
+
+    def out_of_memory(m: torch.nn.Module, b: object) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    probe = _fake_cuda_probe(monkeypatch, [0], peak=123_456_789)
+    runner = TrialRunner(tiny_mlp(), mlp_batch(), RunOptions(loss_fn=out_of_memory), probe=probe)  # type: ignore[arg-type]
+    trial = runner.run(memlab.Plan())
+    assert trial.status == "oom" and trial.peak_bytes == 123_456_789
+
+
+def test_the_default_cuda_budget_is_what_the_process_can_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memlab import device
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (30 * 1024**3, 80 * 1024**3))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 12 * 1024**3)  # the user's tensors and the cache
+    assert device.cuda_capacity(torch.device("cuda", 0)) == 42 * 1024**3
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        memlab.Plan(),
+        memlab.Plan(micro_batch=2, accumulation=4, checkpointing=True),
+        memlab.Plan(precision="bf16"),
+        memlab.Plan(optimizer="adamw8bit"),
+        memlab.Plan(offload="all"),
+    ],
+    ids=lambda plan: plan.label(),
+)
+def test_an_lr_scheduler_drives_the_applied_optimizer(plan: memlab.Plan) -> None:
+    model = tiny_mlp()
+    with memlab.apply(model, plan, loss_fn=mlp_loss, lr=1e-3) as applied:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(applied.optimizer, lambda step: 0.5 ** step)
+        applied.step(mlp_batch())
+        scheduler.step()
+        assert applied.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
+        applied.optimizer.param_groups[0]["lr"] = 1e-2  # set by hand, as people do
+        before = [p.detach().clone() for p in model.parameters()]
+        applied.step(mlp_batch())
+        assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+
+
+def test_the_offloaded_optimizer_follows_its_schedule_and_steps_like_adamw() -> None:
+    from memlab.techniques.offload import OffloadedOptimizer
+
+    torch.manual_seed(0)
+    offloaded_model, plain_model = tiny_mlp(), tiny_mlp()
+    offloaded = OffloadedOptimizer(list(offloaded_model.parameters()), lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+    plain = torch.optim.AdamW(plain_model.parameters(), lr=1e-3)
+    assert isinstance(offloaded, torch.optim.Optimizer)
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, lambda step: 1.0 / (step + 1)) for o in (offloaded, plain)]
+    for _ in range(3):
+        for model, optimizer in ((offloaded_model, offloaded), (plain_model, plain)):
+            mlp_loss(model, mlp_batch()).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        for schedule in schedules:
+            schedule.step()
+    assert offloaded.param_groups[0]["lr"] == pytest.approx(plain.param_groups[0]["lr"])
+    for a, b in zip(offloaded_model.parameters(), plain_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
