@@ -163,7 +163,8 @@ def estimate(
         budget: bytes or a size such as ``"24GiB"``; the trial records it, and ``fits`` compares against it.
         lr: the optimizer's learning rate (it does not change memory).
         device: the device to predict for: ``"cpu"`` or ``"cuda"``. Default: the live model's device, and for a
-            config or a name ``"cuda"`` where CUDA is available, else ``"cpu"``.
+            config, a name or a model on the meta device ``"cuda"``, even on a machine without one (the trial's
+            ``device`` and notes say so).
 
     Example:
         >>> from transformers import LlamaConfig
@@ -248,7 +249,8 @@ def fake_batch(batch: Any, mode: FakeTensorMode, device: str | torch.device = "c
     if isinstance(batch, torch.Tensor):
         return _fake_tensor(batch, mode, device)
     if isinstance(batch, (tuple, list)) and not _is_shape(batch):
-        return type(batch)(convert("", value) for value in batch)
+        values = [convert("", value) for value in batch]
+        return type(batch)(*values) if hasattr(batch, "_fields") else type(batch)(values)
     raise MemlabError(
         f"a batch of type {type(batch).__name__} cannot be estimated; pass tensors, or shapes such as "
         '{"input_ids": (1, 512), "labels": (1, 512)}'
@@ -454,9 +456,10 @@ def _target_device(model_or_config: Any, device: str | torch.device | None) -> t
     elif isinstance(model_or_config, nn.Module):
         target = next((p.device for p in model_or_config.parameters()), torch.device("cpu"))
         if target.type == "meta":
-            target = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            target = torch.device("cuda")
     else:
-        target = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        # "Will it fit before I buy the GPU" is a question about a GPU, whether or not this machine has one.
+        target = torch.device("cuda")
     if target.type not in ("cpu", "cuda"):
         raise MemlabError(f"device={str(target)!r} cannot be estimated; write device='cuda' or device='cpu'")
     if target.type == "cuda" and target.index is None and torch.cuda.is_available():

@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device",
         choices=("cpu", "cuda"),
         default=None,
-        help="the device to predict for (default: cuda where CUDA is available, else cpu)",
+        help="the device to predict for (default: cuda, even on a machine without a GPU)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
 

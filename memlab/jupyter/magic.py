@@ -10,8 +10,9 @@ What the magic does, in order:
 2. It compiles the cell body once into the loss function (see :func:`body_loss_fn`).
 3. It checks everything it can before the model is touched. Any wrong input raises IPython's ``UsageError``
    with one line that says what is wrong and what to write; then nothing has run and the model is as it was.
-4. It runs: ``memlab.compare`` over the ``--try`` grid, or ``memlab.fit`` when ``--budget`` or
-   ``--batch-size`` is given, or ``memlab.estimate`` (every plan) with ``--dry-run``. Unless ``--quiet``,
+4. It runs: ``memlab.compare`` over the ``--try`` grid (against ``--budget`` if given), or ``memlab.fit`` when
+   ``--budget`` or ``--batch-size`` comes without ``--try`` (or with ``--search``), or ``memlab.estimate`` (every
+   plan) with ``--dry-run``. Unless ``--quiet``,
    the live figure (``memlab.jupyter.live.LiveFigure``) is displayed first and updated while trials run.
    Errors raised by the loss while a trial runs are that trial's ``"error"`` status, not a UsageError.
 5. With ``--apply`` it puts the best plan on the live model with ``memlab.apply`` and stores what it returns
@@ -58,7 +59,7 @@ APPLIED_NAME = "memfit_applied"
 
 _USAGE = (
     "write %%memfit MODEL BATCH [--try KEY=V1,V2 ...] [--budget SIZE] [--batch-size N] [--steps N] "
-    "[--warmup N] [--lr LR] [--apply] [--dry-run] [--quiet]; %%memfit? shows the help"
+    "[--warmup N] [--lr LR] [--search] [--apply] [--dry-run] [--quiet]; %%memfit? shows the help"
 )
 _DEFAULTS = RunOptions()
 _LEVER_HELP = "; ".join(
@@ -277,6 +278,11 @@ class MemfitMagics(Magics):
         action="store_true",
         help="estimate the plans on fake tensors instead of running them (nothing is trained)",
     )
+    @argument(
+        "--search",
+        action="store_true",
+        help="with --try: search for the fastest plan that fits --budget within the --try values",
+    )
     @argument("--quiet", action="store_true", help="no live figure; only the table at the end")
     @line_cell_magic
     def memfit(self, line: str, cell: str | None = None) -> Report:
@@ -286,11 +292,12 @@ class MemfitMagics(Magics):
         micro-batch); it sets loss = ... or is an expression. An empty body, and the line form %memfit,
         mean model(**batch).loss. The model is left exactly as it was, unless --apply is given.
 
-        Without --budget or --batch-size, every plan of the --try grid is measured (no --try: the plain plan).
-        With --budget and/or --batch-size, memlab searches for the fastest plan that fits the budget at that
-        effective batch size (the --try values, if any, limit the search; accumulation then follows from
-        --batch-size / micro_batch, and on a CPU a --budget is needed). The result is a memlab.Report:
-        the cell shows its table, and r = _ keeps it (r.best, r.plot(), r.to_dataframe()).
+        --try measures exactly its grid (repeated --try options make one grid; no --try: the plain plan);
+        with --budget, each plan is marked against it. --budget (or --batch-size) without --try searches for
+        the fastest plan that fits the budget at that effective batch size; --search with --try searches
+        within the --try values (accumulation then follows from --batch-size / micro_batch, and on a CPU a
+        --budget is needed). The result is a memlab.Report: the cell shows its table, and r = _ keeps it
+        (r.best, r.plot(), r.to_dataframe()).
 
         In Jupyter the live figure is drawn while the plans run (not with --quiet, nor in a terminal IPython).
         MODEL and BATCH are looked up by name (trainer.model works too); nothing is evaluated. Wrong input
@@ -331,7 +338,13 @@ class MemfitMagics(Magics):
                 "write the loss in the cell body, e.g. loss = loss_fn(model(batch[0]), batch[1])"
             )
 
-        search = args.budget is not None or args.batch_size is not None
+        search = args.search or (not args.grid and (args.budget is not None or args.batch_size is not None))
+        if args.search and not args.grid:
+            raise _usage_error("--search searches within the --try values; add --try KEY=V1,V2, or drop --search")
+        if args.grid and args.batch_size is not None and not search:
+            raise _usage_error(
+                "--batch-size sets the effective batch of a search; add --search to search within the --try values"
+            )
         if args.apply and args.dry_run:
             raise _usage_error("--apply needs measured plans, and --dry-run only estimates them; drop one of the two")
         # The core checks the options and the grid (and fit its space) before anything runs; the live figure is

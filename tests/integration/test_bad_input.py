@@ -255,3 +255,26 @@ def test_the_offloaded_optimizer_follows_its_schedule_and_steps_like_adamw() -> 
     assert offloaded.param_groups[0]["lr"] == pytest.approx(plain.param_groups[0]["lr"])
     for a, b in zip(offloaded_model.parameters(), plain_model.parameters(), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_estimate_takes_a_namedtuple_batch_as_measure_does() -> None:
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", ["inputs", "targets"])
+    model, (inputs, targets) = tiny_mlp(), mlp_batch()
+    batch = Pair(inputs, targets)
+    measured = memlab.measure(model, batch, memlab.Plan(), loss_fn=mlp_loss, steps=1)
+    estimated = memlab.estimate(model, batch, memlab.Plan(), loss_fn=mlp_loss)
+    assert measured.status == estimated.status == "ok", estimated.error
+    step_alone = measured.peak_bytes - measured.preexisting_bytes  # the dry run cannot see this process's other tensors
+    assert abs(estimated.peak_bytes - step_alone) <= 0.1 * step_alone
+
+
+def test_an_estimate_from_a_config_is_for_a_gpu_even_without_one() -> None:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=128)
+    trial = memlab.estimate(config, {"input_ids": (1, 16), "labels": (1, 16)})
+    assert trial.device.startswith("cuda")
+    assert memlab.estimate(tiny_mlp(), mlp_batch(), loss_fn=mlp_loss).device == "cpu"  # a live model: its device

@@ -222,7 +222,7 @@ def test_apply_stores_memfit_applied(shell: InteractiveShell, capsys: pytest.Cap
 def test_budget_and_batch_size_search_through_fit(shell: InteractiveShell) -> None:
     before = fingerprint(shell.user_ns["model"])
     report = memfit(
-        shell, f"model batch --budget 1GiB --batch-size 8 --try precision=fp32 optimizer=adamw {FAST}", "\n"
+        shell, f"model batch --budget 1GiB --batch-size 8 --search --try precision=fp32 optimizer=adamw {FAST}", "\n"
     )
     assert isinstance(report, memlab.Report) and report.budget == 1024**3
     assert report.best is not None and report.best.rows_per_step == 8
@@ -306,17 +306,19 @@ BAD = [
     ("negative-batch-size", "model batch --budget 1GiB --batch-size -8", "", "batch_size=-8 is not allowed"),
     (
         "micro-batch-not-dividing",
-        "model batch --budget 1GiB --batch-size 8 --try micro_batch=3",
+        "model batch --budget 1GiB --batch-size 8 --search --try micro_batch=3",
         "",
         "micro_batch=3 does not divide batch_size=8",
     ),
     (
         "micro-batch-not-dividing-rows",
-        "model batch --budget 1GiB --try micro_batch=3",
+        "model batch --budget 1GiB --search --try micro_batch=3",
         "",
         "does not divide batch_size=4",
     ),
-    ("accumulation-in-search", "model batch --budget 1GiB --try accumulation=2,4", "", "restrict micro_batch"),
+    ("accumulation-in-search", "model batch --budget 1GiB --search --try accumulation=2,4", "", "restrict micro_batch"),
+    ("search-without-try", "model batch --budget 1GiB --search", "", "add --try KEY=V1,V2"),
+    ("batch-size-with-try", "model batch --batch-size 8 --try checkpointing=off,on", "", "add --search"),
     ("search-without-budget-on-cpu", "model batch --batch-size 8", "", "needs a budget"),
     ("zero-lr", "model batch --lr 0", "", "lr=0.0 is not allowed"),
     ("lr-not-a-number", "model batch --lr fast", "", "--lr: invalid float value"),
@@ -378,3 +380,12 @@ def test_help_lists_every_lever(shell: InteractiveShell) -> None:
     assert doc is not None
     for name, spec in LEVERS.items():
         assert f"{name}=" in doc and all(choice in doc for choice in spec.choices)
+
+
+def test_try_with_a_budget_measures_exactly_the_grid_and_marks_it(shell: InteractiveShell) -> None:
+    report = memfit(shell, f"mlp pairs --try checkpointing=off,on micro_batch=all,2 --budget 1GiB {FAST}", MLP_LOSS)
+    expected = parse_grid(["checkpointing=off,on", "micro_batch=all,2"])
+    assert [t.plan for t in report] == expected and not report.skipped
+    assert report.budget == 1024**3 and all(t.budget == 1024**3 and t.fits for t in report)
+    tight = memfit(shell, f"mlp pairs --try checkpointing=off,on --budget 1KiB {FAST}", MLP_LOSS)
+    assert [t.plan for t in tight] == parse_grid(["checkpointing=off,on"]) and tight.best is None
