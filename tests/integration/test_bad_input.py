@@ -278,3 +278,22 @@ def test_an_estimate_from_a_config_is_for_a_gpu_even_without_one() -> None:
     trial = memlab.estimate(config, {"input_ids": (1, 16), "labels": (1, 16)})
     assert trial.device.startswith("cuda")
     assert memlab.estimate(tiny_mlp(), mlp_batch(), loss_fn=mlp_loss).device == "cpu"  # a live model: its device
+
+
+def test_ctrl_c_during_fit_keeps_the_finished_trials() -> None:
+    model = tiny_mlp()
+    before = fingerprint(model)
+    calls = {"n": 0}
+
+    def interrupted_later(m: torch.nn.Module, b: object) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] > 4:
+            raise KeyboardInterrupt
+        return mlp_loss(m, b)
+
+    with pytest.raises(KeyboardInterrupt) as caught:
+        memlab.fit(model, mlp_batch(), budget="64MiB", loss_fn=interrupted_later, steps=1, progress=False,
+                   space={"precision": ["fp32"], "optimizer": ["adamw"]})
+    report = caught.value.report  # type: ignore[attr-defined]
+    assert len(report) == 1 and report[0].status == "ok" and report.budget == 64 * 1024**2
+    assert_same(before, fingerprint(model))
