@@ -7,6 +7,7 @@ applied plan that could not be undone, finished trials lost on Ctrl-C).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -75,20 +76,25 @@ def test_applying_twice_then_undoing_leaves_the_model_as_it_was() -> None:
     assert_same(before, fingerprint(model))
 
 
-def test_ctrl_c_during_compare_keeps_the_finished_trials() -> None:
-    model = tiny_mlp()
-    before = fingerprint(model)
-    calls = {"n": 0}
+def _interrupted_after(calls: int) -> Callable[[torch.nn.Module, object], torch.Tensor]:
+    """mlp_loss, until Ctrl-C comes after ``calls`` calls (a plain plan takes 3: warm-up, tracked, timed)."""
+    count = {"n": 0}
 
-    def interrupted_in_the_second_plan(m: torch.nn.Module, b: object) -> torch.Tensor:
-        calls["n"] += 1
-        if calls["n"] > 4:  # plain takes 3 calls (warm-up, tracked, timed): this stops the second plan
+    def loss(m: torch.nn.Module, b: object) -> torch.Tensor:
+        count["n"] += 1
+        if count["n"] > calls:
             raise KeyboardInterrupt
         return mlp_loss(m, b)
 
+    return loss
+
+
+def test_ctrl_c_during_compare_keeps_the_finished_trials() -> None:
+    model = tiny_mlp()
+    before = fingerprint(model)
     plans = [memlab.Plan(), memlab.Plan(checkpointing=True), memlab.Plan(micro_batch=2, accumulation=4)]
     with pytest.raises(KeyboardInterrupt) as caught:
-        memlab.compare(model, mlp_batch(), plans, loss_fn=interrupted_in_the_second_plan, steps=1, warmup=1)
+        memlab.compare(model, mlp_batch(), plans, loss_fn=_interrupted_after(4), steps=1, warmup=1)
     report = caught.value.report  # type: ignore[attr-defined]
     assert [t.label for t in report] == ["plain"] and report[0].status == "ok"
     assert_same(before, fingerprint(model))
@@ -283,16 +289,8 @@ def test_an_estimate_from_a_config_is_for_a_gpu_even_without_one() -> None:
 def test_ctrl_c_during_fit_keeps_the_finished_trials() -> None:
     model = tiny_mlp()
     before = fingerprint(model)
-    calls = {"n": 0}
-
-    def interrupted_later(m: torch.nn.Module, b: object) -> torch.Tensor:
-        calls["n"] += 1
-        if calls["n"] > 4:
-            raise KeyboardInterrupt
-        return mlp_loss(m, b)
-
     with pytest.raises(KeyboardInterrupt) as caught:
-        memlab.fit(model, mlp_batch(), budget="64MiB", loss_fn=interrupted_later, steps=1, progress=False,
+        memlab.fit(model, mlp_batch(), budget="64MiB", loss_fn=_interrupted_after(4), steps=1, progress=False,
                    space={"precision": ["fp32"], "optimizer": ["adamw"]})
     report = caught.value.report  # type: ignore[attr-defined]
     assert len(report) == 1 and report[0].status == "ok" and report.budget == 64 * 1024**2
