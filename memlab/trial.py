@@ -409,6 +409,7 @@ class _Record:
             rss_bytes=rss_bytes,
             preexisting_bytes=self.held_before_bytes,
             notes=tuple(dict.fromkeys(self.notes)),
+            step_times=tuple(self.step_times) if self.status == "ok" else (),
         )
 
 

@@ -18,7 +18,7 @@ from memlab.plan import PLAN_FIELDS, Plan
 if TYPE_CHECKING:
     import pandas
 
-__all__ = ["CATEGORIES", "STATUSES", "Report", "Trial"]
+__all__ = ["CATEGORIES", "STATUSES", "Report", "Trial", "speed_range"]
 
 STATUSES = ("ok", "oom", "error")
 
@@ -47,6 +47,7 @@ class Trial:
         preexisting_bytes: memory held before the trial began; it is part of ``"other"``.
         notes: remarks for the reader, such as ``"fp16 on CPU is slow"``.
         estimated: True for dry-run estimates (no real step ran).
+        step_times: every timed step's seconds, in order (their median is ``step_time_s``).
 
     Example:
         >>> t = Trial(Plan(precision="bf16"), status="ok", peak_bytes=300,
@@ -72,6 +73,7 @@ class Trial:
     preexisting_bytes: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
     estimated: bool = False
+    step_times: tuple[float, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -89,6 +91,7 @@ class Trial:
         breakdown["other"] += self.peak_bytes - total
         self.breakdown = breakdown
         self.notes = tuple(self.notes)
+        self.step_times = tuple(float(seconds) for seconds in self.step_times)
 
     @property
     def label(self) -> str:
@@ -130,6 +133,7 @@ class Trial:
             preexisting_bytes=self.preexisting_bytes,
             notes=list(self.notes),
             estimated=self.estimated,
+            step_times=list(self.step_times),
         )
         return data
 
@@ -161,6 +165,7 @@ class Trial:
             preexisting_bytes=data.get("preexisting_bytes", 0),
             notes=tuple(data.get("notes") or ()),
             estimated=bool(data.get("estimated", False)),
+            step_times=tuple(data.get("step_times") or ()),
         )
 
     def to_text(self) -> str:
@@ -211,24 +216,52 @@ class Report:
 
     @property
     def best(self) -> Trial | None:
-        """The fastest trial that fits (most samples/s; a tie goes to the lower peak), or None.
+        """The fastest trial that fits, where speed is judged with its noise; None when nothing fits.
 
-        Trials without a speed (estimates) rank below any measured speed, and among themselves by lower peak.
+        The trials that fit and whose speed is within measurement noise of the fastest one (see :meth:`ties`)
+        are equals; among them ``best`` is the one with the lowest peak. Trials without a speed (estimates) rank
+        below any measured speed, and among themselves by lower peak.
 
         Example:
             >>> fast = Trial(Plan(), "ok", 900, {"params": 900}, 0.5, 8.0, None, "cpu")
             >>> Report([fast], budget=1000).best is fast, Report([fast], budget=800).best
             (True, None)
+            >>> noisy = Trial(Plan(), "ok", 900, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.6))
+            >>> small = Trial(Plan(checkpointing=True), "ok", 500, {}, 0.55, 14.5, None, "cpu", rows_per_step=8,
+            ...               step_times=(0.5, 0.6))
+            >>> report = Report([noisy, small])
+            >>> report.best.label, [t.label for t in report.ties]
+            ('ckpt', ['plain'])
         """
+        equals = self._equals_of_the_fastest()
+        return min(equals, key=lambda trial: trial.peak_bytes) if equals else None
+
+    @property
+    def ties(self) -> list[Trial]:
+        """The trials that fit and are as fast as :attr:`best` within measurement noise, ``best`` left out.
+
+        Two speeds are within noise when the ranges of samples/s their timed steps reached overlap (the slowest
+        and the fastest step of each); a trial timed once, or not timed, has no range, only its speed.
+
+        Example:
+            >>> a = Trial(Plan(), "ok", 900, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.6))
+            >>> b = Trial(Plan(precision="bf16"), "ok", 800, {}, 1.0, 8.0, None, "cpu", rows_per_step=8,
+            ...           step_times=(0.9, 1.1))
+            >>> Report([a, b]).ties
+            []
+        """
+        best = self.best
+        return [trial for trial in self._equals_of_the_fastest() if trial is not best]
+
+    def _equals_of_the_fastest(self) -> list[Trial]:
         candidates = [trial for trial in self.trials if self.fits(trial)]
-        if not candidates:
-            return None
-
-        def rank(trial: Trial) -> tuple[float, int]:
-            speed = trial.samples_per_s if trial.samples_per_s is not None else float("-inf")
-            return (speed, -trial.peak_bytes)
-
-        return max(candidates, key=rank)
+        timed = [trial for trial in candidates if trial.samples_per_s is not None]
+        if not timed:
+            lowest = min(candidates, key=lambda trial: trial.peak_bytes, default=None)
+            return [] if lowest is None else [lowest]
+        fastest = max(timed, key=lambda trial: (trial.samples_per_s or 0.0, -trial.peak_bytes))
+        slowest_of_fastest = speed_range(fastest)[0]
+        return [trial for trial in timed if speed_range(trial)[1] >= slowest_of_fastest]
 
     def __len__(self) -> int:
         return len(self.trials)
@@ -302,7 +335,7 @@ class Report:
         Columns: ``label, status, fits, peak_bytes, params_bytes, grads_bytes, optimizer_bytes,
         activations_bytes, other_bytes, step_time_s, samples_per_s, tokens_per_s, error``, the plan fields
         (``micro_batch, accumulation, checkpointing, precision, optimizer, offload``), then ``device,
-        rows_per_step, budget, reserved_bytes, rss_bytes, preexisting_bytes, notes, estimated``.
+        rows_per_step, budget, reserved_bytes, rss_bytes, preexisting_bytes, notes, estimated, step_times``.
 
         Example:
             >>> r = Report([Trial(Plan(), "ok", 1, {"other": 1}, 0.1, 10.0, None, "cpu")])
@@ -372,6 +405,19 @@ class Report:
         from memlab.report.figure import report_figure
 
         return report_figure(self)
+
+
+def speed_range(trial: Trial) -> tuple[float, float]:
+    """The lowest and highest samples/s the trial's timed steps reached (its speed twice where it has no range).
+
+    Example:
+        >>> speed_range(Trial(Plan(), "ok", 1, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.8)))
+        (10.0, 20.0)
+    """
+    speed = trial.samples_per_s or 0.0
+    if len(trial.step_times) < 2 or not trial.rows_per_step or min(trial.step_times) <= 0:
+        return speed, speed
+    return trial.rows_per_step / max(trial.step_times), trial.rows_per_step / min(trial.step_times)
 
 
 _EMPTY_TRIAL = Trial(Plan(), "error", 0, {}, None, None, None, "")

@@ -67,6 +67,9 @@ def footer_lines(report: Report) -> list[str]:
     if best is not None:
         speed = "" if best.samples_per_s is None else f", {format_rate(best.samples_per_s)} samples/s"
         lines.append(f"Best: {best.label} (peak {format_bytes(best.peak_bytes)}{speed})")
+        ties = report.ties
+        if ties:
+            lines.append("As fast within measurement noise: " + ", ".join(trial.label for trial in ties))
     elif report.trials:
         lines.append("Best: none of these fits")
     if report.budget is not None:

@@ -185,6 +185,7 @@ def test_steps_are_timed_by_the_median_and_warmup_is_not_timed(monkeypatch):
     runner = TrialRunner(model, batch, RunOptions(loss_fn=mlp_loss, steps=3, warmup=1), clock=lambda: now["t"])
     trial = runner.run(memlab.Plan())
     assert trial.step_time_s == 2.0
+    assert trial.step_times == (3.0, 1.0, 2.0)  # every timed step, in order
     assert trial.samples_per_s == 8 / 2.0
 
 

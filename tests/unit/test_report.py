@@ -186,6 +186,7 @@ def test_to_dataframe_columns_and_values(report: Report) -> None:
         "preexisting_bytes",
         "notes",
         "estimated",
+        "step_times",
     ):
         assert name in frame.columns
     assert list(frame["label"]) == [t.label for t in report]
@@ -372,3 +373,36 @@ def test_importing_report_events_and_export_does_not_import_plotly_or_pandas() -
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- speed with its noise ------------------------------------------------------------------------------------------
+
+
+def timed(plan: Plan, peak_mib: float, seconds: tuple[float, ...], rows: int = 8) -> Trial:
+    median = sorted(seconds)[len(seconds) // 2]
+    return Trial(plan, "ok", int(peak_mib * MIB), {}, median, rows / median, None, "cpu", rows_per_step=rows,
+                 step_times=seconds)
+
+
+def test_speeds_within_noise_tie_and_the_lower_peak_is_best() -> None:
+    fast_but_big = timed(Plan(), 900, (0.40, 0.50, 0.62))
+    a_bit_slower_small = timed(Plan(checkpointing=True), 500, (0.45, 0.52, 0.60))
+    report = Report([fast_but_big, a_bit_slower_small])
+    assert report.best is a_bit_slower_small and report.ties == [fast_but_big]
+    assert "As fast within measurement noise: plain" in report.to_text()
+
+
+def test_a_plan_truly_30_percent_slower_is_ranked_slower() -> None:
+    fast = timed(Plan(), 900, (0.48, 0.50, 0.52))
+    slow = timed(Plan(checkpointing=True), 500, (0.63, 0.65, 0.67))
+    report = Report([fast, slow])
+    assert report.best is fast and report.ties == []
+
+
+def test_step_times_survive_json_and_untimed_trials_have_no_range() -> None:
+    trial = timed(Plan(), 100, (0.1, 0.2, 0.3))
+    assert Report.from_json(Report([trial]).to_json())[0].step_times == (0.1, 0.2, 0.3)
+    once = Trial(Plan(), "ok", 10, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.5,))
+    twice_as_fast = Trial(Plan(precision="bf16"), "ok", 20, {}, 0.25, 32.0, None, "cpu", rows_per_step=8,
+                          step_times=(0.25,))
+    assert Report([once, twice_as_fast]).ties == []
