@@ -142,7 +142,22 @@ def describe_device(device: torch.device) -> dict[str, Any]:
         info["gpu_memory_bytes"] = int(properties.total_memory)
         info["gpu_capability"] = f"{properties.major}.{properties.minor}"
         info["cuda"] = torch.version.cuda
+        info["driver"] = _nvidia_driver()
     return info
+
+
+def _nvidia_driver() -> str | None:
+    """The NVIDIA driver's version from ``nvidia-smi``, or None where it cannot be asked."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else None
 
 
 def device_slug(device: torch.device) -> str:
@@ -161,12 +176,16 @@ def device_slug(device: torch.device) -> str:
 def versions() -> dict[str, str | None]:
     """Versions of Python, memlab and the libraries that decide the numbers (None where not installed)."""
     found: dict[str, str | None] = {"python": platform.python_version()}
-    for package in ("memlab", "torch", "transformers", "accelerate", "bitsandbytes"):
+    for package in ("memlab", "torch", "transformers", "accelerate", "bitsandbytes", "peft"):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             found[package] = None
     found["torch"] = torch.__version__
+    if found["memlab"] is None:  # run from a checkout that is not installed (a GPU machine, say)
+        import memlab
+
+        found["memlab"] = memlab.__version__
     return found
 
 

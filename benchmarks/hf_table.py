@@ -41,6 +41,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import tempfile
 import time
 from collections.abc import Sequence
@@ -521,12 +522,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--rows", type=lambda text: [int(x) for x in text.split(",")],
         help="run only these rows of the table, by number from 1, e.g. 1,7,8 (the baseline, row 1, always runs)",
     )
+    parser.add_argument(
+        "--repeats", type=int, default=None,
+        help="how many times each row runs on each side (default: the size's, 3 for --small and --full)",
+    )
     args = parser.parse_args(argv)
     common.quiet()
     device = common.resolve_device(args, parser)
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: write a number of repeats >= 1")
+    size = SIZES[args.size] if args.repeats is None else dataclasses.replace(SIZES[args.size], repeats=args.repeats)
     result = common.metadata_for(NAME, device, args.size)
     half = args.half if args.half != "auto" else ("fp16" if device.type == "cuda" else "bf16")
-    result.update(run(SIZES[args.size], device, half=half, only=args.rows))
+    result.update(run(size, device, half=half, only=args.rows))
     stem = common.result_stem(NAME, device, args.size)
     result["markdown"] = markdown(result)
     path = common.write_json(result, args.out / f"{stem}.json")

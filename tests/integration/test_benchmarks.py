@@ -98,3 +98,38 @@ def test_fit_vs_finders(load: Any, tmp_path: Path) -> None:
         if method["pick"] is not None:
             assert method["pick"]["fits"] and method["pick"]["peak_bytes"] <= data["budget_bytes"]
     assert methods["memlab.fit"]["pick"] is not None
+
+
+def test_gpu_acceptance_sections_run_on_the_cpu(load: Any, tmp_path: Path) -> None:
+    # On the CPU the CUDA figures cannot be judged (None); everything else must hold, so that the one GPU run a
+    # session may get is not spent on a bug that shows without a GPU.
+    import torch
+
+    acceptance = load("gpu_acceptance")
+    for name in ("probe", "restore"):
+        part = acceptance.run_section_here(name, "smoke", torch.device("cpu"))
+        assert part["checks"], name
+        failed = [c for c in part["checks"] if c["passed"] is False]
+        assert not failed, failed
+
+
+def test_gpu_acceptance_runner_writes_a_result_that_names_its_parts(load: Any, tmp_path: Path) -> None:
+    result = load("gpu_acceptance").main(["--smoke", "--device", "cpu", "--sections", "probe", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "gpu_acceptance-cpu-smoke.json").read_text())
+    assert data["benchmark"] == "gpu_acceptance" and data["size"] == "smoke"
+    assert list(data["parts"]) == ["probe"] and data["summary"]["failed"] == 0
+    assert result["summary"] == data["summary"]
+
+
+def test_the_readme_gpu_tables_are_made_from_the_committed_gpu_result(load: Any) -> None:
+    results = sorted((ROOT / "benchmarks" / "results").glob("gpu_acceptance-cuda-*.json"))
+    if not results:
+        pytest.skip("no GPU result committed yet")
+    acceptance = load("gpu_acceptance")
+    readme = (ROOT / "README.md").read_text()
+    for path in results:
+        data = json.loads(path.read_text())
+        assert data["device"]["gpu"] and data["versions"]["torch"]
+        assert acceptance.markdown(data) in readme, f"README's GPU tables differ from {path.name}"
+        table = json.loads(path.with_name(path.name.replace("gpu_acceptance", "hf_table")).read_text())
+        assert table["markdown"] in readme

@@ -127,3 +127,29 @@ def test_dry_run_ranks_estimates_without_running_a_step():
     assert len(report.trials) + len(report.skipped) == len(candidate_plans(4, {**default_space(4), **space}))
     assert all(reason.startswith("expected slower") for _, reason in report.skipped)
     assert torch.equal(model.lm_head.weight, before["tensors"]["lm_head.weight"][1])
+
+
+def test_a_first_trial_that_fits_only_by_its_allocated_peak_runs_again_under_the_cap(monkeypatch):
+    # On CUDA the cap holds reserved memory; the GPU run found a plan 2% under its budget by allocated peak that
+    # reserved 32% more and ran out of memory under the cap. The CPU has no reserve, so the runner is stood in for.
+    from memlab.report import Trial
+    from memlab.trial import TrialRunner
+
+    budget = 1000
+    calls: list[tuple[str, bool]] = []
+
+    def run(self, plan, index=0, total=1, *, capped=True):
+        calls.append((plan.label(), capped))
+        if capped:
+            return Trial(plan, "oom", budget, {}, None, None, None, "cuda:0", error="cap", budget=budget)
+        return Trial(plan, "ok", 980, {}, 0.1, 10.0, None, "cuda:0", budget=budget, reserved_bytes=1300)
+
+    monkeypatch.setattr(TrialRunner, "run", run)
+    model = tiny_llama()
+    report = fit(model, lm_batch(), budget=budget, space={"precision": ["fp32"], "optimizer": ["adamw"],
+                                                        "offload": ["none"], "checkpointing": [False]},
+                 progress=False)
+    assert calls[:2] == [(calls[0][0], False), (calls[0][0], True)]
+    assert report.trials[0].status == "oom"
+    assert len(report.trials) == len(calls) - 1  # the uncapped run is replaced by the capped one, not added
+    assert report.best is None
