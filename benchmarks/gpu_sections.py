@@ -520,6 +520,9 @@ def cumulative_plans() -> list[tuple[str, Any]]:
         ("+ micro-batch 1 x accumulation 2", Plan(precision="bf16", checkpointing=True, optimizer="adamw8bit",
                                                   micro_batch=1, accumulation=2)),
         ("bf16 + checkpointing + offloaded AdamW", Plan(precision="bf16", checkpointing=True, offload="optimizer")),
+        ("pure bf16 + checkpointing + 8-bit AdamW", Plan(weights="bf16", checkpointing=True, optimizer="adamw8bit")),
+        ("LoRA r16 + bf16 + checkpointing", Plan(adapter="lora", precision="bf16", checkpointing=True)),
+        ("QLoRA r16 + bf16 + checkpointing", Plan(adapter="qlora", precision="bf16", checkpointing=True)),
     ]
 
 
@@ -545,6 +548,14 @@ def section_cumulative(size: str, device: torch.device) -> dict[str, Any]:
         "bf16, checkpointing and 8-bit AdamW, added one by one, each lower the peak",
         all(b < a for a, b in zip(peaks, peaks[1:], strict=False)) if is_cuda(device) else None,
         peaks_mib=[common.mib(p) for p in peaks],
+    )
+    by_step = {name: trial for (name, _), trial in zip(named, report.trials, strict=True)}
+    full, lora, qlora = (by_step[name].peak_bytes for name in (
+        "+ activation checkpointing", "LoRA r16 + bf16 + checkpointing", "QLoRA r16 + bf16 + checkpointing"))
+    checks.add(
+        "with bf16 and checkpointing, LoRA's peak is below the full fine-tune's, and QLoRA's below LoRA's",
+        qlora < lora < full if is_cuda(device) else None,
+        full_mib=common.mib(full), lora_mib=common.mib(lora), qlora_mib=common.mib(qlora),
     )
     parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     return {"model": {**dataclasses.asdict(shape), "parameters": parameters}, "rows": rows, "checks": checks.items}

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 from typing import Any
 
+from memlab.errors import MemlabError
 from memlab.plan import PLAN_FIELDS, Plan
 
 __all__ = ["deepspeed_config", "pytorch_code", "training_arguments"]
@@ -38,6 +39,11 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[
     - ``bf16`` / ``fp16``: from ``plan.precision`` (both False for fp32). On a machine without a bf16 GPU,
       transformers refuses ``bf16=True`` unless you also pass ``use_cpu=True``.
     - ``optim``: ``"adamw_torch"`` or ``"adamw_bnb_8bit"`` (bitsandbytes).
+
+    Pure bf16 weights and adapters are not TrainingArguments: load the model in bf16
+    (``from_pretrained(name, dtype=torch.bfloat16)``) for ``weights="bf16"``, and wrap it with
+    ``peft.get_peft_model(model, plan.to_peft_config())`` for LoRA (QLoRA: load it with a 4-bit
+    ``BitsAndBytesConfig`` first; ``plan.to_code()`` shows both).
 
     Offload: the Trainer has no flag that offloads optimizer state, and none that offloads all activations.
     Where the plan checkpoints and offloads activations, transformers 5.x can hold the checkpointed
@@ -220,6 +226,7 @@ def pytorch_code(plan: Plan) -> str:
             '    model.gradient_checkpointing_enable({"use_reentrant": False})',
             "",
         ]
+    lines += _model_changes_code(plan)
     optimizer_class = "bnb.optim.AdamW8bit" if plan.optimizer == "adamw8bit" else "torch.optim.AdamW"
     lines.append("params = [p for p in model.parameters() if p.requires_grad]")
     if plan.offloads_optimizer:
@@ -308,3 +315,57 @@ def pytorch_code(plan: Plan) -> str:
             *optimizer_step("        "),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _model_changes_code(plan: Plan) -> list[str]:
+    """The snippet's lines that change the model itself: pure bf16 weights and LoRA / QLoRA adapters."""
+    lines: list[str] = []
+    if plan.adapter == "qlora":
+        compute = "torch.bfloat16" if "bf16" in (plan.precision, plan.weights) else "torch.float32"
+        lines += [
+            "# QLoRA: the base's linear weights in 4-bit NF4. Load the model with this quantization config, e.g.",
+            "#   from transformers import AutoModelForCausalLM, BitsAndBytesConfig",
+            "#   quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4',",
+            f"#                                     bnb_4bit_compute_dtype={compute})",
+            "#   model = AutoModelForCausalLM.from_pretrained(name, quantization_config=quantization)",
+        ]
+    if plan.weights == "bf16":
+        lines += ["# Pure bf16: weights, gradients and optimizer state in bf16 (no fp32 master copy)",
+                  "model = model.to(torch.bfloat16)"]
+    if plan.adapter != "none":
+        lines += [
+            "# LoRA adapters on every linear layer but the output head; only the adapters train",
+            "from peft import LoraConfig, get_peft_model",
+            "",
+            f"model = get_peft_model(model, {_lora_config_code(plan)})",
+        ]
+    return [*lines, ""] if lines else []
+
+
+def _lora_config_code(plan: Plan) -> str:
+    return (
+        f'LoraConfig(r={plan.lora_rank}, lora_alpha={2 * plan.lora_rank}, lora_dropout=0.0, '
+        'target_modules="all-linear")'
+    )
+
+
+def peft_config(plan: Plan) -> Any:
+    """The ``peft.LoraConfig`` of an adapter plan: rank ``plan.lora_rank``, alpha twice the rank, no dropout, on
+    every linear layer but the output head (``target_modules="all-linear"``), as memlab measured it.
+
+    For QLoRA, load the base in 4-bit too: ``from_pretrained(name, quantization_config=BitsAndBytesConfig(
+    load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16))`` (see
+    :func:`pytorch_code`).
+
+    Example:
+        >>> config = peft_config(Plan(adapter="lora", lora_rank=8))
+        >>> config.r, config.lora_alpha, config.target_modules
+        (8, 16, 'all-linear')
+    """
+    if plan.adapter == "none":
+        raise MemlabError(
+            f"{plan.label()!r} trains every weight and has no adapters; a peft config needs adapter='lora' or 'qlora'"
+        )
+    from peft import LoraConfig
+
+    return LoraConfig(r=plan.lora_rank, lora_alpha=2 * plan.lora_rank, lora_dropout=0.0, target_modules="all-linear")

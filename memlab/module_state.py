@@ -13,6 +13,7 @@ Two kinds of state:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,17 +182,34 @@ class ModelValues:
     cuda_rng: list[torch.Tensor] | None
 
     @classmethod
-    def capture(cls, model: nn.Module) -> ModelValues:
-        seen: set[int] = set()
-        tensors: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for tensor in [*trainable_parameters(model), *model.buffers()]:
+    def capture(cls, model: nn.Module, *, parameters: bool = True) -> ModelValues:
+        """Copy the buffers, and the trainable parameters unless ``parameters=False`` (for trials that train
+        adapters on a frozen base: :meth:`include_parameters` adds them when a trial needs them)."""
+        values = cls([], [(p, p.grad) for p in unique_parameters(model)], torch.random.get_rng_state(),
+                     torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None)
+        values._add([*model.buffers()])
+        if parameters:
+            values.include_parameters(model)
+        return values
+
+    def include_parameters(self, model: nn.Module) -> None:
+        """Copy the trainable parameters too, if not yet copied (call it while they hold their original values).
+
+        Example:
+            >>> model = nn.Linear(4, 4)
+            >>> values = ModelValues.capture(model, parameters=False)
+            >>> values.host_bytes, (values.include_parameters(model), values.host_bytes)[1]
+            (0, 80)
+        """
+        self._add(trainable_parameters(model))
+
+    def _add(self, tensors: Sequence[torch.Tensor]) -> None:
+        seen = {id(live) for live, _ in self.tensors}
+        for tensor in tensors:
             if id(tensor) in seen:
                 continue
             seen.add(id(tensor))
-            tensors.append((tensor, _copy_to_cpu(tensor.detach())))
-        grads = [(p, p.grad) for p in unique_parameters(model)]
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        return cls(tensors, grads, torch.random.get_rng_state(), cuda_rng)
+            self.tensors.append((tensor, _copy_to_cpu(tensor.detach())))
 
     @property
     def host_bytes(self) -> int:

@@ -15,6 +15,8 @@ from memlab.errors import MemlabError
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "adamw8bit")
 OFFLOADS = ("none", "optimizer", "activations", "all")
+WEIGHTS = ("fp32", "bf16")
+ADAPTERS = ("none", "lora", "qlora")
 
 
 def lever(default: Any, *, help: str, short: str = "", choices: tuple[str, ...] = ()) -> Any:
@@ -46,12 +48,18 @@ class Plan:
         accumulation: micro-batches per optimizer step (effective batch = micro_batch * accumulation).
         checkpointing: activation (gradient) checkpointing on or off.
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (fp16 uses dynamic loss scaling).
+        weights: ``"fp32"`` or ``"bf16"``: the dtype of the trained weights, their grads and optimizer state.
         optimizer: ``"adamw"`` or ``"adamw8bit"`` (bitsandbytes).
         offload: ``"none"``, ``"optimizer"``, ``"activations"`` or ``"all"``.
+        adapter: ``"none"``, ``"lora"`` (peft LoRA on the linear layers of a frozen base) or ``"qlora"`` (the
+            same on a base whose linear weights are held in 4-bit NF4).
+        lora_rank: the adapters' rank (only with an adapter; without one it is always the default, 16).
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
         'mb2x4 bf16'
+        >>> Plan(adapter="qlora", lora_rank=8, checkpointing=True).label()
+        'ckpt qlora r8'
         >>> Plan(precision="fp8")
         Traceback (most recent call last):
         ...
@@ -75,6 +83,13 @@ class Plan:
         choices=PRECISIONS,
         help="autocast compute dtype: bf16/fp16 halve activations and are faster on GPUs; fp16 scales the loss",
     )
+    weights: str = lever(
+        "fp32",
+        short="{}-weights",
+        choices=WEIGHTS,
+        help="dtype of the trained weights, their grads and optimizer state: bf16 halves all three (pure bf16, no "
+        "fp32 master copy); updates are less exact",
+    )
     optimizer: str = lever(
         "adamw",
         short="{}",
@@ -86,6 +101,19 @@ class Plan:
         short="offload-{}",
         choices=OFFLOADS,
         help="moves optimizer state and/or saved activations to CPU memory: less GPU memory, slower steps",
+    )
+
+    adapter: str = lever(
+        "none",
+        short="{}",
+        choices=ADAPTERS,
+        help="train LoRA adapters (peft) on a frozen base instead of every weight: far fewer grads and optimizer "
+        "state; qlora also holds the base's linear weights in 4-bit NF4 (bitsandbytes)",
+    )
+    lora_rank: int = lever(
+        16,
+        short="r{}",
+        help="rank of the LoRA adapters, used with adapter lora or qlora: a higher rank trains more weights",
     )
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
@@ -110,6 +138,12 @@ class Plan:
             )
         if isinstance(self.accumulation, bool) or not isinstance(self.accumulation, int) or self.accumulation < 1:
             raise MemlabError(f"accumulation={self.accumulation!r} is not allowed; write a whole number >= 1")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, numbers.Integral) or self.lora_rank < 1:
+            raise MemlabError(f"lora_rank={self.lora_rank!r} is not allowed; write a whole number >= 1, e.g. 16")
+        object.__setattr__(self, "lora_rank", int(self.lora_rank))
+        if self.adapter == "none":
+            # The rank means nothing without an adapter; one value keeps grids free of duplicate plans.
+            object.__setattr__(self, "lora_rank", LORA_RANK_DEFAULT)
         for name, spec in LEVERS.items():
             value = getattr(self, name)
             if spec.type == "bool" and not isinstance(value, bool):
@@ -158,6 +192,12 @@ class Plan:
 
         return training_arguments(self)
 
+    def to_peft_config(self) -> Any:
+        """The ``peft.LoraConfig`` of an adapter plan (see :func:`memlab.export.peft_config`)."""
+        from memlab.export import peft_config
+
+        return peft_config(self)
+
     def to_deepspeed(self) -> dict[str, Any]:
         """A DeepSpeed config dict for this plan (ZeRO offload where the plan offloads)."""
         from memlab.export import deepspeed_config
@@ -172,6 +212,7 @@ class Plan:
 
 
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
+LORA_RANK_DEFAULT = 16
 
 
 @dataclass(frozen=True)

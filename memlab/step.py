@@ -18,10 +18,12 @@ from memlab.device import model_device
 from memlab.module_state import trainable_parameters
 from memlab.plan import Plan
 from memlab.techniques.accumulation import micro_batches, scale_loss
+from memlab.techniques.adapters import attach_adapter
 from memlab.techniques.checkpointing import disable_checkpointing, enable_checkpointing, is_checkpointing
 from memlab.techniques.offload import OffloadedOptimizer, activation_offload, offload_notes
 from memlab.techniques.optimizer import build_optimizer
 from memlab.techniques.precision import autocast, check_precision, grad_scaler
+from memlab.techniques.weights import cast_weights
 
 
 class Phases(Protocol):
@@ -70,11 +72,25 @@ class TrainingStep:
         self.model = model
         self.plan = plan
         self.device = model_device(model)
-        self.parameters = trainable_parameters(model)
-        self.notes = check_precision(plan, self.device, self.parameters) + offload_notes(plan, self.device)
         self.loss_fn = loss_fn
         self._undo_checkpointing: Callable[[], None] | None = None
-        self.optimizer = self._build_optimizer(lr, optimizer_device_type or self.device.type)
+        # Adapters first: they decide which weights train, and so which weights pure bf16 casts back afterwards.
+        self._undo_model: list[Callable[[], None]] = []
+        try:
+            for put_on in (attach_adapter, cast_weights):
+                undo = put_on(model, plan)
+                if undo is not None:
+                    self._undo_model.append(undo)
+            self.parameters = trainable_parameters(model)
+            self.notes = (
+                check_precision(plan, self.device, self.parameters)
+                + offload_notes(plan, self.device)
+                + _weights_notes(plan, self.parameters)
+            )
+            self.optimizer = self._build_optimizer(lr, optimizer_device_type or self.device.type)
+        except BaseException:
+            self._take_off_model_changes()
+            raise
         if plan.checkpointing:
             self._undo_checkpointing = enable_checkpointing(model)
         elif is_checkpointing(model):
@@ -103,6 +119,9 @@ class TrainingStep:
     def _step(self, batch: Batch, loss_fn: LossFn, tracker: Phases) -> float:
         with tracker.phase("other"):
             parts = micro_batches(_on_device(batch, self.device), self.plan)
+            if self.plan.weights == "bf16":
+                # Pure bf16 computes in bf16 throughout: float inputs come in at the weights' dtype.
+                parts = [map_tensors(part, _as_bf16) for part in parts]
         total = torch.zeros((), device=self.device)
         # While tracking, a gradient is labelled the moment it is accumulated, so that a peak inside backward
         # counts it as a gradient rather than as an activation.
@@ -142,10 +161,16 @@ class TrainingStep:
                 del loss, scaled
 
     def close(self) -> None:
-        """Take checkpointing off again (the model's previous setting comes back exactly)."""
+        """Take the plan off the model: checkpointing's previous setting, adapters and weight dtypes come back
+        exactly (trained weights keep what training did)."""
         if self._undo_checkpointing is not None:
             self._undo_checkpointing()
             self._undo_checkpointing = None
+        self._take_off_model_changes()
+
+    def _take_off_model_changes(self) -> None:
+        while self._undo_model:
+            self._undo_model.pop()()
 
 
 def _on_device(batch: Batch, device: torch.device) -> Batch:
@@ -154,3 +179,15 @@ def _on_device(batch: Batch, device: torch.device) -> Batch:
         return batch
     return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True))
 
+
+def _weights_notes(plan: Plan, parameters: list[nn.Parameter]) -> list[str]:
+    """A note when the model itself is held in bf16, so that weights='fp32' trains bf16 weights anyway."""
+    if plan.weights == "fp32" and plan.adapter == "none" and parameters and all(
+        p.dtype == torch.bfloat16 for p in parameters
+    ):
+        return ["the model's weights are bf16 (loaded in bf16): this trains pure bf16, as weights='bf16' does"]
+    return []
+
+
+def _as_bf16(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor

@@ -113,9 +113,8 @@ def check_plans(plans: Sequence[Plan] | Plan) -> list[Plan]:
     """The plans as a non-empty list of Plan; a clear error for anything else.
 
     Example:
-        >>> check_plans(Plan())
-        [Plan(micro_batch=None, accumulation=1, checkpointing=False, precision='fp32', optimizer='adamw', \
-offload='none')]
+        >>> check_plans(Plan()) == [Plan()]
+        True
     """
     if isinstance(plans, Plan):
         return [plans]
@@ -186,6 +185,12 @@ class TrialRunner:
         micro_batches(batch, Plan(micro_batch=1))
 
     @property
+    def snapshot_bytes(self) -> int:
+        """Host memory the session's copies of the model hold now (0 outside a session): buffers, and trainable
+        weights once a trial that trains them has run."""
+        return 0 if self._values is None else self._values.host_bytes
+
+    @property
     def budget(self) -> int | None:
         """The budget in bytes every trial is held to (from the options)."""
         return self.options.budget
@@ -196,7 +201,9 @@ class TrialRunner:
         self._structure = ModuleStructure.capture(self.model)
         held = self.probe.held_before(self._own_tensors(), [p.grad for p in unique_parameters(self.model)])
         self._held_before, self._held_bytes = held.tensors, held.bytes
-        self._values = ModelValues.capture(self.model)
+        # Parameters are copied when the first trial that trains them comes: a session of adapter trials never
+        # copies the frozen base.
+        self._values = ModelValues.capture(self.model, parameters=False)
         self._values.detach_grads()
         try:
             yield
@@ -221,6 +228,8 @@ class TrialRunner:
         if self._values is None or self._structure is None:
             with self.session():
                 return self.run(plan, index, total, capped=capped)
+        if plan.adapter == "none":
+            self._values.include_parameters(self.model)
         limit = self.probe.bound(self.budget if capped else None)
         self._emit(TrialStarted(plan=plan, index=index, total=total))
         record = _Record(plan, held_before_bytes=self._held_bytes)

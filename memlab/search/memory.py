@@ -25,12 +25,31 @@ FIT_MARGIN = 1.1
 """A plan is skipped for memory only when its predicted peak is over ``budget * FIT_MARGIN``."""
 
 
-ActivationKey = tuple[bool, str, bool]
-"""What activations per row depend on: (checkpointing, precision, activations offloaded)."""
+ActivationKey = tuple[bool, str, bool, str, str]
+"""What activations per row depend on: (checkpointing, precision, activations offloaded, weights, adapter)."""
+
+Family = tuple[str, str, int]
+"""What decides the model's own bytes: (weights, adapter, LoRA rank). Trials of one family say nothing certain of
+another's parameter, gradient and optimizer bytes."""
+
+# The least an unmeasured family can hold of the measured family's parameters: pure bf16 halves them; QLoRA's
+# 4-bit base can be an eighth (every weight in linear layers); LoRA adds adapters (assumed nothing).
+_LEAST_PARAMETER_SHARE = {("fp32", "none"): 1.0, ("bf16", "none"): 0.5, ("fp32", "lora"): 1.0,
+                          ("bf16", "lora"): 0.5, ("fp32", "qlora"): 0.125, ("bf16", "qlora"): 0.125}
+
+
+def family(plan: Plan) -> Family:
+    """The plan's :data:`Family`.
+
+    Example:
+        >>> family(Plan(adapter="lora", lora_rank=8, checkpointing=True))
+        ('fp32', 'lora', 8)
+    """
+    return (plan.weights, plan.adapter, plan.lora_rank)
 
 
 def activation_key(plan: Plan) -> ActivationKey:
-    return (plan.checkpointing, plan.precision, plan.offloads_activations)
+    return (plan.checkpointing, plan.precision, plan.offloads_activations, plan.weights, plan.adapter)
 
 
 @dataclass(frozen=True)
@@ -118,13 +137,16 @@ class MemoryModel:
         self.trainable_bytes = float(trainable_bytes)
         self.batch_size = batch_size
         ran = [t for t in trials if t.status == "ok"]
+        self._common = medians_by(ran, lambda t: family(t.plan), "params", "other")
         if ran:
             self.common = statistics.median(t.breakdown["params"] + t.breakdown["other"] for t in ran)
         else:
             # Parameters are in place before any step, so even a trial that failed shows them.
             self.common = max([self.trainable_bytes, *(float(t.breakdown["params"]) for t in trials)])
-        self._optimizer = medians_by(ran, lambda t: (t.plan.optimizer, t.plan.offloads_optimizer), "optimizer")
-        self._grads = medians_by(ran, lambda t: t.plan.accumulation > 1, "grads")
+        self._optimizer = medians_by(
+            ran, lambda t: (t.plan.optimizer, t.plan.offloads_optimizer, family(t.plan)), "optimizer"
+        )
+        self._grads = medians_by(ran, lambda t: (t.plan.accumulation > 1, family(t.plan)), "grads")
         points: dict[ActivationKey, list[tuple[int, float]]] = {}
         for trial in ran:
             point = (micro_batch_of(trial.plan, batch_size), float(trial.breakdown["activations"]))
@@ -151,22 +173,31 @@ class MemoryModel:
 
     def fixed_bytes(self, plan: Plan) -> float:
         """What does not depend on the batch split: params, other and optimizer state."""
-        return self.common + self.optimizer_bytes(plan)
+        common = self._common.get(family(plan))
+        if common is None:
+            common = self.common * _LEAST_PARAMETER_SHARE.get((plan.weights, plan.adapter), 1.0)
+        return common + self.optimizer_bytes(plan)
+
+    def trained_bytes(self, plan: Plan) -> float:
+        """Bytes of the weights the plan trains, at least: none known for adapters, half for pure bf16."""
+        if plan.adapter != "none":
+            return 0.0
+        return self.trainable_bytes / 2 if plan.weights == "bf16" else self.trainable_bytes
 
     def optimizer_bytes(self, plan: Plan) -> float:
         """Optimizer state on the device: measured for this optimizer, else what it needs at least."""
-        key = (plan.optimizer, plan.offloads_optimizer)
+        key = (plan.optimizer, plan.offloads_optimizer, family(plan))
         if key in self._optimizer:
             return self._optimizer[key]
         if plan.offloads_optimizer:
             return 0.0
-        adamw = self._optimizer.get(("adamw", False), 2 * self.trainable_bytes)
+        adamw = self._optimizer.get(("adamw", False, family(plan)), 2 * self.trained_bytes(plan))
         return adamw / 4 if plan.optimizer == "adamw8bit" else adamw
 
     def grads_bytes(self, plan: Plan) -> float:
         """Gradients held at the peak: measured, else all of them with accumulation and none without."""
         accumulates = plan.accumulation > 1
-        return self._grads.get(accumulates, self.trainable_bytes if accumulates else 0.0)
+        return self._grads.get((accumulates, family(plan)), self.trained_bytes(plan) if accumulates else 0.0)
 
     def activation_line(self, plan: Plan) -> Line | None:
         """The activation line of the plan's techniques; None while a technique it uses was never measured."""
@@ -201,7 +232,7 @@ class MemoryModel:
         fixed = self.fixed_bytes(plan)
         peak = fixed + self.grads_bytes(plan) + self.activations(plan)
         # After the last backward every gradient exists next to the optimizer state, accumulation or not.
-        return max(peak, fixed + self.trainable_bytes)
+        return max(peak, fixed + self.trained_bytes(plan))
 
     def _ratio(self, position: int, before: Any, after: Any) -> float | None:
         """Per-row activation bytes after/before changing one technique, from lines that differ only there."""
@@ -230,8 +261,9 @@ class MemoryModel:
         return chosen, lines[chosen]
 
 
-def medians_by(trials: Sequence[Trial], key: Callable[[Trial], Any], category: str) -> dict[Any, float]:
+def medians_by(trials: Sequence[Trial], key: Callable[[Trial], Any], *categories: str) -> dict[Any, float]:
+    """The median of the categories' summed bytes over the trials of each key."""
     groups: dict[Any, list[int]] = {}
     for trial in trials:
-        groups.setdefault(key(trial), []).append(trial.breakdown[category])
+        groups.setdefault(key(trial), []).append(sum(trial.breakdown[category] for category in categories))
     return {name: float(statistics.median(values)) for name, values in groups.items()}

@@ -14,7 +14,7 @@ from memlab.errors import MemlabError
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.report import Trial
 
-TECHNIQUES = ("checkpointing", "precision", "optimizer", "offload")
+TECHNIQUES = ("checkpointing", "precision", "weights", "optimizer", "offload", "adapter", "lora_rank")
 """The plan fields other than the batch split, in the order candidates are listed."""
 
 TECHNIQUE_DEFAULTS = {name: getattr(Plan(), name) for name in TECHNIQUES}
@@ -115,7 +115,8 @@ def candidate_plans(
                 **dict(zip(TECHNIQUES, values, strict=True)),
             )
             plans.append(plan)
-    return plans
+    # A LoRA rank without an adapter is the same plan as the default rank's: each plan once.
+    return list(dict.fromkeys(plans))
 
 
 def _product(axes: list[list[Any]]) -> list[tuple[Any, ...]]:
@@ -159,6 +160,8 @@ def needs_at_least(plan: Plan, other: Plan, batch_size: int) -> bool:
         False
     """
     if plan.precision != other.precision or plan.offload != other.offload:
+        return False
+    if (plan.weights, plan.adapter, plan.lora_rank) != (other.weights, other.adapter, other.lora_rank):
         return False
     if plan.checkpointing and not other.checkpointing:
         return False

@@ -66,6 +66,10 @@ def speed_prior(device_type: str) -> SpeedPrior:
             ("offload", "optimizer"): 0.7,
             ("offload", "activations"): 0.6,
             ("offload", "all"): 0.5,
+            # Adapters skip the weight gradients of the base (about a third of the work); QLoRA dequantizes.
+            ("adapter", "lora"): 1.3 if gpu else 1.2,
+            ("adapter", "qlora"): 1.0 if gpu else 0.8,
+            ("weights", "bf16"): 1.6 if gpu else 1.0,
         },
     )
 

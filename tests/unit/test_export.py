@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from memlab.errors import MemlabError
 from memlab.export import deepspeed_config, pytorch_code, training_arguments
 from memlab.plan import OFFLOADS, Plan
 
@@ -228,3 +229,15 @@ def test_pytorch_code_with_8bit_adam_runs() -> None:
     pytest.importorskip("bitsandbytes")
     model, namespace = _run(Plan(micro_batch=2, accumulation=2, optimizer="adamw8bit"), [_batch(4)])
     assert type(namespace["optimizer"]).__name__ == "AdamW8bit"
+
+
+def test_adapter_plans_export_a_lora_config_and_code_that_builds_them() -> None:
+    pytest.importorskip("peft")
+    plan = Plan(adapter="qlora", lora_rank=8, weights="bf16")
+    config = plan.to_peft_config()
+    assert (config.r, config.lora_alpha, config.lora_dropout, config.target_modules) == (8, 16, 0.0, "all-linear")
+    code = plan.to_code()
+    compile(code, "<plan>", "exec")
+    assert "get_peft_model" in code and "BitsAndBytesConfig" in code and "model.to(torch.bfloat16)" in code
+    with pytest.raises(MemlabError, match="needs adapter='lora' or 'qlora'"):
+        Plan().to_peft_config()

@@ -16,7 +16,25 @@ def test_default_plan_is_plain_and_hashable() -> None:
     assert (plan.precision, plan.optimizer, plan.offload) == ("fp32", "adamw", "none")
     assert plan.label() == "plain"
     assert {plan, Plan()} == {Plan()}
-    assert PLAN_FIELDS == ("micro_batch", "accumulation", "checkpointing", "precision", "optimizer", "offload")
+    assert (plan.weights, plan.adapter, plan.lora_rank) == ("fp32", "none", 16)
+    assert PLAN_FIELDS == (
+        "micro_batch", "accumulation", "checkpointing", "precision", "weights", "optimizer", "offload", "adapter",
+        "lora_rank",
+    )
+
+
+def test_fine_tuning_levers_label_validate_and_keep_grids_free_of_duplicates() -> None:
+    assert Plan(weights="bf16").label() == "bf16-weights"
+    assert Plan(adapter="lora").label() == "lora"
+    assert Plan(adapter="qlora", lora_rank=8, precision="bf16").label() == "bf16 qlora r8"
+    # Without an adapter the rank means nothing: one plan, one label.
+    assert Plan(lora_rank=8) == Plan() and Plan(lora_rank=8).label() == "plain"
+    with pytest.raises(MemlabError, match="lora_rank=0 is not allowed; write a whole number >= 1"):
+        Plan(adapter="lora", lora_rank=0)
+    with pytest.raises(MemlabError, match="adapter='dora' is not known; write one of none, lora, qlora"):
+        Plan(adapter="dora")
+    with pytest.raises(MemlabError, match="weights='fp16' is not known; write one of fp32, bf16"):
+        Plan(weights="fp16")
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -185,7 +203,7 @@ def test_a_misspelt_plan_setting_is_a_memlab_error() -> None:
     with pytest.raises(MemlabError, match="'micro_batch_size' is not a plan setting; write one of micro_batch"):
         Plan(micro_batch_size=2)  # type: ignore[call-arg]
     with pytest.raises(MemlabError, match="at most"):
-        Plan(1, 1, False, "fp32", "adamw", "none", "extra")  # type: ignore[call-arg]
+        Plan(1, 1, False, "fp32", "fp32", "adamw", "none", "none", 16, "extra")  # type: ignore[call-arg]
     assert Plan(2, 4) == Plan(micro_batch=2, accumulation=4)
 
 

@@ -1,0 +1,163 @@
+"""LoRA and QLoRA adapters through peft: train small low-rank adapters on a frozen base, its linear weights in 4-bit
+NF4 (bitsandbytes) for QLoRA. Attached for a plan and taken off again with nothing left behind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.device import model_device
+from memlab.errors import MemlabError, UnsupportedTechnique
+from memlab.module_state import ModuleStructure
+from memlab.plan import Plan
+
+Undo = Callable[[], None]
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """True when the model already carries peft adapters (a ``PeftModel`` or layers peft injected).
+
+    Example:
+        >>> is_peft_model(nn.Linear(2, 2))
+        False
+    """
+    if hasattr(model, "peft_config"):
+        return True
+    return any(type(module).__module__.startswith("peft.") for module in model.modules())
+
+
+def adapter_targets(model: nn.Module) -> list[str]:
+    """Names of the linear layers that get adapters: every ``nn.Linear`` except the output head (peft's own
+    ``"all-linear"`` choice, for any module, not only transformers models).
+
+    Example:
+        >>> adapter_targets(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 1)))
+        ['0', '2']
+    """
+    head = _output_head(model)
+    names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and name]
+    if head is not None:
+        return [name for name in names if model.get_submodule(name) is not head]
+    return names[:-1] if len(names) > 1 else names
+
+
+def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
+    """Put the plan's adapters on the live model; the returned function takes them off again exactly.
+
+    LoRA: ``peft.inject_adapter_in_model`` with rank ``plan.lora_rank`` (alpha twice the rank, no dropout) on
+    :func:`adapter_targets`; peft freezes everything but the adapters. QLoRA: first each target's weight is
+    quantized to NF4 in a ``bitsandbytes.nn.Linear4bit`` that takes its place, and on CUDA the full-precision
+    originals wait in host memory (their size in host RAM, and a copy each way) so that the device holds only the
+    4-bit base while the plan runs. peft's ``prepare_model_for_kbit_training`` also enables input gradients for
+    reentrant checkpointing; memlab checkpoints with ``use_reentrant=False``, which needs none.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> undo = attach_adapter(model, Plan(adapter="lora", lora_rank=2))
+        >>> sorted(n for n, p in model.named_parameters() if p.requires_grad)
+        ['0.lora_A.default.weight', '0.lora_B.default.weight']
+        >>> undo(); type(model[0]).__name__
+        'Linear'
+    """
+    if plan.adapter == "none":
+        return None
+    if is_peft_model(model):
+        raise UnsupportedTechnique(
+            "this model already carries peft adapters, and they are what trains; measure it with adapter='none'"
+        )
+    targets = adapter_targets(model)
+    if not targets:
+        raise UnsupportedTechnique(
+            f"adapter={plan.adapter!r} puts LoRA on nn.Linear layers, and this model has none besides its output; "
+            "write adapter='none'"
+        )
+    # Imported here: peft and bitsandbytes are heavy, and `import memlab` must not pull them in.
+    from peft import LoraConfig, inject_adapter_in_model
+
+    structure = ModuleStructure.capture(model)
+    parked: list[tuple[torch.Tensor, torch.device]] = []
+    try:
+        if plan.adapter == "qlora":
+            parked = _quantize(model, targets, _compute_dtype(plan))
+        config = LoraConfig(r=plan.lora_rank, lora_alpha=2 * plan.lora_rank, lora_dropout=0.0, target_modules=targets)
+        inject_adapter_in_model(config, model)
+        if plan.weights != "bf16":
+            _adapters_in_fp32(model)
+    except BaseException:
+        _put_back(structure, parked)
+        raise
+
+    def undo() -> None:
+        _put_back(structure, parked)
+        parked.clear()
+
+    return undo
+
+
+def _adapters_in_fp32(model: nn.Module) -> None:
+    """Hold half-precision adapter weights in fp32, as ``peft.get_peft_model`` does by default
+    (``autocast_adapter_dtype=True``); the injection API leaves QLoRA's adapters in the base's compute dtype, and
+    the H100 run showed QLoRA then keeping half the optimizer state of the same LoRA."""
+    for parameter in model.parameters():
+        if parameter.requires_grad and parameter.dtype in (torch.bfloat16, torch.float16):
+            parameter.data = parameter.data.float()
+
+
+def _put_back(structure: ModuleStructure, parked: list[tuple[torch.Tensor, torch.device]]) -> None:
+    structure.restore()
+    for weight, device in parked:
+        weight.data = weight.data.to(device)
+
+
+def _compute_dtype(plan: Plan) -> torch.dtype:
+    if plan.precision == "bf16" or plan.weights == "bf16":
+        return torch.bfloat16
+    if plan.precision == "fp16":
+        return torch.float16
+    return torch.float32
+
+
+def _quantize(
+    model: nn.Module, targets: list[str], compute_dtype: torch.dtype
+) -> list[tuple[torch.Tensor, torch.device]]:
+    """Replace each target ``nn.Linear`` by an NF4 ``Linear4bit`` holding the same weight; on CUDA the originals'
+    weights move to host memory. Returns ``(weight, its device)`` for each moved weight, to put back."""
+    import bitsandbytes
+
+    device = model_device(model)
+    parked: list[tuple[torch.Tensor, torch.device]] = []
+    for name in targets:
+        original = model.get_submodule(name)
+        assert isinstance(original, nn.Linear)  # adapter_targets lists only nn.Linear layers
+        if original.weight.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise MemlabError(f"{name} holds {original.weight.dtype} weights; QLoRA quantizes float weights only")
+        quantized = bitsandbytes.nn.Linear4bit(
+            original.in_features, original.out_features, bias=False, compute_dtype=compute_dtype,
+            quant_type="nf4", device="meta",
+        )
+        weight: Any = bitsandbytes.nn.Params4bit(
+            original.weight.data.detach().clone(), requires_grad=False, quant_type="nf4"
+        )
+        quantized.weight = weight.to(device)  # moving it quantizes it (bitsandbytes' Params4bit.to)
+        quantized.bias = original.bias  # the same frozen bias, shared
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, quantized)
+        if device.type != "cpu":
+            parked.append((original.weight, original.weight.device))
+            original.weight.data = original.weight.data.to("cpu")
+    return parked
+
+
+def _output_head(model: nn.Module) -> nn.Module | None:
+    get_head = getattr(model, "get_output_embeddings", None)
+    if not callable(get_head):
+        return None
+    try:
+        head = get_head()
+    except (NotImplementedError, AttributeError):
+        return None
+    return head if isinstance(head, nn.Module) else None

@@ -1,0 +1,110 @@
+"""LoRA, QLoRA and pure bf16 on live models on CPU: what each saves, and that the model comes back exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import assert_same, fingerprint, lm_batch, mlp_batch, mlp_loss, tiny_llama, tiny_mlp
+
+import memlab
+from memlab.options import RunOptions
+from memlab.trial import TrialRunner
+
+pytest.importorskip("peft")
+
+LORA, QLORA = memlab.Plan(adapter="lora", lora_rank=8), memlab.Plan(adapter="qlora", lora_rank=8)
+PURE_BF16 = memlab.Plan(weights="bf16")
+
+
+def adapter_modules(model: torch.nn.Module) -> list[str]:
+    return [name for name, module in model.named_modules() if "lora" in name or "peft" in type(module).__module__]
+
+
+def test_lora_qlora_and_pure_bf16_each_save_what_they_promise_and_leave_the_model_exactly():
+    model, batch = tiny_llama(width=256), lm_batch()
+    before = fingerprint(model)
+    plain, lora, qlora, bf16 = memlab.compare(model, batch, [memlab.Plan(), LORA, QLORA, PURE_BF16], steps=1,
+                                              progress=False).trials
+    assert [t.status for t in (plain, lora, qlora, bf16)] == ["ok"] * 4, [t.error for t in (lora, qlora, bf16)]
+    trained = plain.breakdown["grads"] + plain.breakdown["optimizer"]
+    assert lora.breakdown["grads"] + lora.breakdown["optimizer"] <= 0.10 * trained
+    assert qlora.breakdown["params"] <= 0.45 * lora.breakdown["params"]
+    assert bf16.breakdown["params"] <= 0.55 * plain.breakdown["params"]
+    assert bf16.breakdown["optimizer"] <= 0.55 * plain.breakdown["optimizer"]
+    assert_same(before, fingerprint(model))
+    assert adapter_modules(model) == []
+    assert len(model(**batch, output_hidden_states=True).hidden_states) == 3
+
+
+@pytest.mark.parametrize("plan", [LORA, QLORA], ids=["lora", "qlora"])
+def test_apply_trains_only_the_adapters_and_undo_leaves_the_base_exactly(plan):
+    model, batch = tiny_llama(width=64), lm_batch()
+    before = fingerprint(model)
+    with memlab.apply(model, plan, lr=1e-2) as applied:
+        trained = {id(p) for group in applied.optimizer.param_groups for p in group["params"]}
+        names = [n for n, p in model.named_parameters() if id(p) in trained]
+        assert names and all("lora_" in n for n in names)
+        losses = [applied.step(batch) for _ in range(8)]
+    assert losses[-1] < losses[0]
+    assert_same(before, fingerprint(model))
+    assert adapter_modules(model) == []
+
+
+def test_a_session_of_adapter_trials_copies_no_frozen_weight():
+    model, batch = tiny_llama(width=256), lm_batch()
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    runner = TrialRunner(model, batch, RunOptions(steps=1, progress=False))
+    with runner.session():
+        assert [runner.run(plan).status for plan in (LORA, QLORA)] == ["ok", "ok"]
+        assert runner.snapshot_bytes == buffers
+        runner.run(memlab.Plan())  # a full fine-tune changes every weight: now they are copied
+        assert runner.snapshot_bytes == buffers + weights
+
+
+def test_pure_bf16_trains_in_bf16_and_apply_casts_back_afterwards():
+    model, batch = tiny_mlp(), mlp_batch()
+    frozen = model[0][0].weight
+    frozen.requires_grad_(False)
+    kept = frozen.detach().clone()
+    with memlab.apply(model, PURE_BF16, loss_fn=mlp_loss) as applied:
+        assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+        state = applied.optimizer.state
+        applied.step(batch)
+        assert all(v.dtype == torch.bfloat16 for s in state.values() for v in s.values() if v.dim() > 0)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert torch.equal(frozen, kept)  # what did not train comes back bit-exact
+
+
+def test_a_model_already_wrapped_with_peft_is_measured_as_it_is():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_llama(width=64), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    batch = lm_batch()
+    plain, again = memlab.compare(model, batch, [memlab.Plan(), LORA], steps=1, progress=False).trials
+    assert plain.status == "ok"
+    trained = [p for p in model.parameters() if p.requires_grad]
+    # Two fp32 moments per adapter weight and one fp32 step counter per tensor: the user's adapters train.
+    assert plain.breakdown["optimizer"] == 2 * sum(p.numel() * 4 for p in trained) + 4 * len(trained)
+    assert again.status == "error" and "already carries peft adapters" in again.error
+
+
+def test_a_model_loaded_in_bf16_says_it_trains_pure_bf16():
+    model = tiny_llama(width=64).to(torch.bfloat16)
+    trial = memlab.measure(model, lm_batch(), memlab.Plan(), steps=1, progress=False)
+    assert trial.status == "ok"
+    assert any("loaded in bf16" in note for note in trial.notes)
+
+
+def test_fit_searches_adapters_only_when_asked():
+    model, batch = tiny_llama(width=128), lm_batch()
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1, progress=False)
+    budget = int(plain.peak_bytes * 0.6)
+    space = {"precision": ["fp32"], "optimizer": ["adamw"], "checkpointing": [False], "micro_batch": [8],
+             "adapter": ["none", "lora", "qlora"], "lora_rank": [8]}
+    report = memlab.fit(model, batch, budget=budget, space=space, steps=1, progress=False)
+    assert report.best is not None and report.best.plan.adapter in ("lora", "qlora")
+    assert report.best.peak_bytes <= budget
+    default = memlab.fit(model, batch, budget=budget, steps=1, progress=False,
+                         space={"precision": ["fp32"], "micro_batch": [8]})
+    assert all(t.plan.adapter == "none" for t in default.trials)
