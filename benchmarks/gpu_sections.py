@@ -528,14 +528,17 @@ def cumulative_plans() -> list[tuple[str, Any]]:
 
 def section_cumulative(size: str, device: torch.device) -> dict[str, Any]:
     """6. The levers that have landed, one on top of the other, on a Llama-3.2-1B-sized model at sequence 2048."""
+    return cumulative(SIZES[size]["cumulative"], device, steps=max(2, SIZES[size]["timed_steps"] - 2))
+
+
+def cumulative(shape: Llama, device: torch.device, *, steps: int) -> dict[str, Any]:
+    """The rows of :func:`cumulative_plans` on a Llama of ``shape``, with their checks."""
     import memlab
 
-    shape: Llama = SIZES[size]["cumulative"]
     model = build_llama(shape, device)
     batch = token_batch(shape.vocab, shape.rows, shape.length, device)
     named = cumulative_plans()
-    report = memlab.compare(model, batch, [plan for _, plan in named], steps=max(2, SIZES[size]["timed_steps"] - 2),
-                            warmup=1, progress=False)
+    report = memlab.compare(model, batch, [plan for _, plan in named], steps=steps, warmup=1, progress=False)
     base = report.trials[0]
     rows = [{"step": name, **trial_row(trial, base)} for (name, _), trial in zip(named, report.trials, strict=True)]
     checks = Checks()

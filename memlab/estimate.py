@@ -48,7 +48,9 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from memlab.batch import Batch, LossFn
 from memlab.errors import MemlabError
+from memlab.estimate_adapters import attach_fake_adapter
 from memlab.measure.probes import FakeProbe
+from memlab.measure.tracker import CATEGORIES
 from memlab.module_state import trainable_parameters
 from memlab.options import RunOptions
 from memlab.plan import Plan, parse_budget
@@ -215,11 +217,33 @@ def estimate_plans(
     trials = []
     with mode, runner.session():
         for plan in plans:
+            if plan.adapter != "none":
+                trial = _adapter_trial(runner, model, plan, mode, kernels)
+                trials.append(_as_estimate(trial, target, kernels, limit))
+                continue
             trial = runner.run(plan)
             if trial.status == "error" and plan.optimizer == "adamw8bit":
                 trial = _computed_8bit_trial(runner, plan, trial, model)
             trials.append(_as_estimate(trial, target, kernels, limit))
     return Report(trials, budget=limit)
+
+
+def _adapter_trial(
+    runner: TrialRunner, model: nn.Module, plan: Plan, mode: FakeTensorMode, device: torch.device
+) -> Trial:
+    """A dry run of an adapter plan: the adapters are put on the fake model here (see
+    :mod:`memlab.estimate_adapters`), and the runner trains what they leave trainable."""
+    try:
+        undo = attach_fake_adapter(model, plan, mode, device)
+    except Exception as error:  # noqa: BLE001 - reported as the plan's estimate, like any failure of a plan
+        return Trial(plan, "error", 0, {c: 0 for c in CATEGORIES}, None, None, None, str(device),
+                     error=f"{type(error).__name__}: {_first_line(error)}")
+    try:
+        trial = runner.run(plan.replace(adapter="none"))
+    finally:
+        undo()
+    note = "4-bit weights counted from bitsandbytes' NF4 layout" if plan.adapter == "qlora" else ""
+    return dataclasses.replace(trial, plan=plan, notes=(*trial.notes, *([note] if note else [])))
 
 
 def fake_batch(batch: Any, mode: FakeTensorMode, device: str | torch.device = "cpu") -> Batch:

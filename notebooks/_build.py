@@ -1127,6 +1127,122 @@ NB07 = [
 ]
 
 
+# --- 08 LoRA and QLoRA ---------------------------------------------------------------------------------------
+
+NB08 = [
+    *start(
+        "# 08 · LoRA, QLoRA and pure bf16",
+        """
+        A full fine-tune trains every weight, so every weight needs a gradient and AdamW's two moments: 16 bytes per
+        parameter in fp32, about 112 GB for a 7B model before a single activation. Three levers change what is
+        trained and how it is stored:
+
+        | lever | what changes | bytes per base parameter |
+        |---|---|---|
+        | `weights="bf16"` | weights, gradients and optimizer state in bf16, no fp32 copy | 8 |
+        | `adapter="lora"` | the base is frozen; small low-rank adapters (peft) train beside each linear layer | 4 (the frozen weights) |
+        | `adapter="qlora"` | as LoRA, and the frozen linear weights are held in 4-bit NF4 (bitsandbytes) | about 0.5 |
+
+        LoRA adds, next to a linear layer `W` (d_out x d_in), two thin matrices `B` (d_out x r) and `A` (r x d_in)
+        and trains only those: r x (d_in + d_out) numbers instead of d_in x d_out. memlab puts the adapters on
+        the live model for a trial and takes them off again: your model comes back exactly as it was.
+        """,
+        imports=("import copy", "import plotly.graph_objects as go"),
+        extra_parameters="""
+        rank = 8           # LoRA rank
+        curve_steps = 20   # optimizer steps in the loss-curve run
+        lr = 1e-3          # learning rate of that run
+        """,
+    ),
+    md("## Four ways to train the same model, measured"),
+    code(
+        """
+        plans = [
+            memlab.Plan(),
+            memlab.Plan(weights="bf16"),
+            memlab.Plan(adapter="lora", lora_rank=rank),
+            memlab.Plan(adapter="qlora", lora_rank=rank),
+        ]
+        report = memlab.compare(model, batch, plans, steps=steps)
+        report
+        """
+    ),
+    code("report.plot()"),
+    code(
+        """
+        full, bf16, lora, qlora = report
+        for trial in report:
+            trained = trial.breakdown["grads"] + trial.breakdown["optimizer"]
+            print(f"{trial.label:14} weights {human(trial.breakdown['params']):>12}   "
+                  f"optimizer state {human(trial.breakdown['optimizer']):>12}")
+        trainable = sum(
+            rank * (m.in_features + m.out_features)
+            for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings()
+        )
+        print(f"LoRA trains {trainable:,} numbers, {trainable / n_params:.1%} of the model's {n_params:,}")
+        """
+    ),
+    md(
+        """
+        On a model this small the embedding and the output head (which get no adapter and are not quantized)
+        are a large share of the weights; on a 7B model the linear layers hold almost all of them, and QLoRA's
+        weights come close to an eighth of fp32.
+
+        ## Does a LoRA model learn?
+
+        `memlab.apply` puts the plan on a copy of the model for real training. Only the adapters are in the
+        optimizer; the loss on a repeated batch still falls.
+        """
+    ),
+    code(
+        """
+        def train(plan):
+            twin = copy.deepcopy(model)
+            with memlab.apply(twin, plan, lr=lr) as applied:
+                names = {id(p): n for n, p in twin.named_parameters()}
+                trained = [names[id(p)] for g in applied.optimizer.param_groups for p in g["params"]]
+                losses = [applied.step(batch) for _ in range(curve_steps)]
+            return trained, losses
+
+
+        curves = {}
+        for plan in (memlab.Plan(), memlab.Plan(adapter="lora", lora_rank=rank)):
+            trained, curves[plan.label()] = train(plan)
+            print(f"{plan.label():8} trains {len(trained)} tensors, e.g. {trained[0]}")
+        fig = go.Figure([go.Scatter(y=losses, name=name, mode="lines+markers") for name, losses in curves.items()])
+        fig.update_layout(title="Full fine-tune against LoRA", xaxis_title="optimizer step", yaxis_title="loss")
+        fig
+        """
+    ),
+    md(
+        """
+        To train this way outside memlab, `plan.to_code()` writes the lines (peft's `get_peft_model`, and for
+        QLoRA the `BitsAndBytesConfig` to load the model with), and `plan.to_peft_config()` gives the
+        `LoraConfig` itself.
+        """
+    ),
+    code('print(memlab.Plan(adapter="qlora", lora_rank=rank, precision="bf16").to_code()[:900])'),
+    *exercise(
+        """
+        How does the optimizer state grow with the rank? Measure LoRA at ranks 2, 8 and 32 and compare the
+        optimizer bytes with the count `2 x 4 bytes x rank x (d_in + d_out)` summed over the linear layers.
+        """,
+        """
+        ranks = [2, 8, 32]
+        sweep = memlab.compare(model, batch, [memlab.Plan(adapter="lora", lora_rank=r) for r in ranks], steps=1)
+        linears = [
+            m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings()
+        ]
+        for r, trial in zip(ranks, sweep):
+            counted = sum(8 * r * (m.in_features + m.out_features) for m in linears)
+            print(f"rank {r:3}: optimizer {human(trial.breakdown['optimizer']):>12}, counted {human(counted):>12}")
+        # The optimizer bytes grow in proportion to the rank (plus AdamW's step counters, a few bytes per tensor).
+        """,
+    ),
+]
+
+
 NOTEBOOKS: dict[str, list[NotebookNode]] = {
     "00_where_memory_goes.ipynb": NB00,
     "01_gradient_accumulation.ipynb": NB01,
@@ -1136,6 +1252,7 @@ NOTEBOOKS: dict[str, list[NotebookNode]] = {
     "05_offload.ipynb": NB05,
     "06_memfit_and_panel.ipynb": NB06,
     "07_will_7b_fit.ipynb": NB07,
+    "08_lora_and_qlora.ipynb": NB08,
 }
 
 

@@ -81,7 +81,7 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     parked: list[tuple[torch.Tensor, torch.device]] = []
     try:
         if plan.adapter == "qlora":
-            parked = _quantize(model, targets, _compute_dtype(plan))
+            parked = _quantize(model, targets, compute_dtype(plan))
         config = LoraConfig(r=plan.lora_rank, lora_alpha=2 * plan.lora_rank, lora_dropout=0.0, target_modules=targets)
         inject_adapter_in_model(config, model)
         if plan.weights != "bf16":
@@ -112,7 +112,13 @@ def _put_back(structure: ModuleStructure, parked: list[tuple[torch.Tensor, torch
         weight.data = weight.data.to(device)
 
 
-def _compute_dtype(plan: Plan) -> torch.dtype:
+def compute_dtype(plan: Plan) -> torch.dtype:
+    """The dtype a QLoRA base computes in: the plan's half precision (autocast or pure bf16), else fp32.
+
+    Example:
+        >>> compute_dtype(Plan(adapter="qlora", precision="bf16"))
+        torch.bfloat16
+    """
     if plan.precision == "bf16" or plan.weights == "bf16":
         return torch.bfloat16
     if plan.precision == "fp16":

@@ -108,3 +108,23 @@ def test_fit_searches_adapters_only_when_asked():
     default = memlab.fit(model, batch, budget=budget, steps=1, progress=False,
                          space={"precision": ["fp32"], "micro_batch": [8]})
     assert all(t.plan.adapter == "none" for t in default.trials)
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [PURE_BF16, LORA, QLORA, memlab.Plan(adapter="qlora", lora_rank=8, precision="bf16", checkpointing=True)],
+    ids=["bf16-weights", "lora", "qlora", "qlora-bf16-ckpt"],
+)
+def test_estimate_of_each_fine_tuning_lever_is_within_10_percent_of_measure(plan):
+    model, batch = tiny_llama(width=128), lm_batch()
+    before = fingerprint(model)
+    measured = memlab.measure(model, batch, plan, steps=1, progress=False)
+    estimated = memlab.estimate(model, batch, plan)
+    assert estimated.status == "ok", estimated.error
+    assert estimated.plan == plan and estimated.estimated
+    # What other tests left alive in this process counts in a measured peak (held before), never in an estimate.
+    peak = measured.peak_bytes - measured.preexisting_bytes
+    assert abs(estimated.peak_bytes / peak - 1) <= 0.10, (estimated.peak_bytes, peak)
+    for category in ("params", "optimizer"):
+        assert abs(estimated.breakdown[category] - measured.breakdown[category]) <= 0.05 * measured.peak_bytes
+    assert_same(before, fingerprint(model))

@@ -134,3 +134,12 @@ def test_the_readme_gpu_tables_are_made_from_the_committed_gpu_result(load: Any)
         if "hf_table" in data["parts"]:
             table = json.loads((path.parent / data["parts"]["hf_table"]["file"]).read_text())
             assert table["markdown"] in readme
+
+
+def test_cumulative(load: Any, tmp_path: Path) -> None:
+    result = load("cumulative").main(["--smoke", "--device", "cpu", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "cumulative-cpu-smoke.json").read_text())
+    assert data["benchmark"] == "cumulative" and data["markdown"] == result["markdown"]
+    steps = [row["step"] for row in data["rows"]]
+    assert steps[0] == "fp32 AdamW (baseline)" and any("QLoRA" in step for step in steps)
+    assert all(row["status"] == "ok" for row in data["rows"]), [row["error"] for row in data["rows"]]

@@ -451,3 +451,23 @@ def test_the_memlab_command_runs_estimate(tmp_path, capsys):
     assert "ok (estimate)" in capsys.readouterr().out
     assert cli.main(["estimate", "llama-7b", "--batch", "1 by 512"]) == 2
     assert "is not ROWSxTOKENS" in capsys.readouterr().err
+
+
+def test_the_cli_compares_full_fine_tuning_with_lora_and_qlora(tmp_path):
+    from memlab import estimate_cli
+
+    path = _tiny_config_json(tmp_path)
+    parser = argparse.ArgumentParser(prog="memlab estimate")
+    estimate_cli.add_arguments(parser)
+    args = parser.parse_args(
+        ["my-org/tiny", "--config", path, "--batch", "2x64", "--device", "cpu", "--json",
+         "--try", "adapter=none,lora,qlora"]
+    )
+    out = io.StringIO()
+    assert estimate_cli.run(args, out=out, err=io.StringIO()) == 0
+    trials = json.loads(out.getvalue())["trials"]
+    assert [t["adapter"] for t in trials] == ["none", "lora", "qlora"]
+    assert all(t["status"] == "ok" for t in trials)
+    full, lora, qlora = trials
+    assert lora["optimizer_bytes"] < full["optimizer_bytes"]  # a tiny model: adapters are a large share here
+    assert qlora["params_bytes"] < lora["params_bytes"]

@@ -96,21 +96,25 @@ def test_a_snapshot_copies_only_trainable_parameters_and_buffers() -> None:
 
 
 def test_a_compare_on_a_frozen_base_copies_little_and_restores_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memlab.options import RunOptions
+    from memlab.trial import TrialRunner
+
     model = _frozen_base()
-    copied: list[int] = []
+    captures: list[int] = []
     real_capture = ModelValues.capture.__func__  # type: ignore[attr-defined]
 
-    def counting_capture(cls: type[ModelValues], m: torch.nn.Module) -> ModelValues:
-        values = real_capture(cls, m)
-        copied.append(values.host_bytes)
-        return values
+    def counting_capture(cls: type[ModelValues], m: torch.nn.Module, **keywords: bool) -> ModelValues:
+        captures.append(1)
+        return real_capture(cls, m, **keywords)
 
     monkeypatch.setattr(ModelValues, "capture", classmethod(counting_capture))
     before = fingerprint(model)
-    report = memlab.compare(model, lm_batch(rows=2), [memlab.Plan(), memlab.Plan(checkpointing=True)], steps=1,
-                            progress=False)
-    assert [t.status for t in report] == ["ok", "ok"]
+    runner = TrialRunner(model, lm_batch(rows=2), RunOptions(steps=1, progress=False))
+    with runner.session():
+        trials = [runner.run(plan) for plan in (memlab.Plan(), memlab.Plan(checkpointing=True))]
+        copied = runner.snapshot_bytes
+    assert [t.status for t in trials] == ["ok", "ok"]
     trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    assert copied == [trainable + buffers]  # once per compare, never the frozen weights
+    assert captures == [1] and copied == trainable + buffers  # once per session, never the frozen weights
     assert_same(before, fingerprint(model))

@@ -32,6 +32,7 @@ ALL_NOTEBOOKS_S = 600
 SMALL = {"hidden": 32, "layers": 2, "vocab": 128, "rows": 4, "seq_len": 16, "steps": 1}
 OVERRIDES = {
     "04_8bit_adam.ipynb": {**SMALL, "curve_steps": 5},
+    "08_lora_and_qlora.ipynb": {**SMALL, "curve_steps": 5},
     "07_will_7b_fit.ipynb": {
         "hidden": 64,
         "layers": 2,

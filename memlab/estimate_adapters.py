@@ -1,0 +1,130 @@
+"""LoRA and QLoRA on a model of fake tensors, for dry runs.
+
+peft builds its adapters with ``Module.to``, which cannot move parameters between fake tensors, and bitsandbytes'
+4-bit weights cannot be fake tensors at all. So the adapters are built outside the fake mode on the fake model (they
+are small) and then made fake; and for QLoRA each target layer is first replaced by :class:`FakeNF4Linear`, which
+holds the bytes an NF4 weight takes (packed 4-bit values and their block scales) and dequantizes into a temporary
+in forward and again in backward, as bitsandbytes' kernels do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+
+from memlab.module_state import ModuleStructure
+from memlab.plan import Plan
+from memlab.techniques.adapters import adapter_targets, attach_adapter, compute_dtype
+
+Undo = Callable[[], None]
+
+NF4_BLOCK = 64
+"""Values per block scale of bitsandbytes' 4-bit quantization (``Params4bit``'s default blocksize)."""
+NESTED_BLOCK = 256
+"""Block scales per second-level scale (``compress_statistics=True``, bitsandbytes' default)."""
+
+
+def nf4_bytes(numel: int) -> int:
+    """Bytes of one NF4 weight of ``numel`` values as bitsandbytes stores it: the packed values, one 8-bit scale per
+    block of 64 (double quantization) and one fp32 scale per 256 of those.
+
+    Example:
+        >>> nf4_bytes(4096 * 4096) / (4096 * 4096 * 4)  # against fp32
+        0.1279...
+    """
+    blocks = math.ceil(numel / NF4_BLOCK)
+    return (numel + 1) // 2 + blocks + 4 * math.ceil(blocks / NESTED_BLOCK)
+
+
+class FakeNF4Linear(nn.Linear):
+    """A linear layer whose weight is NF4, for fake tensors: the 4-bit storage as a frozen uint8 parameter and its
+    scales as buffers; ``forward`` dequantizes into a ``compute_dtype`` temporary (never kept for backward)."""
+
+    def __init__(self, original: nn.Linear, dtype: torch.dtype, mode: FakeTensorMode, device: torch.device) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = original.in_features, original.out_features
+        self.compute_dtype = dtype
+        numel = self.in_features * self.out_features
+        blocks = math.ceil(numel / NF4_BLOCK)
+        with mode:
+            packed = torch.empty(((numel + 1) // 2, 1), dtype=torch.uint8, device=device)
+            scales = torch.empty(blocks, dtype=torch.uint8, device=device)
+            nested = torch.empty(math.ceil(blocks / NESTED_BLOCK), dtype=torch.float32, device=device)
+        self.weight = nn.Parameter(packed, requires_grad=False)
+        self.bias = original.bias
+        self.register_buffer("block_scales", scales, persistent=False)
+        self.register_buffer("nested_scales", nested, persistent=False)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        # As Linear4bit.forward: in at the compute dtype, out at the input's dtype.
+        computed = inputs.to(self.compute_dtype)
+        output: torch.Tensor = _DequantizedLinear.apply(computed, self.out_features, self.compute_dtype)
+        if self.bias is not None:
+            output = output + self.bias.to(self.compute_dtype)
+        return output.to(inputs.dtype)
+
+
+class _DequantizedLinear(torch.autograd.Function):
+    """``inputs @ W.T`` with ``W`` dequantized into a temporary in forward and again in backward (bitsandbytes'
+    ``MatMul4Bit`` saves no dequantized weight for backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, inputs: torch.Tensor, out_features: int, dtype: torch.dtype) -> torch.Tensor:
+        ctx.shape = (out_features, inputs.shape[-1])
+        ctx.dtypes = (dtype, inputs.dtype)
+        weight = torch.empty(ctx.shape, dtype=dtype, device=inputs.device)
+        return torch.nn.functional.linear(inputs.to(dtype), weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        dtype, input_dtype = ctx.dtypes
+        weight = torch.empty(ctx.shape, dtype=dtype, device=grad.device)
+        return (grad.to(dtype) @ weight).to(input_dtype), None, None
+
+
+def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, device: torch.device) -> Undo:
+    """Put the plan's adapters on a model of fake tensors; the returned function takes them off again.
+
+    Example:
+        >>> from memlab.estimate import estimate
+        >>> model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+        >>> trial = estimate(model, torch.randn(8, 64), Plan(adapter="qlora", lora_rank=4),
+        ...                  loss_fn=lambda m, b: m(b).mean())
+        >>> trial.status, trial.breakdown["optimizer"] > 0
+        ('ok', True)
+    """
+    structure = ModuleStructure.capture(model)
+    try:
+        if plan.adapter == "qlora":
+            dtype = compute_dtype(plan)
+            for name in adapter_targets(model):
+                parent_name, _, child = name.rpartition(".")
+                parent = model.get_submodule(parent_name) if parent_name else model
+                setattr(parent, child, FakeNF4Linear(model.get_submodule(name), dtype, mode, device))  # type: ignore[arg-type]
+        with unset_fake_temporarily():
+            undo_peft = attach_adapter(model, plan.replace(adapter="lora"))
+        _make_fake(model, mode)
+    except BaseException:
+        structure.restore()
+        raise
+
+    def undo() -> None:
+        if undo_peft is not None:
+            undo_peft()
+        structure.restore()
+
+    return undo
+
+
+def _make_fake(model: nn.Module, mode: FakeTensorMode) -> None:
+    """Replace every real parameter (the adapters just built) by a fake twin."""
+    for module in model.modules():
+        for name, parameter in list(module._parameters.items()):
+            if parameter is not None and not isinstance(parameter, FakeTensor):
+                fake = mode.from_tensor(parameter.detach())
+                module._parameters[name] = nn.Parameter(fake, requires_grad=parameter.requires_grad)
