@@ -1140,8 +1140,8 @@ NB08 = [
         | lever | what changes | bytes per base parameter |
         |---|---|---|
         | `weights="bf16"` | weights, gradients and optimizer state in bf16, no fp32 copy | 8 |
-        | `adapter="lora"` | the base is frozen; small low-rank adapters (peft) train beside each linear layer | 4 (the frozen weights) |
-        | `adapter="qlora"` | as LoRA, and the frozen linear weights are held in 4-bit NF4 (bitsandbytes) | about 0.5 |
+        | `adapter="lora"` | the base is frozen; small adapters (peft) train beside each linear layer | 4 (frozen) |
+        | `adapter="qlora"` | as LoRA, with the frozen linear weights in 4-bit NF4 (bitsandbytes) | about 0.5 |
 
         LoRA adds, next to a linear layer `W` (d_out x d_in), two thin matrices `B` (d_out x r) and `A` (r x d_in)
         and trains only those: r x (d_in + d_out) numbers instead of d_in x d_out. memlab puts the adapters on
