@@ -1105,11 +1105,28 @@ NB07 = [
     ),
     md(
         """
-        If none fits, the techniques in this cookbook are not enough on their own for full fine-tuning at this
-        size. The usual next steps: train a small adapter and freeze the weights (LoRA; frozen weights need no
-        gradients or optimizer state and can be stored in 16 or 4 bits), shard the model state across several
-        GPUs (ZeRO, FSDP), or offload the optimizer state to CPU memory (notebook 05), which the estimate
-        can show on a machine that has a GPU.
+        If none fits, full fine-tuning at this size needs more than these techniques. The usual next step is to
+        freeze the weights and train small adapters (LoRA; notebook 08): frozen weights need no gradients or
+        optimizer state, and QLoRA stores them in 4 bits. The estimate covers both: peft's adapters and the
+        4-bit weights' bytes, still on fake tensors. (Other ways out: shard the model state across several GPUs,
+        ZeRO or FSDP, or offload the optimizer state to CPU memory, notebook 05.)
+
+        ## What LoRA and QLoRA change
+        """
+    ),
+    code(
+        """
+        tuned = [
+            memlab.Plan(precision="bf16", checkpointing=True),
+            memlab.Plan(precision="bf16", checkpointing=True, adapter="lora"),
+            memlab.Plan(precision="bf16", checkpointing=True, adapter="qlora"),
+        ]
+        adapters = memlab.Report(
+            [memlab.estimate(config, shapes, p, budget=budget, device="cuda") for p in tuned], budget=limit
+        )
+        for trial in adapters:
+            parts = ", ".join(f"{k} {trial.breakdown[k] / 2**30:.1f}" for k in ("params", "grads", "optimizer"))
+            print(f"{trial.label:22} peak {trial.peak_bytes / 2**30:6.1f} GiB ({parts} GiB)")
         """
     ),
     *exercise(

@@ -191,6 +191,8 @@ class Report:
         trials: the trials, in the order they ran.
         budget: the memory budget in bytes the trials were compared against, if any.
         skipped: plans a search chose not to measure, each with the reason (e.g. predicted not to fit).
+        suggestions: when nothing in a fit's space fits, plans outside it (adapters, pure bf16) estimated to fit,
+            as estimated Trials, the one expected fastest first.
 
     Example:
         >>> fast = Trial(Plan(), "ok", 900, {"params": 900}, 0.5, 8.0, None, "cpu")
@@ -203,6 +205,7 @@ class Report:
     trials: list[Trial] = field(default_factory=list)
     budget: int | None = None
     skipped: list[tuple[Plan, str]] = field(default_factory=list)
+    suggestions: list[Trial] = field(default_factory=list)
 
     def fits(self, trial: Trial) -> bool:
         """Whether ``trial`` fits: its own budget (:attr:`Trial.fits`) and this report's budget, if set.
@@ -299,7 +302,8 @@ class Report:
             data["fits"] = self.fits(trial)
             trials.append(data)
         skipped = [{"plan": dataclasses.asdict(plan), "reason": reason} for plan, reason in self.skipped]
-        return {"budget": self.budget, "trials": trials, "skipped": skipped}
+        suggestions = [trial.to_dict() for trial in self.suggestions]
+        return {"budget": self.budget, "trials": trials, "skipped": skipped, "suggestions": suggestions}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
@@ -312,7 +316,8 @@ class Report:
         """
         skipped = [(Plan(**item["plan"]), str(item["reason"])) for item in data.get("skipped", [])]
         trials = [Trial.from_dict(item) for item in data.get("trials", [])]
-        return cls(trials, budget=data.get("budget"), skipped=skipped)
+        suggestions = [Trial.from_dict(item) for item in data.get("suggestions", [])]
+        return cls(trials, budget=data.get("budget"), skipped=skipped, suggestions=suggestions)
 
     def to_json(self, indent: int | None = 2) -> str:
         """The report as a JSON string (see :meth:`to_dict`); :meth:`from_json` reads it back.

@@ -72,6 +72,9 @@ def footer_lines(report: Report) -> list[str]:
             lines.append("As fast within measurement noise: " + ", ".join(trial.label for trial in ties))
     elif report.trials:
         lines.append("Best: none of these fits")
+        if report.suggestions:
+            named = ", ".join(f"{t.label} (estimated {format_bytes(t.peak_bytes)})" for t in report.suggestions)
+            lines.append(f"Estimated to fit, outside the searched space: {named}")
     if report.budget is not None:
         lines.append(f"Budget: {format_bytes(report.budget)}")
     held = max((trial.preexisting_bytes for trial in report.trials), default=0)

@@ -18,6 +18,7 @@ from memlab.report import Report, Trial
 from memlab.search.space import candidate_plans, default_space, fits
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search
+from memlab.search.suggest import suggestions
 from memlab.trial import TrialRunner, keep_on_interrupt, progress_bar
 
 __all__ = ["fit"]
@@ -40,7 +41,8 @@ def fit(
     limited by the device); every other plan runs capped at the budget, as ``measure(..., budget=budget)`` does.
     Every trial is judged against the budget (the first one too), so ``trial.fits`` agrees with
     ``report.fits(trial)``. The returned Report holds every measured trial in order; its ``best`` is the answer
-    (None when nothing fits), and its ``skipped`` lists the plans not measured with the reason. Ctrl-C stops the
+    (None when nothing fits; then ``suggestions`` holds plans outside the space, such as LoRA, estimated to fit), and
+    its ``skipped`` lists the plans not measured with the reason. Ctrl-C stops the
     search; the KeyboardInterrupt carries the trials measured so far as ``.report``.
 
     Args:
@@ -111,7 +113,10 @@ def fit(
 
             search = Search(candidates, budget=budget, batch_size=batch_size, trainable_bytes=trainable, prior=prior)
             result = search.run(measure, on_step=advance)
-    return Report(result.trials, budget=budget, skipped=result.skipped)
+    report = Report(result.trials, budget=budget, skipped=result.skipped)
+    if report.best is None:
+        report.suggestions = suggestions(model, batch, result.trials, resolved_space, run_options, prior)
+    return report
 
 
 def fits_only_uncapped(trial: Trial, budget: int) -> bool:

@@ -128,3 +128,18 @@ def test_estimate_of_each_fine_tuning_lever_is_within_10_percent_of_measure(plan
     for category in ("params", "optimizer"):
         assert abs(estimated.breakdown[category] - measured.breakdown[category]) <= 0.05 * measured.peak_bytes
     assert_same(before, fingerprint(model))
+
+
+def test_when_nothing_fits_fit_suggests_the_levers_outside_its_space():
+    model, batch = tiny_llama(width=256), lm_batch()
+    lora = memlab.measure(model, batch, memlab.Plan(adapter="lora"), steps=1, progress=False)
+    budget = int((lora.peak_bytes - lora.preexisting_bytes) * 1.3)  # LoRA fits; no full fine-tune can
+    report = memlab.fit(model, batch, budget=budget, steps=1, progress=False,
+                        space={"precision": ["fp32"], "micro_batch": [8], "optimizer": ["adamw"]})
+    assert report.best is None
+    suggested = [t.plan.adapter for t in report.suggestions]
+    assert "lora" in suggested and "qlora" in suggested
+    assert all(t.estimated and t.peak_bytes <= budget for t in report.suggestions)
+    assert suggested.index("lora") < suggested.index("qlora")  # LoRA is expected faster: named first
+    assert "Estimated to fit, outside the searched space: lora" in report.to_text()
+    assert memlab.Report.from_dict(report.to_dict()).suggestions == report.suggestions

@@ -1,0 +1,66 @@
+"""When nothing in a fit's space fits: plans outside it that change what is trained, estimated on fake tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from memlab.batch import Batch
+from memlab.options import RunOptions
+from memlab.plan import Plan
+from memlab.report import Trial
+from memlab.search.speed import SpeedPrior
+
+# What fit leaves out of its default space because it changes what is trained: each as the plan fields it sets.
+OUTSIDE_THE_SPACE: tuple[dict[str, Any], ...] = (
+    {"weights": "bf16"},
+    {"adapter": "lora"},
+    {"adapter": "qlora"},
+)
+
+
+def alternatives(measured: Sequence[Trial], space: Mapping[str, Sequence[Any]]) -> list[Plan]:
+    """The plans to suggest from: the measured plan with the lowest peak, with each lever the space left out.
+
+    Example:
+        >>> from memlab.report import Trial
+        >>> low = Trial(Plan(checkpointing=True), "oom", 90, {}, None, None, None, "cpu")
+        >>> [p.label() for p in alternatives([low], {"checkpointing": [False, True]})]
+        ['ckpt bf16-weights', 'ckpt lora', 'ckpt qlora']
+    """
+    if not measured:
+        return []
+    base = min(measured, key=lambda trial: trial.peak_bytes).plan
+    plans = []
+    for changes in OUTSIDE_THE_SPACE:
+        if any(value in space.get(name, ()) for name, value in changes.items()):
+            continue  # the user searched this lever already
+        plans.append(base.replace(**changes))
+    return plans
+
+
+def suggestions(
+    model: nn.Module, batch: Batch, measured: Sequence[Trial], space: Mapping[str, Sequence[Any]],
+    options: RunOptions, prior: SpeedPrior,
+) -> list[Trial]:
+    """Estimates of :func:`alternatives` that fit the budget, the one the speed prior expects fastest first."""
+    from memlab.estimate import estimate_plans  # imported here: estimate builds on the search's runner
+
+    plans = alternatives(measured, space)
+    if not plans or options.budget is None:
+        return []
+    device = next(model.parameters()).device
+    report = estimate_plans(
+        model, batch, plans, loss_fn=options.loss_fn, budget=options.budget, lr=options.lr, device=device.type
+    )
+    fitting = [trial for trial in report.trials if trial.status == "ok" and trial.fits]
+
+    def expected_speed(trial: Trial) -> float:
+        speed = 1.0
+        for name in ("weights", "adapter"):
+            speed *= prior.ratio(name, getattr(trial.plan, name))
+        return speed
+
+    return sorted(fitting, key=expected_speed, reverse=True)
