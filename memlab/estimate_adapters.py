@@ -35,7 +35,7 @@ def nf4_bytes(numel: int) -> int:
 
     Example:
         >>> nf4_bytes(4096 * 4096) / (4096 * 4096 * 4)  # against fp32
-        0.1279...
+        0.1289...
     """
     blocks = math.ceil(numel / NF4_BLOCK)
     return (numel + 1) // 2 + blocks + 4 * math.ceil(blocks / NESTED_BLOCK)

@@ -34,10 +34,11 @@ _LEFT = ("best", "plan", "status", "notes")
 def table_rows(report: Report) -> list[dict[str, str]]:
     """Each trial as formatted cells: best mark, plan, status, peak, categories, time/step, rates, notes."""
     best = report.best
+    shared = shared_notes(report)
     rows = []
     for trial in report.trials:
         status = status_text(trial, report.fits(trial))
-        notes = list(trial.notes)
+        notes = [note for note in trial.notes if note not in shared]
         if trial.error:
             notes.insert(0, one_line(trial.error))
         peak = format_bytes(trial.peak_bytes) if trial.status != "error" else "-"
@@ -59,6 +60,22 @@ def table_rows(report: Report) -> list[dict[str, str]]:
         )
         rows.append(row)
     return rows
+
+def shared_notes(report: Report) -> list[str]:
+    """The notes every trial of a report (of two or more) carries: said once under the table, not on each row.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> a = Trial(Plan(), "ok", 1, {}, None, None, None, "cuda", notes=("estimated", "a"))
+        >>> shared_notes(Report([a, Trial(Plan(checkpointing=True), "ok", 1, {}, None, None, None, "cuda",
+        ...                                 notes=("estimated",))]))
+        ['estimated']
+    """
+    if len(report.trials) < 2:
+        return []
+    first, *others = report.trials
+    return [note for note in first.notes if all(note in trial.notes for trial in others)]
+
 
 def footer_lines(report: Report) -> list[str]:
     """The summary under a table: the best plan, the budget, memory held before, devices, skipped plans."""
@@ -88,6 +105,7 @@ def footer_lines(report: Report) -> list[str]:
         lines.append("Device: " + ", ".join(devices))
     if any(trial.estimated for trial in report.trials):
         lines.append("Estimated: dry run on fake tensors, no step was timed")
+    lines += [f"Note: {note}" for note in shared_notes(report)]
     if report.skipped:
         kinds = Counter(reason.split(":", 1)[0].strip() for _, reason in report.skipped)
         counted = ", ".join(f"{count} {kind}" for kind, count in kinds.most_common())

@@ -19,7 +19,10 @@ from memlab.plan import Plan
 from memlab.report import CATEGORIES, Report
 
 MIB = 1024**2
-TECHNIQUES = ("micro_batch", "accumulation", "checkpointing", "precision", "optimizer", "offload", "budget")
+TECHNIQUES = (
+    "micro_batch", "accumulation", "checkpointing", "precision", "weights", "optimizer", "offload", "adapter",
+    "lora_rank", "budget",
+)
 
 
 def small_batch() -> dict[str, torch.Tensor]:
@@ -180,3 +183,13 @@ def test_effective_batch_and_plan_follow_the_controls() -> None:
 def test_a_batch_that_needs_a_loss_fn_says_so_when_the_panel_is_built() -> None:
     with pytest.raises(MemlabError, match="loss_fn"):
         panel(torch.nn.Linear(4, 1), torch.randn(8, 4))
+
+
+def test_the_fine_tuning_levers_have_controls_and_make_plans() -> None:
+    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    assert list(p.controls["adapter"].options) == ["none", "lora", "qlora"]
+    assert list(p.controls["weights"].options) == ["fp32", "bf16"]
+    assert p.controls["lora_rank"].description == "lora-rank" and p.controls["lora_rank"].value == 16
+    p.controls["adapter"].value = "lora"
+    p.controls["lora_rank"].value = 4
+    assert p.plan() == Plan(adapter="lora", lora_rank=4)
