@@ -180,11 +180,25 @@ def _on_device(batch: Batch, device: torch.device) -> Batch:
     return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True))
 
 
+def model_weights(plan: Plan, parameters: list[nn.Parameter]) -> str | None:
+    """``"bf16"`` or ``"fp16"`` when the plan keeps the model's dtypes and the model's trained weights are all
+    held in that dtype (loaded so); None otherwise.
+
+    Example:
+        >>> model_weights(Plan(), [nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))])
+        'bf16'
+    """
+    if plan.weights != "fp32" or plan.adapter != "none" or not parameters:
+        return None
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+        if all(p.dtype == dtype for p in parameters):
+            return name
+    return None
+
+
 def _weights_notes(plan: Plan, parameters: list[nn.Parameter]) -> list[str]:
     """A note when the model itself is held in bf16, so that weights='fp32' trains bf16 weights anyway."""
-    if plan.weights == "fp32" and plan.adapter == "none" and parameters and all(
-        p.dtype == torch.bfloat16 for p in parameters
-    ):
+    if model_weights(plan, parameters) == "bf16":
         return ["the model's weights are bf16 (loaded in bf16): this trains pure bf16, as weights='bf16' does"]
     return []
 

@@ -32,7 +32,7 @@ from memlab.module_state import ModelValues, ModuleStructure, trainable_paramete
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
 from memlab.report import Report, Trial
-from memlab.step import TrainingStep
+from memlab.step import TrainingStep, model_weights
 from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import state_tensors
 
@@ -240,6 +240,7 @@ class TrialRunner:
                 optimizer_device_type=self.probe.optimizer_device_type,
             )
             record.notes.extend(step.notes)
+            record.model_weights = model_weights(plan, step.parameters)
             with self.probe.cap(limit):
                 self._warm_up(step, plan, index, limit, record)
                 self._tracked_step(step, plan, index, limit, record)
@@ -385,6 +386,7 @@ class _Record:
         self.held_before_bytes = held_before_bytes
         self.step_times: list[float] = []
         self.notes: list[str] = []
+        self.model_weights: str | None = None
 
     def fail(self, error: BaseException) -> None:
         self.status = "oom" if is_oom_error(error) else "error"
@@ -419,6 +421,7 @@ class _Record:
             preexisting_bytes=self.held_before_bytes,
             notes=tuple(dict.fromkeys(self.notes)),
             step_times=tuple(self.step_times) if self.status == "ok" else (),
+            model_weights=self.model_weights,
         )
 
 

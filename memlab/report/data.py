@@ -48,6 +48,8 @@ class Trial:
         notes: remarks for the reader, such as ``"fp16 on CPU is slow"``.
         estimated: True for dry-run estimates (no real step ran).
         step_times: every timed step's seconds, in order (their median is ``step_time_s``).
+        model_weights: ``"bf16"`` or ``"fp16"`` where the model itself holds its trained weights in that dtype (loaded
+            so) while the plan keeps the model's dtypes; the label then says so. None otherwise.
 
     Example:
         >>> t = Trial(Plan(precision="bf16"), status="ok", peak_bytes=300,
@@ -74,6 +76,7 @@ class Trial:
     notes: tuple[str, ...] = field(default_factory=tuple)
     estimated: bool = False
     step_times: tuple[float, ...] = field(default_factory=tuple)
+    model_weights: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -95,8 +98,17 @@ class Trial:
 
     @property
     def label(self) -> str:
-        """The plan's short label, as in tables and plots."""
-        return self.plan.label()
+        """The plan's short label, as in tables and plots; a model loaded in bf16 trains bf16 weights, and says so.
+
+        Example:
+            >>> Trial(Plan(checkpointing=True), "ok", 1, {}, None, None, None, "cpu", model_weights="bf16").label
+            'ckpt bf16-weights'
+        """
+        label = self.plan.label()
+        if self.model_weights is None or self.plan.weights != "fp32":
+            return label
+        suffix = f"{self.model_weights}-weights"
+        return suffix if label == "plain" else f"{label} {suffix}"
 
     @property
     def fits(self) -> bool:
@@ -134,6 +146,7 @@ class Trial:
             notes=list(self.notes),
             estimated=self.estimated,
             step_times=list(self.step_times),
+            model_weights=self.model_weights,
         )
         return data
 
@@ -166,6 +179,7 @@ class Trial:
             notes=tuple(data.get("notes") or ()),
             estimated=bool(data.get("estimated", False)),
             step_times=tuple(data.get("step_times") or ()),
+            model_weights=data.get("model_weights"),
         )
 
     def to_text(self) -> str:

@@ -92,8 +92,9 @@ def test_a_model_already_wrapped_with_peft_is_measured_as_it_is():
 def test_a_model_loaded_in_bf16_says_it_trains_pure_bf16():
     model = tiny_llama(width=64).to(torch.bfloat16)
     trial = memlab.measure(model, lm_batch(), memlab.Plan(), steps=1, progress=False)
-    assert trial.status == "ok"
+    assert trial.status == "ok" and trial.label == "bf16-weights" and trial.model_weights == "bf16"
     assert any("loaded in bf16" in note for note in trial.notes)
+    assert memlab.Trial.from_dict(trial.to_dict()) == trial
 
 
 def test_fit_searches_adapters_only_when_asked():
