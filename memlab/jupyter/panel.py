@@ -231,6 +231,22 @@ class Panel(widgets.VBox):
         self.applied = None
         self._set_busy(False)
 
+    def close(self) -> None:
+        """Close the panel and every widget in it, so that the kernel can let the model and its runs go.
+
+        ipywidgets keeps every widget until it is closed, and a panel's buttons hold the panel, which holds the
+        model: a panel that is only deleted keeps the model alive. A plan still applied stays applied.
+
+        Example:
+            >>> import torch
+            >>> p = panel(torch.nn.Linear(4, 1), torch.randn(8, 4), loss_fn=lambda m, b: m(b).mean())
+            >>> p.close(); p.run_button.comm is None
+            True
+        """
+        for widget in _descendants(self):
+            widget.close()
+        super().close()
+
     # --- display --------------------------------------------------------------------------------------------
 
     def _on_event(self, event: Event) -> None:
@@ -328,3 +344,9 @@ def _trial_message(trial: Trial, report: Report) -> tuple[str, str]:
         return f"{trial.label}: does not fit: peak {format_bytes(trial.peak_bytes)} is over the budget", "warn"
     return f"{trial.label}: fits, peak {format_bytes(trial.peak_bytes)}{speed}", "ok"
 
+
+def _descendants(widget: widgets.Widget) -> list[widgets.Widget]:
+    found: list[widgets.Widget] = []
+    for child in getattr(widget, "children", ()):
+        found += [child, *_descendants(child)]
+    return found

@@ -140,8 +140,8 @@ def _build_module():
     return module
 
 
-def test_there_are_eight_notebooks_in_order():
-    assert [name[:2] for name in NAMES] == [f"{i:02d}" for i in range(8)], NAMES
+def test_there_are_nine_notebooks_in_order():
+    assert [name[:2] for name in NAMES] == [f"{i:02d}" for i in range(9)], NAMES
 
 
 def test_committed_notebooks_are_what_the_build_script_writes():

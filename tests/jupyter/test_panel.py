@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import ipywidgets as widgets
@@ -29,8 +30,22 @@ def small_batch() -> dict[str, torch.Tensor]:
     return lm_batch(rows=4, length=8)
 
 
+KEEP: set[int] = set()
+"""Panels a module-scoped fixture shares between tests; every other panel is closed after its test."""
+
+
+@pytest.fixture(autouse=True)
+def close_new_panels() -> Iterator[None]:
+    # ipywidgets keeps every open widget, and a panel holds its model: without this, each test's model would stay
+    # alive for the rest of the session and count as memory held before in later tests' trials.
+    yield
+    for widget in list(widgets.Widget.widgets.values()):
+        if isinstance(widget, Panel) and id(widget) not in KEEP:
+            widget.close()
+
+
 @pytest.fixture(scope="module")
-def two_runs() -> dict[str, Any]:
+def two_runs() -> Iterator[dict[str, Any]]:
     """Run plain, switch checkpointing on, run again; note what the buttons looked like during the runs."""
     model = tiny_gpt2()
     before = fingerprint(model)
@@ -49,10 +64,13 @@ def two_runs() -> dict[str, Any]:
         )
 
     p = panel(model, small_batch(), steps=1, callback=watch)
+    KEEP.add(id(p))
     p.run_button.click()
     p.controls["checkpointing"].value = True
     p.run_button.click()
-    return {"panel": p, "model": model, "before": before, "seen": seen}
+    yield {"panel": p, "model": model, "before": before, "seen": seen}
+    KEEP.discard(id(p))
+    p.close()
 
 
 def test_panel_is_a_widget_with_a_control_per_technique(two_runs: dict[str, Any]) -> None:
@@ -193,3 +211,17 @@ def test_the_fine_tuning_levers_have_controls_and_make_plans() -> None:
     p.controls["adapter"].value = "lora"
     p.controls["lora_rank"].value = 4
     assert p.plan() == Plan(adapter="lora", lora_rank=4)
+
+
+def test_closing_a_panel_lets_its_model_go() -> None:
+    import gc
+    import weakref
+
+    model = tiny_gpt2()
+    alive = weakref.ref(model)
+    p = panel(model, small_batch(), steps=1)
+    p.run_button.click()
+    p.close()
+    del p, model
+    gc.collect()
+    assert alive() is None
