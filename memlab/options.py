@@ -39,16 +39,21 @@ class TrialKeywords(TypedDict, total=False):
     lr: float
     callback: Callback | None
     progress: bool
+    noise: float
+    time_limit: float
+    verbose: bool
 
 
 class RunKeywords(TrialKeywords, total=False):
     """The keywords every measuring entry point accepts (``**options: Unpack[RunKeywords]``).
 
     loss_fn: ``loss_fn(model, micro_batch) -> scalar tensor``; default ``model(**batch).loss`` for dict batches.
-    steps: timed optimizer steps per plan (>= 1). warmup: untimed steps before them (>= 0; at least one always
-    runs, since the first step creates the optimizer state). budget: bytes, or a size such as ``"8GiB"``.
+    steps: the fewest timed optimizer steps per plan (>= 1). warmup: untimed steps before them (>= 0; at least one
+    always runs, since the first step creates the optimizer state). budget: bytes, or a size such as ``"8GiB"``.
     lr: the optimizer's learning rate. callback: called with every progress event (:mod:`memlab.events`).
-    progress: show a progress bar.
+    progress: show a progress bar. noise: timing goes on past ``steps`` until the 95% interval of the median step
+    time is within +-noise of it (0.05: 5%; 0 times exactly ``steps`` steps), or ``time_limit`` seconds of timed
+    steps have run. verbose: let third-party warnings (transformers, bitsandbytes) through while plans run.
     """
 
     loss_fn: LossFn | None
@@ -74,9 +79,22 @@ class RunOptions:
     lr: float = 1e-5
     callback: Callback | None = None
     progress: bool = True
+    noise: float = 0.05
+    time_limit: float = 10.0
+    verbose: bool = False
 
     def __post_init__(self) -> None:
         _check_count("steps", self.steps, minimum=1)
+        if isinstance(self.noise, bool) or not isinstance(self.noise, (int, float)) or not 0 <= self.noise < 1:
+            raise MemlabError(f"noise={self.noise!r} is not allowed; write a fraction such as noise=0.05 (5%), or 0")
+        if (
+            isinstance(self.time_limit, bool)
+            or not isinstance(self.time_limit, (int, float))
+            or not 0 < self.time_limit < float("inf")
+        ):
+            raise MemlabError(f"time_limit={self.time_limit!r} is not allowed; write seconds such as time_limit=10")
+        if not isinstance(self.verbose, bool):
+            raise MemlabError(f"verbose={self.verbose!r} is not allowed; write verbose=True or verbose=False")
         _check_count("warmup", self.warmup, minimum=0)
         check_learning_rate(self.lr)
         object.__setattr__(self, "budget", parse_budget(self.budget))
@@ -94,7 +112,7 @@ class RunOptions:
             Traceback (most recent call last):
             ...
             memlab.errors.MemlabError: step= is not an option; write one of loss_fn, steps, warmup, budget, lr, \
-callback, progress
+callback, progress, noise, time_limit, verbose
         """
         known = [field.name for field in dataclasses.fields(cls)]
         for key in keywords:

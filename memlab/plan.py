@@ -182,6 +182,28 @@ class Plan:
             parts.append(spec.short if spec.type == "bool" else spec.short.format(value))
         return " ".join(parts) or "plain"
 
+    def describe(self) -> str:
+        """The label spelled out, for a figure's hover and key: every lever that differs from the plain plan.
+
+        Example:
+            >>> Plan(micro_batch=2, accumulation=4, checkpointing=True, precision="bf16").describe()
+            'micro-batch 2 x accumulation 4, checkpointing, precision bf16'
+            >>> Plan().describe()
+            'plain: every lever off'
+        """
+        parts = []
+        if self.micro_batch is not None:
+            parts.append(f"micro-batch {self.micro_batch} x accumulation {self.accumulation}")
+        elif self.accumulation != 1:
+            parts.append(f"accumulation {self.accumulation}")
+        for name, spec in LEVERS.items():
+            value = getattr(self, name)
+            if name in ("micro_batch", "accumulation") or value == spec.default:
+                continue
+            words = name.replace("_", " ")
+            parts.append(words if spec.type == "bool" else f"{words} {value}")
+        return ", ".join(parts) or "plain: every lever off"
+
     def replace(self, **changes: Any) -> Plan:
         """A copy with some fields changed (validated like a new Plan)."""
         return replace(self, **changes)

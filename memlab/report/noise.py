@@ -1,0 +1,79 @@
+"""Step times as statistics: the interval that bounds a trial's median step time, and whether two speeds differ.
+
+The interval is the distribution-free confidence interval of the median from order statistics (the sign test's
+interval): no assumption that step times are normal, and one slow outlier (a garbage collection, another tenant's
+burst) moves it by one rank rather than dragging a mean. scipy would give the same binomial quantile, but is not a
+dependency for one sum; ``math.comb`` is enough.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+__all__ = ["CONFIDENCE", "median_interval", "relative_half_width", "speed_interval"]
+
+CONFIDENCE = 0.95
+
+
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The interval that holds the median of the values' distribution with at least ``confidence``.
+
+    It runs from the k-th smallest to the k-th largest value, k as large as the binomial tails allow; with
+    fewer than six values no k reaches 95%, and the interval is the whole range (one value: that value twice).
+
+    Example:
+        >>> median_interval([1.0, 1.1, 0.9])
+        (0.9, 1.1)
+        >>> low, high = median_interval([1.0 + i / 100 for i in range(30)] + [9.0])
+        >>> round(low, 2), round(high, 2)
+        (1.09, 1.21)
+    """
+    if not values:
+        raise ValueError("median_interval needs at least one value")
+    ordered = sorted(values)
+    n = len(ordered)
+    rank = _order_statistic_rank(n, confidence)
+    return ordered[rank - 1], ordered[n - rank]
+
+
+def relative_half_width(values: Sequence[float], confidence: float = CONFIDENCE) -> float:
+    """Half the width of :func:`median_interval`, as a fraction of the median (inf for fewer than two values).
+
+    Example:
+        >>> relative_half_width([0.9, 1.0, 1.1])
+        0.1
+    """
+    if len(values) < 2:
+        return math.inf
+    low, high = median_interval(values, confidence)
+    middle = statistics.median(values)
+    return round((high - low) / 2 / middle, 12) if middle > 0 else math.inf
+
+
+def speed_interval(step_times: Sequence[float], rows_per_step: int | None) -> tuple[float, float] | None:
+    """The interval of rows per second that :func:`median_interval` of the step times gives; None without one.
+
+    Example:
+        >>> speed_interval([0.4, 0.5, 0.8], rows_per_step=8)
+        (10.0, 20.0)
+        >>> speed_interval([0.5], rows_per_step=8) is None
+        True
+    """
+    if len(step_times) < 2 or not rows_per_step or min(step_times) <= 0:
+        return None
+    low, high = median_interval(step_times)
+    return rows_per_step / high, rows_per_step / low
+
+
+def _order_statistic_rank(n: int, confidence: float) -> int:
+    """The largest k >= 1 with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2 (k = 1 is the whole range)."""
+    tail = (1 - confidence) / 2
+    rank, below = 1, 0.0
+    while rank < (n + 1) // 2:
+        below += math.comb(n, rank - 1) / 2**n
+        if below + math.comb(n, rank) / 2**n > tail:
+            break
+        rank += 1
+    return rank
