@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from memlab.batch import Batch, LossFn
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, MemlabWarning
 from memlab.module_state import ModuleStructure
 from memlab.options import check_learning_rate
 from memlab.plan import Plan
@@ -43,6 +43,7 @@ class Applied:
             previous.undo()
             warnings.warn(
                 f"memlab: {previous.plan.label()} was still applied to this model; it was undone first",
+                MemlabWarning,
                 stacklevel=3,
             )
         self._before = ModuleStructure.capture(model)

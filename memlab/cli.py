@@ -7,6 +7,9 @@ Example (in a terminal)::
 
     $ memlab demo                      # budget: 60% of what the plain plan needs
     $ memlab demo --budget 20MiB --batch-size 8 --html report.html
+    $ memlab demo --noise 0.1 --time-limit 5 --verbose
+
+Measuring commands are quiet by default: third-party warnings (transformers, bitsandbytes) show with ``--verbose``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+
+from typing_extensions import Unpack
+
+if TYPE_CHECKING:
+    from memlab.options import TrialKeywords
 
 __all__ = [
     "DEMO_BUDGET_FRACTION",
@@ -31,6 +39,8 @@ __all__ = [
 
 DEMO_BUDGET_FRACTION = 0.6
 """Without ``--budget``, ``memlab demo`` allows this fraction of the plain plan's peak, which forces a choice."""
+
+_DEMO_DEFAULTS: dict[str, Any] = {"steps": 2, "warmup": 1, "progress": True}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         >>> args = build_parser().parse_args(["demo", "--budget", "20MiB", "--steps", "1"])
         >>> args.command, args.budget, args.steps, args.html
         ('demo', '20MiB', 1, 'memlab-report.html')
+        >>> args.verbose, args.noise, args.time_limit
+        (False, 0.05, 10.0)
     """
     from memlab import __version__
 
@@ -83,7 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="effective batch size (rows per optimizer step) to keep (default: 8, the rows of the demo batch)",
     )
     demo.add_argument(
-        "--steps", metavar="N", type=_whole_number, default=2, help="timed optimizer steps per plan (default 2)"
+        "--steps",
+        metavar="N",
+        type=_whole_number,
+        default=_DEMO_DEFAULTS["steps"],
+        help=f"the fewest timed optimizer steps per plan (default {_DEMO_DEFAULTS['steps']})",
     )
     demo.add_argument(
         "--html",
@@ -91,9 +107,51 @@ def build_parser() -> argparse.ArgumentParser:
         default="memlab-report.html",
         help="where to write the HTML report (default: memlab-report.html)",
     )
+    add_measuring_arguments(demo)
     demo.set_defaults(handler=_demo_command)
     _add_estimate_command(commands)
     return parser
+
+
+def add_measuring_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every measuring command shares: ``--noise``, ``--time-limit`` and ``--verbose``.
+
+    Their defaults are :class:`~memlab.options.RunOptions`' own, so the command line and Python agree.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_measuring_arguments(parser)
+        >>> args = parser.parse_args(["--noise", "0.1", "--time-limit", "5", "--verbose"])
+        >>> args.noise, args.time_limit, args.verbose
+        (0.1, 5.0, True)
+    """
+    from memlab.options import RunOptions
+
+    defaults = RunOptions()
+    parser.add_argument(
+        "--noise",
+        metavar="FRACTION",
+        type=_noise,
+        default=defaults.noise,
+        help=(
+            "time each plan until the 95%% interval of its median step time is within this fraction of it "
+            f"(default {defaults.noise:g}, that is +-{defaults.noise * 100:g}%%; 0 times exactly --steps steps)"
+        ),
+    )
+    parser.add_argument(
+        "--time-limit",
+        dest="time_limit",
+        metavar="SECONDS",
+        type=_seconds,
+        default=defaults.time_limit,
+        help=f"at most this many seconds of timed steps per plan (default {defaults.time_limit:g})",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        default=defaults.verbose,
+        help="show third-party warnings (transformers, bitsandbytes) while plans run; quiet by default",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -130,6 +188,27 @@ def _whole_number(text: str) -> int:
     return value
 
 
+def _noise(text: str) -> float:
+    value = _number(text, "0.05")
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction from 0 up to 1; write for example 0.05 (5%)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = _number(text, "10")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds; write for example 10")
+    return value
+
+
+def _number(text: str, example: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; write for example {example}") from None
+
+
 def _demo_command(args: argparse.Namespace) -> int:
     from memlab.errors import MemlabError
     from memlab.plan import parse_budget
@@ -139,7 +218,15 @@ def _demo_command(args: argparse.Namespace) -> int:
     except MemlabError as error:
         print(f"memlab demo: error: {error}", file=sys.stderr)
         return 2
-    return run_demo(budget=budget, batch_size=args.batch_size, html_path=args.html, steps=args.steps)
+    return run_demo(
+        batch_size=args.batch_size,
+        html_path=args.html,
+        budget=budget,
+        steps=args.steps,
+        noise=args.noise,
+        time_limit=args.time_limit,
+        verbose=args.verbose,
+    )
 
 
 def demo_space(batch_size: int) -> dict[str, list[Any]]:
@@ -176,16 +263,17 @@ def plan_code(plan: Any) -> str:
 
 def run_demo(
     *,
-    budget: int | None = None,
     batch_size: int | None = None,
     html_path: str | os.PathLike[str] | None = "memlab-report.html",
-    steps: int = 2,
     out: TextIO | None = None,
+    **options: Unpack[TrialKeywords],
 ) -> int:
     """``memlab demo``: fit the built-in small Llama into a budget, print the table and the winner, write HTML.
 
-    Without a ``budget``, the plain plan is measured first and the budget is :data:`DEMO_BUDGET_FRACTION` of its
-    peak, so the plain plan does not fit and memlab has to choose. Returns the exit status (0).
+    ``options`` are the run options (:class:`~memlab.options.TrialKeywords`; the demo's defaults are ``steps=2``,
+    ``warmup=1``, ``progress=True``). Without a ``budget``, the plain plan is measured first and the budget is
+    :data:`DEMO_BUDGET_FRACTION` of its peak, so the plain plan does not fit and memlab has to choose. Returns the
+    exit status (0).
 
     Example:
         >>> import io
@@ -198,10 +286,13 @@ def run_demo(
     import torch
 
     from memlab.demo import default_batch, default_model
+    from memlab.options import RunOptions
     from memlab.plan import Plan, format_bytes
     from memlab.search import fit
     from memlab.trial import measure
 
+    run_options = RunOptions.from_keywords({**_DEMO_DEFAULTS, **options})
+    budget = run_options.budget
     stream = out if out is not None else sys.stdout
 
     def say(text: str = "") -> None:
@@ -222,7 +313,8 @@ def run_demo(
         f"a batch of {rows} x {batch['input_ids'].shape[1]} random tokens, on {device}."
     )
     if budget is None:
-        plain = measure(model, batch, Plan(), steps=1, warmup=1)
+        # Only the plain plan's peak matters here, so it is timed for one step whatever the noise.
+        plain = measure(model, batch, Plan(), **run_options.keywords(steps=1, noise=0.0))
         if plain.status != "ok":
             say(f"The plain plan failed ({plain.error}); pass --budget SIZE to choose a budget yourself.")
             return 1
@@ -236,7 +328,7 @@ def run_demo(
     if device == "cpu":
         space = demo_space(batch_size)
         say("(On a CPU the search keeps fp32 and AdamW: bf16 and 8-bit AdamW are for GPUs and slow here.)")
-    report = fit(model, batch, budget=budget, batch_size=batch_size, steps=steps, warmup=1, progress=True, space=space)
+    report = fit(model, batch, batch_size=batch_size, space=space, **run_options.keywords(budget=budget))
     say()
     say(report.to_text())
     say()
@@ -244,6 +336,9 @@ def run_demo(
     if best is not None:
         speed = "" if best.samples_per_s is None else f", {best.samples_per_s:.1f} samples/s"
         say(f"Winner: {best.label} (peak {format_bytes(best.peak_bytes)} within {format_bytes(budget)}{speed})")
+        if report.ties:
+            tied = ", ".join(trial.label for trial in report.ties)
+            say(f"As fast within the timing noise: {tied}; {best.label} is named for its lower peak.")
         say(f"Put it on a model in a notebook with memlab.apply(model, {plan_code(best.plan)}).")
     else:
         say(f"Winner: none; no plan fits {format_bytes(budget)}. Try a bigger --budget.")

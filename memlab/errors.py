@@ -16,3 +16,16 @@ class MemlabError(ValueError):
 
 class UnsupportedTechnique(MemlabError):
     """A technique cannot run on this model or device (for example bf16 on a GPU without it)."""
+
+
+class MemlabWarning(UserWarning):
+    """memlab's own remarks; shown even while third-party warnings are kept quiet (:func:`memlab.quiet.quiet`).
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warnings.warn("memlab: the plan was undone first", MemlabWarning)
+        >>> caught[0].category.__name__
+        'MemlabWarning'
+    """

@@ -1,9 +1,13 @@
 """Run plans on a live model and measure them: snapshot once, then for each plan apply, step, measure, restore.
 
 A trial's steps: ``max(warmup, 1)`` untimed warm-up steps (the first creates the optimizer state, so what follows is a
-steady-state step), one tracked step that gives the peak and its composition by category, and ``steps`` timed steps
-without tracking, whose median is the step time. What differs by device (how the budget is enforced, where the
-peak is read, what memory is held before) is the :class:`~memlab.measure.probes.Probe`'s business.
+steady-state step), one tracked step that gives the peak and its composition by category, and at least ``steps``
+timed steps without tracking, whose median is the step time. Timing goes on until the 95% interval of that median is
+within ``noise`` of it (:mod:`memlab.report.noise`) or ``time_limit`` seconds of timed steps have run. The first trial
+of a process on a device also warms up until two warm-up steps take about the same time: a cold process (lazy
+initialisation, an allocator that has not grown yet) would otherwise make the first plan look slow. What differs by
+device (how the budget is enforced, where the peak is read, what memory is held before) is the
+:class:`~memlab.measure.probes.Probe`'s business.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing_extensions import Unpack
 
 from memlab.batch import Batch, count_rows, count_tokens, named_tensors, resolve_loss_fn
 from memlab.errors import MemlabError
-from memlab.events import MemorySample, StepFinished, TrialFinished, TrialStarted
+from memlab.events import Callback, MemorySample, StepFinished, TrialFinished, TrialStarted
 from memlab.measure.cuda import CudaPeak
 from memlab.measure.oom import is_oom_error, release_error, release_memory
 from memlab.measure.probes import Probe, probe_for
@@ -31,17 +35,26 @@ from memlab.measure.tracker import MemoryTracker
 from memlab.module_state import ModelValues, ModuleStructure, trainable_parameters, unique_parameters
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
+from memlab.progress import run_progress
+from memlab.quiet import quiet
 from memlab.report import Report, Trial
+from memlab.report.noise import relative_half_width
 from memlab.step import TrainingStep, model_weights
 from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import state_tensors
 
-__all__ = ["TrialRunner", "check_plans", "compare", "keep_on_interrupt", "measure", "progress_bar"]
+__all__ = ["TrialRunner", "check_plans", "compare", "keep_on_interrupt", "measure"]
 
 Clock = Callable[[], float]
 # fp16's GradScaler skips the optimizer step while the scale is too high, so the optimizer state may not exist
 # after the requested warm-up; at most this many more steps are run to reach a steady state.
 _EXTRA_WARMUP_LIMIT = 8
+# A cold process warms up until two consecutive warm-up steps differ by at most this fraction.
+_STEADY_WARMUP = 0.2
+# However small the noise target, no plan is timed for more steps than this.
+_MAX_TIMED_STEPS = 100
+# The device types on which this process has already run a trial (and so is warm).
+_WARM_DEVICE_TYPES: set[str] = set()
 
 
 def measure(model: nn.Module, batch: Batch, plan: Plan, **options: Unpack[RunKeywords]) -> Trial:
@@ -76,14 +89,13 @@ def compare(model: nn.Module, batch: Batch, plans: Sequence[Plan], **options: Un
     """
     run_options = RunOptions.from_keywords(options)
     plans = check_plans(plans)
-    runner = TrialRunner(model, batch, run_options)
     trials: list[Trial] = []
-    with keep_on_interrupt(trials, run_options.budget):
-        with runner.session(), progress_bar(len(plans), run_options.progress) as bar:
+    with keep_on_interrupt(trials, run_options.budget), run_progress(len(plans), run_options.progress) as progress:
+        runner = TrialRunner(model, batch, run_options, listener=progress)
+        with runner.session():
             for index, plan in enumerate(plans):
-                bar.set_postfix_str(plan.label())
                 trials.append(runner.run(plan, index, len(plans)))
-                bar.update(1)
+                progress.advance(index + 1)
     return Report(trials, budget=run_options.budget)
 
 
@@ -143,6 +155,8 @@ class TrialRunner:
         options: how trials run (default: ``RunOptions()``).
         probe: how memory is bounded and read (default: :func:`~memlab.measure.probes.probe_for` the model).
         clock: the clock timed steps read (for tests).
+        listener: called with every event besides ``options.callback`` (the progress bar); unlike the callback it
+            does not turn on the memory samples of the tracked step.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
@@ -161,6 +175,7 @@ class TrialRunner:
         *,
         probe: Probe | None = None,
         clock: Clock = time.perf_counter,
+        listener: Callback | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
@@ -177,6 +192,7 @@ class TrialRunner:
         self.loss_fn = resolve_loss_fn(batch, self.options.loss_fn)
         self.device = self.probe.device
         self.clock = clock
+        self._listeners = [callback for callback in (listener, self.options.callback) if callback is not None]
         self._values: ModelValues | None = None
         self._structure: ModuleStructure | None = None
         self._held_before: list[torch.Tensor] = []
@@ -228,6 +244,11 @@ class TrialRunner:
         if self._values is None or self._structure is None:
             with self.session():
                 return self.run(plan, index, total, capped=capped)
+        with quiet(self.options.verbose):
+            return self._run(plan, index, total, capped=capped)
+
+    def _run(self, plan: Plan, index: int, total: int, *, capped: bool) -> Trial:
+        assert self._values is not None and self._structure is not None  # run() opened the session
         if plan.adapter == "none":
             self._values.include_parameters(self.model)
         limit = self.probe.bound(self.budget if capped else None)
@@ -290,13 +311,22 @@ class TrialRunner:
         # Where tracking enforces a limit, the warm-up is tracked too: the first step (which creates the optimizer
         # state) must fit as well. Where the allocator is the truth, its peak is what a failed warm-up reached.
         tracked = limit is not None and self.probe.tracker_enforces_budget
+        # A dry run times nothing, so it needs no warm process (and leaves the process as cold as it was).
+        cold = self.probe.times_steps and self.device.type not in _WARM_DEVICE_TYPES
+        minimum = max(self.options.warmup, 1)
+        seconds_taken: list[float] = []
         allocator: CudaPeak | None = None
         finished = False
         try:
             with self.probe.allocator_peak() as allocator:
-                for number in range(max(self.options.warmup, 1) + _EXTRA_WARMUP_LIMIT):
-                    if number >= max(self.options.warmup, 1) and state_tensors(step.optimizer):
+                for number in range(minimum + _EXTRA_WARMUP_LIMIT):
+                    if (
+                        number >= minimum
+                        and state_tensors(step.optimizer)
+                        and (not cold or _steady(seconds_taken))
+                    ):
                         break
+                    self.probe.synchronize()
                     started = self.clock()
                     if tracked:
                         with self._tracker(step, limit) as tracker:
@@ -308,9 +338,13 @@ class TrialRunner:
                                 )
                     else:
                         loss = _finite(step(self.batch))
+                    self.probe.synchronize()
                     seconds = self.clock() - started
+                    seconds_taken.append(seconds)
                     self._emit(StepFinished(plan, index, number, "warmup", seconds, loss, None, None))
             finished = True
+            if self.probe.times_steps:
+                _WARM_DEVICE_TYPES.add(self.device.type)
         finally:
             if not finished:
                 record.reading = read_failed_peak(record.reading, allocator)
@@ -336,14 +370,27 @@ class TrialRunner:
         )
 
     def _timed_steps(self, step: TrainingStep, plan: Plan, index: int, record: _Record) -> None:
-        for number in range(self.options.steps):
+        spent = 0.0
+        while True:
             self.probe.synchronize()
             started = self.clock()
             loss = _finite(step(self.batch))
             self.probe.synchronize()
             seconds = self.clock() - started
+            spent += seconds
+            number = len(record.step_times)
             record.step_times.append(seconds)
             self._emit(StepFinished(plan, index, number, "timed", seconds, loss, None, None))
+            if self._timed_enough(record.step_times, spent):
+                return
+
+    def _timed_enough(self, step_times: list[float], spent: float) -> bool:
+        """Whether the step times bound the noise well enough (or the time or step limit is reached)."""
+        if len(step_times) < self.options.steps:
+            return False
+        if self.options.noise == 0 or spent >= self.options.time_limit or len(step_times) >= _MAX_TIMED_STEPS:
+            return True
+        return relative_half_width(step_times) <= self.options.noise
 
     def _tokens_per_step(self, plan: Plan) -> int | None:
         counts = [count_tokens(part) for part in micro_batches(self.batch, plan)]
@@ -352,8 +399,8 @@ class TrialRunner:
         return sum(c for c in counts if c is not None)
 
     def _emit(self, event: Any) -> None:
-        if self.options.callback is not None:
-            self.options.callback(event)
+        for listener in self._listeners:
+            listener(event)
 
 
 def _finite(loss: float) -> float:
@@ -361,6 +408,14 @@ def _finite(loss: float) -> float:
     if not math.isfinite(loss):
         raise MemlabError(f"the loss is {loss}: the step trains nothing; check the data, the lr, or fp16 overflow")
     return loss
+
+
+def _steady(seconds_taken: list[float]) -> bool:
+    """Whether the last two warm-up steps took about the same time (a cold process has warmed up)."""
+    if len(seconds_taken) < 2:
+        return False
+    last, before = seconds_taken[-1], seconds_taken[-2]
+    return abs(last - before) <= _STEADY_WARMUP * max(before, 1e-9)
 
 
 def _check_real(model: nn.Module, batch: Batch) -> None:
@@ -423,15 +478,3 @@ class _Record:
             step_times=tuple(self.step_times) if self.status == "ok" else (),
             model_weights=self.model_weights,
         )
-
-
-@contextlib.contextmanager
-def progress_bar(total: int, enabled: bool) -> Iterator[Any]:
-    """A tqdm bar over ``total`` plans (disabled for one plan, or when ``enabled`` is False)."""
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total, desc="memlab", unit="plan", disable=not enabled or total < 2, leave=False)
-    try:
-        yield bar
-    finally:
-        bar.close()

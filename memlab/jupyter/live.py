@@ -1,10 +1,11 @@
-"""The live figure: a plotly FigureWidget that memlab's progress events redraw while trials run.
+"""The live figure: a plotly FigureWidget that memlab's progress events redraw while trials run, and
+:class:`LiveOutput`, which shows it in a cell and leaves a static record there when the run ends.
 
 Four panels, always the same traces in the same order (so every redraw updates them in place). The top row is
 :meth:`memlab.Report.plot`'s figure, built by the same :func:`memlab.report.figure.comparison_figure` (the same traces,
 colours and layout); the bottom row is the live figure's own:
 
-* top left, **samples/s** per setting (the best one green);
+* top left, **samples/s** per setting (the best one green), each with its 95% interval as an error bar;
 * top right, **peak memory by category** per setting, stacked (params, grads, optimizer, activations, other),
   a grey hatched "does not fit" bar for a setting that ran out of memory, a red ``x`` for one that failed, and
   a dashed budget line;
@@ -13,10 +14,13 @@ colours and layout); the bottom row is the live figure's own:
 * bottom right, **memory vs throughput**: a point per setting that reached a peak (an out-of-memory one at 0
   samples/s), green where it fits the budget, grey where it does not.
 
+With many settings the bars are numbered (:func:`memlab.report.figure.plan_axis`); every hover names the setting and
+spells its levers out.
+
 Redraws are batched: a step or a memory sample redraws at most once per ``min_interval_s``, while the start and the
 end of a trial always redraw. A redraw is one ``plotly_update`` message for all the traces (every trace given every
-value explicitly), plus one batched layout message when the titles or the budget line changed. That keeps the
-kernel free for the training it measures, and the browser in step with Python.
+value explicitly), plus one batched layout message when the titles, the budget line or the plan axis changed. That
+keeps the kernel free for the training it measures, and the browser in step with Python.
 """
 
 from __future__ import annotations
@@ -42,9 +46,13 @@ from memlab.report.figure import (
     comparison_figure,
     figure_columns,
     figure_data,
+    figure_height,
+    plan_axis,
+    plan_axis_layout,
 )
+from memlab.report.static import record_bundle
 
-__all__ = ["LiveFigure"]
+__all__ = ["LiveFigure", "LiveOutput"]
 
 _MIB = 1024**2
 _MAX_LIVE_POINTS = 2000
@@ -59,11 +67,14 @@ LIVE = SPEED + 1
 SCATTER_FITS = LIVE + 1
 SCATTER_MISSES = SCATTER_FITS + 1
 
-_TRACE_KEYS = ("x", "y", "text", "customdata", "marker.color")
+_TRACE_KEYS = (
+    "x", "y", "text", "customdata", "hovertext", "marker.color", "error_y.array", "error_y.arrayminus", "error_y.width"
+)
 _LIVE_TITLES = ("Memory of the running trial", "Memory vs throughput")
 _TITLES = (*FIGURE_TITLES, *_LIVE_TITLES)
 _THROUGHPUT_TITLE = THROUGHPUT_COLUMN - 1  # indices into _TITLES
 _RUNNING_TITLE = len(FIGURE_TITLES)
+_HEIGHT = 640
 
 
 class LiveFigure:
@@ -100,7 +111,7 @@ class LiveFigure:
         self.widget: go.FigureWidget = _build_widget()
         self._title_notes = [note.to_plotly_json() for note in self.widget.layout.annotations]
         self._defaults = [_trace_defaults(trace) for trace in self.widget.data]
-        self._layout: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+        self._layout: dict[str, Any] | None = None
         self.redraws = 0
         self._clock = clock
         self._last_draw = -math.inf
@@ -216,10 +227,20 @@ class LiveFigure:
         # then loses their marker colours in the browser.
         restyle = {key: [{**self._defaults[index], **columns[index]}[key] for index in traces] for key in _TRACE_KEYS}
         self.widget.plotly_update(restyle_data=restyle, trace_indexes=list(traces))
-        layout = (_budget_shapes(data["budget_mib"]), self._annotations(data))
+        axis = plan_axis(data["labels"])
+        layout = {
+            "shapes": _budget_shapes(data["budget_mib"]),
+            "annotations": self._annotations(data),
+            "xaxis": plan_axis_layout(axis, data["labels"]),
+            "height": figure_height(axis, _HEIGHT),
+        }
         if layout != self._layout:  # layout objects are set through the figure, so Python's view stays current
             with self.widget.batch_update():
-                self.widget.layout.shapes, self.widget.layout.annotations = layout
+                self.widget.layout.shapes = layout["shapes"]
+                self.widget.layout.annotations = layout["annotations"]
+                self.widget.layout.xaxis.update(layout["xaxis"])
+                self.widget.layout.xaxis2.update(layout["xaxis"])
+                self.widget.layout.height = layout["height"]
             self._layout = layout
         self.redraws += 1
         self._pending = False
@@ -233,13 +254,21 @@ class LiveFigure:
         columns[LIVE] = {"x": seconds, "y": mib}
         does_not_fit = columns[DOES_NOT_FIT]["y"]
         peaks = [dnf if dnf is not None else peak for dnf, peak in zip(does_not_fit, data["peak_mib"], strict=True)]
+        names = plan_axis(labels).text  # where the bars are numbered, the points are too
         for index, fits in ((SCATTER_FITS, True), (SCATTER_MISSES, False)):
             points = [
-                (peak, speed or 0.0, label)
-                for label, peak, speed, fit in zip(labels, peaks, data["samples_per_s"], data["fits"], strict=True)
+                (peak, speed or 0.0, name, hover)
+                for name, hover, peak, speed, fit in zip(
+                    names, data["hover"], peaks, data["samples_per_s"], data["fits"], strict=True
+                )
                 if peak is not None and fit == fits
             ]
-            columns[index] = {"x": [p[0] for p in points], "y": [p[1] for p in points], "text": [p[2] for p in points]}
+            columns[index] = {
+                "x": [point[0] for point in points],
+                "y": [point[1] for point in points],
+                "text": [point[2] for point in points],
+                "hovertext": [point[3] for point in points],
+            }
         return columns
 
     def _annotations(self, data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -257,6 +286,84 @@ class LiveFigure:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
+
+
+class LiveOutput:
+    """The live figure as a cell's output: shown at the first progress event, and replaced by a static record when
+    the run ends (:meth:`finish`), so that the notebook keeps a figure that renders without a kernel.
+
+    A FigureWidget in a saved notebook is a widget view that nothing draws after a reload, nbconvert or GitHub
+    (they show its empty repr), and its state weighs megabytes. So the figure is displayed with a display id,
+    and :meth:`finish` updates that output in place to :func:`memlab.report.static.record_bundle` (an SVG, and
+    plotly's JSON for JupyterLab) and closes the widget, leaving no widget view or comm behind. Nothing is created
+    or displayed before the first event: a run refused before it starts shows nothing.
+
+    Pass it as the ``callback`` of ``memlab.compare`` / ``fit``; call :meth:`finish` when the run returns or raises
+    (a Ctrl-C included), with the Report to keep.
+
+    Args:
+        budget: the memory budget (bytes, or a string such as ``"8GiB"``) the live figure draws.
+        min_interval_s: the least time between two redraws of the live figure.
+
+    Example:
+        >>> output = LiveOutput(budget="1GiB")
+        >>> output.figure is None, output.shown, output.report.budget  # nothing shown before the first event
+        (True, False, 1073741824)
+        >>> output.finish(Report([]))  # nothing was shown, so there is nothing to replace
+        >>> output.shown
+        False
+    """
+
+    def __init__(self, budget: int | str | None = None, *, min_interval_s: float = 0.25) -> None:
+        self.budget = parse_budget(budget)
+        self.min_interval_s = min_interval_s
+        self.figure: LiveFigure | None = None
+        self.handle: Any = None  # the IPython DisplayHandle of the shown output
+        self._warned = False
+
+    @property
+    def shown(self) -> bool:
+        """Whether an output has been displayed (the live figure, or the record that replaced it)."""
+        return self.handle is not None
+
+    @property
+    def report(self) -> Report:
+        """The trials the live figure has drawn so far (an empty Report before the first event)."""
+        return self.figure.report if self.figure is not None else Report([], budget=self.budget)
+
+    def __call__(self, event: Event) -> None:
+        """Show the live figure (at the first event) and hand it the event."""
+        if self.figure is None:
+            from IPython.display import display
+
+            self.figure = LiveFigure(self.budget, min_interval_s=self.min_interval_s)
+            self.handle = display(self.figure.widget, display_id=True)
+        self.figure(event)
+
+    def finish(self, report: Report, *, show: bool = False) -> None:
+        """Replace the shown live figure by ``report``'s static record and close the widget; with ``show``, display
+        the record even where no live figure was shown (a dry run sends no events). Never raises: a run's result
+        matters more than its figure.
+        """
+        try:
+            self._finish(report, show)
+        except Exception as error:  # noqa: BLE001 - the run has ended; its Report is returned whatever happens here
+            if not self._warned:
+                warnings.warn(f"memlab could not keep the figure: {error}", RuntimeWarning, stacklevel=2)
+                self._warned = True
+
+    def _finish(self, report: Report, show: bool) -> None:
+        if self.handle is None and not show:
+            return
+        from IPython.display import display
+
+        record = record_bundle(report)
+        if self.handle is not None:
+            self.handle.update(record, raw=True)  # the same output, now a static record
+        else:
+            self.handle = display(record, raw=True, display_id=True)
+        if self.figure is not None:
+            self.figure.widget.close()  # no comm, and no widget state, stays behind
 
 
 def _build_widget() -> go.FigureWidget:
@@ -287,14 +394,14 @@ def _build_widget() -> go.FigureWidget:
                 mode="markers+text",
                 textposition="top center",
                 marker={"color": color, "symbol": symbol, "size": 11},
-                legendgroup=name,
+                legendgroup="status",
                 showlegend=legend,
-                hovertemplate="%{text}<br>%{x:.2f} MiB, %{y:.3g} samples/s<extra>" + name + "</extra>",
+                hovertemplate="%{hovertext}<br>%{x:.2f} MiB, %{y:.3g} samples/s<extra>" + name + "</extra>",
             ),
             row=2,
             col=2,
         )
-    fig.update_layout(height=620, margin={"t": 40, "b": 40, "l": 60, "r": 20})
+    fig.update_layout(height=_HEIGHT, margin={"t": 40, "b": 40, "l": 60, "r": 20})
     fig.update_xaxes(title_text="seconds into the trial", row=2, col=1)
     fig.update_yaxes(title_text="live memory (MiB)", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text="peak memory (MiB)", rangemode="tozero", row=2, col=2)
@@ -303,9 +410,18 @@ def _build_widget() -> go.FigureWidget:
 
 
 def _trace_defaults(trace: Any) -> dict[str, Any]:
-    """The values a trace keeps where a redraw does not set them: no text, no customdata, its own marker colour."""
+    """The values a trace keeps where a redraw does not set them: no text, customdata or hover text, its own marker
+    colour, no error bars."""
     marker = getattr(trace, "marker", None)
-    return {"text": [], "customdata": [], "marker.color": None if marker is None else marker.color}
+    return {
+        "text": [],
+        "customdata": [],
+        "hovertext": [],
+        "marker.color": None if marker is None else marker.color,
+        "error_y.array": None,
+        "error_y.arrayminus": None,
+        "error_y.width": None,
+    }
 
 
 def _budget_shapes(budget_mib: float | None) -> list[dict[str, Any]]:

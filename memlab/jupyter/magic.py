@@ -12,9 +12,12 @@ What the magic does, in order:
    with one line that says what is wrong and what to write; then nothing has run and the model is as it was.
 4. It runs: ``memlab.compare`` over the ``--try`` grid (against ``--budget`` if given), or ``memlab.fit`` when
    ``--budget`` or ``--batch-size`` comes without ``--try`` (or with ``--search``), or ``memlab.estimate`` (every
-   plan) with ``--dry-run``. Unless ``--quiet``,
-   the live figure (``memlab.jupyter.live.LiveFigure``) is displayed first and updated while trials run.
-   Errors raised by the loss while a trial runs are that trial's ``"error"`` status, not a UsageError.
+   plan) with ``--dry-run``. Unless ``--quiet``, the live figure (``memlab.jupyter.live.LiveOutput``) is displayed
+   at the first trial and updated while trials run; when the run ends (normally, on Ctrl-C, or with an error) that
+   output is replaced by a static record of the figure (an SVG, see ``memlab.report.static``) and the widget is
+   closed, so the saved notebook shows the figure without a kernel. Third-party warnings are kept quiet unless
+   ``--verbose``. Errors raised by the loss while a trial runs are that trial's ``"error"`` status, not a
+   UsageError.
 5. With ``--apply`` it puts the best plan on the live model with ``memlab.apply`` and stores what it returns
    as ``memfit_applied`` in the user namespace (``memfit_applied.undo()`` takes it off again).
 6. The Report is the cell's value: IPython shows its table, and ``r = _`` keeps it.
@@ -36,8 +39,7 @@ from torch import nn
 from memlab.batch import Batch, LossFn, count_rows
 from memlab.errors import MemlabError
 from memlab.estimate import estimate_plans
-from memlab.events import Event
-from memlab.jupyter.live import LiveFigure
+from memlab.jupyter.live import LiveOutput
 from memlab.options import RunOptions
 from memlab.plan import LEVERS, parse_axes, parse_grid
 from memlab.report import Report
@@ -59,7 +61,8 @@ APPLIED_NAME = "memfit_applied"
 
 _USAGE = (
     "write %%memfit MODEL BATCH [--try KEY=V1,V2 ...] [--budget SIZE] [--batch-size N] [--steps N] "
-    "[--warmup N] [--lr LR] [--search] [--apply] [--dry-run] [--quiet]; %%memfit? shows the help"
+    "[--warmup N] [--noise F] [--time-limit S] [--lr LR] [--search] [--apply] [--dry-run] [--quiet] [--verbose]; "
+    "%%memfit? shows the help"
 )
 _DEFAULTS = RunOptions()
 _LEVER_HELP = "; ".join(
@@ -264,8 +267,28 @@ class MemfitMagics(Magics):
         metavar="N",
         help="effective batch size (rows per optimizer step) to keep while searching; default: the rows of BATCH",
     )
-    @argument("--steps", type=int, metavar="N", default=_DEFAULTS.steps, help="timed optimizer steps per plan")
+    @argument(
+        "--steps", type=int, metavar="N", default=_DEFAULTS.steps, help="the fewest timed optimizer steps per plan"
+    )
     @argument("--warmup", type=int, metavar="N", default=_DEFAULTS.warmup, help="untimed warm-up steps per plan")
+    @argument(
+        "--noise",
+        type=float,
+        metavar="F",
+        default=_DEFAULTS.noise,
+        help=(
+            "time more steps until the 95%% interval of the median step time is within +-F of it "
+            f"(default {_DEFAULTS.noise:g}, i.e. {_DEFAULTS.noise * 100:g}%%; 0: exactly --steps steps)"
+        ),
+    )
+    @argument(
+        "--time-limit",
+        dest="time_limit",
+        type=float,
+        metavar="S",
+        default=_DEFAULTS.time_limit,
+        help=f"stop timing a plan after S seconds of timed steps, noise or not (default {_DEFAULTS.time_limit:g})",
+    )
     @argument("--lr", type=float, metavar="LR", default=_DEFAULTS.lr, help="learning rate of the optimizer")
     @argument(
         "--apply",
@@ -283,7 +306,12 @@ class MemfitMagics(Magics):
         action="store_true",
         help="with --try: search for the fastest plan that fits --budget within the --try values",
     )
-    @argument("--quiet", action="store_true", help="no live figure; only the table at the end")
+    @argument("--quiet", action="store_true", help="no figure; only the table at the end")
+    @argument(
+        "--verbose",
+        action="store_true",
+        help="let third-party warnings (transformers, bitsandbytes...) through while plans run; quiet by default",
+    )
     @line_cell_magic
     def memfit(self, line: str, cell: str | None = None) -> Report:
         """Measure peak memory and speed of training plans on the live model; find the fastest that fits.
@@ -299,7 +327,11 @@ class MemfitMagics(Magics):
         --budget is needed). The result is a memlab.Report: the cell shows its table, and r = _ keeps it
         (r.best, r.plot(), r.to_dataframe()).
 
-        In Jupyter the live figure is drawn while the plans run (not with --quiet, nor in a terminal IPython).
+        In Jupyter the live figure is drawn while the plans run (not with --quiet, nor in a terminal IPython);
+        when the run ends, even by Ctrl-C or an error, it is replaced by a static copy (SVG) that the saved
+        notebook keeps and that shows without a kernel (after a reload, in nbconvert's HTML, on GitHub).
+        Timing goes on past --steps until the speed is known within --noise, or for --time-limit seconds.
+        Warnings of other libraries are hidden while plans run, unless --verbose.
         MODEL and BATCH are looked up by name (trainer.model works too); nothing is evaluated. Wrong input
         stops with a one-line UsageError before the model is touched.
 
@@ -313,6 +345,8 @@ class MemfitMagics(Magics):
           %%memfit model batch --budget 8GiB --batch-size 32 --apply
 
           %memfit model batch --try micro_batch=8,2 --quiet
+
+          %%memfit model batch --try precision=fp32,bf16 --noise 0.02 --time-limit 30 --verbose
         """
         args = self._parse(line)
         namespace = self._namespace()
@@ -347,20 +381,24 @@ class MemfitMagics(Magics):
             )
         if args.apply and args.dry_run:
             raise _usage_error("--apply needs measured plans, and --dry-run only estimates them; drop one of the two")
-        # The core checks the options and the grid (and fit its space) before anything runs; the live figure is
-        # shown at the first trial, so that a refused invocation displays nothing.
-        live: _DisplayedOnFirstEvent | None = None
         try:
             options = RunOptions.from_keywords(
                 {
                     "loss_fn": loss_fn, "steps": args.steps, "warmup": args.warmup, "budget": _unquote(args.budget),
-                    "lr": args.lr, "progress": False,
+                    "lr": args.lr, "noise": args.noise, "time_limit": args.time_limit, "verbose": args.verbose,
+                    "progress": False,
                 }
             )
             plans = parse_grid(args.grid)
-            if not args.quiet and _shows_widgets(self.shell):
-                live = _DisplayedOnFirstEvent(LiveFigure(options.budget))
-                options = options.replace(callback=live)
+        except MemlabError as error:
+            raise _usage_error(str(error)) from None
+        # The core checks the grid (and fit its space) before anything runs; the live figure is shown at the first
+        # trial, so that a refused invocation displays nothing.
+        output: LiveOutput | None = None
+        if not args.quiet and _shows_widgets(self.shell):
+            output = LiveOutput(options.budget)
+            options = options.replace(callback=output)
+        try:
             if search:
                 space = parse_axes(args.grid) or None
                 size = rows if args.batch_size is None else args.batch_size
@@ -369,17 +407,21 @@ class MemfitMagics(Magics):
                 report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
             else:
                 report = compare(model, batch, plans, **options.keywords())
-        except MemlabError as error:
-            raise _usage_error(str(error)) from None
         except KeyboardInterrupt as interrupt:
             # Returned, not raised: IPython would keep the traceback, and with it the cell body's tensors.
-            report = getattr(interrupt, "report", None) or Report([])
+            report = getattr(interrupt, "report", None) or (output.report if output is not None else Report([]))
             print(f"Interrupted: {len(report)} plan(s) were measured; the model is as it was.")
-            if live is not None:
-                live.show(report)
+            if output is not None:
+                output.finish(report)
             return report
-        if live is not None:
-            live.show(report)
+        except BaseException as error:
+            if output is not None:  # what the figure had drawn stays, as a static record
+                output.finish(output.report)
+            if isinstance(error, MemlabError):
+                raise _usage_error(str(error)) from None
+            raise
+        if output is not None:
+            output.finish(report, show=True)
         if args.apply:
             self._apply(model, report, loss_fn, options.lr, args.model)
         return report
@@ -418,31 +460,6 @@ class MemfitMagics(Magics):
             f"Applied {best.label} to {model_name} as {APPLIED_NAME}: train with {APPLIED_NAME}.step(batch); "
             f"undo with {APPLIED_NAME}.undo()"
         )
-
-
-class _DisplayedOnFirstEvent:
-    """A callback that shows the live figure when the first event arrives (the input has been checked by then, so
-    a refused invocation displays nothing) and hands every event on to it."""
-
-    def __init__(self, live: LiveFigure) -> None:
-        self.live = live
-        self.shown = False
-
-    def __call__(self, event: Event) -> None:
-        self._display()
-        self.live(event)
-
-    def show(self, report: Report) -> None:
-        """Draw the finished report (displaying the figure now if no event came, as in a dry run)."""
-        self._display()
-        self.live.show_report(report)
-
-    def _display(self) -> None:
-        if not self.shown:
-            from IPython.display import display
-
-            display(self.live.widget)
-            self.shown = True
 
 
 def empty_body_transformer(lines: list[str]) -> list[str]:

@@ -1,8 +1,10 @@
 """Results: :class:`Trial` and :class:`Report` as data, their tables, and their figures.
 
-- :mod:`memlab.report.data`: Trial, Report (best, fits, JSON, pandas).
+- :mod:`memlab.report.data`: Trial, Report (best, ties, fits, JSON, pandas).
+- :mod:`memlab.report.noise`: the interval of a median step time; when two speeds differ beyond the noise.
 - :mod:`memlab.report.tables`: text and HTML tables (pandas renders them).
 - :mod:`memlab.report.figure`: the plotly figures (Report.plot and the live figure's top row).
+- :mod:`memlab.report.static`: the same figure as SVG, the record a notebook keeps after a run.
 - :mod:`memlab.report.format`: one-line messages, seconds and rates as text.
 
 Tables and figures are imported when first drawn, so ``import memlab`` imports neither pandas nor plotly.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import PLAN_FIELDS, Plan
+from memlab.report.noise import speed_interval
 
 if TYPE_CHECKING:
     import pandas
@@ -257,8 +258,8 @@ class Report:
     def ties(self) -> list[Trial]:
         """The trials that fit and are as fast as :attr:`best` within measurement noise, ``best`` left out.
 
-        Two speeds are within noise when the ranges of samples/s their timed steps reached overlap (the slowest
-        and the fastest step of each); a trial timed once, or not timed, has no range, only its speed.
+        Two speeds are within noise when their intervals (:func:`speed_range`: where the median speed lies, 95%)
+        overlap; a trial timed once, or not timed, has no interval, only its speed.
 
         Example:
             >>> a = Trial(Plan(), "ok", 900, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.6))
@@ -377,13 +378,13 @@ class Report:
     # --- tables and figure (drawn by memlab.report.tables and memlab.report.figure) ---
 
     def to_text(self) -> str:
-        """A plain-text table for the terminal: a line per trial, ``*`` marks the best, then a summary.
+        """A plain-text table for the terminal: a line per trial, ★ marks the best, then a summary.
 
         Example:
             >>> r = Report([Trial(Plan(), "ok", 2048, {"params": 2048}, 0.25, 16.0, None, "cpu")])
             >>> lines = r.to_text().splitlines()
             >>> lines[0].split()[:4], lines[1].split()[:4]
-            (['plan', 'status', 'peak', 'params'], ['*', 'plain', 'ok', '2.0'])
+            (['plan', 'status', 'peak', 'KiB'], ['★', 'plain', 'ok', '2.0'])
             >>> for line in lines[3:]:
             ...     print(line)
             Best: plain (peak 2.0 KiB, 16.0 samples/s)
@@ -427,16 +428,18 @@ class Report:
 
 
 def speed_range(trial: Trial) -> tuple[float, float]:
-    """The lowest and highest samples/s the trial's timed steps reached (its speed twice where it has no range).
+    """The interval of samples/s that bounds the trial's median speed (95%, from its timed steps:
+    :func:`memlab.report.noise.speed_interval`); its speed twice where it has none (timed once, or not timed).
 
     Example:
         >>> speed_range(Trial(Plan(), "ok", 1, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.8)))
         (10.0, 20.0)
     """
-    speed = trial.samples_per_s or 0.0
-    if len(trial.step_times) < 2 or not trial.rows_per_step or min(trial.step_times) <= 0:
+    interval = speed_interval(trial.step_times, trial.rows_per_step)
+    if interval is None:
+        speed = trial.samples_per_s or 0.0
         return speed, speed
-    return trial.rows_per_step / max(trial.step_times), trial.rows_per_step / min(trial.step_times)
+    return interval
 
 
 _EMPTY_TRIAL = Trial(Plan(), "error", 0, {}, None, None, None, "")

@@ -1,17 +1,25 @@
 """Figures: throughput and peak memory by category per plan (plotly), shared by Report.plot and the live figure.
 
-plotly is imported inside the functions that draw, never when memlab is imported.
+The same plain data (:func:`figure_data`, :func:`figure_columns`) and the same plan axis (:func:`plan_axis`) also
+draw the static SVG of :mod:`memlab.report.static`, so the figure a notebook keeps is the figure it showed.
+
+Readable from one plan to dozens: up to :data:`FULL_LABELS_UP_TO` plans the bars are named by their labels (turned
+when they would touch); beyond that by their numbers, with the label and the plan spelled out
+(:meth:`memlab.Plan.describe`) in the hover. plotly is imported inside the functions that draw, never when memlab is
+imported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import format_bytes
-from memlab.report.data import Report
+from memlab.report.data import Report, Trial
 from memlab.report.format import one_line
+from memlab.report.noise import speed_interval
 
 __all__ = [
     "BEST_COLOR",
@@ -19,16 +27,24 @@ __all__ = [
     "CATEGORY_COLORS",
     "DOES_NOT_FIT_COLOR",
     "FIGURE_TITLES",
+    "FULL_LABELS_UP_TO",
+    "INTERVAL_COLOR",
     "MEMORY_COLUMN",
+    "PLOTLY_PANEL_PX",
     "RATE_COLOR",
     "THROUGHPUT_COLUMN",
+    "PlanAxis",
     "budget_line",
     "budget_note",
     "comparison_figure",
     "comparison_traces",
     "figure_columns",
     "figure_data",
+    "figure_height",
+    "plan_axis",
+    "plan_axis_layout",
     "report_figure",
+    "text_width",
 ]
 
 _MIB = 1024**2
@@ -44,6 +60,24 @@ DOES_NOT_FIT_COLOR = "#7F7F7F"
 BEST_COLOR = "#2CA02C"
 RATE_COLOR = "#72B7B2"
 BUDGET_COLOR = "#D62728"
+INTERVAL_COLOR = "#3B3B3B"
+"""The colour of the error bars: where the median samples/s lies, 95% (:func:`memlab.report.noise.speed_interval`)."""
+
+FULL_LABELS_UP_TO = 12
+"""Up to this many plans the bars are named by their labels; with more (a budget search tries dozens), by their
+numbers 1, 2, ..., and the hover (the SVG: its key) says which plan each number is."""
+
+PLOTLY_PANEL_PX = 240.0
+"""The width, in pixels, that a plotly figure's plan axis is laid out for. The figure follows the width of the cell,
+which Python cannot know, so its ticks are spaced for the narrowest panel of a narrow notebook: the throughput
+panel of a figure about 800 px wide. Wider cells only space them more."""
+
+_CHAR_WIDTH = 0.6  # the average width of a character of a sans-serif font, in font sizes (a little generous)
+_LINE_HEIGHT = 1.25  # in font sizes
+_TICK_FONT = 11.0
+_NUMBER_FONT = 10.0
+_NUMBER_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500)
+_ERROR_CAP_PX = 4
 
 
 def report_figure(report: Report) -> Any:
@@ -64,7 +98,9 @@ def report_figure(report: Report) -> Any:
     title = "memlab: memory and speed per plan"
     if data["best"] is not None:
         title += f" (best: {data['best']})"
-    fig.update_layout(title=title, margin={"t": 80})
+    axis = plan_axis(data["labels"])
+    fig.update_xaxes(plan_axis_layout(axis, data["labels"]), row=1)
+    fig.update_layout(title=title, margin={"t": 80}, height=figure_height(axis, _REPORT_HEIGHT))
     return fig
 
 
@@ -73,6 +109,7 @@ FIGURE_TITLES = ("Throughput", "Peak memory by category")
 memory by category per plan in column 2 (axes ``x2``, ``y2``)."""
 
 THROUGHPUT_COLUMN, MEMORY_COLUMN = 1, 2
+_REPORT_HEIGHT = 460
 _COLUMN_WIDTHS = (0.4, 0.6)
 _TRACE_COLUMNS = (*(MEMORY_COLUMN for _ in CATEGORIES), MEMORY_COLUMN, MEMORY_COLUMN, THROUGHPUT_COLUMN)
 
@@ -105,8 +142,12 @@ def comparison_figure(
     )
     for trace, column in zip(comparison_traces(columns), _TRACE_COLUMNS, strict=True):
         fig.add_trace(trace, row=1, col=column)
-    fig.update_layout(barmode="stack", legend_title_text="memory", bargap=0.25)
-    fig.update_xaxes(title_text="plan", type="category", row=1)
+    # The legend's groups separate what the colours mean (memory categories) from what a bar's state means; a click
+    # hides one entry, not its whole group. No width: the figure follows the cell.
+    fig.update_layout(
+        barmode="stack", bargap=0.25, autosize=True, legend={"groupclick": "toggleitem", "tracegroupgap": 12}
+    )
+    fig.update_xaxes(title_text="plan", type="category", automargin=True, row=1)
     fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=1, col=THROUGHPUT_COLUMN)
     fig.update_yaxes(title_text="peak memory (MiB)", rangemode="tozero", row=1, col=MEMORY_COLUMN)
     return fig
@@ -114,11 +155,16 @@ def comparison_figure(
 
 def comparison_traces(columns: list[dict[str, Any]] | None = None) -> list[Any]:
     """The eight per-plan traces, styled: the five categories, "does not fit" and "error" (peak memory panel), and
-    "samples/s" (throughput panel), in that order; filled with ``columns`` (:func:`figure_columns`), else empty.
+    "samples/s" (throughput panel, with its 95% interval as error bars), in that order; filled with ``columns``
+    (:func:`figure_columns`), else empty.
+
+    The legend shows two groups: "memory" (the categories) and "status" ("does not fit", "error"). Every hover
+    starts with the plan's label and its levers spelled out (``hovertext``, see :func:`figure_data`).
 
     Example:
-        >>> [trace.name for trace in comparison_traces()][5:]
-        ['does not fit', 'error', 'samples/s']
+        >>> traces = comparison_traces()
+        >>> [trace.name for trace in traces][5:], traces[0].legendgroup, traces[5].legendgrouptitle.text
+        (['does not fit', 'error', 'samples/s'], 'memory', 'status')
     """
     import plotly.graph_objects as go
 
@@ -129,9 +175,10 @@ def comparison_traces(columns: list[dict[str, Any]] | None = None) -> list[Any]:
             y=[],
             marker_color=CATEGORY_COLORS[name],
             legendgroup="memory",
-            hovertemplate="%{x}<br>" + name + ": %{y:.2f} MiB<extra></extra>",
+            legendgrouptitle_text="memory" if number == 0 else None,
+            hovertemplate="%{hovertext}<br>" + name + ": %{y:.2f} MiB<extra></extra>",
         )
-        for name in CATEGORIES
+        for number, name in enumerate(CATEGORIES)
     ]
     traces.append(
         go.Bar(
@@ -139,10 +186,11 @@ def comparison_traces(columns: list[dict[str, Any]] | None = None) -> list[Any]:
             x=[],
             y=[],
             marker={"color": DOES_NOT_FIT_COLOR, "pattern": {"shape": "/"}},
-            legendgroup="does not fit",
+            legendgroup="status",
+            legendgrouptitle_text="status",
             textposition="inside",
             insidetextanchor="middle",
-            hovertemplate="%{x}<br>does not fit: out of memory (reached %{customdata:.2f} MiB)<extra></extra>",
+            hovertemplate="%{hovertext}<br>does not fit: out of memory (reached %{customdata:.2f} MiB)<extra></extra>",
         )
     )
     traces.append(
@@ -152,7 +200,8 @@ def comparison_traces(columns: list[dict[str, Any]] | None = None) -> list[Any]:
             y=[],
             mode="markers",
             marker={"symbol": "x", "size": 12, "color": BUDGET_COLOR},
-            hovertemplate="%{x}<br>error: %{text}<extra></extra>",
+            legendgroup="status",
+            hovertemplate="%{hovertext}<br>error: %{text}<extra></extra>",
         )
     )
     traces.append(
@@ -162,7 +211,16 @@ def comparison_traces(columns: list[dict[str, Any]] | None = None) -> list[Any]:
             y=[],
             marker_color=RATE_COLOR,
             showlegend=False,
-            hovertemplate="%{x}<br>%{y:.3g} samples/s<extra></extra>",
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [],
+                "arrayminus": [],
+                "color": INTERVAL_COLOR,
+                "thickness": 1.5,
+                "width": _ERROR_CAP_PX,
+            },
+            hovertemplate="%{hovertext}<br>%{y:.3g} samples/s%{customdata}<extra></extra>",
         )
     )
     for trace, values in zip(traces, columns or [], strict=False):
@@ -172,22 +230,29 @@ def comparison_traces(columns: list[dict[str, Any]] | None = None) -> list[Any]:
 
 
 def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """What each of the :func:`comparison_traces` shows, in trace order: ``{"x": ..., "y": ...}`` and, where the
-    trace has them, ``"text"``, ``"customdata"`` (the MiB an out-of-memory plan reached) and ``"marker.color"``.
+    """What each of the :func:`comparison_traces` shows, in trace order: ``{"x": ..., "y": ..., "hovertext": ...}``
+    and, where the trace has them, ``"text"``, ``"customdata"`` (the MiB an out-of-memory plan reached; the speed's
+    interval as text), ``"marker.color"`` and the error bars ``"error_y.array"`` / ``"error_y.arrayminus"`` (how
+    far the 95% interval of the samples/s reaches above and below the bar) and ``"error_y.width"`` (their caps:
+    none on numbered, thin bars).
 
     An out-of-memory plan's "does not fit" bar is at least as high as its budget: a trial stopped by the budget
     may have reached little before the allocation that broke it (failing both, the highest peak drawn, so the bar
-    is never invisible).
+    is never invisible). A plan without an interval (timed once) gets no error bar: its reach is the string
+    ``"NaN"`` (JSON has no NaN: plotly sends a float NaN as null, which plotly.js draws as a flat cap on the bar,
+    while it reads ``"NaN"`` as NaN and skips the bar).
 
     Example:
         >>> from memlab.plan import Plan
         >>> from memlab.report.data import Trial
         >>> oom = Trial(Plan(), "oom", 0, {}, None, None, None, "cpu", error="out of memory", budget=2**21)
-        >>> figure_columns(Report([oom]))[5]
-        {'x': ['plain'], 'y': [2.0], 'customdata': [0.0], 'text': ['does not fit']}
+        >>> column = figure_columns(Report([oom]))[5]
+        >>> column["y"], column["customdata"], column["text"], column["hovertext"]
+        ([2.0], [0.0], ['does not fit'], ['<b>plain</b><br>plain: every lever off'])
     """
     data = figure_data(report) if data is None else data
     labels = data["labels"]
+    numbered = len(labels) > FULL_LABELS_UP_TO
     heights = _does_not_fit_heights(report, data)
     columns: list[dict[str, Any]] = [{"x": labels, "y": data["categories"][name]} for name in CATEGORIES]
     columns.append(
@@ -195,26 +260,38 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
             "x": labels,
             "y": heights,
             "customdata": data["does_not_fit"],
-            "text": ["does not fit" if height is not None else "" for height in heights],
+            # Written in the bar where bars are wide enough to hold it; numbered bars are too thin (the hover says it).
+            "text": ["does not fit" if height is not None and not numbered else "" for height in heights],
         }
     )
     columns.append({"x": labels, "y": data["error"], "text": data["error_text"]})
+    above, below = _interval_reach(data)
     columns.append(
         {
             "x": labels,
             "y": data["samples_per_s"],
             "marker.color": [BEST_COLOR if label == data["best"] else RATE_COLOR for label in labels],
+            "customdata": [
+                _interval_text(low, high) for low, high in zip(data["speed_low"], data["speed_high"], strict=True)
+            ],
+            "error_y.array": above,
+            "error_y.arrayminus": below,
+            "error_y.width": _ERROR_CAP_PX if not numbered else 0,  # caps wider than thin bars would only clutter
         }
     )
+    for column in columns:  # a hover only where the trace has a bar or a marker: a figure of dozens stays small
+        column["hovertext"] = [
+            hover if value is not None else "" for hover, value in zip(data["hover"], column["y"], strict=True)
+        ]
     return columns
 
 
 def budget_line(budget_mib: float) -> dict[str, Any]:
-    """The dashed budget line across the peak memory panel, as a plotly shape.
+    """The dashed budget line across the peak memory panel, as a plotly shape (drawn above the bars).
 
     Example:
-        >>> budget_line(8.0)["yref"], budget_line(8.0)["line"]["dash"]
-        ('y2', 'dash')
+        >>> budget_line(8.0)["yref"], budget_line(8.0)["line"]["dash"], budget_line(8.0)["layer"]
+        ('y2', 'dash', 'above')
     """
     return {
         "type": "line",
@@ -224,29 +301,156 @@ def budget_line(budget_mib: float) -> dict[str, Any]:
         "yref": "y2",
         "y0": budget_mib,
         "y1": budget_mib,
+        "layer": "above",
         "line": {"color": BUDGET_COLOR, "dash": "dash", "width": 2},
         "name": "budget",
     }
 
 
 def budget_note(budget: int) -> dict[str, Any]:
-    """The label of :func:`budget_line` (``"budget 8.0 GiB"``), as a plotly annotation.
+    """The label of :func:`budget_line` (``"budget 8.0 GiB"``), as a plotly annotation: at the line's right end, just
+    above it, on a white ground, so that bars behind it never hide it.
 
     Example:
-        >>> budget_note(2**20)["text"]
-        'budget 1.0 MiB'
+        >>> note = budget_note(2**20)
+        >>> note["text"], note["x"], note["xanchor"], note["bgcolor"]
+        ('budget 1.0 MiB', 1, 'right', 'rgba(255,255,255,0.85)')
     """
     return {
         "text": f"budget {format_bytes(budget)}",
         "xref": "x2 domain",
         "yref": "y2",
-        "x": 0,
+        "x": 1,
         "y": budget / _MIB,
-        "xanchor": "left",
+        "xanchor": "right",
         "yanchor": "bottom",
         "showarrow": False,
+        "bgcolor": "rgba(255,255,255,0.85)",
+        "borderpad": 2,
         "font": {"color": BUDGET_COLOR},
     }
+
+
+# --- the plan axis ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanAxis:
+    """How the plan axis names its bars (see :func:`plan_axis`).
+
+    Args:
+        text: per bar, what its tick says: its label, or its number (``"1"``, ``"2"``, ...).
+        shown: the bars (indices) whose tick is written; the others are left out so that no two ticks touch.
+        angle: how far the ticks are turned, in plotly's degrees: 0, -45 or -90 (reading upwards).
+        font_size: the ticks' font size, in pixels.
+        numbered: True when the bars are named by their numbers.
+
+    Example:
+        >>> PlanAxis(["plain"], [0], 0, 11.0, False).extent_px()
+        13.75
+    """
+
+    text: list[str]
+    shown: list[int]
+    angle: int
+    font_size: float
+    numbered: bool
+
+    def extent_px(self) -> float:
+        """How far, in pixels, the written ticks reach below the axis.
+
+        Example:
+            >>> round(plan_axis(["a long label here"] * 8, 240).extent_px(), 1)
+            89.1
+        """
+        line = self.font_size * _LINE_HEIGHT
+        widest = max((text_width(self.text[index], self.font_size) for index in self.shown), default=0.0)
+        if self.angle == 0:
+            return line
+        if self.angle == -90:
+            return widest
+        return (widest + line) * 0.7071
+
+
+def text_width(text: str, font_size: float) -> float:
+    """An estimate of the width of ``text`` in pixels, in a sans-serif font of ``font_size`` pixels (no font is read:
+    the estimate is the average character width, a little generous).
+
+    Example:
+        >>> text_width("plain", 10)
+        30.0
+    """
+    return len(text) * _CHAR_WIDTH * font_size
+
+
+def plan_axis(labels: Sequence[str], width_px: float = PLOTLY_PANEL_PX) -> PlanAxis:
+    """How to name ``labels``' bars along an axis ``width_px`` pixels long, so that no two ticks touch.
+
+    Up to :data:`FULL_LABELS_UP_TO` plans, each bar's tick is its label: level where the widest fits its slot (in
+    a font a size smaller if need be), else turned -45 degrees, else -90 (where the slot is narrower still). With
+    more plans each bar is numbered (its hover, or a key, says which plan it is), in a smaller font, and where even
+    the numbers would touch only every 2nd, 5th, 10th... number is written (1, 5, 10, 15, ...).
+
+    Example:
+        >>> plan_axis(["plain", "ckpt"]).angle, plan_axis(["mb2x4 ckpt bf16 adamw8bit"] * 8).angle
+        (0, -45)
+        >>> many = plan_axis([f"plan {i}" for i in range(60)])
+        >>> many.numbered, many.text[:3], [many.text[i] for i in many.shown][:4]
+        (True, ['1', '2', '3'], ['1', '5', '10', '15'])
+    """
+    count = len(labels)
+    if count == 0:
+        return PlanAxis([], [], 0, _TICK_FONT, False)
+    slot = width_px / count
+    if count <= FULL_LABELS_UP_TO:
+        every = list(range(count))
+        for size in (_TICK_FONT, _TICK_FONT - 1):
+            if max(text_width(label, size) for label in labels) <= 0.9 * slot:
+                return PlanAxis(list(labels), every, 0, size, False)
+        # Turned ticks are parallel lines slot * sin(angle) apart: -45 degrees where that clears a line of text.
+        angle = -45 if slot * 0.7071 >= _TICK_FONT * _LINE_HEIGHT else -90
+        return PlanAxis(list(labels), every, angle, _TICK_FONT, False)
+    numbers = [str(index + 1) for index in range(count)]
+    needed = text_width(numbers[-1], _NUMBER_FONT) + 0.4 * _NUMBER_FONT  # the widest number and a gap
+    step = next((step for step in _NUMBER_STEPS if slot * step >= needed), count)
+    shown = [index for index in range(count) if (index + 1) % step == 0]
+    if step > 1 and slot * (step - 1) >= needed:  # the 1 too, where it keeps clear of the first multiple
+        shown.insert(0, 0)
+    return PlanAxis(numbers, shown, 0, _NUMBER_FONT, True)
+
+
+def plan_axis_layout(axis: PlanAxis, labels: Sequence[str]) -> dict[str, Any]:
+    """A plotly x-axis update that writes ``axis``'s ticks under the bars named ``labels`` (the trace x values).
+
+    Example:
+        >>> layout = plan_axis_layout(plan_axis(["plain", "ckpt"]), ["plain", "ckpt"])
+        >>> layout["tickvals"], layout["ticktext"], layout["tickangle"], layout["title"]["text"]
+        (['plain', 'ckpt'], ['plain', 'ckpt'], 0, 'plan')
+    """
+    title = "plan number (hover a bar for its plan)" if axis.numbered else "plan"
+    return {
+        "tickmode": "array",
+        "tickvals": [labels[index] for index in axis.shown],
+        "ticktext": [axis.text[index] for index in axis.shown],
+        "tickangle": axis.angle,
+        "tickfont": {"size": axis.font_size},
+        "title": {"text": title},
+    }
+
+
+def figure_height(axis: PlanAxis, base_px: int) -> int:
+    """A figure's height in pixels: ``base_px``, and more where turned ticks need the room (plotly's automargin
+    would otherwise take it from the bars).
+
+    Example:
+        >>> figure_height(plan_axis(["plain"]), 460), figure_height(plan_axis(["mb2x4 ckpt bf16 adamw8bit"] * 8), 460)
+        (460, 560)
+    """
+    extra = max(0.0, axis.extent_px() - 2 * axis.font_size * _LINE_HEIGHT)
+    return base_px + int(round(extra / 20) * 20)
+
+
+# --- the data ------------------------------------------------------------------------------------------------------
 
 
 def _does_not_fit_heights(report: Report, data: Mapping[str, Any]) -> list[float | None]:
@@ -262,11 +466,43 @@ def _does_not_fit_heights(report: Report, data: Mapping[str, Any]) -> list[float
     return heights
 
 
+_NO_ERROR_BAR = "NaN"
+
+
+def _interval_reach(data: Mapping[str, Any]) -> tuple[list[float | str], list[float | str]]:
+    """How far each speed's interval reaches above and below it ("NaN" without one: plotly draws no error bar)."""
+    above: list[float | str] = []
+    below: list[float | str] = []
+    for speed, low, high in zip(data["samples_per_s"], data["speed_low"], data["speed_high"], strict=True):
+        if speed is None or low is None or high is None:
+            above.append(_NO_ERROR_BAR)
+            below.append(_NO_ERROR_BAR)
+        else:
+            above.append(max(0.0, high - speed))
+            below.append(max(0.0, speed - low))
+    return above, below
+
+
+def _interval_text(low: float | None, high: float | None) -> str:
+    return "" if low is None or high is None else f" (95% interval {low:.3g} to {high:.3g})"
+
+
+def _description(trial: Trial) -> str:
+    """The trial's plan spelled out, with the model's own weight dtype where its label says it."""
+    words = trial.plan.describe()
+    if trial.label != trial.plan.label() and trial.model_weights is not None:
+        words += f", {trial.model_weights} weights (as loaded)"
+    return words
+
+
 def figure_data(report: Report) -> dict[str, Any]:
     """The figure as plain data: lists aligned with ``labels``, sizes in MiB, None where a bar is absent.
 
     Keys:
         ``labels``: one per trial (a repeated label gets `` (2)``, `` (3)``... so bars never merge).
+        ``describe``: each trial's plan spelled out (:meth:`memlab.Plan.describe`).
+        ``hover``: the first lines of each trial's hover: its label (after its number where the bars are
+        numbered, see :data:`FULL_LABELS_UP_TO`) and its description.
         ``status``: each trial's status. ``fits``: the report's view of whether each trial fits.
         ``categories``: ``{category: [MiB or None]}``, values for trials that ran (``"ok"``).
         ``does_not_fit``: MiB reached by out-of-memory trials, None elsewhere.
@@ -274,6 +510,8 @@ def figure_data(report: Report) -> dict[str, Any]:
         ``error_text``: the one-line message of failed trials, "" elsewhere.
         ``peak_mib``: every trial's peak (None for errors).
         ``samples_per_s``: speeds of ``"ok"`` trials, None elsewhere.
+        ``speed_low``, ``speed_high``: the 95% interval of each speed
+        (:func:`memlab.report.noise.speed_interval`), None where there is none (timed once, or no speed).
         ``best``: the best trial's label, or None. ``budget_mib``: the budget, or None. ``unit``: ``"MiB"``.
 
     Example:
@@ -285,6 +523,8 @@ def figure_data(report: Report) -> dict[str, Any]:
         >>> d = figure_data(Report([ok, oom]))
         >>> d["labels"], d["categories"]["params"], d["does_not_fit"], d["best"]
         (['plain', 'mb8x1'], [1.0, None], [None, 3.0], 'plain')
+        >>> d["describe"][1], d["speed_low"]
+        ('micro-batch 8 x accumulation 1', [None, None])
     """
     labels: list[str] = []
     seen: dict[str, int] = {}
@@ -292,15 +532,20 @@ def figure_data(report: Report) -> dict[str, Any]:
         count = seen.get(trial.label, 0) + 1
         seen[trial.label] = count
         labels.append(trial.label if count == 1 else f"{trial.label} ({count})")
+    numbered = len(labels) > FULL_LABELS_UP_TO
     categories: dict[str, list[float | None]] = {name: [] for name in CATEGORIES}
     does_not_fit: list[float | None] = []
     error: list[float | None] = []
     error_text: list[str] = []
     peak: list[float | None] = []
     speed: list[float | None] = []
+    low: list[float | None] = []
+    high: list[float | None] = []
+    describe: list[str] = []
+    hover: list[str] = []
     best = report.best
     best_label = None
-    for label, trial in zip(labels, report.trials, strict=True):
+    for number, (label, trial) in enumerate(zip(labels, report.trials, strict=True), start=1):
         ran = trial.status == "ok"
         for name in CATEGORIES:
             categories[name].append(trial.breakdown[name] / _MIB if ran else None)
@@ -309,10 +554,17 @@ def figure_data(report: Report) -> dict[str, Any]:
         error_text.append(one_line(trial.error) if trial.status == "error" and trial.error else "")
         peak.append(trial.peak_bytes / _MIB if trial.status != "error" else None)
         speed.append(trial.samples_per_s if ran else None)
+        interval = speed_interval(trial.step_times, trial.rows_per_step) if ran and trial.samples_per_s else None
+        low.append(None if interval is None else interval[0])
+        high.append(None if interval is None else interval[1])
+        describe.append(_description(trial))
+        hover.append(f"{f'#{number} ' if numbered else ''}<b>{label}</b><br>{describe[-1]}")
         if trial is best:
             best_label = label
     return {
         "labels": labels,
+        "describe": describe,
+        "hover": hover,
         "status": [trial.status for trial in report.trials],
         "fits": [report.fits(trial) for trial in report.trials],
         "categories": categories,
@@ -321,6 +573,8 @@ def figure_data(report: Report) -> dict[str, Any]:
         "error_text": error_text,
         "peak_mib": peak,
         "samples_per_s": speed,
+        "speed_low": low,
+        "speed_high": high,
         "best": best_label,
         "budget_mib": None if report.budget is None else report.budget / _MIB,
         "unit": "MiB",

@@ -8,14 +8,20 @@ highlighting of the HTML table (the best row, rows that do not fit) is added to 
 from __future__ import annotations
 
 import html
+import math
+import re
 from collections import Counter
 
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import format_bytes
 from memlab.report.data import Report, Trial
-from memlab.report.format import format_rate, format_seconds, one_line
+from memlab.report.format import format_rate, one_line
+from memlab.report.noise import relative_half_width
 
-__all__ = ["footer_lines", "html_table", "status_text", "table_rows", "text_table"]
+__all__ = [
+    "BEST_MARK", "TIE_MARK", "footer_lines", "headers", "html_table", "nothing_fits_reason", "short_error",
+    "status_text", "table_rows", "table_units", "text_table",
+]
 
 _HEADERS = {
     "best": "",
@@ -25,41 +31,130 @@ _HEADERS = {
     **{name: name for name in CATEGORIES},
     "step": "time/step",
     "samples": "samples/s",
+    "spread": "noise",
     "tokens": "tokens/s",
     "notes": "notes",
 }
 _LEFT = ("best", "plan", "status", "notes")
+_SIZES = ("peak", *CATEGORIES)
+_BYTE_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
+BEST_MARK, TIE_MARK = "\u2605", "\u2248"
+"""How tables mark the best trial, and the trials as fast as it within noise (:attr:`Report.ties`)."""
 
 
 def table_rows(report: Report) -> list[dict[str, str]]:
-    """Each trial as formatted cells: best mark, plan, status, peak, categories, time/step, rates, notes."""
-    best = report.best
+    """Each trial as formatted cells: mark, plan, status, sizes (one unit for them all: :func:`table_units`),
+    time/step, samples/s and its noise, tokens/s, notes.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> row = table_rows(Report([Trial(Plan(), "ok", 3 * 2**20, {"params": 2**20}, 0.25, 32.0, None, "cpu",
+        ...                                rows_per_step=8, step_times=(0.24, 0.25, 0.26))]))[0]
+        >>> row["peak"], row["params"], row["step"], row["samples"], row["spread"]
+        ('3.0', '1.0', '250', '32.0', '\u00b14%')
+    """
+    best, ties = report.best, report.ties
     shared = shared_notes(report)
+    size_unit, time_unit = table_units(report)
     rows = []
     for trial in report.trials:
         status = status_text(trial, report.fits(trial))
         notes = [note for note in trial.notes if note not in shared]
         if trial.error:
-            notes.insert(0, one_line(trial.error))
-        peak = format_bytes(trial.peak_bytes) if trial.status != "error" else "-"
+            notes.insert(0, short_error(trial))
+        peak = _in_unit(trial.peak_bytes, size_unit) if trial.status != "error" else "-"
         if trial.status == "oom" and trial.peak_bytes:
             peak = ">= " + peak
-        row = {
-            "best": "*" if trial is best else "",
-            "plan": trial.label,
-            "status": status,
-            "peak": peak,
-        }
+        mark = BEST_MARK if trial is best else TIE_MARK if any(trial is tie for tie in ties) else ""
+        row = {"best": mark, "plan": trial.label, "status": status, "peak": peak}
         for name in CATEGORIES:
-            row[name] = format_bytes(trial.breakdown[name]) if trial.status == "ok" else "-"
+            row[name] = _in_unit(trial.breakdown[name], size_unit) if trial.status == "ok" else "-"
+        spread = relative_half_width(trial.step_times) if trial.status == "ok" else math.inf
         row.update(
-            step=format_seconds(trial.step_time_s),
+            step="-" if trial.step_time_s is None else _in_unit(trial.step_time_s, time_unit),
             samples=format_rate(trial.samples_per_s),
+            spread=f"\u00b1{spread:.0%}" if math.isfinite(spread) else "-",
             tokens=format_rate(trial.tokens_per_s),
             notes="; ".join(notes),
         )
         rows.append(row)
     return rows
+
+
+def table_units(report: Report) -> tuple[tuple[str, float], tuple[str, float]]:
+    """The unit of the size columns (from the largest peak of the trials that ran: KiB, MiB, GiB...) and of
+    time/step (ms or s), each as
+    ``(name, size of one unit)``: one unit per column, said in the header, so that no cell carries one.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> table_units(Report([Trial(Plan(), "ok", 3 * 2**30, {}, 2.5, 1.0, None, "cpu")]))
+        (('GiB', 1073741824), ('s', 1))
+    """
+    # The sizes of the trials that ran decide: an out-of-memory peak many times larger would shrink them to 0.01s.
+    ran = [trial.peak_bytes for trial in report.trials if trial.status == "ok"]
+    largest = max(ran or [trial.peak_bytes for trial in report.trials] or [0])
+    size_unit = _BYTE_UNITS[0]
+    for unit in _BYTE_UNITS:
+        if largest >= unit[1]:
+            size_unit = unit
+    slowest = max((trial.step_time_s or 0.0 for trial in report.trials), default=0.0)
+    time_unit: tuple[str, float] = ("s", 1) if slowest >= 1 else ("ms", 1e-3)
+    return size_unit, time_unit
+
+
+def headers(report: Report) -> dict[str, str]:
+    """The column headers, units included (``peak MiB``, ``time/step ms``).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> h = headers(Report([Trial(Plan(), "ok", 3 * 2**20, {}, 0.5, 1.0, None, "cpu")]))
+        >>> h["peak"], h["activations"], h["step"]
+        ('peak MiB', 'activations MiB', 'time/step ms')
+    """
+    (size_name, _), (time_name, _) = table_units(report)
+    named = dict(_HEADERS)
+    for key in _SIZES:
+        named[key] = f"{_HEADERS[key]} {size_name}"
+    named["step"] = f"{_HEADERS['step']} {time_name}"
+    return named
+
+
+def short_error(trial: Trial) -> str:
+    """The trial's error as a short note: out-of-memory messages (which run to several lines of allocator figures)
+    say only what was being allocated, or that the budget was passed; other errors their first line.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> cuda = ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+        ...         "of 79.19 GiB of which 1.2 GiB is free.")
+        >>> short_error(Trial(Plan(), "oom", 5, {}, None, None, None, "cuda:0", error=cuda))
+        'CUDA out of memory allocating 2.00 GiB'
+        >>> budget = "OutOfMemoryError: memlab budget: out of memory: the step needs more than 700.0 KiB (716800 bytes)"
+        >>> short_error(Trial(Plan(), "oom", 5, {}, None, None, None, "cpu", error=budget))
+        'over the budget'
+    """
+    message = trial.error or ""
+    if trial.status != "oom":
+        return one_line(message)
+    if "memlab budget" in message:
+        return "over the budget"
+    allocating = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]?i?B)", message)
+    where = "CUDA out of memory" if "CUDA" in message else "out of memory"
+    return f"{where} allocating {allocating.group(1)}" if allocating else where
+
+
+def _in_unit(value: float, unit: tuple[str, float]) -> str:
+    """``value`` in ``unit``, three significant figures or so, no unit written (the header has it)."""
+    amount = value / unit[1]
+    if amount == 0:
+        return "0"
+    if amount >= 100 or unit[0] == "B":
+        return f"{amount:,.0f}"
+    if amount >= 0.1:
+        return f"{amount:.1f}"
+    return f"{amount:.2g}"
+
 
 def shared_notes(report: Report) -> list[str]:
     """The notes every trial of a report (of two or more) carries: said once under the table, not on each row.
@@ -86,9 +181,15 @@ def footer_lines(report: Report) -> list[str]:
         lines.append(f"Best: {best.label} (peak {format_bytes(best.peak_bytes)}{speed})")
         ties = report.ties
         if ties:
-            lines.append("As fast within measurement noise: " + ", ".join(trial.label for trial in ties))
+            lines.append(
+                f"{TIE_MARK} As fast within measurement noise: " + ", ".join(trial.label for trial in ties)
+                + f" ({best.label} is named best for its lower peak)"
+            )
     elif report.trials:
         lines.append("Best: none of these fits")
+        reason = nothing_fits_reason(report)
+        if reason:
+            lines.append(f"Why: {reason}")
         if report.suggestions:
             named = ", ".join(f"{t.label} (estimated {format_bytes(t.peak_bytes)})" for t in report.suggestions)
             lines.append(f"Estimated to fit, outside the searched space: {named}")
@@ -113,15 +214,57 @@ def footer_lines(report: Report) -> list[str]:
     return lines
 
 
+def nothing_fits_reason(report: Report) -> str | None:
+    """Why no trial fits, in one line: what the trials' own breakdowns say about the budget (None if one fits).
+
+    The weights, their gradients and the optimizer state do not shrink with the micro-batch: when they alone pass
+    the budget, no split of the batch can help, and that is said. Otherwise the closest trial is named.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> full = Trial(Plan(), "ok", 900, {"params": 300, "grads": 300, "optimizer": 200, "activations": 100},
+        ...              1.0, 1.0, None, "cpu")
+        >>> nothing_fits_reason(Report([full], budget=700))
+        'weights, gradients and optimizer state alone take 800 B in plain, more than the budget of 700 B'
+        >>> nothing_fits_reason(Report([full], budget=850))
+        'the smallest peak, 900 B (plain), is 50 B over the budget of 850 B'
+    """
+    if report.best is not None or not report.trials or report.budget is None:
+        return None
+    budget = report.budget
+    states = [
+        (trial.breakdown["params"] + trial.breakdown["grads"] + trial.breakdown["optimizer"], trial)
+        for trial in report.trials
+        if trial.status != "error"
+    ]
+    smallest_state = min(states, key=lambda item: item[0], default=None)
+    if smallest_state is not None and smallest_state[0] > budget:
+        state, trial = smallest_state
+        return (
+            f"weights, gradients and optimizer state alone take {format_bytes(state)} in {trial.label}, more than "
+            f"the budget of {format_bytes(budget)}"
+        )
+    ran = [trial for trial in report.trials if trial.status != "error" and trial.peak_bytes > 0]
+    if not ran:
+        return "no plan ran; see the errors in the table"
+    closest = min(ran, key=lambda trial: trial.peak_bytes)
+    at_least = "at least " if closest.status == "oom" else ""
+    return (
+        f"the smallest peak, {at_least}{format_bytes(closest.peak_bytes)} ({closest.label}), is "
+        f"{at_least}{format_bytes(closest.peak_bytes - budget)} over the budget of {format_bytes(budget)}"
+    )
+
+
 def text_table(report: Report) -> str:
-    """A plain-text table for the terminal: a line per trial, ``*`` marks the best, then the summary.
+    """A plain-text table for the terminal: a line per trial, ★ marks the best (≈ its ties), then the summary.
 
     Example:
         >>> from memlab.plan import Plan
         >>> r = Report([Trial(Plan(), "ok", 2048, {"params": 2048}, 0.25, 16.0, None, "cpu")])
-        >>> print(text_table(r))
-          plan  status    peak  params grads optimizer activations other time/step samples/s tokens/s
-        * plain ok     2.0 KiB 2.0 KiB   0 B       0 B         0 B   0 B    250 ms      16.0        -
+        >>> print(text_table(r))  # doctest: +NORMALIZE_WHITESPACE
+          plan  status peak KiB params KiB grads KiB optimizer KiB activations KiB other KiB
+          time/step ms samples/s tokens/s
+        ★ plain ok 2.0 2.0 0 0 0 0 250 16.0 -
         <BLANKLINE>
         Best: plain (peak 2.0 KiB, 16.0 samples/s)
         Device: cpu
@@ -131,27 +274,30 @@ def text_table(report: Report) -> str:
     if not report.trials:
         return "No trials yet."
     rows = table_rows(report)
-    keys = [key for key in _HEADERS if key != "notes" or any(row["notes"] for row in rows)]
-    widths = {key: max(len(_HEADERS[key]), *(len(row[key]) for row in rows)) for key in keys}
+    names = headers(report)
+    keys = _shown_columns(rows, with_mark=True)
+    widths = {key: max(len(names[key]), *(len(row[key]) for row in rows)) for key in keys}
 
     def aligned(key: str, text: str) -> str:
         return text.ljust(widths[key]) if key in _LEFT else text.rjust(widths[key])
 
     # Every cell and header is padded here, so pandas only joins the columns: text left, numbers right.
-    headers = [aligned(key, _HEADERS[key]) for key in keys]
-    frame = pandas.DataFrame([[aligned(key, row[key]) for key in keys] for row in rows], columns=headers)
-    table = frame.to_string(index=False, formatters={header: str for header in headers})
+    header_cells = [aligned(key, names[key]) for key in keys]
+    frame = pandas.DataFrame([[aligned(key, row[key]) for key in keys] for row in rows], columns=header_cells)
+    table = frame.to_string(index=False, formatters={header: str for header in header_cells})
     lines = [line.rstrip() for line in table.splitlines()]
     return "\n".join([*lines, "", *footer_lines(report)])
 
 
 def html_table(report: Report) -> str:
-    """An HTML table: sizes in KiB/MiB/GiB, the best row highlighted and marked, rows that do not fit greyed.
+    """An HTML table: one unit per size column, the best row highlighted and marked, rows that do not fit greyed.
+
+    Cells do not wrap (a size and its unit, a plan label, stay on one line); only the notes do.
 
     Example:
         >>> from memlab.plan import Plan
         >>> r = Report([Trial(Plan(), "ok", 2048, {"params": 2048}, 0.25, 16.0, None, "cpu")])
-        >>> "plain \u2605 best" in html_table(r)
+        >>> "plain ★ best" in html_table(r)
         True
     """
     import pandas
@@ -163,19 +309,36 @@ def html_table(report: Report) -> str:
     styles = []
     for trial, row in zip(report.trials, rows, strict=True):
         if trial is best:
-            row["plan"] += " \u2605 best"
+            row["plan"] += f" {BEST_MARK} best"
             styles.append("background:#e3f4e1;font-weight:bold")
+        elif row["best"] == TIE_MARK:
+            row["plan"] += f" {TIE_MARK} as fast"
+            styles.append("background:#f1f9ef")
         elif trial.status == "oom" or (trial.status == "ok" and not report.fits(trial)):
             styles.append("background:#f4f4f4;color:#777")
         elif trial.status == "error":
             styles.append("background:#fdecea")
         else:
             styles.append("")
-    keys = [key for key in _HEADERS if key != "best" and (key != "notes" or any(row["notes"] for row in rows))]
-    frame = pandas.DataFrame([[row[key] for key in keys] for row in rows], columns=[_HEADERS[k] for k in keys])
+    names = headers(report)
+    keys = _shown_columns(rows, with_mark=False)
+    frame = pandas.DataFrame([[row[key] for key in keys] for row in rows], columns=[names[k] for k in keys])
     table = frame.to_html(index=False, escape=True, border=0, justify="left")
+    table = table.replace("<table", "<table style='white-space:nowrap'", 1)
+    if keys[-1] == "notes":
+        table = re.sub(r"<td>([^<]*)</td>(\s*</tr>)", r"<td style='white-space:normal'>\1</td>\2", table)
     footer = "".join(f"<p style='margin:2px 0'>{html.escape(line)}</p>" for line in footer_lines(report))
     return f"<div class='memlab-report'>{_style_rows(table, styles)}{footer}</div>"
+
+
+def _shown_columns(rows: list[dict[str, str]], *, with_mark: bool) -> list[str]:
+    """The columns worth a place: the noise and notes only where some row has one."""
+    optional = {"spread", "notes"}
+    return [
+        key
+        for key in _HEADERS
+        if (with_mark or key != "best") and (key not in optional or any(row[key] not in ("", "-") for row in rows))
+    ]
 
 
 def _style_rows(table: str, styles: list[str]) -> str:

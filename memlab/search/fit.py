@@ -14,12 +14,14 @@ from memlab.errors import MemlabError
 from memlab.module_state import trainable_parameters
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
+from memlab.progress import run_progress
 from memlab.report import Report, Trial
+from memlab.search.remeasure import close_contenders, remeasure_interleaved
 from memlab.search.space import candidate_plans, default_space, fits
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search
 from memlab.search.suggest import suggestions
-from memlab.trial import TrialRunner, keep_on_interrupt, progress_bar
+from memlab.trial import TrialRunner, keep_on_interrupt
 
 __all__ = ["fit"]
 
@@ -36,7 +38,9 @@ def fit(
     """The fastest plan whose measured peak fits ``budget`` at the effective batch ``batch_size``.
 
     Plans are measured on the live model (restored bit-exact afterwards) fastest-expected first, and plans that
-    cannot fit or cannot beat the best so far are skipped (see :mod:`memlab.search` for how). The first plan runs
+    cannot fit or cannot beat the best so far beyond the noise are skipped (see :mod:`memlab.search` for how). When
+    the best is tied within noise at the end, the closest contenders are timed again in turn (A B A B, see
+    :mod:`memlab.search.remeasure`), and their speeds come from those rounds. The first plan runs
     without the budget's cap, so that its whole peak is known even when it does not fit (on CUDA it is still
     limited by the device); every other plan runs capped at the budget, as ``measure(..., budget=budget)`` does.
     Every trial is judged against the budget (the first one too), so ``trial.fits`` agrees with
@@ -93,13 +97,12 @@ def fit(
     run_options = run_options.replace(budget=budget)
     if dry_run:
         return _dry_run(model, batch, candidates, batch_size, prior, run_options)
-    runner = TrialRunner(model, batch, run_options)
     measured: list[Trial] = []
-    with keep_on_interrupt(measured, budget), runner.session():
-        with progress_bar(len(candidates), run_options.progress) as bar:
+    with keep_on_interrupt(measured, budget), run_progress(len(candidates), run_options.progress, at_most=True) as bar:
+        runner = TrialRunner(model, batch, run_options, listener=bar)
+        with runner.session():
 
             def measure(plan: Plan, index: int, total: int) -> Trial:
-                bar.set_postfix_str(plan.label())
                 # The first plan runs without the budget's cap: a capped run that does not fit stops at the budget
                 # and says only that, while the whole peak and its breakdown teach the memory model the most.
                 trial = runner.run(plan, index, total, capped=index > 0)
@@ -108,12 +111,22 @@ def fit(
                 measured.append(trial)
                 return trial
 
-            def advance(done: int) -> None:
-                bar.update(done - bar.n)
-
             search = Search(candidates, budget=budget, batch_size=batch_size, trainable_bytes=trainable, prior=prior)
-            result = search.run(measure, on_step=advance)
-    report = Report(result.trials, budget=budget, skipped=result.skipped)
+            result = search.run(measure, on_step=bar.advance)
+            trials = list(result.trials)
+            contenders = close_contenders(trials, budget)
+            if contenders:
+                bar.say(f"timing {', '.join(t.label for t in contenders)} again, in turn")
+
+                def measure_again(plan: Plan) -> Trial:
+                    # The original index: a live figure redraws that plan's column with the new run.
+                    index = next(i for i, trial in enumerate(trials) if trial.plan == plan)
+                    return runner.run(plan, index, len(trials))
+
+                for before, after in zip(contenders, remeasure_interleaved(contenders, measure_again), strict=True):
+                    trials[trials.index(before)] = after
+                    measured[measured.index(before)] = after
+    report = Report(trials, budget=budget, skipped=result.skipped)
     if report.best is None:
         report.suggestions = suggestions(model, batch, result.trials, resolved_space, run_options, prior)
     return report

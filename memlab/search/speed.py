@@ -16,6 +16,7 @@ import numpy as np
 
 from memlab.plan import Plan
 from memlab.report import Trial
+from memlab.report.data import speed_range
 from memlab.search.space import TECHNIQUE_DEFAULTS, TECHNIQUES, micro_batch_of
 
 SPEED_MARGIN = 0.9
@@ -123,9 +124,11 @@ class SpeedModel:
             else:
                 self._prior[i] = math.log(self.prior.ratio(name, value))
         self.measured: dict[Plan, float] = {}
+        self._measured_most: dict[Plan, float] = {}
         for trial in trials:
             if trial.status == "ok" and trial.samples_per_s:
                 self.measured[trial.plan] = float(trial.samples_per_s)
+                self._measured_most[trial.plan] = max(float(trial.samples_per_s), speed_range(trial)[1])
         if self.measured:
             rows = np.array([self.features(plan) for plan in self.measured])
             speeds = np.log(np.array(list(self.measured.values())))
@@ -172,9 +175,9 @@ class SpeedModel:
     def upper(self, plan: Plan) -> float:
         """The most samples/s the plan can have under the model's assumptions (``inf`` when unknown).
 
-        A measured plan: its measured speed. A determined plan: its prediction / ``margin`` (the model's error).
-        Otherwise, where the prior says throughput is monotone in micro_batch, the smallest such bound of a twin
-        with a larger micro-batch and the same techniques.
+        A measured plan: the high end of its speed's interval (its speed within noise). A determined plan: its
+        prediction / ``margin`` (the model's error). Otherwise, where the prior says throughput is monotone in
+        micro_batch, the smallest such bound of a twin with a larger micro-batch and the same techniques.
         """
         own = self._own_upper(plan)
         if own is not None or not self.prior.monotone:
@@ -189,7 +192,7 @@ class SpeedModel:
 
     def _own_upper(self, plan: Plan) -> float | None:
         if plan in self.measured:
-            return self.measured[plan]
+            return self._measured_most[plan]
         predicted = self.predict(plan)
         return None if predicted is None else predicted / self.margin
 

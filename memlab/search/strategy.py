@@ -2,7 +2,8 @@
 
 A plan is skipped when it needs at least the memory of a plan that did not fit (:func:`needs_at_least`), when its
 predicted peak is over ``FIT_MARGIN * budget`` (borderline plans are measured), or when it cannot beat the best so
-far: a predicted speed must exceed ``SPEED_MARGIN * best`` and a measured twin's speed must exceed ``best``. The
+far beyond the noise: a predicted speed over ``SPEED_MARGIN`` must reach, and a measured twin's interval must reach,
+the low end of the best's interval (:func:`~memlab.report.data.speed_range`). The
 rest are measured fastest-expected first (plans predicted to fit before borderline ones) until none is left, so the
 answer is a measured trial.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from memlab.plan import Plan, format_bytes
 from memlab.report import Trial
+from memlab.report.data import speed_range
 from memlab.search.memory import FIT_MARGIN, MemoryModel
 from memlab.search.space import TECHNIQUES, best_of, fits, micro_batch_of, needs_at_least
 from memlab.search.speed import SPEED_MARGIN, SpeedModel, SpeedPrior
@@ -127,11 +129,14 @@ class Search:
                 f"the budget {format_bytes(self.budget)}"
             )
         if best is not None and best.samples_per_s is not None:
+            # Beaten only beyond the noise: the most the plan may do (a measured twin: its interval's high end) is at
+            # most the least that the best's median may be.
             bound = speed.upper(plan)
-            if bound <= best.samples_per_s:
+            slowest_best = speed_range(best)[0]
+            if bound <= slowest_best:
                 return (
                     f"cannot beat the best: at most {bound:.3g} samples/s predicted, "
-                    f"{best.label} ran at {best.samples_per_s:.3g}"
+                    f"{best.label} ran at {best.samples_per_s:.3g} (at least {slowest_best:.3g} within its noise)"
                 )
         return None
 

@@ -76,8 +76,15 @@ def test_applying_twice_then_undoing_leaves_the_model_as_it_was() -> None:
     assert_same(before, fingerprint(model))
 
 
+@pytest.fixture
+def warm_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if a trial had run on the CPU in this process already: no extra warm-up steps, so calls can be counted."""
+    monkeypatch.setattr("memlab.trial._WARM_DEVICE_TYPES", {"cpu"})
+
+
 def _interrupted_after(calls: int) -> Callable[[torch.nn.Module, object], torch.Tensor]:
-    """mlp_loss, until Ctrl-C comes after ``calls`` calls (a plain plan takes 3: warm-up, tracked, timed)."""
+    """mlp_loss, until Ctrl-C comes after ``calls`` calls (a plain plan takes 3 in a warm process with ``steps=1,
+    noise=0``: warm-up, tracked, timed)."""
     count = {"n": 0}
 
     def loss(m: torch.nn.Module, b: object) -> torch.Tensor:
@@ -89,18 +96,18 @@ def _interrupted_after(calls: int) -> Callable[[torch.nn.Module, object], torch.
     return loss
 
 
-def test_ctrl_c_during_compare_keeps_the_finished_trials() -> None:
+def test_ctrl_c_during_compare_keeps_the_finished_trials(warm_process: None) -> None:
     model = tiny_mlp()
     before = fingerprint(model)
     plans = [memlab.Plan(), memlab.Plan(checkpointing=True), memlab.Plan(micro_batch=2, accumulation=4)]
     with pytest.raises(KeyboardInterrupt) as caught:
-        memlab.compare(model, mlp_batch(), plans, loss_fn=_interrupted_after(4), steps=1, warmup=1)
+        memlab.compare(model, mlp_batch(), plans, loss_fn=_interrupted_after(4), steps=1, warmup=1, noise=0)
     report = caught.value.report  # type: ignore[attr-defined]
     assert [t.label for t in report] == ["plain"] and report[0].status == "ok"
     assert_same(before, fingerprint(model))
 
 
-def test_an_interrupted_memfit_cell_returns_what_it_measured_and_keeps_no_traceback(capsys) -> None:
+def test_an_interrupted_memfit_cell_returns_what_it_measured_and_keeps_no_traceback(capsys, warm_process) -> None:
     from IPython.testing import globalipapp
 
     shell = globalipapp.get_ipython()
@@ -114,7 +121,7 @@ def test_an_interrupted_memfit_cell_returns_what_it_measured_and_keeps_no_traceb
         "loss = (net(x).squeeze(-1) - y).pow(2).mean()"
     )
     sys.last_value = None  # type: ignore[assignment]
-    report = shell.run_cell_magic("memfit", "net pairs --try checkpointing=off,on --steps 1 --quiet", body)
+    report = shell.run_cell_magic("memfit", "net pairs --try checkpointing=off,on --steps 1 --noise 0 --quiet", body)
     assert [t.label for t in report] == ["plain"]
     assert "Interrupted: 1 plan(s) were measured" in capsys.readouterr().out
     assert getattr(sys, "last_value", None) is None
@@ -286,11 +293,11 @@ def test_an_estimate_from_a_config_is_for_a_gpu_even_without_one() -> None:
     assert memlab.estimate(tiny_mlp(), mlp_batch(), loss_fn=mlp_loss).device == "cpu"  # a live model: its device
 
 
-def test_ctrl_c_during_fit_keeps_the_finished_trials() -> None:
+def test_ctrl_c_during_fit_keeps_the_finished_trials(warm_process: None) -> None:
     model = tiny_mlp()
     before = fingerprint(model)
     with pytest.raises(KeyboardInterrupt) as caught:
-        memlab.fit(model, mlp_batch(), budget="64MiB", loss_fn=_interrupted_after(4), steps=1, progress=False,
+        memlab.fit(model, mlp_batch(), budget="64MiB", loss_fn=_interrupted_after(4), steps=1, noise=0, progress=False,
                    space={"precision": ["fp32"], "optimizer": ["adamw"]})
     report = caught.value.report  # type: ignore[attr-defined]
     assert len(report) == 1 and report[0].status == "ok" and report.budget == 64 * 1024**2

@@ -143,3 +143,15 @@ def test_cumulative(load: Any, tmp_path: Path) -> None:
     steps = [row["step"] for row in data["rows"]]
     assert steps[0] == "fp32 AdamW (baseline)" and any("QLoRA" in step for step in steps)
     assert all(row["status"] == "ok" for row in data["rows"]), [row["error"] for row in data["rows"]]
+
+
+def test_stability_counts_agreeing_runs_and_one_search_answers(load: Any) -> None:
+    stability = load("stability")
+    runs = [{"best": "ckpt", "ties": ["mb2x4"], "seconds": 2.0}, {"best": "mb2x4", "ties": ["ckpt"], "seconds": 4.0},
+            {"best": "mb2x4", "ties": [], "seconds": 3.0}]
+    summary = stability.summary(runs)
+    assert summary["distinct_winners"] == 2 and summary["pairs"] == 3
+    assert summary["agreeing_pairs"] == 2  # 1-2 and 2-3; run 3 named ckpt neither best nor tied, so not 1-3
+    assert summary["contradicting_pairs"] == 0  # but run 1 named run 3's winner as tied
+    answer = stability.one_run(threads=1)
+    assert answer["best"] is not None and answer["trials"] >= 2 and answer["timed_steps"] >= answer["trials"]

@@ -6,11 +6,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import memlab.search
+import memlab.trial
 from memlab.cli import build_parser, demo_space, main, plan_code
 from memlab.plan import Plan
+from memlab.report import Report, Trial
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +33,7 @@ def test_help_lists_the_commands() -> None:
     assert "demo" in result.stdout and "estimate" in result.stdout
     demo = memlab_command("demo", "--help")
     assert demo.returncode == 0
-    for option in ("--budget", "--batch-size", "--html", "--steps"):
+    for option in ("--budget", "--batch-size", "--html", "--steps", "--noise", "--time-limit", "--verbose"):
         assert option in demo.stdout
 
 
@@ -54,10 +58,15 @@ def test_demo_prints_a_table_and_a_winner_and_writes_html(tmp_path: Path) -> Non
         (["demo", "--steps", "0"], "--steps"),
         (["demo", "--batch-size", "many"], "--batch-size"),
         (["demo", "--budget", "lots"], "budget 'lots' is not understood"),
+        (["demo", "--noise", "5"], "--noise: 5 is not a fraction"),
+        (["demo", "--time-limit", "0"], "--time-limit: 0 is not a positive number of seconds"),
         (["demo", "--colour"], "unrecognized arguments: --colour"),
         (["bogus"], "invalid choice: 'bogus'"),
     ],
-    ids=["zero-steps", "batch-size-not-a-number", "bad-budget", "unknown-option", "unknown-command"],
+    ids=[
+        "zero-steps", "batch-size-not-a-number", "bad-budget", "noise-not-a-fraction", "no-time", "unknown-option",
+        "unknown-command",
+    ],
 )
 def test_bad_arguments_exit_non_zero_with_one_line(args: list[str], fragment: str) -> None:
     result = memlab_command(*args, timeout=120)
@@ -80,3 +89,46 @@ def test_demo_pieces() -> None:
     assert build_parser().parse_args(["demo"]).batch_size is None
     assert demo_space(8)["micro_batch"] == [8, 4, 2]
     assert plan_code(Plan(precision="bf16")) == "memlab.Plan(precision='bf16')"
+
+
+class RecordedRuns:
+    """Stands in for ``measure`` and ``fit`` (what ``memlab demo`` calls) and keeps the keywords of every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def measure(self, model: Any, batch: Any, plan: Plan, **options: Any) -> Trial:
+        self.calls.append(("measure", options))
+        return Trial(plan, "ok", 10 * 2**20, {"params": 10 * 2**20}, 0.1, 80.0, None, "cpu")
+
+    def fit(self, model: Any, batch: Any, **options: Any) -> Report:
+        self.calls.append(("fit", options))
+        return Report([], budget=options["budget"])
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> RecordedRuns:
+    runs = RecordedRuns()
+    monkeypatch.setattr(memlab.trial, "measure", runs.measure)
+    monkeypatch.setattr(memlab.search, "fit", runs.fit)
+    return runs
+
+
+def test_verbose_noise_and_time_limit_reach_the_run_options(recorded: RecordedRuns, tmp_path: Path) -> None:
+    args = ["demo", "--verbose", "--noise", "0.1", "--time-limit", "3", "--steps", "4", "--html", str(tmp_path / "r")]
+    assert main(args) == 0
+    assert [name for name, _ in recorded.calls] == ["measure", "fit"]
+    for _, options in recorded.calls:
+        assert options["verbose"] is True and options["time_limit"] == 3.0
+    fit_options = recorded.calls[1][1]
+    assert fit_options["noise"] == 0.1 and fit_options["steps"] == 4 and fit_options["warmup"] == 1
+    assert fit_options["budget"] == int(10 * 2**20 * 0.6)  # the demo's budget from the plain plan's peak
+    assert recorded.calls[0][1]["steps"] == 1  # the plain plan is measured only for its peak
+
+
+def test_the_demo_is_quiet_by_default(recorded: RecordedRuns) -> None:
+    assert main(["demo", "--budget", "20MiB", "--html", os.devnull]) == 0
+    assert [name for name, _ in recorded.calls] == ["fit"]  # a budget given: no plain measurement
+    options = recorded.calls[0][1]
+    assert options["verbose"] is False and options["noise"] == 0.05 and options["time_limit"] == 10.0
+    assert options["budget"] == 20 * 2**20 and options["steps"] == 2

@@ -182,7 +182,9 @@ def test_steps_are_timed_by_the_median_and_warmup_is_not_timed(monkeypatch):
 
     monkeypatch.setattr(step_module.TrainingStep, "__call__", call_with_fake_duration)
     model, batch = tiny_mlp(), mlp_batch(rows=8)
-    runner = TrialRunner(model, batch, RunOptions(loss_fn=mlp_loss, steps=3, warmup=1), clock=lambda: now["t"])
+    runner = TrialRunner(
+        model, batch, RunOptions(loss_fn=mlp_loss, steps=3, warmup=1, noise=0), clock=lambda: now["t"]
+    )
     trial = runner.run(memlab.Plan())
     assert trial.step_time_s == 2.0
     assert trial.step_times == (3.0, 1.0, 2.0)  # every timed step, in order
@@ -193,12 +195,12 @@ def test_progress_events_arrive_in_order():
     events = []
     model, batch = tiny_mlp(), mlp_batch()
     memlab.compare(
-        model, batch, [memlab.Plan(), memlab.Plan(checkpointing=True)], loss_fn=mlp_loss, steps=2,
+        model, batch, [memlab.Plan(), memlab.Plan(checkpointing=True)], loss_fn=mlp_loss, steps=2, noise=0,
         callback=events.append, progress=False,
     )
     kinds = [type(e).__name__ for e in events if not isinstance(e, MemorySample)]
     assert kinds[0] == "TrialStarted" and kinds[-1] == "TrialFinished"
-    per_trial = [e for e in events if isinstance(e, StepFinished) and e.index == 0]
+    per_trial = [e for e in events if isinstance(e, StepFinished) and e.index == 1]
     assert [e.kind for e in per_trial] == ["warmup", "tracked", "timed", "timed"]
     assert sum(isinstance(e, TrialStarted) for e in events) == sum(isinstance(e, TrialFinished) for e in events) == 2
     assert any(isinstance(e, MemorySample) for e in events)
@@ -360,3 +362,121 @@ def test_a_namedtuple_batch_is_cut_into_micro_batches():
         loss_fn=lambda m, b: mlp_loss(m, (b.inputs, b.targets)), steps=1,
     )
     assert trial.status == "ok", trial.error
+
+
+def _fake_step_clock(monkeypatch, timed_durations, warmup_durations=()):
+    """Make TrainingStep calls advance a fake clock: the first calls by ``warmup_durations`` (on a CPU warm-up steps
+    are tracked too), then tracked steps by 100 s and untracked (timed) ones by ``timed_durations`` in turn."""
+    from memlab import step as step_module
+
+    now = {"t": 0.0}
+    warmups, timed = iter(warmup_durations), iter(timed_durations)
+    real_call = step_module.TrainingStep.__call__
+
+    def call(self, batch, tracker=step_module.NO_PHASES):
+        warmup = next(warmups, None)
+        if warmup is not None:
+            now["t"] += warmup
+        else:
+            now["t"] += 100.0 if tracker is not step_module.NO_PHASES else next(timed)
+        return real_call(self, batch, tracker)
+
+    monkeypatch.setattr(step_module.TrainingStep, "__call__", call)
+    return lambda: now["t"]
+
+
+def test_timing_goes_on_until_the_noise_is_bounded(monkeypatch):
+    from memlab.report.noise import relative_half_width
+
+    monkeypatch.setattr("memlab.trial._WARM_DEVICE_TYPES", {"cpu"})
+    # Noisy at first, then steady: the interval of the median narrows only after enough steps.
+    durations = [1.0, 2.0, 1.5] + [1.0 + 0.01 * (i % 5) for i in range(60)]
+    clock = _fake_step_clock(monkeypatch, durations)
+    runner = TrialRunner(
+        tiny_mlp(), mlp_batch(rows=8), RunOptions(loss_fn=mlp_loss, steps=3, noise=0.05, time_limit=1000), clock=clock
+    )
+    trial = runner.run(memlab.Plan())
+    assert len(trial.step_times) > 3
+    assert relative_half_width(trial.step_times) <= 0.05
+    assert relative_half_width(trial.step_times[:-1]) > 0.05  # it stopped as soon as the target was met
+
+
+def test_timing_stops_at_the_time_limit_however_noisy(monkeypatch):
+    monkeypatch.setattr("memlab.trial._WARM_DEVICE_TYPES", {"cpu"})
+    clock = _fake_step_clock(monkeypatch, [1.0, 3.0] * 50)
+    options = RunOptions(loss_fn=mlp_loss, steps=3, noise=0.01, time_limit=10)
+    trial = TrialRunner(tiny_mlp(), mlp_batch(rows=8), options, clock=clock).run(memlab.Plan())
+    # 1+3+1+3+1+3 = 12 s: the step that passes 10 s is the last.
+    assert trial.step_times == (1.0, 3.0, 1.0, 3.0, 1.0, 3.0)
+
+
+def test_the_first_trial_of_a_cold_process_warms_up_until_steady(monkeypatch):
+    events = []
+    monkeypatch.setattr("memlab.trial._WARM_DEVICE_TYPES", set())
+    clock = _fake_step_clock(monkeypatch, [1.0] * 10, warmup_durations=[9.0, 4.0, 1.1, 1.0])
+    options = RunOptions(loss_fn=mlp_loss, steps=3, warmup=1, noise=0, callback=events.append)
+    runner = TrialRunner(tiny_mlp(), mlp_batch(rows=8), options, clock=clock)
+    with runner.session():
+        first = runner.run(memlab.Plan(), 0)
+        second = runner.run(memlab.Plan(), 1)
+    warmups = [[e.seconds for e in events if isinstance(e, StepFinished) and e.kind == "warmup" and e.index == i]
+               for i in (0, 1)]
+    assert warmups[0] == pytest.approx([9.0, 4.0, 1.1, 1.0])  # until two warm-up steps agree within 20%
+    assert warmups[1] == [100.0]  # the process is warm now: the requested warm-up only
+    assert first.step_times == second.step_times == (1.0, 1.0, 1.0)
+
+
+def _library_remark():
+    """A function that lives in a module named like transformers' (as a library warning is raised from there)."""
+    import types
+
+    library = types.ModuleType("transformers.fake_remarks")
+    exec(
+        "import logging, warnings\n"
+        "def remark():\n"
+        "    warnings.warn('a library remark, once per plan')\n"
+        "    logging.getLogger('transformers.fake_remarks').warning('a library log line')\n",
+        library.__dict__,
+    )
+    return library.remark
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_third_party_warnings_are_quiet_unless_verbose(verbose):
+    import logging
+    import warnings
+
+    remark = _library_remark()
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    library_logger = logging.getLogger("transformers.fake_remarks")
+    library_logger.addHandler(handler)
+
+    def loss_with_remarks(model, batch):
+        remark()
+        warnings.warn("the user's own remark", stacklevel=1)
+        return mlp_loss(model, batch)
+
+    level_before = logging.getLogger("transformers").level
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trial = memlab.measure(tiny_mlp(), mlp_batch(), memlab.Plan(), loss_fn=loss_with_remarks, steps=1,
+                                   noise=0, verbose=verbose)
+    finally:
+        library_logger.removeHandler(handler)
+    assert trial.status == "ok"
+    messages = {str(w.message) for w in caught}
+    assert "the user's own remark" in messages
+    assert ("a library remark, once per plan" in messages) is verbose
+    assert ("a library log line" in logged) is verbose
+    assert logging.getLogger("transformers").level == level_before  # the kernel's logging is as it was
+
+
+def test_the_progress_bar_says_which_plan_of_how_many_and_the_time_left(capsys):
+    memlab.compare(tiny_mlp(), mlp_batch(), [memlab.Plan(), memlab.Plan(accumulation=2)], loss_fn=mlp_loss,
+                   steps=1, noise=0, progress=True)
+    shown = capsys.readouterr().err
+    assert "plan 1 of 2: plain, warm-up step 1, about" in shown  # from the first step on
+    assert "plan 2 of 2: accum2" in shown and "left" in shown

@@ -1,4 +1,5 @@
-"""The live figure without a browser: what the FigureWidget holds after progress events, and how often it redraws."""
+"""The live figure without a browser: what the FigureWidget holds after progress events, how often it redraws, and how
+LiveOutput shows it in a cell and leaves a static record there."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from plotly.basedatatypes import Undefined
 import memlab
 from memlab.events import MemorySample, StepFinished, TrialFinished, TrialStarted
 from memlab.jupyter import live as live_module
-from memlab.jupyter.live import LiveFigure
+from memlab.jupyter.live import LiveFigure, LiveOutput
 from memlab.plan import Plan
 from memlab.report import CATEGORIES, Report, Trial
 from memlab.report.figure import BEST_COLOR
@@ -47,7 +48,9 @@ def traces_on(figure: LiveFigure, xaxis: str) -> dict[str, Any]:
     return {trace.name: trace for trace in figure.widget.data if trace.xaxis == xaxis}
 
 
-def run_trial(figure: LiveFigure, trial: Trial, index: int, total: int, samples: Sequence[int] = ()) -> None:
+def run_trial(
+    figure: LiveFigure | LiveOutput, trial: Trial, index: int, total: int, samples: Sequence[int] = ()
+) -> None:
     plan = trial.plan
     figure(TrialStarted(plan=plan, index=index, total=total))
     figure(StepFinished(plan, index, 0, "warmup", 0.5, 2.0, None, None))
@@ -223,3 +226,89 @@ def test_as_the_callback_of_compare_it_draws_every_trial() -> None:
     assert traces_on(figure, "x2")["params"].x == ("plain", "ckpt")
     assert len(figure.widget.data[live_module.LIVE].x) > 0  # samples of the tracked step were drawn
     assert max(figure.widget.data[live_module.LIVE].y) <= report.trials[-1].peak_bytes / MIB + 1e-9
+
+
+def test_sixty_settings_are_numbered_with_error_bars_and_hover() -> None:
+    figure = LiveFigure(budget="64MiB", clock=FakeClock())
+    plans = [Plan(micro_batch=size, accumulation=accumulation) for size in (1, 2, 4) for accumulation in range(1, 21)]
+    for index, plan in enumerate(plans):
+        trial = ok_trial(plan, 2.0 + index / 10, 10.0 + index % 5)
+        trial.rows_per_step, trial.step_times = 8, (0.5, 0.55, 0.6, 0.52, 0.58, 0.54)
+        run_trial(figure, trial, index, len(plans))
+    layout = figure.widget.layout
+    assert list(layout.xaxis.ticktext[:3]) == ["1", "5", "10"] and layout.xaxis.tickangle == 0
+    assert layout.xaxis2.ticktext == layout.xaxis.ticktext and layout.autosize is True and layout.width is None
+    speed = traces_on(figure, "x")["samples/s"]
+    assert len(speed.error_y.array) == 60 and all(isinstance(value, float) for value in speed.error_y.array)
+    assert speed.hovertext[11].startswith("#12 ") and plans[11].describe() in speed.hovertext[11]
+    points = traces_on(figure, "x4")["fits"]
+    assert points.text[:2] == ("1", "2")  # the scatter's points are numbered like the bars
+
+
+class FakeHandle:
+    def __init__(self) -> None:
+        self.updates: list[tuple[Any, dict[str, Any]]] = []
+
+    def update(self, obj: Any, **kwargs: Any) -> None:
+        self.updates.append((obj, kwargs))
+
+
+@pytest.fixture
+def displays(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, dict[str, Any], FakeHandle]]:
+    import IPython.display
+
+    shown: list[tuple[Any, dict[str, Any], FakeHandle]] = []
+
+    def display(obj: Any, **kwargs: Any) -> FakeHandle:
+        handle = FakeHandle()
+        shown.append((obj, kwargs, handle))
+        return handle
+
+    monkeypatch.setattr(IPython.display, "display", display)
+    return shown
+
+
+def test_live_output_shows_the_figure_at_the_first_event_then_leaves_a_static_record(
+    displays: list[tuple[Any, dict[str, Any], FakeHandle]],
+) -> None:
+    from memlab.report.static import record_bundle
+
+    output = LiveOutput(budget="8MiB", min_interval_s=0.0)
+    assert output.figure is None and displays == []
+    trial = ok_trial(Plan(), 2.0, 5.0)
+    run_trial(output, trial, 0, 1)
+    assert output.figure is not None and len(displays) == 1
+    widget, options, handle = displays[0]
+    assert widget is output.figure.widget and options == {"display_id": True}
+    report = Report([trial], budget=8 * MIB)
+    output.finish(report)
+    assert handle.updates == [(record_bundle(report), {"raw": True})]
+    assert output.figure.widget.comm is None  # closed
+    assert len(displays) == 1
+
+
+def test_live_output_without_events_shows_the_record_only_when_asked(
+    displays: list[tuple[Any, dict[str, Any], FakeHandle]],
+) -> None:
+    output = LiveOutput()
+    output.finish(Report([]))
+    assert displays == []
+    report = Report([ok_trial(Plan(), 2.0, 5.0)])
+    output.finish(report, show=True)
+    (record, options, _), = displays
+    assert options == {"raw": True, "display_id": True} and "<svg" in record["image/svg+xml"]
+    assert output.figure is None and output.shown
+
+
+def test_live_output_never_raises_when_the_record_fails(
+    displays: list[tuple[Any, dict[str, Any], FakeHandle]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    output = LiveOutput()
+    run_trial(output, ok_trial(Plan(), 2.0, 5.0), 0, 1)
+
+    def broken(report: Report) -> dict[str, Any]:
+        raise RuntimeError("no SVG today")
+
+    monkeypatch.setattr(live_module, "record_bundle", broken)
+    with pytest.warns(RuntimeWarning, match="no SVG today"):
+        output.finish(output.report)

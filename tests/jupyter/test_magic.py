@@ -1,17 +1,21 @@
 """``%%memfit`` in a real IPython shell: grids, cell bodies, help, --apply, the search, and bad input.
 
-Every bad invocation must raise IPython's UsageError with a one-line message, before the model is touched.
+Every bad invocation must raise IPython's UsageError with a one-line message, before the model is touched. In a kernel
+the live figure is shown while plans run and, however the run ends, replaced by a static record (an SVG) that a saved
+notebook keeps.
 Models are tiny and every run uses ``--steps 1 --warmup 1`` so the whole file stays well under a minute and a half.
 """
 
 from __future__ import annotations
 
 import builtins
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing import globalipapp
@@ -19,11 +23,17 @@ from models import assert_same, fingerprint, lm_batch, mlp_batch, tiny_gpt2, tin
 
 import memlab
 from memlab.apply import Applied
+from memlab.events import Event, TrialFinished, TrialStarted
 from memlab.jupyter import magic
+from memlab.jupyter.live import LiveOutput
 from memlab.jupyter.magic import APPLIED_NAME, MemfitMagics, body_loss_fn, empty_body_transformer
+from memlab.options import RunOptions
 from memlab.plan import parse_grid
+from memlab.report.static import record_bundle
 
 FAST = "--steps 1 --warmup 1 --quiet"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+MIB = 1024**2
 MLP_LOSS = "x, y = pairs\nloss = (mlp(x).squeeze(-1) - y).pow(2).mean()"
 
 
@@ -162,6 +172,10 @@ def test_help_comes_from_the_argument_declarations(shell: InteractiveShell, caps
         "--apply",
         "--dry-run",
         "--quiet",
+        "--verbose",
+        "--noise",
+        "--time-limit",
+        "static copy",
         "MODEL",
         "BATCH",
         "Examples",
@@ -179,7 +193,77 @@ def test_usage_error_prints_one_line_in_a_cell(shell: InteractiveShell, capsys: 
     assert "Traceback" not in captured.err
 
 
-def test_live_figure_is_displayed_and_fed(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
+class FrontEnd(DisplayPublisher):
+    """What a notebook front end keeps of a cell's displays: outputs in order, an update replacing the output that
+    has its display id (as JupyterLab, nbclient and nbconvert do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs: list[dict[str, Any]] = []
+        self.published: list[dict[str, Any]] = []
+
+    def publish(  # type: ignore[override]
+        self, data: dict[str, Any], metadata: Any = None, source: Any = None, *, transient: Any = None,
+        update: bool = False, **kwargs: Any,
+    ) -> None:
+        display_id = (transient or {}).get("display_id")
+        self.published.append({"data": data, "display_id": display_id, "update": update})
+        if update:
+            for output in self.outputs:
+                if output["display_id"] == display_id:
+                    output["data"] = data
+        else:
+            self.outputs.append({"data": data, "display_id": display_id})
+
+    def clear_output(self, wait: bool = False) -> None:
+        self.outputs.clear()
+
+
+@pytest.fixture
+def front_end(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> FrontEnd:
+    """The shell as a Jupyter kernel: widgets can be drawn, and what the cell displays is kept."""
+    front = FrontEnd()
+    monkeypatch.setattr(shell, "display_pub", front)
+    monkeypatch.setattr(magic, "_shows_widgets", lambda shell: True)
+    return front
+
+
+def recording_outputs(monkeypatch: pytest.MonkeyPatch, fail_at: BaseException | None = None) -> list[LiveOutput]:
+    """Every LiveOutput the magic makes, kept; with ``fail_at``, the second trial's start raises it (as a Ctrl-C or
+    a failure inside the run would), after the first trial was drawn."""
+    made: list[LiveOutput] = []
+
+    class Recorded(LiveOutput):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+        def __call__(self, event: Event) -> None:
+            super().__call__(event)
+            if fail_at is not None and isinstance(event, TrialStarted) and event.index == 1:
+                raise fail_at
+
+    monkeypatch.setattr(magic, "LiveOutput", Recorded)
+    return made
+
+
+def assert_static_record(front: FrontEnd, outputs: list[LiveOutput], plans: int) -> dict[str, Any]:
+    """The cell shows one output, the static record of ``plans`` plans, where the live figure was; the widget is
+    closed. Returns the record."""
+    assert WIDGET_VIEW in front.published[0]["data"]  # the live figure was shown while the plans ran
+    assert len(front.outputs) == 1
+    record: dict[str, Any] = front.outputs[0]["data"]
+    assert WIDGET_VIEW not in record
+    assert record["image/svg+xml"].startswith("<svg") and record["image/svg+xml"].rstrip().endswith("</svg>")
+    assert record["text/plain"].startswith(f"memlab: {plans} plan")
+    assert len(record["text/plain"]) < 200 and "FigureWidget" not in record["text/plain"]
+    assert front.published[-1]["update"] and front.published[-1]["display_id"] == front.outputs[0]["display_id"]
+    assert len(outputs) == 1 and outputs[0].figure is not None
+    assert outputs[0].figure.widget.comm is None  # closed: no comm, no widget state left behind
+    return record
+
+
+def test_terminal_and_quiet_show_no_figure(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
     import IPython.display
 
     shown: list[Any] = []
@@ -187,15 +271,117 @@ def test_live_figure_is_displayed_and_fed(shell: InteractiveShell, monkeypatch: 
     memfit(shell, f"mlp pairs {FAST.replace('--quiet', '')}", MLP_LOSS)
     assert shown == []  # a terminal IPython cannot draw widgets: no figure, no huge repr
     monkeypatch.setattr(magic, "_shows_widgets", lambda shell: True)  # as in a Jupyter kernel
-    report = memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1", MLP_LOSS)
-    assert len(report) == 2
-    assert len(shown) == 1
-    widget = shown[0]
-    assert type(widget).__name__ == "FigureWidget"
-    assert list(widget.data[1].x) == [t.label for t in report.trials]
-    shown.clear()
     memfit(shell, f"mlp pairs {FAST}", MLP_LOSS)
     assert shown == []  # --quiet: no figure
+
+
+def test_the_live_figure_is_fed_then_replaced_by_a_static_record(
+    shell: InteractiveShell, front_end: FrontEnd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outputs = recording_outputs(monkeypatch)
+    report = memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1", MLP_LOSS)
+    assert len(report) == 2
+    figure = outputs[0].figure
+    assert figure is not None and list(figure.widget.data[1].x) == [t.label for t in report.trials]
+    record = assert_static_record(front_end, outputs, plans=2)
+    assert record == record_bundle(report)
+    for label in ("plain", "ckpt", "checkpointing"):  # the key spells the labels out
+        assert label in record["image/svg+xml"]
+    assert len(json.dumps(record)) < 40_000
+
+
+def test_ctrl_c_after_the_first_plan_leaves_a_static_record(
+    shell: InteractiveShell, front_end: FrontEnd, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outputs = recording_outputs(monkeypatch, fail_at=KeyboardInterrupt())
+    report = memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1", MLP_LOSS)
+    assert [t.label for t in report] == ["plain"]
+    assert "Interrupted: 1 plan(s)" in capsys.readouterr().out
+    assert_static_record(front_end, outputs, plans=1)
+
+
+@pytest.mark.parametrize(
+    ("failure", "raised"),
+    [(RuntimeError("the run broke"), RuntimeError), (memlab.MemlabError("a clear message"), UsageError)],
+    ids=["exception", "memlab-error"],
+)
+def test_an_error_after_the_figure_was_shown_leaves_a_static_record(
+    shell: InteractiveShell, front_end: FrontEnd, monkeypatch: pytest.MonkeyPatch, failure: BaseException,
+    raised: type[BaseException],
+) -> None:
+    outputs = recording_outputs(monkeypatch, fail_at=failure)
+    with pytest.raises(raised):
+        memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1", MLP_LOSS)
+    record = assert_static_record(front_end, outputs, plans=1)  # what the figure had drawn: the first plan
+    assert "plain" in record["image/svg+xml"]
+
+
+def test_a_dry_run_shows_the_static_record_and_no_widget(shell: InteractiveShell, front_end: FrontEnd) -> None:
+    report = memfit(shell, "model batch --dry-run --try checkpointing=off,on --steps 1")
+    assert len(report) == 2
+    assert all(WIDGET_VIEW not in message["data"] for message in front_end.published)
+    assert len(front_end.outputs) == 1 and "<svg" in front_end.outputs[0]["data"]["image/svg+xml"]
+
+
+def test_the_record_of_sixty_plans_is_small_and_readable(
+    shell: InteractiveShell, front_end: FrontEnd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget search's dozens of plans: the live figure draws each, and what stays in the notebook is small."""
+    sixty = sixty_trials()
+    outputs = recording_outputs(monkeypatch)
+
+    def fake_compare(model: Any, batch: Any, plans: Any, **options: Any) -> memlab.Report:
+        for index, trial in enumerate(sixty.trials):
+            options["callback"](TrialStarted(plan=trial.plan, index=index, total=len(sixty)))
+            options["callback"](TrialFinished(trial=trial, index=index, total=len(sixty)))
+        return sixty
+
+    monkeypatch.setattr(magic, "compare", fake_compare)
+    memfit(shell, "mlp pairs --try checkpointing=off,on --budget 2GiB", MLP_LOSS)
+    record = assert_static_record(front_end, outputs, plans=60)
+    assert len(json.dumps(record)) < 150_000
+    figure = outputs[0].figure
+    assert figure is not None
+    axis = figure.widget.layout.xaxis  # numbered ticks, level, not one per bar
+    assert list(axis.ticktext[:3]) == ["1", "5", "10"] and axis.tickangle == 0
+    assert "#37" in figure.widget.data[0].hovertext[36]
+
+
+def sixty_trials() -> memlab.Report:
+    levers = ["checkpointing=off,on", "precision=fp32,bf16"]
+    plans = parse_grid(["micro_batch=all,1,2,4,8", *levers, "optimizer=adamw,adamw8bit"])
+    plans += parse_grid(["micro_batch=1,2,4,8,16", "offload=optimizer", *levers])
+    trials = []
+    for index, plan in enumerate(plans[:60]):
+        peak = (300 + 37 * index) * MIB
+        if index % 9 == 4:
+            trials.append(memlab.Trial(plan, "oom", peak, {}, None, None, None, "cpu", error="out of memory"))
+            continue
+        speed = 10.0 + index % 7
+        times = tuple(8 / speed * (1 + 0.02 * step) for step in range(6))
+        breakdown = {"params": peak // 4, "grads": peak // 4, "optimizer": peak // 4, "activations": peak // 8}
+        trials.append(
+            memlab.Trial(plan, "ok", peak, breakdown, 8 / speed, speed, None, "cpu", rows_per_step=8, step_times=times)
+        )
+    return memlab.Report(trials, budget=2 * 1024 * MIB)
+
+
+def test_verbose_noise_and_time_limit_reach_the_run_options(
+    shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def fake_compare(model: Any, batch: Any, plans: Any, **options: Any) -> memlab.Report:
+        seen.append(options)
+        return memlab.Report([])
+
+    monkeypatch.setattr(magic, "compare", fake_compare)
+    memfit(shell, f"mlp pairs {FAST}", MLP_LOSS)
+    memfit(shell, f"mlp pairs {FAST} --verbose --noise 0.02 --time-limit 30", MLP_LOSS)
+    quiet, verbose = seen
+    assert quiet["verbose"] is False and verbose["verbose"] is True  # quiet by default
+    assert (quiet["noise"], quiet["time_limit"]) == (RunOptions().noise, RunOptions().time_limit)
+    assert (verbose["noise"], verbose["time_limit"]) == (0.02, 30.0)
 
 
 def test_apply_stores_memfit_applied(shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
@@ -321,6 +507,9 @@ BAD = [
     ("batch-size-with-try", "model batch --batch-size 8 --try checkpointing=off,on", "", "add --search"),
     ("search-without-budget-on-cpu", "model batch --batch-size 8", "", "needs a budget"),
     ("zero-lr", "model batch --lr 0", "", "lr=0.0 is not allowed"),
+    ("noise-above-one", "model batch --noise 1.5", "", "noise=1.5 is not allowed"),
+    ("noise-not-a-number", "model batch --noise low", "", "--noise: invalid float value"),
+    ("zero-time-limit", "model batch --time-limit 0", "", "time_limit=0.0 is not allowed"),
     ("lr-not-a-number", "model batch --lr fast", "", "--lr: invalid float value"),
     ("apply-with-dry-run", "model batch --apply --dry-run", "", "drop one of the two"),
     ("body-syntax-error", "model batch", "loss = model(**batch).loss +", "syntax error on line 1"),

@@ -12,11 +12,12 @@ import torch
 from models import assert_same, fingerprint, lm_batch, tiny_gpt2
 
 import memlab
+from memlab.apply import Applied
 from memlab.errors import MemlabError
 from memlab.events import Event, TrialFinished
 from memlab.jupyter.live import LiveFigure
-from memlab.jupyter.panel import Panel, panel
-from memlab.plan import Plan
+from memlab.jupyter.panel import Panel, panel, user_variable_name
+from memlab.plan import LEVERS, Plan
 from memlab.report import CATEGORIES, Report
 
 MIB = 1024**2
@@ -85,7 +86,8 @@ def test_panel_is_a_widget_with_a_control_per_technique(two_runs: dict[str, Any]
     assert (descriptions["micro_batch"], descriptions["accumulation"]) == ("micro-batch", "accumulation")
     assert all(control.tooltip for control in p.controls.values())
     assert list(p.children[0].children[:2]) == [p.controls["micro_batch"], p.controls["accumulation"]]
-    assert [b.description for b in (p.run_button, p.apply_button, p.undo_button)] == ["Run", "Apply", "Undo"]
+    buttons = (p.run_button, p.apply_button, p.undo_button, p.clear_button)
+    assert [b.description for b in buttons] == ["Run", "Apply", "Undo", "Clear"]
     assert p.figure.widget in p.children and p.table in p.children and p.status in p.children
 
 
@@ -225,3 +227,132 @@ def test_closing_a_panel_lets_its_model_go() -> None:
     del p, model
     gc.collect()
     assert alive() is None
+
+
+def test_every_control_has_its_lever_name_and_a_tooltip_that_says_what_it_does_and_costs() -> None:
+    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    for name, spec in LEVERS.items():
+        control = p.controls[name]
+        assert control.description == name.replace("_", "-")
+        assert control.tooltip == spec.help, name
+    assert p.controls["accumulation"].description == "accumulation"
+    assert "steps" not in p.controls["accumulation"].description
+    budget = p.controls["budget"]
+    assert budget.description == "budget" and "8GiB" in budget.tooltip and "does not fit" in budget.tooltip
+    # every input and button anywhere in the panel, not only those in p.controls (text to read is no control)
+    shown = (widgets.HTML, widgets.HTMLMath, widgets.Label)
+    inputs = [
+        w for w in _widgets_in(p) if isinstance(w, (widgets.ValueWidget, widgets.Button)) and not isinstance(w, shown)
+    ]
+    assert len(inputs) == len(p.controls) + 4  # and the four buttons
+    assert all(isinstance(w.tooltip, str) and len(w.tooltip) > 10 for w in inputs), [
+        w.description for w in inputs if not w.tooltip
+    ]
+
+
+def _widgets_in(widget: widgets.Widget) -> list[widgets.Widget]:
+    found = []
+    for child in getattr(widget, "children", ()):
+        found += [child, *_widgets_in(child)]
+    return found
+
+
+def test_clear_empties_the_report_table_and_figure_and_leaves_the_model_alone() -> None:
+    model = tiny_gpt2()
+    before = fingerprint(model)
+    p = panel(model, small_batch(), steps=1, budget="64MiB")
+    p.run_button.click()
+    assert len(p.report) == 1 and "plain" in p.table.value
+    old_figure = p.figure
+    p.clear_button.click()
+    assert len(p.report) == 0 and p.report.budget == 64 * MIB
+    assert "plain" not in p.table.value
+    assert len(p.figure.report) == 0 and p.figure is not old_figure
+    assert p.figure.widget in p.children and old_figure.widget not in p.children
+    assert all(len(trace.x or ()) == 0 for trace in p.figure.widget.data)  # nothing drawn, live trace included
+    assert "Cleared 1 result" in p.status.value
+    assert_same(before, fingerprint(model))
+    p.run_button.click()  # the panel goes on working after a Clear
+    assert [trial.label for trial in p.report] == ["plain"] and len(p.figure.report) == 1
+
+
+def test_apply_of_a_setting_this_panel_did_not_measure_applies_it_with_a_warning() -> None:
+    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    p.run_button.click()  # measures plain
+    p.controls["checkpointing"].value = True
+    p.apply_button.click()
+    assert isinstance(p.applied, Applied) and p.applied.plan == Plan(checkpointing=True)
+    status = p.status.value
+    assert "memlab-warn" in status and "Not measured" in status and "may not fit" in status and "Run" in status
+    p.undo_button.click()
+    p.controls["checkpointing"].value = False
+    p.apply_button.click()  # plain was measured: no warning
+    assert "memlab-ok" in p.status.value and "measured peak" in p.status.value
+    p.undo_button.click()
+    p.clear_button.click()
+    p.apply_button.click()  # cleared: not measured any more
+    assert "Not measured" in p.status.value
+    p.undo_button.click()
+
+
+def test_apply_after_a_run_that_did_not_fit_warns() -> None:
+    p = panel(tiny_gpt2(), small_batch(), steps=1, budget="64KiB")
+    assert p.run().status == "oom"
+    p.controls["budget"].value = ""
+    p.apply_button.click()
+    assert "Not measured" in p.status.value
+    p.undo_button.click()
+
+
+@pytest.fixture
+def ipython() -> Iterator[Any]:
+    from IPython.testing import globalipapp
+
+    shell = globalipapp.get_ipython()  # the session's one test shell (see tests/jupyter/test_magic.py)
+    names = set(shell.user_ns)
+    yield shell
+    for name in set(shell.user_ns) - names:
+        shell.user_ns.pop(name)
+
+
+def test_messages_name_the_users_own_variable(ipython: Any) -> None:
+    import IPython
+
+    assert IPython.get_ipython() is ipython
+    net = tiny_gpt2()
+    ipython.user_ns.update(net=net, rows=small_batch())
+    p = panel(net, ipython.user_ns["rows"], steps=1)
+    assert "on net." in p.status.value
+    ipython.user_ns["board"] = p
+    p.controls["checkpointing"].value = True
+    p.apply_button.click()
+    status = p.status.value
+    assert "applied to net" in status and "board.applied.step(rows)" in status
+    p.run_button.click()
+    assert "applied to net; click Undo" in p.status.value
+    p.undo_button.click()
+    p.clear_button.click()
+    assert "net is untouched" in p.status.value
+    said = [p.status.value]
+    p.run_button.click()
+    said.append(p.status.value)
+    assert not any("model" in text for text in said), said
+
+
+def test_messages_without_a_variable_say_the_model_or_the_given_name(ipython: Any) -> None:
+    p = panel(tiny_gpt2(), small_batch(), steps=1)  # the model is in no variable
+    assert "on the model." in p.status.value
+    p.apply_button.click()
+    assert "to the model" in p.status.value and "the panel&#x27;s applied.step(...)" in p.status.value
+    p.undo_button.click()
+    ipython.user_ns["net"] = p.model
+    named = panel(p.model, small_batch(), steps=1, name="trainer.model")
+    assert named.model_name() == "trainer.model" and "on trainer.model." in named.status.value
+    with pytest.raises(MemlabError, match="name="):
+        panel(tiny_gpt2(), small_batch(), name="")
+
+
+def test_user_variable_name_is_by_identity_and_skips_output_history() -> None:
+    value = [1, 2]
+    assert user_variable_name(value, {"_": value, "_3": value, "copy": [1, 2], "mine": value}) == "mine"
+    assert user_variable_name(value, {"copy": [1, 2]}) is None

@@ -127,6 +127,19 @@ def test_postbuild_installs_the_package_itself_from_the_repository_root():
     assert not any("torch" in " ".join(args) for args in installs), "torch comes from requirements.txt (CPU build)"
 
 
+def test_postbuild_installs_the_lab_extra():
+    """The core leaves JupyterLab to the person's own Jupyter; on Binder the lab extra brings it and a kernel."""
+    installed = [
+        Requirement(word.replace(".", "memlab", 1))
+        for words in postbuild_commands()
+        if "pip" in words and "install" in words
+        for word in words
+        if word.startswith(".[")
+    ]
+    assert any("lab" in requirement.extras for requirement in installed), 'postBuild must pip install -e ".[lab]"'
+    assert "lab" in (metadata.metadata("memlab").get_all("Provides-Extra") or []), "pyproject has no lab extra"
+
+
 def test_start_hands_over_to_the_server_with_a_sane_thread_count():
     """binder/start (run at every session start) matches torch's threads to the CPUs the container may use."""
     start = BINDER / "start"

@@ -213,7 +213,8 @@ def test_html_names_every_plan_and_marks_what_does_not_fit(report: Report) -> No
         assert trial.label in page
     assert page.count("does not fit") == 2  # the OOM and the plan over the 800 MiB budget
     assert "\u2605 best" in page and "bf16 \u2605 best" in page
-    assert "900.0 MiB" in page  # sizes are formatted
+    assert "peak MiB" in page and "<td>900</td>" in page  # one unit per size column, said in the header
+    assert "white-space:nowrap" in page  # no size or label wraps
     assert "RuntimeError: shapes do not match" in page and "Traceback line two" not in page  # errors: one line
     assert "fp16 on CPU is slow" in page
     assert "Budget: 800.0 MiB" in page
@@ -233,8 +234,8 @@ def test_text_table(report: Report) -> None:
     text = str(report)
     assert text == report.to_text()
     lines = text.splitlines()
-    assert lines[0].split()[:3] == ["plan", "status", "peak"]
-    best_line = next(line for line in lines if line.startswith("*"))
+    assert lines[0].split()[:4] == ["plan", "status", "peak", "MiB"]
+    best_line = next(line for line in lines if line.startswith("\u2605"))
     assert "bf16" in best_line
     assert "does not fit (OOM)" in text and "does not fit (over budget)" in text
     assert "Best: bf16" in text and "Budget: 800.0 MiB" in text and "Device: cpu" in text
@@ -406,3 +407,55 @@ def test_step_times_survive_json_and_untimed_trials_have_no_range() -> None:
     twice_as_fast = Trial(Plan(precision="bf16"), "ok", 20, {}, 0.25, 32.0, None, "cpu", rows_per_step=8,
                           step_times=(0.25,))
     assert Report([once, twice_as_fast]).ties == []
+
+
+# --- noise: ties, spread, and why nothing fits -----------------------------------------------------------------------
+
+
+def timed_trial(plan: Plan, peak_mib: float, step_times: tuple[float, ...]) -> Trial:
+    median = sorted(step_times)[len(step_times) // 2]
+    return dataclasses.replace(ok(plan, peak_mib, 8 / median), rows_per_step=8, step_times=step_times,
+                               step_time_s=median)
+
+
+def test_a_speed_inside_the_noise_is_a_tie_and_the_tables_say_so() -> None:
+    fast = timed_trial(Plan(), 900, (0.50, 0.52, 0.60, 0.49, 0.51, 0.55))
+    close = timed_trial(Plan(checkpointing=True), 500, (0.53, 0.54, 0.56, 0.52, 0.55, 0.58))
+    slow = timed_trial(Plan(accumulation=2), 400, (1.0, 1.01, 0.99, 1.02, 1.0, 1.01))
+    report = Report([fast, close, slow])
+    assert report.best is close and report.ties == [fast]  # tied within noise: the lower peak is named best
+    text = report.to_text()
+    assert "\u2605 ckpt" in text and "\u2248 plain" in text and "\u2248 accum2" not in text
+    assert "noise" in text.splitlines()[0] and "\u00b1" in text
+    assert "As fast within measurement noise: plain" in text
+    page = report._repr_html_()
+    assert "ckpt \u2605 best" in page and "plain \u2248 as fast" in page
+
+
+def test_many_timed_steps_separate_speeds_that_a_few_could_not() -> None:
+    # Two steps each: the ranges overlap, a tie. Forty steps each with the same spread: the intervals of the
+    # medians are narrow, and the faster plan wins outright.
+    a_few = Report([timed_trial(Plan(), 900, (0.50, 0.60)), timed_trial(Plan(checkpointing=True), 500, (0.55, 0.65))])
+    assert a_few.ties
+    fast = tuple(0.50 + 0.10 * ((i * 7) % 40) / 40 for i in range(40))
+    slow = tuple(seconds + 0.05 for seconds in fast)
+    many = Report([timed_trial(Plan(), 900, fast), timed_trial(Plan(checkpointing=True), 500, slow)])
+    assert many.best is many.trials[0] and many.ties == []
+
+
+def test_when_nothing_fits_the_footer_says_why_in_one_line() -> None:
+    state_too_big = Report([ok(Plan(), 900, 10.0)], budget=600 * MIB)  # params+grads+optimizer: 675 MiB
+    text = state_too_big.to_text()
+    assert "Why: weights, gradients and optimizer state alone take 675.0 MiB in plain" in text
+    close = Report([ok(Plan(), 900, 10.0), oom(Plan(micro_batch=64), 2000)], budget=800 * MIB)
+    assert "Why: the smallest peak, 900.0 MiB (plain), is 100.0 MiB over the budget of 800.0 MiB" in close.to_text()
+
+
+def test_out_of_memory_notes_are_short() -> None:
+    message = (
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has a total capacity of 79.19 GiB "
+        "of which 2.1 GiB is free. Including non-PyTorch memory, this process has 77.0 GiB memory in use."
+    )
+    trial = dataclasses.replace(oom(Plan(), 2000), error=message, device="cuda:0")
+    text = Report([trial]).to_text()
+    assert "CUDA out of memory allocating 3.50 GiB" in text and "total capacity" not in text

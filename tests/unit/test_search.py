@@ -433,3 +433,24 @@ def test_a_restricted_space_is_respected():
     assert len(candidates) == 3 * 2 * 1 * 2 * 1
     assert all(p.precision == "bf16" and p.offload == "none" for p in landscape.measured)
     assert result.best is not None and result.best.plan == landscape.grid_best(budget, candidates)
+
+
+def _timed(plan: Plan, step_times: tuple[float, ...], rows: int = 8) -> Trial:
+    median = sorted(step_times)[len(step_times) // 2]
+    return Trial(plan, "ok", 100, {"params": 10}, median, rows / median, None, "cuda:0", rows_per_step=rows,
+                 step_times=step_times, budget=1000)
+
+
+@pytest.mark.parametrize(("twin_times", "skipped"), [((1.02, 1.05, 1.08), False), ((1.5, 1.55, 1.6), True)])
+def test_a_plan_is_ruled_out_for_speed_only_beyond_the_noise(twin_times, skipped) -> None:
+    # On a GPU mb4x2 ckpt is at most as fast as its twin mb8x1 ckpt. The twin measured a little slower than the
+    # best (plain), inside the best's noise: mb4x2 ckpt may still win and must be measured; far slower, it cannot.
+    plans = candidate_plans(8, {"micro_batch": [8, 4], "checkpointing": [False, True], "precision": ["fp32"],
+                                "optimizer": ["adamw"], "offload": ["none"]})
+    search = Search(plans, budget=1000, batch_size=8, trainable_bytes=10, prior=speed_prior("cuda"))
+    best = _timed(Plan(micro_batch=8), (0.9, 1.0, 1.1))
+    search.record(best)
+    search.record(_timed(Plan(micro_batch=8, checkpointing=True), twin_times))
+    memory, speed = search.models()
+    reason = search.skip_reason(Plan(micro_batch=4, accumulation=2, checkpointing=True), memory, speed, search.best)
+    assert (reason is not None and reason.startswith("cannot beat the best")) is skipped

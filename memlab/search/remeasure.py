@@ -1,0 +1,118 @@
+"""Settle a close race: re-measure the plans close in speed in alternation (A B A B), so drift does not decide.
+
+A shared machine drifts (another tenant's job starts, a GPU clocks down): two plans measured minutes apart can differ
+by more than they differ from each other. Re-running the contenders in turn, round after round, exposes them to the
+same drift, and their speeds are then taken from those rounds alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable, Sequence
+
+from memlab.plan import Plan
+from memlab.report import Report, Trial
+
+__all__ = ["DRIFT_MARGIN", "MAX_CONTENDERS", "ROUNDS", "close_contenders", "remeasure_interleaved"]
+
+ROUNDS = 2
+"""How many times each contender runs again, in alternation."""
+MAX_CONTENDERS = 3
+"""At most this many plans are re-measured: the best and the trials closest to it."""
+DRIFT_MARGIN = 0.25
+"""Trials within this fraction of the best's speed are timed again with it, tied within their own noise or not."""
+
+
+def close_contenders(trials: Sequence[Trial], budget: int | None, limit: int = MAX_CONTENDERS) -> list[Trial]:
+    """The trials a re-measurement must settle: the best, its ties (:attr:`Report.ties`), and the trials that fit
+    within ``DRIFT_MARGIN`` of its speed, fastest first, at most ``limit``; empty when no other trial is that close.
+
+    The margin is there because a trial's interval bounds the noise *during* its steps, not the drift between two
+    trials measured minutes apart: on a shared CPU the same search crowned different winners run after run
+    (``benchmarks/results/stability-cpu.json``) when only ties were timed again.
+
+    Example:
+        >>> fast = Trial(Plan(), "ok", 9, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.6))
+        >>> close = Trial(Plan(checkpointing=True), "ok", 5, {}, 0.55, 14.5, None, "cpu", rows_per_step=8,
+        ...               step_times=(0.5, 0.6))
+        >>> slow = Trial(Plan(accumulation=2), "ok", 5, {}, 2.0, 4.0, None, "cpu", rows_per_step=8,
+        ...              step_times=(1.9, 2.1))
+        >>> [t.label for t in close_contenders([fast, close, slow], budget=None)]
+        ['plain', 'ckpt']
+    """
+    report = Report(list(trials), budget=budget)
+    best = report.best
+    if best is None or best.samples_per_s is None:
+        return []
+    floor = (1 - DRIFT_MARGIN) * best.samples_per_s
+    near = [
+        trial
+        for trial in report.trials
+        if trial is not best and report.fits(trial) and (trial.samples_per_s or 0.0) >= floor
+    ]
+    close = list({id(trial): trial for trial in [best, *report.ties, *near]}.values())
+    if len(close) < 2:
+        return []
+    ranked = sorted(close, key=lambda trial: trial.samples_per_s or 0.0, reverse=True)
+    return ranked[:limit]
+
+
+def remeasure_interleaved(
+    contenders: Sequence[Trial], measure: Callable[[Plan], Trial], rounds: int = ROUNDS
+) -> list[Trial]:
+    """Run the contenders again in turn, ``rounds`` times (A B A B), and return each contender with its speed from
+    those runs alone (their timed steps pooled) and its memory from the highest peak of all its runs.
+
+    A contender that fails in a re-run (out of memory under the cap, an error) is returned as that failed run:
+    a plan that fits only sometimes is no answer.
+
+    Example:
+        >>> order = []
+        >>> def measure(plan):
+        ...     order.append(plan.label())
+        ...     return Trial(plan, "ok", 9, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.5, 0.5))
+        >>> first = Trial(Plan(), "ok", 9, {}, 1.0, 8.0, None, "cpu", rows_per_step=8, step_times=(1.0, 1.0))
+        >>> second = Trial(Plan(checkpointing=True), "ok", 5, {}, 1.0, 8.0, None, "cpu", rows_per_step=8)
+        >>> again = remeasure_interleaved([first, second], measure)
+        >>> order, again[0].samples_per_s, again[0].step_times
+        (['plain', 'ckpt', 'plain', 'ckpt'], 16.0, (0.5, 0.5, 0.5, 0.5))
+    """
+    runs: dict[Plan, list[Trial]] = {trial.plan: [] for trial in contenders}
+    for _ in range(rounds):
+        for trial in contenders:
+            runs[trial.plan].append(measure(trial.plan))
+    settled = []
+    for trial in contenders:
+        again = runs[trial.plan]
+        failed = next((run for run in again if run.status != "ok"), None)
+        if failed is not None:
+            note = f"fitted when first measured, then failed when re-measured: {failed.error}"
+            settled.append(dataclasses.replace(failed, notes=(*failed.notes, note)))
+            continue
+        others = ", ".join(other.label for other in contenders if other is not trial)
+        note = f"timed again in turn with {others} ({rounds} rounds): close in speed when first measured"
+        settled.append(_pooled(trial, again, note))
+    return settled
+
+
+def _pooled(trial: Trial, runs: Sequence[Trial], note: str) -> Trial:
+    """``trial`` with the speed of ``runs`` (every timed step of them) and the memory of the highest peak."""
+    step_times = tuple(seconds for run in runs for seconds in run.step_times)
+    highest = max([trial, *runs], key=lambda run: run.peak_bytes)
+    step_time = statistics.median(step_times) if step_times else trial.step_time_s
+    rows, tokens = trial.rows_per_step, _tokens_per_step(trial)
+    return dataclasses.replace(
+        highest,
+        step_times=step_times,
+        step_time_s=step_time,
+        samples_per_s=rows / step_time if rows and step_time else trial.samples_per_s,
+        tokens_per_s=tokens / step_time if tokens and step_time else None,
+        notes=(*trial.notes, note),
+    )
+
+
+def _tokens_per_step(trial: Trial) -> float | None:
+    if trial.tokens_per_s is None or not trial.step_time_s:
+        return None
+    return trial.tokens_per_s * trial.step_time_s
