@@ -70,7 +70,8 @@ def memlab_step(model: nn.Module, batch: dict[str, torch.Tensor], lr: float) -> 
 
 def hand_step(model: nn.Module, batch: dict[str, torch.Tensor], lr: float) -> Callable[[], None]:
     """The hand-written loop's step, with its own AdamW."""
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    # Fused, as memlab's "adamw" (the Trainer's default): the two sides run the same update.
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, fused=True)
 
     def step() -> None:
         loss = model(**batch).loss

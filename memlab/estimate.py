@@ -28,7 +28,7 @@ apply):
   data-dependent branches take one side. Hugging Face models build their attention mask explicitly on fake tensors
   (they cannot see that it is all ones), a few bytes per token pair more than the real run;
 - CUDA, when this PyTorch cannot reach a GPU: a ``"cuda"`` estimate then runs CPU kernels under CPU autocast rules
-  (and AdamW's foreach update, CUDA's default); CPU offload cannot be shown then;
+  (and AdamW's fused update, as the Trainer builds it on CUDA); CPU offload cannot be shown then;
 - bitsandbytes, where its operators cannot run on fake tensors: its 8-bit state is then computed from its known
   size (:func:`adamw8bit_state_bytes`).
 """
@@ -74,7 +74,7 @@ BLIND_SPOTS = (
     "estimated on fake tensors: allocator rounding, fragmentation, kernel workspaces, CUDA context not included"
 )
 _CPU_KERNELS = (
-    "no CUDA here: estimated with CPU kernels and CPU autocast rules (and AdamW's foreach update, as on CUDA); "
+    "no CUDA here: estimated with CPU kernels and CPU autocast rules (and AdamW's fused update, as on CUDA); "
     "CUDA's attention kernels may differ"
 )
 _NO_OFFLOAD = "offload needs CUDA to be estimated: shown as no change"
@@ -143,6 +143,8 @@ def estimate(
     budget: int | str | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
+    gpus: int = 1,
+    strategy: str = "none",
 ) -> Trial:
     """Predict the memory of one steady-state training step of ``plan``, on fake tensors (nothing runs for real).
 
@@ -167,6 +169,10 @@ def estimate(
         device: the device to predict for: ``"cpu"`` or ``"cuda"``. Default: the live model's device, and for a
             config, a name or a model on the meta device ``"cuda"``, even on a machine without one (the trial's
             ``device`` and notes say so).
+        gpus: the number of GPUs training is sharded over (default 1); more than 1 needs a ``strategy``.
+        strategy: ``"none"`` (one GPU), ``"fsdp2"``, ``"zero2"`` or ``"zero3"``: the answer is then per GPU, for
+            ``batch`` as each GPU's micro-batch, as a :class:`memlab.sharded.ShardedTrial` (see
+            :mod:`memlab.sharded` for how each strategy is estimated).
 
     Example:
         >>> from transformers import LlamaConfig
@@ -178,6 +184,13 @@ def estimate(
         ('ok', True, True, True)
     """
     plan = Plan() if plan is None else plan
+    if gpus != 1 or strategy != "none":
+        from memlab.sharded import check_sharding, sharded_estimate
+
+        gpus, strategy = check_sharding(gpus, strategy)
+        if strategy != "none":
+            return sharded_estimate(model_or_config, batch, plan, gpus=gpus, strategy=strategy, loss_fn=loss_fn,
+                                    budget=budget, lr=lr, device=device)
     return estimate_plans(model_or_config, batch, [plan], loss_fn=loss_fn, budget=budget, lr=lr, device=device)[0]
 
 
@@ -201,8 +214,8 @@ def estimate_plans(
         >>> model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
         >>> report = estimate_plans(model, torch.randn(8, 16), [Plan(), Plan(checkpointing=True)],
         ...                         loss_fn=lambda m, b: m(b).mean())
-        >>> [t.status for t in report], report[1].peak_bytes <= report[0].peak_bytes
-        (['ok', 'ok'], True)
+        >>> [t.status for t in report], [t.estimated for t in report]
+        (['ok', 'ok'], [True, True])
     """
     plans = check_plans(plans)
     options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
@@ -222,7 +235,7 @@ def estimate_plans(
                 trials.append(_as_estimate(trial, target, kernels, limit))
                 continue
             trial = runner.run(plan)
-            if trial.status == "error" and plan.optimizer == "adamw8bit":
+            if trial.status == "error" and plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
                 trial = _computed_8bit_trial(runner, plan, trial, model)
             trials.append(_as_estimate(trial, target, kernels, limit))
     return Report(trials, budget=limit)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run", "run_sharded", "sharded_lines"]
 
 _DESCRIPTION = (
     "Predict the peak memory of one training step for each plan, on fake tensors: nothing is downloaded but the "
@@ -72,6 +72,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the device to predict for (default: cuda, even on a machine without a GPU)",
     )
+    parser.add_argument(
+        "--gpus",
+        metavar="N|auto",
+        default="1",
+        help="GPUs the training is sharded over: the peak is then per GPU, for --batch per GPU; 'auto' (with "
+        "--budget) finds the smallest power of two that fits, for each strategy (default: 1)",
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=("none", "fsdp2", "zero2", "zero3"),
+        default=None,
+        help="how training is sharded: FSDP2 (accelerate), DeepSpeed ZeRO-2 or ZeRO-3 (default with --gpus: all three)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
 
 
@@ -97,18 +110,23 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from memlab.errors import MemlabError
     from memlab.estimate import estimate_plans, load_config, meta_model, parse_batch_shape
     from memlab.plan import parse_budget, parse_grid
 
     batch = parse_batch_shape(args.batch)
     budget = parse_budget(args.budget)
     plans = parse_grid(args.try_ or [])
+    if getattr(args, "gpus", "1") == "auto" and budget is None:
+        raise MemlabError("--gpus auto needs a budget; write for example --gpus auto --budget 80GiB")
     source = args.config or args.model
     if not args.json:
         print(f"memlab estimate: reading the config of {source}", file=err)
     config = load_config(source)
     model = meta_model(config)
     parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    if args.gpus != "1" or args.strategy not in (None, "none"):
+        return run_sharded(args, model, batch, plans, budget, out)
     report = estimate_plans(model, batch, plans, budget=budget, device=args.device)
     if args.json:
         print(report.to_json(), file=out)
@@ -130,3 +148,76 @@ def _count(number: int) -> str:
         if number >= size:
             return f"{number / size:.2f}{unit}"
     return str(number)
+
+
+def run_sharded(args: argparse.Namespace, model: Any, batch: Any, plans: Any, budget: int | None, out: TextIO) -> int:
+    """``memlab estimate --gpus N|auto [--strategy S]``: one line per plan and strategy, the peak per GPU.
+
+    Example:
+        >>> parser = argparse.ArgumentParser(prog="memlab estimate")
+        >>> add_arguments(parser)
+        >>> run(parser.parse_args(["llama-7b", "--gpus", "auto"]), err=sys.stdout)
+        memlab estimate: --gpus auto needs a budget; write for example --gpus auto --budget 80GiB
+        2
+    """
+    from memlab.errors import MemlabError
+    from memlab.sharded import check_sharding, sharded_estimate, smallest_gpus
+
+    strategies = [args.strategy] if args.strategy not in (None, "none") else ["fsdp2", "zero2", "zero3"]
+    trials: list[Any] = []
+    if args.gpus == "auto":
+        if budget is None:
+            raise MemlabError("--gpus auto needs a budget; write for example --gpus auto --budget 80GiB")
+        for plan in plans:
+            found = smallest_gpus(model, batch, plan, budget=budget, strategies=strategies, device=args.device)
+            trials += [(plan, name, trial) for name, trial in found.items()]
+    else:
+        try:
+            gpus = int(args.gpus)
+        except ValueError:
+            gpus = 0
+        check_sharding(gpus, args.strategy or ("fsdp2" if gpus > 1 else "none"))
+        trials += [
+            (plan, name, sharded_estimate(model, batch, plan, gpus=gpus, strategy=name, budget=budget,
+                                          device=args.device))
+            for plan in plans for name in strategies
+        ]
+    if args.json:
+        import json
+
+        rows = [{"strategy": name, **(trial.to_dict() if trial is not None else {"plan": plan.label()}),
+                 **({"gpus": trial.gpus, "model_state_bytes": trial.model_state_bytes, "detail": trial.detail}
+                    if trial is not None else {"gpus": None})} for plan, name, trial in trials]
+        print(json.dumps(rows, indent=2, default=str), file=out)
+    else:
+        print(f"{args.model}: {type(model).__name__}, per-GPU batch {batch['input_ids'][0]}x{batch['input_ids'][1]}",
+              file=out)
+        for line in sharded_lines(trials, budget):
+            print(line, file=out)
+    fits = [trial for _, _, trial in trials if trial is not None and trial.fits]
+    return 0 if budget is None or fits else 1
+
+
+def sharded_lines(trials: Any, budget: int | None) -> list[str]:
+    """One line per ``(plan, strategy, trial or None)``: GPUs, the peak per GPU, where it goes, whether it fits.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> sharded_lines([(Plan(), "zero2", None)], 2**30)
+        ['plain        zero2  no number of GPUs up to 1024 fits 1.00 GiB']
+    """
+    from memlab.plan import format_bytes
+
+    lines = []
+    for plan, name, trial in trials:
+        if trial is None:
+            lines.append(f"{plan.label():12s} {name:6s} no number of GPUs up to 1024 fits {format_bytes(budget)}")
+            continue
+        if trial.status != "ok":
+            lines.append(f"{plan.label():12s} {name:6s} x{trial.gpus}: error {trial.error}")
+            continue
+        parts = ", ".join(f"{key} {format_bytes(value)}" for key, value in trial.detail.items() if value)
+        verdict = "" if budget is None else ("  fits" if trial.fits else "  does not fit")
+        lines.append(f"{plan.label():12s} {name:6s} x{trial.gpus}: {format_bytes(trial.peak_bytes)} per GPU "
+                     f"({parts}){verdict}")
+    return lines

@@ -14,7 +14,24 @@ from memlab.plan import PLAN_FIELDS, Plan
 
 __all__ = ["deepspeed_config", "pytorch_code", "training_arguments"]
 
-_TRAINER_OPTIMIZERS = {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit"}
+# "adamw_torch_fused" is the Trainer's own default optim from torch 2.8: memlab's "adamw" is that optimizer.
+_TRAINER_OPTIMIZERS = {
+    "adamw": "adamw_torch_fused",
+    "adamw8bit": "adamw_bnb_8bit",
+    "paged_adamw8bit": "paged_adamw_8bit",
+    "adafactor": "adafactor",
+}
+
+# Liger Kernel's fused linear cross-entropy (the head and the loss in chunks of tokens) and none of its other kernels.
+_LIGER_CHUNKED_LOSS = {
+    "fused_linear_cross_entropy": True,
+    "cross_entropy": False,
+    "rope": False,
+    "swiglu": False,
+    "rms_norm": False,
+}
+
+_CHUNKS = 8  # memlab.techniques.loss.CHUNKS, written out so that export needs no torch import
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,7 +55,12 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[
       ``legacy_names=True``.
     - ``bf16`` / ``fp16``: from ``plan.precision`` (both False for fp32). On a machine without a bf16 GPU,
       transformers refuses ``bf16=True`` unless you also pass ``use_cpu=True``.
-    - ``optim``: ``"adamw_torch"`` or ``"adamw_bnb_8bit"`` (bitsandbytes).
+    - ``optim``: ``"adamw_torch_fused"`` (the Trainer's default from torch 2.8, which memlab's ``"adamw"`` is),
+      ``"adamw_bnb_8bit"`` or ``"paged_adamw_8bit"`` (bitsandbytes), ``"adafactor"`` (transformers' Adafactor).
+    - ``loss="chunked"``: ``use_liger_kernel=True`` with ``liger_kernel_config`` turning on only Liger Kernel's
+      ``fused_linear_cross_entropy`` (the head and the cross-entropy over chunks of tokens, the logits never whole).
+      That needs ``pip install liger-kernel`` (Triton kernels: CUDA) and a model type Liger supports (Llama,
+      Mistral, Qwen2, Gemma, ...); elsewhere, compute the loss as :func:`pytorch_code` writes it.
 
     Pure bf16 weights and adapters are not TrainingArguments: load the model in bf16
     (``from_pretrained(name, dtype=torch.bfloat16)``) for ``weights="bf16"``, and wrap it with
@@ -62,7 +84,10 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[
         >>> kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"], kwargs["bf16"]
         (4, 2, True)
         >>> kwargs["optim"], kwargs["activation_checkpointing"]
-        ('adamw_torch', False)
+        ('adamw_torch_fused', False)
+        >>> chunked = training_arguments(Plan(optimizer="adafactor", loss="chunked"))
+        >>> chunked["optim"], chunked["use_liger_kernel"], chunked["liger_kernel_config"]["fused_linear_cross_entropy"]
+        ('adafactor', True, True)
         >>> # then: transformers.TrainingArguments(output_dir="out", **kwargs)
     """
     if legacy_names is None:
@@ -81,6 +106,9 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[
     kwargs["bf16"] = plan.precision == "bf16"
     kwargs["fp16"] = plan.precision == "fp16"
     kwargs["optim"] = _TRAINER_OPTIMIZERS[plan.optimizer]
+    if plan.loss == "chunked":
+        kwargs["use_liger_kernel"] = True
+        kwargs["liger_kernel_config"] = dict(_LIGER_CHUNKED_LOSS)
     return kwargs
 
 
@@ -94,11 +122,13 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
       where the plan offloads the optimizer.
     - ``bf16`` / ``fp16``: ``{"enabled": True}``; fp16 with ``"loss_scale": 0`` (dynamic loss scaling).
     - ``optimizer``: AdamW with ``"auto"`` parameters (the Trainer fills them in; with optimizer offload
-      DeepSpeed runs its CPU Adam). 8-bit Adam is not a DeepSpeed optimizer: the key is left out and
-      ``"_comment"`` says to pass the bitsandbytes optimizer yourself (for the Trainer:
-      ``optimizers=(bnb.optim.AdamW8bit(...), None)``); ``"zero_allow_untested_optimizer": True`` lets ZeRO
-      take it, and with optimizer offload ``"zero_force_ds_cpu_optimizer": False`` lets it run instead of
-      DeepSpeed's CPU Adam.
+      DeepSpeed runs its CPU Adam). 8-bit Adam (paged or not) and Adafactor are not DeepSpeed optimizers: the key
+      is left out and ``"_comment"`` says to pass the optimizer yourself (for the Trainer:
+      ``optimizers=(bnb.optim.AdamW8bit(...), None)``, or ``optim="adafactor"`` in TrainingArguments);
+      ``"zero_allow_untested_optimizer": True`` lets ZeRO take it, and with optimizer offload
+      ``"zero_force_ds_cpu_optimizer": False`` lets it run instead of DeepSpeed's CPU Adam.
+    - the chunked loss is computed by the model's training code, not by DeepSpeed: ``"_comment"`` says where it
+      comes from (see :func:`training_arguments` and :func:`pytorch_code`).
     - activation offload: ``"activation_checkpointing": {"cpu_checkpointing": True, ...}``. DeepSpeed offloads
       only checkpointed activations, so this acts together with checkpointing (and then only where the model
       checkpoints through ``deepspeed.checkpointing``); without checkpointing ``"_comment"`` says so.
@@ -132,17 +162,28 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
             "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
         }
     else:
+        made = {
+            "adamw8bit": ("8-bit AdamW", "bitsandbytes.optim.AdamW8bit"),
+            "paged_adamw8bit": ("paged 8-bit AdamW", "bitsandbytes.optim.PagedAdamW8bit"),
+            "adafactor": ("Adafactor", "transformers.optimization.Adafactor (scale_parameter=False, "
+                          "relative_step=False)"),
+        }[plan.optimizer]
         comments.append(
-            "8-bit AdamW is not a DeepSpeed optimizer: create bitsandbytes.optim.AdamW8bit yourself and "
-            "pass it (Trainer(optimizers=(optimizer, None)) or deepspeed.initialize(optimizer=optimizer))"
+            f"{made[0]} is not a DeepSpeed optimizer: create {made[1]} yourself and pass it "
+            "(Trainer(optimizers=(optimizer, None)) or deepspeed.initialize(optimizer=optimizer))"
         )
         config["zero_allow_untested_optimizer"] = True
         if plan.offloads_optimizer:
             config["zero_force_ds_cpu_optimizer"] = False
             comments.append(
                 "optimizer offload with a client optimizer: DeepSpeed's own CPU Adam is not used, so the "
-                "8-bit update runs wherever bitsandbytes runs it"
+                "update runs wherever that optimizer runs it"
             )
+    if plan.loss == "chunked":
+        comments.append(
+            "the chunked loss is not a DeepSpeed setting: with the Trainer pass plan.to_training_arguments() "
+            "(use_liger_kernel), in your own loop compute the loss as plan.to_code() does"
+        )
     if plan.offloads_activations:
         config["activation_checkpointing"] = {
             "partition_activations": False,
@@ -169,8 +210,11 @@ def pytorch_code(plan: Plan) -> str:
     batch is one optimizer step, cut into micro-batches of that many rows; with ``micro_batch=None``, each
     batch is one micro-batch and every ``accumulation`` batches make a step. It uses ``torch.autocast`` (+
     ``GradScaler`` for fp16), ``activation_checkpointing_enable`` (``gradient_checkpointing_enable`` before
-    transformers 5), ``bitsandbytes.optim.AdamW8bit``, CPU copies of the weights for optimizer offload and
-    ``torch.autograd.graph.save_on_cpu`` for activation offload.
+    transformers 5), fused ``torch.optim.AdamW`` (the Trainer's default), ``bitsandbytes.optim.AdamW8bit`` /
+    ``PagedAdamW8bit``, transformers' ``Adafactor``, CPU copies of the weights for optimizer offload,
+    ``torch.autograd.graph.save_on_cpu`` for activation offload, and for ``loss="chunked"`` a ``compute_loss``
+    that runs the base model and then the LM head and cross-entropy over chunks of tokens under
+    ``torch.utils.checkpoint`` (as memlab measured it).
 
     Example:
         >>> code = pytorch_code(Plan(micro_batch=2, accumulation=4, precision="fp16"))
@@ -196,8 +240,12 @@ def pytorch_code(plan: Plan) -> str:
                 f"{plan.accumulation} batches make one optimizer step."
             )
     lines.append("import torch")
-    if plan.optimizer == "adamw8bit":
+    if plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
         lines.append("import bitsandbytes as bnb")
+    if plan.optimizer == "adafactor":
+        lines.append("from transformers.optimization import Adafactor")
+    if plan.loss == "chunked":
+        lines.append("from torch.utils.checkpoint import checkpoint")
     lines += [
         "",
         "lr = 1e-5",
@@ -212,8 +260,8 @@ def pytorch_code(plan: Plan) -> str:
         "model.train()",
         "",
         "",
-        "def compute_loss(model, micro):",
-        "    return model(**micro).loss",
+        *(_chunked_loss_code() if plan.loss == "chunked" else ["def compute_loss(model, micro):",
+                                                              "    return model(**micro).loss"]),
         "",
         "",
     ]
@@ -227,7 +275,14 @@ def pytorch_code(plan: Plan) -> str:
             "",
         ]
     lines += _model_changes_code(plan)
-    optimizer_class = "bnb.optim.AdamW8bit" if plan.optimizer == "adamw8bit" else "torch.optim.AdamW"
+    optimizer_class, extra = {
+        "adamw": ("torch.optim.AdamW", ", fused={}.type in (\"cuda\", \"cpu\")"),
+        "adamw8bit": ("bnb.optim.AdamW8bit", ""),
+        "paged_adamw8bit": ("bnb.optim.PagedAdamW8bit", ""),
+        "adafactor": ("Adafactor", ", scale_parameter=False, relative_step=False"),
+    }[plan.optimizer]
+    if plan.optimizer == "adamw":
+        lines.append("# Fused AdamW where torch has the kernel: the Trainer's default optim adamw_torch_fused")
     lines.append("params = [p for p in model.parameters() if p.requires_grad]")
     if plan.offloads_optimizer:
         lines += [
@@ -238,10 +293,10 @@ def pytorch_code(plan: Plan) -> str:
             "]",
             "for cpu_p in cpu_params:",
             "    cpu_p.requires_grad_()",
-            f"optimizer = {optimizer_class}(cpu_params, lr=lr)",
+            f"optimizer = {optimizer_class}(cpu_params, lr=lr{extra.format('cpu_params[0].device')})",
         ]
     else:
-        lines.append(f"optimizer = {optimizer_class}(params, lr=lr)")
+        lines.append(f"optimizer = {optimizer_class}(params, lr=lr{extra.format('device')})")
     if plan.precision == "fp16":
         lines.append("scaler = torch.amp.GradScaler(device.type)  # dynamic loss scaling for fp16")
 
@@ -315,6 +370,33 @@ def pytorch_code(plan: Plan) -> str:
             *optimizer_step("        "),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _chunked_loss_code() -> list[str]:
+    """The snippet's ``compute_loss`` for ``loss="chunked"`` (what :mod:`memlab.techniques.loss` does)."""
+    return [
+        "def chunk_loss(head, hidden, labels):",
+        "    logits = head(hidden).float()",
+        '    return torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")',
+        "",
+        "",
+        "def compute_loss(model, micro):",
+        f"    # Chunked cross-entropy: the LM head and the loss over {_CHUNKS} chunks of tokens, each checkpointed,",
+        "    # so that only one chunk's logits exist at a time (backward recomputes them); the same loss as",
+        "    # model(**micro).loss.",
+        '    inner = model.get_base_model() if hasattr(model, "peft_config") else model  # under peft adapters',
+        '    inputs = {k: v for k, v in micro.items() if k != "labels"}',
+        "    hidden = inner.base_model(**inputs).last_hidden_state",
+        '    labels = torch.nn.functional.pad(micro["labels"], (0, 1), value=-100)[..., 1:]  # shifted by one',
+        "    hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)",
+        f"    size = -(-labels.shape[0] // {_CHUNKS})",
+        "    head = inner.get_output_embeddings()",
+        "    total = sum(",
+        "        checkpoint(chunk_loss, head, h, y, use_reentrant=False)",
+        "        for h, y in zip(hidden.split(size), labels.split(size))",
+        "    )",
+        "    return total / (labels != -100).sum()",
+    ]
 
 
 def _model_changes_code(plan: Plan) -> list[str]:

@@ -6,17 +6,18 @@ import itertools
 import math
 import numbers
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from memlab.errors import MemlabError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-OPTIMIZERS = ("adamw", "adamw8bit")
+OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "adafactor")
 OFFLOADS = ("none", "optimizer", "activations", "all")
 WEIGHTS = ("fp32", "bf16")
 ADAPTERS = ("none", "lora", "qlora")
+LOSSES = ("full", "chunked")
 
 
 def lever(default: Any, *, help: str, short: str = "", choices: tuple[str, ...] = ()) -> Any:
@@ -49,11 +50,15 @@ class Plan:
         checkpointing: activation (gradient) checkpointing on or off.
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (fp16 uses dynamic loss scaling).
         weights: ``"fp32"`` or ``"bf16"``: the dtype of the trained weights, their grads and optimizer state.
-        optimizer: ``"adamw"`` or ``"adamw8bit"`` (bitsandbytes).
+        optimizer: ``"adamw"`` (torch's, fused where the device has it, as the Trainer builds it), ``"adamw8bit"``
+            or ``"paged_adamw8bit"`` (bitsandbytes; paged on CUDA only), or ``"adafactor"`` (factored second
+            moments, transformers' implementation as the Trainer's ``optim="adafactor"`` builds it).
         offload: ``"none"``, ``"optimizer"``, ``"activations"`` or ``"all"``.
         adapter: ``"none"``, ``"lora"`` (peft LoRA on the linear layers of a frozen base) or ``"qlora"`` (the
             same on a base whose linear weights are held in 4-bit NF4).
         lora_rank: the adapters' rank (only with an adapter; without one it is always the default, 16).
+        loss: ``"full"`` or ``"chunked"``: for a causal LM with an LM head and the default loss, the head and the
+            cross-entropy computed over chunks of tokens, so that only one chunk's logits exist at a time.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
@@ -94,7 +99,9 @@ class Plan:
         "adamw",
         short="{}",
         choices=OPTIMIZERS,
-        help="adamw keeps 8 bytes of state per weight; adamw8bit (bitsandbytes) about 2, at a small cost in accuracy",
+        help="adamw keeps 8 bytes of state per weight; adamw8bit (bitsandbytes) about 2, at a small cost in accuracy; "
+        "paged_adamw8bit the same, paged to CPU memory under pressure (CUDA only); adafactor factors its second "
+        "moments (a row and a column per matrix, no first moment): far less state, updates differ from Adam's",
     )
     offload: str = lever(
         "none",
@@ -114,6 +121,13 @@ class Plan:
         16,
         short="r{}",
         help="rank of the LoRA adapters, used with adapter lora or qlora: a higher rank trains more weights",
+    )
+    loss: str = lever(
+        "full",
+        short="{}-loss",
+        choices=LOSSES,
+        help="chunked computes a causal LM's head and cross-entropy a chunk of tokens at a time: the full logits "
+        "never exist at once (same loss); the head runs twice per chunk (default loss and LM head only)",
     )
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
@@ -231,6 +245,17 @@ class Plan:
         from memlab.export import pytorch_code
 
         return pytorch_code(self)
+
+    def to_accelerate_config(
+        self, *, gpus: int, strategy: str = "fsdp2", layer_classes: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """A config for ``accelerate launch --config_file`` (written as YAML) training this plan on ``gpus`` GPUs
+        with ``strategy`` (``"fsdp2"``, ``"zero2"``, ``"zero3"``); the training script that uses the plan's other
+        levers is :func:`memlab.export_accelerate.accelerate_script` (see
+        :func:`memlab.export_accelerate.accelerate_config`)."""
+        from memlab.export_accelerate import accelerate_config
+
+        return accelerate_config(self, gpus=gpus, strategy=strategy, layer_classes=layer_classes)
 
 
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))

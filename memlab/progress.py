@@ -100,6 +100,8 @@ class RunProgress:
 
     def _show(self, doing: str) -> None:
         where = f"plan {self._position}" + (f" of {self.total}" if not self.at_most else "")
+        if self._position > self.total:  # the close contenders, timed again after every plan has run
+            where = "timing again in turn"
         text = f"{where}: {self._label}, {doing}"
         left = self.seconds_left()
         if left is not None:

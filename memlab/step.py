@@ -20,8 +20,9 @@ from memlab.plan import Plan
 from memlab.techniques.accumulation import micro_batches, scale_loss
 from memlab.techniques.adapters import attach_adapter
 from memlab.techniques.checkpointing import disable_checkpointing, enable_checkpointing, is_checkpointing
+from memlab.techniques.loss import loss_for_plan
 from memlab.techniques.offload import OffloadedOptimizer, activation_offload, offload_notes
-from memlab.techniques.optimizer import build_optimizer
+from memlab.techniques.optimizer import build_optimizer, optimizer_notes
 from memlab.techniques.precision import autocast, check_precision, grad_scaler
 from memlab.techniques.weights import cast_weights
 
@@ -72,7 +73,8 @@ class TrainingStep:
         self.model = model
         self.plan = plan
         self.device = model_device(model)
-        self.loss_fn = loss_fn
+        # Checked before the model is touched: a chunked loss that cannot apply is refused here.
+        self.loss_fn = loss_for_plan(model, plan, loss_fn)
         self._undo_checkpointing: Callable[[], None] | None = None
         # Adapters first: they decide which weights train, and so which weights pure bf16 casts back afterwards.
         self._undo_model: list[Callable[[], None]] = []
@@ -86,6 +88,7 @@ class TrainingStep:
                 check_precision(plan, self.device, self.parameters)
                 + offload_notes(plan, self.device)
                 + _weights_notes(plan, self.parameters)
+                + optimizer_notes(plan, optimizer_device_type or self.device.type, self.parameters)
             )
             self.optimizer = self._build_optimizer(lr, optimizer_device_type or self.device.type)
         except BaseException:

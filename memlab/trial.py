@@ -31,6 +31,7 @@ from memlab.measure.cuda import CudaPeak
 from memlab.measure.oom import is_oom_error, release_error, release_memory
 from memlab.measure.probes import Probe, probe_for
 from memlab.measure.reading import PeakReading, read_failed_peak, read_peak
+from memlab.measure.remeasure import settle_close_race
 from memlab.measure.tracker import MemoryTracker
 from memlab.module_state import ModelValues, ModuleStructure, trainable_parameters, unique_parameters
 from memlab.options import RunKeywords, RunOptions
@@ -38,7 +39,7 @@ from memlab.plan import Plan
 from memlab.progress import run_progress
 from memlab.quiet import quiet
 from memlab.report import Report, Trial
-from memlab.report.noise import relative_half_width
+from memlab.report.noise import fewest_values, relative_half_width
 from memlab.step import TrainingStep, model_weights
 from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import state_tensors
@@ -76,6 +77,10 @@ def measure(model: nn.Module, batch: Batch, plan: Plan, **options: Unpack[RunKey
 def compare(model: nn.Module, batch: Batch, plans: Sequence[Plan], **options: Unpack[RunKeywords]) -> Report:
     """Measure every plan in turn on the live model; a plan that runs out of memory or fails does not stop the rest.
 
+    Plans close in speed to the fastest are then timed again in turn, A B A B
+    (:func:`~memlab.measure.remeasure.settle_close_race`), so that a shared machine's drift between two trials
+    does not crown a winner; ``noise=0`` (time exactly ``steps`` steps) leaves that out.
+
     Keywords are :class:`~memlab.options.RunKeywords`. Ctrl-C stops the run; the model is restored and the
     KeyboardInterrupt raised again, carrying the trials finished so far as ``.report`` (in a notebook:
     ``sys.last_value.report``).
@@ -96,6 +101,10 @@ def compare(model: nn.Module, batch: Batch, plans: Sequence[Plan], **options: Un
             for index, plan in enumerate(plans):
                 trials.append(runner.run(plan, index, len(plans)))
                 progress.advance(index + 1)
+            if run_options.noise > 0:
+                settle_close_race(
+                    trials, lambda plan, index: runner.run(plan, index, len(plans)), run_options.budget, progress.say
+                )
     return Report(trials, budget=run_options.budget)
 
 
@@ -385,11 +394,17 @@ class TrialRunner:
                 return
 
     def _timed_enough(self, step_times: list[float], spent: float) -> bool:
-        """Whether the step times bound the noise well enough (or the time or step limit is reached)."""
+        """Whether the step times bound the noise well enough (or the time or step limit is reached).
+
+        A noise target is met only by a true 95% interval: three steps that happen to agree within 5% prove
+        nothing (:func:`~memlab.report.noise.fewest_values`), and a trial stopped there was ranked on luck.
+        """
         if len(step_times) < self.options.steps:
             return False
         if self.options.noise == 0 or spent >= self.options.time_limit or len(step_times) >= _MAX_TIMED_STEPS:
             return True
+        if len(step_times) < fewest_values():
+            return False
         return relative_half_width(step_times) <= self.options.noise
 
     def _tokens_per_step(self, plan: Plan) -> int | None:

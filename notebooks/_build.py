@@ -1260,6 +1260,134 @@ NB08 = [
 ]
 
 
+# --- 09 optimizers and the loss -----------------------------------------------------------------------------------
+
+NB09 = [
+    *start(
+        "# 09 · Optimizers and the loss: Adafactor, 8-bit, paged, fused, chunked cross-entropy",
+        """
+        Two parts of a training step's memory do not depend on the activations' tricks: the optimizer's state,
+        which lives as long as training does, and the loss's logits, one number per token and per word of the
+        vocabulary. Five levers act on them:
+
+        | lever | what it keeps | bytes per trained parameter |
+        |---|---|---|
+        | `optimizer="adamw"` | two fp32 moments; built as the Trainer builds it, with torch's fused update | 8 |
+        | `optimizer="adamw8bit"` | the two moments in 8 bits, in blocks with their own scale (bitsandbytes) | about 2 |
+        | `optimizer="paged_adamw8bit"` | the same, in CUDA memory the driver pages out to the CPU | about 2 |
+        | `optimizer="adafactor"` | per matrix, a row and a column of second moments, no first moment | near 0 |
+        | `loss="chunked"` | head and cross-entropy by chunks of tokens: one chunk's logits at once | (activations) |
+
+        Adafactor's updates are not Adam's, so it changes how the model trains (memlab's search tries it only
+        when asked); the 8-bit moments cost a little accuracy; the chunked loss computes the very same loss and
+        gradients, and pays by running the LM head twice.
+        """,
+        imports=("import copy",),
+        extra_parameters="""
+        big_vocab = 32768   # vocabulary of the chunked-loss experiment (Llama 3 has 128256 words)
+        """,
+    ),
+    md("## Four optimizers, measured"),
+    code(
+        """
+        optimizers = ["adamw", "adamw8bit", "paged_adamw8bit", "adafactor"]
+        report = memlab.compare(model, batch, [memlab.Plan(optimizer=name) for name in optimizers], steps=steps)
+        report
+        """
+    ),
+    code("report.plot()"),
+    code(
+        """
+        for trial in report:
+            state = trial.breakdown["optimizer"]
+            print(f"{trial.label:16} optimizer state {human(state):>12} = {state / n_params:5.2f} bytes per parameter")
+            for note in trial.notes:
+                print("   note:", note)
+        """
+    ),
+    md(
+        """
+        On a CPU the paged optimizer is the unpaged one (paging is a CUDA feature), and its trial's notes say so.
+        On a GPU, bitsandbytes keeps the large states of a paged optimizer in unified memory, outside PyTorch's
+        allocator: the driver moves them to CPU memory when the GPU runs short, instead of failing.
+
+        ## Fused AdamW
+
+        `optimizer="adamw"` is `torch.optim.AdamW(..., fused=True)`, what the Trainer builds by default
+        (`optim="adamw_torch_fused"`). Fused means one kernel updates every weight: no temporary tensors the size
+        of the weights, as the older "foreach" update makes while it runs.
+        """
+    ),
+    code(
+        """
+        with memlab.apply(copy.deepcopy(model), memlab.Plan()) as applied:
+            print(type(applied.optimizer).__name__, "fused:", applied.optimizer.defaults["fused"])
+        print(memlab.Plan(optimizer="adafactor").to_training_arguments()["optim"])
+        """
+    ),
+    md(
+        """
+        ## Chunked cross-entropy
+
+        The loss needs logits: `tokens x vocabulary` numbers, upcast to fp32, kept for backward together with their
+        log-softmax. With a large vocabulary they are most of the activations. `loss="chunked"` runs the model up to
+        its last hidden states, then the head and the cross-entropy on a few tokens at a time, each chunk under
+        `torch.utils.checkpoint`, so that backward recomputes one chunk's logits instead of keeping them all.
+        The model below has the same body and a `big_vocab`-word vocabulary.
+        """
+    ),
+    code(
+        """
+        big_config = copy.deepcopy(config)
+        big_config.vocab_size = big_vocab
+        big = AutoModelForCausalLM.from_config(big_config).to(device)
+        big_ids = torch.randint(0, big_vocab, (rows, seq_len), device=device)
+        big_batch = {"input_ids": big_ids, "labels": big_ids}
+
+        losses = memlab.compare(big, big_batch, [memlab.Plan(), memlab.Plan(loss="chunked")], steps=steps)
+        full, chunked = losses
+        print(f"activations: full loss {human(full.breakdown['activations'])}, "
+              f"chunked {human(chunked.breakdown['activations'])} "
+              f"({chunked.breakdown['activations'] / full.breakdown['activations']:.0%})")
+        losses.plot()
+        """
+    ),
+    code(
+        """
+        # The same loss: one step of each, from the same weights.
+        for plan in (memlab.Plan(), memlab.Plan(loss="chunked")):
+            with memlab.apply(copy.deepcopy(big), plan) as applied:
+                print(f"{plan.label():13} loss {applied.step(big_batch):.6f}")
+        """
+    ),
+    md(
+        """
+        The chunked loss needs a causal LM with an LM head and the default loss (`model(**batch).loss`, with
+        labels in the batch); elsewhere memlab refuses it with a message that says what to write. With the Trainer,
+        `plan.to_training_arguments()` turns it into Liger Kernel's fused linear cross-entropy (`pip install
+        liger-kernel`, on a GPU); `plan.to_code()` writes the chunked loss out in plain PyTorch.
+        """
+    ),
+    *exercise(
+        """
+        Adafactor keeps, for a weight matrix of `d_out x d_in`, `d_out + d_in` fp32 numbers (and for a vector, the
+        vector's size), plus one 4-byte RMS per tensor. Count that for `model` and compare it with the optimizer
+        bytes measured above. How much smaller than AdamW's is it, and why does the ratio shrink as `hidden` grows?
+        """,
+        """
+        counted = 0
+        for p in model.parameters():
+            counted += 4 * (p.shape[0] + p.shape[1]) if p.dim() == 2 else 4 * p.numel()
+            counted += 4
+        adamw, adafactor = report[0], report[3]
+        print(f"counted {human(counted)}, measured {human(adafactor.breakdown['optimizer'])}")
+        print(f"Adafactor keeps {adafactor.breakdown['optimizer'] / adamw.breakdown['optimizer']:.1%} of AdamW's state")
+        # A d x d matrix keeps 2d numbers instead of AdamW's 2 d^2: the ratio falls as 1 / d.
+        """,
+    ),
+]
+
+
 NOTEBOOKS: dict[str, list[NotebookNode]] = {
     "00_where_memory_goes.ipynb": NB00,
     "01_gradient_accumulation.ipynb": NB01,
@@ -1270,6 +1398,7 @@ NOTEBOOKS: dict[str, list[NotebookNode]] = {
     "06_memfit_and_panel.ipynb": NB06,
     "07_will_7b_fit.ipynb": NB07,
     "08_lora_and_qlora.ipynb": NB08,
+    "09_optimizers_and_loss.ipynb": NB09,
 }
 
 

@@ -25,6 +25,7 @@ keeps the kernel free for the training it measures, and the browser in step with
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import warnings
@@ -171,6 +172,7 @@ class LiveFigure:
         """
         self.report = Report(list(report.trials), budget=report.budget)
         self._draw()
+        self.keep_state()
 
     def flush(self) -> None:
         """Redraw now if events arrived since the last redraw (the panel calls it when a run ends).
@@ -185,6 +187,25 @@ class LiveFigure:
         """
         if self._pending:
             self._draw()
+        self.keep_state()
+
+    def keep_state(self) -> None:
+        """Store the figure as it is now in the widget's model, so that a view made later (the page reloaded while
+        the kernel runs) draws it: plotly's FigureWidget sends its updates as messages that only the views open
+        at the time apply, and keeps its first state for new views, empty axes here.
+
+        The two traits are plotly's own (``BaseFigureWidget._repr_mimebundle_`` sets them the same way before a
+        figure is shown); plotly has no public call that does this.
+
+        Example:
+            >>> from memlab.report import Trial
+            >>> live = LiveFigure()
+            >>> live.show_report(Report([Trial(Plan(), "ok", 2**20, {"params": 2**20}, 0.5, 8.0, None, "cpu")]))
+            >>> list(live.widget._widget_data[0]["y"])  # what a view made now draws
+            [1.0]
+        """
+        self.widget._widget_layout = copy.deepcopy(self.widget._layout_obj._props)
+        self.widget._widget_data = copy.deepcopy(self.widget._data)
 
     def _take(self, event: Event) -> None:
         if isinstance(event, TrialStarted):

@@ -223,6 +223,7 @@ class MemoryTracker(TorchDispatchMode):
         self._last_sample = 0.0
         self._category = "other"
         self._active = False
+        self._unpatch_resize: Callable[[], None] | None = None
         self._ledger = _Ledger()
         if baseline:
             for category, tensors in baseline.items():
@@ -277,11 +278,54 @@ class MemoryTracker(TorchDispatchMode):
             self._raise_over_budget(self.live_bytes)
         super().__enter__()
         self._active = True
+        self._follow_resizes()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._active = False
+        if self._unpatch_resize is not None:
+            self._unpatch_resize()
+            self._unpatch_resize = None
         super().__exit__(*exc)
+
+    def _follow_resizes(self) -> None:
+        """Follow ``UntypedStorage.resize_`` while active: it bypasses the dispatcher, and FSDP2 frees and
+        re-allocates its unsharded parameters with it (``resize_(0)``, then back to full size)."""
+        original = torch.UntypedStorage.resize_
+
+        def resize_(storage: Any, size: Any) -> Any:
+            result = original(storage, size)
+            if self._active:
+                self._resized(storage)
+            return result
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign, assignment]
+
+        def unpatch() -> None:
+            torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+        self._unpatch_resize = unpatch
+
+    def _resized(self, storage: Any) -> None:
+        if storage.device.type != self._device_type and not (
+            self._device_type == "meta" and storage.device.type == "meta"
+        ):
+            return
+        ledger = self._ledger
+        ledger.flush()
+        ledger.busy = True
+        try:
+            entry = ledger.lookup(storage)
+            change = ledger.resize(entry, storage) if entry is not None else ledger.add(storage, self._category)
+        finally:
+            ledger.busy = False
+        ledger.flush()
+        if change > 0:
+            new_peak = ledger.note_peak()
+            if self.budget is not None and ledger.live > self.budget:
+                self._raise_over_budget(ledger.live)
+            if self._on_sample is not None:
+                self._maybe_sample(new_peak)
 
     @contextlib.contextmanager
     def phase(self, category: str) -> Iterator[None]:
@@ -327,7 +371,9 @@ class MemoryTracker(TorchDispatchMode):
         """The storages behind ``tensor`` on this tracker's device (none for storage-less tensors)."""
         if type(tensor) is not torch.Tensor and is_traceable_wrapper_subclass(tensor):
             names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
-            return tuple(s for name in names for s in self._storages(getattr(tensor, name)))
+            # DTensor also names its device mesh among the flattened attributes: only tensors have storages.
+            inner = (getattr(tensor, name) for name in names)
+            return tuple(s for t in inner if isinstance(t, torch.Tensor) for s in self._storages(t))
         if self._device_type == "meta":
             try:
                 storage = tensor.untyped_storage()

@@ -12,9 +12,25 @@ import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["CONFIDENCE", "median_interval", "relative_half_width", "speed_interval"]
+__all__ = ["CONFIDENCE", "fewest_values", "median_interval", "relative_half_width", "speed_interval"]
 
 CONFIDENCE = 0.95
+
+
+def fewest_values(confidence: float = CONFIDENCE) -> int:
+    """The fewest values whose whole range holds the median with at least ``confidence``: before that many, no
+    interval of order statistics is a ``confidence`` interval, however close the values happen to be.
+
+    The range of n values misses the median only when all n fall on one side of it: probability 2 / 2**n.
+
+    Example:
+        >>> fewest_values(), fewest_values(0.99)
+        (6, 8)
+    """
+    count = 1
+    while 2 / 2**count > 1 - confidence:
+        count += 1
+    return count
 
 
 def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:

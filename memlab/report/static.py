@@ -515,7 +515,7 @@ class _Drawing:
         width = panel.bar_width
         edge = f' stroke="{stroke}"' if stroke else ""
         return (
-            f'<rect x="{_f(panel.center(index) - width / 2)}" y="{_f(top)}" width="{_f(width)}" '
+            f'<rect class="bar" x="{_f(panel.center(index) - width / 2)}" y="{_f(top)}" width="{_f(width)}" '
             f'height="{_f(max(0.0, bottom - top))}" fill="{fill}"{edge}/>'
         )
 

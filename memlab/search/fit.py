@@ -11,12 +11,12 @@ from typing_extensions import Unpack
 from memlab.batch import Batch, count_rows
 from memlab.device import cuda_bf16_supported, cuda_capacity, model_device
 from memlab.errors import MemlabError
+from memlab.measure.remeasure import settle_close_race
 from memlab.module_state import trainable_parameters
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
 from memlab.progress import run_progress
 from memlab.report import Report, Trial
-from memlab.search.remeasure import close_contenders, remeasure_interleaved
 from memlab.search.space import candidate_plans, default_space, fits
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search
@@ -40,7 +40,7 @@ def fit(
     Plans are measured on the live model (restored bit-exact afterwards) fastest-expected first, and plans that
     cannot fit or cannot beat the best so far beyond the noise are skipped (see :mod:`memlab.search` for how). When
     the best is tied within noise at the end, the closest contenders are timed again in turn (A B A B, see
-    :mod:`memlab.search.remeasure`), and their speeds come from those rounds. The first plan runs
+    :mod:`memlab.measure.remeasure`), and their speeds come from those rounds. The first plan runs
     without the budget's cap, so that its whole peak is known even when it does not fit (on CUDA it is still
     limited by the device); every other plan runs capped at the budget, as ``measure(..., budget=budget)`` does.
     Every trial is judged against the budget (the first one too), so ``trial.fits`` agrees with
@@ -114,18 +114,11 @@ def fit(
             search = Search(candidates, budget=budget, batch_size=batch_size, trainable_bytes=trainable, prior=prior)
             result = search.run(measure, on_step=bar.advance)
             trials = list(result.trials)
-            contenders = close_contenders(trials, budget)
-            if contenders:
-                bar.say(f"timing {', '.join(t.label for t in contenders)} again, in turn")
-
-                def measure_again(plan: Plan) -> Trial:
-                    # The original index: a live figure redraws that plan's column with the new run.
-                    index = next(i for i, trial in enumerate(trials) if trial.plan == plan)
-                    return runner.run(plan, index, len(trials))
-
-                for before, after in zip(contenders, remeasure_interleaved(contenders, measure_again), strict=True):
-                    trials[trials.index(before)] = after
-                    measured[measured.index(before)] = after
+            # The original index: a live figure redraws that plan's column with the new run.
+            rerun = lambda plan, index: runner.run(plan, index, len(trials))  # noqa: E731 - one line, used once
+            settled = settle_close_race(trials, rerun, budget, bar.say)
+            for before, after in settled:
+                measured[measured.index(before)] = after
     report = Report(trials, budget=budget, skipped=result.skipped)
     if report.best is None:
         report.suggestions = suggestions(model, batch, result.trials, resolved_space, run_options, prior)

@@ -1,8 +1,8 @@
 """The space fit searches: candidate plans at a fixed effective batch, and what one plan says about another.
 
 Every combination of micro_batch (a divisor of ``batch_size``; accumulation makes up the rest), checkpointing,
-precision, optimizer and offload. :func:`needs_at_least` says when a plan needs at least another's memory whatever
-the model, so that one plan that does not fit rules out many.
+precision, optimizer, offload (and, where it applies, the chunked loss). :func:`needs_at_least` says when a plan
+needs at least another's memory whatever the model, so that one plan that does not fit rules out many.
 """
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ from memlab.errors import MemlabError
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.report import Trial
 
-TECHNIQUES = ("checkpointing", "precision", "weights", "optimizer", "offload", "adapter", "lora_rank")
+TECHNIQUES = ("checkpointing", "precision", "weights", "optimizer", "offload", "adapter", "lora_rank", "loss")
 """The plan fields other than the batch split, in the order candidates are listed."""
 
 TECHNIQUE_DEFAULTS = {name: getattr(Plan(), name) for name in TECHNIQUES}
 """Each technique's value in the plain plan."""
 
-OPTIMIZER_RANK = {"adamw8bit": 0, "adamw": 1}
-"""Lower rank = fewer optimizer bytes for the same parameters; optimizers not listed compare only with themselves."""
+OPTIMIZER_RANK = {"paged_adamw8bit": -1, "adamw8bit": 0, "adamw": 1}
+"""Lower rank = fewer optimizer bytes for the same parameters; optimizers not listed compare only with themselves.
+Paged 8-bit AdamW ranks below the unpaged one: on CUDA its large states live outside PyTorch's allocator. Adafactor
+is not ranked: its state is far smaller, but its update's temporaries can be larger than fused AdamW's."""
 
 
 def divisors(number: int) -> list[int]:
@@ -35,13 +37,17 @@ def divisors(number: int) -> list[int]:
 
 
 def default_space(
-    batch_size: int, device_type: str = "cpu", bf16_supported: bool = True
+    batch_size: int, device_type: str = "cpu", bf16_supported: bool = True, *, chunked_loss: bool = False
 ) -> dict[str, list[Any]]:
     """The axes ``fit`` searches by default on a device.
 
     micro_batch: every divisor of ``batch_size``; checkpointing off and on; precision fp32 and the device's fast
     half precision (bf16, or fp16 on a GPU without bf16); optimizer AdamW and 8-bit AdamW; offload only on CUDA
-    (on a CPU there is nothing to move it to, so it can never help).
+    (on a CPU there is nothing to move it to, so it can never help). The loss, full and chunked, only with
+    ``chunked_loss=True``: the space knows nothing of the model, so the caller says whether the chunked loss applies
+    (:func:`memlab.techniques.loss.chunked_loss_applies`: a causal LM with an LM head and the default loss). It keeps
+    training the same model the same way, as the other axes do; Adafactor, adapters and pure bf16 weights change
+    what is trained, and are searched only when asked for.
 
     Example:
         >>> default_space(4)
@@ -49,15 +55,20 @@ def default_space(
 'optimizer': ['adamw', 'adamw8bit'], 'offload': ['none']}
         >>> default_space(2, "cuda", bf16_supported=False)["precision"], default_space(2, "cuda")["offload"]
         (['fp32', 'fp16'], ['none', 'optimizer', 'all'])
+        >>> default_space(2, chunked_loss=True)["loss"]
+        ['full', 'chunked']
     """
     half = "bf16" if device_type != "cuda" or bf16_supported else "fp16"
-    return {
+    space: dict[str, list[Any]] = {
         "micro_batch": divisors(batch_size),
         "checkpointing": [False, True],
         "precision": ["fp32", half],
         "optimizer": ["adamw", "adamw8bit"],
         "offload": ["none", "optimizer", "all"] if device_type == "cuda" else ["none"],
     }
+    if chunked_loss:
+        space["loss"] = ["full", "chunked"]
+    return space
 
 
 def candidate_plans(
@@ -148,9 +159,9 @@ def needs_at_least(plan: Plan, other: Plan, batch_size: int) -> bool:
     """Whether ``plan`` needs at least the memory of ``other``, whatever the model (so if ``other`` does not fit,
     neither does ``plan``).
 
-    True when both use the same precision and offload, ``plan`` has at least ``other``'s micro-batch, checkpoints
-    only if ``other`` does, and its optimizer keeps at least as much state. Going from accumulation to none is
-    never compared: without accumulation the gradients need not be held while activations are.
+    True when both use the same precision, offload and loss, ``plan`` has at least ``other``'s micro-batch,
+    checkpoints only if ``other`` does, and its optimizer keeps at least as much state. Going from accumulation to
+    none is never compared: without accumulation the gradients need not be held while activations are.
 
     Example:
         >>> small = Plan(micro_batch=2, accumulation=4, checkpointing=True)
@@ -159,7 +170,7 @@ def needs_at_least(plan: Plan, other: Plan, batch_size: int) -> bool:
         >>> needs_at_least(Plan(micro_batch=4, accumulation=2, precision="bf16"), small, 8)
         False
     """
-    if plan.precision != other.precision or plan.offload != other.offload:
+    if plan.precision != other.precision or plan.offload != other.offload or plan.loss != other.loss:
         return False
     if (plan.weights, plan.adapter, plan.lora_rank) != (other.weights, other.adapter, other.lora_rank):
         return False

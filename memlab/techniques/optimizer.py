@@ -1,4 +1,5 @@
-"""The optimizer of a plan: torch AdamW or bitsandbytes' 8-bit AdamW, over the trainable parameters only."""
+"""The optimizer of a plan, over the trainable parameters only: torch AdamW (fused where the device has it, as
+the Trainer builds it), bitsandbytes' 8-bit AdamW (paged on CUDA), or Adafactor."""
 
 from __future__ import annotations
 
@@ -11,30 +12,98 @@ from torch import nn
 from memlab.errors import MemlabError
 from memlab.plan import Plan
 
+# Devices whose fused AdamW kernel torch 2.x has (the Trainer's default optim is "adamw_torch_fused" from torch 2.8).
+FUSED_ADAMW_DEVICES = ("cuda", "cpu")
+
+PAGED_ON_CPU = "paged_adamw8bit pages its state only on CUDA: on cpu this is the unpaged 8-bit AdamW (same state)"
+PAGED_ESTIMATED = (
+    "paged_adamw8bit is estimated as the unpaged 8-bit AdamW: its state counted on the device, where it stays "
+    "until the GPU runs short"
+)
+PAGED_OUTSIDE_ALLOCATOR = (
+    "paged_adamw8bit: bitsandbytes keeps the 8-bit state of tensors of 100k elements or more in CUDA unified memory, "
+    "outside PyTorch's allocator, so it is not in the peak; the driver pages it to CPU memory when the GPU runs short"
+)
+
 
 def build_optimizer(
-    parameters: Sequence[nn.Parameter], plan: Plan, lr: float, *, device_type: str | None = None
+    parameters: Sequence[nn.Parameter],
+    plan: Plan,
+    lr: float,
+    *,
+    device_type: str | None = None,
+    fused: bool | None = None,
 ) -> torch.optim.Optimizer:
-    """A fresh optimizer of the plan's kind for ``parameters``, with the defaults torch takes on ``device_type``
-    (default: the parameters' device): on CUDA, AdamW's foreach update, whose temporaries are part of the peak.
+    """A fresh optimizer of the plan's kind for ``parameters``, as the Hugging Face Trainer builds it on
+    ``device_type`` (default: the parameters' device).
+
+    - ``"adamw"``: ``torch.optim.AdamW``, fused where torch has the kernel (CUDA and CPU; the Trainer's default
+      ``optim="adamw_torch_fused"`` from torch 2.8): one kernel per update, no temporaries the size of the
+      weights. ``fused=False`` asks for torch's own choice without fusing (foreach on CUDA, whose temporaries are
+      part of the peak); ``fused=True`` insists.
+    - ``"adamw8bit"`` / ``"paged_adamw8bit"``: bitsandbytes' ``AdamW8bit`` / ``PagedAdamW8bit``; paging exists only
+      on CUDA, so elsewhere the paged plan builds the unpaged optimizer (:func:`optimizer_notes` says so).
+    - ``"adafactor"``: ``transformers.optimization.Adafactor`` with the Trainer's settings for
+      ``optim="adafactor"`` (``scale_parameter=False, relative_step=False``, the given ``lr``, no first moment).
 
     Example:
         >>> layer = nn.Linear(4, 4)
-        >>> type(build_optimizer(list(layer.parameters()), Plan(), lr=1e-3)).__name__
-        'AdamW'
+        >>> optimizer = build_optimizer(list(layer.parameters()), Plan(), lr=1e-3)
+        >>> type(optimizer).__name__, optimizer.defaults["fused"]
+        ('AdamW', True)
+        >>> type(build_optimizer(list(layer.parameters()), Plan(optimizer="adafactor"), lr=1e-3)).__name__
+        'Adafactor'
     """
     if not parameters:
         raise MemlabError("the model has no trainable parameters; set requires_grad=True on what should train")
-    if plan.optimizer == "adamw8bit":
+    device_type = device_type or parameters[0].device.type
+    if plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
         # Imported here: bitsandbytes is heavy and prints at import; `import memlab` must not pull it in.
         import bitsandbytes
 
-        optimizer = bitsandbytes.optim.AdamW8bit(parameters, lr=lr)
+        paged = plan.optimizer == "paged_adamw8bit" and device_type == "cuda" and _real_cuda(parameters[0])
+        kind = bitsandbytes.optim.PagedAdamW8bit if paged else bitsandbytes.optim.AdamW8bit
+        optimizer = kind(parameters, lr=lr)
         optimizer.mng = _own_override_manager(optimizer, parameters)
         return optimizer
-    device_type = device_type or parameters[0].device.type
+    if plan.optimizer == "adafactor":
+        # transformers' Adafactor rather than torch.optim.Adafactor: it is what the Trainer's optim="adafactor"
+        # (memlab's export) builds, so the plan measured is the plan exported. torch's differs in its defaults
+        # (a relative step size, a beta2 decay schedule) and keeps a step tensor per parameter.
+        from transformers.optimization import Adafactor
+
+        return Adafactor(parameters, lr=lr, scale_parameter=False, relative_step=False)
+    if fused is None:
+        fused = device_type in FUSED_ADAMW_DEVICES and all(p.is_floating_point() for p in parameters)
+    if fused:
+        return torch.optim.AdamW(parameters, lr=lr, fused=True)
     # torch picks foreach by itself on real CUDA tensors; a dry run for CUDA on CPU kernels must ask for it.
     return torch.optim.AdamW(parameters, lr=lr, foreach=True if device_type == "cuda" else None)
+
+
+def optimizer_notes(plan: Plan, device_type: str, parameters: Sequence[torch.Tensor] = ()) -> list[str]:
+    """What a trial's notes say about the plan's optimizer on ``device_type`` for ``parameters`` (fake ones: a dry
+    run, which pages nothing).
+
+    Example:
+        >>> optimizer_notes(Plan(optimizer="paged_adamw8bit"), "cpu") == [PAGED_ON_CPU]
+        True
+        >>> optimizer_notes(Plan(), "cpu")
+        []
+    """
+    if plan.optimizer != "paged_adamw8bit":
+        return []
+    if device_type != "cuda":
+        return [PAGED_ON_CPU]
+    if parameters and not _real_cuda(parameters[0]):
+        return [PAGED_ESTIMATED]
+    return [PAGED_OUTSIDE_ALLOCATOR]
+
+
+def _real_cuda(tensor: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return tensor.device.type == "cuda" and not is_fake(tensor)
 
 
 def _own_override_manager(optimizer: torch.optim.Optimizer, parameters: Sequence[nn.Parameter]) -> Any:

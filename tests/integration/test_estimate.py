@@ -214,10 +214,11 @@ def test_a_7b_llama_is_estimated_in_under_a_minute_and_3_gb_and_meets_the_bytes_
     keep. The parts must be exactly that: params = 4 bytes x n (+ the rotary buffer), optimizer = 8 bytes x n
     (+ one 4-byte step counter per tensor), grads <= 4 bytes x n.
 
-    Where the peak is: with checkpointing and 512 tokens, activations are small next to 7B parameters, so the
-    peak is AdamW's update, when every gradient exists (grads = 4 bytes x n) and the activations are already
-    freed (activations = 0 at that moment); what is left ("other") is the update's temporaries, at most two
-    tensors of the size of the largest parameter (torch's per-tensor AdamW on CPU).
+    Where the peak is: with checkpointing and 512 tokens, activations are small next to 7B parameters, and the
+    fused AdamW update (the Trainer's default, which memlab builds) adds no temporaries, so the peak is the end of
+    backward: every gradient but the last one (the embedding's, at most the largest parameter) accumulated, and
+    that last one still being made among the activations. Beyond the 16 bytes per parameter there is at most
+    that gradient's input and the batch.
     """
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(
@@ -236,9 +237,11 @@ def test_a_7b_llama_is_estimated_in_under_a_minute_and_3_gb_and_meets_the_bytes_
     assert parts["grads"] <= 4 * n
     assert peak >= 16 * n
     assert sum(parts.values()) == peak
-    # The peak is the optimizer update: all gradients, no activations, the update's temporaries.
-    assert parts["grads"] == 4 * n and parts["activations"] == 0
-    assert 0 < parts["other"] <= 2 * 4 * result["largest"] + 2**16  # + the batch and the loss's scalars
+    # The peak is the end of backward: all gradients but the last, which is among the activations.
+    assert parts["grads"] >= 4 * n - 4 * result["largest"]
+    assert parts["grads"] + parts["activations"] >= 4 * n
+    assert 0 < parts["other"] <= 2**16  # the batch and the loss's scalars
+    assert peak - 16 * n - 4 * result["tensors"] - result["buffers"] <= 2 * 4 * result["largest"] + 2**16
 
 
 def test_budget_decides_fit_or_no_fit():

@@ -401,6 +401,18 @@ def test_timing_goes_on_until_the_noise_is_bounded(monkeypatch):
     assert relative_half_width(trial.step_times[:-1]) > 0.05  # it stopped as soon as the target was met
 
 
+def test_a_few_steps_that_happen_to_agree_do_not_meet_the_noise_target(monkeypatch):
+    from memlab.report.noise import fewest_values
+
+    monkeypatch.setattr("memlab.trial._WARM_DEVICE_TYPES", {"cpu"})
+    # Three identical steps have a spread of 0, but three values are no 95% interval of anything.
+    clock = _fake_step_clock(monkeypatch, [1.0] * 20)
+    runner = TrialRunner(
+        tiny_mlp(), mlp_batch(rows=8), RunOptions(loss_fn=mlp_loss, steps=3, noise=0.05, time_limit=1000), clock=clock
+    )
+    assert len(runner.run(memlab.Plan()).step_times) == fewest_values() == 6
+
+
 def test_timing_stops_at_the_time_limit_however_noisy(monkeypatch):
     monkeypatch.setattr("memlab.trial._WARM_DEVICE_TYPES", {"cpu"})
     clock = _fake_step_clock(monkeypatch, [1.0, 3.0] * 50)

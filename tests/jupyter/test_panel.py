@@ -23,7 +23,7 @@ from memlab.report import CATEGORIES, Report
 MIB = 1024**2
 TECHNIQUES = (
     "micro_batch", "accumulation", "checkpointing", "precision", "weights", "optimizer", "offload", "adapter",
-    "lora_rank", "budget",
+    "lora_rank", "loss", "budget",
 )
 
 

@@ -60,7 +60,7 @@ def test_every_plan_fit_could_return_is_accepted_by_training_arguments(tmp_path:
         assert args.gradient_accumulation_steps == plan.accumulation
         assert args.activation_checkpointing is plan.checkpointing
         assert args.bf16 is (plan.precision == "bf16") and args.fp16 is (plan.precision == "fp16")
-        assert args.optim == {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit"}[plan.optimizer]
+        assert args.optim == {"adamw": "adamw_torch_fused", "adamw8bit": "adamw_bnb_8bit"}[plan.optimizer]
         if plan.checkpointing:
             assert args.activation_checkpointing_kwargs["use_reentrant"] is False
             assert args.activation_checkpointing_kwargs.get("offload", False) is plan.offloads_activations
@@ -241,3 +241,76 @@ def test_adapter_plans_export_a_lora_config_and_code_that_builds_them() -> None:
     assert "get_peft_model" in code and "BitsAndBytesConfig" in code and "model.to(torch.bfloat16)" in code
     with pytest.raises(MemlabError, match="needs adapter='lora' or 'qlora'"):
         Plan().to_peft_config()
+
+
+# --- issue 15's levers: Adafactor, paged 8-bit AdamW, fused AdamW, the chunked loss ---------------------------------
+
+NEW_LEVERS = [
+    Plan(optimizer="adafactor"),
+    Plan(micro_batch=1, accumulation=4, checkpointing=True, precision="fp16", optimizer="adafactor"),
+    Plan(optimizer="paged_adamw8bit", offload="optimizer"),
+    Plan(loss="chunked"),
+    Plan(micro_batch=2, accumulation=2, optimizer="adafactor", loss="chunked", offload="all"),
+]
+
+
+def test_new_levers_export_the_trainers_own_names(tmp_path: Path) -> None:
+    from transformers.training_args import OptimizerNames
+
+    names = {
+        "adamw": OptimizerNames.ADAMW_TORCH_FUSED,
+        "adafactor": OptimizerNames.ADAFACTOR,
+        "paged_adamw8bit": OptimizerNames.PAGED_ADAMW_8BIT,
+    }
+    assert training_arguments(Plan())["optim"] == "adamw_torch_fused"
+    # memlab's "adamw" is what the Trainer builds when nothing is said
+    assert transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none").optim == names["adamw"]
+    for plan in NEW_LEVERS:
+        kwargs = training_arguments(plan)
+        args = _accepted(kwargs, tmp_path)
+        assert args.optim == names[plan.optimizer]
+        assert args.use_liger_kernel is (plan.loss == "chunked")
+        if plan.loss == "chunked":
+            config = args.liger_kernel_config
+            assert config["fused_linear_cross_entropy"] is True
+            assert not any(value for key, value in config.items() if key != "fused_linear_cross_entropy")
+
+
+@pytest.mark.parametrize("plan", NEW_LEVERS, ids=_ids)
+def test_deepspeed_leaves_adafactor_and_paged_adam_to_the_user_and_says_so(plan: Plan) -> None:
+    config = plan.to_deepspeed()
+    assert json.loads(json.dumps(config)) == config
+    if plan.optimizer == "adamw":
+        assert config["optimizer"]["type"] == "AdamW"
+    else:
+        assert "optimizer" not in config and config["zero_allow_untested_optimizer"] is True
+        assert {"adafactor": "Adafactor", "paged_adamw8bit": "PagedAdamW8bit"}[plan.optimizer] in config["_comment"]
+    assert ("chunked loss is not a DeepSpeed setting" in config.get("_comment", "")) is (plan.loss == "chunked")
+
+
+@pytest.mark.parametrize("plan", NEW_LEVERS, ids=_ids)
+def test_pytorch_code_of_the_new_levers_runs(plan: Plan) -> None:
+    if plan.optimizer == "paged_adamw8bit":
+        pytest.importorskip("bitsandbytes")
+    before = _tiny_gpt2().state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # bitsandbytes: "paged optimizers are not supported on CPU"
+        model, namespace = _run(plan, [_batch(4), _batch(4)])
+    after = model.state_dict()
+    assert any(not torch.equal(before[key], after[key]) for key in before)
+    assert torch.isfinite(namespace["loss"])
+    kind = {"adafactor": "Adafactor", "paged_adamw8bit": "PagedAdamW8bit", "adamw": "AdamW"}[plan.optimizer]
+    assert type(namespace["optimizer"]).__name__ == kind
+    if plan.optimizer == "adamw":
+        assert namespace["optimizer"].defaults["fused"] is True
+
+
+def test_pytorch_code_chunked_loss_gives_the_full_loss_gradient() -> None:
+    batch = _batch(4)
+    batch["labels"] = batch["labels"].clone()
+    batch["labels"][:, :3] = -100
+    full = _summed_gradients(Plan(), batch)
+    chunked = _summed_gradients(Plan(loss="chunked"), batch)
+    assert full.keys() == chunked.keys() and full
+    for name in full:
+        torch.testing.assert_close(chunked[name], full[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -14,8 +14,9 @@ import xml.etree.ElementTree as ElementTree
 from typing import Any
 
 import pytest
+from reports import MIB, plans, report_of
 
-from memlab.plan import Plan, format_bytes, parse_grid
+from memlab.plan import Plan, format_bytes
 from memlab.report import Report, Trial
 from memlab.report.figure import (
     BUDGET_COLOR,
@@ -30,36 +31,7 @@ from memlab.report.figure import (
 from memlab.report.noise import speed_interval
 from memlab.report.static import INTERACTIVE_LIMIT, PLOTLY_MIME, WIDTH, record_bundle, record_text, report_svg
 
-MIB = 1024**2
 SVG = "{http://www.w3.org/2000/svg}"
-
-
-def plans(count: int) -> list[Plan]:
-    """``count`` different plans, as a budget search makes them."""
-    grid = parse_grid(
-        ["micro_batch=all,1,2,4,8", "checkpointing=off,on", "precision=fp32,bf16", "optimizer=adamw,adamw8bit"]
-    )
-    grid += parse_grid(["micro_batch=1,2,4,8,16", "offload=optimizer", "checkpointing=off,on", "precision=fp32,bf16"])
-    grid += [Plan(micro_batch=size, accumulation=64 // size) for size in (1, 2, 4, 8, 16, 32, 64)] * 40
-    return grid[:count]
-
-
-def report_of(count: int, *, budget_mib: float | None = 2048, error_at: int | None = None) -> Report:
-    """``count`` trials: most ran (timed six times, so each has an interval), every ninth ran out of memory."""
-    trials = []
-    for index, plan in enumerate(plans(count)):
-        peak = int((300 + 37 * (index % 50)) * MIB)
-        if index == error_at:
-            trials.append(Trial(plan, "error", 0, {}, None, None, None, "cpu", error="RuntimeError: <lambda> & 'x'"))
-        elif index % 9 == 4:
-            trials.append(Trial(plan, "oom", peak, {}, None, None, None, "cpu", error="out of memory"))
-        else:
-            speed = 10.0 + index % 7
-            times = tuple(8 / speed * (1 + 0.02 * step) for step in range(6))
-            parts = {"params": peak // 4, "grads": peak // 4, "optimizer": peak // 4, "activations": peak // 8}
-            trial = Trial(plan, "ok", peak, parts, 8 / speed, speed, None, "cpu", rows_per_step=8, step_times=times)
-            trials.append(trial)
-    return Report(trials, budget=None if budget_mib is None else int(budget_mib * MIB))
 
 
 def svg_root(report: Report) -> ElementTree.Element:

@@ -1,5 +1,7 @@
 """Settle a close race: re-measure the plans close in speed in alternation (A B A B), so drift does not decide.
 
+``compare`` (when timing bounds the noise) and ``fit`` both settle their close races this way before they answer.
+
 A shared machine drifts (another tenant's job starts, a GPU clocks down): two plans measured minutes apart can differ
 by more than they differ from each other. Re-running the contenders in turn, round after round, exposes them to the
 same drift, and their speeds are then taken from those rounds alone.
@@ -14,7 +16,14 @@ from collections.abc import Callable, Sequence
 from memlab.plan import Plan
 from memlab.report import Report, Trial
 
-__all__ = ["DRIFT_MARGIN", "MAX_CONTENDERS", "ROUNDS", "close_contenders", "remeasure_interleaved"]
+__all__ = [
+    "DRIFT_MARGIN",
+    "MAX_CONTENDERS",
+    "ROUNDS",
+    "close_contenders",
+    "remeasure_interleaved",
+    "settle_close_race",
+]
 
 ROUNDS = 2
 """How many times each contender runs again, in alternation."""
@@ -59,41 +68,79 @@ def close_contenders(trials: Sequence[Trial], budget: int | None, limit: int = M
 
 
 def remeasure_interleaved(
-    contenders: Sequence[Trial], measure: Callable[[Plan], Trial], rounds: int = ROUNDS
+    contenders: Sequence[Trial], measure: Callable[[Trial], Trial], rounds: int = ROUNDS
 ) -> list[Trial]:
     """Run the contenders again in turn, ``rounds`` times (A B A B), and return each contender with its speed from
     those runs alone (their timed steps pooled) and its memory from the highest peak of all its runs.
 
-    A contender that fails in a re-run (out of memory under the cap, an error) is returned as that failed run:
-    a plan that fits only sometimes is no answer.
+    ``measure`` gets the contender's first trial and runs its plan again. The same plan may be a contender twice (a
+    compare of a plan with itself): contenders are told apart by position, not by plan. A contender that fails in
+    a re-run (out of memory under the cap, an error) is returned as that failed run: a plan that fits only
+    sometimes is no answer.
 
     Example:
         >>> order = []
-        >>> def measure(plan):
-        ...     order.append(plan.label())
-        ...     return Trial(plan, "ok", 9, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.5, 0.5))
+        >>> def measure(trial):
+        ...     order.append(trial.label)
+        ...     return Trial(trial.plan, "ok", 9, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.5, 0.5))
         >>> first = Trial(Plan(), "ok", 9, {}, 1.0, 8.0, None, "cpu", rows_per_step=8, step_times=(1.0, 1.0))
         >>> second = Trial(Plan(checkpointing=True), "ok", 5, {}, 1.0, 8.0, None, "cpu", rows_per_step=8)
         >>> again = remeasure_interleaved([first, second], measure)
         >>> order, again[0].samples_per_s, again[0].step_times
         (['plain', 'ckpt', 'plain', 'ckpt'], 16.0, (0.5, 0.5, 0.5, 0.5))
     """
-    runs: dict[Plan, list[Trial]] = {trial.plan: [] for trial in contenders}
+    runs: list[list[Trial]] = [[] for _ in contenders]
     for _ in range(rounds):
-        for trial in contenders:
-            runs[trial.plan].append(measure(trial.plan))
+        for position, trial in enumerate(contenders):
+            runs[position].append(measure(trial))
     settled = []
-    for trial in contenders:
-        again = runs[trial.plan]
+    for position, (trial, again) in enumerate(zip(contenders, runs, strict=True)):
         failed = next((run for run in again if run.status != "ok"), None)
         if failed is not None:
             note = f"fitted when first measured, then failed when re-measured: {failed.error}"
             settled.append(dataclasses.replace(failed, notes=(*failed.notes, note)))
             continue
-        others = ", ".join(other.label for other in contenders if other is not trial)
+        others = ", ".join(other.label for index, other in enumerate(contenders) if index != position)
         note = f"timed again in turn with {others} ({rounds} rounds): close in speed when first measured"
         settled.append(_pooled(trial, again, note))
     return settled
+
+
+def settle_close_race(
+    trials: list[Trial],
+    run: Callable[[Plan, int], Trial],
+    budget: int | None,
+    say: Callable[[str], None] | None = None,
+) -> list[tuple[Trial, Trial]]:
+    """Time the :func:`close_contenders` of ``trials`` again in turn and put the settled trials in their places
+    (``trials`` is changed in place); returns the (before, after) pairs, empty when the race was not close.
+
+    ``run(plan, index)`` measures ``plan`` again as the ``index``-th trial (a live figure redraws that column);
+    ``say`` is told which plans are timed again.
+
+    Example:
+        >>> def run(plan, index):
+        ...     return Trial(plan, "ok", 9, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.5, 0.5))
+        >>> trials = [Trial(Plan(), "ok", 9, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.6))
+        ...           for _ in range(2)]
+        >>> pairs = settle_close_race(trials, run, budget=None)
+        >>> len(pairs), trials[0].step_times
+        (2, (0.5, 0.5, 0.5, 0.5))
+    """
+    contenders = close_contenders(trials, budget)
+    if not contenders:
+        return []
+    if say is not None:
+        say(f"timing {', '.join(t.label for t in contenders)} again, in turn")
+
+    def measure_again(trial: Trial) -> Trial:
+        index = next(i for i, candidate in enumerate(trials) if candidate is trial)
+        return run(trial.plan, index)
+
+    pairs = list(zip(contenders, remeasure_interleaved(contenders, measure_again), strict=True))
+    for before, after in pairs:
+        trials[next(i for i, candidate in enumerate(trials) if candidate is before)] = after
+    return pairs
 
 
 def _pooled(trial: Trial, runs: Sequence[Trial], note: str) -> Trial:

@@ -1,0 +1,261 @@
+"""Plan -> accelerate: a config for ``accelerate launch --config_file`` (FSDP2 or DeepSpeed ZeRO), and the training
+script that goes with it, carrying the plan's other levers (accumulation, precision, optimizer, adapters).
+
+The config's keys are accelerate 1.x's own (``accelerate config`` writes the same): ``distributed_type: FSDP`` with
+an ``fsdp_config`` (``fsdp_version: 2``, ``fsdp_reshard_after_forward``, ``fsdp_auto_wrap_policy:
+TRANSFORMER_BASED_WRAP``, ``fsdp_activation_checkpointing``, ``fsdp_offload_params``), or ``distributed_type:
+DEEPSPEED`` with a ``deepspeed_config`` (``zero_stage``, ``offload_optimizer_device``, ``offload_param_device``,
+``zero3_init_flag``, ``gradient_accumulation_steps``). The FSDP2 wrapping is what :func:`memlab.sharded.shard_units`
+estimates: one unit per class in the model's ``_no_split_modules`` (accelerate's default when no class is named),
+then the root. Write the dict with ``yaml.safe_dump``; :func:`fsdp2_torch_script` is the same sharding in plain
+PyTorch (``fully_shard``), runnable with ``torchrun`` where accelerate does not shard (a machine without GPUs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from memlab.errors import MemlabError
+from memlab.plan import Plan
+
+__all__ = ["accelerate_config", "accelerate_script", "fsdp2_torch_script"]
+
+_MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+
+
+def _check(gpus: Any, strategy: Any) -> tuple[int, str]:
+    from memlab.sharded import check_sharding
+
+    gpus, strategy = check_sharding(gpus, strategy)
+    if strategy == "none":
+        raise MemlabError('an accelerate config needs a strategy; write strategy="fsdp2", "zero2" or "zero3"')
+    return gpus, strategy
+
+
+def accelerate_config(
+    plan: Plan, *, gpus: int, strategy: str = "fsdp2", layer_classes: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The accelerate config for ``plan`` on ``gpus`` GPUs of one machine, sharded with ``strategy``.
+
+    - ``strategy="fsdp2"``: ``fsdp_version: 2``, ``fsdp_reshard_after_forward: true``,
+      ``fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP`` (``fsdp_transformer_layer_cls_to_wrap`` from
+      ``layer_classes`` when given, else the model's ``_no_split_modules``), ``fsdp_activation_checkpointing`` from
+      the plan's checkpointing, ``fsdp_offload_params`` where it offloads the optimizer (FSDP2 offloads sharded
+      weights, gradients and optimizer state together), sharded state dicts, RAM-efficient loading.
+    - ``strategy="zero2"`` / ``"zero3"``: DeepSpeed with ``zero_stage``, the optimizer (and for ZeRO-3 with
+      ``offload="all"`` the parameters) offloaded to the CPU where the plan asks, ``zero3_init_flag`` for ZeRO-3.
+    - ``mixed_precision`` from the plan's precision; activation offload has no accelerate key here (the script
+      says how).
+
+    Example:
+        >>> config = accelerate_config(Plan(checkpointing=True, precision="bf16"), gpus=8)
+        >>> config["distributed_type"], config["num_processes"], config["mixed_precision"]
+        ('FSDP', 8, 'bf16')
+        >>> config["fsdp_config"]["fsdp_version"], config["fsdp_config"]["fsdp_activation_checkpointing"]
+        (2, True)
+        >>> accelerate_config(Plan(offload="optimizer"), gpus=4, strategy="zero3")["deepspeed_config"]["zero_stage"]
+        3
+    """
+    gpus, strategy = _check(gpus, strategy)
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "downcast_bf16": "no",
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": _MIXED[plan.precision],
+        "num_machines": 1,
+        "num_processes": gpus,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "tpu_env": [],
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+        "use_cpu": False,
+    }
+    if strategy == "fsdp2":
+        fsdp: dict[str, Any] = {
+            "fsdp_version": 2,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_reshard_after_forward": True,
+            "fsdp_activation_checkpointing": bool(plan.checkpointing),
+            "fsdp_offload_params": plan.offloads_optimizer,
+            "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        }
+        if layer_classes:
+            fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(layer_classes)
+        config["distributed_type"] = "FSDP"
+        config["fsdp_config"] = fsdp
+    else:
+        stage = int(strategy[-1])
+        config["distributed_type"] = "DEEPSPEED"
+        config["deepspeed_config"] = {
+            "zero_stage": stage,
+            "gradient_accumulation_steps": plan.accumulation,
+            "offload_optimizer_device": "cpu" if plan.offloads_optimizer else "none",
+            "offload_param_device": "cpu" if plan.offload == "all" and stage == 3 else "none",
+            "zero3_init_flag": stage == 3,
+            **({"zero3_save_16bit_model": True} if stage == 3 else {}),
+        }
+    return config
+
+
+def _optimizer_lines(plan: Plan) -> list[str]:
+    if plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
+        kind = "PagedAdamW8bit" if plan.optimizer == "paged_adamw8bit" else "AdamW8bit"
+        return ["import bitsandbytes as bnb", "", f"optimizer = bnb.optim.{kind}(model.parameters(), lr=LR)"]
+    if plan.optimizer == "adafactor":
+        return [
+            "from transformers.optimization import Adafactor",
+            "",
+            "optimizer = Adafactor(model.parameters(), lr=LR, scale_parameter=False, relative_step=False)",
+        ]
+    return ["optimizer = torch.optim.AdamW(model.parameters(), lr=LR)"]
+
+
+def accelerate_script(plan: Plan, *, strategy: str = "fsdp2", model_name: str = "MODEL_NAME") -> str:
+    """A training script for ``accelerate launch --config_file <the config> train.py`` that uses the plan's other
+    levers: its accumulation (``Accelerator(gradient_accumulation_steps=...)``), precision (from the config),
+    optimizer, pure-bf16 weights, adapters (peft's ``LoraConfig`` from :meth:`Plan.to_peft_config`'s values) and
+    activation offload (``save_on_cpu``). Checkpointing and sharding come from the config.
+
+    Example:
+        >>> script = accelerate_script(Plan(accumulation=4, adapter="lora"))
+        >>> "gradient_accumulation_steps=4" in script, "get_peft_model" in script
+        (True, True)
+        >>> compile(script, "train.py", "exec") is not None
+        True
+    """
+    _check(2, strategy)
+    rows = plan.micro_batch if plan.micro_batch is not None else 1
+    lines = [
+        "# train.py: run with  accelerate launch --config_file memlab_accelerate.yaml train.py",
+        "import contextlib",
+        "",
+        "import torch",
+        "from accelerate import Accelerator",
+        "from transformers import AutoModelForCausalLM",
+        "",
+        f"MODEL_NAME = {model_name!r}",
+        "LR = 1e-5",
+        f"MICRO_BATCH = {rows}  # rows per GPU per micro-step (memlab's batch)",
+        "",
+        f"accelerator = Accelerator(gradient_accumulation_steps={plan.accumulation})",
+    ]
+    dtype = "torch.bfloat16" if plan.weights == "bf16" else "torch.float32"
+    lines.append(f"model = AutoModelForCausalLM.from_pretrained(MODEL_NAME, dtype={dtype})")
+    if plan.adapter != "none":
+        lines += [
+            "from peft import LoraConfig, get_peft_model",
+            "",
+            f"model = get_peft_model(model, LoraConfig(r={plan.lora_rank}, lora_alpha={2 * plan.lora_rank}, "
+            'target_modules="all-linear", task_type="CAUSAL_LM"))',
+        ]
+    lines += _optimizer_lines(plan)
+    lines += [
+        "dataloader = torch.utils.data.DataLoader(...)  # your dataset, batch_size=MICRO_BATCH",
+        "model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)",
+    ]
+    saved = "torch.autograd.graph.save_on_cpu(pin_memory=True)" if plan.offloads_activations else (
+        "contextlib.nullcontext()")
+    lines += [
+        "model.train()",
+        "for batch in dataloader:",
+        "    with accelerator.accumulate(model):",
+        f"        with {saved}:",
+        "            loss = model(**batch).loss",
+        "            accelerator.backward(loss)",
+        "        optimizer.step()",
+        "        optimizer.zero_grad()",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def fsdp2_torch_script(
+    plan: Plan,
+    *,
+    model_code: str,
+    batch_code: str,
+    steps: int = 2,
+    backend: str = "nccl",
+    device: str = "cuda",
+    record: str | None = None,
+) -> str:
+    """A plain-PyTorch script for ``torchrun --nproc_per_node N script.py`` that shards exactly as
+    :func:`accelerate_config` asks for FSDP2 (``fully_shard`` on each ``_no_split_modules`` block, then the root;
+    ``reshard_after_forward=True``; accelerate's ``MixedPrecisionPolicy`` for bf16/fp16; checkpointing through the
+    model's own switch) and trains ``steps`` steps with the plan's AdamW.
+
+    ``model_code`` is an expression building the model (on the CPU), ``batch_code`` one building this rank's
+    batch. ``backend="gloo", device="cpu"`` runs it on CPU processes (what the tests do); with ``record`` set to a
+    path prefix, each rank measures its last step with memlab's CPU tracker and writes ``<record><rank>.json``
+    (``peak_bytes`` and ``breakdown``).
+
+    Example:
+        >>> script = fsdp2_torch_script(Plan(), model_code="make_model()", batch_code="make_batch()")
+        >>> "fully_shard(unit, mesh=mesh" in script and compile(script, "s.py", "exec") is not None
+        True
+    """
+    if plan.adapter != "none" or plan.optimizer != "adamw" or plan.offload != "none" or plan.loss != "full":
+        raise MemlabError(
+            "fsdp2_torch_script covers plans of adamw without adapters, offload or chunked loss; write those "
+            "levers as their defaults, or use accelerate_script with the accelerate config"
+        )
+    dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(plan.precision, "None")
+    lines = [
+        "import json",
+        "import torch",
+        "import torch.distributed as dist",
+        "from torch.distributed.device_mesh import init_device_mesh",
+        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard",
+        "",
+        f'dist.init_process_group("{backend}")',
+        "rank = dist.get_rank()",
+        f'mesh = init_device_mesh("{device}", (dist.get_world_size(),))',
+        f"model = {model_code}",
+    ]
+    if plan.weights == "bf16":
+        lines.append("model.to(torch.bfloat16)")
+    if plan.checkpointing:
+        lines.append('model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})')
+    lines += [
+        f"policy = MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype={dtype}, output_dtype={dtype})",
+        'blocks = set(getattr(model, "_no_split_modules", None) or ())',
+        "for unit in [m for m in model.modules() if m is not model and type(m).__name__ in blocks]:",
+        "    fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=True)",
+        "fully_shard(model, mesh=mesh, mp_policy=policy)",
+        f'model.to("{device}")',
+        "optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)",
+        f"batch = {batch_code}",
+        "",
+        "",
+        "def step():",
+        f'    with torch.autocast("{device}", dtype={dtype}, enabled={dtype != "None"}):',
+        "        loss = model(**batch).loss",
+        "    loss.backward()",
+        "    optimizer.step()",
+        "    optimizer.zero_grad(set_to_none=True)",
+        "",
+        "",
+        f"for _ in range({max(steps - 1, 0)}):",
+        "    step()",
+    ]
+    if record is None:
+        lines.append("step()")
+    else:
+        lines += [
+            "from memlab.measure.tracker import MemoryTracker",
+            "",
+            "state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]",
+            "tracker = MemoryTracker(baseline={",
+            '    "params": [*model.parameters(), *model.buffers()], "optimizer": state,',
+            '    "other": [t for t in batch.values() if isinstance(t, torch.Tensor)]}, device="cpu")',
+            "with tracker:",
+            "    step()",
+            f"with open(f'{record}{{rank}}.json', 'w') as out:",
+            '    json.dump({"peak_bytes": tracker.peak_bytes, "breakdown": tracker.breakdown}, out)',
+        ]
+    lines.append("dist.destroy_process_group()")
+    return "\n".join(lines) + "\n"

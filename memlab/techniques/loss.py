@@ -1,0 +1,169 @@
+"""Chunked cross-entropy: a causal LM's head and loss over chunks of tokens, so the full logits never exist.
+
+A causal LM's default loss computes ``logits = lm_head(hidden)`` for every token (tokens x vocabulary, in fp32
+for the loss) and keeps them, and the log-softmax, for backward: with a large vocabulary that is most of the
+activations. ``loss="chunked"`` runs the model's base (``model.base_model``: the decoder without its head) to the
+last hidden states, then the head and the cross-entropy over :data:`CHUNKS` chunks of tokens, each chunk under
+``torch.utils.checkpoint``: forward keeps no chunk's logits, and backward recomputes one chunk's logits at a time.
+The loss is the model's own: labels shifted by one the Hugging Face way, ``-100`` ignored, the mean over the
+tokens not ignored; so are the gradients (within float tolerance). The cost: the head runs twice.
+
+It applies to causal LMs that transformers knows as such (``AutoModelForCausalLM`` classes and their subclasses)
+with an output head (``get_output_embeddings()``), trained with the default loss on dict batches with ``labels``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from memlab.batch import Batch, LossFn, default_loss
+from memlab.errors import UnsupportedTechnique
+from memlab.plan import Plan
+
+__all__ = ["CHUNKS", "IGNORE_INDEX", "chunked_causal_lm_loss", "chunked_loss_applies", "loss_for_plan"]
+
+CHUNKS = 8
+"""Chunks of tokens the head and the loss are cut into (torchtune's ``CEWithChunkedOutputLoss`` uses 8 too)."""
+
+IGNORE_INDEX = -100
+"""The label the Hugging Face loss ignores."""
+
+# Config attributes with which a model changes its logits after the head (softcapping, scaling); the chunked loss
+# would skip that change, so it refuses such a model rather than compute another loss.
+_LOGIT_CHANGES = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def loss_for_plan(model: nn.Module, plan: Plan, loss_fn: LossFn | None) -> LossFn | None:
+    """The loss function a step of ``plan`` uses: ``loss_fn`` itself for ``loss="full"``; for ``"chunked"``, the
+    chunked loss, after checking that it applies (an :class:`~memlab.errors.UnsupportedTechnique` saying what to
+    write otherwise). ``loss_fn`` None or :func:`memlab.batch.default_loss` means the model's default loss.
+
+    Example:
+        >>> loss_for_plan(nn.Linear(2, 2), Plan(), None) is None
+        True
+        >>> loss_for_plan(nn.Linear(2, 2), Plan(loss="chunked"), None)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memlab.errors.UnsupportedTechnique: loss='chunked' needs a causal LM with an LM head ...
+    """
+    if plan.loss == "full":
+        return loss_fn
+    problem = _why_not_chunked(model, loss_fn)
+    if problem:
+        raise UnsupportedTechnique(problem)
+    return chunked_causal_lm_loss
+
+
+def chunked_loss_applies(model: nn.Module, loss_fn: LossFn | None = None) -> bool:
+    """Whether ``loss="chunked"`` can train ``model`` with ``loss_fn`` (None: the default loss).
+
+    Example:
+        >>> chunked_loss_applies(nn.Linear(2, 2))
+        False
+    """
+    return not _why_not_chunked(model, loss_fn)
+
+
+def chunked_causal_lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """The causal LM loss of ``model`` on ``batch`` (a dict with ``labels``), its head and cross-entropy computed
+    over :data:`CHUNKS` chunks of tokens; equal to ``model(**batch).loss`` within float tolerance.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> _ = torch.manual_seed(0)
+        >>> model = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        ...                                      num_attention_heads=2, vocab_size=64))
+        >>> ids = torch.randint(0, 64, (2, 12))
+        >>> batch = {"input_ids": ids, "labels": ids}
+        >>> torch.allclose(chunked_causal_lm_loss(model, batch), model(**batch).loss, atol=1e-6)
+        True
+    """
+    if not isinstance(batch, Mapping):
+        raise UnsupportedTechnique(
+            f"loss='chunked' needs a dict batch with labels, not a {type(batch).__name__}; write loss='full'"
+        )
+    labels = batch.get("labels")
+    if not isinstance(labels, torch.Tensor):
+        raise UnsupportedTechnique(
+            "loss='chunked' computes the causal LM loss from the batch's labels, and it has none; add "
+            "batch['labels'] (e.g. a copy of input_ids) or write loss='full'"
+        )
+    inner = _unwrapped(model)
+    head = inner.get_output_embeddings()
+    inputs = {key: value for key, value in batch.items() if key != "labels"}
+    hidden = inner.base_model(**inputs).last_hidden_state
+    # Shifted the Hugging Face way: position t predicts label t + 1; the last position predicts nothing.
+    shifted = nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_labels = shifted.reshape(-1)
+    size = -(-flat_labels.shape[0] // CHUNKS)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    # split, not slicing: its backward concatenates the chunks' gradients once, instead of a full-size zero
+    # tensor per chunk.
+    for part, part_labels in zip(flat_hidden.split(size), flat_labels.split(size), strict=True):
+        total = total + checkpoint(_chunk_loss_sum, head, part, part_labels, use_reentrant=False)
+    counted = (flat_labels != IGNORE_INDEX).sum()
+    return total / counted
+
+
+def _chunk_loss_sum(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    # Upcast to fp32 as transformers' ForCausalLMLoss does.
+    logits = head(hidden).float()
+    return nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def _why_not_chunked(model: nn.Module, loss_fn: LossFn | None) -> str:
+    if loss_fn is not None and loss_fn is not default_loss:
+        return (
+            "loss='chunked' replaces the default loss model(**batch).loss, and a loss_fn was given; drop loss_fn "
+            "(the batch needs labels) or write loss='full'"
+        )
+    inner = _unwrapped(model)
+    if not _is_causal_lm(inner):
+        return (
+            f"loss='chunked' needs a causal LM with an LM head (such as AutoModelForCausalLM's); "
+            f"{type(model).__name__} is not one: write loss='full'"
+        )
+    getter = getattr(inner, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    if not isinstance(head, nn.Module) or getattr(inner, "base_model", inner) is inner:
+        return (
+            f"loss='chunked' needs a causal LM with an LM head (model.get_output_embeddings()) on a base model; "
+            f"{type(model).__name__} has none: write loss='full'"
+        )
+    config = getattr(inner, "config", None)
+    for name in _LOGIT_CHANGES:
+        value = getattr(config, name, None)
+        if value not in (None, 1, 1.0):
+            return (
+                f"{type(model).__name__} changes its logits after the head ({name}={value}), which loss='chunked' "
+                "does not reproduce; write loss='full'"
+            )
+    return ""
+
+
+def _unwrapped(model: nn.Module) -> Any:
+    """The transformers model inside a peft wrapper (a model the user wrapped), else the model itself."""
+    get_base_model = getattr(model, "get_base_model", None)
+    if callable(get_base_model) and hasattr(model, "peft_config"):
+        return get_base_model()
+    return model
+
+
+def _is_causal_lm(model: nn.Module) -> bool:
+    """Whether transformers lists the model's class (or a class it derives from) as a causal LM."""
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return False
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return False
+    names: set[str] = set()
+    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        names.update([value] if isinstance(value, str) else value)
+    return any(cls.__name__ in names for cls in type(model).__mro__)

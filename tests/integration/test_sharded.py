@@ -1,0 +1,141 @@
+"""Per-GPU estimates of sharded training (FSDP2 on fake tensors, ZeRO-2/3 by DeepSpeed's formulas), checked
+against a real FSDP2 run on 2 CPU processes and against DeepSpeed's own formulas."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+import memlab
+from memlab import Plan
+from memlab.errors import MemlabError
+from memlab.export_accelerate import fsdp2_torch_script
+from memlab.sharded import layer_counts, smallest_gpus, zero_model_states
+
+ROOT = Path(__file__).resolve().parents[2]
+# Every dim 0 divides by 2 and 4, so FSDP2 pads nothing and the floor is exact.
+CONFIG = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=4, vocab_size=1024, max_position_embeddings=128)
+SHAPES = {"input_ids": (2, 64), "labels": (2, 64)}
+
+
+def config() -> LlamaConfig:
+    return LlamaConfig(**CONFIG)
+
+
+def test_fsdp2_model_states_are_the_bytes_per_parameter_floor() -> None:
+    from memlab.estimate import meta_model
+
+    parameters, _ = layer_counts(config())
+
+    tensors = sum(1 for _ in meta_model(config()).parameters())
+    for gpus in (2, 4):
+        trial = memlab.estimate(config(), SHAPES, gpus=gpus, strategy="fsdp2", device="cpu")
+        assert trial.status == "ok", trial.error
+        # fp32 AdamW: weights 4 + gradients 4 + two moments 8 bytes per parameter, sharded; a 4-byte step per tensor.
+        assert trial.model_state_bytes == 16 * parameters // gpus + 4 * tensors
+        assert sum(trial.breakdown.values()) == trial.peak_bytes == sum(trial.detail.values())
+        assert trial.detail["sharded_params"] == 4 * parameters // gpus
+        assert trial.detail["unsharded_params"] > 0 and trial.detail["communication"] > 0
+        assert trial.gpus == gpus and trial.strategy == "fsdp2" and trial.estimated
+
+
+def test_levers_move_the_sharded_peak() -> None:
+    base = memlab.estimate(config(), SHAPES, gpus=2, strategy="fsdp2", device="cpu")
+    lean = memlab.estimate(config(), SHAPES, Plan(checkpointing=True, precision="bf16"), gpus=2, strategy="fsdp2",
+                           device="cpu")
+    offload = memlab.estimate(config(), SHAPES, Plan(offload="optimizer"), gpus=2, strategy="fsdp2", device="cpu")
+    assert lean.peak_bytes < base.peak_bytes
+    assert lean.detail["unsharded_params"] < base.detail["unsharded_params"]  # gathered in bf16
+    assert offload.peak_bytes < base.peak_bytes and offload.host_bytes == base.model_state_bytes
+    assert offload.detail["optimizer"] == offload.detail["sharded_params"] == 0
+
+
+def test_zero_follows_deepspeeds_formulas() -> None:
+    parameters, largest = layer_counts(config())
+    single = memlab.estimate(config(), SHAPES, Plan(precision="bf16"), device="cpu")
+    adamw = single.breakdown["optimizer"] / parameters  # 8 bytes of moments, and AdamW's step counters
+    fsdp2 = memlab.estimate(config(), SHAPES, Plan(precision="bf16"), gpus=2, strategy="fsdp2", device="cpu")
+    for stage, strategy in ((2, "zero2"), (3, "zero3")):
+        for gpus in (2, 4):
+            trial = memlab.estimate(config(), SHAPES, Plan(precision="bf16"), gpus=gpus, strategy=strategy,
+                                    device="cpu")
+            states = zero_model_states(parameters, largest, gpus, stage, optimizer_bytes=adamw)
+            assert trial.model_state_bytes == states["params"] + states["grads"] + states["optimizer"]
+            deepspeed = 2 * parameters + 18 * parameters / gpus if stage == 2 else 4 * largest + 18 * parameters / gpus
+            assert abs(trial.model_state_bytes / deepspeed - 1) < 1e-4
+            assert trial.detail["activations"] >= fsdp2.detail["activations"] > 0  # the largest, from FSDP2's run
+            assert sum(trial.breakdown.values()) == trial.peak_bytes
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+def test_zero_formulas_equal_deepspeeds_own_functions() -> None:
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    parameters, largest, gpus = 7_000_000_000, 131_072_000, 8
+    gpu = lambda stage, offload: sum(  # noqa: E731
+        v for k, v in zero_model_states(parameters, largest, gpus, stage, offload=offload).items() if k != "host")
+    assert gpu(2, "none") == estimate_zero2_model_states_mem_needs(parameters, gpus, cpu_offload=False)[1]
+    assert gpu(2, "optimizer") == estimate_zero2_model_states_mem_needs(parameters, gpus, cpu_offload=True)[1]
+    assert gpu(3, "none") == estimate_zero3_model_states_mem_needs(parameters, largest, gpus, cpu_offload=False)[1]
+    assert gpu(3, "optimizer") == estimate_zero3_model_states_mem_needs(
+        parameters, largest, gpus, cpu_offload=True, cpu_offload_params=False)[1]
+    assert gpu(3, "all") == estimate_zero3_model_states_mem_needs(parameters, largest, gpus, cpu_offload=True)[1]
+
+
+def test_smallest_gpus_fits_and_one_fewer_does_not() -> None:
+    for strategy in ("fsdp2", "zero3"):
+        budget = memlab.estimate(config(), SHAPES, gpus=4, strategy=strategy, device="cpu").peak_bytes
+        found = smallest_gpus(config(), SHAPES, budget=budget, strategies=[strategy], device="cpu",
+                              candidates=(2, 4, 8))[strategy]
+        assert found is not None and found.fits and found.strategy == strategy and found.gpus == 4
+        assert not memlab.estimate(config(), SHAPES, gpus=2, strategy=strategy, device="cpu", budget=budget).fits
+    assert smallest_gpus(config(), SHAPES, budget="1KiB", strategies=["zero2"], device="cpu") == {"zero2": None}
+
+
+def test_bad_sharding_input_says_what_to_write() -> None:
+    with pytest.raises(MemlabError, match='needs a strategy; write strategy="fsdp2"'):
+        memlab.estimate(config(), SHAPES, gpus=8)
+    with pytest.raises(MemlabError, match="write one of"):
+        memlab.estimate(config(), SHAPES, gpus=8, strategy="zero1")
+    with pytest.raises(MemlabError, match="write an int >= 1"):
+        memlab.estimate(config(), SHAPES, gpus=0, strategy="fsdp2")
+    with pytest.raises(MemlabError, match="not estimated sharded"):
+        memlab.estimate(config(), SHAPES, Plan(adapter="lora"), gpus=2, strategy="fsdp2")
+
+
+@pytest.mark.parametrize("plan", [Plan(), Plan(checkpointing=True)], ids=lambda p: p.label())
+def test_fsdp2_on_two_cpu_ranks_matches_the_estimate(plan: Plan, tmp_path: Path) -> None:
+    """The exported sharding, run for real: torchrun, 2 gloo ranks, fully_shard, two steps; memlab's CPU tracker
+    in each rank measures the second step."""
+    model_code = (
+        "(torch.manual_seed(0), __import__('transformers').LlamaForCausalLM("
+        f"__import__('transformers').LlamaConfig(**{CONFIG!r})))[1]"
+    )
+    batch_code = (f"{{'input_ids': torch.randint(0, {CONFIG['vocab_size']}, {SHAPES['input_ids']}),"
+                  f" 'labels': torch.randint(0, {CONFIG['vocab_size']}, {SHAPES['labels']})}}")
+    script = tmp_path / "train.py"
+    record = str(tmp_path / "rank")
+    script.write_text("import torch\ntorch.set_num_threads(1)\n" + fsdp2_torch_script(
+        plan, model_code=model_code, batch_code=batch_code, steps=2, backend="gloo", device="cpu", record=record))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", str(script)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    estimate = memlab.estimate(config(), SHAPES, plan, gpus=2, strategy="fsdp2", device="cpu")
+    for rank in (0, 1):
+        measured = json.loads(Path(f"{record}{rank}.json").read_text())
+        assert measured["peak_bytes"] > 0
+        assert abs(estimate.peak_bytes / measured["peak_bytes"] - 1) <= 0.15, (rank, measured, estimate.peak_bytes)
+    assert torch.distributed.is_available()
