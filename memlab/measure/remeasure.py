@@ -71,7 +71,8 @@ def remeasure_interleaved(
     contenders: Sequence[Trial], measure: Callable[[Trial], Trial], rounds: int = ROUNDS
 ) -> list[Trial]:
     """Run the contenders again in turn, ``rounds`` times (A B A B), and return each contender with its speed from
-    those runs alone (their timed steps pooled) and its memory from the highest peak of all its runs.
+    all its runs, the first included (their timed steps pooled; the interval is the union of each run's,
+    :func:`~memlab.report.noise.runs_speed_interval`), and its memory from the highest peak of all its runs.
 
     ``measure`` gets the contender's first trial and runs its plan again. The same plan may be a contender twice (a
     compare of a plan with itself): contenders are told apart by position, not by plan. A contender that fails in
@@ -86,8 +87,8 @@ def remeasure_interleaved(
         >>> first = Trial(Plan(), "ok", 9, {}, 1.0, 8.0, None, "cpu", rows_per_step=8, step_times=(1.0, 1.0))
         >>> second = Trial(Plan(checkpointing=True), "ok", 5, {}, 1.0, 8.0, None, "cpu", rows_per_step=8)
         >>> again = remeasure_interleaved([first, second], measure)
-        >>> order, again[0].samples_per_s, again[0].step_times
-        (['plain', 'ckpt', 'plain', 'ckpt'], 16.0, (0.5, 0.5, 0.5, 0.5))
+        >>> order, again[0].step_times, again[0].step_runs
+        (['plain', 'ckpt', 'plain', 'ckpt'], (1.0, 1.0, 0.5, 0.5, 0.5, 0.5), (2, 2, 2))
     """
     runs: list[list[Trial]] = [[] for _ in contenders]
     for _ in range(rounds):
@@ -124,8 +125,8 @@ def settle_close_race(
         >>> trials = [Trial(Plan(), "ok", 9, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.6))
         ...           for _ in range(2)]
         >>> pairs = settle_close_race(trials, run, budget=None)
-        >>> len(pairs), trials[0].step_times
-        (2, (0.5, 0.5, 0.5, 0.5))
+        >>> len(pairs), trials[0].step_runs
+        (2, (2, 2, 2))
     """
     contenders = close_contenders(trials, budget)
     if not contenders:
@@ -144,14 +145,17 @@ def settle_close_race(
 
 
 def _pooled(trial: Trial, runs: Sequence[Trial], note: str) -> Trial:
-    """``trial`` with the speed of ``runs`` (every timed step of them) and the memory of the highest peak."""
-    step_times = tuple(seconds for run in runs for seconds in run.step_times)
+    """``trial`` with the speed of all its runs (the first and ``runs``: every timed step, their median, and
+    ``step_runs`` so that its interval is the union of each run's) and the memory of the highest peak."""
+    timed = [run for run in [trial, *runs] if run.step_times]
+    step_times = tuple(seconds for run in timed for seconds in run.step_times)
     highest = max([trial, *runs], key=lambda run: run.peak_bytes)
     step_time = statistics.median(step_times) if step_times else trial.step_time_s
     rows, tokens = trial.rows_per_step, _tokens_per_step(trial)
     return dataclasses.replace(
         highest,
         step_times=step_times,
+        step_runs=tuple(len(run.step_times) for run in timed),
         step_time_s=step_time,
         samples_per_s=rows / step_time if rows and step_time else trial.samples_per_s,
         tokens_per_s=tokens / step_time if tokens and step_time else None,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import PLAN_FIELDS, Plan
-from memlab.report.noise import speed_interval
+from memlab.report.noise import runs_speed_interval
 
 if TYPE_CHECKING:
     import pandas
@@ -78,6 +78,7 @@ class Trial:
     estimated: bool = False
     step_times: tuple[float, ...] = field(default_factory=tuple)
     model_weights: str | None = None
+    step_runs: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -96,6 +97,9 @@ class Trial:
         self.breakdown = breakdown
         self.notes = tuple(self.notes)
         self.step_times = tuple(float(seconds) for seconds in self.step_times)
+        self.step_runs = tuple(int(count) for count in self.step_runs)
+        if self.step_runs and sum(self.step_runs) != len(self.step_times):
+            raise ValueError(f"step_runs={self.step_runs} does not add up to the {len(self.step_times)} step times")
 
     @property
     def label(self) -> str:
@@ -148,6 +152,7 @@ class Trial:
             estimated=self.estimated,
             step_times=list(self.step_times),
             model_weights=self.model_weights,
+            step_runs=list(self.step_runs),
         )
         return data
 
@@ -181,6 +186,7 @@ class Trial:
             estimated=bool(data.get("estimated", False)),
             step_times=tuple(data.get("step_times") or ()),
             model_weights=data.get("model_weights"),
+            step_runs=tuple(data.get("step_runs") or ()),
         )
 
     def to_text(self) -> str:
@@ -355,7 +361,8 @@ class Report:
         Columns: ``label, status, fits, peak_bytes, params_bytes, grads_bytes, optimizer_bytes,
         activations_bytes, other_bytes, step_time_s, samples_per_s, tokens_per_s, error``, the plan fields
         (``micro_batch, accumulation, checkpointing, precision, optimizer, offload``), then ``device,
-        rows_per_step, budget, reserved_bytes, rss_bytes, preexisting_bytes, notes, estimated, step_times``.
+        rows_per_step, budget, reserved_bytes, rss_bytes, preexisting_bytes, notes, estimated, step_times,
+        model_weights, step_runs``.
 
         Example:
             >>> r = Report([Trial(Plan(), "ok", 1, {"other": 1}, 0.1, 10.0, None, "cpu")])
@@ -429,13 +436,15 @@ class Report:
 
 def speed_range(trial: Trial) -> tuple[float, float]:
     """The interval of samples/s that bounds the trial's median speed (95%, from its timed steps:
-    :func:`memlab.report.noise.speed_interval`); its speed twice where it has none (timed once, or not timed).
+    :func:`memlab.report.noise.speed_interval`; for a trial pooled from runs timed in turn, the union of its runs'
+    intervals, :func:`~memlab.report.noise.runs_speed_interval`); its speed twice where it has none (timed once,
+    or not timed).
 
     Example:
         >>> speed_range(Trial(Plan(), "ok", 1, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.8)))
         (10.0, 20.0)
     """
-    interval = speed_interval(trial.step_times, trial.rows_per_step)
+    interval = runs_speed_interval(trial.step_times, trial.step_runs, trial.rows_per_step)
     if interval is None:
         speed = trial.samples_per_s or 0.0
         return speed, speed

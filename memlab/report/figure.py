@@ -19,7 +19,7 @@ from memlab.measure.tracker import CATEGORIES
 from memlab.plan import format_bytes
 from memlab.report.data import Report, Trial
 from memlab.report.format import one_line
-from memlab.report.noise import speed_interval
+from memlab.report.noise import runs_speed_interval
 
 __all__ = [
     "BEST_COLOR",
@@ -554,7 +554,11 @@ def figure_data(report: Report) -> dict[str, Any]:
         error_text.append(one_line(trial.error) if trial.status == "error" and trial.error else "")
         peak.append(trial.peak_bytes / _MIB if trial.status != "error" else None)
         speed.append(trial.samples_per_s if ran else None)
-        interval = speed_interval(trial.step_times, trial.rows_per_step) if ran and trial.samples_per_s else None
+        interval = (
+            runs_speed_interval(trial.step_times, trial.step_runs, trial.rows_per_step)
+            if ran and trial.samples_per_s
+            else None
+        )
         low.append(None if interval is None else interval[0])
         high.append(None if interval is None else interval[1])
         describe.append(_description(trial))

@@ -12,7 +12,14 @@ import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["CONFIDENCE", "fewest_values", "median_interval", "relative_half_width", "speed_interval"]
+__all__ = [
+    "CONFIDENCE",
+    "fewest_values",
+    "median_interval",
+    "relative_half_width",
+    "runs_speed_interval",
+    "speed_interval",
+]
 
 CONFIDENCE = 0.95
 
@@ -81,6 +88,45 @@ def speed_interval(step_times: Sequence[float], rows_per_step: int | None) -> tu
         return None
     low, high = median_interval(step_times)
     return rows_per_step / high, rows_per_step / low
+
+
+def runs_speed_interval(
+    step_times: Sequence[float], step_runs: Sequence[int], rows_per_step: int | None
+) -> tuple[float, float] | None:
+    """The speed interval of step times that come from several runs of one plan (``step_runs``: how many steps
+    each run gave, in order; empty: one run): the union of each run's :func:`speed_interval` (a run with one step
+    counts as its speed).
+
+    Each run's interval bounds the noise *within* that run; a shared machine also drifts *between* runs, and the
+    union is where the plan's speed was seen across the conditions its runs met. Two plans timed in turn (A B A B)
+    meet the same conditions, so a plan compared with itself overlaps itself, while a real difference larger than
+    the drift stays apart.
+
+    Example:
+        >>> runs_speed_interval([0.5, 0.5, 0.5, 1.0, 1.0, 1.0], [3, 3], rows_per_step=8)
+        (8.0, 16.0)
+        >>> runs_speed_interval([0.4, 0.5, 0.8], [], rows_per_step=8)
+        (10.0, 20.0)
+    """
+    if not step_runs:
+        return speed_interval(step_times, rows_per_step)
+    if not rows_per_step:
+        return None
+    bounds: list[tuple[float, float]] = []
+    start = 0
+    for length in step_runs:
+        part = step_times[start : start + length]
+        start += length
+        if not part or min(part) <= 0:
+            continue
+        interval = speed_interval(part, rows_per_step)
+        if interval is None:
+            speed = rows_per_step / statistics.median(part)
+            interval = (speed, speed)
+        bounds.append(interval)
+    if not bounds:
+        return None
+    return min(low for low, _ in bounds), max(high for _, high in bounds)
 
 
 def _order_statistic_rank(n: int, confidence: float) -> int:

@@ -14,7 +14,7 @@ from collections import Counter
 
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import format_bytes
-from memlab.report.data import Report, Trial
+from memlab.report.data import Report, Trial, speed_range
 from memlab.report.format import format_rate, one_line
 from memlab.report.noise import relative_half_width
 
@@ -40,6 +40,16 @@ _SIZES = ("peak", *CATEGORIES)
 _BYTE_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
 BEST_MARK, TIE_MARK = "\u2605", "\u2248"
 """How tables mark the best trial, and the trials as fast as it within noise (:attr:`Report.ties`)."""
+
+
+def _spread(trial: Trial) -> float:
+    """Half the width of the trial's speed interval as a fraction of its speed (inf where there is none)."""
+    if trial.status != "ok":
+        return math.inf
+    if trial.step_runs and trial.samples_per_s:  # pooled from runs timed in turn: the union of their intervals
+        low, high = speed_range(trial)
+        return (high - low) / 2 / trial.samples_per_s
+    return relative_half_width(trial.step_times)
 
 
 def table_rows(report: Report) -> list[dict[str, str]]:
@@ -69,7 +79,7 @@ def table_rows(report: Report) -> list[dict[str, str]]:
         row = {"best": mark, "plan": trial.label, "status": status, "peak": peak}
         for name in CATEGORIES:
             row[name] = _in_unit(trial.breakdown[name], size_unit) if trial.status == "ok" else "-"
-        spread = relative_half_width(trial.step_times) if trial.status == "ok" else math.inf
+        spread = _spread(trial)
         row.update(
             step="-" if trial.step_time_s is None else _in_unit(trial.step_time_s, time_unit),
             samples=format_rate(trial.samples_per_s),

@@ -492,3 +492,26 @@ def test_the_progress_bar_says_which_plan_of_how_many_and_the_time_left(capsys):
     shown = capsys.readouterr().err
     assert "plan 1 of 2: plain, warm-up step 1, about" in shown  # from the first step on
     assert "plan 2 of 2: accum2" in shown and "left" in shown
+
+
+def test_compare_times_a_close_race_again_in_turn_and_noise_zero_does_not(monkeypatch):
+    # Two runs of one plan are as close as a race gets: compare times both again, in turn (A B A B).
+    monkeypatch.setattr("memlab.trial._WARM_DEVICE_TYPES", {"cpu"})
+    clock = _fake_step_clock(monkeypatch, [1.0, 1.01, 0.99] * 200)
+    real_init = TrialRunner.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **{**kwargs, "clock": clock})
+
+    monkeypatch.setattr(TrialRunner, "__init__", init)
+    model, batch = tiny_mlp(), mlp_batch(rows=8)
+    events: list[object] = []
+    options = {"loss_fn": mlp_loss, "steps": 6, "noise": 0.05, "time_limit": 1000, "progress": False}
+    report = memlab.compare(model, batch, [memlab.Plan(), memlab.Plan()], callback=events.append, **options)
+    finished = [e for e in events if isinstance(e, TrialFinished)]
+    assert len(finished) == 2 + 2 * 2 and len(report.trials) == 2
+    assert all(t.step_runs == (6, 6, 6) and "timed again in turn" in t.notes[-1] for t in report.trials)
+    assert len(report.ties) == 1
+    events.clear()
+    memlab.compare(model, batch, [memlab.Plan(), memlab.Plan()], callback=events.append, **{**options, "noise": 0})
+    assert sum(isinstance(e, TrialFinished) for e in events) == 2

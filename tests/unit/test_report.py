@@ -459,3 +459,40 @@ def test_out_of_memory_notes_are_short() -> None:
     trial = dataclasses.replace(oom(Plan(), 2000), error=message, device="cuda:0")
     text = Report([trial]).to_text()
     assert "CUDA out of memory allocating 3.50 GiB" in text and "total capacity" not in text
+
+
+def _runs(*medians: float, steps: int = 8) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """Step times of runs with these median seconds, each a little noisy (+-1%)."""
+    times = tuple(median * (1 + 0.01 * ((i % 3) - 1)) for median in medians for i in range(steps))
+    return times, (steps,) * len(medians)
+
+
+def _pooled_trial(plan: Plan, medians: tuple[float, ...]) -> Trial:
+    times, runs = _runs(*medians, steps=30)
+    step = sorted(times)[len(times) // 2]
+    return Trial(plan, "ok", 100, {}, step, 8 / step, None, "cpu", rows_per_step=8, step_times=times, step_runs=runs)
+
+
+def test_a_plan_timed_in_turn_with_itself_on_a_drifting_machine_is_a_tie() -> None:
+    # A B A B A B while the machine slows down 5% a run: each run's own interval is narrow, so pooled step times
+    # alone would crown A; the union of each run's interval sees the drift both met.
+    first = _pooled_trial(Plan(), (1.00, 1.10, 1.20))
+    second = _pooled_trial(Plan(), (1.05, 1.15, 1.25))
+    assert Report([first, second]).ties == [second] or Report([first, second]).ties == [first]
+    flat = [Trial(t.plan, "ok", 100, {}, t.step_time_s, t.samples_per_s, None, "cpu", rows_per_step=8,
+                  step_times=t.step_times) for t in (first, second)]  # fmt: skip
+    assert Report(flat).ties == []  # what the pooled times alone would claim
+
+
+def test_a_plan_truly_thirty_percent_slower_stays_slower_through_drift() -> None:
+    fast = _pooled_trial(Plan(), (1.00, 1.05, 1.10))
+    slow = _pooled_trial(Plan(checkpointing=True), (1.32, 1.38, 1.44))
+    report = Report([fast, slow])
+    assert report.best is fast and report.ties == []
+
+
+def test_step_runs_must_add_up_to_the_step_times() -> None:
+    with pytest.raises(ValueError, match="does not add up"):
+        Trial(Plan(), "ok", 1, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.5, 0.5), step_runs=(3,))
+    trial = _pooled_trial(Plan(), (1.0, 1.1))
+    assert Trial.from_dict(trial.to_dict()) == trial
