@@ -39,7 +39,7 @@ import contextlib
 import copy
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -54,6 +54,7 @@ from memlab.measure.tracker import CATEGORIES
 from memlab.module_state import trainable_parameters
 from memlab.options import RunOptions
 from memlab.plan import Plan, parse_budget
+from memlab.quiet import quiet
 from memlab.report import Report, Trial
 from memlab.techniques.offload import NOTHING_TO_MOVE
 from memlab.trial import TrialRunner, check_plans
@@ -223,12 +224,13 @@ def estimate_plans(
     target = _target_device(model_or_config, device)
     kernels = target if target.type != "cuda" or torch.cuda.is_available() else torch.device("cpu")
     mode = _FakeMode()
-    with _quiet_transformers():
+    # Quiet from the start: building the model and importing bitsandbytes (for QLoRA) log too, not only the steps.
+    with quiet(options.verbose):
         model = _fake_model(model_or_config, mode, kernels)
     fake = fake_batch(batch, mode, kernels)
     runner = TrialRunner(model, fake, options, probe=FakeProbe(kernels, target=target))
     trials = []
-    with mode, runner.session():
+    with quiet(options.verbose), mode, runner.session():
         for plan in plans:
             if plan.adapter != "none":
                 trial = _adapter_trial(runner, model, plan, mode, kernels)
@@ -615,21 +617,6 @@ def meta_model(config: Any) -> nn.Module:
             return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         except ValueError:
             return transformers.AutoModel.from_config(config, dtype=torch.float32)
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    try:
-        from transformers.utils import logging
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        yield
-        return
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(level)
 
 
 def _is_shape(value: Any) -> bool:

@@ -474,3 +474,15 @@ def test_the_cli_compares_full_fine_tuning_with_lora_and_qlora(tmp_path):
     full, lora, qlora = trials
     assert lora["optimizer_bytes"] < full["optimizer_bytes"]  # a tiny model: adapters are a large share here
     assert qlora["params_bytes"] < lora["params_bytes"]
+
+
+def test_the_estimate_cli_keeps_library_log_lines_out_of_its_output(tmp_path):
+    # Importing bitsandbytes for a QLoRA estimate logs a warning on some CPUs: it must not reach the table.
+    path = _tiny_config_json(tmp_path)
+    command = [sys.executable, "-m", "memlab", "estimate", "my-org/tiny", "--config", path, "--batch", "2x64",
+               "--device", "cpu", "--try", "adapter=none,qlora"]  # fmt: skip
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    lines = (finished.stdout + finished.stderr).splitlines()
+    assert [line for line in lines if "Failed" in line or "kernels" in line or "Warning" in line] == []
+    assert any("qlora" in line.split()[:2] for line in lines if line.strip())
