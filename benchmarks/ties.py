@@ -6,8 +6,9 @@ Two questions, each asked again and again while a process spins on every other c
    the report must name a tie (the second among ``Report.ties``), never a winner.
 2. *A plan truly 30% slower.* The same plan with a loss that also runs a no-grad forward over some of the rows,
    as many as make its step about 30% slower (calibrated first, then checked by timing both in alternation, step
-   by step, in one process, where drift hits both alike). ``Report([fast, slow])`` must rank the slow one
-   slower: ``best`` is the fast one and the slow one is not among its ties.
+   by step, in one process, where drift hits both alike). Measured as ``compare`` measures (a close race timed
+   again in turn), the report must rank the slow one slower: ``best`` is the fast one and the slow one is not
+   among its ties.
 
 The model is ``memlab demo``'s Llama and batch. Each run measures with memlab's defaults (timing goes on until the
 median's 95% interval is within 5%, at most 10 s a trial); the order of the two trials alternates from run to run.
@@ -100,25 +101,34 @@ def same_plan_twice(model: nn.Module, batch: dict[str, Any], number: int) -> dic
 
 
 def truly_slower(model: nn.Module, batch: dict[str, Any], slow_loss: Callable[..., Any], number: int) -> dict[str, Any]:
-    """The plain plan with the default loss and with the slower one, measured one after the other (the order
-    alternating with ``number``): is the slower ranked slower?"""
-    import memlab
+    """The plain plan with the default loss and with the slower one, measured as ``compare`` measures two plans:
+    one after the other (the order alternating with ``number``), then, where the race is close, both again in turn
+    (:func:`memlab.measure.remeasure.settle_close_race`, what ``compare`` and ``fit`` call). Two losses need two
+    runners (a runner has one loss); everything else is compare's. Is the slower ranked slower?"""
+    from memlab.measure.remeasure import settle_close_race
+    from memlab.options import RunOptions
+    from memlab.plan import Plan
     from memlab.report import Report
+    from memlab.trial import TrialRunner
 
     started = time.perf_counter()
     order = [("fast", default_loss), ("slow", slow_loss)]
     if number % 2:
         order.reverse()
-    trials = {name: memlab.measure(model, batch, memlab.Plan(), loss_fn=loss_fn) for name, loss_fn in order}
-    report = Report([trials["fast"], trials["slow"]])
-    fast, slow = trials["fast"], trials["slow"]
+    runners = [TrialRunner(model, batch, RunOptions(loss_fn=loss_fn, progress=False)) for _, loss_fn in order]
+    trials = [runner.run(Plan(), index, len(runners)) for index, runner in enumerate(runners)]
+    settled = settle_close_race(trials, lambda plan, index: runners[index].run(plan, index, len(runners)), None)
+    by_name = {name: trial for (name, _), trial in zip(order, trials, strict=True)}
+    fast, slow = by_name["fast"], by_name["slow"]
+    report = Report([fast, slow])
     return {
         "ranked_slower": report.best is fast and slow not in report.ties,
-        "tie": slow in report.ties,
+        "tie": slow in report.ties or fast in report.ties,
         "first": order[0][0],
-        "samples_per_s": {name: common.rounded(trial.samples_per_s, 3) for name, trial in trials.items()},
+        "timed_again_in_turn": bool(settled),
+        "samples_per_s": {name: common.rounded(trial.samples_per_s, 3) for name, trial in by_name.items()},
         "slowdown": common.rounded((fast.samples_per_s or 0) / (slow.samples_per_s or 1) - 1, 3),
-        "timed_steps": {name: len(trial.step_times) for name, trial in trials.items()},
+        "timed_steps": {name: len(trial.step_times) for name, trial in by_name.items()},
         "seconds": common.rounded(time.perf_counter() - started, 1),
         "run": number,
     }

@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-__all__ = ["add_arguments", "run", "run_sharded", "sharded_lines"]
+__all__ = ["add_arguments", "run", "run_sharded"]
 
 _DESCRIPTION = (
     "Predict the peak memory of one training step for each plan, on fake tensors: nothing is downloaded but the "
@@ -119,6 +119,13 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     plans = parse_grid(args.try_ or [])
     if getattr(args, "gpus", "1") == "auto" and budget is None:
         raise MemlabError("--gpus auto needs a budget; write for example --gpus auto --budget 80GiB")
+    from memlab.sharded import parse_gpus
+
+    try:
+        parse_gpus(getattr(args, "gpus", "1"))
+    except MemlabError:
+        raise MemlabError(f"--gpus {args.gpus!r} is not a number of GPUs; write for example --gpus 8, or --gpus auto "
+                          "with --budget") from None
     source = args.config or args.model
     if not args.json:
         print(f"memlab estimate: reading the config of {source}", file=err)
@@ -160,28 +167,11 @@ def run_sharded(args: argparse.Namespace, model: Any, batch: Any, plans: Any, bu
         memlab estimate: --gpus auto needs a budget; write for example --gpus auto --budget 80GiB
         2
     """
-    from memlab.errors import MemlabError
-    from memlab.sharded import check_sharding, sharded_estimate, smallest_gpus
+    from memlab.sharded import sharded_lines, sharded_trials
 
-    strategies = [args.strategy] if args.strategy not in (None, "none") else ["fsdp2", "zero2", "zero3"]
-    trials: list[Any] = []
-    if args.gpus == "auto":
-        if budget is None:
-            raise MemlabError("--gpus auto needs a budget; write for example --gpus auto --budget 80GiB")
-        for plan in plans:
-            found = smallest_gpus(model, batch, plan, budget=budget, strategies=strategies, device=args.device)
-            trials += [(plan, name, trial) for name, trial in found.items()]
-    else:
-        try:
-            gpus = int(args.gpus)
-        except ValueError:
-            gpus = 0
-        check_sharding(gpus, args.strategy or ("fsdp2" if gpus > 1 else "none"))
-        trials += [
-            (plan, name, sharded_estimate(model, batch, plan, gpus=gpus, strategy=name, budget=budget,
-                                          device=args.device))
-            for plan in plans for name in strategies
-        ]
+    strategies = [args.strategy] if args.strategy not in (None, "none") else None
+    trials = sharded_trials(model, batch, plans, gpus=args.gpus, strategies=strategies, budget=budget,
+                            device=args.device)
     if args.json:
         import json
 
@@ -196,28 +186,3 @@ def run_sharded(args: argparse.Namespace, model: Any, batch: Any, plans: Any, bu
             print(line, file=out)
     fits = [trial for _, _, trial in trials if trial is not None and trial.fits]
     return 0 if budget is None or fits else 1
-
-
-def sharded_lines(trials: Any, budget: int | None) -> list[str]:
-    """One line per ``(plan, strategy, trial or None)``: GPUs, the peak per GPU, where it goes, whether it fits.
-
-    Example:
-        >>> from memlab.plan import Plan
-        >>> sharded_lines([(Plan(), "zero2", None)], 2**30)
-        ['plain        zero2  no number of GPUs up to 1024 fits 1.00 GiB']
-    """
-    from memlab.plan import format_bytes
-
-    lines = []
-    for plan, name, trial in trials:
-        if trial is None:
-            lines.append(f"{plan.label():12s} {name:6s} no number of GPUs up to 1024 fits {format_bytes(budget)}")
-            continue
-        if trial.status != "ok":
-            lines.append(f"{plan.label():12s} {name:6s} x{trial.gpus}: error {trial.error}")
-            continue
-        parts = ", ".join(f"{key} {format_bytes(value)}" for key, value in trial.detail.items() if value)
-        verdict = "" if budget is None else ("  fits" if trial.fits else "  does not fit")
-        lines.append(f"{plan.label():12s} {name:6s} x{trial.gpus}: {format_bytes(trial.peak_bytes)} per GPU "
-                     f"({parts}){verdict}")
-    return lines

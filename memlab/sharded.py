@@ -68,8 +68,11 @@ __all__ = [
     "ShardedTrial",
     "check_sharding",
     "layer_counts",
-    "sharded_estimate",
+    "parse_gpus",
     "shard_units",
+    "sharded_estimate",
+    "sharded_lines",
+    "sharded_trials",
     "smallest_gpus",
     "zero_model_states",
 ]
@@ -146,6 +149,24 @@ class ShardedTrial(Trial):
     detail: dict[str, int] = field(default_factory=dict)
     model_state_bytes: int = 0
     host_bytes: int = 0
+
+    @property
+    def label(self) -> str:
+        """The plan's label, then the strategy and the number of GPUs (``"ckpt bf16 fsdp2 x8"``), so that the
+        trials of several strategies tell apart in one Report (its table and figure).
+
+        Example:
+            >>> ShardedTrial(Plan(checkpointing=True), "ok", 1, {}, None, None, None, "cuda", gpus=8,
+            ...              strategy="fsdp2").label
+            'ckpt fsdp2 x8'
+            >>> ShardedTrial(Plan(), "ok", 1, {}, None, None, None, "cuda").label
+            'plain'
+        """
+        label = super().label
+        if self.strategy == "none":
+            return label
+        where = f"{self.strategy} x{self.gpus}"
+        return where if label == "plain" else f"{label} {where}"
 
 
 def check_sharding(gpus: Any, strategy: Any) -> tuple[int, str]:
@@ -268,6 +289,118 @@ def smallest_gpus(
 
         found[name] = _bisect(run, numbers)
     return found
+
+
+def parse_gpus(value: Any) -> int | str:
+    """A number of GPUs as a front end reads it: an int >= 1, or ``"auto"`` (the smallest number that fits a budget,
+    which ``auto`` needs).
+
+    Example:
+        >>> parse_gpus("8"), parse_gpus(" AUTO "), parse_gpus(2)
+        (8, 'auto', 2)
+        >>> parse_gpus("eight")
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: gpus='eight' is not a number of GPUs; write an int >= 1 such as 8, or auto
+    """
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        number = int(value) if not isinstance(value, bool) else 0
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1 or (isinstance(value, float) and value != number):
+        raise MemlabError(f"gpus={value!r} is not a number of GPUs; write an int >= 1 such as 8, or auto")
+    return number
+
+
+def sharded_trials(
+    model_or_config: Any,
+    batch: Any,
+    plans: Sequence[Plan],
+    *,
+    gpus: int | str,
+    strategies: Sequence[str] | None = None,
+    budget: int | str | None = None,
+    loss_fn: LossFn | None = None,
+    lr: float = 1e-5,
+    device: str | torch.device | None = None,
+) -> list[tuple[Plan, str, ShardedTrial | None]]:
+    """Per-GPU estimates of every plan under every strategy: ``(plan, strategy, trial)``, plans outer.
+
+    What ``memlab estimate --gpus`` and ``%%memfit --dry-run --gpus`` run. ``gpus`` is a number, or ``"auto"``
+    (needs ``budget``): then each trial is the one at the smallest number that fits (:func:`smallest_gpus`), and
+    None where no number up to 1024 does. ``strategies`` defaults to all three (``"fsdp2"``, ``"zero2"``,
+    ``"zero3"``); ZeRO-2 and ZeRO-3 share one dry run per plan, which is FSDP2's own where the plan trains with
+    AdamW without offload (so all three cost one dry run).
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        ...                      num_attention_heads=2, vocab_size=256)
+        >>> rows = sharded_trials(config, {"input_ids": (1, 16), "labels": (1, 16)}, [Plan()], gpus=2,
+        ...                       strategies=["zero2", "zero3"], device="cpu")
+        >>> [(name, trial.label) for _, name, trial in rows]
+        [('zero2', 'zero2 x2'), ('zero3', 'zero3 x2')]
+    """
+    gpus = parse_gpus(gpus)
+    names = [check_sharding(2, s)[1] for s in (strategies or ("fsdp2", "zero2", "zero3"))]
+    if not names or "none" in names:
+        raise MemlabError('strategies must name "fsdp2", "zero2" or "zero3"; write for example strategies=["fsdp2"]')
+    limit = parse_budget(budget)
+    plans = list(plans)
+    for plan in plans:
+        _check_plan(plan)
+    rows: list[tuple[Plan, str, ShardedTrial | None]] = []
+    if gpus == "auto":
+        if limit is None:
+            raise MemlabError("gpus='auto' needs a budget; write for example a budget of 80GiB")
+        for plan in plans:
+            found = smallest_gpus(model_or_config, batch, plan, budget=limit, strategies=names, loss_fn=loss_fn,
+                                  lr=lr, device=device)
+            rows += [(plan, name, trial) for name, trial in found.items()]
+        return rows
+    assert isinstance(gpus, int)
+    counts = layer_counts(model_or_config) if any(name != "fsdp2" for name in names) else (0, 0)
+    for plan in plans:
+        single: Trial | None = None
+        run: tuple[ShardedTrial, list[dict[str, int]]] | None = None
+        for name in names:
+            if name == "fsdp2":
+                trial, peaks = _fsdp2_run(model_or_config, batch, plan, gpus, loss_fn, lr, device, limit)
+                if plan.optimizer == "adamw" and plan.offload == "none" and trial.status == "ok":
+                    run = (dataclasses.replace(trial, budget=None), peaks)  # ZeRO's dry run too: same plan
+            else:
+                if single is None:
+                    single = _one_gpu(model_or_config, batch, plan, loss_fn, lr, device, run)
+                trial = _zero(single, counts, plan, gpus, int(name[-1]), limit)
+            rows.append((plan, name, trial))
+    return rows
+
+
+def sharded_lines(trials: Sequence[tuple[Plan, str, ShardedTrial | None]], budget: int | None) -> list[str]:
+    """One line per ``(plan, strategy, trial or None)`` of :func:`sharded_trials`: GPUs, the peak per GPU, where it
+    goes, whether it fits ``budget`` (bytes).
+
+    Example:
+        >>> sharded_lines([(Plan(), "zero2", None)], 2**30)
+        ['plain        zero2  no number of GPUs up to 1024 fits 1.00 GiB']
+    """
+    from memlab.plan import format_bytes
+
+    lines = []
+    for plan, name, trial in trials:
+        if trial is None:
+            lines.append(f"{plan.label():12s} {name:6s} no number of GPUs up to 1024 fits {format_bytes(budget)}")
+            continue
+        if trial.status != "ok":
+            lines.append(f"{plan.label():12s} {name:6s} x{trial.gpus}: error {trial.error}")
+            continue
+        parts = ", ".join(f"{key} {format_bytes(value)}" for key, value in trial.detail.items() if value)
+        verdict = "" if budget is None else ("  fits" if trial.fits else "  does not fit")
+        lines.append(f"{plan.label():12s} {name:6s} x{trial.gpus}: {format_bytes(trial.peak_bytes)} per GPU "
+                     f"({parts}){verdict}")
+    return lines
 
 
 def _bisect(run: Any, numbers: list[int]) -> ShardedTrial | None:
@@ -591,17 +724,24 @@ def zero_model_states(
 
 
 def _one_gpu(
-    model_or_config: Any, batch: Any, plan: Plan, loss_fn: LossFn | None, lr: float, device: Any
+    model_or_config: Any,
+    batch: Any,
+    plan: Plan,
+    loss_fn: LossFn | None,
+    lr: float,
+    device: Any,
+    run: tuple[ShardedTrial, list[dict[str, int]]] | None = None,
 ) -> Trial:
     """What ZeRO shares with any data-parallel step: the largest activations of the per-GPU forward and backward
     (and the batch), taken from an FSDP2 dry run of the same plan (same per-GPU batch, weights gathered in the
     compute dtype, as DeepSpeed's bf16/fp16 run them), and the optimizer's state per parameter (AdamW: 8 bytes and a
     4-byte step per tensor; 8-bit AdamW: bitsandbytes' size; others: from the one-GPU dry run). Returned as a Trial
-    whose breakdown holds those three numbers."""
+    whose breakdown holds those three numbers. ``run``: an FSDP2 dry run of that same plan already made (at any
+    number of GPUs: data parallelism does not change the activations), used instead of a new one."""
     from memlab.estimate import adamw8bit_state_bytes, estimate
 
     one = plan.replace(offload="none", optimizer="adamw")
-    trial, peaks = _fsdp2_run(model_or_config, batch, one, 2, loss_fn, lr, device, None)
+    trial, peaks = run if run is not None else _fsdp2_run(model_or_config, batch, one, 2, loss_fn, lr, device, None)
     if trial.status != "ok":
         raise MemlabError(f"the dry run the ZeRO estimate starts from failed: {trial.error}")
     activations = max((d["activations"] for d in peaks), default=0)

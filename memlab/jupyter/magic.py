@@ -12,12 +12,14 @@ What the magic does, in order:
    with one line that says what is wrong and what to write; then nothing has run and the model is as it was.
 4. It runs: ``memlab.compare`` over the ``--try`` grid (against ``--budget`` if given), or ``memlab.fit`` when
    ``--budget`` or ``--batch-size`` comes without ``--try`` (or with ``--search``), or ``memlab.estimate`` (every
-   plan) with ``--dry-run``. Unless ``--quiet``, the live figure (``memlab.jupyter.live.LiveOutput``) is displayed
-   at the first trial and updated while trials run; when the run ends (normally, on Ctrl-C, or with an error) that
-   output is replaced by a static record of the figure (an SVG, see ``memlab.report.static``) and the widget is
-   closed, so the saved notebook shows the figure without a kernel. Third-party warnings are kept quiet unless
-   ``--verbose``. Errors raised by the loss while a trial runs are that trial's ``"error"`` status, not a
-   UsageError.
+   plan) with ``--dry-run``; ``--dry-run --gpus N|auto [--strategy S]`` estimates every plan sharded over GPUs
+   (:func:`memlab.sharded.sharded_trials`, what ``memlab estimate --gpus`` runs too), prints a line per plan and
+   strategy (:func:`memlab.sharded.sharded_lines`) and returns a Report of one trial per plan and strategy. Unless
+   ``--quiet``, the live figure (``memlab.jupyter.live.LiveOutput``) is displayed at the first trial and updated
+   while trials run; when the run ends (normally, on Ctrl-C, or with an error) that output is replaced by a static
+   record of the figure (an SVG, see ``memlab.report.static``) and the widget is closed, so the saved notebook shows
+   the figure without a kernel. Third-party warnings are kept quiet unless ``--verbose``. Errors raised by the loss
+   while a trial runs are that trial's ``"error"`` status, not a UsageError.
 5. With ``--apply`` it puts the best plan on the live model with ``memlab.apply`` and stores what it returns
    as ``memfit_applied`` in the user namespace (``memfit_applied.undo()`` takes it off again).
 6. The Report is the cell's value: IPython shows its table, and ``r = _`` keeps it.
@@ -44,6 +46,7 @@ from memlab.options import RunOptions
 from memlab.plan import LEVERS, parse_axes, parse_grid
 from memlab.report import Report
 from memlab.search import fit
+from memlab.sharded import parse_gpus, sharded_lines, sharded_trials
 from memlab.trial import compare
 
 __all__ = [
@@ -61,7 +64,8 @@ APPLIED_NAME = "memfit_applied"
 
 _USAGE = (
     "write %%memfit MODEL BATCH [--try KEY=V1,V2 ...] [--budget SIZE] [--batch-size N] [--steps N] "
-    "[--warmup N] [--noise F] [--time-limit S] [--lr LR] [--search] [--apply] [--dry-run] [--quiet] [--verbose]; "
+    "[--warmup N] [--noise F] [--time-limit S] [--lr LR] [--search] [--apply] [--dry-run [--gpus N|auto] "
+    "[--strategy fsdp2|zero2|zero3]] [--quiet] [--verbose]; "
     "%%memfit? shows the help"
 )
 _DEFAULTS = RunOptions()
@@ -214,6 +218,49 @@ def _unquote(text: str | None) -> str | None:
     return text
 
 
+def _sharding(args: Any) -> tuple[int | str, list[str] | None] | None:
+    """``(gpus, strategies)`` of a sharded dry run (``--gpus``/``--strategy``), None without them; a one-line
+    UsageError for a live run, a wrong value or an option that does not go with them."""
+    if args.gpus is None and args.strategy is None:
+        return None
+    given = " ".join(f"--{name} {value}" for name, value in (("gpus", args.gpus), ("strategy", args.strategy)) if value)
+    if not args.dry_run:
+        raise _usage_error(
+            f"{given} estimates training sharded over several GPUs, and memlab never shards a live run; add "
+            "--dry-run, e.g. %%memfit model batch --dry-run --gpus 8 --strategy fsdp2 --budget 80GiB"
+        )
+    if args.gpus is None:
+        raise _usage_error(
+            f"--strategy {args.strategy} needs a number of GPUs; add --gpus N, e.g. --gpus 8, or --gpus auto "
+            "with --budget"
+        )
+    try:
+        gpus = parse_gpus(_unquote(args.gpus))
+    except MemlabError:
+        raise _usage_error(
+            f"--gpus {args.gpus!r} is not a number of GPUs; write an int >= 1 such as --gpus 8, or --gpus auto "
+            "with --budget"
+        ) from None
+    if gpus == "auto" and args.budget is None:
+        raise _usage_error("--gpus auto finds the smallest number of GPUs that fits a budget; add --budget, "
+                           "e.g. --gpus auto --budget 80GiB")
+    strategies = None
+    if args.strategy is not None:
+        name = str(_unquote(args.strategy)).strip().lower()
+        if name not in ("fsdp2", "zero2", "zero3"):
+            raise _usage_error(
+                f"--strategy {args.strategy!r} is unknown; write --strategy fsdp2, zero2 or zero3 (or leave it out "
+                "for all three)"
+            )
+        strategies = [name]
+    if args.search or args.batch_size is not None:
+        raise _usage_error(
+            f"{'--search' if args.search else '--batch-size'} does not go with {given}: a sharded dry run estimates "
+            "exactly the --try plans; drop it"
+        )
+    return gpus, strategies
+
+
 def _shows_widgets(shell: Any) -> bool:
     """Whether the front end can draw a widget: a Jupyter kernel can; a terminal IPython only prints its repr."""
     return getattr(shell, "kernel", None) is not None
@@ -302,6 +349,22 @@ class MemfitMagics(Magics):
         help="estimate the plans on fake tensors instead of running them (nothing is trained)",
     )
     @argument(
+        "--gpus",
+        metavar="N|auto",
+        help=(
+            "with --dry-run: estimate training sharded over N GPUs (the peak per GPU, BATCH being what each GPU "
+            "sees); auto, with --budget, finds the smallest N that fits, for each strategy"
+        ),
+    )
+    @argument(
+        "--strategy",
+        metavar="fsdp2|zero2|zero3",
+        help=(
+            "with --dry-run --gpus: how training is sharded, FSDP2 (accelerate) or DeepSpeed ZeRO-2 / ZeRO-3 "
+            "(default: all three); r = _ then r.best.plan.to_accelerate_config(gpus=N, strategy=...) exports it"
+        ),
+    )
+    @argument(
         "--search",
         action="store_true",
         help="with --try: search for the fastest plan that fits --budget within the --try values",
@@ -335,6 +398,11 @@ class MemfitMagics(Magics):
         MODEL and BATCH are looked up by name (trainer.model works too); nothing is evaluated. Wrong input
         stops with a one-line UsageError before the model is touched.
 
+        --dry-run --gpus N (or auto, with --budget) estimates training sharded over N GPUs with --strategy
+        fsdp2, zero2 or zero3 (default: all three): a line per plan and strategy with the peak per GPU and where
+        it goes, and a Report with one trial per plan and strategy. memlab never shards a live run, so --gpus
+        and --strategy need --dry-run. MODEL may live on the meta device (shapes only, no memory).
+
         Examples::
 
           %load_ext memlab
@@ -347,6 +415,8 @@ class MemfitMagics(Magics):
           %memfit model batch --try micro_batch=8,2 --quiet
 
           %%memfit model batch --try precision=fp32,bf16 --noise 0.02 --time-limit 30 --verbose
+
+          %%memfit model batch --dry-run --gpus 8 --strategy fsdp2 --budget 80GiB --try precision=bf16
         """
         args = self._parse(line)
         namespace = self._namespace()
@@ -381,6 +451,7 @@ class MemfitMagics(Magics):
             )
         if args.apply and args.dry_run:
             raise _usage_error("--apply needs measured plans, and --dry-run only estimates them; drop one of the two")
+        sharding = _sharding(args)
         try:
             options = RunOptions.from_keywords(
                 {
@@ -399,7 +470,15 @@ class MemfitMagics(Magics):
             output = LiveOutput(options.budget)
             options = options.replace(callback=output)
         try:
-            if search:
+            if sharding is not None:
+                gpus, strategies = sharding
+                found = sharded_trials(model, batch, plans, gpus=gpus, strategies=strategies, budget=options.budget,
+                                       loss_fn=loss_fn, lr=options.lr)
+                print(f"Per GPU, {args.batch} ({rows} row{'s' if rows != 1 else ''}) being each GPU's micro-batch:")
+                for text in sharded_lines(found, options.budget):
+                    print(text)
+                report = Report([trial for _, _, trial in found if trial is not None], budget=options.budget)
+            elif search:
                 space = parse_axes(args.grid) or None
                 size = rows if args.batch_size is None else args.batch_size
                 report = fit(model, batch, batch_size=size, space=space, dry_run=args.dry_run, **options.keywords())

@@ -341,9 +341,9 @@ def test_an_unknown_hub_name_fails_in_seconds_whether_online_or_not(monkeypatch)
 def test_estimate_takes_only_the_keywords_a_dry_run_uses():
     import inspect
 
-    for function in (estimate, estimate_plans):
+    for function, sharding in ((estimate, ["gpus", "strategy"]), (estimate_plans, [])):
         keywords = [p.name for p in inspect.signature(function).parameters.values() if p.kind is p.KEYWORD_ONLY]
-        assert keywords == ["loss_fn", "budget", "lr", "device"]
+        assert keywords == ["loss_fn", "budget", "lr", "device", *sharding]
     model, batch = tiny_mlp(), mlp_batch()
     trial = estimate(model, batch, memlab.Plan(), loss_fn=mlp_loss, budget="1GiB", lr=1e-5)
     assert trial.status == "ok" and trial.estimated and trial.fits, trial.error

@@ -19,7 +19,7 @@ from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing import globalipapp
-from models import assert_same, fingerprint, lm_batch, mlp_batch, tiny_gpt2, tiny_mlp
+from models import assert_same, fingerprint, lm_batch, mlp_batch, tiny_gpt2, tiny_llama, tiny_mlp
 
 import memlab
 from memlab.apply import Applied
@@ -30,6 +30,7 @@ from memlab.jupyter.magic import APPLIED_NAME, MemfitMagics, body_loss_fn, empty
 from memlab.options import RunOptions
 from memlab.plan import parse_grid
 from memlab.report.static import record_bundle
+from memlab.sharded import ShardedTrial
 
 FAST = "--steps 1 --warmup 1 --quiet"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -171,6 +172,13 @@ def test_help_comes_from_the_argument_declarations(shell: InteractiveShell, caps
         "--lr",
         "--apply",
         "--dry-run",
+        "--gpus",
+        "N|auto",
+        "--strategy",
+        "fsdp2|zero2|zero3",
+        "smallest N that fits",
+        "never shards a live run",
+        "--dry-run --gpus 8 --strategy fsdp2 --budget 80GiB",
         "--quiet",
         "--verbose",
         "--noise",
@@ -434,6 +442,38 @@ def test_dry_run(shell: InteractiveShell) -> None:
     assert len(report) == 2 and all(t.estimated for t in report.trials)
 
 
+def test_sharded_dry_run_gives_the_peak_per_gpu_of_every_strategy(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.user_ns.update(llama=tiny_llama(layers=2, width=32), tokens=lm_batch(rows=2, length=16))
+    before = fingerprint(shell.user_ns["llama"])
+    report = memfit(shell, f"llama tokens --dry-run --gpus 2 --budget 1GiB --try checkpointing=off,on {FAST}")
+    printed = [line for line in capsys.readouterr().out.splitlines() if " x2: " in line]
+    assert [(t.plan.checkpointing, t.strategy) for t in report] == [
+        (ckpt, name) for ckpt in (False, True) for name in ("fsdp2", "zero2", "zero3")
+    ]
+    assert all(isinstance(t, ShardedTrial) and t.gpus == 2 and t.estimated and t.fits for t in report)
+    assert len({t.label for t in report}) == 6 and report.budget == 1024**3
+    assert len(printed) == 6 and all(line.endswith("fits") for line in printed)
+    # The magic runs the core's own estimate: the same numbers as the Python API.
+    api = memlab.estimate(shell.user_ns["llama"], shell.user_ns["tokens"], memlab.Plan(), gpus=2, strategy="zero3")
+    assert report[2].peak_bytes == api.peak_bytes and report[2].breakdown == api.breakdown
+    assert report[0].model_state_bytes < memlab.estimate(shell.user_ns["llama"], shell.user_ns["tokens"]).peak_bytes
+    assert_same(before, fingerprint(shell.user_ns["llama"]))
+
+
+def test_gpus_auto_finds_the_smallest_number_that_fits(shell: InteractiveShell) -> None:
+    shell.user_ns.update(llama=tiny_llama(layers=2, width=32), tokens=lm_batch(rows=2, length=16))
+    llama, tokens = shell.user_ns["llama"], shell.user_ns["tokens"]
+    one = memlab.estimate(llama, tokens, gpus=1, strategy="zero3")
+    budget = one.peak_bytes - 1  # one GPU is a byte short
+    report = memfit(shell, f"llama tokens --dry-run --gpus auto --strategy zero3 --budget {budget}B {FAST}")
+    (found,) = report.trials
+    assert isinstance(found, ShardedTrial) and found.strategy == "zero3" and found.fits and found.gpus >= 2
+    fewer = memlab.estimate(llama, tokens, gpus=found.gpus // 2, strategy="zero3", budget=budget)
+    assert not fewer.fits
+
+
 def _ones(module: torch.nn.Module) -> None:
     if isinstance(module, torch.nn.Linear):
         torch.nn.init.ones_(module.weight)
@@ -512,6 +552,16 @@ BAD = [
     ("zero-time-limit", "model batch --time-limit 0", "", "time_limit=0.0 is not allowed"),
     ("lr-not-a-number", "model batch --lr fast", "", "--lr: invalid float value"),
     ("apply-with-dry-run", "model batch --apply --dry-run", "", "drop one of the two"),
+    ("gpus-without-dry-run", "model batch --gpus 2", "", "never shards a live run; add --dry-run"),
+    ("strategy-without-dry-run", "model batch --strategy fsdp2 --budget 1GiB", "", "add --dry-run"),
+    ("gpus-not-a-number", "model batch --dry-run --gpus two", "", "write an int >= 1 such as --gpus 8"),
+    ("zero-gpus", "model batch --dry-run --gpus 0", "", "--gpus '0' is not a number of GPUs"),
+    ("gpus-auto-without-budget", "model batch --dry-run --gpus auto", "", "add --budget"),
+    ("unknown-strategy", "model batch --dry-run --gpus 2 --strategy ddp", "", "write --strategy fsdp2, zero2 or zero3"),
+    ("strategy-without-gpus", "model batch --dry-run --strategy zero3", "", "add --gpus N"),
+    ("search-with-gpus", "model batch --dry-run --gpus 2 --budget 1GiB --search --try checkpointing=off,on", "",
+     "--search does not go with --gpus 2"),
+    ("adapter-sharded", "model batch --dry-run --gpus 2 --try adapter=lora", "", "is not estimated sharded"),
     ("body-syntax-error", "model batch", "loss = model(**batch).loss +", "syntax error on line 1"),
     ("body-return", "model batch", "return model(**batch).loss", "syntax error"),
     ("body-without-loss", "model batch", "out = model(**batch)", "must set loss = ..."),

@@ -42,7 +42,19 @@ OVERRIDES = {
         "seq_len": 32,
         "budget": "24GiB",
     },
+    "10_when_one_gpu_is_not_enough.ipynb": {
+        "hidden": 64,
+        "layers": 2,
+        "heads": 4,
+        "kv_heads": 2,
+        "intermediate": 128,
+        "vocab": 128,
+        "seq_len": 32,
+        "budget": "1.5MiB",  # one GPU does not fit, two with ZeRO-3 do
+        "gpus": 2,
+    },
 }
+DRY_RUNS = {"07_will_7b_fit.ipynb", "10_when_one_gpu_is_not_enough.ipynb"}  # no model runs: fake tensors only
 
 TIMINGS: dict[str, float] = {}
 
@@ -63,6 +75,7 @@ def missing_apis(name: str) -> list[str]:
             "memlab.jupyter.magic (%%memfit)": _has_module("memlab.jupyter.magic"),
         },
         "07_will_7b_fit.ipynb": {"memlab.estimate": hasattr(memlab, "estimate")},
+        "10_when_one_gpu_is_not_enough.ipynb": {"memlab.sharded": _has_module("memlab.sharded")},
     }
     return [api for api, present in needs.get(name, {}).items() if not present]
 
@@ -140,8 +153,11 @@ def _build_module():
     return module
 
 
-def test_there_are_nine_notebooks_in_order():
-    assert [name[:2] for name in NAMES] == [f"{i:02d}" for i in range(9)], NAMES
+EXPECTED_NOTEBOOKS = 11  # 00-10: raise it with each new notebook
+
+
+def test_there_are_eleven_notebooks_in_order():
+    assert [name[:2] for name in NAMES] == [f"{i:02d}" for i in range(EXPECTED_NOTEBOOKS)], NAMES
 
 
 def test_committed_notebooks_are_what_the_build_script_writes():
@@ -175,7 +191,7 @@ def test_notebook_has_the_cookbook_shape(name):
     assert "import memlab" in code
     assert ".plot()" in code or "go.Figure" in code or "make_subplots" in code, "a plot"
     assert 'filterwarnings("ignore", category=FutureWarning)' in code
-    if name != "07_will_7b_fit.ipynb":  # 07 runs no model: it is a dry run on fake tensors
+    if name not in DRY_RUNS:  # 07 and 10 run no model: they are dry runs on fake tensors
         assert 'device = "cuda" if torch.cuda.is_available() else "cpu"' in code
         assert ".to(device)" in code
 
