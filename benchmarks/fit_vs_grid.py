@@ -309,6 +309,7 @@ def run(size: Size, device: torch.device, fraction: float, repeats: int) -> dict
     import memlab
     from memlab.device import cuda_bf16_supported
     from memlab.search import candidate_plans, default_space
+    from memlab.techniques.loss import chunked_loss_applies
 
     model = common.llama_model(
         hidden=size.hidden, layers=size.layers, heads=size.heads, vocab=size.vocab, positions=size.length
@@ -319,7 +320,9 @@ def run(size: Size, device: torch.device, fraction: float, repeats: int) -> dict
     if plain.status != "ok":
         raise RuntimeError(f"the calibration trial failed: {plain.error}")
     budget = int(fraction * plain.peak_bytes)
-    space = default_space(size.batch_size, device.type, device.type == "cuda" and cuda_bf16_supported(device))
+    # The same space fit searches by default: with the chunked loss, which applies to this Llama.
+    space = default_space(size.batch_size, device.type, device.type == "cuda" and cuda_bf16_supported(device),
+                          chunked_loss=chunked_loss_applies(model))
     plans = candidate_plans(size.batch_size, space, batch_rows=size.batch_size)
     common.release(device)
 

@@ -27,7 +27,17 @@ from __future__ import annotations
 
 from memlab.search.fit import fit
 from memlab.search.memory import FIT_MARGIN, Line, MemoryModel, fit_line, one_point_line
-from memlab.search.space import best_of, candidate_plans, default_space, divisors, fits, micro_batch_of, needs_at_least
+from memlab.search.space import (
+    best_of,
+    candidate_plans,
+    default_space,
+    divisors,
+    faster_twins,
+    fits,
+    micro_batch_of,
+    needs_at_least,
+    runs_as,
+)
 from memlab.search.speed import SPEED_MARGIN, SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search, SearchResult
 
@@ -44,11 +54,13 @@ __all__ = [
     "candidate_plans",
     "default_space",
     "divisors",
+    "faster_twins",
     "fit",
     "fit_line",
     "fits",
     "micro_batch_of",
     "needs_at_least",
     "one_point_line",
+    "runs_as",
     "speed_prior",
 ]

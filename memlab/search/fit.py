@@ -17,10 +17,11 @@ from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
 from memlab.progress import run_progress
 from memlab.report import Report, Trial
-from memlab.search.space import candidate_plans, default_space, fits
+from memlab.search.space import candidate_plans, default_space, fits, micro_batch_of
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search
 from memlab.search.suggest import suggestions
+from memlab.techniques.loss import chunked_loss_applies
 from memlab.trial import TrialRunner, keep_on_interrupt
 
 __all__ = ["fit"]
@@ -33,6 +34,7 @@ def fit(
     batch_size: int | None = None,
     space: Mapping[str, Sequence[Any]] | None = None,
     dry_run: bool = False,
+    estimates: bool = True,
     **options: Unpack[RunKeywords],
 ) -> Report:
     """The fastest plan whose measured peak fits ``budget`` at the effective batch ``batch_size``.
@@ -57,6 +59,9 @@ def fit(
             ``accumulation`` follows from ``batch_size / micro_batch``). Default: :func:`default_space`.
         dry_run: rank by :func:`memlab.estimate.estimate` (fake tensors, nothing runs): plans are estimated in
             order of expected speed and the first estimated to fit is the answer; nothing is timed.
+        estimates: before measuring a plan whose peak rests on a part nothing has shown yet (a new adapter, a new
+            optimizer, a new mix of techniques), estimate it and a few like it on fake tensors, so that plans
+            estimated not to fit are skipped unmeasured. False: only measured trials (and least-case guesses).
         options: :class:`~memlab.options.RunKeywords`. ``budget``: bytes or a size such as ``"8GiB"``; default on
             CUDA what this process can hold there (:func:`memlab.device.cuda_capacity`); on CPU it must be given.
 
@@ -85,7 +90,12 @@ def fit(
             )
         budget = cuda_capacity(device)
     resolved_space: dict[str, Sequence[Any]] = dict(
-        default_space(batch_size, device.type, device.type == "cuda" and cuda_bf16_supported(device))
+        default_space(
+            batch_size,
+            device.type,
+            device.type == "cuda" and cuda_bf16_supported(device),
+            chunked_loss=chunked_loss_applies(model, run_options.loss_fn),
+        )
     )
     if space is not None:
         if not isinstance(space, Mapping):
@@ -111,7 +121,15 @@ def fit(
                 measured.append(trial)
                 return trial
 
-            search = Search(candidates, budget=budget, batch_size=batch_size, trainable_bytes=trainable, prior=prior)
+            def estimate(plans: Sequence[Plan]) -> list[Trial]:
+                from memlab.estimate import estimate_plans  # here: estimate builds on the search's runner
+
+                # Dry runs on fake tensors: the live model is copied onto them, never touched.
+                return list(estimate_plans(model, batch, plans, loss_fn=run_options.loss_fn, budget=budget,
+                                           lr=run_options.lr, device=device).trials)
+
+            search = Search(candidates, budget=budget, batch_size=batch_size, trainable_bytes=trainable, prior=prior,
+                            device_type=device.type, estimate=estimate if estimates else None)
             result = search.run(measure, on_step=bar.advance)
             trials = list(result.trials)
             # The original index: a live figure redraws that plan's column with the new run.
@@ -121,7 +139,13 @@ def fit(
                 measured[measured.index(before)] = after
     report = Report(trials, budget=budget, skipped=result.skipped)
     if report.best is None:
-        report.suggestions = suggestions(model, batch, result.trials, resolved_space, run_options, prior)
+        memory, _ = search.models()
+        # Least-case predictions tie where nothing was measured: then the fewest rows and the most levers on.
+        lightest = min(candidates, key=lambda plan: (
+            memory.predict(plan), micro_batch_of(plan, batch_size), not plan.checkpointing, plan.loss == "full",
+            plan.precision == "fp32", plan.optimizer == "adamw",
+        ))
+        report.suggestions = suggestions(model, batch, result.trials, resolved_space, run_options, prior, lightest)
     return report
 
 

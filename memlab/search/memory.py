@@ -1,12 +1,18 @@
 """The memory model of the search: a plan's peak predicted from the breakdowns measured so far.
 
 ``peak = params + other + optimizer + grads + activations``, each part from the measured breakdowns: optimizer
-bytes per optimizer (8-bit AdamW unmeasured: a quarter of AdamW's), gradients held at the peak (with accumulation,
-all of them), and activations as a line ``intercept + per_row * micro_batch`` per (checkpointing, precision,
-activation offload). A line needs two micro-batch sizes; from one size it leans low (proportional below it, flat
-above unless an out-of-memory trial showed more); for a combination never measured, per-row bytes are a
+bytes per optimizer (unmeasured: 8-bit AdamW a quarter of AdamW's; Adafactor, whose factored state is a row and a
+column per matrix, and paged 8-bit AdamW, whose state lives outside PyTorch's allocator on CUDA, none), gradients
+held at the peak (with accumulation, all of them), and activations as a line ``intercept + per_row * micro_batch``
+per :data:`ActivationKey` (checkpointing, precision, activation offload, weights, adapter, loss). A line needs two
+micro-batch sizes; from one size it leans low (proportional below it, flat above unless an out-of-memory trial
+showed more); for a combination never measured, per-row bytes are a
 neighbour's times the ratio each technique was measured to have, and 0 while a ratio is unknown (an unmeasured
 technique might save everything).
+
+Dry-run estimates (:func:`memlab.estimate.estimate_plans`) feed the same parts as a second source: a part (a
+family's parameters, an optimizer's state, an activation line) measured by a trial comes from the trials, and one
+no trial measured from the estimates, so that one estimate rules a part in or out for every plan that shares it.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ FIT_MARGIN = 1.1
 """A plan is skipped for memory only when its predicted peak is over ``budget * FIT_MARGIN``."""
 
 
-ActivationKey = tuple[bool, str, bool, str, str]
-"""What activations per row depend on: (checkpointing, precision, activations offloaded, weights, adapter)."""
+ActivationKey = tuple[bool, str, bool, str, str, str]
+"""What activations per row depend on: (checkpointing, precision, activations offloaded, weights, adapter, loss)."""
 
 Family = tuple[str, str, int]
 """What decides the model's own bytes: (weights, adapter, LoRA rank). Trials of one family say nothing certain of
@@ -49,7 +55,13 @@ def family(plan: Plan) -> Family:
 
 
 def activation_key(plan: Plan) -> ActivationKey:
-    return (plan.checkpointing, plan.precision, plan.offloads_activations, plan.weights, plan.adapter)
+    """What the plan's activations per row depend on (:data:`ActivationKey`).
+
+    Example:
+        >>> activation_key(Plan(checkpointing=True, loss="chunked"))
+        (True, 'fp32', False, 'fp32', 'none', 'chunked')
+    """
+    return (plan.checkpointing, plan.precision, plan.offloads_activations, plan.weights, plan.adapter, plan.loss)
 
 
 @dataclass(frozen=True)
@@ -133,24 +145,31 @@ class MemoryModel:
         460.0
     """
 
-    def __init__(self, trials: Sequence[Trial], *, trainable_bytes: int, batch_size: int) -> None:
+    def __init__(
+        self, trials: Sequence[Trial], *, trainable_bytes: int, batch_size: int, estimates: Sequence[Trial] = ()
+    ) -> None:
         self.trainable_bytes = float(trainable_bytes)
         self.batch_size = batch_size
         ran = [t for t in trials if t.status == "ok"]
-        self._common = medians_by(ran, lambda t: family(t.plan), "params", "other")
+        # Paged 8-bit state lives outside PyTorch's allocator on CUDA, where an estimate counts it on the device.
+        guessed = [t for t in estimates if t.status == "ok"]
+        unpaged = [t for t in guessed if t.plan.optimizer != "paged_adamw8bit"]
+        self._common = {
+            **medians_by(guessed, lambda t: family(t.plan), "params", "other"),
+            **medians_by(ran, lambda t: family(t.plan), "params", "other"),
+        }
         if ran:
             self.common = statistics.median(t.breakdown["params"] + t.breakdown["other"] for t in ran)
         else:
             # Parameters are in place before any step, so even a trial that failed shows them.
             self.common = max([self.trainable_bytes, *(float(t.breakdown["params"]) for t in trials)])
-        self._optimizer = medians_by(
-            ran, lambda t: (t.plan.optimizer, t.plan.offloads_optimizer, family(t.plan)), "optimizer"
-        )
-        self._grads = medians_by(ran, lambda t: (t.plan.accumulation > 1, family(t.plan)), "grads")
-        points: dict[ActivationKey, list[tuple[int, float]]] = {}
-        for trial in ran:
-            point = (micro_batch_of(trial.plan, batch_size), float(trial.breakdown["activations"]))
-            points.setdefault(activation_key(trial.plan), []).append(point)
+        self._optimizer = {
+            **medians_by(unpaged, optimizer_key, "optimizer"), **medians_by(ran, optimizer_key, "optimizer")
+        }
+        self._grads = {**medians_by(guessed, grads_key, "grads"), **medians_by(ran, grads_key, "grads")}
+        points = activation_points(ran, batch_size)
+        for key, group in activation_points(guessed, batch_size).items():
+            points.setdefault(key, group)
         self._at_least: dict[ActivationKey, list[tuple[int, float]]] = {}
         for trial in trials:
             if trial.status == "oom":
@@ -171,6 +190,23 @@ class MemoryModel:
                     at_least=self._at_least.get(key, ()),
                 )
 
+    def knows(self, plan: Plan) -> bool:
+        """Whether every part of the plan's peak comes from a trial or an estimate (none is a least-case guess).
+
+        Example:
+            >>> trial = Trial(Plan(), "ok", 10, {"params": 4, "activations": 6}, 1.0, 4.0, None, "cpu")
+            >>> model = MemoryModel([trial], trainable_bytes=4, batch_size=4)
+            >>> model.knows(Plan()), model.knows(Plan(checkpointing=True))
+            (True, False)
+        """
+        optimizer_known = (plan.optimizer, plan.offloads_optimizer, family(plan)) in self._optimizer
+        return (
+            family(plan) in self._common
+            and optimizer_known
+            and (plan.accumulation > 1, family(plan)) in self._grads
+            and activation_key(plan) in self._lines
+        )
+
     def fixed_bytes(self, plan: Plan) -> float:
         """What does not depend on the batch split: params, other and optimizer state."""
         common = self._common.get(family(plan))
@@ -189,7 +225,9 @@ class MemoryModel:
         key = (plan.optimizer, plan.offloads_optimizer, family(plan))
         if key in self._optimizer:
             return self._optimizer[key]
-        if plan.offloads_optimizer:
+        if plan.offloads_optimizer or plan.optimizer in ("adafactor", "paged_adamw8bit"):
+            # Adafactor's factored state is a row and a column per matrix; paged 8-bit state lives outside
+            # PyTorch's allocator on CUDA (on a CPU it is the unpaged optimizer's, and the search measures that).
             return 0.0
         adamw = self._optimizer.get(("adamw", False, family(plan)), 2 * self.trained_bytes(plan))
         return adamw / 4 if plan.optimizer == "adamw8bit" else adamw
@@ -259,6 +297,30 @@ class MemoryModel:
             return None
         chosen = min(choices, key=lambda choice: choice[:2])[2]
         return chosen, lines[chosen]
+
+
+def optimizer_key(trial: Trial) -> tuple[str, bool, Family]:
+    return (trial.plan.optimizer, trial.plan.offloads_optimizer, family(trial.plan))
+
+
+def grads_key(trial: Trial) -> tuple[bool, Family]:
+    return (trial.plan.accumulation > 1, family(trial.plan))
+
+
+def activation_points(trials: Sequence[Trial], batch_size: int) -> dict[ActivationKey, list[tuple[int, float]]]:
+    """The ``(micro_batch, activation bytes)`` points of the trials that ran, by :data:`ActivationKey`.
+
+    Example:
+        >>> trial = Trial(Plan(micro_batch=2, accumulation=2), "ok", 9, {"activations": 5}, 1.0, 4.0, None, "cpu")
+        >>> activation_points([trial], 4)
+        {(False, 'fp32', False, 'fp32', 'none', 'full'): [(2, 5.0)]}
+    """
+    points: dict[ActivationKey, list[tuple[int, float]]] = {}
+    for trial in trials:
+        if trial.status == "ok":
+            point = (micro_batch_of(trial.plan, batch_size), float(trial.breakdown["activations"]))
+            points.setdefault(activation_key(trial.plan), []).append(point)
+    return points
 
 
 def medians_by(trials: Sequence[Trial], key: Callable[[Trial], Any], *categories: str) -> dict[Any, float]:

@@ -137,6 +137,50 @@ def _product(axes: list[list[Any]]) -> list[tuple[Any, ...]]:
     return combinations
 
 
+def runs_as(plan: Plan, device_type: str) -> Plan:
+    """The plan that runs exactly as ``plan`` does on ``device_type``: on a CPU offload moves nothing and paged
+    8-bit AdamW is the unpaged one, so those plans are measured once, as the plan without them.
+
+    Example:
+        >>> runs_as(Plan(offload="all", optimizer="paged_adamw8bit"), "cpu").label()
+        'adamw8bit'
+        >>> runs_as(Plan(offload="all"), "cuda").label()
+        'offload-all'
+    """
+    if device_type != "cpu":
+        return plan
+    return plan.replace(
+        offload="none", optimizer="adamw8bit" if plan.optimizer == "paged_adamw8bit" else plan.optimizer
+    )
+
+
+SLOWER_WITH: tuple[tuple[str, Any, Any], ...] = (
+    ("checkpointing", True, False),
+    ("loss", "chunked", "full"),
+    ("offload", "optimizer", "none"),
+    ("offload", "activations", "none"),
+    ("offload", "all", "none"),
+    ("adapter", "qlora", "lora"),
+)
+"""``(field, value, instead)``: a plan with ``value`` does the work of the plan with ``instead`` and more, so it is
+never faster: checkpointing runs each block's forward again, the chunked loss runs the head again, offload copies
+over the bus, and QLoRA dequantizes the base weights that LoRA keeps as they are."""
+
+
+def faster_twins(plan: Plan) -> list[Plan]:
+    """The plans that do ``plan``'s work without one or more of :data:`SLOWER_WITH` (so are at least as fast).
+
+    Example:
+        >>> [p.label() for p in faster_twins(Plan(checkpointing=True, loss="chunked"))]
+        ['chunked-loss', 'ckpt', 'plain']
+    """
+    twins: list[Plan] = []
+    for name, value, instead in SLOWER_WITH:
+        if getattr(plan, name) == value:
+            twins += [twin.replace(**{name: instead}) for twin in [plan, *twins]]
+    return list(dict.fromkeys(twins))
+
+
 def micro_batch_of(plan: Plan, batch_size: int) -> int:
     """Rows per micro-batch of a candidate (``micro_batch=None`` means the whole effective batch)."""
     return plan.micro_batch or batch_size // plan.accumulation

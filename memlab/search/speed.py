@@ -1,8 +1,10 @@
 """The speed model of the search: ``log(samples/s)`` as a sum of one effect per setting, with a prior per device.
 
 A plan's speed is predicted only where the measurements determine it; otherwise it could be the fastest and must be
-measured. On CUDA throughput is assumed never to fall when micro_batch grows with the same techniques, so a plan is
-at most as fast as its larger-micro-batch twin (on a CPU that does not hold; every size is measured).
+measured. A plan is at most as fast as its twin without a technique that only adds work (checkpointing, the chunked
+loss, offload, QLoRA instead of LoRA: :data:`~memlab.search.space.SLOWER_WITH`). On CUDA throughput is also assumed
+never to fall when micro_batch grows with the same techniques, so a plan is at most as fast as its larger-micro-batch
+twin (on a CPU that does not hold; every size is measured).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.report.data import speed_range
-from memlab.search.space import TECHNIQUE_DEFAULTS, TECHNIQUES, micro_batch_of
+from memlab.search.space import TECHNIQUE_DEFAULTS, TECHNIQUES, faster_twins, micro_batch_of
 
 SPEED_MARGIN = 0.9
 """A plan is skipped for speed when its predicted samples/s is at most ``SPEED_MARGIN * best``."""
@@ -64,6 +66,9 @@ def speed_prior(device_type: str) -> SpeedPrior:
             ("precision", "bf16"): 1.6 if gpu else 1.0,
             ("precision", "fp16"): 1.6 if gpu else 0.3,
             ("optimizer", "adamw8bit"): 0.97,
+            ("optimizer", "paged_adamw8bit"): 0.97,
+            ("optimizer", "adafactor"): 0.9,
+            ("loss", "chunked"): 0.95,
             ("offload", "optimizer"): 0.7,
             ("offload", "activations"): 0.6,
             ("offload", "all"): 0.5,
@@ -140,6 +145,16 @@ class SpeedModel:
             self._theta = None
             self._projection = np.zeros((len(self._prior), len(self._prior)))
 
+    def _has_levels(self, plan: Plan) -> bool:
+        """Whether every setting of ``plan`` is a level of the model (a twin outside the space may not be)."""
+        size = micro_batch_of(plan, self.batch_size)
+        if size != self.reference_size and ("micro_batch", size) not in self._index:
+            return False
+        return all(
+            getattr(plan, name) == TECHNIQUE_DEFAULTS[name] or (name, getattr(plan, name)) in self._index
+            for name in TECHNIQUES
+        )
+
     def features(self, plan: Plan) -> np.ndarray:
         vector = np.zeros(len(self.levels) + 1)
         vector[0] = 1.0
@@ -154,7 +169,7 @@ class SpeedModel:
 
     def determined(self, plan: Plan) -> bool:
         """True when the measured trials determine this plan's predicted speed."""
-        if self._theta is None:
+        if self._theta is None or not self._has_levels(plan):
             return False
         x = self.features(plan)
         return bool(np.linalg.norm(x - x @ self._projection) < 1e-6)
@@ -176,18 +191,27 @@ class SpeedModel:
         """The most samples/s the plan can have under the model's assumptions (``inf`` when unknown).
 
         A measured plan: the high end of its speed's interval (its speed within noise). A determined plan: its
-        prediction / ``margin`` (the model's error). Otherwise, where the prior says throughput is monotone in
-        micro_batch, the smallest such bound of a twin with a larger micro-batch and the same techniques.
+        prediction / ``margin`` (the model's error). Otherwise the smallest such bound of a twin that does the same
+        work or less: without a technique that only adds work (:data:`~memlab.search.space.SLOWER_WITH`), and,
+        where the prior says throughput is monotone in micro_batch, with a larger micro-batch.
         """
-        own = self._own_upper(plan)
-        if own is not None or not self.prior.monotone:
-            return math.inf if own is None else own
+        if plan in self.measured:
+            return self._measured_most[plan]
         size = micro_batch_of(plan, self.batch_size)
-        bounds = [
-            bound
-            for twin in self._twins(plan)
-            if micro_batch_of(twin, self.batch_size) > size and (bound := self._own_upper(twin)) is not None
-        ]
+        candidates = [plan, *faster_twins(plan)]
+        if plan.adapter != "none":
+            # Adapters of a lower rank do less work: a plan is at most as fast as its twin of a lower rank.
+            ranks = [value for name, value in self._index if name == "lora_rank"] + [TECHNIQUE_DEFAULTS["lora_rank"]]
+            candidates += [twin.replace(lora_rank=rank) for twin in list(candidates) for rank in ranks
+                           if rank < plan.lora_rank]
+        if self.prior.monotone:
+            candidates += [
+                twin
+                for lighter in list(candidates)
+                for twin in self._twins(lighter)
+                if micro_batch_of(twin, self.batch_size) > size
+            ]
+        bounds = [bound for twin in candidates if (bound := self._own_upper(twin)) is not None]
         return min(bounds, default=math.inf)
 
     def _own_upper(self, plan: Plan) -> float | None:

@@ -17,11 +17,22 @@ from memlab.plan import Plan, format_bytes
 from memlab.report import Trial
 from memlab.report.data import speed_range
 from memlab.search.memory import FIT_MARGIN, MemoryModel
-from memlab.search.space import TECHNIQUES, best_of, fits, micro_batch_of, needs_at_least
+from memlab.search.space import TECHNIQUES, best_of, fits, micro_batch_of, needs_at_least, runs_as
 from memlab.search.speed import SPEED_MARGIN, SpeedModel, SpeedPrior
 
 MeasureFn = Callable[[Plan, int, int], Trial]
 """``measure(plan, index, total) -> Trial``: how the search measures one plan (``TrialRunner.run`` in ``fit``)."""
+
+EstimateFn = Callable[[Sequence[Plan]], Sequence[Trial]]
+"""``estimate(plans) -> trials``: dry runs of plans on fake tensors (:func:`memlab.estimate.estimate_plans`)."""
+
+ESTIMATES_AT_ONCE = 4
+"""Plans estimated together when the search needs an estimate (the fake model is built once per call)."""
+
+_SAME_RUN = {
+    "offload": "offload moves nothing on a CPU-only device",
+    "optimizer": "paged 8-bit AdamW pages only on CUDA; on a CPU it is the unpaged 8-bit AdamW",
+}
 
 
 class Search:
@@ -60,6 +71,8 @@ class Search:
         prior: SpeedPrior | None = None,
         fit_margin: float = FIT_MARGIN,
         speed_margin: float = SPEED_MARGIN,
+        device_type: str | None = None,
+        estimate: EstimateFn | None = None,
     ) -> None:
         self.candidates = list(dict.fromkeys(candidates))
         self.budget = budget
@@ -70,7 +83,17 @@ class Search:
         self.speed_margin = speed_margin
         self.trials: list[Trial] = []
         self.skipped: list[tuple[Plan, str]] = []
-        self.pending: list[Plan] = list(self.candidates)
+        self.pending: list[Plan] = []
+        self.estimate = estimate
+        self.estimates: list[Trial] = []
+        self._estimated: set[Plan] = set()
+        for plan in self.candidates:
+            same = runs_as(plan, device_type) if device_type is not None else plan
+            if same != plan and same in self.candidates:
+                why = "; ".join(text for name, text in _SAME_RUN.items() if getattr(plan, name) != getattr(same, name))
+                self.skipped.append((plan, f"same run as {same.label()} on {device_type}: {why}"))
+            else:
+                self.pending.append(plan)
 
     @property
     def best(self) -> Trial | None:
@@ -79,15 +102,39 @@ class Search:
 
     def models(self) -> tuple[MemoryModel, SpeedModel]:
         """The memory and speed models fitted to the trials so far."""
-        memory = MemoryModel(self.trials, trainable_bytes=self.trainable_bytes, batch_size=self.batch_size)
+        memory = MemoryModel(
+            self.trials, trainable_bytes=self.trainable_bytes, batch_size=self.batch_size, estimates=self.estimates
+        )
         speed = SpeedModel(
             self.trials, self.candidates, batch_size=self.batch_size, prior=self.prior, margin=self.speed_margin
         )
         return memory, speed
 
     def next_plan(self) -> Plan | None:
-        """Skip what cannot fit or cannot win, then the plan to measure next (None when none is left)."""
-        memory, speed = self.models()
+        """Skip what cannot fit or cannot win, then the plan to measure next (None when none is left).
+
+        With an ``estimate`` function, after the first trial, a plan whose predicted peak rests on a part no trial
+        or estimate has shown yet is estimated first (with the next few such plans, the search's order), and the
+        choice made again.
+        """
+        while True:
+            memory, speed = self.models()
+            chosen = self._choose(memory, speed)
+            # The first plan is measured as it is (uncapped in fit): its whole breakdown teaches the most.
+            if not self.trials or chosen is None or self.estimate is None or memory.knows(chosen):
+                return chosen
+            if chosen in self._estimated:
+                return chosen
+            ranked = sorted(self.pending, key=self._order(memory, speed), reverse=True)
+            unknown = [plan for plan in ranked if plan not in self._estimated and not memory.knows(plan)]
+            batch = [chosen, *[plan for plan in unknown if plan != chosen][: ESTIMATES_AT_ONCE - 1]]
+            self._estimated.update(batch)
+            self.estimates += [trial for trial in self.estimate([cheap_twin(plan) for plan in batch])]
+
+    def _order(self, memory: MemoryModel, speed: SpeedModel) -> Callable[[Plan], tuple[bool, float, float]]:
+        return lambda plan: (memory.predict(plan) <= self.budget, speed.expected(plan), -memory.predict(plan))
+
+    def _choose(self, memory: MemoryModel, speed: SpeedModel) -> Plan | None:
         best = self.best
         keep = []
         for plan in self.pending:
@@ -102,16 +149,14 @@ class Search:
             # how far off the budget is.
             closest = min(self.skipped, key=lambda item: memory.predict(item[0]))
             self.skipped.remove(closest)
+            self.pending = [closest[0]]
             return closest[0]
         if not keep:
             return None
         probe = self._memory_probe()
         if probe is not None:
             return probe
-        return max(
-            keep,
-            key=lambda plan: (memory.predict(plan) <= self.budget, speed.expected(plan), -memory.predict(plan)),
-        )
+        return max(keep, key=self._order(memory, speed))
 
     def skip_reason(
         self, plan: Plan, memory: MemoryModel, speed: SpeedModel, best: Trial | None
@@ -124,8 +169,9 @@ class Search:
                 return f"cannot fit: needs at least the memory of {trial.label}, which did not fit"
         predicted = memory.predict(plan)
         if predicted > self.budget * self.fit_margin:
+            how = "estimated (dry run on fake tensors)" if plan in self._estimated else "predicted"
             return (
-                f"predicted not to fit: peak {format_bytes(predicted)}, more than {self.fit_margin - 1:.0%} over "
+                f"{how} not to fit: peak {format_bytes(predicted)}, more than {self.fit_margin - 1:.0%} over "
                 f"the budget {format_bytes(self.budget)}"
             )
         if best is not None and best.samples_per_s is not None:
@@ -187,6 +233,17 @@ class Search:
         self.trials.append(trial)
         if trial.plan in self.pending:
             self.pending.remove(trial.plan)
+
+
+def cheap_twin(plan: Plan) -> Plan:
+    """The plan to estimate for ``plan``: the same techniques and micro-batch with at most 2 micro-batches (an
+    estimate runs every micro-batch, and memory depends only on whether gradients are held between them).
+
+    Example:
+        >>> cheap_twin(Plan(micro_batch=1, accumulation=8, checkpointing=True)).label()
+        'mb1x2 ckpt'
+    """
+    return plan.replace(accumulation=min(plan.accumulation, 2))
 
 
 @dataclass

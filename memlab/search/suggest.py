@@ -11,6 +11,7 @@ from memlab.batch import Batch
 from memlab.options import RunOptions
 from memlab.plan import Plan
 from memlab.report import Trial
+from memlab.search.memory import FIT_MARGIN
 from memlab.search.speed import SpeedPrior
 
 # What fit leaves out of its default space because it changes what is trained: each as the plan fields it sets.
@@ -21,8 +22,11 @@ OUTSIDE_THE_SPACE: tuple[dict[str, Any], ...] = (
 )
 
 
-def alternatives(measured: Sequence[Trial], space: Mapping[str, Sequence[Any]]) -> list[Plan]:
-    """The plans to suggest from: the measured plan with the lowest peak, with each lever the space left out.
+def alternatives(
+    measured: Sequence[Trial], space: Mapping[str, Sequence[Any]], lightest: Plan | None = None
+) -> list[Plan]:
+    """The plans to suggest from: the measured plan with the lowest peak and ``lightest`` (the plan of the space
+    predicted to need least), each with each lever the space left out.
 
     Example:
         >>> from memlab.report import Trial
@@ -32,30 +36,37 @@ def alternatives(measured: Sequence[Trial], space: Mapping[str, Sequence[Any]]) 
     """
     if not measured:
         return []
-    base = min(measured, key=lambda trial: trial.peak_bytes).plan
+    bases = dict.fromkeys([min(measured, key=lambda trial: trial.peak_bytes).plan, *([lightest] if lightest else [])])
     plans = []
-    for changes in OUTSIDE_THE_SPACE:
-        if any(value in space.get(name, ()) for name, value in changes.items()):
-            continue  # the user searched this lever already
-        plans.append(base.replace(**changes))
-    return plans
+    for base in bases:
+        for changes in OUTSIDE_THE_SPACE:
+            if any(value in space.get(name, ()) for name, value in changes.items()):
+                continue  # the user searched this lever already
+            plans.append(base.replace(**changes))
+    return list(dict.fromkeys(plans))
 
 
 def suggestions(
     model: nn.Module, batch: Batch, measured: Sequence[Trial], space: Mapping[str, Sequence[Any]],
-    options: RunOptions, prior: SpeedPrior,
+    options: RunOptions, prior: SpeedPrior, lightest: Plan | None = None,
 ) -> list[Trial]:
-    """Estimates of :func:`alternatives` that fit the budget, the one the speed prior expects fastest first."""
+    """Estimates of :func:`alternatives` that fit the budget with ``FIT_MARGIN`` to spare, the one the speed prior
+    expects fastest first."""
     from memlab.estimate import estimate_plans  # imported here: estimate builds on the search's runner
 
-    plans = alternatives(measured, space)
+    plans = alternatives(measured, space, lightest)
     if not plans or options.budget is None:
         return []
     device = next(model.parameters()).device
     report = estimate_plans(
         model, batch, plans, loss_fn=options.loss_fn, budget=options.budget, lr=options.lr, device=device.type
     )
-    fitting = [trial for trial in report.trials if trial.status == "ok" and trial.fits]
+    # An estimate cannot see a library's temporaries (bitsandbytes dequantizing a 4-bit weight, allocator
+    # rounding): a suggestion keeps the search's margin below the budget, so that measured, it fits.
+    fitting = [
+        trial for trial in report.trials
+        if trial.status == "ok" and trial.peak_bytes * FIT_MARGIN <= options.budget
+    ]
 
     def expected_speed(trial: Trial) -> float:
         speed = 1.0

@@ -9,6 +9,7 @@ import torch
 from models import assert_same, fingerprint, lm_batch, tiny_gpt2, tiny_llama
 
 import memlab
+from memlab.demo import default_batch, default_model
 from memlab.events import TrialFinished, TrialStarted
 from memlab.measure.remeasure import ROUNDS
 from memlab.search import candidate_plans, default_space, fit
@@ -38,7 +39,7 @@ def test_fit_at_60_percent_of_the_plain_peak_fits_keeps_the_batch_and_beats_the_
     best = report.best
     assert best is not None and best.fits and report.fits(best)
     assert best.peak_bytes <= budget and best.rows_per_step == 8
-    grid = candidate_plans(8, default_space(8), batch_rows=8)
+    grid = candidate_plans(8, default_space(8, chunked_loss=True), batch_rows=8)  # GPT-2: the chunked loss applies
     assert len(report.trials) < len(grid)
     assert len(report.trials) + len(report.skipped) == len(grid)
     assert all(reason for _, reason in report.skipped)
@@ -75,7 +76,8 @@ def test_a_budget_below_anything_possible_has_no_best_and_says_why():
     assert report.skipped and all(reason for _, reason in report.skipped)
     # The first plan ran without the cap, so the parameters alone show the budget cannot be met.
     assert len(report.trials) == 1 and report.trials[0].breakdown["params"] > 16 * 1024
-    assert all(reason.startswith(("cannot fit", "predicted not to fit")) for _, reason in report.skipped)
+    memory_reasons = ("cannot fit", "predicted not to fit", "estimated (dry run on fake tensors) not to fit")
+    assert all(reason.startswith(memory_reasons) for _, reason in report.skipped)
     assert "Best: none of these fits" in report.to_text()
     assert_same(before, fingerprint(model))
 
@@ -86,7 +88,9 @@ def test_every_trial_of_a_fit_carries_the_budget_the_uncapped_first_one_too():
     budget = int(plain.peak_bytes * 0.7)
     events: list[object] = []
     space = {"precision": ["fp32"], "optimizer": ["adamw"]}
-    report = fit(model, batch, budget=budget, space=space, steps=1, progress=False, callback=events.append)
+    # Without estimates the first plan is the plain one, which does not fit (with them, a plan estimated to fit).
+    report = fit(model, batch, budget=budget, space=space, steps=1, progress=False, callback=events.append,
+                 estimates=False)
     assert len(report.trials) >= 2
     assert all(t.budget == budget == report.budget for t in report.trials)
     assert all(t.fits == report.fits(t) for t in report.trials)
@@ -134,7 +138,9 @@ def test_dry_run_ranks_estimates_without_running_a_step():
     best = report.best
     assert best is not None and best is report.trials[-1] and best.peak_bytes <= report.budget
     assert best.rows_per_step == 4 and best.plan != memlab.Plan()
-    assert len(report.trials) + len(report.skipped) == len(candidate_plans(4, {**default_space(4), **space}))
+    assert len(report.trials) + len(report.skipped) == len(
+        candidate_plans(4, {**default_space(4, chunked_loss=True), **space})
+    )
     assert all(reason.startswith("expected slower") for _, reason in report.skipped)
     assert torch.equal(model.lm_head.weight, before["tensors"]["lm_head.weight"][1])
 
@@ -160,7 +166,7 @@ def test_a_first_trial_that_fits_only_by_its_allocated_peak_runs_again_under_the
     model = tiny_llama()
     report = fit(model, lm_batch(), budget=budget, space={"precision": ["fp32"], "optimizer": ["adamw"],
                                                         "offload": ["none"], "checkpointing": [False]},
-                 progress=False)
+                 progress=False, estimates=False)  # estimates run through TrialRunner.run too
     assert calls[:2] == [(calls[0][0], False), (calls[0][0], True)]
     assert report.trials[0].status == "oom"
     assert len(report.trials) == len(calls) - 1  # the uncapped run is replaced by the capped one, not added
@@ -188,9 +194,9 @@ def test_contenders_tied_within_noise_are_timed_again_in_turn_and_drift_does_not
                      budget=budget, rows_per_step=4, step_times=times)
 
     monkeypatch.setattr(TrialRunner, "run", run)
-    report = fit(tiny_llama(), lm_batch(rows=4), budget=budget, progress=False,
+    report = fit(tiny_llama(), lm_batch(rows=4), budget=budget, progress=False, estimates=False,
                  space={"precision": ["fp32"], "optimizer": ["adamw"], "offload": ["none"], "micro_batch": [4],
-                        "checkpointing": [False, True]})
+                        "checkpointing": [False, True], "loss": ["full"]})
     assert sorted(calls[:2]) == ["ckpt", "plain"]
     assert calls[2:] == calls[:2] * 2  # the two contenders, in turn, twice
     assert report.best.label == "ckpt"
@@ -201,3 +207,46 @@ def test_contenders_tied_within_noise_are_timed_again_in_turn_and_drift_does_not
     assert [t.label for t in report.ties] == ["plain"]
     assert any("timed again in turn" in note for note in report.best.notes)
     assert len(report.trials) == 2  # re-measured trials replace the first ones; none is added
+
+
+# --- issue 15: the whole space, adapters included ------------------------------------------------------------
+
+WHOLE_SPACE = {
+    "checkpointing": [False, True], "precision": ["fp32", "bf16"], "weights": ["fp32", "bf16"],
+    "optimizer": ["adamw", "adamw8bit", "paged_adamw8bit", "adafactor"],
+    "offload": ["none", "optimizer", "activations"],
+    "adapter": ["none", "lora", "qlora"], "lora_rank": [8, 16], "loss": ["full", "chunked"],
+}
+
+
+
+def test_a_budget_below_the_full_fine_tunes_floor_suggests_an_adapter_plan_that_fits():
+    # The demo Llama (hidden 128): wide enough that rank-16 adapters are a small share of its weights.
+    model, batch = default_model(), default_batch(rows=4, length=32)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    # Every full fine-tune holds its fp32 weights and, after the last backward, all their gradients.
+    budget = int(1.8 * params)
+    before = fingerprint(model)
+
+    report = fit(model, batch, budget=budget, steps=1, progress=False)
+
+    assert_same(before, fingerprint(model))
+    del before  # the fingerprint's copies are memory this process holds: measured, they would count as "other"
+    assert report.best is None
+    assert report.suggestions and all(s.estimated and s.fits for s in report.suggestions)
+    adapter = next(s for s in report.suggestions if s.plan.adapter != "none")
+    again = memlab.measure(model, batch, adapter.plan, budget=budget, steps=1)
+    assert again.status == "ok" and again.peak_bytes <= budget, (adapter.label, again.error, again.peak_bytes)
+
+
+def test_fit_searches_the_chunked_loss_by_default_where_it_applies():
+    model, batch = tiny_llama(), lm_batch(rows=2)
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1)
+    report = fit(model, batch, budget=int(plain.peak_bytes * 0.9), steps=1, progress=False,
+                 space={"micro_batch": [2], "precision": ["fp32"], "optimizer": ["adamw"], "checkpointing": [False]})
+    searched = [t.plan for t in report.trials] + [p for p, _ in report.skipped]
+    assert sorted(p.loss for p in searched) == ["chunked", "full"]
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    report = fit(mlp, torch.randn(2, 4), budget="1MiB", loss_fn=lambda m, b: m(b).sum(), steps=1, progress=False,
+                 space={"micro_batch": [2], "precision": ["fp32"], "optimizer": ["adamw"], "checkpointing": [False]})
+    assert len(report.trials) + len(report.skipped) == 1

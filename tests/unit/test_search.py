@@ -24,10 +24,12 @@ from memlab.search import (
     candidate_plans,
     default_space,
     divisors,
+    faster_twins,
     fit_line,
     micro_batch_of,
     needs_at_least,
     one_point_line,
+    runs_as,
     speed_prior,
 )
 
@@ -319,7 +321,8 @@ def test_speed_is_predicted_only_where_the_measurements_determine_it():
     plain, bf16, ckpt, both = plans[:4]
     model = SpeedModel([ran(plain, 0, speed=10), ran(bf16, 0, speed=20)], plans, batch_size=8)
     assert model.predict(bf16) == pytest.approx(20)
-    assert model.predict(ckpt) is None and model.upper(ckpt) == math.inf  # checkpointing never measured
+    assert model.predict(ckpt) is None  # checkpointing never measured...
+    assert model.upper(ckpt) == 10  # ...but it recomputes: at most as fast as plain
     model = SpeedModel([ran(plain, 0, speed=10), ran(bf16, 0, speed=20), ran(ckpt, 0, speed=8)], plans, batch_size=8)
     assert model.predict(both) == pytest.approx(16)
     assert model.upper(both) == pytest.approx(16 / SPEED_MARGIN)
@@ -337,14 +340,15 @@ def test_speed_is_predicted_only_where_the_measurements_determine_it():
 
 def test_stop_rule_speed_margin():
     """A determined plan is measured only when predicted faster than SPEED_MARGIN (0.9) x the best so far."""
-    plans = candidate_plans(8, {"micro_batch": [8], "checkpointing": [False, True], "precision": ["fp32", "bf16"]})
-    plain, bf16, ckpt, both = plans
-    for ckpt_speed, measured in ((8.0, False), (9.6, True)):
+    # Levers that may make a step faster or slower (checkpointing could only slow it: see the twin tests).
+    plans = candidate_plans(8, {"micro_batch": [8], "optimizer": ["adamw", "adamw8bit"], "precision": ["fp32", "bf16"]})
+    plain, bf16, eight_bit, both = plans
+    for eight_bit_speed, measured in ((8.0, False), (9.6, True)):
         search = Search(plans, budget=10**6, batch_size=8, trainable_bytes=100)
-        for plan, speed in ((plain, 10.0), (bf16, 10.0), (ckpt, ckpt_speed)):
+        for plan, speed in ((plain, 10.0), (bf16, 10.0), (eight_bit, eight_bit_speed)):
             search.pending.remove(plan)
             search.record(ran(plan, 100, speed=speed))
-        # ckpt + bf16 is predicted at ckpt_speed: 0.8 x best is skipped, 0.96 x best is measured.
+        # 8-bit + bf16 is predicted at its 8-bit speed: 0.8 x best is skipped, 0.96 x best is measured.
         assert (search.next_plan() == both) is measured
         if not measured:
             assert search.skipped[0][0] == both and search.skipped[0][1].startswith("cannot beat the best")
@@ -454,3 +458,93 @@ def test_a_plan_is_ruled_out_for_speed_only_beyond_the_noise(twin_times, skipped
     memory, speed = search.models()
     reason = search.skip_reason(Plan(micro_batch=4, accumulation=2, checkpointing=True), memory, speed, search.best)
     assert (reason is not None and reason.startswith("cannot beat the best")) is skipped
+
+
+# --- issue 15: the whole space, adapters included ------------------------------------------------------------
+
+
+def test_chunked_and_full_loss_trials_do_not_share_an_activation_line():
+    full = ran(Plan(micro_batch=4, accumulation=2), 400)
+    model = MemoryModel([full], trainable_bytes=100, batch_size=8)
+    chunked = Plan(micro_batch=4, accumulation=2, loss="chunked")
+    assert model.activations(full.plan) == 400
+    assert model.activations(chunked) == 0  # never measured: it might save everything, so it is not ruled out
+    both = MemoryModel([full, ran(chunked, 150)], trainable_bytes=100, batch_size=8)
+    assert both.activations(chunked) == 150 and both.activations(full.plan) == 400
+
+
+def test_unmeasured_optimizers_are_assumed_to_hold_the_least_they_can():
+    plain = Plan(micro_batch=4, accumulation=2)
+    model = MemoryModel([ran(plain, 400, optimizer=800)], trainable_bytes=100, batch_size=8)
+    assert model.optimizer_bytes(plain.replace(optimizer="adamw8bit")) == 200  # a quarter of AdamW's
+    # Adafactor's factored state is a row and a column per matrix; paged state leaves the allocator on CUDA.
+    assert model.optimizer_bytes(plain.replace(optimizer="adafactor")) == 0
+    assert model.optimizer_bytes(plain.replace(optimizer="paged_adamw8bit")) == 0
+    adafactor = ran(plain.replace(optimizer="adafactor"), 400, optimizer=30)
+    measured = MemoryModel([ran(plain, 400, optimizer=800), adafactor], trainable_bytes=100, batch_size=8)
+    assert measured.optimizer_bytes(plain.replace(optimizer="adafactor", checkpointing=True)) == 30
+
+
+def test_estimates_fill_the_parts_no_trial_measured_and_trials_win_where_both_exist():
+    lora = Plan(micro_batch=4, accumulation=2, adapter="lora")
+    estimated = Trial(lora, "ok", 900, {"params": 500, "grads": 20, "optimizer": 80, "activations": 300,
+                                         "other": 0}, None, None, None, "cpu", estimated=True)
+    plain = ran(Plan(micro_batch=4, accumulation=2), 400)
+    without = MemoryModel([plain], trainable_bytes=100, batch_size=8)
+    model = MemoryModel([plain], trainable_bytes=100, batch_size=8, estimates=[estimated])
+    assert not without.knows(lora) and model.knows(lora)
+    assert without.predict(lora) < 900 == model.predict(lora)
+    # The estimate's parts serve every plan that shares them: another optimizer keeps the adapter's parameters.
+    assert model.fixed_bytes(lora.replace(optimizer="adamw8bit")) == 500 + 80 / 4
+    measured = MemoryModel([plain, ran(lora, 250)], trainable_bytes=100, batch_size=8, estimates=[estimated])
+    assert measured.activations(lora) == 250 and measured.predict(lora) == 100 + 100 + 200 + 250
+
+
+def test_a_plan_is_at_most_as_fast_as_its_twin_without_a_technique_that_only_adds_work():
+    lora = Plan(micro_batch=8, adapter="lora", lora_rank=8)
+    slower = lora.replace(checkpointing=True, loss="chunked", adapter="qlora")
+    assert lora in faster_twins(slower) and len(faster_twins(slower)) == 7
+    plans = candidate_plans(8, {"micro_batch": [8], "checkpointing": [False, True], "adapter": ["lora", "qlora"],
+                                "lora_rank": [8], "loss": ["full", "chunked"], "precision": ["fp32"]})
+    model = SpeedModel([ran(lora, 0, speed=20.0)], plans, batch_size=8, prior=speed_prior("cpu"))
+    assert model.predict(slower) is None  # not determined by one trial...
+    assert model.upper(slower) == 20.0  # ...but it does LoRA's work and more
+    assert model.upper(lora.replace(precision="bf16")) == math.inf  # bf16 may be faster: unknown
+
+
+def test_plans_that_run_alike_on_a_cpu_are_measured_once():
+    plans = candidate_plans(8, {"micro_batch": [8], "offload": ["none", "optimizer", "all"],
+                                "optimizer": ["adamw", "adamw8bit", "paged_adamw8bit"], "precision": ["fp32"]})
+    assert runs_as(Plan(offload="all", optimizer="paged_adamw8bit"), "cpu") == Plan(optimizer="adamw8bit")
+    search = Search(plans, budget=10**6, batch_size=8, trainable_bytes=100, device_type="cpu")
+    assert sorted(p.label() for p in search.pending) == ["mb8x1", "mb8x1 adamw8bit"]
+    assert len(search.skipped) == len(plans) - 2
+    assert all(reason.startswith("same run as ") and " on cpu: " in reason for _, reason in search.skipped)
+    on_gpu = Search(plans, budget=10**6, batch_size=8, trainable_bytes=100, device_type="cuda")
+    assert len(on_gpu.pending) == len(plans) and not on_gpu.skipped
+
+
+def test_plans_estimated_not_to_fit_are_skipped_unmeasured():
+    landscape = gpt2_like(ratios={("checkpointing", True): 0.8, ("precision", "bf16"): 1.3})
+    budget = int(landscape.plain_peak() * 0.45)
+    candidates = candidate_plans(8, landscape.space())
+    asked: list[Plan] = []
+
+    def estimate(plans):
+        asked.extend(plans)
+        return [Trial(p, "ok", landscape.peak(p), landscape.parts(p), None, None, None, "cpu", estimated=True)
+                for p in plans]
+
+    plain = Search(candidates, budget=budget, batch_size=8, trainable_bytes=124 * KIB, prior=speed_prior("cpu"))
+    without = plain.run(landscape.measure(budget))
+    landscape.measured.clear()
+    search = Search(candidates, budget=budget, batch_size=8, trainable_bytes=124 * KIB, prior=speed_prior("cpu"),
+                    estimate=estimate)
+    result = search.run(landscape.measure(budget))
+    assert asked and all(p.accumulation <= 2 for p in asked)  # estimated with at most 2 micro-batches
+    assert result.best is not None and result.best.plan == landscape.grid_best(budget, candidates)
+    # Fewer trials, and fewer of them wasted on plans that do not fit.
+    assert len(result.trials) < len(without.trials)
+    failed = [len([t for t in run.trials if t.status == "oom"]) for run in (result, without)]
+    assert failed[0] < failed[1], failed
+    assert any(reason.startswith("estimated (dry run on fake tensors) not to fit") for _, reason in result.skipped)
