@@ -40,12 +40,17 @@ TARGET_SLOWDOWN = 0.30
 
 
 def extra_forward_loss(rows: int) -> Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]:
-    """The default loss, plus a forward without gradients over the first ``rows`` rows: more work, same memory
-    pattern for the trained step, and slowed by a busy machine exactly as the step itself is."""
+    """The default loss, plus forwards without gradients over ``rows`` rows in all (the whole micro-batch as many
+    times as it takes, then its first rows): more work, the same memory pattern for the trained step, and slowed
+    by a busy machine exactly as the step itself is."""
 
     def loss(model: nn.Module, micro_batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        total = int(next(iter(micro_batch.values())).shape[0])
+        left = rows
         with torch.no_grad():
-            model(**{key: value[:rows] for key, value in micro_batch.items()})
+            while left > 0:
+                model(**{key: value[: min(left, total)] for key, value in micro_batch.items()})
+                left -= total
         return model(**micro_batch).loss
 
     return loss
@@ -78,7 +83,7 @@ def calibrate_rows(model: nn.Module, batch: dict[str, Any], rounds: int) -> tupl
     """How many rows of extra forward make the step about 30% slower, and the slowdown they give (interleaved)."""
     total = int(batch["input_ids"].shape[0])
     whole = interleaved_slowdown(model, batch, extra_forward_loss(total), rounds) - 1
-    rows = max(1, min(total, round(total * TARGET_SLOWDOWN / max(whole, 1e-9))))
+    rows = max(1, round(total * TARGET_SLOWDOWN / max(whole, 1e-9)))
     return rows, interleaved_slowdown(model, batch, extra_forward_loss(rows), rounds) - 1
 
 

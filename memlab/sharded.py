@@ -224,7 +224,7 @@ def sharded_estimate(
     _check_plan(plan)
     limit = parse_budget(budget)
     if strategy == "fsdp2":
-        return _fsdp2(model_or_config, batch, plan, gpus, loss_fn, lr, device, limit)
+        return _fsdp2_run(model_or_config, batch, plan, gpus, loss_fn, lr, device, limit)[0]
     if strategy in ("zero2", "zero3"):
         single = _one_gpu(model_or_config, batch, plan, loss_fn, lr, device)
         counts = layer_counts(model_or_config)
@@ -283,7 +283,7 @@ def smallest_gpus(
 
         def run(n: int, name: str = name, one: Trial | None = single, sizes: Any = counts) -> ShardedTrial:
             if name == "fsdp2":
-                return _fsdp2(model_or_config, batch, plan, n, loss_fn, lr, device, limit)
+                return _fsdp2_run(model_or_config, batch, plan, n, loss_fn, lr, device, limit)[0]
             assert one is not None and sizes is not None
             return _zero(one, sizes, plan, n, int(name[-1]), limit)
 
@@ -500,19 +500,6 @@ def _fake_process_group(gpus: int) -> Iterator[Any]:
     finally:
         dist.destroy_process_group()
         sys.excepthook = hook
-
-
-def _fsdp2(
-    model_or_config: Any,
-    batch: Any,
-    plan: Plan,
-    gpus: int,
-    loss_fn: LossFn | None,
-    lr: float,
-    device: str | torch.device | None,
-    limit: int | None,
-) -> ShardedTrial:
-    return _fsdp2_run(model_or_config, batch, plan, gpus, loss_fn, lr, device, limit)[0]
 
 
 def _fsdp2_run(

@@ -384,7 +384,11 @@ class LiveOutput:
         else:
             self.handle = display(record, raw=True, display_id=True)
         if self.figure is not None:
-            self.figure.widget.close()  # no comm, and no widget state, stays behind
+            # Front ends that store widget state keep even a closed widget's last state (nbclient and papermill
+            # do, by default), and plotly's FigureWidget carries plotly.js, 5 MB, as its anywidget module. The
+            # figure lives on as the record above, so its state is emptied before it is closed.
+            self.figure.widget._esm = ""
+            self.figure.widget.close()  # no comm stays behind
 
 
 def _build_widget() -> go.FigureWidget:

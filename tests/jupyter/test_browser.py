@@ -375,6 +375,7 @@ def test_what_a_run_leaves_in_the_notebook_survives_a_reload(lab_with_memfit_and
             page.reload(wait_until="domcontentloaded")
             _open_notebook(page, url)
             assert _saved_record_bars(notebook) == 2 * (5 + 1)  # per plan: a bar per category and its speed
+            assert notebook.stat().st_size < 1_000_000  # saved as JupyterLab saves it, the panel's cell included
             assert _wait_for_record(page, cells.nth(1)) in (record_bars, -1)
             panel_bars = page.locator(".memlab-panel .js-plotly-plot .barlayer .trace.bars .point")
             expect(panel_bars.first).to_be_visible(timeout=60_000)
