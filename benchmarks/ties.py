@@ -5,10 +5,10 @@ Two questions, each asked again and again while a process spins on every other c
 1. *The same plan twice.* ``memlab.compare(model, batch, [Plan(), Plan()])``: the two trials do the same work, so
    the report must name a tie (the second among ``Report.ties``), never a winner.
 2. *A plan truly 30% slower.* The same plan with a loss that also runs a no-grad forward over some of the rows,
-   as many as make its step about 30% slower (calibrated first, then checked by timing both in alternation, step
-   by step, in one process, where drift hits both alike). Measured as ``compare`` measures (a close race timed
-   again in turn), the report must rank the slow one slower: ``best`` is the fast one and the slow one is not
-   among its ties.
+   the fewest that make its step at least 30% slower (calibrated first, then checked by timing both in
+   alternation, step by step, in one process, where drift hits both alike). Measured as ``compare`` measures (a
+   close race timed again in turn), the report must rank the slow one slower: ``best`` is the fast one and the
+   slow one is not among its ties.
 
 The model is ``memlab demo``'s Llama and batch. Each run measures with memlab's defaults (timing goes on until the
 median's 95% interval is within 5%, at most 10 s a trial); the order of the two trials alternates from run to run.
@@ -21,6 +21,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -80,10 +81,11 @@ def interleaved_slowdown(model: nn.Module, batch: dict[str, Any], slow_loss: Cal
 
 
 def calibrate_rows(model: nn.Module, batch: dict[str, Any], rounds: int) -> tuple[int, float]:
-    """How many rows of extra forward make the step about 30% slower, and the slowdown they give (interleaved)."""
+    """How many rows of extra forward make the step at least 30% slower (the fewest that do, by the whole batch's
+    slowdown, interleaved), and the slowdown they give."""
     total = int(batch["input_ids"].shape[0])
     whole = interleaved_slowdown(model, batch, extra_forward_loss(total), rounds) - 1
-    rows = max(1, round(total * TARGET_SLOWDOWN / max(whole, 1e-9)))
+    rows = max(1, math.ceil(total * TARGET_SLOWDOWN / max(whole, 1e-9)))
     return rows, interleaved_slowdown(model, batch, extra_forward_loss(rows), rounds) - 1
 
 

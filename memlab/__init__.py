@@ -6,6 +6,9 @@ Example:
     >>> trial = memlab.measure(model, torch.randn(4, 8), memlab.Plan(), loss_fn=lambda m, b: m(b).mean())
     >>> trial.status
     'ok'
+
+Inference is a mode of the same entry points: ``memlab.measure(model, batch, memlab.InferencePlan(...))`` (see
+:mod:`memlab.inference`).
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from memlab.apply import Applied, apply
 from memlab.errors import MemlabError, UnsupportedTechnique
 from memlab.estimate import estimate
 from memlab.plan import Plan, parse_budget
-from memlab.report import Report, Trial
+from memlab.report import InferenceTrial, Report, Trial
 from memlab.search import fit
 from memlab.trial import compare, measure
+
+from memlab.inference import InferencePlan, fit_inference, kv_cache_bytes  # isort: skip (after the core it uses)
 
 if TYPE_CHECKING:
     from memlab.jupyter.panel import Panel
@@ -27,6 +32,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Applied",
+    "InferencePlan",
+    "InferenceTrial",
     "MemlabError",
     "Plan",
     "Report",
@@ -36,6 +43,8 @@ __all__ = [
     "compare",
     "estimate",
     "fit",
+    "fit_inference",
+    "kv_cache_bytes",
     "load_ipython_extension",
     "measure",
     "panel",
@@ -58,10 +67,12 @@ def unload_ipython_extension(ipython: Any) -> None:
     unload(ipython)
 
 
-def panel(model: Any, batch: Any, loss_fn: Any = None, **keywords: Any) -> Panel:
+def panel(model: Any, batch: Any, loss_fn: Any = None, *, inference: bool = False, **keywords: Any) -> Panel | Any:
     """The widget panel on the live model: a control per technique, Run, Apply/Undo, the live figure, every run.
 
-    ipywidgets and plotly are imported here, on first use, never by ``import memlab``.
+    ipywidgets and plotly are imported here, on first use, never by ``import memlab``. ``inference=True`` gives
+    the inference mode (:class:`memlab.jupyter.inference_panel.InferencePanel`): a control per setting of
+    :class:`memlab.InferencePlan`, Run and Largest batch.
 
     Example:
         >>> import memlab, torch
@@ -69,6 +80,12 @@ def panel(model: Any, batch: Any, loss_fn: Any = None, **keywords: Any) -> Panel
         >>> p.run_button.click(); len(p.report)
         1
     """
+    if inference:
+        if loss_fn is not None:
+            raise MemlabError("loss_fn is for training, and the inference panel runs the model's forward; drop it")
+        from memlab.jupyter.inference_panel import InferencePanel
+
+        return InferencePanel(model, batch, **keywords)
     from memlab.jupyter.panel import panel as make_panel
 
     return make_panel(model, batch, loss_fn, **keywords)

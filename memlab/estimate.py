@@ -40,7 +40,7 @@ import copy
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -59,11 +59,15 @@ from memlab.report import Report, Trial
 from memlab.techniques.offload import NOTHING_TO_MOVE
 from memlab.trial import TrialRunner, check_plans
 
+if TYPE_CHECKING:
+    from memlab.inference.plan import InferencePlan
+
 __all__ = [
     "BLIND_SPOTS",
     "KNOWN_SHAPES",
     "adamw8bit_state_bytes",
     "estimate",
+    "estimate_inference",
     "estimate_plans",
     "fake_batch",
     "load_config",
@@ -138,7 +142,7 @@ _BNB_QMAP_BYTES = 2 * 256 * 4
 def estimate(
     model_or_config: Any,
     batch: Any,
-    plan: Plan | None = None,
+    plan: Plan | InferencePlan | None = None,
     *,
     loss_fn: LossFn | None = None,
     budget: int | str | None = None,
@@ -175,6 +179,11 @@ def estimate(
             ``batch`` as each GPU's micro-batch, as a :class:`memlab.sharded.ShardedTrial` (see
             :mod:`memlab.sharded` for how each strategy is estimated).
 
+    An :class:`memlab.InferencePlan` estimates inference instead (one forward, or a generation, as
+    ``memlab.measure`` runs it; see :func:`estimate_inference`): an :class:`~memlab.report.InferenceTrial` whose
+    breakdown has the KV cache apart, and whose ``kv_cache_end_bytes`` is the cache of the context the batch
+    shape gives (``{"input_ids": (rows, context)}``), plus ``new_tokens - 1`` when generating.
+
     Example:
         >>> from transformers import LlamaConfig
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -185,20 +194,27 @@ def estimate(
         ('ok', True, True, True)
     """
     plan = Plan() if plan is None else plan
+    if _is_inference(plan):
+        if gpus != 1 or strategy != "none":
+            raise MemlabError("an InferencePlan is estimated on one device; drop gpus= and strategy=")
+        inference = cast("InferencePlan", plan)
+        return estimate_inference(model_or_config, batch, [inference], loss_fn=loss_fn, budget=budget,
+                                  device=device)[0]
+    training = cast(Plan, plan)  # anything else than a Plan is refused by estimate_plans, with what to write
     if gpus != 1 or strategy != "none":
         from memlab.sharded import check_sharding, sharded_estimate
 
         gpus, strategy = check_sharding(gpus, strategy)
         if strategy != "none":
-            return sharded_estimate(model_or_config, batch, plan, gpus=gpus, strategy=strategy, loss_fn=loss_fn,
+            return sharded_estimate(model_or_config, batch, training, gpus=gpus, strategy=strategy, loss_fn=loss_fn,
                                     budget=budget, lr=lr, device=device)
-    return estimate_plans(model_or_config, batch, [plan], loss_fn=loss_fn, budget=budget, lr=lr, device=device)[0]
+    return estimate_plans(model_or_config, batch, [training], loss_fn=loss_fn, budget=budget, lr=lr, device=device)[0]
 
 
 def estimate_plans(
     model_or_config: Any,
     batch: Any,
-    plans: Sequence[Plan] | Plan,
+    plans: Sequence[Plan] | Plan | Sequence[InferencePlan] | InferencePlan,
     *,
     loss_fn: LossFn | None = None,
     budget: int | str | None = None,
@@ -218,7 +234,10 @@ def estimate_plans(
         >>> [t.status for t in report], [t.estimated for t in report]
         (['ok', 'ok'], [True, True])
     """
-    plans = check_plans(plans)
+    if _is_inference(plans):
+        return estimate_inference(model_or_config, batch, plans, loss_fn=loss_fn, budget=budget,  # type: ignore[arg-type]
+                                  device=device)
+    plans = check_plans(plans)  # type: ignore[arg-type]
     options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
     limit = parse_budget(budget)
     target = _target_device(model_or_config, device)
@@ -241,6 +260,67 @@ def estimate_plans(
                 trial = _computed_8bit_trial(runner, plan, trial, model)
             trials.append(_as_estimate(trial, target, kernels, limit))
     return Report(trials, budget=limit)
+
+
+def estimate_inference(
+    model_or_config: Any,
+    batch: Any,
+    plans: Sequence[InferencePlan] | InferencePlan,
+    *,
+    loss_fn: LossFn | None = None,
+    budget: int | str | None = None,
+    device: str | torch.device | None = None,
+) -> Report:
+    """Inference plans estimated on fake tensors: the same :class:`~memlab.inference.run.InferenceRunner` as
+    ``memlab.measure`` (the same steps, tracker and categories) with a :class:`~memlab.measure.probes.FakeProbe`.
+
+    ``batch`` may be shapes, ``{"input_ids": (rows, context)}``. Quantized weights cannot run bitsandbytes on fake
+    tensors: each quantized layer holds bitsandbytes' bytes (:func:`memlab.inference.weights.quantized_bytes`)
+    and makes its full weight for the product, as bitsandbytes does on CPU. ``loss_fn`` must be None (inference
+    computes no loss); the other keywords are :func:`estimate`'s.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> from memlab.inference.plan import InferencePlan
+        >>> from memlab.inference.kv import kv_cache_bytes
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        ...                      num_key_value_heads=2, vocab_size=256)
+        >>> trial = estimate_inference(config, {"input_ids": (4, 1024)}, InferencePlan(weights="bf16"), device="cpu")[0]
+        >>> trial.kv_cache_end_bytes == kv_cache_bytes(config, tokens=1024, batch=4, dtype="bf16"), trial.estimated
+        (True, True)
+    """
+    from memlab.inference.run import InferenceRunner, check_inference_options, check_inference_plans
+
+    inference_plans = check_inference_plans(plans)
+    options = RunOptions(loss_fn=loss_fn, steps=1, warmup=0, noise=0)
+    check_inference_options(options)
+    limit = parse_budget(budget)
+    target = _target_device(model_or_config, device)
+    kernels = target if target.type != "cuda" or torch.cuda.is_available() else torch.device("cpu")
+    mode = _FakeMode()
+    with quiet(options.verbose):
+        model = _fake_model(model_or_config, mode, kernels)
+    fake = fake_batch(batch, mode, kernels)
+    runner = InferenceRunner(model, fake, options, probe=FakeProbe(kernels, target=target))
+    for plan in inference_plans:
+        runner.check(plan)
+    trials: list[Trial] = []
+    with quiet(options.verbose), mode, runner.session():
+        for plan in inference_plans:
+            trial = runner.run(plan)
+            if plan.quantize != "none":
+                trial = dataclasses.replace(trial, notes=(*trial.notes, f"{plan.quantize} weights counted from "
+                                                          "bitsandbytes' layout"))
+            trials.append(_as_estimate(trial, target, kernels, limit))
+    return Report(trials, budget=limit)
+
+
+def _is_inference(plans: Any) -> bool:
+    from memlab.inference.plan import InferencePlan
+
+    if isinstance(plans, InferencePlan):
+        return True
+    return isinstance(plans, (list, tuple)) and any(isinstance(plan, InferencePlan) for plan in plans)
 
 
 def _adapter_trial(
@@ -500,7 +580,7 @@ def _as_estimate(trial: Trial, target: torch.device, kernels: torch.device, budg
     notes = [BLIND_SPOTS]
     if kernels != target:
         notes.append(_CPU_KERNELS)
-        if trial.plan.offload != "none":
+        if getattr(trial.plan, "offload", "none") != "none":
             notes.append(_NO_OFFLOAD)
     for note in trial.notes:
         # Notes about the CPU the kernels ran on do not apply to the CUDA device the estimate is for.

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from memlab.plan import Plan
 from memlab.report import Trial
 
-__all__ = ["Callback", "Event", "MemorySample", "StepFinished", "TrialFinished", "TrialStarted", "STEP_KINDS"]
+__all__ = [
+    "Callback", "Event", "MemorySample", "StepFinished", "TrialFinished", "TrialSettled", "TrialStarted", "STEP_KINDS"
+]
 
 STEP_KINDS = ("warmup", "tracked", "timed")
 
@@ -101,7 +103,25 @@ class TrialFinished:
     total: int
 
 
-Event = TrialStarted | StepFinished | MemorySample | TrialFinished
+@dataclass(frozen=True)
+class TrialSettled:
+    """Trial ``index`` was timed again in turn with its close rivals (A B A B) and its runs pooled: ``trial``
+    replaces what its :class:`TrialFinished` and its re-runs' said (the re-runs each send TrialStarted and
+    TrialFinished with the same ``index``).
+
+    Example:
+        >>> from memlab.report import Trial
+        >>> t = Trial(Plan(), "ok", 10, {}, 0.5, 16.0, None, "cpu")
+        >>> TrialSettled(trial=t, index=0, total=2).index
+        0
+    """
+
+    trial: Trial
+    index: int
+    total: int
+
+
+Event = TrialStarted | StepFinished | MemorySample | TrialFinished | TrialSettled
 """Any progress event."""
 
 Callback = Callable[[Event], None]

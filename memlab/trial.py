@@ -18,7 +18,7 @@ import statistics
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,7 +26,7 @@ from typing_extensions import Unpack
 
 from memlab.batch import Batch, count_rows, count_tokens, named_tensors, resolve_loss_fn
 from memlab.errors import MemlabError
-from memlab.events import Callback, MemorySample, StepFinished, TrialFinished, TrialStarted
+from memlab.events import Callback, Event, MemorySample, StepFinished, TrialFinished, TrialSettled, TrialStarted
 from memlab.measure.cuda import CudaPeak
 from memlab.measure.oom import is_oom_error, release_error, release_memory
 from memlab.measure.probes import Probe, probe_for
@@ -44,7 +44,10 @@ from memlab.step import TrainingStep, model_weights
 from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import state_tensors
 
-__all__ = ["TrialRunner", "check_plans", "compare", "keep_on_interrupt", "measure"]
+if TYPE_CHECKING:
+    from memlab.inference.plan import InferencePlan
+
+__all__ = ["TrialRunner", "check_plans", "compare", "keep_on_interrupt", "measure", "timed_enough"]
 
 Clock = Callable[[], float]
 # fp16's GradScaler skips the optimizer step while the scale is too high, so the optimizer state may not exist
@@ -58,11 +61,13 @@ _MAX_TIMED_STEPS = 100
 _WARM_DEVICE_TYPES: set[str] = set()
 
 
-def measure(model: nn.Module, batch: Batch, plan: Plan, **options: Unpack[RunKeywords]) -> Trial:
+def measure(model: nn.Module, batch: Batch, plan: Plan | InferencePlan, **options: Unpack[RunKeywords]) -> Trial:
     """Measure one plan on the live model: peak memory by category and throughput. The model is left as it was.
 
     Keywords are :class:`~memlab.options.RunKeywords` (``loss_fn``, ``steps``, ``warmup``, ``budget``, ``lr``,
-    ``callback``); no progress bar is shown for one plan.
+    ``callback``); no progress bar is shown for one plan. An :class:`memlab.InferencePlan` measures a forward or a
+    generation under ``torch.inference_mode()`` instead of a training step, and returns an
+    :class:`~memlab.report.InferenceTrial` (see :mod:`memlab.inference`).
 
     Example:
         >>> model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
@@ -71,10 +76,12 @@ def measure(model: nn.Module, batch: Batch, plan: Plan, **options: Unpack[RunKey
         ('ok', True)
     """
     options["progress"] = False
-    return compare(model, batch, [plan], **options).trials[0]
+    return compare(model, batch, [plan], **options).trials[0]  # type: ignore[arg-type]
 
 
-def compare(model: nn.Module, batch: Batch, plans: Sequence[Plan], **options: Unpack[RunKeywords]) -> Report:
+def compare(
+    model: nn.Module, batch: Batch, plans: Sequence[Plan] | Sequence[InferencePlan], **options: Unpack[RunKeywords]
+) -> Report:
     """Measure every plan in turn on the live model; a plan that runs out of memory or fails does not stop the rest.
 
     Plans close in speed to the fastest are then timed again in turn, A B A B
@@ -83,7 +90,8 @@ def compare(model: nn.Module, batch: Batch, plans: Sequence[Plan], **options: Un
 
     Keywords are :class:`~memlab.options.RunKeywords`. Ctrl-C stops the run; the model is restored and the
     KeyboardInterrupt raised again, carrying the trials finished so far as ``.report`` (in a notebook:
-    ``sys.last_value.report``).
+    ``sys.last_value.report``). A list of :class:`memlab.InferencePlan` compares inference settings
+    (:func:`memlab.inference.compare_inference`); a list mixing both kinds is an error.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
@@ -92,8 +100,12 @@ def compare(model: nn.Module, batch: Batch, plans: Sequence[Plan], **options: Un
         >>> [t.status for t in report.trials]
         ['ok', 'ok']
     """
+    if _inference_plans(plans):
+        from memlab.inference.run import compare_inference
+
+        return compare_inference(model, batch, plans, **options)  # type: ignore[arg-type]
     run_options = RunOptions.from_keywords(options)
-    plans = check_plans(plans)
+    plans = check_plans(plans)  # type: ignore[arg-type]
     trials: list[Trial] = []
     with keep_on_interrupt(trials, run_options.budget), run_progress(len(plans), run_options.progress) as progress:
         runner = TrialRunner(model, batch, run_options, listener=progress)
@@ -103,7 +115,8 @@ def compare(model: nn.Module, batch: Batch, plans: Sequence[Plan], **options: Un
                 progress.advance(index + 1)
             if run_options.noise > 0:
                 settle_close_race(
-                    trials, lambda plan, index: runner.run(plan, index, len(plans)), run_options.budget, progress.say
+                    trials, lambda plan, index: runner.run(plan, index, len(plans)), run_options.budget, progress.say,
+                    settled=lambda trial, index: runner.announce(TrialSettled(trial, index, len(plans))),
                 )
     return Report(trials, budget=run_options.budget)
 
@@ -128,6 +141,17 @@ def keep_on_interrupt(trials: list[Trial], budget: int | None) -> Iterator[None]
     except KeyboardInterrupt as interrupt:
         interrupt.report = Report(list(trials), budget=budget)  # type: ignore[attr-defined]
         raise
+
+
+def _inference_plans(plans: Any) -> bool:
+    """Whether ``plans`` is (or holds) an :class:`memlab.InferencePlan`: then the inference mode runs them."""
+    from memlab.inference.plan import InferencePlan
+
+    if isinstance(plans, InferencePlan):
+        return True
+    if isinstance(plans, (list, tuple)):
+        return any(isinstance(plan, InferencePlan) for plan in plans)
+    return False
 
 
 def check_plans(plans: Sequence[Plan] | Plan) -> list[Plan]:
@@ -394,18 +418,7 @@ class TrialRunner:
                 return
 
     def _timed_enough(self, step_times: list[float], spent: float) -> bool:
-        """Whether the step times bound the noise well enough (or the time or step limit is reached).
-
-        A noise target is met only by a true 95% interval: three steps that happen to agree within 5% prove
-        nothing (:func:`~memlab.report.noise.fewest_values`), and a trial stopped there was ranked on luck.
-        """
-        if len(step_times) < self.options.steps:
-            return False
-        if self.options.noise == 0 or spent >= self.options.time_limit or len(step_times) >= _MAX_TIMED_STEPS:
-            return True
-        if len(step_times) < fewest_values():
-            return False
-        return relative_half_width(step_times) <= self.options.noise
+        return timed_enough(step_times, spent, self.options)
 
     def _tokens_per_step(self, plan: Plan) -> int | None:
         counts = [count_tokens(part) for part in micro_batches(self.batch, plan)]
@@ -413,9 +426,41 @@ class TrialRunner:
             return None
         return sum(c for c in counts if c is not None)
 
+    def announce(self, event: Event) -> None:
+        """Send ``event`` to this runner's listeners (the progress bar, the run's ``callback``): how ``compare`` and
+        ``fit`` tell a live figure that a trial was settled (:class:`~memlab.events.TrialSettled`).
+
+        Example:
+            >>> seen = []
+            >>> runner = TrialRunner(nn.Linear(2, 1), torch.randn(2, 2), RunOptions(callback=seen.append))
+            >>> runner.announce("hello"); seen
+            ['hello']
+        """
+        self._emit(event)
+
     def _emit(self, event: Any) -> None:
         for listener in self._listeners:
             listener(event)
+
+
+def timed_enough(step_times: Sequence[float], spent: float, options: RunOptions) -> bool:
+    """Whether the step times bound the noise well enough (or the time or step limit is reached): the rule every
+    timed trial follows, training or inference.
+
+    A noise target is met only by a true 95% interval: three steps that happen to agree within 5% prove
+    nothing (:func:`~memlab.report.noise.fewest_values`), and a trial stopped there was ranked on luck.
+
+    Example:
+        >>> timed_enough([0.1, 0.1, 0.1], 0.3, RunOptions(steps=3, noise=0)), timed_enough([0.1], 0.1, RunOptions())
+        (True, False)
+    """
+    if len(step_times) < options.steps:
+        return False
+    if options.noise == 0 or spent >= options.time_limit or len(step_times) >= _MAX_TIMED_STEPS:
+        return True
+    if len(step_times) < fewest_values():
+        return False
+    return relative_half_width(step_times) <= options.noise
 
 
 def _finite(loss: float) -> float:

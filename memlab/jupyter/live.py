@@ -34,7 +34,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from memlab.events import Event, MemorySample, StepFinished, TrialFinished, TrialStarted
+from memlab.events import Event, MemorySample, StepFinished, TrialFinished, TrialSettled, TrialStarted
 from memlab.plan import Plan, parse_budget
 from memlab.report import CATEGORIES, Report
 from memlab.report.figure import (
@@ -89,6 +89,8 @@ class LiveFigure:
         budget: the memory budget (bytes, or a string such as ``"8GiB"``) drawn as a line; None for no line.
         min_interval_s: the least time between two redraws while a trial runs.
         clock: the clock used to space redraws (for tests).
+        categories: the stacked memory categories: a training run's (default), or
+            :data:`memlab.report.INFERENCE_CATEGORIES` for inference plans (the traces after them move along).
 
     Example:
         >>> import torch, memlab
@@ -106,10 +108,15 @@ class LiveFigure:
         *,
         min_interval_s: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
+        categories: tuple[str, ...] = CATEGORIES,
     ) -> None:
         self.min_interval_s = min_interval_s
+        self.categories = tuple(categories)
+        shift = len(self.categories) - len(CATEGORIES)
+        self._does_not_fit, self._live = DOES_NOT_FIT + shift, LIVE + shift
+        self._scatter_fits, self._scatter_misses = SCATTER_FITS + shift, SCATTER_MISSES + shift
         self.report = Report([], budget=parse_budget(budget))
-        self.widget: go.FigureWidget = _build_widget()
+        self.widget: go.FigureWidget = _build_widget(self.categories)
         self._title_notes = [note.to_plotly_json() for note in self.widget.layout.annotations]
         self._defaults = [_trace_defaults(trace) for trace in self.widget.data]
         self._layout: dict[str, Any] | None = None
@@ -123,7 +130,23 @@ class LiveFigure:
         self._live_mib: list[float] = []
         self._offset_s = 0.0
         self._warned = False
+        self._columns_of_run: dict[int, int] = {}
         self._draw()
+
+    def start_run(self) -> None:
+        """A new run begins, whose trial indexes count from 0 again (a panel runs one compare per click): its
+        trials get new columns, while a plan timed again within one run keeps its column.
+
+        Example:
+            >>> from memlab.events import TrialFinished
+            >>> from memlab.report import Trial
+            >>> live, trial = LiveFigure(), Trial(Plan(), "ok", 2**20, {"params": 2**20}, 0.5, 8.0, None, "cpu")
+            >>> live(TrialFinished(trial, 0, 1)); live(TrialFinished(trial, 0, 1)); len(live.report)
+            1
+            >>> live.start_run(); live(TrialFinished(trial, 0, 1)); len(live.report)
+            2
+        """
+        self._columns_of_run = {}
 
     @property
     def budget(self) -> int | None:
@@ -223,8 +246,14 @@ class LiveFigure:
             self._offset_s += event.seconds
             self._running_text = f"{event.plan.label()}: {event.kind} step {event.step + 1} done"
             self._maybe_draw()
-        elif isinstance(event, TrialFinished):
-            self.report.trials.append(event.trial)
+        elif isinstance(event, (TrialFinished, TrialSettled)):
+            # A plan timed again in this run (a close race settled A B A B) keeps its column: index says which.
+            column = self._columns_of_run.get(event.index)
+            if column is not None and self.report.trials[column].plan == event.trial.plan:
+                self.report.trials[column] = event.trial
+            else:
+                self._columns_of_run[event.index] = len(self.report.trials)
+                self.report.trials.append(event.trial)
             self._running = None
             self._running_text = f"{event.trial.label}: {_status_word(event.trial.status)}"
             self._draw()
@@ -240,7 +269,7 @@ class LiveFigure:
             self._draw()
 
     def _draw(self) -> None:
-        data = figure_data(self.report)
+        data = figure_data(self.report, self.categories)
         columns = self._columns(data)
         traces = range(len(self.widget.data))
         # One explicit value per trace for every key, in one ``plotly_update``: plotly's ``batch_update`` leaves the
@@ -272,11 +301,11 @@ class LiveFigure:
         labels = data["labels"]
         columns: dict[int, dict[str, Any]] = dict(enumerate(figure_columns(self.report, data)))
         seconds, mib = _thin(self._live_seconds, self._live_mib, _MAX_LIVE_POINTS)
-        columns[LIVE] = {"x": seconds, "y": mib}
-        does_not_fit = columns[DOES_NOT_FIT]["y"]
+        columns[self._live] = {"x": seconds, "y": mib}
+        does_not_fit = columns[self._does_not_fit]["y"]
         peaks = [dnf if dnf is not None else peak for dnf, peak in zip(does_not_fit, data["peak_mib"], strict=True)]
         names = plan_axis(labels).text  # where the bars are numbered, the points are too
-        for index, fits in ((SCATTER_FITS, True), (SCATTER_MISSES, False)):
+        for index, fits in ((self._scatter_fits, True), (self._scatter_misses, False)):
             points = [
                 (peak, speed or 0.0, name, hover)
                 for name, hover, peak, speed, fit in zip(
@@ -325,6 +354,7 @@ class LiveOutput:
     Args:
         budget: the memory budget (bytes, or a string such as ``"8GiB"``) the live figure draws.
         min_interval_s: the least time between two redraws of the live figure.
+        categories: the memory categories the live figure stacks (see :class:`LiveFigure`).
 
     Example:
         >>> output = LiveOutput(budget="1GiB")
@@ -335,9 +365,12 @@ class LiveOutput:
         False
     """
 
-    def __init__(self, budget: int | str | None = None, *, min_interval_s: float = 0.25) -> None:
+    def __init__(
+        self, budget: int | str | None = None, *, min_interval_s: float = 0.25, categories: tuple[str, ...] = CATEGORIES
+    ) -> None:
         self.budget = parse_budget(budget)
         self.min_interval_s = min_interval_s
+        self.categories = tuple(categories)
         self.figure: LiveFigure | None = None
         self.handle: Any = None  # the IPython DisplayHandle of the shown output
         self._warned = False
@@ -357,7 +390,7 @@ class LiveOutput:
         if self.figure is None:
             from IPython.display import display
 
-            self.figure = LiveFigure(self.budget, min_interval_s=self.min_interval_s)
+            self.figure = LiveFigure(self.budget, min_interval_s=self.min_interval_s, categories=self.categories)
             self.handle = display(self.figure.widget, display_id=True)
         self.figure(event)
 
@@ -391,9 +424,9 @@ class LiveOutput:
             self.figure.widget.close()  # no comm stays behind
 
 
-def _build_widget() -> go.FigureWidget:
+def _build_widget(categories: tuple[str, ...] = CATEGORIES) -> go.FigureWidget:
     """Report.plot's figure (empty) with a second row: the running trial's memory, and memory vs throughput."""
-    fig = comparison_figure(more_titles=_LIVE_TITLES)
+    fig = comparison_figure(more_titles=_LIVE_TITLES, categories=categories)
     fig.add_trace(
         go.Scatter(
             name="live memory",

@@ -20,6 +20,13 @@ What the magic does, in order:
    record of the figure (an SVG, see ``memlab.report.static``) and the widget is closed, so the saved notebook shows
    the figure without a kernel. Third-party warnings are kept quiet unless ``--verbose``. Errors raised by the loss
    while a trial runs are that trial's ``"error"`` status, not a UsageError.
+   With ``--inference`` the plans are :class:`memlab.InferencePlan` settings (``--try weights=fp32,bf16
+   quantize=none,nf4 batch_size=1,8 new_tokens=0,32 kv_cache=on,off``): ``memlab.compare`` measures them under
+   ``torch.inference_mode()``; ``--budget`` with one setting (``--try`` values without a choice, and no
+   ``batch_size``) finds the largest batch of it that fits (:func:`memlab.fit_inference`), ``--search --budget`` the
+   fastest ``--try`` setting that fits, and ``--dry-run`` estimates them. The cell body stays empty (the forward,
+   or the generation, is the model's own); the live figure stacks the inference categories (params, activations,
+   kv_cache, other).
 5. With ``--apply`` it puts the best plan on the live model with ``memlab.apply`` and stores what it returns
    as ``memfit_applied`` in the user namespace (``memfit_applied.undo()`` takes it off again).
 6. The Report is the cell's value: IPython shows its table, and ``r = _`` keeps it.
@@ -41,10 +48,12 @@ from torch import nn
 from memlab.batch import Batch, LossFn, count_rows
 from memlab.errors import MemlabError
 from memlab.estimate import estimate_plans
+from memlab.inference.fit import fit_inference
+from memlab.inference.plan import INFERENCE_LEVERS, parse_inference_axes, parse_inference_grid
 from memlab.jupyter.live import LiveOutput
 from memlab.options import RunOptions
 from memlab.plan import LEVERS, parse_axes, parse_grid
-from memlab.report import Report
+from memlab.report import INFERENCE_CATEGORIES, Report
 from memlab.search import fit
 from memlab.sharded import parse_gpus, sharded_lines, sharded_trials
 from memlab.trial import compare
@@ -65,13 +74,18 @@ APPLIED_NAME = "memfit_applied"
 _USAGE = (
     "write %%memfit MODEL BATCH [--try KEY=V1,V2 ...] [--budget SIZE] [--batch-size N] [--steps N] "
     "[--warmup N] [--noise F] [--time-limit S] [--lr LR] [--search] [--apply] [--dry-run [--gpus N|auto] "
-    "[--strategy fsdp2|zero2|zero3]] [--quiet] [--verbose]; "
+    "[--strategy fsdp2|zero2|zero3]] [--inference] [--quiet] [--verbose]; "
     "%%memfit? shows the help"
 )
 _DEFAULTS = RunOptions()
 _LEVER_HELP = "; ".join(
     f"{name}={'|'.join(spec.choices) if spec.choices else 'on|off' if spec.type == 'bool' else 'N'} ({spec.help})"
     for name, spec in LEVERS.items()
+)
+_INFERENCE_LEVER_HELP = "; ".join(
+    f"{name}={'|'.join(spec['choices']) if spec['choices'] else 'on|off' if name == 'kv_cache' else 'N'} "
+    f"({spec['help']})"
+    for name, spec in INFERENCE_LEVERS.items()
 )
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _RESULT = "_memfit_loss_"
@@ -300,6 +314,7 @@ class MemfitMagics(Magics):
         help=(
             "plans to compare: every combination of the values (repeated --try options make one grid), e.g. "
             "precision=fp32,bf16 checkpointing=off,on micro_batch=8,2. The levers: " + _LEVER_HELP
+            + ". With --inference: " + _INFERENCE_LEVER_HELP
         ),
     )
     @argument(
@@ -369,6 +384,15 @@ class MemfitMagics(Magics):
         action="store_true",
         help="with --try: search for the fastest plan that fits --budget within the --try values",
     )
+    @argument(
+        "--inference",
+        action="store_true",
+        help=(
+            "measure inference instead of training: a forward (or, with new_tokens=N, a generation) under "
+            "torch.inference_mode(), with the --try settings of memlab.InferencePlan; --budget alone finds the "
+            "largest batch_size that fits; leave the cell body empty"
+        ),
+    )
     @argument("--quiet", action="store_true", help="no figure; only the table at the end")
     @argument(
         "--verbose",
@@ -417,6 +441,10 @@ class MemfitMagics(Magics):
           %%memfit model batch --try precision=fp32,bf16 --noise 0.02 --time-limit 30 --verbose
 
           %%memfit model batch --dry-run --gpus 8 --strategy fsdp2 --budget 80GiB --try precision=bf16
+
+          %memfit model batch --inference --try weights=fp32,bf16 quantize=none,nf4 new_tokens=32
+
+          %memfit model batch --inference --budget 2GiB --try new_tokens=128
         """
         args = self._parse(line)
         namespace = self._namespace()
@@ -426,6 +454,8 @@ class MemfitMagics(Magics):
                 f"MODEL {args.model!r} is a {type(model).__name__}, not a torch nn.Module; "
                 "write the name of your model, e.g. %%memfit model batch"
             )
+        if args.inference:
+            return self._inference(args, model, cell)
         if not any(parameter.requires_grad for parameter in model.parameters()):
             raise _usage_error(
                 f"MODEL {args.model!r} has no trainable parameters; set requires_grad=True on what should train"
@@ -503,6 +533,74 @@ class MemfitMagics(Magics):
             output.finish(report, show=True)
         if args.apply:
             self._apply(model, report, loss_fn, options.lr, args.model)
+        return report
+
+    def _inference(self, args: Any, model: nn.Module, cell: str | None) -> Report:
+        """``--inference``: compare, search or estimate InferencePlans (see the module's docstring)."""
+        batch = lookup_name(self._namespace(), args.batch, "BATCH")
+        try:
+            count_rows(batch)
+        except MemlabError as error:
+            raise _usage_error(f"BATCH {args.batch!r}: {error}") from None
+        if (cell or "").strip():
+            raise _usage_error(
+                "the cell body is a training loss, and --inference runs the model's forward (or generation) itself; "
+                "leave the body empty"
+            )
+        refused = [
+            ("--apply", args.apply, "inference changes nothing to apply"),
+            ("--batch-size", args.batch_size is not None, "write --try batch_size=N (or --budget alone for the "
+             "largest batch that fits)"),
+            ("--gpus", args.gpus is not None, "inference is measured on one device"),
+            ("--strategy", args.strategy is not None, "inference is measured on one device"),
+        ]
+        for flag, given, why in refused:
+            if given:
+                raise _usage_error(f"{flag} does not go with --inference: {why}; drop {flag}")
+        if args.search and (not args.grid or args.budget is None):
+            raise _usage_error(
+                "--search --inference finds the fastest --try setting within --budget; add --try KEY=V1,V2 and "
+                "--budget SIZE, or drop --search"
+            )
+        try:
+            options = RunOptions.from_keywords(
+                {
+                    "steps": args.steps, "warmup": args.warmup, "budget": _unquote(args.budget), "noise": args.noise,
+                    "time_limit": args.time_limit, "verbose": args.verbose, "progress": False,
+                }
+            )
+            plans = parse_inference_grid(args.grid)
+            axes = parse_inference_axes(args.grid)
+        except MemlabError as error:
+            raise _usage_error(str(error)) from None
+        output: LiveOutput | None = None
+        if not args.quiet and _shows_widgets(self.shell):
+            output = LiveOutput(options.budget, categories=INFERENCE_CATEGORIES)
+            options = options.replace(callback=output)
+        try:
+            if args.dry_run:
+                report = estimate_plans(model, batch, plans, budget=options.budget)
+            elif args.search:
+                report = fit_inference(model, batch, goal="speed", space=axes, **options.keywords())
+            elif args.budget is not None and "batch_size" not in axes and all(len(v) == 1 for v in axes.values()):
+                # --budget with one setting (or none): the largest batch of that setting that fits.
+                report = fit_inference(model, batch, plans[0], goal="batch", **options.keywords())
+            else:
+                report = compare(model, batch, plans, **options.keywords())
+        except KeyboardInterrupt as interrupt:
+            report = getattr(interrupt, "report", None) or (output.report if output is not None else Report([]))
+            print(f"Interrupted: {len(report)} plan(s) were measured; the model is as it was.")
+            if output is not None:
+                output.finish(report)
+            return report
+        except BaseException as error:
+            if output is not None:
+                output.finish(output.report)
+            if isinstance(error, MemlabError):
+                raise _usage_error(str(error)) from None
+            raise
+        if output is not None:
+            output.finish(report, show=True)
         return report
 
     # --- helpers ---

@@ -221,6 +221,7 @@ class Panel(widgets.VBox):
         self._say(f"Running {plan.label()}...", "info")
         try:
             self.figure.budget = budget
+            self.figure.start_run()
             report = compare(
                 self.model, self.batch, [plan], **self.options.keywords(budget=budget, callback=self._on_event)
             )

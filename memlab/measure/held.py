@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import warnings
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -33,7 +34,8 @@ def cpu_tensors_held(own: Sequence[torch.Tensor], grads: Sequence[torch.Tensor |
     with warnings.catch_warnings():  # isinstance() on some deprecated torch proxies warns
         warnings.simplefilter("ignore")
         objects = gc.get_objects()
-        tensors = [obj for obj in objects if isinstance(obj, torch.Tensor)]
+        # A weak proxy of a tensor passes isinstance() and may die before it is read: only tensors themselves.
+        tensors = [obj for obj in objects if not isinstance(obj, weakref.ProxyTypes) and isinstance(obj, torch.Tensor)]
     del objects
     held = [
         tensor

@@ -25,12 +25,15 @@ __all__ = [
     "settle_close_race",
 ]
 
-ROUNDS = 2
-"""How many times each contender runs again, in alternation."""
+ROUNDS = 3
+"""How many times each contender runs again, in alternation: with its first run, four runs, enough for
+:func:`~memlab.report.noise.runs_speed_interval` to leave out one run that a burst disturbed."""
 MAX_CONTENDERS = 3
 """At most this many plans are re-measured: the best and the trials closest to it."""
-DRIFT_MARGIN = 0.25
-"""Trials within this fraction of the best's speed are timed again with it, tied within their own noise or not."""
+DRIFT_MARGIN = 0.5
+"""Trials within this fraction of the best's speed are timed again with it, tied within their own noise or not:
+another process sharing the core halves a step's speed for as long as it runs, so a plan first timed then can look
+twice as slow as it is."""
 
 
 def close_contenders(trials: Sequence[Trial], budget: int | None, limit: int = MAX_CONTENDERS) -> list[Trial]:
@@ -71,7 +74,7 @@ def remeasure_interleaved(
     contenders: Sequence[Trial], measure: Callable[[Trial], Trial], rounds: int = ROUNDS
 ) -> list[Trial]:
     """Run the contenders again in turn, ``rounds`` times (A B A B), and return each contender with its speed from
-    all its runs, the first included (their timed steps pooled; the interval is the union of each run's,
+    all its runs, the first included (their timed steps pooled; the interval spans the runs' medians,
     :func:`~memlab.report.noise.runs_speed_interval`), and its memory from the highest peak of all its runs.
 
     ``measure`` gets the contender's first trial and runs its plan again. The same plan may be a contender twice (a
@@ -86,7 +89,7 @@ def remeasure_interleaved(
         ...     return Trial(trial.plan, "ok", 9, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.5, 0.5))
         >>> first = Trial(Plan(), "ok", 9, {}, 1.0, 8.0, None, "cpu", rows_per_step=8, step_times=(1.0, 1.0))
         >>> second = Trial(Plan(checkpointing=True), "ok", 5, {}, 1.0, 8.0, None, "cpu", rows_per_step=8)
-        >>> again = remeasure_interleaved([first, second], measure)
+        >>> again = remeasure_interleaved([first, second], measure, rounds=2)
         >>> order, again[0].step_times, again[0].step_runs
         (['plain', 'ckpt', 'plain', 'ckpt'], (1.0, 1.0, 0.5, 0.5, 0.5, 0.5), (2, 2, 2))
     """
@@ -112,12 +115,15 @@ def settle_close_race(
     run: Callable[[Plan, int], Trial],
     budget: int | None,
     say: Callable[[str], None] | None = None,
+    *,
+    settled: Callable[[Trial, int], None] | None = None,
 ) -> list[tuple[Trial, Trial]]:
     """Time the :func:`close_contenders` of ``trials`` again in turn and put the settled trials in their places
     (``trials`` is changed in place); returns the (before, after) pairs, empty when the race was not close.
 
     ``run(plan, index)`` measures ``plan`` again as the ``index``-th trial (a live figure redraws that column);
-    ``say`` is told which plans are timed again.
+    ``say`` is told which plans are timed again; ``settled(trial, index)`` gets each pooled trial and its index
+    (``compare`` and ``fit`` send it on as :class:`~memlab.events.TrialSettled`).
 
     Example:
         >>> def run(plan, index):
@@ -126,7 +132,7 @@ def settle_close_race(
         ...           for _ in range(2)]
         >>> pairs = settle_close_race(trials, run, budget=None)
         >>> len(pairs), trials[0].step_runs
-        (2, (2, 2, 2))
+        (2, (2, 2, 2, 2))
     """
     contenders = close_contenders(trials, budget)
     if not contenders:
@@ -140,13 +146,16 @@ def settle_close_race(
 
     pairs = list(zip(contenders, remeasure_interleaved(contenders, measure_again), strict=True))
     for before, after in pairs:
-        trials[next(i for i, candidate in enumerate(trials) if candidate is before)] = after
+        index = next(i for i, candidate in enumerate(trials) if candidate is before)
+        trials[index] = after
+        if settled is not None:
+            settled(after, index)
     return pairs
 
 
 def _pooled(trial: Trial, runs: Sequence[Trial], note: str) -> Trial:
     """``trial`` with the speed of all its runs (the first and ``runs``: every timed step, their median, and
-    ``step_runs`` so that its interval is the union of each run's) and the memory of the highest peak."""
+    ``step_runs`` so that its interval spans the runs' medians) and the memory of the highest peak."""
     timed = [run for run in [trial, *runs] if run.step_times]
     step_times = tuple(seconds for run in timed for seconds in run.step_times)
     highest = max([trial, *runs], key=lambda run: run.peak_bytes)

@@ -29,10 +29,15 @@ from torch.utils._pytree import tree_leaves
 from memlab.errors import MemlabError
 from memlab.plan import format_bytes
 
-__all__ = ["CATEGORIES", "MemoryTracker"]
+__all__ = ["CATEGORIES", "INFERENCE_CATEGORIES", "MemoryTracker"]
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
-"""Where the memory goes (the tracker's categories), in the order tables and stacked bars show them."""
+"""Where the memory of a training step goes (the tracker's categories), in the order tables and stacked bars show
+them."""
+
+INFERENCE_CATEGORIES = ("params", "activations", "kv_cache", "other")
+"""Where the memory of an inference step goes (:mod:`memlab.inference`): no gradients or optimizer state, and the
+KV cache of generation on its own."""
 
 _SAMPLE_INTERVAL_S = 1e-3
 
@@ -80,8 +85,8 @@ class _Ledger:
     queue is applied at the end of it.
     """
 
-    def __init__(self) -> None:
-        self.totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+    def __init__(self, categories: tuple[str, ...] = CATEGORIES) -> None:
+        self.totals: dict[str, int] = dict.fromkeys(categories, 0)
         # id(storage) -> [weakref to the storage, category, nbytes]
         self.entries: dict[int, list[Any]] = {}
         self.live = 0
@@ -161,9 +166,9 @@ class _Ledger:
         return False
 
 
-def _check_category(category: str) -> str:
-    if category not in CATEGORIES:
-        raise MemlabError(f"unknown memory category {category!r}; write one of {', '.join(CATEGORIES)}")
+def _check_category(category: str, categories: tuple[str, ...] = CATEGORIES) -> str:
+    if category not in categories:
+        raise MemlabError(f"unknown memory category {category!r}; write one of {', '.join(categories)}")
     return category
 
 
@@ -182,6 +187,8 @@ class MemoryTracker(TorchDispatchMode):
             fake tensors (``FakeTensorMode``) of any fake device, which is what a dry run needs.
         on_sample: called with ``live_bytes`` on each new peak and otherwise at most once a millisecond, from
             inside the operator that changed it: keep it cheap and do not run tensor operations in it.
+        categories: the categories to count under (default :data:`CATEGORIES`, a training step's;
+            :data:`INFERENCE_CATEGORIES` for inference). Breakdowns have exactly these keys.
 
     Allocations made inside :meth:`phase` count under its category, elsewhere under ``"other"``. Frees are
     counted whenever they happen, after ``__exit__`` too, so ``live_bytes`` stays true for what was
@@ -209,8 +216,12 @@ class MemoryTracker(TorchDispatchMode):
         budget: int | None = None,
         device: torch.device | str = "cpu",
         on_sample: Callable[[int], None] | None = None,
+        categories: tuple[str, ...] = CATEGORIES,
     ) -> None:
         super().__init__()
+        if "other" not in categories:
+            raise MemlabError(f"categories {categories} lack 'other'; write them with 'other' among them")
+        self.categories = tuple(categories)
         if budget is not None and budget < 0:
             raise MemlabError(f"budget {budget} is negative; write a number of bytes >= 0 or None")
         self.budget = budget
@@ -224,10 +235,10 @@ class MemoryTracker(TorchDispatchMode):
         self._category = "other"
         self._active = False
         self._unpatch_resize: Callable[[], None] | None = None
-        self._ledger = _Ledger()
+        self._ledger = _Ledger(self.categories)
         if baseline:
             for category, tensors in baseline.items():
-                _check_category(category)
+                _check_category(category, self.categories)
                 self._register(tensors, category, move=False)
         self._ledger.note_peak()
 
@@ -339,7 +350,7 @@ class MemoryTracker(TorchDispatchMode):
             4000
         """
         previous = self._category
-        self._category = _check_category(category)
+        self._category = _check_category(category, self.categories)
         try:
             yield
         finally:
@@ -358,7 +369,7 @@ class MemoryTracker(TorchDispatchMode):
             >>> tracker.live_breakdown()["params"]
             40
         """
-        added = self._register(tensors, _check_category(category), move=True)
+        added = self._register(tensors, _check_category(category, self.categories), move=True)
         if added:
             new_peak = self._ledger.note_peak()
             if self._active and self.budget is not None and self._ledger.live > self.budget:

@@ -10,18 +10,21 @@ import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
-from memlab.measure.tracker import CATEGORIES
+from memlab.measure.tracker import CATEGORIES, INFERENCE_CATEGORIES
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.report.noise import runs_speed_interval
 
 if TYPE_CHECKING:
     import pandas
 
-__all__ = ["CATEGORIES", "STATUSES", "Report", "Trial", "speed_range"]
+__all__ = ["ALL_CATEGORIES", "CATEGORIES", "INFERENCE_CATEGORIES", "STATUSES", "InferenceTrial", "Report", "Trial",
+           "speed_range"]
 
 STATUSES = ("ok", "oom", "error")
+ALL_CATEGORIES = ("params", "grads", "optimizer", "activations", "kv_cache", "other")
+"""Every category of training and inference breakdowns, in the order a table of both shows them."""
 
 
 @dataclass
@@ -80,14 +83,18 @@ class Trial:
     model_weights: str | None = None
     step_runs: tuple[int, ...] = field(default_factory=tuple)
 
+    categories: ClassVar[tuple[str, ...]] = CATEGORIES
+    """The keys of ``breakdown``: a training step's (:class:`InferenceTrial`: :data:`INFERENCE_CATEGORIES`)."""
+
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status={self.status!r} is not one of {', '.join(STATUSES)}")
         self.peak_bytes = int(self.peak_bytes)
-        unknown = set(self.breakdown) - set(CATEGORIES)
+        categories = self.categories
+        unknown = set(self.breakdown) - set(categories)
         if unknown:
-            raise ValueError(f"breakdown has unknown categories {sorted(unknown)}; use only {', '.join(CATEGORIES)}")
-        breakdown = {name: int(self.breakdown.get(name, 0)) for name in CATEGORIES}
+            raise ValueError(f"breakdown has unknown categories {sorted(unknown)}; use only {', '.join(categories)}")
+        breakdown = {name: int(self.breakdown.get(name, 0)) for name in categories}
         if any(value < 0 for value in breakdown.values()):
             raise ValueError(f"breakdown has negative bytes: {breakdown}")
         total = sum(breakdown.values())
@@ -131,7 +138,7 @@ class Trial:
         """
         data: dict[str, Any] = {"label": self.label, "status": self.status, "fits": self.fits}
         data["peak_bytes"] = self.peak_bytes
-        for name in CATEGORIES:
+        for name in self.categories:
             data[f"{name}_bytes"] = self.breakdown[name]
         data.update(
             step_time_s=self.step_time_s,
@@ -139,8 +146,7 @@ class Trial:
             tokens_per_s=self.tokens_per_s,
             error=self.error,
         )
-        for name in PLAN_FIELDS:
-            data[name] = getattr(self.plan, name)
+        data.update(self._plan_values())
         data.update(
             device=self.device,
             rows_per_step=self.rows_per_step,
@@ -156,6 +162,9 @@ class Trial:
         )
         return data
 
+    def _plan_values(self) -> dict[str, Any]:
+        return {name: getattr(self.plan, name) for name in PLAN_FIELDS}
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Trial:
         """The Trial that :meth:`to_dict` described (``label`` and ``fits`` are recomputed, not read).
@@ -166,12 +175,18 @@ class Trial:
             >>> Trial.from_dict(t.to_dict()) == t
             True
         """
+        if data.get("mode") == "inference" and not issubclass(cls, InferenceTrial):
+            return InferenceTrial.from_dict(data)
+        return cls(**cls._keywords(data))
+
+    @classmethod
+    def _keywords(cls, data: Mapping[str, Any]) -> dict[str, Any]:
         plan = Plan(**{name: data[name] for name in PLAN_FIELDS if name in data})
-        return cls(
+        return dict(
             plan=plan,
             status=data["status"],
             peak_bytes=data["peak_bytes"],
-            breakdown={name: data.get(f"{name}_bytes", 0) for name in CATEGORIES},
+            breakdown={name: data.get(f"{name}_bytes", 0) for name in cls.categories},
             step_time_s=data.get("step_time_s"),
             samples_per_s=data.get("samples_per_s"),
             tokens_per_s=data.get("tokens_per_s"),
@@ -202,6 +217,72 @@ class Trial:
 
     def _repr_html_(self) -> str:
         return Report([self], budget=self.budget)._repr_html_()
+
+
+@dataclass
+class InferenceTrial(Trial):
+    """The result of running one :class:`memlab.InferencePlan`: a :class:`Trial` whose breakdown is by
+    :data:`INFERENCE_CATEGORIES` (params, activations, kv_cache, other), with the speed of generation apart.
+
+    ``step_time_s`` is the median seconds of one step: the forward (``new_tokens=0``), or the whole generation
+    (prefill and every decode step); ``samples_per_s`` is rows (sequences) per second; ``tokens_per_s`` is prompt
+    tokens per second for one forward, new tokens per second for a generation.
+
+    Args (besides Trial's):
+        prefill_tokens_per_s: prompt tokens per second of the prefill forward (median), when generating.
+        decode_tokens_per_s: new tokens per second of the decode steps (median over steps), when generating more
+            than one token.
+        kv_cache_end_bytes: bytes of the KV cache at the end of the step, read from the cache's own tensors (0 without
+            one); ``breakdown["kv_cache"]`` is its part of the peak.
+        context_tokens: tokens per row the KV cache holds at the end (prompt + new_tokens - 1 when generating).
+
+    Example:
+        >>> from memlab.inference.plan import InferencePlan
+        >>> t = InferenceTrial(InferencePlan(weights="bf16"), "ok", 300, {"params": 100, "kv_cache": 50}, 0.1, 40.0,
+        ...                    640.0, "cpu", kv_cache_end_bytes=50, context_tokens=16)
+        >>> t.label, t.breakdown
+        ('bf16', {'params': 100, 'activations': 0, 'kv_cache': 50, 'other': 150})
+        >>> InferenceTrial.from_dict(t.to_dict()) == t
+        True
+    """
+
+    prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    kv_cache_end_bytes: int = 0
+    context_tokens: int | None = None
+
+    categories: ClassVar[tuple[str, ...]] = INFERENCE_CATEGORIES
+
+    def _plan_values(self) -> dict[str, Any]:
+        values: dict[str, Any] = {"mode": "inference"}
+        values.update({name: getattr(self.plan, name) for name in _inference_fields()})
+        values.update(
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
+            decode_tokens_per_s=self.decode_tokens_per_s,
+            kv_cache_end_bytes=self.kv_cache_end_bytes,
+            context_tokens=self.context_tokens,
+        )
+        return values
+
+    @classmethod
+    def _keywords(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        from memlab.inference.plan import InferencePlan
+
+        keywords = super()._keywords({key: value for key, value in data.items() if key not in PLAN_FIELDS})
+        keywords["plan"] = InferencePlan(**{name: data[name] for name in _inference_fields() if name in data})
+        keywords.update(
+            prefill_tokens_per_s=data.get("prefill_tokens_per_s"),
+            decode_tokens_per_s=data.get("decode_tokens_per_s"),
+            kv_cache_end_bytes=int(data.get("kv_cache_end_bytes") or 0),
+            context_tokens=data.get("context_tokens"),
+        )
+        return keywords
+
+
+def _inference_fields() -> tuple[str, ...]:
+    from memlab.inference.plan import INFERENCE_FIELDS
+
+    return INFERENCE_FIELDS
 
 
 @dataclass
@@ -286,6 +367,23 @@ class Report:
         fastest = max(timed, key=lambda trial: (trial.samples_per_s or 0.0, -trial.peak_bytes))
         slowest_of_fastest = speed_range(fastest)[0]
         return [trial for trial in timed if speed_range(trial)[1] >= slowest_of_fastest]
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        """The memory categories of the trials' breakdowns, in table order: a training report's
+        :data:`CATEGORIES`, an inference report's :data:`INFERENCE_CATEGORIES`, both where both kinds are mixed.
+
+        Example:
+            >>> Report([]).categories
+            ('params', 'grads', 'optimizer', 'activations', 'other')
+        """
+        kinds = {type(trial).categories for trial in [*self.trials, *self.suggestions]}
+        if not kinds:
+            return CATEGORIES
+        if len(kinds) == 1:
+            return next(iter(kinds))
+        present = {name for kind in kinds for name in kind}
+        return tuple(name for name in ALL_CATEGORIES if name in present)
 
     def __len__(self) -> int:
         return len(self.trials)
@@ -375,11 +473,16 @@ class Report:
         for data in self.to_dict()["trials"]:
             data["notes"] = "; ".join(data["notes"])
             rows.append(data)
-        frame = pandas.DataFrame(rows, columns=list(_EMPTY_TRIAL.to_dict()))
-        for name in ("step_time_s", "samples_per_s", "tokens_per_s"):
-            frame[name] = frame[name].astype("float64")
-        for name in ("micro_batch", "rows_per_step", "budget", "reserved_bytes", "rss_bytes"):
-            frame[name] = frame[name].astype("Int64")
+        columns = list(_EMPTY_TRIAL.to_dict()) if any(type(t) is Trial for t in self.trials) or not rows else []
+        if any(isinstance(trial, InferenceTrial) for trial in self.trials):
+            columns += [name for name in _empty_inference_trial().to_dict() if name not in columns]
+        frame = pandas.DataFrame(rows, columns=columns)
+        for name in ("step_time_s", "samples_per_s", "tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s"):
+            if name in frame:
+                frame[name] = frame[name].astype("float64")
+        for name in ("micro_batch", "batch_size", "rows_per_step", "budget", "reserved_bytes", "rss_bytes"):
+            if name in frame:
+                frame[name] = frame[name].astype("Int64")
         return frame
 
     # --- tables and figure (drawn by memlab.report.tables and memlab.report.figure) ---
@@ -436,9 +539,9 @@ class Report:
 
 def speed_range(trial: Trial) -> tuple[float, float]:
     """The interval of samples/s that bounds the trial's median speed (95%, from its timed steps:
-    :func:`memlab.report.noise.speed_interval`; for a trial pooled from runs timed in turn, the union of its runs'
-    intervals, :func:`~memlab.report.noise.runs_speed_interval`); its speed twice where it has none (timed once,
-    or not timed).
+    :func:`memlab.report.noise.speed_interval`; for a trial pooled from runs timed in turn, the span of its runs'
+    medians widened by their typical noise, :func:`~memlab.report.noise.runs_speed_interval`); its speed twice
+    where it has none (timed once, or not timed).
 
     Example:
         >>> speed_range(Trial(Plan(), "ok", 1, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.8)))
@@ -452,3 +555,9 @@ def speed_range(trial: Trial) -> tuple[float, float]:
 
 
 _EMPTY_TRIAL = Trial(Plan(), "error", 0, {}, None, None, None, "")
+
+
+def _empty_inference_trial() -> InferenceTrial:
+    from memlab.inference.plan import InferencePlan
+
+    return InferenceTrial(InferencePlan(), "error", 0, {}, None, None, None, "")  # type: ignore[arg-type]

@@ -53,6 +53,7 @@ CATEGORY_COLORS = {
     "grads": "#F58518",
     "optimizer": "#54A24B",
     "activations": "#E45756",
+    "kv_cache": "#B279A2",
     "other": "#B0B0B0",
 }
 """The colour of each memory category's bars."""
@@ -91,7 +92,7 @@ def report_figure(report: Report) -> Any:
         ['budget']
     """
     data = figure_data(report)
-    fig = comparison_figure(figure_columns(report, data))
+    fig = comparison_figure(figure_columns(report, data), categories=tuple(data["categories"]))
     if data["budget_mib"] is not None:
         fig.add_shape(budget_line(data["budget_mib"]))
         fig.add_annotation(budget_note(report.budget or 0))
@@ -111,18 +112,25 @@ memory by category per plan in column 2 (axes ``x2``, ``y2``)."""
 THROUGHPUT_COLUMN, MEMORY_COLUMN = 1, 2
 _REPORT_HEIGHT = 460
 _COLUMN_WIDTHS = (0.4, 0.6)
-_TRACE_COLUMNS = (*(MEMORY_COLUMN for _ in CATEGORIES), MEMORY_COLUMN, MEMORY_COLUMN, THROUGHPUT_COLUMN)
+
+
+def _trace_columns(categories: tuple[str, ...]) -> tuple[int, ...]:
+    return (*(MEMORY_COLUMN for _ in categories), MEMORY_COLUMN, MEMORY_COLUMN, THROUGHPUT_COLUMN)
 
 
 def comparison_figure(
-    columns: list[dict[str, Any]] | None = None, *, more_titles: tuple[str, ...] = ()
+    columns: list[dict[str, Any]] | None = None,
+    *,
+    more_titles: tuple[str, ...] = (),
+    categories: tuple[str, ...] = CATEGORIES,
 ) -> Any:  # a plotly Figure
     """The figure of :meth:`Report.plot` and of the live figure: the subplot layout, axes and per-plan traces.
 
     Row 1 is throughput (column 1) and peak memory by category (column 2), holding :func:`comparison_traces`
     filled with ``columns`` (see :func:`figure_columns`; None: empty, for a live figure to fill). ``more_titles``
-    adds rows below (two titles per row) for the caller's own traces; the live figure adds one. plotly is
-    imported here, never when memlab is imported.
+    adds rows below (two titles per row) for the caller's own traces; the live figure adds one. ``categories``:
+    the stacked memory categories (an inference report's are :data:`memlab.report.INFERENCE_CATEGORIES`). plotly
+    is imported here, never when memlab is imported.
 
     Example:
         >>> fig = comparison_figure(more_titles=("Memory of the running trial", "Memory vs throughput"))
@@ -140,7 +148,7 @@ def comparison_figure(
         vertical_spacing=0.16,
         subplot_titles=(*FIGURE_TITLES, *more_titles),
     )
-    for trace, column in zip(comparison_traces(columns), _TRACE_COLUMNS, strict=True):
+    for trace, column in zip(comparison_traces(columns, categories), _trace_columns(categories), strict=True):
         fig.add_trace(trace, row=1, col=column)
     # The legend's groups separate what the colours mean (memory categories) from what a bar's state means; a click
     # hides one entry, not its whole group. No width: the figure follows the cell.
@@ -153,10 +161,13 @@ def comparison_figure(
     return fig
 
 
-def comparison_traces(columns: list[dict[str, Any]] | None = None) -> list[Any]:
+def comparison_traces(
+    columns: list[dict[str, Any]] | None = None, categories: tuple[str, ...] = CATEGORIES
+) -> list[Any]:
     """The eight per-plan traces, styled: the five categories, "does not fit" and "error" (peak memory panel), and
     "samples/s" (throughput panel, with its 95% interval as error bars), in that order; filled with ``columns``
-    (:func:`figure_columns`), else empty.
+    (:func:`figure_columns`), else empty. An inference report's figure has its own ``categories`` (four, with the
+    KV cache), and so seven traces.
 
     The legend shows two groups: "memory" (the categories) and "status" ("does not fit", "error"). Every hover
     starts with the plan's label and its levers spelled out (``hovertext``, see :func:`figure_data`).
@@ -178,7 +189,7 @@ def comparison_traces(columns: list[dict[str, Any]] | None = None) -> list[Any]:
             legendgrouptitle_text="memory" if number == 0 else None,
             hovertemplate="%{hovertext}<br>" + name + ": %{y:.2f} MiB<extra></extra>",
         )
-        for number, name in enumerate(CATEGORIES)
+        for number, name in enumerate(categories)
     ]
     traces.append(
         go.Bar(
@@ -254,7 +265,7 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
     labels = data["labels"]
     numbered = len(labels) > FULL_LABELS_UP_TO
     heights = _does_not_fit_heights(report, data)
-    columns: list[dict[str, Any]] = [{"x": labels, "y": data["categories"][name]} for name in CATEGORIES]
+    columns: list[dict[str, Any]] = [{"x": labels, "y": values} for values in data["categories"].values()]
     columns.append(
         {
             "x": labels,
@@ -495,7 +506,7 @@ def _description(trial: Trial) -> str:
     return words
 
 
-def figure_data(report: Report) -> dict[str, Any]:
+def figure_data(report: Report, categories: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The figure as plain data: lists aligned with ``labels``, sizes in MiB, None where a bar is absent.
 
     Keys:
@@ -504,7 +515,8 @@ def figure_data(report: Report) -> dict[str, Any]:
         ``hover``: the first lines of each trial's hover: its label (after its number where the bars are
         numbered, see :data:`FULL_LABELS_UP_TO`) and its description.
         ``status``: each trial's status. ``fits``: the report's view of whether each trial fits.
-        ``categories``: ``{category: [MiB or None]}``, values for trials that ran (``"ok"``).
+        ``categories``: ``{category: [MiB or None]}``, values for trials that ran (``"ok"``), for ``categories``
+        (default: the report's, :attr:`memlab.Report.categories`) in order.
         ``does_not_fit``: MiB reached by out-of-memory trials, None elsewhere.
         ``error``: 0 for failed trials (a marker on the axis), None elsewhere.
         ``error_text``: the one-line message of failed trials, "" elsewhere.
@@ -533,7 +545,7 @@ def figure_data(report: Report) -> dict[str, Any]:
         seen[trial.label] = count
         labels.append(trial.label if count == 1 else f"{trial.label} ({count})")
     numbered = len(labels) > FULL_LABELS_UP_TO
-    categories: dict[str, list[float | None]] = {name: [] for name in CATEGORIES}
+    by_category: dict[str, list[float | None]] = {name: [] for name in categories or report.categories}
     does_not_fit: list[float | None] = []
     error: list[float | None] = []
     error_text: list[str] = []
@@ -547,8 +559,8 @@ def figure_data(report: Report) -> dict[str, Any]:
     best_label = None
     for number, (label, trial) in enumerate(zip(labels, report.trials, strict=True), start=1):
         ran = trial.status == "ok"
-        for name in CATEGORIES:
-            categories[name].append(trial.breakdown[name] / _MIB if ran else None)
+        for name in by_category:
+            by_category[name].append(trial.breakdown.get(name, 0) / _MIB if ran else None)
         does_not_fit.append(trial.peak_bytes / _MIB if trial.status == "oom" else None)
         error.append(0.0 if trial.status == "error" else None)
         error_text.append(one_line(trial.error) if trial.status == "error" and trial.error else "")
@@ -571,7 +583,7 @@ def figure_data(report: Report) -> dict[str, Any]:
         "hover": hover,
         "status": [trial.status for trial in report.trials],
         "fits": [report.fits(trial) for trial in report.trials],
-        "categories": categories,
+        "categories": by_category,
         "does_not_fit": does_not_fit,
         "error": error,
         "error_text": error_text,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "CONFIDENCE",
+    "FEWEST_RUNS_TO_TRIM",
     "fewest_values",
     "median_interval",
     "relative_half_width",
@@ -22,6 +23,8 @@ __all__ = [
 ]
 
 CONFIDENCE = 0.95
+FEWEST_RUNS_TO_TRIM = 4
+"""From this many runs of one plan on, :func:`runs_speed_interval` leaves out the slowest and fastest run."""
 
 
 def fewest_values(confidence: float = CONFIDENCE) -> int:
@@ -94,39 +97,50 @@ def runs_speed_interval(
     step_times: Sequence[float], step_runs: Sequence[int], rows_per_step: int | None
 ) -> tuple[float, float] | None:
     """The speed interval of step times that come from several runs of one plan (``step_runs``: how many steps
-    each run gave, in order; empty: one run): the union of each run's :func:`speed_interval` (a run with one step
-    counts as its speed).
+    each run gave, in order; empty: one run): the span of the runs' medians, widened on each side by the typical
+    run's noise (the median of the runs' :func:`relative_half_width`). From four runs on, the slowest and the
+    fastest run's medians are left out of the span.
 
-    Each run's interval bounds the noise *within* that run; a shared machine also drifts *between* runs, and the
-    union is where the plan's speed was seen across the conditions its runs met. Two plans timed in turn (A B A B)
-    meet the same conditions, so a plan compared with itself overlaps itself, while a real difference larger than
-    the drift stays apart.
+    Each run's median is robust within that run; a shared machine also drifts *between* runs, and the span of the
+    medians is where the plan's speed was seen across the conditions its runs met. Two plans timed in turn (A B A
+    B) meet the same conditions, so a plan compared with itself overlaps itself, while a real difference larger
+    than the drift stays apart. One run that a burst of another tenant slowed as a whole (half speed for a few
+    seconds, when it shared a core) is one extreme of the medians, and from four runs on it is left out; the
+    widening is the typical run's, not the noisiest's, for the same reason: a burst must not make a 30% difference
+    look like a tie.
 
     Example:
         >>> runs_speed_interval([0.5, 0.5, 0.5, 1.0, 1.0, 1.0], [3, 3], rows_per_step=8)
         (8.0, 16.0)
         >>> runs_speed_interval([0.4, 0.5, 0.8], [], rows_per_step=8)
         (10.0, 20.0)
+        >>> runs_speed_interval([1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0], [2, 2, 2, 2], rows_per_step=8)
+        (8.0, 8.0)
     """
     if not step_runs:
         return speed_interval(step_times, rows_per_step)
     if not rows_per_step:
         return None
-    bounds: list[tuple[float, float]] = []
+    medians: list[float] = []
+    half_widths: list[float] = []
     start = 0
     for length in step_runs:
         part = step_times[start : start + length]
         start += length
         if not part or min(part) <= 0:
             continue
-        interval = speed_interval(part, rows_per_step)
-        if interval is None:
-            speed = rows_per_step / statistics.median(part)
-            interval = (speed, speed)
-        bounds.append(interval)
-    if not bounds:
+        medians.append(statistics.median(part))
+        if len(part) >= 2:
+            half_widths.append(relative_half_width(part))
+    if not medians:
         return None
-    return min(low for low, _ in bounds), max(high for _, high in bounds)
+    if len(medians) >= FEWEST_RUNS_TO_TRIM:
+        medians = sorted(medians)[1:-1]
+    widening = statistics.median(half_widths) if half_widths else 0.0
+    slowest, fastest = max(medians) * (1 + widening), min(medians) * (1 - widening)
+    if fastest <= 0:
+        return 0.0, math.inf
+    return rows_per_step / slowest, rows_per_step / fastest
 
 
 def _order_statistic_rank(n: int, confidence: float) -> int:

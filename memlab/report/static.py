@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from memlab.measure.tracker import CATEGORIES
 from memlab.plan import format_bytes
 from memlab.report.data import Report
 from memlab.report.figure import (
@@ -265,7 +264,7 @@ class _Drawing:
         """The three groups of legend entries, wrapped over as many rows as they need; returns the bottom."""
         speed = [("samples/s", f"swatch:{RATE_COLOR}"), ("best", f"swatch:{BEST_COLOR}"), ("95% interval", "interval")]
         groups: list[tuple[str, list[tuple[str, str]]]] = [
-            ("memory", [(name, f"swatch:{CATEGORY_COLORS[name]}") for name in CATEGORIES]),
+            ("memory", [(name, f"swatch:{CATEGORY_COLORS[name]}") for name in self.data["categories"]]),
             ("speed", speed),
             ("status", [("does not fit", "hatch"), ("error", "cross")]),
         ]
@@ -337,7 +336,7 @@ class _Drawing:
         ticks = _nice_ticks(max(tallest, budget if drawn_budget and budget is not None else 0.0))
         panel = _Panel(*box, ticks[-1], axis)
         self._frame(panel, ticks, "Peak memory by category", f"peak memory ({self.unit})")
-        does_not_fit = self.columns[len(CATEGORIES)]["y"]
+        does_not_fit = self.columns[len(self.data["categories"])]["y"]
         for index in range(self.count):
             status = self.data["status"][index]
             if status == "ok":
@@ -355,14 +354,14 @@ class _Drawing:
 
     def _memory_tops(self) -> list[float | None]:
         """Each plan's tallest memory bar in MiB: its peak, or its "does not fit" bar."""
-        heights = self.columns[len(CATEGORIES)]["y"]
+        heights = self.columns[len(self.data["categories"])]["y"]
         return [
             height if height is not None else peak
             for height, peak in zip(heights, self.data["peak_mib"], strict=True)
         ]
 
     def _stack(self, panel: _Panel, index: int, scale: float) -> None:
-        parts = [(name, (self.data["categories"][name][index] or 0.0) * scale) for name in CATEGORIES]
+        parts = [(name, (values[index] or 0.0) * scale) for name, values in self.data["categories"].items()]
         total = sum(value for _, value in parts)
         spelled = ", ".join(f"{name} {_number(value)}" for name, value in parts if value > 0)
         tip = f"{self._who(index)}\npeak {_number(total)} {self.unit}: {spelled}"

@@ -12,9 +12,8 @@ import math
 import re
 from collections import Counter
 
-from memlab.measure.tracker import CATEGORIES
 from memlab.plan import format_bytes
-from memlab.report.data import Report, Trial, speed_range
+from memlab.report.data import ALL_CATEGORIES, Report, Trial, speed_range
 from memlab.report.format import format_rate, one_line
 from memlab.report.noise import relative_half_width
 
@@ -28,15 +27,17 @@ _HEADERS = {
     "plan": "plan",
     "status": "status",
     "peak": "peak",
-    **{name: name for name in CATEGORIES},
+    **{name: name for name in ALL_CATEGORIES},
     "step": "time/step",
     "samples": "samples/s",
     "spread": "noise",
     "tokens": "tokens/s",
+    "prefill": "prefill tokens/s",
+    "decode": "decode tokens/s",
     "notes": "notes",
 }
 _LEFT = ("best", "plan", "status", "notes")
-_SIZES = ("peak", *CATEGORIES)
+_SIZES = ("peak", *ALL_CATEGORIES)
 _BYTE_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
 BEST_MARK, TIE_MARK = "\u2605", "\u2248"
 """How tables mark the best trial, and the trials as fast as it within noise (:attr:`Report.ties`)."""
@@ -46,7 +47,7 @@ def _spread(trial: Trial) -> float:
     """Half the width of the trial's speed interval as a fraction of its speed (inf where there is none)."""
     if trial.status != "ok":
         return math.inf
-    if trial.step_runs and trial.samples_per_s:  # pooled from runs timed in turn: the union of their intervals
+    if trial.step_runs and trial.samples_per_s:  # pooled from runs timed in turn: the span of their medians
         low, high = speed_range(trial)
         return (high - low) / 2 / trial.samples_per_s
     return relative_half_width(trial.step_times)
@@ -77,14 +78,16 @@ def table_rows(report: Report) -> list[dict[str, str]]:
             peak = ">= " + peak
         mark = BEST_MARK if trial is best else TIE_MARK if any(trial is tie for tie in ties) else ""
         row = {"best": mark, "plan": trial.label, "status": status, "peak": peak}
-        for name in CATEGORIES:
-            row[name] = _in_unit(trial.breakdown[name], size_unit) if trial.status == "ok" else "-"
+        for name in report.categories:
+            row[name] = _in_unit(trial.breakdown.get(name, 0), size_unit) if trial.status == "ok" else "-"
         spread = _spread(trial)
         row.update(
             step="-" if trial.step_time_s is None else _in_unit(trial.step_time_s, time_unit),
             samples=format_rate(trial.samples_per_s),
             spread=f"\u00b1{spread:.0%}" if math.isfinite(spread) else "-",
             tokens=format_rate(trial.tokens_per_s),
+            prefill=format_rate(getattr(trial, "prefill_tokens_per_s", None)),
+            decode=format_rate(getattr(trial, "decode_tokens_per_s", None)),
             notes="; ".join(notes),
         )
         rows.append(row)
@@ -243,7 +246,7 @@ def nothing_fits_reason(report: Report) -> str | None:
         return None
     budget = report.budget
     states = [
-        (trial.breakdown["params"] + trial.breakdown["grads"] + trial.breakdown["optimizer"], trial)
+        (sum(trial.breakdown.get(name, 0) for name in ("params", "grads", "optimizer")), trial)
         for trial in report.trials
         if trial.status != "error"
     ]
@@ -285,7 +288,7 @@ def text_table(report: Report) -> str:
         return "No trials yet."
     rows = table_rows(report)
     names = headers(report)
-    keys = _shown_columns(rows, with_mark=True)
+    keys = _shown_columns(rows, with_mark=True, categories=report.categories)
     widths = {key: max(len(names[key]), *(len(row[key]) for row in rows)) for key in keys}
 
     def aligned(key: str, text: str) -> str:
@@ -331,7 +334,7 @@ def html_table(report: Report) -> str:
         else:
             styles.append("")
     names = headers(report)
-    keys = _shown_columns(rows, with_mark=False)
+    keys = _shown_columns(rows, with_mark=False, categories=report.categories)
     frame = pandas.DataFrame([[row[key] for key in keys] for row in rows], columns=[names[k] for k in keys])
     table = frame.to_html(index=False, escape=True, border=0, justify="left")
     table = table.replace("<table", "<table style='white-space:nowrap'", 1)
@@ -341,13 +344,16 @@ def html_table(report: Report) -> str:
     return f"<div class='memlab-report'>{_style_rows(table, styles)}{footer}</div>"
 
 
-def _shown_columns(rows: list[dict[str, str]], *, with_mark: bool) -> list[str]:
-    """The columns worth a place: the noise and notes only where some row has one."""
-    optional = {"spread", "notes"}
+def _shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tuple[str, ...]) -> list[str]:
+    """The columns worth a place: the report's memory categories; the noise, the prefill and decode speeds and the
+    notes only where some row has one."""
+    optional = {"spread", "notes", "prefill", "decode"}
     return [
         key
         for key in _HEADERS
-        if (with_mark or key != "best") and (key not in optional or any(row[key] not in ("", "-") for row in rows))
+        if (with_mark or key != "best")
+        and (key not in ALL_CATEGORIES or key in categories)
+        and (key not in optional or any(row[key] not in ("", "-") for row in rows))
     ]
 
 

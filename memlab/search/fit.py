@@ -11,6 +11,7 @@ from typing_extensions import Unpack
 from memlab.batch import Batch, count_rows
 from memlab.device import cuda_bf16_supported, cuda_capacity, model_device
 from memlab.errors import MemlabError
+from memlab.events import TrialSettled
 from memlab.measure.remeasure import settle_close_race
 from memlab.module_state import trainable_parameters
 from memlab.options import RunKeywords, RunOptions
@@ -134,7 +135,10 @@ def fit(
             trials = list(result.trials)
             # The original index: a live figure redraws that plan's column with the new run.
             rerun = lambda plan, index: runner.run(plan, index, len(trials))  # noqa: E731 - one line, used once
-            settled = settle_close_race(trials, rerun, budget, bar.say)
+            settled = settle_close_race(
+                trials, rerun, budget, bar.say,
+                settled=lambda trial, index: runner.announce(TrialSettled(trial, index, len(trials))),
+            )
             for before, after in settled:
                 measured[measured.index(before)] = after
     report = Report(trials, budget=budget, skipped=result.skipped)

@@ -167,17 +167,23 @@ never faster: checkpointing runs each block's forward again, the chunked loss ru
 over the bus, and QLoRA dequantizes the base weights that LoRA keeps as they are."""
 
 
-def faster_twins(plan: Plan) -> list[Plan]:
-    """The plans that do ``plan``'s work without one or more of :data:`SLOWER_WITH` (so are at least as fast).
+def faster_twins(plan: Plan, ranks: Iterable[int] = ()) -> list[Plan]:
+    """The plans that do ``plan``'s work without one or more of :data:`SLOWER_WITH` (so are at least as fast), and,
+    for an adapter plan, the same at each lower LoRA rank among ``ranks`` (smaller adapters, less work).
 
     Example:
         >>> [p.label() for p in faster_twins(Plan(checkpointing=True, loss="chunked"))]
         ['chunked-loss', 'ckpt', 'plain']
+        >>> [p.label() for p in faster_twins(Plan(adapter="qlora"), ranks=[8, 16])]
+        ['lora', 'qlora r8', 'lora r8']
     """
     twins: list[Plan] = []
     for name, value, instead in SLOWER_WITH:
         if getattr(plan, name) == value:
             twins += [twin.replace(**{name: instead}) for twin in [plan, *twins]]
+    if plan.adapter != "none":
+        lower = sorted({rank for rank in ranks if rank < plan.lora_rank}, reverse=True)
+        twins += [twin.replace(lora_rank=rank) for rank in lower for twin in [plan, *twins]]
     return list(dict.fromkeys(twins))
 
 

@@ -1,9 +1,10 @@
 """The strategy of the search: measure a few plans, skip what cannot fit or cannot win, repeat.
 
 A plan is skipped when it needs at least the memory of a plan that did not fit (:func:`needs_at_least`), when its
-predicted peak is over ``FIT_MARGIN * budget`` (borderline plans are measured), or when it cannot beat the best so
-far beyond the noise: a predicted speed over ``SPEED_MARGIN`` must reach, and a measured twin's interval must reach,
-the low end of the best's interval (:func:`~memlab.report.data.speed_range`). The
+predicted peak is over ``FIT_MARGIN * budget`` (borderline plans are measured), when a measured plan that fits does
+its work or less (:func:`~memlab.search.space.faster_twins`: it can tie that plan, never beat it), or when it cannot
+beat the best so far beyond the noise: a predicted speed over ``SPEED_MARGIN`` must reach, and a measured twin's
+interval must reach, the low end of the best's interval (:func:`~memlab.report.data.speed_range`). The
 rest are measured fastest-expected first (plans predicted to fit before borderline ones) until none is left, so the
 answer is a measured trial.
 """
@@ -17,7 +18,7 @@ from memlab.plan import Plan, format_bytes
 from memlab.report import Trial
 from memlab.report.data import speed_range
 from memlab.search.memory import FIT_MARGIN, MemoryModel
-from memlab.search.space import TECHNIQUES, best_of, fits, micro_batch_of, needs_at_least, runs_as
+from memlab.search.space import TECHNIQUES, best_of, faster_twins, fits, micro_batch_of, needs_at_least, runs_as
 from memlab.search.speed import SPEED_MARGIN, SpeedModel, SpeedPrior
 
 MeasureFn = Callable[[Plan, int, int], Trial]
@@ -87,6 +88,7 @@ class Search:
         self.estimate = estimate
         self.estimates: list[Trial] = []
         self._estimated: set[Plan] = set()
+        self._ranks = {plan.lora_rank for plan in self.candidates if plan.adapter != "none"}
         for plan in self.candidates:
             same = runs_as(plan, device_type) if device_type is not None else plan
             if same != plan and same in self.candidates:
@@ -175,6 +177,12 @@ class Search:
                 f"the budget {format_bytes(self.budget)}"
             )
         if best is not None and best.samples_per_s is not None:
+            twin = self._measured_faster_twin(plan)
+            if twin is not None:
+                return (
+                    f"cannot beat the best: it does the work of {twin.label} and more, and {twin.label} fits "
+                    f"({twin.samples_per_s or 0:.3g} samples/s)"
+                )
             # Beaten only beyond the noise: the most the plan may do (a measured twin: its interval's high end) is at
             # most the least that the best's median may be.
             bound = speed.upper(plan)
@@ -185,6 +193,12 @@ class Search:
                     f"{best.label} ran at {best.samples_per_s:.3g} (at least {slowest_best:.3g} within its noise)"
                 )
         return None
+
+    def _measured_faster_twin(self, plan: Plan) -> Trial | None:
+        """A measured trial that fits and does ``plan``'s work or less (:func:`faster_twins`): ``plan`` is at most
+        as fast, so it can tie that trial but never beat it."""
+        fitting = {trial.plan: trial for trial in self.trials if fits(trial, self.budget) and trial.samples_per_s}
+        return next((fitting[twin] for twin in faster_twins(plan, self._ranks) if twin in fitting), None)
 
     def _memory_probe(self) -> Plan | None:
         """After a first plan that ran out of memory: the same techniques at the smallest micro-batch, so that the

@@ -228,6 +228,20 @@ def test_as_the_callback_of_compare_it_draws_every_trial() -> None:
     assert max(figure.widget.data[live_module.LIVE].y) <= report.trials[-1].peak_bytes / MIB + 1e-9
 
 
+def test_a_close_race_timed_again_keeps_its_columns_and_ends_with_the_pooled_trials() -> None:
+    # The same plan twice is as close as a race gets: compare times both again in turn (A B A B); every re-run
+    # redraws its plan's column, and the figure ends with what compare returns, not with extra columns.
+    figure = LiveFigure(budget="64MiB", min_interval_s=0.0)
+    report = memlab.compare(tiny_mlp(blocks=2, width=16), mlp_batch(rows=8, width=16), [Plan(), Plan()],
+                            loss_fn=mlp_loss, steps=1, callback=figure, progress=False)
+    assert all(trial.step_runs for trial in report.trials)  # timed again, pooled
+    assert figure.report.trials == report.trials
+    figure.start_run()  # a second run (the panel's next click) gets columns of its own
+    again = memlab.compare(tiny_mlp(blocks=2, width=16), mlp_batch(rows=8, width=16), [Plan()], loss_fn=mlp_loss,
+                           steps=1, callback=figure, progress=False)
+    assert figure.report.trials == [*report.trials, *again.trials]
+
+
 def test_sixty_settings_are_numbered_with_error_bars_and_hover() -> None:
     figure = LiveFigure(budget="64MiB", clock=FakeClock())
     plans = [Plan(micro_batch=size, accumulation=accumulation) for size in (1, 2, 4) for accumulation in range(1, 21)]

@@ -134,6 +134,13 @@ def test_out_of_memory_is_does_not_fit_not_an_error() -> None:
     assert not p.run_button.disabled
 
 
+def test_the_same_setting_run_twice_is_two_columns_of_the_figure() -> None:
+    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    first, second = p.run(), p.run()
+    assert first is not None and second is not None
+    assert p.figure.report.trials == p.report.trials == [first, second]
+
+
 def test_bad_budget_is_one_line_in_the_panel_and_nothing_runs() -> None:
     p = panel(tiny_gpt2(), small_batch(), steps=1)
     p.controls["budget"].value = "lots of memory"

@@ -1,0 +1,207 @@
+"""The KV cache: its size from a model's config (the formula), and its real tensors (measured).
+
+A decoder keeps, for every layer, the keys and the values of every past token: ``2 x layers x kv-heads x head-dim
+x tokens x rows x bytes per element``. With grouped-query attention (``num_key_value_heads`` below
+``num_attention_heads``) only the kv-heads are kept. A sliding-window layer (Mistral's) keeps at most its window.
+
+Example:
+    >>> from transformers import LlamaConfig
+    >>> config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    >>> kv_cache_bytes(config, tokens=16, batch=2, dtype="bf16")  # 2 x 2 layers x 2 heads x 16 dims x 16 x 2 x 2
+    8192
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.errors import MemlabError
+from memlab.measure.tracker import MemoryTracker
+
+__all__ = [
+    "DTYPE_BYTES",
+    "cache_bytes",
+    "cache_tensors",
+    "cache_tokens",
+    "is_causal_lm",
+    "kv_cache_bytes",
+    "kv_shape",
+    "new_cache",
+    "takes_logits_to_keep",
+    "track_cache",
+]
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+"""Bytes per element of the weight dtypes an InferencePlan names."""
+
+
+def kv_shape(config: Any) -> tuple[int, int, int]:
+    """``(layers, kv_heads, head_dim)`` of a transformers decoder config.
+
+    ``head_dim`` is the config's own where it has one, else ``hidden_size // num_attention_heads``; kv-heads are
+    ``num_key_value_heads`` where the config has it (grouped-query attention), else the attention heads.
+
+    Example:
+        >>> from transformers import GPT2Config
+        >>> kv_shape(GPT2Config(n_layer=2, n_embd=64, n_head=4))
+        (2, 4, 16)
+    """
+    try:
+        layers = int(config.num_hidden_layers)
+        heads = int(config.num_attention_heads)
+    except (AttributeError, TypeError):
+        raise MemlabError(
+            f"{type(config).__name__} has no num_hidden_layers / num_attention_heads; pass the config of a "
+            "transformers decoder (model.config)"
+        ) from None
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // heads
+    return layers, int(kv_heads), int(head_dim)
+
+
+def kv_cache_bytes(config: Any, tokens: int, batch: int = 1, dtype: str | torch.dtype | int = "bf16") -> int:
+    """The KV cache of ``tokens`` tokens per row for ``batch`` rows: ``2 x layers x kv-heads x head-dim x tokens x
+    batch x bytes per element`` (see :func:`kv_shape`). ``dtype``: ``"fp32"``, ``"bf16"``, ``"fp16"``, a torch
+    dtype, or bytes per element.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> kv_cache_bytes(LlamaConfig(), tokens=4096, batch=1, dtype=torch.float16) / 2**30  # Llama 2 7B shape
+        2.0
+    """
+    for name, value in (("tokens", tokens), ("batch", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise MemlabError(f"{name}={value!r} is not allowed; write a whole number >= 0")
+    layers, kv_heads, head_dim = kv_shape(config)
+    return 2 * layers * kv_heads * head_dim * tokens * batch * _element_bytes(dtype)
+
+
+def _element_bytes(dtype: str | torch.dtype | int) -> int:
+    if isinstance(dtype, torch.dtype):
+        return dtype.itemsize
+    if isinstance(dtype, int) and not isinstance(dtype, bool) and dtype > 0:
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[dtype]
+    raise MemlabError(f"dtype={dtype!r} is not known; write 'fp32', 'bf16', 'fp16', a torch dtype, or bytes")
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """True for a transformers model that can generate text (a decoder with a KV cache), such as
+    ``LlamaForCausalLM``; False for other modules.
+
+    Example:
+        >>> is_causal_lm(nn.Linear(2, 2))
+        False
+    """
+    can_generate = getattr(model, "can_generate", None)
+    config = getattr(model, "config", None)
+    if not callable(can_generate) or config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    try:
+        return bool(can_generate())
+    except Exception:  # noqa: BLE001 - a model that cannot answer cannot generate
+        return False
+
+
+def takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (then a prefill computes the last token's logits only,
+    as ``generate`` asks).
+
+    Example:
+        >>> takes_logits_to_keep(nn.Linear(2, 2))
+        False
+    """
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def new_cache(model: nn.Module) -> Any:
+    """An empty ``DynamicCache`` for the model (its layers as the config says: sliding windows included).
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        ...                                      num_attention_heads=2, vocab_size=64))
+        >>> cache_tokens(new_cache(model)), cache_bytes(new_cache(model))
+        (0, 0)
+    """
+    from transformers import DynamicCache
+
+    config: Any = getattr(model, "config", None)
+    return DynamicCache(config=config)
+
+
+def cache_tensors(cache: Any) -> Iterator[torch.Tensor]:
+    """The keys and values the cache holds (every layer's), as tensors.
+
+    Example:
+        >>> list(cache_tensors(None))
+        []
+    """
+    if cache is None:
+        return
+    for layer in getattr(cache, "layers", ()) or ():
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name, None)
+            if isinstance(tensor, torch.Tensor):
+                yield tensor
+
+
+def cache_bytes(cache: Any) -> int:
+    """Bytes of the storages of the cache's tensors (each tensor once).
+
+    Example:
+        >>> cache_bytes(None)
+        0
+    """
+    tensors = {id(tensor): tensor for tensor in cache_tensors(cache)}
+    return sum(int(tensor.untyped_storage().nbytes()) for tensor in tensors.values())
+
+
+def cache_tokens(cache: Any) -> int:
+    """Tokens per row the cache holds (0 for an empty cache or none).
+
+    Example:
+        >>> cache_tokens(None)
+        0
+    """
+    if cache is None:
+        return 0
+    try:
+        return int(cache.get_seq_length())
+    except Exception:  # noqa: BLE001 - an empty cache of some layouts cannot say
+        return 0
+
+
+def track_cache(cache: Any, tracker: MemoryTracker | None) -> Callable[[], None]:
+    """Charge what the cache allocates to the tracker's ``"kv_cache"`` category: its ``update`` (which every
+    attention layer calls with the new keys and values) runs in that phase, and the tensors it keeps are filed
+    there. Returns what takes the wrapper off again.
+
+    Example:
+        >>> track_cache(None, None)()
+    """
+    if cache is None or tracker is None:
+        return lambda: None
+    original = cache.update
+
+    def update(*args: Any, **kwargs: Any) -> Any:
+        with tracker.phase("kv_cache"):
+            result = original(*args, **kwargs)
+        tracker.mark(list(cache_tensors(cache)), "kv_cache")
+        return result
+
+    cache.update = update
+
+    def untrack() -> None:
+        cache.__dict__.pop("update", None)
+
+    return untrack

@@ -1,0 +1,271 @@
+"""InferencePlan: one serving / evaluation setting (weights' dtype, quantization, batch size, generation, KV cache),
+and the parsing of ``--try`` grids over it.
+
+It is the inference twin of :class:`memlab.Plan`: ``memlab.measure``, ``memlab.compare`` and ``memlab.estimate``
+take either, and run a training step for a Plan, a forward (or a generation) under ``torch.inference_mode()`` for an
+InferencePlan (see :mod:`memlab.inference`).
+
+Example:
+    >>> InferencePlan(weights="bf16", batch_size=8, new_tokens=16).label()
+    'bf16 bs8 gen16'
+    >>> [p.label() for p in parse_inference_grid(["quantize=none,nf4", "kv_cache=on,off"], InferencePlan(new_tokens=4))]
+    ['fp32 gen4', 'fp32 gen4 no-kv', 'nf4 gen4', 'nf4 gen4 no-kv']
+"""
+
+from __future__ import annotations
+
+import itertools
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar
+
+from memlab.errors import MemlabError
+from memlab.measure.tracker import INFERENCE_CATEGORIES
+
+__all__ = [
+    "INFERENCE_FIELDS",
+    "INFERENCE_LEVERS",
+    "QUANTIZATIONS",
+    "WEIGHT_DTYPES",
+    "InferencePlan",
+    "parse_inference_axes",
+    "parse_inference_grid",
+]
+
+WEIGHT_DTYPES = ("fp32", "bf16", "fp16")
+QUANTIZATIONS = ("none", "int8", "nf4")
+_BOOLEANS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
+
+
+def _lever(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class InferencePlan:
+    """One inference setting, measured under ``torch.inference_mode()``.
+
+    Args:
+        batch_size: rows (sequences) per forward; ``None`` means the rows of the batch given. More rows than the
+            batch has repeat its rows, fewer take the first ones.
+        weights: ``"fp32"``, ``"bf16"`` or ``"fp16"``: the dtype the model's floating-point weights and buffers are
+            held in (and compute in) while the plan runs; the originals come back bit-exact.
+        quantize: ``"none"``, ``"int8"`` (bitsandbytes ``Linear8bitLt``, LLM.int8() without outliers) or ``"nf4"``
+            (bitsandbytes ``Linear4bit``, 4-bit NormalFloat with double-quantized scales): the linear layers'
+            weights, the output head excepted, are held quantized and computed in ``weights``' dtype.
+        new_tokens: 0: one forward over the batch (prefill / evaluation). N > 0: greedy generation of N new tokens
+            for a causal LM: one prefill forward, then N - 1 decode forwards, as ``generate`` runs them.
+        kv_cache: keep the keys and values of past tokens (transformers' ``DynamicCache``) so that a decode step
+            runs on the new token only; off, every step runs the whole sequence again. With ``new_tokens=0`` it
+            says whether the forward builds the cache of the prompt (what a prefill does). Only causal LMs have
+            one; for other models it changes nothing.
+
+    Example:
+        >>> InferencePlan().label(), InferencePlan(quantize="nf4", weights="bf16").label()
+        ('fp32', 'nf4 bf16')
+        >>> InferencePlan(quantize="int4")
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: quantize='int4' is not known; write one of none, int8, nf4
+    """
+
+    batch_size: int | None = _lever(None, "rows (sequences) per forward; None: the rows of the batch")
+    weights: str = _lever(
+        "fp32", "dtype of the weights: bf16/fp16 halve the parameter bytes (and speed up GPUs)", WEIGHT_DTYPES
+    )
+    quantize: str = _lever(
+        "none",
+        "linear weights in 8-bit (int8) or 4-bit NF4 (bitsandbytes): a quarter / an eighth of fp32's bytes, some "
+        "accuracy and (on CPU) speed",
+        QUANTIZATIONS,
+    )
+    new_tokens: int = _lever(0, "tokens to generate (0: one forward): the KV cache grows with every one")
+    kv_cache: bool = _lever(True, "keep past keys/values: faster decoding, at 2 x layers x kv-heads x head-dim bytes "
+                                  "per token and row")
+
+    memory_categories: ClassVar[tuple[str, ...]] = INFERENCE_CATEGORIES
+    """The categories of this plan's breakdown (a training Plan's are :data:`memlab.report.CATEGORIES`)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> InferencePlan:
+        unknown = [key for key in kwargs if key not in INFERENCE_FIELDS]
+        if unknown:
+            raise MemlabError(
+                f"{unknown[0]!r} is not an inference setting; write one of {', '.join(INFERENCE_FIELDS)}"
+            )
+        if len(args) > len(INFERENCE_FIELDS):
+            raise MemlabError(
+                f"an InferencePlan takes at most {len(INFERENCE_FIELDS)} settings; name them, e.g. "
+                "InferencePlan(batch_size=8)"
+            )
+        return super().__new__(cls)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "new_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(self, name, int(value))
+        if self.batch_size is not None and (
+            isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1
+        ):
+            raise MemlabError(
+                f"batch_size={self.batch_size!r} is not allowed; write a whole number >= 1, or None for the "
+                "batch's rows"
+            )
+        if isinstance(self.new_tokens, bool) or not isinstance(self.new_tokens, int) or self.new_tokens < 0:
+            raise MemlabError(
+                f"new_tokens={self.new_tokens!r} is not allowed; write a whole number >= 0 (0: one forward)"
+            )
+        if not isinstance(self.kv_cache, bool):
+            raise MemlabError(f"kv_cache={self.kv_cache!r} is not allowed; write True or False")
+        for name in ("weights", "quantize"):
+            value = getattr(self, name)
+            choices = INFERENCE_LEVERS[name]["choices"]
+            if value not in choices:
+                raise MemlabError(f"{name}={value!r} is not known; write one of {', '.join(choices)}")
+
+    @property
+    def generates(self) -> bool:
+        """True when the plan generates tokens (``new_tokens > 0``)."""
+        return self.new_tokens > 0
+
+    def rows(self, batch_rows: int) -> int:
+        """Rows one step runs: ``batch_size``, or the batch's rows.
+
+        Example:
+            >>> InferencePlan().rows(4), InferencePlan(batch_size=16).rows(4)
+            (4, 16)
+        """
+        return self.batch_size or batch_rows
+
+    def rows_per_step(self, batch_rows: int) -> int:
+        """The same as :meth:`rows` (the name a training :class:`memlab.Plan` uses)."""
+        return self.rows(batch_rows)
+
+    def label(self) -> str:
+        """A short name for tables and plots: the weights' form always, then what differs from one forward.
+
+        Example:
+            >>> InferencePlan(weights="fp16", quantize="int8", new_tokens=8, kv_cache=False).label()
+            'int8 fp16 gen8 no-kv'
+        """
+        parts = [self.weights] if self.quantize == "none" else [self.quantize]
+        if self.quantize != "none" and self.weights != "fp32":
+            parts.append(self.weights)
+        if self.batch_size is not None:
+            parts.append(f"bs{self.batch_size}")
+        if self.new_tokens:
+            parts.append(f"gen{self.new_tokens}")
+        if not self.kv_cache:
+            parts.append("no-kv")
+        return " ".join(parts)
+
+    def describe(self) -> str:
+        """The label spelled out, for a figure's hover and key.
+
+        Example:
+            >>> InferencePlan(quantize="nf4", batch_size=4, new_tokens=16).describe()
+            'inference: nf4 weights computing in fp32, batch 4, 16 new tokens with KV cache'
+        """
+        weights = f"{self.weights} weights" if self.quantize == "none" else (
+            f"{self.quantize} weights computing in {self.weights}"
+        )
+        parts = [weights]
+        if self.batch_size is not None:
+            parts.append(f"batch {self.batch_size}")
+        cache = "with KV cache" if self.kv_cache else "without KV cache"
+        parts.append(f"{self.new_tokens} new tokens {cache}" if self.new_tokens else f"one forward {cache}")
+        return "inference: " + ", ".join(parts)
+
+    def replace(self, **changes: Any) -> InferencePlan:
+        """A copy with some fields changed (validated like a new plan)."""
+        return replace(self, **changes)
+
+
+INFERENCE_FIELDS = tuple(f.name for f in fields(InferencePlan))
+"""The settings of an :class:`InferencePlan`, in order."""
+
+INFERENCE_LEVERS: dict[str, dict[str, Any]] = {
+    f.name: {"default": f.default, "help": f.metadata["help"], "choices": tuple(f.metadata["choices"])}
+    for f in fields(InferencePlan)
+}
+"""Each setting's default, help line and allowed values (for the magic's help and the panel).
+
+Example:
+    >>> INFERENCE_LEVERS["quantize"]["choices"]
+    ('none', 'int8', 'nf4')
+"""
+
+
+def _parse_value(name: str, text: str) -> Any:
+    text = text.strip()
+    if name == "kv_cache":
+        if text.lower() not in _BOOLEANS:
+            raise MemlabError(f"kv_cache={text!r} is not understood; write on or off")
+        return _BOOLEANS[text.lower()]
+    if name in ("batch_size", "new_tokens"):
+        if name == "batch_size" and text.lower() in ("all", "none"):
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise MemlabError(f"{name}={text!r} is not a whole number; write for example {name}=8") from None
+    return text
+
+
+def _check_key(key: str) -> None:
+    if key not in INFERENCE_FIELDS:
+        raise MemlabError(f"{key!r} is not an inference setting; write one of {', '.join(INFERENCE_FIELDS)}")
+
+
+def parse_inference_axes(items: str | Iterable[str] | Mapping[str, Any]) -> dict[str, list[Any]]:
+    """``KEY=V1,V2`` items (or a mapping of setting to values) as ``{setting: [values]}``, values parsed.
+
+    Example:
+        >>> parse_inference_axes(["weights=fp32,bf16", "kv_cache=on,off", "batch_size=all,8"])
+        {'weights': ['fp32', 'bf16'], 'kv_cache': [True, False], 'batch_size': [None, 8]}
+        >>> parse_inference_axes(["precision=bf16"])
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: 'precision' is not an inference setting; write one of batch_size, weights, \
+quantize, new_tokens, kv_cache
+    """
+    axes: dict[str, list[Any]] = {}
+    if isinstance(items, str):
+        items = items.split()
+    if isinstance(items, Mapping):
+        for key, values in items.items():
+            _check_key(key)
+            axes[key] = [values] if isinstance(values, (str, bool, int)) or values is None else list(values)
+        return axes
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not values.strip():
+            raise MemlabError(f"{item!r} is not KEY=V1,V2; write for example weights=fp32,bf16")
+        _check_key(key)
+        if key in axes:
+            raise MemlabError(f"{key} is given twice; write all its values once, as {key}=V1,V2")
+        axes[key] = [_parse_value(key, v) for v in values.split(",") if v.strip()]
+        if not axes[key]:
+            raise MemlabError(f"{item!r} gives no values; write for example {key}=V1,V2")
+    return axes
+
+
+def parse_inference_grid(
+    items: str | Iterable[str] | Mapping[str, Any], base: InferencePlan | None = None
+) -> list[InferencePlan]:
+    """InferencePlans for every combination of ``KEY=V1,V2`` items, in the given order (duplicates once).
+
+    Example:
+        >>> [p.label() for p in parse_inference_grid("weights=fp32,bf16 batch_size=1,4")]
+        ['fp32 bs1', 'fp32 bs4', 'bf16 bs1', 'bf16 bs4']
+    """
+    base = base or InferencePlan()
+    axes = parse_inference_axes(items)
+    plans: list[InferencePlan] = []
+    for combination in itertools.product(*axes.values()):
+        plan = base.replace(**dict(zip(axes.keys(), combination, strict=True)))
+        if plan not in plans:
+            plans.append(plan)
+    return plans or [base]
