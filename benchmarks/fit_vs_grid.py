@@ -20,6 +20,12 @@ plan, or else *within noise*: every winner is measured again in ``rounds`` alter
 within noise of the grid's when its median samples/s is at least 90% of the grid winner's, or the two ranges of
 re-measured samples/s overlap.
 
+Then, for the levers the search grew since (adapters, pure bf16 weights, Adafactor, paged and fused optimizers,
+the chunked loss): fit over the *whole* space (every Plan field with every value, adapters included: thousands of
+plans) at several budgets, counting its measured trials (the goal: at most 15) and whether its ``max_trials`` cut
+it short; and fit against the exhaustive grid over a smaller space with those levers (``MIXED_SPACE``), both
+winners measured again in turn.
+
 On a CPU the benchmark uses one torch thread by default (``--threads``): with two threads on a shared 2-core
 machine, OpenMP waits on the other core and step times swing several-fold.
 
@@ -32,7 +38,8 @@ Run from the repository root::
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,6 +53,22 @@ GOAL = 0.30
 """fit's trial time as a share of the grid's, at most."""
 NOISE_SHARE = 0.9
 """fit's winner is within noise of the grid's when its re-measured median samples/s is at least this share."""
+WHOLE_SPACE: dict[str, list[Any]] = {
+    "checkpointing": [False, True], "precision": ["fp32", "bf16"], "weights": ["fp32", "bf16"],
+    "optimizer": ["adamw", "adamw8bit", "paged_adamw8bit", "adafactor"], "offload": ["none", "optimizer", "all"],
+    "adapter": ["none", "lora", "qlora"], "lora_rank": [8, 16], "loss": ["full", "chunked"],
+}
+"""Every Plan field with every value (micro_batch: every divisor of the batch), adapters included."""
+WHOLE_FRACTIONS = (0.3, 0.45, 0.6, 0.8)
+"""Budgets (shares of the plain plan's peak) at which fit searches the whole space."""
+WHOLE_GOAL = 15
+"""Measured trials fit may take over the whole space, at most."""
+MIXED_SPACE: dict[str, list[Any]] = {
+    "checkpointing": [False, True], "precision": ["fp32"], "weights": ["fp32", "bf16"],
+    "optimizer": ["adamw", "adafactor"], "offload": ["none"], "adapter": ["none", "lora"], "loss": ["full"],
+}
+"""A smaller space with the newer levers, small enough for the exhaustive grid (with three micro-batch sizes: 48
+plans). Every axis of fit's default space is named, so that fit searches exactly the grid's plans."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +111,7 @@ class Method:
     winner: Any | None = None
     wall_s: float = 0.0
     skipped: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
 
     def trial_time(self) -> float:
         return sum(self.trial_walls)
@@ -116,19 +140,21 @@ def half_precision(device: torch.device) -> str:
     return "bf16"
 
 
-def run_fit(model: nn.Module, batch: Any, size: Size, budget: int) -> Method:
-    """memlab's ``fit`` over its default space."""
+def run_fit(model: nn.Module, batch: Any, size: Size, budget: int, space: Mapping[str, Any] | None = None) -> Method:
+    """memlab's ``fit`` over its default space (or ``space``), with its default ``max_trials``."""
     from memlab.search import fit
 
     clock = _Clock()
     started = time.perf_counter()
     report = fit(
-        model, batch, budget=budget, batch_size=size.batch_size, steps=size.steps, warmup=size.warmup,
+        model, batch, budget=budget, batch_size=size.batch_size, space=space, steps=size.steps, warmup=size.warmup,
         callback=clock, progress=False,
     )
-    return Method(
+    method = Method(
         "fit", list(report.trials), clock.walls, report.best, time.perf_counter() - started, len(report.skipped)
     )
+    method.reasons = Counter(reason.split(":")[0] for _, reason in report.skipped)
+    return method
 
 
 def run_grid(model: nn.Module, batch: Any, size: Size, budget: int, plans: Sequence[Any]) -> Method:
@@ -338,6 +364,9 @@ def run(size: Size, device: torch.device, fraction: float, repeats: int) -> dict
             common.release(device)
     winners = list(dict.fromkeys(m.winner.plan for ms in runs.values() for m in ms if m.winner is not None))
     speeds = dict(zip(winners, remeasure(model, batch, winners, size, budget), strict=True)) if winners else {}
+    common.release(device)
+    whole = whole_space(model, batch, size, plain.peak_bytes)
+    mixed = mixed_space(model, batch, size, budget)
     return {
         "model": {
             "class": type(model).__name__,
@@ -358,7 +387,79 @@ def run(size: Size, device: torch.device, fraction: float, repeats: int) -> dict
             f"its median samples/s is at least {NOISE_SHARE} x the grid winner's, or the two ranges overlap"
         ),
         "methods": {name: _describe(ms, runs["grid"], speeds) for name, ms in runs.items()},
-        "summary": _summary(runs, speeds),
+        "summary": {
+            **_summary(runs, speeds),
+            "whole_space_plans": whole["plans"],
+            "whole_space_trials_run": whole["trials_run"],
+            "whole_space_goal_met": whole["goal_met"],
+            "whole_space_stopped_by_max_trials": whole["stopped_by_max_trials"],
+            "mixed_space_winners": {"fit": (mixed["fit"]["winner"] or {}).get("plan"),
+                                    "grid": (mixed["grid"]["winner"] or {}).get("plan")},
+            "mixed_space_fit_within_noise_of_grid": mixed["fit"]["winner_within_noise_of_grid"],
+        },
+        "whole_space": whole,
+        "mixed_space": mixed,
+    }
+
+
+def whole_space(model: nn.Module, batch: Any, size: Size, plain_peak: int) -> dict[str, Any]:
+    """fit over :data:`WHOLE_SPACE` at each of :data:`WHOLE_FRACTIONS`: how many plans, how many measured, whether
+    ``max_trials`` cut the search short, and the answer."""
+    from memlab.search import MAX_TRIALS, candidate_plans, divisors
+
+    space = {"micro_batch": divisors(size.batch_size), **WHOLE_SPACE}
+    plans = len(candidate_plans(size.batch_size, space, batch_rows=size.batch_size))
+    runs: list[dict[str, Any]] = []
+    for fraction in WHOLE_FRACTIONS:
+        method = run_fit(model, batch, size, int(fraction * plain_peak), space)
+        winner = method.winner
+        runs.append({
+            "budget_fraction": fraction,
+            "budget_bytes": int(fraction * plain_peak),
+            "trials_run": len(method.trials),
+            "stopped_by_max_trials": method.reasons.get("not measured", 0),
+            "skipped_by_reason": dict(method.reasons.most_common()),
+            "winner": winner.label if winner is not None else None,
+            "winner_peak_bytes": winner.peak_bytes if winner is not None else None,
+            "winner_samples_per_s": common.rounded(winner.samples_per_s, 2) if winner is not None else None,
+            "wall_s": round(method.wall_s, 1),
+            "trials": [_trial_row(t, w) for t, w in zip(method.trials, method.trial_walls, strict=False)],
+        })
+        common.release(next(model.parameters()).device)
+    trials: list[int] = [run["trials_run"] for run in runs]
+    return {
+        "space": space,
+        "plans": plans,
+        "max_trials": MAX_TRIALS,
+        "goal_trials": WHOLE_GOAL,
+        "runs": runs,
+        "trials_run": trials,
+        "goal_met": max(trials) <= WHOLE_GOAL,
+        "stopped_by_max_trials": sum(1 for run in runs if run["stopped_by_max_trials"]),
+    }
+
+
+def mixed_space(model: nn.Module, batch: Any, size: Size, budget: int) -> dict[str, Any]:
+    """fit and the exhaustive grid over :data:`MIXED_SPACE` (adapters, pure bf16, Adafactor) at one budget; both
+    winners measured again in turn: is fit's the grid's, or within noise of it?"""
+    from memlab.search import candidate_plans, divisors
+
+    space = {"micro_batch": divisors(size.batch_size)[:3], **MIXED_SPACE}
+    plans = candidate_plans(size.batch_size, space, batch_rows=size.batch_size)
+    found = run_fit(model, batch, size, budget, space)
+    common.release(next(model.parameters()).device)
+    grid = run_grid(model, batch, size, budget, plans)
+    common.release(next(model.parameters()).device)
+    winners = list(dict.fromkeys(m.winner.plan for m in (found, grid) if m.winner is not None))
+    speeds = dict(zip(winners, remeasure(model, batch, winners, size, budget), strict=True)) if winners else {}
+    return {
+        "space": space,
+        "grid_size": len(plans),
+        "budget_bytes": budget,
+        "fit": {"trials_run": len(found.trials), "trial_time_s": round(found.trial_time(), 2),
+                "winner": _winner(found, speeds), **_versus_grid(found, grid, speeds)},
+        "grid": {"trials_run": len(grid.trials), "trial_time_s": round(grid.trial_time(), 2),
+                 "winner": _winner(grid, speeds)},
     }
 
 
@@ -399,7 +500,26 @@ def markdown(result: dict[str, Any]) -> str:
         "method", "repeat", "trials", "trial time s", "time / grid (all repeats)", "winner", "peak MiB",
         "samples/s (re-measured)", "same as grid", "within noise",
     ]
-    return common.markdown_table(headers, rows)
+    tables = [common.markdown_table(headers, rows)]
+    whole = result.get("whole_space")
+    if whole:
+        tables.append(common.markdown_table(
+            ["budget / plain peak", "plans", "trials", "cut by max_trials", "winner", "peak MiB", "samples/s"],
+            [[run["budget_fraction"], whole["plans"], run["trials_run"], run["stopped_by_max_trials"],
+              run["winner"] or "nothing fits", common.mib(run["winner_peak_bytes"]), run["winner_samples_per_s"]]
+             for run in whole["runs"]],
+        ))
+    mixed = result.get("mixed_space")
+    if mixed:
+        tables.append(common.markdown_table(
+            ["mixed space", "plans", "trials", "trial time s", "winner", "samples/s (re-measured)", "within noise"],
+            [[name, mixed["grid_size"], mixed[name]["trials_run"], mixed[name]["trial_time_s"],
+              (mixed[name]["winner"] or {}).get("plan", "nothing fits"),
+              common.rounded(common.median((mixed[name]["winner"] or {}).get("samples_per_s_remeasured") or []), 2),
+              {True: "yes", False: "no"}.get(mixed[name].get("winner_within_noise_of_grid", True))]
+             for name in ("fit", "grid")],
+        ))
+    return "\n\n".join(tables)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -410,16 +530,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="the budget as a share of the plain full-batch plan's peak (default 0.6)",
     )
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads on a CPU (default 1: steadier timings on a shared CPU)"
-    )
-    parser.add_argument(
         "--repeats", type=int, default=None, help="runs of each method, in mirrored order (default: 2; --smoke: 1)"
     )
     args = parser.parse_args(argv)
     common.quiet()
     device = common.resolve_device(args, parser)
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
+    if device.type == "cpu" and args.threads is None:
+        torch.set_num_threads(1)  # steadier timings on a shared CPU than threads that wait for each other
     result = common.metadata_for(NAME, device, args.size)
     size = SIZES[args.size]
     result.update(run(size, device, args.budget_fraction, args.repeats or size.repeats))

@@ -431,10 +431,13 @@ class TrialRunner:
         ``fit`` tell a live figure that a trial was settled (:class:`~memlab.events.TrialSettled`).
 
         Example:
+            >>> from memlab.events import TrialSettled
             >>> seen = []
-            >>> runner = TrialRunner(nn.Linear(2, 1), torch.randn(2, 2), RunOptions(callback=seen.append))
-            >>> runner.announce("hello"); seen
-            ['hello']
+            >>> options = RunOptions(callback=seen.append, loss_fn=lambda m, b: m(b).sum())
+            >>> runner = TrialRunner(nn.Linear(2, 1), torch.randn(2, 2), options)
+            >>> trial = Trial(Plan(), "ok", 10, {}, 0.5, 4.0, None, "cpu")
+            >>> runner.announce(TrialSettled(trial, 0, 1)); seen[0].index
+            0
         """
         self._emit(event)
 

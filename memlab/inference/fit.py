@@ -4,8 +4,10 @@ Two goals:
 
 - ``goal="batch"`` (default): the largest ``batch_size`` of the ``base`` plan whose measured peak fits. Batch sizes
   1 and 2 are measured, the peak's line through them predicts the largest that fits, and that prediction is
-  measured; from there the search measures one more row (expected not to fit), and where a prediction fails it
-  bisects between the largest size that fitted and the smallest that did not. Inference memory is close to a line
+  measured; from there the search measures one more row (expected not to fit). Where a prediction fails it steps
+  back an eighth of the way to the largest size that fitted and predicts again from there (a line through sizes 1
+  and 2 overshoots by a few rows at size 200); after a second failed prediction it bisects between the largest
+  size that fitted and the smallest that did not. Inference memory is close to a line
   in the batch (weights plus per-row activations and cache), so a search usually measures four or five sizes. The
   answer is always a measured trial.
 - ``goal="speed"``: every combination of ``space`` (settings of :class:`~memlab.inference.plan.InferencePlan`, on
@@ -46,6 +48,7 @@ __all__ = ["GOALS", "LargestBatchReport", "fit_inference", "search_largest_batch
 
 GOALS = ("batch", "speed")
 _MAX_BATCH = 65536
+_MAX_FAILED_PREDICTIONS = 2
 
 
 @dataclass(repr=False)  # Report's own views (the table) show it, in IPython too
@@ -192,14 +195,19 @@ def search_largest_batch(
     if not fits(1):
         return 0
     low, high = 1, None  # the largest size that fits, the smallest that does not
-    predicting = True
+    failed_predictions = 0
     while low < max_batch and (high is None or high - low > 1):
         upper = max_batch if high is None else high - 1
         known = points()
-        if predicting and len(known) >= 2:
+        predicting = failed_predictions < _MAX_FAILED_PREDICTIONS and len(known) >= 2
+        if predicting:
             (rows_a, peak_a), (rows_b, peak_b) = known[-2], known[-1]
             per_row = (peak_b - peak_a) / (rows_b - rows_a) if rows_b != rows_a else 0.0
             candidate = rows_b + int((budget - peak_b) // per_row) if per_row > 0 else upper
+            if high is not None and candidate >= high:
+                # The line through the first sizes overshot a little (a few rows of noise in a long
+                # extrapolation): step back an eighth of the gap, and predict again from the size found there.
+                candidate = high - max(1, (high - low) // 8)
         elif high is None:
             candidate = low * 2
         else:
@@ -209,5 +217,5 @@ def search_largest_batch(
             low = candidate
         else:
             high = candidate
-            predicting = predicting and len(known) < 2  # a prediction that failed: bisect from now on
+            failed_predictions += predicting  # two failed predictions: bisect from now on
     return low

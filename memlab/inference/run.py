@@ -41,7 +41,7 @@ from typing_extensions import Unpack
 
 from memlab.batch import Batch, count_rows, map_tensors, named_tensors, take_rows
 from memlab.errors import MemlabError
-from memlab.events import Callback, MemorySample, StepFinished, TrialFinished, TrialStarted
+from memlab.events import Callback, MemorySample, StepFinished, TrialFinished, TrialSettled, TrialStarted
 from memlab.inference.kv import (
     cache_bytes,
     cache_tokens,
@@ -72,6 +72,7 @@ _EXTRA_WARMUP_LIMIT = 4
 _STEADY_WARMUP = 0.2
 _WARM_DEVICE_TYPES: set[str] = set()
 _FP16_CPU_NOTE = "fp16 on CPU is slow (few CPU kernels are fast in fp16)"
+_DEFAULT_OPTIONS = RunOptions()
 
 
 def measure_inference(
@@ -79,7 +80,8 @@ def measure_inference(
 ) -> InferenceTrial:
     """Measure one inference plan on the live model (what ``memlab.measure`` does for an InferencePlan).
 
-    Keywords are :class:`~memlab.options.RunKeywords` but ``loss_fn`` and ``lr``, which mean nothing here.
+    Keywords are :class:`~memlab.options.RunKeywords` but ``loss_fn`` and ``lr``, which mean nothing here (given,
+    they are an error).
 
     Example:
         >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
@@ -126,12 +128,14 @@ def compare_inference(
                     lambda plan, index: runner.run(plan, index, len(plans)),  # type: ignore[arg-type]
                     run_options.budget,
                     progress.say,
+                    # a live figure shows the pooled trial in the plan's column, as for training plans
+                    settled=lambda trial, index: runner._emit(TrialSettled(trial, index, len(plans))),
                 )
     return Report(trials, budget=run_options.budget)
 
 
 def check_inference_options(options: RunOptions) -> None:
-    """A clear error for a training-only option given to an inference run (a loss function).
+    """A clear error for a training-only option given to an inference run (a loss function, a learning rate).
 
     Example:
         >>> check_inference_options(RunOptions(loss_fn=lambda m, b: m(b).sum()))
@@ -139,11 +143,21 @@ def check_inference_options(options: RunOptions) -> None:
         ...
         memlab.errors.MemlabError: loss_fn= is for training plans, and an InferencePlan runs the model's forward \
 (or generation) itself; drop loss_fn
+        >>> check_inference_options(RunOptions(lr=0.1))
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: lr=0.1 is the optimizer's learning rate of training plans, and inference runs no \
+optimizer; drop lr
     """
     if options.loss_fn is not None:
         raise MemlabError(
             "loss_fn= is for training plans, and an InferencePlan runs the model's forward (or generation) itself; "
             "drop loss_fn"
+        )
+    if options.lr != _DEFAULT_OPTIONS.lr:
+        raise MemlabError(
+            f"lr={options.lr!r} is the optimizer's learning rate of training plans, and inference runs no optimizer; "
+            "drop lr"
         )
 
 

@@ -25,8 +25,9 @@ from memlab.errors import MemlabError
 from memlab.events import Event
 from memlab.inference.fit import fit_inference
 from memlab.inference.plan import INFERENCE_LEVERS, InferencePlan
-from memlab.inference.run import compare_inference
+from memlab.inference.run import check_inference_options, compare_inference
 from memlab.jupyter.live import LiveFigure
+from memlab.jupyter.panel import _descendants
 from memlab.options import RunOptions, TrialKeywords
 from memlab.plan import format_bytes, parse_budget
 from memlab.report import INFERENCE_CATEGORIES, Report, Trial, one_line
@@ -67,6 +68,7 @@ class InferencePanel(widgets.VBox):
             raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
         self.rows = count_rows(batch)
         self.options = RunOptions.from_keywords({**options, "progress": False})
+        check_inference_options(self.options)
         self.model = model
         self.batch = batch
         self.min_interval_s = min_interval_s
@@ -122,13 +124,39 @@ class InferencePanel(widgets.VBox):
                                                             **options))
 
     def clear(self) -> None:
-        """Forget the results so far (the model is not touched)."""
+        """Forget the results so far (the model is not touched); the old figure's widget is closed.
+
+        Example:
+            >>> import torch
+            >>> p = InferencePanel(torch.nn.Linear(4, 2), torch.randn(2, 4))
+            >>> old = p.figure.widget
+            >>> p.clear(); old.comm is None, p.figure.widget in p.children
+            (True, True)
+        """
+        old = self.figure
         self.report = Report([], budget=self.report.budget)
         self.figure = LiveFigure(self.report.budget, min_interval_s=self.min_interval_s,
                                  categories=INFERENCE_CATEGORIES)
         self.table.value = self.report._repr_html_()
-        self.children = self._layout()
+        # Only the figure changes: containers rebuilt here would stay open, holding the buttons and so the model.
+        children: tuple[widgets.Widget, ...] = tuple(self.children)  # type: ignore[has-type]
+        self.children = tuple(self.figure.widget if child is old.widget else child for child in children)
+        old.widget.close()
         self._say("Cleared; the model is untouched", "info")
+
+    def close(self) -> None:
+        """Close the panel and every widget in it, so that the kernel can let the model and its runs go (ipywidgets
+        keeps every widget until it is closed, and the buttons hold the panel, which holds the model).
+
+        Example:
+            >>> import torch
+            >>> p = InferencePanel(torch.nn.Linear(4, 2), torch.randn(2, 4))
+            >>> p.close(); p.run_button.comm is None, p.figure.widget.comm is None
+            (True, True)
+        """
+        for widget in _descendants(self):
+            widget.close()
+        super().close()
 
     def _do(self, action: Any) -> Trial | None:
         try:

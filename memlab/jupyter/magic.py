@@ -553,6 +553,9 @@ class MemfitMagics(Magics):
              "largest batch that fits)"),
             ("--gpus", args.gpus is not None, "inference is measured on one device"),
             ("--strategy", args.strategy is not None, "inference is measured on one device"),
+            ("--lr", args.lr != _DEFAULTS.lr, "inference runs no optimizer"),
+            ("--search", args.search and args.dry_run, "a dry run estimates memory, not speed (--dry-run --budget "
+             "marks each --try setting against the budget)"),
         ]
         for flag, given, why in refused:
             if given:

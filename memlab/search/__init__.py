@@ -18,14 +18,15 @@ fits two small models to what it measured, and skips what cannot fit or cannot w
   plan is at most as fast as its larger-micro-batch twin (on a CPU that does not hold; every size is measured).
 - Stop rule (:class:`Search`): a plan is skipped when it needs at least the memory of a plan that did not fit
   (:func:`needs_at_least`), when its predicted peak is over ``FIT_MARGIN * budget`` (1.1; borderline plans are
-  measured), or when it cannot beat the best so far: a predicted speed must exceed ``SPEED_MARGIN * best`` (0.9,
-  the model's error) and a measured twin's speed must exceed ``best``. The rest are measured fastest-expected
-  first (plans predicted to fit before borderline ones) until none is left, so the answer is a measured trial.
+  measured), when a measured plan that fits does its work or less (:func:`faster_twins`), or when it cannot beat
+  the best so far: a predicted speed must exceed ``SPEED_MARGIN * best`` (0.9, the model's error) and a measured
+  twin's speed must exceed ``best``. The rest are measured fastest-expected first (plans predicted to fit before
+  borderline ones) until none is left or ``max_trials`` (15) were measured, so the answer is a measured trial.
 """
 
 from __future__ import annotations
 
-from memlab.search.fit import fit
+from memlab.search.fit import MAX_TRIALS, fit
 from memlab.search.memory import FIT_MARGIN, Line, MemoryModel, fit_line, one_point_line
 from memlab.search.space import (
     best_of,
@@ -42,6 +43,7 @@ from memlab.search.speed import SPEED_MARGIN, SpeedModel, SpeedPrior, speed_prio
 from memlab.search.strategy import Search, SearchResult
 
 __all__ = [
+    "MAX_TRIALS",
     "FIT_MARGIN",
     "Line",
     "MemoryModel",

@@ -25,7 +25,10 @@ from memlab.search.suggest import suggestions
 from memlab.techniques.loss import chunked_loss_applies
 from memlab.trial import TrialRunner, keep_on_interrupt
 
-__all__ = ["fit"]
+__all__ = ["MAX_TRIALS", "fit"]
+
+MAX_TRIALS = 15
+"""How many plans ``fit`` measures at most by default: a search over hundreds of plans answers in about a dozen."""
 
 
 def fit(
@@ -36,6 +39,7 @@ def fit(
     space: Mapping[str, Sequence[Any]] | None = None,
     dry_run: bool = False,
     estimates: bool = True,
+    max_trials: int | None = MAX_TRIALS,
     **options: Unpack[RunKeywords],
 ) -> Report:
     """The fastest plan whose measured peak fits ``budget`` at the effective batch ``batch_size``.
@@ -63,6 +67,9 @@ def fit(
         estimates: before measuring a plan whose peak rests on a part nothing has shown yet (a new adapter, a new
             optimizer, a new mix of techniques), estimate it and a few like it on fake tensors, so that plans
             estimated not to fit are skipped unmeasured. False: only measured trials (and least-case guesses).
+        max_trials: measure at most this many plans (the close contenders' re-runs in turn are not counted; None:
+            no limit). The search measures the plans expected fastest first, so the limit cuts the least promising;
+            the plans it leaves are in ``skipped``, each with its expected speed and peak.
         options: :class:`~memlab.options.RunKeywords`. ``budget``: bytes or a size such as ``"8GiB"``; default on
             CUDA what this process can hold there (:func:`memlab.device.cuda_capacity`); on CPU it must be given.
 
@@ -82,6 +89,11 @@ def fit(
         batch_size = rows
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise MemlabError(f"batch_size={batch_size!r} is not allowed; write a whole number >= 1, e.g. batch_size=32")
+    if max_trials is not None and (isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1):
+        raise MemlabError(
+            f"max_trials={max_trials!r} is not allowed; write a whole number >= 1, e.g. max_trials=15, or None for "
+            "no limit"
+        )
     device = model_device(model)
     budget = run_options.budget
     if budget is None:
@@ -130,7 +142,8 @@ def fit(
                                            lr=run_options.lr, device=device).trials)
 
             search = Search(candidates, budget=budget, batch_size=batch_size, trainable_bytes=trainable, prior=prior,
-                            device_type=device.type, estimate=estimate if estimates else None)
+                            device_type=device.type, estimate=estimate if estimates else None,
+                            max_trials=max_trials)
             result = search.run(measure, on_step=bar.advance)
             trials = list(result.trials)
             # The original index: a live figure redraws that plan's column with the new run.

@@ -5,8 +5,8 @@ predicted peak is over ``FIT_MARGIN * budget`` (borderline plans are measured), 
 its work or less (:func:`~memlab.search.space.faster_twins`: it can tie that plan, never beat it), or when it cannot
 beat the best so far beyond the noise: a predicted speed over ``SPEED_MARGIN`` must reach, and a measured twin's
 interval must reach, the low end of the best's interval (:func:`~memlab.report.data.speed_range`). The
-rest are measured fastest-expected first (plans predicted to fit before borderline ones) until none is left, so the
-answer is a measured trial.
+rest are measured fastest-expected first (plans predicted to fit before borderline ones) until none is left, or
+until ``max_trials`` were measured, so the answer is a measured trial.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ class Search:
         prior: expected speeds before measuring (:func:`speed_prior`).
         fit_margin: skip for memory only above ``budget * fit_margin``.
         speed_margin: skip a determined plan when its predicted speed is at most ``speed_margin * best``.
+        device_type: where the plans run ("cpu": offload and paged optimizers run as the plans without them).
+        estimate: dry runs on fake tensors, asked for plans whose peak rests on a part nothing has shown yet.
+        max_trials: measure at most this many plans (None: no limit); the plans left are skipped, with why.
 
     Example:
         >>> from memlab.search.space import candidate_plans
@@ -74,6 +77,7 @@ class Search:
         speed_margin: float = SPEED_MARGIN,
         device_type: str | None = None,
         estimate: EstimateFn | None = None,
+        max_trials: int | None = None,
     ) -> None:
         self.candidates = list(dict.fromkeys(candidates))
         self.budget = budget
@@ -86,6 +90,7 @@ class Search:
         self.skipped: list[tuple[Plan, str]] = []
         self.pending: list[Plan] = []
         self.estimate = estimate
+        self.max_trials = max_trials
         self.estimates: list[Trial] = []
         self._estimated: set[Plan] = set()
         self._ranks = {plan.lora_rank for plan in self.candidates if plan.adapter != "none"}
@@ -235,12 +240,27 @@ class Search:
         """
         total = len(self.candidates)
         while (plan := self.next_plan()) is not None:
+            if self.max_trials is not None and len(self.trials) >= self.max_trials:
+                self._stop_at_the_limit()
+                break
             if on_step is not None:
                 on_step(len(self.trials) + len(self.skipped))
             self.record(measure(plan, len(self.trials), total))
         if on_step is not None:
             on_step(total)
         return SearchResult(self.trials, self.skipped, self.best)
+
+    def _stop_at_the_limit(self) -> None:
+        """Skip every plan still pending, each with its expected speed, because ``max_trials`` were measured."""
+        memory, speed = self.models()
+        ranked = sorted(self.pending, key=self._order(memory, speed), reverse=True)
+        for plan in ranked:
+            self.skipped.append((
+                plan,
+                f"not measured: fit measures at most max_trials={self.max_trials} plans (raise it to measure more); "
+                f"expected {speed.expected(plan):.3g} samples/s, predicted peak {format_bytes(memory.predict(plan))}",
+            ))
+        self.pending = []
 
     def record(self, trial: Trial) -> None:
         """Add a measured trial (its plan leaves the pending list)."""

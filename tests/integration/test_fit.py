@@ -174,15 +174,15 @@ def test_a_first_trial_that_fits_only_by_its_allocated_peak_runs_again_under_the
 
 
 def test_contenders_tied_within_noise_are_timed_again_in_turn_and_drift_does_not_decide(monkeypatch):
-    # The machine was fast while plain ran and slowed down for ckpt: measured apart, plain looks faster, within
-    # noise. Timed again in turn (A B A B), both see the same machine, and ckpt is as fast or faster.
+    # The machine was fast while plain ran and slowed down for bf16: measured apart, plain looks faster, within
+    # noise. Timed again in turn (A B A B), both see the same machine, and bf16 is as fast or faster.
     from memlab.report import Trial
     from memlab.trial import TrialRunner
 
     budget = 10**9
     calls: list[str] = []
-    first_pass = {"plain": (0.50, 0.56, 0.53), "ckpt": (0.54, 0.57, 0.52)}
-    again = {"plain": (0.60, 0.61, 0.60), "ckpt": (0.50, 0.51, 0.50)}
+    first_pass = {"plain": (0.50, 0.56, 0.53), "bf16": (0.54, 0.57, 0.52)}
+    again = {"plain": (0.60, 0.61, 0.60), "bf16": (0.50, 0.51, 0.50)}
 
     def run(self, plan, index=0, total=1, *, capped=True):
         label = plan.label()
@@ -195,14 +195,14 @@ def test_contenders_tied_within_noise_are_timed_again_in_turn_and_drift_does_not
 
     monkeypatch.setattr(TrialRunner, "run", run)
     report = fit(tiny_llama(), lm_batch(rows=4), budget=budget, progress=False, estimates=False,
-                 space={"precision": ["fp32"], "optimizer": ["adamw"], "offload": ["none"], "micro_batch": [4],
-                        "checkpointing": [False, True], "loss": ["full"]})
-    assert sorted(calls[:2]) == ["ckpt", "plain"]
+                 space={"precision": ["fp32", "bf16"], "optimizer": ["adamw"], "offload": ["none"],
+                        "micro_batch": [4], "checkpointing": [False], "loss": ["full"]})
+    assert sorted(calls[:2]) == ["bf16", "plain"]
     assert calls[2:] == calls[:2] * ROUNDS  # the two contenders, in turn, ROUNDS times
-    assert report.best.label == "ckpt"
+    assert report.best.label == "bf16"
     # Its speed pools every run, and its interval spans the runs' medians but the two extremes: the first pass
-    # alone crowned plain; timed in turn, ckpt was faster every time, and the one run that saw otherwise is left out.
-    assert report.best.step_times == first_pass["ckpt"] + again["ckpt"] * ROUNDS
+    # alone crowned plain; timed in turn, bf16 was faster every time, and the one run that saw otherwise is left out.
+    assert report.best.step_times == first_pass["bf16"] + again["bf16"] * ROUNDS
     assert report.best.step_runs == (3,) * (1 + ROUNDS)
     assert report.ties == []
     assert any("timed again in turn" in note for note in report.best.notes)

@@ -548,3 +548,45 @@ def test_plans_estimated_not_to_fit_are_skipped_unmeasured():
     failed = [len([t for t in run.trials if t.status == "oom"]) for run in (result, without)]
     assert failed[0] < failed[1], failed
     assert any(reason.startswith("estimated (dry run on fake tensors) not to fit") for _, reason in result.skipped)
+
+
+def test_a_plan_whose_faster_twin_was_measured_and_fits_is_not_measured():
+    # ckpt does plain's work and more: once plain fits, ckpt can tie it but never beat it, however its interval falls.
+    plans = candidate_plans(8, {"micro_batch": [8], "checkpointing": [False, True], "precision": ["fp32"]})
+    search = Search(plans, budget=10**6, batch_size=8, trainable_bytes=100)
+    plain = Trial(plans[0], "ok", 900, {"params": 100}, 0.1, 80.0, None, "cpu", rows_per_step=8,
+                  step_times=(0.08, 0.1, 0.12, 0.09, 0.11, 0.1))  # a wide interval: the old bound let ckpt through
+    search.record(plain)
+    assert search.next_plan() is None
+    [(skipped, reason)] = search.skipped
+    assert skipped.checkpointing and reason.startswith("cannot beat the best: it does the work of mb8x1 and more")
+
+
+def test_the_search_stops_at_max_trials_and_says_why_for_each_plan_left():
+    landscape = LANDSCAPES["gpt2-cpu-bf16-fast"]()
+    budget = int(landscape.plain_peak() * 0.45)
+    candidates = candidate_plans(8, landscape.space())
+    unlimited = Search(candidates, budget=budget, batch_size=8, trainable_bytes=124 * KIB, prior=speed_prior("cpu"))
+    everything = unlimited.run(landscape.measure(budget))
+    assert len(everything.trials) > 3
+    landscape.measured.clear()
+    search = Search(candidates, budget=budget, batch_size=8, trainable_bytes=124 * KIB, prior=speed_prior("cpu"),
+                    max_trials=3)
+    result = search.run(landscape.measure(budget))
+    assert len(result.trials) == 3 and [t.plan for t in result.trials] == [t.plan for t in everything.trials[:3]]
+    limited = [reason for _, reason in result.skipped if "max_trials=3" in reason]
+    assert limited and all("expected" in reason and "predicted peak" in reason for reason in limited)
+    assert len(result.trials) + len(result.skipped) == len(candidates)
+
+
+@pytest.mark.parametrize("max_trials", [0, -1, True, 2.5, "15"])
+def test_fit_refuses_a_max_trials_that_is_not_a_whole_number(max_trials):
+    import torch
+
+    from memlab.search import fit
+
+    model = torch.nn.Linear(4, 1)
+    before = model.weight.detach().clone()
+    with pytest.raises(MemlabError, match="write a whole number >= 1, e.g. max_trials=15"):
+        fit(model, torch.randn(2, 4), budget="1MiB", loss_fn=lambda m, b: m(b).sum(), max_trials=max_trials)
+    assert torch.equal(model.weight, before)
