@@ -82,6 +82,7 @@ _CPU_KERNELS = (
     "no CUDA here: estimated with CPU kernels and CPU autocast rules (and AdamW's fused update, as on CUDA); "
     "CUDA's attention kernels may differ"
 )
+_CPU_KERNELS_INFERENCE = "no CUDA here: estimated with CPU kernels; CUDA's attention kernels may differ"
 _NO_OFFLOAD = "offload needs CUDA to be estimated: shown as no change"
 _BNB_COMPUTED = (
     "bitsandbytes cannot run on fake tensors here: its 8-bit state is computed from its known size "
@@ -195,6 +196,12 @@ def estimate(
     """
     plan = Plan() if plan is None else plan
     if _is_inference(plan):
+        if isinstance(plan, (list, tuple)):
+            raise MemlabError(
+                "estimate takes one plan, and this is a list; write memlab.estimate(model, batch, "
+                "memlab.InferencePlan(...)) for each, or estimate_plans(model, batch, [...]) for all (from "
+                "memlab.estimate import estimate_plans)"
+            )
         if gpus != 1 or strategy != "none":
             raise MemlabError("an InferencePlan is estimated on one device; drop gpus= and strategy=")
         inference = cast("InferencePlan", plan)
@@ -311,7 +318,10 @@ def estimate_inference(
             if plan.quantize != "none":
                 trial = dataclasses.replace(trial, notes=(*trial.notes, f"{plan.quantize} weights counted from "
                                                           "bitsandbytes' layout"))
-            trials.append(_as_estimate(trial, target, kernels, limit))
+            estimated = _as_estimate(trial, target, kernels, limit)
+            # The training note on CPU kernels names autocast and AdamW; inference has neither.
+            notes = tuple(_CPU_KERNELS_INFERENCE if note == _CPU_KERNELS else note for note in estimated.notes)
+            trials.append(dataclasses.replace(estimated, notes=notes))
     return Report(trials, budget=limit)
 
 

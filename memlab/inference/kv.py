@@ -2,7 +2,9 @@
 
 A decoder keeps, for every layer, the keys and the values of every past token: ``2 x layers x kv-heads x head-dim
 x tokens x rows x bytes per element``. With grouped-query attention (``num_key_value_heads`` below
-``num_attention_heads``) only the kv-heads are kept. A sliding-window layer (Mistral's) keeps at most its window.
+``num_attention_heads``) only the kv-heads are kept. :func:`kv_cache_bytes` counts every layer as full attention; a
+sliding-window layer (Mistral's ``sliding_window``) keeps at most about its window, which ``memlab.measure`` and
+``memlab.estimate`` report and the formula does not.
 
 Example:
     >>> from transformers import LlamaConfig
@@ -31,6 +33,7 @@ __all__ = [
     "is_causal_lm",
     "kv_cache_bytes",
     "kv_shape",
+    "learned_positions",
     "new_cache",
     "takes_logits_to_keep",
     "track_cache",
@@ -44,13 +47,22 @@ def kv_shape(config: Any) -> tuple[int, int, int]:
     """``(layers, kv_heads, head_dim)`` of a transformers decoder config.
 
     ``head_dim`` is the config's own where it has one, else ``hidden_size // num_attention_heads``; kv-heads are
-    ``num_key_value_heads`` where the config has it (grouped-query attention), else the attention heads.
+    ``num_key_value_heads`` where the config has it (grouped-query attention), else the attention heads. A model
+    stands for its config, a multimodal config (Llava's) for its language model's.
 
     Example:
-        >>> from transformers import GPT2Config
+        >>> from transformers import GPT2Config, LlamaConfig, LlavaConfig
         >>> kv_shape(GPT2Config(n_layer=2, n_embd=64, n_head=4))
         (2, 4, 16)
+        >>> kv_shape(LlavaConfig(text_config=LlamaConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+        ...                                              num_key_value_heads=2).to_dict()))
+        (3, 2, 16)
     """
+    if isinstance(config, nn.Module):  # a model: its config
+        config = getattr(config, "config", config)
+    get_text_config = getattr(config, "get_text_config", None)
+    if callable(get_text_config):  # a multimodal config (Llava's): its language model's
+        config = get_text_config(decoder=True)
     try:
         layers = int(config.num_hidden_layers)
         heads = int(config.num_attention_heads)
@@ -67,7 +79,7 @@ def kv_shape(config: Any) -> tuple[int, int, int]:
 def kv_cache_bytes(config: Any, tokens: int, batch: int = 1, dtype: str | torch.dtype | int = "bf16") -> int:
     """The KV cache of ``tokens`` tokens per row for ``batch`` rows: ``2 x layers x kv-heads x head-dim x tokens x
     batch x bytes per element`` (see :func:`kv_shape`). ``dtype``: ``"fp32"``, ``"bf16"``, ``"fp16"``, a torch
-    dtype, or bytes per element.
+    dtype, or bytes per element. Every layer is counted as full attention (sliding windows are not applied).
 
     Example:
         >>> from transformers import LlamaConfig
@@ -107,6 +119,33 @@ def is_causal_lm(model: nn.Module) -> bool:
         return bool(can_generate())
     except Exception:  # noqa: BLE001 - a model that cannot answer cannot generate
         return False
+
+
+def learned_positions(model: nn.Module) -> int | None:
+    """How many positions a model with learned position embeddings (GPT-2's ``wpe``, BERT's, OPT's) can embed
+    (``config.max_position_embeddings``); None where positions are computed (rotary, ALiBi: any length runs) or
+    the model has no config. A longer sequence fails in the forward (an index out of range); a fake-tensor
+    estimate would not see it.
+
+    Example:
+        >>> from transformers import GPT2Config, GPT2LMHeadModel
+        >>> learned_positions(GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, n_positions=64))), \
+learned_positions(nn.Linear(2, 2))
+        (64, None)
+    """
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        return None
+    get_input = getattr(model, "get_input_embeddings", None)
+    try:
+        tokens = get_input() if callable(get_input) else None
+    except (NotImplementedError, AttributeError):
+        tokens = None
+    for module in model.modules():
+        # OPT's table has 2 rows more than its positions (an offset); a token table is never taken for one
+        if isinstance(module, nn.Embedding) and module is not tokens and limit <= module.num_embeddings <= limit + 2:
+            return limit
+    return None
 
 
 def takes_logits_to_keep(model: nn.Module) -> bool:

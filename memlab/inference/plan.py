@@ -139,7 +139,12 @@ class InferencePlan:
         return self.batch_size or batch_rows
 
     def rows_per_step(self, batch_rows: int) -> int:
-        """The same as :meth:`rows` (the name a training :class:`memlab.Plan` uses)."""
+        """The same as :meth:`rows` (the name a training :class:`memlab.Plan` uses).
+
+        Example:
+            >>> InferencePlan(batch_size=16).rows_per_step(4)
+            16
+        """
         return self.rows(batch_rows)
 
     def label(self) -> str:
@@ -178,7 +183,12 @@ class InferencePlan:
         return "inference: " + ", ".join(parts)
 
     def replace(self, **changes: Any) -> InferencePlan:
-        """A copy with some fields changed (validated like a new plan)."""
+        """A copy with some fields changed (validated like a new plan).
+
+        Example:
+            >>> InferencePlan(weights="bf16").replace(new_tokens=8).label()
+            'bf16 gen8'
+        """
         return replace(self, **changes)
 
 

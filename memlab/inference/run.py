@@ -46,6 +46,7 @@ from memlab.inference.kv import (
     cache_bytes,
     cache_tokens,
     is_causal_lm,
+    learned_positions,
     new_cache,
     takes_logits_to_keep,
     track_cache,
@@ -53,7 +54,7 @@ from memlab.inference.kv import (
 from memlab.inference.plan import InferencePlan
 from memlab.inference.weights import DTYPES, check_quantizable, prepare_weights, quantization_tensors
 from memlab.measure.cuda import CudaPeak
-from memlab.measure.oom import is_oom_error, release_error, release_memory
+from memlab.measure.oom import release_error, release_memory
 from memlab.measure.probes import Probe, probe_for
 from memlab.measure.reading import PeakReading, read_failed_peak, read_peak
 from memlab.measure.remeasure import settle_close_race
@@ -63,13 +64,13 @@ from memlab.options import RunKeywords, RunOptions
 from memlab.progress import run_progress
 from memlab.quiet import quiet
 from memlab.report import InferenceTrial, Report, Trial
-from memlab.trial import keep_on_interrupt, timed_enough
+from memlab.trial import _check_real, _steady, keep_on_interrupt, timed_enough
+from memlab.trial import _Record as _TrainingRecord
 
 __all__ = ["InferenceRunner", "StepResult", "check_inference_plans", "compare_inference", "measure_inference"]
 
 Clock = Callable[[], float]
 _EXTRA_WARMUP_LIMIT = 4
-_STEADY_WARMUP = 0.2
 _WARM_DEVICE_TYPES: set[str] = set()
 _FP16_CPU_NOTE = "fp16 on CPU is slow (few CPU kernels are fast in fp16)"
 _DEFAULT_OPTIONS = RunOptions()
@@ -201,7 +202,13 @@ memlab.compare(model, batch, [memlab.InferencePlan(...), ...]) and a second comp
 @dataclass
 class StepResult:
     """What one inference step did: seconds of its prefill and of each decode step (generation only), and the KV
-    cache it held at the end (bytes, tokens per row)."""
+    cache it held at the end (bytes, tokens per row).
+
+    Example:
+        >>> runner = InferenceRunner(nn.Linear(4, 2), torch.randn(3, 4))
+        >>> runner.step(InferencePlan())
+        StepResult(prefill_s=None, decode_s=[], cache_bytes=0, cache_tokens=0)
+    """
 
     prefill_s: float | None = None
     decode_s: list[float] = field(default_factory=list)
@@ -291,6 +298,19 @@ class InferenceRunner:
                 raise MemlabError(
                     f"new_tokens={plan.new_tokens} generates from input_ids, and the batch has none as (rows, "
                     "tokens); write batch = {'input_ids': ids} with ids of shape (rows, tokens)"
+                )
+        positions = learned_positions(self.model)
+        if positions is not None and self.prompt_tokens is not None:
+            needed = self.prompt_tokens + max(plan.new_tokens - 1, 0)
+            if needed > positions:
+                room = positions - self.prompt_tokens + 1
+                instead = f"new_tokens <= {room}" if room >= 1 and plan.generates else "a shorter batch"
+                tokens = f"{self.prompt_tokens} tokens of input_ids" + (
+                    f" and {plan.new_tokens} new tokens" if plan.generates else ""
+                )
+                raise MemlabError(
+                    f"{tokens} need {needed} positions, and {type(self.model).__name__} learned "
+                    f"{positions} (config.max_position_embeddings); write {instead}"
                 )
         if plan.quantize != "none":
             check_quantizable(self.model, plan.quantize)
@@ -560,52 +580,25 @@ def _model_inputs(batch: Batch) -> Any:
     return batch
 
 
-def _steady(seconds_taken: list[float]) -> bool:
-    if len(seconds_taken) < 2:
-        return False
-    last, before = seconds_taken[-1], seconds_taken[-2]
-    return abs(last - before) <= _STEADY_WARMUP * max(before, 1e-9)
-
-
-def _check_real(model: nn.Module, batch: Batch) -> None:
-    where = "model" if any(p.is_meta for p in model.parameters()) else None
-    if where is None and any(t.is_meta for _, t in named_tensors(batch)):
-        where = "batch"
-    if where is not None:
-        raise MemlabError(
-            f"the {where} is on the meta device (it has no data); measure a real one, or predict this one with "
-            "memlab.estimate(model, batch, memlab.InferencePlan(...))"
-        )
-
-
-class _Record:
-    """What one inference trial has found so far; becomes an InferenceTrial at the end, whatever stopped it."""
+class _Record(_TrainingRecord):
+    """What one inference trial has found so far (a training trial's record, with its failure rule, plus the
+    prefill and decode times and the KV cache); becomes an InferenceTrial at the end, whatever stopped it."""
 
     def __init__(self, plan: InferencePlan, held_before_bytes: int) -> None:
-        self.plan = plan
-        self.status = "error"
-        self.error: str | None = None
+        super().__init__(plan, held_before_bytes)  # type: ignore[arg-type]
+        self.inference_plan = plan
         self.reading = PeakReading(breakdown=dict.fromkeys(INFERENCE_CATEGORIES, 0))
-        self.held_before_bytes = held_before_bytes
-        self.step_times: list[float] = []
         self.prefill_times: list[float] = []
         self.decode_times: list[float] = []
-        self.notes: list[str] = []
         self.cache_bytes = 0
         self.cache_tokens = 0
 
-    def fail(self, error: BaseException) -> None:
-        self.status = "oom" if is_oom_error(error) else "error"
-        message = str(error).strip().splitlines()
-        first_line = message[0] if message else ""
-        self.error = f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
-
-    def to_trial(
+    def to_trial(  # type: ignore[override]
         self, *, device: torch.device, rows: int, prompt_tokens: int | None, budget: int | None, rss_bytes: int | None
     ) -> InferenceTrial:
         ok = self.status == "ok"
         step_time = statistics.median(self.step_times) if ok and self.step_times else None
-        plan = self.plan
+        plan = self.inference_plan
         if not step_time:
             tokens_per_s = None
         elif plan.generates:

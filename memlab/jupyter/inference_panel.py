@@ -21,6 +21,7 @@ from torch import nn
 from typing_extensions import Unpack
 
 from memlab.batch import Batch, count_rows
+from memlab.device import model_device
 from memlab.errors import MemlabError
 from memlab.events import Event
 from memlab.inference.fit import fit_inference
@@ -107,7 +108,15 @@ class InferencePanel(widgets.VBox):
         return InferencePlan(**values)
 
     def budget(self) -> int | None:
-        """The budget field in bytes (None when empty)."""
+        """The budget field in bytes (None when empty; a MemlabError that says what to write when unreadable).
+
+        Example:
+            >>> import torch
+            >>> p = InferencePanel(torch.nn.Linear(4, 2), torch.randn(2, 4))
+            >>> p.controls["budget"].value = "1KiB"
+            >>> p.budget()
+            1024
+        """
         text = str(self.controls["budget"].value).strip()
         return parse_budget(text) if text else None
 
@@ -116,8 +125,21 @@ class InferencePanel(widgets.VBox):
         return self._do(lambda plan, options: compare_inference(self.model, self.batch, [plan], **options))
 
     def largest_batch(self) -> Trial | None:
-        """Search the largest batch of the setting within the budget (what Largest batch does)."""
-        if self.budget() is None and next(self.model.parameters()).device.type != "cuda":
+        """Search the largest batch of the setting within the budget (what Largest batch does); the largest trial
+        that fits, or None (the status line says why).
+
+        Example:
+            >>> import torch
+            >>> p = InferencePanel(torch.nn.Linear(4, 2), torch.randn(2, 4), steps=1, noise=0)
+            >>> p.largest_batch() is None, "needs a budget" in p.status.value
+            (True, True)
+        """
+        try:
+            budget = self.budget()
+        except MemlabError as error:
+            self._say(f"Cannot run: {one_line(error, limit=None)}", "error")
+            return None
+        if budget is None and model_device(self.model).type != "cuda":
             self._say("Largest batch needs a budget: write one, such as 8GiB, in the budget field", "error")
             return None
         return self._do(lambda plan, options: fit_inference(self.model, self.batch, plan.replace(batch_size=None),
@@ -176,8 +198,11 @@ class InferencePanel(widgets.VBox):
             best = result.best if len(result) > 1 else result.trials[-1]
             self._say(*_message(best, result))
             return best
-        except KeyboardInterrupt:
-            self._say("Interrupted; the model is as it was", "warn")
+        except KeyboardInterrupt as interrupt:
+            finished = getattr(interrupt, "report", None)  # what compare / fit_inference measured before Ctrl-C
+            kept = list(finished.trials) if isinstance(finished, Report) else []
+            self.report = Report([*self.report.trials, *kept], budget=budget)
+            self._say(f"Interrupted; the model is as it was ({len(kept)} setting(s) measured are in the table)", "warn")
             return None
         except Exception as error:  # noqa: BLE001 - shown as one line, never a traceback in the panel
             self._say(f"Error: {one_line(error, limit=None)}", "error")

@@ -422,6 +422,13 @@ class MemfitMagics(Magics):
         MODEL and BATCH are looked up by name (trainer.model works too); nothing is evaluated. Wrong input
         stops with a one-line UsageError before the model is touched.
 
+        --inference measures inference instead of training, on the same model and with the same figure: --try
+        takes the settings of memlab.InferencePlan (weights=fp32,bf16,fp16 quantize=none,int8,nf4 batch_size=N
+        new_tokens=N kv_cache=on,off), each run as a forward (or a generation of new_tokens) under
+        torch.inference_mode(); --budget with one setting finds the largest batch that fits, --search --budget the
+        fastest --try setting that fits, --dry-run estimates them. The cell body stays empty; --apply, --lr,
+        --batch-size, --gpus and --strategy are for training.
+
         --dry-run --gpus N (or auto, with --budget) estimates training sharded over N GPUs with --strategy
         fsdp2, zero2 or zero3 (default: all three): a line per plan and strategy with the peak per GPU and where
         it goes, and a Report with one trial per plan and strategy. memlab never shards a live run, so --gpus

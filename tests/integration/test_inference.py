@@ -16,6 +16,7 @@ from torch import nn
 
 import memlab
 from memlab.errors import MemlabError, UnsupportedTechnique
+from memlab.events import TrialSettled
 from memlab.inference import InferencePlan, LargestBatchReport, fit_inference
 from memlab.report import InferenceTrial
 
@@ -153,12 +154,16 @@ def test_close_contenders_are_timed_again_with_the_noise_rules(llama: nn.Module)
     # The same work twice (the batch has 2 rows): speeds that overlap within noise are timed again in turn (A B A B)
     # and the report names one best, the other a tie or slower; nothing breaks with inference trials pooled.
     before = fingerprint(llama)
+    events: list[Any] = []
     report = memlab.compare(llama, ids(2, 8), [InferencePlan(), InferencePlan(batch_size=2)], steps=2, warmup=0,
-                            noise=0.5, time_limit=0.5, progress=False)
+                            noise=0.5, time_limit=0.5, progress=False, callback=events.append)
     assert [t.status for t in report] == ["ok", "ok"] and report.best is not None
     for trial in report:
         assert isinstance(trial, InferenceTrial) and len(trial.step_times) >= 2
         assert not trial.step_runs or sum(trial.step_runs) == len(trial.step_times)
+    # A live figure is told of each pooled trial (TrialSettled), as for training plans, so it shows the pooled speed.
+    settled = {event.index: event.trial for event in events if isinstance(event, TrialSettled)}
+    assert settled == {index: trial for index, trial in enumerate(report) if trial.step_runs}
     assert_same(before, fingerprint(llama))
 
 
@@ -220,6 +225,8 @@ def test_estimate_gives_the_kv_cache_of_a_long_context_from_a_config() -> None:
     trial = memlab.estimate(config, {"input_ids": (2, 4096)}, InferencePlan(weights="bf16"), device="cpu")
     assert trial.kv_cache_end_bytes == memlab.kv_cache_bytes(config, tokens=4096, batch=2, dtype="bf16")
     assert trial.breakdown["kv_cache"] == trial.kv_cache_end_bytes
+    on_cuda = memlab.estimate(config, {"input_ids": (2, 64)}, InferencePlan(weights="bf16"), device="cuda")
+    assert on_cuda.status == "ok" and not any("AdamW" in note or "autocast" in note for note in on_cuda.notes)
     nf4 = memlab.estimate(config, {"input_ids": (1, 16)}, InferencePlan(quantize="nf4"), device="cpu")
     assert nf4.status == "ok" and nf4.breakdown["params"] < trial.breakdown["params"]
 
@@ -244,6 +251,19 @@ def test_bad_input_is_one_error_that_says_what_to_write_before_the_model_is_touc
          "space= is for goal='speed'"),
         (lambda: memlab.estimate(llama, {"input_ids": (1, 8)}, InferencePlan(), gpus=2, strategy="fsdp2"),
          "drop gpus= and strategy="),
+        (lambda: memlab.estimate(llama, {"input_ids": (1, 8)}, [InferencePlan()], device="cpu"),  # type: ignore[arg-type]
+         "estimate takes one plan, and this is a list"),
+        (lambda: memlab.measure(llama, ids(2, 8), InferencePlan(), lr=0.1, **FAST),
+         "inference runs no optimizer; drop lr"),
+        (lambda: fit_inference(llama, ids(2, 8), budget="1GiB", lr=0.1, **FAST), "drop lr"),
+        # GPT-2 learned 64 positions: a longer context is an IndexError in the forward, and an estimate on fake
+        # tensors (which check no index) would call it fine.
+        (lambda: memlab.measure(small("gpt2"), ids(2, 60), InferencePlan(new_tokens=8), **FAST),
+         "need 67 positions, and GPT2LMHeadModel learned 64 .* write new_tokens <= 5"),
+        (lambda: memlab.estimate(small("gpt2"), {"input_ids": (2, 60)}, InferencePlan(new_tokens=8), device="cpu"),
+         "write new_tokens <= 5"),
+        (lambda: memlab.estimate(small("gpt2").config, {"input_ids": (1, 100)}, InferencePlan(), device="cpu"),
+         "100 tokens of input_ids need 100 positions.*write a shorter batch"),
     ]
     for call, says in cases:
         with pytest.raises(MemlabError, match=says):

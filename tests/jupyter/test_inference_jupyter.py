@@ -77,6 +77,9 @@ def test_dry_run_estimates_inference(shell: InteractiveShell) -> None:
         ("lm prompts --inference", "loss = lm(**prompts).logits.sum()", "leave the body empty"),
         ("lm prompts --inference --try quantize=int3", None, "write one of none, int8, nf4"),
         ("lm nothing --inference", None, "BATCH 'nothing' is not defined"),
+        ("lm prompts --inference --lr 0.1", None, "--lr does not go with --inference.*drop --lr"),
+        ("lm prompts --inference --dry-run --search --budget 1GiB --try weights=fp32,bf16", None,
+         "--search does not go with --inference: a dry run estimates memory, not speed"),
     ],
 )
 def test_bad_input_is_one_usage_error(shell: InteractiveShell, line: str, body: str | None, says: str) -> None:
@@ -112,6 +115,9 @@ def test_panel_inference_mode_runs_settings_and_finds_the_largest_batch() -> Non
         panel.controls["budget"].value = "lots"
         panel.run_button.click()
         assert "Cannot run" in panel.status.value and "write" in panel.status.value
+        panel.controls["budget"].value = "plenty"
+        assert panel.largest_batch() is None  # a status line, never an exception out of a button
+        assert "budget &#x27;plenty&#x27; is not understood" in panel.status.value
         panel.clear_button.click()
         assert len(panel.report) == 0
     finally:
@@ -154,3 +160,46 @@ def test_the_live_figure_stacks_the_inference_categories(
     assert list(figure.widget.data[0].x) == [trial.label for trial in report]
     record = shown[-1]  # the static record that replaced the live figure
     assert "kv_cache" in record["image/svg+xml"] and "grads" not in record["image/svg+xml"]
+
+
+def test_a_closed_panel_lets_the_model_go_after_runs_and_clear() -> None:
+    import gc
+    import weakref
+
+    model = tiny_llama(layers=1, width=32).eval()
+    panel = memlab.panel(model, {"input_ids": torch.randint(0, 128, (2, 8))}, inference=True, steps=1, warmup=0,
+                         noise=0)
+    panel.run_button.click()
+    old_figure = panel.figure.widget
+    panel.clear_button.click()
+    assert old_figure.comm is None and panel.figure.widget in panel.children  # the old figure is closed
+    panel.close()
+    assert panel.run_button.comm is None and panel.controls["weights"].comm is None
+    model_ref = weakref.ref(model)
+    del model, panel, old_figure
+    gc.collect()
+    assert model_ref() is None  # ipywidgets keeps open widgets: one left open would keep the model alive
+    with pytest.raises(memlab.MemlabError, match="drop lr"):
+        memlab.panel(tiny_llama(layers=1, width=32), {"input_ids": torch.randint(0, 128, (2, 8))}, inference=True,
+                     lr=0.1)
+
+
+def test_ctrl_c_in_the_panel_keeps_the_settings_measured_before_it() -> None:
+    model = tiny_llama(layers=1, width=32).eval()
+
+    def interrupt_large_batches(module: torch.nn.Module, args: Any) -> None:
+        if args[0].shape[0] > 2:  # the search's third size, after 1 and 2 rows
+            raise KeyboardInterrupt
+
+    handle = model.model.layers[0].register_forward_pre_hook(interrupt_large_batches)
+    panel = memlab.panel(model, {"input_ids": torch.randint(0, 128, (2, 8))}, inference=True, steps=1, warmup=0,
+                         noise=0, budget="64MiB")
+    try:
+        before = fingerprint(model)
+        assert panel.largest_batch() is None
+        assert [trial.rows_per_step for trial in panel.report] == [1, 2]
+        assert "Interrupted" in panel.status.value and "2 setting(s) measured" in panel.status.value
+        assert_same(before, fingerprint(model))
+    finally:
+        panel.close()
+        handle.remove()
