@@ -75,6 +75,11 @@ def measure(model: nn.Module, batch: Batch, plan: Plan | InferencePlan, **option
         >>> trial.status, trial.breakdown["params"] == 4 * sum(p.numel() for p in model.parameters())
         ('ok', True)
     """
+    if isinstance(plan, (list, tuple)) or (isinstance(plan, Iterable) and not isinstance(plan, (str, bytes))):
+        raise MemlabError(
+            "measure takes one plan; write memlab.measure(model, batch, memlab.Plan(...)), or "
+            "memlab.compare(model, batch, plans) for a list"
+        )
     options["progress"] = False
     return compare(model, batch, [plan], **options).trials[0]  # type: ignore[arg-type]
 
@@ -100,6 +105,8 @@ def compare(
         >>> [t.status for t in report.trials]
         ['ok', 'ok']
     """
+    if isinstance(plans, Iterable) and not isinstance(plans, (str, bytes, list, tuple)):
+        plans = list(plans)  # a generator: looked at twice below (which mode, then each plan)
     if _inference_plans(plans):
         from memlab.inference.run import compare_inference
 

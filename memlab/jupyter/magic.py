@@ -54,7 +54,7 @@ from memlab.jupyter.live import LiveOutput
 from memlab.options import RunOptions
 from memlab.plan import LEVERS, parse_axes, parse_grid
 from memlab.report import INFERENCE_CATEGORIES, Report
-from memlab.search import fit
+from memlab.search import MAX_TRIALS, fit
 from memlab.sharded import parse_gpus, sharded_lines, sharded_trials
 from memlab.trial import compare
 
@@ -385,6 +385,13 @@ class MemfitMagics(Magics):
         help="with --try: search for the fastest plan that fits --budget within the --try values",
     )
     @argument(
+        "--max-trials",
+        type=int,
+        metavar="N",
+        default=None,
+        help=f"a search measures at most N plans, those expected fastest first (default {MAX_TRIALS})",
+    )
+    @argument(
         "--inference",
         action="store_true",
         help=(
@@ -486,6 +493,10 @@ class MemfitMagics(Magics):
             raise _usage_error(
                 "--batch-size sets the effective batch of a search; add --search to search within the --try values"
             )
+        if args.max_trials is not None and not search:
+            raise _usage_error(
+                "--max-trials limits a search; add --budget SIZE (or --search with --try), or drop --max-trials"
+            )
         if args.apply and args.dry_run:
             raise _usage_error("--apply needs measured plans, and --dry-run only estimates them; drop one of the two")
         sharding = _sharding(args)
@@ -518,7 +529,9 @@ class MemfitMagics(Magics):
             elif search:
                 space = parse_axes(args.grid) or None
                 size = rows if args.batch_size is None else args.batch_size
-                report = fit(model, batch, batch_size=size, space=space, dry_run=args.dry_run, **options.keywords())
+                limit = MAX_TRIALS if args.max_trials is None else args.max_trials
+                report = fit(model, batch, batch_size=size, space=space, dry_run=args.dry_run, max_trials=limit,
+                             **options.keywords())
             elif args.dry_run:
                 report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
             else:
@@ -561,6 +574,7 @@ class MemfitMagics(Magics):
             ("--gpus", args.gpus is not None, "inference is measured on one device"),
             ("--strategy", args.strategy is not None, "inference is measured on one device"),
             ("--lr", args.lr != _DEFAULTS.lr, "inference runs no optimizer"),
+            ("--max-trials", args.max_trials is not None, "an inference search measures every --try setting"),
             ("--search", args.search and args.dry_run, "a dry run estimates memory, not speed (--dry-run --budget "
              "marks each --try setting against the budget)"),
         ]

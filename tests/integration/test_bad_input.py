@@ -23,6 +23,18 @@ def test_compare_without_plans_says_what_to_pass() -> None:
         memlab.compare(tiny_mlp(), mlp_batch(), None, loss_fn=mlp_loss)  # type: ignore[arg-type]
 
 
+def test_measure_given_a_list_points_to_compare_and_compare_takes_a_generator() -> None:
+    model, batch = tiny_mlp(), mlp_batch()
+    before = fingerprint(model)
+    for plans in ([memlab.Plan()], [memlab.InferencePlan()], (p for p in [memlab.Plan()])):
+        with pytest.raises(MemlabError, match="measure takes one plan; .*memlab.compare"):
+            memlab.measure(model, batch, plans, loss_fn=mlp_loss)  # type: ignore[arg-type]
+    assert_same(before, fingerprint(model))
+    report = memlab.compare(model, batch, (plan for plan in [memlab.InferencePlan(), memlab.InferencePlan()]),
+                            steps=1, noise=0, progress=False)
+    assert [trial.status for trial in report.trials] == ["ok", "ok"]
+
+
 def test_a_one_argument_loss_fn_is_refused_before_anything_runs() -> None:
     model = tiny_mlp()
     before = fingerprint(model)
