@@ -6,7 +6,7 @@ import itertools
 import math
 import numbers
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -405,20 +405,38 @@ def parse_axes(items: str | Iterable[str] | Mapping[str, Any]) -> dict[str, list
         >>> parse_axes(["precision=fp32,bf16", "micro_batch=all,2"])
         {'precision': ['fp32', 'bf16'], 'micro_batch': [None, 2]}
     """
+    return parse_axis_items(items, check_key=_check_field, parse_value=parse_value, example="precision=fp32,bf16")
+
+
+def parse_axis_items(
+    items: str | Iterable[str] | Mapping[str, Any],
+    *,
+    check_key: Callable[[str], None],
+    parse_value: Callable[[str, str], Any],
+    example: str,
+) -> dict[str, list[Any]]:
+    """The ``KEY=V1,V2`` reading that training (:func:`parse_axes`) and inference grids share: ``check_key``
+    raises for a key that is not a setting, ``parse_value(key, text)`` reads one value, ``example`` is shown when an
+    item cannot be read.
+
+    Example:
+        >>> parse_axis_items("n=1,2", check_key=lambda key: None, parse_value=lambda k, v: int(v), example="n=1")
+        {'n': [1, 2]}
+    """
     axes: dict[str, list[Any]] = {}
     if isinstance(items, str):
         items = items.split()
     if isinstance(items, Mapping):
         for key, values in items.items():
-            _check_field(key)
+            check_key(key)
             axes[key] = [values] if isinstance(values, (str, bool, int)) or values is None else list(values)
         return axes
     for item in items:
         key, sep, values = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not values.strip():
-            raise MemlabError(f"{item!r} is not KEY=V1,V2; write for example precision=fp32,bf16")
-        _check_field(key)
+            raise MemlabError(f"{item!r} is not KEY=V1,V2; write for example {example}")
+        check_key(key)
         if key in axes:
             raise MemlabError(f"{key} is given twice; write all its values once, as {key}=V1,V2")
         axes[key] = [parse_value(key, v) for v in values.split(",") if v.strip()]

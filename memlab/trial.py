@@ -18,7 +18,7 @@ import statistics
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -106,7 +106,7 @@ def compare(
         ['ok', 'ok']
     """
     if isinstance(plans, Iterable) and not isinstance(plans, (str, bytes, list, tuple)):
-        plans = list(plans)  # a generator: looked at twice below (which mode, then each plan)
+        plans = cast("list[Plan]", list(plans))  # a generator: looked at twice below (which mode, then each plan)
     if _inference_plans(plans):
         from memlab.inference.run import compare_inference
 

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from memlab.errors import MemlabError
 from memlab.measure.tracker import INFERENCE_CATEGORIES
+from memlab.plan import parse_axis_items
 
 __all__ = [
     "INFERENCE_FIELDS",
@@ -240,26 +241,7 @@ def parse_inference_axes(items: str | Iterable[str] | Mapping[str, Any]) -> dict
         memlab.errors.MemlabError: 'precision' is not an inference setting; write one of batch_size, weights, \
 quantize, new_tokens, kv_cache
     """
-    axes: dict[str, list[Any]] = {}
-    if isinstance(items, str):
-        items = items.split()
-    if isinstance(items, Mapping):
-        for key, values in items.items():
-            _check_key(key)
-            axes[key] = [values] if isinstance(values, (str, bool, int)) or values is None else list(values)
-        return axes
-    for item in items:
-        key, sep, values = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not values.strip():
-            raise MemlabError(f"{item!r} is not KEY=V1,V2; write for example weights=fp32,bf16")
-        _check_key(key)
-        if key in axes:
-            raise MemlabError(f"{key} is given twice; write all its values once, as {key}=V1,V2")
-        axes[key] = [_parse_value(key, v) for v in values.split(",") if v.strip()]
-        if not axes[key]:
-            raise MemlabError(f"{item!r} gives no values; write for example {key}=V1,V2")
-    return axes
+    return parse_axis_items(items, check_key=_check_key, parse_value=_parse_value, example="weights=fp32,bf16")
 
 
 def parse_inference_grid(

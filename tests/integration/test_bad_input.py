@@ -30,7 +30,8 @@ def test_measure_given_a_list_points_to_compare_and_compare_takes_a_generator() 
         with pytest.raises(MemlabError, match="measure takes one plan; .*memlab.compare"):
             memlab.measure(model, batch, plans, loss_fn=mlp_loss)  # type: ignore[arg-type]
     assert_same(before, fingerprint(model))
-    report = memlab.compare(model, batch, (plan for plan in [memlab.InferencePlan(), memlab.InferencePlan()]),
+    inputs = batch[0]  # inference runs model(inputs): the features alone
+    report = memlab.compare(model, inputs, (plan for plan in [memlab.InferencePlan(), memlab.InferencePlan()]),
                             steps=1, noise=0, progress=False)
     assert [trial.status for trial in report.trials] == ["ok", "ok"]
 
