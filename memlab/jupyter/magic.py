@@ -37,7 +37,7 @@ from __future__ import annotations
 import ast
 import keyword
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -517,7 +517,8 @@ class MemfitMagics(Magics):
         if not args.quiet and _shows_widgets(self.shell):
             output = LiveOutput(options.budget)
             options = options.replace(callback=output)
-        try:
+
+        def run() -> Report:
             if sharding is not None:
                 gpus, strategies = sharding
                 found = sharded_trials(model, batch, plans, gpus=gpus, strategies=strategies, budget=options.budget,
@@ -525,32 +526,20 @@ class MemfitMagics(Magics):
                 print(f"Per GPU, {args.batch} ({rows} row{'s' if rows != 1 else ''}) being each GPU's micro-batch:")
                 for text in sharded_lines(found, options.budget):
                     print(text)
-                report = Report([trial for _, _, trial in found if trial is not None], budget=options.budget)
-            elif search:
+                return Report([trial for _, _, trial in found if trial is not None], budget=options.budget)
+            if search:
                 space = parse_axes(args.grid) or None
                 size = rows if args.batch_size is None else args.batch_size
                 limit = MAX_TRIALS if args.max_trials is None else args.max_trials
-                report = fit(model, batch, batch_size=size, space=space, dry_run=args.dry_run, max_trials=limit,
-                             **options.keywords())
-            elif args.dry_run:
-                report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
-            else:
-                report = compare(model, batch, plans, **options.keywords())
-        except KeyboardInterrupt as interrupt:
-            # Returned, not raised: IPython would keep the traceback, and with it the cell body's tensors.
-            report = getattr(interrupt, "report", None) or (output.report if output is not None else Report([]))
-            print(f"Interrupted: {len(report)} plan(s) were measured; the model is as it was.")
-            if output is not None:
-                output.finish(report)
+                return fit(model, batch, batch_size=size, space=space, dry_run=args.dry_run, max_trials=limit,
+                           **options.keywords())
+            if args.dry_run:
+                return estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
+            return compare(model, batch, plans, **options.keywords())
+
+        report, interrupted = _run_shown(run, output)
+        if interrupted:
             return report
-        except BaseException as error:
-            if output is not None:  # what the figure had drawn stays, as a static record
-                output.finish(output.report)
-            if isinstance(error, MemlabError):
-                raise _usage_error(str(error)) from None
-            raise
-        if output is not None:
-            output.finish(report, show=True)
         if args.apply:
             self._apply(model, report, loss_fn, options.lr, args.model)
         return report
@@ -601,31 +590,18 @@ class MemfitMagics(Magics):
         if not args.quiet and _shows_widgets(self.shell):
             output = LiveOutput(options.budget, categories=INFERENCE_CATEGORIES)
             options = options.replace(callback=output)
-        try:
+
+        def run() -> Report:
             if args.dry_run:
-                report = estimate_plans(model, batch, plans, budget=options.budget)
-            elif args.search:
-                report = fit_inference(model, batch, goal="speed", space=axes, **options.keywords())
-            elif args.budget is not None and "batch_size" not in axes and all(len(v) == 1 for v in axes.values()):
+                return estimate_plans(model, batch, plans, budget=options.budget)
+            if args.search:
+                return fit_inference(model, batch, goal="speed", space=axes, **options.keywords())
+            if args.budget is not None and "batch_size" not in axes and all(len(v) == 1 for v in axes.values()):
                 # --budget with one setting (or none): the largest batch of that setting that fits.
-                report = fit_inference(model, batch, plans[0], goal="batch", **options.keywords())
-            else:
-                report = compare(model, batch, plans, **options.keywords())
-        except KeyboardInterrupt as interrupt:
-            report = getattr(interrupt, "report", None) or (output.report if output is not None else Report([]))
-            print(f"Interrupted: {len(report)} plan(s) were measured; the model is as it was.")
-            if output is not None:
-                output.finish(report)
-            return report
-        except BaseException as error:
-            if output is not None:
-                output.finish(output.report)
-            if isinstance(error, MemlabError):
-                raise _usage_error(str(error)) from None
-            raise
-        if output is not None:
-            output.finish(report, show=True)
-        return report
+                return fit_inference(model, batch, plans[0], goal="batch", **options.keywords())
+            return compare(model, batch, plans, **options.keywords())
+
+        return _run_shown(run, output)[0]
 
     # --- helpers ---
 
@@ -679,6 +655,29 @@ def empty_body_transformer(lines: list[str]) -> list[str]:
         first = lines[0] if lines[0].endswith("\n") else lines[0] + "\n"
         return [first, "\n"]
     return lines
+
+
+def _run_shown(run: Callable[[], Report], output: LiveOutput | None) -> tuple[Report, bool]:
+    """Run a cell's work and leave what its live figure drew as a static record, however it ends: the report, and
+    whether Ctrl-C stopped it. An interrupt is returned, not raised: IPython would keep the traceback, and with it
+    the cell body's tensors. A MemlabError becomes the one-line UsageError."""
+    try:
+        report = run()
+    except KeyboardInterrupt as interrupt:
+        report = getattr(interrupt, "report", None) or (output.report if output is not None else Report([]))
+        print(f"Interrupted: {len(report)} plan(s) were measured; the model is as it was.")
+        if output is not None:
+            output.finish(report)
+        return report, True
+    except BaseException as error:
+        if output is not None:  # what the figure had drawn stays, as a static record
+            output.finish(output.report)
+        if isinstance(error, MemlabError):
+            raise _usage_error(str(error)) from None
+        raise
+    if output is not None:
+        output.finish(report, show=True)
+    return report, False
 
 
 _CELL_MAGIC_LINE = re.compile(r"^%%memfit(\s|$)")
