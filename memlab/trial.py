@@ -222,7 +222,7 @@ class TrialRunner:
         if not trainable_parameters(model):
             raise MemlabError("the model has no trainable parameters; set requires_grad=True on what should train")
         if probe is None:
-            _check_real(model, batch)  # only a dry run (which brings its own probe) can take tensors without data
+            check_real_tensors(model, batch)  # only a dry run (with its own probe) can take tensors without data
             probe = probe_for(model)
         self.probe = probe
         self.options = options or RunOptions()
@@ -293,7 +293,7 @@ class TrialRunner:
             self._values.include_parameters(self.model)
         limit = self.probe.bound(self.budget if capped else None)
         self._emit(TrialStarted(plan=plan, index=index, total=total))
-        record = _Record(plan, held_before_bytes=self._held_bytes)
+        record = TrialRecord(plan, held_before_bytes=self._held_bytes)
         step: TrainingStep | None = None
         try:
             step = TrainingStep(
@@ -347,7 +347,7 @@ class TrialRunner:
             on_sample=on_sample,
         )
 
-    def _warm_up(self, step: TrainingStep, plan: Plan, index: int, limit: int | None, record: _Record) -> None:
+    def _warm_up(self, step: TrainingStep, plan: Plan, index: int, limit: int | None, record: TrialRecord) -> None:
         # Where tracking enforces a limit, the warm-up is tracked too: the first step (which creates the optimizer
         # state) must fit as well. Where the allocator is the truth, its peak is what a failed warm-up reached.
         tracked = limit is not None and self.probe.tracker_enforces_budget
@@ -363,7 +363,7 @@ class TrialRunner:
                     if (
                         number >= minimum
                         and state_tensors(step.optimizer)
-                        and (not cold or _steady(seconds_taken))
+                        and (not cold or warmed_up(seconds_taken))
                     ):
                         break
                     self.probe.synchronize()
@@ -389,7 +389,7 @@ class TrialRunner:
             if not finished:
                 record.reading = read_failed_peak(record.reading, allocator)
 
-    def _tracked_step(self, step: TrainingStep, plan: Plan, index: int, limit: int | None, record: _Record) -> None:
+    def _tracked_step(self, step: TrainingStep, plan: Plan, index: int, limit: int | None, record: TrialRecord) -> None:
         started = self.clock()
 
         def sample(live_bytes: int) -> None:
@@ -409,7 +409,7 @@ class TrialRunner:
             )
         )
 
-    def _timed_steps(self, step: TrainingStep, plan: Plan, index: int, record: _Record) -> None:
+    def _timed_steps(self, step: TrainingStep, plan: Plan, index: int, record: TrialRecord) -> None:
         spent = 0.0
         while True:
             self.probe.synchronize()
@@ -480,16 +480,25 @@ def _finite(loss: float) -> float:
     return loss
 
 
-def _steady(seconds_taken: list[float]) -> bool:
-    """Whether the last two warm-up steps took about the same time (a cold process has warmed up)."""
+def warmed_up(seconds_taken: list[float]) -> bool:
+    """Whether the last two warm-up steps took about the same time (a cold process has warmed up).
+
+    Example:
+        >>> warmed_up([0.9, 0.5, 0.51]), warmed_up([0.9, 0.5])
+        (True, False)
+    """
     if len(seconds_taken) < 2:
         return False
     last, before = seconds_taken[-1], seconds_taken[-2]
     return abs(last - before) <= _STEADY_WARMUP * max(before, 1e-9)
 
 
-def _check_real(model: nn.Module, batch: Batch) -> None:
-    """A clear error for a model or batch without data (meta tensors), which only a dry run can take."""
+def check_real_tensors(model: nn.Module, batch: Batch) -> None:
+    """A clear error for a model or batch without data (meta tensors), which only a dry run can take.
+
+    Example:
+        >>> check_real_tensors(nn.Linear(2, 1), torch.randn(2, 2))  # real: nothing to say
+    """
     where = "model" if any(p.is_meta for p in model.parameters()) else None
     if where is None and any(t.is_meta for _, t in named_tensors(batch)):
         where = "batch"
@@ -500,7 +509,7 @@ def _check_real(model: nn.Module, batch: Batch) -> None:
         )
 
 
-class _Record:
+class TrialRecord:
     """What one trial has found so far; becomes a Trial at the end, whatever stopped it."""
 
     def __init__(self, plan: Plan, held_before_bytes: int) -> None:

@@ -17,10 +17,12 @@ Two goals:
 Example:
     >>> import torch
     >>> from torch import nn
-    >>> model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
-    >>> report = fit_inference(model, torch.randn(4, 64), budget="150KiB", steps=1, noise=0, progress=False)
+    >>> import memlab
+    >>> model, rows = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8)), torch.randn(4, 64)
+    >>> one_row = memlab.measure(model, rows, InferencePlan(batch_size=1), steps=1, noise=0)
+    >>> report = fit_inference(model, rows, budget=3 * one_row.peak_bytes, steps=1, noise=0, progress=False)
     >>> largest = report.best.rows_per_step
-    >>> largest > 8, [t.fits for t in report if t.rows_per_step == largest + 1]  # one more row does not fit
+    >>> largest > 2, [t.fits for t in report if t.rows_per_step == largest + 1]  # one more row does not fit
     (True, [False])
 """
 

@@ -64,8 +64,7 @@ from memlab.options import RunKeywords, RunOptions
 from memlab.progress import run_progress
 from memlab.quiet import quiet
 from memlab.report import InferenceTrial, Report, Trial
-from memlab.trial import _check_real, _steady, keep_on_interrupt, timed_enough
-from memlab.trial import _Record as _TrainingRecord
+from memlab.trial import TrialRecord, check_real_tensors, keep_on_interrupt, timed_enough, warmed_up
 
 __all__ = ["InferenceRunner", "StepResult", "check_inference_plans", "compare_inference", "measure_inference"]
 
@@ -251,7 +250,7 @@ class InferenceRunner:
             raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
         self.rows = count_rows(batch)
         if probe is None:
-            _check_real(model, batch)
+            check_real_tensors(model, batch)
             probe = probe_for(model)
         self.probe = probe
         self.options = options or RunOptions()
@@ -424,7 +423,7 @@ class InferenceRunner:
         try:
             with self.probe.allocator_peak() as allocator:
                 for number in range(minimum + _EXTRA_WARMUP_LIMIT):
-                    if number >= minimum and (not cold or _steady(seconds_taken)):
+                    if number >= minimum and (not cold or warmed_up(seconds_taken)):
                         break
                     self.probe.synchronize()
                     started = self.clock()
@@ -580,7 +579,7 @@ def _model_inputs(batch: Batch) -> Any:
     return batch
 
 
-class _Record(_TrainingRecord):
+class _Record(TrialRecord):
     """What one inference trial has found so far (a training trial's record, with its failure rule, plus the
     prefill and decode times and the KV cache); becomes an InferenceTrial at the end, whatever stopped it."""
 

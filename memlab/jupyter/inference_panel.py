@@ -28,7 +28,7 @@ from memlab.inference.fit import fit_inference
 from memlab.inference.plan import INFERENCE_LEVERS, InferencePlan
 from memlab.inference.run import check_inference_options, compare_inference
 from memlab.jupyter.live import LiveFigure
-from memlab.jupyter.panel import _descendants
+from memlab.jupyter.panel import descendants
 from memlab.options import RunOptions, TrialKeywords
 from memlab.plan import format_bytes, parse_budget
 from memlab.report import INFERENCE_CATEGORIES, Report, Trial, one_line
@@ -176,7 +176,7 @@ class InferencePanel(widgets.VBox):
             >>> p.close(); p.run_button.comm is None, p.figure.widget.comm is None
             (True, True)
         """
-        for widget in _descendants(self):
+        for widget in descendants(self):
             widget.close()
         super().close()
 

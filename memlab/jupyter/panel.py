@@ -320,7 +320,7 @@ class Panel(widgets.VBox):
             >>> p.close(); p.run_button.comm is None
             True
         """
-        for widget in _descendants(self):
+        for widget in descendants(self):
             widget.close()
         super().close()
 
@@ -473,8 +473,15 @@ def _trial_message(trial: Trial, report: Report) -> tuple[str, str]:
     return f"{trial.label}: fits, peak {format_bytes(trial.peak_bytes)}{speed}", "ok"
 
 
-def _descendants(widget: widgets.Widget) -> list[widgets.Widget]:
+def descendants(widget: widgets.Widget) -> list[widgets.Widget]:
+    """Every widget inside ``widget``, depth first: what closing a panel must close too.
+
+    Example:
+        >>> inner = widgets.Label("x")
+        >>> len(descendants(widgets.VBox([widgets.HBox([inner])])))
+        2
+    """
     found: list[widgets.Widget] = []
     for child in getattr(widget, "children", ()):
-        found += [child, *_descendants(child)]
+        found += [child, *descendants(child)]
     return found

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from memlab.report import CATEGORIES
 from memlab.report.figure import BEST_COLOR, CATEGORY_COLORS
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
@@ -280,7 +281,7 @@ def test_panel_runs_a_trial_and_draws_it_in_the_browser(jupyter_server: tuple[st
             assert not [e for e in errors if "memlab" in e or "plotly" in e or "widget" in e.lower()], errors
             # Drawn in its colours: every category's bar, and the settings that fit as green points.
             bar_fills = set(plot.locator(".barlayer .trace.bars .point path").evaluate_all(FILLS))
-            assert {_rgb(color) for color in CATEGORY_COLORS.values()} <= bar_fills, bar_fills
+            assert {_rgb(CATEGORY_COLORS[category]) for category in CATEGORIES} <= bar_fills, bar_fills
             point_fills = plot.locator(".scatterlayer .trace .points path.point").evaluate_all(FILLS)
             assert _rgb(BEST_COLOR) in point_fills, point_fills
 
