@@ -29,6 +29,7 @@ from memlab.device import model_device
 from memlab.errors import MemlabError, UnsupportedTechnique
 from memlab.inference.plan import InferencePlan
 from memlab.module_state import ModuleStructure, unique_parameters
+from memlab.techniques.adapters import output_head
 
 __all__ = [
     "DTYPES",
@@ -130,7 +131,7 @@ besides its output (other layer types, such as GPT-2's Conv1D, stay as they are)
     """
     if quantize == "none":
         return []
-    head = _output_head(model)
+    head = output_head(model)
     linears = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear) and name]
     if head is None:
         targets = [name for name, _ in linears[:-1]]  # the last linear layer is taken for the output
@@ -185,15 +186,6 @@ def quantize_linears(model: nn.Module, quantize: str, compute_dtype: torch.dtype
     return structure.restore
 
 
-def _output_head(model: nn.Module) -> nn.Module | None:
-    get_head = getattr(model, "get_output_embeddings", None)
-    if not callable(get_head):
-        return None
-    try:
-        head = get_head()
-    except (NotImplementedError, AttributeError):
-        return None
-    return head if isinstance(head, nn.Module) else None
 
 
 def _is_fake(tensor: torch.Tensor) -> bool:

@@ -37,7 +37,7 @@ def adapter_targets(model: nn.Module) -> list[str]:
         >>> adapter_targets(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 1)))
         ['0', '2']
     """
-    head = _output_head(model)
+    head = output_head(model)
     names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and name]
     if head is not None:
         return [name for name in names if model.get_submodule(name) is not head]
@@ -158,7 +158,14 @@ def _quantize(
     return parked
 
 
-def _output_head(model: nn.Module) -> nn.Module | None:
+def output_head(model: nn.Module) -> nn.Module | None:
+    """The model's output layer (``get_output_embeddings()``, e.g. an LM head), which quantization leaves as it is;
+    None for a model without one.
+
+    Example:
+        >>> output_head(nn.Linear(2, 2)) is None
+        True
+    """
     get_head = getattr(model, "get_output_embeddings", None)
     if not callable(get_head):
         return None
