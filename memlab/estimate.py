@@ -247,13 +247,7 @@ def estimate_plans(
     plans = check_plans(plans)  # type: ignore[arg-type]
     options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
     limit = parse_budget(budget)
-    target = _target_device(model_or_config, device)
-    kernels = target if target.type != "cuda" or torch.cuda.is_available() else torch.device("cpu")
-    mode = _FakeMode()
-    # Quiet from the start: building the model and importing bitsandbytes (for QLoRA) log too, not only the steps.
-    with quiet(options.verbose):
-        model = _fake_model(model_or_config, mode, kernels)
-    fake = fake_batch(batch, mode, kernels)
+    model, fake, mode, target, kernels = _fake_setup(model_or_config, batch, device, options.verbose)
     runner = TrialRunner(model, fake, options, probe=FakeProbe(kernels, target=target))
     trials = []
     with quiet(options.verbose), mode, runner.session():
@@ -302,12 +296,7 @@ def estimate_inference(
     options = RunOptions(loss_fn=loss_fn, steps=1, warmup=0, noise=0)
     check_inference_options(options)
     limit = parse_budget(budget)
-    target = _target_device(model_or_config, device)
-    kernels = target if target.type != "cuda" or torch.cuda.is_available() else torch.device("cpu")
-    mode = _FakeMode()
-    with quiet(options.verbose):
-        model = _fake_model(model_or_config, mode, kernels)
-    fake = fake_batch(batch, mode, kernels)
+    model, fake, mode, target, kernels = _fake_setup(model_or_config, batch, device, options.verbose)
     runner = InferenceRunner(model, fake, options, probe=FakeProbe(kernels, target=target))
     for plan in inference_plans:
         runner.check(plan)
@@ -323,6 +312,20 @@ def estimate_inference(
             notes = tuple(_CPU_KERNELS_INFERENCE if note == _CPU_KERNELS else note for note in estimated.notes)
             trials.append(dataclasses.replace(estimated, notes=notes))
     return Report(trials, budget=limit)
+
+
+def _fake_setup(
+    model_or_config: Any, batch: Any, device: str | torch.device | None, verbose: bool
+) -> tuple[nn.Module, Any, _FakeMode, torch.device, torch.device]:
+    """The fake model and batch of a dry run, the fake mode they live in, the device answered for, and the device
+    whose kernels run the fake step (the CPU's when the answer is for a GPU this machine does not have)."""
+    target = _target_device(model_or_config, device)
+    kernels = target if target.type != "cuda" or torch.cuda.is_available() else torch.device("cpu")
+    mode = _FakeMode()
+    # Quiet from the start: building the model and importing bitsandbytes (for QLoRA) log too, not only the steps.
+    with quiet(verbose):
+        model = _fake_model(model_or_config, mode, kernels)
+    return model, fake_batch(batch, mode, kernels), mode, target, kernels
 
 
 def _is_inference(plans: Any) -> bool:
