@@ -77,7 +77,7 @@ def accelerate_answer(model: torch.nn.Module, dtype: str) -> dict[str, Any]:
 def run(size: Size, device: torch.device, lr: float = 1e-5) -> dict[str, Any]:
     """Measure, estimate and apply accelerate's rule for every plan and sequence length."""
     import memlab
-    from memlab.estimate import estimate, meta_model
+    from memlab.estimation.estimate import estimate, meta_model
 
     model = common.llama_model(
         hidden=size.hidden, layers=size.layers, heads=size.heads, vocab=size.vocab, positions=max(size.lengths)

@@ -180,7 +180,7 @@ def run(size: Size, device: torch.device, activation_fraction: float, lr: float 
     """Calibrate the budget, run the three searches, measure their picks again, and describe it all."""
     import memlab
     from memlab.options import RunOptions
-    from memlab.trial import TrialRunner
+    from memlab.runner.trial import TrialRunner
 
     model = common.llama_model(
         hidden=size.hidden, layers=size.layers, heads=size.heads, vocab=size.vocab, positions=size.length

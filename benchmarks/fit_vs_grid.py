@@ -196,7 +196,7 @@ def recipe_plans(batch_size: int, half: str) -> list[list[Any]]:
 def run_recipe(model: nn.Module, batch: Any, size: Size, budget: int, half: str) -> Method:
     """The seeds' recipe: the first plan of :func:`recipe_plans`, in order, that fits."""
     from memlab.options import RunOptions
-    from memlab.trial import TrialRunner
+    from memlab.runner.trial import TrialRunner
 
     clock = _Clock()
     runner = TrialRunner(
@@ -333,7 +333,7 @@ def warm_up_libraries() -> None:
 def run(size: Size, device: torch.device, fraction: float, repeats: int) -> dict[str, Any]:
     """Calibrate the budget, run fit, the grid and the recipe, measure the winners again, describe it all."""
     import memlab
-    from memlab.device import cuda_bf16_supported
+    from memlab.measure.device import cuda_bf16_supported
     from memlab.search import candidate_plans, default_space
     from memlab.techniques.loss import chunked_loss_applies
 

@@ -4,7 +4,7 @@ Both sides train the same model on the same batch in one process, in short alter
 each; memlab first in even rounds, the hand-written loop first in odd ones), so that the load of the machine,
 which drifts, hits both sides alike:
 
-- memlab: the step that ``memlab.measure`` times, ``memlab.step.TrainingStep(model, Plan())`` called without a
+- memlab: the step that ``memlab.measure`` times, ``memlab.runner.step.TrainingStep(model, Plan())`` called without a
   tracker (what ``TrialRunner._timed_steps`` runs: micro-batching, the loss check, ``.item()`` of the loss, ...).
 - hand-written: ``torch.optim.AdamW``; per step ``model(**batch).loss``, ``backward()``, ``step()``,
   ``zero_grad(set_to_none=True)``.
@@ -62,7 +62,7 @@ SIZES = {
 def memlab_step(model: nn.Module, batch: dict[str, torch.Tensor], lr: float) -> tuple[Callable[[], Any], Any]:
     """memlab's timed step for the plain plan, and the TrainingStep (to ``close()`` at the end)."""
     import memlab
-    from memlab.step import TrainingStep
+    from memlab.runner.step import TrainingStep
 
     step = TrainingStep(model, memlab.Plan(), lr=lr)
     return (lambda: step(batch)), step
@@ -162,7 +162,7 @@ def run(size: Size, device: torch.device, lr: float = 1e-5) -> dict[str, Any]:
         },
         "method": (
             "alternating blocks in one process (memlab first in even rounds), each side with its own AdamW, "
-            "warmed up; memlab = memlab.step.TrainingStep(model, Plan())(batch), the step memlab.measure times; "
+            "warmed up; memlab = memlab.runner.step.TrainingStep(model, Plan())(batch), the step memlab.measure times; "
             "hand = model(**batch).loss, backward, AdamW step, zero_grad(set_to_none=True); "
             "speed = rows / median step time over all blocks; ratio = memlab / hand"
         ),

@@ -34,11 +34,11 @@ def one_run(threads: int | None) -> dict[str, Any]:
     """The demo's search, once, in this process: the answer, the trials it took and how long."""
     import torch
 
-    from memlab.cli import DEMO_BUDGET_FRACTION, demo_space
-    from memlab.demo import default_batch, default_model
+    from memlab.frontends.cli import DEMO_BUDGET_FRACTION, demo_space
+    from memlab.frontends.demo import default_batch, default_model
     from memlab.plan import Plan
+    from memlab.runner.trial import measure
     from memlab.search import fit
-    from memlab.trial import measure
 
     if threads is not None:
         torch.set_num_threads(threads)

@@ -116,7 +116,7 @@ def truly_slower(model: nn.Module, batch: dict[str, Any], slow_loss: Callable[..
     from memlab.options import RunOptions
     from memlab.plan import Plan
     from memlab.report import Report
-    from memlab.trial import TrialRunner
+    from memlab.runner.trial import TrialRunner
 
     started = time.perf_counter()
     order = [("fast", default_loss), ("slow", slow_loss)]
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     device = common.resolve_device(args, parser)
     if device.type != "cpu":
         parser.error("this benchmark is about a busy shared CPU; run it with --device cpu")
-    from memlab.demo import default_batch, default_model
+    from memlab.frontends.demo import default_batch, default_model
 
     result = common.metadata_for(NAME, device, args.size)
     model, batch = default_model(), default_batch()

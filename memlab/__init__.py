@@ -15,18 +15,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memlab.apply import Applied, apply
 from memlab.errors import MemlabError, UnsupportedTechnique
-from memlab.estimate import estimate
+from memlab.estimation.estimate import estimate
 from memlab.plan import Plan, parse_budget
 from memlab.report import InferenceTrial, Report, Trial
+from memlab.runner.apply import Applied, apply
+from memlab.runner.trial import compare, measure
 from memlab.search import fit
-from memlab.trial import compare, measure
 
 from memlab.inference import InferencePlan, fit_inference, kv_cache_bytes  # isort: skip (after the core it uses)
 
 if TYPE_CHECKING:
-    from memlab.jupyter.panel import Panel
+    from memlab.frontends.jupyter.panel import Panel
 
 __version__ = "0.1.0"
 
@@ -55,14 +55,14 @@ __all__ = [
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext memlab``: registers ``%%memfit``. IPython is imported only here, never by ``import memlab``."""
-    from memlab.jupyter.magic import load_ipython_extension as load
+    from memlab.frontends.jupyter.magic import load_ipython_extension as load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext memlab`` (and so ``%reload_ext memlab``)."""
-    from memlab.jupyter.magic import unload_ipython_extension as unload
+    from memlab.frontends.jupyter.magic import unload_ipython_extension as unload
 
     unload(ipython)
 
@@ -71,7 +71,7 @@ def panel(model: Any, batch: Any, loss_fn: Any = None, *, inference: bool = Fals
     """The widget panel on the live model: a control per technique, Run, Apply/Undo, the live figure, every run.
 
     ipywidgets and plotly are imported here, on first use, never by ``import memlab``. ``inference=True`` gives
-    the inference mode (:class:`memlab.jupyter.inference_panel.InferencePanel`): a control per setting of
+    the inference mode (:class:`memlab.frontends.jupyter.inference_panel.InferencePanel`): a control per setting of
     :class:`memlab.InferencePlan`, Run and Largest batch.
 
     Example:
@@ -83,9 +83,9 @@ def panel(model: Any, batch: Any, loss_fn: Any = None, *, inference: bool = Fals
     if inference:
         if loss_fn is not None:
             raise MemlabError("loss_fn is for training, and the inference panel runs the model's forward; drop it")
-        from memlab.jupyter.inference_panel import InferencePanel
+        from memlab.frontends.jupyter.inference_panel import InferencePanel
 
         return InferencePanel(model, batch, **keywords)
-    from memlab.jupyter.panel import panel as make_panel
+    from memlab.frontends.jupyter.panel import panel as make_panel
 
     return make_panel(model, batch, loss_fn, **keywords)

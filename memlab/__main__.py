@@ -1,6 +1,6 @@
-"""``python -m memlab`` runs the ``memlab`` command (see :mod:`memlab.cli`)."""
+"""``python -m memlab`` runs the ``memlab`` command (see :mod:`memlab.frontends.cli`)."""
 
-from memlab.cli import main
+from memlab.frontends.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

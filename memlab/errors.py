@@ -19,7 +19,7 @@ class UnsupportedTechnique(MemlabError):
 
 
 class MemlabWarning(UserWarning):
-    """memlab's own remarks; shown even while third-party warnings are kept quiet (:func:`memlab.quiet.quiet`).
+    """memlab's own remarks; shown even while third-party warnings are kept quiet (:func:`memlab.runner.quiet.quiet`).
 
     Example:
         >>> import warnings

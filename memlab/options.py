@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, cast
 
-from memlab.batch import LossFn
 from memlab.errors import MemlabError
 from memlab.events import Callback
 from memlab.plan import parse_budget
+from memlab.runner.batch import LossFn
 
 __all__ = ["RunKeywords", "RunOptions", "TrialKeywords", "check_learning_rate"]
 

@@ -251,9 +251,9 @@ class Plan:
     ) -> dict[str, Any]:
         """A config for ``accelerate launch --config_file`` (written as YAML) training this plan on ``gpus`` GPUs
         with ``strategy`` (``"fsdp2"``, ``"zero2"``, ``"zero3"``); the training script that uses the plan's other
-        levers is :func:`memlab.export_accelerate.accelerate_script` (see
-        :func:`memlab.export_accelerate.accelerate_config`)."""
-        from memlab.export_accelerate import accelerate_config
+        levers is :func:`memlab.export.accelerate.accelerate_script` (see
+        :func:`memlab.export.accelerate.accelerate_config`)."""
+        from memlab.export.accelerate import accelerate_config
 
         return accelerate_config(self, gpus=gpus, strategy=strategy, layer_classes=layer_classes)
 

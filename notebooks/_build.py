@@ -1530,7 +1530,7 @@ NB10 = [
     ),
     code(
         """
-        from memlab.export_accelerate import accelerate_script
+        from memlab.export.accelerate import accelerate_script
 
         plan = smallest.plan
         accelerate_config = plan.to_accelerate_config(gpus=smallest.gpus, strategy=smallest.strategy)
@@ -1548,11 +1548,12 @@ NB10 = [
     *exercise(
         """
         Your GPUs have 40 GiB (A100 40GB). How many does ZeRO-2 need, and how many ZeRO-3? Why the difference?
-        Export the FSDP2 config for 8 of them as YAML too. (`memlab.sharded.smallest_gpus` is the Python form of
+        Export the FSDP2 config for 8 of them as YAML too. (`memlab.estimation.sharded.smallest_gpus` is the Python
+        form of
         `--gpus auto`: ZeRO-2 and ZeRO-3 share one dry run there.)
         """,
         """
-        from memlab.sharded import smallest_gpus
+        from memlab.estimation.sharded import smallest_gpus
 
         tuned = memlab.Plan(precision="bf16", checkpointing=True)
         found = smallest_gpus(model, batch, tuned, budget="40GiB", strategies=["zero2", "zero3"])
@@ -1709,7 +1710,7 @@ NB11 = [
     ),
     code(
         """
-        from memlab.estimate import load_config
+        from memlab.estimation.estimate import load_config
 
         seven_b = load_config("llama-7b")
         for context in (512, 4096):

@@ -10,7 +10,7 @@
 - :mod:`memlab.inference.kv`: the KV cache's bytes from a config (:func:`kv_cache_bytes`) and from its tensors.
 - :mod:`memlab.inference.weights`: casting and bitsandbytes quantization (int8, NF4), undone bit-exact.
 - ``memlab.estimate(model_or_config, shapes, InferencePlan(...))`` predicts it on fake tensors
-  (:func:`memlab.estimate.estimate_inference`).
+  (:func:`memlab.estimation.estimate.estimate_inference`).
 
 Example:
     >>> import torch, memlab

@@ -36,15 +36,15 @@ from typing import Any
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.batch import Batch
-from memlab.device import cuda_capacity, model_device
 from memlab.errors import MemlabError
 from memlab.inference.plan import InferencePlan, parse_inference_grid
 from memlab.inference.run import InferenceRunner, check_inference_options, compare_inference
+from memlab.measure.device import cuda_capacity, model_device
 from memlab.options import RunKeywords, RunOptions
-from memlab.progress import run_progress
 from memlab.report import Report, Trial
-from memlab.trial import keep_on_interrupt
+from memlab.runner.batch import Batch
+from memlab.runner.progress import run_progress
+from memlab.runner.trial import keep_on_interrupt
 
 __all__ = ["GOALS", "LargestBatchReport", "fit_inference", "search_largest_batch"]
 

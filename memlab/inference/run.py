@@ -1,9 +1,10 @@
 """Measuring inference on the live model: a forward, or a generation, under ``torch.inference_mode()``.
 
-The same core as training trials (:mod:`memlab.trial`): the same probe per device (the budget, the peak, the memory
+The same core as training trials (:mod:`memlab.runner.trial`): the same probe per device (the budget, the peak, the
+memory
 held before), the same :class:`~memlab.measure.tracker.MemoryTracker` (here with the categories params,
 activations, kv_cache and other), the same out-of-memory handling, the same timing rule
-(:func:`memlab.trial.timed_enough`: timed steps until the 95% interval of the median is within ``noise``, or
+(:func:`memlab.runner.trial.timed_enough`: timed steps until the 95% interval of the median is within ``noise``, or
 ``time_limit``) and the same A B A B race for close contenders in :func:`compare_inference`; and the model comes
 back bit-exact: the session captures the model's structure and buffers once, the plan's weights are put on
 (:mod:`memlab.inference.weights`) and taken off again, and inference mode changes no parameter.
@@ -39,7 +40,6 @@ import torch
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.batch import Batch, count_rows, map_tensors, named_tensors, take_rows
 from memlab.errors import MemlabError
 from memlab.events import Callback, MemorySample, StepFinished, TrialFinished, TrialSettled, TrialStarted
 from memlab.inference.kv import (
@@ -59,12 +59,13 @@ from memlab.measure.probes import Probe, probe_for
 from memlab.measure.reading import PeakReading, read_failed_peak, read_peak
 from memlab.measure.remeasure import settle_close_race
 from memlab.measure.tracker import INFERENCE_CATEGORIES, MemoryTracker
-from memlab.module_state import ModelValues, ModuleStructure, unique_parameters
 from memlab.options import RunKeywords, RunOptions
-from memlab.progress import run_progress
-from memlab.quiet import quiet
 from memlab.report import InferenceTrial, Report, Trial
-from memlab.trial import TrialRecord, check_real_tensors, keep_on_interrupt, timed_enough, warmed_up
+from memlab.runner.batch import Batch, count_rows, map_tensors, named_tensors, take_rows
+from memlab.runner.module_state import ModelValues, ModuleStructure, unique_parameters
+from memlab.runner.progress import run_progress
+from memlab.runner.quiet import quiet
+from memlab.runner.trial import TrialRecord, check_real_tensors, keep_on_interrupt, timed_enough, warmed_up
 
 __all__ = ["InferenceRunner", "StepResult", "check_inference_plans", "compare_inference", "measure_inference"]
 
@@ -322,7 +323,7 @@ class InferenceRunner:
                         "quantize='none'"
                     ) from None
         if plan.weights == "bf16" and self.device.type == "cuda":
-            from memlab.device import cuda_bf16_supported
+            from memlab.measure.device import cuda_bf16_supported
 
             if not cuda_bf16_supported(self.device):
                 raise MemlabError("this GPU has no bf16; write weights='fp16' (or 'fp32')")

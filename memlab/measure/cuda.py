@@ -12,7 +12,7 @@ from types import TracebackType
 
 import torch
 
-from memlab.device import DeviceLike, cuda_device
+from memlab.measure.device import DeviceLike, cuda_device
 
 __all__ = ["CudaPeak", "cap_cuda_memory"]
 

@@ -523,7 +523,7 @@ class Report:
         The right panel stacks params, grads, optimizer, activations and other (MiB) for each plan; an
         out-of-memory plan is a grey hatched "does not fit" bar (as high as the peak it reached, at least its
         budget), a failed plan an ``x`` on the axis, and a dashed line marks the budget. The best plan's samples/s
-        bar is green. This is the top row of the live figure (:mod:`memlab.jupyter.live`), built by the same
+        bar is green. This is the top row of the live figure (:mod:`memlab.frontends.jupyter.live`), built by the same
         :func:`comparison_figure`: the traces are always the same eight (five categories, "does not fit", "error",
         "samples/s"), in that order.
 

@@ -8,22 +8,22 @@ from typing import Any
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.batch import Batch, count_rows
-from memlab.device import cuda_bf16_supported, cuda_capacity, model_device
 from memlab.errors import MemlabError
 from memlab.events import TrialSettled
+from memlab.measure.device import cuda_bf16_supported, cuda_capacity, model_device
 from memlab.measure.remeasure import settle_close_race
-from memlab.module_state import trainable_parameters
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
-from memlab.progress import run_progress
 from memlab.report import Report, Trial
+from memlab.runner.batch import Batch, count_rows
+from memlab.runner.module_state import trainable_parameters
+from memlab.runner.progress import run_progress
+from memlab.runner.trial import TrialRunner, keep_on_interrupt
 from memlab.search.space import candidate_plans, default_space, fits, micro_batch_of
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search
 from memlab.search.suggest import suggestions
 from memlab.techniques.loss import chunked_loss_applies
-from memlab.trial import TrialRunner, keep_on_interrupt
 
 __all__ = ["MAX_TRIALS", "fit"]
 
@@ -62,7 +62,8 @@ def fit(
         batch_size: the effective batch (rows per optimizer step); default: the rows of ``batch``.
         space: restrict the axes, e.g. ``{"precision": ["fp32"], "micro_batch": [8, 4]}`` (keys are Plan fields;
             ``accumulation`` follows from ``batch_size / micro_batch``). Default: :func:`default_space`.
-        dry_run: rank by :func:`memlab.estimate.estimate` (fake tensors, nothing runs): plans are estimated in
+        dry_run: rank by :func:`memlab.estimation.estimate.estimate` (fake tensors, nothing runs): plans are estimated
+        in
             order of expected speed and the first estimated to fit is the answer; nothing is timed.
         estimates: before measuring a plan whose peak rests on a part nothing has shown yet (a new adapter, a new
             optimizer, a new mix of techniques), estimate it and a few like it on fake tensors, so that plans
@@ -71,7 +72,8 @@ def fit(
             no limit). The search measures the plans expected fastest first, so the limit cuts the least promising;
             the plans it leaves are in ``skipped``, each with its expected speed and peak.
         options: :class:`~memlab.options.RunKeywords`. ``budget``: bytes or a size such as ``"8GiB"``; default on
-            CUDA what this process can hold there (:func:`memlab.device.cuda_capacity`); on CPU it must be given.
+            CUDA what this process can hold there (:func:`memlab.measure.device.cuda_capacity`); on CPU it must be
+            given.
 
     Example:
         >>> import torch
@@ -135,7 +137,7 @@ def fit(
                 return trial
 
             def estimate(plans: Sequence[Plan]) -> list[Trial]:
-                from memlab.estimate import estimate_plans  # here: estimate builds on the search's runner
+                from memlab.estimation.estimate import estimate_plans  # here: estimate builds on the search's runner
 
                 # Dry runs on fake tensors: the live model is copied onto them, never touched.
                 return list(estimate_plans(model, batch, plans, loss_fn=run_options.loss_fn, budget=budget,
@@ -198,7 +200,7 @@ def _dry_run(
 ) -> Report:
     """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
     estimated to fit: that one is the answer, and the plans after it are skipped as expected slower."""
-    from memlab.estimate import estimate
+    from memlab.estimation.estimate import estimate
 
     budget = options.budget or 0
     speed = SpeedModel([], candidates, batch_size=batch_size, prior=prior)

@@ -10,7 +10,7 @@ showed more); for a combination never measured, per-row bytes are a
 neighbour's times the ratio each technique was measured to have, and 0 while a ratio is unknown (an unmeasured
 technique might save everything).
 
-Dry-run estimates (:func:`memlab.estimate.estimate_plans`) feed the same parts as a second source: a part (a
+Dry-run estimates (:func:`memlab.estimation.estimate.estimate_plans`) feed the same parts as a second source: a part (a
 family's parameters, an optimizer's state, an activation line) measured by a trial comes from the trials, and one
 no trial measured from the estimates, so that one estimate rules a part in or out for every plan that shares it.
 """

@@ -25,7 +25,9 @@ MeasureFn = Callable[[Plan, int, int], Trial]
 """``measure(plan, index, total) -> Trial``: how the search measures one plan (``TrialRunner.run`` in ``fit``)."""
 
 EstimateFn = Callable[[Sequence[Plan]], Sequence[Trial]]
-"""``estimate(plans) -> trials``: dry runs of plans on fake tensors (:func:`memlab.estimate.estimate_plans`)."""
+"""``estimate(plans) -> trials``: dry runs of plans on fake tensors
+(:func:`memlab.estimation.estimate.estimate_plans`).
+"""
 
 ESTIMATES_AT_ONCE = 4
 """Plans estimated together when the search needs an estimate (the fake model is built once per call)."""

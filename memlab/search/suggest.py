@@ -7,10 +7,10 @@ from typing import Any
 
 from torch import nn
 
-from memlab.batch import Batch
 from memlab.options import RunOptions
 from memlab.plan import Plan
 from memlab.report import Trial
+from memlab.runner.batch import Batch
 from memlab.search.memory import FIT_MARGIN
 from memlab.search.speed import SpeedPrior
 
@@ -52,7 +52,7 @@ def suggestions(
 ) -> list[Trial]:
     """Estimates of :func:`alternatives` that fit the budget with ``FIT_MARGIN`` to spare, the one the speed prior
     expects fastest first."""
-    from memlab.estimate import estimate_plans  # imported here: estimate builds on the search's runner
+    from memlab.estimation.estimate import estimate_plans  # imported here: estimate builds on the search's runner
 
     plans = alternatives(measured, space, lightest)
     if not plans or options.budget is None:

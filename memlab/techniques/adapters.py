@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from memlab.device import model_device
 from memlab.errors import MemlabError, UnsupportedTechnique
-from memlab.module_state import ModuleStructure
+from memlab.measure.device import model_device
 from memlab.plan import Plan
+from memlab.runner.module_state import ModuleStructure
 
 Undo = Callable[[], None]
 

@@ -9,7 +9,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from memlab.errors import UnsupportedTechnique
-from memlab.module_state import ModuleStructure
+from memlab.runner.module_state import ModuleStructure
 
 Undo = Callable[[], None]
 

@@ -8,7 +8,7 @@ from models import assert_same, fingerprint, lm_batch, mlp_batch, mlp_loss, tiny
 
 import memlab
 from memlab.options import RunOptions
-from memlab.trial import TrialRunner
+from memlab.runner.trial import TrialRunner
 
 pytest.importorskip("peft")
 

@@ -92,7 +92,7 @@ def test_applying_twice_then_undoing_leaves_the_model_as_it_was() -> None:
 @pytest.fixture
 def warm_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """As if a trial had run on the CPU in this process already: no extra warm-up steps, so calls can be counted."""
-    monkeypatch.setattr("memlab.trial._WARM_DEVICE_TYPES", {"cpu"})
+    monkeypatch.setattr("memlab.runner.trial._WARM_DEVICE_TYPES", {"cpu"})
 
 
 def _interrupted_after(calls: int) -> Callable[[torch.nn.Module, object], torch.Tensor]:
@@ -157,7 +157,7 @@ def test_the_same_budget_rules_everywhere_a_budget_is_given() -> None:
 def test_no_cpu_trial_runs_unbounded() -> None:
     from memlab.measure.probes import CpuProbe
     from memlab.options import RunOptions
-    from memlab.trial import TrialRunner
+    from memlab.runner.trial import TrialRunner
 
     model = tiny_mlp()
     before = fingerprint(model)
@@ -203,7 +203,7 @@ def test_on_cuda_memory_held_before_is_read_once_so_torchs_workspaces_are_not_bl
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from memlab.options import RunOptions
-    from memlab.trial import TrialRunner
+    from memlab.runner.trial import TrialRunner
 
     model, batch = tiny_mlp(), mlp_batch()
     own = sum(t.numel() * t.element_size() for t in [*model.parameters(), *batch])
@@ -219,7 +219,7 @@ def test_on_cuda_memory_held_before_is_read_once_so_torchs_workspaces_are_not_bl
 
 def test_on_cuda_an_out_of_memory_in_the_first_step_keeps_the_peak_it_reached(monkeypatch: pytest.MonkeyPatch) -> None:
     from memlab.options import RunOptions
-    from memlab.trial import TrialRunner
+    from memlab.runner.trial import TrialRunner
 
     def out_of_memory(m: torch.nn.Module, b: object) -> torch.Tensor:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -231,7 +231,7 @@ def test_on_cuda_an_out_of_memory_in_the_first_step_keeps_the_peak_it_reached(mo
 
 
 def test_the_default_cuda_budget_is_what_the_process_can_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    from memlab import device
+    from memlab.measure import device
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (30 * 1024**3, 80 * 1024**3))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 12 * 1024**3)  # the user's tensors and the cache

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+import memlab.runner.trial
 import memlab.search
-import memlab.trial
-from memlab.cli import build_parser, demo_space, main, plan_code
+from memlab.frontends.cli import build_parser, demo_space, main, plan_code
 from memlab.plan import Plan
 from memlab.report import Report, Trial
 
@@ -109,7 +109,7 @@ class RecordedRuns:
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> RecordedRuns:
     runs = RecordedRuns()
-    monkeypatch.setattr(memlab.trial, "measure", runs.measure)
+    monkeypatch.setattr(memlab.runner.trial, "measure", runs.measure)
     monkeypatch.setattr(memlab.search, "fit", runs.fit)
     return runs
 

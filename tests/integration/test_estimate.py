@@ -30,7 +30,7 @@ from models import (
 
 import memlab
 from memlab.errors import MemlabError
-from memlab.estimate import BLIND_SPOTS, adamw8bit_state_bytes, estimate, estimate_plans, load_config
+from memlab.estimation.estimate import BLIND_SPOTS, adamw8bit_state_bytes, estimate, estimate_plans, load_config
 from memlab.techniques.optimizer import state_tensors
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
@@ -183,7 +183,7 @@ SEVEN_B = textwrap.dedent(
     import psutil, torch
     from transformers import LlamaConfig
     import memlab
-    from memlab.estimate import estimate, meta_model
+    from memlab.estimation.estimate import estimate, meta_model
 
     config = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                          num_key_value_heads=32, vocab_size=32000)
@@ -407,7 +407,7 @@ def test_a_config_json_path_is_read(tmp_path):
 
 
 def test_the_cli_prints_a_table_of_plans_with_fit_or_no_fit(tmp_path):
-    from memlab import estimate_cli
+    from memlab.frontends import estimate_cli
 
     path = _tiny_config_json(tmp_path)
     parser = argparse.ArgumentParser(prog="memlab estimate")
@@ -448,7 +448,7 @@ def test_the_cli_prints_a_table_of_plans_with_fit_or_no_fit(tmp_path):
 
 
 def test_the_memlab_command_runs_estimate(tmp_path, capsys):
-    cli = importlib.import_module("memlab.cli")
+    cli = importlib.import_module("memlab.frontends.cli")
     path = _tiny_config_json(tmp_path)
     assert cli.main(["estimate", path, "--batch", "1x32", "--device", "cpu"]) == 0
     assert "ok (estimate)" in capsys.readouterr().out
@@ -457,7 +457,7 @@ def test_the_memlab_command_runs_estimate(tmp_path, capsys):
 
 
 def test_the_cli_compares_full_fine_tuning_with_lora_and_qlora(tmp_path):
-    from memlab import estimate_cli
+    from memlab.frontends import estimate_cli
 
     path = _tiny_config_json(tmp_path)
     parser = argparse.ArgumentParser(prog="memlab estimate")

@@ -9,8 +9,8 @@ import torch
 from models import assert_same, fingerprint, lm_batch, tiny_gpt2, tiny_llama
 
 import memlab
-from memlab.demo import default_batch, default_model
 from memlab.events import TrialFinished, TrialStarted
+from memlab.frontends.demo import default_batch, default_model
 from memlab.measure.remeasure import ROUNDS
 from memlab.search import candidate_plans, default_space, fit
 
@@ -149,7 +149,7 @@ def test_a_first_trial_that_fits_only_by_its_allocated_peak_runs_again_under_the
     # On CUDA the cap holds reserved memory; the GPU run found a plan 2% under its budget by allocated peak that
     # reserved 32% more and ran out of memory under the cap. The CPU has no reserve, so the runner is stood in for.
     from memlab.report import Trial
-    from memlab.trial import TrialRunner
+    from memlab.runner.trial import TrialRunner
 
     budget = 1000
     calls: list[tuple[str, bool]] = []
@@ -177,7 +177,7 @@ def test_contenders_tied_within_noise_are_timed_again_in_turn_and_drift_does_not
     # The machine was fast while plain ran and slowed down for bf16: measured apart, plain looks faster, within
     # noise. Timed again in turn (A B A B), both see the same machine, and bf16 is as fast or faster.
     from memlab.report import Trial
-    from memlab.trial import TrialRunner
+    from memlab.runner.trial import TrialRunner
 
     budget = 10**9
     calls: list[str] = []

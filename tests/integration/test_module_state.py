@@ -7,7 +7,7 @@ import torch
 from models import assert_same, fingerprint, lm_batch, mlp_batch, mlp_loss, tiny_llama, tiny_mlp
 
 import memlab
-from memlab.module_state import ModelValues
+from memlab.runner.module_state import ModelValues
 
 
 def _hidden_states_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -97,7 +97,7 @@ def test_a_snapshot_copies_only_trainable_parameters_and_buffers() -> None:
 
 def test_a_compare_on_a_frozen_base_copies_little_and_restores_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
     from memlab.options import RunOptions
-    from memlab.trial import TrialRunner
+    from memlab.runner.trial import TrialRunner
 
     model = _frozen_base()
     captures: list[int] = []

@@ -17,8 +17,8 @@ from transformers import LlamaConfig
 import memlab
 from memlab import Plan
 from memlab.errors import MemlabError
-from memlab.export_accelerate import fsdp2_torch_script
-from memlab.sharded import layer_counts, smallest_gpus, zero_model_states
+from memlab.estimation.sharded import layer_counts, smallest_gpus, zero_model_states
+from memlab.export.accelerate import fsdp2_torch_script
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every dim 0 divides by 2 and 4, so FSDP2 pads nothing and the floor is exact.
@@ -32,7 +32,7 @@ def config() -> LlamaConfig:
 
 
 def test_fsdp2_model_states_are_the_bytes_per_parameter_floor() -> None:
-    from memlab.estimate import meta_model
+    from memlab.estimation.estimate import meta_model
 
     parameters, _ = layer_counts(config())
 

@@ -130,8 +130,8 @@ def test_the_live_figure_stacks_the_inference_categories(
 ) -> None:
     import IPython.display
 
-    from memlab.jupyter import magic
-    from memlab.jupyter.live import LiveOutput
+    from memlab.frontends.jupyter import magic
+    from memlab.frontends.jupyter.live import LiveOutput
 
     shown: list[Any] = []
 

@@ -12,8 +12,8 @@ from plotly.basedatatypes import Undefined
 
 import memlab
 from memlab.events import MemorySample, StepFinished, TrialFinished, TrialStarted
-from memlab.jupyter import live as live_module
-from memlab.jupyter.live import LiveFigure, LiveOutput
+from memlab.frontends.jupyter import live as live_module
+from memlab.frontends.jupyter.live import LiveFigure, LiveOutput
 from memlab.plan import Plan
 from memlab.report import CATEGORIES, Report, Trial
 from memlab.report.figure import BEST_COLOR

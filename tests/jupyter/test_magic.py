@@ -22,15 +22,15 @@ from IPython.testing import globalipapp
 from models import assert_same, fingerprint, lm_batch, mlp_batch, tiny_gpt2, tiny_llama, tiny_mlp
 
 import memlab
-from memlab.apply import Applied
+from memlab.estimation.sharded import ShardedTrial
 from memlab.events import Event, TrialFinished, TrialStarted
-from memlab.jupyter import magic
-from memlab.jupyter.live import LiveOutput
-from memlab.jupyter.magic import APPLIED_NAME, MemfitMagics, body_loss_fn, empty_body_transformer
+from memlab.frontends.jupyter import magic
+from memlab.frontends.jupyter.live import LiveOutput
+from memlab.frontends.jupyter.magic import APPLIED_NAME, MemfitMagics, body_loss_fn, empty_body_transformer
 from memlab.options import RunOptions
 from memlab.plan import parse_grid
 from memlab.report.static import record_bundle
-from memlab.sharded import ShardedTrial
+from memlab.runner.apply import Applied
 
 FAST = "--steps 1 --warmup 1 --quiet"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -51,7 +51,7 @@ def shell() -> Iterator[InteractiveShell]:
     # DisplayHook.update_user_ns); a real kernel has no builtins._.
     builtins.__dict__.pop("_", None)
     # The session's one test shell: start_ipython() answers None once it has run (the docstring examples of
-    # memlab.jupyter.magic may have started it first), get_ipython() always answers the shell.
+    # memlab.frontends.jupyter.magic may have started it first), get_ipython() always answers the shell.
     ip = globalipapp.get_ipython()
     assert ip is not None
     ip.run_line_magic("load_ext", "memlab")

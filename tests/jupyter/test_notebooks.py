@@ -72,10 +72,10 @@ def missing_apis(name: str) -> list[str]:
         "06_memfit_and_panel.ipynb": {
             "memlab.fit": hasattr(memlab, "fit"),
             "memlab.panel": hasattr(memlab, "panel"),
-            "memlab.jupyter.magic (%%memfit)": _has_module("memlab.jupyter.magic"),
+            "memlab.frontends.jupyter.magic (%%memfit)": _has_module("memlab.frontends.jupyter.magic"),
         },
-        "07_will_7b_fit.ipynb": {"memlab.estimate": hasattr(memlab, "estimate")},
-        "10_when_one_gpu_is_not_enough.ipynb": {"memlab.sharded": _has_module("memlab.sharded")},
+        "07_will_7b_fit.ipynb": {"memlab.estimation.estimate": hasattr(memlab, "estimate")},
+        "10_when_one_gpu_is_not_enough.ipynb": {"memlab.estimation.sharded": _has_module("memlab.estimation.sharded")},
     }
     return [api for api, present in needs.get(name, {}).items() if not present]
 

@@ -12,13 +12,13 @@ import torch
 from models import assert_same, fingerprint, lm_batch, tiny_gpt2
 
 import memlab
-from memlab.apply import Applied
 from memlab.errors import MemlabError
 from memlab.events import Event, TrialFinished
-from memlab.jupyter.live import LiveFigure
-from memlab.jupyter.panel import Panel, panel, user_variable_name
+from memlab.frontends.jupyter.live import LiveFigure
+from memlab.frontends.jupyter.panel import Panel, panel, user_variable_name
 from memlab.plan import LEVERS, Plan
 from memlab.report import CATEGORIES, Report
+from memlab.runner.apply import Applied
 
 MIB = 1024**2
 TECHNIQUES = (

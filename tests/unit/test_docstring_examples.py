@@ -17,7 +17,15 @@ import memlab
 
 # Modules that define nothing public of their own to show (entry points, re-exporting packages), and
 # memlab.measure.cuda, whose examples need a GPU and are marked +SKIP (tests/gpu runs the same code there).
-NO_EXAMPLES_NEEDED = {"memlab.__main__", "memlab.jupyter", "memlab.techniques", "memlab.measure", "memlab.measure.cuda"}
+NO_EXAMPLES_NEEDED = {
+    "memlab.__main__",
+    "memlab.frontends",
+    "memlab.frontends.jupyter",
+    "memlab.runner",
+    "memlab.techniques",
+    "memlab.measure",
+    "memlab.measure.cuda",
+}
 
 
 def _module_names() -> list[str]:

@@ -13,7 +13,7 @@ import yaml
 
 from memlab import Plan
 from memlab.errors import MemlabError
-from memlab.export_accelerate import accelerate_config, accelerate_script, fsdp2_torch_script
+from memlab.export.accelerate import accelerate_config, accelerate_script, fsdp2_torch_script
 
 needs_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,

@@ -46,9 +46,9 @@ def test_the_core_never_imports_the_jupyter_layer() -> None:
     offenders = [
         f"{module} imports {source}"
         for module, tree in _modules().items()
-        if not module.startswith("memlab.jupyter") and module != "memlab"
+        if not module.startswith("memlab.frontends.jupyter") and module != "memlab"
         for source, _ in _imports(tree)
-        if source.startswith("memlab.jupyter")
+        if source.startswith("memlab.frontends.jupyter")
     ]
     assert offenders == []
 

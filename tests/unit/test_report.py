@@ -319,7 +319,7 @@ def test_plot_has_a_trace_per_category_and_a_samples_trace(report: Report) -> No
 
 
 def test_plot_and_the_live_figure_share_traces_colours_and_layout(report: Report) -> None:
-    from memlab.jupyter.live import LiveFigure
+    from memlab.frontends.jupyter.live import LiveFigure
 
     static = report.plot()
     live = LiveFigure()

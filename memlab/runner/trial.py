@@ -24,7 +24,6 @@ import torch
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.batch import Batch, count_rows, count_tokens, named_tensors, resolve_loss_fn
 from memlab.errors import MemlabError
 from memlab.events import Callback, Event, MemorySample, StepFinished, TrialFinished, TrialSettled, TrialStarted
 from memlab.measure.cuda import CudaPeak
@@ -33,14 +32,15 @@ from memlab.measure.probes import Probe, probe_for
 from memlab.measure.reading import PeakReading, read_failed_peak, read_peak
 from memlab.measure.remeasure import settle_close_race
 from memlab.measure.tracker import MemoryTracker
-from memlab.module_state import ModelValues, ModuleStructure, trainable_parameters, unique_parameters
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
-from memlab.progress import run_progress
-from memlab.quiet import quiet
 from memlab.report import Report, Trial
 from memlab.report.noise import fewest_values, relative_half_width
-from memlab.step import TrainingStep, model_weights
+from memlab.runner.batch import Batch, count_rows, count_tokens, named_tensors, resolve_loss_fn
+from memlab.runner.module_state import ModelValues, ModuleStructure, trainable_parameters, unique_parameters
+from memlab.runner.progress import run_progress
+from memlab.runner.quiet import quiet
+from memlab.runner.step import TrainingStep, model_weights
 from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import state_tensors
 

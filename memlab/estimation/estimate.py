@@ -1,8 +1,9 @@
 """Dry runs: the memory of a training step predicted on fake tensors, without the hardware and without the weights.
 
 ``estimate`` runs one steady-state training step of a plan exactly as :func:`memlab.measure` does (the same
-:class:`~memlab.step.TrainingStep`, the same :class:`~memlab.measure.tracker.MemoryTracker`, the same warm-up and
-baseline, through :class:`~memlab.trial.TrialRunner` with a :class:`~memlab.measure.probes.FakeProbe`, which never
+:class:`~memlab.runner.step.TrainingStep`, the same :class:`~memlab.measure.tracker.MemoryTracker`, the same warm-up and
+baseline, through :class:`~memlab.runner.trial.TrialRunner` with a :class:`~memlab.measure.probes.FakeProbe`, which
+never
 reads or caps a real allocator and times nothing), but on tensors of PyTorch's ``FakeTensorMode``: they have
 shapes, dtypes, devices and storages, and no data. So nothing is computed, no memory is taken, and a 7B model's
 step is predicted in seconds on a laptop.
@@ -46,18 +47,18 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from memlab.batch import Batch, LossFn
 from memlab.errors import MemlabError
-from memlab.estimate_adapters import attach_fake_adapter
+from memlab.estimation.adapters import attach_fake_adapter
 from memlab.measure.probes import FakeProbe
 from memlab.measure.tracker import CATEGORIES
-from memlab.module_state import trainable_parameters
 from memlab.options import RunOptions
 from memlab.plan import Plan, parse_budget
-from memlab.quiet import quiet
 from memlab.report import Report, Trial
+from memlab.runner.batch import Batch, LossFn
+from memlab.runner.module_state import trainable_parameters
+from memlab.runner.quiet import quiet
+from memlab.runner.trial import TrialRunner, check_plans
 from memlab.techniques.offload import NOTHING_TO_MOVE
-from memlab.trial import TrialRunner, check_plans
 
 if TYPE_CHECKING:
     from memlab.inference.plan import InferencePlan
@@ -177,8 +178,8 @@ def estimate(
             ``device`` and notes say so).
         gpus: the number of GPUs training is sharded over (default 1); more than 1 needs a ``strategy``.
         strategy: ``"none"`` (one GPU), ``"fsdp2"``, ``"zero2"`` or ``"zero3"``: the answer is then per GPU, for
-            ``batch`` as each GPU's micro-batch, as a :class:`memlab.sharded.ShardedTrial` (see
-            :mod:`memlab.sharded` for how each strategy is estimated).
+            ``batch`` as each GPU's micro-batch, as a :class:`memlab.estimation.sharded.ShardedTrial` (see
+            :mod:`memlab.estimation.sharded` for how each strategy is estimated).
 
     An :class:`memlab.InferencePlan` estimates inference instead (one forward, or a generation, as
     ``memlab.measure`` runs it; see :func:`estimate_inference`): an :class:`~memlab.report.InferenceTrial` whose
@@ -209,7 +210,7 @@ def estimate(
                                   device=device)[0]
     training = cast(Plan, plan)  # anything else than a Plan is refused by estimate_plans, with what to write
     if gpus != 1 or strategy != "none":
-        from memlab.sharded import check_sharding, sharded_estimate
+        from memlab.estimation.sharded import check_sharding, sharded_estimate
 
         gpus, strategy = check_sharding(gpus, strategy)
         if strategy != "none":
@@ -340,7 +341,7 @@ def _adapter_trial(
     runner: TrialRunner, model: nn.Module, plan: Plan, mode: FakeTensorMode, device: torch.device
 ) -> Trial:
     """A dry run of an adapter plan: the adapters are put on the fake model here (see
-    :mod:`memlab.estimate_adapters`), and the runner trains what they leave trainable."""
+    :mod:`memlab.estimation.adapters`), and the runner trains what they leave trainable."""
     try:
         undo = attach_fake_adapter(model, plan, mode, device)
     except Exception as error:  # noqa: BLE001 - reported as the plan's estimate, like any failure of a plan

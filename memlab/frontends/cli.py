@@ -285,11 +285,11 @@ def run_demo(
     """
     import torch
 
-    from memlab.demo import default_batch, default_model
+    from memlab.frontends.demo import default_batch, default_model
     from memlab.options import RunOptions
     from memlab.plan import Plan, format_bytes
+    from memlab.runner.trial import measure
     from memlab.search import fit
-    from memlab.trial import measure
 
     run_options = RunOptions.from_keywords({**_DEMO_DEFAULTS, **options})
     budget = run_options.budget
@@ -394,8 +394,10 @@ def write_html_report(report: Any, path: str | os.PathLike[str], *, title: str =
 
 
 def _add_estimate_command(commands: Any) -> None:
-    """The ``memlab estimate`` sub-command: its arguments and its handler come from :mod:`memlab.estimate_cli`."""
-    from memlab import estimate_cli
+    """The ``memlab estimate`` sub-command: its arguments and its handler come from
+    :mod:`memlab.frontends.estimate_cli`.
+    """
+    from memlab.frontends import estimate_cli
 
     parser = commands.add_parser(
         "estimate", help="predict, without the hardware, whether a model fits (a dry run on fake tensors)"

@@ -8,12 +8,12 @@ from typing import Any
 
 from torch import nn
 
-from memlab.batch import Batch, LossFn
 from memlab.errors import MemlabError, MemlabWarning
-from memlab.module_state import ModuleStructure
 from memlab.options import check_learning_rate
 from memlab.plan import Plan
-from memlab.step import TrainingStep
+from memlab.runner.batch import Batch, LossFn
+from memlab.runner.module_state import ModuleStructure
+from memlab.runner.step import TrainingStep
 
 _ACTIVE: weakref.WeakKeyDictionary[nn.Module, Applied] = weakref.WeakKeyDictionary()
 """The plan applied to each model now, so that applying another first takes it off."""

@@ -9,7 +9,7 @@
   model is left bit-exact), **Apply** puts the setting on the model for real training (``memlab.apply``; the
   result is ``panel.applied``), **Undo** takes it off again, **Clear** forgets the results measured so far (the
   report, the table and the figure; the model is not touched);
-* a one-line status, the live figure (:class:`memlab.jupyter.live.LiveFigure`) and a table of every run.
+* a one-line status, the live figure (:class:`memlab.frontends.jupyter.live.LiveFigure`) and a table of every run.
 
 Apply of a setting that no "ok" run of this panel measured still applies it (Apply is undone with one click, and
 the setting may have been measured elsewhere), but the status says plainly that it was not measured and may not
@@ -33,15 +33,15 @@ import ipywidgets as widgets
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.apply import Applied, apply
-from memlab.batch import Batch, LossFn, count_rows, resolve_loss_fn
 from memlab.errors import MemlabError
 from memlab.events import Event
-from memlab.jupyter.live import LiveFigure
+from memlab.frontends.jupyter.live import LiveFigure
 from memlab.options import RunOptions, TrialKeywords
 from memlab.plan import LEVERS, LeverSpec, Plan, format_bytes, parse_budget
 from memlab.report import Report, Trial, one_line
-from memlab.trial import compare
+from memlab.runner.apply import Applied, apply
+from memlab.runner.batch import Batch, LossFn, count_rows, resolve_loss_fn
+from memlab.runner.trial import compare
 
 __all__ = ["Panel", "panel", "user_variable_name"]
 

@@ -56,11 +56,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from memlab.batch import LossFn, count_rows, map_tensors, resolve_loss_fn
 from memlab.errors import MemlabError
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import Plan, parse_budget
 from memlab.report import Trial
+from memlab.runner.batch import LossFn, count_rows, map_tensors, resolve_loss_fn
 
 __all__ = [
     "DETAIL",
@@ -229,7 +229,7 @@ def sharded_estimate(
         single = _one_gpu(model_or_config, batch, plan, loss_fn, lr, device)
         counts = layer_counts(model_or_config)
         return _zero(single, counts, plan, gpus, int(strategy[-1]), limit)
-    from memlab.estimate import estimate
+    from memlab.estimation.estimate import estimate
 
     trial = estimate(model_or_config, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device)
     return ShardedTrial(**{f.name: getattr(trial, f.name) for f in dataclasses.fields(Trial)})
@@ -458,7 +458,7 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 def _meta_copy(model_or_config: Any) -> nn.Module:
     """The model on the ``meta`` device (no memory): a live model is deep-copied with meta twins of its tensors."""
-    from memlab.estimate import load_config, meta_model
+    from memlab.estimation.estimate import load_config, meta_model
 
     if isinstance(model_or_config, nn.Module):
         memo: dict[int, Any] = {}
@@ -516,7 +516,7 @@ def _fsdp2_run(
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from memlab.estimate import BLIND_SPOTS, adamw8bit_state_bytes, fake_batch
+    from memlab.estimation.estimate import BLIND_SPOTS, adamw8bit_state_bytes, fake_batch
     from memlab.techniques.checkpointing import enable_checkpointing
     from memlab.techniques.optimizer import build_optimizer
 
@@ -725,7 +725,7 @@ def _one_gpu(
     4-byte step per tensor; 8-bit AdamW: bitsandbytes' size; others: from the one-GPU dry run). Returned as a Trial
     whose breakdown holds those three numbers. ``run``: an FSDP2 dry run of that same plan already made (at any
     number of GPUs: data parallelism does not change the activations), used instead of a new one."""
-    from memlab.estimate import adamw8bit_state_bytes, estimate
+    from memlab.estimation.estimate import adamw8bit_state_bytes, estimate
 
     one = plan.replace(offload="none", optimizer="adamw")
     trial, peaks = run if run is not None else _fsdp2_run(model_or_config, batch, one, 2, loss_fn, lr, device, None)
@@ -766,7 +766,8 @@ def _zero(single: Trial, counts: tuple[int, int], plan: Plan, gpus: int, stage: 
     detail["communication"] = w * buckets
     notes = [
         *(n for n in single.notes if not n.startswith("fp16 on CPU")),
-        f"ZeRO-{stage} model states from DeepSpeed's formulas (memlab.sharded); activations from the FSDP2 dry run",
+        f"ZeRO-{stage} model states from DeepSpeed's formulas (memlab.estimation.sharded); "
+        "activations from the FSDP2 dry run",
     ]
     if plan.offload == "all" and stage == 2:
         notes.append("ZeRO-2 cannot offload parameters: offload='all' offloads the optimizer only")

@@ -13,9 +13,12 @@ What the magic does, in order:
 4. It runs: ``memlab.compare`` over the ``--try`` grid (against ``--budget`` if given), or ``memlab.fit`` when
    ``--budget`` or ``--batch-size`` comes without ``--try`` (or with ``--search``), or ``memlab.estimate`` (every
    plan) with ``--dry-run``; ``--dry-run --gpus N|auto [--strategy S]`` estimates every plan sharded over GPUs
-   (:func:`memlab.sharded.sharded_trials`, what ``memlab estimate --gpus`` runs too), prints a line per plan and
-   strategy (:func:`memlab.sharded.sharded_lines`) and returns a Report of one trial per plan and strategy. Unless
-   ``--quiet``, the live figure (``memlab.jupyter.live.LiveOutput``) is displayed at the first trial and updated
+   (:func:`memlab.estimation.sharded.sharded_trials`, what ``memlab estimate --gpus`` runs too), prints a line per plan
+   and
+   strategy (:func:`memlab.estimation.sharded.sharded_lines`) and returns a Report of one trial per plan and strategy.
+   Unless
+   ``--quiet``, the live figure (``memlab.frontends.jupyter.live.LiveOutput``) is displayed at the first trial and
+   updated
    while trials run; when the run ends (normally, on Ctrl-C, or with an error) that output is replaced by a static
    record of the figure (an SVG, see ``memlab.report.static``) and the widget is closed, so the saved notebook shows
    the figure without a kernel. Third-party warnings are kept quiet unless ``--verbose``. Errors raised by the loss
@@ -45,18 +48,18 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from torch import nn
 
-from memlab.batch import Batch, LossFn, count_rows
 from memlab.errors import MemlabError
-from memlab.estimate import estimate_plans
+from memlab.estimation.estimate import estimate_plans
+from memlab.estimation.sharded import parse_gpus, sharded_lines, sharded_trials
+from memlab.frontends.jupyter.live import LiveOutput
 from memlab.inference.fit import fit_inference
 from memlab.inference.plan import INFERENCE_LEVERS, parse_inference_axes, parse_inference_grid
-from memlab.jupyter.live import LiveOutput
 from memlab.options import RunOptions
 from memlab.plan import LEVERS, parse_axes, parse_grid
 from memlab.report import INFERENCE_CATEGORIES, Report
+from memlab.runner.batch import Batch, LossFn, count_rows
+from memlab.runner.trial import compare
 from memlab.search import MAX_TRIALS, fit
-from memlab.sharded import parse_gpus, sharded_lines, sharded_trials
-from memlab.trial import compare
 
 __all__ = [
     "APPLIED_NAME",
@@ -620,7 +623,7 @@ class MemfitMagics(Magics):
         return namespace
 
     def _apply(self, model: nn.Module, report: Report, loss_fn: LossFn | None, lr: float, model_name: str) -> None:
-        from memlab.apply import Applied, apply
+        from memlab.runner.apply import Applied, apply
 
         best = report.best
         if best is None:

@@ -20,18 +20,18 @@ import ipywidgets as widgets
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.batch import Batch, count_rows
-from memlab.device import model_device
 from memlab.errors import MemlabError
 from memlab.events import Event
+from memlab.frontends.jupyter.live import LiveFigure
+from memlab.frontends.jupyter.panel import descendants
 from memlab.inference.fit import fit_inference
 from memlab.inference.plan import INFERENCE_LEVERS, InferencePlan
 from memlab.inference.run import check_inference_options, compare_inference
-from memlab.jupyter.live import LiveFigure
-from memlab.jupyter.panel import descendants
+from memlab.measure.device import model_device
 from memlab.options import RunOptions, TrialKeywords
 from memlab.plan import format_bytes, parse_budget
 from memlab.report import INFERENCE_CATEGORIES, Report, Trial, one_line
+from memlab.runner.batch import Batch, count_rows
 
 __all__ = ["InferencePanel"]
 

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
-from memlab.module_state import ModuleStructure
 from memlab.plan import Plan
+from memlab.runner.module_state import ModuleStructure
 from memlab.techniques.adapters import adapter_targets, attach_adapter, compute_dtype
 
 Undo = Callable[[], None]
@@ -91,7 +91,7 @@ def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, devi
     """Put the plan's adapters on a model of fake tensors; the returned function takes them off again.
 
     Example:
-        >>> from memlab.estimate import estimate
+        >>> from memlab.estimation.estimate import estimate
         >>> model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
         >>> trial = estimate(model, torch.randn(8, 64), Plan(adapter="qlora", lora_rank=4),
         ...                  loss_fn=lambda m, b: m(b).mean())

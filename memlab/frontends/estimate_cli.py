@@ -8,7 +8,8 @@ Example (nothing is downloaded with a built-in shape or a local config)::
 prints one line per plan (predicted peak, where it goes, fits or does not fit) and exits with 0 when a plan fits
 (or no budget was given), 1 when none fits, 2 on wrong input.
 
-``memlab.cli`` builds the sub-command with :func:`add_arguments` and runs it with :func:`run`; this module imports
+``memlab.frontends.cli`` builds the sub-command with :func:`add_arguments` and runs it with :func:`run`; this module
+imports
 neither torch nor transformers until :func:`run` is called.
 """
 
@@ -41,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         >>> args.model, args.batch, args.try_
         ('llama-7b', '1x512', ['checkpointing=off,on'])
     """
-    from memlab.estimate import KNOWN_SHAPES
+    from memlab.estimation.estimate import KNOWN_SHAPES
 
     parser.description = _DESCRIPTION.format(shapes=", ".join(KNOWN_SHAPES))
     parser.epilog = _EPILOG
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from memlab.errors import MemlabError
-    from memlab.estimate import estimate_plans, load_config, meta_model, parse_batch_shape
+    from memlab.estimation.estimate import estimate_plans, load_config, meta_model, parse_batch_shape
     from memlab.plan import parse_budget, parse_grid
 
     batch = parse_batch_shape(args.batch)
@@ -119,7 +120,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     plans = parse_grid(args.try_ or [])
     if getattr(args, "gpus", "1") == "auto" and budget is None:
         raise MemlabError("--gpus auto needs a budget; write for example --gpus auto --budget 80GiB")
-    from memlab.sharded import parse_gpus
+    from memlab.estimation.sharded import parse_gpus
 
     try:
         parse_gpus(getattr(args, "gpus", "1"))
@@ -167,7 +168,7 @@ def run_sharded(args: argparse.Namespace, model: Any, batch: Any, plans: Any, bu
         memlab estimate: --gpus auto needs a budget; write for example --gpus auto --budget 80GiB
         2
     """
-    from memlab.sharded import sharded_lines, sharded_trials
+    from memlab.estimation.sharded import sharded_lines, sharded_trials
 
     strategies = [args.strategy] if args.strategy not in (None, "none") else None
     trials = sharded_trials(model, batch, plans, gpus=args.gpus, strategies=strategies, budget=budget,
