@@ -59,3 +59,161 @@ def test_the_run_keywords_are_the_run_options() -> None:
     assert sorted(TrialKeywords.__annotations__) == sorted(set(fields) - {"loss_fn"})
     defaults = RunOptions()
     assert RunOptions.from_keywords(defaults.keywords()) == defaults
+
+
+# --- The shape of the package: what CONTRIBUTING.md's map shows is what the code is. ---
+
+MAX_MODULE_LINES = 600
+MAX_TOP_LEVEL_MODULES = 5  # besides __init__ and __main__
+MAX_CIRCLE = 3
+# The export modules count as one: Plan.to_* calls them and they read the Plan, a circle by design.
+ONE_NODE = ("memlab.export",)
+
+
+def _owner(module: str, known: set[str]) -> str:
+    """The module an import of ``module`` lands in (``from memlab.a import b`` is memlab.a.b when b is a module)."""
+    while module and module not in known:
+        module = module.rpartition(".")[0]
+    return module
+
+
+def _node(module: str) -> str:
+    for prefix in ONE_NODE:
+        if module == prefix or module.startswith(prefix + "."):
+            return prefix
+    return module
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``{module: modules it imports}`` over memlab, function-level imports included, packages' ``__init__``
+    as the package's own node, the export modules as one node."""
+    trees = _modules()
+    known = set(trees)
+    graph: dict[str, set[str]] = {_node(name): set() for name in known}
+    for module, tree in trees.items():
+        for source, name in _imports(tree):
+            target = _owner(f"{source}.{name}" if f"{source}.{name}" in known else source, known)
+            if target and target != "memlab" and _node(target) != _node(module):
+                graph[_node(module)].add(_node(target))
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
+
+
+def test_circles_finds_a_circle_and_leaves_a_chain_alone() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_circle_of_more_than_three_modules() -> None:
+    too_big = [sorted(c) for c in circles(import_graph()) if len(c) > MAX_CIRCLE]
+    assert too_big == []
+
+
+def test_the_measure_layer_never_imports_the_report_layer() -> None:
+    graph = import_graph()
+    offenders = [
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module.startswith("memlab.measure")
+        for target in targets
+        if target.startswith("memlab.report")
+    ]
+    assert offenders == []
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
+
+
+def test_few_modules_sit_directly_in_the_package() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def _code_map() -> set[str]:
+    """Every module and package of memlab, as the map writes them: ``plan.py``, ``runner/``, ``runner/step.py``."""
+    entries = set()
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE)
+        if relative.name in ("__init__.py", "__main__.py"):
+            if relative.parent != Path("."):
+                entries.add(f"{relative.parent.as_posix()}/")
+            continue
+        entries.add(relative.as_posix())
+    return entries
+
+
+def _contributing_map() -> set[str]:
+    text = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
+    block = text.split("```\nmemlab/\n", 1)[1].split("```", 1)[0]
+    entries = set()
+    folders: list[tuple[int, str]] = []  # the open folders: (indent, name)
+    for line in block.splitlines():
+        words = line.split()
+        if not words or not (words[0].endswith(".py") or words[0].endswith("/")):
+            continue  # a blank line, or the description of the entry above carried on
+        indent = len(line) - len(line.lstrip())
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        path = "".join(name for _, name in folders) + words[0]
+        entries.add(path)
+        if words[0].endswith("/"):
+            folders.append((indent, words[0]))
+    return entries
+
+
+def test_the_contributing_map_is_the_code() -> None:
+    code, written = _code_map(), _contributing_map()
+    assert {"missing from CONTRIBUTING.md": sorted(code - written), "not in the code": sorted(written - code)} == {
+        "missing from CONTRIBUTING.md": [],
+        "not in the code": [],
+    }
