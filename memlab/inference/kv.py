@@ -31,7 +31,9 @@ __all__ = [
     "cache_tensors",
     "cache_tokens",
     "is_causal_lm",
+    "has_no_kv_cache",
     "kv_cache_bytes",
+    "kv_heads_of",
     "kv_shape",
     "learned_positions",
     "new_cache",
@@ -47,8 +49,8 @@ def kv_shape(config: Any) -> tuple[int, int, int]:
     """``(layers, kv_heads, head_dim)`` of a transformers decoder config.
 
     ``head_dim`` is the config's own where it has one, else ``hidden_size // num_attention_heads``; kv-heads are
-    ``num_key_value_heads`` where the config has it (grouped-query attention), else the attention heads. A model
-    stands for its config, a multimodal config (Llava's) for its language model's.
+    :func:`kv_heads_of` (grouped-query and multi-query attention). A model stands for its config, a multimodal
+    config (Llava's) for its language model's. An encoder-only config (BERT's) has no cache: a MemlabError.
 
     Example:
         >>> from transformers import GPT2Config, LlamaConfig, LlavaConfig
@@ -71,9 +73,53 @@ def kv_shape(config: Any) -> tuple[int, int, int]:
             f"{type(config).__name__} has no num_hidden_layers / num_attention_heads; pass the config of a "
             "transformers decoder (model.config)"
         ) from None
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if has_no_kv_cache(config):
+        raise MemlabError(
+            f"{type(config).__name__} is an encoder-only model: it keeps no KV cache; pass the config of a decoder "
+            "(a causal LM such as LlamaConfig), or measure the encoder with memlab.measure"
+        )
     head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // heads
-    return layers, int(kv_heads), int(head_dim)
+    return layers, kv_heads_of(config, heads), int(head_dim)
+
+
+def kv_heads_of(config: Any, heads: int) -> int:
+    """The heads a layer keeps keys and values for: ``num_key_value_heads`` (grouped-query attention); Falcon's
+    ``num_kv_heads`` with its new decoder architecture, one head with ``multi_query`` (Falcon-7B, StarCoder's
+    GPTBigCode), as their attention modules build them; else every attention head.
+
+    Example:
+        >>> from transformers import FalconConfig
+        >>> new = FalconConfig(new_decoder_architecture=True, num_kv_heads=8)
+        >>> kv_heads_of(FalconConfig(), 71), kv_heads_of(new, 128)
+        (1, 8)
+    """
+    grouped = getattr(config, "num_key_value_heads", None)
+    if grouped:
+        return int(grouped)
+    if getattr(config, "new_decoder_architecture", False) and getattr(config, "num_kv_heads", None):
+        return int(config.num_kv_heads)
+    if getattr(config, "multi_query", False):
+        return 1
+    return heads
+
+
+def has_no_kv_cache(config: Any) -> bool:
+    """True for an encoder-only config (BERT's, RoBERTa's, DistilBERT's): a masked-LM family not set up as a
+    decoder, or a family transformers has no causal LM for.
+
+    Example:
+        >>> from transformers import BertConfig, LlamaConfig
+        >>> has_no_kv_cache(BertConfig()), has_no_kv_cache(BertConfig(is_decoder=True)), has_no_kv_cache(LlamaConfig())
+        (True, False, False)
+    """
+    from transformers.models.auto import modeling_auto
+
+    model_type = getattr(config, "model_type", "")
+    if not model_type or getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False):
+        return False
+    causal = model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    masked = model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    return masked or not causal
 
 
 def kv_cache_bytes(config: Any, tokens: int, batch: int = 1, dtype: str | torch.dtype | int = "bf16") -> int:
