@@ -11,17 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from memlab.errors import MemlabError
-from memlab.plan import Plan
+from memlab.export.engines import training_arguments
+from memlab.plan import OPTIMIZERS, Plan
 
 __all__ = ["TRAINER_OPTIMIZERS", "check_single_process", "plan_from_training_arguments"]
 
+# The Trainer's names for memlab's optimizers, as the export writes them, and the aliases transformers also takes.
 TRAINER_OPTIMIZERS = {
-    "adamw_torch_fused": "adamw",
+    **{training_arguments(Plan(optimizer=name), legacy_names=False)["optim"]: name for name in OPTIMIZERS},
     "adamw_torch": "adamw",
-    "adamw_bnb_8bit": "adamw8bit",
     "adamw_8bit": "adamw8bit",
-    "paged_adamw_8bit": "paged_adamw8bit",
-    "adafactor": "adafactor",
 }
 """The Trainer's ``optim`` names that are memlab optimizers (``TrainingArguments.optim`` -> ``Plan.optimizer``)."""
 
