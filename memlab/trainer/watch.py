@@ -107,7 +107,7 @@ class _StepMemory:
         if probe is None:
             return None
         probe.__exit__(None, None, None)
-        return int(getattr(probe, "peak_allocated", None) or probe.peak_bytes)
+        return int(probe.peak_allocated if hasattr(probe, "peak_allocated") else probe.peak_bytes)
 
 
 class Watch:
