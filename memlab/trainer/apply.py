@@ -1,0 +1,183 @@
+"""Put a memlab plan on a live trainer, so that its next ``train()`` runs with it, and take it off again exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from memlab.errors import MemlabError
+from memlab.plan import Plan
+from memlab.trainer.arguments import check_single_process
+from memlab.trainer.source import is_trainer, trainer_model
+
+__all__ = ["TrainerApplied", "apply_to_trainer", "check_plan_for_trainer"]
+
+
+def check_plan_for_trainer(plan: Plan) -> None:
+    """Refuse the levers a live trainer cannot take (yet), saying what to do instead.
+
+    Example:
+        >>> check_plan_for_trainer(Plan(micro_batch=2, accumulation=4, checkpointing=True, adapter="lora"))
+        >>> check_plan_for_trainer(Plan(offload="optimizer"))
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: offload='optimizer' needs DeepSpeed, which a live trainer cannot switch to; ...
+    """
+    if not isinstance(plan, Plan):
+        raise MemlabError(f"a {type(plan).__name__} is not a plan; pass a memlab.Plan, e.g. report.best.plan")
+    if plan.offloads_optimizer:
+        raise MemlabError(
+            f"offload={plan.offload!r} needs DeepSpeed, which a live trainer cannot switch to; build a new Trainer "
+            "with TrainingArguments(deepspeed=plan.to_deepspeed(), ...), or pick a plan without optimizer offload"
+        )
+    if plan.weights != "fp32":
+        raise MemlabError(
+            "weights='bf16' is not applied to a live trainer yet; load the model in bf16 "
+            "(from_pretrained(name, dtype=torch.bfloat16)) and build the trainer on it"
+        )
+    if plan.adapter == "qlora":
+        raise MemlabError(
+            "adapter='qlora' is not applied to a live trainer yet; load the model with a 4-bit BitsAndBytesConfig "
+            "and wrap it with peft.get_peft_model(model, plan.to_peft_config()) (plan.to_code() shows how)"
+        )
+    if plan.loss != "full":
+        raise MemlabError(
+            "loss='chunked' is not applied to a live trainer yet; build the Trainer with "
+            "TrainingArguments(**plan.to_training_arguments()) (Liger Kernel's fused linear cross-entropy)"
+        )
+
+
+class TrainerApplied:
+    """A plan applied to a trainer (:func:`apply_to_trainer`); ``undo()`` gives the trainer and model back.
+
+    Attributes:
+        trainer: the trainer.
+        plan: the plan it now trains with.
+    """
+
+    def __init__(self, trainer: Any, plan: Plan, undoes: list[Callable[[], None]]) -> None:
+        self.trainer = trainer
+        self.plan = plan
+        self._undoes = undoes
+
+    @property
+    def undone(self) -> bool:
+        return not self._undoes
+
+    def undo(self) -> None:
+        """Put back the trainer's arguments, model, optimizer, scheduler, callbacks and state, and the model's
+        parameters (bit-exact, even after ``train()``), buffers, gradients and structure (adapters taken off).
+        Calling it again does nothing."""
+        while self._undoes:
+            self._undoes.pop()()
+
+    def __enter__(self) -> TrainerApplied:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.undo()
+
+    def __repr__(self) -> str:
+        return f"TrainerApplied({self.plan.label()!r}{', undone' if self.undone else ''})"
+
+
+def _trainer_restorer(trainer: Any) -> Callable[[], None]:
+    """What puts the trainer's own attributes back: its ``__dict__`` (args, model, optimizer, scheduler, state,
+    accelerator...) and its callback handler's, with the list of callbacks."""
+    attributes = dict(vars(trainer))
+    handler = trainer.callback_handler
+    handler_attributes = dict(vars(handler))
+    callbacks = list(handler.callbacks)
+
+    def restore() -> None:
+        vars(trainer).clear()
+        vars(trainer).update(attributes)
+        vars(handler).clear()
+        vars(handler).update(handler_attributes)
+        handler.callbacks[:] = callbacks
+
+    return restore
+
+
+def _model_restorer(model: Any) -> Callable[[], None]:
+    from memlab.runner.module_state import ModelValues, ModuleStructure
+
+    structure = ModuleStructure.capture(model)
+    values = ModelValues.capture(model)
+
+    def restore() -> None:
+        structure.restore()
+        values.restore()
+
+    return restore
+
+
+def _new_arguments(args: Any, plan: Plan) -> Any:
+    from memlab.export.engines import training_arguments
+
+    fields = {f.name for f in dataclasses.fields(args)}
+    changes = training_arguments(plan, legacy_names="activation_checkpointing" not in fields)
+    try:
+        return dataclasses.replace(args, **changes)
+    except Exception as error:
+        raise MemlabError(
+            f"transformers refused the plan's arguments ({type(error).__name__}: {error}); pick another plan"
+        ) from error
+
+
+def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
+    """Set the trainer up to train with ``plan`` on its next ``train()``; undo with ``.undo()``.
+
+    - ``trainer.args`` becomes a copy of its arguments with the plan's batch size (kept where
+      ``plan.micro_batch`` is None), accumulation, checkpointing, bf16/fp16 and optim
+      (:func:`memlab.export.engines.training_arguments`), and the trainer's accelerator is rebuilt for them (as
+      transformers' own hyperparameter search does);
+    - a LoRA plan puts peft adapters on the trainer's model in place (every linear layer but the output head, rank
+      ``plan.lora_rank``; :func:`memlab.techniques.adapters.attach_adapter`);
+    - ``trainer.optimizer`` and ``trainer.lr_scheduler`` are dropped, so that ``train()`` builds them for the
+      plan (over the adapters only, with a LoRA plan).
+
+    Refused with a :class:`MemlabError`, before anything changes: optimizer offload (DeepSpeed), pure bf16 weights,
+    QLoRA and the chunked loss (not yet on a live trainer; :func:`check_plan_for_trainer` says what to do), and
+    a trainer set up for DeepSpeed or FSDP.
+
+    Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
+
+        applied = memlab.trainer.apply_to_trainer(trainer, memlab.Plan(micro_batch=1, accumulation=4))
+        trainer.train()
+        applied.undo()   # args, model (bit-exact), optimizer, scheduler, callbacks as they were
+    """
+    if not is_trainer(trainer):
+        raise MemlabError(f"apply_to_trainer takes a transformers Trainer, not a {type(trainer).__name__}")
+    check_plan_for_trainer(plan)
+    check_single_process(trainer.args)
+    model = trainer_model(trainer)
+    if plan.adapter != "none" and hasattr(model, "peft_config"):
+        raise MemlabError(
+            "this trainer's model already carries peft adapters, and they are what trains; "
+            "apply a plan with adapter='none'"
+        )
+    new_args = _new_arguments(trainer.args, plan)
+    undoes: list[Callable[[], None]] = [_model_restorer(model), _trainer_restorer(trainer)]
+    rebuild = getattr(trainer, "create_accelerator_and_postprocess", None)
+    try:
+        trainer.args = new_args
+        if "_train_batch_size" in vars(trainer):
+            trainer._train_batch_size = new_args.train_batch_size
+        if rebuild is not None:
+            rebuild()
+            # the accelerator's state is shared by the process: build it again for the original arguments too
+            undoes.insert(1, rebuild)
+        if plan.adapter != "none":
+            from memlab.techniques.adapters import attach_adapter
+
+            detach = attach_adapter(model, plan)
+            if detach is not None:
+                undoes.append(detach)
+        trainer.optimizer = None
+        trainer.lr_scheduler = None
+    except BaseException:
+        TrainerApplied(trainer, plan, undoes).undo()
+        raise
+    return TrainerApplied(trainer, plan, undoes)

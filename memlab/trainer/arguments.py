@@ -1,0 +1,123 @@
+"""A trainer's ``TrainingArguments`` read back as a memlab :class:`~memlab.plan.Plan`, and what memlab cannot measure.
+
+:func:`plan_from_training_arguments` inverts :func:`memlab.export.engines.training_arguments`: for every plan the
+Trainer can express, ``plan_from_training_arguments(TrainingArguments(output_dir=..., **training_arguments(plan)))``
+is that plan. transformers is never imported here: the arguments are read by attribute name, so this module costs
+nothing to import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memlab.errors import MemlabError
+from memlab.export.engines import training_arguments
+from memlab.plan import OPTIMIZERS, Plan
+
+__all__ = ["TRAINER_OPTIMIZERS", "check_single_process", "plan_from_training_arguments"]
+
+# The Trainer's names for memlab's optimizers, as the export writes them, and the aliases transformers also takes.
+TRAINER_OPTIMIZERS = {
+    **{training_arguments(Plan(optimizer=name), legacy_names=False)["optim"]: name for name in OPTIMIZERS},
+    "adamw_torch": "adamw",
+    "adamw_8bit": "adamw8bit",
+}
+"""The Trainer's ``optim`` names that are memlab optimizers (``TrainingArguments.optim`` -> ``Plan.optimizer``)."""
+
+
+def _text(value: Any) -> str:
+    """An enum's value (``OptimizerNames.ADAFACTOR`` -> ``"adafactor"``) or the text itself."""
+    return str(getattr(value, "value", value))
+
+
+def check_single_process(args: Any) -> None:
+    """Refuse arguments that train over several processes: memlab measures one process on one device.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> check_single_process(SimpleNamespace(deepspeed=None, fsdp=[]))
+        >>> check_single_process(SimpleNamespace(deepspeed="ds.json", fsdp=[]))
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: this trainer is set up for DeepSpeed (deepspeed='ds.json'), and memlab measures one
+        process on one device; estimate the per-GPU peak with memlab.estimate(..., gpus=N, strategy=...) ...
+    """
+    deepspeed = getattr(args, "deepspeed", None)
+    fsdp = getattr(args, "fsdp", None)
+    if deepspeed:
+        engine, setting, strategy = "DeepSpeed", f"deepspeed={deepspeed!r}", '"zero2" or "zero3"'
+    elif fsdp:
+        engine, setting, strategy = "FSDP", f"fsdp={_text(fsdp) if not isinstance(fsdp, list) else fsdp!r}", '"fsdp2"'
+    else:
+        return
+    raise MemlabError(
+        f"this trainer is set up for {engine} ({setting}), and memlab measures one process on one device; "
+        f"estimate the per-GPU peak with memlab.estimate(model, batch, plan, gpus=N, strategy={strategy}) "
+        "and launch with plan.to_accelerate_config(gpus=N, strategy=...)"
+    )
+
+
+def _checkpointing(args: Any) -> tuple[bool, dict[str, Any]]:
+    """Whether the arguments checkpoint activations, and the keywords that go with it (5.x names first)."""
+    for name in ("activation_checkpointing", "gradient_checkpointing"):
+        if getattr(args, name, False):
+            return True, dict(getattr(args, f"{name}_kwargs", None) or {})
+    return False, {}
+
+
+def _loss(args: Any) -> str:
+    if not getattr(args, "use_liger_kernel", False):
+        return "full"
+    config = getattr(args, "liger_kernel_config", None) or {}
+    # Liger applies its fused linear cross-entropy unless the config turns it off; its other kernels (RoPE, SwiGLU,
+    # RMSNorm) are not memlab levers and are left out of the plan.
+    return "chunked" if config.get("fused_linear_cross_entropy", True) else "full"
+
+
+def plan_from_training_arguments(args: Any) -> Plan:
+    """The memlab plan that ``args`` (a ``transformers.TrainingArguments``, TRL's configs included) trains with.
+
+    - ``per_device_train_batch_size`` -> ``micro_batch``; ``gradient_accumulation_steps`` -> ``accumulation``.
+    - ``activation_checkpointing`` (or ``gradient_checkpointing``) -> ``checkpointing``; with
+      ``activation_checkpointing_kwargs["offload"]`` -> ``offload="activations"``.
+    - ``bf16`` / ``fp16`` -> ``precision``; ``optim`` -> ``optimizer`` (see :data:`TRAINER_OPTIMIZERS`).
+    - ``use_liger_kernel`` with Liger's fused linear cross-entropy -> ``loss="chunked"``.
+
+    What lives on the model rather than in the arguments (pure bf16 weights, adapters) is left at the defaults:
+    :meth:`memlab.trainer.source.TrainerSource.plan` reads those from the trainer's model.
+
+    Raises:
+        MemlabError: for a setting memlab cannot measure (an ``optim`` it has no optimizer for, DeepSpeed, FSDP),
+            naming it.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(per_device_train_batch_size=4, gradient_accumulation_steps=2, bf16=True,
+        ...                        fp16=False, optim="adamw_torch_fused", gradient_checkpointing=True)
+        >>> plan_from_training_arguments(args).label()
+        'mb4x2 ckpt bf16'
+        >>> plan_from_training_arguments(SimpleNamespace(optim="sgd"))
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: optim='sgd' is not an optimizer memlab measures; write optim= one of ...
+    """
+    check_single_process(args)
+    optim = _text(getattr(args, "optim", "adamw_torch_fused"))
+    if optim not in TRAINER_OPTIMIZERS:
+        raise MemlabError(
+            f"optim={optim!r} is not an optimizer memlab measures; write optim= one of {', '.join(TRAINER_OPTIMIZERS)}"
+        )
+    bf16, fp16 = bool(getattr(args, "bf16", False)), bool(getattr(args, "fp16", False))
+    if bf16 and fp16:
+        raise MemlabError("bf16=True and fp16=True together are not one precision; keep one of them")
+    checkpointing, checkpoint_kwargs = _checkpointing(args)
+    micro_batch = getattr(args, "per_device_train_batch_size", None)
+    return Plan(
+        micro_batch=micro_batch,
+        accumulation=getattr(args, "gradient_accumulation_steps", 1),
+        checkpointing=checkpointing,
+        precision="bf16" if bf16 else "fp16" if fp16 else "fp32",
+        optimizer=TRAINER_OPTIMIZERS[optim],
+        offload="activations" if checkpointing and checkpoint_kwargs.get("offload") else "none",
+        loss=_loss(args),
+    )

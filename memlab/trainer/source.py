@@ -1,0 +1,178 @@
+"""A ``transformers.Trainer`` (TRL's trainers included) as what memlab measures: its model, data, loss and plan.
+
+Nothing here imports transformers, TRL or datasets at module level: a trainer is recognised by the names of its
+classes, so ``import memlab`` stays light and memlab works where TRL and datasets are not installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from memlab.errors import MemlabError
+from memlab.plan import Plan
+from memlab.trainer.arguments import check_single_process, plan_from_training_arguments
+
+__all__ = ["TrainerSource", "is_trainer", "trainer_model"]
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def is_trainer(obj: Any) -> bool:
+    """True for a ``transformers.Trainer`` or a subclass of it (TRL's ``SFTTrainer``...), without importing them.
+
+    Example:
+        >>> import torch
+        >>> is_trainer(torch.nn.Linear(2, 2))
+        False
+        >>> class Trainer:  # a class of that name only counts when it comes from transformers
+        ...     pass
+        >>> is_trainer(Trainer())
+        False
+    """
+    return any(
+        cls.__name__ == "Trainer" and cls.__module__.startswith("transformers.") for cls in type(obj).__mro__
+    )
+
+
+def trainer_model(trainer: Any) -> Any:
+    """The model the trainer trains, out of any ``DataParallel``/DDP wrapper (a peft model stays what it is)."""
+    model = trainer.model
+    while type(model).__name__ in ("DataParallel", "DistributedDataParallel") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def _is_plain_data(value: Any, limit: int = 10_000) -> bool:
+    """Python scalars, and dicts/lists of them (the counters and metric lists a trainer keeps), up to ``limit``."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > limit:
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif not isinstance(item, _PLAIN):
+            return False
+    return True
+
+
+@contextmanager
+def trainer_bookkeeping_kept(trainer: Any) -> Iterator[None]:
+    """Put back the trainer's plain-data attributes after a memlab loss call (TRL's ``compute_loss`` appends
+    metrics and counts tokens), so that measuring leaves nothing in the user's next log."""
+    saved = {name: copy.deepcopy(value) for name, value in vars(trainer).items() if _is_plain_data(value)}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(trainer, name, value)
+
+
+@dataclass
+class TrainerSource:
+    """What memlab takes from a live trainer.
+
+    Attributes:
+        trainer: the trainer itself.
+        model: its model, unwrapped (:func:`trainer_model`).
+        collator: its data collator (``trainer.data_collator``).
+        loss_fn: ``loss_fn(model, micro_batch)`` through ``trainer.compute_loss``, so TRL's losses and
+            completion-only masking count as they do in training (see :meth:`make_loss_fn`).
+        effective_batch: rows per optimizer step on one device: ``per_device_train_batch_size x
+            gradient_accumulation_steps`` (several GPUs aside).
+        plan: the trainer's current settings as a plan (:meth:`plan_of`).
+    """
+
+    trainer: Any
+    model: Any
+    collator: Callable[[list[Any]], Any]
+    loss_fn: Callable[[Any, Any], Any]
+    effective_batch: int
+    plan: Plan
+
+    @classmethod
+    def from_trainer(cls, trainer: Any) -> TrainerSource:
+        """Read a trainer; nothing on it changes.
+
+        Raises:
+            MemlabError: not a trainer, no train dataset, or DeepSpeed / FSDP / an optimizer memlab cannot measure
+                in its arguments.
+
+        Example:
+            >>> TrainerSource.from_trainer(object())
+            Traceback (most recent call last):
+            ...
+            memlab.errors.MemlabError: a object is not a transformers Trainer; pass a Trainer ...
+        """
+        if not is_trainer(trainer):
+            raise MemlabError(
+                f"a {type(trainer).__name__} is not a transformers Trainer; "
+                "pass a Trainer (TRL's SFTTrainer too) or a model and a batch"
+            )
+        args = trainer.args
+        check_single_process(args)
+        if getattr(trainer, "train_dataset", None) is None:
+            raise MemlabError(
+                "this trainer has no train dataset, so memlab has no batch to measure; "
+                "build it with Trainer(..., train_dataset=...) or pass a batch yourself"
+            )
+        model = trainer_model(trainer)
+        return cls(
+            trainer=trainer,
+            model=model,
+            collator=trainer.data_collator,
+            loss_fn=cls.make_loss_fn(trainer),
+            effective_batch=args.per_device_train_batch_size * args.gradient_accumulation_steps,
+            plan=cls.plan_of(trainer),
+        )
+
+    @staticmethod
+    def plan_of(trainer: Any) -> Plan:
+        """The trainer's settings as a plan: :func:`plan_from_training_arguments` of its arguments, plus what the
+        model says: ``weights="bf16"`` when its trained parameters are bf16, ``adapter="lora"`` (with its rank)
+        when it is a peft model."""
+        plan = plan_from_training_arguments(trainer.args)
+        model = trainer_model(trainer)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        changes: dict[str, Any] = {}
+        if trained and all(str(p.dtype) == "torch.bfloat16" for p in trained):
+            changes["weights"] = "bf16"
+        peft_config = getattr(model, "peft_config", None)
+        if isinstance(peft_config, dict) and peft_config:
+            config = next(iter(peft_config.values()))
+            rank = getattr(config, "r", None)
+            if isinstance(rank, int):
+                quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(
+                    getattr(model, "base_model", None), "is_loaded_in_4bit", False
+                )
+                changes.update(adapter="qlora" if quantized else "lora", lora_rank=rank)
+        return plan.replace(**changes) if changes else plan
+
+    @staticmethod
+    def make_loss_fn(trainer: Any) -> Callable[[Any, Any], Any]:
+        """``loss_fn(model, micro_batch)`` calling ``trainer.compute_loss(model, inputs)`` in the trainer's own
+        loss context, on a copy of the batch dict (TRL writes into it).
+
+        ``num_items_in_batch`` is passed as None where ``compute_loss`` takes it: the loss is then each
+        micro-batch's mean, and memlab scales it for accumulation itself (the memory is the same). The trainer's
+        counters and metric lists are put back after each call (:func:`trainer_bookkeeping_kept`).
+        """
+        takes_count = "num_items_in_batch" in inspect.signature(trainer.compute_loss).parameters
+
+        def loss_fn(model: Any, micro_batch: Any) -> Any:
+            inputs = dict(micro_batch)
+            keywords = {"num_items_in_batch": None} if takes_count else {}
+            context = getattr(trainer, "compute_loss_context_manager", nullcontext)
+            with trainer_bookkeeping_kept(trainer), context():
+                return trainer.compute_loss(model, inputs, **keywords)
+
+        return loss_fn

@@ -1,0 +1,283 @@
+"""Watch a trainer's memory while ``trainer.train()`` runs: the peak of every step, which batch made it, a warning
+before the budget is reached, and ``memory/*`` keys in the trainer's logs.
+
+How memory is read per optimizer step:
+
+- on CUDA: the caching allocator's ``max_memory_allocated`` over the step (reset at its start),
+  through :class:`memlab.measure.cuda.CudaPeak`;
+- on CPU: memlab's :class:`~memlab.measure.tracker.MemoryTracker` (a ``TorchDispatchMode``) over the step, with the
+  parameters, gradients and optimizer state that exist at the step's start as its baseline: live tensor bytes,
+  exact, and a few microseconds of Python per operator (CPU training of a real model is slow anyway).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from memlab.errors import MemlabError, MemlabWarning
+from memlab.plan import format_bytes, parse_budget
+from memlab.trainer.source import is_trainer, trainer_model
+
+__all__ = ["NEAR_BUDGET", "StepRecord", "Watch", "batch_lengths", "watch"]
+
+NEAR_BUDGET = 0.9
+"""A step whose peak reaches this share of the budget triggers the (one) warning."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step as the watch saw it.
+
+    Attributes:
+        step: the trainer's ``global_step`` after the step (1 for the first).
+        peak_bytes: the step's memory peak (see the module's docstring for how it is read).
+        step_time_s: wall time from the step's start to its end (forward, backward, optimizer).
+        samples_per_s: rows of the step over its time.
+        lengths: tokens of each row the step trained on (attention-mask sums; padded length without a mask).
+        padded_length: the longest padded sequence of the step's micro-batches.
+    """
+
+    step: int
+    peak_bytes: int
+    step_time_s: float
+    samples_per_s: float
+    lengths: tuple[int, ...]
+    padded_length: int
+
+
+def batch_lengths(inputs: Any) -> tuple[tuple[int, ...], int]:
+    """Tokens per row of a collated batch, and its padded length.
+
+    Example:
+        >>> import torch
+        >>> batch_lengths({"input_ids": torch.zeros(2, 5), "attention_mask": torch.tensor([[1] * 5, [1, 1, 0, 0, 0]])})
+        ((5, 2), 5)
+        >>> batch_lengths({"input_ids": torch.zeros(3, 4)})
+        ((4, 4, 4), 4)
+    """
+    ids = inputs.get("input_ids") if isinstance(inputs, dict) or hasattr(inputs, "get") else None
+    mask = inputs.get("attention_mask") if ids is not None else None
+    if ids is None or getattr(ids, "ndim", 0) < 1:
+        return (), 0
+    padded = int(ids.shape[-1])
+    if mask is not None and getattr(mask, "ndim", 0) == 2:
+        return tuple(int(n) for n in mask.sum(-1).tolist()), padded
+    rows = int(ids.shape[0]) if ids.ndim > 1 else 1
+    return (padded,) * rows, padded
+
+
+class _StepMemory:
+    """The memory peak of one step on the model's device; started at the step's start, read at its end."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.probe: Any = None
+
+    def start(self) -> None:
+        import torch
+
+        model = trainer_model(self.trainer)
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        if device.type == "cuda":
+            from memlab.measure.cuda import CudaPeak
+
+            self.probe = CudaPeak(device)
+        else:
+            from memlab.measure.tracker import MemoryTracker
+
+            optimizer = getattr(self.trainer, "optimizer", None)
+            optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
+            state = getattr(optimizer, "state", {}) or {}
+            state_tensors = [v for s in state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+            parameters = list(model.parameters())
+            self.probe = MemoryTracker(
+                baseline={"params": parameters, "grads": [p.grad for p in parameters], "optimizer": state_tensors},
+                device=device,
+            )
+        self.probe.__enter__()
+
+    def stop(self) -> int | None:
+        """The step's peak, or None when no step was started."""
+        probe, self.probe = self.probe, None
+        if probe is None:
+            return None
+        probe.__exit__(None, None, None)
+        return int(probe.peak_allocated if hasattr(probe, "peak_allocated") else probe.peak_bytes)
+
+
+class Watch:
+    """What :func:`watch` records; ``remove()`` takes it off the trainer.
+
+    Attributes:
+        steps: a :class:`StepRecord` per optimizer step, in order.
+        budget: bytes (None: no warning).
+    """
+
+    def __init__(self, trainer: Any, budget: int | None) -> None:
+        self.trainer = trainer
+        self.budget = budget
+        self.steps: list[StepRecord] = []
+        self.warned = False
+        self._listeners: list[Callable[[StepRecord], None]] = []
+        self._memory = _StepMemory(trainer)
+        self._started = 0.0
+        self._rows: list[tuple[tuple[int, ...], int]] = []
+        self._callback: Any = None
+        self._saved_training_step: Any = None
+
+    @property
+    def peak(self) -> StepRecord | None:
+        """The step with the highest peak (the first of equals), or None before any step."""
+        return max(self.steps, key=lambda record: record.peak_bytes, default=None)
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return None if self.peak is None else self.peak.peak_bytes
+
+    @property
+    def peak_step(self) -> int | None:
+        return None if self.peak is None else self.peak.step
+
+    @property
+    def peak_lengths(self) -> tuple[int, ...]:
+        return () if self.peak is None else self.peak.lengths
+
+    def on_step(self, listener: Callable[[StepRecord], None]) -> None:
+        """Call ``listener(record)`` after each step (a front end's live figure)."""
+        self._listeners.append(listener)
+
+    def to_dataframe(self) -> Any:
+        """A pandas DataFrame with a row per step (pandas is imported here)."""
+        import pandas as pd
+
+        return pd.DataFrame([asdict(record) for record in self.steps], columns=list(StepRecord.__dataclass_fields__))
+
+    def remove(self) -> None:
+        """Take the callback and the ``training_step`` wrapper off the trainer (a step being watched is ended)."""
+        self._memory.stop()
+        if self._callback is not None:
+            self.trainer.remove_callback(self._callback)
+            self._callback = None
+        if "training_step" in vars(self.trainer):
+            del self.trainer.training_step
+        if self._saved_training_step is not None:
+            self.trainer.training_step = self._saved_training_step
+            self._saved_training_step = None
+
+    def __repr__(self) -> str:
+        return f"Watch({len(self.steps)} steps, peak {format_bytes(self.peak_bytes)} at step {self.peak_step})"
+
+    # ---------------------------------------------------------------------------------- what the callback calls
+    def step_begin(self) -> None:
+        self._memory.stop()  # a step that never ended (an interrupted train()) is not counted
+        self._rows = []
+        self._started = time.perf_counter()
+        self._memory.start()
+
+    def saw_inputs(self, inputs: Any) -> None:
+        self._rows.append(batch_lengths(inputs))
+
+    def step_end(self, step: int) -> None:
+        peak = self._memory.stop()
+        if peak is None:
+            return
+        elapsed = time.perf_counter() - self._started
+        lengths = tuple(n for row, _ in self._rows for n in row)
+        rows = len(lengths)
+        record = StepRecord(step, peak, elapsed, rows / elapsed if elapsed > 0 else 0.0, lengths,
+                            max((padded for _, padded in self._rows), default=0))
+        self.steps.append(record)
+        if self.budget is not None and not self.warned and peak >= NEAR_BUDGET * self.budget:
+            self.warned = True
+            warnings.warn(
+                f"memlab: step {step} peaked at {format_bytes(peak)}, within {1 - NEAR_BUDGET:.0%} of the "
+                f"{format_bytes(self.budget)} budget (rows of {', '.join(map(str, lengths))} tokens); "
+                "longer batches may not fit: memlab.fit(trainer, budget=...) finds a plan that does",
+                MemlabWarning,
+                stacklevel=2,
+            )
+        for listener in self._listeners:
+            listener(record)
+
+    def log_keys(self) -> dict[str, float]:
+        if not self.steps:
+            return {}
+        return {
+            "memory/peak_bytes": float(self.peak_bytes or 0),
+            "memory/peak_step": float(self.peak_step or 0),
+            "memory/step_peak_bytes": float(self.steps[-1].peak_bytes),
+        }
+
+
+@functools.lru_cache(maxsize=1)
+def _callback_class() -> type:
+    """A ``TrainerCallback`` subclass, built on first use so that importing memlab imports no transformers."""
+    from transformers import TrainerCallback
+
+    class MemlabWatchCallback(TrainerCallback):  # type: ignore[misc]
+        def __init__(self, watch: Watch) -> None:
+            self.watch = watch
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.watch.step_begin()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.watch.step_end(state.global_step)
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.watch._memory.stop()
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            keys = self.watch.log_keys()
+            if logs is None or not keys:
+                return
+            history = state.log_history
+            if history and all(history[-1].get(k) == v for k, v in logs.items()):
+                history[-1].update(keys)  # the trainer recorded its copy of these logs before calling us
+            logs.update(keys)
+
+    return MemlabWatchCallback
+
+
+def watch(trainer: Any, budget: int | str | None = None) -> Watch:
+    """Record the memory of every step of ``trainer.train()``: the peak, its step and that step's lengths.
+
+    Adds a callback (first in the trainer's list, so the reporters after it log ``memory/peak_bytes``,
+    ``memory/peak_step`` and ``memory/step_peak_bytes``) and wraps the trainer's ``training_step`` on the
+    instance, to see each micro-batch. With a ``budget`` (bytes or a string such as ``"8GiB"``), the first step
+    whose peak comes within 10% of it raises one :class:`~memlab.errors.MemlabWarning`. ``Watch.remove()`` undoes
+    both.
+
+    Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
+
+        w = memlab.trainer.watch(trainer, budget="8GiB")
+        trainer.train()
+        w.peak_bytes, w.peak_step, w.peak_lengths
+        w.to_dataframe()
+        w.remove()
+    """
+    if not is_trainer(trainer):
+        raise MemlabError(f"watch takes a transformers Trainer, not a {type(trainer).__name__}; pass your trainer")
+    result = Watch(trainer, parse_budget(budget))
+    callback = _callback_class()(result)
+    trainer.callback_handler.callbacks.insert(0, callback)
+    result._callback = callback
+    result._saved_training_step = vars(trainer).get("training_step")
+    original = trainer.training_step
+
+    @functools.wraps(original)
+    def training_step(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        result.saw_inputs(inputs)
+        try:
+            return original(model, inputs, *args, **kwargs)
+        except BaseException:
+            result._memory.stop()  # never leave the CPU tracker's dispatch mode on after an error
+            raise
+
+    trainer.training_step = training_step
+    return result
