@@ -25,41 +25,17 @@ __all__ = [
     "parse_batch_shape",
 ]
 
+
+def _llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> dict[str, Any]:
+    return dict(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=32000)
+
+
 # Model shapes that need no download: name -> (config class name, keyword arguments).
 KNOWN_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama-7b": (
-        "LlamaConfig",
-        dict(
-            hidden_size=4096,
-            intermediate_size=11008,
-            num_hidden_layers=32,
-            num_attention_heads=32,
-            num_key_value_heads=32,
-            vocab_size=32000,
-        ),
-    ),
-    "llama-13b": (
-        "LlamaConfig",
-        dict(
-            hidden_size=5120,
-            intermediate_size=13824,
-            num_hidden_layers=40,
-            num_attention_heads=40,
-            num_key_value_heads=40,
-            vocab_size=32000,
-        ),
-    ),
-    "llama-70b": (
-        "LlamaConfig",
-        dict(
-            hidden_size=8192,
-            intermediate_size=28672,
-            num_hidden_layers=80,
-            num_attention_heads=64,
-            num_key_value_heads=8,
-            vocab_size=32000,
-        ),
-    ),
+    "llama-7b": ("LlamaConfig", _llama(4096, 11008, 32, 32, 32)),
+    "llama-13b": ("LlamaConfig", _llama(5120, 13824, 40, 40, 40)),
+    "llama-70b": ("LlamaConfig", _llama(8192, 28672, 80, 64, 8)),
     "gpt2": ("GPT2Config", {}),
 }
 """Built-in shapes for ``estimate`` and ``memlab estimate`` (Llama 2 7B/13B/70B, GPT-2 small)."""
