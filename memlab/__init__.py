@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memlab.errors import MemlabError, UnsupportedTechnique
-from memlab.estimation.estimate import estimate
+from memlab.estimation import estimate
 from memlab.plan import Plan, parse_budget
 from memlab.report import InferenceTrial, Report, Trial
 from memlab.runner.apply import Applied, apply

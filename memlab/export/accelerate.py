@@ -6,7 +6,7 @@ an ``fsdp_config`` (``fsdp_version: 2``, ``fsdp_reshard_after_forward``, ``fsdp_
 TRANSFORMER_BASED_WRAP``, ``fsdp_activation_checkpointing``, ``fsdp_offload_params``), or ``distributed_type:
 DEEPSPEED`` with a ``deepspeed_config`` (``zero_stage``, ``offload_optimizer_device``, ``offload_param_device``,
 ``zero3_init_flag``, ``gradient_accumulation_steps``). The FSDP2 wrapping is what
-:func:`memlab.estimation.sharded.shard_units`
+:func:`memlab.estimation.fsdp2.shard_units`
 estimates: one unit per class in the model's ``_no_split_modules`` (accelerate's default when no class is named),
 then the root. Write the dict with ``yaml.safe_dump``; :func:`fsdp2_torch_script` is the same sharding in plain
 PyTorch (``fully_shard``), runnable with ``torchrun`` where accelerate does not shard (a machine without GPUs).
@@ -26,7 +26,7 @@ _MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
 def _check(gpus: Any, strategy: Any) -> tuple[int, str]:
-    from memlab.estimation.sharded import check_sharding
+    from memlab.estimation.strategies import check_sharding
 
     gpus, strategy = check_sharding(gpus, strategy)
     if strategy == "none":

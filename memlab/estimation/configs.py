@@ -1,0 +1,222 @@
+"""Which model a dry run is about: a name read as a transformers config (a built-in shape, a local file or the
+Hub), the model of a config built on the ``meta`` device (no memory), its parameter counts, and a batch of shapes
+from ``ROWSxTOKENS``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.errors import MemlabError
+
+__all__ = [
+    "KNOWN_SHAPES",
+    "is_transformers_config",
+    "layer_counts",
+    "load_config",
+    "meta_model",
+    "model_on_meta",
+    "one_line",
+    "parse_batch_shape",
+]
+
+
+def _llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> dict[str, Any]:
+    return dict(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=32000)
+
+
+# Model shapes that need no download: name -> (config class name, keyword arguments).
+KNOWN_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-7b": ("LlamaConfig", _llama(4096, 11008, 32, 32, 32)),
+    "llama-13b": ("LlamaConfig", _llama(5120, 13824, 40, 40, 40)),
+    "llama-70b": ("LlamaConfig", _llama(8192, 28672, 80, 64, 8)),
+    "gpt2": ("GPT2Config", {}),
+}
+"""Built-in shapes for ``estimate`` and ``memlab estimate`` (Llama 2 7B/13B/70B, GPT-2 small)."""
+
+_HUB_PROBE_TIMEOUT_S = 5.0
+"""Seconds the Hub has to answer for a model's config.json before memlab says it is offline."""
+
+
+def load_config(name: str | os.PathLike[str]) -> Any:
+    """A transformers config from a name: a path to a config (file or folder), a :data:`KNOWN_SHAPES` entry, or
+    a Hub name (``AutoConfig.from_pretrained``: the cached config if there is one, else fetched; a MemlabError in
+    one line, within seconds, when it cannot be had: offline, ``HF_HUB_OFFLINE=1``, misspelt, gated, private).
+
+    Example:
+        >>> load_config("llama-7b").hidden_size
+        4096
+    """
+    import transformers
+
+    text = os.fspath(name)
+    if os.path.exists(text):
+        try:
+            return transformers.AutoConfig.from_pretrained(text)
+        except Exception as error:  # noqa: BLE001 - any failure to read a local config is the user's to fix
+            raise MemlabError(
+                f"could not read a transformers config from {text} ({type(error).__name__}); "
+                "pass a config.json with a model_type, or its folder"
+            ) from None
+    if text.lower() in KNOWN_SHAPES:
+        class_name, keywords = KNOWN_SHAPES[text.lower()]
+        return getattr(transformers, class_name)(**keywords)
+    return _hub_config(text)
+
+
+def _hub_config(name: str) -> Any:
+    """The config of the Hub model ``name``: from the local Hugging Face cache when it is there, else fetched.
+
+    Before fetching, one request with no retries and a short timeout (``HF_HUB_ETAG_TIMEOUT`` seconds if set, else
+    :data:`_HUB_PROBE_TIMEOUT_S`) checks that the Hub answers for ``name``: offline (or with ``HF_HUB_OFFLINE=1``),
+    misspelt, gated or private names fail at once, in one line, instead of after the Hub client's retries.
+    """
+    import transformers
+
+    with contextlib.suppress(Exception):  # not in the cache (or unreadable there): ask the Hub
+        return transformers.AutoConfig.from_pretrained(name, local_files_only=True)
+    problem = _hub_problem(name)
+    if problem is None:
+        try:
+            return transformers.AutoConfig.from_pretrained(name)
+        except Exception as error:  # noqa: BLE001 - whatever went wrong, the remedy is the same
+            problem = "offline?" if isinstance(error, OSError) else one_line(error)
+    raise MemlabError(
+        f"could not fetch the config of {name} ({problem}); pass a transformers config or --config path/to/config.json"
+    )
+
+
+def _hub_problem(name: str) -> str | None:
+    """Why the Hub cannot give ``name``'s config.json, in a few words; None when it can (one request, no retries).
+
+    Example:
+        >>> _hub_problem("not a model name!")
+        'not a Hub model name'
+    """
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, utils
+
+    try:
+        url = hf_hub_url(name, "config.json")
+    except utils.HFValidationError:
+        return "not a Hub model name"
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set and it is not in the Hugging Face cache"
+    timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or _HUB_PROBE_TIMEOUT_S)
+    try:
+        get_hf_file_metadata(url, timeout=timeout)
+    except utils.GatedRepoError:
+        return "gated: accept its licence on the Hub and log in with `hf auth login`"
+    except utils.RepositoryNotFoundError:
+        return "no such model on the Hub, or a private one: check the name, or log in with `hf auth login`"
+    except utils.EntryNotFoundError:
+        return "it has no config.json on the Hub"
+    except Exception:  # noqa: BLE001 - no network, no DNS, a timeout, offline mode, the Hub down
+        return "offline?"
+    return None
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one line for a trial or a message: its type and the first line of its text.
+
+    Example:
+        >>> one_line(ValueError("\\n  shapes differ\\n  (2, 3) vs (3, 2)"))
+        'ValueError: shapes differ'
+    """
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first}"
+
+
+def is_transformers_config(value: Any) -> bool:
+    """Whether ``value`` is a transformers config (a ``PretrainedConfig``), without importing transformers.
+
+    Example:
+        >>> is_transformers_config(load_config("gpt2")), is_transformers_config({"hidden_size": 8})
+        (True, False)
+    """
+    return any(cls.__name__ == "PretrainedConfig" or cls.__name__ == "PreTrainedConfig" for cls in type(value).__mro__)
+
+
+def meta_model(config: Any) -> nn.Module:
+    """The model of a transformers config on the meta device (no memory), in fp32.
+
+    The class is the first of ``config.architectures`` that transformers has, else ``AutoModelForCausalLM``, else
+    ``AutoModel``. ``estimate`` accepts the result like any model.
+
+    Example:
+        >>> model = meta_model(load_config("llama-7b"))
+        >>> type(model).__name__, model.lm_head.weight.device.type, sum(p.numel() for p in model.parameters())
+        ('LlamaForCausalLM', 'meta', 6738415616)
+    """
+    import transformers
+
+    if not is_transformers_config(config):
+        raise MemlabError(f"{type(config).__name__} is not a transformers config; pass one, or a name such as llama-7b")
+
+    with torch.device("meta"):
+        for name in getattr(config, "architectures", None) or ():
+            cls: Any = getattr(transformers, str(name), None)
+            if isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "_from_config"):
+                return cls._from_config(config, dtype=torch.float32)
+        try:
+            return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        except ValueError:
+            return transformers.AutoModel.from_config(config, dtype=torch.float32)
+
+
+def model_on_meta(model_or_config: Any) -> nn.Module:
+    """The model on the ``meta`` device: a live model itself, a config's or a name's built by :func:`meta_model`.
+
+    Example:
+        >>> model_on_meta("gpt2").transformer.wte.weight.device.type
+        'meta'
+    """
+    if isinstance(model_or_config, nn.Module):
+        return model_or_config
+    if isinstance(model_or_config, (str, os.PathLike)):
+        model_or_config = load_config(model_or_config)
+    return meta_model(model_or_config)
+
+
+def layer_counts(model_or_config: Any) -> tuple[int, int]:
+    """``(trainable parameters, the largest layer's own parameters)`` as DeepSpeed counts them
+    (``model_to_params`` and ``estimate_zero3_model_states_mem_needs_all_live``: tied weights once; a layer's own
+    parameters, ``recurse=False``).
+
+    Example:
+        >>> layer_counts(nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 2)))
+        (132, 110)
+    """
+    model = model_on_meta(model_or_config)
+    seen: dict[int, int] = {}
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            seen[id(parameter)] = parameter.numel()
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    return sum(seen.values()), largest
+
+
+def parse_batch_shape(text: str, names: Sequence[str] = ("input_ids", "labels")) -> dict[str, tuple[int, ...]]:
+    """``"1x512"`` -> ``{"input_ids": (1, 512), "labels": (1, 512)}`` (rows x tokens), for the command line.
+
+    Example:
+        >>> parse_batch_shape("4x128")
+        {'input_ids': (4, 128), 'labels': (4, 128)}
+        >>> parse_batch_shape("4 by 128")
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: batch '4 by 128' is not ROWSxTOKENS; write for example --batch 1x512
+    """
+    parts = text.lower().replace("*", "x").split("x")
+    try:
+        shape = tuple(int(part) for part in parts)
+    except ValueError:
+        shape = ()
+    if len(shape) != 2 or min(shape) < 1:
+        raise MemlabError(f"batch {text!r} is not ROWSxTOKENS; write for example --batch 1x512")
+    return {name: shape for name in names}

@@ -1,0 +1,297 @@
+"""The fake side of every dry run: one fake mode, one fake copy of a model, one fake batch, one rule for the device
+an estimate answers for. Single-GPU estimates (:mod:`memlab.estimation.single_gpu`) and the FSDP2 dry run
+(:mod:`memlab.estimation.fsdp2`) build their model and batch here.
+
+Tensors of PyTorch's ``FakeTensorMode`` have shapes, dtypes, devices and storages, and no data: nothing is computed,
+no memory is taken. A live ``nn.Module`` is copied with ``copy.deepcopy`` whose memo already maps every parameter,
+buffer and tensor attribute to a fake twin (``FakeTensorMode.from_tensor``: no data is copied; tied weights and
+views stay shared), so the live model, its gradients, hooks and flags are never touched. A transformers config (or a
+name of one) is built on the ``meta`` device (:func:`memlab.estimation.configs.meta_model`) and copied the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from memlab.errors import MemlabError
+from memlab.estimation.configs import is_transformers_config, load_config, meta_model, one_line
+from memlab.runner.batch import Batch
+from memlab.runner.quiet import quiet
+
+__all__ = [
+    "BLIND_SPOTS",
+    "FakeMode",
+    "FakeSetup",
+    "fake_batch",
+    "fake_copy",
+    "fake_model",
+    "fake_setup",
+    "kernels_device",
+    "target_device",
+]
+
+BLIND_SPOTS = (
+    "estimated on fake tensors: allocator rounding, fragmentation, kernel workspaces, CUDA context not included"
+)
+"""The note every estimate carries: what no fake-tensor run can see."""
+
+_INTEGER_NAMES = ("input_ids", "labels", "decoder_input_ids", "attention_mask", "token_type_ids", "position_ids")
+
+_ONEDNN_LSTM = 2  # mkldnn_rnn_layer's mode for an LSTM
+_ONEDNN_LSTM_WORKSPACE_FLOATS = 15.6
+"""Floats of oneDNN's LSTM training workspace per hidden unit, time step and row (the upper end measured)."""
+
+
+class FakeMode(FakeTensorMode):
+    """``FakeTensorMode`` that runs what the real kernels run where PyTorch's fake rules are stricter or blind:
+
+    - reading a value that was never computed gives 0 instead of an error (values known to fake tensors, such as
+      AdamW's step counter, are read as they are);
+    - ``nonzero`` (a data-dependent shape; DeBERTa uses it) answers its largest possible result, every element
+      nonzero, so the estimate leans high rather than failing;
+    - ``_grouped_mm`` (mixture-of-experts layers) accepts float32, as the CPU kernel does, where its fake rule asks
+      for bf16: it is computed on bf16 twins and its result has the inputs' dtype;
+    - oneDNN's LSTM layer (``mkldnn_rnn_layer``) keeps a workspace for backward that its fake rule leaves empty:
+      it is given the size the real kernel takes, :data:`_ONEDNN_LSTM_WORKSPACE_FLOATS` floats per hidden unit,
+      time step and row (measured on torch 2.13 from 64 to 1024 hidden units: 15.0 to 15.6).
+
+    Example:
+        >>> with FakeMode():
+        ...     total = torch.ones(3).sum()
+        >>> total.item()  # never computed: read as 0
+        0.0
+    """
+
+    def __init__(self) -> None:
+        super().__init__(allow_non_fake_inputs=True)
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default:
+            tensor = args[0]
+            if not (isinstance(tensor, FakeTensor) and tensor.constant is not None):
+                if tensor.dtype == torch.bool:
+                    return False
+                return 0.0 if tensor.dtype.is_floating_point or tensor.dtype.is_complex else 0
+        if func is torch.ops.aten.nonzero.default:
+            tensor = args[0]
+            with self:
+                return torch.empty((tensor.numel(), tensor.dim()), dtype=torch.int64, device=tensor.device)
+        if func is torch.ops.aten.mkldnn_rnn_layer.default and args[9] == _ONEDNN_LSTM and args[15]:
+            results: tuple[torch.Tensor, ...] = super().__torch_dispatch__(func, types, args, kwargs)  # type: ignore[assignment]
+            output, hidden, cell, workspace = results
+            if workspace.numel() == 0:
+                floats = int(_ONEDNN_LSTM_WORKSPACE_FLOATS * args[0].shape[0] * args[0].shape[1] * args[10])
+                with self:
+                    workspace = torch.empty(floats * 4, dtype=torch.uint8, device=workspace.device)
+            return output, hidden, cell, workspace
+        if func is torch.ops.aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
+            dtype = kwargs.get("out_dtype") or args[0].dtype
+            with self:
+                twins = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                         for a in args]
+                return func(*twins, **{**kwargs, "out_dtype": None}).to(dtype)
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+# --- devices ---------------------------------------------------------------------------------------------------------
+
+
+def target_device(model_or_config: Any, device: str | torch.device | None) -> torch.device:
+    """The device an estimate answers for: ``device`` when given, else the live model's (``"cuda"`` for a model on
+    the meta device), else ``"cuda"`` for a config or a name: "will it fit before I buy the GPU" is a question
+    about a GPU, whether or not this machine has one.
+
+    Example:
+        >>> target_device(nn.Linear(2, 2), None), target_device("gpt2", "cpu")
+        (device(type='cpu'), device(type='cpu'))
+    """
+    if device is not None:
+        target = torch.device(device)
+    elif isinstance(model_or_config, nn.Module):
+        target = next((p.device for p in model_or_config.parameters()), torch.device("cpu"))
+        if target.type == "meta":
+            target = torch.device("cuda")
+    else:
+        target = torch.device("cuda")
+    if target.type not in ("cpu", "cuda"):
+        raise MemlabError(f"device={str(target)!r} cannot be estimated; write device='cuda' or device='cpu'")
+    if target.type == "cuda" and target.index is None and torch.cuda.is_available():
+        target = torch.device("cuda", torch.cuda.current_device())
+    return target
+
+
+def kernels_device(target: torch.device) -> torch.device:
+    """The device whose kernels run the fake step for ``target``: the CPU's when ``target`` is a GPU this machine
+    does not have.
+
+    Example:
+        >>> kernels_device(torch.device("cpu"))
+        device(type='cpu')
+    """
+    return target if target.type != "cuda" or torch.cuda.is_available() else torch.device("cpu")
+
+
+# --- the fake model and batch ----------------------------------------------------------------------------------------
+
+
+def fake_model(model_or_config: Any, mode: FakeTensorMode, device: torch.device) -> nn.Module:
+    """The model of a dry run on fake tensors of ``mode`` on ``device``: a live model copied (:func:`fake_copy`), a
+    transformers config or a name built on the meta device first.
+
+    Example:
+        >>> model = fake_model("gpt2", FakeMode(), torch.device("cpu"))
+        >>> type(model).__name__, isinstance(model.lm_head.weight, FakeTensor)
+        ('GPT2LMHeadModel', True)
+    """
+    if isinstance(model_or_config, nn.Module):
+        try:
+            return fake_copy(model_or_config, mode, device)
+        except MemlabError:
+            raise
+        except Exception as error:  # noqa: BLE001 - tensor subclasses, objects deepcopy cannot copy...
+            raise MemlabError(
+                f"could not copy the {type(model_or_config).__name__} onto fake tensors ({one_line(error)}); "
+                "pass its transformers config (model.config) instead"
+            ) from None
+    if isinstance(model_or_config, (str, os.PathLike)):
+        model_or_config = load_config(model_or_config)
+    if is_transformers_config(model_or_config):
+        return fake_copy(meta_model(model_or_config), mode, device)
+    raise MemlabError(
+        f"cannot estimate a {type(model_or_config).__name__}; pass an nn.Module, a transformers config, "
+        'or a name such as "llama-7b" or a path to a config.json'
+    )
+
+
+def fake_copy(model: nn.Module, mode: FakeTensorMode, device: torch.device) -> nn.Module:
+    """A deep copy of ``model`` whose tensors are fake (no data copied); the model itself is not touched.
+
+    Example:
+        >>> live = nn.Linear(4, 2)
+        >>> copied = fake_copy(live, FakeMode(), torch.device("cpu"))
+        >>> isinstance(copied.weight.data, FakeTensor), isinstance(live.weight.data, FakeTensor)
+        (True, False)
+    """
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for tensor in [*module._parameters.values(), *module._buffers.values(), *vars(module).values()]:
+            if isinstance(tensor, torch.Tensor) and id(tensor) not in memo:
+                fake = _fake_tensor(tensor, mode, device)
+                if isinstance(tensor, nn.Parameter):
+                    fake = nn.Parameter(fake, requires_grad=tensor.requires_grad)
+                memo[id(tensor)] = fake
+    with torch.no_grad():
+        return copy.deepcopy(model, memo)
+
+
+def _fake_tensor(tensor: torch.Tensor, mode: FakeTensorMode, device: torch.device) -> torch.Tensor:
+    """A fake twin of ``tensor`` on ``device``: same shape, strides, dtype; no data."""
+    if isinstance(tensor, FakeTensor) and tensor.fake_mode is mode and tensor.device == device:
+        return tensor
+    detached = tensor.detach()
+    if detached.device == device and not isinstance(detached, FakeTensor):
+        return mode.from_tensor(detached)  # views and tied storages stay shared
+    with mode:
+        return torch.empty_strided(detached.size(), detached.stride(), dtype=detached.dtype, device=device)
+
+
+def fake_batch(batch: Any, mode: FakeTensorMode, device: str | torch.device = "cpu") -> Batch:
+    """The batch on fake tensors of ``mode`` on ``device``: tensors are faked, shapes become fake tensors.
+
+    A shape is a tuple, list or ``torch.Size`` of ints; its dtype comes from its name (``*_ids``, ``labels``,
+    ``attention_mask``: int64; others float32).
+
+    Example:
+        >>> batch = fake_batch({"input_ids": (2, 8), "pixel_values": (2, 3, 4, 4)}, FakeTensorMode())
+        >>> batch["input_ids"].dtype, tuple(batch["pixel_values"].shape)
+        (torch.int64, (2, 3, 4, 4))
+    """
+    device = torch.device(device)
+
+    def convert(name: str, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return _fake_tensor(value, mode, device)
+        if _is_shape(value):
+            dtype = torch.int64 if _is_integer_name(name) else torch.float32
+            with mode:
+                return torch.zeros(tuple(int(v) for v in value), dtype=dtype, device=device)
+        return value
+
+    if isinstance(batch, Mapping):
+        return {key: convert(str(key), value) for key, value in batch.items()}
+    if isinstance(batch, torch.Tensor):
+        return _fake_tensor(batch, mode, device)
+    if isinstance(batch, (tuple, list)) and not _is_shape(batch):
+        values = [convert("", value) for value in batch]
+        return type(batch)(*values) if hasattr(batch, "_fields") else type(batch)(values)
+    raise MemlabError(
+        f"a batch of type {type(batch).__name__} cannot be estimated; pass tensors, or shapes such as "
+        '{"input_ids": (1, 512), "labels": (1, 512)}'
+    )
+
+
+def _is_shape(value: Any) -> bool:
+    shape = (
+        isinstance(value, (tuple, list, torch.Size))
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and len(value) > 0
+    )
+    if shape and min(value) < 1:
+        raise MemlabError(f"shape {tuple(value)} has a size below 1; write sizes >= 1, such as (1, 512)")
+    return shape
+
+
+def _is_integer_name(name: str) -> bool:
+    name = name.strip("'\"")
+    return name in _INTEGER_NAMES or name.endswith("_ids") or name.endswith("labels") or name.endswith("_mask")
+
+
+# --- a dry run's set-up ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeSetup:
+    """What a dry run runs on: the fake model and batch, the fake mode they live in, the device the estimate
+    answers for (``target``) and the device whose kernels run the fake step (``kernels``)."""
+
+    model: nn.Module
+    batch: Batch
+    mode: FakeMode
+    target: torch.device
+    kernels: torch.device
+
+
+def fake_setup(
+    model_or_config: Any,
+    batch: Any,
+    device: str | torch.device | None,
+    verbose: bool = False,
+    *,
+    kernels: torch.device | None = None,
+) -> FakeSetup:
+    """The fake model and batch of a dry run for ``device`` (see :func:`target_device`), on the kernels of
+    :func:`kernels_device` unless ``kernels`` names them (the FSDP2 dry run shards on the CPU).
+
+    Example:
+        >>> setup = fake_setup(nn.Linear(4, 2), {"x": (3, 4)}, "cuda")
+        >>> str(setup.target).startswith("cuda"), tuple(setup.batch["x"].shape), setup.batch["x"].dtype
+        (True, (3, 4), torch.float32)
+    """
+    target = target_device(model_or_config, device)
+    kernels = kernels_device(target) if kernels is None else kernels
+    mode = FakeMode()
+    # Quiet from the start: building the model and importing bitsandbytes (for QLoRA) log too, not only the steps.
+    with quiet(verbose):
+        model = fake_model(model_or_config, mode, kernels)
+    return FakeSetup(model, fake_batch(batch, mode, kernels), mode, target, kernels)

@@ -1,0 +1,337 @@
+"""The FSDP2 dry run: one steady-state training step of a plan, sharded over ``gpus`` GPUs, run on fake tensors.
+
+The model and batch are the single-GPU estimate's (:func:`memlab.estimation.fake.fake_setup`, on CPU kernels: the
+fake process group's device mesh is a CPU mesh). The model is sharded with ``torch.distributed.fsdp.fully_shard``
+over a device mesh of a *fake* process group (``backend="fake"``, from ``torch.testing._internal.distributed.fake_pg``:
+collectives that move nothing, one process standing for rank 0 of ``gpus``). The wrapping is accelerate's
+``TRANSFORMER_BASED_WRAP`` (:func:`shard_units`, then the root), with ``reshard_after_forward=True`` and, for
+``precision="bf16"/"fp16"``, accelerate's FSDP2 ``MixedPrecisionPolicy`` (parameters, reductions and outputs in that
+dtype). The step is memlab's own :class:`~memlab.runner.step.TrainingStep` (autocast, checkpointing, the optimizer,
+as for one GPU), for one micro-batch (``batch`` is what ONE GPU sees per micro-step), tracked by PyTorch's
+``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``, which tells sharded from unsharded parameters and
+gradients, the all-gather and reduce-scatter buffers, optimizer state and activations. What it cannot see is what
+any fake-tensor estimate cannot (see :mod:`memlab.estimation.single_gpu`), plus NCCL's own buffers. Where the plan
+offloads the optimizer, FSDP2's ``CPUOffloadPolicy`` keeps the sharded parameters, gradients and optimizer state in
+CPU memory: the per-GPU peak is then the largest module-level snapshot without them (they are reported in
+``host_bytes``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.errors import MemlabError
+from memlab.estimation.configs import one_line
+from memlab.estimation.fake import BLIND_SPOTS, fake_setup
+from memlab.estimation.single_gpu import adamw8bit_state_bytes
+from memlab.measure.tracker import CATEGORIES
+from memlab.plan import Plan
+from memlab.report import Trial
+from memlab.runner.batch import LossFn
+from memlab.runner.quiet import quiet
+from memlab.runner.step import TrainingStep
+from memlab.techniques.accumulation import micro_batches
+from memlab.techniques.optimizer import build_optimizer, state_tensors
+
+__all__ = ["DETAIL", "FSDP_NOTE", "ShardedTrial", "fake_process_group", "fsdp2_dry_run", "shard_units", "sharded_trial"]
+
+DETAIL = (
+    "sharded_params",
+    "unsharded_params",
+    "sharded_grads",
+    "unsharded_grads",
+    "optimizer",
+    "activations",
+    "communication",
+    "inputs",
+)
+"""The finer categories of a sharded estimate (:attr:`ShardedTrial.detail`), in bytes per GPU at the peak."""
+
+FSDP_NOTE = "FSDP2 estimated with fully_shard on fake tensors and a fake process group (FSDPMemTracker)"
+"""The note of every FSDP2 dry run."""
+
+# Which detail adds up into which of memlab's five categories.
+_DETAIL_TO_CATEGORY = {
+    "sharded_params": "params",
+    "unsharded_params": "params",
+    "sharded_grads": "grads",
+    "unsharded_grads": "grads",
+    "optimizer": "optimizer",
+    "activations": "activations",
+    "communication": "other",
+    "inputs": "other",
+}
+
+# FSDPMemTracker's reference types (their values) -> detail.
+_FSDP_KINDS = {
+    "Sharded Param": "sharded_params",
+    "Unsharded Param": "unsharded_params",
+    "Buffer": "unsharded_params",
+    "Sharded Grad": "sharded_grads",
+    "Unsharded Grad": "unsharded_grads",
+    "Activation": "activations",
+    "Temp": "activations",
+    "All Gather": "communication",
+    "Reduce Scatter": "communication",
+    "OptState": "optimizer",
+    "Inputs": "inputs",
+}
+_HOST_WITH_OFFLOAD = ("sharded_params", "sharded_grads", "optimizer")
+_CPU = torch.device("cpu")
+
+
+@dataclass
+class ShardedTrial(Trial):
+    """A :class:`~memlab.report.Trial` for one GPU of ``gpus`` training with ``strategy``.
+
+    ``peak_bytes`` and ``breakdown`` are per GPU (the five categories of every Trial: ``"other"`` holds the
+    communication buffers and the batch); ``detail`` splits the peak finer (:data:`DETAIL`: sharded and unsharded
+    parameters and gradients, optimizer state, activations, communication buffers, inputs); ``model_state_bytes`` is
+    what each GPU holds between steps for the weights, gradients and optimizer state; ``host_bytes`` is each rank's
+    CPU memory for offloaded state.
+
+    Example:
+        >>> t = ShardedTrial(Plan(), "ok", 10, {"params": 10}, None, None, None, "cuda", gpus=8, strategy="zero3")
+        >>> t.gpus, t.strategy, t.breakdown["other"]
+        (8, 'zero3', 0)
+    """
+
+    gpus: int = 1
+    strategy: str = "none"
+    detail: dict[str, int] = field(default_factory=dict)
+    model_state_bytes: int = 0
+    host_bytes: int = 0
+
+    @property
+    def label(self) -> str:
+        """The plan's label, then the strategy and the number of GPUs (``"ckpt bf16 fsdp2 x8"``), so that the
+        trials of several strategies tell apart in one Report (its table and figure).
+
+        Example:
+            >>> ShardedTrial(Plan(checkpointing=True), "ok", 1, {}, None, None, None, "cuda", gpus=8,
+            ...              strategy="fsdp2").label
+            'ckpt fsdp2 x8'
+            >>> ShardedTrial(Plan(), "ok", 1, {}, None, None, None, "cuda").label
+            'plain'
+        """
+        label = super().label
+        if self.strategy == "none":
+            return label
+        where = f"{self.strategy} x{self.gpus}"
+        return where if label == "plain" else f"{label} {where}"
+
+
+def sharded_trial(
+    plan: Plan,
+    detail: dict[str, int],
+    target: torch.device,
+    budget: int | None,
+    gpus: int,
+    strategy: str,
+    held: int,
+    host: int,
+    notes: Sequence[str],
+) -> ShardedTrial:
+    """The estimated trial of one GPU from its :data:`DETAIL` bytes at the peak (summed into the five categories),
+    the model states it holds between steps (``held``) and its share of offloaded CPU memory (``host``).
+
+    Example:
+        >>> trial = sharded_trial(Plan(), {"sharded_params": 4, "communication": 2}, torch.device("cuda"), None, 2,
+        ...                       "fsdp2", 4, 0, [])
+        >>> trial.peak_bytes, trial.breakdown["params"], trial.breakdown["other"], trial.label
+        (6, 4, 2, 'fsdp2 x2')
+    """
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    for name, nbytes in detail.items():
+        breakdown[_DETAIL_TO_CATEGORY[name]] += nbytes
+    peak = sum(breakdown.values())
+    return ShardedTrial(
+        plan, "ok", peak, breakdown, None, None, None, str(target),
+        budget=budget, notes=tuple(dict.fromkeys(notes)), estimated=True, gpus=gpus, strategy=strategy,
+        detail=detail, model_state_bytes=held, host_bytes=host,
+    )
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules that become FSDP units before the root, as accelerate's ``TRANSFORMER_BASED_WRAP`` picks them:
+    every module whose class is in the model's ``_no_split_modules`` (Hugging Face models), else the repeated
+    blocks memlab checkpoints (:func:`memlab.techniques.checkpointing.repeated_blocks`).
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> with torch.device("meta"):
+        ...     model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        ...                                          num_attention_heads=2, vocab_size=256))
+        >>> sorted({type(unit).__name__ for unit in shard_units(model)}), len(shard_units(model))
+        (['LlamaDecoderLayer'], 3)
+    """
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    units = [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    if units:
+        return units
+    from memlab.techniques.checkpointing import repeated_blocks
+
+    return [m for m in repeated_blocks(model) if m is not model]
+
+
+@contextlib.contextmanager
+def fake_process_group(gpus: int) -> Iterator[Any]:
+    """A fake process group of ``gpus`` ranks (this process is rank 0) and its CPU device mesh, for the block.
+
+    Example:
+        >>> with fake_process_group(4) as mesh:
+        ...     mesh.size()
+        4
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    if dist.is_initialized():
+        raise MemlabError(
+            "a torch.distributed process group is already initialised in this process; run the sharded estimate "
+            "before init_process_group, or in a fresh kernel (memlab estimate on the command line)"
+        )
+    hook = sys.excepthook  # init_process_group wraps it to prefix tracebacks with "[rank0]": put it back after
+    dist.init_process_group("fake", rank=0, world_size=gpus, store=FakeStore())
+    try:
+        yield init_device_mesh("cpu", (gpus,))
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = hook
+
+
+def fsdp2_dry_run(
+    model_or_config: Any,
+    batch: Any,
+    plan: Plan,
+    gpus: int,
+    *,
+    loss_fn: LossFn | None = None,
+    lr: float = 1e-5,
+    device: str | torch.device | None = None,
+    budget: int | None = None,
+) -> tuple[ShardedTrial, list[dict[str, int]]]:
+    """The FSDP2 estimate of one GPU of ``gpus``, and every module-level snapshot of the step as :data:`DETAIL`
+    dicts (ZeRO takes its activations from them). A step that fails is an ``"error"`` trial.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        ...                      num_attention_heads=2, vocab_size=256)
+        >>> trial, snapshots = fsdp2_dry_run(config, {"input_ids": (1, 16), "labels": (1, 16)}, Plan(), 2,
+        ...                                  device="cpu")
+        >>> trial.status, trial.strategy, trial.detail["sharded_params"] > 0, len(snapshots) > 1
+        ('ok', 'fsdp2', True, True)
+    """
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    setup = fake_setup(model_or_config, batch, device, kernels=_CPU)
+    model, target = setup.model, setup.target
+    if plan.weights == "bf16":
+        model.to(torch.bfloat16)  # FSDP2 shards the dtype the weights have when fully_shard runs: cast before
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+    notes = [BLIND_SPOTS, FSDP_NOTE]
+    if target.type == "cuda" and not torch.cuda.is_available():
+        notes.append("no CUDA here: estimated with CPU kernels and CPU autocast rules")
+    if plan.offloads_activations:
+        notes.append("activation offload is not estimated sharded: shown as no change")
+    eight_bit = plan.optimizer in ("adamw8bit", "paged_adamw8bit")
+    # One micro-step of one GPU: the first micro-batch of the plan (the step's own row selection), run as a step of
+    # one micro-batch. bitsandbytes cannot run on fake tensors: AdamW runs, and its state is replaced below.
+    part = micro_batches(setup.batch, plan)[0]
+    one_step = plan.replace(micro_batch=None, accumulation=1, optimizer="adamw" if eight_bit else plan.optimizer)
+    held = 0
+
+    def measure_held(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        # What stays between steps, right after the update and before the step sets the gradients to None.
+        nonlocal held
+        held = _local_bytes([*model.parameters(), *(p.grad for p in step.parameters if p.grad is not None),
+                             *state_tensors(optimizer)])
+
+    with fake_process_group(gpus) as mesh, quiet(), setup.mode:
+        for unit in shard_units(model):
+            fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        try:
+            step = TrainingStep(model, one_step, loss_fn=loss_fn, lr=lr, optimizer_device_type=target.type)
+            if target.type == "cuda" and one_step.optimizer == "adamw":
+                # The FSDP2 scripts memlab exports build torch's AdamW with its defaults: foreach on CUDA (fused is
+                # not torch's default for DTensor parameters), whose temporaries are part of the peak. TrainingStep
+                # builds the Trainer's fused AdamW, so the sharded step gets the exported optimizer instead.
+                step.optimizer = build_optimizer(step.parameters, one_step, lr, device_type="cuda", fused=False)
+            tracker = FSDPMemTracker(model, step.optimizer)
+            tracker.track_inputs((part,))
+            # Steady state: the optimizer state exists before the tracked step (one update on zero gradients).
+            for parameter in step.parameters:
+                parameter.grad = torch.zeros_like(parameter)
+            step.optimizer.step()
+            step.optimizer.zero_grad(set_to_none=True)
+            step.optimizer.register_step_post_hook(measure_held)
+            with tracker:
+                step(part)
+        except MemlabError:
+            raise
+        except Exception as error:  # noqa: BLE001 - reported as the plan's estimate, like any failure
+            return ShardedTrial(plan, "error", 0, {}, None, None, None, str(target), error=one_line(error),
+                                budget=budget, estimated=True, gpus=gpus, strategy="fsdp2"), []
+        shards = [_local(p) for p in step.parameters]
+    detail, peaks = _fsdp_detail(tracker)
+    host = 0
+    if eight_bit:
+        state = adamw8bit_state_bytes(shards)
+        held += state - detail["optimizer"]
+        detail["optimizer"] = state
+        notes.append("8-bit AdamW state computed from its known size (bitsandbytes cannot run on fake tensors)")
+    if plan.offloads_optimizer:
+        # CPUOffloadPolicy: sharded parameters, gradients and optimizer state live in CPU memory.
+        host = sum(detail[k] for k in _HOST_WITH_OFFLOAD)
+        detail = max(peaks, key=lambda d: sum(v for k, v in d.items() if k not in _HOST_WITH_OFFLOAD))
+        host = max(host, held)
+        detail = {k: (0 if k in _HOST_WITH_OFFLOAD else v) for k, v in detail.items()}
+        held = 0
+        notes.append("optimizer offload = FSDP2 CPUOffloadPolicy: sharded weights, gradients and optimizer state "
+                     "in CPU memory (host_bytes)")
+    return sharded_trial(plan, detail, target, budget, gpus, "fsdp2", held, host, notes), peaks
+
+
+def _fsdp_detail(tracker: Any) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """The tracker's peak snapshot, and every module-level snapshot, as :data:`DETAIL` dicts (device summed)."""
+
+    def convert(snapshot: Any) -> dict[str, int]:
+        detail = dict.fromkeys(DETAIL, 0)
+        for per_device in snapshot.values():
+            for kind, nbytes in per_device.items():
+                name = _FSDP_KINDS.get(getattr(kind, "value", kind))
+                if name is not None:
+                    detail[name] += int(nbytes)
+        return detail
+
+    peaks = [convert(tracker.get_tracker_snapshot("peak"))]
+    for stats in tracker.memory_tracking.values():
+        for snapshots in getattr(stats, "snapshots", {}).values():
+            peaks.extend(convert(snapshot) for snapshot in snapshots)
+    return peaks[0], peaks
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _local_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        local = _local(tensor)
+        storage = local.untyped_storage()
+        seen[id(storage)] = int(storage.nbytes())
+    return sum(seen.values())

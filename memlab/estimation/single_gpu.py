@@ -1,0 +1,263 @@
+"""The single-GPU dry run: training and inference plans estimated on fake tensors, exactly as :func:`memlab.measure`
+runs them (the same :class:`~memlab.runner.step.TrainingStep`, the same :class:`~memlab.measure.tracker.MemoryTracker`,
+the same warm-up and baseline, through :class:`~memlab.runner.trial.TrialRunner` or
+:class:`~memlab.inference.run.InferenceRunner` with a :class:`~memlab.measure.probes.FakeProbe`, which never reads or
+caps a real allocator and times nothing), on the fake model and batch of :mod:`memlab.estimation.fake`. Adapter plans
+put their adapters on the fake model first (:mod:`memlab.estimation.adapters`); bitsandbytes' 8-bit AdamW, where its
+operators cannot run on fake tensors, gets its state from its known size (:func:`adamw8bit_state_bytes`).
+
+What an estimate cannot see (each Trial's ``notes`` say so for the first point, and for the last two where they
+apply):
+
+- allocator rounding and fragmentation, kernel workspaces (memory an operator takes and gives back inside
+  itself), the CUDA context, and memory held outside the step;
+- values: code that reads a tensor's value (``.item()``, ``if tensor:``) reads 0 on fake tensors, so
+  data-dependent branches take one side. Hugging Face models build their attention mask explicitly on fake tensors
+  (they cannot see that it is all ones), a few bytes per token pair more than the real run;
+- CUDA, when this PyTorch cannot reach a GPU: a ``"cuda"`` estimate then runs CPU kernels under CPU autocast rules
+  (and AdamW's fused update, as the Trainer builds it on CUDA); CPU offload cannot be shown then;
+- bitsandbytes, where its operators cannot run on fake tensors: its 8-bit state is then computed from its known
+  size (:func:`adamw8bit_state_bytes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from memlab.estimation.adapters import attach_fake_adapter
+from memlab.estimation.configs import one_line
+from memlab.estimation.fake import BLIND_SPOTS, fake_setup
+from memlab.measure.probes import FakeProbe
+from memlab.measure.tracker import CATEGORIES
+from memlab.options import RunOptions
+from memlab.plan import Plan, parse_budget
+from memlab.report import Report, Trial
+from memlab.runner.batch import LossFn
+from memlab.runner.module_state import trainable_parameters
+from memlab.runner.quiet import quiet
+from memlab.runner.trial import TrialRunner, check_plans
+from memlab.techniques.offload import NOTHING_TO_MOVE
+
+if TYPE_CHECKING:
+    from memlab.inference.plan import InferencePlan
+
+__all__ = ["adamw8bit_state_bytes", "estimate_inference", "estimate_plans", "is_inference"]
+
+_CPU_KERNELS = (
+    "no CUDA here: estimated with CPU kernels and CPU autocast rules (and AdamW's fused update, as on CUDA); "
+    "CUDA's attention kernels may differ"
+)
+_CPU_KERNELS_INFERENCE = "no CUDA here: estimated with CPU kernels; CUDA's attention kernels may differ"
+_NO_OFFLOAD = "offload needs CUDA to be estimated: shown as no change"
+_BNB_COMPUTED = (
+    "bitsandbytes cannot run on fake tensors here: its 8-bit state is computed from its known size "
+    "(2 bytes per parameter, fp32 moments below 4096 elements)"
+)
+
+# bitsandbytes' 8-bit optimizers: tensors below this many elements keep fp32 state; 8-bit state is quantized in
+# blocks of this many elements, each with a float32 absmax; one 256-entry float32 map per moment is shared.
+_BNB_MIN_8BIT_SIZE = 4096
+_BNB_BLOCK = 256
+_BNB_QMAP_BYTES = 2 * 256 * 4
+
+
+def estimate_plans(
+    model_or_config: Any,
+    batch: Any,
+    plans: Sequence[Plan] | Plan | Sequence[InferencePlan] | InferencePlan,
+    *,
+    loss_fn: LossFn | None = None,
+    budget: int | str | None = None,
+    lr: float = 1e-5,
+    device: str | torch.device | None = None,
+) -> Report:
+    """:func:`memlab.estimate` for several plans, building the fake model once: a Report of estimated Trials.
+
+    The keywords are :func:`memlab.estimate`'s.
+
+    A plan that fails on fake tensors is an ``"error"`` trial; the others still run.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+        >>> report = estimate_plans(model, torch.randn(8, 16), [Plan(), Plan(checkpointing=True)],
+        ...                         loss_fn=lambda m, b: m(b).mean())
+        >>> [t.status for t in report], [t.estimated for t in report]
+        (['ok', 'ok'], [True, True])
+    """
+    if is_inference(plans):
+        return estimate_inference(model_or_config, batch, plans, loss_fn=loss_fn, budget=budget,  # type: ignore[arg-type]
+                                  device=device)
+    plans = check_plans(plans)  # type: ignore[arg-type]
+    options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
+    limit = parse_budget(budget)
+    setup = fake_setup(model_or_config, batch, device, options.verbose)
+    model, mode, target, kernels = setup.model, setup.mode, setup.target, setup.kernels
+    runner = TrialRunner(model, setup.batch, options, probe=FakeProbe(kernels, target=target))
+    trials = []
+    with quiet(options.verbose), mode, runner.session():
+        for plan in plans:
+            if plan.adapter != "none":
+                trial = _adapter_trial(runner, model, plan, mode, kernels)
+                trials.append(_as_estimate(trial, target, kernels, limit))
+                continue
+            trial = runner.run(plan)
+            if trial.status == "error" and plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
+                trial = _computed_8bit_trial(runner, plan, trial, model)
+            trials.append(_as_estimate(trial, target, kernels, limit))
+    return Report(trials, budget=limit)
+
+
+def estimate_inference(
+    model_or_config: Any,
+    batch: Any,
+    plans: Sequence[InferencePlan] | InferencePlan,
+    *,
+    loss_fn: LossFn | None = None,
+    budget: int | str | None = None,
+    device: str | torch.device | None = None,
+) -> Report:
+    """Inference plans estimated on fake tensors: the same :class:`~memlab.inference.run.InferenceRunner` as
+    ``memlab.measure`` (the same steps, tracker and categories) with a :class:`~memlab.measure.probes.FakeProbe`.
+
+    ``batch`` may be shapes, ``{"input_ids": (rows, context)}``. Quantized weights cannot run bitsandbytes on fake
+    tensors: each quantized layer holds bitsandbytes' bytes (:func:`memlab.inference.weights.quantized_bytes`)
+    and makes its full weight for the product, as bitsandbytes does on CPU. ``loss_fn`` must be None (inference
+    computes no loss); the other keywords are :func:`memlab.estimate`'s.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> from memlab.inference.plan import InferencePlan
+        >>> from memlab.inference.kv import kv_cache_bytes
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        ...                      num_key_value_heads=2, vocab_size=256)
+        >>> trial = estimate_inference(config, {"input_ids": (4, 1024)}, InferencePlan(weights="bf16"), device="cpu")[0]
+        >>> trial.kv_cache_end_bytes == kv_cache_bytes(config, tokens=1024, batch=4, dtype="bf16"), trial.estimated
+        (True, True)
+    """
+    from memlab.inference.run import InferenceRunner, check_inference_options, check_inference_plans
+
+    inference_plans = check_inference_plans(plans)
+    options = RunOptions(loss_fn=loss_fn, steps=1, warmup=0, noise=0)
+    check_inference_options(options)
+    limit = parse_budget(budget)
+    setup = fake_setup(model_or_config, batch, device, options.verbose)
+    mode, target, kernels = setup.mode, setup.target, setup.kernels
+    runner = InferenceRunner(setup.model, setup.batch, options, probe=FakeProbe(kernels, target=target))
+    for plan in inference_plans:
+        runner.check(plan)
+    trials: list[Trial] = []
+    with quiet(options.verbose), mode, runner.session():
+        for plan in inference_plans:
+            trial = runner.run(plan)
+            if plan.quantize != "none":
+                trial = dataclasses.replace(trial, notes=(*trial.notes, f"{plan.quantize} weights counted from "
+                                                          "bitsandbytes' layout"))
+            estimated = _as_estimate(trial, target, kernels, limit)
+            # The training note on CPU kernels names autocast and AdamW; inference has neither.
+            notes = tuple(_CPU_KERNELS_INFERENCE if note == _CPU_KERNELS else note for note in estimated.notes)
+            trials.append(dataclasses.replace(estimated, notes=notes))
+    return Report(trials, budget=limit)
+
+
+
+def is_inference(plans: Any) -> bool:
+    """Whether ``plans`` (one plan or a list) asks for inference: an :class:`~memlab.inference.plan.InferencePlan`.
+
+    Example:
+        >>> from memlab.inference.plan import InferencePlan
+        >>> is_inference([Plan(), InferencePlan()]), is_inference(Plan())
+        (True, False)
+    """
+    from memlab.inference.plan import InferencePlan
+
+    if isinstance(plans, InferencePlan):
+        return True
+    return isinstance(plans, (list, tuple)) and any(isinstance(plan, InferencePlan) for plan in plans)
+
+
+def _adapter_trial(
+    runner: TrialRunner, model: nn.Module, plan: Plan, mode: FakeTensorMode, device: torch.device
+) -> Trial:
+    """A dry run of an adapter plan: the adapters are put on the fake model here (see
+    :mod:`memlab.estimation.adapters`), and the runner trains what they leave trainable."""
+    try:
+        undo = attach_fake_adapter(model, plan, mode, device)
+    except Exception as error:  # noqa: BLE001 - reported as the plan's estimate, like any failure of a plan
+        return Trial(plan, "error", 0, {c: 0 for c in CATEGORIES}, None, None, None, str(device),
+                     error=one_line(error))
+    try:
+        trial = runner.run(plan.replace(adapter="none"))
+    finally:
+        undo()
+    note = "4-bit weights counted from bitsandbytes' NF4 layout" if plan.adapter == "qlora" else ""
+    return dataclasses.replace(trial, plan=plan, notes=(*trial.notes, *([note] if note else [])))
+
+
+
+def _computed_8bit_trial(runner: TrialRunner, plan: Plan, failed: Trial, model: nn.Module) -> Trial:
+    """The 8-bit plan from the AdamW plan's estimate, its optimizer state replaced by the known 8-bit size."""
+    adamw = runner.run(plan.replace(optimizer="adamw"))
+    if adamw.status != "ok":
+        return failed
+    state = adamw8bit_state_bytes(trainable_parameters(model))
+    breakdown = dict(adamw.breakdown)
+    peak = adamw.peak_bytes - breakdown["optimizer"] + state
+    breakdown["optimizer"] = state
+    return dataclasses.replace(
+        adamw, plan=plan, peak_bytes=peak, breakdown=breakdown, notes=(*adamw.notes, _BNB_COMPUTED)
+    )
+
+
+def _as_estimate(trial: Trial, target: torch.device, kernels: torch.device, budget: int | None) -> Trial:
+    notes = [BLIND_SPOTS]
+    if kernels != target:
+        notes.append(_CPU_KERNELS)
+        if getattr(trial.plan, "offload", "none") != "none":
+            notes.append(_NO_OFFLOAD)
+    for note in trial.notes:
+        # Notes about the CPU the kernels ran on do not apply to the CUDA device the estimate is for.
+        if kernels != target and (note == NOTHING_TO_MOVE or note.startswith("fp16 on CPU")):
+            continue
+        notes.append(note)
+    return dataclasses.replace(
+        trial,
+        device=str(target) if kernels != target else trial.device,
+        step_time_s=None,
+        samples_per_s=None,
+        tokens_per_s=None,
+        budget=budget,
+        reserved_bytes=None,
+        rss_bytes=None,
+        notes=tuple(dict.fromkeys(notes)),
+        estimated=True,
+    )
+
+
+def adamw8bit_state_bytes(parameters: Sequence[torch.Tensor]) -> int:
+    """Bytes of ``bitsandbytes.optim.AdamW8bit`` state for ``parameters`` (what it holds after its first step).
+
+    Tensors of 4096 elements or more keep two uint8 moments (2 bytes per element) and a float32 absmax per
+    256-element block for each moment; smaller tensors keep two float32 moments (8 bytes per element). The two
+    256-entry float32 quantization maps are shared by all tensors.
+
+    Example:
+        >>> adamw8bit_state_bytes([torch.empty(4096), torch.empty(10)])  # 8192 + 2 * 4 * 16 + 8 * 10 + 2048
+        10448
+    """
+    total = 0
+    quantized = False
+    for parameter in parameters:
+        count = parameter.numel()
+        if count >= _BNB_MIN_8BIT_SIZE:
+            quantized = True
+            blocks = -(-count // _BNB_BLOCK)
+            total += 2 * count + 2 * 4 * blocks
+        else:
+            total += 8 * count
+    return total + (_BNB_QMAP_BYTES if quantized else 0)

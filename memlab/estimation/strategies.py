@@ -1,0 +1,76 @@
+"""The facts of sharded training that exports and front ends share, without torch: the strategies, how many GPUs,
+and DeepSpeed's bucket sizes.
+
+This module imports nothing heavy (only :mod:`memlab.errors`), so that :mod:`memlab.export.accelerate` and the
+command line can check ``gpus=``/``strategy=`` without the dry-run machinery of :mod:`memlab.estimation.sharded`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memlab.errors import MemlabError
+
+__all__ = [
+    "DS_ALLGATHER_BUCKET",
+    "DS_PREFETCH_BUCKET",
+    "DS_REDUCE_BUCKET",
+    "STRATEGIES",
+    "check_sharding",
+    "parse_gpus",
+]
+
+STRATEGIES = ("none", "fsdp2", "zero2", "zero3")
+"""How training is spread over GPUs: ``"none"`` (one GPU), FSDP2, DeepSpeed ZeRO stage 2 or 3."""
+
+# DeepSpeed's defaults (deepspeed/runtime/zero/config.py), in elements.
+DS_REDUCE_BUCKET = 500_000_000
+"""``reduce_bucket_size``: elements of the gradient reduce bucket."""
+DS_ALLGATHER_BUCKET = 500_000_000
+"""``allgather_bucket_size``: elements of ZeRO-2's parameter all-gather bucket."""
+DS_PREFETCH_BUCKET = 50_000_000
+"""``stage3_prefetch_bucket_size``: elements of ZeRO-3's parameter prefetch bucket."""
+
+
+def check_sharding(gpus: Any, strategy: Any) -> tuple[int, str]:
+    """``(gpus, strategy)`` checked: a MemlabError saying what to write when they do not go together.
+
+    Example:
+        >>> check_sharding(8, "FSDP2")
+        (8, 'fsdp2')
+        >>> check_sharding(8, "none")
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: gpus=8 needs a strategy; write strategy="fsdp2", "zero2" or "zero3"
+    """
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise MemlabError(f"gpus={gpus!r} is not a number of GPUs; write an int >= 1, such as gpus=8")
+    name = str(strategy).lower() if isinstance(strategy, str) else strategy
+    if name not in STRATEGIES:
+        raise MemlabError(f"strategy={strategy!r} is unknown; write one of {', '.join(map(repr, STRATEGIES))}")
+    if gpus > 1 and name == "none":
+        raise MemlabError(f'gpus={gpus} needs a strategy; write strategy="fsdp2", "zero2" or "zero3"')
+    return gpus, name
+
+
+def parse_gpus(value: Any) -> int | str:
+    """A number of GPUs as a front end reads it: an int >= 1, or ``"auto"`` (the smallest number that fits a budget,
+    which ``auto`` needs).
+
+    Example:
+        >>> parse_gpus("8"), parse_gpus(" AUTO "), parse_gpus(2)
+        (8, 'auto', 2)
+        >>> parse_gpus("eight")
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: gpus='eight' is not a number of GPUs; write an int >= 1 such as 8, or auto
+    """
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        number = int(value) if not isinstance(value, bool) else 0
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1 or (isinstance(value, float) and value != number):
+        raise MemlabError(f"gpus={value!r} is not a number of GPUs; write an int >= 1 such as 8, or auto")
+    return number

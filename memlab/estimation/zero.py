@@ -1,0 +1,177 @@
+"""DeepSpeed ZeRO-2 / ZeRO-3 per GPU: computed, since they cannot run without DeepSpeed's engine.
+
+The activations (and the batch) come from the FSDP2 dry run of the same plan and per-GPU batch
+(:func:`memlab.estimation.fsdp2.fsdp2_dry_run`: its largest activations, over every module-level snapshot: data
+parallelism does not change them); the model states follow DeepSpeed's own formulas
+(``deepspeed/runtime/zero/stage_1_and_2.py``: ``estimate_zero2_model_states_mem_needs`` and ``stage3.py``:
+``estimate_zero3_model_states_mem_needs``, DeepSpeed 0.19), written per dtype so that they hold for any plan. With
+``w`` bytes per 16-bit (or fp32) weight, ``K`` bytes of optimizer state per trainable parameter (8 for AdamW; from the
+dry run for the others), ``P`` parameters, ``L`` the largest layer's own parameters and ``N`` GPUs:
+
+- ZeRO-2: ``w*P`` (the weights, whole) + ``(w + 4 + 4 + K) * P / N`` (partitions of the 16-bit gradients, their
+  fp32 copy, the fp32 master weights and the optimizer state). DeepSpeed's formula, for bf16/fp16 and AdamW:
+  ``2*P + 18*P/N``. With the optimizer offloaded (ZeRO-Offload): ``w*P`` on the GPU (DeepSpeed: ``2*P``).
+- ZeRO-3: ``2*w*L`` (one layer's gathered weights and gradients) + ``(w + 4 + 4 + K) * P / N`` (partitions of the
+  16-bit weights, the fp32 gradients, the fp32 master weights and the optimizer state); DeepSpeed:
+  ``4*L + 18*P/N``. Optimizer offloaded: ``2*w*L + w*P/N``; parameters too (``offload="all"``): ``2*w*L``.
+- Communication buffers, which DeepSpeed's formulas leave out: the gradient reduce bucket
+  (``reduce_bucket_size``, 5e8 elements by default) and, for ZeRO-2, the parameter all-gather bucket
+  (``allgather_bucket_size``, 5e8) or, for ZeRO-3, the prefetch bucket (``stage3_prefetch_bucket_size``, 5e7),
+  each at most the model's size, in the weights' dtype.
+
+The per-GPU peak is the model states + buffers + the largest activations and the batch: it leans high, as it adds
+the largest of each. The ``host_bytes`` of offload are each rank's share of what DeepSpeed keeps in CPU
+memory (without its pinned-buffer factor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from memlab.errors import MemlabError
+from memlab.estimation.configs import model_on_meta
+from memlab.estimation.fsdp2 import DETAIL, FSDP_NOTE, ShardedTrial, fsdp2_dry_run, sharded_trial
+from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_plans
+from memlab.estimation.strategies import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
+from memlab.plan import Plan
+from memlab.report import Trial
+from memlab.runner.batch import LossFn
+
+__all__ = ["zero_basis", "zero_model_states", "zero_trial"]
+
+
+def zero_model_states(
+    parameters: int,
+    largest_layer: int,
+    gpus: int,
+    stage: int,
+    *,
+    weight_bytes: int = 2,
+    optimizer_bytes: float = 8,
+    offload: str = "none",
+) -> dict[str, int]:
+    """Bytes per GPU of DeepSpeed ZeRO's model states: ``{"params", "grads", "optimizer", "host"}``.
+
+    The formulas are DeepSpeed's (module docstring), per dtype: ``weight_bytes`` per 16-bit weight (4 for fp32
+    training), ``optimizer_bytes`` of optimizer state per parameter (AdamW: 8), ``offload`` as in the Plan
+    (``"optimizer"``: ZeRO-Offload; ``"all"``: ZeRO-3 offloads the parameters too). ``"host"`` is this rank's
+    share of the CPU memory offload takes.
+
+    Example:
+        >>> states = zero_model_states(10**9, 10**7, 8, 2)  # DeepSpeed: 2*P + 18*P/N
+        >>> sum(v for k, v in states.items() if k != "host") == 2 * 10**9 + 18 * 10**9 // 8
+        True
+        >>> states = zero_model_states(10**9, 10**7, 8, 3)  # DeepSpeed: 4*L + 18*P/N
+        >>> sum(v for k, v in states.items() if k != "host") == 4 * 10**7 + 18 * 10**9 // 8
+        True
+    """
+    if stage not in (2, 3):
+        raise MemlabError(f"ZeRO stage {stage} is not estimated; write stage=2 or stage=3")
+    w, p, n, big = weight_bytes, parameters, gpus, largest_layer
+    partition = int(w * p / n)
+    params = w * p if stage == 2 else partition + w * big  # whole weights; or a partition and one gathered layer
+    # ZeRO-2: the 16-bit gradient partition and its fp32 copy; ZeRO-3: the fp32 partition and one gathered layer's.
+    grads = int((w + 4) * p / n) if stage == 2 else int(4 * p / n) + w * big
+    optimizer = int((4 + optimizer_bytes) * p / n)  # fp32 master weights and the optimizer state
+    host = 0
+    if offload in ("optimizer", "all"):  # ZeRO-Offload: gradients, master weights and state on the CPU
+        host = int((4 + 4 + optimizer_bytes) * p / n)
+        grads = w * big if stage == 3 else 0
+        optimizer = 0
+    if offload == "all" and stage == 3:  # ZeRO-Infinity's parameter offload
+        host += partition
+        params = w * big
+    return {"params": params, "grads": grads, "optimizer": optimizer, "host": host}
+
+
+def zero_basis(
+    model_or_config: Any,
+    batch: Any,
+    plan: Plan,
+    *,
+    loss_fn: LossFn | None = None,
+    lr: float = 1e-5,
+    device: str | torch.device | None = None,
+    run: tuple[ShardedTrial, list[dict[str, int]]] | None = None,
+) -> Trial:
+    """What ZeRO shares with any data-parallel step: the largest activations of the per-GPU forward and backward
+    (and the batch), taken from an FSDP2 dry run of the same plan (same per-GPU batch, weights gathered in the
+    compute dtype, as DeepSpeed's bf16/fp16 run them), and the optimizer's state per parameter (AdamW: 8 bytes and a
+    4-byte step per tensor; 8-bit AdamW: bitsandbytes' size; others: from the one-GPU dry run). Returned as a Trial
+    whose breakdown holds those three numbers. ``run``: an FSDP2 dry run of that same plan already made (at any
+    number of GPUs: data parallelism does not change the activations), used instead of a new one.
+
+    Example:
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> basis = zero_basis(model, torch.randn(4, 8), Plan(), loss_fn=lambda m, b: m(b).mean())
+        >>> parameters = sum(p.numel() for p in model.parameters())
+        >>> basis.breakdown["optimizer"] == 8 * parameters + 4 * 6, basis.breakdown["activations"] > 0
+        (True, True)
+    """
+    one = plan.replace(offload="none", optimizer="adamw")
+    trial, peaks = run if run is not None else fsdp2_dry_run(model_or_config, batch, one, 2, loss_fn=loss_fn, lr=lr,
+                                                             device=device)
+    if trial.status != "ok":
+        raise MemlabError(f"the dry run the ZeRO estimate starts from failed: {trial.error}")
+    activations = max((d["activations"] for d in peaks), default=0)
+    inputs = max((d["inputs"] for d in peaks), default=0)
+    model = model_on_meta(model_or_config)
+    trained = [p for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad]
+    if plan.optimizer == "adamw":
+        state = sum(8 * p.numel() + 4 for p in trained)
+    elif plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
+        state = adamw8bit_state_bytes(trained)
+    else:
+        single = estimate_plans(model_or_config, batch, [plan.replace(offload="none")], loss_fn=loss_fn, lr=lr,
+                                device=device)[0]
+        if single.status != "ok":
+            raise MemlabError(f"the one-GPU dry run the ZeRO estimate starts from failed: {single.error}")
+        state = single.breakdown["optimizer"]
+    breakdown = {"optimizer": state, "activations": activations, "other": inputs}
+    return dataclasses.replace(trial, breakdown=breakdown, peak_bytes=sum(breakdown.values()),
+                               notes=tuple(n for n in trial.notes if n != FSDP_NOTE))
+
+
+def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, stage: int,
+               budget: int | None) -> ShardedTrial:
+    """The ZeRO-``stage`` estimate of one GPU of ``gpus``: :func:`zero_model_states` for ``counts`` (see
+    :func:`memlab.estimation.configs.layer_counts`), the communication buckets, and the activations and batch of
+    ``basis`` (:func:`zero_basis`).
+
+    Example:
+        >>> basis = Trial(Plan(), "ok", 860, {"optimizer": 800, "activations": 50, "other": 10}, None, None, None,
+        ...               "cuda")
+        >>> trial = zero_trial(basis, (100, 40), Plan(precision="bf16"), 4, 3, None)
+        >>> trial.model_state_bytes == 2 * 100 // 4 + 2 * 40 + 4 * 100 // 4 + 2 * 40 + (4 + 8) * 100 // 4, trial.label
+        (True, 'bf16 zero3 x4')
+    """
+    parameters, largest = counts
+    w = 2 if plan.precision != "fp32" or plan.weights == "bf16" else 4
+    k = basis.breakdown["optimizer"] / max(parameters, 1)
+    states = zero_model_states(parameters, largest, gpus, stage, weight_bytes=w, optimizer_bytes=k,
+                               offload=plan.offload)
+    buckets = min(DS_REDUCE_BUCKET, parameters) + min(
+        DS_ALLGATHER_BUCKET if stage == 2 else DS_PREFETCH_BUCKET, parameters)
+    detail = dict.fromkeys(DETAIL, 0)
+    detail["sharded_params" if stage == 3 else "unsharded_params"] = states["params"]
+    detail["sharded_grads"] = states["grads"]
+    detail["optimizer"] = states["optimizer"]
+    detail["activations"] = basis.breakdown["activations"]
+    detail["inputs"] = basis.breakdown["other"]
+    detail["communication"] = w * buckets
+    notes = [
+        *(n for n in basis.notes if not n.startswith("fp16 on CPU")),
+        f"ZeRO-{stage} model states from DeepSpeed's formulas (memlab.estimation.zero); "
+        "activations from the FSDP2 dry run",
+    ]
+    if plan.offload == "all" and stage == 2:
+        notes.append("ZeRO-2 cannot offload parameters: offload='all' offloads the optimizer only")
+    if plan.weights == "bf16":
+        notes.append("DeepSpeed keeps fp32 master weights even for bf16 weights: counted")
+    held = states["params"] + states["grads"] + states["optimizer"]
+    return sharded_trial(plan, detail, torch.device(basis.device), budget, gpus, f"zero{stage}", held, states["host"],
+                         notes)
