@@ -37,7 +37,7 @@ ActivationKey = tuple[Any, ...]
 (checkpointing, precision, weights, activations offloaded, adapter, loss)."""
 
 Family = tuple[Any, ...]
-"""What decides the model's own bytes: the levers the registry marks ``family`` (weights, adapter, LoRA rank).
+"""What decides the model's own bytes: the levers the registry marks ``family`` (weights, adapter, LoRA rank...).
 Trials of one family say nothing certain of another's parameter, gradient and optimizer bytes."""
 
 _FAMILY = tuple(name for name in PLAN_FIELDS if REGISTRY[name].family)
@@ -52,7 +52,7 @@ def family(plan: Plan) -> Family:
     """The plan's :data:`Family`.
 
     Example:
-        >>> family(Plan(adapter="lora", lora_rank=8, checkpointing=True))
+        >>> family(Plan(adapter="lora", lora_rank=8, checkpointing=True))[:3]  # weights, adapter, rank, ...
         ('fp32', 'lora', 8)
     """
     return tuple(getattr(plan, name) for name in _FAMILY)
