@@ -164,6 +164,9 @@ class Plan:
         adapter: ``"none"``, ``"lora"`` (peft LoRA on the linear layers of a frozen base) or ``"qlora"`` (the
             same on a base whose linear weights are held in 4-bit NF4).
         lora_rank: the adapters' rank (only with an adapter; without one it is always the default, 16).
+        lora_targets: the layers that get adapters: ``"all-linear"`` (every linear layer but the output head),
+            ``"attention"`` (peft's default for the model's type: q and v projections for Llama-style models), or a
+            list of module names (stored as a tuple); without an adapter it is always the default.
         loss: ``"full"`` or ``"chunked"``: for a causal LM with an LM head and the default loss, the head and the
             cross-entropy computed over chunks of tokens, so that only one chunk's logits exist at a time.
 
@@ -187,6 +190,7 @@ class Plan:
     offload: str = lever("none")
     adapter: str = lever("none")
     lora_rank: int = lever(LORA_RANK_DEFAULT)
+    lora_targets: str | tuple[str, ...] = lever("all-linear")
     loss: str = lever("full")
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
@@ -201,8 +205,9 @@ class Plan:
     def __post_init__(self) -> None:
         check_levers(self, LEVERS)
         if self.adapter == "none":
-            # The rank means nothing without an adapter; one value keeps grids free of duplicate plans.
+            # The rank and targets mean nothing without an adapter; one value keeps grids free of duplicate plans.
             object.__setattr__(self, "lora_rank", LORA_RANK_DEFAULT)
+            object.__setattr__(self, "lora_targets", LEVERS["lora_targets"].default)
 
     @property
     def offloads_optimizer(self) -> bool:
@@ -232,7 +237,8 @@ class Plan:
             value = getattr(self, name)
             if not spec.short or value == spec.default:
                 continue
-            parts.append(spec.short if spec.type == "bool" else spec.short.format(value))
+            shown = "+".join(value) if isinstance(value, tuple) else value
+            parts.append(spec.short if spec.type == "bool" else spec.short.format(shown))
         return " ".join(parts) or "plain"
 
     def describe(self) -> str:

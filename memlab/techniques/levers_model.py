@@ -5,7 +5,7 @@ are here too (:func:`lora_settings`), once.
 
 Example:
     >>> [lever.name for lever in LEVERS]
-    ['checkpointing', 'weights', 'adapter', 'lora_rank']
+    ['checkpointing', 'weights', 'adapter', 'lora_rank', 'lora_targets']
 """
 
 from __future__ import annotations
@@ -20,14 +20,20 @@ LORA_RANK_DEFAULT = 16
 
 def lora_settings(plan: PlanLike) -> dict[str, Any]:
     """The ``peft.LoraConfig`` keywords memlab measures an adapter plan with: rank ``plan.lora_rank``, alpha twice
-    the rank, no dropout, on every linear layer but the output head (``target_modules="all-linear"``).
+    the rank, no dropout, on the plan's ``lora_targets``: every linear layer but the output head
+    (``target_modules="all-linear"``), peft's default layers for the model's type (``None``: q and v projections
+    for Llama-style models), or the names given (a list).
 
     Example:
         >>> from memlab.plan import Plan
         >>> lora_settings(Plan(adapter="lora", lora_rank=8))
         {'r': 8, 'lora_alpha': 16, 'lora_dropout': 0.0, 'target_modules': 'all-linear'}
+        >>> lora_settings(Plan(adapter="lora", lora_targets=("q_proj", "k_proj")))["target_modules"]
+        ['q_proj', 'k_proj']
     """
-    return {"r": plan.lora_rank, "lora_alpha": 2 * plan.lora_rank, "lora_dropout": 0.0, "target_modules": "all-linear"}
+    targets = plan.lora_targets
+    modules: Any = targets if targets == "all-linear" else None if targets == "attention" else list(targets)
+    return {"r": plan.lora_rank, "lora_alpha": 2 * plan.lora_rank, "lora_dropout": 0.0, "target_modules": modules}
 
 
 def qlora_compute_dtype(plan: PlanLike) -> str:
@@ -136,6 +142,20 @@ LEVERS = (
         technique="memlab.techniques.adapters:attach_adapter",
         family=True,
         # Carried wherever the adapter is (and refused with it): the rank is part of the adapter's LoraConfig.
+        exports=dict.fromkeys(TARGETS, carried),
+    ),
+    Lever(
+        "lora_targets",
+        "all-linear",
+        short="{}",
+        choices=("all-linear", "attention"),
+        open_choices=True,
+        help="the layers that get LoRA adapters (with adapter lora or qlora): all-linear (every linear layer but the "
+        "head), attention (peft's default: q and v projections), or module names joined with +; fewer layers, "
+        "fewer adapter weights",
+        technique="memlab.techniques.adapters:attach_adapter",
+        family=True,
+        # Carried wherever the adapter is (and refused with it): LoraConfig(target_modules=...).
         exports=dict.fromkeys(TARGETS, carried),
     ),
 )
