@@ -8,41 +8,148 @@ import numbers
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from memlab.errors import MemlabError
-
-PRECISIONS = ("fp32", "bf16", "fp16")
-OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "adafactor")
-OFFLOADS = ("none", "optimizer", "activations", "all")
-WEIGHTS = ("fp32", "bf16")
-ADAPTERS = ("none", "lora", "qlora")
-LOSSES = ("full", "chunked")
+from memlab.techniques.lever import Lever
+from memlab.techniques.levers_model import LORA_RANK_DEFAULT
+from memlab.techniques.registry import REGISTRY
 
 
-def lever(default: Any, *, help: str, short: str = "", choices: tuple[str, ...] = ()) -> Any:
-    """A Plan field that is a lever: its default and what front ends show of it.
+class _Replaceable(Protocol):
+    def replace(self: PlanT, **changes: Any) -> PlanT: ...
+
+
+PlanT = TypeVar("PlanT", bound=_Replaceable)
+
+PRECISIONS: tuple[str, ...] = REGISTRY["precision"].choices
+OPTIMIZERS: tuple[str, ...] = REGISTRY["optimizer"].choices
+OFFLOADS: tuple[str, ...] = REGISTRY["offload"].choices
+WEIGHTS: tuple[str, ...] = REGISTRY["weights"].choices
+ADAPTERS: tuple[str, ...] = REGISTRY["adapter"].choices
+LOSSES: tuple[str, ...] = REGISTRY["loss"].choices
+
+
+def lever(default: Any, *, help: str = "", short: str = "", choices: tuple[str, ...] = ()) -> Any:
+    """A plan field that is a lever (of a :class:`Plan` or an :class:`memlab.inference.InferencePlan`).
+
+    A Plan's levers give only their default: what they mean (help, label, choices, and everything the search and
+    the exports need) is declared once in :data:`memlab.techniques.registry.REGISTRY`. An InferencePlan's give
+    their help and choices here.
 
     Args:
         default: the value that changes nothing (the plain plan's).
         help: what the lever does and what it costs, one sentence each (the panel's tooltip, the magic's help).
         short: how a plan's label shows a value other than the default: a format string (``"offload-{}"``), or
-            for a boolean the text shown when it is True. Empty: the lever has its own rule in :meth:`Plan.label`.
-        choices: the allowed values of a text lever; Plan checks them and front ends offer them.
+            for a boolean the text shown when it is True.
+        choices: the allowed values of a text lever; the plan checks them and front ends offer them.
 
     Example:
-        >>> [f.metadata["help"].split(":")[0] for f in fields(Plan)][:2]
+        >>> [LEVERS[f.name].help.split(":")[0] for f in fields(Plan)][:2]
         ['rows per forward/backward', 'micro-batches per optimizer step']
     """
     return field(default=default, metadata={"help": help, "short": short, "choices": choices})
 
 
 @dataclass(frozen=True)
+class LeverSpec:
+    """What front ends know of one lever: ``type`` is ``"int"`` (a count, None allowed where the default is None),
+    ``"bool"`` or ``"choice"``; ``open_choices``: a tuple of names is allowed besides ``choices``. It reads as a
+    mapping too (``spec["help"]``).
+
+    Example:
+        >>> LEVERS["precision"]["choices"]
+        ('fp32', 'bf16', 'fp16')
+    """
+
+    name: str
+    default: Any
+    type: str
+    help: str
+    short: str
+    choices: tuple[str, ...]
+    open_choices: bool = False
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+
+def lever_specs(plan_class: type, declared: Mapping[str, Lever] | None = None) -> dict[str, LeverSpec]:
+    """The :class:`LeverSpec` of every field of ``plan_class`` (a dataclass of :func:`lever` fields), in field
+    order; ``declared`` gives the declarations of levers whose field says only its default (a Plan's: the
+    registry). A field with neither help nor a declaration is an error: every lever says what it does.
+
+    Example:
+        >>> list(lever_specs(Plan, REGISTRY))[:3]
+        ['micro_batch', 'accumulation', 'checkpointing']
+    """
+    specs: dict[str, LeverSpec] = {}
+    for plan_field in fields(plan_class):
+        declaration = (declared or {}).get(plan_field.name)
+        if declaration is not None:
+            if declaration.default != plan_field.default:
+                raise TypeError(f"{plan_field.name}'s default differs between the plan and its declaration")
+            specs[plan_field.name] = LeverSpec(
+                plan_field.name, declaration.default, declaration.type, declaration.help, declaration.short,
+                declaration.choices, declaration.open_choices,
+            )
+            continue
+        help_text = plan_field.metadata.get("help")
+        if not help_text:
+            raise TypeError(f"{plan_class.__name__}.{plan_field.name} is a lever without a declaration")
+        choices = tuple(plan_field.metadata.get("choices", ()))
+        kind = "choice" if choices else "bool" if isinstance(plan_field.default, bool) else "int"
+        specs[plan_field.name] = LeverSpec(
+            plan_field.name, plan_field.default, kind, help_text, plan_field.metadata.get("short", ""), choices
+        )
+    return specs
+
+
+def check_levers(plan: Any, specs: Mapping[str, LeverSpec]) -> None:
+    """Check each lever of ``plan`` against its spec: whole numbers (None where the default is None), True/False,
+    a choice; a :class:`MemlabError` saying what to write otherwise. Whole numbers are stored as ``int``.
+
+    Example:
+        >>> check_levers(Plan(), LEVERS)
+    """
+    for name, spec in specs.items():
+        value = getattr(plan, name)
+        if spec.type == "int":
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(plan, name, int(value))
+                value = int(value)
+            if value is None and spec.default is None:
+                continue
+            least = 0 if spec.default == 0 else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                none = ", or None for all rows" if spec.default is None else ""
+                example = f", e.g. {spec.default}" if isinstance(spec.default, int) and spec.default > 1 else ""
+                raise MemlabError(f"{name}={value!r} is not allowed; write a whole number >= {least}{none}{example}")
+        elif spec.type == "bool" and not isinstance(value, bool):
+            raise MemlabError(f"{name}={value!r} is not allowed; write True or False")
+        elif spec.choices and value not in spec.choices:
+            if spec.open_choices and _names(value) is not None:
+                object.__setattr__(plan, name, _names(value))
+                continue
+            extra = ", or a list of module names" if spec.open_choices else ""
+            raise MemlabError(f"{name}={value!r} is not known; write one of {', '.join(spec.choices)}{extra}")
+
+
+def _names(value: Any) -> tuple[str, ...] | None:
+    """A list or tuple of module names as a tuple (a plan stays hashable), else None."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    return None
+
+
+@dataclass(frozen=True)
 class Plan:
     """One training setting: how a batch is split and which memory levers are on.
 
-    Each field is a lever declared with :func:`lever`: its help text and allowed values are what the panel, the
-    magic and the search show and check, so a new lever is a field here plus its module in ``memlab/techniques/``.
+    Each field is a lever: its default here, and what it means (help, label, choices, its technique, what the
+    search may assume of it, its exports) declared once in :data:`memlab.techniques.registry.REGISTRY`, from which
+    the panel, the magic, the search and the exports read it. A new lever is a field here, its declaration and its
+    technique in ``memlab/techniques/``.
 
     Args:
         micro_batch: rows per forward/backward; ``None`` means all rows of the batch given.
@@ -57,6 +164,9 @@ class Plan:
         adapter: ``"none"``, ``"lora"`` (peft LoRA on the linear layers of a frozen base) or ``"qlora"`` (the
             same on a base whose linear weights are held in 4-bit NF4).
         lora_rank: the adapters' rank (only with an adapter; without one it is always the default, 16).
+        lora_targets: the layers that get adapters: ``"all-linear"`` (every linear layer but the output head),
+            ``"attention"`` (peft's default for the model's type: q and v projections for Llama-style models), or a
+            list of module names (stored as a tuple); without an adapter it is always the default.
         loss: ``"full"`` or ``"chunked"``: for a causal LM with an LM head and the default loss, the head and the
             cross-entropy computed over chunks of tokens, so that only one chunk's logits exist at a time.
 
@@ -71,64 +181,17 @@ class Plan:
         memlab.errors.MemlabError: precision='fp8' is not known; write one of fp32, bf16, fp16
     """
 
-    micro_batch: int | None = lever(
-        None, help="rows per forward/backward: fewer rows, fewer activations; None means the whole batch"
-    )
-    accumulation: int = lever(
-        1, help="micro-batches per optimizer step: keeps the effective batch while micro-batches shrink; more steps"
-    )
-    checkpointing: bool = lever(
-        False,
-        short="ckpt",
-        help="activation checkpointing: keeps fewer activations and recomputes them in backward (about 30% slower)",
-    )
-    precision: str = lever(
-        "fp32",
-        short="{}",
-        choices=PRECISIONS,
-        help="autocast compute dtype: bf16/fp16 halve activations and are faster on GPUs; fp16 scales the loss",
-    )
-    weights: str = lever(
-        "fp32",
-        short="{}-weights",
-        choices=WEIGHTS,
-        help="dtype of the trained weights, their grads and optimizer state: bf16 halves all three (pure bf16, no "
-        "fp32 master copy); updates are less exact",
-    )
-    optimizer: str = lever(
-        "adamw",
-        short="{}",
-        choices=OPTIMIZERS,
-        help="adamw keeps 8 bytes of state per weight; adamw8bit (bitsandbytes) about 2, at a small cost in accuracy; "
-        "paged_adamw8bit the same, paged to CPU memory under pressure (CUDA only); adafactor factors its second "
-        "moments (a row and a column per matrix, no first moment): far less state, updates differ from Adam's",
-    )
-    offload: str = lever(
-        "none",
-        short="offload-{}",
-        choices=OFFLOADS,
-        help="moves optimizer state and/or saved activations to CPU memory: less GPU memory, slower steps",
-    )
-
-    adapter: str = lever(
-        "none",
-        short="{}",
-        choices=ADAPTERS,
-        help="train LoRA adapters (peft) on a frozen base instead of every weight: far fewer grads and optimizer "
-        "state; qlora also holds the base's linear weights in 4-bit NF4 (bitsandbytes)",
-    )
-    lora_rank: int = lever(
-        16,
-        short="r{}",
-        help="rank of the LoRA adapters, used with adapter lora or qlora: a higher rank trains more weights",
-    )
-    loss: str = lever(
-        "full",
-        short="{}-loss",
-        choices=LOSSES,
-        help="chunked computes a causal LM's head and cross-entropy a chunk of tokens at a time: the full logits "
-        "never exist at once (same loss); the head runs twice per chunk (default loss and LM head only)",
-    )
+    micro_batch: int | None = lever(None)
+    accumulation: int = lever(1)
+    checkpointing: bool = lever(False)
+    precision: str = lever("fp32")
+    weights: str = lever("fp32")
+    optimizer: str = lever("adamw")
+    offload: str = lever("none")
+    adapter: str = lever("none")
+    lora_rank: int = lever(LORA_RANK_DEFAULT)
+    lora_targets: str | tuple[str, ...] = lever("all-linear")
+    loss: str = lever("full")
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.
@@ -140,30 +203,11 @@ class Plan:
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        if isinstance(self.micro_batch, numbers.Integral) and not isinstance(self.micro_batch, bool):
-            object.__setattr__(self, "micro_batch", int(self.micro_batch))
-        if isinstance(self.accumulation, numbers.Integral) and not isinstance(self.accumulation, bool):
-            object.__setattr__(self, "accumulation", int(self.accumulation))
-        if self.micro_batch is not None and (
-            isinstance(self.micro_batch, bool) or not isinstance(self.micro_batch, int) or self.micro_batch < 1
-        ):
-            raise MemlabError(
-                f"micro_batch={self.micro_batch!r} is not allowed; write a whole number >= 1, or None for all rows"
-            )
-        if isinstance(self.accumulation, bool) or not isinstance(self.accumulation, int) or self.accumulation < 1:
-            raise MemlabError(f"accumulation={self.accumulation!r} is not allowed; write a whole number >= 1")
-        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, numbers.Integral) or self.lora_rank < 1:
-            raise MemlabError(f"lora_rank={self.lora_rank!r} is not allowed; write a whole number >= 1, e.g. 16")
-        object.__setattr__(self, "lora_rank", int(self.lora_rank))
+        check_levers(self, LEVERS)
         if self.adapter == "none":
-            # The rank means nothing without an adapter; one value keeps grids free of duplicate plans.
+            # The rank and targets mean nothing without an adapter; one value keeps grids free of duplicate plans.
             object.__setattr__(self, "lora_rank", LORA_RANK_DEFAULT)
-        for name, spec in LEVERS.items():
-            value = getattr(self, name)
-            if spec.type == "bool" and not isinstance(value, bool):
-                raise MemlabError(f"{name}={value!r} is not allowed; write True or False")
-            if spec.choices and value not in spec.choices:
-                raise MemlabError(f"{name}={value!r} is not known; write one of {', '.join(spec.choices)}")
+            object.__setattr__(self, "lora_targets", LEVERS["lora_targets"].default)
 
     @property
     def offloads_optimizer(self) -> bool:
@@ -193,7 +237,8 @@ class Plan:
             value = getattr(self, name)
             if not spec.short or value == spec.default:
                 continue
-            parts.append(spec.short if spec.type == "bool" else spec.short.format(value))
+            shown = "+".join(value) if isinstance(value, tuple) else value
+            parts.append(spec.short if spec.type == "bool" else spec.short.format(shown))
         return " ".join(parts) or "plain"
 
     def describe(self) -> str:
@@ -259,32 +304,9 @@ class Plan:
 
 
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
-LORA_RANK_DEFAULT = 16
 
-
-@dataclass(frozen=True)
-class LeverSpec:
-    """What :func:`lever` declared for one Plan field, for front ends: ``type`` is ``"int"`` (a count, None
-    allowed for micro_batch), ``"bool"`` or ``"choice"``."""
-
-    name: str
-    default: Any
-    type: str
-    help: str
-    short: str
-    choices: tuple[str, ...]
-
-
-def _spec(plan_field: Any) -> LeverSpec:
-    choices = tuple(plan_field.metadata.get("choices", ()))
-    kind = "choice" if choices else "bool" if isinstance(plan_field.default, bool) else "int"
-    return LeverSpec(
-        plan_field.name, plan_field.default, kind, plan_field.metadata["help"], plan_field.metadata["short"], choices
-    )
-
-
-LEVERS: dict[str, LeverSpec] = {f.name: _spec(f) for f in fields(Plan)}
-"""Every Plan field's :class:`LeverSpec`, in field order.
+LEVERS: dict[str, LeverSpec] = lever_specs(Plan, REGISTRY)
+"""Every Plan field's :class:`LeverSpec`, in field order (from :data:`memlab.techniques.registry.REGISTRY`).
 
 Example:
     >>> LEVERS["precision"].choices, LEVERS["checkpointing"].type
@@ -375,15 +397,17 @@ def format_bytes(num_bytes: float | None) -> str:
 _BOOLEANS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
 
 
-def parse_value(name: str, text: str) -> Any:
-    """One ``--try`` value for a Plan field, from text: ``checkpointing=on``, ``micro_batch=8``, ``micro_batch=all``.
+def parse_lever_value(spec: LeverSpec, text: str) -> Any:
+    """One ``--try`` value of a lever, from text, for any plan's :class:`LeverSpec`: ``on``/``off`` for a switch, a
+    whole number (``all`` or ``none`` where None is allowed) for a count, the text of a choice (names joined with
+    ``+`` for a list of module names where the lever takes one).
 
     Example:
-        >>> parse_value("checkpointing", "on"), parse_value("micro_batch", "all"), parse_value("precision", "bf16")
-        (True, None, 'bf16')
+        >>> parse_lever_value(LEVERS["micro_batch"], "all"), parse_lever_value(LEVERS["checkpointing"], "off")
+        (None, False)
     """
     text = text.strip()
-    spec = LEVERS[name]
+    name = spec.name
     if spec.type == "bool":
         if text.lower() not in _BOOLEANS:
             raise MemlabError(f"{name}={text!r} is not understood; write on or off")
@@ -395,7 +419,40 @@ def parse_value(name: str, text: str) -> Any:
             return int(text)
         except ValueError:
             raise MemlabError(f"{name}={text!r} is not a whole number; write for example {name}=4") from None
+    if spec.open_choices and "+" in text:
+        return tuple(part.strip() for part in text.split("+") if part.strip())
     return text
+
+
+def parse_value(name: str, text: str) -> Any:
+    """One ``--try`` value for a Plan field, from text: ``checkpointing=on``, ``micro_batch=8``, ``micro_batch=all``.
+
+    Example:
+        >>> parse_value("checkpointing", "on"), parse_value("micro_batch", "all"), parse_value("precision", "bf16")
+        (True, None, 'bf16')
+    """
+    return parse_lever_value(LEVERS[name], text)
+
+
+def parse_lever_axes(
+    items: str | Iterable[str] | Mapping[str, Any], specs: Mapping[str, LeverSpec], *, what: str, example: str
+) -> dict[str, list[Any]]:
+    """``KEY=V1,V2`` items (or a mapping of lever to values) as ``{lever: [values]}`` for any plan's levers
+    (``specs``), values parsed; ``what`` names a setting in messages (``"a plan setting"``), ``example`` is shown
+    when an item cannot be read.
+
+    Example:
+        >>> parse_lever_axes("checkpointing=on,off", LEVERS, what="a plan setting", example="precision=fp32,bf16")
+        {'checkpointing': [True, False]}
+    """
+
+    def check_key(key: str) -> None:
+        if key not in specs:
+            raise MemlabError(f"{key!r} is not {what}; write one of {', '.join(specs)}")
+
+    return parse_axis_items(
+        items, check_key=check_key, parse_value=lambda key, text: parse_lever_value(specs[key], text), example=example
+    )
 
 
 def parse_axes(items: str | Iterable[str] | Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -405,7 +462,7 @@ def parse_axes(items: str | Iterable[str] | Mapping[str, Any]) -> dict[str, list
         >>> parse_axes(["precision=fp32,bf16", "micro_batch=all,2"])
         {'precision': ['fp32', 'bf16'], 'micro_batch': [None, 2]}
     """
-    return parse_axis_items(items, check_key=_check_field, parse_value=parse_value, example="precision=fp32,bf16")
+    return parse_lever_axes(items, LEVERS, what="a plan setting", example="precision=fp32,bf16")
 
 
 def parse_axis_items(
@@ -415,9 +472,8 @@ def parse_axis_items(
     parse_value: Callable[[str, str], Any],
     example: str,
 ) -> dict[str, list[Any]]:
-    """The ``KEY=V1,V2`` reading that training (:func:`parse_axes`) and inference grids share: ``check_key``
-    raises for a key that is not a setting, ``parse_value(key, text)`` reads one value, ``example`` is shown when an
-    item cannot be read.
+    """The ``KEY=V1,V2`` reading under :func:`parse_lever_axes`: ``check_key`` raises for a key that is not a
+    setting, ``parse_value(key, text)`` reads one value, ``example`` is shown when an item cannot be read.
 
     Example:
         >>> parse_axis_items("n=1,2", check_key=lambda key: None, parse_value=lambda k, v: int(v), example="n=1")
@@ -445,16 +501,15 @@ def parse_axis_items(
     return axes
 
 
-def parse_grid(items: str | Iterable[str] | Mapping[str, Any], base: Plan | None = None) -> list[Plan]:
-    """Plans for every combination of ``KEY=V1,V2`` items (or a mapping of field to values), in the given order.
+def grid_of(base: PlanT, axes: Mapping[str, Sequence[Any]]) -> list[PlanT]:
+    """``base`` with every combination of the axes' values, in the given order, each distinct plan once (any plan
+    with a ``replace`` method: a Plan or an InferencePlan).
 
     Example:
-        >>> [p.label() for p in parse_grid(["precision=fp32,bf16", "checkpointing=off,on"])]
-        ['plain', 'ckpt', 'bf16', 'ckpt bf16']
+        >>> [p.label() for p in grid_of(Plan(), {"checkpointing": [False, True]})]
+        ['plain', 'ckpt']
     """
-    base = base or Plan()
-    axes = parse_axes(items)
-    plans: list[Plan] = []
+    plans: list[PlanT] = []
     for combination in itertools.product(*axes.values()):
         plan = base.replace(**dict(zip(axes.keys(), combination, strict=True)))
         if plan not in plans:
@@ -462,6 +517,11 @@ def parse_grid(items: str | Iterable[str] | Mapping[str, Any], base: Plan | None
     return plans or [base]
 
 
-def _check_field(key: str) -> None:
-    if key not in PLAN_FIELDS:
-        raise MemlabError(f"{key!r} is not a plan setting; write one of {', '.join(PLAN_FIELDS)}")
+def parse_grid(items: str | Iterable[str] | Mapping[str, Any], base: Plan | None = None) -> list[Plan]:
+    """Plans for every combination of ``KEY=V1,V2`` items (or a mapping of field to values), in the given order.
+
+    Example:
+        >>> [p.label() for p in parse_grid(["precision=fp32,bf16", "checkpointing=off,on"])]
+        ['plain', 'ckpt', 'bf16', 'ckpt bf16']
+    """
+    return grid_of(base or Plan(), parse_axes(items))

@@ -18,7 +18,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.export.engines import chunked_loss_code, lora_config_code, refuse_unless_carried
 from memlab.plan import Plan
+from memlab.techniques.levers_model import qlora_compute_dtype
+from memlab.techniques.levers_step import OPTIMIZER_FORMS
 
 __all__ = ["accelerate_config", "accelerate_script", "fsdp2_torch_script"]
 
@@ -59,6 +62,7 @@ def accelerate_config(
         3
     """
     gpus, strategy = _check(gpus, strategy)
+    refuse_unless_carried(plan, "accelerate", "an accelerate config")
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -104,23 +108,19 @@ def accelerate_config(
 
 
 def _optimizer_lines(plan: Plan) -> list[str]:
-    if plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
-        kind = "PagedAdamW8bit" if plan.optimizer == "paged_adamw8bit" else "AdamW8bit"
-        return ["import bitsandbytes as bnb", "", f"optimizer = bnb.optim.{kind}(model.parameters(), lr=LR)"]
-    if plan.optimizer == "adafactor":
-        return [
-            "from transformers.optimization import Adafactor",
-            "",
-            "optimizer = Adafactor(model.parameters(), lr=LR, scale_parameter=False, relative_step=False)",
-        ]
-    return ["optimizer = torch.optim.AdamW(model.parameters(), lr=LR)"]
+    form = OPTIMIZER_FORMS[plan.optimizer]
+    extra = f", {form.keywords}" if form.keywords else ""
+    made = f"optimizer = {form.make}([p for p in model.parameters() if p.requires_grad], lr=LR{extra})"
+    return [form.imports, "", made] if form.imports else [made]
 
 
 def accelerate_script(plan: Plan, *, strategy: str = "fsdp2", model_name: str = "MODEL_NAME") -> str:
     """A training script for ``accelerate launch --config_file <the config> train.py`` that uses the plan's other
     levers: its accumulation (``Accelerator(gradient_accumulation_steps=...)``), precision (from the config),
-    optimizer, pure-bf16 weights, adapters (peft's ``LoraConfig`` from :meth:`Plan.to_peft_config`'s values) and
-    activation offload (``save_on_cpu``). Checkpointing and sharding come from the config.
+    optimizer (the plan's own, never another), pure-bf16 weights, adapters (peft's ``LoraConfig`` with the values
+    memlab measured; QLoRA loads the base with a 4-bit NF4 ``BitsAndBytesConfig``), the chunked loss (the same
+    ``compute_loss`` as :meth:`Plan.to_code`) and activation offload (``save_on_cpu``). Checkpointing and sharding
+    come from the config. A lever it cannot carry raises :class:`MemlabError` saying what to do instead.
 
     Example:
         >>> script = accelerate_script(Plan(accumulation=4, adapter="lora"))
@@ -130,6 +130,7 @@ def accelerate_script(plan: Plan, *, strategy: str = "fsdp2", model_name: str = 
         True
     """
     _check(2, strategy)
+    refuse_unless_carried(plan, "accelerate", "an accelerate script")
     rows = plan.micro_batch if plan.micro_batch is not None else 1
     lines = [
         "# train.py: run with  accelerate launch --config_file memlab_accelerate.yaml train.py",
@@ -146,14 +147,29 @@ def accelerate_script(plan: Plan, *, strategy: str = "fsdp2", model_name: str = 
         f"accelerator = Accelerator(gradient_accumulation_steps={plan.accumulation})",
     ]
     dtype = "torch.bfloat16" if plan.weights == "bf16" else "torch.float32"
-    lines.append(f"model = AutoModelForCausalLM.from_pretrained(MODEL_NAME, dtype={dtype})")
+    if plan.adapter == "qlora":
+        compute = f"torch.{qlora_compute_dtype(plan)}"
+        lines += [
+            "from transformers import BitsAndBytesConfig",
+            "",
+            "# QLoRA: the base's linear weights in 4-bit NF4 (stored as the compute dtype, so FSDP can shard them)",
+            f"quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", "
+            f"bnb_4bit_compute_dtype={compute}, bnb_4bit_quant_storage={compute})",
+            f"model = AutoModelForCausalLM.from_pretrained(MODEL_NAME, dtype={dtype}, "
+            "quantization_config=quantization)",
+        ]
+    else:
+        lines.append(f"model = AutoModelForCausalLM.from_pretrained(MODEL_NAME, dtype={dtype})")
     if plan.adapter != "none":
         lines += [
             "from peft import LoraConfig, get_peft_model",
             "",
-            f"model = get_peft_model(model, LoraConfig(r={plan.lora_rank}, lora_alpha={2 * plan.lora_rank}, "
-            'target_modules="all-linear", task_type="CAUSAL_LM"))',
+            f"model = get_peft_model(model, {lora_config_code(plan, task_type='CAUSAL_LM')})",
         ]
+    if plan.loss == "chunked":
+        lines += ["from torch.utils.checkpoint import checkpoint", "", *chunked_loss_code(), ""]
+    else:
+        lines += ["def compute_loss(model, micro):", "    return model(**micro).loss", ""]
     lines += _optimizer_lines(plan)
     lines += [
         "dataloader = torch.utils.data.DataLoader(...)  # your dataset, batch_size=MICRO_BATCH",
@@ -166,7 +182,9 @@ def accelerate_script(plan: Plan, *, strategy: str = "fsdp2", model_name: str = 
         "for batch in dataloader:",
         "    with accelerator.accumulate(model):",
         f"        with {saved}:",
-        "            loss = model(**batch).loss",
+        # The chunked loss calls the base model and the head itself: on the model inside accelerate's wrapper.
+        f"            loss = compute_loss({'accelerator.unwrap_model(model)' if plan.loss == 'chunked' else 'model'}, "
+        "batch)",
         "            accelerator.backward(loss)",
         "        optimizer.step()",
         "        optimizer.zero_grad()",

@@ -11,16 +11,12 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import PLAN_FIELDS, Plan
+from memlab.techniques.levers_model import lora_settings, qlora_compute_dtype
+from memlab.techniques.levers_step import CHUNKS, OPTIMIZER_FORMS
+from memlab.techniques.registry import refusals
 
-__all__ = ["deepspeed_config", "pytorch_code", "training_arguments"]
-
-# "adamw_torch_fused" is the Trainer's own default optim from torch 2.8: memlab's "adamw" is that optimizer.
-_TRAINER_OPTIMIZERS = {
-    "adamw": "adamw_torch_fused",
-    "adamw8bit": "adamw_bnb_8bit",
-    "paged_adamw8bit": "paged_adamw_8bit",
-    "adafactor": "adafactor",
-}
+__all__ = ["chunked_loss_code", "deepspeed_config", "lora_config_code", "optimizer_code", "peft_config",
+           "pytorch_code", "refuse_unless_carried", "training_arguments"]
 
 # Liger Kernel's fused linear cross-entropy (the head and the loss in chunks of tokens) and none of its other kernels.
 _LIGER_CHUNKED_LOSS = {
@@ -31,7 +27,22 @@ _LIGER_CHUNKED_LOSS = {
     "rms_norm": False,
 }
 
-_CHUNKS = 8  # memlab.techniques.loss.CHUNKS, written out so that export needs no torch import
+
+
+def refuse_unless_carried(plan: Plan, target: str, what: str) -> None:
+    """Raise :class:`MemlabError` when the export ``target`` (see :data:`memlab.techniques.lever.TARGETS`) cannot
+    carry a lever of ``plan``: one message naming ``what`` and, for each lever it cannot carry, what to do
+    instead. An export never drops a lever silently.
+
+    Example:
+        >>> refuse_unless_carried(Plan(weights="bf16"), "trainer", "TrainingArguments")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: TrainingArguments cannot carry ... weights='bf16' (pure bf16, no fp32 master ...
+    """
+    problems = refusals(plan, target)
+    if problems:
+        raise MemlabError(f"{what} cannot carry {plan.label()!r}: " + "; ".join(problems))
 
 
 @functools.lru_cache(maxsize=1)
@@ -62,16 +73,16 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[
       That needs ``pip install liger-kernel`` (Triton kernels: CUDA) and a model type Liger supports (Llama,
       Mistral, Qwen2, Gemma, ...); elsewhere, compute the loss as :func:`pytorch_code` writes it.
 
-    Pure bf16 weights and adapters are not TrainingArguments: load the model in bf16
-    (``from_pretrained(name, dtype=torch.bfloat16)``) for ``weights="bf16"``, and wrap it with
-    ``peft.get_peft_model(model, plan.to_peft_config())`` for LoRA (QLoRA: load it with a 4-bit
-    ``BitsAndBytesConfig`` first; ``plan.to_code()`` shows both).
+    - optimizer offload: ``deepspeed=plan.to_deepspeed()`` (the Trainer offloads optimizer state only through
+      DeepSpeed's ZeRO offload; see :func:`deepspeed_config`).
+    - activation offload with checkpointing: transformers 5.x holds the checkpointed activations in pinned CPU
+      memory (``activation_checkpointing_kwargs["offload"] = True``).
 
-    Offload: the Trainer has no flag that offloads optimizer state, and none that offloads all activations.
-    Where the plan checkpoints and offloads activations, transformers 5.x can hold the checkpointed
-    activations in pinned CPU memory (``activation_checkpointing_kwargs["offload"] = True``), and that key is
-    set. Everything else that the plan offloads needs DeepSpeed: pass ``deepspeed=plan.to_deepspeed()`` (see
-    :func:`deepspeed_config`).
+    The export is faithful: a lever the Trainer cannot carry raises :class:`MemlabError` saying what to do
+    instead. Pure bf16 weights and adapters are not TrainingArguments (load the model in bf16; wrap it with
+    ``peft.get_peft_model(model, plan.to_peft_config())``, and export the plan without them), nor is activation
+    offload without checkpointing (the Trainer offloads only checkpointed activations); ``plan.to_code()``
+    carries all of them.
 
     Args:
         plan: the plan to express.
@@ -90,8 +101,14 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[
         ('adafactor', True, True)
         >>> # then: transformers.TrainingArguments(output_dir="out", **kwargs)
     """
+    refuse_unless_carried(plan, "trainer", "TrainingArguments")
     if legacy_names is None:
         legacy_names = not _installed_uses_activation_checkpointing()
+    if legacy_names and plan.offloads_activations:
+        raise MemlabError(
+            f"offload={plan.offload!r}: transformers before 5 has no Trainer setting that offloads activations; "
+            "upgrade transformers, or use plan.to_code() (save_on_cpu)"
+        )
     kwargs: dict[str, Any] = {}
     if plan.micro_batch is not None:
         kwargs["per_device_train_batch_size"] = plan.micro_batch
@@ -105,10 +122,13 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[
         kwargs[f"{name}_kwargs"] = checkpoint_kwargs
     kwargs["bf16"] = plan.precision == "bf16"
     kwargs["fp16"] = plan.precision == "fp16"
-    kwargs["optim"] = _TRAINER_OPTIMIZERS[plan.optimizer]
+    kwargs["optim"] = OPTIMIZER_FORMS[plan.optimizer].trainer
     if plan.loss == "chunked":
         kwargs["use_liger_kernel"] = True
         kwargs["liger_kernel_config"] = dict(_LIGER_CHUNKED_LOSS)
+    if plan.offloads_optimizer:
+        # The Trainer offloads optimizer state only through DeepSpeed.
+        kwargs["deepspeed"] = deepspeed_config(plan)
     return kwargs
 
 
@@ -133,6 +153,9 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
       only checkpointed activations, so this acts together with checkpointing (and then only where the model
       checkpoints through ``deepspeed.checkpointing``); without checkpointing ``"_comment"`` says so.
 
+    - adapters: ``"_comment"`` says to wrap the model with peft before DeepSpeed takes it.
+    - pure bf16 weights: refused (:class:`MemlabError`): DeepSpeed's bf16 keeps fp32 master weights.
+
     Only what the plan decides is set: no learning rate, scheduler, clipping or ZeRO tuning.
 
     Example:
@@ -143,6 +166,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         >>> config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]
         (2, 8)
     """
+    refuse_unless_carried(plan, "deepspeed", "a DeepSpeed config")
     comments: list[str] = []
     zero: dict[str, Any] = {"stage": 2}
     if plan.offloads_optimizer:
@@ -156,21 +180,18 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         config["bf16"] = {"enabled": True}
     elif plan.precision == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0}
-    if plan.optimizer == "adamw":
+    form = OPTIMIZER_FORMS[plan.optimizer]
+    if form.deepspeed:
         config["optimizer"] = {
-            "type": "AdamW",
+            "type": form.deepspeed,
             "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
         }
     else:
-        made = {
-            "adamw8bit": ("8-bit AdamW", "bitsandbytes.optim.AdamW8bit"),
-            "paged_adamw8bit": ("paged 8-bit AdamW", "bitsandbytes.optim.PagedAdamW8bit"),
-            "adafactor": ("Adafactor", "transformers.optimization.Adafactor (scale_parameter=False, "
-                          "relative_step=False)"),
-        }[plan.optimizer]
+        keywords = f" ({form.keywords})" if form.keywords else ""
         comments.append(
-            f"{made[0]} is not a DeepSpeed optimizer: create {made[1]} yourself and pass it "
-            "(Trainer(optimizers=(optimizer, None)) or deepspeed.initialize(optimizer=optimizer))"
+            f"{form.title} is not a DeepSpeed optimizer: create {form.full_name}{keywords} yourself and pass it "
+            f"(Trainer(optimizers=(optimizer, None)), or TrainingArguments(optim={form.trainer!r}), or "
+            "deepspeed.initialize(optimizer=optimizer))"
         )
         config["zero_allow_untested_optimizer"] = True
         if plan.offloads_optimizer:
@@ -179,6 +200,12 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
                 "optimizer offload with a client optimizer: DeepSpeed's own CPU Adam is not used, so the "
                 "update runs wherever that optimizer runs it"
             )
+    if plan.adapter != "none":
+        comments.append(
+            f"the {plan.adapter} adapters are the model's: wrap it with peft.get_peft_model(model, "
+            "plan.to_peft_config()) before DeepSpeed takes it (QLoRA: load it in 4-bit NF4 first, as plan.to_code() "
+            "shows)"
+        )
     if plan.loss == "chunked":
         comments.append(
             "the chunked loss is not a DeepSpeed setting: with the Trainer pass plan.to_training_arguments() "
@@ -222,6 +249,7 @@ def pytorch_code(plan: Plan) -> str:
         True
         >>> _ = compile(code, "<plan>", "exec")
     """
+    refuse_unless_carried(plan, "code", "the plain PyTorch code")
     fields = ", ".join(f"{name}={getattr(plan, name)!r}" for name in PLAN_FIELDS)
     lines: list[str] = [f"# memlab plan {plan.label()!r}", f"#   {fields}"]
     lines.append("# Needs `model` (a torch.nn.Module on its device) and `batches` (an iterable of dicts of")
@@ -240,10 +268,8 @@ def pytorch_code(plan: Plan) -> str:
                 f"{plan.accumulation} batches make one optimizer step."
             )
     lines.append("import torch")
-    if plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
-        lines.append("import bitsandbytes as bnb")
-    if plan.optimizer == "adafactor":
-        lines.append("from transformers.optimization import Adafactor")
+    if OPTIMIZER_FORMS[plan.optimizer].imports:
+        lines.append(OPTIMIZER_FORMS[plan.optimizer].imports)
     if plan.loss == "chunked":
         lines.append("from torch.utils.checkpoint import checkpoint")
     lines += [
@@ -260,7 +286,7 @@ def pytorch_code(plan: Plan) -> str:
         "model.train()",
         "",
         "",
-        *(_chunked_loss_code() if plan.loss == "chunked" else ["def compute_loss(model, micro):",
+        *(chunked_loss_code() if plan.loss == "chunked" else ["def compute_loss(model, micro):",
                                                               "    return model(**micro).loss"]),
         "",
         "",
@@ -275,12 +301,6 @@ def pytorch_code(plan: Plan) -> str:
             "",
         ]
     lines += _model_changes_code(plan)
-    optimizer_class, extra = {
-        "adamw": ("torch.optim.AdamW", ", fused={}.type in (\"cuda\", \"cpu\")"),
-        "adamw8bit": ("bnb.optim.AdamW8bit", ""),
-        "paged_adamw8bit": ("bnb.optim.PagedAdamW8bit", ""),
-        "adafactor": ("Adafactor", ", scale_parameter=False, relative_step=False"),
-    }[plan.optimizer]
     if plan.optimizer == "adamw":
         lines.append("# Fused AdamW where torch has the kernel: the Trainer's default optim adamw_torch_fused")
     lines.append("params = [p for p in model.parameters() if p.requires_grad]")
@@ -293,10 +313,10 @@ def pytorch_code(plan: Plan) -> str:
             "]",
             "for cpu_p in cpu_params:",
             "    cpu_p.requires_grad_()",
-            f"optimizer = {optimizer_class}(cpu_params, lr=lr{extra.format('cpu_params[0].device')})",
+            f"optimizer = {optimizer_code(plan, 'cpu_params', 'cpu_params[0].device')}",
         ]
     else:
-        lines.append(f"optimizer = {optimizer_class}(params, lr=lr{extra.format('device')})")
+        lines.append(f"optimizer = {optimizer_code(plan, 'params', 'device')}")
     if plan.precision == "fp16":
         lines.append("scaler = torch.amp.GradScaler(device.type)  # dynamic loss scaling for fp16")
 
@@ -372,8 +392,30 @@ def pytorch_code(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _chunked_loss_code() -> list[str]:
-    """The snippet's ``compute_loss`` for ``loss="chunked"`` (what :mod:`memlab.techniques.loss` does)."""
+def optimizer_code(plan: Plan, parameters: str, device: str) -> str:
+    """The expression that builds the plan's optimizer over ``parameters`` (code text) with ``lr``, as memlab
+    builds it (fused AdamW where ``device`` has the kernel; after the import line of
+    :data:`memlab.techniques.levers_step.OPTIMIZER_FORMS`).
+
+    Example:
+        >>> optimizer_code(Plan(optimizer="adafactor"), "params", "device")
+        'Adafactor(params, lr=lr, scale_parameter=False, relative_step=False)'
+    """
+    form = OPTIMIZER_FORMS[plan.optimizer]
+    extra = f", {form.keywords}" if form.keywords else ""
+    if plan.optimizer == "adamw":
+        extra = f', fused={device}.type in ("cuda", "cpu")'
+    return f"{form.make}({parameters}, lr=lr{extra})"
+
+
+def chunked_loss_code() -> list[str]:
+    """The lines of a ``compute_loss(model, micro)`` for ``loss="chunked"`` (what :mod:`memlab.techniques.loss`
+    does), for the plain code and the accelerate script.
+
+    Example:
+        >>> chunked_loss_code()[-1]
+        '    return total / (labels != -100).sum()'
+    """
     return [
         "def chunk_loss(head, hidden, labels):",
         "    logits = head(hidden).float()",
@@ -381,7 +423,7 @@ def _chunked_loss_code() -> list[str]:
         "",
         "",
         "def compute_loss(model, micro):",
-        f"    # Chunked cross-entropy: the LM head and the loss over {_CHUNKS} chunks of tokens, each checkpointed,",
+        f"    # Chunked cross-entropy: the LM head and the loss over {CHUNKS} chunks of tokens, each checkpointed,",
         "    # so that only one chunk's logits exist at a time (backward recomputes them); the same loss as",
         "    # model(**micro).loss.",
         '    inner = model.get_base_model() if hasattr(model, "peft_config") else model  # under peft adapters',
@@ -389,7 +431,7 @@ def _chunked_loss_code() -> list[str]:
         "    hidden = inner.base_model(**inputs).last_hidden_state",
         '    labels = torch.nn.functional.pad(micro["labels"], (0, 1), value=-100)[..., 1:]  # shifted by one',
         "    hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)",
-        f"    size = -(-labels.shape[0] // {_CHUNKS})",
+        f"    size = -(-labels.shape[0] // {CHUNKS})",
         "    head = inner.get_output_embeddings()",
         "    total = sum(",
         "        checkpoint(chunk_loss, head, h, y, use_reentrant=False)",
@@ -403,7 +445,7 @@ def _model_changes_code(plan: Plan) -> list[str]:
     """The snippet's lines that change the model itself: pure bf16 weights and LoRA / QLoRA adapters."""
     lines: list[str] = []
     if plan.adapter == "qlora":
-        compute = "torch.bfloat16" if "bf16" in (plan.precision, plan.weights) else "torch.float32"
+        compute = f"torch.{qlora_compute_dtype(plan)}"
         lines += [
             "# QLoRA: the base's linear weights in 4-bit NF4. Load the model with this quantization config, e.g.",
             "#   from transformers import AutoModelForCausalLM, BitsAndBytesConfig",
@@ -419,16 +461,21 @@ def _model_changes_code(plan: Plan) -> list[str]:
             "# LoRA adapters on every linear layer but the output head; only the adapters train",
             "from peft import LoraConfig, get_peft_model",
             "",
-            f"model = get_peft_model(model, {_lora_config_code(plan)})",
+            f"model = get_peft_model(model, {lora_config_code(plan)})",
         ]
     return [*lines, ""] if lines else []
 
 
-def _lora_config_code(plan: Plan) -> str:
-    return (
-        f'LoraConfig(r={plan.lora_rank}, lora_alpha={2 * plan.lora_rank}, lora_dropout=0.0, '
-        'target_modules="all-linear")'
-    )
+def lora_config_code(plan: Plan, **extra: Any) -> str:
+    """The ``LoraConfig(...)`` of an adapter plan as code (:func:`memlab.techniques.levers_model.lora_settings`,
+    plus ``extra`` keywords).
+
+    Example:
+        >>> lora_config_code(Plan(adapter="lora", lora_rank=4))
+        "LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules='all-linear')"
+    """
+    settings = {**lora_settings(plan), **extra}
+    return "LoraConfig(" + ", ".join(f"{key}={value!r}" for key, value in settings.items()) + ")"
 
 
 def peft_config(plan: Plan) -> Any:
@@ -448,6 +495,7 @@ def peft_config(plan: Plan) -> Any:
         raise MemlabError(
             f"{plan.label()!r} trains every weight and has no adapters; a peft config needs adapter='lora' or 'qlora'"
         )
+    refuse_unless_carried(plan, "peft", "a peft LoraConfig")
     from peft import LoraConfig
 
-    return LoraConfig(r=plan.lora_rank, lora_alpha=2 * plan.lora_rank, lora_dropout=0.0, target_modules="all-linear")
+    return LoraConfig(**lora_settings(plan))

@@ -14,15 +14,13 @@ Example:
 
 from __future__ import annotations
 
-import itertools
-import numbers
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 from memlab.errors import MemlabError
 from memlab.measure.tracker import INFERENCE_CATEGORIES
-from memlab.plan import parse_axis_items
+from memlab.plan import LeverSpec, check_levers, grid_of, lever, lever_specs, parse_lever_axes
 
 __all__ = [
     "INFERENCE_FIELDS",
@@ -36,11 +34,6 @@ __all__ = [
 
 WEIGHT_DTYPES = ("fp32", "bf16", "fp16")
 QUANTIZATIONS = ("none", "int8", "nf4")
-_BOOLEANS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
-
-
-def _lever(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
 
 
 @dataclass(frozen=True)
@@ -71,19 +64,20 @@ class InferencePlan:
         memlab.errors.MemlabError: quantize='int4' is not known; write one of none, int8, nf4
     """
 
-    batch_size: int | None = _lever(None, "rows (sequences) per forward; None: the rows of the batch")
-    weights: str = _lever(
-        "fp32", "dtype of the weights: bf16/fp16 halve the parameter bytes (and speed up GPUs)", WEIGHT_DTYPES
+    batch_size: int | None = lever(None, help="rows (sequences) per forward; None: the rows of the batch")
+    weights: str = lever(
+        "fp32", help="dtype of the weights: bf16/fp16 halve the parameter bytes (and speed up GPUs)",
+        choices=WEIGHT_DTYPES,
     )
-    quantize: str = _lever(
+    quantize: str = lever(
         "none",
-        "linear weights in 8-bit (int8) or 4-bit NF4 (bitsandbytes): a quarter / an eighth of fp32's bytes, some "
-        "accuracy and (on CPU) speed",
-        QUANTIZATIONS,
+        help="linear weights in 8-bit (int8) or 4-bit NF4 (bitsandbytes): a quarter / an eighth of fp32's bytes, "
+        "some accuracy and (on CPU) speed",
+        choices=QUANTIZATIONS,
     )
-    new_tokens: int = _lever(0, "tokens to generate (0: one forward): the KV cache grows with every one")
-    kv_cache: bool = _lever(True, "keep past keys/values: faster decoding, at 2 x layers x kv-heads x head-dim bytes "
-                                  "per token and row")
+    new_tokens: int = lever(0, help="tokens to generate (0: one forward): the KV cache grows with every one")
+    kv_cache: bool = lever(True, help="keep past keys/values: faster decoding, at 2 x layers x kv-heads x head-dim "
+                                      "bytes per token and row")
 
     memory_categories: ClassVar[tuple[str, ...]] = INFERENCE_CATEGORIES
     """The categories of this plan's breakdown (a training Plan's are :data:`memlab.report.CATEGORIES`)."""
@@ -102,28 +96,7 @@ class InferencePlan:
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "new_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-                object.__setattr__(self, name, int(value))
-        if self.batch_size is not None and (
-            isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1
-        ):
-            raise MemlabError(
-                f"batch_size={self.batch_size!r} is not allowed; write a whole number >= 1, or None for the "
-                "batch's rows"
-            )
-        if isinstance(self.new_tokens, bool) or not isinstance(self.new_tokens, int) or self.new_tokens < 0:
-            raise MemlabError(
-                f"new_tokens={self.new_tokens!r} is not allowed; write a whole number >= 0 (0: one forward)"
-            )
-        if not isinstance(self.kv_cache, bool):
-            raise MemlabError(f"kv_cache={self.kv_cache!r} is not allowed; write True or False")
-        for name in ("weights", "quantize"):
-            value = getattr(self, name)
-            choices = INFERENCE_LEVERS[name]["choices"]
-            if value not in choices:
-                raise MemlabError(f"{name}={value!r} is not known; write one of {', '.join(choices)}")
+        check_levers(self, INFERENCE_LEVERS)
 
     @property
     def generates(self) -> bool:
@@ -196,37 +169,14 @@ class InferencePlan:
 INFERENCE_FIELDS = tuple(f.name for f in fields(InferencePlan))
 """The settings of an :class:`InferencePlan`, in order."""
 
-INFERENCE_LEVERS: dict[str, dict[str, Any]] = {
-    f.name: {"default": f.default, "help": f.metadata["help"], "choices": tuple(f.metadata["choices"])}
-    for f in fields(InferencePlan)
-}
-"""Each setting's default, help line and allowed values (for the magic's help and the panel).
+INFERENCE_LEVERS: dict[str, LeverSpec] = lever_specs(InferencePlan)
+"""Each setting's :class:`memlab.plan.LeverSpec` (default, help line, allowed values: for the magic's help and the
+panel), the same machinery as a training Plan's :data:`memlab.plan.LEVERS`.
 
 Example:
-    >>> INFERENCE_LEVERS["quantize"]["choices"]
-    ('none', 'int8', 'nf4')
+    >>> INFERENCE_LEVERS["quantize"]["choices"], INFERENCE_LEVERS["kv_cache"].type
+    (('none', 'int8', 'nf4'), 'bool')
 """
-
-
-def _parse_value(name: str, text: str) -> Any:
-    text = text.strip()
-    if name == "kv_cache":
-        if text.lower() not in _BOOLEANS:
-            raise MemlabError(f"kv_cache={text!r} is not understood; write on or off")
-        return _BOOLEANS[text.lower()]
-    if name in ("batch_size", "new_tokens"):
-        if name == "batch_size" and text.lower() in ("all", "none"):
-            return None
-        try:
-            return int(text)
-        except ValueError:
-            raise MemlabError(f"{name}={text!r} is not a whole number; write for example {name}=8") from None
-    return text
-
-
-def _check_key(key: str) -> None:
-    if key not in INFERENCE_FIELDS:
-        raise MemlabError(f"{key!r} is not an inference setting; write one of {', '.join(INFERENCE_FIELDS)}")
 
 
 def parse_inference_axes(items: str | Iterable[str] | Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -241,7 +191,7 @@ def parse_inference_axes(items: str | Iterable[str] | Mapping[str, Any]) -> dict
         memlab.errors.MemlabError: 'precision' is not an inference setting; write one of batch_size, weights, \
 quantize, new_tokens, kv_cache
     """
-    return parse_axis_items(items, check_key=_check_key, parse_value=_parse_value, example="weights=fp32,bf16")
+    return parse_lever_axes(items, INFERENCE_LEVERS, what="an inference setting", example="weights=fp32,bf16")
 
 
 def parse_inference_grid(
@@ -253,11 +203,4 @@ def parse_inference_grid(
         >>> [p.label() for p in parse_inference_grid("weights=fp32,bf16 batch_size=1,4")]
         ['fp32 bs1', 'fp32 bs4', 'bf16 bs1', 'bf16 bs4']
     """
-    base = base or InferencePlan()
-    axes = parse_inference_axes(items)
-    plans: list[InferencePlan] = []
-    for combination in itertools.product(*axes.values()):
-        plan = base.replace(**dict(zip(axes.keys(), combination, strict=True)))
-        if plan not in plans:
-            plans.append(plan)
-    return plans or [base]
+    return grid_of(base or InferencePlan(), parse_inference_axes(items))

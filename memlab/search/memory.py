@@ -23,35 +23,39 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memlab.plan import Plan
+from memlab.plan import PLAN_FIELDS, Plan
 from memlab.report import Trial
 from memlab.search.space import micro_batch_of
+from memlab.techniques.registry import REGISTRY, least_share
 
 FIT_MARGIN = 1.1
 """A plan is skipped for memory only when its predicted peak is over ``budget * FIT_MARGIN``."""
 
 
-ActivationKey = tuple[bool, str, bool, str, str, str]
-"""What activations per row depend on: (checkpointing, precision, activations offloaded, weights, adapter, loss)."""
+ActivationKey = tuple[Any, ...]
+"""What activations per row depend on: the value of each lever the registry gives an ``activation_key``
+(checkpointing, precision, weights, activations offloaded, adapter, loss)."""
 
-Family = tuple[str, str, int]
-"""What decides the model's own bytes: (weights, adapter, LoRA rank). Trials of one family say nothing certain of
-another's parameter, gradient and optimizer bytes."""
+Family = tuple[Any, ...]
+"""What decides the model's own bytes: the levers the registry marks ``family`` (weights, adapter, LoRA rank...).
+Trials of one family say nothing certain of another's parameter, gradient and optimizer bytes."""
 
-# The least an unmeasured family can hold of the measured family's parameters: pure bf16 halves them; QLoRA's
-# 4-bit base can be an eighth (every weight in linear layers); LoRA adds adapters (assumed nothing).
-_LEAST_PARAMETER_SHARE = {("fp32", "none"): 1.0, ("bf16", "none"): 0.5, ("fp32", "lora"): 1.0,
-                          ("bf16", "lora"): 0.5, ("fp32", "qlora"): 0.125, ("bf16", "qlora"): 0.125}
+_FAMILY = tuple(name for name in PLAN_FIELDS if REGISTRY[name].family)
+_ACTIVATIONS = tuple(
+    (name, key) for name in PLAN_FIELDS if (key := REGISTRY[name].activation_key) is not None
+)
+# A neighbour's activation intercept is borrowed only from a line of the same precision and activation offload.
+_SAME_INTERCEPT = tuple(i for i, (name, _) in enumerate(_ACTIVATIONS) if name in ("precision", "offload"))
 
 
 def family(plan: Plan) -> Family:
     """The plan's :data:`Family`.
 
     Example:
-        >>> family(Plan(adapter="lora", lora_rank=8, checkpointing=True))
+        >>> family(Plan(adapter="lora", lora_rank=8, checkpointing=True))[:3]  # weights, adapter, rank, ...
         ('fp32', 'lora', 8)
     """
-    return (plan.weights, plan.adapter, plan.lora_rank)
+    return tuple(getattr(plan, name) for name in _FAMILY)
 
 
 def activation_key(plan: Plan) -> ActivationKey:
@@ -59,9 +63,9 @@ def activation_key(plan: Plan) -> ActivationKey:
 
     Example:
         >>> activation_key(Plan(checkpointing=True, loss="chunked"))
-        (True, 'fp32', False, 'fp32', 'none', 'chunked')
+        (True, 'fp32', 'fp32', False, 'none', 'chunked')
     """
-    return (plan.checkpointing, plan.precision, plan.offloads_activations, plan.weights, plan.adapter, plan.loss)
+    return tuple(key(getattr(plan, name)) for name, key in _ACTIVATIONS)
 
 
 @dataclass(frozen=True)
@@ -211,26 +215,29 @@ class MemoryModel:
         """What does not depend on the batch split: params, other and optimizer state."""
         common = self._common.get(family(plan))
         if common is None:
-            common = self.common * _LEAST_PARAMETER_SHARE.get((plan.weights, plan.adapter), 1.0)
+            # The least an unmeasured family can hold of the measured one's parameters (the registry's
+            # least_params): pure bf16 halves them, QLoRA's 4-bit base can be an eighth.
+            common = self.common * least_share(plan, "least_params")
         return common + self.optimizer_bytes(plan)
 
     def trained_bytes(self, plan: Plan) -> float:
-        """Bytes of the weights the plan trains, at least: none known for adapters, half for pure bf16."""
-        if plan.adapter != "none":
-            return 0.0
-        return self.trainable_bytes / 2 if plan.weights == "bf16" else self.trainable_bytes
+        """Bytes of the weights the plan trains, at least (the registry's least_trained): none known for adapters,
+        half for pure bf16."""
+        return self.trainable_bytes * least_share(plan, "least_trained")
 
     def optimizer_bytes(self, plan: Plan) -> float:
         """Optimizer state on the device: measured for this optimizer, else what it needs at least."""
         key = (plan.optimizer, plan.offloads_optimizer, family(plan))
         if key in self._optimizer:
             return self._optimizer[key]
-        if plan.offloads_optimizer or plan.optimizer in ("adafactor", "paged_adamw8bit"):
-            # Adafactor's factored state is a row and a column per matrix; paged 8-bit state lives outside
-            # PyTorch's allocator on CUDA (on a CPU it is the unpaged optimizer's, and the search measures that).
+        # The registry's optimizer_state: offloaded state is off the device, Adafactor's factored state is a row
+        # and a column per matrix, paged 8-bit state lives outside PyTorch's allocator on CUDA (on a CPU it is the
+        # unpaged optimizer's, and the search measures that), 8-bit AdamW keeps a quarter of AdamW's.
+        share = least_share(plan, "optimizer_state")
+        if share == 0.0:
             return 0.0
         adamw = self._optimizer.get(("adamw", False, family(plan)), 2 * self.trained_bytes(plan))
-        return adamw / 4 if plan.optimizer == "adamw8bit" else adamw
+        return adamw * share
 
     def grads_bytes(self, plan: Plan) -> float:
         """Gradients held at the peak: measured, else all of them with accumulation and none without."""
@@ -253,7 +260,7 @@ class MemoryModel:
                 if ratio is None:
                     return None
                 per_row *= ratio
-        donor = self._nearest(key, self._lines, same=(1, 2)) or nearest
+        donor = self._nearest(key, self._lines, same=_SAME_INTERCEPT) or nearest
         return Line(donor[1].intercept, per_row)
 
     def activations(self, plan: Plan) -> float:
@@ -269,8 +276,9 @@ class MemoryModel:
         """Predicted peak bytes of a plan."""
         fixed = self.fixed_bytes(plan)
         peak = fixed + self.grads_bytes(plan) + self.activations(plan)
-        # After the last backward every gradient exists next to the optimizer state, accumulation or not.
-        return max(peak, fixed + self.trained_bytes(plan))
+        # After the last backward every gradient exists next to the optimizer state, accumulation or not (unless a
+        # lever frees them as they come: the registry's least_grads).
+        return max(peak, fixed + self.trained_bytes(plan) * least_share(plan, "least_grads"))
 
     def _ratio(self, position: int, before: Any, after: Any) -> float | None:
         """Per-row activation bytes after/before changing one technique, from lines that differ only there."""
@@ -313,7 +321,7 @@ def activation_points(trials: Sequence[Trial], batch_size: int) -> dict[Activati
     Example:
         >>> trial = Trial(Plan(micro_batch=2, accumulation=2), "ok", 9, {"activations": 5}, 1.0, 4.0, None, "cpu")
         >>> activation_points([trial], 4)
-        {(False, 'fp32', False, 'fp32', 'none', 'full'): [(2, 5.0)]}
+        {(False, 'fp32', 'fp32', False, 'none', 'full'): [(2, 5.0)]}
     """
     points: dict[ActivationKey, list[tuple[int, float]]] = {}
     for trial in trials:

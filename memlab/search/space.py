@@ -13,17 +13,20 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.report import Trial
+from memlab.techniques.levers_step import OPTIMIZER_RANK
+from memlab.techniques.registry import REGISTRY
 
-TECHNIQUES = ("checkpointing", "precision", "weights", "optimizer", "offload", "adapter", "lora_rank", "loss")
-"""The plan fields other than the batch split, in the order candidates are listed."""
+TECHNIQUES = tuple(name for name in PLAN_FIELDS if not REGISTRY[name].split)
+"""The plan fields other than the batch split, in the order candidates are listed (every lever the registry does
+not declare as cutting the batch: a new lever is an axis without an edit here)."""
 
 TECHNIQUE_DEFAULTS = {name: getattr(Plan(), name) for name in TECHNIQUES}
 """Each technique's value in the plain plan."""
 
-OPTIMIZER_RANK = {"paged_adamw8bit": -1, "adamw8bit": 0, "adamw": 1}
-"""Lower rank = fewer optimizer bytes for the same parameters; optimizers not listed compare only with themselves.
-Paged 8-bit AdamW ranks below the unpaged one: on CUDA its large states live outside PyTorch's allocator. Adafactor
-is not ranked: its state is far smaller, but its update's temporaries can be larger than fused AdamW's."""
+__all__ = [
+    "OPTIMIZER_RANK", "SLOWER_WITH", "TECHNIQUES", "TECHNIQUE_DEFAULTS", "best_of", "candidate_plans", "default_space",
+    "divisors", "faster_twins", "fits", "micro_batch_of", "needs_at_least", "runs_as",
+]
 
 
 def divisors(number: int) -> list[int]:
@@ -149,22 +152,24 @@ def runs_as(plan: Plan, device_type: str) -> Plan:
     """
     if device_type != "cpu":
         return plan
-    return plan.replace(
-        offload="none", optimizer="adamw8bit" if plan.optimizer == "paged_adamw8bit" else plan.optimizer
-    )
+    changes = {
+        name: lever.on_cpu(getattr(plan, name)) for name, lever in REGISTRY.items() if lever.on_cpu is not None
+    }
+    return plan.replace(**changes)
 
 
-SLOWER_WITH: tuple[tuple[str, Any, Any], ...] = (
-    ("checkpointing", True, False),
-    ("loss", "chunked", "full"),
-    ("offload", "optimizer", "none"),
-    ("offload", "activations", "none"),
-    ("offload", "all", "none"),
-    ("adapter", "qlora", "lora"),
+SLOWER_WITH: tuple[tuple[str, Any, Any], ...] = tuple(
+    (name, value, instead) for name in TECHNIQUES for value, instead in REGISTRY[name].slower
 )
 """``(field, value, instead)``: a plan with ``value`` does the work of the plan with ``instead`` and more, so it is
-never faster: checkpointing runs each block's forward again, the chunked loss runs the head again, offload copies
-over the bus, and QLoRA dequantizes the base weights that LoRA keeps as they are."""
+never faster (each lever's ``slower`` in the registry): checkpointing runs each block's forward again, offload
+copies over the bus, QLoRA dequantizes the base weights that LoRA keeps as they are, the chunked loss runs the head
+again.
+
+Example:
+    >>> ("loss", "chunked", "full") in SLOWER_WITH
+    True
+"""
 
 
 def faster_twins(plan: Plan, ranks: Iterable[int] = ()) -> list[Plan]:
@@ -209,9 +214,11 @@ def needs_at_least(plan: Plan, other: Plan, batch_size: int) -> bool:
     """Whether ``plan`` needs at least the memory of ``other``, whatever the model (so if ``other`` does not fit,
     neither does ``plan``).
 
-    True when both use the same precision, offload and loss, ``plan`` has at least ``other``'s micro-batch,
-    checkpoints only if ``other`` does, and its optimizer keeps at least as much state. Going from accumulation to
-    none is never compared: without accumulation the gradients need not be held while activations are.
+    Each lever compares as the registry declares it (``needs_at_least``): checkpointing only if ``other`` does, an
+    optimizer that keeps at least as much state; a lever without a declaration compares only with its own value
+    (so a new lever never rules out a plan unmeasured). ``plan`` needs at least ``other``'s micro-batch, and going
+    from accumulation to none is never compared: without accumulation the gradients need not be held while
+    activations are.
 
     Example:
         >>> small = Plan(micro_batch=2, accumulation=4, checkpointing=True)
@@ -220,15 +227,12 @@ def needs_at_least(plan: Plan, other: Plan, batch_size: int) -> bool:
         >>> needs_at_least(Plan(micro_batch=4, accumulation=2, precision="bf16"), small, 8)
         False
     """
-    if plan.precision != other.precision or plan.offload != other.offload or plan.loss != other.loss:
-        return False
-    if (plan.weights, plan.adapter, plan.lora_rank) != (other.weights, other.adapter, other.lora_rank):
-        return False
-    if plan.checkpointing and not other.checkpointing:
-        return False
-    if plan.optimizer != other.optimizer:
-        mine, theirs = OPTIMIZER_RANK.get(plan.optimizer), OPTIMIZER_RANK.get(other.optimizer)
-        if mine is None or theirs is None or mine < theirs:
+    for name in TECHNIQUES:
+        mine, theirs = getattr(plan, name), getattr(other, name)
+        if mine == theirs:
+            continue
+        compare = REGISTRY[name].needs_at_least
+        if compare is None or not compare(mine, theirs):
             return False
     if plan.accumulation == 1 and other.accumulation > 1:
         return False

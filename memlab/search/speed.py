@@ -20,6 +20,7 @@ from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.report.data import speed_range
 from memlab.search.space import TECHNIQUE_DEFAULTS, TECHNIQUES, faster_twins, micro_batch_of
+from memlab.techniques.registry import REGISTRY
 
 SPEED_MARGIN = 0.9
 """A plan is skipped for speed when its predicted samples/s is at most ``SPEED_MARGIN * best``."""
@@ -50,8 +51,9 @@ class SpeedPrior:
 
 
 def speed_prior(device_type: str) -> SpeedPrior:
-    """Rough speed ratios of each technique on a device: checkpointing recomputes (about 3/4 the speed), half
-    precision is fast on GPUs and not on CPUs (fp16 on CPU is slow), offload moves data over the bus.
+    """Rough speed ratios of each technique on a device, as the registry declares them (each lever's ``speed``):
+    checkpointing recomputes (about 3/4 the speed), half precision is fast on GPUs and not on CPUs (fp16 on CPU is
+    slow), offload moves data over the bus, adapters skip the base's weight gradients.
 
     Example:
         >>> speed_prior("cpu").ratio("checkpointing", True)
@@ -62,20 +64,9 @@ def speed_prior(device_type: str) -> SpeedPrior:
         micro_batch_exponent=0.3 if gpu else 0.1,
         monotone=gpu,
         ratios={
-            ("checkpointing", True): 0.75,
-            ("precision", "bf16"): 1.6 if gpu else 1.0,
-            ("precision", "fp16"): 1.6 if gpu else 0.3,
-            ("optimizer", "adamw8bit"): 0.97,
-            ("optimizer", "paged_adamw8bit"): 0.97,
-            ("optimizer", "adafactor"): 0.9,
-            ("loss", "chunked"): 0.95,
-            ("offload", "optimizer"): 0.7,
-            ("offload", "activations"): 0.6,
-            ("offload", "all"): 0.5,
-            # Adapters skip the weight gradients of the base (about a third of the work); QLoRA dequantizes.
-            ("adapter", "lora"): 1.3 if gpu else 1.2,
-            ("adapter", "qlora"): 1.0 if gpu else 0.8,
-            ("weights", "bf16"): 1.6 if gpu else 1.0,
+            (name, value): on_gpu if gpu else on_cpu
+            for name, lever in REGISTRY.items()
+            for value, (on_gpu, on_cpu) in lever.speed.items()
         },
     )
 

@@ -13,13 +13,22 @@ from memlab.report import Trial
 from memlab.runner.batch import Batch
 from memlab.search.memory import FIT_MARGIN
 from memlab.search.speed import SpeedPrior
+from memlab.techniques.registry import REGISTRY
 
-# What fit leaves out of its default space because it changes what is trained: each as the plan fields it sets.
-OUTSIDE_THE_SPACE: tuple[dict[str, Any], ...] = (
-    {"weights": "bf16"},
-    {"adapter": "lora"},
-    {"adapter": "qlora"},
+OUTSIDE_THE_SPACE: tuple[dict[str, Any], ...] = tuple(
+    {name: value} for name, lever in REGISTRY.items() for value in lever.suggest
 )
+"""What fit leaves out of its default space because it changes what is trained (each lever's ``suggest`` in the
+registry), each as the plan fields it sets.
+
+Example:
+    >>> OUTSIDE_THE_SPACE
+    ({'weights': 'bf16'}, {'adapter': 'lora'}, {'adapter': 'qlora'})
+"""
+
+
+SUGGESTED = tuple(dict.fromkeys(name for changes in OUTSIDE_THE_SPACE for name in changes))
+"""The levers suggestions change."""
 
 
 def alternatives(
@@ -70,7 +79,7 @@ def suggestions(
 
     def expected_speed(trial: Trial) -> float:
         speed = 1.0
-        for name in ("weights", "adapter"):
+        for name in SUGGESTED:
             speed *= prior.ratio(name, getattr(trial.plan, name))
         return speed
 

@@ -13,6 +13,7 @@ from memlab.errors import MemlabError, UnsupportedTechnique
 from memlab.measure.device import model_device
 from memlab.plan import Plan
 from memlab.runner.module_state import ModuleStructure
+from memlab.techniques.levers_model import lora_settings
 
 Undo = Callable[[], None]
 
@@ -29,19 +30,37 @@ def is_peft_model(model: nn.Module) -> bool:
     return any(type(module).__module__.startswith("peft.") for module in model.modules())
 
 
-def adapter_targets(model: nn.Module) -> list[str]:
-    """Names of the linear layers that get adapters: every ``nn.Linear`` except the output head (peft's own
-    ``"all-linear"`` choice, for any module, not only transformers models).
+def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-linear") -> list[str]:
+    """Names of the linear layers that get adapters, for the plan's ``lora_targets``:
+
+    - ``"all-linear"``: every ``nn.Linear`` except the output head (peft's own ``"all-linear"`` choice, for any
+      module, not only transformers models);
+    - ``"attention"``: the layers peft adapts by default for the model's type
+      (``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``: ``q_proj`` and ``v_proj`` for Llama-style models);
+    - a tuple of names: the linear layers whose name is one of them or ends with ``"." + name`` (peft's matching).
 
     Example:
-        >>> adapter_targets(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 1)))
-        ['0', '2']
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 1))
+        >>> adapter_targets(model), adapter_targets(model, ("2",))
+        (['0', '2'], ['2'])
     """
-    head = output_head(model)
     names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and name]
-    if head is not None:
-        return [name for name in names if model.get_submodule(name) is not head]
-    return names[:-1] if len(names) > 1 else names
+    if targets == "all-linear":
+        head = output_head(model)
+        if head is not None:
+            return [name for name in names if model.get_submodule(name) is not head]
+        return names[:-1] if len(names) > 1 else names
+    if targets == "attention":
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        if model_type not in DEFAULTS:
+            raise UnsupportedTechnique(
+                f"lora_targets='attention' means peft's default layers for the model's type, and peft has none for "
+                f"{model_type or type(model).__name__}; write lora_targets='all-linear' or a list of module names"
+            )
+        targets = tuple(DEFAULTS[model_type])
+    return [name for name in names if any(name == t or name.endswith("." + t) for t in targets)]
 
 
 def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
@@ -68,11 +87,11 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
         raise UnsupportedTechnique(
             "this model already carries peft adapters, and they are what trains; measure it with adapter='none'"
         )
-    targets = adapter_targets(model)
+    targets = adapter_targets(model, plan.lora_targets)
     if not targets:
         raise UnsupportedTechnique(
-            f"adapter={plan.adapter!r} puts LoRA on nn.Linear layers, and this model has none besides its output; "
-            "write adapter='none'"
+            f"adapter={plan.adapter!r} puts LoRA on nn.Linear layers, and lora_targets={plan.lora_targets!r} finds "
+            "none in this model besides its output; write other lora_targets, or adapter='none'"
         )
     # Imported here: peft and bitsandbytes are heavy, and `import memlab` must not pull them in.
     from peft import LoraConfig, inject_adapter_in_model
@@ -82,7 +101,7 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     try:
         if plan.adapter == "qlora":
             parked = _quantize(model, targets, compute_dtype(plan))
-        config = LoraConfig(r=plan.lora_rank, lora_alpha=2 * plan.lora_rank, lora_dropout=0.0, target_modules=targets)
+        config = LoraConfig(**{**lora_settings(plan), "target_modules": targets})
         inject_adapter_in_model(config, model)
         if plan.weights != "bf16":
             _adapters_in_fp32(model)

@@ -50,6 +50,11 @@ def _accepted(kwargs: dict, tmp_path: Path) -> Any:
 
 def test_every_plan_fit_could_return_is_accepted_by_training_arguments(tmp_path: Path) -> None:
     for plan in GRID + ALL_PLANS:
+        if plan.offloads_activations and not plan.checkpointing:
+            # The Trainer offloads only checkpointed activations: the export says so rather than drop the lever.
+            with pytest.raises(MemlabError, match="write checkpointing=True"):
+                plan.to_training_arguments()
+            continue
         kwargs = plan.to_training_arguments()
         assert kwargs == training_arguments(plan)
         args = _accepted(kwargs, tmp_path)
@@ -64,6 +69,7 @@ def test_every_plan_fit_could_return_is_accepted_by_training_arguments(tmp_path:
         if plan.checkpointing:
             assert args.activation_checkpointing_kwargs["use_reentrant"] is False
             assert args.activation_checkpointing_kwargs.get("offload", False) is plan.offloads_activations
+        assert (kwargs.get("deepspeed") == deepspeed_config(plan)) is plan.offloads_optimizer
 
 
 def test_exported_names_exist_in_the_installed_transformers() -> None:
@@ -72,6 +78,8 @@ def test_exported_names_exist_in_the_installed_transformers() -> None:
 
     optimizers = {name.value for name in OptimizerNames}
     for plan in ALL_PLANS:
+        if plan.offloads_activations and not plan.checkpointing:
+            continue  # refused (see above)
         kwargs = training_arguments(plan)
         assert set(kwargs) <= fields
         assert kwargs["optim"] in optimizers
@@ -86,10 +94,12 @@ def test_fp16_arguments_without_use_cpu(tmp_path: Path) -> None:
 
 
 def test_legacy_names_for_older_transformers(tmp_path: Path) -> None:
-    plan = Plan(micro_batch=2, checkpointing=True, offload="activations")
+    plan = Plan(micro_batch=2, checkpointing=True)
     kwargs = training_arguments(plan, legacy_names=True)
     assert kwargs["gradient_checkpointing"] is True
-    assert kwargs["gradient_checkpointing_kwargs"] == {"use_reentrant": False}  # no "offload" before 5.x
+    assert kwargs["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    with pytest.raises(MemlabError, match="before 5 has no Trainer setting that offloads activations"):
+        training_arguments(plan.replace(offload="activations"), legacy_names=True)  # no "offload" before 5.x
     assert "activation_checkpointing" not in kwargs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # the deprecated alias still works in 5.x
@@ -266,6 +276,10 @@ def test_new_levers_export_the_trainers_own_names(tmp_path: Path) -> None:
     # memlab's "adamw" is what the Trainer builds when nothing is said
     assert transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none").optim == names["adamw"]
     for plan in NEW_LEVERS:
+        if plan.offloads_activations and not plan.checkpointing:
+            with pytest.raises(MemlabError, match="only checkpointed activations"):
+                training_arguments(plan)
+            plan = plan.replace(checkpointing=True)
         kwargs = training_arguments(plan)
         args = _accepted(kwargs, tmp_path)
         assert args.optim == names[plan.optimizer]

@@ -1,0 +1,113 @@
+"""The declaration of one lever (:class:`Lever`): what it means in the interface, the step, the search, dry runs
+and each export. :mod:`memlab.techniques.registry` gathers the declarations into ``REGISTRY``.
+
+This module imports neither torch nor :mod:`memlab.plan` (plan builds on it).
+
+Example:
+    >>> Lever("spin", False, help="spins: faster").type
+    'bool'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+TARGETS = ("trainer", "deepspeed", "code", "peft", "accelerate")
+"""The exports: ``Plan.to_training_arguments`` (trainer), ``to_deepspeed``, ``to_code``, ``to_peft_config`` and
+``to_accelerate_config`` + :func:`memlab.export.accelerate.accelerate_script` (accelerate)."""
+
+PlanLike = Any
+"""A :class:`memlab.Plan` (typed loosely here: plan builds on this module)."""
+
+Refusal = Callable[[PlanLike], str]
+"""An export's verdict on a plan's lever: ``""`` when the export carries it, else what to do instead."""
+
+
+def carried(plan: PlanLike) -> str:
+    """The verdict of an export that carries the lever whatever its value.
+
+    Example:
+        >>> carried(None)
+        ''
+    """
+    return ""
+
+
+def concerns_adapters_only(plan: PlanLike) -> str:
+    """peft's verdict on a lever that is not an adapter's: a ``LoraConfig`` describes the adapters only, and the
+    plan's other levers travel in the other exports (it refuses plans without an adapter itself).
+
+    Example:
+        >>> concerns_adapters_only(None)
+        ''
+    """
+    return ""
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One lever's declaration (see the module docstring).
+
+    Args:
+        name: the Plan field.
+        default: the value that changes nothing.
+        help: what it does and what it costs (the panel's tooltip, the magic's help).
+        short: how a label shows a value other than the default (a format string; for a bool the text shown
+            when True); empty: :meth:`memlab.Plan.label` has its own rule.
+        choices: the allowed values of a text lever.
+        open_choices: besides ``choices``, a tuple of names is allowed (``lora_targets``).
+        split: the lever cuts the batch (micro_batch, accumulation) rather than being a technique axis.
+        technique: ``"module:function"`` that puts the lever on (what ``TrainingStep`` calls).
+        notes: ``"module:function"`` giving a trial's notes about the lever, or empty.
+        needs_at_least: ``(mine, theirs) -> bool``: whether a plan with ``mine`` needs at least the memory of the
+            same plan with ``theirs``, whatever the model. None (the default): values compare only with themselves.
+        slower: ``(value, instead)`` pairs: the plan with ``value`` does the work of the one with ``instead`` and
+            more, so it is never faster.
+        family: the lever decides the model's own bytes (parameters, gradients, optimizer state).
+        activation_key: how the lever's value enters the key of the activation lines (None: it does not).
+        least_params: per value, the least share of the plain family's parameter bytes a plan may hold.
+        least_trained: per value, the least share of the trainable bytes that are trained (and have gradients).
+        least_grads: per value, the least share of the trained bytes held as gradients at the step's end.
+        optimizer_state: per value, the least optimizer state as a share of AdamW's.
+        speed: per value, the expected samples/s relative to the plain plan, ``(on a GPU, on a CPU)``.
+        suggest: values to suggest when nothing in the searched space fits (they change what is trained).
+        on_cpu: the value that runs exactly like this one on a CPU (None: the value itself).
+        dry_run: what a dry run on fake tensors makes of it ("" = it runs the same step).
+        exports: per :data:`TARGETS`, the export's verdict (:data:`Refusal`).
+    """
+
+    name: str
+    default: Any
+    help: str
+    short: str = ""
+    choices: tuple[str, ...] = ()
+    open_choices: bool = False
+    split: bool = False
+    technique: str = ""
+    notes: str = ""
+    needs_at_least: Callable[[Any, Any], bool] | None = None
+    slower: tuple[tuple[Any, Any], ...] = ()
+    family: bool = False
+    activation_key: Callable[[Any], Any] | None = None
+    least_params: Mapping[Any, float] = field(default_factory=dict)
+    least_trained: Mapping[Any, float] = field(default_factory=dict)
+    least_grads: Mapping[Any, float] = field(default_factory=dict)
+    optimizer_state: Mapping[Any, float] = field(default_factory=dict)
+    speed: Mapping[Any, tuple[float, float]] = field(default_factory=dict)
+    suggest: tuple[Any, ...] = ()
+    on_cpu: Callable[[Any], Any] | None = None
+    dry_run: str = ""
+    exports: Mapping[str, Refusal] = field(default_factory=dict)
+
+    @property
+    def type(self) -> str:
+        """``"choice"``, ``"bool"`` or ``"int"`` (a count; None allowed where the default is None)."""
+        if self.choices:
+            return "choice"
+        return "bool" if isinstance(self.default, bool) else "int"
+
+    def refusal(self, plan: PlanLike, target: str) -> str:
+        """What ``target`` says of this lever in ``plan``: ``""`` when it carries it, else what to do instead."""
+        return self.exports[target](plan)

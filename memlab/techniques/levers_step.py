@@ -1,0 +1,146 @@
+"""The declarations of the levers that change the optimizer step: precision, the optimizer, offload and the chunked
+loss (techniques: :mod:`memlab.techniques.precision`, :mod:`memlab.techniques.optimizer`,
+:mod:`memlab.techniques.offload`, :mod:`memlab.techniques.loss`; facets: :mod:`memlab.techniques.lever`). How each
+optimizer is named in each export is here too (:data:`OPTIMIZER_FORMS`), once.
+
+Example:
+    >>> [lever.name for lever in LEVERS]
+    ['precision', 'optimizer', 'offload', 'loss']
+    >>> OPTIMIZER_FORMS["adafactor"].trainer
+    'adafactor'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memlab.techniques.lever import TARGETS, Lever, PlanLike, carried, concerns_adapters_only
+
+
+@dataclass(frozen=True)
+class OptimizerForm:
+    """How one of memlab's optimizers is written in each export.
+
+    Args:
+        title: its name in words.
+        trainer: the Trainer's ``optim`` name.
+        imports: the import line code needs (empty: torch's own).
+        make: the class as code calls it, after ``imports``.
+        full_name: the class with its module, for messages.
+        keywords: keywords code passes besides the parameters and ``lr``.
+        deepspeed: DeepSpeed's own optimizer type, or empty where DeepSpeed takes it as a client optimizer.
+    """
+
+    title: str
+    trainer: str
+    imports: str
+    make: str
+    full_name: str
+    keywords: str = ""
+    deepspeed: str = ""
+
+
+OPTIMIZER_FORMS = {
+    # "adamw_torch_fused" is the Trainer's own default optim from torch 2.8: memlab's "adamw" is that optimizer.
+    "adamw": OptimizerForm("AdamW", "adamw_torch_fused", "", "torch.optim.AdamW", "torch.optim.AdamW",
+                           deepspeed="AdamW"),
+    "adamw8bit": OptimizerForm("8-bit AdamW", "adamw_bnb_8bit", "import bitsandbytes as bnb", "bnb.optim.AdamW8bit",
+                               "bitsandbytes.optim.AdamW8bit"),
+    "paged_adamw8bit": OptimizerForm("paged 8-bit AdamW", "paged_adamw_8bit", "import bitsandbytes as bnb",
+                                     "bnb.optim.PagedAdamW8bit", "bitsandbytes.optim.PagedAdamW8bit"),
+    "adafactor": OptimizerForm("Adafactor", "adafactor", "from transformers.optimization import Adafactor",
+                               "Adafactor", "transformers.optimization.Adafactor",
+                               keywords="scale_parameter=False, relative_step=False"),
+}
+"""Each optimizer's :class:`OptimizerForm`, by memlab's name."""
+
+OPTIMIZER_RANK = {"paged_adamw8bit": -1, "adamw8bit": 0, "adamw": 1}
+"""Lower rank = fewer optimizer bytes for the same parameters; optimizers not listed compare only with themselves.
+Paged 8-bit AdamW ranks below the unpaged one: on CUDA its large states live outside PyTorch's allocator. Adafactor
+is not ranked: its state is far smaller, but its update's temporaries can be larger than fused AdamW's."""
+
+
+def _optimizer_needs_at_least(mine: str, theirs: str) -> bool:
+    if mine not in OPTIMIZER_RANK or theirs not in OPTIMIZER_RANK:
+        return False
+    return OPTIMIZER_RANK[mine] >= OPTIMIZER_RANK[theirs]
+
+
+def _activation_offload_for_the_trainer(plan: PlanLike) -> str:
+    if not plan.offloads_activations or plan.checkpointing:
+        return ""
+    return (
+        f"offload={plan.offload!r} without checkpointing has no Trainer form: the Trainer offloads only "
+        "checkpointed activations; write checkpointing=True with it, or use plan.to_code() (save_on_cpu)"
+    )
+
+
+CHUNKS = 8
+"""Chunks of tokens the chunked loss cuts the head and the cross-entropy into (torchtune's uses 8 too)."""
+
+LEVERS = (
+    Lever(
+        "precision",
+        "fp32",
+        short="{}",
+        choices=("fp32", "bf16", "fp16"),
+        help="autocast compute dtype: bf16/fp16 halve activations and are faster on GPUs; fp16 scales the loss",
+        technique="memlab.techniques.precision:autocast",
+        notes="memlab.techniques.precision:check_precision",
+        activation_key=lambda value: value,
+        speed={"bf16": (1.6, 1.0), "fp16": (1.6, 0.3)},
+        exports=dict(dict.fromkeys(TARGETS, carried), peft=concerns_adapters_only),
+    ),
+    Lever(
+        "optimizer",
+        "adamw",
+        short="{}",
+        choices=tuple(OPTIMIZER_FORMS),
+        help="adamw keeps 8 bytes of state per weight; adamw8bit (bitsandbytes) about 2, at a small cost in accuracy; "
+        "paged_adamw8bit the same, paged to CPU memory under pressure (CUDA only); adafactor factors its second "
+        "moments (a row and a column per matrix, no first moment): far less state, updates differ from Adam's",
+        technique="memlab.techniques.optimizer:build_optimizer",
+        notes="memlab.techniques.optimizer:optimizer_notes",
+        needs_at_least=_optimizer_needs_at_least,
+        optimizer_state={"adamw8bit": 0.25, "paged_adamw8bit": 0.0, "adafactor": 0.0},
+        speed={"adamw8bit": (0.97, 0.97), "paged_adamw8bit": (0.97, 0.97), "adafactor": (0.9, 0.9)},
+        on_cpu=lambda value: "adamw8bit" if value == "paged_adamw8bit" else value,
+        dry_run="paged_adamw8bit is estimated as the unpaged 8-bit AdamW (fakes page nothing)",
+        exports=dict(dict.fromkeys(TARGETS, carried), peft=concerns_adapters_only),
+    ),
+    Lever(
+        "offload",
+        "none",
+        short="offload-{}",
+        choices=("none", "optimizer", "activations", "all"),
+        help="moves optimizer state and/or saved activations to CPU memory: less GPU memory, slower steps",
+        technique="memlab.techniques.offload:activation_offload",
+        notes="memlab.techniques.offload:offload_notes",
+        slower=(("optimizer", "none"), ("activations", "none"), ("all", "none")),
+        activation_key=lambda value: value in ("activations", "all"),
+        # Offloaded optimizer state is not on the device at all.
+        optimizer_state={"optimizer": 0.0, "all": 0.0},
+        speed={"optimizer": (0.7, 0.7), "activations": (0.6, 0.6), "all": (0.5, 0.5)},
+        on_cpu=lambda value: "none",
+        exports={
+            "trainer": _activation_offload_for_the_trainer,
+            "deepspeed": carried,
+            "code": carried,
+            "peft": concerns_adapters_only,
+            "accelerate": carried,
+        },
+    ),
+    Lever(
+        "loss",
+        "full",
+        short="{}-loss",
+        choices=("full", "chunked"),
+        help="chunked computes a causal LM's head and cross-entropy a chunk of tokens at a time: the full logits "
+        "never exist at once (same loss); the head runs twice per chunk (default loss and LM head only)",
+        technique="memlab.techniques.loss:loss_for_plan",
+        slower=(("chunked", "full"),),
+        activation_key=lambda value: value,
+        speed={"chunked": (0.95, 0.95)},
+        exports=dict(dict.fromkeys(TARGETS, carried), peft=concerns_adapters_only),
+    ),
+)

@@ -1,0 +1,59 @@
+"""The lora_targets lever: which layers get adapters, measured, exported, labelled and parsed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import assert_same, fingerprint, lm_batch, tiny_llama
+
+import memlab
+from memlab.errors import MemlabError
+from memlab.plan import LEVERS, parse_grid
+from memlab.techniques.adapters import adapter_targets, attach_adapter
+
+peft = pytest.importorskip("peft")
+
+
+def test_attention_targets_are_peft_defaults_and_train_fewer_weights_than_all_linear() -> None:
+    model, batch = tiny_llama(width=128), lm_batch()
+    before = fingerprint(model)
+    attention = adapter_targets(model, "attention")
+    assert attention and all(name.endswith(("q_proj", "v_proj")) for name in attention)
+    assert len(adapter_targets(model)) > len(attention)
+    every, fewer, named = memlab.compare(
+        model, batch,
+        [memlab.Plan(adapter="lora"), memlab.Plan(adapter="lora", lora_targets="attention"),
+         memlab.Plan(adapter="lora", lora_targets=["q_proj"])],
+        steps=1, progress=False,
+    ).trials
+    assert [t.status for t in (every, fewer, named)] == ["ok"] * 3, [t.error for t in (every, fewer, named)]
+    assert named.breakdown["optimizer"] < fewer.breakdown["optimizer"] < every.breakdown["optimizer"]
+    assert_same(before, fingerprint(model))
+
+
+def test_the_adapter_technique_uses_the_targets() -> None:
+    model = tiny_llama(width=64)
+    undo = attach_adapter(model, memlab.Plan(adapter="lora", lora_targets=("v_proj",)))
+    assert undo is not None
+    trained = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert trained and all("v_proj.lora_" in name for name in trained)
+    undo()
+    assert not any(p.requires_grad is False for p in model.parameters())
+
+
+def test_targets_are_exported_labelled_parsed_and_normalised() -> None:
+    plan = memlab.Plan(adapter="lora", lora_targets=["q_proj", "v_proj"])
+    assert plan.lora_targets == ("q_proj", "v_proj") and hash(plan)
+    assert plan.to_peft_config().target_modules == {"q_proj", "v_proj"}
+    assert memlab.Plan(adapter="lora", lora_targets="attention").to_peft_config().target_modules is None
+    assert "target_modules=['q_proj', 'v_proj']" in plan.to_code()
+    assert plan.label() == "lora q_proj+v_proj"
+    labels = [p.label() for p in parse_grid(["adapter=lora", "lora_targets=attention,all-linear,q_proj+k_proj"])]
+    assert labels == ["lora attention", "lora", "lora q_proj+k_proj"]
+    assert memlab.Plan(lora_targets="attention") == memlab.Plan()
+    assert LEVERS["lora_targets"].choices == ("all-linear", "attention")
+    with pytest.raises(MemlabError, match="write one of all-linear, attention, or a list of module names"):
+        memlab.Plan(adapter="lora", lora_targets="mlp")
+    with pytest.raises(memlab.UnsupportedTechnique, match="write other lora_targets"):
+        attach_adapter(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)),
+                       memlab.Plan(adapter="lora", lora_targets=("q_proj",)))
