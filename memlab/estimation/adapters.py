@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 
 from memlab.plan import Plan
 from memlab.runner.module_state import ModuleStructure
-from memlab.techniques.adapters import adapter_targets, attach_adapter, compute_dtype
+from memlab.techniques.adapters import attach_adapter, compute_dtype, quantized_targets
 
 Undo = Callable[[], None]
 
@@ -102,7 +102,7 @@ def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, devi
     try:
         if plan.adapter == "qlora":
             dtype = compute_dtype(plan)
-            for name in adapter_targets(model):
+            for name in quantized_targets(model):
                 parent_name, _, child = name.rpartition(".")
                 parent = model.get_submodule(parent_name) if parent_name else model
                 setattr(parent, child, FakeNF4Linear(model.get_submodule(name), dtype, mode, device))  # type: ignore[arg-type]

@@ -63,13 +63,33 @@ def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-line
     return [name for name in names if any(name == t or name.endswith("." + t) for t in targets)]
 
 
+def quantized_targets(model: nn.Module) -> list[str]:
+    """The base's linear layers QLoRA holds in 4-bit NF4, whatever ``lora_targets`` adapts: every ``nn.Linear`` but
+    the output head and the modules the model keeps in higher precision (transformers' ``_keep_in_fp32_modules``,
+    such as T5's ``wo``, which 4-bit loading leaves unquantized too).
+
+    Example:
+        >>> from transformers import T5Config, T5ForConditionalGeneration
+        >>> t5 = T5ForConditionalGeneration(T5Config(d_model=16, d_ff=32, d_kv=8, num_layers=1, num_heads=2,
+        ...                                          vocab_size=32))
+        >>> [name for name in quantized_targets(t5) if "DenseReluDense" in name]
+        ['encoder.block.0.layer.1.DenseReluDense.wi', 'decoder.block.0.layer.2.DenseReluDense.wi']
+    """
+    keep = {
+        *(getattr(model, "_keep_in_fp32_modules", None) or ()),
+        *(getattr(model, "_keep_in_fp32_modules_strict", None) or ()),
+    }
+    return [name for name in adapter_targets(model) if not any(f".{k}." in f".{name}." for k in keep)]
+
+
 def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     """Put the plan's adapters on the live model; the returned function takes them off again exactly.
 
     LoRA: ``peft.inject_adapter_in_model`` with rank ``plan.lora_rank`` (alpha twice the rank, no dropout) on
-    :func:`adapter_targets`; peft freezes everything but the adapters. QLoRA: first each target's weight is
-    quantized to NF4 in a ``bitsandbytes.nn.Linear4bit`` that takes its place, and on CUDA the full-precision
-    originals wait in host memory (their size in host RAM, and a copy each way) so that the device holds only the
+    :func:`adapter_targets`; peft freezes everything but the adapters. QLoRA: first the weight of each of
+    :func:`quantized_targets` (the whole base, as 4-bit loading does, not only the adapted layers) is quantized to
+    NF4 in a ``bitsandbytes.nn.Linear4bit`` that takes its place, and on CUDA the full-precision originals wait
+    in host memory (their size in host RAM, and a copy each way) so that the device holds only the
     4-bit base while the plan runs. peft's ``prepare_model_for_kbit_training`` also enables input gradients for
     reentrant checkpointing; memlab checkpoints with ``use_reentrant=False``, which needs none.
 
@@ -100,7 +120,7 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     parked: list[tuple[torch.Tensor, torch.device]] = []
     try:
         if plan.adapter == "qlora":
-            parked = _quantize(model, targets, compute_dtype(plan))
+            parked = _quantize(model, quantized_targets(model), compute_dtype(plan))
         config = LoraConfig(**{**lora_settings(plan), "target_modules": targets})
         inject_adapter_in_model(config, model)
         if plan.weights != "bf16":

@@ -1,0 +1,57 @@
+"""QLoRA holds the whole base in 4-bit, as 4-bit loading does, and follows the model's own rules for what stays in
+higher precision (regression: T5's ``wo``, kept in fp32 by transformers, was quantized and the trial failed with a
+raw RuntimeError; with ``lora_targets='attention'`` only the adapted layers were quantized)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import assert_same, fingerprint, lm_batch, tiny_llama
+from transformers import T5Config, T5ForConditionalGeneration
+
+import memlab
+from memlab.techniques.adapters import adapter_targets, attach_adapter, quantized_targets
+
+pytest.importorskip("peft")
+bitsandbytes = pytest.importorskip("bitsandbytes")
+
+
+def tiny_t5() -> T5ForConditionalGeneration:
+    torch.manual_seed(0)
+    config = T5Config(
+        d_model=32, d_ff=64, d_kv=16, num_layers=1, num_heads=2, vocab_size=64, decoder_start_token_id=0, pad_token_id=0
+    )
+    return T5ForConditionalGeneration(config)
+
+
+def test_t5_keeps_wo_out_of_quantization_and_the_trial_runs() -> None:
+    model = tiny_t5()
+    assert "wo" in (model._keep_in_fp32_modules or [])
+    assert not [name for name in quantized_targets(model) if name.endswith(".wo")]
+    batch = {"input_ids": torch.randint(0, 64, (2, 8)), "labels": torch.randint(0, 64, (2, 8))}
+    before = fingerprint(model)
+    trial = memlab.measure(model, batch, memlab.Plan(adapter="qlora", lora_rank=4), steps=1, noise=0, progress=False)
+    assert trial.status == "ok", trial.error
+    assert_same(before, fingerprint(model))
+
+
+def test_the_t5_estimate_quantizes_what_the_trial_does() -> None:
+    model = tiny_t5()
+    shapes = {"input_ids": (2, 8), "labels": (2, 8)}
+    trial = memlab.estimate(model, shapes, memlab.Plan(adapter="qlora", lora_rank=4), device="cpu")
+    assert trial.status == "ok", trial.error
+
+
+def test_qlora_quantizes_the_whole_base_whatever_lora_targets_adapts() -> None:
+    model = tiny_llama(width=64)
+    base, attention = set(adapter_targets(model)), adapter_targets(model, "attention")
+    undo = attach_adapter(model, memlab.Plan(adapter="qlora", lora_rank=2, lora_targets="attention"))
+    try:
+        four_bit = {n for n, m in model.named_modules() if isinstance(m, bitsandbytes.nn.Linear4bit)}
+        assert {name.removesuffix(".base_layer") for name in four_bit} == base  # every linear layer but the head
+        assert len(base) > len(attention)
+    finally:
+        assert undo is not None
+        undo()
+    assert not any(isinstance(m, bitsandbytes.nn.Linear4bit) for m in model.modules())
+    model(**lm_batch())
