@@ -17,6 +17,7 @@ from memlab.errors import MemlabError
 __all__ = [
     "KNOWN_SHAPES",
     "is_transformers_config",
+    "frozen_count",
     "layer_counts",
     "load_config",
     "meta_model",
@@ -199,6 +200,22 @@ def layer_counts(model_or_config: Any) -> tuple[int, int]:
             seen[id(parameter)] = parameter.numel()
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     return sum(seen.values()), largest
+
+
+def frozen_count(model_or_config: Any) -> int:
+    """Parameters that do not train (a LoRA run's frozen base), tied weights once: ZeRO holds their weights and
+    nothing else.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 2))
+        >>> model[0].requires_grad_(False)  # doctest: +ELLIPSIS
+        Linear(...)
+        >>> frozen_count(model), layer_counts(model)
+        (110, (22, 110))
+    """
+    model = model_on_meta(model_or_config)
+    frozen = {id(p): p.numel() for p in model.parameters() if not p.requires_grad}
+    return sum(frozen.values())
 
 
 def parse_batch_shape(text: str, names: Sequence[str] = ("input_ids", "labels")) -> dict[str, tuple[int, ...]]:

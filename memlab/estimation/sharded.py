@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from memlab.errors import MemlabError
-from memlab.estimation.configs import layer_counts
+from memlab.estimation.configs import frozen_count, layer_counts
 from memlab.estimation.fsdp2 import DETAIL, ShardedTrial, fsdp2_dry_run, shard_units
 from memlab.estimation.single_gpu import estimate_plans
 from memlab.estimation.strategies import (
@@ -94,7 +94,8 @@ def sharded_estimate(
                              budget=limit)[0]
     if strategy in ("zero2", "zero3"):
         basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device)
-        return zero_trial(basis, layer_counts(model_or_config), plan, gpus, int(strategy[-1]), limit)
+        return zero_trial(basis, layer_counts(model_or_config), plan, gpus, int(strategy[-1]), limit,
+                          frozen=frozen_count(model_or_config))
     trial = estimate_plans(model_or_config, batch, [plan], loss_fn=loss_fn, budget=budget, lr=lr, device=device)[0]
     return ShardedTrial(**{f.name: getattr(trial, f.name) for f in dataclasses.fields(Trial)})
 
@@ -150,7 +151,7 @@ def smallest_gpus(
                 return fsdp2_dry_run(model_or_config, batch, plan, n, loss_fn=loss_fn, lr=lr, device=device,
                                      budget=limit)[0]
             assert one is not None and sizes is not None
-            return zero_trial(one, sizes, plan, n, int(name[-1]), limit)
+            return zero_trial(one, sizes, plan, n, int(name[-1]), limit, frozen=frozen_count(model_or_config))
 
         found[name] = _bisect(run, numbers)
     return found
@@ -203,7 +204,9 @@ def sharded_trials(
             rows += [(plan, name, trial) for name, trial in found.items()]
         return rows
     assert isinstance(gpus, int)
-    counts = layer_counts(model_or_config) if any(name != "fsdp2" for name in names) else (0, 0)
+    zero = any(name != "fsdp2" for name in names)
+    counts = layer_counts(model_or_config) if zero else (0, 0)
+    frozen = frozen_count(model_or_config) if zero else 0
     for plan in plans:
         single: Trial | None = None
         run: tuple[ShardedTrial, list[dict[str, int]]] | None = None
@@ -216,7 +219,7 @@ def sharded_trials(
             else:
                 if single is None:
                     single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, run=run)
-                trial = zero_trial(single, counts, plan, gpus, int(name[-1]), limit)
+                trial = zero_trial(single, counts, plan, gpus, int(name[-1]), limit, frozen=frozen)
             rows.append((plan, name, trial))
     return rows
 

@@ -52,8 +52,12 @@ def zero_model_states(
     weight_bytes: int = 2,
     optimizer_bytes: float = 8,
     offload: str = "none",
+    frozen: int = 0,
 ) -> dict[str, int]:
     """Bytes per GPU of DeepSpeed ZeRO's model states: ``{"params", "grads", "optimizer", "host"}``.
+
+    ``parameters`` are the trained ones; ``frozen`` parameters (a LoRA run's base) hold weights only, whole on
+    every GPU under ZeRO-2 and partitioned under ZeRO-3, with no gradients, master copy or optimizer state.
 
     The formulas are DeepSpeed's (module docstring), per dtype: ``weight_bytes`` per 16-bit weight (4 for fp32
     training), ``optimizer_bytes`` of optimizer state per parameter (AdamW: 8), ``offload`` as in the Plan
@@ -67,12 +71,15 @@ def zero_model_states(
         >>> states = zero_model_states(10**9, 10**7, 8, 3)  # DeepSpeed: 4*L + 18*P/N
         >>> sum(v for k, v in states.items() if k != "host") == 4 * 10**7 + 18 * 10**9 // 8
         True
+        >>> zero_model_states(10**6, 10**4, 8, 3, frozen=10**9)["params"] == 2 * (10**9 + 10**6) // 8 + 2 * 10**4
+        True
     """
     if stage not in (2, 3):
         raise MemlabError(f"ZeRO stage {stage} is not estimated; write stage=2 or stage=3")
     w, p, n, big = weight_bytes, parameters, gpus, largest_layer
-    partition = int(w * p / n)
-    params = w * p if stage == 2 else partition + w * big  # whole weights; or a partition and one gathered layer
+    partition = int(w * (p + frozen) / n)
+    # whole weights; or a partition and one gathered layer
+    params = w * (p + frozen) if stage == 2 else partition + w * big
     # ZeRO-2: the 16-bit gradient partition and its fp32 copy; ZeRO-3: the fp32 partition and one gathered layer's.
     grads = int((w + 4) * p / n) if stage == 2 else int(4 * p / n) + w * big
     optimizer = int((4 + optimizer_bytes) * p / n)  # fp32 master weights and the optimizer state
@@ -137,9 +144,10 @@ def zero_basis(
 
 
 def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, stage: int,
-               budget: int | None) -> ShardedTrial:
+               budget: int | None, *, frozen: int = 0) -> ShardedTrial:
     """The ZeRO-``stage`` estimate of one GPU of ``gpus``: :func:`zero_model_states` for ``counts`` (see
-    :func:`memlab.estimation.configs.layer_counts`), the communication buckets, and the activations and batch of
+    :func:`memlab.estimation.configs.layer_counts`) and ``frozen`` parameters (see
+    :func:`memlab.estimation.configs.frozen_count`), the communication buckets, and the activations and batch of
     ``basis`` (:func:`zero_basis`).
 
     Example:
@@ -153,9 +161,9 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
     w = 2 if plan.precision != "fp32" or plan.weights == "bf16" else 4
     k = basis.breakdown["optimizer"] / max(parameters, 1)
     states = zero_model_states(parameters, largest, gpus, stage, weight_bytes=w, optimizer_bytes=k,
-                               offload=plan.offload)
+                               offload=plan.offload, frozen=frozen)
     buckets = min(DS_REDUCE_BUCKET, parameters) + min(
-        DS_ALLGATHER_BUCKET if stage == 2 else DS_PREFETCH_BUCKET, parameters)
+        DS_ALLGATHER_BUCKET if stage == 2 else DS_PREFETCH_BUCKET, parameters + frozen)
     detail = dict.fromkeys(DETAIL, 0)
     detail["sharded_params" if stage == 3 else "unsharded_params"] = states["params"]
     detail["sharded_grads"] = states["grads"]
