@@ -24,8 +24,8 @@ from models import (
 
 import memlab
 from memlab.events import MemorySample, StepFinished, TrialFinished, TrialStarted
-from memlab.measure.remeasure import ROUNDS
 from memlab.options import RunOptions
+from memlab.runner.remeasure import ROUNDS
 from memlab.runner.trial import TrialRunner
 
 
