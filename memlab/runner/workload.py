@@ -78,7 +78,7 @@ class TrialRecord:
     Example:
         >>> record = TrialRecord("plan", held_before_bytes=0)
         >>> record.fail(MemoryError("out of memory")); record.status, record.error
-        ('error', 'MemoryError: out of memory')
+        ('oom', 'MemoryError: out of memory')
     """
 
     def __init__(self, plan: Any, held_before_bytes: int, categories: tuple[str, ...] = CATEGORIES) -> None:
