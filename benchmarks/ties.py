@@ -110,12 +110,12 @@ def same_plan_twice(model: nn.Module, batch: dict[str, Any], number: int) -> dic
 def truly_slower(model: nn.Module, batch: dict[str, Any], slow_loss: Callable[..., Any], number: int) -> dict[str, Any]:
     """The plain plan with the default loss and with the slower one, measured as ``compare`` measures two plans:
     one after the other (the order alternating with ``number``), then, where the race is close, both again in turn
-    (:func:`memlab.measure.remeasure.settle_close_race`, what ``compare`` and ``fit`` call). Two losses need two
+    (:func:`memlab.runner.remeasure.settle_close_race`, what ``compare`` and ``fit`` call). Two losses need two
     runners (a runner has one loss); everything else is compare's. Is the slower ranked slower?"""
-    from memlab.measure.remeasure import settle_close_race
     from memlab.options import RunOptions
     from memlab.plan import Plan
     from memlab.report import Report
+    from memlab.runner.remeasure import settle_close_race
     from memlab.runner.trial import TrialRunner
 
     started = time.perf_counter()

@@ -3,9 +3,10 @@
 
 - :mod:`memlab.inference.plan`: :class:`InferencePlan` (weights' dtype, quantization, batch size, new tokens, KV
   cache) and ``--try`` grids over it.
-- :mod:`memlab.inference.run`: measuring it on the live model under ``torch.inference_mode()``
-  (:func:`measure_inference`, :func:`compare_inference`; ``memlab.measure`` and ``memlab.compare`` dispatch there
-  for an InferencePlan).
+- :mod:`memlab.inference.run`: measuring it on the live model, on the one runner of training trials with an
+  inference workload (:func:`measure_inference`, :func:`compare_inference`; importing it registers
+  :class:`InferenceRunner` for an InferencePlan, so ``memlab.measure`` and ``memlab.compare`` run it there).
+- :mod:`memlab.inference.step`: one request under ``torch.inference_mode()``: a forward, or a generation.
 - :mod:`memlab.inference.fit`: :func:`fit_inference`, the largest batch (or the fastest setting) within a budget.
 - :mod:`memlab.inference.kv`: the KV cache's bytes from a config (:func:`kv_cache_bytes`) and from its tensors.
 - :mod:`memlab.inference.weights`: casting and bitsandbytes quantization (int8, NF4), undone bit-exact.

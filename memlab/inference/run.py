@@ -1,22 +1,18 @@
 """Measuring inference on the live model: a forward, or a generation, under ``torch.inference_mode()``.
 
-The same core as training trials (:mod:`memlab.runner.trial`): the same probe per device (the budget, the peak, the
-memory
-held before), the same :class:`~memlab.measure.tracker.MemoryTracker` (here with the categories params,
-activations, kv_cache and other), the same out-of-memory handling, the same timing rule
-(:func:`memlab.runner.trial.timed_enough`: timed steps until the 95% interval of the median is within ``noise``, or
-``time_limit``) and the same A B A B race for close contenders in :func:`compare_inference`; and the model comes
-back bit-exact: the session captures the model's structure and buffers once, the plan's weights are put on
-(:mod:`memlab.inference.weights`) and taken off again, and inference mode changes no parameter.
+The one runner of training trials (:class:`~memlab.runner.core.Runner`) runs them, with the
+:class:`InferenceWorkload`: the same probe per device (the budget, the peak, the memory held before), the same
+:class:`~memlab.measure.tracker.MemoryTracker` (here with the categories params, activations, kv_cache and other),
+the same warm-up, out-of-memory handling and timing rule (:func:`memlab.runner.core.timed_enough`) and the same
+A B A B race for close contenders; and the model comes back bit-exact: the session captures the model's structure
+and buffers once, the plan's weights are put on (:mod:`memlab.inference.weights`) and taken off again, and inference
+mode changes no parameter. Importing this module registers :class:`InferenceRunner` for :class:`InferencePlan`, so
+``memlab.measure`` and ``memlab.compare`` run inference plans here.
 
-A step is one request: ``new_tokens=0``: one forward over the batch (full logits, as an evaluation computes them);
-``new_tokens=N``: greedy generation as ``model.generate`` runs it: a prefill forward over the prompt (the last
-token's logits only, where the model takes ``logits_to_keep``), then ``N - 1`` decode forwards of one token each
-with the KV cache, or of the whole sequence so far without it. The model runs in eval mode (no dropout), as serving
-and evaluation run it; its ``training`` flags come back with the rest. Under the tracker, what the cache's ``update``
-allocates counts as ``"kv_cache"``, the forwards' other allocations as ``"activations"``, the weights (quantization
-scales included) as ``"params"``, and the batch, the generated ids and memory held before the run as ``"other"``.
-Floating-point inputs are given to the model in the weights' dtype (a bf16 model takes bf16 inputs).
+A step is one request (:mod:`memlab.inference.step`): one forward, or a generation with its prefill and decode
+steps. The model runs in eval mode (no dropout), as serving and evaluation run it; its ``training`` flags come back
+with the rest. The weights (quantization scales included) count as ``"params"``, and the batch, the generated ids
+and memory held before the run as ``"other"``.
 
 Example:
     >>> from memlab.inference.plan import InferencePlan
@@ -28,12 +24,8 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import statistics
-import time
-import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -41,37 +33,30 @@ from torch import nn
 from typing_extensions import Unpack
 
 from memlab.errors import MemlabError
-from memlab.events import Callback, MemorySample, StepFinished, TrialFinished, TrialSettled, TrialStarted
-from memlab.inference.kv import (
-    cache_bytes,
-    cache_tokens,
-    is_causal_lm,
-    learned_positions,
-    new_cache,
-    takes_logits_to_keep,
-    track_cache,
-)
+from memlab.inference.kv import learned_positions
 from memlab.inference.plan import InferencePlan
-from memlab.inference.weights import DTYPES, check_quantizable, prepare_weights, quantization_tensors
-from memlab.measure.cuda import CudaPeak
-from memlab.measure.oom import release_error, release_memory
-from memlab.measure.probes import Probe, probe_for
-from memlab.measure.reading import PeakReading, read_failed_peak, read_peak
-from memlab.measure.remeasure import settle_close_race
+from memlab.inference.step import InferenceStep
+from memlab.inference.weights import check_quantizable, prepare_weights, quantization_tensors
 from memlab.measure.tracker import INFERENCE_CATEGORIES, MemoryTracker
 from memlab.options import RunKeywords, RunOptions
-from memlab.report import InferenceTrial, Report, Trial
-from memlab.runner.batch import Batch, count_rows, map_tensors, named_tensors, take_rows
-from memlab.runner.module_state import ModelValues, ModuleStructure, unique_parameters
-from memlab.runner.progress import run_progress
-from memlab.runner.quiet import quiet
-from memlab.runner.trial import TrialRecord, check_real_tensors, keep_on_interrupt, timed_enough, warmed_up
+from memlab.report import InferenceTrial, Report
+from memlab.runner.batch import Batch
+from memlab.runner.core import Runner, register_runner
+from memlab.runner.module_state import unique_parameters
+from memlab.runner.trial import run_plans
+from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, Workload
 
-__all__ = ["InferenceRunner", "StepResult", "check_inference_plans", "compare_inference", "measure_inference"]
+__all__ = [
+    "InferenceAttempt",
+    "InferenceRecord",
+    "InferenceRunner",
+    "InferenceWorkload",
+    "check_inference_options",
+    "check_inference_plans",
+    "compare_inference",
+    "measure_inference",
+]
 
-Clock = Callable[[], float]
-_EXTRA_WARMUP_LIMIT = 4
-_WARM_DEVICE_TYPES: set[str] = set()
 _FP16_CPU_NOTE = "fp16 on CPU is slow (few CPU kernels are fast in fp16)"
 _DEFAULT_OPTIONS = RunOptions()
 
@@ -111,28 +96,7 @@ def compare_inference(
         >>> [t.label for t in report], report[1].breakdown["params"] * 2 == report[0].breakdown["params"]
         (['fp32', 'bf16'], True)
     """
-    run_options = RunOptions.from_keywords(options)
-    check_inference_options(run_options)
-    plans = check_inference_plans(plans)
-    trials: list[Trial] = []
-    with keep_on_interrupt(trials, run_options.budget), run_progress(len(plans), run_options.progress) as progress:
-        runner = InferenceRunner(model, batch, run_options, listener=progress)
-        for plan in plans:
-            runner.check(plan)
-        with runner.session():
-            for index, plan in enumerate(plans):
-                trials.append(runner.run(plan, index, len(plans)))
-                progress.advance(index + 1)
-            if run_options.noise > 0:
-                settle_close_race(
-                    trials,
-                    lambda plan, index: runner.run(plan, index, len(plans)),  # type: ignore[arg-type]
-                    run_options.budget,
-                    progress.say,
-                    # a live figure shows the pooled trial in the plan's column, as for training plans
-                    settled=lambda trial, index: runner._emit(TrialSettled(trial, index, len(plans))),
-                )
-    return Report(trials, budget=run_options.budget)
+    return run_plans(InferenceRunner, model, batch, plans, RunOptions.from_keywords(options))
 
 
 def check_inference_options(options: RunOptions) -> None:
@@ -199,34 +163,174 @@ memlab.compare(model, batch, [memlab.InferencePlan(...), ...]) and a second comp
     return plans
 
 
-@dataclass
-class StepResult:
-    """What one inference step did: seconds of its prefill and of each decode step (generation only), and the KV
-    cache it held at the end (bytes, tokens per row).
+class InferenceRecord(TrialRecord):
+    """What one inference trial has found so far: what every trial records, plus the prefill and decode times and
+    the KV cache at the end of the tracked step.
 
     Example:
-        >>> runner = InferenceRunner(nn.Linear(4, 2), torch.randn(3, 4))
-        >>> runner.step(InferencePlan())
-        StepResult(prefill_s=None, decode_s=[], cache_bytes=0, cache_tokens=0)
+        >>> InferenceRecord(InferencePlan(), 0).reading.breakdown
+        {'params': 0, 'activations': 0, 'kv_cache': 0, 'other': 0}
     """
 
-    prefill_s: float | None = None
-    decode_s: list[float] = field(default_factory=list)
-    cache_bytes: int = 0
-    cache_tokens: int = 0
+    def __init__(self, plan: InferencePlan, held_before_bytes: int) -> None:
+        super().__init__(plan, held_before_bytes, INFERENCE_CATEGORIES)
+        self.prefill_times: list[float] = []
+        self.decode_times: list[float] = []
+        self.cache_bytes = 0
+        self.cache_tokens = 0
 
 
-class InferenceRunner:
-    """Runs inference plans on one model and batch, with the model captured once per session.
+class InferenceAttempt(Attempt):
+    """An inference plan's weights on the model (in eval mode): one step is one request (:class:`InferenceStep`).
 
-    Args:
-        model, batch: the live model and one batch (a dict with ``input_ids`` for a language model; ``labels`` are
-            left out of the forward).
-        options: how trials run (default ``RunOptions()``; ``loss_fn`` and ``lr`` are not used).
-        probe: how memory is bounded and read (default: :func:`~memlab.measure.probes.probe_for` the model; a dry
-            run passes a :class:`~memlab.measure.probes.FakeProbe`).
-        clock: the clock timed steps read (for tests).
-        listener: called with every event besides ``options.callback``.
+    Example:
+        >>> from memlab.measure.probes import probe_for
+        >>> model = nn.Linear(4, 2)
+        >>> context = RunContext(model, torch.randn(3, 4), RunOptions(), probe_for(model), rows=3)
+        >>> record = InferenceRecord(InferencePlan(), 0)
+        >>> attempt = InferenceAttempt(InferenceStep(context), InferencePlan(), record, undo=lambda: None)
+        >>> attempt.step(None, "timed"), len(record.prefill_times), attempt.steady()
+        (None, 0, True)
+    """
+
+    def __init__(self, run: InferenceStep, plan: InferencePlan, record: InferenceRecord, undo: Any) -> None:
+        self.run = run
+        self.plan = plan
+        self.record = record
+        self.undo = undo
+
+    def step(self, tracker: MemoryTracker | None, kind: StepKind) -> None:
+        result = self.run(self.plan, tracker)
+        if kind == "tracked":
+            self.record.cache_bytes, self.record.cache_tokens = result.cache_bytes, result.cache_tokens
+        elif kind == "timed":
+            if result.prefill_s is not None:
+                self.record.prefill_times.append(result.prefill_s)
+            self.record.decode_times.extend(result.decode_s)
+        return None
+
+    def baseline(self) -> dict[str, list[torch.Tensor | None]]:
+        model = self.run.model
+        return {"params": [*unique_parameters(model), *model.buffers(), *quantization_tensors(model)]}
+
+    def take_off(self) -> None:
+        self.undo()
+
+
+class InferenceWorkload(Workload[InferencePlan, InferenceRecord, InferenceTrial]):
+    """Inference plans: the plan's weights put on (cast or quantized) and taken off, a step that is one request,
+    and a trial with prefill and decode speeds and the KV cache.
+
+    Example:
+        >>> InferenceWorkload.categories
+        ('params', 'activations', 'kv_cache', 'other')
+    """
+
+    categories = INFERENCE_CATEGORIES
+
+    def __init__(self, context: RunContext) -> None:
+        super().__init__(context)
+        self.inference_step = InferenceStep(context)
+
+    @classmethod
+    def check_options(cls, options: RunOptions) -> None:
+        check_inference_options(options)
+
+    @classmethod
+    def check_plans(cls, plans: Any) -> list[InferencePlan]:
+        return check_inference_plans(plans)
+
+    def check(self, plan: InferencePlan) -> None:
+        """A clear error, before anything runs, for a plan this model or batch cannot run.
+
+        Example:
+            >>> InferenceRunner(nn.Linear(4, 2), torch.randn(2, 4)).check(InferencePlan(new_tokens=8))
+            Traceback (most recent call last):
+            ...
+            memlab.errors.MemlabError: new_tokens=8 generates text, and Linear is not a causal language model \
+(a transformers model that can generate); write new_tokens=0 for one forward
+        """
+        if not isinstance(plan, InferencePlan):
+            raise MemlabError(f"{plan!r} is not a memlab.InferencePlan; write memlab.InferencePlan(...)")
+        model, step, probe = self.context.model, self.inference_step, self.context.probe
+        if plan.generates:
+            if not step.causal:
+                raise MemlabError(
+                    f"new_tokens={plan.new_tokens} generates text, and {type(model).__name__} is not a causal "
+                    "language model (a transformers model that can generate); write new_tokens=0 for one forward"
+                )
+            if step.prompt_tokens is None:
+                raise MemlabError(
+                    f"new_tokens={plan.new_tokens} generates from input_ids, and the batch has none as (rows, "
+                    "tokens); write batch = {'input_ids': ids} with ids of shape (rows, tokens)"
+                )
+        positions = learned_positions(model)
+        if positions is not None and step.prompt_tokens is not None:
+            needed = step.prompt_tokens + max(plan.new_tokens - 1, 0)
+            if needed > positions:
+                room = positions - step.prompt_tokens + 1
+                instead = f"new_tokens <= {room}" if room >= 1 and plan.generates else "a shorter batch"
+                tokens = f"{step.prompt_tokens} tokens of input_ids" + (
+                    f" and {plan.new_tokens} new tokens" if plan.generates else ""
+                )
+                raise MemlabError(
+                    f"{tokens} need {needed} positions, and {type(model).__name__} learned "
+                    f"{positions} (config.max_position_embeddings); write {instead}"
+                )
+        if plan.quantize != "none":
+            check_quantizable(model, plan.quantize)
+            if probe.times_steps:  # a real run needs bitsandbytes (a dry run counts its layout)
+                try:
+                    import bitsandbytes  # noqa: F401
+                except ImportError:
+                    raise MemlabError(
+                        f"quantize={plan.quantize!r} needs bitsandbytes; pip install bitsandbytes, or write "
+                        "quantize='none'"
+                    ) from None
+        if plan.weights == "bf16" and probe.device.type == "cuda":
+            from memlab.measure.device import cuda_bf16_supported
+
+            if not cuda_bf16_supported(probe.device):
+                raise MemlabError("this GPU has no bf16; write weights='fp16' (or 'fp32')")
+
+    def new_record(self, plan: InferencePlan, held_before_bytes: int) -> InferenceRecord:
+        return InferenceRecord(plan, held_before_bytes)
+
+    def put_on(self, plan: InferencePlan, record: InferenceRecord) -> InferenceAttempt:
+        if plan.weights == "fp16" and self.context.device.type == "cpu" and self.context.probe.times_steps:
+            record.notes.append(_FP16_CPU_NOTE)
+        self.context.model.eval()  # as serving and evaluation run it (no dropout); the session puts the flags back
+        undo = prepare_weights(self.context.model, plan)
+        return InferenceAttempt(self.inference_step, plan, record, undo)
+
+    def to_trial(self, record: InferenceRecord, *, budget: int | None, rss_bytes: int | None) -> InferenceTrial:
+        plan: InferencePlan = record.plan
+        rows, prompt_tokens, ok = plan.rows(self.context.rows), self.inference_step.prompt_tokens, record.ok
+        step_time = record.step_time
+        if not step_time:
+            tokens_per_s = None
+        elif plan.generates:
+            tokens_per_s = rows * plan.new_tokens / step_time
+        else:
+            tokens_per_s = rows * prompt_tokens / step_time if prompt_tokens else None
+        prefill = statistics.median(record.prefill_times) if ok and record.prefill_times else None
+        decode = statistics.median(record.decode_times) if ok and record.decode_times else None
+        return InferenceTrial(
+            **record.trial_fields(device=self.context.device, budget=budget, rss_bytes=rss_bytes),
+            samples_per_s=rows / step_time if step_time else None,
+            tokens_per_s=tokens_per_s,
+            rows_per_step=rows,
+            prefill_tokens_per_s=rows * prompt_tokens / prefill if prefill and prompt_tokens else None,
+            decode_tokens_per_s=rows / decode if decode else None,
+            kv_cache_end_bytes=record.cache_bytes if ok else 0,
+            context_tokens=record.cache_tokens if ok and record.cache_tokens else None,
+        )
+
+
+class InferenceRunner(Runner[InferencePlan, InferenceTrial]):
+    """Runs inference plans on one model and batch: the :class:`~memlab.runner.core.Runner` with the
+    :class:`InferenceWorkload` (its keywords: ``options``, where ``loss_fn`` and ``lr`` are not used, ``probe``: a
+    dry run passes a :class:`~memlab.measure.probes.FakeProbe`, ``clock``, ``listener``).
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
@@ -237,395 +341,7 @@ class InferenceRunner:
         (['ok', 'ok'], 32)
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        batch: Batch,
-        options: RunOptions | None = None,
-        *,
-        probe: Probe | None = None,
-        clock: Clock = time.perf_counter,
-        listener: Callback | None = None,
-    ) -> None:
-        if not isinstance(model, nn.Module):
-            raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
-        self.rows = count_rows(batch)
-        if probe is None:
-            check_real_tensors(model, batch)
-            probe = probe_for(model)
-        self.probe = probe
-        self.options = options or RunOptions()
-        self.model = model
-        self.batch = batch
-        self.inputs = _model_inputs(batch)
-        self.device = probe.device
-        self.clock = clock
-        self.causal = is_causal_lm(model)
-        self.logits_to_keep = self.causal and takes_logits_to_keep(model)
-        ids = self.inputs.get("input_ids") if isinstance(self.inputs, Mapping) else None
-        self.prompt_tokens = int(ids.shape[1]) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
-        self._listeners = [callback for callback in (listener, self.options.callback) if callback is not None]
-        self._values: ModelValues | None = None
-        self._structure: ModuleStructure | None = None
-        self._held_before: list[torch.Tensor] = []
-        self._held_bytes = 0
-
-    @property
-    def budget(self) -> int | None:
-        """The budget in bytes every trial is held to (from the options)."""
-        return self.options.budget
-
-    def check(self, plan: InferencePlan) -> None:
-        """A clear error, before anything runs, for a plan this model or batch cannot run.
-
-        Example:
-            >>> runner = InferenceRunner(nn.Linear(4, 2), torch.randn(2, 4))
-            >>> runner.check(InferencePlan(new_tokens=8))
-            Traceback (most recent call last):
-            ...
-            memlab.errors.MemlabError: new_tokens=8 generates text, and Linear is not a causal language model \
-(a transformers model that can generate); write new_tokens=0 for one forward
-        """
-        if not isinstance(plan, InferencePlan):
-            raise MemlabError(f"{plan!r} is not a memlab.InferencePlan; write memlab.InferencePlan(...)")
-        if plan.generates:
-            if not self.causal:
-                raise MemlabError(
-                    f"new_tokens={plan.new_tokens} generates text, and {type(self.model).__name__} is not a causal "
-                    "language model (a transformers model that can generate); write new_tokens=0 for one forward"
-                )
-            if self.prompt_tokens is None:
-                raise MemlabError(
-                    f"new_tokens={plan.new_tokens} generates from input_ids, and the batch has none as (rows, "
-                    "tokens); write batch = {'input_ids': ids} with ids of shape (rows, tokens)"
-                )
-        positions = learned_positions(self.model)
-        if positions is not None and self.prompt_tokens is not None:
-            needed = self.prompt_tokens + max(plan.new_tokens - 1, 0)
-            if needed > positions:
-                room = positions - self.prompt_tokens + 1
-                instead = f"new_tokens <= {room}" if room >= 1 and plan.generates else "a shorter batch"
-                tokens = f"{self.prompt_tokens} tokens of input_ids" + (
-                    f" and {plan.new_tokens} new tokens" if plan.generates else ""
-                )
-                raise MemlabError(
-                    f"{tokens} need {needed} positions, and {type(self.model).__name__} learned "
-                    f"{positions} (config.max_position_embeddings); write {instead}"
-                )
-        if plan.quantize != "none":
-            check_quantizable(self.model, plan.quantize)
-            if self.probe.times_steps:  # a real run needs bitsandbytes (a dry run counts its layout)
-                try:
-                    import bitsandbytes  # noqa: F401
-                except ImportError:
-                    raise MemlabError(
-                        f"quantize={plan.quantize!r} needs bitsandbytes; pip install bitsandbytes, or write "
-                        "quantize='none'"
-                    ) from None
-        if plan.weights == "bf16" and self.device.type == "cuda":
-            from memlab.measure.device import cuda_bf16_supported
-
-            if not cuda_bf16_supported(self.device):
-                raise MemlabError("this GPU has no bf16; write weights='fp16' (or 'fp32')")
-
-    @contextlib.contextmanager
-    def session(self) -> Iterator[None]:
-        """Capture the model once; whatever happens inside, it comes back bit-exact."""
-        self._structure = ModuleStructure.capture(self.model)
-        own = [*self.model.parameters(), *self.model.buffers(), *(t for _, t in named_tensors(self.batch))]
-        held = self.probe.held_before(own, [p.grad for p in unique_parameters(self.model)])
-        self._held_before, self._held_bytes = held.tensors, held.bytes
-        self._values = ModelValues.capture(self.model, parameters=False)
-        self._values.detach_grads()
-        try:
-            yield
-        finally:
-            self._structure.restore()
-            self._values.restore()
-            self._values = self._structure = None
-            self._held_before = []
-            self._held_bytes = 0
-            release_memory(collect=False)
-
-    def run(self, plan: InferencePlan, index: int = 0, total: int = 1, *, capped: bool = True) -> InferenceTrial:
-        """Measure one plan; the model is restored afterwards (inside ``session()``, or in one of its own).
-
-        ``capped=False`` runs without the budget's limit and still judges the trial against it.
-        """
-        if self._values is None or self._structure is None:
-            self.check(plan)
-            with self.session():
-                return self.run(plan, index, total, capped=capped)
-        with quiet(self.options.verbose):
-            return self._run(plan, index, total, capped=capped)
-
-    def _run(self, plan: InferencePlan, index: int, total: int, *, capped: bool) -> InferenceTrial:
-        assert self._values is not None and self._structure is not None
-        limit = self.probe.bound(self.budget if capped else None)
-        self._emit(TrialStarted(plan=plan, index=index, total=total))  # type: ignore[arg-type]
-        record = _Record(plan, self._held_bytes)
-        if plan.weights == "fp16" and self.device.type == "cpu" and self.probe.times_steps:
-            record.notes.append(_FP16_CPU_NOTE)
-        undo: Callable[[], None] | None = None
-        try:
-            self.model.eval()  # as serving and evaluation run it (no dropout); the session puts the flags back
-            undo = prepare_weights(self.model, plan)
-            with self.probe.cap(limit):
-                self._warm_up(plan, index, limit, record)
-                self._tracked_step(plan, index, limit, record)
-                if self.probe.times_steps:
-                    self._timed_steps(plan, index, record)
-            record.status = "ok"
-        except KeyboardInterrupt as interrupt:
-            traceback.clear_frames(interrupt.__traceback__)
-            record.error = "interrupted"
-            raise
-        except Exception as error:  # noqa: BLE001 - every failure of a plan is reported, never raised
-            record.fail(error)
-            release_error(error)
-            del error
-        finally:
-            if undo is not None:
-                undo()
-            self._structure.restore()
-            self._values.restore()
-            self._values.detach_grads()
-            release_memory(collect=record.status != "ok" or record.error is not None)
-        trial = record.to_trial(
-            device=self.device,
-            rows=plan.rows(self.rows),
-            prompt_tokens=self.prompt_tokens,
-            budget=self.budget,
-            rss_bytes=self.probe.rss_bytes(),
-        )
-        self._emit(TrialFinished(trial=trial, index=index, total=total))
-        return trial
-
-    # --- steps ---
-
-    def _tracker(self, budget: int | None, on_sample: Callable[[int], None] | None = None) -> MemoryTracker:
-        params = [*unique_parameters(self.model), *self.model.buffers(), *quantization_tensors(self.model)]
-        other = [tensor for _, tensor in named_tensors(self.batch)] + self._held_before
-        return MemoryTracker(
-            baseline={"params": params, "other": other},
-            budget=budget if self.probe.tracker_enforces_budget else None,
-            device=self.device,
-            on_sample=on_sample,
-            categories=INFERENCE_CATEGORIES,
-        )
-
-    def _warm_up(self, plan: InferencePlan, index: int, limit: int | None, record: _Record) -> None:
-        tracked = limit is not None and self.probe.tracker_enforces_budget
-        cold = self.probe.times_steps and self.device.type not in _WARM_DEVICE_TYPES
-        minimum = max(self.options.warmup, 1)
-        seconds_taken: list[float] = []
-        allocator: CudaPeak | None = None
-        finished = False
-        try:
-            with self.probe.allocator_peak() as allocator:
-                for number in range(minimum + _EXTRA_WARMUP_LIMIT):
-                    if number >= minimum and (not cold or warmed_up(seconds_taken)):
-                        break
-                    self.probe.synchronize()
-                    started = self.clock()
-                    if tracked:
-                        with self._tracker(limit) as tracker:
-                            try:
-                                self.step(plan, tracker)
-                            finally:
-                                record.reading = PeakReading(
-                                    max(record.reading.peak_bytes, tracker.peak_bytes), dict(tracker.breakdown)
-                                )
-                    else:
-                        self.step(plan)
-                    self.probe.synchronize()
-                    seconds = self.clock() - started
-                    seconds_taken.append(seconds)
-                    self._emit(StepFinished(plan, index, number, "warmup", seconds, None, None, None))  # type: ignore[arg-type]
-            finished = True
-            if self.probe.times_steps:
-                _WARM_DEVICE_TYPES.add(self.device.type)
-        finally:
-            if not finished:
-                record.reading = read_failed_peak(record.reading, allocator)
-
-    def _tracked_step(self, plan: InferencePlan, index: int, limit: int | None, record: _Record) -> None:
-        started = self.clock()
-
-        def sample(live_bytes: int) -> None:
-            self._emit(MemorySample(plan=plan, index=index, seconds=self.clock() - started,  # type: ignore[arg-type]
-                                    live_bytes=live_bytes))
-
-        tracker = self._tracker(limit, sample if self.options.callback else None)
-        allocator: CudaPeak | None = None
-        try:
-            with self.probe.allocator_peak() as allocator, tracker:
-                result = self.step(plan, tracker)
-        finally:
-            record.reading = read_peak(tracker, allocator)
-        record.cache_bytes, record.cache_tokens = result.cache_bytes, result.cache_tokens
-        self._emit(
-            StepFinished(plan, index, 0, "tracked", self.clock() - started, None,  # type: ignore[arg-type]
-                         tracker.live_bytes, record.reading.peak_bytes)
-        )
-
-    def _timed_steps(self, plan: InferencePlan, index: int, record: _Record) -> None:
-        spent = 0.0
-        while True:
-            self.probe.synchronize()
-            started = self.clock()
-            result = self.step(plan)
-            self.probe.synchronize()
-            seconds = self.clock() - started
-            spent += seconds
-            number = len(record.step_times)
-            record.step_times.append(seconds)
-            if result.prefill_s is not None:
-                record.prefill_times.append(result.prefill_s)
-            record.decode_times.extend(result.decode_s)
-            self._emit(StepFinished(plan, index, number, "timed", seconds, None, None, None))  # type: ignore[arg-type]
-            if timed_enough(record.step_times, spent, self.options):
-                return
-
-    def step(self, plan: InferencePlan, tracker: MemoryTracker | None = None) -> StepResult:
-        """Run one step of ``plan`` (its weights already on the model) under ``torch.inference_mode()``; with a
-        tracker, allocations are charged to their categories."""
-        with torch.inference_mode():
-            inputs = self._sized_inputs(plan)
-            if plan.generates:
-                return self._generate(plan, inputs, tracker)
-            cache = new_cache(self.model) if self.causal and plan.kv_cache else None
-            untrack = track_cache(cache, tracker)
-            try:
-                with _phase(tracker, "activations"):
-                    output = self._forward(inputs, cache, plan.kv_cache, last_only=False)
-                del output
-                return StepResult(cache_bytes=cache_bytes(cache), cache_tokens=cache_tokens(cache))
-            finally:
-                untrack()
-
-    def _generate(self, plan: InferencePlan, inputs: Any, tracker: MemoryTracker | None) -> StepResult:
-        ids = inputs["input_ids"]
-        mask = inputs.get("attention_mask")
-        cache = new_cache(self.model) if plan.kv_cache else None
-        untrack = track_cache(cache, tracker)
-        try:
-            self.probe.synchronize()
-            started = self.clock()
-            prompt = {"input_ids": ids} if mask is None else {"input_ids": ids, "attention_mask": mask}
-            with _phase(tracker, "activations"):
-                logits = self._forward(prompt, cache, plan.kv_cache, last_only=True).logits
-                next_token = logits[:, -1:].argmax(-1)
-                del logits
-            self.probe.synchronize()
-            result = StepResult(prefill_s=self.clock() - started)
-            sequence = torch.cat([ids, next_token], dim=1)
-            for _ in range(plan.new_tokens - 1):
-                self.probe.synchronize()
-                started = self.clock()
-                if mask is not None:
-                    mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-                step = {"input_ids": next_token if plan.kv_cache else sequence}
-                if mask is not None:
-                    step["attention_mask"] = mask
-                with _phase(tracker, "activations"):
-                    logits = self._forward(step, cache, plan.kv_cache, last_only=True).logits
-                    next_token = logits[:, -1:].argmax(-1)
-                    del logits
-                sequence = torch.cat([sequence, next_token], dim=1)
-                self.probe.synchronize()
-                result.decode_s.append(self.clock() - started)
-            result.cache_bytes, result.cache_tokens = cache_bytes(cache), cache_tokens(cache)
-            return result
-        finally:
-            untrack()
-
-    def _forward(self, inputs: Any, cache: Any, use_cache: bool, *, last_only: bool) -> Any:
-        if self.causal:
-            keywords = dict(inputs)
-            keywords["use_cache"] = use_cache and cache is not None
-            if cache is not None:
-                keywords["past_key_values"] = cache
-            if last_only and self.logits_to_keep:
-                keywords["logits_to_keep"] = 1
-            return self.model(**keywords)
-        if isinstance(inputs, Mapping):
-            return self.model(**inputs)
-        if isinstance(inputs, torch.Tensor):
-            return self.model(inputs)
-        return self.model(*inputs)
-
-    def _sized_inputs(self, plan: InferencePlan) -> Any:
-        """The inputs with the plan's rows (repeated or cut), floating-point inputs in the weights' dtype."""
-        inputs = self.inputs
-        rows = plan.rows(self.rows)
-        if rows != self.rows:
-            inputs = take_rows(inputs, torch.arange(rows) % self.rows)
-        dtype = DTYPES[plan.weights]
-        return map_tensors(inputs, lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t)
-
-    def _emit(self, event: Any) -> None:
-        for listener in self._listeners:
-            listener(event)
+    workload_type = InferenceWorkload
 
 
-def _phase(tracker: MemoryTracker | None, category: str) -> contextlib.AbstractContextManager[Any]:
-    return tracker.phase(category) if tracker is not None else contextlib.nullcontext()
-
-
-def _model_inputs(batch: Batch) -> Any:
-    """The batch as the forward takes it: ``labels`` left out (inference computes no loss)."""
-    if isinstance(batch, Mapping):
-        return {key: value for key, value in batch.items() if key != "labels"}
-    return batch
-
-
-class _Record(TrialRecord):
-    """What one inference trial has found so far (a training trial's record, with its failure rule, plus the
-    prefill and decode times and the KV cache); becomes an InferenceTrial at the end, whatever stopped it."""
-
-    def __init__(self, plan: InferencePlan, held_before_bytes: int) -> None:
-        super().__init__(plan, held_before_bytes)  # type: ignore[arg-type]
-        self.inference_plan = plan
-        self.reading = PeakReading(breakdown=dict.fromkeys(INFERENCE_CATEGORIES, 0))
-        self.prefill_times: list[float] = []
-        self.decode_times: list[float] = []
-        self.cache_bytes = 0
-        self.cache_tokens = 0
-
-    def to_trial(  # type: ignore[override]
-        self, *, device: torch.device, rows: int, prompt_tokens: int | None, budget: int | None, rss_bytes: int | None
-    ) -> InferenceTrial:
-        ok = self.status == "ok"
-        step_time = statistics.median(self.step_times) if ok and self.step_times else None
-        plan = self.inference_plan
-        if not step_time:
-            tokens_per_s = None
-        elif plan.generates:
-            tokens_per_s = rows * plan.new_tokens / step_time
-        else:
-            tokens_per_s = rows * prompt_tokens / step_time if prompt_tokens else None
-        prefill = statistics.median(self.prefill_times) if ok and self.prefill_times else None
-        decode = statistics.median(self.decode_times) if ok and self.decode_times else None
-        return InferenceTrial(
-            plan=plan,  # type: ignore[arg-type]
-            status=self.status,
-            peak_bytes=int(self.reading.peak_bytes),
-            breakdown={k: v for k, v in self.reading.breakdown.items() if k in INFERENCE_CATEGORIES},
-            step_time_s=step_time,
-            samples_per_s=rows / step_time if step_time else None,
-            tokens_per_s=tokens_per_s,
-            device=str(device),
-            error=self.error,
-            rows_per_step=rows,
-            budget=budget,
-            reserved_bytes=self.reading.reserved_bytes,
-            rss_bytes=rss_bytes,
-            preexisting_bytes=self.held_before_bytes,
-            notes=tuple(dict.fromkeys(self.notes)),
-            step_times=tuple(self.step_times) if ok else (),
-            prefill_tokens_per_s=rows * prompt_tokens / prefill if prefill and prompt_tokens else None,
-            decode_tokens_per_s=rows / decode if decode else None,
-            kv_cache_end_bytes=self.cache_bytes if ok else 0,
-            context_tokens=self.cache_tokens if ok and self.cache_tokens else None,
-        )
+register_runner(InferencePlan, InferenceRunner)

@@ -11,13 +11,13 @@ from typing_extensions import Unpack
 from memlab.errors import MemlabError
 from memlab.events import TrialSettled
 from memlab.measure.device import cuda_bf16_supported, cuda_capacity, model_device
-from memlab.measure.remeasure import settle_close_race
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
 from memlab.report import Report, Trial
 from memlab.runner.batch import Batch, count_rows
 from memlab.runner.module_state import trainable_parameters
 from memlab.runner.progress import run_progress
+from memlab.runner.remeasure import settle_close_race
 from memlab.runner.trial import TrialRunner, keep_on_interrupt
 from memlab.search.space import candidate_plans, default_space, fits, micro_batch_of
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
@@ -47,7 +47,7 @@ def fit(
     Plans are measured on the live model (restored bit-exact afterwards) fastest-expected first, and plans that
     cannot fit or cannot beat the best so far beyond the noise are skipped (see :mod:`memlab.search` for how). When
     the best is tied within noise at the end, the closest contenders are timed again in turn (A B A B, see
-    :mod:`memlab.measure.remeasure`), and their speeds come from those rounds. The first plan runs
+    :mod:`memlab.runner.remeasure`), and their speeds come from those rounds. The first plan runs
     without the budget's cap, so that its whole peak is known even when it does not fit (on CUDA it is still
     limited by the device); every other plan runs capped at the budget, as ``measure(..., budget=budget)`` does.
     Every trial is judged against the budget (the first one too), so ``trial.fits`` agrees with

@@ -92,7 +92,7 @@ def test_applying_twice_then_undoing_leaves_the_model_as_it_was() -> None:
 @pytest.fixture
 def warm_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """As if a trial had run on the CPU in this process already: no extra warm-up steps, so calls can be counted."""
-    monkeypatch.setattr("memlab.runner.trial._WARM_DEVICE_TYPES", {"cpu"})
+    monkeypatch.setattr("memlab.runner.core._WARM_DEVICE_TYPES", {"cpu"})
 
 
 def _interrupted_after(calls: int) -> Callable[[torch.nn.Module, object], torch.Tensor]:

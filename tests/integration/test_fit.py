@@ -11,7 +11,7 @@ from models import assert_same, fingerprint, lm_batch, tiny_gpt2, tiny_llama
 import memlab
 from memlab.events import TrialFinished, TrialStarted
 from memlab.frontends.demo import default_batch, default_model
-from memlab.measure.remeasure import ROUNDS
+from memlab.runner.remeasure import ROUNDS
 from memlab.search import candidate_plans, default_space, fit
 
 

@@ -24,8 +24,8 @@ from models import (
 
 import memlab
 from memlab.events import MemorySample, StepFinished, TrialFinished, TrialStarted
-from memlab.measure.remeasure import ROUNDS
 from memlab.options import RunOptions
+from memlab.runner.remeasure import ROUNDS
 from memlab.runner.trial import TrialRunner
 
 
@@ -389,7 +389,7 @@ def _fake_step_clock(monkeypatch, timed_durations, warmup_durations=()):
 def test_timing_goes_on_until_the_noise_is_bounded(monkeypatch):
     from memlab.report.noise import relative_half_width
 
-    monkeypatch.setattr("memlab.runner.trial._WARM_DEVICE_TYPES", {"cpu"})
+    monkeypatch.setattr("memlab.runner.core._WARM_DEVICE_TYPES", {"cpu"})
     # Noisy at first, then steady: the interval of the median narrows only after enough steps.
     durations = [1.0, 2.0, 1.5] + [1.0 + 0.01 * (i % 5) for i in range(60)]
     clock = _fake_step_clock(monkeypatch, durations)
@@ -405,7 +405,7 @@ def test_timing_goes_on_until_the_noise_is_bounded(monkeypatch):
 def test_a_few_steps_that_happen_to_agree_do_not_meet_the_noise_target(monkeypatch):
     from memlab.report.noise import fewest_values
 
-    monkeypatch.setattr("memlab.runner.trial._WARM_DEVICE_TYPES", {"cpu"})
+    monkeypatch.setattr("memlab.runner.core._WARM_DEVICE_TYPES", {"cpu"})
     # Three identical steps have a spread of 0, but three values are no 95% interval of anything.
     clock = _fake_step_clock(monkeypatch, [1.0] * 20)
     runner = TrialRunner(
@@ -415,7 +415,7 @@ def test_a_few_steps_that_happen_to_agree_do_not_meet_the_noise_target(monkeypat
 
 
 def test_timing_stops_at_the_time_limit_however_noisy(monkeypatch):
-    monkeypatch.setattr("memlab.runner.trial._WARM_DEVICE_TYPES", {"cpu"})
+    monkeypatch.setattr("memlab.runner.core._WARM_DEVICE_TYPES", {"cpu"})
     clock = _fake_step_clock(monkeypatch, [1.0, 3.0] * 50)
     options = RunOptions(loss_fn=mlp_loss, steps=3, noise=0.01, time_limit=10)
     trial = TrialRunner(tiny_mlp(), mlp_batch(rows=8), options, clock=clock).run(memlab.Plan())
@@ -425,7 +425,7 @@ def test_timing_stops_at_the_time_limit_however_noisy(monkeypatch):
 
 def test_the_first_trial_of_a_cold_process_warms_up_until_steady(monkeypatch):
     events = []
-    monkeypatch.setattr("memlab.runner.trial._WARM_DEVICE_TYPES", set())
+    monkeypatch.setattr("memlab.runner.core._WARM_DEVICE_TYPES", set())
     clock = _fake_step_clock(monkeypatch, [1.0] * 10, warmup_durations=[9.0, 4.0, 1.1, 1.0])
     options = RunOptions(loss_fn=mlp_loss, steps=3, warmup=1, noise=0, callback=events.append)
     runner = TrialRunner(tiny_mlp(), mlp_batch(rows=8), options, clock=clock)
@@ -497,7 +497,7 @@ def test_the_progress_bar_says_which_plan_of_how_many_and_the_time_left(capsys):
 
 def test_compare_times_a_close_race_again_in_turn_and_noise_zero_does_not(monkeypatch):
     # Two runs of one plan are as close as a race gets: compare times both again, in turn (A B A B).
-    monkeypatch.setattr("memlab.runner.trial._WARM_DEVICE_TYPES", {"cpu"})
+    monkeypatch.setattr("memlab.runner.core._WARM_DEVICE_TYPES", {"cpu"})
     clock = _fake_step_clock(monkeypatch, [1.0, 1.01, 0.99] * 200)
     real_init = TrialRunner.__init__
 
