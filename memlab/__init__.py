@@ -50,6 +50,7 @@ __all__ = [
     "panel",
     "parse_budget",
     "unload_ipython_extension",
+    "watch",
 ]
 
 
@@ -58,6 +59,23 @@ def load_ipython_extension(ipython: Any) -> None:
     from memlab.frontends.jupyter.magic import load_ipython_extension as load
 
     load(ipython)
+
+
+def watch(trainer: Any, budget: int | str | None = None) -> Any:
+    """Watch the memory of every step of ``trainer.train()``: a callback records each step's peak, time and example
+    lengths, warns once near ``budget``, and logs ``memory/*`` into the trainer's logs. Returns the
+    :class:`memlab.trainer.Watch` (``peak_bytes``, ``peak_step``, ``peak_lengths``, ``to_dataframe()``,
+    ``remove()``). transformers' Trainer is imported only here.
+
+    Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
+
+        watched = memlab.watch(trainer, budget="24GiB")
+        trainer.train()
+        watched.peak_bytes, watched.peak_step
+    """
+    from memlab.trainer.watch import watch as start
+
+    return start(trainer, budget=budget)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

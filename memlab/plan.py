@@ -291,6 +291,22 @@ class Plan:
 
         return pytorch_code(self)
 
+    @classmethod
+    def from_training_arguments(cls, args: Any) -> Plan:
+        """The plan a ``transformers.TrainingArguments`` trains: the inverse of :meth:`to_training_arguments`
+        (:func:`memlab.trainer.plan_from_training_arguments`; settings memlab cannot express are a MemlabError).
+
+        Example:
+            >>> plan = Plan(micro_batch=4, accumulation=8, checkpointing=True, precision="bf16")
+            >>> from transformers import TrainingArguments
+            >>> args = TrainingArguments(output_dir="out", report_to=[], use_cpu=True, **plan.to_training_arguments())
+            >>> Plan.from_training_arguments(args) == plan
+            True
+        """
+        from memlab.trainer.arguments import plan_from_training_arguments
+
+        return plan_from_training_arguments(args)
+
     def to_accelerate_config(
         self, *, gpus: int, strategy: str = "fsdp2", layer_classes: Sequence[str] | None = None
     ) -> dict[str, Any]:

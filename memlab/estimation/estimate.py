@@ -32,6 +32,8 @@ from memlab.estimation.strategies import check_sharding
 from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.runner.batch import LossFn
+from memlab.trainer.entry import live_target, noted, split_plans
+from memlab.trainer.source import is_trainer
 
 if TYPE_CHECKING:
     from memlab.inference.plan import InferencePlan
@@ -52,7 +54,7 @@ __all__ = [
 
 def estimate(
     model_or_config: Any,
-    batch: Any,
+    batch: Any = None,
     plan: Plan | InferencePlan | None = None,
     *,
     loss_fn: LossFn | None = None,
@@ -73,7 +75,9 @@ def estimate(
         model_or_config: a live ``nn.Module`` (copied onto fake tensors, never touched; a model on the ``meta``
             device, such as :func:`meta_model` builds, works too), a transformers config
             (built on fake tensors, nothing downloaded), or a name: a path to a ``config.json`` or its folder, a
-            built-in shape from :data:`~memlab.estimation.configs.KNOWN_SHAPES` (``"llama-7b"``), or a Hub name
+            built-in shape from :data:`~memlab.estimation.configs.KNOWN_SHAPES` (``"llama-7b"``), a
+            ``transformers.Trainer`` (its model, ``compute_loss`` and settings; without a batch, its train dataset's
+            worst batch), or a Hub name
             (the cached config, else the network; see :func:`load_config`).
         batch: tensors as for ``measure`` (a dict, a tensor, a tuple), or a dict of shapes such as
             ``{"input_ids": (1, 512), "labels": (1, 512)}`` (``*_ids``, ``labels`` and ``attention_mask`` are
@@ -104,7 +108,21 @@ def estimate(
         >>> trial.status, trial.estimated, trial.fits, sum(trial.breakdown.values()) == trial.peak_bytes
         ('ok', True, True, True)
     """
+    note = None
+    if is_trainer(model_or_config):  # its model and compute_loss; without a batch, its dataset's worst batch
+        batch, plan = split_plans(batch, plan)
+        target = live_target(model_or_config, batch, loss_fn)
+        model_or_config, batch, loss_fn, note = target.model, target.batch, target.loss_fn, target.note
+        plan = target.plan if plan is None else plan
+    elif batch is None:
+        raise MemlabError(
+            "no batch was given; write the shapes, e.g. memlab.estimate(config, {'input_ids': (1, 512), "
+            "'labels': (1, 512)}, plan), or pass a transformers Trainer"
+        )
     plan = Plan() if plan is None else plan
+    if note is not None:
+        return noted([estimate(model_or_config, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device,
+                               gpus=gpus, strategy=strategy)], note)[0]
     if is_inference(plan):
         if isinstance(plan, (list, tuple)):
             raise MemlabError(

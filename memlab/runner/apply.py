@@ -14,6 +14,8 @@ from memlab.plan import Plan
 from memlab.runner.batch import Batch, LossFn
 from memlab.runner.module_state import ModuleStructure
 from memlab.runner.step import TrainingStep
+from memlab.trainer.apply import apply_to_trainer
+from memlab.trainer.source import is_trainer
 
 _ACTIVE: weakref.WeakKeyDictionary[nn.Module, Applied] = weakref.WeakKeyDictionary()
 """The plan applied to each model now, so that applying another first takes it off."""
@@ -91,8 +93,11 @@ class Applied:
         return f"<memlab.Applied {self.plan.label()} on {type(self.model).__name__} ({state})>"
 
 
-def apply(model: nn.Module, plan: Plan, *, loss_fn: LossFn | None = None, lr: float = 1e-5) -> Applied:
+def apply(model: nn.Module, plan: Plan, *, loss_fn: LossFn | None = None, lr: float = 1e-5) -> Applied | Any:
     """Put ``plan`` on the live ``model`` and return what trains with it.
+
+    ``model`` may be a ``transformers.Trainer``: then its arguments, model and optimizer take the plan, so that the
+    next ``trainer.train()`` trains it, and ``undo()`` gives them back (:func:`memlab.trainer.apply_to_trainer`).
 
     A plan still applied to the same model (say, from running the cell before) is undone first, with a warning.
 
@@ -104,6 +109,10 @@ def apply(model: nn.Module, plan: Plan, *, loss_fn: LossFn | None = None, lr: fl
     """
     if not isinstance(plan, Plan):
         raise MemlabError(f"plan must be a memlab.Plan, not {type(plan).__name__}; write memlab.Plan(...)")
+    if is_trainer(model):
+        if loss_fn is not None:
+            raise MemlabError("a trainer trains with its own compute_loss; drop loss_fn, or apply to trainer.model")
+        return apply_to_trainer(model, plan)
     if not isinstance(model, nn.Module):
         raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
     return Applied(model, plan, loss_fn=loss_fn, lr=check_learning_rate(lr))

@@ -25,6 +25,7 @@ from memlab.runner.core import Runner, register_runner, runner_for
 from memlab.runner.progress import run_progress
 from memlab.runner.training import TrainingWorkload, check_plans
 from memlab.runner.workload import RunnablePlan
+from memlab.trainer.entry import live_target, noted, split_plans
 
 __all__ = ["TrialRunner", "check_plans", "compare", "keep_on_interrupt", "measure", "run_plans"]
 
@@ -50,8 +51,14 @@ class TrialRunner(Runner[Plan, Trial]):
 register_runner(Plan, TrialRunner)
 
 
-def measure(model: nn.Module, batch: Batch, plan: RunnablePlan, **options: Unpack[RunKeywords]) -> Trial:
+def measure(
+    model: nn.Module, batch: Batch | None = None, plan: RunnablePlan | None = None, **options: Unpack[RunKeywords]
+) -> Trial:
     """Measure one plan on the live model: peak memory by category and throughput. The model is left as it was.
+
+    ``model`` may be a ``transformers.Trainer`` (TRL's included): then the batch may be left out (the train
+    dataset's worst batch is measured, said in the trial's notes), the loss is the trainer's ``compute_loss``, and
+    the plan defaults to the trainer's own settings (:mod:`memlab.trainer.entry`).
 
     Keywords are :class:`~memlab.options.RunKeywords` (``loss_fn``, ``steps``, ``warmup``, ``budget``, ``lr``,
     ``callback``); no progress bar is shown for one plan. An :class:`memlab.InferencePlan` measures a forward or a
@@ -70,12 +77,16 @@ def measure(model: nn.Module, batch: Batch, plan: RunnablePlan, **options: Unpac
             "measure takes one plan; write memlab.measure(model, batch, memlab.Plan(...)), or "
             "memlab.compare(model, batch, plans) for a list"
         )
+    batch, plan = split_plans(batch, plan)
     options["progress"] = False
-    return compare(model, batch, [plan], **options).trials[0]
+    return compare(model, batch, None if plan is None else [plan], **options).trials[0]
 
 
 def compare(
-    model: nn.Module, batch: Batch, plans: Sequence[RunnablePlan], **options: Unpack[RunKeywords]
+    model: nn.Module,
+    batch: Batch | None = None,
+    plans: Sequence[RunnablePlan] | None = None,
+    **options: Unpack[RunKeywords],
 ) -> Report:
     """Measure every plan in turn on the live model; a plan that runs out of memory or fails does not stop the rest.
 
@@ -96,10 +107,21 @@ def compare(
         >>> [t.status for t in report.trials]
         ['ok', 'ok']
     """
+    batch, plans = split_plans(batch, plans)
     if isinstance(plans, Iterable) and not isinstance(plans, (str, bytes, list, tuple)):
         plans = list(plans)  # a generator: looked at twice below (which runner, then each plan)
+    target = live_target(model, batch, options.get("loss_fn"))
+    if plans is None:
+        if target.plan is None:
+            raise MemlabError("no plans were given; write memlab.compare(model, batch, [memlab.Plan(), ...])")
+        plans = [target.plan]  # a trainer's own settings
     runner = runner_for(plans) or TrialRunner  # a Plan, or anything else: training's checks say what is wrong
-    return run_plans(runner, model, batch, plans, RunOptions.from_keywords(options))
+    if target.source is not None:
+        options["loss_fn"] = target.loss_fn
+    report = run_plans(runner, target.model, target.batch, plans, RunOptions.from_keywords(options))
+    if target.note:
+        report = Report(noted(report.trials, target.note), budget=report.budget)
+    return report
 
 
 def run_plans(

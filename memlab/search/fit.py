@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search
 from memlab.search.suggest import suggestions
 from memlab.techniques.loss import chunked_loss_applies
+from memlab.trainer.entry import live_target, noted
+from memlab.trainer.source import is_trainer
 
 __all__ = ["MAX_TRIALS", "fit"]
 
@@ -33,7 +36,7 @@ MAX_TRIALS = 15
 
 def fit(
     model: nn.Module,
-    batch: Batch,
+    batch: Batch | None = None,
     *,
     batch_size: int | None = None,
     space: Mapping[str, Sequence[Any]] | None = None,
@@ -57,9 +60,12 @@ def fit(
     search; the KeyboardInterrupt carries the trials measured so far as ``.report``.
 
     Args:
-        model: the model to train, on its device.
-        batch: one batch (dict of tensors, tensor, or tuple); rows repeat where ``batch_size`` asks for more.
-        batch_size: the effective batch (rows per optimizer step); default: the rows of ``batch``.
+        model: the model to train, on its device; or a ``transformers.Trainer`` (TRL's included), whose model,
+            ``compute_loss`` and effective batch are used (:mod:`memlab.trainer.entry`).
+        batch: one batch (dict of tensors, tensor, or tuple); rows repeat where ``batch_size`` asks for more. With a
+            trainer it may be left out: the train dataset's worst batch is measured (said in the trials' notes).
+        batch_size: the effective batch (rows per optimizer step); default: the rows of ``batch`` (a trainer's:
+            ``per_device_train_batch_size x gradient_accumulation_steps``).
         space: restrict the axes, e.g. ``{"precision": ["fp32"], "micro_batch": [8, 4]}`` (keys are Plan fields;
             ``accumulation`` follows from ``batch_size / micro_batch``). Default: :func:`default_space`.
         dry_run: rank by :func:`memlab.estimation.estimate.estimate` (fake tensors, nothing runs): plans are estimated
@@ -83,6 +89,13 @@ def fit(
         >>> report.best.fits, report.best.rows_per_step
         (True, 8)
     """
+    if is_trainer(model) or batch is None:
+        # A trainer: its model, its compute_loss, its effective batch and (without a batch) its dataset's worst one.
+        target = live_target(model, batch, options.get("loss_fn"), rows=batch_size)
+        options["loss_fn"] = target.loss_fn
+        report = fit(target.model, target.batch, batch_size=batch_size or target.batch_size, space=space,
+                     dry_run=dry_run, estimates=estimates, max_trials=max_trials, **options)
+        return dataclasses.replace(report, trials=noted(report.trials, target.note))
     run_options = RunOptions.from_keywords(options)
     if not isinstance(model, nn.Module):
         raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")

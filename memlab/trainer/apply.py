@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -126,6 +127,15 @@ def _new_arguments(args: Any, plan: Plan) -> Any:
         ) from error
 
 
+def _rebuild_accelerator(create: Callable[[], None]) -> None:
+    """The trainer's accelerator built again for its (new) arguments. accelerate keeps one state per process, which
+    refuses another mixed precision; it is reset first (one process here: memlab refuses DeepSpeed and FSDP)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()
+    create()
+
+
 def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
     """Set the trainer up to train with ``plan`` on its next ``train()``; undo with ``.undo()``.
 
@@ -160,7 +170,8 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
         )
     new_args = _new_arguments(trainer.args, plan)
     undoes: list[Callable[[], None]] = [_model_restorer(model), _trainer_restorer(trainer)]
-    rebuild = getattr(trainer, "create_accelerator_and_postprocess", None)
+    create = getattr(trainer, "create_accelerator_and_postprocess", None)
+    rebuild = None if create is None else functools.partial(_rebuild_accelerator, create)
     try:
         trainer.args = new_args
         if "_train_batch_size" in vars(trainer):

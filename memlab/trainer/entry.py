@@ -1,0 +1,110 @@
+"""The entry points' one question: is the live object a model and a batch, or a trainer?
+
+``memlab.measure``, ``compare``, ``fit``, ``estimate`` and ``apply`` ask it once, here, before anything runs: a
+``transformers.Trainer`` (TRL's included) gives its model, its loss (``compute_loss``), its settings as a plan, its
+effective batch and, when no batch is given, the costliest batch of its train dataset (:func:`worst_batch`).
+
+Example:
+    >>> import torch
+    >>> target = live_target(torch.nn.Linear(2, 1), torch.randn(4, 2))
+    >>> target.source is None, target.note
+    (True, None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from memlab.errors import MemlabError
+from memlab.plan import Plan
+from memlab.trainer.source import TrainerSource, is_trainer
+from memlab.trainer.worst_batch import worst_batch
+
+__all__ = ["LiveTarget", "live_target", "noted", "split_plans"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveTarget:
+    """What a run measures: the model, the batch, the loss; for a trainer, its :class:`TrainerSource` and a note
+    saying which examples the batch holds."""
+
+    model: Any
+    batch: Any
+    loss_fn: Any
+    source: TrainerSource | None = None
+    note: str | None = None
+
+    @property
+    def plan(self) -> Plan | None:
+        """The trainer's current settings as a plan (None for a plain model)."""
+        return None if self.source is None else self.source.plan
+
+    @property
+    def batch_size(self) -> int | None:
+        """The trainer's effective batch (None for a plain model)."""
+        return None if self.source is None else self.source.effective_batch
+
+
+def live_target(model_or_trainer: Any, batch: Any, loss_fn: Any = None, *, rows: int | None = None) -> LiveTarget:
+    """The model, batch and loss a run measures. For a trainer without a batch: its train dataset's worst batch of
+    ``rows`` rows (default: its effective batch), said in ``note``; its ``compute_loss`` unless ``loss_fn`` is
+    given. Nothing on the trainer changes.
+
+    Example:
+        >>> live_target(object(), None)
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: no batch was given; pass one (a dict of tensors, a tensor or a tuple), or pass \
+a transformers Trainer, whose train dataset memlab reads
+    """
+    if not is_trainer(model_or_trainer):
+        if batch is None:
+            raise MemlabError(
+                "no batch was given; pass one (a dict of tensors, a tensor or a tuple), or pass a transformers "
+                "Trainer, whose train dataset memlab reads"
+            )
+        return LiveTarget(model_or_trainer, batch, loss_fn)
+    source = TrainerSource.from_trainer(model_or_trainer)
+    note = None
+    if batch is None:
+        worst = worst_batch(model_or_trainer, micro_batch=rows or source.effective_batch)
+        batch, note = worst.batch, f"measured on the train dataset's worst batch: {worst.describe()}"
+    return LiveTarget(source.model, batch, loss_fn if loss_fn is not None else source.loss_fn, source, note)
+
+
+def split_plans(batch: Any, plans: Any) -> tuple[Any, Any]:
+    """``(batch, plans)`` for a call that left the batch out: ``memlab.compare(trainer, [plans])`` reads as
+    ``compare(trainer, None, [plans])``, ``measure(trainer, plan)`` as ``measure(trainer, None, plan)``.
+
+    Example:
+        >>> batch, plans = split_plans([Plan()], None)
+        >>> batch is None, len(plans)
+        (True, 1)
+    """
+    looks_like_plans = _is_plan(batch) or (
+        isinstance(batch, Sequence) and bool(batch) and all(_is_plan(plan) for plan in batch)
+    )
+    if plans is None and looks_like_plans:
+        return None, batch
+    return batch, plans
+
+
+def _is_plan(value: Any) -> bool:
+    # By name: memlab.inference imports the core, and the core must not import it back.
+    return type(value).__name__ in ("Plan", "InferencePlan")
+
+
+def noted(trials: Sequence[Any], note: str | None) -> list[Any]:
+    """The trials with ``note`` added to each one's notes (unchanged when there is no note).
+
+    Example:
+        >>> from memlab.report import Trial
+        >>> trial = Trial(Plan(), "ok", 1, {}, None, None, None, "cpu")
+        >>> noted([trial], "worst batch")[0].notes
+        ('worst batch',)
+    """
+    if not note:
+        return list(trials)
+    return [dataclasses.replace(trial, notes=(*trial.notes, note)) for trial in trials]
