@@ -25,7 +25,8 @@ from memlab.plan import Plan
 from memlab.report import Report
 from memlab.search import MAX_TRIALS
 
-__all__ = ["ARGUMENTS", "DEFAULTS", "USAGE", "Job", "memfit_arguments", "parse_line", "run_options", "unquote"]
+__all__ = ["ARGUMENTS", "DEFAULTS", "USAGE", "Job", "memfit_arguments", "parse_line", "read_line", "run_options",
+           "unquote"]
 
 DEFAULTS = RunOptions()
 """The run options a magic's line leaves as they are."""
@@ -182,6 +183,21 @@ def parse_line(magic: Callable[..., Any], line: str) -> Any:
         raise usage_error(f"{str(error).rstrip('.')}; {USAGE}") from None
     except ValueError as error:  # shlex: an unclosed quote
         raise usage_error(f"the options cannot be read ({error}); {USAGE}") from None
+
+
+def read_line(line: str) -> Any:
+    """What a ``%%memfit`` line says (:func:`parse_line` against the magic's declarations, without a shell).
+
+    Example:
+        >>> read_line("model batch --budget 8GiB --quiet").budget
+        '8GiB'
+    """
+
+    @memfit_arguments
+    def memfit(line: str) -> None:
+        """The magic's options."""
+
+    return parse_line(memfit, line)
 
 
 def unquote(text: str | None) -> str | None:

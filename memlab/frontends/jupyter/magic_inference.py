@@ -34,10 +34,9 @@ class InferenceRequest:
     """An ``--inference`` line, read and checked (see the module docstring).
 
     Example:
-        >>> from memlab.frontends.jupyter.magic import MemfitMagics
-        >>> from memlab.frontends.jupyter.magic_args import parse_line
-        >>> args = parse_line(MemfitMagics.memfit, "lm prompts --inference --try weights=fp32,bf16")
-        >>> [plan.label() for plan in InferenceRequest.from_args(args).plans]
+        >>> from memlab.frontends.jupyter.magic_args import read_line
+        >>> request = InferenceRequest.from_args(read_line("lm prompts --inference --try weights=fp32,bf16"))
+        >>> [plan.label() for plan in request.plans]
         ['fp32', 'bf16']
     """
 

@@ -39,10 +39,8 @@ class TrainingRequest:
     """A training ``%%memfit`` line, read and checked (see the module docstring).
 
     Example:
-        >>> from memlab.frontends.jupyter.magic import MemfitMagics
-        >>> from memlab.frontends.jupyter.magic_args import parse_line
-        >>> args = parse_line(MemfitMagics.memfit, "net xs --budget 1GiB")
-        >>> request = TrainingRequest.from_args(args)
+        >>> from memlab.frontends.jupyter.magic_args import read_line
+        >>> request = TrainingRequest.from_args(read_line("net xs --budget 1GiB"))
         >>> request.search, request.options.budget, len(request.plans)
         (True, 1073741824, 1)
     """
