@@ -38,6 +38,7 @@ __all__ = [
     "budget_note",
     "comparison_figure",
     "comparison_traces",
+    "empty_trace",
     "figure_columns",
     "figure_data",
     "figure_height",
@@ -177,13 +178,10 @@ def comparison_traces(
         >>> [trace.name for trace in traces][5:], traces[0].legendgroup, traces[5].legendgrouptitle.text
         (['does not fit', 'error', 'samples/s'], 'memory', 'status')
     """
-    import plotly.graph_objects as go
-
     traces: list[Any] = [
-        go.Bar(
-            name=name,
-            x=[],
-            y=[],
+        empty_trace(
+            "Bar",
+            name,
             marker_color=CATEGORY_COLORS[name],
             legendgroup="memory",
             legendgrouptitle_text="memory" if number == 0 else None,
@@ -192,10 +190,9 @@ def comparison_traces(
         for number, name in enumerate(categories)
     ]
     traces.append(
-        go.Bar(
-            name="does not fit",
-            x=[],
-            y=[],
+        empty_trace(
+            "Bar",
+            "does not fit",
             marker={"color": DOES_NOT_FIT_COLOR, "pattern": {"shape": "/"}},
             legendgroup="status",
             legendgrouptitle_text="status",
@@ -205,10 +202,9 @@ def comparison_traces(
         )
     )
     traces.append(
-        go.Scatter(
-            name="error",
-            x=[],
-            y=[],
+        empty_trace(
+            "Scatter",
+            "error",
             mode="markers",
             marker={"symbol": "x", "size": 12, "color": BUDGET_COLOR},
             legendgroup="status",
@@ -216,10 +212,9 @@ def comparison_traces(
         )
     )
     traces.append(
-        go.Bar(
-            name="samples/s",
-            x=[],
-            y=[],
+        empty_trace(
+            "Bar",
+            "samples/s",
             marker_color=RATE_COLOR,
             showlegend=False,
             error_y={
@@ -238,6 +233,20 @@ def comparison_traces(
         for key, value in values.items():
             trace[key] = value
     return traces
+
+
+def empty_trace(kind: str, name: str, **style: Any) -> Any:
+    """A plotly trace of ``kind`` (``"Bar"``, ``"Scatter"``) named ``name``, styled by ``style``, with no points yet:
+    what every memlab figure starts with and fills in place (see :func:`figure_columns`).
+
+    Example:
+        >>> trace = empty_trace("Scatter", "live memory", mode="lines")
+        >>> trace.type, trace.name, trace.x, trace.mode
+        ('scatter', 'live memory', (), 'lines')
+    """
+    import plotly.graph_objects as go
+
+    return getattr(go, kind)(name=name, x=[], y=[], **style)
 
 
 def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -45,6 +45,7 @@ from memlab.report.figure import (
     budget_line,
     budget_note,
     comparison_figure,
+    empty_trace,
     figure_columns,
     figure_data,
     figure_height,
@@ -428,10 +429,9 @@ def _build_widget(categories: tuple[str, ...] = CATEGORIES) -> go.FigureWidget:
     """Report.plot's figure (empty) with a second row: the running trial's memory, and memory vs throughput."""
     fig = comparison_figure(more_titles=_LIVE_TITLES, categories=categories)
     fig.add_trace(
-        go.Scatter(
-            name="live memory",
-            x=[],
-            y=[],
+        empty_trace(
+            "Scatter",
+            "live memory",
             mode="lines",
             line={"color": _LIVE_COLOR},
             showlegend=False,
@@ -445,10 +445,9 @@ def _build_widget(categories: tuple[str, ...] = CATEGORIES) -> go.FigureWidget:
         ("does not fit", DOES_NOT_FIT_COLOR, "x", False),
     ):
         fig.add_trace(
-            go.Scatter(
-                name=name,
-                x=[],
-                y=[],
+            empty_trace(
+                "Scatter",
+                name,
                 mode="markers+text",
                 textposition="top center",
                 marker={"color": color, "symbol": symbol, "size": 11},
