@@ -14,7 +14,7 @@ colours and layout); the bottom row is the live figure's own:
 * bottom right, **memory vs throughput**: a point per setting that reached a peak (an out-of-memory one at 0
   samples/s), green where it fits the budget, grey where it does not.
 
-With many settings the bars are numbered (:func:`memlab.report.figure.plan_axis`); every hover names the setting and
+With many settings the bars are numbered (:func:`memlab.report.plan_axis.plan_axis`); every hover names the setting and
 spells its levers out.
 
 Redraws are batched: a step or a memory sample redraws at most once per ``min_interval_s``, while the start and the
@@ -48,10 +48,8 @@ from memlab.report.figure import (
     empty_trace,
     figure_columns,
     figure_data,
-    figure_height,
-    plan_axis,
-    plan_axis_layout,
 )
+from memlab.report.plan_axis import figure_height, plan_axis, plan_axis_layout
 from memlab.report.static import record_bundle
 
 __all__ = ["LiveFigure", "LiveOutput"]
