@@ -4,7 +4,9 @@
 - :mod:`memlab.report.noise`: the interval of a median step time; when two speeds differ beyond the noise.
 - :mod:`memlab.report.tables`: text and HTML tables (pandas renders them).
 - :mod:`memlab.report.figure`: the plotly figures (Report.plot and the live figure's top row).
-- :mod:`memlab.report.static`: the same figure as SVG, the record a notebook keeps after a run.
+- :mod:`memlab.report.plan_axis`: how a figure names its bars, one per plan.
+- :mod:`memlab.report.static`: the record a notebook keeps after a run: the figure as SVG
+  (:mod:`memlab.report.svg_layout`, :mod:`memlab.report.svg_panels`, :mod:`memlab.report.svg`), text, plotly JSON.
 - :mod:`memlab.report.format`: one-line messages, seconds and rates as text.
 
 Tables and figures are imported when first drawn, so ``import memlab`` imports neither pandas nor plotly.

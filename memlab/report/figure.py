@@ -1,18 +1,18 @@
 """Figures: throughput and peak memory by category per plan (plotly), shared by Report.plot and the live figure.
 
-The same plain data (:func:`figure_data`, :func:`figure_columns`) and the same plan axis (:func:`plan_axis`) also
-draw the static SVG of :mod:`memlab.report.static`, so the figure a notebook keeps is the figure it showed.
+The same plain data (:func:`figure_data`, :func:`figure_columns`) and the same plan axis
+(:func:`memlab.report.plan_axis.plan_axis`) also draw the static SVG of :mod:`memlab.report.static`, so the figure a
+notebook keeps is the figure it showed.
 
-Readable from one plan to dozens: up to :data:`FULL_LABELS_UP_TO` plans the bars are named by their labels (turned
-when they would touch); beyond that by their numbers, with the label and the plan spelled out
+Readable from one plan to dozens: up to :data:`~memlab.report.plan_axis.FULL_LABELS_UP_TO` plans the bars are named
+by their labels (turned when they would touch); beyond that by their numbers, with the label and the plan spelled out
 (:meth:`memlab.Plan.describe`) in the hover. plotly is imported inside the functions that draw, never when memlab is
 imported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from memlab.measure.tracker import CATEGORIES
@@ -20,6 +20,7 @@ from memlab.plan import format_bytes
 from memlab.report.data import Report, Trial
 from memlab.report.format import one_line
 from memlab.report.noise import runs_speed_interval
+from memlab.report.plan_axis import FULL_LABELS_UP_TO, figure_height, plan_axis, plan_axis_layout
 
 __all__ = [
     "BEST_COLOR",
@@ -27,24 +28,18 @@ __all__ = [
     "CATEGORY_COLORS",
     "DOES_NOT_FIT_COLOR",
     "FIGURE_TITLES",
-    "FULL_LABELS_UP_TO",
     "INTERVAL_COLOR",
     "MEMORY_COLUMN",
-    "PLOTLY_PANEL_PX",
     "RATE_COLOR",
     "THROUGHPUT_COLUMN",
-    "PlanAxis",
     "budget_line",
     "budget_note",
     "comparison_figure",
     "comparison_traces",
+    "empty_trace",
     "figure_columns",
     "figure_data",
-    "figure_height",
-    "plan_axis",
-    "plan_axis_layout",
     "report_figure",
-    "text_width",
 ]
 
 _MIB = 1024**2
@@ -64,20 +59,6 @@ BUDGET_COLOR = "#D62728"
 INTERVAL_COLOR = "#3B3B3B"
 """The colour of the error bars: where the median samples/s lies, 95% (:func:`memlab.report.noise.speed_interval`)."""
 
-FULL_LABELS_UP_TO = 12
-"""Up to this many plans the bars are named by their labels; with more (a budget search tries dozens), by their
-numbers 1, 2, ..., and the hover (the SVG: its key) says which plan each number is."""
-
-PLOTLY_PANEL_PX = 240.0
-"""The width, in pixels, that a plotly figure's plan axis is laid out for. The figure follows the width of the cell,
-which Python cannot know, so its ticks are spaced for the narrowest panel of a narrow notebook: the throughput
-panel of a figure about 800 px wide. Wider cells only space them more."""
-
-_CHAR_WIDTH = 0.6  # the average width of a character of a sans-serif font, in font sizes (a little generous)
-_LINE_HEIGHT = 1.25  # in font sizes
-_TICK_FONT = 11.0
-_NUMBER_FONT = 10.0
-_NUMBER_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500)
 _ERROR_CAP_PX = 4
 
 
@@ -177,13 +158,10 @@ def comparison_traces(
         >>> [trace.name for trace in traces][5:], traces[0].legendgroup, traces[5].legendgrouptitle.text
         (['does not fit', 'error', 'samples/s'], 'memory', 'status')
     """
-    import plotly.graph_objects as go
-
     traces: list[Any] = [
-        go.Bar(
-            name=name,
-            x=[],
-            y=[],
+        empty_trace(
+            "Bar",
+            name,
             marker_color=CATEGORY_COLORS[name],
             legendgroup="memory",
             legendgrouptitle_text="memory" if number == 0 else None,
@@ -192,10 +170,9 @@ def comparison_traces(
         for number, name in enumerate(categories)
     ]
     traces.append(
-        go.Bar(
-            name="does not fit",
-            x=[],
-            y=[],
+        empty_trace(
+            "Bar",
+            "does not fit",
             marker={"color": DOES_NOT_FIT_COLOR, "pattern": {"shape": "/"}},
             legendgroup="status",
             legendgrouptitle_text="status",
@@ -205,10 +182,9 @@ def comparison_traces(
         )
     )
     traces.append(
-        go.Scatter(
-            name="error",
-            x=[],
-            y=[],
+        empty_trace(
+            "Scatter",
+            "error",
             mode="markers",
             marker={"symbol": "x", "size": 12, "color": BUDGET_COLOR},
             legendgroup="status",
@@ -216,10 +192,9 @@ def comparison_traces(
         )
     )
     traces.append(
-        go.Bar(
-            name="samples/s",
-            x=[],
-            y=[],
+        empty_trace(
+            "Bar",
+            "samples/s",
             marker_color=RATE_COLOR,
             showlegend=False,
             error_y={
@@ -238,6 +213,20 @@ def comparison_traces(
         for key, value in values.items():
             trace[key] = value
     return traces
+
+
+def empty_trace(kind: str, name: str, **style: Any) -> Any:
+    """A plotly trace of ``kind`` (``"Bar"``, ``"Scatter"``) named ``name``, styled by ``style``, with no points yet:
+    what every memlab figure starts with and fills in place (see :func:`figure_columns`).
+
+    Example:
+        >>> trace = empty_trace("Scatter", "live memory", mode="lines")
+        >>> trace.type, trace.name, trace.x, trace.mode
+        ('scatter', 'live memory', (), 'lines')
+    """
+    import plotly.graph_objects as go
+
+    return getattr(go, kind)(name=name, x=[], y=[], **style)
 
 
 def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -342,125 +331,6 @@ def budget_note(budget: int) -> dict[str, Any]:
     }
 
 
-# --- the plan axis ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PlanAxis:
-    """How the plan axis names its bars (see :func:`plan_axis`).
-
-    Args:
-        text: per bar, what its tick says: its label, or its number (``"1"``, ``"2"``, ...).
-        shown: the bars (indices) whose tick is written; the others are left out so that no two ticks touch.
-        angle: how far the ticks are turned, in plotly's degrees: 0, -45 or -90 (reading upwards).
-        font_size: the ticks' font size, in pixels.
-        numbered: True when the bars are named by their numbers.
-
-    Example:
-        >>> PlanAxis(["plain"], [0], 0, 11.0, False).extent_px()
-        13.75
-    """
-
-    text: list[str]
-    shown: list[int]
-    angle: int
-    font_size: float
-    numbered: bool
-
-    def extent_px(self) -> float:
-        """How far, in pixels, the written ticks reach below the axis.
-
-        Example:
-            >>> round(plan_axis(["a long label here"] * 8, 240).extent_px(), 1)
-            89.1
-        """
-        line = self.font_size * _LINE_HEIGHT
-        widest = max((text_width(self.text[index], self.font_size) for index in self.shown), default=0.0)
-        if self.angle == 0:
-            return line
-        if self.angle == -90:
-            return widest
-        return (widest + line) * 0.7071
-
-
-def text_width(text: str, font_size: float) -> float:
-    """An estimate of the width of ``text`` in pixels, in a sans-serif font of ``font_size`` pixels (no font is read:
-    the estimate is the average character width, a little generous).
-
-    Example:
-        >>> text_width("plain", 10)
-        30.0
-    """
-    return len(text) * _CHAR_WIDTH * font_size
-
-
-def plan_axis(labels: Sequence[str], width_px: float = PLOTLY_PANEL_PX) -> PlanAxis:
-    """How to name ``labels``' bars along an axis ``width_px`` pixels long, so that no two ticks touch.
-
-    Up to :data:`FULL_LABELS_UP_TO` plans, each bar's tick is its label: level where the widest fits its slot (in
-    a font a size smaller if need be), else turned -45 degrees, else -90 (where the slot is narrower still). With
-    more plans each bar is numbered (its hover, or a key, says which plan it is), in a smaller font, and where even
-    the numbers would touch only every 2nd, 5th, 10th... number is written (1, 5, 10, 15, ...).
-
-    Example:
-        >>> plan_axis(["plain", "ckpt"]).angle, plan_axis(["mb2x4 ckpt bf16 adamw8bit"] * 8).angle
-        (0, -45)
-        >>> many = plan_axis([f"plan {i}" for i in range(60)])
-        >>> many.numbered, many.text[:3], [many.text[i] for i in many.shown][:4]
-        (True, ['1', '2', '3'], ['1', '5', '10', '15'])
-    """
-    count = len(labels)
-    if count == 0:
-        return PlanAxis([], [], 0, _TICK_FONT, False)
-    slot = width_px / count
-    if count <= FULL_LABELS_UP_TO:
-        every = list(range(count))
-        for size in (_TICK_FONT, _TICK_FONT - 1):
-            if max(text_width(label, size) for label in labels) <= 0.9 * slot:
-                return PlanAxis(list(labels), every, 0, size, False)
-        # Turned ticks are parallel lines slot * sin(angle) apart: -45 degrees where that clears a line of text.
-        angle = -45 if slot * 0.7071 >= _TICK_FONT * _LINE_HEIGHT else -90
-        return PlanAxis(list(labels), every, angle, _TICK_FONT, False)
-    numbers = [str(index + 1) for index in range(count)]
-    needed = text_width(numbers[-1], _NUMBER_FONT) + 0.4 * _NUMBER_FONT  # the widest number and a gap
-    step = next((step for step in _NUMBER_STEPS if slot * step >= needed), count)
-    shown = [index for index in range(count) if (index + 1) % step == 0]
-    if step > 1 and slot * (step - 1) >= needed:  # the 1 too, where it keeps clear of the first multiple
-        shown.insert(0, 0)
-    return PlanAxis(numbers, shown, 0, _NUMBER_FONT, True)
-
-
-def plan_axis_layout(axis: PlanAxis, labels: Sequence[str]) -> dict[str, Any]:
-    """A plotly x-axis update that writes ``axis``'s ticks under the bars named ``labels`` (the trace x values).
-
-    Example:
-        >>> layout = plan_axis_layout(plan_axis(["plain", "ckpt"]), ["plain", "ckpt"])
-        >>> layout["tickvals"], layout["ticktext"], layout["tickangle"], layout["title"]["text"]
-        (['plain', 'ckpt'], ['plain', 'ckpt'], 0, 'plan')
-    """
-    title = "plan number (hover a bar for its plan)" if axis.numbered else "plan"
-    return {
-        "tickmode": "array",
-        "tickvals": [labels[index] for index in axis.shown],
-        "ticktext": [axis.text[index] for index in axis.shown],
-        "tickangle": axis.angle,
-        "tickfont": {"size": axis.font_size},
-        "title": {"text": title},
-    }
-
-
-def figure_height(axis: PlanAxis, base_px: int) -> int:
-    """A figure's height in pixels: ``base_px``, and more where turned ticks need the room (plotly's automargin
-    would otherwise take it from the bars).
-
-    Example:
-        >>> figure_height(plan_axis(["plain"]), 460), figure_height(plan_axis(["mb2x4 ckpt bf16 adamw8bit"] * 8), 460)
-        (460, 560)
-    """
-    extra = max(0.0, axis.extent_px() - 2 * axis.font_size * _LINE_HEIGHT)
-    return base_px + int(round(extra / 20) * 20)
-
-
 # --- the data ------------------------------------------------------------------------------------------------------
 
 
@@ -513,7 +383,7 @@ def figure_data(report: Report, categories: tuple[str, ...] | None = None) -> di
         ``labels``: one per trial (a repeated label gets `` (2)``, `` (3)``... so bars never merge).
         ``describe``: each trial's plan spelled out (:meth:`memlab.Plan.describe`).
         ``hover``: the first lines of each trial's hover: its label (after its number where the bars are
-        numbered, see :data:`FULL_LABELS_UP_TO`) and its description.
+        numbered, see :data:`~memlab.report.plan_axis.FULL_LABELS_UP_TO`) and its description.
         ``status``: each trial's status. ``fits``: the report's view of whether each trial fits.
         ``categories``: ``{category: [MiB or None]}``, values for trials that ran (``"ok"``), for ``categories``
         (default: the report's, :attr:`memlab.Report.categories`) in order.

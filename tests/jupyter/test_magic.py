@@ -24,7 +24,7 @@ from models import assert_same, fingerprint, lm_batch, mlp_batch, tiny_gpt2, tin
 import memlab
 from memlab.estimation.sharded import ShardedTrial
 from memlab.events import Event, TrialFinished, TrialStarted
-from memlab.frontends.jupyter import magic
+from memlab.frontends.jupyter import magic, magic_training
 from memlab.frontends.jupyter.live import LiveOutput
 from memlab.frontends.jupyter.magic import APPLIED_NAME, MemfitMagics, body_loss_fn, empty_body_transformer
 from memlab.options import RunOptions
@@ -344,7 +344,7 @@ def test_the_record_of_sixty_plans_is_small_and_readable(
             options["callback"](TrialFinished(trial=trial, index=index, total=len(sixty)))
         return sixty
 
-    monkeypatch.setattr(magic, "compare", fake_compare)
+    monkeypatch.setattr(magic_training, "compare", fake_compare)
     memfit(shell, "mlp pairs --try checkpointing=off,on --budget 2GiB", MLP_LOSS)
     record = assert_static_record(front_end, outputs, plans=60)
     assert len(json.dumps(record)) < 150_000
@@ -383,7 +383,7 @@ def test_verbose_noise_and_time_limit_reach_the_run_options(
         seen.append(options)
         return memlab.Report([])
 
-    monkeypatch.setattr(magic, "compare", fake_compare)
+    monkeypatch.setattr(magic_training, "compare", fake_compare)
     memfit(shell, f"mlp pairs {FAST}", MLP_LOSS)
     memfit(shell, f"mlp pairs {FAST} --verbose --noise 0.02 --time-limit 30", MLP_LOSS)
     quiet, verbose = seen

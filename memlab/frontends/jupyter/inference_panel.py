@@ -8,42 +8,37 @@ table of every run. ``memlab.panel(model, batch, inference=True)`` returns an :c
   setting within the budget (:func:`memlab.fit_inference`); **Clear** forgets the results;
 * a one-line status, the live figure (stacking params, activations, kv_cache and other) and the table of runs.
 
-There is nothing to apply: inference changes nothing on the model. Mistakes are one line in the status.
+There is nothing to apply: inference changes nothing on the model. Everything but Largest batch is the panel both
+modes share, :class:`memlab.frontends.jupyter.panel_core.PanelCore`.
 """
 
 from __future__ import annotations
 
-import html
-from typing import Any
+from typing import cast
 
 import ipywidgets as widgets
 from torch import nn
 from typing_extensions import Unpack
 
 from memlab.errors import MemlabError
-from memlab.events import Event
-from memlab.frontends.jupyter.live import LiveFigure
-from memlab.frontends.jupyter.panel import descendants
+from memlab.frontends.jupyter.panel_core import PanelCore
 from memlab.inference.fit import fit_inference
-from memlab.inference.plan import INFERENCE_LEVERS, InferencePlan
-from memlab.inference.run import check_inference_options, compare_inference
+from memlab.inference.plan import InferencePlan
+from memlab.inference.run import check_inference_options
 from memlab.measure.device import model_device
 from memlab.options import RunOptions, TrialKeywords
-from memlab.plan import format_bytes, parse_budget
-from memlab.report import INFERENCE_CATEGORIES, Report, Trial, one_line
-from memlab.runner.batch import Batch, count_rows
+from memlab.report import INFERENCE_CATEGORIES, Trial, one_line
+from memlab.runner.batch import Batch
 
 __all__ = ["InferencePanel"]
 
-_WIDE = {"description_width": "initial"}
-_COLORS = {"info": "#333", "ok": "#2b7a2b", "warn": "#8a5a00", "error": "#b00020"}
 
-
-class InferencePanel(widgets.VBox):
+class InferencePanel(PanelCore):
     """The memlab widget panel in inference mode (see the module docstring).
 
     Args:
         model, batch: the live model and a batch (for generation, a dict with ``input_ids``).
+        name: what messages call the model; by default its variable name in the IPython user namespace.
         min_interval_s: the least time between two redraws of the live figure during a run.
         options: :class:`~memlab.options.TrialKeywords` (``budget`` starts the budget field).
 
@@ -62,37 +57,29 @@ class InferencePanel(widgets.VBox):
         (['bf16'], 1)
     """
 
+    plan_class = InferencePlan
+    rows_lever = "batch_size"
+    categories = INFERENCE_CATEGORIES
+    rate_unit = "tokens/s"
+    what = "an inference setting"
+
     def __init__(
-        self, model: nn.Module, batch: Batch, *, min_interval_s: float = 0.25, **options: Unpack[TrialKeywords]
+        self,
+        model: nn.Module,
+        batch: Batch,
+        *,
+        name: str | None = None,
+        min_interval_s: float = 0.25,
+        **options: Unpack[TrialKeywords],
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
-        self.rows = count_rows(batch)
-        self.options = RunOptions.from_keywords({**options, "progress": False})
-        check_inference_options(self.options)
-        self.model = model
-        self.batch = batch
-        self.min_interval_s = min_interval_s
-        self.report = Report([], budget=self.options.budget)
-        self.figure = LiveFigure(self.options.budget, min_interval_s=min_interval_s, categories=INFERENCE_CATEGORIES)
-        self.controls: dict[str, widgets.ValueWidget] = _controls(self.rows, self.options.budget)
-        self.run_button = widgets.Button(
-            description="Run", icon="play", button_style="primary",
-            tooltip="Measure this setting on the live model under torch.inference_mode()",
-        )
+        run_options = RunOptions.from_keywords({**options, "progress": False})
+        check_inference_options(run_options)
         self.largest_button = widgets.Button(
             description="Largest batch", icon="search",
             tooltip="Find the largest batch of this setting whose peak fits the budget",
         )
-        self.clear_button = widgets.Button(description="Clear", icon="trash", tooltip="Forget the results so far")
-        self.status = widgets.HTML(layout=widgets.Layout(width="100%"))
-        self.table = widgets.HTML(self.report._repr_html_())
-        self.run_button.on_click(lambda _: self.run())
+        super().__init__(model, batch, run_options, name=name, min_interval_s=min_interval_s)
         self.largest_button.on_click(lambda _: self.largest_batch())
-        self.clear_button.on_click(lambda _: self.clear())
-        self._say("Choose an inference setting and click Run to measure it on the model.", "info")
-        super().__init__(children=self._layout())
-        self.add_class("memlab-panel")
 
     def plan(self) -> InferencePlan:
         """The setting the controls show (a clear MemlabError for an impossible one).
@@ -102,27 +89,7 @@ class InferencePanel(widgets.VBox):
             >>> InferencePanel(torch.nn.Linear(4, 2), torch.randn(2, 4)).plan().label()
             'fp32'
         """
-        values = {name: self.controls[name].value for name in INFERENCE_LEVERS}
-        if values["batch_size"] == self.rows:
-            values["batch_size"] = None
-        return InferencePlan(**values)
-
-    def budget(self) -> int | None:
-        """The budget field in bytes (None when empty; a MemlabError that says what to write when unreadable).
-
-        Example:
-            >>> import torch
-            >>> p = InferencePanel(torch.nn.Linear(4, 2), torch.randn(2, 4))
-            >>> p.controls["budget"].value = "1KiB"
-            >>> p.budget()
-            1024
-        """
-        text = str(self.controls["budget"].value).strip()
-        return parse_budget(text) if text else None
-
-    def run(self) -> Trial | None:
-        """Measure the setting (what Run does); the trial is added to :attr:`report`, the table and the figure."""
-        return self._do(lambda plan, options: compare_inference(self.model, self.batch, [plan], **options))
+        return cast(InferencePlan, super().plan())
 
     def largest_batch(self) -> Trial | None:
         """Search the largest batch of the setting within the budget (what Largest batch does); the largest trial
@@ -142,130 +109,15 @@ class InferencePanel(widgets.VBox):
         if budget is None and model_device(self.model).type != "cuda":
             self._say("Largest batch needs a budget: write one, such as 8GiB, in the budget field", "error")
             return None
-        return self._do(lambda plan, options: fit_inference(self.model, self.batch, plan.replace(batch_size=None),
-                                                            **options))
+        return self._measure(
+            lambda plan, options: fit_inference(self.model, self.batch, plan.replace(batch_size=None), **options)
+        )
 
-    def clear(self) -> None:
-        """Forget the results so far (the model is not touched); the old figure's widget is closed.
+    def _mode_buttons(self) -> list[widgets.Button]:
+        return [self.largest_button]
 
-        Example:
-            >>> import torch
-            >>> p = InferencePanel(torch.nn.Linear(4, 2), torch.randn(2, 4))
-            >>> old = p.figure.widget
-            >>> p.clear(); old.comm is None, p.figure.widget in p.children
-            (True, True)
-        """
-        old = self.figure
-        self.report = Report([], budget=self.report.budget)
-        self.figure = LiveFigure(self.report.budget, min_interval_s=self.min_interval_s,
-                                 categories=INFERENCE_CATEGORIES)
-        self.table.value = self.report._repr_html_()
-        # Only the figure changes: containers rebuilt here would stay open, holding the buttons and so the model.
-        children: tuple[widgets.Widget, ...] = tuple(self.children)  # type: ignore[has-type]
-        self.children = tuple(self.figure.widget if child is old.widget else child for child in children)
-        old.widget.close()
-        self._say("Cleared; the model is untouched", "info")
+    def _run_tooltip(self) -> str:
+        return "Measure this setting on the live model under torch.inference_mode()"
 
-    def close(self) -> None:
-        """Close the panel and every widget in it, so that the kernel can let the model and its runs go (ipywidgets
-        keeps every widget until it is closed, and the buttons hold the panel, which holds the model).
-
-        Example:
-            >>> import torch
-            >>> p = InferencePanel(torch.nn.Linear(4, 2), torch.randn(2, 4))
-            >>> p.close(); p.run_button.comm is None, p.figure.widget.comm is None
-            (True, True)
-        """
-        for widget in descendants(self):
-            widget.close()
-        super().close()
-
-    def _do(self, action: Any) -> Trial | None:
-        try:
-            plan = self.plan()
-            budget = self.budget()
-        except MemlabError as error:
-            self._say(f"Cannot run: {one_line(error, limit=None)}", "error")
-            return None
-        self._set_busy(True)
-        self._say(f"Running {plan.label()}...", "info")
-        self.figure.budget = budget
-        self.figure.start_run()
-        try:
-            options = self.options.keywords(budget=budget, callback=self._on_event)
-            result: Report = action(plan, options)
-            self.report = Report([*self.report.trials, *result.trials], budget=budget)
-            best = result.best if len(result) > 1 else result.trials[-1]
-            self._say(*_message(best, result))
-            return best
-        except KeyboardInterrupt as interrupt:
-            finished = getattr(interrupt, "report", None)  # what compare / fit_inference measured before Ctrl-C
-            kept = list(finished.trials) if isinstance(finished, Report) else []
-            self.report = Report([*self.report.trials, *kept], budget=budget)
-            self._say(f"Interrupted; the model is as it was ({len(kept)} setting(s) measured are in the table)", "warn")
-            return None
-        except Exception as error:  # noqa: BLE001 - shown as one line, never a traceback in the panel
-            self._say(f"Error: {one_line(error, limit=None)}", "error")
-            return None
-        finally:
-            self.figure.flush()
-            self.table.value = self.report._repr_html_()
-            self._set_busy(False)
-
-    def _on_event(self, event: Event) -> None:
-        self.figure(event)
-        if self.options.callback is not None:
-            self.options.callback(event)
-
-    def _set_busy(self, busy: bool) -> None:
-        for widget in [*self.controls.values(), self.run_button, self.largest_button, self.clear_button]:
-            widget.disabled = busy
-
-    def _say(self, text: str, kind: str) -> None:
-        self.status.value = f"<span style='color:{_COLORS[kind]}'>{html.escape(text)}</span>"
-
-    def _layout(self) -> tuple[widgets.Widget, ...]:
-        levers = widgets.HBox([self.controls[name] for name in INFERENCE_LEVERS],
-                              layout=widgets.Layout(flex_flow="row wrap"))
-        buttons = widgets.HBox([self.controls["budget"], self.run_button, self.largest_button, self.clear_button])
-        return (levers, buttons, self.status, self.figure.widget, self.table)
-
-
-def _message(trial: Trial | None, report: Report) -> tuple[str, str]:
-    if trial is None:
-        return "nothing fits the budget", "warn"
-    if trial.status == "oom":
-        return f"{trial.label}: does not fit (out of memory)", "warn"
-    if trial.status == "error":
-        return f"{trial.label}: error: {one_line(trial.error or 'unknown error', limit=None)}", "error"
-    if not report.fits(trial):
-        return f"{trial.label}: does not fit: peak {format_bytes(trial.peak_bytes)} is over the budget", "warn"
-    speed = "" if trial.tokens_per_s is None else f", {trial.tokens_per_s:.3g} tokens/s"
-    return f"{trial.label}: fits, peak {format_bytes(trial.peak_bytes)}{speed}", "ok"
-
-
-def _controls(rows: int, budget: int | None) -> dict[str, widgets.ValueWidget]:
-    """A control per inference setting (named after it, its help as the tooltip), and the budget."""
-    controls: dict[str, widgets.ValueWidget] = {}
-    for name, spec in INFERENCE_LEVERS.items():
-        description = name.replace("_", "-")
-        if name == "kv_cache":
-            controls[name] = widgets.Checkbox(value=spec["default"], description=description, tooltip=spec["help"],
-                                              indent=False, layout=widgets.Layout(width="120px"))
-        elif spec["choices"]:
-            controls[name] = widgets.Dropdown(options=list(spec["choices"]), value=spec["default"],
-                                              description=description, tooltip=spec["help"], style=_WIDE,
-                                              layout=widgets.Layout(width="190px"))
-        else:
-            low = 1 if name == "batch_size" else 0
-            value = rows if name == "batch_size" else spec["default"]
-            controls[name] = widgets.BoundedIntText(value=value, min=low, max=1_000_000, description=description,
-                                                    tooltip=spec["help"], style=_WIDE,
-                                                    layout=widgets.Layout(width="170px"))
-    controls["budget"] = widgets.Text(
-        value="" if budget is None else format_bytes(budget), description="budget",
-        placeholder="e.g. 8GiB; empty: none",
-        tooltip="the memory a setting may use, with a unit (8GiB, 500MB): over it a setting does not fit; empty: none",
-        style=_WIDE, layout=widgets.Layout(width="230px"),
-    )
-    return controls
+    def _rate(self, trial: Trial) -> float | None:
+        return trial.tokens_per_s

@@ -14,7 +14,7 @@ colours and layout); the bottom row is the live figure's own:
 * bottom right, **memory vs throughput**: a point per setting that reached a peak (an out-of-memory one at 0
   samples/s), green where it fits the budget, grey where it does not.
 
-With many settings the bars are numbered (:func:`memlab.report.figure.plan_axis`); every hover names the setting and
+With many settings the bars are numbered (:func:`memlab.report.plan_axis.plan_axis`); every hover names the setting and
 spells its levers out.
 
 Redraws are batched: a step or a memory sample redraws at most once per ``min_interval_s``, while the start and the
@@ -45,12 +45,11 @@ from memlab.report.figure import (
     budget_line,
     budget_note,
     comparison_figure,
+    empty_trace,
     figure_columns,
     figure_data,
-    figure_height,
-    plan_axis,
-    plan_axis_layout,
 )
+from memlab.report.plan_axis import figure_height, plan_axis, plan_axis_layout
 from memlab.report.static import record_bundle
 
 __all__ = ["LiveFigure", "LiveOutput"]
@@ -428,10 +427,9 @@ def _build_widget(categories: tuple[str, ...] = CATEGORIES) -> go.FigureWidget:
     """Report.plot's figure (empty) with a second row: the running trial's memory, and memory vs throughput."""
     fig = comparison_figure(more_titles=_LIVE_TITLES, categories=categories)
     fig.add_trace(
-        go.Scatter(
-            name="live memory",
-            x=[],
-            y=[],
+        empty_trace(
+            "Scatter",
+            "live memory",
             mode="lines",
             line={"color": _LIVE_COLOR},
             showlegend=False,
@@ -445,10 +443,9 @@ def _build_widget(categories: tuple[str, ...] = CATEGORIES) -> go.FigureWidget:
         ("does not fit", DOES_NOT_FIT_COLOR, "x", False),
     ):
         fig.add_trace(
-            go.Scatter(
-                name=name,
-                x=[],
-                y=[],
+            empty_trace(
+                "Scatter",
+                name,
                 mode="markers+text",
                 textposition="top center",
                 marker={"color": color, "symbol": symbol, "size": 11},

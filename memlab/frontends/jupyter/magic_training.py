@@ -1,0 +1,199 @@
+"""``%%memfit`` in training mode: which run the line asks for, checked before the model is touched, and the run.
+
+``memlab.compare`` over the ``--try`` grid, ``memlab.fit`` when ``--budget`` or ``--batch-size`` comes without
+``--try`` (or with ``--search``), ``memlab.estimate`` with ``--dry-run``, and with ``--dry-run --gpus N|auto``
+:func:`memlab.estimation.sharded.sharded_trials` (a line per plan and strategy, and a Report of one trial per plan and
+strategy). ``--apply`` puts the best plan on the live model as :data:`APPLIED_NAME`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from memlab.errors import MemlabError
+from memlab.estimation.estimate import estimate_plans
+from memlab.estimation.sharded import parse_gpus, sharded_lines, sharded_trials
+from memlab.frontends.jupyter.magic_args import Job, run_options, unquote
+from memlab.frontends.jupyter.magic_cell import body_loss_fn, lookup_name, usage_error
+from memlab.options import RunOptions
+from memlab.plan import Plan, parse_axes, parse_grid
+from memlab.report import CATEGORIES, Report
+from memlab.runner.batch import LossFn, count_rows
+from memlab.runner.trial import compare
+from memlab.search import MAX_TRIALS, fit
+
+__all__ = ["APPLIED_NAME", "TrainingRequest"]
+
+APPLIED_NAME = "memfit_applied"
+"""The user-namespace name under which ``--apply`` stores the :class:`memlab.Applied`."""
+
+_STRATEGIES = ("fsdp2", "zero2", "zero3")
+
+
+@dataclass(frozen=True)
+class TrainingRequest:
+    """A training ``%%memfit`` line, read and checked (see the module docstring).
+
+    Example:
+        >>> from memlab.frontends.jupyter.magic_args import read_line
+        >>> request = TrainingRequest.from_args(read_line("net xs --budget 1GiB"))
+        >>> request.search, request.options.budget, len(request.plans)
+        (True, 1073741824, 1)
+    """
+
+    args: Any
+    options: RunOptions
+    plans: list[Plan]
+    search: bool
+    sharding: tuple[int | str, list[str] | None] | None
+
+    @classmethod
+    def from_args(cls, args: Any) -> TrainingRequest:
+        """Check the options that go together, before anything is looked up; a one-line UsageError if not."""
+        search = args.search or (not args.grid and (args.budget is not None or args.batch_size is not None))
+        if args.search and not args.grid:
+            raise usage_error("--search searches within the --try values; add --try KEY=V1,V2, or drop --search")
+        if args.grid and args.batch_size is not None and not search:
+            raise usage_error(
+                "--batch-size sets the effective batch of a search; add --search to search within the --try values"
+            )
+        if args.max_trials is not None and not search:
+            raise usage_error(
+                "--max-trials limits a search; add --budget SIZE (or --search with --try), or drop --max-trials"
+            )
+        if args.apply and args.dry_run:
+            raise usage_error("--apply needs measured plans, and --dry-run only estimates them; drop one of the two")
+        sharding = _sharding(args)
+        options = run_options(args, lr=args.lr)
+        try:
+            plans = parse_grid(args.grid)
+        except MemlabError as error:
+            raise usage_error(str(error)) from None
+        return cls(args, options, plans, search, sharding)
+
+    def prepare(self, namespace: MutableMapping[str, Any], model: nn.Module, cell: str | None) -> Job:
+        """Look BATCH up, compile the cell body into the loss and check them against the model; the Job to run."""
+        args = self.args
+        if not any(parameter.requires_grad for parameter in model.parameters()):
+            raise usage_error(
+                f"MODEL {args.model!r} has no trainable parameters; set requires_grad=True on what should train"
+            )
+        batch = lookup_name(namespace, args.batch, "BATCH")
+        try:
+            rows = count_rows(batch)
+        except MemlabError as error:
+            raise usage_error(f"BATCH {args.batch!r}: {error}") from None
+        loss_fn = body_loss_fn(cell, namespace, args.model, args.batch)
+        if loss_fn is None and not isinstance(batch, Mapping):
+            raise usage_error(
+                f"BATCH {args.batch!r} is a {type(batch).__name__}, so memlab cannot call model(**batch); "
+                "write the loss in the cell body, e.g. loss = loss_fn(model(batch[0]), batch[1])"
+            )
+
+        def work(options: RunOptions) -> Report:
+            if self.sharding is not None:
+                gpus, strategies = self.sharding
+                found = sharded_trials(model, batch, self.plans, gpus=gpus, strategies=strategies,
+                                       budget=options.budget, loss_fn=loss_fn, lr=options.lr)
+                print(f"Per GPU, {args.batch} ({rows} row{'s' if rows != 1 else ''}) being each GPU's micro-batch:")
+                for text in sharded_lines(found, options.budget):
+                    print(text)
+                return Report([trial for _, _, trial in found if trial is not None], budget=options.budget)
+            if self.search:
+                space = parse_axes(args.grid) or None
+                size = rows if args.batch_size is None else args.batch_size
+                limit = MAX_TRIALS if args.max_trials is None else args.max_trials
+                return fit(model, batch, batch_size=size, space=space, dry_run=args.dry_run, max_trials=limit,
+                           **options.keywords())
+            if args.dry_run:
+                return estimate_plans(model, batch, self.plans, loss_fn=loss_fn, budget=options.budget,
+                                      lr=options.lr)
+            return compare(model, batch, self.plans, **options.keywords())
+
+        def after(report: Report) -> None:
+            if args.apply:
+                apply_best(namespace, model, report, loss_fn, self.options.lr, args.model)
+
+        return Job(self.options.replace(loss_fn=loss_fn), CATEGORIES, work, after)
+
+
+def apply_best(
+    namespace: MutableMapping[str, Any],
+    model: nn.Module,
+    report: Report,
+    loss_fn: LossFn | None,
+    lr: float,
+    model_name: str,
+) -> None:
+    """``--apply``: put the report's best plan on ``model`` and store it as :data:`APPLIED_NAME` in ``namespace``
+    (a plan applied there before to the same model is undone first); nothing when no plan fits.
+
+    Example:
+        >>> import torch
+        >>> namespace = {}
+        >>> apply_best(namespace, torch.nn.Linear(2, 1), Report([]), None, 1e-3, "net")
+        No plan fits, so nothing was applied; net is as it was.
+    """
+    from memlab.runner.apply import Applied, apply
+
+    best = report.best
+    if best is None:
+        print(f"No plan fits, so nothing was applied; {model_name} is as it was.")
+        return
+    previous = namespace.get(APPLIED_NAME)
+    if isinstance(previous, Applied) and previous.active and previous.model is model:
+        previous.undo()
+        print(f"Undid the previous {APPLIED_NAME} ({previous.plan.label()}) first.")
+    applied = apply(model, best.plan, loss_fn=loss_fn, lr=lr)
+    namespace[APPLIED_NAME] = applied
+    print(
+        f"Applied {best.label} to {model_name} as {APPLIED_NAME}: train with {APPLIED_NAME}.step(batch); "
+        f"undo with {APPLIED_NAME}.undo()"
+    )
+
+
+def _sharding(args: Any) -> tuple[int | str, list[str] | None] | None:
+    """``(gpus, strategies)`` of a sharded dry run (``--gpus``/``--strategy``), None without them; a one-line
+    UsageError for a live run, a wrong value or an option that does not go with them."""
+    if args.gpus is None and args.strategy is None:
+        return None
+    given = " ".join(f"--{name} {value}" for name, value in (("gpus", args.gpus), ("strategy", args.strategy)) if value)
+    if not args.dry_run:
+        raise usage_error(
+            f"{given} estimates training sharded over several GPUs, and memlab never shards a live run; add "
+            "--dry-run, e.g. %%memfit model batch --dry-run --gpus 8 --strategy fsdp2 --budget 80GiB"
+        )
+    if args.gpus is None:
+        raise usage_error(
+            f"--strategy {args.strategy} needs a number of GPUs; add --gpus N, e.g. --gpus 8, or --gpus auto "
+            "with --budget"
+        )
+    try:
+        gpus = parse_gpus(unquote(args.gpus))
+    except MemlabError:
+        raise usage_error(
+            f"--gpus {args.gpus!r} is not a number of GPUs; write an int >= 1 such as --gpus 8, or --gpus auto "
+            "with --budget"
+        ) from None
+    if gpus == "auto" and args.budget is None:
+        raise usage_error("--gpus auto finds the smallest number of GPUs that fits a budget; add --budget, "
+                          "e.g. --gpus auto --budget 80GiB")
+    strategies = None
+    if args.strategy is not None:
+        name = str(unquote(args.strategy)).strip().lower()
+        if name not in _STRATEGIES:
+            raise usage_error(
+                f"--strategy {args.strategy!r} is unknown; write --strategy fsdp2, zero2 or zero3 (or leave it out "
+                "for all three)"
+            )
+        strategies = [name]
+    if args.search or args.batch_size is not None:
+        raise usage_error(
+            f"{'--search' if args.search else '--batch-size'} does not go with {given}: a sharded dry run estimates "
+            "exactly the --try plans; drop it"
+        )
+    return gpus, strategies

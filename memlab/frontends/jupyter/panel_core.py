@@ -1,0 +1,395 @@
+"""What the widget panel is in both modes: a control per lever of the plan class, a budget, Run and Clear, a one-line
+status, the live figure and a table of every run.
+
+:class:`PanelCore` is that panel; a mode is a small subclass that names its plan class and adds its own buttons:
+:class:`memlab.frontends.jupyter.panel.Panel` (training: Apply and Undo) and
+:class:`memlab.frontends.jupyter.inference_panel.InferencePanel` (inference: Largest batch).
+
+A run happens in the kernel, synchronously: the controls are disabled until it is over. Mistakes (a budget that is
+not a size, an impossible setting, an exception in the run) are one line in the status, never a traceback; a setting
+that runs out of memory (or over the budget) is a "does not fit" result, not an error. Messages call the model by the
+user's own variable name: ``name=`` when given, else the name the model has in the IPython user namespace (found by
+identity, never by ``eval``), else "the model".
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import ipywidgets as widgets
+from torch import nn
+
+from memlab.errors import MemlabError
+from memlab.events import Event
+from memlab.frontends.jupyter.live import LiveFigure
+from memlab.frontends.levers import lever_specs
+from memlab.inference.plan import InferencePlan
+from memlab.options import RunKeywords, RunOptions
+from memlab.plan import LeverSpec, Plan, format_bytes, parse_budget
+from memlab.report import CATEGORIES, Report, Trial, one_line
+from memlab.runner.batch import Batch, count_rows
+from memlab.runner.trial import compare
+
+__all__ = ["PanelCore", "descendants", "lever_control", "user_variable_name"]
+
+WIDE = {"description_width": "initial"}
+_COLORS = {"info": "#333", "ok": "#2b7a2b", "warn": "#8a5a00", "error": "#b00020"}
+_MAX_STATUS = 200
+
+Action = Callable[[Any, RunKeywords], Report]
+"""What a button runs: ``action(plan, options) -> Report`` (options are the panel's, with its budget and callback)."""
+
+
+class PanelCore(widgets.VBox):
+    """The panel both modes share (see the module docstring); a mode sets the class attributes and adds buttons.
+
+    Attributes:
+        report: the Report of every run since the panel was built or cleared (its budget is the last run's).
+        controls: the input widgets by name: one per lever of :attr:`plan_class`, and ``budget``.
+        run_button, clear_button: the buttons (``button.click()`` works without a browser).
+        status: the one-line HTML message; table: the HTML table of runs; figure: the LiveFigure.
+
+    Example:
+        >>> import torch
+        >>> options = RunOptions(loss_fn=lambda m, b: m(b).mean(), steps=1, progress=False)
+        >>> p = PanelCore(torch.nn.Linear(4, 1), torch.randn(8, 4), options)
+        >>> p.plan_class.__name__, sorted(p.controls)[:2], p.run().status, len(p.report)
+        ('Plan', ['accumulation', 'adapter'], 'ok', 1)
+    """
+
+    plan_class: ClassVar[type[Plan] | type[InferencePlan]] = Plan
+    rows_lever: ClassVar[str] = "micro_batch"
+    """The lever whose value is the batch's rows when it says "all of them" (None in the plan)."""
+    categories: ClassVar[tuple[str, ...]] = CATEGORIES
+    rate_unit: ClassVar[str] = "samples/s"
+    what: ClassVar[str] = "a setting"
+    """How the greeting names what the controls choose."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batch: Batch,
+        options: RunOptions,
+        *,
+        name: str | None = None,
+        min_interval_s: float = 0.25,
+    ) -> None:
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise MemlabError(f"name={name!r} is not allowed; write the model's name as text, such as name='net'")
+        if not isinstance(model, nn.Module):
+            raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
+        self.rows = count_rows(batch)
+        self.options = options
+        self.model = model
+        self.batch = batch
+        self.name = name
+        self.min_interval_s = min_interval_s
+        self.report = Report([], budget=options.budget)
+        self.figure = self._new_figure()
+        self.specs: dict[str, LeverSpec] = lever_specs(self.plan_class)
+        self.controls: dict[str, widgets.ValueWidget] = {
+            lever: lever_control(spec, self.rows) for lever, spec in self.specs.items()
+        }
+        self.controls["budget"] = _budget_control(options.budget)
+        self.run_button = widgets.Button(
+            description="Run", icon="play", button_style="primary", tooltip=self._run_tooltip()
+        )
+        self.clear_button = widgets.Button(
+            description="Clear",
+            icon="trash",
+            tooltip="Forget the results measured so far (the table and the figure); the model is not touched",
+        )
+        self.status = widgets.HTML(layout=widgets.Layout(width="100%"))
+        self.table = widgets.HTML(self.report._repr_html_())
+        self._running = False
+        self.run_button.on_click(lambda _: self.run())
+        self.clear_button.on_click(lambda _: self.clear())
+        self._say(f"Choose {self.what} and click Run to measure it on {self.model_name()}.", "info")
+        buttons = widgets.HBox([self.run_button, *self._mode_buttons(), self.clear_button])
+        super().__init__(children=[*self._lever_rows(), buttons, self.status, self.figure.widget, self.table])
+        self.add_class("memlab-panel")
+
+    # --- what the controls say ------------------------------------------------------------------------------
+
+    def plan(self) -> Plan | InferencePlan:
+        """The plan the controls describe (all of the batch's rows is None, "the batch's rows").
+
+        Example:
+            >>> import torch
+            >>> p = PanelCore(torch.nn.Linear(4, 1), torch.randn(8, 4), RunOptions())
+            >>> p.controls["micro_batch"].value, p.controls["accumulation"].value = 2, 4
+            >>> p.plan().label()
+            'mb2x4'
+        """
+        values = {lever: self.controls[lever].value for lever in self.specs}
+        if values[self.rows_lever] == self.rows:
+            values[self.rows_lever] = None
+        return self.plan_class(**values)
+
+    def budget(self) -> int | None:
+        """The budget field in bytes (None when empty); a MemlabError that says what to write when it is not a size.
+
+        Example:
+            >>> import torch
+            >>> p = PanelCore(torch.nn.Linear(4, 1), torch.randn(8, 4), RunOptions())
+            >>> p.controls["budget"].value = "2 MiB"
+            >>> p.budget()
+            2097152
+        """
+        text = str(self.controls["budget"].value).strip()
+        return parse_budget(text) if text else None
+
+    def model_name(self) -> str:
+        """What messages call the model: ``name=``, else its variable in the IPython user namespace, else
+        "the model".
+
+        Example:
+            >>> import torch
+            >>> PanelCore(torch.nn.Linear(4, 1), torch.randn(8, 4), RunOptions(), name="net").model_name()
+            'net'
+        """
+        return self.name or user_variable_name(self.model) or "the model"
+
+    # --- actions --------------------------------------------------------------------------------------------
+
+    def run(self) -> Trial | None:
+        """Measure the current setting on the live model (what the Run button does); the Trial, or None.
+
+        Never raises for a bad setting or a failing trial: the status line says what happened.
+
+        Example:
+            >>> import torch
+            >>> p = PanelCore(torch.nn.Linear(4, 1), torch.randn(8, 4), RunOptions(steps=1, progress=False))
+            >>> p.controls["budget"].value = "lots"
+            >>> p.run() is None, "budget 'lots' is not understood" in html.unescape(p.status.value)
+            (True, True)
+        """
+        return self._measure(lambda plan, options: compare(self.model, self.batch, [plan], **options))
+
+    def clear(self) -> None:
+        """Forget the results measured so far (what the Clear button does): the report, the table and the figure
+        start empty again (the old figure's widget is closed). The model is not touched.
+
+        Example:
+            >>> import torch
+            >>> options = RunOptions(loss_fn=lambda m, b: m(b).mean(), steps=1, progress=False)
+            >>> p = PanelCore(torch.nn.Linear(4, 1), torch.randn(8, 4), options)
+            >>> p.run().status, len(p.report)
+            ('ok', 1)
+            >>> p.clear(); len(p.report), len(p.figure.report)
+            (0, 0)
+        """
+        if self._running:
+            return
+        count = len(self.report)
+        self.report = Report([], budget=self.report.budget)
+        old = self.figure
+        self.figure = self._new_figure()
+        # Only the figure changes: containers rebuilt here would stay open, holding the buttons and so the model.
+        children: tuple[widgets.Widget, ...] = tuple(self.children)  # type: ignore[has-type]
+        self.children = tuple(self.figure.widget if child is old.widget else child for child in children)
+        old.widget.close()
+        self.table.value = self.report._repr_html_()
+        results = "1 result" if count == 1 else f"{count} results"
+        self._say(f"Cleared {results}; {self.model_name()} is untouched", "info")
+
+    def close(self) -> None:
+        """Close the panel and every widget in it, so that the kernel can let the model and its runs go.
+
+        ipywidgets keeps every widget until it is closed, and a panel's buttons hold the panel, which holds the
+        model: a panel that is only deleted keeps the model alive.
+
+        Example:
+            >>> import torch
+            >>> p = PanelCore(torch.nn.Linear(4, 1), torch.randn(8, 4), RunOptions())
+            >>> p.close(); p.run_button.comm is None, p.figure.widget.comm is None
+            (True, True)
+        """
+        for widget in descendants(self):
+            widget.close()
+        super().close()
+
+    # --- what a mode adds or changes ------------------------------------------------------------------------
+
+    def _mode_buttons(self) -> list[widgets.Button]:
+        """The mode's own buttons, between Run and Clear (built before the core's ``__init__`` runs)."""
+        return []
+
+    def _lever_rows(self) -> list[widgets.Widget]:
+        """The rows of controls above the buttons: every lever and the budget, wrapped."""
+        return [widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap"))]
+
+    def _refusal(self) -> str | None:
+        """Why a run cannot start now (shown as a warning), or None."""
+        return None
+
+    def _run_tooltip(self) -> str:
+        return "Measure this setting on the live model"
+
+    def _rate(self, trial: Trial) -> float | None:
+        return trial.samples_per_s
+
+    # --- running --------------------------------------------------------------------------------------------
+
+    def _measure(self, action: Action) -> Trial | None:
+        """Run ``action`` on the controls' plan and budget, with the live figure fed; keep what it measured (also
+        what was measured before a Ctrl-C) and say one line about it. The trial shown, or None."""
+        if self._running:
+            return None
+        refusal = self._refusal()
+        if refusal is not None:
+            self._say(refusal, "warn")
+            return None
+        try:
+            plan, budget = self.plan(), self.budget()
+        except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
+            self._say(f"Cannot run: {one_line(error, limit=None)}", "error")
+            return None
+        self._set_busy(True)
+        self._say(f"Running {plan.label()}...", "info")
+        try:
+            self.figure.budget = budget
+            self.figure.start_run()
+            result = action(plan, self.options.keywords(budget=budget, callback=self._on_event))
+            self._keep(result.trials, budget)
+            shown = result.best if len(result) > 1 else (result.trials[-1] if result.trials else None)
+            self._say(*self._message(shown, result))
+            return shown
+        except KeyboardInterrupt as interrupt:
+            finished = getattr(interrupt, "report", None)  # what was measured before Ctrl-C
+            kept = list(finished.trials) if isinstance(finished, Report) else []
+            self._keep(kept, budget)
+            measured = f" ({len(kept)} setting(s) measured are in the table)" if kept else ""
+            self._say(f"Interrupted; {self.model_name()} is as it was{measured}", "warn")
+            return None
+        except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
+            self._say(f"Error: {one_line(error, limit=None)}", "error")
+            return None
+        finally:
+            self.figure.flush()
+            self.table.value = self.report._repr_html_()
+            self._set_busy(False)
+
+    def _keep(self, trials: list[Trial], budget: int | None) -> None:
+        self.report.trials.extend(trials)
+        self.report.budget = budget
+
+    def _message(self, trial: Trial | None, report: Report) -> tuple[str, str]:
+        """The status line of a result, and its kind."""
+        if trial is None:
+            return "nothing fits the budget", "warn"
+        if trial.status == "oom":
+            budget = "" if trial.budget is None else f" in {format_bytes(trial.budget)}"
+            reached = f", reached {format_bytes(trial.peak_bytes)}" if trial.peak_bytes else ""
+            return f"{trial.label}: does not fit{budget} (out of memory{reached})", "warn"
+        if trial.status == "error":
+            return f"{trial.label}: error: {one_line(trial.error or 'unknown error', limit=None)}", "error"
+        if not report.fits(trial):
+            return f"{trial.label}: does not fit: peak {format_bytes(trial.peak_bytes)} is over the budget", "warn"
+        rate = self._rate(trial)
+        speed = "" if rate is None else f", {rate:.3g} {self.rate_unit}"
+        return f"{trial.label}: fits, peak {format_bytes(trial.peak_bytes)}{speed}", "ok"
+
+    # --- display --------------------------------------------------------------------------------------------
+
+    def _new_figure(self) -> LiveFigure:
+        return LiveFigure(self.report.budget, min_interval_s=self.min_interval_s, categories=self.categories)
+
+    def _on_event(self, event: Event) -> None:
+        self.figure(event)
+        if self.options.callback is not None:
+            self.options.callback(event)
+
+    def _set_busy(self, running: bool) -> None:
+        self._running = running
+        for widget in [*self.controls.values(), self.run_button, *self._mode_buttons(), self.clear_button]:
+            widget.disabled = running
+
+    def _say(self, message: str, kind: str) -> None:
+        """Show one line; a line cut short keeps all of it as its tooltip."""
+        cut = len(message) > _MAX_STATUS
+        text = message[: _MAX_STATUS - 3] + "..." if cut else message
+        title = f" title='{html.escape(message, quote=True)}'" if cut else ""
+        self.status.value = (
+            f"<div class='memlab-status memlab-{kind}'{title} "
+            f"style='color:{_COLORS[kind]};white-space:nowrap;overflow:hidden;text-overflow:ellipsis'>"
+            f"{html.escape(text)}</div>"
+        )
+
+
+def lever_control(spec: LeverSpec, rows: int) -> widgets.ValueWidget:
+    """The widget for one lever, named after it, its help as the tooltip: a checkbox for a switch, a drop-down for
+    choices, a number box for a count (a count whose default is None starts at the batch's ``rows``).
+
+    Example:
+        >>> from memlab.plan import LEVERS
+        >>> control = lever_control(LEVERS["micro_batch"], 8)
+        >>> control.description, control.value, control.min
+        ('micro-batch', 8, 1)
+    """
+    description = spec.name.replace("_", "-")
+    if spec.type == "bool":
+        return widgets.Checkbox(
+            value=spec.default, description=description, tooltip=spec.help, indent=False,
+            layout=widgets.Layout(width="140px"),
+        )
+    if spec.type == "choice":
+        return widgets.Dropdown(
+            options=list(spec.choices), value=spec.default, description=description, tooltip=spec.help,
+            style=WIDE, layout=widgets.Layout(width="200px"),
+        )
+    return widgets.BoundedIntText(
+        value=rows if spec.default is None else spec.default, min=0 if spec.default == 0 else 1, max=1_000_000,
+        description=description, tooltip=spec.help, style=WIDE, layout=widgets.Layout(width="170px"),
+    )
+
+
+def _budget_control(budget: int | None) -> widgets.Text:
+    return widgets.Text(
+        value="" if budget is None else format_bytes(budget),
+        description="budget",
+        placeholder="e.g. 8GiB; empty: none",
+        tooltip="the memory a setting may use, with a unit (8GiB, 500MB): over it a setting does not fit; empty: none",
+        style=WIDE,
+        layout=widgets.Layout(width="230px"),
+    )
+
+
+def user_variable_name(value: Any, namespace: Mapping[str, Any] | None = None) -> str | None:
+    """The name of a variable that holds ``value`` itself (by identity, nothing is evaluated), or None.
+
+    ``namespace`` defaults to the IPython user namespace (None outside IPython). Names that start with ``_``
+    (IPython's output history, such as ``_`` and ``_3``) do not count: they are not names the user chose.
+
+    Example:
+        >>> net = object()
+        >>> user_variable_name(net, {"_": net, "other": 1, "net": net}), user_variable_name(net, {})
+        ('net', None)
+    """
+    if namespace is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is None:
+            return None
+        namespace = shell.user_ns
+    for name, held in list(namespace.items()):
+        if held is value and not name.startswith("_"):
+            return name
+    return None
+
+
+def descendants(widget: widgets.Widget) -> list[widgets.Widget]:
+    """Every widget inside ``widget``, depth first: what closing a panel must close too.
+
+    Example:
+        >>> inner = widgets.Label("x")
+        >>> len(descendants(widgets.VBox([widgets.HBox([inner])])))
+        2
+    """
+    found: list[widgets.Widget] = []
+    for child in getattr(widget, "children", ()):
+        found += [child, *descendants(child)]
+    return found
