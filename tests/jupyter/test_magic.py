@@ -514,7 +514,7 @@ BAD = [
     ("max-trials-without-search", "model batch --max-trials 5", "", "--max-trials limits a search"),
     ("max-trials-zero", "model batch --budget 8GiB --max-trials 0", "", "max_trials=0 is not allowed"),
     ("max-trials-inference", "model batch --inference --budget 8GiB --max-trials 5", "", "--max-trials does not go"),
-    ("missing-batch", "model", "", "required: BATCH"),
+    ("missing-batch", "model", "", "BATCH is missing; write the name of your batch after the model's"),
     ("unclosed-quote", 'model batch --budget "8GiB', "", "cannot be read"),
     ("bad-budget", "model batch --budget lots", "", "budget 'lots' is not understood"),
     ("zero-budget", "model batch --budget 0GiB", "", "not positive"),

@@ -42,6 +42,7 @@ from memlab.frontends.jupyter.magic_cell import body_loss_fn, empty_body_transfo
 from memlab.frontends.jupyter.magic_inference import InferenceRequest
 from memlab.frontends.jupyter.magic_training import APPLIED_NAME, TrainingRequest
 from memlab.report import Report
+from memlab.trainer.source import is_trainer, trainer_model
 
 __all__ = [
     "APPLIED_NAME",
@@ -139,12 +140,20 @@ class MemfitMagics(Magics):
         namespace = self._namespace()
         args = request.args
         model = lookup_name(namespace, args.model, "MODEL")
+        trainer = model if is_trainer(model) else None
+        if trainer is not None:
+            model = trainer_model(trainer)
         if not isinstance(model, nn.Module):
             raise usage_error(
-                f"MODEL {args.model!r} is a {type(model).__name__}, not a torch nn.Module; "
+                f"MODEL {args.model!r} is a {type(model).__name__}, not a torch nn.Module or a transformers Trainer; "
                 "write the name of your model, e.g. %%memfit model batch"
             )
-        job = request.prepare(namespace, model, cell)
+        if args.batch is None and (trainer is None or isinstance(request, InferenceRequest)):
+            raise usage_error(
+                "BATCH is missing; write the name of your batch after the model's, e.g. %%memfit model batch"
+                + ("" if trainer is not None else " (a Trainer's batch may be left out)")
+            )
+        job = request.prepare(namespace, model, cell, trainer=trainer)
         # Everything was checked before anything runs; the live figure is shown at the first trial, so that a refused
         # invocation displays nothing.
         options = job.options

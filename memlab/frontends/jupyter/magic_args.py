@@ -40,8 +40,12 @@ USAGE = (
 """What the one-line error of an unreadable line ends with."""
 
 ARGUMENTS = [
-    argument("model", metavar="MODEL", help="name of the torch nn.Module in the notebook, e.g. model"),
-    argument("batch", metavar="BATCH", help="name of the batch in the notebook (dict of tensors, tensor, tuple)"),
+    argument("model", metavar="MODEL", help="name of the torch nn.Module (or transformers Trainer) in the notebook"),
+    argument(
+        "batch", metavar="BATCH", nargs="?", default=None,
+        help="name of the batch in the notebook (dict of tensors, tensor, tuple); with a Trainer it may be left out: "
+        "its train dataset's worst batch is measured",
+    ),
     argument(
         "--try",
         dest="grid",

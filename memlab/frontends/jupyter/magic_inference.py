@@ -75,7 +75,9 @@ class InferenceRequest:
             raise usage_error(str(error)) from None
         return cls(args, options, plans, axes)
 
-    def prepare(self, namespace: MutableMapping[str, Any], model: nn.Module, cell: str | None) -> Job:
+    def prepare(
+        self, namespace: MutableMapping[str, Any], model: nn.Module, cell: str | None, trainer: Any = None
+    ) -> Job:
         """Look BATCH up and check that the cell body is empty; the Job to run."""
         args = self.args
         batch = lookup_name(namespace, args.batch, "BATCH")

@@ -25,6 +25,9 @@ from memlab.report import CATEGORIES, Report
 from memlab.runner.batch import LossFn, count_rows
 from memlab.runner.trial import compare
 from memlab.search import MAX_TRIALS, fit
+from memlab.trainer.apply import TrainerApplied
+from memlab.trainer.entry import live_target
+from memlab.trainer.source import is_trainer
 
 __all__ = ["APPLIED_NAME", "TrainingRequest"]
 
@@ -75,19 +78,38 @@ class TrainingRequest:
             raise usage_error(str(error)) from None
         return cls(args, options, plans, search, sharding)
 
-    def prepare(self, namespace: MutableMapping[str, Any], model: nn.Module, cell: str | None) -> Job:
-        """Look BATCH up, compile the cell body into the loss and check them against the model; the Job to run."""
+    def prepare(
+        self, namespace: MutableMapping[str, Any], model: nn.Module, cell: str | None, trainer: Any = None
+    ) -> Job:
+        """Look BATCH up, compile the cell body into the loss and check them against the model; the Job to run.
+        With a ``trainer`` (MODEL named one): its model, its ``compute_loss`` unless the cell body gives a loss, its
+        effective batch, and without BATCH its train dataset's worst batch (:mod:`memlab.trainer.entry`)."""
         args = self.args
         if not any(parameter.requires_grad for parameter in model.parameters()):
             raise usage_error(
                 f"MODEL {args.model!r} has no trainable parameters; set requires_grad=True on what should train"
             )
-        batch = lookup_name(namespace, args.batch, "BATCH")
+        batch = None if args.batch is None else lookup_name(namespace, args.batch, "BATCH")
+        target = None
+        if trainer is not None:
+            try:
+                target = live_target(trainer, batch)
+            except MemlabError as error:
+                raise usage_error(f"MODEL {args.model!r}: {error}") from None
+            batch = target.batch
+            print(target.note or f"Trainer {args.model}: its model and compute_loss, on {args.batch}")
+        if batch is None:
+            raise usage_error(
+                "BATCH is missing; write the name of your batch after the model's, e.g. %%memfit model batch"
+            )
         try:
             rows = count_rows(batch)
         except MemlabError as error:
             raise usage_error(f"BATCH {args.batch!r}: {error}") from None
-        loss_fn = body_loss_fn(cell, namespace, args.model, args.batch)
+        loss_fn = body_loss_fn(cell, namespace, args.model, args.batch or "batch")
+        if loss_fn is None and target is not None:
+            loss_fn = target.loss_fn
+        effective = rows if target is None or target.batch_size is None else target.batch_size
         if loss_fn is None and not isinstance(batch, Mapping):
             raise usage_error(
                 f"BATCH {args.batch!r} is a {type(batch).__name__}, so memlab cannot call model(**batch); "
@@ -105,7 +127,7 @@ class TrainingRequest:
                 return Report([trial for _, _, trial in found if trial is not None], budget=options.budget)
             if self.search:
                 space = parse_axes(args.grid) or None
-                size = rows if args.batch_size is None else args.batch_size
+                size = effective if args.batch_size is None else args.batch_size
                 limit = MAX_TRIALS if args.max_trials is None else args.max_trials
                 return fit(model, batch, batch_size=size, space=space, dry_run=args.dry_run, max_trials=limit,
                            **options.keywords())
@@ -116,7 +138,8 @@ class TrainingRequest:
 
         def after(report: Report) -> None:
             if args.apply:
-                apply_best(namespace, model, report, loss_fn, self.options.lr, args.model)
+                apply_best(namespace, model if trainer is None else trainer, report,
+                           loss_fn if trainer is None else None, self.options.lr, args.model)
 
         return Job(self.options.replace(loss_fn=loss_fn), CATEGORIES, work, after)
 
@@ -145,14 +168,17 @@ def apply_best(
         print(f"No plan fits, so nothing was applied; {model_name} is as it was.")
         return
     previous = namespace.get(APPLIED_NAME)
-    if isinstance(previous, Applied) and previous.active and previous.model is model:
+    trainer = is_trainer(model)
+    if (isinstance(previous, Applied) and previous.active and previous.model is model) or (
+        isinstance(previous, TrainerApplied) and not previous.undone and previous.trainer is model
+    ):
         previous.undo()
         print(f"Undid the previous {APPLIED_NAME} ({previous.plan.label()}) first.")
-    applied = apply(model, best.plan, loss_fn=loss_fn, lr=lr)
+    applied = apply(model, best.plan) if trainer else apply(model, best.plan, loss_fn=loss_fn, lr=lr)
     namespace[APPLIED_NAME] = applied
+    train = f"{model_name}.train()" if trainer else f"{APPLIED_NAME}.step(batch)"
     print(
-        f"Applied {best.label} to {model_name} as {APPLIED_NAME}: train with {APPLIED_NAME}.step(batch); "
-        f"undo with {APPLIED_NAME}.undo()"
+        f"Applied {best.label} to {model_name} as {APPLIED_NAME}: train with {train}; undo with {APPLIED_NAME}.undo()"
     )
 
 
