@@ -8,12 +8,13 @@ import numbers
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
 
 from memlab.errors import MemlabError
 from memlab.techniques.lever import Lever
 from memlab.techniques.levers_model import LORA_RANK_DEFAULT
-from memlab.techniques.registry import REGISTRY
+from memlab.techniques.registry import REGISTRY, conflicts
 
 
 class _Replaceable(Protocol):
@@ -208,6 +209,9 @@ class Plan:
             # The rank and targets mean nothing without an adapter; one value keeps grids free of duplicate plans.
             object.__setattr__(self, "lora_rank", LORA_RANK_DEFAULT)
             object.__setattr__(self, "lora_targets", LEVERS["lora_targets"].default)
+        problems = conflicts(self)
+        if problems:
+            raise MemlabError(problems[0])
 
     @property
     def offloads_optimizer(self) -> bool:
@@ -505,15 +509,27 @@ def grid_of(base: PlanT, axes: Mapping[str, Sequence[Any]]) -> list[PlanT]:
     """``base`` with every combination of the axes' values, in the given order, each distinct plan once (any plan
     with a ``replace`` method: a Plan or an InferencePlan).
 
+    A combination whose settings cannot go together (the registry's ``conflicts``) is left out, unless every one is.
+
     Example:
         >>> [p.label() for p in grid_of(Plan(), {"checkpointing": [False, True]})]
         ['plain', 'ckpt']
     """
     plans: list[PlanT] = []
+    refused: MemlabError | None = None
     for combination in itertools.product(*axes.values()):
-        plan = base.replace(**dict(zip(axes.keys(), combination, strict=True)))
+        changes = dict(zip(axes.keys(), combination, strict=True))
+        try:
+            plan = base.replace(**changes)
+        except MemlabError as error:
+            if not isinstance(base, Plan) or not conflicts(SimpleNamespace(**{**vars(base), **changes})):
+                raise
+            refused = refused or error
+            continue
         if plan not in plans:
             plans.append(plan)
+    if not plans and refused is not None:
+        raise refused
     return plans or [base]
 
 
