@@ -170,6 +170,9 @@ class Plan:
             list of module names (stored as a tuple); without an adapter it is always the default.
         loss: ``"full"`` or ``"chunked"``: for a causal LM with an LM head and the default loss, the head and the
             cross-entropy computed over chunks of tokens, so that only one chunk's logits exist at a time.
+        optimizer_in_backward: each trained weight gets its own optimizer (the plan's), stepped in backward as
+            soon as its gradient is accumulated, so the gradients never all exist at once; refused with
+            accumulation > 1, optimizer offload and fp16.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
@@ -193,6 +196,7 @@ class Plan:
     lora_rank: int = lever(LORA_RANK_DEFAULT)
     lora_targets: str | tuple[str, ...] = lever("all-linear")
     loss: str = lever("full")
+    optimizer_in_backward: bool = lever(False)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.
