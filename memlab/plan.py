@@ -8,12 +8,13 @@ import numbers
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
 
 from memlab.errors import MemlabError
 from memlab.techniques.lever import Lever
 from memlab.techniques.levers_model import LORA_RANK_DEFAULT
-from memlab.techniques.registry import REGISTRY
+from memlab.techniques.registry import REGISTRY, conflicts
 
 
 class _Replaceable(Protocol):
@@ -169,6 +170,9 @@ class Plan:
             list of module names (stored as a tuple); without an adapter it is always the default.
         loss: ``"full"`` or ``"chunked"``: for a causal LM with an LM head and the default loss, the head and the
             cross-entropy computed over chunks of tokens, so that only one chunk's logits exist at a time.
+        optimizer_in_backward: each trained weight gets its own optimizer (the plan's), stepped in backward as
+            soon as its gradient is accumulated, so the gradients never all exist at once; refused with
+            accumulation > 1, optimizer offload and fp16.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
@@ -192,6 +196,7 @@ class Plan:
     lora_rank: int = lever(LORA_RANK_DEFAULT)
     lora_targets: str | tuple[str, ...] = lever("all-linear")
     loss: str = lever("full")
+    optimizer_in_backward: bool = lever(False)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.
@@ -208,6 +213,9 @@ class Plan:
             # The rank and targets mean nothing without an adapter; one value keeps grids free of duplicate plans.
             object.__setattr__(self, "lora_rank", LORA_RANK_DEFAULT)
             object.__setattr__(self, "lora_targets", LEVERS["lora_targets"].default)
+        problems = conflicts(self)
+        if problems:
+            raise MemlabError(problems[0])
 
     @property
     def offloads_optimizer(self) -> bool:
@@ -521,15 +529,27 @@ def grid_of(base: PlanT, axes: Mapping[str, Sequence[Any]]) -> list[PlanT]:
     """``base`` with every combination of the axes' values, in the given order, each distinct plan once (any plan
     with a ``replace`` method: a Plan or an InferencePlan).
 
+    A combination whose settings cannot go together (the registry's ``conflicts``) is left out, unless every one is.
+
     Example:
         >>> [p.label() for p in grid_of(Plan(), {"checkpointing": [False, True]})]
         ['plain', 'ckpt']
     """
     plans: list[PlanT] = []
+    refused: MemlabError | None = None
     for combination in itertools.product(*axes.values()):
-        plan = base.replace(**dict(zip(axes.keys(), combination, strict=True)))
+        changes = dict(zip(axes.keys(), combination, strict=True))
+        try:
+            plan = base.replace(**changes)
+        except MemlabError as error:
+            if not isinstance(base, Plan) or not conflicts(SimpleNamespace(**{**vars(base), **changes})):
+                raise
+            refused = refused or error
+            continue
         if plan not in plans:
             plans.append(plan)
+    if not plans and refused is not None:
+        raise refused
     return plans or [base]
 
 

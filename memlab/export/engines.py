@@ -13,7 +13,7 @@ from memlab.errors import MemlabError
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.techniques.levers_model import lora_settings, qlora_compute_dtype
 from memlab.techniques.levers_step import CHUNKS, OPTIMIZER_FORMS
-from memlab.techniques.registry import refusals
+from memlab.techniques.registry import REGISTRY, refusals
 
 __all__ = ["chunked_loss_code", "deepspeed_config", "lora_config_code", "optimizer_code", "peft_config",
            "pytorch_code", "refuse_unless_carried", "training_arguments"]
@@ -317,6 +317,8 @@ def pytorch_code(plan: Plan) -> str:
         ]
     else:
         lines.append(f"optimizer = {optimizer_code(plan, 'params', 'device')}")
+    for lever in REGISTRY.values():  # levers that change how the optimizer steps say so here
+        lines += lever.code(plan) if lever.code else []
     if plan.precision == "fp16":
         lines.append("scaler = torch.amp.GradScaler(device.type)  # dynamic loss scaling for fp16")
 

@@ -24,7 +24,7 @@ __all__ = ["ModelValues", "ModuleStructure", "trainable_parameters", "unique_par
 
 _MISSING = object()
 # Tensor hooks that live on the C side of a tensor (not in its __dict__), so they are captured by name.
-_TENSOR_HOOK_ATTRIBUTES = ("_backward_hooks",)
+_TENSOR_HOOK_ATTRIBUTES = ("_backward_hooks", "_post_accumulate_grad_hooks")
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))
 
 

@@ -7,7 +7,7 @@ step are the same code.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -24,6 +24,7 @@ from memlab.techniques.loss import loss_for_plan
 from memlab.techniques.offload import OffloadedOptimizer, activation_offload, offload_notes
 from memlab.techniques.optimizer import build_optimizer, optimizer_notes
 from memlab.techniques.precision import autocast, check_precision, grad_scaler
+from memlab.techniques.registry import stepping
 from memlab.techniques.weights import cast_weights
 
 
@@ -44,6 +45,33 @@ class _NoPhases:
 
 
 NO_PHASES = _NoPhases()
+
+
+class OptimizerStepping(Protocol):
+    """How the optimizer step runs where a lever changes it (a lever's ``stepping`` facet in
+    :data:`memlab.techniques.registry.REGISTRY` gives one for the plan).
+
+    ``install`` puts it on the model's trainable ``parameters``, building optimizers with ``build`` (the plan's
+    optimizer over the parameters given), and returns what takes it off again. ``optimizer`` is then what the step
+    (and ``Applied.optimizer``) holds. Where ``steps_in_backward`` is True the parameters step during backward, so
+    the step calls neither ``optimizer.step()`` nor ``zero_grad()`` after it; ``watch(on_grad)`` asks it to call
+    ``on_grad(parameter)`` on each gradient before stepping it (None: stop), which is how a tracked step labels
+    gradients that live only for a moment.
+    """
+
+    steps_in_backward: bool
+
+    @property
+    def optimizer(self) -> Any: ...
+
+    def install(
+        self,
+        model: nn.Module,
+        parameters: Sequence[nn.Parameter],
+        build: Callable[[Sequence[nn.Parameter]], torch.optim.Optimizer],
+    ) -> Callable[[], None]: ...
+
+    def watch(self, on_grad: Callable[[nn.Parameter], None] | None) -> None: ...
 
 
 class TrainingStep:
@@ -90,6 +118,7 @@ class TrainingStep:
                 + _weights_notes(plan, self.parameters)
                 + optimizer_notes(plan, optimizer_device_type or self.device.type, self.parameters)
             )
+            self._stepping: OptimizerStepping | None = stepping(plan)
             self.optimizer = self._build_optimizer(lr, optimizer_device_type or self.device.type)
         except BaseException:
             self._take_off_model_changes()
@@ -107,9 +136,16 @@ class TrainingStep:
         def make(parameters: Any) -> torch.optim.Optimizer:
             return build_optimizer(parameters, self.plan, lr, device_type=device_type)
 
+        if self._stepping is not None:
+            self._undo_model.append(self._stepping.install(self.model, self.parameters, make))
+            return self._stepping.optimizer
         if self.plan.offloads_optimizer and self.device.type != "cpu":
             return OffloadedOptimizer(self.parameters, make)
         return make(self.parameters)
+
+    @property
+    def _steps_in_backward(self) -> bool:
+        return self._stepping is not None and self._stepping.steps_in_backward
 
     def __call__(self, batch: Batch, tracker: Phases = NO_PHASES) -> float:
         """One optimizer step over one effective batch; returns the mean micro-batch loss as a float."""
@@ -128,10 +164,7 @@ class TrainingStep:
         total = torch.zeros((), device=self.device)
         # While tracking, a gradient is labelled the moment it is accumulated, so that a peak inside backward
         # counts it as a gradient rather than as an activation.
-        hooks = [] if tracker is NO_PHASES else [
-            p.register_post_accumulate_grad_hook(lambda param: tracker.mark([param.grad], "grads"))
-            for p in self.parameters
-        ]
+        hooks = self._mark_grads(tracker)
         try:
             self._accumulate(parts, loss_fn, total, tracker)
         except BaseException:
@@ -140,7 +173,11 @@ class TrainingStep:
         finally:
             for hook in hooks:
                 hook.remove()
+            if self._stepping is not None and self._steps_in_backward:
+                self._stepping.watch(None)
         del parts
+        if self._steps_in_backward:
+            return float(total.item())
         with tracker.phase("other"):
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
@@ -149,6 +186,19 @@ class TrainingStep:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return float(total.item())
+
+    def _mark_grads(self, tracker: Phases) -> list[Any]:
+        if tracker is NO_PHASES:
+            return []
+
+        def mark(param: torch.Tensor) -> None:
+            tracker.mark([param.grad], "grads")
+
+        if self._stepping is not None and self._steps_in_backward:
+            # Its own hooks may step and free a gradient at once: it marks them first.
+            self._stepping.watch(mark)
+            return []
+        return [p.register_post_accumulate_grad_hook(mark) for p in self.parameters]
 
     def _accumulate(self, parts: list[Batch], loss_fn: LossFn, total: torch.Tensor, tracker: Phases) -> None:
         for part in parts:

@@ -8,13 +8,14 @@ needs at least another's memory whatever the model, so that one plan that does n
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.report import Trial
 from memlab.techniques.levers_step import OPTIMIZER_RANK
-from memlab.techniques.registry import REGISTRY
+from memlab.techniques.registry import REGISTRY, conflicts
 
 TECHNIQUES = tuple(name for name in PLAN_FIELDS if not REGISTRY[name].split)
 """The plan fields other than the batch split, in the order candidates are listed (every lever the registry does
@@ -123,12 +124,16 @@ def candidate_plans(
     plans = []
     for size in micro:
         for values in _product(axes):
-            plan = Plan(
-                micro_batch=None if size == batch_size == batch_rows else size,
-                accumulation=batch_size // size,
+            settings = {
+                "micro_batch": None if size == batch_size == batch_rows else size,
+                "accumulation": batch_size // size,
                 **dict(zip(TECHNIQUES, values, strict=True)),
-            )
-            plans.append(plan)
+            }
+            # Settings that cannot go together (the registry's conflicts) are no candidate.
+            if not conflicts(SimpleNamespace(**settings)):
+                plans.append(Plan(**settings))
+    if not plans:
+        raise MemlabError(f"every plan of the space is refused: {conflicts(SimpleNamespace(**settings))[0]}")
     # A LoRA rank without an adapter is the same plan as the default rank's: each plan once.
     return list(dict.fromkeys(plans))
 

@@ -61,6 +61,14 @@ class Lever:
         split: the lever cuts the batch (micro_batch, accumulation) rather than being a technique axis.
         technique: ``"module:function"`` that puts the lever on (what ``TrainingStep`` calls).
         notes: ``"module:function"`` giving a trial's notes about the lever, or empty.
+        stepping: ``"module:function"`` taking the plan and giving how the optimizer step runs with the lever's
+            value (an object :class:`memlab.runner.step.TrainingStep` installs: see its ``OptimizerStepping``), or
+            None where the step runs as usual; empty: the lever never changes how the step runs.
+        conflicts: why a plan cannot have the lever's value together with its other settings (one sentence saying
+            what to write), ``""`` when it can; it reads the plan's fields only, so the search can ask it of a
+            combination before building the plan. None: the lever goes with every setting.
+        code: the lines :func:`memlab.export.engines.pytorch_code` adds right after building the optimizer (its
+            ``optimizer`` and ``params`` exist there), or None where the plain loop carries the lever as it is.
         needs_at_least: ``(mine, theirs) -> bool``: whether a plan with ``mine`` needs at least the memory of the
             same plan with ``theirs``, whatever the model. None (the default): values compare only with themselves.
         slower: ``(value, instead)`` pairs: the plan with ``value`` does the work of the one with ``instead`` and
@@ -87,6 +95,9 @@ class Lever:
     split: bool = False
     technique: str = ""
     notes: str = ""
+    stepping: str = ""
+    conflicts: Callable[[PlanLike], str] | None = None
+    code: Callable[[PlanLike], list[str]] | None = None
     needs_at_least: Callable[[Any, Any], bool] | None = None
     slower: tuple[tuple[Any, Any], ...] = ()
     family: bool = False

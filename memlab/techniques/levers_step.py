@@ -1,11 +1,12 @@
-"""The declarations of the levers that change the optimizer step: precision, the optimizer, offload and the chunked
-loss (techniques: :mod:`memlab.techniques.precision`, :mod:`memlab.techniques.optimizer`,
-:mod:`memlab.techniques.offload`, :mod:`memlab.techniques.loss`; facets: :mod:`memlab.techniques.lever`). How each
-optimizer is named in each export is here too (:data:`OPTIMIZER_FORMS`), once.
+"""The declarations of the levers that change the optimizer step: precision, the optimizer, offload, the chunked
+loss and the optimizer in backward (techniques: :mod:`memlab.techniques.precision`,
+:mod:`memlab.techniques.optimizer`, :mod:`memlab.techniques.offload`, :mod:`memlab.techniques.loss`,
+:mod:`memlab.techniques.optimizer_in_backward`; facets: :mod:`memlab.techniques.lever`). How each optimizer is named
+in each export is here too (:data:`OPTIMIZER_FORMS`), once.
 
 Example:
     >>> [lever.name for lever in LEVERS]
-    ['precision', 'optimizer', 'offload', 'loss']
+    ['precision', 'optimizer', 'offload', 'loss', 'optimizer_in_backward']
     >>> OPTIMIZER_FORMS["adafactor"].trainer
     'adafactor'
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memlab.techniques.lever import TARGETS, Lever, PlanLike, carried, concerns_adapters_only
+from memlab.techniques.lever import TARGETS, Lever, PlanLike, Refusal, carried, concerns_adapters_only
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,62 @@ def _activation_offload_for_the_trainer(plan: PlanLike) -> str:
         f"offload={plan.offload!r} without checkpointing has no Trainer form: the Trainer offloads only "
         "checkpointed activations; write checkpointing=True with it, or use plan.to_code() (save_on_cpu)"
     )
+
+
+def _in_backward_conflicts(plan: PlanLike) -> str:
+    if not plan.optimizer_in_backward:
+        return ""
+    if plan.accumulation > 1:
+        return (
+            "optimizer_in_backward steps in backward, so it cannot accumulate; write accumulation=1 (a larger "
+            "micro_batch) or optimizer_in_backward=False"
+        )
+    if plan.offload in ("optimizer", "all"):
+        return (
+            "optimizer_in_backward steps each parameter on the device during backward, so it cannot offload the "
+            f"optimizer (offload={plan.offload!r}); write offload='none' or 'activations', "
+            "or optimizer_in_backward=False"
+        )
+    if plan.precision == "fp16":
+        return (
+            "optimizer_in_backward steps each parameter before the other gradients exist, so fp16's GradScaler "
+            "cannot unscale them all first; write precision='bf16' or 'fp32', or optimizer_in_backward=False"
+        )
+    return ""
+
+
+def _in_backward_elsewhere(target: str) -> Refusal:
+    def refusal(plan: PlanLike) -> str:
+        if not plan.optimizer_in_backward:
+            return ""
+        return (
+            f"optimizer_in_backward=True is not expressible in {target}; use the code export (plan.to_code()), "
+            "or export plan.replace(optimizer_in_backward=False)"
+        )
+
+    return refusal
+
+
+def _in_backward_code(plan: PlanLike) -> list[str]:
+    if not plan.optimizer_in_backward:
+        return []
+    form = OPTIMIZER_FORMS[plan.optimizer]
+    extra = ', fused=device.type in ("cuda", "cpu")' if plan.optimizer == "adamw" else (
+        f", {form.keywords}" if form.keywords else "")
+    return [
+        "# Optimizer in backward: each parameter has its own optimizer, stepped as soon as its gradient is",
+        "# accumulated, so the gradients never all exist at once (`optimizer.step()` below finds none: a no-op)",
+        f"optimizers = {{p: {form.make}([p], lr=lr{extra}) for p in params}}",
+        "",
+        "",
+        "def step_in_backward(p):",
+        "    optimizers[p].step()",
+        "    optimizers[p].zero_grad(set_to_none=True)",
+        "",
+        "",
+        "for p in params:",
+        "    p.register_post_accumulate_grad_hook(step_in_backward)",
+    ]
 
 
 CHUNKS = 8
@@ -142,5 +199,27 @@ LEVERS = (
         activation_key=lambda value: value,
         speed={"chunked": (0.95, 0.95)},
         exports=dict(dict.fromkeys(TARGETS, carried), peft=concerns_adapters_only),
+    ),
+    Lever(
+        "optimizer_in_backward",
+        False,
+        short="opt-in-bwd",
+        help="each weight gets its own optimizer, stepped in backward as soon as its gradient exists: the gradients "
+        "never all exist at once (about the largest weight's instead of all); no accumulation, fp16 or optimizer "
+        "offload with it",
+        technique="memlab.techniques.optimizer_in_backward:in_backward_stepping",
+        stepping="memlab.techniques.optimizer_in_backward:in_backward_stepping",
+        conflicts=_in_backward_conflicts,
+        code=_in_backward_code,
+        needs_at_least=lambda mine, theirs: not mine,
+        family=True,
+        least_grads={True: 0.0},
+        exports={
+            "trainer": _in_backward_elsewhere("TrainingArguments"),
+            "deepspeed": _in_backward_elsewhere("a DeepSpeed config (ZeRO steps its optimizer after backward)"),
+            "code": carried,
+            "peft": concerns_adapters_only,
+            "accelerate": _in_backward_elsewhere("the accelerate script (sharded optimizers step after backward)"),
+        },
     ),
 )

@@ -22,10 +22,14 @@ Example:
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from typing import Any
+
 from memlab.techniques import levers_batch, levers_model, levers_step
 from memlab.techniques.lever import Lever, PlanLike
 
-__all__ = ["REGISTRY", "least_share", "refusals"]
+__all__ = ["REGISTRY", "conflicts", "least_share", "refusals", "resolve", "stepping"]
 
 
 def _declarations() -> dict[str, Lever]:
@@ -63,3 +67,43 @@ def least_share(plan: PlanLike, facet: str) -> float:
     """
     shares = [getattr(lever, facet).get(getattr(plan, name), 1.0) for name, lever in REGISTRY.items()]
     return min([1.0, *shares])
+
+
+def resolve(reference: str) -> Callable[..., Any]:
+    """The function a ``"module:function"`` reference of a declaration names (imported on first use, so that the
+    declarations stay free of torch).
+
+    Example:
+        >>> resolve("memlab.techniques.accumulation:micro_batches").__name__
+        'micro_batches'
+    """
+    module, _, function = reference.partition(":")
+    found: Callable[..., Any] = getattr(importlib.import_module(module), function)
+    return found
+
+
+def conflicts(plan: PlanLike) -> list[str]:
+    """Why ``plan``'s settings cannot go together (each lever's ``conflicts``; empty when they can). ``plan`` may
+    be any object with the Plan's fields (the search asks of a combination before building it).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> conflicts(Plan())
+        []
+    """
+    return [message for lever in REGISTRY.values() if lever.conflicts and (message := lever.conflicts(plan))]
+
+
+def stepping(plan: PlanLike) -> Any:
+    """How ``plan``'s optimizer step runs where a lever changes it (the first lever whose ``stepping`` gives one),
+    else None: the step builds its optimizer and steps it after the last backward.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> stepping(Plan()) is None
+        True
+    """
+    for lever in REGISTRY.values():
+        if lever.stepping and (made := resolve(lever.stepping)(plan)) is not None:
+            return made
+    return None
