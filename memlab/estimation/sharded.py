@@ -275,3 +275,8 @@ def _check_plan(plan: Plan) -> None:
         )
     if plan.loss != "full":
         raise MemlabError("loss='chunked' is not estimated sharded; write loss='full' (the estimate then leans high)")
+    if plan.optimizer_in_backward:
+        raise MemlabError(
+            "optimizer_in_backward is not estimated sharded (FSDP2 and ZeRO step after the gradients' reduction); "
+            "write optimizer_in_backward=False, or estimate it on one GPU (gpus=1)"
+        )

@@ -151,3 +151,13 @@ def test_exports_carry_it_in_code_and_say_what_to_do_elsewhere() -> None:
     with pytest.raises(MemlabError, match="accelerate"):
         IN_BACKWARD.to_accelerate_config(gpus=2)
     assert refusals(IN_BACKWARD, "peft") == [] and refusals(IN_BACKWARD, "code") == []
+
+
+def test_a_sharded_estimate_refuses_it_with_what_to_write() -> None:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=64)
+    with pytest.raises(MemlabError, match="optimizer_in_backward is not estimated sharded.*gpus=1"):
+        memlab.estimate(config, {"input_ids": (1, 8), "labels": (1, 8)}, Plan(optimizer_in_backward=True),
+                        device="cpu", gpus=2, strategy="fsdp2")

@@ -23,7 +23,7 @@ from memlab.runner.apply import Applied
 MIB = 1024**2
 TECHNIQUES = (
     "micro_batch", "accumulation", "checkpointing", "precision", "weights", "optimizer", "offload", "adapter",
-    "lora_rank", "loss", "budget",
+    "lora_rank", "lora_targets", "loss", "optimizer_in_backward", "budget",
 )
 
 
