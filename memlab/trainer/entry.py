@@ -27,24 +27,17 @@ __all__ = ["LiveTarget", "live_target", "noted", "split_plans"]
 
 @dataclasses.dataclass(frozen=True)
 class LiveTarget:
-    """What a run measures: the model, the batch, the loss; for a trainer, its :class:`TrainerSource` and a note
-    saying which examples the batch holds."""
+    """What a run measures: the model, the batch, the loss; for a trainer, its :class:`TrainerSource`, its current
+    settings as a ``plan``, its effective batch (``batch_size``) and a ``note`` saying which examples the batch
+    holds (each None for a plain model)."""
 
     model: Any
     batch: Any
     loss_fn: Any
     source: TrainerSource | None = None
     note: str | None = None
-
-    @property
-    def plan(self) -> Plan | None:
-        """The trainer's current settings as a plan (None for a plain model)."""
-        return None if self.source is None else self.source.plan
-
-    @property
-    def batch_size(self) -> int | None:
-        """The trainer's effective batch (None for a plain model)."""
-        return None if self.source is None else self.source.effective_batch
+    plan: Plan | None = None
+    batch_size: int | None = None
 
 
 def live_target(model_or_trainer: Any, batch: Any, loss_fn: Any = None, *, rows: int | None = None) -> LiveTarget:
@@ -71,7 +64,8 @@ a transformers Trainer, whose train dataset memlab reads
     if batch is None:
         worst = worst_batch(model_or_trainer, micro_batch=rows or source.effective_batch)
         batch, note = worst.batch, f"measured on the train dataset's worst batch: {worst.describe()}"
-    return LiveTarget(source.model, batch, loss_fn if loss_fn is not None else source.loss_fn, source, note)
+    chosen_loss = loss_fn if loss_fn is not None else source.loss_fn
+    return LiveTarget(source.model, batch, chosen_loss, source, note, source.plan, source.effective_batch)
 
 
 def split_plans(batch: Any, plans: Any) -> tuple[Any, Any]:
