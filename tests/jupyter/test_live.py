@@ -220,7 +220,8 @@ def test_as_the_callback_of_compare_it_draws_every_trial() -> None:
     figure = LiveFigure(budget="64MiB", min_interval_s=0.0)
     plans = [Plan(), Plan(checkpointing=True)]
     report = memlab.compare(
-        model, mlp_batch(rows=8, width=16), plans, loss_fn=mlp_loss, steps=1, callback=figure, progress=False
+        model, mlp_batch(rows=8, width=16), plans, loss_fn=mlp_loss, steps=1, noise=0, callback=figure,
+        progress=False,
     )
     assert figure.report.trials == report.trials
     assert traces_on(figure, "x2")["params"].x == ("plain", "ckpt")
