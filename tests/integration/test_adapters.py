@@ -23,7 +23,7 @@ def adapter_modules(model: torch.nn.Module) -> list[str]:
 def test_lora_qlora_and_pure_bf16_each_save_what_they_promise_and_leave_the_model_exactly():
     model, batch = tiny_llama(width=256), lm_batch()
     before = fingerprint(model)
-    plain, lora, qlora, bf16 = memlab.compare(model, batch, [memlab.Plan(), LORA, QLORA, PURE_BF16], steps=1,
+    plain, lora, qlora, bf16 = memlab.compare(model, batch, [memlab.Plan(), LORA, QLORA, PURE_BF16], steps=1, noise=0,
                                               progress=False).trials
     assert [t.status for t in (plain, lora, qlora, bf16)] == ["ok"] * 4, [t.error for t in (lora, qlora, bf16)]
     trained = plain.breakdown["grads"] + plain.breakdown["optimizer"]
@@ -54,7 +54,7 @@ def test_a_session_of_adapter_trials_copies_no_frozen_weight():
     model, batch = tiny_llama(width=256), lm_batch()
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    runner = TrialRunner(model, batch, RunOptions(steps=1, progress=False))
+    runner = TrialRunner(model, batch, RunOptions(steps=1, noise=0, progress=False))
     with runner.session():
         assert [runner.run(plan).status for plan in (LORA, QLORA)] == ["ok", "ok"]
         assert runner.snapshot_bytes == buffers
@@ -81,7 +81,7 @@ def test_a_model_already_wrapped_with_peft_is_measured_as_it_is():
 
     model = get_peft_model(tiny_llama(width=64), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     batch = lm_batch()
-    plain, again = memlab.compare(model, batch, [memlab.Plan(), LORA], steps=1, progress=False).trials
+    plain, again = memlab.compare(model, batch, [memlab.Plan(), LORA], steps=1, noise=0, progress=False).trials
     assert plain.status == "ok"
     trained = [p for p in model.parameters() if p.requires_grad]
     # Two fp32 moments per adapter weight and one fp32 step counter per tensor: the user's adapters train.
@@ -91,7 +91,7 @@ def test_a_model_already_wrapped_with_peft_is_measured_as_it_is():
 
 def test_a_model_loaded_in_bf16_says_it_trains_pure_bf16():
     model = tiny_llama(width=64).to(torch.bfloat16)
-    trial = memlab.measure(model, lm_batch(), memlab.Plan(), steps=1, progress=False)
+    trial = memlab.measure(model, lm_batch(), memlab.Plan(), steps=1, noise=0, progress=False)
     assert trial.status == "ok" and trial.label == "bf16-weights" and trial.model_weights == "bf16"
     assert any("loaded in bf16" in note for note in trial.notes)
     assert memlab.Trial.from_dict(trial.to_dict()) == trial
@@ -99,14 +99,14 @@ def test_a_model_loaded_in_bf16_says_it_trains_pure_bf16():
 
 def test_fit_searches_adapters_only_when_asked():
     model, batch = tiny_llama(width=128), lm_batch()
-    plain = memlab.measure(model, batch, memlab.Plan(), steps=1, progress=False)
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0, progress=False)
     budget = int(plain.peak_bytes * 0.6)
     space = {"precision": ["fp32"], "optimizer": ["adamw"], "checkpointing": [False], "micro_batch": [8],
              "adapter": ["none", "lora", "qlora"], "lora_rank": [8]}
-    report = memlab.fit(model, batch, budget=budget, space=space, steps=1, progress=False)
+    report = memlab.fit(model, batch, budget=budget, space=space, steps=1, noise=0, progress=False)
     assert report.best is not None and report.best.plan.adapter in ("lora", "qlora")
     assert report.best.peak_bytes <= budget
-    default = memlab.fit(model, batch, budget=budget, steps=1, progress=False,
+    default = memlab.fit(model, batch, budget=budget, steps=1, noise=0, progress=False,
                          space={"precision": ["fp32"], "micro_batch": [8]})
     assert all(t.plan.adapter == "none" for t in default.trials)
 
@@ -119,7 +119,7 @@ def test_fit_searches_adapters_only_when_asked():
 def test_estimate_of_each_fine_tuning_lever_is_within_10_percent_of_measure(plan):
     model, batch = tiny_llama(width=128), lm_batch()
     before = fingerprint(model)
-    measured = memlab.measure(model, batch, plan, steps=1, progress=False)
+    measured = memlab.measure(model, batch, plan, steps=1, noise=0, progress=False)
     estimated = memlab.estimate(model, batch, plan)
     assert estimated.status == "ok", estimated.error
     assert estimated.plan == plan and estimated.estimated
@@ -133,9 +133,9 @@ def test_estimate_of_each_fine_tuning_lever_is_within_10_percent_of_measure(plan
 
 def test_when_nothing_fits_fit_suggests_the_levers_outside_its_space():
     model, batch = tiny_llama(width=256), lm_batch()
-    lora = memlab.measure(model, batch, memlab.Plan(adapter="lora"), steps=1, progress=False)
+    lora = memlab.measure(model, batch, memlab.Plan(adapter="lora"), steps=1, noise=0, progress=False)
     budget = int((lora.peak_bytes - lora.preexisting_bytes) * 1.3)  # LoRA fits; no full fine-tune can
-    report = memlab.fit(model, batch, budget=budget, steps=1, progress=False,
+    report = memlab.fit(model, batch, budget=budget, steps=1, noise=0, progress=False,
                         space={"precision": ["fp32"], "micro_batch": [8], "optimizer": ["adamw"]})
     assert report.best is None
     suggested = [t.plan.adapter for t in report.suggestions]
