@@ -213,3 +213,78 @@ def output_head(model: nn.Module) -> nn.Module | None:
     except (NotImplementedError, AttributeError):
         return None
     return head if isinstance(head, nn.Module) else None
+
+
+def adapter_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA adapters' parameters on ``model`` (names with ``lora_``), by name, as they are now.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> undo = attach_adapter(model, Plan(adapter="lora", lora_rank=2))
+        >>> sorted(adapter_parameters(model)), undo()
+        (['0.lora_A.default.weight', '0.lora_B.default.weight'], None)
+    """
+    return {name: p for name, p in model.named_parameters() if "lora_" in name}
+
+
+def adapter_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What each LoRA layer on ``model`` adds to its base weight (peft's ``get_delta_weight``: ``B @ A * scaling``,
+    in the base weight's layout), by the adapted layer's name.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> undo = attach_adapter(model, Plan(adapter="lora", lora_rank=2))
+        >>> {name: tuple(delta.shape) for name, delta in adapter_deltas(model).items()}, undo()
+        ({'0': (8, 8)}, None)
+    """
+    from peft.tuners.lora import LoraLayer
+
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            layer: Any = module  # each LoRA layer class defines get_delta_weight
+            with torch.no_grad():
+                for adapter in layer.active_adapters:
+                    delta = layer.get_delta_weight(adapter)
+                    deltas[name] = delta if name not in deltas else deltas[name] + delta
+    return deltas
+
+
+def merge_deltas(model: nn.Module, deltas: dict[str, torch.Tensor]) -> None:
+    """Add :func:`adapter_deltas` into the weights of ``model``'s layers of the same names (a model the adapters
+    were taken off; a GPT-2 ``Conv1D`` holds its weight transposed).
+
+    Example:
+        >>> model = nn.Linear(2, 2, bias=False)
+        >>> with torch.no_grad():
+        ...     _ = model.weight.zero_()
+        >>> merge_deltas(model, {"": torch.ones(2, 2)}); model.weight.sum().item()
+        4.0
+    """
+    with torch.no_grad():
+        for name, delta in deltas.items():
+            weight: torch.Tensor = model.get_submodule(name).weight  # type: ignore[assignment]
+            if delta.shape != weight.shape:
+                delta = delta.T
+            weight.add_(delta.to(weight.device, weight.dtype))
+
+
+def reattach_adapters(model: nn.Module, plan: Plan, trained: dict[str, torch.Tensor]) -> None:
+    """Put LoRA adapters of ``plan`` on ``model`` (peft's injection: only the adapters are trainable) holding the
+    ``trained`` values of :func:`adapter_parameters`; a QLoRA plan's adapters go on the full-precision base.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> undo = attach_adapter(model, Plan(adapter="lora", lora_rank=2))
+        >>> trained = {name: p.detach().clone() for name, p in adapter_parameters(model).items()}
+        >>> undo(); reattach_adapters(model, Plan(adapter="lora", lora_rank=2), trained)
+        >>> sorted(adapter_parameters(model)) == sorted(trained)
+        True
+    """
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(**{**lora_settings(plan), "target_modules": adapter_targets(model, plan.lora_targets)})
+    inject_adapter_in_model(config, model)
+    with torch.no_grad():
+        for name, parameter in adapter_parameters(model).items():
+            parameter.data = trained[name].detach().to(parameter.device).clone()
