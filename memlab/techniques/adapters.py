@@ -31,10 +31,12 @@ def is_peft_model(model: nn.Module) -> bool:
 
 
 def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-linear") -> list[str]:
-    """Names of the linear layers that get adapters, for the plan's ``lora_targets``:
+    """Names of the linear layers that get adapters, for the plan's ``lora_targets`` (the one list both
+    measurement and :func:`memlab.export.peft_config` with a model read):
 
-    - ``"all-linear"``: every ``nn.Linear`` except the output head (peft's own ``"all-linear"`` choice, for any
-      module, not only transformers models);
+    - ``"all-linear"``: every linear layer (``nn.Linear`` and transformers' ``Conv1D``, as peft's ``"all-linear"``)
+      except the output head: the model's output embeddings, or else its last linear layer (a classifier head,
+      such as BERT's ``classifier``, which peft's ``"all-linear"`` would adapt);
     - ``"attention"``: the layers peft adapts by default for the model's type
       (``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``: ``q_proj`` and ``v_proj`` for Llama-style models);
     - a tuple of names: the linear layers whose name is one of them or ends with ``"." + name`` (peft's matching).
@@ -44,7 +46,7 @@ def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-line
         >>> adapter_targets(model), adapter_targets(model, ("2",))
         (['0', '2'], ['2'])
     """
-    names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and name]
+    names = [name for name, module in model.named_modules() if isinstance(module, lora_layer_types()) and name]
     if targets == "all-linear":
         head = output_head(model)
         if head is not None:
@@ -61,6 +63,19 @@ def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-line
             )
         targets = tuple(DEFAULTS[model_type])
     return [name for name in names if any(name == t or name.endswith("." + t) for t in targets)]
+
+
+def lora_layer_types() -> tuple[type[nn.Module], ...]:
+    """The linear layer types LoRA adapts: ``nn.Linear`` and transformers' ``Conv1D`` (GPT-2's), which peft's
+    LoRA dispatches to its ``Linear`` layer (``fan_in_fan_out``) and its ``"all-linear"`` targets.
+
+    Example:
+        >>> [t.__name__ for t in lora_layer_types()]
+        ['Linear', 'Conv1D']
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    return (nn.Linear, Conv1D)
 
 
 def quantized_targets(model: nn.Module) -> list[str]:
@@ -110,9 +125,16 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     targets = adapter_targets(model, plan.lora_targets)
     if not targets:
         raise UnsupportedTechnique(
-            f"adapter={plan.adapter!r} puts LoRA on nn.Linear layers, and lora_targets={plan.lora_targets!r} finds "
-            "none in this model besides its output; write other lora_targets, or adapter='none'"
+            f"adapter={plan.adapter!r} puts LoRA on linear layers (nn.Linear, Conv1D), and "
+            f"lora_targets={plan.lora_targets!r} finds none in this model besides its output; write other lora_targets, or adapter='none'"
         )
+    if plan.adapter == "qlora":
+        conv1d = [name for name in quantized_targets(model) if not isinstance(model.get_submodule(name), nn.Linear)]
+        if conv1d:
+            raise UnsupportedTechnique(
+                f"adapter='qlora' quantizes nn.Linear layers to 4-bit, and {type(model).__name__} holds "
+                f"transformers Conv1D layers ({conv1d[0]}, ...); write adapter='lora' (LoRA adapts them)"
+            )
     # Imported here: peft and bitsandbytes are heavy, and `import memlab` must not pull them in.
     from peft import LoraConfig, inject_adapter_in_model
 

@@ -271,9 +271,9 @@ def test_ctrl_c_while_fit_computes_its_suggestions_keeps_the_finished_trials(mon
 
 
 def test_ctrl_c_during_a_dry_run_fit_keeps_the_finished_estimates(monkeypatch):
-    import memlab.estimation.estimate
+    import importlib
 
-    estimate_module = sys.modules["memlab.estimation.estimate"]  # the module: the package's name is the function
+    estimate_module = importlib.import_module("memlab.estimation.estimate")  # the package's name is the function
     real = estimate_module.estimate
     done: list[str] = []
 
