@@ -126,7 +126,8 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     if not targets:
         raise UnsupportedTechnique(
             f"adapter={plan.adapter!r} puts LoRA on linear layers (nn.Linear, Conv1D), and "
-            f"lora_targets={plan.lora_targets!r} finds none in this model besides its output; write other lora_targets, or adapter='none'"
+            f"lora_targets={plan.lora_targets!r} finds none in this model besides its output; write other "
+            "lora_targets, or adapter='none'"
         )
     if plan.adapter == "qlora":
         conv1d = [name for name in quantized_targets(model) if not isinstance(model.get_submodule(name), nn.Linear)]
