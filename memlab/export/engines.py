@@ -515,7 +515,7 @@ def peft_config(plan: Plan, model: Any = None) -> Any:
 
         if not isinstance(model, nn.Module):
             raise MemlabError(f"model must be the torch nn.Module the config is for, not {type(model).__name__}")
-        from memlab.techniques.adapters import adapter_targets  # imported here: it needs torch and peft
+        from memlab.techniques.targets import adapter_targets  # imported here: it needs torch
 
         settings["target_modules"] = adapter_targets(model, plan.lora_targets)
     return LoraConfig(**settings)
