@@ -7,6 +7,7 @@ import torch
 from models import assert_same, fingerprint, lm_batch, mlp_batch, mlp_loss, tiny_llama, tiny_mlp
 
 import memlab
+from memlab.errors import MemlabError, MemlabWarning
 from memlab.options import RunOptions
 from memlab.runner.trial import TrialRunner
 
@@ -144,3 +145,74 @@ def test_when_nothing_fits_fit_suggests_the_levers_outside_its_space():
     assert suggested.index("lora") < suggested.index("qlora")  # LoRA is expected faster: named first
     assert "Estimated to fit, outside the searched space: lora" in report.to_text()
     assert memlab.Report.from_dict(report.to_dict()).suggestions == report.suggestions
+
+
+def _trained(plan: memlab.Plan, steps: int = 3) -> tuple[torch.nn.Module, dict, memlab.Applied]:
+    model, batch = tiny_llama(width=64), lm_batch()
+    applied = memlab.apply(model, plan, lr=1e-2)
+    for _ in range(steps):
+        applied.step(batch)
+    return model, batch, applied
+
+
+@pytest.mark.parametrize("plan", [LORA, QLORA], ids=["lora", "qlora"])
+def test_undo_merge_adds_the_trained_adapters_into_the_base_weights(plan):
+    model, batch, applied = _trained(plan)
+    model.eval()
+    with torch.no_grad():
+        adapted = model(**batch).logits
+    dtypes = {name: p.dtype for name, p in tiny_llama(width=64).named_parameters()}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemlabWarning)
+        applied.undo(adapter="merge")
+    assert adapter_modules(model) == []
+    assert {name: p.dtype for name, p in model.named_parameters()} == dtypes
+    with torch.no_grad():
+        merged = model(**batch).logits
+    # QLoRA trained on the 4-bit base: merged into the full-precision weights, the outputs are those of that base.
+    tolerance = 1e-4 if plan.adapter == "lora" else 0.1
+    torch.testing.assert_close(merged, adapted, rtol=tolerance, atol=tolerance)
+    untrained = tiny_llama(width=64).parameters()
+    assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), untrained, strict=True))
+
+
+def test_undo_keep_leaves_the_trained_adapters_on_the_model():
+    model, batch, applied = _trained(LORA)
+    trained = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_" in name}
+    assert trained
+    applied.undo(adapter="keep")
+    kept = {name: p for name, p in model.named_parameters() if "lora_" in name}
+    assert kept.keys() == trained.keys()
+    for name, p in kept.items():
+        assert p.requires_grad, name
+        torch.testing.assert_close(p.detach(), trained[name], rtol=0, atol=0, msg=name)
+    assert not applied.active
+
+
+def test_a_plain_undo_after_adapter_training_discards_it_with_one_warning():
+    model, batch = tiny_llama(width=64), lm_batch()
+    before = fingerprint(model)
+    applied = memlab.apply(model, LORA, lr=1e-2)
+    for _ in range(2):
+        applied.step(batch)
+    with pytest.warns(MemlabWarning, match=r"(?s)discard.*2 steps.*undo\(adapter='merge'\)") as caught:
+        applied.undo()
+    assert len([w for w in caught if issubclass(w.category, MemlabWarning)]) == 1
+    assert_same(before, fingerprint(model))
+    assert adapter_modules(model) == []
+
+
+def test_undo_with_an_adapter_choice_refuses_what_does_not_apply():
+    model = tiny_llama(width=64)
+    before = fingerprint(model)
+    applied = memlab.apply(model, memlab.Plan(), lr=1e-2)
+    with pytest.raises(MemlabError, match="adapter="):
+        applied.undo(adapter="merge")
+    applied.undo(adapter="discard")
+    assert_same(before, fingerprint(model))
+    applied = memlab.apply(model, LORA)
+    with pytest.raises(MemlabError, match="'merge'"):
+        applied.undo(adapter="fold")  # type: ignore[arg-type]
+    applied.undo()  # nothing trained: no warning needed

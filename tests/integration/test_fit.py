@@ -251,3 +251,41 @@ def test_fit_searches_the_chunked_loss_by_default_where_it_applies():
                  progress=False,
                  space={"micro_batch": [2], "precision": ["fp32"], "optimizer": ["adamw"], "checkpointing": [False]})
     assert len(report.trials) + len(report.skipped) == 1
+
+
+def test_ctrl_c_while_fit_computes_its_suggestions_keeps_the_finished_trials(monkeypatch):
+    fit_module = sys.modules["memlab.search.fit"]  # the module: memlab.search.fit the name is the function
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fit_module, "suggestions", interrupted)
+    model, batch = tiny_llama(), lm_batch(rows=2)
+    before = fingerprint(model)
+    space = {"micro_batch": [2], "precision": ["fp32"], "optimizer": ["adamw"], "checkpointing": [False],
+             "loss": ["full"]}
+    with pytest.raises(KeyboardInterrupt) as caught:
+        fit(model, batch, budget=1000, steps=1, progress=False, space=space, estimates=False)
+    report = caught.value.report  # type: ignore[attr-defined]
+    assert len(report.trials) == 1 and not report.trials[0].fits and report.best is None
+    assert_same(before, fingerprint(model))
+
+
+def test_ctrl_c_during_a_dry_run_fit_keeps_the_finished_estimates(monkeypatch):
+    import importlib
+
+    estimate_module = importlib.import_module("memlab.estimation.estimate")  # the package's name is the function
+    real = estimate_module.estimate
+    done: list[str] = []
+
+    def estimate_then_interrupt(*args, **kwargs):
+        if done:
+            raise KeyboardInterrupt
+        trial = real(*args, **kwargs)
+        done.append(trial.label)
+        return trial
+
+    monkeypatch.setattr(estimate_module, "estimate", estimate_then_interrupt)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        fit(tiny_llama(), lm_batch(rows=2), budget=1000, dry_run=True, progress=False)
+    assert [t.label for t in caught.value.report.trials] == done  # type: ignore[attr-defined]
