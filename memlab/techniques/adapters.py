@@ -52,6 +52,21 @@ def quantized_targets(model: nn.Module) -> list[str]:
     return [name for name in adapter_targets(model) if not any(f".{k}." in f".{name}." for k in keep)]
 
 
+def check_quantizable(model: nn.Module) -> None:
+    """Raise :class:`UnsupportedTechnique` for a model QLoRA cannot hold in 4-bit: one with transformers ``Conv1D``
+    layers (GPT-2's), which bitsandbytes does not quantize. Trials and estimates ask it alike.
+
+    Example:
+        >>> check_quantizable(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)))
+    """
+    conv1d = [name for name in quantized_targets(model) if not isinstance(model.get_submodule(name), nn.Linear)]
+    if conv1d:
+        raise UnsupportedTechnique(
+            f"adapter='qlora' quantizes nn.Linear layers to 4-bit, and {type(model).__name__} holds "
+            f"transformers Conv1D layers ({conv1d[0]}, ...); write adapter='lora' (LoRA adapts them)"
+        )
+
+
 def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     """Put the plan's adapters on the live model; the returned function takes them off again exactly.
 
@@ -85,12 +100,7 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
             "lora_targets, or adapter='none'"
         )
     if plan.adapter == "qlora":
-        conv1d = [name for name in quantized_targets(model) if not isinstance(model.get_submodule(name), nn.Linear)]
-        if conv1d:
-            raise UnsupportedTechnique(
-                f"adapter='qlora' quantizes nn.Linear layers to 4-bit, and {type(model).__name__} holds "
-                f"transformers Conv1D layers ({conv1d[0]}, ...); write adapter='lora' (LoRA adapts them)"
-            )
+        check_quantizable(model)
     # Imported here: peft and bitsandbytes are heavy, and `import memlab` must not pull them in.
     from peft import LoraConfig, inject_adapter_in_model
 
