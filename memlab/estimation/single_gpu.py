@@ -33,7 +33,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memlab.estimation.adapters import attach_fake_adapter
 from memlab.estimation.configs import one_line
-from memlab.estimation.cuda_attention import FULL_MASK_DROPPED, H100, CudaAttention, Gpu, attention_note, without_full_mask
+from memlab.estimation.cuda_attention import (
+    FULL_MASK_DROPPED,
+    H100,
+    CudaAttention,
+    Gpu,
+    attention_note,
+    without_full_mask,
+)
 from memlab.estimation.cuda_autocast import CudaAutocast
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup, kernels_device, target_device
 from memlab.measure.probes import FakeProbe

@@ -15,7 +15,7 @@ from memlab.runner.module_state import ModuleStructure
 Undo = Callable[[], None]
 
 RECOMPUTE_CONTEXTS: list[Callable[[], contextlib.AbstractContextManager[Any]]] = []
-"""Factories of contexts the recomputation in backward runs under, besides autocast (which torch restores itself):
+r"""Factories of contexts the recomputation in backward runs under, besides autocast (which torch restores itself):
 a dry run for CUDA without CUDA puts its emulation of CUDA's kernels here (``TorchFunctionMode``\ s are not active
 in backward). Read when checkpointing is turned on; empty, checkpointing passes torch nothing more."""
 
