@@ -37,7 +37,6 @@ from memlab.estimation.cuda_attention import (
     FULL_MASK_DROPPED,
     H100,
     CudaAttention,
-    Gpu,
     attention_note,
     without_full_mask,
 )
@@ -87,12 +86,11 @@ def estimate_plans(
     budget: int | str | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
-    gpu: Gpu = H100,
 ) -> Report:
     """:func:`memlab.estimate` for several plans, building the fake model once: a Report of estimated Trials.
 
-    The keywords are :func:`memlab.estimate`'s. ``gpu`` is the GPU a CUDA estimate made without CUDA assumes
-    (its attention kernels, :mod:`memlab.estimation.cuda_attention`); default an 80 GB H100.
+    The keywords are :func:`memlab.estimate`'s. A CUDA estimate made without CUDA assumes an 80 GB H100 (its
+    attention kernels, :mod:`memlab.estimation.cuda_attention`; the trial's notes say so).
 
     A plan that fails on fake tensors is an ``"error"`` trial; the others still run.
 
@@ -117,7 +115,7 @@ def estimate_plans(
     trials = []
     with quiet(options.verbose), mode, runner.session():
         for plan in plans:
-            attention = CudaAttention(gpu)
+            attention = CudaAttention(H100)
             with contextlib.ExitStack() as stack:
                 if emulated:
                     stack.enter_context(CudaAutocast())
