@@ -22,8 +22,9 @@ apply):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,7 +33,15 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memlab.estimation.adapters import attach_fake_adapter
 from memlab.estimation.configs import one_line
-from memlab.estimation.fake import BLIND_SPOTS, fake_setup
+from memlab.estimation.cuda_attention import (
+    FULL_MASK_DROPPED,
+    H100,
+    CudaAttention,
+    attention_note,
+    without_full_mask,
+)
+from memlab.estimation.cuda_autocast import CudaAutocast
+from memlab.estimation.fake import BLIND_SPOTS, fake_setup, kernels_device, target_device
 from memlab.measure.probes import FakeProbe
 from memlab.measure.tracker import CATEGORIES
 from memlab.options import RunOptions
@@ -42,6 +51,7 @@ from memlab.runner.batch import LossFn
 from memlab.runner.module_state import trainable_parameters
 from memlab.runner.quiet import quiet
 from memlab.runner.trial import TrialRunner, check_plans
+from memlab.techniques.checkpointing import RECOMPUTE_CONTEXTS
 from memlab.techniques.offload import NOTHING_TO_MOVE
 
 if TYPE_CHECKING:
@@ -79,7 +89,8 @@ def estimate_plans(
 ) -> Report:
     """:func:`memlab.estimate` for several plans, building the fake model once: a Report of estimated Trials.
 
-    The keywords are :func:`memlab.estimate`'s.
+    The keywords are :func:`memlab.estimate`'s. A CUDA estimate made without CUDA assumes an 80 GB H100 (its
+    attention kernels, :mod:`memlab.estimation.cuda_attention`; the trial's notes say so).
 
     A plan that fails on fake tensors is an ``"error"`` trial; the others still run.
 
@@ -96,21 +107,41 @@ def estimate_plans(
     plans = check_plans(plans)  # type: ignore[arg-type]
     options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
     limit = parse_budget(budget)
+    emulated = kernel_emulation(model_or_config, device)
+    batch, dropped = without_full_mask(batch) if emulated else (batch, False)
     setup = fake_setup(model_or_config, batch, device, options.verbose)
     model, mode, target, kernels = setup.model, setup.mode, setup.target, setup.kernels
     runner = TrialRunner(model, setup.batch, options, probe=FakeProbe(kernels, target=target))
     trials = []
     with quiet(options.verbose), mode, runner.session():
         for plan in plans:
-            if plan.adapter != "none":
-                trial = _adapter_trial(runner, model, plan, mode, kernels)
-                trials.append(_as_estimate(trial, target, kernels, limit))
-                continue
-            trial = runner.run(plan)
-            if trial.status == "error" and plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
-                trial = _computed_8bit_trial(runner, plan, trial, model)
+            attention = CudaAttention(H100)
+            with contextlib.ExitStack() as stack:
+                if emulated:
+                    stack.enter_context(CudaAutocast())
+                    stack.enter_context(attention)
+                    stack.enter_context(_recomputed_under(CudaAutocast, attention.twin))
+                if plan.adapter != "none":
+                    trial = _adapter_trial(runner, model, plan, mode, kernels)
+                else:
+                    trial = runner.run(plan)
+                    if trial.status == "error" and plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
+                        trial = _computed_8bit_trial(runner, plan, trial, model)
+            notes = [note for note in (attention_note(attention), dropped and FULL_MASK_DROPPED) if note]
+            trial = dataclasses.replace(trial, notes=(*trial.notes, *notes))
             trials.append(_as_estimate(trial, target, kernels, limit))
     return Report(trials, budget=limit)
+
+
+def kernel_emulation(model_or_config: Any, device: str | torch.device | None) -> bool:
+    """Whether a dry run for ``device`` emulates CUDA's kernels: a CUDA target on a machine without CUDA.
+
+    Example:
+        >>> kernel_emulation(nn.Linear(2, 2), "cpu")
+        False
+    """
+    target = target_device(model_or_config, device)
+    return target.type == "cuda" and kernels_device(target) != target
 
 
 def estimate_inference(
@@ -212,6 +243,17 @@ def _computed_8bit_trial(runner: TrialRunner, plan: Plan, failed: Trial, model: 
     return dataclasses.replace(
         adamw, plan=plan, peak_bytes=peak, breakdown=breakdown, notes=(*adamw.notes, _BNB_COMPUTED)
     )
+
+
+@contextlib.contextmanager
+def _recomputed_under(*factories: Any) -> Iterator[None]:
+    """Checkpointing's recomputation (in backward, where no ``TorchFunctionMode`` is active) under ``factories``."""
+    RECOMPUTE_CONTEXTS.extend(factories)
+    try:
+        yield
+    finally:
+        for factory in factories:
+            RECOMPUTE_CONTEXTS.remove(factory)
 
 
 def _as_estimate(trial: Trial, target: torch.device, kernels: torch.device, budget: int | None) -> Trial:

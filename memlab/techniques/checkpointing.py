@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,31 @@ from memlab.errors import UnsupportedTechnique
 from memlab.runner.module_state import ModuleStructure
 
 Undo = Callable[[], None]
+
+RECOMPUTE_CONTEXTS: list[Callable[[], contextlib.AbstractContextManager[Any]]] = []
+r"""Factories of contexts the recomputation in backward runs under, besides autocast (which torch restores itself):
+a dry run for CUDA without CUDA puts its emulation of CUDA's kernels here (``TorchFunctionMode``\ s are not active
+in backward). Read when checkpointing is turned on; empty, checkpointing passes torch nothing more."""
+
+
+def _contexts() -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
+    """``torch.utils.checkpoint``'s ``context_fn``: nothing around the forward, the registered contexts around the
+    recomputation."""
+    stack = contextlib.ExitStack()
+    factories = list(RECOMPUTE_CONTEXTS)
+
+    @contextlib.contextmanager
+    def recompute() -> Any:
+        with stack:
+            for factory in factories:
+                stack.enter_context(factory())
+            yield
+
+    return contextlib.nullcontext(), recompute()
+
+
+def _checkpoint_kwargs() -> dict[str, Any]:
+    return {"use_reentrant": False, **({"context_fn": _contexts} if RECOMPUTE_CONTEXTS else {})}
 
 
 def enable_checkpointing(model: nn.Module) -> Undo:
@@ -33,7 +59,7 @@ def enable_checkpointing(model: nn.Module) -> Undo:
     # restores the captured per-module state instead of calling "disable".
     before = ModuleStructure.capture(model)
     if _is_hugging_face(model):
-        kwargs = {"use_reentrant": False}
+        kwargs = _checkpoint_kwargs()
         switch = getattr(model, "activation_checkpointing_enable", None)
         if switch is not None:
             switch(activation_checkpointing_kwargs=kwargs)
@@ -113,11 +139,12 @@ _MEMLAB_MARK = "_memlab_checkpointed"
 
 def _wrap_forward(block: nn.Module) -> None:
     original = block.forward
+    options = _checkpoint_kwargs()
 
     def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return original(*args, **kwargs)
-        return torch.utils.checkpoint.checkpoint(original, *args, use_reentrant=False, **kwargs)
+        return torch.utils.checkpoint.checkpoint(original, *args, **options, **kwargs)
 
     setattr(checkpointed_forward, _MEMLAB_MARK, True)
     # An instance attribute shadows the class's forward; restoring the captured state removes it again.
