@@ -45,7 +45,7 @@ def _marks(row: dict[str, Any], slow: bool) -> tuple[Any, ...]:
         return (pytest.mark.skip(reason="slow on CPU: MEMLAB_SLOW_TRUTH=1"),)
     off = _known_off(row)
     if off is not None:
-        return (pytest.mark.xfail(reason=f"not yet within 5% (ratio {off or 'see hf_table'})", strict=False),)
+        return (pytest.mark.xfail(reason=f"not yet within 5% (ratio {off or 'see hf_table'})", strict=True),)
     return ()
 
 
