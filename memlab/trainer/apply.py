@@ -118,7 +118,8 @@ def _new_arguments(args: Any, plan: Plan) -> Any:
     from memlab.export.engines import training_arguments
 
     fields = {f.name for f in dataclasses.fields(args)}
-    changes = training_arguments(plan, legacy_names="activation_checkpointing" not in fields)
+    # The adapters go on the model itself (peft, below); the arguments carry the rest of the plan.
+    changes = training_arguments(plan.replace(adapter="none"), legacy_names="activation_checkpointing" not in fields)
     try:
         return dataclasses.replace(args, **changes)
     except Exception as error:

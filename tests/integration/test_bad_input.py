@@ -19,8 +19,8 @@ from memlab.techniques.checkpointing import is_checkpointing
 
 
 def test_compare_without_plans_says_what_to_pass() -> None:
-    with pytest.raises(MemlabError, match="not a list of plans"):
-        memlab.compare(tiny_mlp(), mlp_batch(), None, loss_fn=mlp_loss)  # type: ignore[arg-type]
+    with pytest.raises(MemlabError, match=r"no plans were given; write memlab.compare\(model, batch, \[memlab.Plan"):
+        memlab.compare(tiny_mlp(), mlp_batch(), None, loss_fn=mlp_loss)
 
 
 def test_measure_given_a_list_points_to_compare_and_compare_takes_a_generator() -> None:
