@@ -108,8 +108,13 @@ def unload_ipython_extension(ipython: Any) -> None:
     unload(ipython)
 
 
-def panel(model: Any, batch: Any, loss_fn: Any = None, *, inference: bool = False, **keywords: Any) -> Panel | Any:
+def panel(
+    model: Any, batch: Any = None, loss_fn: Any = None, *, inference: bool = False, **keywords: Any
+) -> Panel | Any:
     """The widget panel on the live model: a control per technique, Run, Apply/Undo, the live figure, every run.
+
+    ``model`` may be a ``transformers.Trainer`` (TRL's too), the batch then optional (its train dataset's worst batch):
+    Apply puts the setting on the trainer (``memlab.apply(trainer, plan)``), Undo gives the trainer back.
 
     ipywidgets and plotly are imported here, on first use, never by ``import memlab``. ``inference=True`` gives
     the inference mode (:class:`memlab.frontends.jupyter.inference_panel.InferencePanel`): a control per setting of

@@ -8,36 +8,14 @@ import sys
 from typing import Any
 
 import pytest
-import torch
 
 pytest.importorskip("datasets")
 pytest.importorskip("plotly")
-from datasets import Dataset  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+from trainers import make_trainer  # noqa: E402
 
 import memlab  # noqa: E402
 from memlab.frontends.jupyter.watch_figure import WatchFigure  # noqa: E402
 from memlab.report.static import PLOTLY_MIME  # noqa: E402
-
-
-def make_trainer(tmp_path: Any, steps: int = 5, logging_steps: int = 2) -> Trainer:
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                         num_key_value_heads=4, vocab_size=64, max_position_embeddings=64)
-    lengths = [4, 6, 30, 5, 4, 6, 4, 5, 4, 4]
-    data = Dataset.from_dict({"input_ids": [[(i + j) % 63 + 1 for j in range(n)] for i, n in enumerate(lengths)]})
-
-    def pad(examples: list[dict]) -> dict[str, torch.Tensor]:
-        longest = max(len(e["input_ids"]) for e in examples)
-        ids = torch.zeros(len(examples), longest, dtype=torch.long)
-        for row, example in enumerate(examples):
-            ids[row, : len(example["input_ids"])] = torch.tensor(example["input_ids"])
-        return {"input_ids": ids, "labels": ids.clone()}
-
-    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
-                             max_steps=steps, per_device_train_batch_size=2, logging_steps=logging_steps,
-                             disable_tqdm=True)
-    return Trainer(model=LlamaForCausalLM(config), args=args, train_dataset=data, data_collator=pad)
 
 
 class Shown:
