@@ -176,10 +176,10 @@ def parse_line(magic: Callable[..., Any], line: str) -> Any:
     Example:
         >>> def memfit(line):
         ...     "Measure plans."
-        >>> parse_line(memfit_arguments(memfit), 'model')  # doctest: +ELLIPSIS
+        >>> parse_line(memfit_arguments(memfit), 'model --steps many')  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        IPython.core.error.UsageError: ...required: BATCH; write %%memfit MODEL BATCH ...
+        IPython.core.error.UsageError: ...--steps...
     """
     try:
         return parse_argstring(magic, line)
