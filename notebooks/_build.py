@@ -1763,10 +1763,10 @@ NB12 = [
 
         | call | what it does with a trainer |
         |---|---|
-        | `memlab.measure(trainer, plan)` | measures its model with its `compute_loss`; with no batch, on the train dataset's **worst batch** (the longest examples) |
-        | `memlab.fit(trainer, budget=...)` | the fastest plan that fits the budget, judged on that worst batch |
-        | `memlab.apply(trainer, plan)` | puts the plan on the trainer's arguments and model until `undo()` |
-        | `memlab.watch(trainer, budget=...)` | the memory of every step of `trainer.train()`, a warning before the budget, a live figure |
+        | `memlab.measure(trainer, plan)` | its model, its `compute_loss`; no batch: the dataset's **worst batch** |
+        | `memlab.fit(trainer, budget=...)` | the fastest plan within the budget, judged on that worst batch |
+        | `memlab.apply(trainer, plan)` | the plan on the trainer's arguments and model until `undo()` |
+        | `memlab.watch(trainer, budget=...)` | every step's memory in `train()`, a warning, a live figure |
 
         This notebook picks a plan twice, once from a typical batch and once from the worst batch, trains each
         for an epoch under `memlab.watch`, and shows which one would have run out of memory.
@@ -1948,8 +1948,8 @@ NB12 = [
         """
         steps_over, steps_under = over.to_dataframe(), under.to_dataframe()
         print(f"budget {human(budget)}")
-        print(f"picked on a typical batch: {(steps_over.peak_bytes > budget).sum()} of {len(steps_over)} steps over it")
-        print(f"picked on the worst batch: {(steps_under.peak_bytes > budget).sum()} of {len(steps_under)} steps over it")
+        for name, table in (("a typical", steps_over), ("the worst", steps_under)):
+            print(f"picked on {name} batch: {(table.peak_bytes > budget).sum()} of {len(table)} steps over it")
         steps_over[["step", "peak_bytes", "samples_per_s", "padded_length"]]
         """
     ),

@@ -225,7 +225,8 @@ class Watch:
         if self.budget is not None and not self.warned and peak >= NEAR_BUDGET * self.budget:
             self.warned = True
             warnings.warn(
-                f"memlab: step {step} peaked at {format_bytes(peak)}, within {1 - NEAR_BUDGET:.0%} of the "
+                f"memlab: step {step} peaked at {format_bytes(peak)}, "
+                f"{'over' if peak > self.budget else f'within {1 - NEAR_BUDGET:.0%} of'} the "
                 f"{format_bytes(self.budget)} budget (rows of {', '.join(map(str, lengths))} tokens); "
                 "longer batches may not fit: memlab.fit(trainer, budget=...) finds a plan that does",
                 MemlabWarning,
