@@ -64,11 +64,12 @@ SIZES: dict[str, dict[str, Any]] = {
         "probe": TINY, "cap": TINY, "restore": TINY, "levers": TINY, "fit": TINY, "cumulative": TINY,
         "estimate": {"gpt2": (2, 32), "llama": (2, 32), "bert": (2, 32)}, "estimate_scale": "tiny",
         "steps": 1, "timed_steps": 2, "fit_budget_share": 0.8,
+        "noise": 0,  # the smoke size exercises the code only: exactly its steps, no noise target
     },
     "small": {
         "probe": TINY, "cap": TINY, "restore": TINY, "levers": TINY, "fit": TINY, "cumulative": TINY,
         "estimate": {"gpt2": (2, 64), "llama": (2, 64), "bert": (2, 64)}, "estimate_scale": "tiny",
-        "steps": 1, "timed_steps": 3, "fit_budget_share": 0.8,
+        "steps": 1, "timed_steps": 3, "fit_budget_share": 0.8, "noise": 0.05,
     },
     "full": {
         "probe": Llama(hidden=1024, layers=8, heads=16, kv_heads=16, intermediate=2816, vocab=32000, rows=8,
@@ -85,7 +86,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "cumulative": Llama(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128256, rows=2,
                             length=2048, tie=True),
         "estimate": {"gpt2": (4, 1024), "llama": (2, 1024), "bert": (4, 512)}, "estimate_scale": "full",
-        "steps": 2, "timed_steps": 4, "fit_budget_share": 0.45,
+        "steps": 2, "timed_steps": 4, "fit_budget_share": 0.45, "noise": 0.05,
     },
 }
 
@@ -280,6 +281,12 @@ def probe_plans(rows: int) -> list[Any]:
     ]
 
 
+def timing(size: str) -> dict[str, Any]:
+    """The run options every measurement of a section takes: no progress bar, and the size's noise target (none at
+    the smoke size, which only exercises the code)."""
+    return {"progress": False, "noise": SIZES[size]["noise"]}
+
+
 def section_probe(size: str, device: torch.device) -> dict[str, Any]:
     """1. Each plan's peak against a hand-made step's ``max_memory_allocated`` (2%); params and optimizer state
     bytes against independent counts (exact)."""
@@ -291,7 +298,7 @@ def section_probe(size: str, device: torch.device) -> dict[str, Any]:
     checks, rows = Checks(), []
     parameter_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     for plan in probe_plans(shape.rows):
-        trial = memlab.measure(model, batch, plan, steps=SIZES[size]["steps"], warmup=1, progress=False)
+        trial = memlab.measure(model, batch, plan, steps=SIZES[size]["steps"], warmup=1, **timing(size))
         release(device)
         reference = reference_peak(model, batch, plan)
         row = trial_row(trial)
@@ -334,7 +341,7 @@ def section_cap(size: str, device: torch.device) -> dict[str, Any]:
     plans = [Plan(), Plan(precision="bf16"), Plan(precision="fp16"), Plan(checkpointing=True),
              Plan(optimizer="adamw8bit"), Plan(precision="bf16", checkpointing=True, optimizer="adamw8bit"),
              Plan(micro_batch=max(1, shape.rows // 4), accumulation=4, checkpointing=True, precision="bf16")]
-    free = {plan: memlab.measure(model, batch, plan, steps=1, warmup=1, progress=False) for plan in plans}
+    free = {plan: memlab.measure(model, batch, plan, steps=1, warmup=1, **timing(size)) for plan in plans}
     plain_peak = free[plans[0]].peak_bytes
     budget = int(0.6 * plain_peak)
     over = [p for p, t in free.items() if t.status == "ok" and t.peak_bytes > 1.02 * budget]
@@ -346,7 +353,7 @@ def section_cap(size: str, device: torch.device) -> dict[str, Any]:
     capped: list[dict[str, Any]] = []
     for number in range(20 if over else 0):
         plan = over[number % len(over)]
-        trial = memlab.measure(model, batch, plan, budget=budget, steps=1, warmup=1, progress=False)
+        trial = memlab.measure(model, batch, plan, budget=budget, steps=1, warmup=1, **timing(size))
         capped.append({"plan": plan.label(), "status": trial.status, "peak_bytes": trial.peak_bytes,
                        "allocated_after": allocated(device), "error": (trial.error or "")[:200]})
     end = allocated(device)
@@ -361,7 +368,7 @@ def section_cap(size: str, device: torch.device) -> dict[str, Any]:
         None if start is None else end == start and all(c["allocated_after"] == start for c in capped),
         start=start, end=end, drift=None if start is None or end is None else end - start,
     )
-    fits = [memlab.measure(model, batch, plan, budget=budget, steps=1, warmup=1, progress=False) for plan in under]
+    fits = [memlab.measure(model, batch, plan, budget=budget, steps=1, warmup=1, **timing(size)) for plan in under]
     checks.add(
         "plans whose uncapped reserved peak is under the budget run under the cap",
         all(t.status == "ok" for t in fits) if fits else None,
@@ -425,7 +432,7 @@ def section_estimate(size: str, device: torch.device) -> dict[str, Any]:
             estimate_s = time.perf_counter() - started
             model = _model_from(config, device)
             batch = token_batch(config.vocab_size, rows_, length, device)
-            trial = memlab.measure(model, batch, plan, steps=1, warmup=1, progress=False)
+            trial = memlab.measure(model, batch, plan, steps=1, warmup=1, **timing(size))
             del model, batch
             release(device)
             row = {
@@ -469,7 +476,7 @@ def section_levers(size: str, device: torch.device) -> dict[str, Any]:
     shape: Llama = SIZES[size]["levers"]
     model = build_llama(shape, device)
     batch = token_batch(shape.vocab, shape.rows, shape.length, device)
-    report = memlab.compare(model, batch, lever_plans(), steps=SIZES[size]["timed_steps"], warmup=1, progress=False)
+    report = memlab.compare(model, batch, lever_plans(), steps=SIZES[size]["timed_steps"], warmup=1, **timing(size))
     base = report.trials[0]
     rows = [trial_row(t, base) for t in report.trials]
     by_label = {t.plan.label(): t for t in report.trials}
@@ -528,17 +535,19 @@ def cumulative_plans() -> list[tuple[str, Any]]:
 
 def section_cumulative(size: str, device: torch.device) -> dict[str, Any]:
     """6. The levers that have landed, one on top of the other, on a Llama-3.2-1B-sized model at sequence 2048."""
-    return cumulative(SIZES[size]["cumulative"], device, steps=max(2, SIZES[size]["timed_steps"] - 2))
+    return cumulative(SIZES[size]["cumulative"], device, steps=max(2, SIZES[size]["timed_steps"] - 2),
+                      noise=SIZES[size]["noise"])
 
 
-def cumulative(shape: Llama, device: torch.device, *, steps: int) -> dict[str, Any]:
+def cumulative(shape: Llama, device: torch.device, *, steps: int, noise: float = 0.05) -> dict[str, Any]:
     """The rows of :func:`cumulative_plans` on a Llama of ``shape``, with their checks."""
     import memlab
 
     model = build_llama(shape, device)
     batch = token_batch(shape.vocab, shape.rows, shape.length, device)
     named = cumulative_plans()
-    report = memlab.compare(model, batch, [plan for _, plan in named], steps=steps, warmup=1, progress=False)
+    report = memlab.compare(model, batch, [plan for _, plan in named], steps=steps, warmup=1, progress=False,
+                            noise=noise)
     base = report.trials[0]
     rows = [{"step": name, **trial_row(trial, base)} for (name, _), trial in zip(named, report.trials, strict=True)]
     checks = Checks()
@@ -572,10 +581,10 @@ def section_fit(size: str, device: torch.device) -> dict[str, Any]:
     shape: Llama = SIZES[size]["fit"]
     model = build_llama(shape, device)
     batch = token_batch(shape.vocab, shape.rows, shape.length, device)
-    plain = memlab.measure(model, batch, memlab.Plan(), steps=1, warmup=1, progress=False)
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1, warmup=1, **timing(size))
     budget = int(SIZES[size]["fit_budget_share"] * plain.peak_bytes)
     started = time.perf_counter()
-    report = memlab.fit(model, batch, budget=budget, steps=SIZES[size]["timed_steps"], warmup=1, progress=False)
+    report = memlab.fit(model, batch, budget=budget, steps=SIZES[size]["timed_steps"], warmup=1, **timing(size))
     fit_s = time.perf_counter() - started
     best = report.best
     checks = Checks()
@@ -696,7 +705,7 @@ def section_restore(size: str, device: torch.device) -> dict[str, Any]:
                 if isinstance(event, StepFinished) and event.kind == "tracked":
                     raise KeyboardInterrupt
             try:
-                memlab.measure(model, batch, plan, steps=2, warmup=1, progress=False, callback=stop)
+                memlab.measure(model, batch, plan, steps=2, warmup=1, **timing(size), callback=stop)
             except KeyboardInterrupt:
                 return "interrupted"
             return "not interrupted"
@@ -705,17 +714,17 @@ def section_restore(size: str, device: torch.device) -> dict[str, Any]:
     plain_peak: list[int] = []
 
     def compare() -> Any:
-        report = memlab.compare(model, batch, plans, steps=1, warmup=1, progress=False)
+        report = memlab.compare(model, batch, plans, steps=1, warmup=1, **timing(size))
         plain_peak.append(report.trials[0].peak_bytes)
         return [t.status for t in report.trials]
 
     def fit() -> Any:
-        report = memlab.fit(model, batch, budget=int(0.7 * plain_peak[0]), steps=1, warmup=1, progress=False)
+        report = memlab.fit(model, batch, budget=int(0.7 * plain_peak[0]), steps=1, warmup=1, **timing(size))
         return None if report.best is None else report.best.plan.label()
 
     def fit_default_budget() -> Any:
         # Only the budget is under test here; two plans keep it short.
-        report = memlab.fit(model, batch, steps=1, warmup=1, progress=False,
+        report = memlab.fit(model, batch, steps=1, warmup=1, **timing(size),
                             space={"precision": ["bf16"], "optimizer": ["adamw"], "checkpointing": [False, True],
                                    "offload": ["none"], "micro_batch": [shape.rows]})
         best = None if report.best is None else report.best.plan.label()

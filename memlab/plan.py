@@ -281,11 +281,12 @@ class Plan:
 
         return training_arguments(self)
 
-    def to_peft_config(self) -> Any:
-        """The ``peft.LoraConfig`` of an adapter plan (see :func:`memlab.export.peft_config`)."""
+    def to_peft_config(self, model: Any = None) -> Any:
+        """The ``peft.LoraConfig`` of an adapter plan; with ``model``, on exactly the layers memlab measured (see
+        :func:`memlab.export.peft_config`)."""
         from memlab.export import peft_config
 
-        return peft_config(self)
+        return peft_config(self, model)
 
     def to_deepspeed(self) -> dict[str, Any]:
         """A DeepSpeed config dict for this plan (ZeRO offload where the plan offloads)."""

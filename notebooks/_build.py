@@ -94,6 +94,7 @@ vocab = 4096   # vocabulary size
 rows = 8       # sequences per batch
 seq_len = 64   # tokens per sequence
 steps = 3      # timed steps per measurement
+noise = 0.05   # time on past `steps` until the median step is known within +-5% (0: exactly `steps` steps)
 """
 
 
@@ -180,7 +181,7 @@ NB00 = [
     ),
     code(
         """
-        trial = memlab.measure(model, batch, memlab.Plan(), steps=steps)
+        trial = memlab.measure(model, batch, memlab.Plan(), steps=steps, noise=noise)
         trial
         """
     ),
@@ -219,11 +220,13 @@ NB00 = [
     code(
         """
         sizes = sorted({max(1, rows // 4), max(1, rows // 2), rows, 2 * rows})
-        by_rows = memlab.compare(model, batch, [memlab.Plan(micro_batch=k) for k in sizes], steps=steps)
+        by_rows = memlab.compare(model, batch, [memlab.Plan(micro_batch=k) for k in sizes], steps=steps, noise=noise)
 
         lengths = sorted({max(2, seq_len // 4), max(2, seq_len // 2), seq_len})
         by_length = [
-            memlab.measure(model, {key: value[:, :n] for key, value in batch.items()}, memlab.Plan(), steps=steps)
+            memlab.measure(
+                model, {key: value[:, :n] for key, value in batch.items()}, memlab.Plan(), steps=steps, noise=noise
+            )
             for n in lengths
         ]
         by_rows
@@ -278,7 +281,7 @@ NB00 = [
         """
         wide_config = LlamaConfig(**{**config.to_dict(), "hidden_size": 2 * hidden, "intermediate_size": 8 * hidden})
         wide = AutoModelForCausalLM.from_config(wide_config).to(device)
-        wide_trial = memlab.measure(wide, batch, memlab.Plan(), steps=1)
+        wide_trial = memlab.measure(wide, batch, memlab.Plan(), steps=1, noise=noise)
         for name in ("params", "optimizer", "activations"):
             print(f"{name:12} x{wide_trial.breakdown[name] / max(trial.breakdown[name], 1):.1f}")
         # Weight matrices in the blocks are hidden x hidden, so they grow 4x; the embedding and output tables are
@@ -377,7 +380,7 @@ NB01 = [
     code(
         """
         plans = [memlab.Plan()] + [memlab.Plan(micro_batch=rows // k, accumulation=k) for k in factors]
-        report = memlab.compare(model, batch, plans, steps=steps)
+        report = memlab.compare(model, batch, plans, steps=steps, noise=noise)
         report
         """
     ),
@@ -448,7 +451,7 @@ NB02 = [
         """
         sizes = sorted({max(1, rows // 2), rows, 2 * rows})
         plans = [memlab.Plan(micro_batch=k, checkpointing=on) for k in sizes for on in (False, True)]
-        report = memlab.compare(model, batch, plans, steps=steps)
+        report = memlab.compare(model, batch, plans, steps=steps, noise=noise)
         report
         """
     ),
@@ -516,7 +519,7 @@ NB02 = [
             memlab.Plan(checkpointing=True),
             memlab.Plan(micro_batch=half, accumulation=rows // half, checkpointing=True),
         ]
-        both = memlab.compare(model, batch, options, steps=1)
+        both = memlab.compare(model, batch, options, steps=1, noise=noise)
         for t in both:
             print(f"{t.label:12} peak {human(t.peak_bytes):>10}  {t.samples_per_s:8.1f} samples/s")
         """,
@@ -566,7 +569,8 @@ NB03 = [
     ),
     code(
         """
-        report = memlab.compare(model, batch, [memlab.Plan(precision=p) for p in ("fp32", "bf16", "fp16")], steps=steps)
+        plans = [memlab.Plan(precision=p) for p in ("fp32", "bf16", "fp16")]
+        report = memlab.compare(model, batch, plans, steps=steps, noise=noise)
         report
         """
     ),
@@ -650,7 +654,8 @@ NB04 = [
     md("## The optimizer state, measured"),
     code(
         """
-        report = memlab.compare(model, batch, [memlab.Plan(), memlab.Plan(optimizer="adamw8bit")], steps=steps)
+        plans = [memlab.Plan(), memlab.Plan(optimizer="adamw8bit")]
+        report = memlab.compare(model, batch, plans, steps=steps, noise=noise)
         report
         """
     ),
@@ -748,7 +753,7 @@ NB05 = [
     code(
         """
         plans = [memlab.Plan(offload=where) for where in ("none", "optimizer", "activations", "all")]
-        report = memlab.compare(model, batch, plans, steps=steps)
+        report = memlab.compare(model, batch, plans, steps=steps, noise=noise)
         report
         """
     ),
@@ -807,7 +812,7 @@ NB05 = [
         """,
         """
         pair = [memlab.Plan(offload="optimizer"), memlab.Plan(optimizer="adamw8bit")]
-        pair = memlab.compare(model, batch, pair, steps=1)
+        pair = memlab.compare(model, batch, pair, steps=1, noise=noise)
         for t in pair:
             print(f"{t.label:20} optimizer {human(t.breakdown['optimizer']):>10}  peak {human(t.peak_bytes):>10}  "
                   f"{t.samples_per_s:8.1f} samples/s", *t.notes)
@@ -844,7 +849,7 @@ NB06 = [
     code("%load_ext memlab"),
     code(
         """
-        %%memfit model batch --try precision=fp32,bf16 checkpointing=off,on --steps $steps
+        %%memfit model batch --try precision=fp32,bf16 checkpointing=off,on --steps $steps --noise $noise
         loss = model(**batch).loss
         """
     ),
@@ -856,7 +861,7 @@ NB06 = [
     ),
     code(
         """
-        %%memfit model batch --try optimizer=adamw,adamw8bit --steps $steps --quiet
+        %%memfit model batch --try optimizer=adamw,adamw8bit --steps $steps --noise $noise --quiet
         """
     ),
     code(
@@ -878,14 +883,14 @@ NB06 = [
     ),
     code(
         """
-        plain = memlab.measure(model, batch, memlab.Plan(), steps=steps)
+        plain = memlab.measure(model, batch, memlab.Plan(), steps=steps, noise=noise)
         budget = int(budget_fraction * plain.peak_bytes)
         print(f"plain training peaks at {human(plain.peak_bytes)}; the budget is {human(budget)}")
         """
     ),
     code(
         """
-        report = memlab.fit(model, batch, budget=budget, batch_size=rows, steps=steps)
+        report = memlab.fit(model, batch, budget=budget, batch_size=rows, steps=steps, noise=noise)
         report
         """
     ),
@@ -969,7 +974,7 @@ NB06 = [
         """,
         """
         half = budget // 2
-        %memfit model batch --budget {half}B --batch-size $rows --steps 1 --quiet --apply
+        %memfit model batch --budget {half}B --batch-size $rows --steps 1 --noise $noise --quiet --apply
         if "memfit_applied" in globals():
             print("applied:", memfit_applied.plan.label())
             memfit_applied.undo()
@@ -1180,7 +1185,7 @@ NB08 = [
             memlab.Plan(adapter="lora", lora_rank=rank),
             memlab.Plan(adapter="qlora", lora_rank=rank),
         ]
-        report = memlab.compare(model, batch, plans, steps=steps)
+        report = memlab.compare(model, batch, plans, steps=steps, noise=noise)
         report
         """
     ),
@@ -1247,7 +1252,8 @@ NB08 = [
         """,
         """
         ranks = [2, 8, 32]
-        sweep = memlab.compare(model, batch, [memlab.Plan(adapter="lora", lora_rank=r) for r in ranks], steps=1)
+        plans = [memlab.Plan(adapter="lora", lora_rank=r) for r in ranks]
+        sweep = memlab.compare(model, batch, plans, steps=1, noise=noise)
         linears = [
             m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings()
         ]
@@ -1291,7 +1297,8 @@ NB09 = [
     code(
         """
         optimizers = ["adamw", "adamw8bit", "paged_adamw8bit", "adafactor"]
-        report = memlab.compare(model, batch, [memlab.Plan(optimizer=name) for name in optimizers], steps=steps)
+        plans = [memlab.Plan(optimizer=name) for name in optimizers]
+        report = memlab.compare(model, batch, plans, steps=steps, noise=noise)
         report
         """
     ),
@@ -1344,7 +1351,7 @@ NB09 = [
         big_ids = torch.randint(0, big_vocab, (rows, seq_len), device=device)
         big_batch = {"input_ids": big_ids, "labels": big_ids}
 
-        losses = memlab.compare(big, big_batch, [memlab.Plan(), memlab.Plan(loss="chunked")], steps=steps)
+        losses = memlab.compare(big, big_batch, [memlab.Plan(), memlab.Plan(loss="chunked")], steps=steps, noise=noise)
         full, chunked = losses
         print(f"activations: full loss {human(full.breakdown['activations'])}, "
               f"chunked {human(chunked.breakdown['activations'])} "
@@ -1631,7 +1638,7 @@ NB11 = [
             memlab.InferencePlan(quantize="int8"),
             memlab.InferencePlan(weights="bf16", quantize="nf4"),
         ]
-        report = memlab.compare(model, prompts, plans, steps=steps)
+        report = memlab.compare(model, prompts, plans, steps=steps, noise=noise)
         report
         """
     ),
@@ -1666,6 +1673,7 @@ NB11 = [
                 memlab.InferencePlan(weights="bf16", new_tokens=new_tokens, kv_cache=False),
             ],
             steps=steps,
+            noise=noise,
         )
         generation
         """
@@ -1724,7 +1732,7 @@ NB11 = [
     code(
         """
         %load_ext memlab
-        %memfit model prompts --inference --try weights=bf16 quantize=none,nf4 new_tokens=8 --steps 1
+        %memfit model prompts --inference --try weights=bf16 quantize=none,nf4 new_tokens=8 --steps 1 --noise $noise
         """
     ),
     *exercise(
@@ -1735,7 +1743,7 @@ NB11 = [
         """
         lengths = [4, 8, 16]
         sweep = memlab.compare(
-            model, prompts, [memlab.InferencePlan(weights="bf16", new_tokens=n) for n in lengths], steps=1
+            model, prompts, [memlab.InferencePlan(weights="bf16", new_tokens=n) for n in lengths], steps=1, noise=noise
         )
         per_token = memlab.kv_cache_bytes(config, tokens=1, batch=rows, dtype="bf16")
         for n, trial in zip(lengths, sweep):

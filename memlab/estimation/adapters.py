@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 
 from memlab.plan import Plan
 from memlab.runner.module_state import ModuleStructure
-from memlab.techniques.adapters import attach_adapter, compute_dtype, quantized_targets
+from memlab.techniques.adapters import attach_adapter, check_quantizable, compute_dtype, quantized_targets
 
 Undo = Callable[[], None]
 
@@ -101,6 +101,7 @@ def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, devi
     structure = ModuleStructure.capture(model)
     try:
         if plan.adapter == "qlora":
+            check_quantizable(model)
             dtype = compute_dtype(plan)
             for name in quantized_targets(model):
                 parent_name, _, child = name.rpartition(".")

@@ -480,9 +480,17 @@ def lora_config_code(plan: Plan, **extra: Any) -> str:
     return "LoraConfig(" + ", ".join(f"{key}={value!r}" for key, value in settings.items()) + ")"
 
 
-def peft_config(plan: Plan) -> Any:
+def peft_config(plan: Plan, model: Any = None) -> Any:
     """The ``peft.LoraConfig`` of an adapter plan: rank ``plan.lora_rank``, alpha twice the rank, no dropout, on
-    every linear layer but the output head (``target_modules="all-linear"``), as memlab measured it.
+    the plan's ``lora_targets``.
+
+    With ``model`` (the model the config is for), ``target_modules`` is the list of layers memlab adapts when it
+    measures (:func:`memlab.techniques.adapters.adapter_targets`), resolved from the model: for ``"all-linear"``
+    every ``nn.Linear`` and ``Conv1D`` but the output head, or, for a model without output embeddings, its last
+    linear layer (a classifier head). Without a model it stays ``"all-linear"``, which peft resolves itself to
+    every ``nn.Linear`` and ``Conv1D`` but a transformers model's output embeddings: on a model without them (a
+    sequence classifier) peft also adapts the classifier head, which memlab did not measure; pass ``model=`` to
+    export exactly what was measured.
 
     For QLoRA, load the base in 4-bit too: ``from_pretrained(name, quantization_config=BitsAndBytesConfig(
     load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16))`` (see
@@ -492,6 +500,9 @@ def peft_config(plan: Plan) -> Any:
         >>> config = peft_config(Plan(adapter="lora", lora_rank=8))
         >>> config.r, config.lora_alpha, config.target_modules
         (8, 16, 'all-linear')
+        >>> from torch import nn
+        >>> peft_config(Plan(adapter="lora"), model=nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))).target_modules
+        {'0'}
     """
     if plan.adapter == "none":
         raise MemlabError(
@@ -500,4 +511,13 @@ def peft_config(plan: Plan) -> Any:
     refuse_unless_carried(plan, "peft", "a peft LoraConfig")
     from peft import LoraConfig
 
-    return LoraConfig(**lora_settings(plan))
+    settings = lora_settings(plan)
+    if model is not None:
+        from torch import nn  # imported here: a plan's exports stay light without a model
+
+        if not isinstance(model, nn.Module):
+            raise MemlabError(f"model must be the torch nn.Module the config is for, not {type(model).__name__}")
+        from memlab.techniques.targets import adapter_targets  # imported here: it needs torch
+
+        settings["target_modules"] = adapter_targets(model, plan.lora_targets)
+    return LoraConfig(**settings)

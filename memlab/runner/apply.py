@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any
+from typing import Any, Literal
 
 from torch import nn
 
@@ -48,6 +48,7 @@ class Applied:
                 MemlabWarning,
                 stacklevel=3,
             )
+        self._steps = 0
         self._before = ModuleStructure.capture(model)
         try:
             self._step = TrainingStep(model, plan, loss_fn=loss_fn, lr=lr)
@@ -70,15 +71,57 @@ class Applied:
         """One optimizer step over one effective batch (``micro_batch * accumulation`` rows); the loss as a float."""
         if not self.active:
             raise RuntimeError("this plan was undone; call memlab.apply(model, plan) again to train with it")
-        return self._step(batch)
+        loss = self._step(batch)
+        self._steps += 1
+        return loss
 
-    def undo(self) -> None:
-        """Take the techniques off the model (checkpointing, training flag, hooks); weights keep what training did."""
+    def undo(self, adapter: Literal["discard", "merge", "keep"] | None = None) -> None:
+        """Take the techniques off the model (checkpointing, training flag, hooks); weights keep what training did.
+
+        For an adapter plan (LoRA / QLoRA), ``adapter`` says what becomes of the trained adapters: ``"discard"``
+        takes them off; ``"merge"`` adds them into the base weights (``B @ A * scaling``; for QLoRA into the
+        full-precision weights that come back) and takes them off; ``"keep"`` leaves the peft adapters, trained and
+        trainable, on the model (on the full-precision base for QLoRA) and takes every other technique off. None
+        (the default) discards them, with a :class:`~memlab.errors.MemlabWarning` once they have trained.
+        """
+        if adapter not in (None, "discard", "merge", "keep"):
+            raise MemlabError(
+                f"undo(adapter={adapter!r}) is not a choice; write undo(adapter='merge') (into the base weights), "
+                "undo(adapter='keep') (the adapters stay on) or undo(adapter='discard')"
+            )
+        if adapter not in (None, "discard") and self.plan.adapter == "none":
+            raise MemlabError(
+                f"undo(adapter={adapter!r}) is for adapter plans, and {self.plan.label()} trains no adapters; "
+                "write undo()"
+            )
         if not self.active:
             return
+        # Imported here: peft is heavy, and a plan without adapters needs none of it.
+        from memlab.techniques import adapters
+
+        trained: dict[str, Any] = {}
+        if self.plan.adapter != "none":
+            if adapter == "merge":
+                trained = adapters.adapter_deltas(self.model)
+            elif adapter == "keep":
+                trained = {name: p.detach().clone() for name, p in adapters.adapter_parameters(self.model).items()}
+            elif adapter is None and self._steps:
+                count = sum(p.numel() for p in adapters.adapter_parameters(self.model).values())
+                warnings.warn(
+                    f"memlab: undo() discarded the trained {self.plan.adapter} adapters ({count:,} parameters, "
+                    f"{self._steps} step{'s' if self._steps != 1 else ''} of training); to keep that training "
+                    "write undo(adapter='merge') (into the base weights) or undo(adapter='keep') (the peft "
+                    "adapters stay on the model)",
+                    MemlabWarning,
+                    stacklevel=2,
+                )
         self._step.close()
         self._before.restore()
         self.active = False
+        if adapter == "merge":
+            adapters.merge_deltas(self.model, trained)
+        elif adapter == "keep" and trained:
+            adapters.reattach_adapters(self.model, self.plan, trained)
         if _ACTIVE.get(self.model) is self:
             del _ACTIVE[self.model]
 

@@ -57,7 +57,8 @@ def fit(
     ``report.fits(trial)``. The returned Report holds every measured trial in order; its ``best`` is the answer
     (None when nothing fits; then ``suggestions`` holds plans outside the space, such as LoRA, estimated to fit), and
     its ``skipped`` lists the plans not measured with the reason. Ctrl-C stops the
-    search; the KeyboardInterrupt carries the trials measured so far as ``.report``.
+    search (or the suggestions' estimates, or a dry run); the KeyboardInterrupt carries the trials finished so far
+    as ``.report``.
 
     Args:
         model: the model to train, on its device; or a ``transformers.Trainer`` (TRL's included), whose model,
@@ -171,13 +172,18 @@ def fit(
                 measured[measured.index(before)] = after
     report = Report(trials, budget=budget, skipped=result.skipped)
     if report.best is None:
-        memory, _ = search.models()
-        # Least-case predictions tie where nothing was measured: then the fewest rows and the most levers on.
-        lightest = min(candidates, key=lambda plan: (
-            memory.predict(plan), micro_batch_of(plan, batch_size), not plan.checkpointing, plan.loss == "full",
-            plan.precision == "fp32", plan.optimizer == "adamw",
-        ))
-        report.suggestions = suggestions(model, batch, result.trials, resolved_space, run_options, prior, lightest)
+        try:
+            memory, _ = search.models()
+            # Least-case predictions tie where nothing was measured: then the fewest rows and the most levers on.
+            lightest = min(candidates, key=lambda plan: (
+                memory.predict(plan), micro_batch_of(plan, batch_size), not plan.checkpointing, plan.loss == "full",
+                plan.precision == "fp32", plan.optimizer == "adamw",
+            ))
+            report.suggestions = suggestions(model, batch, result.trials, resolved_space, run_options, prior, lightest)
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C while estimating suggestions: the finished search rides on the interrupt, as during it.
+            interrupt.report = report  # type: ignore[attr-defined]
+            raise
     return report
 
 
@@ -220,10 +226,11 @@ def _dry_run(
     order = sorted(candidates, key=speed.expected, reverse=True)
     device = model_device(model)
     trials: list[Trial] = []
-    for position, plan in enumerate(order):
-        trial = estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device)
-        trials.append(trial)
-        if fits(trials[-1], budget):
-            reason = f"expected slower: {plan.label()} is expected faster and is estimated to fit"
-            return Report(trials, budget=budget, skipped=[(slower, reason) for slower in order[position + 1 :]])
+    with keep_on_interrupt(trials, budget):
+        for position, plan in enumerate(order):
+            trial = estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device)
+            trials.append(trial)
+            if fits(trials[-1], budget):
+                reason = f"expected slower: {plan.label()} is expected faster and is estimated to fit"
+                return Report(trials, budget=budget, skipped=[(slower, reason) for slower in order[position + 1 :]])
     return Report(trials, budget=budget)

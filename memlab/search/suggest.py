@@ -23,7 +23,7 @@ registry), each as the plan fields it sets.
 
 Example:
     >>> OUTSIDE_THE_SPACE
-    ({'weights': 'bf16'}, {'adapter': 'lora'}, {'adapter': 'qlora'})
+    ({'weights': 'bf16'}, {'adapter': 'lora'}, {'adapter': 'qlora'}, {'optimizer': 'adafactor'})
 """
 
 
@@ -41,7 +41,7 @@ def alternatives(
         >>> from memlab.report import Trial
         >>> low = Trial(Plan(checkpointing=True), "oom", 90, {}, None, None, None, "cpu")
         >>> [p.label() for p in alternatives([low], {"checkpointing": [False, True]})]
-        ['ckpt bf16-weights', 'ckpt lora', 'ckpt qlora']
+        ['ckpt bf16-weights', 'ckpt lora', 'ckpt qlora', 'ckpt adafactor']
     """
     if not measured:
         return []

@@ -14,6 +14,9 @@ from memlab.measure.device import model_device
 from memlab.plan import Plan
 from memlab.runner.module_state import ModuleStructure
 from memlab.techniques.levers_model import lora_settings
+from memlab.techniques.targets import adapter_targets as adapter_targets  # re-exported: callers import them here
+from memlab.techniques.targets import lora_layer_types as lora_layer_types
+from memlab.techniques.targets import output_head as output_head
 
 Undo = Callable[[], None]
 
@@ -28,39 +31,6 @@ def is_peft_model(model: nn.Module) -> bool:
     if hasattr(model, "peft_config"):
         return True
     return any(type(module).__module__.startswith("peft.") for module in model.modules())
-
-
-def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-linear") -> list[str]:
-    """Names of the linear layers that get adapters, for the plan's ``lora_targets``:
-
-    - ``"all-linear"``: every ``nn.Linear`` except the output head (peft's own ``"all-linear"`` choice, for any
-      module, not only transformers models);
-    - ``"attention"``: the layers peft adapts by default for the model's type
-      (``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``: ``q_proj`` and ``v_proj`` for Llama-style models);
-    - a tuple of names: the linear layers whose name is one of them or ends with ``"." + name`` (peft's matching).
-
-    Example:
-        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 1))
-        >>> adapter_targets(model), adapter_targets(model, ("2",))
-        (['0', '2'], ['2'])
-    """
-    names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and name]
-    if targets == "all-linear":
-        head = output_head(model)
-        if head is not None:
-            return [name for name in names if model.get_submodule(name) is not head]
-        return names[:-1] if len(names) > 1 else names
-    if targets == "attention":
-        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
-
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        if model_type not in DEFAULTS:
-            raise UnsupportedTechnique(
-                f"lora_targets='attention' means peft's default layers for the model's type, and peft has none for "
-                f"{model_type or type(model).__name__}; write lora_targets='all-linear' or a list of module names"
-            )
-        targets = tuple(DEFAULTS[model_type])
-    return [name for name in names if any(name == t or name.endswith("." + t) for t in targets)]
 
 
 def quantized_targets(model: nn.Module) -> list[str]:
@@ -80,6 +50,21 @@ def quantized_targets(model: nn.Module) -> list[str]:
         *(getattr(model, "_keep_in_fp32_modules_strict", None) or ()),
     }
     return [name for name in adapter_targets(model) if not any(f".{k}." in f".{name}." for k in keep)]
+
+
+def check_quantizable(model: nn.Module) -> None:
+    """Raise :class:`UnsupportedTechnique` for a model QLoRA cannot hold in 4-bit: one with transformers ``Conv1D``
+    layers (GPT-2's), which bitsandbytes does not quantize. Trials and estimates ask it alike.
+
+    Example:
+        >>> check_quantizable(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)))
+    """
+    conv1d = [name for name in quantized_targets(model) if not isinstance(model.get_submodule(name), nn.Linear)]
+    if conv1d:
+        raise UnsupportedTechnique(
+            f"adapter='qlora' quantizes nn.Linear layers to 4-bit, and {type(model).__name__} holds "
+            f"transformers Conv1D layers ({conv1d[0]}, ...); write adapter='lora' (LoRA adapts them)"
+        )
 
 
 def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
@@ -110,9 +95,12 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     targets = adapter_targets(model, plan.lora_targets)
     if not targets:
         raise UnsupportedTechnique(
-            f"adapter={plan.adapter!r} puts LoRA on nn.Linear layers, and lora_targets={plan.lora_targets!r} finds "
-            "none in this model besides its output; write other lora_targets, or adapter='none'"
+            f"adapter={plan.adapter!r} puts LoRA on linear layers (nn.Linear, Conv1D), and "
+            f"lora_targets={plan.lora_targets!r} finds none in this model besides its output; write other "
+            "lora_targets, or adapter='none'"
         )
+    if plan.adapter == "qlora":
+        check_quantizable(model)
     # Imported here: peft and bitsandbytes are heavy, and `import memlab` must not pull them in.
     from peft import LoraConfig, inject_adapter_in_model
 
@@ -197,19 +185,76 @@ def _quantize(
     return parked
 
 
-def output_head(model: nn.Module) -> nn.Module | None:
-    """The model's output layer (``get_output_embeddings()``, e.g. an LM head), which quantization leaves as it is;
-    None for a model without one.
+def adapter_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA adapters' parameters on ``model`` (names with ``lora_``), by name, as they are now.
 
     Example:
-        >>> output_head(nn.Linear(2, 2)) is None
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> undo = attach_adapter(model, Plan(adapter="lora", lora_rank=2))
+        >>> sorted(adapter_parameters(model)), undo()
+        (['0.lora_A.default.weight', '0.lora_B.default.weight'], None)
+    """
+    return {name: p for name, p in model.named_parameters() if "lora_" in name}
+
+
+def adapter_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What each LoRA layer on ``model`` adds to its base weight (peft's ``get_delta_weight``: ``B @ A * scaling``,
+    in the base weight's layout), by the adapted layer's name.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> undo = attach_adapter(model, Plan(adapter="lora", lora_rank=2))
+        >>> {name: tuple(delta.shape) for name, delta in adapter_deltas(model).items()}, undo()
+        ({'0': (8, 8)}, None)
+    """
+    from peft.tuners.lora import LoraLayer
+
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            layer: Any = module  # each LoRA layer class defines get_delta_weight
+            with torch.no_grad():
+                for adapter in layer.active_adapters:
+                    delta = layer.get_delta_weight(adapter)
+                    deltas[name] = delta if name not in deltas else deltas[name] + delta
+    return deltas
+
+
+def merge_deltas(model: nn.Module, deltas: dict[str, torch.Tensor]) -> None:
+    """Add :func:`adapter_deltas` into the weights of ``model``'s layers of the same names (a model the adapters
+    were taken off; a GPT-2 ``Conv1D`` holds its weight transposed).
+
+    Example:
+        >>> model = nn.Linear(2, 2, bias=False)
+        >>> with torch.no_grad():
+        ...     _ = model.weight.zero_()
+        >>> merge_deltas(model, {"": torch.ones(2, 2)}); model.weight.sum().item()
+        4.0
+    """
+    with torch.no_grad():
+        for name, delta in deltas.items():
+            weight: torch.Tensor = model.get_submodule(name).weight  # type: ignore[assignment]
+            if delta.shape != weight.shape:
+                delta = delta.T
+            weight.add_(delta.to(weight.device, weight.dtype))
+
+
+def reattach_adapters(model: nn.Module, plan: Plan, trained: dict[str, torch.Tensor]) -> None:
+    """Put LoRA adapters of ``plan`` on ``model`` (peft's injection: only the adapters are trainable) holding the
+    ``trained`` values of :func:`adapter_parameters`; a QLoRA plan's adapters go on the full-precision base.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> undo = attach_adapter(model, Plan(adapter="lora", lora_rank=2))
+        >>> trained = {name: p.detach().clone() for name, p in adapter_parameters(model).items()}
+        >>> undo(); reattach_adapters(model, Plan(adapter="lora", lora_rank=2), trained)
+        >>> sorted(adapter_parameters(model)) == sorted(trained)
         True
     """
-    get_head = getattr(model, "get_output_embeddings", None)
-    if not callable(get_head):
-        return None
-    try:
-        head = get_head()
-    except (NotImplementedError, AttributeError):
-        return None
-    return head if isinstance(head, nn.Module) else None
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(**{**lora_settings(plan), "target_modules": adapter_targets(model, plan.lora_targets)})
+    inject_adapter_in_model(config, model)
+    with torch.no_grad():
+        for name, parameter in adapter_parameters(model).items():
+            parameter.data = trained[name].detach().to(parameter.device).clone()

@@ -161,6 +161,7 @@ LEVERS = (
         needs_at_least=_optimizer_needs_at_least,
         optimizer_state={"adamw8bit": 0.25, "paged_adamw8bit": 0.0, "adafactor": 0.0},
         speed={"adamw8bit": (0.97, 0.97), "paged_adamw8bit": (0.97, 0.97), "adafactor": (0.9, 0.9)},
+        suggest=("adafactor",),  # its updates differ from Adam's: suggested, never searched by default
         on_cpu=lambda value: "adamw8bit" if value == "paged_adamw8bit" else value,
         dry_run="paged_adamw8bit is estimated as the unpaged 8-bit AdamW (fakes page nothing)",
         exports=dict(dict.fromkeys(TARGETS, carried), peft=concerns_adapters_only),

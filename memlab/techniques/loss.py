@@ -6,7 +6,10 @@ activations. ``loss="chunked"`` runs the model's base (``model.base_model``: the
 last hidden states, then the head and the cross-entropy over :data:`CHUNKS` chunks of tokens, each chunk under
 ``torch.utils.checkpoint``: forward keeps no chunk's logits, and backward recomputes one chunk's logits at a time.
 The loss is the model's own: labels shifted by one the Hugging Face way, ``-100`` ignored, the mean over the
-tokens not ignored; so are the gradients (within float tolerance). The cost: the head runs twice.
+tokens not ignored, plus, for a mixture-of-experts model asked for its router logits (``output_router_logits``),
+the router's load-balancing loss times ``router_aux_loss_coef``, added as the model's forward adds it; so are the
+gradients (within float tolerance). A model that adds a term memlab cannot reproduce is refused. The cost: the head
+runs twice.
 
 It applies to causal LMs that transformers knows as such (``AutoModelForCausalLM`` classes and their subclasses)
 with an output head (``get_output_embeddings()``), trained with the default loss on dict batches with ``labels``.
@@ -14,7 +17,8 @@ with an output head (``get_output_embeddings()``), trained with the default loss
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -96,7 +100,17 @@ def chunked_causal_lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     inner = _unwrapped(model)
     head = inner.get_output_embeddings()
     inputs = {key: value for key, value in batch.items() if key != "labels"}
-    hidden = inner.base_model(**inputs).last_hidden_state
+    router_logits = _asks_router_logits(inner, inputs)
+    balance = _load_balancing_loss(inner) if router_logits else None
+    if router_logits and balance is None:
+        raise UnsupportedTechnique(
+            f"{type(inner).__name__} adds a router's auxiliary loss that loss='chunked' does not reproduce; drop "
+            "output_router_logits from the batch or write loss='full'"
+        )
+    if router_logits:
+        inputs["output_router_logits"] = True
+    outputs = inner.base_model(**inputs)
+    hidden = outputs.last_hidden_state
     # Shifted the Hugging Face way: position t predicts label t + 1; the last position predicts nothing.
     shifted = nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
@@ -108,7 +122,12 @@ def chunked_causal_lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     for part, part_labels in zip(flat_hidden.split(size), flat_labels.split(size), strict=True):
         total = total + checkpoint(_chunk_loss_sum, head, part, part_labels, use_reentrant=False)
     counted = (flat_labels != IGNORE_INDEX).sum()
-    return total / counted
+    loss = total / counted
+    if balance is not None:
+        # As the MoE causal LMs' forward does (Mixtral, Qwen2-MoE, OLMoE, ... share the form).
+        aux = balance(outputs.router_logits, inner.num_experts, inner.num_experts_per_tok, inputs.get("attention_mask"))
+        loss = loss + inner.router_aux_loss_coef * aux.to(loss.device)
+    return loss
 
 
 def _chunk_loss_sum(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -144,7 +163,33 @@ def _why_not_chunked(model: nn.Module, loss_fn: LossFn | None) -> str:
                 f"{type(model).__name__} changes its logits after the head ({name}={value}), which loss='chunked' "
                 "does not reproduce; write loss='full'"
             )
+    if _asks_router_logits(inner, {}) and _load_balancing_loss(inner) is None:
+        return (
+            f"{type(model).__name__} adds its router's auxiliary loss to the loss (output_router_logits=True) in a "
+            "form loss='chunked' does not reproduce; write loss='full' (or set model.config.output_router_logits "
+            "= False to train without that loss)"
+        )
     return ""
+
+
+def _asks_router_logits(model: Any, inputs: Mapping[str, Any]) -> bool:
+    """Whether the forward computes router logits, and so adds the load-balancing loss to the loss."""
+    asked = inputs.get("output_router_logits")
+    if asked is None:
+        asked = getattr(getattr(model, "config", None), "output_router_logits", False)
+    return bool(asked)
+
+
+def _load_balancing_loss(model: Any) -> Callable[..., torch.Tensor] | None:
+    """The ``load_balancing_loss_func`` of the model's transformers module, when the model has what its forward
+    passes it (``num_experts``, ``num_experts_per_tok``, ``router_aux_loss_coef``); else None."""
+    if not all(hasattr(model, name) for name in ("num_experts", "num_experts_per_tok", "router_aux_loss_coef")):
+        return None
+    for cls in type(model).__mro__:
+        found = getattr(sys.modules.get(cls.__module__), "load_balancing_loss_func", None)
+        if callable(found):
+            return found  # type: ignore[no-any-return]
+    return None
 
 
 def _unwrapped(model: nn.Module) -> Any:

@@ -47,7 +47,7 @@ def test_a_one_argument_loss_fn_is_refused_before_anything_runs() -> None:
 def test_fp16_weights_with_fp16_precision_say_what_to_write() -> None:
     model = tiny_mlp().half()
     batch = tuple(t.half() for t in mlp_batch())
-    trial = memlab.measure(model, batch, memlab.Plan(precision="fp16"), loss_fn=mlp_loss, steps=1)
+    trial = memlab.measure(model, batch, memlab.Plan(precision="fp16"), loss_fn=mlp_loss, steps=1, noise=0)
     assert trial.status == "error" and "load the model in fp32" in (trial.error or "")
     with pytest.raises(UnsupportedTechnique, match="precision='bf16'"):
         memlab.apply(model, memlab.Plan(precision="fp16"), loss_fn=mlp_loss)
@@ -72,7 +72,8 @@ def test_negative_shapes_in_estimate_are_refused() -> None:
 def test_a_non_finite_loss_is_an_error_never_ok(value: float) -> None:
     model = tiny_mlp()
     before = fingerprint(model)
-    trial = memlab.measure(model, mlp_batch(), memlab.Plan(), loss_fn=lambda m, b: mlp_loss(m, b) * value, steps=1)
+    trial = memlab.measure(model, mlp_batch(), memlab.Plan(), loss_fn=lambda m, b: mlp_loss(m, b) * value,
+                           steps=1, noise=0)
     assert trial.status == "error" and f"the loss is {value}" in (trial.error or "")
     assert_same(before, fingerprint(model))
 
@@ -164,7 +165,7 @@ def test_no_cpu_trial_runs_unbounded() -> None:
     probe = CpuProbe(torch.device("cpu"))
     assert probe.machine_bound > 0
     probe.machine_bound = 64 * 1024  # as if the machine had almost nothing free
-    runner = TrialRunner(model, mlp_batch(), RunOptions(loss_fn=mlp_loss, steps=1), probe=probe)
+    runner = TrialRunner(model, mlp_batch(), RunOptions(loss_fn=mlp_loss, steps=1, noise=0), probe=probe)
     trial = runner.run(memlab.Plan(), capped=False)  # no budget, not capped: still bounded by the machine
     assert trial.status == "oom" and trial.budget is None
     assert_same(before, fingerprint(model))
@@ -209,7 +210,7 @@ def test_on_cuda_memory_held_before_is_read_once_so_torchs_workspaces_are_not_bl
     own = sum(t.numel() * t.element_size() for t in [*model.parameters(), *batch])
     allocated = [own + 1000]  # the user holds 1000 bytes of their own
     probe = _fake_cuda_probe(monkeypatch, allocated, peak=10**7)
-    runner = TrialRunner(model, batch, RunOptions(loss_fn=mlp_loss, steps=1), probe=probe)  # type: ignore[arg-type]
+    runner = TrialRunner(model, batch, RunOptions(loss_fn=mlp_loss, steps=1, noise=0), probe=probe)  # type: ignore[arg-type]
     with runner.session():
         first = runner.run(memlab.Plan())
         allocated[0] += 8 * 1024**2  # cuBLAS took a workspace during the first trial
@@ -289,7 +290,7 @@ def test_estimate_takes_a_namedtuple_batch_as_measure_does() -> None:
     Pair = namedtuple("Pair", ["inputs", "targets"])
     model, (inputs, targets) = tiny_mlp(), mlp_batch()
     batch = Pair(inputs, targets)
-    measured = memlab.measure(model, batch, memlab.Plan(), loss_fn=mlp_loss, steps=1)
+    measured = memlab.measure(model, batch, memlab.Plan(), loss_fn=mlp_loss, steps=1, noise=0)
     estimated = memlab.estimate(model, batch, memlab.Plan(), loss_fn=mlp_loss)
     assert measured.status == estimated.status == "ok", estimated.error
     step_alone = measured.peak_bytes - measured.preexisting_bytes  # the dry run cannot see this process's other tensors

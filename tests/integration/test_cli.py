@@ -39,7 +39,7 @@ def test_help_lists_the_commands() -> None:
 
 def test_demo_prints_a_table_and_a_winner_and_writes_html(tmp_path: Path) -> None:
     target = tmp_path / "out" / "report.html"
-    result = memlab_command("demo", "--steps", "1", "--html", str(target))
+    result = memlab_command("demo", "--steps", "1", "--noise", "0", "--html", str(target))
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
     assert "plan" in out and "status" in out and "peak" in out and "samples/s" in out  # the table header

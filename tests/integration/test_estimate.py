@@ -63,7 +63,7 @@ def unique_bytes(tensors) -> int:
 @pytest.fixture(scope="module")
 def llama_and_measured():
     model, batch = tiny_llama(), lm_batch(rows=8)
-    report = memlab.compare(model, batch, THREE_PLANS, steps=1, progress=False)
+    report = memlab.compare(model, batch, THREE_PLANS, steps=1, noise=0, progress=False)
     assert [t.status for t in report] == ["ok"] * 3, [t.error for t in report]
     return model, batch, [step_only(t) for t in report.trials]
 
@@ -88,7 +88,8 @@ def test_estimate_is_within_5_percent_of_measure(llama_and_measured, index):
 def test_a_plain_module_with_a_loss_fn_is_estimated_like_it_is_measured():
     model, batch = tiny_mlp(), mlp_batch(rows=16)
     plans = [memlab.Plan(), memlab.Plan(checkpointing=True, micro_batch=4, accumulation=4)]
-    measured = [step_only(t) for t in memlab.compare(model, batch, plans, loss_fn=mlp_loss, steps=1, progress=False)]
+    report = memlab.compare(model, batch, plans, loss_fn=mlp_loss, steps=1, noise=0, progress=False)
+    measured = [step_only(t) for t in report]
     before = fingerprint(model)
     estimated = estimate_plans(model, batch, plans, loss_fn=mlp_loss)
     assert_same(before, fingerprint(model))
@@ -108,7 +109,7 @@ def test_a_plain_module_with_a_loss_fn_is_estimated_like_it_is_measured():
 def test_other_architectures_are_estimated_within_5_percent(build, batch):
     model, batch = build(), batch()
     plan = memlab.Plan(checkpointing=True, precision="bf16")
-    measured = step_only(memlab.measure(model, batch, plan, steps=1))
+    measured = step_only(memlab.measure(model, batch, plan, steps=1, noise=0))
     trial = estimate(model, batch, plan)
     assert trial.status == "ok", trial.error
     assert within(trial.peak_bytes, measured.peak_bytes), (trial.peak_bytes, measured.peak_bytes)

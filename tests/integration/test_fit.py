@@ -27,13 +27,13 @@ def one_thread():
 
 def test_fit_at_60_percent_of_the_plain_peak_fits_keeps_the_batch_and_beats_the_grid():
     model, batch = tiny_gpt2(), lm_batch(rows=8)
-    plain = memlab.measure(model, batch, memlab.Plan(), steps=1)
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
     assert plain.status == "ok", plain.error
     budget = int(plain.peak_bytes * 0.6)
     before = fingerprint(model)
     events: list[object] = []
 
-    report = fit(model, batch, budget=budget, steps=1, warmup=1, progress=False, callback=events.append)
+    report = fit(model, batch, budget=budget, steps=1, noise=0, warmup=1, progress=False, callback=events.append)
 
     assert_same(before, fingerprint(model))
     best = report.best
@@ -50,17 +50,17 @@ def test_fit_at_60_percent_of_the_plain_peak_fits_keeps_the_batch_and_beats_the_
     assert len(timed_again) != 1
     runs = len(report.trials) + ROUNDS * len(timed_again)
     assert len(started) == runs == len([e for e in events if isinstance(e, TrialFinished)])
-    again = memlab.measure(model, batch, best.plan, budget=budget, steps=1)
+    again = memlab.measure(model, batch, best.plan, budget=budget, steps=1, noise=0)
     assert again.status == "ok" and again.peak_bytes <= budget, again.error
     assert_same(before, fingerprint(model))
 
 
 def test_fit_a_llama_at_a_larger_effective_batch_in_a_restricted_space():
     model, batch = tiny_llama(), lm_batch(rows=4)
-    plain = memlab.measure(model, batch, memlab.Plan(micro_batch=8), steps=1)
+    plain = memlab.measure(model, batch, memlab.Plan(micro_batch=8), steps=1, noise=0)
     budget = int(plain.peak_bytes * 0.75)
     space = {"precision": ["fp32"], "optimizer": ["adamw"]}
-    report = fit(model, batch, budget=budget, batch_size=8, space=space, steps=1, progress=False)
+    report = fit(model, batch, budget=budget, batch_size=8, space=space, steps=1, noise=0, progress=False)
     assert report.best is not None and report.best.rows_per_step == 8 and report.best.peak_bytes <= budget
     assert all(t.plan.precision == "fp32" and t.plan.optimizer == "adamw" for t in report.trials)
     assert len(report.trials) < len(candidate_plans(8, {**default_space(8), **space}))
@@ -69,7 +69,7 @@ def test_fit_a_llama_at_a_larger_effective_batch_in_a_restricted_space():
 def test_a_budget_below_anything_possible_has_no_best_and_says_why():
     model, batch = tiny_gpt2(), lm_batch(rows=4)
     before = fingerprint(model)
-    report = fit(model, batch, budget="16KiB", steps=1, progress=False)
+    report = fit(model, batch, budget="16KiB", steps=1, noise=0, progress=False)
     assert report.best is None
     assert report.trials and not any(report.fits(t) for t in report.trials)
     assert all(t.peak_bytes > 16 * 1024 for t in report.trials)
@@ -84,12 +84,12 @@ def test_a_budget_below_anything_possible_has_no_best_and_says_why():
 
 def test_every_trial_of_a_fit_carries_the_budget_the_uncapped_first_one_too():
     model, batch = tiny_gpt2(), lm_batch(rows=4)
-    plain = memlab.measure(model, batch, memlab.Plan(), steps=1)
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
     budget = int(plain.peak_bytes * 0.7)
     events: list[object] = []
     space = {"precision": ["fp32"], "optimizer": ["adamw"]}
     # Without estimates the first plan is the plain one, which does not fit (with them, a plan estimated to fit).
-    report = fit(model, batch, budget=budget, space=space, steps=1, progress=False, callback=events.append,
+    report = fit(model, batch, budget=budget, space=space, steps=1, noise=0, progress=False, callback=events.append,
                  estimates=False)
     assert len(report.trials) >= 2
     assert all(t.budget == budget == report.budget for t in report.trials)
@@ -129,7 +129,7 @@ def test_fit_rejects_what_is_not_a_model():
 
 def test_dry_run_ranks_estimates_without_running_a_step():
     model, batch = tiny_gpt2(), lm_batch(rows=4)
-    plain = memlab.measure(model, batch, memlab.Plan(), steps=1)
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
     before = fingerprint(model)
     space = {"precision": ["fp32"], "optimizer": ["adamw"]}
     report = fit(model, batch, budget=int(plain.peak_bytes * 0.8), dry_run=True, space=space, progress=False)
@@ -228,25 +228,64 @@ def test_a_budget_below_the_full_fine_tunes_floor_suggests_an_adapter_plan_that_
     budget = int(1.8 * params)
     before = fingerprint(model)
 
-    report = fit(model, batch, budget=budget, steps=1, progress=False)
+    report = fit(model, batch, budget=budget, steps=1, noise=0, progress=False)
 
     assert_same(before, fingerprint(model))
     del before  # the fingerprint's copies are memory this process holds: measured, they would count as "other"
     assert report.best is None
     assert report.suggestions and all(s.estimated and s.fits for s in report.suggestions)
     adapter = next(s for s in report.suggestions if s.plan.adapter != "none")
-    again = memlab.measure(model, batch, adapter.plan, budget=budget, steps=1)
+    again = memlab.measure(model, batch, adapter.plan, budget=budget, steps=1, noise=0)
     assert again.status == "ok" and again.peak_bytes <= budget, (adapter.label, again.error, again.peak_bytes)
 
 
 def test_fit_searches_the_chunked_loss_by_default_where_it_applies():
     model, batch = tiny_llama(), lm_batch(rows=2)
-    plain = memlab.measure(model, batch, memlab.Plan(), steps=1)
-    report = fit(model, batch, budget=int(plain.peak_bytes * 0.9), steps=1, progress=False,
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
+    report = fit(model, batch, budget=int(plain.peak_bytes * 0.9), steps=1, noise=0, progress=False,
                  space={"micro_batch": [2], "precision": ["fp32"], "optimizer": ["adamw"], "checkpointing": [False]})
     searched = [t.plan for t in report.trials] + [p for p, _ in report.skipped]
     assert sorted(p.loss for p in searched) == ["chunked", "full"]
     mlp = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    report = fit(mlp, torch.randn(2, 4), budget="1MiB", loss_fn=lambda m, b: m(b).sum(), steps=1, progress=False,
+    report = fit(mlp, torch.randn(2, 4), budget="1MiB", loss_fn=lambda m, b: m(b).sum(), steps=1, noise=0,
+                 progress=False,
                  space={"micro_batch": [2], "precision": ["fp32"], "optimizer": ["adamw"], "checkpointing": [False]})
     assert len(report.trials) + len(report.skipped) == 1
+
+
+def test_ctrl_c_while_fit_computes_its_suggestions_keeps_the_finished_trials(monkeypatch):
+    fit_module = sys.modules["memlab.search.fit"]  # the module: memlab.search.fit the name is the function
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fit_module, "suggestions", interrupted)
+    model, batch = tiny_llama(), lm_batch(rows=2)
+    before = fingerprint(model)
+    space = {"micro_batch": [2], "precision": ["fp32"], "optimizer": ["adamw"], "checkpointing": [False],
+             "loss": ["full"]}
+    with pytest.raises(KeyboardInterrupt) as caught:
+        fit(model, batch, budget=1000, steps=1, progress=False, space=space, estimates=False)
+    report = caught.value.report  # type: ignore[attr-defined]
+    assert len(report.trials) == 1 and not report.trials[0].fits and report.best is None
+    assert_same(before, fingerprint(model))
+
+
+def test_ctrl_c_during_a_dry_run_fit_keeps_the_finished_estimates(monkeypatch):
+    import importlib
+
+    estimate_module = importlib.import_module("memlab.estimation.estimate")  # the package's name is the function
+    real = estimate_module.estimate
+    done: list[str] = []
+
+    def estimate_then_interrupt(*args, **kwargs):
+        if done:
+            raise KeyboardInterrupt
+        trial = real(*args, **kwargs)
+        done.append(trial.label)
+        return trial
+
+    monkeypatch.setattr(estimate_module, "estimate", estimate_then_interrupt)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        fit(tiny_llama(), lm_batch(rows=2), budget=1000, dry_run=True, progress=False)
+    assert [t.label for t in caught.value.report.trials] == done  # type: ignore[attr-defined]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import assert_same, fingerprint, lm_batch, tiny_llama
+from models import assert_same, fingerprint, lm_batch, tiny_gpt2, tiny_llama
 
 import memlab
 from memlab.errors import MemlabError
@@ -57,3 +57,27 @@ def test_targets_are_exported_labelled_parsed_and_normalised() -> None:
     with pytest.raises(memlab.UnsupportedTechnique, match="write other lora_targets"):
         attach_adapter(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)),
                        memlab.Plan(adapter="lora", lora_targets=("q_proj",)))
+
+
+def test_gpt2_lora_measures_with_adapters_on_its_conv1d_layers_and_qlora_is_one_clear_refusal() -> None:
+    model, batch = tiny_gpt2(), lm_batch(rows=2)
+    before = fingerprint(model)
+    targets = adapter_targets(model)
+    assert {name.rsplit(".", 1)[-1] for name in targets} == {"c_attn", "c_proj", "c_fc"}
+    trial = memlab.measure(model, batch, memlab.Plan(adapter="lora", lora_rank=4), steps=1, noise=0)
+    assert trial.status == "ok", trial.error
+    with pytest.raises(MemlabError, match="adapter='lora'"):
+        memlab.apply(model, memlab.Plan(adapter="qlora", lora_rank=4))
+    assert_same(before, fingerprint(model))
+
+
+def test_the_exported_targets_are_the_measured_ones() -> None:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    bert = BertForSequenceClassification(BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                    intermediate_size=32, vocab_size=64))
+    plan = memlab.Plan(adapter="lora", lora_rank=4)
+    exported = plan.to_peft_config(model=bert).target_modules
+    assert sorted(exported) == sorted(adapter_targets(bert)) and "classifier" not in exported
+    gpt2 = tiny_gpt2()
+    assert sorted(plan.to_peft_config(model=gpt2).target_modules) == sorted(adapter_targets(gpt2))

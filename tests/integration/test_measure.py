@@ -35,7 +35,7 @@ def parameter_count(model) -> int:
 
 def test_params_are_four_bytes_each_and_the_breakdown_adds_up():
     model = tiny_gpt2()
-    trial = memlab.measure(model, lm_batch(rows=4), memlab.Plan())
+    trial = memlab.measure(model, lm_batch(rows=4), memlab.Plan(), steps=1, noise=0)
     assert trial.status == "ok", trial.error
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     assert trial.breakdown["params"] == 4 * parameter_count(model) + buffers
@@ -48,7 +48,8 @@ def test_params_are_four_bytes_each_and_the_breakdown_adds_up():
 
 def test_8bit_adam_optimizer_bytes_are_under_30_percent_of_adamw():
     model, batch = tiny_gpt2(width=128), lm_batch(rows=2)
-    report = memlab.compare(model, batch, [memlab.Plan(), memlab.Plan(optimizer="adamw8bit")], progress=False, steps=1)
+    report = memlab.compare(model, batch, [memlab.Plan(), memlab.Plan(optimizer="adamw8bit")], progress=False, steps=1,
+                            noise=0)
     adamw, adam8 = (t.breakdown["optimizer"] for t in report.trials)
     assert adam8 <= 0.30 * adamw, (adam8, adamw)
 
@@ -56,7 +57,7 @@ def test_8bit_adam_optimizer_bytes_are_under_30_percent_of_adamw():
 def test_checkpointing_halves_activations_on_an_8_layer_model():
     model, batch = tiny_llama(layers=8, width=32), lm_batch(rows=4, length=32)
     plain, checkpointed = memlab.compare(
-        model, batch, [memlab.Plan(), memlab.Plan(checkpointing=True)], progress=False
+        model, batch, [memlab.Plan(), memlab.Plan(checkpointing=True)], steps=1, noise=0, progress=False
     ).trials
     assert checkpointed.breakdown["activations"] <= 0.5 * plain.breakdown["activations"]
     assert checkpointed.peak_bytes < plain.peak_bytes
@@ -65,7 +66,7 @@ def test_checkpointing_halves_activations_on_an_8_layer_model():
 def test_accumulation_lowers_the_peak_at_the_same_effective_batch():
     model, batch = tiny_llama(width=64), lm_batch(rows=8, length=32)
     whole, split = memlab.compare(
-        model, batch, [memlab.Plan(), memlab.Plan(micro_batch=2, accumulation=4)], progress=False
+        model, batch, [memlab.Plan(), memlab.Plan(micro_batch=2, accumulation=4)], steps=1, noise=0, progress=False
     ).trials
     assert whole.rows_per_step == split.rows_per_step == 8
     assert split.breakdown["activations"] < whole.breakdown["activations"]
@@ -86,7 +87,7 @@ def test_measure_works_across_model_kinds(build, batch, loss_fn):
     before = fingerprint(model)
     trials = memlab.compare(
         model, batch(), [memlab.Plan(), memlab.Plan(micro_batch=2, accumulation=2, checkpointing=True)],
-        loss_fn=loss_fn, progress=False, steps=1,
+        loss_fn=loss_fn, progress=False, steps=1, noise=0,
     ).trials
     assert [t.status for t in trials] == ["ok", "ok"], [t.error for t in trials]
     assert all(t.peak_bytes > t.breakdown["params"] > 0 for t in trials)
@@ -96,13 +97,13 @@ def test_measure_works_across_model_kinds(build, batch, loss_fn):
 
 def test_a_budget_too_small_is_an_oom_with_the_peak_reached():
     model, batch = tiny_gpt2(), lm_batch(rows=4)
-    plain = memlab.measure(model, batch, memlab.Plan(), steps=1)
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
     budget = int(plain.peak_bytes * 0.8)
-    trial = memlab.measure(model, batch, memlab.Plan(), budget=budget, steps=1)
+    trial = memlab.measure(model, batch, memlab.Plan(), budget=budget, steps=1, noise=0)
     assert trial.status == "oom" and "out of memory" in trial.error
     assert trial.peak_bytes > budget
     assert not trial.fits
-    assert memlab.measure(model, batch, memlab.Plan(), budget=plain.peak_bytes + 1, steps=1).status == "ok"
+    assert memlab.measure(model, batch, memlab.Plan(), budget=plain.peak_bytes + 1, steps=1, noise=0).status == "ok"
 
 
 def test_compare_leaves_model_hooks_grads_and_user_optimizer_bit_exact():
@@ -115,19 +116,19 @@ def test_compare_leaves_model_hooks_grads_and_user_optimizer_bit_exact():
     model.eval()
     state_before = {k: v.clone() for k, v in user_optimizer.state[model.lm_head.weight].items()}
     before = fingerprint(model)
-    plain_peak = memlab.measure(model, batch, memlab.Plan(), steps=1).peak_bytes
+    plain_peak = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0).peak_bytes
 
     def broken_loss(model, batch):
         raise ValueError("my loss is broken")
 
     report = memlab.compare(
         model, batch, [memlab.Plan(), memlab.Plan(checkpointing=True), memlab.Plan(precision="bf16")],
-        budget=int(plain_peak * 1.02), progress=False, steps=1,
+        budget=int(plain_peak * 1.02), progress=False, steps=1, noise=0,
     )
     statuses = {t.plan.label(): t.status for t in report.trials}
     assert statuses == {"plain": "ok", "ckpt": "ok", "bf16": statuses["bf16"]}
-    oom = memlab.measure(model, batch, memlab.Plan(accumulation=1), budget=int(plain_peak * 0.5), steps=1)
-    error = memlab.measure(model, batch, memlab.Plan(), loss_fn=broken_loss, steps=1)
+    oom = memlab.measure(model, batch, memlab.Plan(accumulation=1), budget=int(plain_peak * 0.5), steps=1, noise=0)
+    error = memlab.measure(model, batch, memlab.Plan(), loss_fn=broken_loss, steps=1, noise=0)
     assert oom.status == "oom" and error.status == "error" and "my loss is broken" in error.error
     assert_same(before, fingerprint(model))
     for key, value in state_before.items():
@@ -146,7 +147,8 @@ def test_keyboard_interrupt_restores_the_model_then_propagates():
         return model(**batch).loss
 
     with pytest.raises(KeyboardInterrupt):
-        memlab.compare(model, batch, [memlab.Plan(checkpointing=True)], loss_fn=interrupted, progress=False, steps=1)
+        memlab.compare(model, batch, [memlab.Plan(checkpointing=True)], loss_fn=interrupted, progress=False, steps=1,
+                       noise=0)
     assert_same(before, fingerprint(model))
 
 
@@ -157,12 +159,12 @@ def _live_tensor_count() -> int:
 
 def test_thirty_ooms_in_a_row_leave_nothing_behind():
     model, batch = tiny_gpt2(), lm_batch(rows=4)
-    peak = memlab.measure(model, batch, memlab.Plan(), steps=1).peak_bytes
+    peak = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0).peak_bytes
     plans = [memlab.Plan(micro_batch=4, accumulation=1 + i % 2) for i in range(30)]
-    memlab.compare(model, batch, plans[:2], budget=peak // 2, steps=1, progress=False)  # warm caches
+    memlab.compare(model, batch, plans[:2], budget=peak // 2, steps=1, noise=0, progress=False)  # warm caches
     tensors_before = _live_tensor_count()
     rss_before = psutil.Process().memory_info().rss
-    report = memlab.compare(model, batch, plans, budget=peak // 2, steps=1, progress=False)
+    report = memlab.compare(model, batch, plans, budget=peak // 2, steps=1, noise=0, progress=False)
     assert [t.status for t in report.trials] == ["oom"] * 30
     assert _live_tensor_count() <= tensors_before
     assert psutil.Process().memory_info().rss < 1.05 * rss_before
@@ -214,10 +216,10 @@ def test_no_memory_is_left_behind_by_trials_that_succeed_or_fail():
         raise RuntimeError("broken on purpose")
 
     plans = [memlab.Plan(), memlab.Plan(optimizer="adamw8bit", precision="bf16")]
-    memlab.compare(model, batch, plans, steps=1, progress=False)  # bitsandbytes makes its globals on first use
+    memlab.compare(model, batch, plans, steps=1, noise=0, progress=False)  # bitsandbytes makes its globals on first use
     before = _live_tensor_count()
-    memlab.compare(model, batch, plans, steps=1, progress=False)
-    memlab.measure(model, batch, memlab.Plan(), loss_fn=broken_loss, steps=1)
+    memlab.compare(model, batch, plans, steps=1, noise=0, progress=False)
+    memlab.measure(model, batch, memlab.Plan(), loss_fn=broken_loss, steps=1, noise=0)
     assert _live_tensor_count() <= before
 
 
@@ -226,10 +228,10 @@ def test_no_memory_is_left_behind_by_trials_that_succeed_or_fail():
 
 def test_a_plan_without_checkpointing_runs_without_it_even_if_the_model_has_it_on():
     model, batch = tiny_llama(layers=4), lm_batch(rows=4, length=32)
-    clean = memlab.measure(model, batch, memlab.Plan(), steps=1)
+    clean = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     before = fingerprint(model)
-    on_already = memlab.measure(model, batch, memlab.Plan(), steps=1)
+    on_already = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
     assert on_already.breakdown["activations"] == clean.breakdown["activations"]
     assert_same(before, fingerprint(model))  # and it is on again afterwards
     assert model.is_gradient_checkpointing
@@ -260,14 +262,14 @@ def test_checkpointing_wraps_the_blocks_not_the_layers_inside_them():
     model = Net()
     plain, checkpointed = memlab.compare(
         model, torch.randn(64, 32), [memlab.Plan(), memlab.Plan(checkpointing=True)],
-        loss_fn=lambda m, b: m(b).pow(2).mean(), steps=1, progress=False,
+        loss_fn=lambda m, b: m(b).pow(2).mean(), steps=1, noise=0, progress=False,
     ).trials
     assert checkpointed.breakdown["activations"] < 0.6 * plain.breakdown["activations"]
 
 
 def test_fp16_is_measured_in_a_steady_state_with_the_optimizer_state_there():
     model, batch = tiny_gpt2(), lm_batch(rows=4)
-    trial = memlab.measure(model, batch, memlab.Plan(precision="fp16"), steps=1)
+    trial = memlab.measure(model, batch, memlab.Plan(precision="fp16"), steps=1, noise=0)
     assert trial.status == "ok", trial.error
     assert trial.breakdown["optimizer"] >= 2 * 4 * parameter_count(model)
 
@@ -276,8 +278,8 @@ def test_a_tokenizer_style_mapping_batch_counts_like_a_dict():
     from transformers import BatchEncoding
 
     model, batch = tiny_gpt2(), lm_batch(rows=4, length=32)
-    as_dict = memlab.measure(model, batch, memlab.Plan(), steps=1)
-    as_encoding = memlab.measure(model, BatchEncoding(batch), memlab.Plan(), steps=1)
+    as_dict = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
+    as_encoding = memlab.measure(model, BatchEncoding(batch), memlab.Plan(), steps=1, noise=0)
     assert as_encoding.status == "ok"
     batch_bytes = sum(t.numel() * t.element_size() for t in batch.values())
     assert as_encoding.breakdown["other"] >= batch_bytes
@@ -286,7 +288,7 @@ def test_a_tokenizer_style_mapping_batch_counts_like_a_dict():
 
 def test_a_kept_keyboard_interrupt_holds_no_trial_memory():
     model, batch = tiny_gpt2(), lm_batch(rows=2)
-    memlab.measure(model, batch, memlab.Plan(), steps=1)
+    memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
     before = _live_tensor_count()
     real_step = torch.optim.AdamW.step
 
@@ -298,7 +300,7 @@ def test_a_kept_keyboard_interrupt_holds_no_trial_memory():
     torch.optim.AdamW.step = interrupted_step
     try:
         with pytest.raises(KeyboardInterrupt) as kept:
-            memlab.measure(model, batch, memlab.Plan(), steps=1)
+            memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
     finally:
         torch.optim.AdamW.step = real_step
     assert kept.value is not None  # the notebook keeps the exception, as IPython does
@@ -318,17 +320,17 @@ def test_a_buffer_reassigned_in_forward_is_put_back():
 
     model = Counting()
     before = fingerprint(model)
-    memlab.measure(model, torch.randn(4, 8), memlab.Plan(), loss_fn=lambda m, b: m(b).mean(), steps=1)
+    memlab.measure(model, torch.randn(4, 8), memlab.Plan(), loss_fn=lambda m, b: m(b).mean(), steps=1, noise=0)
     assert_same(before, fingerprint(model))
 
 
 def test_memory_the_user_already_holds_counts_under_other_and_is_named():
     model, batch = tiny_gpt2(), lm_batch(rows=4)
-    alone = memlab.measure(model, batch, memlab.Plan(), steps=1)
+    alone = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
     user_optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(**batch).loss.backward()
     user_optimizer.step()  # its state: 8 bytes per parameter, held by the user
-    held = memlab.measure(model, batch, memlab.Plan(), steps=1)
+    held = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
     state_bytes = sum(t.numel() * t.element_size() for s in user_optimizer.state.values() for t in s.values())
     assert held.preexisting_bytes >= state_bytes
     assert held.breakdown["other"] - alone.breakdown["other"] >= state_bytes
@@ -360,7 +362,7 @@ def test_a_namedtuple_batch_is_cut_into_micro_batches():
     model, (inputs, targets) = tiny_mlp(), mlp_batch(rows=8)
     trial = memlab.measure(
         model, Pair(inputs, targets), memlab.Plan(micro_batch=2, accumulation=4),
-        loss_fn=lambda m, b: mlp_loss(m, (b.inputs, b.targets)), steps=1,
+        loss_fn=lambda m, b: mlp_loss(m, (b.inputs, b.targets)), steps=1, noise=0,
     )
     assert trial.status == "ok", trial.error
 

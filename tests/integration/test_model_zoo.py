@@ -155,7 +155,7 @@ def test_measure_compare_estimate_and_restore(name: str) -> None:
         micro_batch=1, accumulation=2
     )
     before = fingerprint(model)
-    report = memlab.compare(model, batch, [memlab.Plan(), second], loss_fn=loss_fn, steps=1, progress=False)
+    report = memlab.compare(model, batch, [memlab.Plan(), second], loss_fn=loss_fn, steps=1, noise=0, progress=False)
     assert [t.status for t in report] == ["ok", "ok"], [t.error for t in report]
     assert_same(before, fingerprint(model))
 

@@ -18,7 +18,7 @@ def test_output_hidden_states_still_works_after_a_compare_that_asked_for_them() 
     model = tiny_llama(layers=2)
     batch = lm_batch(rows=2, length=8)
     before = fingerprint(model)
-    memlab.compare(model, batch, [memlab.Plan()], loss_fn=_hidden_states_loss, steps=1, progress=False)
+    memlab.compare(model, batch, [memlab.Plan()], loss_fn=_hidden_states_loss, steps=1, noise=0, progress=False)
     assert_same(before, fingerprint(model))
     with torch.no_grad():
         hidden = model(**batch, output_hidden_states=True).hidden_states
@@ -51,7 +51,7 @@ def test_what_a_library_sets_lazily_is_gone_and_what_the_user_set_stays() -> Non
 
     before = fingerprint(model)
     memlab.compare(model, mlp_batch(), [memlab.Plan(), memlab.Plan(checkpointing=True)], loss_fn=library_loss,
-                   steps=1, progress=False)
+                   steps=1, noise=0, progress=False)
     assert_same(before, fingerprint(model))
     assert not hasattr(model[0][0], "_library_ready") and not hasattr(model[0][0].weight, "_library_marker")
     assert len(model[0][0]._forward_pre_hooks) == 0
@@ -72,7 +72,7 @@ def test_a_config_flag_changed_during_a_trial_comes_back() -> None:
         m.config.use_cache = False
         return m(**b).loss
 
-    memlab.measure(model, lm_batch(rows=2), memlab.Plan(), loss_fn=loss_that_turns_the_cache_off, steps=1)
+    memlab.measure(model, lm_batch(rows=2), memlab.Plan(), loss_fn=loss_that_turns_the_cache_off, steps=1, noise=0)
     assert model.config.use_cache is True
 
 
@@ -109,7 +109,7 @@ def test_a_compare_on_a_frozen_base_copies_little_and_restores_exactly(monkeypat
 
     monkeypatch.setattr(ModelValues, "capture", classmethod(counting_capture))
     before = fingerprint(model)
-    runner = TrialRunner(model, lm_batch(rows=2), RunOptions(steps=1, progress=False))
+    runner = TrialRunner(model, lm_batch(rows=2), RunOptions(steps=1, noise=0, progress=False))
     with runner.session():
         trials = [runner.run(plan) for plan in (memlab.Plan(), memlab.Plan(checkpointing=True))]
         copied = runner.snapshot_bytes

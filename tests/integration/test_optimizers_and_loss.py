@@ -162,3 +162,57 @@ def test_the_chunked_loss_is_refused_where_it_cannot_apply():
     with pytest.raises(UnsupportedTechnique, match="labels"):
         chunked_causal_lm_loss(llama, {"input_ids": batch["input_ids"]})
     assert chunked_loss_applies(llama) and chunked_loss_applies(tiny_gpt2())
+
+
+def tiny_moe(family: str, router_logits: bool = True) -> nn.Module:
+    import transformers
+
+    config_class, model_class, experts = {
+        "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4}),
+        "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {"num_experts": 4, "moe_intermediate_size": 16,
+                                                                 "shared_expert_intermediate_size": 16}),
+        "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4}),
+    }[family]
+    config = getattr(transformers, config_class)(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_experts_per_tok=2, vocab_size=128, output_router_logits=router_logits, router_aux_loss_coef=0.5,
+        **experts,
+    )
+    torch.manual_seed(0)
+    return getattr(transformers, model_class)(config)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "olmoe"])
+def test_chunked_loss_keeps_an_moe_router_aux_loss_and_its_gradients(family):
+    model, batch = tiny_moe(family), masked_lm_batch()
+    batch["input_ids"] = batch["input_ids"] % 128
+    batch["labels"] = torch.where(batch["labels"] == -100, -100, batch["labels"] % 128)
+    full = model(**batch)
+    assert full.aux_loss is not None and full.aux_loss.item() > 0
+    full.loss.backward()
+    full_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    assert chunked_loss_applies(model)
+    chunked = chunked_causal_lm_loss(model, batch)
+    chunked.backward()
+    torch.testing.assert_close(chunked, full.loss, rtol=1e-5, atol=1e-6)
+    for name, p in model.named_parameters():
+        if name in full_grads:
+            torch.testing.assert_close(p.grad, full_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_chunked_loss_of_an_moe_without_router_logits_is_the_plain_loss():
+    model, batch = tiny_moe("mixtral", router_logits=False), lm_batch(rows=2)
+    batch["input_ids"] = batch["input_ids"] % 128
+    batch["labels"] = batch["labels"] % 128
+    torch.testing.assert_close(chunked_causal_lm_loss(model, batch), model(**batch).loss, rtol=1e-5, atol=1e-6)
+
+
+def test_chunked_loss_refuses_a_model_that_adds_an_aux_loss_it_cannot_reproduce():
+    model = tiny_moe("mixtral")
+    del model.router_aux_loss_coef  # a forward whose aux-loss form memlab does not know
+    before = fingerprint(model)
+    assert not chunked_loss_applies(model)
+    with pytest.raises(UnsupportedTechnique, match="loss='full'"):
+        memlab.apply(model, Plan(loss="chunked"))
+    assert_same(before, fingerprint(model))

@@ -55,3 +55,16 @@ def test_qlora_quantizes_the_whole_base_whatever_lora_targets_adapts() -> None:
         undo()
     assert not any(isinstance(m, bitsandbytes.nn.Linear4bit) for m in model.modules())
     model(**lm_batch())
+
+
+def test_a_qlora_estimate_refuses_conv1d_as_the_trial_does() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
+                                      bos_token_id=0, eos_token_id=0))
+    shapes = {"input_ids": (1, 8), "labels": (1, 8)}
+    estimated = memlab.estimate(gpt2, shapes, memlab.Plan(adapter="qlora"), device="cpu")
+    batch = {name: torch.randint(0, 64, shape) for name, shape in shapes.items()}
+    measured = memlab.measure(gpt2, batch, memlab.Plan(adapter="qlora"), steps=1, noise=0, progress=False)
+    assert estimated.status == measured.status == "error"
+    assert estimated.error == measured.error and "write adapter='lora'" in str(estimated.error)

@@ -62,8 +62,8 @@ KERNEL_READY = """() => {
 
 FILLS = "elements => elements.map(element => getComputedStyle(element).fill)"
 
-# The loss sleeps a little so that a run lasts long enough (about 1.5 s) for the browser to see the
-# controls disabled while it goes, however fast the machine is.
+# The loss sleeps a little so that a run lasts long enough (about 1.5 s: a warm-up, a tracked and a timed step, as
+# noise=0 asks) for the browser to see the controls disabled while it goes, however fast the machine is.
 CELL = """\
 import time
 import memlab
@@ -73,7 +73,7 @@ def slow_loss(model, batch):
     time.sleep(0.4)
     return model(**batch).loss
 
-p = memlab.panel(tiny_gpt2(), lm_batch(rows=4, length=8), loss_fn=slow_loss, steps=1)
+p = memlab.panel(tiny_gpt2(), lm_batch(rows=4, length=8), loss_fn=slow_loss, steps=1, noise=0)
 p"""
 
 

@@ -3,6 +3,7 @@ LiveOutput shows it in a cell and leaves a static record there."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from memlab.frontends.jupyter.live import LiveFigure, LiveOutput
 from memlab.plan import Plan
 from memlab.report import CATEGORIES, Report, Trial
 from memlab.report.figure import BEST_COLOR
+from memlab.runner.trial import TrialRunner
 
 MIB = 1024**2
 
@@ -220,7 +222,8 @@ def test_as_the_callback_of_compare_it_draws_every_trial() -> None:
     figure = LiveFigure(budget="64MiB", min_interval_s=0.0)
     plans = [Plan(), Plan(checkpointing=True)]
     report = memlab.compare(
-        model, mlp_batch(rows=8, width=16), plans, loss_fn=mlp_loss, steps=1, callback=figure, progress=False
+        model, mlp_batch(rows=8, width=16), plans, loss_fn=mlp_loss, steps=1, noise=0, callback=figure,
+        progress=False,
     )
     assert figure.report.trials == report.trials
     assert traces_on(figure, "x2")["params"].x == ("plain", "ckpt")
@@ -228,9 +231,20 @@ def test_as_the_callback_of_compare_it_draws_every_trial() -> None:
     assert max(figure.widget.data[live_module.LIVE].y) <= report.trials[-1].peak_bytes / MIB + 1e-9
 
 
-def test_a_close_race_timed_again_keeps_its_columns_and_ends_with_the_pooled_trials() -> None:
+def test_a_close_race_timed_again_keeps_its_columns_and_ends_with_the_pooled_trials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # The same plan twice is as close as a race gets: compare times both again in turn (A B A B); every re-run
     # redraws its plan's column, and the figure ends with what compare returns, not with extra columns.
+    # A clock that ticks one second per reading makes every timed step last a second: the race is a tie and the
+    # noise target is met at its fewest steps, however busy the machine (real timing could run to the time limit).
+    ticks = itertools.count()
+    real_init = TrialRunner.__init__
+
+    def init(self: TrialRunner, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **{**kwargs, "clock": lambda: float(next(ticks))})
+
+    monkeypatch.setattr(TrialRunner, "__init__", init)
     figure = LiveFigure(budget="64MiB", min_interval_s=0.0)
     report = memlab.compare(tiny_mlp(blocks=2, width=16), mlp_batch(rows=8, width=16), [Plan(), Plan()],
                             loss_fn=mlp_loss, steps=1, callback=figure, progress=False)

@@ -3,7 +3,8 @@
 Every bad invocation must raise IPython's UsageError with a one-line message, before the model is touched. In a kernel
 the live figure is shown while plans run and, however the run ends, replaced by a static record (an SVG) that a saved
 notebook keeps.
-Models are tiny and every run uses ``--steps 1 --warmup 1`` so the whole file stays well under a minute and a half.
+Models are tiny and every run uses ``--steps 1 --warmup 1 --noise 0`` so the whole file stays well under a minute
+and a half.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from memlab.plan import parse_grid
 from memlab.report.static import record_bundle
 from memlab.runner.apply import Applied
 
-FAST = "--steps 1 --warmup 1 --quiet"
+FAST = "--steps 1 --warmup 1 --noise 0 --quiet"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 MIB = 1024**2
 MLP_LOSS = "x, y = pairs\nloss = (mlp(x).squeeze(-1) - y).pow(2).mean()"
@@ -287,7 +288,7 @@ def test_the_live_figure_is_fed_then_replaced_by_a_static_record(
     shell: InteractiveShell, front_end: FrontEnd, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     outputs = recording_outputs(monkeypatch)
-    report = memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1", MLP_LOSS)
+    report = memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1 --noise 0", MLP_LOSS)
     assert len(report) == 2
     figure = outputs[0].figure
     assert figure is not None and list(figure.widget.data[1].x) == [t.label for t in report.trials]
@@ -302,7 +303,7 @@ def test_ctrl_c_after_the_first_plan_leaves_a_static_record(
     shell: InteractiveShell, front_end: FrontEnd, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     outputs = recording_outputs(monkeypatch, fail_at=KeyboardInterrupt())
-    report = memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1", MLP_LOSS)
+    report = memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1 --noise 0", MLP_LOSS)
     assert [t.label for t in report] == ["plain"]
     assert "Interrupted: 1 plan(s)" in capsys.readouterr().out
     assert_static_record(front_end, outputs, plans=1)
@@ -319,7 +320,7 @@ def test_an_error_after_the_figure_was_shown_leaves_a_static_record(
 ) -> None:
     outputs = recording_outputs(monkeypatch, fail_at=failure)
     with pytest.raises(raised):
-        memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1", MLP_LOSS)
+        memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1 --noise 0", MLP_LOSS)
     record = assert_static_record(front_end, outputs, plans=1)  # what the figure had drawn: the first plan
     assert "plain" in record["image/svg+xml"]
 
@@ -384,8 +385,8 @@ def test_verbose_noise_and_time_limit_reach_the_run_options(
         return memlab.Report([])
 
     monkeypatch.setattr(magic_training, "compare", fake_compare)
-    memfit(shell, f"mlp pairs {FAST}", MLP_LOSS)
-    memfit(shell, f"mlp pairs {FAST} --verbose --noise 0.02 --time-limit 30", MLP_LOSS)
+    memfit(shell, "mlp pairs --steps 1 --quiet", MLP_LOSS)  # compare is stood in for: nothing runs
+    memfit(shell, "mlp pairs --steps 1 --quiet --verbose --noise 0.02 --time-limit 30", MLP_LOSS)
     quiet, verbose = seen
     assert quiet["verbose"] is False and verbose["verbose"] is True  # quiet by default
     assert (quiet["noise"], quiet["time_limit"]) == (RunOptions().noise, RunOptions().time_limit)
@@ -604,12 +605,13 @@ def test_at_least_fifteen_bad_invocations() -> None:
 
 def test_repeated_try_options_make_one_grid_and_warmup_zero_is_accepted(shell: InteractiveShell) -> None:
     report = memfit(
-        shell, "mlp pairs --try checkpointing=off,on --try micro_batch=all,2 --steps 1 --warmup 0 --quiet", MLP_LOSS
+        shell, "mlp pairs --try checkpointing=off,on --try micro_batch=all,2 --steps 1 --warmup 0 --noise 0 --quiet",
+        MLP_LOSS,
     )
     assert [t.label for t in report] == [p.label() for p in parse_grid(["checkpointing=off,on", "micro_batch=all,2"])]
     assert len(report) == 4 and all(t.status == "ok" for t in report)
     python_side = memlab.measure(
-        shell.user_ns["mlp"], shell.user_ns["pairs"], memlab.Plan(), warmup=0, steps=1,
+        shell.user_ns["mlp"], shell.user_ns["pairs"], memlab.Plan(), warmup=0, steps=1, noise=0,
         loss_fn=lambda m, b: (m(b[0]).squeeze(-1) - b[1]).pow(2).mean(),
     )
     assert python_side.status == "ok"

@@ -64,7 +64,7 @@ def two_runs() -> Iterator[dict[str, Any]]:
             }
         )
 
-    p = panel(model, small_batch(), steps=1, callback=watch)
+    p = panel(model, small_batch(), steps=1, noise=0, callback=watch)
     KEEP.add(id(p))
     p.run_button.click()
     p.controls["checkpointing"].value = True
@@ -121,7 +121,7 @@ def test_controls_are_disabled_while_running_and_enabled_after(two_runs: dict[st
 
 
 def test_out_of_memory_is_does_not_fit_not_an_error() -> None:
-    p = panel(tiny_gpt2(), small_batch(), steps=1, budget="64KiB")
+    p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0, budget="64KiB")
     trial = p.run()
     assert trial is not None and trial.status == "oom"
     assert "does not fit" in p.status.value and "memlab-warn" in p.status.value
@@ -135,14 +135,14 @@ def test_out_of_memory_is_does_not_fit_not_an_error() -> None:
 
 
 def test_the_same_setting_run_twice_is_two_columns_of_the_figure() -> None:
-    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)
     first, second = p.run(), p.run()
     assert first is not None and second is not None
     assert p.figure.report.trials == p.report.trials == [first, second]
 
 
 def test_bad_budget_is_one_line_in_the_panel_and_nothing_runs() -> None:
-    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)
     p.controls["budget"].value = "lots of memory"
     p.run_button.click()  # must not raise
     assert len(p.report) == 0
@@ -156,7 +156,7 @@ def test_an_exception_in_the_loss_is_one_line_and_the_panel_stays_usable() -> No
     def broken_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
         raise RuntimeError("the loss broke\nsecond line of detail")
 
-    p = panel(tiny_gpt2(), small_batch(), loss_fn=broken_loss, steps=1)
+    p = panel(tiny_gpt2(), small_batch(), loss_fn=broken_loss, steps=1, noise=0)
     p.run_button.click()
     assert [trial.status for trial in p.report] == ["error"]
     status = p.status.value
@@ -166,7 +166,7 @@ def test_an_exception_in_the_loss_is_one_line_and_the_panel_stays_usable() -> No
 
 
 def test_a_plan_error_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)
 
     def impossible() -> Plan:
         raise MemlabError("offload='disk' is not known; write one of none, optimizer, activations, all")
@@ -181,7 +181,7 @@ def test_a_plan_error_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_apply_then_undo_leaves_the_model_bit_exact() -> None:
     model = tiny_gpt2()
     before = fingerprint(model)
-    p = panel(model, small_batch(), steps=1)
+    p = panel(model, small_batch(), steps=1, noise=0)
     p.controls["checkpointing"].value = True
     p.controls["micro_batch"].value = 2
     p.controls["accumulation"].value = 2
@@ -198,7 +198,7 @@ def test_apply_then_undo_leaves_the_model_bit_exact() -> None:
 
 
 def test_effective_batch_and_plan_follow_the_controls() -> None:
-    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)
     assert p.plan() == Plan()  # all rows of the batch: micro_batch=None
     p.controls["micro_batch"].value = 1
     p.controls["accumulation"].value = 4
@@ -213,7 +213,7 @@ def test_a_batch_that_needs_a_loss_fn_says_so_when_the_panel_is_built() -> None:
 
 
 def test_the_fine_tuning_levers_have_controls_and_make_plans() -> None:
-    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)
     assert list(p.controls["adapter"].options) == ["none", "lora", "qlora"]
     assert list(p.controls["weights"].options) == ["fp32", "bf16"]
     assert p.controls["lora_rank"].description == "lora-rank" and p.controls["lora_rank"].value == 16
@@ -228,7 +228,7 @@ def test_closing_a_panel_lets_its_model_go() -> None:
 
     model = tiny_gpt2()
     alive = weakref.ref(model)
-    p = panel(model, small_batch(), steps=1)
+    p = panel(model, small_batch(), steps=1, noise=0)
     p.run_button.click()
     p.close()
     del p, model
@@ -237,7 +237,7 @@ def test_closing_a_panel_lets_its_model_go() -> None:
 
 
 def test_every_control_has_its_lever_name_and_a_tooltip_that_says_what_it_does_and_costs() -> None:
-    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)
     for name, spec in LEVERS.items():
         control = p.controls[name]
         assert control.description == name.replace("_", "-")
@@ -267,7 +267,7 @@ def _widgets_in(widget: widgets.Widget) -> list[widgets.Widget]:
 def test_clear_empties_the_report_table_and_figure_and_leaves_the_model_alone() -> None:
     model = tiny_gpt2()
     before = fingerprint(model)
-    p = panel(model, small_batch(), steps=1, budget="64MiB")
+    p = panel(model, small_batch(), steps=1, noise=0, budget="64MiB")
     p.run_button.click()
     assert len(p.report) == 1 and "plain" in p.table.value
     old_figure = p.figure
@@ -284,7 +284,7 @@ def test_clear_empties_the_report_table_and_figure_and_leaves_the_model_alone() 
 
 
 def test_apply_of_a_setting_this_panel_did_not_measure_applies_it_with_a_warning() -> None:
-    p = panel(tiny_gpt2(), small_batch(), steps=1)
+    p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)
     p.run_button.click()  # measures plain
     p.controls["checkpointing"].value = True
     p.apply_button.click()
@@ -303,7 +303,7 @@ def test_apply_of_a_setting_this_panel_did_not_measure_applies_it_with_a_warning
 
 
 def test_apply_after_a_run_that_did_not_fit_warns() -> None:
-    p = panel(tiny_gpt2(), small_batch(), steps=1, budget="64KiB")
+    p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0, budget="64KiB")
     assert p.run().status == "oom"
     p.controls["budget"].value = ""
     p.apply_button.click()
@@ -328,7 +328,7 @@ def test_messages_name_the_users_own_variable(ipython: Any) -> None:
     assert IPython.get_ipython() is ipython
     net = tiny_gpt2()
     ipython.user_ns.update(net=net, rows=small_batch())
-    p = panel(net, ipython.user_ns["rows"], steps=1)
+    p = panel(net, ipython.user_ns["rows"], steps=1, noise=0)
     assert "on net." in p.status.value
     ipython.user_ns["board"] = p
     p.controls["checkpointing"].value = True
@@ -347,13 +347,13 @@ def test_messages_name_the_users_own_variable(ipython: Any) -> None:
 
 
 def test_messages_without_a_variable_say_the_model_or_the_given_name(ipython: Any) -> None:
-    p = panel(tiny_gpt2(), small_batch(), steps=1)  # the model is in no variable
+    p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)  # the model is in no variable
     assert "on the model." in p.status.value
     p.apply_button.click()
     assert "to the model" in p.status.value and "the panel&#x27;s applied.step(...)" in p.status.value
     p.undo_button.click()
     ipython.user_ns["net"] = p.model
-    named = panel(p.model, small_batch(), steps=1, name="trainer.model")
+    named = panel(p.model, small_batch(), steps=1, noise=0, name="trainer.model")
     assert named.model_name() == "trainer.model" and "on trainer.model." in named.status.value
     with pytest.raises(MemlabError, match="name="):
         panel(tiny_gpt2(), small_batch(), name="")

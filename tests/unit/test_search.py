@@ -590,3 +590,14 @@ def test_fit_refuses_a_max_trials_that_is_not_a_whole_number(max_trials):
     with pytest.raises(MemlabError, match="write a whole number >= 1, e.g. max_trials=15"):
         fit(model, torch.randn(2, 4), budget="1MiB", loss_fn=lambda m, b: m(b).sum(), max_trials=max_trials)
     assert torch.equal(model.weight, before)
+
+
+def test_suggestions_consider_adafactor_where_the_space_left_it_out():
+    from memlab.report import Trial
+    from memlab.search.suggest import OUTSIDE_THE_SPACE, alternatives
+
+    assert {"optimizer": "adafactor"} in OUTSIDE_THE_SPACE
+    low = Trial(Plan(), "oom", 90, {}, None, None, None, "cpu")
+    plans = alternatives([low], default_space(8, "cpu"))
+    assert Plan(optimizer="adafactor") in plans
+    assert Plan(optimizer="adafactor") not in alternatives([low], {"optimizer": ["adamw", "adafactor"]})
