@@ -1799,6 +1799,7 @@ NB12 = [
         examples = 32        # examples in the dataset
         long_examples = 4    # of which this many are long
         steps = 1            # timed steps per measurement
+        noise = 0.05         # time on past `steps` until the median step is known within +-5% (0: exactly `steps`)
         """,
         tags=("parameters",),
     ),
@@ -1884,8 +1885,8 @@ NB12 = [
         typical = trainer.data_collator([{"input_ids": trainer.train_dataset[i]["input_ids"]} for i in range(rows)])
         typical = {key: value.to(device) for key, value in typical.items() if torch.is_tensor(value)}
         plain = memlab.Plan()
-        on_typical = memlab.measure(trainer, typical, plain, steps=steps)
-        on_worst = memlab.measure(trainer, plain, steps=steps)
+        on_typical = memlab.measure(trainer, typical, plain, steps=steps, noise=noise)
+        on_worst = memlab.measure(trainer, plain, steps=steps, noise=noise)
         print(f"typical batch ({typical['input_ids'].shape[1]} tokens): peak {human(on_typical.peak_bytes)}")
         print(f"worst batch: peak {human(on_worst.peak_bytes)}; {on_worst.notes[-1]}")
 
@@ -1906,8 +1907,8 @@ NB12 = [
     code(
         """
         space = {"micro_batch": [4, 2, 1], "checkpointing": [False, True]}
-        from_typical = memlab.fit(trainer, typical, budget=budget, space=space, steps=steps)
-        from_worst = memlab.fit(trainer, budget=budget, space=space, steps=steps)
+        from_typical = memlab.fit(trainer, typical, budget=budget, space=space, steps=steps, noise=noise)
+        from_worst = memlab.fit(trainer, budget=budget, space=space, steps=steps, noise=noise)
         print("picked on a typical batch:", from_typical.best.plan.label())
         print("picked on the worst batch:", from_worst.best.plan.label())
         from_worst.plot()
@@ -1980,7 +1981,7 @@ NB12 = [
         """,
         """
         space = {"micro_batch": [4, 2, 1], "checkpointing": [False, True], "loss": ["full", "chunked"]}
-        result = memlab.fit(trainer, budget=budget, space=space, steps=steps)
+        result = memlab.fit(trainer, budget=budget, space=space, steps=steps, noise=noise)
         print("picked on the worst batch:", result.best.plan.label())
         train_watched(result.best.plan)
         """,

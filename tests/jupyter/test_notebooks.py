@@ -64,6 +64,7 @@ OVERRIDES = {
         "examples": 32,
         "long_examples": 4,
         "steps": 1,
+        "noise": 0,
     },
 }
 DRY_RUNS = {"07_will_7b_fit.ipynb", "10_when_one_gpu_is_not_enough.ipynb"}  # no model runs: fake tensors only
