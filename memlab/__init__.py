@@ -61,11 +61,15 @@ def load_ipython_extension(ipython: Any) -> None:
     load(ipython)
 
 
-def watch(trainer: Any, budget: int | str | None = None) -> Any:
+def watch(trainer: Any, budget: int | str | None = None, *, show: bool | None = None) -> Any:
     """Watch the memory of every step of ``trainer.train()``: a callback records each step's peak, time and example
     lengths, warns once near ``budget``, and logs ``memory/*`` into the trainer's logs. Returns the
     :class:`memlab.trainer.Watch` (``peak_bytes``, ``peak_step``, ``peak_lengths``, ``to_dataframe()``,
     ``remove()``). transformers' Trainer is imported only here.
+
+    In a notebook (IPython with a kernel, or ``show=True``) the training cell also shows a live figure, samples/s
+    and memory per step with the budget line, redrawn every ``logging_steps`` steps and left as a static figure
+    when training ends (:mod:`memlab.frontends.jupyter.watch_figure`); ``show=False`` never draws.
 
     Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
 
@@ -75,7 +79,26 @@ def watch(trainer: Any, budget: int | str | None = None) -> Any:
     """
     from memlab.trainer.watch import watch as start
 
-    return start(trainer, budget=budget)
+    watched = start(trainer, budget=budget)
+    if show is None:
+        show = _in_a_kernel()
+    if show:
+        from memlab.frontends.jupyter.watch_figure import show_watch
+
+        show_watch(watched)
+    return watched
+
+
+def _in_a_kernel() -> bool:
+    """Whether IPython runs with a kernel that draws widgets (the magic's test); IPython is imported only where it
+    already is."""
+    import sys
+
+    if "IPython" not in sys.modules:
+        return False
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
 
 
 def unload_ipython_extension(ipython: Any) -> None:
@@ -85,8 +108,13 @@ def unload_ipython_extension(ipython: Any) -> None:
     unload(ipython)
 
 
-def panel(model: Any, batch: Any, loss_fn: Any = None, *, inference: bool = False, **keywords: Any) -> Panel | Any:
+def panel(
+    model: Any, batch: Any = None, loss_fn: Any = None, *, inference: bool = False, **keywords: Any
+) -> Panel | Any:
     """The widget panel on the live model: a control per technique, Run, Apply/Undo, the live figure, every run.
+
+    ``model`` may be a ``transformers.Trainer`` (TRL's too), the batch then optional (its train dataset's worst batch):
+    Apply puts the setting on the trainer (``memlab.apply(trainer, plan)``), Undo gives the trainer back.
 
     ipywidgets and plotly are imported here, on first use, never by ``import memlab``. ``inference=True`` gives
     the inference mode (:class:`memlab.frontends.jupyter.inference_panel.InferencePanel`): a control per setting of

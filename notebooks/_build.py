@@ -1755,6 +1755,240 @@ NB11 = [
 ]
 
 
+# --- 12 from an OOM in trainer.train() to a plan that fits ----------------------------------------------------
+
+NB12 = [
+    md(
+        """
+        # 12 · From an OOM in `trainer.train()` to a plan that fits
+
+        You already fine-tune with `transformers.Trainer` or TRL's `SFTTrainer`. The first steps run, and an hour
+        later `trainer.train()` dies with `CUDA out of memory`. The usual cause is the data: most examples are
+        short, a few are long, and the batch that holds the long ones needs far more activation memory than the
+        batches before it.
+
+        memlab takes the trainer itself as the live object:
+
+        | call | what it does with a trainer |
+        |---|---|
+        | `memlab.measure(trainer, plan)` | its model, its `compute_loss`; no batch: the dataset's **worst batch** |
+        | `memlab.fit(trainer, budget=...)` | the fastest plan within the budget, judged on that worst batch |
+        | `memlab.apply(trainer, plan)` | the plan on the trainer's arguments and model until `undo()` |
+        | `memlab.watch(trainer, budget=...)` | every step's memory in `train()`, a warning, a live figure |
+
+        This notebook picks a plan twice, once from a typical batch and once from the worst batch, trains each
+        for an epoch under `memlab.watch`, and shows which one would have run out of memory.
+        """
+    ),
+    setup(
+        "import trl",
+        "from datasets import Dataset",
+        "from memlab.errors import MemlabWarning",
+        "from tokenizers import Tokenizer, models, pre_tokenizers, trainers",
+        "from transformers import PreTrainedTokenizerFast",
+    ),
+    code(
+        """
+        # Sizes of the model and the data. The defaults run in a minute or two on a small CPU; on a GPU, make
+        # them bigger. The tests run every notebook with smaller values injected after this cell.
+        hidden = 64          # width of the model
+        layers = 2           # transformer blocks
+        rows = 4             # examples per batch (per_device_train_batch_size)
+        short_words = 10     # words in most examples
+        long_words = 190     # words in the long tail's examples
+        examples = 32        # examples in the dataset
+        long_examples = 4    # of which this many are long
+        steps = 1            # timed steps per measurement
+        noise = 0.05         # time on past `steps` until the median step is known within +-5% (0: exactly `steps`)
+        """,
+        tags=("parameters",),
+    ),
+    DEVICE,
+    md(
+        """
+        ## A dataset with a long tail
+
+        Most examples are short; a few are nearly twenty times longer. A word-level tokenizer is built in memory
+        from the texts themselves, so nothing is downloaded.
+        """
+    ),
+    code(
+        """
+        texts = [" ".join(f"short{(i + j) % 7}" for j in range(short_words)) for i in range(examples - long_examples)]
+        texts += [" ".join(f"long{j % 40}" for j in range(long_words))] * long_examples
+        words = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+        words.pre_tokenizer = pre_tokenizers.Whitespace()
+        words.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[EOS]"]))
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]"
+        )
+        lengths = sorted(len(tokenizer(text)["input_ids"]) for text in texts)
+        print(f"{len(texts)} examples; tokens per example: median {lengths[len(lengths) // 2]}, longest {lengths[-1]}")
+        """
+    ),
+    md(
+        """
+        ## The trainer
+
+        With internet, the model and tokenizer of a real checkpoint go in the same places:
+
+        ```python
+        model = AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M")
+        tokenizer = AutoTokenizer.from_pretrained("HuggingFaceTB/SmolLM2-135M")
+        ```
+        """
+    ),
+    code(
+        """
+        # With internet: model = AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M").to(device)
+        config = LlamaConfig(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            vocab_size=len(tokenizer),
+            max_position_embeddings=2 * lengths[-1],
+        )
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).to(device)
+        args = trl.SFTConfig(
+            output_dir="nb12-output",
+            report_to=[],
+            use_cpu=device == "cpu",
+            save_strategy="no",
+            num_train_epochs=1,
+            per_device_train_batch_size=rows,
+            logging_steps=2,  # memlab.watch's figure redraws every logging step
+            disable_tqdm=True,
+            seed=0,
+            max_length=2 * lengths[-1],
+        )
+        trainer = trl.SFTTrainer(
+            model=model, args=args, train_dataset=Dataset.from_dict({"text": texts}), processing_class=tokenizer
+        )
+        trainer.args.log_level = "error"
+        print(f"{sum(p.numel() for p in model.parameters()):,} parameters; {len(trainer.train_dataset)} examples")
+        """
+    ),
+    md(
+        """
+        ## A typical batch and the worst batch
+
+        The first `rows` examples are a typical batch. `memlab.measure(trainer, plan)` without a batch reads the
+        lengths of the whole train dataset, collates its longest examples with the trainer's own collator and
+        measures that batch; the trial's notes say which examples it held.
+        """
+    ),
+    code(
+        """
+        typical = trainer.data_collator([{"input_ids": trainer.train_dataset[i]["input_ids"]} for i in range(rows)])
+        typical = {key: value.to(device) for key, value in typical.items() if torch.is_tensor(value)}
+        plain = memlab.Plan()
+        on_typical = memlab.measure(trainer, typical, plain, steps=steps, noise=noise)
+        on_worst = memlab.measure(trainer, plain, steps=steps, noise=noise)
+        print(f"typical batch ({typical['input_ids'].shape[1]} tokens): peak {human(on_typical.peak_bytes)}")
+        print(f"worst batch: peak {human(on_worst.peak_bytes)}; {on_worst.notes[-1]}")
+
+        # A budget between the two: a typical batch fits it, the worst batch does not. On a GPU this is your card.
+        budget = (on_typical.peak_bytes + on_worst.peak_bytes) // 2
+        print("budget:", human(budget))
+        """
+    ),
+    md(
+        """
+        ## Two plans: one picked on a typical batch, one on the worst
+
+        `memlab.fit` keeps the trainer's effective batch (rows per optimizer step) and searches micro-batch,
+        accumulation and checkpointing for the fastest plan within the budget. Given `typical`, it judges every
+        plan on that batch; given no batch, on the dataset's worst batch.
+        """
+    ),
+    code(
+        """
+        space = {"micro_batch": [4, 2, 1], "checkpointing": [False, True]}
+        from_typical = memlab.fit(trainer, typical, budget=budget, space=space, steps=steps, noise=noise)
+        from_worst = memlab.fit(trainer, budget=budget, space=space, steps=steps, noise=noise)
+        print("picked on a typical batch:", from_typical.best.plan.label())
+        print("picked on the worst batch:", from_worst.best.plan.label())
+        from_worst.plot()
+        """
+    ),
+    md(
+        """
+        ## Train each for an epoch under `memlab.watch`
+
+        `memlab.apply(trainer, plan)` puts the plan on the trainer until `undo()`; `memlab.watch(trainer,
+        budget=...)` records each step's peak and which examples the step trained on, warns once when a step
+        comes within 10% of the budget, and in a notebook draws the steps live, then leaves a static figure. On a
+        GPU whose memory is the budget, a step over it is where `trainer.train()` dies.
+        """
+    ),
+    code(
+        """
+        def train_watched(plan):
+            applied = memlab.apply(trainer, plan)
+            watched = memlab.watch(trainer, budget=budget)
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    trainer.train()
+            finally:
+                watched.remove()
+                applied.undo()  # the trainer and its model come back as they were
+            for warning in caught:
+                if isinstance(warning.message, MemlabWarning):
+                    print("memlab warned:", warning.message)
+            verdict = "OVER the budget" if watched.peak_bytes > budget else "within the budget"
+            print(f"{plan.label()}: peak {human(watched.peak_bytes)} at step {watched.peak_step} "
+                  f"(examples of {watched.peak_lengths} tokens), {verdict}")
+            return watched
+
+
+        over = train_watched(from_typical.best.plan)
+        """
+    ),
+    code(
+        """
+        under = train_watched(from_worst.best.plan)
+        """
+    ),
+    code(
+        """
+        steps_over, steps_under = over.to_dataframe(), under.to_dataframe()
+        print(f"budget {human(budget)}")
+        for name, table in (("a typical", steps_over), ("the worst", steps_under)):
+            print(f"picked on {name} batch: {(table.peak_bytes > budget).sum()} of {len(table)} steps over it")
+        steps_over[["step", "peak_bytes", "samples_per_s", "padded_length"]]
+        """
+    ),
+    md(
+        """
+        The plan picked on a typical batch was the faster one on that batch, and it fits every short batch: the
+        steps over the budget are exactly those that hold the long examples. The plan picked on the worst batch
+        pays for them from the first step, and no step goes over.
+
+        On your own fine-tune: `memlab.fit(trainer, budget="24GiB")`, then `memlab.apply(trainer,
+        result.best.plan)` and `trainer.train()`; `memlab.export.engines.training_arguments(plan)` writes the same
+        plan as `TrainingArguments` keywords for a script. `memlab.panel(trainer)` does the same with buttons.
+        """
+    ),
+    *exercise(
+        """
+        Make the tail longer (`long_words = 250`, in the parameters cell, then run the notebook again) or add
+        `accumulation` to the space: `space = {"micro_batch": [4, 2, 1], "accumulation": [1, 2], ...}`. Which
+        plan does each fit pick now, and does the worst-batch pick still stay under the budget?
+        """,
+        """
+        space = {"micro_batch": [4, 2, 1], "checkpointing": [False, True], "loss": ["full", "chunked"]}
+        result = memlab.fit(trainer, budget=budget, space=space, steps=steps, noise=noise)
+        print("picked on the worst batch:", result.best.plan.label())
+        train_watched(result.best.plan)
+        """,
+    ),
+]
+
+
 NOTEBOOKS: dict[str, list[NotebookNode]] = {
     "00_where_memory_goes.ipynb": NB00,
     "01_gradient_accumulation.ipynb": NB01,
@@ -1768,6 +2002,7 @@ NOTEBOOKS: dict[str, list[NotebookNode]] = {
     "09_optimizers_and_loss.ipynb": NB09,
     "10_when_one_gpu_is_not_enough.ipynb": NB10,
     "11_inference_memory.ipynb": NB11,
+    "12_from_oom_to_a_plan_that_fits.ipynb": NB12,
 }
 
 

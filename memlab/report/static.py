@@ -20,7 +20,9 @@ from memlab.report.figure import report_figure
 from memlab.report.format import format_rate
 from memlab.report.svg_layout import WIDTH, report_svg
 
-__all__ = ["INTERACTIVE_LIMIT", "PLOTLY_MIME", "WIDTH", "record_bundle", "record_text", "report_svg"]
+__all__ = [
+    "INTERACTIVE_LIMIT", "PLOTLY_MIME", "WIDTH", "figure_bundle", "record_bundle", "record_text", "report_svg"
+]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 """The mime type of a plotly figure's JSON, which JupyterLab's plotly renderer draws interactive."""
@@ -50,11 +52,22 @@ def record_bundle(report: Report, *, interactive: bool = True) -> dict[str, Any]
         >>> bundle["image/svg+xml"] == report_svg(report)
         True
     """
-    bundle: dict[str, Any] = {"text/plain": record_text(report), "image/svg+xml": report_svg(report)}
-    if interactive:
-        figure = _plotly_json(report)
-        if len(json.dumps(figure, separators=(",", ":"))) <= INTERACTIVE_LIMIT:
-            bundle[PLOTLY_MIME] = figure
+    return figure_bundle(record_text(report), report_svg(report), report_figure(report) if interactive else None)
+
+
+def figure_bundle(text: str, svg: str, figure: Any = None) -> dict[str, Any]:
+    """A record of any figure (``memlab.watch``'s too): ``text``, ``svg``, and the plotly ``figure``'s JSON where
+    one is given and it fits in :data:`INTERACTIVE_LIMIT`.
+
+    Example:
+        >>> sorted(figure_bundle("t", "<svg/>"))
+        ['image/svg+xml', 'text/plain']
+    """
+    bundle: dict[str, Any] = {"text/plain": text, "image/svg+xml": svg}
+    if figure is not None:
+        data = _plotly_json(figure)
+        if len(json.dumps(data, separators=(",", ":"))) <= INTERACTIVE_LIMIT:
+            bundle[PLOTLY_MIME] = data
     return bundle
 
 
@@ -78,9 +91,9 @@ def record_text(report: Report) -> str:
     return "; ".join(parts)
 
 
-def _plotly_json(report: Report) -> dict[str, Any]:
+def _plotly_json(plotly_figure: Any) -> dict[str, Any]:
     """The plotly figure as JSON without its template's per-trace defaults (most of its bytes, unused by bars)."""
-    figure = json.loads(report_figure(report).to_json())
+    figure = json.loads(plotly_figure.to_json())
     template = figure.get("layout", {}).get("template")
     if isinstance(template, dict):
         template.pop("data", None)

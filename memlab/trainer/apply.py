@@ -66,6 +66,11 @@ class TrainerApplied:
     def undone(self) -> bool:
         return not self._undoes
 
+    @property
+    def active(self) -> bool:
+        """Whether the plan is still on the trainer (as :attr:`memlab.Applied.active` says of a model)."""
+        return bool(self._undoes)
+
     def undo(self) -> None:
         """Put back the trainer's arguments, model, optimizer, scheduler, callbacks and state, and the model's
         parameters (bit-exact, even after ``train()``), buffers, gradients and structure (adapters taken off).

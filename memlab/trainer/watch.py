@@ -12,11 +12,12 @@ How memory is read per optimizer step:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memlab.errors import MemlabError, MemlabWarning
@@ -40,6 +41,9 @@ class StepRecord:
         samples_per_s: rows of the step over its time.
         lengths: tokens of each row the step trained on (attention-mask sums; padded length without a mask).
         padded_length: the longest padded sequence of the step's micro-batches.
+        categories: bytes by category (params, grads, optimizer, activations, other) at the step's peak, summing
+            to ``peak_bytes``: read on CPU (memlab's tracker knows what each tensor is); empty on CUDA, whose
+            allocator knows only the total.
     """
 
     step: int
@@ -48,6 +52,7 @@ class StepRecord:
     samples_per_s: float
     lengths: tuple[int, ...]
     padded_length: int
+    categories: dict[str, int] = field(default_factory=dict)
 
 
 def batch_lengths(inputs: Any) -> tuple[tuple[int, ...], int]:
@@ -77,6 +82,8 @@ class _StepMemory:
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.probe: Any = None
+        self.breakdown: dict[str, int] = {}
+        self.hooks: list[Any] = []
 
     def start(self) -> None:
         import torch
@@ -95,19 +102,37 @@ class _StepMemory:
             state = getattr(optimizer, "state", {}) or {}
             state_tensors = [v for s in state.values() for v in s.values() if isinstance(v, torch.Tensor)]
             parameters = list(model.parameters())
-            self.probe = MemoryTracker(
+            tracker = self.probe = MemoryTracker(
                 baseline={"params": parameters, "grads": [p.grad for p in parameters], "optimizer": state_tensors},
                 device=device,
             )
+
+            def mark(param: Any) -> None:
+                tracker.mark([param.grad], "grads")
+
+            self.hooks = [p.register_post_accumulate_grad_hook(mark) for p in parameters if p.requires_grad]
         self.probe.__enter__()
 
+    def forward_and_backward(self) -> Any:
+        """The context of ``training_step``: on CPU what it allocates is charged to activations (gradients move to
+        grads as they are accumulated); elsewhere nothing."""
+        phase = getattr(self.probe, "phase", None)
+        return contextlib.nullcontext() if phase is None else phase("activations")
+
     def stop(self) -> int | None:
-        """The step's peak, or None when no step was started."""
+        """The step's peak, or None when no step was started (its categories, where known, in ``breakdown``)."""
         probe, self.probe = self.probe, None
+        self.breakdown = {}
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
         if probe is None:
             return None
         probe.__exit__(None, None, None)
-        return int(probe.peak_allocated if hasattr(probe, "peak_allocated") else probe.peak_bytes)
+        if hasattr(probe, "peak_allocated"):
+            return int(probe.peak_allocated)
+        self.breakdown = {name: int(size) for name, size in probe.breakdown.items()}
+        return int(probe.peak_bytes)
 
 
 class Watch:
@@ -124,6 +149,7 @@ class Watch:
         self.steps: list[StepRecord] = []
         self.warned = False
         self._listeners: list[Callable[[StepRecord], None]] = []
+        self._end_listeners: list[Callable[[], None]] = []
         self._memory = _StepMemory(trainer)
         self._started = 0.0
         self._rows: list[tuple[tuple[int, ...], int]] = []
@@ -150,6 +176,10 @@ class Watch:
     def on_step(self, listener: Callable[[StepRecord], None]) -> None:
         """Call ``listener(record)`` after each step (a front end's live figure)."""
         self._listeners.append(listener)
+
+    def on_end(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` when ``trainer.train()`` ends (a front end's live figure becomes a static one)."""
+        self._end_listeners.append(listener)
 
     def to_dataframe(self) -> Any:
         """A pandas DataFrame with a row per step (pandas is imported here)."""
@@ -190,12 +220,13 @@ class Watch:
         lengths = tuple(n for row, _ in self._rows for n in row)
         rows = len(lengths)
         record = StepRecord(step, peak, elapsed, rows / elapsed if elapsed > 0 else 0.0, lengths,
-                            max((padded for _, padded in self._rows), default=0))
+                            max((padded for _, padded in self._rows), default=0), self._memory.breakdown)
         self.steps.append(record)
         if self.budget is not None and not self.warned and peak >= NEAR_BUDGET * self.budget:
             self.warned = True
             warnings.warn(
-                f"memlab: step {step} peaked at {format_bytes(peak)}, within {1 - NEAR_BUDGET:.0%} of the "
+                f"memlab: step {step} peaked at {format_bytes(peak)}, "
+                f"{'over' if peak > self.budget else f'within {1 - NEAR_BUDGET:.0%} of'} the "
                 f"{format_bytes(self.budget)} budget (rows of {', '.join(map(str, lengths))} tokens); "
                 "longer batches may not fit: memlab.fit(trainer, budget=...) finds a plan that does",
                 MemlabWarning,
@@ -203,6 +234,11 @@ class Watch:
             )
         for listener in self._listeners:
             listener(record)
+
+    def train_end(self) -> None:
+        self._memory.stop()
+        for listener in self._end_listeners:
+            listener()
 
     def log_keys(self) -> dict[str, float]:
         if not self.steps:
@@ -230,7 +266,7 @@ def _callback_class() -> type:
             self.watch.step_end(state.global_step)
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.watch._memory.stop()
+            self.watch.train_end()
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
             keys = self.watch.log_keys()
@@ -274,7 +310,8 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
     def training_step(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         result.saw_inputs(inputs)
         try:
-            return original(model, inputs, *args, **kwargs)
+            with result._memory.forward_and_backward():
+                return original(model, inputs, *args, **kwargs)
         except BaseException:
             result._memory.stop()  # never leave the CPU tracker's dispatch mode on after an error
             raise

@@ -157,3 +157,12 @@ def test_stability_counts_agreeing_runs_and_one_search_answers(load: Any) -> Non
     assert summary["contradicting_pairs"] == 0  # but run 1 named run 3's winner as tied
     answer = stability.one_run(threads=1)
     assert answer["best"] is not None and answer["trials"] >= 2 and answer["timed_steps"] >= answer["trials"]
+
+
+def test_watch_overhead(load: Any, tmp_path: Path) -> None:
+    result = load("watch_overhead").main(["--smoke", "--device", "cpu", "--out", str(tmp_path), "--threads", "1"])
+    data = check_result(tmp_path / "watch_overhead-cpu-smoke.json", "watch_overhead")
+    assert set(data["ratio"]) == {"watch", "watch_allocator_style"} and data["ratio"] == result["ratio"]
+    assert all(ratio > 0 and math.isfinite(ratio) for ratio in data["ratio"].values())
+    assert data["sides"]["watch"]["figure_redraws_per_round"] == [data["steps_per_round"]]  # logging_steps=1
+    assert data["sides"]["plain"]["figure_redraws_per_round"] == [0]

@@ -15,6 +15,12 @@ Apply of a setting that no "ok" run of this panel measured still applies it (App
 the setting may have been measured elsewhere), but the status says plainly that it was not measured and may not
 fit, and to Undo and Run it first.
 
+``memlab.panel(trainer)`` takes a ``transformers.Trainer`` (TRL's too) where the model goes, the batch optional
+(:func:`memlab.trainer.entry.live_target`): Run measures its model with its ``compute_loss`` on the given batch, or
+on its train dataset's worst batch; the controls start at the trainer's own settings; Apply puts the setting on the
+trainer (``memlab.apply(trainer, plan)``: the next ``trainer.train()`` trains with it) and Undo gives the trainer
+back.
+
 Messages call the model by the user's own variable name: ``name=`` when given, else the name the model has in the
 IPython user namespace (found by identity, never by ``eval``), else "the model".
 
@@ -36,6 +42,7 @@ from memlab.plan import Plan, format_bytes
 from memlab.report import Trial, one_line
 from memlab.runner.apply import Applied, apply
 from memlab.runner.batch import Batch, LossFn, resolve_loss_fn
+from memlab.trainer.entry import live_target
 
 __all__ = ["Panel", "descendants", "panel", "user_variable_name"]
 
@@ -44,8 +51,10 @@ class Panel(PanelCore):
     """The memlab widget panel on a live model and batch (see the module docstring).
 
     Args:
-        model: the model to measure (its parameters, buffers, flags and hooks are left as they were).
-        batch: a batch as ``memlab.measure`` takes it (a dict of tensors, a tensor, or a tuple of tensors).
+        model: the model to measure (its parameters, buffers, flags and hooks are left as they were), or a
+            ``transformers.Trainer`` (see the module docstring).
+        batch: a batch as ``memlab.measure`` takes it (a dict of tensors, a tensor, or a tuple of tensors); for a
+            trainer None measures its train dataset's worst batch.
         loss_fn: ``loss_fn(model, micro_batch) -> loss``; the default is ``model(**batch).loss``.
         name: what messages call the model (such as ``"trainer.model"``); by default the model's variable name in
             the IPython user namespace, else "the model".
@@ -55,7 +64,8 @@ class Panel(PanelCore):
 
     Attributes:
         report: the Report of every run since the panel was built or cleared (its budget is the last run's).
-        applied: the ``memlab.Applied`` of the last Apply, or None.
+        applied: the ``memlab.Applied`` of the last Apply (for a trainer, its ``TrainerApplied``), or None.
+        trainer: the trainer the panel was given, or None for a model.
         controls: the input widgets by name: one per lever of :data:`memlab.plan.LEVERS` (``micro_batch``,
             ``accumulation``, ``checkpointing``, ...), and ``budget``.
         run_button, apply_button, undo_button, clear_button: the buttons (``button.click()`` works without a
@@ -74,14 +84,19 @@ class Panel(PanelCore):
 
     def __init__(
         self,
-        model: nn.Module,
-        batch: Batch,
+        model: nn.Module | Any,
+        batch: Batch | None = None,
         loss_fn: LossFn | None = None,
         *,
         name: str | None = None,
         min_interval_s: float = 0.25,
         **options: Unpack[TrialKeywords],
     ) -> None:
+        target = live_target(model, batch, loss_fn)
+        self.trainer: Any = model if target.source is not None else None
+        if self.trainer is not None:
+            name = name or user_variable_name(self.trainer) or "the trainer"
+        model, batch, loss_fn = target.model, target.batch, target.loss_fn
         run_options = RunOptions.from_keywords({**options, "loss_fn": loss_fn, "progress": False})
         resolve_loss_fn(batch, loss_fn)  # a batch that needs a loss_fn says so now, not at the first Run
         self.loss_fn = loss_fn
@@ -98,6 +113,10 @@ class Panel(PanelCore):
         self.undo_button.on_click(lambda _: self.undo())
         for lever in ("micro_batch", "accumulation"):
             self.controls[lever].observe(lambda _: self._show_effective(), names="value")
+        if target.plan is not None:
+            self._start_at(target.plan)
+        if target.note:
+            self._say(f"Choose a setting and click Run to measure it on {self.model_name()} ({target.note}).", "info")
         self._show_effective()
 
     def plan(self) -> Plan:
@@ -149,7 +168,10 @@ class Panel(PanelCore):
             plan = self.plan()
             if self.applied is not None:
                 self.applied.undo()
-            self.applied = apply(self.model, plan, loss_fn=self.loss_fn, lr=self.options.lr)
+            if self.trainer is not None:
+                self.applied = apply(self.trainer, plan)
+            else:
+                self.applied = apply(self.model, plan, loss_fn=self.loss_fn, lr=self.options.lr)
         except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
             self.applied = None
             self._say(f"Cannot apply: {one_line(error, limit=None)}", "error")
@@ -192,8 +214,21 @@ class Panel(PanelCore):
 
     # --- messages -------------------------------------------------------------------------------------------
 
+    def _start_at(self, plan: Plan) -> None:
+        """The controls at ``plan``'s values (a trainer's own settings), where a control can show them."""
+        for lever, control in self.controls.items():
+            value = getattr(plan, lever, None)
+            if lever in self.specs and value is not None:
+                try:
+                    control.value = value
+                except Exception:  # noqa: BLE001, S112 - a value a control cannot show keeps the control's default
+                    continue
+
     def _applied_message(self, plan: Plan) -> tuple[str, str]:
-        train = _training_hint(user_variable_name(self), user_variable_name(self.batch))
+        if self.trainer is not None:
+            train = f"{user_variable_name(self.trainer) or 'the trainer'}.train() trains with it"
+        else:
+            train = _training_hint(user_variable_name(self), user_variable_name(self.batch))
         measured = self.measured(plan)
         if measured is None:
             return (
@@ -209,8 +244,9 @@ class Panel(PanelCore):
         self.effective.value = f"<span style='color:#555'>= {rows} rows per optimizer step</span>"
 
 
-def panel(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, **kwargs: Any) -> Panel:
-    """The memlab widget panel on a live model: one control per technique, Run, Apply/Undo, live figure, table.
+def panel(model: nn.Module | Any, batch: Batch | None = None, loss_fn: LossFn | None = None, **kwargs: Any) -> Panel:
+    """The memlab widget panel on a live model (or a ``transformers.Trainer``, the batch then optional): one control
+    per technique, Run, Apply/Undo, live figure, table.
 
     Keyword arguments go to :class:`Panel` (``name``, ``budget``, ``steps``, ``warmup``, ``lr``, ``callback``,
     ``noise``, ``time_limit``, ``verbose``).
