@@ -234,6 +234,8 @@ def parse_batch_shape(text: str, names: Sequence[str] = ("input_ids", "labels"))
         shape = tuple(int(part) for part in parts)
     except ValueError:
         shape = ()
-    if len(shape) != 2 or min(shape) < 1:
+    if len(shape) == 2 and min(shape) < 1:
+        raise MemlabError(f"batch {text!r}: rows and tokens must be positive; write for example --batch 1x512")
+    if len(shape) != 2:
         raise MemlabError(f"batch {text!r} is not ROWSxTOKENS; write for example --batch 1x512")
     return {name: shape for name in names}
