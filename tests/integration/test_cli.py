@@ -85,14 +85,18 @@ def test_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--budget", "-1"]) == 2
 
 
+POSITIVE = "rows and tokens must be positive; write for example --batch 1x512"
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["estimate", "llama-7b", "--batch", "-1x512"], "rows and tokens must be positive; write for example --batch 1x512"),
-        (["estimate", "llama-7b", "--batch", "0x512"], "rows and tokens must be positive; write for example --batch 1x512"),
-        (["estimate", "llama-7b", "--batch", "1x-512"], "rows and tokens must be positive; write for example --batch 1x512"),
+        (["estimate", "llama-7b", "--batch", "-1x512"], POSITIVE),
+        (["estimate", "llama-7b", "--batch", "0x512"], POSITIVE),
+        (["estimate", "llama-7b", "--batch", "1x-512"], POSITIVE),
         (["demo", "--budget", "-1GiB"], "budget '-1GiB'"),
-        (["estimate", "llama-7b", "--strategy", "zero3"], "--strategy zero3 needs a number of GPUs; add --gpus N, e.g. --gpus 8"),
+        (["estimate", "llama-7b", "--strategy", "zero3"],
+         "--strategy zero3 needs a number of GPUs; add --gpus N, e.g. --gpus 8"),
         (["estimate", "llama-7b", "--strategy", "fsdp2", "--budget", "24GiB"], "--strategy fsdp2 needs a number of GPUs"),
     ],
     ids=["negative-rows", "zero-rows", "negative-tokens", "negative-budget", "strategy-without-gpus",
