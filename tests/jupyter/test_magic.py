@@ -529,7 +529,8 @@ BAD = [
     ("bad-checkpointing", "model batch --try checkpointing=maybe", "", "write on or off"),
     ("zero-steps", "model batch --steps 0", "", "steps=0 is not allowed"),
     ("negative-steps", "model batch --steps -2", "", "steps=-2 is not allowed"),
-    ("steps-not-a-number", "model batch --steps many", "", "--steps: invalid int value"),
+    ("steps-not-a-number", "model batch --steps many", "",
+     "--steps 'many' is not a whole number; write for example --steps 3"),
     ("negative-warmup", "model batch --warmup -1", "", "warmup=-1 is not allowed"),
     ("zero-batch-size", "model batch --budget 1GiB --batch-size 0", "", "batch_size=0 is not allowed"),
     ("negative-batch-size", "model batch --budget 1GiB --batch-size -8", "", "batch_size=-8 is not allowed"),
@@ -551,9 +552,10 @@ BAD = [
     ("search-without-budget-on-cpu", "model batch --batch-size 8", "", "needs a budget"),
     ("zero-lr", "model batch --lr 0", "", "lr=0.0 is not allowed"),
     ("noise-above-one", "model batch --noise 1.5", "", "noise=1.5 is not allowed"),
-    ("noise-not-a-number", "model batch --noise low", "", "--noise: invalid float value"),
+    ("noise-not-a-number", "model batch --noise low", "",
+     "--noise 'low' is not a number; write for example --noise 0.05"),
     ("zero-time-limit", "model batch --time-limit 0", "", "time_limit=0.0 is not allowed"),
-    ("lr-not-a-number", "model batch --lr fast", "", "--lr: invalid float value"),
+    ("lr-not-a-number", "model batch --lr fast", "", "--lr 'fast' is not a number; write for example --lr 1e-05"),
     ("apply-with-dry-run", "model batch --apply --dry-run", "", "drop one of the two"),
     ("gpus-without-dry-run", "model batch --gpus 2", "", "never shards a live run; add --dry-run"),
     ("strategy-without-dry-run", "model batch --strategy fsdp2 --budget 1GiB", "", "add --dry-run"),
@@ -596,6 +598,21 @@ def test_bad_invocations_raise_one_line_usage_errors(
     assert APPLIED_NAME not in shell.user_ns
     for name, model in models.items():
         assert_same(before[name], fingerprint(model))
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["model batch --steps many", "model batch --steps 2.5", "model batch --noise low", "model batch --lr fast",
+     "model batch --max-trials few", "model batch --budget 1GiB --batch-size eight", "model batch --time-limit soon",
+     "model batch --warmup x"],
+)
+def test_a_value_of_the_wrong_type_is_one_sentence_not_the_usage(shell: InteractiveShell, line: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("memfit", line)
+    message = str(caught.value)
+    option = line.split("--")[-1].split()[0]
+    assert message.startswith(f"--{option} ") and "; write for example --" in message, message
+    assert "[--warmup N]" not in message and "invalid" not in message, message
 
 
 def test_at_least_fifteen_bad_invocations() -> None:
