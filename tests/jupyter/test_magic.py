@@ -302,9 +302,14 @@ def test_ctrl_c_after_the_first_plan_leaves_a_static_record(
     shell: InteractiveShell, front_end: FrontEnd, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     outputs = recording_outputs(monkeypatch, fail_at=KeyboardInterrupt())
-    report = memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1", MLP_LOSS)
+    with pytest.raises(KeyboardInterrupt) as caught:  # the notebook stops here: "Run All" runs no further cell
+        memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1", MLP_LOSS)
+    report = caught.value.report  # type: ignore[attr-defined]
     assert [t.label for t in report] == ["plain"]
+    assert caught.value.__traceback__ is not None and caught.value.__context__ is None
     assert "Interrupted: 1 plan(s)" in capsys.readouterr().out
+    table = front_end.outputs.pop()  # the finished trials' table follows the figure's record
+    assert table["data"] == front_end.published.pop()["data"] and "plain" in table["data"]["text/plain"]
     assert_static_record(front_end, outputs, plans=1)
 
 

@@ -29,10 +29,12 @@ What the magic does, in order (each step has its module):
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import display
 from torch import nn
 
 from memlab.errors import MemlabError
@@ -48,9 +50,11 @@ __all__ = [
     "APPLIED_NAME",
     "MemfitMagics",
     "body_loss_fn",
+    "clear_chain",
     "empty_body_transformer",
     "load_ipython_extension",
     "lookup_name",
+    "stopped",
     "unload_ipython_extension",
 ]
 
@@ -136,6 +140,13 @@ class MemfitMagics(Magics):
 
           %memfit model batch --inference --budget 2GiB --try new_tokens=128
         """
+        report, interrupted = self._measure(line, cell)
+        if interrupted:  # raised here, where no frame below holds the run's tensors: "Run All" stops at this cell
+            raise stopped(report)
+        return report
+
+    def _measure(self, line: str, cell: str | None) -> tuple[Report, bool]:
+        """The cell's work, shown: its report, and whether Ctrl-C stopped it."""
         request = self._parse(line)
         namespace = self._namespace()
         args = request.args
@@ -164,7 +175,7 @@ class MemfitMagics(Magics):
         report, interrupted = _run_shown(lambda: job.work(options), output)
         if not interrupted and job.after is not None:
             job.after(report)
-        return report
+        return report, interrupted
 
     def _parse(self, line: str) -> TrainingRequest | InferenceRequest:
         """The line, read and checked: the one place where the mode (training or ``--inference``) is chosen."""
@@ -180,25 +191,63 @@ class MemfitMagics(Magics):
 
 def _run_shown(run: Callable[[], Report], output: LiveOutput | None) -> tuple[Report, bool]:
     """Run a cell's work and leave what its live figure drew as a static record, however it ends: the report, and
-    whether Ctrl-C stopped it. An interrupt is returned, not raised: IPython would keep the traceback, and with it
-    the cell body's tensors. A MemlabError becomes the one-line UsageError."""
+    whether Ctrl-C stopped it. The interrupt is returned, its frames cleared, not raised from here: IPython keeps
+    the traceback it sees, and this one holds the cell body's tensors (the caller raises :func:`stopped`). A
+    MemlabError becomes the one-line UsageError."""
     try:
         report = run()
     except KeyboardInterrupt as interrupt:
         report = getattr(interrupt, "report", None) or (output.report if output is not None else Report([]))
-        print(f"Interrupted: {len(report)} plan(s) were measured; the model is as it was.")
-        if output is not None:
-            output.finish(report)
-        return report, True
+        clear_chain(interrupt)
     except BaseException as error:
         if output is not None:  # what the figure had drawn stays, as a static record
             output.finish(output.report)
         if isinstance(error, MemlabError):
             raise usage_error(str(error)) from None
         raise
+    else:
+        if output is not None:
+            output.finish(report, show=True)
+        return report, False
+    print(f"Interrupted: {len(report)} plan(s) were measured; the model is as it was.")
     if output is not None:
-        output.finish(report, show=True)
-    return report, False
+        output.finish(report)
+    if len(report):
+        display(report)
+    return report, True
+
+
+def clear_chain(error: BaseException) -> None:
+    """Clear the frames of ``error``'s traceback and of those it was raised from or during: what they held is freed.
+
+    Example:
+        >>> try:
+        ...     raise KeyboardInterrupt
+        ... except KeyboardInterrupt as interrupt:
+        ...     clear_chain(interrupt)
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current.__traceback__ = None
+        current = current.__cause__ or current.__context__
+
+
+def stopped(report: Report) -> KeyboardInterrupt:
+    """A fresh KeyboardInterrupt for a cell that Ctrl-C stopped: no traceback (so no frame of the run), the
+    finished trials as ``.report`` (``sys.last_value.report`` in the notebook), shown by IPython as one line.
+
+    Example:
+        >>> stopped(Report([]))._render_traceback_()
+        ['KeyboardInterrupt: %%memfit stopped after 0 plan(s); the model is as it was']
+    """
+    interrupt = KeyboardInterrupt()
+    interrupt.report = report  # type: ignore[attr-defined]
+    line = f"KeyboardInterrupt: %%memfit stopped after {len(report)} plan(s); the model is as it was"
+    interrupt._render_traceback_ = lambda: [line]  # type: ignore[attr-defined]  # IPython's one-line hook
+    return interrupt.with_traceback(None)
 
 
 def load_ipython_extension(ipython: Any) -> None:

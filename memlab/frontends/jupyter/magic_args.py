@@ -177,10 +177,15 @@ def parse_line(magic: Callable[..., Any], line: str) -> Any:
     Example:
         >>> def memfit(line):
         ...     "Measure plans."
-        >>> parse_line(memfit_arguments(memfit), 'model')  # doctest: +ELLIPSIS
+        >>> declared = memfit_arguments(memfit)
+        >>> parse_line(declared, '')  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        IPython.core.error.UsageError: ...required: BATCH; write %%memfit MODEL BATCH ...
+        IPython.core.error.UsageError: ...required: MODEL; write %%memfit MODEL BATCH ...
+        >>> parse_line(declared, 'model batch --steps many')
+        Traceback (most recent call last):
+        ...
+        IPython.core.error.UsageError: --steps 'many' is not a whole number; write for example --steps 3
     """
     try:
         return parse_argstring(magic, line)
