@@ -628,13 +628,32 @@ def test_repeated_try_options_make_one_grid_and_warmup_zero_is_accepted(shell: I
     report = memfit(
         shell, "mlp pairs --try checkpointing=off,on --try micro_batch=all,2 --steps 1 --warmup 0 --quiet", MLP_LOSS
     )
-    assert [t.label for t in report] == [p.label() for p in parse_grid(["checkpointing=off,on", "micro_batch=all,2"])]
+    grid = parse_grid(["checkpointing=off,on", "micro_batch=all,2"])  # 2 rows of 4: accumulation 2 keeps the 4
+    kept = [p if p.micro_batch is None else p.replace(accumulation=2) for p in grid]
+    assert [t.label for t in report] == [p.label() for p in kept]
     assert len(report) == 4 and all(t.status == "ok" for t in report)
     python_side = memlab.measure(
         shell.user_ns["mlp"], shell.user_ns["pairs"], memlab.Plan(), warmup=0, steps=1,
         loss_fn=lambda m, b: (m(b[0]).squeeze(-1) - b[1]).pow(2).mean(),
     )
     assert python_side.status == "ok"
+
+
+def test_try_micro_batch_keeps_the_batch_rows_per_optimizer_step(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.user_ns["eight"] = mlp_batch(rows=8, width=8)
+    body = "x, y = eight\nloss = (mlp(x).squeeze(-1) - y).pow(2).mean()"
+    report = memfit(shell, f"mlp eight --try micro_batch=1,2,4 {FAST}", body)
+    assert [t.plan.micro_batch for t in report] == [1, 2, 4]
+    assert [t.plan.accumulation for t in report] == [8, 4, 2]
+    assert all(t.rows_per_step == 8 for t in report), [t.rows_per_step for t in report]
+    assert "8 rows per optimizer step" in report.to_text().split("Best:")[-1]  # said under the table
+    named = memfit(shell, f"mlp eight --try micro_batch=2 accumulation=1 {FAST}", body)  # the user's own, kept
+    assert [(t.plan.micro_batch, t.plan.accumulation, t.rows_per_step) for t in named] == [(2, 1, 2)]
+    with pytest.raises(UsageError, match=r"micro_batch=3 does not divide the 8 rows of eight; write one of 1, 2, 4, 8"):
+        memfit(shell, f"mlp eight --try micro_batch=2,3 {FAST}", body)
+    shell.user_ns.pop("eight")
 
 
 def test_help_lists_every_lever(shell: InteractiveShell) -> None:
@@ -648,8 +667,10 @@ def test_help_lists_every_lever(shell: InteractiveShell) -> None:
 
 def test_try_with_a_budget_measures_exactly_the_grid_and_marks_it(shell: InteractiveShell) -> None:
     report = memfit(shell, f"mlp pairs --try checkpointing=off,on micro_batch=all,2 --budget 1GiB {FAST}", MLP_LOSS)
-    expected = parse_grid(["checkpointing=off,on", "micro_batch=all,2"])
+    grid = parse_grid(["checkpointing=off,on", "micro_batch=all,2"])
+    expected = [p if p.micro_batch is None else p.replace(accumulation=2) for p in grid]  # the 4 rows of pairs kept
     assert [t.plan for t in report] == expected and not report.skipped
+    assert all(t.rows_per_step == 4 for t in report)
     assert report.budget == 1024**3 and all(t.budget == 1024**3 and t.fits for t in report)
     tight = memfit(shell, f"mlp pairs --try checkpointing=off,on --budget 1KiB {FAST}", MLP_LOSS)
     assert [t.plan for t in tight] == parse_grid(["checkpointing=off,on"]) and tight.best is None
