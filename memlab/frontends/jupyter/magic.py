@@ -94,12 +94,12 @@ class MemfitMagics(Magics):
         micro-batch); it sets loss = ... or is an expression. An empty body, and the line form %memfit,
         mean model(**batch).loss. The model is left exactly as it was, unless --apply is given.
 
-        --try measures exactly its grid (repeated --try options make one grid; no --try: the plain plan);
-        with --budget, each plan is marked against it. A micro_batch in --try without accumulation gets
-        accumulation = BATCH's rows // micro_batch, so every plan trains the same rows per optimizer step. --budget (or --batch-size) without --try searches for
-        the fastest plan that fits the budget at that effective batch size; --search with --try searches
-        within the --try values (accumulation then follows from --batch-size / micro_batch, and on a CPU a
-        --budget is needed). The result is a memlab.Report: the cell shows its table, and r = _ keeps it
+        --try measures exactly its grid (repeated --try options make one grid; no --try: the plain plan); with
+        --budget, each plan is marked against it. A micro_batch in --try without accumulation gets accumulation =
+        BATCH's rows // micro_batch, so every plan trains the same rows per optimizer step. --budget (or --batch-size)
+        without --try searches for the fastest plan that fits the budget at that effective batch size; --search with
+        --try searches within the --try values (accumulation then follows from --batch-size / micro_batch, and on a
+        CPU a --budget is needed). The result is a memlab.Report: the cell shows its table, and r = _ keeps it
         (r.best, r.plot(), r.to_dataframe()).
 
         In Jupyter the live figure is drawn while the plans run (not with --quiet, nor in a terminal IPython);
