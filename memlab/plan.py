@@ -356,6 +356,18 @@ _UNITS = {
 _BUDGET_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
+def _likely_size(text: str) -> str:
+    """What to write for a bare number: large numbers are bytes, those in nvidia-smi's range MiB, small ones GiB."""
+    number = float(text)
+    if number >= 2**20:
+        gib = number / 1024**3
+        size = f"{gib:.3g}GiB" if gib >= 1 else f"{number / 1024**2:.3g}MiB"
+        return f"the unit: {size}, or {text}B for bytes"
+    if number >= 1024:
+        return f"the unit, such as {text}MiB (= {number / 1024:.3g}GiB), or {text}B for bytes"
+    return f"the unit, such as {text}GiB or {text}MB"
+
+
 def parse_budget(budget: int | float | str | None) -> int | None:
     """Bytes from an int or a string such as ``"8GiB"``, ``"500MB"``, ``"1.5G"`` (G, M, K alone are binary).
 
@@ -371,7 +383,11 @@ def parse_budget(budget: int | float | str | None) -> int | None:
         >>> parse_budget("24")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        memlab.errors.MemlabError: budget '24' has no unit; write the unit, such as 24GiB or 24MB ...
+        memlab.errors.MemlabError: budget '24' has no unit; write the unit, such as 24GiB or 24MB
+        >>> parse_budget("25769803776")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: budget '25769803776' has no unit; write the unit: 24GiB, or 25769803776B for bytes
     """
     if budget is None:
         return None
@@ -389,8 +405,7 @@ def parse_budget(budget: int | float | str | None) -> int | None:
     unit = match.group(2).upper() if match else ""
     if match is not None and not unit:
         raise MemlabError(
-            f"budget {budget!r} has no unit; write the unit, such as {match.group(1)}GiB or {match.group(1)}MB "
-            "(or bytes as a number, not text)"
+            f"budget {budget!r} has no unit; write {_likely_size(match.group(1))}"
         )
     if match is None or unit not in _UNITS:
         raise MemlabError(

@@ -90,7 +90,26 @@ def _hub_config(name: str) -> Any:
             problem = "offline?" if isinstance(error, OSError) else one_line(error)
     raise MemlabError(
         f"could not fetch the config of {name} ({problem}); pass a transformers config or --config path/to/config.json"
+        f"{_built_in_hint(name)}"
     )
+
+
+def _built_in_hint(name: str) -> str:
+    """For a name that may be a mistyped built-in shape: the built-in names and the closest one, else ``""``.
+
+    Example:
+        >>> _built_in_hint("lama-7b")
+        ', or a built-in shape (llama-7b, llama-13b, llama-70b, gpt2): did you mean llama-7b?'
+        >>> _built_in_hint("meta-llama/Llama-2-7b-hf")
+        ''
+    """
+    import difflib
+
+    closest = difflib.get_close_matches(name.lower(), KNOWN_SHAPES, n=1, cutoff=0.6)
+    if not closest and "/" in name:
+        return ""
+    hint = f", or a built-in shape ({', '.join(KNOWN_SHAPES)})"
+    return f"{hint}: did you mean {closest[0]}?" if closest else hint
 
 
 def _hub_problem(name: str) -> str | None:
@@ -234,6 +253,8 @@ def parse_batch_shape(text: str, names: Sequence[str] = ("input_ids", "labels"))
         shape = tuple(int(part) for part in parts)
     except ValueError:
         shape = ()
-    if len(shape) != 2 or min(shape) < 1:
+    if len(shape) == 2 and min(shape) < 1:
+        raise MemlabError(f"batch {text!r}: rows and tokens must be positive; write for example --batch 1x512")
+    if len(shape) != 2:
         raise MemlabError(f"batch {text!r} is not ROWSxTOKENS; write for example --batch 1x512")
     return {name: shape for name in names}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import html
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -154,6 +155,23 @@ def add_measuring_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def join_dashed_values(argv: list[str]) -> list[str]:
+    """``--batch -1x512`` -> ``--batch=-1x512``: a value that starts with a dash goes to its option, so that the
+    value's own check says what is wrong with it (argparse would take it for an option: "expected one argument").
+
+    Example:
+        >>> join_dashed_values(["estimate", "llama-7b", "--batch", "-1x512", "--json"])
+        ['estimate', 'llama-7b', '--batch=-1x512', '--json']
+    """
+    joined: list[str] = []
+    for token in argv:
+        if joined and re.match(r"^-[0-9.]", token) and re.match(r"^--[a-z][a-z-]*$", joined[-1]):
+            joined[-1] = f"{joined[-1]}={token}"
+        else:
+            joined.append(token)
+    return joined
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``memlab`` command line; returns the exit status (0 when all went well).
 
@@ -164,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args = parser.parse_args(join_dashed_values(list(argv) if argv is not None else sys.argv[1:]))
     except SystemExit as stop:  # --help, --version and argument errors
         return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)

@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpus",
         metavar="N|auto",
-        default="1",
+        default=None,
         help="GPUs the training is sharded over: the peak is then per GPU, for --batch per GPU; 'auto' (with "
         "--budget) finds the smallest power of two that fits, for each strategy (default: 1)",
     )
@@ -118,12 +118,18 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     batch = parse_batch_shape(args.batch)
     budget = parse_budget(args.budget)
     plans = parse_grid(args.try_ or [])
-    if getattr(args, "gpus", "1") == "auto" and budget is None:
+    gpus = getattr(args, "gpus", None)
+    strategy = getattr(args, "strategy", None)
+    if gpus is None and strategy not in (None, "none"):
+        raise MemlabError(f"--strategy {strategy} needs a number of GPUs; add --gpus N, e.g. --gpus 8, or --gpus auto "
+                          "with --budget")
+    gpus = "1" if gpus is None else gpus
+    if gpus == "auto" and budget is None:
         raise MemlabError("--gpus auto needs a budget; write for example --gpus auto --budget 80GiB")
     from memlab.estimation.sharded import parse_gpus
 
     try:
-        parse_gpus(getattr(args, "gpus", "1"))
+        parse_gpus(gpus)
     except MemlabError:
         raise MemlabError(f"--gpus {args.gpus!r} is not a number of GPUs; write for example --gpus 8, or --gpus auto "
                           "with --budget") from None
@@ -133,7 +139,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(source)
     model = meta_model(config)
     parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    if args.gpus != "1" or args.strategy not in (None, "none"):
+    if gpus != "1" or strategy not in (None, "none"):
+        args.gpus = gpus
         return run_sharded(args, model, batch, plans, budget, out)
     report = estimate_plans(model, batch, plans, budget=budget, device=args.device)
     if args.json:

@@ -12,6 +12,7 @@ imported.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "budget_note",
     "comparison_figure",
     "comparison_traces",
+    "finite",
     "empty_trace",
     "figure_columns",
     "figure_data",
@@ -376,6 +378,16 @@ def _description(trial: Trial) -> str:
     return words
 
 
+def finite(value: float | None) -> float | None:
+    """``value`` where it is a finite number, else None: what a figure can draw.
+
+    Example:
+        >>> finite(2.5), finite(float("inf")), finite(float("nan")), finite(None)
+        (2.5, None, None, None)
+    """
+    return value if value is not None and math.isfinite(value) else None
+
+
 def figure_data(report: Report, categories: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The figure as plain data: lists aligned with ``labels``, sizes in MiB, None where a bar is absent.
 
@@ -435,14 +447,14 @@ def figure_data(report: Report, categories: tuple[str, ...] | None = None) -> di
         error.append(0.0 if trial.status == "error" else None)
         error_text.append(one_line(trial.error) if trial.status == "error" and trial.error else "")
         peak.append(trial.peak_bytes / _MIB if trial.status != "error" else None)
-        speed.append(trial.samples_per_s if ran else None)
+        speed.append(finite(trial.samples_per_s) if ran else None)  # inf or NaN (a step timed at 0 s): no bar
         interval = (
             runs_speed_interval(trial.step_times, trial.step_runs, trial.rows_per_step)
-            if ran and trial.samples_per_s
+            if ran and speed[-1]
             else None
         )
-        low.append(None if interval is None else interval[0])
-        high.append(None if interval is None else interval[1])
+        low.append(None if interval is None else finite(interval[0]))
+        high.append(None if interval is None else finite(interval[1]))
         describe.append(_description(trial))
         hover.append(f"{f'#{number} ' if numbered else ''}<b>{label}</b><br>{describe[-1]}")
         if trial is best:

@@ -102,7 +102,7 @@ def nice_ticks(tallest: float, count: int = 5) -> list[float]:
         >>> nice_ticks(7.3), nice_ticks(0)
         ([0, 2, 4, 6, 8], [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
     """
-    if not tallest > 0:
+    if not (tallest > 0 and math.isfinite(tallest)):
         tallest = 1.0
     raw = tallest / count
     power = 10 ** math.floor(math.log10(raw))

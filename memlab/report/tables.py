@@ -19,7 +19,7 @@ from memlab.report.noise import relative_half_width
 
 __all__ = [
     "BEST_MARK", "TIE_MARK", "footer_lines", "headers", "html_table", "nothing_fits_reason", "short_error",
-    "status_text", "table_rows", "table_units", "text_table",
+    "UNRELIABLE", "spread_text", "status_text", "table_rows", "table_units", "text_table",
 ]
 
 _HEADERS = {
@@ -53,6 +53,29 @@ def _spread(trial: Trial) -> float:
     return relative_half_width(trial.step_times)
 
 
+UNRELIABLE = "unreliable (machine busy)"
+"""The noise cell of a trial whose step times spread over more than its speed (or timed at 0 s)."""
+
+
+def spread_text(trial: Trial) -> str:
+    """The noise cell: ``±4%``; ``timed once`` or :data:`UNRELIABLE` where a measured trial has no number worth
+    showing (never over 100%); ``-`` for a trial that was not timed (estimated, failed, out of memory, or read
+    back without its step times).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> timed = Trial(Plan(), "ok", 1, {}, 0.25, 32.0, None, "cpu", rows_per_step=8, step_times=(0.1, 0.1, 9.0))
+        >>> spread_text(timed)
+        'unreliable (machine busy)'
+    """
+    if trial.status != "ok" or trial.estimated or not (trial.step_times or trial.step_runs):
+        return "-"
+    if len(trial.step_times) < 2 and not trial.step_runs:
+        return "timed once"
+    spread = _spread(trial)
+    return f"\u00b1{spread:.0%}" if math.isfinite(spread) and spread <= 1 else UNRELIABLE
+
+
 def table_rows(report: Report) -> list[dict[str, str]]:
     """Each trial as formatted cells: mark, plan, status, sizes (one unit for them all: :func:`table_units`),
     time/step, samples/s and its noise, tokens/s, notes.
@@ -80,11 +103,10 @@ def table_rows(report: Report) -> list[dict[str, str]]:
         row = {"best": mark, "plan": trial.label, "status": status, "peak": peak}
         for name in report.categories:
             row[name] = _in_unit(trial.breakdown.get(name, 0), size_unit) if trial.status == "ok" else "-"
-        spread = _spread(trial)
         row.update(
             step="-" if trial.step_time_s is None else _in_unit(trial.step_time_s, time_unit),
             samples=format_rate(trial.samples_per_s),
-            spread=f"\u00b1{spread:.0%}" if math.isfinite(spread) else "-",
+            spread=spread_text(trial),
             tokens=format_rate(trial.tokens_per_s),
             prefill=format_rate(getattr(trial, "prefill_tokens_per_s", None)),
             decode=format_rate(getattr(trial, "decode_tokens_per_s", None)),

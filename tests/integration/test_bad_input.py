@@ -121,25 +121,64 @@ def test_ctrl_c_during_compare_keeps_the_finished_trials(warm_process: None) -> 
     assert_same(before, fingerprint(model))
 
 
-def test_an_interrupted_memfit_cell_returns_what_it_measured_and_keeps_no_traceback(capsys, warm_process) -> None:
+def test_an_interrupted_memfit_cell_raises_after_showing_what_it_measured_and_holds_no_memory(
+    capsys, warm_process
+) -> None:
+    """Ctrl-C stops the notebook: under "Run All" the next cells must not run, so the cell ends in a
+    KeyboardInterrupt, after the finished trials were shown; what IPython keeps of it holds no tensor of the cell."""
+    import gc
+    import weakref
+
     from IPython.testing import globalipapp
+
+    from memlab.measure.held import cpu_tensors_held, unique_storage_bytes
 
     shell = globalipapp.get_ipython()
     shell.run_line_magic("load_ext", "memlab")
-    shell.user_ns.update(net=tiny_mlp(), pairs=mlp_batch(), calls=[])
+    net, pairs = tiny_mlp(), mlp_batch()
+    shell.user_ns.update(net=net, pairs=pairs, calls=[], refs=[], weakref=weakref)
+    line = "%%memfit net pairs --try checkpointing=off,on --steps 1 --noise 0 --quiet\n"
     body = (
         "calls.append(1)\n"
+        "x, y = pairs\n"
+        "out = net(x)\n"
+        "refs.append(weakref.ref(out))\n"
         "if len(calls) > 4:\n"
         "    raise KeyboardInterrupt\n"
-        "x, y = pairs\n"
-        "loss = (net(x).squeeze(-1) - y).pow(2).mean()"
+        "loss = (out.squeeze(-1) - y).pow(2).mean()"
     )
-    sys.last_value = None  # type: ignore[assignment]
-    report = shell.run_cell_magic("memfit", "net pairs --try checkpointing=off,on --steps 1 --noise 0 --quiet", body)
-    assert [t.label for t in report] == ["plain"]
-    assert "Interrupted: 1 plan(s) were measured" in capsys.readouterr().out
-    assert getattr(sys, "last_value", None) is None
-    shell.user_ns.pop("calls")
+    warm = shell.run_cell(line + body.replace("> 4", "> 1000"))  # caches warm, as for the run after
+    assert warm.success
+    own = [*net.parameters(), *pairs]
+    before = {id(t) for t in cpu_tensors_held(own)}
+    shell.user_ns.update(calls=[], refs=[])
+    capsys.readouterr()
+
+    result = shell.run_cell(line + body)
+
+    assert type(result.error_in_exec) is KeyboardInterrupt
+    shown = capsys.readouterr()
+    assert "Interrupted: 1 plan(s) were measured" in shown.out
+    assert "plain" in shown.out and "ckpt" not in shown.out.split("Interrupted")[-1]  # the table of what finished
+    assert [t.label for t in sys.last_value.report] == ["plain"]  # type: ignore[attr-defined]
+    said = shown.out + shown.err
+    assert "Traceback" not in said and "site-packages" not in said
+    assert "KeyboardInterrupt: %%memfit stopped after 1 plan(s)" in said
+    frames, tb = [], sys.last_traceback
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    assert not any(isinstance(v, torch.Tensor) for f in frames for v in f.f_locals.values())
+    gc.collect()
+    refs = shell.user_ns["refs"]
+    assert len(refs) > 4 and all(ref() is None for ref in refs), "the cell's activations are freed"
+    after = [t for t in cpu_tensors_held(own) if id(t) not in before]
+    assert unique_storage_bytes(after) == 0, [tuple(t.shape) for t in after]
+    shell.user_ns.update(calls=[], refs=[])
+    following = shell.run_cell(line + body.replace("> 4", "> 1000"))  # finds nothing the interrupted cell held
+    assert following.success and following.result[0].breakdown == warm.result[0].breakdown
+    for name in ("calls", "refs", "weakref"):
+        shell.user_ns.pop(name)
 
 
 def test_the_same_budget_rules_everywhere_a_budget_is_given() -> None:

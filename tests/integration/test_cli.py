@@ -85,6 +85,35 @@ def test_main_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--budget", "-1"]) == 2
 
 
+POSITIVE = "rows and tokens must be positive; write for example --batch 1x512"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["estimate", "llama-7b", "--batch", "-1x512"], POSITIVE),
+        (["estimate", "llama-7b", "--batch", "0x512"], POSITIVE),
+        (["estimate", "llama-7b", "--batch", "1x-512"], POSITIVE),
+        (["demo", "--budget", "-1GiB"], "budget '-1GiB'"),
+        (["estimate", "llama-7b", "--strategy", "zero3"],
+         "--strategy zero3 needs a number of GPUs; add --gpus N, e.g. --gpus 8"),
+        (["estimate", "llama-7b", "--strategy", "fsdp2", "--budget", "24GiB"],
+         "--strategy fsdp2 needs a number of GPUs"),
+    ],
+    ids=["negative-rows", "zero-rows", "negative-tokens", "negative-budget", "strategy-without-gpus",
+         "strategy-without-gpus-with-budget"],
+)
+def test_wrong_values_are_one_sentence_saying_what_to_write(
+    args: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and "reading the config" not in line]
+    assert len(lines) == 1, err
+    assert fragment in lines[0], err
+    assert "expected one argument" not in err
+
+
 def test_demo_pieces() -> None:
     assert build_parser().parse_args(["demo"]).batch_size is None
     assert demo_space(8)["micro_batch"] == [8, 4, 2]

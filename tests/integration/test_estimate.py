@@ -328,6 +328,28 @@ def test_a_hub_name_is_read_from_the_cache_first_and_the_hub_is_asked_once_witho
         load_config("no such")
 
 
+@pytest.mark.parametrize(
+    ("name", "closest"), [("lama-7b", "llama-7b"), ("Llama-70B-hf", "llama-70b"), ("gtp2", "gpt2")]
+)
+def test_a_mistyped_model_name_lists_the_built_in_shapes_and_the_closest(monkeypatch, name, closest):
+    import huggingface_hub
+    import transformers
+
+    from memlab.estimation.configs import KNOWN_SHAPES
+
+    def not_cached(*args, **kwargs):
+        raise OSError("not in the cache")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", not_cached)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(MemlabError) as error:
+        load_config(name)
+    message = str(error.value)
+    assert f"did you mean {closest}?" in message, message
+    assert all(shape in message for shape in KNOWN_SHAPES), message
+    assert "\n" not in message
+
+
 def test_an_unknown_hub_name_fails_in_seconds_whether_online_or_not(monkeypatch):
     """No mocks: offline this is one failed request, online a "not found" answer; never the Hub client's retries."""
     import time

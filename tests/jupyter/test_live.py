@@ -340,3 +340,27 @@ def test_live_output_never_raises_when_the_record_fails(
     monkeypatch.setattr(live_module, "record_bundle", broken)
     with pytest.warns(RuntimeWarning, match="no SVG today"):
         output.finish(output.report)
+
+
+@pytest.mark.parametrize(
+    "speeds",
+    [[float("inf"), 8.0], [float("nan"), 8.0], [0.0, 0.0], [float("inf")], [float("inf")] * 200],
+    ids=["infinite", "nan", "zero", "one-infinite", "200-infinite"],
+)
+def test_the_live_figure_draws_infinite_nan_and_zero_speeds(speeds: list[float]) -> None:
+    import math
+
+    figure = LiveFigure(budget=10 * MIB, clock=FakeClock())
+    trials = [
+        Trial(Plan(micro_batch=k + 1), "ok", 2 * MIB, {"params": MIB, "activations": MIB}, 0.0, speed, None, "cpu",
+              rows_per_step=8, step_times=(0.0, 0.0))
+        for k, speed in enumerate(speeds)
+    ]
+    for index, trial in enumerate(trials):
+        run_trial(figure, trial, index, len(trials), samples=[MIB])
+    for trace in figure.widget.data:
+        for value in trace.y or ():
+            assert value is None or isinstance(value, str) or math.isfinite(value), (trace.name, trace.y)
+    for axis in ("yaxis", "yaxis2", "yaxis3", "yaxis4"):
+        shown = getattr(figure.widget.layout, axis).range
+        assert shown is None or all(math.isfinite(v) for v in shown)

@@ -303,9 +303,14 @@ def test_ctrl_c_after_the_first_plan_leaves_a_static_record(
     shell: InteractiveShell, front_end: FrontEnd, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     outputs = recording_outputs(monkeypatch, fail_at=KeyboardInterrupt())
-    report = memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1 --noise 0", MLP_LOSS)
+    with pytest.raises(KeyboardInterrupt) as caught:  # the notebook stops here: "Run All" runs no further cell
+        memfit(shell, "mlp pairs --try checkpointing=off,on --steps 1 --warmup 1 --noise 0", MLP_LOSS)
+    report = caught.value.report  # type: ignore[attr-defined]
     assert [t.label for t in report] == ["plain"]
+    assert caught.value.__traceback__ is not None and caught.value.__context__ is None
     assert "Interrupted: 1 plan(s)" in capsys.readouterr().out
+    table = front_end.outputs.pop()  # the finished trials' table follows the figure's record
+    assert table["data"] == front_end.published.pop()["data"] and "plain" in table["data"]["text/plain"]
     assert_static_record(front_end, outputs, plans=1)
 
 
@@ -530,7 +535,8 @@ BAD = [
     ("bad-checkpointing", "model batch --try checkpointing=maybe", "", "write on or off"),
     ("zero-steps", "model batch --steps 0", "", "steps=0 is not allowed"),
     ("negative-steps", "model batch --steps -2", "", "steps=-2 is not allowed"),
-    ("steps-not-a-number", "model batch --steps many", "", "--steps: invalid int value"),
+    ("steps-not-a-number", "model batch --steps many", "",
+     "--steps 'many' is not a whole number; write for example --steps 3"),
     ("negative-warmup", "model batch --warmup -1", "", "warmup=-1 is not allowed"),
     ("zero-batch-size", "model batch --budget 1GiB --batch-size 0", "", "batch_size=0 is not allowed"),
     ("negative-batch-size", "model batch --budget 1GiB --batch-size -8", "", "batch_size=-8 is not allowed"),
@@ -552,9 +558,10 @@ BAD = [
     ("search-without-budget-on-cpu", "model batch --batch-size 8", "", "needs a budget"),
     ("zero-lr", "model batch --lr 0", "", "lr=0.0 is not allowed"),
     ("noise-above-one", "model batch --noise 1.5", "", "noise=1.5 is not allowed"),
-    ("noise-not-a-number", "model batch --noise low", "", "--noise: invalid float value"),
+    ("noise-not-a-number", "model batch --noise low", "",
+     "--noise 'low' is not a number; write for example --noise 0.05"),
     ("zero-time-limit", "model batch --time-limit 0", "", "time_limit=0.0 is not allowed"),
-    ("lr-not-a-number", "model batch --lr fast", "", "--lr: invalid float value"),
+    ("lr-not-a-number", "model batch --lr fast", "", "--lr 'fast' is not a number; write for example --lr 1e-05"),
     ("apply-with-dry-run", "model batch --apply --dry-run", "", "drop one of the two"),
     ("gpus-without-dry-run", "model batch --gpus 2", "", "never shards a live run; add --dry-run"),
     ("strategy-without-dry-run", "model batch --strategy fsdp2 --budget 1GiB", "", "add --dry-run"),
@@ -599,6 +606,21 @@ def test_bad_invocations_raise_one_line_usage_errors(
         assert_same(before[name], fingerprint(model))
 
 
+@pytest.mark.parametrize(
+    "line",
+    ["model batch --steps many", "model batch --steps 2.5", "model batch --noise low", "model batch --lr fast",
+     "model batch --max-trials few", "model batch --budget 1GiB --batch-size eight", "model batch --time-limit soon",
+     "model batch --warmup x"],
+)
+def test_a_value_of_the_wrong_type_is_one_sentence_not_the_usage(shell: InteractiveShell, line: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("memfit", line)
+    message = str(caught.value)
+    option = line.split("--")[-1].split()[0]
+    assert message.startswith(f"--{option} ") and "; write for example --" in message, message
+    assert "[--warmup N]" not in message and "invalid" not in message, message
+
+
 def test_at_least_fifteen_bad_invocations() -> None:
     assert len(BAD) >= 15 and len({case[0] for case in BAD}) == len(BAD)
 
@@ -608,13 +630,32 @@ def test_repeated_try_options_make_one_grid_and_warmup_zero_is_accepted(shell: I
         shell, "mlp pairs --try checkpointing=off,on --try micro_batch=all,2 --steps 1 --warmup 0 --noise 0 --quiet",
         MLP_LOSS,
     )
-    assert [t.label for t in report] == [p.label() for p in parse_grid(["checkpointing=off,on", "micro_batch=all,2"])]
+    grid = parse_grid(["checkpointing=off,on", "micro_batch=all,2"])  # 2 rows of 4: accumulation 2 keeps the 4
+    kept = [p if p.micro_batch is None else p.replace(accumulation=2) for p in grid]
+    assert [t.label for t in report] == [p.label() for p in kept]
     assert len(report) == 4 and all(t.status == "ok" for t in report)
     python_side = memlab.measure(
         shell.user_ns["mlp"], shell.user_ns["pairs"], memlab.Plan(), warmup=0, steps=1, noise=0,
         loss_fn=lambda m, b: (m(b[0]).squeeze(-1) - b[1]).pow(2).mean(),
     )
     assert python_side.status == "ok"
+
+
+def test_try_micro_batch_keeps_the_batch_rows_per_optimizer_step(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shell.user_ns["eight"] = mlp_batch(rows=8, width=8)
+    body = "x, y = eight\nloss = (mlp(x).squeeze(-1) - y).pow(2).mean()"
+    report = memfit(shell, f"mlp eight --try micro_batch=1,2,4 {FAST}", body)
+    assert [t.plan.micro_batch for t in report] == [1, 2, 4]
+    assert [t.plan.accumulation for t in report] == [8, 4, 2]
+    assert all(t.rows_per_step == 8 for t in report), [t.rows_per_step for t in report]
+    assert "8 rows per optimizer step" in report.to_text().split("Best:")[-1]  # said under the table
+    named = memfit(shell, f"mlp eight --try micro_batch=2 accumulation=1 {FAST}", body)  # the user's own, kept
+    assert [(t.plan.micro_batch, t.plan.accumulation, t.rows_per_step) for t in named] == [(2, 1, 2)]
+    with pytest.raises(UsageError, match=r"micro_batch=3 does not divide the 8 rows of eight; write one of 1, 2, 4, 8"):
+        memfit(shell, f"mlp eight --try micro_batch=2,3 {FAST}", body)
+    shell.user_ns.pop("eight")
 
 
 def test_help_lists_every_lever(shell: InteractiveShell) -> None:
@@ -628,8 +669,10 @@ def test_help_lists_every_lever(shell: InteractiveShell) -> None:
 
 def test_try_with_a_budget_measures_exactly_the_grid_and_marks_it(shell: InteractiveShell) -> None:
     report = memfit(shell, f"mlp pairs --try checkpointing=off,on micro_batch=all,2 --budget 1GiB {FAST}", MLP_LOSS)
-    expected = parse_grid(["checkpointing=off,on", "micro_batch=all,2"])
+    grid = parse_grid(["checkpointing=off,on", "micro_batch=all,2"])
+    expected = [p if p.micro_batch is None else p.replace(accumulation=2) for p in grid]  # the 4 rows of pairs kept
     assert [t.plan for t in report] == expected and not report.skipped
+    assert all(t.rows_per_step == 4 for t in report)
     assert report.budget == 1024**3 and all(t.budget == 1024**3 and t.fits for t in report)
     tight = memfit(shell, f"mlp pairs --try checkpointing=off,on --budget 1KiB {FAST}", MLP_LOSS)
     assert [t.plan for t in tight] == parse_grid(["checkpointing=off,on"]) and tight.best is None

@@ -234,3 +234,42 @@ def test_the_svg_counts_memory_in_a_unit_that_suits_it(peak: int, unit: str) -> 
     trial = Trial(Plan(), "ok", peak, {"params": peak}, 0.5, 16.0, None, "cpu")
     text = all_text(svg_root(Report([trial])))
     assert f"peak memory ({unit})" in text
+
+
+# --- whatever a run produced: infinite, NaN, missing or zero speeds, all errors, one plan, 200 plans --------------
+
+
+def _odd_speed(plan: Plan, speed: float | None, step: float | None) -> Trial:
+    return Trial(plan, "ok", 3 * MIB, {"params": MIB, "activations": 2 * MIB}, step, speed, None, "cpu",
+                 rows_per_step=8, step_times=() if step is None else (step, step))
+
+
+ODD_RUNS = {
+    "infinite-speed": [_odd_speed(Plan(), math.inf, 0.0), _odd_speed(Plan(checkpointing=True), 8.0, 1.0)],
+    "nan-speed": [_odd_speed(Plan(), math.nan, math.nan), _odd_speed(Plan(checkpointing=True), 8.0, 1.0)],
+    "missing-speed": [_odd_speed(Plan(), None, None), _odd_speed(Plan(checkpointing=True), 8.0, 1.0)],
+    "zero-speed": [_odd_speed(Plan(), 0.0, math.inf), _odd_speed(Plan(checkpointing=True), 0.0, 1.0)],
+    "all-infinite": [_odd_speed(Plan(), math.inf, 0.0), _odd_speed(Plan(checkpointing=True), math.inf, 0.0)],
+    "all-errors": [Trial(Plan(), "error", 0, {}, None, None, None, "cpu", error="RuntimeError: boom"),
+                   Trial(Plan(checkpointing=True), "error", 0, {}, None, None, None, "cpu", error="x")],
+    "one-plan": [_odd_speed(Plan(), math.inf, 0.0)],
+    "200-plans": [_odd_speed(Plan(micro_batch=k + 1), [math.inf, math.nan, None, 0.0, 8.0 / (k + 1)][k % 5], 0.1)
+                  for k in range(200)],
+}
+
+
+@pytest.mark.parametrize("name", list(ODD_RUNS))
+def test_the_figures_draw_whatever_a_run_produced(name: str) -> None:
+    report = Report(list(ODD_RUNS[name]), budget=4 * MIB)
+    data = figure_data(report)
+    for key in ("samples_per_s", "speed_low", "speed_high", "peak_mib"):
+        assert all(value is None or math.isfinite(value) for value in data[key]), (key, data[key])
+    svg = record_bundle(report)["image/svg+xml"]
+    assert "inf" not in re.sub(r"<[^>]*>", " ", svg).lower().replace("info", "")  # no number drawn as "inf"/"nan"
+    assert "nan" not in re.findall(r">([^<]*)<", svg)
+    ElementTree.fromstring(svg)
+    figure = report_figure(report)
+    for axis in ("yaxis", "yaxis2"):
+        shown = figure.layout[axis].range
+        assert shown is None or all(math.isfinite(v) for v in shown)
+    json.dumps(figure.to_plotly_json(), allow_nan=False, default=str)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from memlab.errors import MemlabError
@@ -197,6 +199,25 @@ def test_parse_budget_rejects_non_positive(value: int | float | str) -> None:
 def test_a_size_without_a_unit_asks_for_one(text: str) -> None:
     with pytest.raises(MemlabError, match="has no unit; write the unit"):
         parse_budget(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "suggestion"),
+    [
+        ("25769803776", "24GiB"),  # bytes: the size it most likely means, not "25769803776GiB"
+        ("1610612736", "1.5GiB"),
+        ("81920", "80GiB"),  # MiB, as nvidia-smi prints it
+        ("24", "24GiB"),
+    ],
+)
+def test_a_number_without_a_unit_suggests_the_size_it_likely_means(text: str, suggestion: str) -> None:
+    with pytest.raises(MemlabError, match="has no unit") as error:
+        parse_budget(text)
+    message = str(error.value)
+    assert re.search(rf"\b{re.escape(suggestion)}\b", message), message
+    assert f"{text}GiB" not in message or text == "24", message
+    if int(text) >= 1024:
+        assert f"{text}B for bytes" in message, message
 
 
 def test_a_misspelt_plan_setting_is_a_memlab_error() -> None:

@@ -514,3 +514,27 @@ def test_step_runs_must_add_up_to_the_step_times() -> None:
         Trial(Plan(), "ok", 1, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.5, 0.5), step_runs=(3,))
     trial = _pooled_trial(Plan(), (1.0, 1.1))
     assert Trial.from_dict(trial.to_dict()) == trial
+
+
+@pytest.mark.parametrize(
+    ("step_times", "shown"),
+    [
+        ((0.01, 0.01, 5.0, 9.0), "unreliable (machine busy)"),  # a spread over 100% is no number
+        ((0.0, 0.0), "unreliable (machine busy)"),  # a step timed at 0 s: no interval
+        ((0.25,), "timed once"),  # one timed step: no interval, and the cell says why
+        ((0.24, 0.25, 0.26), "\u00b14%"),
+    ],
+    ids=["over-100%", "zero-time", "timed-once", "ordinary"],
+)
+def test_the_noise_column_never_shows_over_100_percent_nor_a_bare_dash_for_a_measured_trial(
+    step_times: tuple[float, ...], shown: str
+) -> None:
+    from memlab.report.tables import table_rows
+
+    trial = Trial(Plan(), "ok", 2**20, {"params": 2**20}, 0.25, 32.0, None, "cpu", rows_per_step=8,
+                  step_times=step_times)
+    other = Trial(Plan(checkpointing=True), "ok", 2**20, {"params": 2**20}, 0.25, 32.0, None, "cpu",
+                  rows_per_step=8, step_times=(0.24, 0.25, 0.26))
+    report = Report([trial, other])
+    assert table_rows(report)[0]["spread"] == shown
+    assert shown in report.to_text() and shown.replace("\u00b1", "") in report._repr_html_()

@@ -29,10 +29,12 @@ What the magic does, in order (each step has its module):
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import display
 from torch import nn
 
 from memlab.errors import MemlabError
@@ -48,9 +50,11 @@ __all__ = [
     "APPLIED_NAME",
     "MemfitMagics",
     "body_loss_fn",
+    "clear_chain",
     "empty_body_transformer",
     "load_ipython_extension",
     "lookup_name",
+    "stopped",
     "unload_ipython_extension",
 ]
 
@@ -90,11 +94,12 @@ class MemfitMagics(Magics):
         micro-batch); it sets loss = ... or is an expression. An empty body, and the line form %memfit,
         mean model(**batch).loss. The model is left exactly as it was, unless --apply is given.
 
-        --try measures exactly its grid (repeated --try options make one grid; no --try: the plain plan);
-        with --budget, each plan is marked against it. --budget (or --batch-size) without --try searches for
-        the fastest plan that fits the budget at that effective batch size; --search with --try searches
-        within the --try values (accumulation then follows from --batch-size / micro_batch, and on a CPU a
-        --budget is needed). The result is a memlab.Report: the cell shows its table, and r = _ keeps it
+        --try measures exactly its grid (repeated --try options make one grid; no --try: the plain plan); with
+        --budget, each plan is marked against it. A micro_batch in --try without accumulation gets accumulation =
+        BATCH's rows // micro_batch, so every plan trains the same rows per optimizer step. --budget (or --batch-size)
+        without --try searches for the fastest plan that fits the budget at that effective batch size; --search with
+        --try searches within the --try values (accumulation then follows from --batch-size / micro_batch, and on a
+        CPU a --budget is needed). The result is a memlab.Report: the cell shows its table, and r = _ keeps it
         (r.best, r.plot(), r.to_dataframe()).
 
         In Jupyter the live figure is drawn while the plans run (not with --quiet, nor in a terminal IPython);
@@ -136,6 +141,13 @@ class MemfitMagics(Magics):
 
           %memfit model batch --inference --budget 2GiB --try new_tokens=128
         """
+        report, interrupted = self._measure(line, cell)
+        if interrupted:  # raised here, where no frame below holds the run's tensors: "Run All" stops at this cell
+            raise stopped(report)
+        return report
+
+    def _measure(self, line: str, cell: str | None) -> tuple[Report, bool]:
+        """The cell's work, shown: its report, and whether Ctrl-C stopped it."""
         request = self._parse(line)
         namespace = self._namespace()
         args = request.args
@@ -164,7 +176,7 @@ class MemfitMagics(Magics):
         report, interrupted = _run_shown(lambda: job.work(options), output)
         if not interrupted and job.after is not None:
             job.after(report)
-        return report
+        return report, interrupted
 
     def _parse(self, line: str) -> TrainingRequest | InferenceRequest:
         """The line, read and checked: the one place where the mode (training or ``--inference``) is chosen."""
@@ -180,25 +192,63 @@ class MemfitMagics(Magics):
 
 def _run_shown(run: Callable[[], Report], output: LiveOutput | None) -> tuple[Report, bool]:
     """Run a cell's work and leave what its live figure drew as a static record, however it ends: the report, and
-    whether Ctrl-C stopped it. An interrupt is returned, not raised: IPython would keep the traceback, and with it
-    the cell body's tensors. A MemlabError becomes the one-line UsageError."""
+    whether Ctrl-C stopped it. The interrupt is returned, its frames cleared, not raised from here: IPython keeps
+    the traceback it sees, and this one holds the cell body's tensors (the caller raises :func:`stopped`). A
+    MemlabError becomes the one-line UsageError."""
     try:
         report = run()
     except KeyboardInterrupt as interrupt:
         report = getattr(interrupt, "report", None) or (output.report if output is not None else Report([]))
-        print(f"Interrupted: {len(report)} plan(s) were measured; the model is as it was.")
-        if output is not None:
-            output.finish(report)
-        return report, True
+        clear_chain(interrupt)
     except BaseException as error:
         if output is not None:  # what the figure had drawn stays, as a static record
             output.finish(output.report)
         if isinstance(error, MemlabError):
             raise usage_error(str(error)) from None
         raise
+    else:
+        if output is not None:
+            output.finish(report, show=True)
+        return report, False
+    print(f"Interrupted: {len(report)} plan(s) were measured; the model is as it was.")
     if output is not None:
-        output.finish(report, show=True)
-    return report, False
+        output.finish(report)
+    if len(report):
+        display(report)
+    return report, True
+
+
+def clear_chain(error: BaseException) -> None:
+    """Clear the frames of ``error``'s traceback and of those it was raised from or during: what they held is freed.
+
+    Example:
+        >>> try:
+        ...     raise KeyboardInterrupt
+        ... except KeyboardInterrupt as interrupt:
+        ...     clear_chain(interrupt)
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current.__traceback__ = None
+        current = current.__cause__ or current.__context__
+
+
+def stopped(report: Report) -> KeyboardInterrupt:
+    """A fresh KeyboardInterrupt for a cell that Ctrl-C stopped: no traceback (so no frame of the run), the
+    finished trials as ``.report`` (``sys.last_value.report`` in the notebook), shown by IPython as one line.
+
+    Example:
+        >>> stopped(Report([]))._render_traceback_()
+        ['KeyboardInterrupt: %%memfit stopped after 0 plan(s); the model is as it was']
+    """
+    interrupt = KeyboardInterrupt()
+    interrupt.report = report  # type: ignore[attr-defined]
+    line = f"KeyboardInterrupt: %%memfit stopped after {len(report)} plan(s); the model is as it was"
+    interrupt._render_traceback_ = lambda: [line]  # type: ignore[attr-defined]  # IPython's one-line hook
+    return interrupt.with_traceback(None)
 
 
 def load_ipython_extension(ipython: Any) -> None:

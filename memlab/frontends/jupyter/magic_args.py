@@ -9,6 +9,7 @@ parsing, by building the mode's request from what :func:`parse_line` read: a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -176,17 +177,39 @@ def parse_line(magic: Callable[..., Any], line: str) -> Any:
     Example:
         >>> def memfit(line):
         ...     "Measure plans."
-        >>> parse_line(memfit_arguments(memfit), 'model --steps many')  # doctest: +ELLIPSIS
+        >>> declared = memfit_arguments(memfit)
+        >>> parse_line(declared, '')  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        IPython.core.error.UsageError: ...--steps...
+        IPython.core.error.UsageError: ...required: MODEL; write %%memfit MODEL BATCH ...
+        >>> parse_line(declared, 'model batch --steps many')
+        Traceback (most recent call last):
+        ...
+        IPython.core.error.UsageError: --steps 'many' is not a whole number; write for example --steps 3
     """
     try:
         return parse_argstring(magic, line)
     except UsageError as error:
+        wrong_type = _WRONG_TYPE.search(str(error))
+        if wrong_type is not None:
+            raise usage_error(_wrong_type_sentence(*wrong_type.groups())) from None
         raise usage_error(f"{str(error).rstrip('.')}; {USAGE}") from None
     except ValueError as error:  # shlex: an unclosed quote
         raise usage_error(f"the options cannot be read ({error}); {USAGE}") from None
+
+
+_WRONG_TYPE = re.compile(r"argument (--[a-z-]+): invalid (int|float) value: '(.*)'")
+"""argparse's error for a value of the wrong type: the option, the type, the value."""
+
+_EXAMPLES = {"--batch-size": 8, "--max-trials": MAX_TRIALS, "--steps": DEFAULTS.steps, "--warmup": DEFAULTS.warmup,
+             "--noise": DEFAULTS.noise, "--time-limit": DEFAULTS.time_limit, "--lr": DEFAULTS.lr}
+
+
+def _wrong_type_sentence(option: str, kind: str, value: str) -> str:
+    """``--steps many`` -> ``--steps 'many' is not a whole number; write for example --steps 3``."""
+    what = "a whole number" if kind == "int" else "a number"
+    example = _EXAMPLES.get(option, 1)
+    return f"{option} {value!r} is not {what}; write for example {option} {example:g}"
 
 
 def read_line(line: str) -> Any:

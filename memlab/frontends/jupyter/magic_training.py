@@ -29,7 +29,7 @@ from memlab.trainer.apply import TrainerApplied
 from memlab.trainer.entry import live_target
 from memlab.trainer.source import is_trainer
 
-__all__ = ["APPLIED_NAME", "TrainingRequest"]
+__all__ = ["APPLIED_NAME", "TrainingRequest", "keep_rows"]
 
 APPLIED_NAME = "memfit_applied"
 """The user-namespace name under which ``--apply`` stores the :class:`memlab.Applied`."""
@@ -115,11 +115,17 @@ class TrainingRequest:
                 f"BATCH {args.batch!r} is a {type(batch).__name__}, so memlab cannot call model(**batch); "
                 "write the loss in the cell body, e.g. loss = loss_fn(model(batch[0]), batch[1])"
             )
+        plans, kept = self.plans, None
+        if not self.search and self.sharding is None:
+            try:
+                plans, kept = keep_rows(self.plans, args.grid, effective, args.batch or "the batch")
+            except MemlabError as error:
+                raise usage_error(str(error)) from None
 
         def work(options: RunOptions) -> Report:
             if self.sharding is not None:
                 gpus, strategies = self.sharding
-                found = sharded_trials(model, batch, self.plans, gpus=gpus, strategies=strategies,
+                found = sharded_trials(model, batch, plans, gpus=gpus, strategies=strategies,
                                        budget=options.budget, loss_fn=loss_fn, lr=options.lr)
                 print(f"Per GPU, {args.batch} ({rows} row{'s' if rows != 1 else ''}) being each GPU's micro-batch:")
                 for text in sharded_lines(found, options.budget):
@@ -132,9 +138,13 @@ class TrainingRequest:
                 return fit(model, batch, batch_size=size, space=space, dry_run=args.dry_run, max_trials=limit,
                            **options.keywords())
             if args.dry_run:
-                return estimate_plans(model, batch, self.plans, loss_fn=loss_fn, budget=options.budget,
-                                      lr=options.lr)
-            return compare(model, batch, self.plans, **options.keywords())
+                report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
+            else:
+                report = compare(model, batch, plans, **options.keywords())
+            if kept is not None:
+                for trial in report.trials:
+                    trial.notes = (*trial.notes, kept)
+            return report
 
         def after(report: Report) -> None:
             if args.apply:
@@ -142,6 +152,32 @@ class TrainingRequest:
                            loss_fn if trainer is None else None, self.options.lr, args.model)
 
         return Job(self.options.replace(loss_fn=loss_fn), CATEGORIES, work, after)
+
+
+def keep_rows(plans: list[Plan], grid: list[str], rows: int, name: str) -> tuple[list[Plan], str | None]:
+    """``--try micro_batch=...`` without ``accumulation``: each plan's accumulation is ``rows // micro_batch``, so
+    that every plan trains the batch's ``rows`` per optimizer step (as fit does); the plans, and the note that says
+    so (None when nothing changed). A micro_batch that does not divide ``rows`` is a MemlabError naming the divisors.
+
+    Example:
+        >>> plans, note = keep_rows(parse_grid(["micro_batch=2,4"]), ["micro_batch=2,4"], 8, "batch")
+        >>> [plan.label() for plan in plans], note
+        (['mb2x4', 'mb4x2'], 'accumulation = 8 // micro_batch: every plan trains 8 rows per optimizer step')
+    """
+    axes = parse_axes(grid) if grid else {}
+    if "micro_batch" not in axes or "accumulation" in axes:
+        return plans, None
+    divisors = [size for size in range(1, rows + 1) if rows % size == 0]
+    kept = []
+    for plan in plans:
+        size = plan.micro_batch
+        if size is not None and rows % size:
+            raise MemlabError(
+                f"micro_batch={size} does not divide the {rows} rows of {name}; write one of "
+                f"{', '.join(map(str, divisors))} (or name accumulation in --try too)"
+            )
+        kept.append(plan if size is None else plan.replace(accumulation=rows // size))
+    return kept, f"accumulation = {rows} // micro_batch: every plan trains {rows} rows per optimizer step"
 
 
 def apply_best(
