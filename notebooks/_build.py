@@ -1214,7 +1214,9 @@ NB08 = [
         ## Does a LoRA model learn?
 
         `memlab.apply` puts the plan on a copy of the model for real training. Only the adapters are in the
-        optimizer; the loss on a repeated batch still falls.
+        optimizer; the loss on a repeated batch still falls. `undo` asks what to do with trained adapters:
+        `adapter="merge"` adds them into the base weights, `"keep"` leaves them on the model, `"discard"` drops
+        them (a plain `undo()` discards them with a warning).
         """
     ),
     code(
@@ -1225,6 +1227,7 @@ NB08 = [
                 names = {id(p): n for n, p in twin.named_parameters()}
                 trained = [names[id(p)] for g in applied.optimizer.param_groups for p in g["params"]]
                 losses = [applied.step(batch) for _ in range(curve_steps)]
+                applied.undo(adapter="discard")  # the twin is thrown away, its trained adapters with it
             return trained, losses
 
 
