@@ -12,6 +12,7 @@ Models are built from configs with random weights and batches from ``torch.randi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -21,7 +22,7 @@ import re
 import statistics
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -345,3 +346,30 @@ def classification_batch(*, vocab: int, rows: int, length: int, labels: int = 2,
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """The batch's tensors on ``device``."""
     return {key: value.to(device) for key, value in batch.items()}
+
+
+def run_in_rounds(
+    name: str,
+    doc: str | None,
+    sizes: Mapping[str, Any],
+    run: Callable[[Any, torch.device], dict[str, Any]],
+    figure: Callable[[dict[str, Any]], Any],
+    argv: Sequence[str] | None,
+) -> tuple[dict[str, Any], Path]:
+    """The main of a benchmark timed in rounds: parse the shared options (and ``--rounds``, which overrides the
+    size's ``rounds``), run it, write ``<name>-<device>.json`` and ``.html``; the result and the JSON's path."""
+    parser = build_parser((doc or name).splitlines()[0])
+    parser.add_argument("--rounds", type=int, help="override the number of rounds (blocks of each side)")
+    args = parser.parse_args(argv)
+    quiet()
+    device = resolve_device(args, parser)
+    size = sizes[args.size]
+    if args.rounds:
+        size = dataclasses.replace(size, rounds=args.rounds)
+    result = metadata_for(name, device, args.size)
+    result.update(run(size, device))
+    stem = result_stem(name, device, args.size)
+    path = write_json(result, args.out / f"{stem}.json")
+    write_figure(figure(result), args.out / f"{stem}.html")
+    return result, path
+

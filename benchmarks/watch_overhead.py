@@ -219,19 +219,7 @@ def figure(result: dict[str, Any]) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, print the ratios, write ``watch_overhead-<device>.json`` and ``.html``."""
-    parser = common.build_parser((__doc__ or NAME).splitlines()[0])
-    parser.add_argument("--rounds", type=int, help="override the number of rounds")
-    args = parser.parse_args(argv)
-    common.quiet()
-    device = common.resolve_device(args, parser)
-    size = SIZES[args.size]
-    if args.rounds:
-        size = Size(**{**asdict(size), "rounds": args.rounds})
-    result = common.metadata_for(NAME, device, args.size)
-    result.update(run(size, device))
-    stem = common.result_stem(NAME, device, args.size)
-    path = common.write_json(result, args.out / f"{stem}.json")
-    common.write_figure(figure(result), args.out / f"{stem}.html")
+    result, path = common.run_in_rounds(NAME, __doc__, SIZES, run, figure, argv)
     for side, ratio in result["ratio"].items():
         low, high = result["spread"][side]
         print(f"{side}: step time x{ratio:.3f} of plain (per round {low:.3f}..{high:.3f}; goal < {GOAL})")
