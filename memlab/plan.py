@@ -159,8 +159,11 @@ class Plan:
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (fp16 uses dynamic loss scaling).
         weights: ``"fp32"`` or ``"bf16"``: the dtype of the trained weights, their grads and optimizer state.
         optimizer: ``"adamw"`` (torch's, fused where the device has it, as the Trainer builds it), ``"adamw8bit"``
-            or ``"paged_adamw8bit"`` (bitsandbytes; paged on CUDA only), or ``"adafactor"`` (factored second
-            moments, transformers' implementation as the Trainer's ``optim="adafactor"`` builds it).
+            or ``"paged_adamw8bit"`` (bitsandbytes; paged on CUDA only), ``"adafactor"`` (factored second
+            moments, transformers' implementation as the Trainer's ``optim="adafactor"`` builds it), or
+            ``"adamw_foreach"`` (torch's foreach AdamW, what a plain loop's ``torch.optim.AdamW(params)`` runs on
+            CUDA: its update holds a temporary the size of the weights; for estimating your own loop, never
+            searched).
         offload: ``"none"``, ``"optimizer"``, ``"activations"`` or ``"all"``.
         adapter: ``"none"``, ``"lora"`` (peft LoRA on the linear layers of a frozen base) or ``"qlora"`` (the
             same on a base whose linear weights are held in 4-bit NF4).

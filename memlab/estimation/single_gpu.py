@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 __all__ = ["adamw8bit_state_bytes", "estimate_inference", "estimate_plans", "is_inference"]
 
 _CPU_KERNELS = (
-    "no CUDA here: estimated with CPU kernels and CPU autocast rules (and AdamW's fused update, as on CUDA); "
+    "no CUDA here: estimated with CPU kernels and CPU autocast rules (and the optimizer's update as CUDA runs it); "
     "CUDA's attention kernels may differ"
 )
 _CPU_KERNELS_INFERENCE = "no CUDA here: estimated with CPU kernels; CUDA's attention kernels may differ"

@@ -52,13 +52,20 @@ OPTIMIZER_FORMS = {
     "adafactor": OptimizerForm("Adafactor", "adafactor", "from transformers.optimization import Adafactor",
                                "Adafactor", "transformers.optimization.Adafactor",
                                keywords="scale_parameter=False, relative_step=False"),
+    # What a plain loop's torch.optim.AdamW(params) runs on CUDA. The Trainer's "adamw_torch" builds torch's AdamW
+    # with its defaults, so foreach on CUDA too; DeepSpeed's own "AdamW" is its fused kernel, so DeepSpeed takes
+    # this one as a client optimizer.
+    "adamw_foreach": OptimizerForm("torch's foreach AdamW", "adamw_torch", "", "torch.optim.AdamW",
+                                   "torch.optim.AdamW", keywords="foreach=True"),
 }
 """Each optimizer's :class:`OptimizerForm`, by memlab's name."""
 
-OPTIMIZER_RANK = {"paged_adamw8bit": -1, "adamw8bit": 0, "adamw": 1}
+OPTIMIZER_RANK = {"paged_adamw8bit": -1, "adamw8bit": 0, "adamw": 1, "adamw_foreach": 2}
 """Lower rank = fewer optimizer bytes for the same parameters; optimizers not listed compare only with themselves.
-Paged 8-bit AdamW ranks below the unpaged one: on CUDA its large states live outside PyTorch's allocator. Adafactor
-is not ranked: its state is far smaller, but its update's temporaries can be larger than fused AdamW's."""
+Paged 8-bit AdamW ranks below the unpaged one: on CUDA its large states live outside PyTorch's allocator. The
+foreach AdamW ranks above the fused one: the same state, and its update holds a temporary the size of the weights
+(``torch._foreach_sqrt`` of the second moments) where the fused kernel holds none. Adafactor is not ranked: its
+state is far smaller, but its update's temporaries can be larger than fused AdamW's."""
 
 
 def _optimizer_needs_at_least(mine: str, theirs: str) -> bool:
@@ -155,13 +162,19 @@ LEVERS = (
         choices=tuple(OPTIMIZER_FORMS),
         help="adamw keeps 8 bytes of state per weight; adamw8bit (bitsandbytes) about 2, at a small cost in accuracy; "
         "paged_adamw8bit the same, paged to CPU memory under pressure (CUDA only); adafactor factors its second "
-        "moments (a row and a column per matrix, no first moment): far less state, updates differ from Adam's",
+        "moments (a row and a column per matrix, no first moment): far less state, updates differ from Adam's; "
+        "adamw_foreach is the AdamW a plain loop builds on CUDA (foreach): adamw's state plus a temporary the size "
+        "of the weights in its update (to estimate your own loop, never searched)",
         technique="memlab.techniques.optimizer:build_optimizer",
         notes="memlab.techniques.optimizer:optimizer_notes",
         needs_at_least=_optimizer_needs_at_least,
         optimizer_state={"adamw8bit": 0.25, "paged_adamw8bit": 0.0, "adafactor": 0.0},
-        speed={"adamw8bit": (0.97, 0.97), "paged_adamw8bit": (0.97, 0.97), "adafactor": (0.9, 0.9)},
-        suggest=("adafactor",),  # its updates differ from Adam's: suggested, never searched by default
+        speed={"adamw8bit": (0.97, 0.97), "paged_adamw8bit": (0.97, 0.97), "adafactor": (0.9, 0.9),
+               "adamw_foreach": (0.98, 0.95)},
+        # Adafactor's updates differ from Adam's: suggested, never searched by default. The foreach AdamW is the
+        # user's own loop, to be estimated as it is, not a lever: more memory than the fused one and no faster, so
+        # neither searched (search.space.default_space lists adamw and adamw8bit) nor suggested.
+        suggest=("adafactor",),
         on_cpu=lambda value: "adamw8bit" if value == "paged_adamw8bit" else value,
         dry_run="paged_adamw8bit is estimated as the unpaged 8-bit AdamW (fakes page nothing)",
         exports=dict(dict.fromkeys(TARGETS, carried), peft=concerns_adapters_only),

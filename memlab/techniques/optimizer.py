@@ -1,5 +1,6 @@
 """The optimizer of a plan, over the trainable parameters only: torch AdamW (fused where the device has it, as
-the Trainer builds it), bitsandbytes' 8-bit AdamW (paged on CUDA), or Adafactor."""
+the Trainer builds it, or foreach, as a plain loop's ``torch.optim.AdamW(params)`` runs on CUDA), bitsandbytes'
+8-bit AdamW (paged on CUDA), or Adafactor."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ PAGED_ON_CPU = "paged_adamw8bit pages its state only on CUDA: on cpu this is the
 PAGED_ESTIMATED = (
     "paged_adamw8bit is estimated as the unpaged 8-bit AdamW: its state counted on the device, where it stays "
     "until the GPU runs short"
+)
+FOREACH_ON_CPU = (
+    "adamw_foreach runs torch's foreach AdamW on cpu too, as a plain loop's torch.optim.AdamW(params) does on CUDA "
+    "(on a CPU that loop gets the for-loop update, whose temporaries are one weight's size)"
 )
 PAGED_OUTSIDE_ALLOCATOR = (
     "paged_adamw8bit: bitsandbytes keeps the 8-bit state of tensors of 100k elements or more in CUDA unified memory, "
@@ -45,6 +50,10 @@ def build_optimizer(
       on CUDA, so elsewhere the paged plan builds the unpaged optimizer (:func:`optimizer_notes` says so).
     - ``"adafactor"``: ``transformers.optimization.Adafactor`` with the Trainer's settings for
       ``optim="adafactor"`` (``scale_parameter=False, relative_step=False``, the given ``lr``, no first moment).
+    - ``"adamw_foreach"``: ``torch.optim.AdamW(parameters, lr=lr, foreach=True)`` on every device: what a plain
+      loop's ``torch.optim.AdamW(params)`` runs on CUDA (and the Trainer's ``optim="adamw_torch"``). Its update
+      holds ``torch._foreach_sqrt`` of the second moments, a temporary as large as the trained weights (per
+      group of one device and dtype); the bias corrections are Python numbers, not tensors.
 
     Example:
         >>> layer = nn.Linear(4, 4)
@@ -53,6 +62,8 @@ def build_optimizer(
         ('AdamW', True)
         >>> type(build_optimizer(list(layer.parameters()), Plan(optimizer="adafactor"), lr=1e-3)).__name__
         'Adafactor'
+        >>> build_optimizer(list(layer.parameters()), Plan(optimizer="adamw_foreach"), lr=1e-3).defaults["foreach"]
+        True
     """
     if not parameters:
         raise MemlabError("the model has no trainable parameters; set requires_grad=True on what should train")
@@ -73,6 +84,9 @@ def build_optimizer(
         from transformers.optimization import Adafactor
 
         return Adafactor(parameters, lr=lr, scale_parameter=False, relative_step=False)
+    if plan.optimizer == "adamw_foreach":
+        # Asked for on any device: a CPU run and a dry run on CPU kernels then hold the temporaries CUDA's does.
+        return torch.optim.AdamW(parameters, lr=lr, foreach=True)
     if fused is None:
         fused = device_type in FUSED_ADAMW_DEVICES and all(p.is_floating_point() for p in parameters)
     if fused:
@@ -91,6 +105,8 @@ def optimizer_notes(plan: Plan, device_type: str, parameters: Sequence[torch.Ten
         >>> optimizer_notes(Plan(), "cpu")
         []
     """
+    if plan.optimizer == "adamw_foreach" and device_type == "cpu":
+        return [FOREACH_ON_CPU]
     if plan.optimizer != "paged_adamw8bit":
         return []
     if device_type != "cuda":

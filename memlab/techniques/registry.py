@@ -15,7 +15,7 @@ precision, optimizer, offload, loss); :data:`memlab.plan.LEVERS` lists them in t
 
 Example:
     >>> REGISTRY["optimizer"].choices
-    ('adamw', 'adamw8bit', 'paged_adamw8bit', 'adafactor')
+    ('adamw', 'adamw8bit', 'paged_adamw8bit', 'adafactor', 'adamw_foreach')
     >>> REGISTRY["checkpointing"].needs_at_least(False, True)  # without checkpointing: at least the memory with it
     True
 """

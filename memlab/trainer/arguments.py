@@ -17,9 +17,9 @@ from memlab.plan import OPTIMIZERS, Plan
 __all__ = ["TRAINER_OPTIMIZERS", "check_single_process", "plan_from_training_arguments"]
 
 # The Trainer's names for memlab's optimizers, as the export writes them, and the aliases transformers also takes.
+# "adamw_torch" is torch's AdamW with its defaults (foreach on CUDA): memlab's "adamw_foreach", not the fused "adamw".
 TRAINER_OPTIMIZERS = {
     **{training_arguments(Plan(optimizer=name), legacy_names=False)["optim"]: name for name in OPTIMIZERS},
-    "adamw_torch": "adamw",
     "adamw_8bit": "adamw8bit",
 }
 """The Trainer's ``optim`` names that are memlab optimizers (``TrainingArguments.optim`` -> ``Plan.optimizer``)."""

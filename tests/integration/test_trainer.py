@@ -80,6 +80,7 @@ def expressible_plans() -> list[Plan]:
         plans.append(Plan(micro_batch=mb, accumulation=acc, checkpointing=ckpt, precision=precision,
                           optimizer=optimizer, offload=offload))
     plans.append(Plan(micro_batch=2, loss="chunked"))
+    plans.append(Plan(micro_batch=2, optimizer="adamw_foreach"))  # optim="adamw_torch": torch's AdamW, foreach
     return plans
 
 

@@ -87,7 +87,8 @@ def _carries(target: str, plan: Plan, made: Any) -> None:  # noqa: C901 - one ch
         assert {"code": "model.to(torch.bfloat16)", "accelerate": "dtype=torch.bfloat16"}[target] in text
     if plan.optimizer != "adamw":
         expected = {"adamw8bit": ("adamw_bnb_8bit", "AdamW8bit"), "paged_adamw8bit": ("paged_adamw_8bit",
-                    "PagedAdamW8bit"), "adafactor": ("'adafactor'", "Adafactor")}[plan.optimizer]
+                    "PagedAdamW8bit"), "adafactor": ("'adafactor'", "Adafactor"),
+                    "adamw_foreach": ("'adamw_torch'", "foreach=True")}[plan.optimizer]
         assert (expected[0] if target == "trainer" else expected[1]) in text
     else:
         assert "AdamW" in text or "adamw_torch_fused" in text
