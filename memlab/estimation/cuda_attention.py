@@ -18,6 +18,10 @@ autograd function that allocates what the CUDA backend PyTorch would choose allo
 - backward: the three gradients, and the kernel's own workspace (flash: a float32 dq accumulator and a float32
   (B, H, L) row sum; memory-efficient: the float32 row sum; math: the gradients of the probabilities).
 
+Calls the rules do not cover (:func:`sdpa_gaps`: inputs that are not 4-D, nested or with a strided last dimension,
+a boolean mask, backends switched off with ``torch.nn.attention.sdpa_kernel``) still get the rules' backend, and the
+trial's note names the rule that was missing.
+
 Example:
     >>> from memlab.estimation.fake import FakeMode
     >>> with FakeMode() as fake, CudaAttention() as attention:
@@ -38,7 +42,10 @@ from torch.overrides import TorchFunctionMode
 
 from memlab.estimation.cuda_autocast import autocast_dtype
 
-__all__ = ["FULL_MASK_DROPPED", "H100", "CudaAttention", "Gpu", "attention_note", "sdpa_backend", "without_full_mask"]
+__all__ = [
+    "FULL_MASK_DROPPED", "H100", "CudaAttention", "Gpu", "attention_note", "sdpa_backend", "sdpa_gaps",
+    "without_full_mask",
+]
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,35 @@ def sdpa_backend(
     return "math"
 
 
+def sdpa_gaps(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None
+) -> list[str]:
+    """What in a ``scaled_dot_product_attention`` call :func:`sdpa_backend`'s rules and the emulated kernels do not
+    cover, one phrase per missing rule (empty when they cover it all).
+
+    Example:
+        >>> q = torch.empty(2, 4, 8, 64)
+        >>> sdpa_gaps(q, q, q), sdpa_gaps(q[0], q[0], q[0])
+        ([], ['inputs of 3 dimensions (the rules are for batch, heads, length, head dim)'])
+    """
+    tensors = (query, key, value)
+    if any(t.is_nested for t in tensors):
+        return ["nested tensors (no rule for their ragged lengths)"]
+    gaps = []
+    if any(t.dim() != 4 for t in tensors):
+        gaps.append(f"inputs of {query.dim()} dimensions (the rules are for batch, heads, length, head dim)")
+    if any(t.stride(-1) != 1 for t in tensors):
+        gaps.append("a query, key or value whose last dimension is strided (no rule for the fused kernels' strides)")
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        gaps.append("a boolean attn_mask (no rule for the float copy CUDA makes of it; the mask itself is counted)")
+    switches = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+                torch.backends.cuda.math_sdp_enabled())
+    if not all(switches):
+        gaps.append("backends switched off (sdpa_kernel or torch.backends.cuda.enable_*_sdp: no rule for them, "
+                    "the default priority assumed)")
+    return gaps
+
+
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
@@ -151,18 +187,21 @@ class _FusedAttention(torch.autograd.Function):
 class CudaAttention(TorchFunctionMode):
     """``scaled_dot_product_attention`` as CUDA runs it on ``gpu`` (see the module's docstring), while active.
 
-    ``backends`` collects the backends chosen, for the trial's notes.
+    ``backends`` collects the backends chosen, and ``gaps`` what the rules did not cover (:func:`sdpa_gaps`), for
+    the trial's notes.
     """
 
     def __init__(self, gpu: Gpu = H100) -> None:
         super().__init__()
         self.gpu = gpu
         self.backends: set[str] = set()
+        self.gaps: set[str] = set()
 
     def twin(self) -> CudaAttention:
-        """A fresh mode for the same GPU that records into the same ``backends`` (for checkpointing's recompute)."""
+        """A fresh mode for the same GPU that records into the same ``backends`` and ``gaps`` (for checkpointing's
+        recompute)."""
         twin = CudaAttention(self.gpu)
-        twin.backends = self.backends
+        twin.backends, twin.gaps = self.backends, self.gaps
         return twin
 
     def __torch_function__(
@@ -185,6 +224,7 @@ class CudaAttention(TorchFunctionMode):
         enable_gqa = bool(bound.get("enable_gqa", False))
         backend = sdpa_backend(query, key, value, mask, enable_gqa=enable_gqa, gpu=self.gpu)
         self.backends.add(backend)
+        self.gaps.update(sdpa_gaps(query, key, value, mask))
         if backend == "math" and enable_gqa and query.shape[-3] != key.shape[-3]:
             repeats = query.shape[-3] // key.shape[-3]
             key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
@@ -231,6 +271,8 @@ def attention_note(attention: CudaAttention) -> str | None:
     names = ", ".join(sorted(attention.backends))
     major, minor = attention.gpu.capability
     plural = "s" if len(attention.backends) > 1 else ""
+    gaps = f"; what the rules do not cover (their backend assumed): {'; '.join(sorted(attention.gaps))}" if (
+        attention.gaps) else ""
     return (f"CUDA attention emulated for {attention.gpu.name} (sm{major}{minor}): "
-            f"scaled_dot_product_attention's {names} backend{plural}")
+            f"scaled_dot_product_attention's {names} backend{plural}{gaps}")
 

@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import is_transformers_config, load_config, meta_model, one_line
+from memlab.estimation.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
 from memlab.runner.batch import Batch
 from memlab.runner.quiet import quiet
 
@@ -63,6 +64,9 @@ class FakeMode(FakeTensorMode):
       it is given the size the real kernel takes, :data:`_ONEDNN_LSTM_WORKSPACE_FLOATS` floats per hidden unit,
       time step and row (measured on torch 2.13 from 64 to 1024 hidden units: 15.0 to 15.6).
 
+    ``foreign_ops`` collects the operators outside PyTorch's own it runs (custom ops, extensions' ops: see
+    :func:`memlab.estimation.unknown.is_foreign`), for the estimate's notes; the caller clears it between steps.
+
     Example:
         >>> with FakeMode():
         ...     total = torch.ones(3).sum()
@@ -72,11 +76,18 @@ class FakeMode(FakeTensorMode):
 
     def __init__(self) -> None:
         super().__init__(allow_non_fake_inputs=True)
+        self.foreign_ops: set[str] = set()
+        self._foreign: dict[Any, bool] = {}
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
+        foreign = self._foreign.get(func)
+        if foreign is None:
+            foreign = self._foreign[func] = is_foreign(func)
+        if foreign:
+            self.foreign_ops.add(func.name().removesuffix(".default"))
         if func is torch.ops.aten._local_scalar_dense.default:
             tensor = args[0]
             if not (isinstance(tensor, FakeTensor) and tensor.constant is not None):
@@ -263,13 +274,15 @@ def _is_integer_name(name: str) -> bool:
 @dataclass
 class FakeSetup:
     """What a dry run runs on: the fake model and batch, the fake mode they live in, the device the estimate
-    answers for (``target``) and the device whose kernels run the fake step (``kernels``)."""
+    answers for (``target``), the device whose kernels run the fake step (``kernels``), and what every estimate
+    made on them must say (``notes``: an attention implementation without a rule, say)."""
 
     model: nn.Module
     batch: Batch
     mode: FakeMode
     target: torch.device
     kernels: torch.device
+    notes: tuple[str, ...] = ()
 
 
 def fake_setup(
@@ -291,7 +304,18 @@ def fake_setup(
     target = target_device(model_or_config, device)
     kernels = kernels_device(target) if kernels is None else kernels
     mode = FakeMode()
+    # The CPU's kernels cannot run an attention implementation without a rule (flash-attention, flex attention...):
+    # the fake model says "sdpa" instead. A config is copied first, since building may refuse the implementation.
+    replace = kernels.type == "cpu"
+    if replace and isinstance(model_or_config, (str, os.PathLike)):
+        model_or_config = load_config(model_or_config)
+    unknown: list[str] = []
+    if replace and is_transformers_config(model_or_config) and unknown_attention(model_or_config):
+        model_or_config = copy.deepcopy(model_or_config)
+        unknown = assume_sdpa(model_or_config)
     # Quiet from the start: building the model and importing bitsandbytes (for QLoRA) log too, not only the steps.
     with quiet(verbose):
         model = fake_model(model_or_config, mode, kernels)
-    return FakeSetup(model, fake_batch(batch, mode, kernels), mode, target, kernels)
+    unknown += assume_sdpa(model) if replace else unknown_attention(model)
+    note = attention_implementation_note(unknown, replaced=replace, cuda=target.type == "cuda")
+    return FakeSetup(model, fake_batch(batch, mode, kernels), mode, target, kernels, (note,) if note else ())

@@ -31,6 +31,7 @@ from memlab.errors import MemlabError
 from memlab.estimation.configs import one_line
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup
 from memlab.estimation.single_gpu import adamw8bit_state_bytes
+from memlab.estimation.unknown import foreign_ops_note
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import Plan
 from memlab.report import Trial
@@ -240,7 +241,7 @@ def fsdp2_dry_run(
         model.to(torch.bfloat16)  # FSDP2 shards the dtype the weights have when fully_shard runs: cast before
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
-    notes = [BLIND_SPOTS, FSDP_NOTE]
+    notes = [BLIND_SPOTS, FSDP_NOTE, *setup.notes]
     if target.type == "cuda" and not torch.cuda.is_available():
         notes.append("no CUDA here: estimated with CPU kernels and CPU autocast rules")
     if plan.offloads_activations:
@@ -286,6 +287,7 @@ def fsdp2_dry_run(
                                 budget=budget, estimated=True, gpus=gpus, strategy="fsdp2"), []
         shards = [_local(p) for p in step.parameters]
     detail, peaks = _fsdp_detail(tracker)
+    notes += [note for note in (foreign_ops_note(setup.mode.foreign_ops),) if note]
     host = 0
     if eight_bit:
         state = adamw8bit_state_bytes(shards)

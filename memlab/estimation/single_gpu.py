@@ -42,6 +42,7 @@ from memlab.estimation.cuda_attention import (
 )
 from memlab.estimation.cuda_autocast import CudaAutocast
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup, kernels_device, target_device
+from memlab.estimation.unknown import foreign_ops_note
 from memlab.measure.probes import FakeProbe
 from memlab.measure.tracker import CATEGORIES
 from memlab.options import RunOptions
@@ -121,13 +122,15 @@ def estimate_plans(
                     stack.enter_context(CudaAutocast())
                     stack.enter_context(attention)
                     stack.enter_context(_recomputed_under(CudaAutocast, attention.twin))
+                mode.foreign_ops.clear()
                 if plan.adapter != "none":
                     trial = _adapter_trial(runner, model, plan, mode, kernels)
                 else:
                     trial = runner.run(plan)
                     if trial.status == "error" and plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
                         trial = _computed_8bit_trial(runner, plan, trial, model)
-            notes = [note for note in (attention_note(attention), dropped and FULL_MASK_DROPPED) if note]
+            notes = [note for note in (attention_note(attention), dropped and FULL_MASK_DROPPED, *setup.notes,
+                                       foreign_ops_note(mode.foreign_ops)) if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *notes))
             trials.append(_as_estimate(trial, target, kernels, limit))
     return Report(trials, budget=limit)
@@ -185,7 +188,10 @@ def estimate_inference(
     trials: list[Trial] = []
     with quiet(options.verbose), mode, runner.session():
         for plan in inference_plans:
+            mode.foreign_ops.clear()
             trial = runner.run(plan)
+            unsure = [note for note in (*setup.notes, foreign_ops_note(mode.foreign_ops)) if note]
+            trial = dataclasses.replace(trial, notes=(*trial.notes, *unsure))
             if plan.quantize != "none":
                 trial = dataclasses.replace(trial, notes=(*trial.notes, f"{plan.quantize} weights counted from "
                                                           "bitsandbytes' layout"))
