@@ -196,6 +196,16 @@ class CachingAllocator:
         if old is not None:
             self._release(old)
 
+    def holds(self, key: Hashable) -> bool:
+        """Whether ``key`` is allocated now.
+
+        Example:
+            >>> allocator = CachingAllocator(); allocator.malloc("a", 10)
+            >>> allocator.holds("a"), allocator.holds("b")
+            (True, False)
+        """
+        return key in self._live
+
     def reset_peak(self) -> None:
         """Start both peaks again from now (``torch.cuda.reset_peak_memory_stats``)."""
         self.peak_reserved_bytes = self.reserved_bytes
