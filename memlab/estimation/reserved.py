@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
+
 import torch
 from torch import nn
 
 from memlab.estimation.cuda_allocator import MIB, CachingAllocator
+from memlab.estimation.fake import FakeMode
 from memlab.events import Event, StepFinished, TrialStarted
 from memlab.measure.tracker import MemoryTracker
 from memlab.runner.batch import Batch, named_tensors
@@ -124,8 +127,9 @@ class ReservedTrace:
             self.allocated_bytes = allocator.peak_allocated_bytes
 
     @contextlib.contextmanager
-    def trial(self, model: nn.Module, batch: Batch) -> Iterator[None]:
-        """Follow one trial on ``model`` and ``batch``: its placement first, then everything it allocates."""
+    def trial(self, model: nn.Module, batch: Batch, mode: Any = None) -> Iterator[None]:
+        """Follow one trial on ``model`` and ``batch``: its placement first, then everything it allocates (through
+        ``mode``'s operators when it is the dry run's :class:`~memlab.estimation.fake.FakeMode`, else as a mode)."""
         allocator = CachingAllocator()
         self._allocator = allocator
         self._paused = False
@@ -142,10 +146,18 @@ class ReservedTrace:
         tracker.mark([tensor for _, tensor in named_tensors(batch)], "other")
         for handle in range(CUBLAS_WORKSPACES):
             allocator.malloc(("cuBLAS workspace", handle), CUBLAS_WORKSPACE_BYTES)
+        # A fake mode that reports its operators is followed without one more mode on the stack (cheaper).
+        observed = isinstance(mode, FakeMode) and mode.observer is None
         try:
-            with tracker:
+            if observed:
+                mode.observer = tracker.observe  # type: ignore[union-attr]
                 yield
+            else:
+                with tracker:
+                    yield
         finally:
+            if observed:
+                mode.observer = None  # type: ignore[union-attr]
             live[0] = False
             self._allocator = None
 

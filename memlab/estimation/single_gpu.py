@@ -121,7 +121,7 @@ def estimate_plans(
             attention = CudaAttention(H100)
             with contextlib.ExitStack() as stack:
                 if trace is not None:
-                    stack.enter_context(trace.trial(model, setup.batch))
+                    stack.enter_context(trace.trial(model, setup.batch, mode))
                 if emulated:
                     stack.enter_context(CudaAutocast())
                     stack.enter_context(attention)
@@ -194,7 +194,7 @@ def estimate_inference(
     trials: list[Trial] = []
     with quiet(options.verbose), mode, runner.session():
         for plan in inference_plans:
-            with trace.trial(setup.model, setup.batch) if trace is not None else contextlib.nullcontext():
+            with trace.trial(setup.model, setup.batch, mode) if trace is not None else contextlib.nullcontext():
                 if trace is not None:
                     trace.pause()
                 trial = runner.run(plan)
