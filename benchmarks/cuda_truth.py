@@ -3,8 +3,12 @@
 Reads ``results/gpu_acceptance-cuda-*.json`` and ``results/hf_table-cuda-*.json`` and writes
 ``results/cuda_truth.json``: per row, the model's config (as ``model_type`` plus keyword arguments), its class,
 the batch's shapes, the plan's fields, the GPU, the versions, and ``measured_peak_bytes``
-(``torch.cuda.max_memory_allocated`` of memlab's tracked step). ``tests/integration/test_cuda_truth.py`` estimates
-every row on the CPU for ``device="cuda"``.
+(``torch.cuda.max_memory_allocated`` of memlab's tracked step). Rows of the sections that ran without a budget
+(:data:`_RESERVED_SECTIONS`) also carry ``measured_reserved_bytes`` (``torch.cuda.max_memory_reserved`` of the same
+step, as the run recorded it) and ``reserved_source`` (where it was read). The ``fit`` section's trials ran under
+a budget's cap, which makes the allocator give cached segments back when it reaches the cap, so their reserved
+figure is not an uncapped step's and is left out. ``tests/integration/test_cuda_truth.py`` estimates every row on
+the CPU for ``device="cuda"``.
 
     python -m benchmarks.cuda_truth
 """
@@ -18,6 +22,7 @@ from typing import Any
 RESULTS = Path(__file__).parent / "results"
 
 _LLAMA_SECTIONS = ("probe", "levers", "fit", "cumulative")
+_RESERVED_SECTIONS = ("probe", "levers", "cumulative")
 
 
 def plan_fields(label: str) -> dict[str, Any]:
@@ -71,11 +76,18 @@ def _acceptance_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
         for trial in trials:
             if trial.get("status") != "ok":
                 continue
-            rows.append({
+            row = {
                 "source": f"{source}:{section}", "config": _llama(model), "architecture": "LlamaForCausalLM",
                 "batch": _lm_batch(model["rows"], model["length"]), "plan": plan_fields(trial["plan"]),
                 "plan_label": trial["plan"], "measured_peak_bytes": trial["peak_bytes"],
-            })
+            }
+            if section in _RESERVED_SECTIONS and trial.get("reserved_bytes"):
+                row["measured_reserved_bytes"] = trial["reserved_bytes"]
+                row["reserved_source"] = (
+                    f"results/{source}.json parts.{section}: the trial's reserved_bytes (max_memory_reserved), "
+                    "no budget"
+                )
+            rows.append(row)
     estimate = parts.get("estimate")
     if estimate:
         configs = {
@@ -123,7 +135,8 @@ def build() -> dict[str, Any]:
                   "torch": data["versions"]["torch"], "transformers": data["versions"]["transformers"]}
         devices[path.stem] = device
         rows += [{**row, **device} for row in found]
-    unique = {json.dumps({k: v for k, v in row.items() if k != "source"}, sort_keys=True): row for row in rows}
+    unique = {json.dumps({k: v for k, v in row.items() if k not in ("source", "reserved_source")}, sort_keys=True): row
+              for row in rows}
     return {"about": __doc__.split("\n\n")[0], "rows": list(unique.values())}
 
 

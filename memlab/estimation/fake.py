@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,8 +78,26 @@ class FakeMode(FakeTensorMode):
         super().__init__(allow_non_fake_inputs=True)
         self.foreign_ops: set[str] = set()
         self._foreign: dict[Any, bool] = {}
+        self.observer: Callable[[Any, Any], None] | None = None
+        """Called with each operator and what it returned (operators this mode runs inside another one are not
+        reported): :meth:`memlab.measure.tracker.MemoryTracker.observe`, without one more mode on the stack."""
+        self._depth = 0
 
     def __torch_dispatch__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> Any:
+        if self.observer is None:
+            return self._dispatch(func, types, args, kwargs)
+        self._depth += 1
+        try:
+            out = self._dispatch(func, types, args, kwargs)
+        finally:
+            self._depth -= 1
+        if self._depth == 0 and self.observer is not None:
+            self.observer(func, out)
+        return out
+
+    def _dispatch(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}

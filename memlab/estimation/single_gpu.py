@@ -42,6 +42,7 @@ from memlab.estimation.cuda_attention import (
 )
 from memlab.estimation.cuda_autocast import CudaAutocast
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup, kernels_device, target_device
+from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
 from memlab.estimation.unknown import foreign_ops_note
 from memlab.measure.probes import FakeProbe
 from memlab.measure.tracker import CATEGORIES
@@ -112,27 +113,33 @@ def estimate_plans(
     batch, dropped = without_full_mask(batch) if emulated else (batch, False)
     setup = fake_setup(model_or_config, batch, device, options.verbose)
     model, mode, target, kernels = setup.model, setup.mode, setup.target, setup.kernels
-    runner = TrialRunner(model, setup.batch, options, probe=FakeProbe(kernels, target=target))
+    trace = ReservedTrace(kernels) if target.type == "cuda" else None
+    runner = TrialRunner(model, setup.batch, options, probe=FakeProbe(kernels, target=target),
+                         listener=trace.listen if trace is not None else None)
     trials = []
     with quiet(options.verbose), mode, runner.session():
         for plan in plans:
             attention = CudaAttention(H100)
             with contextlib.ExitStack() as stack:
+                if trace is not None:
+                    stack.enter_context(trace.trial(model, setup.batch, mode))
                 if emulated:
                     stack.enter_context(CudaAutocast())
                     stack.enter_context(attention)
                     stack.enter_context(_recomputed_under(CudaAutocast, attention.twin))
                 mode.foreign_ops.clear()
                 if plan.adapter != "none":
-                    trial = _adapter_trial(runner, model, plan, mode, kernels)
+                    trial = _adapter_trial(runner, model, plan, mode, kernels, trace)
                 else:
+                    if trace is not None:
+                        trace.pause()
                     trial = runner.run(plan)
                     if trial.status == "error" and plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
                         trial = _computed_8bit_trial(runner, plan, trial, model)
             notes = [note for note in (attention_note(attention), dropped and FULL_MASK_DROPPED, *setup.notes,
                                        foreign_ops_note(mode.foreign_ops)) if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *notes))
-            trials.append(_as_estimate(trial, target, kernels, limit))
+            trials.append(_as_estimate(trial, target, kernels, limit, _reserved(trial, trace)))
     return Report(trials, budget=limit)
 
 
@@ -182,20 +189,25 @@ def estimate_inference(
     limit = parse_budget(budget)
     setup = fake_setup(model_or_config, batch, device, options.verbose)
     mode, target, kernels = setup.mode, setup.target, setup.kernels
-    runner = InferenceRunner(setup.model, setup.batch, options, probe=FakeProbe(kernels, target=target))
+    trace = ReservedTrace(kernels) if target.type == "cuda" else None
+    runner = InferenceRunner(setup.model, setup.batch, options, probe=FakeProbe(kernels, target=target),
+                             listener=trace.listen if trace is not None else None)
     for plan in inference_plans:
         runner.check(plan)
     trials: list[Trial] = []
     with quiet(options.verbose), mode, runner.session():
         for plan in inference_plans:
             mode.foreign_ops.clear()
-            trial = runner.run(plan)
+            with trace.trial(setup.model, setup.batch, mode) if trace is not None else contextlib.nullcontext():
+                if trace is not None:
+                    trace.pause()
+                trial = runner.run(plan)
             unsure = [note for note in (*setup.notes, foreign_ops_note(mode.foreign_ops)) if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *unsure))
             if plan.quantize != "none":
                 trial = dataclasses.replace(trial, notes=(*trial.notes, f"{plan.quantize} weights counted from "
                                                           "bitsandbytes' layout"))
-            estimated = _as_estimate(trial, target, kernels, limit)
+            estimated = _as_estimate(trial, target, kernels, limit, _reserved(trial, trace))
             # The training note on CPU kernels names autocast and AdamW; inference has neither.
             notes = tuple(_CPU_KERNELS_INFERENCE if note == _CPU_KERNELS else note for note in estimated.notes)
             trials.append(dataclasses.replace(estimated, notes=notes))
@@ -219,7 +231,8 @@ def is_inference(plans: Any) -> bool:
 
 
 def _adapter_trial(
-    runner: TrialRunner, model: nn.Module, plan: Plan, mode: FakeTensorMode, device: torch.device
+    runner: TrialRunner, model: nn.Module, plan: Plan, mode: FakeTensorMode, device: torch.device,
+    trace: ReservedTrace | None = None,
 ) -> Trial:
     """A dry run of an adapter plan: the adapters are put on the fake model here (see
     :mod:`memlab.estimation.adapters`), and the runner trains what they leave trainable."""
@@ -228,6 +241,8 @@ def _adapter_trial(
     except Exception as error:  # noqa: BLE001 - reported as the plan's estimate, like any failure of a plan
         return Trial(plan, "error", 0, {c: 0 for c in CATEGORIES}, None, None, None, str(device),
                      error=one_line(error))
+    if trace is not None:
+        trace.pause()
     try:
         trial = runner.run(plan.replace(adapter="none"))
     finally:
@@ -262,7 +277,17 @@ def _recomputed_under(*factories: Any) -> Iterator[None]:
             RECOMPUTE_CONTEXTS.remove(factory)
 
 
-def _as_estimate(trial: Trial, target: torch.device, kernels: torch.device, budget: int | None) -> Trial:
+def _reserved(trial: Trial, trace: ReservedTrace | None) -> int | None:
+    """The reserved peak of a CUDA trial's replayed allocations; None where it has no trace of its own (an error, a
+    CPU estimate, or 8-bit state computed from its size rather than allocated)."""
+    if trace is None or trial.status != "ok" or _BNB_COMPUTED in trial.notes:
+        return None
+    return trace.reserved_bytes
+
+
+def _as_estimate(
+    trial: Trial, target: torch.device, kernels: torch.device, budget: int | None, reserved: int | None = None
+) -> Trial:
     notes = [BLIND_SPOTS]
     if kernels != target:
         notes.append(_CPU_KERNELS)
@@ -273,6 +298,8 @@ def _as_estimate(trial: Trial, target: torch.device, kernels: torch.device, budg
         if kernels != target and (note == NOTHING_TO_MOVE or note.startswith("fp16 on CPU")):
             continue
         notes.append(note)
+    if reserved is not None:
+        notes.append(RESERVED_NOTE)
     return dataclasses.replace(
         trial,
         device=str(target) if kernels != target else trial.device,
@@ -280,7 +307,7 @@ def _as_estimate(trial: Trial, target: torch.device, kernels: torch.device, budg
         samples_per_s=None,
         tokens_per_s=None,
         budget=budget,
-        reserved_bytes=None,
+        reserved_bytes=reserved,
         rss_bytes=None,
         notes=tuple(dict.fromkeys(notes)),
         estimated=True,

@@ -94,6 +94,8 @@ class _Ledger:
         self.peak_totals: dict[str, int] = dict(self.totals)
         self.busy = False
         self.pending: list[tuple[int, weakref.ref[Any]]] = []
+        # Told (id of the storage, its bytes now; 0 when it is gone) of every change, in order.
+        self.listener: Callable[[int, int], None] | None = None
 
     def freed(self, key: int, ref: weakref.ref[Any]) -> None:
         self.pending.append((key, ref))
@@ -119,6 +121,8 @@ class _Ledger:
             del entries[key]
             totals[entry[1]] -= entry[2]
             self.live -= entry[2]
+            if self.listener is not None:
+                self.listener(key, 0)
 
     def lookup(self, storage: Any) -> list[Any] | None:
         """The entry of a live tracked storage, or None (a stale entry of a dead one is dropped)."""
@@ -131,6 +135,8 @@ class _Ledger:
         del self.entries[id(storage)]
         self.totals[entry[1]] -= entry[2]
         self.live -= entry[2]
+        if self.listener is not None:
+            self.listener(id(storage), 0)
         return None
 
     def add(self, storage: Any, category: str) -> int:
@@ -140,6 +146,8 @@ class _Ledger:
         self.entries[key] = [ref, category, nbytes]
         self.totals[category] += nbytes
         self.live += nbytes
+        if self.listener is not None:
+            self.listener(key, nbytes)
         return nbytes
 
     def resize(self, entry: list[Any], storage: Any) -> int:
@@ -150,6 +158,8 @@ class _Ledger:
             entry[2] = nbytes
             self.totals[entry[1]] += change
             self.live += change
+            if self.listener is not None:
+                self.listener(id(storage), nbytes)
         return change
 
     def move(self, entry: list[Any], category: str) -> None:
@@ -189,6 +199,10 @@ class MemoryTracker(TorchDispatchMode):
             inside the operator that changed it: keep it cheap and do not run tensor operations in it.
         categories: the categories to count under (default :data:`CATEGORIES`, a training step's;
             :data:`INFERENCE_CATEGORIES` for inference). Breakdowns have exactly these keys.
+        on_storage: called with ``(key, bytes)`` on every change to a tracked storage, in order: a new key is an
+            allocation, a known key with other bytes a resize, ``0`` a free (a dry run replays these through a
+            model of the CUDA caching allocator). Keys are storage ids, so a key can come back after its free.
+            Same rules as ``on_sample``: keep it cheap, no tensor operations.
 
     Allocations made inside :meth:`phase` count under its category, elsewhere under ``"other"``. Frees are
     counted whenever they happen, after ``__exit__`` too, so ``live_bytes`` stays true for what was
@@ -217,6 +231,7 @@ class MemoryTracker(TorchDispatchMode):
         device: torch.device | str = "cpu",
         on_sample: Callable[[int], None] | None = None,
         categories: tuple[str, ...] = CATEGORIES,
+        on_storage: Callable[[int, int], None] | None = None,
     ) -> None:
         super().__init__()
         if "other" not in categories:
@@ -236,6 +251,7 @@ class MemoryTracker(TorchDispatchMode):
         self._active = False
         self._unpatch_resize: Callable[[], None] | None = None
         self._ledger = _Ledger(self.categories)
+        self._ledger.listener = on_storage
         if baseline:
             for category, tensors in baseline.items():
                 _check_category(category, self.categories)
@@ -430,12 +446,30 @@ class MemoryTracker(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         out = func(*args, **(kwargs or {}))
+        try:
+            self.observe(func, out)
+        except torch.OutOfMemoryError:
+            del out  # the error's traceback must not keep this operator's outputs alive
+            raise
+        return out
+
+    def observe(self, func: Any, out: Any) -> None:
+        """Account for ``out``, what the operator ``func`` returned: what the tracker does after each operator while
+        it is the active mode. A mode that already runs every operator (a dry run's fake mode) calls it instead, so
+        that one more mode on the stack does not slow every operator down.
+
+        Example:
+            >>> tracker, ones = MemoryTracker(), torch.ones(8)
+            >>> tracker.observe(torch.ops.aten.ones.default, ones)
+            >>> tracker.live_bytes
+            32
+        """
         if isinstance(out, torch.Tensor):
             outputs: Iterable[Any] = (out,)
         elif isinstance(out, (tuple, list)):
             outputs = out if all(not isinstance(o, (tuple, list, dict)) for o in out) else tree_leaves(out)
         elif out is None:
-            return out
+            return
         else:
             outputs = tree_leaves(out)
         aliasing = _returns_alias(func)
@@ -462,14 +496,13 @@ class MemoryTracker(TorchDispatchMode):
             new_peak = ledger.note_peak()
             if self._active and self.budget is not None and ledger.live > self.budget:
                 live = ledger.live
-                # Free this operator's outputs now: the error's traceback must not keep them alive.
+                # Drop this frame's references to the outputs: the error's traceback must not keep them alive.
                 del out, outputs, tensor, storage
                 self._raise_over_budget(live)
             if self._on_sample is not None:
                 self._maybe_sample(new_peak)
         elif self._on_sample is not None:
             self._maybe_sample(False)
-        return out
 
     def _raise_over_budget(self, live: int) -> None:
         budget = self.budget

@@ -1,5 +1,7 @@
 """CUDA estimates made on this CPU against the H100's measured peaks (``benchmarks/results/cuda_truth.json``, built
-by ``python -m benchmarks.cuda_truth`` from the committed GPU runs): each within 5%.
+by ``python -m benchmarks.cuda_truth`` from the committed GPU runs): each within 5%. Rows whose run also recorded
+``max_memory_reserved`` without a budget hold the estimate's ``reserved_bytes`` (the caching allocator replayed,
+:mod:`memlab.estimation.reserved`) to the same 5%.
 
 Rows of more than :data:`FAST_PEAK` measured bytes, or outside the quick sections, take too long to estimate on a
 laptop's CPU for the default run: they run with ``MEMLAB_SLOW_TRUTH=1``. Offload plans cannot be estimated without
@@ -8,6 +10,7 @@ CUDA (the trial says so) and are not rows of the test.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -33,17 +36,26 @@ KNOWN_OFF = {("estimate", "bert", "plain"): 1.054, ("estimate", "llama", "ckpt b
              ("cumulative", "llama", "ckpt bf16"): 0.937}
 
 
-def _known_off(row: dict[str, Any]) -> float | None:
+# Reserved peaks not yet within 5% (estimated / measured reserved on this CPU, torch 2.13). Each is a checkpointed
+# step and runs low: the H100 reserved 1.25 to 1.31 times its allocated peak there, the replay 1.13 to 1.16 (the
+# allocated peak of "cumulative ckpt bf16" is itself 0.937, above). The levers section's checkpointed steps are
+# within 5% (0.979 and 1.007), so it is not checkpointing as such; the cause is not found yet.
+KNOWN_OFF_RESERVED = {("probe", "llama", "ckpt"): 0.864, ("cumulative", "llama", "ckpt bf16"): 0.841,
+                      ("cumulative", "llama", "ckpt bf16 adamw8bit"): 0.898,
+                      ("cumulative", "llama", "ckpt bf16 lora"): 0.857}
+
+
+def _known_off(row: dict[str, Any], table: dict[tuple[str, str, str], float] = KNOWN_OFF) -> float | None:
     section = row["source"].rsplit(":", 1)[-1]
     if row["source"].startswith("hf_table"):
         return 0.0
-    return KNOWN_OFF.get((section, row["config"]["model_type"], row["plan_label"]))
+    return table.get((section, row["config"]["model_type"], row["plan_label"]))
 
 
-def _marks(row: dict[str, Any], slow: bool) -> tuple[Any, ...]:
+def _marks(row: dict[str, Any], slow: bool, table: dict[tuple[str, str, str], float] = KNOWN_OFF) -> tuple[Any, ...]:
     if not (slow or _quick(row)):
         return (pytest.mark.skip(reason="slow on CPU: MEMLAB_SLOW_TRUTH=1"),)
-    off = _known_off(row)
+    off = _known_off(row, table)
     if off is not None:
         return (pytest.mark.xfail(reason=f"not yet within 5% (ratio {off or 'see hf_table'})", strict=True),)
     return ()
@@ -53,12 +65,14 @@ def _quick(row: dict[str, Any]) -> bool:
     return row["source"].rsplit(":", 1)[-1] in FAST_SECTIONS and row["measured_peak_bytes"] <= FAST_PEAK
 
 
-def _params() -> list[Any]:
+def _params(reserved: bool = False) -> list[Any]:
     slow = os.environ.get("MEMLAB_SLOW_TRUTH") == "1"
+    table = KNOWN_OFF_RESERVED if reserved else KNOWN_OFF
     return [
         pytest.param(row, id=f"{row['source'].rsplit(':', 1)[-1]}-{row['config']['model_type']}-{row['plan_label']}",
-                     marks=_marks(row, slow))
+                     marks=_marks(row, slow, table))
         for row in ROWS
+        if not reserved or "measured_reserved_bytes" in row
     ]
 
 
@@ -74,11 +88,31 @@ def test_the_table_holds_the_must_show_row() -> None:
     assert gpt2 and gpt2[0]["batch"]["input_ids"] == [4, 1024] and gpt2[0]["gpu"].startswith("NVIDIA H100")
 
 
+@functools.lru_cache(maxsize=4)
+def _estimate(key: str) -> Any:
+    """The row's estimate, made once for both tests of a row."""
+    row = json.loads(key)
+    batch = {name: tuple(shape) for name, shape in row["batch"].items()}
+    return memlab.estimate(_config(row), batch, Plan(**row["plan"]), device="cuda")
+
+
+def _estimate_of(row: dict[str, Any]) -> Any:
+    return _estimate(json.dumps({k: row[k] for k in ("config", "architecture", "batch", "plan")}, sort_keys=True))
+
+
 @pytest.mark.parametrize("row", _params())
 def test_a_cpu_made_cuda_estimate_is_within_5_percent_of_the_h100(row: dict[str, Any]) -> None:
-    batch = {name: tuple(shape) for name, shape in row["batch"].items()}
-    trial = memlab.estimate(_config(row), batch, Plan(**row["plan"]), device="cuda")
+    trial = _estimate_of(row)
     assert trial.status == "ok", trial.error
     ratio = trial.peak_bytes / row["measured_peak_bytes"]
     assert abs(ratio - 1) <= TOLERANCE, f"estimate / measured = {ratio:.3f}"
     assert any("CUDA attention emulated for NVIDIA H100" in note for note in trial.notes)
+
+
+@pytest.mark.parametrize("row", _params(reserved=True))
+def test_a_cpu_made_cuda_estimate_reserves_within_5_percent_of_the_h100(row: dict[str, Any]) -> None:
+    trial = _estimate_of(row)
+    assert trial.status == "ok", trial.error
+    assert trial.reserved_bytes is not None and trial.reserved_bytes >= trial.peak_bytes
+    ratio = trial.reserved_bytes / row["measured_reserved_bytes"]
+    assert abs(ratio - 1) <= TOLERANCE, f"estimated / measured reserved = {ratio:.3f}"

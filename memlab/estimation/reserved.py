@@ -1,0 +1,163 @@
+"""The reserved peak of a CUDA dry run: every storage the fake trial allocates and frees, in order, replayed through
+the caching allocator's model (:mod:`memlab.estimation.cuda_allocator`).
+
+What a real CUDA trial reports as ``reserved_bytes`` (:class:`~memlab.measure.cuda.CudaPeak` around the tracked
+step) is ``max_memory_reserved`` after ``reset_peak_memory_stats`` at the start of the tracked step: segments the
+warm-up reserved stay reserved, so it is the larger of what was reserved when the tracked step began and the peak
+during it. Each trial starts from what ``empty_cache`` leaves after the trial before (``release_memory``): segments
+that hold the model's weights, the batch and cuBLAS's workspaces. :class:`ReservedTrace` mirrors that:
+
+1. the weights, then the batch, are allocated one storage at a time in the order ``model.to("cuda")`` moves them
+   (each module's children first, then its parameters, then its buffers);
+2. cuBLAS's workspaces, which live as long as the process: :data:`CUBLAS_WORKSPACE_BYTES` each for the forward
+   (the Python thread) and for the backward (autograd's device thread has its own cuBLAS handle);
+3. the trial itself, followed by a :class:`~memlab.measure.tracker.MemoryTracker` that reports every storage
+   (``on_storage``); the runner's events mark where the tracked step begins (the last warm-up step finished:
+   the peak is reset) and ends (the reading).
+
+Between :meth:`ReservedTrace.pause` (called just before ``runner.run``) and the runner's ``TrialStarted`` new
+storages are not recorded: that is where the runner copies the trainable weights for its snapshot, which a CUDA run
+keeps in host memory (on a dry run without CUDA they are fake tensors of the same CPU device as the model's).
+
+Not included: memory kernels take and give back inside themselves (other than cuBLAS's workspace), and allocations
+on other streams (the offload levers' copies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.estimation.cuda_allocator import MIB, CachingAllocator
+from memlab.estimation.fake import FakeMode
+from memlab.events import Event, StepFinished, TrialStarted
+from memlab.measure.tracker import MemoryTracker
+from memlab.runner.batch import Batch, named_tensors
+
+__all__ = ["CUBLAS_WORKSPACE_BYTES", "CUBLAS_WORKSPACES", "RESERVED_NOTE", "ReservedTrace", "placement_order"]
+
+CUBLAS_WORKSPACE_BYTES = 32 * MIB
+"""cuBLAS's workspace per (handle, stream) on Hopper and later GPUs (``parseChosenWorkspaceSize`` in
+``aten/src/ATen/cuda/CublasHandlePool.cpp``: ``4096 * 8 * 1024`` for compute capability 9 and up; the estimate
+assumes an H100)."""
+
+CUBLAS_WORKSPACES = 2
+"""cuBLAS handles are per thread: the forward's (the Python thread) and the backward's (autograd's device thread)."""
+
+RESERVED_NOTE = (
+    "reserved_bytes: this step's allocations replayed through a model of PyTorch's CUDA caching allocator "
+    "(segments, rounding, fragmentation, cuBLAS workspaces); the CUDA context is not included"
+)
+"""The note of an estimate that carries ``reserved_bytes``."""
+
+
+def placement_order(model: nn.Module) -> list[torch.Tensor]:
+    """The model's parameters and buffers in the order ``model.to(device)`` allocates them: depth first, each
+    module's children before its own parameters and then its buffers (``nn.Module._apply``).
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+        >>> [tuple(t.shape) for t in placement_order(model)][:4]
+        [(3, 2), (3,), (3,), (3,)]
+    """
+    tensors: list[torch.Tensor] = []
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            visit(child)
+        tensors.extend(p for p in module.parameters(recurse=False))
+        tensors.extend(b for b in module.buffers(recurse=False))
+
+    visit(model)
+    return tensors
+
+
+class ReservedTrace:
+    """Records one dry-run trial's allocations on ``device`` (the fake tensors' device) into a
+    :class:`~memlab.estimation.cuda_allocator.CachingAllocator` and reads its reserved peak as a CUDA trial would.
+
+    Pass :meth:`listen` as the runner's ``listener``, run each trial inside :meth:`trial` and call :meth:`pause`
+    just before ``runner.run``; ``reserved_bytes`` is then the trial's reserved peak, or None when it had no tracked
+    step.
+
+    Example:
+        >>> from memlab import Plan
+        >>> from memlab.options import RunOptions
+        >>> from memlab.runner.trial import TrialRunner
+        >>> model, batch = nn.Linear(512, 512), torch.randn(8, 512)
+        >>> trace = ReservedTrace(torch.device("cpu"))
+        >>> runner = TrialRunner(model, batch, RunOptions(loss_fn=lambda m, b: m(b).sum(), steps=1),
+        ...                      listener=trace.listen)
+        >>> with runner.session(), trace.trial(model, batch):
+        ...     trace.pause()
+        ...     trial = runner.run(Plan())
+        >>> trace.reserved_bytes // MIB  # cuBLAS's 64 MiB, and three 2 MiB segments of small blocks
+        70
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.reserved_bytes: int | None = None
+        self.allocated_bytes: int | None = None
+        self._allocator: CachingAllocator | None = None
+        self._paused = False
+
+    def pause(self) -> None:
+        """Record no new storage until the runner says the trial has started (its snapshot is host memory)."""
+        self._paused = True
+
+    def listen(self, event: Event) -> None:
+        """The runner's listener: the trial starts; the tracked step begins after the last warm-up step, and ends
+        with its event."""
+        allocator = self._allocator
+        if allocator is None:
+            return
+        if isinstance(event, TrialStarted):
+            self._paused = False
+        if not isinstance(event, StepFinished):
+            return
+        if event.kind == "warmup":
+            allocator.reset_peak()
+        elif event.kind == "tracked":
+            self.reserved_bytes = allocator.peak_reserved_bytes
+            self.allocated_bytes = allocator.peak_allocated_bytes
+
+    @contextlib.contextmanager
+    def trial(self, model: nn.Module, batch: Batch, mode: Any = None) -> Iterator[None]:
+        """Follow one trial on ``model`` and ``batch``: its placement first, then everything it allocates (through
+        ``mode``'s operators when it is the dry run's :class:`~memlab.estimation.fake.FakeMode`, else as a mode)."""
+        allocator = CachingAllocator()
+        self._allocator = allocator
+        self._paused = False
+        self.reserved_bytes = self.allocated_bytes = None
+        live = [True]
+
+        def record(key: int, size: int) -> None:
+            # Frees that come after the trial (its leftovers collected later) are not this trial's.
+            if live[0] and not (self._paused and size > 0 and not allocator.holds(key)):
+                allocator.record(key, size)
+
+        tracker = MemoryTracker(device=self.device, on_storage=record)
+        tracker.mark(placement_order(model), "params")
+        tracker.mark([tensor for _, tensor in named_tensors(batch)], "other")
+        for handle in range(CUBLAS_WORKSPACES):
+            allocator.malloc(("cuBLAS workspace", handle), CUBLAS_WORKSPACE_BYTES)
+        # A fake mode that reports its operators is followed without one more mode on the stack (cheaper).
+        observed = isinstance(mode, FakeMode) and mode.observer is None
+        try:
+            if observed:
+                mode.observer = tracker.observe  # type: ignore[union-attr]
+                yield
+            else:
+                with tracker:
+                    yield
+        finally:
+            if observed:
+                mode.observer = None  # type: ignore[union-attr]
+            live[0] = False
+            self._allocator = None
+
