@@ -213,10 +213,11 @@ def test_no_cpu_trial_runs_unbounded() -> None:
 class _FakeAllocatorPeak:
     """Stands in for CudaPeak: the allocator's numbers, set by the test."""
 
-    def __init__(self, peak: int) -> None:
+    def __init__(self, peak: int, context: int | None = None) -> None:
         self.peak_allocated = peak
         self.peak_reserved = peak
         self.start_allocated = 0
+        self.context = context
 
     def __enter__(self) -> _FakeAllocatorPeak:
         return self
