@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
+from torch import nn
 
 from memlab.errors import MemlabError
 from memlab.plan import format_bytes
 from memlab.report import Trial
 
-__all__ = ["DEFAULT_GPU", "GPUS", "GpuKind", "card_context", "card_contexts", "gpu_kind"]
+__all__ = ["DEFAULT_GPU", "GPUS", "GpuKind", "card_context", "card_contexts", "gpu_kind", "live_card_context"]
 
 TrialT = TypeVar("TrialT", bound=Trial)
 
@@ -136,3 +137,19 @@ def card_contexts(trials: Sequence[TrialT], gpu: str | None = None) -> list[Tria
         []
     """
     return [card_context(trial, gpu) for trial in trials]
+
+
+def live_card_context(trial: TrialT, model: nn.Module) -> TrialT:
+    """:func:`card_context` for a dry run of a live ``model``: the context read on the GPU the model is on, modelled
+    for :data:`DEFAULT_GPU` where it is not on one (a model on the meta device estimated for CUDA).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> trial = Trial(Plan(), "ok", 90, {}, None, None, None, "cuda", estimated=True)
+        >>> live_card_context(trial, nn.Linear(2, 2, device="meta")).context_bytes == GPUS[DEFAULT_GPU].context_bytes
+        True
+    """
+    from memlab.measure.device import model_device
+
+    device = model_device(model)
+    return card_context(trial, read_on=device if device.type == "cuda" else None)

@@ -15,9 +15,9 @@ from types import TracebackType
 
 import torch
 
-from memlab.measure.device import DeviceLike, cuda_device
+from memlab.measure.device import DeviceLike, cuda_capacity, cuda_device
 
-__all__ = ["CudaPeak", "cap_cuda_memory", "cuda_context_bytes"]
+__all__ = ["CudaPeak", "cap_cuda_memory", "cuda_card_capacity", "cuda_context_bytes"]
 
 
 def cuda_context_bytes(device: DeviceLike) -> int:
@@ -41,6 +41,18 @@ def cuda_context_bytes(device: DeviceLike) -> int:
         free, total = torch.cuda.mem_get_info(resolved)
         used = int(total) - int(free)
     return max(0, used - reserved)
+
+
+def cuda_card_capacity(device: DeviceLike) -> int:
+    """The most the card figure of this process can reach on ``device``, the default budget of a search there: what
+    the process can have allocated (:func:`~memlab.measure.device.cuda_capacity`) and its CUDA context beside it.
+    Capped at this budget less the context (:func:`cap_cuda_memory`), the allocator can take what is free.
+
+    Example:
+        >>> cuda_card_capacity("cuda")  # doctest: +SKIP
+        85017493504
+    """
+    return cuda_capacity(device) + cuda_context_bytes(device)
 
 
 def _process_used_bytes(device: torch.device) -> int | None:

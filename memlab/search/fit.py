@@ -11,8 +11,8 @@ from typing_extensions import Unpack
 
 from memlab.errors import MemlabError
 from memlab.events import TrialSettled
-from memlab.measure.cuda import cuda_context_bytes
-from memlab.measure.device import cuda_bf16_supported, cuda_capacity, model_device
+from memlab.measure.cuda import cuda_card_capacity
+from memlab.measure.device import cuda_bf16_supported, model_device
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
 from memlab.report import Report, Trial
@@ -82,7 +82,7 @@ def fit(
         options: :class:`~memlab.options.RunKeywords`. ``budget``: bytes or a size such as ``"8GiB"``, what the card
             may show for the process on CUDA (the allocator's reserve and the CUDA context: each trial is judged on
             that card figure, and capped at the budget less the context); default on CUDA what this process can hold
-            there (:func:`memlab.measure.device.cuda_capacity`) and its context; on CPU it must be given.
+            there and its context (:func:`memlab.measure.cuda.cuda_card_capacity`); on CPU it must be given.
 
     Example:
         >>> import torch
@@ -119,8 +119,7 @@ def fit(
             raise MemlabError(
                 f"fit on {device.type} needs a budget; write for example budget='8GiB' or budget='500MB'"
             )
-        # Budgets are what the card shows: the allocator's part (what the process can hold) and the context beside it.
-        budget = cuda_capacity(device) + cuda_context_bytes(device)
+        budget = cuda_card_capacity(device)  # budgets are what the card shows: the allocator's part and the context
     resolved_space: dict[str, Sequence[Any]] = dict(
         default_space(
             batch_size,
@@ -227,7 +226,7 @@ def _dry_run(
 ) -> Report:
     """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
     estimated to fit: that one is the answer, and the plans after it are skipped as expected slower."""
-    from memlab.estimation.cuda_context import card_context
+    from memlab.estimation.cuda_context import live_card_context
     from memlab.estimation.estimate import estimate
 
     budget = options.budget or 0
@@ -238,8 +237,7 @@ def _dry_run(
     with keep_on_interrupt(trials, budget):
         for position, plan in enumerate(order):
             trial = estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device)
-            if device.type == "cuda":  # the context of the GPU the model is on, read, rather than a modelled one
-                trial = card_context(trial, read_on=device)
+            trial = live_card_context(trial, model)
             trials.append(trial)
             if fits(trials[-1], budget):
                 reason = f"expected slower: {plan.label()} is expected faster and is estimated to fit"

@@ -226,6 +226,14 @@ def test_the_cap_leaves_room_for_the_context(fake_gpu: dict[str, Any]) -> None:
     assert fake_gpu["fractions"][-2] == 0.0
 
 
+def test_the_default_budget_is_the_card_the_process_can_reach(fake_gpu: dict[str, Any]) -> None:
+    # free 30 + reserved 40 is what the allocator can hold; the 10 GiB context beside it is on the card too.
+    assert cuda.cuda_card_capacity("cuda:0") == 80 * GIB
+    with cuda.cap_cuda_memory(cuda.cuda_card_capacity("cuda:0"), "cuda:0"):
+        pass
+    assert fake_gpu["fractions"][0] == pytest.approx(70 / 80)  # the allocator may still take all that is free
+
+
 def test_cuda_peak_reads_the_context_on_exit(monkeypatch: pytest.MonkeyPatch, fake_gpu: dict[str, Any]) -> None:
     for name in ("synchronize", "reset_peak_memory_stats"):
         monkeypatch.setattr(torch.cuda, name, lambda device=None: None)

@@ -15,12 +15,11 @@ from typing import Any
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.estimation.cuda_context import card_context
+from memlab.estimation.cuda_context import live_card_context
 from memlab.estimation.estimate import estimate_plans
 from memlab.estimation.sharded import parse_gpus, sharded_lines, sharded_trials
 from memlab.frontends.jupyter.magic_args import Job, run_options, unquote
 from memlab.frontends.jupyter.magic_cell import body_loss_fn, lookup_name, usage_error
-from memlab.measure.device import model_device
 from memlab.options import RunOptions
 from memlab.plan import Plan, parse_axes, parse_grid
 from memlab.report import CATEGORIES, Report
@@ -141,9 +140,7 @@ class TrainingRequest:
                            **options.keywords())
             if args.dry_run:
                 report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
-                # What the card will show: the context read on the model's GPU, or modelled (H100) for a meta model.
-                live = model_device(model)
-                report.trials = [card_context(t, read_on=live if live.type == "cuda" else None) for t in report]
+                report.trials = [live_card_context(trial, model) for trial in report]
             else:
                 report = compare(model, batch, plans, **options.keywords())
             if kept is not None:
