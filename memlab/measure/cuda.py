@@ -63,17 +63,12 @@ def _process_used_bytes(device: torch.device) -> int | None:
     import pynvml
 
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    try:
+        pynvml.nvmlInit()  # counted by NVML, and left initialised, as torch.cuda's own NVML readers do
         # NVML names a GPU "GPU-<uuid>"; torch's uuid is the same 8-4-4-4-12 hex, without the prefix.
         uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}".encode()
         processes = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByUUID(uuid))
     except pynvml.NVMLError:
         return None
-    finally:
-        pynvml.nvmlShutdown()
     pid = os.getpid()
     used = [process.usedGpuMemory for process in processes if process.pid == pid]
     return int(used[0]) if used and used[0] is not None else None
@@ -83,9 +78,10 @@ class CudaPeak:
 
     ``start_allocated`` is what was allocated on entry; ``peak_allocated`` and ``peak_reserved`` are the
     allocator's maxima over the block (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` after
-    a reset on entry), so they include what was already allocated on entry; ``context`` is what the driver holds
-    beside the allocator at the end (:func:`cuda_context_bytes`: the kernels the block loaded are in it). The values
-    are read on exit even when the block raises.
+    a reset on entry), so they include what was already allocated on entry. The values are read on exit even when
+    the block raises. ``context`` is what the driver holds beside the allocator after the block
+    (:func:`cuda_context_bytes`: the kernels the block loaded are in it), read when first asked for after the block
+    (None before), so that a probe whose context nobody reads (``memlab.watch``'s, once per step) costs nothing more.
 
     Example:
         >>> with CudaPeak(torch.device("cuda")) as probe:  # doctest: +SKIP
@@ -99,7 +95,8 @@ class CudaPeak:
         self.start_allocated = 0
         self.peak_allocated = 0
         self.peak_reserved = 0
-        self.context: int | None = None
+        self._exited = False
+        self._context: int | None = None
 
     def __enter__(self) -> CudaPeak:
         device = self.device = cuda_device(self.device)
@@ -118,7 +115,14 @@ class CudaPeak:
         torch.cuda.synchronize(device)
         self.peak_allocated = torch.cuda.max_memory_allocated(device)
         self.peak_reserved = torch.cuda.max_memory_reserved(device)
-        self.context = cuda_context_bytes(device)
+        self._exited = True
+
+    @property
+    def context(self) -> int | None:
+        """What the driver holds beside the allocator after the block (read once, when first asked for)."""
+        if self._exited and self._context is None:
+            self._context = cuda_context_bytes(self.device)
+        return self._context
 
 
 @contextlib.contextmanager
