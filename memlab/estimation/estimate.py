@@ -11,7 +11,9 @@
    :func:`memlab.measure` runs them (adapters through :mod:`memlab.estimation.adapters`);
 4. :mod:`memlab.estimation.sharded`: several GPUs, per GPU: FSDP2 on fake tensors (:mod:`memlab.estimation.fsdp2`)
    and DeepSpeed ZeRO by its formulas (:mod:`memlab.estimation.zero`); the strategies themselves are in the
-   torch-free :mod:`memlab.estimation.strategies`.
+   torch-free :mod:`memlab.estimation.strategies`;
+5. :mod:`memlab.estimation.cuda_context`: for CUDA, the context of the GPU kind the estimate is for (``gpu=``),
+   which with the allocator's reserve is what the card will show, and what a budget verdict judges.
 
 The names the single-GPU steps define are importable from here too (``estimate_plans``, ``estimate_inference``,
 ``load_config``, ``meta_model``, ``fake_batch``, ``parse_batch_shape``, ``adamw8bit_state_bytes``).
@@ -25,6 +27,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import KNOWN_SHAPES, load_config, meta_model, parse_batch_shape
+from memlab.estimation.cuda_context import card_context, gpu_kind
 from memlab.estimation.fake import BLIND_SPOTS, fake_batch
 from memlab.estimation.sharded import sharded_estimate
 from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_inference, estimate_plans, is_inference
@@ -63,13 +66,17 @@ def estimate(
     device: str | torch.device | None = None,
     gpus: int = 1,
     strategy: str = "none",
+    gpu: str | None = None,
 ) -> Trial:
     """Predict the memory of one steady-state training step of ``plan``, on fake tensors (nothing runs for real).
 
     The result has the semantics of :func:`memlab.measure`: ``peak_bytes`` and a ``breakdown`` by category
     (params, grads, optimizer, activations, other) at the moment of the peak, with the optimizer state already
     there. It is a :class:`~memlab.report.Trial` with ``estimated=True``, no timings, and ``notes`` saying what an
-    estimate cannot see. Against a ``budget`` it "fits" when the predicted peak is within it (``trial.fits``).
+    estimate cannot see. For CUDA it also carries what the card will show (``card_bytes``): the allocator's reserve
+    (``reserved_bytes``) and the CUDA context (``context_bytes``) of the GPU ``gpu``, both modelled. Against a
+    ``budget`` it "fits" when that card figure is within it, or the allocated peak where the card figure is unknown
+    (``trial.fits``; ``trial.verdict_figure`` says which).
 
     Args:
         model_or_config: a live ``nn.Module`` (copied onto fake tensors, never touched; a model on the ``meta``
@@ -93,6 +100,8 @@ def estimate(
         strategy: ``"none"`` (one GPU), ``"fsdp2"``, ``"zero2"`` or ``"zero3"``: the answer is then per GPU, for
             ``batch`` as each GPU's micro-batch, as a :class:`memlab.estimation.sharded.ShardedTrial` (see
             :mod:`memlab.estimation.sharded` for how each strategy is estimated).
+        gpu: the kind of GPU a CUDA estimate is for, which sets the CUDA context (per GPU when sharded): a name from
+            :data:`memlab.estimation.cuda_context.GPUS`, default ``"H100-80GB"``. The trial's notes name it.
 
     An :class:`memlab.InferencePlan` estimates inference instead (one forward, or a generation, as
     ``memlab.measure`` runs it; see :func:`estimate_inference`): an :class:`~memlab.report.InferenceTrial` whose
@@ -120,9 +129,10 @@ def estimate(
             "'labels': (1, 512)}, plan), or pass a transformers Trainer"
         )
     plan = Plan() if plan is None else plan
+    gpu_kind(gpu)  # an unknown GPU is refused before anything is built
     if note is not None:
         return noted([estimate(model_or_config, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device,
-                               gpus=gpus, strategy=strategy)], note)[0]
+                               gpus=gpus, strategy=strategy, gpu=gpu)], note)[0]
     if is_inference(plan):
         if isinstance(plan, (list, tuple)):
             raise MemlabError(
@@ -133,12 +143,13 @@ def estimate(
         if gpus != 1 or strategy != "none":
             raise MemlabError("an InferencePlan is estimated on one device; drop gpus= and strategy=")
         inference = cast("InferencePlan", plan)
-        return estimate_inference(model_or_config, batch, [inference], loss_fn=loss_fn, budget=budget,
-                                  device=device)[0]
+        return card_context(estimate_inference(model_or_config, batch, [inference], loss_fn=loss_fn, budget=budget,
+                                               device=device)[0], gpu)
     training = cast(Plan, plan)  # anything else than a Plan is refused by estimate_plans, with what to write
     if gpus != 1 or strategy != "none":
         gpus, strategy = check_sharding(gpus, strategy)
         if strategy != "none":
             return sharded_estimate(model_or_config, batch, training, gpus=gpus, strategy=strategy, loss_fn=loss_fn,
-                                    budget=budget, lr=lr, device=device)
-    return estimate_plans(model_or_config, batch, [training], loss_fn=loss_fn, budget=budget, lr=lr, device=device)[0]
+                                    budget=budget, lr=lr, device=device, gpu=gpu)
+    trial = estimate_plans(model_or_config, batch, [training], loss_fn=loss_fn, budget=budget, lr=lr, device=device)[0]
+    return card_context(trial, gpu)

@@ -22,6 +22,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import frozen_count, layer_counts
+from memlab.estimation.cuda_context import card_context, gpu_kind
 from memlab.estimation.fsdp2 import DETAIL, ShardedTrial, fsdp2_dry_run, shard_units
 from memlab.estimation.single_gpu import estimate_plans
 from memlab.estimation.strategies import (
@@ -67,13 +68,15 @@ def sharded_estimate(
     budget: int | str | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
+    gpu: str | None = None,
 ) -> ShardedTrial:
     """The peak of one steady-state training step per GPU, sharded over ``gpus`` GPUs with ``strategy``.
 
     :func:`memlab.estimate` with ``gpus=``/``strategy=`` calls this; the arguments are its own, and ``batch`` is
     the per-GPU micro-batch. ``strategy="fsdp2"`` runs ``fully_shard`` on fake tensors; ``"zero2"``/``"zero3"``
     compute DeepSpeed's partitioning (the module docstring gives the formulas). Adapter plans and the chunked loss
-    are not estimated sharded (a MemlabError says so).
+    are not estimated sharded (a MemlabError says so). For CUDA each GPU's trial carries the CUDA context of the GPU
+    kind ``gpu`` (:func:`memlab.estimation.cuda_context.card_context`), and its ``fits`` judges the card figure.
 
     Example:
         >>> from transformers import LlamaConfig
@@ -88,16 +91,17 @@ def sharded_estimate(
     gpus, strategy = check_sharding(gpus, strategy)
     plan = Plan() if plan is None else plan
     _check_plan(plan)
+    gpu_kind(gpu)
     limit = parse_budget(budget)
     if strategy == "fsdp2":
-        return fsdp2_dry_run(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device,
-                             budget=limit)[0]
+        return card_context(fsdp2_dry_run(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device,
+                                          budget=limit)[0], gpu)
     if strategy in ("zero2", "zero3"):
         basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device)
-        return zero_trial(basis, layer_counts(model_or_config), plan, gpus, int(strategy[-1]), limit,
-                          frozen=frozen_count(model_or_config))
+        return card_context(zero_trial(basis, layer_counts(model_or_config), plan, gpus, int(strategy[-1]), limit,
+                                       frozen=frozen_count(model_or_config)), gpu)
     trial = estimate_plans(model_or_config, batch, [plan], loss_fn=loss_fn, budget=budget, lr=lr, device=device)[0]
-    return ShardedTrial(**{f.name: getattr(trial, f.name) for f in dataclasses.fields(Trial)})
+    return card_context(ShardedTrial(**{f.name: getattr(trial, f.name) for f in dataclasses.fields(Trial)}), gpu)
 
 
 def smallest_gpus(
@@ -111,9 +115,11 @@ def smallest_gpus(
     loss_fn: LossFn | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
+    gpu: str | None = None,
 ) -> dict[str, ShardedTrial | None]:
     """For each strategy, the estimate at the smallest number of GPUs in ``candidates`` whose per-GPU peak fits
-    ``budget`` (None when none does: ZeRO-2 keeps whole weights on every GPU, so it may never fit).
+    ``budget`` (None when none does: ZeRO-2 keeps whole weights on every GPU, so it may never fit). For CUDA, what
+    fits is each GPU's card figure (the CUDA context of the GPU kind ``gpu`` included) where it is known.
 
     The per-GPU peak falls as GPUs are added, so the candidates are bisected: FSDP2 runs a dry run per probe
     (about log2 of the number of candidates), ZeRO one dry run in all (its model states are a formula of N).
@@ -136,6 +142,7 @@ def smallest_gpus(
     if not numbers:
         raise MemlabError("candidates is empty; write numbers of GPUs such as candidates=(1, 2, 4, 8)")
     names = [check_sharding(2, s)[1] for s in strategies]
+    gpu_kind(gpu)
     if "none" in names:
         raise MemlabError('strategies lists "none"; write "fsdp2", "zero2" or "zero3"')
     found: dict[str, ShardedTrial | None] = {}
@@ -148,10 +155,11 @@ def smallest_gpus(
 
         def run(n: int, name: str = name, one: Trial | None = single, sizes: Any = counts) -> ShardedTrial:
             if name == "fsdp2":
-                return fsdp2_dry_run(model_or_config, batch, plan, n, loss_fn=loss_fn, lr=lr, device=device,
-                                     budget=limit)[0]
+                return card_context(fsdp2_dry_run(model_or_config, batch, plan, n, loss_fn=loss_fn, lr=lr,
+                                                  device=device, budget=limit)[0], gpu)
             assert one is not None and sizes is not None
-            return zero_trial(one, sizes, plan, n, int(name[-1]), limit, frozen=frozen_count(model_or_config))
+            return card_context(zero_trial(one, sizes, plan, n, int(name[-1]), limit,
+                                           frozen=frozen_count(model_or_config)), gpu)
 
         found[name] = _bisect(run, numbers)
     return found
@@ -168,6 +176,7 @@ def sharded_trials(
     loss_fn: LossFn | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
+    gpu: str | None = None,
 ) -> list[tuple[Plan, str, ShardedTrial | None]]:
     """Per-GPU estimates of every plan under every strategy: ``(plan, strategy, trial)``, plans outer.
 
@@ -175,7 +184,8 @@ def sharded_trials(
     (needs ``budget``): then each trial is the one at the smallest number that fits (:func:`smallest_gpus`), and
     None where no number up to 1024 does. ``strategies`` defaults to all three (``"fsdp2"``, ``"zero2"``,
     ``"zero3"``); ZeRO-2 and ZeRO-3 share one dry run per plan, which is FSDP2's own where the plan trains with
-    AdamW without offload (so all three cost one dry run).
+    AdamW without offload (so all three cost one dry run). ``gpu`` is the GPU kind of a CUDA estimate (its CUDA
+    context is in each trial's card figure, which ``fits`` judges where it is known).
 
     Example:
         >>> from transformers import LlamaConfig
@@ -187,6 +197,7 @@ def sharded_trials(
         [('zero2', 'zero2 x2'), ('zero3', 'zero3 x2')]
     """
     gpus = parse_gpus(gpus)
+    gpu_kind(gpu)  # an unknown GPU is refused before any dry run
     names = [check_sharding(2, s)[1] for s in (strategies or ("fsdp2", "zero2", "zero3"))]
     if not names or "none" in names:
         raise MemlabError('strategies must name "fsdp2", "zero2" or "zero3"; write for example strategies=["fsdp2"]')
@@ -200,7 +211,7 @@ def sharded_trials(
             raise MemlabError("gpus='auto' needs a budget; write for example a budget of 80GiB")
         for plan in plans:
             found = smallest_gpus(model_or_config, batch, plan, budget=limit, strategies=names, loss_fn=loss_fn,
-                                  lr=lr, device=device)
+                                  lr=lr, device=device, gpu=gpu)
             rows += [(plan, name, trial) for name, trial in found.items()]
         return rows
     assert isinstance(gpus, int)
@@ -220,19 +231,29 @@ def sharded_trials(
                 if single is None:
                     single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, run=run)
                 trial = zero_trial(single, counts, plan, gpus, int(name[-1]), limit, frozen=frozen)
-            rows.append((plan, name, trial))
+            rows.append((plan, name, card_context(trial, gpu)))
     return rows
 
 
 def sharded_lines(trials: Sequence[tuple[Plan, str, ShardedTrial | None]], budget: int | None) -> list[str]:
-    """One line per ``(plan, strategy, trial or None)`` of :func:`sharded_trials`: GPUs, the peak per GPU, where it
-    goes, whether it fits ``budget`` (bytes).
+    """One line per ``(plan, strategy, trial or None)`` of :func:`sharded_trials`: GPUs, the allocated peak per GPU,
+    on CUDA what each card will show (the allocator's reserve and the CUDA context: "card figure unknown" until both
+    are known), where the peak goes, and whether it fits ``budget`` (bytes), by which figure on CUDA.
 
     Example:
         >>> sharded_lines([(Plan(), "zero2", None)], 2**30)
         ['plain        zero2  no number of GPUs up to 1024 fits 1.00 GiB']
+        >>> trial = ShardedTrial(Plan(), "ok", 2**30, {}, None, None, None, "cuda", budget=2**31, gpus=2,
+        ...                      strategy="zero3", detail={"activations": 2**30}, reserved_bytes=2**30 + 2**29)
+        >>> print(sharded_lines([(Plan(), "zero3", trial)], 2**31)[0])
+        plain        zero3  x2: 1.00 GiB allocated per GPU, card figure unknown (activations 1.00 GiB); fits by the \
+allocated peak
+        >>> print(sharded_lines([(Plan(), "zero3", dataclasses.replace(trial, context_bytes=2**29))], 2**31)[0])
+        plain        zero3  x2: 1.00 GiB allocated per GPU, card 2.00 GiB (activations 1.00 GiB); fits by the card \
+figure
     """
     from memlab.plan import format_bytes
+    from memlab.report.tables import card_text, verdict_text
 
     lines = []
     for plan, name, trial in trials:
@@ -243,9 +264,15 @@ def sharded_lines(trials: Sequence[tuple[Plan, str, ShardedTrial | None]], budge
             lines.append(f"{plan.label():12s} {name:6s} x{trial.gpus}: error {trial.error}")
             continue
         parts = ", ".join(f"{key} {format_bytes(value)}" for key, value in trial.detail.items() if value)
-        verdict = "" if budget is None else ("  fits" if trial.fits else "  does not fit")
-        lines.append(f"{plan.label():12s} {name:6s} x{trial.gpus}: {format_bytes(trial.peak_bytes)} per GPU "
-                     f"({parts}){verdict}")
+        card = card_text(trial)
+        if card is None:  # not on CUDA: no card to speak of
+            verdict = "" if budget is None else f"  {verdict_text(trial, trial.fits)}"
+            lines.append(f"{plan.label():12s} {name:6s} x{trial.gpus}: {format_bytes(trial.peak_bytes)} per GPU "
+                         f"({parts}){verdict}")
+            continue
+        verdict = "" if budget is None else f"; {verdict_text(trial, trial.fits)}"
+        lines.append(f"{plan.label():12s} {name:6s} x{trial.gpus}: {format_bytes(trial.peak_bytes)} allocated per "
+                     f"GPU, {card} ({parts}){verdict}")
     return lines
 
 

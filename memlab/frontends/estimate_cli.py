@@ -5,8 +5,9 @@ Example (nothing is downloaded with a built-in shape or a local config)::
     memlab estimate meta-llama/Llama-2-7b-hf --config llama-7b --batch 1x512 --budget 24GiB \\
         --try precision=bf16 checkpointing=off,on optimizer=adamw,adamw8bit
 
-prints one line per plan (predicted peak, where it goes, fits or does not fit) and exits with 0 when a plan fits
-(or no budget was given), 1 when none fits, 2 on wrong input.
+prints one line per plan (the predicted allocated peak, what the card will show: the allocator's reserve and the
+CUDA context of the GPU ``--gpu`` names, where it goes, fits or does not fit, judged on the card figure where it is
+known) and exits with 0 when a plan fits (or no budget was given), 1 when none fits, 2 on wrong input.
 
 ``memlab.frontends.cli`` builds the sub-command with :func:`add_arguments` and runs it with :func:`run`; this module
 imports
@@ -28,7 +29,9 @@ _DESCRIPTION = (
 )
 _EPILOG = (
     "Exit status: 0 when a plan fits the budget (or no budget was given), 1 when none fits, 2 on wrong input. "
-    "Estimates leave out allocator rounding and fragmentation, kernel workspaces and the CUDA context: keep a margin."
+    "On CUDA a plan fits when what the card will show (the allocator's reserve and the CUDA context of --gpu, both "
+    "modelled) is within the budget; where that card figure is unknown, its allocated peak, which leaves out "
+    "allocator rounding and fragmentation and the CUDA context: keep a margin. Kernel workspaces are never included."
 )
 
 
@@ -42,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         >>> args.model, args.batch, args.try_
         ('llama-7b', '1x512', ['checkpointing=off,on'])
     """
+    from memlab.estimation.cuda_context import DEFAULT_GPU, GPUS
     from memlab.estimation.estimate import KNOWN_SHAPES
 
     parser.description = _DESCRIPTION.format(shapes=", ".join(KNOWN_SHAPES))
@@ -72,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("cpu", "cuda"),
         default=None,
         help="the device to predict for (default: cuda, even on a machine without a GPU)",
+    )
+    parser.add_argument(
+        "--gpu",
+        choices=tuple(GPUS),
+        default=None,
+        help=f"the kind of GPU a CUDA estimate is for: it sets the CUDA context on the card (default: {DEFAULT_GPU})",
     )
     parser.add_argument(
         "--gpus",
@@ -111,7 +121,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import dataclasses
+
     from memlab.errors import MemlabError
+    from memlab.estimation.cuda_context import card_contexts
     from memlab.estimation.estimate import estimate_plans, load_config, meta_model, parse_batch_shape
     from memlab.plan import parse_budget, parse_grid
 
@@ -143,19 +156,27 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         args.gpus = gpus
         return run_sharded(args, model, batch, plans, budget, out)
     report = estimate_plans(model, batch, plans, budget=budget, device=args.device)
+    report = dataclasses.replace(report, trials=card_contexts(report.trials, getattr(args, "gpu", None)))
     if args.json:
         print(report.to_json(), file=out)
     else:
         rows, tokens = batch["input_ids"]
         print(
             f"{args.model}: {type(model).__name__}, {_count(parameters)} parameters, batch {rows}x{tokens}, "
-            f"{len(plans)} plan{'s' if len(plans) != 1 else ''}",
+            f"{len(plans)} plan{'s' if len(plans) != 1 else ''}{_for_gpu(args)}",
             file=out,
         )
         print(report.to_text(), file=out)
     if budget is None:
         return 0
     return 0 if any(report.fits(trial) for trial in report) else 1
+
+
+def _for_gpu(args: argparse.Namespace) -> str:
+    """``, for an H100-80GB`` where the estimate is for CUDA (the GPU kind whose CUDA context it models)."""
+    from memlab.estimation.cuda_context import gpu_kind
+
+    return "" if args.device == "cpu" else f", for an {gpu_kind(getattr(args, 'gpu', None)).name}"
 
 
 def _count(number: int) -> str:
@@ -179,7 +200,7 @@ def run_sharded(args: argparse.Namespace, model: Any, batch: Any, plans: Any, bu
 
     strategies = [args.strategy] if args.strategy not in (None, "none") else None
     trials = sharded_trials(model, batch, plans, gpus=args.gpus, strategies=strategies, budget=budget,
-                            device=args.device)
+                            device=args.device, gpu=getattr(args, "gpu", None))
     if args.json:
         import json
 
@@ -188,8 +209,8 @@ def run_sharded(args: argparse.Namespace, model: Any, batch: Any, plans: Any, bu
                     if trial is not None else {"gpus": None})} for plan, name, trial in trials]
         print(json.dumps(rows, indent=2, default=str), file=out)
     else:
-        print(f"{args.model}: {type(model).__name__}, per-GPU batch {batch['input_ids'][0]}x{batch['input_ids'][1]}",
-              file=out)
+        print(f"{args.model}: {type(model).__name__}, per-GPU batch {batch['input_ids'][0]}x{batch['input_ids'][1]}"
+              f"{_for_gpu(args)}", file=out)
         for line in sharded_lines(trials, budget):
             print(line, file=out)
     fits = [trial for _, _, trial in trials if trial is not None and trial.fits]

@@ -39,7 +39,8 @@ from typing_extensions import Unpack
 from memlab.errors import MemlabError
 from memlab.inference.plan import InferencePlan, parse_inference_grid
 from memlab.inference.run import InferenceRunner, check_inference_options, compare_inference
-from memlab.measure.device import cuda_capacity, model_device
+from memlab.measure.cuda import cuda_card_capacity
+from memlab.measure.device import model_device
 from memlab.options import RunKeywords, RunOptions
 from memlab.report import Report, Trial
 from memlab.runner.batch import Batch
@@ -127,7 +128,7 @@ def fit_inference(
     if budget is None:
         if device.type != "cuda":
             raise MemlabError(f"fit on {device.type} needs a budget; write for example budget='8GiB' or budget='500MB'")
-        budget = cuda_capacity(device)
+        budget = cuda_card_capacity(device)  # the card's figure: what the process can hold, and its CUDA context
     run_options = run_options.replace(budget=budget)
     if goal == "speed":
         plans = parse_inference_grid(space if space is not None else {}, base)

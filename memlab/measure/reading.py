@@ -18,11 +18,13 @@ class PeakReading:
         peak_bytes: the peak (the allocator's on CUDA, else the tracker's).
         breakdown: bytes per category at the peak; adds up to ``peak_bytes``.
         reserved_bytes: the CUDA caching allocator's reserved peak, else None.
+        context_bytes: what the driver holds beside the allocator at the end (the CUDA context), else None.
     """
 
     peak_bytes: int = 0
     breakdown: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     reserved_bytes: int | None = None
+    context_bytes: int | None = None
 
 
 def read_peak(tracker: MemoryTracker, allocator: CudaPeak | None) -> PeakReading:
@@ -41,7 +43,7 @@ def read_peak(tracker: MemoryTracker, allocator: CudaPeak | None) -> PeakReading
     peak = allocator.peak_allocated
     known = sum(value for key, value in breakdown.items() if key != "other")
     breakdown["other"] = max(0, peak - known)
-    return PeakReading(peak, breakdown, reserved_bytes=allocator.peak_reserved)
+    return PeakReading(peak, breakdown, reserved_bytes=allocator.peak_reserved, context_bytes=allocator.context)
 
 
 def read_failed_peak(reading: PeakReading, allocator: CudaPeak | None) -> PeakReading:
@@ -54,4 +56,5 @@ def read_failed_peak(reading: PeakReading, allocator: CudaPeak | None) -> PeakRe
     """
     if allocator is None or allocator.peak_allocated <= reading.peak_bytes:
         return reading
-    return PeakReading(allocator.peak_allocated, {"other": allocator.peak_allocated}, allocator.peak_reserved)
+    return PeakReading(allocator.peak_allocated, {"other": allocator.peak_allocated}, allocator.peak_reserved,
+                       allocator.context)

@@ -46,7 +46,9 @@ class Trial:
         error: the error message for ``"oom"`` and ``"error"`` trials.
         rows_per_step: rows per optimizer step (the effective batch).
         budget: the budget in bytes the trial was held to, if any.
-        reserved_bytes: the CUDA caching allocator's ``max_memory_reserved``.
+        reserved_bytes: the CUDA caching allocator's reserved peak (``max_memory_reserved``; modelled in an estimate).
+        context_bytes: what the driver holds for the process on the GPU outside the caching allocator: the CUDA
+            context and library handles (read from the driver on CUDA; modelled for a named GPU in an estimate).
         rss_bytes: process resident memory after the trial (CPU context).
         preexisting_bytes: memory held before the trial began; it is part of ``"other"``.
         notes: remarks for the reader, such as ``"fp16 on CPU is slow"``.
@@ -77,6 +79,7 @@ class Trial:
     reserved_bytes: int | None = None
     rss_bytes: int | None = None
     preexisting_bytes: int = 0
+    context_bytes: int | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     estimated: bool = False
     step_times: tuple[float, ...] = field(default_factory=tuple)
@@ -123,9 +126,38 @@ class Trial:
         return suffix if label == "plain" else f"{label} {suffix}"
 
     @property
+    def card_bytes(self) -> int | None:
+        """What the card will show for the process (nvidia-smi, and what an out-of-memory error is about): the
+        reserved peak plus the CUDA context; None unless both are known.
+
+        Example:
+            >>> Trial(Plan(), "ok", 90, {}, None, None, None, "cuda:0", reserved_bytes=100, context_bytes=20).card_bytes
+            120
+        """
+        known = self.reserved_bytes is not None and self.context_bytes is not None
+        return (self.reserved_bytes or 0) + (self.context_bytes or 0) if known else None
+
+    @property
+    def verdict_bytes(self) -> int:
+        """The figure a budget verdict judges: :attr:`card_bytes` where it is known, else the allocated peak."""
+        card = self.card_bytes
+        return self.peak_bytes if card is None else card
+
+    @property
+    def verdict_figure(self) -> str:
+        """The name of the figure :attr:`verdict_bytes` is: ``"card figure"`` or ``"allocated peak"``.
+
+        Example:
+            >>> t = Trial(Plan(), "ok", 90, {}, None, None, None, "cuda:0", budget=100, reserved_bytes=96)
+            >>> t.verdict_figure, t.fits, dataclasses.replace(t, context_bytes=8).fits
+            ('allocated peak', True, False)
+        """
+        return "allocated peak" if self.card_bytes is None else "card figure"
+
+    @property
     def fits(self) -> bool:
-        """True when the trial ran (``status == "ok"``) and its peak is within its budget (if it had one)."""
-        return self.status == "ok" and (self.budget is None or self.peak_bytes <= self.budget)
+        """True when the trial ran (``status == "ok"``) and its :attr:`verdict_bytes` are within its budget, if any."""
+        return self.status == "ok" and (self.budget is None or self.verdict_bytes <= self.budget)
 
     def to_dict(self) -> dict[str, Any]:
         """A flat, JSON-friendly dict: plan fields under their own names, bytes under ``<category>_bytes``.
@@ -154,6 +186,7 @@ class Trial:
             reserved_bytes=self.reserved_bytes,
             rss_bytes=self.rss_bytes,
             preexisting_bytes=self.preexisting_bytes,
+            context_bytes=self.context_bytes, card_bytes=self.card_bytes, verdict_figure=self.verdict_figure,
             notes=list(self.notes),
             estimated=self.estimated,
             step_times=list(self.step_times),
@@ -167,7 +200,8 @@ class Trial:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Trial:
-        """The Trial that :meth:`to_dict` described (``label`` and ``fits`` are recomputed, not read).
+        """The Trial that :meth:`to_dict` described (``label``, ``fits``, ``card_bytes`` and ``verdict_figure`` are
+        recomputed, not read).
 
         Example:
             >>> t = Trial(Plan(precision="bf16"), "oom", 5, {"activations": 5}, None, None, None, "cuda:0",
@@ -197,6 +231,7 @@ class Trial:
             reserved_bytes=data.get("reserved_bytes"),
             rss_bytes=data.get("rss_bytes"),
             preexisting_bytes=data.get("preexisting_bytes", 0),
+            context_bytes=data.get("context_bytes"),
             notes=tuple(data.get("notes") or ()),
             estimated=bool(data.get("estimated", False)),
             step_times=tuple(data.get("step_times") or ()),
@@ -310,14 +345,15 @@ class Report:
     suggestions: list[Trial] = field(default_factory=list)
 
     def fits(self, trial: Trial) -> bool:
-        """Whether ``trial`` fits: its own budget (:attr:`Trial.fits`) and this report's budget, if set.
+        """Whether ``trial`` fits: its own budget (:attr:`Trial.fits`) and this report's budget, if set, each
+        judged on :attr:`Trial.verdict_bytes` (the card figure where known, else the allocated peak).
 
         Example:
             >>> t = Trial(Plan(), "ok", 900, {"params": 900}, 0.5, 8.0, None, "cpu")
             >>> Report([t]).fits(t), Report([t], budget=800).fits(t)
             (True, False)
         """
-        return trial.fits and (self.budget is None or trial.peak_bytes <= self.budget)
+        return trial.fits and (self.budget is None or trial.verdict_bytes <= self.budget)
 
     @property
     def best(self) -> Trial | None:
@@ -456,10 +492,10 @@ class Report:
     def to_dataframe(self) -> pandas.DataFrame:
         """One row per trial; the columns are the keys of :meth:`Trial.to_dict` (notes joined by ``"; "``).
 
-        Columns: ``label, status, fits, peak_bytes, params_bytes, grads_bytes, optimizer_bytes,
-        activations_bytes, other_bytes, step_time_s, samples_per_s, tokens_per_s, error``, the plan fields
-        (``micro_batch, accumulation, checkpointing, precision, optimizer, offload``), then ``device,
-        rows_per_step, budget, reserved_bytes, rss_bytes, preexisting_bytes, notes, estimated, step_times,
+        Columns: ``label, status, fits, peak_bytes, params_bytes, grads_bytes, optimizer_bytes, activations_bytes,
+        other_bytes, step_time_s, samples_per_s, tokens_per_s, error``, the plan fields (``micro_batch, accumulation,
+        checkpointing, precision, optimizer, offload``...), then ``device, rows_per_step, budget, reserved_bytes,
+        rss_bytes, preexisting_bytes, context_bytes, card_bytes, verdict_figure, notes, estimated, step_times,
         model_weights, step_runs``.
 
         Example:
@@ -480,7 +516,8 @@ class Report:
         for name in ("step_time_s", "samples_per_s", "tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s"):
             if name in frame:
                 frame[name] = frame[name].astype("float64")
-        for name in ("micro_batch", "batch_size", "rows_per_step", "budget", "reserved_bytes", "rss_bytes"):
+        for name in ("micro_batch", "batch_size", "rows_per_step", "budget", "reserved_bytes", "rss_bytes",
+                     "context_bytes"):
             if name in frame:
                 frame[name] = frame[name].astype("Int64")
         return frame

@@ -18,8 +18,10 @@ from memlab.report.format import format_rate, one_line
 from memlab.report.noise import relative_half_width
 
 __all__ = [
-    "BEST_MARK", "TIE_MARK", "footer_lines", "headers", "html_table", "nothing_fits_reason", "short_error",
-    "UNRELIABLE", "spread_text", "status_text", "table_rows", "table_units", "text_table",
+    "BEST_MARK", "TIE_MARK", "card_line", "card_text", "footer_lines", "headers", "html_table", "judged_text",
+    "nothing_fits_reason",
+    "short_error", "UNRELIABLE", "spread_text", "status_text", "table_rows", "table_units", "text_table",
+    "verdict_text",
 ]
 
 _HEADERS = {
@@ -27,6 +29,7 @@ _HEADERS = {
     "plan": "plan",
     "status": "status",
     "peak": "peak",
+    "card": "card",
     **{name: name for name in ALL_CATEGORIES},
     "step": "time/step",
     "samples": "samples/s",
@@ -37,7 +40,7 @@ _HEADERS = {
     "notes": "notes",
 }
 _LEFT = ("best", "plan", "status", "notes")
-_SIZES = ("peak", *ALL_CATEGORIES)
+_SIZES = ("peak", "card", *ALL_CATEGORIES)
 _BYTE_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
 BEST_MARK, TIE_MARK = "\u2605", "\u2248"
 """How tables mark the best trial, and the trials as fast as it within noise (:attr:`Report.ties`)."""
@@ -77,8 +80,9 @@ def spread_text(trial: Trial) -> str:
 
 
 def table_rows(report: Report) -> list[dict[str, str]]:
-    """Each trial as formatted cells: mark, plan, status, sizes (one unit for them all: :func:`table_units`),
-    time/step, samples/s and its noise, tokens/s, notes.
+    """Each trial as formatted cells: mark, plan, status, sizes (one unit for them all: :func:`table_units`; the
+    card figure beside the allocated peak, ``-`` where it is unknown), time/step, samples/s and its noise, tokens/s,
+    notes.
 
     Example:
         >>> from memlab.plan import Plan
@@ -100,7 +104,9 @@ def table_rows(report: Report) -> list[dict[str, str]]:
         if trial.status == "oom" and trial.peak_bytes:
             peak = ">= " + peak
         mark = BEST_MARK if trial is best else TIE_MARK if any(trial is tie for tie in ties) else ""
-        row = {"best": mark, "plan": trial.label, "status": status, "peak": peak}
+        card = trial.card_bytes if trial.status == "ok" else None
+        row = {"best": mark, "plan": trial.label, "status": status, "peak": peak,
+               "card": "-" if card is None else _in_unit(card, size_unit)}
         for name in report.categories:
             row[name] = _in_unit(trial.breakdown.get(name, 0), size_unit) if trial.status == "ok" else "-"
         row.update(
@@ -213,7 +219,8 @@ def footer_lines(report: Report) -> list[str]:
     best = report.best
     if best is not None:
         speed = "" if best.samples_per_s is None else f", {format_rate(best.samples_per_s)} samples/s"
-        lines.append(f"Best: {best.label} (peak {format_bytes(best.peak_bytes)}{speed})")
+        card = "" if best.card_bytes is None else f", card {format_bytes(best.card_bytes)}"
+        lines.append(f"Best: {best.label} (peak {format_bytes(best.peak_bytes)}{card}{speed})")
         ties = report.ties
         if ties:
             lines.append(
@@ -230,6 +237,9 @@ def footer_lines(report: Report) -> list[str]:
             lines.append(f"Estimated to fit, outside the searched space: {named}")
     if report.budget is not None:
         lines.append(f"Budget: {format_bytes(report.budget)}")
+    verdict = card_line(report)
+    if verdict is not None:
+        lines.append(verdict)
     held = max((trial.preexisting_bytes for trial in report.trials), default=0)
     if held > 0:
         lines.append(
@@ -247,6 +257,78 @@ def footer_lines(report: Report) -> list[str]:
         counted = ", ".join(f"{count} {kind}" for kind, count in kinds.most_common())
         lines.append(f"Not measured: {len(report.skipped)} plans ({counted})")
     return lines
+
+
+def card_text(trial: Trial) -> str | None:
+    """What the card will show, in words, for a trial on CUDA: ``card 1.50 GiB``, or ``card figure unknown`` where
+    the allocator's reserve or the CUDA context is not known; None for a trial that is not on CUDA.
+
+    Example:
+        >>> import dataclasses
+        >>> from memlab.plan import Plan
+        >>> trial = Trial(Plan(), "ok", 2**30, {}, None, None, None, "cuda:0", reserved_bytes=2**30)
+        >>> card_text(trial), card_text(dataclasses.replace(trial, context_bytes=2**29))
+        ('card figure unknown', 'card 1.50 GiB')
+    """
+    if not str(trial.device).startswith("cuda"):
+        return None
+    card = trial.card_bytes
+    return "card figure unknown" if card is None else f"card {format_bytes(card)}"
+
+
+def verdict_text(trial: Trial, fits: bool) -> str:
+    """``fits`` or ``does not fit``, and on CUDA the figure the verdict judged (:attr:`Trial.verdict_figure`):
+    ``fits by the card figure``, ``does not fit by the allocated peak``.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> verdict_text(Trial(Plan(), "ok", 1, {}, None, None, None, "cuda:0"), False)
+        'does not fit by the allocated peak'
+    """
+    words = "fits" if fits else "does not fit"
+    return f"{words} by the {trial.verdict_figure}" if str(trial.device).startswith("cuda") else words
+
+
+def judged_text(trial: Trial) -> str:
+    """The figure a budget verdict on ``trial`` judges, in words: ``card 1.50 GiB (peak 1.00 GiB)`` where the card
+    figure is known, else ``peak 1.00 GiB``.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> judged_text(Trial(Plan(), "ok", 2**30, {}, None, None, None, "cuda:0", reserved_bytes=2**30,
+        ...                   context_bytes=2**29))
+        'card 1.50 GiB (peak 1.00 GiB)'
+    """
+    peak = f"peak {format_bytes(trial.peak_bytes)}"
+    return peak if trial.card_bytes is None else f"card {format_bytes(trial.card_bytes)} ({peak})"
+
+
+def card_line(report: Report) -> str | None:
+    """The line under a table that says what the card column is and which figure the budget verdicts judged, for a
+    report with trials on CUDA that ran (None otherwise).
+
+    Example:
+        >>> import dataclasses
+        >>> from memlab.plan import Plan
+        >>> trial = Trial(Plan(), "ok", 90, {}, None, None, None, "cuda:0", reserved_bytes=96, context_bytes=8)
+        >>> card_line(Report([trial], budget=100))
+        'Card: allocator reserve + CUDA context (what nvidia-smi shows); fits are judged on it'
+        >>> card_line(Report([dataclasses.replace(trial, context_bytes=None)], budget=100))
+        "Card figure unknown (the allocator's reserve or the CUDA context is not known); fits are judged on the \
+allocated peak"
+    """
+    ran = [trial for trial in report.trials if trial.status == "ok" and str(trial.device).startswith("cuda")]
+    if not ran:
+        return None
+    known = sum(trial.card_bytes is not None for trial in ran)
+    judged = report.budget is not None or any(trial.budget is not None for trial in ran)
+    if not known:
+        line = "Card figure unknown (the allocator's reserve or the CUDA context is not known)"
+        return line + ("; fits are judged on the allocated peak" if judged else "")
+    line = "Card: allocator reserve + CUDA context (what nvidia-smi shows)"
+    if known < len(ran):
+        return line + ("; fits are judged on it where known, else on the allocated peak" if judged else "")
+    return line + ("; fits are judged on it" if judged else "")
 
 
 def nothing_fits_reason(report: Report) -> str | None:
@@ -282,11 +364,12 @@ def nothing_fits_reason(report: Report) -> str | None:
     ran = [trial for trial in report.trials if trial.status != "error" and trial.peak_bytes > 0]
     if not ran:
         return "no plan ran; see the errors in the table"
-    closest = min(ran, key=lambda trial: trial.peak_bytes)
+    closest = min(ran, key=lambda trial: trial.verdict_bytes)
     at_least = "at least " if closest.status == "oom" else ""
+    figure = "peak" if closest.card_bytes is None else "card figure"
     return (
-        f"the smallest peak, {at_least}{format_bytes(closest.peak_bytes)} ({closest.label}), is "
-        f"{at_least}{format_bytes(closest.peak_bytes - budget)} over the budget of {format_bytes(budget)}"
+        f"the smallest {figure}, {at_least}{format_bytes(closest.verdict_bytes)} ({closest.label}), is "
+        f"{at_least}{format_bytes(closest.verdict_bytes - budget)} over the budget of {format_bytes(budget)}"
     )
 
 
@@ -367,9 +450,9 @@ def html_table(report: Report) -> str:
 
 
 def _shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tuple[str, ...]) -> list[str]:
-    """The columns worth a place: the report's memory categories; the noise, the prefill and decode speeds and the
-    notes only where some row has one."""
-    optional = {"spread", "notes", "prefill", "decode"}
+    """The columns worth a place: the report's memory categories; the card figure, the noise, the prefill and decode
+    speeds and the notes only where some row has one."""
+    optional = {"card", "spread", "notes", "prefill", "decode"}
     return [
         key
         for key in _HEADERS

@@ -125,6 +125,7 @@ class TrialRecord:
             "error": self.error,
             "budget": budget,
             "reserved_bytes": self.reading.reserved_bytes,
+            "context_bytes": self.reading.context_bytes,
             "rss_bytes": rss_bytes,
             "preexisting_bytes": self.held_before_bytes,
             "notes": tuple(dict.fromkeys(self.notes)),

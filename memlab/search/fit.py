@@ -11,7 +11,8 @@ from typing_extensions import Unpack
 
 from memlab.errors import MemlabError
 from memlab.events import TrialSettled
-from memlab.measure.device import cuda_bf16_supported, cuda_capacity, model_device
+from memlab.measure.cuda import cuda_card_capacity
+from memlab.measure.device import cuda_bf16_supported, model_device
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
 from memlab.report import Report, Trial
@@ -78,9 +79,10 @@ def fit(
         max_trials: measure at most this many plans (the close contenders' re-runs in turn are not counted; None:
             no limit). The search measures the plans expected fastest first, so the limit cuts the least promising;
             the plans it leaves are in ``skipped``, each with its expected speed and peak.
-        options: :class:`~memlab.options.RunKeywords`. ``budget``: bytes or a size such as ``"8GiB"``; default on
-            CUDA what this process can hold there (:func:`memlab.measure.device.cuda_capacity`); on CPU it must be
-            given.
+        options: :class:`~memlab.options.RunKeywords`. ``budget``: bytes or a size such as ``"8GiB"``, what the card
+            may show for the process on CUDA (the allocator's reserve and the CUDA context: each trial is judged on
+            that card figure, and capped at the budget less the context); default on CUDA what this process can hold
+            there and its context (:func:`memlab.measure.cuda.cuda_card_capacity`); on CPU it must be given.
 
     Example:
         >>> import torch
@@ -117,7 +119,7 @@ def fit(
             raise MemlabError(
                 f"fit on {device.type} needs a budget; write for example budget='8GiB' or budget='500MB'"
             )
-        budget = cuda_capacity(device)
+        budget = cuda_card_capacity(device)  # budgets are what the card shows: the allocator's part and the context
     resolved_space: dict[str, Sequence[Any]] = dict(
         default_space(
             batch_size,
@@ -188,24 +190,29 @@ def fit(
 
 
 def fits_only_uncapped(trial: Trial, budget: int) -> bool:
-    """Whether ``trial`` fits ``budget`` by its allocated peak while the CUDA allocator reserved more than that.
+    """Whether ``trial`` fits ``budget`` by its allocated peak (and the CUDA context) while the CUDA allocator
+    reserved more than the budget leaves it.
 
-    A cap holds the caching allocator's reserved memory, which fragmentation makes larger than the allocated peak;
-    on a GPU of ``budget`` bytes such a plan may run out of memory, so fit runs it again under the cap, where it
-    either fits or reports "oom". (The GPU run found a plan 2% under its budget by allocated peak that reserved 32%
-    more and ran out of memory under the cap.)
+    A cap holds the caching allocator's reserved memory (at the budget less the context), which fragmentation makes
+    larger than the allocated peak; on a GPU of ``budget`` bytes such a plan may run out of memory, or the allocator
+    may make do under pressure, so fit runs it again under the cap, where it either fits or reports "oom". (The GPU
+    run found a plan 2% under its budget by allocated peak that reserved 32% more and ran out of memory under the
+    cap.)
 
     Example:
         >>> from memlab.plan import Plan
         >>> trial = Trial(Plan(), "ok", 90, {}, None, None, None, "cuda:0", reserved_bytes=130)
         >>> fits_only_uncapped(trial, budget=100), fits_only_uncapped(trial, budget=200)
         (True, False)
+        >>> fits_only_uncapped(dataclasses.replace(trial, context_bytes=20), budget=140)
+        True
     """
+    context = trial.context_bytes or 0
     return (
         trial.status == "ok"
-        and trial.peak_bytes <= budget
+        and trial.peak_bytes + context <= budget
         and trial.reserved_bytes is not None
-        and trial.reserved_bytes > budget
+        and trial.reserved_bytes + context > budget
     )
 
 
@@ -219,6 +226,7 @@ def _dry_run(
 ) -> Report:
     """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
     estimated to fit: that one is the answer, and the plans after it are skipped as expected slower."""
+    from memlab.estimation.cuda_context import live_card_context
     from memlab.estimation.estimate import estimate
 
     budget = options.budget or 0
@@ -229,6 +237,7 @@ def _dry_run(
     with keep_on_interrupt(trials, budget):
         for position, plan in enumerate(order):
             trial = estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device)
+            trial = live_card_context(trial, model)
             trials.append(trial)
             if fits(trials[-1], budget):
                 reason = f"expected slower: {plan.label()} is expected faster and is estimated to fit"

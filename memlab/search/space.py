@@ -203,8 +203,15 @@ def micro_batch_of(plan: Plan, batch_size: int) -> int:
 
 
 def fits(trial: Trial, budget: int) -> bool:
-    """True when the trial ran and its peak is within ``budget``."""
-    return trial.status == "ok" and trial.peak_bytes <= budget
+    """True when the trial ran and its :attr:`~memlab.report.Trial.verdict_bytes` (what the card will show where
+    that is known, else the allocated peak) are within ``budget``.
+
+    Example:
+        >>> trial = Trial(Plan(), "ok", 90, {}, None, None, None, "cuda:0", reserved_bytes=96, context_bytes=8)
+        >>> fits(trial, 100), fits(trial, 104)
+        (False, True)
+    """
+    return trial.status == "ok" and trial.verdict_bytes <= budget
 
 
 def best_of(trials: Iterable[Trial], budget: int) -> Trial | None:

@@ -213,10 +213,11 @@ def test_no_cpu_trial_runs_unbounded() -> None:
 class _FakeAllocatorPeak:
     """Stands in for CudaPeak: the allocator's numbers, set by the test."""
 
-    def __init__(self, peak: int) -> None:
+    def __init__(self, peak: int, context: int | None = None) -> None:
         self.peak_allocated = peak
         self.peak_reserved = peak
         self.start_allocated = 0
+        self.context = context
 
     def __enter__(self) -> _FakeAllocatorPeak:
         return self
@@ -225,8 +226,10 @@ class _FakeAllocatorPeak:
         return None
 
 
-def _fake_cuda_probe(monkeypatch: pytest.MonkeyPatch, allocated: list[int], peak: int) -> object:
-    """A CudaProbe on the CPU whose allocator answers what the test says (nothing here touches CUDA)."""
+def _fake_cuda_probe(
+    monkeypatch: pytest.MonkeyPatch, allocated: list[int], peak: int, context: int | None = None
+) -> object:
+    """A CudaProbe on the CPU whose allocator (and driver) answer what the test says (nothing here touches CUDA)."""
     import contextlib
 
     from memlab.measure import probes
@@ -235,8 +238,22 @@ def _fake_cuda_probe(monkeypatch: pytest.MonkeyPatch, allocated: list[int], peak
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated[0])
     probe = probes.CudaProbe(torch.device("cpu"))
     monkeypatch.setattr(probe, "cap", lambda budget: contextlib.nullcontext())
-    monkeypatch.setattr(probe, "allocator_peak", lambda: _FakeAllocatorPeak(peak))
+    monkeypatch.setattr(probe, "allocator_peak", lambda: _FakeAllocatorPeak(peak, context))
     return probe
+
+
+def test_a_measured_cuda_trial_carries_the_context_and_is_judged_on_the_card(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memlab.options import RunOptions
+    from memlab.runner.trial import TrialRunner
+
+    model, batch = tiny_mlp(), mlp_batch()
+    probe = _fake_cuda_probe(monkeypatch, [0], peak=10**7, context=5 * 10**6)
+    for budget, fits in ((15 * 10**6, True), (14 * 10**6, False)):
+        options = RunOptions(loss_fn=mlp_loss, steps=1, noise=0, budget=budget)
+        trial = TrialRunner(model, batch, options, probe=probe).run(memlab.Plan())  # type: ignore[arg-type]
+        assert trial.status == "ok" and trial.peak_bytes == trial.reserved_bytes == 10**7
+        assert trial.context_bytes == 5 * 10**6 and trial.card_bytes == 15 * 10**6
+        assert trial.fits is fits and trial.verdict_figure == "card figure"
 
 
 def test_on_cuda_memory_held_before_is_read_once_so_torchs_workspaces_are_not_blamed(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -161,3 +162,109 @@ def test_the_demo_is_quiet_by_default(recorded: RecordedRuns) -> None:
     options = recorded.calls[0][1]
     assert options["verbose"] is False and options["noise"] == 0.05 and options["time_limit"] == 10.0
     assert options["budget"] == 20 * 2**20 and options["steps"] == 2
+
+
+# --- memlab estimate: the allocated peak, what the card will show, and the verdict on the latter --------------------
+
+GIB, MIB = 1024**3, 1024**2
+
+
+def _estimates_with_reserve(reserved: int | None) -> Any:
+    """Stands in for ``estimate_plans``: a 7B plan whose allocated peak fits 24 GiB, with the allocator's reserve the
+    test gives (the reserve's model is not the CLI's concern), as an estimate for CUDA."""
+
+    def estimate_plans(model: Any, batch: Any, plans: Any, *, budget: Any = None, device: Any = None) -> Report:
+        trials = [Trial(plan, "ok", 20 * GIB, {"params": 13 * GIB}, None, None, None, "cuda", budget=budget,
+                        reserved_bytes=reserved, estimated=True) for plan in plans]
+        return Report(trials, budget=budget)
+
+    return estimate_plans
+
+
+@pytest.mark.parametrize(("reserved", "status"), [(23 * GIB + 512 * MIB, 1), (22 * GIB, 0)])
+def test_estimate_prints_the_allocated_peak_the_card_figure_and_the_verdict_on_the_card(
+    reserved: int, status: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    estimate_module = importlib.import_module("memlab.estimation.estimate")
+    from memlab.estimation.cuda_context import GPUS
+
+    monkeypatch.setattr(estimate_module, "estimate_plans", _estimates_with_reserve(reserved))
+    assert main(["estimate", "llama-7b", "--batch", "1x512", "--budget", "24GiB"]) == status
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].endswith("batch 1x512, 1 plan, for an H100-80GB")
+    assert lines[1].split()[:6] == ["plan", "status", "peak", "GiB", "card", "GiB"]
+    card = (reserved + GPUS["H100-80GB"].context_bytes) / GIB
+    row = lines[2].split()
+    assert row[row.index("20.0") + 1] == f"{card:.1f}"
+    assert ("ok (estimate)" in lines[2]) is (status == 0)  # 20 GiB allocated fits; the card decides
+    assert "Card: allocator reserve + CUDA context (what nvidia-smi shows); fits are judged on it" in lines
+    assert "card figure (reserve + CUDA context) modelled for an H100-80GB" in out
+
+
+def test_estimate_says_the_card_figure_is_unknown_without_a_reserve_and_names_the_gpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    estimate_module = importlib.import_module("memlab.estimation.estimate")
+
+    monkeypatch.setattr(estimate_module, "estimate_plans", _estimates_with_reserve(None))
+    assert main(["estimate", "llama-7b", "--budget", "24GiB", "--gpu", "L4-24GB"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("for an L4-24GB") and "card GiB" not in out
+    assert ("Card figure unknown (the allocator's reserve or the CUDA context is not known); fits are judged on the "
+            "allocated peak") in out
+    assert "CUDA context modelled for an L4-24GB" in out
+    assert main(["estimate", "llama-7b", "--gpu", "TPU"]) == 2
+    assert "invalid choice: 'TPU'" in capsys.readouterr().err
+
+
+def test_estimate_json_carries_the_card_fields(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    estimate_module = importlib.import_module("memlab.estimation.estimate")
+
+    monkeypatch.setattr(estimate_module, "estimate_plans", _estimates_with_reserve(22 * GIB))
+    assert main(["estimate", "llama-7b", "--budget", "24GiB", "--json"]) == 0
+    (trial,) = json.loads(capsys.readouterr().out)["trials"]
+    assert trial["reserved_bytes"] == 22 * GIB and trial["context_bytes"] > 0
+    assert trial["card_bytes"] == trial["reserved_bytes"] + trial["context_bytes"]
+    assert trial["verdict_figure"] == "card figure" and trial["fits"] is True
+
+
+def test_estimate_gpus_auto_prints_each_gpus_card_figure_and_the_verdict_on_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from memlab.estimation import sharded
+    from memlab.estimation.cuda_context import card_context
+
+    asked: dict[str, Any] = {}
+
+    def sharded_trials(model: Any, batch: Any, plans: Any, **keywords: Any) -> list[Any]:
+        asked.update(keywords)
+        rows = []
+        for name, gpus, reserved in (("fsdp2", 4, 22 * GIB), ("zero3", 4, 23 * GIB + 512 * MIB)):
+            trial = sharded.ShardedTrial(Plan(), "ok", 20 * GIB, {"params": 5 * GIB}, None, None, None, "cuda",
+                                         budget=keywords["budget"], reserved_bytes=reserved, estimated=True,
+                                         gpus=gpus, strategy=name, detail={"sharded_params": 5 * GIB})
+            rows.append((Plan(), name, card_context(trial, keywords["gpu"])))
+        return [*rows, (Plan(), "zero2", None)]
+
+    monkeypatch.setattr(sharded, "sharded_trials", sharded_trials)
+    assert main(["estimate", "llama-7b", "--batch", "1x512", "--budget", "24GiB", "--gpus", "auto",
+                 "--gpu", "H200-141GB"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert asked["gpus"] == "auto" and asked["gpu"] == "H200-141GB"
+    assert out[0] == "llama-7b: LlamaForCausalLM, per-GPU batch 1x512, for an H200-141GB"
+    assert out[1].startswith("plain        fsdp2  x4: 20.00 GiB allocated per GPU, card 22.76 GiB (sharded_params")
+    assert out[1].endswith("; fits by the card figure")
+    assert out[2].startswith("plain        zero3  x4: 20.00 GiB allocated per GPU, card 24.26 GiB")
+    assert out[2].endswith("; does not fit by the card figure")
+    assert out[3] == "plain        zero2  no number of GPUs up to 1024 fits 24.00 GiB"
+    assert main(["estimate", "llama-7b", "--budget", "24GiB", "--gpus", "auto", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["card_bytes"] == rows[0]["reserved_bytes"] + rows[0]["context_bytes"]
+    assert rows[0]["verdict_figure"] == "card figure" and rows[1]["fits"] is False

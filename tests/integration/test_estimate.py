@@ -364,7 +364,7 @@ def test_an_unknown_hub_name_fails_in_seconds_whether_online_or_not(monkeypatch)
 def test_estimate_takes_only_the_keywords_a_dry_run_uses():
     import inspect
 
-    for function, sharding in ((estimate, ["gpus", "strategy"]), (estimate_plans, [])):
+    for function, sharding in ((estimate, ["gpus", "strategy", "gpu"]), (estimate_plans, [])):
         keywords = [p.name for p in inspect.signature(function).parameters.values() if p.kind is p.KEYWORD_ONLY]
         assert keywords == ["loss_fn", "budget", "lr", "device", *sharding]
     model, batch = tiny_mlp(), mlp_batch()
@@ -509,3 +509,43 @@ def test_the_estimate_cli_keeps_library_log_lines_out_of_its_output(tmp_path):
     lines = (finished.stdout + finished.stderr).splitlines()
     assert [line for line in lines if "Failed" in line or "kernels" in line or "Warning" in line] == []
     assert any("qlora" in line.split()[:2] for line in lines if line.strip())
+
+
+def test_a_cuda_estimate_carries_the_context_of_the_gpu_it_names_and_says_so(tmp_path):
+    from memlab.estimation.cuda_context import GPUS
+
+    path = _tiny_config_json(tmp_path)
+    shapes = {"input_ids": (2, 32), "labels": (2, 32)}
+    default = estimate(path, shapes, device="cuda")
+    assert default.status == "ok", default.error
+    assert default.context_bytes == GPUS["H100-80GB"].context_bytes
+    assert any("modelled for an H100-80GB" in note for note in default.notes)
+    l4 = estimate(path, shapes, device="cuda", gpu="L4-24GB")
+    assert l4.context_bytes == GPUS["L4-24GB"].context_bytes and l4.peak_bytes == default.peak_bytes
+    assert any("modelled for an L4-24GB" in note and "assumed" in note for note in l4.notes)
+    sharded = estimate(path, shapes, device="cuda", gpus=2, strategy="zero3", gpu="A100-40GB")
+    assert sharded.context_bytes == GPUS["A100-40GB"].context_bytes  # each GPU's card holds its own context
+    assert estimate(path, shapes, device="cpu").context_bytes is None  # no card on a CPU
+    with pytest.raises(MemlabError, match="gpu='B200' is not a GPU memlab knows; write one of H100-80GB"):
+        estimate(path, shapes, device="cuda", gpu="B200")
+
+
+def test_a_cuda_estimate_fits_by_its_card_figure_once_the_reserve_is_known(tmp_path, monkeypatch):
+    # Until the allocator's reserve is modelled, estimates carry none; a reserve given here stands in for it.
+    single_gpu = sys.modules["memlab.estimation.single_gpu"]
+    real = single_gpu.estimate_plans
+
+    def with_reserve(*args, **kwargs):
+        report = real(*args, **kwargs)
+        report.trials = [dataclasses.replace(t, reserved_bytes=t.peak_bytes + 2**20) for t in report.trials]
+        return report
+
+    monkeypatch.setattr(sys.modules["memlab.estimation.estimate"], "estimate_plans", with_reserve)
+    path = _tiny_config_json(tmp_path)
+    shapes = {"input_ids": (2, 32), "labels": (2, 32)}
+    trial = estimate(path, shapes, device="cuda")
+    assert trial.card_bytes == trial.peak_bytes + 2**20 + trial.context_bytes
+    assert trial.verdict_figure == "card figure"
+    assert estimate(path, shapes, device="cuda", budget=trial.card_bytes).fits
+    assert not estimate(path, shapes, device="cuda", budget=trial.card_bytes - 1).fits
+    assert trial.peak_bytes <= trial.card_bytes - 1  # the allocated peak alone would have said it fits

@@ -139,3 +139,28 @@ def test_fsdp2_on_two_cpu_ranks_matches_the_estimate(plan: Plan, tmp_path: Path)
         assert measured["peak_bytes"] > 0
         assert abs(estimate.peak_bytes / measured["peak_bytes"] - 1) <= 0.15, (rank, measured, estimate.peak_bytes)
     assert torch.distributed.is_available()
+
+
+def test_the_fewest_gpus_are_found_by_the_card_figure_where_it_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Until the allocator's reserve is modelled, a reserve of the allocated peak stands in for it; a context of 1 MiB
+    # keeps the tiny model's card on the scale of its peak.
+    import dataclasses
+
+    from memlab.estimation import cuda_context, sharded
+
+    monkeypatch.setitem(cuda_context.GPUS, "H100-80GB",
+                        dataclasses.replace(cuda_context.GPUS["H100-80GB"], context_bytes=2**20))
+    real = sharded.card_context
+    monkeypatch.setattr(sharded, "card_context",
+                        lambda trial, gpu=None: real(dataclasses.replace(trial, reserved_bytes=trial.peak_bytes), gpu))
+    two = memlab.estimate(config(), SHAPES, gpus=2, strategy="zero3", device="cuda")
+    assert two.status == "ok", two.error
+    assert two.context_bytes == 2**20 and two.card_bytes == two.peak_bytes + 2**20
+    budget = two.peak_bytes + 2**19  # two GPUs fit by their allocated peak, not by what their cards will show
+    found = smallest_gpus(config(), SHAPES, budget=budget, strategies=["zero3"], device="cuda")["zero3"]
+    assert found is not None and found.gpus == 4 and found.verdict_figure == "card figure"
+    assert found.card_bytes is not None and found.card_bytes <= budget
+    rows = sharded.sharded_trials(config(), SHAPES, [Plan()], gpus=2, strategies=["fsdp2", "zero3"], budget=budget,
+                                  device="cuda")
+    assert [trial.context_bytes for _, _, trial in rows] == [2**20, 2**20]  # type: ignore[union-attr]
+    assert not rows[1][2].fits  # type: ignore[union-attr]

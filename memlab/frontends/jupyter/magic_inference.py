@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from memlab.errors import MemlabError
+from memlab.estimation.cuda_context import live_card_context
 from memlab.estimation.estimate import estimate_plans
 from memlab.frontends.jupyter.magic_args import DEFAULTS, Job, run_options
 from memlab.frontends.jupyter.magic_cell import lookup_name, usage_error
@@ -93,7 +94,9 @@ class InferenceRequest:
 
         def work(options: RunOptions) -> Report:
             if args.dry_run:
-                return estimate_plans(model, batch, self.plans, budget=options.budget)
+                report = estimate_plans(model, batch, self.plans, budget=options.budget)
+                report.trials = [live_card_context(trial, model) for trial in report]
+                return report
             if args.search:
                 return fit_inference(model, batch, goal="speed", space=self.axes, **options.keywords())
             if args.budget is not None and "batch_size" not in self.axes and all(

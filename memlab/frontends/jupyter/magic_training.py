@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from memlab.errors import MemlabError
+from memlab.estimation.cuda_context import live_card_context
 from memlab.estimation.estimate import estimate_plans
 from memlab.estimation.sharded import parse_gpus, sharded_lines, sharded_trials
 from memlab.frontends.jupyter.magic_args import Job, run_options, unquote
@@ -139,6 +140,7 @@ class TrainingRequest:
                            **options.keywords())
             if args.dry_run:
                 report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
+                report.trials = [live_card_context(trial, model) for trial in report]
             else:
                 report = compare(model, batch, plans, **options.keywords())
             if kept is not None:

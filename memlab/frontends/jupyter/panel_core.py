@@ -29,6 +29,7 @@ from memlab.inference.plan import InferencePlan
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import LeverSpec, Plan, format_bytes, parse_budget
 from memlab.report import CATEGORIES, Report, Trial, one_line
+from memlab.report.tables import judged_text
 from memlab.runner.batch import Batch, count_rows
 from memlab.runner.trial import compare
 
@@ -286,11 +287,12 @@ class PanelCore(widgets.VBox):
             return f"{trial.label}: does not fit{budget} (out of memory{reached})", "warn"
         if trial.status == "error":
             return f"{trial.label}: error: {one_line(trial.error or 'unknown error', limit=None)}", "error"
+        # The figure the verdict judged: what the card will show where it is known, else the allocated peak.
         if not report.fits(trial):
-            return f"{trial.label}: does not fit: peak {format_bytes(trial.peak_bytes)} is over the budget", "warn"
+            return f"{trial.label}: does not fit: {judged_text(trial)} is over the budget", "warn"
         rate = self._rate(trial)
         speed = "" if rate is None else f", {rate:.3g} {self.rate_unit}"
-        return f"{trial.label}: fits, peak {format_bytes(trial.peak_bytes)}{speed}", "ok"
+        return f"{trial.label}: fits, {judged_text(trial)}{speed}", "ok"
 
     # --- display --------------------------------------------------------------------------------------------
 
