@@ -2,18 +2,21 @@
 of the machine (its paths, its user's name) reaches what memlab shows.
 
 Each plan builds optimizers, wraps modules and casts weights, and transformers, bitsandbytes, peft and torch say so
-(``use_cache=True is incompatible with gradient checkpointing`` and the like), once per plan, between the live
-figure and the table, each Python warning under a ``/home/.../site-packages/...py:123:`` header. Inside
-:func:`quiet` such warnings and log lines (of :data:`QUIET_LOGGERS`, of memlab's modules, and warnings raised from
-any file of an installed package) are caught, never lost: each distinct one is kept once, as one short line
-without paths (:class:`Remarks`). A front end that shows a run opens :func:`collecting` around it and shows the
-lines once at the end (``%%memfit`` prints them under its output); without one, each quiet block says each line
-once per process on the ``memlab`` logger (stderr unless the user configured logging).
+(``use_cache=True is incompatible with gradient checkpointing``, ``Failed to load CPU gemm_4bit_forward from
+kernels-community``), once per plan, between the live figure and the table, each Python warning under a
+``/home/.../site-packages/...py:123:`` header. Inside :func:`quiet` such warnings and log lines (of
+:data:`QUIET_LOGGERS`, of memlab's modules, and warnings raised from any file of an installed package) are caught
+as :class:`Remarks`: each distinct one once, as one short line without paths. Those that may change what a run
+means are shown (:func:`matters`: a library's ``FutureWarning``, ``DeprecationWarning`` or ``RuntimeWarning``, a
+log record at ERROR, any warning of memlab's own modules or of a library outside :data:`QUIET_LOGGERS`); the
+usual chatter of the libraries memlab drives (their ``UserWarning`` and log lines below ERROR) is kept out, as it
+always was, and ``verbose=True`` lets everything through as the libraries wrote it.
 
-Warnings of the user's own code (a loss function's) are shown as they come, as are memlab's own remarks
-(:class:`~memlab.errors.MemlabWarning`) outside a front end's collection. ``verbose=True`` lets everything through
-as the libraries wrote it. Filters, handlers and logger settings are restored afterwards: the user's kernel is
-left as it was.
+A front end that shows a run opens :func:`collecting` around it and shows the lines once at the end (``%%memfit``
+prints them under its output); without one, each quiet block says each line once per process on the ``memlab``
+logger (stderr unless the user configured logging). Warnings of the user's own code (a loss function's) are shown
+as they come, as are memlab's own remarks (:class:`~memlab.errors.MemlabWarning`) outside a front end. Filters,
+handlers and logger settings are restored afterwards: the user's kernel is left as it was.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any, TextIO
 
 from memlab.errors import MemlabWarning
 
-__all__ = ["QUIET_LOGGERS", "Remarks", "collecting", "quiet", "without_paths"]
+__all__ = ["QUIET_LOGGERS", "Remarks", "collecting", "matters", "quiet", "without_paths"]
 
 QUIET_LOGGERS = ("transformers", "bitsandbytes", "peft", "accelerate", "torch")
 """The libraries kept quiet: their log records (child loggers' too) and the warnings raised in their modules (or
@@ -67,49 +70,76 @@ def _last_part(path: str) -> str:
     return parts[-1] if parts else "..."
 
 
+def matters(source: str, kind: type[Warning] | int) -> bool:
+    """Whether a remark of library ``source`` is shown: ``kind`` is a warning's category or a log record's level.
+
+    The libraries memlab drives (:data:`QUIET_LOGGERS`) say the same things for every plan; what of theirs is
+    shown is what may change what a run means: a ``FutureWarning`` or ``DeprecationWarning`` (behaviour that
+    changes), a ``RuntimeWarning`` (numbers gone wrong), a log record at ERROR or above. Any warning of memlab's own
+    modules or of another library is shown.
+
+    Example:
+        >>> import logging
+        >>> matters("transformers", UserWarning), matters("transformers", FutureWarning)
+        (False, True)
+        >>> matters("bitsandbytes", logging.WARNING), matters("numpy", UserWarning)
+        (False, True)
+    """
+    if isinstance(kind, int):
+        return kind >= logging.ERROR
+    if source not in QUIET_LOGGERS:
+        return True
+    return issubclass(kind, (DeprecationWarning, PendingDeprecationWarning, FutureWarning, RuntimeWarning))
+
+
 class Remarks:
-    """What libraries said while memlab ran: each distinct remark once, as ``source: text`` without paths (how often
-    it was said is left out: a library's own "once" rules make that count say little).
+    """What libraries said while memlab ran: each distinct remark once, as ``source: text`` without paths, and
+    whether it :func:`matters` (how often it was said is left out: a library's own "once" rules make that count say
+    little).
 
     Example:
         >>> remarks = Remarks()
         >>> for _ in range(3):
         ...     remarks.add("bitsandbytes", "Failed to load a kernel from /home/ada/.cache/kernels/cpu.so")
-        >>> remarks.lines()
-        ['bitsandbytes: Failed to load a kernel from cpu.so']
+        >>> remarks.add("transformers", "FutureWarning: `evaluation_strategy` is deprecated", shown=True)
+        >>> remarks.lines(), len(remarks.lines(everything=True))
+        (['transformers: FutureWarning: `evaluation_strategy` is deprecated'], 2)
     """
 
     def __init__(self) -> None:
-        self._lines: dict[str, None] = {}
+        self._lines: dict[str, bool] = {}
 
-    def add(self, source: str, text: str) -> None:
-        """Keep one remark of ``source`` (a library's name): its paths cut, its lines joined, its length bounded."""
+    def add(self, source: str, text: str, *, shown: bool = False) -> None:
+        """Keep one remark of ``source`` (a library's name): its paths cut, its lines joined, its length bounded;
+        ``shown``: it is one that :meth:`lines` shows."""
         short = " ".join(without_paths(text).split())
         if len(short) > _LONGEST:
             short = short[: _LONGEST - 3].rstrip() + "..."
-        self._lines[f"{source}: {short}"] = None
+        key = f"{source}: {short}"
+        self._lines[key] = self._lines.get(key, False) or shown
 
-    def lines(self) -> list[str]:
-        """One line per distinct remark, in the order first said."""
-        return list(self._lines)
+    def lines(self, *, everything: bool = False) -> list[str]:
+        """One line per distinct remark that is shown (``everything``: kept out too), in the order first said."""
+        return [line for line, shown in self._lines.items() if shown or everything]
 
     def __len__(self) -> int:
         return len(self._lines)
 
     def show(self, out: TextIO | None = None) -> None:
-        """Print the remarks under one heading (nothing when there are none): how ``%%memfit`` ends its output.
+        """Print the shown remarks under one heading (nothing when there are none): how ``%%memfit`` ends its output.
 
         Example:
-            >>> remarks = Remarks(); remarks.add("peft", "a remark")
+            >>> remarks = Remarks(); remarks.add("peft", "a remark", shown=True)
             >>> remarks.show(sys.stdout)
             Libraries' warnings while memlab ran (each once; --verbose shows them as they come):
               peft: a remark
         """
-        if not self._lines:
+        lines = self.lines()
+        if not lines:
             return
         stream = sys.stdout if out is None else out
         print("Libraries' warnings while memlab ran (each once; --verbose shows them as they come):", file=stream)
-        for line in self.lines():
+        for line in lines:
             print(f"  {line}", file=stream)
 
 
@@ -123,7 +153,7 @@ def collecting(verbose: bool = False) -> Iterator[Remarks]:
     Example:
         >>> import logging
         >>> with collecting() as remarks:
-        ...     logging.getLogger("bitsandbytes.cextension").warning("no GPU library in /opt/bnb/lib")
+        ...     logging.getLogger("bitsandbytes.cextension").error("no GPU library in /opt/bnb/lib")
         ...     warnings.warn("memlab: a remark of memlab's", MemlabWarning)
         >>> remarks.lines()
         ['bitsandbytes: no GPU library in lib', "memlab: memlab: a remark of memlab's"]
@@ -143,8 +173,8 @@ def collecting(verbose: bool = False) -> Iterator[Remarks]:
 @contextlib.contextmanager
 def quiet(verbose: bool = False) -> Iterator[None]:
     """Keep third-party warnings and log lines out of sight inside the block, unless ``verbose``: each is kept as a
-    remark, of the front end's :func:`collecting` when one is open, else said once per process on the ``memlab``
-    logger when the block ends, as one line without paths.
+    remark, of the front end's :func:`collecting` when one is open, else those that :func:`matters` are said once
+    per process on the ``memlab`` logger when the block ends, each as one line without paths.
 
     Example:
         >>> library = {"__name__": "transformers.modeling_utils", "warnings": warnings}
@@ -153,9 +183,10 @@ def quiet(verbose: bool = False) -> Iterator[None]:
         ...     warnings.simplefilter("always")
         ...     with quiet():
         ...         exec("warnings.warn('a library remark')", library)
+        ...         exec("warnings.warn('a change to come', FutureWarning)", library)
         ...         exec("warnings.warn('a remark of the user code')", user)
-        >>> [str(w.message) for w in caught], remarks.lines()
-        (['a remark of the user code'], ['transformers: a library remark'])
+        >>> [str(w.message) for w in caught], remarks.lines(), len(remarks.lines(everything=True))
+        (['a remark of the user code'], ['transformers: FutureWarning: a change to come'], 2)
     """
     if verbose:
         yield
@@ -192,7 +223,8 @@ def _intercepted(remarks: Remarks, *, own_warnings: bool) -> Iterator[None]:
                 previous(message, category, filename, lineno, file, line)
                 return
             kind = "" if category in (UserWarning, MemlabWarning) else f"{category.__name__}: "
-            remarks.add(_OWN if own else source, f"{kind}{message}")
+            source = _OWN if own else source
+            remarks.add(source, f"{kind}{message}", shown=matters(source, category))
 
         warnings.showwarning = show
         yield
@@ -238,7 +270,8 @@ class _Capture(logging.Filter):
                 text = record.getMessage()
             except Exception:  # noqa: BLE001 - a record that cannot format itself is still a remark
                 text = str(record.msg)
-            self.remarks.add(record.name.split(".")[0], text)
+            source = record.name.split(".")[0]
+            self.remarks.add(source, text, shown=matters(source, record.levelno))
         return False
 
 

@@ -26,13 +26,15 @@ def chatter():
     warnings.warn("weights cached in {HOME}/.cache/fakelib/blob.bin")
     logging.getLogger("bitsandbytes.fake_ops").warning(
         "Failed to load CPU gemm_4bit_forward from {SITE}/kernels/cpu.so")
+    logging.getLogger("transformers.fake_tokens").error("could not read {SITE}/fake/tokenizer.json")
 """
 
 
 @pytest.fixture()
 def chatty_library() -> types.ModuleType:
     """A module of an installed library (its file lies in site-packages) that warns and logs with the machine's
-    paths, as bitsandbytes and transformers do."""
+    paths, as bitsandbytes and transformers do: a warning of a library memlab does not drive, the chatter of one
+    it drives (bitsandbytes' log line below ERROR, kept out) and an error logged by one (shown)."""
     library = types.ModuleType("fakelib.ops")
     library.__file__ = f"{SITE}/fakelib/ops.py"
     exec(compile(CHATTY, library.__file__, "exec"), library.__dict__)
@@ -65,11 +67,10 @@ def test_a_cell_shows_library_warnings_once_short_and_without_the_machine_s_path
     assert HOME not in shown and SITE not in shown and "site-packages" not in shown
     lines = shown.splitlines()
     assert "Libraries' warnings while memlab ran (each once; --verbose shows them as they come):" in lines
-    # Said once each (not once per plan and step), in short form, the file's name kept.
-    warned = [line for line in lines if "weights cached in" in line]
-    logged = [line for line in lines if "gemm_4bit_forward" in line]
-    assert warned == ["  fakelib: weights cached in blob.bin"]
-    assert logged == ["  bitsandbytes: Failed to load CPU gemm_4bit_forward from cpu.so"]
+    # Said once each (not once per plan and step), in short form, the file's name kept; the chatter kept out.
+    assert [line for line in lines if "weights cached in" in line] == ["  fakelib: weights cached in blob.bin"]
+    assert [line for line in lines if "could not read" in line] == ["  transformers: could not read tokenizer.json"]
+    assert "gemm_4bit_forward" not in shown
 
 
 def test_verbose_lets_the_libraries_speak_as_they_wrote(
@@ -92,13 +93,15 @@ def test_a_trial_error_that_names_a_file_keeps_only_its_name(ipython: Interactiv
 
 
 def test_outside_a_front_end_each_remark_is_said_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
-    library = {"__name__": "peft.tuners", "logging": logging}
+    library = {"__name__": "peft.tuners", "logging": logging, "warnings": warnings}
     with caplog.at_level(logging.WARNING, logger="memlab"):
         for _ in range(3):
             with quiet():
-                exec("logging.getLogger('peft.tuners').warning('a remark said once per process, 7f3a')", library)
+                exec("logging.getLogger('peft.tuners').warning('chatter kept out, 7f3a')", library)
+                exec("warnings.warn('a change said once per process, 7f3a', FutureWarning)", library)
     said = [record.getMessage() for record in caplog.records if "7f3a" in record.getMessage()]
-    assert said == ["memlab: a library warned while plans ran: peft: a remark said once per process, 7f3a"]
+    assert said == ["memlab: a library warned while plans ran: peft: FutureWarning: a change said once per process, "
+                    "7f3a"]
 
 
 def test_collecting_restores_the_libraries_loggers() -> None:
@@ -106,7 +109,7 @@ def test_collecting_restores_the_libraries_loggers() -> None:
     handlers, propagate, filters = list(bnb.handlers), bnb.propagate, list(bnb.filters)
     with collecting() as remarks, quiet():
         logging.getLogger("bitsandbytes.made_inside").warning("from a logger made inside the block")
-    assert remarks.lines() == ["bitsandbytes: from a logger made inside the block"]
+    assert remarks.lines(everything=True) == ["bitsandbytes: from a logger made inside the block"]
     assert (bnb.handlers, bnb.propagate, bnb.filters) == (handlers, propagate, filters)
 
 
