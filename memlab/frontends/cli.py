@@ -299,6 +299,7 @@ def run_demo(
     )
     if budget is None:
         # Only the plain plan's peak matters here, so it is timed for one step whatever the noise.
+        say("Measuring the plain plan's peak, to set the budget...")
         plain = measure(model, batch, Plan(), **run_options.keywords(steps=1, noise=0.0))
         if plain.status != "ok":
             say(f"The plain plan failed ({plain.error}); pass --budget SIZE to choose a budget yourself.")
