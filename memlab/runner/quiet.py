@@ -41,6 +41,7 @@ QUIET_LOGGERS = ("transformers", "bitsandbytes", "peft", "accelerate", "torch")
 """The libraries kept quiet: their log records (child loggers' too) and the warnings raised in their modules (or
 in memlab's, where a library's warning points at its caller) are kept as :class:`Remarks`."""
 _OWN = "memlab"
+_DRIVEN_MODULES = rf"({'|'.join(QUIET_LOGGERS)}|{_OWN})(\.|$)"
 _LONGEST = 200  # characters of one remark's text; the rest is cut
 _ACTIVE: contextvars.ContextVar[Remarks | None] = contextvars.ContextVar("memlab_remarks", default=None)
 _TOLD: set[str] = set()  # the lines said on the memlab logger in this process (each once)
@@ -213,6 +214,9 @@ def _intercepted(remarks: Remarks, *, own_warnings: bool) -> Iterator[None]:
     """Warnings and log records of libraries go to ``remarks`` inside the block; the user's code's warnings (and
     memlab's own remarks, unless ``own_warnings``) go on to whatever showed warnings before."""
     with warnings.catch_warnings(), _captured_logs(remarks):
+        if any(action == "error" for action, *_ in warnings.filters):
+            # Where warnings are made errors, a library's remark must not end a trial: it is kept, as before.
+            warnings.filterwarnings("default", module=_DRIVEN_MODULES)
         previous = warnings.showwarning
 
         def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,

@@ -124,3 +124,20 @@ def test_collecting_restores_the_libraries_loggers() -> None:
 )
 def test_without_paths(text: str, shown: str) -> None:
     assert without_paths(text) == shown
+
+
+def test_where_warnings_are_errors_a_library_remark_does_not_end_a_trial() -> None:
+    import memlab
+
+    library = {"__name__": "transformers.fake_chatter", "warnings": warnings}
+    exec("def chatter():\n    warnings.warn('use_cache=True is incompatible with gradient checkpointing')", library)
+
+    def loss(model, batch):  # type: ignore[no-untyped-def]
+        library["chatter"]()
+        return model(batch[0]).pow(2).mean()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trial = memlab.measure(tiny_mlp(blocks=1, width=8), mlp_batch(rows=4, width=8), memlab.Plan(), loss_fn=loss,
+                               steps=1, noise=0)
+    assert trial.status == "ok", trial.error
