@@ -176,17 +176,8 @@ def fraction(option: str, example: str) -> Callable[[str], float]:
         ...
         argparse.ArgumentTypeError: --noise must be a fraction from 0 up to 1 such as 0.05 (that is 5%); got 5
     """
-
-    def read(text: str) -> float:
-        value = _number(option, text, f"a fraction from 0 up to 1 such as {example}")
-        if not 0 <= value < 1:
-            percent = f"{float(example) * 100:g}%"
-            raise argparse.ArgumentTypeError(
-                f"{option} must be a fraction from 0 up to 1 such as {example} (that is {percent}); got {text}"
-            )
-        return value
-
-    return read
+    percent = f"{float(example) * 100:g}%"
+    return _number(option, f"a fraction from 0 up to 1 such as {example} (that is {percent})", lambda v: 0 <= v < 1)
 
 
 def seconds(option: str, example: str) -> Callable[[str], float]:
@@ -198,25 +189,22 @@ def seconds(option: str, example: str) -> Callable[[str], float]:
         ...
         argparse.ArgumentTypeError: --time-limit must be a positive number of seconds such as 10; got 0
     """
+    return _number(option, f"a positive number of seconds such as {example}", lambda v: 0 < v < float("inf"))
+
+
+def _number(option: str, what: str, allowed: Callable[[float], bool]) -> Callable[[str], float]:
+    """The value type of an option that takes a number for which ``allowed`` holds; ``what`` says which."""
 
     def read(text: str) -> float:
-        what = f"a positive number of seconds such as {example}"
-        value = _number(option, text, what)
-        if not 0 < value < float("inf"):
-            raise argparse.ArgumentTypeError(f"{option} must be {what}; got {text}")
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if value != value or not allowed(value):  # nan: not a number
+            raise argparse.ArgumentTypeError(f"{option} must be {what}; got {text if value == value else repr(text)}")
         return value
 
     return read
-
-
-def _number(option: str, text: str, what: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{option} must be {what}; got {text!r}") from None
-    if value != value:  # nan
-        raise argparse.ArgumentTypeError(f"{option} must be {what}; got {text!r}")
-    return value
 
 
 def _choices(parser: argparse.ArgumentParser, option: str) -> list[str]:

@@ -122,7 +122,7 @@ ONE_SENTENCE = [
     ("whole-number-rows", ["demo", "--batch-size", "2.5"], "memlab demo: error: --batch-size must be a whole number "
      "of rows such as 8; got '2.5'"),
     ("fraction", ["demo", "--noise", "low"], "memlab demo: error: --noise must be a fraction from 0 up to 1 such as "
-     "0.05; got 'low'"),
+     "0.05 (that is 5%); got 'low'"),
     ("seconds", ["demo", "--time-limit", "soon"], "memlab demo: error: --time-limit must be a positive number of "
      "seconds such as 10; got 'soon'"),
     ("size", ["demo", "--budget", "24"], "memlab demo: error: budget '24' has no unit; write the unit, such as 24GiB "
