@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from memlab.errors import MemlabError
+from memlab.runner.quiet import without_paths
 
 __all__ = [
     "KNOWN_SHAPES",
@@ -142,13 +143,16 @@ def _hub_problem(name: str) -> str | None:
 
 
 def one_line(error: BaseException) -> str:
-    """An error as one line for a trial or a message: its type and the first line of its text.
+    """An error as one line for a trial or a message: its type and the first line of its text, the machine's paths
+    cut to their last part (:func:`~memlab.runner.quiet.without_paths`).
 
     Example:
         >>> one_line(ValueError("\\n  shapes differ\\n  (2, 3) vs (3, 2)"))
         'ValueError: shapes differ'
+        >>> one_line(OSError("no file /home/ada/.cache/huggingface/hub/config.json"))
+        'OSError: no file config.json'
     """
-    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    first = next((line.strip() for line in without_paths(str(error)).splitlines() if line.strip()), "")
     return f"{type(error).__name__}: {first}"
 
 

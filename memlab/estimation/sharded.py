@@ -15,7 +15,7 @@ below re-export.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -116,6 +116,7 @@ def smallest_gpus(
     lr: float = 1e-5,
     device: str | torch.device | None = None,
     gpu: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, ShardedTrial | None]:
     """For each strategy, the estimate at the smallest number of GPUs in ``candidates`` whose per-GPU peak fits
     ``budget`` (None when none does: ZeRO-2 keeps whole weights on every GPU, so it may never fit). For CUDA, what
@@ -123,6 +124,7 @@ def smallest_gpus(
 
     The per-GPU peak falls as GPUs are added, so the candidates are bisected: FSDP2 runs a dry run per probe
     (about log2 of the number of candidates), ZeRO one dry run in all (its model states are a formula of N).
+    ``say`` is told, before each dry run, what it estimates (a command line prints it: a large model takes minutes).
 
     Example:
         >>> from transformers import LlamaConfig
@@ -150,11 +152,13 @@ def smallest_gpus(
     counts: tuple[int, int] | None = None
     for name in names:
         if name != "fsdp2" and single is None:
+            _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
             single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device)
             counts = layer_counts(model_or_config)
 
         def run(n: int, name: str = name, one: Trial | None = single, sizes: Any = counts) -> ShardedTrial:
             if name == "fsdp2":
+                _tell(say, f"estimating {plan.label()} with fsdp2 on {n} GPU{'s' if n > 1 else ''}")
                 return card_context(fsdp2_dry_run(model_or_config, batch, plan, n, loss_fn=loss_fn, lr=lr,
                                                   device=device, budget=limit)[0], gpu)
             assert one is not None and sizes is not None
@@ -177,6 +181,7 @@ def sharded_trials(
     lr: float = 1e-5,
     device: str | torch.device | None = None,
     gpu: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> list[tuple[Plan, str, ShardedTrial | None]]:
     """Per-GPU estimates of every plan under every strategy: ``(plan, strategy, trial)``, plans outer.
 
@@ -185,7 +190,8 @@ def sharded_trials(
     None where no number up to 1024 does. ``strategies`` defaults to all three (``"fsdp2"``, ``"zero2"``,
     ``"zero3"``); ZeRO-2 and ZeRO-3 share one dry run per plan, which is FSDP2's own where the plan trains with
     AdamW without offload (so all three cost one dry run). ``gpu`` is the GPU kind of a CUDA estimate (its CUDA
-    context is in each trial's card figure, which ``fits`` judges where it is known).
+    context is in each trial's card figure, which ``fits`` judges where it is known). ``say`` is told, before
+    each dry run, what it estimates.
 
     Example:
         >>> from transformers import LlamaConfig
@@ -211,7 +217,7 @@ def sharded_trials(
             raise MemlabError("gpus='auto' needs a budget; write for example a budget of 80GiB")
         for plan in plans:
             found = smallest_gpus(model_or_config, batch, plan, budget=limit, strategies=names, loss_fn=loss_fn,
-                                  lr=lr, device=device, gpu=gpu)
+                                  lr=lr, device=device, gpu=gpu, say=say)
             rows += [(plan, name, trial) for name, trial in found.items()]
         return rows
     assert isinstance(gpus, int)
@@ -223,12 +229,15 @@ def sharded_trials(
         run: tuple[ShardedTrial, list[dict[str, int]]] | None = None
         for name in names:
             if name == "fsdp2":
+                _tell(say, f"estimating {plan.label()} with fsdp2 on {gpus} GPU{'s' if gpus > 1 else ''}")
                 trial, peaks = fsdp2_dry_run(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device,
                                              budget=limit)
                 if plan.optimizer == "adamw" and plan.offload == "none" and trial.status == "ok":
                     run = (dataclasses.replace(trial, budget=None), peaks)  # ZeRO's dry run too: same plan
             else:
                 if single is None:
+                    if run is None:
+                        _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
                     single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, run=run)
                 trial = zero_trial(single, counts, plan, gpus, int(name[-1]), limit, frozen=frozen)
             rows.append((plan, name, card_context(trial, gpu)))
@@ -274,6 +283,12 @@ figure
         lines.append(f"{plan.label():12s} {name:6s} x{trial.gpus}: {format_bytes(trial.peak_bytes)} allocated per "
                      f"GPU, {card} ({parts}){verdict}")
     return lines
+
+
+def _tell(say: Callable[[str], None] | None, text: str) -> None:
+    """Progress of a long estimate: ``text`` to ``say`` when one was given."""
+    if say is not None:
+        say(text)
 
 
 def _bisect(run: Any, numbers: list[int]) -> ShardedTrial | None:

@@ -21,9 +21,11 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from typing_extensions import Unpack
+
+from memlab.frontends.cli_errors import SentenceParser, fraction, seconds, unknown_arguments, whole_number
 
 if TYPE_CHECKING:
     from memlab.options import TrialKeywords
@@ -44,13 +46,6 @@ DEMO_BUDGET_FRACTION = 0.6
 _DEMO_DEFAULTS: dict[str, Any] = {"steps": 2, "warmup": 1, "progress": True}
 
 
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr (what is wrong, and where the help is), exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}; see {self.prog} --help\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``memlab`` argument parser with its sub-commands (``demo``, ``estimate``).
 
@@ -63,13 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     """
     from memlab import __version__
 
-    parser = _Parser(
+    parser = SentenceParser(
         prog="memlab",
         description="Fit training into GPU memory: measure, compare and choose memory plans for a model.",
         epilog="In Jupyter: %load_ext memlab, then %%memfit model batch --budget 8GiB (see %%memfit?).",
     )
     parser.add_argument("--version", action="version", version=f"memlab {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=SentenceParser)
     demo = commands.add_parser(
         "demo",
         help="find the fastest plan that fits a budget, on a built-in small model (runs on a CPU)",
@@ -91,14 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size",
         dest="batch_size",
         metavar="N",
-        type=_whole_number,
+        type=whole_number("--batch-size", "rows", 8),
         default=None,
         help="effective batch size (rows per optimizer step) to keep (default: 8, the rows of the demo batch)",
     )
     demo.add_argument(
         "--steps",
         metavar="N",
-        type=_whole_number,
+        type=whole_number("--steps", "steps", 3),
         default=_DEMO_DEFAULTS["steps"],
         help=f"the fewest timed optimizer steps per plan (default {_DEMO_DEFAULTS['steps']})",
     )
@@ -109,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="where to write the HTML report (default: memlab-report.html)",
     )
     add_measuring_arguments(demo)
-    demo.set_defaults(handler=_demo_command)
+    demo.set_defaults(handler=_demo_command, command_parser=demo)
     _add_estimate_command(commands)
     return parser
 
@@ -132,7 +127,7 @@ def add_measuring_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--noise",
         metavar="FRACTION",
-        type=_noise,
+        type=fraction("--noise", "0.05"),
         default=defaults.noise,
         help=(
             "time each plan until the 95%% interval of its median step time is within this fraction of it "
@@ -143,7 +138,7 @@ def add_measuring_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-limit",
         dest="time_limit",
         metavar="SECONDS",
-        type=_seconds,
+        type=seconds("--time-limit", "10"),
         default=defaults.time_limit,
         help=f"at most this many seconds of timed steps per plan (default {defaults.time_limit:g})",
     )
@@ -182,7 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     try:
-        args = parser.parse_args(join_dashed_values(list(argv) if argv is not None else sys.argv[1:]))
+        args, extra = parser.parse_known_args(join_dashed_values(list(argv) if argv is not None else sys.argv[1:]))
+        if extra:  # said by the command they were written to, with its options
+            command: argparse.ArgumentParser = getattr(args, "command_parser", parser)
+            command.exit(2, f"{command.prog}: error: {unknown_arguments(command, extra)}\n")
     except SystemExit as stop:  # --help, --version and argument errors
         return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
@@ -194,37 +192,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # --- memlab demo --------------------------------------------------------------------------------------------------
-
-
-def _whole_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; write for example 8") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is too small; write a whole number >= 1")
-    return value
-
-
-def _noise(text: str) -> float:
-    value = _number(text, "0.05")
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a fraction from 0 up to 1; write for example 0.05 (5%)")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = _number(text, "10")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds; write for example 10")
-    return value
-
-
-def _number(text: str, example: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number; write for example {example}") from None
 
 
 def _demo_command(args: argparse.Namespace) -> int:
@@ -332,6 +299,7 @@ def run_demo(
     )
     if budget is None:
         # Only the plain plan's peak matters here, so it is timed for one step whatever the noise.
+        say("Measuring the plain plan's peak, to set the budget...")
         plain = measure(model, batch, Plan(), **run_options.keywords(steps=1, noise=0.0))
         if plain.status != "ok":
             say(f"The plain plan failed ({plain.error}); pass --budget SIZE to choose a budget yourself.")
@@ -361,8 +329,9 @@ def run_demo(
     else:
         say(f"Winner: none; no plan fits {format_bytes(budget)}. Try a bigger --budget.")
     if html_path is not None:
-        path = write_html_report(report, html_path, title="memlab demo")
-        say(f"HTML report with the figure: {path}")
+        write_html_report(report, html_path, title="memlab demo")
+        # The path as the user wrote it (the default is relative): no folder of the machine in what is printed.
+        say(f"HTML report with the figure: {os.fspath(html_path)}")
     say(f"Done in {time.perf_counter() - started:.1f} s.")
     return 0
 
@@ -421,4 +390,4 @@ def _add_estimate_command(commands: Any) -> None:
         "estimate", help="predict, without the hardware, whether a model fits (a dry run on fake tensors)"
     )
     estimate_cli.add_arguments(parser)
-    parser.set_defaults(handler=estimate_cli.run)
+    parser.set_defaults(handler=estimate_cli.run, command_parser=parser)

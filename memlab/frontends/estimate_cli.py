@@ -7,7 +7,10 @@ Example (nothing is downloaded with a built-in shape or a local config)::
 
 prints one line per plan (the predicted allocated peak, what the card will show: the allocator's reserve and the
 CUDA context of the GPU ``--gpu`` names, where it goes, fits or does not fit, judged on the card figure where it is
-known) and exits with 0 when a plan fits (or no budget was given), 1 when none fits, 2 on wrong input.
+known) and exits with 0 when a plan fits (or no budget was given), 1 when none fits, 2 on wrong input. A dry run
+of a large model takes minutes, so each step (the config, each plan, each number of GPUs and strategy tried) is
+said on stderr as it starts, with the time so far (:func:`progress_lines`); stdout holds only the table (or the
+JSON).
 
 ``memlab.frontends.cli`` builds the sub-command with :func:`add_arguments` and runs it with :func:`run`; this module
 imports
@@ -18,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["add_arguments", "run", "run_sharded"]
+__all__ = ["add_arguments", "estimate_each", "progress_lines", "run", "run_sharded"]
 
 _DESCRIPTION = (
     "Predict the peak memory of one training step for each plan, on fake tensors: nothing is downloaded but the "
@@ -125,7 +130,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     from memlab.errors import MemlabError
     from memlab.estimation.cuda_context import card_contexts
-    from memlab.estimation.estimate import estimate_plans, load_config, meta_model, parse_batch_shape
+    from memlab.estimation.estimate import load_config, meta_model, parse_batch_shape
     from memlab.plan import parse_budget, parse_grid
 
     batch = parse_batch_shape(args.batch)
@@ -147,15 +152,16 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise MemlabError(f"--gpus {args.gpus!r} is not a number of GPUs; write for example --gpus 8, or --gpus auto "
                           "with --budget") from None
     source = args.config or args.model
-    if not args.json:
-        print(f"memlab estimate: reading the config of {source}", file=err)
+    say = progress_lines(err)
+    say(f"reading the config of {source}")
     config = load_config(source)
+    say("building the model on the meta device (shapes only, no memory)")
     model = meta_model(config)
     parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     if gpus != "1" or strategy not in (None, "none"):
         args.gpus = gpus
-        return run_sharded(args, model, batch, plans, budget, out)
-    report = estimate_plans(model, batch, plans, budget=budget, device=args.device)
+        return run_sharded(args, model, batch, plans, budget, out, say=say)
+    report = estimate_each(model, batch, plans, budget=budget, device=args.device, say=say)
     report = dataclasses.replace(report, trials=card_contexts(report.trials, getattr(args, "gpu", None)))
     if args.json:
         print(report.to_json(), file=out)
@@ -186,8 +192,12 @@ def _count(number: int) -> str:
     return str(number)
 
 
-def run_sharded(args: argparse.Namespace, model: Any, batch: Any, plans: Any, budget: int | None, out: TextIO) -> int:
-    """``memlab estimate --gpus N|auto [--strategy S]``: one line per plan and strategy, the peak per GPU.
+def run_sharded(
+    args: argparse.Namespace, model: Any, batch: Any, plans: Any, budget: int | None, out: TextIO,
+    say: Callable[[str], None] | None = None,
+) -> int:
+    """``memlab estimate --gpus N|auto [--strategy S]``: one line per plan and strategy, the peak per GPU (``say``
+    is told each dry run as it starts: :func:`progress_lines`).
 
     Example:
         >>> parser = argparse.ArgumentParser(prog="memlab estimate")
@@ -200,7 +210,7 @@ def run_sharded(args: argparse.Namespace, model: Any, batch: Any, plans: Any, bu
 
     strategies = [args.strategy] if args.strategy not in (None, "none") else None
     trials = sharded_trials(model, batch, plans, gpus=args.gpus, strategies=strategies, budget=budget,
-                            device=args.device, gpu=getattr(args, "gpu", None))
+                            device=args.device, gpu=getattr(args, "gpu", None), say=say)
     if args.json:
         import json
 
@@ -215,3 +225,53 @@ def run_sharded(args: argparse.Namespace, model: Any, batch: Any, plans: Any, bu
             print(line, file=out)
     fits = [trial for _, _, trial in trials if trial is not None and trial.fits]
     return 0 if budget is None or fits else 1
+
+
+# --- progress on stderr -----------------------------------------------------------------------------------------
+
+
+def progress_lines(err: TextIO, clock: Callable[[], float] = time.perf_counter) -> Callable[[str], None]:
+    """A ``say(text)`` that prints ``memlab estimate: text ... (N s so far)`` on ``err`` as each step starts.
+
+    Example:
+        >>> seconds = iter([0.0, 0.4, 12.6])
+        >>> say = progress_lines(sys.stdout, clock=lambda: next(seconds))
+        >>> say("reading the config of llama-70b"); say("estimating zero3 on 8 GPUs")
+        memlab estimate: reading the config of llama-70b ... (0 s so far)
+        memlab estimate: estimating zero3 on 8 GPUs ... (13 s so far)
+    """
+    started = clock()
+
+    def say(text: str) -> None:
+        print(f"memlab estimate: {text} ... ({clock() - started:.0f} s so far)", file=err, flush=True)
+
+    return say
+
+
+def estimate_each(
+    model: Any, batch: Any, plans: Any, *, budget: int | None, device: str | None, say: Callable[[str], None]
+) -> Any:
+    """The single-GPU estimates of ``plans``, one dry run at a time so that each is said as it starts (building the
+    fake model again per plan costs a fraction of a second; a dry run of a large model, seconds to minutes).
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> from memlab.plan import Plan
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        ...                      vocab_size=256)
+        >>> shapes = {"input_ids": (1, 16), "labels": (1, 16)}
+        >>> report = estimate_each(config, shapes, [Plan(), Plan(checkpointing=True)], budget=None, device="cpu",
+        ...                        say=print)
+        estimating plan 1 of 2: plain
+        estimating plan 2 of 2: ckpt
+        >>> [trial.status for trial in report]
+        ['ok', 'ok']
+    """
+    from memlab.estimation.estimate import estimate_plans
+    from memlab.report import Report
+
+    trials = []
+    for number, plan in enumerate(plans, start=1):
+        say(f"estimating plan {number} of {len(plans)}: {plan.label()}")
+        trials += estimate_plans(model, batch, [plan], budget=budget, device=device).trials
+    return Report(trials, budget=budget)

@@ -1,77 +1,111 @@
-"""The progress bar of a run: which plan of how many runs now, its step, and about how long is left.
+"""The progress bar of a run: which plan of how many runs now, its step, and how long is left at most.
 
-A tqdm bar, as everywhere in the Python world; memlab only feeds it. tqdm's own estimate of the time left appears
-after the first plan has finished, which for a large model is minutes of silence, so the bar also listens to the
-step events (:mod:`memlab.events`) and estimates from the first step on.
+A tqdm bar, as everywhere in the Python world; memlab only feeds it, from the run's events (:mod:`memlab.events`).
+The time left is an upper bound, or the bar says it does not know: a number that turns out wrong (a bar at "1 s
+left" for minutes) is worse than none. The bound is the slowest run so far (a plan's warm-up, tracked and timed
+steps) times the runs that may still come: the plans not yet measured or skipped, and the re-runs that timing a
+close race again in turn may add after them (:mod:`memlab.runner.remeasure`: at most ``ROUNDS`` runs of each of
+``MAX_CONTENDERS`` plans). Before any run has finished, once the running one has already taken longer than the
+slowest before it, and in work that is not runs of plans (a search's suggestions, estimated on fake tensors), the
+bar says "time left unknown" and shows the time elapsed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import statistics
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from memlab.events import Event, StepFinished, TrialFinished, TrialStarted
+from memlab.runner.remeasure import MAX_CONTENDERS, ROUNDS
 
-__all__ = ["STEPS_PER_PLAN_GUESS", "RunProgress", "chain_callbacks", "run_progress"]
+__all__ = ["UNKNOWN", "RunProgress", "chain_callbacks", "duration", "retiming_runs", "run_progress"]
 
-STEPS_PER_PLAN_GUESS = 6
-"""Steps a plan is expected to take before one has finished (warm-up, tracked, timed), for the first estimate."""
+UNKNOWN = "time left unknown"
+"""What the bar says where it has no bound of the time left."""
+
+
+def retiming_runs(plans: int) -> int:
+    """At most how many runs timing a close race again in turn adds after ``plans`` plans.
+
+    Example:
+        >>> retiming_runs(2), retiming_runs(12)
+        (6, 9)
+    """
+    return ROUNDS * min(MAX_CONTENDERS, plans) if plans > 1 else 0
 
 
 class RunProgress:
-    """Follows a run's events and keeps a tqdm bar's text current: ``plan 2 of 12: bf16, timed step 3, ~40 s left``.
+    """Follows a run's events and keeps a tqdm bar's text current: ``plan 2 of 12: bf16, timed step 3, at most
+    40 s left``.
 
     Args:
         total: how many plans the run has (a search: how many it may measure at most; ``at_most=True``).
         enabled: show the bar (a run of one plan never shows one).
-        at_most: ``total`` is an upper bound (a search skips plans), so the time left is said as "at most".
+        at_most: ``total`` is an upper bound (a search skips plans): the bar does not say "of total".
+        then: at most how many runs may follow the plans (re-runs of a close race, :func:`retiming_runs`).
         clock: seconds, for tests.
 
     Example:
         >>> from memlab.plan import Plan
-        >>> seconds = iter([0.0, 0.0, 2.0])
-        >>> progress = RunProgress(3, enabled=False, clock=lambda: next(seconds))
+        >>> from memlab.report import Trial
+        >>> now = [0.0]
+        >>> progress = RunProgress(3, enabled=False, clock=lambda: now[0])
         >>> progress(TrialStarted(Plan(), 0, 3))
-        >>> progress(StepFinished(Plan(), 0, 0, "warmup", 2.0, 1.0, None, None))
+        >>> now[0] = 2.0; progress(StepFinished(Plan(), 0, 0, "warmup", 2.0, 1.0, None, None))
         >>> progress.text
-        'plan 1 of 3: plain, warm-up step 1, about 34 s left'
+        'plan 1 of 3: plain, warm-up step 1, time left unknown'
+        >>> now[0] = 5.0; progress(TrialFinished(Trial(Plan(), "ok", 1, {}, 1.0, 1.0, None, "cpu"), 0, 3))
+        >>> progress.advance(1); progress(TrialStarted(Plan(checkpointing=True), 1, 3))
+        >>> progress.text
+        'plan 2 of 3: ckpt, starting, at most 10 s left'
     """
 
     def __init__(
-        self, total: int, enabled: bool = True, *, at_most: bool = False, clock: Callable[[], float] = time.monotonic
+        self,
+        total: int,
+        enabled: bool = True,
+        *,
+        at_most: bool = False,
+        then: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from tqdm.auto import tqdm
 
         self.total = total
         self.at_most = at_most
+        self.then = then
         self.clock = clock
         self.bar = tqdm(
             total=total, desc="memlab", unit="plan", disable=not enabled or total < 2, leave=False,
-            bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| {postfix}",
+            bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| {elapsed} {postfix}",
         )
         self.text = ""
         self.settled = 0
         self._label = ""
         self._position = 0
-        self._plan_started = self.clock()
-        self._plan_seconds: list[float] = []
-        self._first_step: float | None = None
+        self._started: float | None = None  # when the running run began; None between runs
+        self._runs: list[float] = []  # seconds of every finished run, re-runs included
+        self._reruns_started = 0  # runs begun after every plan was settled: a close race timed again
+        self._unbounded = False
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, TrialStarted):
-            self._label, self._position = event.plan.label(), len(self._plan_seconds) + 1
-            self._plan_started = self.clock()
+            self._label = event.plan.label()
+            if self.settled >= self.total:
+                self._reruns_started += 1
+            else:
+                self._position = self.settled + 1
+            self._started = self.clock()
             self._show("starting")
         elif isinstance(event, StepFinished):
-            if self._first_step is None:
-                self._first_step = event.seconds
             kind = {"warmup": "warm-up step", "tracked": "memory step", "timed": "timed step"}[event.kind]
             self._show(f"{kind} {event.step + 1}")
-        elif isinstance(event, TrialFinished):
-            self._plan_seconds.append(self.clock() - self._plan_started)
+        elif isinstance(event, TrialFinished) and self._started is not None:
+            self._runs.append(self.clock() - self._started)
+            self._started = None
 
     def advance(self, settled: int) -> None:
         """Move the bar to ``settled`` plans done (measured, or ruled out by a search)."""
@@ -79,39 +113,58 @@ class RunProgress:
         self.settled = settled
 
     def say(self, text: str) -> None:
-        """Show ``text`` as the bar's message (for what is not a plan, such as a final re-measurement)."""
+        """Show ``text`` as the bar's message (for what is not a step, such as the start of a re-measurement)."""
         self.text = text
         self.bar.set_postfix_str(text)
 
+    def unbounded(self, doing: str) -> None:
+        """From now on the work is not runs of plans (``doing`` says what it is): the time left is unknown.
+
+        Example:
+            >>> progress = RunProgress(2, enabled=False)
+            >>> progress.unbounded("estimating plans outside the searched space"); progress.text
+            'estimating plans outside the searched space, time left unknown'
+        """
+        self._unbounded = True
+        self.say(f"{doing}, {UNKNOWN}")
+
     def seconds_left(self) -> float | None:
-        """About how long the rest of the run takes: the mean plan so far, or before any plan has finished, the
-        first step's time for every step a plan is expected to take; None before the first step."""
-        if self._plan_seconds:
-            per_plan = statistics.fmean(self._plan_seconds)
-        elif self._first_step is not None:
-            per_plan = self._first_step * STEPS_PER_PLAN_GUESS
-        else:
+        """At most how long the rest of the run takes: the slowest finished run times the runs that may still come,
+        less what the running one has taken; None where no bound is known (see the module docstring)."""
+        if self._unbounded or not self._runs:
             return None
-        remaining = max(self.total - self.settled, 0)
-        return max(per_plan * remaining - (self.clock() - self._plan_started), 0.0)
+        slowest = max(self._runs)
+        running = 0.0 if self._started is None else self.clock() - self._started
+        if running > slowest:
+            return None  # slower than any run before it: nothing bounds it
+        if self.settled < self.total:
+            runs_left = self.total - self.settled + self.then
+        else:
+            runs_left = self.then - self._reruns_started + (1 if self._started is not None else 0)
+            if runs_left <= 0 and self._started is not None:
+                return None  # more re-runs than expected
+        return max(slowest * max(runs_left, 0) - running, 0.0)
 
     def close(self) -> None:
         self.bar.close()
 
     def _show(self, doing: str) -> None:
-        where = f"plan {self._position}" + (f" of {self.total}" if not self.at_most else "")
-        if self._position > self.total:  # the close contenders, timed again after every plan has run
-            where = "timing again in turn"
-        text = f"{where}: {self._label}, {doing}"
+        if self.settled >= self.total and self._reruns_started:
+            where = "timing again in turn"  # the close contenders, after every plan has run
+        else:
+            where = f"plan {self._position}" + (f" of {self.total}" if not self.at_most else "")
         left = self.seconds_left()
-        if left is not None:
-            text += f", {'at most ' if self.at_most else ''}about {_duration(left)} left"
-        self.say(text)
+        told = UNKNOWN if left is None else f"at most {duration(left)} left"
+        self.say(f"{where}: {self._label}, {doing}, {told}")
 
 
 @contextlib.contextmanager
-def run_progress(total: int, enabled: bool, *, at_most: bool = False) -> Iterator[RunProgress]:
-    """A :class:`RunProgress` that is closed when the block ends, whatever happens in it.
+def run_progress(
+    total: int, enabled: bool, *, at_most: bool = False, then: int = 0, keep_open: bool = False
+) -> Iterator[RunProgress]:
+    """A :class:`RunProgress` that is closed when the block ends, whatever happens in it; with ``keep_open`` only
+    when the block raises (the caller goes on with it and closes it). ``then``: at most how many re-runs may follow
+    the plans (:func:`retiming_runs`).
 
     Example:
         >>> with run_progress(2, enabled=False) as progress:
@@ -119,10 +172,13 @@ def run_progress(total: int, enabled: bool, *, at_most: bool = False) -> Iterato
         >>> progress.settled
         1
     """
-    progress = RunProgress(total, enabled, at_most=at_most)
+    progress = RunProgress(total, enabled, at_most=at_most, then=then)
     try:
         yield progress
-    finally:
+    except BaseException:
+        progress.close()
+        raise
+    if not keep_open:
         progress.close()
 
 
@@ -144,10 +200,15 @@ def chain_callbacks(*callbacks: Callable[[Event], Any] | None) -> Callable[[Even
     return call_each
 
 
-def _duration(seconds: float) -> str:
-    """Seconds as a person says them: ``34 s``, ``3 min``, ``1.5 h``."""
+def duration(seconds: float) -> str:
+    """Seconds as a person says them, rounded up (the time left is a bound): ``34 s``, ``3 min``, ``1.5 h``.
+
+    Example:
+        >>> duration(0.2), duration(33.1), duration(151), duration(5401)
+        ('1 s', '34 s', '3 min', '1.6 h')
+    """
     if seconds < 90:
-        return f"{max(round(seconds), 1)} s"
+        return f"{max(math.ceil(seconds), 1)} s"
     if seconds < 5400:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h"
+        return f"{math.ceil(seconds / 60)} min"
+    return f"{math.ceil(seconds / 360) / 10:.1f} h"

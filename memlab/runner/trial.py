@@ -22,7 +22,7 @@ from memlab.plan import Plan
 from memlab.report import Report, Trial
 from memlab.runner.batch import Batch
 from memlab.runner.core import Runner, register_runner, runner_for
-from memlab.runner.progress import run_progress
+from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.training import TrainingWorkload, check_plans
 from memlab.runner.workload import RunnablePlan
 from memlab.trainer.entry import live_target, noted, split_plans
@@ -143,7 +143,9 @@ def run_plans(
     workload.check_options(options)
     checked = workload.check_plans(plans)
     trials: list[Trial] = []
-    with keep_on_interrupt(trials, options.budget), run_progress(len(checked), options.progress) as progress:
+    retimed = retiming_runs(len(checked)) if options.noise > 0 else 0
+    with keep_on_interrupt(trials, options.budget), run_progress(len(checked), options.progress,
+                                                                 then=retimed) as progress:
         runner = runner_type(model, batch, options, listener=progress)
         for plan in checked:
             runner.check(plan)

@@ -33,6 +33,7 @@ from memlab.measure.reading import PeakReading
 from memlab.measure.tracker import CATEGORIES, MemoryTracker
 from memlab.options import RunOptions
 from memlab.runner.batch import Batch
+from memlab.runner.quiet import without_paths
 
 __all__ = ["Attempt", "RunContext", "RunnablePlan", "StepKind", "TrialRecord", "Workload"]
 
@@ -102,9 +103,10 @@ class TrialRecord:
         return statistics.median(self.step_times) if self.ok and self.step_times else None
 
     def fail(self, error: BaseException) -> None:
-        """Record the error that stopped the trial (out of memory, or any other)."""
+        """Record the error that stopped the trial (out of memory, or any other): its type and first line, with the
+        machine's paths cut to their last part (the report is shown in notebooks that are shared)."""
         self.status = "oom" if is_oom_error(error) else "error"
-        message = str(error).strip().splitlines()
+        message = without_paths(str(error)).strip().splitlines()
         first_line = message[0] if message else ""
         self.error = f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
 

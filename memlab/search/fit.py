@@ -18,7 +18,7 @@ from memlab.plan import Plan
 from memlab.report import Report, Trial
 from memlab.runner.batch import Batch, count_rows
 from memlab.runner.module_state import trainable_parameters
-from memlab.runner.progress import run_progress
+from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.remeasure import settle_close_race
 from memlab.runner.trial import TrialRunner, keep_on_interrupt
 from memlab.search.space import candidate_plans, default_space, fits, micro_batch_of
@@ -139,7 +139,10 @@ def fit(
     if dry_run:
         return _dry_run(model, batch, candidates, batch_size, prior, run_options)
     measured: list[Trial] = []
-    with keep_on_interrupt(measured, budget), run_progress(len(candidates), run_options.progress, at_most=True) as bar:
+    # The bar stays open after the search, while suggestions are estimated: no silent phase after the last plan.
+    progress = run_progress(len(candidates), run_options.progress, at_most=True, then=retiming_runs(len(candidates)),
+                            keep_open=True)
+    with keep_on_interrupt(measured, budget), progress as bar:
         runner = TrialRunner(model, batch, run_options, listener=bar)
         with runner.session():
 
@@ -174,6 +177,7 @@ def fit(
                 measured[measured.index(before)] = after
     report = Report(trials, budget=budget, skipped=result.skipped)
     if report.best is None:
+        bar.unbounded("estimating plans outside the searched space")
         try:
             memory, _ = search.models()
             # Least-case predictions tie where nothing was measured: then the fewest rows and the most levers on.
@@ -186,6 +190,9 @@ def fit(
             # Ctrl-C while estimating suggestions: the finished search rides on the interrupt, as during it.
             interrupt.report = report  # type: ignore[attr-defined]
             raise
+        finally:
+            bar.close()
+    bar.close()
     return report
 
 

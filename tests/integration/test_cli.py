@@ -56,13 +56,13 @@ def test_demo_prints_a_table_and_a_winner_and_writes_html(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["demo", "--steps", "0"], "--steps"),
-        (["demo", "--batch-size", "many"], "--batch-size"),
+        (["demo", "--steps", "0"], "--steps must be a whole number of steps of at least 1, such as 3; got 0"),
+        (["demo", "--batch-size", "many"], "--batch-size must be a whole number of rows such as 8; got 'many'"),
         (["demo", "--budget", "lots"], "budget 'lots' is not understood"),
-        (["demo", "--noise", "5"], "--noise: 5 is not a fraction"),
-        (["demo", "--time-limit", "0"], "--time-limit: 0 is not a positive number of seconds"),
-        (["demo", "--colour"], "unrecognized arguments: --colour"),
-        (["bogus"], "invalid choice: 'bogus'"),
+        (["demo", "--noise", "5"], "--noise must be a fraction from 0 up to 1 such as 0.05 (that is 5%); got 5"),
+        (["demo", "--time-limit", "0"], "--time-limit must be a positive number of seconds such as 10; got 0"),
+        (["demo", "--colour"], "memlab demo has no option --colour; write one of --budget, --batch-size"),
+        (["bogus"], "there is no command 'bogus'; write memlab demo or memlab estimate"),
     ],
     ids=[
         "zero-steps", "batch-size-not-a-number", "bad-budget", "noise-not-a-fraction", "no-time", "unknown-option",
@@ -113,6 +113,55 @@ def test_wrong_values_are_one_sentence_saying_what_to_write(
     assert len(lines) == 1, err
     assert fragment in lines[0], err
     assert "expected one argument" not in err
+
+
+# One case per kind of argument: each bad value is one sentence that names the option and shows what to write,
+# never argparse's wording ("argument --steps:", "invalid choice", "expected one argument", "unrecognized").
+ONE_SENTENCE = [
+    ("whole-number", ["demo", "--steps", "many"], "memlab demo: error: --steps must be a whole number of steps such "
+     "as 3; got 'many'"),
+    ("whole-number-rows", ["demo", "--batch-size", "2.5"], "memlab demo: error: --batch-size must be a whole number "
+     "of rows such as 8; got '2.5'"),
+    ("fraction", ["demo", "--noise", "low"], "memlab demo: error: --noise must be a fraction from 0 up to 1 such as "
+     "0.05 (that is 5%); got 'low'"),
+    ("seconds", ["demo", "--time-limit", "soon"], "memlab demo: error: --time-limit must be a positive number of "
+     "seconds such as 10; got 'soon'"),
+    ("size", ["demo", "--budget", "24"], "memlab demo: error: budget '24' has no unit; write the unit, such as 24GiB "
+     "or 24MB"),
+    ("missing-value", ["demo", "--budget"], "memlab demo: error: --budget needs a value after it; write for example "
+     "--budget 20MiB"),
+    ("near-option", ["demo", "--batchsize", "8"], "memlab demo: error: memlab demo has no option --batchsize; write "
+     "--batch-size"),
+    ("stray-value", ["demo", "8"], "memlab demo: error: memlab demo takes no value '8' here; write its options, "
+     "--budget, --batch-size, --steps, --html, --noise, --time-limit or --verbose, each with its value"),
+    ("top-option", ["--colour"], "memlab: error: memlab has no option --colour; write a command first, memlab demo "
+     "or memlab estimate"),
+    ("missing-model", ["estimate"], "memlab estimate: error: memlab estimate needs MODEL; write for example memlab "
+     "estimate llama-7b"),
+    ("choice", ["estimate", "llama-7b", "--strategy", "zero9"], "memlab estimate: error: --strategy must be one of "
+     "none, fsdp2, zero2, zero3; got 'zero9'"),
+    ("choice-missing", ["estimate", "llama-7b", "--device"], "memlab estimate: error: --device needs a value after "
+     "it; write for example --device cuda"),
+    ("gpus", ["estimate", "llama-7b", "--gpus", "many"], "memlab estimate: --gpus 'many' is not a number of GPUs; "
+     "write for example --gpus 8, or --gpus auto with --budget"),
+    ("rows-x-tokens", ["estimate", "llama-7b", "--batch", "1y2"], "memlab estimate: batch '1y2' is not ROWSxTOKENS; "
+     "write for example --batch 1x512"),
+    ("estimate-option", ["estimate", "llama-7b", "--precision", "fp9"], "memlab estimate: error: memlab estimate has "
+     "no option --precision; write one of --config, --batch"),
+]
+
+
+@pytest.mark.parametrize(("args", "line"), [case[1:] for case in ONE_SENTENCE], ids=[case[0] for case in ONE_SENTENCE])
+def test_each_kind_of_bad_argument_is_one_sentence_saying_what_to_write(
+    args: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [said] = [text for text in captured.err.splitlines() if text.strip()]
+    assert said.startswith(line), said
+    for argparse_words in ("argument --", "invalid choice", "expected one argument", "unrecognized", "see memlab"):
+        assert argparse_words not in said
 
 
 def test_demo_pieces() -> None:

@@ -493,8 +493,9 @@ def test_the_progress_bar_says_which_plan_of_how_many_and_the_time_left(capsys):
     memlab.compare(tiny_mlp(), mlp_batch(), [memlab.Plan(), memlab.Plan(accumulation=2)], loss_fn=mlp_loss,
                    steps=1, noise=0, progress=True)
     shown = capsys.readouterr().err
-    assert "plan 1 of 2: plain, warm-up step 1, about" in shown  # from the first step on
-    assert "plan 2 of 2: accum2" in shown and "left" in shown
+    # No number before a plan has finished (nothing bounds it yet), an upper bound from then on.
+    assert "plan 1 of 2: plain, warm-up step 1, time left unknown" in shown
+    assert "plan 2 of 2: accum2, starting, at most " in shown and " left" in shown
 
 
 def test_compare_times_a_close_race_again_in_turn_and_noise_zero_does_not(monkeypatch):

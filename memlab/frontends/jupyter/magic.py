@@ -20,7 +20,9 @@ What the magic does, in order (each step has its module):
    ``--quiet``, the live figure (``memlab.frontends.jupyter.live.LiveOutput``) is displayed at the first trial and
    updated while trials run; when the run ends (normally, on Ctrl-C, or with an error) that output is replaced by a
    static record of the figure (an SVG, see ``memlab.report.static``) and the widget is closed, so the saved
-   notebook shows the figure without a kernel. Third-party warnings are kept quiet unless ``--verbose``. Errors
+   notebook shows the figure without a kernel. Third-party warnings and log lines are kept out unless
+   ``--verbose``, and each is said once after the cell's output, as one line without the machine's paths
+   (:func:`memlab.runner.quiet.collecting`). Errors
    raised by the loss while a trial runs are that trial's ``"error"`` status, not a UsageError.
 5. With ``--apply`` it puts the best plan on the live model with ``memlab.apply`` and stores what it returns
    as ``memfit_applied`` in the user namespace (``memfit_applied.undo()`` takes it off again).
@@ -44,6 +46,7 @@ from memlab.frontends.jupyter.magic_cell import body_loss_fn, empty_body_transfo
 from memlab.frontends.jupyter.magic_inference import InferenceRequest
 from memlab.frontends.jupyter.magic_training import APPLIED_NAME, TrainingRequest
 from memlab.report import Report
+from memlab.runner.quiet import collecting
 from memlab.trainer.source import is_trainer, trainer_model
 
 __all__ = [
@@ -106,7 +109,8 @@ class MemfitMagics(Magics):
         when the run ends, even by Ctrl-C or an error, it is replaced by a static copy (SVG) that the saved
         notebook keeps and that shows without a kernel (after a reload, in nbconvert's HTML, on GitHub).
         Timing goes on past --steps until the speed is known within --noise, or for --time-limit seconds.
-        Warnings of other libraries are hidden while plans run, unless --verbose.
+        Warnings of other libraries are held back while plans run and said once at the end, each as one short
+        line without file paths; --verbose lets them through as they come.
         MODEL and BATCH are looked up by name (trainer.model works too); nothing is evaluated. Wrong input
         stops with a one-line UsageError before the model is touched.
 
@@ -141,14 +145,19 @@ class MemfitMagics(Magics):
 
           %memfit model batch --inference --budget 2GiB --try new_tokens=128
         """
-        report, interrupted = self._measure(line, cell)
+        request = self._parse(line)
+        # What libraries say while the cell runs is shown once, short and without the machine's paths, after it.
+        with collecting(request.args.verbose) as remarks:
+            try:
+                report, interrupted = self._measure(request, cell)
+            finally:
+                remarks.show()
         if interrupted:  # raised here, where no frame below holds the run's tensors: "Run All" stops at this cell
             raise stopped(report)
         return report
 
-    def _measure(self, line: str, cell: str | None) -> tuple[Report, bool]:
+    def _measure(self, request: TrainingRequest | InferenceRequest, cell: str | None) -> tuple[Report, bool]:
         """The cell's work, shown: its report, and whether Ctrl-C stopped it."""
-        request = self._parse(line)
         namespace = self._namespace()
         args = request.args
         model = lookup_name(namespace, args.model, "MODEL")

@@ -18,6 +18,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from memlab.errors import MemlabError
+from memlab.frontends.cli_errors import sentence, unknown_arguments
 from memlab.frontends.jupyter.magic_cell import usage_error
 from memlab.frontends.levers import lever_help, lever_specs
 from memlab.inference.plan import InferencePlan
@@ -181,21 +182,39 @@ def parse_line(magic: Callable[..., Any], line: str) -> Any:
         >>> parse_line(declared, '')  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        IPython.core.error.UsageError: ...required: MODEL; write %%memfit MODEL BATCH ...
+        IPython.core.error.UsageError: MODEL is missing; write the names of your model and batch, e.g. %%memfit m...
         >>> parse_line(declared, 'model batch --steps many')
         Traceback (most recent call last):
         ...
         IPython.core.error.UsageError: --steps 'many' is not a whole number; write for example --steps 3
+        >>> parse_line(declared, 'model batch --budget')
+        Traceback (most recent call last):
+        ...
+        IPython.core.error.UsageError: --budget needs a value after it; write for example --budget 20MiB
     """
     try:
         return parse_argstring(magic, line)
     except UsageError as error:
-        wrong_type = _WRONG_TYPE.search(str(error))
-        if wrong_type is not None:
-            raise usage_error(_wrong_type_sentence(*wrong_type.groups())) from None
-        raise usage_error(f"{str(error).rstrip('.')}; {USAGE}") from None
+        raise usage_error(_line_sentence(magic, str(error))) from None
     except ValueError as error:  # shlex: an unclosed quote
         raise usage_error(f"the options cannot be read ({error}); {USAGE}") from None
+
+
+def _line_sentence(magic: Any, message: str) -> str:
+    """argparse's complaint about a ``%%memfit`` line as one sentence that says what to write."""
+    wrong_type = _WRONG_TYPE.search(message)
+    if wrong_type is not None:
+        return _wrong_type_sentence(*wrong_type.groups())
+    if re.search(r"required: MODEL", message):
+        return "MODEL is missing; write the names of your model and batch, e.g. %%memfit model batch"
+    parser = getattr(magic, "parser", None)
+    unknown = re.match(r"unrecognized arguments: (.*)", message)
+    if parser is not None and unknown:
+        return unknown_arguments(parser, unknown.group(1).split(), prog="%%memfit",
+                                 options_hint="%%memfit? lists the options")
+    if parser is not None and re.match(r"argument [^:]+: (expected|invalid choice)", message):
+        return sentence(parser, message)
+    return f"{message.rstrip('.')}; {USAGE}"
 
 
 _WRONG_TYPE = re.compile(r"argument (--[a-z-]+): invalid (int|float) value: '(.*)'")
