@@ -264,7 +264,7 @@ def test_estimate_says_the_card_figure_is_unknown_without_a_reserve_and_names_th
             "allocated peak") in out
     assert "CUDA context modelled for an L4-24GB" in out
     assert main(["estimate", "llama-7b", "--gpu", "TPU"]) == 2
-    assert "invalid choice: 'TPU'" in capsys.readouterr().err
+    assert "--gpu must be one of H100-80GB, " in (err := capsys.readouterr().err) and "got 'TPU'" in err
 
 
 def test_estimate_json_carries_the_card_fields(
