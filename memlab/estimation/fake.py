@@ -40,7 +40,8 @@ __all__ = [
 ]
 
 BLIND_SPOTS = (
-    "estimated on fake tensors: allocator rounding, fragmentation, kernel workspaces, CUDA context not included"
+    "estimated on fake tensors: the peak is the allocated peak (the allocator's reserve, kernel workspaces and the "
+    "CUDA context are not in it)"
 )
 """The note every estimate carries: what no fake-tensor run can see."""
 
