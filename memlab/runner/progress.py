@@ -3,6 +3,10 @@
 A tqdm bar, as everywhere in the Python world; memlab only feeds it. tqdm's own estimate of the time left appears
 after the first plan has finished, which for a large model is minutes of silence, so the bar also listens to the
 step events (:mod:`memlab.events`) and estimates from the first step on.
+
+In a notebook tqdm draws the bar as a widget, which a saved notebook cannot show without the kernel that made it
+(after a reload JupyterLab says "Error displaying widget: model not found"). So there the bar is shown with a
+display id, and when the run ends its output becomes one line of text that says what the run did.
 """
 
 from __future__ import annotations
@@ -45,18 +49,24 @@ class RunProgress:
     ) -> None:
         from tqdm.auto import tqdm
 
+        notebook = any(cls.__module__ == "tqdm.notebook" for cls in tqdm.__mro__)
         self.total = total
         self.at_most = at_most
         self.clock = clock
         self.bar = tqdm(
             total=total, desc="memlab", unit="plan", disable=not enabled or total < 2, leave=False,
-            bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| {postfix}",
+            bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| {postfix}", **({"display": False} if notebook else {}),
         )
+        self._handle: Any = None  # where a notebook shows the bar, so that its output can become text at the end
+        if notebook and not self.bar.disable:
+            from IPython.display import display
+
+            self._handle = display(self.bar.container, display_id=True)
         self.text = ""
         self.settled = 0
         self._label = ""
         self._position = 0
-        self._plan_started = self.clock()
+        self._plan_started = self._started = self.clock()
         self._plan_seconds: list[float] = []
         self._first_step: float | None = None
 
@@ -95,8 +105,30 @@ class RunProgress:
         remaining = max(self.total - self.settled, 0)
         return max(per_plan * remaining - (self.clock() - self._plan_started), 0.0)
 
-    def close(self) -> None:
+    def close(self, *, stopped: bool = False) -> None:
+        """Close the bar; in a notebook its output becomes one line (:meth:`summary`), which needs no kernel."""
         self.bar.close()
+        if self._handle is not None:
+            self._handle.update({"text/plain": self.summary(stopped=stopped)}, raw=True)
+            self.bar.container.close()  # tqdm leaves the widget of an unfinished bar open
+            self._handle = None
+
+    def summary(self, *, stopped: bool = False) -> str:
+        """What the run did, in one line: ``memlab: measured 4 plans in 12 s`` (``stopped after ...`` on an error
+        or a Ctrl-C).
+
+        Example:
+            >>> from memlab.plan import Plan
+            >>> seconds = iter([0.0, 0.0, 3.0, 40.0])
+            >>> progress = RunProgress(3, enabled=False, clock=lambda: next(seconds))
+            >>> progress(TrialStarted(Plan(), 0, 3)); progress(TrialFinished(None, 0, 3))
+            >>> progress.summary()
+            'memlab: measured 1 plan in 40 s'
+        """
+        count = len(self._plan_seconds)
+        plans = f"{count} plan{'' if count == 1 else 's'}"
+        doing = "stopped after measuring" if stopped else "measured"
+        return f"memlab: {doing} {plans} in {_duration(self.clock() - self._started)}"
 
     def _show(self, doing: str) -> None:
         where = f"plan {self._position}" + (f" of {self.total}" if not self.at_most else "")
@@ -122,8 +154,10 @@ def run_progress(total: int, enabled: bool, *, at_most: bool = False) -> Iterato
     progress = RunProgress(total, enabled, at_most=at_most)
     try:
         yield progress
-    finally:
-        progress.close()
+    except BaseException:
+        progress.close(stopped=True)
+        raise
+    progress.close()
 
 
 def chain_callbacks(*callbacks: Callable[[Event], Any] | None) -> Callable[[Event], None]:
