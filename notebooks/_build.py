@@ -86,8 +86,9 @@ def setup(*extra_imports: str) -> NotebookNode:
 
 
 SIZES = """
-# Sizes of the model and the batch. The defaults run in about a minute on a small CPU (a free Binder);
-# on a GPU, make them bigger. The tests run every notebook with smaller values injected after this cell.
+# Sizes of the model and the batch, small enough for a CPU (a free Binder; how long they take depends on how
+# busy it is: the README says what was measured); on a GPU, make them bigger. The tests run every notebook with
+# smaller values injected after this cell.
 hidden = 128   # width of the model
 layers = 4     # transformer blocks
 vocab = 4096   # vocabulary size

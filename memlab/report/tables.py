@@ -40,6 +40,7 @@ _HEADERS = {
     "notes": "notes",
 }
 _LEFT = ("best", "plan", "status", "notes")
+_WRAPPED_HEADER = "<th style='white-space:normal;vertical-align:bottom'>"
 _SIZES = ("peak", "card", *ALL_CATEGORIES)
 _BYTE_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
 BEST_MARK, TIE_MARK = "\u2605", "\u2248"
@@ -410,7 +411,9 @@ def text_table(report: Report) -> str:
 def html_table(report: Report) -> str:
     """An HTML table: one unit per size column, the best row highlighted and marked, rows that do not fit greyed.
 
-    Cells do not wrap (a size and its unit, a plan label, stay on one line); only the notes do.
+    Cells do not wrap (a size and its unit, a plan label, stay on one line); only the notes do, and the headers,
+    between a name and its unit, so that the table fits a notebook's output area; one still wider scrolls sideways
+    in its own box rather than spilling out of the output.
 
     Example:
         >>> from memlab.plan import Plan
@@ -442,11 +445,12 @@ def html_table(report: Report) -> str:
     keys = _shown_columns(rows, with_mark=False, categories=report.categories)
     frame = pandas.DataFrame([[row[key] for key in keys] for row in rows], columns=[names[k] for k in keys])
     table = frame.to_html(index=False, escape=True, border=0, justify="left")
-    table = table.replace("<table", "<table style='white-space:nowrap'", 1)
+    table = table.replace("<table", "<table style='white-space:nowrap'", 1).replace("<th>", _WRAPPED_HEADER)
     if keys[-1] == "notes":
         table = re.sub(r"<td>([^<]*)</td>(\s*</tr>)", r"<td style='white-space:normal'>\1</td>\2", table)
     footer = "".join(f"<p style='margin:2px 0'>{html.escape(line)}</p>" for line in footer_lines(report))
-    return f"<div class='memlab-report'>{_style_rows(table, styles)}{footer}</div>"
+    table = f"<div style='max-width:100%;overflow-x:auto'>{_style_rows(table, styles)}</div>"
+    return f"<div class='memlab-report' style='white-space:normal'>{table}{footer}</div>"
 
 
 def _shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tuple[str, ...]) -> list[str]:

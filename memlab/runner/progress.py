@@ -8,6 +8,10 @@ close race again in turn may add after them (:mod:`memlab.runner.remeasure`: at 
 ``MAX_CONTENDERS`` plans). Before any run has finished, once the running one has already taken longer than the
 slowest before it, and in work that is not runs of plans (a search's suggestions, estimated on fake tensors), the
 bar says "time left unknown" and shows the time elapsed.
+
+In a notebook tqdm draws the bar as a widget, which a saved notebook cannot show without the kernel that made it
+(after a reload JupyterLab says "Error displaying widget: model not found"). So there the bar is shown with a
+display id, and when the run ends its output becomes one line of text that says what the run did.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class RunProgress:
     ) -> None:
         from tqdm.auto import tqdm
 
+        notebook = any(cls.__module__ == "tqdm.notebook" for cls in tqdm.__mro__)
         self.total = total
         self.at_most = at_most
         self.then = then
@@ -81,7 +86,13 @@ class RunProgress:
         self.bar = tqdm(
             total=total, desc="memlab", unit="plan", disable=not enabled or total < 2, leave=False,
             bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| {elapsed} {postfix}",
+            **({"display": False} if notebook else {}),
         )
+        self._handle: Any = None  # where a notebook shows the bar, so that its output can become text at the end
+        if notebook and not self.bar.disable:
+            from IPython.display import display
+
+            self._handle = display(self.bar.container, display_id=True)
         self.text = ""
         self.settled = 0
         self._label = ""
@@ -90,6 +101,7 @@ class RunProgress:
         self._runs: list[float] = []  # seconds of every finished run, re-runs included
         self._reruns_started = 0  # runs begun after every plan was settled: a close race timed again
         self._unbounded = False
+        self._begun = self.clock()  # when the whole run began (the summary's time)
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, TrialStarted):
@@ -145,8 +157,30 @@ class RunProgress:
                 return None  # more re-runs than expected
         return max(slowest * max(runs_left, 0) - running, 0.0)
 
-    def close(self) -> None:
+    def close(self, *, stopped: bool = False) -> None:
+        """Close the bar; in a notebook its output becomes one line (:meth:`summary`), which needs no kernel."""
         self.bar.close()
+        if self._handle is not None:
+            self._handle.update({"text/plain": self.summary(stopped=stopped)}, raw=True)
+            self.bar.container.close()  # tqdm leaves the widget of an unfinished bar open
+            self._handle = None
+
+    def summary(self, *, stopped: bool = False) -> str:
+        """What the run did, in one line: ``memlab: measured 4 plans in 12 s`` (``stopped after ...`` on an error
+        or a Ctrl-C).
+
+        Example:
+            >>> from memlab.plan import Plan
+            >>> seconds = iter([0.0, 0.0, 3.0, 40.0])
+            >>> progress = RunProgress(3, enabled=False, clock=lambda: next(seconds))
+            >>> progress(TrialStarted(Plan(), 0, 3)); progress(TrialFinished(None, 0, 3))
+            >>> progress.summary()
+            'memlab: measured 1 plan in 40 s'
+        """
+        count = len(self._runs) - min(self._reruns_started, len(self._runs))
+        plans = f"{count} plan{'' if count == 1 else 's'}"
+        doing = "stopped after measuring" if stopped else "measured"
+        return f"memlab: {doing} {plans} in {duration(self.clock() - self._begun)}"
 
     def _show(self, doing: str) -> None:
         if self.settled >= self.total and self._reruns_started:
@@ -176,7 +210,7 @@ def run_progress(
     try:
         yield progress
     except BaseException:
-        progress.close()
+        progress.close(stopped=True)
         raise
     if not keep_open:
         progress.close()

@@ -35,6 +35,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from memlab.events import Event, MemorySample, StepFinished, TrialFinished, TrialSettled, TrialStarted
+from memlab.frontends.jupyter.live_layout import MARGIN_PX, SCATTER_HEADROOM, row_domains, spaced_labels
 from memlab.plan import Plan, parse_budget
 from memlab.report import CATEGORIES, Report
 from memlab.report.figure import (
@@ -269,19 +270,23 @@ class LiveFigure:
 
     def _draw(self) -> None:
         data = figure_data(self.report, self.categories)
-        columns = self._columns(data)
+        axis = plan_axis(data["labels"])
+        height = figure_height(axis, _HEIGHT)
+        top, bottom, low_titles = row_domains(axis, height)
+        columns = self._columns(data, (bottom[1] - bottom[0]) * (height - 2 * MARGIN_PX))
         traces = range(len(self.widget.data))
         # One explicit value per trace for every key, in one ``plotly_update``: plotly's ``batch_update`` leaves the
         # values of traces it did not touch undefined, and a FigureWidget shown inside an ipywidgets box (the panel)
         # then loses their marker colours in the browser.
         restyle = {key: [{**self._defaults[index], **columns[index]}[key] for index in traces] for key in _TRACE_KEYS}
         self.widget.plotly_update(restyle_data=restyle, trace_indexes=list(traces))
-        axis = plan_axis(data["labels"])
         layout = {
             "shapes": _budget_shapes(data["budget_mib"]),
-            "annotations": self._annotations(data),
+            "annotations": self._annotations(data, low_titles),
             "xaxis": plan_axis_layout(axis, data["labels"]),
-            "height": figure_height(axis, _HEIGHT),
+            "height": height,
+            "domains": (top, bottom),
+            "speeds": [0, SCATTER_HEADROOM * max((speed or 0.0 for speed in data["samples_per_s"]), default=0.0) or 1],
         }
         if layout != self._layout:  # layout objects are set through the figure, so Python's view stays current
             with self.widget.batch_update():
@@ -290,12 +295,16 @@ class LiveFigure:
                 self.widget.layout.xaxis.update(layout["xaxis"])
                 self.widget.layout.xaxis2.update(layout["xaxis"])
                 self.widget.layout.height = layout["height"]
+                # The rows apart by what the plan axis's ticks and title need, so they never reach the row below.
+                self.widget.layout.update({f"yaxis{n}": {"domain": top} for n in ("", "2")})
+                self.widget.layout.update({f"yaxis{n}": {"domain": bottom} for n in ("3", "4")})
+                self.widget.layout.yaxis4.range = layout["speeds"]  # room above the top point for its name
             self._layout = layout
         self.redraws += 1
         self._pending = False
         self._last_draw = self._clock()
 
-    def _columns(self, data: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    def _columns(self, data: dict[str, Any], scatter_px: float) -> dict[int, dict[str, Any]]:
         """What each trace shows, by trace index: ``{index: {"x": [...], "y": [...], ...}}``."""
         labels = data["labels"]
         columns: dict[int, dict[str, Any]] = dict(enumerate(figure_columns(self.report, data)))
@@ -303,32 +312,36 @@ class LiveFigure:
         columns[self._live] = {"x": seconds, "y": mib}
         does_not_fit = columns[self._does_not_fit]["y"]
         peaks = [dnf if dnf is not None else peak for dnf, peak in zip(does_not_fit, data["peak_mib"], strict=True)]
-        names = plan_axis(labels).text  # where the bars are numbered, the points are too
+        speeds = [speed or 0.0 for speed in data["samples_per_s"]]
+        # Where the bars are numbered, the points are too; the fastest that fit are named first, and a point whose
+        # name would touch another's is left unnamed (its hover names it).
+        drawn = [i for i, peak in enumerate(peaks) if peak is not None]
+        drawn.sort(key=lambda i: (not data["fits"][i], -speeds[i]))
+        text = plan_axis(labels).text
+        shown = spaced_labels([text[i] for i in drawn], [peaks[i] for i in drawn], [speeds[i] for i in drawn],
+                              height_px=scatter_px)
+        names = dict(zip(drawn, shown, strict=True))
         for index, fits in ((self._scatter_fits, True), (self._scatter_misses, False)):
-            points = [
-                (peak, speed or 0.0, name, hover)
-                for name, hover, peak, speed, fit in zip(
-                    names, data["hover"], peaks, data["samples_per_s"], data["fits"], strict=True
-                )
-                if peak is not None and fit == fits
-            ]
+            points = [i for i in range(len(labels)) if i in names and data["fits"][i] == fits]
             columns[index] = {
-                "x": [point[0] for point in points],
-                "y": [point[1] for point in points],
-                "text": [point[2] for point in points],
-                "hovertext": [point[3] for point in points],
+                "x": [peaks[i] for i in points],
+                "y": [speeds[i] for i in points],
+                "text": [names[i] for i in points],
+                "hovertext": [data["hover"][i] for i in points],
             }
         return columns
 
-    def _annotations(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+    def _annotations(self, data: dict[str, Any], low_titles: float) -> list[dict[str, Any]]:
         titles = list(_TITLES)
         if self._running_text:
             titles[_RUNNING_TITLE] = f"{'Running' if self._running is not None else 'Last'}: {self._running_text}"
         if data["best"] is not None:
             titles[_THROUGHPUT_TITLE] = f"{titles[_THROUGHPUT_TITLE]} (best: {data['best']})"
         notes = [dict(note) for note in self._title_notes]
-        for note, title in zip(notes, titles, strict=True):
+        for index, (note, title) in enumerate(zip(notes, titles, strict=True)):
             note["text"] = title
+            if index >= len(FIGURE_TITLES):  # the bottom row's titles, above its plots
+                note["y"] = low_titles
         if self.report.budget is not None:
             notes.append(budget_note(self.report.budget))
         return notes
@@ -343,8 +356,8 @@ class LiveOutput:
 
     A FigureWidget in a saved notebook is a widget view that nothing draws after a reload, nbconvert or GitHub
     (they show its empty repr), and its state weighs megabytes. So the figure is displayed with a display id,
-    and :meth:`finish` updates that output in place to :func:`memlab.report.static.record_bundle` (an SVG, and
-    plotly's JSON for JupyterLab) and closes the widget, leaving no widget view or comm behind. Nothing is created
+    and :meth:`finish` updates that output in place to :func:`memlab.report.static.record_bundle` (an SVG and a line
+    of text) and closes the widget, leaving no widget view or comm behind. Nothing is created
     or displayed before the first event: a run refused before it starts shows nothing.
 
     Pass it as the ``callback`` of ``memlab.compare`` / ``fit``; call :meth:`finish` when the run returns or raises
@@ -410,7 +423,9 @@ class LiveOutput:
             return
         from IPython.display import display
 
-        record = record_bundle(report)
+        # The SVG alone: JupyterLab's plotly renderer would store a PNG of a plotly JSON in the notebook too (60 to
+        # 100 kB a figure), and the SVG names every plan without a hover.
+        record = record_bundle(report, interactive=False)
         if self.handle is not None:
             self.handle.update(record, raw=True)  # the same output, now a static record
         else:
@@ -456,7 +471,7 @@ def _build_widget(categories: tuple[str, ...] = CATEGORIES) -> go.FigureWidget:
             row=2,
             col=2,
         )
-    fig.update_layout(height=_HEIGHT, margin={"t": 40, "b": 40, "l": 60, "r": 20})
+    fig.update_layout(height=_HEIGHT, margin={"t": MARGIN_PX, "b": MARGIN_PX, "l": 60, "r": 20})
     fig.update_xaxes(title_text="seconds into the trial", row=2, col=1)
     fig.update_yaxes(title_text="live memory (MiB)", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text="peak memory (MiB)", rangemode="tozero", row=2, col=2)

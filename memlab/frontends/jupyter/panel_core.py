@@ -103,7 +103,7 @@ class PanelCore(widgets.VBox):
             tooltip="Forget the results measured so far (the table and the figure); the model is not touched",
         )
         self.status = widgets.HTML(layout=widgets.Layout(width="100%"))
-        self.table = widgets.HTML(self.report._repr_html_())
+        self.table = widgets.HTML(self.report._repr_html_(), layout=widgets.Layout(width="100%"))
         self._running = False
         self.run_button.on_click(lambda _: self.run())
         self.clear_button.on_click(lambda _: self.clear())
@@ -195,6 +195,24 @@ class PanelCore(widgets.VBox):
         self.table.value = self.report._repr_html_()
         results = "1 result" if count == 1 else f"{count} results"
         self._say(f"Cleared {results}; {self.model_name()} is untouched", "info")
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        """The widget view, with a line of text and of HTML beside it for whatever cannot draw the widget (nbconvert,
+        GitHub, an untrusted notebook): what the panel is and that it needs the kernel that made it.
+
+        Example:
+            >>> import torch
+            >>> p = PanelCore(torch.nn.Linear(4, 1), torch.randn(8, 4), RunOptions(), name="net")
+            >>> bundle = p._repr_mimebundle_()
+            >>> bundle["text/plain"]
+            'memlab panel on net (it needs the kernel that made it: run the cell to use it)'
+        """
+        bundle: dict[str, Any] | None = super()._repr_mimebundle_(**kwargs)
+        if bundle is not None:
+            needs = "it needs the kernel that made it: run the cell to use it"
+            bundle["text/plain"] = f"memlab panel on {self.model_name()} ({needs})"
+            bundle["text/html"] = f"<p class='memlab-panel-static'>{html.escape(bundle['text/plain'])}</p>"
+        return bundle
 
     def close(self) -> None:
         """Close the panel and every widget in it, so that the kernel can let the model and its runs go.
@@ -332,10 +350,10 @@ def lever_control(spec: LeverSpec, rows: int) -> widgets.ValueWidget:
         ('micro-batch', 8, 1)
     """
     description = spec.name.replace("_", "-")
-    if spec.type == "bool":
+    if spec.type == "bool":  # wide enough for its whole name (optimizer-in-backward), next to its box
         return widgets.Checkbox(
-            value=spec.default, description=description, tooltip=spec.help, indent=False,
-            layout=widgets.Layout(width="140px"),
+            value=spec.default, description=description, tooltip=spec.help, indent=False, style=WIDE,
+            layout=widgets.Layout(width=f"{max(140, 36 + 8 * len(description))}px"),
         )
     if spec.type == "choice":
         return widgets.Dropdown(

@@ -1,0 +1,79 @@
+"""Where the live figure's text goes, so that none of it overlaps: the height of its two rows (:func:`row_domains`)
+and which points of its memory-vs-throughput scatter are named (:func:`spaced_labels`).
+
+The plan axis of the top row turns its ticks when the names are long, and its title sits below them; the bottom
+row's titles sit above that row. :func:`row_domains` leaves the gap between the rows that those need, in pixels.
+A scatter of dozens of plans has points too close to name each one: :func:`spaced_labels` names the best first and
+then every point whose name touches no name already written (the hover names every point).
+
+Text widths are estimated (:func:`memlab.report.plan_axis.text_width`), a little generously.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from memlab.report.plan_axis import PlanAxis, text_width
+
+__all__ = ["MARGIN_PX", "SCATTER_HEADROOM", "SCATTER_PANEL_PX", "row_domains", "spaced_labels"]
+
+MARGIN_PX = 40
+"""The live figure's top and bottom margins."""
+SCATTER_PANEL_PX = 300.0
+"""The width the scatter's labels are spaced for: its panel in a figure about 800 px wide (wider only spaces more)."""
+
+SCATTER_HEADROOM = 1.2
+"""The scatter's speed axis runs to this many times the fastest speed, so that the top point's name stays inside."""
+
+_AXIS_TITLE_PX = 40.0  # the plan axis's standoff and its title's line
+_ROW_TITLE_PX = 34.0  # a bottom-row title and the space above it
+_LABEL_FONT = 12.0
+_LABEL_LINE = 15.0
+
+
+def row_domains(axis: PlanAxis, height_px: int) -> tuple[tuple[float, float], tuple[float, float], float]:
+    """The y domains (fractions of the plot area) of the top and the bottom row of a live figure ``height_px`` tall
+    whose top row's plan axis is ``axis``, and where the bottom row's titles go (the top of its domain).
+
+    Example:
+        >>> from memlab.report.plan_axis import plan_axis
+        >>> top, bottom, titles = row_domains(plan_axis(["plain", "ckpt"]), 640)
+        >>> top[1], bottom[0], titles == bottom[1], round(top[0] - bottom[1], 2)
+        (1.0, 0.0, True, 0.16)
+    """
+    plot_px = height_px - 2 * MARGIN_PX
+    gap_px = axis.extent_px() + _AXIS_TITLE_PX + _ROW_TITLE_PX
+    row = max(plot_px - gap_px, plot_px / 2) / 2 / plot_px
+    return (1.0 - row, 1.0), (0.0, row), row
+
+
+def spaced_labels(
+    names: Sequence[str],
+    xs: Sequence[float],
+    ys: Sequence[float],
+    *,
+    height_px: float,
+    width_px: float = SCATTER_PANEL_PX,
+) -> list[str]:
+    """The names to write above the points ``(xs[i], ys[i])`` of a scatter ``width_px`` by ``height_px``: each
+    point's name, or ``""`` where it would touch a name already written. Points come first to last, so the caller
+    puts the best first. The x axis is taken to run from 0 to a little past the largest value (as plotly draws it), the
+    y axis to :data:`SCATTER_HEADROOM` times the largest.
+
+    Example:
+        >>> spaced_labels(["a", "b", "c"], [10.0, 10.1, 50.0], [5.0, 5.0, 1.0], height_px=200)
+        ['a', '', 'c']
+    """
+    x_span = 1.05 * max((abs(x) for x in xs), default=0.0) or 1.0
+    y_span = SCATTER_HEADROOM * max((abs(y) for y in ys), default=0.0) or 1.0
+    written: list[tuple[float, float, float, float]] = []
+    shown = []
+    for name, x, y in zip(names, xs, ys, strict=True):
+        centre, bottom = x / x_span * width_px, y / y_span * height_px + 6
+        half = text_width(name, _LABEL_FONT) / 2
+        box = (centre - half, centre + half, bottom, bottom + _LABEL_LINE)
+        clear = all(box[1] <= b[0] or b[1] <= box[0] or box[3] <= b[2] or b[3] <= box[2] for b in written)
+        if clear and name:
+            written.append(box)
+        shown.append(name if clear else "")
+    return shown
