@@ -199,7 +199,8 @@ def _in_unit(value: float, unit: tuple[str, float]) -> str:
 
 
 def shared_notes(report: Report) -> list[str]:
-    """The notes every trial of a report (of two or more) carries: said once under the table, not on each row.
+    """The notes every trial of a report carries: said once under the table, not on each row (a report of one
+    trial has all its notes there, so that its row stays one line).
 
     Example:
         >>> from memlab.plan import Plan
@@ -208,7 +209,7 @@ def shared_notes(report: Report) -> list[str]:
         ...                                 notes=("estimated",))]))
         ['estimated']
     """
-    if len(report.trials) < 2:
+    if not report.trials:
         return []
     first, *others = report.trials
     return [note for note in first.notes if all(note in trial.notes for trial in others)]
