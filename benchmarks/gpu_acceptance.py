@@ -61,7 +61,7 @@ estimates the ``estimate`` section compares (CPU-made, as CI makes them). Sectio
 
 A check passes (True), fails (False) or cannot be judged on this device (None: a CUDA figure on the CPU, or a
 library that is not installed, with the reason). The run starts no part when its deadline (``--deadline``, default
-570 s) would cut it (less than 60% of its limit left); parts not run say so.
+560 s) would cut it (less than 60% of its limit left); parts not run say so.
 
 Run from the repository root::
 
@@ -101,6 +101,10 @@ LIMITS = {"pytest": 90, "levers": 120, "cumulative": 110, "hf_table": 160, "infe
 shorter). A part is not started with less than :data:`START_SHARE` of its limit left."""
 START_SHARE = 0.6
 DEFAULT_LIMIT = 120
+DEADLINE = 560.0
+"""Seconds of the whole run at the full size: the device's ten minutes less the start and the transfers."""
+CPU_SLACK = 5
+"""The smoke and small sizes run on CPUs, often shared: their limits and deadline are this many times longer."""
 HF_TABLE_REPEATS = 1
 
 
@@ -406,8 +410,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = common.build_parser((__doc__ or NAME).splitlines()[0])
     parser.set_defaults(size=None)
     parser.add_argument("--sections", help=f"comma-separated parts to run, from: {', '.join(ORDER)} (default: all)")
-    parser.add_argument("--deadline", type=float, default=570.0,
-                        help="seconds after which no further part starts (default 570)")
+    parser.add_argument("--deadline", type=float,
+                        help=f"seconds after which no further part starts (default {DEADLINE:.0f} at the full size; "
+                             f"{CPU_SLACK} times that and the parts' limits at the others, for slow shared CPUs)")
     parser.add_argument("--keep", type=Path, metavar="FILE",
                         help="a result of an earlier run: its parts are kept, those run now replace theirs")
     parser.add_argument("--markdown", type=Path, metavar="FILE",
@@ -440,14 +445,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result["kept_from"] = {"date": earlier["date"], "command": earlier["command"], "seconds": earlier["seconds"],
                                "parts": list(parts)}
     path = args.out / f"{common.result_stem(NAME, device, args.size)}.json"
+    slack = 1 if args.size == "full" else CPU_SLACK
+    deadline = args.deadline if args.deadline is not None else DEADLINE * slack
     with tempfile.TemporaryDirectory(prefix="memlab-estimates-") as folder:
         side, estimates = start_estimates(args.size, device, Path(folder)) if "estimate" in chosen else (None, None)
         try:
             for name in chosen:
-                left = args.deadline - (time.perf_counter() - started)
-                limit = min(LIMITS.get(name, DEFAULT_LIMIT), left)
-                if left < START_SHARE * LIMITS.get(name, DEFAULT_LIMIT):
-                    parts[name] = not_started(name, f"{left:.0f} s of the run's {args.deadline:.0f} s were left")
+                left = deadline - (time.perf_counter() - started)
+                limit = min(LIMITS.get(name, DEFAULT_LIMIT) * slack, left)
+                if left < START_SHARE * LIMITS.get(name, DEFAULT_LIMIT) * slack:
+                    parts[name] = not_started(name, f"{left:.0f} s of the run's {deadline:.0f} s were left")
                     continue
                 print(f"== {name} (at most {limit:.0f} s)", flush=True)
                 if name == "pytest":

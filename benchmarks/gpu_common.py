@@ -68,7 +68,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "probe": TINY, "cap": TINY, "restore": TINY, "levers": TINY, "fit": TINY, "cumulative": TINY,
         "estimate_scale": "tiny", "steps": 1, "timed_steps": 2, "fit_budget_share": 0.8,
         "inference": {"shape": TINY.replace(kv_heads=1, rows=2), "contexts": (16, 32), "new_tokens": 3},
-        "ties": {"shape": TINY, "runs": (1, 1), "calibration_steps": 2},
+        "ties": {"shape": TINY, "runs": (0, 0), "calibration_steps": 2},  # their runs: benchmarks.ties --smoke
         "trainer": {"shape": TINY, "examples": 12, "longest": 48, "steps": 2},
         "noise": 0,  # the smoke size exercises the code only: exactly its steps, no noise target
         "time_limit": 2.0,
