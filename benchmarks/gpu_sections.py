@@ -1,15 +1,18 @@
-"""The measurements of the GPU acceptance run, one function per section (see :mod:`benchmarks.gpu_acceptance`).
+"""The training sections of the GPU acceptance run (see :mod:`benchmarks.gpu_acceptance`), and :data:`SECTIONS`,
+every section by name: probe, cap, restore, levers, cumulative and fit here; estimate in
+:mod:`benchmarks.gpu_sections_estimate`, inference in :mod:`benchmarks.gpu_sections_inference`, ties and trainer in
+:mod:`benchmarks.gpu_sections_runs`; what they share (sizes, checks, models, CUDA figures) in
+:mod:`benchmarks.gpu_common`.
 
 Each section builds its models from configs on the device, runs memlab and an independent reference next to it,
 and returns a dict with its figures and a list of ``checks``: ``{"check": what, "passed": True/False/None,
-...figures}``, where None means "cannot be judged here" (a CUDA-only figure on the CPU). Every section also runs
-on the CPU with ``--smoke`` sizes, so that its code is exercised by the test suite without a GPU.
+...figures}``, where None means "cannot be judged here" (a CUDA-only figure on the CPU, or a library missing). Every
+section also runs on the CPU with ``--smoke`` sizes, so that its code is exercised without a GPU.
 
 References are written by hand on purpose: a training step with ``torch.optim.AdamW`` (or bitsandbytes' 8-bit
 AdamW), ``torch.autocast`` and ``GradScaler`` as a user would write it, read with ``max_memory_allocated``. They
 share no code with memlab's step, so that a bug in memlab's step cannot hide in both.
 """
-
 
 from __future__ import annotations
 

@@ -157,15 +157,14 @@ def section_trainer(size: str, device: torch.device) -> dict[str, Any]:
         peak = None
         caught: list[Any] = []
         if best is not None:
-            applied = memlab.apply(trainer, best.plan)
-            watched = memlab.watch(trainer, budget=budget, show=False)
-            try:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
+            # The plan on the trainer until the block ends (undone then), every warning kept to be counted.
+            with memlab.apply(trainer, best.plan), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                watched = memlab.watch(trainer, budget=budget, show=False)
+                try:
                     trainer.train()
-            finally:
-                watched.remove()
-                applied.undo()
+                finally:
+                    watched.remove()
             peak = watched.peak_bytes
             watched_steps = [dataclasses.asdict(step) if dataclasses.is_dataclass(step) else str(step)
                              for step in watched.steps]
