@@ -129,7 +129,8 @@ def _inference_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
     model = part["model"]
     return [
         {"source": f"{source}:inference", "config": _llama(model), "architecture": "LlamaForCausalLM",
-         "model_dtype": model.get("dtype", "bf16"), "batch": {"input_ids": [row["rows"], row["prompt_tokens"]]},
+         "model_dtype": model.get("dtype", "bf16"),
+         "batch": {name: [row["rows"], row["prompt_tokens"]] for name in ("input_ids", "attention_mask")},
          "inference_plan": {"weights": "bf16", "quantize": "none" if row["weights"] == "bf16" else row["weights"],
                             "new_tokens": part["new_tokens"]},
          "plan_label": row["plan"], "measured_peak_bytes": row["peak_bytes"],

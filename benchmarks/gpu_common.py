@@ -66,7 +66,7 @@ _SMALL = Llama(hidden=512, layers=4, heads=8, kv_heads=8, intermediate=1408, voc
 SIZES: dict[str, dict[str, Any]] = {
     "smoke": {
         "probe": TINY, "cap": TINY, "restore": TINY, "levers": TINY, "fit": TINY, "cumulative": TINY,
-        "estimate_scale": "tiny", "steps": 1, "timed_steps": 2, "fit_budget_share": 0.8,
+        "estimate_scale": "tiny", "steps": 1, "timed_steps": 1, "fit_budget_share": 0.8,
         "inference": {"shape": TINY.replace(kv_heads=1, rows=2), "contexts": (16, 32), "new_tokens": 3},
         "ties": {"shape": TINY, "runs": (0, 0), "calibration_steps": 2},  # their runs: benchmarks.ties --smoke
         "trainer": {"shape": TINY, "examples": 12, "longest": 48, "steps": 2},
