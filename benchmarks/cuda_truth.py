@@ -3,12 +3,10 @@
 Reads ``results/gpu_acceptance-cuda-*.json`` and ``results/hf_table-cuda-*.json`` and writes
 ``results/cuda_truth.json``: per row, the model's config (as ``model_type`` plus keyword arguments), its class,
 the batch's shapes, the plan's fields, the GPU, the versions, and ``measured_peak_bytes``
-(``torch.cuda.max_memory_allocated`` of memlab's tracked step). Rows of the sections that ran without a budget
-(:data:`_RESERVED_SECTIONS`) also carry ``measured_reserved_bytes`` (``torch.cuda.max_memory_reserved`` of the same
-step, as the run recorded it) and ``reserved_source`` (where it was read). The ``fit`` section's trials ran under
-a budget's cap, which makes the allocator give cached segments back when it reaches the cap, so their reserved
-figure is not an uncapped step's and is left out. ``tests/integration/test_cuda_truth.py`` estimates every row on
-the CPU for ``device="cuda"``.
+(``torch.cuda.max_memory_allocated`` of memlab's tracked step), with, where the run recorded them,
+``measured_reserved_bytes`` (the allocator's reserved peak) and ``measured_context_bytes`` (the CUDA context: what
+the driver used beyond the allocator). ``tests/integration/test_cuda_truth.py`` estimates every training row on the
+CPU for ``device="cuda"``. Inference rows (``InferencePlan`` fields) are kept apart, under ``inference_rows``.
 
     python -m benchmarks.cuda_truth
 """
@@ -23,10 +21,16 @@ RESULTS = Path(__file__).parent / "results"
 
 _LLAMA_SECTIONS = ("probe", "levers", "fit", "cumulative")
 _RESERVED_SECTIONS = ("probe", "levers", "cumulative")
+_ESTIMATE_CONFIGS = {  # the first run's estimate rows did not record their configs
+    "gpt2": ({"model_type": "gpt2"}, "GPT2LMHeadModel"),
+    "bert": ({"model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+              "intermediate_size": 4096}, "BertForMaskedLM"),
+}
 
 
 def plan_fields(label: str) -> dict[str, Any]:
-    """The non-default Plan fields of a plan's label (``Plan.label``'s inverse for the labels the runs used)."""
+    """The non-default Plan fields of a plan's label (``Plan.label``'s inverse for the labels the runs used; rows of
+    later runs record their fields and need no parsing)."""
     fields: dict[str, Any] = {}
     for token in label.split():
         if token == "plain":
@@ -40,15 +44,39 @@ def plan_fields(label: str) -> dict[str, Any]:
             fields["precision"] = token
         elif token == "bf16-weights":
             fields["weights"] = "bf16"
-        elif token in ("adamw8bit", "paged_adamw8bit", "adafactor"):
+        elif token in ("adamw8bit", "paged_adamw8bit", "adafactor", "adamw_foreach"):
             fields["optimizer"] = token
         elif token.startswith("offload-"):
             fields["offload"] = token.removeprefix("offload-")
         elif token in ("lora", "qlora"):
             fields["adapter"] = token
+        elif token == "attention":
+            fields["lora_targets"] = token
+        elif token.startswith("r") and token[1:].isdigit():
+            fields["lora_rank"] = int(token[1:])
+        elif token == "chunked-loss":
+            fields["loss"] = "chunked"
+        elif token == "opt-in-bwd":
+            fields["optimizer_in_backward"] = True
         else:
             raise ValueError(f"unknown plan label token {token!r} in {label!r}")
     return fields
+
+
+def _fields(trial: dict[str, Any]) -> dict[str, Any]:
+    return trial["plan_fields"] if "plan_fields" in trial else plan_fields(trial["plan"])
+
+
+def _card(reserved: int | None, context: int | None, source: str = "") -> dict[str, Any]:
+    """The card figures a row carries: only those the run measured (and where the reserve was read)."""
+    card: dict[str, Any] = {}
+    if reserved:
+        card["measured_reserved_bytes"] = reserved
+        if source:
+            card["reserved_source"] = source
+    if context:
+        card["measured_context_bytes"] = context
+    return card
 
 
 def _llama(model: dict[str, Any]) -> dict[str, Any]:
@@ -69,43 +97,61 @@ def _acceptance_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
     parts = data["parts"]
     for section in _LLAMA_SECTIONS:
         part = parts.get(section)
-        if not part:
+        if not part or "model" not in part:
             continue
         model = part["model"]
         trials = part.get("rows") or part.get("trials") or []
         for trial in trials:
             if trial.get("status") != "ok":
                 continue
-            row = {
-                "source": f"{source}:{section}", "config": _llama(model), "architecture": "LlamaForCausalLM",
-                "batch": _lm_batch(model["rows"], model["length"]), "plan": plan_fields(trial["plan"]),
-                "plan_label": trial["plan"], "measured_peak_bytes": trial["peak_bytes"],
-            }
-            if section in _RESERVED_SECTIONS and trial.get("reserved_bytes"):
-                row["measured_reserved_bytes"] = trial["reserved_bytes"]
-                row["reserved_source"] = (
-                    f"results/{source}.json parts.{section}: the trial's reserved_bytes (max_memory_reserved), "
-                    "no budget"
-                )
-            rows.append(row)
-    estimate = parts.get("estimate")
-    if estimate:
-        configs = {
-            "gpt2": ({"model_type": "gpt2"}, "GPT2LMHeadModel"),
-            "llama": (_llama({**parts["cumulative"]["model"], "length": 2048}), "LlamaForCausalLM"),
-            "bert": ({"model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
-                      "intermediate_size": 4096}, "BertForMaskedLM"),
-        }
-        for trial in estimate["rows"]:
-            if trial["measured_status"] != "ok":
-                continue
-            config, architecture = configs[trial["model"]]
             rows.append({
-                "source": f"{source}:estimate", "config": config, "architecture": architecture,
-                "batch": _lm_batch(trial["rows"], trial["length"]), "plan": plan_fields(trial["plan"]),
-                "plan_label": trial["plan"], "measured_peak_bytes": trial["measured_bytes"],
+                "source": f"{source}:{section}", "config": _llama(model), "architecture": "LlamaForCausalLM",
+                "batch": _lm_batch(model["rows"], model["length"]), "plan": _fields(trial),
+                "plan_label": trial["plan"], "measured_peak_bytes": trial["peak_bytes"],
+                # The fit section's trials ran under a budget's cap, which makes the allocator give cached segments
+                # back at the cap: their reserve is not an uncapped step's and is left out.
+                **_card(trial.get("reserved_bytes") if section in _RESERVED_SECTIONS else None,
+                        trial.get("context_bytes"),
+                        f"results/{source}.json parts.{section}: the trial's reserved_bytes (max_memory_reserved), "
+                        "no budget"),
             })
+    estimate = parts.get("estimate")
+    for trial in (estimate or {}).get("rows", []):
+        if trial["measured_status"] != "ok":
+            continue
+        if "batch_shapes" in trial:  # rows of later runs say what was run
+            config, architecture = trial["config"], trial["architecture"]
+            batch = {name: list(shape) for name, shape in trial["batch_shapes"].items()}
+        else:
+            config, architecture = _ESTIMATE_CONFIGS.get(trial["model"]) or (
+                _llama({**parts["cumulative"]["model"], "length": 2048}), "LlamaForCausalLM")
+            batch = _lm_batch(trial["rows"], trial["length"])
+        rows.append({
+            "source": f"{source}:estimate", "config": config, "architecture": architecture, "batch": batch,
+            "plan": _fields(trial), "plan_label": trial["plan"], "measured_peak_bytes": trial["measured_bytes"],
+            **_card(trial.get("reserved_peak_bytes", (trial.get("trial") or {}).get("reserved_bytes")),
+                    trial.get("context_bytes")),
+        })
     return rows
+
+
+def _inference_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """The inference section's rows: a bf16 Llama generating ``new_tokens`` after a prompt, weights as named."""
+    part = data["parts"].get("inference")
+    if not part or "rows" not in part:
+        return []
+    model = part["model"]
+    return [
+        {"source": f"{source}:inference", "config": _llama(model), "architecture": "LlamaForCausalLM",
+         "model_dtype": model.get("dtype", "bf16"),
+         "batch": {name: [row["rows"], row["prompt_tokens"]] for name in ("input_ids", "attention_mask")},
+         "inference_plan": {"weights": "bf16", "quantize": "none" if row["weights"] == "bf16" else row["weights"],
+                            "new_tokens": part["new_tokens"]},
+         "plan_label": row["plan"], "measured_peak_bytes": row["peak_bytes"],
+         "measured_kv_cache_bytes": row["kv_cache_end_bytes"],
+         **_card(row.get("reserved_bytes"), row.get("context_bytes"))}
+        for row in part["rows"] if row["status"] == "ok"
+    ]
 
 
 def _hf_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
@@ -118,7 +164,8 @@ def _hf_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
     return [
         {"source": f"{source}:{row['row']}", "config": config, "architecture": model["class"], "batch": batch,
          "plan": plan_fields(row["plan"]), "plan_label": row["plan"],
-         "measured_peak_bytes": row["memlab"]["peak_bytes"]}
+         "measured_peak_bytes": row["memlab"]["peak_bytes"],
+         **_card(row["memlab"].get("reserved_bytes"), row["memlab"].get("context_bytes"))}
         for row in data["rows"]
         if row["plan"] and row["memlab"]["status"] == "ok"
     ]
@@ -126,21 +173,26 @@ def _hf_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
 
 def build() -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    devices = {}
+    inference: list[dict[str, Any]] = []
     for path in sorted(RESULTS.glob("gpu_acceptance-cuda-*.json")) + sorted(RESULTS.glob("hf_table-cuda-*.json")):
         data = json.loads(path.read_text())
         read = _hf_rows if data["benchmark"] == "hf_table" else _acceptance_rows
-        found = read(data, path.stem)
         device = {"gpu": data["device"]["gpu"], "capability": data["device"]["gpu_capability"],
                   "torch": data["versions"]["torch"], "transformers": data["versions"]["transformers"]}
-        devices[path.stem] = device
-        rows += [{**row, **device} for row in found]
-    unique = {json.dumps({k: v for k, v in row.items() if k not in ("source", "reserved_source")}, sort_keys=True): row
-              for row in rows}
-    return {"about": __doc__.split("\n\n")[0], "rows": list(unique.values())}
+        rows += [{**row, **device} for row in read(data, path.stem)]
+        if data["benchmark"] != "hf_table":
+            inference += [{**row, **device} for row in _inference_rows(data, path.stem)]
+    return {"about": __doc__.split("\n\n")[0], "rows": _unique(rows), "inference_rows": _unique(inference)}
+
+
+def _unique(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per distinct measurement (the same row in two results counts once)."""
+    return list({json.dumps({k: v for k, v in row.items() if k not in ("source", "reserved_source")},
+                            sort_keys=True): row
+                 for row in rows}.values())
 
 
 if __name__ == "__main__":
     table = build()
     (RESULTS / "cuda_truth.json").write_text(json.dumps(table, indent=1) + "\n")
-    print(f"{len(table['rows'])} rows")
+    print(f"{len(table['rows'])} rows, {len(table['inference_rows'])} inference rows")

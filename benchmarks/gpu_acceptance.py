@@ -1,32 +1,73 @@
 """The GPU acceptance run: every CUDA path of memlab on a real GPU, in one command of at most 10 minutes.
 
-It runs ``tests/gpu`` with pytest, then each section of :mod:`benchmarks.gpu_sections` in its own Python process
-(so that one section's failure, CUDA error or cached memory cannot touch the next), then the seeds' table through
-:mod:`benchmarks.hf_table`, and writes everything into ``benchmarks/results/gpu_acceptance-<device>.json`` (and the
-table's own ``hf_table-<device>.json``), naming the GPU, driver and library versions. Sections:
+How to run on a lent GPU (the ``run`` tool of the device README, /work/.library/device/README.md)
+--------------------------------------------------------------------------------------------------
+The GPU image has torch 2.11, transformers and accelerate, but not bitsandbytes (8-bit and paged AdamW, QLoRA,
+int8/NF4 inference), and maybe not peft (LoRA; the image's package list names it, the first run carried it). Carry
+both as wheels. Here, once, in the checkout the ``run`` tool sends (``.whl/`` is in .gitignore already)::
 
-1. ``probe``: each plan's peak against a hand-made step's ``max_memory_allocated`` (within 2%); the params and
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d .whl bitsandbytes==0.50.2 peft==0.21.0
+
+That is 44 MB (bitsandbytes 43 MB, peft 0.8 MB; their other needs are in the image), which with the working tree
+(about 3 MB) fits the 64 MiB that one call may carry: carry nothing else big. Then one call, ``carry=[".whl"]``,
+``timeout_s=600``::
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; nvidia-smi; \
+    PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --out $OUT 2>&1 | tee $OUT/log
+
+What comes back (at most 8 files): ``gpu_acceptance-<gpu>.json``, ``hf_table-<gpu>.json`` and ``.html``, and
+the log. The JSON is written after every part, so a run cut short keeps what finished. If the deadline left parts
+out (the summary names them "not started"), run them in a second call into the same result::
+
+    ... && python3 -m benchmarks.gpu_acceptance --out $OUT --sections probe,cap,restore,fit --keep FILE
+
+where FILE is the first call's JSON, carried back in (copy it into a carried folder such as ``.whl/``). Commit the
+results under ``benchmarks/results/``, then ``python -m benchmarks.cuda_truth`` (the estimate issue's table) and
+``python -m benchmarks.gpu_acceptance --markdown benchmarks/results/gpu_acceptance-<gpu>.json`` for the README.
+
+What it runs
+------------
+``tests/gpu`` with pytest, then each section of :mod:`benchmarks.gpu_sections` in its own Python process (so that
+one section's failure, CUDA error or cached memory cannot touch the next), with the seeds' table
+(:mod:`benchmarks.hf_table`) among them, most important first (issue 27's list), each within its time limit
+(:data:`LIMITS`), and writes everything into ``benchmarks/results/gpu_acceptance-<device>.json`` naming the GPU,
+driver and library versions. While the GPU runs the first parts, a side process that sees no GPU makes the
+estimates the ``estimate`` section compares (CPU-made, as CI makes them). Sections:
+
+1. ``levers``: each lever alone on Llama-3.2-1B's shape (2 x 1024): precisions, pure bf16 weights, 8-bit, paged
+   8-bit, Adafactor and foreach AdamW, the chunked loss, the optimizer in backward, offload, LoRA on every linear
+   layer and on attention only: peak, breakdown, reserved, samples/s.
+2. ``cumulative``: the levers one on top of the other on Llama-3.2-1B's shape at 2 x 2048.
+3. ``hf_table``: the seeds' table at full size (bert-large, sequence 512, batch 4; fp16 rows in fp16), memlab and
+   ``transformers.Trainer`` side by side, with its Adafactor rows (memlab / Trainer >= 0.95 doing the same work).
+4. ``inference``: a Llama-3.2-1B-shaped model in bf16, int8 and NF4 at prompts of 512 and 4096 tokens: the KV
+   cache against ``kv_cache_bytes``, prefill and decode tokens/s; ``fit_inference``'s largest batch re-checked in
+   a fresh process.
+5. ``ties``: the same plan compared with itself 10 times (all ties), a plan 30% slower 10 times (all slower).
+6. ``estimate``: ``memlab.estimate`` (CPU-made) against the measured peak for GPT-2, BERT, Llama, Qwen2 and a
+   Mixtral in fp32, bf16, pure bf16 and fp16 (5%), with reserved peak and CUDA context beside; and the CUDA
+   allocations of 100 MB or more in one tracked step (the 1B Llama's ``ckpt bf16``).
+7. ``trainer``: ``memlab.fit(trainer, budget=...)``, then ``trainer.train()`` under ``memlab.watch``.
+8. ``probe``: each plan's peak against a hand-made step's ``max_memory_allocated`` (within 2%); the params and
    optimizer categories against independent byte counts (exact).
-2. ``cap``: under a budget of 60% of the plain peak, plans that do not fit report "oom"; after 20 such trials
+9. ``cap``: under a budget of 60% of the plain peak, plans that do not fit report "oom"; after 20 such trials
    ``memory_allocated`` is where it started, to the byte.
-3. ``restore``: a CUDA model and the user's CUDA optimizer come back bit-exact after compare, fit and interrupted
-   trials.
-4. ``estimate``: ``memlab.estimate`` from the config against the measured peak for GPT-2 small, a Llama-1B and
-   BERT-large (within 5%).
-5. ``levers``: fp16/bf16 speed-ups, 8-bit Adam's state, offload of the optimizer and of activations.
-6. ``cumulative``: the landed levers one on top of the other on a Llama-3.2-1B-sized model at sequence 2048.
-7. ``fit``: fit on a real budget; the chosen plan, re-measured in a fresh process, fits.
-8. ``hf_table``: the seeds' table at full size (bert-large, sequence 512, batch 4; fp16 rows in fp16), memlab and
-   ``transformers.Trainer`` side by side.
+10. ``restore``: a CUDA model and the user's CUDA optimizer come back bit-exact after compare, fit and interrupted
+    trials.
+11. ``fit``: fit on a real budget; the chosen plan, re-measured in a fresh process, fits.
 
-A check passes (True), fails (False) or cannot be judged on this device (None: a CUDA figure on the CPU). The run
-stops starting sections when its deadline (``--deadline``, default 560 s) is near; sections not run say so.
+A check passes (True), fails (False) or cannot be judged on this device (None: a CUDA figure on the CPU, or a
+library that is not installed, with the reason). The run starts no part when its deadline (``--deadline``, default
+560 s) would cut it (less than 60% of its limit left); parts not run say so.
 
-Run from the repository root on a CUDA machine::
+Run from the repository root::
 
-    python -m benchmarks.gpu_acceptance                 # everything, --full sizes
-    python -m benchmarks.gpu_acceptance --sections probe,cap
-    python -m benchmarks.gpu_acceptance --smoke --device cpu   # seconds, on the CPU: exercises the code only
+    python -m benchmarks.gpu_acceptance                 # everything, --full sizes, on a CUDA machine
+    python -m benchmarks.gpu_acceptance --sections levers,inference
+    python -m benchmarks.gpu_acceptance --smoke --device cpu   # every part at tiny sizes, on the CPU: the code only
 """
 
 from __future__ import annotations
@@ -47,13 +88,23 @@ from typing import Any
 import torch
 
 from benchmarks import common
-from benchmarks.gpu_sections import ROOT, SECTIONS
+from benchmarks.gpu_sections import ROOT, SECTIONS, SIZES
+from benchmarks.gpu_sections_estimate import ESTIMATES_ENV, gpu_kind_name
 
 NAME = "gpu_acceptance"
-ORDER = ("pytest", "probe", "cap", "restore", "estimate", "levers", "fit", "cumulative", "hf_table")
-# Seconds each part may take at most (the run's deadline may cut it shorter).
-LIMITS = {"pytest": 180, "hf_table": 240, "cumulative": 150, "fit": 150}
+ORDER = ("pytest", "levers", "cumulative", "hf_table", "inference", "ties", "estimate", "trainer", "probe", "cap",
+         "restore", "fit")
+"""The parts, most important first: issue 27's list, then what the first GPU run already checked."""
+LIMITS = {"pytest": 90, "levers": 120, "cumulative": 140, "hf_table": 160, "inference": 100, "ties": 100,
+          "estimate": 150, "trainer": 70, "probe": 70, "cap": 80, "restore": 80, "fit": 100}
+"""Seconds each part may take at most on an H100 (the first run's figures and a margin; its deadline may cut a part
+shorter). A part is not started with less than :data:`START_SHARE` of its limit left."""
+START_SHARE = 0.6
 DEFAULT_LIMIT = 120
+DEADLINE = 560.0
+"""Seconds of the whole run at the full size: the device's ten minutes less the start and the transfers."""
+CPU_SLACK = 5
+"""The smoke and small sizes run on CPUs, often shared: their limits and deadline are this many times longer."""
 HF_TABLE_REPEATS = 1
 
 
@@ -111,13 +162,14 @@ def run_pytest(limit: float, device: torch.device) -> dict[str, Any]:
     }
 
 
-def run_section_process(name: str, size: str, device: torch.device, limit: float) -> dict[str, Any]:
-    """One section in a fresh Python process."""
+def run_section_process(name: str, size: str, device: torch.device, limit: float,
+                        env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One section in a fresh Python process (``env``: variables added to its environment)."""
     with tempfile.TemporaryDirectory(prefix="memlab-gpu-") as folder:
         part = Path(folder) / "part.json"
         command = [sys.executable, "-m", "benchmarks.gpu_acceptance", "--section", name, f"--{size}",
                    "--device", device.type, "--part", str(part)]
-        code, output, seconds = _child(command, limit, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        code, output, seconds = _child(command, limit, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         if part.exists():
             result: dict[str, Any] = json.loads(part.read_text())
         else:
@@ -134,13 +186,18 @@ def run_hf_table(size: str, device: torch.device, out: Path, limit: float) -> di
                "--repeats", str(HF_TABLE_REPEATS if size == "full" else 1)]
     code, output, seconds = _child(command, limit, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     path = out / f"{common.result_stem('hf_table', device, size)}.json"
-    if code != 0 or not path.exists():
+    # The table's JSON is written before its figure; the GPU image has no plotly, which only the figure needs.
+    no_figure = code != 0 and "No module named 'plotly'" in output
+    if (code != 0 and not no_figure) or not path.exists() or path.stat().st_mtime < time.time() - seconds - 5:
         return {"checks": [{"check": "hf_table ran", "passed": False, "error": output[-2000:]}],
                 "seconds": round(seconds, 1)}
     table = json.loads(path.read_text())
     ratio = table.get("throughput_ratio_min_same_work")
+    adafactor = [row for row in table["rows"] if "Adafactor" in row["row"]]
+    adafactor_ratios = [row.get("throughput_ratio") for row in adafactor]
     return {
         "file": path.name, "markdown": table["markdown"], "seconds": round(seconds, 1),
+        "figure": None if no_figure else f"{path.stem}.html",
         "throughput_ratio_median": table["throughput_ratio_median"],
         "throughput_ratio_min": table["throughput_ratio_min"],
         "throughput_ratio_min_same_work": ratio,
@@ -150,6 +207,14 @@ def run_hf_table(size: str, device: torch.device, out: Path, limit: float) -> di
                            for r in table["rows"])},
             {"check": "memlab/Trainer throughput >= 0.95 in every row doing the same work",
              "passed": None if device.type != "cuda" else bool(ratio is not None and ratio >= 0.95), "min": ratio},
+            {"check": "the Adafactor rows ran on both sides",
+             "passed": bool(adafactor) and all(r["memlab"]["status"] == "ok" and r["trainer"]["status"] == "ok"
+                                               for r in adafactor),
+             "rows": [r["row"] for r in adafactor]},
+            {"check": "memlab/Trainer throughput >= 0.95 in the Adafactor rows",
+             "passed": None if device.type != "cuda" else bool(adafactor_ratios) and all(
+                 r is not None and r >= 0.95 for r in adafactor_ratios),
+             "ratios": adafactor_ratios},
         ],
     }
 
@@ -167,7 +232,8 @@ def summarize(parts: dict[str, Any]) -> dict[str, Any]:
                 failures.append(f"{name}: {check['check']}")
             else:
                 unjudged += 1
-    return {"passed": passed, "failed": failed, "not_judged": unjudged, "failures": failures}
+    return {"passed": passed, "failed": failed, "not_judged": unjudged, "failures": failures,
+            "not_started": [name for name, part in parts.items() if part.get("not_started")]}
 
 
 def _gib(num_bytes: float | None) -> float | None:
@@ -197,22 +263,20 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append("")
     if "estimate" in parts:
         lines += ["**Dry-run estimate (fake tensors, from the config) against the measured peak:**", ""]
-        lines.append(common.markdown_table(
-            ["model", "plan", "batch", "estimate GiB", "measured GiB", "estimate / measured"],
-            [[r["model"], r["plan"], f"{r['rows']} x {r['length']}", _gib(r["estimate_bytes"]),
-              _gib(r["measured_bytes"]), r["estimate_over_measured"]] for r in parts["estimate"]["rows"]],
-        ))
+        lines.append(_estimate_table(parts["estimate"]))
         lines.append("")
     for name, title in (("levers", "Each lever alone"), ("cumulative", "Levers added one by one")):
         if name not in parts:
             continue
         part = parts[name]
         lines += [f"**{title}** (Llama, {_shape(part['model'])}):", ""]
+        reserved = any("plan_fields" in r for r in part["rows"])  # rows of runs after the first say more
         lines.append(common.markdown_table(
-            ["plan", "peak GiB", "saving", "optimizer GiB", "activations GiB", "samples/s", "speed-up"],
-            [[r.get("step", r["plan"]), _gib(r["peak_bytes"]), _percent(r.get("memory_saving")),
-              _gib(r["breakdown"].get("optimizer")), _gib(r["breakdown"].get("activations")), r["samples_per_s"],
-              r.get("speedup")] for r in part["rows"]],
+            ["plan", "peak GiB", *(["reserved GiB"] if reserved else []), "saving", "optimizer GiB",
+             "activations GiB", "samples/s", "speed-up"],
+            [[r.get("step", r["plan"]), _gib(r["peak_bytes"]), *([_gib(r.get("reserved_bytes"))] if reserved else []),
+              _percent(r.get("memory_saving")), _gib(r["breakdown"].get("optimizer")),
+              _gib(r["breakdown"].get("activations")), r["samples_per_s"], r.get("speedup")] for r in part["rows"]],
         ))
         lines.append("")
     if "fit" in parts:
@@ -233,7 +297,62 @@ def markdown(result: dict[str, Any]) -> str:
             f"(60% of the plain peak) all reported oom; memory_allocated moved by {drift.get('drift')} bytes."
         )
         lines.append("")
+    lines += _newer_parts(parts)
     return "\n".join(lines)
+
+
+def _estimate_table(part: dict[str, Any]) -> str:
+    rows = part["rows"]
+    if not any("reserved_peak_bytes" in r for r in rows):  # the first run's rows: the allocated peak only
+        return common.markdown_table(
+            ["model", "plan", "batch", "estimate GiB", "measured GiB", "estimate / measured"],
+            [[r["model"], r["plan"], f"{r['rows']} x {r['length']}", _gib(r["estimate_bytes"]),
+              _gib(r["measured_bytes"]), r["estimate_over_measured"]] for r in rows],
+        )
+    return common.markdown_table(
+        ["model", "plan", "batch", "estimate GiB", "measured GiB", "estimate / measured", "reserved GiB",
+         "context GiB", "card estimate / measured"],
+        [[r["model"], r["plan"], f"{r['rows']} x {r['length']}", _gib(r["estimate_bytes"]), _gib(r["measured_bytes"]),
+          r["estimate_over_measured"], _gib(r.get("reserved_peak_bytes")), _gib(r.get("context_bytes")),
+          r.get("card_estimate_over_measured")] for r in rows],
+    )
+
+
+def _newer_parts(parts: dict[str, Any]) -> list[str]:
+    """The tables of the parts added after the first GPU run (inference, ties, trainer, the diagnostic)."""
+    lines: list[str] = []
+    if "inference" in parts and "rows" in parts["inference"]:
+        part = parts["inference"]
+        lines += [f"**Inference** (Llama, {_shape(part['model'])}, {part['new_tokens']} new tokens):", ""]
+        lines.append(common.markdown_table(
+            ["weights", "prompt", "peak GiB", "params GiB", "KV cache MiB (= kv_cache_bytes)", "prefill tokens/s",
+             "decode tokens/s"],
+            [[r["weights"], r["prompt_tokens"], _gib(r["peak_bytes"]), _gib(r["breakdown"].get("params")),
+              f"{common.mib(r['kv_cache_end_bytes'])} ({_yes(r['kv_cache_end_bytes'] == r['kv_cache_bytes_formula'])})",
+              r["prefill_tokens_per_s"], r["decode_tokens_per_s"]] for r in part["rows"]],
+        ))
+        fitted = part["fit_inference"]
+        fresh = fitted["fresh_process"]
+        lines += ["", f"fit_inference on {_gib(fitted['budget_bytes'])} GiB: largest batch {fitted['largest_batch']}"
+                      f" ({len(fitted['trials'])} sizes measured); in a fresh process: "
+                      f"{_gib(fresh.get('peak_bytes'))} GiB, fits: {fresh.get('fits')}.", ""]
+    if "ties" in parts and "same_plan_twice" in parts["ties"]:
+        ties = parts["ties"]
+        lines += [f"**Ties**: the same plan twice was a tie in {ties['same_plan_twice']['ties']} of "
+                  f"{ties['same_plan_twice']['of']} runs; a plan {ties['slowdown_calibrated']:.0%} slower was ranked "
+                  f"slower in {ties['truly_slower']['ranked_slower']} of {ties['truly_slower']['of']}.", ""]
+    if "trainer" in parts and "budget_bytes" in parts["trainer"]:
+        trainer = parts["trainer"]
+        best = trainer["fit"]["best"]
+        lines += [f"**Trainer**: fit(trainer) on {_gib(trainer['budget_bytes'])} GiB chose "
+                  f"`{best['plan'] if best else None}`; trainer.train() under watch peaked at "
+                  f"{_gib(trainer['watched_peak_bytes'])} GiB.", ""]
+    diagnostic = (parts.get("estimate") or {}).get("diagnostic")
+    if diagnostic:
+        lines += [f"**Allocations of 100 MB or more in one tracked step** ({diagnostic['row']}, Llama-1B, 2 x 1024): "
+                  f"{len(diagnostic['allocations'])}, {_gib(diagnostic['in_optimizer_bytes'])} GiB under an optimizer "
+                  "frame.", ""]
+    return lines
 
 
 def _shape(model: dict[str, Any]) -> str:
@@ -241,8 +360,52 @@ def _shape(model: dict[str, Any]) -> str:
     return f"{size}hidden {model['hidden']} x {model['layers']} layers, batch {model['rows']} x {model['length']}"
 
 
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
+
+
 def _percent(value: float | None) -> str | None:
     return None if value is None else f"{100 * value:.0f}%"
+
+
+def start_estimates(size: str, device: torch.device, folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """The estimate section's estimates, made in a side process that sees no GPU (``CUDA_VISIBLE_DEVICES=""``,
+    four threads) while the GPU runs the first parts: the process and the file it writes."""
+    out = folder / "estimates.json"
+    gpu = gpu_kind_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    request = json.dumps({"scale": SIZES[size]["estimate_scale"], "device": device.type, "gpu": gpu, "out": str(out)})
+    code = "import sys; from benchmarks.gpu_sections_estimate import estimate_all; estimate_all(sys.argv[1])"
+    threads = "4" if device.type == "cuda" else "1"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    log = (folder / "estimates.log").open("wb")
+    return subprocess.Popen([sys.executable, "-c", code, request], cwd=ROOT, env=env, stdout=log, stderr=log), out
+
+
+def estimates_ready(process: subprocess.Popen[bytes] | None, out: Path | None, wait: float) -> dict[str, str]:
+    """The environment that points the estimate section at the side process's file, once it is written (waiting
+    at most ``wait`` seconds); none where it failed or is late (the section then estimates itself)."""
+    if process is None or out is None:
+        return {}
+    try:
+        process.wait(timeout=max(wait, 1))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        print("  the side process's estimates were late; the section makes its own", flush=True)
+        return {}
+    if process.returncode != 0 or not out.exists():
+        print(f"  the side process's estimates failed (exit {process.returncode}): {_read_log(out)}", flush=True)
+        return {}
+    return {ESTIMATES_ENV: str(out)}
+
+
+def _read_log(out: Path) -> str:
+    log = out.with_name("estimates.log")
+    return log.read_text(errors="replace")[-2000:] if log.exists() else ""
+
+
+def not_started(name: str, why: str) -> dict[str, Any]:
+    return {"not_started": True, "checks": [{"check": f"{name} ran", "passed": False, "error": f"not started: {why}"}]}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -250,8 +413,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = common.build_parser((__doc__ or NAME).splitlines()[0])
     parser.set_defaults(size=None)
     parser.add_argument("--sections", help=f"comma-separated parts to run, from: {', '.join(ORDER)} (default: all)")
-    parser.add_argument("--deadline", type=float, default=560.0,
-                        help="seconds after which no further part starts (default 560)")
+    parser.add_argument("--deadline", type=float,
+                        help=f"seconds after which no further part starts (default {DEADLINE:.0f} at the full size; "
+                             f"{CPU_SLACK} times that and the parts' limits at the others, for slow shared CPUs)")
+    parser.add_argument("--keep", type=Path, metavar="FILE",
+                        help="a result of an earlier run: its parts are kept, those run now replace theirs")
     parser.add_argument("--markdown", type=Path, metavar="FILE",
                         help="print the README tables of a result written by this run, and run nothing")
     parser.add_argument("--section", help=argparse.SUPPRESS)
@@ -275,30 +441,50 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     common.quiet()
     started = time.perf_counter()
     result = common.metadata_for(NAME, device, args.size)
-    stem = common.result_stem(NAME, device, args.size)
-    path = args.out / f"{stem}.json"
     parts: dict[str, Any] = {}
-    for name in chosen:
-        left = args.deadline - (time.perf_counter() - started)
-        if left < 20:
-            parts[name] = {"checks": [{"check": f"{name} ran", "passed": False,
-                                       "error": f"not started: the run's {args.deadline:.0f} s deadline was near"}]}
-            continue
-        limit = min(LIMITS.get(name, DEFAULT_LIMIT), left)
-        print(f"== {name} (at most {limit:.0f} s)", flush=True)
-        if name == "pytest":
-            parts[name] = run_pytest(limit, device)
-        elif name == "hf_table":
-            parts[name] = run_hf_table(args.size, device, args.out, limit)
-        else:
-            parts[name] = run_section_process(name, args.size, device, limit)
-        result.update(parts=parts, summary=summarize(parts), seconds=round(time.perf_counter() - started, 1))
-        common.write_json(result, path)  # after every part, so that a run cut short keeps what it measured
-    summary = summarize(parts)
+    if args.keep:
+        earlier = json.loads(args.keep.read_text())
+        parts.update({name: part for name, part in earlier["parts"].items() if name not in chosen})
+        result["kept_from"] = {"date": earlier["date"], "command": earlier["command"], "seconds": earlier["seconds"],
+                               "parts": list(parts)}
+    path = args.out / f"{common.result_stem(NAME, device, args.size)}.json"
+    slack = 1 if args.size == "full" else CPU_SLACK
+    deadline = args.deadline if args.deadline is not None else DEADLINE * slack
+    with tempfile.TemporaryDirectory(prefix="memlab-estimates-") as folder:
+        side, estimates = start_estimates(args.size, device, Path(folder)) if "estimate" in chosen else (None, None)
+        try:
+            for name in chosen:
+                left = deadline - (time.perf_counter() - started)
+                limit = min(LIMITS.get(name, DEFAULT_LIMIT) * slack, left)
+                if left < START_SHARE * LIMITS.get(name, DEFAULT_LIMIT) * slack:
+                    parts[name] = not_started(name, f"{left:.0f} s of the run's {deadline:.0f} s were left")
+                    continue
+                print(f"== {name} (at most {limit:.0f} s)", flush=True)
+                if name == "pytest":
+                    parts[name] = run_pytest(limit, device)
+                elif name == "hf_table":
+                    parts[name] = run_hf_table(args.size, device, args.out, limit)
+                else:
+                    env = estimates_ready(side, estimates, limit / 3) if name == "estimate" else None
+                    parts[name] = run_section_process(name, args.size, device, limit, env)
+                result.update(parts={n: parts[n] for n in ORDER if n in parts}, summary=summarize(parts),
+                              seconds=round(time.perf_counter() - started, 1))
+                common.write_json(result, path)  # after every part, so that a run cut short keeps what it measured
+        finally:
+            if side is not None and side.poll() is None:
+                side.kill()
+                side.wait()
+    result.update(parts={n: parts[n] for n in ORDER if n in parts}, summary=summarize(parts),
+                  seconds=round(time.perf_counter() - started, 1))
+    common.write_json(result, path)
+    summary = result["summary"]
     print(f"gpu acceptance: {summary['passed']} checks passed, {summary['failed']} failed, "
           f"{summary['not_judged']} not judged here, in {result['seconds']} s; wrote {path}")
     for failure in summary["failures"]:
         print(f"  FAILED {failure}")
+    if summary["not_started"]:
+        print(f"  not started (run them with --sections {','.join(summary['not_started'])} --keep {path}): "
+              f"{', '.join(summary['not_started'])}")
     return result
 
 

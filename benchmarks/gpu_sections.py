@@ -1,9 +1,13 @@
-"""The measurements of the GPU acceptance run, one function per section (see :mod:`benchmarks.gpu_acceptance`).
+"""The training sections of the GPU acceptance run (see :mod:`benchmarks.gpu_acceptance`), and :data:`SECTIONS`,
+every section by name: probe, cap, restore, levers, cumulative and fit here; estimate in
+:mod:`benchmarks.gpu_sections_estimate`, inference in :mod:`benchmarks.gpu_sections_inference`, ties and trainer in
+:mod:`benchmarks.gpu_sections_runs`; what they share (sizes, checks, models, CUDA figures) in
+:mod:`benchmarks.gpu_common`.
 
 Each section builds its models from configs on the device, runs memlab and an independent reference next to it,
 and returns a dict with its figures and a list of ``checks``: ``{"check": what, "passed": True/False/None,
-...figures}``, where None means "cannot be judged here" (a CUDA-only figure on the CPU). Every section also runs
-on the CPU with ``--smoke`` sizes, so that its code is exercised by the test suite without a GPU.
+...figures}``, where None means "cannot be judged here" (a CUDA-only figure on the CPU, or a library missing). Every
+section also runs on the CPU with ``--smoke`` sizes, so that its code is exercised without a GPU.
 
 References are written by hand on purpose: a training step with ``torch.optim.AdamW`` (or bitsandbytes' 8-bit
 AdamW), ``torch.autocast`` and ``GradScaler`` as a user would write it, read with ``max_memory_allocated``. They
@@ -13,176 +17,38 @@ share no code with memlab's step, so that a bug in memlab's step cannot hide in 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from benchmarks import common
-
-ROOT = Path(__file__).resolve().parent.parent
-
-# --- sizes ------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Llama:
-    """A Llama causal LM's shape (built from its config with random weights) and a batch of random tokens."""
-
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    rows: int
-    length: int
-    tie: bool = False
-
-    def config(self) -> Any:
-        from transformers import LlamaConfig
-
-        return LlamaConfig(
-            hidden_size=self.hidden, intermediate_size=self.intermediate, num_hidden_layers=self.layers,
-            num_attention_heads=self.heads, num_key_value_heads=self.kv_heads, vocab_size=self.vocab,
-            max_position_embeddings=max(2048, self.length), tie_word_embeddings=self.tie,
-        )
-
-
-TINY = Llama(hidden=64, layers=2, heads=2, kv_heads=2, intermediate=128, vocab=256, rows=4, length=32)
-
-SIZES: dict[str, dict[str, Any]] = {
-    "smoke": {
-        "probe": TINY, "cap": TINY, "restore": TINY, "levers": TINY, "fit": TINY, "cumulative": TINY,
-        "estimate": {"gpt2": (2, 32), "llama": (2, 32), "bert": (2, 32)}, "estimate_scale": "tiny",
-        "steps": 1, "timed_steps": 2, "fit_budget_share": 0.8,
-        "noise": 0,  # the smoke size exercises the code only: exactly its steps, no noise target
-    },
-    "small": {
-        "probe": TINY, "cap": TINY, "restore": TINY, "levers": TINY, "fit": TINY, "cumulative": TINY,
-        "estimate": {"gpt2": (2, 64), "llama": (2, 64), "bert": (2, 64)}, "estimate_scale": "tiny",
-        "steps": 1, "timed_steps": 3, "fit_budget_share": 0.8, "noise": 0.05,
-    },
-    "full": {
-        "probe": Llama(hidden=1024, layers=8, heads=16, kv_heads=16, intermediate=2816, vocab=32000, rows=8,
-                       length=512),
-        "cap": Llama(hidden=1024, layers=8, heads=16, kv_heads=16, intermediate=2816, vocab=32000, rows=8,
-                     length=512),
-        "restore": Llama(hidden=512, layers=4, heads=8, kv_heads=8, intermediate=1408, vocab=32000, rows=8,
-                         length=256),
-        "levers": Llama(hidden=1024, layers=16, heads=16, kv_heads=16, intermediate=2816, vocab=32000, rows=8,
-                        length=1024),
-        "fit": Llama(hidden=768, layers=12, heads=12, kv_heads=12, intermediate=2048, vocab=32000, rows=16,
-                     length=512),
-        # Llama-3.2-1B's shape: 16 layers of 2048, grouped-query attention (8 KV heads), 128256 tokens, tied head.
-        "cumulative": Llama(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128256, rows=2,
-                            length=2048, tie=True),
-        "estimate": {"gpt2": (4, 1024), "llama": (2, 1024), "bert": (4, 512)}, "estimate_scale": "full",
-        "steps": 2, "timed_steps": 4, "fit_budget_share": 0.45, "noise": 0.05,
-    },
-}
-
-# --- helpers ----------------------------------------------------------------------------------------------------
-
-
-class Checks:
-    """The pass/fail lines of one section."""
-
-    def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []
-
-    def add(self, check: str, passed: bool | None, **figures: Any) -> bool | None:
-        self.items.append({"check": check, "passed": None if passed is None else bool(passed), **figures})
-        mark = {True: "PASS", False: "FAIL", None: "n/a "}[None if passed is None else bool(passed)]
-        print(f"    [{mark}] {check} {json.dumps(figures, default=str)[:300]}", flush=True)
-        return passed
-
-
-def build_llama(shape: Llama, device: torch.device, seed: int = 0) -> nn.Module:
-    """The Llama of ``shape``, its weights created directly on ``device``."""
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    with torch.device(device):
-        return LlamaForCausalLM(shape.config())
-
-
-def token_batch(vocab: int, rows: int, length: int, device: torch.device, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Random tokens as a causal-LM batch (labels are the ids), on ``device``."""
-    return common.to_device(common.lm_batch(vocab=vocab, rows=rows, length=length, seed=seed), device)
-
-
-def is_cuda(device: torch.device) -> bool:
-    return device.type == "cuda"
-
-
-def allocated(device: torch.device) -> int | None:
-    """``memory_allocated`` on CUDA after collecting garbage; None on the CPU."""
-    gc.collect()
-    if not is_cuda(device):
-        return None
-    torch.cuda.synchronize(device)
-    return int(torch.cuda.memory_allocated(device))
-
-
-def release(device: torch.device) -> None:
-    common.release(device)
-
-
-def within(value: float | None, reference: float | None, tolerance: float) -> bool | None:
-    """|value / reference - 1| <= tolerance, or None where either is unknown."""
-    if value is None or reference is None or reference == 0:
-        return None
-    return abs(value / reference - 1) <= tolerance
-
-
-def ratio(value: float | None, reference: float | None) -> float | None:
-    if value is None or reference is None or reference == 0:
-        return None
-    return round(value / reference, 4)
-
-
-def unique_cuda_bytes(tensors: Iterator[torch.Tensor] | list[torch.Tensor]) -> int:
-    """Bytes of the distinct storages among ``tensors`` that live on a non-CPU device (shared maps count once)."""
-    seen: dict[int, int] = {}
-    for tensor in tensors:
-        if tensor.device.type == "cpu":
-            continue
-        storage = tensor.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
-
-
-def trial_row(trial: Any, baseline: Any | None = None) -> dict[str, Any]:
-    """A trial's figures for the JSON, with saving and speed-up against ``baseline`` where given."""
-    row: dict[str, Any] = {
-        "plan": trial.plan.label(),
-        "status": trial.status,
-        "error": trial.error,
-        "peak_bytes": trial.peak_bytes,
-        "peak_mib": common.mib(trial.peak_bytes),
-        "breakdown": dict(trial.breakdown),
-        "reserved_bytes": trial.reserved_bytes,
-        "step_time_s": common.rounded(trial.step_time_s, 5),
-        "step_times_s": [round(s, 5) for s in trial.step_times],
-        "samples_per_s": common.rounded(trial.samples_per_s, 3),
-        "tokens_per_s": common.rounded(trial.tokens_per_s, 1),
-        "notes": list(trial.notes),
-    }
-    if baseline is not None and trial.status == "ok" and baseline.status == "ok":
-        row["memory_saving"] = round(1 - trial.peak_bytes / baseline.peak_bytes, 4)
-        if trial.samples_per_s and baseline.samples_per_s:
-            row["speedup"] = round(trial.samples_per_s / baseline.samples_per_s, 3)
-    return row
-
+from benchmarks.gpu_common import (  # noqa: F401 - ROOT, TINY, Llama and SIZES are this module's names for others too
+    LLAMA_1B,
+    ROOT,
+    SIZES,
+    TINY,
+    Checks,
+    Llama,
+    allocated,
+    build_llama,
+    in_fresh_process,
+    is_cuda,
+    missing,
+    parameter_count,
+    ratio,
+    release,
+    timing,
+    token_batch,
+    trial_row,
+    unique_cuda_bytes,
+    within,
+)
 
 # --- the hand-made reference step -------------------------------------------------------------------------------
 
@@ -279,12 +145,6 @@ def probe_plans(rows: int) -> list[Any]:
         Plan(precision="bf16", checkpointing=True, optimizer="adamw8bit"),
         Plan(offload="activations"),
     ]
-
-
-def timing(size: str) -> dict[str, Any]:
-    """The run options every measurement of a section takes: no progress bar, and the size's noise target (none at
-    the smoke size, which only exercises the code)."""
-    return {"progress": False, "noise": SIZES[size]["noise"]}
 
 
 def section_probe(size: str, device: torch.device) -> dict[str, Any]:
@@ -386,191 +246,198 @@ def section_cap(size: str, device: torch.device) -> dict[str, Any]:
     }
 
 
-def _estimate_models(scale: str) -> dict[str, Any]:
-    """GPT-2 small, a Llama-1B (Llama-3.2-1B's shape) and BERT-large, as configs (tiny versions for ``tiny``)."""
-    from transformers import BertConfig, GPT2Config
-
-    if scale == "full":
-        return {
-            "gpt2": GPT2Config(),
-            "llama": SIZES["full"]["cumulative"].config(),
-            "bert": BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
-        }
-    return {
-        "gpt2": GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=128),
-        "llama": TINY.config(),
-        "bert": BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-                           vocab_size=256),
-    }
+def plan_needs(plan: Any) -> str | None:
+    """Why ``plan`` cannot run here (bitsandbytes or peft missing), or None."""
+    needs = []
+    if plan.optimizer in ("adamw8bit", "paged_adamw8bit") or plan.adapter == "qlora":
+        needs.append("bitsandbytes")
+    if plan.adapter != "none":
+        needs.append("peft")
+    return missing(*needs)
 
 
-def _model_from(config: Any, device: torch.device) -> nn.Module:
-    from transformers import AutoModelForCausalLM, BertForMaskedLM
+def optimizer_choices() -> tuple[str, ...]:
+    """The optimizers this memlab's Plan takes (``adamw_foreach`` is newer than the first GPU run)."""
+    from memlab.techniques.registry import REGISTRY
 
-    torch.manual_seed(0)
-    with torch.device(device):
-        if config.model_type == "bert":
-            return BertForMaskedLM(config)
-        return AutoModelForCausalLM.from_config(config)
+    return tuple(REGISTRY["optimizer"].choices)
 
 
-def section_estimate(size: str, device: torch.device) -> dict[str, Any]:
-    """3. ``estimate`` (fake tensors, from the config) against the measured peak: GPT-2 small, Llama-1B, BERT-large,
-    each within 5%."""
+def compare_named(model: nn.Module, batch: Any, named: list[tuple[str, Any]], **options: Any) -> dict[str, Any]:
+    """``memlab.compare`` over the plans of ``named`` that can run here (the others skipped, with why): rows for
+    the JSON (saving and speed-up against the first) and the trials by name."""
     import memlab
+
+    runnable = [(name, plan) for name, plan in named if plan_needs(plan) is None]
+    report = memlab.compare(model, batch, [plan for _, plan in runnable], **options)
+    by_name = {name: trial for (name, _), trial in zip(runnable, report.trials, strict=True)}
+    base = by_name.get(named[0][0])
+    rows = []
+    for name, plan in named:
+        if name in by_name:
+            rows.append({"step": name, **trial_row(by_name[name], base)})
+        else:
+            rows.append({"step": name, "plan": plan.label(), "status": "skipped", "error": plan_needs(plan),
+                         "peak_bytes": None, "breakdown": {}, "samples_per_s": None})
+    return {"rows": rows, "trials": by_name}
+
+
+class Judge:
+    """Checks on trials found by name: None with the reason where a trial was skipped or the device is no GPU."""
+
+    def __init__(self, checks: Checks, trials: dict[str, Any], named: list[tuple[str, Any]], gpu: bool) -> None:
+        self.checks, self.trials, self.plans, self.gpu = checks, trials, dict(named), gpu
+
+    def __call__(self, check: str, names: tuple[str, ...], test: Callable[..., bool], **figures: Any) -> None:
+        absent = [name for name in names if name not in self.trials]
+        if absent:
+            self.checks.add(check, None, why=f"{absent[0]!r} did not run: {plan_needs(self.plans[absent[0]])}")
+            return
+        trials = [self.trials[name] for name in names]
+        if not all(t.status == "ok" for t in trials):
+            self.checks.add(check, False, statuses=[t.status for t in trials])
+            return
+        shown = {name: {"peak": t.peak_bytes, "optimizer": t.breakdown.get("optimizer"),
+                        "activations": t.breakdown.get("activations"), "samples_per_s": t.samples_per_s}
+                 for name, t in zip(names, trials, strict=True)}
+        self.checks.add(check, test(*trials) if self.gpu else None, **shown, **figures)
+
+
+def lever_plans() -> list[tuple[str, Any]]:
+    """Each lever alone (the first is the plain plan)."""
     from memlab import Plan
 
-    checks, rows = Checks(), []
-    shapes = SIZES[size]["estimate"]
-    for name, config in _estimate_models(SIZES[size]["estimate_scale"]).items():
-        rows_, length = shapes[name]
-        plans = (Plan(), Plan(precision="bf16", checkpointing=True)) if name == "llama" else (Plan(),)
-        for plan in plans:
-            started = time.perf_counter()
-            estimate = memlab.estimate(config, {"input_ids": (rows_, length), "labels": (rows_, length)}, plan,
-                                       device=device.type)
-            estimate_s = time.perf_counter() - started
-            model = _model_from(config, device)
-            batch = token_batch(config.vocab_size, rows_, length, device)
-            trial = memlab.measure(model, batch, plan, steps=1, warmup=1, **timing(size))
-            del model, batch
-            release(device)
-            row = {
-                "model": name, "config": type(config).__name__, "plan": plan.label(), "rows": rows_,
-                "length": length, "estimate_bytes": estimate.peak_bytes, "estimate_status": estimate.status,
-                "estimate_breakdown": dict(estimate.breakdown), "estimate_s": round(estimate_s, 2),
-                "measured_bytes": trial.peak_bytes, "measured_status": trial.status,
-                "measured_breakdown": dict(trial.breakdown),
-                "estimate_over_measured": ratio(estimate.peak_bytes, trial.peak_bytes),
-            }
-            rows.append(row)
-            checks.add(
-                f"{name} {plan.label()}: estimate within 5% of the measured peak",
-                within(estimate.peak_bytes, trial.peak_bytes, 0.05) if trial.status == "ok" else False,
-                estimate=estimate.peak_bytes, measured=trial.peak_bytes, ratio=row["estimate_over_measured"],
-                error=trial.error or estimate.error,
-            )
-    return {"rows": rows, "checks": checks.items}
-
-
-def lever_plans() -> list[Any]:
-    from memlab import Plan
-
-    return [
-        Plan(),
-        Plan(precision="bf16"),
-        Plan(precision="fp16"),
-        Plan(optimizer="adamw8bit"),
-        Plan(offload="optimizer"),
-        Plan(offload="activations"),
-        Plan(checkpointing=True),
-        Plan(precision="bf16", checkpointing=True),
+    named = [
+        ("fp32 AdamW (plain)", Plan()),
+        ("bf16 autocast", Plan(precision="bf16")),
+        ("fp16 autocast", Plan(precision="fp16")),
+        ("checkpointing", Plan(checkpointing=True)),
+        ("bf16 + checkpointing", Plan(precision="bf16", checkpointing=True)),
+        ("pure bf16 weights", Plan(weights="bf16")),
+        ("8-bit AdamW", Plan(optimizer="adamw8bit")),
+        ("paged 8-bit AdamW", Plan(optimizer="paged_adamw8bit")),
+        ("Adafactor", Plan(optimizer="adafactor")),
+        ("chunked loss", Plan(loss="chunked")),
+        ("optimizer in backward", Plan(optimizer_in_backward=True)),
+        ("offloaded optimizer", Plan(offload="optimizer")),
+        ("offloaded activations", Plan(offload="activations")),
+        ("LoRA r16, all linear layers", Plan(adapter="lora")),
+        ("LoRA r16, attention only", Plan(adapter="lora", lora_targets="attention")),
     ]
+    if "adamw_foreach" in optimizer_choices():
+        named.insert(9, ("foreach AdamW", Plan(optimizer="adamw_foreach")))
+    return named
 
 
 def section_levers(size: str, device: torch.device) -> dict[str, Any]:
-    """5. fp16 and bf16 speed-ups, 8-bit Adam's state, offload of optimizer state and of activations: how much
-    device memory each saves and at what speed."""
-    import memlab
-
+    """5. Each lever alone on Llama-3.2-1B's shape (2 x 1024 with --full): peak, breakdown, reserved, samples/s;
+    the precisions' speed-ups, the optimizers' state, offload, the chunked loss, the optimizer in backward and
+    LoRA's targets."""
     shape: Llama = SIZES[size]["levers"]
     model = build_llama(shape, device)
     batch = token_batch(shape.vocab, shape.rows, shape.length, device)
-    report = memlab.compare(model, batch, lever_plans(), steps=SIZES[size]["timed_steps"], warmup=1, **timing(size))
-    base = report.trials[0]
-    rows = [trial_row(t, base) for t in report.trials]
-    by_label = {t.plan.label(): t for t in report.trials}
+    named = lever_plans()
+    compared = compare_named(model, batch, named, steps=SIZES[size]["timed_steps"], warmup=1, **timing(size))
     checks = Checks()
-    for trial in report.trials:
-        checks.add(f"{trial.plan.label()}: ran", trial.status == "ok", error=trial.error)
-    gpu = is_cuda(device)
-    adam8 = by_label[memlab.Plan(optimizer="adamw8bit").label()]
-    checks.add(
-        "8-bit Adam keeps at most 30% of AdamW's optimizer state",
-        adam8.breakdown.get("optimizer", 0) <= 0.3 * base.breakdown.get("optimizer", 1) if gpu else None,
-        adamw=base.breakdown.get("optimizer"), adamw8bit=adam8.breakdown.get("optimizer"),
-    )
-    offload_opt = by_label[memlab.Plan(offload="optimizer").label()]
-    checks.add(
-        "offloading the optimizer leaves no optimizer state on the device and lowers the peak",
-        offload_opt.breakdown.get("optimizer") == 0 and offload_opt.peak_bytes < base.peak_bytes if gpu else None,
-        peak=offload_opt.peak_bytes, base=base.peak_bytes,
-    )
-    offload_act = by_label[memlab.Plan(offload="activations").label()]
-    checks.add(
-        "offloading activations lowers activation memory",
-        offload_act.breakdown.get("activations", 0) < base.breakdown.get("activations", 0) if gpu else None,
-        offloaded=offload_act.breakdown.get("activations"), base=base.breakdown.get("activations"),
-    )
-    for precision in ("bf16", "fp16"):
-        trial = by_label[memlab.Plan(precision=precision).label()]
-        checks.add(
-            f"{precision} is faster than fp32",
-            (trial.samples_per_s or 0) > (base.samples_per_s or 0) if gpu else None,
-            speedup=ratio(trial.samples_per_s, base.samples_per_s),
-        )
+    for row in compared["rows"]:
+        checks.add(f"{row['step']}: ran", row["status"] == "ok" if row["status"] != "skipped" else None,
+                   error=row["error"])
+    judge = Judge(checks, compared["trials"], named, is_cuda(device))
+    plain = "fp32 AdamW (plain)"
+
+    def state(trial: Any) -> int:
+        return int(trial.breakdown.get("optimizer", 0))
+
+    judge("8-bit AdamW keeps at most 30% of AdamW's optimizer state", (plain, "8-bit AdamW"),
+          lambda base, t: state(t) <= 0.3 * state(base))
+    judge("paged 8-bit AdamW's peak is at most 8-bit AdamW's (its state pages to the host)",
+          ("8-bit AdamW", "paged 8-bit AdamW"), lambda eight, paged: paged.peak_bytes <= 1.01 * eight.peak_bytes)
+    judge("Adafactor keeps at most 10% of AdamW's optimizer state (factored second moments, no first moment)",
+          (plain, "Adafactor"), lambda base, t: state(t) <= 0.1 * state(base))
+    if "foreach AdamW" in dict(named):
+        judge("foreach AdamW keeps the same optimizer state as fused AdamW", (plain, "foreach AdamW"),
+              lambda base, t: state(t) == state(base))
+    judge("the chunked loss does not raise the peak", (plain, "chunked loss"),
+          lambda base, t: t.peak_bytes <= 1.001 * base.peak_bytes)
+    judge("the optimizer in backward lowers the peak (the gradients never all exist)", (plain, "optimizer in backward"),
+          lambda base, t: t.peak_bytes < base.peak_bytes)
+    judge("pure bf16 weights hold at most 55% of fp32's parameter bytes", (plain, "pure bf16 weights"),
+          lambda base, t: t.breakdown.get("params", 0) <= 0.55 * base.breakdown.get("params", 1))
+    judge("offloading the optimizer leaves no optimizer state on the device and lowers the peak",
+          (plain, "offloaded optimizer"), lambda base, t: state(t) == 0 and t.peak_bytes < base.peak_bytes)
+    judge("offloading activations lowers activation memory", (plain, "offloaded activations"),
+          lambda base, t: t.breakdown.get("activations", 0) < base.breakdown.get("activations", 0))
+    judge("LoRA on attention only keeps less optimizer state than on every linear layer, and no higher a peak",
+          ("LoRA r16, all linear layers", "LoRA r16, attention only"),
+          lambda every, attention: state(attention) < state(every) and attention.peak_bytes <= every.peak_bytes)
+    for name in ("bf16 autocast", "fp16 autocast"):
+        judge(f"{name} is faster than fp32", (plain, name),
+              lambda base, t: (t.samples_per_s or 0) > (base.samples_per_s or 0))
     return {
-        "model": dataclasses.asdict(shape),
+        "model": {**dataclasses.asdict(shape), "parameters": parameter_count(model)},
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-        "rows": rows, "checks": checks.items,
+        "rows": compared["rows"], "checks": checks.items,
     }
 
 
 def cumulative_plans() -> list[tuple[str, Any]]:
+    """Levers added one on top of the other (the first six), then other full fine-tunes and adapters."""
     from memlab import Plan
 
+    stacked = {"precision": "bf16", "checkpointing": True, "optimizer": "adamw8bit"}
     return [
         ("fp32 AdamW (baseline)", Plan()),
         ("+ bf16 autocast", Plan(precision="bf16")),
         ("+ activation checkpointing", Plan(precision="bf16", checkpointing=True)),
-        ("+ 8-bit AdamW", Plan(precision="bf16", checkpointing=True, optimizer="adamw8bit")),
-        ("+ micro-batch 1 x accumulation 2", Plan(precision="bf16", checkpointing=True, optimizer="adamw8bit",
-                                                  micro_batch=1, accumulation=2)),
+        ("+ 8-bit AdamW", Plan(**stacked)),
+        ("+ chunked loss", Plan(**stacked, loss="chunked")),
+        ("+ optimizer in backward", Plan(**stacked, loss="chunked", optimizer_in_backward=True)),
+        ("bf16 + checkpointing + 8-bit AdamW, micro-batch 1 x accumulation 2",
+         Plan(**stacked, micro_batch=1, accumulation=2)),
+        ("bf16 + checkpointing + paged 8-bit AdamW", Plan(precision="bf16", checkpointing=True,
+                                                          optimizer="paged_adamw8bit")),
+        ("bf16 + checkpointing + Adafactor", Plan(precision="bf16", checkpointing=True, optimizer="adafactor")),
         ("bf16 + checkpointing + offloaded AdamW", Plan(precision="bf16", checkpointing=True, offload="optimizer")),
         ("pure bf16 + checkpointing + 8-bit AdamW", Plan(weights="bf16", checkpointing=True, optimizer="adamw8bit")),
+        ("pure bf16 + checkpointing + 8-bit AdamW + chunked loss + optimizer in backward",
+         Plan(weights="bf16", checkpointing=True, optimizer="adamw8bit", loss="chunked", optimizer_in_backward=True)),
         ("LoRA r16 + bf16 + checkpointing", Plan(adapter="lora", precision="bf16", checkpointing=True)),
+        ("LoRA r16 on attention + bf16 + checkpointing", Plan(adapter="lora", lora_targets="attention",
+                                                              precision="bf16", checkpointing=True)),
         ("QLoRA r16 + bf16 + checkpointing", Plan(adapter="qlora", precision="bf16", checkpointing=True)),
     ]
 
 
 def section_cumulative(size: str, device: torch.device) -> dict[str, Any]:
     """6. The levers that have landed, one on top of the other, on a Llama-3.2-1B-sized model at sequence 2048."""
-    return cumulative(SIZES[size]["cumulative"], device, steps=max(2, SIZES[size]["timed_steps"] - 2),
-                      noise=SIZES[size]["noise"])
+    return cumulative(SIZES[size]["cumulative"], device, steps=max(2, SIZES[size]["timed_steps"] - 1),
+                      noise=SIZES[size]["noise"], time_limit=SIZES[size]["time_limit"])
 
 
-def cumulative(shape: Llama, device: torch.device, *, steps: int, noise: float = 0.05) -> dict[str, Any]:
+def cumulative(shape: Llama, device: torch.device, *, steps: int, noise: float = 0.05,
+               time_limit: float = 10.0) -> dict[str, Any]:
     """The rows of :func:`cumulative_plans` on a Llama of ``shape``, with their checks."""
-    import memlab
-
     model = build_llama(shape, device)
     batch = token_batch(shape.vocab, shape.rows, shape.length, device)
     named = cumulative_plans()
-    report = memlab.compare(model, batch, [plan for _, plan in named], steps=steps, warmup=1, progress=False,
-                            noise=noise)
-    base = report.trials[0]
-    rows = [{"step": name, **trial_row(trial, base)} for (name, _), trial in zip(named, report.trials, strict=True)]
+    compared = compare_named(model, batch, named, steps=steps, warmup=1, progress=False, noise=noise,
+                             time_limit=time_limit)
     checks = Checks()
-    for row in rows:
-        checks.add(f"{row['step']}: ran", row["status"] == "ok", error=row["error"])
-    # Accumulation is left out: its gradients stay alive across micro-batches, which can cost more than the
-    # activations of the rows it takes out (a finding of the first GPU run, kept in the table).
-    peaks = [t.peak_bytes for t in report.trials[:4]]
-    checks.add(
-        "bf16, checkpointing and 8-bit AdamW, added one by one, each lower the peak",
-        all(b < a for a, b in zip(peaks, peaks[1:], strict=False)) if is_cuda(device) else None,
-        peaks_mib=[common.mib(p) for p in peaks],
-    )
-    by_step = {name: trial for (name, _), trial in zip(named, report.trials, strict=True)}
-    full, lora, qlora = (by_step[name].peak_bytes for name in (
-        "+ activation checkpointing", "LoRA r16 + bf16 + checkpointing", "QLoRA r16 + bf16 + checkpointing"))
-    checks.add(
-        "with bf16 and checkpointing, LoRA's peak is below the full fine-tune's, and QLoRA's below LoRA's",
-        qlora < lora < full if is_cuda(device) else None,
-        full_mib=common.mib(full), lora_mib=common.mib(lora), qlora_mib=common.mib(qlora),
-    )
-    parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    return {"model": {**dataclasses.asdict(shape), "parameters": parameters}, "rows": rows, "checks": checks.items}
+    for row in compared["rows"]:
+        checks.add(f"{row['step']}: ran", row["status"] == "ok" if row["status"] != "skipped" else None,
+                   error=row["error"])
+    judge = Judge(checks, compared["trials"], named, is_cuda(device))
+    # Accumulation is left out of the chain: its gradients stay alive across micro-batches, which can cost more
+    # than the activations of the rows it takes out (a finding of the first GPU run, kept in the table).
+    chain = tuple(name for name, _ in named[:6])
+    judge("bf16, checkpointing, 8-bit AdamW, the chunked loss and the optimizer in backward, added one by one, "
+          "each lower the peak", chain,
+          lambda *trials: all(b.peak_bytes < a.peak_bytes for a, b in zip(trials, trials[1:], strict=False)))
+    judge("with bf16 and checkpointing, LoRA's peak is below the full fine-tune's, and QLoRA's below LoRA's",
+          ("+ activation checkpointing", "LoRA r16 + bf16 + checkpointing", "QLoRA r16 + bf16 + checkpointing"),
+          lambda full, lora, qlora: qlora.peak_bytes < lora.peak_bytes < full.peak_bytes)
+    return {"model": {**dataclasses.asdict(shape), "parameters": parameter_count(model)}, "rows": compared["rows"],
+            "checks": checks.items}
 
 
 def section_fit(size: str, device: torch.device) -> dict[str, Any]:
@@ -613,18 +480,9 @@ def section_fit(size: str, device: torch.device) -> dict[str, Any]:
 
 def remeasure_in_fresh_process(shape: Llama, plan: Any, device: torch.device, steps: int) -> dict[str, Any]:
     """Measure ``plan`` on the same model and batch in a new Python process; its trial as a dict."""
-    request = json.dumps({"shape": dataclasses.asdict(shape), "plan": dataclasses.asdict(plan),
-                          "device": str(device), "steps": steps})
-    done = subprocess.run(
-        [sys.executable, "-c", "import sys; from benchmarks.gpu_sections import remeasure; remeasure(sys.argv[1])",
-         request],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        return {"status": "error", "error": (done.stderr or done.stdout)[-2000:]}
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+    request = {"shape": dataclasses.asdict(shape), "plan": dataclasses.asdict(plan), "device": str(device),
+               "steps": steps}
+    return in_fresh_process("benchmarks.gpu_sections:remeasure", request)
 
 
 def remeasure(request: str) -> None:
@@ -767,12 +625,23 @@ def section_restore(size: str, device: torch.device) -> dict[str, Any]:
     return {"model": dataclasses.asdict(shape), "outcomes": outcomes, "checks": checks.items}
 
 
-SECTIONS: dict[str, Callable[[str, torch.device], dict[str, Any]]] = {
-    "probe": section_probe,
-    "cap": section_cap,
-    "restore": section_restore,
-    "estimate": section_estimate,
-    "levers": section_levers,
-    "cumulative": section_cumulative,
-    "fit": section_fit,
-}
+def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
+    from benchmarks.gpu_sections_estimate import section_estimate
+    from benchmarks.gpu_sections_inference import section_inference
+    from benchmarks.gpu_sections_runs import section_ties, section_trainer
+
+    return {
+        "probe": section_probe,
+        "cap": section_cap,
+        "restore": section_restore,
+        "estimate": section_estimate,
+        "levers": section_levers,
+        "cumulative": section_cumulative,
+        "fit": section_fit,
+        "inference": section_inference,
+        "ties": section_ties,
+        "trainer": section_trainer,
+    }
+
+
+SECTIONS = _sections()

@@ -1,0 +1,65 @@
+"""The GPU acceptance run's own helpers, on the CPU (no GPU needed): what it reads from a CUDA allocator snapshot,
+how the table of CUDA truth reads plan labels back, and how a run names the parts its deadline left out. The GPU
+run itself is exercised at its smoke size by tests/integration/test_benchmarks.py."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+import memlab
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def benchmarks(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The modules of ``benchmarks/`` (the repository root on ``sys.path`` for the test only), by short name."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    names = ("cuda_truth", "gpu_acceptance", "gpu_common", "gpu_sections", "gpu_sections_estimate")
+    return SimpleNamespace(**{name: importlib.import_module(f"benchmarks.{name}") for name in names})
+
+
+def test_large_allocations_lists_the_big_ones_with_their_frames_and_whether_an_optimizer_made_them(
+    benchmarks: Any,
+) -> None:
+    big = 300 * 10**6
+    frames = [{"filename": "/x/torch/optim/adamw.py", "line": 10, "name": "_fused_adamw"},
+              {"filename": "/x/memlab/runner/step.py", "line": 5, "name": "optimizer_step"}]
+    snapshot = {"device_traces": [[
+        {"action": "alloc", "addr": 1, "size": big, "frames": frames},
+        {"action": "alloc", "addr": 2, "size": 10, "frames": frames},  # small: left out
+        {"action": "segment_alloc", "addr": 3, "size": big, "frames": []},
+        {"action": "alloc", "addr": 4, "size": big, "frames": [{"filename": "/x/model.py", "line": 1, "name": "f"}]},
+        {"action": "free_requested", "addr": 1, "size": big, "frames": []},
+    ]]}
+    found = benchmarks.gpu_sections_estimate.large_allocations(snapshot, torch.device("cuda", 0))
+    assert [(a["action"], a["in_optimizer"], a["freed_in_step"]) for a in found] == [
+        ("alloc", True, True), ("segment_alloc", False, False), ("alloc", False, False)]
+    assert found[0]["frames"][0] == "adamw.py:10:_fused_adamw"
+
+
+def test_the_truth_table_reads_every_plan_label_of_the_run_back(benchmarks: Any) -> None:
+    named = benchmarks.gpu_sections.lever_plans() + benchmarks.gpu_sections.cumulative_plans()
+    for _, plan in named:
+        assert memlab.Plan(**benchmarks.cuda_truth.plan_fields(plan.label())) == plan, plan.label()
+        assert memlab.Plan(**benchmarks.gpu_common.plan_fields(plan)) == plan
+
+
+def test_the_summary_names_the_parts_the_deadline_left_out(benchmarks: Any) -> None:
+    acceptance = benchmarks.gpu_acceptance
+    parts = {"probe": {"checks": [{"check": "a", "passed": True}]},
+             "fit": acceptance.not_started("fit", "10 s of the run's 570 s were left")}
+    summary = acceptance.summarize(parts)
+    assert summary["not_started"] == ["fit"] and summary["failed"] == 1 and summary["passed"] == 1
+
+
+def test_every_part_has_a_time_limit_and_the_limits_fit_the_order(benchmarks: Any) -> None:
+    acceptance = benchmarks.gpu_acceptance
+    assert set(acceptance.ORDER) == set(acceptance.LIMITS)
+    assert set(acceptance.ORDER) - {"pytest", "hf_table"} == set(acceptance.SECTIONS)
