@@ -19,6 +19,7 @@ CPU memory: the per-GPU peak is then the largest module-level snapshot without t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,8 +31,10 @@ from torch import nn
 from memlab.errors import MemlabError
 from memlab.estimation.configs import one_line
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup
+from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
 from memlab.estimation.single_gpu import adamw8bit_state_bytes
 from memlab.estimation.unknown import foreign_ops_note
+from memlab.events import StepFinished, TrialStarted
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import Plan
 from memlab.report import Trial
@@ -41,7 +44,10 @@ from memlab.runner.step import TrainingStep
 from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import build_optimizer, state_tensors
 
-__all__ = ["DETAIL", "FSDP_NOTE", "ShardedTrial", "fake_process_group", "fsdp2_dry_run", "shard_units", "sharded_trial"]
+__all__ = [
+    "DETAIL", "FSDP_NOTE", "ONE_STREAM_NOTE", "ShardedTrial", "fake_process_group", "fsdp2_dry_run", "shard_units",
+    "sharded_trial",
+]
 
 DETAIL = (
     "sharded_params",
@@ -57,6 +63,12 @@ DETAIL = (
 
 FSDP_NOTE = "FSDP2 estimated with fully_shard on fake tensors and a fake process group (FSDPMemTracker)"
 """The note of every FSDP2 dry run."""
+
+ONE_STREAM_NOTE = (
+    "reserved_bytes assumes one CUDA stream: a real FSDP2 run all-gathers and reduce-scatters on their own streams, "
+    "whose separate allocator pools may reserve more"
+)
+"""The note of an FSDP2 estimate that carries ``reserved_bytes``: the allocator model has one stream's pools."""
 
 # Which detail adds up into which of memlab's five categories.
 _DETAIL_TO_CATEGORY = {
@@ -259,10 +271,19 @@ def fsdp2_dry_run(
         held = _local_bytes([*model.parameters(), *(p.grad for p in step.parameters if p.grad is not None),
                              *state_tensors(optimizer)])
 
-    with fake_process_group(gpus) as mesh, quiet(), setup.mode:
+    # The allocator's reserve is replayed where the dry run's allocations are the step's own (not where the optimizer
+    # state is offloaded or computed from its size).
+    traced = target.type == "cuda" and not eight_bit and not plan.offloads_optimizer
+    trace = ReservedTrace(_CPU) if traced else None
+    with fake_process_group(gpus) as mesh, quiet(), setup.mode, contextlib.ExitStack() as stack:
         for unit in shard_units(model):
             fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
         fully_shard(model, mesh=mesh, mp_policy=policy)
+        if trace is not None:
+            # The sharded weights are what each GPU holds when the trial starts. The trace's tracker is a mode of its
+            # own (not the fake mode's observer): only an active tracker follows FSDP2's storage resize_ calls.
+            stack.enter_context(trace.trial(model, setup.batch))
+            trace.listen(TrialStarted(plan, 0, 1))
         try:
             step = TrainingStep(model, one_step, loss_fn=loss_fn, lr=lr, optimizer_device_type=target.type)
             if target.type == "cuda" and one_step.optimizer == "adamw":
@@ -278,8 +299,10 @@ def fsdp2_dry_run(
             step.optimizer.step()
             step.optimizer.zero_grad(set_to_none=True)
             step.optimizer.register_step_post_hook(measure_held)
+            _tell(trace, plan, "warmup")
             with tracker:
                 step(part)
+            _tell(trace, plan, "tracked")
         except MemlabError:
             raise
         except Exception as error:  # noqa: BLE001 - reported as the plan's estimate, like any failure
@@ -303,7 +326,18 @@ def fsdp2_dry_run(
         held = 0
         notes.append("optimizer offload = FSDP2 CPUOffloadPolicy: sharded weights, gradients and optimizer state "
                      "in CPU memory (host_bytes)")
-    return sharded_trial(plan, detail, target, budget, gpus, "fsdp2", held, host, notes), peaks
+    if trace is not None and trace.reserved_bytes is not None:
+        notes += [RESERVED_NOTE, ONE_STREAM_NOTE]
+    trial = sharded_trial(plan, detail, target, budget, gpus, "fsdp2", held, host, notes)
+    reserved = trace.reserved_bytes if trace is not None else None
+    return dataclasses.replace(trial, reserved_bytes=reserved), peaks
+
+
+def _tell(trace: ReservedTrace | None, plan: Plan, kind: str) -> None:
+    """Tell ``trace`` that a step of ``kind`` is done, as the runner's :class:`~memlab.events.StepFinished` does."""
+    if trace is not None:
+        trace.listen(StepFinished(plan, index=0, step=0, kind=kind, seconds=0.0, loss=None, live_bytes=None,
+                                  peak_bytes=None))
 
 
 def _fsdp_detail(tracker: Any) -> tuple[dict[str, int], list[dict[str, int]]]:

@@ -22,6 +22,10 @@ dry run for the others), ``P`` parameters, ``L`` the largest layer's own paramet
 The per-GPU peak is the model states + buffers + the largest activations and the batch: it leans high, as it adds
 the largest of each. The ``host_bytes`` of offload are each rank's share of what DeepSpeed keeps in CPU
 memory (without its pinned-buffer factor).
+
+There is no allocation trace of a ZeRO step, so its allocator reserve (``reserved_bytes``, for CUDA) is assumed: the
+per-GPU peak plus the reserve's overhead over the allocated peak (reserved - peak) of the FSDP2 dry run the
+activations come from (:func:`zero_basis`), where that run carries one; else it is unknown.
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import model_on_meta
-from memlab.estimation.fsdp2 import DETAIL, FSDP_NOTE, ShardedTrial, fsdp2_dry_run, sharded_trial
+from memlab.estimation.fsdp2 import DETAIL, FSDP_NOTE, ONE_STREAM_NOTE, ShardedTrial, fsdp2_dry_run, sharded_trial
+from memlab.estimation.reserved import RESERVED_NOTE
 from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_plans
 from memlab.estimation.strategies import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
-from memlab.plan import Plan
+from memlab.plan import Plan, format_bytes
 from memlab.report import Trial
 from memlab.runner.batch import LossFn
 
@@ -109,7 +114,9 @@ def zero_basis(
     compute dtype, as DeepSpeed's bf16/fp16 run them), and the optimizer's state per parameter (AdamW: 8 bytes and a
     4-byte step per tensor; 8-bit AdamW: bitsandbytes' size; others: from the one-GPU dry run). Returned as a Trial
     whose breakdown holds those three numbers. ``run``: an FSDP2 dry run of that same plan already made (at any
-    number of GPUs: data parallelism does not change the activations), used instead of a new one.
+    number of GPUs: data parallelism does not change the activations), used instead of a new one. For CUDA its
+    ``reserved_bytes`` is its own peak plus the FSDP2 run's reserve overhead (reserved - peak), None where that run
+    has no reserve.
 
     Example:
         >>> from torch import nn
@@ -139,8 +146,10 @@ def zero_basis(
             raise MemlabError(f"the one-GPU dry run the ZeRO estimate starts from failed: {single.error}")
         state = single.breakdown["optimizer"]
     breakdown = {"optimizer": state, "activations": activations, "other": inputs}
-    return dataclasses.replace(trial, breakdown=breakdown, peak_bytes=sum(breakdown.values()),
-                               notes=tuple(n for n in trial.notes if n != FSDP_NOTE))
+    peak = sum(breakdown.values())
+    reserved = None if trial.reserved_bytes is None else peak + max(0, trial.reserved_bytes - trial.peak_bytes)
+    notes = tuple(n for n in trial.notes if n not in (FSDP_NOTE, RESERVED_NOTE, ONE_STREAM_NOTE))
+    return dataclasses.replace(trial, breakdown=breakdown, peak_bytes=peak, reserved_bytes=reserved, notes=notes)
 
 
 def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, stage: int,
@@ -148,7 +157,8 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
     """The ZeRO-``stage`` estimate of one GPU of ``gpus``: :func:`zero_model_states` for ``counts`` (see
     :func:`memlab.estimation.configs.layer_counts`) and ``frozen`` parameters (see
     :func:`memlab.estimation.configs.frozen_count`), the communication buckets, and the activations and batch of
-    ``basis`` (:func:`zero_basis`).
+    ``basis`` (:func:`zero_basis`). Where ``basis`` has a reserve, the trial's ``reserved_bytes`` is its peak plus
+    the basis's reserve overhead (``basis.reserved_bytes - basis.peak_bytes``), an assumption its notes state.
 
     Example:
         >>> basis = Trial(Plan(), "ok", 860, {"optimizer": 800, "activations": 50, "other": 10}, None, None, None,
@@ -180,6 +190,11 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
         notes.append("ZeRO-2 cannot offload parameters: offload='all' offloads the optimizer only")
     if plan.weights == "bf16":
         notes.append("DeepSpeed keeps fp32 master weights even for bf16 weights: counted")
+    overhead = None if basis.reserved_bytes is None else max(0, basis.reserved_bytes - basis.peak_bytes)
+    if overhead is not None:
+        notes.append(f"reserved_bytes assumed: this peak plus the allocator's reserve overhead over the peak of the "
+                     f"FSDP2 dry run the activations come from ({format_bytes(overhead)}), as no ZeRO step is traced")
     held = states["params"] + states["grads"] + states["optimizer"]
-    return sharded_trial(plan, detail, torch.device(basis.device), budget, gpus, f"zero{stage}", held, states["host"],
-                         notes)
+    trial = sharded_trial(plan, detail, torch.device(basis.device), budget, gpus, f"zero{stage}", held,
+                          states["host"], notes)
+    return trial if overhead is None else dataclasses.replace(trial, reserved_bytes=trial.peak_bytes + overhead)
