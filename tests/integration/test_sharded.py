@@ -142,8 +142,8 @@ def test_fsdp2_on_two_cpu_ranks_matches_the_estimate(plan: Plan, tmp_path: Path)
 
 
 def test_the_fewest_gpus_are_found_by_the_card_figure_where_it_is_known(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Until the allocator's reserve is modelled, a reserve of the allocated peak stands in for it; a context of 1 MiB
-    # keeps the tiny model's card on the scale of its peak.
+    # A reserve of the allocated peak stands in for the modelled one (whose cuBLAS workspaces alone dwarf this tiny
+    # model), and a context of 1 MiB keeps the card on the scale of its peak.
     import dataclasses
 
     from memlab.estimation import cuda_context, sharded
@@ -164,3 +164,45 @@ def test_the_fewest_gpus_are_found_by_the_card_figure_where_it_is_known(monkeypa
                                   device="cuda")
     assert [trial.context_bytes for _, _, trial in rows] == [2**20, 2**20]  # type: ignore[union-attr]
     assert not rows[1][2].fits  # type: ignore[union-attr]
+
+
+def test_sharded_cuda_trials_carry_the_allocators_reserve_and_a_card_figure() -> None:
+    from memlab.estimation.fsdp2 import ONE_STREAM_NOTE
+    from memlab.estimation.sharded import sharded_trials
+
+    rows = sharded_trials(config(), SHAPES, [Plan(), Plan(precision="bf16", checkpointing=True)], gpus=2,
+                          device="cuda")
+    assert len(rows) == 6
+    for _, name, trial in rows:
+        assert trial is not None and trial.status == "ok", trial
+        assert trial.reserved_bytes is not None and trial.reserved_bytes >= trial.peak_bytes, (name, trial)
+        assert trial.card_bytes == trial.reserved_bytes + trial.context_bytes  # type: ignore[operator]
+        assert trial.verdict_figure == "card figure"
+        assert (ONE_STREAM_NOTE in trial.notes) is (name == "fsdp2")
+        assert any(note.startswith("reserved_bytes assumed") for note in trial.notes) is (name != "fsdp2")
+    # ZeRO adds the FSDP2 basis run's reserve overhead to its own peak: the same overhead at every number of GPUs.
+    fsdp2, zero2, zero3 = (trial for _, _, trial in rows[:3])
+    assert zero2.reserved_bytes - zero2.peak_bytes == zero3.reserved_bytes - zero3.peak_bytes  # type: ignore
+    for _, _, trial in sharded_trials(config(), SHAPES, [Plan()], gpus=2, device="cpu"):
+        assert trial is not None and trial.reserved_bytes is None and trial.card_bytes is None
+
+
+def test_sharded_cuda_trials_without_a_trace_of_their_own_keep_the_card_unknown() -> None:
+    # Offloaded or 8-bit optimizer state is not what the dry run allocated: no reserve is replayed for it.
+    for plan in (Plan(offload="optimizer"), Plan(optimizer="adamw8bit")):
+        trial = memlab.estimate(config(), SHAPES, plan, gpus=2, strategy="fsdp2", device="cuda")
+        assert trial.status == "ok" and trial.reserved_bytes is None and trial.card_bytes is None
+
+
+def test_cli_gpus_auto_prints_each_strategys_card_figure_and_judges_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memlab.frontends.cli import main
+
+    config().save_pretrained(tmp_path)
+    assert main(["estimate", str(tmp_path), "--batch", "2x64", "--budget", "4GiB", "--gpus", "auto"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if " x" in line and "per GPU" in line]
+    assert [line.split()[1] for line in lines] == ["fsdp2", "zero2", "zero3"], lines
+    for line in lines:
+        assert "allocated per GPU, card " in line and "card figure unknown" not in line, line
+        assert line.endswith("; fits by the card figure"), line
