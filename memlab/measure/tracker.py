@@ -334,8 +334,9 @@ class MemoryTracker(TorchDispatchMode):
         self._unpatch_resize = unpatch
 
     def _resized(self, storage: Any) -> None:
+        # A fake tensor keeps its storage on meta: follow such a storage where it is tracked (FSDP2 on fake tensors).
         if storage.device.type != self._device_type and not (
-            self._device_type == "meta" and storage.device.type == "meta"
+            storage.device.type == "meta" and self._ledger.lookup(storage) is not None
         ):
             return
         ledger = self._ledger
