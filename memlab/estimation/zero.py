@@ -23,9 +23,9 @@ The per-GPU peak is the model states + buffers + the largest activations and the
 the largest of each. The ``host_bytes`` of offload are each rank's share of what DeepSpeed keeps in CPU
 memory (without its pinned-buffer factor).
 
-There is no allocation trace of a ZeRO step, so its allocator reserve (``reserved_bytes``, for CUDA) is assumed: the
-per-GPU peak plus the reserve's overhead over the allocated peak (reserved - peak) of the FSDP2 dry run the
-activations come from (:func:`zero_basis`), where that run carries one; else it is unknown.
+No ZeRO step is traced, so the allocator's reserve of a ZeRO estimate is not known (``reserved_bytes`` None): its
+card figure is unknown and budget verdicts judge its allocated peak, and say so. (Borrowing the FSDP2 run's reserve
+was tried: a 2-GPU FSDP2 run's fragmentation is not a ZeRO step's, and it made a 7B ZeRO-3 plan look 17 GiB over.)
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from memlab.estimation.fsdp2 import DETAIL, FSDP_NOTE, ONE_STREAM_NOTE, ShardedT
 from memlab.estimation.reserved import RESERVED_NOTE
 from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_plans
 from memlab.estimation.strategies import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
-from memlab.plan import Plan, format_bytes
+from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.runner.batch import LossFn
 
@@ -114,9 +114,7 @@ def zero_basis(
     compute dtype, as DeepSpeed's bf16/fp16 run them), and the optimizer's state per parameter (AdamW: 8 bytes and a
     4-byte step per tensor; 8-bit AdamW: bitsandbytes' size; others: from the one-GPU dry run). Returned as a Trial
     whose breakdown holds those three numbers. ``run``: an FSDP2 dry run of that same plan already made (at any
-    number of GPUs: data parallelism does not change the activations), used instead of a new one. For CUDA its
-    ``reserved_bytes`` is its own peak plus the FSDP2 run's reserve overhead (reserved - peak), None where that run
-    has no reserve.
+    number of GPUs: data parallelism does not change the activations), used instead of a new one.
 
     Example:
         >>> from torch import nn
@@ -146,10 +144,10 @@ def zero_basis(
             raise MemlabError(f"the one-GPU dry run the ZeRO estimate starts from failed: {single.error}")
         state = single.breakdown["optimizer"]
     breakdown = {"optimizer": state, "activations": activations, "other": inputs}
-    peak = sum(breakdown.values())
-    reserved = None if trial.reserved_bytes is None else peak + max(0, trial.reserved_bytes - trial.peak_bytes)
-    notes = tuple(n for n in trial.notes if n not in (FSDP_NOTE, RESERVED_NOTE, ONE_STREAM_NOTE))
-    return dataclasses.replace(trial, breakdown=breakdown, peak_bytes=peak, reserved_bytes=reserved, notes=notes)
+    return dataclasses.replace(trial, breakdown=breakdown, peak_bytes=sum(breakdown.values()),
+                               notes=tuple(n for n in trial.notes if n not in (FSDP_NOTE, RESERVED_NOTE,
+                                                                                ONE_STREAM_NOTE)),
+                               reserved_bytes=None)
 
 
 def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, stage: int,
@@ -157,8 +155,7 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
     """The ZeRO-``stage`` estimate of one GPU of ``gpus``: :func:`zero_model_states` for ``counts`` (see
     :func:`memlab.estimation.configs.layer_counts`) and ``frozen`` parameters (see
     :func:`memlab.estimation.configs.frozen_count`), the communication buckets, and the activations and batch of
-    ``basis`` (:func:`zero_basis`). Where ``basis`` has a reserve, the trial's ``reserved_bytes`` is its peak plus
-    the basis's reserve overhead (``basis.reserved_bytes - basis.peak_bytes``), an assumption its notes state.
+    ``basis`` (:func:`zero_basis`).
 
     Example:
         >>> basis = Trial(Plan(), "ok", 860, {"optimizer": 800, "activations": 50, "other": 10}, None, None, None,
@@ -190,11 +187,6 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
         notes.append("ZeRO-2 cannot offload parameters: offload='all' offloads the optimizer only")
     if plan.weights == "bf16":
         notes.append("DeepSpeed keeps fp32 master weights even for bf16 weights: counted")
-    overhead = None if basis.reserved_bytes is None else max(0, basis.reserved_bytes - basis.peak_bytes)
-    if overhead is not None:
-        notes.append(f"reserved_bytes assumed: this peak plus the allocator's reserve overhead over the peak of the "
-                     f"FSDP2 dry run the activations come from ({format_bytes(overhead)}), as no ZeRO step is traced")
     held = states["params"] + states["grads"] + states["optimizer"]
-    trial = sharded_trial(plan, detail, torch.device(basis.device), budget, gpus, f"zero{stage}", held,
-                          states["host"], notes)
-    return trial if overhead is None else dataclasses.replace(trial, reserved_bytes=trial.peak_bytes + overhead)
+    return sharded_trial(plan, detail, torch.device(basis.device), budget, gpus, f"zero{stage}", held, states["host"],
+                         notes)

@@ -175,14 +175,14 @@ def test_sharded_cuda_trials_carry_the_allocators_reserve_and_a_card_figure() ->
     assert len(rows) == 6
     for _, name, trial in rows:
         assert trial is not None and trial.status == "ok", trial
+        if name != "fsdp2":  # no ZeRO step is traced: its reserve, and so its card figure, stay unknown
+            assert trial.reserved_bytes is None and trial.card_bytes is None, (name, trial)
+            assert trial.verdict_figure == "allocated peak"
+            continue
         assert trial.reserved_bytes is not None and trial.reserved_bytes >= trial.peak_bytes, (name, trial)
         assert trial.card_bytes == trial.reserved_bytes + trial.context_bytes  # type: ignore[operator]
         assert trial.verdict_figure == "card figure"
-        assert (ONE_STREAM_NOTE in trial.notes) is (name == "fsdp2")
-        assert any(note.startswith("reserved_bytes assumed") for note in trial.notes) is (name != "fsdp2")
-    # ZeRO adds the FSDP2 basis run's reserve overhead to its own peak: the same overhead at every number of GPUs.
-    fsdp2, zero2, zero3 = (trial for _, _, trial in rows[:3])
-    assert zero2.reserved_bytes - zero2.peak_bytes == zero3.reserved_bytes - zero3.peak_bytes  # type: ignore
+        assert ONE_STREAM_NOTE in trial.notes
     for _, _, trial in sharded_trials(config(), SHAPES, [Plan()], gpus=2, device="cpu"):
         assert trial is not None and trial.reserved_bytes is None and trial.card_bytes is None
 
@@ -194,7 +194,7 @@ def test_sharded_cuda_trials_without_a_trace_of_their_own_keep_the_card_unknown(
         assert trial.status == "ok" and trial.reserved_bytes is None and trial.card_bytes is None
 
 
-def test_cli_gpus_auto_prints_each_strategys_card_figure_and_judges_it(
+def test_cli_gpus_auto_prints_the_card_figure_where_known_and_says_which_figure_it_judged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from memlab.frontends.cli import main
@@ -203,6 +203,7 @@ def test_cli_gpus_auto_prints_each_strategys_card_figure_and_judges_it(
     assert main(["estimate", str(tmp_path), "--batch", "2x64", "--budget", "4GiB", "--gpus", "auto"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if " x" in line and "per GPU" in line]
     assert [line.split()[1] for line in lines] == ["fsdp2", "zero2", "zero3"], lines
-    for line in lines:
-        assert "allocated per GPU, card " in line and "card figure unknown" not in line, line
-        assert line.endswith("; fits by the card figure"), line
+    fsdp2, *zero = lines
+    assert "allocated per GPU, card " in fsdp2 and fsdp2.endswith("; fits by the card figure"), fsdp2
+    for line in zero:  # no ZeRO step is traced: the verdict says it judged the allocated peak
+        assert "card figure unknown" in line and line.endswith("; fits by the allocated peak"), line
