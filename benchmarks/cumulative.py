@@ -47,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     device = common.resolve_device(args, parser)
     result = common.metadata_for(NAME, device, args.size)
     steps = {"smoke": 2, "small": 4, "full": 4}[args.size]
-    result.update(gpu_sections.cumulative(SIZES[args.size], device, steps=steps))
+    noise = gpu_sections.SIZES[args.size]["noise"]  # 0 at the smoke size: exactly `steps` steps
+    result.update(gpu_sections.cumulative(SIZES[args.size], device, steps=steps, noise=noise))
     result["markdown"] = markdown(result)
     path = common.write_json(result, args.out / f"{common.result_stem(NAME, device, args.size)}.json")
     print(result["markdown"])

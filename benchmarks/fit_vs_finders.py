@@ -46,7 +46,8 @@ NAME = "fit_vs_finders"
 
 @dataclass(frozen=True)
 class Size:
-    """The model (a Llama from its config), the effective batch, and how many steps each trial times."""
+    """The model (a Llama from its config), the effective batch, how many steps each trial times, and the noise
+    target of the timing (0 at the smoke size, which only exercises the code: exactly ``steps`` steps)."""
 
     hidden: int
     layers: int
@@ -57,10 +58,12 @@ class Size:
     steps: int
     warmup: int
     rounds: int
+    noise: float = 0.05
 
 
 SIZES = {
-    "smoke": Size(hidden=32, layers=2, heads=2, vocab=128, batch_size=2, length=16, steps=1, warmup=1, rounds=1),
+    "smoke": Size(hidden=32, layers=2, heads=2, vocab=128, batch_size=2, length=16, steps=1, warmup=1, rounds=1,
+                  noise=0),
     "small": Size(hidden=256, layers=4, heads=4, vocab=4096, batch_size=8, length=256, steps=3, warmup=1, rounds=3),
     "full": Size(
         hidden=1024, layers=12, heads=16, vocab=32000, batch_size=16, length=1024, steps=3, warmup=1, rounds=3
@@ -92,7 +95,8 @@ def run_fit(model: nn.Module, batch: Any, size: Size, budget: int) -> Search:
 
     started = time.perf_counter()
     report = memlab.fit(
-        model, batch, budget=budget, batch_size=size.batch_size, steps=size.steps, warmup=size.warmup, progress=False
+        model, batch, budget=budget, batch_size=size.batch_size, steps=size.steps, warmup=size.warmup, progress=False,
+        noise=size.noise,
     )
     skipped = len(getattr(report, "skipped", []) or [])
     return Search("memlab.fit", list(report.trials), report.best, time.perf_counter() - started,
@@ -159,7 +163,8 @@ def remeasure(
         order = list(range(len(plans)))
         shift = number % max(1, len(order))
         for index in order[shift:] + order[:shift]:
-            trial = memlab.measure(model, batch, plans[index], steps=max(3, size.steps), warmup=size.warmup)
+            trial = memlab.measure(model, batch, plans[index], steps=max(3, size.steps), warmup=size.warmup,
+                                   noise=size.noise)
             if trial.samples_per_s is not None:
                 speeds[index].append(trial.samples_per_s)
     return speeds
@@ -186,7 +191,7 @@ def run(size: Size, device: torch.device, activation_fraction: float, lr: float 
         hidden=size.hidden, layers=size.layers, heads=size.heads, vocab=size.vocab, positions=size.length
     ).to(device)
     batch = common.to_device(common.lm_batch(vocab=size.vocab, rows=size.batch_size, length=size.length), device)
-    calibration = memlab.measure(model, batch, memlab.Plan(), steps=1, warmup=size.warmup, lr=lr)
+    calibration = memlab.measure(model, batch, memlab.Plan(), steps=1, warmup=size.warmup, lr=lr, noise=size.noise)
     if calibration.status != "ok":
         raise RuntimeError(f"the calibration trial failed: {calibration.error}")
     activations = calibration.breakdown["activations"]
@@ -197,7 +202,9 @@ def run(size: Size, device: torch.device, activation_fraction: float, lr: float 
     common.release(device)
 
     def with_runner(search: Callable[[Any], Search]) -> Search:
-        runner = TrialRunner(model, batch, RunOptions(steps=size.steps, warmup=size.warmup, budget=budget, lr=lr))
+        runner = TrialRunner(
+            model, batch, RunOptions(steps=size.steps, warmup=size.warmup, budget=budget, lr=lr, noise=size.noise)
+        )
         with runner.session():
             return search(runner)
 

@@ -30,8 +30,9 @@ NAME = "stability"
 RUNS = {"smoke": 2, "small": 6, "full": 6}
 
 
-def one_run(threads: int | None) -> dict[str, Any]:
-    """The demo's search, once, in this process: the answer, the trials it took and how long."""
+def one_run(threads: int | None, noise: float | None = None) -> dict[str, Any]:
+    """The demo's search, once, in this process: the answer, the trials it took and how long. ``noise``: the
+    search's noise target (default: the demo's; 0 times exactly one step per plan, for a smoke test of the code)."""
     import torch
 
     from memlab.frontends.cli import DEMO_BUDGET_FRACTION, demo_space
@@ -48,7 +49,9 @@ def one_run(threads: int | None) -> dict[str, Any]:
     # Memory is exact and the same in every run, so the budget is too; the plain plan's speed is not used.
     plain = measure(model, batch, Plan(), steps=1, noise=0)
     budget = int(plain.peak_bytes * DEMO_BUDGET_FRACTION)
-    report = fit(model, batch, budget=budget, batch_size=rows, warmup=1, progress=False, space=demo_space(rows))
+    timing = {} if noise is None else {"noise": noise, "steps": 1}
+    report = fit(model, batch, budget=budget, batch_size=rows, warmup=1, progress=False, space=demo_space(rows),
+                 **timing)
     best = report.best
     return {
         "best": None if best is None else best.label,

@@ -12,8 +12,11 @@ from torch import nn
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore", category=FutureWarning)
-# One thread: steadier timings on shared 2-core machines, and tiny models gain nothing from more.
+# One thread: steadier timings on shared 2-core machines, and tiny models gain nothing from more. The variable is
+# for the processes the tests start (the CLI, benchmark sections, the notebooks' kernels): threads that wait for
+# each other on a busy core cost many times the CPU of one thread.
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 VOCAB = 128
 

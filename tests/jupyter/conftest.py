@@ -1,0 +1,24 @@
+"""Starts the notebook runner (:mod:`notebook_runs`) once the session knows which notebooks it will execute, so
+that they run in the background while the other tests do, and stops it when the session ends."""
+
+from __future__ import annotations
+
+import pytest
+from notebook_runs import RUNS, missing_apis
+
+RUN_TEST = "test_notebook_runs_top_to_bottom"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return
+    names = [
+        item.callspec.params["name"]
+        for item in session.items
+        if getattr(item, "originalname", None) == RUN_TEST and hasattr(item, "callspec")
+    ]
+    RUNS.start([name for name in dict.fromkeys(names) if not missing_apis(name)])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    RUNS.stop()

@@ -1,0 +1,257 @@
+"""The workshop notebooks executed for ``tests/jupyter/test_notebooks.py``, in the background of the test session.
+
+A notebook runs in its own kernel, a separate process, while the test process only waits: on a 2-core machine the
+other core could run the rest of the suite. So when the session has collected notebook runs, a runner process
+(this file run as a script) starts executing them one after the other, in a fresh kernel each, while the other
+tests run; each notebook test then reads its notebook's result (how long it took, the warnings it printed, the
+error it stopped on). A notebook that the runner has not started yet when its test comes is run by the test
+itself (a claim file decides who runs it), so that near the end both cores execute notebooks.
+
+Nothing is shared between notebooks: every one starts a new kernel, with the environment the session had when it
+was collected (``OMP_NUM_THREADS=1`` unless set: one torch thread in the kernel, like the smallest Binder).
+Run by hand: ``python tests/notebook_runs.py OUT_DIR 00_where_memory_goes.ipynb ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+NAMES = sorted(path.name for path in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+PER_NOTEBOOK_S = 180
+
+# noise=0: a notebook's speeds are for its reader; here it only has to run, so each plan times exactly one step.
+SMALL = {"hidden": 32, "layers": 2, "vocab": 128, "rows": 4, "seq_len": 16, "steps": 1, "noise": 0}
+OVERRIDES = {
+    "04_8bit_adam.ipynb": {**SMALL, "curve_steps": 5},
+    "08_lora_and_qlora.ipynb": {**SMALL, "curve_steps": 5},
+    "07_will_7b_fit.ipynb": {
+        "hidden": 64,
+        "layers": 2,
+        "heads": 4,
+        "intermediate": 128,
+        "vocab": 128,
+        "seq_len": 32,
+        "budget": "24GiB",
+    },
+    "10_when_one_gpu_is_not_enough.ipynb": {
+        "hidden": 64,
+        "layers": 2,
+        "heads": 4,
+        "kv_heads": 2,
+        "intermediate": 128,
+        "vocab": 128,
+        "seq_len": 32,
+        "budget": "1.5MiB",  # one GPU does not fit, two with ZeRO-3 do
+        "gpus": 2,
+    },
+    # The long tail must stay long enough that the worst batch needs far more than a typical one (already small).
+    "12_from_oom_to_a_plan_that_fits.ipynb": {
+        "hidden": 64,
+        "layers": 2,
+        "rows": 4,
+        "short_words": 10,
+        "long_words": 190,
+        "examples": 32,
+        "long_examples": 4,
+        "steps": 1,
+        "noise": 0,
+    },
+}
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def missing_apis(name: str) -> list[str]:
+    """The APIs a notebook uses that this checkout does not have yet."""
+    import memlab
+
+    needs = {
+        "06_memfit_and_panel.ipynb": {
+            "memlab.fit": hasattr(memlab, "fit"),
+            "memlab.panel": hasattr(memlab, "panel"),
+            "memlab.frontends.jupyter.magic (%%memfit)": _has_module("memlab.frontends.jupyter.magic"),
+        },
+        "07_will_7b_fit.ipynb": {"memlab.estimation.estimate": hasattr(memlab, "estimate")},
+        "10_when_one_gpu_is_not_enough.ipynb": {"memlab.estimation.sharded": _has_module("memlab.estimation.sharded")},
+    }
+    return [api for api, present in needs.get(name, {}).items() if not present]
+
+
+def parameters_index(nb: nbformat.NotebookNode) -> int:
+    tagged = [i for i, cell in enumerate(nb.cells) if "parameters" in cell.metadata.get("tags", [])]
+    assert len(tagged) == 1, "a notebook needs exactly one cell tagged 'parameters'"
+    return tagged[0]
+
+
+def with_small_sizes(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
+    """The notebook with a cell of smaller sizes injected after its parameters cell."""
+    values = OVERRIDES.get(name, SMALL)
+    source = "# Injected by tests/jupyter/test_notebooks.py: small sizes for CI\n" + "\n".join(
+        f"{key} = {value!r}" for key, value in values.items()
+    )
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["tags"] = ["injected-parameters"]
+    cell["id"] = "injected-parameters"
+    nb.cells.insert(parameters_index(nb) + 1, cell)
+    return nb
+
+
+def warnings_printed(nb: nbformat.NotebookNode) -> list[str]:
+    found = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream" and output.get("name") == "stderr":
+                text = output.get("text", "")
+                if "warn" in text.lower():
+                    found.append(text.strip()[:300])
+    return found
+
+
+def kernel_environment() -> dict[str, str]:
+    """The environment every notebook's kernel starts with: this process's, with one torch thread unless set (on a
+    shared machine, threads that wait for each other make the small steps many times slower, and timings flaky)."""
+    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+@dataclass(frozen=True)
+class NotebookRun:
+    """What executing one notebook gave: its seconds, the warnings it printed, and the error it stopped on."""
+
+    name: str
+    seconds: float
+    warnings: list[str]
+    error: str | None = None
+
+
+def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
+    """Execute notebook ``name`` with the small sizes, in a fresh ``python3`` kernel whose working folder is
+    ``workdir``."""
+    from nbclient import NotebookClient
+
+    nb = with_small_sizes(nbformat.read(NOTEBOOKS / name, as_version=4), name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    client = NotebookClient(
+        nb, timeout=PER_NOTEBOOK_S, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}
+    )
+    started = time.perf_counter()
+    try:
+        client.execute(env=env)
+    except Exception:  # noqa: BLE001 - the test reports it with the cell's traceback
+        return NotebookRun(name, time.perf_counter() - started, warnings_printed(nb), traceback.format_exc()[-6000:])
+    return NotebookRun(name, time.perf_counter() - started, warnings_printed(nb))
+
+
+def _claim(folder: Path, name: str) -> bool:
+    """Whether this process is the one that runs ``name`` (the first to create its claim file)."""
+    try:
+        os.close(os.open(folder / f"{name}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _write(folder: Path, run: NotebookRun) -> None:
+    partial = folder / f"{run.name}.json.partial"
+    partial.write_text(json.dumps(run.__dict__))
+    os.replace(partial, folder / f"{run.name}.json")
+
+
+def _read(folder: Path, name: str) -> NotebookRun | None:
+    path = folder / f"{name}.json"
+    return NotebookRun(**json.loads(path.read_text())) if path.exists() else None
+
+
+class NotebookRuns:
+    """The session's notebook runs: :meth:`start` the runner in the background, :meth:`result` of one notebook
+    (waiting for the runner, or running it here), :meth:`stop` at the end of the session."""
+
+    def __init__(self) -> None:
+        self.folder: Path | None = None
+        self.env: dict[str, str] = {}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, names: list[str]) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="memlab-notebooks-"))
+        self.env = kernel_environment()
+        if not names:
+            return
+        with open(self.folder / "runner.log", "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, __file__, str(self.folder), *names], cwd=ROOT, env=self.env, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,  # its own group: stop() ends its kernels too
+            )
+
+    def result(self, name: str) -> NotebookRun:
+        if self.folder is None:  # no session hook started it (a test run by hand): run everything here
+            self.start([])
+        assert self.folder is not None
+        while True:
+            done = _read(self.folder, name)
+            if done is not None:
+                return done
+            if _claim(self.folder, name):
+                run = execute(name, self.folder / name, self.env)
+                _write(self.folder, run)
+                return run
+            if self.process is None or self.process.poll() is not None:
+                done = _read(self.folder, name)  # it may have finished between the two reads
+                if done is not None:
+                    return done
+                log = (self.folder / "runner.log").read_text(errors="replace")[-3000:]
+                return NotebookRun(name, 0.0, [], f"the notebook runner stopped before {name} ended:\n{log}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+RUNS = NotebookRuns()
+"""The session's runs (started by ``tests/jupyter/conftest.py`` once the session has collected its tests)."""
+
+
+def main(argv: list[str]) -> int:
+    folder, names = Path(argv[0]), argv[1:]
+    env = dict(os.environ)
+    for name in names:
+        if _claim(folder, name):
+            run = execute(name, folder / name, env)
+            _write(folder, run)
+            print(f"{name}: {run.seconds:.1f} s{' (failed)' if run.error else ''}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
