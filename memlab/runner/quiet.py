@@ -75,14 +75,17 @@ def matters(source: str, kind: type[Warning] | int) -> bool:
     """Whether a remark of library ``source`` is shown: ``kind`` is a warning's category or a log record's level.
 
     The libraries memlab drives (:data:`QUIET_LOGGERS`) say the same things for every plan; what of theirs is
-    shown is what may change what a run means: a ``FutureWarning`` or ``DeprecationWarning`` (behaviour that
-    changes), a ``RuntimeWarning`` (numbers gone wrong), a log record at ERROR or above. Any warning of memlab's own
-    modules or of another library is shown.
+    shown is what may change what a run means: a ``FutureWarning`` (behaviour that changes for the user), a
+    ``RuntimeWarning`` (numbers gone wrong), a log record at ERROR or above. A ``DeprecationWarning`` between them
+    (torch telling transformers that an API goes away) is for their developers, and Python itself hides those
+    outside ``__main__``: so does memlab. Any warning of memlab's own modules or of another library is shown.
 
     Example:
         >>> import logging
         >>> matters("transformers", UserWarning), matters("transformers", FutureWarning)
         (False, True)
+        >>> matters("torch", DeprecationWarning)
+        False
         >>> matters("bitsandbytes", logging.WARNING), matters("numpy", UserWarning)
         (False, True)
     """
@@ -90,7 +93,7 @@ def matters(source: str, kind: type[Warning] | int) -> bool:
         return kind >= logging.ERROR
     if source not in QUIET_LOGGERS:
         return True
-    return issubclass(kind, (DeprecationWarning, PendingDeprecationWarning, FutureWarning, RuntimeWarning))
+    return issubclass(kind, (FutureWarning, RuntimeWarning))
 
 
 class Remarks:
