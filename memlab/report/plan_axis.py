@@ -84,8 +84,9 @@ def plan_axis(labels: Sequence[str], width_px: float = PLOTLY_PANEL_PX) -> PlanA
 
     Up to :data:`FULL_LABELS_UP_TO` plans, each bar's tick is its label: level where the widest fits its slot (in
     a font a size smaller if need be), else turned -45 degrees, else -90 (where the slot is narrower still). With
-    more plans each bar is numbered (its hover, or a key, says which plan it is), in a smaller font, and where even
-    the numbers would touch only every 2nd, 5th, 10th... number is written (1, 5, 10, 15, ...).
+    more plans each bar is numbered (the table's ``#`` column, its hover and the SVG's key say which plan it is), in a
+    smaller font, and where even the numbers would touch only every 2nd, 5th, 10th... number is written (1, 5, 10,
+    15, ...).
 
     Example:
         >>> plan_axis(["plain", "ckpt"]).angle, plan_axis(["mb2x4 ckpt bf16 adamw8bit"] * 8).angle
@@ -123,7 +124,7 @@ def plan_axis_layout(axis: PlanAxis, labels: Sequence[str]) -> dict[str, Any]:
         >>> layout["tickvals"], layout["ticktext"], layout["tickangle"], layout["title"]["text"]
         (['plain', 'ckpt'], ['plain', 'ckpt'], 0, 'plan')
     """
-    title = "plan number (hover a bar for its plan)" if axis.numbered else "plan"
+    title = "plan number (the table's # column)" if axis.numbered else "plan"
     return {
         "tickmode": "array",
         "tickvals": [labels[index] for index in axis.shown],

@@ -16,6 +16,7 @@ from memlab.plan import format_bytes
 from memlab.report.data import ALL_CATEGORIES, Report, Trial, speed_range
 from memlab.report.format import format_rate, one_line
 from memlab.report.noise import relative_half_width
+from memlab.report.plan_axis import FULL_LABELS_UP_TO
 
 __all__ = [
     "BEST_MARK", "TIE_MARK", "card_line", "card_text", "footer_lines", "headers", "html_table", "judged_text",
@@ -26,6 +27,7 @@ __all__ = [
 
 _HEADERS = {
     "best": "",
+    "number": "#",
     "plan": "plan",
     "status": "status",
     "peak": "peak",
@@ -81,9 +83,10 @@ def spread_text(trial: Trial) -> str:
 
 
 def table_rows(report: Report) -> list[dict[str, str]]:
-    """Each trial as formatted cells: mark, plan, status, sizes (one unit for them all: :func:`table_units`; the
-    card figure beside the allocated peak, ``-`` where it is unknown), time/step, samples/s and its noise, tokens/s,
-    notes.
+    """Each trial as formatted cells: mark, number (1, 2, ... in trial order, as the figures number their bars, where
+    there are more than :data:`~memlab.report.plan_axis.FULL_LABELS_UP_TO` trials), plan, status, sizes (one unit
+    for them all: :func:`table_units`; the card figure beside the allocated peak, ``-`` where it is unknown),
+    time/step, samples/s and its noise, tokens/s, notes.
 
     Example:
         >>> from memlab.plan import Plan
@@ -96,7 +99,8 @@ def table_rows(report: Report) -> list[dict[str, str]]:
     shared = shared_notes(report)
     size_unit, time_unit = table_units(report)
     rows = []
-    for trial in report.trials:
+    numbered = len(report.trials) > FULL_LABELS_UP_TO  # the figures number their bars: the table says which is which
+    for number, trial in enumerate(report.trials, start=1):
         status = status_text(trial, report.fits(trial))
         notes = [note for note in trial.notes if note not in shared]
         if trial.error:
@@ -106,7 +110,8 @@ def table_rows(report: Report) -> list[dict[str, str]]:
             peak = ">= " + peak
         mark = BEST_MARK if trial is best else TIE_MARK if any(trial is tie for tie in ties) else ""
         card = trial.card_bytes if trial.status == "ok" else None
-        row = {"best": mark, "plan": trial.label, "status": status, "peak": peak,
+        row = {"best": mark, "number": str(number) if numbered else "", "plan": trial.label, "status": status,
+               "peak": peak,
                "card": "-" if card is None else _in_unit(card, size_unit)}
         for name in report.categories:
             row[name] = _in_unit(trial.breakdown.get(name, 0), size_unit) if trial.status == "ok" else "-"
@@ -455,9 +460,9 @@ def html_table(report: Report) -> str:
 
 
 def _shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tuple[str, ...]) -> list[str]:
-    """The columns worth a place: the report's memory categories; the card figure, the noise, the prefill and decode
-    speeds and the notes only where some row has one."""
-    optional = {"card", "spread", "notes", "prefill", "decode"}
+    """The columns worth a place: the report's memory categories; the plan numbers (where the figures number their
+    bars), the card figure, the noise, the prefill and decode speeds and the notes only where some row has one."""
+    optional = {"number", "card", "spread", "notes", "prefill", "decode"}
     return [
         key
         for key in _HEADERS

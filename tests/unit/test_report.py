@@ -538,3 +538,26 @@ def test_the_noise_column_never_shows_over_100_percent_nor_a_bare_dash_for_a_mea
     report = Report([trial, other])
     assert table_rows(report)[0]["spread"] == shown
     assert shown in report.to_text() and shown.replace("\u00b1", "") in report._repr_html_()
+
+
+def test_the_table_numbers_its_rows_as_the_figures_number_their_bars_when_there_are_many() -> None:
+    import re
+
+    from memlab.report.plan_axis import FULL_LABELS_UP_TO, plan_axis, plan_axis_layout
+    from memlab.report.tables import html_table, table_rows, text_table
+
+    many = Report([Trial(Plan(micro_batch=rows), "ok", 100 + rows, {}, 0.1, 10.0 + rows, None, "cpu")
+                   for rows in range(1, FULL_LABELS_UP_TO + 3)])
+    data = figure_data(many)
+    rows = table_rows(many)
+    # The bar numbered n in the figure (its hover starts "#n <b>label</b>") is row n of the table, "#" column n.
+    for number, (hover, row) in enumerate(zip(data["hover"], rows, strict=True), start=1):
+        assert row["number"] == str(number)
+        assert hover.startswith(f"#{number} <b>{row['plan']}</b>")
+    assert text_table(many).splitlines()[0].split()[:2] == ["#", "plan"]
+    assert "<th style='white-space:normal;vertical-align:bottom'>#</th>" in html_table(many)
+    axis = plan_axis_layout(plan_axis(data["labels"]), data["labels"])
+    assert axis["title"]["text"] == "plan number (the table's # column)"
+    few = Report(many.trials[:FULL_LABELS_UP_TO])
+    assert all(row["number"] == "" for row in table_rows(few))
+    assert not re.search(r"^\s*#", text_table(few).splitlines()[0])
