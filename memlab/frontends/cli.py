@@ -28,7 +28,9 @@ from typing_extensions import Unpack
 from memlab.frontends.cli_errors import SentenceParser, fraction, seconds, unknown_arguments, whole_number
 
 if TYPE_CHECKING:
-    from memlab.options import TrialKeywords
+    from collections.abc import Callable
+
+    from memlab.options import RunOptions, TrialKeywords
 
 __all__ = [
     "DEMO_BUDGET_FRACTION",
@@ -270,11 +272,7 @@ def run_demo(
     """
     import torch
 
-    from memlab.frontends.demo import default_batch, default_model
     from memlab.options import RunOptions
-    from memlab.plan import Plan, format_bytes
-    from memlab.runner.trial import measure
-    from memlab.search import fit
 
     run_options = RunOptions.from_keywords({**_DEMO_DEFAULTS, **options})
     budget = run_options.budget
@@ -284,6 +282,25 @@ def run_demo(
         print(text, file=stream, flush=True)
 
     started = time.perf_counter()
+    threads = torch.get_num_threads()
+    if not torch.cuda.is_available():
+        # The demo's model is tiny (0.9M parameters): one thread runs it as fast as several, and where another
+        # process keeps a core busy, torch's threads wait on each other. On a 2-core machine with a process spinning
+        # beside it the demo took 529 s with torch's 2 threads and 27 s with one (2026-11-24).
+        torch.set_num_threads(1)
+    try:
+        return _run_demo(torch, say, run_options, budget, batch_size, html_path, started)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_demo(torch: Any, say: Callable[..., None], run_options: RunOptions, budget: int | None,
+              batch_size: int | None, html_path: str | os.PathLike[str] | None, started: float) -> int:
+    from memlab.frontends.demo import default_batch, default_model
+    from memlab.plan import Plan, format_bytes
+    from memlab.runner.trial import measure
+    from memlab.search import fit
+
     model = default_model()
     batch = default_batch()
     rows = int(batch["input_ids"].shape[0])
@@ -295,7 +312,8 @@ def run_demo(
         batch = {key: value.to(device) for key, value in batch.items()}
     say(
         f"memlab demo: a small Llama ({parameters / 1e6:.2f}M parameters, 4 layers) built from its config, "
-        f"a batch of {rows} x {batch['input_ids'].shape[1]} random tokens, on {device}."
+        f"a batch of {rows} x {batch['input_ids'].shape[1]} random tokens, on {device}"
+        + (" (one torch thread)." if device == "cpu" else ".")
     )
     if budget is None:
         # Only the plain plan's peak matters here, so it is timed for one step whatever the noise.

@@ -317,3 +317,29 @@ def test_estimate_gpus_auto_prints_each_gpus_card_figure_and_the_verdict_on_it(
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["card_bytes"] == rows[0]["reserved_bytes"] + rows[0]["context_bytes"]
     assert rows[0]["verdict_figure"] == "card figure" and rows[1]["fits"] is False
+
+
+def test_the_demo_runs_on_one_torch_thread_on_a_cpu_and_gives_the_callers_threads_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+
+    import torch
+
+    from memlab.frontends.cli import run_demo
+
+    seen: list[int] = []
+    def fit_seeing_threads(*args: Any, **kwargs: Any) -> Report:
+        seen.append(torch.get_num_threads())
+        return Report([], budget=kwargs.get("budget"))
+
+    monkeypatch.setattr(memlab.search, "fit", fit_seeing_threads)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = io.StringIO()
+        assert run_demo(steps=1, noise=0.0, budget="1GiB", html_path=None, out=out, progress=False) == 0
+        assert seen == [1] and torch.get_num_threads() == 2
+        assert "on cpu (one torch thread)." in out.getvalue().splitlines()[0]
+    finally:
+        torch.set_num_threads(before)
