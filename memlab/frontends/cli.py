@@ -289,13 +289,15 @@ def run_demo(
         # beside it the demo took 529 s with torch's 2 threads and 27 s with one (2026-11-24).
         torch.set_num_threads(1)
     try:
-        return _run_demo(torch, say, run_options, budget, batch_size, html_path, started)
+        return _run_demo(say, run_options, budget, batch_size, html_path, started)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_demo(torch: Any, say: Callable[..., None], run_options: RunOptions, budget: int | None,
-              batch_size: int | None, html_path: str | os.PathLike[str] | None, started: float) -> int:
+def _run_demo(say: Callable[..., None], run_options: RunOptions, budget: int | None, batch_size: int | None,
+              html_path: str | os.PathLike[str] | None, started: float) -> int:
+    import torch
+
     from memlab.frontends.demo import default_batch, default_model
     from memlab.plan import Plan, format_bytes
     from memlab.runner.trial import measure
