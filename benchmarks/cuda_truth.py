@@ -179,10 +179,33 @@ def build() -> dict[str, Any]:
         read = _hf_rows if data["benchmark"] == "hf_table" else _acceptance_rows
         device = {"gpu": data["device"]["gpu"], "capability": data["device"]["gpu_capability"],
                   "torch": data["versions"]["torch"], "transformers": data["versions"]["transformers"]}
-        rows += [{**row, **device} for row in read(data, path.stem)]
+        rows += [{**row, **device} for row in _optimizer_as_run(read(data, path.stem), data["date"])]
         if data["benchmark"] != "hf_table":
             inference += [{**row, **device} for row in _inference_rows(data, path.stem)]
     return {"about": __doc__.split("\n\n")[0], "rows": _unique(rows), "inference_rows": _unique(inference)}
+
+
+# memlab's "adamw" became torch's fused AdamW on 2026-11-23 (commit d80b15f). Before that, build_optimizer made
+# ``torch.optim.AdamW(parameters, foreach=True)`` on CUDA, whose step holds a temporary as large as the weights
+# (``torch._foreach_sqrt`` of the second moments): what the runs of 2026-11-22 measured. Their rows are estimated
+# with the optimizer that ran, ``adamw_foreach``, not with today's default.
+_FUSED_ADAMW_SINCE = "2026-11-23"
+_FOREACH_NOTE = ("the run's memlab (before 2026-11-23) built torch's foreach AdamW on CUDA for the default "
+                 "optimizer; the row names the optimizer that ran")
+
+
+def _optimizer_as_run(rows: list[dict[str, Any]], date: str) -> list[dict[str, Any]]:
+    """``rows`` with the default AdamW named as the kernel their run used (see ``_FUSED_ADAMW_SINCE``)."""
+    if date >= _FUSED_ADAMW_SINCE:
+        return rows
+    ran = []
+    for row in rows:
+        plan = row["plan"]
+        # An offloaded optimizer stepped on the CPU, where torch picked its own kernel: left as recorded.
+        if plan.get("optimizer", "adamw") == "adamw" and plan.get("offload") not in ("optimizer", "all"):
+            row = {**row, "plan": {**plan, "optimizer": "adamw_foreach"}, "optimizer_note": _FOREACH_NOTE}
+        ran.append(row)
+    return ran
 
 
 def _unique(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

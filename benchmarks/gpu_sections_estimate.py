@@ -145,13 +145,10 @@ def row_id(family: dict[str, Any], plan: Any) -> str:
 
 def gpu_kind_name(device_name: str | None) -> str | None:
     """memlab's name of the GPU kind torch calls ``device_name`` (for ``estimate(gpu=...)``), where this memlab
-    knows GPU kinds and that one; else None."""
-    try:
-        from memlab.estimation import cuda_context  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    kinds = getattr(cuda_context, "GPUS", {})
-    return next((name for name, kind in kinds.items() if device_name and kind.device_name == device_name), None)
+    knows that kind; else None."""
+    from memlab.estimation.gpus import GPUS
+
+    return next((name for name, kind in GPUS.items() if device_name and kind.device_name == device_name), None)
 
 
 def estimate_one(family: dict[str, Any], plan: Any, device: str, gpu: str | None) -> dict[str, Any]:

@@ -8,9 +8,10 @@ on CUDA's attention operators), so the fake tensors stay on the CPU and :class:`
 autograd function that allocates what the CUDA backend PyTorch would choose allocates:
 
 - the backend by PyTorch's rules (``sdp_utils.cpp``, default priority flash, memory-efficient, math) for the
-  :class:`Gpu` assumed (default an 80 GB H100, sm90): flash needs fp16/bf16, a head dim of at most 256 and a
-  multiple of 8, equal q/k/v head dims and no explicit ``attn_mask`` (``is_causal`` is fine), sm80+; the
-  memory-efficient kernel also takes fp32 and a mask, but not grouped-query heads (``enable_gqa``); math otherwise;
+  GPU kind assumed (:mod:`memlab.estimation.gpus`, default an 80 GB H100, sm90): flash needs fp16/bf16, a head dim
+  of at most 256 and a multiple of 8, equal q/k/v head dims and no explicit ``attn_mask`` (``is_causal`` is fine),
+  sm80+; the memory-efficient kernel also takes fp32 and a mask, but not grouped-query heads (``enable_gqa``);
+  math otherwise;
 - forward: the output; saved for backward: flash keeps q, k, v, the output and a float32 logsumexp (B, H, L);
   memory-efficient the same with the logsumexp padded to a multiple of 32 and the mask; math the attention
   probabilities (B, H, L, S) in the compute dtype, and with dropout the dropout mask and the dropped probabilities;
@@ -34,36 +35,18 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from memlab.estimation.cuda_autocast import autocast_dtype
+from memlab.estimation.gpus import GpuKind, gpu_kind
 
 __all__ = [
-    "FULL_MASK_DROPPED", "H100", "CudaAttention", "Gpu", "attention_note", "sdpa_backend", "sdpa_gaps",
-    "without_full_mask",
+    "FULL_MASK_DROPPED", "CudaAttention", "attention_note", "sdpa_backend", "sdpa_gaps", "without_full_mask",
 ]
 
-
-@dataclass(frozen=True)
-class Gpu:
-    """The GPU a CUDA estimate made without one assumes: its name and compute capability (which attention kernels
-    it has).
-
-    Example:
-        >>> H100.capability, Gpu("NVIDIA A100 80GB", (8, 0)).name
-        ((9, 0), 'NVIDIA A100 80GB')
-    """
-
-    name: str = "NVIDIA H100 80GB HBM3"
-    capability: tuple[int, int] = (9, 0)
-
-
-H100 = Gpu()
-"""The default GPU of a CUDA estimate made without one: an 80 GB Hopper card."""
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 _HALF = (torch.float16, torch.bfloat16)
@@ -76,18 +59,20 @@ def sdpa_backend(
     attn_mask: torch.Tensor | None = None,
     *,
     enable_gqa: bool = False,
-    gpu: Gpu = H100,
+    gpu: GpuKind | str | None = None,
 ) -> str:
-    """The backend PyTorch's CUDA ``scaled_dot_product_attention`` picks on ``gpu``: ``"flash"``,
-    ``"efficient"`` (memory-efficient) or ``"math"``.
+    """The backend PyTorch's CUDA ``scaled_dot_product_attention`` picks on ``gpu`` (a GPU kind or its name,
+    default an H100): ``"flash"``, ``"efficient"`` (memory-efficient) or ``"math"``.
 
     Example:
         >>> q = torch.empty(1, 2, 8, 64)
         >>> sdpa_backend(q.bfloat16(), q.bfloat16(), q.bfloat16()), sdpa_backend(q, q, q)
         ('flash', 'efficient')
-        >>> sdpa_backend(q, q, q, gpu=Gpu("Tesla T4", (7, 5)))
+        >>> import dataclasses
+        >>> sdpa_backend(q, q, q, gpu=dataclasses.replace(gpu_kind(), capability=(7, 5)))
         'math'
     """
+    gpu = gpu_kind(gpu)
     head_dim = query.shape[-1]
     same_dims = key.shape[-1] == head_dim and value.shape[-1] == head_dim
     grouped = enable_gqa and query.shape[-3] != key.shape[-3]
@@ -191,9 +176,9 @@ class CudaAttention(TorchFunctionMode):
     the trial's notes.
     """
 
-    def __init__(self, gpu: Gpu = H100) -> None:
+    def __init__(self, gpu: GpuKind | str | None = None) -> None:
         super().__init__()
-        self.gpu = gpu
+        self.gpu = gpu_kind(gpu)
         self.backends: set[str] = set()
         self.gaps: set[str] = set()
 
@@ -273,6 +258,6 @@ def attention_note(attention: CudaAttention) -> str | None:
     plural = "s" if len(attention.backends) > 1 else ""
     gaps = f"; what the rules do not cover (their backend assumed): {'; '.join(sorted(attention.gaps))}" if (
         attention.gaps) else ""
-    return (f"CUDA attention emulated for {attention.gpu.name} (sm{major}{minor}): "
+    return (f"CUDA attention emulated for {attention.gpu.device_name} (sm{major}{minor}): "
             f"scaled_dot_product_attention's {names} backend{plural}{gaps}")
 

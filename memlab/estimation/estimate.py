@@ -27,8 +27,9 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import KNOWN_SHAPES, load_config, meta_model, parse_batch_shape
-from memlab.estimation.cuda_context import card_context, gpu_kind
+from memlab.estimation.cuda_context import card_context
 from memlab.estimation.fake import BLIND_SPOTS, fake_batch
+from memlab.estimation.gpus import gpu_kind
 from memlab.estimation.sharded import sharded_estimate
 from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_inference, estimate_plans, is_inference
 from memlab.estimation.strategies import check_sharding
@@ -151,5 +152,6 @@ def estimate(
         if strategy != "none":
             return sharded_estimate(model_or_config, batch, training, gpus=gpus, strategy=strategy, loss_fn=loss_fn,
                                     budget=budget, lr=lr, device=device, gpu=gpu)
-    trial = estimate_plans(model_or_config, batch, [training], loss_fn=loss_fn, budget=budget, lr=lr, device=device)[0]
+    trial = estimate_plans(model_or_config, batch, [training], loss_fn=loss_fn, budget=budget, lr=lr, device=device,
+                           gpu=gpu)[0]
     return card_context(trial, gpu)

@@ -30,7 +30,9 @@ from torch import nn
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import one_line
-from memlab.estimation.fake import BLIND_SPOTS, fake_setup
+from memlab.estimation.cuda_attention import FULL_MASK_DROPPED, attention_note, without_full_mask
+from memlab.estimation.cuda_kernels import EMULATED_NOTE, cuda_kernels
+from memlab.estimation.fake import BLIND_SPOTS, fake_setup, target_device
 from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
 from memlab.estimation.single_gpu import adamw8bit_state_bytes
 from memlab.estimation.unknown import foreign_ops_note
@@ -231,6 +233,7 @@ def fsdp2_dry_run(
     lr: float = 1e-5,
     device: str | torch.device | None = None,
     budget: int | None = None,
+    gpu: str | None = None,
 ) -> tuple[ShardedTrial, list[dict[str, int]]]:
     """The FSDP2 estimate of one GPU of ``gpus``, and every module-level snapshot of the step as :data:`DETAIL`
     dicts (ZeRO takes its activations from them). A step that fails is an ``"error"`` trial.
@@ -247,6 +250,10 @@ def fsdp2_dry_run(
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    # The sharded step always runs CPU kernels (the fake process group is gloo's): for a CUDA target they are
+    # emulated as CUDA's, on the GPU kind ``gpu``, as a one-GPU estimate made without CUDA does.
+    emulated = target_device(model_or_config, device).type == "cuda"
+    batch, dropped = without_full_mask(batch) if emulated else (batch, False)
     setup = fake_setup(model_or_config, batch, device, kernels=_CPU)
     model, target = setup.model, setup.target
     if plan.weights == "bf16":
@@ -254,8 +261,8 @@ def fsdp2_dry_run(
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
     notes = [BLIND_SPOTS, FSDP_NOTE, *setup.notes]
-    if target.type == "cuda" and not torch.cuda.is_available():
-        notes.append("no CUDA here: estimated with CPU kernels and CPU autocast rules")
+    if emulated:
+        notes += [EMULATED_NOTE, *([FULL_MASK_DROPPED] if dropped else [])]
     if plan.offloads_activations:
         notes.append("activation offload is not estimated sharded: shown as no change")
     eight_bit = plan.optimizer in ("adamw8bit", "paged_adamw8bit")
@@ -284,6 +291,7 @@ def fsdp2_dry_run(
             # own (not the fake mode's observer): only an active tracker follows FSDP2's storage resize_ calls.
             stack.enter_context(trace.trial(model, setup.batch))
             trace.listen(TrialStarted(plan, 0, 1))
+        attention = stack.enter_context(cuda_kernels(gpu)) if emulated else None
         try:
             step = TrainingStep(model, one_step, loss_fn=loss_fn, lr=lr, optimizer_device_type=target.type)
             if target.type == "cuda" and one_step.optimizer == "adamw":
@@ -310,7 +318,8 @@ def fsdp2_dry_run(
                                 budget=budget, estimated=True, gpus=gpus, strategy="fsdp2"), []
         shards = [_local(p) for p in step.parameters]
     detail, peaks = _fsdp_detail(tracker)
-    notes += [note for note in (foreign_ops_note(setup.mode.foreign_ops),) if note]
+    notes += [note for note in (attention and attention_note(attention), foreign_ops_note(setup.mode.foreign_ops))
+              if note]
     host = 0
     if eight_bit:
         state = adamw8bit_state_bytes(shards)

@@ -22,8 +22,9 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import frozen_count, layer_counts
-from memlab.estimation.cuda_context import card_context, gpu_kind
+from memlab.estimation.cuda_context import card_context
 from memlab.estimation.fsdp2 import DETAIL, ShardedTrial, fsdp2_dry_run, shard_units
+from memlab.estimation.gpus import gpu_kind
 from memlab.estimation.single_gpu import estimate_plans
 from memlab.estimation.strategies import (
     DS_ALLGATHER_BUCKET,
@@ -95,12 +96,13 @@ def sharded_estimate(
     limit = parse_budget(budget)
     if strategy == "fsdp2":
         return card_context(fsdp2_dry_run(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device,
-                                          budget=limit)[0], gpu)
+                                          budget=limit, gpu=gpu)[0], gpu)
     if strategy in ("zero2", "zero3"):
-        basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device)
+        basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu)
         return card_context(zero_trial(basis, layer_counts(model_or_config), plan, gpus, int(strategy[-1]), limit,
                                        frozen=frozen_count(model_or_config)), gpu)
-    trial = estimate_plans(model_or_config, batch, [plan], loss_fn=loss_fn, budget=budget, lr=lr, device=device)[0]
+    trial = estimate_plans(model_or_config, batch, [plan], loss_fn=loss_fn, budget=budget, lr=lr, device=device,
+                           gpu=gpu)[0]
     return card_context(ShardedTrial(**{f.name: getattr(trial, f.name) for f in dataclasses.fields(Trial)}), gpu)
 
 
@@ -153,14 +155,14 @@ def smallest_gpus(
     for name in names:
         if name != "fsdp2" and single is None:
             _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
-            single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device)
+            single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu)
             counts = layer_counts(model_or_config)
 
         def run(n: int, name: str = name, one: Trial | None = single, sizes: Any = counts) -> ShardedTrial:
             if name == "fsdp2":
                 _tell(say, f"estimating {plan.label()} with fsdp2 on {n} GPU{'s' if n > 1 else ''}")
                 return card_context(fsdp2_dry_run(model_or_config, batch, plan, n, loss_fn=loss_fn, lr=lr,
-                                                  device=device, budget=limit)[0], gpu)
+                                                  device=device, budget=limit, gpu=gpu)[0], gpu)
             assert one is not None and sizes is not None
             return card_context(zero_trial(one, sizes, plan, n, int(name[-1]), limit,
                                            frozen=frozen_count(model_or_config)), gpu)
@@ -231,14 +233,15 @@ def sharded_trials(
             if name == "fsdp2":
                 _tell(say, f"estimating {plan.label()} with fsdp2 on {gpus} GPU{'s' if gpus > 1 else ''}")
                 trial, peaks = fsdp2_dry_run(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device,
-                                             budget=limit)
+                                             budget=limit, gpu=gpu)
                 if plan.optimizer == "adamw" and plan.offload == "none" and trial.status == "ok":
                     run = (dataclasses.replace(trial, budget=None), peaks)  # ZeRO's dry run too: same plan
             else:
                 if single is None:
                     if run is None:
                         _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
-                    single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, run=run)
+                    single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, run=run,
+                                        gpu=gpu)
                 trial = zero_trial(single, counts, plan, gpus, int(name[-1]), limit, frozen=frozen)
             rows.append((plan, name, card_context(trial, gpu)))
     return rows

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,15 +33,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memlab.estimation.adapters import attach_fake_adapter
 from memlab.estimation.configs import one_line
-from memlab.estimation.cuda_attention import (
-    FULL_MASK_DROPPED,
-    H100,
-    CudaAttention,
-    attention_note,
-    without_full_mask,
-)
-from memlab.estimation.cuda_autocast import CudaAutocast
-from memlab.estimation.fake import BLIND_SPOTS, fake_setup, kernels_device, target_device
+from memlab.estimation.cuda_attention import FULL_MASK_DROPPED, attention_note, without_full_mask
+from memlab.estimation.cuda_kernels import EMULATED_NOTE, cuda_kernels, kernel_emulation
+from memlab.estimation.fake import BLIND_SPOTS, fake_setup
+from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
 from memlab.estimation.unknown import foreign_ops_note
 from memlab.measure.probes import FakeProbe
@@ -53,7 +48,6 @@ from memlab.runner.batch import LossFn
 from memlab.runner.module_state import trainable_parameters
 from memlab.runner.quiet import quiet
 from memlab.runner.trial import TrialRunner, check_plans
-from memlab.techniques.checkpointing import RECOMPUTE_CONTEXTS
 from memlab.techniques.offload import NOTHING_TO_MOVE
 
 if TYPE_CHECKING:
@@ -61,10 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = ["adamw8bit_state_bytes", "estimate_inference", "estimate_plans", "is_inference"]
 
-_CPU_KERNELS = (
-    "no CUDA here: estimated with CPU kernels and CPU autocast rules (and the optimizer's update as CUDA runs it); "
-    "CUDA's attention kernels may differ"
-)
 _CPU_KERNELS_INFERENCE = "no CUDA here: estimated with CPU kernels; CUDA's attention kernels may differ"
 _NO_OFFLOAD = "offload needs CUDA to be estimated: shown as no change"
 _BNB_COMPUTED = (
@@ -88,11 +78,12 @@ def estimate_plans(
     budget: int | str | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
+    gpu: GpuKind | str | None = None,
 ) -> Report:
     """:func:`memlab.estimate` for several plans, building the fake model once: a Report of estimated Trials.
 
-    The keywords are :func:`memlab.estimate`'s. A CUDA estimate made without CUDA assumes an 80 GB H100 (its
-    attention kernels, :mod:`memlab.estimation.cuda_attention`; the trial's notes say so).
+    The keywords are :func:`memlab.estimate`'s. A CUDA estimate made without CUDA emulates CUDA's kernels on the
+    GPU kind ``gpu`` (default an 80 GB H100; :mod:`memlab.estimation.cuda_kernels`; the trial's notes say so).
 
     A plan that fails on fake tensors is an ``"error"`` trial; the others still run.
 
@@ -109,6 +100,7 @@ def estimate_plans(
     plans = check_plans(plans)  # type: ignore[arg-type]
     options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
     limit = parse_budget(budget)
+    kind = gpu_kind(gpu)
     emulated = kernel_emulation(model_or_config, device)
     batch, dropped = without_full_mask(batch) if emulated else (batch, False)
     setup = fake_setup(model_or_config, batch, device, options.verbose)
@@ -119,14 +111,12 @@ def estimate_plans(
     trials = []
     with quiet(options.verbose), mode, runner.session():
         for plan in plans:
-            attention = CudaAttention(H100)
+            attention = None
             with contextlib.ExitStack() as stack:
                 if trace is not None:
                     stack.enter_context(trace.trial(model, setup.batch, mode))
                 if emulated:
-                    stack.enter_context(CudaAutocast())
-                    stack.enter_context(attention)
-                    stack.enter_context(_recomputed_under(CudaAutocast, attention.twin))
+                    attention = stack.enter_context(cuda_kernels(kind))
                 mode.foreign_ops.clear()
                 if plan.adapter != "none":
                     trial = _adapter_trial(runner, model, plan, mode, kernels, trace)
@@ -136,22 +126,11 @@ def estimate_plans(
                     trial = runner.run(plan)
                     if trial.status == "error" and plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
                         trial = _computed_8bit_trial(runner, plan, trial, model)
-            notes = [note for note in (attention_note(attention), dropped and FULL_MASK_DROPPED, *setup.notes,
-                                       foreign_ops_note(mode.foreign_ops)) if note]
+            notes = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
+                                       *setup.notes, foreign_ops_note(mode.foreign_ops)) if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *notes))
             trials.append(_as_estimate(trial, target, kernels, limit, _reserved(trial, trace)))
     return Report(trials, budget=limit)
-
-
-def kernel_emulation(model_or_config: Any, device: str | torch.device | None) -> bool:
-    """Whether a dry run for ``device`` emulates CUDA's kernels: a CUDA target on a machine without CUDA.
-
-    Example:
-        >>> kernel_emulation(nn.Linear(2, 2), "cpu")
-        False
-    """
-    target = target_device(model_or_config, device)
-    return target.type == "cuda" and kernels_device(target) != target
 
 
 def estimate_inference(
@@ -209,7 +188,7 @@ def estimate_inference(
                                                           "bitsandbytes' layout"))
             estimated = _as_estimate(trial, target, kernels, limit, _reserved(trial, trace))
             # The training note on CPU kernels names autocast and AdamW; inference has neither.
-            notes = tuple(_CPU_KERNELS_INFERENCE if note == _CPU_KERNELS else note for note in estimated.notes)
+            notes = tuple(_CPU_KERNELS_INFERENCE if note == EMULATED_NOTE else note for note in estimated.notes)
             trials.append(dataclasses.replace(estimated, notes=notes))
     return Report(trials, budget=limit)
 
@@ -266,17 +245,6 @@ def _computed_8bit_trial(runner: TrialRunner, plan: Plan, failed: Trial, model: 
     )
 
 
-@contextlib.contextmanager
-def _recomputed_under(*factories: Any) -> Iterator[None]:
-    """Checkpointing's recomputation (in backward, where no ``TorchFunctionMode`` is active) under ``factories``."""
-    RECOMPUTE_CONTEXTS.extend(factories)
-    try:
-        yield
-    finally:
-        for factory in factories:
-            RECOMPUTE_CONTEXTS.remove(factory)
-
-
 def _reserved(trial: Trial, trace: ReservedTrace | None) -> int | None:
     """The reserved peak of a CUDA trial's replayed allocations; None where it has no trace of its own (an error, a
     CPU estimate, or 8-bit state computed from its size rather than allocated)."""
@@ -290,7 +258,7 @@ def _as_estimate(
 ) -> Trial:
     notes = [BLIND_SPOTS]
     if kernels != target:
-        notes.append(_CPU_KERNELS)
+        notes.append(EMULATED_NOTE)
         if getattr(trial.plan, "offload", "none") != "none":
             notes.append(_NO_OFFLOAD)
     for note in trial.notes:

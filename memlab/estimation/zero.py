@@ -108,13 +108,15 @@ def zero_basis(
     lr: float = 1e-5,
     device: str | torch.device | None = None,
     run: tuple[ShardedTrial, list[dict[str, int]]] | None = None,
+    gpu: str | None = None,
 ) -> Trial:
     """What ZeRO shares with any data-parallel step: the largest activations of the per-GPU forward and backward
     (and the batch), taken from an FSDP2 dry run of the same plan (same per-GPU batch, weights gathered in the
     compute dtype, as DeepSpeed's bf16/fp16 run them), and the optimizer's state per parameter (AdamW: 8 bytes and a
     4-byte step per tensor; 8-bit AdamW: bitsandbytes' size; others: from the one-GPU dry run). Returned as a Trial
     whose breakdown holds those three numbers. ``run``: an FSDP2 dry run of that same plan already made (at any
-    number of GPUs: data parallelism does not change the activations), used instead of a new one.
+    number of GPUs: data parallelism does not change the activations), used instead of a new one. ``gpu``: the GPU
+    kind whose kernels a CUDA dry run made without CUDA emulates.
 
     Example:
         >>> from torch import nn
@@ -126,7 +128,7 @@ def zero_basis(
     """
     one = plan.replace(offload="none", optimizer="adamw")
     trial, peaks = run if run is not None else fsdp2_dry_run(model_or_config, batch, one, 2, loss_fn=loss_fn, lr=lr,
-                                                             device=device)
+                                                             device=device, gpu=gpu)
     if trial.status != "ok":
         raise MemlabError(f"the dry run the ZeRO estimate starts from failed: {trial.error}")
     activations = max((d["activations"] for d in peaks), default=0)
@@ -139,7 +141,7 @@ def zero_basis(
         state = adamw8bit_state_bytes(trained)
     else:
         single = estimate_plans(model_or_config, batch, [plan.replace(offload="none")], loss_fn=loss_fn, lr=lr,
-                                device=device)[0]
+                                device=device, gpu=gpu)[0]
         if single.status != "ok":
             raise MemlabError(f"the one-GPU dry run the ZeRO estimate starts from failed: {single.error}")
         state = single.breakdown["optimizer"]

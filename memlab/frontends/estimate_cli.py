@@ -50,8 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         >>> args.model, args.batch, args.try_
         ('llama-7b', '1x512', ['checkpointing=off,on'])
     """
-    from memlab.estimation.cuda_context import DEFAULT_GPU, GPUS
     from memlab.estimation.estimate import KNOWN_SHAPES
+    from memlab.estimation.gpus import DEFAULT_GPU, GPUS
 
     parser.description = _DESCRIPTION.format(shapes=", ".join(KNOWN_SHAPES))
     parser.epilog = _EPILOG
@@ -180,7 +180,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _for_gpu(args: argparse.Namespace) -> str:
     """``, for an H100-80GB`` where the estimate is for CUDA (the GPU kind whose CUDA context it models)."""
-    from memlab.estimation.cuda_context import gpu_kind
+    from memlab.estimation.gpus import gpu_kind
 
     return "" if args.device == "cpu" else f", for an {gpu_kind(getattr(args, 'gpu', None)).name}"
 

@@ -5,6 +5,7 @@ run itself is exercised at its smoke size by tests/integration/test_benchmarks.p
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -49,6 +50,19 @@ def test_the_truth_table_reads_every_plan_label_of_the_run_back(benchmarks: Any)
     for _, plan in named:
         assert memlab.Plan(**benchmarks.cuda_truth.plan_fields(plan.label())) == plan, plan.label()
         assert memlab.Plan(**benchmarks.gpu_common.plan_fields(plan)) == plan
+
+
+def test_the_truth_table_names_the_optimizer_each_run_ran(benchmarks: Any) -> None:
+    # Runs before memlab's AdamW became fused (2026-11-23) stepped with torch's foreach AdamW on CUDA.
+    rows = [{"plan": {}}, {"plan": {"optimizer": "adamw8bit"}}, {"plan": {"offload": "optimizer"}},
+            {"plan": {"offload": "activations"}}]
+    ran = benchmarks.cuda_truth._optimizer_as_run(rows, "2026-11-22T15:09:39+00:00")
+    assert [row["plan"].get("optimizer") for row in ran] == ["adamw_foreach", "adamw8bit", None, "adamw_foreach"]
+    assert "foreach" in ran[0]["optimizer_note"] and "optimizer_note" not in ran[1]
+    assert benchmarks.cuda_truth._optimizer_as_run(rows, "2026-11-24T10:00:00+00:00") == rows
+    table = benchmarks.cuda_truth.build()
+    committed = (ROOT / "benchmarks" / "results" / "cuda_truth.json").read_text()
+    assert json.loads(committed) == table, "results/cuda_truth.json is stale: run python -m benchmarks.cuda_truth"
 
 
 def test_the_summary_names_the_parts_the_deadline_left_out(benchmarks: Any) -> None:

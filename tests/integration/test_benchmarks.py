@@ -166,3 +166,22 @@ def test_watch_overhead(load: Any, tmp_path: Path) -> None:
     assert all(ratio > 0 and math.isfinite(ratio) for ratio in data["ratio"].values())
     assert data["sides"]["watch"]["figure_redraws_per_round"] == [data["steps_per_round"]]  # logging_steps=1
     assert data["sides"]["plain"]["figure_redraws_per_round"] == [0]
+
+
+def test_cuda_truth_estimates(load: Any, tmp_path: Path) -> None:
+    runner = load("cuda_truth_estimates")
+    result = runner.main(["--smoke", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "cuda_truth_estimates-cpu-smoke.json").read_text())
+    assert data["benchmark"] == "cuda_truth_estimates" and data["markdown"] == result["markdown"]
+    assert len(data["rows"]) == runner.SMOKE_ROWS and data["allocated"]["rows"] == runner.SMOKE_ROWS
+    for row in data["rows"]:
+        assert row["status"] == "ok", row["error"]
+        assert row["ratio"] == round(row["estimate_peak_bytes"] / row["measured_peak_bytes"], 4)
+    with pytest.raises(SystemExit):
+        runner.main(["--device", "cuda", "--out", str(tmp_path)])
+
+
+def test_the_readme_shows_the_committed_cuda_truth_estimates() -> None:
+    data = json.loads((ROOT / "benchmarks" / "results" / "cuda_truth_estimates-cpu.json").read_text())
+    assert data["size"] == "small" and data["device"]["type"] == "cpu"
+    assert data["markdown"] in (ROOT / "README.md").read_text()

@@ -235,7 +235,7 @@ def test_estimate_prints_the_allocated_peak_the_card_figure_and_the_verdict_on_t
     reserved: int, status: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     estimate_module = importlib.import_module("memlab.estimation.estimate")
-    from memlab.estimation.cuda_context import GPUS
+    from memlab.estimation.gpus import GPUS
 
     monkeypatch.setattr(estimate_module, "estimate_plans", _estimates_with_reserve(reserved))
     assert main(["estimate", "llama-7b", "--batch", "1x512", "--budget", "24GiB"]) == status

@@ -364,7 +364,7 @@ def test_an_unknown_hub_name_fails_in_seconds_whether_online_or_not(monkeypatch)
 def test_estimate_takes_only_the_keywords_a_dry_run_uses():
     import inspect
 
-    for function, sharding in ((estimate, ["gpus", "strategy", "gpu"]), (estimate_plans, [])):
+    for function, sharding in ((estimate, ["gpus", "strategy", "gpu"]), (estimate_plans, ["gpu"])):
         keywords = [p.name for p in inspect.signature(function).parameters.values() if p.kind is p.KEYWORD_ONLY]
         assert keywords == ["loss_fn", "budget", "lr", "device", *sharding]
     model, batch = tiny_mlp(), mlp_batch()
@@ -512,7 +512,7 @@ def test_the_estimate_cli_keeps_library_log_lines_out_of_its_output(tmp_path):
 
 
 def test_a_cuda_estimate_carries_the_context_of_the_gpu_it_names_and_says_so(tmp_path):
-    from memlab.estimation.cuda_context import GPUS
+    from memlab.estimation.gpus import GPUS
 
     path = _tiny_config_json(tmp_path)
     shapes = {"input_ids": (2, 32), "labels": (2, 32)}

@@ -146,10 +146,9 @@ def test_the_fewest_gpus_are_found_by_the_card_figure_where_it_is_known(monkeypa
     # model), and a context of 1 MiB keeps the card on the scale of its peak.
     import dataclasses
 
-    from memlab.estimation import cuda_context, sharded
+    from memlab.estimation import gpus, sharded
 
-    monkeypatch.setitem(cuda_context.GPUS, "H100-80GB",
-                        dataclasses.replace(cuda_context.GPUS["H100-80GB"], context_bytes=2**20))
+    monkeypatch.setitem(gpus.GPUS, "H100-80GB", dataclasses.replace(gpus.GPUS["H100-80GB"], context_bytes=2**20))
     real = sharded.card_context
     monkeypatch.setattr(sharded, "card_context",
                         lambda trial, gpu=None: real(dataclasses.replace(trial, reserved_bytes=trial.peak_bytes), gpu))

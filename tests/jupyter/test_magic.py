@@ -468,12 +468,22 @@ def test_sharded_dry_run_gives_the_peak_per_gpu_of_every_strategy(
     assert_same(before, fingerprint(shell.user_ns["llama"]))
 
 
-def test_gpus_auto_finds_the_smallest_number_that_fits(shell: InteractiveShell) -> None:
+def test_gpus_auto_finds_the_smallest_number_that_fits(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
     shell.user_ns.update(llama=tiny_llama(layers=2, width=32), tokens=lm_batch(rows=2, length=16))
     llama, tokens = shell.user_ns["llama"], shell.user_ns["tokens"]
     one = memlab.estimate(llama, tokens, gpus=1, strategy="zero3")
     budget = one.peak_bytes - 1  # one GPU is a byte short
-    report = memfit(shell, f"llama tokens --dry-run --gpus auto --strategy zero3 --budget {budget}B {FAST}")
+    capsys.readouterr()
+    shown = FAST.replace(" --quiet", "")
+    report = memfit(shell, f"llama tokens --dry-run --gpus auto --strategy zero3 --budget {budget}B {shown}")
+    # Each dry run is said as it starts: a search over numbers of GPUs is not silent while it runs.
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("memlab: estimating")]
+    assert said and said[0] == "memlab: estimating plain: the dry run that ZeRO's activations come from"
+    quiet = memfit(shell, f"llama tokens --dry-run --gpus auto --strategy zero3 --budget {budget}B {FAST}")
+    assert quiet[0].gpus == report[0].gpus
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("memlab: ")]
     (found,) = report.trials
     assert isinstance(found, ShardedTrial) and found.strategy == "zero3" and found.fits and found.gpus >= 2
     fewer = memlab.estimate(llama, tokens, gpus=found.gpus // 2, strategy="zero3", budget=budget)

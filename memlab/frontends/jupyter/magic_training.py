@@ -126,8 +126,11 @@ class TrainingRequest:
         def work(options: RunOptions) -> Report:
             if self.sharding is not None:
                 gpus, strategies = self.sharding
+                # A dry run sends the live figure no events: each one is said as it starts (--gpus auto may make
+                # several per plan, minutes each on a large model), unless the cell asked for --quiet.
+                say = None if args.quiet else _say
                 found = sharded_trials(model, batch, plans, gpus=gpus, strategies=strategies,
-                                       budget=options.budget, loss_fn=loss_fn, lr=options.lr)
+                                       budget=options.budget, loss_fn=loss_fn, lr=options.lr, say=say)
                 print(f"Per GPU, {args.batch} ({rows} row{'s' if rows != 1 else ''}) being each GPU's micro-batch:")
                 for text in sharded_lines(found, options.budget):
                     print(text)
@@ -154,6 +157,10 @@ class TrainingRequest:
                            loss_fn if trainer is None else None, self.options.lr, args.model)
 
         return Job(self.options.replace(loss_fn=loss_fn), CATEGORIES, work, after)
+
+
+def _say(text: str) -> None:
+    print(f"memlab: {text}", flush=True)
 
 
 def keep_rows(plans: list[Plan], grid: list[str], rows: int, name: str) -> tuple[list[Plan], str | None]:

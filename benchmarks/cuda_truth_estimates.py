@@ -1,0 +1,130 @@
+"""CUDA estimates made on a machine without CUDA, against every peak the H100 measured (``results/cuda_truth.json``).
+
+Each training row of the table of truth (offload rows aside: offload cannot be estimated without CUDA) is
+estimated here with ``memlab.estimate(config, shapes, plan, device="cuda")`` on fake CPU tensors, and the result
+gives, per row, estimate / measured for the allocated peak and, where the H100 run recorded it without a budget, for
+the reserved peak. ``tests/integration/test_cuda_truth.py`` holds the same rows to 5%; this runner records the
+ratios and their spread for the README.
+
+    python -m benchmarks.cuda_truth_estimates           # every row: about 25 minutes on 2 CPU cores
+    python -m benchmarks.cuda_truth_estimates --smoke   # the two smallest one-step rows (the tests)
+
+Writes ``results/cuda_truth_estimates-cpu.json`` (the markdown table included).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+try:
+    from benchmarks import common
+except ImportError:  # run as a script from inside benchmarks/
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks import common
+
+TABLE = common.RESULTS_DIR / "cuda_truth.json"
+SMOKE_ROWS = 2
+GIB = 2**30
+
+
+def training_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows a CPU can estimate for CUDA: every training row but the offload plans.
+
+    Example:
+        >>> training_rows({"rows": [{"plan": {"offload": "all"}}, {"plan": {}}]})
+        [{'plan': {}}]
+    """
+    return [row for row in table["rows"] if "offload" not in row["plan"]]
+
+
+def _config(row: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    fields = dict(row["config"])
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config.architectures = [row["architecture"]]
+    return config
+
+
+def estimate_row(row: dict[str, Any]) -> dict[str, Any]:
+    """One row estimated on this machine for ``device="cuda"``: the figures and their ratios to the H100's."""
+    import memlab
+
+    batch = {name: tuple(shape) for name, shape in row["batch"].items()}
+    started = time.perf_counter()
+    trial = memlab.estimate(_config(row), batch, memlab.Plan(**row["plan"]), device="cuda")
+    seconds = time.perf_counter() - started
+    measured, reserved = row["measured_peak_bytes"], row.get("measured_reserved_bytes")
+    return {
+        "source": row["source"], "model_type": row["config"]["model_type"], "plan_label": row["plan_label"],
+        "plan": row["plan"], "batch": "x".join(map(str, row["batch"]["input_ids"])), "status": trial.status,
+        "error": trial.error, "measured_peak_bytes": measured, "estimate_peak_bytes": trial.peak_bytes,
+        "ratio": common.rounded(trial.peak_bytes / measured, 4) if trial.status == "ok" else None,
+        "measured_reserved_bytes": reserved, "estimate_reserved_bytes": trial.reserved_bytes,
+        "reserved_ratio": (common.rounded(trial.reserved_bytes / reserved, 4)
+                           if reserved and trial.reserved_bytes else None),
+        "seconds": round(seconds, 1),
+    }
+
+
+def _spread(values: Sequence[float]) -> dict[str, Any]:
+    if not values:
+        return {"rows": 0}
+    return {"rows": len(values), "within_5_percent": sum(abs(v - 1) <= 0.05 for v in values),
+            "min": min(values), "median": common.rounded(statistics.median(values), 4), "max": max(values)}
+
+
+def markdown(results: Sequence[dict[str, Any]]) -> str:
+    """The README's table: one line per row, GiB to two places and the ratios."""
+    return common.markdown_table(
+        ["run:section", "model", "plan", "batch", "H100 GiB", "estimate GiB", "estimate / H100", "reserved ratio"],
+        [[row["source"].split("hbm3", 1)[-1].lstrip("-:") or row["source"], row["model_type"], row["plan_label"],
+          row["batch"], round(row["measured_peak_bytes"] / GIB, 2),
+          None if row["status"] != "ok" else round(row["estimate_peak_bytes"] / GIB, 2), row["ratio"],
+          row["reserved_ratio"]]
+         for row in results],
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = common.build_parser(__doc__.split("\n\n")[0])
+    args = parser.parse_args(argv)
+    if args.device == "cuda":
+        parser.error("these are estimates made without CUDA: leave out --device (or write --device cpu)")
+    if args.size == "full":
+        parser.error("--full is not a size here: without --smoke every row of the table is estimated")
+    common.quiet()
+    device = common.resolve_device(args, parser)
+    table = json.loads(TABLE.read_text())
+    rows = training_rows(table)
+    if args.size == "smoke":
+        one_step = [row for row in rows if row["plan"].get("accumulation", 1) == 1]  # quick: one micro-step
+        rows = sorted(one_step, key=lambda row: row["measured_peak_bytes"])[:SMOKE_ROWS]
+    results = []
+    for number, row in enumerate(rows, 1):
+        result = estimate_row(row)
+        results.append(result)
+        print(f"[{number}/{len(rows)}] {row['source']} {row['plan_label']}: ratio {result['ratio']} "
+              f"(reserved {result['reserved_ratio']}) in {result['seconds']} s", flush=True)
+    payload = {
+        **common.metadata_for("cuda_truth_estimates", device, args.size),
+        "truth": "results/cuda_truth.json (torch.cuda.max_memory_allocated and max_memory_reserved on an H100)",
+        "estimated_for": "device='cuda', default GPU (80 GB H100), on fake CPU tensors with CUDA's kernels emulated",
+        "allocated": _spread([r["ratio"] for r in results if r["ratio"] is not None]),
+        "reserved": _spread([r["reserved_ratio"] for r in results if r["reserved_ratio"] is not None]),
+        "rows": results,
+        "markdown": markdown(results),
+    }
+    out = args.out or common.RESULTS_DIR
+    common.write_json(payload, Path(out) / f"{common.result_stem('cuda_truth_estimates', device, args.size)}.json")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""CUDA's kernels on a machine without CUDA: whether a dry run emulates them, and the modes it runs under when it
+does, in one place for the one-GPU and the sharded estimate.
+
+A dry run for ``device="cuda"`` on a CPU-only machine runs fake CPU tensors through the CPU's kernels. Where the
+CPU's choice keeps different memory than CUDA's, a ``TorchFunctionMode`` makes it CUDA's:
+
+- :class:`~memlab.estimation.cuda_autocast.CudaAutocast`: CUDA autocast's dtypes (softmax, layer norm, ...);
+- :class:`~memlab.estimation.cuda_dropout.CudaDropout`: the fused dropout and its one-byte mask;
+- :class:`~memlab.estimation.cuda_attention.CudaAttention`: the attention backend the GPU kind has, and what it
+  keeps for backward.
+
+Checkpointing recomputes in backward, where no mode is active: the same modes are handed to its ``context_fn``
+(:data:`memlab.techniques.checkpointing.RECOMPUTE_CONTEXTS`) for as long as the emulation lasts. The optimizer's
+update (fused or foreach AdamW) is chosen by the optimizer's target device, not here.
+
+Example:
+    >>> from memlab.estimation.fake import FakeMode
+    >>> with FakeMode(), cuda_kernels("A100-80GB") as attention:
+    ...     q = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16)
+    ...     _ = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    >>> attention.gpu.name, attention.backends
+    ('A100-80GB', {'flash'})
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from memlab.estimation.cuda_attention import CudaAttention
+from memlab.estimation.cuda_autocast import CudaAutocast
+from memlab.estimation.cuda_dropout import CudaDropout
+from memlab.estimation.fake import kernels_device, target_device
+from memlab.estimation.gpus import GpuKind
+from memlab.techniques.checkpointing import RECOMPUTE_CONTEXTS
+
+__all__ = ["EMULATED_NOTE", "cuda_kernels", "kernel_emulation"]
+
+EMULATED_NOTE = (
+    "no CUDA here: estimated on CPU kernels with CUDA's autocast dtypes, dropout, attention backends and optimizer "
+    "update emulated; other kernels (cuBLAS workspaces, custom operators) as the CPU runs them"
+)
+"""The note of an estimate made under :func:`cuda_kernels`."""
+
+
+def kernel_emulation(model_or_config: Any, device: str | torch.device | None) -> bool:
+    """Whether a dry run for ``device`` emulates CUDA's kernels: a CUDA target on a machine without CUDA.
+
+    Example:
+        >>> kernel_emulation(torch.nn.Linear(2, 2), "cpu")
+        False
+    """
+    target = target_device(model_or_config, device)
+    return target.type == "cuda" and kernels_device(target) != target
+
+
+@contextlib.contextmanager
+def cuda_kernels(gpu: GpuKind | str | None = None) -> Iterator[CudaAttention]:
+    """CUDA's kernels emulated for the GPU kind ``gpu`` (default an H100) while active, forward and checkpointing's
+    recomputation alike; yields the attention mode, whose ``backends`` and ``gaps`` the trial's notes report."""
+    attention = CudaAttention(gpu)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(CudaAutocast())
+        stack.enter_context(CudaDropout())
+        stack.enter_context(attention)
+        factories = (CudaAutocast, CudaDropout, attention.twin)
+        RECOMPUTE_CONTEXTS.extend(factories)
+        for factory in factories:
+            stack.callback(RECOMPUTE_CONTEXTS.remove, factory)
+        yield attention

@@ -1,0 +1,87 @@
+"""The kinds of GPU a CUDA estimate made without one can answer for (``gpu=``, ``--gpu``): what each estimate
+needs to know of the card it cannot see, in one place.
+
+- the compute capability, which decides the attention kernels CUDA has (:mod:`memlab.estimation.cuda_attention`:
+  flash attention needs sm80 or newer);
+- the CUDA context of a training process on it (:mod:`memlab.estimation.cuda_context`), with where that figure comes
+  from.
+
+Example:
+    >>> kind = gpu_kind("L4-24GB")
+    >>> kind.device_name, kind.capability
+    ('NVIDIA L4', (8, 9))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memlab.errors import MemlabError
+
+__all__ = ["DEFAULT_GPU", "GPUS", "GpuKind", "gpu_kind"]
+
+
+@dataclass(frozen=True)
+class GpuKind:
+    """A kind of GPU an estimate can answer for: its name (the ``gpu=`` keyword, ``--gpu``), the name torch gives
+    the device, its compute capability, the CUDA context of a training process on it, and where that figure comes
+    from.
+
+    Example:
+        >>> GPUS["A100-80GB"].capability, GPUS["A100-80GB"].device_name
+        ((8, 0), 'NVIDIA A100-SXM4-80GB')
+    """
+
+    name: str
+    device_name: str
+    capability: tuple[int, int]
+    context_bytes: int
+    source: str
+
+
+# Measured: an H100 80GB HBM3 (torch 2.11+cu130, CUDA 13.0, driver 580.159.04, lazy module loading), after a compare
+# and fits over fp32, bf16, fp16, 8-bit AdamW and offload plans had loaded their kernels: the device's total memory
+# (85,017,493,504 bytes) less what the process could hold (free + reserved = 84,205,043,712 bytes), alone on the GPU.
+# benchmarks/results/gpu_acceptance-cuda-nvidia-h100-80gb-hbm3.json: device.gpu_memory_bytes less
+# parts.restore.outcomes["fit with the default CUDA budget"].capacity.
+_H100_CONTEXT = 85_017_493_504 - 84_205_043_712
+_MEASURED = "measured on an H100 80GB HBM3, torch 2.11, CUDA 13.0"
+# Assumed: no run on these kinds yet; the H100's figure (same driver stack). PyTorch's own measurement of a bare
+# context (pytorch/pytorch#86509, CUDA 11.7) was 274 MiB with lazy loading and 636 MiB without: training loads more.
+_ASSUMED = "assumed: the H100's figure, not yet measured on this GPU"
+
+# Capabilities from NVIDIA's CUDA GPU list: Hopper 9.0, Ampere data-centre 8.0, Ada 8.9.
+GPUS: dict[str, GpuKind] = {
+    kind.name: kind
+    for kind in (
+        GpuKind("H100-80GB", "NVIDIA H100 80GB HBM3", (9, 0), _H100_CONTEXT, _MEASURED),
+        GpuKind("H200-141GB", "NVIDIA H200", (9, 0), _H100_CONTEXT, _ASSUMED),
+        GpuKind("A100-80GB", "NVIDIA A100-SXM4-80GB", (8, 0), _H100_CONTEXT, _ASSUMED),
+        GpuKind("A100-40GB", "NVIDIA A100-SXM4-40GB", (8, 0), _H100_CONTEXT, _ASSUMED),
+        GpuKind("L40S-48GB", "NVIDIA L40S", (8, 9), _H100_CONTEXT, _ASSUMED),
+        GpuKind("RTX4090-24GB", "NVIDIA GeForce RTX 4090", (8, 9), _H100_CONTEXT, _ASSUMED),
+        GpuKind("L4-24GB", "NVIDIA L4", (8, 9), _H100_CONTEXT, _ASSUMED),
+    )
+}
+"""The GPU kinds an estimate knows, by name."""
+
+DEFAULT_GPU = "H100-80GB"
+"""The GPU an estimate for CUDA answers for unless told another (``gpu=``, ``--gpu``)."""
+
+
+def gpu_kind(name: str | GpuKind | None = None) -> GpuKind:
+    """The GPU kind called ``name`` (default :data:`DEFAULT_GPU`; a kind is returned as it is); a MemlabError
+    listing the kinds otherwise.
+
+    Example:
+        >>> gpu_kind().name, gpu_kind("a100-80gb").device_name
+        ('H100-80GB', 'NVIDIA A100-SXM4-80GB')
+    """
+    if isinstance(name, GpuKind):
+        return name
+    if name is None:
+        return GPUS[DEFAULT_GPU]
+    found = {key.lower(): kind for key, kind in GPUS.items()}.get(str(name).lower())
+    if found is None:
+        raise MemlabError(f"gpu={name!r} is not a GPU memlab knows; write one of {', '.join(GPUS)}")
+    return found

@@ -1,0 +1,95 @@
+"""CUDA's kernels emulated on the CPU for a CUDA dry run (memlab.estimation.cuda_kernels): dropout keeps CUDA's
+one-byte mask, the GPU kind asked for is the one whose kernels are emulated, the sharded dry run emulates them too,
+and checkpointing's recomputation is left as it was found."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import GPT2Config, LlamaConfig
+
+import memlab
+from memlab import Plan
+from memlab.estimation.cuda_dropout import CudaDropout
+from memlab.estimation.cuda_kernels import EMULATED_NOTE, cuda_kernels
+from memlab.estimation.fake import FakeMode
+from memlab.techniques.checkpointing import RECOMPUTE_CONTEXTS
+
+GPT2 = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=128)
+BATCH = {"input_ids": (4, 64), "labels": (4, 64)}
+
+
+def _saved(call, *, emulate: bool = True) -> list[torch.dtype]:
+    """The dtypes autograd keeps for backward of ``call(x)`` on a fake (4, 8) tensor."""
+    kept: list[torch.Tensor] = []
+    with FakeMode(), torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        x = torch.empty(4, 8, requires_grad=True) * 1.0
+        kept.clear()
+        if emulate:
+            with CudaDropout():
+                call(x)
+        else:
+            call(x)
+    return [t.dtype for t in kept]
+
+
+def test_dropout_keeps_a_bool_mask_as_cuda_does_where_the_cpu_keeps_float_noise() -> None:
+    assert _saved(lambda x: F.dropout(x, 0.1, training=True), emulate=False) == [torch.float32]  # the CPU's path
+    assert _saved(lambda x: F.dropout(x, 0.1, training=True)) == [torch.bool]
+    assert _saved(lambda x: torch.dropout(x, 0.1, True)) == [torch.bool]
+    assert _saved(lambda x: torch.nn.Dropout(0.3)(x)) == [torch.bool]
+
+
+def test_dropout_that_cuda_does_not_fuse_is_left_to_torch() -> None:
+    assert _saved(lambda x: F.dropout(x, 0.1, training=False)) == []
+    assert _saved(lambda x: F.dropout(x, 0.0, training=True)) == []
+    assert _saved(lambda x: F.dropout(x, 0.1, training=True, inplace=True)) == [torch.float32]  # dropout_ never fuses
+    with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1"):
+        _saved(lambda x: F.dropout(x, 1.5, training=True))
+
+
+def test_a_cuda_estimate_of_a_model_with_dropout_keeps_a_quarter_of_the_cpus_mask_bytes() -> None:
+    plan = Plan()
+    cuda = memlab.estimate(GPT2, BATCH, plan, device="cuda")
+    cpu = memlab.estimate(GPT2, BATCH, plan, device="cpu")
+    no_dropout = GPT2Config(**{**GPT2.to_dict(), "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})
+    cuda_plain = memlab.estimate(no_dropout, BATCH, plan, device="cuda")
+    assert cuda.status == cpu.status == cuda_plain.status == "ok"
+    # Per layer two hidden-size dropouts, plus the embeddings' one: 4 bytes per element on the CPU, 1 on CUDA.
+    masks = (2 * GPT2.n_layer + 1) * 4 * 64 * GPT2.n_embd
+    assert cuda.breakdown["activations"] - cuda_plain.breakdown["activations"] == masks
+    assert EMULATED_NOTE in cuda.notes and EMULATED_NOTE not in cpu.notes
+
+
+def test_the_gpu_kind_asked_for_is_the_one_whose_kernels_are_emulated() -> None:
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, vocab_size=256)
+    for gpu, named in ((None, "NVIDIA H100 80GB HBM3 (sm90)"), ("L4-24GB", "NVIDIA L4 (sm89)"),
+                       ("A100-80GB", "NVIDIA A100-SXM4-80GB (sm80)")):
+        trial = memlab.estimate(config, BATCH, Plan(precision="bf16"), device="cuda", gpu=gpu)
+        assert trial.status == "ok", trial.error
+        assert f"CUDA attention emulated for {named}: scaled_dot_product_attention's flash backend" in trial.notes
+
+
+def test_a_sharded_cuda_estimate_emulates_cudas_kernels_too() -> None:
+    sharded = memlab.estimate(GPT2, BATCH, Plan(), device="cuda", gpus=2, strategy="fsdp2", gpu="A100-40GB")
+    on_cpu = memlab.estimate(GPT2, BATCH, Plan(), device="cpu", gpus=2, strategy="fsdp2")
+    assert sharded.status == on_cpu.status == "ok", (sharded.error, on_cpu.error)
+    assert EMULATED_NOTE in sharded.notes
+    assert any(note.startswith("CUDA attention emulated for NVIDIA A100-SXM4-40GB (sm80)") for note in sharded.notes)
+    # GPT-2's attention dropout on the CPU keeps the whole (L, L) matrix and its mask; CUDA's fused kernel does not.
+    assert sharded.breakdown["activations"] < on_cpu.breakdown["activations"]
+
+
+def test_the_emulation_leaves_checkpointings_recompute_hooks_as_it_found_them() -> None:
+    before = list(RECOMPUTE_CONTEXTS)
+    with cuda_kernels() as attention:
+        assert len(RECOMPUTE_CONTEXTS) == len(before) + 3
+        assert attention.gpu.name == "H100-80GB"
+    assert RECOMPUTE_CONTEXTS == before
+    with pytest.raises(RuntimeError, match="boom"), cuda_kernels():
+        raise RuntimeError("boom")
+    assert RECOMPUTE_CONTEXTS == before
+    trial = memlab.estimate(GPT2, BATCH, Plan(checkpointing=True), device="cuda")
+    assert trial.status == "ok" and RECOMPUTE_CONTEXTS == before
