@@ -19,8 +19,8 @@ from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
 
-_LLAMA_SECTIONS = ("probe", "levers", "fit", "cumulative")
-_RESERVED_SECTIONS = ("probe", "levers", "cumulative")
+_LLAMA_SECTIONS = ("probe", "levers", "fit", "cumulative", "reserve")
+_RESERVED_SECTIONS = ("probe", "levers", "cumulative", "reserve")
 _ESTIMATE_CONFIGS = {  # the first run's estimate rows did not record their configs
     "gpt2": ({"model_type": "gpt2"}, "GPT2LMHeadModel"),
     "bert": ({"model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,

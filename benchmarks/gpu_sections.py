@@ -478,16 +478,23 @@ def section_fit(size: str, device: torch.device) -> dict[str, Any]:
     }
 
 
-def remeasure_in_fresh_process(shape: Llama, plan: Any, device: torch.device, steps: int) -> dict[str, Any]:
-    """Measure ``plan`` on the same model and batch in a new Python process; its trial as a dict."""
+def remeasure_in_fresh_process(shape: Llama, plan: Any, device: torch.device, steps: int, *,
+                               noise: float | None = None, segments: bool = False) -> dict[str, Any]:
+    """Measure ``plan`` on the same model and batch in a new Python process; its trial as a dict (peak, breakdown,
+    reserved, CUDA context). ``noise``: memlab's noise target (its default where None). ``segments``: on CUDA, also
+    the segments the allocator took and the allocations of 100 MB or more from the trial's start to the end of its
+    tracked step, with their frames (:func:`benchmarks.gpu_sections_estimate.large_allocations`)."""
     request = {"shape": dataclasses.asdict(shape), "plan": dataclasses.asdict(plan), "device": str(device),
-               "steps": steps}
+               "steps": steps, "noise": noise, "segments": segments}
     return in_fresh_process("benchmarks.gpu_sections:remeasure", request)
 
 
 def remeasure(request: str) -> None:
     """The fresh process's side: build, measure, print the trial as one JSON line."""
     import memlab
+    from benchmarks.gpu_common import card_figures, plan_fields
+    from benchmarks.gpu_sections_estimate import large_allocations
+    from memlab.events import StepFinished
 
     common.quiet()
     asked = json.loads(request)
@@ -495,10 +502,32 @@ def remeasure(request: str) -> None:
     shape = Llama(**asked["shape"])
     model = build_llama(shape, device)
     batch = token_batch(shape.vocab, shape.rows, shape.length, device)
-    trial = memlab.measure(model, batch, memlab.Plan(**asked["plan"]), steps=asked["steps"], warmup=1,
-                           progress=False)
-    print(json.dumps({"status": trial.status, "peak_bytes": trial.peak_bytes, "error": trial.error,
-                      "samples_per_s": trial.samples_per_s}))
+    keywords: dict[str, Any] = {} if asked.get("noise") is None else {"noise": asked["noise"]}
+    history = bool(asked.get("segments")) and is_cuda(device)
+    record = torch.cuda.memory._record_memory_history
+    snapshot: dict[str, Any] = {}
+
+    def callback(event: Any) -> None:
+        if history and isinstance(event, StepFinished) and event.kind == "tracked" and not snapshot:
+            snapshot.update(torch.cuda.memory._snapshot(device))
+            record(enabled=None, device=device)
+
+    if history:
+        record(enabled="all", context="alloc", stacks="python", max_entries=200_000, device=device)
+    try:
+        trial = memlab.measure(model, batch, memlab.Plan(**asked["plan"]), steps=asked["steps"], warmup=1,
+                               progress=False, callback=callback, **keywords)
+    finally:
+        if history and not snapshot:
+            record(enabled=None, device=device)
+    answer = {"plan": trial.plan.label(), "plan_fields": plan_fields(trial.plan), "status": trial.status,
+              "peak_bytes": trial.peak_bytes, "error": trial.error, "samples_per_s": trial.samples_per_s,
+              "breakdown": dict(trial.breakdown), **card_figures(trial)}
+    if history:
+        found = large_allocations(snapshot, device, limit=120) if snapshot else []
+        answer["segments_taken"] = [event for event in found if event["action"] == "segment_alloc"]
+        answer["large_allocations"] = [event for event in found if event["action"] == "alloc"]
+    print(json.dumps(answer))
 
 
 def _optimizer_fingerprint(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -628,7 +657,7 @@ def section_restore(size: str, device: torch.device) -> dict[str, Any]:
 def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
     from benchmarks.gpu_sections_estimate import section_estimate
     from benchmarks.gpu_sections_inference import section_inference
-    from benchmarks.gpu_sections_runs import section_ties, section_trainer
+    from benchmarks.gpu_sections_runs import section_reserve, section_ties, section_trainer
 
     return {
         "probe": section_probe,
@@ -641,6 +670,7 @@ def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
         "inference": section_inference,
         "ties": section_ties,
         "trainer": section_trainer,
+        "reserve": section_reserve,
     }
 
 

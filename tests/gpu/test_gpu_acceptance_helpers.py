@@ -77,3 +77,17 @@ def test_every_part_has_a_time_limit_and_the_limits_fit_the_order(benchmarks: An
     acceptance = benchmarks.gpu_acceptance
     assert set(acceptance.ORDER) == set(acceptance.LIMITS)
     assert set(acceptance.ORDER) - {"pytest", "hf_table"} == set(acceptance.SECTIONS)
+
+
+def test_the_reserve_section_measures_each_step_alone_and_the_truth_table_takes_its_rows(benchmarks: Any) -> None:
+    part = benchmarks.gpu_sections.SECTIONS["reserve"]("smoke", torch.device("cpu"))
+    assert [check["passed"] for check in part["checks"]] == [True], part["checks"]
+    (row,) = part["rows"]
+    assert row["step"] == "+ activation checkpointing" and row["status"] == "ok" and row["peak_bytes"] > 0
+    assert memlab.Plan(**row["plan_fields"]) == dict(benchmarks.gpu_sections.cumulative_plans())[row["step"]]
+    # A CUDA run's row, as the truth table reads it: the fresh process's reserve is the row's measured reserve.
+    gpu_row = {**row, "reserved_bytes": 3 * row["peak_bytes"] // 2}
+    data = {"parts": {"reserve": {**part, "rows": [gpu_row]}}}
+    (truth,) = benchmarks.cuda_truth._acceptance_rows(data, "gpu_acceptance-cuda-x")
+    assert truth["source"] == "gpu_acceptance-cuda-x:reserve" and truth["plan"] == row["plan_fields"]
+    assert truth["measured_reserved_bytes"] == gpu_row["reserved_bytes"]
