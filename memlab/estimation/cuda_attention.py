@@ -44,7 +44,7 @@ from memlab.estimation.cuda_autocast import autocast_dtype
 from memlab.estimation.gpus import GpuKind, gpu_kind
 
 __all__ = [
-    "FULL_MASK_DROPPED", "CudaAttention", "attention_note", "sdpa_backend", "sdpa_gaps", "without_full_mask",
+    "CudaAttention", "attention_note", "sdpa_backend", "sdpa_gaps",
 ]
 
 
@@ -214,32 +214,6 @@ class CudaAttention(TorchFunctionMode):
             repeats = query.shape[-3] // key.shape[-3]
             key, value = key.repeat_interleave(repeats, -3), value.repeat_interleave(repeats, -3)
         return _FusedAttention.apply(query, key, value, mask, backend, dropout_p)
-
-
-FULL_MASK_DROPPED = (
-    "attention_mask of all ones (or given as a shape) left out, as transformers leaves it out on CUDA "
-    "(is_causal, grouped-query heads in the kernel)"
-)
-
-
-def without_full_mask(batch: Any) -> tuple[Any, bool]:
-    """``batch`` without an ``attention_mask`` of all ones (a shape counts as all ones: nothing says otherwise),
-    and whether one was left out. transformers skips such a mask on real tensors (``is_causal``, GQA in the
-    kernel); on fake tensors it cannot read the values, builds the mask and takes slower kernels' paths.
-
-    Example:
-        >>> without_full_mask({"input_ids": (2, 8), "attention_mask": (2, 8)})
-        ({'input_ids': (2, 8)}, True)
-    """
-    if not isinstance(batch, Mapping) or "attention_mask" not in batch:
-        return batch, False
-    mask = batch["attention_mask"]
-    if isinstance(mask, torch.Tensor):
-        from torch._subclasses.fake_tensor import is_fake
-
-        if is_fake(mask) or mask.device.type == "meta" or not bool(mask.all()):
-            return batch, False
-    return {key: value for key, value in batch.items() if key != "attention_mask"}, True
 
 
 def attention_note(attention: CudaAttention) -> str | None:

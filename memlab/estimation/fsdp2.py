@@ -30,9 +30,10 @@ from torch import nn
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import one_line
-from memlab.estimation.cuda_attention import FULL_MASK_DROPPED, attention_note, without_full_mask
+from memlab.estimation.cuda_attention import attention_note
 from memlab.estimation.cuda_kernels import EMULATED_NOTE, cuda_kernels
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup, target_device
+from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
 from memlab.estimation.single_gpu import adamw8bit_state_bytes
 from memlab.estimation.unknown import foreign_ops_note
@@ -253,16 +254,16 @@ def fsdp2_dry_run(
     # The sharded step always runs CPU kernels (the fake process group is gloo's): for a CUDA target they are
     # emulated as CUDA's, on the GPU kind ``gpu``, as a one-GPU estimate made without CUDA does.
     emulated = target_device(model_or_config, device).type == "cuda"
-    batch, dropped = without_full_mask(batch) if emulated else (batch, False)
+    batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, kernels=_CPU)
     model, target = setup.model, setup.target
     if plan.weights == "bf16":
         model.to(torch.bfloat16)  # FSDP2 shards the dtype the weights have when fully_shard runs: cast before
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
-    notes = [BLIND_SPOTS, FSDP_NOTE, *setup.notes]
+    notes = [BLIND_SPOTS, FSDP_NOTE, *setup.notes, *([FULL_MASK_DROPPED] if dropped else [])]
     if emulated:
-        notes += [EMULATED_NOTE, *([FULL_MASK_DROPPED] if dropped else [])]
+        notes.append(EMULATED_NOTE)
     if plan.offloads_activations:
         notes.append("activation offload is not estimated sharded: shown as no change")
     eight_bit = plan.optimizer in ("adamw8bit", "paged_adamw8bit")
@@ -282,7 +283,8 @@ def fsdp2_dry_run(
     # state is offloaded or computed from its size).
     traced = target.type == "cuda" and not eight_bit and not plan.offloads_optimizer
     trace = ReservedTrace(_CPU) if traced else None
-    with fake_process_group(gpus) as mesh, quiet(), setup.mode, contextlib.ExitStack() as stack:
+    with (fake_process_group(gpus) as mesh, quiet(), setup.mode, model_made_positions(batch),
+          contextlib.ExitStack() as stack):
         for unit in shard_units(model):
             fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
         fully_shard(model, mesh=mesh, mp_policy=policy)

@@ -33,10 +33,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memlab.estimation.adapters import attach_fake_adapter
 from memlab.estimation.configs import one_line
-from memlab.estimation.cuda_attention import FULL_MASK_DROPPED, attention_note, without_full_mask
+from memlab.estimation.cuda_attention import attention_note
 from memlab.estimation.cuda_kernels import EMULATED_NOTE, cuda_kernels, kernel_emulation
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup
 from memlab.estimation.gpus import GpuKind, gpu_kind
+from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
 from memlab.estimation.unknown import foreign_ops_note
 from memlab.measure.probes import FakeProbe
@@ -102,14 +103,14 @@ def estimate_plans(
     limit = parse_budget(budget)
     kind = gpu_kind(gpu)
     emulated = kernel_emulation(model_or_config, device)
-    batch, dropped = without_full_mask(batch) if emulated else (batch, False)
+    batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, options.verbose)
     model, mode, target, kernels = setup.model, setup.mode, setup.target, setup.kernels
     trace = ReservedTrace(kernels) if target.type == "cuda" else None
     runner = TrialRunner(model, setup.batch, options, probe=FakeProbe(kernels, target=target),
                          listener=trace.listen if trace is not None else None)
     trials = []
-    with quiet(options.verbose), mode, runner.session():
+    with quiet(options.verbose), mode, runner.session(), model_made_positions(batch):
         for plan in plans:
             attention = None
             with contextlib.ExitStack() as stack:
