@@ -101,8 +101,9 @@ def estimate(
         strategy: ``"none"`` (one GPU), ``"fsdp2"``, ``"zero2"`` or ``"zero3"``: the answer is then per GPU, for
             ``batch`` as each GPU's micro-batch, as a :class:`memlab.estimation.sharded.ShardedTrial` (see
             :mod:`memlab.estimation.sharded` for how each strategy is estimated).
-        gpu: the kind of GPU a CUDA estimate is for, which sets the CUDA context (per GPU when sharded): a name from
-            :data:`memlab.estimation.cuda_context.GPUS`, default ``"H100-80GB"``. The trial's notes name it.
+        gpu: the kind of GPU a CUDA estimate is for, which sets the CUDA context (per GPU when sharded) and, made
+            without CUDA, the attention kernels emulated: a name from :data:`memlab.estimation.gpus.GPUS`, default
+            ``"H100-80GB"``. The trial's notes name it.
 
     An :class:`memlab.InferencePlan` estimates inference instead (one forward, or a generation, as
     ``memlab.measure`` runs it; see :func:`estimate_inference`): an :class:`~memlab.report.InferenceTrial` whose

@@ -86,7 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpu",
         choices=tuple(GPUS),
         default=None,
-        help=f"the kind of GPU a CUDA estimate is for: it sets the CUDA context on the card (default: {DEFAULT_GPU})",
+        help=f"the kind of GPU a CUDA estimate is for: its attention kernels and the CUDA context on the card "
+        f"(default: {DEFAULT_GPU})",
     )
     parser.add_argument(
         "--gpus",
@@ -161,7 +162,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if gpus != "1" or strategy not in (None, "none"):
         args.gpus = gpus
         return run_sharded(args, model, batch, plans, budget, out, say=say)
-    report = estimate_each(model, batch, plans, budget=budget, device=args.device, say=say)
+    report = estimate_each(model, batch, plans, budget=budget, device=args.device, say=say,
+                           gpu=getattr(args, "gpu", None))
     report = dataclasses.replace(report, trials=card_contexts(report.trials, getattr(args, "gpu", None)))
     if args.json:
         print(report.to_json(), file=out)
@@ -249,10 +251,12 @@ def progress_lines(err: TextIO, clock: Callable[[], float] = time.perf_counter) 
 
 
 def estimate_each(
-    model: Any, batch: Any, plans: Any, *, budget: int | None, device: str | None, say: Callable[[str], None]
+    model: Any, batch: Any, plans: Any, *, budget: int | None, device: str | None, say: Callable[[str], None],
+    gpu: str | None = None,
 ) -> Any:
     """The single-GPU estimates of ``plans``, one dry run at a time so that each is said as it starts (building the
-    fake model again per plan costs a fraction of a second; a dry run of a large model, seconds to minutes).
+    fake model again per plan costs a fraction of a second; a dry run of a large model, seconds to minutes). ``gpu``:
+    the GPU kind whose kernels a CUDA dry run made without CUDA emulates (``--gpu``).
 
     Example:
         >>> from transformers import LlamaConfig
@@ -273,5 +277,5 @@ def estimate_each(
     trials = []
     for number, plan in enumerate(plans, start=1):
         say(f"estimating plan {number} of {len(plans)}: {plan.label()}")
-        trials += estimate_plans(model, batch, [plan], budget=budget, device=device).trials
+        trials += estimate_plans(model, batch, [plan], budget=budget, device=device, gpu=gpu).trials
     return Report(trials, budget=budget)

@@ -222,7 +222,8 @@ def _estimates_with_reserve(reserved: int | None) -> Any:
     """Stands in for ``estimate_plans``: a 7B plan whose allocated peak fits 24 GiB, with the allocator's reserve the
     test gives (the reserve's model is not the CLI's concern), as an estimate for CUDA."""
 
-    def estimate_plans(model: Any, batch: Any, plans: Any, *, budget: Any = None, device: Any = None) -> Report:
+    def estimate_plans(model: Any, batch: Any, plans: Any, *, budget: Any = None, device: Any = None,
+                       gpu: Any = None) -> Report:
         trials = [Trial(plan, "ok", 20 * GIB, {"params": 13 * GIB}, None, None, None, "cuda", budget=budget,
                         reserved_bytes=reserved, estimated=True) for plan in plans]
         return Report(trials, budget=budget)

@@ -117,3 +117,17 @@ def test_a_dry_run_takes_the_mask_branch_a_real_step_takes() -> None:
     import transformers.masking_utils as masking_utils
 
     assert masking_utils.find_packed_sequence_indices.__name__ == "find_packed_sequence_indices"  # put back
+
+
+def test_the_cli_emulates_the_kernels_of_the_gpu_it_names(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from memlab.frontends.cli import main
+
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=4, vocab_size=256, architectures=["LlamaForCausalLM"]).save_pretrained(tmp_path)
+    assert main(["estimate", "tiny", "--config", str(tmp_path), "--batch", "2x32", "--try", "precision=bf16",
+                 "--gpu", "L4-24GB", "--json"]) == 0
+    (trial,) = json.loads(capsys.readouterr().out)["trials"]
+    emulated = [note for note in trial["notes"] if note.startswith("CUDA attention emulated for")]
+    assert emulated and all("NVIDIA L4 (sm89)" in note for note in emulated), trial["notes"]
