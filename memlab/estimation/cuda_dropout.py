@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -53,8 +54,10 @@ class CudaDropout(TorchFunctionMode):
         bound.update(kwargs)
         tensor, p = bound["input"], bound["p"]
         training = bound.get("training", bound.get("train"))
-        fused = (isinstance(tensor, torch.Tensor) and isinstance(p, (int, float)) and 0 < p < 1 and bool(training)
-                 and not bound.get("inplace", False) and tensor.numel() > 0)
+        # torch takes any real number for p (a numpy float too), and only a bool for training: anything else is
+        # left to torch, which refuses it as a CUDA run would.
+        fused = (isinstance(tensor, torch.Tensor) and isinstance(p, numbers.Real) and not isinstance(p, bool)
+                 and 0 < float(p) < 1 and training is True and not bound.get("inplace", False) and tensor.numel() > 0)
         if not fused:
             return func(*args, **kwargs)  # torch's own path, and its own error for a bad p
         return torch.ops.aten.native_dropout(tensor, float(p), True)[0]

@@ -49,6 +49,17 @@ def test_dropout_that_cuda_does_not_fuse_is_left_to_torch() -> None:
         _saved(lambda x: F.dropout(x, 1.5, training=True))
 
 
+
+def test_dropout_arguments_are_read_as_torch_reads_them() -> None:
+    import numpy as np
+
+    assert _saved(lambda x: F.dropout(x, np.float32(0.1), True)) == [torch.bool]  # torch takes a numpy p: fused
+    assert _saved(lambda x: F.dropout(x, 0.1, True, True)) == [torch.float32]  # inplace given by position
+    assert _saved(lambda x: F.dropout(x, 1, True)) == _saved(lambda x: F.dropout(x, 1, True), emulate=False)
+    for training in (np.bool_(True), torch.tensor(True)):  # torch refuses a training flag that is not a bool
+        with pytest.raises(TypeError, match="must be bool"):
+            _saved(lambda x, training=training: F.dropout(x, 0.1, training))
+
 def test_a_cuda_estimate_of_a_model_with_dropout_keeps_a_quarter_of_the_cpus_mask_bytes() -> None:
     plan = Plan()
     cuda = memlab.estimate(GPT2, BATCH, plan, device="cuda")
