@@ -13,6 +13,7 @@ CPU for ``device="cuda"``. Inference rows (``InferencePlan`` fields) are kept ap
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 from typing import Any
@@ -185,18 +186,19 @@ def build() -> dict[str, Any]:
     return {"about": __doc__.split("\n\n")[0], "rows": _unique(rows), "inference_rows": _unique(inference)}
 
 
-# memlab's "adamw" became torch's fused AdamW on 2026-11-23 (commit d80b15f). Before that, build_optimizer made
-# ``torch.optim.AdamW(parameters, foreach=True)`` on CUDA, whose step holds a temporary as large as the weights
+# memlab's "adamw" became torch's fused AdamW in commit d80b15f (2026-11-23T04:19:03Z). Before that, build_optimizer
+# made ``torch.optim.AdamW(parameters, foreach=True)`` on CUDA, whose step holds a temporary as large as the weights
 # (``torch._foreach_sqrt`` of the second moments): what the runs of 2026-11-22 measured. Their rows are estimated
 # with the optimizer that ran, ``adamw_foreach``, not with today's default.
-_FUSED_ADAMW_SINCE = "2026-11-23"
-_FOREACH_NOTE = ("the run's memlab (before 2026-11-23) built torch's foreach AdamW on CUDA for the default "
+_FUSED_ADAMW_SINCE = datetime.datetime(2026, 11, 23, 4, 19, 3, tzinfo=datetime.timezone.utc)
+_FOREACH_NOTE = ("the run's memlab (before commit d80b15f) built torch's foreach AdamW on CUDA for the default "
                  "optimizer; the row names the optimizer that ran")
 
 
 def _optimizer_as_run(rows: list[dict[str, Any]], date: str) -> list[dict[str, Any]]:
-    """``rows`` with the default AdamW named as the kernel their run used (see ``_FUSED_ADAMW_SINCE``)."""
-    if date >= _FUSED_ADAMW_SINCE:
+    """``rows`` with the default AdamW named as the kernel their run (started at ``date``, ISO 8601 with its UTC
+    offset) used: see ``_FUSED_ADAMW_SINCE``."""
+    if datetime.datetime.fromisoformat(date) >= _FUSED_ADAMW_SINCE:
         return rows
     ran = []
     for row in rows:

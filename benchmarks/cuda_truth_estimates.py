@@ -6,7 +6,7 @@ gives, per row, estimate / measured for the allocated peak and, where the H100 r
 the reserved peak. ``tests/integration/test_cuda_truth.py`` holds the same rows to 5%; this runner records the
 ratios and their spread for the README.
 
-    python -m benchmarks.cuda_truth_estimates           # every row: about 25 minutes on 2 CPU cores
+    python -m benchmarks.cuda_truth_estimates           # every row: about 2 minutes on 2 CPU cores
     python -m benchmarks.cuda_truth_estimates --smoke   # the two smallest one-step rows (the tests)
 
 Writes ``results/cuda_truth_estimates-cpu.json`` (the markdown table included).
@@ -80,11 +80,25 @@ def _spread(values: Sequence[float]) -> dict[str, Any]:
             "min": min(values), "median": common.rounded(statistics.median(values), 4), "max": max(values)}
 
 
+def _run_section(source: str) -> str:
+    """``gpu_acceptance:cumulative`` for ``gpu_acceptance-cuda-nvidia-h100-80gb-hbm3:cumulative`` (a run's file name
+    less its device, then its section); a second run of the same device keeps its suffix.
+
+    Example:
+        >>> _run_section("gpu_acceptance-cuda-nvidia-h100-80gb-hbm3-adapters:cumulative")
+        'gpu_acceptance-adapters:cumulative'
+    """
+    stem, _, section = source.rpartition(":")
+    run, _, device = stem.partition("-cuda-")
+    suffix = device.split("hbm3", 1)[-1] if "hbm3" in device else ""
+    return f"{run}{suffix}:{section}"
+
+
 def markdown(results: Sequence[dict[str, Any]]) -> str:
     """The README's table: one line per row, GiB to two places and the ratios."""
     return common.markdown_table(
         ["run:section", "model", "plan", "batch", "H100 GiB", "estimate GiB", "estimate / H100", "reserved ratio"],
-        [[row["source"].split("hbm3", 1)[-1].lstrip("-:") or row["source"], row["model_type"], row["plan_label"],
+        [[_run_section(row["source"]), row["model_type"], row["plan_label"],
           row["batch"], round(row["measured_peak_bytes"] / GIB, 2),
           None if row["status"] != "ok" else round(row["estimate_peak_bytes"] / GIB, 2), row["ratio"],
           row["reserved_ratio"]]

@@ -21,7 +21,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from memlab.estimation.gpus import gpu_kind
+from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.plan import format_bytes
 from memlab.report import Trial
 
@@ -32,7 +32,7 @@ TrialT = TypeVar("TrialT", bound=Trial)
 _NOTE_PREFIX = "card figure"
 
 
-def card_context(trial: TrialT, gpu: str | None = None, *, read_on: torch.device | None = None) -> TrialT:
+def card_context(trial: TrialT, gpu: GpuKind | str | None = None, *, read_on: torch.device | None = None) -> TrialT:
     """``trial`` with the CUDA context of its card (:attr:`~memlab.report.Trial.context_bytes`) and a note saying
     where the figure comes from: modelled for the GPU kind ``gpu`` (default: an H100-80GB), or read from the
     driver on ``read_on`` (a live GPU: a dry run of a model that lives there). A trial not on CUDA is returned as it
@@ -74,7 +74,7 @@ HBM3, torch 2.11, CUDA 13.0)
     return dataclasses.replace(trial, context_bytes=context, notes=(*notes, note))
 
 
-def card_contexts(trials: Sequence[TrialT], gpu: str | None = None) -> list[TrialT]:
+def card_contexts(trials: Sequence[TrialT], gpu: GpuKind | str | None = None) -> list[TrialT]:
     """:func:`card_context` of each trial, for the GPU kind ``gpu``.
 
     Example:

@@ -37,13 +37,21 @@ from memlab.estimation.fake import kernels_device, target_device
 from memlab.estimation.gpus import GpuKind
 from memlab.techniques.checkpointing import RECOMPUTE_CONTEXTS
 
-__all__ = ["EMULATED_NOTE", "cuda_kernels", "kernel_emulation"]
+__all__ = ["EMULATED_NOTE", "OWN_CHECKPOINT_NOTE", "cuda_kernels", "kernel_emulation", "recompute_mismatch"]
 
 EMULATED_NOTE = (
-    "no CUDA here: estimated on CPU kernels with CUDA's autocast dtypes, dropout, attention backends and optimizer "
-    "update emulated; other kernels (cuBLAS workspaces, custom operators) as the CPU runs them"
+    "estimated on CPU kernels with CUDA's autocast dtypes, dropout, attention backends and optimizer update "
+    "emulated; what other kernels hold inside themselves (a custom operator's buffers) as the CPU runs them"
 )
 """The note of an estimate made under :func:`cuda_kernels`."""
+
+OWN_CHECKPOINT_NOTE = (
+    "CUDA's kernels not emulated: the model checkpoints its own blocks (torch.utils.checkpoint), whose recompute "
+    "in backward runs without the emulation and would not match its forward; estimated with the CPU's kernels "
+    "(dropout noise, attention and autocast dtypes as the CPU keeps them). Plan(checkpointing=True) checkpoints "
+    "through memlab, whose recompute is emulated"
+)
+"""The note of a CUDA estimate whose emulated step failed in a checkpoint's recompute, made again without it."""
 
 
 def kernel_emulation(model_or_config: Any, device: str | torch.device | None) -> bool:
@@ -55,6 +63,18 @@ def kernel_emulation(model_or_config: Any, device: str | torch.device | None) ->
     """
     target = target_device(model_or_config, device)
     return target.type == "cuda" and kernels_device(target) != target
+
+
+def recompute_mismatch(error: str | None) -> bool:
+    """Whether a trial's ``error`` is a non-reentrant checkpoint's recompute that did not match its forward: what
+    a model's own ``torch.utils.checkpoint`` gives under the emulation (its recompute runs without the modes).
+
+    Example:
+        >>> recompute_mismatch("CheckpointError: torch.utils.checkpoint: Recomputed values for the following tensors "
+        ...                    "have different metadata than during the forward pass."), recompute_mismatch(None)
+        (True, False)
+    """
+    return bool(error) and "CheckpointError" in str(error) and "Recomputed values" in str(error)
 
 
 @contextlib.contextmanager

@@ -146,7 +146,7 @@ def estimate(
             raise MemlabError("an InferencePlan is estimated on one device; drop gpus= and strategy=")
         inference = cast("InferencePlan", plan)
         return card_context(estimate_inference(model_or_config, batch, [inference], loss_fn=loss_fn, budget=budget,
-                                               device=device)[0], gpu)
+                                               device=device, gpu=gpu)[0], gpu)
     training = cast(Plan, plan)  # anything else than a Plan is refused by estimate_plans, with what to write
     if gpus != 1 or strategy != "none":
         gpus, strategy = check_sharding(gpus, strategy)

@@ -31,8 +31,9 @@ from torch import nn
 from memlab.errors import MemlabError
 from memlab.estimation.configs import one_line
 from memlab.estimation.cuda_attention import attention_note
-from memlab.estimation.cuda_kernels import EMULATED_NOTE, cuda_kernels
+from memlab.estimation.cuda_kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, cuda_kernels, recompute_mismatch
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup, target_device
+from memlab.estimation.gpus import GpuKind
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
 from memlab.estimation.single_gpu import adamw8bit_state_bytes
@@ -234,7 +235,7 @@ def fsdp2_dry_run(
     lr: float = 1e-5,
     device: str | torch.device | None = None,
     budget: int | None = None,
-    gpu: str | None = None,
+    gpu: GpuKind | str | None = None,
 ) -> tuple[ShardedTrial, list[dict[str, int]]]:
     """The FSDP2 estimate of one GPU of ``gpus``, and every module-level snapshot of the step as :data:`DETAIL`
     dicts (ZeRO takes its activations from them). A step that fails is an ``"error"`` trial.
@@ -248,12 +249,38 @@ def fsdp2_dry_run(
         >>> trial.status, trial.strategy, trial.detail["sharded_params"] > 0, len(snapshots) > 1
         ('ok', 'fsdp2', True, True)
     """
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     # The sharded step always runs CPU kernels (the fake process group is gloo's): for a CUDA target they are
     # emulated as CUDA's, on the GPU kind ``gpu``, as a one-GPU estimate made without CUDA does.
     emulated = target_device(model_or_config, device).type == "cuda"
+    def step(emulate: bool) -> tuple[ShardedTrial, list[dict[str, int]]]:
+        return _fsdp2_step(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device, budget=budget,
+                           gpu=gpu, emulate=emulate)
+
+    trial, peaks = step(emulated)
+    if emulated and trial.status == "error" and recompute_mismatch(trial.error):
+        trial, peaks = step(False)
+        trial = dataclasses.replace(trial, notes=(*trial.notes, OWN_CHECKPOINT_NOTE))
+    return trial, peaks
+
+
+def _fsdp2_step(
+    model_or_config: Any,
+    batch: Any,
+    plan: Plan,
+    gpus: int,
+    *,
+    loss_fn: LossFn | None,
+    lr: float,
+    device: str | torch.device | None,
+    budget: int | None,
+    gpu: GpuKind | str | None,
+    emulate: bool,
+) -> tuple[ShardedTrial, list[dict[str, int]]]:
+    """:func:`fsdp2_dry_run`'s step, with CUDA's kernels emulated where ``emulate``."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    emulated = emulate
     batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, kernels=_CPU)
     model, target = setup.model, setup.target

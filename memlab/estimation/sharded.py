@@ -24,7 +24,7 @@ from memlab.errors import MemlabError
 from memlab.estimation.configs import frozen_count, layer_counts
 from memlab.estimation.cuda_context import card_context
 from memlab.estimation.fsdp2 import DETAIL, ShardedTrial, fsdp2_dry_run, shard_units
-from memlab.estimation.gpus import gpu_kind
+from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.single_gpu import estimate_plans
 from memlab.estimation.strategies import (
     DS_ALLGATHER_BUCKET,
@@ -69,7 +69,7 @@ def sharded_estimate(
     budget: int | str | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
-    gpu: str | None = None,
+    gpu: GpuKind | str | None = None,
 ) -> ShardedTrial:
     """The peak of one steady-state training step per GPU, sharded over ``gpus`` GPUs with ``strategy``.
 
@@ -117,7 +117,7 @@ def smallest_gpus(
     loss_fn: LossFn | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
-    gpu: str | None = None,
+    gpu: GpuKind | str | None = None,
     say: Callable[[str], None] | None = None,
 ) -> dict[str, ShardedTrial | None]:
     """For each strategy, the estimate at the smallest number of GPUs in ``candidates`` whose per-GPU peak fits
@@ -182,7 +182,7 @@ def sharded_trials(
     loss_fn: LossFn | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
-    gpu: str | None = None,
+    gpu: GpuKind | str | None = None,
     say: Callable[[str], None] | None = None,
 ) -> list[tuple[Plan, str, ShardedTrial | None]]:
     """Per-GPU estimates of every plan under every strategy: ``(plan, strategy, trial)``, plans outer.

@@ -33,8 +33,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memlab.estimation.adapters import attach_fake_adapter
 from memlab.estimation.configs import one_line
-from memlab.estimation.cuda_attention import attention_note
-from memlab.estimation.cuda_kernels import EMULATED_NOTE, cuda_kernels, kernel_emulation
+from memlab.estimation.cuda_attention import CudaAttention, attention_note
+from memlab.estimation.cuda_kernels import (
+    EMULATED_NOTE,
+    OWN_CHECKPOINT_NOTE,
+    cuda_kernels,
+    kernel_emulation,
+    recompute_mismatch,
+)
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
@@ -56,7 +62,10 @@ if TYPE_CHECKING:
 
 __all__ = ["adamw8bit_state_bytes", "estimate_inference", "estimate_plans", "is_inference"]
 
-_CPU_KERNELS_INFERENCE = "no CUDA here: estimated with CPU kernels; CUDA's attention kernels may differ"
+_EMULATED_INFERENCE = (
+    "estimated on CPU kernels with CUDA's attention backends emulated; what other kernels hold inside themselves "
+    "as the CPU runs them"
+)
 _NO_OFFLOAD = "offload needs CUDA to be estimated: shown as no change"
 _BNB_COMPUTED = (
     "bitsandbytes cannot run on fake tensors here: its 8-bit state is computed from its known size "
@@ -97,7 +106,7 @@ def estimate_plans(
     """
     if is_inference(plans):
         return estimate_inference(model_or_config, batch, plans, loss_fn=loss_fn, budget=budget,  # type: ignore[arg-type]
-                                  device=device)
+                                  device=device, gpu=gpu)
     plans = check_plans(plans)  # type: ignore[arg-type]
     options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
     limit = parse_budget(budget)
@@ -112,25 +121,36 @@ def estimate_plans(
     trials = []
     with quiet(options.verbose), mode, runner.session(), model_made_positions(batch):
         for plan in plans:
-            attention = None
-            with contextlib.ExitStack() as stack:
-                if trace is not None:
-                    stack.enter_context(trace.trial(model, setup.batch, mode))
-                if emulated:
-                    attention = stack.enter_context(cuda_kernels(kind))
-                mode.foreign_ops.clear()
-                if plan.adapter != "none":
-                    trial = _adapter_trial(runner, model, plan, mode, kernels, trace)
-                else:
+
+            def run(emulate: bool, plan: Plan = plan) -> tuple[Trial, CudaAttention | None]:
+                attention = None
+                with contextlib.ExitStack() as stack:
+                    if trace is not None:
+                        stack.enter_context(trace.trial(model, setup.batch, mode))
+                    if emulate:
+                        attention = stack.enter_context(cuda_kernels(kind))
+                    mode.foreign_ops.clear()
+                    if plan.adapter != "none":
+                        return _adapter_trial(runner, model, plan, mode, kernels, trace), attention
                     if trace is not None:
                         trace.pause()
                     trial = runner.run(plan)
                     if trial.status == "error" and plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
                         trial = _computed_8bit_trial(runner, plan, trial, model)
+                    return trial, attention
+
+            trial, attention = run(emulated)
+            fell_back = emulated and trial.status == "error" and recompute_mismatch(trial.error)
+            if fell_back:
+                trial, attention = run(False)
             notes = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
                                        *setup.notes, foreign_ops_note(mode.foreign_ops)) if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *notes))
-            trials.append(_as_estimate(trial, target, kernels, limit, _reserved(trial, trace)))
+            trial = _as_estimate(trial, target, kernels, limit, _reserved(trial, trace))
+            if fell_back:
+                trial = dataclasses.replace(trial, notes=tuple(
+                    OWN_CHECKPOINT_NOTE if note == EMULATED_NOTE else note for note in trial.notes))
+            trials.append(trial)
     return Report(trials, budget=limit)
 
 
@@ -142,6 +162,7 @@ def estimate_inference(
     loss_fn: LossFn | None = None,
     budget: int | str | None = None,
     device: str | torch.device | None = None,
+    gpu: GpuKind | str | None = None,
 ) -> Report:
     """Inference plans estimated on fake tensors: the same :class:`~memlab.inference.run.InferenceRunner` as
     ``memlab.measure`` (the same steps, tracker and categories) with a :class:`~memlab.measure.probes.FakeProbe`.
@@ -167,6 +188,9 @@ def estimate_inference(
     options = RunOptions(loss_fn=loss_fn, steps=1, warmup=0, noise=0)
     check_inference_options(options)
     limit = parse_budget(budget)
+    kind = gpu_kind(gpu)
+    emulated = kernel_emulation(model_or_config, device)
+    batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, options.verbose)
     mode, target, kernels = setup.mode, setup.target, setup.kernels
     trace = ReservedTrace(kernels) if target.type == "cuda" else None
@@ -175,21 +199,26 @@ def estimate_inference(
     for plan in inference_plans:
         runner.check(plan)
     trials: list[Trial] = []
-    with quiet(options.verbose), mode, runner.session():
+    with quiet(options.verbose), mode, runner.session(), model_made_positions(batch):
         for plan in inference_plans:
             mode.foreign_ops.clear()
-            with trace.trial(setup.model, setup.batch, mode) if trace is not None else contextlib.nullcontext():
+            attention = None
+            with contextlib.ExitStack() as stack:
                 if trace is not None:
+                    stack.enter_context(trace.trial(setup.model, setup.batch, mode))
                     trace.pause()
+                if emulated:
+                    attention = stack.enter_context(cuda_kernels(kind))
                 trial = runner.run(plan)
-            unsure = [note for note in (*setup.notes, foreign_ops_note(mode.foreign_ops)) if note]
+            unsure = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
+                                        *setup.notes, foreign_ops_note(mode.foreign_ops)) if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *unsure))
             if plan.quantize != "none":
                 trial = dataclasses.replace(trial, notes=(*trial.notes, f"{plan.quantize} weights counted from "
                                                           "bitsandbytes' layout"))
             estimated = _as_estimate(trial, target, kernels, limit, _reserved(trial, trace))
-            # The training note on CPU kernels names autocast and AdamW; inference has neither.
-            notes = tuple(_CPU_KERNELS_INFERENCE if note == EMULATED_NOTE else note for note in estimated.notes)
+            # The training note names autocast, dropout and the optimizer; inference has none of them.
+            notes = tuple(_EMULATED_INFERENCE if note == EMULATED_NOTE else note for note in estimated.notes)
             trials.append(dataclasses.replace(estimated, notes=notes))
     return Report(trials, budget=limit)
 

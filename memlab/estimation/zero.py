@@ -38,6 +38,7 @@ import torch
 from memlab.errors import MemlabError
 from memlab.estimation.configs import model_on_meta
 from memlab.estimation.fsdp2 import DETAIL, FSDP_NOTE, ONE_STREAM_NOTE, ShardedTrial, fsdp2_dry_run, sharded_trial
+from memlab.estimation.gpus import GpuKind
 from memlab.estimation.reserved import RESERVED_NOTE
 from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_plans
 from memlab.estimation.strategies import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
@@ -108,7 +109,7 @@ def zero_basis(
     lr: float = 1e-5,
     device: str | torch.device | None = None,
     run: tuple[ShardedTrial, list[dict[str, int]]] | None = None,
-    gpu: str | None = None,
+    gpu: GpuKind | str | None = None,
 ) -> Trial:
     """What ZeRO shares with any data-parallel step: the largest activations of the per-GPU forward and backward
     (and the batch), taken from an FSDP2 dry run of the same plan (same per-GPU batch, weights gathered in the

@@ -60,6 +60,9 @@ def test_the_truth_table_names_the_optimizer_each_run_ran(benchmarks: Any) -> No
     assert [row["plan"].get("optimizer") for row in ran] == ["adamw_foreach", "adamw8bit", None, "adamw_foreach"]
     assert "foreach" in ran[0]["optimizer_note"] and "optimizer_note" not in ran[1]
     assert benchmarks.cuda_truth._optimizer_as_run(rows, "2026-11-24T10:00:00+00:00") == rows
+    # d80b15f landed at 04:19 UTC: a run at 03:00 UTC that day, or at 05:00 in UTC+2, still stepped with foreach.
+    for date in ("2026-11-23T03:00:00+00:00", "2026-11-23T05:00:00+02:00"):
+        assert benchmarks.cuda_truth._optimizer_as_run(rows, date)[0]["plan"]["optimizer"] == "adamw_foreach"
     table = benchmarks.cuda_truth.build()
     committed = (ROOT / "benchmarks" / "results" / "cuda_truth.json").read_text()
     assert json.loads(committed) == table, "results/cuda_truth.json is stale: run python -m benchmarks.cuda_truth"

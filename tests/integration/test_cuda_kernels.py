@@ -142,3 +142,56 @@ def test_the_cli_emulates_the_kernels_of_the_gpu_it_names(tmp_path, capsys: pyte
     (trial,) = json.loads(capsys.readouterr().out)["trials"]
     emulated = [note for note in trial["notes"] if note.startswith("CUDA attention emulated for")]
     assert emulated and all("NVIDIA L4 (sm89)" in note for note in emulated), trial["notes"]
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.dropout = torch.nn.Linear(64, 64), torch.nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(F.gelu(self.linear(x)))
+
+
+class _OwnCheckpoints(torch.nn.Module):
+    """A model that checkpoints its blocks itself, not through memlab."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks, self.head = torch.nn.ModuleList(_Block() for _ in range(3)), torch.nn.Linear(64, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if self.training else block(x)
+        return self.head(x).mean()
+
+
+def test_a_model_that_checkpoints_itself_is_estimated_on_the_cpus_kernels_and_says_so() -> None:
+    # Its recompute runs in backward, where the emulation's modes are not active, and would not match its forward.
+    from memlab.estimation.cuda_kernels import OWN_CHECKPOINT_NOTE
+
+    model, batch = _OwnCheckpoints(), torch.randn(32, 64)
+    one = memlab.estimate(model, batch, Plan(), device="cuda", loss_fn=lambda m, b: m(b))
+    assert one.status == "ok", one.error
+    assert OWN_CHECKPOINT_NOTE in one.notes and EMULATED_NOTE not in one.notes
+    on_cpu = memlab.estimate(model, batch, Plan(), device="cpu", loss_fn=lambda m, b: m(b))
+    assert one.peak_bytes == on_cpu.peak_bytes
+    sharded = memlab.estimate(model, batch, Plan(), device="cuda", gpus=2, strategy="fsdp2", loss_fn=lambda m, b: m(b))
+    assert sharded.status == "ok", sharded.error
+    assert OWN_CHECKPOINT_NOTE in sharded.notes and EMULATED_NOTE not in sharded.notes
+    assert not RECOMPUTE_CONTEXTS
+
+
+def test_an_inference_estimate_for_cuda_emulates_the_attention_of_the_gpu_it_names() -> None:
+    from memlab.estimation.masks import FULL_MASK_DROPPED
+    from memlab.inference.plan import InferencePlan
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256)
+    plan = InferencePlan(weights="bf16", new_tokens=4)
+    bare = memlab.estimate(config, {"input_ids": (4, 128)}, plan, device="cuda", gpu="L4-24GB")
+    masked = memlab.estimate(config, {"input_ids": (4, 128), "attention_mask": (4, 128)}, plan, device="cuda",
+                             gpu="L4-24GB")
+    assert bare.status == masked.status == "ok", (bare.error, masked.error)
+    assert "CUDA attention emulated for NVIDIA L4 (sm89): scaled_dot_product_attention's flash backend" in bare.notes
+    assert FULL_MASK_DROPPED in masked.notes and masked.peak_bytes == bare.peak_bytes
