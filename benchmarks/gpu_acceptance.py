@@ -19,13 +19,18 @@ That is 44 MB (bitsandbytes 43 MB, peft 0.8 MB; their other needs are in the ima
     PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --out $OUT 2>&1 | tee $OUT/log
 
 What comes back (at most 8 files): ``gpu_acceptance-<gpu>.json``, ``hf_table-<gpu>.json`` and ``.html``, and
-the log. The JSON is written after every part, so a run cut short keeps what finished. If the deadline left parts
-out (the summary names them "not started"), run them in a second call into the same result::
+the log. The JSON is written after every part, so a run cut short keeps what finished. The parts' limits add up to
+about three calls of the deadline (:data:`LIMITS`): the first call runs ``pytest``, ``levers``, ``cumulative`` and
+``hf_table``, and the summary names the parts it did not start. Run those in the next calls into the same result,
+the earlier JSON carried back in (copy it into the carried folder, ``.whl/``)::
 
-    ... && python3 -m benchmarks.gpu_acceptance --out $OUT --sections probe,cap,restore,fit --keep FILE
+    ... && python3 -m benchmarks.gpu_acceptance --out $OUT --sections inference,ties,estimate,reserve,trainer \
+        --keep .whl/gpu_acceptance-cuda-nvidia-h100-80gb-hbm3.json
+    ... && python3 -m benchmarks.gpu_acceptance --out $OUT --sections probe,cap,restore,fit --keep .whl/...json
 
-where FILE is the first call's JSON, carried back in (copy it into a carried folder such as ``.whl/``). Commit the
-results under ``benchmarks/results/``, then ``python -m benchmarks.cuda_truth`` (the estimate issue's table) and
+Make the calls back to back: a machine left idle is given back and the next call starts a fresh one (minutes).
+Commit the results under ``benchmarks/results/``, then ``python -m benchmarks.cuda_truth`` (the table of truth),
+``python -m benchmarks.cuda_truth_estimates`` (the CPU-made estimates against it, for the README) and
 ``python -m benchmarks.gpu_acceptance --markdown benchmarks/results/gpu_acceptance-<gpu>.json`` for the README.
 
 What it runs
