@@ -25,8 +25,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 
@@ -37,7 +37,11 @@ from memlab.estimation.fake import kernels_device, target_device
 from memlab.estimation.gpus import GpuKind
 from memlab.techniques.checkpointing import RECOMPUTE_CONTEXTS
 
-__all__ = ["EMULATED_NOTE", "OWN_CHECKPOINT_NOTE", "cuda_kernels", "kernel_emulation", "recompute_mismatch"]
+__all__ = [
+    "EMULATED_NOTE", "OWN_CHECKPOINT_NOTE", "cuda_kernels", "kernel_emulation", "recompute_mismatch", "run_emulated",
+]
+
+ResultT = TypeVar("ResultT", bound=tuple[Any, ...])
 
 EMULATED_NOTE = (
     "estimated on CPU kernels with CUDA's autocast dtypes, dropout, attention backends and optimizer update "
@@ -75,6 +79,23 @@ def recompute_mismatch(error: str | None) -> bool:
         (True, False)
     """
     return bool(error) and "CheckpointError" in str(error) and "Recomputed values" in str(error)
+
+
+def run_emulated(run: Callable[[bool], ResultT], emulate: bool) -> tuple[ResultT, bool]:
+    """``run(emulate)``, whose result starts with its trial; where the trial failed in a checkpoint's recompute under
+    the emulation (:func:`recompute_mismatch`), ``run(False)`` instead. The result, and whether it fell back.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> failed = SimpleNamespace(status="error", error="CheckpointError: Recomputed values differ")
+        >>> run_emulated(lambda emulate: (failed if emulate else "cpu kernels",), True)
+        (('cpu kernels',), True)
+    """
+    result = run(emulate)
+    trial = result[0]
+    if emulate and trial.status == "error" and recompute_mismatch(trial.error):
+        return run(False), True
+    return result, False
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from torch import nn
 from memlab.errors import MemlabError
 from memlab.estimation.configs import one_line
 from memlab.estimation.cuda_attention import attention_note
-from memlab.estimation.cuda_kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, cuda_kernels, recompute_mismatch
+from memlab.estimation.cuda_kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, cuda_kernels, run_emulated
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup, target_device
 from memlab.estimation.gpus import GpuKind
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
@@ -252,13 +252,13 @@ def fsdp2_dry_run(
     # The sharded step always runs CPU kernels (the fake process group is gloo's): for a CUDA target they are
     # emulated as CUDA's, on the GPU kind ``gpu``, as a one-GPU estimate made without CUDA does.
     emulated = target_device(model_or_config, device).type == "cuda"
+
     def step(emulate: bool) -> tuple[ShardedTrial, list[dict[str, int]]]:
         return _fsdp2_step(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device, budget=budget,
                            gpu=gpu, emulate=emulate)
 
-    trial, peaks = step(emulated)
-    if emulated and trial.status == "error" and recompute_mismatch(trial.error):
-        trial, peaks = step(False)
+    (trial, peaks), fell_back = run_emulated(step, emulated)
+    if fell_back:
         trial = dataclasses.replace(trial, notes=(*trial.notes, OWN_CHECKPOINT_NOTE))
     return trial, peaks
 
@@ -280,7 +280,6 @@ def _fsdp2_step(
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    emulated = emulate
     batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, kernels=_CPU)
     model, target = setup.model, setup.target
@@ -289,7 +288,7 @@ def _fsdp2_step(
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
     notes = [BLIND_SPOTS, FSDP_NOTE, *setup.notes, *([FULL_MASK_DROPPED] if dropped else [])]
-    if emulated:
+    if emulate:
         notes.append(EMULATED_NOTE)
     if plan.offloads_activations:
         notes.append("activation offload is not estimated sharded: shown as no change")
@@ -320,7 +319,7 @@ def _fsdp2_step(
             # own (not the fake mode's observer): only an active tracker follows FSDP2's storage resize_ calls.
             stack.enter_context(trace.trial(model, setup.batch))
             trace.listen(TrialStarted(plan, 0, 1))
-        attention = stack.enter_context(cuda_kernels(gpu)) if emulated else None
+        attention = stack.enter_context(cuda_kernels(gpu)) if emulate else None
         try:
             step = TrainingStep(model, one_step, loss_fn=loss_fn, lr=lr, optimizer_device_type=target.type)
             if target.type == "cuda" and one_step.optimizer == "adamw":

@@ -39,7 +39,7 @@ from memlab.estimation.cuda_kernels import (
     OWN_CHECKPOINT_NOTE,
     cuda_kernels,
     kernel_emulation,
-    recompute_mismatch,
+    run_emulated,
 )
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup
 from memlab.estimation.gpus import GpuKind, gpu_kind
@@ -139,10 +139,7 @@ def estimate_plans(
                         trial = _computed_8bit_trial(runner, plan, trial, model)
                     return trial, attention
 
-            trial, attention = run(emulated)
-            fell_back = emulated and trial.status == "error" and recompute_mismatch(trial.error)
-            if fell_back:
-                trial, attention = run(False)
+            (trial, attention), fell_back = run_emulated(run, emulated)
             notes = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
                                        *setup.notes, foreign_ops_note(mode.foreign_ops)) if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *notes))
