@@ -1,13 +1,14 @@
-"""One optimizer step of a plan on a live model: the techniques put together.
+"""One optimizer step of a plan on a live model: the levers' techniques put together.
 
 ``TrainingStep`` is what ``apply`` hands the user and what every trial runs, so the measured step and the applied
-step are the same code.
+step are the same code. It names no lever: it makes the plain step's :class:`~memlab.techniques.technique.StepParts`,
+puts on every technique of the registry in its declared order
+(:func:`memlab.techniques.registry.step_techniques`), and runs the parts they leave.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -16,16 +17,8 @@ from torch import nn
 from memlab.measure.device import model_device
 from memlab.plan import Plan
 from memlab.runner.batch import Batch, LossFn, batch_device, check_loss, map_tensors, resolve_loss_fn
-from memlab.runner.module_state import trainable_parameters
-from memlab.techniques.accumulation import micro_batches, scale_loss
-from memlab.techniques.adapters import attach_adapter
-from memlab.techniques.checkpointing import disable_checkpointing, enable_checkpointing, is_checkpointing
-from memlab.techniques.loss import loss_for_plan
-from memlab.techniques.offload import OffloadedOptimizer, activation_offload, offload_notes
-from memlab.techniques.optimizer import build_optimizer, optimizer_notes
-from memlab.techniques.precision import autocast, check_precision, grad_scaler
-from memlab.techniques.registry import stepping
-from memlab.techniques.weights import cast_weights
+from memlab.techniques.registry import step_techniques
+from memlab.techniques.technique import StepParts, Undo
 
 
 class Phases(Protocol):
@@ -47,37 +40,10 @@ class _NoPhases:
 NO_PHASES = _NoPhases()
 
 
-class OptimizerStepping(Protocol):
-    """How the optimizer step runs where a lever changes it (a lever's ``stepping`` facet in
-    :data:`memlab.techniques.registry.REGISTRY` gives one for the plan).
-
-    ``install`` puts it on the model's trainable ``parameters``, building optimizers with ``build`` (the plan's
-    optimizer over the parameters given), and returns what takes it off again. ``optimizer`` is then what the step
-    (and ``Applied.optimizer``) holds. Where ``steps_in_backward`` is True the parameters step during backward, so
-    the step calls neither ``optimizer.step()`` nor ``zero_grad()`` after it; ``watch(on_grad)`` asks it to call
-    ``on_grad(parameter)`` on each gradient before stepping it (None: stop), which is how a tracked step labels
-    gradients that live only for a moment.
-    """
-
-    steps_in_backward: bool
-
-    @property
-    def optimizer(self) -> Any: ...
-
-    def install(
-        self,
-        model: nn.Module,
-        parameters: Sequence[nn.Parameter],
-        build: Callable[[Sequence[nn.Parameter]], torch.optim.Optimizer],
-    ) -> Callable[[], None]: ...
-
-    def watch(self, on_grad: Callable[[nn.Parameter], None] | None) -> None: ...
-
-
 class TrainingStep:
     """A model prepared for a plan: checkpointing on, its optimizer built, ready to run optimizer steps.
 
-    Call ``close()`` to take checkpointing off again (weights keep what training did). ``optimizer_device_type``
+    Call ``close()`` to take the plan off again (weights keep what training did). ``optimizer_device_type``
     chooses whose optimizer defaults to build with (default: the model's device; a dry run on CPU kernels for a
     CUDA estimate passes ``"cuda"``).
 
@@ -101,51 +67,34 @@ class TrainingStep:
         self.model = model
         self.plan = plan
         self.device = model_device(model)
-        # Checked before the model is touched: a chunked loss that cannot apply is refused here.
-        self.loss_fn = loss_for_plan(model, plan, loss_fn)
-        self._undo_checkpointing: Callable[[], None] | None = None
-        # Adapters first: they decide which weights train, and so which weights pure bf16 casts back afterwards.
-        self._undo_model: list[Callable[[], None]] = []
+        self.parts = StepParts(
+            model, plan, self.device, optimizer_device_type=optimizer_device_type or "", lr=lr, loss_fn=loss_fn
+        )
+        self._undo_model: list[Undo] = []
         try:
-            for put_on in (attach_adapter, cast_weights):
-                undo = put_on(model, plan)
+            for technique in step_techniques():
+                undo = technique.put_on(self.parts)
                 if undo is not None:
                     self._undo_model.append(undo)
-            self.parameters = trainable_parameters(model)
-            self.notes = (
-                check_precision(plan, self.device, self.parameters)
-                + offload_notes(plan, self.device)
-                + _weights_notes(plan, self.parameters)
-                + optimizer_notes(plan, optimizer_device_type or self.device.type, self.parameters)
-            )
-            self._stepping: OptimizerStepping | None = stepping(plan)
-            self.optimizer = self._build_optimizer(lr, optimizer_device_type or self.device.type)
+            self.parameters = self.parts.parameters
+            fake = self.parts.fake
+            self.notes = [
+                note
+                for technique in step_techniques()
+                for note in (*technique.notes(self.parts), *(technique.dry_run(self.parts) if fake else ()))
+            ]
+            if self.parts.optimizer is None:
+                if self.parts.make_optimizer is None:
+                    raise RuntimeError("no technique said how to build the optimizer (the optimizer lever's does)")
+                self.parts.optimizer = self.parts.make_optimizer(self.parameters)
         except BaseException:
             self._take_off_model_changes()
             raise
-        if plan.checkpointing:
-            self._undo_checkpointing = enable_checkpointing(model)
-        elif is_checkpointing(model):
-            self._undo_checkpointing = disable_checkpointing(model)
-        self.scaler = grad_scaler(plan, self.device)
+        self.loss_fn = self.parts.loss_fn
+        self.optimizer = self.parts.optimizer
         # Set once, not every step: a user who puts a submodule in eval mode between steps (a frozen
         # BatchNorm, say) keeps it that way.
         model.train()
-
-    def _build_optimizer(self, lr: float, device_type: str) -> Any:
-        def make(parameters: Any) -> torch.optim.Optimizer:
-            return build_optimizer(parameters, self.plan, lr, device_type=device_type)
-
-        if self._stepping is not None:
-            self._undo_model.append(self._stepping.install(self.model, self.parameters, make))
-            return self._stepping.optimizer
-        if self.plan.offloads_optimizer and self.device.type != "cpu":
-            return OffloadedOptimizer(self.parameters, make)
-        return make(self.parameters)
-
-    @property
-    def _steps_in_backward(self) -> bool:
-        return self._stepping is not None and self._stepping.steps_in_backward
 
     def __call__(self, batch: Batch, tracker: Phases = NO_PHASES) -> float:
         """One optimizer step over one effective batch; returns the mean micro-batch loss as a float."""
@@ -156,34 +105,30 @@ class TrainingStep:
             return self._step(batch, loss_fn, tracker)
 
     def _step(self, batch: Batch, loss_fn: LossFn, tracker: Phases) -> float:
+        parts = self.parts
         with tracker.phase("other"):
-            parts = micro_batches(_on_device(batch, self.device), self.plan)
-            if self.plan.weights == "bf16":
-                # Pure bf16 computes in bf16 throughout: float inputs come in at the weights' dtype.
-                parts = [map_tensors(part, _as_bf16) for part in parts]
+            micro = parts.split(_on_device(batch, self.device))
+            for cast in parts.input_casts:
+                micro = [map_tensors(part, cast) for part in micro]
         total = torch.zeros((), device=self.device)
         # While tracking, a gradient is labelled the moment it is accumulated, so that a peak inside backward
         # counts it as a gradient rather than as an activation.
         hooks = self._mark_grads(tracker)
         try:
-            self._accumulate(parts, loss_fn, total, tracker)
+            self._accumulate(micro, loss_fn, total, tracker)
         except BaseException:
             self.optimizer.zero_grad(set_to_none=True)
             raise
         finally:
             for hook in hooks:
                 hook.remove()
-            if self._stepping is not None and self._steps_in_backward:
-                self._stepping.watch(None)
-        del parts
-        if self._steps_in_backward:
+            if parts.watch_grads is not None:
+                parts.watch_grads(None)
+        del micro
+        if parts.steps_in_backward:
             return float(total.item())
         with tracker.phase("other"):
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
+            parts.optimizer_step(self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
         return float(total.item())
 
@@ -194,31 +139,26 @@ class TrainingStep:
         def mark(param: torch.Tensor) -> None:
             tracker.mark([param.grad], "grads")
 
-        if self._stepping is not None and self._steps_in_backward:
+        if self.parts.watch_grads is not None:
             # Its own hooks may step and free a gradient at once: it marks them first.
-            self._stepping.watch(mark)
+            self.parts.watch_grads(mark)
             return []
         return [p.register_post_accumulate_grad_hook(mark) for p in self.parameters]
 
-    def _accumulate(self, parts: list[Batch], loss_fn: LossFn, total: torch.Tensor, tracker: Phases) -> None:
-        for part in parts:
+    def _accumulate(self, micro: list[Batch], loss_fn: LossFn, total: torch.Tensor, tracker: Phases) -> None:
+        parts = self.parts
+        for part in micro:
             with tracker.phase("activations"):
-                with autocast(self.plan, self.device), activation_offload(self.plan, self.device):
+                with parts.forward_context():
                     loss = check_loss(loss_fn(self.model, part))
-                scaled = scale_loss(loss.float(), self.plan)
-                if self.scaler is not None:
-                    self.scaler.scale(scaled).backward()
-                else:
-                    scaled.backward()
+                scaled = parts.scale(loss.float())
+                parts.backward(scaled)
                 total += scaled.detach()
                 del loss, scaled
 
     def close(self) -> None:
-        """Take the plan off the model: checkpointing's previous setting, adapters and weight dtypes come back
-        exactly (trained weights keep what training did)."""
-        if self._undo_checkpointing is not None:
-            self._undo_checkpointing()
-            self._undo_checkpointing = None
+        """Take the plan off the model, last technique first: checkpointing's previous setting, adapters and weight
+        dtypes come back exactly (trained weights keep what training did)."""
         self._take_off_model_changes()
 
     def _take_off_model_changes(self) -> None:
@@ -231,30 +171,3 @@ def _on_device(batch: Batch, device: torch.device) -> Batch:
     if source is None or source == device:
         return batch
     return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True))
-
-
-def model_weights(plan: Plan, parameters: list[nn.Parameter]) -> str | None:
-    """``"bf16"`` or ``"fp16"`` when the plan keeps the model's dtypes and the model's trained weights are all
-    held in that dtype (loaded so); None otherwise.
-
-    Example:
-        >>> model_weights(Plan(), [nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))])
-        'bf16'
-    """
-    if plan.weights != "fp32" or plan.adapter != "none" or not parameters:
-        return None
-    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
-        if all(p.dtype == dtype for p in parameters):
-            return name
-    return None
-
-
-def _weights_notes(plan: Plan, parameters: list[nn.Parameter]) -> list[str]:
-    """A note when the model itself is held in bf16, so that weights='fp32' trains bf16 weights anyway."""
-    if model_weights(plan, parameters) == "bf16":
-        return ["the model's weights are bf16 (loaded in bf16): this trains pure bf16, as weights='bf16' does"]
-    return []
-
-
-def _as_bf16(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor

@@ -18,10 +18,11 @@ from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.runner.batch import count_tokens, resolve_loss_fn
 from memlab.runner.module_state import trainable_parameters, unique_parameters
-from memlab.runner.step import TrainingStep, model_weights
+from memlab.runner.step import TrainingStep
 from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, Workload
 from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import state_tensors
+from memlab.techniques.weights import model_weights
 
 __all__ = ["TrainingAttempt", "TrainingRecord", "TrainingWorkload", "check_plans", "finite_loss"]
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from memlab.plan import Plan
 from memlab.runner.batch import Batch, count_rows, take_rows
+from memlab.techniques.technique import StepParts, Technique, Undo
+
+if TYPE_CHECKING:
+    from memlab.plan import Plan
 
 
 def micro_batches(batch: Batch, plan: Plan) -> list[Batch]:
@@ -14,6 +19,7 @@ def micro_batches(batch: Batch, plan: Plan) -> list[Batch]:
     Rows are taken in order and wrap around (rows repeat) when the plan asks for more rows than the batch has.
 
     Example:
+        >>> from memlab.plan import Plan
         >>> parts = micro_batches(torch.arange(6).reshape(6, 1), Plan(micro_batch=2, accumulation=3))
         >>> [p.flatten().tolist() for p in parts]
         [[0, 1], [2, 3], [4, 5]]
@@ -32,7 +38,32 @@ def scale_loss(loss: torch.Tensor, plan: Plan) -> torch.Tensor:
     Exact when the loss is a mean over rows (or over tokens with equal token counts per micro-batch).
 
     Example:
+        >>> from memlab.plan import Plan
         >>> scale_loss(torch.tensor(8.0), Plan(micro_batch=2, accumulation=4)).item()
         2.0
     """
     return loss / plan.accumulation if plan.accumulation > 1 else loss
+
+
+class Accumulation(Technique):
+    """``micro_batch`` and ``accumulation``: each step's batch cut into micro-batches, each loss scaled so that the
+    summed gradients are the effective batch's.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from torch import nn
+        >>>         >>> from memlab.techniques.technique import StepParts
+        >>> parts = StepParts(nn.Linear(1, 1), Plan(micro_batch=2, accumulation=3), torch.device("cpu"))
+        >>> ACCUMULATION.put_on(parts); len(parts.split(torch.zeros(6, 1))), parts.scale(torch.tensor(3.0)).item()
+        (3, 1.0)
+    """
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        plan = parts.plan
+        parts.split = lambda batch: micro_batches(batch, plan)
+        if plan.accumulation > 1:
+            parts.loss_scales.append(lambda loss: scale_loss(loss, plan))
+        return None
+
+
+ACCUMULATION = Accumulation()

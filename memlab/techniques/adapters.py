@@ -3,22 +3,21 @@ NF4 (bitsandbytes) for QLoRA. Attached for a plan and taken off again with nothi
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from memlab.errors import MemlabError, UnsupportedTechnique
-from memlab.measure.device import model_device
-from memlab.plan import Plan
 from memlab.runner.module_state import ModuleStructure
-from memlab.techniques.levers_model import lora_settings
 from memlab.techniques.targets import adapter_targets as adapter_targets  # re-exported: callers import them here
 from memlab.techniques.targets import lora_layer_types as lora_layer_types
 from memlab.techniques.targets import output_head as output_head
+from memlab.techniques.technique import StepParts, Technique, Undo
 
-Undo = Callable[[], None]
+if TYPE_CHECKING:
+    from memlab.plan import Plan
+
 
 
 def is_peft_model(model: nn.Module) -> bool:
@@ -79,6 +78,7 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     reentrant checkpointing; memlab checkpoints with ``use_reentrant=False``, which needs none.
 
     Example:
+        >>> from memlab.plan import Plan
         >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
         >>> undo = attach_adapter(model, Plan(adapter="lora", lora_rank=2))
         >>> sorted(n for n, p in model.named_parameters() if p.requires_grad)
@@ -109,6 +109,8 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     try:
         if plan.adapter == "qlora":
             parked = _quantize(model, quantized_targets(model), compute_dtype(plan))
+        from memlab.techniques.levers_model import lora_settings  # imported here: the declarations import this module
+
         config = LoraConfig(**{**lora_settings(plan), "target_modules": targets})
         inject_adapter_in_model(config, model)
         if plan.weights != "bf16":
@@ -143,6 +145,7 @@ def compute_dtype(plan: Plan) -> torch.dtype:
     """The dtype a QLoRA base computes in: the plan's half precision (autocast or pure bf16), else fp32.
 
     Example:
+        >>> from memlab.plan import Plan
         >>> compute_dtype(Plan(adapter="qlora", precision="bf16"))
         torch.bfloat16
     """
@@ -159,6 +162,8 @@ def _quantize(
     """Replace each target ``nn.Linear`` by an NF4 ``Linear4bit`` holding the same weight; on CUDA the originals'
     weights move to host memory. Returns ``(weight, its device)`` for each moved weight, to put back."""
     import bitsandbytes
+
+    from memlab.measure.device import model_device  # not at the top: measure imports the plan
 
     device = model_device(model)
     parked: list[tuple[torch.Tensor, torch.device]] = []
@@ -189,6 +194,7 @@ def adapter_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     """The LoRA adapters' parameters on ``model`` (names with ``lora_``), by name, as they are now.
 
     Example:
+        >>> from memlab.plan import Plan
         >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
         >>> undo = attach_adapter(model, Plan(adapter="lora", lora_rank=2))
         >>> sorted(adapter_parameters(model)), undo()
@@ -202,6 +208,7 @@ def adapter_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
     in the base weight's layout), by the adapted layer's name.
 
     Example:
+        >>> from memlab.plan import Plan
         >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
         >>> undo = attach_adapter(model, Plan(adapter="lora", lora_rank=2))
         >>> {name: tuple(delta.shape) for name, delta in adapter_deltas(model).items()}, undo()
@@ -244,6 +251,7 @@ def reattach_adapters(model: nn.Module, plan: Plan, trained: dict[str, torch.Ten
     ``trained`` values of :func:`adapter_parameters`; a QLoRA plan's adapters go on the full-precision base.
 
     Example:
+        >>> from memlab.plan import Plan
         >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
         >>> undo = attach_adapter(model, Plan(adapter="lora", lora_rank=2))
         >>> trained = {name: p.detach().clone() for name, p in adapter_parameters(model).items()}
@@ -253,8 +261,32 @@ def reattach_adapters(model: nn.Module, plan: Plan, trained: dict[str, torch.Ten
     """
     from peft import LoraConfig, inject_adapter_in_model
 
+    from memlab.techniques.levers_model import lora_settings  # imported here: the declarations import this module
+
     config = LoraConfig(**{**lora_settings(plan), "target_modules": adapter_targets(model, plan.lora_targets)})
     inject_adapter_in_model(config, model)
     with torch.no_grad():
         for name, parameter in adapter_parameters(model).items():
             parameter.data = trained[name].detach().to(parameter.device).clone()
+
+
+class Adapters(Technique):
+    """``adapter`` (and the settings of its ``LoraConfig``: ``lora_rank``, ``lora_targets``, ...): LoRA / QLoRA
+    adapters on the model, first of the model changes, since they decide which weights train.
+
+    Example:
+        >>> from torch import nn
+        >>> from memlab.plan import Plan
+        >>> from memlab.techniques.technique import StepParts
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        >>> undo = ADAPTERS.put_on(StepParts(model, Plan(adapter="lora", lora_rank=2), torch.device("cpu")))
+        >>> sorted(adapter_parameters(model))[0]
+        '0.lora_A.default.weight'
+        >>> undo()
+    """
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        return attach_adapter(parts.model, parts.plan)
+
+
+ADAPTERS = Adapters()

@@ -11,8 +11,7 @@ from torch import nn
 
 from memlab.errors import UnsupportedTechnique
 from memlab.runner.module_state import ModuleStructure
-
-Undo = Callable[[], None]
+from memlab.techniques.technique import StepParts, Technique, Undo
 
 RECOMPUTE_CONTEXTS: list[Callable[[], contextlib.AbstractContextManager[Any]]] = []
 r"""Factories of contexts the recomputation in backward runs under, besides autocast (which torch restores itself):
@@ -149,3 +148,29 @@ def _wrap_forward(block: nn.Module) -> None:
     setattr(checkpointed_forward, _MEMLAB_MARK, True)
     # An instance attribute shadows the class's forward; restoring the captured state removes it again.
     block.forward = checkpointed_forward  # type: ignore[method-assign]
+
+
+class Checkpointing(Technique):
+    """``checkpointing``: on where the plan asks for it, and off where the model checkpoints by itself and the plan
+    does not (the plan decides).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.techniques.technique import StepParts
+        >>> model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(3)])
+        >>> undo = CHECKPOINTING.put_on(StepParts(model, Plan(checkpointing=True), torch.device("cpu")))
+        >>> is_checkpointing(model)
+        True
+        >>> undo(); is_checkpointing(model)
+        False
+    """
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        if parts.plan.checkpointing:
+            return enable_checkpointing(parts.model)
+        if is_checkpointing(parts.model):
+            return disable_checkpointing(parts.model)
+        return None
+
+
+CHECKPOINTING = Checkpointing()

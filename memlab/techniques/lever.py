@@ -1,7 +1,7 @@
 """The declaration of one lever (:class:`Lever`): what it means in the interface, the step, the search, dry runs
 and each export. :mod:`memlab.techniques.registry` gathers the declarations into ``REGISTRY``.
 
-This module imports neither torch nor :mod:`memlab.plan` (plan builds on it).
+This module imports neither torch nor :mod:`memlab.plan` (plan builds on it); the techniques it names do.
 
 Example:
     >>> Lever("spin", False, help="spins: faster").type
@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memlab.techniques.technique import Technique
 
 TARGETS = ("trainer", "deepspeed", "code", "peft", "accelerate")
 """The exports: ``Plan.to_training_arguments`` (trainer), ``to_deepspeed``, ``to_code``, ``to_peft_config`` and
@@ -59,11 +62,10 @@ class Lever:
         choices: the allowed values of a text lever.
         open_choices: besides ``choices``, a tuple of names is allowed (``lora_targets``).
         split: the lever cuts the batch (micro_batch, accumulation) rather than being a technique axis.
-        technique: ``"module:function"`` that puts the lever on (what ``TrainingStep`` calls).
-        notes: ``"module:function"`` giving a trial's notes about the lever, or empty.
-        stepping: ``"module:function"`` taking the plan and giving how the optimizer step runs with the lever's
-            value (an object :class:`memlab.runner.step.TrainingStep` installs: see its ``OptimizerStepping``), or
-            None where the step runs as usual; empty: the lever never changes how the step runs.
+        technique: the :class:`memlab.techniques.technique.Technique` that puts the lever on a model and a step and
+            takes it off again, says the lever's notes and what a dry run makes of it. Levers that are settings of
+            one technique share it (``lora_rank`` is the adapter's). The step puts the techniques on in
+            :data:`memlab.techniques.registry.STEP_ORDER`.
         conflicts: why a plan cannot have the lever's value together with its other settings (one sentence saying
             what to write), ``""`` when it can; it reads the plan's fields only, so the search can ask it of a
             combination before building the plan. None: the lever goes with every setting.
@@ -82,7 +84,6 @@ class Lever:
         speed: per value, the expected samples/s relative to the plain plan, ``(on a GPU, on a CPU)``.
         suggest: values to suggest when nothing in the searched space fits (they change what is trained).
         on_cpu: the value that runs exactly like this one on a CPU (None: the value itself).
-        dry_run: what a dry run on fake tensors makes of it ("" = it runs the same step).
         exports: per :data:`TARGETS`, the export's verdict (:data:`Refusal`).
     """
 
@@ -93,9 +94,7 @@ class Lever:
     choices: tuple[str, ...] = ()
     open_choices: bool = False
     split: bool = False
-    technique: str = ""
-    notes: str = ""
-    stepping: str = ""
+    technique: Technique | None = None
     conflicts: Callable[[PlanLike], str] | None = None
     code: Callable[[PlanLike], list[str]] | None = None
     needs_at_least: Callable[[Any, Any], bool] | None = None
@@ -109,7 +108,6 @@ class Lever:
     speed: Mapping[Any, tuple[float, float]] = field(default_factory=dict)
     suggest: tuple[Any, ...] = ()
     on_cpu: Callable[[Any], Any] | None = None
-    dry_run: str = ""
     exports: Mapping[str, Refusal] = field(default_factory=dict)
 
     @property

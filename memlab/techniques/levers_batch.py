@@ -2,21 +2,22 @@
 :mod:`memlab.techniques.accumulation` for the technique, :mod:`memlab.techniques.lever` for the facets).
 
 Example:
-    >>> [lever.name for lever in LEVERS]
+    >>> [lever.name for lever in DECLARATIONS]
     ['micro_batch', 'accumulation']
 """
 
 from __future__ import annotations
 
+from memlab.techniques.accumulation import ACCUMULATION
 from memlab.techniques.lever import TARGETS, Lever, carried
 
-LEVERS = (
+DECLARATIONS = (
     Lever(
         "micro_batch",
         None,
         help="rows per forward/backward: fewer rows, fewer activations; None means the whole batch",
         split=True,
-        technique="memlab.techniques.accumulation:micro_batches",
+        technique=ACCUMULATION,
         exports=dict.fromkeys(TARGETS, carried),
     ),
     Lever(
@@ -24,7 +25,7 @@ LEVERS = (
         1,
         help="micro-batches per optimizer step: keeps the effective batch while micro-batches shrink; more steps",
         split=True,
-        technique="memlab.techniques.accumulation:scale_loss",
+        technique=ACCUMULATION,
         exports=dict.fromkeys(TARGETS, carried),
     ),
 )

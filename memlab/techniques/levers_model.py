@@ -4,7 +4,7 @@ adapters (techniques: :mod:`memlab.techniques.checkpointing`, :mod:`memlab.techn
 are here too (:func:`lora_settings`), once.
 
 Example:
-    >>> [lever.name for lever in LEVERS]
+    >>> [lever.name for lever in DECLARATIONS]
     ['checkpointing', 'weights', 'adapter', 'lora_rank', 'lora_targets']
 """
 
@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from memlab.techniques.adapters import ADAPTERS
+from memlab.techniques.checkpointing import CHECKPOINTING
 from memlab.techniques.lever import TARGETS, Lever, PlanLike, carried, concerns_adapters_only
+from memlab.techniques.weights import WEIGHTS
 
 LORA_RANK_DEFAULT = 16
 """The adapters' rank when none is given (and the rank of every plan without an adapter)."""
@@ -74,13 +77,13 @@ def _adapters_for_the_trainer(plan: PlanLike) -> str:
     )
 
 
-LEVERS = (
+DECLARATIONS = (
     Lever(
         "checkpointing",
         False,
         short="ckpt",
         help="activation checkpointing: keeps fewer activations and recomputes them in backward (about 30% slower)",
-        technique="memlab.techniques.checkpointing:enable_checkpointing",
+        technique=CHECKPOINTING,
         needs_at_least=lambda mine, theirs: not mine,
         slower=((True, False),),
         activation_key=lambda value: value,
@@ -94,7 +97,7 @@ LEVERS = (
         choices=("fp32", "bf16"),
         help="dtype of the trained weights, their grads and optimizer state: bf16 halves all three (pure bf16, no "
         "fp32 master copy); updates are less exact",
-        technique="memlab.techniques.weights:cast_weights",
+        technique=WEIGHTS,
         family=True,
         activation_key=lambda value: value,
         least_params={"bf16": 0.5},
@@ -118,7 +121,7 @@ LEVERS = (
         choices=("none", "lora", "qlora"),
         help="train LoRA adapters (peft) on a frozen base instead of every weight: far fewer grads and optimizer "
         "state; qlora also holds the base's linear weights in 4-bit NF4 (bitsandbytes)",
-        technique="memlab.techniques.adapters:attach_adapter",
+        technique=ADAPTERS,
         family=True,
         slower=(("qlora", "lora"),),
         activation_key=lambda value: value,
@@ -139,7 +142,7 @@ LEVERS = (
         LORA_RANK_DEFAULT,
         short="r{}",
         help="rank of the LoRA adapters, used with adapter lora or qlora: a higher rank trains more weights",
-        technique="memlab.techniques.adapters:attach_adapter",
+        technique=ADAPTERS,
         family=True,
         # Carried wherever the adapter is (and refused with it): the rank is part of the adapter's LoraConfig.
         exports=dict.fromkeys(TARGETS, carried),
@@ -153,7 +156,7 @@ LEVERS = (
         help="the layers that get LoRA adapters (with adapter lora or qlora): all-linear (every linear layer but the "
         "head), attention (peft's default: q and v projections), or module names joined with +; fewer layers, "
         "fewer adapter weights",
-        technique="memlab.techniques.adapters:attach_adapter",
+        technique=ADAPTERS,
         family=True,
         # Carried wherever the adapter is (and refused with it): LoraConfig(target_modules=...).
         exports=dict.fromkeys(TARGETS, carried),

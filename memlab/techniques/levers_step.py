@@ -5,7 +5,7 @@ loss and the optimizer in backward (techniques: :mod:`memlab.techniques.precisio
 in each export is here too (:data:`OPTIMIZER_FORMS`), once.
 
 Example:
-    >>> [lever.name for lever in LEVERS]
+    >>> [lever.name for lever in DECLARATIONS]
     ['precision', 'optimizer', 'offload', 'loss', 'optimizer_in_backward']
     >>> OPTIMIZER_FORMS["adafactor"].trainer
     'adafactor'
@@ -16,6 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memlab.techniques.lever import TARGETS, Lever, PlanLike, Refusal, carried, concerns_adapters_only
+from memlab.techniques.loss import LOSS
+from memlab.techniques.offload import OFFLOAD
+from memlab.techniques.optimizer import OPTIMIZER
+from memlab.techniques.optimizer_in_backward import IN_BACKWARD
+from memlab.techniques.precision import PRECISION
 
 
 @dataclass(frozen=True)
@@ -142,15 +147,14 @@ def _in_backward_code(plan: PlanLike) -> list[str]:
 CHUNKS = 8
 """Chunks of tokens the chunked loss cuts the head and the cross-entropy into (torchtune's uses 8 too)."""
 
-LEVERS = (
+DECLARATIONS = (
     Lever(
         "precision",
         "fp32",
         short="{}",
         choices=("fp32", "bf16", "fp16"),
         help="autocast compute dtype: bf16/fp16 halve activations and are faster on GPUs; fp16 scales the loss",
-        technique="memlab.techniques.precision:autocast",
-        notes="memlab.techniques.precision:check_precision",
+        technique=PRECISION,
         activation_key=lambda value: value,
         speed={"bf16": (1.6, 1.0), "fp16": (1.6, 0.3)},
         exports=dict(dict.fromkeys(TARGETS, carried), peft=concerns_adapters_only),
@@ -165,8 +169,7 @@ LEVERS = (
         "moments (a row and a column per matrix, no first moment): far less state, updates differ from Adam's; "
         "adamw_foreach is the AdamW a plain loop builds on CUDA (foreach): adamw's state plus a temporary the size "
         "of the weights in its update (to estimate your own loop, never searched)",
-        technique="memlab.techniques.optimizer:build_optimizer",
-        notes="memlab.techniques.optimizer:optimizer_notes",
+        technique=OPTIMIZER,
         needs_at_least=_optimizer_needs_at_least,
         optimizer_state={"adamw8bit": 0.25, "paged_adamw8bit": 0.0, "adafactor": 0.0},
         speed={"adamw8bit": (0.97, 0.97), "paged_adamw8bit": (0.97, 0.97), "adafactor": (0.9, 0.9),
@@ -176,7 +179,6 @@ LEVERS = (
         # neither searched (search.space.default_space lists adamw and adamw8bit) nor suggested.
         suggest=("adafactor",),
         on_cpu=lambda value: "adamw8bit" if value == "paged_adamw8bit" else value,
-        dry_run="paged_adamw8bit is estimated as the unpaged 8-bit AdamW (fakes page nothing)",
         exports=dict(dict.fromkeys(TARGETS, carried), peft=concerns_adapters_only),
     ),
     Lever(
@@ -185,8 +187,7 @@ LEVERS = (
         short="offload-{}",
         choices=("none", "optimizer", "activations", "all"),
         help="moves optimizer state and/or saved activations to CPU memory: less GPU memory, slower steps",
-        technique="memlab.techniques.offload:activation_offload",
-        notes="memlab.techniques.offload:offload_notes",
+        technique=OFFLOAD,
         slower=(("optimizer", "none"), ("activations", "none"), ("all", "none")),
         activation_key=lambda value: value in ("activations", "all"),
         # Offloaded optimizer state is not on the device at all.
@@ -208,7 +209,7 @@ LEVERS = (
         choices=("full", "chunked"),
         help="chunked computes a causal LM's head and cross-entropy a chunk of tokens at a time: the full logits "
         "never exist at once (same loss); the head runs twice per chunk (default loss and LM head only)",
-        technique="memlab.techniques.loss:loss_for_plan",
+        technique=LOSS,
         slower=(("chunked", "full"),),
         activation_key=lambda value: value,
         speed={"chunked": (0.95, 0.95)},
@@ -221,8 +222,7 @@ LEVERS = (
         help="each weight gets its own optimizer, stepped in backward as soon as its gradient exists: the gradients "
         "never all exist at once (about the largest weight's instead of all); no accumulation, fp16 or optimizer "
         "offload with it",
-        technique="memlab.techniques.optimizer_in_backward:in_backward_stepping",
-        stepping="memlab.techniques.optimizer_in_backward:in_backward_stepping",
+        technique=IN_BACKWARD,
         conflicts=_in_backward_conflicts,
         code=_in_backward_code,
         needs_at_least=lambda mine, theirs: not mine,

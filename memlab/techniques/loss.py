@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import UnsupportedTechnique
-from memlab.plan import Plan
 from memlab.runner.batch import Batch, LossFn, default_loss
+from memlab.techniques.technique import StepParts, Technique, Undo
+
+if TYPE_CHECKING:
+    from memlab.plan import Plan
 
 __all__ = ["CHUNKS", "IGNORE_INDEX", "chunked_causal_lm_loss", "chunked_loss_applies", "loss_for_plan"]
 
@@ -48,6 +51,7 @@ def loss_for_plan(model: nn.Module, plan: Plan, loss_fn: LossFn | None) -> LossF
     write otherwise). ``loss_fn`` None or :func:`memlab.runner.batch.default_loss` means the model's default loss.
 
     Example:
+        >>> from memlab.plan import Plan
         >>> loss_for_plan(nn.Linear(2, 2), Plan(), None) is None
         True
         >>> loss_for_plan(nn.Linear(2, 2), Plan(loss="chunked"), None)  # doctest: +ELLIPSIS
@@ -212,3 +216,23 @@ def _is_causal_lm(model: nn.Module) -> bool:
     for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
         names.update([value] if isinstance(value, str) else value)
     return any(cls.__name__ in names for cls in type(model).__mro__)
+
+
+class Loss(Technique):
+    """``loss``: the step's loss function (the chunked one for ``"chunked"``), checked before any other technique
+    touches the model.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.techniques.technique import StepParts
+        >>> parts = StepParts(nn.Linear(2, 2), Plan(), torch.device("cpu"))
+        >>> LOSS.put_on(parts); parts.loss_fn is None
+        True
+    """
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        parts.loss_fn = loss_for_plan(parts.model, parts.plan, parts.loss_fn)
+        return None
+
+
+LOSS = Loss()

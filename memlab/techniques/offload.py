@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from memlab.plan import Plan
+from memlab.techniques.technique import StepParts, Technique, Undo
+
+if TYPE_CHECKING:
+    from memlab.plan import Plan
+
 
 NOTHING_TO_MOVE = "offload moves nothing on a CPU-only device: memory and speed are as without it"
 
@@ -18,6 +22,7 @@ def offload_notes(plan: Plan, device: torch.device) -> list[str]:
     """What the plan's offload means on this device.
 
     Example:
+        >>> from memlab.plan import Plan
         >>> offload_notes(Plan(offload="all"), torch.device("cpu"))
         ['offload moves nothing on a CPU-only device: memory and speed are as without it']
     """
@@ -90,3 +95,35 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()
+
+
+class Offload(Technique):
+    """``offload``: saved activations through ``save_on_cpu`` during forward, the optimizer's state and update on
+    the CPU (:class:`OffloadedOptimizer` over the optimizer the plan builds). On a CPU-only device there is nothing
+    to move: a note says so.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.techniques.technique import StepParts
+        >>> parts = StepParts(nn.Linear(2, 2), Plan(offload="all"), torch.device("cpu"))
+        >>> OFFLOAD.put_on(parts); OFFLOAD.notes(parts) == [NOTHING_TO_MOVE]
+        True
+    """
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        plan = parts.plan
+        if parts.device.type == "cpu":
+            return None
+        if plan.offloads_activations:
+            parts.forward_contexts.append(lambda: activation_offload(plan, parts.device))
+        if plan.offloads_optimizer:
+            if parts.make_optimizer is None:
+                raise RuntimeError("the optimizer's technique goes on before offload's")
+            parts.optimizer = OffloadedOptimizer(parts.parameters, parts.make_optimizer)
+        return None
+
+    def notes(self, parts: StepParts) -> list[str]:
+        return offload_notes(parts.plan, parts.device)
+
+
+OFFLOAD = Offload()

@@ -5,13 +5,16 @@ the Trainer builds it, or foreach, as a plain loop's ``torch.optim.AdamW(params)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.plan import Plan
+from memlab.techniques.technique import StepParts, Technique, Undo
+
+if TYPE_CHECKING:
+    from memlab.plan import Plan
 
 # Devices whose fused AdamW kernel torch 2.x has (the Trainer's default optim is "adamw_torch_fused" from torch 2.8).
 FUSED_ADAMW_DEVICES = ("cuda", "cpu")
@@ -56,6 +59,7 @@ def build_optimizer(
       group of one device and dtype); the bias corrections are Python numbers, not tensors.
 
     Example:
+        >>> from memlab.plan import Plan
         >>> layer = nn.Linear(4, 4)
         >>> optimizer = build_optimizer(list(layer.parameters()), Plan(), lr=1e-3)
         >>> type(optimizer).__name__, optimizer.defaults["fused"]
@@ -100,6 +104,7 @@ def optimizer_notes(plan: Plan, device_type: str, parameters: Sequence[torch.Ten
     run, which pages nothing).
 
     Example:
+        >>> from memlab.plan import Plan
         >>> optimizer_notes(Plan(optimizer="paged_adamw8bit"), "cpu") == [PAGED_ON_CPU]
         True
         >>> optimizer_notes(Plan(), "cpu")
@@ -153,3 +158,36 @@ def state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Every tensor the optimizer keeps as state (moments, quantization maps, step counters)."""
     target = getattr(optimizer, "inner", optimizer)
     return [value for state in target.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
+
+
+class Optimizer(Technique):
+    """``optimizer``: how the step's optimizer is built (:func:`build_optimizer`, as the Trainer builds it on
+    ``parts.optimizer_device_type``); a dry run of paged 8-bit AdamW for CUDA counts its state on the device.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.techniques.technique import StepParts
+        >>> parts = StepParts(nn.Linear(2, 2), Plan(optimizer="adafactor"), torch.device("cpu"))
+        >>> OPTIMIZER.put_on(parts); type(parts.make_optimizer(parts.parameters)).__name__
+        'Adafactor'
+    """
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        plan, lr, device_type = parts.plan, parts.lr, parts.optimizer_device_type
+        parts.make_optimizer = lambda parameters: build_optimizer(parameters, plan, lr, device_type=device_type)
+        return None
+
+    def notes(self, parts: StepParts) -> list[str]:
+        if self._paged_estimated(parts):
+            return []
+        return optimizer_notes(parts.plan, parts.optimizer_device_type, parts.parameters)
+
+    def dry_run(self, parts: StepParts) -> list[str]:
+        return [PAGED_ESTIMATED] if self._paged_estimated(parts) else []
+
+    @staticmethod
+    def _paged_estimated(parts: StepParts) -> bool:
+        return parts.plan.optimizer == "paged_adamw8bit" and parts.optimizer_device_type == "cuda" and parts.fake
+
+
+OPTIMIZER = Optimizer()

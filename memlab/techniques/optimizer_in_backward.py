@@ -6,10 +6,10 @@ It cannot accumulate (each backward steps), nor unscale fp16 gradients all toget
 the optimizer: the plan refuses those combinations (:mod:`memlab.techniques.levers_step`).
 
 Example:
-    >>> from torch import nn
     >>> from memlab.plan import Plan
+    >>> from torch import nn
     >>> model = nn.Linear(4, 2)
-    >>> with_it = in_backward_stepping(Plan(optimizer_in_backward=True))
+    >>> with_it = InBackwardStepping()
     >>> undo = with_it.install(model, list(model.parameters()), lambda ps: torch.optim.AdamW(ps, lr=0.1))
     >>> model(torch.ones(3, 4)).sum().backward()
     >>> model.weight.grad is None, len(with_it.optimizer.state)  # stepped and freed in backward
@@ -22,14 +22,18 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from memlab.plan import Plan
+from memlab.techniques.technique import StepParts, Technique, Undo
 
-__all__ = ["InBackwardStepping", "OptimizerInBackward", "in_backward_stepping"]
+if TYPE_CHECKING:
+    pass
+
+
+__all__ = ["IN_BACKWARD", "InBackward", "InBackwardStepping", "OptimizerInBackward"]
 
 
 class OptimizerInBackward(torch.optim.Optimizer):
@@ -75,7 +79,7 @@ class OptimizerInBackward(torch.optim.Optimizer):
 
 
 class InBackwardStepping:
-    """The optimizer step in backward, for :class:`memlab.runner.step.TrainingStep` (its ``OptimizerStepping``)."""
+    """The optimizer step in backward: one optimizer per parameter, stepped in its post-accumulate-grad hook."""
 
     steps_in_backward = True
 
@@ -117,11 +121,32 @@ class InBackwardStepping:
         inner.zero_grad(set_to_none=True)
 
 
-def in_backward_stepping(plan: Plan) -> InBackwardStepping | None:
-    """The optimizer step in backward where ``plan.optimizer_in_backward`` is on, else None (the usual step).
+class InBackward(Technique):
+    """``optimizer_in_backward``: one optimizer per parameter (the plan's, as ``parts.make_optimizer`` builds it),
+    stepped in the parameter's post-accumulate-grad hook; the step then steps nothing after backward.
 
     Example:
-        >>> in_backward_stepping(Plan()) is None
-        True
+        >>> from memlab.plan import Plan
+        >>> from memlab.techniques.optimizer import OPTIMIZER
+        >>> from memlab.techniques.technique import StepParts
+        >>> parts = StepParts(nn.Linear(2, 2), Plan(optimizer_in_backward=True), torch.device("cpu"))
+        >>> OPTIMIZER.put_on(parts); undo = IN_BACKWARD.put_on(parts)
+        >>> parts.steps_in_backward, type(parts.optimizer).__name__
+        (True, 'OptimizerInBackward')
+        >>> undo()
     """
-    return InBackwardStepping() if plan.optimizer_in_backward else None
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        if not parts.plan.optimizer_in_backward:
+            return None
+        if parts.make_optimizer is None:
+            raise RuntimeError("the optimizer's technique goes on before optimizer_in_backward's")
+        stepping = InBackwardStepping()
+        undo = stepping.install(parts.model, parts.parameters, parts.make_optimizer)
+        parts.optimizer = stepping.optimizer
+        parts.steps_in_backward = True
+        parts.watch_grads = stepping.watch
+        return undo
+
+
+IN_BACKWARD = InBackward()

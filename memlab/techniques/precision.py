@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from memlab.errors import UnsupportedTechnique
-from memlab.measure.device import cuda_bf16_supported
-from memlab.plan import Plan
+from memlab.techniques.technique import StepParts, Technique, Undo
+
+if TYPE_CHECKING:
+    from memlab.plan import Plan
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -19,6 +22,7 @@ def check_precision(plan: Plan, device: torch.device, parameters: Sequence[torch
     the trained ``parameters`` are fp16 (loss scaling cannot unscale fp16 gradients).
 
     Example:
+        >>> from memlab.plan import Plan
         >>> check_precision(Plan(precision="fp16"), torch.device("cpu"))
         ['fp16 on CPU is slow: CPUs have no fast fp16 matrix units; compare bf16, or measure on the GPU']
     """
@@ -29,6 +33,8 @@ def check_precision(plan: Plan, device: torch.device, parameters: Sequence[torch
             "the trained weights are fp16, and fp16 loss scaling needs fp32 weights; load the model in fp32 "
             "(autocast computes in fp16), or write precision='bf16'"
         )
+    from memlab.measure.device import cuda_bf16_supported  # not at the top: measure imports the plan
+
     if device.type == "cuda" and plan.precision == "bf16" and not cuda_bf16_supported(device):
         raise UnsupportedTechnique(
             f"{torch.cuda.get_device_name(device)} has no native bf16 (emulated bf16 is slow); "
@@ -45,6 +51,7 @@ def autocast(plan: Plan, device: torch.device) -> contextlib.AbstractContextMana
     """The autocast context of the plan (a no-op for fp32).
 
     Example:
+        >>> from memlab.plan import Plan
         >>> with autocast(Plan(precision="bf16"), torch.device("cpu")):
         ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
         torch.bfloat16
@@ -59,3 +66,51 @@ def grad_scaler(plan: Plan, device: torch.device) -> torch.amp.GradScaler | None
     if plan.precision != "fp16":
         return None
     return torch.amp.GradScaler(device.type)
+
+
+class ScaledStep:
+    """The optimizer step of fp16: unscale and step through the ``GradScaler``, then update its scale."""
+
+    def __init__(self, scaler: torch.amp.GradScaler) -> None:
+        self.scaler = scaler
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def __call__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+
+class Precision(Technique):
+    """``precision``: autocast around each forward, and for fp16 the ``GradScaler``'s backward and step. Refused
+    (before the step runs) where the device or the trained weights cannot take it.
+
+    Example:
+        >>> from torch import nn
+        >>> from memlab.plan import Plan
+        >>> from memlab.techniques.technique import StepParts
+        >>> parts = StepParts(nn.Linear(2, 2), Plan(precision="bf16"), torch.device("cpu"))
+        >>> PRECISION.put_on(parts)
+        >>> with parts.forward_context():
+        ...     parts.model(torch.ones(1, 2)).dtype
+        torch.bfloat16
+    """
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        plan, device = parts.plan, parts.device
+        check_precision(plan, device, parts.parameters)
+        if plan.precision != "fp32":
+            parts.forward_contexts.append(lambda: autocast(plan, device))
+        scaler = grad_scaler(plan, device)
+        if scaler is not None:
+            scaled = ScaledStep(scaler)
+            parts.backward = scaled.backward
+            parts.optimizer_step = scaled
+        return None
+
+    def notes(self, parts: StepParts) -> list[str]:
+        return check_precision(parts.plan, parts.device, parts.parameters)
+
+
+PRECISION = Precision()

@@ -1,15 +1,16 @@
 """The registry of levers: what each Plan lever means everywhere, declared once.
 
-A :class:`Lever` says how its lever looks in the interface (help, label, choices), which technique puts it on a
-model or a step (what :class:`memlab.runner.step.TrainingStep` calls), what the search may assume of it (its
+A :class:`Lever` says how its lever looks in the interface (help, label, choices), its technique (the object that
+puts it on a model and a step: :class:`memlab.runner.step.TrainingStep` puts on :func:`step_techniques` in
+:data:`STEP_ORDER` and names no lever), what the search may assume of it (its
 memory family, what it can be compared with, what it only slows down, its speed prior, what it is suggested as),
 what a dry run on fake tensors makes of it, and how each export carries it or why it refuses. The search's
 lists (:data:`memlab.search.space.TECHNIQUES`, ``SLOWER_WITH``, ``needs_at_least``), the memory model's family and
 least bytes, the speed prior, the suggestions, the export tables and :data:`memlab.plan.LEVERS` are all read from
 :data:`REGISTRY`; a test walks every Plan field and fails when one has no declaration here (and the other way).
 
-This module imports neither torch nor :mod:`memlab.plan` (plan builds on it), so a plan and its exports stay light.
-The declarations live in torch-free modules beside the techniques: ``levers_batch`` (how the batch is cut),
+This module does not import :mod:`memlab.plan` (plan builds on it); the technique modules it reaches import the plan
+only for type checking. The declarations live beside the techniques: ``levers_batch`` (how the batch is cut),
 ``levers_model`` (what changes the model: weights, adapters, checkpointing), ``levers_step`` (what changes the step:
 precision, optimizer, offload, loss); :data:`memlab.plan.LEVERS` lists them in the Plan's field order.
 
@@ -22,20 +23,17 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from typing import Any
-
 from memlab.techniques import levers_batch, levers_model, levers_step
 from memlab.techniques.lever import Lever, PlanLike
+from memlab.techniques.technique import Technique
 
-__all__ = ["REGISTRY", "conflicts", "least_share", "refusals", "resolve", "stepping"]
+__all__ = ["REGISTRY", "STEP_ORDER", "conflicts", "least_share", "refusals", "step_techniques"]
 
 
 def _declarations() -> dict[str, Lever]:
     declared: dict[str, Lever] = {}
     for module in (levers_batch, levers_model, levers_step):
-        for lever in module.LEVERS:
+        for lever in module.DECLARATIONS:
             declared[lever.name] = lever
     return declared
 
@@ -69,19 +67,6 @@ def least_share(plan: PlanLike, facet: str) -> float:
     return min([1.0, *shares])
 
 
-def resolve(reference: str) -> Callable[..., Any]:
-    """The function a ``"module:function"`` reference of a declaration names (imported on first use, so that the
-    declarations stay free of torch).
-
-    Example:
-        >>> resolve("memlab.techniques.accumulation:micro_batches").__name__
-        'micro_batches'
-    """
-    module, _, function = reference.partition(":")
-    found: Callable[..., Any] = getattr(importlib.import_module(module), function)
-    return found
-
-
 def conflicts(plan: PlanLike) -> list[str]:
     """Why ``plan``'s settings cannot go together (each lever's ``conflicts``; empty when they can). ``plan`` may
     be any object with the Plan's fields (the search asks of a combination before building it).
@@ -94,16 +79,24 @@ def conflicts(plan: PlanLike) -> list[str]:
     return [message for lever in REGISTRY.values() if lever.conflicts and (message := lever.conflicts(plan))]
 
 
-def stepping(plan: PlanLike) -> Any:
-    """How ``plan``'s optimizer step runs where a lever changes it (the first lever whose ``stepping`` gives one),
-    else None: the step builds its optimizer and steps it after the last backward.
+STEP_ORDER = ("loss", "adapter", "weights", "micro_batch", "precision", "optimizer", "offload",
+              "optimizer_in_backward", "checkpointing")
+"""The order in which a training step puts the levers' techniques on (each named by one lever that has it): the
+loss first, since it is checked before the model is touched; adapters before pure bf16 weights, since they decide
+which weights train; the optimizer before offload and the optimizer in backward, which build on it; checkpointing
+last, on the model as the others left it."""
+
+
+def step_techniques() -> list[Technique]:
+    """Every lever's technique once, in :data:`STEP_ORDER` (what :class:`memlab.runner.step.TrainingStep` puts on).
 
     Example:
-        >>> from memlab.plan import Plan
-        >>> stepping(Plan()) is None
-        True
+        >>> [type(technique).__name__ for technique in step_techniques()][:3]
+        ['Loss', 'Adapters', 'Weights']
     """
-    for lever in REGISTRY.values():
-        if lever.stepping and (made := resolve(lever.stepping)(plan)) is not None:
-            return made
-    return None
+    ordered: list[Technique] = []
+    for name in STEP_ORDER:
+        technique = REGISTRY[name].technique
+        if technique is not None and all(technique is not seen for seen in ordered):
+            ordered.append(technique)
+    return ordered

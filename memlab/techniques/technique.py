@@ -1,0 +1,142 @@
+"""The one shape of a technique, and the parts of a training step that techniques fill in.
+
+A :class:`Technique` is what a lever's declaration (:class:`memlab.techniques.lever.Lever`) names as its
+``technique``. :class:`memlab.runner.step.TrainingStep` makes a :class:`StepParts` with the plain step (the whole
+batch at once, no forward context, ``loss.backward()``, ``optimizer.step()``), then puts each technique on in the
+registry's declared order (:func:`memlab.techniques.registry.step_techniques`): each may change the model and return
+what undoes that, and may replace or add parts of the step. The step then runs the parts; it names no lever. This is
+the shape of Lightning Fabric's ``Precision`` plugins (``convert_module``, ``forward_context``, ``backward``,
+``optimizer_step``), spread over every lever rather than precision alone.
+
+Example:
+    >>> from torch import nn
+    >>> class Halve(Technique):
+    ...     def put_on(self, parts):
+    ...         parts.loss_scales.append(lambda loss: loss / 2)
+    ...         return None
+    >>> parts = StepParts(nn.Linear(2, 1), plan=None, device=torch.device("cpu"))
+    >>> Halve().put_on(parts); parts.scale(torch.tensor(4.0)).item()
+    2.0
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+Undo = Callable[[], None]
+"""What takes a technique off again, exactly."""
+
+Batch = Any
+"""A batch as :mod:`memlab.live.batch` describes it (a dict, a tensor, a tuple of tensors)."""
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+"""``loss_fn(model, micro_batch) -> scalar tensor``."""
+
+
+@dataclass
+class StepParts:
+    """The parts of one optimizer step, as the techniques leave them.
+
+    Args:
+        model: the live model (techniques change it in place and undo that).
+        plan: the :class:`memlab.Plan` being put on.
+        device: where the model lives.
+        optimizer_device_type: whose optimizer defaults to build with (a CUDA dry run on CPU kernels: ``"cuda"``).
+        lr: the learning rate of the optimizer built.
+        loss_fn: the loss of a micro-batch (None: the batch's default loss).
+        split: a batch -> the micro-batches of one optimizer step.
+        input_casts: applied to every tensor of each micro-batch, in order.
+        forward_contexts: made afresh for each micro-batch's forward (and so its saved tensors).
+        loss_scales: applied to each micro-batch's loss before backward, in order.
+        backward: runs backward of a scaled loss.
+        make_optimizer: builds an optimizer over parameters (the optimizer lever sets it).
+        optimizer: the step's optimizer where a technique builds it itself (offloaded, in backward); None: the
+            step builds ``make_optimizer(parameters)``.
+        optimizer_step: steps the optimizer after the last backward.
+        steps_in_backward: the parameters step during backward: no ``optimizer_step`` after it.
+        watch_grads: where ``steps_in_backward``: ``watch_grads(on_grad)`` asks for ``on_grad(parameter)`` on each
+            gradient before it is stepped and freed (None: stop).
+    """
+
+    model: nn.Module
+    plan: Any
+    device: torch.device
+    optimizer_device_type: str = ""
+    lr: float = 1e-5
+    loss_fn: LossFn | None = None
+    split: Callable[[Batch], list[Batch]] = field(default=lambda batch: [batch])
+    input_casts: list[Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=list)
+    forward_contexts: list[Callable[[], contextlib.AbstractContextManager[Any]]] = field(default_factory=list)
+    loss_scales: list[Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=list)
+    backward: Callable[[torch.Tensor], None] = field(default=lambda loss: loss.backward())
+    make_optimizer: Callable[[Sequence[nn.Parameter]], torch.optim.Optimizer] | None = None
+    optimizer: Any = None
+    optimizer_step: Callable[[Any], None] = field(default=lambda optimizer: optimizer.step())
+    steps_in_backward: bool = False
+    watch_grads: Callable[[Callable[[nn.Parameter], None] | None], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.optimizer_device_type = self.optimizer_device_type or self.device.type
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        """The parameters that train now (after the techniques put on before the one asking)."""
+        seen: dict[int, nn.Parameter] = {}
+        for parameter in self.model.parameters():
+            if parameter.requires_grad:
+                seen.setdefault(id(parameter), parameter)
+        return list(seen.values())
+
+    @property
+    def fake(self) -> bool:
+        """Whether the model's weights are fake tensors (a dry run)."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return any(isinstance(p, FakeTensor) for p in self.model.parameters())
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` through every ``loss_scales`` entry, in order."""
+        for scale in self.loss_scales:
+            loss = scale(loss)
+        return loss
+
+    def forward_context(self) -> contextlib.ExitStack:
+        """Every technique's forward context, entered in order (leave the returned stack to leave them)."""
+        stack = contextlib.ExitStack()
+        for make in self.forward_contexts:
+            stack.enter_context(make())
+        return stack
+
+
+class Technique:
+    """One lever's technique: ``put_on`` changes the model and the step's parts and returns what undoes the model
+    changes (None where it changed only parts); ``notes`` says what a trial should know (after every technique is
+    on); ``dry_run`` says, as notes, what a dry run on fake tensors makes of the plan's value (none where it runs the
+    same step).
+    Each default changes nothing, so a technique overrides only what it does.
+
+    Example:
+        >>> Technique().notes(None)
+        []
+    """
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        """Put the technique on (for ``parts.plan``); return what takes its model changes off again."""
+        return None
+
+    def notes(self, parts: StepParts) -> list[str]:
+        """What a trial of ``parts.plan`` should know about this technique on this device."""
+        return []
+
+    def dry_run(self, parts: StepParts) -> list[str]:
+        """What a dry run on fake tensors makes of the lever's value, as notes (none: it runs the same step)."""
+        return []
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
