@@ -13,10 +13,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from memlab.measure.device import model_device
+from memlab.live.batch import Batch, LossFn, batch_device, check_loss, map_tensors, resolve_loss_fn
+from memlab.live.device import model_device
+from memlab.live.structure import trainable_parameters
 from memlab.plan import Plan
-from memlab.runner.batch import Batch, LossFn, batch_device, check_loss, map_tensors, resolve_loss_fn
-from memlab.runner.module_state import trainable_parameters
 from memlab.techniques.accumulation import micro_batches, scale_loss
 from memlab.techniques.adapters import attach_adapter
 from memlab.techniques.checkpointing import disable_checkpointing, enable_checkpointing, is_checkpointing

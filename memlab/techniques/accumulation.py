@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from memlab.live.batch import Batch, count_rows, take_rows
 from memlab.plan import Plan
-from memlab.runner.batch import Batch, count_rows, take_rows
 
 
 def micro_batches(batch: Batch, plan: Plan) -> list[Batch]:

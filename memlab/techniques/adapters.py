@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from memlab.errors import MemlabError, UnsupportedTechnique
-from memlab.measure.device import model_device
+from memlab.live.device import model_device
+from memlab.live.structure import ModuleStructure
 from memlab.plan import Plan
-from memlab.runner.module_state import ModuleStructure
 from memlab.techniques.levers_model import lora_settings
 from memlab.techniques.targets import adapter_targets as adapter_targets  # re-exported: callers import them here
 from memlab.techniques.targets import lora_layer_types as lora_layer_types

@@ -10,7 +10,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from memlab.errors import UnsupportedTechnique
-from memlab.runner.module_state import ModuleStructure
+from memlab.live.structure import ModuleStructure
 
 Undo = Callable[[], None]
 

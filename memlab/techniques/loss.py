@@ -26,8 +26,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import UnsupportedTechnique
+from memlab.live.batch import Batch, LossFn, default_loss
 from memlab.plan import Plan
-from memlab.runner.batch import Batch, LossFn, default_loss
 
 __all__ = ["CHUNKS", "IGNORE_INDEX", "chunked_causal_lm_loss", "chunked_loss_applies", "loss_for_plan"]
 
@@ -45,7 +45,7 @@ _LOGIT_CHANGES = ("final_logit_softcapping", "logit_scale", "logits_scaling", "o
 def loss_for_plan(model: nn.Module, plan: Plan, loss_fn: LossFn | None) -> LossFn | None:
     """The loss function a step of ``plan`` uses: ``loss_fn`` itself for ``loss="full"``; for ``"chunked"``, the
     chunked loss, after checking that it applies (an :class:`~memlab.errors.UnsupportedTechnique` saying what to
-    write otherwise). ``loss_fn`` None or :func:`memlab.runner.batch.default_loss` means the model's default loss.
+    write otherwise). ``loss_fn`` None or :func:`memlab.live.batch.default_loss` means the model's default loss.
 
     Example:
         >>> loss_for_plan(nn.Linear(2, 2), Plan(), None) is None

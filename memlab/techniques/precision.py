@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from memlab.errors import UnsupportedTechnique
-from memlab.measure.device import cuda_bf16_supported
+from memlab.live.device import cuda_bf16_supported
 from memlab.plan import Plan
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from memlab.live.structure import trainable_parameters, unique_parameters
 from memlab.plan import Plan
-from memlab.runner.module_state import trainable_parameters, unique_parameters
 
 Undo = Callable[[], None]
 
