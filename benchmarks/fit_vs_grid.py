@@ -333,7 +333,7 @@ def warm_up_libraries() -> None:
 def run(size: Size, device: torch.device, fraction: float, repeats: int) -> dict[str, Any]:
     """Calibrate the budget, run fit, the grid and the recipe, measure the winners again, describe it all."""
     import memlab
-    from memlab.measure.device import cuda_bf16_supported
+    from memlab.live.device import cuda_bf16_supported
     from memlab.search import candidate_plans, default_space
     from memlab.techniques.loss import chunked_loss_applies
 

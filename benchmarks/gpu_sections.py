@@ -567,7 +567,7 @@ def section_restore(size: str, device: torch.device) -> dict[str, Any]:
     import memlab
     from memlab import Plan
     from memlab.events import StepFinished
-    from memlab.measure.device import cuda_capacity
+    from memlab.live.device import cuda_capacity
 
     shape: Llama = SIZES[size]["restore"]
     model = build_llama(shape, device)

@@ -24,8 +24,8 @@ from typing import Any, TypedDict, cast
 
 from memlab.errors import MemlabError
 from memlab.events import Callback
+from memlab.live.batch import LossFn
 from memlab.plan import parse_budget
-from memlab.runner.batch import LossFn
 
 __all__ = ["RunKeywords", "RunOptions", "TrialKeywords", "check_learning_rate"]
 

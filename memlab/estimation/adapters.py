@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
+from memlab.live.structure import ModuleStructure
 from memlab.plan import Plan
-from memlab.runner.module_state import ModuleStructure
 from memlab.techniques.adapters import attach_adapter, check_quantizable, compute_dtype, quantized_targets
 
 Undo = Callable[[], None]

@@ -95,7 +95,7 @@ def live_card_context(trial: TrialT, model: nn.Module) -> TrialT:
         >>> live_card_context(trial, nn.Linear(2, 2, device="meta")).context_bytes == GPUS[DEFAULT_GPU].context_bytes
         True
     """
-    from memlab.measure.device import model_device
+    from memlab.live.device import model_device
 
     device = model_device(model)
     return card_context(trial, read_on=device if device.type == "cuda" else None)

@@ -11,7 +11,7 @@
    :func:`memlab.measure` runs them (adapters through :mod:`memlab.estimation.adapters`);
 4. :mod:`memlab.estimation.sharded`: several GPUs, per GPU: FSDP2 on fake tensors (:mod:`memlab.estimation.fsdp2`)
    and DeepSpeed ZeRO by its formulas (:mod:`memlab.estimation.zero`); the strategies themselves are in the
-   torch-free :mod:`memlab.estimation.strategies`;
+   torch-free :mod:`memlab.live.sharding`;
 5. :mod:`memlab.estimation.cuda_context`: for CUDA, the context of the GPU kind the estimate is for (``gpu=``),
    which with the allocator's reserve is what the card will show, and what a budget verdict judges.
 
@@ -32,10 +32,10 @@ from memlab.estimation.fake import BLIND_SPOTS, fake_batch
 from memlab.estimation.gpus import gpu_kind
 from memlab.estimation.sharded import sharded_estimate
 from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_inference, estimate_plans, is_inference
-from memlab.estimation.strategies import check_sharding
+from memlab.live.batch import LossFn
+from memlab.live.sharding import check_sharding
 from memlab.plan import Plan
 from memlab.report import Trial
-from memlab.runner.batch import LossFn
 from memlab.trainer.entry import live_target, noted, split_plans
 from memlab.trainer.source import is_trainer
 

@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from memlab.errors import MemlabError
 from memlab.estimation.configs import is_transformers_config, load_config, meta_model, one_line
 from memlab.estimation.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
-from memlab.runner.batch import Batch
+from memlab.live.batch import Batch
 from memlab.runner.quiet import quiet
 
 __all__ = [

@@ -39,10 +39,10 @@ from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
 from memlab.estimation.single_gpu import adamw8bit_state_bytes
 from memlab.estimation.unknown import foreign_ops_note
 from memlab.events import StepFinished, TrialStarted
+from memlab.live.batch import LossFn
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import Plan
 from memlab.report import Trial
-from memlab.runner.batch import LossFn
 from memlab.runner.quiet import quiet
 from memlab.runner.step import TrainingStep
 from memlab.techniques.accumulation import micro_batches

@@ -35,8 +35,8 @@ from torch import nn
 from memlab.estimation.cuda_allocator import MIB, CachingAllocator
 from memlab.estimation.fake import FakeMode
 from memlab.events import Event, StepFinished, TrialStarted
+from memlab.live.batch import Batch, named_tensors
 from memlab.measure.tracker import MemoryTracker
-from memlab.runner.batch import Batch, named_tensors
 
 __all__ = ["CUBLAS_WORKSPACE_BYTES", "CUBLAS_WORKSPACES", "RESERVED_NOTE", "ReservedTrace", "placement_order"]
 

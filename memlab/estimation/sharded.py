@@ -8,7 +8,7 @@ GPU sees per micro-step (the per-GPU micro-batch); data parallelism multiplies i
 **FSDP2** runs for real, on fake tensors (:mod:`memlab.estimation.fsdp2`): ``fully_shard`` over a fake process
 group, memlab's own training step, PyTorch's ``FSDPMemTracker``. **ZeRO-2 / ZeRO-3** are computed
 (:mod:`memlab.estimation.zero`): DeepSpeed's formulas for the model states, the activations from the FSDP2 dry run.
-The strategies and DeepSpeed's bucket sizes are in :mod:`memlab.estimation.strategies` (no torch), which the names
+The strategies and DeepSpeed's bucket sizes are in :mod:`memlab.live.sharding` (no torch), which the names
 below re-export.
 """
 
@@ -26,7 +26,9 @@ from memlab.estimation.cuda_context import card_context
 from memlab.estimation.fsdp2 import DETAIL, ShardedTrial, fsdp2_dry_run, shard_units
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.single_gpu import estimate_plans
-from memlab.estimation.strategies import (
+from memlab.estimation.zero import zero_basis, zero_model_states, zero_trial
+from memlab.live.batch import LossFn
+from memlab.live.sharding import (
     DS_ALLGATHER_BUCKET,
     DS_PREFETCH_BUCKET,
     DS_REDUCE_BUCKET,
@@ -34,10 +36,8 @@ from memlab.estimation.strategies import (
     check_sharding,
     parse_gpus,
 )
-from memlab.estimation.zero import zero_basis, zero_model_states, zero_trial
 from memlab.plan import Plan, parse_budget
 from memlab.report import Trial
-from memlab.runner.batch import LossFn
 
 __all__ = [
     "DETAIL",

@@ -46,13 +46,13 @@ from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
 from memlab.estimation.unknown import foreign_ops_note
+from memlab.live.batch import LossFn
+from memlab.live.structure import trainable_parameters
 from memlab.measure.probes import FakeProbe
 from memlab.measure.tracker import CATEGORIES
 from memlab.options import RunOptions
 from memlab.plan import Plan, parse_budget
 from memlab.report import Report, Trial
-from memlab.runner.batch import LossFn
-from memlab.runner.module_state import trainable_parameters
 from memlab.runner.quiet import quiet
 from memlab.runner.trial import TrialRunner, check_plans
 from memlab.techniques.offload import NOTHING_TO_MOVE

@@ -41,10 +41,10 @@ from memlab.estimation.fsdp2 import DETAIL, FSDP_NOTE, ONE_STREAM_NOTE, ShardedT
 from memlab.estimation.gpus import GpuKind
 from memlab.estimation.reserved import RESERVED_NOTE
 from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_plans
-from memlab.estimation.strategies import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
+from memlab.live.batch import LossFn
+from memlab.live.sharding import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
 from memlab.plan import Plan
 from memlab.report import Trial
-from memlab.runner.batch import LossFn
 
 __all__ = ["zero_basis", "zero_model_states", "zero_trial"]
 

@@ -29,7 +29,7 @@ _MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
 def _check(gpus: Any, strategy: Any) -> tuple[int, str]:
-    from memlab.estimation.strategies import check_sharding
+    from memlab.live.sharding import check_sharding
 
     gpus, strategy = check_sharding(gpus, strategy)
     if strategy == "none":

@@ -39,11 +39,11 @@ from typing_extensions import Unpack
 from memlab.errors import MemlabError
 from memlab.inference.plan import InferencePlan, parse_inference_grid
 from memlab.inference.run import InferenceRunner, check_inference_options, compare_inference
+from memlab.live.batch import Batch
+from memlab.live.device import model_device
 from memlab.measure.cuda import cuda_card_capacity
-from memlab.measure.device import model_device
 from memlab.options import RunKeywords, RunOptions
 from memlab.report import Report, Trial
-from memlab.runner.batch import Batch
 from memlab.runner.progress import run_progress
 from memlab.runner.trial import keep_on_interrupt
 

@@ -37,12 +37,12 @@ from memlab.inference.kv import learned_positions
 from memlab.inference.plan import InferencePlan
 from memlab.inference.step import InferenceStep
 from memlab.inference.weights import check_quantizable, prepare_weights, quantization_tensors
+from memlab.live.batch import Batch
+from memlab.live.structure import unique_parameters
 from memlab.measure.tracker import INFERENCE_CATEGORIES, MemoryTracker
 from memlab.options import RunKeywords, RunOptions
 from memlab.report import InferenceTrial, Report
-from memlab.runner.batch import Batch
 from memlab.runner.core import Runner, register_runner
-from memlab.runner.module_state import unique_parameters
 from memlab.runner.trial import run_plans
 from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, Workload
 
@@ -288,7 +288,7 @@ class InferenceWorkload(Workload[InferencePlan, InferenceRecord, InferenceTrial]
                         "quantize='none'"
                     ) from None
         if plan.weights == "bf16" and probe.device.type == "cuda":
-            from memlab.measure.device import cuda_bf16_supported
+            from memlab.live.device import cuda_bf16_supported
 
             if not cuda_bf16_supported(probe.device):
                 raise MemlabError("this GPU has no bf16; write weights='fp16' (or 'fp32')")

@@ -21,8 +21,8 @@ from torch import nn
 from memlab.inference.kv import cache_bytes, cache_tokens, is_causal_lm, new_cache, takes_logits_to_keep, track_cache
 from memlab.inference.plan import InferencePlan
 from memlab.inference.weights import DTYPES
+from memlab.live.batch import Batch, map_tensors, take_rows
 from memlab.measure.tracker import MemoryTracker
-from memlab.runner.batch import Batch, map_tensors, take_rows
 from memlab.runner.workload import RunContext
 
 __all__ = ["InferenceStep", "StepResult", "model_inputs"]

@@ -3,7 +3,7 @@ everything put back bit-exact afterwards.
 
 Casting keeps each original tensor (on CUDA in host memory, so that the device holds only the cast copy) and puts
 that same tensor back; quantizing replaces each target ``nn.Linear`` by a bitsandbytes layer built from a copy of
-its weight, and the session's :class:`~memlab.runner.module_state.ModuleStructure` (or the returned undo) puts the
+its weight, and the session's :class:`~memlab.live.structure.ModuleStructure` (or the returned undo) puts the
 original
 module back. The originals are never written to.
 
@@ -28,8 +28,8 @@ from torch import nn
 
 from memlab.errors import MemlabError, UnsupportedTechnique
 from memlab.inference.plan import InferencePlan
-from memlab.measure.device import model_device
-from memlab.runner.module_state import ModuleStructure, unique_parameters
+from memlab.live.device import model_device
+from memlab.live.structure import ModuleStructure, unique_parameters
 from memlab.techniques.adapters import output_head
 
 __all__ = [

@@ -15,7 +15,7 @@ from types import TracebackType
 
 import torch
 
-from memlab.measure.device import DeviceLike, cuda_capacity, cuda_device
+from memlab.live.device import DeviceLike, cuda_capacity, cuda_device
 
 __all__ = ["CudaPeak", "cap_cuda_memory", "cuda_card_capacity", "cuda_context_bytes"]
 
@@ -45,7 +45,7 @@ def cuda_context_bytes(device: DeviceLike) -> int:
 
 def cuda_card_capacity(device: DeviceLike) -> int:
     """The most the card figure of this process can reach on ``device``, the default budget of a search there: what
-    the process can have allocated (:func:`~memlab.measure.device.cuda_capacity`) and its CUDA context beside it.
+    the process can have allocated (:func:`~memlab.live.device.cuda_capacity`) and its CUDA context beside it.
     Capped at this budget less the context (:func:`cap_cuda_memory`), the allocator can take what is free.
 
     Example:

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
+from memlab.live.device import model_device, synchronize
 from memlab.measure.cuda import CudaPeak, cap_cuda_memory
-from memlab.measure.device import model_device, synchronize
 from memlab.measure.held import cpu_tensors_held, unique_storage_bytes
 
 __all__ = ["CpuProbe", "CudaProbe", "FakeProbe", "HeldMemory", "Probe", "probe_for"]

@@ -9,10 +9,10 @@ from typing import Any, Literal
 from torch import nn
 
 from memlab.errors import MemlabError, MemlabWarning
+from memlab.live.batch import Batch, LossFn
+from memlab.live.structure import ModuleStructure
 from memlab.options import check_learning_rate
 from memlab.plan import Plan
-from memlab.runner.batch import Batch, LossFn
-from memlab.runner.module_state import ModuleStructure
 from memlab.runner.step import TrainingStep
 from memlab.trainer.apply import apply_to_trainer
 from memlab.trainer.source import is_trainer

@@ -26,6 +26,8 @@ from torch import nn
 
 from memlab.errors import MemlabError
 from memlab.events import Callback, Event, MemorySample, StepFinished, TrialFinished, TrialSettled, TrialStarted
+from memlab.live.batch import Batch, count_rows, named_tensors
+from memlab.live.structure import ModuleStructure, unique_parameters
 from memlab.measure.cuda import CudaPeak
 from memlab.measure.oom import release_error, release_memory
 from memlab.measure.probes import Probe, probe_for
@@ -35,8 +37,7 @@ from memlab.options import RunOptions
 from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.report.noise import fewest_values, relative_half_width
-from memlab.runner.batch import Batch, count_rows, named_tensors
-from memlab.runner.module_state import ModelValues, ModuleStructure, unique_parameters
+from memlab.runner.module_state import ModelValues
 from memlab.runner.quiet import quiet
 from memlab.runner.remeasure import settle_close_race
 from memlab.runner.workload import Attempt, RunContext, TrialRecord, Workload

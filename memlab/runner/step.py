@@ -14,9 +14,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from memlab.measure.device import model_device
+from memlab.live.batch import Batch, LossFn, batch_device, check_loss, map_tensors, resolve_loss_fn
+from memlab.live.device import model_device
 from memlab.plan import Plan
-from memlab.runner.batch import Batch, LossFn, batch_device, check_loss, map_tensors, resolve_loss_fn
 from memlab.techniques.registry import step_techniques
 from memlab.techniques.technique import StepParts, Undo
 

@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 from memlab.errors import MemlabError
+from memlab.live.batch import count_tokens, resolve_loss_fn
+from memlab.live.structure import trainable_parameters, unique_parameters
 from memlab.measure.tracker import MemoryTracker
 from memlab.plan import Plan
 from memlab.report import Trial
-from memlab.runner.batch import count_tokens, resolve_loss_fn
-from memlab.runner.module_state import trainable_parameters, unique_parameters
 from memlab.runner.step import TrainingStep
 from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, Workload
 from memlab.techniques.accumulation import micro_batches

@@ -17,10 +17,10 @@ from torch import nn
 from typing_extensions import Unpack
 
 from memlab.errors import MemlabError
+from memlab.live.batch import Batch
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
 from memlab.report import Report, Trial
-from memlab.runner.batch import Batch
 from memlab.runner.core import Runner, register_runner, runner_for
 from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.training import TrainingWorkload, check_plans

@@ -27,12 +27,12 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import torch
 from torch import nn
 
+from memlab.live.batch import Batch
 from memlab.measure.oom import is_oom_error
 from memlab.measure.probes import Probe
 from memlab.measure.reading import PeakReading
 from memlab.measure.tracker import CATEGORIES, MemoryTracker
 from memlab.options import RunOptions
-from memlab.runner.batch import Batch
 from memlab.runner.quiet import without_paths
 
 __all__ = ["Attempt", "RunContext", "RunnablePlan", "StepKind", "TrialRecord", "Workload"]

@@ -11,13 +11,13 @@ from typing_extensions import Unpack
 
 from memlab.errors import MemlabError
 from memlab.events import TrialSettled
+from memlab.live.batch import Batch, count_rows
+from memlab.live.device import cuda_bf16_supported, model_device
+from memlab.live.structure import trainable_parameters
 from memlab.measure.cuda import cuda_card_capacity
-from memlab.measure.device import cuda_bf16_supported, model_device
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
 from memlab.report import Report, Trial
-from memlab.runner.batch import Batch, count_rows
-from memlab.runner.module_state import trainable_parameters
 from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.remeasure import settle_close_race
 from memlab.runner.trial import TrialRunner, keep_on_interrupt

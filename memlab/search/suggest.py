@@ -7,10 +7,10 @@ from typing import Any
 
 from torch import nn
 
+from memlab.live.batch import Batch
 from memlab.options import RunOptions
 from memlab.plan import Plan
 from memlab.report import Trial
-from memlab.runner.batch import Batch
 from memlab.search.memory import FIT_MARGIN
 from memlab.search.speed import SpeedPrior
 from memlab.techniques.registry import REGISTRY

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memlab.runner.batch import Batch, count_rows, take_rows
+from memlab.live.batch import Batch, count_rows, take_rows
 from memlab.techniques.technique import StepParts, Technique, Undo
 
 if TYPE_CHECKING:

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from memlab.errors import MemlabError, UnsupportedTechnique
-from memlab.runner.module_state import ModuleStructure
+from memlab.live.device import model_device
+from memlab.live.structure import ModuleStructure
 from memlab.techniques.targets import adapter_targets as adapter_targets  # re-exported: callers import them here
 from memlab.techniques.targets import lora_layer_types as lora_layer_types
 from memlab.techniques.targets import output_head as output_head
@@ -162,8 +163,6 @@ def _quantize(
     """Replace each target ``nn.Linear`` by an NF4 ``Linear4bit`` holding the same weight; on CUDA the originals'
     weights move to host memory. Returns ``(weight, its device)`` for each moved weight, to put back."""
     import bitsandbytes
-
-    from memlab.measure.device import model_device  # not at the top: measure imports the plan
 
     device = model_device(model)
     parked: list[tuple[torch.Tensor, torch.device]] = []

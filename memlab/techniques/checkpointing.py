@@ -10,7 +10,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from memlab.errors import UnsupportedTechnique
-from memlab.runner.module_state import ModuleStructure
+from memlab.live.structure import ModuleStructure
 from memlab.techniques.technique import StepParts, Technique, Undo
 
 RECOMPUTE_CONTEXTS: list[Callable[[], contextlib.AbstractContextManager[Any]]] = []

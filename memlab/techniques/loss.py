@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import UnsupportedTechnique
-from memlab.runner.batch import Batch, LossFn, default_loss
+from memlab.live.batch import Batch, LossFn, default_loss
 from memlab.techniques.technique import StepParts, Technique, Undo
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ _LOGIT_CHANGES = ("final_logit_softcapping", "logit_scale", "logits_scaling", "o
 def loss_for_plan(model: nn.Module, plan: Plan, loss_fn: LossFn | None) -> LossFn | None:
     """The loss function a step of ``plan`` uses: ``loss_fn`` itself for ``loss="full"``; for ``"chunked"``, the
     chunked loss, after checking that it applies (an :class:`~memlab.errors.UnsupportedTechnique` saying what to
-    write otherwise). ``loss_fn`` None or :func:`memlab.runner.batch.default_loss` means the model's default loss.
+    write otherwise). ``loss_fn`` None or :func:`memlab.live.batch.default_loss` means the model's default loss.
 
     Example:
         >>> from memlab.plan import Plan

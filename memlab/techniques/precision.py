@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from memlab.errors import UnsupportedTechnique
+from memlab.live.device import cuda_bf16_supported
 from memlab.techniques.technique import StepParts, Technique, Undo
 
 if TYPE_CHECKING:
@@ -33,8 +34,6 @@ def check_precision(plan: Plan, device: torch.device, parameters: Sequence[torch
             "the trained weights are fp16, and fp16 loss scaling needs fp32 weights; load the model in fp32 "
             "(autocast computes in fp16), or write precision='bf16'"
         )
-    from memlab.measure.device import cuda_bf16_supported  # not at the top: measure imports the plan
-
     if device.type == "cuda" and plan.precision == "bf16" and not cuda_bf16_supported(device):
         raise UnsupportedTechnique(
             f"{torch.cuda.get_device_name(device)} has no native bf16 (emulated bf16 is slow); "

@@ -10,6 +10,8 @@ the shape of Lightning Fabric's ``Precision`` plugins (``convert_module``, ``for
 
 Example:
     >>> from torch import nn
+
+from memlab.live.batch import Batch, LossFn
     >>> class Halve(Technique):
     ...     def put_on(self, parts):
     ...         parts.loss_scales.append(lambda loss: loss / 2)
@@ -32,11 +34,6 @@ from torch import nn
 Undo = Callable[[], None]
 """What takes a technique off again, exactly."""
 
-Batch = Any
-"""A batch as :mod:`memlab.live.batch` describes it (a dict, a tensor, a tuple of tensors)."""
-
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
-"""``loss_fn(model, micro_batch) -> scalar tensor``."""
 
 
 @dataclass

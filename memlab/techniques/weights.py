@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from memlab.runner.module_state import trainable_parameters, unique_parameters
+from memlab.live.structure import trainable_parameters, unique_parameters
 from memlab.techniques.technique import StepParts, Technique
 
 if TYPE_CHECKING:

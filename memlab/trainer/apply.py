@@ -107,7 +107,8 @@ def _trainer_restorer(trainer: Any) -> Callable[[], None]:
 
 
 def _model_restorer(model: Any) -> Callable[[], None]:
-    from memlab.runner.module_state import ModelValues, ModuleStructure
+    from memlab.live.structure import ModuleStructure
+    from memlab.runner.module_state import ModelValues
 
     structure = ModuleStructure.capture(model)
     values = ModelValues.capture(model)

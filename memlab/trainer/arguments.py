@@ -11,15 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from memlab.errors import MemlabError
-from memlab.export.engines import training_arguments
 from memlab.plan import OPTIMIZERS, Plan
+from memlab.techniques.levers_step import OPTIMIZER_FORMS
 
 __all__ = ["TRAINER_OPTIMIZERS", "check_single_process", "plan_from_training_arguments"]
 
-# The Trainer's names for memlab's optimizers, as the export writes them, and the aliases transformers also takes.
+# The Trainer's names for memlab's optimizers, as the export writes them (OPTIMIZER_FORMS, the registry's one record of
+# each optimizer's forms), and the aliases transformers also takes.
 # "adamw_torch" is torch's AdamW with its defaults (foreach on CUDA): memlab's "adamw_foreach", not the fused "adamw".
 TRAINER_OPTIMIZERS = {
-    **{training_arguments(Plan(optimizer=name), legacy_names=False)["optim"]: name for name in OPTIMIZERS},
+    **{OPTIMIZER_FORMS[name].trainer: name for name in OPTIMIZERS},
     "adamw_8bit": "adamw8bit",
 }
 """The Trainer's ``optim`` names that are memlab optimizers (``TrainingArguments.optim`` -> ``Plan.optimizer``)."""

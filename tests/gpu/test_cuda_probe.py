@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from memlab.live.device import cuda_bf16_supported
 from memlab.measure import CudaPeak, MemoryTracker, cap_cuda_memory, is_oom_error
-from memlab.measure.device import cuda_bf16_supported
 
 pytestmark = [
     pytest.mark.gpu,

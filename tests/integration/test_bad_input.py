@@ -288,7 +288,7 @@ def test_on_cuda_an_out_of_memory_in_the_first_step_keeps_the_peak_it_reached(mo
 
 
 def test_the_default_cuda_budget_is_what_the_process_can_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    from memlab.measure import device
+    from memlab.live import device
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (30 * 1024**3, 80 * 1024**3))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 12 * 1024**3)  # the user's tensors and the cache

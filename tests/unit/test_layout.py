@@ -165,6 +165,27 @@ def test_the_measure_layer_never_imports_the_report_layer() -> None:
     assert offenders == []
 
 
+def _imports_into(graph: dict[str, set[str]], layer: str, below: tuple[str, ...]) -> list[str]:
+    """``"module imports target"`` for each module of ``layer`` that imports a module of a layer in ``below``."""
+    return [
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module == layer or module.startswith(layer + ".")
+        for target in sorted(targets)
+        if any(target == other or target.startswith(other + ".") for other in below)
+    ]
+
+
+def test_the_techniques_never_import_the_runner_or_the_measure_layer() -> None:
+    """Techniques read what they need of the user's objects from ``memlab.live``, below them, never from above."""
+    assert _imports_into(import_graph(), "memlab.techniques", ("memlab.runner", "memlab.measure")) == []
+
+
+def test_the_exports_never_import_estimation() -> None:
+    """An export reads the plan and the sharding facts (``memlab.live.sharding``), never the dry-run machinery."""
+    assert _imports_into(import_graph(), "memlab.export", ("memlab.estimation",)) == []
+
+
 def test_no_module_is_over_600_lines() -> None:
     long = {
         str(path.relative_to(PACKAGE)): n

@@ -25,10 +25,10 @@ from memlab.frontends.jupyter.panel_core import PanelCore
 from memlab.inference.fit import fit_inference
 from memlab.inference.plan import InferencePlan
 from memlab.inference.run import check_inference_options
-from memlab.measure.device import model_device
+from memlab.live.batch import Batch
+from memlab.live.device import model_device
 from memlab.options import RunOptions, TrialKeywords
 from memlab.report import INFERENCE_CATEGORIES, Trial, one_line
-from memlab.runner.batch import Batch
 
 __all__ = ["InferencePanel"]
 

@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.runner.batch import Batch, LossFn
+from memlab.live.batch import Batch, LossFn
 
 __all__ = ["body_loss_fn", "empty_body_transformer", "lookup_name", "usage_error"]
 

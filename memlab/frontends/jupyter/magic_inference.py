@@ -22,9 +22,9 @@ from memlab.frontends.jupyter.magic_args import DEFAULTS, Job, run_options
 from memlab.frontends.jupyter.magic_cell import lookup_name, usage_error
 from memlab.inference.fit import fit_inference
 from memlab.inference.plan import InferencePlan, parse_inference_axes, parse_inference_grid
+from memlab.live.batch import count_rows
 from memlab.options import RunOptions
 from memlab.report import INFERENCE_CATEGORIES, Report
-from memlab.runner.batch import count_rows
 from memlab.runner.trial import compare
 
 __all__ = ["InferenceRequest"]

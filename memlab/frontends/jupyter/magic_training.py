@@ -20,10 +20,10 @@ from memlab.estimation.estimate import estimate_plans
 from memlab.estimation.sharded import parse_gpus, sharded_lines, sharded_trials
 from memlab.frontends.jupyter.magic_args import Job, run_options, unquote
 from memlab.frontends.jupyter.magic_cell import body_loss_fn, lookup_name, usage_error
+from memlab.live.batch import LossFn, count_rows
 from memlab.options import RunOptions
 from memlab.plan import Plan, parse_axes, parse_grid
 from memlab.report import CATEGORIES, Report
-from memlab.runner.batch import LossFn, count_rows
 from memlab.runner.trial import compare
 from memlab.search import MAX_TRIALS, fit
 from memlab.trainer.apply import TrainerApplied

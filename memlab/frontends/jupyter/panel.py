@@ -37,11 +37,11 @@ from torch import nn
 from typing_extensions import Unpack
 
 from memlab.frontends.jupyter.panel_core import PanelCore, descendants, user_variable_name
+from memlab.live.batch import Batch, LossFn, resolve_loss_fn
 from memlab.options import RunOptions, TrialKeywords
 from memlab.plan import Plan, format_bytes
 from memlab.report import Trial, one_line
 from memlab.runner.apply import Applied, apply
-from memlab.runner.batch import Batch, LossFn, resolve_loss_fn
 from memlab.trainer.entry import live_target
 
 __all__ = ["Panel", "descendants", "panel", "user_variable_name"]

@@ -26,11 +26,11 @@ from memlab.events import Event
 from memlab.frontends.jupyter.live import LiveFigure
 from memlab.frontends.levers import lever_specs
 from memlab.inference.plan import InferencePlan
+from memlab.live.batch import Batch, count_rows
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import LeverSpec, Plan, format_bytes, parse_budget
 from memlab.report import CATEGORIES, Report, Trial, one_line
 from memlab.report.tables import judged_text
-from memlab.runner.batch import Batch, count_rows
 from memlab.runner.trial import compare
 
 __all__ = ["PanelCore", "descendants", "lever_control", "user_variable_name"]
