@@ -10,8 +10,6 @@ the shape of Lightning Fabric's ``Precision`` plugins (``convert_module``, ``for
 
 Example:
     >>> from torch import nn
-
-from memlab.live.batch import Batch, LossFn
     >>> class Halve(Technique):
     ...     def put_on(self, parts):
     ...         parts.loss_scales.append(lambda loss: loss / 2)
@@ -30,6 +28,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from memlab.live.batch import Batch, LossFn
 
 Undo = Callable[[], None]
 """What takes a technique off again, exactly."""
