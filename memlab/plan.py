@@ -55,8 +55,8 @@ def lever(default: Any, *, help: str = "", short: str = "", choices: tuple[str, 
 @dataclass(frozen=True)
 class LeverSpec:
     """What front ends know of one lever: ``type`` is ``"int"`` (a count, None allowed where the default is None),
-    ``"bool"`` or ``"choice"``; ``open_choices``: a tuple of names is allowed besides ``choices``. It reads as a
-    mapping too (``spec["help"]``).
+    ``"float"`` (a number >= 0), ``"bool"`` or ``"choice"``; ``open_choices``: a tuple of names is allowed besides
+    ``choices``. It reads as a mapping too (``spec["help"]``).
 
     Example:
         >>> LEVERS["precision"]["choices"]
@@ -99,7 +99,8 @@ def lever_specs(plan_class: type, declared: Mapping[str, Lever] | None = None) -
         if not help_text:
             raise TypeError(f"{plan_class.__name__}.{plan_field.name} is a lever without a declaration")
         choices = tuple(plan_field.metadata.get("choices", ()))
-        kind = "choice" if choices else "bool" if isinstance(plan_field.default, bool) else "int"
+        kind = "choice" if choices else "bool" if isinstance(plan_field.default, bool) else (
+            "float" if isinstance(plan_field.default, float) else "int")
         specs[plan_field.name] = LeverSpec(
             plan_field.name, plan_field.default, kind, help_text, plan_field.metadata.get("short", ""), choices
         )
@@ -126,6 +127,10 @@ def check_levers(plan: Any, specs: Mapping[str, LeverSpec]) -> None:
                 none = ", or None for all rows" if spec.default is None else ""
                 example = f", e.g. {spec.default}" if isinstance(spec.default, int) and spec.default > 1 else ""
                 raise MemlabError(f"{name}={value!r} is not allowed; write a whole number >= {least}{none}{example}")
+        elif spec.type == "float":
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+                raise MemlabError(f"{name}={value!r} is not allowed; write a number >= 0, e.g. 0.05")
+            object.__setattr__(plan, name, float(value))
         elif spec.type == "bool" and not isinstance(value, bool):
             raise MemlabError(f"{name}={value!r} is not allowed; write True or False")
         elif spec.choices and value not in spec.choices:
@@ -455,8 +460,13 @@ def parse_lever_value(spec: LeverSpec, text: str) -> Any:
         if text.lower() not in _BOOLEANS:
             raise MemlabError(f"{name}={text!r} is not understood; write on or off")
         return _BOOLEANS[text.lower()]
+    if spec.type == "float":
+        try:
+            return float(text)
+        except ValueError:
+            raise MemlabError(f"{name}={text!r} is not a number; write for example {name}=0.05") from None
     if spec.type == "int":
-        if spec.default is None and text.lower() in ("all", "none"):
+        if spec.default is None and text.lower() in ("all", "none", "auto"):
             return None
         try:
             return int(text)

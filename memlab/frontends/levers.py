@@ -48,4 +48,8 @@ def lever_help(specs: Mapping[str, LeverSpec]) -> str:
 def _values(spec: LeverSpec) -> str:
     if spec.choices:
         return "|".join(spec.choices)
+    if spec.type == "float":
+        return "X.XX"
+    if spec.type == "int" and spec.default is None:
+        return "N|auto"
     return "on|off" if spec.type == "bool" else "N"

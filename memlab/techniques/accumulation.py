@@ -50,9 +50,9 @@ class Accumulation(Technique):
     summed gradients are the effective batch's.
 
     Example:
-        >>> from memlab.plan import Plan
         >>> from torch import nn
-        >>>         >>> from memlab.techniques.technique import StepParts
+        >>> from memlab.plan import Plan
+        >>> from memlab.techniques.technique import StepParts
         >>> parts = StepParts(nn.Linear(1, 1), Plan(micro_batch=2, accumulation=3), torch.device("cpu"))
         >>> ACCUMULATION.put_on(parts); len(parts.split(torch.zeros(6, 1))), parts.scale(torch.tensor(3.0)).item()
         (3, 1.0)

@@ -112,10 +112,13 @@ class Lever:
 
     @property
     def type(self) -> str:
-        """``"choice"``, ``"bool"`` or ``"int"`` (a count; None allowed where the default is None)."""
+        """``"choice"``, ``"bool"``, ``"float"`` (a number >= 0) or ``"int"`` (a count; None allowed where the default
+        is None)."""
         if self.choices:
             return "choice"
-        return "bool" if isinstance(self.default, bool) else "int"
+        if isinstance(self.default, bool):
+            return "bool"
+        return "float" if isinstance(self.default, float) else "int"
 
     def refusal(self, plan: PlanLike, target: str) -> str:
         """What ``target`` says of this lever in ``plan``: ``""`` when it carries it, else what to do instead."""

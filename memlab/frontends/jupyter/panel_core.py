@@ -91,7 +91,8 @@ class PanelCore(widgets.VBox):
         self.figure = self._new_figure()
         self.specs: dict[str, LeverSpec] = lever_specs(self.plan_class)
         self.controls: dict[str, widgets.ValueWidget] = {
-            lever: lever_control(spec, self.rows) for lever, spec in self.specs.items()
+            lever: lever_control(spec, self.rows if lever == self.rows_lever else None)
+            for lever, spec in self.specs.items()
         }
         self.controls["budget"] = _budget_control(options.budget)
         self.run_button = widgets.Button(
@@ -127,6 +128,9 @@ class PanelCore(widgets.VBox):
         values = {lever: self.controls[lever].value for lever in self.specs}
         if values[self.rows_lever] == self.rows:
             values[self.rows_lever] = None
+        for lever, spec in self.specs.items():  # a count whose default is None shows None as 0 ("auto")
+            if lever != self.rows_lever and spec.type == "int" and spec.default is None and values[lever] == 0:
+                values[lever] = None
         return self.plan_class(**values)
 
     def budget(self) -> int | None:
@@ -339,9 +343,10 @@ class PanelCore(widgets.VBox):
         )
 
 
-def lever_control(spec: LeverSpec, rows: int) -> widgets.ValueWidget:
+def lever_control(spec: LeverSpec, rows: int | None) -> widgets.ValueWidget:
     """The widget for one lever, named after it, its help as the tooltip: a checkbox for a switch, a drop-down for
-    choices, a number box for a count (a count whose default is None starts at the batch's ``rows``).
+    choices, a number box for a number or a count. A count whose default is None starts at ``rows`` where it is
+    given (the lever that cuts the batch: None is all of its rows), else at 0, which stands for None ("auto").
 
     Example:
         >>> from memlab.plan import LEVERS
@@ -360,8 +365,17 @@ def lever_control(spec: LeverSpec, rows: int) -> widgets.ValueWidget:
             options=list(spec.choices), value=spec.default, description=description, tooltip=spec.help,
             style=WIDE, layout=widgets.Layout(width="200px"),
         )
+    if spec.type == "float":
+        return widgets.BoundedFloatText(
+            value=spec.default, min=0.0, max=1_000_000.0, step=0.01, description=description, tooltip=spec.help,
+            style=WIDE, layout=widgets.Layout(width="170px"),
+        )
+    if spec.default is None:
+        start, least = (rows, 1) if rows is not None else (0, 0)
+    else:
+        start, least = spec.default, 0 if spec.default == 0 else 1
     return widgets.BoundedIntText(
-        value=rows if spec.default is None else spec.default, min=0 if spec.default == 0 else 1, max=1_000_000,
+        value=start, min=least, max=1_000_000,
         description=description, tooltip=spec.help, style=WIDE, layout=widgets.Layout(width="170px"),
     )
 
