@@ -217,10 +217,11 @@ class Plan:
 
     def __post_init__(self) -> None:
         check_levers(self, LEVERS)
-        if self.adapter == "none":
-            # The rank and targets mean nothing without an adapter; one value keeps grids free of duplicate plans.
-            object.__setattr__(self, "lora_rank", LORA_RANK_DEFAULT)
-            object.__setattr__(self, "lora_targets", LEVERS["lora_targets"].default)
+        for name, declared in REGISTRY.items():
+            # A lever that means nothing in this plan (a LoRA setting without an adapter) holds its default: one
+            # value keeps grids free of duplicate plans.
+            if declared.applies is not None and not declared.applies(self):
+                object.__setattr__(self, name, declared.default)
         problems = conflicts(self)
         if problems:
             raise MemlabError(problems[0])

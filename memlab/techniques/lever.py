@@ -71,6 +71,10 @@ class Lever:
             combination before building the plan. None: the lever goes with every setting.
         code: the lines :func:`memlab.export.engines.pytorch_code` adds right after building the optimizer (its
             ``optimizer`` and ``params`` exist there), or None where the plain loop carries the lever as it is.
+        applies: whether the lever means anything in a plan (its other fields); where it does not, the plan holds
+            the lever's default, so that grids hold no duplicate plans. None: it always does.
+        from_peft: the lever's value read from a user's peft ``LoraConfig`` (what a peft model the user wrapped
+            trains with), or None where peft's config does not say it.
         needs_at_least: ``(mine, theirs) -> bool``: whether a plan with ``mine`` needs at least the memory of the
             same plan with ``theirs``, whatever the model. None (the default): values compare only with themselves.
         slower: ``(value, instead)`` pairs: the plan with ``value`` does the work of the one with ``instead`` and
@@ -97,6 +101,8 @@ class Lever:
     technique: Technique | None = None
     conflicts: Callable[[PlanLike], str] | None = None
     code: Callable[[PlanLike], list[str]] | None = None
+    applies: Callable[[PlanLike], bool] | None = None
+    from_peft: Callable[[Any], Any] | None = None
     needs_at_least: Callable[[Any, Any], bool] | None = None
     slower: tuple[tuple[Any, Any], ...] = ()
     family: bool = False

@@ -65,6 +65,17 @@ def _pure_bf16_elsewhere(target: str, instead: str) -> Any:
     return refusal
 
 
+def with_adapter(plan: PlanLike) -> bool:
+    """Whether ``plan`` trains adapters (the LoRA settings mean something only then).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> with_adapter(Plan(adapter="qlora")), with_adapter(Plan())
+        (True, False)
+    """
+    return bool(plan.adapter != "none")
+
+
 def _adapters_for_the_trainer(plan: PlanLike) -> str:
     if plan.adapter == "none":
         return ""
@@ -143,6 +154,8 @@ DECLARATIONS = (
         short="r{}",
         help="rank of the LoRA adapters, used with adapter lora or qlora: a higher rank trains more weights",
         technique=ADAPTERS,
+        applies=with_adapter,
+        from_peft=lambda config: config.r if isinstance(config.r, int) else None,
         family=True,
         # Carried wherever the adapter is (and refused with it): the rank is part of the adapter's LoraConfig.
         exports=dict.fromkeys(TARGETS, carried),
@@ -157,6 +170,7 @@ DECLARATIONS = (
         "head), attention (peft's default: q and v projections), or module names joined with +; fewer layers, "
         "fewer adapter weights",
         technique=ADAPTERS,
+        applies=with_adapter,
         family=True,
         # Carried wherever the adapter is (and refused with it): LoraConfig(target_modules=...).
         exports=dict.fromkeys(TARGETS, carried),

@@ -15,6 +15,7 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
+from memlab.techniques.registry import REGISTRY
 from memlab.trainer.arguments import check_single_process, plan_from_training_arguments
 
 __all__ = ["TrainerSource", "is_trainer", "trainer_model"]
@@ -139,7 +140,7 @@ class TrainerSource:
     def plan_of(trainer: Any) -> Plan:
         """The trainer's settings as a plan: :func:`plan_from_training_arguments` of its arguments, plus what the
         model says: ``weights="bf16"`` when its trained parameters are bf16, ``adapter="lora"`` (with its rank)
-        when it is a peft model."""
+        when it is a peft model, with every LoRA setting its ``LoraConfig`` says (each lever's ``from_peft``)."""
         plan = plan_from_training_arguments(trainer.args)
         model = trainer_model(trainer)
         trained = [p for p in model.parameters() if p.requires_grad]
@@ -149,12 +150,15 @@ class TrainerSource:
         peft_config = getattr(model, "peft_config", None)
         if isinstance(peft_config, dict) and peft_config:
             config = next(iter(peft_config.values()))
-            rank = getattr(config, "r", None)
-            if isinstance(rank, int):
+            if isinstance(getattr(config, "r", None), int):
                 quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(
                     getattr(model, "base_model", None), "is_loaded_in_4bit", False
                 )
-                changes.update(adapter="qlora" if quantized else "lora", lora_rank=rank)
+                changes["adapter"] = "qlora" if quantized else "lora"
+                for name, lever in REGISTRY.items():
+                    value = lever.from_peft(config) if lever.from_peft is not None else None
+                    if value is not None:
+                        changes[name] = value
         return plan.replace(**changes) if changes else plan
 
     @staticmethod

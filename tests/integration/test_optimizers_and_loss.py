@@ -8,7 +8,7 @@ from models import assert_same, fingerprint, lm_batch, tiny_bert, tiny_gpt2, tin
 from torch import nn
 
 import memlab
-import memlab.runner.step
+import memlab.techniques.optimizer
 from memlab import Plan
 from memlab.errors import UnsupportedTechnique
 from memlab.estimation.estimate import adamw8bit_state_bytes
@@ -76,7 +76,7 @@ def test_fused_adamw_peak_is_below_the_foreach_updates_where_the_update_is_the_p
     def foreach(parameters, plan, lr, device_type=None):
         return build_optimizer(parameters, plan, lr, device_type="cuda", fused=False)
 
-    monkeypatch.setattr(memlab.runner.step, "build_optimizer", foreach)
+    monkeypatch.setattr(memlab.techniques.optimizer, "build_optimizer", foreach)
     unfused = memlab.measure(model, batch, Plan(), loss_fn=loss_fn, steps=1, noise=0)
     assert fused.status == unfused.status == "ok"
     # The foreach peak is inside the update: every gradient, no activations, temporaries the size of the weights.

@@ -83,7 +83,9 @@ def what_the_step_does(step: TrainingStep, batch: Any) -> dict[str, Any]:
              tuple(sorted((k, s) for k, v in vars(module).items() if (s := _simple(v)) is not None)))
             for name, module in step.model.named_modules()
         ),
-        "trained": tuple((name, tuple(p.shape), p.dtype) for name, p in step.model.named_parameters() if p.requires_grad),
+        "trained": tuple(
+            (name, tuple(p.shape), p.dtype) for name, p in step.model.named_parameters() if p.requires_grad
+        ),
     }
 
 

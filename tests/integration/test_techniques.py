@@ -13,6 +13,7 @@ from torch import nn
 
 import memlab
 from memlab.techniques.optimizer import state_tensors
+from memlab.techniques.precision import ScaledStep
 
 
 def optimizer_gradients(model: nn.Module, batch, plan: memlab.Plan, loss_fn=None) -> list[torch.Tensor]:
@@ -102,7 +103,7 @@ def test_mixed_precision_keeps_fp32_master_weights_and_trains(precision):
         for _ in range(5):
             last = applied.step(batch)
         assert all(p.dtype == torch.float32 for p in model.parameters())
-        assert (applied._step.scaler is not None) == (precision == "fp16")
+        assert isinstance(applied._step.parts.optimizer_step, ScaledStep) == (precision == "fp16")
     assert last < first
     if precision == "fp16":
         assert any("fp16 on CPU is slow" in note for note in applied.notes)

@@ -21,10 +21,19 @@ def _modules() -> dict[str, ast.Module]:
     return trees
 
 
-def _imports(tree: ast.Module) -> list[tuple[str, str]]:
-    """``(module, name)`` for every ``from memlab... import name`` anywhere in the file (lazy imports too)."""
+def _imports(tree: ast.Module, *, runtime: bool = False) -> list[tuple[str, str]]:
+    """``(module, name)`` for every ``from memlab... import name`` anywhere in the file (lazy imports too); with
+    ``runtime``, those that run: not the ones under ``if TYPE_CHECKING:`` (names for annotations only)."""
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if runtime and isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        for inner in ast.walk(node)
+    }
     found = []
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("memlab"):
             found += [(node.module, alias.name) for alias in node.names]
         elif isinstance(node, ast.Import):
@@ -85,13 +94,14 @@ def _node(module: str) -> str:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """``{module: modules it imports}`` over memlab, function-level imports included, packages' ``__init__``
+    """``{module: modules it imports}`` over memlab, function-level imports included (imports for type checking
+    only are not: they never run), packages' ``__init__``
     as the package's own node, the export modules as one node."""
     trees = _modules()
     known = set(trees)
     graph: dict[str, set[str]] = {_node(name): set() for name in known}
     for module, tree in trees.items():
-        for source, name in _imports(tree):
+        for source, name in _imports(tree, runtime=True):
             target = _owner(f"{source}.{name}" if f"{source}.{name}" in known else source, known)
             if target and target != "memlab" and _node(target) != _node(module):
                 graph[_node(module)].add(_node(target))
