@@ -44,6 +44,8 @@ _FAMILY = tuple(name for name in PLAN_FIELDS if REGISTRY[name].family)
 _ACTIVATIONS = tuple(
     (name, key) for name in PLAN_FIELDS if (key := REGISTRY[name].activation_key) is not None
 )
+ACTIVATION_LEVERS = tuple(name for name, _ in _ACTIVATIONS)
+"""The levers an :data:`ActivationKey` holds, in its order."""
 # A neighbour's activation intercept is borrowed only from a line of the same precision and activation offload.
 _SAME_INTERCEPT = tuple(i for i, (name, _) in enumerate(_ACTIVATIONS) if name in ("precision", "offload"))
 
@@ -62,8 +64,11 @@ def activation_key(plan: Plan) -> ActivationKey:
     """What the plan's activations per row depend on (:data:`ActivationKey`).
 
     Example:
-        >>> activation_key(Plan(checkpointing=True, loss="chunked"))
-        (True, 'fp32', 'fp32', False, 'none', 'chunked')
+        >>> key = activation_key(Plan(checkpointing=True, loss="chunked"))
+        >>> key == activation_key(Plan(checkpointing=True, loss="chunked", optimizer="adamw8bit"))  # no activations
+        True
+        >>> key == activation_key(Plan(loss="chunked")), len(key) == len(ACTIVATION_LEVERS)
+        (False, True)
     """
     return tuple(key(getattr(plan, name)) for name, key in _ACTIVATIONS)
 
@@ -320,8 +325,8 @@ def activation_points(trials: Sequence[Trial], batch_size: int) -> dict[Activati
 
     Example:
         >>> trial = Trial(Plan(micro_batch=2, accumulation=2), "ok", 9, {"activations": 5}, 1.0, 4.0, None, "cpu")
-        >>> activation_points([trial], 4)
-        {(False, 'fp32', 'fp32', False, 'none', 'full'): [(2, 5.0)]}
+        >>> activation_points([trial], 4) == {activation_key(trial.plan): [(2, 5.0)]}
+        True
     """
     points: dict[ActivationKey, list[tuple[int, float]]] = {}
     for trial in trials:
