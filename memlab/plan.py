@@ -203,6 +203,8 @@ class Plan:
     adapter: str = lever("none")
     lora_rank: int = lever(LORA_RANK_DEFAULT)
     lora_targets: str | tuple[str, ...] = lever("all-linear")
+    lora_alpha: int | None = lever(None)
+    lora_dropout: float = lever(0.0)
     loss: str = lever("full")
     optimizer_in_backward: bool = lever(False)
 

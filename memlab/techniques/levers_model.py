@@ -5,7 +5,7 @@ are here too (:func:`lora_settings`), once.
 
 Example:
     >>> [lever.name for lever in DECLARATIONS]
-    ['checkpointing', 'weights', 'adapter', 'lora_rank', 'lora_targets']
+    ['checkpointing', 'weights', 'adapter', 'lora_rank', 'lora_targets', 'lora_alpha', 'lora_dropout']
 """
 
 from __future__ import annotations
@@ -22,21 +22,30 @@ LORA_RANK_DEFAULT = 16
 
 
 def lora_settings(plan: PlanLike) -> dict[str, Any]:
-    """The ``peft.LoraConfig`` keywords memlab measures an adapter plan with: rank ``plan.lora_rank``, alpha twice
-    the rank, no dropout, on the plan's ``lora_targets``: every linear layer but the output head
-    (``target_modules="all-linear"``), peft's default layers for the model's type (``None``: q and v projections
-    for Llama-style models), or the names given (a list).
+    """The ``peft.LoraConfig`` keywords memlab measures an adapter plan with: rank ``plan.lora_rank``, alpha
+    ``plan.lora_alpha`` (None: twice the rank), dropout ``plan.lora_dropout`` on the adapters' input, on the plan's
+    ``lora_targets``: every linear layer but the output head (``target_modules="all-linear"``), peft's default layers
+    for the model's type (``None``: q and v projections for Llama-style models), or the names given (a list).
 
     Example:
         >>> from memlab.plan import Plan
         >>> lora_settings(Plan(adapter="lora", lora_rank=8))
         {'r': 8, 'lora_alpha': 16, 'lora_dropout': 0.0, 'target_modules': 'all-linear'}
-        >>> lora_settings(Plan(adapter="lora", lora_targets=("q_proj", "k_proj")))["target_modules"]
-        ['q_proj', 'k_proj']
+        >>> lora_settings(Plan(adapter="lora", lora_targets=("q_proj", "k_proj"), lora_dropout=0.05))["lora_dropout"]
+        0.05
     """
     targets = plan.lora_targets
     modules: Any = targets if targets == "all-linear" else None if targets == "attention" else list(targets)
-    return {"r": plan.lora_rank, "lora_alpha": 2 * plan.lora_rank, "lora_dropout": 0.0, "target_modules": modules}
+    alpha = plan.lora_alpha if plan.lora_alpha is not None else 2 * plan.lora_rank
+    return {"r": plan.lora_rank, "lora_alpha": alpha, "lora_dropout": plan.lora_dropout, "target_modules": modules}
+
+
+def _alpha_from_peft(config: Any) -> int | None:
+    """A LoraConfig's alpha as the plan holds it: None where it is twice the rank (the plan's own default)."""
+    alpha = config.lora_alpha
+    if not isinstance(alpha, (int, float)) or alpha == 2 * config.r:
+        return None
+    return int(alpha) if float(alpha).is_integer() else None
 
 
 def qlora_compute_dtype(plan: PlanLike) -> str:
@@ -173,6 +182,34 @@ DECLARATIONS = (
         applies=with_adapter,
         family=True,
         # Carried wherever the adapter is (and refused with it): LoraConfig(target_modules=...).
+        exports=dict.fromkeys(TARGETS, carried),
+    ),
+    Lever(
+        "lora_alpha",
+        None,
+        short="alpha{}",
+        help="LoRA's alpha, with adapter lora or qlora: the adapters' output is scaled by alpha / rank; auto (None): "
+        "twice the rank; no memory of its own",
+        technique=ADAPTERS,
+        applies=with_adapter,
+        from_peft=_alpha_from_peft,
+        # Carried wherever the adapter is (and refused with it): LoraConfig(lora_alpha=...).
+        exports=dict.fromkeys(TARGETS, carried),
+    ),
+    Lever(
+        "lora_dropout",
+        0.0,
+        short="drop{}",
+        help="dropout on the adapters' input, with adapter lora or qlora (peft's lora_dropout; recipes use 0.05): "
+        "each adapted layer keeps its dropout mask and output for backward, a little more activation memory",
+        technique=ADAPTERS,
+        applies=with_adapter,
+        conflicts=lambda plan: "" if plan.lora_dropout < 1 else (
+            f"lora_dropout={plan.lora_dropout!r} drops every input; write a probability below 1, e.g. 0.05"),
+        from_peft=lambda config: float(config.lora_dropout) if isinstance(config.lora_dropout, (int, float)) else None,
+        needs_at_least=lambda mine, theirs: mine > 0 or theirs == 0,
+        activation_key=lambda value: value > 0,
+        # Carried wherever the adapter is (and refused with it): LoraConfig(lora_dropout=...).
         exports=dict.fromkeys(TARGETS, carried),
     ),
 )
