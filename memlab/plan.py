@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 from memlab.errors import MemlabError
 from memlab.techniques.lever import Lever
 from memlab.techniques.levers_model import LORA_RANK_DEFAULT
+from memlab.techniques.offload import offloads_activations, offloads_optimizer
 from memlab.techniques.registry import REGISTRY, conflicts
 
 
@@ -230,11 +231,13 @@ class Plan:
 
     @property
     def offloads_optimizer(self) -> bool:
-        return self.offload in ("optimizer", "all")
+        """Whether the optimizer's state and update live on the CPU (:mod:`memlab.techniques.offload` says)."""
+        return offloads_optimizer(self)
 
     @property
     def offloads_activations(self) -> bool:
-        return self.offload in ("activations", "all")
+        """Whether the tensors saved for backward live in CPU memory (:mod:`memlab.techniques.offload` says)."""
+        return offloads_activations(self)
 
     def rows_per_step(self, batch_rows: int) -> int:
         """Rows one optimizer step consumes: ``micro_batch * accumulation`` (micro_batch defaults to the batch)."""

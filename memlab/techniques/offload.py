@@ -17,6 +17,34 @@ if TYPE_CHECKING:
 
 NOTHING_TO_MOVE = "offload moves nothing on a CPU-only device: memory and speed are as without it"
 
+OPTIMIZER_OFFLOADS = ("optimizer", "all")
+"""The ``offload`` values that put the optimizer's state and update on the CPU."""
+
+ACTIVATION_OFFLOADS = ("activations", "all")
+"""The ``offload`` values that put the tensors saved for backward in CPU memory."""
+
+
+def offloads_optimizer(plan: Plan) -> bool:
+    """Whether ``plan`` keeps the optimizer's state and update on the CPU (what ``Plan.offloads_optimizer`` says).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> offloads_optimizer(Plan(offload="all")), offloads_optimizer(Plan(offload="activations"))
+        (True, False)
+    """
+    return plan.offload in OPTIMIZER_OFFLOADS
+
+
+def offloads_activations(plan: Plan) -> bool:
+    """Whether ``plan`` keeps the tensors saved for backward in CPU memory (``Plan.offloads_activations``).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> offloads_activations(Plan(offload="activations")), offloads_activations(Plan(offload="optimizer"))
+        (True, False)
+    """
+    return plan.offload in ACTIVATION_OFFLOADS
+
 
 def offload_notes(plan: Plan, device: torch.device) -> list[str]:
     """What the plan's offload means on this device.
@@ -33,7 +61,7 @@ def offload_notes(plan: Plan, device: torch.device) -> list[str]:
 
 def activation_offload(plan: Plan, device: torch.device) -> contextlib.AbstractContextManager[object]:
     """Saved activations go to (pinned) CPU memory during forward and come back for backward."""
-    if not plan.offloads_activations or device.type == "cpu":
+    if not offloads_activations(plan) or device.type == "cpu":
         return contextlib.nullcontext()
     return torch.autograd.graph.save_on_cpu(pin_memory=True)
 
@@ -114,9 +142,9 @@ class Offload(Technique):
         plan = parts.plan
         if parts.device.type == "cpu":
             return None
-        if plan.offloads_activations:
+        if offloads_activations(plan):
             parts.forward_contexts.append(lambda: activation_offload(plan, parts.device))
-        if plan.offloads_optimizer:
+        if offloads_optimizer(plan):
             if parts.make_optimizer is None:
                 raise RuntimeError("the optimizer's technique goes on before offload's")
             parts.optimizer = OffloadedOptimizer(parts.parameters, parts.make_optimizer)
