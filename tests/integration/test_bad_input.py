@@ -168,7 +168,7 @@ def test_an_interrupted_memfit_cell_raises_after_showing_what_it_measured_and_ho
     while tb is not None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
-    assert not any(isinstance(v, torch.Tensor) for f in frames for v in f.f_locals.values())
+    assert not [(f.f_code.co_name, k) for f in frames for k, v in f.f_locals.items() if isinstance(v, torch.Tensor)]
     gc.collect()
     refs = shell.user_ns["refs"]
     assert len(refs) > 4 and all(ref() is None for ref in refs), "the cell's activations are freed"
