@@ -30,8 +30,11 @@ __all__ = ["assembled_code", "assembled_keys", "deepspeed_config", "elsewhere_no
            "refuse_unless_carried", "training_arguments"]
 
 
-def assembled_keys(plan: Plan, target: str, into: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The dict export ``target`` makes of ``plan``: ``into`` with every lever's :class:`Keys` merged in.
+def assembled_keys(
+    plan: Plan, target: str, into: Mapping[str, Any] | None = None, *, legacy: bool = False
+) -> dict[str, Any]:
+    """The dict export ``target`` makes of ``plan``: ``into`` with every lever's :class:`Keys` merged in (their
+    ``legacy`` keys with ``legacy=True``: transformers before 5).
 
     Example:
         >>> assembled_keys(Plan(accumulation=4), "deepspeed")["gradient_accumulation_steps"]
@@ -41,7 +44,10 @@ def assembled_keys(plan: Plan, target: str, into: Mapping[str, Any] | None = Non
     for lever in REGISTRY.values():
         fragment = lever.fragment(plan, target)
         if isinstance(fragment, Keys):
-            made = merge_keys(made, fragment.keys)
+            keys = fragment.legacy if legacy and fragment.legacy is not None else fragment.keys
+            if isinstance(keys, str):
+                raise MemlabError(f"{plan.label()!r}: {keys}")
+            made = merge_keys(made, keys)
     return made
 
 
@@ -153,18 +159,10 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[
     refuse_unless_carried(plan, "trainer", "TrainingArguments")
     if legacy_names is None:
         legacy_names = not _installed_uses_activation_checkpointing()
-    kwargs = assembled_keys(plan, "trainer")
+    kwargs = assembled_keys(plan, "trainer", legacy=legacy_names)
     for name, value in kwargs.items():
         if value == THE_DEEPSPEED_CONFIG:
             kwargs[name] = deepspeed_config(plan)
-    if legacy_names:  # transformers before 5 names checkpointing gradient_checkpointing
-        if kwargs.get("activation_checkpointing_kwargs", {}).get("offload"):
-            raise MemlabError(
-                f"{plan.label()!r}: transformers before 5 has no Trainer setting that offloads activations; "
-                "upgrade transformers, or use plan.to_code() (save_on_cpu)"
-            )
-        kwargs = {name.replace("activation_checkpointing", "gradient_checkpointing"): value
-                  for name, value in kwargs.items()}
     return kwargs
 
 
@@ -299,7 +297,7 @@ def forward_backward(code: Code, indent: str, loss: str, backward: str) -> list[
         body += [f"{indent}with {', '.join(code.contexts)}:", f"{indent}    loss = {loss}"]
     else:
         body.append(f"{indent}loss = {loss}")
-    body.append(indent + (code.backward.format(loss="loss") if code.backward else backward))
+    body.append(indent + (code.backward or backward))
     return body
 
 

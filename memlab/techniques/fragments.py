@@ -48,9 +48,11 @@ Lines = tuple[str, ...]
 @dataclass(frozen=True)
 class Keys:
     """Keys one lever adds to a dict export (Trainer keywords, a DeepSpeed config); nested dicts merge, and
-    ``"_comment"`` texts join."""
+    ``"_comment"`` texts join. ``legacy``: the Trainer's keys with transformers before 5 where they differ (None:
+    the same), or a refusal (``str``) where those releases cannot carry the lever."""
 
     keys: Mapping[str, Any] = field(default_factory=dict)
+    legacy: Mapping[str, Any] | str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class Code:
         before_optimizer: lines before the optimizer is built (after ``params`` exists).
         after_optimizer: lines after the optimizer is built.
         contexts: context managers the forward runs in (code text).
-        backward: how backward runs, with ``{loss}`` (replacing ``loss.backward()``).
+        backward: how backward runs on ``loss`` (replacing ``loss.backward()``).
         before_step: lines before the optimizer step.
         step: the optimizer step lines (replacing ``optimizer.step()``).
         after_step: lines after ``optimizer.zero_grad``.

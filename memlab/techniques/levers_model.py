@@ -139,9 +139,10 @@ _CHECKPOINTING_ELSEWHERE = (
 def _checkpointing(target: str) -> Export:
     def fragment(plan: PlanLike) -> Fragment:
         on = bool(plan.checkpointing)
-        if target == "trainer":
-            return Keys({"activation_checkpointing": on, **(
-                {"activation_checkpointing_kwargs": {"use_reentrant": False}} if on else {})})
+        if target == "trainer":  # transformers before 5 names it gradient_checkpointing
+            keys = {"checkpointing": on, **({"checkpointing_kwargs": {"use_reentrant": False}} if on else {})}
+            return Keys({f"activation_{key}": value for key, value in keys.items()},
+                        legacy={f"gradient_{key}": value for key, value in keys.items()})
         if target == "deepspeed":
             return Elsewhere(_CHECKPOINTING_ELSEWHERE if on else "")
         if target == "code":

@@ -163,7 +163,7 @@ def _precision(target: str) -> Export:
             return autocast
         return autocast + Code(
             after_optimizer=("scaler = torch.amp.GradScaler(device.type)  # dynamic loss scaling for fp16",),
-            backward="scaler.scale({loss}).backward()",
+            backward="scaler.scale(loss).backward()",
             step=("scaler.step(optimizer)", "scaler.update()"),
         )
 
@@ -232,6 +232,10 @@ def _offload_for_the_trainer(plan: PlanLike) -> Fragment:
         keys["deepspeed"] = THE_DEEPSPEED_CONFIG
     if plan.offloads_activations:  # transformers 5.x holds the checkpointed activations in pinned CPU memory
         keys["activation_checkpointing_kwargs"] = {"offload": True}
+        return Keys(keys, legacy=(
+            f"offload={plan.offload!r}: transformers before 5 has no Trainer setting that offloads activations; "
+            "upgrade transformers, or use plan.to_code() (save_on_cpu)"
+        ))
     return Keys(keys)
 
 
