@@ -345,6 +345,8 @@ def peft_config(plan: Plan, model: Any = None) -> Any:
             settings.update(fragment.settings(model))
         elif isinstance(fragment, InLoraConfig):
             written.append(fragment.keyword)
+    if not settings:  # no lever writes a LoraConfig: where the plan's levers go instead says why
+        raise MemlabError("; ".join(elsewhere_notes(plan, "peft")) or f"{plan.label()!r} has no adapters")
     missing = [keyword for keyword in written if keyword not in settings]
     assert not missing, f"levers declared inside the LoraConfig that no adapter writes: {missing}"
     from peft import LoraConfig

@@ -248,8 +248,8 @@ def _adapter_script(plan: PlanLike) -> Accelerate:
 
 
 def _adapter_for_peft(plan: PlanLike) -> Fragment:
-    if plan.adapter == "none":
-        return (
+    if plan.adapter == "none":  # not a refusal of the plan's other exports: peft has nothing to write
+        return Elsewhere(
             f"{plan.label()!r} trains every weight and has no adapters; a peft config needs adapter='lora' or 'qlora'"
         )
     return Lora(lambda model: lora_settings(plan, model))

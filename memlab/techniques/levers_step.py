@@ -23,6 +23,7 @@ from memlab.techniques.fragments import (
     Export,
     Fragment,
     Keys,
+    concerns_adapters_only,
     per_target,
 )
 from memlab.techniques.lever import Lever, PlanLike
@@ -290,7 +291,7 @@ def _in_backward_conflicts(plan: PlanLike) -> str:
 def _in_backward_elsewhere(target: str) -> Export:
     def refusal(plan: PlanLike) -> Fragment:
         if not plan.optimizer_in_backward:
-            return Elsewhere() if target == "peft" else Keys() if target in ("trainer", "deepspeed") else Accelerate()
+            return Keys() if target in ("trainer", "deepspeed") else Accelerate()
         return (
             f"optimizer_in_backward=True is not expressible in {target}; use the code export (plan.to_code()), "
             "or export plan.replace(optimizer_in_backward=False)"
@@ -470,7 +471,7 @@ LEVERS = (
             "trainer": _in_backward_elsewhere("TrainingArguments"),
             "deepspeed": _in_backward_elsewhere("a DeepSpeed config (ZeRO steps its optimizer after backward)"),
             "code": _in_backward_code,
-            "peft": _in_backward_elsewhere("peft"),
+            "peft": concerns_adapters_only,
             "accelerate": _in_backward_elsewhere("the accelerate script (sharded optimizers step after backward)"),
         },
     ),
