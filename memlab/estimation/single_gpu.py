@@ -2,9 +2,15 @@
 runs them (the same :class:`~memlab.runner.step.TrainingStep`, the same :class:`~memlab.measure.tracker.MemoryTracker`,
 the same warm-up and baseline, through :class:`~memlab.runner.trial.TrialRunner` or
 :class:`~memlab.inference.run.InferenceRunner` with a :class:`~memlab.measure.probes.FakeProbe`, which never reads or
-caps a real allocator and times nothing), on the fake model and batch of :mod:`memlab.estimation.fake`. Adapter plans
-put their adapters on the fake model first (:mod:`memlab.estimation.adapters`); bitsandbytes' 8-bit AdamW, where its
-operators cannot run on fake tensors, gets its state from its known size (:func:`adamw8bit_state_bytes`).
+caps a real allocator and times nothing), on the fake model and batch of :mod:`memlab.estimation.fake`.
+
+Both workloads share one flow (:func:`_dry_run`): the fake model and batch built once, the runner's session under
+the fake mode, each plan run with CUDA's kernels emulated and its allocations traced where the estimate is for CUDA
+(:mod:`memlab.estimation.cuda_kernels`, :mod:`memlab.estimation.reserved`), and each trial turned into an estimate
+with its notes. :func:`estimate_plans` (training) and :func:`estimate_inference` say only what differs: the runner,
+and how one plan's trial runs. Adapter plans put their adapters on the fake model first
+(:mod:`memlab.estimation.adapters`); bitsandbytes' 8-bit AdamW, where its operators cannot run on fake tensors, gets
+its state from its known size (:func:`adamw8bit_state_bytes`).
 
 What an estimate cannot see (each Trial's ``notes`` say so for the first point, and for the last two where they
 apply):
@@ -24,7 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,7 +48,7 @@ from memlab.estimation.cuda_kernels import (
     kernel_emulation,
     run_emulated,
 )
-from memlab.estimation.fake import BLIND_SPOTS, fake_setup
+from memlab.estimation.fake import BLIND_SPOTS, FakeSetup, fake_setup
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
@@ -53,6 +60,7 @@ from memlab.measure.tracker import CATEGORIES
 from memlab.options import RunOptions
 from memlab.plan import Plan, parse_budget
 from memlab.report import Report, Trial
+from memlab.runner.core import Runner
 from memlab.runner.quiet import quiet
 from memlab.runner.trial import TrialRunner, check_plans
 from memlab.techniques.offload import NOTHING_TO_MOVE
@@ -94,6 +102,7 @@ def estimate_plans(
 
     The keywords are :func:`memlab.estimate`'s. A CUDA estimate made without CUDA emulates CUDA's kernels on the
     GPU kind ``gpu`` (default an 80 GB H100; :mod:`memlab.estimation.cuda_kernels`; the trial's notes say so).
+    Inference plans are :func:`estimate_inference`'s.
 
     A plan that fails on fake tensors is an ``"error"`` trial; the others still run.
 
@@ -107,48 +116,10 @@ def estimate_plans(
     if is_inference(plans):
         return estimate_inference(model_or_config, batch, plans, loss_fn=loss_fn, budget=budget,  # type: ignore[arg-type]
                                   device=device, gpu=gpu)
-    plans = check_plans(plans)  # type: ignore[arg-type]
+    checked = check_plans(plans)  # type: ignore[arg-type]
     options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
-    limit = parse_budget(budget)
-    kind = gpu_kind(gpu)
-    emulated = kernel_emulation(model_or_config, device)
-    batch, dropped = without_full_mask(batch)
-    setup = fake_setup(model_or_config, batch, device, options.verbose)
-    model, mode, target, kernels = setup.model, setup.mode, setup.target, setup.kernels
-    trace = ReservedTrace(kernels) if target.type == "cuda" else None
-    runner = TrialRunner(model, setup.batch, options, probe=FakeProbe(kernels, target=target),
-                         listener=trace.listen if trace is not None else None)
-    trials = []
-    with quiet(options.verbose), mode, runner.session(), model_made_positions(batch):
-        for plan in plans:
-
-            def run(emulate: bool, plan: Plan = plan) -> tuple[Trial, CudaAttention | None]:
-                attention = None
-                with contextlib.ExitStack() as stack:
-                    if trace is not None:
-                        stack.enter_context(trace.trial(model, setup.batch, mode))
-                    if emulate:
-                        attention = stack.enter_context(cuda_kernels(kind))
-                    mode.foreign_ops.clear()
-                    if plan.adapter != "none":
-                        return _adapter_trial(runner, model, plan, mode, kernels, trace), attention
-                    if trace is not None:
-                        trace.pause()
-                    trial = runner.run(plan)
-                    if trial.status == "error" and plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
-                        trial = _computed_8bit_trial(runner, plan, trial, model)
-                    return trial, attention
-
-            (trial, attention), fell_back = run_emulated(run, emulated)
-            notes = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
-                                       *setup.notes, foreign_ops_note(mode.foreign_ops)) if note]
-            trial = dataclasses.replace(trial, notes=(*trial.notes, *notes))
-            trial = _as_estimate(trial, target, kernels, limit, _reserved(trial, trace))
-            if fell_back:
-                trial = dataclasses.replace(trial, notes=tuple(
-                    OWN_CHECKPOINT_NOTE if note == EMULATED_NOTE else note for note in trial.notes))
-            trials.append(trial)
-    return Report(trials, budget=limit)
+    training = _Workload(TrialRunner, _training_trial)
+    return _dry_run(model_or_config, batch, checked, options, training, budget=budget, device=device, gpu=gpu)
 
 
 def estimate_inference(
@@ -181,9 +152,49 @@ def estimate_inference(
     """
     from memlab.inference.run import InferenceRunner, check_inference_options, check_inference_plans
 
-    inference_plans = check_inference_plans(plans)
+    checked = check_inference_plans(plans)
     options = RunOptions(loss_fn=loss_fn, steps=1, warmup=0, noise=0)
     check_inference_options(options)
+    inference = _Workload(InferenceRunner, _inference_trial, check_first=True, notes=_quantized_note,
+                          emulated_note=_EMULATED_INFERENCE)
+    return _dry_run(model_or_config, batch, checked, options, inference, budget=budget, device=device, gpu=gpu)
+
+
+# --- the one dry run both workloads share ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Workload:
+    """What the training and the inference dry run do differently; :func:`_dry_run` does everything else."""
+
+    runner: Callable[..., Runner[Any, Any]]
+    """The runner class: :class:`~memlab.runner.trial.TrialRunner` or :class:`~memlab.inference.run.InferenceRunner`."""
+    trial: Callable[[Runner[Any, Any], Any, FakeSetup, ReservedTrace | None], Trial]
+    """One plan's trial, run under the trial's modes (the reserved trace follows it, CUDA's kernels emulated)."""
+    check_first: bool = False
+    """Whether every plan is checked against the model (``runner.check``) before any runs: a clear error instead
+    of an ``"error"`` trial."""
+    notes: Callable[[Any], tuple[str, ...]] = lambda plan: ()
+    """What a plan's estimate says after the dry run's own notes."""
+    emulated_note: str = EMULATED_NOTE
+    """The note of a trial made with CUDA's kernels emulated."""
+
+
+def _dry_run(
+    model_or_config: Any,
+    batch: Any,
+    plans: Sequence[Any],
+    options: RunOptions,
+    workload: _Workload,
+    *,
+    budget: int | str | None,
+    device: str | torch.device | None,
+    gpu: GpuKind | str | None,
+) -> Report:
+    """The flow of a one-device dry run: the fake model and batch (:func:`~memlab.estimation.fake.fake_setup`, once),
+    the workload's runner on a :class:`~memlab.measure.probes.FakeProbe`, each plan run under the fake mode (with
+    CUDA's kernels emulated and its allocations traced where the estimate is for CUDA), and each trial turned into
+    an estimate with its notes."""
     limit = parse_budget(budget)
     kind = gpu_kind(gpu)
     emulated = kernel_emulation(model_or_config, device)
@@ -191,34 +202,63 @@ def estimate_inference(
     setup = fake_setup(model_or_config, batch, device, options.verbose)
     mode, target, kernels = setup.mode, setup.target, setup.kernels
     trace = ReservedTrace(kernels) if target.type == "cuda" else None
-    runner = InferenceRunner(setup.model, setup.batch, options, probe=FakeProbe(kernels, target=target),
+    runner = workload.runner(setup.model, setup.batch, options, probe=FakeProbe(kernels, target=target),
                              listener=trace.listen if trace is not None else None)
-    for plan in inference_plans:
-        runner.check(plan)
+    if workload.check_first:
+        for plan in plans:
+            runner.check(plan)
     trials: list[Trial] = []
     with quiet(options.verbose), mode, runner.session(), model_made_positions(batch):
-        for plan in inference_plans:
-            mode.foreign_ops.clear()
-            attention = None
-            with contextlib.ExitStack() as stack:
-                if trace is not None:
-                    stack.enter_context(trace.trial(setup.model, setup.batch, mode))
-                    trace.pause()
-                if emulated:
-                    attention = stack.enter_context(cuda_kernels(kind))
-                trial = runner.run(plan)
-            unsure = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
-                                        *setup.notes, foreign_ops_note(mode.foreign_ops)) if note]
-            trial = dataclasses.replace(trial, notes=(*trial.notes, *unsure))
-            if plan.quantize != "none":
-                trial = dataclasses.replace(trial, notes=(*trial.notes, f"{plan.quantize} weights counted from "
-                                                          "bitsandbytes' layout"))
-            estimated = _as_estimate(trial, target, kernels, limit, _reserved(trial, trace))
-            # The training note names autocast, dropout and the optimizer; inference has none of them.
-            notes = tuple(_EMULATED_INFERENCE if note == EMULATED_NOTE else note for note in estimated.notes)
-            trials.append(dataclasses.replace(estimated, notes=notes))
+        for plan in plans:
+
+            def run(emulate: bool, plan: Any = plan) -> tuple[Trial, CudaAttention | None]:
+                attention = None
+                with contextlib.ExitStack() as stack:
+                    if trace is not None:
+                        stack.enter_context(trace.trial(setup.model, setup.batch, mode))
+                    if emulate:
+                        attention = stack.enter_context(cuda_kernels(kind))
+                    mode.foreign_ops.clear()
+                    return workload.trial(runner, plan, setup, trace), attention
+
+            (trial, attention), fell_back = run_emulated(run, emulated)
+            notes = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
+                                       *setup.notes, foreign_ops_note(mode.foreign_ops)) if note]
+            trial = dataclasses.replace(trial, notes=(*trial.notes, *notes, *workload.notes(plan)))
+            trial = _as_estimate(trial, target, kernels, limit, _reserved(trial, trace))
+            emulated_note = OWN_CHECKPOINT_NOTE if fell_back else workload.emulated_note
+            if emulated_note != EMULATED_NOTE:
+                trial = dataclasses.replace(trial, notes=tuple(
+                    emulated_note if note == EMULATED_NOTE else note for note in trial.notes))
+            trials.append(trial)
     return Report(trials, budget=limit)
 
+
+def _training_trial(runner: Runner[Any, Any], plan: Plan, setup: FakeSetup, trace: ReservedTrace | None) -> Trial:
+    """A training plan's trial: adapters put on the fake model first; 8-bit AdamW's state computed where
+    bitsandbytes cannot run on fake tensors."""
+    if plan.adapter != "none":
+        return _adapter_trial(runner, setup.model, plan, setup.mode, setup.kernels, trace)
+    if trace is not None:
+        trace.pause()
+    trial = runner.run(plan)
+    if trial.status == "error" and plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
+        trial = _computed_8bit_trial(runner, plan, trial, setup.model)
+    return trial
+
+
+def _inference_trial(
+    runner: Runner[Any, Any], plan: InferencePlan, setup: FakeSetup, trace: ReservedTrace | None
+) -> Trial:
+    """An inference plan's trial: the runner's own."""
+    if trace is not None:
+        trace.pause()
+    return runner.run(plan)
+
+
+def _quantized_note(plan: InferencePlan) -> tuple[str, ...]:
+    """What an estimate of quantized weights says: where their bytes come from."""
+    return (f"{plan.quantize} weights counted from bitsandbytes' layout",) if plan.quantize != "none" else ()
 
 
 def is_inference(plans: Any) -> bool:
@@ -237,7 +277,7 @@ def is_inference(plans: Any) -> bool:
 
 
 def _adapter_trial(
-    runner: TrialRunner, model: nn.Module, plan: Plan, mode: FakeTensorMode, device: torch.device,
+    runner: Runner[Any, Any], model: nn.Module, plan: Plan, mode: FakeTensorMode, device: torch.device,
     trace: ReservedTrace | None = None,
 ) -> Trial:
     """A dry run of an adapter plan: the adapters are put on the fake model here (see
@@ -257,8 +297,7 @@ def _adapter_trial(
     return dataclasses.replace(trial, plan=plan, notes=(*trial.notes, *([note] if note else [])))
 
 
-
-def _computed_8bit_trial(runner: TrialRunner, plan: Plan, failed: Trial, model: nn.Module) -> Trial:
+def _computed_8bit_trial(runner: Runner[Any, Any], plan: Plan, failed: Trial, model: nn.Module) -> Trial:
     """The 8-bit plan from the AdamW plan's estimate, its optimizer state replaced by the known 8-bit size."""
     adamw = runner.run(plan.replace(optimizer="adamw"))
     if adamw.status != "ok":

@@ -18,14 +18,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from memlab.errors import MemlabError
-from memlab.export.engines import chunked_loss_code, lora_config_code, refuse_unless_carried
+from memlab.export.engines import (
+    DEFAULT_LOSS,
+    assembled_code,
+    forward_backward,
+    optimizer_of,
+    optimizer_step,
+    refuse_unless_carried,
+)
 from memlab.plan import Plan
-from memlab.techniques.levers_model import qlora_compute_dtype
-from memlab.techniques.levers_step import OPTIMIZER_FORMS
+from memlab.techniques.fragments import Accelerate, merge_keys
+from memlab.techniques.registry import REGISTRY
 
 __all__ = ["accelerate_config", "accelerate_script", "fsdp2_torch_script"]
-
-_MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
 def _check(gpus: Any, strategy: Any) -> tuple[int, str]:
@@ -69,7 +74,6 @@ def accelerate_config(
         "downcast_bf16": "no",
         "machine_rank": 0,
         "main_training_function": "main",
-        "mixed_precision": _MIXED[plan.precision],
         "num_machines": 1,
         "num_processes": gpus,
         "rdzv_backend": "static",
@@ -79,48 +83,45 @@ def accelerate_config(
         "tpu_use_sudo": False,
         "use_cpu": False,
     }
+    section: dict[str, Any]
     if strategy == "fsdp2":
-        fsdp: dict[str, Any] = {
+        section = {
             "fsdp_version": 2,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_reshard_after_forward": True,
-            "fsdp_activation_checkpointing": bool(plan.checkpointing),
-            "fsdp_offload_params": plan.offloads_optimizer,
             "fsdp_cpu_ram_efficient_loading": True,
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         }
         if layer_classes:
-            fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(layer_classes)
-        config["distributed_type"] = "FSDP"
-        config["fsdp_config"] = fsdp
+            section["fsdp_transformer_layer_cls_to_wrap"] = ",".join(layer_classes)
+        config["distributed_type"], name = "FSDP", "fsdp_config"
     else:
         stage = int(strategy[-1])
-        config["distributed_type"] = "DEEPSPEED"
-        config["deepspeed_config"] = {
-            "zero_stage": stage,
-            "gradient_accumulation_steps": plan.accumulation,
-            "offload_optimizer_device": "cpu" if plan.offloads_optimizer else "none",
-            "offload_param_device": "cpu" if plan.offload == "all" and stage == 3 else "none",
-            "zero3_init_flag": stage == 3,
-            **({"zero3_save_16bit_model": True} if stage == 3 else {}),
-        }
+        section = {"zero_stage": stage, "zero3_init_flag": stage == 3,
+                   **({"zero3_save_16bit_model": True} if stage == 3 else {})}
+        config["distributed_type"], name = "DEEPSPEED", "deepspeed_config"
+    for lever in REGISTRY.values():
+        fragment = lever.fragment(plan, "accelerate")
+        if isinstance(fragment, Accelerate):
+            config = merge_keys(config, fragment.config)
+            section = merge_keys(section, fragment.section(strategy))
+    config[name] = section
     return config
 
 
-def _optimizer_lines(plan: Plan) -> list[str]:
-    form = OPTIMIZER_FORMS[plan.optimizer]
-    extra = f", {form.keywords}" if form.keywords else ""
-    made = f"optimizer = {form.make}([p for p in model.parameters() if p.requires_grad], lr=LR{extra})"
-    return [form.imports, "", made] if form.imports else [made]
+def _keywords(keywords: dict[str, str]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in keywords.items())
 
 
 def accelerate_script(plan: Plan, *, strategy: str = "fsdp2", model_name: str = "MODEL_NAME") -> str:
     """A training script for ``accelerate launch --config_file <the config> train.py`` that uses the plan's other
-    levers: its accumulation (``Accelerator(gradient_accumulation_steps=...)``), precision (from the config),
-    optimizer (the plan's own, never another), pure-bf16 weights, adapters (peft's ``LoraConfig`` with the values
-    memlab measured; QLoRA loads the base with a 4-bit NF4 ``BitsAndBytesConfig``), the chunked loss (the same
-    ``compute_loss`` as :meth:`Plan.to_code`) and activation offload (``save_on_cpu``). Checkpointing and sharding
-    come from the config. A lever it cannot carry raises :class:`MemlabError` saying what to do instead.
+    levers with the config of ``strategy``: its micro-batch (the DataLoader's ``batch_size``), accumulation
+    (``Accelerator(gradient_accumulation_steps=...)``), precision (from the config), optimizer (the plan's own, never
+    another), pure-bf16 weights, adapters (peft's ``LoraConfig`` with the values memlab measured; QLoRA loads the
+    base with a 4-bit NF4 ``BitsAndBytesConfig``), the chunked loss (the same ``compute_loss`` as
+    :meth:`Plan.to_code`), activation offload (``save_on_cpu``) and, with ZeRO, checkpointing (the model's own
+    switch; FSDP2 checkpoints from its config). A lever it cannot carry raises :class:`MemlabError` saying what to
+    do instead.
 
     Example:
         >>> script = accelerate_script(Plan(accumulation=4, adapter="lora"))
@@ -131,63 +132,39 @@ def accelerate_script(plan: Plan, *, strategy: str = "fsdp2", model_name: str = 
     """
     _check(2, strategy)
     refuse_unless_carried(plan, "accelerate", "an accelerate script")
-    rows = plan.micro_batch if plan.micro_batch is not None else 1
+    code = assembled_code(plan, "accelerate", strategy)
     lines = [
         "# train.py: run with  accelerate launch --config_file memlab_accelerate.yaml train.py",
-        "import contextlib",
-        "",
         "import torch",
         "from accelerate import Accelerator",
         "from transformers import AutoModelForCausalLM",
+        *code.imports,
         "",
         f"MODEL_NAME = {model_name!r}",
-        "LR = 1e-5",
-        f"MICRO_BATCH = {rows}  # rows per GPU per micro-step (memlab's batch)",
+        "lr = 1e-5",
+        *code.settings,
         "",
-        f"accelerator = Accelerator(gradient_accumulation_steps={plan.accumulation})",
-    ]
-    dtype = "torch.bfloat16" if plan.weights == "bf16" else "torch.float32"
-    if plan.adapter == "qlora":
-        compute = f"torch.{qlora_compute_dtype(plan)}"
-        lines += [
-            "from transformers import BitsAndBytesConfig",
-            "",
-            "# QLoRA: the base's linear weights in 4-bit NF4 (stored as the compute dtype, so FSDP can shard them)",
-            f"quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", "
-            f"bnb_4bit_compute_dtype={compute}, bnb_4bit_quant_storage={compute})",
-            f"model = AutoModelForCausalLM.from_pretrained(MODEL_NAME, dtype={dtype}, "
-            "quantization_config=quantization)",
-        ]
-    else:
-        lines.append(f"model = AutoModelForCausalLM.from_pretrained(MODEL_NAME, dtype={dtype})")
-    if plan.adapter != "none":
-        lines += [
-            "from peft import LoraConfig, get_peft_model",
-            "",
-            f"model = get_peft_model(model, {lora_config_code(plan, task_type='CAUSAL_LM')})",
-        ]
-    if plan.loss == "chunked":
-        lines += ["from torch.utils.checkpoint import checkpoint", "", *chunked_loss_code(), ""]
-    else:
-        lines += ["def compute_loss(model, micro):", "    return model(**micro).loss", ""]
-    lines += _optimizer_lines(plan)
-    lines += [
-        "dataloader = torch.utils.data.DataLoader(...)  # your dataset, batch_size=MICRO_BATCH",
+        f"accelerator = Accelerator({_keywords(dict(code.accelerator))})",
+        f"model = AutoModelForCausalLM.from_pretrained({_keywords({'': 'MODEL_NAME', **code.load})[1:]})",
+        *code.model,
+        "",
+        "",
+        *(code.loss or DEFAULT_LOSS),
+        "",
+        "",
+        "params = [p for p in model.parameters() if p.requires_grad]",
+        *code.before_optimizer,
+        f"optimizer = {optimizer_of(code)}",
+        *code.after_optimizer,
+        "dataset = ...  # your dataset: dicts of tensors, dimension 0 = rows",
+        f"dataloader = torch.utils.data.DataLoader(dataset, {_keywords(dict(code.data))})",
         "model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)",
-    ]
-    saved = "torch.autograd.graph.save_on_cpu(pin_memory=True)" if plan.offloads_activations else (
-        "contextlib.nullcontext()")
-    lines += [
         "model.train()",
         "for batch in dataloader:",
         "    with accelerator.accumulate(model):",
-        f"        with {saved}:",
-        # The chunked loss calls the base model and the head itself: on the model inside accelerate's wrapper.
-        f"            loss = compute_loss({'accelerator.unwrap_model(model)' if plan.loss == 'chunked' else 'model'}, "
-        "batch)",
-        "            accelerator.backward(loss)",
-        "        optimizer.step()",
-        "        optimizer.zero_grad()",
+        *forward_backward(code, "        ", f"compute_loss({code.loss_model or 'model'}, batch)",
+                          "accelerator.backward(loss)"),
+        *optimizer_step(code, "        ", "optimizer.zero_grad()"),
     ]
     return "\n".join(lines) + "\n"
 

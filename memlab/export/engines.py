@@ -1,32 +1,87 @@
-"""Take a plan elsewhere: ``TrainingArguments`` keywords, a DeepSpeed config, a plain PyTorch loop.
+"""Take a plan elsewhere: ``TrainingArguments`` keywords, a DeepSpeed config, a plain PyTorch loop, a peft config.
 
-``Plan.to_training_arguments()``, ``Plan.to_deepspeed()`` and ``Plan.to_code()`` call these functions.
+``Plan.to_training_arguments()``, ``Plan.to_deepspeed()``, ``Plan.to_code()`` and ``Plan.to_peft_config()`` call
+these functions. Each assembles the fragments the levers declare (:mod:`memlab.techniques.fragments`, in
+:data:`memlab.techniques.registry.REGISTRY`'s order) and names no lever: a lever's export is its declaration.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import PLAN_FIELDS, Plan
-from memlab.techniques.levers_model import lora_settings, qlora_compute_dtype
-from memlab.techniques.levers_step import CHUNKS, OPTIMIZER_FORMS
+from memlab.techniques.fragments import (
+    THE_DEEPSPEED_CONFIG,
+    Accelerate,
+    Code,
+    Elsewhere,
+    InLoraConfig,
+    Keys,
+    Lora,
+    merge_keys,
+)
 from memlab.techniques.registry import REGISTRY, refusals
 
-__all__ = ["chunked_loss_code", "deepspeed_config", "lora_config_code", "optimizer_code", "peft_config",
-           "pytorch_code", "refuse_unless_carried", "training_arguments"]
+__all__ = ["assembled_code", "assembled_keys", "deepspeed_config", "elsewhere_notes", "peft_config", "pytorch_code",
+           "refuse_unless_carried", "training_arguments"]
 
-# Liger Kernel's fused linear cross-entropy (the head and the loss in chunks of tokens) and none of its other kernels.
-_LIGER_CHUNKED_LOSS = {
-    "fused_linear_cross_entropy": True,
-    "cross_entropy": False,
-    "rope": False,
-    "swiglu": False,
-    "rms_norm": False,
-}
 
+def assembled_keys(
+    plan: Plan, target: str, into: Mapping[str, Any] | None = None, *, legacy: bool = False
+) -> dict[str, Any]:
+    """The dict export ``target`` makes of ``plan``: ``into`` with every lever's :class:`Keys` merged in (their
+    ``legacy`` keys with ``legacy=True``: transformers before 5).
+
+    Example:
+        >>> assembled_keys(Plan(accumulation=4), "deepspeed")["gradient_accumulation_steps"]
+        4
+    """
+    made = dict(into or {})
+    for lever in REGISTRY.values():
+        fragment = lever.fragment(plan, target)
+        if isinstance(fragment, Keys):
+            keys = fragment.legacy if legacy and fragment.legacy is not None else fragment.keys
+            if isinstance(keys, str):
+                raise MemlabError(f"{plan.label()!r}: {keys}")
+            made = merge_keys(made, keys)
+    return made
+
+
+def elsewhere_notes(plan: Plan, target: str) -> list[str]:
+    """Where the levers that ``target`` is not the place for go instead (each lever's :class:`Elsewhere` note).
+
+    Example:
+        >>> elsewhere_notes(Plan(loss="chunked"), "deepspeed")[0][:32]
+        'the chunked loss is not a DeepSp'
+    """
+    notes = []
+    for lever in REGISTRY.values():
+        fragment = lever.fragment(plan, target)
+        if isinstance(fragment, Elsewhere) and fragment.note and fragment.note not in notes:
+            notes.append(fragment.note)
+    return notes
+
+
+def assembled_code(plan: Plan, target: str, strategy: str = "") -> Code:
+    """Every lever's script lines for ``target`` (``"code"``, or ``"accelerate"`` with its ``strategy``), slot by
+    slot in the registry's order.
+
+    Example:
+        >>> assembled_code(Plan(accumulation=4), "code").settings
+        ('accumulation = 4',)
+    """
+    code = Code()
+    for lever in REGISTRY.values():
+        fragment = lever.fragment(plan, target)
+        if isinstance(fragment, Accelerate):
+            code += fragment.lines(strategy)
+        elif isinstance(fragment, Code):
+            code += fragment
+    return code
 
 
 def refuse_unless_carried(plan: Plan, target: str, what: str) -> None:
@@ -104,31 +159,10 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[
     refuse_unless_carried(plan, "trainer", "TrainingArguments")
     if legacy_names is None:
         legacy_names = not _installed_uses_activation_checkpointing()
-    if legacy_names and plan.offloads_activations:
-        raise MemlabError(
-            f"offload={plan.offload!r}: transformers before 5 has no Trainer setting that offloads activations; "
-            "upgrade transformers, or use plan.to_code() (save_on_cpu)"
-        )
-    kwargs: dict[str, Any] = {}
-    if plan.micro_batch is not None:
-        kwargs["per_device_train_batch_size"] = plan.micro_batch
-    kwargs["gradient_accumulation_steps"] = plan.accumulation
-    name = "gradient_checkpointing" if legacy_names else "activation_checkpointing"
-    kwargs[name] = plan.checkpointing
-    if plan.checkpointing:
-        checkpoint_kwargs: dict[str, Any] = {"use_reentrant": False}
-        if plan.offloads_activations and not legacy_names:
-            checkpoint_kwargs["offload"] = True
-        kwargs[f"{name}_kwargs"] = checkpoint_kwargs
-    kwargs["bf16"] = plan.precision == "bf16"
-    kwargs["fp16"] = plan.precision == "fp16"
-    kwargs["optim"] = OPTIMIZER_FORMS[plan.optimizer].trainer
-    if plan.loss == "chunked":
-        kwargs["use_liger_kernel"] = True
-        kwargs["liger_kernel_config"] = dict(_LIGER_CHUNKED_LOSS)
-    if plan.offloads_optimizer:
-        # The Trainer offloads optimizer state only through DeepSpeed.
-        kwargs["deepspeed"] = deepspeed_config(plan)
+    kwargs = assembled_keys(plan, "trainer", legacy=legacy_names)
+    for name, value in kwargs.items():
+        if value == THE_DEEPSPEED_CONFIG:
+            kwargs[name] = deepspeed_config(plan)
     return kwargs
 
 
@@ -167,64 +201,10 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         (2, 8)
     """
     refuse_unless_carried(plan, "deepspeed", "a DeepSpeed config")
-    comments: list[str] = []
-    zero: dict[str, Any] = {"stage": 2}
-    if plan.offloads_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": plan.micro_batch if plan.micro_batch is not None else "auto",
-        "gradient_accumulation_steps": plan.accumulation,
-        "zero_optimization": zero,
-    }
-    if plan.precision == "bf16":
-        config["bf16"] = {"enabled": True}
-    elif plan.precision == "fp16":
-        config["fp16"] = {"enabled": True, "loss_scale": 0}
-    form = OPTIMIZER_FORMS[plan.optimizer]
-    if form.deepspeed:
-        config["optimizer"] = {
-            "type": form.deepspeed,
-            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
-        }
-    else:
-        keywords = f" ({form.keywords})" if form.keywords else ""
-        comments.append(
-            f"{form.title} is not a DeepSpeed optimizer: create {form.full_name}{keywords} yourself and pass it "
-            f"(Trainer(optimizers=(optimizer, None)), or TrainingArguments(optim={form.trainer!r}), or "
-            "deepspeed.initialize(optimizer=optimizer))"
-        )
-        config["zero_allow_untested_optimizer"] = True
-        if plan.offloads_optimizer:
-            config["zero_force_ds_cpu_optimizer"] = False
-            comments.append(
-                "optimizer offload with a client optimizer: DeepSpeed's own CPU Adam is not used, so the "
-                "update runs wherever that optimizer runs it"
-            )
-    if plan.adapter != "none":
-        comments.append(
-            f"the {plan.adapter} adapters are the model's: wrap it with peft.get_peft_model(model, "
-            "plan.to_peft_config()) before DeepSpeed takes it (QLoRA: load it in 4-bit NF4 first, as plan.to_code() "
-            "shows)"
-        )
-    if plan.loss == "chunked":
-        comments.append(
-            "the chunked loss is not a DeepSpeed setting: with the Trainer pass plan.to_training_arguments() "
-            "(use_liger_kernel), in your own loop compute the loss as plan.to_code() does"
-        )
-    if plan.offloads_activations:
-        config["activation_checkpointing"] = {
-            "partition_activations": False,
-            "cpu_checkpointing": True,
-            "contiguous_memory_optimization": False,
-            "synchronize_checkpoint_boundary": False,
-        }
-        if not plan.checkpointing:
-            comments.append(
-                "DeepSpeed offloads only checkpointed activations: cpu_checkpointing acts only with "
-                "activation checkpointing on"
-            )
-    if comments:
-        config["_comment"] = "; ".join(comments)
+    config = assembled_keys(plan, "deepspeed", {"zero_optimization": {"stage": 2}})
+    notes = [*([config.pop("_comment")] if "_comment" in config else []), *elsewhere_notes(plan, "deepspeed")]
+    if notes:
+        config["_comment"] = "; ".join(notes)
     return config
 
 
@@ -250,234 +230,86 @@ def pytorch_code(plan: Plan) -> str:
         >>> _ = compile(code, "<plan>", "exec")
     """
     refuse_unless_carried(plan, "code", "the plain PyTorch code")
+    code = assembled_code(plan, "code")
     fields = ", ".join(f"{name}={getattr(plan, name)!r}" for name in PLAN_FIELDS)
-    lines: list[str] = [f"# memlab plan {plan.label()!r}", f"#   {fields}"]
-    lines.append("# Needs `model` (a torch.nn.Module on its device) and `batches` (an iterable of dicts of")
-    if plan.micro_batch is not None:
-        rows = plan.micro_batch * plan.accumulation
-        lines.append(
-            f"# tensors, dimension 0 = rows). Each batch is one optimizer step of {rows} rows "
-            f"({plan.micro_batch} x {plan.accumulation} micro-batches)."
-        )
-    else:
-        if plan.accumulation == 1:
-            lines.append("# tensors, dimension 0 = rows). Each batch is one optimizer step.")
-        else:
-            lines.append(
-                "# tensors, dimension 0 = rows). Each batch is one micro-batch; "
-                f"{plan.accumulation} batches make one optimizer step."
-            )
-    lines.append("import torch")
-    if OPTIMIZER_FORMS[plan.optimizer].imports:
-        lines.append(OPTIMIZER_FORMS[plan.optimizer].imports)
-    if plan.loss == "chunked":
-        lines.append("from torch.utils.checkpoint import checkpoint")
-    lines += [
+    lines: list[str] = [
+        f"# memlab plan {plan.label()!r}",
+        f"#   {fields}",
+        "# Needs `model` (a torch.nn.Module on its device) and `batches` (an iterable of dicts of tensors,",
+        "# dimension 0 = rows).",
+        "import torch",
+        *code.imports,
         "",
         "lr = 1e-5",
-        *([f"micro_batch = {plan.micro_batch}"] if plan.micro_batch is not None else []),
-        f"accumulation = {plan.accumulation}",
         "device = next(model.parameters()).device",
-        *(
-            ['pin = device.type == "cuda"  # pinned CPU memory makes copies to and from the GPU faster']
-            if plan.offload != "none"
-            else []
-        ),
+        *code.settings,
         "model.train()",
         "",
         "",
-        *(chunked_loss_code() if plan.loss == "chunked" else ["def compute_loss(model, micro):",
-                                                              "    return model(**micro).loss"]),
+        *(code.loss or DEFAULT_LOSS),
+        "",
+        "",
+        *([*code.model, ""] if code.model else []),
+        "params = [p for p in model.parameters() if p.requires_grad]",
+        *code.before_optimizer,
+        f"optimizer = {optimizer_of(code)}",
+        *code.after_optimizer,
         "",
         "",
     ]
-    if plan.checkpointing:
-        lines += [
-            "# Activation checkpointing: keep only each block's input, recompute the rest in backward",
-            'if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5',
-            '    model.activation_checkpointing_enable({"use_reentrant": False})',
-            "else:",
-            '    model.gradient_checkpointing_enable({"use_reentrant": False})',
-            "",
-        ]
-    lines += _model_changes_code(plan)
-    if plan.optimizer == "adamw":
-        lines.append("# Fused AdamW where torch has the kernel: the Trainer's default optim adamw_torch_fused")
-    lines.append("params = [p for p in model.parameters() if p.requires_grad]")
-    if plan.offloads_optimizer:
-        lines += [
-            "# Optimizer offload: optimizer state and update live on the CPU, on copies of the weights",
-            "cpu_params = [",
-            '    torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin).copy_(p.detach())',
-            "    for p in params",
-            "]",
-            "for cpu_p in cpu_params:",
-            "    cpu_p.requires_grad_()",
-            f"optimizer = {optimizer_code(plan, 'cpu_params', 'cpu_params[0].device')}",
-        ]
-    else:
-        lines.append(f"optimizer = {optimizer_code(plan, 'params', 'device')}")
-    for lever in REGISTRY.values():  # levers that change how the optimizer steps say so here
-        lines += lever.code(plan) if lever.code else []
-    if plan.precision == "fp16":
-        lines.append("scaler = torch.amp.GradScaler(device.type)  # dynamic loss scaling for fp16")
-
-    contexts = []
-    if plan.offloads_activations:
-        contexts.append("torch.autograd.graph.save_on_cpu(pin_memory=pin)")
-    if plan.precision != "fp32":
-        dtype = "torch.bfloat16" if plan.precision == "bf16" else "torch.float16"
-        contexts.append(f"torch.autocast(device.type, dtype={dtype})")
-
-    def forward_backward(indent: str, micro: str, divisor: str) -> list[str]:
-        body = [f"{indent}micro = {micro}"]
-        call = f"loss = compute_loss(model, micro) / {divisor}"
-        if contexts:
-            if plan.offloads_activations:
-                body.append(f"{indent}# save_on_cpu: tensors kept for backward wait in CPU memory")
-            body.append(f"{indent}with {', '.join(contexts)}:")
-            body.append(f"{indent}    {call}")
+    for line in code.loop:
+        indent = line[: len(line) - len(line.lstrip())]
+        word, _, divisor = line.strip().partition(" ")
+        if word == "FORWARD":
+            lines += forward_backward(code, indent, f"compute_loss(model, micro) / {divisor}", "loss.backward()")
+        elif word == "STEP":
+            lines += optimizer_step(code, indent, "optimizer.zero_grad(set_to_none=True)")
         else:
-            body.append(f"{indent}{call}")
-        backward = "scaler.scale(loss).backward()" if plan.precision == "fp16" else "loss.backward()"
-        body.append(f"{indent}{backward}")
-        return body
-
-    def optimizer_step(indent: str) -> list[str]:
-        body = []
-        if plan.offloads_optimizer:
-            body += [
-                f"{indent}for p, cpu_p in zip(params, cpu_params):  # gradients to the CPU",
-                f'{indent}    cpu_p.grad = None if p.grad is None else p.grad.to("cpu", dtype=cpu_p.dtype)',
-                f"{indent}    p.grad = None",
-            ]
-        if plan.precision == "fp16":
-            body += [f"{indent}scaler.step(optimizer)", f"{indent}scaler.update()"]
-        else:
-            body.append(f"{indent}optimizer.step()")
-        body.append(f"{indent}optimizer.zero_grad(set_to_none=True)")
-        if plan.offloads_optimizer:
-            body += [
-                f"{indent}with torch.no_grad():  # updated weights back to the device",
-                f"{indent}    for p, cpu_p in zip(params, cpu_params):",
-                f"{indent}        p.copy_(cpu_p, non_blocking=True)",
-            ]
-        return body
-
-    lines += ["", ""]
-    if plan.micro_batch is not None:
-        lines += [
-            "for batch in batches:",
-            "    rows = len(next(iter(batch.values())))",
-            "    starts = range(0, rows, micro_batch)",
-            "    for start in starts:",
-            *forward_backward(
-                "        ",
-                "{k: v[start : start + micro_batch].to(device) for k, v in batch.items()}",
-                "len(starts)",
-            ),
-            *optimizer_step("    "),
-        ]
-    elif plan.accumulation == 1:
-        lines += [
-            "for batch in batches:",
-            *forward_backward("    ", "{k: v.to(device) for k, v in batch.items()}", "accumulation"),
-            *optimizer_step("    "),
-        ]
-    else:
-        lines += [
-            "for index, batch in enumerate(batches):",
-            *forward_backward("    ", "{k: v.to(device) for k, v in batch.items()}", "accumulation"),
-            "    if (index + 1) % accumulation == 0:",
-            *optimizer_step("        "),
-        ]
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 
-def optimizer_code(plan: Plan, parameters: str, device: str) -> str:
-    """The expression that builds the plan's optimizer over ``parameters`` (code text) with ``lr``, as memlab
-    builds it (fused AdamW where ``device`` has the kernel; after the import line of
-    :data:`memlab.techniques.levers_step.OPTIMIZER_FORMS`).
+DEFAULT_LOSS = ("def compute_loss(model, micro):", "    return model(**micro).loss")
+"""The ``compute_loss`` of a script whose levers write none: the model's own loss."""
+
+
+def optimizer_of(code: Code) -> str:
+    """The optimizer expression of assembled ``code``, over its ``params`` on ``device`` (or what a lever builds it
+    over instead).
 
     Example:
-        >>> optimizer_code(Plan(optimizer="adafactor"), "params", "device")
-        'Adafactor(params, lr=lr, scale_parameter=False, relative_step=False)'
+        >>> optimizer_of(Code(optimizer="torch.optim.SGD({params}, lr=lr)"))
+        'torch.optim.SGD(params, lr=lr)'
     """
-    form = OPTIMIZER_FORMS[plan.optimizer]
-    extra = f", {form.keywords}" if form.keywords else ""
-    if plan.optimizer == "adamw":
-        extra = f', fused={device}.type in ("cuda", "cpu")'
-    return f"{form.make}({parameters}, lr=lr{extra})"
+    params, device = code.optimizer_over
+    return code.optimizer.format(params=params or "params", device=device or "device")
 
 
-def chunked_loss_code() -> list[str]:
-    """The lines of a ``compute_loss(model, micro)`` for ``loss="chunked"`` (what :mod:`memlab.techniques.loss`
-    does), for the plain code and the accelerate script.
+def forward_backward(code: Code, indent: str, loss: str, backward: str) -> list[str]:
+    """The forward (in ``code``'s contexts) and backward of one micro-batch, at ``indent``.
 
     Example:
-        >>> chunked_loss_code()[-1]
-        '    return total / (labels != -100).sum()'
+        >>> forward_backward(Code(contexts=("torch.no_grad()",)), "", "f()", "loss.backward()")
+        ['with torch.no_grad():', '    loss = f()', 'loss.backward()']
     """
-    return [
-        "def chunk_loss(head, hidden, labels):",
-        "    logits = head(hidden).float()",
-        '    return torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")',
-        "",
-        "",
-        "def compute_loss(model, micro):",
-        f"    # Chunked cross-entropy: the LM head and the loss over {CHUNKS} chunks of tokens, each checkpointed,",
-        "    # so that only one chunk's logits exist at a time (backward recomputes them); the same loss as",
-        "    # model(**micro).loss.",
-        '    inner = model.get_base_model() if hasattr(model, "peft_config") else model  # under peft adapters',
-        '    inputs = {k: v for k, v in micro.items() if k != "labels"}',
-        "    hidden = inner.base_model(**inputs).last_hidden_state",
-        '    labels = torch.nn.functional.pad(micro["labels"], (0, 1), value=-100)[..., 1:]  # shifted by one',
-        "    hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)",
-        f"    size = -(-labels.shape[0] // {CHUNKS})",
-        "    head = inner.get_output_embeddings()",
-        "    total = sum(",
-        "        checkpoint(chunk_loss, head, h, y, use_reentrant=False)",
-        "        for h, y in zip(hidden.split(size), labels.split(size))",
-        "    )",
-        "    return total / (labels != -100).sum()",
-    ]
+    body = []
+    if code.contexts:
+        body += [f"{indent}with {', '.join(code.contexts)}:", f"{indent}    loss = {loss}"]
+    else:
+        body.append(f"{indent}loss = {loss}")
+    body.append(indent + (code.backward or backward))
+    return body
 
 
-def _model_changes_code(plan: Plan) -> list[str]:
-    """The snippet's lines that change the model itself: pure bf16 weights and LoRA / QLoRA adapters."""
-    lines: list[str] = []
-    if plan.adapter == "qlora":
-        compute = f"torch.{qlora_compute_dtype(plan)}"
-        lines += [
-            "# QLoRA: the base's linear weights in 4-bit NF4. Load the model with this quantization config, e.g.",
-            "#   from transformers import AutoModelForCausalLM, BitsAndBytesConfig",
-            "#   quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4',",
-            f"#                                     bnb_4bit_compute_dtype={compute})",
-            "#   model = AutoModelForCausalLM.from_pretrained(name, quantization_config=quantization)",
-        ]
-    if plan.weights == "bf16":
-        lines += ["# Pure bf16: weights, gradients and optimizer state in bf16 (no fp32 master copy)",
-                  "model = model.to(torch.bfloat16)"]
-    if plan.adapter != "none":
-        lines += [
-            "# LoRA adapters on every linear layer but the output head; only the adapters train",
-            "from peft import LoraConfig, get_peft_model",
-            "",
-            f"model = get_peft_model(model, {lora_config_code(plan)})",
-        ]
-    return [*lines, ""] if lines else []
-
-
-def lora_config_code(plan: Plan, **extra: Any) -> str:
-    """The ``LoraConfig(...)`` of an adapter plan as code (:func:`memlab.techniques.levers_model.lora_settings`,
-    plus ``extra`` keywords).
+def optimizer_step(code: Code, indent: str, zero_grad: str) -> list[str]:
+    """The optimizer step of ``code``, at ``indent``: its lines before, the step, ``zero_grad``, its lines after.
 
     Example:
-        >>> lora_config_code(Plan(adapter="lora", lora_rank=4))
-        "LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules='all-linear')"
+        >>> optimizer_step(Code(), "    ", "optimizer.zero_grad()")
+        ['    optimizer.step()', '    optimizer.zero_grad()']
     """
-    settings = {**lora_settings(plan), **extra}
-    return "LoraConfig(" + ", ".join(f"{key}={value!r}" for key, value in settings.items()) + ")"
+    body = [*code.before_step, *(code.step or ("optimizer.step()",)), zero_grad, *code.after_step]
+    return [indent + line if line else line for line in body]
 
 
 def peft_config(plan: Plan, model: Any = None) -> Any:
@@ -504,20 +336,19 @@ def peft_config(plan: Plan, model: Any = None) -> Any:
         >>> peft_config(Plan(adapter="lora"), model=nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))).target_modules
         {'0'}
     """
-    if plan.adapter == "none":
-        raise MemlabError(
-            f"{plan.label()!r} trains every weight and has no adapters; a peft config needs adapter='lora' or 'qlora'"
-        )
     refuse_unless_carried(plan, "peft", "a peft LoraConfig")
+    settings: dict[str, Any] = {}
+    written: list[str] = []
+    for lever in REGISTRY.values():
+        fragment = lever.fragment(plan, "peft")
+        if isinstance(fragment, Lora):
+            settings.update(fragment.settings(model))
+        elif isinstance(fragment, InLoraConfig):
+            written.append(fragment.keyword)
+    if not settings:  # no lever writes a LoraConfig: where the plan's levers go instead says why
+        raise MemlabError("; ".join(elsewhere_notes(plan, "peft")) or f"{plan.label()!r} has no adapters")
+    missing = [keyword for keyword in written if keyword not in settings]
+    assert not missing, f"levers declared inside the LoraConfig that no adapter writes: {missing}"
     from peft import LoraConfig
 
-    settings = lora_settings(plan)
-    if model is not None:
-        from torch import nn  # imported here: a plan's exports stay light without a model
-
-        if not isinstance(model, nn.Module):
-            raise MemlabError(f"model must be the torch nn.Module the config is for, not {type(model).__name__}")
-        from memlab.techniques.targets import adapter_targets  # imported here: it needs torch
-
-        settings["target_modules"] = adapter_targets(model, plan.lora_targets)
     return LoraConfig(**settings)

@@ -1,6 +1,7 @@
 """Results: :class:`Trial` and :class:`Report` as data, their tables, and their figures.
 
-- :mod:`memlab.report.data`: Trial, InferenceTrial, Report (best, ties, fits, JSON, pandas).
+- :mod:`memlab.report.data`: Trial, Report (best, ties, fits, JSON, pandas).
+- :mod:`memlab.report.inference_trial`: InferenceTrial, an inference plan's Trial.
 - :mod:`memlab.report.noise`: the interval of a median step time; when two speeds differ beyond the noise.
 - :mod:`memlab.report.tables`: text and HTML tables (pandas renders them).
 - :mod:`memlab.report.figure`: the plotly figures (Report.plot and the live figure's top row).
@@ -14,8 +15,9 @@ Tables and figures are imported when first drawn, so ``import memlab`` imports n
 
 from __future__ import annotations
 
-from memlab.report.data import CATEGORIES, INFERENCE_CATEGORIES, STATUSES, InferenceTrial, Report, Trial
+from memlab.report.data import CATEGORIES, INFERENCE_CATEGORIES, STATUSES, Report, Trial
 from memlab.report.format import format_rate, format_seconds, one_line
+from memlab.report.inference_trial import InferenceTrial
 
 __all__ = [
     "CATEGORIES", "INFERENCE_CATEGORIES", "STATUSES", "InferenceTrial", "Report", "Trial", "format_rate",

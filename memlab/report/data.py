@@ -1,5 +1,7 @@
 """Trial and Report as data: what a measurement found, which trial is best, and JSON / pandas forms.
 
+An inference plan's trial is :class:`~memlab.report.inference_trial.InferenceTrial`, a Trial of its own module.
+
 Tables (:mod:`memlab.report.tables`) and figures (:mod:`memlab.report.figure`) are drawn by their own modules,
 imported when first used, so ``import memlab`` imports neither pandas nor plotly.
 """
@@ -19,8 +21,7 @@ from memlab.report.noise import runs_speed_interval
 if TYPE_CHECKING:
     import pandas
 
-__all__ = ["ALL_CATEGORIES", "CATEGORIES", "INFERENCE_CATEGORIES", "STATUSES", "InferenceTrial", "Report", "Trial",
-           "speed_range"]
+__all__ = ["ALL_CATEGORIES", "CATEGORIES", "INFERENCE_CATEGORIES", "STATUSES", "Report", "Trial", "speed_range"]
 
 STATUSES = ("ok", "oom", "error")
 ALL_CATEGORIES = ("params", "grads", "optimizer", "activations", "kv_cache", "other")
@@ -88,6 +89,9 @@ class Trial:
 
     categories: ClassVar[tuple[str, ...]] = CATEGORIES
     """The keys of ``breakdown``: a training step's (:class:`InferenceTrial`: :data:`INFERENCE_CATEGORIES`)."""
+    mode: ClassVar[str | None] = None
+    """What its dict's ``mode`` says, for a kind of trial that :meth:`from_dict` tells apart by it (a subclass of
+    Trial: ``"inference"`` for :class:`~memlab.report.inference_trial.InferenceTrial`); None for a training trial."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -209,8 +213,11 @@ class Trial:
             >>> Trial.from_dict(t.to_dict()) == t
             True
         """
-        if data.get("mode") == "inference" and not issubclass(cls, InferenceTrial):
-            return InferenceTrial.from_dict(data)
+        mode = data.get("mode")
+        if mode is not None and mode != cls.mode:
+            for kind in Trial.__subclasses__():
+                if kind.mode == mode:
+                    return kind.from_dict(data)
         return cls(**cls._keywords(data))
 
     @classmethod
@@ -252,72 +259,6 @@ class Trial:
 
     def _repr_html_(self) -> str:
         return Report([self], budget=self.budget)._repr_html_()
-
-
-@dataclass
-class InferenceTrial(Trial):
-    """The result of running one :class:`memlab.InferencePlan`: a :class:`Trial` whose breakdown is by
-    :data:`INFERENCE_CATEGORIES` (params, activations, kv_cache, other), with the speed of generation apart.
-
-    ``step_time_s`` is the median seconds of one step: the forward (``new_tokens=0``), or the whole generation
-    (prefill and every decode step); ``samples_per_s`` is rows (sequences) per second; ``tokens_per_s`` is prompt
-    tokens per second for one forward, new tokens per second for a generation.
-
-    Args (besides Trial's):
-        prefill_tokens_per_s: prompt tokens per second of the prefill forward (median), when generating.
-        decode_tokens_per_s: new tokens per second of the decode steps (median over steps), when generating more
-            than one token.
-        kv_cache_end_bytes: bytes of the KV cache at the end of the step, read from the cache's own tensors (0 without
-            one); ``breakdown["kv_cache"]`` is its part of the peak.
-        context_tokens: tokens per row the KV cache holds at the end (prompt + new_tokens - 1 when generating).
-
-    Example:
-        >>> from memlab.inference.plan import InferencePlan
-        >>> t = InferenceTrial(InferencePlan(weights="bf16"), "ok", 300, {"params": 100, "kv_cache": 50}, 0.1, 40.0,
-        ...                    640.0, "cpu", kv_cache_end_bytes=50, context_tokens=16)
-        >>> t.label, t.breakdown
-        ('bf16', {'params': 100, 'activations': 0, 'kv_cache': 50, 'other': 150})
-        >>> InferenceTrial.from_dict(t.to_dict()) == t
-        True
-    """
-
-    prefill_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None
-    kv_cache_end_bytes: int = 0
-    context_tokens: int | None = None
-
-    categories: ClassVar[tuple[str, ...]] = INFERENCE_CATEGORIES
-
-    def _plan_values(self) -> dict[str, Any]:
-        values: dict[str, Any] = {"mode": "inference"}
-        values.update({name: getattr(self.plan, name) for name in _inference_fields()})
-        values.update(
-            prefill_tokens_per_s=self.prefill_tokens_per_s,
-            decode_tokens_per_s=self.decode_tokens_per_s,
-            kv_cache_end_bytes=self.kv_cache_end_bytes,
-            context_tokens=self.context_tokens,
-        )
-        return values
-
-    @classmethod
-    def _keywords(cls, data: Mapping[str, Any]) -> dict[str, Any]:
-        from memlab.inference.plan import InferencePlan
-
-        keywords = super()._keywords({key: value for key, value in data.items() if key not in PLAN_FIELDS})
-        keywords["plan"] = InferencePlan(**{name: data[name] for name in _inference_fields() if name in data})
-        keywords.update(
-            prefill_tokens_per_s=data.get("prefill_tokens_per_s"),
-            decode_tokens_per_s=data.get("decode_tokens_per_s"),
-            kv_cache_end_bytes=int(data.get("kv_cache_end_bytes") or 0),
-            context_tokens=data.get("context_tokens"),
-        )
-        return keywords
-
-
-def _inference_fields() -> tuple[str, ...]:
-    from memlab.inference.plan import INFERENCE_FIELDS
-
-    return INFERENCE_FIELDS
 
 
 @dataclass
@@ -510,8 +451,9 @@ class Report:
             data["notes"] = "; ".join(data["notes"])
             rows.append(data)
         columns = list(_EMPTY_TRIAL.to_dict()) if any(type(t) is Trial for t in self.trials) or not rows else []
-        if any(isinstance(trial, InferenceTrial) for trial in self.trials):
-            columns += [name for name in _empty_inference_trial().to_dict() if name not in columns]
+        for trial in {trial.mode: trial for trial in self.trials if trial.mode is not None}.values():
+            empty = type(trial)(type(trial.plan)(), "error", 0, {}, None, None, None, "")  # each other kind's columns
+            columns += [name for name in empty.to_dict() if name not in columns]
         frame = pandas.DataFrame(rows, columns=columns)
         for name in ("step_time_s", "samples_per_s", "tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s"):
             if name in frame:
@@ -592,9 +534,3 @@ def speed_range(trial: Trial) -> tuple[float, float]:
 
 
 _EMPTY_TRIAL = Trial(Plan(), "error", 0, {}, None, None, None, "")
-
-
-def _empty_inference_trial() -> InferenceTrial:
-    from memlab.inference.plan import InferencePlan
-
-    return InferenceTrial(InferencePlan(), "error", 0, {}, None, None, None, "")  # type: ignore[arg-type]

@@ -17,36 +17,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from memlab.techniques.technique import Technique
 
-TARGETS = ("trainer", "deepspeed", "code", "peft", "accelerate")
-"""The exports: ``Plan.to_training_arguments`` (trainer), ``to_deepspeed``, ``to_code``, ``to_peft_config`` and
-``to_accelerate_config`` + :func:`memlab.export.accelerate.accelerate_script` (accelerate)."""
+from memlab.techniques.fragments import TARGETS as TARGETS  # re-exported: the declarations import them here
+from memlab.techniques.fragments import Export, refusal_of
+from memlab.techniques.fragments import carried as carried
+from memlab.techniques.fragments import concerns_adapters_only as concerns_adapters_only
 
 PlanLike = Any
 """A :class:`memlab.Plan` (typed loosely here: plan builds on this module)."""
 
-Refusal = Callable[[PlanLike], str]
-"""An export's verdict on a plan's lever: ``""`` when the export carries it, else what to do instead."""
-
-
-def carried(plan: PlanLike) -> str:
-    """The verdict of an export that carries the lever whatever its value.
-
-    Example:
-        >>> carried(None)
-        ''
-    """
-    return ""
-
-
-def concerns_adapters_only(plan: PlanLike) -> str:
-    """peft's verdict on a lever that is not an adapter's: a ``LoraConfig`` describes the adapters only, and the
-    plan's other levers travel in the other exports (it refuses plans without an adapter itself).
-
-    Example:
-        >>> concerns_adapters_only(None)
-        ''
-    """
-    return ""
+Refusal = Export
+"""An export's declaration for one lever (:data:`memlab.techniques.fragments.Export`): the fragment it adds, where
+the lever goes instead (:class:`~memlab.techniques.fragments.Elsewhere`), or what to write instead (a ``str``)."""
 
 
 @dataclass(frozen=True)
@@ -69,8 +50,6 @@ class Lever:
         conflicts: why a plan cannot have the lever's value together with its other settings (one sentence saying
             what to write), ``""`` when it can; it reads the plan's fields only, so the search can ask it of a
             combination before building the plan. None: the lever goes with every setting.
-        code: the lines :func:`memlab.export.engines.pytorch_code` adds right after building the optimizer (its
-            ``optimizer`` and ``params`` exist there), or None where the plain loop carries the lever as it is.
         applies: whether the lever means anything in a plan (its other fields); where it does not, the plan holds
             the lever's default, so that grids hold no duplicate plans. None: it always does.
         from_peft: the lever's value read from a user's peft ``LoraConfig`` (what a peft model the user wrapped
@@ -88,7 +67,8 @@ class Lever:
         speed: per value, the expected samples/s relative to the plain plan, ``(on a GPU, on a CPU)``.
         suggest: values to suggest when nothing in the searched space fits (they change what is trained).
         on_cpu: the value that runs exactly like this one on a CPU (None: the value itself).
-        exports: per :data:`TARGETS`, the export's verdict (:data:`Refusal`).
+        exports: per :data:`TARGETS`, what the export writes for the lever (:mod:`memlab.techniques.fragments`: its
+            fragment, :class:`~memlab.techniques.fragments.Elsewhere`, or the refusal saying what to write).
     """
 
     name: str
@@ -100,7 +80,6 @@ class Lever:
     split: bool = False
     technique: Technique | None = None
     conflicts: Callable[[PlanLike], str] | None = None
-    code: Callable[[PlanLike], list[str]] | None = None
     applies: Callable[[PlanLike], bool] | None = None
     from_peft: Callable[[Any], Any] | None = None
     needs_at_least: Callable[[Any, Any], bool] | None = None
@@ -128,4 +107,8 @@ class Lever:
 
     def refusal(self, plan: PlanLike, target: str) -> str:
         """What ``target`` says of this lever in ``plan``: ``""`` when it carries it, else what to do instead."""
+        return refusal_of(self.exports[target](plan))
+
+    def fragment(self, plan: PlanLike, target: str) -> Any:
+        """What ``target`` writes for this lever in ``plan`` (see :mod:`memlab.techniques.fragments`)."""
         return self.exports[target](plan)

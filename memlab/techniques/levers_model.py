@@ -12,20 +12,37 @@ from __future__ import annotations
 
 from typing import Any
 
+from memlab.errors import MemlabError
 from memlab.techniques.adapters import ADAPTERS
 from memlab.techniques.checkpointing import CHECKPOINTING
-from memlab.techniques.lever import TARGETS, Lever, PlanLike, carried, concerns_adapters_only
+from memlab.techniques.fragments import (
+    TARGETS,
+    Accelerate,
+    Code,
+    Elsewhere,
+    Export,
+    Fragment,
+    InLoraConfig,
+    Keys,
+    Lora,
+    per_target,
+)
+from memlab.techniques.lever import Lever, PlanLike
 from memlab.techniques.weights import WEIGHTS
 
 LORA_RANK_DEFAULT = 16
 """The adapters' rank when none is given (and the rank of every plan without an adapter)."""
 
 
-def lora_settings(plan: PlanLike) -> dict[str, Any]:
+def lora_settings(plan: PlanLike, model: Any = None) -> dict[str, Any]:
     """The ``peft.LoraConfig`` keywords memlab measures an adapter plan with: rank ``plan.lora_rank``, alpha
     ``plan.lora_alpha`` (None: twice the rank), dropout ``plan.lora_dropout`` on the adapters' input, on the plan's
     ``lora_targets``: every linear layer but the output head (``target_modules="all-linear"``), peft's default layers
-    for the model's type (``None``: q and v projections for Llama-style models), or the names given (a list).
+    for the model's type (``None``: q and v projections for Llama-style models), or the names given (a list). With
+    ``model``, ``target_modules`` is the list of layers memlab adapts on it
+    (:func:`memlab.techniques.targets.adapter_targets`). Every export writes an adapter's ``LoraConfig`` from here, and
+    so does the adapter's technique (a lever of the LoraConfig extends this function and declares
+    :func:`in_lora_config`).
 
     Example:
         >>> from memlab.plan import Plan
@@ -36,6 +53,14 @@ def lora_settings(plan: PlanLike) -> dict[str, Any]:
     """
     targets = plan.lora_targets
     modules: Any = targets if targets == "all-linear" else None if targets == "attention" else list(targets)
+    if model is not None:
+        from torch import nn  # imported here: the declarations stay free of torch
+
+        if not isinstance(model, nn.Module):
+            raise MemlabError(f"model must be the torch nn.Module the config is for, not {type(model).__name__}")
+        from memlab.techniques.targets import adapter_targets
+
+        modules = adapter_targets(model, plan.lora_targets)
     alpha = plan.lora_alpha if plan.lora_alpha is not None else 2 * plan.lora_rank
     return {"r": plan.lora_rank, "lora_alpha": alpha, "lora_dropout": plan.lora_dropout, "target_modules": modules}
 
@@ -46,6 +71,30 @@ def _alpha_from_peft(config: Any) -> int | None:
     if not isinstance(alpha, (int, float)) or alpha == 2 * config.r:
         return None
     return int(alpha) if float(alpha).is_integer() else None
+
+
+def lora_config_code(plan: PlanLike, **extra: Any) -> str:
+    """The ``LoraConfig(...)`` of an adapter plan as code (:func:`lora_settings`, plus ``extra`` keywords).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> lora_config_code(Plan(adapter="lora", lora_rank=4))
+        "LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules='all-linear')"
+    """
+    settings = {**lora_settings(plan), **extra}
+    return "LoraConfig(" + ", ".join(f"{key}={value!r}" for key, value in settings.items()) + ")"
+
+
+def in_lora_config(keyword: str) -> dict[str, Export]:
+    """The ``exports`` of a lever that is a setting of the adapter's ``LoraConfig`` (``keyword``, as
+    :func:`lora_settings` writes it): every export carries it inside the adapter's config, or refuses it with the
+    adapter (the Trainer), or sends it where the adapter goes (DeepSpeed).
+
+    Example:
+        >>> in_lora_config("r")["peft"](None)
+        InLoraConfig(keyword='r')
+    """
+    return dict.fromkeys(TARGETS, lambda plan: InLoraConfig(keyword))
 
 
 def qlora_compute_dtype(plan: PlanLike) -> str:
@@ -62,10 +111,10 @@ def qlora_compute_dtype(plan: PlanLike) -> str:
     return "float16" if plan.precision == "fp16" else "float32"
 
 
-def _pure_bf16_elsewhere(target: str, instead: str) -> Any:
-    def refusal(plan: PlanLike) -> str:
+def _pure_bf16_elsewhere(target: str, instead: str) -> Export:
+    def refusal(plan: PlanLike) -> Fragment:
         if plan.weights != "bf16":
-            return ""
+            return Keys()
         return (
             f"weights='bf16' (pure bf16, no fp32 master copy) is not {target}: load the model in bf16 "
             f"(from_pretrained(name, dtype=torch.bfloat16)) and export plan.replace(weights='fp32'), or use {instead}"
@@ -85,15 +134,159 @@ def with_adapter(plan: PlanLike) -> bool:
     return bool(plan.adapter != "none")
 
 
-def _adapters_for_the_trainer(plan: PlanLike) -> str:
+def _adapters_for_the_trainer(plan: PlanLike) -> Fragment:
     if plan.adapter == "none":
-        return ""
+        return Keys()
     return (
         f"adapter={plan.adapter!r} is not a TrainingArguments setting: wrap the model with "
         "peft.get_peft_model(model, plan.to_peft_config())"
-        + (" after loading it in 4-bit NF4 (plan.to_code() shows the BitsAndBytesConfig)" if plan.adapter == "qlora"
-           else "")
+        + (" after loading it in 4-bit NF4 (plan.to_code() shows how)" if plan.adapter == "qlora" else "")
         + " and export plan.replace(adapter='none').to_training_arguments(), or use plan.to_code()"
+    )
+
+
+CHECKPOINTING_CODE = (
+    "# Activation checkpointing: keep only each block's input, recompute the rest in backward",
+    'if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5',
+    '    model.activation_checkpointing_enable({"use_reentrant": False})',
+    "else:",
+    '    model.gradient_checkpointing_enable({"use_reentrant": False})',
+)
+"""The lines that turn a Hugging Face model's activation checkpointing on (the code, the ZeRO scripts)."""
+
+_CHECKPOINTING_ELSEWHERE = (
+    "activation checkpointing is the model's, not a DeepSpeed setting: pass TrainingArguments("
+    "activation_checkpointing=True) (plan.to_training_arguments()), or call "
+    'model.gradient_checkpointing_enable({"use_reentrant": False}) as plan.to_code() does'
+)
+
+
+def _checkpointing(target: str) -> Export:
+    def fragment(plan: PlanLike) -> Fragment:
+        on = bool(plan.checkpointing)
+        if target == "trainer":  # transformers before 5 names it gradient_checkpointing
+            keys = {"checkpointing": on, **({"checkpointing_kwargs": {"use_reentrant": False}} if on else {})}
+            return Keys({f"activation_{key}": value for key, value in keys.items()},
+                        legacy={f"gradient_{key}": value for key, value in keys.items()})
+        if target == "deepspeed":
+            return Elsewhere(_CHECKPOINTING_ELSEWHERE if on else "")
+        if target == "code":
+            return Code(model=CHECKPOINTING_CODE if on else ())
+        if target == "accelerate":  # FSDP2 checkpoints from its config; DeepSpeed leaves it to the model
+            script = Code(model=CHECKPOINTING_CODE if on else ())
+            return Accelerate(fsdp2={"fsdp_activation_checkpointing": on},
+                              by_strategy={"zero2": script, "zero3": script})
+        return Elsewhere()
+
+    return fragment
+
+
+def _weights(target: str) -> Export:
+    pure = "torch.bfloat16" if target != "peft" else ""
+
+    def fragment(plan: PlanLike) -> Fragment:
+        bf16 = plan.weights == "bf16"
+        if target == "code":
+            return Code(model=("# Pure bf16: weights, gradients and optimizer state in bf16 (no fp32 master copy)",
+                               f"model = model.to({pure})") if bf16 else ())
+        if target == "accelerate":
+            return Accelerate(script=Code(load={"dtype": pure if bf16 else "torch.float32"}))
+        return Elsewhere()
+
+    if target == "trainer":
+        return _pure_bf16_elsewhere("a TrainingArguments setting", "plan.to_code()")
+    if target == "deepspeed":
+        return _pure_bf16_elsewhere("a DeepSpeed setting (its bf16 mode keeps fp32 master weights)", "plan.to_code()")
+    return fragment
+
+
+def quantize_code(plan: PlanLike) -> tuple[str, ...]:
+    """The lines that hold the base's linear layers in 4-bit NF4 on the model the code receives, as memlab's
+    QLoRA does (:mod:`memlab.techniques.adapters`): every ``nn.Linear`` but the output head and the modules the
+    model keeps in fp32, replaced by a ``bitsandbytes.nn.Linear4bit`` computing in the plan's dtype.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> quantize_code(Plan(adapter="qlora", precision="bf16"))[-1]
+        'quantize_nf4(model, torch.bfloat16)'
+    """
+    compute = f"torch.{qlora_compute_dtype(plan)}"
+    return (
+        "# QLoRA: the base's linear layers (all but the output head) hold their weights in 4-bit NF4. Loading from",
+        "# a checkpoint does the same with from_pretrained(name, quantization_config=BitsAndBytesConfig(",
+        f"#     load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype={compute})); here the model",
+        "# you have is quantized in place.",
+        "def quantize_nf4(model, compute_dtype):",
+        '    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None',
+        '    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())',
+        "    linears = [",
+        "        (name, module) for name, module in model.named_modules()",
+        "        if isinstance(module, torch.nn.Linear) and module is not head",
+        '        and not any(f".{k}." in f".{name}." for k in keep)',
+        "    ]",
+        "    if not linears:",
+        '        raise ValueError("QLoRA holds nn.Linear layers in 4-bit, and this model has none but its head")',
+        "    for name, linear in linears:",
+        "        layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False,",
+        '                                  compute_dtype=compute_dtype, quant_type="nf4", device="meta")',
+        "        weight = bnb.nn.Params4bit(linear.weight.data.detach().cpu(), requires_grad=False,",
+        '                                   quant_type="nf4")',
+        "        layer.weight = weight.to(linear.weight.device)  # moving it quantizes it",
+        "        layer.bias = linear.bias",
+        '        parent, _, child = name.rpartition(".")',
+        "        setattr(model.get_submodule(parent) if parent else model, child, layer)",
+        "",
+        "",
+        f"quantize_nf4(model, {compute})",
+    )
+
+
+def _adapter_code(plan: PlanLike) -> Code:
+    if plan.adapter == "none":
+        return Code()
+    quantized = Code(imports=("import bitsandbytes as bnb",), model=quantize_code(plan)) if plan.adapter == "qlora" \
+        else Code()
+    return quantized + Code(imports=("from peft import LoraConfig, get_peft_model",), model=(
+        "# LoRA adapters on the plan's layers; only the adapters train",
+        f"model = get_peft_model(model, {lora_config_code(plan)})",
+    ))
+
+
+def _adapter_script(plan: PlanLike) -> Accelerate:
+    if plan.adapter == "none":
+        return Accelerate()
+    script = Code(imports=("from peft import LoraConfig, get_peft_model",), model=(
+        f"model = get_peft_model(model, {lora_config_code(plan, task_type='CAUSAL_LM')})",))
+    if plan.adapter == "qlora":
+        compute = f"torch.{qlora_compute_dtype(plan)}"
+        script = Code(
+            imports=("from transformers import BitsAndBytesConfig",),
+            settings=(
+                "# QLoRA: the base's linear weights in 4-bit NF4 (stored as the compute dtype, so FSDP can shard "
+                "them)",
+                f'quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", '
+                f"bnb_4bit_compute_dtype={compute}, bnb_4bit_quant_storage={compute})",
+            ),
+            load={"quantization_config": "quantization"},
+        ) + script
+    return Accelerate(script=script)
+
+
+def _adapter_for_peft(plan: PlanLike) -> Fragment:
+    if plan.adapter == "none":  # not a refusal of the plan's other exports: peft has nothing to write
+        return Elsewhere(
+            f"{plan.label()!r} trains every weight and has no adapters; a peft config needs adapter='lora' or 'qlora'"
+        )
+    return Lora(lambda model: lora_settings(plan, model))
+
+
+def _adapter_elsewhere(plan: PlanLike) -> Fragment:
+    if plan.adapter == "none":
+        return Elsewhere()
+    return Elsewhere(
+        f"the {plan.adapter} adapters are the model's: wrap it with peft.get_peft_model(model, "
+        "plan.to_peft_config()) before DeepSpeed takes it (QLoRA: hold its base in 4-bit NF4 first, as plan.to_code() "
+        "does)"
     )
 
 
@@ -108,7 +301,7 @@ DECLARATIONS = (
         slower=((True, False),),
         activation_key=lambda value: value,
         speed={True: (0.75, 0.75)},
-        exports=dict(dict.fromkeys(TARGETS, carried), peft=concerns_adapters_only),
+        exports=per_target(_checkpointing),
     ),
     Lever(
         "weights",
@@ -124,15 +317,7 @@ DECLARATIONS = (
         least_trained={"bf16": 0.5},
         speed={"bf16": (1.6, 1.0)},
         suggest=("bf16",),
-        exports={
-            "trainer": _pure_bf16_elsewhere("a TrainingArguments setting", "plan.to_code()"),
-            "deepspeed": _pure_bf16_elsewhere(
-                "a DeepSpeed setting (its bf16 mode keeps fp32 master weights)", "plan.to_code()"
-            ),
-            "code": carried,
-            "peft": concerns_adapters_only,
-            "accelerate": carried,
-        },
+        exports=per_target(_weights),
     ),
     Lever(
         "adapter",
@@ -151,10 +336,10 @@ DECLARATIONS = (
         suggest=("lora", "qlora"),
         exports={
             "trainer": _adapters_for_the_trainer,
-            "deepspeed": carried,
-            "code": carried,
-            "peft": carried,
-            "accelerate": carried,
+            "deepspeed": _adapter_elsewhere,
+            "code": _adapter_code,
+            "peft": _adapter_for_peft,
+            "accelerate": _adapter_script,
         },
     ),
     Lever(
@@ -167,7 +352,7 @@ DECLARATIONS = (
         from_peft=lambda config: config.r if isinstance(config.r, int) else None,
         family=True,
         # Carried wherever the adapter is (and refused with it): the rank is part of the adapter's LoraConfig.
-        exports=dict.fromkeys(TARGETS, carried),
+        exports=in_lora_config("r"),
     ),
     Lever(
         "lora_targets",
@@ -182,7 +367,7 @@ DECLARATIONS = (
         applies=with_adapter,
         family=True,
         # Carried wherever the adapter is (and refused with it): LoraConfig(target_modules=...).
-        exports=dict.fromkeys(TARGETS, carried),
+        exports=in_lora_config("target_modules"),
     ),
     Lever(
         "lora_alpha",
@@ -193,8 +378,7 @@ DECLARATIONS = (
         technique=ADAPTERS,
         applies=with_adapter,
         from_peft=_alpha_from_peft,
-        # Carried wherever the adapter is (and refused with it): LoraConfig(lora_alpha=...).
-        exports=dict.fromkeys(TARGETS, carried),
+        exports=in_lora_config("lora_alpha"),
     ),
     Lever(
         "lora_dropout",
@@ -209,7 +393,6 @@ DECLARATIONS = (
         from_peft=lambda config: float(config.lora_dropout) if isinstance(config.lora_dropout, (int, float)) else None,
         needs_at_least=lambda mine, theirs: mine > 0 or theirs == 0,
         activation_key=lambda value: value > 0,
-        # Carried wherever the adapter is (and refused with it): LoraConfig(lora_dropout=...).
-        exports=dict.fromkeys(TARGETS, carried),
+        exports=in_lora_config("lora_dropout"),
     ),
 )

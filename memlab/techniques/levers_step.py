@@ -15,7 +15,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memlab.techniques.lever import TARGETS, Lever, PlanLike, Refusal, carried, concerns_adapters_only
+from memlab.techniques.fragments import (
+    THE_DEEPSPEED_CONFIG,
+    Accelerate,
+    Code,
+    Elsewhere,
+    Export,
+    Fragment,
+    Keys,
+    concerns_adapters_only,
+    per_target,
+)
+from memlab.techniques.lever import Lever, PlanLike
 from memlab.techniques.loss import LOSS
 from memlab.techniques.offload import OFFLOAD
 from memlab.techniques.optimizer import OPTIMIZER
@@ -79,13 +90,185 @@ def _optimizer_needs_at_least(mine: str, theirs: str) -> bool:
     return OPTIMIZER_RANK[mine] >= OPTIMIZER_RANK[theirs]
 
 
-def _activation_offload_for_the_trainer(plan: PlanLike) -> str:
-    if not plan.offloads_activations or plan.checkpointing:
-        return ""
-    return (
-        f"offload={plan.offload!r} without checkpointing has no Trainer form: the Trainer offloads only "
-        "checkpointed activations; write checkpointing=True with it, or use plan.to_code() (save_on_cpu)"
+def optimizer_code(plan: PlanLike, *, fused: bool = True) -> str:
+    """The expression that builds the plan's optimizer over ``{params}`` with ``lr`` (a template the engines fill
+    in), as memlab builds it: fused AdamW where ``{device}`` has the kernel (``fused=False``: torch's default, what
+    the accelerate script's sharded parameters take), after the import line of :data:`OPTIMIZER_FORMS`.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> optimizer_code(Plan(optimizer="adafactor"))
+        'Adafactor({params}, lr=lr, scale_parameter=False, relative_step=False)'
+    """
+    form = OPTIMIZER_FORMS[plan.optimizer]
+    extra = f", {form.keywords}" if form.keywords else ""
+    if plan.optimizer == "adamw" and fused:
+        extra = ', fused={device}.type in ("cuda", "cpu")'
+    return f"{form.make}({{params}}, lr=lr{extra})"
+
+
+def _optimizer_for_deepspeed(plan: PlanLike) -> Fragment:
+    form = OPTIMIZER_FORMS[plan.optimizer]
+    if form.deepspeed:
+        return Keys({"optimizer": {
+            "type": form.deepspeed,
+            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+        }})
+    keywords = f" ({form.keywords})" if form.keywords else ""
+    comments = [
+        f"{form.title} is not a DeepSpeed optimizer: create {form.full_name}{keywords} yourself and pass it "
+        f"(Trainer(optimizers=(optimizer, None)), or TrainingArguments(optim={form.trainer!r}), or "
+        "deepspeed.initialize(optimizer=optimizer))"
+    ]
+    keys: dict[str, object] = {"zero_allow_untested_optimizer": True}
+    if plan.offloads_optimizer:
+        keys["zero_force_ds_cpu_optimizer"] = False
+        comments.append(
+            "optimizer offload with a client optimizer: DeepSpeed's own CPU Adam is not used, so the "
+            "update runs wherever that optimizer runs it"
+        )
+    return Keys({**keys, "_comment": "; ".join(comments)})
+
+
+def _optimizer(target: str) -> Export:
+    def fragment(plan: PlanLike) -> Fragment:
+        form = OPTIMIZER_FORMS[plan.optimizer]
+        imports = (form.imports,) if form.imports else ()
+        if target == "trainer":
+            return Keys({"optim": form.trainer})
+        if target == "deepspeed":
+            return _optimizer_for_deepspeed(plan)
+        if target == "code":
+            note = ("# Fused AdamW where torch has the kernel: the Trainer's default optim adamw_torch_fused",) if (
+                plan.optimizer == "adamw") else ()
+            return Code(imports=imports, before_optimizer=note, optimizer=optimizer_code(plan))
+        if target == "accelerate":
+            return Accelerate(script=Code(imports=imports, optimizer=optimizer_code(plan, fused=False)))
+        return Elsewhere()
+
+    return fragment
+
+
+_AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+
+
+def _precision(target: str) -> Export:
+    def fragment(plan: PlanLike) -> Fragment:
+        half = plan.precision
+        if target == "trainer":
+            return Keys({"bf16": half == "bf16", "fp16": half == "fp16"})
+        if target == "deepspeed":
+            return Keys({"bf16": {"enabled": True}} if half == "bf16" else {
+                "fp16": {"enabled": True, "loss_scale": 0}} if half == "fp16" else {})
+        if target == "accelerate":  # accelerate's autocast and fp16 loss scaling come from the config
+            return Accelerate(config={"mixed_precision": {"fp32": "no"}.get(half, half)})
+        if target != "code" or half == "fp32":
+            return Code() if target == "code" else Elsewhere()
+        autocast = Code(contexts=(f"torch.autocast(device.type, dtype={_AUTOCAST[half]})",))
+        if half == "bf16":
+            return autocast
+        return autocast + Code(
+            after_optimizer=("scaler = torch.amp.GradScaler(device.type)  # dynamic loss scaling for fp16",),
+            backward="scaler.scale(loss).backward()",
+            step=("scaler.step(optimizer)", "scaler.update()"),
+        )
+
+    return fragment
+
+
+_PIN = 'pin = device.type == "cuda"  # pinned CPU memory makes copies to and from the GPU faster'
+
+
+def _optimizer_offload_code() -> Code:
+    return Code(
+        settings=(_PIN,),
+        before_optimizer=(
+            "# Optimizer offload: optimizer state and update live on the CPU, on copies of the weights",
+            "cpu_params = [",
+            '    torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin).copy_(p.detach())',
+            "    for p in params",
+            "]",
+            "for cpu_p in cpu_params:",
+            "    cpu_p.requires_grad_()",
+        ),
+        optimizer_over=("cpu_params", "cpu_params[0].device"),
+        before_step=(
+            "for p, cpu_p in zip(params, cpu_params):  # gradients to the CPU",
+            '    cpu_p.grad = None if p.grad is None else p.grad.to("cpu", dtype=cpu_p.dtype)',
+            "    p.grad = None",
+        ),
+        after_step=(
+            "with torch.no_grad():  # updated weights back to the device",
+            "    for p, cpu_p in zip(params, cpu_params):",
+            "        p.copy_(cpu_p, non_blocking=True)",
+        ),
     )
+
+
+_CPU_CHECKPOINTING = {
+    "partition_activations": False,
+    "cpu_checkpointing": True,
+    "contiguous_memory_optimization": False,
+    "synchronize_checkpoint_boundary": False,
+}
+
+
+def _offload_for_deepspeed(plan: PlanLike) -> Fragment:
+    keys: dict[str, object] = {}
+    if plan.offloads_optimizer:
+        keys["zero_optimization"] = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    if plan.offloads_activations:
+        keys["activation_checkpointing"] = dict(_CPU_CHECKPOINTING)
+        if not plan.checkpointing:
+            keys["_comment"] = (
+                "DeepSpeed offloads only checkpointed activations: cpu_checkpointing acts only with "
+                "activation checkpointing on"
+            )
+    return Keys(keys)
+
+
+def _offload_for_the_trainer(plan: PlanLike) -> Fragment:
+    if plan.offloads_activations and not plan.checkpointing:
+        return (
+            f"offload={plan.offload!r} without checkpointing has no Trainer form: the Trainer offloads only "
+            "checkpointed activations; write checkpointing=True with it, or use plan.to_code() (save_on_cpu)"
+        )
+    keys: dict[str, object] = {}
+    if plan.offloads_optimizer:  # the Trainer offloads optimizer state only through DeepSpeed
+        keys["deepspeed"] = THE_DEEPSPEED_CONFIG
+    if plan.offloads_activations:  # transformers 5.x holds the checkpointed activations in pinned CPU memory
+        keys["activation_checkpointing_kwargs"] = {"offload": True}
+        return Keys(keys, legacy=(
+            f"offload={plan.offload!r}: transformers before 5 has no Trainer setting that offloads activations; "
+            "upgrade transformers, or use plan.to_code() (save_on_cpu)"
+        ))
+    return Keys(keys)
+
+
+def _offload(target: str) -> Export:
+    def fragment(plan: PlanLike) -> Fragment:
+        if target == "trainer":
+            return _offload_for_the_trainer(plan)
+        if target == "deepspeed":
+            return _offload_for_deepspeed(plan)
+        if target == "code":
+            code = _optimizer_offload_code() if plan.offloads_optimizer else Code()
+            if plan.offloads_activations:
+                code += Code(settings=(_PIN,), contexts=("torch.autograd.graph.save_on_cpu(pin_memory=pin)",))
+            return code
+        if target == "accelerate":
+            device = "cpu" if plan.offloads_optimizer else "none"
+            return Accelerate(
+                fsdp2={"fsdp_offload_params": bool(plan.offloads_optimizer)},
+                zero2={"offload_optimizer_device": device, "offload_param_device": "none"},
+                zero3={"offload_optimizer_device": device,
+                       "offload_param_device": "cpu" if plan.offload == "all" else "none"},
+                script=Code(contexts=("torch.autograd.graph.save_on_cpu(pin_memory=True)",))
+                if plan.offloads_activations else Code(),
+            )
+        return Elsewhere()
+
+    return fragment
 
 
 def _in_backward_conflicts(plan: PlanLike) -> str:
@@ -110,10 +293,10 @@ def _in_backward_conflicts(plan: PlanLike) -> str:
     return ""
 
 
-def _in_backward_elsewhere(target: str) -> Refusal:
-    def refusal(plan: PlanLike) -> str:
+def _in_backward_elsewhere(target: str) -> Export:
+    def refusal(plan: PlanLike) -> Fragment:
         if not plan.optimizer_in_backward:
-            return ""
+            return Keys() if target in ("trainer", "deepspeed") else Accelerate()
         return (
             f"optimizer_in_backward=True is not expressible in {target}; use the code export (plan.to_code()), "
             "or export plan.replace(optimizer_in_backward=False)"
@@ -122,13 +305,13 @@ def _in_backward_elsewhere(target: str) -> Refusal:
     return refusal
 
 
-def _in_backward_code(plan: PlanLike) -> list[str]:
+def _in_backward_code(plan: PlanLike) -> Fragment:
     if not plan.optimizer_in_backward:
-        return []
+        return Code()
     form = OPTIMIZER_FORMS[plan.optimizer]
     extra = ', fused=device.type in ("cuda", "cpu")' if plan.optimizer == "adamw" else (
         f", {form.keywords}" if form.keywords else "")
-    return [
+    return Code(after_optimizer=(
         "# Optimizer in backward: each parameter has its own optimizer, stepped as soon as its gradient is",
         "# accumulated, so the gradients never all exist at once (`optimizer.step()` below finds none: a no-op)",
         f"optimizers = {{p: {form.make}([p], lr=lr{extra}) for p in params}}",
@@ -141,11 +324,74 @@ def _in_backward_code(plan: PlanLike) -> list[str]:
         "",
         "for p in params:",
         "    p.register_post_accumulate_grad_hook(step_in_backward)",
-    ]
+    ))
 
 
 CHUNKS = 8
 """Chunks of tokens the chunked loss cuts the head and the cross-entropy into (torchtune's uses 8 too)."""
+
+# Liger Kernel's fused linear cross-entropy (the head and the loss in chunks of tokens) and none of its other kernels.
+_LIGER_CHUNKED_LOSS = {
+    "fused_linear_cross_entropy": True,
+    "cross_entropy": False,
+    "rope": False,
+    "swiglu": False,
+    "rms_norm": False,
+}
+
+
+def chunked_loss_code() -> tuple[str, ...]:
+    """The lines of a ``compute_loss(model, micro)`` for ``loss="chunked"`` (what :mod:`memlab.techniques.loss`
+    does), for the plain code and the accelerate script.
+
+    Example:
+        >>> chunked_loss_code()[-1]
+        '    return total / (labels != -100).sum()'
+    """
+    return (
+        "def chunk_loss(head, hidden, labels):",
+        "    logits = head(hidden).float()",
+        '    return torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")',
+        "",
+        "",
+        "def compute_loss(model, micro):",
+        f"    # Chunked cross-entropy: the LM head and the loss over {CHUNKS} chunks of tokens, each checkpointed,",
+        "    # so that only one chunk's logits exist at a time (backward recomputes them); the same loss as",
+        "    # model(**micro).loss.",
+        '    inner = model.get_base_model() if hasattr(model, "peft_config") else model  # under peft adapters',
+        '    inputs = {k: v for k, v in micro.items() if k != "labels"}',
+        "    hidden = inner.base_model(**inputs).last_hidden_state",
+        '    labels = torch.nn.functional.pad(micro["labels"], (0, 1), value=-100)[..., 1:]  # shifted by one',
+        "    hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)",
+        f"    size = -(-labels.shape[0] // {CHUNKS})",
+        "    head = inner.get_output_embeddings()",
+        "    total = sum(",
+        "        checkpoint(chunk_loss, head, h, y, use_reentrant=False)",
+        "        for h, y in zip(hidden.split(size), labels.split(size))",
+        "    )",
+        "    return total / (labels != -100).sum()",
+    )
+
+
+def _loss(target: str) -> Export:
+    def fragment(plan: PlanLike) -> Fragment:
+        chunked = plan.loss == "chunked"
+        if target == "trainer":
+            return Keys({"use_liger_kernel": True, "liger_kernel_config": dict(_LIGER_CHUNKED_LOSS)} if chunked else {})
+        code = Code(imports=("from torch.utils.checkpoint import checkpoint",), loss=chunked_loss_code()) if chunked \
+            else Code()
+        if target == "code":
+            return code
+        if target == "accelerate":  # it calls the base model and the head itself: inside accelerate's wrapper
+            return Accelerate(script=code + Code(loss_model="accelerator.unwrap_model(model)") if chunked else code)
+        if target == "deepspeed" and chunked:
+            return Elsewhere(
+                "the chunked loss is not a DeepSpeed setting: with the Trainer pass plan.to_training_arguments() "
+                "(use_liger_kernel), in your own loop compute the loss as plan.to_code() does"
+            )
+        return Elsewhere()
+
+    return fragment
 
 DECLARATIONS = (
     Lever(
@@ -157,7 +403,7 @@ DECLARATIONS = (
         technique=PRECISION,
         activation_key=lambda value: value,
         speed={"bf16": (1.6, 1.0), "fp16": (1.6, 0.3)},
-        exports=dict(dict.fromkeys(TARGETS, carried), peft=concerns_adapters_only),
+        exports=per_target(_precision),
     ),
     Lever(
         "optimizer",
@@ -179,7 +425,7 @@ DECLARATIONS = (
         # neither searched (search.space.default_space lists adamw and adamw8bit) nor suggested.
         suggest=("adafactor",),
         on_cpu=lambda value: "adamw8bit" if value == "paged_adamw8bit" else value,
-        exports=dict(dict.fromkeys(TARGETS, carried), peft=concerns_adapters_only),
+        exports=per_target(_optimizer),
     ),
     Lever(
         "offload",
@@ -194,13 +440,7 @@ DECLARATIONS = (
         optimizer_state={"optimizer": 0.0, "all": 0.0},
         speed={"optimizer": (0.7, 0.7), "activations": (0.6, 0.6), "all": (0.5, 0.5)},
         on_cpu=lambda value: "none",
-        exports={
-            "trainer": _activation_offload_for_the_trainer,
-            "deepspeed": carried,
-            "code": carried,
-            "peft": concerns_adapters_only,
-            "accelerate": carried,
-        },
+        exports=per_target(_offload),
     ),
     Lever(
         "loss",
@@ -213,7 +453,7 @@ DECLARATIONS = (
         slower=(("chunked", "full"),),
         activation_key=lambda value: value,
         speed={"chunked": (0.95, 0.95)},
-        exports=dict(dict.fromkeys(TARGETS, carried), peft=concerns_adapters_only),
+        exports=per_target(_loss),
     ),
     Lever(
         "optimizer_in_backward",
@@ -224,14 +464,13 @@ DECLARATIONS = (
         "offload with it",
         technique=IN_BACKWARD,
         conflicts=_in_backward_conflicts,
-        code=_in_backward_code,
         needs_at_least=lambda mine, theirs: not mine,
         family=True,
         least_grads={True: 0.0},
         exports={
             "trainer": _in_backward_elsewhere("TrainingArguments"),
             "deepspeed": _in_backward_elsewhere("a DeepSpeed config (ZeRO steps its optimizer after backward)"),
-            "code": carried,
+            "code": _in_backward_code,
             "peft": concerns_adapters_only,
             "accelerate": _in_backward_elsewhere("the accelerate script (sharded optimizers step after backward)"),
         },

@@ -130,7 +130,7 @@ def test_the_live_figure_stacks_the_inference_categories(
 ) -> None:
     import IPython.display
 
-    from memlab.frontends.jupyter import magic
+    from memlab.frontends.jupyter import magic_render
     from memlab.frontends.jupyter.live import LiveOutput
 
     shown: list[Any] = []
@@ -151,8 +151,8 @@ def test_the_live_figure_stacks_the_inference_categories(
             made.append(self)
 
     monkeypatch.setattr(IPython.display, "display", display)
-    monkeypatch.setattr(magic, "_shows_widgets", lambda shell: True)  # as in a Jupyter kernel
-    monkeypatch.setattr(magic, "LiveOutput", Recorded)
+    monkeypatch.setattr(magic_render, "shows_widgets", lambda shell: True)  # as in a Jupyter kernel
+    monkeypatch.setattr(magic_render, "LiveOutput", Recorded)
     report = memfit(shell, "lm prompts --inference --try new_tokens=0,2 --steps 1 --warmup 0 --noise 0")
     figure = made[0].figure
     assert figure is not None

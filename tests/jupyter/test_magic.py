@@ -25,9 +25,11 @@ from models import assert_same, fingerprint, lm_batch, mlp_batch, tiny_gpt2, tin
 import memlab
 from memlab.estimation.sharded import ShardedTrial
 from memlab.events import Event, TrialFinished, TrialStarted
-from memlab.frontends.jupyter import magic, magic_training
+from memlab.frontends.jupyter import magic_render, magic_run
 from memlab.frontends.jupyter.live import LiveOutput
-from memlab.frontends.jupyter.magic import APPLIED_NAME, MemfitMagics, body_loss_fn, empty_body_transformer
+from memlab.frontends.jupyter.magic import MemfitMagics
+from memlab.frontends.jupyter.magic_parse import body_loss_fn, empty_body_transformer
+from memlab.frontends.jupyter.magic_run import APPLIED_NAME
 from memlab.options import RunOptions
 from memlab.plan import parse_grid
 from memlab.report.static import record_bundle
@@ -233,7 +235,7 @@ def front_end(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> Front
     """The shell as a Jupyter kernel: widgets can be drawn, and what the cell displays is kept."""
     front = FrontEnd()
     monkeypatch.setattr(shell, "display_pub", front)
-    monkeypatch.setattr(magic, "_shows_widgets", lambda shell: True)
+    monkeypatch.setattr(magic_render, "shows_widgets", lambda shell: True)
     return front
 
 
@@ -252,7 +254,7 @@ def recording_outputs(monkeypatch: pytest.MonkeyPatch, fail_at: BaseException | 
             if fail_at is not None and isinstance(event, TrialStarted) and event.index == 1:
                 raise fail_at
 
-    monkeypatch.setattr(magic, "LiveOutput", Recorded)
+    monkeypatch.setattr(magic_render, "LiveOutput", Recorded)
     return made
 
 
@@ -279,7 +281,7 @@ def test_terminal_and_quiet_show_no_figure(shell: InteractiveShell, monkeypatch:
     monkeypatch.setattr(IPython.display, "display", lambda obj, *args, **kwargs: shown.append(obj))
     memfit(shell, f"mlp pairs {FAST.replace('--quiet', '')}", MLP_LOSS)
     assert shown == []  # a terminal IPython cannot draw widgets: no figure, no huge repr
-    monkeypatch.setattr(magic, "_shows_widgets", lambda shell: True)  # as in a Jupyter kernel
+    monkeypatch.setattr(magic_render, "shows_widgets", lambda shell: True)  # as in a Jupyter kernel
     memfit(shell, f"mlp pairs {FAST}", MLP_LOSS)
     assert shown == []  # --quiet: no figure
 
@@ -350,7 +352,7 @@ def test_the_record_of_sixty_plans_is_small_and_readable(
             options["callback"](TrialFinished(trial=trial, index=index, total=len(sixty)))
         return sixty
 
-    monkeypatch.setattr(magic_training, "compare", fake_compare)
+    monkeypatch.setattr(magic_run, "compare", fake_compare)
     memfit(shell, "mlp pairs --try checkpointing=off,on --budget 2GiB", MLP_LOSS)
     record = assert_static_record(front_end, outputs, plans=60)
     assert len(json.dumps(record)) < 150_000
@@ -389,7 +391,7 @@ def test_verbose_noise_and_time_limit_reach_the_run_options(
         seen.append(options)
         return memlab.Report([])
 
-    monkeypatch.setattr(magic_training, "compare", fake_compare)
+    monkeypatch.setattr(magic_run, "compare", fake_compare)
     memfit(shell, "mlp pairs --steps 1 --quiet", MLP_LOSS)  # compare is stood in for: nothing runs
     memfit(shell, "mlp pairs --steps 1 --quiet --verbose --noise 0.02 --time-limit 30", MLP_LOSS)
     quiet, verbose = seen
@@ -600,7 +602,7 @@ def test_bad_invocations_raise_one_line_usage_errors(
 
     shown: list[Any] = []
     monkeypatch.setattr(IPython.display, "display", lambda obj, *args, **kwargs: shown.append(obj))
-    monkeypatch.setattr(magic, "_shows_widgets", lambda shell: True)
+    monkeypatch.setattr(magic_render, "shows_widgets", lambda shell: True)
     models = {name: shell.user_ns[name] for name in ("model", "mlp")}
     before = {name: fingerprint(model) for name, model in models.items()}
     shell.user_ns.pop(APPLIED_NAME, None)

@@ -1,73 +1,46 @@
 """The ``%%memfit`` magic: measure, compare and fit memory plans on the model already in the kernel.
 
-Load it with ``%load_ext memlab``. The Jupyter layer is the only one that imports IPython for the magic; ``import
-memlab`` never imports it (``memlab.load_ipython_extension`` imports it when IPython asks).
+Load it with ``%load_ext memlab`` (:func:`load_ipython_extension`, which registers :class:`MemfitMagics`). The
+Jupyter layer is the only one that imports IPython for the magic; ``import memlab`` never imports it
+(``memlab.load_ipython_extension`` imports it when IPython asks).
 
-What the magic does, in order (each step has its module):
+What the magic does, in order, each job in its module:
 
-1. It reads its options (declared in :mod:`~memlab.frontends.jupyter.magic_args`; ``%%memfit?`` shows them) and
-   chooses the mode once: a :class:`~memlab.frontends.jupyter.magic_training.TrainingRequest`, or with
-   ``--inference`` an :class:`~memlab.frontends.jupyter.magic_inference.InferenceRequest`. Each checks the options
-   that go together.
-2. It looks MODEL and BATCH up in the user namespace: plain names, or attribute chains such as ``trainer.model``
-   (:func:`~memlab.frontends.jupyter.magic_cell.lookup_name`; nothing is ``eval``-ed), and compiles the cell body
-   once into the loss function (:func:`~memlab.frontends.jupyter.magic_cell.body_loss_fn`).
-3. It checks everything it can before the model is touched. Any wrong input raises IPython's ``UsageError``
-   with one line that says what is wrong and what to write; then nothing has run and the model is as it was.
-4. It runs what the mode's request prepared: in training ``memlab.compare`` over the ``--try`` grid, ``memlab.fit``
+1. **Parse** (:mod:`~memlab.frontends.jupyter.magic_parse`): it reads its options (``%%memfit?`` shows them). Any
+   wrong input, here or in the next step, raises IPython's ``UsageError`` with one line that says what is wrong and
+   what to write; then nothing has run and the model is as it was.
+2. **Run** (:mod:`~memlab.frontends.jupyter.magic_run`): it chooses the mode once, a training request or with
+   ``--inference`` an inference request, each of which checks the options that go together; it looks MODEL and
+   BATCH up in the user namespace (plain names, or attribute chains such as ``trainer.model``; nothing is
+   ``eval``-ed), compiles the cell body once into the loss function, and checks everything it can before the model
+   is touched. The job it prepares runs, in training, ``memlab.compare`` over the ``--try`` grid, ``memlab.fit``
    (a search), ``memlab.estimate`` (``--dry-run``) or a sharded estimate (``--dry-run --gpus N|auto``); with
-   ``--inference`` the same over :class:`memlab.InferencePlan` settings, or the largest batch that fits. Unless
-   ``--quiet``, the live figure (``memlab.frontends.jupyter.live.LiveOutput``) is displayed at the first trial and
-   updated while trials run; when the run ends (normally, on Ctrl-C, or with an error) that output is replaced by a
-   static record of the figure (an SVG, see ``memlab.report.static``) and the widget is closed, so the saved
-   notebook shows the figure without a kernel. Third-party warnings and log lines are kept out unless
-   ``--verbose``, and each is said once after the cell's output, as one line without the machine's paths
-   (:func:`memlab.runner.quiet.collecting`). Errors
+   ``--inference`` the same over :class:`memlab.InferencePlan` settings, or the largest batch that fits. Errors
    raised by the loss while a trial runs are that trial's ``"error"`` status, not a UsageError.
-5. With ``--apply`` it puts the best plan on the live model with ``memlab.apply`` and stores what it returns
-   as ``memfit_applied`` in the user namespace (``memfit_applied.undo()`` takes it off again).
-6. The Report is the cell's value: IPython shows its table, and ``r = _`` keeps it.
+3. **Render** (:mod:`~memlab.frontends.jupyter.magic_render`): unless ``--quiet``, the live figure is displayed at
+   the first trial and updated while trials run; when the run ends (normally, on Ctrl-C, or with an error) it is
+   replaced by a static record (an SVG) that the saved notebook shows without a kernel. Third-party warnings and
+   log lines are kept out unless ``--verbose``, and each is said once after the cell's output, as one line without
+   the machine's paths (:func:`memlab.runner.quiet.collecting`).
+4. With ``--apply`` it puts the best plan on the live model with ``memlab.apply`` and stores what it returns as
+   ``memfit_applied`` in the user namespace (``memfit_applied.undo()`` takes it off again).
+5. The Report is the cell's value: IPython shows its table, and ``r = _`` keeps it. Ctrl-C stops the cell with a
+   one-line KeyboardInterrupt whose ``report`` holds the trials already finished.
 """
 
 from __future__ import annotations
 
-import traceback
-from collections.abc import Callable
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.display import display
-from torch import nn
 
-from memlab.errors import MemlabError
-from memlab.frontends.jupyter.live import LiveOutput
-from memlab.frontends.jupyter.magic_args import memfit_arguments, parse_line
-from memlab.frontends.jupyter.magic_cell import body_loss_fn, empty_body_transformer, lookup_name, usage_error
-from memlab.frontends.jupyter.magic_inference import InferenceRequest
-from memlab.frontends.jupyter.magic_training import APPLIED_NAME, TrainingRequest
+from memlab.frontends.jupyter.magic_parse import empty_body_transformer, memfit_arguments, parse_line, usage_error
+from memlab.frontends.jupyter.magic_render import show_run, stopped
+from memlab.frontends.jupyter.magic_run import InferenceRequest, TrainingRequest, prepare, request_for
 from memlab.report import Report
 from memlab.runner.quiet import collecting
-from memlab.trainer.source import is_trainer, trainer_model
 
-__all__ = [
-    "APPLIED_NAME",
-    "MemfitMagics",
-    "body_loss_fn",
-    "clear_chain",
-    "empty_body_transformer",
-    "load_ipython_extension",
-    "lookup_name",
-    "stopped",
-    "unload_ipython_extension",
-]
-
-
-def _shows_widgets(shell: Any) -> bool:
-    """Whether the front end can draw a widget: a Jupyter kernel can; a terminal IPython only prints its repr."""
-    return getattr(shell, "kernel", None) is not None
-
-
-# --- the magic --------------------------------------------------------------------------------------------------
+__all__ = ["MemfitMagics", "load_ipython_extension", "unload_ipython_extension"]
 
 
 @magics_class
@@ -145,119 +118,31 @@ class MemfitMagics(Magics):
 
           %memfit model batch --inference --budget 2GiB --try new_tokens=128
         """
-        request = self._parse(line)
+        request = request_for(parse_line(self.memfit, line))  # parse; the mode is chosen here, once
         # What libraries say while the cell runs is shown once, short and without the machine's paths, after it.
         with collecting(request.args.verbose) as remarks:
             try:
-                report, interrupted = self._measure(request, cell)
+                report, interrupted = self._run(request, cell)
             finally:
                 remarks.show()
         if interrupted:  # raised here, where no frame below holds the run's tensors: "Run All" stops at this cell
             raise stopped(report)
         return report
 
-    def _measure(self, request: TrainingRequest | InferenceRequest, cell: str | None) -> tuple[Report, bool]:
-        """The cell's work, shown: its report, and whether Ctrl-C stopped it."""
-        namespace = self._namespace()
-        args = request.args
-        model = lookup_name(namespace, args.model, "MODEL")
-        trainer = model if is_trainer(model) else None
-        if trainer is not None:
-            model = trainer_model(trainer)
-        if not isinstance(model, nn.Module):
-            raise usage_error(
-                f"MODEL {args.model!r} is a {type(model).__name__}, not a torch nn.Module or a transformers Trainer; "
-                "write the name of your model, e.g. %%memfit model batch"
-            )
-        if args.batch is None and (trainer is None or isinstance(request, InferenceRequest)):
-            raise usage_error(
-                "BATCH is missing; write the name of your batch after the model's, e.g. %%memfit model batch"
-                + ("" if trainer is not None else " (a Trainer's batch may be left out)")
-            )
-        job = request.prepare(namespace, model, cell, trainer=trainer)
-        # Everything was checked before anything runs; the live figure is shown at the first trial, so that a refused
-        # invocation displays nothing.
-        options = job.options
-        output: LiveOutput | None = None
-        if not args.quiet and _shows_widgets(self.shell):
-            output = LiveOutput(options.budget, categories=job.categories)
-            options = options.replace(callback=output)
-        report, interrupted = _run_shown(lambda: job.work(options), output)
+    def _run(self, request: TrainingRequest | InferenceRequest, cell: str | None) -> tuple[Report, bool]:
+        """The cell's work, prepared (nothing runs before everything is checked) and shown: its report, and whether
+        Ctrl-C stopped it."""
+        job = prepare(request, self._namespace(), cell)
+        report, interrupted = show_run(job, self.shell, quiet=request.args.quiet)
         if not interrupted and job.after is not None:
             job.after(report)
         return report, interrupted
-
-    def _parse(self, line: str) -> TrainingRequest | InferenceRequest:
-        """The line, read and checked: the one place where the mode (training or ``--inference``) is chosen."""
-        args = parse_line(self.memfit, line)
-        return InferenceRequest.from_args(args) if args.inference else TrainingRequest.from_args(args)
 
     def _namespace(self) -> dict[str, Any]:
         if self.shell is None:
             raise usage_error("%%memfit runs only inside IPython; load it there with %load_ext memlab")
         namespace: dict[str, Any] = self.shell.user_ns
         return namespace
-
-
-def _run_shown(run: Callable[[], Report], output: LiveOutput | None) -> tuple[Report, bool]:
-    """Run a cell's work and leave what its live figure drew as a static record, however it ends: the report, and
-    whether Ctrl-C stopped it. The interrupt is returned, its frames cleared, not raised from here: IPython keeps
-    the traceback it sees, and this one holds the cell body's tensors (the caller raises :func:`stopped`). A
-    MemlabError becomes the one-line UsageError."""
-    try:
-        report = run()
-    except KeyboardInterrupt as interrupt:
-        report = getattr(interrupt, "report", None) or (output.report if output is not None else Report([]))
-        clear_chain(interrupt)
-    except BaseException as error:
-        if output is not None:  # what the figure had drawn stays, as a static record
-            output.finish(output.report)
-        if isinstance(error, MemlabError):
-            raise usage_error(str(error)) from None
-        raise
-    else:
-        if output is not None:
-            output.finish(report, show=True)
-        return report, False
-    print(f"Interrupted: {len(report)} plan(s) were measured; the model is as it was.")
-    if output is not None:
-        output.finish(report)
-    if len(report):
-        display(report)
-    return report, True
-
-
-def clear_chain(error: BaseException) -> None:
-    """Clear the frames of ``error``'s traceback and of those it was raised from or during: what they held is freed.
-
-    Example:
-        >>> try:
-        ...     raise KeyboardInterrupt
-        ... except KeyboardInterrupt as interrupt:
-        ...     clear_chain(interrupt)
-    """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        traceback.clear_frames(current.__traceback__)
-        current.__traceback__ = None
-        current = current.__cause__ or current.__context__
-
-
-def stopped(report: Report) -> KeyboardInterrupt:
-    """A fresh KeyboardInterrupt for a cell that Ctrl-C stopped: no traceback (so no frame of the run), the
-    finished trials as ``.report`` (``sys.last_value.report`` in the notebook), shown by IPython as one line.
-
-    Example:
-        >>> stopped(Report([]))._render_traceback_()
-        ['KeyboardInterrupt: %%memfit stopped after 0 plan(s); the model is as it was']
-    """
-    interrupt = KeyboardInterrupt()
-    interrupt.report = report  # type: ignore[attr-defined]
-    line = f"KeyboardInterrupt: %%memfit stopped after {len(report)} plan(s); the model is as it was"
-    interrupt._render_traceback_ = lambda: [line]  # type: ignore[attr-defined]  # IPython's one-line hook
-    return interrupt.with_traceback(None)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -1,14 +1,23 @@
-"""``%%memfit`` in training mode: which run the line asks for, checked before the model is touched, and the run.
+"""What a ``%%memfit`` line asks to run: the mode chosen once (:func:`request_for`), the mode's request checked before
+the model is touched, and the :class:`Job` it prepares from the notebook (:func:`prepare`).
 
-``memlab.compare`` over the ``--try`` grid, ``memlab.fit`` when ``--budget`` or ``--batch-size`` comes without
-``--try`` (or with ``--search``), ``memlab.estimate`` with ``--dry-run``, and with ``--dry-run --gpus N|auto``
-:func:`memlab.estimation.sharded.sharded_trials` (a line per plan and strategy, and a Report of one trial per plan and
-strategy). ``--apply`` puts the best plan on the live model as :data:`APPLIED_NAME`.
+- **Training** (:class:`TrainingRequest`): ``memlab.compare`` over the ``--try`` grid, ``memlab.fit`` when
+  ``--budget`` or ``--batch-size`` comes without ``--try`` (or with ``--search``), ``memlab.estimate`` with
+  ``--dry-run``, and with ``--dry-run --gpus N|auto`` :func:`memlab.estimation.sharded.sharded_trials` (a line per
+  plan and strategy, and a Report of one trial per plan and strategy). ``--apply`` puts the best plan on the live
+  model as :data:`APPLIED_NAME`.
+- **Inference** (:class:`InferenceRequest`, ``--inference``): ``memlab.compare`` measures the ``--try`` settings of
+  :class:`memlab.InferencePlan` under ``torch.inference_mode()``; ``--budget`` with one setting (``--try`` values
+  without a choice, and no ``batch_size``) finds the largest batch of it that fits (:func:`memlab.fit_inference`),
+  ``--search --budget`` the fastest ``--try`` setting that fits, and ``--dry-run`` estimates them. The cell body
+  stays empty: the forward, or the generation, is the model's own.
+
+How the job is shown while it runs is :mod:`memlab.frontends.jupyter.magic_render`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,19 +27,21 @@ from memlab.errors import MemlabError
 from memlab.estimation.cuda_context import live_card_context
 from memlab.estimation.estimate import estimate_plans
 from memlab.estimation.sharded import parse_gpus, sharded_lines, sharded_trials
-from memlab.frontends.jupyter.magic_args import Job, run_options, unquote
-from memlab.frontends.jupyter.magic_cell import body_loss_fn, lookup_name, usage_error
+from memlab.frontends.jupyter.magic_parse import DEFAULTS, body_loss_fn, lookup_name, run_options, unquote, usage_error
+from memlab.inference.fit import fit_inference
+from memlab.inference.plan import InferencePlan, parse_inference_axes, parse_inference_grid
 from memlab.live.batch import LossFn, count_rows
 from memlab.options import RunOptions
 from memlab.plan import Plan, parse_axes, parse_grid
-from memlab.report import CATEGORIES, Report
+from memlab.report import CATEGORIES, INFERENCE_CATEGORIES, Report
 from memlab.runner.trial import compare
 from memlab.search import MAX_TRIALS, fit
 from memlab.trainer.apply import TrainerApplied
 from memlab.trainer.entry import live_target
-from memlab.trainer.source import is_trainer
+from memlab.trainer.source import is_trainer, trainer_model
 
-__all__ = ["APPLIED_NAME", "TrainingRequest", "keep_rows"]
+__all__ = ["APPLIED_NAME", "InferenceRequest", "Job", "TrainingRequest", "apply_best", "keep_rows", "prepare",
+           "request_for"]
 
 APPLIED_NAME = "memfit_applied"
 """The user-namespace name under which ``--apply`` stores the :class:`memlab.Applied`."""
@@ -39,11 +50,76 @@ _STRATEGIES = ("fsdp2", "zero2", "zero3")
 
 
 @dataclass(frozen=True)
+class Job:
+    """What a mode's request prepared from the notebook: the run options, the figure's memory categories, the work
+    (``work(options)``, options with the live figure as callback) and what to do with its report afterwards.
+
+    Example:
+        >>> job = Job(RunOptions(), ("params",), lambda options: Report([], budget=options.budget))
+        >>> len(job.work(job.options)), job.after is None
+        (0, True)
+    """
+
+    options: RunOptions
+    categories: tuple[str, ...]
+    work: Callable[[RunOptions], Report]
+    after: Callable[[Report], None] | None = None
+
+
+# --- the mode, chosen once -------------------------------------------------------------------------------------
+
+
+def request_for(args: Any) -> TrainingRequest | InferenceRequest:
+    """The request of a parsed line: the one place where the mode (training or ``--inference``) is chosen. Each
+    request checks the options that go together; a one-line UsageError if not.
+
+    Example:
+        >>> from memlab.frontends.jupyter.magic_parse import read_line
+        >>> type(request_for(read_line("net xs"))).__name__, type(request_for(read_line("lm xs --inference"))).__name__
+        ('TrainingRequest', 'InferenceRequest')
+    """
+    return InferenceRequest.from_args(args) if args.inference else TrainingRequest.from_args(args)
+
+
+def prepare(request: TrainingRequest | InferenceRequest, namespace: MutableMapping[str, Any], cell: str | None) -> Job:
+    """MODEL looked up in ``namespace`` (a Trainer stands for its model), checked, and handed to the request, which
+    looks BATCH up and prepares the :class:`Job`; a one-line UsageError, before anything runs, for wrong input.
+
+    Example:
+        >>> import torch
+        >>> from memlab.frontends.jupyter.magic_parse import read_line
+        >>> namespace = {"net": torch.nn.Linear(4, 1), "xs": torch.randn(8, 4)}
+        >>> job = prepare(request_for(read_line("net xs --steps 1")), namespace, "net(xs).sum()")
+        >>> job.categories[0], job.options.steps
+        ('params', 1)
+    """
+    args = request.args
+    model = lookup_name(namespace, args.model, "MODEL")
+    trainer = model if is_trainer(model) else None
+    if trainer is not None:
+        model = trainer_model(trainer)
+    if not isinstance(model, nn.Module):
+        raise usage_error(
+            f"MODEL {args.model!r} is a {type(model).__name__}, not a torch nn.Module or a transformers Trainer; "
+            "write the name of your model, e.g. %%memfit model batch"
+        )
+    if args.batch is None and (trainer is None or isinstance(request, InferenceRequest)):
+        raise usage_error(
+            "BATCH is missing; write the name of your batch after the model's, e.g. %%memfit model batch"
+            + ("" if trainer is not None else " (a Trainer's batch may be left out)")
+        )
+    return request.prepare(namespace, model, cell, trainer=trainer)
+
+
+# --- training --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
 class TrainingRequest:
     """A training ``%%memfit`` line, read and checked (see the module docstring).
 
     Example:
-        >>> from memlab.frontends.jupyter.magic_args import read_line
+        >>> from memlab.frontends.jupyter.magic_parse import read_line
         >>> request = TrainingRequest.from_args(read_line("net xs --budget 1GiB"))
         >>> request.search, request.options.budget, len(request.plans)
         (True, 1073741824, 1)
@@ -268,3 +344,85 @@ def _sharding(args: Any) -> tuple[int | str, list[str] | None] | None:
             "exactly the --try plans; drop it"
         )
     return gpus, strategies
+
+
+# --- inference -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """An ``--inference`` line, read and checked (see the module docstring).
+
+    Example:
+        >>> from memlab.frontends.jupyter.magic_parse import read_line
+        >>> request = InferenceRequest.from_args(read_line("lm prompts --inference --try weights=fp32,bf16"))
+        >>> [plan.label() for plan in request.plans]
+        ['fp32', 'bf16']
+    """
+
+    args: Any
+    options: RunOptions
+    plans: list[InferencePlan]
+    axes: dict[str, list[Any]]
+
+    @classmethod
+    def from_args(cls, args: Any) -> InferenceRequest:
+        """Refuse what is for training, and check the options that go together; a one-line UsageError if not."""
+        refused = [
+            ("--apply", args.apply, "inference changes nothing to apply"),
+            ("--batch-size", args.batch_size is not None, "write --try batch_size=N (or --budget alone for the "
+             "largest batch that fits)"),
+            ("--gpus", args.gpus is not None, "inference is measured on one device"),
+            ("--strategy", args.strategy is not None, "inference is measured on one device"),
+            ("--lr", args.lr != DEFAULTS.lr, "inference runs no optimizer"),
+            ("--max-trials", args.max_trials is not None, "an inference search measures every --try setting"),
+            ("--search", args.search and args.dry_run, "a dry run estimates memory, not speed (--dry-run --budget "
+             "marks each --try setting against the budget)"),
+        ]
+        for flag, given, why in refused:
+            if given:
+                raise usage_error(f"{flag} does not go with --inference: {why}; drop {flag}")
+        if args.search and (not args.grid or args.budget is None):
+            raise usage_error(
+                "--search --inference finds the fastest --try setting within --budget; add --try KEY=V1,V2 and "
+                "--budget SIZE, or drop --search"
+            )
+        options = run_options(args)
+        try:
+            plans = parse_inference_grid(args.grid)
+            axes = parse_inference_axes(args.grid)
+        except MemlabError as error:
+            raise usage_error(str(error)) from None
+        return cls(args, options, plans, axes)
+
+    def prepare(
+        self, namespace: MutableMapping[str, Any], model: nn.Module, cell: str | None, trainer: Any = None
+    ) -> Job:
+        """Look BATCH up and check that the cell body is empty; the Job to run."""
+        args = self.args
+        batch = lookup_name(namespace, args.batch, "BATCH")
+        try:
+            count_rows(batch)
+        except MemlabError as error:
+            raise usage_error(f"BATCH {args.batch!r}: {error}") from None
+        if (cell or "").strip():
+            raise usage_error(
+                "the cell body is a training loss, and --inference runs the model's forward (or generation) itself; "
+                "leave the body empty"
+            )
+
+        def work(options: RunOptions) -> Report:
+            if args.dry_run:
+                report = estimate_plans(model, batch, self.plans, budget=options.budget)
+                report.trials = [live_card_context(trial, model) for trial in report]
+                return report
+            if args.search:
+                return fit_inference(model, batch, goal="speed", space=self.axes, **options.keywords())
+            if args.budget is not None and "batch_size" not in self.axes and all(
+                len(values) == 1 for values in self.axes.values()
+            ):
+                # --budget with one setting (or none): the largest batch of that setting that fits.
+                return fit_inference(model, batch, self.plans[0], goal="batch", **options.keywords())
+            return compare(model, batch, self.plans, **options.keywords())
+
+        return Job(self.options, INFERENCE_CATEGORIES, work)

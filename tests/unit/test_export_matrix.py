@@ -1,0 +1,366 @@
+"""Every lever x value x export, generated from the registry: the export's parsed output holds the lever's effect,
+or the export raises MemlabError with the lever's refusal. A new lever is picked up here without editing this file:
+its values come from its declaration, and its fragments are checked to be in the output, and to change it.
+
+The code export runs, once per lever value, on a tiny Llama for a few steps on CPU; its effects are read off the
+model, the optimizer and hooks, not off the text.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from models import lm_batch, tiny_llama
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from memlab.errors import MemlabError
+from memlab.export import deepspeed_config, peft_config, pytorch_code, training_arguments
+from memlab.export.accelerate import accelerate_config, accelerate_script
+from memlab.plan import Plan
+from memlab.techniques.fragments import (
+    STRATEGIES,
+    TARGETS,
+    Accelerate,
+    Code,
+    Elsewhere,
+    InLoraConfig,
+    Keys,
+    Lora,
+)
+from memlab.techniques.levers_model import lora_settings
+from memlab.techniques.registry import REGISTRY, refusals
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+
+def _values(name: str) -> list[Any]:
+    lever = REGISTRY[name]
+    if lever.type == "choice":
+        return [*lever.choices, *([("q_proj", "v_proj")] if lever.open_choices else [])]
+    if lever.type == "bool":
+        return [False, True]
+    if lever.type == "float":
+        return [lever.default, 0.05]
+    return [lever.default, 2] if lever.default is None else [lever.default, lever.default + 1]
+
+
+def _with_adapter_only(name: str) -> bool:
+    """Whether the Plan normalises the lever away without an adapter (a setting of the adapter's LoraConfig)."""
+    return any(getattr(Plan(**{name: value}), name) != value for value in _values(name) if _plan(name, value, {}))
+
+
+def _plan(name: str, value: Any, base: dict[str, Any] | None = None) -> Plan | None:
+    """The plain plan with the lever at ``value``; with an adapter where the lever means something only with one."""
+    try:
+        return Plan(**(base if base is not None else {"adapter": "lora"} if _with_adapter_only(name) else {}),
+                    **{name: value})
+    except MemlabError:  # a combination the Plan refuses
+        return None
+
+
+CASES = [(name, value, plan) for name in REGISTRY for value in _values(name) if (plan := _plan(name, value))]
+
+
+def _id(case: tuple[str, Any, Plan]) -> str:
+    name, value, _ = case
+    return f"{name}={'+'.join(value) if isinstance(value, tuple) else value}"
+
+
+def _default(name: str, plan: Plan) -> Plan:
+    return plan.replace(**{name: REGISTRY[name].default})
+
+
+def _subset(part: Mapping[str, Any], whole: Mapping[str, Any]) -> None:
+    for key, value in part.items():
+        if key == "_comment":
+            assert value in whole[key]
+        elif isinstance(value, Mapping):
+            _subset(value, whole[key])
+        else:
+            assert whole[key] == value, key
+
+
+def _lora_keyword(config: Any, keyword: str) -> Any:
+    value = config[keyword] if isinstance(config, Mapping) else getattr(config, keyword)
+    return sorted(value) if isinstance(value, set | list | tuple) else value
+
+
+# --- the dict exports: TrainingArguments, DeepSpeed ------------------------------------------------------------------
+
+
+def _expect_refusal(plan: Plan, target: str, export: Callable[[Plan], Any]) -> bool:
+    problems = refusals(plan, target)
+    if problems:
+        with pytest.raises(MemlabError) as raised:
+            export(plan)
+        assert any(problem in str(raised.value) for problem in problems)
+    return bool(problems)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_trainer_arguments(case: tuple[str, Any, Plan], tmp_path: Path) -> None:
+    name, value, plan = case
+    if _expect_refusal(plan, "trainer", training_arguments):
+        return
+    fragment = REGISTRY[name].fragment(plan, "trainer")
+    kwargs = training_arguments(plan, legacy_names=False)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], **kwargs)
+    if isinstance(fragment, Keys):
+        for key, made in fragment.keys.items():
+            read = getattr(args, key)
+            if isinstance(made, Mapping):
+                _subset(made, read)
+            elif key == "deepspeed":
+                assert read == deepspeed_config(plan)
+            else:
+                assert getattr(read, "value", read) == made, key
+    if "deepspeed" not in kwargs:  # the Trainer's settings read back as the plan (the whole batch: its own rows)
+        back = Plan.from_training_arguments(args)
+        assert back == plan.replace(micro_batch=back.micro_batch if plan.micro_batch is None else plan.micro_batch)
+    if value != REGISTRY[name].default and not isinstance(fragment, Elsewhere | InLoraConfig):
+        assert kwargs != training_arguments(_default(name, plan), legacy_names=False), "the lever changed nothing"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_deepspeed_config(case: tuple[str, Any, Plan]) -> None:
+    name, value, plan = case
+    if _expect_refusal(plan, "deepspeed", deepspeed_config):
+        return
+    fragment = REGISTRY[name].fragment(plan, "deepspeed")
+    config = deepspeed_config(plan)
+    if isinstance(fragment, Keys):
+        _subset(fragment.keys, config)
+        if value != REGISTRY[name].default:
+            assert config != deepspeed_config(_default(name, plan)), "the lever changed nothing"
+    elif isinstance(fragment, Elsewhere) and fragment.note:
+        assert fragment.note in config["_comment"]  # where the lever goes instead, in the config itself
+    if importlib.util.find_spec("deepspeed") is not None:
+        from deepspeed.runtime.config import DeepSpeedConfig
+
+        parsed = DeepSpeedConfig({**config, "train_micro_batch_size_per_gpu": plan.micro_batch or 1})
+        assert parsed.zero_optimization_stage == 2
+        assert parsed.gradient_accumulation_steps == plan.accumulation
+        assert parsed.bfloat16_config.enabled is ("bf16" in config)
+        assert parsed.float16_config.enabled is ("fp16" in config)
+        assert str(parsed.zero_config.offload_optimizer.device if parsed.zero_config.offload_optimizer else "none"
+                   ).endswith("cpu" if plan.offloads_optimizer else "none")
+
+
+# --- peft -------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_peft_config(case: tuple[str, Any, Plan]) -> None:
+    name, value, plan = case
+    if _expect_refusal(plan, "peft", peft_config):
+        return
+    fragment = REGISTRY[name].fragment(plan, "peft")
+    if not any(isinstance(lever.fragment(plan, "peft"), Lora) for lever in REGISTRY.values()):
+        with pytest.raises(MemlabError, match="a peft config needs"):  # nothing to write: no adapter
+            peft_config(plan)
+        return
+    config = peft_config(plan)
+    if isinstance(fragment, Lora | InLoraConfig):
+        for keyword, setting in lora_settings(plan).items():
+            assert _lora_keyword(config, keyword) == _lora_keyword({keyword: setting}, keyword), keyword
+    if isinstance(fragment, InLoraConfig):
+        assert _lora_keyword(config, fragment.keyword) == _lora_keyword({"v": value}, "v") or (
+            fragment.keyword == "target_modules"  # lora_targets' names are peft's own words ("all-linear", None)
+            or value is None)  # None (auto) is what lora_settings makes of the plan's other settings, checked above
+        if value != REGISTRY[name].default:
+            assert config != peft_config(_default(name, plan))
+
+
+# --- accelerate: the YAML of each strategy and its script ---------------------------------------------------------
+
+
+def _lines(code: Code) -> list[str]:
+    written = [line for slot in ("imports", "settings", "model", "loss", "before_optimizer", "after_optimizer",
+                                 "contexts", "before_step", "step", "after_step") for line in getattr(code, slot)]
+    written += [f"{key}={setting}" for slot in ("load", "data", "accelerator") for key, setting in
+                getattr(code, slot).items()]
+    return [line.strip() for line in written if line.strip()]
+
+
+def _lora_call(script: str) -> dict[str, Any]:
+    for node in ast.walk(ast.parse(script)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "LoraConfig":
+            return {keyword.arg: ast.literal_eval(keyword.value) for keyword in node.keywords if keyword.arg}
+    raise AssertionError("no LoraConfig in the script")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_accelerate_config_and_script(case: tuple[str, Any, Plan], strategy: str) -> None:
+    name, value, plan = case
+
+    def export(plan: Plan) -> tuple[dict[str, Any], str]:
+        config = accelerate_config(plan, gpus=2, strategy=strategy)
+        return yaml.safe_load(yaml.safe_dump(config)), accelerate_script(plan, strategy=strategy)
+
+    if _expect_refusal(plan, "accelerate", export):
+        return
+    fragment = REGISTRY[name].fragment(plan, "accelerate")
+    config, script = export(plan)
+    compile(script, "train.py", "exec")
+    if isinstance(fragment, Accelerate):
+        _subset(fragment.config, config)
+        _subset(fragment.section(strategy), config["fsdp_config" if strategy == "fsdp2" else "deepspeed_config"])
+        code = fragment.lines(strategy)
+        text = {line.strip() for line in script.splitlines()}
+        joined = " ".join(script.split())
+        for line in _lines(code):
+            assert line in text or line in joined, line
+        if code.optimizer:
+            assert code.optimizer.format(params="params", device="device") in script
+        if value != REGISTRY[name].default:
+            assert (config, script) != export(_default(name, plan)), "the lever changed nothing"
+    if isinstance(fragment, InLoraConfig) or name == "adapter" and value != "none":
+        made = _lora_call(script)
+        for keyword, setting in lora_settings(plan).items():
+            assert made[keyword] == setting, keyword
+
+
+# --- the plain PyTorch code, run -------------------------------------------------------------------------------------
+
+
+class _Seen:
+    """What a run of the code did, read off hooks on the model and torch."""
+
+    def __init__(self, model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.rows: list[int] = []
+        self.autocast: list[Any] = []
+        self.head_calls = 0
+        self.forwards = 0
+        self.steps = 0
+        self.saved_on_cpu = 0
+        head = model.get_output_embeddings()
+
+        def before(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+            self.forwards += 1
+            self.rows.append(len(kwargs["input_ids"]))
+            on = torch.is_autocast_enabled("cpu")
+            self.autocast.append(torch.get_autocast_dtype("cpu") if on else None)
+
+        def head_called(*_: Any) -> None:
+            self.head_calls += 1
+
+        model.register_forward_pre_hook(before, with_kwargs=True)
+        head.register_forward_pre_hook(head_called)
+        self.hook = register_optimizer_step_post_hook(lambda *_: self._step())
+        seen = self
+        original = torch.autograd.graph.save_on_cpu
+
+        class Recorded(original):  # type: ignore[misc, valid-type]
+            def __enter__(self) -> Any:
+                seen.saved_on_cpu += 1
+                return super().__enter__()
+
+        monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", Recorded)
+
+    def _step(self) -> None:
+        self.steps += 1
+
+
+BATCHES = 4
+ROWS = 4
+
+
+def _effects(name: str, value: Any, plan: Plan, model: Any, namespace: dict[str, Any], seen: _Seen) -> None:
+    """The lever's effect on the run, for the levers memlab has now (a new lever is checked by the generic part)."""
+    checks: dict[str, Callable[[], Any]] = {
+        "micro_batch": lambda: set(seen.rows) == {value or ROWS},
+        "accumulation": lambda: plan.micro_batch is not None or seen.steps == BATCHES // value,
+        "checkpointing": lambda: model.is_gradient_checkpointing is value,
+        "weights": lambda: {p.dtype for p in model.parameters() if p.requires_grad}
+        == {torch.bfloat16 if value == "bf16" else torch.float32},
+        "adapter": lambda: (value == "none") is not hasattr(model, "peft_config") and (
+            any(type(m).__name__ == "Linear4bit" for m in model.modules()) is (value == "qlora")),
+        "precision": lambda: set(seen.autocast) == {{"fp32": None, "bf16": torch.bfloat16,
+                                                    "fp16": torch.float16}[value]}
+        and ("scaler" in namespace) is (value == "fp16"),
+        "optimizer": lambda: type(namespace["optimizer"]).__name__ == {
+            "adamw": "AdamW", "adamw_foreach": "AdamW", "adamw8bit": "AdamW8bit", "paged_adamw8bit": "PagedAdamW8bit",
+            "adafactor": "Adafactor"}[value] and (namespace["optimizer"].defaults.get("foreach") is True) is (
+            value == "adamw_foreach") and (namespace["optimizer"].defaults.get("fused") is True) is (value == "adamw"),
+        "offload": lambda: (seen.saved_on_cpu == seen.forwards) is plan.offloads_activations and (
+            namespace["optimizer"].param_groups[0]["params"][0] is namespace.get("cpu_params", [None])[0]
+        ) is plan.offloads_optimizer,
+        "loss": lambda: (seen.head_calls > seen.forwards) is (value == "chunked"),
+        "optimizer_in_backward": lambda: ("optimizers" in namespace) is value and (
+            seen.steps > BATCHES * len(namespace["params"]) - 1) is value,
+    }
+    if name in checks:
+        assert checks[name](), f"{name}={value!r} has no effect on the run"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_code_runs_with_the_levers_effect(case: tuple[str, Any, Plan], monkeypatch: pytest.MonkeyPatch) -> None:
+    name, value, plan = case
+    if _expect_refusal(plan, "code", pytorch_code):
+        return
+    fragment = REGISTRY[name].fragment(plan, "code")
+    code = pytorch_code(plan)
+    if isinstance(fragment, Code):
+        text = " ".join(code.split())
+        for line in _lines(fragment):
+            assert " ".join(line.split()) in text, line
+        if value != REGISTRY[name].default:
+            assert code != pytorch_code(_default(name, plan)), "the lever changed nothing"
+    if plan.optimizer in ("adamw8bit", "paged_adamw8bit") or plan.adapter == "qlora":
+        pytest.importorskip("bitsandbytes")
+    model = tiny_llama()
+    seen = _Seen(model, monkeypatch)
+    before = {key: tensor.clone() for key, tensor in model.state_dict().items()}
+    namespace: dict[str, Any] = {"model": model, "batches": [lm_batch(rows=ROWS, seed=i) for i in range(BATCHES)]}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exec(compile(code, plan.label(), "exec"), namespace)
+    finally:
+        seen.hook.remove()
+    model = namespace["model"]
+    assert torch.isfinite(namespace["loss"]).all()
+    after = model.state_dict()
+    assert any(key in after and after[key].shape == before[key].shape and not torch.equal(after[key], before[key])
+               for key in before) or plan.adapter != "none", "nothing trained"
+    if plan.adapter != "none":  # the adapters trained (LoRA's B starts at zero), on the layers memlab measured
+        assert any(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_B" in n)
+        measured = lora_settings(plan, tiny_llama())
+        adapted = {n.removeprefix("base_model.model.") for n, m in model.named_modules() if hasattr(m, "lora_A")}
+        assert adapted == set(measured.pop("target_modules"))
+        for keyword, setting in measured.items():
+            assert _lora_keyword(model.peft_config["default"], keyword) == _lora_keyword({keyword: setting}, keyword)
+    _effects(name, value, plan, model, namespace, seen)
+
+
+def test_the_matrix_covers_every_lever_and_export() -> None:
+    assert {name for name, _, _ in CASES} == set(REGISTRY)
+    for lever in REGISTRY.values():
+        assert set(lever.exports) == set(TARGETS), lever.name
+
+
+def test_the_engines_name_no_lever() -> None:
+    """The export modules assemble fragments: no ``plan.<lever>`` access and no lever's name as a string there
+    (``fsdp2_torch_script``, a CPU harness for the FSDP2 sharding of a subset of plans, is the one exception)."""
+    folder = Path(__file__).resolve().parents[2] / "memlab" / "export"
+    for path in folder.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == "fsdp2_torch_script":
+                node.body = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "plan":
+                assert node.attr not in REGISTRY and not re.match(r"offloads_", node.attr), (path.name, node.attr)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert node.value not in REGISTRY, (path.name, node.value)
