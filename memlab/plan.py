@@ -71,6 +71,7 @@ class LeverSpec:
     short: str
     choices: tuple[str, ...]
     open_choices: bool = False
+    none_means: str = ""
 
     def __getitem__(self, key: str) -> Any:
         return getattr(self, key)
@@ -93,7 +94,7 @@ def lever_specs(plan_class: type, declared: Mapping[str, Lever] | None = None) -
                 raise TypeError(f"{plan_field.name}'s default differs between the plan and its declaration")
             specs[plan_field.name] = LeverSpec(
                 plan_field.name, declaration.default, declaration.type, declaration.help, declaration.short,
-                declaration.choices, declaration.open_choices,
+                declaration.choices, declaration.open_choices, declaration.none_means,
             )
             continue
         help_text = plan_field.metadata.get("help")
@@ -125,7 +126,7 @@ def check_levers(plan: Any, specs: Mapping[str, LeverSpec]) -> None:
                 continue
             least = 0 if spec.default == 0 else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                none = ", or None for all rows" if spec.default is None else ""
+                none = f", or None ({spec.none_means or 'the default'})" if spec.default is None else ""
                 example = f", e.g. {spec.default}" if isinstance(spec.default, int) and spec.default > 1 else ""
                 raise MemlabError(f"{name}={value!r} is not allowed; write a whole number >= {least}{none}{example}")
         elif spec.type == "float":

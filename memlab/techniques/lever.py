@@ -50,6 +50,8 @@ class Lever:
         conflicts: why a plan cannot have the lever's value together with its other settings (one sentence saying
             what to write), ``""`` when it can; it reads the plan's fields only, so the search can ask it of a
             combination before building the plan. None: the lever goes with every setting.
+        none_means: what None stands for, where the lever is a count whose default is None ("all of the batch's
+            rows"), said in the message that refuses a bad value.
         applies: whether the lever means anything in a plan (its other fields); where it does not, the plan holds
             the lever's default, so that grids hold no duplicate plans. None: it always does.
         from_peft: the lever's value read from a user's peft ``LoraConfig`` (what a peft model the user wrapped
@@ -80,6 +82,7 @@ class Lever:
     split: bool = False
     technique: Technique | None = None
     conflicts: Callable[[PlanLike], str] | None = None
+    none_means: str = ""
     applies: Callable[[PlanLike], bool] | None = None
     from_peft: Callable[[Any], Any] | None = None
     needs_at_least: Callable[[Any, Any], bool] | None = None

@@ -96,6 +96,7 @@ DECLARATIONS = (
         "micro_batch",
         None,
         help="rows per forward/backward: fewer rows, fewer activations; None means the whole batch",
+        none_means="all of the batch's rows",
         split=True,
         technique=ACCUMULATION,
         exports=per_target(_micro_batch),

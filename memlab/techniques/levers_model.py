@@ -375,6 +375,7 @@ DECLARATIONS = (
         short="alpha{}",
         help="LoRA's alpha, with adapter lora or qlora: the adapters' output is scaled by alpha / rank; auto (None): "
         "twice the rank; no memory of its own",
+        none_means="auto: twice the rank",
         technique=ADAPTERS,
         applies=with_adapter,
         from_peft=_alpha_from_peft,

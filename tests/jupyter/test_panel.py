@@ -21,10 +21,11 @@ from memlab.report import CATEGORIES, Report
 from memlab.runner.apply import Applied
 
 MIB = 1024**2
-TECHNIQUES = (
+NAMED_IN_DESIGN = (
     "micro_batch", "accumulation", "checkpointing", "precision", "weights", "optimizer", "offload", "adapter",
-    "lora_rank", "lora_targets", "loss", "optimizer_in_backward", "budget",
+    "lora_rank", "lora_targets", "loss", "optimizer_in_backward",
 )
+TECHNIQUES = (*LEVERS, "budget")  # one control per lever the registry declares, and the budget
 
 
 def small_batch() -> dict[str, torch.Tensor]:
@@ -78,7 +79,7 @@ def test_panel_is_a_widget_with_a_control_per_technique(two_runs: dict[str, Any]
     p: Panel = two_runs["panel"]
     assert isinstance(p, widgets.VBox)
     assert isinstance(p.figure, LiveFigure) and isinstance(p.figure.widget, go.FigureWidget)
-    assert set(p.controls) == set(TECHNIQUES)
+    assert set(p.controls) == set(TECHNIQUES) and set(NAMED_IN_DESIGN) <= set(p.controls)
     descriptions = {name: control.description for name, control in p.controls.items()}
     assert descriptions["checkpointing"] == "checkpointing"
     assert descriptions["precision"] == "precision" and descriptions["optimizer"] == "optimizer"
