@@ -22,6 +22,7 @@ from memlab.runner.step import TrainingStep
 from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, Workload
 from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import state_tensors
+from memlab.techniques.registry import step_techniques
 from memlab.techniques.weights import model_weights
 
 __all__ = ["TrainingAttempt", "TrainingRecord", "TrainingWorkload", "check_plans", "finite_loss"]
@@ -101,7 +102,7 @@ class TrainingWorkload(Workload[Plan, TrainingRecord, Trial]):
         return check_plans(plans)
 
     def copies_parameters(self, plan: Plan) -> bool:
-        return plan.adapter == "none"  # an adapter trains only its own new weights
+        return all(technique.trains_model_weights(plan) for technique in step_techniques())
 
     def new_record(self, plan: Plan, held_before_bytes: int) -> TrainingRecord:
         return TrainingRecord(plan, held_before_bytes)

@@ -20,6 +20,7 @@ from memlab.report.data import speed_range
 from memlab.search.memory import FIT_MARGIN, MemoryModel
 from memlab.search.space import TECHNIQUES, best_of, faster_twins, fits, micro_batch_of, needs_at_least, runs_as
 from memlab.search.speed import SPEED_MARGIN, SpeedModel, SpeedPrior
+from memlab.techniques.registry import REGISTRY
 
 MeasureFn = Callable[[Plan, int, int], Trial]
 """``measure(plan, index, total) -> Trial``: how the search measures one plan (``TrialRunner.run`` in ``fit``)."""
@@ -31,11 +32,6 @@ EstimateFn = Callable[[Sequence[Plan]], Sequence[Trial]]
 
 ESTIMATES_AT_ONCE = 4
 """Plans estimated together when the search needs an estimate (the fake model is built once per call)."""
-
-_SAME_RUN = {
-    "offload": "offload moves nothing on a CPU-only device",
-    "optimizer": "paged 8-bit AdamW pages only on CUDA; on a CPU it is the unpaged 8-bit AdamW",
-}
 
 
 class Search:
@@ -99,7 +95,10 @@ class Search:
         for plan in self.candidates:
             same = runs_as(plan, device_type) if device_type is not None else plan
             if same != plan and same in self.candidates:
-                why = "; ".join(text for name, text in _SAME_RUN.items() if getattr(plan, name) != getattr(same, name))
+                why = "; ".join(
+                    lever.on_cpu_note for name, lever in REGISTRY.items()
+                    if lever.on_cpu_note and getattr(plan, name) != getattr(same, name)
+                )
                 self.skipped.append((plan, f"same run as {same.label()} on {device_type}: {why}"))
             else:
                 self.pending.append(plan)

@@ -287,5 +287,8 @@ class Adapters(Technique):
     def put_on(self, parts: StepParts) -> Undo | None:
         return attach_adapter(parts.model, parts.plan)
 
+    def trains_model_weights(self, plan: Plan) -> bool:
+        return bool(plan.adapter == "none")  # adapters train only their own new weights
+
 
 ADAPTERS = Adapters()

@@ -69,6 +69,7 @@ class Lever:
         speed: per value, the expected samples/s relative to the plain plan, ``(on a GPU, on a CPU)``.
         suggest: values to suggest when nothing in the searched space fits (they change what is trained).
         on_cpu: the value that runs exactly like this one on a CPU (None: the value itself).
+        on_cpu_note: why ``on_cpu`` runs the same (what the search says of a plan it skips for that).
         exports: per :data:`TARGETS`, what the export writes for the lever (:mod:`memlab.techniques.fragments`: its
             fragment, :class:`~memlab.techniques.fragments.Elsewhere`, or the refusal saying what to write).
     """
@@ -96,6 +97,7 @@ class Lever:
     speed: Mapping[Any, tuple[float, float]] = field(default_factory=dict)
     suggest: tuple[Any, ...] = ()
     on_cpu: Callable[[Any], Any] | None = None
+    on_cpu_note: str = ""
     exports: Mapping[str, Refusal] = field(default_factory=dict)
 
     @property

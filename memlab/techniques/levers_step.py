@@ -425,6 +425,7 @@ DECLARATIONS = (
         # neither searched (search.space.default_space lists adamw and adamw8bit) nor suggested.
         suggest=("adafactor",),
         on_cpu=lambda value: "adamw8bit" if value == "paged_adamw8bit" else value,
+        on_cpu_note="paged 8-bit AdamW pages only on CUDA; on a CPU it is the unpaged 8-bit AdamW",
         exports=per_target(_optimizer),
     ),
     Lever(
@@ -440,6 +441,7 @@ DECLARATIONS = (
         optimizer_state={"optimizer": 0.0, "all": 0.0},
         speed={"optimizer": (0.7, 0.7), "activations": (0.6, 0.6), "all": (0.5, 0.5)},
         on_cpu=lambda value: "none",
+        on_cpu_note="offload moves nothing on a CPU-only device",
         exports=per_target(_offload),
     ),
     Lever(

@@ -131,6 +131,11 @@ class Technique:
         """What a trial of ``parts.plan`` should know about this technique on this device."""
         return []
 
+    def trains_model_weights(self, plan: Any) -> bool:
+        """Whether a step of ``plan`` with this technique still trains the model's own weights (a trial then keeps
+        their values to put back); False where the technique trains weights of its own instead (adapters)."""
+        return True
+
     def dry_run(self, parts: StepParts) -> list[str]:
         """What a dry run on fake tensors makes of the lever's value, as notes (none: it runs the same step)."""
         return []
