@@ -21,6 +21,7 @@ from memlab.report import Trial
 from memlab.runner.step import TrainingStep
 from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, Workload
 from memlab.techniques.accumulation import micro_batches
+from memlab.techniques.adapters import carries_plan_adapters
 from memlab.techniques.optimizer import state_tensors
 from memlab.techniques.weights import model_weights
 
@@ -101,7 +102,8 @@ class TrainingWorkload(Workload[Plan, TrainingRecord, Trial]):
         return check_plans(plans)
 
     def copies_parameters(self, plan: Plan) -> bool:
-        return plan.adapter == "none"  # an adapter trains only its own new weights
+        # An adapter put on trains only its own new weights; a peft model's own adapters are the model's.
+        return plan.adapter == "none" or carries_plan_adapters(self.context.model, plan)
 
     def new_record(self, plan: Plan, held_before_bytes: int) -> TrainingRecord:
         return TrainingRecord(plan, held_before_bytes)
