@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from memlab.errors import MemlabError
 from memlab.estimation.configs import is_transformers_config, load_config, meta_model, one_line
 from memlab.estimation.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
-from memlab.live.batch import Batch
+from memlab.live.batch import Batch, StepBatches
 from memlab.runner.quiet import quiet
 
 __all__ = [
@@ -258,6 +258,8 @@ def fake_batch(batch: Any, mode: FakeTensorMode, device: str | torch.device = "c
                 return torch.zeros(tuple(int(v) for v in value), dtype=dtype, device=device)
         return value
 
+    if isinstance(batch, StepBatches):  # a trainer's micro-batches, each collated as its loader does
+        return batch.map(lambda tensor: _fake_tensor(tensor, mode, device))
     if isinstance(batch, Mapping):
         return {key: convert(str(key), value) for key, value in batch.items()}
     if isinstance(batch, torch.Tensor):

@@ -11,14 +11,69 @@ from torch import nn
 
 from memlab.errors import MemlabError
 
-Batch = Mapping[str, Any] | torch.Tensor | tuple[Any, ...] | list[Any]
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+class StepBatches:
+    """A batch whose micro-batches are made, not cut: ``make(micro_batch, accumulation)`` returns a step's
+    micro-batches (a trainer's collator re-collating its examples for each plan), never slices or repeats of one
+    collated batch, so packed and padding-free batches (one row of concatenated sequences) stay whole.
+
+    ``rows`` is the micro-batch a plan without ``micro_batch`` takes. Each step's micro-batches are made once
+    and kept; they are made with any dispatch mode (a memory tracker, a fake mode) set aside, as a data loader
+    makes them before the step. :meth:`map` gives the same batches with a function applied to every tensor.
+
+    Example:
+        >>> batches = StepBatches(lambda rows, steps: [torch.ones(1, rows * 3)] * steps, rows=2)
+        >>> [tuple(part.shape) for part in batches.micro_batches(None, 2)], count_rows(batches)
+        ([(1, 6), (1, 6)], 2)
+    """
+
+    def __init__(self, make: Callable[[int, int], list[Any]], rows: int, describe: str = "") -> None:
+        self.make = make
+        self.rows = rows
+        self.describe = describe
+        self._made: dict[tuple[int, int], list[Any]] = {}
+
+    def micro_batches(self, micro_batch: int | None, accumulation: int) -> list[Any]:
+        """The ``accumulation`` micro-batches of ``micro_batch`` rows each (default :attr:`rows`)."""
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        key = (micro_batch or self.rows, accumulation)
+        if key not in self._made:
+            with _disable_current_modes():
+                self._made[key] = list(self.make(*key))
+        return self._made[key]
+
+    def map(self, function: Callable[[torch.Tensor], torch.Tensor]) -> StepBatches:
+        """The same micro-batches with ``function`` applied to every tensor (moved to a device, made fake)."""
+        return StepBatches(
+            lambda rows, steps: [map_tensors(part, function) for part in self.micro_batches(rows, steps)],
+            self.rows,
+            self.describe,
+        )
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The tensors of the micro-batches made so far (the plain micro-batch made first, if none was)."""
+        if not self._made:
+            self.micro_batches(None, 1)
+        for made in self._made.values():
+            for part in made:
+                yield from named_tensors(part)
+
+    def __repr__(self) -> str:
+        return f"StepBatches({self.describe or f'{self.rows} rows'})"
+
+
+Batch = Mapping[str, Any] | torch.Tensor | tuple[Any, ...] | list[Any] | StepBatches
 
 
 def named_tensors(batch: Batch) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of a batch (dict, tensor, tuple or list) with a name for messages."""
     if isinstance(batch, torch.Tensor):
         yield "batch", batch
+    elif isinstance(batch, StepBatches):
+        yield from batch.tensors()
     elif isinstance(batch, Mapping):
         for key, value in batch.items():
             if isinstance(value, torch.Tensor):
@@ -41,6 +96,8 @@ def count_rows(batch: Batch) -> int:
         >>> count_rows({"input_ids": torch.zeros(4, 8), "labels": torch.zeros(4, 8)})
         4
     """
+    if isinstance(batch, StepBatches):
+        return batch.rows
     rows: dict[str, int] = {}
     for name, tensor in named_tensors(batch):
         if tensor.dim() == 0:
@@ -63,6 +120,9 @@ def count_tokens(batch: Batch) -> int | None:
         >>> count_tokens({"input_ids": torch.zeros(2, 5, dtype=torch.long)})
         10
     """
+    if isinstance(batch, StepBatches):
+        counts = [count_tokens(part) for part in batch.micro_batches(None, 1)]
+        return None if None in counts else sum(c for c in counts if c is not None)
     if not isinstance(batch, Mapping):
         return None
     mask = batch.get("attention_mask")
@@ -78,6 +138,8 @@ def map_tensors(batch: Batch, function: Callable[[torch.Tensor], torch.Tensor]) 
     """The batch with ``function`` applied to every tensor; other values pass through unchanged."""
     if isinstance(batch, torch.Tensor):
         return function(batch)
+    if isinstance(batch, StepBatches):
+        return batch.map(function)
     if isinstance(batch, Mapping):
         return {key: function(v) if isinstance(v, torch.Tensor) else v for key, v in batch.items()}
     values = [function(v) if isinstance(v, torch.Tensor) else v for v in batch]
@@ -115,6 +177,8 @@ def default_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 def resolve_loss_fn(batch: Batch, loss_fn: LossFn | None) -> LossFn:
     """The loss function to use: the user's, else the default for dict batches; a clear error otherwise."""
+    if loss_fn is None and isinstance(batch, StepBatches):
+        return default_loss
     if loss_fn is not None:
         if not callable(loss_fn):
             raise MemlabError("loss_fn must be callable as loss_fn(model, batch) -> scalar tensor")

@@ -102,7 +102,7 @@ class TrainingWorkload(Workload[Plan, TrainingRecord, Trial]):
         return check_plans(plans)
 
     def copies_parameters(self, plan: Plan) -> bool:
-        return all(technique.trains_model_weights(plan) for technique in step_techniques())
+        return all(technique.trains_model_weights(self.context.model, plan) for technique in step_techniques())
 
     def new_record(self, plan: Plan, held_before_bytes: int) -> TrainingRecord:
         return TrainingRecord(plan, held_before_bytes)

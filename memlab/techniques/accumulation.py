@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memlab.live.batch import Batch, count_rows, take_rows
+from memlab.live.batch import Batch, StepBatches, count_rows, take_rows
 from memlab.techniques.technique import StepParts, Technique, Undo
 
 if TYPE_CHECKING:
@@ -24,6 +24,8 @@ def micro_batches(batch: Batch, plan: Plan) -> list[Batch]:
         >>> [p.flatten().tolist() for p in parts]
         [[0, 1], [2, 3], [4, 5]]
     """
+    if isinstance(batch, StepBatches):  # a trainer's batch: its micro-batches are collated, not cut
+        return batch.micro_batches(plan.micro_batch, plan.accumulation)
     rows = count_rows(batch)
     size = plan.micro_batch or rows
     if size == rows and plan.accumulation == 1:

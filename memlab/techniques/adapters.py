@@ -33,6 +33,46 @@ def is_peft_model(model: nn.Module) -> bool:
     return any(type(module).__module__.startswith("peft.") for module in model.modules())
 
 
+def carried_settings(model: nn.Module) -> str:
+    """The LoRA settings a peft model carries, as plan keywords (``lora_rank=8, lora_alpha=16.0``); empty for a model
+    without a ``peft_config``.
+
+    Example:
+        >>> carried_settings(nn.Linear(2, 2))
+        ''
+    """
+    from memlab.techniques.registry import REGISTRY  # imported here: the declarations import this module
+
+    configs = getattr(model, "peft_config", None)
+    config = next(iter(configs.values()), None) if isinstance(configs, dict) and configs else None
+    if config is None:
+        return ""
+    values = {name: lever.from_peft(config) for name, lever in REGISTRY.items() if lever.from_peft is not None}
+    return ", ".join(f"{name}={value!r}" for name, value in values.items() if value is not None)
+
+
+def carries_plan_adapters(model: nn.Module, plan: Plan) -> bool:
+    """True when the model is a peft model whose ``LoraConfig`` is the plan's adapter settings (each lever's
+    ``from_peft``): its adapters are then what the plan trains, and nothing is put on.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> carries_plan_adapters(nn.Linear(2, 2), Plan(adapter="lora"))
+        False
+    """
+    from memlab.techniques.registry import REGISTRY
+
+    configs = getattr(model, "peft_config", None)
+    config = next(iter(configs.values()), None) if isinstance(configs, dict) and configs else None
+    if plan.adapter == "none" or config is None or not isinstance(getattr(config, "r", None), int):
+        return False
+    for name, lever in REGISTRY.items():
+        value = lever.from_peft(config) if lever.from_peft is not None else None
+        if value is not None and getattr(plan, name) != value:
+            return False
+    return True
+
+
 def quantized_targets(model: nn.Module) -> list[str]:
     """The base's linear layers QLoRA holds in 4-bit NF4, whatever ``lora_targets`` adapts: every ``nn.Linear`` but
     the output head and the modules the model keeps in higher precision (transformers' ``_keep_in_fp32_modules``,
@@ -87,11 +127,13 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
         >>> undo(); type(model[0]).__name__
         'Linear'
     """
-    if plan.adapter == "none":
-        return None
+    if plan.adapter == "none" or carries_plan_adapters(model, plan):
+        return None  # a user's peft model: its own adapters are what trains, measured as they are
     if is_peft_model(model):
         raise UnsupportedTechnique(
-            "this model already carries peft adapters, and they are what trains; measure it with adapter='none'"
+            "this model already carries peft adapters, and they are what trains; measure its own settings "
+            f"({carried_settings(model)}), or build another rank or targets on the base model "
+            "(peft_model.get_base_model() before get_peft_model) and measure that"
         )
     targets = adapter_targets(model, plan.lora_targets)
     if not targets:
@@ -287,8 +329,9 @@ class Adapters(Technique):
     def put_on(self, parts: StepParts) -> Undo | None:
         return attach_adapter(parts.model, parts.plan)
 
-    def trains_model_weights(self, plan: Plan) -> bool:
-        return bool(plan.adapter == "none")  # adapters train only their own new weights
+    def trains_model_weights(self, model: nn.Module, plan: Plan) -> bool:
+        # Adapters put on train only their own new weights; a peft model's own adapters are the model's.
+        return bool(plan.adapter == "none" or carries_plan_adapters(model, plan))
 
 
 ADAPTERS = Adapters()

@@ -131,9 +131,10 @@ class Technique:
         """What a trial of ``parts.plan`` should know about this technique on this device."""
         return []
 
-    def trains_model_weights(self, plan: Any) -> bool:
-        """Whether a step of ``plan`` with this technique still trains the model's own weights (a trial then keeps
-        their values to put back); False where the technique trains weights of its own instead (adapters)."""
+    def trains_model_weights(self, model: nn.Module, plan: Any) -> bool:
+        """Whether a step of ``plan`` on ``model`` with this technique still trains the model's own weights (a trial
+        then keeps their values to put back); False where the technique trains weights of its own instead
+        (adapters it puts on)."""
         return True
 
     def dry_run(self, parts: StepParts) -> list[str]:

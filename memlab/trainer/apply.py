@@ -12,7 +12,7 @@ from memlab.plan import Plan
 from memlab.trainer.arguments import check_single_process
 from memlab.trainer.source import is_trainer, trainer_model
 
-__all__ = ["TrainerApplied", "apply_to_trainer", "check_plan_for_trainer"]
+__all__ = ["APPLIED_MARK", "TrainerApplied", "apply_to_trainer", "check_plan_for_trainer"]
 
 
 def check_plan_for_trainer(plan: Plan) -> None:
@@ -88,20 +88,36 @@ class TrainerApplied:
         return f"TrainerApplied({self.plan.label()!r}{', undone' if self.undone else ''})"
 
 
+APPLIED_MARK = "_memlab_applied"
+"""The instance attribute that says a plan is on the trainer (its label); ``undo()`` takes it off with the rest."""
+
+
 def _trainer_restorer(trainer: Any) -> Callable[[], None]:
     """What puts the trainer's own attributes back: its ``__dict__`` (args, model, optimizer, scheduler, state,
-    accelerator...) and its callback handler's, with the list of callbacks."""
+    accelerator...) and its callback handler's, with the list of callbacks. A :func:`memlab.trainer.watch` put on
+    after the plan stays on (its wrappers and callback), so that apply, watch, undo and remove compose in any
+    order."""
+    from memlab.trainer.watch import installed_watch
+
     attributes = dict(vars(trainer))
     handler = trainer.callback_handler
     handler_attributes = dict(vars(handler))
     callbacks = list(handler.callbacks)
 
     def restore() -> None:
+        watch = installed_watch(trainer)
+        kept = {} if watch is None else watch.instance_attributes()
         vars(trainer).clear()
         vars(trainer).update(attributes)
         vars(handler).clear()
         vars(handler).update(handler_attributes)
         handler.callbacks[:] = callbacks
+        if watch is not None:
+            vars(trainer).update(kept)
+            watch.reinstall_callback()
+        restored = installed_watch(trainer)
+        if restored is not None and restored.removed:  # removed since the plan went on: it stays off
+            restored.take_off()
 
     return restore
 
@@ -156,8 +172,9 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
       plan (over the adapters only, with a LoRA plan).
 
     Refused with a :class:`MemlabError`, before anything changes: optimizer offload (DeepSpeed), pure bf16 weights,
-    QLoRA and the chunked loss (not yet on a live trainer; :func:`check_plan_for_trainer` says what to do), and
-    a trainer set up for DeepSpeed or FSDP.
+    QLoRA and the chunked loss (not yet on a live trainer; :func:`check_plan_for_trainer` says what to do), a
+    trainer set up for DeepSpeed or FSDP, and a trainer that already has a plan applied (``undo()`` it first). A
+    peft model keeps its own adapters: a LoRA plan must carry their settings (the plan memlab read from it does).
 
     Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
 
@@ -170,11 +187,21 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
     check_plan_for_trainer(plan)
     check_single_process(trainer.args)
     model = trainer_model(trainer)
-    if plan.adapter != "none" and hasattr(model, "peft_config"):
+    if APPLIED_MARK in vars(trainer):
         raise MemlabError(
-            "this trainer's model already carries peft adapters, and they are what trains; "
-            "apply a plan with adapter='none'"
+            f"this trainer already trains with a plan memlab applied ({vars(trainer)[APPLIED_MARK]}); call "
+            "applied.undo() first (the trainer is then as it was), then memlab.apply(trainer, plan)"
         )
+    carried = False
+    if plan.adapter != "none" and hasattr(model, "peft_config"):
+        from memlab.techniques.adapters import carried_settings, carries_plan_adapters
+
+        carried = carries_plan_adapters(model, plan)
+        if not carried:
+            raise MemlabError(
+                "this trainer's model already carries peft adapters, and they are what trains; apply a plan with "
+                f"its own settings ({carried_settings(model)}), or adapter='none' to keep them as they are"
+            )
     new_args = _new_arguments(trainer.args, plan)
     undoes: list[Callable[[], None]] = [_model_restorer(model), _trainer_restorer(trainer)]
     create = getattr(trainer, "create_accelerator_and_postprocess", None)
@@ -187,7 +214,8 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
             rebuild()
             # the accelerator's state is shared by the process: build it again for the original arguments too
             undoes.insert(1, rebuild)
-        if plan.adapter != "none":
+        vars(trainer)[APPLIED_MARK] = plan.label()
+        if plan.adapter != "none" and not carried:
             from memlab.techniques.adapters import attach_adapter
 
             detach = attach_adapter(model, plan)

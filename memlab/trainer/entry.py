@@ -20,7 +20,7 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.plan import Plan
 from memlab.trainer.source import TrainerSource, is_trainer
-from memlab.trainer.worst_batch import worst_batch
+from memlab.trainer.worst_batch import trainer_batches, worst_batch
 
 __all__ = ["LiveTarget", "live_target", "noted", "split_plans"]
 
@@ -41,9 +41,10 @@ class LiveTarget:
 
 
 def live_target(model_or_trainer: Any, batch: Any, loss_fn: Any = None, *, rows: int | None = None) -> LiveTarget:
-    """The model, batch and loss a run measures. For a trainer without a batch: its train dataset's worst batch of
-    ``rows`` rows (default: its effective batch), said in ``note``; its ``compute_loss`` unless ``loss_fn`` is
-    given. Nothing on the trainer changes.
+    """The model, batch and loss a run measures. For a trainer without a batch: its train dataset's examples as
+    :class:`~memlab.live.batch.StepBatches` (each plan's micro-batches collated by the trainer, the worst first),
+    said in ``note``; its ``compute_loss`` unless ``loss_fn`` is given (``rows`` is kept for callers: every plan
+    gets the examples it needs). Nothing on the trainer changes.
 
     Example:
         >>> live_target(object(), None)
@@ -62,8 +63,16 @@ a transformers Trainer, whose train dataset memlab reads
     source = TrainerSource.from_trainer(model_or_trainer)
     note = None
     if batch is None:
-        worst = worst_batch(model_or_trainer, micro_batch=rows or source.effective_batch)
-        batch, note = worst.batch, f"measured on the train dataset's worst batch: {worst.describe()}"
+        # The trainer's batch is atomic: each plan's micro-batches are collated by its collator from the
+        # costliest examples (a packed or padding-free row stays whole), the worst micro-batch first.
+        worst = worst_batch(model_or_trainer)
+        batch = trainer_batches(model_or_trainer)
+        note = (f"measured on the train dataset's worst batch: {worst.describe()}; each micro-batch collated by "
+                "the trainer from the costliest examples")
+    notes = [note] if note else []
+    if source.loss_note:
+        notes.append(source.loss_note)
+    note = "; ".join(notes) or None
     chosen_loss = loss_fn if loss_fn is not None else source.loss_fn
     return LiveTarget(source.model, batch, chosen_loss, source, note, source.plan, source.effective_batch)
 

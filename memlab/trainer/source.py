@@ -18,7 +18,7 @@ from memlab.plan import Plan
 from memlab.techniques.registry import REGISTRY
 from memlab.trainer.arguments import check_single_process, plan_from_training_arguments
 
-__all__ = ["TrainerSource", "is_trainer", "trainer_model"]
+__all__ = ["TrainerSource", "has_own_compute_loss", "is_trainer", "trainer_model"]
 
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -66,6 +66,18 @@ def _is_plain_data(value: Any, limit: int = 10_000) -> bool:
     return True
 
 
+def has_own_compute_loss(trainer: Any) -> bool:
+    """Whether the trainer's class overrides ``compute_loss`` outside transformers and TRL (a custom loss).
+
+    Example:
+        >>> has_own_compute_loss(object())
+        False
+    """
+    method = getattr(type(trainer), "compute_loss", None)
+    module = getattr(method, "__module__", "") or ""
+    return method is not None and not module.startswith(("transformers.", "trl."))
+
+
 @contextmanager
 def trainer_bookkeeping_kept(trainer: Any) -> Iterator[None]:
     """Put back the trainer's plain-data attributes after a memlab loss call (TRL's ``compute_loss`` appends
@@ -91,6 +103,7 @@ class TrainerSource:
         effective_batch: rows per optimizer step on one device: ``per_device_train_batch_size x
             gradient_accumulation_steps`` (several GPUs aside).
         plan: the trainer's current settings as a plan (:meth:`plan_of`).
+        loss_note: what a trial should know of the loss measured (Liger's fused loss stood in for), or None.
     """
 
     trainer: Any
@@ -99,13 +112,14 @@ class TrainerSource:
     loss_fn: Callable[[Any, Any], Any]
     effective_batch: int
     plan: Plan
+    loss_note: str | None = None
 
     @classmethod
     def from_trainer(cls, trainer: Any) -> TrainerSource:
         """Read a trainer; nothing on it changes.
 
         Raises:
-            MemlabError: not a trainer, no train dataset, or DeepSpeed / FSDP / an optimizer memlab cannot measure
+            MemlabError: not a trainer, or DeepSpeed / FSDP / an optimizer memlab cannot measure
                 in its arguments.
 
         Example:
@@ -121,19 +135,28 @@ class TrainerSource:
             )
         args = trainer.args
         check_single_process(args)
-        if getattr(trainer, "train_dataset", None) is None:
-            raise MemlabError(
-                "this trainer has no train dataset, so memlab has no batch to measure; "
-                "build it with Trainer(..., train_dataset=...) or pass a batch yourself"
-            )
         model = trainer_model(trainer)
+        plan, loss_fn, loss_note = cls.plan_of(trainer), cls.make_loss_fn(trainer), None
+        if plan.loss == "chunked":
+            if has_own_compute_loss(trainer):
+                plan = plan.replace(loss="full")
+                loss_note = ("the trainer has its own compute_loss, which memlab measures as it is; Liger's fused "
+                             "loss (use_liger_kernel=True) is not measured with it (loss='full')")
+            else:
+                from memlab.live.batch import default_loss
+
+                loss_fn = default_loss  # the model's loss, which memlab's chunked loss stands in for
+                loss_note = ("the trainer uses Liger's fused linear cross-entropy (use_liger_kernel=True): memlab "
+                             "measures its own chunked cross-entropy (loss='chunked') in its place, the same memory "
+                             "pattern; Liger's Triton kernels run only on CUDA")
         return cls(
             trainer=trainer,
             model=model,
             collator=trainer.data_collator,
-            loss_fn=cls.make_loss_fn(trainer),
+            loss_fn=loss_fn,
             effective_batch=args.per_device_train_batch_size * args.gradient_accumulation_steps,
-            plan=cls.plan_of(trainer),
+            plan=plan,
+            loss_note=loss_note,
         )
 
     @staticmethod

@@ -24,10 +24,15 @@ from memlab.errors import MemlabError, MemlabWarning
 from memlab.plan import format_bytes, parse_budget
 from memlab.trainer.source import is_trainer, trainer_model
 
-__all__ = ["NEAR_BUDGET", "StepRecord", "Watch", "batch_lengths", "watch"]
+__all__ = ["NEAR_BUDGET", "WATCH_MARK", "StepRecord", "Watch", "batch_lengths", "installed_watch", "watch"]
 
 NEAR_BUDGET = 0.9
 """A step whose peak reaches this share of the budget triggers the (one) warning."""
+
+WATCH_MARK = "_memlab_watch"
+"""The trainer's instance attribute that holds its :class:`Watch` while one is on."""
+
+_WRAPPED = ("training_step", "train")
 
 
 @dataclass(frozen=True)
@@ -64,12 +69,21 @@ def batch_lengths(inputs: Any) -> tuple[tuple[int, ...], int]:
         ((5, 2), 5)
         >>> batch_lengths({"input_ids": torch.zeros(3, 4)})
         ((4, 4, 4), 4)
+        >>> batch_lengths({"input_ids": torch.zeros(1, 5), "position_ids": torch.tensor([[0, 1, 2, 0, 1]])})
+        ((3, 2), 5)
     """
     ids = inputs.get("input_ids") if isinstance(inputs, dict) or hasattr(inputs, "get") else None
     mask = inputs.get("attention_mask") if ids is not None else None
     if ids is None or getattr(ids, "ndim", 0) < 1:
         return (), 0
     padded = int(ids.shape[-1])
+    starts = inputs.get("cu_seq_lens_q")
+    positions = inputs.get("position_ids")
+    if mask is None and getattr(starts, "ndim", 0) == 1:  # a padding-free batch: its sequences' boundaries
+        return tuple(int(n) for n in (starts[1:] - starts[:-1]).tolist() if n > 0), padded
+    if mask is None and getattr(positions, "ndim", 0) == 2 and positions.shape[0] == 1:
+        first = [i for i, p in enumerate(positions[0].tolist()) if p == 0] or [0]
+        return tuple(b - a for a, b in zip(first, [*first[1:], positions.shape[1]], strict=True)), padded
     if mask is not None and getattr(mask, "ndim", 0) == 2:
         return tuple(int(n) for n in mask.sum(-1).tolist()), padded
     rows = int(ids.shape[0]) if ids.ndim > 1 else 1
@@ -154,7 +168,8 @@ class Watch:
         self._started = 0.0
         self._rows: list[tuple[tuple[int, ...], int]] = []
         self._callback: Any = None
-        self._saved_training_step: Any = None
+        self._saved: dict[str, Any] = {}
+        self.removed = False
 
     @property
     def peak(self) -> StepRecord | None:
@@ -188,16 +203,39 @@ class Watch:
         return pd.DataFrame([asdict(record) for record in self.steps], columns=list(StepRecord.__dataclass_fields__))
 
     def remove(self) -> None:
-        """Take the callback and the ``training_step`` wrapper off the trainer (a step being watched is ended)."""
+        """Take the callback and the ``training_step`` and ``train`` wrappers off the trainer (a step being watched
+        is ended). Calling it again does nothing."""
         self._memory.stop()
-        if self._callback is not None:
-            self.trainer.remove_callback(self._callback)
-            self._callback = None
-        if "training_step" in vars(self.trainer):
-            del self.trainer.training_step
-        if self._saved_training_step is not None:
-            self.trainer.training_step = self._saved_training_step
-            self._saved_training_step = None
+        self.removed = True
+        self.take_off()
+
+    def take_off(self) -> None:
+        """Take this watch's callback, wrappers and mark off the trainer where they are (an ``apply``'s
+        ``undo()`` may put back a trainer's attributes from before a ``remove()``)."""
+        trainer = self.trainer
+        callbacks = trainer.callback_handler.callbacks
+        if self._callback is not None and any(callback is self._callback for callback in callbacks):
+            callbacks[:] = [callback for callback in callbacks if callback is not self._callback]
+        if installed_watch(trainer) is self:
+            for name in _WRAPPED:
+                vars(trainer).pop(name, None)
+                saved = self._saved.get(name)
+                if saved is not None:
+                    setattr(trainer, name, saved)
+            vars(trainer).pop(WATCH_MARK, None)
+
+    def instance_attributes(self) -> dict[str, Any]:
+        """The trainer's instance attributes this watch put there (its wrappers and mark), to keep through an
+        ``apply``'s ``undo()``."""
+        names = (*_WRAPPED, WATCH_MARK)
+        return {name: vars(self.trainer)[name] for name in names if name in vars(self.trainer)}
+
+    def reinstall_callback(self) -> None:
+        """Put the callback back first in the trainer's list where it is missing (after an ``undo()``)."""
+        callbacks = self.trainer.callback_handler.callbacks
+        missing = not any(callback is self._callback for callback in callbacks)
+        if not self.removed and self._callback is not None and missing:
+            callbacks.insert(0, self._callback)
 
     def __repr__(self) -> str:
         return f"Watch({len(self.steps)} steps, peak {format_bytes(self.peak_bytes)} at step {self.peak_step})"
@@ -299,12 +337,17 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
     """
     if not is_trainer(trainer):
         raise MemlabError(f"watch takes a transformers Trainer, not a {type(trainer).__name__}; pass your trainer")
+    if installed_watch(trainer) is not None:
+        raise MemlabError(
+            "this trainer is already watched; read that watch, or call its remove() first and then "
+            "memlab.watch(trainer, ...) again"
+        )
     result = Watch(trainer, parse_budget(budget))
     callback = _callback_class()(result)
-    trainer.callback_handler.callbacks.insert(0, callback)
     result._callback = callback
-    result._saved_training_step = vars(trainer).get("training_step")
+    result._saved = {name: vars(trainer)[name] for name in _WRAPPED if name in vars(trainer)}
     original = trainer.training_step
+    original_train = trainer.train
 
     @functools.wraps(original)
     def training_step(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
@@ -316,5 +359,26 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
             result._memory.stop()  # never leave the CPU tracker's dispatch mode on after an error
             raise
 
+    @functools.wraps(original_train)
+    def train(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original_train(*args, **kwargs)
+        finally:
+            result._memory.stop()  # an interrupt anywhere in train() leaves no tracker behind
+
+    trainer.callback_handler.callbacks.insert(0, callback)
     trainer.training_step = training_step
+    trainer.train = train
+    vars(trainer)[WATCH_MARK] = result
     return result
+
+
+def installed_watch(trainer: Any) -> Watch | None:
+    """The :class:`Watch` on the trainer, or None.
+
+    Example:
+        >>> installed_watch(object()) is None
+        True
+    """
+    found = vars(trainer).get(WATCH_MARK) if hasattr(trainer, "__dict__") else None
+    return found if isinstance(found, Watch) else None

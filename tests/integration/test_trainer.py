@@ -24,6 +24,7 @@ from memlab.trainer import (  # noqa: E402
     watch,
     worst_batch,
 )
+from memlab.trainer.entry import live_target  # noqa: E402
 
 SHORT, LONG = 4, 64  # most examples are short; a few are 16x longer
 
@@ -147,7 +148,7 @@ def test_worst_batch_falls_back_on_the_collator(tmp_path):
     t = Trainer(model=tiny_model(), args=arguments(tmp_path, remove_unused_columns=False), train_dataset=Rows(),
                 data_collator=collator)
     worst = worst_batch(t)
-    assert worst.indices == (5, 13) and worst.measured_by == "collator"
+    assert worst.indices == (5, 13) and worst.measured_by == "sequence sizes"
 
 
 def test_watch_records_the_peak_warns_once_and_logs(tmp_path):
@@ -222,7 +223,7 @@ def _state(t):
         ("deepspeed", "DeepSpeed"),
         ("fsdp", "FSDP"),
         ("collator raises", "failed on examples 5, 13"),
-        ("no lengths", "no length memlab can read"),
+        ("no lengths", "no input_ids"),
         ("bad plan", "offload='all'"),
     ],
 )
@@ -254,9 +255,13 @@ def test_bad_input_raises_one_error_and_leaves_the_trainer(tmp_path, case, match
             apply_to_trainer(t, Plan(micro_batch=1))
         else:
             worst_batch(t)
-    if case in ("no dataset", "deepspeed", "fsdp"):
+    if case in ("deepspeed", "fsdp"):
         with pytest.raises(MemlabError, match=match):
             TrainerSource.from_trainer(t)
+    if case == "no dataset":  # a batch given is enough; without one, the same error
+        TrainerSource.from_trainer(t)
+        with pytest.raises(MemlabError, match=match):
+            live_target(t, None)
     assert _state(t) == before
     assert all(torch.equal(parameters[n], p) for n, p in t.model.named_parameters())
 

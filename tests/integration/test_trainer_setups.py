@@ -1,0 +1,256 @@
+"""memlab on trainers as people set them up: TRL's SFTTrainer with packing, padding-free batches and a peft config,
+a seq2seq trainer, a custom compute_loss, a trainer without train_dataset, and apply/watch/undo/remove in any
+order. Tiny models on CPU."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+import trl  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from transformers import (  # noqa: E402
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    T5Config,
+    T5ForConditionalGeneration,
+    Trainer,
+    TrainingArguments,
+)
+
+import memlab  # noqa: E402
+from memlab import MemlabError, Plan  # noqa: E402
+from memlab.live.batch import StepBatches  # noqa: E402
+from memlab.trainer import apply_to_trainer, watch, worst_batch  # noqa: E402
+from memlab.trainer.source import TrainerSource  # noqa: E402
+from memlab.trainer.watch import batch_lengths  # noqa: E402
+from memlab.trainer.worst_batch import trainer_batches  # noqa: E402
+
+LENGTHS = [4, 6, 30, 5, 28, 4, 12, 9]
+ROWS = 2
+
+
+def tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[EOS]": 2, **{f"w{i}": i + 3 for i in range(60)}}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]")
+
+
+def llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=4, vocab_size=64,
+                                        max_position_embeddings=128, pad_token_id=0))
+
+
+def tokens() -> Dataset:
+    return Dataset.from_dict({"input_ids": [[(i + j) % 60 + 3 for j in range(n)] for i, n in enumerate(LENGTHS)]})
+
+
+def sft(tmp_path, **settings) -> trl.SFTTrainer:
+    peft_config = settings.pop("peft_config", None)
+    args = trl.SFTConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no", max_steps=2,
+                         per_device_train_batch_size=ROWS, disable_tqdm=True, **settings)
+    return trl.SFTTrainer(model=llama(), args=args, train_dataset=tokens(), processing_class=tokenizer(),
+                          peft_config=peft_config)
+
+
+def measured_peak(source: TrainerSource, batch) -> int:
+    trial = memlab.measure(source.model, batch, source.plan, loss_fn=source.loss_fn, steps=1, warmup=1, noise=0)
+    assert trial.status == "ok", trial.error
+    return trial.peak_bytes
+
+
+def brute_force_peak(trainer) -> int:
+    """The costliest micro-batch of every pair of examples, each collated through the trainer's own loader."""
+    source = TrainerSource.from_trainer(trainer)
+    dataset, best = trainer.train_dataset, 0
+    for pair in itertools.combinations(range(len(dataset)), ROWS):
+        loader = trainer.get_train_dataloader()
+        subset = torch.utils.data.DataLoader(dataset.select(pair), batch_size=ROWS, collate_fn=loader.collate_fn)
+        batch = next(iter(subset))  # one micro-batch, whole: a packed row is not cut
+        best = max(best, measured_peak(source, StepBatches(lambda rows, steps, b=batch: [b] * steps, rows=ROWS)))
+    return best
+
+
+@pytest.mark.parametrize("setting", ["padding", "packing", "padding_free", "peft"])
+def test_sft_worst_batch_is_the_costliest(tmp_path, setting):
+    from peft import LoraConfig
+
+    settings = {"padding": {}, "packing": {"packing": True, "max_length": 32},
+                "padding_free": {"padding_free": True, "max_length": None},
+                "peft": {"peft_config": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])}}[setting]
+    trainer = sft(tmp_path, **settings)
+    trial = memlab.measure(trainer, steps=1, warmup=1, noise=0)
+    assert trial.status == "ok", trial.error
+    if setting == "peft":  # the user's own adapters are what trains, read back as the plan
+        assert trial.plan.adapter == "lora" and trial.plan.lora_rank == 4
+    assert abs(trial.peak_bytes - brute_force_peak(trainer)) <= 0.02 * trial.peak_bytes
+    # Each micro-batch is collated whole: a packed or padding-free step holds the trainer's examples, not repeats.
+    if setting in ("packing", "padding_free"):
+        batches = trainer_batches(trainer)
+        parts = batches.micro_batches(ROWS, 3)
+        assert all(part["input_ids"].shape[0] == 1 and "position_ids" in part for part in parts)
+        rows = [batch_lengths(part)[0] for part in parts]
+        assert sum(len(r) for r in rows) >= 3 * ROWS  # every sequence its own, none cut
+        assert trial.tokens_per_s is not None
+
+
+def test_peft_model_other_rank_is_a_clear_message(tmp_path):
+    from peft import LoraConfig
+
+    trainer = sft(tmp_path, peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    own = TrainerSource.from_trainer(trainer).plan
+    trial = memlab.measure(trainer, own.replace(lora_rank=8), steps=1, noise=0)
+    assert trial.status == "error" and "lora_rank=4" in trial.error
+    with pytest.raises(MemlabError, match="its own settings"):
+        apply_to_trainer(trainer, own.replace(lora_rank=8))
+    applied = apply_to_trainer(trainer, own)  # its own plan: nothing re-wrapped
+    assert type(trainer.model).__name__.startswith("Peft")
+    applied.undo()
+
+
+def test_seq2seq_custom_loss_and_no_dataset(tmp_path):
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(d_model=16, d_ff=32, d_kv=8, num_layers=1, num_heads=2,
+                                                vocab_size=64, decoder_start_token_id=0))
+    # Inputs and labels differ in length: the worst batch counts both.
+    data = Dataset.from_dict({"input_ids": [[5] * n for n in (4, 20, 5, 4, 6)],
+                              "labels": [[6] * n for n in (4, 3, 5, 24, 6)]})
+
+    def pad(examples):
+        out = {}
+        for name, fill in (("input_ids", 0), ("labels", -100)):
+            longest = max(len(e[name]) for e in examples)
+            out[name] = torch.tensor([e[name] + [fill] * (longest - len(e[name])) for e in examples])
+        out["attention_mask"] = (out["input_ids"] != 0).long()
+        return out
+
+    class Custom(Seq2SeqTrainer):
+        calls = 0
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            Custom.calls += 1
+            out = model(**inputs)
+            return out.loss * 2.0
+
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
+                                    max_steps=1, per_device_train_batch_size=ROWS, disable_tqdm=True)
+    trainer = Custom(model=model, args=args, train_dataset=data, data_collator=pad)
+    worst = worst_batch(trainer)
+    assert set(worst.indices) == {1, 3}  # the longest input and the longest labels, collated together
+    trial = memlab.measure(trainer, steps=1, noise=0)
+    assert trial.status == "ok" and Custom.calls > 0
+    trainer.train_dataset = None  # a batch given is enough
+    assert memlab.measure(trainer, worst.batch, steps=1, noise=0).status == "ok"
+
+
+def _snapshot(trainer):
+    params = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    return (dict(vars(trainer)), trainer.args.to_dict(), list(trainer.callback_handler.callbacks), params)
+
+
+def _same(trainer, snapshot) -> bool:
+    attributes, args, callbacks, params = snapshot
+    now = _snapshot(trainer)
+    # accelerate keeps one state per process: undo builds the accelerator again for the original arguments.
+    rebuilt = ("args", "accelerator", "gather_function")
+    return (set(now[0]) == set(attributes) and all(now[0][k] is attributes[k] for k in attributes
+                                                   if k not in rebuilt)
+            and now[1] == args and now[2] == callbacks
+            and all(torch.equal(now[3][n], p) for n, p in params.items()) and set(now[3]) == set(params))
+
+
+def _plain(tmp_path) -> Trainer:
+    def pad(examples):
+        longest = max(len(e["input_ids"]) for e in examples)
+        ids = torch.tensor([e["input_ids"] + [0] * (longest - len(e["input_ids"])) for e in examples])
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
+                             max_steps=1, per_device_train_batch_size=ROWS, disable_tqdm=True)
+    return Trainer(model=llama(), args=args, train_dataset=tokens(), data_collator=pad)
+
+
+def test_apply_watch_undo_remove_in_every_order(tmp_path):
+    trainer = _plain(tmp_path)
+    snapshot = _snapshot(trainer)
+    for order in itertools.permutations(["apply", "watch", "undo", "remove", "apply again"]):
+        handles: dict[str, object] = {}
+        for op in order:
+            if op == "apply":
+                handles["applied"] = apply_to_trainer(trainer, Plan(micro_batch=1, accumulation=2))
+            elif op == "apply again":
+                if "applied" in handles and handles["applied"].active:
+                    state = _snapshot(trainer)
+                    with pytest.raises(MemlabError, match="undo"):
+                        apply_to_trainer(trainer, Plan(checkpointing=True))
+                    assert _same(trainer, state)
+            elif op == "watch":
+                handles["watch"] = watch(trainer)
+            elif op == "undo" and "applied" in handles:
+                handles["applied"].undo()
+            elif op == "remove" and "watch" in handles:
+                handles["watch"].remove()
+        if "applied" in handles:
+            handles["applied"].undo()
+        if "watch" in handles:
+            handles["watch"].remove()
+        assert _same(trainer, snapshot), order
+
+
+def test_fit_apply_train_under_watch_keeps_the_budget(tmp_path):
+    trainer = _plain(tmp_path)
+    trainer.args.max_steps = -1
+    trainer.args.num_train_epochs = 1
+    source = TrainerSource.from_trainer(trainer)
+    loader = trainer.get_train_dataloader()
+    typical = measured_peak(source, next(iter(loader)))
+    worst = memlab.measure(trainer, steps=1, noise=0).peak_bytes
+    assert worst > typical
+    budget = (typical + worst) // 2
+    report = memlab.fit(trainer, budget=budget, space={"micro_batch": [2, 1], "checkpointing": [False, True]},
+                        steps=1, noise=0, progress=False)
+    assert report.best is not None and report.best.fits
+    applied = apply_to_trainer(trainer, report.best.plan)
+    watched = watch(trainer, budget=budget)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.train()
+    finally:
+        watched.remove()
+        applied.undo()
+    assert watched.steps and watched.peak_bytes <= budget
+
+
+@pytest.mark.parametrize("case, match", [
+    ("no input_ids", "no input_ids"),
+    ("untokenized", "tokenize"),
+    ("collator raises", "failed on examples"),
+])
+def test_bad_trainer_inputs(tmp_path, case, match):
+    trainer = _plain(tmp_path)
+    if case == "no input_ids":
+        trainer.train_dataset = Dataset.from_dict({"ids": [[1, 2]] * 4})
+        trainer.args.remove_unused_columns = False
+        trainer.data_collator = lambda examples: {"ids": torch.tensor([e["ids"] for e in examples])}
+    elif case == "untokenized":
+        trainer.train_dataset = Dataset.from_dict({"text": ["a b"] * 4})
+        trainer.args.remove_unused_columns = False
+    else:
+        trainer.data_collator = lambda examples: 1 / 0
+    snapshot = _snapshot(trainer)
+    with pytest.raises(MemlabError, match=match):
+        memlab.measure(trainer, steps=1, noise=0)
+    assert _same(trainer, snapshot)
