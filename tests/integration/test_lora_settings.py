@@ -10,6 +10,7 @@ from models import assert_same, fingerprint, lm_batch, tiny_llama
 
 import memlab
 from memlab.errors import MemlabError
+from memlab.export.accelerate import accelerate_script
 from memlab.plan import Plan, parse_grid
 from memlab.trainer.source import TrainerSource
 
@@ -73,7 +74,7 @@ def test_every_export_carries_them() -> None:
     lora_line = next(line for line in code.splitlines() if "LoraConfig(" in line and "get_peft_model" in line)
     exec("from peft import LoraConfig\nconfig = " + lora_line.split("get_peft_model(model, ", 1)[1][:-1], namespace)
     assert (namespace["config"].lora_alpha, namespace["config"].lora_dropout) == (32, 0.05)
-    script = memlab.export.accelerate.accelerate_script(plan)
+    script = accelerate_script(plan)
     assert "lora_alpha=32" in script and "lora_dropout=0.05" in script
     with pytest.raises(MemlabError, match="get_peft_model"):
         plan.to_training_arguments()
