@@ -1994,6 +1994,61 @@ NB12 = [
         plan as `TrainingArguments` keywords for a script. `memlab.panel(trainer)` does the same with buttons.
         """
     ),
+    md(
+        """
+        ## The usual SFT recipe: packing and LoRA
+
+        Most fine-tunes today pack short examples into full rows (`packing=True`: one row holds several examples
+        back to back, with `position_ids` that restart at each one) and train LoRA adapters
+        (`peft_config=LoraConfig(...)`). memlab takes that trainer as it is: a micro-batch is what the trainer's own
+        collator packs from `per_device_train_batch_size` examples, the model keeps the adapters TRL put on it, and
+        the plan memlab reports is the trainer's own (its rank, alpha and dropout read from the `LoraConfig`).
+        """
+    ),
+    code(
+        """
+        from peft import LoraConfig
+
+        packed_args = trl.SFTConfig(
+            output_dir="nb12-packed", report_to=[], use_cpu=device == "cpu", save_strategy="no", num_train_epochs=1,
+            per_device_train_batch_size=2, logging_steps=2, disable_tqdm=True, seed=0,
+            packing=True, max_length=lengths[-1] // 2,
+        )
+        torch.manual_seed(0)
+        packed = trl.SFTTrainer(
+            model=AutoModelForCausalLM.from_config(config).to(device), args=packed_args,
+            train_dataset=Dataset.from_dict({"text": texts}), processing_class=tokenizer,
+            peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules="all-linear"),
+        )
+        packed.args.log_level = "error"
+        own = memlab.measure(packed, steps=steps, noise=noise)
+        print(f"the trainer's own plan: {own.plan.label()}; peak {human(own.peak_bytes)}")
+        print(own.notes[-1])
+        """
+    ),
+    md(
+        """
+        Now a budget a little under that peak, as if this were the card's limit: `fit` keeps the trainer's
+        effective batch and its adapters and searches micro-batch and checkpointing; the plan it picks trains an
+        epoch under `watch`.
+        """
+    ),
+    code(
+        """
+        packed_budget = int(own.peak_bytes * 0.9)
+        packed_fit = memlab.fit(packed, budget=packed_budget, space={"micro_batch": [2, 1]}, steps=steps, noise=noise)
+        print("picked:", packed_fit.best.plan.label())
+        applied = memlab.apply(packed, packed_fit.best.plan)
+        watched = memlab.watch(packed, budget=packed_budget)
+        try:
+            packed.train()
+        finally:
+            watched.remove()
+            applied.undo()
+        verdict = "OVER the budget" if watched.peak_bytes > packed_budget else "within the budget"
+        print(f"packed LoRA epoch: peak {human(watched.peak_bytes)} of {human(packed_budget)}, {verdict}")
+        """
+    ),
     *exercise(
         """
         Make the tail longer (`long_words = 250`, in the parameters cell, then run the notebook again) or add

@@ -25,6 +25,7 @@ from memlab.search.space import candidate_plans, default_space, fits, micro_batc
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search
 from memlab.search.suggest import suggestions
+from memlab.techniques.adapters import carried_space
 from memlab.techniques.loss import chunked_loss_applies
 from memlab.trainer.entry import live_target, noted
 from memlab.trainer.source import is_trainer
@@ -96,6 +97,8 @@ def fit(
         # A trainer: its model, its compute_loss, its effective batch and (without a batch) its dataset's worst one.
         target = live_target(model, batch, options.get("loss_fn"), rows=batch_size)
         options["loss_fn"] = target.loss_fn
+        if target.plan is not None:  # a peft model keeps its own adapters: every plan searched says so
+            space = {**carried_space(target.model, target.plan), **(space or {})}
         report = fit(target.model, target.batch, batch_size=batch_size or target.batch_size, space=space,
                      dry_run=dry_run, estimates=estimates, max_trials=max_trials, **options)
         return dataclasses.replace(report, trials=noted(report.trials, target.note))

@@ -311,6 +311,22 @@ def reattach_adapters(model: nn.Module, plan: Plan, trained: dict[str, torch.Ten
             parameter.data = trained[name].detach().to(parameter.device).clone()
 
 
+def carried_space(model: nn.Module, plan: Plan) -> dict[str, list[Any]]:
+    """Where ``model`` is a peft model that carries ``plan``'s adapters: each adapter lever pinned to the plan's value
+    (a search over a trainer keeps the adapters its model already has, and its plans say so); else empty.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> carried_space(nn.Linear(2, 2), Plan(adapter="lora"))
+        {}
+    """
+    if plan.adapter == "none" or not carries_plan_adapters(model, plan):
+        return {}
+    from memlab.techniques.registry import REGISTRY  # imported here: the declarations import this module
+
+    return {name: [getattr(plan, name)] for name, lever in REGISTRY.items() if lever.technique is ADAPTERS}
+
+
 class Adapters(Technique):
     """``adapter`` (and the settings of its ``LoraConfig``: ``lora_rank``, ``lora_targets``, ...): LoRA / QLoRA
     adapters on the model, first of the model changes, since they decide which weights train.

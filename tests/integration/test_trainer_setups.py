@@ -120,6 +120,19 @@ def test_peft_model_other_rank_is_a_clear_message(tmp_path):
     applied.undo()
 
 
+def test_fit_over_a_peft_trainer_keeps_its_adapters(tmp_path):
+    from peft import LoraConfig
+
+    trainer = sft(tmp_path, peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05, target_modules="all-linear"))
+    own = TrainerSource.from_trainer(trainer).plan
+    report = memlab.fit(trainer, budget="1GiB", space={"micro_batch": [2, 1], "precision": ["fp32"],
+                                                       "optimizer": ["adamw"], "checkpointing": [False]},
+                        steps=1, noise=0, progress=False)
+    assert report.trials and all(t.status == "ok" for t in report.trials)
+    assert {(t.plan.adapter, t.plan.lora_rank, t.plan.lora_dropout) for t in report.trials} == {("lora", 4, 0.05)}
+    assert own.lora_dropout == 0.05 and "lora r4" in report.best.plan.label()
+
+
 def test_seq2seq_custom_loss_and_no_dataset(tmp_path):
     torch.manual_seed(0)
     model = T5ForConditionalGeneration(T5Config(d_model=16, d_ff=32, d_kv=8, num_layers=1, num_heads=2,
