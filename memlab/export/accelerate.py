@@ -8,8 +8,9 @@ DEEPSPEED`` with a ``deepspeed_config`` (``zero_stage``, ``offload_optimizer_dev
 ``zero3_init_flag``, ``gradient_accumulation_steps``). The FSDP2 wrapping is accelerate's own
 ``fsdp2_prepare_model`` (accelerate 1.15), which the FSDP2 estimate follows
 (:func:`memlab.estimation.fsdp2.fsdp2_layout`): one unit per class in the model's ``_no_split_modules`` (or
-``layer_classes``), the input embeddings, the final norm with the head, then the root. Write the dict with ``yaml.safe_dump``; :func:`fsdp2_torch_script` is the same sharding in plain
-PyTorch (``fully_shard``), runnable with ``torchrun`` where accelerate does not shard (a machine without GPUs).
+``layer_classes``), the input embeddings, the final norm with the head, then the root. Write the dict with
+``yaml.safe_dump``; :func:`fsdp2_torch_script` is the same sharding in plain PyTorch (``fully_shard``), runnable
+with ``torchrun`` where accelerate does not shard (a machine without GPUs).
 """
 
 from __future__ import annotations
