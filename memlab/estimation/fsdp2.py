@@ -207,14 +207,15 @@ def fsdp2_layout(model: nn.Module, layer_classes: Sequence[str] | None = None) -
     ``reshard_after_forward``, before the root: each block of :func:`shard_units` (``True``); the input embeddings
     as a unit of their own unless tied to the output ones (``True``); then the tail, the final norm and the output
     head (with the input embeddings where the two are tied, so that the shared weight sits in one group), kept
-    gathered after forward (``False``). The root (the whole model) comes last, with FSDP2's default.
+    gathered after forward (``False``). The root (the whole model) comes last, with FSDP2's default. A module
+    holding a weight tied to another group's joins that group (BERT's head joins its ``BertEmbeddings`` block).
 
     Example:
         >>> from transformers import BertConfig, BertForMaskedLM
         >>> bert = BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2,
         ...                                   num_attention_heads=2, intermediate_size=32))
         >>> [([type(m).__name__ for m in unit], reshard) for unit, reshard in fsdp2_layout(bert)][-1]
-        (['Embedding', 'Linear'], False)
+        (['BertEmbeddings', 'BertLMPredictionHead'], True)
     """
     layout: list[tuple[list[nn.Module], bool]] = [([unit], True) for unit in shard_units(model, layer_classes)]
     inside = {id(m) for units, _ in layout for unit in units for m in unit.modules()}
