@@ -130,8 +130,10 @@ def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-line
         if head is not None:
             return [name for name in names if model.get_submodule(name) is not head]
         heads = task_heads(model)
-        if heads:  # a task head is trained whole (modules_to_save), not adapted
-            return [name for name in names if not any(name == h or name.startswith(h + ".") for h in heads)]
+        if heads:  # a task head is trained whole (modules_to_save), not adapted; peft matches it by the end of a
+            # module's name, so DistilBERT's pre_classifier is trained whole too
+            return [name for name in names if not any(
+                ".".join(name.split(".")[:k]).endswith(h) for h in heads for k in range(1, name.count(".") + 2))]
         return names[:-1] if len(names) > 1 else names
     if targets == "attention":
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
