@@ -5,11 +5,12 @@ The config's keys are accelerate 1.x's own (``accelerate config`` writes the sam
 an ``fsdp_config`` (``fsdp_version: 2``, ``fsdp_reshard_after_forward``, ``fsdp_auto_wrap_policy:
 TRANSFORMER_BASED_WRAP``, ``fsdp_activation_checkpointing``, ``fsdp_offload_params``), or ``distributed_type:
 DEEPSPEED`` with a ``deepspeed_config`` (``zero_stage``, ``offload_optimizer_device``, ``offload_param_device``,
-``zero3_init_flag``, ``gradient_accumulation_steps``). The FSDP2 wrapping is what
-:func:`memlab.estimation.fsdp2.shard_units`
-estimates: one unit per class in the model's ``_no_split_modules`` (accelerate's default when no class is named),
-then the root. Write the dict with ``yaml.safe_dump``; :func:`fsdp2_torch_script` is the same sharding in plain
-PyTorch (``fully_shard``), runnable with ``torchrun`` where accelerate does not shard (a machine without GPUs).
+``zero3_init_flag``, ``gradient_accumulation_steps``). The FSDP2 wrapping is accelerate's own
+``fsdp2_prepare_model`` (accelerate 1.15), which the FSDP2 estimate follows
+(:func:`memlab.estimation.fsdp2.fsdp2_layout`): one unit per class in the model's ``_no_split_modules`` (or
+``layer_classes``), the input embeddings, the final norm with the head, then the root. Write the dict with
+``yaml.safe_dump``; :func:`fsdp2_torch_script` is the same sharding in plain PyTorch (``fully_shard``), runnable
+with ``torchrun`` where accelerate does not shard (a machine without GPUs).
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ def accelerate_config(
             "fsdp_cpu_ram_efficient_loading": True,
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         }
-        if layer_classes:
-            section["fsdp_transformer_layer_cls_to_wrap"] = ",".join(layer_classes)
+        names = _class_names(layer_classes)
+        if names:
+            section["fsdp_transformer_layer_cls_to_wrap"] = ",".join(names)
         config["distributed_type"], name = "FSDP", "fsdp_config"
     else:
         stage = int(strategy[-1])
@@ -111,6 +113,24 @@ def accelerate_config(
 
 def _keywords(keywords: dict[str, str]) -> str:
     return ", ".join(f"{name}={value}" for name, value in keywords.items())
+
+
+def _class_names(layer_classes: Any) -> list[str]:
+    """``layer_classes`` as accelerate's class names: a name (``"LlamaDecoderLayer"``, or several joined with
+    commas), a sequence of names, or the classes themselves; a MemlabError for anything else."""
+    if layer_classes is None:
+        return []
+    items = layer_classes.split(",") if isinstance(layer_classes, str) else layer_classes
+    if isinstance(items, type) or not isinstance(items, (list, tuple, set, frozenset)):
+        items = [items]
+    names = [item.__name__ if isinstance(item, type) else item.strip() if isinstance(item, str) else None
+             for item in items]
+    if not names or any(not name for name in names):
+        raise MemlabError(
+            f"layer_classes={layer_classes!r} is not a list of layer class names; write for example "
+            "layer_classes=['LlamaDecoderLayer'] (the model's repeated block, as in its _no_split_modules)"
+        )
+    return [str(name) for name in names]
 
 
 def accelerate_script(plan: Plan, *, strategy: str = "fsdp2", model_name: str = "MODEL_NAME") -> str:
@@ -180,9 +200,10 @@ def fsdp2_torch_script(
     record: str | None = None,
 ) -> str:
     """A plain-PyTorch script for ``torchrun --nproc_per_node N script.py`` that shards exactly as
-    :func:`accelerate_config` asks for FSDP2 (``fully_shard`` on each ``_no_split_modules`` block, then the root;
-    ``reshard_after_forward=True``; accelerate's ``MixedPrecisionPolicy`` for bf16/fp16; checkpointing through the
-    model's own switch) and trains ``steps`` steps with the plan's AdamW.
+    :func:`accelerate_config` asks for FSDP2 (the units of accelerate's ``fsdp2_prepare_model``, the layout the
+    FSDP2 estimate shards with: each ``_no_split_modules`` block, the input embeddings, the final norm and head, then
+    the root; accelerate's ``MixedPrecisionPolicy`` for bf16/fp16; checkpointing through the model's own switch) and
+    trains ``steps`` steps with the plan's AdamW.
 
     ``model_code`` is an expression building the model (on the CPU), ``batch_code`` one building this rank's
     batch. ``backend="gloo", device="cpu"`` runs it on CPU processes (what the tests do); with ``record`` set to a
@@ -191,7 +212,7 @@ def fsdp2_torch_script(
 
     Example:
         >>> script = fsdp2_torch_script(Plan(), model_code="make_model()", batch_code="make_batch()")
-        >>> "fully_shard(unit, mesh=mesh" in script and compile(script, "s.py", "exec") is not None
+        >>> "fully_shard(units, mesh=mesh" in script and compile(script, "s.py", "exec") is not None
         True
     """
     if plan.adapter != "none" or plan.optimizer != "adamw" or plan.offload != "none" or plan.loss != "full":
@@ -218,9 +239,12 @@ def fsdp2_torch_script(
         lines.append('model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})')
     lines += [
         f"policy = MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype={dtype}, output_dtype={dtype})",
-        'blocks = set(getattr(model, "_no_split_modules", None) or ())',
-        "for unit in [m for m in model.modules() if m is not model and type(m).__name__ in blocks]:",
-        "    fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=True)",
+        "# accelerate's fsdp2_prepare_model layout: the blocks, the input embeddings, the final norm and head (kept",
+        "# gathered after forward), then the root",
+        "from memlab.estimation.fsdp2 import fsdp2_layout",
+        "",
+        "for units, reshard in fsdp2_layout(model):",
+        "    fully_shard(units, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)",
         "fully_shard(model, mesh=mesh, mp_policy=policy)",
         f'model.to("{device}")',
         "optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)",

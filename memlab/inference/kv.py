@@ -208,6 +208,26 @@ def takes_logits_to_keep(model: nn.Module) -> bool:
         return False
 
 
+def cache_keyword(model: nn.Module) -> str:
+    """The keyword the model's forward takes its KV cache by, as the installed transformers names it: ``cache``
+    (transformers 5.2x, where ``past_key_values`` is deprecated and warns in the user's notebook), else
+    ``past_key_values``.
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> import transformers
+        >>> model = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        ...                                      num_attention_heads=2, vocab_size=32))
+        >>> cache_keyword(model) in ("cache", "past_key_values")
+        True
+    """
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 def new_cache(model: nn.Module) -> Any:
     """An empty ``DynamicCache`` for the model (its layers as the config says: sliding windows included).
 

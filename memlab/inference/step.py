@@ -18,7 +18,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from memlab.inference.kv import cache_bytes, cache_tokens, is_causal_lm, new_cache, takes_logits_to_keep, track_cache
+from memlab.inference.kv import (
+    cache_bytes,
+    cache_keyword,
+    cache_tokens,
+    is_causal_lm,
+    new_cache,
+    takes_logits_to_keep,
+    track_cache,
+)
 from memlab.inference.plan import InferencePlan
 from memlab.inference.weights import DTYPES
 from memlab.live.batch import Batch, map_tensors, take_rows
@@ -61,6 +69,7 @@ class InferenceStep:
         self.inputs = model_inputs(context.batch)
         self.causal = is_causal_lm(self.model)
         self.logits_to_keep = self.causal and takes_logits_to_keep(self.model)
+        self.cache_keyword = cache_keyword(self.model)
         ids = self.inputs.get("input_ids") if isinstance(self.inputs, Mapping) else None
         self.prompt_tokens = int(ids.shape[1]) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
 
@@ -122,7 +131,7 @@ class InferenceStep:
             keywords = dict(inputs)
             keywords["use_cache"] = use_cache and cache is not None
             if cache is not None:
-                keywords["past_key_values"] = cache
+                keywords[self.cache_keyword] = cache
             if last_only and self.logits_to_keep:
                 keywords["logits_to_keep"] = 1
             return self.model(**keywords)

@@ -50,6 +50,7 @@ class Applied:
             )
         self._steps = 0
         self._before = ModuleStructure.capture(model)
+        self._step: TrainingStep | None = None
         try:
             self._step = TrainingStep(model, plan, loss_fn=loss_fn, lr=lr)
         except BaseException:
@@ -60,29 +61,41 @@ class Applied:
 
     @property
     def optimizer(self) -> Any:
-        """The optimizer the plan trains with (torch AdamW, bitsandbytes AdamW8bit, or the CPU-offloaded one)."""
-        return self._step.optimizer
+        """The optimizer the plan trains with (torch AdamW, bitsandbytes AdamW8bit, or the CPU-offloaded one); None
+        after :meth:`undo`, which releases it and its state."""
+        return None if self._step is None else self._step.optimizer
 
     @property
     def notes(self) -> list[str]:
-        return list(self._step.notes)
+        return [] if self._step is None else list(self._step.notes)
 
     def step(self, batch: Batch) -> float:
         """One optimizer step over one effective batch (``micro_batch * accumulation`` rows); the loss as a float."""
-        if not self.active:
+        if not self.active or self._step is None:
             raise RuntimeError("this plan was undone; call memlab.apply(model, plan) again to train with it")
         loss = self._step(batch)
         self._steps += 1
         return loss
 
-    def undo(self, adapter: Literal["discard", "merge", "keep"] | None = None) -> None:
-        """Take the techniques off the model (checkpointing, training flag, hooks); weights keep what training did.
+    def undo(self, adapter: Literal["merge", "keep", "discard"] | None = None) -> None:
+        """Take the plan off the model (checkpointing, training flag, hooks, adapters) and release what apply built:
+        the optimizer and its state (a later trial in the same kernel does not carry them). Weights keep what
+        training did.
 
-        For an adapter plan (LoRA / QLoRA), ``adapter`` says what becomes of the trained adapters: ``"discard"``
-        takes them off; ``"merge"`` adds them into the base weights (``B @ A * scaling``; for QLoRA into the
-        full-precision weights that come back) and takes them off; ``"keep"`` leaves the peft adapters, trained and
-        trainable, on the model (on the full-precision base for QLoRA) and takes every other technique off. None
-        (the default) discards them, with a :class:`~memlab.errors.MemlabWarning` once they have trained.
+        For an adapter plan (LoRA / QLoRA), ``adapter`` says what becomes of what the adapters trained:
+        ``"merge"`` adds them into the base weights (``B @ A * scaling``; for QLoRA into the full-precision weights
+        that come back; a task head trained whole keeps its trained values) and takes them off; ``"keep"`` leaves
+        the peft adapters, trained and trainable, on the model (on the full-precision base for QLoRA) and takes
+        every other technique off; ``"discard"`` takes them off and loses their training. None (the default)
+        merges, so nothing is lost, and says so with a :class:`~memlab.errors.MemlabWarning` once they have
+        trained.
+
+        Example:
+            >>> import torch
+            >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+            >>> applied = apply(model, Plan(adapter="lora", lora_rank=2), loss_fn=lambda m, b: m(b).pow(2).mean())
+            >>> applied.undo(adapter="keep"); type(model[0]).__name__, applied.optimizer
+            ('Linear', None)
         """
         if adapter not in (None, "discard", "merge", "keep"):
             raise MemlabError(
@@ -94,36 +107,57 @@ class Applied:
                 f"undo(adapter={adapter!r}) is for adapter plans, and {self.plan.label()} trains no adapters; "
                 "write undo()"
             )
-        if not self.active:
+        if not self.active or self._step is None:
             return
         # Imported here: peft is heavy, and a plan without adapters needs none of it.
         from memlab.techniques import adapters
 
-        trained: dict[str, Any] = {}
-        if self.plan.adapter != "none":
-            if adapter == "merge":
-                trained = adapters.adapter_deltas(self.model)
-            elif adapter == "keep":
-                trained = {name: p.detach().clone() for name, p in adapters.adapter_parameters(self.model).items()}
-            elif adapter is None and self._steps:
-                count = sum(p.numel() for p in adapters.adapter_parameters(self.model).values())
-                warnings.warn(
-                    f"memlab: undo() discarded the trained {self.plan.adapter} adapters ({count:,} parameters, "
-                    f"{self._steps} step{'s' if self._steps != 1 else ''} of training); to keep that training "
-                    "write undo(adapter='merge') (into the base weights) or undo(adapter='keep') (the peft "
-                    "adapters stay on the model)",
-                    MemlabWarning,
-                    stacklevel=2,
-                )
+        deltas: dict[str, Any] = {}
+        heads: dict[str, Any] = {}
+        kept: dict[str, Any] = {}
+        if self.plan.adapter != "none" and adapter != "discard":
+            if adapter == "keep":
+                kept = {name: p.detach().clone() for name, p in adapters.adapter_parameters(self.model).items()}
+            else:
+                deltas = {name: d for name, d in adapters.adapter_deltas(self.model).items() if bool(d.any())}
+                heads = self._changed_heads(adapters.trained_heads(self.model))
+                if adapter is None and (deltas or heads):
+                    count = sum(p.numel() for p in adapters.adapter_parameters(self.model).values())
+                    warnings.warn(
+                        f"memlab: undo() merged the trained {self.plan.adapter} adapters ({count:,} parameters, "
+                        f"{self._steps} step{'s' if self._steps != 1 else ''} of training) into the base weights; "
+                        "write undo(adapter='keep') to keep them as peft adapters, or undo(adapter='discard') to "
+                        "drop their training",
+                        MemlabWarning,
+                        stacklevel=2,
+                    )
+        self._release()
+        if deltas or heads:
+            adapters.merge_deltas(self.model, deltas, heads)
+        elif kept:
+            adapters.reattach_adapters(self.model, self.plan, kept)
+        if _ACTIVE.get(self.model) is self:
+            del _ACTIVE[self.model]
+
+    def _changed_heads(self, heads: dict[str, Any]) -> dict[str, Any]:
+        """The trained task heads whose values differ from the model's own (only those are copied back)."""
+        original = {name.replace(".original_module.", "."): p for name, p in self.model.named_parameters()
+                    if ".original_module." in name}
+        return {name: value for name, value in heads.items()
+                if name not in original or not bool((original[name] == value).all())}
+
+    def _release(self) -> None:
+        """Take the plan off and let go of what apply built: the step, its optimizer and the optimizer's state
+        (cleared too, for a user who still holds the optimizer), the structure captured before."""
+        assert self._step is not None
+        optimizer = self._step.optimizer
         self._step.close()
         self._before.restore()
         self.active = False
-        if adapter == "merge":
-            adapters.merge_deltas(self.model, trained)
-        elif adapter == "keep" and trained:
-            adapters.reattach_adapters(self.model, self.plan, trained)
-        if _ACTIVE.get(self.model) is self:
-            del _ACTIVE[self.model]
+        state: Any = getattr(optimizer, "state", None)
+        if isinstance(state, dict):
+            state.clear()
+        self._step = None
 
     def __enter__(self) -> Applied:
         return self

@@ -110,8 +110,10 @@ def check_quantizable(model: nn.Module) -> None:
 def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     """Put the plan's adapters on the live model; the returned function takes them off again exactly.
 
-    LoRA: ``peft.inject_adapter_in_model`` with rank ``plan.lora_rank`` (alpha twice the rank, no dropout) on
-    :func:`adapter_targets`; peft freezes everything but the adapters. QLoRA: first the weight of each of
+    LoRA: ``peft.inject_adapter_in_model`` with the plan's ``LoraConfig`` on this model
+    (:func:`memlab.techniques.levers_model.lora_settings` with the model: the layers of :func:`adapter_targets`,
+    fused experts, a task head trained whole), the very keywords ``plan.to_peft_config(model)`` writes; peft
+    freezes everything but what they train. QLoRA: first the weight of each of
     :func:`quantized_targets` (the whole base, as 4-bit loading does, not only the adapted layers) is quantized to
     NF4 in a ``bitsandbytes.nn.Linear4bit`` that takes its place, and on CUDA the full-precision originals wait
     in host memory (their size in host RAM, and a copy each way) so that the device holds only the
@@ -135,8 +137,10 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
             f"({carried_settings(model)}), or build another rank or targets on the base model "
             "(peft_model.get_base_model() before get_peft_model) and measure that"
         )
-    targets = adapter_targets(model, plan.lora_targets)
-    if not targets:
+    from memlab.techniques.levers_model import lora_settings  # imported here: the declarations import this module
+
+    settings = lora_settings(plan, model)  # what the export writes too
+    if not settings["target_modules"] and not settings.get("target_parameters"):
         raise UnsupportedTechnique(
             f"adapter={plan.adapter!r} puts LoRA on linear layers (nn.Linear, Conv1D), and "
             f"lora_targets={plan.lora_targets!r} finds none in this model besides its output; write other "
@@ -152,10 +156,7 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     try:
         if plan.adapter == "qlora":
             parked = _quantize(model, quantized_targets(model), compute_dtype(plan))
-        from memlab.techniques.levers_model import lora_settings  # imported here: the declarations import this module
-
-        config = LoraConfig(**{**lora_settings(plan), "target_modules": targets})
-        inject_adapter_in_model(config, model)
+        inject_adapter_in_model(LoraConfig(**settings), model)
         if plan.weights != "bf16":
             _adapters_in_fp32(model)
     except BaseException:
@@ -232,7 +233,8 @@ def _quantize(
 
 
 def adapter_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The LoRA adapters' parameters on ``model`` (names with ``lora_``), by name, as they are now.
+    """What an adapter plan trains on ``model``, by name, as it is now: the LoRA adapters (names with ``lora_``)
+    and the trained copies of the task heads peft trains whole (``modules_to_save``).
 
     Example:
         >>> from memlab.plan import Plan
@@ -241,19 +243,20 @@ def adapter_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
         >>> sorted(adapter_parameters(model)), undo()
         (['0.lora_A.default.weight', '0.lora_B.default.weight'], None)
     """
-    return {name: p for name, p in model.named_parameters() if "lora_" in name}
+    return {name: p for name, p in model.named_parameters() if "lora_" in name or ".modules_to_save." in name}
 
 
 def adapter_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
     """What each LoRA layer on ``model`` adds to its base weight (peft's ``get_delta_weight``: ``B @ A * scaling``,
-    in the base weight's layout), by the adapted layer's name.
+    in the base weight's layout), by the name of the base parameter it adds to (``0.weight``; a fused expert's
+    ``...experts.gate_up_proj``, under the names the model has without adapters).
 
     Example:
         >>> from memlab.plan import Plan
         >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
         >>> undo = attach_adapter(model, Plan(adapter="lora", lora_rank=2))
         >>> {name: tuple(delta.shape) for name, delta in adapter_deltas(model).items()}, undo()
-        ({'0': (8, 8)}, None)
+        ({'0.weight': (8, 8)}, None)
     """
     from peft.tuners.lora import LoraLayer
 
@@ -261,35 +264,59 @@ def adapter_deltas(model: nn.Module) -> dict[str, torch.Tensor]:
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer):
             layer: Any = module  # each LoRA layer class defines get_delta_weight
+            owner = ".".join(part for part in name.split(".") if part != "base_layer")
+            key = f"{owner}.{getattr(layer, 'parameter_name', 'weight')}".lstrip(".")
             with torch.no_grad():
                 for adapter in layer.active_adapters:
                     delta = layer.get_delta_weight(adapter)
-                    deltas[name] = delta if name not in deltas else deltas[name] + delta
+                    deltas[key] = delta if key not in deltas else deltas[key] + delta
     return deltas
 
 
-def merge_deltas(model: nn.Module, deltas: dict[str, torch.Tensor]) -> None:
-    """Add :func:`adapter_deltas` into the weights of ``model``'s layers of the same names (a model the adapters
-    were taken off; a GPT-2 ``Conv1D`` holds its weight transposed).
+def trained_heads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trained values of the task heads peft trains whole (``modules_to_save``) on ``model``, by the name of
+    the head's parameter on the model without adapters.
+
+    Example:
+        >>> trained_heads(nn.Linear(2, 2))
+        {}
+    """
+    prefix = ".modules_to_save."
+    heads: dict[str, torch.Tensor] = {}
+    for name, parameter in model.named_parameters():
+        if prefix in name:
+            owner, _, rest = name.partition(prefix)
+            heads[f"{owner}.{rest.partition('.')[2]}"] = parameter.detach().clone()
+    return heads
+
+
+def merge_deltas(
+    model: nn.Module, deltas: dict[str, torch.Tensor], heads: dict[str, torch.Tensor] | None = None
+) -> None:
+    """Add :func:`adapter_deltas` into ``model``'s parameters of the same names (a model the adapters were taken
+    off; a GPT-2 ``Conv1D`` holds its weight transposed), and copy :func:`trained_heads` into its heads.
 
     Example:
         >>> model = nn.Linear(2, 2, bias=False)
         >>> with torch.no_grad():
         ...     _ = model.weight.zero_()
-        >>> merge_deltas(model, {"": torch.ones(2, 2)}); model.weight.sum().item()
+        >>> merge_deltas(model, {"weight": torch.ones(2, 2)}); model.weight.sum().item()
         4.0
     """
     with torch.no_grad():
         for name, delta in deltas.items():
-            weight: torch.Tensor = model.get_submodule(name).weight  # type: ignore[assignment]
+            weight = model.get_parameter(name)
             if delta.shape != weight.shape:
-                delta = delta.T
+                delta = delta.transpose(-2, -1)
             weight.add_(delta.to(weight.device, weight.dtype))
+        for name, value in (heads or {}).items():
+            model.get_parameter(name).copy_(value)
 
 
 def reattach_adapters(model: nn.Module, plan: Plan, trained: dict[str, torch.Tensor]) -> None:
-    """Put LoRA adapters of ``plan`` on ``model`` (peft's injection: only the adapters are trainable) holding the
-    ``trained`` values of :func:`adapter_parameters`; a QLoRA plan's adapters go on the full-precision base.
+    """Put LoRA adapters of ``plan`` on ``model`` (peft's injection: only what the plan trains is trainable)
+    holding the ``trained`` values of :func:`adapter_parameters`; a QLoRA plan's adapters go on the full-precision
+    base.
 
     Example:
         >>> from memlab.plan import Plan
@@ -304,8 +331,7 @@ def reattach_adapters(model: nn.Module, plan: Plan, trained: dict[str, torch.Ten
 
     from memlab.techniques.levers_model import lora_settings  # imported here: the declarations import this module
 
-    config = LoraConfig(**{**lora_settings(plan), "target_modules": adapter_targets(model, plan.lora_targets)})
-    inject_adapter_in_model(config, model)
+    inject_adapter_in_model(LoraConfig(**lora_settings(plan, model)), model)
     with torch.no_grad():
         for name, parameter in adapter_parameters(model).items():
             parameter.data = trained[name].detach().to(parameter.device).clone()

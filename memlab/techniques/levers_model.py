@@ -38,11 +38,14 @@ def lora_settings(plan: PlanLike, model: Any = None) -> dict[str, Any]:
     """The ``peft.LoraConfig`` keywords memlab measures an adapter plan with: rank ``plan.lora_rank``, alpha
     ``plan.lora_alpha`` (None: twice the rank), dropout ``plan.lora_dropout`` on the adapters' input, on the plan's
     ``lora_targets``: every linear layer but the output head (``target_modules="all-linear"``), peft's default layers
-    for the model's type (``None``: q and v projections for Llama-style models), or the names given (a list). With
-    ``model``, ``target_modules`` is the list of layers memlab adapts on it
-    (:func:`memlab.techniques.targets.adapter_targets`). Every export writes an adapter's ``LoraConfig`` from here, and
-    so does the adapter's technique (a lever of the LoraConfig extends this function and declares
-    :func:`in_lora_config`).
+    for the model's type (``None``: q and v projections for Llama-style models), or the names given (a list).
+
+    With ``model``, the targets are what LoRA trains on it, computed once
+    (:func:`memlab.techniques.targets.lora_targets_on`): ``target_modules`` the list of layers, and where the model
+    has them, ``target_parameters`` (fused MoE experts, with peft's ``rank_pattern``/``alpha_pattern``) and
+    ``modules_to_save`` (a task model's new head, trained whole). The adapter's technique injects exactly these
+    keywords, and every export writes an adapter's ``LoraConfig`` from here (a lever of the LoraConfig extends this
+    function and declares :func:`in_lora_config`).
 
     Example:
         >>> from memlab.plan import Plan
@@ -50,19 +53,45 @@ def lora_settings(plan: PlanLike, model: Any = None) -> dict[str, Any]:
         {'r': 8, 'lora_alpha': 16, 'lora_dropout': 0.0, 'target_modules': 'all-linear'}
         >>> lora_settings(Plan(adapter="lora", lora_targets=("q_proj", "k_proj"), lora_dropout=0.05))["lora_dropout"]
         0.05
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> bert = BertForSequenceClassification(BertConfig(hidden_size=16, num_hidden_layers=1,
+        ...                                                 num_attention_heads=2, intermediate_size=32))
+        >>> lora_settings(Plan(adapter="lora"), bert)["modules_to_save"]
+        ['classifier']
     """
     targets = plan.lora_targets
-    modules: Any = targets if targets == "all-linear" else None if targets == "attention" else list(targets)
-    if model is not None:
-        from torch import nn  # imported here: the declarations stay free of torch
-
-        if not isinstance(model, nn.Module):
-            raise MemlabError(f"model must be the torch nn.Module the config is for, not {type(model).__name__}")
-        from memlab.techniques.targets import adapter_targets
-
-        modules = adapter_targets(model, plan.lora_targets)
     alpha = plan.lora_alpha if plan.lora_alpha is not None else 2 * plan.lora_rank
-    return {"r": plan.lora_rank, "lora_alpha": alpha, "lora_dropout": plan.lora_dropout, "target_modules": modules}
+    settings: dict[str, Any] = {"r": plan.lora_rank, "lora_alpha": alpha, "lora_dropout": plan.lora_dropout}
+    if model is None:
+        settings["target_modules"] = targets if targets == "all-linear" else None if targets == "attention" \
+            else list(targets)
+        return settings
+    from torch import nn  # imported here: the declarations stay free of torch
+
+    if not isinstance(model, nn.Module):
+        raise MemlabError(f"model must be the torch nn.Module the config is for, not {type(model).__name__}")
+    from memlab.techniques.targets import lora_targets_on
+
+    return {**settings, **lora_targets_on(model, targets).settings(plan.lora_rank, alpha)}
+
+
+def _targets_from_peft(config: Any) -> Any:
+    """A LoraConfig's ``target_modules`` as the plan's ``lora_targets``: ``"all-linear"``, ``"attention"`` for
+    peft's defaults (None), or the layers' names (a tuple); None (the plan's default) for a regular expression.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> _targets_from_peft(SimpleNamespace(target_modules={"model.layers.0.q_proj", "model.layers.1.q_proj"}))
+        ('q_proj',)
+    """
+    modules = config.target_modules
+    if modules is None:
+        return "attention"
+    if isinstance(modules, str):
+        return "all-linear" if modules.lower() == "all-linear" else None
+    # peft stores "all-linear" resolved into full paths; by peft's matching a leaf name adapts that layer in every
+    # block, which is what such a list means
+    return tuple(sorted({str(name).rpartition(".")[2] for name in modules})) or None
 
 
 def _alpha_from_peft(config: Any) -> int | None:
@@ -365,6 +394,7 @@ DECLARATIONS = (
         "fewer adapter weights",
         technique=ADAPTERS,
         applies=with_adapter,
+        from_peft=_targets_from_peft,
         family=True,
         # Carried wherever the adapter is (and refused with it): LoraConfig(target_modules=...).
         exports=in_lora_config("target_modules"),

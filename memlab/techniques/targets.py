@@ -1,14 +1,111 @@
-"""Which layers LoRA adapts (:func:`adapter_targets`): the one list measurement (:mod:`memlab.techniques.adapters`)
-and the peft export (:func:`memlab.export.peft_config` with a model) both read. It imports neither
-:mod:`memlab.plan` nor peft at import time, so the exports can use it."""
+"""What LoRA trains on a model (:func:`lora_targets_on`): the layers it adapts, the fused expert parameters peft
+adapts in their place, and the new task heads trained whole (peft's ``modules_to_save``). It is the one computation
+that measurement (:mod:`memlab.techniques.adapters`) and the peft export (:func:`memlab.export.peft_config` with a
+model, through :func:`memlab.techniques.levers_model.lora_settings`) both read, so the export trains what the trial
+trained. It imports neither :mod:`memlab.plan` nor peft at import time, so the exports can use it."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
 from memlab.errors import UnsupportedTechnique
 
-__all__ = ["adapter_targets", "lora_layer_types", "output_head"]
+__all__ = ["HEAD_NAMES", "LoraTargets", "adapter_targets", "lora_layer_types", "lora_targets_on", "output_head",
+           "task_heads"]
+
+HEAD_NAMES = ("classifier", "score", "qa_outputs")
+"""The attribute names of a transformers task head that a task model creates new (sequence and token
+classification: peft's ``SEQ_CLS_HEAD_NAMES``; question answering: ``qa_outputs``), which peft trains whole for such
+a task (``modules_to_save``)."""
+
+
+@dataclass(frozen=True)
+class LoraTargets:
+    """What LoRA trains on one model: ``modules`` (``LoraConfig.target_modules``, full names), ``parameters``
+    (``target_parameters``: fused MoE expert weights, which peft adapts where transformers fused the experts'
+    linear layers into one 3-D parameter), ``fused`` (how many former projections each fused parameter holds:
+    peft multiplies the rank and alpha by it) and ``saved`` (``modules_to_save``: new task heads trained whole).
+
+    Example:
+        >>> LoraTargets(["0"]).settings(8, 16)
+        {'target_modules': ['0']}
+    """
+
+    modules: list[str]
+    parameters: list[str] = field(default_factory=list)
+    fused: dict[str, int] = field(default_factory=dict)
+    saved: list[str] = field(default_factory=list)
+
+    def settings(self, rank: int, alpha: int) -> dict[str, object]:
+        """The ``LoraConfig`` keywords these targets add, for adapters of ``rank`` and ``alpha``."""
+        settings: dict[str, object] = {"target_modules": list(self.modules)}
+        if self.parameters:
+            settings["target_parameters"] = list(self.parameters)
+        if self.fused:
+            settings["rank_pattern"] = {rf".*\.{name}": rank * count for name, count in self.fused.items()}
+            settings["alpha_pattern"] = {rf".*\.{name}": alpha * count for name, count in self.fused.items()}
+        if self.saved:
+            settings["modules_to_save"] = list(self.saved)
+        return settings
+
+
+def lora_targets_on(model: nn.Module, targets: str | tuple[str, ...] = "all-linear") -> LoraTargets:
+    """What LoRA with the plan's ``lora_targets`` trains on ``model`` (:class:`LoraTargets`): the layers of
+    :func:`adapter_targets`; on a transformers model whose experts are fused (Mixtral, OLMoE in transformers 5),
+    the expert and router parameters peft's own conversion targets for the same ``target_modules``; and on a task
+    model (a sequence classifier, ...) its new head (:func:`task_heads`), trained whole as peft's task types do.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        >>> lora_targets_on(model)
+        LoraTargets(modules=['0'], parameters=[], fused={}, saved=[])
+    """
+    modules = adapter_targets(model, targets)
+    parameters, fused = _fused_experts(model, targets)
+    return LoraTargets(modules, parameters, fused, task_heads(model))
+
+
+def task_heads(model: nn.Module) -> list[str]:
+    """The new task head of a transformers model without output embeddings (BERT's ``classifier``, Llama's
+    ``score``, ``qa_outputs``): what peft's task types train whole (``modules_to_save``); none elsewhere.
+
+    Example:
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> bert = BertForSequenceClassification(BertConfig(hidden_size=16, num_hidden_layers=1,
+        ...                                                 num_attention_heads=2, intermediate_size=32))
+        >>> task_heads(bert), task_heads(nn.Linear(2, 2))
+        (['classifier'], [])
+    """
+    if not hasattr(getattr(model, "config", None), "model_type") or output_head(model) is not None:
+        return []
+    children = dict(model.named_children())
+    return [name for name in HEAD_NAMES if isinstance(children.get(name), nn.Module)
+            and any(isinstance(m, lora_layer_types()) for m in children[name].modules())]
+
+
+def _fused_experts(model: nn.Module, targets: str | tuple[str, ...]) -> tuple[list[str], dict[str, int]]:
+    """The fused expert parameters peft targets for ``targets`` on ``model`` (its transformers 5 conversion of the
+    former expert and router layers), and how many former projections each holds; none where peft has no
+    conversion for the model or the installed peft predates it."""
+    if targets == "attention" or not hasattr(getattr(model, "config", None), "model_type"):
+        return [], {}
+    try:
+        from peft import LoraConfig
+        from peft.utils.transformers_weight_conversion import (
+            convert_peft_config_for_transformers,
+            get_model_conversion_mapping,
+        )
+    except ImportError:  # a peft without fused-expert support adapts only linear layers
+        return [], {}
+    config = LoraConfig(r=1, lora_alpha=1, target_modules=targets if isinstance(targets, str) else list(targets))
+    model_: Any = model  # a transformers model (it has a config with a model_type)
+    convert_peft_config_for_transformers(config, model_, get_model_conversion_mapping(model_))
+    parameters = sorted(config.target_parameters or ())
+    fused = {key.rpartition("\\.")[2]: int(value) for key, value in (config.rank_pattern or {}).items()}
+    return parameters, fused
 
 
 def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-linear") -> list[str]:
@@ -32,6 +129,11 @@ def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-line
         head = output_head(model)
         if head is not None:
             return [name for name in names if model.get_submodule(name) is not head]
+        heads = task_heads(model)
+        if heads:  # a task head is trained whole (modules_to_save), not adapted; peft matches it by the end of a
+            # module's name, so DistilBERT's pre_classifier is trained whole too
+            return [name for name in names if not any(
+                ".".join(name.split(".")[:k]).endswith(h) for h in heads for k in range(1, name.count(".") + 2))]
         return names[:-1] if len(names) > 1 else names
     if targets == "attention":
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS

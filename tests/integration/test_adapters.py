@@ -41,11 +41,12 @@ def test_lora_qlora_and_pure_bf16_each_save_what_they_promise_and_leave_the_mode
 def test_apply_trains_only_the_adapters_and_undo_leaves_the_base_exactly(plan):
     model, batch = tiny_llama(width=64), lm_batch()
     before = fingerprint(model)
-    with memlab.apply(model, plan, lr=1e-2) as applied:
-        trained = {id(p) for group in applied.optimizer.param_groups for p in group["params"]}
-        names = [n for n, p in model.named_parameters() if id(p) in trained]
-        assert names and all("lora_" in n for n in names)
-        losses = [applied.step(batch) for _ in range(8)]
+    applied = memlab.apply(model, plan, lr=1e-2)
+    trained = {id(p) for group in applied.optimizer.param_groups for p in group["params"]}
+    names = [n for n, p in model.named_parameters() if id(p) in trained]
+    assert names and all("lora_" in n for n in names)
+    losses = [applied.step(batch) for _ in range(8)]
+    applied.undo(adapter="discard")
     assert losses[-1] < losses[0]
     assert_same(before, fingerprint(model))
     assert adapter_modules(model) == []
@@ -191,17 +192,31 @@ def test_undo_keep_leaves_the_trained_adapters_on_the_model():
     assert not applied.active
 
 
-def test_a_plain_undo_after_adapter_training_discards_it_with_one_warning():
+def test_a_plain_undo_after_adapter_training_merges_it_with_one_warning():
     model, batch = tiny_llama(width=64), lm_batch()
     before = fingerprint(model)
     applied = memlab.apply(model, LORA, lr=1e-2)
     for _ in range(2):
         applied.step(batch)
-    with pytest.warns(MemlabWarning, match=r"(?s)discard.*2 steps.*undo\(adapter='merge'\)") as caught:
+    model.eval()
+    with torch.no_grad():
+        adapted = model(**batch).logits
+    with pytest.warns(MemlabWarning, match=r"(?s)merged.*2 steps.*undo\(adapter='keep'\).*'discard'") as caught:
         applied.undo()
     assert len([w for w in caught if issubclass(w.category, MemlabWarning)]) == 1
-    assert_same(before, fingerprint(model))
     assert adapter_modules(model) == []
+    with torch.no_grad():  # nothing of the training is lost: the model computes what the adapted one did
+        torch.testing.assert_close(model(**batch).logits, adapted, rtol=1e-4, atol=1e-4)
+    assert fingerprint(model).keys() == before.keys()
+
+
+def test_undo_discard_gives_back_the_model_as_it_was():
+    model, batch = tiny_llama(width=64), lm_batch()
+    before = fingerprint(model)
+    applied = memlab.apply(model, LORA, lr=1e-2)
+    applied.step(batch)
+    applied.undo(adapter="discard")
+    assert_same(before, fingerprint(model))
 
 
 def test_undo_with_an_adapter_choice_refuses_what_does_not_apply():

@@ -18,10 +18,11 @@ from typing import Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.utils.process import arg_split
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.frontends.cli_errors import sentence, unknown_arguments
+from memlab.frontends.jupyter.magic_usage import USAGE, as_options, at_least_one, grid_slip, line_sentence, usage_error
 from memlab.frontends.levers import lever_help, lever_specs
 from memlab.inference.plan import InferencePlan
 from memlab.live.batch import Batch, LossFn
@@ -39,29 +40,11 @@ _RESULT = "_memfit_loss_"
 _CELL_MAGIC_LINE = re.compile(r"^%%memfit(\s|$)")
 
 
-def usage_error(message: str) -> UsageError:
-    """A UsageError whose message is exactly one line.
-
-    Example:
-        >>> str(usage_error("two\\nlines"))
-        'two lines'
-    """
-    return UsageError(" ".join(str(message).split()))
-
-
 # --- the line ---------------------------------------------------------------------------------------------------
 
 
 DEFAULTS = RunOptions()
 """The run options a magic's line leaves as they are."""
-
-USAGE = (
-    "write %%memfit MODEL BATCH [--try KEY=V1,V2 ...] [--budget SIZE] [--batch-size N] [--steps N] "
-    "[--warmup N] [--noise F] [--time-limit S] [--lr LR] [--search] [--apply] [--dry-run [--gpus N|auto] "
-    "[--strategy fsdp2|zero2|zero3]] [--inference] [--quiet] [--verbose]; "
-    "%%memfit? shows the help"
-)
-"""What the one-line error of an unreadable line ends with."""
 
 ARGUMENTS = [
     argument("model", metavar="MODEL", help="name of the torch nn.Module (or transformers Trainer) in the notebook"),
@@ -215,42 +198,20 @@ def parse_line(magic: Callable[..., Any], line: str) -> Any:
         IPython.core.error.UsageError: --budget needs a value after it; write for example --budget 20MiB
     """
     try:
-        return parse_argstring(magic, line)
+        tokens = arg_split(line)
+    except ValueError:  # shlex: an unclosed quote
+        raise usage_error(
+            "a quote on the line is not closed; close it, e.g. --budget \"8GiB\", or write the value without quotes"
+        ) from None
+    try:
+        args = parse_argstring(magic, line)
     except UsageError as error:
-        raise usage_error(_line_sentence(magic, str(error))) from None
-    except ValueError as error:  # shlex: an unclosed quote
-        raise usage_error(f"the options cannot be read ({error}); {USAGE}") from None
-
-
-def _line_sentence(magic: Any, message: str) -> str:
-    """argparse's complaint about a ``%%memfit`` line as one sentence that says what to write."""
-    wrong_type = _WRONG_TYPE.search(message)
-    if wrong_type is not None:
-        return _wrong_type_sentence(*wrong_type.groups())
-    if re.search(r"required: MODEL", message):
-        return "MODEL is missing; write the names of your model and batch, e.g. %%memfit model batch"
-    parser = getattr(magic, "parser", None)
-    unknown = re.match(r"unrecognized arguments: (.*)", message)
-    if parser is not None and unknown:
-        return unknown_arguments(parser, unknown.group(1).split(), prog="%%memfit",
-                                 options_hint="%%memfit? lists the options")
-    if parser is not None and re.match(r"argument [^:]+: (expected|invalid choice)", message):
-        return sentence(parser, message)
-    return f"{message.rstrip('.')}; {USAGE}"
-
-
-_WRONG_TYPE = re.compile(r"argument (--[a-z-]+): invalid (int|float) value: '(.*)'")
-"""argparse's error for a value of the wrong type: the option, the type, the value."""
-
-_EXAMPLES = {"--batch-size": 8, "--max-trials": MAX_TRIALS, "--steps": DEFAULTS.steps, "--warmup": DEFAULTS.warmup,
-             "--noise": DEFAULTS.noise, "--time-limit": DEFAULTS.time_limit, "--lr": DEFAULTS.lr}
-
-
-def _wrong_type_sentence(option: str, kind: str, value: str) -> str:
-    """``--steps many`` -> ``--steps 'many' is not a whole number; write for example --steps 3``."""
-    what = "a whole number" if kind == "int" else "a number"
-    example = _EXAMPLES.get(option, 1)
-    return f"{option} {value!r} is not {what}; write for example {option} {example:g}"
+        raise usage_error(line_sentence(magic, str(error), tokens)) from None
+    at_least_one(args)
+    slip = grid_slip(args.grid)
+    if slip is not None:
+        raise usage_error(slip)
+    return args
 
 
 def read_line(line: str) -> Any:
@@ -297,7 +258,7 @@ def run_options(args: Any, **more: Any) -> RunOptions:
     try:
         return RunOptions.from_keywords(keywords)
     except MemlabError as error:
-        raise usage_error(str(error)) from None
+        raise usage_error(as_options(str(error), keywords)) from None
 
 
 # --- names ------------------------------------------------------------------------------------------------------

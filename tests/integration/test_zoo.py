@@ -1,0 +1,153 @@
+"""Every public entry point on every architecture of the zoo: each answers with a result or one MemlabError that
+says what to write, never a library's own exception.
+
+The zoo is :mod:`test_model_zoo`'s cases (decoders, mixture-of-experts, encoders, encoder-decoders, vision, audio,
+plain modules with odd batches) plus more transformers families built from tiny configs. For each model, in one test
+(the model built once and shared by the entry points): ``measure``, ``estimate`` for training and for inference (with
+the training-shaped batch, labels and all), ``apply`` of an adapter plan, one step and ``undo``, and every export
+(``to_training_arguments``, ``to_deepspeed``, ``to_code``, ``to_peft_config(model=...)``,
+``to_accelerate_config`` with ``layer_classes`` in one of the forms its docstring allows, in turn).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from models import assert_same, fingerprint
+from test_model_zoo import CASES, VOCAB, _tokens
+from torch import nn
+
+import memlab
+from memlab.errors import MemlabError
+from memlab.inference import InferencePlan
+
+Build = Callable[[], tuple[nn.Module, Any, Any]]
+SIZES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+
+
+def _lm(config: str, model: str, **settings: Any) -> Build:
+    def build() -> tuple[nn.Module, Any, Any]:
+        return getattr(transformers, model)(getattr(transformers, config)(**settings)), _tokens(), None
+
+    return build
+
+
+def _encoder(config: str, model: str, **settings: Any) -> Build:
+    def build() -> tuple[nn.Module, Any, Any]:
+        net = getattr(transformers, model)(getattr(transformers, config)(**settings))
+        return net, {"input_ids": _tokens()["input_ids"], "labels": torch.tensor([0, 1])}, None
+
+    return build
+
+
+def _image(config: str, model: str, **settings: Any) -> Build:
+    def build() -> tuple[nn.Module, Any, Any]:
+        net = getattr(transformers, model)(getattr(transformers, config)(**settings))
+        return net, {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([0, 1])}, None
+
+    return build
+
+
+MORE: dict[str, Build] = {
+    "gpt2": _lm("GPT2Config", "GPT2LMHeadModel", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2),
+    "opt": _lm("OPTConfig", "OPTForCausalLM", vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+               num_attention_heads=2, word_embed_proj_dim=32),
+    "bloom": _lm("BloomConfig", "BloomForCausalLM", vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=2),
+    "falcon": _lm("FalconConfig", "FalconForCausalLM", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                  num_attention_heads=2),
+    "phi": _lm("PhiConfig", "PhiForCausalLM", **SIZES),
+    "qwen3": _lm("Qwen3Config", "Qwen3ForCausalLM", **SIZES, num_key_value_heads=2, head_dim=16),
+    "gemma2": _lm("Gemma2Config", "Gemma2ForCausalLM", **SIZES, num_key_value_heads=2, head_dim=16),
+    "starcoder2": _lm("Starcoder2Config", "Starcoder2ForCausalLM", **SIZES, num_key_value_heads=2),
+    "stablelm": _lm("StableLmConfig", "StableLmForCausalLM", **SIZES, num_key_value_heads=2),
+    "gptj": _lm("GPTJConfig", "GPTJForCausalLM", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, rotary_dim=8),
+    "codegen": _lm("CodeGenConfig", "CodeGenForCausalLM", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2,
+                   rotary_dim=8),
+    "llama (score head)": _encoder("LlamaConfig", "LlamaForSequenceClassification", **SIZES, pad_token_id=0),
+    "bert (masked LM)": _lm("BertConfig", "BertForMaskedLM", **SIZES),
+    "bert (token classes)": lambda: (transformers.BertForTokenClassification(transformers.BertConfig(**SIZES)), {
+        "input_ids": _tokens()["input_ids"], "labels": _tokens()["labels"] % 2}, None),
+    "electra": _encoder("ElectraConfig", "ElectraForSequenceClassification", **SIZES, embedding_size=32),
+    "albert": _encoder("AlbertConfig", "AlbertForSequenceClassification", **SIZES, embedding_size=16),
+    "xlm_roberta": _encoder("XLMRobertaConfig", "XLMRobertaForSequenceClassification", **SIZES),
+    "mpnet": _encoder("MPNetConfig", "MPNetForSequenceClassification", **SIZES),
+    "mbart": _lm("MBartConfig", "MBartForConditionalGeneration", vocab_size=VOCAB, d_model=32, encoder_layers=1,
+                 decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                 decoder_ffn_dim=64),
+    "pegasus": _lm("PegasusConfig", "PegasusForConditionalGeneration", vocab_size=VOCAB, d_model=32,
+                   encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                   encoder_ffn_dim=64, decoder_ffn_dim=64),
+    "deit (vision)": _image("DeiTConfig", "DeiTForImageClassification", hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8),
+    "convnext (vision)": _image("ConvNextConfig", "ConvNextForImageClassification", hidden_sizes=[8, 16],
+                                depths=[1, 1], num_stages=2, image_size=32),
+    "resnet (vision)": _image("ResNetConfig", "ResNetForImageClassification", hidden_sizes=[8, 16], depths=[1, 1],
+                              embedding_size=8, layer_type="basic"),
+}
+ZOO: dict[str, Build] = {**CASES, **MORE}
+LAYER_CLASSES_FORMS = ("name", "names", "tuple", "class", "none")
+
+
+def _layer_classes(model: nn.Module, form: str) -> Any:
+    blocks = list(getattr(model, "_no_split_modules", None) or ())
+    block = next((m for m in model.modules() if type(m).__name__ in blocks), None)
+    if block is None or form == "none":
+        return None
+    return {"name": type(block).__name__, "names": [type(block).__name__], "tuple": (type(block).__name__,),
+            "class": type(block)}[form]
+
+
+def _answer(results: dict[str, Any], entry: str, call: Callable[[], Any]) -> None:
+    try:
+        results[entry] = call()
+    except MemlabError as error:
+        message = str(error)
+        assert "\n" not in message.strip() and message, (entry, message)
+        results[entry] = error
+    except Exception as error:  # noqa: BLE001 - what the test is about
+        pytest.fail(f"{entry} raised a library's own {type(error).__name__}: {error}")
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_every_entry_point_answers_on_every_architecture(name: str) -> None:
+    torch.manual_seed(0)
+    model, batch, loss_fn = ZOO[name]()
+    before = fingerprint(model)
+    results: dict[str, Any] = {}
+    quick: dict[str, Any] = dict(steps=1, warmup=0, noise=0, progress=False)
+    lora = memlab.Plan(adapter="lora", lora_rank=2)
+    _answer(results, "measure", lambda: memlab.measure(model, batch, memlab.Plan(), loss_fn=loss_fn, **quick))
+    _answer(results, "estimate", lambda: memlab.estimate(model, batch, memlab.Plan(), loss_fn=loss_fn, device="cpu"))
+    _answer(results, "estimate inference", lambda: memlab.estimate(model, batch, InferencePlan(), device="cpu"))
+
+    def apply_step_undo() -> float:
+        applied = memlab.apply(model, lora, loss_fn=loss_fn, lr=1e-3)
+        try:
+            return applied.step(batch)
+        finally:
+            applied.undo(adapter="discard")
+
+    _answer(results, "apply/undo", apply_step_undo)
+    _answer(results, "to_training_arguments", memlab.Plan(checkpointing=True).to_training_arguments)
+    _answer(results, "to_deepspeed", memlab.Plan(precision="bf16").to_deepspeed)
+    _answer(results, "to_code", lora.to_code)
+    _answer(results, "to_peft_config", lambda: lora.to_peft_config(model=model))
+    form = LAYER_CLASSES_FORMS[list(ZOO).index(name) % len(LAYER_CLASSES_FORMS)]
+    _answer(results, "to_accelerate_config", lambda: memlab.Plan().to_accelerate_config(
+        gpus=2, strategy="fsdp2", layer_classes=_layer_classes(model, form)))
+
+    assert_same(before, fingerprint(model))
+    assert results["measure"].status == "ok", results["measure"].error  # every zoo model trains plainly
+    assert not isinstance(results["estimate"], MemlabError), results["estimate"]
+    for entry in ("measure", "estimate"):
+        assert results[entry].status == "ok", (entry, results[entry].error)
+    refused = {entry: str(value) for entry, value in results.items() if isinstance(value, MemlabError)}
+    assert all("write" in message or "use" in message or "pass" in message for message in refused.values()), refused
+
+
+def test_the_zoo_is_large() -> None:
+    assert len(ZOO) >= 40

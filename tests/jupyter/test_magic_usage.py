@@ -1,0 +1,117 @@
+"""Every usage error of ``%%memfit`` names the fix: a list generated over the magic's declared options (each one
+misspelt, given without its value, with two values, with a value of the wrong kind, negative, or, for a switch,
+with a value) and the slips people make (a space before a size's unit, ``--try key value``, an unknown option, a
+third name, an autocorrected dash). Each case runs the whole magic and expects the one-line UsageError to contain
+the exact text to write."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterator
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.testing import globalipapp
+from models import lm_batch, tiny_gpt2
+
+from memlab.frontends.cli_errors import EXAMPLES
+from memlab.frontends.jupyter.magic_parse import memfit_arguments
+
+LINE = "model batch"
+
+
+def _parser() -> argparse.ArgumentParser:
+    def memfit(line: str) -> None:
+        """The magic."""
+
+    parser: argparse.ArgumentParser = memfit_arguments(memfit).parser  # type: ignore[attr-defined]
+    return parser
+
+
+def _options() -> list[tuple[str, bool, type | None]]:
+    """Each declared option: its name, whether it takes a value, its value type."""
+    return [
+        (action.option_strings[0], action.nargs != 0, action.type if callable(action.type) else None)
+        for action in _parser()._actions if action.option_strings and action.option_strings[0] != "-h"
+    ]
+
+
+def _cases() -> list[tuple[str, str, str]]:
+    """(id, line, text the error must contain)."""
+    cases: list[tuple[str, str, str]] = []
+    for option, takes_value, kind in _options():
+        name = option[2:]
+        value = "precision=bf16" if option == "--try" else EXAMPLES.get(option, "auto" if option == "--gpus" else "2")
+        tail = f" {value}" if takes_value else ""
+        if "-" in name:
+            cases.append((f"{name}-underscore", f"{LINE} --{name.replace('-', '_')}{tail}", f"write {option}"))
+        cases.append((f"{name}-capital", f"{LINE} --{name.capitalize()}{tail}", f"write {option}"))
+        cases.append((f"{name}-one-dash", f"{LINE} -{name}{tail}", f"write {option}"))
+        cases.append((f"{name}-dash-autocorrected", f"{LINE} \u2014{name}{tail}", f"write {option}"))
+        cases.append((f"{name}-space-after-dashes", f"{LINE} -- {name}{tail}", f"write {option}"))
+        cases.append((f"{name}-as-a-third-name", f"{LINE} {name}{tail}", f"write {option}"))
+        if not takes_value:
+            cases.append((f"{name}-given-a-value", f"{LINE} {option} yes", f"write {option} alone, without 'yes'"))
+            continue
+        cases.append((f"{name}-without-value", f"{LINE} {option}", f"write for example {option} "))
+        if option != "--try":
+            fix = f"write {option} {value} and drop"
+            cases.append((f"{name}-two-values", f"{LINE} {option} {value} {value}x", fix))
+        if kind in (int, float):
+            cases.append((f"{name}-not-a-number", f"{LINE} {option} lots", f"; write for example {option} "))
+            cases.append((f"{name}-negative", f"{LINE} {option} -3", f"{option}"))
+    for unit in ("GiB", "GB", "MiB", "G"):
+        cases.append((f"budget-space-before-{unit}", f"{LINE} --budget 8 {unit}", f"write --budget 8{unit}"))
+    cases += [
+        ("budget-negative", f"{LINE} --budget -1GiB", "write a positive value, e.g. --budget "),
+        ("budget-without-unit", f"{LINE} --budget 24", "write the unit, such as 24GiB"),
+        ("size-as-a-third-name", f"{LINE} 8GiB", "write --budget 8GiB"),
+        ("unknown-option", f"{LINE} --foo", "write one of --try, --budget, --batch-size"),
+        ("unknown-option-with-value", f"{LINE} --colour=red", "write one of --try, --budget"),
+        ("misspelt-option", f"{LINE} --bugdet 8GiB", "write --budget"),
+        ("short-option", f"{LINE} -b 8GiB", "write --budget or --batch-size"),
+        ("third-name", f"{LINE} extra", "drop 'extra'"),
+        ("try-key-space-value", f"{LINE} --try precision bf16", "write --try precision=bf16"),
+        ("try-space-after-comma", f"{LINE} --try precision=fp32, bf16", "write --try precision=fp32,bf16"),
+        ("try-space-after-equals", f"{LINE} --try precision= bf16", "write --try precision=bf16"),
+        ("try-colon", f"{LINE} --try precision:bf16", "write --try precision=bf16"),
+        ("try-two-keys-spaced", f"{LINE} --try precision fp32,bf16 checkpointing on",
+         "write --try precision=fp32,bf16 checkpointing=on"),
+        ("try-unknown-key", f"{LINE} --try colour=red", "write one of micro_batch, accumulation"),
+        ("try-unknown-value", f"{LINE} --try precision=fp64", "write one of fp32, bf16, fp16"),
+        ("unclosed-quote", f'{LINE} --budget "8GiB', "close it"),
+    ]
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    ip = globalipapp.get_ipython()
+    assert ip is not None
+    ip.run_line_magic("load_ext", "memlab")
+    saved = {name: ip.user_ns.get(name) for name in ("model", "batch")}
+    ip.user_ns.update(model=tiny_gpt2(layers=1, width=16), batch=lm_batch(rows=2, length=8))
+    yield ip
+    ip.user_ns.update(saved)
+
+
+def test_the_list_covers_every_option_of_the_declarations() -> None:
+    options = {option for option, _, _ in _options()}
+    assert options and all(any(f" {option}" in line for _, line, _ in CASES) for option in options)
+    assert len(CASES) >= 100 and len({case for case, _, _ in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(("line", "fix"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_each_usage_error_names_the_fix(shell: InteractiveShell, line: str, fix: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("memfit", line)
+    message = str(caught.value)
+    assert "\n" not in message and len(message) < 400, message
+    assert fix in message, message
+    assert re.search(r"\b(write|add|drop|close) ", message), message
+    assert "lists the options" not in message and "%%memfit takes no value" not in message, message
