@@ -7,9 +7,10 @@ the model's shapes in fp32 (:func:`memlab.estimation.configs.meta_model`); :func
 weights the dtypes and layouts that load gives them, so that the allocated peak, the reserve and the card figure are
 those of the user's run:
 
-- ``torch_dtype`` (``dtype`` in transformers 5): every floating parameter and buffer in that dtype, but the
-  model's ``_keep_in_fp32_modules`` under fp16 and its ``_keep_in_fp32_modules_strict`` under fp16 or bf16, as
-  transformers keeps them; ``"auto"`` (or none, with a quantization) is the config's own dtype, else fp32;
+- ``torch_dtype`` (``dtype`` in transformers 5): every floating parameter in that dtype, but the model's
+  ``_keep_in_fp32_modules`` under fp16 and its ``_keep_in_fp32_modules_strict`` under fp16 or bf16, as
+  transformers keeps them; buffers keep the dtype the model's code gives them (a rotary ``inv_freq`` stays fp32);
+  ``"auto"`` (or none, with a quantization) is the config's own dtype, else fp32;
 - ``quantization_config`` (a ``BitsAndBytesConfig`` or its dict): ``load_in_4bit`` puts every linear layer of the
   base but the output head, the ``_keep_in_fp32_modules`` and the ``llm_int8_skip_modules`` in 4-bit
   (``bnb_4bit_quant_type`` NF4 or FP4: the same bytes; ``bnb_4bit_use_double_quant``; computing in
@@ -259,7 +260,7 @@ def apply_load(model: nn.Module, load: Load, mode: Any, device: torch.device) ->
         seen: set[int] = set()
         for name, module in model.named_modules():
             target = torch.float32 if any(f".{k}." in f".{name}." for k in keep) else dtype
-            for tensor in [*module._parameters.values(), *module._buffers.values()]:
+            for tensor in module._parameters.values():
                 if tensor is None or id(tensor) in seen or not tensor.is_floating_point() or tensor.dtype == target:
                     continue
                 seen.add(id(tensor))
