@@ -122,7 +122,7 @@ def parse_load(load: Mapping[str, Any] | None, plan: Plan) -> Load:
         >>> load = parse_load({"torch_dtype": "bfloat16", "quantization_config": {"load_in_4bit": True}},
         ...                   Plan(adapter="lora"))
         >>> load.dtype, load.quantize, load.compute_dtype, load.double_quant
-        (torch.bfloat16, 'nf4', torch.float32, False)
+        (torch.bfloat16, 'fp4', torch.float32, False)
     """
     if load is None:
         return implied_load(plan)
