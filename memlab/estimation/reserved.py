@@ -120,6 +120,11 @@ def placement_order(model: nn.Module) -> list[torch.Tensor]:
     return tensors
 
 
+def _storage_id(tensor: torch.Tensor) -> int:
+    """Which storage ``tensor`` is, for as long as it lives."""
+    return int(tensor.untyped_storage()._cdata)
+
+
 class ReservedTrace:
     """Records one dry-run trial's allocations on ``device`` (the fake tensors' device) into a
     :class:`~memlab.estimation.cuda_allocator.CachingAllocator` and reads its reserved peak as a CUDA trial would.
@@ -155,6 +160,9 @@ class ReservedTrace:
         self.allocated_bytes: int | None = None
         self._allocator: CachingAllocator | None = None
         self._paused = False
+        self._model: nn.Module | None = None
+        self._placed: dict[int, int] = {}
+        self._placing: list[int] | None = None
 
     def pause(self) -> None:
         """Record no new storage until the runner says the trial has started (its snapshot is host memory)."""
@@ -162,9 +170,20 @@ class ReservedTrace:
 
     def release(self) -> None:
         """Give back the cached segments nothing holds (``torch.cuda.empty_cache``), as the CUDA probe does before a
-        plan's first step."""
-        if self._allocator is not None:
-            self._allocator.empty_cache()
+        plan's first step, and start the peaks from there: a measured trial reads the allocator's peaks over its
+        steps only (each step's :class:`~memlab.measure.cuda.CudaPeak` resets them), so what the set-up reached
+        before them (a model placed in fp32 and cast) is in neither, even without a warm-up step (inference)."""
+        allocator = self._allocator
+        if allocator is None:
+            return
+        # The weights placed that the model no longer holds (a cast's or a quantization's originals) are in host
+        # memory on a CUDA run (memlab parks them there), and nowhere in the user's run, which loaded them so.
+        held = {_storage_id(tensor) for tensor in placement_order(self._model)} if self._model is not None else set()
+        for key, storage in self._placed.items():
+            if storage not in held and allocator.holds(key):
+                allocator.free(key)
+        allocator.empty_cache()
+        allocator.reset_peak()
 
     def listen(self, event: Event) -> None:
         """The runner's listener: the trial starts; the tracked step begins after the last warm-up step, and ends
@@ -196,9 +215,16 @@ class ReservedTrace:
             # Frees that come after the trial (its leftovers collected later) are not this trial's.
             if live[0] and not (self._paused and size > 0 and not allocator.holds(key)):
                 allocator.record(key, size)
+                if self._placing is not None and size > 0:
+                    self._placing.append(key)
 
         tracker = MemoryTracker(device=self.device, on_storage=record)
-        tracker.mark(placement_order(model), "params")
+        self._model, self._placed = model, {}
+        for tensor in placement_order(model):  # one at a time, to know which storage each key is
+            self._placing = []
+            tracker.mark([tensor], "params")
+            self._placed.update(dict.fromkeys(self._placing, _storage_id(tensor)))
+        self._placing = None
         tracker.mark([tensor for _, tensor in named_tensors(batch)], "other")
         for handle, size in enumerate(self.workspaces):
             allocator.malloc(("cuBLAS workspace", handle), size)
@@ -216,4 +242,5 @@ class ReservedTrace:
                 mode.observer = None  # type: ignore[union-attr]
             live[0] = False
             self._allocator = None
+            self._model, self._placed = None, {}
 
