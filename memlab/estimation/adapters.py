@@ -42,10 +42,16 @@ def nf4_bytes(numel: int) -> int:
 
 
 class FakeNF4Linear(nn.Linear):
-    """A linear layer whose weight is NF4, for fake tensors: the 4-bit storage as a frozen uint8 parameter and its
-    scales as buffers; ``forward`` dequantizes into a ``compute_dtype`` temporary (never kept for backward)."""
+    """A linear layer whose weight is 4-bit (NF4 or FP4: the same bytes), for fake tensors, laid out as
+    bitsandbytes' ``Params4bit`` holds it: the packed values as a frozen uint8 parameter, and as buffers its
+    ``QuantState``: one scale per block of 64 (uint8 with double quantization, else float32), the 16-value code,
+    and with double quantization a float32 scale per 256 block scales, their offset and their 256-value code.
+    ``forward`` dequantizes into a ``compute_dtype`` temporary (never kept for backward)."""
 
-    def __init__(self, original: nn.Linear, dtype: torch.dtype, mode: FakeTensorMode, device: torch.device) -> None:
+    def __init__(
+        self, original: nn.Linear, dtype: torch.dtype, mode: FakeTensorMode, device: torch.device,
+        *, double_quant: bool = True,
+    ) -> None:
         nn.Module.__init__(self)
         self.in_features, self.out_features = original.in_features, original.out_features
         self.compute_dtype = dtype
@@ -53,12 +59,19 @@ class FakeNF4Linear(nn.Linear):
         blocks = math.ceil(numel / NF4_BLOCK)
         with mode:
             packed = torch.empty(((numel + 1) // 2, 1), dtype=torch.uint8, device=device)
-            scales = torch.empty(blocks, dtype=torch.uint8, device=device)
-            nested = torch.empty(math.ceil(blocks / NESTED_BLOCK), dtype=torch.float32, device=device)
+            state = {"code": torch.empty(16, dtype=torch.float32, device=device)}
+            if double_quant:
+                state["block_scales"] = torch.empty(blocks, dtype=torch.uint8, device=device)
+                state["nested_scales"] = torch.empty(math.ceil(blocks / NESTED_BLOCK), dtype=torch.float32,
+                                                     device=device)
+                state["nested_offset"] = torch.empty((), dtype=torch.float32, device=device)
+                state["nested_code"] = torch.empty(256, dtype=torch.float32, device=device)
+            else:
+                state["block_scales"] = torch.empty(blocks, dtype=torch.float32, device=device)
         self.weight = nn.Parameter(packed, requires_grad=False)
         self.bias = original.bias
-        self.register_buffer("block_scales", scales, persistent=False)
-        self.register_buffer("nested_scales", nested, persistent=False)
+        for name, tensor in state.items():
+            self.register_buffer(name, tensor, persistent=False)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         # As Linear4bit.forward: in at the compute dtype, out at the input's dtype.
@@ -67,6 +80,23 @@ class FakeNF4Linear(nn.Linear):
         if self.bias is not None:
             output = output + self.bias.to(self.compute_dtype)
         return output.to(inputs.dtype)
+
+
+class FakeInt8Linear(FakeNF4Linear):
+    """A linear layer whose weight is LLM.int8, for fake tensors, laid out as bitsandbytes' ``Int8Params``: the
+    int8 weight as a frozen parameter and one float32 scale per row (``SCB``); ``forward`` as :class:`FakeNF4Linear`
+    (bitsandbytes' int8 backward multiplies by the dequantized weight, a temporary too)."""
+
+    def __init__(self, original: nn.Linear, dtype: torch.dtype, mode: FakeTensorMode, device: torch.device) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = original.in_features, original.out_features
+        self.compute_dtype = dtype
+        with mode:
+            weight = torch.empty((self.out_features, self.in_features), dtype=torch.int8, device=device)
+            scales = torch.empty(self.out_features, dtype=torch.float32, device=device)
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = original.bias
+        self.register_buffer("SCB", scales, persistent=False)
 
 
 class _DequantizedLinear(torch.autograd.Function):
@@ -100,7 +130,8 @@ def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, devi
     """
     structure = ModuleStructure.capture(model)
     try:
-        if plan.adapter == "qlora":
+        if plan.adapter == "qlora" and not any(isinstance(m, FakeNF4Linear) for m in model.modules()):
+            # Quantized here unless the load already did (memlab.estimation.load: the base loaded in 4-bit).
             check_quantizable(model)
             dtype = compute_dtype(plan)
             for name in quantized_targets(model):

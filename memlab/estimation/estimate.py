@@ -21,6 +21,7 @@ The names the single-GPU steps define are importable from here too (``estimate_p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -68,6 +69,7 @@ def estimate(
     gpus: int = 1,
     strategy: str = "none",
     gpu: str | None = None,
+    load: Mapping[str, Any] | None = None,
 ) -> Trial:
     """Predict the memory of one steady-state training step of ``plan``, on fake tensors (nothing runs for real).
 
@@ -104,6 +106,13 @@ def estimate(
         gpu: the kind of GPU a CUDA estimate is for, which sets the CUDA context (per GPU when sharded) and, made
             without CUDA, the attention kernels emulated: a name from :data:`memlab.estimation.gpus.GPUS`, default
             ``"H100-80GB"``. The trial's notes name it.
+        load: how the user loads the model: the keyword arguments they pass to ``from_pretrained``
+            (``torch_dtype``, or ``dtype``; ``quantization_config`` as a ``BitsAndBytesConfig`` or its dict). The dry
+            run of a config, a name or a meta model materialises the weights that way, so that the allocated peak,
+            the reserve and the card figure are those of the user's run (see :mod:`memlab.estimation.load`).
+            Default: the load the plan implies (``weights="bf16"`` loads in bf16, ``adapter="qlora"`` in 4-bit NF4
+            with bf16 compute, anything else in fp32). A live model is estimated as it is loaded (``load=`` is
+            refused for it). The trial's notes name the load assumed.
 
     An :class:`memlab.InferencePlan` estimates inference instead (one forward, or a generation, as
     ``memlab.measure`` runs it; see :func:`estimate_inference`): an :class:`~memlab.report.InferenceTrial` whose
@@ -118,6 +127,10 @@ def estimate(
         ...                  device="cpu", budget="64MiB")
         >>> trial.status, trial.estimated, trial.fits, sum(trial.breakdown.values()) == trial.peak_bytes
         ('ok', True, True, True)
+        >>> loaded = estimate(config, {"input_ids": (2, 32), "labels": (2, 32)}, Plan(adapter="lora", lora_rank=4),
+        ...                   load={"torch_dtype": torch.bfloat16}, device="cpu")
+        >>> loaded.breakdown["params"] < trial.breakdown["params"], any("torch.bfloat16" in n for n in loaded.notes)
+        (True, True)
     """
     note = None
     if is_trainer(model_or_config):  # its model and compute_loss; without a batch, its dataset's worst batch
@@ -134,7 +147,7 @@ def estimate(
     gpu_kind(gpu)  # an unknown GPU is refused before anything is built
     if note is not None:
         return noted([estimate(model_or_config, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device,
-                               gpus=gpus, strategy=strategy, gpu=gpu)], note)[0]
+                               gpus=gpus, strategy=strategy, gpu=gpu, load=load)], note)[0]
     if is_inference(plan):
         if isinstance(plan, (list, tuple)):
             raise MemlabError(
@@ -144,6 +157,9 @@ def estimate(
             )
         if gpus != 1 or strategy != "none":
             raise MemlabError("an InferencePlan is estimated on one device; drop gpus= and strategy=")
+        if load is not None:
+            raise MemlabError("an InferencePlan says how its weights are held itself (weights=, quantize=); drop load= "
+                              "and write e.g. InferencePlan(quantize='nf4')")
         inference = cast("InferencePlan", plan)
         return card_context(estimate_inference(model_or_config, batch, [inference], loss_fn=loss_fn, budget=budget,
                                                device=device, gpu=gpu)[0], gpu)
@@ -151,8 +167,11 @@ def estimate(
     if gpus != 1 or strategy != "none":
         gpus, strategy = check_sharding(gpus, strategy)
         if strategy != "none":
+            if load is not None:
+                raise MemlabError(f"load= is not estimated for strategy={strategy!r} yet; drop load= (the plan's "
+                                  "weights= sets the dtype of the sharded weights), or estimate one GPU with it")
             return sharded_estimate(model_or_config, batch, training, gpus=gpus, strategy=strategy, loss_fn=loss_fn,
                                     budget=budget, lr=lr, device=device, gpu=gpu)
     trial = estimate_plans(model_or_config, batch, [training], loss_fn=loss_fn, budget=budget, lr=lr, device=device,
-                           gpu=gpu)[0]
+                           gpu=gpu, load=load)[0]
     return card_context(trial, gpu)

@@ -40,8 +40,8 @@ __all__ = [
 ]
 
 BLIND_SPOTS = (
-    "estimated on fake tensors: the peak is the allocated peak (the allocator's reserve, kernel workspaces and the "
-    "CUDA context are not in it)"
+    "estimated on fake tensors: peak_bytes is the allocated peak (memory an operator takes and gives back inside "
+    "itself is not in it)"
 )
 """The note every estimate carries: what no fake-tensor run can see."""
 

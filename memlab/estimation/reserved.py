@@ -9,11 +9,15 @@ that hold the model's weights, the batch and cuBLAS's workspaces. :class:`Reserv
 
 1. the weights, then the batch, are allocated one storage at a time in the order ``model.to("cuda")`` moves them
    (each module's children first, then its parameters, then its buffers);
-2. cuBLAS's workspaces, which live as long as the process: :data:`CUBLAS_WORKSPACE_BYTES` each for the forward
-   (the Python thread) and for the backward (autograd's device thread has its own cuBLAS handle);
+2. cuBLAS's workspaces, which live as long as the process, one per cuBLAS handle: the forward's (the Python
+   thread) and in training the backward's (autograd's device thread has its own handle), each as PyTorch sizes it
+   for the GPU kind (:func:`cublas_workspace_bytes`);
 3. the trial itself, followed by a :class:`~memlab.measure.tracker.MemoryTracker` that reports every storage
    (``on_storage``); the runner's events mark where the tracked step begins (the last warm-up step finished:
-   the peak is reset) and ends (the reading).
+   the peak is reset) and ends (the reading). Where the CUDA probe gives the cached segments back (after the
+   plan is put on, before its first step: :class:`~memlab.measure.probes.CudaProbe`), the model does too
+   (:meth:`ReservedTrace.release`, the :class:`~memlab.measure.probes.FakeProbe`'s ``on_release``): what a cast or
+   a quantization left is not in the step's reserve.
 
 Between :meth:`ReservedTrace.pause` (called just before ``runner.run``) and the runner's ``TrialStarted`` new
 storages are not recorded: that is where the runner copies the trainable weights for its snapshot, which a CUDA run
@@ -26,6 +30,8 @@ on other streams (the offload levers' copies).
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,19 +44,57 @@ from memlab.events import Event, StepFinished, TrialStarted
 from memlab.live.batch import Batch, named_tensors
 from memlab.measure.tracker import MemoryTracker
 
-__all__ = ["CUBLAS_WORKSPACE_BYTES", "CUBLAS_WORKSPACES", "RESERVED_NOTE", "ReservedTrace", "placement_order"]
+__all__ = [
+    "CUBLAS_DEFAULT_WORKSPACE_BYTES",
+    "CUBLAS_WORKSPACES",
+    "CUBLAS_WORKSPACE_BYTES",
+    "RESERVED_NOTE",
+    "ReservedTrace",
+    "cublas_workspace_bytes",
+    "placement_order",
+]
 
 CUBLAS_WORKSPACE_BYTES = 32 * MIB
-"""cuBLAS's workspace per (handle, stream) on Hopper and later GPUs (``parseChosenWorkspaceSize`` in
-``aten/src/ATen/cuda/CublasHandlePool.cpp``: ``4096 * 8 * 1024`` for compute capability 9 and up; the estimate
-assumes an H100)."""
+"""cuBLAS's workspace per (handle, stream) on Hopper (compute capability 9.0): ``4096 * 8 * 1024``."""
+
+CUBLAS_DEFAULT_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""cuBLAS's workspace per (handle, stream) on every other NVIDIA GPU (Ampere, Ada, and Blackwell too):
+``:4096:2:16:8``, 8 MiB and 128 KiB."""
 
 CUBLAS_WORKSPACES = 2
-"""cuBLAS handles are per thread: the forward's (the Python thread) and the backward's (autograd's device thread)."""
+"""cuBLAS handles are per thread: in training the forward's (the Python thread) and the backward's (autograd's
+device thread); inference has the first only."""
+
+
+def cublas_workspace_bytes(capability: tuple[int, int] = (9, 0), config: str | None = None) -> int:
+    """The bytes PyTorch gives each cuBLAS handle as its workspace on a GPU of compute ``capability``, as
+    ``parseChosenWorkspaceSize`` (``aten/src/ATen/cuda/CublasHandlePool.cpp``) sizes it: ``CUBLAS_WORKSPACE_CONFIG``
+    when set (``:SIZE:COUNT`` pairs in KiB, summed: ``:4096:8`` is 32 MiB), else 32 MiB on sm90 (Hopper: H100,
+    H200) and ``:4096:2:16:8`` (8 MiB + 128 KiB) on every other GPU. ``config`` default: this process's
+    ``CUBLAS_WORKSPACE_CONFIG``.
+
+    cuBLASLt's own workspace (``CUBLASLT_WORKSPACE_SIZE``, 1 MiB by default, at most cuBLAS's) is allocated only at
+    cuBLASLt's first use (a matmul with a bias epilogue) and is not counted: at most one 2 MiB segment per handle.
+
+    Example:
+        >>> cublas_workspace_bytes((9, 0), "") // MIB, cublas_workspace_bytes((8, 0), "") / MIB
+        (32, 8.125)
+        >>> cublas_workspace_bytes((8, 0), ":4096:8") // MIB, cublas_workspace_bytes((9, 0), ":16:8") // 1024
+        (32, 128)
+    """
+    if config is None:
+        config = os.environ.get("CUBLAS_WORKSPACE_CONFIG", "")
+    default = CUBLAS_WORKSPACE_BYTES if tuple(capability) == (9, 0) else CUBLAS_DEFAULT_WORKSPACE_BYTES
+    if not config:
+        return default
+    pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+    return sum(int(size) * 1024 * int(count) for size, count in pairs) if pairs else default
+
 
 RESERVED_NOTE = (
     "reserved_bytes: this step's allocations replayed through a model of PyTorch's CUDA caching allocator "
-    "(segments, rounding, fragmentation, cuBLAS workspaces); the CUDA context is not included"
+    "(segments, rounding, fragmentation, cuBLAS's workspaces as PyTorch sizes them for the GPU); the card figure "
+    "adds the CUDA context"
 )
 """The note of an estimate that carries ``reserved_bytes``."""
 
@@ -76,9 +120,17 @@ def placement_order(model: nn.Module) -> list[torch.Tensor]:
     return tensors
 
 
+def _storage_id(tensor: torch.Tensor) -> int:
+    """Which storage ``tensor`` is, for as long as it lives."""
+    return int(tensor.untyped_storage()._cdata)
+
+
 class ReservedTrace:
     """Records one dry-run trial's allocations on ``device`` (the fake tensors' device) into a
     :class:`~memlab.estimation.cuda_allocator.CachingAllocator` and reads its reserved peak as a CUDA trial would.
+
+    ``capability`` is the compute capability of the GPU kind (default an H100's) and ``handles`` the cuBLAS handles
+    the workload uses (two in training, one in inference): they size the cuBLAS workspaces.
 
     Pass :meth:`listen` as the runner's ``listener``, run each trial inside :meth:`trial` and call :meth:`pause`
     just before ``runner.run``; ``reserved_bytes`` is then the trial's reserved peak, or None when it had no tracked
@@ -99,16 +151,39 @@ class ReservedTrace:
         70
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, capability: tuple[int, int] = (9, 0), handles: int = CUBLAS_WORKSPACES,
+                 ) -> None:
         self.device = device
+        self.workspaces = [cublas_workspace_bytes(capability)] * handles
+        """The cuBLAS workspaces the trial holds, one per handle (:func:`cublas_workspace_bytes`)."""
         self.reserved_bytes: int | None = None
         self.allocated_bytes: int | None = None
         self._allocator: CachingAllocator | None = None
         self._paused = False
+        self._model: nn.Module | None = None
+        self._placed: dict[int, int] = {}
+        self._placing: list[int] | None = None
 
     def pause(self) -> None:
         """Record no new storage until the runner says the trial has started (its snapshot is host memory)."""
         self._paused = True
+
+    def release(self) -> None:
+        """Give back the cached segments nothing holds (``torch.cuda.empty_cache``), as the CUDA probe does before a
+        plan's first step, and start the peaks from there: a measured trial reads the allocator's peaks over its
+        steps only (each step's :class:`~memlab.measure.cuda.CudaPeak` resets them), so what the set-up reached
+        before them (a model placed in fp32 and cast) is in neither, even without a warm-up step (inference)."""
+        allocator = self._allocator
+        if allocator is None:
+            return
+        # The weights placed that the model no longer holds (a cast's or a quantization's originals) are in host
+        # memory on a CUDA run (memlab parks them there), and nowhere in the user's run, which loaded them so.
+        held = {_storage_id(tensor) for tensor in placement_order(self._model)} if self._model is not None else set()
+        for key, storage in self._placed.items():
+            if storage not in held and allocator.holds(key):
+                allocator.free(key)
+        allocator.empty_cache()
+        allocator.reset_peak()
 
     def listen(self, event: Event) -> None:
         """The runner's listener: the trial starts; the tracked step begins after the last warm-up step, and ends
@@ -140,12 +215,19 @@ class ReservedTrace:
             # Frees that come after the trial (its leftovers collected later) are not this trial's.
             if live[0] and not (self._paused and size > 0 and not allocator.holds(key)):
                 allocator.record(key, size)
+                if self._placing is not None and size > 0:
+                    self._placing.append(key)
 
         tracker = MemoryTracker(device=self.device, on_storage=record)
-        tracker.mark(placement_order(model), "params")
+        self._model, self._placed = model, {}
+        for tensor in placement_order(model):  # one at a time, to know which storage each key is
+            self._placing = []
+            tracker.mark([tensor], "params")
+            self._placed.update(dict.fromkeys(self._placing, _storage_id(tensor)))
+        self._placing = None
         tracker.mark([tensor for _, tensor in named_tensors(batch)], "other")
-        for handle in range(CUBLAS_WORKSPACES):
-            allocator.malloc(("cuBLAS workspace", handle), CUBLAS_WORKSPACE_BYTES)
+        for handle, size in enumerate(self.workspaces):
+            allocator.malloc(("cuBLAS workspace", handle), size)
         # A fake mode that reports its operators is followed without one more mode on the stack (cheaper).
         observed = isinstance(mode, FakeMode) and mode.observer is None
         try:
@@ -160,4 +242,5 @@ class ReservedTrace:
                 mode.observer = None  # type: ignore[union-attr]
             live[0] = False
             self._allocator = None
+            self._model, self._placed = None, {}
 

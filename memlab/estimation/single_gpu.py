@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,7 @@ from memlab.estimation.cuda_kernels import (
 )
 from memlab.estimation.fake import BLIND_SPOTS, FakeSetup, fake_setup
 from memlab.estimation.gpus import GpuKind, gpu_kind
+from memlab.estimation.load import Load, apply_load, live_load_note, plan_loads
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
 from memlab.estimation.unknown import foreign_ops_note
@@ -97,12 +98,14 @@ def estimate_plans(
     lr: float = 1e-5,
     device: str | torch.device | None = None,
     gpu: GpuKind | str | None = None,
+    load: Mapping[str, Any] | None = None,
 ) -> Report:
     """:func:`memlab.estimate` for several plans, building the fake model once: a Report of estimated Trials.
 
-    The keywords are :func:`memlab.estimate`'s. A CUDA estimate made without CUDA emulates CUDA's kernels on the
-    GPU kind ``gpu`` (default an 80 GB H100; :mod:`memlab.estimation.cuda_kernels`; the trial's notes say so).
-    Inference plans are :func:`estimate_inference`'s.
+    The keywords are :func:`memlab.estimate`'s; each plan's weights are materialised as ``load`` (or the load the
+    plan implies) loads them (:mod:`memlab.estimation.load`). A CUDA estimate made without CUDA emulates CUDA's
+    kernels on the GPU kind ``gpu`` (default an 80 GB H100; :mod:`memlab.estimation.cuda_kernels`; the trial's notes
+    say so). Inference plans are :func:`estimate_inference`'s.
 
     A plan that fails on fake tensors is an ``"error"`` trial; the others still run.
 
@@ -118,7 +121,8 @@ def estimate_plans(
                                   device=device, gpu=gpu)
     checked = check_plans(plans)  # type: ignore[arg-type]
     options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
-    training = _Workload(TrialRunner, _training_trial)
+    loads = plan_loads(model_or_config, checked, load)
+    training = _Workload(TrialRunner, _training_trial, loads=loads)
     return _dry_run(model_or_config, batch, checked, options, training, budget=budget, device=device, gpu=gpu)
 
 
@@ -156,7 +160,7 @@ def estimate_inference(
     options = RunOptions(loss_fn=loss_fn, steps=1, warmup=0, noise=0)
     check_inference_options(options)
     inference = _Workload(InferenceRunner, _inference_trial, check_first=True, notes=_quantized_note,
-                          emulated_note=_EMULATED_INFERENCE)
+                          emulated_note=_EMULATED_INFERENCE, cublas_handles=1)
     return _dry_run(model_or_config, batch, checked, options, inference, budget=budget, device=device, gpu=gpu)
 
 
@@ -178,6 +182,12 @@ class _Workload:
     """What a plan's estimate says after the dry run's own notes."""
     emulated_note: str = EMULATED_NOTE
     """The note of a trial made with CUDA's kernels emulated."""
+    cublas_handles: int = 2
+    """cuBLAS handles the workload's steps use, each with its workspace: training's forward and backward threads,
+    inference's one."""
+    loads: Sequence[Load | None] = ()
+    """Each plan's load (:func:`plan_loads`), made on the fake model before the trial places it; None (or no
+    entry): the model as it is."""
 
 
 def _dry_run(
@@ -201,19 +211,23 @@ def _dry_run(
     batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, options.verbose)
     mode, target, kernels = setup.mode, setup.target, setup.kernels
-    trace = ReservedTrace(kernels) if target.type == "cuda" else None
-    runner = workload.runner(setup.model, setup.batch, options, probe=FakeProbe(kernels, target=target),
+    trace = ReservedTrace(kernels, kind.capability, workload.cublas_handles) if target.type == "cuda" else None
+    probe = FakeProbe(kernels, target=target, on_release=trace.release if trace is not None else None)
+    runner = workload.runner(setup.model, setup.batch, options, probe=probe,
                              listener=trace.listen if trace is not None else None)
     if workload.check_first:
         for plan in plans:
             runner.check(plan)
     trials: list[Trial] = []
     with quiet(options.verbose), mode, runner.session(), model_made_positions(batch):
-        for plan in plans:
+        for number, plan in enumerate(plans):
+            load = workload.loads[number] if number < len(workload.loads) else None
 
-            def run(emulate: bool, plan: Any = plan) -> tuple[Trial, CudaAttention | None]:
+            def run(emulate: bool, plan: Any = plan, load: Load | None = load) -> tuple[Trial, CudaAttention | None]:
                 attention = None
                 with contextlib.ExitStack() as stack:
+                    if load is not None:  # the weights as the user loads them, before the trial places them
+                        stack.callback(apply_load(setup.model, load, mode, kernels))
                     if trace is not None:
                         stack.enter_context(trace.trial(setup.model, setup.batch, mode))
                     if emulate:
@@ -223,7 +237,9 @@ def _dry_run(
 
             (trial, attention), fell_back = run_emulated(run, emulated)
             notes = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
-                                       *setup.notes, foreign_ops_note(mode.foreign_ops)) if note]
+                                       *setup.notes, foreign_ops_note(mode.foreign_ops),
+                                       _load_note(load, workload, setup, plan))
+                     if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *notes, *workload.notes(plan)))
             trial = _as_estimate(trial, target, kernels, limit, _reserved(trial, trace))
             emulated_note = OWN_CHECKPOINT_NOTE if fell_back else workload.emulated_note
@@ -232,6 +248,15 @@ def _dry_run(
                     emulated_note if note == EMULATED_NOTE else note for note in trial.notes))
             trials.append(trial)
     return Report(trials, budget=limit)
+
+
+def _load_note(load: Load | None, workload: _Workload, setup: FakeSetup, plan: Any) -> str | None:
+    """The load a trial assumed; for a live model that the plan casts or quantizes, on CUDA, what that means."""
+    if load is not None:
+        return load.note()
+    if workload.loads and setup.target.type == "cuda":
+        return live_load_note(setup.model, plan)
+    return None
 
 
 def _training_trial(runner: Runner[Any, Any], plan: Plan, setup: FakeSetup, trace: ReservedTrace | None) -> Trial:

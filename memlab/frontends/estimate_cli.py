@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["add_arguments", "estimate_each", "progress_lines", "run", "run_sharded"]
+__all__ = ["add_arguments", "estimate_each", "load_from_args", "progress_lines", "run", "run_sharded"]
 
 _DESCRIPTION = (
     "Predict the peak memory of one training step for each plan, on fake tensors: nothing is downloaded but the "
@@ -36,7 +36,8 @@ _EPILOG = (
     "Exit status: 0 when a plan fits the budget (or no budget was given), 1 when none fits, 2 on wrong input. "
     "On CUDA a plan fits when what the card will show (the allocator's reserve and the CUDA context of --gpu, both "
     "modelled) is within the budget; where that card figure is unknown, its allocated peak, which leaves out "
-    "allocator rounding and fragmentation and the CUDA context: keep a margin. Kernel workspaces are never included."
+    "allocator rounding and fragmentation and the CUDA context: keep a margin. Workspaces kernels take inside "
+    "themselves (other than cuBLAS's) are never included."
 )
 
 
@@ -103,6 +104,74 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how training is sharded: FSDP2 (accelerate), DeepSpeed ZeRO-2 or ZeRO-3 (default with --gpus: all three)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    _add_load_arguments(parser)
+
+
+_LOAD_EXAMPLE = (
+    "how you load the model, as you pass it to from_pretrained (default: what the plan implies: weights=bf16 loads "
+    "in bf16, adapter=qlora in 4-bit NF4 with bf16 compute, else fp32); e.g. --torch-dtype bfloat16 --load-in-4bit "
+    "--bnb-4bit-quant-type nf4 --bnb-4bit-compute-dtype bfloat16 --bnb-4bit-use-double-quant is "
+    "from_pretrained(name, torch_dtype=torch.bfloat16, quantization_config=BitsAndBytesConfig(load_in_4bit=True, "
+    "bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_use_double_quant=True))"
+)
+_DTYPE_NAMES = ("bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "auto")
+
+
+def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The load flags: one per ``from_pretrained`` / ``BitsAndBytesConfig`` keyword (:func:`load_from_args`)."""
+    group = parser.add_argument_group("load", _LOAD_EXAMPLE)
+    group.add_argument("--torch-dtype", choices=_DTYPE_NAMES, default=None,
+                       help="from_pretrained(torch_dtype=...): the dtype of the weights not quantized")
+    group.add_argument("--load-in-4bit", action="store_true", help="BitsAndBytesConfig(load_in_4bit=True)")
+    group.add_argument("--load-in-8bit", action="store_true", help="BitsAndBytesConfig(load_in_8bit=True)")
+    group.add_argument("--bnb-4bit-quant-type", choices=("nf4", "fp4"), default=None,
+                       help="BitsAndBytesConfig(bnb_4bit_quant_type=...) (bitsandbytes' default: fp4)")
+    group.add_argument("--bnb-4bit-compute-dtype", choices=_DTYPE_NAMES[:-1], default=None,
+                       help="BitsAndBytesConfig(bnb_4bit_compute_dtype=...) (bitsandbytes' default: float32)")
+    group.add_argument("--bnb-4bit-use-double-quant", action="store_true",
+                       help="BitsAndBytesConfig(bnb_4bit_use_double_quant=True)")
+    group.add_argument("--llm-int8-skip-modules", metavar="NAME+NAME", default=None,
+                       help="BitsAndBytesConfig(llm_int8_skip_modules=[...]): modules kept unquantized, e.g. lm_head")
+
+
+def load_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``load=`` of :func:`memlab.estimate` that the load flags say; None where none is given. A 4-bit setting
+    without ``--load-in-4bit`` is a MemlabError saying what to add.
+
+    Example:
+        >>> parser = argparse.ArgumentParser(prog="memlab estimate")
+        >>> add_arguments(parser)
+        >>> load_from_args(parser.parse_args(["llama-7b", "--torch-dtype", "bf16", "--load-in-4bit",
+        ...                                   "--bnb-4bit-quant-type", "nf4"]))
+        {'torch_dtype': 'bf16', 'quantization_config': {'load_in_4bit': True, 'bnb_4bit_quant_type': 'nf4'}}
+    """
+    from memlab.errors import MemlabError
+
+    config: dict[str, Any] = {}
+    if getattr(args, "load_in_4bit", False):
+        config["load_in_4bit"] = True
+    if getattr(args, "load_in_8bit", False):
+        config["load_in_8bit"] = True
+    four_bit = {"bnb_4bit_quant_type": getattr(args, "bnb_4bit_quant_type", None),
+                "bnb_4bit_compute_dtype": getattr(args, "bnb_4bit_compute_dtype", None),
+                "bnb_4bit_use_double_quant": getattr(args, "bnb_4bit_use_double_quant", False) or None}
+    for key, value in four_bit.items():
+        if value is not None:
+            if not config.get("load_in_4bit"):
+                raise MemlabError(f"--{key.replace('_', '-')} sets a 4-bit load; add --load-in-4bit")
+            config[key] = value
+    skip = getattr(args, "llm_int8_skip_modules", None)
+    if skip:
+        if not config:
+            raise MemlabError("--llm-int8-skip-modules keeps modules out of a quantized load; add --load-in-4bit or "
+                              "--load-in-8bit")
+        config["llm_int8_skip_modules"] = [name for name in skip.split("+") if name]
+    load: dict[str, Any] = {}
+    if getattr(args, "torch_dtype", None) is not None:
+        load["torch_dtype"] = args.torch_dtype
+    if config:
+        load["quantization_config"] = config
+    return load or None
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -143,6 +212,10 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise MemlabError(f"--strategy {strategy} needs a number of GPUs; add --gpus N, e.g. --gpus 8, or --gpus auto "
                           "with --budget")
     gpus = "1" if gpus is None else gpus
+    load = load_from_args(args)
+    if load is not None and (gpus != "1" or strategy not in (None, "none")):
+        raise MemlabError("the load flags are estimated on one GPU; drop --gpus/--strategy, or the load flags (the "
+                          "plan's weights= sets the dtype of sharded weights)")
     if gpus == "auto" and budget is None:
         raise MemlabError("--gpus auto needs a budget; write for example --gpus auto --budget 80GiB")
     from memlab.estimation.sharded import parse_gpus
@@ -163,7 +236,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         args.gpus = gpus
         return run_sharded(args, model, batch, plans, budget, out, say=say)
     report = estimate_each(model, batch, plans, budget=budget, device=args.device, say=say,
-                           gpu=getattr(args, "gpu", None))
+                           gpu=getattr(args, "gpu", None), load=load)
     report = dataclasses.replace(report, trials=card_contexts(report.trials, getattr(args, "gpu", None)))
     if args.json:
         print(report.to_json(), file=out)
@@ -252,11 +325,12 @@ def progress_lines(err: TextIO, clock: Callable[[], float] = time.perf_counter) 
 
 def estimate_each(
     model: Any, batch: Any, plans: Any, *, budget: int | None, device: str | None, say: Callable[[str], None],
-    gpu: str | None = None,
+    gpu: str | None = None, load: dict[str, Any] | None = None,
 ) -> Any:
     """The single-GPU estimates of ``plans``, one dry run at a time so that each is said as it starts (building the
     fake model again per plan costs a fraction of a second; a dry run of a large model, seconds to minutes). ``gpu``:
-    the GPU kind whose kernels a CUDA dry run made without CUDA emulates (``--gpu``).
+    the GPU kind whose kernels a CUDA dry run made without CUDA emulates (``--gpu``); ``load``: how the model is
+    loaded (:func:`load_from_args`).
 
     Example:
         >>> from transformers import LlamaConfig
@@ -277,5 +351,5 @@ def estimate_each(
     trials = []
     for number, plan in enumerate(plans, start=1):
         say(f"estimating plan {number} of {len(plans)}: {plan.label()}")
-        trials += estimate_plans(model, batch, [plan], budget=budget, device=device, gpu=gpu).trials
+        trials += estimate_plans(model, batch, [plan], budget=budget, device=device, gpu=gpu, load=load).trials
     return Report(trials, budget=budget)

@@ -5,7 +5,10 @@ The runner does the same steps everywhere; the probe says what differs by device
 - :class:`CpuProbe`: memlab's tracker is the measurement and enforces the budget; memory the process already
   holds is found by one scan of live objects; resident memory is reported as context.
 - :class:`CudaProbe`: the caching allocator is the truth: the budget is a real cap on it, the peak is its
-  ``max_memory_allocated``, and what it held at the start of the tracked step is memory held before.
+  ``max_memory_allocated``, and what it held at the start of the tracked step is memory held before. Before the
+  first step it gives back the cached segments nothing holds any more (``empty_cache``): what only the plan's
+  set-up held (a cast to bf16, a quantization to 4-bit) is then not in the step's reserve, as it is not in the
+  reserve of a user who loaded the model that way.
 - :class:`FakeProbe`: a dry run on fake tensors. It never reads or caps a real allocator, scans nothing, and
   times nothing; it builds optimizers with the defaults of the device the estimate is for.
 
@@ -16,7 +19,7 @@ a dry run can never touch the real allocator even where its fake tensors say ``"
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +139,9 @@ class CudaProbe(Probe):
         return HeldMemory([], max(0, allocated - unique_storage_bytes(mine)))
 
     def cap(self, budget: int | None) -> contextlib.AbstractContextManager[Any]:
+        # Entered after the plan is put on and before its first step: what the set-up freed goes back first (a
+        # cast or a quantization at load time leaves no segment in the reserve of a model loaded that way).
+        torch.cuda.empty_cache()
         return cap_cuda_memory(budget, self.device)
 
     def allocator_peak(self) -> contextlib.AbstractContextManager[CudaPeak | None]:
@@ -151,6 +157,8 @@ class FakeProbe(Probe):
     Args:
         device: the device the fake tensors say they are on.
         target: the device the estimate is for (its optimizer defaults are used); default ``device``.
+        on_release: called where a :class:`CudaProbe` gives the cached segments back (after the plan is put on,
+            before its first step), so that a model of the allocator does the same.
 
     Example:
         >>> probe = FakeProbe(torch.device("cpu"), target=torch.device("cuda"))
@@ -160,9 +168,17 @@ class FakeProbe(Probe):
 
     times_steps = False
 
-    def __init__(self, device: torch.device, target: torch.device | None = None) -> None:
+    def __init__(
+        self, device: torch.device, target: torch.device | None = None, on_release: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(device)
         self.optimizer_device_type = (target or device).type
+        self.on_release = on_release
+
+    def cap(self, budget: int | None) -> contextlib.AbstractContextManager[Any]:
+        if self.on_release is not None:
+            self.on_release()
+        return contextlib.nullcontext()
 
 
 def probe_for(model: nn.Module) -> Probe:

@@ -223,7 +223,7 @@ def _estimates_with_reserve(reserved: int | None) -> Any:
     test gives (the reserve's model is not the CLI's concern), as an estimate for CUDA."""
 
     def estimate_plans(model: Any, batch: Any, plans: Any, *, budget: Any = None, device: Any = None,
-                       gpu: Any = None) -> Report:
+                       gpu: Any = None, load: Any = None) -> Report:
         trials = [Trial(plan, "ok", 20 * GIB, {"params": 13 * GIB}, None, None, None, "cuda", budget=budget,
                         reserved_bytes=reserved, estimated=True) for plan in plans]
         return Report(trials, budget=budget)

@@ -1,0 +1,355 @@
+"""The load: how the user's own ``from_pretrained`` materialises the weights, made on a dry run's fake model before
+anything of the step is placed on the (modelled) GPU.
+
+No user loads a 7B model in fp32 to cast it afterwards: they write ``from_pretrained(name,
+torch_dtype=torch.bfloat16)`` or pass a ``BitsAndBytesConfig``. A dry run of a config, a name or a meta model builds
+the model's shapes in fp32 (:func:`memlab.estimation.configs.meta_model`); :func:`apply_load` then gives the fake
+weights the dtypes and layouts that load gives them, so that the allocated peak, the reserve and the card figure are
+those of the user's run:
+
+- ``torch_dtype`` (``dtype`` in transformers 5): every floating parameter in that dtype, but the model's
+  ``_keep_in_fp32_modules`` under fp16 and its ``_keep_in_fp32_modules_strict`` under fp16 or bf16, as
+  transformers keeps them; buffers keep the dtype the model's code gives them (a rotary ``inv_freq`` stays fp32);
+  ``"auto"`` (or none, with a quantization) is the config's own dtype, else fp32;
+- ``quantization_config`` (a ``BitsAndBytesConfig`` or its dict): ``load_in_4bit`` puts every linear layer of the
+  base but the output head, the ``_keep_in_fp32_modules`` and the ``llm_int8_skip_modules`` in 4-bit
+  (``bnb_4bit_quant_type`` NF4 or FP4: the same bytes; ``bnb_4bit_use_double_quant``; computing in
+  ``bnb_4bit_compute_dtype``), laid out as bitsandbytes holds it
+  (:class:`~memlab.estimation.adapters.FakeNF4Linear`); ``load_in_8bit`` in LLM.int8
+  (:class:`~memlab.estimation.adapters.FakeInt8Linear`).
+
+Without ``load=``, the load is the one the plan implies (:func:`implied_load`): ``weights="bf16"`` loads in bf16,
+``adapter="qlora"`` loads 4-bit NF4 with double quantization, bf16 compute and the rest in bf16, anything else
+fp32. A live model is already loaded: it is estimated as it is, and ``load=`` is refused for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.errors import MemlabError
+from memlab.estimation.adapters import FakeInt8Linear, FakeNF4Linear
+from memlab.live.structure import ModuleStructure
+from memlab.plan import Plan
+from memlab.techniques.adapters import check_quantizable, quantized_targets
+
+__all__ = ["DTYPES", "Load", "apply_load", "implied_load", "parse_load"]
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+"""The dtype names ``load=`` and the command line accept, as torch and transformers spell them and as memlab does."""
+
+_DTYPE_CODE = {torch.float32: "torch.float32", torch.bfloat16: "torch.bfloat16", torch.float16: "torch.float16"}
+_KEYS = ("torch_dtype", "dtype", "quantization_config")
+_QUANTIZATION_KEYS = (
+    "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant",
+    "llm_int8_skip_modules", "bnb_4bit_quant_storage", "quant_method", "llm_int8_threshold",
+    "llm_int8_enable_fp32_cpu_offload", "llm_int8_has_fp16_weight", "_load_in_4bit", "_load_in_8bit",
+)
+
+Undo = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Load:
+    """How the weights are loaded: ``dtype`` (None: ``"auto"``, the config's dtype else fp32), ``quantize``
+    (``"none"``, ``"nf4"``, ``"fp4"`` or ``"int8"``), the 4-bit ``compute_dtype`` and ``double_quant``, the
+    ``skip_modules`` kept unquantized, and whether the user gave it (``given``) or the plan implied it.
+
+    Example:
+        >>> print(Load(torch.bfloat16).code())
+        from_pretrained(name, torch_dtype=torch.bfloat16)
+    """
+
+    dtype: torch.dtype | None = torch.float32
+    quantize: str = "none"
+    compute_dtype: torch.dtype = torch.float32
+    double_quant: bool = False
+    skip_modules: tuple[str, ...] = ()
+    given: bool = False
+
+    def code(self) -> str:
+        """The ``from_pretrained`` call that loads this way, as the user writes it."""
+        words = [] if self.dtype is None else [f"torch_dtype={_DTYPE_CODE[self.dtype]}"]
+        if self.quantize in ("nf4", "fp4"):
+            config = (f'load_in_4bit=True, bnb_4bit_quant_type="{self.quantize}", '
+                      f"bnb_4bit_compute_dtype={_DTYPE_CODE[self.compute_dtype]}, "
+                      f"bnb_4bit_use_double_quant={self.double_quant}")
+        elif self.quantize == "int8":
+            config = "load_in_8bit=True"
+        else:
+            config = ""
+        if config and self.skip_modules:
+            config += f", llm_int8_skip_modules={list(self.skip_modules)}"
+        if config:
+            words.append(f"quantization_config=BitsAndBytesConfig({config})")
+        return f"from_pretrained(name, {', '.join(words)})" if words else "from_pretrained(name)"
+
+    def note(self) -> str:
+        """What an estimate says of the load it assumed."""
+        whose = "the load given (load=)" if self.given else "the load the plan implies"
+        return f"weights materialised as {self.code()} loads them: {whose}"
+
+
+def implied_load(plan: Plan) -> Load:
+    """The load a plan implies when the user says none: ``adapter="qlora"`` loads 4-bit NF4 (double quantization,
+    bf16 compute) with the rest in bf16, ``weights="bf16"`` loads in bf16, anything else in fp32.
+
+    Example:
+        >>> implied_load(Plan(weights="bf16")).dtype, implied_load(Plan(adapter="qlora")).quantize
+        (torch.bfloat16, 'nf4')
+    """
+    if plan.adapter == "qlora":
+        return Load(torch.bfloat16, "nf4", torch.bfloat16, double_quant=True)
+    return Load(torch.bfloat16 if plan.weights == "bf16" else torch.float32)
+
+
+def parse_load(load: Mapping[str, Any] | None, plan: Plan) -> Load:
+    """The :class:`Load` of ``load`` (the keyword arguments the user passes to ``from_pretrained``: ``torch_dtype``
+    or ``dtype``, ``quantization_config`` as a ``BitsAndBytesConfig`` or its dict) for ``plan``; the plan's
+    :func:`implied_load` when None. Bad values and loads the plan cannot train raise a MemlabError saying what to
+    write.
+
+    Example:
+        >>> load = parse_load({"torch_dtype": "bfloat16", "quantization_config": {"load_in_4bit": True}},
+        ...                   Plan(adapter="lora"))
+        >>> load.dtype, load.quantize, load.compute_dtype, load.double_quant
+        (torch.bfloat16, 'fp4', torch.float32, False)
+    """
+    if load is None:
+        return implied_load(plan)
+    if not isinstance(load, Mapping):
+        raise MemlabError(
+            f"load={load!r} is not a dict; write the from_pretrained keywords you use, e.g. "
+            "load={'torch_dtype': torch.bfloat16} or load={'quantization_config': BitsAndBytesConfig(...)}"
+        )
+    unknown = [key for key in load if key not in _KEYS]
+    if unknown:
+        raise MemlabError(
+            f"load= has {unknown[0]!r}, which does not change memory; write only torch_dtype (or dtype) and "
+            "quantization_config, e.g. load={'torch_dtype': torch.bfloat16}"
+        )
+    if "torch_dtype" in load and "dtype" in load:
+        raise MemlabError("load= has both torch_dtype and dtype; write one of them")
+    dtype = _dtype(load.get("torch_dtype", load.get("dtype")), "torch_dtype", auto=True)
+    config = _quantization(load.get("quantization_config"))
+    four = bool(config.get("load_in_4bit") or config.get("_load_in_4bit"))
+    eight = bool(config.get("load_in_8bit") or config.get("_load_in_8bit"))
+    if four and eight:
+        raise MemlabError("quantization_config has load_in_4bit and load_in_8bit; write one of them")
+    quantize = "none"
+    if four:
+        quantize = str(config.get("bnb_4bit_quant_type") or "fp4")
+        if quantize not in ("nf4", "fp4"):
+            raise MemlabError(f"bnb_4bit_quant_type={quantize!r} is not one bitsandbytes has; write 'nf4' or 'fp4'")
+    elif eight:
+        quantize = "int8"
+    skip = config.get("llm_int8_skip_modules") or ()
+    if isinstance(skip, str) or not all(isinstance(name, str) for name in skip):
+        raise MemlabError(f"llm_int8_skip_modules={skip!r}; write a list of module names, e.g. ['lm_head']")
+    parsed = Load(
+        dtype if "torch_dtype" in load or "dtype" in load else None,
+        quantize,
+        _dtype(config.get("bnb_4bit_compute_dtype"), "bnb_4bit_compute_dtype") or torch.float32,
+        bool(config.get("bnb_4bit_use_double_quant", False)),
+        tuple(skip),
+        given=True,
+    )
+    _check_with_plan(parsed, plan)
+    return parsed
+
+
+def _dtype(value: Any, name: str, auto: bool = False) -> torch.dtype | None:
+    if value is None or (auto and value == "auto"):
+        return None
+    if isinstance(value, torch.dtype):
+        if value in _DTYPE_CODE:
+            return value
+    elif isinstance(value, str) and value.removeprefix("torch.") in DTYPES:
+        return DTYPES[value.removeprefix("torch.")]
+    raise MemlabError(
+        f"{name}={value!r} is not a dtype memlab estimates; write torch.bfloat16, torch.float16 or torch.float32"
+        + (" (or 'auto')" if auto else "")
+    )
+
+
+def _quantization(config: Any) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        if type(config).__name__ != "BitsAndBytesConfig":
+            raise MemlabError(
+                f"quantization_config is a {type(config).__name__}; memlab estimates bitsandbytes' loads: write a "
+                "BitsAndBytesConfig(load_in_4bit=True, ...) or its dict"
+            )
+        config = {key: getattr(config, key) for key in _QUANTIZATION_KEYS if hasattr(config, key)}
+    unknown = [key for key in config if key not in _QUANTIZATION_KEYS]
+    if unknown:
+        raise MemlabError(
+            f"quantization_config has {unknown[0]!r}; write BitsAndBytesConfig's keywords, such as load_in_4bit, "
+            "bnb_4bit_quant_type, bnb_4bit_compute_dtype, bnb_4bit_use_double_quant, llm_int8_skip_modules"
+        )
+    if config.get("quant_method") not in (None, "bitsandbytes"):
+        raise MemlabError(f"quant_method={config['quant_method']!r}: memlab estimates bitsandbytes' loads only; "
+                          "write a BitsAndBytesConfig")
+    return dict(config)
+
+
+def _check_with_plan(load: Load, plan: Plan) -> None:
+    if load.quantize != "none" and plan.adapter == "none":
+        raise MemlabError(
+            f"a model loaded in {load.quantize} trains adapters only; write adapter='lora' (peft on the quantized "
+            "base) or adapter='qlora', or a load without quantization_config"
+        )
+    if plan.adapter == "qlora" and load.quantize == "int8":
+        raise MemlabError(
+            "adapter='qlora' holds the base in 4-bit, and this load is load_in_8bit; write adapter='lora' for LoRA "
+            "on the 8-bit base, or load_in_4bit=True"
+        )
+
+
+def load_dtype(model: nn.Module, load: Load) -> torch.dtype:
+    """The dtype ``load`` gives ``model``'s unquantized weights: its own, or for ``"auto"`` the config's, else fp32.
+
+    Example:
+        >>> load_dtype(nn.Linear(2, 2), Load(None))
+        torch.float32
+    """
+    if load.dtype is not None:
+        return load.dtype
+    config = getattr(model, "config", None)
+    named = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(named, str):
+        named = DTYPES.get(named.removeprefix("torch."))
+    return named if named in _DTYPE_CODE else torch.float32
+
+
+def apply_load(model: nn.Module, load: Load, mode: Any, device: torch.device) -> Undo:
+    """Give the fake ``model`` the dtypes and quantized layers ``load`` gives it (see the module's docstring); the
+    returned function puts the model back as it was. ``mode`` is the fake mode of the model's tensors and ``device``
+    their device.
+
+    Example:
+        >>> from memlab.estimation.fake import FakeMode, fake_copy
+        >>> mode = FakeMode()
+        >>> model = fake_copy(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)), mode, torch.device("cpu"))
+        >>> undo = apply_load(model, Load(torch.bfloat16), mode, torch.device("cpu"))
+        >>> model[0].weight.dtype, undo(), model[0].weight.dtype
+        (torch.bfloat16, None, torch.float32)
+    """
+    dtype = load_dtype(model, load)
+    structure = ModuleStructure.capture(model)
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def undo() -> None:
+        for tensor, original in reversed(kept):
+            tensor.data = original
+        kept.clear()
+        structure.restore()
+
+    try:
+        keep = _kept_in_fp32(model, dtype, load.quantize != "none")
+        seen: set[int] = set()
+        for name, module in model.named_modules():
+            target = torch.float32 if any(f".{k}." in f".{name}." for k in keep) else dtype
+            for tensor in module._parameters.values():
+                if tensor is None or id(tensor) in seen or not tensor.is_floating_point() or tensor.dtype == target:
+                    continue
+                seen.add(id(tensor))
+                kept.append((tensor, tensor.data))
+                with mode:
+                    tensor.data = tensor.data.to(target)
+        if load.quantize != "none":
+            _quantize(model, load, mode, device, keep)
+    except BaseException:
+        undo()
+        raise
+    return undo
+
+
+def _kept_in_fp32(model: nn.Module, dtype: torch.dtype, quantized: bool) -> set[str]:
+    """The modules transformers keeps in fp32 for ``dtype``: ``_keep_in_fp32_modules`` under fp16 (and when
+    quantizing, which skips them too), ``_keep_in_fp32_modules_strict`` under fp16 and bf16."""
+    keep: set[str] = set()
+    if dtype == torch.float16 or quantized:
+        keep |= set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    if dtype in (torch.float16, torch.bfloat16):
+        keep |= set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    return keep
+
+
+def _quantize(model: nn.Module, load: Load, mode: Any, device: torch.device, keep: set[str]) -> None:
+    if load.quantize != "int8":
+        check_quantizable(model)
+    skip = set(load.skip_modules) | keep
+    for name in quantized_targets(model):
+        if any(f".{k}." in f".{name}." for k in skip):
+            continue
+        original = model.get_submodule(name)
+        assert isinstance(original, nn.Linear)  # quantized_targets lists nn.Linear layers (check_quantizable)
+        if load.quantize == "int8":
+            layer: nn.Module = FakeInt8Linear(original, original.weight.dtype, mode, device)
+        else:
+            layer = FakeNF4Linear(original, load.compute_dtype, mode, device, double_quant=load.double_quant)
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, layer)
+
+
+def plan_loads(model_or_config: Any, plans: Sequence[Plan], load: Mapping[str, Any] | None) -> list[Load | None]:
+    """Each plan's :class:`Load` for a dry run of ``model_or_config``: ``load`` (or the plan's implied one) for a
+    config, a name or a model on the meta device; None for a live model, which is already loaded (``load=`` is
+    refused for it, saying what to write).
+
+    Example:
+        >>> plan_loads(nn.Linear(2, 2), [Plan(weights="bf16")], None)
+        [None]
+        >>> plan_loads(nn.Linear(2, 2, device="meta"), [Plan(weights="bf16")], None)[0].dtype
+        torch.bfloat16
+    """
+    if isinstance(model_or_config, nn.Module) and not _on_meta(model_or_config):
+        if load is not None:
+            raise MemlabError(
+                "load= says how a model is loaded, and this model is already loaded (its weights are in memory); "
+                "drop load=, or estimate its config with it: memlab.estimate(model.config, batch, plan, load=...)"
+            )
+        return [None for _ in plans]
+    return [parse_load(load, plan) for plan in plans]
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(parameter.device.type == "meta" for parameter in model.parameters())
+
+
+def live_load_note(model: nn.Module, plan: Any) -> str | None:
+    """What a CUDA estimate of a live ``model`` says where ``plan`` casts or quantizes it for the trial: the figure is
+    that of the model loaded so (the set-up's leftovers are given back before the first step, as a measured trial
+    does), and how to load it to get that figure. None where the plan keeps the model as it is.
+
+    Example:
+        >>> print(live_load_note(nn.Linear(2, 2), Plan(weights="bf16")))  # doctest: +ELLIPSIS
+        the live model is cast to bf16 for this plan, and what the fp32 copy held is given back before the first \
+step: the card figure is that of the model loaded with from_pretrained(name, torch_dtype=torch.bfloat16)...
+    """
+    dtypes = {parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()}
+    if getattr(plan, "adapter", "none") == "qlora":
+        done, load = "quantized to 4-bit", implied_load(plan)
+    elif getattr(plan, "weights", "fp32") == "bf16" and dtypes - {torch.bfloat16}:
+        done, load = "cast to bf16", Load(torch.bfloat16)
+    else:
+        return None
+    before = "/".join(sorted(str(dtype).removeprefix("torch.") for dtype in dtypes)) or "full-precision"
+    before = before.replace("float32", "fp32").replace("bfloat16", "bf16").replace("float16", "fp16")
+    return (
+        f"the live model is {done} for this plan, and what the {before} copy held is given back before the first "
+        f"step: the card figure is that of the model loaded with {load.code()}; a model cast or quantized in place "
+        "keeps those segments reserved until torch.cuda.empty_cache()"
+    )
