@@ -1234,7 +1234,7 @@ NB08 = [
         `memlab.apply` puts the plan on a copy of the model for real training. Only the adapters are in the
         optimizer; the loss on a repeated batch still falls. `undo` asks what to do with trained adapters:
         `adapter="merge"` adds them into the base weights, `"keep"` leaves them on the model, `"discard"` drops
-        them (a plain `undo()` discards them with a warning).
+        them (a plain `undo()` merges them, and says so: nothing trained is lost silently).
         """
     ),
     code(
