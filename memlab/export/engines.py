@@ -313,8 +313,9 @@ def optimizer_step(code: Code, indent: str, zero_grad: str) -> list[str]:
 
 
 def peft_config(plan: Plan, model: Any = None) -> Any:
-    """The ``peft.LoraConfig`` of an adapter plan: rank ``plan.lora_rank``, alpha twice the rank, no dropout, on
-    the plan's ``lora_targets``.
+    """The ``peft.LoraConfig`` of an adapter plan (:func:`memlab.techniques.levers_model.lora_settings`): rank
+    ``plan.lora_rank``, alpha ``plan.lora_alpha`` (None: twice the rank), dropout ``plan.lora_dropout``, on the
+    plan's ``lora_targets``.
 
     With ``model`` (the model the config is for), ``target_modules`` is the list of layers memlab adapts when it
     measures (:func:`memlab.techniques.adapters.adapter_targets`), resolved from the model: for ``"all-linear"``
