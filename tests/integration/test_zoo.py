@@ -67,6 +67,16 @@ MORE: dict[str, Build] = {
     "gptj": _lm("GPTJConfig", "GPTJForCausalLM", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, rotary_dim=8),
     "codegen": _lm("CodeGenConfig", "CodeGenForCausalLM", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2,
                    rotary_dim=8),
+    "olmo2": _lm("Olmo2Config", "Olmo2ForCausalLM", **SIZES, num_key_value_heads=2),
+    "granite": _lm("GraniteConfig", "GraniteForCausalLM", **SIZES, num_key_value_heads=2),
+    "nemotron": _lm("NemotronConfig", "NemotronForCausalLM", **SIZES, num_key_value_heads=2),
+    "persimmon": _lm("PersimmonConfig", "PersimmonForCausalLM", **SIZES),
+    "biogpt": _lm("BioGptConfig", "BioGptForCausalLM", **SIZES),
+    "mpt": _lm("MptConfig", "MptForCausalLM", vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2),
+    "xglm": _lm("XGLMConfig", "XGLMForCausalLM", vocab_size=VOCAB, d_model=32, num_layers=2, attention_heads=2,
+                ffn_dim=64),
+    "gpt_bigcode": _lm("GPTBigCodeConfig", "GPTBigCodeForCausalLM", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2,
+                       bos_token_id=0, eos_token_id=0),
     "llama (score head)": _encoder("LlamaConfig", "LlamaForSequenceClassification", **SIZES, pad_token_id=0),
     "bert (masked LM)": _lm("BertConfig", "BertForMaskedLM", **SIZES),
     "bert (token classes)": lambda: (transformers.BertForTokenClassification(transformers.BertConfig(**SIZES)), {
@@ -150,4 +160,4 @@ def test_every_entry_point_answers_on_every_architecture(name: str) -> None:
 
 
 def test_the_zoo_is_large() -> None:
-    assert len(ZOO) >= 40
+    assert len(ZOO) >= 50
