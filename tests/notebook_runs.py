@@ -143,6 +143,8 @@ class NotebookRun:
     seconds: float
     warnings: list[str]
     error: str | None = None
+    saved_bytes: int | None = None
+    """The executed notebook's size as saved (``nbformat.write``, widget state included, as nbclient keeps it)."""
 
 
 def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
@@ -160,7 +162,10 @@ def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
         client.execute(env=env)
     except Exception:  # noqa: BLE001 - the test reports it with the cell's traceback
         return NotebookRun(name, time.perf_counter() - started, warnings_printed(nb), traceback.format_exc()[-6000:])
-    return NotebookRun(name, time.perf_counter() - started, warnings_printed(nb))
+    seconds = time.perf_counter() - started
+    saved = workdir / name
+    nbformat.write(nb, saved)
+    return NotebookRun(name, seconds, warnings_printed(nb), saved_bytes=saved.stat().st_size)
 
 
 def _claim(folder: Path, name: str) -> bool:

@@ -209,7 +209,7 @@ def in_unit(value: float, unit: tuple[str, float]) -> str:
         return "0"
     if amount >= 100 or unit[0] == "B":
         return f"{amount:,.0f}"
-    if amount >= 0.1:
+    if amount >= 0.095:  # 0.097 shows as 0.1, as its neighbours at 0.1 do, not as 0.10
         return f"{amount:.1f}"
     if amount >= 0.01:
         return f"{amount:.2f}"
