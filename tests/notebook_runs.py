@@ -144,7 +144,7 @@ class NotebookRun:
     warnings: list[str]
     error: str | None = None
     saved_bytes: int | None = None
-    """The executed notebook's size as saved (``nbformat.write``, widget state included, as nbclient keeps it)."""
+    """What the executed notebook weighs saved from JupyterLab (:func:`saved_size`)."""
 
 
 def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
@@ -163,9 +163,33 @@ def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
     except Exception:  # noqa: BLE001 - the test reports it with the cell's traceback
         return NotebookRun(name, time.perf_counter() - started, warnings_printed(nb), traceback.format_exc()[-6000:])
     seconds = time.perf_counter() - started
-    saved = workdir / name
-    nbformat.write(nb, saved)
-    return NotebookRun(name, seconds, warnings_printed(nb), saved_bytes=saved.stat().st_size)
+    return NotebookRun(name, seconds, warnings_printed(nb), saved_bytes=saved_size(nb))
+
+
+PLOTLY_PNG_BYTES = 150_000
+"""The most a PNG that JupyterLab's plotly renderer stores beside a plotly figure's JSON weighs (60 to 150 kB, measured
+by tests/jupyter/test_browser.py)."""
+
+
+def saved_size(nb: nbformat.NotebookNode) -> int:
+    """What an executed notebook weighs saved as JupyterLab saves it: its cells and outputs, without the widget state
+    (which JupyterLab saves only when asked to, and nbclient always keeps: a live figure's carries plotly.js), and
+    with a PNG of :data:`PLOTLY_PNG_BYTES` for each plotly figure (JupyterLab's plotly renderer stores one).
+
+    Example:
+        >>> nb = nbformat.v4.new_notebook()
+        >>> nb.metadata["widgets"] = {"state": "x" * 5_000_000}
+        >>> saved_size(nb) < 1000
+        True
+    """
+    kept = nbformat.from_dict(nb)
+    kept.metadata.pop("widgets", None)
+    plotly = sum(
+        "application/vnd.plotly.v1+json" in output.get("data", {})
+        for cell in kept.cells
+        for output in cell.get("outputs", [])
+    )
+    return len(nbformat.writes(kept).encode()) + plotly * PLOTLY_PNG_BYTES
 
 
 def _claim(folder: Path, name: str) -> bool:

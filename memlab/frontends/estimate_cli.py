@@ -324,9 +324,14 @@ def run_sharded(
     if args.json:
         import json
 
+        from memlab.report.tables import status_text
+
         rows = [{"strategy": name, **(trial.to_dict() if trial is not None else {"plan": plan.label()}),
-                 **({"gpus": trial.gpus, "model_state_bytes": trial.model_state_bytes, "detail": trial.detail}
-                    if trial is not None else {"gpus": None})} for plan, name, trial in trials]
+                 **({"gpus": trial.gpus, "model_state_bytes": trial.model_state_bytes, "detail": trial.detail,
+                     "verdict": status_text(trial, trial.fits)}
+                    if trial is not None else {"gpus": None, "fits": False,
+                                               "verdict": "does not fit (on no number of GPUs up to 1024)"})}
+                for plan, name, trial in trials]
         print(json.dumps(rows, indent=2, default=str), file=out)
     else:
         print(f"{args.model}: {type(model).__name__}, per-GPU batch {batch['input_ids'][0]}x{batch['input_ids'][1]}"

@@ -318,6 +318,8 @@ def test_estimate_gpus_auto_prints_each_gpus_card_figure_and_the_verdict_on_it(
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["card_bytes"] == rows[0]["reserved_bytes"] + rows[0]["context_bytes"]
     assert rows[0]["verdict_figure"] == "card figure" and rows[1]["fits"] is False
+    assert [row["verdict"] for row in rows] == ["ok (estimate)", "does not fit (over budget)",
+                                                "does not fit (on no number of GPUs up to 1024)"]
 
 
 def test_the_demo_runs_on_one_torch_thread_on_a_cpu_and_gives_the_callers_threads_back(
