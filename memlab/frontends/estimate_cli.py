@@ -311,8 +311,9 @@ def run_sharded(
     Example:
         >>> parser = argparse.ArgumentParser(prog="memlab estimate")
         >>> add_arguments(parser)
-        >>> run(parser.parse_args(["llama-7b", "--gpus", "auto"]), err=sys.stdout)
+        >>> run(parser.parse_args(["llama-7b", "--gpus", "auto"]), err=sys.stdout)  # doctest: +NORMALIZE_WHITESPACE
         memlab estimate: --gpus auto needs a budget; write for example --gpus auto --budget 80GiB
+        (or --gpu A100-80GB: the GPU's memory is then the budget)
         2
     """
     from memlab.estimation.sharded import sharded_lines, sharded_trials

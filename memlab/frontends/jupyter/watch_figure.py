@@ -108,8 +108,8 @@ class WatchFigure:
         ...     figure.step(watched.steps[-1])
         >>> figure.redraws, len(figure.widget.data[0].x)  # steps 2 and 3 redrew (every 2, and the last)
         (2, 3)
-        >>> figure.finish(); sorted(figure.record)
-        ['application/vnd.plotly.v1+json', 'image/svg+xml', 'text/plain']
+        >>> figure.finish(); sorted(figure.record)  # one static form: the SVG (and a line of text)
+        ['image/svg+xml', 'text/plain']
     """
 
     def __init__(self, watched: Any, *, every: int | None = None, display: Callable[..., Any] | None = None) -> None:
