@@ -105,7 +105,8 @@ class PanelCore(widgets.VBox):
             tooltip="Forget the results measured so far (the table and the figure); the model is not touched",
         )
         self.status = widgets.HTML(layout=widgets.Layout(width="100%"))
-        self.table = widgets.HTML(self.report._repr_html_(), layout=widgets.Layout(width="100%"))
+        # No margin: ipywidgets adds one outside the 100% width, and the table would reach 2 px past the output.
+        self.table = widgets.HTML(self.report._repr_html_(), layout=widgets.Layout(width="100%", margin="0"))
         self._running = False
         self.run_button.on_click(lambda _: self.run())
         self.clear_button.on_click(lambda _: self.clear())
