@@ -406,3 +406,25 @@ def test_close_runs_are_timed_again_in_turn_so_noise_never_crowns_a_plan(monkeyp
     quiet.run()
     quiet.run()
     assert order == ["plain", "plain"]
+
+
+@pytest.mark.parametrize(("budget", "named"), [("80MiB", True), ("60MiB", False)])
+def test_memory_held_before_is_named_only_where_it_changes_the_verdict(
+    budget: str, named: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memlab.frontends.jupyter import panel_core
+    from memlab.report import Trial
+
+    def compare(model: Any, batch: Any, plans: list[Plan], **options: Any) -> Report:
+        trial = Trial(plans[0], "ok", 90 * MIB, {"params": 70 * MIB, "other": 20 * MIB}, 0.1, 80.0, None, "cpu",
+                      rows_per_step=8, budget=options.get("budget"), preexisting_bytes=16 * MIB)
+        return Report([trial], budget=options.get("budget"))
+
+    monkeypatch.setattr(panel_core, "compare", compare)
+    p = panel(torch.nn.Sequential(torch.nn.Linear(4, 4)), torch.randn(8, 4), loss_fn=lambda m, b: m(b).sum(),
+              steps=1, noise=0, budget=budget)
+    p.run()
+    assert "does not fit" in p.status.value
+    # 90 MiB with 16 MiB held before: over 80 MiB only because of it (named), over 60 MiB either way (not named)
+    assert ("16.0 MiB of it was held before the run: without it, it would fit" in p.status.value) is named
+    assert ("Held before the trials: 16.0 MiB" in p.table.value) is named

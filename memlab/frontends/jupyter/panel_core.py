@@ -30,7 +30,7 @@ from memlab.live.batch import Batch, count_rows
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import LeverSpec, Plan, format_bytes, parse_budget
 from memlab.report import CATEGORIES, Report, Trial, one_line
-from memlab.report.tables import judged_text
+from memlab.report.tables import held_line, judged_text
 from memlab.runner.remeasure import close_contenders, settle_close_race
 from memlab.runner.trial import compare
 
@@ -350,7 +350,12 @@ class PanelCore(widgets.VBox):
             return f"{trial.label}: error: {one_line(trial.error or 'unknown error', limit=None)}", "error"
         # The figure the verdict judged: what the card will show where it is known, else the allocated peak.
         if not report.fits(trial):
-            return f"{trial.label}: does not fit: {judged_text(trial)} is over the budget", "warn"
+            # Memory the process held before the run is named only where it changes this verdict.
+            held = held_line(Report([trial], budget=trial.budget if report.budget is None else report.budget))
+            why = "" if held is None else (
+                f"; {format_bytes(trial.preexisting_bytes)} of it was held before the run: without it, it would fit"
+            )
+            return f"{trial.label}: does not fit: {judged_text(trial)} is over the budget{why}", "warn"
         rate = self._rate(trial)
         speed = "" if rate is None else f", {rate:.3g} {self.rate_unit}"
         return f"{trial.label}: fits, {judged_text(trial)}{speed}", "ok"
