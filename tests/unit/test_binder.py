@@ -220,3 +220,19 @@ def test_a_venv_built_as_binder_builds_it_imports_every_notebooks_imports():
                              text=True, timeout=120, env=BUILD.environment())
     assert "python3" in kernels.stdout and str(BUILD.venv) in kernels.stdout, kernels.stdout
     print(f"Binder-like venv built in {BUILD.seconds:.0f} s")
+
+
+def test_the_readme_sends_people_to_the_notebooks_with_a_command_that_installs_jupyterlab():
+    """Issue 39: the README's workshop paragraph names the command that installs what the notebooks need, JupyterLab
+    included, and opens them; the extra it names brings JupyterLab and what Binder installs."""
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text()
+    workshop = readme[readme.index("## Workshop"):]
+    workshop = workshop[: workshop.index("\n## ", 1)]
+    command = next(line for line in workshop.splitlines() if line.startswith("pip install ") and "jupyter lab" in line)
+    extra = re.search(r'-e "\.\[(\w+)\]"', command)
+    assert extra and command.endswith("jupyter lab notebooks"), command
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "memlab[lab]" in extras[extra.group(1)] and "jupyterlab" in " ".join(extras["lab"])
+    assert f'.[{extra.group(1)}]' in (BINDER / "postBuild").read_text()  # the same set as Binder's
