@@ -144,7 +144,9 @@ class NotebookRun:
     warnings: list[str]
     error: str | None = None
     saved_bytes: int | None = None
-    """What the executed notebook weighs saved from JupyterLab (:func:`saved_size`)."""
+    """What the executed notebook weighs saved, without widget state (:func:`saved_size`)."""
+    two_forms: int | None = None
+    """Outputs that hold a figure twice: an SVG and plotly's JSON, of which JupyterLab would store a PNG too."""
 
 
 def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
@@ -163,18 +165,19 @@ def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
     except Exception:  # noqa: BLE001 - the test reports it with the cell's traceback
         return NotebookRun(name, time.perf_counter() - started, warnings_printed(nb), traceback.format_exc()[-6000:])
     seconds = time.perf_counter() - started
-    return NotebookRun(name, seconds, warnings_printed(nb), saved_bytes=saved_size(nb))
-
-
-PLOTLY_PNG_BYTES = 150_000
-"""The most a PNG that JupyterLab's plotly renderer stores beside a plotly figure's JSON weighs (60 to 150 kB, measured
-by tests/jupyter/test_browser.py)."""
+    two_forms = sum(
+        {"image/svg+xml", "application/vnd.plotly.v1+json"} <= set(output.get("data", {}))
+        for cell in nb.cells
+        for output in cell.get("outputs", [])
+    )
+    return NotebookRun(name, seconds, warnings_printed(nb), saved_bytes=saved_size(nb), two_forms=two_forms)
 
 
 def saved_size(nb: nbformat.NotebookNode) -> int:
-    """What an executed notebook weighs saved as JupyterLab saves it: its cells and outputs, without the widget state
-    (which JupyterLab saves only when asked to, and nbclient always keeps: a live figure's carries plotly.js), and
-    with a PNG of :data:`PLOTLY_PNG_BYTES` for each plotly figure (JupyterLab's plotly renderer stores one).
+    """What an executed notebook weighs saved: its cells and outputs, without the widget state (which JupyterLab saves
+    only when asked to, and nbclient always keeps: a panel's live figure carries plotly.js, about 5 MB). What CI
+    cannot add is the PNG that JupyterLab's plotly extension stores beside each plotly figure when it draws one (60
+    to 150 kB a figure): tests/jupyter/test_browser.py measures notebook 06 as JupyterLab saves it, PNG included.
 
     Example:
         >>> nb = nbformat.v4.new_notebook()
@@ -184,12 +187,7 @@ def saved_size(nb: nbformat.NotebookNode) -> int:
     """
     kept = nbformat.from_dict(nb)
     kept.metadata.pop("widgets", None)
-    plotly = sum(
-        "application/vnd.plotly.v1+json" in output.get("data", {})
-        for cell in kept.cells
-        for output in cell.get("outputs", [])
-    )
-    return len(nbformat.writes(kept).encode()) + plotly * PLOTLY_PNG_BYTES
+    return len(nbformat.writes(kept).encode())
 
 
 def _claim(folder: Path, name: str) -> bool:

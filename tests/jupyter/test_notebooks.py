@@ -45,6 +45,7 @@ def test_notebook_runs_top_to_bottom(name):
     assert run.seconds < PER_NOTEBOOK_S, f"{name} took {run.seconds:.0f} s; the limit is {PER_NOTEBOOK_S} s"
     assert not run.warnings, run.warnings
     # Saved after the run, outputs and widget state included: one static form per figure keeps it small (issue 39).
+    assert run.two_forms == 0, f"{name}: {run.two_forms} outputs keep a figure both as SVG and as plotly JSON"
     assert run.saved_bytes is not None and run.saved_bytes < SAVED_LIMIT_BYTES, (
         f"{name} saves at {run.saved_bytes} bytes after its run; the limit is {SAVED_LIMIT_BYTES}"
     )
