@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 __all__ = [
-    "GPU_MEMORY_MIB", "EstimateProgress", "add_arguments", "estimate_each", "gpu_budget", "json_with_verdicts",
+    "GPU_MEMORY_BYTES", "EstimateProgress", "add_arguments", "estimate_each", "gpu_budget", "json_with_verdicts",
     "progress_lines", "run", "run_sharded",
 ]
 
@@ -36,7 +36,10 @@ _DESCRIPTION = (
     "or a built-in shape: {shapes}."
 )
 _EPILOG = (
-    "Exit status: 0 when a plan fits the budget (or no budget was given), 1 when none fits, 2 on wrong input. "
+    "Exit status: 0 when a plan fits the budget (or no budget was given), 1 when none fits, 2 on wrong input; "
+    "--gpu without --budget makes that GPU's memory the budget. The table, --json's verdict and the exit status "
+    "judge each plan once, the same way. When nothing fits, the commands that try the plans estimated to fit "
+    "follow the table. "
     "On CUDA a plan fits when what the card will show (the allocator's reserve and the CUDA context of --gpu, both "
     "modelled) is within the budget; where that card figure is unknown, its allocated peak, which leaves out "
     "allocator rounding and fragmentation and the CUDA context: keep a margin. Kernel workspaces are never included."
@@ -68,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch", metavar="ROWSxTOKENS", default="1x512", help="rows and tokens per batch (default: 1x512)"
     )
-    parser.add_argument("--budget", metavar="SIZE", default=None, help="memory budget such as 24GiB or 16GB")
+    parser.add_argument("--budget", metavar="SIZE", default=None,
+                        help="memory budget such as 24GiB or 16GB (default with --gpu: that GPU's memory)")
     parser.add_argument(
         "--try",
         dest="try_",
@@ -202,15 +206,20 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0 if fits else 1
 
 
-# nvidia-smi's memory.total of each GPU kind (MiB): the card figure is what nvidia-smi shows in use, so a plan fits
-# the card when its card figure is within this. H100 80GB HBM3: 81559 MiB; the others as their boards report it.
-GPU_MEMORY_MIB = {"H100-80GB": 81559, "H200-141GB": 143771, "A100-80GB": 81920, "A100-40GB": 40960,
-                  "L40S-48GB": 46068, "RTX4090-24GB": 24564, "L4-24GB": 23034}
+# The memory of each GPU kind, what a plan's card figure (allocator reserve + CUDA context) must fit when --gpu names
+# the GPU and no --budget is given. H100-80GB: measured, torch's total_memory on an H100 80GB HBM3, the figure the
+# modelled CUDA context is taken from (memlab/estimation/gpus.py). The others: the memory.total nvidia-smi reports for
+# the board (MiB), not yet measured with memlab; it may hold a few hundred MiB more than torch can use.
+GPU_MEMORY_BYTES = {
+    "H100-80GB": 85_017_493_504,
+    **{name: mib * 2**20 for name, mib in (("H200-141GB", 143771), ("A100-80GB", 81920), ("A100-40GB", 40960),
+                                            ("L40S-48GB", 46068), ("RTX4090-24GB", 24564), ("L4-24GB", 23034))},
+}
 
 
 def gpu_budget(args: argparse.Namespace) -> int | None:
-    """The budget when ``--gpu`` names a GPU and no ``--budget`` is given: the GPU's memory (nvidia-smi's total);
-    None otherwise (no ``--gpu``, or ``--device cpu``).
+    """The budget when ``--gpu`` names a GPU and no ``--budget`` is given: the GPU's memory
+    (:data:`GPU_MEMORY_BYTES`); None otherwise (no ``--gpu``, or ``--device cpu``).
 
     Example:
         >>> gpu_budget(argparse.Namespace(gpu="A100-40GB", device=None, budget=None)) / 2**30
@@ -223,7 +232,7 @@ def gpu_budget(args: argparse.Namespace) -> int | None:
     name = getattr(args, "gpu", None)
     if name is None or getattr(args, "device", None) == "cpu":
         return None
-    return GPU_MEMORY_MIB[gpu_kind(name).name] * 2**20
+    return GPU_MEMORY_BYTES[gpu_kind(name).name]
 
 
 def _budget_words(args: argparse.Namespace, budget: int | None) -> str:
