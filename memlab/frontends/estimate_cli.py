@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -405,11 +406,21 @@ class EstimateProgress:
             self.bar = tqdm(total=self.dry_runs, file=self.err, unit="dry run", dynamic_ncols=True, leave=False,
                             bar_format="memlab estimate: {desc} {bar} {n_fmt}/{total_fmt} dry runs "
                                        "[{elapsed} so far, about {remaining} left]")
+            # One dry run of a 70B model takes most of a minute: the bar's clock ticks on through it.
+            self._stop = threading.Event()
+            self._ticker = threading.Thread(target=self._tick, daemon=True)
+            self._ticker.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
+            self._stop.set()
+            self._ticker.join(timeout=5)
             self.bar.close()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            self.bar.refresh()
 
     def expect(self, more: int) -> None:
         """``more`` dry runs than said at the start (the suggestions estimated when nothing fits)."""

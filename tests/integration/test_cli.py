@@ -482,6 +482,11 @@ def test_a_long_estimate_shows_a_bar_with_the_time_left_on_a_terminal() -> None:
         assert say.bar is not None and say.bar.n == 2 and say.bar.total == 3
         say.expect(2)
         assert say.bar.total == 5
+        import time
+
+        drawn = len(err.getvalue())
+        time.sleep(1.3)  # within one long dry run, the bar's clock still ticks
+        assert len(err.getvalue()) > drawn
     shown = err.getvalue()
     assert "memlab estimate: estimating plan 3 of 3: plain" in shown and "dry runs" in shown
     assert "so far, about" in shown and "left]" in shown
