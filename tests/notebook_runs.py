@@ -143,6 +143,10 @@ class NotebookRun:
     seconds: float
     warnings: list[str]
     error: str | None = None
+    saved_bytes: int | None = None
+    """What the executed notebook weighs saved, without widget state (:func:`saved_size`)."""
+    two_forms: int | None = None
+    """Outputs that hold a figure twice: an SVG and plotly's JSON, of which JupyterLab would store a PNG too."""
 
 
 def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
@@ -160,7 +164,30 @@ def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
         client.execute(env=env)
     except Exception:  # noqa: BLE001 - the test reports it with the cell's traceback
         return NotebookRun(name, time.perf_counter() - started, warnings_printed(nb), traceback.format_exc()[-6000:])
-    return NotebookRun(name, time.perf_counter() - started, warnings_printed(nb))
+    seconds = time.perf_counter() - started
+    two_forms = sum(
+        {"image/svg+xml", "application/vnd.plotly.v1+json"} <= set(output.get("data", {}))
+        for cell in nb.cells
+        for output in cell.get("outputs", [])
+    )
+    return NotebookRun(name, seconds, warnings_printed(nb), saved_bytes=saved_size(nb), two_forms=two_forms)
+
+
+def saved_size(nb: nbformat.NotebookNode) -> int:
+    """What an executed notebook weighs saved: its cells and outputs, without the widget state (which JupyterLab saves
+    only when asked to, and nbclient always keeps: a panel's live figure carries plotly.js, about 5 MB). What CI
+    cannot add is the PNG that JupyterLab's plotly extension stores beside each plotly figure when it draws one (60
+    to 150 kB a figure): tests/jupyter/test_browser.py measures notebook 06 as JupyterLab saves it, PNG included.
+
+    Example:
+        >>> nb = nbformat.v4.new_notebook()
+        >>> nb.metadata["widgets"] = {"state": "x" * 5_000_000}
+        >>> saved_size(nb) < 1000
+        True
+    """
+    kept = nbformat.from_dict(nb)
+    kept.metadata.pop("widgets", None)
+    return len(nbformat.writes(kept).encode())
 
 
 def _claim(folder: Path, name: str) -> bool:

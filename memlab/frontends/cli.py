@@ -377,7 +377,9 @@ def write_html_report(report: Any, path: str | os.PathLike[str], *, title: str =
             "<!DOCTYPE html>",
             "<html><head><meta charset='utf-8'>",
             f"<title>{html.escape(title)}</title>",
-            "<style>body{font-family:sans-serif;margin:1.5em} pre{background:#f6f6f6;padding:8px}</style>",
+            # The text wraps inside its grey box (a table line is wider than most windows), never past it.
+            "<style>body{font-family:sans-serif;margin:1.5em} pre{background:#f6f6f6;padding:8px;"
+            "white-space:pre-wrap;overflow-wrap:anywhere;max-width:100%;box-sizing:border-box}</style>",
             "</head><body>",
             f"<h1>{html.escape(title)}</h1>",
             figure,

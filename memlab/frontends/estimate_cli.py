@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["add_arguments", "estimate_each", "load_from_args", "progress_lines", "run", "run_sharded"]
+__all__ = [
+    "GPU_MEMORY_BYTES", "EstimateProgress", "add_arguments", "estimate_each", "gpu_budget", "json_with_verdicts",
+    "load_from_args", "progress_lines", "run", "run_sharded",
+]
 
 _DESCRIPTION = (
     "Predict the peak memory of one training step for each plan, on fake tensors: nothing is downloaded but the "
@@ -33,7 +37,10 @@ _DESCRIPTION = (
     "or a built-in shape: {shapes}."
 )
 _EPILOG = (
-    "Exit status: 0 when a plan fits the budget (or no budget was given), 1 when none fits, 2 on wrong input. "
+    "Exit status: 0 when a plan fits the budget (or no budget was given), 1 when none fits, 2 on wrong input; "
+    "--gpu without --budget makes that GPU's memory the budget. The table, --json's verdict and the exit status "
+    "judge each plan once, the same way. When nothing fits, the commands that try the plans estimated to fit "
+    "follow the table. "
     "On CUDA a plan fits when what the card will show (the allocator's reserve and the CUDA context of --gpu, both "
     "modelled) is within the budget; where that card figure is unknown, its allocated peak, which leaves out "
     "allocator rounding and fragmentation and the CUDA context: keep a margin. Workspaces kernels take inside "
@@ -66,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch", metavar="ROWSxTOKENS", default="1x512", help="rows and tokens per batch (default: 1x512)"
     )
-    parser.add_argument("--budget", metavar="SIZE", default=None, help="memory budget such as 24GiB or 16GB")
+    parser.add_argument("--budget", metavar="SIZE", default=None,
+                        help="memory budget such as 24GiB or 16GB (default with --gpu: that GPU's memory)")
     parser.add_argument(
         "--try",
         dest="try_",
@@ -202,10 +210,16 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from memlab.estimation.cuda_context import card_contexts
     from memlab.estimation.estimate import load_config, meta_model, parse_batch_shape
     from memlab.plan import parse_budget, parse_grid
+    from memlab.search.space import keep_rows
 
     batch = parse_batch_shape(args.batch)
+    rows, tokens = batch["input_ids"]
+    grid = list(args.try_ or [])
+    # --try micro_batch=... keeps the batch's rows per optimizer step, as %%memfit does (the same function).
+    plans, kept = keep_rows(parse_grid(grid), grid, rows, f"--batch {args.batch}")
     budget = parse_budget(args.budget)
-    plans = parse_grid(args.try_ or [])
+    if budget is None:
+        budget = gpu_budget(args)
     gpus = getattr(args, "gpus", None)
     strategy = getattr(args, "strategy", None)
     if gpus is None and strategy not in (None, "none"):
@@ -217,7 +231,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise MemlabError("the load flags are estimated on one GPU; drop --gpus/--strategy, or the load flags (the "
                           "plan's weights= sets the dtype of sharded weights)")
     if gpus == "auto" and budget is None:
-        raise MemlabError("--gpus auto needs a budget; write for example --gpus auto --budget 80GiB")
+        raise MemlabError("--gpus auto needs a budget; write for example --gpus auto --budget 80GiB (or --gpu "
+                          "A100-80GB: the GPU's memory is then the budget)")
     from memlab.estimation.sharded import parse_gpus
 
     try:
@@ -226,31 +241,133 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise MemlabError(f"--gpus {args.gpus!r} is not a number of GPUs; write for example --gpus 8, or --gpus auto "
                           "with --budget") from None
     source = args.config or args.model
-    say = progress_lines(err)
-    say(f"reading the config of {source}")
-    config = load_config(source)
-    say("building the model on the meta device (shapes only, no memory)")
-    model = meta_model(config)
-    parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    if gpus != "1" or strategy not in (None, "none"):
-        args.gpus = gpus
-        return run_sharded(args, model, batch, plans, budget, out, say=say)
-    report = estimate_each(model, batch, plans, budget=budget, device=args.device, say=say,
-                           gpu=getattr(args, "gpu", None), load=load)
-    report = dataclasses.replace(report, trials=card_contexts(report.trials, getattr(args, "gpu", None)))
+    sharded = gpus != "1" or strategy not in (None, "none")
+    with EstimateProgress(err, dry_runs=_dry_runs(len(plans), gpus, strategy) if sharded else len(plans)) as say:
+        say(f"reading the config of {source}")
+        config = load_config(source)
+        say("building the model on the meta device (shapes only, no memory)")
+        model = meta_model(config)
+        parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        if sharded:
+            args.gpus = gpus
+            return run_sharded(args, model, batch, plans, budget, out, say=say)
+        report = estimate_each(model, batch, plans, budget=budget, device=args.device, say=say,
+                               gpu=getattr(args, "gpu", None), load=load)
+        report = dataclasses.replace(report, trials=card_contexts(report.trials, getattr(args, "gpu", None)))
+        if kept is not None:
+            for trial in report.trials:
+                trial.notes = (*trial.notes, kept)
+        fits = any(report.fits(trial) for trial in report)
+        if budget is not None and not fits and report.trials:
+            report.suggestions = _suggestions(args, model, batch, report, grid, say)
     if args.json:
-        print(report.to_json(), file=out)
+        print(json_with_verdicts(report), file=out)
     else:
-        rows, tokens = batch["input_ids"]
         print(
             f"{args.model}: {type(model).__name__}, {_count(parameters)} parameters, batch {rows}x{tokens}, "
-            f"{len(plans)} plan{'s' if len(plans) != 1 else ''}{_for_gpu(args)}",
+            f"{len(plans)} plan{'s' if len(plans) != 1 else ''}{_for_gpu(args)}{_budget_words(args, budget)}",
             file=out,
         )
         print(report.to_text(), file=out)
+        if budget is not None and not fits and report.trials:
+            from memlab.frontends.estimate_next import suggestion_lines
+
+            sharded_too = all(trial.plan.adapter == "none" for trial in report.trials)
+            for line in suggestion_lines(args, report.suggestions, sharded=sharded_too):
+                print(line, file=out)
     if budget is None:
         return 0
-    return 0 if any(report.fits(trial) for trial in report) else 1
+    return 0 if fits else 1
+
+
+# The memory of each GPU kind, what a plan's card figure (allocator reserve + CUDA context) must fit when --gpu names
+# the GPU and no --budget is given. H100-80GB: measured, torch's total_memory on an H100 80GB HBM3, the figure the
+# modelled CUDA context is taken from (memlab/estimation/gpus.py). The others: the memory.total nvidia-smi reports for
+# the board (MiB), not yet measured with memlab; it may hold a few hundred MiB more than torch can use.
+GPU_MEMORY_BYTES = {
+    "H100-80GB": 85_017_493_504,
+    **{name: mib * 2**20 for name, mib in (("H200-141GB", 143771), ("A100-80GB", 81920), ("A100-40GB", 40960),
+                                            ("L40S-48GB", 46068), ("RTX4090-24GB", 24564), ("L4-24GB", 23034))},
+}
+
+
+def gpu_budget(args: argparse.Namespace) -> int | None:
+    """The budget when ``--gpu`` names a GPU and no ``--budget`` is given: the GPU's memory
+    (:data:`GPU_MEMORY_BYTES`); None otherwise (no ``--gpu``, or ``--device cpu``).
+
+    Example:
+        >>> gpu_budget(argparse.Namespace(gpu="A100-40GB", device=None, budget=None)) / 2**30
+        40.0
+        >>> gpu_budget(argparse.Namespace(gpu=None, device=None, budget=None)) is None
+        True
+    """
+    from memlab.estimation.gpus import gpu_kind
+
+    name = getattr(args, "gpu", None)
+    if name is None or getattr(args, "device", None) == "cpu":
+        return None
+    return GPU_MEMORY_BYTES[gpu_kind(name).name]
+
+
+def _budget_words(args: argparse.Namespace, budget: int | None) -> str:
+    """``, budget: the A100-40GB's 40.00 GiB`` where the budget is the GPU's memory (no --budget given)."""
+    from memlab.plan import format_bytes
+
+    if args.budget is not None or budget is None:
+        return ""
+    return f", budget: its memory, {format_bytes(budget)} (--budget SIZE sets another)"
+
+
+def json_with_verdicts(report: Any) -> str:
+    """The report as JSON, each trial (and suggestion) with ``verdict``: the words its table row shows in ``status``
+    (``ok (estimate)``, ``does not fit (over budget)``...), beside ``status`` (whether it ran) and ``fits``.
+
+    Example:
+        >>> import json
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Report, Trial
+        >>> trial = Trial(Plan(), "ok", 900, {"params": 900}, None, None, None, "cuda", estimated=True)
+        >>> row = json.loads(json_with_verdicts(Report([trial], budget=800)))["trials"][0]
+        >>> row["status"], row["fits"], row["verdict"]
+        ('ok', False, 'does not fit (over budget)')
+    """
+    import json
+
+    from memlab.report.tables import status_text
+
+    data = report.to_dict()
+    for row, trial in zip(data["trials"], report.trials, strict=True):
+        row["verdict"] = status_text(trial, report.fits(trial))
+    for row, trial in zip(data["suggestions"], report.suggestions, strict=True):
+        row["verdict"] = status_text(trial, report.fits(trial))
+    return json.dumps(data, indent=2, default=str)
+
+
+def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, grid: list[str],
+                 say: EstimateProgress) -> list[Any]:
+    """Plans outside the ``--try`` grid (the search's alternatives: bf16 weights, LoRA, QLoRA, Adafactor on the
+    lowest plan tried) estimated to fit, the lowest card figure first."""
+    import dataclasses
+
+    from memlab.estimation.cuda_context import card_contexts
+    from memlab.plan import parse_axes
+    from memlab.search.suggest import alternatives
+
+    ran = [trial for trial in report.trials if trial.status != "error"]
+    if not ran:
+        return []
+    # From the plan tried with the lowest figure the verdict judged (the card figure where known).
+    lowest = min(ran, key=lambda trial: trial.verdict_bytes)
+    plans = alternatives([lowest], parse_axes(grid) if grid else {})
+    if not plans:
+        return []
+    say.expect(len(plans))
+    say(f"nothing fits: estimating {len(plans)} plans outside what you tried")
+    found = estimate_each(model, batch, plans, budget=report.budget, device=args.device, say=say,
+                          gpu=getattr(args, "gpu", None))
+    found = dataclasses.replace(found, trials=card_contexts(found.trials, getattr(args, "gpu", None)))
+    fitting = [trial for trial in found if found.fits(trial)]
+    return sorted(fitting, key=lambda trial: trial.verdict_bytes)
 
 
 def _for_gpu(args: argparse.Namespace) -> str:
@@ -277,11 +394,13 @@ def run_sharded(
     Example:
         >>> parser = argparse.ArgumentParser(prog="memlab estimate")
         >>> add_arguments(parser)
-        >>> run(parser.parse_args(["llama-7b", "--gpus", "auto"]), err=sys.stdout)
+        >>> run(parser.parse_args(["llama-7b", "--gpus", "auto"]), err=sys.stdout)  # doctest: +NORMALIZE_WHITESPACE
         memlab estimate: --gpus auto needs a budget; write for example --gpus auto --budget 80GiB
+        (or --gpu A100-80GB: the GPU's memory is then the budget)
         2
     """
     from memlab.estimation.sharded import sharded_lines, sharded_trials
+    from memlab.frontends.estimate_next import searched_lines
 
     strategies = [args.strategy] if args.strategy not in (None, "none") else None
     trials = sharded_trials(model, batch, plans, gpus=args.gpus, strategies=strategies, budget=budget,
@@ -289,15 +408,23 @@ def run_sharded(
     if args.json:
         import json
 
+        from memlab.report.tables import status_text
+
         rows = [{"strategy": name, **(trial.to_dict() if trial is not None else {"plan": plan.label()}),
-                 **({"gpus": trial.gpus, "model_state_bytes": trial.model_state_bytes, "detail": trial.detail}
-                    if trial is not None else {"gpus": None})} for plan, name, trial in trials]
+                 **({"gpus": trial.gpus, "model_state_bytes": trial.model_state_bytes, "detail": trial.detail,
+                     "verdict": status_text(trial, trial.fits)}
+                    if trial is not None else {"gpus": None, "fits": False,
+                                               "verdict": "does not fit (on no number of GPUs up to 1024)"})}
+                for plan, name, trial in trials]
         print(json.dumps(rows, indent=2, default=str), file=out)
     else:
         print(f"{args.model}: {type(model).__name__}, per-GPU batch {batch['input_ids'][0]}x{batch['input_ids'][1]}"
               f"{_for_gpu(args)}", file=out)
         for line in sharded_lines(trials, budget):
             print(line, file=out)
+        if args.gpus == "auto":
+            for line in searched_lines(args, plans, strategies or ["fsdp2", "zero2", "zero3"]):
+                print(line, file=out)
     fits = [trial for _, _, trial in trials if trial is not None and trial.fits]
     return 0 if budget is None or fits else 1
 
@@ -321,6 +448,76 @@ def progress_lines(err: TextIO, clock: Callable[[], float] = time.perf_counter) 
         print(f"memlab estimate: {text} ... ({clock() - started:.0f} s so far)", file=err, flush=True)
 
     return say
+
+
+class EstimateProgress:
+    """Progress of ``memlab estimate`` on ``err``, as a context whose value is ``say(text)``, told as each step
+    starts. On a terminal: a tqdm bar of the dry runs (``dry_runs`` of them at most; :meth:`expect` adds more), with
+    the time so far and tqdm's estimate of the time left from the dry runs finished. Elsewhere (a pipe, a log):
+    one line per step with the time so far (:func:`progress_lines`), which a log keeps readable.
+
+    Example:
+        >>> import io
+        >>> with EstimateProgress(io.StringIO(), dry_runs=2) as say:
+        ...     say("reading the config of gpt2"); say("estimating plan 1 of 2: plain")
+        >>> say.bar is None  # not a terminal: lines, no bar
+        True
+    """
+
+    def __init__(self, err: TextIO, dry_runs: int, *, terminal: bool | None = None) -> None:
+        self.err = err
+        self.dry_runs = dry_runs
+        self.terminal = bool(getattr(err, "isatty", lambda: False)()) if terminal is None else terminal
+        self.lines = progress_lines(err)
+        self.bar: Any = None
+        self._running = False
+
+    def __enter__(self) -> EstimateProgress:
+        if self.terminal:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.dry_runs, file=self.err, unit="dry run", dynamic_ncols=True, leave=False,
+                            bar_format="memlab estimate: {desc} {bar} {n_fmt}/{total_fmt} dry runs "
+                                       "[{elapsed} so far, about {remaining} left]")
+            # One dry run of a 70B model takes most of a minute: the bar's clock ticks on through it.
+            self._stop = threading.Event()
+            self._ticker = threading.Thread(target=self._tick, daemon=True)
+            self._ticker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self._stop.set()
+            self._ticker.join(timeout=5)
+            self.bar.close()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            self.bar.refresh()
+
+    def expect(self, more: int) -> None:
+        """``more`` dry runs than said at the start (the suggestions estimated when nothing fits)."""
+        self.dry_runs += more
+        if self.bar is not None:
+            self.bar.total = self.dry_runs
+            self.bar.refresh()
+
+    def __call__(self, text: str) -> None:
+        if self.bar is None:
+            self.lines(text)
+            return
+        if self._running:
+            self.bar.update(1)
+        self._running = text.startswith("estimating ")
+        self.bar.set_description_str(text)
+
+
+def _dry_runs(plans: int, gpus: str, strategy: str | None) -> int:
+    """At most how many dry runs a sharded estimate makes: per plan, FSDP2's (one, or the bisection of the 11
+    numbers of GPUs --gpus auto tries: 4) and ZeRO's one."""
+    fsdp2 = 4 if gpus == "auto" else 1
+    zero = 1 if strategy in (None, "none", "zero2", "zero3") else 0
+    return plans * ((fsdp2 if strategy in (None, "none", "fsdp2") else 0) + zero)
 
 
 def estimate_each(

@@ -19,7 +19,8 @@ from memlab.report.noise import relative_half_width
 from memlab.report.plan_axis import FULL_LABELS_UP_TO
 
 __all__ = [
-    "BEST_MARK", "TIE_MARK", "card_line", "card_text", "footer_lines", "headers", "html_table", "judged_text",
+    "BEST_MARK", "TIE_MARK", "card_line", "card_text", "footer_lines", "headers", "held_line", "html_table",
+    "in_unit", "judged_text",
     "nothing_fits_reason",
     "short_error", "UNRELIABLE", "spread_text", "status_text", "table_rows", "table_units", "text_table",
     "verdict_text",
@@ -105,18 +106,18 @@ def table_rows(report: Report) -> list[dict[str, str]]:
         notes = [note for note in trial.notes if note not in shared]
         if trial.error:
             notes.insert(0, short_error(trial))
-        peak = _in_unit(trial.peak_bytes, size_unit) if trial.status != "error" else "-"
+        peak = in_unit(trial.peak_bytes, size_unit) if trial.status != "error" else "-"
         if trial.status == "oom" and trial.peak_bytes:
             peak = ">= " + peak
         mark = BEST_MARK if trial is best else TIE_MARK if any(trial is tie for tie in ties) else ""
         card = trial.card_bytes if trial.status == "ok" else None
         row = {"best": mark, "number": str(number) if numbered else "", "plan": trial.label, "status": status,
                "peak": peak,
-               "card": "-" if card is None else _in_unit(card, size_unit)}
+               "card": "-" if card is None else in_unit(card, size_unit)}
         for name in report.categories:
-            row[name] = _in_unit(trial.breakdown.get(name, 0), size_unit) if trial.status == "ok" else "-"
+            row[name] = in_unit(trial.breakdown.get(name, 0), size_unit) if trial.status == "ok" else "-"
         row.update(
-            step="-" if trial.step_time_s is None else _in_unit(trial.step_time_s, time_unit),
+            step="-" if trial.step_time_s is None else in_unit(trial.step_time_s, time_unit),
             samples=format_rate(trial.samples_per_s),
             spread=spread_text(trial),
             tokens=format_rate(trial.tokens_per_s),
@@ -191,16 +192,30 @@ def short_error(trial: Trial) -> str:
     return f"{where} allocating {allocating.group(1)}" if allocating else where
 
 
-def _in_unit(value: float, unit: tuple[str, float]) -> str:
-    """``value`` in ``unit``, three significant figures or so, no unit written (the header has it)."""
+def in_unit(value: float, unit: tuple[str, float]) -> str:
+    """``value`` in ``unit``, three significant figures or so, no unit written (the header has it); never in
+    scientific notation: a size too small to show in the unit is ``< 1 MiB`` (in a MiB or GiB column: below a MiB
+    nobody is short of memory), else ``< 0.01``.
+
+    Example:
+        >>> GIB, MIB = ("GiB", 2**30), ("MiB", 2**20)
+        >>> in_unit(3 * 2**30, GIB), in_unit(2**29, GIB), in_unit(40 * 2**20, GIB), in_unit(5 * 2**20, GIB)
+        ('3.0', '0.5', '0.04', '< 0.01')
+        >>> in_unit(20_480, GIB), in_unit(4096, MIB), in_unit(0, GIB), in_unit(0.0053, ("ms", 1e-3))
+        ('< 1 MiB', '< 1 MiB', '0', '5.3')
+    """
     amount = value / unit[1]
     if amount == 0:
         return "0"
     if amount >= 100 or unit[0] == "B":
         return f"{amount:,.0f}"
-    if amount >= 0.1:
+    if amount >= 0.095:  # 0.097 shows as 0.1, as its neighbours at 0.1 do, not as 0.10
         return f"{amount:.1f}"
-    return f"{amount:.2g}"
+    if amount >= 0.01:
+        return f"{amount:.2f}"
+    if unit[0] in ("MiB", "GiB", "TiB") and value < 2**20:
+        return "< 1 MiB"
+    return "< 0.01"
 
 
 def shared_notes(report: Report) -> list[str]:
@@ -247,12 +262,6 @@ def footer_lines(report: Report) -> list[str]:
     verdict = card_line(report)
     if verdict is not None:
         lines.append(verdict)
-    held = max((trial.preexisting_bytes for trial in report.trials), default=0)
-    if held > 0:
-        lines.append(
-            f"Held before the trials: {format_bytes(held)} (counted under 'other'; "
-            "free what you no longer need, such as an old optimizer, to make room)"
-        )
     devices = sorted({trial.device for trial in report.trials})
     if devices:
         lines.append("Device: " + ", ".join(devices))
@@ -264,6 +273,39 @@ def footer_lines(report: Report) -> list[str]:
         counted = ", ".join(f"{count} {kind}" for kind, count in kinds.most_common())
         lines.append(f"Not measured: {len(report.skipped)} plans ({counted})")
     return lines
+
+
+def held_line(report: Report) -> str | None:
+    """The line at the top of a table that names the memory the process held before the trials (counted in their
+    peaks, under 'other'), only where it changes a verdict: a trial that does not fit would fit without it. None
+    otherwise: memory held that changes nothing is no news.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> over = Trial(Plan(), "ok", 90 * 2**20, {"other": 20 * 2**20}, None, None, None, "cpu",
+        ...              preexisting_bytes=16 * 2**20)
+        >>> held_line(Report([over], budget=80 * 2**20))  # doctest: +NORMALIZE_WHITESPACE
+        "Held before the trials: 16.0 MiB, counted in each peak (under 'other'): without it, plain would fit the
+        budget. Free what you no longer need (an old optimizer, an earlier apply's), or undo it."
+        >>> held_line(Report([over], budget=60 * 2**20)) is None  # over the budget either way
+        True
+    """
+    budget = report.budget
+    held = max((trial.preexisting_bytes for trial in report.trials), default=0)
+    if held <= 0 or budget is None:
+        return None
+    changed = [
+        trial for trial in report.trials
+        if trial.status in ("ok", "oom") and not report.fits(trial) and 0 < trial.verdict_bytes - held <= budget
+        and (trial.status == "ok" or trial.preexisting_bytes > 0)
+    ]
+    if not changed:
+        return None
+    named = ", ".join(trial.label for trial in changed[:3]) + (" and others" if len(changed) > 3 else "")
+    return (
+        f"Held before the trials: {format_bytes(held)}, counted in each peak (under 'other'): without it, {named} "
+        "would fit the budget. Free what you no longer need (an old optimizer, an earlier apply's), or undo it."
+    )
 
 
 def card_text(trial: Trial) -> str | None:
@@ -411,7 +453,8 @@ def text_table(report: Report) -> str:
     frame = pandas.DataFrame([[aligned(key, row[key]) for key in keys] for row in rows], columns=header_cells)
     table = frame.to_string(index=False, formatters={header: str for header in header_cells})
     lines = [line.rstrip() for line in table.splitlines()]
-    return "\n".join([*lines, "", *footer_lines(report)])
+    held = held_line(report)
+    return "\n".join([*([held, ""] if held else []), *lines, "", *footer_lines(report)])
 
 
 def html_table(report: Report) -> str:
@@ -455,8 +498,10 @@ def html_table(report: Report) -> str:
     if keys[-1] == "notes":
         table = re.sub(r"<td>([^<]*)</td>(\s*</tr>)", r"<td style='white-space:normal'>\1</td>\2", table)
     footer = "".join(f"<p style='margin:2px 0'>{html.escape(line)}</p>" for line in footer_lines(report))
+    held = held_line(report)
+    top = "" if held is None else f"<p style='margin:2px 0 6px;font-weight:bold'>{html.escape(held)}</p>"
     table = f"<div style='max-width:100%;overflow-x:auto'>{_style_rows(table, styles)}</div>"
-    return f"<div class='memlab-report' style='white-space:normal'>{table}{footer}</div>"
+    return f"<div class='memlab-report' style='white-space:normal'>{top}{table}{footer}</div>"
 
 
 def _shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tuple[str, ...]) -> list[str]:

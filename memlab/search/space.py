@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from memlab.errors import MemlabError
-from memlab.plan import PLAN_FIELDS, Plan
+from memlab.plan import PLAN_FIELDS, Plan, parse_axes
 from memlab.report import Trial
 from memlab.techniques.levers_step import OPTIMIZER_RANK
 from memlab.techniques.registry import REGISTRY, conflicts
@@ -26,7 +26,7 @@ TECHNIQUE_DEFAULTS = {name: getattr(Plan(), name) for name in TECHNIQUES}
 
 __all__ = [
     "OPTIMIZER_RANK", "SLOWER_WITH", "TECHNIQUES", "TECHNIQUE_DEFAULTS", "best_of", "candidate_plans", "default_space",
-    "divisors", "faster_twins", "fits", "micro_batch_of", "needs_at_least", "runs_as",
+    "divisors", "faster_twins", "fits", "keep_rows", "micro_batch_of", "needs_at_least", "runs_as",
 ]
 
 
@@ -249,3 +249,31 @@ def needs_at_least(plan: Plan, other: Plan, batch_size: int) -> bool:
     if plan.accumulation == 1 and other.accumulation > 1:
         return False
     return micro_batch_of(plan, batch_size) >= micro_batch_of(other, batch_size)
+
+
+def keep_rows(plans: list[Plan], grid: list[str], rows: int, name: str) -> tuple[list[Plan], str | None]:
+    """``--try micro_batch=...`` without ``accumulation``: each plan's accumulation is ``rows // micro_batch``, so
+    that every plan trains the batch's ``rows`` per optimizer step (as fit does); the plans, and the note that says
+    so (None when nothing changed). A micro_batch that does not divide ``rows`` is a MemlabError naming the
+    divisors. ``%%memfit`` and ``memlab estimate`` both keep the effective batch through this one function.
+
+    Example:
+        >>> from memlab.plan import parse_grid
+        >>> plans, note = keep_rows(parse_grid(["micro_batch=2,4"]), ["micro_batch=2,4"], 8, "batch")
+        >>> [plan.label() for plan in plans], note
+        (['mb2x4', 'mb4x2'], 'accumulation = 8 // micro_batch: every plan trains 8 rows per optimizer step')
+    """
+    axes = parse_axes(grid) if grid else {}
+    if "micro_batch" not in axes or "accumulation" in axes:
+        return plans, None
+    divisors = [size for size in range(1, rows + 1) if rows % size == 0]
+    kept = []
+    for plan in plans:
+        size = plan.micro_batch
+        if size is not None and rows % size:
+            raise MemlabError(
+                f"micro_batch={size} does not divide the {rows} rows of {name}; write one of "
+                f"{', '.join(map(str, divisors))} (or name accumulation in --try too)"
+            )
+        kept.append(plan if size is None else plan.replace(accumulation=rows // size))
+    return kept, f"accumulation = {rows} // micro_batch: every plan trains {rows} rows per optimizer step"

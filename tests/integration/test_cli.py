@@ -318,6 +318,8 @@ def test_estimate_gpus_auto_prints_each_gpus_card_figure_and_the_verdict_on_it(
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["card_bytes"] == rows[0]["reserved_bytes"] + rows[0]["context_bytes"]
     assert rows[0]["verdict_figure"] == "card figure" and rows[1]["fits"] is False
+    assert [row["verdict"] for row in rows] == ["ok (estimate)", "does not fit (over budget)",
+                                                "does not fit (on no number of GPUs up to 1024)"]
 
 
 def test_the_demo_runs_on_one_torch_thread_on_a_cpu_and_gives_the_callers_threads_back(
@@ -344,3 +346,163 @@ def test_the_demo_runs_on_one_torch_thread_on_a_cpu_and_gives_the_callers_thread
         assert "on cpu (one torch thread)." in out.getvalue().splitlines()[0]
     finally:
         torch.set_num_threads(before)
+
+
+# --- one verdict per trial, the effective batch, the next step -------------------------------------------------------
+
+
+def _estimates_by_plan(peaks: dict[str, float]) -> Any:
+    """Stands in for ``estimate_plans``: each plan's allocated peak from ``peaks`` (GiB, by label; 30 GiB for a plan
+    not named), its card figure the peak plus 1 GiB of reserve and the GPU's modelled CUDA context."""
+
+    def estimate_plans(model: Any, batch: Any, plans: Any, *, budget: Any = None, device: Any = None,
+                       gpu: Any = None) -> Report:
+        trials = []
+        for plan in plans:
+            peak = int(peaks.get(plan.label(), 30) * GIB)
+            trials.append(Trial(plan, "ok", peak, {"params": peak // 2, "other": 20_000}, None, None, None, "cuda",
+                                budget=budget, reserved_bytes=peak + GIB, estimated=True))
+        return Report(trials, budget=budget)
+
+    return estimate_plans
+
+
+def _table_statuses(out: str) -> dict[str, str]:
+    """``{label: status cell}`` of the rows of an estimate's table."""
+    import re
+
+    lines = out.splitlines()
+    start = next(number for number, line in enumerate(lines) if line.split()[:2] == ["plan", "status"])
+    statuses = {}
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        found = re.match(r"^\W*(\S+)\s+(does not fit \((?:over budget|OOM)\)|ok \(estimate\)|ok|error)\s", line)
+        assert found, line
+        statuses[found.group(1)] = found.group(2)
+    return statuses
+
+
+def test_the_table_the_json_and_the_exit_status_give_one_verdict_per_trial(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    estimate_module = importlib.import_module("memlab.estimation.estimate")
+    monkeypatch.setattr(estimate_module, "estimate_plans", _estimates_by_plan({"plain": 26, "ckpt": 18}))
+    argv = ["estimate", "llama-7b", "--budget", "24GiB", "--try", "checkpointing=off,on"]
+    assert main(argv) == 0
+    table = _table_statuses(capsys.readouterr().out)
+    assert main([*argv, "--json"]) == 0
+    rows = {row["label"]: row for row in json.loads(capsys.readouterr().out)["trials"]}
+    assert table == {"plain": "does not fit (over budget)", "ckpt": "ok (estimate)"}
+    assert {label: row["verdict"] for label, row in rows.items()} == table
+    assert [rows[label]["fits"] for label in ("plain", "ckpt")] == [False, True]
+    # No plan fits: the exit status says so, whatever the JSON's status ("ok": the dry run ran) says.
+    monkeypatch.setattr(estimate_module, "estimate_plans", _estimates_by_plan({"plain": 26, "ckpt": 24}))
+    assert main([*argv, "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert {row["verdict"] for row in data["trials"]} == {"does not fit (over budget)"}
+    assert not any(row["fits"] for row in data["trials"])
+
+
+def test_a_gpu_named_without_a_budget_is_the_budget(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    estimate_module = importlib.import_module("memlab.estimation.estimate")
+    monkeypatch.setattr(estimate_module, "estimate_plans", _estimates_by_plan({"plain": 52.5}))
+    # A card figure of about 54 GiB on an A100-40GB does not fit it, though no --budget was written.
+    assert main(["estimate", "llama-7b", "--gpu", "A100-40GB"]) == 1
+    out = capsys.readouterr().out
+    assert "for an A100-40GB, budget: its memory, 40.00 GiB" in out.splitlines()[0]
+    assert _table_statuses(out) == {"plain": "does not fit (over budget)"}
+    assert main(["estimate", "llama-7b", "--gpu", "H100-80GB"]) == 0
+    assert _table_statuses(capsys.readouterr().out) == {"plain": "ok (estimate)"}
+    assert main(["estimate", "llama-7b"]) == 0  # no GPU named, no budget: no verdict on memory
+    assert "budget" not in capsys.readouterr().out.splitlines()[0]
+
+
+def test_try_micro_batch_keeps_the_effective_batch_as_the_magic_does(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memlab.frontends.jupyter.magic_run import keep_rows as magic_keep_rows
+    from memlab.search.space import keep_rows
+
+    assert magic_keep_rows is keep_rows  # one function for both faces
+    estimate_module = importlib.import_module("memlab.estimation.estimate")
+    asked: list[str] = []
+
+    def estimate_plans(model: Any, batch: Any, plans: Any, **keywords: Any) -> Report:
+        asked.extend(plan.label() for plan in plans)
+        return _estimates_by_plan({})(model, batch, plans, **keywords)
+
+    monkeypatch.setattr(estimate_module, "estimate_plans", estimate_plans)
+    assert main(["estimate", "llama-7b", "--batch", "4x512", "--try", "micro_batch=1,2,4"]) == 0
+    out = capsys.readouterr().out
+    assert asked == ["mb1x4", "mb2x2", "mb4x1"]
+    assert "accumulation = 4 // micro_batch: every plan trains 4 rows per optimizer step" in out
+    asked.clear()
+    assert main(["estimate", "llama-7b", "--batch", "2x512", "--try", "micro_batch=4"]) == 2
+    assert asked == []
+    assert ("micro_batch=4 does not divide the 2 rows of --batch 2x512; write one of 1, 2"
+            in capsys.readouterr().err)
+    assert main(["estimate", "llama-7b", "--batch", "4x512", "--try", "micro_batch=2", "accumulation=1"]) == 0
+    assert asked == ["mb2x1"]  # accumulation named: the grid is measured as written
+
+
+def test_when_nothing_fits_the_cli_prints_the_suggestions_and_the_commands_that_try_them(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    estimate_module = importlib.import_module("memlab.estimation.estimate")
+    monkeypatch.setattr(estimate_module, "estimate_plans", _estimates_by_plan({"plain": 26, "lora": 14,
+                                                                               "qlora": 6}))
+    assert main(["estimate", "llama-7b", "--batch", "1x512", "--budget", "24GiB"]) == 1
+    out = capsys.readouterr().out
+    assert "Next: estimated to fit, outside what you tried:" in out
+    lines = out.splitlines()
+    qlora = next(line for line in lines if line.startswith("  qlora ("))
+    lora = next(line for line in lines if line.startswith("  lora ("))
+    assert lines.index(qlora) < lines.index(lora)  # the lowest card figure first
+    assert lora.endswith(": memlab estimate llama-7b --batch 1x512 --budget 24GiB --try adapter=lora")
+    assert not any(line.startswith("  bf16-weights (") for line in lines)  # estimated at 30 GiB: not offered
+    assert lines[-1] == ("Or shard the training over the fewest GPUs that fit: memlab estimate llama-7b --batch 1x512 "
+                         "--budget 24GiB --gpus auto")
+
+
+def test_a_long_estimate_shows_a_bar_with_the_time_left_on_a_terminal() -> None:
+    import io
+
+    from memlab.frontends.estimate_cli import EstimateProgress
+
+    err = io.StringIO()
+    with EstimateProgress(err, dry_runs=3, terminal=True) as say:
+        say("reading the config of llama-70b")
+        for number in (1, 2, 3):
+            say(f"estimating plan {number} of 3: plain")
+        assert say.bar is not None and say.bar.n == 2 and say.bar.total == 3
+        say.expect(2)
+        assert say.bar.total == 5
+        import time
+
+        drawn = len(err.getvalue())
+        time.sleep(1.3)  # within one long dry run, the bar's clock still ticks
+        assert len(err.getvalue()) > drawn
+    shown = err.getvalue()
+    assert "memlab estimate: estimating plan 3 of 3: plain" in shown and "dry runs" in shown
+    assert "so far, about" in shown and "left]" in shown
+
+
+def test_gpus_auto_says_what_it_searched_and_offers_bf16_and_adapters(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memlab.estimation import sharded
+
+    monkeypatch.setattr(sharded, "sharded_trials", lambda model, batch, plans, **keywords: [
+        (plan, name, None) for plan in plans for name in ("fsdp2", "zero2", "zero3")])
+    assert main(["estimate", "llama-70b", "--budget", "80GiB", "--gpus", "auto"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "Searched: plain (fp32 weights, fp32 compute, adamw) with fsdp2, zero2, zero3 on 1 to 1024 GPUs." in out
+    assert ("Not searched: pure bf16 training: memlab estimate llama-70b --batch 1x512 --budget 80GiB --gpus auto "
+            "--try precision=bf16 weights=bf16") in out
+    assert ("Not searched: adapters, which train on one GPU: memlab estimate llama-70b --batch 1x512 --budget 80GiB "
+            "--try adapter=lora,qlora precision=bf16") in out

@@ -585,13 +585,40 @@ GLYPHS_OVERLAP = """elements => {
 PLOTLY_TEXTS = ".annotation-text, .g-xtitle text, .g-ytitle text, .xtick text, .ytick text, .legendtext, .textpoint"
 
 
+# After notebook 06 and a click on its panel's Run (the plain plan, the controls as they start): the plain peak that
+# the first %%memfit cell measured (the first Report in Out) and the panel's, on one line.
+PEAKS_06 = """memfit_report = next(value for _, value in sorted(Out.items()) if isinstance(value, memlab.Report))
+memfit_plain = next(trial for trial in memfit_report if trial.label == "plain")
+panel_plain = board.report.trials[-1]
+print("PEAKS", memfit_plain.peak_bytes, panel_plain.peak_bytes, panel_plain.label, panel_plain.preexisting_bytes)"""
+
+
 def _notebook_06_cells() -> list[Any]:
-    """Notebook 06 with small sizes after its parameters cell, and the 24-plan cell at its end."""
+    """Notebook 06 with small sizes after its parameters cell, the cell that reads the plain peaks (after the
+    panel's Run is clicked) and the 24-plan cell at its end."""
     import nbformat
 
     cells = list(nbformat.read(NOTEBOOK_06, as_version=4).cells)
     at = next(i for i, cell in enumerate(cells) if "parameters" in cell.metadata.get("tags", []))
-    return [*cells[: at + 1], nbformat.v4.new_code_cell(SMALL_06), *cells[at + 1 :], nbformat.v4.new_code_cell(TRY_24)]
+    return [*cells[: at + 1], nbformat.v4.new_code_cell(SMALL_06), *cells[at + 1 :],
+            nbformat.v4.new_code_cell(PEAKS_06), nbformat.v4.new_code_cell(TRY_24)]
+
+
+def _panel_plain_against_memfit(page, cells, check: int) -> tuple[int, int, str, int]:  # type: ignore[no-untyped-def]
+    """Click the panel's Run (in the browser, as a person does), wait for its result, run the ``check`` cell
+    (:data:`PEAKS_06`) and read what it printed: %%memfit's plain peak, the panel's, its label, the bytes held."""
+    panel = page.locator(".memlab-panel").first
+    panel.locator("button", has_text="Run").first.click()
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.memlab-panel .memlab-status')].some(
+            status => /plain: (fits|does not fit|error)/.test(status.textContent))""",
+        timeout=120_000, polling=500,
+    )
+    cells.nth(check).click()
+    _run_until_done(page, "notebook:run-cell", check + 1, 60)
+    text = cells.nth(check).locator(".jp-OutputArea").inner_text()
+    words = next(line for line in text.splitlines() if line.startswith("PEAKS ")).split()
+    return int(words[1]), int(words[2]), words[3], int(words[4])
 
 
 @contextlib.contextmanager
@@ -655,10 +682,15 @@ def test_notebook_06_and_a_24_plan_cell_on_a_busy_machine(lab: Server, chromium:
         cells = page.locator(".jp-Notebook .jp-Cell")
         last = cells.count() - 1
         with _spinning_core():
-            cells.nth(last).click()  # run everything above the 24-plan cell, save, then run it and save again
-            sizes["notebook 06 s"] = round(_run_until_done(page, "notebook:run-all-above", last, 300), 1)
+            # Run notebook 06 top to bottom, click its panel's Run, read the plain peaks, save; then run the
+            # 24-plan cell and save again.
+            cells.nth(last - 1).click()
+            sizes["notebook 06 s"] = round(_run_until_done(page, "notebook:run-all-above", last - 1, 300), 1)
+            memfit_peak, panel_peak, label, held = _panel_plain_against_memfit(page, cells, last - 1)
+            sizes["plain peak: %%memfit, panel, held before the panel's run"] = [memfit_peak, panel_peak, held]
             _save(page)
             sizes["notebook 06 bytes"] = notebook.stat().st_size
+            cells.nth(last).click()
             sizes["24-plan cell s"] = round(_run_until_done(page, "notebook:run-cell", last + 1, 240), 1)
         _save(page)
         sizes["with the 24-plan cell bytes"] = notebook.stat().st_size
@@ -696,6 +728,12 @@ def test_notebook_06_and_a_24_plan_cell_on_a_busy_machine(lab: Server, chromium:
         lab.shut_down_kernels()
     assert sizes["with the 24-plan cell bytes"] <= _readme_size_kb("24-plan") * 1000
     assert sizes["notebook 06 bytes"] <= _readme_size_kb("notebook 06") * 1000
+    # The panel's plain plan, run after the cells above it applied and undid a plan, measures what %%memfit
+    # measured at the top: undo() leaves nothing behind that the panel would count (issue 39).
+    assert label == "plain"
+    assert abs(panel_peak - memfit_peak) <= 0.01 * memfit_peak, (
+        f"the panel's plain peak {panel_peak} is not %%memfit's {memfit_peak} within 1% ({held} bytes held before)"
+    )
 
 
 def _readme_size_kb(what: str) -> float:
@@ -741,5 +779,32 @@ def test_figures_of_1_to_60_plans_are_readable(count: int, tmp_path: Path, chrom
             box = plot.bounding_box()
             assert box and box["width"] > 500 and box["height"] > 300, (name, box)
             assert plot.locator(PLOTLY_TEXTS).evaluate_all(GLYPHS_OVERLAP) == [], name
+    finally:
+        page.close()
+
+
+def test_the_html_report_keeps_its_text_inside_its_box(tmp_path: Path, chromium: Any) -> None:
+    """``memlab demo``'s HTML report (here of 24 plans, whose table lines are long), drawn by Chromium at a laptop's
+    width: the "As text" block wraps inside its grey box, the page does not scroll sideways, and the screenshot
+    (tests/artifacts/html-report.png) shows it."""
+    from reports import report_of
+
+    from memlab.frontends.cli import write_html_report
+
+    target = tmp_path / "report.html"
+    write_html_report(report_of(24), target, title="memlab demo")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page = chromium.new_page(viewport={"width": 1000, "height": 900})
+    try:
+        page.goto(target.as_uri(), wait_until="load")
+        text = page.locator("pre").first
+        page.screenshot(path=str(ARTIFACTS / "html-report.png"), full_page=True)
+        text.screenshot(path=str(ARTIFACTS / "html-report-text.png"))
+        widths = text.evaluate(
+            "pre => ({scroll: pre.scrollWidth, client: pre.clientWidth, right: pre.getBoundingClientRect().right,"
+            " page: document.documentElement.clientWidth, pageScroll: document.documentElement.scrollWidth})"
+        )
+        assert widths["scroll"] <= widths["client"], widths  # no text runs past the box
+        assert widths["right"] <= widths["page"] and widths["pageScroll"] <= widths["page"], widths
     finally:
         page.close()

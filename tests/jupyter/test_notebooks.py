@@ -25,6 +25,8 @@ ALL_NOTEBOOKS_S = 600
 DRY_RUNS = {"07_will_7b_fit.ipynb", "10_when_one_gpu_is_not_enough.ipynb"}  # no model runs: fake tensors only
 
 TIMINGS: dict[str, float] = {}
+SAVED_LIMIT_BYTES = 250_000
+"""The most a workshop notebook may weigh, saved after a run."""
 
 
 @pytest.mark.timeout(PER_NOTEBOOK_S + 60)
@@ -42,6 +44,11 @@ def test_notebook_runs_top_to_bottom(name):
     print(f"{name}: {run.seconds:.1f} s")
     assert run.seconds < PER_NOTEBOOK_S, f"{name} took {run.seconds:.0f} s; the limit is {PER_NOTEBOOK_S} s"
     assert not run.warnings, run.warnings
+    # Saved after the run, outputs and widget state included: one static form per figure keeps it small (issue 39).
+    assert run.two_forms == 0, f"{name}: {run.two_forms} outputs keep a figure both as SVG and as plotly JSON"
+    assert run.saved_bytes is not None and run.saved_bytes < SAVED_LIMIT_BYTES, (
+        f"{name} saves at {run.saved_bytes} bytes after its run; the limit is {SAVED_LIMIT_BYTES}"
+    )
 
 
 def test_all_notebooks_together_run_in_under_ten_minutes():

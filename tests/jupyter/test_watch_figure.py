@@ -14,8 +14,8 @@ pytest.importorskip("plotly")
 from trainers import make_trainer  # noqa: E402
 
 import memlab  # noqa: E402
-from memlab.frontends.jupyter.watch_figure import WatchFigure  # noqa: E402
-from memlab.report.static import PLOTLY_MIME  # noqa: E402
+from memlab.frontends.jupyter.watch_figure import WatchFigure, steps_figure  # noqa: E402
+from memlab.report.svg_steps import step_series  # noqa: E402
 
 
 class Shown:
@@ -44,13 +44,13 @@ def test_redraws_every_logging_step_and_the_last_then_leaves_a_static_record(tmp
     assert len(shown.objects) == 1 and shown.objects[0].__class__.__name__ == "FigureWidget"
     record = shown.updates[-1]
     assert record is figure.record and figure.widget is None  # the widget gave way to the record
-    assert {"text/plain", "image/svg+xml", PLOTLY_MIME} <= set(record)
+    assert set(record) == {"text/plain", "image/svg+xml"}  # one static form: no plotly JSON (JupyterLab adds a PNG)
     assert "5 steps" in record["text/plain"] and "within the 1.00 GiB budget" in record["text/plain"]
     svg = record["image/svg+xml"]
     assert svg.startswith("<svg") and "budget 1.00 GiB" in svg
     # On CPU the tracker knows each category at the step's peak, and they sum to it.
     assert all(sum(step.categories.values()) == step.peak_bytes for step in watched.steps)
-    drawn = {trace["name"] for trace in record[PLOTLY_MIME]["data"] if trace.get("x")}
+    drawn = {trace.name for trace in steps_figure(step_series(watched.steps, watched.budget)).data if trace.x}
     assert {"samples/s", "params", "grads", "activations"} <= drawn and "peak" not in drawn
 
 

@@ -224,8 +224,9 @@ def test_html_names_every_plan_and_marks_what_does_not_fit(report: Report) -> No
 
 def test_html_names_memory_held_before_and_escapes() -> None:
     trial = ok(Plan(), 10, 1.0, preexisting_bytes=3 * MIB, notes=("<script>",))
-    page = Report([trial])._repr_html_()
-    assert "Held before the trials: 3.0 MiB" in page
+    assert "Held before" not in Report([trial])._repr_html_()  # changes no verdict: not said
+    page = Report([trial], budget=trial.peak_bytes - MIB)._repr_html_()
+    assert "Held before the trials: 3.0 MiB" in page and page.index("Held before") < page.index("<table")
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "No trials" in Report([])._repr_html_()
     assert trial._repr_html_().count("<tr") == 2

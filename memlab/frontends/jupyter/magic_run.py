@@ -36,6 +36,7 @@ from memlab.plan import Plan, parse_axes, parse_grid
 from memlab.report import CATEGORIES, INFERENCE_CATEGORIES, Report
 from memlab.runner.trial import compare
 from memlab.search import MAX_TRIALS, fit
+from memlab.search.space import keep_rows
 from memlab.trainer.apply import TrainerApplied
 from memlab.trainer.entry import live_target
 from memlab.trainer.source import is_trainer, trainer_model
@@ -237,32 +238,6 @@ class TrainingRequest:
 
 def _say(text: str) -> None:
     print(f"memlab: {text}", flush=True)
-
-
-def keep_rows(plans: list[Plan], grid: list[str], rows: int, name: str) -> tuple[list[Plan], str | None]:
-    """``--try micro_batch=...`` without ``accumulation``: each plan's accumulation is ``rows // micro_batch``, so
-    that every plan trains the batch's ``rows`` per optimizer step (as fit does); the plans, and the note that says
-    so (None when nothing changed). A micro_batch that does not divide ``rows`` is a MemlabError naming the divisors.
-
-    Example:
-        >>> plans, note = keep_rows(parse_grid(["micro_batch=2,4"]), ["micro_batch=2,4"], 8, "batch")
-        >>> [plan.label() for plan in plans], note
-        (['mb2x4', 'mb4x2'], 'accumulation = 8 // micro_batch: every plan trains 8 rows per optimizer step')
-    """
-    axes = parse_axes(grid) if grid else {}
-    if "micro_batch" not in axes or "accumulation" in axes:
-        return plans, None
-    divisors = [size for size in range(1, rows + 1) if rows % size == 0]
-    kept = []
-    for plan in plans:
-        size = plan.micro_batch
-        if size is not None and rows % size:
-            raise MemlabError(
-                f"micro_batch={size} does not divide the {rows} rows of {name}; write one of "
-                f"{', '.join(map(str, divisors))} (or name accumulation in --try too)"
-            )
-        kept.append(plan if size is None else plan.replace(accumulation=rows // size))
-    return kept, f"accumulation = {rows} // micro_batch: every plan trains {rows} rows per optimizer step"
 
 
 def apply_best(

@@ -30,7 +30,8 @@ from memlab.live.batch import Batch, count_rows
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import LeverSpec, Plan, format_bytes, parse_budget
 from memlab.report import CATEGORIES, Report, Trial, one_line
-from memlab.report.tables import judged_text
+from memlab.report.tables import held_line, judged_text
+from memlab.runner.remeasure import close_contenders, settle_close_race
 from memlab.runner.trial import compare
 
 __all__ = ["PanelCore", "descendants", "lever_control", "user_variable_name"]
@@ -104,7 +105,8 @@ class PanelCore(widgets.VBox):
             tooltip="Forget the results measured so far (the table and the figure); the model is not touched",
         )
         self.status = widgets.HTML(layout=widgets.Layout(width="100%"))
-        self.table = widgets.HTML(self.report._repr_html_(), layout=widgets.Layout(width="100%"))
+        # No margin: ipywidgets adds one outside the 100% width, and the table would reach 2 px past the output.
+        self.table = widgets.HTML(self.report._repr_html_(), layout=widgets.Layout(width="100%", margin="0"))
         self._running = False
         self.run_button.on_click(lambda _: self.run())
         self.clear_button.on_click(lambda _: self.clear())
@@ -171,7 +173,7 @@ class PanelCore(widgets.VBox):
             >>> p.run() is None, "budget 'lots' is not understood" in html.unescape(p.status.value)
             (True, True)
         """
-        return self._measure(lambda plan, options: compare(self.model, self.batch, [plan], **options))
+        return self._measure(lambda plan, options: compare(self.model, self.batch, [plan], **options), settle=True)
 
     def clear(self) -> None:
         """Forget the results measured so far (what the Clear button does): the report, the table and the figure
@@ -256,9 +258,10 @@ class PanelCore(widgets.VBox):
 
     # --- running --------------------------------------------------------------------------------------------
 
-    def _measure(self, action: Action) -> Trial | None:
+    def _measure(self, action: Action, *, settle: bool = False) -> Trial | None:
         """Run ``action`` on the controls' plan and budget, with the live figure fed; keep what it measured (also
-        what was measured before a Ctrl-C) and say one line about it. The trial shown, or None."""
+        what was measured before a Ctrl-C) and say one line about it. The trial shown, or None. With ``settle``, a
+        close race between the new trial and earlier runs is timed again in turn first (:meth:`settle`)."""
         if self._running:
             return None
         refusal = self._refusal()
@@ -277,6 +280,9 @@ class PanelCore(widgets.VBox):
             self.figure.start_run()
             result = action(plan, self.options.keywords(budget=budget, callback=self._on_event))
             self._keep(result.trials, budget)
+            if settle and len(result.trials) == 1:
+                self.settle(budget)
+                result = Report([self.report.trials[-1]], budget=budget)
             shown = result.best if len(result) > 1 else (result.trials[-1] if result.trials else None)
             self._say(*self._message(shown, result))
             return shown
@@ -295,6 +301,39 @@ class PanelCore(widgets.VBox):
             self.table.value = self.report._repr_html_()
             self._set_busy(False)
 
+    def settle(self, budget: int | None) -> list[tuple[Trial, Trial]]:
+        """Where the newest run is in a close race with earlier ones (the rule ``compare`` follows:
+        :func:`~memlab.runner.remeasure.close_contenders`, when the panel's options time to a noise target), time
+        the contenders again in turn, A B A B, and put the pooled trials in their places in :attr:`report` and the
+        figure: runs measured minutes apart on a machine whose load changed never decide the best by that drift.
+        Returns the (before, after) pairs, empty when the race is not close.
+
+        Example:
+            >>> import torch
+            >>> options = RunOptions(loss_fn=lambda m, b: m(b).mean(), steps=2, noise=0.05, time_limit=0.05,
+            ...                      progress=False)
+            >>> p = PanelCore(torch.nn.Linear(4, 1), torch.randn(8, 4), options)
+            >>> _ = p.run(); _ = p.run()  # the same setting twice: as fast as itself, whatever the load did
+            >>> [len(trial.step_runs) for trial in p.report]  # each run once, then three more rounds in turn
+            [4, 4]
+        """
+        trials = self.report.trials
+        if self.options.noise <= 0 or len(trials) < 2:
+            return []
+        contenders = close_contenders(trials, budget)
+        if not any(trial is trials[-1] for trial in contenders):
+            return []
+        names = ", ".join(trial.label for trial in contenders)
+        self._say(f"{names} are close in speed: timing them again, in turn, so that noise does not decide", "info")
+        keywords = self.options.keywords(budget=budget, callback=None, progress=False)
+
+        def run_again(plan: Any, index: int) -> Trial:
+            return compare(self.model, self.batch, [plan], **keywords).trials[0]
+
+        pairs = settle_close_race(trials, run_again, budget)
+        self.figure.show_report(self.report)
+        return pairs
+
     def _keep(self, trials: list[Trial], budget: int | None) -> None:
         self.report.trials.extend(trials)
         self.report.budget = budget
@@ -311,7 +350,12 @@ class PanelCore(widgets.VBox):
             return f"{trial.label}: error: {one_line(trial.error or 'unknown error', limit=None)}", "error"
         # The figure the verdict judged: what the card will show where it is known, else the allocated peak.
         if not report.fits(trial):
-            return f"{trial.label}: does not fit: {judged_text(trial)} is over the budget", "warn"
+            # Memory the process held before the run is named only where it changes this verdict.
+            held = held_line(Report([trial], budget=trial.budget if report.budget is None else report.budget))
+            why = "" if held is None else (
+                f"; {format_bytes(trial.preexisting_bytes)} of it was held before the run: without it, it would fit"
+            )
+            return f"{trial.label}: does not fit: {judged_text(trial)} is over the budget{why}", "warn"
         rate = self._rate(trial)
         speed = "" if rate is None else f", {rate:.3g} {self.rate_unit}"
         return f"{trial.label}: fits, {judged_text(trial)}{speed}", "ok"

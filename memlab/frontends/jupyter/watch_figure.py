@@ -14,8 +14,9 @@ The figure redraws at most every ``trainer.args.logging_steps`` steps, and at th
 cost is one small plotly update per logging step. It subscribes to the core through
 :meth:`memlab.trainer.watch.Watch.on_step` and :meth:`~memlab.trainer.watch.Watch.on_end`; the core never imports
 this module. Nothing is displayed before the first step. The record is
-:func:`memlab.report.static.figure_bundle` of :func:`memlab.report.svg_steps.steps_svg` (an SVG, a text line, plotly's
-JSON), the same machinery as the comparison figure's record (:class:`memlab.frontends.jupyter.live.LiveOutput`).
+:func:`memlab.report.static.figure_bundle` of :func:`memlab.report.svg_steps.steps_svg` (an SVG and a text line: one
+static form per figure, as the comparison figure's record, :class:`memlab.frontends.jupyter.live.LiveOutput`;
+plotly's JSON would make JupyterLab save a PNG of it too, tripling a notebook's size).
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ class WatchFigure:
         ...     figure.step(watched.steps[-1])
         >>> figure.redraws, len(figure.widget.data[0].x)  # steps 2 and 3 redrew (every 2, and the last)
         (2, 3)
-        >>> figure.finish(); sorted(figure.record)
-        ['application/vnd.plotly.v1+json', 'image/svg+xml', 'text/plain']
+        >>> figure.finish(); sorted(figure.record)  # one static form: the SVG (and a line of text)
+        ['image/svg+xml', 'text/plain']
     """
 
     def __init__(self, watched: Any, *, every: int | None = None, display: Callable[..., Any] | None = None) -> None:
@@ -142,14 +143,14 @@ class WatchFigure:
         self.redraws += 1
 
     def finish(self) -> None:
-        """Training ended: the widget becomes its static record (SVG, text, plotly JSON), the widget is closed."""
+        """Training ended: the widget becomes its static record (an SVG and a line of text), the widget is closed."""
         self._safely(self._finish)
 
     def _finish(self) -> None:
         if not self.watch.steps:
             return
         series = step_series(self.watch.steps, self.watch.budget)
-        self.record = figure_bundle(steps_text(series), steps_svg(series), steps_figure(series))
+        self.record = figure_bundle(steps_text(series), steps_svg(series))
         if self.handle is not None and hasattr(self.handle, "update"):
             self.handle.update(self.record, raw=True)
         else:

@@ -1,0 +1,129 @@
+"""What ``memlab estimate`` says after its table: the next step, as a command to copy.
+
+- When no plan fits: the plans outside what was tried that are estimated to fit (the search's own
+  :func:`memlab.search.suggest.alternatives`: pure bf16 weights, LoRA, QLoRA, Adafactor), each with the command
+  that tries it, and the command that shards the training over several GPUs (:func:`suggestion_lines`).
+- After ``--gpus auto``: which plans and strategies it searched, and the commands for the plans it did not (bf16,
+  and adapters, which train on one GPU: :func:`searched_lines`).
+
+A command repeats the user's own (:func:`command_for`): the model, ``--config``, ``--batch``, the budget, ``--gpu``
+and ``--device`` as given, with the new ``--try``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = ["command_for", "plan_try", "searched_lines", "suggestion_lines"]
+
+
+def plan_try(plan: Any) -> list[str]:
+    """The ``--try`` items that make ``plan`` (only its fields that differ from the plain plan's).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> plan_try(Plan(checkpointing=True, adapter="lora"))
+        ['checkpointing=on', 'adapter=lora']
+        >>> plan_try(Plan())
+        []
+    """
+    from memlab.plan import PLAN_FIELDS, Plan
+
+    default = Plan()
+    items = []
+    for name in PLAN_FIELDS:
+        value = getattr(plan, name)
+        if value == getattr(default, name):
+            continue
+        text = ("on" if value else "off") if isinstance(value, bool) else str(value)
+        items.append(f"{name}={text}")
+    return items
+
+
+def command_for(args: argparse.Namespace, tries: Sequence[str], *, gpus: str | None = None) -> str:
+    """The ``memlab estimate`` command the user wrote, with ``tries`` as its ``--try`` and ``gpus`` as ``--gpus``
+    (None: none).
+
+    Example:
+        >>> args = argparse.Namespace(model="llama-7b", config=None, batch="1x512", budget="24GiB", gpu=None,
+        ...                           device=None)
+        >>> command_for(args, ["adapter=lora"])
+        'memlab estimate llama-7b --batch 1x512 --budget 24GiB --try adapter=lora'
+        >>> command_for(args, [], gpus="auto")
+        'memlab estimate llama-7b --batch 1x512 --budget 24GiB --gpus auto'
+    """
+    words = ["memlab", "estimate", args.model]
+    for option, value in (("--config", args.config), ("--batch", args.batch), ("--budget", args.budget),
+                          ("--gpu", getattr(args, "gpu", None)), ("--device", getattr(args, "device", None))):
+        if value is not None:
+            words += [option, str(value)]
+    if gpus is not None:
+        words += ["--gpus", gpus]
+    if tries:
+        words += ["--try", *tries]
+    return shlex.join(words)
+
+
+def suggestion_lines(args: argparse.Namespace, suggested: Iterable[Any], *, sharded: bool = True) -> list[str]:
+    """The lines after a table where nothing fits: each suggested trial (estimated to fit) with the command that
+    tries it, then the command that shards the plans over the fewest GPUs that fit (``sharded``).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Trial
+        >>> args = argparse.Namespace(model="llama-7b", config=None, batch="1x512", budget="24GiB", gpu=None,
+        ...                           device=None)
+        >>> lora = Trial(Plan(adapter="lora"), "ok", 15 * 2**30, {}, None, None, None, "cuda", estimated=True)
+        >>> print("\\n".join(suggestion_lines(args, [lora])))  # doctest: +NORMALIZE_WHITESPACE
+        Next: estimated to fit, outside what you tried:
+          lora (peak 15.00 GiB): memlab estimate llama-7b --batch 1x512 --budget 24GiB --try adapter=lora
+        Or shard the training over the fewest GPUs that fit:
+          memlab estimate llama-7b --batch 1x512 --budget 24GiB --gpus auto
+    """
+    from memlab.plan import format_bytes
+
+    lines = []
+    suggested = list(suggested)
+    if suggested:
+        lines.append("Next: estimated to fit, outside what you tried:")
+        for trial in suggested:
+            figure = "card" if trial.card_bytes is not None else "peak"
+            size = format_bytes(trial.card_bytes if trial.card_bytes is not None else trial.peak_bytes)
+            lines.append(f"  {trial.label} ({figure} {size}): {command_for(args, plan_try(trial.plan))}")
+    else:
+        lines.append("Next: nothing memlab can suggest on one GPU (bf16 weights, LoRA, QLoRA, Adafactor) is "
+                     "estimated to fit.")
+    if sharded:
+        lines.append(f"Or shard the training over the fewest GPUs that fit: {command_for(args, [], gpus='auto')}")
+    return lines
+
+
+def searched_lines(args: argparse.Namespace, plans: Sequence[Any], strategies: Sequence[str]) -> list[str]:
+    """After ``--gpus auto``: the plans and strategies searched, and the commands for the ones it did not search:
+    pure bf16 training (where no plan had it) and adapters (LoRA, QLoRA), which are estimated on one GPU.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> args = argparse.Namespace(model="llama-70b", config=None, batch="1x512", budget="80GiB", gpu=None,
+        ...                           device=None)
+        >>> print("\\n".join(searched_lines(args, [Plan()], ["fsdp2", "zero2", "zero3"])))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        Searched: plain (fp32 weights, fp32 compute, adamw) with fsdp2, zero2, zero3 on 1 to 1024 GPUs.
+        Not searched: pure bf16 training:
+          memlab estimate llama-70b --batch 1x512 --budget 80GiB --gpus auto --try precision=bf16 weights=bf16
+        Not searched: adapters, which train on one GPU:
+          memlab estimate llama-70b --batch 1x512 --budget 80GiB --try adapter=lora,qlora precision=bf16
+    """
+    described = ", ".join(
+        f"{plan.label()} ({plan.weights} weights, {plan.precision} compute, {plan.optimizer})" for plan in plans
+    )
+    lines = [f"Searched: {described} with {', '.join(strategies)} on 1 to 1024 GPUs."]
+    if not any(plan.weights == "bf16" for plan in plans):
+        lines.append("Not searched: pure bf16 training: "
+                     + command_for(args, ["precision=bf16", "weights=bf16"], gpus="auto"))
+    lines.append("Not searched: adapters, which train on one GPU: "
+                 + command_for(args, ["adapter=lora,qlora", "precision=bf16"]))
+    return lines
