@@ -356,7 +356,7 @@ def _estimates_by_plan(peaks: dict[str, float]) -> Any:
     not named), its card figure the peak plus 1 GiB of reserve and the GPU's modelled CUDA context."""
 
     def estimate_plans(model: Any, batch: Any, plans: Any, *, budget: Any = None, device: Any = None,
-                       gpu: Any = None) -> Report:
+                       gpu: Any = None, load: Any = None) -> Report:
         trials = []
         for plan in plans:
             peak = int(peaks.get(plan.label(), 30) * GIB)
