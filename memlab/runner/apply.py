@@ -56,6 +56,7 @@ class Applied:
         except BaseException:
             self._before.restore()
             raise
+        self._notes = list(self._step.notes)  # what the plan said stays readable after undo() releases the step
         self.active = True
         _ACTIVE[model] = self
 
@@ -67,7 +68,8 @@ class Applied:
 
     @property
     def notes(self) -> list[str]:
-        return [] if self._step is None else list(self._step.notes)
+        """What the plan's techniques said on this model (kept after :meth:`undo`)."""
+        return list(self._notes)
 
     def step(self, batch: Batch) -> float:
         """One optimizer step over one effective batch (``micro_batch * accumulation`` rows); the loss as a float."""

@@ -462,7 +462,7 @@ def test_the_cli_prints_a_table_of_plans_with_fit_or_no_fit(tmp_path):
     assert status == 0, (text, err.getvalue())
     lines = text.splitlines()
     assert lines[0].startswith("my-org/tiny: LlamaForCausalLM,") and "batch 2x64, 4 plans" in lines[0]
-    for label in ("mb1x1", "mb1x1 ckpt", "mb2x1", "mb2x1 ckpt"):
+    for label in ("mb1x2", "mb1x2 ckpt", "mb2x1", "mb2x1 ckpt"):  # the effective batch (2 rows) is kept
         assert any(line.split("  ")[1:2] == [label] or f" {label} " in line for line in lines), label
     assert "ok (estimate)" in text and "does not fit (over budget)" in text
     assert "Budget: 2.5 MiB" in text and "Estimated: dry run on fake tensors" in text

@@ -105,7 +105,10 @@ def test_run_then_checkpointing_then_run_gives_two_trials_in_report_and_figure(t
     speed = next(trace for trace in p.figure.widget.data if trace.name == "samples/s")
     assert speed.x == ("plain", "ckpt") and all(value > 0 for value in speed.y)
     points = [trace for trace in p.figure.widget.data if trace.xaxis == "x4"]
-    assert sorted(label for trace in points for label in trace.text) == ["ckpt", "plain"]
+    # Both points are there; spaced_labels names the best first and leaves a point too close to it unnamed, which a
+    # loaded machine (two runs at nearly one speed) can make happen.
+    named = sorted(label for trace in points for label in trace.text)
+    assert len(named) == 2 and set(named) - {""} <= {"ckpt", "plain"} and set(named) - {""}
     assert "plain" in p.table.value and "ckpt" in p.table.value
     assert "ckpt: fits" in p.status.value
     assert_same(two_runs["before"], fingerprint(two_runs["model"]))
