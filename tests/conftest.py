@@ -10,5 +10,24 @@ def pytest_collection_finish(session):
     # live tensors; over the whole library heap those collections were half of the integration tests' CPU time.
     # The frozen objects are no longer listed by gc.get_objects(): the only tensors among them are library
     # constants (bitsandbytes' 16-entry NF4/FP4 tables and two scalars), which CPU trials then leave out of "other".
+    _import_what_trials_import_lazily()
     gc.collect()
     gc.freeze()
+
+
+# Libraries memlab imports only when a trial needs them (import memlab stays light). Imported after the freeze they
+# would stay outside it, and every CPU measurement's scan of the live objects would walk their hundreds of thousands
+# of functions and classes again; imported here, with the session's heap, they are frozen with it.
+_LAZY = (
+    "peft", "peft.tuners.lora", "bitsandbytes", "bitsandbytes.optim", "accelerate", "torch.distributed.fsdp",
+    "torch._inductor", "networkx", "torch.utils.checkpoint", "torch._functorch.aot_autograd",
+)
+
+
+def _import_what_trials_import_lazily() -> None:
+    import importlib
+    import importlib.util
+
+    for name in _LAZY:
+        if importlib.util.find_spec(name.split(".")[0]) is not None:
+            importlib.import_module(name)

@@ -29,24 +29,36 @@ Build = Callable[[], tuple[nn.Module, Any, Any]]
 SIZES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
 
 
+def _classes(config: str, model: str) -> tuple[Any, Any]:
+    """The config and model classes, imported now, while the session collects: the heap it freezes then holds each
+    family's modeling module, which memlab's held-memory scan of every CPU trial then never walks again."""
+    return getattr(transformers, config), getattr(transformers, model)
+
+
 def _lm(config: str, model: str, **settings: Any) -> Build:
+    config_class, model_class = _classes(config, model)
+
     def build() -> tuple[nn.Module, Any, Any]:
-        return getattr(transformers, model)(getattr(transformers, config)(**settings)), _tokens(), None
+        return model_class(config_class(**settings)), _tokens(), None
 
     return build
 
 
 def _encoder(config: str, model: str, **settings: Any) -> Build:
+    config_class, model_class = _classes(config, model)
+
     def build() -> tuple[nn.Module, Any, Any]:
-        net = getattr(transformers, model)(getattr(transformers, config)(**settings))
+        net = model_class(config_class(**settings))
         return net, {"input_ids": _tokens()["input_ids"], "labels": torch.tensor([0, 1])}, None
 
     return build
 
 
 def _image(config: str, model: str, **settings: Any) -> Build:
+    config_class, model_class = _classes(config, model)
+
     def build() -> tuple[nn.Module, Any, Any]:
-        net = getattr(transformers, model)(getattr(transformers, config)(**settings))
+        net = model_class(config_class(**settings))
         return net, {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([0, 1])}, None
 
     return build
