@@ -71,8 +71,9 @@ class TrainingStep:
             model, plan, self.device, optimizer_device_type=optimizer_device_type or "", lr=lr, loss_fn=loss_fn
         )
         self._undo_model: list[Undo] = []
+        techniques = step_techniques()
         try:
-            for technique in step_techniques():
+            for technique in techniques:
                 undo = technique.put_on(self.parts)
                 if undo is not None:
                     self._undo_model.append(undo)
@@ -80,7 +81,7 @@ class TrainingStep:
             fake = self.parts.fake
             self.notes = [
                 note
-                for technique in step_techniques()
+                for technique in techniques
                 for note in (*technique.notes(self.parts), *(technique.dry_run(self.parts) if fake else ()))
             ]
             if self.parts.optimizer is None:
