@@ -4,16 +4,22 @@ peft builds its adapters with ``Module.to``, which cannot move parameters betwee
 4-bit weights cannot be fake tensors at all. So the adapters are built outside the fake mode on the fake model (they
 are small) and then made fake; and for QLoRA each target layer is first replaced by :class:`FakeNF4Linear`, which
 holds the bytes an NF4 weight takes (packed 4-bit values and their block scales) and dequantizes into a temporary
-in forward and again in backward, as bitsandbytes' kernels do.
+in forward and again in backward, as bitsandbytes' kernels do. What the 4-bit matmul keeps for backward follows the
+bitsandbytes version (:func:`four_bit_keeps_inputs`): the installed one, or the one :func:`modelled_bitsandbytes`
+names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from importlib import metadata
 from typing import Any
 
 import torch
+from packaging.version import InvalidVersion, Version
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
@@ -27,6 +33,68 @@ NF4_BLOCK = 64
 """Values per block scale of bitsandbytes' 4-bit quantization (``Params4bit``'s default blocksize)."""
 NESTED_BLOCK = 256
 """Block scales per second-level scale (``compress_statistics=True``, bitsandbytes' default)."""
+
+INPUTS_FREED_IN = "0.43.2"
+"""The bitsandbytes release whose ``MatMul4Bit`` stopped keeping its input for backward (its changelog: "activations
+being unnecessary for frozen parameters, yet the memory for them was still erroneously allocated", PR #1270)."""
+
+_MODELLED_VERSION: ContextVar[str | None] = ContextVar("memlab_modelled_bitsandbytes", default=None)
+
+
+def bitsandbytes_version() -> str | None:
+    """The bitsandbytes version a dry run models: the one :func:`modelled_bitsandbytes` names, else the installed
+    one (None where it is not installed: the dry run then models the current release)."""
+    named = _MODELLED_VERSION.get()
+    if named is not None:
+        return named
+    try:
+        return metadata.version("bitsandbytes")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def four_bit_keeps_inputs(version: str | None) -> bool:
+    """Whether bitsandbytes ``version``'s 4-bit matmul keeps each layer's input for backward, although the frozen
+    4-bit weight needs no gradient: every release before 0.43.2 did, which costs QLoRA one activation per 4-bit
+    layer.
+
+    Example:
+        >>> four_bit_keeps_inputs("0.41.1"), four_bit_keeps_inputs("0.50.2"), four_bit_keeps_inputs(None)
+        (True, False, False)
+    """
+    if version is None:
+        return False
+    try:
+        return Version(version) < Version(INPUTS_FREED_IN)
+    except InvalidVersion:
+        raise ValueError(f"bitsandbytes version {version!r} is not a version number; write one such as "
+                         f"'0.41.1'") from None
+
+
+@contextlib.contextmanager
+def modelled_bitsandbytes(version: str) -> Iterator[None]:
+    """Dry runs inside model bitsandbytes ``version`` rather than the installed one: for a run published with an
+    older release (what it kept for backward differs, :func:`four_bit_keeps_inputs`).
+
+    Example:
+        >>> with modelled_bitsandbytes("0.41.1"):
+        ...     four_bit_keeps_inputs(bitsandbytes_version())
+        True
+    """
+    four_bit_keeps_inputs(version)  # a bad version is refused before anything runs
+    token = _MODELLED_VERSION.set(version)
+    try:
+        yield
+    finally:
+        _MODELLED_VERSION.reset(token)
+
+
+def kept_inputs_note(version: str | None) -> str | None:
+    """What a training estimate with 4-bit layers says when the modelled bitsandbytes keeps their inputs."""
+    if not four_bit_keeps_inputs(version):
+        return None
+    return (f"bitsandbytes {version} (before {INPUTS_FREED_IN}) keeps each 4-bit layer's input for backward, and "
+            f"this estimate counts it: `pip install -U bitsandbytes` frees that memory")
 
 
 def nf4_bytes(numel: int) -> int:
@@ -46,7 +114,10 @@ class FakeNF4Linear(nn.Linear):
     bitsandbytes' ``Params4bit`` holds it: the packed values as a frozen uint8 parameter, and as buffers its
     ``QuantState``: one scale per block of 64 (uint8 with double quantization, else float32), the 16-value code,
     and with double quantization a float32 scale per 256 block scales, their offset and their 256-value code.
-    ``forward`` dequantizes into a ``compute_dtype`` temporary (never kept for backward)."""
+    ``forward`` dequantizes into a ``compute_dtype`` temporary (never kept for backward); it keeps its input for
+    backward only where the modelled bitsandbytes did (:func:`four_bit_keeps_inputs`)."""
+
+    keeps_input = False
 
     def __init__(
         self, original: nn.Linear, dtype: torch.dtype, mode: FakeTensorMode, device: torch.device,
@@ -68,6 +139,7 @@ class FakeNF4Linear(nn.Linear):
                 state["nested_code"] = torch.empty(256, dtype=torch.float32, device=device)
             else:
                 state["block_scales"] = torch.empty(blocks, dtype=torch.float32, device=device)
+        self.keeps_input = four_bit_keeps_inputs(bitsandbytes_version())
         self.weight = nn.Parameter(packed, requires_grad=False)
         self.bias = original.bias
         for name, tensor in state.items():
@@ -76,7 +148,8 @@ class FakeNF4Linear(nn.Linear):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         # As Linear4bit.forward: in at the compute dtype, out at the input's dtype.
         computed = inputs.to(self.compute_dtype)
-        output: torch.Tensor = _DequantizedLinear.apply(computed, self.out_features, self.compute_dtype)
+        output: torch.Tensor = _DequantizedLinear.apply(computed, self.out_features, self.compute_dtype,
+                                                        self.keeps_input)
         if self.bias is not None:
             output = output + self.bias.to(self.compute_dtype)
         return output.to(inputs.dtype)
@@ -85,7 +158,8 @@ class FakeNF4Linear(nn.Linear):
 class FakeInt8Linear(FakeNF4Linear):
     """A linear layer whose weight is LLM.int8, for fake tensors, laid out as bitsandbytes' ``Int8Params``: the
     int8 weight as a frozen parameter and one float32 scale per row (``SCB``); ``forward`` as :class:`FakeNF4Linear`
-    (bitsandbytes' int8 backward multiplies by the dequantized weight, a temporary too)."""
+    (bitsandbytes' int8 backward multiplies by the dequantized weight, a temporary too; what older releases kept
+    for it is not modelled)."""
 
     def __init__(self, original: nn.Linear, dtype: torch.dtype, mode: FakeTensorMode, device: torch.device) -> None:
         nn.Module.__init__(self)
@@ -101,20 +175,25 @@ class FakeInt8Linear(FakeNF4Linear):
 
 class _DequantizedLinear(torch.autograd.Function):
     """``inputs @ W.T`` with ``W`` dequantized into a temporary in forward and again in backward (bitsandbytes'
-    ``MatMul4Bit`` saves no dequantized weight for backward)."""
+    ``MatMul4Bit`` saves no dequantized weight for backward); the input is kept for backward where ``keeps_input``
+    says so, as bitsandbytes before 0.43.2 kept it."""
 
     @staticmethod
-    def forward(ctx: Any, inputs: torch.Tensor, out_features: int, dtype: torch.dtype) -> torch.Tensor:
+    def forward(
+        ctx: Any, inputs: torch.Tensor, out_features: int, dtype: torch.dtype, keeps_input: bool = False
+    ) -> torch.Tensor:
         ctx.shape = (out_features, inputs.shape[-1])
         ctx.dtypes = (dtype, inputs.dtype)
+        if keeps_input:
+            ctx.save_for_backward(inputs)
         weight = torch.empty(ctx.shape, dtype=dtype, device=inputs.device)
         return torch.nn.functional.linear(inputs.to(dtype), weight)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         dtype, input_dtype = ctx.dtypes
         weight = torch.empty(ctx.shape, dtype=dtype, device=grad.device)
-        return (grad.to(dtype) @ weight).to(input_dtype), None, None
+        return (grad.to(dtype) @ weight).to(input_dtype), None, None, None
 
 
 def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, device: torch.device) -> Undo:

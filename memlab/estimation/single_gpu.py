@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memlab.estimation.adapters import attach_fake_adapter
+from memlab.estimation.adapters import attach_fake_adapter, bitsandbytes_version, kept_inputs_note
 from memlab.estimation.configs import one_line
 from memlab.estimation.cuda_attention import CudaAttention, attention_note
 from memlab.estimation.cuda_kernels import (
@@ -238,7 +238,7 @@ def _dry_run(
             (trial, attention), fell_back = run_emulated(run, emulated)
             notes = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
                                        *setup.notes, foreign_ops_note(mode.foreign_ops),
-                                       _load_note(load, workload, setup, plan))
+                                       _load_note(load, workload, setup, plan), _four_bit_note(plan, load))
                      if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *notes, *workload.notes(plan)))
             trial = _as_estimate(trial, target, kernels, limit, _reserved(trial, trace))
@@ -257,6 +257,12 @@ def _load_note(load: Load | None, workload: _Workload, setup: FakeSetup, plan: A
     if workload.loads and setup.target.type == "cuda":
         return live_load_note(setup.model, plan)
     return None
+
+
+def _four_bit_note(plan: Any, load: Load | None) -> str | None:
+    """For training with 4-bit layers (QLoRA, or adapters on a 4-bit load), what the modelled bitsandbytes keeps."""
+    four_bit = getattr(plan, "adapter", None) == "qlora" or (load is not None and load.quantize in ("nf4", "fp4"))
+    return kept_inputs_note(bitsandbytes_version()) if four_bit and isinstance(plan, Plan) else None
 
 
 def _training_trial(runner: Runner[Any, Any], plan: Plan, setup: FakeSetup, trace: ReservedTrace | None) -> Trial:
