@@ -31,3 +31,12 @@ def _import_what_trials_import_lazily() -> None:
     for name in _LAZY:
         if importlib.util.find_spec(name.split(".")[0]) is not None:
             importlib.import_module(name)
+
+
+def pytest_runtest_setup(item):
+    # Each test starts with what earlier tests left alive frozen out of the collector, for the reason above: a CPU
+    # trial's scan of live objects then walks only what this test made (what earlier tests left made those scans a
+    # third of the integration tests' time). Tensors that earlier tests left alive are then not "held" memory of
+    # this test's trials, as they would not be in a fresh kernel; what this test makes still is.
+    gc.collect()
+    gc.freeze()
