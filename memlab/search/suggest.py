@@ -59,8 +59,8 @@ def suggestions(
     model: nn.Module, batch: Batch, measured: Sequence[Trial], space: Mapping[str, Sequence[Any]],
     options: RunOptions, prior: SpeedPrior, lightest: Plan | None = None,
 ) -> list[Trial]:
-    """Estimates of :func:`alternatives` that fit the budget with ``FIT_MARGIN`` to spare, the one the speed prior
-    expects fastest first."""
+    """Estimates of :func:`alternatives` whose verdict figure (:attr:`~memlab.report.data.Trial.verdict_bytes`) fits
+    the budget with ``FIT_MARGIN`` to spare, the one the speed prior expects fastest first."""
     from memlab.estimation.estimate import estimate_plans  # imported here: estimate builds on the search's runner
 
     plans = alternatives(measured, space, lightest)
@@ -71,10 +71,11 @@ def suggestions(
         model, batch, plans, loss_fn=options.loss_fn, budget=options.budget, lr=options.lr, device=device.type
     )
     # An estimate cannot see a library's temporaries (bitsandbytes dequantizing a 4-bit weight, allocator
-    # rounding): a suggestion keeps the search's margin below the budget, so that measured, it fits.
+    # rounding): a suggestion keeps the search's margin below the budget, so that measured, it fits. It is judged
+    # on the figure every verdict judges (the card figure on CUDA, where the estimate models it).
     fitting = [
         trial for trial in report.trials
-        if trial.status == "ok" and trial.peak_bytes * FIT_MARGIN <= options.budget
+        if trial.status == "ok" and trial.verdict_bytes * FIT_MARGIN <= options.budget
     ]
 
     def expected_speed(trial: Trial) -> float:

@@ -601,3 +601,29 @@ def test_suggestions_consider_adafactor_where_the_space_left_it_out():
     plans = alternatives([low], default_space(8, "cpu"))
     assert Plan(optimizer="adafactor") in plans
     assert Plan(optimizer="adafactor") not in alternatives([low], {"optimizer": ["adamw", "adafactor"]})
+
+
+def test_suggestions_are_judged_on_the_card_figure_where_the_estimate_models_it(monkeypatch):
+    import importlib
+
+    import torch
+
+    from memlab.options import RunOptions
+    from memlab.report import Report, Trial
+    from memlab.search.suggest import suggestions
+
+    class EvenPrior:  # every lever value expected as fast
+        def ratio(self, name, value):
+            return 1.0
+
+    def estimates(model, batch, plans, **options):  # allocated 60 of 100 each; the card 95 for LoRA, 70 otherwise
+        return Report([Trial(plan, "ok", 60, {}, None, None, None, "cuda", budget=100, reserved_bytes=62,
+                             context_bytes=33 if plan.adapter == "lora" else 8) for plan in plans])
+
+    monkeypatch.setattr(importlib.import_module("memlab.estimation.estimate"), "estimate_plans", estimates)
+    low = Trial(Plan(), "oom", 190, {}, None, None, None, "cpu")
+    options = RunOptions(budget=100, loss_fn=lambda m, b: m(b).sum())
+    suggested = suggestions(torch.nn.Linear(4, 1), torch.randn(2, 4), [low], default_space(8, "cpu"), options,
+                            EvenPrior())
+    assert suggested and all(trial.verdict_figure == "card figure" for trial in suggested)
+    assert all(trial.plan.adapter != "lora" for trial in suggested)  # its allocated 60 fits; its card 95 does not
