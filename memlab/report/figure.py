@@ -22,6 +22,7 @@ from memlab.report.data import Report, Trial
 from memlab.report.format import one_line
 from memlab.report.noise import runs_speed_interval
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, figure_height, plan_axis, plan_axis_layout
+from memlab.report.svg import axis_number
 
 __all__ = [
     "BEST_COLOR",
@@ -208,7 +209,7 @@ def comparison_traces(
                 "thickness": 1.5,
                 "width": _ERROR_CAP_PX,
             },
-            hovertemplate="%{hovertext}<br>%{y:.3g} samples/s%{customdata}<extra></extra>",
+            hovertemplate="%{hovertext}<br>%{y:.3r} samples/s%{customdata}<extra></extra>",
         )
     )
     for trace, values in zip(traces, columns or [], strict=False):
@@ -367,7 +368,7 @@ def _interval_reach(data: Mapping[str, Any]) -> tuple[list[float | str], list[fl
 
 
 def _interval_text(low: float | None, high: float | None) -> str:
-    return "" if low is None or high is None else f" (95% interval {low:.3g} to {high:.3g})"
+    return "" if low is None or high is None else f" (95% interval {axis_number(low)} to {axis_number(high)})"
 
 
 def _description(trial: Trial) -> str:

@@ -112,14 +112,18 @@ def nice_ticks(tallest: float, count: int = 5) -> list[float]:
 
 
 def axis_number(value: float) -> str:
-    """A value for an axis or a tooltip: whole numbers with thousands separated, others to three digits.
+    """A value for an axis or a tooltip: whole numbers with thousands separated, others to three digits, never in
+    scientific notation (a 70B model's samples/s on a CPU is a few hundred-thousandths).
 
     Example:
-        >>> axis_number(12000.0), axis_number(2.345), axis_number(1234.5)
-        ('12,000', '2.35', '1,234')
+        >>> axis_number(12000.0), axis_number(2.345), axis_number(1234.5), axis_number(0.0000123)
+        ('12,000', '2.35', '1,234', '0.0000123')
     """
     if value == int(value) and abs(value) < 1e9:
         return f"{int(value):,}"
+    if abs(value) < 1e-3:
+        decimals = 2 - math.floor(math.log10(abs(value)))
+        return f"{value:.{decimals}f}".rstrip("0")
     return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 

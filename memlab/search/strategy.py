@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from memlab.plan import Plan, format_bytes
 from memlab.report import Trial
 from memlab.report.data import speed_range
+from memlab.report.svg import axis_number
 from memlab.search.memory import FIT_MARGIN, MemoryModel
 from memlab.search.space import TECHNIQUES, best_of, faster_twins, fits, micro_batch_of, needs_at_least, runs_as
 from memlab.search.speed import SPEED_MARGIN, SpeedModel, SpeedPrior
@@ -187,7 +188,7 @@ class Search:
             if twin is not None:
                 return (
                     f"cannot beat the best: it does the work of {twin.label} and more, and {twin.label} fits "
-                    f"({twin.samples_per_s or 0:.3g} samples/s)"
+                    f"({axis_number(twin.samples_per_s or 0)} samples/s)"
                 )
             # Beaten only beyond the noise: the most the plan may do (a measured twin: its interval's high end) is at
             # most the least that the best's median may be.
@@ -195,8 +196,9 @@ class Search:
             slowest_best = speed_range(best)[0]
             if bound <= slowest_best:
                 return (
-                    f"cannot beat the best: at most {bound:.3g} samples/s predicted, "
-                    f"{best.label} ran at {best.samples_per_s:.3g} (at least {slowest_best:.3g} within its noise)"
+                    f"cannot beat the best: at most {axis_number(bound)} samples/s predicted, "
+                    f"{best.label} ran at {axis_number(best.samples_per_s)} "
+                    f"(at least {axis_number(slowest_best)} within its noise)"
                 )
         return None
 
@@ -259,7 +261,8 @@ class Search:
             self.skipped.append((
                 plan,
                 f"not measured: fit measures at most max_trials={self.max_trials} plans (raise it to measure more); "
-                f"expected {speed.expected(plan):.3g} samples/s, predicted peak {format_bytes(memory.predict(plan))}",
+                f"expected {axis_number(speed.expected(plan))} samples/s, "
+                f"predicted peak {format_bytes(memory.predict(plan))}",
             ))
         self.pending = []
 

@@ -466,7 +466,7 @@ def _build_widget(categories: tuple[str, ...] = CATEGORIES) -> go.FigureWidget:
                 marker={"color": color, "symbol": symbol, "size": 11},
                 legendgroup="status",
                 showlegend=legend,
-                hovertemplate="%{hovertext}<br>%{x:.2f} MiB, %{y:.3g} samples/s<extra>" + name + "</extra>",
+                hovertemplate="%{hovertext}<br>%{x:.2f} MiB, %{y:.3r} samples/s<extra>" + name + "</extra>",
             ),
             row=2,
             col=2,

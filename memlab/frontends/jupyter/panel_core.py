@@ -30,6 +30,7 @@ from memlab.live.batch import Batch, count_rows
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import LeverSpec, Plan, format_bytes, parse_budget
 from memlab.report import CATEGORIES, Report, Trial, one_line
+from memlab.report.svg import axis_number
 from memlab.report.tables import held_line, judged_text
 from memlab.runner.remeasure import close_contenders, settle_close_race
 from memlab.runner.trial import compare
@@ -357,7 +358,7 @@ class PanelCore(widgets.VBox):
             )
             return f"{trial.label}: does not fit: {judged_text(trial)} is over the budget{why}", "warn"
         rate = self._rate(trial)
-        speed = "" if rate is None else f", {rate:.3g} {self.rate_unit}"
+        speed = "" if rate is None else f", {axis_number(rate)} {self.rate_unit}"
         return f"{trial.label}: fits, {judged_text(trial)}{speed}", "ok"
 
     # --- display --------------------------------------------------------------------------------------------

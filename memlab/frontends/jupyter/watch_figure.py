@@ -53,7 +53,7 @@ def steps_figure(series: StepSeries) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=_TITLES)
     fig.add_trace(
         empty_trace("Scatter", "samples/s", mode="lines+markers", line={"color": RATE_COLOR}, marker={"size": 4},
-                    hovertemplate="step %{x}<br>%{y:.3g} samples/s<extra></extra>"),
+                    hovertemplate="step %{x}<br>%{y:.3r} samples/s<extra></extra>"),
         row=1, col=1,
     )
     for name in _MEMORY_NAMES:
