@@ -6,7 +6,10 @@ the batch's shapes, the plan's fields, the GPU, the versions, and ``measured_pea
 (``torch.cuda.max_memory_allocated`` of memlab's tracked step), with, where the run recorded them,
 ``measured_reserved_bytes`` (the allocator's reserved peak) and ``measured_context_bytes`` (the CUDA context: what
 the driver used beyond the allocator). ``tests/integration/test_cuda_truth.py`` estimates every training row on the
-CPU for ``device="cuda"``. Inference rows (``InferencePlan`` fields) are kept apart, under ``inference_rows``.
+CPU for ``device="cuda"``. Inference rows (``InferencePlan`` fields) are kept apart, under ``inference_rows``, and
+so are the rows of a checkpoint loaded as users load it (the ``loads`` section: bf16 or 4-bit ``from_pretrained``,
+its keywords under ``load``), under ``load_rows``. The held-out families' rows (the ``heldout`` section) are
+training rows like the ``estimate`` section's.
 
     python -m benchmarks.cuda_truth
 """
@@ -22,6 +25,7 @@ RESULTS = Path(__file__).parent / "results"
 
 _LLAMA_SECTIONS = ("probe", "levers", "fit", "cumulative", "reserve")
 _RESERVED_SECTIONS = ("probe", "levers", "cumulative", "reserve")
+_ESTIMATE_SECTIONS = ("estimate", "heldout")  # rows that name their config, batch and plan
 _ESTIMATE_CONFIGS = {  # the first run's estimate rows did not record their configs
     "gpt2": ({"model_type": "gpt2"}, "GPT2LMHeadModel"),
     "bert": ({"model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
@@ -116,8 +120,9 @@ def _acceptance_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
                         f"results/{source}.json parts.{section}: the trial's reserved_bytes (max_memory_reserved), "
                         "no budget"),
             })
-    estimate = parts.get("estimate")
-    for trial in (estimate or {}).get("rows", []):
+    estimated = [(section, trial) for section in _ESTIMATE_SECTIONS
+                 for trial in (parts.get(section) or {}).get("rows", [])]
+    for section, trial in estimated:
         if trial["measured_status"] != "ok":
             continue
         if "batch_shapes" in trial:  # rows of later runs say what was run
@@ -128,7 +133,7 @@ def _acceptance_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
                 _llama({**parts["cumulative"]["model"], "length": 2048}), "LlamaForCausalLM")
             batch = _lm_batch(trial["rows"], trial["length"])
         rows.append({
-            "source": f"{source}:estimate", "config": config, "architecture": architecture, "batch": batch,
+            "source": f"{source}:{section}", "config": config, "architecture": architecture, "batch": batch,
             "plan": _fields(trial), "plan_label": trial["plan"], "measured_peak_bytes": trial["measured_bytes"],
             **_card(trial.get("reserved_peak_bytes", (trial.get("trial") or {}).get("reserved_bytes")),
                     trial.get("context_bytes")),
@@ -155,6 +160,31 @@ def _inference_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
     ]
 
 
+def _load_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """The loads section's rows: a bf16 checkpoint loaded with ``from_pretrained`` as ``load`` says (the keywords, as
+    JSON), then trained (``plan``: memlab's Plan fields; ``estimate(config, batch, Plan(**plan), load=load)``) or run
+    for inference (``inference_plan``: the InferencePlan that estimates the same load)."""
+    part = data["parts"].get("loads")
+    if not part or "rows" not in part:
+        return []
+    model = part["model"]
+    rows = []
+    for row in part["rows"]:
+        if row.get("status") != "ok" or not row.get("estimate_plan_fields"):
+            continue
+        workload = {"plan": row["plan_fields"]} if row["workload"] == "train" else {
+            "inference_plan": row["estimate_plan_fields"]}
+        rows.append({
+            "source": f"{source}:loads", "config": _llama(model), "architecture": "LlamaForCausalLM",
+            "load": row["from_pretrained"], "workload": row["workload"],
+            "batch": {name: list(shape) for name, shape in row["batch_shapes"].items()}, **workload,
+            "plan_label": f"{row['load']} load, {row['estimate_plan']}", "measured_peak_bytes": row["peak_bytes"],
+            "measured_load_peak_bytes": row.get("load_peak_bytes"),
+            **_card(row.get("reserved_peak_bytes"), row.get("context_bytes")),
+        })
+    return rows
+
+
 def _hf_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
     model = data["model"]
     config = {"model_type": "bert", "hidden_size": model["hidden"], "num_hidden_layers": model["layers"],
@@ -175,6 +205,7 @@ def _hf_rows(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
 def build() -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     inference: list[dict[str, Any]] = []
+    loads: list[dict[str, Any]] = []
     for path in sorted(RESULTS.glob("gpu_acceptance-cuda-*.json")) + sorted(RESULTS.glob("hf_table-cuda-*.json")):
         data = json.loads(path.read_text())
         read = _hf_rows if data["benchmark"] == "hf_table" else _acceptance_rows
@@ -183,7 +214,11 @@ def build() -> dict[str, Any]:
         rows += [{**row, **device} for row in _optimizer_as_run(read(data, path.stem), data["date"])]
         if data["benchmark"] != "hf_table":
             inference += [{**row, **device} for row in _inference_rows(data, path.stem)]
-    return {"about": __doc__.split("\n\n")[0], "rows": _unique(rows), "inference_rows": _unique(inference)}
+            loads += [{**row, **device} for row in _load_rows(data, path.stem)]
+    table = {"about": __doc__.split("\n\n")[0], "rows": _unique(rows), "inference_rows": _unique(inference)}
+    if loads:  # the runs since issue 40's
+        table["load_rows"] = _unique(loads)
+    return table
 
 
 # memlab's "adamw" became torch's fused AdamW in commit d80b15f (2026-11-23T04:19:03Z). Before that, build_optimizer
@@ -220,4 +255,5 @@ def _unique(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 if __name__ == "__main__":
     table = build()
     (RESULTS / "cuda_truth.json").write_text(json.dumps(table, indent=1) + "\n")
-    print(f"{len(table['rows'])} rows, {len(table['inference_rows'])} inference rows")
+    print(f"{len(table['rows'])} rows, {len(table['inference_rows'])} inference rows, "
+          f"{len(table.get('load_rows', []))} load rows")

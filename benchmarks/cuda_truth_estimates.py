@@ -3,8 +3,11 @@
 Each training row of the table of truth (offload rows aside: offload cannot be estimated without CUDA) is
 estimated here with ``memlab.estimate(config, shapes, plan, device="cuda")`` on fake CPU tensors, and the result
 gives, per row, estimate / measured for the allocated peak and, where the H100 run recorded it without a budget, for
-the reserved peak. ``tests/integration/test_cuda_truth.py`` holds the same rows to 5%; this runner records the
-ratios and their spread for the README.
+the reserved peak. The rows of a checkpoint loaded as users load it (``load_rows``, since issue 40's run) are
+estimated with that load (``load=``, or for inference the ``InferencePlan`` that holds the weights so), and give the
+card figure's ratio too (estimated reserve + CUDA context over the measured ones).
+``tests/integration/test_cuda_truth.py`` holds the training rows to 5%; this runner records the ratios and their
+spread for the README.
 
     python -m benchmarks.cuda_truth_estimates           # every row: about 2 minutes on 2 CPU cores
     python -m benchmarks.cuda_truth_estimates --smoke   # the two smallest one-step rows (the tests)
@@ -52,23 +55,49 @@ def _config(row: dict[str, Any]) -> Any:
     return config
 
 
+def load_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a checkpoint loaded as users load it (bf16 or 4-bit ``from_pretrained``; the GPU runs since
+    issue 40's), trained or run for inference: each is estimated with its load.
+
+    Example:
+        >>> load_rows({"rows": []}), load_rows({"load_rows": [{"load": {"torch_dtype": "bfloat16"}}]})
+        ([], [{'load': {'torch_dtype': 'bfloat16'}}])
+    """
+    return list(table.get("load_rows", []))
+
+
 def estimate_row(row: dict[str, Any]) -> dict[str, Any]:
-    """One row estimated on this machine for ``device="cuda"``: the figures and their ratios to the H100's."""
+    """One row estimated on this machine for ``device="cuda"``: the figures and their ratios to the H100's. A load
+    row is estimated with its load (``load=`` for training, its ``InferencePlan`` for inference), and where the run
+    read the CUDA context, the card figure (reserved + context) is compared too."""
     import memlab
 
     batch = {name: tuple(shape) for name, shape in row["batch"].items()}
+    keywords: dict[str, Any] = {"device": "cuda"}
+    if "inference_plan" in row:
+        plan: Any = memlab.InferencePlan(**row["inference_plan"])
+    else:
+        plan = memlab.Plan(**row["plan"])
+        if "load" in row:
+            keywords["load"] = row["load"]
     started = time.perf_counter()
-    trial = memlab.estimate(_config(row), batch, memlab.Plan(**row["plan"]), device="cuda")
+    trial = memlab.estimate(_config(row), batch, plan, **keywords)
     seconds = time.perf_counter() - started
     measured, reserved = row["measured_peak_bytes"], row.get("measured_reserved_bytes")
+    context = row.get("measured_context_bytes")
+    card = getattr(trial, "card_bytes", None)
     return {
         "source": row["source"], "model_type": row["config"]["model_type"], "plan_label": row["plan_label"],
-        "plan": row["plan"], "batch": "x".join(map(str, row["batch"]["input_ids"])), "status": trial.status,
-        "error": trial.error, "measured_peak_bytes": measured, "estimate_peak_bytes": trial.peak_bytes,
+        "plan": row.get("plan", row.get("inference_plan")), "batch": "x".join(map(str, row["batch"]["input_ids"])),
+        "status": trial.status, "error": trial.error, "measured_peak_bytes": measured,
+        "estimate_peak_bytes": trial.peak_bytes,
         "ratio": common.rounded(trial.peak_bytes / measured, 4) if trial.status == "ok" else None,
         "measured_reserved_bytes": reserved, "estimate_reserved_bytes": trial.reserved_bytes,
         "reserved_ratio": (common.rounded(trial.reserved_bytes / reserved, 4)
                            if reserved and trial.reserved_bytes else None),
+        **({"load": row["load"], "measured_context_bytes": context, "estimate_card_bytes": card,
+            "card_ratio": (common.rounded(card / (reserved + context), 4) if card and reserved and context
+                           else None)} if "load" in row else {}),
         "seconds": round(seconds, 1),
     }
 
@@ -116,9 +145,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     common.quiet()
     device = common.resolve_device(args, parser)
     table = json.loads(TABLE.read_text())
-    rows = training_rows(table)
+    rows = training_rows(table) + load_rows(table)
     if args.size == "smoke":
-        one_step = [row for row in rows if row["plan"].get("accumulation", 1) == 1]  # quick: one micro-step
+        one_step = [row for row in training_rows(table)
+                    if row["plan"].get("accumulation", 1) == 1]  # quick: one micro-step
         rows = sorted(one_step, key=lambda row: row["measured_peak_bytes"])[:SMOKE_ROWS]
     results = []
     for number, row in enumerate(rows, 1):
@@ -132,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "estimated_for": "device='cuda', default GPU (80 GB H100), on fake CPU tensors with CUDA's kernels emulated",
         "allocated": _spread([r["ratio"] for r in results if r["ratio"] is not None]),
         "reserved": _spread([r["reserved_ratio"] for r in results if r["reserved_ratio"] is not None]),
+        **({"card_of_loads": _spread([r["card_ratio"] for r in results if r.get("card_ratio") is not None])}
+           if any("load" in r for r in results) else {}),
         "rows": results,
         "markdown": markdown(results),
     }

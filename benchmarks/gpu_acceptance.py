@@ -1,34 +1,56 @@
-"""The GPU acceptance run: every CUDA path of memlab on a real GPU, in one command of at most 10 minutes.
+"""The GPU acceptance run: every CUDA path of memlab on a real GPU, in three back-to-back calls of at most 10 minutes.
 
 How to run on a lent GPU (the ``run`` tool of the device README, /work/.library/device/README.md)
 --------------------------------------------------------------------------------------------------
-The GPU image has torch 2.11, transformers and accelerate, but not bitsandbytes (8-bit and paged AdamW, QLoRA,
-int8/NF4 inference), and maybe not peft (LoRA; the image's package list names it, the first run carried it). Carry
-both as wheels. Here, once, in the checkout the ``run`` tool sends (``.whl/`` is in .gitignore already)::
+The GPU image has torch 2.11, transformers, accelerate and peft, but not bitsandbytes (8-bit and paged AdamW, QLoRA,
+int8/NF4 inference, the 4-bit load), TRL or ``datasets`` (the SFTTrainer). Carry them as wheels, with peft (the
+first run carried it) and ``datasets``' own needs that the image lacks (dill, multiprocess). Here, once, in the
+checkout the ``run`` tool sends (``.whl/`` is in .gitignore already)::
 
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d .whl bitsandbytes==0.50.2 peft==0.21.0
+        -d .whl bitsandbytes==0.50.2 peft==0.21.0 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 
-That is 44 MB (bitsandbytes 43 MB, peft 0.8 MB; their other needs are in the image), which with the working tree
-(about 3 MB) fits the 64 MiB that one call may carry: carry nothing else big. Then one call, ``carry=[".whl"]``,
-``timeout_s=600``::
+That is 45.8 MB (bitsandbytes 43.1 MB, trl 0.9, peft 0.8, datasets 0.6, multiprocess 0.15, dill 0.12; their other
+needs are in the image), which with the working tree (about 5 MB) and a result JSON (under 1 MB) fits the 64 MiB
+that one call may carry: carry nothing else big. (``datasets`` 5.2 asks for pyarrow >= 24 and fsspec <= 2026.9.0;
+the first call prints the image's, and where ``datasets`` or TRL does not import, the SFTTrainer's checks say why
+and the rest runs.)
+
+Then three calls, back to back (a machine left idle is given back and the next call starts a fresh one, minutes),
+each with ``carry=[".whl"]`` and ``timeout_s=600``, each beginning with::
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; nvidia-smi; \
-    PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --out $OUT 2>&1 | tee $OUT/log
+        .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; nvidia-smi;
 
-What comes back (at most 8 files): ``gpu_acceptance-<gpu>.json``, ``hf_table-<gpu>.json`` and ``.html``, and
-the log. The JSON is written after every part, so a run cut short keeps what finished. The parts' limits add up to
-about three calls of the deadline (:data:`LIMITS`): the first call runs ``pytest``, ``levers``, ``cumulative`` and
-``hf_table``, and the summary names the parts it did not start. Run those in the next calls into the same result,
-the earlier JSON carried back in (copy it into the carried folder, ``.whl/``)::
+1. issue 40's parts first (the user's loads, the Trainer and the SFTTrainer under ``watch``, the held-out
+   families), and the tests under ``tests/gpu``::
 
-    ... && python3 -m benchmarks.gpu_acceptance --out $OUT --sections inference,ties,estimate,reserve,trainer \
-        --keep .whl/gpu_acceptance-cuda-nvidia-h100-80gb-hbm3.json
-    ... && python3 -m benchmarks.gpu_acceptance --out $OUT --sections probe,cap,restore,fit --keep .whl/...json
+    ... python3 -c "import pyarrow, fsspec; print('pyarrow', pyarrow.__version__, 'fsspec', fsspec.__version__)"; \
+    PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --out $OUT \
+        --sections pytest,loads,trainer,heldout 2>&1 | tee $OUT/log
 
-Make the calls back to back: a machine left idle is given back and the next call starts a fresh one (minutes).
+2. copy the result JSON the first call brought back (``gpu_acceptance-cuda-nvidia-h100-80gb-hbm3.json`` on an H100;
+   on an H200 the name says so) into ``.whl/`` here, then::
+
+    ... PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --out $OUT \
+        --sections estimate,levers,inference,cumulative,probe \
+        --keep .whl/gpu_acceptance-cuda-nvidia-h100-80gb-hbm3.json 2>&1 | tee $OUT/log
+
+3. the second call's JSON into ``.whl/`` likewise (it holds the first's parts too), then::
+
+    ... PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --out $OUT \
+        --sections hf_table,ties,reserve,cap,restore,fit \
+        --keep .whl/gpu_acceptance-cuda-nvidia-h100-80gb-hbm3.json 2>&1 | tee $OUT/log
+
+What comes back (at most 8 files): ``gpu_acceptance-<gpu>.json`` (every part so far), the log, and from the third
+call ``hf_table-<gpu>.json`` and ``.html``. The JSON is written after every part, so a call cut short keeps what
+finished, and the summary names the parts it did not start: run those with ``--sections`` and ``--keep`` the same
+way. Each call's parts have limits (:data:`LIMITS`) that add up to the deadline (560 s) at most (:data:`CALLS`).
+The first run's parts took a quarter to two thirds of their limits then, so a call should take 4 to 7 minutes,
+the three some 20 minutes of the session's 30 with the machine's start; were every part to take its whole limit,
+the third call would run short of device time, which is why the calls go in the order of importance.
+
 Commit the results under ``benchmarks/results/``, then ``python -m benchmarks.cuda_truth`` (the table of truth),
 ``python -m benchmarks.cuda_truth_estimates`` (the CPU-made estimates against it, for the README) and
 ``python -m benchmarks.gpu_acceptance --markdown benchmarks/results/gpu_acceptance-<gpu>.json`` for the README.
@@ -37,35 +59,46 @@ What it runs
 ------------
 ``tests/gpu`` with pytest, then each section of :mod:`benchmarks.gpu_sections` in its own Python process (so that
 one section's failure, CUDA error or cached memory cannot touch the next), with the seeds' table
-(:mod:`benchmarks.hf_table`) among them, most important first (issue 27's list), each within its time limit
-(:data:`LIMITS`), and writes everything into ``benchmarks/results/gpu_acceptance-<device>.json`` naming the GPU,
-driver and library versions. While the GPU runs the first parts, a side process that sees no GPU makes the
-estimates the ``estimate`` section compares (CPU-made, as CI makes them). Sections:
+(:mod:`benchmarks.hf_table`) among them, each within its time limit (:data:`LIMITS`), and writes everything into
+``benchmarks/results/gpu_acceptance-<device>.json`` naming the GPU, driver and library versions. While the GPU runs
+the first parts of a call, side processes that see no GPU make the estimates the ``loads``, ``heldout`` and
+``estimate`` sections compare (CPU-made, as CI makes them), one process for each. Sections:
 
-1. ``levers``: each lever alone on Llama-3.2-1B's shape (2 x 1024): precisions, pure bf16 weights, 8-bit, paged
-   8-bit, Adafactor and foreach AdamW, the chunked loss, the optimizer in backward, offload, LoRA on every linear
-   layer and on attention only: peak, breakdown, reserved, samples/s.
-2. ``cumulative``: the levers one on top of the other on Llama-3.2-1B's shape at 2 x 2048.
-3. ``hf_table``: the seeds' table at full size (bert-large, sequence 512, batch 4; fp16 rows in fp16), memlab and
-   ``transformers.Trainer`` side by side, with its Adafactor rows (memlab / Trainer >= 0.95 doing the same work).
-4. ``inference``: a Llama-3.2-1B-shaped model in bf16, int8 and NF4 at prompts of 512 and 4096 tokens: the KV
-   cache against ``kv_cache_bytes``, prefill and decode tokens/s; ``fit_inference``'s largest batch re-checked in
-   a fresh process.
-5. ``ties``: the same plan compared with itself 10 times (all ties), a plan 30% slower 10 times (all slower).
-6. ``estimate``: ``memlab.estimate`` (CPU-made) against the measured peak for GPT-2, BERT, Llama, Qwen2 and a
-   Mixtral in fp32, bf16, pure bf16 and fp16 (5%), with reserved peak and CUDA context beside; and the CUDA
-   allocations of 100 MB or more in one tracked step (the 1B Llama's ``ckpt bf16``).
-7. ``reserve``: the cumulative section's checkpointed bf16 step with AdamW, with 8-bit AdamW and with LoRA, each
-   alone in a fresh process: reserved peak and the allocator's segments of 100 MB or more (the CPU replay of the
-   reserve is compared with a fresh process; the first run's 8-bit and LoRA rows were 10% and 14% above it).
-8. ``trainer``: ``memlab.fit(trainer, budget=...)``, then ``trainer.train()`` under ``memlab.watch``.
-9. ``probe``: each plan's peak against a hand-made step's ``max_memory_allocated`` (within 2%); the params and
+1. ``loads`` (issue 40): Llama-3.2-1B's shape (1.24B parameters) saved in bf16 with ``save_pretrained`` and loaded as
+   users load it, ``from_pretrained(folder, torch_dtype=torch.bfloat16)`` and in 4-bit through ``BitsAndBytesConfig``
+   (NF4, double quantization, bf16 compute), each in a fresh process trained with LoRA (dropout 0.05, bf16,
+   checkpointing; 4 x 1024) and run for inference (4 prompts of 512 tokens, 32 new): allocated and reserved peaks
+   and the CUDA context beside ``memlab.estimate(config, shapes, plan, load={...})`` made without a GPU (5%, 10%,
+   card 5%).
+2. ``trainer``: ``memlab.fit(trainer, budget=...)``, then ``trainer.train()`` under ``memlab.watch``, for a plain
+   ``Trainer`` and TRL's ``SFTTrainer`` with ``packing=True`` and ``peft_config=LoraConfig(..., lora_dropout=0.05)``
+   (issue 40); ``watch``'s overhead per step on each (goal under 3%).
+3. ``heldout`` (issue 40): the CPU-made estimate against the measured peak for families the table of truth does not
+   hold yet: Qwen2, Mistral, Gemma-2, Phi-3, GPT-NeoX and T5, each at two sequence lengths, in fp32, bf16 autocast
+   and pure bf16 (allocated 5%, reserved 10%).
+4. ``estimate``: ``memlab.estimate`` (CPU-made) against the measured peak for GPT-2, BERT, Llama and a Mixtral in
+   fp32, bf16, pure bf16 and fp16 (5%), with reserved peak and CUDA context beside; and the CUDA allocations of
+   100 MB or more in one tracked step (the 1B Llama's ``ckpt bf16``).
+5. ``levers``: each lever alone on Llama-3.2-1B's shape (2 x 1024): precisions, pure bf16 weights, 8-bit, paged
+   8-bit, Adafactor, fused (the default) and foreach AdamW, the chunked loss, the optimizer in backward, offload,
+   LoRA on every linear layer and on attention only: peak, breakdown, reserved, samples/s.
+6. ``inference``: a Llama-3.2-1B-shaped model in bf16, int8 and NF4 at prompts of 512 and 4096 tokens, generating
+   with the KV cache: the cache against ``kv_cache_bytes``, prefill and decode tokens/s; ``fit_inference``'s largest
+   batch re-checked in a fresh process.
+7. ``cumulative``: the levers one on top of the other on Llama-3.2-1B's shape at 2 x 2048.
+8. ``probe``: each plan's peak against a hand-made step's ``max_memory_allocated`` (within 2%); the params and
    optimizer categories against independent byte counts (exact).
-10. ``cap``: under a budget of 60% of the plain peak, plans that do not fit report "oom"; after 20 such trials
+9. ``hf_table``: the seeds' table at full size (bert-large, sequence 512, batch 4; fp16 rows in fp16), memlab and
+   ``transformers.Trainer`` side by side, with its Adafactor rows (memlab / Trainer >= 0.95 doing the same work).
+10. ``ties``: the same plan compared with itself 10 times (all ties), a plan 30% slower 10 times (all slower).
+11. ``reserve``: the cumulative section's checkpointed bf16 step with AdamW, with 8-bit AdamW and with LoRA, each
+    alone in a fresh process: reserved peak and the allocator's segments of 100 MB or more (the CPU replay of the
+    reserve is compared with a fresh process; the first run's 8-bit and LoRA rows were 10% and 14% above it).
+12. ``cap``: under a budget of 60% of the plain peak, plans that do not fit report "oom"; after 20 such trials
     ``memory_allocated`` is where it started, to the byte.
-11. ``restore``: a CUDA model and the user's CUDA optimizer come back bit-exact after compare, fit and interrupted
+13. ``restore``: a CUDA model and the user's CUDA optimizer come back bit-exact after compare, fit and interrupted
     trials.
-12. ``fit``: fit on a real budget; the chosen plan, re-measured in a fresh process, fits.
+14. ``fit``: fit on a real budget; the chosen plan, re-measured in a fresh process, fits.
 
 A check passes (True), fails (False) or cannot be judged on this device (None: a CUDA figure on the CPU, or a
 library that is not installed, with the reason). The run starts no part when its deadline (``--deadline``, default
@@ -96,17 +129,27 @@ from typing import Any
 import torch
 
 from benchmarks import common
-from benchmarks.gpu_sections import ROOT, SECTIONS, SIZES
-from benchmarks.gpu_sections_estimate import ESTIMATES_ENV, gpu_kind_name
+from benchmarks.gpu_sections import ROOT, SECTIONS
+from benchmarks.gpu_sections_estimate import estimates_variable, gpu_kind_name, start_side_estimates
 
 NAME = "gpu_acceptance"
-ORDER = ("pytest", "levers", "cumulative", "hf_table", "inference", "ties", "estimate", "reserve", "trainer", "probe",
-         "cap", "restore", "fit")
-"""The parts, most important first: issue 27's list, then what the first GPU run already checked."""
-LIMITS = {"pytest": 90, "levers": 120, "cumulative": 140, "hf_table": 160, "inference": 100, "ties": 100,
-          "estimate": 150, "reserve": 100, "trainer": 70, "probe": 70, "cap": 80, "restore": 80, "fit": 100}
-"""Seconds each part may take at most on an H100 (the first run's figures and a margin; its deadline may cut a part
-shorter). A part is not started with less than :data:`START_SHARE` of its limit left."""
+ORDER = ("pytest", "loads", "trainer", "heldout", "estimate", "levers", "inference", "cumulative", "probe",
+         "hf_table", "ties", "reserve", "cap", "restore", "fit")
+"""The parts, most important first: issue 40's (the user's loads, the trainers, the held-out families), then the
+rest in the order of the calls (:data:`CALLS`)."""
+LIMITS = {"pytest": 80, "loads": 150, "trainer": 130, "heldout": 200,
+          "estimate": 130, "levers": 120, "inference": 100, "cumulative": 140, "probe": 60,
+          "hf_table": 130, "ties": 100, "reserve": 100, "cap": 70, "restore": 70, "fit": 90}
+"""Seconds each part may take at most on an H100 (the first run's figures and a margin of at least a third, or for
+the parts it did not have, a guess from their sizes; its deadline may cut a part shorter). A part is not started with
+less than :data:`START_SHARE` of its limit left. The limits of each of :data:`CALLS` add up to the deadline at most,
+so that every part of a call starts even where the parts before it take their whole limits."""
+CALLS = (("pytest", "loads", "trainer", "heldout"),
+         ("estimate", "levers", "inference", "cumulative", "probe"),
+         ("hf_table", "ties", "reserve", "cap", "restore", "fit"))
+"""The three back-to-back calls of a lent GPU that run every part (``--sections``, joined with ``--keep``)."""
+ESTIMATED = ("loads", "heldout", "estimate")
+"""The parts whose CPU-made estimates a side process that sees no GPU makes while the GPU runs the parts before."""
 START_SHARE = 0.6
 DEFAULT_LIMIT = 120
 DEADLINE = 560.0
@@ -327,7 +370,8 @@ def _estimate_table(part: dict[str, Any]) -> str:
 
 
 def _newer_parts(parts: dict[str, Any]) -> list[str]:
-    """The tables of the parts added after the first GPU run (inference, ties, trainer, the diagnostic)."""
+    """The tables of the parts added after the first GPU run (inference, ties, the trainers, the diagnostic, the
+    loads and the held-out families)."""
     lines: list[str] = []
     if "inference" in parts and "rows" in parts["inference"]:
         part = parts["inference"]
@@ -354,13 +398,60 @@ def _newer_parts(parts: dict[str, Any]) -> list[str]:
         best = trainer["fit"]["best"]
         lines += [f"**Trainer**: fit(trainer) on {_gib(trainer['budget_bytes'])} GiB chose "
                   f"`{best['plan'] if best else None}`; trainer.train() under watch peaked at "
-                  f"{_gib(trainer['watched_peak_bytes'])} GiB.", ""]
+                  f"{_gib(trainer['watched_peak_bytes'])} GiB{_overhead(trainer.get('overhead'))}.", ""]
+        sft = trainer.get("sft") or {}
+        if "budget_bytes" in sft:
+            best = sft["fit"]["best"]
+            lines += [f"**SFTTrainer** (TRL, packing, LoRA with dropout 0.05): fit(trainer) on "
+                      f"{_gib(sft['budget_bytes'])} GiB chose `{best['plan'] if best else None}`; trainer.train() "
+                      f"under watch peaked at {_gib(sft['watched_peak_bytes'])} GiB{_overhead(sft.get('overhead'))}.",
+                      ""]
+        elif sft.get("missing"):
+            lines += [f"**SFTTrainer**: not run ({sft['missing']}).", ""]
+    if "loads" in parts and "rows" in parts["loads"]:
+        lines += _loads_table(parts["loads"])
+    if "heldout" in parts and "rows" in parts["heldout"]:
+        lines += ["**Held-out families: the CPU-made estimate against the measured peaks:**", "",
+                  _heldout_table(parts["heldout"]), ""]
     diagnostic = (parts.get("estimate") or {}).get("diagnostic")
     if diagnostic:
         lines += [f"**Allocations of 100 MB or more in one tracked step** ({diagnostic['row']}, Llama-1B, 2 x 1024): "
                   f"{len(diagnostic['allocations'])}, {_gib(diagnostic['in_optimizer_bytes'])} GiB under an optimizer "
                   "frame.", ""]
     return lines
+
+
+def _overhead(overhead: dict[str, Any] | None) -> str:
+    if not overhead or overhead.get("ratio") is None:
+        return ""
+    return f"; watch's overhead per step {100 * (overhead['ratio'] - 1):+.1f}% (goal under 3%)"
+
+
+def _loads_table(part: dict[str, Any]) -> list[str]:
+    """The loads section's rows: each load and workload measured beside its CPU-made estimate."""
+    model = part["model"]
+    title = (f"**Loads as users load** (Llama, {model['parameters'] / 1e9:.2f}B parameters saved in bf16; LoRA "
+             f"`{part['train_plan']}` on {' x '.join(map(str, part['train']))}, generation of {part['new_tokens']} "
+             f"tokens after {' x '.join(map(str, part['prompt']))}; each in a fresh process):")
+    table = common.markdown_table(
+        ["load", "workload", "estimate GiB", "measured GiB", "estimate / measured", "reserved GiB",
+         "reserved estimate / measured", "context GiB", "card estimate / measured", "load peak GiB"],
+        [[r["load"], r["workload"], _gib(r.get("estimate_bytes")), _gib(r.get("peak_bytes")),
+          r.get("estimate_over_measured"), _gib(r.get("reserved_peak_bytes")), r.get("reserved_estimate_over_measured"),
+          _gib(r.get("context_bytes")), r.get("card_estimate_over_measured"), _gib(r.get("load_peak_bytes"))]
+         for r in part["rows"]],
+    )
+    return [title, "", table, ""]
+
+
+def _heldout_table(part: dict[str, Any]) -> str:
+    return common.markdown_table(
+        ["model", "plan", "batch", "estimate GiB", "measured GiB", "estimate / measured", "reserved GiB",
+         "reserved estimate / measured", "card estimate / measured"],
+        [[r["model"], r["plan"], f"{r['rows']} x {r['length']}", _gib(r["estimate_bytes"]), _gib(r["measured_bytes"]),
+          r["estimate_over_measured"], _gib(r.get("reserved_peak_bytes")), r.get("reserved_estimate_over_measured"),
+          r.get("card_estimate_over_measured")] for r in part["rows"]],
+    )
 
 
 def _shape(model: dict[str, Any]) -> str:
@@ -376,22 +467,18 @@ def _percent(value: float | None) -> str | None:
     return None if value is None else f"{100 * value:.0f}%"
 
 
-def start_estimates(size: str, device: torch.device, folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    """The estimate section's estimates, made in a side process that sees no GPU (``CUDA_VISIBLE_DEVICES=""``,
-    four threads) while the GPU runs the first parts: the process and the file it writes."""
-    out = folder / "estimates.json"
+def start_estimates(size: str, device: torch.device, folder: Path,
+                    section: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """``section``'s estimates, made in a side process that sees no GPU (``CUDA_VISIBLE_DEVICES=""``, four threads
+    on a GPU machine) while the GPU runs the parts before it: the process and the file it writes."""
     gpu = gpu_kind_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-    request = json.dumps({"scale": SIZES[size]["estimate_scale"], "device": device.type, "gpu": gpu, "out": str(out)})
-    code = "import sys; from benchmarks.gpu_sections_estimate import estimate_all; estimate_all(sys.argv[1])"
-    threads = "4" if device.type == "cuda" else "1"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    log = (folder / "estimates.log").open("wb")
-    return subprocess.Popen([sys.executable, "-c", code, request], cwd=ROOT, env=env, stdout=log, stderr=log), out
+    return start_side_estimates(section, size, device.type, gpu, folder, threads=4 if device.type == "cuda" else 1)
 
 
-def estimates_ready(process: subprocess.Popen[bytes] | None, out: Path | None, wait: float) -> dict[str, str]:
-    """The environment that points the estimate section at the side process's file, once it is written (waiting
-    at most ``wait`` seconds); none where it failed or is late (the section then estimates itself)."""
+def estimates_ready(process: subprocess.Popen[bytes] | None, out: Path | None, wait: float,
+                    section: str = "estimate") -> dict[str, str]:
+    """The environment that points ``section`` at the side process's file, once it is written (waiting at most
+    ``wait`` seconds); none where it failed or is late (the section then makes its estimates itself)."""
     if process is None or out is None:
         return {}
     try:
@@ -399,17 +486,31 @@ def estimates_ready(process: subprocess.Popen[bytes] | None, out: Path | None, w
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-        print("  the side process's estimates were late; the section makes its own", flush=True)
+        print(f"  the side process's {section} estimates were late; the section makes its own", flush=True)
         return {}
     if process.returncode != 0 or not out.exists():
-        print(f"  the side process's estimates failed (exit {process.returncode}): {_read_log(out)}", flush=True)
+        print(f"  the side process's {section} estimates failed (exit {process.returncode}): {_read_log(out)}",
+              flush=True)
         return {}
-    return {ESTIMATES_ENV: str(out)}
+    return {estimates_variable(section): str(out)}
 
 
 def _read_log(out: Path) -> str:
-    log = out.with_name("estimates.log")
+    log = out.with_suffix(".log")
     return log.read_text(errors="replace")[-2000:] if log.exists() else ""
+
+
+def extra_versions() -> dict[str, str | None]:
+    """The versions of the libraries only some parts need (TRL and what ``datasets`` reads), None where absent."""
+    from importlib import metadata
+
+    found: dict[str, str | None] = {}
+    for package in ("trl", "datasets", "pyarrow"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    return found
 
 
 def not_started(name: str, why: str) -> dict[str, Any]:
@@ -449,6 +550,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     common.quiet()
     started = time.perf_counter()
     result = common.metadata_for(NAME, device, args.size)
+    result["versions"].update(extra_versions())
     parts: dict[str, Any] = {}
     if args.keep:
         earlier = json.loads(args.keep.read_text())
@@ -459,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     slack = 1 if args.size == "full" else CPU_SLACK
     deadline = args.deadline if args.deadline is not None else DEADLINE * slack
     with tempfile.TemporaryDirectory(prefix="memlab-estimates-") as folder:
-        side, estimates = start_estimates(args.size, device, Path(folder)) if "estimate" in chosen else (None, None)
+        sides = {name: start_estimates(args.size, device, Path(folder), name) for name in chosen if name in ESTIMATED}
         try:
             for name in chosen:
                 left = deadline - (time.perf_counter() - started)
@@ -473,15 +575,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 elif name == "hf_table":
                     parts[name] = run_hf_table(args.size, device, args.out, limit)
                 else:
-                    env = estimates_ready(side, estimates, limit / 3) if name == "estimate" else None
+                    env = estimates_ready(*sides[name], limit / 3, name) if name in sides else None
+                    # A wait for the side process is the part's time: the run's deadline holds.
+                    limit = min(limit, deadline - (time.perf_counter() - started))
                     parts[name] = run_section_process(name, args.size, device, limit, env)
                 result.update(parts={n: parts[n] for n in ORDER if n in parts}, summary=summarize(parts),
                               seconds=round(time.perf_counter() - started, 1))
                 common.write_json(result, path)  # after every part, so that a run cut short keeps what it measured
         finally:
-            if side is not None and side.poll() is None:
-                side.kill()
-                side.wait()
+            for side, _ in sides.values():
+                if side.poll() is None:
+                    side.kill()
+                    side.wait()
     result.update(parts={n: parts[n] for n in ORDER if n in parts}, summary=summarize(parts),
                   seconds=round(time.perf_counter() - started, 1))
     common.write_json(result, path)

@@ -69,7 +69,10 @@ SIZES: dict[str, dict[str, Any]] = {
         "estimate_scale": "tiny", "steps": 1, "timed_steps": 1, "fit_budget_share": 0.8,
         "inference": {"shape": TINY.replace(kv_heads=1, rows=2), "contexts": (16, 32), "new_tokens": 3},
         "ties": {"shape": TINY, "runs": (0, 0), "calibration_steps": 2},  # their runs: benchmarks.ties --smoke
-        "trainer": {"shape": TINY, "examples": 12, "longest": 48, "steps": 2},
+        "trainer": {"shape": TINY, "examples": 12, "longest": 48, "steps": 2,
+                    "sft": {"examples": 12, "longest": 48, "max_length": 64, "steps": 2},
+                    "overhead": {"rounds": 1, "steps": 3, "warmup": 1}},
+        "loads": {"shape": TINY.replace(rows=2), "train": (2, 32), "prompt": (2, 16), "new_tokens": 3},
         "noise": 0,  # the smoke size exercises the code only: exactly its steps, no noise target
         "time_limit": 2.0,
     },
@@ -78,7 +81,10 @@ SIZES: dict[str, dict[str, Any]] = {
         "estimate_scale": "tiny", "steps": 1, "timed_steps": 3, "fit_budget_share": 0.8,
         "inference": {"shape": TINY.replace(kv_heads=1, rows=2), "contexts": (32, 64), "new_tokens": 4},
         "ties": {"shape": TINY, "runs": (3, 3), "calibration_steps": 3},
-        "trainer": {"shape": TINY, "examples": 16, "longest": 64, "steps": 3},
+        "trainer": {"shape": TINY, "examples": 16, "longest": 64, "steps": 3,
+                    "sft": {"examples": 16, "longest": 64, "max_length": 128, "steps": 3},
+                    "overhead": {"rounds": 3, "steps": 6, "warmup": 2}},
+        "loads": {"shape": TINY.replace(rows=2), "train": (2, 64), "prompt": (2, 32), "new_tokens": 4},
         "noise": 0.05, "time_limit": 5.0,
     },
     "full": {
@@ -94,7 +100,16 @@ SIZES: dict[str, dict[str, Any]] = {
         # Llama-3.2-1B's shape in bf16, int8 and NF4: 4 rows at a short and a long prompt, 32 new tokens.
         "inference": {"shape": LLAMA_1B.replace(rows=4), "contexts": (512, 4096), "new_tokens": 32},
         "ties": {"shape": _SMALL, "runs": (10, 10), "calibration_steps": 5},
-        "trainer": {"shape": _MID, "examples": 48, "longest": 1024, "steps": 4},
+        # The plain Trainer and TRL's SFTTrainer (packing to 1024 tokens, LoRA with dropout 0.05) on the same
+        # shape; watch's overhead: plain and watched train() calls alternating (plain, watch, watch, plain), 12
+        # steps each, 2 warm-up steps dropped: 20 step times a side.
+        "trainer": {"shape": _MID, "examples": 48, "longest": 1024, "steps": 4,
+                    "sft": {"examples": 64, "longest": 1024, "max_length": 1024, "steps": 4},
+                    "overhead": {"rounds": 2, "steps": 12, "warmup": 2}},
+        # Llama-3.2-1B's shape saved in bf16 and loaded as users load it: LoRA on 4 x 1024, generation after
+        # 4 prompts of 512 tokens.
+        "loads": {"shape": LLAMA_1B.replace(rows=4, length=1024), "train": (4, 1024), "prompt": (4, 512),
+                  "new_tokens": 32},
         "noise": 0.05,
         # A timed trial stops at 3 s even where its median's interval is not yet within 5%: the run has ten
         # minutes for everything (the ties section keeps memlab's own defaults: its question is the timing).

@@ -1,7 +1,8 @@
 """The training sections of the GPU acceptance run (see :mod:`benchmarks.gpu_acceptance`), and :data:`SECTIONS`,
-every section by name: probe, cap, restore, levers, cumulative and fit here; estimate in
-:mod:`benchmarks.gpu_sections_estimate`, inference in :mod:`benchmarks.gpu_sections_inference`, ties and trainer in
-:mod:`benchmarks.gpu_sections_runs`; what they share (sizes, checks, models, CUDA figures) in
+every section by name: probe, cap, restore, levers, cumulative and fit here; estimate and heldout in
+:mod:`benchmarks.gpu_sections_estimate`, loads in :mod:`benchmarks.gpu_sections_loads`, inference in
+:mod:`benchmarks.gpu_sections_inference`, ties and reserve in :mod:`benchmarks.gpu_sections_runs`, trainer in
+:mod:`benchmarks.gpu_sections_trainer`; what they share (sizes, checks, models, CUDA figures) in
 :mod:`benchmarks.gpu_common`.
 
 Each section builds its models from configs on the device, runs memlab and an independent reference next to it,
@@ -357,6 +358,10 @@ def section_levers(size: str, device: torch.device) -> dict[str, Any]:
     if "foreach AdamW" in dict(named):
         judge("foreach AdamW keeps the same optimizer state as fused AdamW", (plain, "foreach AdamW"),
               lambda base, t: state(t) == state(base))
+        # The fused update works in place; foreach's holds temporaries as large as the weights (the first GPU run's
+        # optimizer step, memlab's default then, held one of torch._foreach_sqrt): never a lower peak than fused.
+        judge("foreach AdamW's peak is at least fused AdamW's (the plain plan's)", (plain, "foreach AdamW"),
+              lambda base, t: t.peak_bytes >= 0.999 * base.peak_bytes)
     judge("the chunked loss does not raise the peak", (plain, "chunked loss"),
           lambda base, t: t.peak_bytes <= 1.001 * base.peak_bytes)
     judge("the optimizer in backward lowers the peak (the gradients never all exist)", (plain, "optimizer in backward"),
@@ -655,15 +660,19 @@ def section_restore(size: str, device: torch.device) -> dict[str, Any]:
 
 
 def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
-    from benchmarks.gpu_sections_estimate import section_estimate
+    from benchmarks.gpu_sections_estimate import section_estimate, section_heldout
     from benchmarks.gpu_sections_inference import section_inference
-    from benchmarks.gpu_sections_runs import section_reserve, section_ties, section_trainer
+    from benchmarks.gpu_sections_loads import section_loads
+    from benchmarks.gpu_sections_runs import section_reserve, section_ties
+    from benchmarks.gpu_sections_trainer import section_trainer
 
     return {
         "probe": section_probe,
         "cap": section_cap,
         "restore": section_restore,
         "estimate": section_estimate,
+        "heldout": section_heldout,
+        "loads": section_loads,
         "levers": section_levers,
         "cumulative": section_cumulative,
         "fit": section_fit,

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def benchmarks(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The modules of ``benchmarks/`` (the repository root on ``sys.path`` for the test only), by short name."""
     monkeypatch.syspath_prepend(str(ROOT))
-    names = ("cuda_truth", "gpu_acceptance", "gpu_common", "gpu_sections", "gpu_sections_estimate")
+    names = ("cuda_truth", "gpu_acceptance", "gpu_common", "gpu_sections", "gpu_sections_estimate",
+             "gpu_sections_loads")
     return SimpleNamespace(**{name: importlib.import_module(f"benchmarks.{name}") for name in names})
 
 
@@ -80,6 +81,59 @@ def test_every_part_has_a_time_limit_and_the_limits_fit_the_order(benchmarks: An
     acceptance = benchmarks.gpu_acceptance
     assert set(acceptance.ORDER) == set(acceptance.LIMITS)
     assert set(acceptance.ORDER) - {"pytest", "hf_table"} == set(acceptance.SECTIONS)
+    assert set(acceptance.ESTIMATED) <= set(acceptance.SECTIONS)
+
+
+def test_the_three_calls_run_every_part_once_and_each_fits_the_deadline(benchmarks: Any) -> None:
+    # A lent GPU gives 10 minutes a call and 30 a session: every part in three calls, each call's limits within the
+    # deadline, so that each part of a call starts even if those before it take their whole limits.
+    acceptance = benchmarks.gpu_acceptance
+    calls = acceptance.CALLS
+    assert len(calls) <= 3 and tuple(name for call in calls for name in call) == acceptance.ORDER
+    for call in calls:
+        assert sum(acceptance.LIMITS[name] for name in call) <= acceptance.DEADLINE, call
+    doc = acceptance.__doc__
+    for call in calls:  # the docstring's commands are the calls
+        assert f"--sections {','.join(call)}" in doc, call
+    for wheel in ("bitsandbytes==", "peft==", "trl==", "datasets==", "dill==", "multiprocess=="):
+        assert wheel in doc, wheel
+
+
+def test_the_truth_table_takes_the_held_out_and_the_load_rows(benchmarks: Any) -> None:
+    cuda_truth = benchmarks.cuda_truth
+    config = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
+    shapes = {"input_ids": [2, 16], "attention_mask": [2, 16], "labels": [2, 16]}
+    heldout = {"model": "qwen2", "config": config, "architecture": "Qwen2ForCausalLM", "batch_shapes": shapes,
+               "plan": "bf16-weights", "plan_fields": {"weights": "bf16"}, "measured_status": "ok",
+               "measured_bytes": 10**6, "reserved_peak_bytes": 2 * 10**6, "context_bytes": 5 * 10**8}
+    (row,) = cuda_truth._acceptance_rows({"parts": {"heldout": {"rows": [heldout]}}}, "gpu_acceptance-cuda-x")
+    assert row["source"] == "gpu_acceptance-cuda-x:heldout" and row["plan"] == {"weights": "bf16"}
+    assert row["config"] == config and row["measured_reserved_bytes"] == 2 * 10**6
+    # The loads section's rows go apart, with the from_pretrained keywords that estimate(load=...) takes.
+    loads = benchmarks.gpu_sections_loads
+    model = {"hidden": 64, "layers": 2, "heads": 2, "kv_heads": 2, "intermediate": 128, "vocab": 256, "rows": 2,
+             "length": 32, "tie": False, "parameters": 10**5}
+    spec = {"train": (2, 32), "prompt": (2, 16)}
+    rows = [{"load": load, "workload": work, "status": "ok", "from_pretrained": loads.LOADS[load],
+             "batch_shapes": loads.shapes(spec, work), "plan_fields": benchmarks.gpu_common.plan_fields(
+                 loads.train_plan() if work == "train" else loads.infer_plan("bf16", 3)),
+             "estimate_plan": "x", "estimate_plan_fields": benchmarks.gpu_common.plan_fields(
+                 loads.train_plan() if work == "train" else loads.infer_plan(load, 3)),
+             "peak_bytes": 10**6, "reserved_peak_bytes": 3 * 10**6, "context_bytes": 5 * 10**8}
+            for load in loads.LOADS for work in loads.WORKLOADS]
+    truth = cuda_truth._load_rows({"parts": {"loads": {"model": model, "rows": rows}}}, "gpu_acceptance-cuda-x")
+    assert len(truth) == 4 and all(row["source"] == "gpu_acceptance-cuda-x:loads" for row in truth)
+    nf4_train = next(r for r in truth if r["load"] == loads.LOADS["nf4"] and r["workload"] == "train")
+    nf4_infer = next(r for r in truth if r["load"] == loads.LOADS["nf4"] and r["workload"] == "infer")
+    assert nf4_train["plan"]["lora_dropout"] == 0.05 and nf4_infer["inference_plan"]["quantize"] == "nf4"
+    assert nf4_train["measured_context_bytes"] == 5 * 10**8
+    # cuda_truth_estimates estimates a load row with its load, and compares the card figure.
+    estimates = importlib.import_module("benchmarks.cuda_truth_estimates")
+    for row in (nf4_train, nf4_infer):
+        result = estimates.estimate_row(row)
+        assert result["status"] == "ok", result["error"]
+        assert result["card_ratio"] and result["load"] == loads.LOADS["nf4"]
 
 
 def test_the_reserve_section_measures_each_step_alone_and_the_truth_table_takes_its_rows(benchmarks: Any) -> None:

@@ -102,17 +102,34 @@ def test_fit_vs_finders(load: Any, tmp_path: Path) -> None:
     assert methods["memlab.fit"]["pick"] is not None
 
 
-def test_gpu_acceptance_sections_run_on_the_cpu(load: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["probe", "restore", "loads", "heldout", "trainer"])
+def test_gpu_acceptance_sections_run_on_the_cpu(load: Any, name: str) -> None:
     # On the CPU the CUDA figures cannot be judged (None); everything else must hold, so that the one GPU run a
-    # session may get is not spent on a bug that shows without a GPU.
+    # session may get is not spent on a bug that shows without a GPU. Issue 40's parts (loads, heldout, trainer)
+    # run at their smoke size too, every row of them.
     import torch
 
     acceptance = load("gpu_acceptance")
-    for name in ("probe", "restore"):
-        part = acceptance.run_section_here(name, "smoke", torch.device("cpu"))
-        assert part["checks"], name
-        failed = [c for c in part["checks"] if c["passed"] is False]
-        assert not failed, failed
+    part = acceptance.run_section_here(name, "smoke", torch.device("cpu"))
+    assert part["checks"], name
+    failed = [c for c in part["checks"] if c["passed"] is False]
+    assert not failed, failed
+    if name == "loads":  # a bf16 and a 4-bit load, each trained with LoRA (dropout 0.05) and run for inference
+        rows = {(row["load"], row["workload"]): row for row in part["rows"]}
+        assert set(rows) == {(load, work) for load in ("bf16", "nf4") for work in ("train", "infer")}
+        assert all(row["status"] == "ok" and row["estimate_status"] == "ok" for row in rows.values()), rows
+        assert rows["nf4", "train"]["quantized_layers"] > 0 and "drop0.05" in rows["bf16", "train"]["plan"]
+        assert rows["nf4", "infer"]["estimate_plan_fields"]["quantize"] == "nf4"
+    if name == "heldout":  # every held-out family, its CPU-made estimate beside the measured peak
+        families = {"qwen2", "mistral", "gemma2", "phi3", "gpt_neox", "t5"}
+        assert {row["model"] for row in part["rows"]} == families
+        assert all(row["estimate_status"] == "ok" and row["measured_status"] == "ok" for row in part["rows"])
+    if name == "trainer":  # the plain Trainer and, where TRL is installed, the SFTTrainer, each with watch's overhead
+        assert part["overhead"]["ratio"] > 0
+        sft = part["sft"]
+        if sft["missing"] is None:
+            assert sft["settings"]["packing"] and sft["settings"]["lora"]["lora_dropout"] == 0.05
+            assert sft["watched_peak_bytes"] and sft["overhead"]["ratio"] > 0
 
 
 def test_gpu_acceptance_runner_writes_a_result_that_names_its_parts(load: Any, tmp_path: Path) -> None:
