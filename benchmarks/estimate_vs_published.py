@@ -26,6 +26,8 @@ Sources (every number below is quoted from them, nothing else is):
   ``bnb.nf4-dq`` is NF4 with double quantization; litgpt quantizes every linear layer, its LM head included, where
   memlab's load keeps the head in bf16 as transformers' ``from_pretrained`` does (a 0.2 GB difference for Llama 2
   7B, on memlab's side). Inference rows are ``generate/base.py``: bf16 weights, a short prompt, 50 new tokens.
+  bitsandbytes 0.41.1's ``MatMul4Bit`` kept each 4-bit layer's input for backward (0.43.2 stopped it, its changelog
+  calling it a QLoRA memory bug): the QLoRA rows are estimated with that release modelled (``bitsandbytes``).
 - optimum's GPTQ/bitsandbytes benchmark, ``tests/benchmark/README.md`` in huggingface/optimum at commit 3ffebf99
   (2023-08-28, "Add bitsandbytes benchmark (#1320)"; AutoGPTQ 0.4.2, PyTorch 2.0.1, bitsandbytes 0.41.1,
   transformers 4.32), one NVIDIA A100-SXM4-80GB, ``daryl149/llama-2-13b-chat-hf`` (Llama 2 13B) loaded with
@@ -67,6 +69,7 @@ generates 512 tokens)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,6 +79,7 @@ from typing import Any
 import torch
 
 from benchmarks import common
+from memlab.estimation.adapters import modelled_bitsandbytes
 from memlab.plan import Plan
 
 NAME = "estimate_vs_published"
@@ -83,7 +87,7 @@ GB = 1e9
 GIB = 2**30
 UNITS = {"GB": 1e9, "GiB": 2**30, "MB": 1e6, "MiB": 2**20}
 """The units sources write their peaks in, in bytes."""
-MEASURES = ("allocated", "reserved", "nvidia-smi", "allocated+context")
+MEASURES = ("allocated", "reserved", "nvidia-smi", "allocated+context", "allocated, managed memory out")
 """What a published peak can measure (see the module docstring)."""
 LITGPT = ("Lightning-AI/litgpt tutorials/resource-tables.md (2023-10-20, commit 8641822): NVIDIA A100-SXM4-40GB, "
           "PyTorch 2.1.0, bitsandbytes 0.41.1, --precision bf16-true")
@@ -175,6 +179,9 @@ class Run:
     inference: bool = False
     four_bit: bool = False
     differs: str = ""
+    bitsandbytes: str | None = None
+    """The bitsandbytes release the run used, where it changes what memlab estimates (its 4-bit layers kept their
+    inputs for backward before 0.43.2): the estimate models it (``modelled_bitsandbytes``)."""
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS or self.measures not in MEASURES:
@@ -195,7 +202,7 @@ class Run:
 
 _TABLE = f"{LITGPT}, 'Finetuning with LoRA on 1 GPU'"
 _INFERENCE = f"{LITGPT}, 'Single-GPU Inference'"
-_LITGPT_4BIT: dict[str, Any] = dict(load=NF4_DQ, four_bit=True)
+_LITGPT_4BIT: dict[str, Any] = dict(load=NF4_DQ, four_bit=True, bitsandbytes="0.41.1")
 _LITGPT_INFERENCE: dict[str, Any] = dict(tokens=6, inference=True, load=None)
 _OPTIMUM: dict[str, Any] = dict(model="llama-13b", gpu="A100-80GB", unit="MB", measures="allocated+context", tokens=512,
                 inference=True, load=None)
@@ -212,7 +219,7 @@ RUNS = (
     Run("Llama 2 7B LoRA, bf16, micro-batch 1", "llama-7b", "A100-40GB", 21.30, _TABLE),
     Run("Llama 2 7B LoRA, bf16, micro-batch 2", "llama-7b", "A100-40GB", 29.07, _TABLE, rows=2),
     Run("Llama 2 7B QLoRA (bnb.nf4), micro-batch 1", "llama-7b", "A100-40GB", 14.14, _TABLE, load=NF4,
-        four_bit=True),
+        four_bit=True, bitsandbytes="0.41.1"),
     Run("Llama 2 7B QLoRA (bnb.nf4-dq), micro-batch 1", "llama-7b", "A100-40GB", 13.84, _TABLE, **_LITGPT_4BIT),
     Run("Llama 2 13B LoRA, bf16, micro-batch 1", "llama-13b", "A100-40GB", 38.12, _TABLE),
     Run("Llama 2 13B QLoRA (bnb.nf4-dq), micro-batch 1", "llama-13b", "A100-40GB", 22.55, _TABLE, **_LITGPT_4BIT),
@@ -264,10 +271,11 @@ RUNS = (
         plan_of=lambda: Plan(optimizer="adamw8bit"), **_BNB_OPTIM),
     Run("Qwen3 0.6B full fine-tune, fp32, bnb PagedAdamW8bit", published=5983.6,
         source=f"{BNB_OPTIM}, 'Peak GPU Memory', PagedAdamW8bit",
-        plan_of=lambda: Plan(optimizer="paged_adamw8bit"),
+        plan_of=lambda: Plan(optimizer="paged_adamw8bit"), measures="allocated, managed memory out",
         differs=("bitsandbytes' paged state is CUDA managed memory (cudaMallocManaged), outside PyTorch's "
                  "allocator, so max_memory_allocated leaves it out (the README's 'Optimizer State on GPU': 18.6 MB); "
-                 "memlab counts paged_adamw8bit's state on the device, where it stays until the GPU runs short"),
+                 "memlab's peak counts paged_adamw8bit's state on the device, where it stays until the GPU runs "
+                 "short, and is compared here without it"),
         **_BNB_OPTIM),
 )
 """The published runs, each with its source."""
@@ -284,7 +292,9 @@ def estimate_run(run: Run) -> dict[str, Any]:
     model = run.config() if run.config is not None else run.model
     started = time.perf_counter()
     load = None if run.inference else run.load
-    trial = memlab.estimate(model, run.batch(), plan, gpu=kind.name, budget=capacity, load=load)
+    library = modelled_bitsandbytes(run.bitsandbytes) if run.bitsandbytes else contextlib.nullcontext()
+    with library:
+        trial = memlab.estimate(model, run.batch(), plan, gpu=kind.name, budget=capacity, load=load)
     seconds = time.perf_counter() - started
     published = run.published_bytes
     compared = memlab_figure(trial, run.measures)
@@ -301,6 +311,7 @@ def estimate_run(run: Run) -> dict[str, Any]:
         "published_gb": common.rounded(published / GB, 3),
         "source": run.source,
         "differs": run.differs or None,
+        "bitsandbytes_modelled": run.bitsandbytes,
         "status": trial.status,
         "memlab_gb": common.rounded(compared / GB, 3),
         "ratio": common.rounded(compared / published, 3),
@@ -325,9 +336,9 @@ def memlab_figure(trial: Any, measures: str) -> float:
 
     Example:
         >>> from types import SimpleNamespace
-        >>> trial = SimpleNamespace(peak_bytes=10, reserved_bytes=12, card_bytes=15)
+        >>> trial = SimpleNamespace(peak_bytes=10, reserved_bytes=12, card_bytes=15, breakdown={"optimizer": 4})
         >>> [memlab_figure(trial, m) for m in MEASURES]
-        [10, 12, 15, 13]
+        [10, 12, 15, 13, 6]
     """
     reserved = trial.reserved_bytes or 0
     card = trial.card_bytes or 0
@@ -336,6 +347,8 @@ def memlab_figure(trial: Any, measures: str) -> float:
         "reserved": reserved,
         "nvidia-smi": card,
         "allocated+context": trial.peak_bytes + (card - reserved),
+        # A paged optimizer's state is CUDA managed memory, which max_memory_allocated does not count.
+        "allocated, managed memory out": trial.peak_bytes - trial.breakdown.get("optimizer", 0),
     }[measures]
 
 
@@ -344,15 +357,12 @@ def trial_load(trial: Any) -> str | None:
     return next((note for note in trial.notes if note.startswith("weights materialised as")), None)
 
 
-_CAPACITY_BYTES = {"A100-40GB": 40 * GIB, "A100-80GB": 80 * GIB, "H100-80GB": 85_017_493_504,
-                   "RTX4090-24GB": 24_564 * 2**20}
-"""Each GPU kind's whole memory: nvidia-smi's memory.total (A100-SXM4-40GB 40960 MiB, A100 80GB 81920 MiB, RTX 4090
-24564 MiB, as memlab's ``GPU_MEMORY_BYTES`` in memlab/frontends/estimate_cli.py); the H100's is torch's
-``total_memory``."""
-
-
 def _capacity(gpu: str) -> int:
-    return _CAPACITY_BYTES[gpu]
+    """The GPU kind's whole memory, as memlab knows it (``GpuKind.memory_bytes``: nvidia-smi's memory.total, the
+    H100's torch's ``total_memory``)."""
+    from memlab.estimation.gpus import gpu_kind
+
+    return gpu_kind(gpu).memory_bytes
 
 
 def main(argv: list[str] | None = None) -> int:

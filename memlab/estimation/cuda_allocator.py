@@ -22,7 +22,9 @@ settings (no ``PYTORCH_CUDA_ALLOC_CONF``):
   ``should_split`` with the default ``max_split_size``, unlimited); the rest stays free in the same segment;
 - a freed block merges with its free neighbours in the segment (``free_block``, ``try_merge_blocks``);
 - segments are never given back, except by ``empty_cache`` (``release_cached_blocks``: every segment with no
-  allocated block).
+  allocated block), and when CUDA has no room for a new segment: ``malloc`` then releases the cached segments
+  the same way and tries again (with the default ``max_split_size``, ``release_available_cached_blocks`` frees
+  nothing). The room is the allocator's ``capacity`` (the card's memory less the CUDA context) when it is given.
 
 ``allocated`` counts whole blocks, as the allocator does: a block that was not split (a 12 MiB segment for an
 11.5 MiB request) counts in full. One stream is assumed (a training step's forward and backward run on the
@@ -112,9 +114,18 @@ class CachingAllocator:
         >>> allocator.free("a"); allocator.malloc("c", 3 * MIB)  # the freed 5 MiB merged back: 20 MiB, split
         >>> allocator.reserved_bytes // MIB, allocator.peak_allocated_bytes // MIB
         (36, 21)
+
+    With a ``capacity``, a segment that would not fit beside the reserved ones first frees the cached ones:
+
+        >>> allocator = CachingAllocator(capacity=40 * MIB)
+        >>> allocator.malloc("a", 30 * MIB); allocator.free("a"); allocator.malloc("b", 32 * MIB)
+        >>> allocator.reserved_bytes // MIB, allocator.peak_reserved_bytes // MIB
+        (32, 32)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = capacity
+        """The bytes CUDA can give the allocator (None: unlimited): past them, cached segments are released."""
         self.reserved_bytes = 0
         self.allocated_bytes = 0
         self.peak_reserved_bytes = 0
@@ -143,6 +154,10 @@ class CachingAllocator:
             block = self._free_blocks.pop(address)
         else:
             taken = segment_size(rounded)
+            if self.capacity is not None and self.reserved_bytes + taken > self.capacity:
+                # cudaMalloc would fail: release_cached_blocks, then the allocation is tried again (and still
+                # over the capacity, it is the out-of-memory error, which the peak shows).
+                self.empty_cache()
             block = _Block(self._next_address, taken, small)
             self._next_address += taken
             self.segments += 1

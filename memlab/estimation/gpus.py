@@ -25,7 +25,7 @@ __all__ = ["DEFAULT_GPU", "GPUS", "GpuKind", "gpu_kind"]
 class GpuKind:
     """A kind of GPU an estimate can answer for: its name (the ``gpu=`` keyword, ``--gpu``), the name torch gives
     the device, its compute capability, the CUDA context of a training process on it, and where that figure comes
-    from.
+    from; and its memory (``total_memory``), past which the caching allocator releases its cache.
 
     Example:
         >>> GPUS["A100-80GB"].capability, GPUS["A100-80GB"].device_name
@@ -37,6 +37,7 @@ class GpuKind:
     capability: tuple[int, int]
     context_bytes: int
     source: str
+    memory_bytes: int
 
 
 # Measured: an H100 80GB HBM3 (torch 2.11+cu130, CUDA 13.0, driver 580.159.04, lazy module loading), after a compare
@@ -50,17 +51,21 @@ _MEASURED = "measured on an H100 80GB HBM3, torch 2.11, CUDA 13.0"
 # context (pytorch/pytorch#86509, CUDA 11.7) was 274 MiB with lazy loading and 636 MiB without: training loads more.
 _ASSUMED = "assumed: the H100's figure, not yet measured on this GPU"
 
-# Capabilities from NVIDIA's CUDA GPU list: Hopper 9.0, Ampere data-centre 8.0, Ada 8.9.
+# Capabilities from NVIDIA's CUDA GPU list: Hopper 9.0, Ampere data-centre 8.0, Ada 8.9. Memory (what the card figure
+# must fit when --gpu is the budget, and where the modelled allocator releases its cache): the H100's is torch's
+# total_memory, measured (device.gpu_memory_bytes of the run above); the others the memory.total nvidia-smi reports
+# for the board (MiB), not yet measured with memlab: it may hold a few hundred MiB more than torch can use.
+_MIB = 2**20
 GPUS: dict[str, GpuKind] = {
     kind.name: kind
     for kind in (
-        GpuKind("H100-80GB", "NVIDIA H100 80GB HBM3", (9, 0), _H100_CONTEXT, _MEASURED),
-        GpuKind("H200-141GB", "NVIDIA H200", (9, 0), _H100_CONTEXT, _ASSUMED),
-        GpuKind("A100-80GB", "NVIDIA A100-SXM4-80GB", (8, 0), _H100_CONTEXT, _ASSUMED),
-        GpuKind("A100-40GB", "NVIDIA A100-SXM4-40GB", (8, 0), _H100_CONTEXT, _ASSUMED),
-        GpuKind("L40S-48GB", "NVIDIA L40S", (8, 9), _H100_CONTEXT, _ASSUMED),
-        GpuKind("RTX4090-24GB", "NVIDIA GeForce RTX 4090", (8, 9), _H100_CONTEXT, _ASSUMED),
-        GpuKind("L4-24GB", "NVIDIA L4", (8, 9), _H100_CONTEXT, _ASSUMED),
+        GpuKind("H100-80GB", "NVIDIA H100 80GB HBM3", (9, 0), _H100_CONTEXT, _MEASURED, 85_017_493_504),
+        GpuKind("H200-141GB", "NVIDIA H200", (9, 0), _H100_CONTEXT, _ASSUMED, 143_771 * _MIB),
+        GpuKind("A100-80GB", "NVIDIA A100-SXM4-80GB", (8, 0), _H100_CONTEXT, _ASSUMED, 81_920 * _MIB),
+        GpuKind("A100-40GB", "NVIDIA A100-SXM4-40GB", (8, 0), _H100_CONTEXT, _ASSUMED, 40_960 * _MIB),
+        GpuKind("L40S-48GB", "NVIDIA L40S", (8, 9), _H100_CONTEXT, _ASSUMED, 46_068 * _MIB),
+        GpuKind("RTX4090-24GB", "NVIDIA GeForce RTX 4090", (8, 9), _H100_CONTEXT, _ASSUMED, 24_564 * _MIB),
+        GpuKind("L4-24GB", "NVIDIA L4", (8, 9), _H100_CONTEXT, _ASSUMED, 23_034 * _MIB),
     )
 }
 """The GPU kinds an estimate knows, by name."""

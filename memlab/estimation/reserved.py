@@ -152,8 +152,10 @@ class ReservedTrace:
     """
 
     def __init__(self, device: torch.device, capability: tuple[int, int] = (9, 0), handles: int = CUBLAS_WORKSPACES,
-                 ) -> None:
+                 capacity: int | None = None) -> None:
         self.device = device
+        self.capacity = capacity
+        """What CUDA can give the allocator on the GPU kind (its memory less the CUDA context), None: unlimited."""
         self.workspaces = [cublas_workspace_bytes(capability)] * handles
         """The cuBLAS workspaces the trial holds, one per handle (:func:`cublas_workspace_bytes`)."""
         self.reserved_bytes: int | None = None
@@ -205,7 +207,7 @@ class ReservedTrace:
     def trial(self, model: nn.Module, batch: Batch, mode: Any = None) -> Iterator[None]:
         """Follow one trial on ``model`` and ``batch``: its placement first, then everything it allocates (through
         ``mode``'s operators when it is the dry run's :class:`~memlab.estimation.fake.FakeMode`, else as a mode)."""
-        allocator = CachingAllocator()
+        allocator = CachingAllocator(self.capacity)
         self._allocator = allocator
         self._paused = False
         self.reserved_bytes = self.allocated_bytes = None

@@ -211,7 +211,8 @@ def _dry_run(
     batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, options.verbose)
     mode, target, kernels = setup.mode, setup.target, setup.kernels
-    trace = ReservedTrace(kernels, kind.capability, workload.cublas_handles) if target.type == "cuda" else None
+    trace = (ReservedTrace(kernels, kind.capability, workload.cublas_handles, kind.memory_bytes - kind.context_bytes)
+             if target.type == "cuda" else None)
     probe = FakeProbe(kernels, target=target, on_release=trace.release if trace is not None else None)
     runner = workload.runner(setup.model, setup.batch, options, probe=probe,
                              listener=trace.listen if trace is not None else None)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 __all__ = [
-    "GPU_MEMORY_BYTES", "EstimateProgress", "add_arguments", "estimate_each", "gpu_budget", "json_with_verdicts",
+    "EstimateProgress", "add_arguments", "estimate_each", "gpu_budget", "json_with_verdicts",
     "load_from_args", "progress_lines", "run", "run_sharded",
 ]
 
@@ -280,20 +280,10 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0 if fits else 1
 
 
-# The memory of each GPU kind, what a plan's card figure (allocator reserve + CUDA context) must fit when --gpu names
-# the GPU and no --budget is given. H100-80GB: measured, torch's total_memory on an H100 80GB HBM3, the figure the
-# modelled CUDA context is taken from (memlab/estimation/gpus.py). The others: the memory.total nvidia-smi reports for
-# the board (MiB), not yet measured with memlab; it may hold a few hundred MiB more than torch can use.
-GPU_MEMORY_BYTES = {
-    "H100-80GB": 85_017_493_504,
-    **{name: mib * 2**20 for name, mib in (("H200-141GB", 143771), ("A100-80GB", 81920), ("A100-40GB", 40960),
-                                            ("L40S-48GB", 46068), ("RTX4090-24GB", 24564), ("L4-24GB", 23034))},
-}
-
-
 def gpu_budget(args: argparse.Namespace) -> int | None:
     """The budget when ``--gpu`` names a GPU and no ``--budget`` is given: the GPU's memory
-    (:data:`GPU_MEMORY_BYTES`); None otherwise (no ``--gpu``, or ``--device cpu``).
+    (:attr:`~memlab.estimation.gpus.GpuKind.memory_bytes`), what the card figure must fit; None otherwise (no
+    ``--gpu``, or ``--device cpu``).
 
     Example:
         >>> gpu_budget(argparse.Namespace(gpu="A100-40GB", device=None, budget=None)) / 2**30
@@ -306,7 +296,7 @@ def gpu_budget(args: argparse.Namespace) -> int | None:
     name = getattr(args, "gpu", None)
     if name is None or getattr(args, "device", None) == "cpu":
         return None
-    return GPU_MEMORY_BYTES[gpu_kind(name).name]
+    return gpu_kind(name).memory_bytes
 
 
 def _budget_words(args: argparse.Namespace, budget: int | None) -> str:

@@ -150,3 +150,25 @@ def test_bad_keys_are_refused() -> None:
         allocator.malloc("a", 10)
     with pytest.raises(ValueError, match="not allocated"):
         allocator.free("b")
+
+
+def test_a_growing_cache_releases_the_cached_segments_when_cuda_has_no_room() -> None:
+    # A KV cache grown by torch.cat: each step takes a block a little larger than any freed one. Without a capacity
+    # every step takes a new segment; with one, the allocator releases its cache before CUDA would run out, as
+    # PyTorch's malloc does (release_cached_blocks, then the allocation again).
+    unlimited, capped = CachingAllocator(), CachingAllocator(capacity=200 * MIB)
+    for allocator in (unlimited, capped):
+        for step in range(1, 40):
+            allocator.malloc(step, (10 + step) * MIB)
+            if step > 1:
+                allocator.free(step - 1)
+    assert unlimited.peak_reserved_bytes > 1000 * MIB
+    assert capped.peak_reserved_bytes <= 200 * MIB
+    assert capped.peak_allocated_bytes == unlimited.peak_allocated_bytes
+
+
+def test_what_does_not_fit_even_without_a_cache_is_over_the_capacity_as_an_out_of_memory_would_be() -> None:
+    allocator = CachingAllocator(capacity=20 * MIB)
+    allocator.malloc("a", 12 * MIB)
+    allocator.malloc("b", 12 * MIB)
+    assert allocator.peak_reserved_bytes == 24 * MIB > allocator.capacity
