@@ -64,12 +64,14 @@ Run from the repository root (no GPU needed; a few minutes on 2 cores, and about
 generates 512 tokens)::
 
     python -m benchmarks.estimate_vs_published
+    python -m benchmarks.estimate_vs_published --markdown benchmarks/results/estimate_vs_published-cpu.json  # README
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -365,11 +367,28 @@ def _capacity(gpu: str) -> int:
     return gpu_kind(gpu).memory_bytes
 
 
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The README's table of the rows: the source's repository, what its figure measures, memlab's figure of that
+    kind and the ratio, the reserve over the allocated peak, the card figure and memlab's verdict on that GPU."""
+    return common.markdown_table(
+        ["run", "GPU", "source", "published", "measures", "memlab", "ratio", "reserve / allocated", "card GB",
+         "memlab: fits"],
+        [[r["run"], r["gpu"], r["source"].split(" ")[0], f"{r['published']} {r['unit']}", r["measures"],
+          f"{r['memlab_gb']} GB", r["ratio"], r["reserved_over_allocated"], r["card_gb"],
+          "yes" if r["fits"] else "NO"] for r in rows],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="run the rows whose name contains this text")
     parser.add_argument("--out", default=None, help="where to write the JSON (default: benchmarks/results/)")
+    parser.add_argument("--markdown", default=None, metavar="JSON",
+                        help="print the README's table of a results file, estimating nothing")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())["rows"]))
+        return 0
     common.quiet()
     device = torch.device("cpu")
     rows = [estimate_run(run) for run in RUNS if args.only is None or args.only in run.name]
@@ -386,12 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         "all_verdicts_match": all(r["verdict_matches"] for r in rows),
         "outside": [r["run"] for r in rows if abs(r["ratio"] - 1) > r["within"]],
     }
-    print(common.markdown_table(
-        ["run", "GPU", "published", "measures", "memlab GB", "ratio", "allocated GB", "reserved GB", "card GB",
-         "fits"],
-        [[r["run"], r["gpu"], f"{r['published']} {r['unit']}", r["measures"], r["memlab_gb"], r["ratio"],
-          r["allocated_gb"], r["reserved_gb"], r["card_gb"], "yes" if r["fits"] else "NO"] for r in rows],
-    ))
+    print(markdown(rows))
     if args.only is None:
         path = Path(args.out) if args.out else common.RESULTS_DIR / f"{NAME}-cpu.json"
         common.write_json(payload, path)

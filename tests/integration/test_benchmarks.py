@@ -202,3 +202,10 @@ def test_the_readme_shows_the_committed_cuda_truth_estimates() -> None:
     data = json.loads((ROOT / "benchmarks" / "results" / "cuda_truth_estimates-cpu.json").read_text())
     assert data["size"] == "small" and data["device"]["type"] == "cpu"
     assert data["markdown"] in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_shows_the_committed_estimate_against_published_runs(load: Any) -> None:
+    data = json.loads((ROOT / "benchmarks" / "results" / "estimate_vs_published-cpu.json").read_text())
+    rows = data["rows"]
+    assert len({row["source"].split(" ")[0] for row in rows}) >= 3 and len(rows) >= 8
+    assert load("estimate_vs_published").markdown(rows) in (ROOT / "README.md").read_text()
