@@ -102,7 +102,7 @@ def test_fit_vs_finders(load: Any, tmp_path: Path) -> None:
     assert methods["memlab.fit"]["pick"] is not None
 
 
-@pytest.mark.parametrize("name", ["probe", "restore", "loads", "heldout", "trainer"])
+@pytest.mark.parametrize("name", ["restore", "loads", "heldout", "trainer"])  # probe: through the runner, below
 def test_gpu_acceptance_sections_run_on_the_cpu(load: Any, name: str) -> None:
     # On the CPU the CUDA figures cannot be judged (None); everything else must hold, so that the one GPU run a
     # session may get is not spent on a bug that shows without a GPU. Issue 40's parts (loads, heldout, trainer)
@@ -133,6 +133,7 @@ def test_gpu_acceptance_sections_run_on_the_cpu(load: Any, name: str) -> None:
 
 
 def test_gpu_acceptance_runner_writes_a_result_that_names_its_parts(load: Any, tmp_path: Path) -> None:
+    # The probe part, in its own process as the runner runs every part, with no failed check.
     result = load("gpu_acceptance").main(["--smoke", "--device", "cpu", "--sections", "probe", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "gpu_acceptance-cpu-smoke.json").read_text())
     assert data["benchmark"] == "gpu_acceptance" and data["size"] == "smoke"
