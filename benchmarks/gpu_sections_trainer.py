@@ -197,29 +197,18 @@ def fit_then_train(trainer: Any, rows: int, steps: int, checks: Checks, label: s
 def watch_overhead(trainer: Any, budget: int | None, spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """Median seconds per step of ``trainer.train()`` with and without ``memlab.watch`` (``spec``: rounds, steps per
     train(), warm-up steps dropped from each), sides alternating in order round by round; the ratio watch / plain."""
-    import memlab
-    from benchmarks.watch_overhead import _timer_class
+    from benchmarks.watch_overhead import timed_train
 
-    timer_class = _timer_class()
     saved = trainer.args.max_steps
     trainer.args.max_steps = spec["steps"]
     times: dict[str, list[list[float]]] = {"plain": [], "watch": []}
     try:
         for number in range(spec["rounds"]):
             for side in ("plain", "watch") if number % 2 == 0 else ("watch", "plain"):
-                timer = timer_class()
-                trainer.add_callback(timer)
-                watched = memlab.watch(trainer, budget=budget, show=False) if side == "watch" else None
-                try:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        trainer.train()
-                finally:
-                    trainer.remove_callback(timer)
-                    if watched is not None:
-                        watched.remove()
-                steps = [b - a for a, b in zip(timer.ends, timer.ends[1:], strict=False)]
-                times[side].append(steps[spec["warmup"]:])
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    steps, _ = timed_train(trainer, spec["warmup"], watch=side == "watch", budget=budget)
+                times[side].append(steps)
     finally:
         trainer.args.max_steps = saved
     medians = {side: common.median([t for block in blocks for t in block]) for side, blocks in times.items()}

@@ -128,27 +128,37 @@ def _allocator_style() -> Iterator[None]:
         memory.start = saved  # type: ignore[method-assign]
 
 
-def one_round(trainer: Any, side: str, size: Size) -> tuple[list[float], int]:
-    """Step times of one ``train()`` on ``side`` (warm-up steps dropped), and how often the figure redrew."""
+def timed_train(trainer: Any, warmup: int, *, watch: bool, budget: int | str | None = "64GiB", figure: bool = False,
+                allocator_style: bool = False) -> tuple[list[float], int]:
+    """Step times of one ``train()`` (the first ``warmup`` dropped), under ``memlab.watch`` (with ``budget``, and a
+    live figure drawn nowhere when ``figure``) or not, and how often the figure redrew. Shared by this benchmark and
+    the GPU run's trainer part."""
     import memlab
     from memlab.frontends.jupyter.watch_figure import WatchFigure
 
     timer = _timer_class()()
     trainer.add_callback(timer)
-    watched = figure = None
-    context = _allocator_style() if side == "watch_allocator_style" else contextlib.nullcontext()
+    watched = drawn = None
+    context = _allocator_style() if allocator_style else contextlib.nullcontext()
     try:
         with context:
-            if side != "plain":
-                watched = memlab.watch(trainer, budget="64GiB", show=False)
-                figure = WatchFigure(watched, display=lambda obj, **keywords: None)
+            if watch:
+                watched = memlab.watch(trainer, budget=budget, show=False)
+                if figure:
+                    drawn = WatchFigure(watched, display=lambda obj, **keywords: None)
             trainer.train()
     finally:
         trainer.remove_callback(timer)
         if watched is not None:
             watched.remove()
     times = [b - a for a, b in zip(timer.ends, timer.ends[1:], strict=False)]
-    return times[size.warmup:], 0 if figure is None else figure.redraws
+    return times[warmup:], 0 if drawn is None else drawn.redraws
+
+
+def one_round(trainer: Any, side: str, size: Size) -> tuple[list[float], int]:
+    """Step times of one ``train()`` on ``side`` (warm-up steps dropped), and how often the figure redrew."""
+    return timed_train(trainer, size.warmup, watch=side != "plain", figure=True,
+                       allocator_style=side == "watch_allocator_style")
 
 
 def run(size: Size, device: torch.device) -> dict[str, Any]:

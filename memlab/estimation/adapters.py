@@ -12,6 +12,7 @@ names.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -45,8 +46,12 @@ def bitsandbytes_version() -> str | None:
     """The bitsandbytes version a dry run models: the one :func:`modelled_bitsandbytes` names, else the installed
     one (None where it is not installed: the dry run then models the current release)."""
     named = _MODELLED_VERSION.get()
-    if named is not None:
-        return named
+    return named if named is not None else _installed_bitsandbytes()
+
+
+@functools.cache
+def _installed_bitsandbytes() -> str | None:
+    # Read once: every 4-bit layer of a dry run asks, and a package's metadata is a directory scan.
     try:
         return metadata.version("bitsandbytes")
     except metadata.PackageNotFoundError:
