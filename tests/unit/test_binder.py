@@ -127,15 +127,20 @@ def test_postbuild_installs_the_package_itself_from_the_repository_root():
     assert not any("torch" in " ".join(args) for args in installs), "torch comes from requirements.txt (CPU build)"
 
 
-def test_postbuild_installs_the_lab_extra():
-    """The core leaves JupyterLab to the person's own Jupyter; on Binder the lab extra brings it and a kernel."""
-    installed = [
+def postbuild_extras_installed() -> list[Requirement]:
+    """The project's own installs in postBuild (``pip install -e ".[lab]"``), as requirements of memlab."""
+    return [
         Requirement(word.replace(".", "memlab", 1))
         for words in postbuild_commands()
         if "pip" in words and "install" in words
         for word in words
         if word.startswith(".[")
     ]
+
+
+def test_postbuild_installs_the_lab_extra():
+    """The core leaves JupyterLab to the person's own Jupyter; on Binder the lab extra brings it and a kernel."""
+    installed = postbuild_extras_installed()
     import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -172,13 +177,7 @@ def test_start_hands_over_to_the_server_with_a_sane_thread_count():
 
 
 def test_postbuild_installs_the_workshop_extra_with_what_the_notebooks_import_beyond_the_core():
-    installed = [
-        Requirement(word.replace(".", "memlab", 1))
-        for words in postbuild_commands()
-        if "pip" in words and "install" in words
-        for word in words
-        if word.startswith(".[")
-    ]
+    installed = postbuild_extras_installed()
     assert any("workshop" in requirement.extras for requirement in installed), 'pip install -e ".[workshop]"'
     import tomllib
 
