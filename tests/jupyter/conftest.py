@@ -22,3 +22,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     RUNS.stop()
+
+
+# The browser tests' fixtures (a Jupyter server, headless Chromium), shared by every test_browser*.py module.
+from browser_lab import chromium, jupyter_server, lab, lab_with_memfit_and_panel  # noqa: E402, F401
