@@ -65,6 +65,8 @@ class Family:
         """A training batch of ``rows`` texts with one image each, made by the family's processor (labels are the
         input ids, padding ignored)."""
         processor = self.processor(real)
+        if not HAS_PILLOW:
+            _image_utils_without_pillow()
         texts = [f"{self.prompt} a photo of a {word}" for word in ("cat", "dog", "mat", "red")[:rows]]
         if rows > 1:
             texts[0] += " on the mat"  # padding: the rows differ in length
@@ -81,6 +83,18 @@ class Family:
         processor = self.processor(HAS_PILLOW)
         torch.manual_seed(0)
         return self.model(processor.tokenizer), processor
+
+
+def _image_utils_without_pillow() -> None:
+    """transformers' ``get_image_size`` (LLaVA's processor counts image tokens with it) tests ``isinstance(image,
+    PIL.Image.Image)`` first, naming a module it imported only where Pillow is installed: without Pillow nothing is a
+    PIL image, which a stand-in module says."""
+    import types
+
+    from transformers import image_utils
+
+    if not hasattr(image_utils, "PIL"):
+        image_utils.PIL = types.SimpleNamespace(Image=types.SimpleNamespace(Image=type("NoPillowImage", (), {})))
 
 
 class StandInImageProcessor:
@@ -182,4 +196,123 @@ def qwen2_5_vl() -> Family:
                   "<|vision_start|><|image_pad|><|vision_end|> describe the image", QWEN_SIZE)
 
 
-FAMILIES: dict[str, Callable[[], Family]] = {"qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl}
+# LLaVA: a CLIP tower on 28-pixel images (2 x 2 patches of 14 pixels: 4 image tokens, the CLS feature dropped).
+LLAVA_SIZE = 28
+
+
+def _tiny_llama(tokenizer: Any) -> dict[str, Any]:
+    return dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0,
+                bos_token_id=2, eos_token_id=2)
+
+
+def _tiny_vision(**more: Any) -> dict[str, Any]:
+    return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                image_size=LLAVA_SIZE, patch_size=14, **more)
+
+
+def _llava_processor(real: bool) -> Any:
+    from transformers import LlavaProcessor
+
+    tokenizer = tiny_tokenizer(["<image>"], {"image_token": "<image>"})
+    kwargs = dict(patch_size=14, vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    if real:
+        from transformers import CLIPImageProcessorPil
+
+        image_processor = CLIPImageProcessorPil(size={"shortest_edge": LLAVA_SIZE},
+                                                crop_size={"height": LLAVA_SIZE, "width": LLAVA_SIZE})
+        return processor_of(LlavaProcessor, image_processor, tokenizer, **kwargs)
+    stand_in = StandInImageProcessor(lambda flat: {"pixel_values": np.stack([i.transpose(2, 0, 1) for i in flat])})
+    return processor_of(LlavaProcessor, stand_in, tokenizer, **kwargs)
+
+
+def _llava_model(tokenizer: Any) -> nn.Module:
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    config = LlavaConfig(text_config=LlamaConfig(**_tiny_llama(tokenizer)),
+                         vision_config=CLIPVisionConfig(**_tiny_vision()),
+                         image_token_index=tokenizer.convert_tokens_to_ids("<image>"), image_seq_length=4)
+    return LlavaForConditionalGeneration(config)
+
+
+def llava() -> Family:
+    return Family("llava", _llava_model, _llava_processor, "<image> describe the image", LLAVA_SIZE)
+
+
+# Idefics3 (SmolVLM's architecture): one 28-pixel tile per image, 2 x 2 patches shuffled into 1 image token.
+IDEFICS3_SPECIALS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
+
+
+def _idefics3_processor(real: bool) -> Any:
+    from transformers import Idefics3Processor
+
+    tokenizer = tiny_tokenizer(IDEFICS3_SPECIALS)
+    if real:
+        from transformers import Idefics3ImageProcessorPil
+
+        image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": LLAVA_SIZE},
+                                                    max_image_size={"longest_edge": LLAVA_SIZE})
+        return processor_of(Idefics3Processor, image_processor, tokenizer, image_seq_len=1)
+
+    def tiles(flat: list[np.ndarray]) -> dict[str, Any]:
+        pixels = np.stack([image.transpose(2, 0, 1) for image in flat])[:, None]
+        return {"pixel_values": pixels, "pixel_attention_mask": np.ones((len(flat), 1, LLAVA_SIZE, LLAVA_SIZE),
+                                                                         dtype=np.int64),
+                "rows": [[0]] * len(flat), "cols": [[0]] * len(flat)}
+
+    return processor_of(Idefics3Processor, StandInImageProcessor(tiles), tokenizer, image_seq_len=1)
+
+
+def _idefics3_model(tokenizer: Any) -> nn.Module:
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3VisionConfig, LlamaConfig
+
+    config = Idefics3Config(text_config=LlamaConfig(**_tiny_llama(tokenizer)),
+                            vision_config=Idefics3VisionConfig(**_tiny_vision()), scale_factor=2,
+                            image_token_id=tokenizer.convert_tokens_to_ids("<image>"), pad_token_id=0)
+    return Idefics3ForConditionalGeneration(config)
+
+
+def idefics3() -> Family:
+    return Family("idefics3", _idefics3_model, _idefics3_processor, "<image> describe the image", LLAVA_SIZE)
+
+
+# Gemma 3: a SigLIP tower on 28-pixel images, its 2 x 2 patches pooled into 4 soft tokens between boi and eoi.
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+
+
+def _gemma3_processor(real: bool) -> Any:
+    from transformers import Gemma3Processor
+
+    tokenizer = tiny_tokenizer(list(GEMMA3_TOKENS.values()), GEMMA3_TOKENS)
+    if real:
+        from transformers import Gemma3ImageProcessorPil
+
+        image_processor = Gemma3ImageProcessorPil(size={"height": LLAVA_SIZE, "width": LLAVA_SIZE})
+        return processor_of(Gemma3Processor, image_processor, tokenizer, image_seq_length=4)
+
+    def crops(flat: list[np.ndarray]) -> dict[str, Any]:
+        return {"pixel_values": np.stack([image.transpose(2, 0, 1) for image in flat]),
+                "num_crops": np.zeros(len(flat), dtype=np.int64)}
+
+    return processor_of(Gemma3Processor, StandInImageProcessor(crops), tokenizer, image_seq_length=4)
+
+
+def _gemma3_model(tokenizer: Any) -> nn.Module:
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in
+           [("boi_token_index", GEMMA3_TOKENS["boi_token"]), ("eoi_token_index", GEMMA3_TOKENS["eoi_token"]),
+            ("image_token_index", GEMMA3_TOKENS["image_token"])]}
+    text = Gemma3TextConfig(**{**_tiny_llama(tokenizer), "head_dim": 16, "sliding_window": 16})
+    config = Gemma3Config(text_config=text, vision_config=SiglipVisionConfig(**_tiny_vision()),
+                          mm_tokens_per_image=4, **ids)
+    return Gemma3ForConditionalGeneration(config)
+
+
+def gemma3() -> Family:
+    return Family("gemma3", _gemma3_model, _gemma3_processor, "<start_of_image> describe the image", LLAVA_SIZE)
+
+
+FAMILIES: dict[str, Callable[[], Family]] = {
+    "qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl, "llava": llava, "idefics3": idefics3, "gemma3": gemma3,
+}

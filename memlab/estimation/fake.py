@@ -48,8 +48,8 @@ BLIND_SPOTS = (
 
 _INTEGER_NAMES = ("input_ids", "labels", "decoder_input_ids", "attention_mask", "token_type_ids", "position_ids")
 
-VALUE_LIMIT = 1 << 20
-"""Elements an integer or boolean tensor of a dry run may have and still keep its values (image batches only)."""
+VALUE_LIMIT = 1 << 24
+"""Elements a result computed from values alone may have and still keep its values (image batches only)."""
 
 IMAGE_INPUTS = ("pixel_values", "pixel_values_videos")
 """Keys that make a batch an image batch, whose integer tensors keep their values in a dry run (:func:`fake_batch`)."""
@@ -86,8 +86,8 @@ class FakeMode(FakeTensorMode):
         super().__init__(allow_non_fake_inputs=True)
         self.keeps_values = False
         self._values_modes: list[contextlib.AbstractContextManager[None]] = []
-        """Whether integer results computed from constant inputs stay constant (up to :data:`VALUE_LIMIT`
-        elements): set by :func:`fake_batch` for a batch with image inputs, whose index tensors it keeps."""
+        """Whether results computed from constant inputs alone stay constant (up to :data:`VALUE_LIMIT` elements):
+        set by :func:`fake_batch` for a batch with image inputs, whose values it keeps."""
         self.foreign_ops: set[str] = set()
         self._foreign: dict[Any, bool] = {}
         self.observer: Callable[[Any, Any], None] | None = None
@@ -123,8 +123,9 @@ class FakeMode(FakeTensorMode):
         return super().__exit__(*exc)
 
     def may_turn_const(self, t: torch.Tensor) -> bool:
-        # PyTorch keeps only one-element results constant; image token positions and grids need whole tensors.
-        if self.keeps_values and not (t.is_floating_point() or t.is_complex()) and t.numel() <= VALUE_LIMIT:
+        # PyTorch keeps only one-element results constant; image token positions, grids and padding images need
+        # whole tensors.
+        if self.keeps_values and t.numel() <= VALUE_LIMIT:
             return not t.is_sparse and not self.is_our_fake(t) and t.device.type != "meta"
         return super().may_turn_const(t)
 
@@ -322,10 +323,11 @@ def fake_batch(batch: Any, mode: FakeTensorMode, device: str | torch.device = "c
     A shape is a tuple, list or ``torch.Size`` of ints; its dtype comes from its name (``*_ids``, ``labels``,
     ``attention_mask``: int64; others float32).
 
-    A batch with image inputs (:data:`IMAGE_INPUTS`: a vision-language processor's) keeps the values of its integer
-    tensors (the image token positions in ``input_ids``, ``image_grid_thw``, masks) as the fake tensors' constants,
-    and ``mode`` computes what they decide as a real step would: how many image tokens each image fills, the
-    vision tower's grids and splits. Floating-point tensors (the pixels, every activation) stay without data.
+    A batch with image inputs (:data:`IMAGE_INPUTS`: a vision-language processor's) keeps the values of its tensors
+    (a copy: the image token positions in ``input_ids``, ``image_grid_thw``, the pixels) as the fake tensors'
+    constants, and ``mode`` computes what they alone decide as a real step would: how many image tokens each image
+    fills, the vision tower's grids and splits, which images are padding. Whatever the model's weights touch (every
+    activation) stays without data.
 
     Example:
         >>> batch = fake_batch({"input_ids": (2, 8), "pixel_values": (2, 3, 4, 4)}, FakeTensorMode())
@@ -340,7 +342,7 @@ def fake_batch(batch: Any, mode: FakeTensorMode, device: str | torch.device = "c
 
     def convert(name: str, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            if keep and not (value.is_floating_point() or value.is_complex()) and value.device.type != "meta":
+            if keep and value.device.type != "meta":
                 real = value.detach().to(device).clone()
                 return mode.fake_tensor_converter.from_real_tensor(mode, real, make_constant=True)
             return _fake_tensor(value, mode, device)
