@@ -135,13 +135,17 @@ def is_atomic(batch: Batch) -> bool:
     return len(set(_rows_by_name(batch).values())) > 1 and _text_rows(batch) is not None
 
 
-def atomic_refusal(rows: int, asked: str) -> MemlabError:
-    """The error for a plan that would cut or repeat the rows of an atomic batch of ``rows`` rows."""
+def atomic_refusal(rows: int, asked: str, instead: str | None = None) -> MemlabError:
+    """The error for a plan that would cut or repeat the rows of an atomic batch of ``rows`` rows; ``instead``
+    says what to write (default: a training plan's micro-batches)."""
+    instead = instead or (
+        f"write micro_batch=None (or micro_batch={rows}), with accumulation=k to run the whole batch k times per "
+        "step; or make the batch of one micro-batch with the processor and pass that, or pass a Trainer whose "
+        "collator makes each micro-batch"
+    )
     return MemlabError(
         f"{asked} would cut or repeat the rows of an atomic batch (its tensors do not share dimension 0, as a "
-        f"vision-language processor makes them), which memlab takes whole; write micro_batch=None (or "
-        f"micro_batch={rows}), with accumulation=k to run the whole batch k times per step; or make the batch of "
-        "one micro-batch with the processor and pass that, or pass a Trainer whose collator makes each micro-batch"
+        f"vision-language processor makes them), which memlab takes whole; {instead}"
     )
 
 

@@ -111,6 +111,14 @@ def test_plan_that_would_cut_an_atomic_batch_says_what_to_write(qwen: dict[str, 
     assert_same(before, fingerprint(model))
 
 
+def test_inference_takes_the_atomic_batch_whole(qwen: dict[str, Any]) -> None:
+    model, batch = qwen["model"], qwen["batch"]
+    trial = memlab.measure(model, batch, memlab.InferencePlan(), **FAST)
+    assert trial.status == "ok", trial.error
+    with pytest.raises(MemlabError, match=r"batch_size=4 would cut.*write batch_size=None"):
+        memlab.measure(model, batch, memlab.InferencePlan(batch_size=4), **FAST)
+
+
 def test_accumulation_runs_the_whole_batch_each_micro_step(qwen: dict[str, Any]) -> None:
     model, batch = qwen["model"], qwen["batch"]
     trial = memlab.measure(model, batch, memlab.Plan(accumulation=2), **FAST)
