@@ -11,9 +11,10 @@ name of one) is built on the ``meta`` device (:func:`memlab.estimation.configs.m
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from memlab.errors import MemlabError
 from memlab.estimation.configs import is_transformers_config, load_config, meta_model, one_line
 from memlab.estimation.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
-from memlab.live.batch import Batch, StepBatches
+from memlab.live.batch import Batch, StepBatches, map_tensors
 from memlab.runner.quiet import quiet
 
 __all__ = [
@@ -46,6 +47,12 @@ BLIND_SPOTS = (
 """The note every estimate carries: what no fake-tensor run can see."""
 
 _INTEGER_NAMES = ("input_ids", "labels", "decoder_input_ids", "attention_mask", "token_type_ids", "position_ids")
+
+VALUE_LIMIT = 1 << 24
+"""Elements a result computed from values alone may have and still keep its values (image batches only)."""
+
+IMAGE_INPUTS = ("pixel_values", "pixel_values_videos")
+"""Keys that make a batch an image batch, whose integer tensors keep their values in a dry run (:func:`fake_batch`)."""
 
 _ONEDNN_LSTM = 2  # mkldnn_rnn_layer's mode for an LSTM
 _ONEDNN_LSTM_WORKSPACE_FLOATS = 15.6
@@ -77,6 +84,10 @@ class FakeMode(FakeTensorMode):
 
     def __init__(self) -> None:
         super().__init__(allow_non_fake_inputs=True)
+        self.keeps_values = False
+        self._values_modes: list[contextlib.AbstractContextManager[None]] = []
+        """Whether results computed from constant inputs alone stay constant (up to :data:`VALUE_LIMIT` elements):
+        set by :func:`fake_batch` for a batch with image inputs, whose values it keeps."""
         self.foreign_ops: set[str] = set()
         self._foreign: dict[Any, bool] = {}
         self.observer: Callable[[Any, Any], None] | None = None
@@ -98,6 +109,26 @@ class FakeMode(FakeTensorMode):
             self.observer(func, out)
         return out
 
+    def __enter__(self) -> Any:
+        entered = super().__enter__()
+        if self.keeps_values:
+            values = _constant_data()
+            values.__enter__()
+            self._values_modes.append(values)
+        return entered
+
+    def __exit__(self, *exc: Any) -> Any:
+        if self._values_modes:
+            self._values_modes.pop().__exit__(*exc)
+        return super().__exit__(*exc)
+
+    def may_turn_const(self, t: torch.Tensor) -> bool:
+        # PyTorch keeps only one-element results constant; image token positions, grids and padding images need
+        # whole tensors.
+        if self.keeps_values and t.numel() <= VALUE_LIMIT:
+            return not t.is_sparse and not self.is_our_fake(t) and t.device.type != "meta"
+        return super().may_turn_const(t)
+
     def _dispatch(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
     ) -> Any:
@@ -107,6 +138,13 @@ class FakeMode(FakeTensorMode):
             foreign = self._foreign[func] = is_foreign(func)
         if foreign:
             self.foreign_ops.add(func.name().removesuffix(".default"))
+        if self.keeps_values and func in _VALUE_FACTORIES and _integer_factory(func, args, kwargs):
+            from torch.utils._mode_utils import no_dispatch
+
+            with no_dispatch():
+                made = func(*args, **kwargs)
+            if made.numel() <= VALUE_LIMIT and made.device.type != "meta":
+                return self.fake_tensor_converter.from_real_tensor(self, made, make_constant=True)
         if func is torch.ops.aten._local_scalar_dense.default:
             tensor = args[0]
             if not (isinstance(tensor, FakeTensor) and tensor.constant is not None):
@@ -132,6 +170,49 @@ class FakeMode(FakeTensorMode):
                          for a in args]
                 return func(*twins, **{**kwargs, "out_dtype": None}).to(dtype)
         return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@contextlib.contextmanager
+def _constant_data() -> Iterator[None]:
+    """While active, ``torch.tensor`` / ``torch.as_tensor`` of a list holding fake tensors with values reads their
+    values, as on real tensors (``torch.tensor`` copies its data without dispatch, where a fake tensor has none).
+    Written as a scoped replacement because PyTorch has no hook for it; the originals are put back on exit."""
+    from torch.utils._pytree import tree_map_only
+
+    originals = torch.tensor, torch.as_tensor
+
+    def reading(make: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def made(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if isinstance(data, (list, tuple)):
+                data = tree_map_only(FakeTensor, lambda t: t if t.constant is None else t.constant, data)
+            return make(data, *args, **kwargs)
+
+        return made
+
+    torch.tensor, torch.as_tensor = reading(originals[0]), reading(originals[1])  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.tensor, torch.as_tensor = originals  # type: ignore[assignment]
+
+
+_VALUE_FACTORIES = {
+    torch.ops.aten.arange.default, torch.ops.aten.arange.start, torch.ops.aten.arange.start_step,
+    torch.ops.aten.zeros.default, torch.ops.aten.ones.default, torch.ops.aten.full.default,
+}
+"""Factories whose integer results keep their values in a dry run that keeps values (positions, index tensors)."""
+
+
+def _integer_factory(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether a factory call of :data:`_VALUE_FACTORIES` makes an integer or boolean tensor."""
+    dtype = kwargs.get("dtype")
+    if dtype is None:
+        if func is torch.ops.aten.full.default:
+            return isinstance(args[1], (bool, int))
+        if func in (torch.ops.aten.zeros.default, torch.ops.aten.ones.default):
+            return False
+        return all(isinstance(arg, int) for arg in args)
+    return not (dtype.is_floating_point or dtype.is_complex)
 
 
 # --- devices ---------------------------------------------------------------------------------------------------------
@@ -242,6 +323,12 @@ def fake_batch(batch: Any, mode: FakeTensorMode, device: str | torch.device = "c
     A shape is a tuple, list or ``torch.Size`` of ints; its dtype comes from its name (``*_ids``, ``labels``,
     ``attention_mask``: int64; others float32).
 
+    A batch with image inputs (:data:`IMAGE_INPUTS`: a vision-language processor's) keeps the values of its tensors
+    (a copy: the image token positions in ``input_ids``, ``image_grid_thw``, the pixels) as the fake tensors'
+    constants, and ``mode`` computes what they alone decide as a real step would: how many image tokens each image
+    fills, the vision tower's grids and splits, which images are padding. Whatever the model's weights touch (every
+    activation) stays without data.
+
     Example:
         >>> batch = fake_batch({"input_ids": (2, 8), "pixel_values": (2, 3, 4, 4)}, FakeTensorMode())
         >>> batch["input_ids"].dtype, tuple(batch["pixel_values"].shape)
@@ -249,8 +336,15 @@ def fake_batch(batch: Any, mode: FakeTensorMode, device: str | torch.device = "c
     """
     device = torch.device(device)
 
+    keep = isinstance(batch, Mapping) and any(key in batch for key in IMAGE_INPUTS)
+    if keep and isinstance(mode, FakeMode):
+        mode.keeps_values = True
+
     def convert(name: str, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
+            if keep and value.device.type != "meta":
+                real = value.detach().to(device).clone()
+                return mode.fake_tensor_converter.from_real_tensor(mode, real, make_constant=True)
             return _fake_tensor(value, mode, device)
         if _is_shape(value):
             dtype = torch.int64 if _is_integer_name(name) else torch.float32
@@ -259,7 +353,10 @@ def fake_batch(batch: Any, mode: FakeTensorMode, device: str | torch.device = "c
         return value
 
     if isinstance(batch, StepBatches):  # a trainer's micro-batches, each collated as its loader does
-        return batch.map(lambda tensor: _fake_tensor(tensor, mode, device))
+        return StepBatches(lambda rows, steps: [fake_batch(part, mode, device) if isinstance(part, Mapping)
+                                                else map_tensors(part, lambda t: _fake_tensor(t, mode, device))
+                                                for part in batch.micro_batches(rows, steps)],
+                           batch.rows, batch.describe)
     if isinstance(batch, Mapping):
         return {key: convert(str(key), value) for key, value in batch.items()}
     if isinstance(batch, torch.Tensor):

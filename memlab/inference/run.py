@@ -37,7 +37,7 @@ from memlab.inference.kv import learned_positions
 from memlab.inference.plan import InferencePlan
 from memlab.inference.step import InferenceStep
 from memlab.inference.weights import check_quantizable, prepare_weights, quantization_tensors
-from memlab.live.batch import Batch
+from memlab.live.batch import Batch, atomic_refusal, is_atomic
 from memlab.live.structure import unique_parameters
 from memlab.measure.tracker import INFERENCE_CATEGORIES, MemoryTracker
 from memlab.options import RunKeywords, RunOptions
@@ -253,6 +253,10 @@ class InferenceWorkload(Workload[InferencePlan, InferenceRecord, InferenceTrial]
         if not isinstance(plan, InferencePlan):
             raise MemlabError(f"{plan!r} is not a memlab.InferencePlan; write memlab.InferencePlan(...)")
         model, step, probe = self.context.model, self.inference_step, self.context.probe
+        if is_atomic(self.context.batch) and plan.rows(self.context.rows) != self.context.rows:
+            raise atomic_refusal(self.context.rows, f"batch_size={plan.batch_size}", (
+                f"write batch_size=None (or batch_size={self.context.rows}); or make a batch of the rows you want "
+                "with the processor and pass that"))
         if plan.generates:
             if not step.causal:
                 raise MemlabError(

@@ -89,15 +89,67 @@ def named_tensors(batch: Batch) -> Iterator[tuple[str, torch.Tensor]]:
         )
 
 
+TEXT_ROWS = ("input_ids", "inputs_embeds", "attention_mask", "labels", "token_type_ids")
+"""Keys whose dimension 0 is the batch's rows in a batch that cannot be cut (the text of a vision-language batch)."""
+
+
 def count_rows(batch: Batch) -> int:
-    """Rows in a batch (dimension 0 of every tensor in it, which must agree).
+    """Rows in a batch: dimension 0 of every tensor in it, which must agree; for an atomic batch
+    (:func:`is_atomic`), dimension 0 of its text tensors.
 
     Example:
         >>> count_rows({"input_ids": torch.zeros(4, 8), "labels": torch.zeros(4, 8)})
         4
+        >>> count_rows({"input_ids": torch.zeros(2, 8), "pixel_values": torch.zeros(64, 12)})
+        2
     """
     if isinstance(batch, StepBatches):
         return batch.rows
+    rows = _rows_by_name(batch)
+    if len(set(rows.values())) == 1:
+        return next(iter(rows.values()))
+    text = _text_rows(batch)
+    if text is not None:
+        return text
+    listed = ", ".join(f"{name}: {count}" for name, count in rows.items())
+    raise MemlabError(
+        f"batch tensors disagree on the number of rows ({listed}); give them the same dimension 0, or, for a batch "
+        "that cannot be cut into rows (a vision-language processor's patches), pass it as a dict whose text tensors "
+        "(input_ids, attention_mask, labels) share dimension 0: memlab then takes it whole"
+    )
+
+
+def is_atomic(batch: Batch) -> bool:
+    """Whether ``batch`` is one atomic batch: a dict whose tensors do not share dimension 0 while its text tensors
+    do (a vision-language processor's flattened patches, one grid row per image). Such a batch is measured and
+    estimated as given, never cut into micro-batches or repeated row by row.
+
+    Example:
+        >>> is_atomic({"input_ids": torch.zeros(2, 8), "pixel_values": torch.zeros(64, 12)})
+        True
+        >>> is_atomic({"input_ids": torch.zeros(2, 8), "pixel_values": torch.zeros(2, 3, 4, 4)})
+        False
+    """
+    if isinstance(batch, StepBatches) or not isinstance(batch, Mapping):
+        return False
+    return len(set(_rows_by_name(batch).values())) > 1 and _text_rows(batch) is not None
+
+
+def atomic_refusal(rows: int, asked: str, instead: str | None = None) -> MemlabError:
+    """The error for a plan that would cut or repeat the rows of an atomic batch of ``rows`` rows; ``instead``
+    says what to write (default: a training plan's micro-batches)."""
+    instead = instead or (
+        f"write micro_batch=None (or micro_batch={rows}), with accumulation=k to run the whole batch k times per "
+        "step; or make the batch of one micro-batch with the processor and pass that, or pass a Trainer whose "
+        "collator makes each micro-batch"
+    )
+    return MemlabError(
+        f"{asked} would cut or repeat the rows of an atomic batch (its tensors do not share dimension 0, as a "
+        f"vision-language processor makes them), which memlab takes whole; {instead}"
+    )
+
+
+def _rows_by_name(batch: Batch) -> dict[str, int]:
     rows: dict[str, int] = {}
     for name, tensor in named_tensors(batch):
         if tensor.dim() == 0:
@@ -107,10 +159,16 @@ def count_rows(batch: Batch) -> int:
         raise MemlabError("the batch holds no tensors; pass a dict of tensors, a tensor, or a tuple of tensors")
     if 0 in rows.values():
         raise MemlabError("the batch has no rows; pass at least one row (dimension 0 of every tensor)")
-    if len(set(rows.values())) > 1:
-        listed = ", ".join(f"{name}: {count}" for name, count in rows.items())
-        raise MemlabError(f"batch tensors disagree on the number of rows ({listed}); give them the same dimension 0")
-    return next(iter(rows.values()))
+    return rows
+
+
+def _text_rows(batch: Batch) -> int | None:
+    """The rows the text tensors of a dict batch agree on (None: none, or they disagree)."""
+    if not isinstance(batch, Mapping):
+        return None
+    counts = {value.shape[0] for key, value in batch.items()
+              if key in TEXT_ROWS and isinstance(value, torch.Tensor) and value.dim() > 0}
+    return counts.pop() if len(counts) == 1 else None
 
 
 def count_tokens(batch: Batch) -> int | None:
@@ -149,7 +207,10 @@ def map_tensors(batch: Batch, function: Callable[[torch.Tensor], torch.Tensor]) 
 
 
 def take_rows(batch: Batch, indices: torch.Tensor) -> Batch:
-    """The rows at ``indices`` of every tensor (a new tensor each time, never a view of the user's batch)."""
+    """The rows at ``indices`` of every tensor (a new tensor each time, never a view of the user's batch); an
+    atomic batch (:func:`is_atomic`) is refused."""
+    if is_atomic(batch):
+        raise atomic_refusal(count_rows(batch), f"taking {len(indices)} rows")
     return map_tensors(batch, lambda tensor: tensor.index_select(0, indices.to(tensor.device)))
 
 

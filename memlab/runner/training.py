@@ -13,14 +13,14 @@ import torch
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.live.batch import count_tokens, resolve_loss_fn
+from memlab.live.batch import count_tokens, is_atomic, resolve_loss_fn
 from memlab.live.structure import trainable_parameters, unique_parameters
 from memlab.measure.tracker import MemoryTracker
 from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.runner.step import TrainingStep
 from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, Workload
-from memlab.techniques.accumulation import micro_batches
+from memlab.techniques.accumulation import check_split, micro_batches
 from memlab.techniques.optimizer import state_tensors
 from memlab.techniques.registry import step_techniques
 from memlab.techniques.weights import model_weights
@@ -89,8 +89,10 @@ class TrainingWorkload(Workload[Plan, TrainingRecord, Trial]):
     def __init__(self, context: RunContext) -> None:
         super().__init__(context)
         self.loss_fn = resolve_loss_fn(context.batch, context.options.loss_fn)
-        # Cutting the batch once here turns a batch that cannot be sliced into one clear error, before any trial.
-        micro_batches(context.batch, Plan(micro_batch=1))
+        # Cutting the batch once here turns a batch that cannot be sliced into one clear error, before any trial
+        # (an atomic batch is never cut: its plans are checked one by one).
+        if not is_atomic(context.batch):
+            micro_batches(context.batch, Plan(micro_batch=1))
 
     @classmethod
     def check_model(cls, model: nn.Module) -> None:
@@ -100,6 +102,9 @@ class TrainingWorkload(Workload[Plan, TrainingRecord, Trial]):
     @classmethod
     def check_plans(cls, plans: Any) -> list[Plan]:
         return check_plans(plans)
+
+    def check(self, plan: Plan) -> None:
+        check_split(self.context.batch, plan)
 
     def copies_parameters(self, plan: Plan) -> bool:
         return all(technique.trains_model_weights(self.context.model, plan) for technique in step_techniques())

@@ -11,7 +11,7 @@ from typing_extensions import Unpack
 
 from memlab.errors import MemlabError
 from memlab.events import TrialSettled
-from memlab.live.batch import Batch, count_rows
+from memlab.live.batch import Batch, atomic_refusal, count_rows, is_atomic
 from memlab.live.device import cuda_bf16_supported, model_device
 from memlab.live.structure import trainable_parameters
 from memlab.measure.cuda import cuda_card_capacity
@@ -25,6 +25,7 @@ from memlab.search.space import candidate_plans, default_space, fits, micro_batc
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search
 from memlab.search.suggest import suggestions
+from memlab.techniques.accumulation import check_split
 from memlab.techniques.adapters import carried_space
 from memlab.techniques.loss import chunked_loss_applies
 from memlab.trainer.entry import live_target, noted
@@ -135,7 +136,13 @@ def fit(
         if not isinstance(space, Mapping):
             raise MemlabError("space must be a dict of plan fields to values, e.g. {'precision': ['fp32', 'bf16']}")
         resolved_space.update(space)
+    if is_atomic(batch):  # taken whole: each micro-batch is the batch itself, accumulation makes up batch_size
+        if batch_size % rows:
+            raise atomic_refusal(rows, f"batch_size={batch_size} (not a multiple of its {rows} rows)")
+        resolved_space["micro_batch"] = (space or {}).get("micro_batch", [rows])
     candidates = candidate_plans(batch_size, resolved_space, batch_rows=rows)
+    for plan in candidates:
+        check_split(batch, plan)
     trainable = sum(p.numel() * p.element_size() for p in trainable_parameters(model))
     prior = speed_prior(device.type)
     run_options = run_options.replace(budget=budget)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from memlab.live.batch import Batch, StepBatches, count_rows, take_rows
+from memlab.live.batch import Batch, StepBatches, atomic_refusal, count_rows, is_atomic, take_rows
 from memlab.techniques.technique import StepParts, Technique, Undo
 
 if TYPE_CHECKING:
@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 def micro_batches(batch: Batch, plan: Plan) -> list[Batch]:
     """The micro-batches of one optimizer step: ``plan.accumulation`` slices of ``plan.micro_batch`` rows.
 
-    Rows are taken in order and wrap around (rows repeat) when the plan asks for more rows than the batch has.
+    Rows are taken in order and wrap around (rows repeat) when the plan asks for more rows than the batch has. An
+    atomic batch (:func:`~memlab.live.batch.is_atomic`, a vision-language processor's) is never cut: each
+    micro-batch is the whole batch, and a plan of another ``micro_batch`` is refused (:func:`check_split`).
 
     Example:
         >>> from memlab.plan import Plan
@@ -28,10 +30,33 @@ def micro_batches(batch: Batch, plan: Plan) -> list[Batch]:
         return batch.micro_batches(plan.micro_batch, plan.accumulation)
     rows = count_rows(batch)
     size = plan.micro_batch or rows
+    if is_atomic(batch):
+        check_split(batch, plan)
+        return [batch] * plan.accumulation
     if size == rows and plan.accumulation == 1:
         return [batch]
     order = torch.arange(size * plan.accumulation) % rows
     return [take_rows(batch, order[i * size : (i + 1) * size]) for i in range(plan.accumulation)]
+
+
+def check_split(batch: Batch, plan: Plan) -> None:
+    """A clear error, before anything runs, for a plan whose micro-batches would cut or repeat the rows of an
+    atomic batch (its micro_batch is not the batch's rows).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> vlm = {"input_ids": torch.zeros(2, 8), "pixel_values": torch.zeros(64, 12)}
+        >>> check_split(vlm, Plan(accumulation=2))  # the whole batch, twice per step
+        >>> check_split(vlm, Plan(micro_batch=1, accumulation=2))
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: micro_batch=1 would cut or repeat the rows of an atomic batch ...
+    """
+    if not is_atomic(batch):
+        return
+    rows = count_rows(batch)
+    if plan.micro_batch not in (None, rows):
+        raise atomic_refusal(rows, f"micro_batch={plan.micro_batch}")
 
 
 def scale_loss(loss: torch.Tensor, plan: Plan) -> torch.Tensor:

@@ -159,9 +159,10 @@ def collate(collator: Callable[[list[Any]], Any], examples: list[Any], indices: 
     try:
         collated = collator(examples)
     except Exception as error:
+        said = str(error) if len(str(error)) <= 300 else f"{str(error)[:300]}..."  # a processor repeats its input
         raise MemlabError(
             f"the trainer's data collator failed on examples {', '.join(map(str, indices))} of the train dataset "
-            f"({type(error).__name__}: {error}); fix the collator or those examples (tokenize the dataset: "
+            f"({type(error).__name__}: {said}); fix the collator or those examples (tokenize the dataset: "
             "dataset.map(lambda e: tokenizer(e['text']))), or pass a batch yourself"
         ) from error
     try:
