@@ -90,7 +90,8 @@ def cast_model(model: nn.Module, dtype: torch.dtype) -> Undo:
         (torch.float16, torch.float32)
     """
     kept: list[tuple[torch.Tensor, torch.Tensor, torch.device]] = []
-    buffers = list({id(b): b for b in model.buffers()}.values())
+    state = {id(b) for m in model.modules() if getattr(m, "keeps_dtypes", False) for b in m.buffers(recurse=False)}
+    buffers = [b for b in {id(b): b for b in model.buffers()}.values() if id(b) not in state]
     try:
         for tensor in [*unique_parameters(model), *buffers]:
             if not tensor.is_floating_point() or tensor.dtype == dtype:
