@@ -119,7 +119,8 @@ class Load:
         how = ""
         if loaded is not None and (self.default or self.dtype is None):
             version = ".".join(str(part) for part in transformers_version())
-            how = f" (transformers {version}: the rest in {_DTYPE_CODE.get(loaded, str(loaded))})"
+            which = "the weights not quantized" if self.quantize != "none" else "the weights"
+            how = f" (transformers {version}: {which} in {_DTYPE_CODE.get(loaded, str(loaded))})"
         return f"weights materialised as {self.code()} loads them{how}: {whose}"
 
 
@@ -294,11 +295,14 @@ def apply_load(model: nn.Module, load: Load, mode: Any, device: torch.device) ->
     structure = ModuleStructure.capture(model)
     kept: list[tuple[torch.Tensor, torch.Tensor]] = []
 
+    from memlab.inference.weights import HELD_AS_LOADED  # here: inference builds on the estimation's runner
+
     def undo() -> None:
         for tensor, original in reversed(kept):
             tensor.data = original
         kept.clear()
         structure.restore()
+        vars(model).pop(HELD_AS_LOADED, None)
 
     try:
         keep = _kept_in_fp32(model, dtype, load.quantize != "none")
@@ -314,6 +318,7 @@ def apply_load(model: nn.Module, load: Load, mode: Any, device: torch.device) ->
                     tensor.data = tensor.data.to(target)
         if load.quantize != "none":
             _quantize(model, load, mode, device, keep)
+        setattr(model, HELD_AS_LOADED, True)
     except BaseException:
         undo()
         raise
