@@ -7,7 +7,7 @@ reachable, its kernels emulated on the CPU's: [CUDA on CPU]); [sharded] per GPU 
 - ``estimate``        the entry point: a live model, a Trainer, a config or a name; one GPU or sharded    [any]
 - ``configs``         which model: a config by name, its model built on ``meta``, the batch's shapes       [any]
 - ``fake``            the one fake mode, the fake model and batch, the device the estimate answers for    [any]
-- ``load``            the user's load (torch_dtype, BitsAndBytesConfig) made on the fake model (one GPU) [any]
+- ``load``            the user's load (dtype, BitsAndBytesConfig) made on the fake model (one GPU) [any]
 - ``masks``           the attention-mask decisions transformers makes from values fake tensors hide       [any]
 - ``unknown``         attention implementations and custom operators without a rule, said in notes        [any]
 - ``single_gpu``      one device: training or inference plans through memlab's own runners             [CPU, CUDA]

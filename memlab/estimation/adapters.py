@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 
 from memlab.live.structure import ModuleStructure
 from memlab.plan import Plan
-from memlab.techniques.adapters import attach_adapter, check_quantizable, compute_dtype, quantized_targets
+from memlab.techniques.adapters import attach_adapter, compute_dtype, quantized_targets
 
 Undo = Callable[[], None]
 
@@ -123,13 +123,16 @@ class FakeNF4Linear(nn.Linear):
     backward only where the modelled bitsandbytes did (:func:`four_bit_keeps_inputs`)."""
 
     keeps_input = False
+    keeps_dtypes = True
+    """Its buffers are bitsandbytes' quantization state, whose dtypes no cast changes
+    (:func:`memlab.inference.weights.cast_model` leaves them)."""
 
     def __init__(
-        self, original: nn.Linear, dtype: torch.dtype, mode: FakeTensorMode, device: torch.device,
+        self, original: nn.Module, dtype: torch.dtype, mode: FakeTensorMode, device: torch.device,
         *, double_quant: bool = True,
     ) -> None:
         nn.Module.__init__(self)
-        self.in_features, self.out_features = original.in_features, original.out_features
+        self.in_features, self.out_features = linear_features(original)
         self.compute_dtype = dtype
         numel = self.in_features * self.out_features
         blocks = math.ceil(numel / NF4_BLOCK)
@@ -146,7 +149,7 @@ class FakeNF4Linear(nn.Linear):
                 state["block_scales"] = torch.empty(blocks, dtype=torch.float32, device=device)
         self.keeps_input = four_bit_keeps_inputs(bitsandbytes_version())
         self.weight = nn.Parameter(packed, requires_grad=False)
-        self.bias = original.bias
+        self.bias = original.bias  # type: ignore[assignment]
         for name, tensor in state.items():
             self.register_buffer(name, tensor, persistent=False)
 
@@ -166,16 +169,62 @@ class FakeInt8Linear(FakeNF4Linear):
     (bitsandbytes' int8 backward multiplies by the dequantized weight, a temporary too; what older releases kept
     for it is not modelled)."""
 
-    def __init__(self, original: nn.Linear, dtype: torch.dtype, mode: FakeTensorMode, device: torch.device) -> None:
+    def __init__(self, original: nn.Module, dtype: torch.dtype, mode: FakeTensorMode, device: torch.device) -> None:
         nn.Module.__init__(self)
-        self.in_features, self.out_features = original.in_features, original.out_features
+        self.in_features, self.out_features = linear_features(original)
         self.compute_dtype = dtype
         with mode:
             weight = torch.empty((self.out_features, self.in_features), dtype=torch.int8, device=device)
             scales = torch.empty(self.out_features, dtype=torch.float32, device=device)
         self.weight = nn.Parameter(weight, requires_grad=False)
-        self.bias = original.bias
+        self.bias = original.bias  # type: ignore[assignment]
         self.register_buffer("SCB", scales, persistent=False)
+
+
+def linear_features(layer: nn.Module) -> tuple[int, int]:
+    """``(in_features, out_features)`` of an ``nn.Linear``, a bitsandbytes layer or a GPT-2-style ``Conv1D``
+    (whose weight is ``(in, out)``), as transformers reads them when it quantizes the layer.
+
+    Example:
+        >>> linear_features(nn.Linear(3, 5))
+        (3, 5)
+    """
+    sizes: Any = layer  # nn.Linear and bitsandbytes' layers name their sizes
+    if hasattr(sizes, "in_features") and hasattr(sizes, "out_features"):
+        return int(sizes.in_features), int(sizes.out_features)
+    weight: Any = layer.weight  # a Conv1D's
+    rows, columns = weight.shape
+    return int(rows), int(columns)
+
+
+def fake_quantized_layers(
+    model: nn.Module, mode: FakeTensorMode, device: torch.device, live: nn.Module | None = None
+) -> None:
+    """On a fake copy of a live model loaded in 4-bit or 8-bit (bitsandbytes' ``Linear4bit``, ``Linear8bitLt``,
+    peft's LoRA layers around them included), put in place of each bitsandbytes layer the fake layer of its layout
+    (:class:`FakeNF4Linear`, :class:`FakeInt8Linear`): bitsandbytes' own kernels cannot run on fake tensors.
+    ``live``: the model copied, whose layers' quantization states say how each was quantized.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(2, 2))
+        >>> fake_quantized_layers(model, FakeTensorMode(), torch.device("cpu")); type(model[0]).__name__
+        'Linear'
+    """
+    for name, module in list(model.named_modules()):
+        kind = type(module).__name__
+        if not name or not type(module).__module__.startswith("bitsandbytes") or kind not in (
+                "Linear4bit", "LinearNF4", "LinearFP4", "Linear8bitLt"):
+            continue
+        if kind == "Linear8bitLt":
+            bias = getattr(module, "bias", None)
+            dtype = bias.dtype if isinstance(bias, torch.Tensor) else torch.float32
+            layer: nn.Module = FakeInt8Linear(module, dtype, mode, device)
+        else:
+            state = getattr((live or model).get_submodule(name).weight, "quant_state", None)
+            layer = FakeNF4Linear(module, getattr(module, "compute_dtype", None) or torch.float32, mode, device,
+                                  double_quant=bool(getattr(state, "nested", True)))
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
 
 
 class _DequantizedLinear(torch.autograd.Function):
@@ -216,12 +265,11 @@ def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, devi
     try:
         if plan.adapter == "qlora" and not any(isinstance(m, FakeNF4Linear) for m in model.modules()):
             # Quantized here unless the load already did (memlab.estimation.load: the base loaded in 4-bit).
-            check_quantizable(model)
             dtype = compute_dtype(plan)
             for name in quantized_targets(model):
                 parent_name, _, child = name.rpartition(".")
                 parent = model.get_submodule(parent_name) if parent_name else model
-                setattr(parent, child, FakeNF4Linear(model.get_submodule(name), dtype, mode, device))  # type: ignore[arg-type]
+                setattr(parent, child, FakeNF4Linear(model.get_submodule(name), dtype, mode, device))
         with unset_fake_temporarily():
             undo_peft = attach_adapter(model, plan.replace(adapter="lora"))
         _make_fake(model, mode)

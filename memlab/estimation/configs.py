@@ -17,6 +17,8 @@ from memlab.runner.quiet import without_paths
 
 __all__ = [
     "KNOWN_SHAPES",
+    "checkpoint_dtype",
+    "dtype_keyword",
     "is_transformers_config",
     "frozen_count",
     "layer_counts",
@@ -25,6 +27,7 @@ __all__ = [
     "model_on_meta",
     "one_line",
     "parse_batch_shape",
+    "transformers_version",
 ]
 
 
@@ -167,30 +170,88 @@ def is_transformers_config(value: Any) -> bool:
 
 
 def meta_model(config: Any) -> nn.Module:
-    """The model of a transformers config on the meta device (no memory), in fp32.
+    """The model of a transformers config on the meta device (no memory), its shapes in fp32.
 
     The class is the first of ``config.architectures`` that transformers has, else ``AutoModelForCausalLM``, else
-    ``AutoModel``. ``estimate`` accepts the result like any model.
+    ``AutoModel``. ``estimate`` accepts the result like any model. The config is copied, never changed, and the
+    model's config keeps the dtype the checkpoint recorded (``dtype``, ``torch_dtype`` before transformers 5), which
+    a load of ``dtype="auto"`` reads (:func:`memlab.estimation.load.load_dtype`).
 
     Example:
         >>> model = meta_model(load_config("llama-7b"))
         >>> type(model).__name__, model.lm_head.weight.device.type, sum(p.numel() for p in model.parameters())
         ('LlamaForCausalLM', 'meta', 6738415616)
     """
+    import copy
+
     import transformers
 
     if not is_transformers_config(config):
         raise MemlabError(f"{type(config).__name__} is not a transformers config; pass one, or a name such as llama-7b")
-
+    recorded = checkpoint_dtype(config)
+    config = copy.deepcopy(config)  # transformers writes the dtype it builds in onto the config
+    model: nn.Module | None = None
     with torch.device("meta"):
         for name in getattr(config, "architectures", None) or ():
             cls: Any = getattr(transformers, str(name), None)
             if isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "_from_config"):
-                return cls._from_config(config, dtype=torch.float32)
-        try:
-            return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        except ValueError:
-            return transformers.AutoModel.from_config(config, dtype=torch.float32)
+                model = cls._from_config(config, **{dtype_keyword(): torch.float32})
+                break
+        if model is None:
+            try:
+                model = transformers.AutoModelForCausalLM.from_config(config, **{dtype_keyword(): torch.float32})
+            except ValueError:
+                model = transformers.AutoModel.from_config(config, **{dtype_keyword(): torch.float32})
+    built = getattr(model, "config", None)
+    if built is not None:
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
+            setattr(built, dtype_keyword(), recorded)
+    return model
+
+
+def checkpoint_dtype(config: Any) -> torch.dtype | None:
+    """The dtype a transformers config records for its checkpoint (``dtype``, or ``torch_dtype`` before
+    transformers 5), as a torch dtype; None where it records none (a config built in code without one).
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> checkpoint_dtype(LlamaConfig(dtype="bfloat16")), checkpoint_dtype(load_config("llama-7b"))
+        (torch.bfloat16, None)
+    """
+    for attribute in ("dtype", "torch_dtype"):
+        with contextlib.suppress(Exception):  # transformers 5 warns on torch_dtype; a config may lack both
+            value = vars(config).get(attribute) if attribute == "torch_dtype" else getattr(config, attribute, None)
+            if isinstance(value, str):
+                value = getattr(torch, value.removeprefix("torch."), None)
+            if isinstance(value, torch.dtype):
+                return value
+    return None
+
+
+def transformers_version() -> tuple[int, int]:
+    """The installed transformers' (major, minor) version.
+
+    Example:
+        >>> transformers_version() >= (4, 45)
+        True
+    """
+    from importlib import metadata
+
+    from packaging.version import Version
+
+    release = Version(metadata.version("transformers")).release
+    return release[0], release[1] if len(release) > 1 else 0
+
+
+def dtype_keyword() -> str:
+    """The keyword ``from_pretrained`` and ``from_config`` take a dtype by in the installed transformers: ``dtype``
+    since 4.56 (``torch_dtype`` is deprecated there), ``torch_dtype`` before.
+
+    Example:
+        >>> dtype_keyword()
+        'dtype'
+    """
+    return "dtype" if transformers_version() >= (4, 56) else "torch_dtype"
 
 
 def model_on_meta(model_or_config: Any) -> nn.Module:

@@ -106,13 +106,16 @@ def estimate(
         gpu: the kind of GPU a CUDA estimate is for, which sets the CUDA context (per GPU when sharded) and, made
             without CUDA, the attention kernels emulated: a name from :data:`memlab.estimation.gpus.GPUS`, default
             ``"H100-80GB"``. The trial's notes name it.
-        load: how the user loads the model: the keyword arguments they pass to ``from_pretrained``
-            (``torch_dtype``, or ``dtype``; ``quantization_config`` as a ``BitsAndBytesConfig`` or its dict). The dry
-            run of a config, a name or a meta model materialises the weights that way, so that the allocated peak,
-            the reserve and the card figure are those of the user's run (see :mod:`memlab.estimation.load`).
-            Default: the load the plan implies (``weights="bf16"`` loads in bf16, ``adapter="qlora"`` in 4-bit NF4
-            with bf16 compute, anything else in fp32). A live model is estimated as it is loaded (``load=`` is
-            refused for it). The trial's notes name the load assumed.
+        load: how the user loads the model: the keyword arguments they pass to ``from_pretrained`` (``dtype``, or
+            ``torch_dtype`` as before transformers 5; ``quantization_config`` as a ``BitsAndBytesConfig`` or its
+            dict), for a training plan or an :class:`memlab.InferencePlan` alike. The dry run of a config, a name or
+            a meta model materialises the weights that way, so that the allocated peak, the reserve and the card
+            figure are those of the user's run (see :mod:`memlab.estimation.load`). Default (and ``load={}``): the
+            load the plan implies (``weights="bf16"`` loads in bf16, ``adapter="qlora"`` in 4-bit NF4 with bf16
+            compute, the rest as the installed transformers' ``from_pretrained`` loads it by default: the
+            checkpoint's own dtype since transformers 5, fp32 before). A live model, on the meta device too, is
+            estimated as it is (its dtypes, quantized layers, adapters and attention implementation); ``load=`` is
+            refused for a model whose weights are in memory. The trial's notes name the load assumed.
 
     An :class:`memlab.InferencePlan` estimates inference instead (one forward, or a generation, as
     ``memlab.measure`` runs it; see :func:`estimate_inference`): an :class:`~memlab.report.InferenceTrial` whose
@@ -128,8 +131,8 @@ def estimate(
         >>> trial.status, trial.estimated, trial.fits, sum(trial.breakdown.values()) == trial.peak_bytes
         ('ok', True, True, True)
         >>> loaded = estimate(config, {"input_ids": (2, 32), "labels": (2, 32)}, Plan(adapter="lora", lora_rank=4),
-        ...                   load={"torch_dtype": torch.bfloat16}, device="cpu")
-        >>> loaded.breakdown["params"] < trial.breakdown["params"], any("torch.bfloat16" in n for n in loaded.notes)
+        ...                   load={"dtype": torch.bfloat16}, device="cpu")
+        >>> loaded.breakdown["params"] < trial.breakdown["params"], any("dtype=torch.bf" in n for n in loaded.notes)
         (True, True)
     """
     note = None
@@ -157,12 +160,9 @@ def estimate(
             )
         if gpus != 1 or strategy != "none":
             raise MemlabError("an InferencePlan is estimated on one device; drop gpus= and strategy=")
-        if load is not None:
-            raise MemlabError("an InferencePlan says how its weights are held itself (weights=, quantize=); drop load= "
-                              "and write e.g. InferencePlan(quantize='nf4')")
         inference = cast("InferencePlan", plan)
         return card_context(estimate_inference(model_or_config, batch, [inference], loss_fn=loss_fn, budget=budget,
-                                               device=device, gpu=gpu)[0], gpu)
+                                               device=device, gpu=gpu, load=load)[0], gpu)
     training = cast(Plan, plan)  # anything else than a Plan is refused by estimate_plans, with what to write
     if gpus != 1 or strategy != "none":
         gpus, strategy = check_sharding(gpus, strategy)

@@ -266,8 +266,12 @@ def fake_model(model_or_config: Any, mode: FakeTensorMode, device: torch.device)
         ('GPT2LMHeadModel', True)
     """
     if isinstance(model_or_config, nn.Module):
+        from memlab.estimation.adapters import fake_quantized_layers  # here: it builds on the techniques
+
         try:
-            return fake_copy(model_or_config, mode, device)
+            copied = fake_copy(model_or_config, mode, device)
+            fake_quantized_layers(copied, mode, device, model_or_config)  # a model loaded in 4-bit or 8-bit
+            return copied
         except MemlabError:
             raise
         except Exception as error:  # noqa: BLE001 - tensor subclasses, objects deepcopy cannot copy...

@@ -1,26 +1,33 @@
 """The load: how the user's own ``from_pretrained`` materialises the weights, made on a dry run's fake model before
 anything of the step is placed on the (modelled) GPU.
 
-No user loads a 7B model in fp32 to cast it afterwards: they write ``from_pretrained(name,
-torch_dtype=torch.bfloat16)`` or pass a ``BitsAndBytesConfig``. A dry run of a config, a name or a meta model builds
-the model's shapes in fp32 (:func:`memlab.estimation.configs.meta_model`); :func:`apply_load` then gives the fake
-weights the dtypes and layouts that load gives them, so that the allocated peak, the reserve and the card figure are
-those of the user's run:
+No user loads a 7B model in fp32 to cast it afterwards: they write ``from_pretrained(name, dtype=torch.bfloat16)``,
+let transformers 5 load the checkpoint's own dtype, or pass a ``BitsAndBytesConfig``. A dry run of a config or a name
+builds the model's shapes in fp32 (:func:`memlab.estimation.configs.meta_model`); :func:`apply_load` then gives the
+fake weights the dtypes and layouts that load gives them, so that the allocated peak, the reserve and the card figure
+are those of the user's run:
 
-- ``torch_dtype`` (``dtype`` in transformers 5): every floating parameter in that dtype, but the model's
-  ``_keep_in_fp32_modules`` under fp16 and its ``_keep_in_fp32_modules_strict`` under fp16 or bf16, as
+- ``dtype`` (``torch_dtype`` before transformers 5, accepted too): every floating parameter in that dtype, but the
+  model's ``_keep_in_fp32_modules`` under fp16 and its ``_keep_in_fp32_modules_strict`` under fp16 or bf16, as
   transformers keeps them; buffers keep the dtype the model's code gives them (a rotary ``inv_freq`` stays fp32);
-  ``"auto"`` (or none, with a quantization) is the config's own dtype, else fp32;
-- ``quantization_config`` (a ``BitsAndBytesConfig`` or its dict): ``load_in_4bit`` puts every linear layer of the
-  base but the output head, the ``_keep_in_fp32_modules`` and the ``llm_int8_skip_modules`` in 4-bit
-  (``bnb_4bit_quant_type`` NF4 or FP4: the same bytes; ``bnb_4bit_use_double_quant``; computing in
-  ``bnb_4bit_compute_dtype``), laid out as bitsandbytes holds it
+  ``"auto"`` is the dtype the config records for the checkpoint, else fp32. Without a dtype, the installed
+  transformers' default (:func:`default_dtype`): ``"auto"`` since transformers 5; fp32 before (fp16 with a
+  bitsandbytes quantization, as its quantizer sets it);
+- ``quantization_config`` (a ``BitsAndBytesConfig`` or its dict): ``load_in_4bit`` puts in 4-bit the layers
+  transformers' bitsandbytes integration replaces (:func:`memlab.techniques.adapters.quantized_targets`: every
+  ``nn.Linear`` and GPT-2-style ``Conv1D`` but the output head, the tied and last modules, the
+  ``_keep_in_fp32_modules`` and the ``llm_int8_skip_modules``; ``bnb_4bit_quant_type`` NF4 or FP4: the same bytes;
+  ``bnb_4bit_use_double_quant``; computing in ``bnb_4bit_compute_dtype``), laid out as bitsandbytes holds it
   (:class:`~memlab.estimation.adapters.FakeNF4Linear`); ``load_in_8bit`` in LLM.int8
   (:class:`~memlab.estimation.adapters.FakeInt8Linear`).
 
-Without ``load=``, the load is the one the plan implies (:func:`implied_load`): ``weights="bf16"`` loads in bf16,
-``adapter="qlora"`` loads 4-bit NF4 with double quantization, bf16 compute and the rest in bf16, anything else
-fp32. A live model is already loaded: it is estimated as it is, and ``load=`` is refused for it.
+Without ``load=`` (or with ``load={}``), the load is the one the plan implies (:func:`implied_load`):
+``weights="bf16"`` loads in bf16, ``adapter="qlora"`` loads with ``BitsAndBytesConfig(load_in_4bit=True,
+bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_use_double_quant=True)`` and the rest as
+transformers loads it by default, anything else as transformers loads it by default. A live model (a meta model
+too) is already loaded: it is estimated as it is, with its own dtypes, quantized layers, adapters and attention
+implementation, and ``load=`` is refused for it unless it is on the meta device (its shapes, loaded as ``load=``
+says).
 """
 
 from __future__ import annotations
@@ -34,11 +41,18 @@ from torch import nn
 
 from memlab.errors import MemlabError
 from memlab.estimation.adapters import FakeInt8Linear, FakeNF4Linear
+from memlab.estimation.configs import (
+    checkpoint_dtype,
+    dtype_keyword,
+    is_transformers_config,
+    load_config,
+    transformers_version,
+)
 from memlab.live.structure import ModuleStructure
 from memlab.plan import Plan
-from memlab.techniques.adapters import check_quantizable, quantized_targets
+from memlab.techniques.adapters import quantized_targets
 
-__all__ = ["DTYPES", "Load", "apply_load", "implied_load", "parse_load"]
+__all__ = ["DTYPES", "Load", "apply_load", "default_dtype", "implied_load", "parse_load", "plan_loads"]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -48,7 +62,7 @@ DTYPES: dict[str, torch.dtype] = {
 """The dtype names ``load=`` and the command line accept, as torch and transformers spell them and as memlab does."""
 
 _DTYPE_CODE = {torch.float32: "torch.float32", torch.bfloat16: "torch.bfloat16", torch.float16: "torch.float16"}
-_KEYS = ("torch_dtype", "dtype", "quantization_config")
+_KEYS = ("dtype", "torch_dtype", "quantization_config")
 _QUANTIZATION_KEYS = (
     "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant",
     "llm_int8_skip_modules", "bnb_4bit_quant_storage", "quant_method", "llm_int8_threshold",
@@ -60,25 +74,30 @@ Undo = Callable[[], None]
 
 @dataclass(frozen=True)
 class Load:
-    """How the weights are loaded: ``dtype`` (None: ``"auto"``, the config's dtype else fp32), ``quantize``
-    (``"none"``, ``"nf4"``, ``"fp4"`` or ``"int8"``), the 4-bit ``compute_dtype`` and ``double_quant``, the
-    ``skip_modules`` kept unquantized, and whether the user gave it (``given``) or the plan implied it.
+    """How the weights are loaded: ``dtype`` (None: ``"auto"``, the dtype the config records, else fp32),
+    ``quantize`` (``"none"``, ``"nf4"``, ``"fp4"`` or ``"int8"``), the 4-bit ``compute_dtype`` and ``double_quant``,
+    the ``skip_modules`` kept unquantized (None: transformers' own choice only), whether the user gave it
+    (``given``) or the plan implied it, and whether the dtype is the installed transformers' default
+    (``default``: no dtype written).
 
     Example:
         >>> print(Load(torch.bfloat16).code())
-        from_pretrained(name, torch_dtype=torch.bfloat16)
+        from_pretrained(name, dtype=torch.bfloat16)
     """
 
     dtype: torch.dtype | None = torch.float32
     quantize: str = "none"
     compute_dtype: torch.dtype = torch.float32
     double_quant: bool = False
-    skip_modules: tuple[str, ...] = ()
+    skip_modules: tuple[str, ...] | None = None
     given: bool = False
+    default: bool = False
 
     def code(self) -> str:
-        """The ``from_pretrained`` call that loads this way, as the user writes it."""
-        words = [] if self.dtype is None else [f"torch_dtype={_DTYPE_CODE[self.dtype]}"]
+        """The ``from_pretrained`` call that loads this way, as the user writes it (``dtype=``, or ``torch_dtype=``
+        for a transformers before 4.56)."""
+        written = None if self.default else "\"auto\"" if self.dtype is None else _DTYPE_CODE[self.dtype]
+        words = [] if written is None else [f"{dtype_keyword()}={written}"]
         if self.quantize in ("nf4", "fp4"):
             config = (f'load_in_4bit=True, bnb_4bit_quant_type="{self.quantize}", '
                       f"bnb_4bit_compute_dtype={_DTYPE_CODE[self.compute_dtype]}, "
@@ -93,53 +112,80 @@ class Load:
             words.append(f"quantization_config=BitsAndBytesConfig({config})")
         return f"from_pretrained(name, {', '.join(words)})" if words else "from_pretrained(name)"
 
-    def note(self) -> str:
-        """What an estimate says of the load it assumed."""
+    def note(self, loaded: torch.dtype | None = None) -> str:
+        """What an estimate says of the load it assumed; ``loaded``: the dtype it gave the weights not quantized,
+        said where the call leaves it to transformers (``"auto"``, or its default)."""
         whose = "the load given (load=)" if self.given else "the load the plan implies"
-        return f"weights materialised as {self.code()} loads them: {whose}"
+        how = ""
+        if loaded is not None and (self.default or self.dtype is None):
+            version = ".".join(str(part) for part in transformers_version())
+            which = "the weights not quantized" if self.quantize != "none" else "the weights"
+            how = f" (transformers {version}: {which} in {_DTYPE_CODE.get(loaded, str(loaded))})"
+        return f"weights materialised as {self.code()} loads them{how}: {whose}"
+
+
+def default_dtype(quantized: bool = False) -> torch.dtype | None:
+    """The dtype the installed transformers' ``from_pretrained`` gives weights when no dtype is written: None
+    (``"auto"``: the checkpoint's own, as its config records it) since transformers 5; before, fp32, or fp16 with a
+    bitsandbytes quantization (its quantizer's ``update_dtype``).
+
+    Example:
+        >>> default_dtype() is None  # transformers 5
+        True
+    """
+    if transformers_version() >= (5, 0):
+        return None
+    return torch.float16 if quantized else torch.float32
 
 
 def implied_load(plan: Plan) -> Load:
     """The load a plan implies when the user says none: ``adapter="qlora"`` loads 4-bit NF4 (double quantization,
-    bf16 compute) with the rest in bf16, ``weights="bf16"`` loads in bf16, anything else in fp32.
+    bf16 compute) with the rest as transformers loads it by default, ``weights="bf16"`` loads in bf16, anything else
+    as transformers loads it by default (:func:`default_dtype`).
 
     Example:
         >>> implied_load(Plan(weights="bf16")).dtype, implied_load(Plan(adapter="qlora")).quantize
         (torch.bfloat16, 'nf4')
+        >>> print(implied_load(Plan()).code())
+        from_pretrained(name)
     """
     if plan.adapter == "qlora":
-        return Load(torch.bfloat16, "nf4", torch.bfloat16, double_quant=True)
-    return Load(torch.bfloat16 if plan.weights == "bf16" else torch.float32)
+        return Load(default_dtype(quantized=True), "nf4", torch.bfloat16, double_quant=True, default=True)
+    if plan.weights == "bf16":
+        return Load(torch.bfloat16)
+    return Load(default_dtype(), default=True)
 
 
-def parse_load(load: Mapping[str, Any] | None, plan: Plan) -> Load:
-    """The :class:`Load` of ``load`` (the keyword arguments the user passes to ``from_pretrained``: ``torch_dtype``
-    or ``dtype``, ``quantization_config`` as a ``BitsAndBytesConfig`` or its dict) for ``plan``; the plan's
-    :func:`implied_load` when None. Bad values and loads the plan cannot train raise a MemlabError saying what to
-    write.
+def parse_load(load: Mapping[str, Any] | None, plan: Plan | None) -> Load:
+    """The :class:`Load` of ``load`` (the keyword arguments the user passes to ``from_pretrained``: ``dtype``, or
+    ``torch_dtype`` as before transformers 5, ``quantization_config`` as a ``BitsAndBytesConfig`` or its dict) for
+    ``plan``; the plan's :func:`implied_load` when None or empty. Without a dtype the weights not quantized get the
+    installed transformers' default (:func:`default_dtype`). Bad values and loads the plan cannot train raise a
+    MemlabError saying what to write.
 
     Example:
-        >>> load = parse_load({"torch_dtype": "bfloat16", "quantization_config": {"load_in_4bit": True}},
+        >>> load = parse_load({"dtype": "bfloat16", "quantization_config": {"load_in_4bit": True}},
         ...                   Plan(adapter="lora"))
         >>> load.dtype, load.quantize, load.compute_dtype, load.double_quant
         (torch.bfloat16, 'fp4', torch.float32, False)
     """
-    if load is None:
-        return implied_load(plan)
-    if not isinstance(load, Mapping):
+    if load is not None and not isinstance(load, Mapping):
         raise MemlabError(
             f"load={load!r} is not a dict; write the from_pretrained keywords you use, e.g. "
-            "load={'torch_dtype': torch.bfloat16} or load={'quantization_config': BitsAndBytesConfig(...)}"
+            "load={'dtype': torch.bfloat16} or load={'quantization_config': BitsAndBytesConfig(...)}"
         )
+    if not load:
+        return implied_load(plan or Plan())
     unknown = [key for key in load if key not in _KEYS]
     if unknown:
         raise MemlabError(
-            f"load= has {unknown[0]!r}, which does not change memory; write only torch_dtype (or dtype) and "
-            "quantization_config, e.g. load={'torch_dtype': torch.bfloat16}"
+            f"load= has {unknown[0]!r}, which does not change memory; write only dtype (or torch_dtype) and "
+            "quantization_config, e.g. load={'dtype': torch.bfloat16}"
         )
     if "torch_dtype" in load and "dtype" in load:
-        raise MemlabError("load= has both torch_dtype and dtype; write one of them")
-    dtype = _dtype(load.get("torch_dtype", load.get("dtype")), "torch_dtype", auto=True)
+        raise MemlabError("load= has both torch_dtype and dtype; write one of them (dtype)")
+    name = "torch_dtype" if "torch_dtype" in load else "dtype"
+    dtype = _dtype(load.get(name), name, auto=True)
     config = _quantization(load.get("quantization_config"))
     four = bool(config.get("load_in_4bit") or config.get("_load_in_4bit"))
     eight = bool(config.get("load_in_8bit") or config.get("_load_in_8bit"))
@@ -152,18 +198,21 @@ def parse_load(load: Mapping[str, Any] | None, plan: Plan) -> Load:
             raise MemlabError(f"bnb_4bit_quant_type={quantize!r} is not one bitsandbytes has; write 'nf4' or 'fp4'")
     elif eight:
         quantize = "int8"
-    skip = config.get("llm_int8_skip_modules") or ()
-    if isinstance(skip, str) or not all(isinstance(name, str) for name in skip):
+    skip = config.get("llm_int8_skip_modules")
+    if skip is not None and (isinstance(skip, str) or not all(isinstance(name, str) for name in skip)):
         raise MemlabError(f"llm_int8_skip_modules={skip!r}; write a list of module names, e.g. ['lm_head']")
+    written = "torch_dtype" in load or "dtype" in load
     parsed = Load(
-        dtype if "torch_dtype" in load or "dtype" in load else None,
+        dtype if written else default_dtype(quantized=quantize != "none"),
         quantize,
         _dtype(config.get("bnb_4bit_compute_dtype"), "bnb_4bit_compute_dtype") or torch.float32,
         bool(config.get("bnb_4bit_use_double_quant", False)),
-        tuple(skip),
+        None if skip is None else tuple(skip),
         given=True,
+        default=not written,
     )
-    _check_with_plan(parsed, plan)
+    if plan is not None:  # None: an inference plan, which trains nothing
+        _check_with_plan(parsed, plan)
     return parsed
 
 
@@ -176,8 +225,8 @@ def _dtype(value: Any, name: str, auto: bool = False) -> torch.dtype | None:
     elif isinstance(value, str) and value.removeprefix("torch.") in DTYPES:
         return DTYPES[value.removeprefix("torch.")]
     raise MemlabError(
-        f"{name}={value!r} is not a dtype memlab estimates; write torch.bfloat16, torch.float16 or torch.float32"
-        + (" (or 'auto')" if auto else "")
+        f"{name}={value!r} is not a dtype memlab estimates; write dtype=torch.bfloat16, torch.float16 or "
+        "torch.float32" + (" (or 'auto')" if auto else "")
     )
 
 
@@ -225,10 +274,7 @@ def load_dtype(model: nn.Module, load: Load) -> torch.dtype:
     """
     if load.dtype is not None:
         return load.dtype
-    config = getattr(model, "config", None)
-    named = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    if isinstance(named, str):
-        named = DTYPES.get(named.removeprefix("torch."))
+    named = checkpoint_dtype(getattr(model, "config", None))
     return named if named in _DTYPE_CODE else torch.float32
 
 
@@ -249,11 +295,14 @@ def apply_load(model: nn.Module, load: Load, mode: Any, device: torch.device) ->
     structure = ModuleStructure.capture(model)
     kept: list[tuple[torch.Tensor, torch.Tensor]] = []
 
+    from memlab.inference.weights import HELD_AS_LOADED  # here: inference builds on the estimation's runner
+
     def undo() -> None:
         for tensor, original in reversed(kept):
             tensor.data = original
         kept.clear()
         structure.restore()
+        vars(model).pop(HELD_AS_LOADED, None)
 
     try:
         keep = _kept_in_fp32(model, dtype, load.quantize != "none")
@@ -269,6 +318,7 @@ def apply_load(model: nn.Module, load: Load, mode: Any, device: torch.device) ->
                     tensor.data = tensor.data.to(target)
         if load.quantize != "none":
             _quantize(model, load, mode, device, keep)
+        setattr(model, HELD_AS_LOADED, True)
     except BaseException:
         undo()
         raise
@@ -276,10 +326,10 @@ def apply_load(model: nn.Module, load: Load, mode: Any, device: torch.device) ->
 
 
 def _kept_in_fp32(model: nn.Module, dtype: torch.dtype, quantized: bool) -> set[str]:
-    """The modules transformers keeps in fp32 for ``dtype``: ``_keep_in_fp32_modules`` under fp16 (and when
-    quantizing, which skips them too), ``_keep_in_fp32_modules_strict`` under fp16 and bf16."""
+    """The modules transformers keeps in fp32 for ``dtype``: ``_keep_in_fp32_modules`` under fp16 (and, before
+    transformers 5, when quantizing), ``_keep_in_fp32_modules_strict`` under fp16 and bf16."""
     keep: set[str] = set()
-    if dtype == torch.float16 or quantized:
+    if dtype == torch.float16 or (quantized and transformers_version() < (5, 0)):
         keep |= set(getattr(model, "_keep_in_fp32_modules", None) or ())
     if dtype in (torch.float16, torch.bfloat16):
         keep |= set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
@@ -287,16 +337,13 @@ def _kept_in_fp32(model: nn.Module, dtype: torch.dtype, quantized: bool) -> set[
 
 
 def _quantize(model: nn.Module, load: Load, mode: Any, device: torch.device, keep: set[str]) -> None:
-    if load.quantize != "int8":
-        check_quantizable(model)
-    skip = set(load.skip_modules) | keep
-    for name in quantized_targets(model):
-        if any(f".{k}." in f".{name}." for k in skip):
+    for name in quantized_targets(model, load.skip_modules):
+        if any(f".{k}." in f".{name}." for k in keep):
             continue
         original = model.get_submodule(name)
-        assert isinstance(original, nn.Linear)  # quantized_targets lists nn.Linear layers (check_quantizable)
         if load.quantize == "int8":
-            layer: nn.Module = FakeInt8Linear(original, original.weight.dtype, mode, device)
+            weight: Any = original.weight
+            layer: nn.Module = FakeInt8Linear(original, weight.dtype, mode, device)
         else:
             layer = FakeNF4Linear(original, load.compute_dtype, mode, device, double_quant=load.double_quant)
         parent_name, _, child = name.rpartition(".")
@@ -304,25 +351,46 @@ def _quantize(model: nn.Module, load: Load, mode: Any, device: torch.device, kee
         setattr(parent, child, layer)
 
 
-def plan_loads(model_or_config: Any, plans: Sequence[Plan], load: Mapping[str, Any] | None) -> list[Load | None]:
-    """Each plan's :class:`Load` for a dry run of ``model_or_config``: ``load`` (or the plan's implied one) for a
-    config, a name or a model on the meta device; None for a live model, which is already loaded (``load=`` is
-    refused for it, saying what to write).
+def plan_loads(model_or_config: Any, plans: Sequence[Any], load: Mapping[str, Any] | None) -> list[Load | None]:
+    """Each plan's :class:`Load` for a dry run of ``model_or_config``: for a config or a name, ``load`` (or the
+    plan's implied one); for a model, None: it is estimated as it is (its dtypes, quantized layers, adapters), and
+    ``load=`` is refused for it, saying what to write, unless it is on the meta device (its shapes are then loaded
+    as ``load=`` says). This is the one place an estimate, fit's suggestions, the command line and inference read
+    how a model is loaded.
 
     Example:
         >>> plan_loads(nn.Linear(2, 2), [Plan(weights="bf16")], None)
         [None]
-        >>> plan_loads(nn.Linear(2, 2, device="meta"), [Plan(weights="bf16")], None)[0].dtype
+        >>> plan_loads(nn.Linear(2, 2, device="meta"), [Plan()], {"dtype": torch.bfloat16})[0].dtype
         torch.bfloat16
     """
-    if isinstance(model_or_config, nn.Module) and not _on_meta(model_or_config):
-        if load is not None:
+    if isinstance(model_or_config, nn.Module):
+        if load is not None and not _on_meta(model_or_config):
             raise MemlabError(
                 "load= says how a model is loaded, and this model is already loaded (its weights are in memory); "
                 "drop load=, or estimate its config with it: memlab.estimate(model.config, batch, plan, load=...)"
             )
-        return [None for _ in plans]
-    return [parse_load(load, plan) for plan in plans]
+        if load is None:
+            return [None for _ in plans]
+    return [parse_load(load, plan if isinstance(plan, Plan) else None) for plan in plans]
+
+
+def loaded_dtype(model_or_config: Any, load: Load) -> torch.dtype:
+    """The dtype ``load`` gives the weights it does not quantize, for a config, a name or a (meta) model: its own
+    dtype, or for ``"auto"`` the one the config records, else fp32.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> loaded_dtype(LlamaConfig(dtype="bfloat16"), Load(None))
+        torch.bfloat16
+    """
+    if load.dtype is not None:
+        return load.dtype
+    if isinstance(model_or_config, nn.Module):
+        return load_dtype(model_or_config, load)
+    config = load_config(model_or_config) if not is_transformers_config(model_or_config) else model_or_config
+    named = checkpoint_dtype(config)
+    return named if named in _DTYPE_CODE else torch.float32
 
 
 def _on_meta(model: nn.Module) -> bool:
@@ -353,3 +421,43 @@ step: the card figure is that of the model loaded with from_pretrained(name, tor
         f"step: the card figure is that of the model loaded with {load.code()}; a model cast or quantized in place "
         "keeps those segments reserved until torch.cuda.empty_cache()"
     )
+
+
+_WEIGHT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def inference_loads(
+    model_or_config: Any, plans: Sequence[Any], load: Mapping[str, Any] | None
+) -> tuple[list[Any], list[Load | None]]:
+    """Inference plans and their loads for a dry run with ``load=``: the weights as the load materialises them
+    (quantized by its ``quantization_config``), each plan running in the dtype the load gives the weights it does
+    not quantize. A plan's own ``quantize=`` or a ``weights=`` other than that dtype (or the default ``"fp32"``)
+    contradicts the load: a MemlabError says which to drop. Without ``load=``: the plans as given, no loads.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> from memlab.inference.plan import InferencePlan
+        >>> plans, loads = inference_loads(LlamaConfig(), [InferencePlan()], {"dtype": torch.bfloat16})
+        >>> plans[0].weights, loads[0].dtype
+        ('bf16', torch.bfloat16)
+    """
+    if load is None:
+        return list(plans), []
+    loads = plan_loads(model_or_config, plans, load)
+    held = []
+    for plan, loaded in zip(plans, loads, strict=True):
+        assert loaded is not None  # a live model refuses load= in plan_loads
+        name = _WEIGHT_NAMES[loaded_dtype(model_or_config, loaded)]
+        if plan.quantize != "none":
+            raise MemlabError(
+                f"load= says how the weights are loaded, and the plan quantizes them too (quantize={plan.quantize!r}); "
+                "write the quantization once: drop quantize= from the InferencePlan, or put it in load= as "
+                "quantization_config=BitsAndBytesConfig(...)"
+            )
+        if plan.weights not in ("fp32", name):
+            raise MemlabError(
+                f"load= loads the weights in {name}, and the plan holds them in {plan.weights}; drop weights= from "
+                f"the InferencePlan (the load decides), or write load={{'dtype': ...}} for {plan.weights}"
+            )
+        held.append(plan.replace(weights=name) if hasattr(plan, "replace") else plan)
+    return held, loads

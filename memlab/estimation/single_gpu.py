@@ -50,7 +50,7 @@ from memlab.estimation.cuda_kernels import (
 )
 from memlab.estimation.fake import BLIND_SPOTS, FakeSetup, fake_setup
 from memlab.estimation.gpus import GpuKind, gpu_kind
-from memlab.estimation.load import Load, apply_load, live_load_note, plan_loads
+from memlab.estimation.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
 from memlab.estimation.unknown import foreign_ops_note
@@ -118,7 +118,7 @@ def estimate_plans(
     """
     if is_inference(plans):
         return estimate_inference(model_or_config, batch, plans, loss_fn=loss_fn, budget=budget,  # type: ignore[arg-type]
-                                  device=device, gpu=gpu)
+                                  device=device, gpu=gpu, load=load)
     checked = check_plans(plans)  # type: ignore[arg-type]
     options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
     loads = plan_loads(model_or_config, checked, load)
@@ -135,6 +135,7 @@ def estimate_inference(
     budget: int | str | None = None,
     device: str | torch.device | None = None,
     gpu: GpuKind | str | None = None,
+    load: Mapping[str, Any] | None = None,
 ) -> Report:
     """Inference plans estimated on fake tensors: the same :class:`~memlab.inference.run.InferenceRunner` as
     ``memlab.measure`` (the same steps, tracker and categories) with a :class:`~memlab.measure.probes.FakeProbe`.
@@ -142,7 +143,9 @@ def estimate_inference(
     ``batch`` may be shapes, ``{"input_ids": (rows, context)}``. Quantized weights cannot run bitsandbytes on fake
     tensors: each quantized layer holds bitsandbytes' bytes (:func:`memlab.inference.weights.quantized_bytes`)
     and makes its full weight for the product, as bitsandbytes does on CPU. ``loss_fn`` must be None (inference
-    computes no loss); the other keywords are :func:`memlab.estimate`'s.
+    computes no loss); the other keywords are :func:`memlab.estimate`'s. With ``load=`` (a config, a name or a meta
+    model), the weights are held as that load materialises them (:mod:`memlab.estimation.load`), and each plan runs
+    in the dtype the load gives them (:func:`memlab.estimation.load.inference_loads`).
 
     Example:
         >>> from transformers import LlamaConfig
@@ -159,8 +162,9 @@ def estimate_inference(
     checked = check_inference_plans(plans)
     options = RunOptions(loss_fn=loss_fn, steps=1, warmup=0, noise=0)
     check_inference_options(options)
+    checked, loads = inference_loads(model_or_config, checked, load)
     inference = _Workload(InferenceRunner, _inference_trial, check_first=True, notes=_quantized_note,
-                          emulated_note=_EMULATED_INFERENCE, cublas_handles=1)
+                          emulated_note=_EMULATED_INFERENCE, cublas_handles=1, loads=loads)
     return _dry_run(model_or_config, batch, checked, options, inference, budget=budget, device=device, gpu=gpu)
 
 
@@ -254,7 +258,7 @@ def _dry_run(
 def _load_note(load: Load | None, workload: _Workload, setup: FakeSetup, plan: Any) -> str | None:
     """The load a trial assumed; for a live model that the plan casts or quantizes, on CUDA, what that means."""
     if load is not None:
-        return load.note()
+        return load.note(load_dtype(setup.model, load))
     if workload.loads and setup.target.type == "cuda":
         return live_load_note(setup.model, plan)
     return None

@@ -117,9 +117,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 _LOAD_EXAMPLE = (
     "how you load the model, as you pass it to from_pretrained (default: what the plan implies: weights=bf16 loads "
-    "in bf16, adapter=qlora in 4-bit NF4 with bf16 compute, else fp32); e.g. --torch-dtype bfloat16 --load-in-4bit "
+    "in bf16, adapter=qlora in 4-bit NF4 with bf16 compute, the rest as the installed transformers loads it: the "
+    "checkpoint's own dtype since transformers 5, else fp32); e.g. --dtype bfloat16 --load-in-4bit "
     "--bnb-4bit-quant-type nf4 --bnb-4bit-compute-dtype bfloat16 --bnb-4bit-use-double-quant is "
-    "from_pretrained(name, torch_dtype=torch.bfloat16, quantization_config=BitsAndBytesConfig(load_in_4bit=True, "
+    "from_pretrained(name, dtype=torch.bfloat16, quantization_config=BitsAndBytesConfig(load_in_4bit=True, "
     "bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_use_double_quant=True))"
 )
 _DTYPE_NAMES = ("bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "auto")
@@ -128,8 +129,9 @@ _DTYPE_NAMES = ("bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "auto"
 def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
     """The load flags: one per ``from_pretrained`` / ``BitsAndBytesConfig`` keyword (:func:`load_from_args`)."""
     group = parser.add_argument_group("load", _LOAD_EXAMPLE)
-    group.add_argument("--torch-dtype", choices=_DTYPE_NAMES, default=None,
-                       help="from_pretrained(torch_dtype=...): the dtype of the weights not quantized")
+    group.add_argument("--dtype", "--torch-dtype", dest="dtype", choices=_DTYPE_NAMES, default=None,
+                       help="from_pretrained(dtype=...): the dtype of the weights not quantized (--torch-dtype is "
+                       "the same, as transformers before 5 names it)")
     group.add_argument("--load-in-4bit", action="store_true", help="BitsAndBytesConfig(load_in_4bit=True)")
     group.add_argument("--load-in-8bit", action="store_true", help="BitsAndBytesConfig(load_in_8bit=True)")
     group.add_argument("--bnb-4bit-quant-type", choices=("nf4", "fp4"), default=None,
@@ -149,9 +151,9 @@ def load_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
     Example:
         >>> parser = argparse.ArgumentParser(prog="memlab estimate")
         >>> add_arguments(parser)
-        >>> load_from_args(parser.parse_args(["llama-7b", "--torch-dtype", "bf16", "--load-in-4bit",
+        >>> load_from_args(parser.parse_args(["llama-7b", "--dtype", "bf16", "--load-in-4bit",
         ...                                   "--bnb-4bit-quant-type", "nf4"]))
-        {'torch_dtype': 'bf16', 'quantization_config': {'load_in_4bit': True, 'bnb_4bit_quant_type': 'nf4'}}
+        {'dtype': 'bf16', 'quantization_config': {'load_in_4bit': True, 'bnb_4bit_quant_type': 'nf4'}}
     """
     from memlab.errors import MemlabError
 
@@ -175,8 +177,8 @@ def load_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
                               "--load-in-8bit")
         config["llm_int8_skip_modules"] = [name for name in skip.split("+") if name]
     load: dict[str, Any] = {}
-    if getattr(args, "torch_dtype", None) is not None:
-        load["torch_dtype"] = args.torch_dtype
+    if getattr(args, "dtype", None) is not None:
+        load["dtype"] = args.dtype
     if config:
         load["quantization_config"] = config
     return load or None
@@ -251,7 +253,9 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if sharded:
             args.gpus = gpus
             return run_sharded(args, model, batch, plans, budget, out, say=say)
-        report = estimate_each(model, batch, plans, budget=budget, device=args.device, say=say,
+        # The config, not the meta model: its load is the one the plan implies or the flags say (the meta model
+        # would be estimated as it is, in fp32).
+        report = estimate_each(config, batch, plans, budget=budget, device=args.device, say=say,
                                gpu=getattr(args, "gpu", None), load=load)
         report = dataclasses.replace(report, trials=card_contexts(report.trials, getattr(args, "gpu", None)))
         if kept is not None:
@@ -259,7 +263,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 trial.notes = (*trial.notes, kept)
         fits = any(report.fits(trial) for trial in report)
         if budget is not None and not fits and report.trials:
-            report.suggestions = _suggestions(args, model, batch, report, grid, say)
+            report.suggestions = _suggestions(args, config, batch, report, grid, say)
     if args.json:
         print(json_with_verdicts(report), file=out)
     else:

@@ -30,10 +30,11 @@ from memlab.errors import MemlabError, UnsupportedTechnique
 from memlab.inference.plan import InferencePlan
 from memlab.live.device import model_device
 from memlab.live.structure import ModuleStructure, unique_parameters
-from memlab.techniques.adapters import output_head
+from memlab.techniques.adapters import quantized_targets
 
 __all__ = [
     "DTYPES",
+    "HELD_AS_LOADED",
     "FakeQuantizedLinear",
     "cast_model",
     "check_quantizable",
@@ -53,9 +54,16 @@ _NF4_NESTED_BLOCK = 256  # absmaxes per block of the double quantization (one fl
 _NF4_FIXED_BYTES = 16 * 4 + 4 + 256 * 4  # the 16-value NF4 code, the absmax offset, the nested 256-value code
 
 
+HELD_AS_LOADED = "memlab_held_as_loaded"
+"""The attribute a dry run's load (:func:`memlab.estimation.load.apply_load`) sets on the model it materialised: its
+weights are held as that load gives them (a rotary ``inv_freq`` in fp32, quantization state in its dtypes), and no
+plan casts them."""
+
+
 def prepare_weights(model: nn.Module, plan: InferencePlan) -> Undo:
     """Put the plan's weights on the model: linear layers quantized (``plan.quantize``), then every floating-point
-    parameter and buffer cast to ``plan.weights``. The returned function puts the original tensors and modules back.
+    parameter and buffer cast to ``plan.weights`` (but on a model a dry run's load made, :data:`HELD_AS_LOADED`).
+    The returned function puts the original tensors and modules back.
 
     Example:
         >>> model = nn.Linear(2, 2)
@@ -65,7 +73,8 @@ def prepare_weights(model: nn.Module, plan: InferencePlan) -> Undo:
     try:
         if plan.quantize != "none":
             undos.append(quantize_linears(model, plan.quantize, DTYPES[plan.weights]))
-        undos.append(cast_model(model, DTYPES[plan.weights]))
+        if not getattr(model, HELD_AS_LOADED, False):
+            undos.append(cast_model(model, DTYPES[plan.weights]))
     except BaseException:
         for undo in reversed(undos):
             undo()
@@ -90,7 +99,8 @@ def cast_model(model: nn.Module, dtype: torch.dtype) -> Undo:
         (torch.float16, torch.float32)
     """
     kept: list[tuple[torch.Tensor, torch.Tensor, torch.device]] = []
-    buffers = list({id(b): b for b in model.buffers()}.values())
+    state = {id(b) for m in model.modules() if getattr(m, "keeps_dtypes", False) for b in m.buffers(recurse=False)}
+    buffers = [b for b in {id(b): b for b in model.buffers()}.values() if id(b) not in state]
     try:
         for tensor in [*unique_parameters(model), *buffers]:
             if not tensor.is_floating_point() or tensor.dtype == dtype:
@@ -117,9 +127,10 @@ def _put_back(kept: list[tuple[torch.Tensor, torch.Tensor, torch.device]]) -> No
 
 
 def check_quantizable(model: nn.Module, quantize: str) -> list[str]:
-    """The linear layers ``quantize`` would replace (every ``nn.Linear`` but the output head: the model's
-    ``get_output_embeddings()``, else its last linear layer); a clear error, before
-    anything changes, where there are none or bitsandbytes cannot run them.
+    """The linear layers ``quantize`` would replace: those a bitsandbytes load quantizes
+    (:func:`memlab.techniques.adapters.quantized_targets`, transformers' own choice: every ``nn.Linear`` and
+    GPT-2-style ``Conv1D`` but the output head); a clear error, before anything changes, where there are none or
+    bitsandbytes cannot run them.
 
     Example:
         >>> check_quantizable(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)), "nf4")
@@ -127,24 +138,19 @@ def check_quantizable(model: nn.Module, quantize: str) -> list[str]:
         >>> check_quantizable(nn.Sequential(nn.Linear(4, 1)), "int8")
         Traceback (most recent call last):
         ...
-        memlab.errors.UnsupportedTechnique: quantize='int8' quantizes nn.Linear layers, and this model has none \
-besides its output (other layer types, such as GPT-2's Conv1D, stay as they are); write quantize='none'
+        memlab.errors.UnsupportedTechnique: quantize='int8' quantizes linear layers, and this model has none \
+besides its output; write quantize='none'
     """
     if quantize == "none":
         return []
-    head = output_head(model)
-    linears = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear) and name]
-    if head is None:
-        targets = [name for name, _ in linears[:-1]]  # the last linear layer is taken for the output
-    else:
-        targets = [name for name, module in linears if module is not head]
+    targets = quantized_targets(model)
     if not targets:
         raise UnsupportedTechnique(
-            f"quantize={quantize!r} quantizes nn.Linear layers, and this model has none besides its output (other "
-            "layer types, such as GPT-2's Conv1D, stay as they are); write quantize='none'"
+            f"quantize={quantize!r} quantizes linear layers, and this model has none besides its output; write "
+            "quantize='none'"
         )
     for name in targets:
-        layer = model.get_submodule(name)
+        layer: Any = model.get_submodule(name)
         if layer.weight.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise UnsupportedTechnique(
                 f"{name} holds {layer.weight.dtype} weights (already quantized?); quantize float weights only, or "
@@ -173,7 +179,6 @@ def quantize_linears(model: nn.Module, quantize: str, compute_dtype: torch.dtype
     try:
         for name in targets:
             original = model.get_submodule(name)
-            assert isinstance(original, nn.Linear)
             if fake:
                 replacement: nn.Module = FakeQuantizedLinear(original, quantize, compute_dtype)
             else:
@@ -195,26 +200,31 @@ def _is_fake(tensor: torch.Tensor) -> bool:
     return bool(is_fake(tensor))
 
 
+def _out_in(original: nn.Module) -> torch.Tensor:
+    """The layer's weight as ``(out, in)``: an ``nn.Linear``'s, or a GPT-2-style ``Conv1D``'s transposed."""
+    weight: Any = original.weight
+    values: torch.Tensor = weight.data.detach()
+    return values if isinstance(original, nn.Linear) else values.t()
+
+
 def _bitsandbytes_linear(
-    original: nn.Linear, quantize: str, compute_dtype: torch.dtype, device: torch.device
+    original: nn.Module, quantize: str, compute_dtype: torch.dtype, device: torch.device
 ) -> nn.Module:
     import bitsandbytes
 
     weight: Any
+    values = _out_in(original).contiguous().clone()
+    out_features, in_features = values.shape
     if quantize == "nf4":
         layer: Any = bitsandbytes.nn.Linear4bit(
-            original.in_features, original.out_features, bias=False, compute_dtype=compute_dtype,
-            quant_type="nf4", device="meta",
+            in_features, out_features, bias=False, compute_dtype=compute_dtype, quant_type="nf4", device="meta",
         )
-        weight = bitsandbytes.nn.Params4bit(original.weight.data.detach().clone(), requires_grad=False,
-                                            quant_type="nf4")
+        weight = bitsandbytes.nn.Params4bit(values, requires_grad=False, quant_type="nf4")
     else:
         layer = bitsandbytes.nn.Linear8bitLt(
-            original.in_features, original.out_features, bias=False, has_fp16_weights=False, threshold=0.0,
-            device="meta",
+            in_features, out_features, bias=False, has_fp16_weights=False, threshold=0.0, device="meta",
         )
-        weight = bitsandbytes.nn.Int8Params(original.weight.data.detach().clone(), requires_grad=False,
-                                            has_fp16_weights=False)
+        weight = bitsandbytes.nn.Int8Params(values, requires_grad=False, has_fp16_weights=False)
     layer.weight = weight.to(device)  # moving it quantizes it (bitsandbytes' Params4bit / Int8Params .to)
     layer.bias = original.bias  # the same bias, shared (cast with the rest)
     return layer
@@ -287,13 +297,14 @@ class FakeQuantizedLinear(nn.Module):
 
     packed: torch.Tensor
 
-    def __init__(self, original: nn.Linear, quantize: str, compute_dtype: torch.dtype) -> None:
+    def __init__(self, original: nn.Module, quantize: str, compute_dtype: torch.dtype) -> None:
         super().__init__()
-        self.in_features, self.out_features = original.in_features, original.out_features
+        weight: Any = original.weight
+        self.out_features, self.in_features = _out_in(original).shape
         self.compute_dtype = compute_dtype
-        size = quantized_bytes(original.weight.numel(), original.out_features, quantize)
-        self.register_buffer("packed", torch.empty(size, dtype=torch.uint8, device=original.weight.device))
-        self.bias = original.bias
+        size = quantized_bytes(weight.numel(), self.out_features, quantize)
+        self.register_buffer("packed", torch.empty(size, dtype=torch.uint8, device=weight.device))
+        self.bias: Any = original.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = torch.empty(

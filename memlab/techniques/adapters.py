@@ -3,6 +3,7 @@ NF4 (bitsandbytes) for QLoRA. Attached for a plan and taken off again with nothi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -73,10 +74,14 @@ def carries_plan_adapters(model: nn.Module, plan: Plan) -> bool:
     return True
 
 
-def quantized_targets(model: nn.Module) -> list[str]:
-    """The base's linear layers QLoRA holds in 4-bit NF4, whatever ``lora_targets`` adapts: every ``nn.Linear`` but
-    the output head and the modules the model keeps in higher precision (transformers' ``_keep_in_fp32_modules``,
-    such as T5's ``wo``, which 4-bit loading leaves unquantized too).
+def quantized_targets(model: nn.Module, skip_modules: Sequence[str] | None = None) -> list[str]:
+    """The layers a bitsandbytes 4-bit or 8-bit load holds quantized, as transformers' bitsandbytes integration
+    chooses them (``replace_with_bnb_linear``): every ``nn.Linear`` and GPT-2-style ``Conv1D``, but the modules of
+    its ``get_modules_to_not_convert`` (the output head, the tied and the last modules: ``get_keys_to_not_convert``;
+    ``skip_modules``, the config's ``llm_int8_skip_modules``, which replace those when given; the model's
+    ``_keep_in_fp32_modules``, such as T5's ``wo``), matched as transformers matches them. QLoRA holds these in 4-bit
+    whatever ``lora_targets`` adapts, as 4-bit loading does. A model that is not a transformers model keeps its
+    output head (``get_output_embeddings()``, else its last linear layer) and ``skip_modules`` out.
 
     Example:
         >>> from transformers import T5Config, T5ForConditionalGeneration
@@ -84,27 +89,28 @@ def quantized_targets(model: nn.Module) -> list[str]:
         ...                                          vocab_size=32))
         >>> [name for name in quantized_targets(t5) if "DenseReluDense" in name]
         ['encoder.block.0.layer.1.DenseReluDense.wi', 'decoder.block.0.layer.2.DenseReluDense.wi']
+        >>> quantized_targets(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)))
+        ['0']
     """
-    keep = {
-        *(getattr(model, "_keep_in_fp32_modules", None) or ()),
-        *(getattr(model, "_keep_in_fp32_modules_strict", None) or ()),
-    }
-    return [name for name in adapter_targets(model) if not any(f".{k}." in f".{name}." for k in keep)]
+    from transformers.pytorch_utils import Conv1D
 
+    layers = [name for name, m in model.named_modules() if name and (type(m) is nn.Linear or isinstance(m, Conv1D))]
+    skip = None if skip_modules is None else list(skip_modules)
+    keep = list(getattr(model, "_keep_in_fp32_modules", None) or ())
+    try:  # transformers 5's own choice
+        from transformers.quantizers.base import HfQuantizer
+        from transformers.quantizers.quantizers_utils import should_convert_module
 
-def check_quantizable(model: nn.Module) -> None:
-    """Raise :class:`UnsupportedTechnique` for a model QLoRA cannot hold in 4-bit: one with transformers ``Conv1D``
-    layers (GPT-2's), which bitsandbytes does not quantize. Trials and estimates ask it alike.
-
-    Example:
-        >>> check_quantizable(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)))
-    """
-    conv1d = [name for name in quantized_targets(model) if not isinstance(model.get_submodule(name), nn.Linear)]
-    if conv1d:
-        raise UnsupportedTechnique(
-            f"adapter='qlora' quantizes nn.Linear layers to 4-bit, and {type(model).__name__} holds "
-            f"transformers Conv1D layers ({conv1d[0]}, ...); write adapter='lora' (LoRA adapts them)"
-        )
+        not_converted = HfQuantizer.get_modules_to_not_convert(model, skip, keep)  # type: ignore[arg-type]
+        return [name for name in layers if should_convert_module(name, not_converted)]
+    except (ImportError, AttributeError, TypeError, IndexError):  # an older transformers, or not its model
+        pass
+    if skip is None:
+        head = output_head(model)
+        skip = [n for n in layers if model.get_submodule(n) is head] if head is not None else layers[-1:]
+    not_converted = [*skip, *keep]
+    return [name for name in layers
+            if not any(name == key or name.endswith(f".{key}") or f".{key}." in f".{name}." for key in not_converted)]
 
 
 def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
@@ -146,8 +152,6 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
             f"lora_targets={plan.lora_targets!r} finds none in this model besides its output; write other "
             "lora_targets, or adapter='none'"
         )
-    if plan.adapter == "qlora":
-        check_quantizable(model)
     # Imported here: peft and bitsandbytes are heavy, and `import memlab` must not pull them in.
     from peft import LoraConfig, inject_adapter_in_model
 
@@ -203,32 +207,34 @@ def compute_dtype(plan: Plan) -> torch.dtype:
 def _quantize(
     model: nn.Module, targets: list[str], compute_dtype: torch.dtype
 ) -> list[tuple[torch.Tensor, torch.device]]:
-    """Replace each target ``nn.Linear`` by an NF4 ``Linear4bit`` holding the same weight; on CUDA the originals'
-    weights move to host memory. Returns ``(weight, its device)`` for each moved weight, to put back."""
+    """Replace each target ``nn.Linear`` (or GPT-2-style ``Conv1D``, whose weight is the transpose) by an NF4
+    ``Linear4bit`` holding the same weight, as transformers' 4-bit load does; on CUDA the originals' weights move to
+    host memory. Returns ``(weight, its device)`` for each moved weight, to put back."""
     import bitsandbytes
 
     device = model_device(model)
     parked: list[tuple[torch.Tensor, torch.device]] = []
     for name in targets:
         original = model.get_submodule(name)
-        assert isinstance(original, nn.Linear)  # adapter_targets lists only nn.Linear layers
-        if original.weight.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise MemlabError(f"{name} holds {original.weight.dtype} weights; QLoRA quantizes float weights only")
+        held: Any = original.weight  # nn.Linear's or Conv1D's weight
+        if held.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise MemlabError(f"{name} holds {held.dtype} weights; QLoRA quantizes float weights only")
+        values = held.data.detach()
+        if not isinstance(original, nn.Linear):  # Conv1D holds (in, out)
+            values = values.t()
         quantized = bitsandbytes.nn.Linear4bit(
-            original.in_features, original.out_features, bias=False, compute_dtype=compute_dtype,
-            quant_type="nf4", device="meta",
+            values.shape[1], values.shape[0], bias=False, compute_dtype=compute_dtype, quant_type="nf4",
+            device="meta",
         )
-        weight: Any = bitsandbytes.nn.Params4bit(
-            original.weight.data.detach().clone(), requires_grad=False, quant_type="nf4"
-        )
+        weight: Any = bitsandbytes.nn.Params4bit(values.contiguous().clone(), requires_grad=False, quant_type="nf4")
         quantized.weight = weight.to(device)  # moving it quantizes it (bitsandbytes' Params4bit.to)
-        quantized.bias = original.bias  # the same frozen bias, shared
+        quantized.bias = original.bias  # type: ignore[assignment]  # the same frozen bias, shared
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, quantized)
         if device.type != "cpu":
-            parked.append((original.weight, original.weight.device))
-            original.weight.data = original.weight.data.to("cpu")
+            parked.append((held, held.device))
+            held.data = held.data.to("cpu")
     return parked
 
 

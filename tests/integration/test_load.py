@@ -119,7 +119,7 @@ SHAPES = {"input_ids": (1, 64), "labels": (1, 64)}
 def test_the_plan_implies_the_load_and_the_notes_name_it():
     bf16 = memlab.estimate(_config(), SHAPES, memlab.Plan(weights="bf16"), device="cpu")
     qlora = memlab.estimate(_config(), SHAPES, memlab.Plan(adapter="qlora", lora_rank=4), device="cpu")
-    assert any("from_pretrained(name, torch_dtype=torch.bfloat16)" in n and "implies" in n for n in bf16.notes)
+    assert any("from_pretrained(name, dtype=torch.bfloat16)" in n and "implies" in n for n in bf16.notes)
     assert any("load_in_4bit=True" in n for n in qlora.notes)
     given = memlab.estimate(_config(), SHAPES, memlab.Plan(adapter="lora", lora_rank=4), device="cpu",
                             load={"torch_dtype": torch.bfloat16})
@@ -158,7 +158,7 @@ def test_a_live_fp32_model_tried_in_bf16_gets_the_card_of_a_model_loaded_in_bf16
     assert cast.peak_bytes == loaded.peak_bytes
     # The fp32 copy (0.9 GB) was given back: the two reserves differ by at most a segment's placement.
     assert abs(cast.reserved_bytes - loaded.reserved_bytes) <= 0.02 * loaded.reserved_bytes
-    assert any("torch_dtype=torch.bfloat16" in n and "given back" in n for n in cast.notes)
+    assert any("(name, dtype=torch.bfloat16)" in n and "given back" in n for n in cast.notes)
     assert all(p.dtype == torch.float32 for p in live.parameters())  # the live model is not touched
 
 
@@ -184,7 +184,7 @@ def test_the_cublas_workspaces_follow_the_gpu_kind_and_the_environment(monkeypat
         ({"quantization_config": {"load_in_4bit": True, "bnb_4bit_quant_type": "int4"}}, memlab.Plan(adapter="lora"),
          "'nf4'"),
         ({"quantization_config": "4bit"}, memlab.Plan(adapter="lora"), "BitsAndBytesConfig"),
-        ("bf16", memlab.Plan(), "load={'torch_dtype'"),
+        ("bf16", memlab.Plan(), "load={'dtype'"),
     ],
 )
 def test_a_bad_load_says_what_to_write(load, plan, says):
