@@ -95,6 +95,8 @@ class TrialRecord:
         self.notes: list[str] = []
         # The tracked step as it went (memlab.measure.timeline), once it has run.
         self.recording: Recording | None = None
+        # On CUDA, the allocator's own snapshot of the tracked step (torch.cuda.memory._snapshot()).
+        self.allocator_snapshot: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -146,6 +148,7 @@ class TrialRecord:
         return Timeline.from_recording(
             self.recording, peak_bytes=int(self.reading.peak_bytes),
             breakdown={k: v for k, v in self.reading.breakdown.items() if k in self.categories}, device=str(device),
+            allocator_snapshot=self.allocator_snapshot,
         )
 
 
