@@ -27,7 +27,9 @@ class InferenceTrial(Trial):
     (prefill and every decode step); ``samples_per_s`` is rows (sequences) per second; ``tokens_per_s`` is prompt
     tokens per second for one forward, new tokens per second for a generation.
 
-    Args (besides Trial's):
+    Besides the fields of :class:`Trial`:
+
+    Args:
         prefill_tokens_per_s: prompt tokens per second of the prefill forward (median), when generating.
         decode_tokens_per_s: new tokens per second of the decode steps (median over steps), when generating more
             than one token.

@@ -141,21 +141,6 @@ def test_gpu_acceptance_runner_writes_a_result_that_names_its_parts(load: Any, t
     assert result["summary"] == data["summary"]
 
 
-def test_the_readme_gpu_tables_are_made_from_the_committed_gpu_result(load: Any) -> None:
-    results = sorted((ROOT / "benchmarks" / "results").glob("gpu_acceptance-cuda-*.json"))
-    if not results:
-        pytest.skip("no GPU result committed yet")
-    acceptance = load("gpu_acceptance")
-    readme = (ROOT / "README.md").read_text()
-    for path in results:
-        data = json.loads(path.read_text())
-        assert data["device"]["gpu"] and data["versions"]["torch"]
-        assert acceptance.markdown(data) in readme, f"README's GPU tables differ from {path.name}"
-        if "hf_table" in data["parts"]:
-            table = json.loads((path.parent / data["parts"]["hf_table"]["file"]).read_text())
-            assert table["markdown"] in readme
-
-
 def test_cumulative(load: Any, tmp_path: Path) -> None:
     result = load("cumulative").main(["--smoke", "--device", "cpu", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "cumulative-cpu-smoke.json").read_text())
@@ -197,16 +182,3 @@ def test_cuda_truth_estimates(load: Any, tmp_path: Path) -> None:
         assert row["ratio"] == round(row["estimate_peak_bytes"] / row["measured_peak_bytes"], 4)
     with pytest.raises(SystemExit):
         runner.main(["--device", "cuda", "--out", str(tmp_path)])
-
-
-def test_the_readme_shows_the_committed_cuda_truth_estimates() -> None:
-    data = json.loads((ROOT / "benchmarks" / "results" / "cuda_truth_estimates-cpu.json").read_text())
-    assert data["size"] == "small" and data["device"]["type"] == "cpu"
-    assert data["markdown"] in (ROOT / "README.md").read_text()
-
-
-def test_the_readme_shows_the_committed_estimate_against_published_runs(load: Any) -> None:
-    data = json.loads((ROOT / "benchmarks" / "results" / "estimate_vs_published-cpu.json").read_text())
-    rows = data["rows"]
-    assert len({row["source"].split(" ")[0] for row in rows}) >= 3 and len(rows) >= 8
-    assert load("estimate_vs_published").markdown(rows) in (ROOT / "README.md").read_text()

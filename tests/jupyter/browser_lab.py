@@ -524,11 +524,12 @@ def _check_figures_and_tables(page, cells, memlab_cells: dict[int, str]) -> None
 
 
 def _readme_size_kb(what: str) -> float:
-    """The size the README states (``at most N kB``) on its line about the saved notebook after ``what``."""
+    """The size the docs state (``at most N kB``, in ``docs/jupyter.md``, moved there from the README) on its line
+    about the saved notebook after ``what``."""
     import re
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "jupyter.md").read_text()
     found = re.search(rf"{re.escape(what)}[^.]*?at most (\d+) kB", text)
-    assert found, f"README.md states no size for {what!r} ('... {what} ... at most N kB')"
+    assert found, f"docs/jupyter.md states no size for {what!r} ('... {what} ... at most N kB')"
     return float(found.group(1))
 

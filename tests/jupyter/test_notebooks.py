@@ -7,14 +7,15 @@ their reader-friendly defaults. Notebooks
 that need an API which has not landed yet (``memlab.fit``, ``memlab.panel``, the ``%%memfit`` magic,
 ``memlab.estimate``) are skipped with the missing names in the reason.
 
-The fast checks at the bottom need no kernel: the committed notebooks are what ``notebooks/_build.py`` writes, carry
-no outputs, and each has the cookbook's shape.
+The fast checks at the bottom need no kernel: the committed notebooks are what ``notebooks/sync.py`` writes from
+their jupytext sources in ``notebooks/src/``, carry no outputs, and each has the cookbook's shape.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import shutil
 
 import nbformat
 import pytest
@@ -62,8 +63,8 @@ def test_all_notebooks_together_run_in_under_ten_minutes():
 # --- without a kernel -------------------------------------------------------------------------------------------
 
 
-def _build_module():
-    spec = importlib.util.spec_from_file_location("notebooks_build", NOTEBOOKS / "_build.py")
+def _sync_module():
+    spec = importlib.util.spec_from_file_location("notebooks_sync", NOTEBOOKS / "sync.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -77,13 +78,35 @@ def test_there_are_twelve_notebooks_in_order():
     assert [name[:2] for name in NAMES] == [f"{i:02d}" for i in range(EXPECTED_NOTEBOOKS)], NAMES
 
 
-def test_committed_notebooks_are_what_the_build_script_writes():
-    build = _build_module()
-    assert sorted(build.NOTEBOOKS) == NAMES
-    for name in NAMES:
-        assert (NOTEBOOKS / name).read_text(encoding="utf-8") == build.render(build.build(name)), (
-            f"{name} is out of date: run python notebooks/_build.py"
+def test_committed_notebooks_are_what_sync_writes_from_their_sources():
+    sync = _sync_module()
+    assert [f"{source.stem}.ipynb" for source in sync.sources()] == NAMES, "one source in notebooks/src per notebook"
+    for source in sync.sources():
+        name = f"{source.stem}.ipynb"
+        assert (NOTEBOOKS / name).read_text(encoding="utf-8") == sync.render(sync.build(source)), (
+            f"{name} is out of date: edit notebooks/src/{source.name}, then run python notebooks/sync.py"
         )
+    assert sync.main(["--check"]) == 0
+
+
+def test_sync_check_names_a_stale_notebook_and_a_drifted_shared_cell(tmp_path, capsys):
+    """Against a copy: a changed sentence in a source makes its notebook stale, a changed device cell is drift."""
+    sync = _sync_module()
+    shutil.copytree(NOTEBOOKS, tmp_path / "notebooks", ignore=shutil.ignore_patterns("*.ipynb_checkpoints"))
+    sync.HERE, sync.SOURCES = tmp_path / "notebooks", tmp_path / "notebooks" / "src"
+    sync.TEMPLATE = sync.SOURCES / "_template.py"
+    source = sync.SOURCES / "08_lora_and_qlora.py"
+    source.write_text(source.read_text(encoding="utf-8").replace("# # 08 ·", "# # 08 · Changed:"), encoding="utf-8")
+    other = sync.SOURCES / "03_mixed_precision.py"
+    other.write_text(other.read_text(encoding="utf-8").replace('print("Running on", where)', "print(where)"))
+    assert sync.main(["--check"]) == 1
+    said = capsys.readouterr().out
+    assert "08_lora_and_qlora.ipynb" in said and "03_mixed_precision.py" in said, said
+    assert sync.main([]) == 1  # writes the notebooks, still names the drift
+    written = nbformat.read(sync.HERE / "08_lora_and_qlora.ipynb", as_version=4)
+    assert written.cells[0].source.startswith("# 08 · Changed:")
+    assert written.cells[0].id == "nb08-00" and written.metadata.kernelspec.name == "python3"
+    assert [c.metadata.get("tags") for c in written.cells if c.metadata.get("tags")] == [["parameters"]]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,0 +1,105 @@
+"""What the site builds from the repository: the benchmark tables from the committed JSON, and the workshop
+notebooks at CI's small sizes.
+
+A page asks for a benchmark table with a fenced block ``{benchmark} NAME`` (``NAME``: a file in
+``benchmarks/results/`` without ``.json``); the block is replaced, when the page is read, by the markdown that the
+benchmark's own ``markdown()`` writes from that JSON, so the tables cannot drift from the results.
+
+The notebooks are copied from ``notebooks/`` into ``docs/notebooks/`` (not committed) with the small sizes that
+``tests/notebook_runs.py`` injects for CI after the ``parameters`` cell, and a first cell that says how the page was
+made; myst-nb executes them during the build (:data:`ONLY` limits which, for a quick build).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = ROOT / "docs"
+OUT = DOCS / "notebooks"
+
+ONLY = os.environ.get("MEMLAB_DOCS_NOTEBOOKS", "")
+"""Comma-separated notebook names (``02_gradient_checkpointing``) to put on the site; empty: all of them."""
+
+BLOCK = re.compile(r"^```\{benchmark\}\s+(\S+)\s*\n```\s*$", re.MULTILINE)
+
+NOTE = """\
+```{{note}}
+This page is the workshop notebook `notebooks/{name}`,
+**executed on a CPU when this site was built**, at the small sizes CI uses (the cell after `parameters`). The
+figures are the ones memlab draws; the numbers are that machine's, not a GPU's. Run it yourself with bigger sizes
+(see [the workshop](../workshop.md)).
+```
+"""
+
+
+def benchmark_markdown(name: str) -> str:
+    """The markdown of benchmark result ``name`` (``benchmarks/results/NAME.json``), made by the benchmark's own
+    ``markdown()`` from the committed JSON.
+
+    Example:
+        >>> "| run:section |" in benchmark_markdown("cuda_truth_estimates-cpu")
+        True
+    """
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    data = json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))
+    if name.startswith("gpu_acceptance-"):
+        return str(importlib.import_module("benchmarks.gpu_acceptance").markdown(data))
+    if name.startswith("estimate_vs_published-"):
+        return importlib.import_module("benchmarks.estimate_vs_published").markdown(data["rows"])
+    return str(data["markdown"])
+
+
+def expand_benchmarks(text: str) -> str:
+    """``text`` with every ``{benchmark} NAME`` block replaced by its table."""
+    return BLOCK.sub(lambda match: benchmark_markdown(match.group(1)), text)
+
+
+def notebook_names() -> list[str]:
+    names = sorted(path.name for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    if ONLY:
+        wanted = {name.strip().removesuffix(".ipynb") for name in ONLY.split(",")}
+        names = [name for name in names if name.removesuffix(".ipynb") in wanted]
+    return names
+
+
+def write_notebooks() -> list[str]:
+    """Copies the notebooks into ``docs/notebooks/`` with CI's small sizes and the note on top (a file is rewritten
+    only when it changes, so that myst-nb's cache of executed notebooks stays valid); removes the others."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    from notebook_runs import with_small_sizes
+
+    OUT.mkdir(exist_ok=True)
+    names = notebook_names()
+    for name in names:
+        nb = with_small_sizes(nbformat.read(ROOT / "notebooks" / name, as_version=4), name)
+        note = nbformat.v4.new_markdown_cell(NOTE.format(name=name))
+        note["id"] = "built-on-cpu"
+        nb.cells.insert(1, note)
+        text = nbformat.writes(nb) + "\n"
+        path = OUT / name
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+    for stale in set(OUT.glob("*.ipynb")) - {OUT / name for name in names}:
+        stale.unlink()
+    return names
+
+
+def _source_read(app: Any, docname: str, source: list[str]) -> None:
+    source[0] = expand_benchmarks(source[0])
+
+
+def setup(app: Any) -> dict[str, Any]:
+    app.connect("source-read", _source_read)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,201 @@
+# %% [markdown]
+# # 00 · Where the memory goes
+#
+# A training step keeps several kinds of tensors on the device at once. memlab sorts them into five
+# categories:
+#
+# | category | what it holds | how big |
+# |---|---|---|
+# | `params` | the weights | 4 bytes per parameter in fp32 |
+# | `grads` | one gradient per weight, written by backward | 4 bytes per parameter |
+# | `optimizer` | AdamW's two running averages per weight | 8 bytes per parameter |
+# | `activations` | what forward saves for backward, and scratch space | grows with rows × tokens |
+# | `other` | the batch, and whatever the process already held | |
+#
+# The first three are fixed by the model. Activations depend on what you push through it, which makes
+# them the part you can most often shrink. This notebook measures all of them on a small model, then
+# moves the batch size and the sequence length to see which bars follow.
+
+# %%
+import logging
+import warnings
+
+# Quiet before the imports: some libraries warn while they load.
+warnings.filterwarnings("ignore", category=FutureWarning)
+logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # optional CPU kernels it may not find
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+import memlab
+
+transformers.logging.set_verbosity_error()
+torch.manual_seed(0)
+
+
+def human(num_bytes):
+    """Bytes in KiB, MiB or GiB, for printing."""
+    for unit in ("B", "KiB", "MiB"):
+        if abs(num_bytes) < 1024:
+            return f"{num_bytes:,.1f} {unit}"
+        num_bytes /= 1024
+    return f"{num_bytes:,.1f} GiB"
+
+
+# %% tags=["parameters"]
+# Sizes of the model and the batch, small enough for a CPU (a free Binder; how long they take depends on how
+# busy it is: the README says what was measured); on a GPU, make them bigger. The tests run every notebook with
+# smaller values injected after this cell.
+hidden = 128   # width of the model
+layers = 4     # transformer blocks
+vocab = 4096   # vocabulary size
+rows = 8       # sequences per batch
+seq_len = 64   # tokens per sequence
+steps = 3      # timed steps per measurement
+noise = 0.05   # time on past `steps` until the median step is known within +-5% (0: exactly `steps` steps)
+
+# %%
+device = "cuda" if torch.cuda.is_available() else "cpu"
+if device == "cpu":
+    # The models here are small: one thread runs them about as fast as several, and on a shared machine (a
+    # Binder, a laptop building something) torch's threads wait on each other for the busy core, up to
+    # 15 times slower (the README has the numbers). On a machine of your own, delete this line.
+    torch.set_num_threads(1)
+where = torch.cuda.get_device_name() if device == "cuda" else f"the CPU, {torch.get_num_threads()} thread(s)"
+print("Running on", where)
+
+# %%
+# With internet, a real checkpoint works the same way; replace the config and from_config lines with:
+#   model = AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M").to(device)
+#   vocab = model.config.vocab_size
+config = LlamaConfig(
+    hidden_size=hidden,
+    intermediate_size=4 * hidden,
+    num_hidden_layers=layers,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    vocab_size=vocab,
+    max_position_embeddings=4 * seq_len,
+    use_cache=False,
+)
+model = AutoModelForCausalLM.from_config(config).to(device)
+
+# Random tokens: memory and speed do not depend on what the text says.
+ids = torch.randint(0, vocab, (rows, seq_len), device=device)
+batch = {"input_ids": ids, "labels": ids}
+n_params = sum(p.numel() for p in model.parameters())
+print(f"{n_params:,} parameters; a batch of {rows} rows x {seq_len} tokens")
+
+# %% [markdown]
+# ## One training step, measured
+#
+# `memlab.measure` runs a few training steps of a plan on the live model and reports the peak memory of a
+# steady step (the optimizer state already exists), split by category, and the speed. `memlab.Plan()` is
+# plain fp32 training with AdamW. Afterwards the model is exactly as it was.
+
+# %%
+trial = memlab.measure(model, batch, memlab.Plan(), steps=steps, noise=noise)
+trial
+
+# %% [markdown]
+# Set the measurement beside the bytes-per-parameter rule from the table:
+
+# %%
+rule = {"params": 4 * n_params, "grads": 4 * n_params, "optimizer": 8 * n_params}
+for name, measured in trial.breakdown.items():
+    guess = human(rule[name]) if name in rule else "depends on the batch"
+    print(f"{name:12} measured {human(measured):>11}    rule of thumb: {guess}")
+print(f"{'peak':12} measured {human(trial.peak_bytes):>11}")
+
+# %% [markdown]
+# The breakdown is a snapshot at the moment of the peak. If `grads` reads zero there, nothing is missing:
+# in a plain step the peak usually comes at the end of forward, when every activation is saved and
+# backward has not started. The previous step's gradients were freed by `zero_grad(set_to_none=True)`, and
+# the new ones appear during backward while the activations are released, so the two mostly take turns.
+# (With gradient accumulation, notebook 01, the gradients live through the next micro-batch and do show
+# up.)
+#
+# The figure is the same breakdown as a stacked bar, with the speed beside it:
+
+# %%
+memlab.Report([trial]).plot()
+
+# %% [markdown]
+# ## More rows, longer sequences
+#
+# `Plan(micro_batch=k)` feeds k rows per forward and backward (memlab repeats rows when k is more than the
+# batch holds), so one `compare` call walks through batch sizes. For sequence length we cut the batch to
+# shorter rows and measure each.
+
+# %%
+sizes = sorted({max(1, rows // 4), max(1, rows // 2), rows, 2 * rows})
+by_rows = memlab.compare(model, batch, [memlab.Plan(micro_batch=k) for k in sizes], steps=steps, noise=noise)
+
+lengths = sorted({max(2, seq_len // 4), max(2, seq_len // 2), seq_len})
+by_length = [
+    memlab.measure(
+        model, {key: value[:, :n] for key, value in batch.items()}, memlab.Plan(), steps=steps, noise=noise
+    )
+    for n in lengths
+]
+by_rows
+
+# %%
+colors = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B", "activations": "#E45756"}
+fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=("more rows", "longer rows"))
+for col, (xs, trials) in enumerate([(sizes, by_rows.trials), (lengths, by_length)], start=1):
+    for name, color in colors.items():
+        ys = [t.breakdown[name] / 2**20 for t in trials]
+        fig.add_trace(
+            go.Scatter(x=xs, y=ys, name=name, mode="lines+markers", line_color=color, showlegend=col == 1),
+            row=1, col=col,
+        )
+fig.update_xaxes(title_text="rows per step", row=1, col=1)
+fig.update_xaxes(title_text=f"tokens per row ({rows} rows)", row=1, col=2)
+fig.update_yaxes(title_text="MiB at the peak", rangemode="tozero", row=1, col=1)
+fig.update_layout(title="What grows with the batch")
+fig
+
+
+# %% [markdown]
+# Params and optimizer state stay flat: the model's own memory does not care about the batch.
+# Activations climb. (On a very small batch the peak can move to the optimizer step, where gradients
+# exist and activations are gone; the lines then swap.) Activations per token tell whether the climb is
+# a straight line: the same bytes per token means linear; bytes per token that grow with the length mean
+# some tensor is length × length, as attention scores are when the attention implementation
+# materializes them.
+
+# %%
+def per_token(t, tokens):
+    return f"{t.breakdown['activations'] / tokens / 1024:7.1f} KiB of activations per token"
+
+
+for k, t in zip(sizes, by_rows.trials):
+    print(f"{k:4} rows x {seq_len:4} tokens:", per_token(t, k * seq_len))
+for n, t in zip(lengths, by_length):
+    print(f"{rows:4} rows x {n:4} tokens:", per_token(t, rows * n))
+print("attention implementation:", model.config._attn_implementation)
+
+# %% [markdown]
+# ## Exercise
+#
+# Double `hidden` (the width) and measure again. Which categories grow about 4×, which about 2×, and why?
+# Make a guess from the table at the top before you run it.
+#
+# The next cell holds one solution, folded: click it to open.
+
+# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# Solution
+wide_config = LlamaConfig(**{**config.to_dict(), "hidden_size": 2 * hidden, "intermediate_size": 8 * hidden})
+wide = AutoModelForCausalLM.from_config(wide_config).to(device)
+wide_trial = memlab.measure(wide, batch, memlab.Plan(), steps=1, noise=noise)
+for name in ("params", "optimizer", "activations"):
+    print(f"{name:12} x{wide_trial.breakdown[name] / max(trial.breakdown[name], 1):.1f}")
+# Weight matrices in the blocks are hidden x hidden, so they grow 4x; the embedding and output tables are
+# vocab x hidden and only double, which pulls the ratio down in a small model. Activations inside the
+# blocks are rows x tokens x hidden (about 2x), but the logits are rows x tokens x vocab and do not grow
+# with the width at all.
+del wide
