@@ -341,9 +341,11 @@ def _computed_8bit_trial(runner: Runner[Any, Any], plan: Plan, failed: Trial, mo
     state = adamw8bit_state_bytes(trainable_parameters(model))
     breakdown = dict(adamw.breakdown)
     peak = adamw.peak_bytes - breakdown["optimizer"] + state
+    # The state is there all through the step: the same timeline, its optimizer bytes the 8-bit size.
+    timeline = adamw.timeline and adamw.timeline.shifted("optimizer", state - breakdown["optimizer"])
     breakdown["optimizer"] = state
     return dataclasses.replace(
-        adamw, plan=plan, peak_bytes=peak, breakdown=breakdown, notes=(*adamw.notes, _BNB_COMPUTED)
+        adamw, plan=plan, peak_bytes=peak, breakdown=breakdown, notes=(*adamw.notes, _BNB_COMPUTED), timeline=timeline
     )
 
 
@@ -381,6 +383,7 @@ def _as_estimate(
         rss_bytes=None,
         notes=tuple(dict.fromkeys(notes)),
         estimated=True,
+        timeline=trial.timeline and dataclasses.replace(trial.timeline, device=str(target)),
     )
 
 

@@ -83,7 +83,7 @@ class InferenceStep:
             cache = new_cache(self.model) if self.causal and plan.kv_cache else None
             untrack = track_cache(cache, tracker)
             try:
-                with _phase(tracker, "activations"):
+                with _phase(tracker, "activations"), _section(tracker, "forward"):
                     output = self._forward(inputs, cache, plan.kv_cache, last_only=False)
                 del output
                 return StepResult(cache_bytes=cache_bytes(cache), cache_tokens=cache_tokens(cache))
@@ -99,7 +99,7 @@ class InferenceStep:
             self.probe.synchronize()
             started = self.clock()
             prompt = {"input_ids": ids} if mask is None else {"input_ids": ids, "attention_mask": mask}
-            with _phase(tracker, "activations"):
+            with _phase(tracker, "activations"), _section(tracker, "prefill"):
                 logits = self._forward(prompt, cache, plan.kv_cache, last_only=True).logits
                 next_token = logits[:, -1:].argmax(-1)
                 del logits
@@ -114,7 +114,7 @@ class InferenceStep:
                 step = {"input_ids": next_token if plan.kv_cache else sequence}
                 if mask is not None:
                     step["attention_mask"] = mask
-                with _phase(tracker, "activations"):
+                with _phase(tracker, "activations"), _section(tracker, "decode"):
                     logits = self._forward(step, cache, plan.kv_cache, last_only=True).logits
                     next_token = logits[:, -1:].argmax(-1)
                     del logits
@@ -154,6 +154,10 @@ class InferenceStep:
 
 def _phase(tracker: MemoryTracker | None, category: str) -> contextlib.AbstractContextManager[Any]:
     return tracker.phase(category) if tracker is not None else contextlib.nullcontext()
+
+
+def _section(tracker: MemoryTracker | None, name: str) -> contextlib.AbstractContextManager[Any]:
+    return tracker.section(name) if tracker is not None else contextlib.nullcontext()
 
 
 def model_inputs(batch: Batch) -> Any:

@@ -19,7 +19,7 @@ a dry run can never touch the real allocator even where its fake tensors say ``"
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,8 @@ __all__ = ["CpuProbe", "CudaProbe", "FakeProbe", "HeldMemory", "Probe", "probe_f
 # On CPU no trial runs without a bound: the tracker stops a step that would hold more tensor bytes than this share
 # of the memory the machine has available when the session starts (the rest is for everything that is not a tensor).
 CPU_BOUND_SHARE = 0.8
+# The most allocator events a CUDA trial's tracked step keeps in its history (PyTorch's ring buffer).
+_HISTORY_ENTRIES = 200_000
 
 
 @dataclass
@@ -83,6 +85,11 @@ class Probe:
     def allocator_peak(self) -> contextlib.AbstractContextManager[CudaPeak | None]:
         """The allocator's own peak over the block, where there is an allocator to read (None elsewhere)."""
         return contextlib.nullcontext()
+
+    def memory_history(self) -> contextlib.AbstractContextManager[dict[str, Any]]:
+        """The allocator's own history over the block, where it keeps one: a dict that holds, after the block, the
+        allocator's snapshot under ``"snapshot"`` (CUDA); empty elsewhere."""
+        return contextlib.nullcontext({})
 
     def synchronize(self) -> None:
         """Wait for queued work before a clock is read."""
@@ -146,6 +153,23 @@ class CudaProbe(Probe):
 
     def allocator_peak(self) -> contextlib.AbstractContextManager[CudaPeak | None]:
         return CudaPeak(self.device)
+
+    @contextlib.contextmanager
+    def memory_history(self) -> Iterator[dict[str, Any]]:
+        # Recorded only around the tracked step (its stacks cost time); a history the user recorded is left on.
+        found: dict[str, Any] = {}
+        memory = torch.cuda.memory
+        if memory._snapshot(self.device).get("device_traces", [[]])[0]:
+            yield found  # the user records already: theirs is not switched off
+            return
+        memory._record_memory_history(max_entries=_HISTORY_ENTRIES, stacks="python", device=self.device,
+                                     clear_history=True)
+        try:
+            yield found
+        finally:
+            synchronize(self.device)
+            found["snapshot"] = memory._snapshot(self.device)
+            memory._record_memory_history(enabled=None, device=self.device)
 
     def synchronize(self) -> None:
         synchronize(self.device)

@@ -96,6 +96,8 @@ class _Ledger:
         self.pending: list[tuple[int, weakref.ref[Any]]] = []
         # Told (id of the storage, its bytes now; 0 when it is gone) of every change, in order.
         self.listener: Callable[[int, int], None] | None = None
+        # A timeline's recorder (memlab.measure.timeline), told every change with its category, and each new peak.
+        self.recorder: Any = None
 
     def freed(self, key: int, ref: weakref.ref[Any]) -> None:
         self.pending.append((key, ref))
@@ -123,6 +125,8 @@ class _Ledger:
             self.live -= entry[2]
             if self.listener is not None:
                 self.listener(key, 0)
+            if self.recorder is not None:
+                self.recorder.changed(key, 0, entry[1])
 
     def lookup(self, storage: Any) -> list[Any] | None:
         """The entry of a live tracked storage, or None (a stale entry of a dead one is dropped)."""
@@ -137,6 +141,8 @@ class _Ledger:
         self.live -= entry[2]
         if self.listener is not None:
             self.listener(id(storage), 0)
+        if self.recorder is not None:
+            self.recorder.changed(id(storage), 0, entry[1])
         return None
 
     def add(self, storage: Any, category: str) -> int:
@@ -148,6 +154,8 @@ class _Ledger:
         self.live += nbytes
         if self.listener is not None:
             self.listener(key, nbytes)
+        if self.recorder is not None:
+            self.recorder.changed(key, nbytes, category)
         return nbytes
 
     def resize(self, entry: list[Any], storage: Any) -> int:
@@ -160,6 +168,8 @@ class _Ledger:
             self.live += change
             if self.listener is not None:
                 self.listener(id(storage), nbytes)
+            if self.recorder is not None:
+                self.recorder.changed(id(storage), nbytes, entry[1])
         return change
 
     def move(self, entry: list[Any], category: str) -> None:
@@ -167,11 +177,15 @@ class _Ledger:
             self.totals[entry[1]] -= entry[2]
             self.totals[category] += entry[2]
             entry[1] = category
+            if self.recorder is not None:
+                self.recorder.changed(id(entry[0]()), entry[2], category)
 
     def note_peak(self) -> bool:
         if self.live > self.peak:
             self.peak = self.live
             self.peak_totals = dict(self.totals)
+            if self.recorder is not None:
+                self.recorder.peaked()
             return True
         return False
 
@@ -298,6 +312,8 @@ class MemoryTracker(TorchDispatchMode):
         ledger.flush()
         ledger.peak = ledger.live
         ledger.peak_totals = dict(ledger.totals)
+        if ledger.recorder is not None:
+            ledger.recorder.peaked()
 
     # ---------------------------------------------------------------------------------------------- controls
     def __enter__(self) -> MemoryTracker:
@@ -393,6 +409,35 @@ class MemoryTracker(TorchDispatchMode):
                 self._raise_over_budget(self._ledger.live)
             if self._on_sample is not None:
                 self._maybe_sample(new_peak)
+
+    def section(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        """Mark a part of the step (``"forward"``, ``"backward"``, ``"optimizer"``, ``"prefill"``, ``"decode"``) for the
+        timeline recorder listening (:class:`memlab.measure.timeline.StepRecorder`); nothing without one.
+
+        Example:
+            >>> with MemoryTracker().section("forward"):
+            ...     pass
+        """
+        recorder = self._ledger.recorder
+        return recorder.section(name) if recorder is not None else contextlib.nullcontext()
+
+    def listen(self, recorder: Any) -> Callable[[], None]:
+        """Tell ``recorder`` (``changed(key, bytes, category)``, ``peaked()``, ``section(name)``, ``start(entries)``)
+        every change from now on, after the storages live now; returns what stops it.
+
+        Example:
+            >>> MemoryTracker().listen(None)()
+        """
+        ledger = self._ledger
+        ledger.flush()
+        if recorder is not None:
+            recorder.start([(key, entry[2], entry[1]) for key, entry in ledger.entries.items()])
+        ledger.recorder = recorder
+
+        def stop() -> None:
+            ledger.recorder = None
+
+        return stop
 
     # ------------------------------------------------------------------------------------------- internals
     def _storages(self, tensor: torch.Tensor) -> tuple[Any, ...]:

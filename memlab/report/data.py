@@ -14,12 +14,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
+from memlab.errors import MemlabError
 from memlab.measure.tracker import CATEGORIES, INFERENCE_CATEGORIES
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.report.noise import runs_speed_interval
 
 if TYPE_CHECKING:
     import pandas
+
+    from memlab.report.timeline import Timeline
 
 __all__ = ["ALL_CATEGORIES", "CATEGORIES", "INFERENCE_CATEGORIES", "STATUSES", "Report", "Trial", "speed_range"]
 
@@ -55,6 +58,10 @@ class Trial:
         notes: remarks for the reader, such as ``"fp16 on CPU is slow"``.
         estimated: True for dry-run estimates (no real step ran).
         step_times: every timed step's seconds, in order (their median is ``step_time_s``).
+        timeline: the tracked step over time (:class:`~memlab.report.timeline.Timeline`: memory by category, phases,
+            the peak named); None where no step was tracked (a failed warm-up, a trial loaded from a dict), and for
+            sharded estimates (ZeRO is computed from formulas; FSDP2's FSDPMemTracker gives per-module peaks, not a
+            step over time).
         model_weights: ``"bf16"`` or ``"fp16"`` where the model itself holds its trained weights in that dtype (loaded
             so) while the plan keeps the model's dtypes; the label then says so. None otherwise.
 
@@ -86,6 +93,7 @@ class Trial:
     step_times: tuple[float, ...] = field(default_factory=tuple)
     model_weights: str | None = None
     step_runs: tuple[int, ...] = field(default_factory=tuple)
+    timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
     categories: ClassVar[tuple[str, ...]] = CATEGORIES
     """The keys of ``breakdown``: a training step's (:class:`InferenceTrial`: :data:`INFERENCE_CATEGORIES`)."""
@@ -496,8 +504,10 @@ class Report:
 
         return html_table(self)
 
-    def plot(self) -> Any:  # a plotly.graph_objects.Figure; plotly is imported only when drawing
-        """A plotly figure: samples/s per plan (left) and peak memory by category per plan (right).
+    def plot(self, kind: str = "comparison") -> Any:  # a plotly.graph_objects.Figure; plotly imported only here
+        """A plotly figure: samples/s per plan (left) and peak memory by category per plan (right); with
+        ``kind="timeline"``, every plan's step over time on one time axis and one memory scale, stacked by category,
+        phases shaded and each peak named (:mod:`memlab.report.timeline_figure`).
 
         The right panel stacks params, grads, optimizer, activations and other (MiB) for each plan; an
         out-of-memory plan is a grey hatched "does not fit" bar (as high as the peak it reached, at least its
@@ -511,6 +521,13 @@ class Report:
             >>> [trace.name for trace in r.plot().data][-1]
             'samples/s'
         """
+        if kind == "timeline":
+            from memlab.report.timeline_figure import report_timelines
+
+            return report_timelines(self)
+        if kind != "comparison":
+            raise MemlabError(f"plot(kind={kind!r}) is not a figure memlab draws; write kind='comparison' or "
+                              "kind='timeline'")
         from memlab.report.figure import report_figure
 
         return report_figure(self)

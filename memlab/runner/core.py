@@ -32,6 +32,7 @@ from memlab.measure.cuda import CudaPeak
 from memlab.measure.oom import release_error, release_memory
 from memlab.measure.probes import Probe, probe_for
 from memlab.measure.reading import PeakReading, read_failed_peak, read_peak
+from memlab.measure.timeline import StepRecorder
 from memlab.measure.tracker import MemoryTracker
 from memlab.options import RunOptions
 from memlab.plan import Plan
@@ -302,12 +303,17 @@ class Runner(Generic[PlanT, TrialT]):
 
         tracker = self._tracker(attempt, limit, sample if self.options.callback else None)
         allocator: CudaPeak | None = None
+        history: dict[str, Any] | None = None
+        recorder = StepRecorder(self.model, tracker.categories)
         try:
-            with self.probe.allocator_peak() as allocator, tracker:
+            with self.probe.memory_history() as history, self.probe.allocator_peak() as allocator, tracker, \
+                    recorder.recording(tracker):
                 loss = attempt.step(tracker, "tracked")
         finally:
             # Read after the allocator's block has ended (its peak is read on exit), out of memory or not.
             record.reading = read_peak(tracker, allocator)
+            record.recording = recorder.result
+            record.allocator_snapshot = history.get("snapshot") if history is not None else None
         self.announce(
             StepFinished(
                 plan, index, 0, "tracked", self.clock() - started, loss, tracker.live_bytes, record.reading.peak_bytes

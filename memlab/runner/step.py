@@ -28,6 +28,8 @@ class Phases(Protocol):
 
     def mark(self, tensors: Any, category: str) -> None: ...
 
+    def section(self, name: str) -> contextlib.AbstractContextManager[Any]: ...
+
 
 class _NoPhases:
     def phase(self, category: str) -> contextlib.AbstractContextManager[None]:
@@ -35,6 +37,9 @@ class _NoPhases:
 
     def mark(self, tensors: Any, category: str) -> None:
         return None
+
+    def section(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
 
 
 NO_PHASES = _NoPhases()
@@ -128,7 +133,7 @@ class TrainingStep:
         del micro
         if parts.steps_in_backward:
             return float(total.item())
-        with tracker.phase("other"):
+        with tracker.phase("other"), tracker.section("optimizer"):
             parts.optimizer_step(self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
         return float(total.item())
@@ -150,10 +155,11 @@ class TrainingStep:
         parts = self.parts
         for part in micro:
             with tracker.phase("activations"):
-                with parts.forward_context():
+                with tracker.section("forward"), parts.forward_context():
                     loss = check_loss(loss_fn(self.model, part))
                 scaled = parts.scale(loss.float())
-                parts.backward(scaled)
+                with tracker.section("backward"):
+                    parts.backward(scaled)
                 total += scaled.detach()
                 del loss, scaled
 

@@ -31,8 +31,10 @@ from memlab.live.batch import Batch
 from memlab.measure.oom import is_oom_error
 from memlab.measure.probes import Probe
 from memlab.measure.reading import PeakReading
+from memlab.measure.timeline import Recording
 from memlab.measure.tracker import CATEGORIES, MemoryTracker
 from memlab.options import RunOptions
+from memlab.report.timeline import Timeline
 from memlab.runner.quiet import without_paths
 
 __all__ = ["Attempt", "RunContext", "RunnablePlan", "StepKind", "TrialRecord", "Workload"]
@@ -91,6 +93,10 @@ class TrialRecord:
         self.held_before_bytes = held_before_bytes
         self.step_times: list[float] = []
         self.notes: list[str] = []
+        # The tracked step as it went (memlab.measure.timeline), once it has run.
+        self.recording: Recording | None = None
+        # On CUDA, the allocator's own snapshot of the tracked step (torch.cuda.memory._snapshot()).
+        self.allocator_snapshot: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -132,7 +138,18 @@ class TrialRecord:
             "preexisting_bytes": self.held_before_bytes,
             "notes": tuple(dict.fromkeys(self.notes)),
             "step_times": tuple(self.step_times) if self.ok else (),
+            "timeline": self.timeline(device),
         }
+
+    def timeline(self, device: torch.device) -> Timeline | None:
+        """The tracked step's timeline, its peak the reading's (None where no tracked step ran)."""
+        if self.recording is None or len(self.recording) == 0:
+            return None
+        return Timeline.from_recording(
+            self.recording, peak_bytes=int(self.reading.peak_bytes),
+            breakdown={k: v for k, v in self.reading.breakdown.items() if k in self.categories}, device=str(device),
+            allocator_snapshot=self.allocator_snapshot,
+        )
 
 
 class Attempt(ABC):

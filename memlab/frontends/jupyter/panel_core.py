@@ -24,6 +24,7 @@ from torch import nn
 from memlab.errors import MemlabError
 from memlab.events import Event
 from memlab.frontends.jupyter.live import LiveFigure
+from memlab.frontends.jupyter.timeline_view import TimelineView
 from memlab.frontends.levers import lever_specs
 from memlab.inference.plan import InferencePlan
 from memlab.live.batch import Batch, count_rows
@@ -108,12 +109,16 @@ class PanelCore(widgets.VBox):
         self.status = widgets.HTML(layout=widgets.Layout(width="100%"))
         # No margin: ipywidgets adds one outside the 100% width, and the table would reach 2 px past the output.
         self.table = widgets.HTML(self.report._repr_html_(), layout=widgets.Layout(width="100%", margin="0"))
+        self.timeline = TimelineView()  # the picked plan's step over time, under the table
+        self.timeline.update([])
+        self.timeline.follow_clicks(self.figure.widget)
         self._running = False
         self.run_button.on_click(lambda _: self.run())
         self.clear_button.on_click(lambda _: self.clear())
         self._say(f"Choose {self.what} and click Run to measure it on {self.model_name()}.", "info")
         buttons = widgets.HBox([self.run_button, *self._mode_buttons(), self.clear_button])
-        super().__init__(children=[*self._lever_rows(), buttons, self.status, self.figure.widget, self.table])
+        super().__init__(children=[*self._lever_rows(), buttons, self.status, self.figure.widget, self.table,
+                                   self.timeline.widget])
         self.add_class("memlab-panel")
 
     # --- what the controls say ------------------------------------------------------------------------------
@@ -200,6 +205,8 @@ class PanelCore(widgets.VBox):
         self.children = tuple(self.figure.widget if child is old.widget else child for child in children)
         old.widget.close()
         self.table.value = self.report._repr_html_()
+        self.timeline.update([])
+        self.timeline.follow_clicks(self.figure.widget)
         results = "1 result" if count == 1 else f"{count} results"
         self._say(f"Cleared {results}; {self.model_name()} is untouched", "info")
 
@@ -300,6 +307,7 @@ class PanelCore(widgets.VBox):
         finally:
             self.figure.flush()
             self.table.value = self.report._repr_html_()
+            self.timeline.update(self.report.trials)
             self._set_busy(False)
 
     def settle(self, budget: int | None) -> list[tuple[Trial, Trial]]:

@@ -1,0 +1,398 @@
+"""A step's timeline: memory over one tracked step by category, its phases, and its peak named.
+
+:meth:`Timeline.from_recording` turns what :class:`~memlab.measure.timeline.StepRecorder` kept of a tracked step
+(one event per change of a tracked storage) into a timeline bounded in size whatever the model: the series by
+category thinned to at most :data:`MAX_POINTS` points (in each stretch of events its highest and lowest total kept,
+and the peak kept exactly), the phases, the peak (its bytes the trial's ``peak_bytes``, its phase, the module running,
+its categories equal to the trial's ``breakdown``, what is alive by the module that made it), and the events
+compressed for :meth:`Timeline.save`, which writes PyTorch's memory-snapshot pickle for ``torch.cuda._memory_viz``
+and https://pytorch.org/memory_viz. The x axis counts the step's allocation events (allocations, frees, resizes),
+the axis PyTorch's memory_viz draws too: a measured step and an estimated one are drawn alike.
+
+Drawing is :mod:`memlab.report.timeline_figure`'s (plotly and static SVG).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import re
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memlab.measure.timeline import BEFORE_STEP, Recording
+
+__all__ = ["MAX_POINTS", "OUTSIDE", "Timeline", "TimelinePeak"]
+
+MAX_POINTS = 1200
+"""The most points a timeline keeps to draw (the peak always among them)."""
+OUTSIDE = "(outside modules)"
+"""The module name of what was made outside every module of the model (the loss, the optimizer step)."""
+_TOP_MODULES = 16
+_BLOCK = re.compile(r"^(.*?\.\d+)(?:\.|$)")
+
+
+@dataclass(frozen=True)
+class TimelinePeak:
+    """The moment of a step's peak.
+
+    Attributes:
+        bytes: the peak (the trial's ``peak_bytes``).
+        phase: the phase it falls in (``"forward"``, ``"backward"``, ``"optimizer"``, ``"prefill"``, ``"decode"``; ""
+            outside them), and ``micro_batch`` its micro-batch (0 first; None outside them).
+        module: the module running then, as ``model.named_modules()`` names it ("" outside every module).
+        by_category: bytes by category then; equals the trial's ``breakdown`` and adds up to ``bytes``.
+        by_module: bytes alive then by the module that made them (the largest few, the rest under
+            ``"(other modules)"``; what was alive before the step under ``"(before the step)"``).
+        layers_held: how many of the model's numbered blocks (``layers.17``) hold activations then.
+        at: where it is on the timeline's x axis (events since the step began).
+    """
+
+    bytes: int
+    phase: str
+    module: str
+    by_category: dict[str, int]
+    by_module: dict[str, int]
+    layers_held: int = 0
+    at: int = 0
+    micro_batch: int | None = None
+
+    @property
+    def description(self) -> str:
+        """The peak in words: ``"backward of model.layers.17.mlp: activations of 17 layers held"``.
+
+        Example:
+            >>> TimelinePeak(10, "backward", "model.layers.1.mlp", {}, {}, layers_held=2).description
+            'backward of model.layers.1.mlp: activations of 2 layers held'
+        """
+        where = self.module or OUTSIDE
+        text = f"{self.phase} of {where}" if self.phase else f"peak in {where}"
+        if self.layers_held:
+            text += f": activations of {self.layers_held} layer{'s' if self.layers_held != 1 else ''} held"
+        return text
+
+
+@dataclass
+class Timeline:
+    """Memory over one step, by category, with its phases and its peak (``trial.timeline``).
+
+    Attributes:
+        categories: the series' categories (``breakdown``'s keys), bottom of the stack first.
+        x: the events since the step began at each point kept (0: before its first operator).
+        series: category -> bytes at each point of ``x``.
+        phases: ``(name, start, end)`` on the x axis, in order: each micro-batch's ``"forward"`` and ``"backward"``
+            and the ``"optimizer"`` step; ``"prefill"`` and each ``"decode"`` step for inference.
+        peak: the :class:`TimelinePeak`.
+        events: how many events the step had.
+        device: where the step ran (or the device the estimate is for).
+        label: the plan's label, once a report names it.
+
+    Example:
+        >>> import memlab, torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        >>> trial = memlab.measure(model, torch.randn(4, 8), memlab.Plan(), loss_fn=lambda m, b: m(b).mean(),
+        ...                        steps=1, noise=0)
+        >>> timeline = trial.timeline
+        >>> timeline.peak.bytes == trial.peak_bytes, timeline.peak.by_category == trial.breakdown
+        (True, True)
+        >>> [name for name, _, _ in timeline.phases]
+        ['forward', 'backward', 'optimizer']
+    """
+
+    categories: tuple[str, ...]
+    x: list[int]
+    series: dict[str, list[int]]
+    phases: list[tuple[str, int, int]]
+    peak: TimelinePeak
+    events: int = 0
+    device: str = ""
+    label: str = ""
+    _trace: bytes = field(default=b"", repr=False)
+    _allocator: bytes = field(default=b"", repr=False)
+
+    @classmethod
+    def from_recording(
+        cls, recording: Recording, *, peak_bytes: int, breakdown: Mapping[str, int], device: str = "",
+        allocator_snapshot: Mapping[str, Any] | None = None,
+    ) -> Timeline:
+        """The timeline of a recorded step whose trial read ``peak_bytes`` and ``breakdown``: where these differ from
+        the tracked bytes (the CUDA allocator's peak, with its rounding and workspaces), the difference is drawn under
+        ``"other"`` over the whole step. ``allocator_snapshot``: the CUDA allocator's own snapshot of the step, which
+        :meth:`save` then writes.
+
+        Example:
+            >>> from memlab.measure.timeline import Recording
+            >>> from array import array
+            >>> rec = Recording(("params", "other"), array("q", [0, 1, 1]), array("q", [8, 4, 0]),
+            ...                 array("b", [0, 1, 1]), array("i", [0, 1, 1]), start=1, peak_event=2,
+            ...                 module_names=["(before the step)", "fc"], sections=[("forward", 1, 3)])
+            >>> t = Timeline.from_recording(rec, peak_bytes=12, breakdown={"params": 8, "other": 4})
+            >>> t.x, t.series["other"], t.peak.bytes, t.peak.phase, t.peak.by_module
+            ([0, 1, 2], [0, 4, 0], 12, 'forward', {'(before the step)': 8, 'fc': 4})
+        """
+        categories = tuple(recording.categories)
+        keys = np.frombuffer(recording.keys, dtype=np.int64) if len(recording) else np.zeros(0, np.int64)
+        sizes = np.frombuffer(recording.sizes, dtype=np.int64) if len(recording) else np.zeros(0, np.int64)
+        cats = np.frombuffer(recording.cats, dtype=np.int8).astype(np.int64) if len(recording) else keys
+        modules = np.frombuffer(recording.modules, dtype=np.int32).astype(np.int64) if len(recording) else keys
+        totals = _running_totals(keys, sizes, cats, len(categories))
+        start, events = recording.start, len(sizes)
+        peak_index = recording.peak_event - 1  # the state after this event is the peak
+        tracked_peak = int(totals[:, peak_index].sum()) if peak_index >= 0 else 0
+        offset = int(peak_bytes) - tracked_peak
+        by_category = {name: int(breakdown.get(name, 0)) for name in categories}
+        other = categories.index("other")
+        by_category["other"] += int(peak_bytes) - sum(by_category.values())  # as Trial fills its breakdown
+        # Point i is the state after event i, at x = i - start + 1: x = 0 is the step before its first operator.
+        first = max(start - 1, 0)
+        chosen = _thinned(totals.sum(axis=0), first, events, max(peak_index, first)) if events else np.zeros(0, int)
+        x = [int(i) - start + 1 for i in chosen]
+        series = {name: [int(v) + (offset if row == other else 0) for v in totals[row, chosen]]
+                  for row, name in enumerate(categories)}
+        if not x or x[0] > 0:  # nothing was alive before the step: its empty start
+            x = [0, *x]
+            series = {name: [offset if name == "other" else 0, *values] for name, values in series.items()}
+        phases = [(name, max(a - start, 0), max(b - start, 0)) for name, a, b in recording.sections]
+        at = max(recording.peak_event - start, 0)
+        phase, micro = _phase_at(recording.sections, recording.peak_event)
+        by_module, layers = _alive_by_module(keys, sizes, cats, modules, recording, categories, peak_index)
+        peak = TimelinePeak(
+            bytes=int(peak_bytes), phase=phase, module=recording.peak_module, by_category=by_category,
+            by_module=by_module, layers_held=layers, at=at, micro_batch=micro,
+        )
+        trace = zlib.compress(pickle.dumps(
+            (categories, bytes(recording.keys), bytes(recording.sizes), bytes(recording.cats),
+             bytes(recording.modules), recording.module_names, start, recording.sections, recording.dropped)
+        ), 6)
+        allocator = zlib.compress(pickle.dumps(dict(allocator_snapshot)), 6) if allocator_snapshot else b""
+        return cls(categories, x, series, phases, peak, events=events - start, device=device,
+                   _trace=trace, _allocator=allocator)
+
+    # ------------------------------------------------------------------------------------------------ views
+    def shifted(self, category: str, change: int) -> Timeline:
+        """This timeline with ``change`` bytes more under ``category`` all through the step (a state computed from
+        its size rather than allocated, as 8-bit AdamW's in an estimate).
+
+        Example:
+            >>> peak = TimelinePeak(3, "", "", {"optimizer": 1, "other": 2}, {})
+            >>> t = Timeline(("optimizer", "other"), [0], {"optimizer": [1], "other": [2]}, [], peak)
+            >>> t.shifted("optimizer", 4).peak.bytes, t.shifted("optimizer", 4).series["optimizer"]
+            (7, [5])
+        """
+        series = {name: [v + change for v in values] if name == category else list(values)
+                  for name, values in self.series.items()}
+        by_category = dict(self.peak.by_category)
+        by_category[category] = by_category.get(category, 0) + change
+        peak = dataclasses.replace(self.peak, bytes=self.peak.bytes + change, by_category=by_category)
+        return dataclasses.replace(self, series=series, peak=peak, _allocator=b"")
+
+    @property
+    def totals(self) -> list[int]:
+        """Bytes alive at each point of ``x`` (all categories)."""
+        return [sum(values) for values in zip(*self.series.values(), strict=True)]
+
+    @property
+    def nbytes(self) -> int:
+        """What the timeline weighs, pickled (it stays small whatever the model)."""
+        return len(pickle.dumps(self))
+
+    def plot(self) -> Any:
+        """A plotly figure: memory over the step stacked by category, the phases shaded, the peak marked and named.
+
+        Example:
+            >>> peak = TimelinePeak(2, "forward", "fc", {"other": 2}, {})
+            >>> Timeline(("other",), [0, 1], {"other": [0, 2]}, [("forward", 0, 1)], peak).plot().layout.title.text
+            'peak 2 B: forward of fc'
+        """
+        from memlab.report.timeline_figure import timeline_figure
+
+        return timeline_figure([self])
+
+    def to_svg(self) -> str:
+        """The static figure (SVG) that a notebook keeps: the same drawing as :meth:`plot`, no plotly needed.
+
+        Example:
+            >>> peak = TimelinePeak(2, "forward", "fc", {"other": 2}, {})
+            >>> Timeline(("other",), [0, 1], {"other": [0, 2]}, [("forward", 0, 1)], peak).to_svg()[:4]
+            '<svg'
+        """
+        from memlab.report.timeline_figure import timelines_svg
+
+        return timelines_svg([self])
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/plain": f"Timeline: peak {self.peak.bytes} bytes, {self.peak.description}",
+                "image/svg+xml": self.to_svg()}
+
+    # ------------------------------------------------------------------------------------------------ saving
+    def snapshot(self) -> dict[str, Any]:
+        """The step as PyTorch's memory snapshot (the dict ``torch.cuda.memory._snapshot()`` returns): on CUDA the
+        allocator's own, recorded around the tracked step; elsewhere made from memlab's tracking, each storage a
+        block with the module that made it as its frame (its category and phase as the frame's function).
+
+        Example:
+            >>> from memlab.measure.timeline import Recording
+            >>> from array import array
+            >>> rec = Recording(("other",), array("q", [0, 0]), array("q", [4, 0]), array("b", [0, 0]),
+            ...                 array("i", [1, 1]), module_names=["(before the step)", "fc"])
+            >>> snap = Timeline.from_recording(rec, peak_bytes=4, breakdown={"other": 4}).snapshot()
+            >>> [e["action"] for e in snap["device_traces"][0]], snap["segments"]
+            (['alloc', 'free_requested', 'free_completed'], [])
+        """
+        if self._allocator:
+            return dict(pickle.loads(zlib.decompress(self._allocator)))
+        return _snapshot_from_trace(pickle.loads(zlib.decompress(self._trace)), self.phases)
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`snapshot` as a pickle at ``path``: open it at https://pytorch.org/memory_viz (drag the file
+        in), or with ``torch.cuda._memory_viz.trace_plot(pickle.load(f))``; returns the path.
+
+        Example:
+            >>> import tempfile, os
+            >>> peak = TimelinePeak(0, "", "", {"other": 0}, {})
+            >>> t = Timeline.from_recording(Recording(("other",)), peak_bytes=0, breakdown={})
+            >>> os.path.getsize(t.save(tempfile.mktemp(suffix=".pickle"))) > 0
+            True
+        """
+        target = Path(path)
+        with target.open("wb") as file:
+            pickle.dump(self.snapshot(), file)
+        return target
+
+
+def _running_totals(keys: np.ndarray, sizes: np.ndarray, cats: np.ndarray, count: int) -> np.ndarray:
+    """Bytes by category after each event: ``(categories, events)``."""
+    events = len(sizes)
+    delta = np.zeros((count, events), dtype=np.int64)
+    if not events:
+        return np.zeros((count, 1), dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    previous = np.full(events, -1, dtype=np.int64)
+    same = keys[order[1:]] == keys[order[:-1]]
+    previous[order[1:][same]] = order[:-1][same]
+    had = previous >= 0
+    before = np.where(had, sizes[np.where(had, previous, 0)], 0)
+    before_cat = np.where(had, cats[np.where(had, previous, 0)], cats)
+    index = np.arange(events)
+    np.add.at(delta, (before_cat, index), -before)
+    np.add.at(delta, (cats, index), sizes)
+    return np.cumsum(delta, axis=1)
+
+
+def _thinned(total: np.ndarray, first: int, end: int, peak: int, limit: int = MAX_POINTS) -> np.ndarray:
+    """Indexes of the points kept between ``first`` and ``end``: each stretch's highest and lowest, the peak."""
+    if end <= first:
+        return np.array([first], dtype=np.int64)
+    span = end - first
+    if span <= limit:
+        return np.arange(first, end, dtype=np.int64)
+    buckets = limit // 2 - 2
+    edges = np.linspace(first, end, buckets + 1).astype(np.int64)
+    kept = [first, end - 1, peak]
+    for low, high in zip(edges[:-1], edges[1:], strict=True):
+        if high > low:
+            part = total[low:high]
+            kept.extend((low + int(part.argmax()), low + int(part.argmin())))
+    return np.unique(np.array(kept, dtype=np.int64))
+
+
+def _phase_at(sections: Sequence[tuple[str, int, int]], event: int) -> tuple[str, int | None]:
+    """The section an event count falls in, and its micro-batch (the how-many-th forward before it)."""
+    forwards = 0
+    for name, first, end in sections:
+        if name in ("forward", "prefill"):
+            forwards += 1
+        if first < event <= end or (first == end == event):
+            return name, (forwards - 1 if name in ("forward", "backward") else None)
+    return "", None
+
+
+def _alive_by_module(
+    keys: np.ndarray, sizes: np.ndarray, cats: np.ndarray, modules: np.ndarray, recording: Recording,
+    categories: tuple[str, ...], peak_index: int,
+) -> tuple[dict[str, int], int]:
+    """Bytes alive at the peak by the module that made them, and how many numbered blocks hold activations."""
+    if peak_index < 0:
+        return {}, 0
+    upto = peak_index + 1
+    k, s, c, m = keys[:upto], sizes[:upto], cats[:upto], modules[:upto]
+    reversed_keys = k[::-1]
+    _, last_reversed = np.unique(reversed_keys, return_index=True)
+    last = upto - 1 - last_reversed
+    _, first = np.unique(k, return_index=True)  # same key order as ``last`` (both sorted by key)
+    alive = s[last] > 0
+    made_by = m[first][alive]
+    held = s[last][alive]
+    category = c[last][alive]
+    names = recording.module_names
+    totals: dict[str, int] = {}
+    for module, nbytes in zip(made_by.tolist(), held.tolist(), strict=True):
+        name = names[module] or OUTSIDE
+        totals[name] = totals.get(name, 0) + nbytes
+    activations = categories.index("activations") if "activations" in categories else -1
+    blocks = {match.group(1) for module in set(made_by[category == activations].tolist())
+              if (match := _BLOCK.match(names[module]))}
+    ranked = sorted(totals.items(), key=lambda item: -item[1])
+    kept = dict(ranked[:_TOP_MODULES])
+    rest = sum(value for _, value in ranked[_TOP_MODULES:])
+    if rest:
+        kept["(other modules)"] = rest
+    return kept, len(blocks)
+
+
+def _snapshot_from_trace(trace: tuple[Any, ...], phases: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
+    categories, keys, sizes, cats, modules, names, start, sections, _ = trace
+    keys, sizes = np.frombuffer(keys, np.int64).tolist(), np.frombuffer(sizes, np.int64).tolist()
+    cats, modules = np.frombuffer(cats, np.int8).tolist(), np.frombuffer(modules, np.int32).tolist()
+    section_of = _section_names(sections, len(sizes))
+    live: dict[int, tuple[int, int, list[dict[str, Any]]]] = {}  # key -> address, size, frames
+    address = 1 << 32
+    events: list[dict[str, Any]] = []
+
+    def frames(index: int) -> list[dict[str, Any]]:
+        module = names[modules[index]] or OUTSIDE
+        return [{"filename": module, "line": 0, "name": categories[cats[index]]},
+                {"filename": "memlab step", "line": 0, "name": section_of[index] or BEFORE_STEP}]
+
+    for index, (key, size) in enumerate(zip(keys, sizes, strict=True)):
+        old = live.get(key)
+        if old is not None and old[1] == size:
+            continue  # a storage moved to another category: the allocator sees nothing
+        if old is not None:
+            del live[key]
+            if index >= start:
+                for action in ("free_requested", "free_completed"):
+                    events.append(_entry(action, old[0], old[1], index - start, old[2]))
+        if size:
+            where = frames(index)
+            live[key] = (address, size, where)
+            if index >= start:
+                events.append(_entry("alloc", address, size, index - start, where))
+            address += -(-size // 512) * 512 or 512
+    segments = [
+        {"device": 0, "address": addr, "total_size": size, "allocated_size": size, "active_size": size,
+         "requested_size": size, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+         "is_expandable": False, "frames": [],
+         "blocks": [{"address": addr, "size": size, "requested_size": size, "state": "active_allocated",
+                     "frames": where}]}
+        for addr, size, where in live.values()
+    ]
+    return {"segments": segments, "device_traces": [events], "allocator_settings": {}}
+
+
+def _entry(action: str, address: int, size: int, time: int, frames: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"action": action, "addr": address, "size": size, "stream": 0, "time_us": time, "frames": frames,
+            "device_free": 0}
+
+
+def _section_names(sections: Sequence[tuple[str, int, int]], events: int) -> list[str]:
+    names = [""] * events
+    for name, first, end in sections:
+        for index in range(first, min(end, events)):
+            names[index] = name
+    return names

@@ -1,0 +1,222 @@
+"""Drawing step timelines: plotly (``Timeline.plot``, ``Report.plot(kind="timeline")``) and the static SVG a notebook
+keeps, from the same points.
+
+Every timeline drawn together shares one time axis (events since its step began) and one memory scale, one row per
+plan, so that a lever's effect is seen: checkpointing's saw-tooth beside the plain step's single climb, accumulation's
+repeated climbs. Each row stacks the categories (the colours of the other figures), shades the phases (forward,
+backward, optimizer; prefill, decode) and marks its peak with a line that names it (``"backward of
+model.layers.17.mlp: activations of 17 layers held"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from memlab.errors import MemlabError
+from memlab.plan import format_bytes
+from memlab.report.svg import Svg, axis_number, nice_ticks, px
+from memlab.report.timeline import Timeline
+
+if TYPE_CHECKING:
+    from memlab.report.data import Report
+
+__all__ = ["CATEGORY_COLORS", "PHASE_COLORS", "report_timelines", "timeline_figure", "timeline_title",
+           "timelines_svg"]
+
+# The bar figure's colours (memlab.report.figure.CATEGORY_COLORS, which a test holds these equal to): not imported,
+# since the figure module and the report data import each other, and Report.plot draws timelines.
+CATEGORY_COLORS = {
+    "params": "#4C78A8",
+    "grads": "#F58518",
+    "optimizer": "#54A24B",
+    "activations": "#E45756",
+    "kv_cache": "#B279A2",
+    "other": "#B0B0B0",
+}
+
+PHASE_COLORS = {
+    "forward": "rgba(76,120,168,0.10)",
+    "backward": "rgba(228,87,86,0.10)",
+    "optimizer": "rgba(84,162,75,0.14)",
+    "prefill": "rgba(76,120,168,0.10)",
+    "decode": "rgba(178,121,162,0.10)",
+}
+"""The shade of each phase behind the series."""
+_PEAK = "#2A2A2A"
+_WIDTH = 900
+_ROW = 170
+_LEFT, _RIGHT, _TOP, _GAP = 70, 20, 62, 44
+
+
+def timeline_title(timeline: Timeline) -> str:
+    """The line that names a timeline's peak: ``"peak 1.2 GiB: backward of model.layers.3: ..."``.
+
+    Example:
+        >>> from memlab.report.timeline import TimelinePeak
+        >>> timeline_title(Timeline(("other",), [0], {"other": [0]}, [], TimelinePeak(2048, "forward", "fc", {}, {})))
+        'peak 2.0 KiB: forward of fc'
+    """
+    prefix = f"{timeline.label}: " if timeline.label else ""
+    return f"{prefix}peak {format_bytes(timeline.peak.bytes)}: {timeline.peak.description}"
+
+
+def report_timelines(report: Report) -> Any:
+    """Every plan's timeline of ``report`` on one time axis and one memory scale (a plotly figure).
+
+    Example:
+        >>> import memlab, torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        >>> report = memlab.compare(model, torch.randn(4, 8), [memlab.Plan(), memlab.Plan(accumulation=2)],
+        ...                         loss_fn=lambda m, b: m(b).mean(), steps=1, noise=0)
+        >>> len(report.plot(kind="timeline").layout.annotations)
+        2
+    """
+    return timeline_figure(named_timelines(report))
+
+
+def named_timelines(report: Report) -> list[Timeline]:
+    """The report's timelines, each labelled with its plan (a clear error where none has one).
+
+    Example:
+        >>> from memlab.report.data import Report
+        >>> named_timelines(Report([]))
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: no trial of this report has a timeline (a failed warm-up, a sharded estimate or a \
+report loaded from a dict has none); measure or estimate the plans again and plot that report
+    """
+    timelines = []
+    for trial in report.trials:
+        if trial.timeline is not None:
+            timeline = trial.timeline
+            timeline.label = trial.label
+            timelines.append(timeline)
+    if not timelines:
+        raise MemlabError(
+            "no trial of this report has a timeline (a failed warm-up, a sharded estimate or a report loaded from a "
+            "dict has none); measure or estimate the plans again and plot that report"
+        )
+    return timelines
+
+
+def _scale(timelines: Sequence[Timeline]) -> tuple[str, float, float, int]:
+    top = max((max(t.totals, default=0) for t in timelines), default=0)
+    top = max(top, *(t.peak.bytes for t in timelines))
+    unit, divisor = ("GiB", 1024.0**3) if top >= 4 * 1024**3 else ("MiB", 1024.0**2)
+    last = max((t.x[-1] if t.x else 0 for t in timelines), default=0)
+    return unit, divisor, top / divisor, max(last, 1)
+
+
+def timeline_figure(timelines: Sequence[Timeline]) -> Any:
+    """A plotly figure of ``timelines``: one row each, one shared time axis, one memory scale.
+
+    Example:
+        >>> from memlab.report.timeline import TimelinePeak
+        >>> t = Timeline(("other",), [0, 4], {"other": [0, 2]}, [("forward", 0, 4)], TimelinePeak(2, "forward", "",
+        ...              {"other": 2}, {}, at=4))
+        >>> [trace.name for trace in timeline_figure([t, t]).data]
+        ['other', 'peak', 'other', 'peak']
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    unit, divisor, top, last = _scale(timelines)
+    rows = len(timelines)
+    figure = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=min(0.3 / max(rows, 1), 0.08),
+                           subplot_titles=[timeline_title(t) for t in timelines])
+    for row, timeline in enumerate(timelines, start=1):
+        for name in timeline.categories:
+            values = timeline.series[name]
+            if not any(values):
+                continue
+            figure.add_trace(go.Scatter(
+                x=timeline.x, y=[v / divisor for v in values], name=name, stackgroup=f"row{row}", mode="lines",
+                line={"width": 0.5, "color": CATEGORY_COLORS.get(name, "#B0B0B0")}, legendgroup=name,
+                showlegend=row == 1, hovertemplate=f"{name}: %{{y:.3s}} {unit}<extra>event %{{x}}</extra>",
+            ), row=row, col=1)
+        for name, start, end in timeline.phases:
+            figure.add_vrect(x0=start, x1=max(end, start + 0.5), fillcolor=PHASE_COLORS.get(name, "rgba(0,0,0,0.05)"),
+                             line_width=0, layer="below", row=row, col=1)
+        peak = timeline.peak
+        figure.add_trace(go.Scatter(
+            x=[peak.at], y=[peak.bytes / divisor], name="peak", mode="markers", legendgroup="peak",
+            showlegend=row == 1, marker={"symbol": "triangle-down", "size": 11, "color": _PEAK},
+            hovertext=[f"{format_bytes(peak.bytes)}: {peak.description}"], hoverinfo="text",
+        ), row=row, col=1)
+        figure.update_yaxes(range=[0, top * 1.12], title_text=unit, row=row, col=1)
+    figure.update_xaxes(range=[0, last], title_text="allocation events in the step", row=rows, col=1)
+    figure.update_layout(
+        title={"text": timeline_title(timelines[0]) if rows == 1 else "memory over one step, per plan"},
+        height=120 + 200 * rows, template="plotly_white", legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
+        margin={"t": 90},
+    )
+    return figure
+
+
+def timelines_svg(timelines: Sequence[Timeline]) -> str:
+    """The static form of :func:`timeline_figure` (SVG, no plotly): what a saved notebook keeps.
+
+    Example:
+        >>> from memlab.report.timeline import TimelinePeak
+        >>> t = Timeline(("other",), [0, 4], {"other": [0, 2]}, [("forward", 0, 4)], TimelinePeak(2, "forward", "",
+        ...              {"other": 2}, {}, at=4))
+        >>> svg = timelines_svg([t]); svg.startswith("<svg") and "forward of (outside modules)" in svg
+        True
+    """
+    unit, divisor, top, last = _scale(timelines)
+    ticks = nice_ticks(top * 1.05)
+    top = ticks[-1] or 1.0
+    inner = _WIDTH - _LEFT - _RIGHT
+    svg = Svg()
+    svg.text(_LEFT, 22, "memory over one step" + (", per plan" if len(timelines) > 1 else ""), size=14, weight="bold")
+    names = [name for name in timelines[0].categories if any(any(t.series.get(name, [])) for t in timelines)]
+    x = _LEFT
+    for name in names:
+        svg.add(f'<rect x="{px(x)}" y="32" width="10" height="10" fill="{CATEGORY_COLORS.get(name, "#B0B0B0")}"/>')
+        svg.text(x + 14, 41, name)
+        x += 24 + 7 * len(name)
+    for phase in ("forward", "backward", "optimizer"):
+        svg.add(f'<rect x="{px(x)}" y="32" width="10" height="10" fill="{PHASE_COLORS[phase]}"/>')
+        svg.text(x + 14, 41, phase)
+        x += 24 + 7 * len(phase)
+    for row, timeline in enumerate(timelines):
+        bottom = _TOP + row * (_ROW + _GAP) + _ROW + 18
+
+        def at_x(value: float) -> float:
+            return _LEFT + inner * value / last
+
+        def at_y(value: float, bottom: float = bottom) -> float:
+            return bottom - _ROW * (value / divisor) / top
+
+        svg.text(_LEFT, bottom - _ROW - 6, timeline_title(timeline), size=12, weight="bold")
+        for name, start, end in timeline.phases:
+            width = max(at_x(end) - at_x(start), 1)
+            svg.add(f'<rect x="{px(at_x(start))}" y="{px(bottom - _ROW)}" width="{px(width)}" '
+                    f'height="{_ROW}" fill="{PHASE_COLORS.get(name, "rgba(0,0,0,0.05)")}"/>')
+        floor = [0] * len(timeline.x)
+        for name in timeline.categories:
+            values = timeline.series[name]
+            if not any(values):
+                continue
+            ceiling = [low + value for low, value in zip(floor, values, strict=True)]
+            upper = " ".join(f"{px(at_x(t))},{px(at_y(v))}" for t, v in zip(timeline.x, ceiling, strict=True))
+            lower = " ".join(f"{px(at_x(t))},{px(at_y(v))}"
+                             for t, v in zip(reversed(timeline.x), reversed(floor), strict=True))
+            svg.add(f'<polygon points="{upper} {lower}" fill="{CATEGORY_COLORS.get(name, "#B0B0B0")}"/>')
+            floor = ceiling
+        for tick in ticks:
+            y = bottom - _ROW * tick / top
+            svg.line(_LEFT - 4, y, _LEFT, y, "#888888")
+            svg.text(_LEFT - 7, y + 4, axis_number(tick), anchor="end", size=10)
+        svg.line(_LEFT, bottom, _LEFT + inner, bottom, "#888888")
+        svg.line(_LEFT, bottom, _LEFT, bottom - _ROW, "#888888")
+        svg.text(14, bottom - _ROW / 2, unit, size=10)
+        peak = timeline.peak
+        px_, py_ = at_x(peak.at), at_y(peak.bytes)
+        svg.add(f'<path d="M{px(px_ - 6)} {px(py_ - 10)}h12l-6 9z" fill="{_PEAK}"/>')
+        svg.line(px_, py_, px_, bottom, _PEAK, ' stroke-width="1" stroke-dasharray="3 3"')
+    height = _TOP + len(timelines) * (_ROW + _GAP) + 20
+    svg.text(_LEFT + inner, height - 8, "allocation events in the step", anchor="end", size=10)
+    title = "; ".join(timeline_title(t) for t in timelines)
+    return svg.document(_WIDTH, height, title, defs="")
