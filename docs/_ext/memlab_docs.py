@@ -27,8 +27,14 @@ RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs"
 OUT = DOCS / "notebooks"
 
+EXECUTED = os.environ.get("MEMLAB_EXECUTED_NOTEBOOKS", "")
+"""A folder of notebooks the tests executed at the same sizes (``tests/notebook_runs.py``): one there whose code is
+the notebook's is shown with its outputs instead of being executed again."""
+
 ONLY = os.environ.get("MEMLAB_DOCS_NOTEBOOKS", "")
 """Comma-separated notebook names (``02_gradient_checkpointing``) to put on the site; empty: all of them."""
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 BLOCK = re.compile(r"^```\{benchmark\}\s+(\S+)\s*\n```\s*$", re.MULTILINE)
 
@@ -84,9 +90,13 @@ def write_notebooks() -> list[str]:
     names = notebook_names()
     for name in names:
         nb = with_small_sizes(nbformat.read(ROOT / "notebooks" / name, as_version=4), name)
+        nb = _executed(nb, name) or nb
         note = nbformat.v4.new_markdown_cell(NOTE.format(name=name))
         note["id"] = "built-on-cpu"
         nb.cells.insert(1, note)
+        for cell in nb.cells:  # a solution folded in the notebook is folded on the page (myst-nb's tag)
+            if cell.metadata.get("jupyter", {}).get("source_hidden"):
+                cell.metadata["tags"] = [*cell.metadata.get("tags", []), "hide-input"]
         text = nbformat.writes(nb) + "\n"
         path = OUT / name
         if not path.exists() or path.read_text(encoding="utf-8") != text:
@@ -94,6 +104,37 @@ def write_notebooks() -> list[str]:
     for stale in set(OUT.glob("*.ipynb")) - {OUT / name for name in names}:
         stale.unlink()
     return names
+
+
+def _code(nb: nbformat.NotebookNode) -> list[str]:
+    return [cell.source for cell in nb.cells if cell.cell_type == "code"]
+
+
+def _executed(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode | None:
+    """The tests' run of ``nb`` (:data:`EXECUTED`), ready to show: plotly's figures (JSON only, as a kernel gives
+    them) made HTML with plotly.js on the page, and marked for myst-nb not to execute it again; None when there is
+    none, or it ran other code."""
+    path = Path(EXECUTED) / name if EXECUTED else None
+    if path is None or not path.exists():
+        return None
+    executed = nbformat.read(path, as_version=4)
+    if _code(executed) != _code(nb):
+        return None
+    import plotly.io
+
+    first = True
+    for cell in executed.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if PLOTLY_MIME in data and "text/html" not in data:
+                figure = data.pop(PLOTLY_MIME)  # myst-nb has no renderer for it: it would warn
+                data["text/html"] = plotly.io.to_html(
+                    {"data": figure.get("data", []), "layout": figure.get("layout", {})},
+                    config=figure.get("config"), full_html=False, include_plotlyjs=first,
+                )
+                first = False
+    executed.metadata["mystnb"] = {"execution_mode": "off"}
+    return executed
 
 
 def _source_read(app: Any, docname: str, source: list[str]) -> None:
