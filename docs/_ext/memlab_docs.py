@@ -35,6 +35,7 @@ ONLY = os.environ.get("MEMLAB_DOCS_NOTEBOOKS", "")
 """Comma-separated notebook names (``02_gradient_checkpointing``) to put on the site; empty: all of them."""
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+SCRIPT = re.compile(r"(<script[^>]*>)(.*?)(</script>)", re.DOTALL)
 
 BLOCK = re.compile(r"^```\{benchmark\}\s+(\S+)\s*\n```\s*$", re.MULTILINE)
 
@@ -112,8 +113,8 @@ def _code(nb: nbformat.NotebookNode) -> list[str]:
 
 def _executed(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode | None:
     """The tests' run of ``nb`` (:data:`EXECUTED`), ready to show: plotly's figures (JSON only, as a kernel gives
-    them) made HTML with plotly.js on the page, and marked for myst-nb not to execute it again; None when there is
-    none, or it ran other code."""
+    them) made HTML drawn by the site's one copy of plotly.js (:func:`write_plotlyjs`), and marked for myst-nb not
+    to execute it again; None when there is none, or it ran other code."""
     path = Path(EXECUTED) / name if EXECUTED else None
     if path is None or not path.exists():
         return None
@@ -122,19 +123,33 @@ def _executed(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode | N
         return None
     import plotly.io
 
-    first = True
     for cell in executed.cells:
         for output in cell.get("outputs", []):
             data = output.get("data", {})
             if PLOTLY_MIME in data and "text/html" not in data:
                 figure = data.pop(PLOTLY_MIME)  # myst-nb has no renderer for it: it would warn
-                data["text/html"] = plotly.io.to_html(
+                html = plotly.io.to_html(
                     {"data": figure.get("data", []), "layout": figure.get("layout", {})},
-                    config=figure.get("config"), full_html=False, include_plotlyjs=first,
+                    config=figure.get("config"), full_html=False, include_plotlyjs=False,
                 )
-                first = False
+                # The theme loads the site's scripts at the end of the page: draw once plotly.js is there.
+                data["text/html"] = SCRIPT.sub(r'\1window.addEventListener("load", function () {\2});\3', html, count=1)
+
     executed.metadata["mystnb"] = {"execution_mode": "off"}
     return executed
+
+
+def write_plotlyjs(folder: Path) -> str:
+    """Writes plotly.js into ``folder`` (a static folder of the site) once, for every page's figures; returns its
+    name. A notebook that myst-nb executes itself still carries its own copy (plotly's ``notebook`` renderer)."""
+    from plotly.offline import get_plotlyjs
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "plotly.min.js"
+    text = get_plotlyjs()
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+    return path.name
 
 
 def _source_read(app: Any, docname: str, source: list[str]) -> None:

@@ -148,7 +148,8 @@ def test_the_site_shows_the_tests_run_of_a_notebook_only_when_it_ran_the_noteboo
     shown = docs._executed(fresh, name)
     assert shown is not None and shown.metadata["mystnb"] == {"execution_mode": "off"}
     data = shown.cells[-1].outputs[0]["data"]
-    assert docs.PLOTLY_MIME not in data and "plotly" in data["text/html"]  # drawn with plotly.js on the page
+    assert docs.PLOTLY_MIME not in data and "Plotly.newPlot" in data["text/html"]  # by the site's plotly.js
+    assert data["text/html"].count("<script") == 1 and 'addEventListener("load"' in data["text/html"]
     edited = nbformat.from_dict(fresh)
     edited.cells[-1].source += "\nprint('changed')"
     assert docs._executed(edited, name) is None, "a run of other code is not shown"
