@@ -52,4 +52,7 @@ napoleon_numpy_docstring = False
 
 html_theme = "furo"
 html_title = "memlab"
-html_static_path: list[str] = []
+# One copy of plotly.js for the whole site, which the browser keeps after the first page with a figure. It loads
+# first: after require.js (which myst-nb adds for widgets) it would register as a module and leave no `Plotly`.
+html_static_path = [str(DOCS / "_build" / "_static_generated")]
+html_js_files = [(memlab_docs.write_plotlyjs(DOCS / "_build" / "_static_generated"), {"priority": 1})]

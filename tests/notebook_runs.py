@@ -34,6 +34,10 @@ NAMES = sorted(path.name for path in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 PER_NOTEBOOK_S = 180
 
+KEEP_EXECUTED = "MEMLAB_EXECUTED_NOTEBOOKS"
+"""An environment variable: a folder where each notebook that ran without an error is written with its outputs
+(``.ci/run`` sets it, so that the documentation site reuses the runs: ``docs/_ext/memlab_docs.py``)."""
+
 # noise=0: a notebook's speeds are for its reader; here it only has to run, so each plan times exactly one step.
 SMALL = {"hidden": 32, "layers": 2, "vocab": 128, "rows": 4, "seq_len": 16, "steps": 1, "noise": 0}
 OVERRIDES = {
@@ -165,6 +169,11 @@ def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
     except Exception:  # noqa: BLE001 - the test reports it with the cell's traceback
         return NotebookRun(name, time.perf_counter() - started, warnings_printed(nb), traceback.format_exc()[-6000:])
     seconds = time.perf_counter() - started
+    keep = os.environ.get(KEEP_EXECUTED)
+    if keep:  # for the documentation site's build, which then shows these outputs instead of running it again
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, Path(keep) / f"{name}.partial")
+        os.replace(Path(keep) / f"{name}.partial", Path(keep) / name)  # whole, for a build reading it meanwhile
     two_forms = sum(
         {"image/svg+xml", "application/vnd.plotly.v1+json"} <= set(output.get("data", {}))
         for cell in nb.cells

@@ -27,8 +27,15 @@ RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs"
 OUT = DOCS / "notebooks"
 
+EXECUTED = os.environ.get("MEMLAB_EXECUTED_NOTEBOOKS", "")
+"""A folder of notebooks the tests executed at the same sizes (``tests/notebook_runs.py``): one there whose code is
+the notebook's is shown with its outputs instead of being executed again."""
+
 ONLY = os.environ.get("MEMLAB_DOCS_NOTEBOOKS", "")
 """Comma-separated notebook names (``02_gradient_checkpointing``) to put on the site; empty: all of them."""
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+SCRIPT = re.compile(r"(<script[^>]*>)(.*?)(</script>)", re.DOTALL)
 
 BLOCK = re.compile(r"^```\{benchmark\}\s+(\S+)\s*\n```\s*$", re.MULTILINE)
 
@@ -84,9 +91,13 @@ def write_notebooks() -> list[str]:
     names = notebook_names()
     for name in names:
         nb = with_small_sizes(nbformat.read(ROOT / "notebooks" / name, as_version=4), name)
+        nb = _executed(nb, name) or nb
         note = nbformat.v4.new_markdown_cell(NOTE.format(name=name))
         note["id"] = "built-on-cpu"
         nb.cells.insert(1, note)
+        for cell in nb.cells:  # a solution folded in the notebook is folded on the page (myst-nb's tag)
+            if cell.metadata.get("jupyter", {}).get("source_hidden"):
+                cell.metadata["tags"] = [*cell.metadata.get("tags", []), "hide-input"]
         text = nbformat.writes(nb) + "\n"
         path = OUT / name
         if not path.exists() or path.read_text(encoding="utf-8") != text:
@@ -94,6 +105,51 @@ def write_notebooks() -> list[str]:
     for stale in set(OUT.glob("*.ipynb")) - {OUT / name for name in names}:
         stale.unlink()
     return names
+
+
+def _code(nb: nbformat.NotebookNode) -> list[str]:
+    return [cell.source for cell in nb.cells if cell.cell_type == "code"]
+
+
+def _executed(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode | None:
+    """The tests' run of ``nb`` (:data:`EXECUTED`), ready to show: plotly's figures (JSON only, as a kernel gives
+    them) made HTML drawn by the site's one copy of plotly.js (:func:`write_plotlyjs`), and marked for myst-nb not
+    to execute it again; None when there is none, or it ran other code."""
+    path = Path(EXECUTED) / name if EXECUTED else None
+    if path is None or not path.exists():
+        return None
+    executed = nbformat.read(path, as_version=4)
+    if _code(executed) != _code(nb):
+        return None
+    import plotly.io
+
+    for cell in executed.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if PLOTLY_MIME in data and "text/html" not in data:
+                figure = data.pop(PLOTLY_MIME)  # myst-nb has no renderer for it: it would warn
+                html = plotly.io.to_html(
+                    {"data": figure.get("data", []), "layout": figure.get("layout", {})},
+                    config=figure.get("config"), full_html=False, include_plotlyjs=False,
+                )
+                # The theme loads the site's scripts at the end of the page: draw once plotly.js is there.
+                data["text/html"] = SCRIPT.sub(r'\1window.addEventListener("load", function () {\2});\3', html, count=1)
+
+    executed.metadata["mystnb"] = {"execution_mode": "off"}
+    return executed
+
+
+def write_plotlyjs(folder: Path) -> str:
+    """Writes plotly.js into ``folder`` (a static folder of the site) once, for every page's figures; returns its
+    name. A notebook that myst-nb executes itself still carries its own copy (plotly's ``notebook`` renderer)."""
+    from plotly.offline import get_plotlyjs
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "plotly.min.js"
+    text = get_plotlyjs()
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+    return path.name
 
 
 def _source_read(app: Any, docname: str, source: list[str]) -> None:

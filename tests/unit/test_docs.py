@@ -132,6 +132,29 @@ def test_the_site_shows_the_committed_cuda_truth_estimates_and_published_runs(mo
     assert estimate_vs_published.markdown(rows) in docs.expand_benchmarks(estimates)
 
 
+def test_the_site_shows_the_tests_run_of_a_notebook_only_when_it_ran_the_notebook_s_code(tmp_path, monkeypatch):
+    import nbformat
+    from notebook_runs import with_small_sizes  # tests/ is on pytest's path
+
+    docs = _docs_module()
+
+    name = "02_gradient_checkpointing.ipynb"
+    fresh = with_small_sizes(nbformat.read(ROOT / "notebooks" / name, as_version=4), name)
+    ran = nbformat.from_dict(fresh)
+    figure = {"data": [{"type": "bar", "y": [1, 2]}], "layout": {"title": {"text": "t"}}, "config": {}}
+    ran.cells[-1].outputs = [nbformat.v4.new_output("display_data", data={docs.PLOTLY_MIME: figure})]
+    nbformat.write(ran, tmp_path / name)
+    monkeypatch.setattr(docs, "EXECUTED", str(tmp_path))
+    shown = docs._executed(fresh, name)
+    assert shown is not None and shown.metadata["mystnb"] == {"execution_mode": "off"}
+    data = shown.cells[-1].outputs[0]["data"]
+    assert docs.PLOTLY_MIME not in data and "Plotly.newPlot" in data["text/html"]  # by the site's plotly.js
+    assert data["text/html"].count("<script") == 1 and 'addEventListener("load"' in data["text/html"]
+    edited = nbformat.from_dict(fresh)
+    edited.cells[-1].source += "\nprint('changed')"
+    assert docs._executed(edited, name) is None, "a run of other code is not shown"
+
+
 # --- no long files ------------------------------------------------------------------------------------------------
 
 
