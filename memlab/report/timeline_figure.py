@@ -137,7 +137,8 @@ def timeline_figure(timelines: Sequence[Timeline]) -> Any:
             if not any(values):
                 continue
             figure.add_trace(go.Scatter(
-                x=timeline.x, y=[round(v / divisor, 4) for v in values], name=name, stackgroup=f"row{row}", mode="lines",
+                x=timeline.x, y=[round(v / divisor, 4) for v in values], name=name, stackgroup=f"row{row}",
+                mode="lines",
                 line={"width": 0.5, "color": CATEGORY_COLORS.get(name, "#B0B0B0")}, legendgroup=name,
                 showlegend=row == 1, hovertemplate=f"{name}: %{{y:.3s}} {unit}<extra>event %{{x}}</extra>",
             ), row=row, col=1)
