@@ -210,6 +210,12 @@ class Timeline:
                                    series={name: [values[i] for i in chosen] for name, values in self.series.items()})
 
     @property
+    def from_allocator(self) -> bool:
+        """Whether :meth:`save` writes the CUDA allocator's own snapshot of the step (else one made from memlab's
+        tracking)."""
+        return bool(self._allocator)
+
+    @property
     def totals(self) -> list[int]:
         """Bytes alive at each point of ``x`` (all categories)."""
         return [sum(values) for values in zip(*self.series.values(), strict=True)]
