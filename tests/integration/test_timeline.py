@@ -226,3 +226,13 @@ def test_the_gpu_runs_timeline_section_holds_on_the_cpu(monkeypatch: pytest.Monk
     failed = [check for check in part["checks"] if check["passed"] is False]
     assert not failed, failed
     assert all(row["timeline_peak_bytes"] == row["snapshot_peak_bytes"] for row in part["rows"])
+
+
+def test_a_trainers_trial_has_a_timeline(tmp_path: Path) -> None:
+    from trainers import make_trainer
+
+    trainer = make_trainer(tmp_path)
+    trial = memlab.measure(trainer, memlab.Plan(), steps=1, noise=0, progress=False)
+    assert trial.status == "ok", trial.error
+    assert trial.timeline is not None and trial.timeline.peak.bytes == trial.peak_bytes
+    assert [name for name, _, _ in trial.timeline.phases][-1] == "optimizer"
