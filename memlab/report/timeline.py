@@ -191,6 +191,30 @@ class Timeline:
         peak = dataclasses.replace(self.peak, bytes=self.peak.bytes + change, by_category=by_category)
         return dataclasses.replace(self, series=series, peak=peak, _allocator=b"")
 
+    def thinned(self, limit: int) -> Timeline:
+        """This timeline drawn with at most about ``limit`` points (each stretch's highest and lowest, the peak kept
+        exactly): what several timelines drawn together use, so that a notebook keeps them small.
+
+        Example:
+            >>> peak = TimelinePeak(9, "", "", {"other": 9}, {}, at=5)
+            >>> t = Timeline(("other",), list(range(10)), {"other": [1, 2, 3, 4, 5, 9, 4, 3, 2, 1]}, [], peak)
+            >>> t.thinned(8).x
+            [0, 4, 5, 9]
+        """
+        if len(self.x) <= limit:
+            return self
+        totals = np.array(self.totals, dtype=np.int64)
+        at = self.x.index(self.peak.at) if self.peak.at in self.x else int(totals.argmax())
+        chosen = _thinned(totals, 0, len(self.x), at, limit).tolist()
+        return dataclasses.replace(self, x=[self.x[i] for i in chosen],
+                                   series={name: [values[i] for i in chosen] for name, values in self.series.items()})
+
+    @property
+    def from_allocator(self) -> bool:
+        """Whether :meth:`save` writes the CUDA allocator's own snapshot of the step (else one made from memlab's
+        tracking)."""
+        return bool(self._allocator)
+
     @property
     def totals(self) -> list[int]:
         """Bytes alive at each point of ``x`` (all categories)."""

@@ -100,6 +100,11 @@ report loaded from a dict has none); measure or estimate the plans again and plo
     return timelines
 
 
+def _points(rows: int) -> int:
+    """How many points each of ``rows`` timelines drawn together keeps: fewer as there are more of them."""
+    return max(120, min(400, 800 // max(rows, 1)))
+
+
 def _scale(timelines: Sequence[Timeline]) -> tuple[str, float, float, int]:
     top = max((max(t.totals, default=0) for t in timelines), default=0)
     top = max(top, *(t.peak.bytes for t in timelines))
@@ -123,6 +128,7 @@ def timeline_figure(timelines: Sequence[Timeline]) -> Any:
 
     unit, divisor, top, last = _scale(timelines)
     rows = len(timelines)
+    timelines = [timeline.thinned(_points(rows)) for timeline in timelines]
     figure = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=min(0.3 / max(rows, 1), 0.08),
                            subplot_titles=[timeline_title(t) for t in timelines])
     for row, timeline in enumerate(timelines, start=1):
@@ -131,7 +137,8 @@ def timeline_figure(timelines: Sequence[Timeline]) -> Any:
             if not any(values):
                 continue
             figure.add_trace(go.Scatter(
-                x=timeline.x, y=[v / divisor for v in values], name=name, stackgroup=f"row{row}", mode="lines",
+                x=timeline.x, y=[round(v / divisor, 4) for v in values], name=name, stackgroup=f"row{row}",
+                mode="lines",
                 line={"width": 0.5, "color": CATEGORY_COLORS.get(name, "#B0B0B0")}, legendgroup=name,
                 showlegend=row == 1, hovertemplate=f"{name}: %{{y:.3s}} {unit}<extra>event %{{x}}</extra>",
             ), row=row, col=1)
@@ -165,6 +172,7 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
         True
     """
     unit, divisor, top, last = _scale(timelines)
+    timelines = [timeline.thinned(_points(len(timelines))) for timeline in timelines]
     ticks = nice_ticks(top * 1.05)
     top = ticks[-1] or 1.0
     inner = _WIDTH - _LEFT - _RIGHT
@@ -194,17 +202,19 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
             width = max(at_x(end) - at_x(start), 1)
             svg.add(f'<rect x="{px(at_x(start))}" y="{px(bottom - _ROW)}" width="{px(width)}" '
                     f'height="{_ROW}" fill="{PHASE_COLORS.get(name, "rgba(0,0,0,0.05)")}"/>')
+        # Each category's area reaches down to the axis, drawn from the top of the stack down, so that each polygon
+        # is one line of points and the ones below cover the rest.
+        ceilings: list[tuple[str, list[int]]] = []
         floor = [0] * len(timeline.x)
         for name in timeline.categories:
             values = timeline.series[name]
-            if not any(values):
-                continue
-            ceiling = [low + value for low, value in zip(floor, values, strict=True)]
+            if any(values):
+                floor = [low + value for low, value in zip(floor, values, strict=True)]
+                ceilings.append((name, floor))
+        base = f"{px(at_x(timeline.x[-1]))},{px(bottom)} {px(at_x(timeline.x[0]))},{px(bottom)}"
+        for name, ceiling in reversed(ceilings):
             upper = " ".join(f"{px(at_x(t))},{px(at_y(v))}" for t, v in zip(timeline.x, ceiling, strict=True))
-            lower = " ".join(f"{px(at_x(t))},{px(at_y(v))}"
-                             for t, v in zip(reversed(timeline.x), reversed(floor), strict=True))
-            svg.add(f'<polygon points="{upper} {lower}" fill="{CATEGORY_COLORS.get(name, "#B0B0B0")}"/>')
-            floor = ceiling
+            svg.add(f'<polygon points="{upper} {base}" fill="{CATEGORY_COLORS.get(name, "#B0B0B0")}"/>')
         for tick in ticks:
             y = bottom - _ROW * tick / top
             svg.line(_LEFT - 4, y, _LEFT, y, "#888888")

@@ -111,14 +111,41 @@ for name, measured in trial.breakdown.items():
 print(f"{'peak':12} measured {human(trial.peak_bytes):>11}")
 
 # %% [markdown]
-# The breakdown is a snapshot at the moment of the peak. If `grads` reads zero there, nothing is missing:
-# in a plain step the peak usually comes at the end of forward, when every activation is saved and
-# backward has not started. The previous step's gradients were freed by `zero_grad(set_to_none=True)`, and
-# the new ones appear during backward while the activations are released, so the two mostly take turns.
-# (With gradient accumulation, notebook 01, the gradients live through the next micro-batch and do show
-# up.)
+# ## Inside the step: the timeline
 #
-# The figure is the same breakdown as a stacked bar, with the speed beside it:
+# The breakdown is a snapshot at the moment of the peak. `trial.timeline` shows the whole step it was taken
+# from: memory over the step, stacked by category, with forward, backward and the optimizer step shaded, and
+# the peak marked and named: the phase, the module running then (as `model.named_modules()` names it), and
+# how many blocks still hold their activations.
+
+# %%
+timeline = trial.timeline
+print(timeline.peak.description)
+timeline.plot()
+
+# %% [markdown]
+# Read it from left to right. Forward climbs: each block saves what backward will need. Backward begins at
+# the top and walks down: each block's saved activations are freed once its gradients are computed, while
+# the weights' gradients (orange) appear one by one. The previous step's gradients were freed by
+# `zero_grad(set_to_none=True)`, so gradients and activations mostly take turns, and the peak is where they
+# overlap most. (With gradient accumulation, notebook 01, the first micro-batch's gradients live through the
+# next one.) What is alive at the peak, by the module that made it:
+
+# %%
+for module, held in timeline.peak.by_module.items():
+    print(f"{module:45} {human(held):>11}")
+
+# %% [markdown]
+# `timeline.save("step.pickle")` writes the step in PyTorch's own memory-snapshot format: drag the file onto
+# https://pytorch.org/memory_viz to see every allocation, with the module that made it. On a GPU memlab saves
+# the CUDA allocator's own record of the step.
+
+# %%
+path = timeline.save("step.pickle")
+print("saved", path, f"({human(path.stat().st_size)})")
+
+# %% [markdown]
+# The bar figure sums each plan up at its peak, with the speed beside it:
 
 # %%
 memlab.Report([trial]).plot()

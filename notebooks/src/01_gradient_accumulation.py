@@ -147,6 +147,14 @@ report
 # %%
 report.plot()
 
+# %% [markdown]
+# The plain step and the most accumulated one as steps over time, on one scale: each micro-batch climbs and
+# falls again, so the step's highest point is one micro-batch's activations (plus the gradients the earlier
+# micro-batches left), however many micro-batches the effective batch has.
+
+# %%
+memlab.Report([report[0], report[-1]]).plot(kind="timeline")
+
 # %%
 plain = report[0]
 for t in report:

@@ -96,6 +96,15 @@ report
 # %%
 report.plot()
 
+# %% [markdown]
+# The largest batch, with and without checkpointing, as steps over time on one scale. Without it, forward
+# climbs until every block's activations are held; with it, forward keeps only each block's input, and
+# backward is a saw-tooth: each block's activations are recomputed, used and dropped before the next block's.
+
+# %%
+largest = max(t.plan.micro_batch for t in report)
+memlab.Report([t for t in report if t.plan.micro_batch == largest]).plot(kind="timeline")
+
 # %%
 fig = make_subplots(rows=1, cols=2, subplot_titles=("activations at the peak", "time per step"))
 for on, color in ((False, "#4C78A8"), (True, "#E45756")):

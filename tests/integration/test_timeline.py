@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -214,3 +215,24 @@ def test_a_long_step_is_thinned_with_its_peak_kept() -> None:
     timeline = trial.timeline
     assert timeline is not None and timeline.events > MAX_POINTS
     assert len(timeline.x) <= MAX_POINTS and max(timeline.totals) == timeline.peak.bytes == trial.peak_bytes
+
+
+def test_the_gpu_runs_timeline_section_holds_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks/
+    from benchmarks.gpu_sections_timeline import section_timeline
+
+    part = section_timeline("smoke", torch.device("cpu"))
+    assert len(part["rows"]) == 3
+    failed = [check for check in part["checks"] if check["passed"] is False]
+    assert not failed, failed
+    assert all(row["timeline_peak_bytes"] == row["snapshot_peak_bytes"] for row in part["rows"])
+
+
+def test_a_trainers_trial_has_a_timeline(tmp_path: Path) -> None:
+    from trainers import make_trainer
+
+    trainer = make_trainer(tmp_path)
+    trial = memlab.measure(trainer, memlab.Plan(), steps=1, noise=0, progress=False)
+    assert trial.status == "ok", trial.error
+    assert trial.timeline is not None and trial.timeline.peak.bytes == trial.peak_bytes
+    assert [name for name, _, _ in trial.timeline.phases][-1] == "optimizer"

@@ -255,7 +255,7 @@ def test_every_control_has_its_lever_name_and_a_tooltip_that_says_what_it_does_a
     inputs = [
         w for w in _widgets_in(p) if isinstance(w, (widgets.ValueWidget, widgets.Button)) and not isinstance(w, shown)
     ]
-    assert len(inputs) == len(p.controls) + 4  # and the four buttons
+    assert len(inputs) == len(p.controls) + 4 + 1  # and the four buttons, and the timeline's "timeline of" list
     assert all(isinstance(w.tooltip, str) and len(w.tooltip) > 10 for w in inputs), [
         w.description for w in inputs if not w.tooltip
     ]
