@@ -405,7 +405,7 @@ def live_load_note(model: nn.Module, plan: Any) -> str | None:
     Example:
         >>> print(live_load_note(nn.Linear(2, 2), Plan(weights="bf16")))  # doctest: +ELLIPSIS
         the live model is cast to bf16 for this plan, and what the fp32 copy held is given back before the first \
-step: the card figure is that of the model loaded with from_pretrained(name, torch_dtype=torch.bfloat16)...
+step: the card figure is that of the model loaded with from_pretrained(name, dtype=torch.bfloat16)...
     """
     dtypes = {parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()}
     if getattr(plan, "adapter", "none") == "qlora":
