@@ -170,7 +170,8 @@ def meta_model(config: Any) -> nn.Module:
     """The model of a transformers config on the meta device (no memory), in fp32.
 
     The class is the first of ``config.architectures`` that transformers has, else ``AutoModelForCausalLM``, else
-    ``AutoModel``. ``estimate`` accepts the result like any model.
+    ``AutoModelForSeq2SeqLM`` (an encoder-decoder's config), else ``AutoModel``. ``estimate`` accepts the result
+    like any model.
 
     Example:
         >>> model = meta_model(load_config("llama-7b"))
@@ -187,10 +188,14 @@ def meta_model(config: Any) -> nn.Module:
             cls: Any = getattr(transformers, str(name), None)
             if isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "_from_config"):
                 return cls._from_config(config, dtype=torch.float32)
-        try:
-            return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        except ValueError:
-            return transformers.AutoModel.from_config(config, dtype=torch.float32)
+        # A head that trains (a loss from labels): causal LM, else sequence-to-sequence LM (T5, BART), else the bare
+        # model.
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForSeq2SeqLM):
+            try:
+                return auto.from_config(config, dtype=torch.float32)
+            except ValueError:
+                continue
+        return transformers.AutoModel.from_config(config, dtype=torch.float32)
 
 
 def model_on_meta(model_or_config: Any) -> nn.Module:
