@@ -173,9 +173,10 @@ def meta_model(config: Any) -> nn.Module:
     """The model of a transformers config on the meta device (no memory), its shapes in fp32.
 
     The class is the first of ``config.architectures`` that transformers has, else ``AutoModelForCausalLM``, else
-    ``AutoModel``. ``estimate`` accepts the result like any model. The config is copied, never changed, and the
-    model's config keeps the dtype the checkpoint recorded (``dtype``, ``torch_dtype`` before transformers 5), which
-    a load of ``dtype="auto"`` reads (:func:`memlab.estimation.load.load_dtype`).
+    ``AutoModelForSeq2SeqLM`` (an encoder-decoder's config), else ``AutoModel``. ``estimate`` accepts the result
+    like any model. The config is copied, never changed, and the model's config keeps the dtype the checkpoint
+    recorded (``dtype``, ``torch_dtype`` before transformers 5), which a load of ``dtype="auto"`` reads
+    (:func:`memlab.estimation.load.load_dtype`).
 
     Example:
         >>> model = meta_model(load_config("llama-7b"))
@@ -197,11 +198,15 @@ def meta_model(config: Any) -> nn.Module:
             if isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "_from_config"):
                 model = cls._from_config(config, **{dtype_keyword(): torch.float32})
                 break
+        # A head that trains (a loss from labels): causal LM, else sequence-to-sequence LM (T5, BART), else the bare
+        # model.
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForSeq2SeqLM):
+            if model is not None:
+                break
+            with contextlib.suppress(ValueError):
+                model = auto.from_config(config, **{dtype_keyword(): torch.float32})
         if model is None:
-            try:
-                model = transformers.AutoModelForCausalLM.from_config(config, **{dtype_keyword(): torch.float32})
-            except ValueError:
-                model = transformers.AutoModel.from_config(config, **{dtype_keyword(): torch.float32})
+            model = transformers.AutoModel.from_config(config, **{dtype_keyword(): torch.float32})
     built = getattr(model, "config", None)
     if built is not None:
         with contextlib.suppress(AttributeError, TypeError, ValueError):

@@ -47,6 +47,7 @@ from memlab.runner.quiet import quiet
 from memlab.runner.step import TrainingStep
 from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import build_optimizer, state_tensors
+from memlab.techniques.weights import cast_weights
 
 __all__ = [
     "DETAIL", "FSDP_NOTE", "ONE_STREAM_NOTE", "ShardedTrial", "fake_process_group", "fsdp2_dry_run", "fsdp2_layout",
@@ -101,6 +102,15 @@ _FSDP_KINDS = {
     "OptState": "optimizer",
     "Inputs": "inputs",
 }
+FSDP2_REFUSALS = {
+    "adafactor": "optimizer='adafactor' does not run with FSDP2: transformers' Adafactor keeps its factored state as "
+                 "plain tensors, which FSDP2's sharded (DTensor) gradients cannot be added to; write optimizer="
+                 "'adamw' (or 'adamw8bit') with fsdp2, or shard with zero2 / zero3, where DeepSpeed steps on plain "
+                 "tensors",
+}
+"""Why a plan's optimizer cannot train under FSDP2 (the real ``fully_shard`` step fails as the dry run does), each
+saying what to write instead."""
+
 _HOST_WITH_OFFLOAD = ("sharded_params", "sharded_grads", "optimizer")
 _CPU = torch.device("cpu")
 
@@ -329,9 +339,13 @@ def fsdp2_dry_run(
         >>> trial.status, trial.strategy, trial.detail["sharded_params"] > 0, len(snapshots) > 1
         ('ok', 'fsdp2', True, True)
     """
+    target = target_device(model_or_config, device)
+    if plan.optimizer in FSDP2_REFUSALS:
+        return ShardedTrial(plan, "error", 0, {}, None, None, None, str(target), error=FSDP2_REFUSALS[plan.optimizer],
+                            budget=budget, estimated=True, gpus=gpus, strategy="fsdp2"), []
     # The sharded step always runs CPU kernels (the fake process group is gloo's): for a CUDA target they are
     # emulated as CUDA's, on the GPU kind ``gpu``, as a one-GPU estimate made without CUDA does.
-    emulated = target_device(model_or_config, device).type == "cuda"
+    emulated = target.type == "cuda"
 
     def step(emulate: bool) -> tuple[ShardedTrial, list[dict[str, int]]]:
         return _fsdp2_step(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device, budget=budget,
@@ -363,8 +377,9 @@ def _fsdp2_step(
     batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, kernels=_CPU)
     model, target = setup.model, setup.target
-    if plan.weights == "bf16":
-        model.to(torch.bfloat16)  # FSDP2 shards the dtype the weights have when fully_shard runs: cast before
+    # FSDP2 shards the dtype the weights have when fully_shard runs: cast before. Not with model.to(): it swaps
+    # fake parameters for new ones, which the fake mode's weak references forbid; the weights technique sets .data.
+    cast_weights(model, plan)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
     notes = [BLIND_SPOTS, FSDP_NOTE, *setup.notes, *([FULL_MASK_DROPPED] if dropped else [])]

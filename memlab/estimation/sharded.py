@@ -23,7 +23,7 @@ import torch
 from memlab.errors import MemlabError
 from memlab.estimation.configs import frozen_count, layer_counts
 from memlab.estimation.cuda_context import card_context
-from memlab.estimation.fsdp2 import DETAIL, ShardedTrial, fsdp2_dry_run, shard_units
+from memlab.estimation.fsdp2 import DETAIL, FSDP2_REFUSALS, ShardedTrial, fsdp2_dry_run, shard_units
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.single_gpu import estimate_plans
 from memlab.estimation.zero import zero_basis, zero_model_states, zero_trial
@@ -94,6 +94,8 @@ def sharded_estimate(
     _check_plan(plan)
     gpu_kind(gpu)
     limit = parse_budget(budget)
+    if strategy == "fsdp2" and plan.optimizer in FSDP2_REFUSALS:
+        raise MemlabError(FSDP2_REFUSALS[plan.optimizer])
     if strategy == "fsdp2":
         return card_context(fsdp2_dry_run(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device,
                                           budget=limit, gpu=gpu)[0], gpu)
@@ -121,7 +123,8 @@ def smallest_gpus(
     say: Callable[[str], None] | None = None,
 ) -> dict[str, ShardedTrial | None]:
     """For each strategy, the estimate at the smallest number of GPUs in ``candidates`` whose per-GPU peak fits
-    ``budget`` (None when none does: ZeRO-2 keeps whole weights on every GPU, so it may never fit). For CUDA, what
+    ``budget`` (None when none does: ZeRO-2 keeps whole weights on every GPU, so it may never fit; the error trial
+    where every dry run failed, such as Adafactor under FSDP2). For CUDA, what
     fits is each GPU's card figure (the CUDA context of the GPU kind ``gpu`` included) where it is known.
 
     The per-GPU peak falls as GPUs are added, so the candidates are bisected: FSDP2 runs a dry run per probe
@@ -295,16 +298,24 @@ def _tell(say: Callable[[str], None] | None, text: str) -> None:
 
 
 def _bisect(run: Any, numbers: list[int]) -> ShardedTrial | None:
+    """The trial at the fewest ``numbers`` that fits; None where none does, or the error trial where every dry run
+    failed (what failed is said, not "no number of GPUs fits")."""
     low, high = 0, len(numbers) - 1
     best: ShardedTrial | None = None
+    failed: ShardedTrial | None = None
+    ran = False
     while low <= high:
         middle = (low + high) // 2
         trial = run(numbers[middle])
+        if trial.status == "ok":
+            ran = True
+        else:
+            failed = trial
         if trial.status == "ok" and trial.fits:
             best, high = trial, middle - 1
         else:
             low = middle + 1
-    return best
+    return best if best is not None or ran else failed
 
 
 # --- what cannot be estimated sharded -------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The ``memlab`` command: ``memlab demo`` (a fit on a built-in small model) and ``memlab estimate``.
 
 ``memlab --help`` lists the commands and ``memlab COMMAND --help`` their options. A wrong argument prints one
-line on stderr that says what to write, and the exit status is 2.
+line on stderr that says what to write, and the exit status is 2; no path ends in a traceback: where memlab itself
+fails, one line says what failed and the exit status is 3 (:func:`run_handler`).
 
 Example (in a terminal)::
 
@@ -34,11 +35,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEMO_BUDGET_FRACTION",
+    "EXIT_FAILED",
+    "EXIT_STATUS",
     "build_parser",
     "demo_space",
     "main",
     "plan_code",
     "run_demo",
+    "run_handler",
     "write_html_report",
 ]
 
@@ -46,6 +50,16 @@ DEMO_BUDGET_FRACTION = 0.6
 """Without ``--budget``, ``memlab demo`` allows this fraction of the plain plan's peak, which forces a choice."""
 
 _DEMO_DEFAULTS: dict[str, Any] = {"steps": 2, "warmup": 1, "progress": True}
+
+
+EXIT_FAILED = 3
+"""The exit status when memlab itself failed (an exception that is no MemlabError): not "nothing fits" (1), not
+wrong input (2)."""
+
+EXIT_STATUS = (
+    f"Exit status: 0 done; 2 on wrong input (one line says what to write); {EXIT_FAILED} when memlab itself failed "
+    "(one line says what failed; MEMLAB_TRACEBACK=1 shows the traceback); 130 when interrupted."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = SentenceParser(
         prog="memlab",
         description="Fit training into GPU memory: measure, compare and choose memory plans for a model.",
-        epilog="In Jupyter: %load_ext memlab, then %%memfit model batch --budget 8GiB (see %%memfit?).",
+        epilog="In Jupyter: %load_ext memlab, then %%memfit model batch --budget 8GiB (see %%memfit?). " + EXIT_STATUS,
     )
     parser.add_argument("--version", action="version", version=f"memlab {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=SentenceParser)
@@ -75,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
             "needs, and find the fastest plan that fits the budget at the batch size; print the table and "
             "write an HTML report with the figure."
         ),
+        epilog=EXIT_STATUS.replace("0 done;", "0 done; 1 when the plain plan failed, so no budget could be set;"),
     )
     demo.add_argument(
         "--budget",
@@ -190,7 +205,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         print("memlab: error: choose a command, such as: memlab demo", file=sys.stderr)
         return 2
-    return handler(args)
+    return run_handler(handler, args)
+
+
+
+def run_handler(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a command's ``handler``; no path ends in a traceback. A :class:`~memlab.errors.MemlabError` is one line
+    and status 2; any other exception one line that says what failed and what to do, and status
+    :data:`EXIT_FAILED` (with ``MEMLAB_TRACEBACK=1`` in the environment it is raised, traceback and all).
+
+    Example:
+        >>> def broken(args):
+        ...     raise RuntimeError("_apply(): Couldn't swap Embedding.weight")
+        >>> run_handler(broken, argparse.Namespace(command="estimate"))  # doctest: +SKIP
+        memlab estimate: failed: RuntimeError: _apply(): Couldn't swap Embedding.weight. This is memlab's fault...
+        3
+    """
+    from memlab.errors import MemlabError
+
+    prog = f"memlab {getattr(args, 'command', None) or ''}".strip()
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except MemlabError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # noqa: BLE001 - the command line says what failed in one line, never a traceback
+        if os.environ.get("MEMLAB_TRACEBACK"):
+            raise
+        what = " ".join(str(error).split()) or "(no message)"
+        print(f"{prog}: failed: {type(error).__name__}: {what}. This is memlab's fault, not your input: run it "
+              "again with MEMLAB_TRACEBACK=1 to see where, and report it with the command; other settings may avoid "
+              "it.", file=sys.stderr)
+        return EXIT_FAILED
 
 
 # --- memlab demo --------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ Example (nothing is downloaded with a built-in shape or a local config)::
 
 prints one line per plan (the predicted allocated peak, what the card will show: the allocator's reserve and the
 CUDA context of the GPU ``--gpu`` names, where it goes, fits or does not fit, judged on the card figure where it is
-known) and exits with 0 when a plan fits (or no budget was given), 1 when none fits, 2 on wrong input. A dry run
+known) and exits with 0 when a plan fits (or no budget was given), 1 when none fits, 2 on wrong input (3 when
+memlab itself failed: :func:`memlab.frontends.cli.run_handler`). A dry run
 of a large model takes minutes, so each step (the config, each plan, each number of GPUs and strategy tried) is
 said on stderr as it starts, with the time so far (:func:`progress_lines`); stdout holds only the table (or the
 JSON).
@@ -37,7 +38,8 @@ _DESCRIPTION = (
     "or a built-in shape: {shapes}."
 )
 _EPILOG = (
-    "Exit status: 0 when a plan fits the budget (or no budget was given), 1 when none fits, 2 on wrong input; "
+    "Exit status: 0 when a plan fits the budget (or no budget was given), 1 when none fits, 2 on wrong input, 3 "
+    "when memlab itself failed (one line says what; MEMLAB_TRACEBACK=1 shows the traceback), 130 when interrupted; "
     "--gpu without --budget makes that GPU's memory the budget. The table, --json's verdict and the exit status "
     "judge each plan once, the same way. When nothing fits, the commands that try the plans estimated to fit "
     "follow the table. "

@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -35,9 +35,10 @@ from typing_extensions import Unpack
 from memlab.errors import MemlabError
 from memlab.inference.kv import learned_positions
 from memlab.inference.plan import InferencePlan
-from memlab.inference.step import InferenceStep
+from memlab.inference.step import InferenceStep, is_encoder_decoder
 from memlab.inference.weights import check_quantizable, prepare_weights, quantization_tensors
 from memlab.live.batch import Batch, atomic_refusal, is_atomic
+from memlab.live.inputs import DECODER_KEYS
 from memlab.live.structure import unique_parameters
 from memlab.measure.tracker import INFERENCE_CATEGORIES, MemoryTracker
 from memlab.options import RunKeywords, RunOptions
@@ -268,6 +269,14 @@ class InferenceWorkload(Workload[InferencePlan, InferenceRecord, InferenceTrial]
                     f"new_tokens={plan.new_tokens} generates from input_ids, and the batch has none as (rows, "
                     "tokens); write batch = {'input_ids': ids} with ids of shape (rows, tokens)"
                 )
+        if is_encoder_decoder(model) and not (
+            isinstance(step.inputs, Mapping) and any(key in step.inputs for key in DECODER_KEYS)
+        ):
+            raise MemlabError(
+                f"{type(model).__name__} is an encoder-decoder: its forward needs the decoder's tokens as well as "
+                "input_ids; add the target token ids to the batch as labels (as training takes them) or as "
+                "decoder_input_ids, e.g. batch = {'input_ids': ids, 'labels': target_ids}"
+            )
         positions = learned_positions(model)
         if positions is not None and step.prompt_tokens is not None:
             needed = step.prompt_tokens + max(plan.new_tokens - 1, 0)
@@ -303,6 +312,8 @@ class InferenceWorkload(Workload[InferencePlan, InferenceRecord, InferenceTrial]
     def put_on(self, plan: InferencePlan, record: InferenceRecord) -> InferenceAttempt:
         if plan.weights == "fp16" and self.context.device.type == "cpu" and self.context.probe.times_steps:
             record.notes.append(_FP16_CPU_NOTE)
+        if self.inference_step.decoder_note:
+            record.notes.append(self.inference_step.decoder_note)
         self.context.model.eval()  # as serving and evaluation run it (no dropout); the session puts the flags back
         undo = prepare_weights(self.context.model, plan)
         return InferenceAttempt(self.inference_step, plan, record, undo)

@@ -30,10 +30,11 @@ from memlab.inference.kv import (
 from memlab.inference.plan import InferencePlan
 from memlab.inference.weights import DTYPES
 from memlab.live.batch import Batch, map_tensors, take_rows
+from memlab.live.inputs import DECODER_KEYS
 from memlab.measure.tracker import MemoryTracker
 from memlab.runner.workload import RunContext
 
-__all__ = ["InferenceStep", "StepResult", "model_inputs"]
+__all__ = ["InferenceStep", "StepResult", "decoder_inputs", "is_encoder_decoder", "model_inputs"]
 
 
 @dataclass
@@ -67,6 +68,9 @@ class InferenceStep:
         self.clock = context.clock
         self.rows = context.rows
         self.inputs = model_inputs(context.batch)
+        self.decoder_note: str | None = None
+        if is_encoder_decoder(self.model) and isinstance(self.inputs, Mapping):
+            self.inputs, self.decoder_note = decoder_inputs(self.model, self.inputs, context.batch)
         self.causal = is_causal_lm(self.model)
         self.logits_to_keep = self.causal and takes_logits_to_keep(self.model)
         self.cache_keyword = cache_keyword(self.model)
@@ -158,6 +162,41 @@ def _phase(tracker: MemoryTracker | None, category: str) -> contextlib.AbstractC
 
 def _section(tracker: MemoryTracker | None, name: str) -> contextlib.AbstractContextManager[Any]:
     return tracker.section(name) if tracker is not None else contextlib.nullcontext()
+
+
+def is_encoder_decoder(model: nn.Module) -> bool:
+    """True for a transformers encoder-decoder (T5, BART, Whisper...), whose forward needs the decoder's tokens.
+
+    Example:
+        >>> is_encoder_decoder(nn.Linear(2, 2))
+        False
+    """
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+def decoder_inputs(model: nn.Module, inputs: Mapping[str, Any], batch: Any) -> tuple[dict[str, Any], str | None]:
+    """An encoder-decoder's forward inputs: where the batch has ``labels`` but no decoder inputs (a training batch),
+    the decoder's tokens made from the labels as the model's own training forward makes them
+    (``prepare_decoder_input_ids_from_labels``: shifted right, the start token first), and a note that says so;
+    the inputs as they are otherwise (:meth:`InferenceWorkload.check` refuses a batch with neither).
+
+    Example:
+        >>> from transformers import T5Config, T5ForConditionalGeneration
+        >>> model = T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=8, d_kv=4, d_ff=8, num_layers=1,
+        ...                                             num_heads=2, decoder_start_token_id=0))
+        >>> batch = {"input_ids": torch.ones(1, 3, dtype=torch.long), "labels": torch.tensor([[5, 6]])}
+        >>> inputs, note = decoder_inputs(model, model_inputs(batch), batch)
+        >>> inputs["decoder_input_ids"].tolist(), note.split(":")[0]
+        ([[0, 5]], 'decoder_input_ids made from the batch\'s labels (shifted right)')
+    """
+    labels = batch.get("labels") if isinstance(batch, Mapping) else None
+    prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+    if any(key in inputs for key in DECODER_KEYS) or not isinstance(labels, torch.Tensor) or not callable(prepare):
+        return dict(inputs), None
+    made = prepare(labels=labels)
+    note = ("decoder_input_ids made from the batch's labels (shifted right): as the model's training forward makes "
+            "them, one forward over the whole target, as an evaluation runs it")
+    return {**inputs, "decoder_input_ids": made}, note
 
 
 def model_inputs(batch: Batch) -> Any:

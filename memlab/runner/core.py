@@ -27,6 +27,7 @@ from torch import nn
 from memlab.errors import MemlabError
 from memlab.events import Callback, Event, MemorySample, StepFinished, TrialFinished, TrialSettled, TrialStarted
 from memlab.live.batch import Batch, count_rows, named_tensors
+from memlab.live.inputs import check_inputs
 from memlab.live.structure import ModuleStructure, unique_parameters
 from memlab.measure.cuda import CudaPeak
 from memlab.measure.oom import release_error, release_memory
@@ -118,6 +119,7 @@ class Runner(Generic[PlanT, TrialT]):
         self.probe = probe
         self.options = options or RunOptions()
         self.rows = count_rows(batch)
+        check_inputs(model, batch)
         self.model = model
         self.batch = batch
         self.device = probe.device

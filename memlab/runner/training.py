@@ -14,6 +14,7 @@ from torch import nn
 
 from memlab.errors import MemlabError
 from memlab.live.batch import count_tokens, is_atomic, resolve_loss_fn
+from memlab.live.inputs import check_target
 from memlab.live.structure import trainable_parameters, unique_parameters
 from memlab.measure.tracker import MemoryTracker
 from memlab.plan import Plan
@@ -89,6 +90,8 @@ class TrainingWorkload(Workload[Plan, TrainingRecord, Trial]):
     def __init__(self, context: RunContext) -> None:
         super().__init__(context)
         self.loss_fn = resolve_loss_fn(context.batch, context.options.loss_fn)
+        if context.options.loss_fn is None:  # the model's own loss: an encoder-decoder's needs the target
+            check_target(context.model, context.batch)
         # Cutting the batch once here turns a batch that cannot be sliced into one clear error, before any trial
         # (an atomic batch is never cut: its plans are checked one by one).
         if not is_atomic(context.batch):

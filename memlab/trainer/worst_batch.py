@@ -142,13 +142,36 @@ def trainer_collation(trainer: Any, dataset: Any) -> tuple[Any, Callable[[list[A
     saved = vars(trainer).get("_signature_columns", _MISSING)
     try:
         if _is_hf_dataset(dataset) and hasattr(trainer, "_remove_unused_columns"):
-            dataset = trainer._remove_unused_columns(dataset, description="training")
+            try:
+                dataset = trainer._remove_unused_columns(dataset, description="training")
+            except ValueError as error:  # "No columns in the dataset match the model's forward method signature"
+                raise MemlabError(untokenized_message(dataset)) from error
         elif hasattr(trainer, "_get_collator_with_removed_columns"):
             collator = trainer._get_collator_with_removed_columns(collator, description="training")
     finally:
         if saved is not _MISSING:
             trainer._signature_columns = saved
     return dataset, collator
+
+
+def untokenized_message(dataset: Any) -> str:
+    """What to write when none of a train dataset's columns is an input of the model (untokenized text, for one):
+    transformers' Trainer would drop every column.
+
+    Example:
+        >>> print(untokenized_message(type("D", (), {"column_names": ["text"]})()))  # doctest: +ELLIPSIS
+        the trainer's train dataset has only the column text, which the model does not take (the Trainer drops...
+    """
+    columns = list(getattr(dataset, "column_names", None) or [])
+    named = ", ".join(columns) or "none"
+    text = next((column for column in columns if "text" in column), columns[0] if columns else "text")
+    return (
+        f"the trainer's train dataset has only the column{'s' if len(columns) != 1 else ''} {named}, which the "
+        "model does not take (the Trainer drops every column its forward does not name, and then has nothing); "
+        f"tokenize it first: dataset.map(lambda e: tokenizer(e[{text!r}], truncation=True), batched=True, "
+        f"remove_columns={columns!r}) with data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False), "
+        "or train with TRL's SFTTrainer, which tokenizes a text column itself"
+    )
 
 
 def collate(collator: Callable[[list[Any]], Any], examples: list[Any], indices: Iterable[int]) -> dict[str, Any]:
@@ -173,7 +196,9 @@ def collate(collator: Callable[[list[Any]], Any], examples: list[Any], indices: 
     if not any(isinstance(v, torch.Tensor) for v in batch.values()):
         raise MemlabError(
             "the trainer's data collator returned no tensors; give the trainer a collator that returns a dict of "
-            "tensors (e.g. DataCollatorWithPadding(tokenizer)), or pass a batch of tensors yourself"
+            "tensors (e.g. DataCollatorWithPadding(tokenizer)) over a tokenized dataset (dataset.map(lambda e: "
+            "tokenizer(e['text'], truncation=True), batched=True): text must be tokenized first, or use TRL's "
+            "SFTTrainer, which does), or pass a batch of tensors yourself"
         )
     if "input_ids" not in batch and "inputs_embeds" not in batch and "pixel_values" not in batch:
         raise MemlabError(

@@ -372,3 +372,88 @@ def test_ctrl_c_during_fit_keeps_the_finished_trials(warm_process: None) -> None
     report = caught.value.report  # type: ignore[attr-defined]
     assert len(report) == 1 and report[0].status == "ok" and report.budget == 64 * 1024**2
     assert_same(before, fingerprint(model))
+
+
+# --- a user's own inputs that reached a library's error (issue 44, item 7) -----------------------------------------
+
+
+def test_a_trainer_over_untokenized_text_says_to_tokenize(tmp_path) -> None:
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    data = Dataset.from_dict({"text": ["a short line", "a somewhat longer line of text"] * 4})
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no", max_steps=1,
+                             per_device_train_batch_size=2)
+    trainer = Trainer(model=tiny_llama(), args=args, train_dataset=data)
+    before = fingerprint(trainer.model)
+    for call in (lambda: memlab.measure(trainer, steps=1, noise=0, progress=False), lambda: memlab.estimate(trainer)):
+        # transformers' own words were "No columns in the dataset match the model's forward method signature"
+        with pytest.raises(MemlabError, match=r"only the column text, .*tokenize it first: dataset.map\(lambda e: "
+                                              r"tokenizer\(e\['text'\].*SFTTrainer"):
+            call()
+    assert trainer.train_dataset is data and data.column_names == ["text"]
+    assert_same(before, fingerprint(trainer.model))
+
+
+def test_an_encoder_decoder_runs_inference_on_its_training_batch() -> None:
+    from models import VOCAB, tiny_t5
+
+    model = tiny_t5()
+    before = fingerprint(model)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, VOCAB, (2, 12), generator=generator)
+    labels = torch.randint(1, VOCAB, (2, 6), generator=generator)
+    labels[:, -1] = -100  # padding in the target, as a collator writes it
+    given = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    # transformers' own words were "You must specify exactly one of input_ids or inputs_embeds"
+    trial = memlab.measure(model, given, memlab.InferencePlan(), steps=1, noise=0, progress=False)
+    assert trial.status == "ok", trial.error
+    assert any("decoder_input_ids made from the batch's labels" in note for note in trial.notes)
+    # The decoder's tokens are the model's own (its training forward's shift of the labels): the same step as a
+    # batch that names them.
+    shifted = model.prepare_decoder_input_ids_from_labels(labels=labels)
+    assert shifted[:, 0].eq(model.config.decoder_start_token_id).all() and shifted.min() >= 0
+    explicit = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "decoder_input_ids": shifted}
+    estimated = [memlab.estimate(model, batch, memlab.InferencePlan(), device="cpu") for batch in (given, explicit)]
+    assert [t.status for t in estimated] == ["ok", "ok"]
+    assert estimated[0].peak_bytes == estimated[1].peak_bytes > 0
+    # Neither labels nor the decoder's inputs: one sentence that says what batch to give, for inference and training.
+    for plan in (memlab.InferencePlan(), memlab.Plan()):
+        with pytest.raises(MemlabError, match=r"encoder-decoder: .*add the target token ids to the batch as labels"):
+            memlab.measure(model, {"input_ids": ids}, plan, steps=1, noise=0, progress=False)
+        with pytest.raises(MemlabError, match=r"encoder-decoder: .*labels"):
+            memlab.estimate(model, {"input_ids": ids}, plan, device="cpu")
+    assert_same(before, fingerprint(model))
+    # A bare T5 config is built with its language-model head, so its training batch trains and infers.
+    shapes = {"input_ids": (2, 12), "labels": (2, 6)}
+    for plan in (memlab.Plan(), memlab.InferencePlan()):
+        assert memlab.estimate(model.config, shapes, plan, device="cpu").status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("change", "words", "dry_run_sees_it"),
+    [
+        (lambda b: {**b, "input_ids": b["input_ids"].float()}, r"input_ids holds torch.float32 values, .*\.long\(\)",
+         True),
+        (lambda b: {k: v[0] for k, v in b.items()}, r"one sequence without its batch dimension; .*unsqueeze\(0\)",
+         True),
+        (lambda b: {**b, "labels": b["labels"][:, :5]}, r"labels has shape \(2, 5\) and input_ids \(2, 16\); .*"
+                                                         r"input_ids.clone\(\)", True),
+        # Values: a dry run's fake tensors have none.
+        (lambda b: {**b, "input_ids": b["input_ids"] + 1000}, r"embeds 128 tokens .*resize_token_embeddings", False),
+        (lambda b: {**b, "input_ids": b["labels"].masked_fill(b["labels"] < 50, -100)},
+         r"input_ids holds -100, .*-100 marks positions without a loss in labels only", False),
+    ],
+    ids=["float ids", "one row", "labels shape", "past the vocabulary", "-100 in input_ids"],
+)
+def test_common_batch_slips_are_one_sentence_before_the_model_runs(change, words, dry_run_sees_it) -> None:
+    model = tiny_llama()
+    before = fingerprint(model)
+    batch = change(lm_batch(rows=2))
+    for plan in (memlab.Plan(), memlab.InferencePlan()):
+        with pytest.raises(MemlabError, match=words):
+            memlab.measure(model, batch, plan, steps=1, noise=0, progress=False)
+    assert_same(before, fingerprint(model))
+    if dry_run_sees_it:
+        with pytest.raises(MemlabError, match=words):
+            memlab.estimate(model, batch, memlab.Plan(), device="cpu")

@@ -3,7 +3,6 @@ against a real FSDP2 run on 2 CPU processes and against DeepSpeed's own formulas
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -76,7 +75,7 @@ def test_zero_follows_deepspeeds_formulas() -> None:
             assert sum(trial.breakdown.values()) == trial.peak_bytes
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+@pytest.mark.needs("deepspeed")
 def test_zero_formulas_equal_deepspeeds_own_functions() -> None:
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
@@ -206,3 +205,53 @@ def test_cli_gpus_auto_prints_the_card_figure_where_known_and_says_which_figure_
     assert "allocated per GPU, card " in fsdp2 and fsdp2.endswith("; fits by the card figure"), fsdp2
     for line in zero:  # no ZeRO step is traced: the verdict says it judged the allocated peak
         assert "card figure unknown" in line and line.endswith("; fits by the allocated peak"), line
+
+
+PURE_BF16 = """
+import json, sys
+from transformers import LlamaConfig
+from memlab import Plan
+from memlab.estimation.estimate import meta_model
+from memlab.estimation.sharded import sharded_trials
+
+model = meta_model(LlamaConfig(**json.loads(sys.argv[1])))
+shapes = {key: tuple(value) for key, value in json.loads(sys.argv[2]).items()}
+rows = sharded_trials(model, shapes, [Plan(precision="bf16", weights="bf16"), Plan(precision="bf16")], gpus=2,
+                      device="cpu")
+print(json.dumps([{"weights": plan.weights, "strategy": name, "status": trial.status, "error": trial.error,
+                   "sharded_params": trial.detail.get("sharded_params"), "peak": trial.peak_bytes,
+                   "states": trial.model_state_bytes, "notes": list(trial.notes)} for plan, name, trial in rows]))
+"""
+
+
+def test_pure_bf16_weights_are_estimated_under_every_strategy(tmp_path: Path) -> None:
+    # The FSDP2 dry run (which ZeRO's estimates run too) casts the fake weights before fully_shard; model.to() failed
+    # there ("Couldn't swap Embedding.weight": the fake mode's weak references to them forbid the swap). It failed
+    # in a fresh process, as `memlab estimate` is, so it runs in one.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run([sys.executable, "-c", PURE_BF16, json.dumps(CONFIG), json.dumps(SHAPES)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {(row["weights"], row["strategy"]): row for row in json.loads(done.stdout.strip().splitlines()[-1])}
+    assert len(rows) == 6
+    for key, row in rows.items():
+        assert row["status"] == "ok", (key, row["error"])
+    parameters, _ = layer_counts(config())
+    # FSDP2 holds each GPU's half of the weights in bf16 (2 bytes) rather than fp32, and peaks lower.
+    assert rows["bf16", "fsdp2"]["sharded_params"] * 2 == rows["fp32", "fsdp2"]["sharded_params"]
+    assert rows["bf16", "fsdp2"]["sharded_params"] == parameters * 2 // 2
+    assert rows["bf16", "fsdp2"]["peak"] < rows["fp32", "fsdp2"]["peak"]
+    for name in ("zero2", "zero3"):  # DeepSpeed keeps fp32 master weights: the same model states, said in a note
+        assert rows["bf16", name]["states"] == rows["fp32", name]["states"]
+        assert any("fp32 master weights" in note for note in rows["bf16", name]["notes"])
+
+
+def test_adafactor_under_fsdp2_is_refused_with_what_to_write() -> None:
+    # transformers' Adafactor cannot step on FSDP2's DTensor gradients (a real fully_shard step fails the same way).
+    with pytest.raises(MemlabError, match="optimizer='adamw'.*zero2 / zero3"):
+        memlab.estimate(config(), SHAPES, Plan(optimizer="adafactor"), gpus=2, strategy="fsdp2", device="cpu")
+    assert memlab.estimate(config(), SHAPES, Plan(optimizer="adafactor"), gpus=2, strategy="zero3",
+                           device="cpu").status == "ok"
+    found = smallest_gpus(config(), SHAPES, Plan(optimizer="adafactor"), budget="1GiB", strategies=["fsdp2"],
+                          device="cpu")["fsdp2"]
+    assert found is not None and found.status == "error" and "does not run with FSDP2" in (found.error or "")

@@ -48,8 +48,20 @@ def _accepted(kwargs: dict, tmp_path: Path) -> Any:
         )
 
 
+# transformers builds TrainingArguments(deepspeed=...) only where deepspeed is installed: the plans that offload the
+# optimizer (exported as a DeepSpeed config) are checked apart, where it is.
 def test_every_plan_fit_could_return_is_accepted_by_training_arguments(tmp_path: Path) -> None:
-    for plan in GRID + ALL_PLANS:
+    _check_training_arguments([plan for plan in GRID + ALL_PLANS if not plan.offloads_optimizer], tmp_path)
+
+
+@pytest.mark.needs("deepspeed")
+def test_plans_that_offload_the_optimizer_are_accepted_with_deepspeed(tmp_path: Path) -> None:
+    _check_training_arguments([plan for plan in GRID + ALL_PLANS if plan.offloads_optimizer], tmp_path)
+
+
+def _check_training_arguments(plans: list[Plan], tmp_path: Path) -> None:
+    assert plans
+    for plan in plans:
         if plan.offloads_activations and not plan.checkpointing:
             # The Trainer offloads only checkpointed activations: the export says so rather than drop the lever.
             with pytest.raises(MemlabError, match="write checkpointing=True"):
@@ -265,7 +277,20 @@ NEW_LEVERS = [
 ]
 
 
-def test_new_levers_export_the_trainers_own_names(tmp_path: Path) -> None:
+def test_memlabs_adamw_is_what_the_trainer_builds_when_nothing_is_said(tmp_path: Path) -> None:
+    from transformers.training_args import OptimizerNames
+
+    assert training_arguments(Plan())["optim"] == "adamw_torch_fused"
+    default = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none").optim
+    assert default == OptimizerNames.ADAMW_TORCH_FUSED
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [pytest.param(p, marks=pytest.mark.needs("deepspeed") if p.offloads_optimizer else ()) for p in NEW_LEVERS],
+    ids=_ids,
+)
+def test_new_levers_export_the_trainers_own_names(plan: Plan, tmp_path: Path) -> None:
     from transformers.training_args import OptimizerNames
 
     names = {
@@ -273,22 +298,18 @@ def test_new_levers_export_the_trainers_own_names(tmp_path: Path) -> None:
         "adafactor": OptimizerNames.ADAFACTOR,
         "paged_adamw8bit": OptimizerNames.PAGED_ADAMW_8BIT,
     }
-    assert training_arguments(Plan())["optim"] == "adamw_torch_fused"
-    # memlab's "adamw" is what the Trainer builds when nothing is said
-    assert transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none").optim == names["adamw"]
-    for plan in NEW_LEVERS:
-        if plan.offloads_activations and not plan.checkpointing:
-            with pytest.raises(MemlabError, match="only checkpointed activations"):
-                training_arguments(plan)
-            plan = plan.replace(checkpointing=True)
-        kwargs = training_arguments(plan)
-        args = _accepted(kwargs, tmp_path)
-        assert args.optim == names[plan.optimizer]
-        assert args.use_liger_kernel is (plan.loss == "chunked")
-        if plan.loss == "chunked":
-            config = args.liger_kernel_config
-            assert config["fused_linear_cross_entropy"] is True
-            assert not any(value for key, value in config.items() if key != "fused_linear_cross_entropy")
+    if plan.offloads_activations and not plan.checkpointing:
+        with pytest.raises(MemlabError, match="only checkpointed activations"):
+            training_arguments(plan)
+        plan = plan.replace(checkpointing=True)
+    kwargs = training_arguments(plan)
+    args = _accepted(kwargs, tmp_path)
+    assert args.optim == names[plan.optimizer]
+    assert args.use_liger_kernel is (plan.loss == "chunked")
+    if plan.loss == "chunked":
+        config = args.liger_kernel_config
+        assert config["fused_linear_cross_entropy"] is True
+        assert not any(value for key, value in config.items() if key != "fused_linear_cross_entropy")
 
 
 @pytest.mark.parametrize("plan", NEW_LEVERS, ids=_ids)

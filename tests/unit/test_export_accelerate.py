@@ -3,7 +3,6 @@ ZeRO configs."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,6 @@ import yaml
 from memlab import Plan
 from memlab.errors import MemlabError
 from memlab.export.accelerate import accelerate_config, accelerate_script, fsdp2_torch_script
-
-needs_deepspeed = pytest.mark.skipif(
-    importlib.util.find_spec("deepspeed") is None,
-    reason="deepspeed is not installed (pip install deepspeed; DS_BUILD_OPS=0 is enough for its config parser)",
-)
 
 
 def _launch_args(config: dict[str, Any], tmp_path: Path) -> tuple[Any, Any, bool]:
@@ -92,7 +86,7 @@ def _deepspeed_parse(config: dict[str, Any]) -> Any:
     return DeepSpeedConfig(config)  # no process group here: DeepSpeed takes world size 1
 
 
-@needs_deepspeed
+@pytest.mark.needs("deepspeed")
 def test_deepspeed_parser_takes_to_deepspeed() -> None:
     for plan in (Plan(micro_batch=2, accumulation=4, precision="bf16", offload="optimizer"),
                  Plan(micro_batch=1, precision="fp16"), Plan(micro_batch=1, optimizer="adamw8bit")):
@@ -103,7 +97,7 @@ def test_deepspeed_parser_takes_to_deepspeed() -> None:
         assert parsed.float16_config.enabled is (plan.precision == "fp16")
 
 
-@needs_deepspeed
+@pytest.mark.needs("deepspeed")
 def test_deepspeed_parser_takes_the_zero3_accelerate_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from accelerate.utils import DeepSpeedPlugin
     from accelerate.utils.launch import prepare_deepspeed_cmd_env

@@ -9,7 +9,6 @@ model, the optimizer and hooks, not off the text.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -107,7 +106,17 @@ def _expect_refusal(plan: Plan, target: str, export: Callable[[Plan], Any]) -> b
     return bool(problems)
 
 
-@pytest.mark.parametrize("case", CASES, ids=_id)
+def _trainer_case(case: tuple[str, Any, Plan]) -> Any:
+    """The case, marked as needing deepspeed where its Trainer arguments carry a DeepSpeed config (transformers
+    builds TrainingArguments(deepspeed=...) only where deepspeed is installed)."""
+    try:
+        exported = training_arguments(case[2], legacy_names=False)
+    except MemlabError:
+        exported = {}
+    return pytest.param(case, id=_id(case), marks=[pytest.mark.needs("deepspeed")] if "deepspeed" in exported else [])
+
+
+@pytest.mark.parametrize("case", [_trainer_case(case) for case in CASES])
 def test_trainer_arguments(case: tuple[str, Any, Plan], tmp_path: Path) -> None:
     name, value, plan = case
     if _expect_refusal(plan, "trainer", training_arguments):
@@ -144,16 +153,23 @@ def test_deepspeed_config(case: tuple[str, Any, Plan]) -> None:
             assert config != deepspeed_config(_default(name, plan)), "the lever changed nothing"
     elif isinstance(fragment, Elsewhere) and fragment.note:
         assert fragment.note in config["_comment"]  # where the lever goes instead, in the config itself
-    if importlib.util.find_spec("deepspeed") is not None:
-        from deepspeed.runtime.config import DeepSpeedConfig
 
+
+@pytest.mark.needs("deepspeed")
+def test_deepspeeds_parser_takes_every_deepspeed_config() -> None:
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    for name, value, plan in CASES:
+        if refusals(plan, "deepspeed"):
+            continue
+        config = deepspeed_config(plan)
         parsed = DeepSpeedConfig({**config, "train_micro_batch_size_per_gpu": plan.micro_batch or 1})
-        assert parsed.zero_optimization_stage == 2
-        assert parsed.gradient_accumulation_steps == plan.accumulation
-        assert parsed.bfloat16_config.enabled is ("bf16" in config)
-        assert parsed.float16_config.enabled is ("fp16" in config)
+        assert parsed.zero_optimization_stage == 2, (name, value)
+        assert parsed.gradient_accumulation_steps == plan.accumulation, (name, value)
+        assert parsed.bfloat16_config.enabled is ("bf16" in config), (name, value)
+        assert parsed.float16_config.enabled is ("fp16" in config), (name, value)
         assert str(parsed.zero_config.offload_optimizer.device if parsed.zero_config.offload_optimizer else "none"
-                   ).endswith("cpu" if plan.offloads_optimizer else "none")
+                   ).endswith("cpu" if plan.offloads_optimizer else "none"), (name, value)
 
 
 # --- peft -------------------------------------------------------------------------------------------------------------
