@@ -406,8 +406,8 @@ def test_the_combinations_cover_every_three_levers_values() -> None:
     assert not any(plan.adapter == "none" and plan.lora_rank != REGISTRY["lora_rank"].default for plan in plans)
 
 
-# Levers whose check above reads a count that another lever changes by design (the optimizer in backward steps once
-# per parameter; pure bf16 on a QLoRA base leaves its 4-bit layers' dtype to bitsandbytes).
+# Levers whose check above reads a count or an object that another lever changes by design (the optimizer in backward
+# steps once per parameter, with one optimizer each).
 _INTERACTS = {"accumulation": ("optimizer_in_backward",), "optimizer": ("optimizer_in_backward",),
               "offload": ("optimizer_in_backward",)}
 
