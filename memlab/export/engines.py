@@ -317,13 +317,14 @@ def peft_config(plan: Plan, model: Any = None) -> Any:
     ``plan.lora_rank``, alpha ``plan.lora_alpha`` (None: twice the rank), dropout ``plan.lora_dropout``, on the
     plan's ``lora_targets``.
 
-    With ``model`` (the model the config is for), ``target_modules`` is the list of layers memlab adapts when it
-    measures (:func:`memlab.techniques.adapters.adapter_targets`), resolved from the model: for ``"all-linear"``
-    every ``nn.Linear`` and ``Conv1D`` but the output head, or, for a model without output embeddings, its last
-    linear layer (a classifier head). Without a model it stays ``"all-linear"``, which peft resolves itself to
-    every ``nn.Linear`` and ``Conv1D`` but a transformers model's output embeddings: on a model without them (a
-    sequence classifier) peft also adapts the classifier head, which memlab did not measure; pass ``model=`` to
-    export exactly what was measured.
+    Without a model the config means, under peft's own rules, what memlab measured on a transformers model:
+    ``"all-linear"`` (every ``nn.Linear`` and ``Conv1D`` but the output embeddings) and ``modules_to_save``
+    naming a task model's new head (``classifier``, ``score``, ``qa_outputs``), which peft then trains whole
+    instead of adapting it. With ``model`` (the model the config is for), ``target_modules`` is the list of
+    layers memlab adapts on it (:func:`memlab.techniques.targets.lora_targets_on`) and ``modules_to_save`` its
+    head, if any: the same layers, written out. A model with neither head (a base model, a plain ``nn.Module``,
+    whose last linear layer memlab leaves out) and DistilBERT (whose ``pre_classifier`` peft's name matching takes
+    for the head too) need ``model=``.
 
     For QLoRA, load the base in 4-bit too: ``from_pretrained(name, quantization_config=BitsAndBytesConfig(
     load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16))`` (see
@@ -334,8 +335,9 @@ def peft_config(plan: Plan, model: Any = None) -> Any:
         >>> config.r, config.lora_alpha, config.target_modules
         (8, 16, 'all-linear')
         >>> from torch import nn
-        >>> peft_config(Plan(adapter="lora"), model=nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))).target_modules
-        {'0'}
+        >>> mlp = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+        >>> sorted(peft_config(Plan(adapter="lora"), model=mlp).target_modules)
+        ['0']
     """
     refuse_unless_carried(plan, "peft", "a peft LoraConfig")
     settings: dict[str, Any] = {}

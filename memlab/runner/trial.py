@@ -26,6 +26,7 @@ from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.training import TrainingWorkload, check_plans
 from memlab.runner.workload import RunnablePlan
 from memlab.trainer.entry import live_target, noted, split_plans
+from memlab.trainer.source import keeps_trainer_batch
 
 __all__ = ["TrialRunner", "check_plans", "compare", "keep_on_interrupt", "measure", "run_plans"]
 
@@ -115,6 +116,9 @@ def compare(
         if target.plan is None:
             raise MemlabError("no plans were given; write memlab.compare(model, batch, [memlab.Plan(), ...])")
         plans = [target.plan]  # a trainer's own settings
+    elif target.source is not None and isinstance(plans, Sequence):  # a plan on a trainer keeps its effective batch
+        args = target.source.trainer.args
+        plans = [keeps_trainer_batch(plan, args) if isinstance(plan, Plan) else plan for plan in plans]
     runner = runner_for(plans) or TrialRunner  # a Plan, or anything else: training's checks say what is wrong
     if target.source is not None:
         options["loss_fn"] = target.loss_fn

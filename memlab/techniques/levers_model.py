@@ -38,7 +38,14 @@ def lora_settings(plan: PlanLike, model: Any = None) -> dict[str, Any]:
     """The ``peft.LoraConfig`` keywords memlab measures an adapter plan with: rank ``plan.lora_rank``, alpha
     ``plan.lora_alpha`` (None: twice the rank), dropout ``plan.lora_dropout`` on the adapters' input, on the plan's
     ``lora_targets``: every linear layer but the output head (``target_modules="all-linear"``), peft's default layers
-    for the model's type (``None``: q and v projections for Llama-style models), or the names given (a list).
+    for the model's type (``None``: q and v projections for Llama-style models), or the names given (a list);
+    ``modules_to_save`` names the new heads of task models (``classifier``, ``score``, ``qa_outputs``), so that on
+    a sequence classifier peft trains the head whole and adapts it not, as memlab measures it (peft matches
+    the ends of module names: on a model without such a head they match nothing). peft resolves this config on a
+    transformers model with an output head or a task head to what
+    :func:`memlab.techniques.targets.lora_targets_on` measures; a model with neither (a base model, a plain
+    ``nn.Module``, where memlab leaves the last linear layer out as the head) and DistilBERT (whose
+    ``pre_classifier`` peft's name matching takes for the head) need ``model=``.
 
     With ``model``, the targets are what LoRA trains on it, computed once
     (:func:`memlab.techniques.targets.lora_targets_on`): ``target_modules`` the list of layers, and where the model
@@ -49,8 +56,9 @@ def lora_settings(plan: PlanLike, model: Any = None) -> dict[str, Any]:
 
     Example:
         >>> from memlab.plan import Plan
-        >>> lora_settings(Plan(adapter="lora", lora_rank=8))
-        {'r': 8, 'lora_alpha': 16, 'lora_dropout': 0.0, 'target_modules': 'all-linear'}
+        >>> lora_settings(Plan(adapter="lora", lora_rank=8))  # doctest: +NORMALIZE_WHITESPACE
+        {'r': 8, 'lora_alpha': 16, 'lora_dropout': 0.0, 'target_modules': 'all-linear',
+         'modules_to_save': ['classifier', 'score', 'qa_outputs']}
         >>> lora_settings(Plan(adapter="lora", lora_targets=("q_proj", "k_proj"), lora_dropout=0.05))["lora_dropout"]
         0.05
         >>> from transformers import BertConfig, BertForSequenceClassification
@@ -63,8 +71,13 @@ def lora_settings(plan: PlanLike, model: Any = None) -> dict[str, Any]:
     alpha = plan.lora_alpha if plan.lora_alpha is not None else 2 * plan.lora_rank
     settings: dict[str, Any] = {"r": plan.lora_rank, "lora_alpha": alpha, "lora_dropout": plan.lora_dropout}
     if model is None:
+        from memlab.techniques.targets import HEAD_NAMES  # torch-free names; the module imports torch lazily
+
         settings["target_modules"] = targets if targets == "all-linear" else None if targets == "attention" \
             else list(targets)
+        # peft then trains a task model's new head whole and adapts it not, as memlab measured; on a model without
+        # such a head the names match nothing (peft matches the ends of module names)
+        settings["modules_to_save"] = list(HEAD_NAMES)
         return settings
     from torch import nn  # imported here: the declarations stay free of torch
 
@@ -107,8 +120,8 @@ def lora_config_code(plan: PlanLike, **extra: Any) -> str:
 
     Example:
         >>> from memlab.plan import Plan
-        >>> lora_config_code(Plan(adapter="lora", lora_rank=4))
-        "LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules='all-linear')"
+        >>> lora_config_code(Plan(adapter="lora", lora_rank=4))[:75]
+        "LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules='all-linear'"
     """
     settings = {**lora_settings(plan), **extra}
     return "LoraConfig(" + ", ".join(f"{key}={value!r}" for key, value in settings.items()) + ")"
@@ -138,6 +151,15 @@ def qlora_compute_dtype(plan: PlanLike) -> str:
     if plan.precision == "bf16" or plan.weights == "bf16":
         return "bfloat16"
     return "float16" if plan.precision == "fp16" else "float32"
+
+
+def _qlora_compute_conflict(plan: PlanLike) -> str:
+    """Why a QLoRA plan's 4-bit base cannot compute in its dtype: with pure bf16 weights it computes in bf16, and
+    fp16 autocast cannot mix its bf16 outputs with fp16 (the step fails, measured and exported alike)."""
+    if plan.adapter == "qlora" and plan.weights == "bf16" and plan.precision == "fp16":
+        return ("adapter='qlora' with weights='bf16' computes its 4-bit base in bf16, which fp16 autocast cannot mix "
+                "with fp16; write precision='bf16' (or 'fp32') with weights='bf16', or weights='fp32' with fp16")
+    return ""
 
 
 def _pure_bf16_elsewhere(target: str, instead: str) -> Export:
@@ -275,9 +297,12 @@ def _adapter_code(plan: PlanLike) -> Code:
         return Code()
     quantized = Code(imports=("import bitsandbytes as bnb",), model=quantize_code(plan)) if plan.adapter == "qlora" \
         else Code()
+    # peft makes a bf16 model's adapters fp32 (autocast_adapter_dtype); pure bf16 trains them in bf16, as measured
+    bf16 = ("model = model.to(torch.bfloat16)  # the adapters in bf16 too",) if plan.weights == "bf16" else ()
     return quantized + Code(imports=("from peft import LoraConfig, get_peft_model",), model=(
         "# LoRA adapters on the plan's layers; only the adapters train",
         f"model = get_peft_model(model, {lora_config_code(plan)})",
+        *bf16,
     ))
 
 
@@ -356,6 +381,7 @@ DECLARATIONS = (
         help="train LoRA adapters (peft) on a frozen base instead of every weight: far fewer grads and optimizer "
         "state; qlora also holds the base's linear weights in 4-bit NF4 (bitsandbytes)",
         technique=ADAPTERS,
+        conflicts=_qlora_compute_conflict,
         family=True,
         slower=(("qlora", "lora"),),
         activation_key=lambda value: value,

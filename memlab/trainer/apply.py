@@ -10,7 +10,7 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.plan import Plan
 from memlab.trainer.arguments import check_single_process
-from memlab.trainer.source import is_trainer, trainer_model
+from memlab.trainer.source import is_trainer, keeps_trainer_batch, trainer_model
 
 __all__ = ["APPLIED_MARK", "TrainerApplied", "apply_to_trainer", "check_plan_for_trainer"]
 
@@ -159,6 +159,29 @@ def _rebuild_accelerator(create: Callable[[], None]) -> None:
     create()
 
 
+def shared_state_restorer() -> Callable[[], None]:
+    """What puts accelerate's process-wide state back exactly as it is now: ``PartialState`` and
+    ``AcceleratorState`` share one dict each among all their instances (every trainer's accelerator reads them),
+    so a rebuild that resets them, or fails half-way, would otherwise leave every other trainer in the process
+    without its state (``'AcceleratorState' object has no attribute 'parallelism_config'``).
+
+    Example:
+        >>> from accelerate.state import AcceleratorState
+        >>> restore = shared_state_restorer()
+        >>> AcceleratorState._reset_state(); restore()
+    """
+    from accelerate.state import AcceleratorState, PartialState
+
+    saved = [(shared, dict(shared)) for shared in (PartialState._shared_state, AcceleratorState._shared_state)]
+
+    def restore() -> None:
+        for shared, state in saved:  # the same dict objects: every instance shares them
+            shared.clear()
+            shared.update(state)
+
+    return restore
+
+
 def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
     """Set the trainer up to train with ``plan`` on its next ``train()``; undo with ``.undo()``.
 
@@ -186,6 +209,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
         raise MemlabError(f"apply_to_trainer takes a transformers Trainer, not a {type(trainer).__name__}")
     check_plan_for_trainer(plan)
     check_single_process(trainer.args)
+    plan = keeps_trainer_batch(plan, trainer.args)  # Plan() keeps the trainer's batch and accumulation
     model = trainer_model(trainer)
     if APPLIED_MARK in vars(trainer):
         raise MemlabError(
@@ -202,18 +226,23 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
                 "this trainer's model already carries peft adapters, and they are what trains; apply a plan with "
                 f"its own settings ({carried_settings(model)}), or adapter='none' to keep them as they are"
             )
-    new_args = _new_arguments(trainer.args, plan)
-    undoes: list[Callable[[], None]] = [_model_restorer(model), _trainer_restorer(trainer)]
+    # accelerate's process-wide state, before anything touches it (new TrainingArguments may reset it already):
+    # undo puts it back exactly, even where the rebuild fails half-way
+    restore_shared = shared_state_restorer()
+    try:
+        new_args = _new_arguments(trainer.args, plan)
+    except BaseException:
+        restore_shared()
+        raise
+    undoes: list[Callable[[], None]] = [_model_restorer(model), restore_shared, _trainer_restorer(trainer)]
     create = getattr(trainer, "create_accelerator_and_postprocess", None)
     rebuild = None if create is None else functools.partial(_rebuild_accelerator, create)
     try:
         trainer.args = new_args
         if "_train_batch_size" in vars(trainer):
             trainer._train_batch_size = new_args.train_batch_size
-        if rebuild is not None:
+        if rebuild is not None:  # undo gives the trainer its own accelerator object back, and the shared state
             rebuild()
-            # the accelerator's state is shared by the process: build it again for the original arguments too
-            undoes.insert(1, rebuild)
         vars(trainer)[APPLIED_MARK] = plan.label()
         if plan.adapter != "none" and not carried:
             from memlab.techniques.adapters import attach_adapter

@@ -18,7 +18,7 @@ from memlab.plan import Plan
 from memlab.techniques.registry import REGISTRY
 from memlab.trainer.arguments import check_single_process, plan_from_training_arguments
 
-__all__ = ["TrainerSource", "has_own_compute_loss", "is_trainer", "trainer_model"]
+__all__ = ["TrainerSource", "has_own_compute_loss", "is_trainer", "keeps_trainer_batch", "trainer_model"]
 
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -88,6 +88,36 @@ def trainer_bookkeeping_kept(trainer: Any) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(trainer, name, value)
+
+
+def keeps_trainer_batch(plan: Plan, args: Any) -> Plan:
+    """``plan`` with the trainer's effective batch where it leaves the batch open (``micro_batch=None``), as
+    ``fit`` keeps it: the trainer's step holds ``per_device_train_batch_size x gradient_accumulation_steps`` rows on
+    each device (``x`` the processes in all), and a plan on it keeps them. ``Plan()`` (accumulation 1) becomes the
+    trainer's own split; ``Plan(accumulation=k)`` its effective batch in ``k`` micro-batches. A plan that names
+    its ``micro_batch`` is measured as it says. The trial's plan and ``rows_per_step`` then say what ran.
+
+    Raises:
+        MemlabError: an accumulation that does not divide the trainer's effective batch.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=2)
+        >>> keeps_trainer_batch(Plan(), args).label(), keeps_trainer_batch(Plan(accumulation=4), args).label()
+        ('mb2x2', 'mb1x4')
+    """
+    if plan.micro_batch is not None:
+        return plan
+    rows, steps = int(args.per_device_train_batch_size), int(args.gradient_accumulation_steps)
+    if plan.accumulation == 1:
+        return plan.replace(micro_batch=rows, accumulation=steps)
+    if (rows * steps) % plan.accumulation:
+        raise MemlabError(
+            f"the trainer's step holds {rows * steps} rows per device (per_device_train_batch_size={rows} x "
+            f"gradient_accumulation_steps={steps}), which accumulation={plan.accumulation} does not divide; write "
+            f"an accumulation that divides {rows * steps}, or name the micro_batch too"
+        )
+    return plan.replace(micro_batch=rows * steps // plan.accumulation)
 
 
 @dataclass

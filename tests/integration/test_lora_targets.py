@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
-from models import assert_same, fingerprint, lm_batch, tiny_gpt2, tiny_llama
+from models import assert_same, fingerprint, lm_batch, tiny_bert, tiny_gpt2, tiny_llama
 
 import memlab
 from memlab.errors import MemlabError
@@ -81,3 +83,61 @@ def test_the_exported_targets_are_the_measured_ones() -> None:
     assert sorted(exported) == sorted(adapter_targets(bert)) and "classifier" not in exported
     gpt2 = tiny_gpt2()
     assert sorted(plan.to_peft_config(model=gpt2).target_modules) == sorted(adapter_targets(gpt2))
+
+
+def _lora_and_saved(model: torch.nn.Module) -> tuple[list[str], list[str], int]:
+    """The layers peft adapted, the modules it trains whole, and the trained parameters' count."""
+    from peft.tuners.lora import LoraLayer
+    from peft.utils.other import ModulesToSaveWrapper
+
+    def names(kind: type) -> list[str]:
+        return sorted(n.removeprefix("base_model.model.") for n, m in model.named_modules() if isinstance(m, kind))
+
+    return names(LoraLayer), names(ModulesToSaveWrapper), sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _task_models() -> dict[str, Any]:
+    from transformers import (
+        BertConfig,
+        BertForQuestionAnswering,
+        LlamaConfig,
+        LlamaForSequenceClassification,
+        RobertaConfig,
+        RobertaForSequenceClassification,
+    )
+
+    bert = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "intermediate_size": 32}
+    llama = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+             "num_key_value_heads": 2, "intermediate_size": 32, "pad_token_id": 0}
+    return {
+        "bert-classifier": tiny_bert, "llama-classifier": lambda: LlamaForSequenceClassification(LlamaConfig(**llama)),
+        "roberta-classifier": lambda: RobertaForSequenceClassification(RobertaConfig(**bert)),
+        "bert-qa": lambda: BertForQuestionAnswering(BertConfig(**bert)), "llama-lm": tiny_llama, "gpt2": tiny_gpt2,
+    }
+
+
+@pytest.mark.parametrize(("name", "targets"), [
+    *((name, "all-linear") for name in _task_models()),
+    *((name, targets) for name in ("bert-classifier", "llama-classifier")
+      for targets in ("attention", ("query", "q_proj")))])
+def test_the_config_exported_without_the_model_trains_what_was_measured(name: str, targets: Any) -> None:
+    """issue 44: plan.to_peft_config() on a sequence classifier adapted its new head, which memlab trains whole."""
+    make = _task_models()[name]
+    plan = memlab.Plan(adapter="lora", lora_rank=2, lora_targets=targets)
+    torch.manual_seed(0)
+    measured = make()
+    undo = attach_adapter(measured, plan)  # what a trial trains
+    trained = sum(p.numel() for p in measured.parameters() if p.requires_grad)
+    adapted = sorted(n for n, m in measured.named_modules() if hasattr(m, "lora_A"))
+    assert undo is not None
+    undo()
+    exported = peft.get_peft_model(make(), plan.to_peft_config())
+    lora, saved, count = _lora_and_saved(exported)
+    assert (lora, count) == (adapted, trained)
+    if "classifier" in name or name == "bert-qa":
+        assert saved and not any(n.startswith(tuple(saved)) for n in lora)  # the head trained whole, not adapted
+    else:
+        assert not saved
+    with_model = peft.get_peft_model(make(), plan.to_peft_config(model=make()))
+    assert _lora_and_saved(with_model) == (lora, saved, count)

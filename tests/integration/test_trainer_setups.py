@@ -4,6 +4,7 @@ order. Tiny models on CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import warnings
 
@@ -176,10 +177,8 @@ def _snapshot(trainer):
 def _same(trainer, snapshot) -> bool:
     attributes, args, callbacks, params = snapshot
     now = _snapshot(trainer)
-    # accelerate keeps one state per process: undo builds the accelerator again for the original arguments.
-    rebuilt = ("args", "accelerator", "gather_function")
-    return (set(now[0]) == set(attributes) and all(now[0][k] is attributes[k] for k in attributes
-                                                   if k not in rebuilt)
+    # every attribute the same object again: the accelerator and its process-wide state are the user's own
+    return (set(now[0]) == set(attributes) and all(now[0][k] is attributes[k] for k in attributes)
             and now[1] == args and now[2] == callbacks
             and all(torch.equal(now[3][n], p) for n, p in params.items()) and set(now[3]) == set(params))
 
@@ -267,3 +266,59 @@ def test_bad_trainer_inputs(tmp_path, case, match):
     with pytest.raises(MemlabError, match=match):
         memlab.measure(trainer, steps=1, noise=0)
     assert _same(trainer, snapshot)
+
+
+def test_a_failing_rebuild_leaves_the_trainer_and_every_other_trainer_in_the_process_as_they_were(
+    tmp_path, monkeypatch
+):
+    """issue 44: after memlab rebuilt one trainer's accelerator, a later trainer failed every trial with
+    "'AcceleratorState' object has no attribute 'parallelism_config'" (accelerate's shared state reset, not put
+    back)."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    first = _plain(tmp_path / "first")
+    own = {name: getattr(first, name) for name in ("train_dataset", "data_collator", "accelerator", "optimizer",
+                                                   "lr_scheduler", "args", "model")}
+    shared = (dict(PartialState._shared_state), dict(AcceleratorState._shared_state))
+    snapshot = _snapshot(first)
+
+    def fails(self):
+        AcceleratorState._reset_state(reset_partial_state=True)  # half-way: the state already gone
+        raise RuntimeError("the rebuild failed")
+
+    monkeypatch.setattr(type(first), "create_accelerator_and_postprocess", fails)
+    with pytest.raises(RuntimeError, match="the rebuild failed"):
+        memlab.apply(first, memlab.Plan(accumulation=2))
+    monkeypatch.undo()
+    assert all(getattr(first, name) is value for name, value in own.items())
+    assert _same(first, snapshot)
+    assert (PartialState._shared_state, AcceleratorState._shared_state) == shared
+    second = _plain(tmp_path / "second")
+    trials = memlab.compare(second, plans=[memlab.Plan(), memlab.Plan(checkpointing=True)], steps=1, noise=0).trials
+    assert [t.status for t in trials] == ["ok", "ok"], [t.error for t in trials]
+    applied = memlab.apply(second, memlab.Plan(accumulation=2))  # a real rebuild, then undo: state back exactly
+    applied.undo()
+    assert (PartialState._shared_state, AcceleratorState._shared_state) == shared
+    assert all(getattr(first, name) is value for name, value in own.items())
+    assert memlab.measure(first, steps=1, noise=0).status == "ok"
+    assert first.train_dataset is own["train_dataset"] and first.data_collator is own["data_collator"]
+
+
+def test_a_plan_on_a_trainer_keeps_its_effective_batch(tmp_path):
+    """issue 44: Plan() on a trainer with gradient_accumulation_steps=2 measured one per-device batch."""
+    trainer = _plain(tmp_path)
+    trainer.args = dataclasses.replace(trainer.args, per_device_train_batch_size=2, gradient_accumulation_steps=2)
+    args = trainer.args
+    own, split, named = memlab.compare(
+        trainer, plans=[memlab.Plan(), memlab.Plan(accumulation=4), memlab.Plan(micro_batch=1)], steps=1, noise=0
+    ).trials
+    assert [t.status for t in (own, split, named)] == ["ok"] * 3, [t.error for t in (own, split, named)]
+    assert (own.plan.micro_batch, own.plan.accumulation, own.rows_per_step) == (2, 2, 4)
+    assert (split.plan.micro_batch, split.plan.accumulation, split.rows_per_step) == (1, 4, 4)
+    assert (named.plan.micro_batch, named.plan.accumulation, named.rows_per_step) == (1, 1, 1)  # as it says
+    with pytest.raises(MemlabError, match="accumulation=3 does not divide"):
+        memlab.measure(trainer, memlab.Plan(accumulation=3), steps=1, noise=0)
+    with memlab.apply(trainer, memlab.Plan(checkpointing=True)) as applied:
+        assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (2, 2)
+        assert applied.plan.accumulation == 2
+    assert trainer.args is args

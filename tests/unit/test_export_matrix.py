@@ -3,12 +3,18 @@ or the export raises MemlabError with the lever's refusal. A new lever is picked
 its values come from its declaration, and its fragments are checked to be in the output, and to change it.
 
 The code export runs, once per lever value, on a tiny Llama for a few steps on CPU; its effects are read off the
-model, the optimizer and hooks, not off the text.
+model, the optimizer and hooks, not off the text. It runs again for lever combinations, generated from the registry:
+a set of plans in which every three levers' values that the Plan allows together (its conflicts, and the settings
+that mean nothing without an adapter, pruned) meet in at least one plan (a greedy 3-way covering array, about 80
+plans where all combinations are thousands), each run with every lever's effect checked.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import itertools
+import random
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -262,16 +268,16 @@ class _Seen:
         self.saved_on_cpu = 0
         head = model.get_output_embeddings()
 
-        def before(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        def before(module: Any, args: Any) -> None:  # the embedding: every forward, the chunked loss's included
             self.forwards += 1
-            self.rows.append(len(kwargs["input_ids"]))
+            self.rows.append(len(args[0]))
             on = torch.is_autocast_enabled("cpu")
             self.autocast.append(torch.get_autocast_dtype("cpu") if on else None)
 
         def head_called(*_: Any) -> None:
             self.head_calls += 1
 
-        model.register_forward_pre_hook(before, with_kwargs=True)
+        model.get_input_embeddings().register_forward_pre_hook(before)
         head.register_forward_pre_hook(head_called)
         self.hook = register_optimizer_step_post_hook(lambda *_: self._step())
         seen = self
@@ -335,6 +341,111 @@ def test_code_runs_with_the_levers_effect(case: tuple[str, Any, Plan], monkeypat
             assert code != pytorch_code(_default(name, plan)), "the lever changed nothing"
     if plan.optimizer in ("adamw8bit", "paged_adamw8bit") or plan.adapter == "qlora":
         pytest.importorskip("bitsandbytes")
+    namespace, seen = _run_code(plan, monkeypatch)
+    model = namespace["model"]
+    _effects(name, value, plan, model, namespace, seen)
+
+
+# --- lever combinations: every three levers' values together, the code run -------------------------------------------
+
+STRENGTH = 3
+
+
+def _settings(plan: Plan, names: tuple[str, ...] | list[str]) -> tuple[tuple[str, Any], ...]:
+    return tuple((name, getattr(plan, name)) for name in names)
+
+
+def _built(choice: Mapping[str, Any]) -> Plan | None:
+    try:
+        return Plan(**choice)
+    except MemlabError:  # a combination the registry's conflicts refuse
+        return None
+
+
+def _gain(choice: Mapping[str, Any], name: str, value: Any, missing: set[Any], strength: int) -> int:
+    """How many missing settings ``choice`` with ``name=value`` would hold."""
+    made = {**choice, name: value}
+    return sum(tuple((n, made[n]) for n in levers) in missing
+               for levers in itertools.combinations([n for n in REGISTRY if n in made], strength) if name in levers)
+
+
+@functools.lru_cache(maxsize=1)
+def _combinations(strength: int = STRENGTH, seed: int = 0) -> tuple[Plan, ...]:
+    """Plans in which every ``strength`` levers' values that some Plan holds together appear together at least once,
+    built greedily (each plan started from a setting still missing, every other lever given the value that adds most
+    missing settings; a plan the Plan refuses loses some of those choices to their defaults)."""
+    names = list(REGISTRY)
+    values = {name: [tuple(v) if isinstance(v, list) else v for v in _values(name)] for name in names}
+    rng = random.Random(seed)
+    missing = set()
+    for levers in itertools.combinations(names, strength):
+        for chosen in itertools.product(*(values[name] for name in levers)):
+            plan = _built(dict(zip(levers, chosen, strict=True)))
+            if plan is not None and _settings(plan, levers) == tuple(zip(levers, chosen, strict=True)):
+                missing.add(tuple(zip(levers, chosen, strict=True)))
+
+    def covered(plan: Plan) -> set[tuple[tuple[str, Any], ...]]:
+        return set(itertools.combinations(_settings(plan, names), strength))
+
+    plans: list[Plan] = []
+    while missing:
+        best: Plan | None = None
+        for start in rng.sample(sorted(missing, key=repr), min(6, len(missing))):
+            choice = dict(start)
+            for name in rng.sample(names, len(names)):
+                if name not in choice:
+                    gains = [(_gain(choice, name, value, missing, strength), rng.random(), i)
+                             for i, value in enumerate(values[name])]
+                    choice[name] = values[name][max(gains)[2]]
+            free = [name for name in names if name not in dict(start)]
+            plan = _built(choice)
+            while plan is None and free:
+                choice.pop(free.pop(rng.randrange(len(free))))
+                plan = _built(choice)
+            if plan is not None and (best is None or len(covered(plan) & missing) > len(covered(best) & missing)):
+                best = plan
+        assert best is not None, "no plan holds a setting the covering array wants"
+        plans.append(best)
+        missing -= covered(best)
+    return tuple(plans)
+
+
+def test_the_combinations_cover_every_three_levers_values() -> None:
+    plans = _combinations()
+    assert len(set(plans)) == len(plans) < 150
+    seen = {frozenset(three) for plan in plans for three in itertools.combinations(_settings(plan, list(REGISTRY)), 3)}
+    for three in ({("adapter", "qlora"), ("weights", "bf16"), ("precision", "bf16")},  # issue 44's failing script
+                  {("micro_batch", 2), ("accumulation", 2), ("offload", "all")},
+                  {("adapter", "lora"), ("lora_dropout", 0.05), ("checkpointing", True)},
+                  {("optimizer_in_backward", True), ("weights", "bf16"), ("loss", "chunked")}):
+        assert frozenset(three) in seen, three
+    assert not any(plan.adapter == "none" and plan.lora_rank != REGISTRY["lora_rank"].default for plan in plans)
+
+
+# Levers whose check above reads a count or an object that another lever changes by design (the optimizer in backward
+# steps once per parameter, with one optimizer each).
+_INTERACTS = {"accumulation": ("optimizer_in_backward",), "optimizer": ("optimizer_in_backward",),
+              "offload": ("optimizer_in_backward",)}
+
+
+@pytest.mark.parametrize("plan", _combinations(), ids=lambda plan: plan.label() or "plain")
+def test_the_code_of_lever_combinations_runs_with_every_levers_effect(
+    plan: Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if refusals(plan, "code"):
+        _expect_refusal(plan, "code", pytorch_code)
+        return
+    if plan.optimizer in ("adamw8bit", "paged_adamw8bit") or plan.adapter == "qlora":
+        pytest.importorskip("bitsandbytes")
+    namespace, seen = _run_code(plan, monkeypatch)
+    for name in REGISTRY:
+        if not any(getattr(plan, other) != REGISTRY[other].default for other in _INTERACTS.get(name, ())):
+            _effects(name, getattr(plan, name), plan, namespace["model"], namespace, seen)
+
+
+def _run_code(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], _Seen]:
+    """Run ``plan``'s code on a tiny Llama and check what every run must show: a finite loss, trained weights, and
+    the adapters (if any) on the layers memlab measures, with the settings it measures."""
     model = tiny_llama()
     seen = _Seen(model, monkeypatch)
     before = {key: tensor.clone() for key, tensor in model.state_dict().items()}
@@ -342,7 +453,7 @@ def test_code_runs_with_the_levers_effect(case: tuple[str, Any, Plan], monkeypat
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            exec(compile(code, plan.label(), "exec"), namespace)
+            exec(compile(pytorch_code(plan), plan.label(), "exec"), namespace)
     finally:
         seen.hook.remove()
     model = namespace["model"]
@@ -357,7 +468,7 @@ def test_code_runs_with_the_levers_effect(case: tuple[str, Any, Plan], monkeypat
         assert adapted == set(measured.pop("target_modules"))
         for keyword, setting in measured.items():
             assert _lora_keyword(model.peft_config["default"], keyword) == _lora_keyword({keyword: setting}, keyword)
-    _effects(name, value, plan, model, namespace, seen)
+    return namespace, seen
 
 
 def test_the_matrix_covers_every_lever_and_export() -> None:
