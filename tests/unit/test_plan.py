@@ -326,7 +326,7 @@ def test_parse_grid_drops_duplicates_and_defaults_to_the_base() -> None:
         (["precision="], "KEY=V1,V2"),
         (["speed=fast"], "not a plan setting"),
         (["precision=fp32", "precision=bf16"], "given twice"),
-        (["checkpointing=maybe"], "on or off"),
+        (["checkpointing=maybe"], "off, all, or a number of blocks"),
         (["micro_batch=two"], "whole number"),
         (["accumulation=all"], "whole number"),
         (["precision=fp8"], "precision='fp8'"),
