@@ -326,14 +326,3 @@ def _runner(
         return estimate(model_or_config, resized(batch, vary, size), plan, budget=budget, **keywords)
 
     return estimated, False
-
-
-def longest_context(model_or_config: Any, plan: Plan, batch: Any, budget: int, **keywords: Any) -> str:
-    """A sentence for fit's suggestions: the longest sequence ``plan`` trains on within ``budget`` (dry runs); empty
-    when the batch has no sequence dimension or nothing fits at all."""
-    try:
-        found = limits(model_or_config, plan, budget=budget, batch=batch, dry_run=True, **keywords)
-    except MemlabError:
-        return ""
-    return f"with {plan.label()}, {found.answer()}" if found.value else ""
-
