@@ -22,6 +22,7 @@ from memlab.report import InferenceTrial, Report, Trial
 from memlab.runner.apply import Applied, apply
 from memlab.runner.trial import compare, measure
 from memlab.search import fit
+from memlab.search.limits import Limits, limits
 
 from memlab.inference import InferencePlan, fit_inference, kv_cache_bytes  # isort: skip (after the core it uses)
 
@@ -34,6 +35,7 @@ __all__ = [
     "Applied",
     "InferencePlan",
     "InferenceTrial",
+    "Limits",
     "MemlabError",
     "Plan",
     "Report",
@@ -45,6 +47,7 @@ __all__ = [
     "fit",
     "fit_inference",
     "kv_cache_bytes",
+    "limits",
     "load_ipython_extension",
     "measure",
     "panel",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import numbers
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -12,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
 
 from memlab.errors import MemlabError
-from memlab.techniques.lever import Lever
+from memlab.techniques.lever import LeverSpec, check_levers, lever_specs
 from memlab.techniques.levers_model import LORA_RANK_DEFAULT
 from memlab.techniques.offload import offloads_activations, offloads_optimizer
 from memlab.techniques.registry import REGISTRY, conflicts
@@ -54,103 +53,6 @@ def lever(default: Any, *, help: str = "", short: str = "", choices: tuple[str, 
 
 
 @dataclass(frozen=True)
-class LeverSpec:
-    """What front ends know of one lever: ``type`` is ``"int"`` (a count, None allowed where the default is None),
-    ``"float"`` (a number >= 0), ``"bool"`` or ``"choice"``; ``open_choices``: a tuple of names is allowed besides
-    ``choices``. It reads as a mapping too (``spec["help"]``).
-
-    Example:
-        >>> LEVERS["precision"]["choices"]
-        ('fp32', 'bf16', 'fp16')
-    """
-
-    name: str
-    default: Any
-    type: str
-    help: str
-    short: str
-    choices: tuple[str, ...]
-    open_choices: bool = False
-    none_means: str = ""
-
-    def __getitem__(self, key: str) -> Any:
-        return getattr(self, key)
-
-
-def lever_specs(plan_class: type, declared: Mapping[str, Lever] | None = None) -> dict[str, LeverSpec]:
-    """The :class:`LeverSpec` of every field of ``plan_class`` (a dataclass of :func:`lever` fields), in field
-    order; ``declared`` gives the declarations of levers whose field says only its default (a Plan's: the
-    registry). A field with neither help nor a declaration is an error: every lever says what it does.
-
-    Example:
-        >>> list(lever_specs(Plan, REGISTRY))[:3]
-        ['micro_batch', 'accumulation', 'checkpointing']
-    """
-    specs: dict[str, LeverSpec] = {}
-    for plan_field in fields(plan_class):
-        declaration = (declared or {}).get(plan_field.name)
-        if declaration is not None:
-            if declaration.default != plan_field.default:
-                raise TypeError(f"{plan_field.name}'s default differs between the plan and its declaration")
-            specs[plan_field.name] = LeverSpec(
-                plan_field.name, declaration.default, declaration.type, declaration.help, declaration.short,
-                declaration.choices, declaration.open_choices, declaration.none_means,
-            )
-            continue
-        help_text = plan_field.metadata.get("help")
-        if not help_text:
-            raise TypeError(f"{plan_class.__name__}.{plan_field.name} is a lever without a declaration")
-        choices = tuple(plan_field.metadata.get("choices", ()))
-        kind = "choice" if choices else "bool" if isinstance(plan_field.default, bool) else (
-            "float" if isinstance(plan_field.default, float) else "int")
-        specs[plan_field.name] = LeverSpec(
-            plan_field.name, plan_field.default, kind, help_text, plan_field.metadata.get("short", ""), choices
-        )
-    return specs
-
-
-def check_levers(plan: Any, specs: Mapping[str, LeverSpec]) -> None:
-    """Check each lever of ``plan`` against its spec: whole numbers (None where the default is None), True/False,
-    a choice; a :class:`MemlabError` saying what to write otherwise. Whole numbers are stored as ``int``.
-
-    Example:
-        >>> check_levers(Plan(), LEVERS)
-    """
-    for name, spec in specs.items():
-        value = getattr(plan, name)
-        if spec.type == "int":
-            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-                object.__setattr__(plan, name, int(value))
-                value = int(value)
-            if value is None and spec.default is None:
-                continue
-            least = 0 if spec.default == 0 else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                none = f", or None ({spec.none_means or 'the default'})" if spec.default is None else ""
-                example = f", e.g. {spec.default}" if isinstance(spec.default, int) and spec.default > 1 else ""
-                raise MemlabError(f"{name}={value!r} is not allowed; write a whole number >= {least}{none}{example}")
-        elif spec.type == "float":
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-                raise MemlabError(f"{name}={value!r} is not allowed; write a number >= 0, e.g. 0.05")
-            object.__setattr__(plan, name, float(value))
-        elif spec.type == "bool" and not isinstance(value, bool):
-            raise MemlabError(f"{name}={value!r} is not allowed; write True or False")
-        elif spec.choices and value not in spec.choices:
-            if spec.open_choices and _names(value) is not None:
-                object.__setattr__(plan, name, _names(value))
-                continue
-            extra = ", or a list of module names" if spec.open_choices else ""
-            raise MemlabError(f"{name}={value!r} is not known; write one of {', '.join(spec.choices)}{extra}")
-
-
-def _names(value: Any) -> tuple[str, ...] | None:
-    """A list or tuple of module names as a tuple (a plan stays hashable), else None."""
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v for v in value):
-        return tuple(value)
-    return None
-
-
-@dataclass(frozen=True)
 class Plan:
     """One training setting: how a batch is split and which memory levers are on.
 
@@ -162,7 +64,9 @@ class Plan:
     Args:
         micro_batch: rows per forward/backward; ``None`` means all rows of the batch given.
         accumulation: micro-batches per optimizer step (effective batch = micro_batch * accumulation).
-        checkpointing: activation (gradient) checkpointing on or off.
+        checkpointing: activation (gradient) checkpointing: False, True (every repeated block), or ``k`` (an int):
+            that many of the model's ``L`` repeated blocks, spread evenly from the first: blocks ``i * L // k`` for
+            ``i < k`` (:func:`memlab.techniques.checkpointing.chosen_blocks`); 0 is False, ``k >= L`` is every block.
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (fp16 uses dynamic loss scaling).
         weights: ``"fp32"`` or ``"bf16"``: the dtype of the trained weights, their grads and optimizer state.
         optimizer: ``"adamw"`` (torch's, fused where the device has it, as the Trainer builds it), ``"adamw8bit"``
@@ -197,7 +101,7 @@ class Plan:
 
     micro_batch: int | None = lever(None)
     accumulation: int = lever(1)
-    checkpointing: bool = lever(False)
+    checkpointing: bool | int = lever(False)
     precision: str = lever("fp32")
     weights: str = lever("fp32")
     optimizer: str = lever("adamw")
@@ -218,6 +122,13 @@ class Plan:
         if len(args) > len(PLAN_FIELDS):
             raise MemlabError(f"a Plan takes at most {len(PLAN_FIELDS)} settings; name them, e.g. Plan(accumulation=4)")
         return super().__new__(cls)
+
+    def __eq__(self, other: object) -> bool:
+        # True == 1 in Python, but checkpointing every block is not checkpointing one
+        return type(other) is type(self) and _typed(self) == _typed(other)
+
+    def __hash__(self) -> int:
+        return hash(_typed(self))
 
     def __post_init__(self) -> None:
         check_levers(self, LEVERS)
@@ -261,7 +172,9 @@ class Plan:
             if not spec.short or value == spec.default:
                 continue
             shown = "+".join(value) if isinstance(value, tuple) else value
-            parts.append(spec.short if spec.type == "bool" else spec.short.format(shown))
+            on = spec.type == "bool" or value is True
+            counted = f"{spec.short}{shown}" if "{" not in spec.short else spec.short.format(shown)
+            parts.append(spec.short if on else counted)
         return " ".join(parts) or "plain"
 
     def describe(self) -> str:
@@ -283,7 +196,8 @@ class Plan:
             if name in ("micro_batch", "accumulation") or value == spec.default:
                 continue
             words = name.replace("_", " ")
-            parts.append(words if spec.type == "bool" else f"{words} {value}")
+            blocks = " blocks" if spec.type == "blocks" else ""
+            parts.append(words if spec.type == "bool" or value is True else f"{words} {value}{blocks}")
         return ", ".join(parts) or "plain: every lever off"
 
     def replace(self, **changes: Any) -> Plan:
@@ -344,6 +258,10 @@ class Plan:
 
 
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
+
+
+def _typed(plan: Plan) -> tuple[tuple[bool, Any], ...]:
+    return tuple((isinstance(value, bool), value) for value in (getattr(plan, name) for name in PLAN_FIELDS))
 
 LEVERS: dict[str, LeverSpec] = lever_specs(Plan, REGISTRY)
 """Every Plan field's :class:`LeverSpec`, in field order (from :data:`memlab.techniques.registry.REGISTRY`).
@@ -453,16 +371,25 @@ _BOOLEANS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "fa
 
 
 def parse_lever_value(spec: LeverSpec, text: str) -> Any:
-    """One ``--try`` value of a lever, from text, for any plan's :class:`LeverSpec`: ``on``/``off`` for a switch, a
-    whole number (``all`` or ``none`` where None is allowed) for a count, the text of a choice (names joined with
-    ``+`` for a list of module names where the lever takes one).
+    """One ``--try`` value of a lever, from text, for any plan's :class:`LeverSpec`: ``on``/``off`` for a switch
+    (``off``, ``all`` or a number of blocks for ``checkpointing``), a whole number (``all`` or ``none`` where None
+    is allowed) for a count, the text of a choice (names joined with ``+`` for a list of module names where the
+    lever takes one).
 
     Example:
         >>> parse_lever_value(LEVERS["micro_batch"], "all"), parse_lever_value(LEVERS["checkpointing"], "off")
         (None, False)
+        >>> [parse_lever_value(LEVERS["checkpointing"], text) for text in ("off", "8", "all", "on")]
+        [False, 8, True, True]
     """
     text = text.strip()
     name = spec.name
+    if spec.type == "blocks":  # a digit is a count of blocks here, never a switch
+        if text.isdigit() or text.lower() not in (*_BOOLEANS, "all"):
+            if not text.isdigit():
+                raise MemlabError(f"{name}={text!r} is not understood; write off, all, or a number of blocks such as 4")
+            return int(text) or False
+        return text.lower() == "all" or _BOOLEANS[text.lower()]
     if spec.type == "bool":
         if text.lower() not in _BOOLEANS:
             raise MemlabError(f"{name}={text!r} is not understood; write on or off")

@@ -114,6 +114,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how training is sharded: FSDP2 (accelerate), DeepSpeed ZeRO-2 or ZeRO-3 (default with --gpus: all three)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    parser.add_argument("--max-tokens", action="store_true",
+                        help="the longest sequences each plan fits in --budget, --batch's rows kept (memlab.limits)")
+    parser.add_argument("--max-rows", action="store_true",
+                        help="the most rows each plan fits in --budget, --batch's tokens kept (memlab.limits)")
     _add_load_arguments(parser)
 
 
@@ -252,6 +256,10 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         say("building the model on the meta device (shapes only, no memory)")
         model = meta_model(config)
         parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        if getattr(args, "max_tokens", False) or getattr(args, "max_rows", False):
+            from memlab.frontends.limits_cli import run_limits
+
+            return run_limits(args, model, batch, plans, budget, out, say=say, load=load)
         if sharded:
             args.gpus = gpus
             return run_sharded(args, model, batch, plans, budget, out, say=say)

@@ -23,7 +23,7 @@ def lever_specs(plan_class: type[Plan] | type[InferencePlan]) -> dict[str, Lever
         >>> specs["kv_cache"].type, specs["quantize"].choices, specs["batch_size"].type
         ('bool', ('none', 'int8', 'nf4'), 'int')
         >>> lever_specs(Plan)["checkpointing"].type
-        'bool'
+        'blocks'
     """
     if plan_class is Plan:
         return dict(LEVERS)
@@ -52,4 +52,6 @@ def _values(spec: LeverSpec) -> str:
         return "X.XX"
     if spec.type == "int" and spec.default is None:
         return "N|auto"
+    if spec.type == "blocks":
+        return "off|all|N"
     return "on|off" if spec.type == "bool" else "N"

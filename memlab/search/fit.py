@@ -21,12 +21,14 @@ from memlab.report import Report, Trial
 from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.remeasure import settle_close_race
 from memlab.runner.trial import TrialRunner, keep_on_interrupt
+from memlab.search.blocks import fewest_blocks
 from memlab.search.space import candidate_plans, default_space, fits, micro_batch_of
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search
 from memlab.search.suggest import suggestions
 from memlab.techniques.accumulation import check_split
 from memlab.techniques.adapters import carried_space
+from memlab.techniques.checkpointing import checkpoint_blocks
 from memlab.techniques.loss import chunked_loss_applies
 from memlab.trainer.entry import live_target, noted
 from memlab.trainer.source import is_trainer
@@ -177,6 +179,9 @@ def fit(
                             max_trials=max_trials)
             result = search.run(measure, on_step=bar.advance)
             trials = list(result.trials)
+            # Checkpointing every block fits: the fewest blocks that fit are faster (memory is monotone in blocks).
+            trials += fewest_blocks(trials, budget, lambda: len(checkpoint_blocks(model)),
+                                    lambda plan: measure(plan, len(measured), len(candidates)))
             # The original index: a live figure redraws that plan's column with the new run.
             rerun = lambda plan, index: runner.run(plan, index, len(trials))  # noqa: E731 - one line, used once
             settled = settle_close_race(
@@ -258,5 +263,8 @@ def _dry_run(
             trials.append(trial)
             if fits(trials[-1], budget):
                 reason = f"expected slower: {plan.label()} is expected faster and is estimated to fit"
+                run = lambda blocks: live_card_context(estimate(  # noqa: E731 - the same dry run, fewer blocks
+                    model, batch, blocks, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device), model)
+                trials += fewest_blocks(trials, budget, lambda: len(checkpoint_blocks(model)), run)
                 return Report(trials, budget=budget, skipped=[(slower, reason) for slower in order[position + 1 :]])
     return Report(trials, budget=budget)

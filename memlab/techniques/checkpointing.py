@@ -39,12 +39,15 @@ def _checkpoint_kwargs() -> dict[str, Any]:
     return {"use_reentrant": False, **({"context_fn": _contexts} if RECOMPUTE_CONTEXTS else {})}
 
 
-def enable_checkpointing(model: nn.Module) -> Undo:
-    """Turn checkpointing on; the returned function puts the model's previous setting back exactly.
+def enable_checkpointing(model: nn.Module, blocks: bool | int = True) -> Undo:
+    """Turn checkpointing on (``blocks``: True for every repeated block, or how many, spread evenly as
+    :func:`chosen_blocks` says); the returned function puts the model's previous setting back exactly.
 
     Hugging Face models go through their own switch (``activation_checkpointing_enable``, the successor of
-    ``gradient_checkpointing_enable``) with ``use_reentrant=False``; any other module gets its repeated blocks
-    (see :func:`repeated_blocks`) wrapped in non-reentrant ``torch.utils.checkpoint``.
+    ``gradient_checkpointing_enable``) with ``use_reentrant=False``; for ``k`` blocks, the switch's flag
+    (``gradient_checkpointing``, which transformers' ``GradientCheckpointingLayer`` reads) is then put back off on the
+    layers not chosen. Any other module (and a Hugging Face model without such layers) gets its chosen repeated blocks
+    (see :func:`checkpoint_blocks`) wrapped in non-reentrant ``torch.utils.checkpoint``.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
@@ -53,21 +56,78 @@ def enable_checkpointing(model: nn.Module) -> Undo:
         True
         >>> undo(); is_checkpointing(model)
         False
+        >>> undo = enable_checkpointing(model, 2); checkpointed_blocks(model)
+        [0, 1]
     """
     # The Hugging Face switch also adds an input-embedding hook that its "disable" leaves behind, so undo
     # restores the captured per-module state instead of calling "disable".
     before = ModuleStructure.capture(model)
-    if _is_hugging_face(model):
+    every = checkpoint_blocks(model)
+    chosen = set(chosen_blocks(len(every), blocks))
+    if _is_hugging_face(model) and (blocks is True or _flagged_layers(model)):
         kwargs = _checkpoint_kwargs()
         switch = getattr(model, "activation_checkpointing_enable", None)
         if switch is not None:
             switch(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+        for index, layer in enumerate(_flagged_layers(model)):
+            if index not in chosen:
+                layer.__dict__["gradient_checkpointing"] = False
     else:
-        for block in repeated_blocks(model):
-            _wrap_forward(block)
+        for index, block in enumerate(every):
+            if index in chosen:
+                _wrap_forward(block)
     return before.restore
+
+
+def chosen_blocks(count: int, blocks: bool | int) -> list[int]:
+    """Which of ``count`` repeated blocks ``checkpointing=blocks`` checkpoints: every one for True (or a number >=
+    ``count``), none for False, else ``k`` spread evenly from the first: the first block of each of ``k`` equal runs,
+    ``i * count // k`` for ``i < k`` (torchtune's "every n-th layer" when ``k`` divides ``count``).
+
+    The last block is chosen only when every block is: backward starts with it, so recomputing it there holds its
+    activations at the step's peak anyway, and checkpointing it would cost time and save nothing.
+
+    Example:
+        >>> chosen_blocks(8, 2), chosen_blocks(8, 3), chosen_blocks(4, True), chosen_blocks(4, 9), chosen_blocks(4, 0)
+        ([0, 4], [0, 2, 5], [0, 1, 2, 3], [0, 1, 2, 3], [])
+    """
+    if blocks is True or blocks >= count:
+        return list(range(count))
+    return [i * count // blocks for i in range(int(blocks))]
+
+
+def checkpoint_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks ``checkpointing=k`` counts, in the model's order: a Hugging Face model's decoder (or encoder)
+    layers, the layers of transformers' ``GradientCheckpointingLayer`` class; else :func:`repeated_blocks`.
+
+    Example:
+        >>> len(checkpoint_blocks(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2))))
+        3
+    """
+    return _flagged_layers(model) or repeated_blocks(model)
+
+
+def checkpointed_blocks(model: nn.Module) -> list[int]:
+    """The indices, among :func:`checkpoint_blocks`, of the blocks checkpointed now.
+
+    Example:
+        >>> checkpointed_blocks(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)))
+        []
+    """
+    return [index for index, block in enumerate(checkpoint_blocks(model))
+            if getattr(block, "gradient_checkpointing", False) is True
+            or getattr(block.__dict__.get("forward"), _MEMLAB_MARK, False)]
+
+
+def _flagged_layers(model: nn.Module) -> list[nn.Module]:
+    """transformers' checkpointable layers (they read their own ``gradient_checkpointing`` flag)."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # transformers before 4.52, or none: memlab wraps the blocks itself
+        return []
+    return [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
 
 
 def disable_checkpointing(model: nn.Module) -> Undo:
@@ -165,9 +225,18 @@ class Checkpointing(Technique):
         False
     """
 
+    def notes(self, parts: StepParts) -> list[str]:
+        blocks = parts.plan.checkpointing
+        if blocks is True or not blocks:
+            return []
+        count = len(checkpoint_blocks(parts.model))
+        chosen = chosen_blocks(count, blocks)
+        every = " (every block)" if len(chosen) == count else ""
+        return [f"checkpointing {len(chosen)} of {count} blocks{every}: {', '.join(map(str, chosen))}"]
+
     def put_on(self, parts: StepParts) -> Undo | None:
         if parts.plan.checkpointing:
-            return enable_checkpointing(parts.model)
+            return enable_checkpointing(parts.model, parts.plan.checkpointing)
         if is_checkpointing(parts.model):
             return disable_checkpointing(parts.model)
         return None

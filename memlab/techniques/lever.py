@@ -1,7 +1,8 @@
 """The declaration of one lever (:class:`Lever`): what it means in the interface, the step, the search, dry runs
 and each export. :mod:`memlab.techniques.registry` gathers the declarations into ``REGISTRY``.
 
-This module imports neither torch nor :mod:`memlab.plan` (plan builds on it); the techniques it names do.
+What front ends know of a lever (:class:`LeverSpec`) and the check of a plan's values (:func:`check_levers`) are
+here too. This module imports neither torch nor :mod:`memlab.plan` (plan builds on it); the techniques it names do.
 
 Example:
     >>> Lever("spin", False, help="spins: faster").type
@@ -10,9 +11,13 @@ Example:
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
+
+from memlab.errors import MemlabError
 
 if TYPE_CHECKING:
     from memlab.techniques.technique import Technique
@@ -70,6 +75,8 @@ class Lever:
         suggest: values to suggest when nothing in the searched space fits (they change what is trained).
         on_cpu: the value that runs exactly like this one on a CPU (None: the value itself).
         on_cpu_note: why ``on_cpu`` runs the same (what the search says of a plan it skips for that).
+        blocks: a switch that also takes a count of the model's repeated blocks (``checkpointing``: False, True for
+            every block, or how many); its type is ``"blocks"``.
         exports: per :data:`TARGETS`, what the export writes for the lever (:mod:`memlab.techniques.fragments`: its
             fragment, :class:`~memlab.techniques.fragments.Elsewhere`, or the refusal saying what to write).
     """
@@ -99,13 +106,16 @@ class Lever:
     on_cpu: Callable[[Any], Any] | None = None
     on_cpu_note: str = ""
     exports: Mapping[str, Refusal] = field(default_factory=dict)
+    blocks: bool = False
 
     @property
     def type(self) -> str:
-        """``"choice"``, ``"bool"``, ``"float"`` (a number >= 0) or ``"int"`` (a count; None allowed where the default
-        is None)."""
+        """``"choice"``, ``"bool"``, ``"blocks"`` (False, True or a count of blocks), ``"float"`` (a number >= 0) or
+        ``"int"`` (a count; None allowed where the default is None)."""
         if self.choices:
             return "choice"
+        if self.blocks:
+            return "blocks"
         if isinstance(self.default, bool):
             return "bool"
         return "float" if isinstance(self.default, float) else "int"
@@ -117,3 +127,111 @@ class Lever:
     def fragment(self, plan: PlanLike, target: str) -> Any:
         """What ``target`` writes for this lever in ``plan`` (see :mod:`memlab.techniques.fragments`)."""
         return self.exports[target](plan)
+
+
+@dataclass(frozen=True)
+class LeverSpec:
+    """What front ends know of one lever: ``type`` is ``"int"`` (a count, None allowed where the default is None),
+    ``"float"`` (a number >= 0), ``"bool"``, ``"blocks"`` (False, True or a count of blocks) or ``"choice"``;
+    ``open_choices``: a tuple of names is allowed besides ``choices``. It reads as a mapping too (``spec["help"]``).
+
+    Example:
+        >>> LeverSpec("precision", "fp32", "choice", "autocast", "{}", ("fp32", "bf16"))["choices"]
+        ('fp32', 'bf16')
+    """
+
+    name: str
+    default: Any
+    type: str
+    help: str
+    short: str
+    choices: tuple[str, ...]
+    open_choices: bool = False
+    none_means: str = ""
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+
+def lever_specs(plan_class: type, declared: Mapping[str, Lever] | None = None) -> dict[str, LeverSpec]:
+    """The :class:`LeverSpec` of every field of ``plan_class`` (a dataclass of :func:`lever` fields), in field
+    order; ``declared`` gives the declarations of levers whose field says only its default (a Plan's: the
+    registry). A field with neither help nor a declaration is an error: every lever says what it does.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.techniques.registry import REGISTRY
+        >>> list(lever_specs(Plan, REGISTRY))[:3]
+        ['micro_batch', 'accumulation', 'checkpointing']
+    """
+    specs: dict[str, LeverSpec] = {}
+    for plan_field in fields(plan_class):
+        declaration = (declared or {}).get(plan_field.name)
+        if declaration is not None:
+            if declaration.default != plan_field.default:
+                raise TypeError(f"{plan_field.name}'s default differs between the plan and its declaration")
+            specs[plan_field.name] = LeverSpec(
+                plan_field.name, declaration.default, declaration.type, declaration.help, declaration.short,
+                declaration.choices, declaration.open_choices, declaration.none_means,
+            )
+            continue
+        help_text = plan_field.metadata.get("help")
+        if not help_text:
+            raise TypeError(f"{plan_class.__name__}.{plan_field.name} is a lever without a declaration")
+        choices = tuple(plan_field.metadata.get("choices", ()))
+        kind = "choice" if choices else "bool" if isinstance(plan_field.default, bool) else (
+            "float" if isinstance(plan_field.default, float) else "int")
+        specs[plan_field.name] = LeverSpec(
+            plan_field.name, plan_field.default, kind, help_text, plan_field.metadata.get("short", ""), choices
+        )
+    return specs
+
+
+def check_levers(plan: Any, specs: Mapping[str, LeverSpec]) -> None:
+    """Check each lever of ``plan`` against its spec: whole numbers (None where the default is None), True/False,
+    a choice; a :class:`MemlabError` saying what to write otherwise. Whole numbers are stored as ``int``.
+
+    Example:
+        >>> from memlab.plan import LEVERS, Plan
+        >>> check_levers(Plan(), LEVERS)
+        >>> Plan(checkpointing=0).checkpointing, Plan(checkpointing=2).checkpointing
+        (False, 2)
+    """
+    for name, spec in specs.items():
+        value = getattr(plan, name)
+        if spec.type == "int":
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(plan, name, int(value))
+                value = int(value)
+            if value is None and spec.default is None:
+                continue
+            least = 0 if spec.default == 0 else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                none = f", or None ({spec.none_means or 'the default'})" if spec.default is None else ""
+                example = f", e.g. {spec.default}" if isinstance(spec.default, int) and spec.default > 1 else ""
+                raise MemlabError(f"{name}={value!r} is not allowed; write a whole number >= {least}{none}{example}")
+        elif spec.type == "float":
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+                raise MemlabError(f"{name}={value!r} is not allowed; write a number >= 0, e.g. 0.05")
+            object.__setattr__(plan, name, float(value))
+        elif spec.type == "blocks":
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0:
+                object.__setattr__(plan, name, int(value) or False)  # 0 blocks is off
+            elif not isinstance(value, bool):
+                raise MemlabError(f"{name}={value!r} is not allowed; write True (every block), False, or a whole "
+                                  "number of blocks >= 0, e.g. 4")
+        elif spec.type == "bool" and not isinstance(value, bool):
+            raise MemlabError(f"{name}={value!r} is not allowed; write True or False")
+        elif spec.choices and value not in spec.choices:
+            if spec.open_choices and _names(value) is not None:
+                object.__setattr__(plan, name, _names(value))
+                continue
+            extra = ", or a list of module names" if spec.open_choices else ""
+            raise MemlabError(f"{name}={value!r} is not known; write one of {', '.join(spec.choices)}{extra}")
+
+
+def _names(value: Any) -> tuple[str, ...] | None:
+    """A list or tuple of module names as a tuple (a plan stays hashable), else None."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    return None

@@ -31,6 +31,7 @@ from memlab.errors import MemlabError
 from memlab.export import deepspeed_config, peft_config, pytorch_code, training_arguments
 from memlab.export.accelerate import accelerate_config, accelerate_script
 from memlab.plan import Plan
+from memlab.techniques.checkpointing import checkpoint_blocks, checkpointed_blocks, chosen_blocks
 from memlab.techniques.fragments import (
     STRATEGIES,
     TARGETS,
@@ -54,6 +55,8 @@ def _values(name: str) -> list[Any]:
         return [*lever.choices, *([("q_proj", "v_proj")] if lever.open_choices else [])]
     if lever.type == "bool":
         return [False, True]
+    if lever.type == "blocks":  # a switch that takes a count of blocks too
+        return [False, True, 1]
     if lever.type == "float":
         return [lever.default, 0.05]
     return [lever.default, 2] if lever.default is None else [lever.default, lever.default + 1]
@@ -303,7 +306,8 @@ def _effects(name: str, value: Any, plan: Plan, model: Any, namespace: dict[str,
     checks: dict[str, Callable[[], Any]] = {
         "micro_batch": lambda: set(seen.rows) == {value or ROWS},
         "accumulation": lambda: plan.micro_batch is not None or seen.steps == BATCHES // value,
-        "checkpointing": lambda: model.is_gradient_checkpointing is value,
+        "checkpointing": lambda: model.is_gradient_checkpointing is bool(value)
+        and checkpointed_blocks(model) == chosen_blocks(len(checkpoint_blocks(model)), value),
         "weights": lambda: {p.dtype for p in model.parameters() if p.requires_grad}
         == {torch.bfloat16 if value == "bf16" else torch.float32},
         "adapter": lambda: (value == "none") is not hasattr(model, "peft_config") and (

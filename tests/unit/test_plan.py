@@ -61,7 +61,7 @@ def test_every_known_setting_is_accepted(precision: str, optimizer: str, offload
         ({"accumulation": None}, "accumulation=None"),
         ({"accumulation": False}, "accumulation=False"),
         ({"checkpointing": "on"}, "checkpointing='on'"),
-        ({"checkpointing": 1}, "checkpointing=1"),
+        ({"checkpointing": -1}, "checkpointing=-1"),  # a count of blocks (1 is one block) is allowed
         ({"precision": "fp8"}, "precision='fp8'"),
         ({"precision": "BF16"}, "precision='BF16'"),
         ({"optimizer": "sgd"}, "optimizer='sgd'"),
@@ -288,9 +288,13 @@ def test_parse_grid_values_are_parsed_per_field() -> None:
     ]
 
 
-@pytest.mark.parametrize("word", ["on", "ON", "true", "yes", "1"])
+@pytest.mark.parametrize("word", ["on", "ON", "true", "yes", "all"])
 def test_parse_grid_true_words(word: str) -> None:
     assert parse_grid([f"checkpointing={word}"]) == [Plan(checkpointing=True)]
+
+
+def test_a_number_of_blocks_is_a_count_not_a_switch() -> None:
+    assert [plan.checkpointing for plan in parse_grid(["checkpointing=1,8"])] == [1, 8]
 
 
 @pytest.mark.parametrize("word", ["off", "false", "no", "0"])
@@ -322,7 +326,7 @@ def test_parse_grid_drops_duplicates_and_defaults_to_the_base() -> None:
         (["precision="], "KEY=V1,V2"),
         (["speed=fast"], "not a plan setting"),
         (["precision=fp32", "precision=bf16"], "given twice"),
-        (["checkpointing=maybe"], "on or off"),
+        (["checkpointing=maybe"], "off, all, or a number of blocks"),
         (["micro_batch=two"], "whole number"),
         (["accumulation=all"], "whole number"),
         (["precision=fp8"], "precision='fp8'"),

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import ipywidgets as widgets
+import traitlets
 from torch import nn
 
 from memlab.errors import MemlabError
@@ -29,7 +30,7 @@ from memlab.frontends.levers import lever_specs
 from memlab.inference.plan import InferencePlan
 from memlab.live.batch import Batch, count_rows
 from memlab.options import RunKeywords, RunOptions
-from memlab.plan import LeverSpec, Plan, format_bytes, parse_budget
+from memlab.plan import LeverSpec, Plan, format_bytes, parse_budget, parse_lever_value
 from memlab.report import CATEGORIES, Report, Trial, one_line
 from memlab.report.svg import axis_number
 from memlab.report.tables import held_line, judged_text
@@ -139,6 +140,8 @@ class PanelCore(widgets.VBox):
         for lever, spec in self.specs.items():  # a count whose default is None shows None as 0 ("auto")
             if lever != self.rows_lever and spec.type == "int" and spec.default is None and values[lever] == 0:
                 values[lever] = None
+            if spec.type == "blocks":
+                values[lever] = parse_lever_value(spec, str(values[lever]))
         return self.plan_class(**values)
 
     def budget(self) -> int | None:
@@ -396,6 +399,27 @@ class PanelCore(widgets.VBox):
         )
 
 
+class _BlocksText(traitlets.Unicode):  # type: ignore[type-arg]
+    """Text that takes False, True and counts too, as the plan holds them ("off", "all", "4")."""
+
+    def validate(self, obj: Any, value: Any) -> Any:
+        if isinstance(value, bool) or isinstance(value, int):
+            value = "all" if value is True else str(value or "off")
+        return super().validate(obj, value)
+
+
+class BlocksBox(widgets.Combobox):
+    """The checkpointing control: ``off``, ``all`` or a number of blocks, typed or picked; ``value = True`` (or
+    False, or 4) shows as the plan's value would.
+
+    Example:
+        >>> box = BlocksBox(options=["off", "all"], ensure_option=False); box.value = True; box.value
+        'all'
+    """
+
+    value = _BlocksText("off", help="off, all or a number of blocks").tag(sync=True)
+
+
 def lever_control(spec: LeverSpec, rows: int | None) -> widgets.ValueWidget:
     """The widget for one lever, named after it, its help as the tooltip: a checkbox for a switch, a drop-down for
     choices, a number box for a number or a count. A count whose default is None starts at ``rows`` where it is
@@ -412,6 +436,11 @@ def lever_control(spec: LeverSpec, rows: int | None) -> widgets.ValueWidget:
         return widgets.Checkbox(
             value=spec.default, description=description, tooltip=spec.help, indent=False, style=WIDE,
             layout=widgets.Layout(width=f"{max(140, 36 + 8 * len(description))}px"),
+        )
+    if spec.type == "blocks":  # off, all, or a number of blocks: text, read by the --try parser
+        return BlocksBox(
+            value="off", options=["off", "all", "1", "2", "4", "8", "16"], ensure_option=False,
+            description=description, tooltip=spec.help, style=WIDE, layout=widgets.Layout(width="200px"),
         )
     if spec.type == "choice":
         return widgets.Dropdown(

@@ -1,0 +1,328 @@
+"""``memlab.limits``: the longest sequences (or the most rows) a plan trains on within a budget.
+
+Memory in tokens has a known shape: a constant (weights, gradients, optimizer state), a part linear in the tokens
+(the activations of every layer) and, where attention keeps its probabilities (eager), a part quadratic in them; in
+rows it is linear. So a few sizes are enough: the batch's size and its double (and quadruple, for tokens) are
+tried, the curve through them says where it crosses the budget, and the sizes on both sides of that crossing are
+tried until the largest that fits and the next that does not are a ``multiple`` apart. On a config, a name or
+another device these are dry runs on fake tensors (:func:`memlab.estimate`, at most ``MAX_RUNS``); on a live model
+on its own device they are measured trials, each out-of-memory recovered (:func:`memlab.measure`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from memlab.errors import MemlabError
+from memlab.plan import Plan, format_bytes, parse_budget
+from memlab.report import Trial
+
+__all__ = ["MAX_RUNS", "Limits", "limits", "resized"]
+
+MAX_RUNS = 8
+"""The most sizes ``limits`` tries."""
+
+
+@dataclass
+class Limits:
+    """What :func:`limits` found: ``value``, the largest size that fits (0 when none does), its ``trial``, and
+    ``next``, the next size tried, which does not (None when every size tried fits, up to the model's context);
+    ``tried`` holds every ``(size, trial)`` in order of size."""
+
+    vary: str
+    value: int
+    trial: Trial | None
+    next: int | None
+    next_trial: Trial | None
+    budget: int
+    tried: list[tuple[int, Trial]] = field(default_factory=list)
+    measured: bool = False
+    notes: tuple[str, ...] = ()
+
+    def to_text(self) -> str:
+        """A table of the sizes tried, memory against the budget, the answer marked.
+
+        Example:
+            >>> t = Trial(Plan(), "ok", 90, {}, None, None, None, "cpu", budget=100)
+            >>> print(Limits("rows", 4, t, 5, None, 100, [(4, t)]).to_text().splitlines()[0])
+            rows  peak        fits  (budget 100 B, dry runs)
+        """
+        how = "measured" if self.measured else "dry runs"
+        lines = [f"{self.vary:<5} {'peak':<11} fits  (budget {format_bytes(self.budget)}, {how})"]
+        for size, trial in self.tried:
+            mark = "  <- largest that fits" if size == self.value else "  <- next, does not fit" if (
+                size == self.next) else ""
+            shown = format_bytes(trial.verdict_bytes) if trial.status == "ok" else trial.status
+            lines.append(f"{size:<5} {shown:<11} {'yes' if _fits(trial, self.budget) else 'no':<4}{mark}")
+        lines.append(f"{self.answer()}")
+        return "\n".join([*lines, *self.notes])
+
+    def answer(self) -> str:
+        """One sentence: the largest size that fits and the next that does not."""
+        what = "tokens per row" if self.vary == "tokens" else "rows"
+        if not self.value:
+            return f"nothing fits: even {self.next} {what} need more than {format_bytes(self.budget)}"
+        beyond = f"; {self.next} do not" if self.next is not None else ""
+        return f"at most {self.value} {what} fit in {format_bytes(self.budget)}{beyond}"
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre>{html.escape(self.to_text())}</pre>"
+
+    def plot(self) -> Any:
+        """A plotly figure: memory against the size tried, the budget as a line, the answer marked."""
+        import plotly.graph_objects as go
+
+        sizes = [size for size, trial in self.tried if trial.status == "ok"]
+        peaks = [trial.verdict_bytes / 2**30 for size, trial in self.tried if trial.status == "ok"]
+        figure = go.Figure(go.Scatter(x=sizes, y=peaks, mode="lines+markers", name="peak"))
+        figure.add_hline(y=self.budget / 2**30, line_dash="dash", annotation_text=f"budget {format_bytes(self.budget)}")
+        if self.value:
+            figure.add_vline(x=self.value, line_dash="dot", annotation_text=f"{self.value} fit")
+        figure.update_layout(xaxis_title=self.vary, yaxis_title="GiB", title=self.answer(), height=360)
+        return figure
+
+
+def _fits(trial: Trial, budget: int) -> bool:
+    return trial.status == "ok" and trial.verdict_bytes <= budget
+
+
+def _size_of(batch: Any, vary: str) -> int:
+    """The batch's rows (dimension 0) or tokens (dimension 1 of its first tensor with two dimensions)."""
+    shapes = [tuple(getattr(value, "shape", value)) for value in _values(batch)]
+    if vary == "rows":
+        return int(shapes[0][0])
+    wide = [shape for shape in shapes if len(shape) >= 2]
+    if not wide:
+        raise MemlabError("vary='tokens' needs a batch with a sequence dimension (rows x tokens); write vary='rows'")
+    return int(wide[0][1])
+
+
+def _values(batch: Any) -> list[Any]:
+    if isinstance(batch, Mapping):
+        return list(batch.values())
+    return list(batch) if isinstance(batch, (tuple, list)) else [batch]
+
+
+def resized(batch: Any, vary: str, size: int) -> Any:
+    """``batch`` with ``size`` rows or tokens: shapes replaced, tensors repeated along the dimension and cut.
+
+    Example:
+        >>> resized({"input_ids": (1, 512), "labels": (1, 512)}, "tokens", 1024)
+        {'input_ids': (1, 1024), 'labels': (1, 1024)}
+        >>> import torch
+        >>> resized(torch.arange(6).view(2, 3), "tokens", 5)
+        tensor([[0, 1, 2, 0, 1],
+                [3, 4, 5, 3, 4]])
+    """
+    dim = 0 if vary == "rows" else 1
+    current = _size_of(batch, vary)
+
+    def one(value: Any) -> Any:
+        shape = tuple(getattr(value, "shape", value))
+        if len(shape) <= dim or shape[dim] != current:
+            return value
+        if not hasattr(value, "shape"):
+            return (*shape[:dim], size, *shape[dim + 1:])
+        times = [1] * len(shape)
+        times[dim] = -(-size // current)
+        return value.repeat(*times).narrow(dim, 0, size)
+
+    if isinstance(batch, Mapping):
+        return {key: one(value) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(one(value) for value in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(one(value) for value in batch)
+    return one(batch)
+
+
+def crossing(points: Sequence[tuple[int, int]], budget: int) -> float | None:
+    """Where the curve through ``points`` (size, bytes) reaches ``budget``: a parabola through the three nearest the
+    budget (memory's shape in tokens), a line through two; None when it never does.
+
+    Example:
+        >>> round(crossing([(1, 110), (2, 130), (4, 200)], 250), 6)  # 100 + 5 s + 5 s**2
+        5.0
+    """
+    import numpy as np
+
+    near = sorted(points, key=lambda point: abs(point[1] - budget))[:3]
+    if len({size for size, _ in near}) < 2:
+        return None
+    sizes = np.array([size for size, _ in near], dtype=float)
+    values = np.array([value for _, value in near], dtype=float)
+    degree = min(2, len(near) - 1)
+    coefficients = np.polyfit(sizes, values, degree)
+    coefficients[-1] -= budget
+    roots = [root.real for root in np.roots(coefficients) if abs(root.imag) < 1e-9 and root.real > 0]
+    growing = [root for root in roots if np.polyval(np.polyder(coefficients), root) > 0]
+    return float(min(growing)) if growing else None
+
+
+def limits(
+    model_or_config: Any,
+    plan: Plan | None = None,
+    *,
+    budget: int | str,
+    batch: Any,
+    vary: str = "tokens",
+    multiple: int | None = None,
+    dry_run: bool = False,
+    **keywords: Any,
+) -> Limits:
+    """The largest sequence length (``vary="tokens"``) or number of rows (``vary="rows"``) at which ``plan`` fits
+    ``budget``, the batch's other dimension kept.
+
+    Sizes are multiples of ``multiple`` (default: 64 tokens, or 1 row). On a config, a name, or with ``device=``
+    other than the live model's (or ``dry_run=True``), each size is a dry run on fake tensors (:func:`memlab.estimate`
+    with ``keywords``: ``device``, ``gpu``, ``load``, ``loss_fn``...), at most :data:`MAX_RUNS`; on a live model on its
+    own device, each is a measured step (:func:`memlab.measure` capped at the budget, out-of-memory recovered; with
+    ``loss_fn``, ``lr``). For tokens the answer stops at the model's ``max_position_embeddings`` where its config has
+    one (said in the notes).
+
+    Args:
+        model_or_config: what :func:`memlab.estimate` takes (a live model, a config, a name).
+        plan: the plan (default: the plain ``Plan()``).
+        budget: bytes or a size such as ``"24GiB"`` (on CUDA, what the card shows).
+        batch: the batch to start from: tensors, or shapes such as ``{"input_ids": (1, 512), "labels": (1, 512)}``.
+        vary: ``"tokens"`` (dimension 1 of every tensor that has the batch's sequence length) or ``"rows"``.
+        multiple: the step between sizes.
+        dry_run: estimate even on a live model on its own device.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        ...                      vocab_size=256, max_position_embeddings=100_000)
+        >>> found = limits(config, budget="64MiB", batch={"input_ids": (1, 512), "labels": (1, 512)}, device="cpu")
+        >>> found.trial.peak_bytes <= 64 * 2**20 < found.next_trial.peak_bytes, found.next - found.value
+        (True, 64)
+    """
+    if vary not in ("tokens", "rows"):
+        raise MemlabError(f"vary={vary!r} is not known; write vary='tokens' or vary='rows'")
+    capacity = parse_budget(budget)
+    if capacity is None:
+        raise MemlabError("limits needs a budget; write for example budget='24GiB'")
+    step = multiple if multiple is not None else 64 if vary == "tokens" else 1
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise MemlabError(f"multiple={multiple!r} is not allowed; write a whole number >= 1, e.g. multiple=64")
+    plan = plan or Plan()
+    start = max(step, _size_of(batch, vary) // step * step)
+    run, measured = _runner(model_or_config, plan, batch, vary, capacity, dry_run, keywords)
+    ceiling = _context(model_or_config) if vary == "tokens" else None
+    tried: dict[int, Trial] = {}
+
+    def attempt(size: int) -> None:
+        if size not in tried and len(tried) < MAX_RUNS:
+            tried[size] = run(size)
+
+    attempt(start)
+    if _fits(tried[start], capacity):
+        for size in (2 * start, *([4 * start] if vary == "tokens" else [])):
+            attempt(min(size, ceiling or size))
+    else:  # the smallest size says whether anything fits at all
+        attempt(step)
+    while len(tried) < MAX_RUNS and any(_fits(trial, capacity) for trial in tried.values()):
+        low = max((size for size, trial in tried.items() if _fits(trial, capacity)), default=0)
+        high = min((size for size, trial in tried.items() if not _fits(trial, capacity)), default=None)
+        if (high is not None and high - low <= step) or (high is None and low == ceiling):
+            break
+        size = _next_size(tried, capacity, low, high, step, ceiling)
+        if size in tried or size < step:
+            break
+        attempt(size)
+    return _answer(tried, capacity, vary, step, measured, ceiling)
+
+
+def _next_size(
+    tried: Mapping[int, Trial], budget: int, low: int, high: int | None, step: int, ceiling: int | None
+) -> int:
+    """The size to try next: the curve's crossing rounded down to ``step``, kept strictly between what fits
+    (``low``) and what does not (``high``); where the curve says nothing, or the last try did not fit, double (or
+    split what is left).
+
+    The curve is the allocated peak's (smooth: a parabola in tokens), and the budget it must cross is the budget less
+    what the card adds to the peak (the allocator's reserve and the CUDA context) at the try nearest the budget."""
+    ok = [trial for trial in tried.values() if trial.status == "ok"]
+    guess = None
+    if ok:
+        near = min(ok, key=lambda trial: abs(trial.verdict_bytes - budget))
+        target = budget - (near.verdict_bytes - near.peak_bytes)
+        guess = crossing([(size, trial.peak_bytes) for size, trial in tried.items() if trial.status == "ok"], target)
+    # Past a try over the budget inside the bracket the curve misjudged the card (the allocator's reserve jumps):
+    # split what is left instead.
+    stuck = high is not None and len(tried) > 3 and not _fits(list(tried.values())[-1], budget)
+    if guess is None or stuck:
+        size = 2 * max(tried) if high is None else (low + high) // 2 // step * step
+    else:
+        size = int(min(guess, 1e12)) // step * step
+    if size <= low:
+        size = low + step
+    if high is not None and size >= high:
+        size = high - step
+    if size in tried:  # the curve keeps pointing at a size tried: split what is left
+        size = ((low + high) // 2 if high is not None else 2 * low) // step * step
+    return min(size, ceiling) if ceiling else size
+
+
+def _answer(tried: Mapping[int, Trial], budget: int, vary: str, step: int, measured: bool,
+            ceiling: int | None) -> Limits:
+    ordered = sorted(tried.items())
+    fitting = [(size, trial) for size, trial in ordered if _fits(trial, budget)]
+    value, trial = fitting[-1] if fitting else (0, None)
+    beyond = [(size, trial) for size, trial in ordered if size > value and not _fits(trial, budget)]
+    following, next_trial = beyond[0] if beyond else (None, None)
+    notes = []
+    if following is not None and following - value > step:
+        notes.append(f"not narrowed below {following - value} {vary} in {MAX_RUNS} tries")
+    if following is None and value == ceiling:
+        notes.append(f"{ceiling} tokens is the model's context (max_position_embeddings): longer is not tried")
+    return Limits(vary, value, trial, following, next_trial, budget, ordered, measured, tuple(notes))
+
+
+def _context(model_or_config: Any) -> int | None:
+    config = getattr(model_or_config, "config", model_or_config)
+    found = getattr(config, "max_position_embeddings", None)
+    return found if isinstance(found, int) and found > 0 else None
+
+
+def _runner(
+    model_or_config: Any, plan: Plan, batch: Any, vary: str, budget: int, dry_run: bool, keywords: dict[str, Any]
+) -> tuple[Callable[[int], Trial], bool]:
+    """How one size is tried: a measured step on a live model on its own device, else a dry run."""
+    from torch import nn
+
+    from memlab.live.device import model_device
+
+    live = isinstance(model_or_config, nn.Module) and not dry_run and any(
+        True for _ in model_or_config.parameters())
+    if live:
+        import torch
+
+        own = model_device(model_or_config)
+        asked = keywords.get("device")
+        live = own.type != "meta" and (asked is None or torch.device(asked).type == own.type)
+    if live:
+        from memlab.runner.trial import measure
+
+        run_keywords = {key: value for key, value in keywords.items() if key in ("loss_fn", "lr")}
+
+        def measured(size: int) -> Trial:
+            trial = measure(model_or_config, resized(batch, vary, size), plan, budget=budget, steps=1, warmup=0,
+                            noise=0, progress=False, **run_keywords)
+            return dataclasses.replace(trial, budget=budget)
+
+        return measured, True
+    from memlab.estimation.estimate import estimate
+
+    def estimated(size: int) -> Trial:
+        return estimate(model_or_config, resized(batch, vary, size), plan, budget=budget, **keywords)
+
+    return estimated, False

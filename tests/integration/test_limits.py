@@ -1,0 +1,60 @@
+"""Issue 46: memlab.limits, the longest sequences (or the most rows) a plan fits in a budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models import lm_batch, tiny_llama
+from transformers import LlamaConfig
+
+import memlab
+from memlab.errors import MemlabError
+from memlab.search.limits import MAX_RUNS, resized
+
+CONFIG = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                     vocab_size=256, max_position_embeddings=100_000)
+SHAPES = {"input_ids": (1, 512), "labels": (1, 512)}
+
+
+@pytest.mark.parametrize(("vary", "budget", "plan"), [
+    ("tokens", "64MiB", memlab.Plan()),
+    ("tokens", "40MiB", memlab.Plan(checkpointing=True)),
+    ("rows", "96MiB", memlab.Plan()),
+])
+def test_the_answer_straddles_the_budget_within_eight_dry_runs(vary, budget, plan) -> None:
+    found = memlab.limits(CONFIG, plan, budget=budget, batch=SHAPES, vary=vary, device="cpu")
+    assert len(found.tried) <= MAX_RUNS
+    step = 64 if vary == "tokens" else 1
+    assert found.value > 0 and found.next == found.value + step, found.to_text()
+    capacity = memlab.parse_budget(budget)
+    # checked by separate estimates, not the ones limits made
+    at = memlab.estimate(CONFIG, resized(SHAPES, vary, found.value), plan, device="cpu")
+    beyond = memlab.estimate(CONFIG, resized(SHAPES, vary, found.next), plan, device="cpu")
+    assert at.peak_bytes <= capacity < beyond.peak_bytes
+    assert found.trial.peak_bytes == at.peak_bytes
+    assert "at most" in found.answer() and str(found.value) in found.to_text()
+
+
+def test_nothing_fits_and_bad_input() -> None:
+    found = memlab.limits(CONFIG, budget="1MiB", batch=SHAPES, device="cpu")
+    assert found.value == 0 and found.trial is None and "nothing fits" in found.answer()
+    with pytest.raises(MemlabError, match="vary='tokens' or vary='rows'"):
+        memlab.limits(CONFIG, budget="1GiB", batch=SHAPES, vary="length")
+    with pytest.raises(MemlabError, match="budget"):
+        memlab.limits(CONFIG, budget="24", batch=SHAPES)
+
+
+def test_measured_on_a_live_model_with_a_cpu_budget() -> None:
+    model = tiny_llama(layers=2, width=32)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    batch = lm_batch(rows=2, length=16)
+    plain = memlab.measure(model, batch, memlab.Plan(), steps=1, warmup=0, noise=0, progress=False)
+    budget = int(plain.peak_bytes * 1.5)
+    found = memlab.limits(model, budget=budget, batch=batch, vary="rows")
+    assert found.measured and found.value >= 2 and found.next == found.value + 1, found.to_text()
+    assert found.trial.status == "ok" and found.trial.peak_bytes <= budget
+    assert found.next_trial.status == "oom" or found.next_trial.peak_bytes > budget  # recovered, not raised
+    assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
+    again = memlab.measure(model, resized(batch, "rows", found.next), memlab.Plan(), steps=1, warmup=0, noise=0,
+                           progress=False)
+    assert again.peak_bytes > budget
