@@ -335,29 +335,32 @@ def json_with_verdicts(report: Any) -> str:
 
 def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, grid: list[str],
                  say: EstimateProgress) -> list[Any]:
-    """Plans outside the ``--try`` grid (the search's alternatives: bf16 weights, LoRA, QLoRA, Adafactor on the
-    lowest plan tried) estimated to fit, the lowest card figure first."""
+    """Plans outside what was tried estimated to fit, the fastest expected first: single levers and their
+    combinations (adapters, pure bf16, 8-bit Adam or Adafactor, checkpointing, micro-batches, the chunked loss,
+    offload) on the plan tried with the lowest figure, those the search's memory model does not rule out estimated
+    one at a time, most promising first (:func:`memlab.search.suggest.combined_suggestions`)."""
     import dataclasses
 
     from memlab.estimation.cuda_context import card_contexts
-    from memlab.plan import parse_axes
-    from memlab.search.suggest import alternatives
+    from memlab.search.speed import speed_prior
+    from memlab.search.suggest import combined_suggestions
 
-    ran = [trial for trial in report.trials if trial.status != "error"]
+    ran = [trial for trial in report.trials if trial.status == "ok"]
     if not ran:
         return []
     # From the plan tried with the lowest figure the verdict judged (the card figure where known).
     lowest = min(ran, key=lambda trial: trial.verdict_bytes)
-    plans = alternatives([lowest], parse_axes(grid) if grid else {})
-    if not plans:
-        return []
-    say.expect(len(plans))
-    say(f"nothing fits: estimating {len(plans)} plans outside what you tried")
-    found = estimate_each(model, batch, plans, budget=report.budget, device=args.device, say=say,
-                          gpu=getattr(args, "gpu", None))
-    found = dataclasses.replace(found, trials=card_contexts(found.trials, getattr(args, "gpu", None)))
-    fitting = [trial for trial in found if found.fits(trial)]
-    return sorted(fitting, key=lambda trial: trial.verdict_bytes)
+    tries = 6
+    say.expect(tries)
+
+    def estimate(plans: list[Any]) -> list[Any]:
+        found = estimate_each(model, batch, plans, budget=report.budget, device=args.device, say=lambda _: None,
+                              gpu=getattr(args, "gpu", None))
+        return card_contexts(found.trials, getattr(args, "gpu", None))
+
+    found = combined_suggestions(lowest, estimate, budget=report.budget, rows=batch["input_ids"][0],
+                                 prior=speed_prior("cpu" if args.device == "cpu" else "cuda"), tries=tries, say=say)
+    return [dataclasses.replace(trial) for trial in found]
 
 
 def _for_gpu(args: argparse.Namespace) -> str:
