@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 __all__ = [
     "EstimateProgress", "add_arguments", "estimate_each", "gpu_budget", "json_with_verdicts",
-    "load_from_args", "progress_lines", "run", "run_sharded",
+    "cli_words", "load_from_args", "progress_lines", "run", "run_sharded",
 ]
 
 _DESCRIPTION = (
@@ -199,8 +199,30 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     try:
         return _run(args, out, err)
     except MemlabError as error:
-        print(f"memlab estimate: {error}", file=err)
+        print(f"memlab estimate: {cli_words(str(error))}", file=err)
         return 2
+
+
+_PYTHON_TO_FLAGS = (
+    ("adapter='lora'", "--try adapter=lora"),
+    ("adapter='qlora'", "--try adapter=qlora"),
+    ("load_in_4bit=True", "--load-in-4bit"),
+    ("load_in_8bit=True", "--load-in-8bit"),
+    ("a load without quantization_config", "no --load-in-4bit / --load-in-8bit"),
+    ("this load is load_in_8bit", "this load is --load-in-8bit"),
+)
+
+
+def cli_words(message: str) -> str:
+    """A core error's message with its Python keywords as the command's flags, for a user of the command line.
+
+    Example:
+        >>> cli_words("a model loaded in nf4 trains adapters only; write adapter='lora' or adapter='qlora'")
+        'a model loaded in nf4 trains adapters only; write --try adapter=lora or --try adapter=qlora'
+    """
+    for python, flag in _PYTHON_TO_FLAGS:
+        message = message.replace(python, flag)
+    return message
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -303,7 +325,11 @@ def _budget_words(args: argparse.Namespace, budget: int | None) -> str:
     """``, budget: the A100-40GB's 40.00 GiB`` where the budget is the GPU's memory (no --budget given)."""
     from memlab.plan import format_bytes
 
-    if args.budget is not None or budget is None:
+    if args.budget is not None:  # the unit spelled out: 24GB is 10^9-byte gigabytes, 24GiB 2^30-byte
+        from memlab.report.format import budget_words
+
+        return f", budget {budget_words(str(args.budget))}"
+    if budget is None:
         return ""
     return f", budget: its memory, {format_bytes(budget)} (--budget SIZE sets another)"
 
@@ -330,6 +356,11 @@ def json_with_verdicts(report: Any) -> str:
         row["verdict"] = status_text(trial, report.fits(trial))
     for row, trial in zip(data["suggestions"], report.suggestions, strict=True):
         row["verdict"] = status_text(trial, report.fits(trial))
+    # what the table's "Best:" line says: the plan's label and why (None when nothing fits)
+    from memlab.report.verdicts import best_caption
+
+    best = report.best
+    data["best"] = None if best is None else {"label": best.label, "why": best_caption(report)}
     return json.dumps(data, indent=2, default=str)
 
 
@@ -350,7 +381,7 @@ def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, 
         return []
     # From the plan tried with the lowest figure the verdict judged (the card figure where known).
     lowest = min(ran, key=lambda trial: trial.verdict_bytes)
-    tries = 6
+    tries = 4  # dry runs of a large model take seconds each: the few most promising, two that fit at most
     say.expect(tries)
 
     def estimate(plans: list[Any]) -> list[Any]:
@@ -359,7 +390,8 @@ def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, 
         return card_contexts(found.trials, getattr(args, "gpu", None))
 
     found = combined_suggestions(lowest, estimate, budget=report.budget, rows=batch["input_ids"][0],
-                                 prior=speed_prior("cpu" if args.device == "cpu" else "cuda"), tries=tries, say=say)
+                                 prior=speed_prior("cpu" if args.device == "cpu" else "cuda"), want=2, tries=tries,
+                                 say=say)
     return [dataclasses.replace(trial) for trial in found]
 
 
