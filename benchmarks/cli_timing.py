@@ -35,7 +35,8 @@ def time_question(arguments: list[str], source: Path, timeout_s: float) -> dict[
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, "-m", "memlab", "estimate", *arguments], env=env,
+        # run from the checkout: ``python -m`` puts the working directory first on the path, before PYTHONPATH
+        done = subprocess.run([sys.executable, "-m", "memlab", "estimate", *arguments], env=env, cwd=source,
                               capture_output=True, text=True, timeout=timeout_s)
         status, out = done.returncode, done.stdout
     except subprocess.TimeoutExpired:
