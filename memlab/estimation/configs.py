@@ -41,9 +41,13 @@ KNOWN_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-7b": ("LlamaConfig", _llama(4096, 11008, 32, 32, 32)),
     "llama-13b": ("LlamaConfig", _llama(5120, 13824, 40, 40, 40)),
     "llama-70b": ("LlamaConfig", _llama(8192, 28672, 80, 64, 8)),
+    # Llama 3 8B: grouped-query attention (8 KV heads) and a 128,256-token vocabulary (its logits weigh)
+    "llama-3-8b": ("LlamaConfig", {**_llama(4096, 14336, 32, 32, 8), "vocab_size": 128256,
+                                   "rope_theta": 500000.0, "max_position_embeddings": 8192}),
     "gpt2": ("GPT2Config", {}),
 }
-"""Built-in shapes for ``estimate`` and ``memlab estimate`` (Llama 2 7B/13B/70B, GPT-2 small)."""
+"""Built-in shapes for ``estimate`` and ``memlab estimate`` (Llama 2 7B/13B/70B, Llama 3 8B, GPT-2 small)."""
+KNOWN_SHAPES["llama-8b"] = KNOWN_SHAPES["llama-3-8b"]  # the name people type for it
 
 _HUB_PROBE_TIMEOUT_S = 5.0
 """Seconds the Hub has to answer for a model's config.json before memlab says it is offline."""
@@ -103,7 +107,7 @@ def _built_in_hint(name: str) -> str:
 
     Example:
         >>> _built_in_hint("lama-7b")
-        ', or a built-in shape (llama-7b, llama-13b, llama-70b, gpt2): did you mean llama-7b?'
+        ', or a built-in shape (llama-7b, llama-13b, llama-70b, llama-3-8b, gpt2, llama-8b): did you mean llama-7b?'
         >>> _built_in_hint("meta-llama/Llama-2-7b-hf")
         ''
     """

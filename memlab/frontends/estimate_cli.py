@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 __all__ = [
     "EstimateProgress", "add_arguments", "estimate_each", "gpu_budget", "json_with_verdicts",
-    "load_from_args", "progress_lines", "run", "run_sharded",
+    "cli_words", "load_from_args", "progress_lines", "run", "run_sharded",
 ]
 
 _DESCRIPTION = (
@@ -207,8 +207,30 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     try:
         return _run(args, out, err)
     except MemlabError as error:
-        print(f"memlab estimate: {error}", file=err)
+        print(f"memlab estimate: {cli_words(str(error))}", file=err)
         return 2
+
+
+_PYTHON_TO_FLAGS = (
+    ("adapter='lora'", "--try adapter=lora"),
+    ("adapter='qlora'", "--try adapter=qlora"),
+    ("load_in_4bit=True", "--load-in-4bit"),
+    ("load_in_8bit=True", "--load-in-8bit"),
+    ("a load without quantization_config", "no --load-in-4bit / --load-in-8bit"),
+    ("this load is load_in_8bit", "this load is --load-in-8bit"),
+)
+
+
+def cli_words(message: str) -> str:
+    """A core error's message with its Python keywords as the command's flags, for a user of the command line.
+
+    Example:
+        >>> cli_words("a model loaded in nf4 trains adapters only; write adapter='lora' or adapter='qlora'")
+        'a model loaded in nf4 trains adapters only; write --try adapter=lora or --try adapter=qlora'
+    """
+    for python, flag in _PYTHON_TO_FLAGS:
+        message = message.replace(python, flag)
+    return message
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -317,7 +339,11 @@ def _budget_words(args: argparse.Namespace, budget: int | None) -> str:
     """``, budget: the A100-40GB's 40.00 GiB`` where the budget is the GPU's memory (no --budget given)."""
     from memlab.plan import format_bytes
 
-    if args.budget is not None or budget is None:
+    if args.budget is not None:  # the unit spelled out: 24GB is 10^9-byte gigabytes, 24GiB 2^30-byte
+        from memlab.report.format import budget_words
+
+        return f", budget {budget_words(str(args.budget))}"
+    if budget is None:
         return ""
     return f", budget: its memory, {format_bytes(budget)} (--budget SIZE sets another)"
 
@@ -344,34 +370,43 @@ def json_with_verdicts(report: Any) -> str:
         row["verdict"] = status_text(trial, report.fits(trial))
     for row, trial in zip(data["suggestions"], report.suggestions, strict=True):
         row["verdict"] = status_text(trial, report.fits(trial))
+    # what the table's "Best:" line says: the plan's label and why (None when nothing fits)
+    from memlab.report.verdicts import best_caption
+
+    best = report.best
+    data["best"] = None if best is None else {"label": best.label, "why": best_caption(report)}
     return json.dumps(data, indent=2, default=str)
 
 
 def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, grid: list[str],
                  say: EstimateProgress) -> list[Any]:
-    """Plans outside the ``--try`` grid (the search's alternatives: bf16 weights, LoRA, QLoRA, Adafactor on the
-    lowest plan tried) estimated to fit, the lowest card figure first."""
+    """Plans outside what was tried estimated to fit, the fastest expected first: single levers and their
+    combinations (adapters, pure bf16, 8-bit Adam or Adafactor, checkpointing, micro-batches, the chunked loss,
+    offload) on the plan tried with the lowest figure, those the search's memory model does not rule out estimated
+    one at a time, most promising first (:func:`memlab.search.suggest.combined_suggestions`)."""
     import dataclasses
 
     from memlab.estimation.cuda_context import card_contexts
-    from memlab.plan import parse_axes
-    from memlab.search.suggest import alternatives
+    from memlab.search.speed import speed_prior
+    from memlab.search.suggest import combined_suggestions
 
-    ran = [trial for trial in report.trials if trial.status != "error"]
+    ran = [trial for trial in report.trials if trial.status == "ok"]
     if not ran:
         return []
     # From the plan tried with the lowest figure the verdict judged (the card figure where known).
     lowest = min(ran, key=lambda trial: trial.verdict_bytes)
-    plans = alternatives([lowest], parse_axes(grid) if grid else {})
-    if not plans:
-        return []
-    say.expect(len(plans))
-    say(f"nothing fits: estimating {len(plans)} plans outside what you tried")
-    found = estimate_each(model, batch, plans, budget=report.budget, device=args.device, say=say,
-                          gpu=getattr(args, "gpu", None))
-    found = dataclasses.replace(found, trials=card_contexts(found.trials, getattr(args, "gpu", None)))
-    fitting = [trial for trial in found if found.fits(trial)]
-    return sorted(fitting, key=lambda trial: trial.verdict_bytes)
+    tries = 4  # dry runs of a large model take seconds each: the few most promising, two that fit at most
+    say.expect(tries)
+
+    def estimate(plans: list[Any]) -> list[Any]:
+        found = estimate_each(model, batch, plans, budget=report.budget, device=args.device, say=lambda _: None,
+                              gpu=getattr(args, "gpu", None))
+        return card_contexts(found.trials, getattr(args, "gpu", None))
+
+    found = combined_suggestions(lowest, estimate, budget=report.budget, rows=batch["input_ids"][0],
+                                 prior=speed_prior("cpu" if args.device == "cpu" else "cuda"), want=2, tries=tries,
+                                 say=say)
+    return [dataclasses.replace(trial) for trial in found]
 
 
 def _for_gpu(args: argparse.Namespace) -> str:

@@ -1,8 +1,8 @@
 """What ``memlab estimate`` says after its table: the next step, as a command to copy.
 
-- When no plan fits: the plans outside what was tried that are estimated to fit (the search's own
-  :func:`memlab.search.suggest.alternatives`: pure bf16 weights, LoRA, QLoRA, Adafactor), each with the command
-  that tries it, and the command that shards the training over several GPUs (:func:`suggestion_lines`).
+- When no plan fits: the plans outside what was tried that are estimated to fit, single levers or combinations
+  (the search's :func:`memlab.search.suggest.combined_suggestions`), the fastest expected first, each with the
+  command that tries it, and the command that shards the training over several GPUs (:func:`suggestion_lines`).
 - After ``--gpus auto``: which plans and strategies it searched, and the commands for the plans it did not (bf16,
   and adapters, which train on one GPU: :func:`searched_lines`).
 
@@ -94,8 +94,8 @@ def suggestion_lines(args: argparse.Namespace, suggested: Iterable[Any], *, shar
             size = format_bytes(trial.card_bytes if trial.card_bytes is not None else trial.peak_bytes)
             lines.append(f"  {trial.label} ({figure} {size}): {command_for(args, plan_try(trial.plan))}")
     else:
-        lines.append("Next: nothing memlab can suggest on one GPU (bf16 weights, LoRA, QLoRA, Adafactor) is "
-                     "estimated to fit.")
+        lines.append("Next: no plan memlab estimated on one GPU (bf16 weights, LoRA, QLoRA, 8-bit Adam, Adafactor, "
+                     "checkpointing, micro-batches, the chunked loss, offload, alone or combined) fits.")
     if sharded:
         lines.append(f"Or shard the training over the fewest GPUs that fit: {command_for(args, [], gpus='auto')}")
     return lines

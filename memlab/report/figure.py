@@ -23,12 +23,15 @@ from memlab.report.format import one_line
 from memlab.report.noise import runs_speed_interval
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, figure_height, plan_axis, plan_axis_layout
 from memlab.report.svg import axis_number
+from memlab.report.verdicts import FITS, OVER_BUDGET, VERDICT_WORDS, best_caption, best_marks, verdicts
 
 __all__ = [
     "BEST_COLOR",
     "BUDGET_COLOR",
     "CATEGORY_COLORS",
     "DOES_NOT_FIT_COLOR",
+    "HATCH",
+    "TIE_COLOR",
     "FIGURE_TITLES",
     "INTERVAL_COLOR",
     "MEMORY_COLUMN",
@@ -57,6 +60,10 @@ CATEGORY_COLORS = {
 """The colour of each memory category's bars."""
 DOES_NOT_FIT_COLOR = "#7F7F7F"
 BEST_COLOR = "#2CA02C"
+TIE_COLOR = "#98DF8A"
+"""The colour of a samples/s bar as fast as the best within noise (a tie, :attr:`memlab.Report.ties`)."""
+HATCH = "/"
+"""The pattern of every bar of a plan that does not fit: out of memory (grey) or over the budget (its own colours)."""
 RATE_COLOR = "#72B7B2"
 BUDGET_COLOR = "#D62728"
 INTERVAL_COLOR = "#3B3B3B"
@@ -81,11 +88,11 @@ def report_figure(report: Report) -> Any:
         fig.add_shape(budget_line(data["budget_mib"]))
         fig.add_annotation(budget_note(report.budget or 0))
     title = "memlab: memory and speed per plan"
-    if data["best"] is not None:
-        title += f" (best: {data['best']})"
+    if data["caption"] is not None:  # why the best is best, under the title (the bars say which)
+        title += f"<br><sup>{data['caption']}</sup>"
     axis = plan_axis(data["labels"])
     fig.update_xaxes(plan_axis_layout(axis, data["labels"]), row=1)
-    fig.update_layout(title=title, margin={"t": 80}, height=figure_height(axis, _REPORT_HEIGHT))
+    fig.update_layout(title=title, margin={"t": 90}, height=figure_height(axis, _REPORT_HEIGHT))
     return fig
 
 
@@ -165,7 +172,9 @@ def comparison_traces(
         empty_trace(
             "Bar",
             name,
-            marker_color=CATEGORY_COLORS[name],
+            # A plan over the budget keeps its colours (where its memory goes) under the "does not fit" hatch.
+            marker={"color": CATEGORY_COLORS[name], "pattern": {"fillmode": "overlay", "fgcolor": "#333333",
+                                                                "size": 8, "solidity": 0.25}},
             legendgroup="memory",
             legendgrouptitle_text="memory" if number == 0 else None,
             hovertemplate="%{hovertext}<br>" + name + ": %{y:.2f} MiB<extra></extra>",
@@ -176,12 +185,14 @@ def comparison_traces(
         empty_trace(
             "Bar",
             "does not fit",
-            marker={"color": DOES_NOT_FIT_COLOR, "pattern": {"shape": "/"}},
+            marker={"color": DOES_NOT_FIT_COLOR, "pattern": {"shape": HATCH}},
             legendgroup="status",
             legendgrouptitle_text="status",
             textposition="inside",
             insidetextanchor="middle",
             hovertemplate="%{hovertext}<br>does not fit: out of memory (reached %{customdata:.2f} MiB)<extra></extra>",
+            # the legend entry stands for the hatch: on out-of-memory bars and on plans over the budget
+
         )
     )
     traces.append(
@@ -198,8 +209,11 @@ def comparison_traces(
         empty_trace(
             "Bar",
             "samples/s",
-            marker_color=RATE_COLOR,
+            marker={"color": RATE_COLOR, "pattern": {"fillmode": "overlay", "fgcolor": "#333333", "size": 8,
+                                                    "solidity": 0.25}},
             showlegend=False,
+            textposition="outside",
+            cliponaxis=False,
             error_y={
                 "type": "data",
                 "symmetric": False,
@@ -251,13 +265,17 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
         >>> oom = Trial(Plan(), "oom", 0, {}, None, None, None, "cpu", error="out of memory", budget=2**21)
         >>> column = figure_columns(Report([oom]))[5]
         >>> column["y"], column["customdata"], column["text"], column["hovertext"]
-        ([2.0], [0.0], ['does not fit'], ['<b>plain</b><br>plain: every lever off'])
+        ([2.0], [0.0], ['does not fit'], ['<b>plain</b><br>plain: every lever off<br>does not fit (out of memory)'])
     """
     data = figure_data(report) if data is None else data
     labels = data["labels"]
     numbered = len(labels) > FULL_LABELS_UP_TO
     heights = _does_not_fit_heights(report, data)
-    columns: list[dict[str, Any]] = [{"x": labels, "y": values} for values in data["categories"].values()]
+    over = [verdict == OVER_BUDGET for verdict in data["verdict"]]
+    hatch: list[str] | str = [HATCH if is_over else "" for is_over in over] if any(over) else ""
+    columns: list[dict[str, Any]] = [
+        {"x": labels, "y": values, "marker.pattern.shape": hatch} for values in data["categories"].values()
+    ]
     columns.append(
         {
             "x": labels,
@@ -265,15 +283,28 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
             "customdata": data["does_not_fit"],
             # Written in the bar where bars are wide enough to hold it; numbered bars are too thin (the hover says it).
             "text": ["does not fit" if height is not None and not numbered else "" for height in heights],
+            # Its legend entry explains the hatch, so it is shown wherever a hatch is drawn (and only there).
+            "showlegend": any(height is not None for height in heights) or any(over),
         }
     )
-    columns.append({"x": labels, "y": data["error"], "text": data["error_text"]})
+    columns.append({"x": labels, "y": data["error"], "text": data["error_text"],
+                    "showlegend": any(value is not None for value in data["error"])})
     above, below = _interval_reach(data)
+    marks = data["marks"]
     columns.append(
         {
             "x": labels,
             "y": data["samples_per_s"],
-            "marker.color": [BEST_COLOR if label == data["best"] else RATE_COLOR for label in labels],
+            "marker.color": [
+                DOES_NOT_FIT_COLOR if is_over else BEST_COLOR if mark == "best" else TIE_COLOR if mark else RATE_COLOR
+                for is_over, mark in zip(over, marks, strict=True)
+            ],
+            "marker.pattern.shape": hatch,
+            # The verdict on the bar itself, where the eye looks: best, its ties, and what does not fit.
+            "text": [
+                "" if numbered and not mark else "over budget" if is_over else mark
+                for is_over, mark in zip(over, marks, strict=True)
+            ],
             "customdata": [
                 _interval_text(low, high) for low, high in zip(data["speed_low"], data["speed_high"], strict=True)
             ],
@@ -398,6 +429,9 @@ def figure_data(report: Report, categories: tuple[str, ...] | None = None) -> di
         ``hover``: the first lines of each trial's hover: its label (after its number where the bars are
         numbered, see :data:`~memlab.report.plan_axis.FULL_LABELS_UP_TO`) and its description.
         ``status``: each trial's status. ``fits``: the report's view of whether each trial fits.
+        ``verdict``: each trial's verdict as the table says it (:func:`memlab.report.verdicts.verdicts`).
+        ``marks``: ``"best"``, ``"tie"`` or ``""`` per trial (:func:`memlab.report.verdicts.best_marks`).
+        ``caption``: why the best is best (:func:`memlab.report.verdicts.best_caption`), or None.
         ``categories``: ``{category: [MiB or None]}``, values for trials that ran (``"ok"``), for ``categories``
         (default: the report's, :attr:`memlab.Report.categories`) in order.
         ``does_not_fit``: MiB reached by out-of-memory trials, None elsewhere.
@@ -460,11 +494,21 @@ def figure_data(report: Report, categories: tuple[str, ...] | None = None) -> di
         hover.append(f"{f'#{number} ' if numbered else ''}<b>{label}</b><br>{describe[-1]}")
         if trial is best:
             best_label = label
+    verdict = verdicts(report)
+    marks = best_marks(report)
+    caption = best_caption(report)
+    for index, (word, mark) in enumerate(zip(verdict, marks, strict=True)):
+        reason = caption if mark == "best" else "tie: as fast as the best within noise" if mark else None
+        # "fits" goes without saying (a figure of dozens stays small); what does not fit, and why best, are said.
+        hover[index] += ("" if word == FITS else f"<br>{VERDICT_WORDS[word]}") + (f"<br>{reason}" if reason else "")
     return {
         "labels": labels,
         "describe": describe,
         "hover": hover,
         "status": [trial.status for trial in report.trials],
+        "verdict": verdict,
+        "marks": marks,
+        "caption": caption,
         "fits": [report.fits(trial) for trial in report.trials],
         "categories": by_category,
         "does_not_fit": does_not_fit,

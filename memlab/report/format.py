@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from memlab.errors import MemlabError
 
-__all__ = ["format_rate", "format_seconds", "one_line"]
+__all__ = ["budget_words", "format_rate", "format_seconds", "one_line"]
 
 
 def one_line(message: BaseException | str, limit: int | None = 120) -> str:
@@ -59,3 +59,31 @@ def format_rate(rate: float | None) -> str:
     if rate >= 10:
         return f"{rate:.1f}"
     return f"{rate:.2f}"
+
+
+def budget_words(text: str) -> str:
+    """What a budget string means, unit spelled out, so that ``24GB`` (10^9 bytes) and ``24GiB`` (2^30) are never
+    confused: the bytes in GiB, and which kind of unit was read.
+
+    Example:
+        >>> budget_words("24gb")
+        '24gb = 22.35 GiB (GB = 10^9 bytes; write 24GiB for 2^30)'
+        >>> budget_words("24G"), budget_words("24GiB")
+        ('24G = 24.00 GiB (G read as GiB, 2^30 bytes)', '24GiB = 24.00 GiB')
+    """
+    import re
+
+    from memlab.plan import format_bytes, parse_budget
+
+    value = parse_budget(text) or 0
+    match = re.match(r"^\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*$", text)
+    unit = match.group(2) if match else ""
+    size = format_bytes(value)
+    upper = unit.upper()
+    if upper in ("KB", "MB", "GB", "TB"):
+        number = match.group(1) if match else ""
+        power = "KMGT".index(upper[0]) + 1
+        return f"{text} = {size} ({upper} = 10^{3 * power} bytes; write {number}{upper[0]}iB for 2^{10 * power})"
+    if upper in ("K", "M", "G", "T"):
+        return f"{text} = {size} ({upper} read as {upper}iB, 2^{10 * ('KMGT'.index(upper) + 1)} bytes)"
+    return f"{text} = {size}"

@@ -22,11 +22,13 @@ from memlab.report.figure import (
     DOES_NOT_FIT_COLOR,
     INTERVAL_COLOR,
     RATE_COLOR,
+    TIE_COLOR,
     figure_data,
 )
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, plan_axis, text_width
 from memlab.report.svg import Svg, bold_width, escape, px, wrap
 from memlab.report.svg_panels import Box, PlanBars
+from memlab.report.verdicts import ERROR, OUT_OF_MEMORY, OVER_BUDGET
 
 __all__ = ["WIDTH", "report_svg"]
 
@@ -77,9 +79,14 @@ class _Layout:
         self.count = len(self.labels)
 
     def svg(self) -> str:
-        title = "memlab: memory and speed per plan" + (f" (best: {self.data['best']})" if self.data["best"] else "")
+        title = "memlab: memory and speed per plan"
         self.canvas.text(_EDGE, 30, title, size=17, weight="600")
-        y = self._legend(54.0)
+        y = 54.0
+        if self.data["caption"]:  # why the best is best: the bars say which
+            self.canvas.add(f'<text class="caption" x="{px(_EDGE)}" y="{px(y - 2)}" font-size="12" '
+                            f'fill="{BEST_COLOR}" font-weight="600">{escape(self.data["caption"])}</text>')
+            y += 22
+        y = self._legend(y)
         if self.count == 0:
             self.canvas.text(WIDTH / 2, y + 60, "No plan measured yet.", size=14, anchor="middle", fill=_MUTED)
             return self._document(y + 100, title)
@@ -107,6 +114,10 @@ class _Layout:
             'patternTransform="rotate(45)">'
             '<rect width="6" height="6" fill="#D9D9D9"/>'
             f'<line x1="0" y1="0" x2="0" y2="6" stroke="{DOES_NOT_FIT_COLOR}" stroke-width="2.5"/></pattern>'
+            # over the budget: the same hatch on a clear ground, over the plan's own colours
+            f'<pattern id="{self.hatch}-over" patternUnits="userSpaceOnUse" width="6" height="6" '
+            'patternTransform="rotate(45)">'
+            '<line x1="0" y1="0" x2="0" y2="6" stroke="#333333" stroke-width="1.6" stroke-opacity="0.7"/></pattern>'
         )
         return self.canvas.document(WIDTH, height, title, hatch)
 
@@ -114,16 +125,23 @@ class _Layout:
 
     def _legend(self, top: float) -> float:
         """The three groups of legend entries, wrapped over as many rows as they need; returns the bottom."""
-        speed = [("samples/s", f"swatch:{RATE_COLOR}"), ("best", f"swatch:{BEST_COLOR}"), ("95% interval", "interval")]
+        # Only what is drawn: a mark no bar carries is not in the legend.
+        marks, verdict = self.data["marks"], self.data["verdict"]
+        speed = [("samples/s", f"swatch:{RATE_COLOR}")]
+        speed += [("best", f"swatch:{BEST_COLOR}")] if "best" in marks else []
+        speed += [("tie", f"swatch:{TIE_COLOR}")] if "tie" in marks else []
+        speed += [("95% interval", "interval")] if any(low is not None for low in self.data["speed_low"]) else []
+        status = [("does not fit", "hatch")] if OUT_OF_MEMORY in verdict or OVER_BUDGET in verdict else []
+        status += [("error", "cross")] if ERROR in verdict else []
         groups: list[tuple[str, list[tuple[str, str]]]] = [
             ("memory", [(name, f"swatch:{CATEGORY_COLORS[name]}") for name in self.data["categories"]]),
             ("speed", speed),
-            ("status", [("does not fit", "hatch"), ("error", "cross")]),
+            ("status", status),
         ]
         if self.data["budget_mib"] is not None:
             groups[-1][1].append(("budget", "budget"))
         x, y = _EDGE, top
-        for name, entries in groups:
+        for name, entries in (group for group in groups if group[1]):
             width = bold_width(name, 11) + 8 + sum(text_width(label, 11) + 30 for label, _ in entries)
             if x + width > WIDTH - _RIGHT and x > _EDGE:
                 x, y = _EDGE, y + 22
@@ -193,11 +211,13 @@ class _Layout:
         words = self.data["describe"][index]
         if words.startswith(f"{self.report.trials[index].label}: "):  # "plain: every lever off" says its name itself
             words = words.split(": ", 1)[1]
-        state = {"oom": " (does not fit)", "error": " (failed)"}.get(self.data["status"][index], "")
+        state = {"oom": " (does not fit: out of memory)", "error": " (failed)"}.get(self.data["status"][index], "")
         if label == self.data["best"]:
             state += " (best)"
-        elif self.data["status"][index] == "ok" and not self.data["fits"][index]:
-            state += " (over the budget)"
+        elif self.data["marks"][index] == "tie":
+            state += " (as fast as the best within noise)"
+        elif self.data["verdict"][index] == OVER_BUDGET:
+            state += " (does not fit: over the budget)"
         return head, words + state, "700" if label == self.data["best"] else "600"
 
 

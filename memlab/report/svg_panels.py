@@ -24,6 +24,7 @@ from memlab.report.figure import (
 from memlab.report.format import format_rate
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, PlanAxis, text_width
 from memlab.report.svg import Svg, axis_number, escape, nice_ticks, px
+from memlab.report.verdicts import ERROR, OUT_OF_MEMORY, OVER_BUDGET, VERDICT_WORDS
 
 __all__ = ["Area", "Box", "PlanBars"]
 
@@ -123,13 +124,25 @@ class PlanBars:
             tip = f"{self.who(index)}\n{format_rate(speed)} samples/s"
             if low is not None and high is not None:
                 tip += f" (95% interval {format_rate(low)} to {format_rate(high)})"
-            self.svg.add(f"<g><title>{escape(tip)}</title>{self._bar(area, index, 0.0, speed, colour)}")
+            verdict, mark = self.data["verdict"][index], self.data["marks"][index]
+            tip += f"\n{VERDICT_WORDS[verdict]}"
+            if mark == "best" and self.data["caption"]:
+                tip += f"\n{self.data['caption']}"
+            elif mark == "tie":
+                tip += "\ntie: as fast as the best within noise"
+            bar = self._bar(area, index, 0.0, speed, colour)
+            if verdict == OVER_BUDGET:  # hatched as every bar of a plan that does not fit
+                bar += self._bar(area, index, 0.0, speed, f"url(#{self.hatch})", stroke=DOES_NOT_FIT_COLOR)
+            self.svg.add(f'<g class="plan" data-verdict="{verdict}" data-mark="{mark}"><title>{escape(tip)}</title>'
+                         f"{bar}")
             if low is not None and high is not None:
                 cap = min(5.0, area.bar_width / 3)
                 self.svg.interval(area.center(index), area.y(high), area.y(low), cap, INTERVAL_COLOR)
-            if self.labels[index] == self.data["best"]:
+            word = self.columns[-1]["text"][index]
+            if word:  # best, tie, over budget: on the bar, where the eye looks
                 y = area.y(max(speed, high or speed)) - 4
-                self.svg.text(area.center(index), y, "best", size=10, anchor="middle", fill=BEST_COLOR, weight="700")
+                fill = BEST_COLOR if mark else DOES_NOT_FIT_COLOR
+                self.svg.text(area.center(index), y, word, size=10, anchor="middle", fill=fill, weight="700")
             self.svg.add("</g>")
         return area
 
@@ -146,12 +159,12 @@ class PlanBars:
         for index in range(self.count):
             status = self.data["status"][index]
             if status == "ok":
-                self._stack(area, index, scale)
+                self._stack(area, index, scale, over=self.data["verdict"][index] == OVER_BUDGET)
             elif status == "oom" and does_not_fit[index] is not None:
                 self._does_not_fit(area, index, does_not_fit[index] * scale, scale)
             elif status == "error":
                 tip = f"{self.who(index)}\nerror: {self.data['error_text'][index]}"
-                self.svg.add(f"<g><title>{escape(tip)}</title>")
+                self.svg.add(f'<g class="plan" data-verdict="{ERROR}"><title>{escape(tip)}</title>')
                 self.svg.cross(area.center(index), area.bottom - 7, min(5.0, area.bar_width / 2), BUDGET_COLOR)
                 self.svg.add("</g>")
         if budget is not None:
@@ -199,23 +212,27 @@ class PlanBars:
             for height, peak in zip(heights, self.data["peak_mib"], strict=True)
         ]
 
-    def _stack(self, area: Area, index: int, scale: float) -> None:
+    def _stack(self, area: Area, index: int, scale: float, *, over: bool = False) -> None:
         parts = [(name, (values[index] or 0.0) * scale) for name, values in self.data["categories"].items()]
         total = sum(value for _, value in parts)
         spelled = ", ".join(f"{name} {axis_number(value)}" for name, value in parts if value > 0)
-        tip = f"{self.who(index)}\npeak {axis_number(total)} {self.unit}: {spelled}"
+        verdict = self.data["verdict"][index]
+        tip = f"{self.who(index)}\npeak {axis_number(total)} {self.unit}: {spelled}\n{VERDICT_WORDS[verdict]}"
         bars = []
         base = 0.0
         for name, value in parts:
             if value > 0:
                 bars.append(self._bar(area, index, base, base + value, CATEGORY_COLORS[name]))
                 base += value
-        self.svg.add(f"<g><title>{escape(tip)}</title>{''.join(bars)}</g>")
+        if over:  # its colours say where the memory goes; the hatch over them, that it does not fit
+            bars.append(self._bar(area, index, 0.0, base, f"url(#{self.hatch}-over)", stroke=DOES_NOT_FIT_COLOR))
+        self.svg.add(f'<g class="plan" data-verdict="{verdict}"><title>{escape(tip)}</title>{"".join(bars)}</g>')
 
     def _does_not_fit(self, area: Area, index: int, height: float, scale: float) -> None:
         reached = (self.data["does_not_fit"][index] or 0.0) * scale
         tip = f"{self.who(index)}\ndoes not fit: out of memory (reached {axis_number(reached)} {self.unit})"
         bar = self._bar(area, index, 0.0, height, f"url(#{self.hatch})", stroke=DOES_NOT_FIT_COLOR)
+        tip += f"\n{VERDICT_WORDS[OUT_OF_MEMORY]}"
         words = ""
         tall = area.bottom - area.y(height)
         if not area.axis.numbered and area.bar_width >= 14 and tall >= text_width("does not fit", 10) + 10:
@@ -224,7 +241,7 @@ class PlanBars:
                 f'<text x="{px(x)}" y="{px(y)}" transform="rotate(-90 {px(x)} {px(y)})" text-anchor="middle" '
                 'dominant-baseline="middle" font-size="10" font-weight="600" fill="#222">does not fit</text>'
             )
-        self.svg.add(f"<g><title>{escape(tip)}</title>{bar}{words}</g>")
+        self.svg.add(f'<g class="plan" data-verdict="{OUT_OF_MEMORY}"><title>{escape(tip)}</title>{bar}{words}</g>')
 
     def _budget(self, area: Area, budget: float, drawn: bool) -> None:
         text = f"budget {format_bytes(self.report.budget or 0)}"

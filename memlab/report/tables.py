@@ -242,7 +242,9 @@ def footer_lines(report: Report) -> list[str]:
     if best is not None:
         speed = "" if best.samples_per_s is None else f", {format_rate(best.samples_per_s)} samples/s"
         card = "" if best.card_bytes is None else f", card {format_bytes(best.card_bytes)}"
-        lines.append(f"Best: {best.label} (peak {format_bytes(best.peak_bytes)}{card}{speed})")
+        # Untimed (estimates), "best" can only mean the lowest peak: said, so that it never reads as the fastest.
+        why = "lowest peak among the plans that fit, nothing was timed: " if best.samples_per_s is None else ""
+        lines.append(f"Best: {best.label} ({why}peak {format_bytes(best.peak_bytes)}{card}{speed})")
         ties = report.ties
         if ties:
             lines.append(

@@ -83,8 +83,10 @@ class RunProgress:
         self.at_most = at_most
         self.then = then
         self.clock = clock
+        # Piped to a log (no terminal, no notebook) a bar is only carriage returns: none is drawn there.
+        animated = notebook or _on_a_terminal()
         self.bar = tqdm(
-            total=total, desc="memlab", unit="plan", disable=not enabled or total < 2, leave=False,
+            total=total, desc="memlab", unit="plan", disable=not enabled or total < 2 or not animated, leave=False,
             bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| {elapsed} {postfix}",
             **({"display": False} if notebook else {}),
         )
@@ -246,3 +248,11 @@ def duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{math.ceil(seconds / 60)} min"
     return f"{math.ceil(seconds / 360) / 10:.1f} h"
+
+
+def _on_a_terminal() -> bool:
+    """Whether tqdm's stream (stderr) is a terminal, where a bar redraws in place."""
+    import sys
+
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty and isatty())

@@ -454,17 +454,28 @@ def test_when_nothing_fits_the_cli_prints_the_suggestions_and_the_commands_that_
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     estimate_module = importlib.import_module("memlab.estimation.estimate")
-    monkeypatch.setattr(estimate_module, "estimate_plans", _estimates_by_plan({"plain": 26, "lora": 14,
-                                                                               "qlora": 6}))
+    def estimate_plans(model: Any, batch: Any, plans: Any, **keywords: Any) -> Report:
+        # adapters fit (LoRA at 14 GiB, QLoRA at 6 GiB), everything else is at 30 GiB
+        peaks = {plan.label(): {"lora": 14, "qlora": 6}.get(plan.adapter, 26 if plan == Plan() else 30)
+                 for plan in plans}
+        return _estimates_by_plan(peaks)(model, batch, plans, **keywords)
+
+    monkeypatch.setattr(estimate_module, "estimate_plans", estimate_plans)
     assert main(["estimate", "llama-7b", "--batch", "1x512", "--budget", "24GiB"]) == 1
     out = capsys.readouterr().out
     assert "Next: estimated to fit, outside what you tried:" in out
     lines = out.splitlines()
-    qlora = next(line for line in lines if line.startswith("  qlora ("))
-    lora = next(line for line in lines if line.startswith("  lora ("))
-    assert lines.index(qlora) < lines.index(lora)  # the lowest card figure first
-    assert lora.endswith(": memlab estimate llama-7b --batch 1x512 --budget 24GiB --try adapter=lora")
-    assert not any(line.startswith("  bf16-weights (") for line in lines)  # estimated at 30 GiB: not offered
+    offered = [line for line in lines if line.startswith("  ") and ": memlab estimate " in line]
+    assert offered and all(" lora (" in line or " qlora (" in line or line.startswith(("  lora", "  qlora"))
+                           for line in offered)
+    for line in offered:  # each with the command that tries exactly it
+        label = line.split(" (")[0].strip()
+        command = line.split(": ", 1)[1]
+        assert command.startswith("memlab estimate llama-7b --batch 1x512 --budget 24GiB --try ")
+        from memlab.plan import parse_grid
+
+        (plan,) = parse_grid(command.split(" --try ")[1].split())
+        assert plan.label() == label
     assert lines[-1] == ("Or shard the training over the fewest GPUs that fit: memlab estimate llama-7b --batch 1x512 "
                          "--budget 24GiB --gpus auto")
 

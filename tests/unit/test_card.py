@@ -87,7 +87,8 @@ def test_the_table_shows_the_card_column_and_says_which_figure_it_judged() -> No
     assert lines[1].split()[1:5] == ["plain", "ok", "10.0", "11.8"]
     assert "does not fit (over budget)" in lines[2] and lines[2].split()[6:8] == ["20.0", "24.2"]
     assert "Card: allocator reserve + CUDA context (what nvidia-smi shows); fits are judged on it" in lines
-    assert "Best: plain (peak 10.00 GiB, card 11.75 GiB)" in lines
+    assert ("Best: plain (lowest peak among the plans that fit, nothing was timed: peak 10.00 GiB, card 11.75 GiB)"
+            in lines)
     assert "card GiB" in report._repr_html_()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -119,3 +120,27 @@ def test_no_re_runs_are_counted_when_the_race_is_not_settled() -> None:
                                                (121.0, "3 min"), (5400.0, "1.5 h"), (5401.0, "1.6 h")])
 def test_durations_are_rounded_up(seconds: float, said: str) -> None:
     assert duration(seconds) == said
+
+
+def test_no_bar_is_animated_into_a_log(monkeypatch: Any) -> None:
+    """Piped to a log, stderr is no terminal: no bar, so no carriage-return updates (issue 48); on one, a bar."""
+    import io
+    import sys
+
+    from memlab.runner.progress import RunProgress
+
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    progress = RunProgress(3)
+    assert progress.bar.disable
+    progress.close()
+    assert "\r" not in log.getvalue()
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    progress = RunProgress(3)
+    assert not progress.bar.disable
+    progress.close()

@@ -69,7 +69,8 @@ SCATTER_FITS = LIVE + 1
 SCATTER_MISSES = SCATTER_FITS + 1
 
 _TRACE_KEYS = (
-    "x", "y", "text", "customdata", "hovertext", "marker.color", "error_y.array", "error_y.arrayminus", "error_y.width"
+    "x", "y", "text", "customdata", "hovertext", "marker.color", "showlegend",
+    "error_y.array", "error_y.arrayminus", "error_y.width",
 )
 _LIVE_TITLES = ("Memory of the running trial", "Memory vs throughput")
 _TITLES = (*FIGURE_TITLES, *_LIVE_TITLES)
@@ -280,6 +281,10 @@ class LiveFigure:
         # then loses their marker colours in the browser.
         restyle = {key: [{**self._defaults[index], **columns[index]}[key] for index in traces] for key in _TRACE_KEYS}
         self.widget.plotly_update(restyle_data=restyle, trace_indexes=list(traces))
+        # The "does not fit" hatch, on the bars only (a scatter has no pattern): a plan over the budget is hatched.
+        bars = [index for index in traces if self.widget.data[index].type == "bar"]
+        patterns = [columns[index].get("marker.pattern.shape", self._defaults[index]["pattern"]) for index in bars]
+        self.widget.plotly_update(restyle_data={"marker.pattern.shape": patterns}, trace_indexes=bars)
         layout = {
             "shapes": _budget_shapes(data["budget_mib"]),
             "annotations": self._annotations(data, low_titles),
@@ -335,8 +340,6 @@ class LiveFigure:
         titles = list(_TITLES)
         if self._running_text:
             titles[_RUNNING_TITLE] = f"{'Running' if self._running is not None else 'Last'}: {self._running_text}"
-        if data["best"] is not None:
-            titles[_THROUGHPUT_TITLE] = f"{titles[_THROUGHPUT_TITLE]} (best: {data['best']})"
         notes = [dict(note) for note in self._title_notes]
         for index, (note, title) in enumerate(zip(notes, titles, strict=True)):
             note["text"] = title
@@ -344,6 +347,10 @@ class LiveFigure:
                 note["y"] = low_titles
         if self.report.budget is not None:
             notes.append(budget_note(self.report.budget))
+        if data["caption"] is not None:  # why the best is best, above the plots (the bars say which)
+            notes.append({"text": data["caption"], "name": "best caption", "xref": "paper", "yref": "paper", "x": 0,
+                          "y": 1, "yshift": 24, "xanchor": "left", "yanchor": "bottom", "showarrow": False,
+                          "font": {"color": BEST_COLOR, "size": 12}})
         return notes
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -488,6 +495,8 @@ def _trace_defaults(trace: Any) -> dict[str, Any]:
         "customdata": [],
         "hovertext": [],
         "marker.color": None if marker is None else marker.color,
+        "pattern": getattr(getattr(marker, "pattern", None), "shape", None),
+        "showlegend": trace.showlegend,
         "error_y.array": None,
         "error_y.arrayminus": None,
         "error_y.width": None,

@@ -1,0 +1,76 @@
+"""How long `memlab estimate` takes to answer the common questions, with the machine's load beside each time.
+
+Each question runs as a fresh process (imports included, as a user runs it); its wall time, the load average
+(1 minute) before and after it, and its exit status are written to ``benchmarks/results/cli_timing-<device>.json``.
+The machine this runs on may be shared with other work: the load average says how busy it was.
+
+Usage:
+    python -m benchmarks.cli_timing                 # every question
+    python -m benchmarks.cli_timing --only 7b       # the questions whose name contains "7b"
+    python -m benchmarks.cli_timing --source /work/main --tag before   # another checkout's memlab
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+QUESTIONS: dict[str, list[str]] = {
+    "7b one GPU at 24GiB, with suggestions": ["llama-7b", "--budget", "24GiB"],
+    "13b LoRA at 24GiB": ["llama-13b", "--budget", "24GiB", "--try", "adapter=lora", "precision=bf16"],
+    "70b --gpus auto at 80GiB": ["llama-70b", "--budget", "80GiB", "--gpus", "auto"],
+}
+TARGETS_S = {"7b one GPU at 24GiB, with suggestions": 15, "13b LoRA at 24GiB": 20, "70b --gpus auto at 80GiB": 60}
+
+
+def time_question(arguments: list[str], source: Path, timeout_s: float) -> dict[str, object]:
+    """One question in a fresh process: its wall time, load before and after, exit status and last lines."""
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
+    try:
+        # run from the checkout: ``python -m`` puts the working directory first on the path, before PYTHONPATH
+        done = subprocess.run([sys.executable, "-m", "memlab", "estimate", *arguments], env=env, cwd=source,
+                              capture_output=True, text=True, timeout=timeout_s)
+        status, out = done.returncode, done.stdout
+    except subprocess.TimeoutExpired:
+        status, out = None, ""
+    return {
+        "command": "memlab estimate " + " ".join(arguments),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "load_1min_before": round(load_before, 2),
+        "load_1min_after": round(os.getloadavg()[0], 2),
+        "exit_status": status,
+        "output_tail": out.splitlines()[-6:],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="run only the questions whose name contains this")
+    parser.add_argument("--source", default=str(Path(__file__).resolve().parents[1]), help="the memlab checkout")
+    parser.add_argument("--tag", default="after", help="the key these times are stored under")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    args = parser.parse_args(argv)
+    path = Path(__file__).parent / "results" / "cli_timing-cpu.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results["device"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (CPU only)"
+    results["note"] = ("the machine is shared with other sessions: compare times only with their load averages; "
+                       "targets (s): " + json.dumps(TARGETS_S))
+    runs = results.setdefault(args.tag, {})
+    for name, arguments in QUESTIONS.items():
+        if args.only in name:
+            runs[name] = time_question(arguments, Path(args.source), args.timeout)
+            print(name, runs[name]["wall_s"], "s at load", runs[name]["load_1min_before"], flush=True)
+            path.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""What every figure marks on each plan, as the table says it: its verdict, and why the best plan is best.
+
+The table's status column (:func:`memlab.report.tables.status_text`) and every figure (Report.plot, the live
+figure, the static SVG, the HTML report) read the same :func:`verdicts`, so a plan over the budget never looks like
+one that fits, and the same :func:`best_marks` / :func:`best_caption`, so the best plan and its ties are marked on
+the bars with the reason beside them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # reads a Report's trials and verdicts; imports nothing of the report at run time
+    from memlab.report.data import Report
+
+__all__ = ["FITS", "OUT_OF_MEMORY", "OVER_BUDGET", "ERROR", "VERDICT_WORDS", "best_caption", "best_marks", "verdicts"]
+
+FITS, OVER_BUDGET, OUT_OF_MEMORY, ERROR = "fits", "over budget", "out of memory", "error"
+VERDICT_WORDS = {
+    FITS: "fits",
+    OVER_BUDGET: "does not fit (over budget)",
+    OUT_OF_MEMORY: "does not fit (out of memory)",
+    ERROR: "error",
+}
+"""Each verdict as a figure's legend and hover say it."""
+
+
+def verdicts(report: Report) -> list[str]:
+    """Each trial's verdict, in order: :data:`FITS`, :data:`OVER_BUDGET` (it ran, but its verdict figure is over
+    the budget), :data:`OUT_OF_MEMORY` or :data:`ERROR`; the table's status column says the same.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report.data import Report, Trial
+        >>> small = Trial(Plan(), "ok", 500, {}, 0.5, 8.0, None, "cpu")
+        >>> large = Trial(Plan(micro_batch=4), "ok", 900, {}, 0.4, 10.0, None, "cpu")
+        >>> oom = Trial(Plan(micro_batch=8), "oom", 900, {}, None, None, None, "cpu")
+        >>> verdicts(Report([small, large, oom], budget=800))
+        ['fits', 'over budget', 'out of memory']
+    """
+    words = []
+    for trial in report.trials:
+        if trial.status == "oom":
+            words.append(OUT_OF_MEMORY)
+        elif trial.status == "error":
+            words.append(ERROR)
+        else:
+            words.append(FITS if report.fits(trial) else OVER_BUDGET)
+    return words
+
+
+def best_marks(report: Report) -> list[str]:
+    """``"best"`` on the best trial, ``"tie"`` on those as fast within noise (:attr:`Report.ties`), ``""``
+    elsewhere: what the figures write on the bars.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report.data import Report, Trial
+        >>> a = Trial(Plan(), "ok", 900, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.6))
+        >>> b = Trial(Plan(checkpointing=True), "ok", 500, {}, 0.55, 14.5, None, "cpu", rows_per_step=8,
+        ...           step_times=(0.5, 0.6))
+        >>> best_marks(Report([a, b]))
+        ['tie', 'best']
+    """
+    best, ties = report.best, report.ties
+    return ["best" if trial is best else "tie" if any(trial is tie for tie in ties) else "" for trial in report.trials]
+
+
+def best_caption(report: Report) -> str | None:
+    """Why the best plan is best, in a few words (None when nothing fits): the caption a figure shows and the
+    hover of its bar.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report.data import Report, Trial
+        >>> a = Trial(Plan(), "ok", 900, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.6))
+        >>> b = Trial(Plan(checkpointing=True), "ok", 500, {}, 0.55, 14.5, None, "cpu", rows_per_step=8,
+        ...           step_times=(0.5, 0.6))
+        >>> best_caption(Report([a, b]))
+        'best: ckpt, fastest within noise, lowest peak among ties (plain)'
+        >>> best_caption(Report([Trial(Plan(), "ok", 9, {}, None, None, None, "cuda", estimated=True)]))
+        'best: plain, lowest peak among plans that fit (nothing was timed)'
+    """
+    best = report.best
+    if best is None:
+        return None
+    if best.samples_per_s is None:
+        return f"best: {best.label}, lowest peak among plans that fit (nothing was timed)"
+    ties = report.ties
+    if not ties:
+        return f"best: {best.label}, fastest that fits"
+    named = ", ".join(trial.label for trial in ties[:3]) + (f" and {len(ties) - 3} more" if len(ties) > 3 else "")
+    return f"best: {best.label}, fastest within noise, lowest peak among ties ({named})"
