@@ -355,7 +355,11 @@ def estimate_run(run: Run) -> dict[str, Any]:
                          "model_state_gb": common.rounded(low[0].model_state_bytes / GB, 3),
                          "seconds": common.rounded(low[1] + high[1], 1)}
     if run.fsdp2_proxy is not None:
-        trial, seconds = _estimate(run, run.fsdp2_proxy, "fsdp2")
+        try:
+            trial, seconds = _estimate(run, run.fsdp2_proxy, "fsdp2")
+        except Exception as error:  # what memlab's FSDP2 route does with the proxy plan is itself a finding
+            row["fsdp2_proxy"] = {"plan": run.fsdp2_proxy.label(), "error": f"{type(error).__name__}: {error}"}
+            return row
         figure = _figure(trial, run.measures)
         row["fsdp2_proxy"] = {"plan": run.fsdp2_proxy.label(), "gb": common.rounded(figure / GB, 3),
                               "allocated_gb": common.rounded(trial.peak_bytes / GB, 3),
@@ -392,7 +396,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         if r.get("bounds"):
             b = r["bounds"]
             return f"none: {b['full_checkpointing_gb']}-{b['no_checkpointing_gb']} GB (full AC - no AC)"
-        if r.get("fsdp2_proxy"):
+        if r.get("fsdp2_proxy", {}).get("gb") is not None:
             return f"none (as FSDP2: {r['fsdp2_proxy']['gb']} GB, {r['fsdp2_proxy']['ratio']})"
         return "none: " + (r["cannot"] or "").split(" yet")[0].replace("memlab cannot express ", "")
 
@@ -428,14 +432,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="run the rows whose name contains this text (writes nothing)")
     parser.add_argument("--out", default=None, help="where to write the JSON (default: benchmarks/results/)")
     parser.add_argument("--markdown", default=None, metavar="JSON", help="print the docs' table of a results file")
+    parser.add_argument("--rows", default=None, help="indices of RUNS to estimate, as 0-11 (with --out: a part)")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON", help="join parts written with --rows")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(json.loads(Path(args.markdown).read_text())["rows"]))
         return 0
     common.quiet()
+    wanted = range(len(RUNS))
+    if args.rows:
+        first, _, last = args.rows.partition("-")
+        wanted = range(int(first), int(last or first) + 1)
     rows = []
-    for run in RUNS:
-        if args.only is None or args.only in run.name:
+    if args.merge:
+        done = {r["run"]: r for path in args.merge for r in json.loads(Path(path).read_text())["rows"]}
+        rows = [done[run.name] for run in RUNS]
+        wanted = range(0)
+    for index, run in enumerate(RUNS):
+        if index in wanted and (args.only is None or args.only in run.name):
             rows.append(estimate_run(run))
             r = rows[-1]
             memlab = r["estimate"] and r["estimate"]["gb"]
@@ -448,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(payload["markdown"])
     print(json.dumps({"summary": payload["summary"], "scaling": payload["scaling"]}, indent=1))
-    if args.only is None:
+    if args.only is None and (args.rows is None or args.out):
         path = Path(args.out) if args.out else common.RESULTS_DIR / f"{NAME}-cpu.json"
         common.write_json(payload, path)
         print(f"wrote {path}")
