@@ -159,8 +159,14 @@ class CudaProbe(Probe):
         # Recorded only around the tracked step (its stacks cost time); a history the user recorded is left on.
         found: dict[str, Any] = {}
         memory = torch.cuda.memory
-        if memory._snapshot(self.device).get("device_traces", [[]])[0]:
-            yield found  # the user records already: theirs is not switched off
+        try:  # a history never fails a trial: where CUDA cannot keep one, the timeline is memlab's tracking alone
+            recording = bool(self.device.type == "cuda" and torch.cuda.is_available()
+                             and memory._snapshot(self.device).get("device_traces", [[]])[0])
+            usable = self.device.type == "cuda" and torch.cuda.is_available()
+        except (RuntimeError, AttributeError):
+            recording, usable = False, False
+        if recording or not usable:
+            yield found  # the user records already (theirs is not switched off), or there is no history to keep
             return
         memory._record_memory_history(max_entries=_HISTORY_ENTRIES, stacks="python", device=self.device,
                                      clear_history=True)

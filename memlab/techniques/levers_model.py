@@ -317,8 +317,9 @@ def _weights(target: str) -> Export:
 
 def quantize_code(plan: PlanLike) -> tuple[str, ...]:
     """The lines that hold the base's linear layers in 4-bit NF4 on the model the code receives, as memlab's
-    QLoRA does (:mod:`memlab.techniques.adapters`): every ``nn.Linear`` but the output head and the modules the
-    model keeps in fp32, replaced by a ``bitsandbytes.nn.Linear4bit`` computing in the plan's dtype.
+    QLoRA does (:func:`memlab.techniques.adapters.quantized_targets`, transformers' own choice: every ``nn.Linear``
+    and GPT-2-style ``Conv1D`` but the output head, the tied and last modules and those the model keeps in fp32),
+    replaced by a ``bitsandbytes.nn.Linear4bit`` computing in the plan's dtype.
 
     Example:
         >>> from memlab.plan import Plan
@@ -332,21 +333,32 @@ def quantize_code(plan: PlanLike) -> tuple[str, ...]:
         f"#     load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype={compute})); here the model",
         "# you have is quantized in place.",
         "def quantize_nf4(model, compute_dtype):",
-        '    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None',
-        '    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())',
-        "    linears = [",
-        "        (name, module) for name, module in model.named_modules()",
-        "        if isinstance(module, torch.nn.Linear) and module is not head",
-        '        and not any(f".{k}." in f".{name}." for k in keep)',
-        "    ]",
-        "    if not linears:",
-        '        raise ValueError("QLoRA holds nn.Linear layers in 4-bit, and this model has none but its head")',
-        "    for name, linear in linears:",
-        "        layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False,",
+        "    # The layers transformers' bitsandbytes load quantizes: nn.Linear and GPT-2's Conv1D, less the output",
+        "    # head, the tied and last modules and those the model keeps in fp32 (a 4-bit layer stays as it is).",
+        "    from transformers.pytorch_utils import Conv1D",
+        "",
+        "    layers = [(name, module) for name, module in model.named_modules()",
+        "              if name and (type(module) is torch.nn.Linear or isinstance(module, Conv1D))]",
+        "    try:",
+        "        from transformers.quantizers.base import HfQuantizer",
+        "        from transformers.quantizers.quantizers_utils import should_convert_module",
+        "",
+        '        keep = list(getattr(model, "_keep_in_fp32_modules", None) or ())',
+        "        skip = HfQuantizer.get_modules_to_not_convert(model, None, keep)",
+        "        layers = [(name, module) for name, module in layers",
+        "                  if should_convert_module(name, skip)]",
+        "    except (ImportError, AttributeError, TypeError, IndexError):  # not a transformers model",
+        '        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else layers[-1][1]',
+        "        layers = [(name, module) for name, module in layers if module is not head]",
+        "    if not layers and not any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules()):",
+        '        raise ValueError("QLoRA holds linear layers in 4-bit, and this model has none but its head")',
+        "    for name, linear in layers:",
+        "        weight = linear.weight.data.detach()",
+        "        weight = weight.t() if isinstance(linear, Conv1D) else weight  # Conv1D keeps (in, out)",
+        "        layer = bnb.nn.Linear4bit(weight.shape[1], weight.shape[0], bias=False,",
         '                                  compute_dtype=compute_dtype, quant_type="nf4", device="meta")',
-        "        weight = bnb.nn.Params4bit(linear.weight.data.detach().cpu(), requires_grad=False,",
-        '                                   quant_type="nf4")',
-        "        layer.weight = weight.to(linear.weight.device)  # moving it quantizes it",
+        "        layer.weight = bnb.nn.Params4bit(weight.contiguous().cpu(), requires_grad=False,",
+        '                                         quant_type="nf4").to(weight.device)  # moving it quantizes it',
         "        layer.bias = linear.bias",
         '        parent, _, child = name.rpartition(".")',
         "        setattr(model.get_submodule(parent) if parent else model, child, layer)",

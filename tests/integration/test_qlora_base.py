@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import assert_same, fingerprint, lm_batch, tiny_llama
+from models import assert_same, fingerprint, lm_batch, tiny_gpt2, tiny_llama
 from transformers import T5Config, T5ForConditionalGeneration
 
 import memlab
@@ -74,3 +74,29 @@ def test_qlora_holds_gpt2s_conv1d_layers_in_4bit_as_transformers_loads_them() ->
     assert_same(before, fingerprint(gpt2))
     assert estimated.breakdown["optimizer"] == measured.breakdown["optimizer"]  # the same adapters train
     assert abs(estimated.breakdown["params"] - measured.breakdown["params"]) <= 0.1 * measured.breakdown["params"]
+
+
+@pytest.mark.parametrize("make", ["gpt2", "llama_classifier", "t5"])
+def test_to_codes_4bit_layers_are_the_ones_the_trial_quantizes(make: str) -> None:
+    """The exported script's quantize_nf4 holds in 4-bit exactly the layers memlab's QLoRA trial does (transformers'
+    choice: GPT-2's Conv1D in, a classifier's new head and T5's ``wo`` out), and runs a second time on a model that
+    is already in 4-bit without touching it."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from memlab.techniques.levers_model import quantize_code
+
+    if make == "gpt2":
+        model = tiny_gpt2()
+    elif make == "llama_classifier":
+        model = LlamaForSequenceClassification(LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=2, num_labels=3, pad_token_id=0))
+    else:
+        model = tiny_t5()
+    expected = quantized_targets(model)
+    namespace = {"torch": torch, "bnb": pytest.importorskip("bitsandbytes"), "model": model}
+    exec("\n".join(quantize_code(memlab.Plan(adapter="qlora"))), namespace)  # noqa: S102 (memlab's own export)
+    held = [name for name, module in model.named_modules() if type(module).__name__ == "Linear4bit"]
+    assert held == expected and held
+    exec("\n".join(quantize_code(memlab.Plan(adapter="qlora"))), namespace)  # noqa: S102
+    assert [name for name, module in model.named_modules() if type(module).__name__ == "Linear4bit"] == expected
