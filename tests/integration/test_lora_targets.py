@@ -61,15 +61,16 @@ def test_targets_are_exported_labelled_parsed_and_normalised() -> None:
                        memlab.Plan(adapter="lora", lora_targets=("q_proj",)))
 
 
-def test_gpt2_lora_measures_with_adapters_on_its_conv1d_layers_and_qlora_is_one_clear_refusal() -> None:
+def test_gpt2_lora_and_qlora_measure_with_adapters_on_its_conv1d_layers() -> None:
     model, batch = tiny_gpt2(), lm_batch(rows=2)
     before = fingerprint(model)
     targets = adapter_targets(model)
     assert {name.rsplit(".", 1)[-1] for name in targets} == {"c_attn", "c_proj", "c_fc"}
     trial = memlab.measure(model, batch, memlab.Plan(adapter="lora", lora_rank=4), steps=1, noise=0)
     assert trial.status == "ok", trial.error
-    with pytest.raises(MemlabError, match="adapter='lora'"):
-        memlab.apply(model, memlab.Plan(adapter="qlora", lora_rank=4))
+    # QLoRA holds the Conv1D layers in 4-bit, as transformers' bitsandbytes load does (issue 44)
+    qlora = memlab.measure(model, batch, memlab.Plan(adapter="qlora", lora_rank=4), steps=1, noise=0)
+    assert qlora.status == "ok", qlora.error
     assert_same(before, fingerprint(model))
 
 

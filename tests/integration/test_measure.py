@@ -491,7 +491,8 @@ def test_third_party_warnings_are_quiet_unless_verbose(verbose):
     assert logging.getLogger("transformers").level == level_before  # the kernel's logging is as it was
 
 
-def test_the_progress_bar_says_which_plan_of_how_many_and_the_time_left(capsys):
+def test_the_progress_bar_says_which_plan_of_how_many_and_the_time_left(capsys, monkeypatch):
+    monkeypatch.setattr("memlab.runner.progress._on_a_terminal", lambda: True)  # pytest's stderr is no terminal
     memlab.compare(tiny_mlp(), mlp_batch(), [memlab.Plan(), memlab.Plan(accumulation=2)], loss_fn=mlp_loss,
                    steps=1, noise=0, progress=True)
     shown = capsys.readouterr().err
