@@ -187,13 +187,23 @@ def decoder_inputs(model: nn.Module, inputs: Mapping[str, Any], batch: Any) -> t
         >>> batch = {"input_ids": torch.ones(1, 3, dtype=torch.long), "labels": torch.tensor([[5, 6]])}
         >>> inputs, note = decoder_inputs(model, model_inputs(batch), batch)
         >>> inputs["decoder_input_ids"].tolist(), note.split(":")[0]
-        ([[0, 5]], 'decoder_input_ids made from the batch\'s labels (shifted right)')
+        ([[0, 5]], "decoder_input_ids made from the batch's labels (shifted right)")
     """
     labels = batch.get("labels") if isinstance(batch, Mapping) else None
     prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
-    if any(key in inputs for key in DECODER_KEYS) or not isinstance(labels, torch.Tensor) or not callable(prepare):
+    if any(key in inputs for key in DECODER_KEYS) or not isinstance(labels, torch.Tensor):
         return dict(inputs), None
-    made = prepare(labels=labels)
+    if callable(prepare):
+        made = prepare(labels=labels)
+    else:  # a model without the method (Whisper) shifts the labels in its forward as this does (shift_tokens_right)
+        config = getattr(model, "config", None)
+        start, pad = getattr(config, "decoder_start_token_id", None), getattr(config, "pad_token_id", None) or 0
+        if start is None:
+            return dict(inputs), None
+        made = labels.new_full(labels.shape, pad)
+        made[:, 1:] = labels[:, :-1]
+        made[:, 0] = start
+        made = made.masked_fill(made == -100, pad)
     note = ("decoder_input_ids made from the batch's labels (shifted right): as the model's training forward makes "
             "them, one forward over the whole target, as an evaluation runs it")
     return {**inputs, "decoder_input_ids": made}, note

@@ -36,6 +36,9 @@ _MAX_BAR = 64.0
 _BUDGET_ABOVE = 4.0  # a budget more than this many times the tallest bar is written, not drawn to scale
 _GIB_FROM_MIB = 4096.0
 
+_CHAR_WIDTH = 6.0  # about one character of 10 px bold text
+_NARROW_MARKS = {"best": "\u2605", "tie": "=", "over budget": "\u00d7"}  # where a bar is too narrow for its word
+
 
 class Box(NamedTuple):
     """A rectangle in pixels."""
@@ -139,6 +142,8 @@ class PlanBars:
                 cap = min(5.0, area.bar_width / 3)
                 self.svg.interval(area.center(index), area.y(high), area.y(low), cap, INTERVAL_COLOR)
             word = self.columns[-1]["text"][index]
+            if word and len(word) * _CHAR_WIDTH > area.bar_width * 1.4:  # narrow bars: a sign, the words in the tip
+                word = _NARROW_MARKS.get(mark or "over budget", "")
             if word:  # best, tie, over budget: on the bar, where the eye looks
                 y = area.y(max(speed, high or speed)) - 4
                 fill = BEST_COLOR if mark else DOES_NOT_FIT_COLOR

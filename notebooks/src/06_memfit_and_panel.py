@@ -164,10 +164,15 @@ board.report  # press Run a few times above, then run this cell again
 # ## Take the plan to the Trainer
 #
 # A plan translates into `TrainingArguments` keywords: the micro-batch becomes
-# `per_device_train_batch_size`, accumulation `gradient_accumulation_steps`, and so on.
+# `per_device_train_batch_size`, accumulation `gradient_accumulation_steps`, and so on. The Trainer's checkpointing
+# flag is every block or none: where fit picked a number of blocks (`checkpointing=k`, fewer recomputations), the
+# Trainer gets every block here, or you checkpoint those blocks on the model yourself, as `plan.to_code()` writes.
 
 # %%
-kwargs = best.plan.to_training_arguments()
+plan = best.plan
+if type(plan.checkpointing) is int:  # some blocks checkpointed: the Trainer can only checkpoint all of them
+    plan = plan.replace(checkpointing=True)
+kwargs = plan.to_training_arguments()
 kwargs.setdefault("per_device_train_batch_size", rows)  # micro_batch=None: all rows of the batch
 kwargs
 

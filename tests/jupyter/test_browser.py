@@ -97,7 +97,9 @@ def test_panel_runs_a_trial_and_draws_it_in_the_browser(jupyter_server: tuple[st
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)
         expect(panel.locator(".memlab-status")).to_contain_text("plain: fits")
 
-        panel.locator(".widget-checkbox input[title=checkpointing]").check()
+        checkpointing = panel.locator("input[list]")  # the checkpointing box: off, all or a number of blocks
+        checkpointing.fill("all")
+        checkpointing.press("Enter")
         run.click()
         expect(_tick_labels(plot)).to_contain_text(["plain", "ckpt"], timeout=RUN_TIMEOUT_MS)
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)

@@ -47,7 +47,9 @@ def test_the_panels_timeline_follows_a_click_and_survives_a_reload(lab: Server, 
         run.click()
         expect(_tick_labels(plot)).to_contain_text(["plain"], timeout=RUN_TIMEOUT_MS)
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)
-        panel.locator(".widget-checkbox input[title=checkpointing]").check()
+        checkpointing = panel.locator("input[list]")  # the checkpointing box: off, all or a number of blocks
+        checkpointing.fill("all")
+        checkpointing.press("Enter")
         run.click()
         expect(_tick_labels(plot)).to_contain_text(["plain", "ckpt"], timeout=RUN_TIMEOUT_MS)
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)
