@@ -87,8 +87,8 @@ def test_panel_runs_a_trial_and_draws_it_in_the_browser(jupyter_server: tuple[st
         run.wait_for(state="visible", timeout=KERNEL_TIMEOUT_MS)
         plot = panel.locator(".js-plotly-plot")
         plot.first.wait_for(state="visible", timeout=60_000)
-        expect(panel.locator(".widget-checkbox", has_text="checkpointing")).to_be_visible()
-        for label in ("precision", "optimizer", "offload", "budget", "micro-batch", "accumulation"):
+        expect(panel.locator("input[list]")).to_be_visible()  # checkpointing: off, all or a number of blocks
+        for label in ("checkpointing", "precision", "optimizer", "offload", "budget", "micro-batch", "accumulation"):
             expect(panel.get_by_text(label, exact=True).first).to_be_visible()
 
         run.click()
