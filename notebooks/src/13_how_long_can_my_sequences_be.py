@@ -221,7 +221,7 @@ for t in checkpointed:
 # out-of-memory is recovered, not raised).
 
 # %%
-def both_kernels(found, unit="MiB"):
+def both_kernels(found, unit="MiB", judged="peak"):
     """Both kernels' tries on one figure: memory against the length, the budget dashed, each answer dotted."""
     scale = 2**20 if unit == "MiB" else 2**30
     figure = go.Figure()
@@ -229,19 +229,21 @@ def both_kernels(found, unit="MiB"):
         tried = [(size, t.verdict_bytes / scale) for size, t in answer.tried if t.status == "ok"]
         figure.add_scatter(x=[size for size, _ in tried], y=[y for _, y in tried], name=name,
                            mode="lines+markers", line_color=color)
-        figure.add_vline(x=answer.value, line_dash="dot", line_color=color,
-                         annotation_text=f"{name}: {answer.value}", annotation_position="top left")
+        figure.add_vline(x=answer.value, line_dash="dot", line_color=color)
     budget_bytes = next(iter(found.values())).budget
-    figure.add_hline(y=budget_bytes / scale, line_dash="dash", annotation_text=f"budget {human(budget_bytes)}")
-    figure.update_layout(title="the longest sequence that fits", xaxis_title="tokens per row",
-                         yaxis_title=unit, yaxis_rangemode="tozero", height=400)
+    figure.add_hline(y=budget_bytes / scale, line_dash="dash", annotation_text=f"budget {human(budget_bytes)}",
+                     annotation_position="bottom left")
+    answers = ", ".join(f"{name} {answer.value}" for name, answer in found.items())
+    figure.update_layout(title=f"the longest sequence that fits: {answers} tokens per row",
+                         xaxis_title="tokens per row", yaxis_title=f"{judged} ({unit})", yaxis_rangemode="tozero",
+                         height=400)
     return figure
 
 
 found = {}
 for name, which in (("sdpa", model), ("eager", eager)):
     found[name] = memlab.limits(which, memlab.Plan(), budget=budget, batch=batch, vary="tokens")
-    print(f"{name}:", found[name], "\n")
+    print(f"{name}:", found[name], end="\n\n")
 
 # %%
 both_kernels(found)
@@ -279,6 +281,11 @@ def big_config(attention):
     )
 
 
+with torch.device("meta"):  # shapes only: no memory
+    shell = AutoModelForCausalLM.from_config(big_config("sdpa"))
+print(f"{sum(p.numel() for p in shell.parameters()) / 1e9:.2f} billion parameters in {big_layers} layers")
+del shell
+
 lora = memlab.Plan(adapter="lora", weights="bf16", precision="bf16", checkpointing=True)
 shapes = {"input_ids": (1, big_seq_len), "labels": (1, big_seq_len)}
 found_big = {
@@ -287,10 +294,10 @@ found_big = {
     for name in ("sdpa", "eager")
 }
 for name, answer in found_big.items():
-    print(f"{name}:", answer, "\n")
+    print(f"{name}:", answer, end="\n\n")
 
 # %%
-both_kernels(found_big, unit="GiB")
+both_kernels(found_big, unit="GiB", judged=found_big["sdpa"].trial.verdict_figure)
 
 # %% [markdown]
 # The budget is judged on what the card would show (`verdict_bytes`: the allocated peak, plus the caching
@@ -327,7 +334,7 @@ for name, answer in found_big.items():
 chunked = memlab.Plan(adapter="lora", weights="bf16", precision="bf16", checkpointing=True, loss="chunked")
 answer = memlab.limits(big_config("sdpa"), chunked, budget=card_budget, batch=shapes, vary="tokens", multiple=256,
                        device="cuda", gpu=card)
-print(answer, "\n")
+print(answer, end="\n\n")
 longest_shapes = {"input_ids": (1, answer.value), "labels": (1, answer.value)}
 with_eager = memlab.estimate(big_config("eager"), longest_shapes, chunked, budget=card_budget, device="cuda", gpu=card)
 print(f"eager at {answer.value} tokens: {with_eager.verdict_figure} {with_eager.verdict_bytes / 2**30:.1f} GiB, "
