@@ -127,15 +127,15 @@ print(f"{n_params:,} parameters; batches of {rows} rows; attention: {model.confi
 # the scores of every query against every key, rows x heads x tokens x tokens, softmaxes them and keeps the
 # probabilities for backward, in every layer. `sdpa` calls PyTorch's `scaled_dot_product_attention`, which runs a
 # fused kernel where one applies (a flash-attention kernel on the CPU; flash or memory-efficient attention on
-# most GPUs): it works through the matrix in blocks and keeps one number per query row for backward, so nothing of
-# size tokens x tokens stays. The extra memory of eager is then about
+# most GPUs): it works through the matrix in blocks and keeps one number per query and head for backward, so
+# nothing of size tokens x tokens stays. The extra memory of eager is then about
 #
-#     rows x heads x tokens² x 4 bytes (fp32) x layers
+#     rows x heads x tokens² x 4 bytes (in fp32) x layers
 #
-# Below, the same weights run with both kernels at three lengths, 1, 4 and 16 times `seq_len`.
+# Below, the same weights run with both kernels at five lengths, from `seq_len` to 16 times `seq_len`.
 
 # %%
-lengths = [seq_len, 4 * seq_len, 16 * seq_len]
+lengths = [k * seq_len for k in (1, 2, 4, 8, 16)]
 measured = {"sdpa": [], "eager": []}
 for length in lengths:
     for name, which in (("sdpa", model), ("eager", eager)):
@@ -160,8 +160,8 @@ figure.update_layout(title="activations at the peak against the sequence length"
 figure
 
 # %% [markdown]
-# Four times the tokens, four times sdpa's activations: a straight line. Eager's bends upwards: four times the
-# tokens, sixteen times the difference, close to the formula (one fp32 matrix of probabilities per layer). Where
+# Twice the tokens, twice sdpa's activations: a straight line. Eager's bends upwards: twice the tokens, about four
+# times the difference, close to the formula (one fp32 matrix of probabilities per layer). Where
 # the step's peak falls inside an attention layer's backward, which makes the gradient of that matrix too, the
 # difference is larger. What is alive at eager's peak, by the module that made it, shows where the peak falls and
 # what the attention layers hold there:
@@ -188,7 +188,7 @@ for name in ("sdpa", "eager"):
 # part shrinks, at the price of a second forward through that block. `Plan(checkpointing=True)` does it for every
 # block; `Plan(checkpointing=k)` for `k` of them, spread evenly, so the memory falls step by step as `k` grows and
 # each block left out runs forward once instead of twice. (`memlab.fit` picks the fewest blocks that fit a budget.)
-# At the longest length, with sdpa:
+# With sdpa, at 4 times `seq_len` (every plan's steps are timed, and the longest length is slow on a CPU):
 
 # %%
 long_batch = batch_of(4 * seq_len)
@@ -301,7 +301,9 @@ both_kernels(found_big, unit="GiB", judged=found_big["sdpa"].trial.verdict_figur
 
 # %% [markdown]
 # The budget is judged on what the card would show (`verdict_bytes`: the allocated peak, plus the caching
-# allocator's reserve and the CUDA context), as in notebook 07. Where is the peak at each kernel's longest length?
+# allocator's reserve and the CUDA context), as in notebook 07. It need not rise smoothly with the length: the
+# reserve is made of segments, and a few more tokens can need a new segment or fit the old ones better, which is
+# why `limits` tries the lengths on both sides of its guess. Where is the peak at each kernel's longest length?
 
 # %%
 for name, answer in found_big.items():
