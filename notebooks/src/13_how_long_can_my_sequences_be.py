@@ -264,7 +264,7 @@ both_kernels(found)
 
 # %%
 # With internet, read the real config instead (no weights are downloaded; the model is gated: log in first):
-#   config = transformers.AutoConfig.from_pretrained("meta-llama/Llama-3.1-8B", attn_implementation="eager")
+#   config = transformers.AutoConfig.from_pretrained("meta-llama/Llama-3.1-8B", attn_implementation="sdpa")
 # and the model itself, to train it:
 #   AutoModelForCausalLM.from_pretrained("meta-llama/Llama-3.1-8B", attn_implementation="sdpa", dtype=torch.bfloat16)
 def big_config(attention):
@@ -317,14 +317,15 @@ for name, answer in found_big.items():
 # %% [markdown]
 # With every block checkpointed, what stays through the step is one input per block. Two things come on top, at
 # different moments of backward. First the loss's backward holds the logits and their gradient (made in the root
-# module, `LlamaForCausalLM`): rows x tokens x a vocabulary of 128,256, in fp32. Then each block is recomputed in
-# turn, and with eager the recomputed block holds its tokens x tokens probabilities (and their gradient), one
-# block at a time. Whichever is higher makes the peak, and the lines above say which it is for each kernel. Eager's
-# matrices are large single blocks of memory, and the allocator's reserve, which the card shows, grows with them.
+# module, `LlamaForCausalLM`): rows x tokens x a vocabulary of 128,256, in bf16 and again in fp32 for the loss.
+# Then each block is recomputed in turn, and with eager the recomputed block holds its tokens x tokens
+# probabilities (and their gradient), one block at a time. Whichever is higher makes the peak, and the lines above
+# say which it is for each kernel. Eager's matrices are large single blocks of memory, and the allocator's reserve,
+# which the card shows, grows with them.
 #
 # ## Exercise
 #
-# The logits make the 8B's peak at these lengths. `Plan(loss="chunked")` computes the head and the loss in chunks
+# With sdpa, the logits make the 8B's peak. `Plan(loss="chunked")` computes the head and the loss in chunks
 # of tokens, so the full logits are never held (notebook 09). How long can the sequences be with it, with sdpa?
 # Does eager attention fit that length?
 #
@@ -341,5 +342,6 @@ longest_shapes = {"input_ids": (1, answer.value), "labels": (1, answer.value)}
 with_eager = memlab.estimate(big_config("eager"), longest_shapes, chunked, budget=card_budget, device="cuda", gpu=card)
 print(f"eager at {answer.value} tokens: {with_eager.verdict_figure} {with_eager.verdict_bytes / 2**30:.1f} GiB, "
       f"{'fits' if with_eager.fits else 'does not fit'} in {card_budget}")
-# The chunked loss takes the logits off the peak; then what grows with the length is one input per block
-# (linear) and, with eager, the recomputed block's probabilities (quadratic): the kernel decides how far it goes.
+# The chunked loss takes the logits off the peak; then what grows with the length is one input per block and the
+# recomputed block's insides (linear) and, with eager, that block's probabilities (quadratic): the kernel decides
+# how far it goes.
