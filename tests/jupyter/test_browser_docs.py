@@ -2,7 +2,7 @@
 notebook rendered with its outputs and its figure, an API page made from the docstrings, and the search.
 
 The site is built here as CI builds it (``python -m sphinx -W --keep-going``: a warning fails), but reduced: one
-notebook (02, among the quickest) instead of thirteen, so that the build takes about a minute rather than several
+notebook (02, among the quickest) instead of fourteen, so that the build takes about a minute rather than several
 (``.ci/run`` builds the whole site after the tests). Screenshots go to ``tests/artifacts/docs-*.png``.
 """
 
