@@ -69,12 +69,24 @@ def test_demo_prints_a_table_and_a_winner_and_writes_html(tmp_path: Path) -> Non
         "unknown-command",
     ],
 )
-def test_bad_arguments_exit_non_zero_with_one_line(args: list[str], fragment: str) -> None:
-    result = memlab_command(*args, timeout=120)
+def test_bad_arguments_exit_non_zero_with_one_line(
+    args: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip() and "kernels" not in line]
+    assert len(lines) == 1, captured.err
+    assert fragment in lines[0]
+    assert captured.out == ""
+
+
+def test_a_bad_argument_in_a_fresh_shell_is_one_line_and_exit_status_2() -> None:
+    # The cases above call main() in this process; this one runs the command as a shell does, so that nothing a
+    # fresh interpreter prints while importing (a library's warning) joins the one line.
+    result = memlab_command("demo", "--steps", "0", timeout=120)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip() and "kernels" not in line]
-    assert len(lines) == 1, result.stderr
-    assert fragment in lines[0]
+    assert len(lines) == 1 and "--steps must be a whole number of steps of at least 1" in lines[0], result.stderr
     assert result.stdout == ""
 
 
