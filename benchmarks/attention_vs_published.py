@@ -19,10 +19,12 @@ Sources (every published number below is quoted from them, nothing else is):
 
 - huggingface/transformers pull request #31031 ("[GPT-NeoX] Add SDPA support", vasqu, 2024-05-25, merged), its
   description's "Training results": "rtx3080ti-16GB, PyTorch 2.2.1, OS Ubuntu 22.04 using ``float16`` with
-  pythia-410m-deduped", measured with fxmarty's training script (gist 7e75cc3942d6974e4849093ebea0a331:
-  ``AutoModelForCausalLM.from_pretrained(..., torch_dtype=torch.float16, attn_implementation=...)``, ``model.train()``,
-  each step ``model.zero_grad()``, ``loss = outputs.logits.sum()``, ``loss.backward()``, no optimizer). "Eager peak mem
-  (MB)" / "sdpa peak mem (MB)" are the allocator's allocated peak (``max_memory_allocated``), in MB.
+  pythia-410m-deduped", measured with fxmarty's training script (gist 7e75cc3942d6974e4849093ebea0a331, 2023-12-11:
+  ``AutoModelForCausalLM`` with ``--use-half``, ``model.train()``, each step ``model.zero_grad()``, ``loss =
+  outputs.logits.sum()``, ``loss.backward()``, no optimizer). The part of the gist that builds the inputs and reads the
+  peak could not be read here: "Eager peak mem (MB)" / "sdpa peak mem (MB)" are taken as the allocator's allocated
+  peak (``max_memory_allocated``, which the fxmarty-derived scripts of the other SDPA pull requests print), in MB of
+  1e6 bytes, and the batch as token ids alone (no padding).
 - huggingface/transformers pull request #31172 ("[GPT2] Add SDPA support", vasqu, 2024-06-01, merged): its
   description says its benchmarks are "like in #31031 for gpt2-large (same setup)": the same GPU, PyTorch, float16 and
   script; its "Training benchmark" table has the same columns.
