@@ -182,3 +182,17 @@ def test_cuda_truth_estimates(load: Any, tmp_path: Path) -> None:
         assert row["ratio"] == round(row["estimate_peak_bytes"] / row["measured_peak_bytes"], 4)
     with pytest.raises(SystemExit):
         runner.main(["--device", "cuda", "--out", str(tmp_path)])
+
+
+def test_attention_vs_published(load: Any, tmp_path: Path) -> None:
+    runner = load("attention_vs_published")
+    result = runner.main(["--smoke", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "attention_vs_published-cpu-smoke.json").read_text())
+    assert data["benchmark"] == "attention_vs_published" and data["size"] == "smoke"
+    assert data["markdown"] == result["markdown"] and data["rejected"]
+    (row,) = data["rows"]
+    assert row["status"] == {"eager": "ok", "sdpa": "ok"}
+    # Eager keeps the attention probabilities for backward, SDPA's flash kernel does not.
+    assert row["memlab_eager"] > row["memlab_sdpa"]
+    assert any("flash backend" in note for note in row["notes"]["sdpa"])
+    assert not any("flash backend" in note for note in row["notes"]["eager"])

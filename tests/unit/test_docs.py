@@ -126,6 +126,13 @@ def test_the_site_shows_the_committed_cuda_truth_estimates_and_published_runs(mo
     assert estimate_vs_published.markdown(rows) in docs.expand_benchmarks(estimates)
 
 
+def test_the_site_shows_the_committed_attention_runs() -> None:
+    data = json.loads((RESULTS / "attention_vs_published-cpu.json").read_text())
+    assert data["size"] == "published" and len(data["rows"]) >= 3 and data["rejected"]
+    assert len({row["source"].split(" (")[0] for row in data["rows"]}) >= 2
+    assert data["markdown"] in _docs_module().expand_benchmarks(BENCHMARKS_PAGE.read_text(encoding="utf-8"))
+
+
 def test_the_site_shows_the_tests_run_of_a_notebook_only_when_it_ran_the_notebook_s_code(tmp_path, monkeypatch):
     import nbformat
     from notebook_runs import with_small_sizes  # tests/ is on pytest's path
