@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import textwrap
 from collections import Counter
 
 from memlab.plan import format_bytes
@@ -424,8 +425,11 @@ def nothing_fits_reason(report: Report) -> str | None:
     )
 
 
-def text_table(report: Report) -> str:
+def text_table(report: Report, width: int | None = None) -> str:
     """A plain-text table for the terminal: a line per trial, ★ marks the best (≈ its ties), then the summary.
+
+    With ``width`` (a terminal's columns), a table that would be wider keeps its lines within it: the notes go under
+    the table, numbered, and then, if that is not enough, the memory categories give way (the peak stays).
 
     Example:
         >>> from memlab.plan import Plan
@@ -437,14 +441,41 @@ def text_table(report: Report) -> str:
         <BLANKLINE>
         Best: plain (peak 2.0 KiB, 16.0 samples/s)
         Device: cpu
+        >>> print(text_table(r, width=60))
+          plan  status peak KiB time/step ms samples/s tokens/s
+        ★ plain ok          2.0          250      16.0        -
+        <BLANKLINE>
+        Memory by category (params, grads, optimizer, activations,
+          other) left out to fit 60 columns.
+        Best: plain (peak 2.0 KiB, 16.0 samples/s)
+        Device: cpu
     """
-    import pandas
-
     if not report.trials:
         return "No trials yet."
     rows = table_rows(report)
     names = headers(report)
     keys = _shown_columns(rows, with_mark=True, categories=report.categories)
+    lines = _text_lines(rows, names, keys)
+    under: list[str] = []
+    if width is not None and _widest(lines) > width and "notes" in keys:
+        notes = list(dict.fromkeys(row["notes"] for row in rows if row["notes"]))
+        under = [f"[{number}] {note}" for number, note in enumerate(notes, start=1)]
+        rows = [{**row, "notes": f"[{notes.index(row['notes']) + 1}]" if row["notes"] else ""} for row in rows]
+        lines = _text_lines(rows, names, keys)
+    if width is not None and _widest(lines) > width:
+        dropped = [key for key in keys if key in ALL_CATEGORIES]
+        keys = [key for key in keys if key not in ALL_CATEGORIES]
+        lines = _text_lines(rows, names, keys)
+        under.append(f"Memory by category ({', '.join(dropped)}) left out to fit {width} columns.")
+    if width is not None:
+        under = [part for line in under for part in textwrap.wrap(line, width, subsequent_indent="  ")]
+    held = held_line(report)
+    return "\n".join([*([held, ""] if held else []), *lines, "", *under, *footer_lines(report)])
+
+
+def _text_lines(rows: list[dict[str, str]], names: dict[str, str], keys: list[str]) -> list[str]:
+    import pandas
+
     widths = {key: max(len(names[key]), *(len(row[key]) for row in rows)) for key in keys}
 
     def aligned(key: str, text: str) -> str:
@@ -454,9 +485,11 @@ def text_table(report: Report) -> str:
     header_cells = [aligned(key, names[key]) for key in keys]
     frame = pandas.DataFrame([[aligned(key, row[key]) for key in keys] for row in rows], columns=header_cells)
     table = frame.to_string(index=False, formatters={header: str for header in header_cells})
-    lines = [line.rstrip() for line in table.splitlines()]
-    held = held_line(report)
-    return "\n".join([*([held, ""] if held else []), *lines, "", *footer_lines(report)])
+    return [line.rstrip() for line in table.splitlines()]
+
+
+def _widest(lines: list[str]) -> int:
+    return max((len(line) for line in lines), default=0)
 
 
 def html_table(report: Report) -> str:
