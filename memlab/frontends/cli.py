@@ -350,8 +350,8 @@ def _run_demo(say: Callable[..., None], run_options: RunOptions, budget: int | N
 
     from memlab.frontends.demo import default_batch, default_model
     from memlab.plan import Plan, format_bytes
-    from memlab.runner.trial import measure
     from memlab.report.tables import text_table
+    from memlab.runner.trial import measure
     from memlab.search import fit
 
     model = default_model()

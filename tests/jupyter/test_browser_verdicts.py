@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from browser_lab import (
     ARTIFACTS,
-    KERNEL_TIMEOUT_MS,
+    GLYPHS_OVERLAP,
+    PLOTLY_TEXTS,
     RUN_TIMEOUT_MS,
     Server,
     _open_notebook,
@@ -29,7 +30,7 @@ SETUP = """\
 %load_ext memlab
 import memlab
 from models import lm_batch, tiny_gpt2
-model, batch = tiny_gpt2(), lm_batch(rows=4, length=8)
+model, batch = tiny_gpt2(), lm_batch(rows=8, length=32)  # checkpointing saves 40% of the peak
 free = memlab.compare(model, batch, [memlab.Plan(), memlab.Plan(checkpointing=True)], steps=1, noise=0)
 plain, ckpt = free.trials
 budget_kib = (plain.peak_bytes + ckpt.peak_bytes) // 2 // 1024  # between the two: one fits, one does not
@@ -38,13 +39,16 @@ report = memlab.Report(free.trials, budget=budget)  # measured without a cap, ju
 assert [report.fits(trial) for trial in report.trials] == [False, True], (plain.peak_bytes, ckpt.peak_bytes)"""
 MEMFIT = "%%memfit model batch --try checkpointing=off,on --budget {budget_kib}KiB --steps 1 --noise 0"
 REPORT = "display(report)\nreport.plot()"
-HTML = "from memlab.frontends.cli import write_html_report\nwrite_html_report(report, 'report.html', title='memlab demo');"
+HTML = (
+    "from memlab.frontends.cli import write_html_report\n"
+    "write_html_report(report, 'report.html', title='memlab demo');"
+)
 PANEL = "p = memlab.panel(model, batch, steps=1, noise=0, budget=budget)\np"
 WATCH = """\
 import tempfile
 from trainers import make_trainer
 trainer = make_trainer(tempfile.mkdtemp(), steps=3, logging_steps=1)
-watched = memlab.watch(trainer, budget=budget)
+watched = memlab.watch(trainer, budget=200 * 1024)  # under its steps' peak: over the budget
 trainer.train()
 watched.remove()"""
 WATCH_LIVE = """\
@@ -96,7 +100,7 @@ PLOTLY_VERDICTS = """plot => {
     const words = [...plot.querySelectorAll(".subplot.xy .bartext")].map(text => [middle(text), text.textContent]);
     const speed = bars("xy"), memory = bars("x2y2");
     const crosses = [...plot.querySelectorAll(".subplot.x2y2 .scatterlayer .point")].map(middle);
-    const ticks = (selector, axis) => [...plot.querySelectorAll(selector)].map(text => [text.textContent, middle(text)]);
+    const ticks = selector => [...plot.querySelectorAll(selector)].map(text => [text.textContent, middle(text)]);
     const memoryTicks = Object.fromEntries(ticks(".x2tick text"));
     return ticks(".xtick text").map(([label, x]) => {
         const near = (items, at) => items.filter(item => Math.abs((item.x ?? item[0] ?? item) - at) < 12);
@@ -128,7 +132,13 @@ CLIPPED = """root => {
 SIDEWAYS = """() => [document.documentElement, document.body, ...document.querySelectorAll(
         ".jp-WindowedPanel-outer, .jp-Notebook, .jp-OutputArea-output, .memlab-panel")]
     .filter(element => element.scrollWidth > element.clientWidth + 1)
-    .map(element => `${element.className || element.tagName}: ${element.scrollWidth} > ${element.clientWidth}`)"""
+    .map(element => {
+        const right = element.getBoundingClientRect().right;
+        const past = [...element.querySelectorAll("*")].filter(inner => inner.getBoundingClientRect().right > right + 1)
+            .slice(0, 3).map(inner => `${inner.tagName}.${inner.getAttribute("class")} ${
+                Math.round(inner.getBoundingClientRect().width)} px`);
+        return `${element.className || element.tagName}: ${element.scrollWidth} > ${element.clientWidth} (${past})`;
+    })"""
 
 # An SVG record, as a JupyterLab <img> or inlined: each plan's verdict (its groups' data-verdict, named by their
 # tooltip's first line), whether its speed bar is hatched, and the legend's words (the texts above the panels).
@@ -152,6 +162,48 @@ SVG_VERDICTS = """root => {
 }"""
 
 
+# An <img> not wholly inside its output area (cut off on the right, or scaled past it).
+INSIDE_OUTPUT = """img => {
+    const box = img.getBoundingClientRect(), area = img.closest(".jp-OutputArea-output").getBoundingClientRect();
+    return box.right <= area.right + 1 && box.width > 300 ? [] : [[box.width, box.right, area.right]];
+}"""
+
+
+# An SVG record's texts (an <img>'s drawn inline, out of sight, to be measured): those reaching outside the figure,
+# and pairs whose boxes overlap (a title over the legend).
+SVG_TEXTS = """root => {
+    let svg = root, holder = null;
+    if (root.tagName === "IMG") {
+        holder = document.createElement("div");
+        holder.style.cssText = "position:absolute;left:0;top:0;width:1200px;visibility:hidden";
+        holder.innerHTML = decodeURIComponent(root.src.replace(/^data:image\\/svg\\+xml[^,]*,/, ""));
+        document.body.appendChild(holder);
+        svg = holder.querySelector("svg");
+    }
+    const outer = svg.getBoundingClientRect();
+    const texts = [...svg.querySelectorAll("text")].filter(text => text.textContent.trim());
+    const boxes = texts.map(text => text.getBoundingClientRect());
+    const clipped = texts.filter((text, i) => boxes[i].left < outer.left - 1 || boxes[i].right > outer.right + 1
+        || boxes[i].top < outer.top - 1 || boxes[i].bottom > outer.bottom + 1).map(text => text.textContent);
+    const overlaps = [];
+    for (let i = 0; i < boxes.length; i++) {
+        for (let j = i + 1; j < boxes.length; j++) {
+            const a = boxes[i], b = boxes[j];
+            if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1) {
+                overlaps.push([texts[i].textContent, texts[j].textContent]);
+            }
+        }
+    }
+    if (holder) holder.remove();
+    return {clipped, overlaps};
+}"""
+
+
+def _svg_texts_whole(name: str, root: Any) -> None:
+    """(c) an SVG figure's texts inside it, none over another."""
+    assert root.evaluate(SVG_TEXTS) == {"clipped": [], "overlaps": []}, name
+
+
 def _table_verdicts(rows: list[list[Any]]) -> dict[str, str]:
     return {re.sub(r"\s+[\u2605\u2248].*$", "", plan): STATUS_VERDICTS[status] for plan, status, _ in rows}
 
@@ -168,6 +220,22 @@ def _check_plotly_face(name: str, plot: Any, table: dict[str, str]) -> None:
     assert ("does not fit" in legend) == any(v != FITS and v != ERROR for v in table.values()), (name, legend)
     assert ("error" in legend) == (ERROR in table.values()), (name, legend)
     assert plot.evaluate(CLIPPED) == [], name
+    assert plot.locator(f"{PLOTLY_TEXTS}, .gtitle").evaluate_all(GLYPHS_OVERLAP) == [], name
+
+
+def _check_face(name: str, area: Any, table: dict[str, str]) -> None:
+    """The checks of a notebook output holding a figure: drawn by plotly where JupyterLab draws its JSON (or the
+    figure is a widget), else the SVG record, an <img>, which must sit inside its output area."""
+    plot = area.locator(".js-plotly-plot")
+    if plot.count():
+        plot.first.locator(".barlayer .point >> visible=true").first.wait_for(timeout=60_000)
+        _check_plotly_face(name, plot.first, table)
+        return
+    record = area.locator("img[src^='data:image/svg+xml']").first
+    record.wait_for(timeout=60_000)
+    _check_svg_face(name, record, table)
+    _svg_texts_whole(name, record)
+    assert record.evaluate(INSIDE_OUTPUT) == [], name
 
 
 def _check_svg_face(name: str, root: Any, table: dict[str, str]) -> None:
@@ -199,7 +267,7 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
 
     url, path = lab.open("verdicts.ipynb", CELLS)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page = chromium.new_page(viewport={"width": 1400, "height": 1000})
+    page = chromium.new_page(viewport={"width": 1400, "height": 2000})
     try:
         _open_notebook(page, url)
         _run_until_done(page, "notebook:run-all-cells", len(CELLS), 600)
@@ -210,23 +278,19 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
 
         # The %%memfit record (plotly, the session trusts it) and the Report's table under it.
         memfit = cells.nth(MEMFIT_CELL)
-        memfit_plot = memfit.locator(".js-plotly-plot").first
-        memfit_plot.locator(".barlayer .point").first.wait_for(timeout=60_000)
         rows = memfit.locator(".jp-OutputArea").evaluate(TABLE)
         memfit_table = _table_verdicts(rows)
         assert memfit_table == {"plain": OUT_OF_MEMORY, "ckpt": FITS}, rows
-        _check_plotly_face("%%memfit", memfit_plot, memfit_table)
+        _check_face("%%memfit", memfit.locator(".jp-OutputArea"), memfit_table)
         _rows_short(rows, "%%memfit")
         memfit.screenshot(path=str(ARTIFACTS / "verdicts-memfit.png"))
 
         # Report.plot(): the plain plan ran, and is over the budget.
         report_cell = cells.nth(REPORT_CELL)
-        report_plot = report_cell.locator(".js-plotly-plot").first
-        report_plot.locator(".barlayer .point").first.wait_for(timeout=60_000)
         rows = report_cell.locator(".jp-OutputArea").evaluate(TABLE)
         report_table = _table_verdicts(rows)
         assert report_table == {"plain": OVER_BUDGET, "ckpt": FITS}, rows
-        _check_plotly_face("Report.plot", report_plot, report_table)
+        _check_face("Report.plot", report_cell.locator(".jp-OutputArea"), report_table)
         report_cell.screenshot(path=str(ARTIFACTS / "verdicts-report.png"))
 
         # The panel: Run the plain plan, then checkpointing, in the browser.
@@ -255,7 +319,13 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
         record = watch.locator("img").last
         record.wait_for(timeout=60_000)
         text = record.evaluate("img => decodeURIComponent(img.src)")
-        assert re.search(r"(over|within) the [\d.]+ KiB budget", text), text[:500]
+        said = re.search(r"peak ([\d.]+) (KiB|MiB) at step \d+; (over|within) the ([\d.]+) (KiB|MiB) budget", text)
+        assert said, text[:600]
+        peak = float(said[1]) * (1024 if said[2] == "MiB" else 1)
+        assert said[3] == ("over" if peak > float(said[4]) * (1024 if said[5] == "MiB" else 1) else "within"), said[0]
+        assert said[3] == "over", said[0]  # the budget is under every step's peak
+        _svg_texts_whole("watch's record", record)  # its axis title whole ("samples/s"), its title not on its legend
+        assert record.evaluate(INSIDE_OUTPUT) == [], "watch's record"
         watch_live = cells.nth(WATCH_LIVE_CELL).locator(".js-plotly-plot").first
         watch_live.locator(".barlayer .point, .scatterlayer .trace").first.wait_for(timeout=60_000)
         y_titles = watch_live.locator(".g-ytitle text, .g-y2title text").all_text_contents()
@@ -272,7 +342,7 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
         _open_notebook(page, url)
         panel = page.locator(".memlab-panel").first
         panel_plot = panel.locator(".js-plotly-plot").first
-        panel_plot.locator(".barlayer .point").first.wait_for(timeout=60_000)
+        panel_plot.locator(".barlayer .point >> visible=true").first.wait_for(timeout=60_000)
         page.wait_for_timeout(1500)
         rows = panel.locator(".memlab-report").evaluate(TABLE)
         assert _table_verdicts(rows) == panel_table, rows
@@ -286,7 +356,7 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
         lab.shut_down_kernels()
 
     # The HTML report, as `memlab demo` writes it, at 1400 px.
-    page = chromium.new_page(viewport={"width": 1400, "height": 1000})
+    page = chromium.new_page(viewport={"width": 1400, "height": 2000})
     try:
         page.goto((path.parent / "report.html").as_uri(), wait_until="load")
         svg = page.locator("svg").first
@@ -294,7 +364,7 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
         html_table = _table_verdicts(rows)
         assert html_table == report_table, rows
         _check_svg_face("HTML report", svg, html_table)
-        assert svg.evaluate(CLIPPED) == [], "HTML report"
+        _svg_texts_whole("HTML report", svg)
         page.screenshot(path=str(ARTIFACTS / "verdicts-html-report.png"), full_page=True)
         _no_sideways_scroll(page, "HTML report")
         assert (path.parent / "report.html").stat().st_size < 100_000
