@@ -44,6 +44,8 @@ _HEADERS = {
     "notes": "notes",
 }
 _LEFT = ("best", "plan", "status", "notes")
+_LONG_NOTE = 40
+"""A note longer than this (characters) is written under the HTML table, numbered, and its row says its number."""
 _WRAPPED_HEADER = "<th style='white-space:normal;vertical-align:bottom'>"
 _SIZES = ("peak", "card", *ALL_CATEGORIES)
 _BYTE_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
@@ -525,6 +527,12 @@ def html_table(report: Report) -> str:
             styles.append("background:#fdecea")
         else:
             styles.append("")
+    # Long notes go under the table, numbered (in a notebook's ~1000 px, a dozen columns left them ~150 px, and a
+    # row of 7 to 9 lines); short ones stay in their row.
+    long_notes = list(dict.fromkeys(row["notes"] for row in rows if len(row["notes"]) > _LONG_NOTE))
+    for row in rows:
+        if row["notes"] in long_notes:
+            row["notes"] = f"[{long_notes.index(row['notes']) + 1}]"
     names = headers(report)
     keys = _shown_columns(rows, with_mark=False, categories=report.categories)
     frame = pandas.DataFrame([[row[key] for key in keys] for row in rows], columns=[names[k] for k in keys])
@@ -532,7 +540,8 @@ def html_table(report: Report) -> str:
     table = table.replace("<table", "<table style='white-space:nowrap'", 1).replace("<th>", _WRAPPED_HEADER)
     if keys[-1] == "notes":
         table = re.sub(r"<td>([^<]*)</td>(\s*</tr>)", r"<td style='white-space:normal'>\1</td>\2", table)
-    footer = "".join(f"<p style='margin:2px 0'>{html.escape(line)}</p>" for line in footer_lines(report))
+    numbered = [f"[{number}] {note}" for number, note in enumerate(long_notes, start=1)]
+    footer = "".join(f"<p style='margin:2px 0'>{html.escape(line)}</p>" for line in [*numbered, *footer_lines(report)])
     held = held_line(report)
     top = "" if held is None else f"<p style='margin:2px 0 6px;font-weight:bold'>{html.escape(held)}</p>"
     table = f"<div style='max-width:100%;overflow-x:auto'>{_style_rows(table, styles)}</div>"

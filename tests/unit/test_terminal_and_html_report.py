@@ -73,3 +73,13 @@ def test_the_html_report_is_small_and_marks_each_plans_verdict_as_its_table(tmp_
     }
     assert drawn == table
     assert {"fits", "over budget", "out of memory"} <= set(table.values())
+
+
+def test_a_long_note_goes_under_the_html_table_numbered() -> None:
+    from memlab.report.tables import html_table
+
+    table = html_table(_noted_report())
+    note = "timed again in turn with ckpt, mb4x2 ckpt (3 rounds): close in speed when first measured"
+    assert table.count(note) == 1 and f"[1] {note}" in table  # once, under the table
+    assert table.count(">[1]</td>") == 2  # its rows say its number
+    assert ">out of memory</td>" in table  # a short note stays in its row
