@@ -157,7 +157,7 @@ def _panel(svg: Svg, left: float, width: float, bottom: float, title: str, last:
     svg.add(f'<text x="{px(title_x)}" y="{px(title_y)}" transform="rotate(-90 {px(title_x)} {px(title_y)})" '
             f'text-anchor="middle" fill="{_MUTED}">{escape(unit)}</text>')
     for tick in nice_ticks(last, 6):
-        if 1 <= tick <= last:
+        if 1 <= tick <= last and tick == int(tick):  # whole steps only
             svg.text(x(tick), bottom + 16, axis_number(tick), anchor="middle", fill=_MUTED)
     svg.text(left + width / 2, bottom + 34, "optimizer step", anchor="middle", fill=_MUTED)
     for values, colour, filled in lines:

@@ -6,7 +6,10 @@ sideways. The faces: a ``%%memfit`` record, ``Report.plot()``, the HTML report (
 One notebook, one kernel, the tiny GPT-2 of ``tests/models.py`` (``noise=0``, one step). The budget lies between
 the plain plan's peak and checkpointing's, so that one plan does not fit and one does: a run capped by it (the magic,
 the panel) stops the plain plan as out of memory; the report of the two measured without a cap, judged against it,
-has the plain plan over the budget. Screenshots: ``tests/artifacts/verdicts-*.png``.
+has the plain plan over the budget. A long note (as ``fit`` writes) on one row checks that rows stay short.
+Screenshots: ``tests/artifacts/verdicts-*.png`` (memfit, report, html-report, panel, panel-reloaded, watch-record,
+watch). The watch's live figure (``watch_figure.py``) still draws its two "0" tick labels on each other: an
+``xfail(strict=True)`` test says why.
 """
 
 from __future__ import annotations
@@ -375,3 +378,24 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
         assert (path.parent / "report.html").stat().st_size < 100_000
     finally:
         page.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="memlab/frontends/jupyter/watch_figure.py (being edited elsewhere): steps_figure gives the step axes "
+    "rangemode='tozero' though steps start at 1, so each panel's x '0' and y '0' tick labels overlap at its corner",
+)
+def test_watchs_live_figure_keeps_its_labels_apart(lab: Server, chromium: Any) -> None:
+    """memlab.watch's live figure (its plotly widget, as it shows while trainer.train() runs): no text on another."""
+    cells = ("import memlab\nbudget = 200 * 1024\n" + WATCH, WATCH_LIVE)
+    url, _ = lab.open("watch.ipynb", cells)
+    page = chromium.new_page(viewport={"width": 1400, "height": 1200})
+    try:
+        _open_notebook(page, url)
+        _run_until_done(page, "notebook:run-all-cells", len(cells), 300)
+        plot = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".js-plotly-plot").first
+        plot.locator(".scatterlayer .trace").first.wait_for(timeout=60_000)
+        assert plot.locator(f"{PLOTLY_TEXTS}, .gtitle").evaluate_all(GLYPHS_OVERLAP) == []
+    finally:
+        page.close()
+        lab.shut_down_kernels()
