@@ -16,7 +16,8 @@ from typing import Any
 
 from memlab.plan import format_bytes
 from memlab.report.figure import BUDGET_COLOR, CATEGORY_COLORS, RATE_COLOR
-from memlab.report.svg import Svg, axis_number, nice_ticks, px
+from memlab.report.plan_axis import text_width
+from memlab.report.svg import Svg, axis_number, escape, nice_ticks, px
 
 __all__ = ["MAX_POINTS", "PEAK_COLOR", "StepSeries", "step_series", "steps_svg", "steps_text"]
 
@@ -26,8 +27,10 @@ PEAK_COLOR = "#4C78A8"
 """The colour of the memory area where only the peak is known (CUDA)."""
 
 _MIB = 1024**2
-_WIDTH, _HEIGHT = 960, 300
-_TOP, _BOTTOM, _LEFT, _GAP, _RIGHT = 58.0, 44.0, 64.0, 80.0, 24.0
+_WIDTH, _HEIGHT = 960, 318
+# The title line, the legend's row under it, then the panels' titles: none on another.
+_TOP, _BOTTOM, _LEFT, _GAP, _RIGHT = 76.0, 44.0, 64.0, 80.0, 24.0
+_LEGEND_Y = 40.0
 _MUTED, _GRID = "#666666", "#E6E6E6"
 
 StepSeries = dict[str, Any]
@@ -116,13 +119,18 @@ def steps_svg(series: StepSeries) -> str:
     if budget is not None:
         y = area(budget * scale)
         svg.line(left, y, left + panel, y, BUDGET_COLOR, ' stroke-width="2" stroke-dasharray="6 4"')
-        svg.text(left + panel, y - 4, f"budget {format_bytes(int(budget * _MIB))}", anchor="end", fill=BUDGET_COLOR)
+        text = f"budget {format_bytes(int(budget * _MIB))}"
+        label_y = y - 5 if y - 18 >= _TOP else y + 14  # on a white ground, so the areas behind never hide it
+        width = text_width(text, 11) + 8
+        svg.add(f'<rect x="{px(left + panel - 2 - width)}" y="{px(label_y - 11)}" width="{px(width)}" height="15" '
+                'fill="#FFFFFF" fill-opacity="0.9" rx="2"/>')
+        svg.text(left + panel - 6, label_y, text, anchor="end", fill=BUDGET_COLOR)
     legend = [(name, CATEGORY_COLORS.get(name, PEAK_COLOR)) for name in series["memory"]]
-    x = left
+    x = 20.0  # its own row under the title, from the left edge: never over a panel's title
     for name, colour in legend:
-        svg.add(f'<rect x="{px(x)}" y="36" width="10" height="10" fill="{colour}"/>')
-        svg.text(x + 14, 45, name)
-        x += 24 + 7 * len(name)
+        svg.add(f'<rect x="{px(x)}" y="{px(_LEGEND_Y - 9)}" width="10" height="10" fill="{colour}"/>')
+        svg.text(x + 14, _LEGEND_Y, name)
+        x += 30 + text_width(name, 11)
     return svg.document(_WIDTH, _HEIGHT, steps_text(series), defs="")
 
 
@@ -143,9 +151,13 @@ def _panel(svg: Svg, left: float, width: float, bottom: float, title: str, last:
     for tick in ticks:
         svg.line(left, y(tick), left + width, y(tick), _GRID)
         svg.text(left - 6, y(tick) + 4, axis_number(tick), anchor="end", fill=_MUTED)
-    svg.text(left - 48, _TOP + height / 2, unit, anchor="middle", fill=_MUTED)
+    # The axis title turned, beside the widest tick value: whole, however long ("samples/s").
+    title_x = left - max(text_width(axis_number(tick), 11) for tick in ticks) - 16
+    title_y = _TOP + height / 2
+    svg.add(f'<text x="{px(title_x)}" y="{px(title_y)}" transform="rotate(-90 {px(title_x)} {px(title_y)})" '
+            f'text-anchor="middle" fill="{_MUTED}">{escape(unit)}</text>')
     for tick in nice_ticks(last, 6):
-        if 1 <= tick <= last:
+        if 1 <= tick <= last and tick == int(tick):  # whole steps only
             svg.text(x(tick), bottom + 16, axis_number(tick), anchor="middle", fill=_MUTED)
     svg.text(left + width / 2, bottom + 34, "optimizer step", anchor="middle", fill=_MUTED)
     for values, colour, filled in lines:

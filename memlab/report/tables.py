@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import textwrap
 from collections import Counter
 
 from memlab.plan import format_bytes
@@ -43,6 +44,8 @@ _HEADERS = {
     "notes": "notes",
 }
 _LEFT = ("best", "plan", "status", "notes")
+_LONG_NOTE = 40
+"""A note longer than this (characters) is written under the HTML table, numbered, and its row says its number."""
 _WRAPPED_HEADER = "<th style='white-space:normal;vertical-align:bottom'>"
 _SIZES = ("peak", "card", *ALL_CATEGORIES)
 _BYTE_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
@@ -424,8 +427,11 @@ def nothing_fits_reason(report: Report) -> str | None:
     )
 
 
-def text_table(report: Report) -> str:
+def text_table(report: Report, width: int | None = None) -> str:
     """A plain-text table for the terminal: a line per trial, ★ marks the best (≈ its ties), then the summary.
+
+    With ``width`` (a terminal's columns), a table that would be wider keeps its lines within it: the notes go under
+    the table, numbered, and then, if that is not enough, the memory categories give way (the peak stays).
 
     Example:
         >>> from memlab.plan import Plan
@@ -437,14 +443,41 @@ def text_table(report: Report) -> str:
         <BLANKLINE>
         Best: plain (peak 2.0 KiB, 16.0 samples/s)
         Device: cpu
+        >>> print(text_table(r, width=60))
+          plan  status peak KiB time/step ms samples/s tokens/s
+        ★ plain ok          2.0          250      16.0        -
+        <BLANKLINE>
+        Memory by category (params, grads, optimizer, activations,
+          other) left out to fit 60 columns.
+        Best: plain (peak 2.0 KiB, 16.0 samples/s)
+        Device: cpu
     """
-    import pandas
-
     if not report.trials:
         return "No trials yet."
     rows = table_rows(report)
     names = headers(report)
     keys = _shown_columns(rows, with_mark=True, categories=report.categories)
+    lines = _text_lines(rows, names, keys)
+    under: list[str] = []
+    if width is not None and _widest(lines) > width and "notes" in keys:
+        notes = list(dict.fromkeys(row["notes"] for row in rows if row["notes"]))
+        under = [f"[{number}] {note}" for number, note in enumerate(notes, start=1)]
+        rows = [{**row, "notes": f"[{notes.index(row['notes']) + 1}]" if row["notes"] else ""} for row in rows]
+        lines = _text_lines(rows, names, keys)
+    if width is not None and _widest(lines) > width:
+        dropped = [key for key in keys if key in ALL_CATEGORIES]
+        keys = [key for key in keys if key not in ALL_CATEGORIES]
+        lines = _text_lines(rows, names, keys)
+        under.append(f"Memory by category ({', '.join(dropped)}) left out to fit {width} columns.")
+    if width is not None:
+        under = [part for line in under for part in textwrap.wrap(line, width, subsequent_indent="  ")]
+    held = held_line(report)
+    return "\n".join([*([held, ""] if held else []), *lines, "", *under, *footer_lines(report)])
+
+
+def _text_lines(rows: list[dict[str, str]], names: dict[str, str], keys: list[str]) -> list[str]:
+    import pandas
+
     widths = {key: max(len(names[key]), *(len(row[key]) for row in rows)) for key in keys}
 
     def aligned(key: str, text: str) -> str:
@@ -454,9 +487,11 @@ def text_table(report: Report) -> str:
     header_cells = [aligned(key, names[key]) for key in keys]
     frame = pandas.DataFrame([[aligned(key, row[key]) for key in keys] for row in rows], columns=header_cells)
     table = frame.to_string(index=False, formatters={header: str for header in header_cells})
-    lines = [line.rstrip() for line in table.splitlines()]
-    held = held_line(report)
-    return "\n".join([*([held, ""] if held else []), *lines, "", *footer_lines(report)])
+    return [line.rstrip() for line in table.splitlines()]
+
+
+def _widest(lines: list[str]) -> int:
+    return max((len(line) for line in lines), default=0)
 
 
 def html_table(report: Report) -> str:
@@ -492,6 +527,12 @@ def html_table(report: Report) -> str:
             styles.append("background:#fdecea")
         else:
             styles.append("")
+    # Long notes go under the table, numbered (in a notebook's ~1000 px, a dozen columns left them ~150 px, and a
+    # row of 7 to 9 lines); short ones stay in their row.
+    long_notes = list(dict.fromkeys(row["notes"] for row in rows if len(row["notes"]) > _LONG_NOTE))
+    for row in rows:
+        if row["notes"] in long_notes:
+            row["notes"] = f"[{long_notes.index(row['notes']) + 1}]"
     names = headers(report)
     keys = _shown_columns(rows, with_mark=False, categories=report.categories)
     frame = pandas.DataFrame([[row[key] for key in keys] for row in rows], columns=[names[k] for k in keys])
@@ -499,7 +540,8 @@ def html_table(report: Report) -> str:
     table = table.replace("<table", "<table style='white-space:nowrap'", 1).replace("<th>", _WRAPPED_HEADER)
     if keys[-1] == "notes":
         table = re.sub(r"<td>([^<]*)</td>(\s*</tr>)", r"<td style='white-space:normal'>\1</td>\2", table)
-    footer = "".join(f"<p style='margin:2px 0'>{html.escape(line)}</p>" for line in footer_lines(report))
+    numbered = [f"[{number}] {note}" for number, note in enumerate(long_notes, start=1)]
+    footer = "".join(f"<p style='margin:2px 0'>{html.escape(line)}</p>" for line in [*numbered, *footer_lines(report)])
     held = held_line(report)
     top = "" if held is None else f"<p style='margin:2px 0 6px;font-weight:bold'>{html.escape(held)}</p>"
     table = f"<div style='max-width:100%;overflow-x:auto'>{_style_rows(table, styles)}</div>"

@@ -107,8 +107,9 @@ class PanelCore(widgets.VBox):
             icon="trash",
             tooltip="Forget the results measured so far (the table and the figure); the model is not touched",
         )
-        self.status = widgets.HTML(layout=widgets.Layout(width="100%"))
-        # No margin: ipywidgets adds one outside the 100% width, and the table would reach 2 px past the output.
+        # No margin: ipywidgets adds one outside the 100% width, and the status line and the table would reach
+        # 2 px past the output (the panel then scrolls sideways by 4 px).
+        self.status = widgets.HTML(layout=widgets.Layout(width="100%", margin="0"))
         self.table = widgets.HTML(self.report._repr_html_(), layout=widgets.Layout(width="100%", margin="0"))
         self.timeline = TimelineView()  # the picked plan's step over time, under the table
         self.timeline.update([])
