@@ -32,7 +32,7 @@ from memlab.errors import MemlabError
 from memlab.estimation.configs import one_line
 from memlab.estimation.cuda_attention import attention_note
 from memlab.estimation.cuda_kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, cuda_kernels, run_emulated
-from memlab.estimation.fake import BLIND_SPOTS, fake_setup, target_device
+from memlab.estimation.fake import BLIND_SPOTS, fake_setup, one_thread, target_device
 from memlab.estimation.gpus import GpuKind
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
@@ -351,7 +351,8 @@ def fsdp2_dry_run(
         return _fsdp2_step(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device, budget=budget,
                            gpu=gpu, emulate=emulate)
 
-    (trial, peaks), fell_back = run_emulated(step, emulated)
+    with one_thread():
+        (trial, peaks), fell_back = run_emulated(step, emulated)
     if fell_back:
         trial = dataclasses.replace(trial, notes=(*trial.notes, OWN_CHECKPOINT_NOTE))
     return trial, peaks

@@ -48,7 +48,7 @@ from memlab.estimation.cuda_kernels import (
     kernel_emulation,
     run_emulated,
 )
-from memlab.estimation.fake import BLIND_SPOTS, FakeSetup, fake_setup
+from memlab.estimation.fake import BLIND_SPOTS, FakeSetup, fake_setup, one_thread
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
@@ -224,7 +224,7 @@ def _dry_run(
         for plan in plans:
             runner.check(plan)
     trials: list[Trial] = []
-    with quiet(options.verbose), mode, runner.session(), model_made_positions(batch):
+    with one_thread(), quiet(options.verbose), mode, runner.session(), model_made_positions(batch):
         for number, plan in enumerate(plans):
             load = workload.loads[number] if number < len(workload.loads) else None
 
