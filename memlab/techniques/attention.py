@@ -1,0 +1,116 @@
+"""The attention lever's switch: transformers' ``attn_implementation`` on a live model, and back exactly.
+
+:func:`switch_attention` sets an implementation with transformers' own
+``PreTrainedModel.set_attn_implementation`` and returns what puts back every config it may change (the model's,
+each sub-config's, each nested model's); :func:`unavailable` says, before any switch, why an implementation cannot
+run here (the model class does not support it, or its kernel is not installed) and what to do instead.
+
+Example:
+    >>> from tests.models import tiny_llama
+    >>> model = tiny_llama()
+    >>> undo = switch_attention(model, "eager"); model.config._attn_implementation
+    'eager'
+    >>> undo(); model.config._attn_implementation
+    'sdpa'
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from torch import nn
+
+from memlab.errors import MemlabError
+from memlab.techniques.technique import Undo
+
+IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flex_attention")
+"""The implementations the lever offers, as transformers spells them."""
+
+_SUPPORT_FLAG = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn",
+                 "flex_attention": "_supports_flex_attn"}
+
+
+def _configs(model: nn.Module) -> list[Any]:
+    """Every config object the switch may write: each PreTrainedModel's config and its sub-configs, at any depth."""
+    seen: dict[int, Any] = {}
+    pending = [module.config for module in model.modules() if hasattr(module, "config")]
+    while pending:
+        config = pending.pop()
+        if id(config) in seen or not hasattr(config, "_attn_implementation_internal"):
+            continue
+        seen[id(config)] = config
+        for key in getattr(config, "sub_configs", {}) or {}:
+            if (sub := getattr(config, key, None)) is not None:
+                pending.append(sub)
+    return list(seen.values())
+
+
+def _device_type(model: nn.Module) -> str:
+    parameter = next(model.parameters(), None)
+    return "cpu" if parameter is None else parameter.device.type
+
+
+def unavailable(model: nn.Module, implementation: str) -> str:
+    """Why ``implementation`` cannot run on ``model`` here, saying what to do instead; empty when it can.
+
+    Example:
+        >>> from tests.models import tiny_llama
+        >>> unavailable(tiny_llama(), "sdpa")
+        ''
+        >>> "pip install flash-attn" in unavailable(tiny_llama(), "flash_attention_2")
+        True
+    """
+    if implementation not in IMPLEMENTATIONS:
+        return f"attention={implementation!r} is not known; write one of {', '.join(IMPLEMENTATIONS)}"
+    if not hasattr(model, "set_attn_implementation"):
+        return "attention applies to a transformers model only; leave attention unset (None)"
+    flag = _SUPPORT_FLAG.get(implementation)
+    if flag and not getattr(type(model), flag, False):
+        return (f"{type(model).__name__} does not support attention={implementation!r} (transformers says so); "
+                "write attention='eager' or leave it unset")
+    on_cuda = _device_type(model) == "cuda"
+    if implementation == "flash_attention_2" and (importlib.util.find_spec("flash_attn") is None or not on_cuda):
+        return ("attention='flash_attention_2' needs the model on CUDA and the flash-attn package: pip install "
+                "flash-attn --no-build-isolation on a CUDA machine; or write attention='sdpa'")
+    if implementation == "flex_attention":
+        if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
+            return "attention='flex_attention' needs torch 2.5 or newer: pip install -U torch; or write 'sdpa'"
+        if not on_cuda:
+            return ("attention='flex_attention' has no backward off CUDA (torch's FlexAttention trains on CUDA "
+                    "only): move the model to a CUDA device, or write attention='sdpa'")
+    return ""
+
+
+def switch_attention(model: nn.Module, implementation: str) -> Undo:
+    """Set ``implementation`` on the live ``model`` and return what puts every config's implementation back.
+
+    Raises:
+        MemlabError: when :func:`unavailable` gives a reason, the model untouched.
+
+    Example:
+        >>> from tests.models import tiny_llama
+        >>> model = tiny_llama()
+        >>> undo = switch_attention(model, "eager"); undo(); model.config._attn_implementation
+        'sdpa'
+    """
+    reason = unavailable(model, implementation)
+    if reason:
+        raise MemlabError(reason)
+    saved = [(config, config.__dict__.get("_attn_implementation_internal")) for config in _configs(model)]
+    try:
+        model.set_attn_implementation(implementation)  # type: ignore[operator]
+    except Exception:
+        _put_back(saved)
+        raise
+
+    def undo() -> None:
+        _put_back(saved)
+
+    return undo
+
+
+def _put_back(saved: list[tuple[Any, Any]]) -> None:
+    # The internal attribute, as transformers itself writes it, so that no check or recursion runs on the way back.
+    for config, value in saved:
+        config._attn_implementation_internal = value
