@@ -18,6 +18,7 @@ from typing import Any
 
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import format_bytes
+from memlab.report.colors import CATEGORY_COLORS as CATEGORY_COLORS  # re-exported: the figures import it here
 from memlab.report.data import Report, Trial
 from memlab.report.format import one_line
 from memlab.report.noise import runs_speed_interval
@@ -49,15 +50,6 @@ __all__ = [
 ]
 
 _MIB = 1024**2
-CATEGORY_COLORS = {
-    "params": "#4C78A8",
-    "grads": "#F58518",
-    "optimizer": "#54A24B",
-    "activations": "#E45756",
-    "kv_cache": "#B279A2",
-    "other": "#B0B0B0",
-}
-"""The colour of each memory category's bars."""
 DOES_NOT_FIT_COLOR = "#7F7F7F"
 BEST_COLOR = "#2CA02C"
 TIE_COLOR = "#98DF8A"

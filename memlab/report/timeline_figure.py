@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from memlab.errors import MemlabError
 from memlab.plan import format_bytes
+from memlab.report.colors import CATEGORY_COLORS
 from memlab.report.svg import Svg, axis_number, nice_ticks, px
 from memlab.report.timeline import Timeline
 
@@ -24,16 +25,6 @@ if TYPE_CHECKING:
 __all__ = ["CATEGORY_COLORS", "PHASE_COLORS", "report_timelines", "timeline_figure", "timeline_title",
            "timelines_svg"]
 
-# The bar figure's colours (memlab.report.figure.CATEGORY_COLORS, which a test holds these equal to): not imported,
-# since the figure module and the report data import each other, and Report.plot draws timelines.
-CATEGORY_COLORS = {
-    "params": "#4C78A8",
-    "grads": "#F58518",
-    "optimizer": "#54A24B",
-    "activations": "#E45756",
-    "kv_cache": "#B279A2",
-    "other": "#B0B0B0",
-}
 
 PHASE_COLORS = {
     "forward": "rgba(76,120,168,0.10)",

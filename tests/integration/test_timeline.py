@@ -21,7 +21,7 @@ import memlab.runner.core as runner_core
 from memlab.errors import MemlabError
 from memlab.measure.timeline import StepRecorder
 from memlab.report.timeline import MAX_POINTS, Timeline
-from memlab.report.timeline_figure import CATEGORY_COLORS, timelines_svg
+from memlab.report.timeline_figure import timelines_svg
 
 VOCAB = 128
 ROWS = 2
@@ -145,7 +145,6 @@ def test_report_plot_timeline_draws_every_plan_on_one_scale(llama_report: tuple[
     assert svg.startswith("<svg") and svg.count("<polygon") >= 3 * 3
     with pytest.raises(MemlabError, match="kind='timeline'"):
         report.plot(kind="timelines")
-    assert CATEGORY_COLORS == __import__("memlab.report.figure", fromlist=["x"]).CATEGORY_COLORS
 
 
 def test_saved_snapshot_opens_with_pytorchs_memory_viz(llama_report: tuple[nn.Module, memlab.Report], tmp_path: Any
