@@ -279,6 +279,8 @@ class Report:
         skipped: plans a search chose not to measure, each with the reason (e.g. predicted not to fit).
         suggestions: when nothing in a fit's space fits, plans outside it (adapters, pure bf16) estimated to fit,
             as estimated Trials, the one expected fastest first.
+        shorter_sequences: when nothing in a fit's space fits, the longest sequences its lightest plan is estimated
+            to fit at, as a sentence (:func:`memlab.search.limits.shorter_sequences`); None otherwise.
 
     Example:
         >>> fast = Trial(Plan(), "ok", 900, {"params": 900}, 0.5, 8.0, None, "cpu")
@@ -292,6 +294,7 @@ class Report:
     budget: int | None = None
     skipped: list[tuple[Plan, str]] = field(default_factory=list)
     suggestions: list[Trial] = field(default_factory=list)
+    shorter_sequences: str | None = None
 
     def fits(self, trial: Trial) -> bool:
         """Whether ``trial`` fits: its own budget (:attr:`Trial.fits`) and this report's budget, if set, each
@@ -407,7 +410,8 @@ class Report:
             trials.append(data)
         skipped = [{"plan": dataclasses.asdict(plan), "reason": reason} for plan, reason in self.skipped]
         suggestions = [trial.to_dict() for trial in self.suggestions]
-        return {"budget": self.budget, "trials": trials, "skipped": skipped, "suggestions": suggestions}
+        return {"budget": self.budget, "trials": trials, "skipped": skipped, "suggestions": suggestions,
+                "shorter_sequences": self.shorter_sequences}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
@@ -421,7 +425,8 @@ class Report:
         skipped = [(Plan(**item["plan"]), str(item["reason"])) for item in data.get("skipped", [])]
         trials = [Trial.from_dict(item) for item in data.get("trials", [])]
         suggestions = [Trial.from_dict(item) for item in data.get("suggestions", [])]
-        return cls(trials, budget=data.get("budget"), skipped=skipped, suggestions=suggestions)
+        return cls(trials, budget=data.get("budget"), skipped=skipped, suggestions=suggestions,
+                   shorter_sequences=data.get("shorter_sequences"))
 
     def to_json(self, indent: int | None = 2) -> str:
         """The report as a JSON string (see :meth:`to_dict`); :meth:`from_json` reads it back.

@@ -262,6 +262,8 @@ def footer_lines(report: Report) -> list[str]:
         if report.suggestions:
             named = ", ".join(f"{t.label} (estimated {format_bytes(t.peak_bytes)})" for t in report.suggestions)
             lines.append(f"Estimated to fit, outside the searched space: {named}")
+        if report.shorter_sequences:
+            lines.append(f"Or shorter: {report.shorter_sequences}")
     if report.budget is not None:
         lines.append(f"Budget: {format_bytes(report.budget)}")
     verdict = card_line(report)

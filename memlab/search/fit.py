@@ -22,6 +22,7 @@ from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.remeasure import settle_close_race
 from memlab.runner.trial import TrialRunner, keep_on_interrupt
 from memlab.search.blocks import fewest_blocks
+from memlab.search.limits import shorter_sequences
 from memlab.search.space import candidate_plans, default_space, fits, micro_batch_of
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search
@@ -201,6 +202,9 @@ def fit(
                 plan.precision == "fp32", plan.optimizer == "adamw",
             ))
             report.suggestions = suggestions(model, batch, result.trials, resolved_space, run_options, prior, lightest)
+            bar.unbounded("estimating the longest sequences that would fit")
+            report.shorter_sequences = shorter_sequences(model, batch, lightest, budget, device=device,
+                                                         loss_fn=run_options.loss_fn, lr=run_options.lr)
         except KeyboardInterrupt as interrupt:
             # Ctrl-C while estimating suggestions: the finished search rides on the interrupt, as during it.
             interrupt.report = report  # type: ignore[attr-defined]

@@ -326,3 +326,36 @@ def _runner(
         return estimate(model_or_config, resized(batch, vary, size), plan, budget=budget, **keywords)
 
     return estimated, False
+
+
+def shorter_sequences(model: Any, batch: Any, plan: Plan, budget: int, **keywords: Any) -> str | None:
+    """When nothing fits: the longest sequences that ``plan`` (the lightest plan searched) is estimated to fit
+    ``budget`` at, as one sentence, from :func:`limits` in dry runs on ``model`` (``keywords``: ``device``,
+    ``loss_fn``, ``lr``). None where the batch has no sequence dimension, is taken whole (an image batch), or where
+    even the shortest sequences (or the batch's own length) do not change the answer.
+
+    Example:
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        ...                      vocab_size=256, max_position_embeddings=4096)
+        >>> ids = torch.randint(0, 256, (4, 2048))
+        >>> said = shorter_sequences(LlamaForCausalLM(config), {"input_ids": ids, "labels": ids}, Plan(), 40 * 2**20,
+        ...                          device="cpu")
+        >>> said.startswith("with plain, sequences of at most "), "(this batch has 2048)" in said
+        (True, True)
+    """
+    from memlab.live.batch import is_atomic
+
+    try:
+        length = _size_of(batch, "tokens")
+    except MemlabError:
+        return None
+    if is_atomic(batch) or length < 2:
+        return None
+    step = min(64, max(1, length // 8))  # sizes fine enough to be worth saying for short batches too
+    found = limits(model, plan, budget=budget, batch=batch, vary="tokens", multiple=step, dry_run=True, **keywords)
+    if not found.value or found.value >= length:
+        return None
+    return (f"with {plan.label()}, sequences of at most {found.value} tokens per row (this batch has {length}) are "
+            f"estimated to fit {format_bytes(budget)}: shorter sequences are a lever too (memlab.limits)")

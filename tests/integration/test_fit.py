@@ -165,6 +165,7 @@ def test_a_first_trial_that_fits_only_by_its_allocated_peak_runs_again_under_the
     monkeypatch.setattr(TrialRunner, "run", run)
     fit_module = sys.modules["memlab.search.fit"]  # the module: memlab.search.fit the name is the function
     monkeypatch.setattr(fit_module, "suggestions", lambda *args, **kwargs: [])  # no estimates here
+    monkeypatch.setattr(fit_module, "shorter_sequences", lambda *args, **kwargs: None)  # nor the longest that fits
     model = tiny_llama()
     report = fit(model, lm_batch(), budget=budget, space={"precision": ["fp32"], "optimizer": ["adamw"],
                                                         "offload": ["none"], "checkpointing": [False]},
