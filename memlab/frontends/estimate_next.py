@@ -2,7 +2,8 @@
 
 - When no plan fits: the plans outside what was tried that are estimated to fit, single levers or combinations
   (the search's :func:`memlab.search.suggest.combined_suggestions`), the fastest expected first, each with the
-  command that tries it, and the command that shards the training over several GPUs (:func:`suggestion_lines`).
+  command that tries it, the command that finds the longest sequences that fit (``--max-tokens``), and the command
+  that shards the training over several GPUs (:func:`suggestion_lines`).
 - After ``--gpus auto``: which plans and strategies it searched, and the commands for the plans it did not (bf16,
   and adapters, which train on one GPU: :func:`searched_lines`).
 
@@ -80,6 +81,8 @@ def suggestion_lines(args: argparse.Namespace, suggested: Iterable[Any], *, shar
         >>> print("\\n".join(suggestion_lines(args, [lora])))  # doctest: +NORMALIZE_WHITESPACE
         Next: estimated to fit, outside what you tried:
           lora (peak 15.00 GiB): memlab estimate llama-7b --batch 1x512 --budget 24GiB --try adapter=lora
+        Or the longest sequences that fit with lora:
+          memlab estimate llama-7b --batch 1x512 --budget 24GiB --try adapter=lora --max-tokens
         Or shard the training over the fewest GPUs that fit:
           memlab estimate llama-7b --batch 1x512 --budget 24GiB --gpus auto
     """
@@ -96,6 +99,10 @@ def suggestion_lines(args: argparse.Namespace, suggested: Iterable[Any], *, shar
     else:
         lines.append("Next: no plan memlab estimated on one GPU (bf16 weights, LoRA, QLoRA, 8-bit Adam, Adafactor, "
                      "checkpointing, micro-batches, the chunked loss, offload, alone or combined) fits.")
+    # With the first suggestion, or the user's own plans where none fits: how long the sequences may be (limits).
+    tries = plan_try(suggested[0].plan) if suggested else list(getattr(args, "try_", None) or [])
+    lines.append(f"Or the longest sequences that fit{' with ' + suggested[0].label if suggested else ''}: "
+                 f"{command_for(args, tries)} --max-tokens")
     if sharded:
         lines.append(f"Or shard the training over the fewest GPUs that fit: {command_for(args, [], gpus='auto')}")
     return lines
