@@ -152,14 +152,17 @@ def timeline_figure(timelines: Sequence[Timeline]) -> Any:
     return figure
 
 
-def timelines_svg(timelines: Sequence[Timeline]) -> str:
-    """The static form of :func:`timeline_figure` (SVG, no plotly): what a saved notebook keeps.
+def timelines_svg(timelines: Sequence[Timeline], labels: Sequence[str] | None = None) -> str:
+    """The static form of :func:`timeline_figure` (SVG, no plotly): what a saved notebook keeps; ``labels`` name
+    each timeline's plan in its title.
 
     Example:
         >>> from memlab.report.timeline import TimelinePeak
         >>> t = Timeline(("other",), [0, 4], {"other": [0, 2]}, [("forward", 0, 4)], TimelinePeak(2, "forward", "",
         ...              {"other": 2}, {}, at=4))
         >>> svg = timelines_svg([t]); svg.startswith("<svg") and "forward of (outside modules)" in svg
+        True
+        >>> "plain: peak" in timelines_svg([t], labels=["plain"])
         True
     """
     unit, divisor, top, last = _scale(timelines)
@@ -176,9 +179,10 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
         svg.text(x + 14, 41, name)
         x += 24 + 7 * len(name)
     for phase in ("forward", "backward", "optimizer"):
+        words = "optimizer step" if phase == "optimizer" else phase  # the phase, not the optimizer state's colour
         svg.add(f'<rect x="{px(x)}" y="32" width="10" height="10" fill="{PHASE_COLORS[phase]}"/>')
-        svg.text(x + 14, 41, phase)
-        x += 24 + 7 * len(phase)
+        svg.text(x + 14, 41, words)
+        x += 24 + 7 * len(words)
     for row, timeline in enumerate(timelines):
         bottom = _TOP + row * (_ROW + _GAP) + _ROW + 18
 
@@ -188,7 +192,8 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
         def at_y(value: float, bottom: float = bottom) -> float:
             return bottom - _ROW * (value / divisor) / top
 
-        svg.text(_LEFT, bottom - _ROW - 6, timeline_title(timeline), size=12, weight="bold")
+        named = f"{labels[row]}: " if labels is not None else ""
+        svg.text(_LEFT, bottom - _ROW - 6, named + timeline_title(timeline), size=12, weight="bold")
         for name, start, end in timeline.phases:
             width = max(at_x(end) - at_x(start), 1)
             svg.add(f'<rect x="{px(at_x(start))}" y="{px(bottom - _ROW)}" width="{px(width)}" '
@@ -219,5 +224,6 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
         svg.line(px_, py_, px_, bottom, _PEAK, ' stroke-width="1" stroke-dasharray="3 3"')
     height = _TOP + len(timelines) * (_ROW + _GAP) + 20
     svg.text(_LEFT + inner, height - 8, "allocation events in the step", anchor="end", size=10)
-    title = "; ".join(timeline_title(t) for t in timelines)
+    title = "; ".join((f"{labels[row]}: " if labels is not None else "") + timeline_title(t)
+                      for row, t in enumerate(timelines))
     return svg.document(_WIDTH, height, title, defs="")
