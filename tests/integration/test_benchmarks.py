@@ -196,3 +196,14 @@ def test_attention_vs_published(load: Any, tmp_path: Path) -> None:
     assert row["memlab_eager"] > row["memlab_sdpa"]
     assert any("flash backend" in note for note in row["notes"]["sdpa"])
     assert not any("flash backend" in note for note in row["notes"]["eager"])
+
+
+def test_timeline_cost(load: Any, tmp_path: Path) -> None:
+    result = load("timeline_cost").main(["--smoke", "--device", "cpu", "--out", str(tmp_path)])
+    data = check_result(tmp_path / "timeline_cost-cpu-smoke.json", "timeline_cost")
+    assert data["same_peak"] and data["ratio_on_over_off"] == result["ratio_on_over_off"] > 0
+    # What a saved notebook keeps of a timeline is bounded whatever the step's length (thinned, the peak kept).
+    from memlab.report.timeline import MAX_POINTS
+
+    assert data["points_kept"] <= MAX_POINTS and data["saved_svg_bytes"] < 1_000_000
+    assert data["plotly_json_bytes"] < 1_000_000
