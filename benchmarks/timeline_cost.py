@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             if side == "on":
                 recorded = trial.timeline
     assert recorded is not None, "the estimate with the recorder on has no timeline"
-    svg_bytes = len(timelines_svg([recorded], [plan.label()]).encode())
+    svg_bytes = len(timelines_svg([recorded]).encode())
     plotly_bytes = len(timeline_figure([recorded]).to_json().encode())
     ratio = statistics.median(seconds["on"]) / statistics.median(seconds["off"])
     result = {

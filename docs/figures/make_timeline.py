@@ -24,10 +24,11 @@ def main() -> None:
     ids = torch.randint(0, 4096, (8, 64))
     batch = {"input_ids": ids, "labels": ids}
     report = memlab.compare(model, batch, [memlab.Plan(), memlab.Plan(checkpointing=True)], steps=1, noise=0)
-    drawn = [trial for trial in report if trial.timeline is not None]
-    assert len(drawn) == 2, [trial.error for trial in report]
-    OUT.write_text(timelines_svg([trial.timeline for trial in drawn], [trial.label for trial in drawn]),
-                   encoding="utf-8")
+    timelines = [trial.timeline for trial in report if trial.timeline is not None]
+    assert len(timelines) == 2, [trial.error for trial in report]
+    for trial, timeline in zip(report, timelines, strict=True):
+        timeline.label = trial.label  # named in its title
+    OUT.write_text(timelines_svg(timelines), encoding="utf-8")
     print(f"wrote {OUT}")
 
 

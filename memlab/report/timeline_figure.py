@@ -152,17 +152,14 @@ def timeline_figure(timelines: Sequence[Timeline]) -> Any:
     return figure
 
 
-def timelines_svg(timelines: Sequence[Timeline], labels: Sequence[str] | None = None) -> str:
-    """The static form of :func:`timeline_figure` (SVG, no plotly): what a saved notebook keeps; ``labels`` name
-    each timeline's plan in its title.
+def timelines_svg(timelines: Sequence[Timeline]) -> str:
+    """The static form of :func:`timeline_figure` (SVG, no plotly): what a saved notebook keeps.
 
     Example:
         >>> from memlab.report.timeline import TimelinePeak
         >>> t = Timeline(("other",), [0, 4], {"other": [0, 2]}, [("forward", 0, 4)], TimelinePeak(2, "forward", "",
         ...              {"other": 2}, {}, at=4))
         >>> svg = timelines_svg([t]); svg.startswith("<svg") and "forward of (outside modules)" in svg
-        True
-        >>> "plain: peak" in timelines_svg([t], labels=["plain"])
         True
     """
     unit, divisor, top, last = _scale(timelines)
@@ -192,8 +189,7 @@ def timelines_svg(timelines: Sequence[Timeline], labels: Sequence[str] | None = 
         def at_y(value: float, bottom: float = bottom) -> float:
             return bottom - _ROW * (value / divisor) / top
 
-        named = f"{labels[row]}: " if labels is not None else ""
-        svg.text(_LEFT, bottom - _ROW - 6, named + timeline_title(timeline), size=12, weight="bold")
+        svg.text(_LEFT, bottom - _ROW - 6, timeline_title(timeline), size=12, weight="bold")
         for name, start, end in timeline.phases:
             width = max(at_x(end) - at_x(start), 1)
             svg.add(f'<rect x="{px(at_x(start))}" y="{px(bottom - _ROW)}" width="{px(width)}" '
@@ -224,6 +220,5 @@ def timelines_svg(timelines: Sequence[Timeline], labels: Sequence[str] | None = 
         svg.line(px_, py_, px_, bottom, _PEAK, ' stroke-width="1" stroke-dasharray="3 3"')
     height = _TOP + len(timelines) * (_ROW + _GAP) + 20
     svg.text(_LEFT + inner, height - 8, "allocation events in the step", anchor="end", size=10)
-    title = "; ".join((f"{labels[row]}: " if labels is not None else "") + timeline_title(t)
-                      for row, t in enumerate(timelines))
+    title = "; ".join(timeline_title(t) for t in timelines)
     return svg.document(_WIDTH, height, title, defs="")
