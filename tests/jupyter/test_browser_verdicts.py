@@ -8,8 +8,7 @@ the plain plan's peak and checkpointing's, so that one plan does not fit and one
 the panel) stops the plain plan as out of memory; the report of the two measured without a cap, judged against it,
 has the plain plan over the budget. A long note (as ``fit`` writes) on one row checks that rows stay short.
 Screenshots: ``tests/artifacts/verdicts-*.png`` (memfit, report, html-report, panel, panel-reloaded, watch-record,
-watch). The watch's live figure (``watch_figure.py``) still draws its two "0" tick labels on each other: an
-``xfail(strict=True)`` test says why.
+watch). The watch's live figure keeps its labels apart too (its step axis starts at the first step, not at 0).
 """
 
 from __future__ import annotations
@@ -380,11 +379,6 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
         page.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="memlab/frontends/jupyter/watch_figure.py (being edited elsewhere): steps_figure gives the step axes "
-    "rangemode='tozero' though steps start at 1, so each panel's x '0' and y '0' tick labels overlap at its corner",
-)
 def test_watchs_live_figure_keeps_its_labels_apart(lab: Server, chromium: Any) -> None:
     """memlab.watch's live figure (its plotly widget, as it shows while trainer.train() runs): no text on another."""
     cells = ("import memlab\nbudget = 200 * 1024\n" + WATCH, WATCH_LIVE)

@@ -65,7 +65,8 @@ def steps_figure(series: StepSeries) -> go.Figure:
         )
     fig.update_layout(height=_HEIGHT, margin={"t": 50, "b": 40, "l": 60, "r": 20}, autosize=True,
                       title={"text": steps_text(series), "font": {"size": 13}, "x": 0.01})
-    fig.update_xaxes(title_text="optimizer step", rangemode="tozero")
+    # Steps start at 1: an axis from 0 would put its "0" on the memory axis's "0" at the corner.
+    fig.update_xaxes(title_text="optimizer step", rangemode="normal", tickformat="d")
     fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="memory (MiB)", rangemode="tozero", row=1, col=2)
     _fill(fig, series)
