@@ -113,6 +113,7 @@ class Plan:
     lora_dropout: float = lever(0.0)
     loss: str = lever("full")
     optimizer_in_backward: bool = lever(False)
+    attention: str | None = lever(None)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.
@@ -406,6 +407,8 @@ def parse_lever_value(spec: LeverSpec, text: str) -> Any:
             return int(text)
         except ValueError:
             raise MemlabError(f"{name}={text!r} is not a whole number; write for example {name}=4") from None
+    if spec.default is None and text.lower() in ("none", "auto", "model"):
+        return None  # a choice whose default is None: the model as it is (attention)
     if spec.open_choices and "+" in text:
         return tuple(part.strip() for part in text.split("+") if part.strip())
     return text

@@ -47,7 +47,7 @@ def lever_help(specs: Mapping[str, LeverSpec]) -> str:
 
 def _values(spec: LeverSpec) -> str:
     if spec.choices:
-        return "|".join(spec.choices)
+        return "|".join(("model", *spec.choices) if spec.default is None else spec.choices)
     if spec.type == "float":
         return "X.XX"
     if spec.type == "int" and spec.default is None:

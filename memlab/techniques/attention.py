@@ -21,8 +21,8 @@ from typing import Any
 
 from torch import nn
 
-from memlab.errors import MemlabError
-from memlab.techniques.technique import Undo
+from memlab.errors import MemlabError, UnsupportedTechnique
+from memlab.techniques.technique import StepParts, Technique, Undo
 
 IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flex_attention")
 """The implementations the lever offers, as transformers spells them."""
@@ -114,3 +114,69 @@ def _put_back(saved: list[tuple[Any, Any]]) -> None:
     # The internal attribute, as transformers itself writes it, so that no check or recursion runs on the way back.
     for config, value in saved:
         config._attn_implementation_internal = value
+
+
+_FAKE_AS_SDPA = ("flash_attention_2", "flex_attention")
+
+
+class Attention(Technique):
+    """``attention``: the plan's implementation switched on the live model for the trial, and switched back.
+
+    An implementation that cannot run here (:func:`unavailable`) raises :class:`UnsupportedTechnique` from
+    ``put_on``: the trial is an error trial that says what to install or write instead. A dry run on fake tensors
+    runs flash-attention-2 and flex-attention as sdpa (their kernels need CUDA): on CUDA sdpa picks its flash
+    backend for half precision, which keeps what flash-attention keeps (the output and the logsumexp, no
+    probabilities).
+
+    Example:
+        >>> import torch
+        >>> from memlab.plan import Plan
+        >>> from memlab.techniques.technique import StepParts
+        >>> from tests.models import tiny_llama
+        >>> model = tiny_llama()
+        >>> undo = ATTENTION.put_on(StepParts(model, Plan(attention="eager"), torch.device("cpu")))
+        >>> model.config._attn_implementation
+        'eager'
+        >>> undo(); model.config._attn_implementation
+        'sdpa'
+    """
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        wanted = parts.plan.attention
+        if wanted is None:
+            return None
+        if parts.fake and wanted in _FAKE_AS_SDPA and hasattr(parts.model, "set_attn_implementation"):
+            wanted = "sdpa"
+        reason = unavailable(parts.model, wanted)
+        if reason:
+            raise UnsupportedTechnique(reason)
+        return switch_attention(parts.model, wanted)
+
+    def notes(self, parts: StepParts) -> list[str]:
+        wanted = parts.plan.attention
+        if wanted is None:
+            return []
+        running = _implementation(parts.model)
+        if parts.fake and wanted in _FAKE_AS_SDPA:
+            return []  # dry_run says how it is estimated
+        return [f"attention {running} ran (the plan's attention={wanted!r})"]
+
+    def dry_run(self, parts: StepParts) -> list[str]:
+        wanted = parts.plan.attention
+        if wanted == "flash_attention_2":
+            return ["attention flash_attention_2 estimated as sdpa: on CUDA in half precision sdpa's flash backend "
+                    "keeps what flash-attention keeps (the output and its logsumexp, no probabilities)"]
+        if wanted == "flex_attention":
+            return ["attention flex_attention estimated as sdpa: FlexAttention keeps the output and its logsumexp, "
+                    "as sdpa's fused backends do"]
+        return []
+
+
+def _implementation(model: nn.Module) -> str:
+    """The implementation the model's config names now ("?" where it has none)."""
+    config = getattr(model, "config", None)
+    return str(getattr(config, "_attn_implementation", None) or "?")
+
+
+ATTENTION = Attention()
+"""The ``attention`` lever's technique."""

@@ -222,11 +222,13 @@ def check_levers(plan: Any, specs: Mapping[str, LeverSpec]) -> None:
                                   "number of blocks >= 0, e.g. 4")
         elif spec.type == "bool" and not isinstance(value, bool):
             raise MemlabError(f"{name}={value!r} is not allowed; write True or False")
-        elif spec.choices and value not in spec.choices:
+        elif spec.choices and value not in spec.choices and not (value is None and spec.default is None):
             if spec.open_choices and _names(value) is not None:
                 object.__setattr__(plan, name, _names(value))
                 continue
             extra = ", or a list of module names" if spec.open_choices else ""
+            if spec.default is None:
+                extra += ", or None (the model as it is)"
             raise MemlabError(f"{name}={value!r} is not known; write one of {', '.join(spec.choices)}{extra}")
 
 

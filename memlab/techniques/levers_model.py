@@ -5,7 +5,7 @@ are here too (:func:`lora_settings`), once.
 
 Example:
     >>> [lever.name for lever in DECLARATIONS]
-    ['checkpointing', 'weights', 'adapter', 'lora_rank', 'lora_targets', 'lora_alpha', 'lora_dropout']
+    ['checkpointing', 'weights', 'adapter', 'lora_rank', 'lora_targets', 'lora_alpha', 'lora_dropout', 'attention']
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.techniques.adapters import ADAPTERS
+from memlab.techniques.attention import ATTENTION, IMPLEMENTATIONS
 from memlab.techniques.checkpointing import CHECKPOINTING
 from memlab.techniques.fragments import (
     TARGETS,
@@ -194,6 +195,24 @@ def _adapters_for_the_trainer(plan: PlanLike) -> Fragment:
         + (" after loading it in 4-bit NF4 (plan.to_code() shows how)" if plan.adapter == "qlora" else "")
         + " and export plan.replace(adapter='none').to_training_arguments(), or use plan.to_code()"
     )
+
+
+def _attention_export(target: str) -> Export:
+    """Where each export writes ``attention``: the plain code switches the loaded model, the accelerate script loads
+    it with ``attn_implementation=``; the Trainer, DeepSpeed and peft exports leave it to the loading code."""
+
+    def export(plan: PlanLike) -> Fragment:
+        if plan.attention is None:
+            nothing: dict[str, Fragment] = {"code": Code(), "accelerate": Accelerate(), "trainer": Keys()}
+            return nothing.get(target, Elsewhere())
+        if target == "code":
+            return Code(model=(f"model.set_attn_implementation({plan.attention!r})  # or from_pretrained(..., "
+                               f"attn_implementation={plan.attention!r})",))
+        if target == "accelerate":
+            return Accelerate(script=Code(load={"attn_implementation": repr(plan.attention)}))
+        return Elsewhere(f"load the model with from_pretrained(..., attn_implementation={plan.attention!r})")
+
+    return export
 
 
 CHECKPOINTING_CODE = (
@@ -529,5 +548,16 @@ DECLARATIONS = (
         needs_at_least=lambda mine, theirs: mine > 0 or theirs == 0,
         activation_key=lambda value: value > 0,
         exports=in_lora_config("lora_dropout"),
+    ),
+    Lever(
+        "attention",
+        None,
+        short="attn-{}",
+        help="transformers' attention implementation (attn_implementation), switched for the trial: eager keeps "
+        "each layer's attention probabilities (rows x heads x tokens^2) for backward, sdpa and flash_attention_2 keep "
+        "none; None: as the model was loaded; not in fit's default space: searched when you put it in space=",
+        choices=IMPLEMENTATIONS,
+        technique=ATTENTION,
+        exports=per_target(_attention_export),
     ),
 )

@@ -79,10 +79,11 @@ def conflicts(plan: PlanLike) -> list[str]:
     return [message for lever in REGISTRY.values() if lever.conflicts and (message := lever.conflicts(plan))]
 
 
-STEP_ORDER = ("loss", "adapter", "weights", "micro_batch", "precision", "optimizer", "offload",
+STEP_ORDER = ("loss", "attention", "adapter", "weights", "micro_batch", "precision", "optimizer", "offload",
               "optimizer_in_backward", "checkpointing")
 """The order in which a training step puts the levers' techniques on (each named by one lever that has it): the
-loss first, since it is checked before the model is touched; adapters before pure bf16 weights, since they decide
+loss first, since it is checked before the model is touched; the attention implementation before anything wraps
+the model's modules (it is set on the transformers model itself); adapters before pure bf16 weights, since they decide
 which weights train; the optimizer before offload and the optimizer in backward, which build on it; checkpointing
 last, on the model as the others left it."""
 
@@ -92,7 +93,7 @@ def step_techniques() -> list[Technique]:
 
     Example:
         >>> [type(technique).__name__ for technique in step_techniques()][:3]
-        ['Loss', 'Adapters', 'Weights']
+        ['Loss', 'Attention', 'Adapters']
     """
     ordered: list[Technique] = []
     for name in STEP_ORDER:

@@ -13,10 +13,11 @@ from models import lm_batch, tiny_llama
 from torch import nn
 
 import memlab
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, UnsupportedTechnique
 from memlab.live.batch import count_rows
 from memlab.plan import Plan
 from memlab.runner.step import TrainingStep
+from memlab.techniques.attention import unavailable
 from memlab.techniques.lever import Lever
 from memlab.techniques.registry import REGISTRY, STEP_ORDER, step_techniques
 from memlab.techniques.technique import StepParts, Technique
@@ -120,6 +121,11 @@ def test_the_step_puts_on_each_levers_technique_and_its_value_changes_the_step(
 
     monkeypatch.setattr(technique, "put_on", spy)
     batch = lm_batch(rows=2, length=8)
+    if name == "attention" and (reason := unavailable(llama, value)):  # no kernel here: the step refuses it, untouched
+        with pytest.raises(UnsupportedTechnique, match="write attention='sdpa'"):
+            TrainingStep(llama, plan)
+        assert plan in called and reason and llama.config._attn_implementation == "sdpa"
+        return
     done = {}
     for each in (base, plan):
         step = TrainingStep(llama, each)

@@ -189,6 +189,7 @@ BAD = [
     ("budget-without-unit", "model batch --budget 24", "", "budget '24' has no unit"),
     ("unknown-value", "model batch --try precision=fp8", "", "precision='fp8' is not known"),
     ("unknown-key", "model batch --try colour=red,blue", "", "'colour' is not a plan setting"),
+    ("unknown-attention", "model batch --try attention=flash", "", "attention='flash' is not known; write one of"),
     ("not-key-value", "model batch --try precision", "", "is not KEY=V1,V2"),
     ("key-twice", "model batch --try precision=fp32 precision=bf16", "", "given twice"),
     ("try-without-values", "model batch --try", "", "--try needs a value after it; write for example --try precision="),
@@ -328,6 +329,12 @@ def test_help_lists_every_lever(shell: InteractiveShell) -> None:
     flat = "".join(doc.split())  # argparse wraps the help, long tokens included
     for name, spec in LEVERS.items():
         assert f"{name}=" in flat and all(choice in flat for choice in spec.choices)
+
+
+def test_try_switches_the_attention_implementation(shell: InteractiveShell) -> None:
+    report = memfit(shell, f"model batch --try attention=model,eager,sdpa {FAST}")
+    assert [t.plan.attention for t in report] == [None, "eager", "sdpa"] and all(t.status == "ok" for t in report)
+    assert shell.user_ns["model"].config._attn_implementation == "sdpa"  # back as it was loaded
 
 
 def test_try_with_a_budget_measures_exactly_the_grid_and_marks_it(shell: InteractiveShell) -> None:

@@ -31,6 +31,7 @@ from memlab.errors import MemlabError
 from memlab.export import deepspeed_config, peft_config, pytorch_code, training_arguments
 from memlab.export.accelerate import accelerate_config, accelerate_script
 from memlab.plan import Plan
+from memlab.techniques.attention import unavailable
 from memlab.techniques.checkpointing import checkpoint_blocks, checkpointed_blocks, chosen_blocks
 from memlab.techniques.fragments import (
     STRATEGIES,
@@ -144,6 +145,8 @@ def test_trainer_arguments(case: tuple[str, Any, Plan], tmp_path: Path) -> None:
                 assert getattr(read, "value", read) == made, key
     if "deepspeed" not in kwargs:  # the Trainer's settings read back as the plan (the whole batch: its own rows)
         back = Plan.from_training_arguments(args)
+        if isinstance(fragment, Elsewhere):  # travels elsewhere (attention: from_pretrained), not in the arguments
+            plan = _default(name, plan)
         assert back == plan.replace(micro_batch=back.micro_batch if plan.micro_batch is None else plan.micro_batch)
     if value != REGISTRY[name].default and not isinstance(fragment, Elsewhere | InLoraConfig):
         assert kwargs != training_arguments(_default(name, plan), legacy_names=False), "the lever changed nothing"
@@ -301,6 +304,12 @@ BATCHES = 4
 ROWS = 4
 
 
+def _implementation(model: Any) -> str:
+    """The attention implementation a (peft-wrapped) transformers model runs."""
+    return str(model.get_base_model().config._attn_implementation if hasattr(model, "get_base_model")
+               else model.config._attn_implementation)
+
+
 def _effects(name: str, value: Any, plan: Plan, model: Any, namespace: dict[str, Any], seen: _Seen) -> None:
     """The lever's effect on the run, for the levers memlab has now (a new lever is checked by the generic part)."""
     checks: dict[str, Callable[[], Any]] = {
@@ -325,6 +334,7 @@ def _effects(name: str, value: Any, plan: Plan, model: Any, namespace: dict[str,
         "loss": lambda: (seen.head_calls > seen.forwards) is (value == "chunked"),
         "optimizer_in_backward": lambda: ("optimizers" in namespace) is value and (
             seen.steps > BATCHES * len(namespace["params"]) - 1) is value,
+        "attention": lambda: _implementation(model) == (value or "sdpa"),  # tiny_llama loads sdpa
     }
     if name in checks:
         assert checks[name](), f"{name}={value!r} has no effect on the run"
@@ -366,6 +376,13 @@ def _built(choice: Mapping[str, Any]) -> Plan | None:
         return None
 
 
+def _runs_here(name: str, value: Any) -> bool:
+    """Whether the code of a plan with ``name=value`` can run on this machine: an attention implementation whose
+    kernel is not here (flash-attn, FlexAttention's backward off CUDA) is left out of the combinations, which run
+    their code (its single-lever cases above still check the code's text)."""
+    return name != "attention" or value is None or not unavailable(tiny_llama(), value)
+
+
 def _gain(choice: Mapping[str, Any], name: str, value: Any, missing: set[Any], strength: int) -> int:
     """How many missing settings ``choice`` with ``name=value`` would hold."""
     made = {**choice, name: value}
@@ -379,7 +396,8 @@ def _combinations(strength: int = STRENGTH, seed: int = 0) -> tuple[Plan, ...]:
     built greedily (each plan started from a setting still missing, every other lever given the value that adds most
     missing settings; a plan the Plan refuses loses some of those choices to their defaults)."""
     names = list(REGISTRY)
-    values = {name: [tuple(v) if isinstance(v, list) else v for v in _values(name)] for name in names}
+    values = {name: [tuple(v) if isinstance(v, list) else v for v in _values(name) if _runs_here(name, v)]
+              for name in names}
     rng = random.Random(seed)
     missing = set()
     for levers in itertools.combinations(names, strength):
@@ -451,6 +469,8 @@ def _run_code(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, An
     """Run ``plan``'s code on a tiny Llama and check what every run must show: a finite loss, trained weights, and
     the adapters (if any) on the layers memlab measures, with the settings it measures."""
     model = tiny_llama()
+    if plan.attention is not None and (reason := unavailable(model, plan.attention)):
+        pytest.skip(f"the code's attention={plan.attention!r} cannot run here: {reason}")  # as bitsandbytes is
     seen = _Seen(model, monkeypatch)
     before = {key: tensor.clone() for key, tensor in model.state_dict().items()}
     namespace: dict[str, Any] = {"model": model, "batches": [lm_batch(rows=ROWS, seed=i) for i in range(BATCHES)]}

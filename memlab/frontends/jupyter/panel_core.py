@@ -444,8 +444,10 @@ def lever_control(spec: LeverSpec, rows: int | None) -> widgets.ValueWidget:
             description=description, tooltip=spec.help, style=WIDE, layout=widgets.Layout(width="200px"),
         )
     if spec.type == "choice":
+        # a choice whose default is None (attention) offers None first, as the model is
+        none: list[Any] = [("model's", None)] if spec.default is None else []
         return widgets.Dropdown(
-            options=list(spec.choices), value=spec.default, description=description, tooltip=spec.help,
+            options=none + list(spec.choices), value=spec.default, description=description, tooltip=spec.help,
             style=WIDE, layout=widgets.Layout(width="200px"),
         )
     if spec.type == "float":
