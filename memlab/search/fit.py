@@ -29,6 +29,7 @@ from memlab.search.strategy import Search
 from memlab.search.suggest import suggestions
 from memlab.techniques.accumulation import check_split
 from memlab.techniques.adapters import carried_space
+from memlab.techniques.attention import fused_attention_instead
 from memlab.techniques.checkpointing import checkpoint_blocks
 from memlab.techniques.loss import chunked_loss_applies
 from memlab.trainer.entry import live_target, noted
@@ -133,6 +134,7 @@ def fit(
             device.type,
             device.type == "cuda" and cuda_bf16_supported(device),
             chunked_loss=chunked_loss_applies(model, run_options.loss_fn),
+            fused_attention=fused_attention_instead(model),
         )
     )
     if space is not None:

@@ -41,7 +41,8 @@ def divisors(number: int) -> list[int]:
 
 
 def default_space(
-    batch_size: int, device_type: str = "cpu", bf16_supported: bool = True, *, chunked_loss: bool = False
+    batch_size: int, device_type: str = "cpu", bf16_supported: bool = True, *, chunked_loss: bool = False,
+    fused_attention: bool = False,
 ) -> dict[str, list[Any]]:
     """The axes ``fit`` searches by default on a device.
 
@@ -51,7 +52,9 @@ def default_space(
     ``chunked_loss=True``: the space knows nothing of the model, so the caller says whether the chunked loss applies
     (:func:`memlab.techniques.loss.chunked_loss_applies`: a causal LM with an LM head and the default loss). It keeps
     training the same model the same way, as the other axes do; Adafactor, adapters and pure bf16 weights change
-    what is trained, and are searched only when asked for.
+    what is trained, and are searched only when asked for. The attention kernel, the model's own and sdpa, only with
+    ``fused_attention=True``: where the model runs eager attention and sdpa can run
+    (:func:`memlab.techniques.attention.fused_attention_instead`); it computes the same attention.
 
     Example:
         >>> default_space(4)
@@ -61,6 +64,8 @@ def default_space(
         (['fp32', 'fp16'], ['none', 'optimizer', 'all'])
         >>> default_space(2, chunked_loss=True)["loss"]
         ['full', 'chunked']
+        >>> default_space(2, fused_attention=True)["attention"]
+        [None, 'sdpa']
     """
     half = "bf16" if device_type != "cuda" or bf16_supported else "fp16"
     space: dict[str, list[Any]] = {
@@ -72,6 +77,8 @@ def default_space(
     }
     if chunked_loss:
         space["loss"] = ["full", "chunked"]
+    if fused_attention:
+        space["attention"] = [None, "sdpa"]
     return space
 
 

@@ -172,6 +172,22 @@ class Attention(Technique):
         return []
 
 
+def fused_attention_instead(model: nn.Module) -> bool:
+    """Whether ``model`` runs eager attention and could run sdpa here: then ``fit`` searches ``attention`` too
+    (sdpa keeps no attention probabilities for backward, so it can only lower the peak).
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> config = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        ...               vocab_size=64)
+        >>> fused_attention_instead(LlamaForCausalLM(LlamaConfig(**config, attn_implementation="eager")))
+        True
+        >>> fused_attention_instead(LlamaForCausalLM(LlamaConfig(**config, attn_implementation="sdpa")))
+        False
+    """
+    return _implementation(model) == "eager" and not unavailable(model, "sdpa")
+
+
 def _implementation(model: nn.Module) -> str:
     """The implementation the model's config names now ("?" where it has none)."""
     config = getattr(model, "config", None)

@@ -555,7 +555,8 @@ DECLARATIONS = (
         short="attn-{}",
         help="transformers' attention implementation (attn_implementation), switched for the trial: eager keeps "
         "each layer's attention probabilities (rows x heads x tokens^2) for backward, sdpa and flash_attention_2 keep "
-        "none; None: as the model was loaded; not in fit's default space: searched when you put it in space=",
+        "none; None: as the model was loaded; fit searches the model's own and sdpa where the model runs eager and "
+        "sdpa can run, other values when you put them in space=",
         choices=IMPLEMENTATIONS,
         technique=ATTENTION,
         exports=per_target(_attention_export),

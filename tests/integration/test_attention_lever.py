@@ -103,3 +103,22 @@ def test_the_panel_offers_it_with_the_model_as_loaded_first() -> None:
     assert panel.plan().attention is None
     control.value = "eager"
     assert panel.plan().attention == "eager" and "as the model was loaded" in control.tooltip
+
+
+def test_fit_searches_sdpa_by_default_on_a_model_that_runs_eager() -> None:
+    from memlab.search.fit import fit
+
+    model, batch = _eager_llama(), lm_batch(rows=ROWS, length=TOKENS)
+    before = fingerprint(model)
+    eager = memlab.measure(model, batch, Plan(), steps=1, warmup=0, noise=0)
+    sdpa = memlab.measure(model, batch, Plan(attention="sdpa"), steps=1, warmup=0, noise=0)
+    budget = (eager.peak_bytes + sdpa.peak_bytes) // 2  # only sdpa fits
+    space = {"micro_batch": [ROWS], "checkpointing": [False], "precision": ["fp32"], "optimizer": ["adamw"],
+             "offload": ["none"], "loss": ["full"]}  # every other axis held: attention is the default space's
+    report = fit(model, batch, budget=budget, batch_size=ROWS, space=space, steps=1, noise=0, progress=False)
+    assert report.best is not None and report.best.plan.attention == "sdpa"
+    assert model.config._attn_implementation == "eager"
+    assert_same(before, fingerprint(model))
+    # A model that already runs sdpa gets no attention axis: nothing to gain.
+    assert all(trial.plan.attention is None for trial in fit(
+        tiny_llama(), batch, budget="1GiB", batch_size=ROWS, space=space, steps=1, noise=0, progress=False))
