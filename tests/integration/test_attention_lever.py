@@ -99,10 +99,13 @@ def test_the_panel_offers_it_with_the_model_as_loaded_first() -> None:
 
     panel = PanelCore(torch.nn.Linear(4, 1), torch.randn(8, 4), RunOptions())
     control = panel.controls["attention"]
-    assert control.value is None and control.options[0] == ("model's", None)
+    # It shows its first option by name (a drop-down holding None shows an empty box), read as None.
+    assert control.value == control.label == "model's" and control.options[0] == "model's"
     assert panel.plan().attention is None
     control.value = "eager"
     assert panel.plan().attention == "eager" and "as the model was loaded" in control.tooltip
+    control.value = "model's"  # picked again: the label again, not an empty box
+    assert control.label == "model's" and panel.plan().attention is None
 
 
 def test_fit_searches_sdpa_by_default_on_a_model_that_runs_eager() -> None:

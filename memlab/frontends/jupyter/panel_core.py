@@ -37,7 +37,7 @@ from memlab.report.tables import held_line, judged_text
 from memlab.runner.remeasure import close_contenders, settle_close_race
 from memlab.runner.trial import compare
 
-__all__ = ["PanelCore", "descendants", "lever_control", "user_variable_name"]
+__all__ = ["AS_THE_MODEL_IS", "PanelCore", "descendants", "lever_control", "user_variable_name"]
 
 WIDE = {"description_width": "initial"}
 _COLORS = {"info": "#333", "ok": "#2b7a2b", "warn": "#8a5a00", "error": "#b00020"}
@@ -143,6 +143,8 @@ class PanelCore(widgets.VBox):
                 values[lever] = None
             if spec.type == "blocks":
                 values[lever] = parse_lever_value(spec, str(values[lever]))
+            if spec.type == "choice" and spec.default is None and values[lever] == AS_THE_MODEL_IS:
+                values[lever] = None
         return self.plan_class(**values)
 
     def budget(self) -> int | None:
@@ -421,6 +423,10 @@ class BlocksBox(widgets.Combobox):
     value = _BlocksText("off", help="off, all or a number of blocks").tag(sync=True)
 
 
+AS_THE_MODEL_IS = "model's"
+"""What a choice control whose default is None shows for None (``attention``: the model's own implementation)."""
+
+
 def lever_control(spec: LeverSpec, rows: int | None) -> widgets.ValueWidget:
     """The widget for one lever, named after it, its help as the tooltip: a checkbox for a switch, a drop-down for
     choices, a number box for a number or a count. A count whose default is None starts at ``rows`` where it is
@@ -444,11 +450,12 @@ def lever_control(spec: LeverSpec, rows: int | None) -> widgets.ValueWidget:
             description=description, tooltip=spec.help, style=WIDE, layout=widgets.Layout(width="200px"),
         )
     if spec.type == "choice":
-        # a choice whose default is None (attention) offers None first, as the model is
-        none: list[Any] = [("model's", None)] if spec.default is None else []
+        # A choice whose default is None (attention) offers the model's own first, as text: a drop-down holding None
+        # shows an empty box, and goes back to empty when picked again. The plan reads it as None.
+        first = [AS_THE_MODEL_IS] if spec.default is None else []
         return widgets.Dropdown(
-            options=none + list(spec.choices), value=spec.default, description=description, tooltip=spec.help,
-            style=WIDE, layout=widgets.Layout(width="200px"),
+            options=first + list(spec.choices), value=AS_THE_MODEL_IS if spec.default is None else spec.default,
+            description=description, tooltip=spec.help, style=WIDE, layout=widgets.Layout(width="200px"),
         )
     if spec.type == "float":
         return widgets.BoundedFloatText(
