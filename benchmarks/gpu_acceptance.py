@@ -43,9 +43,11 @@ each with ``carry=[".whl"]`` and ``timeout_s=600``, each beginning with::
         --sections hf_table,ties,reserve,cap,restore,fit \
         --keep .whl/gpu_acceptance-cuda-nvidia-h100-80gb-hbm3.json 2>&1 | tee $OUT/log
 
-4. the third call's JSON into ``.whl/`` likewise, then ``--sections timeline`` (issue 45: the timeline's peak against
-   ``max_memory_allocated`` and the peak of the snapshot ``_record_memory_history`` records, for three plans of the
-   1B Llama), with the same ``--keep``. If device time runs short, this call is the one to leave for later.
+4. the third call's JSON into ``.whl/`` likewise, then ``--sections timeline,fill`` (issue 45: the timeline's peak
+   against ``max_memory_allocated`` and the peak of the snapshot ``_record_memory_history`` records, for three plans
+   of the 1B Llama; issue 46: selective checkpointing, the attention lever at two lengths and ``memlab.limits``
+   measured against the estimate, :mod:`benchmarks.gpu_sections_fill`), with the same ``--keep``. If device time
+   runs short, this call is the one to leave for later.
 
 What comes back (at most 8 files): ``gpu_acceptance-<gpu>.json`` (every part so far), the log, and from the third
 call ``hf_table-<gpu>.json`` and ``.html``. The JSON is written after every part, so a call cut short keeps what
@@ -139,13 +141,13 @@ from benchmarks.gpu_sections_estimate import estimates_variable, gpu_kind_name, 
 
 NAME = "gpu_acceptance"
 ORDER = ("pytest", "loads", "trainer", "heldout", "estimate", "levers", "inference", "cumulative", "probe",
-         "hf_table", "ties", "reserve", "cap", "restore", "fit", "timeline")
+         "hf_table", "ties", "reserve", "cap", "restore", "fit", "timeline", "fill")
 """The parts, most important first: issue 40's (the user's loads, the trainers, the held-out families), then the
 rest in the order of the calls (:data:`CALLS`)."""
 LIMITS = {"pytest": 80, "loads": 150, "trainer": 130, "heldout": 200,
           "estimate": 130, "levers": 120, "inference": 100, "cumulative": 140, "probe": 60,
           "hf_table": 130, "ties": 100, "reserve": 100, "cap": 70, "restore": 70, "fit": 90,
-          "timeline": 240}
+          "timeline": 240, "fill": 300}
 """Seconds each part may take at most on an H100 (the first run's figures and a margin of at least a third, or for
 the parts it did not have, a guess from their sizes; its deadline may cut a part shorter). A part is not started with
 less than :data:`START_SHARE` of its limit left. The limits of each of :data:`CALLS` add up to the deadline at most,
@@ -153,9 +155,10 @@ so that every part of a call starts even where the parts before it take their wh
 CALLS = (("pytest", "loads", "trainer", "heldout"),
          ("estimate", "levers", "inference", "cumulative", "probe"),
          ("hf_table", "ties", "reserve", "cap", "restore", "fit"),
-         ("timeline",))
+         ("timeline", "fill"))
 """The back-to-back calls of a lent GPU that run every part (``--sections``, joined with ``--keep``); the fourth is
-issue 45's timeline against CUDA's own history (benchmarks/gpu_sections_timeline.py)."""
+issue 45's timeline against CUDA's own history (benchmarks/gpu_sections_timeline.py) and issue 46's levers and
+limits (benchmarks/gpu_sections_fill.py)."""
 ESTIMATED = ("loads", "heldout", "estimate")
 """The parts whose CPU-made estimates a side process that sees no GPU makes while the GPU runs the parts before."""
 START_SHARE = 0.6

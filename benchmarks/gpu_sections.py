@@ -536,6 +536,7 @@ def remeasure(request: str) -> None:
 
 def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
     from benchmarks.gpu_sections_estimate import section_estimate, section_heldout
+    from benchmarks.gpu_sections_fill import section_fill
     from benchmarks.gpu_sections_inference import section_inference
     from benchmarks.gpu_sections_loads import section_loads
     from benchmarks.gpu_sections_restore import section_restore
@@ -558,6 +559,7 @@ def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
         "trainer": section_trainer,
         "reserve": section_reserve,
         "timeline": section_timeline,
+        "fill": section_fill,
     }
 
 
