@@ -166,9 +166,9 @@ def fit_then_train(trainer: Any, rows: int, steps: int, checks: Checks, label: s
     caught: list[Any] = []
     if best is not None:
         # The plan on the trainer until the block ends (undone then), every warning kept to be counted.
-        # The Trainer's flag checkpoints every block or none: a plan with some blocks (checkpointing=k) gets all.
-        plan = best.plan.replace(checkpointing=True) if type(best.plan.checkpointing) is int else best.plan
-        with memlab.apply(trainer, plan), warnings.catch_warnings(record=True) as caught:
+        checks.add(f"{label}: fit(trainer) picked what the Trainer's switch can run (every block or none)",
+                   type(best.plan.checkpointing) is bool, checkpointing=best.plan.checkpointing)
+        with memlab.apply(trainer, best.plan), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             watched = memlab.watch(trainer, budget=budget, show=False)
             try:

@@ -69,7 +69,8 @@ def fit(
 
     Args:
         model: the model to train, on its device; or a ``transformers.Trainer`` (TRL's included), whose model,
-            ``compute_loss`` and effective batch are used (:mod:`memlab.trainer.entry`).
+            ``compute_loss`` and effective batch are used (:mod:`memlab.trainer.entry`); checkpointing is then
+            searched as the Trainer's switch runs it, every block or none (no ``checkpointing=k``).
         batch: one batch (dict of tensors, tensor, or tuple); rows repeat where ``batch_size`` asks for more. With a
             trainer it may be left out: the train dataset's worst batch is measured (said in the trials' notes).
         batch_size: the effective batch (rows per optimizer step); default: the rows of ``batch`` (a trainer's:
@@ -104,9 +105,50 @@ def fit(
         options["loss_fn"] = target.loss_fn
         if target.plan is not None:  # a peft model keeps its own adapters: every plan searched says so
             space = {**carried_space(target.model, target.plan), **(space or {})}
-        report = fit(target.model, target.batch, batch_size=batch_size or target.batch_size, space=space,
-                     dry_run=dry_run, estimates=estimates, max_trials=max_trials, **options)
+        refuse_selective_for_trainer(space)
+        # The Trainer's checkpointing switch covers every block or none: some blocks (checkpointing=k) would be a
+        # plan neither memlab.apply(trainer, ...) nor to_training_arguments() could carry, so none is searched.
+        report = _fit_module(target.model, target.batch, batch_size or target.batch_size, space, dry_run, estimates,
+                             max_trials, False, options)
         return dataclasses.replace(report, trials=noted(report.trials, target.note))
+    return _fit_module(model, batch, batch_size, space, dry_run, estimates, max_trials, True, options)
+
+
+def refuse_selective_for_trainer(space: Mapping[str, Sequence[Any]] | None) -> None:
+    """Refuse a search space that checkpoints some blocks (an int) for a trainer, saying what to write instead.
+
+    Example:
+        >>> refuse_selective_for_trainer({"checkpointing": [False, True]})
+        >>> refuse_selective_for_trainer({"checkpointing": [4]})
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: a Trainer checkpoints every block or none ...
+    """
+    values = (space or {}).get("checkpointing", [])
+    values = [values] if isinstance(values, (bool, int)) else list(values)
+    some = [value for value in values if type(value) is int and value > 0]
+    if some:
+        raise MemlabError(
+            "a Trainer checkpoints every block or none (its activation_checkpointing switch), so "
+            f"checkpointing={some[0]} blocks cannot be searched on one; write "
+            "space={'checkpointing': [False, True]}, or search the model itself (memlab.fit(trainer.model, batch, "
+            "...)) and checkpoint its blocks before building the Trainer"
+        )
+
+
+def _fit_module(
+    model: nn.Module,
+    batch: Batch,
+    batch_size: int | None,
+    space: Mapping[str, Sequence[Any]] | None,
+    dry_run: bool,
+    estimates: bool,
+    max_trials: int | None,
+    selective: bool,
+    options: RunKeywords,
+) -> Report:
+    """:func:`fit` on a module; ``selective``: whether the fewest checkpointed blocks that fit are searched for
+    (:func:`memlab.search.blocks.fewest_blocks`) when the best plan checkpoints every block."""
     run_options = RunOptions.from_keywords(options)
     if not isinstance(model, nn.Module):
         raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
@@ -152,7 +194,7 @@ def fit(
     prior = speed_prior(device.type)
     run_options = run_options.replace(budget=budget)
     if dry_run:
-        return _dry_run(model, batch, candidates, batch_size, prior, run_options)
+        return _dry_run(model, batch, candidates, batch_size, prior, run_options, selective)
     measured: list[Trial] = []
     # The bar stays open after the search, while suggestions are estimated: no silent phase after the last plan.
     progress = run_progress(len(candidates), run_options.progress, at_most=True, then=retiming_runs(len(candidates)),
@@ -183,8 +225,9 @@ def fit(
             result = search.run(measure, on_step=bar.advance)
             trials = list(result.trials)
             # Checkpointing every block fits: the fewest blocks that fit are faster (memory is monotone in blocks).
-            trials += fewest_blocks(trials, budget, lambda: len(checkpoint_blocks(model)),
-                                    lambda plan: measure(plan, len(measured), len(candidates)))
+            if selective:
+                trials += fewest_blocks(trials, budget, lambda: len(checkpoint_blocks(model)),
+                                        lambda plan: measure(plan, len(measured), len(candidates)))
             # The original index: a live figure redraws that plan's column with the new run.
             rerun = lambda plan, index: runner.run(plan, index, len(trials))  # noqa: E731 - one line, used once
             settled = settle_close_race(
@@ -251,6 +294,7 @@ def _dry_run(
     batch_size: int,
     prior: SpeedPrior,
     options: RunOptions,
+    selective: bool,
 ) -> Report:
     """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
     estimated to fit: that one is the answer, and the plans after it are skipped as expected slower."""
@@ -271,6 +315,7 @@ def _dry_run(
                 reason = f"expected slower: {plan.label()} is expected faster and is estimated to fit"
                 run = lambda blocks: live_card_context(estimate(  # noqa: E731 - the same dry run, fewer blocks
                     model, batch, blocks, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device), model)
-                trials += fewest_blocks(trials, budget, lambda: len(checkpoint_blocks(model)), run)
+                if selective:
+                    trials += fewest_blocks(trials, budget, lambda: len(checkpoint_blocks(model)), run)
                 return Report(trials, budget=budget, skipped=[(slower, reason) for slower in order[position + 1 :]])
     return Report(trials, budget=budget)

@@ -42,6 +42,12 @@ def check_plan_for_trainer(plan: Plan) -> None:
             "adapter='qlora' is not applied to a live trainer yet; load the model with a 4-bit BitsAndBytesConfig "
             "and wrap it with peft.get_peft_model(model, plan.to_peft_config()) (plan.to_code() shows how)"
         )
+    if type(plan.checkpointing) is int and plan.checkpointing > 0:
+        raise MemlabError(
+            f"checkpointing={plan.checkpointing} blocks is not applied to a live trainer: its activation_checkpointing "
+            "switch covers every block or none; apply plan.replace(checkpointing=True), or checkpoint the blocks on "
+            "the model (plan.to_code() shows how) before building the Trainer"
+        )
     if plan.loss != "full":
         raise MemlabError(
             "loss='chunked' is not applied to a live trainer yet; build the Trainer with "

@@ -128,3 +128,30 @@ def test_the_same_with_trl_sft_trainer(tmp_path: Any) -> None:
     under, _ = train_watched(sft, from_worst.plan, budget)
     over, _ = train_watched(sft, from_typical.plan, budget)
     assert under <= budget < over, (under, budget, over, from_worst.plan.label(), from_typical.plan.label())
+
+
+def test_fit_on_a_trainer_searches_only_what_the_trainer_can_run(tmp_path: Any) -> None:
+    """The Trainer's checkpointing switch covers every block or none: fit(trainer) never picks checkpointing=k (a plan
+    neither apply(trainer) nor to_training_arguments() could carry), while the same search on the model does."""
+    trainer = make_trainer(tmp_path)
+    batch = pad([trainer.train_dataset[i] for i in range(len(LENGTHS) - ROWS, len(LENGTHS))])  # the long rows
+    space = {"micro_batch": [ROWS], "checkpointing": [False, True], "precision": ["fp32"], "optimizer": ["adamw"]}
+    plain = memlab.measure(trainer, batch, memlab.Plan(), **FAST).peak_bytes
+    every = memlab.measure(trainer, batch, memlab.Plan(checkpointing=True), **FAST).peak_bytes
+    budget = (plain + every) // 2
+
+    on_model = memlab.fit(trainer.model, batch, budget=budget, space=space, **FAST)
+    assert any(type(t.plan.checkpointing) is int for t in on_model.trials)  # the model alone: blocks searched
+    on_trainer = memlab.fit(trainer, batch, budget=budget, space=space, **FAST)
+    assert on_trainer.best is not None and on_trainer.best.plan.checkpointing is True
+    assert not any(type(t.plan.checkpointing) is int for t in on_trainer.trials)
+    assert on_trainer.best.plan.to_training_arguments()  # what fit(trainer) picks, the Trainer's arguments carry
+    with memlab.apply(trainer, on_trainer.best.plan):
+        assert trainer.args.activation_checkpointing or trainer.args.gradient_checkpointing
+
+    args = trainer.args
+    with pytest.raises(memlab.MemlabError, match=r"every block or none.*checkpointing=True"):
+        memlab.apply(trainer, memlab.Plan(checkpointing=1))
+    assert trainer.args is args and not hasattr(trainer, "_memlab_applied")
+    with pytest.raises(memlab.MemlabError, match=r"space=\{'checkpointing': \[False, True\]\}"):
+        memlab.fit(trainer, batch, budget=budget, space={**space, "checkpointing": [1]}, **FAST)
