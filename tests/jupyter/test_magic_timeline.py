@@ -1,6 +1,7 @@
 """``%%memfit``'s timeline in a real IPython shell standing in for a kernel: after a run, a list of the plans and the
 picked plan's step timeline, kept as a static record that each pick updates in place (what a saved notebook keeps),
-bounded in size; none with --quiet, in a terminal, or where no trial has a timeline. The shell fixture and the front
+bounded in size; the list closed (a line of text) when the next cell runs; none with --quiet, in a terminal, or where
+no trial has a timeline. The shell fixture and the front
 end are test_magic.py's."""
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ def shell() -> Iterator[InteractiveShell]:
 
 
 @pytest.fixture
-def front_end(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> FrontEnd:
+def front_end(shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> Iterator[FrontEnd]:
     front = FrontEnd()
     monkeypatch.setattr(shell, "display_pub", front)
     monkeypatch.setattr(magic_render, "shows_widgets", lambda shell: True)  # as in a Jupyter kernel
-    return front
+    yield front
+    magic_render.close_timelines()  # no list of this test is left for another test's cells to close
 
 
 @pytest.fixture
@@ -103,3 +105,17 @@ def test_a_run_without_timelines_shows_no_list(shell: InteractiveShell, front_en
     monkeypatch.setattr(magic_run, "compare", without_timelines)
     memfit(shell, f"mlp pairs {RUN}", MLP_LOSS)
     assert len(front_end.outputs) == 1 and views[0].record is None
+
+
+def test_the_next_cell_closes_the_list_and_the_drawing_stays(shell: InteractiveShell, front_end: FrontEnd,
+                                                              views: list[TimelineView]) -> None:
+    report = memfit(shell, f"mlp pairs --try checkpointing=off,on {RUN}", MLP_LOSS)
+    [view] = views
+    view.picker.value = 0
+    drawn = front_end.outputs[2]["data"]
+    assert drawn["text/plain"].startswith(f"memlab timeline: {report.trials[0].label}: ")
+    shell.run_cell("after = 1")  # the user moves on: IPython's pre_run_cell closes the list
+    figure, listed, kept = front_end.outputs
+    assert listed["data"] == {"text/plain": f"timeline of 1. {report.trials[0].label}"}  # no widget left to save
+    assert kept["data"] == drawn and view.picker.comm is None and view.widget.comm is None
+    assert magic_render.OPEN_TIMELINES == []

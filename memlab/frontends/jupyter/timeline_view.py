@@ -8,7 +8,9 @@ Two forms, one picker:
 - in ``%%memfit``'s output (``keep=True``): the list is a widget, and the drawing a plain output of its own that each
   pick updates in place (a display id), a static record as the run's figure is: a saved notebook, nbconvert and
   GitHub show the timeline last picked without a kernel. The magic's figure is that static record once its run ends,
-  so there the list picks.
+  so there the list picks. The list lasts until :meth:`TimelineView.close` (the magic closes it when the next cell
+  runs): its output then becomes a line of text naming the plan drawn, so that a notebook saved afterwards holds no
+  widget that a reload without its kernel would show as an error.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class TimelineView:
         self.keep = keep
         self.record: dict[str, Any] | None = None  # what the kept output shows (keep=True)
         self.handle: Any = None
+        self.list_handle: Any = None  # the list's output (keep=True), a line of text once closed
         self._display = display
         self.picker = widgets.Dropdown(
             description="timeline of", options=[], value=None,
@@ -103,11 +106,29 @@ class TimelineView:
         has a timeline). The list's own text, for a front end without its widget state, names the plan drawn."""
         if self.record is None:
             return
-        picker = dict(self.picker._repr_mimebundle_() or {})
-        label = next((text for text, index in self.picker.options if index == self.picker.value), "")
-        picker["text/plain"] = f"timeline of {label} (a kernel picks another plan in this list)"
-        self._show({key: value for key, value in picker.items() if key in (_WIDGET_VIEW, "text/plain")})
+        shown = dict(self.widget._repr_mimebundle_() or {})
+        shown["text/plain"] = f"timeline of {self._picked_label()} (a kernel picks another plan in this list)"
+        self.list_handle = self._show({key: shown[key] for key in (_WIDGET_VIEW, "text/plain") if key in shown})
         self.handle = self._show(self.record)
+
+    def close(self) -> None:
+        """End the picking (``keep=True``): the list's output becomes a line naming the plan drawn, the widget is
+        closed, and the drawing stays as last picked.
+
+        Example:
+            >>> view = TimelineView(keep=True, display=lambda obj, **kw: None)
+            >>> view.close(); view.picker.comm is None
+            True
+        """
+        if self.list_handle is not None:
+            self.list_handle.update({"text/plain": f"timeline of {self._picked_label()}"}, raw=True)
+            self.list_handle = None
+        self.widget.close()
+        self.picker.close()
+        self.drawing.close()
+
+    def _picked_label(self) -> str:
+        return next((text for text, index in self.picker.options if index == self.picker.value), "")
 
     def follow_clicks(self, figure: Any) -> None:
         """Pick a plan by clicking one of its bars in ``figure`` (a plotly FigureWidget drawing the same trials)."""
