@@ -259,7 +259,8 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
         floor = [0] * len(timeline.x)
         for name in timeline.categories:
             values = timeline.series[name]
-            if any(values):
+            # A band never half a pixel tall would be drawn over its neighbour's edge: left out, a whole polygon less.
+            if max(values, default=0) / divisor / top * _ROW >= 0.5:
                 floor = [low + value for low, value in zip(floor, values, strict=True)]
                 ceilings.append((name, floor))
         base = f"{px(at_x(timeline.x[-1]))},{px(bottom)} {px(at_x(timeline.x[0]))},{px(bottom)}"
