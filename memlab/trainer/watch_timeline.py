@@ -211,7 +211,7 @@ class _AllocatorHistory:
             try:
                 memory._record_memory_history(enabled="all", context=None, stacks="python",
                                              max_entries=HISTORY_ENTRIES, device=self.device, clear_history=True)
-            except (RuntimeError, AttributeError, TypeError):
+            except (RuntimeError, AttributeError, TypeError, ValueError):  # a torch without these options: no timeline
                 self.on = False
 
     def read(self) -> dict[str, Any] | None:
