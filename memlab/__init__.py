@@ -67,12 +67,13 @@ def load_ipython_extension(ipython: Any) -> None:
 def watch(trainer: Any, budget: int | str | None = None, *, show: bool | None = None) -> Any:
     """Watch the memory of every step of ``trainer.train()``: a callback records each step's peak, time and example
     lengths, warns once near ``budget``, and logs ``memory/*`` into the trainer's logs. Returns the
-    :class:`memlab.trainer.Watch` (``peak_bytes``, ``peak_step``, ``peak_lengths``, ``to_dataframe()``,
-    ``remove()``). transformers' Trainer is imported only here.
+    :class:`memlab.trainer.Watch` (``peak_bytes``, ``peak_step``, ``peak_lengths``, ``timeline``: the costliest step's
+    memory over time, ``to_dataframe()``, ``remove()``). transformers' Trainer is imported only here.
 
     In a notebook (IPython with a kernel, or ``show=True``) the training cell also shows a live figure, samples/s
     and memory per step with the budget line, redrawn every ``logging_steps`` steps and left as a static figure
-    when training ends (:mod:`memlab.frontends.jupyter.watch_figure`); ``show=False`` never draws.
+    when training ends, with the costliest step's timeline below it (:mod:`memlab.frontends.jupyter.watch_figure`);
+    ``show=False`` never draws.
 
     Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
 

@@ -12,7 +12,8 @@ naming the bars the same way (:func:`~memlab.report.plan_axis.plan_axis`).
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from memlab.plan import format_bytes
 from memlab.report.data import Report
@@ -20,8 +21,12 @@ from memlab.report.figure import report_figure
 from memlab.report.format import format_rate
 from memlab.report.svg_layout import WIDTH, report_svg
 
+if TYPE_CHECKING:
+    from memlab.report.timeline import Timeline
+
 __all__ = [
-    "INTERACTIVE_LIMIT", "PLOTLY_MIME", "WIDTH", "figure_bundle", "record_bundle", "record_text", "report_svg"
+    "INTERACTIVE_LIMIT", "PLOTLY_MIME", "WIDTH", "figure_bundle", "record_bundle", "record_text", "report_svg",
+    "timeline_bundle",
 ]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -69,6 +74,25 @@ def figure_bundle(text: str, svg: str, figure: Any = None) -> dict[str, Any]:
         if len(json.dumps(data, separators=(",", ":"))) <= INTERACTIVE_LIMIT:
             bundle[PLOTLY_MIME] = data
     return bundle
+
+
+def timeline_bundle(timelines: Sequence[Timeline]) -> dict[str, Any]:
+    """The record a notebook keeps of step timelines (the magic's picked plan, ``memlab.watch``'s costliest step):
+    their SVG (:func:`memlab.report.timeline_figure.timelines_svg`, thinned to a few hundred points whatever the
+    number of events, so a 70B estimate's weighs what a tiny model's does) and a line naming each peak.
+
+    Example:
+        >>> from memlab.report.timeline import Timeline, TimelinePeak
+        >>> t = Timeline(("other",), [0, 1], {"other": [0, 2048]}, [("forward", 0, 1)],
+        ...              TimelinePeak(2048, "forward", "fc", {"other": 2048}, {}, at=1), label="plain")
+        >>> bundle = timeline_bundle([t])
+        >>> bundle["text/plain"], bundle["image/svg+xml"][:4]
+        ('memlab timeline: plain: peak 2.0 KiB: forward of fc', '<svg')
+    """
+    from memlab.report.timeline_figure import timeline_title, timelines_svg
+
+    text = "memlab timeline: " + "; ".join(timeline_title(timeline) for timeline in timelines)
+    return figure_bundle(text, timelines_svg(timelines))
 
 
 def record_text(report: Report) -> str:

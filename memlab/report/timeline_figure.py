@@ -10,6 +10,7 @@ model.layers.17.mlp: activations of 17 layers held"``).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +23,8 @@ from memlab.report.timeline import Timeline
 if TYPE_CHECKING:
     from memlab.report.data import Report
 
-__all__ = ["CATEGORY_COLORS", "PHASE_COLORS", "report_timelines", "timeline_figure", "timeline_title",
-           "timelines_svg"]
+__all__ = ["CATEGORY_COLORS", "PHASE_COLORS", "drawn_phases", "report_timelines", "timeline_figure",
+           "timeline_title", "timelines_svg"]
 
 
 PHASE_COLORS = {
@@ -91,9 +92,59 @@ report loaded from a dict has none); measure or estimate the plans again and plo
     return timelines
 
 
+def drawn_phases(phases: Sequence[tuple[str, int, int]], last: int, columns: int = _WIDTH - _LEFT - _RIGHT
+                 ) -> list[tuple[str, int, int]]:
+    """The shades drawn for ``phases`` on an axis to ``last`` that is ``columns`` pixels wide: touching phases of one
+    name as one shade, and where there are more phases than pixels (thousands of decode steps, hundreds of
+    micro-batches), each pixel shaded by the phase at its middle, so that a figure stays small however many there are.
+
+    Example:
+        >>> drawn_phases([("decode", 0, 1), ("decode", 1, 2), ("optimizer", 2, 4)], last=4)
+        [('decode', 0, 2), ('optimizer', 2, 4)]
+        >>> phases = [("forward" if i % 2 == 0 else "backward", i, i + 1) for i in range(10_000)]
+        >>> len(drawn_phases(phases, last=10_000, columns=100)) <= 100
+        True
+    """
+    if len(phases) > columns and last > 0:
+        starts = [start for _, start, _ in phases]
+        sampled = []
+        for column in range(columns):
+            at = (column + 0.5) * last / columns
+            index = bisect.bisect_right(starts, at) - 1
+            if index >= 0 and phases[index][1] <= at < max(phases[index][2], phases[index][1] + 1):
+                sampled.append((phases[index][0], round(column * last / columns), round((column + 1) * last / columns)))
+        phases = sampled
+    merged: list[tuple[str, int, int]] = []
+    for name, start, end in phases:
+        if merged and merged[-1][0] == name and merged[-1][2] >= start:
+            merged[-1] = (name, merged[-1][1], max(end, merged[-1][2]))
+        else:
+            merged.append((name, start, end))
+    return merged
+
+
 def _points(rows: int) -> int:
     """How many points each of ``rows`` timelines drawn together keeps: fewer as there are more of them."""
     return max(120, min(400, 800 // max(rows, 1)))
+
+
+def _svg_points(rows: int) -> int:
+    """The same for the static SVG a notebook keeps: a point every 3 to 8 pixels of its 810 (each stretch's highest
+    and lowest, the peak exactly), so that a run's record weighs about 10 kB."""
+    return max(100, min(260, 520 // max(rows, 1)))
+
+
+def _outline(points: list[tuple[str, str]]) -> str:
+    """An area's upper edge as SVG points, without the inner points of its level stretches (what a flat category,
+    the weights, mostly is): the same drawing in fewer bytes.
+
+    Example:
+        >>> _outline([("0", "5"), ("1", "5"), ("2", "5"), ("3", "4")])
+        '0,5 2,5 3,4'
+    """
+    kept = [point for index, point in enumerate(points)
+            if index in (0, len(points) - 1) or not points[index - 1][1] == point[1] == points[index + 1][1]]
+    return " ".join(f"{x},{y}" for x, y in kept)
 
 
 def _scale(timelines: Sequence[Timeline]) -> tuple[str, float, float, int]:
@@ -133,7 +184,7 @@ def timeline_figure(timelines: Sequence[Timeline]) -> Any:
                 line={"width": 0.5, "color": CATEGORY_COLORS.get(name, "#B0B0B0")}, legendgroup=name,
                 showlegend=row == 1, hovertemplate=f"{name}: %{{y:.3s}} {unit}<extra>event %{{x}}</extra>",
             ), row=row, col=1)
-        for name, start, end in timeline.phases:
+        for name, start, end in drawn_phases(timeline.phases, last):
             figure.add_vrect(x0=start, x1=max(end, start + 0.5), fillcolor=PHASE_COLORS.get(name, "rgba(0,0,0,0.05)"),
                              line_width=0, layer="below", row=row, col=1)
         peak = timeline.peak
@@ -163,7 +214,7 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
         True
     """
     unit, divisor, top, last = _scale(timelines)
-    timelines = [timeline.thinned(_points(len(timelines))) for timeline in timelines]
+    timelines = [timeline.thinned(_svg_points(len(timelines))) for timeline in timelines]
     ticks = nice_ticks(top * 1.05)
     top = ticks[-1] or 1.0
     inner = _WIDTH - _LEFT - _RIGHT
@@ -190,7 +241,7 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
             return bottom - _ROW * (value / divisor) / top
 
         svg.text(_LEFT, bottom - _ROW - 6, timeline_title(timeline), size=12, weight="bold")
-        for name, start, end in timeline.phases:
+        for name, start, end in drawn_phases(timeline.phases, last):
             width = max(at_x(end) - at_x(start), 1)
             svg.add(f'<rect x="{px(at_x(start))}" y="{px(bottom - _ROW)}" width="{px(width)}" '
                     f'height="{_ROW}" fill="{PHASE_COLORS.get(name, "rgba(0,0,0,0.05)")}"/>')
@@ -200,12 +251,13 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
         floor = [0] * len(timeline.x)
         for name in timeline.categories:
             values = timeline.series[name]
-            if any(values):
+            # A band never half a pixel tall would be drawn over its neighbour's edge: left out, a whole polygon less.
+            if max(values, default=0) / divisor / top * _ROW >= 0.5:
                 floor = [low + value for low, value in zip(floor, values, strict=True)]
                 ceilings.append((name, floor))
         base = f"{px(at_x(timeline.x[-1]))},{px(bottom)} {px(at_x(timeline.x[0]))},{px(bottom)}"
         for name, ceiling in reversed(ceilings):
-            upper = " ".join(f"{px(at_x(t))},{px(at_y(v))}" for t, v in zip(timeline.x, ceiling, strict=True))
+            upper = _outline([(px(at_x(t)), px(at_y(v))) for t, v in zip(timeline.x, ceiling, strict=True)])
             svg.add(f'<polygon points="{upper} {base}" fill="{CATEGORY_COLORS.get(name, "#B0B0B0")}"/>')
         for tick in ticks:
             y = bottom - _ROW * tick / top

@@ -8,6 +8,10 @@ How memory is read per optimizer step:
 - on CPU: memlab's :class:`~memlab.measure.tracker.MemoryTracker` (a ``TorchDispatchMode``) over the step, with the
   parameters, gradients and optimizer state that exist at the step's start as its baseline: live tensor bytes,
   exact, and a few microseconds of Python per operator (CPU training of a real model is slow anyway).
+
+The costliest step (the highest peak) is kept as a timeline, ``Watch.timeline``: on CPU from the tracker's changes, on
+CUDA from the caching allocator's own history without stack traces, read only when a step beats the costliest so
+far (:mod:`memlab.trainer.watch_timeline` says what each records and what it costs).
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlab.errors import MemlabError, MemlabWarning
 from memlab.plan import format_bytes, parse_budget
 from memlab.trainer.source import is_trainer, trainer_model
+
+if TYPE_CHECKING:
+    from memlab.report.timeline import Timeline
+    from memlab.trainer.watch_timeline import CostliestStep
 
 __all__ = ["NEAR_BUDGET", "WATCH_MARK", "StepRecord", "Watch", "batch_lengths", "installed_watch", "watch"]
 
@@ -32,7 +40,7 @@ NEAR_BUDGET = 0.9
 WATCH_MARK = "_memlab_watch"
 """The trainer's instance attribute that holds its :class:`Watch` while one is on."""
 
-_WRAPPED = ("training_step", "train")
+_WRAPPED = ("training_step", "compute_loss", "train")
 
 
 @dataclass(frozen=True)
@@ -98,15 +106,24 @@ class _StepMemory:
         self.probe: Any = None
         self.breakdown: dict[str, int] = {}
         self.hooks: list[Any] = []
+        self.allocated_before = 0
+        self.costliest: CostliestStep | None = None  # the costliest step's record (its timeline)
 
     def start(self) -> None:
         import torch
 
         model = trainer_model(self.trainer)
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        if self.costliest is None or self.costliest.device != device:
+            from memlab.trainer.watch_timeline import CostliestStep
+
+            if self.costliest is not None:
+                self.costliest.close()
+            self.costliest = CostliestStep(device)
         if device.type == "cuda":
             from memlab.measure.cuda import CudaPeak
 
+            self.costliest.begin(model)  # the allocator's history cleared before the peak is reset
             self.probe = CudaPeak(device)
         else:
             from memlab.measure.tracker import MemoryTracker
@@ -125,7 +142,25 @@ class _StepMemory:
                 tracker.mark([param.grad], "grads")
 
             self.hooks = [p.register_post_accumulate_grad_hook(mark) for p in parameters if p.requires_grad]
+            self.costliest.begin(model, tracker)
         self.probe.__enter__()
+
+    def mark(self, phase: str | None) -> None:
+        """The step enters ``phase`` (``"forward"``, ``"backward"``, ``"optimizer"``; None: between them)."""
+        if self.probe is not None and self.costliest is not None:
+            self.costliest.mark(phase)
+
+    def before_optimizer(self) -> None:
+        """The optimizer step begins: on CUDA, a step that may become the costliest notes its gradients' blocks."""
+        costliest = self.costliest
+        if self.probe is None or costliest is None:
+            return
+        costliest.mark("optimizer")
+        if hasattr(self.probe, "peak_allocated"):
+            import torch
+
+            if costliest.may_beat(int(torch.cuda.max_memory_allocated(self.probe.device))):
+                costliest.note_gradients(trainer_model(self.trainer).parameters())
 
     def forward_and_backward(self) -> Any:
         """The context of ``training_step``: on CPU what it allocates is charged to activations (gradients move to
@@ -140,13 +175,29 @@ class _StepMemory:
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
+        if self.costliest is not None:
+            self.costliest.stop()
         if probe is None:
             return None
         probe.__exit__(None, None, None)
+        self.allocated_before = int(getattr(probe, "start_allocated", 0) or 0)
         if hasattr(probe, "peak_allocated"):
             return int(probe.peak_allocated)
         self.breakdown = {name: int(size) for name, size in probe.breakdown.items()}
         return int(probe.peak_bytes)
+
+    def keep(self, step: int, peak: int) -> None:
+        """The step that just stopped with ``peak``: kept as the timeline if it is the costliest so far."""
+        if self.costliest is not None:
+            optimizer = getattr(self.trainer, "optimizer", None)
+            self.costliest.end(step, peak, self.breakdown, model=trainer_model(self.trainer), optimizer=optimizer,
+                               allocated_before=self.allocated_before)
+
+    def close(self) -> None:
+        """Training ended: nothing recorded any more (the allocator's history off again)."""
+        self.stop()
+        if self.costliest is not None:
+            self.costliest.close()
 
 
 class Watch:
@@ -188,6 +239,22 @@ class Watch:
     def peak_lengths(self) -> tuple[int, ...]:
         return () if self.peak is None else self.peak.lengths
 
+    @property
+    def timeline(self) -> Timeline | None:
+        """The costliest step's memory over time (a :class:`memlab.report.timeline.Timeline` labelled ``"step N"``,
+        its peak that step's ``peak_bytes``): categories, phases (each micro-batch's forward and backward, the
+        optimizer step), the peak named; ``.plot()``, ``.save(path)`` for PyTorch's memory_viz. None before a step
+        ended. See :mod:`memlab.trainer.watch_timeline` for what each device records.
+
+        Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
+
+            watched = memlab.watch(trainer)
+            trainer.train()
+            watched.timeline.label == f"step {watched.peak_step}", watched.timeline.peak.bytes == watched.peak_bytes
+        """
+        costliest = self._memory.costliest
+        return None if costliest is None else costliest.timeline
+
     def on_step(self, listener: Callable[[StepRecord], None]) -> None:
         """Call ``listener(record)`` after each step (a front end's live figure)."""
         self._listeners.append(listener)
@@ -205,7 +272,7 @@ class Watch:
     def remove(self) -> None:
         """Take the callback and the ``training_step`` and ``train`` wrappers off the trainer (a step being watched
         is ended). Calling it again does nothing."""
-        self._memory.stop()
+        self._memory.close()
         self.removed = True
         self.take_off()
 
@@ -260,6 +327,7 @@ class Watch:
         record = StepRecord(step, peak, elapsed, rows / elapsed if elapsed > 0 else 0.0, lengths,
                             max((padded for _, padded in self._rows), default=0), self._memory.breakdown)
         self.steps.append(record)
+        self._memory.keep(step, peak)
         if self.budget is not None and not self.warned and peak >= NEAR_BUDGET * self.budget:
             self.warned = True
             warnings.warn(
@@ -274,7 +342,7 @@ class Watch:
             listener(record)
 
     def train_end(self) -> None:
-        self._memory.stop()
+        self._memory.close()
         for listener in self._end_listeners:
             listener()
 
@@ -302,6 +370,12 @@ def _callback_class() -> type:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.watch.step_end(state.global_step)
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.watch._memory.before_optimizer()
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.watch._memory.mark(None)
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.watch.train_end()
@@ -347,6 +421,7 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
     result._callback = callback
     result._saved = {name: vars(trainer)[name] for name in _WRAPPED if name in vars(trainer)}
     original = trainer.training_step
+    original_loss = trainer.compute_loss
     original_train = trainer.train
 
     @functools.wraps(original)
@@ -358,16 +433,28 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
         except BaseException:
             result._memory.stop()  # never leave the CPU tracker's dispatch mode on after an error
             raise
+        finally:
+            result._memory.mark(None)
+
+    @functools.wraps(original_loss)
+    def compute_loss(*args: Any, **kwargs: Any) -> Any:
+        # The timeline's phases: the loss is the forward, the rest of training_step its backward.
+        result._memory.mark("forward")
+        try:
+            return original_loss(*args, **kwargs)
+        finally:
+            result._memory.mark("backward")
 
     @functools.wraps(original_train)
     def train(*args: Any, **kwargs: Any) -> Any:
         try:
             return original_train(*args, **kwargs)
         finally:
-            result._memory.stop()  # an interrupt anywhere in train() leaves no tracker behind
+            result._memory.close()  # an interrupt anywhere in train() leaves no tracker or history behind
 
     trainer.callback_handler.callbacks.insert(0, callback)
     trainer.training_step = training_step
+    trainer.compute_loss = compute_loss
     trainer.train = train
     vars(trainer)[WATCH_MARK] = result
     return result

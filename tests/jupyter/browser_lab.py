@@ -510,12 +510,16 @@ def _memlab_outputs(page) -> dict[int, str]:  # type: ignore[no-untyped-def]
     return {index: source.splitlines()[0] for index, source in enumerate(sources) if any(c in source for c in calls)}
 
 
-def _check_figures_and_tables(page, cells, memlab_cells: dict[int, str]) -> None:  # type: ignore[no-untyped-def]
+def _check_figures_and_tables(page, cells, memlab_cells: dict[int, str], live_list: int | None = None
+                              ) -> None:  # type: ignore[no-untyped-def]
     """Every memlab cell shows its figure drawn (non-zero size) or its table, no widget error and no traceback;
-    no table reaches past its output area."""
+    no table reaches past its output area. ``live_list``: a %%memfit cell saved while its timeline list was still open
+    (no cell ran after it), whose list, a widget like the panel, needs its kernel: one widget error allowed there."""
     for index, first_line in memlab_cells.items():
         area = cells.nth(index).locator(".jp-OutputArea")
         text = area.inner_text()
+        if index == live_list:
+            text = text.replace("Error displaying widget: model not found", "", 1)
         assert "Error displaying widget" not in text and "Traceback" not in text, (first_line, text[:300])
         if "%%memfit" in first_line and "--quiet" not in first_line or ".plot()" in first_line:
             figures = area.evaluate(FIGURES)

@@ -261,17 +261,24 @@ def recording_outputs(monkeypatch: pytest.MonkeyPatch, fail_at: BaseException | 
     return made
 
 
-def assert_static_record(front: FrontEnd, outputs: list[LiveOutput], plans: int) -> dict[str, Any]:
-    """The cell shows one output, the static record of ``plans`` plans, where the live figure was; the widget is
-    closed. Returns the record."""
+def assert_static_record(front: FrontEnd, outputs: list[LiveOutput], plans: int, timeline: bool = False
+                         ) -> dict[str, Any]:
+    """The cell shows the static record of ``plans`` plans where the live figure was (the widget closed) and, after a
+    run that ended normally (``timeline``), the list of plans and the picked plan's timeline, a static record too.
+    Returns the figure's record."""
     assert WIDGET_VIEW in front.published[0]["data"]  # the live figure was shown while the plans ran
-    assert len(front.outputs) == 1
+    assert len(front.outputs) == (3 if timeline else 1)
+    if timeline:
+        picker, drawn = front.outputs[1]["data"], front.outputs[2]["data"]
+        assert WIDGET_VIEW in picker and picker["text/plain"].startswith("timeline of ")
+        assert set(drawn) == {"image/svg+xml", "text/plain"} and drawn["text/plain"].startswith("memlab timeline: ")
     record: dict[str, Any] = front.outputs[0]["data"]
     assert WIDGET_VIEW not in record
     assert record["image/svg+xml"].startswith("<svg") and record["image/svg+xml"].rstrip().endswith("</svg>")
     assert record["text/plain"].startswith(f"memlab: {plans} plan")
     assert len(record["text/plain"]) < 200 and "FigureWidget" not in record["text/plain"]
-    assert front.published[-1]["update"] and front.published[-1]["display_id"] == front.outputs[0]["display_id"]
+    updates = [message for message in front.published if message["update"]]
+    assert updates and updates[-1]["display_id"] == front.outputs[0]["display_id"]
     assert len(outputs) == 1 and outputs[0].figure is not None
     assert outputs[0].figure.widget.comm is None  # closed: no comm, no widget state left behind
     return record
@@ -297,7 +304,7 @@ def test_the_live_figure_is_fed_then_replaced_by_a_static_record(
     assert len(report) == 2
     figure = outputs[0].figure
     assert figure is not None and list(figure.widget.data[1].x) == [t.label for t in report.trials]
-    record = assert_static_record(front_end, outputs, plans=2)
+    record = assert_static_record(front_end, outputs, plans=2, timeline=True)
     assert record == record_bundle(report, interactive=False)
     for label in ("plain", "ckpt", "checkpointing"):  # the key spells the labels out
         assert label in record["image/svg+xml"]
@@ -338,8 +345,10 @@ def test_an_error_after_the_figure_was_shown_leaves_a_static_record(
 def test_a_dry_run_shows_the_static_record_and_no_widget(shell: InteractiveShell, front_end: FrontEnd) -> None:
     report = memfit(shell, "model batch --dry-run --try checkpointing=off,on --steps 1")
     assert len(report) == 2
-    assert all(WIDGET_VIEW not in message["data"] for message in front_end.published)
-    assert len(front_end.outputs) == 1 and "<svg" in front_end.outputs[0]["data"]["image/svg+xml"]
+    # No figure widget: the record, then the one widget, the list of plans, and the picked estimate's timeline.
+    assert [WIDGET_VIEW in message["data"] for message in front_end.published] == [False, True, False]
+    assert len(front_end.outputs) == 3 and "<svg" in front_end.outputs[0]["data"]["image/svg+xml"]
+    assert front_end.outputs[2]["data"]["text/plain"].startswith("memlab timeline: ")
 
 
 def test_the_record_of_sixty_plans_is_small_and_readable(
@@ -357,7 +366,7 @@ def test_the_record_of_sixty_plans_is_small_and_readable(
 
     monkeypatch.setattr(magic_run, "compare", fake_compare)
     memfit(shell, "mlp pairs --try checkpointing=off,on --budget 2GiB", MLP_LOSS)
-    record = assert_static_record(front_end, outputs, plans=60)
+    record = assert_static_record(front_end, outputs, plans=60)  # these made-up trials have no timeline
     assert len(json.dumps(record)) < 150_000
     figure = outputs[0].figure
     assert figure is not None

@@ -1,5 +1,6 @@
 """What a ``%%memfit`` run leaves in a notebook lasts: executed in a real kernel (nbclient) and exported with nbconvert,
-the cell shows the static SVG of the figure, not an empty FigureWidget or its repr.
+the cell shows the static SVG of the figure, not an empty FigureWidget or its repr, and the picked plan's timeline as
+a static SVG too.
 
 One tiny model, one plan, one timed step: the kernel's start and imports are most of the time this takes.
 """
@@ -43,8 +44,12 @@ def test_an_executed_notebook_keeps_the_figure_as_svg_in_its_html(tmp_path: Path
     client.execute()
 
     outputs = notebook.cells[1].outputs
-    assert [output.output_type for output in outputs] == ["display_data", "execute_result"]
+    assert [output.output_type for output in outputs] == ["display_data"] * 3 + ["execute_result"]
     figure = outputs[0]["data"]  # the live widget's output, updated in place when the run ended
+    picker, timeline = outputs[1]["data"], outputs[2]["data"]  # the list of plans, the picked plan's timeline
+    assert WIDGET_VIEW in picker and picker["text/plain"].startswith("timeline of 1. plain")
+    assert WIDGET_VIEW not in timeline and timeline["text/plain"].startswith("memlab timeline: plain: peak ")
+    assert timeline["image/svg+xml"].startswith("<svg") and len(json.dumps(outputs[2])) < 100_000
     assert WIDGET_VIEW not in figure and "FigureWidget" not in figure["text/plain"]
     assert figure["image/svg+xml"].startswith("<svg") and "budget 1.00 GiB" in figure["image/svg+xml"]
     assert figure["text/plain"].startswith("memlab: 1 plan")
@@ -58,3 +63,4 @@ def test_an_executed_notebook_keeps_the_figure_as_svg_in_its_html(tmp_path: Path
     sources = re.findall(svg_image, html)
     figures = [base64.b64decode(source).decode() for source in sources]
     assert any("Peak memory by category" in svg and svg.count('class="bar"') >= 5 for svg in figures), len(figures)
+    assert any("memory over one step" in svg and "plain: peak" in svg for svg in figures)  # the timeline, kept

@@ -1,5 +1,5 @@
 """memlab.watch's live figure on a real (tiny) Trainer, on CPU: redrawn every logging step and at the last, stacked
-by category, and left as a static record (SVG, text, plotly JSON) when training ends."""
+by category, and left as a static record (SVG, text) when training ends, with the costliest step's timeline below it."""
 
 from __future__ import annotations
 
@@ -41,7 +41,11 @@ def test_redraws_every_logging_step_and_the_last_then_leaves_a_static_record(tmp
     trainer.train()
     watched.remove()
     assert figure.redraws == 3  # steps 2, 4 and 5 (the last)
-    assert len(shown.objects) == 1 and shown.objects[0].__class__.__name__ == "FigureWidget"
+    # The figure while it trained, then below it, once training ended, the costliest step's timeline.
+    assert len(shown.objects) == 2 and shown.objects[0].__class__.__name__ == "FigureWidget"
+    assert shown.objects[1] is figure.timeline_record and set(figure.timeline_record) == {"text/plain", "image/svg+xml"}
+    assert figure.timeline_record["text/plain"].startswith(f"memlab timeline: step {watched.peak_step}: peak ")
+    assert "forward" in figure.timeline_record["image/svg+xml"]
     record = shown.updates[-1]
     assert record is figure.record and figure.widget is None  # the widget gave way to the record
     assert set(record) == {"text/plain", "image/svg+xml"}  # one static form: no plotly JSON (JupyterLab adds a PNG)

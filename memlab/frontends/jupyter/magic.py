@@ -35,7 +35,7 @@ from typing import Any
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from memlab.frontends.jupyter.magic_parse import empty_body_transformer, memfit_arguments, parse_line, usage_error
-from memlab.frontends.jupyter.magic_render import show_run, stopped
+from memlab.frontends.jupyter.magic_render import close_timelines, show_run, stopped
 from memlab.frontends.jupyter.magic_run import InferenceRequest, TrainingRequest, prepare, request_for
 from memlab.report import Report
 from memlab.runner.quiet import collecting
@@ -159,6 +159,9 @@ def load_ipython_extension(ipython: Any) -> None:
     cleanup = getattr(ipython, "input_transformers_cleanup", None)
     if cleanup is not None and empty_body_transformer not in cleanup:
         cleanup.append(empty_body_transformer)
+    events = getattr(ipython, "events", None)
+    if events is not None and close_timelines not in events.callbacks.get("pre_run_cell", []):
+        events.register("pre_run_cell", close_timelines)  # a run's timeline list is closed when the next cell runs
 
 
 def unload_ipython_extension(ipython: Any) -> None:
@@ -182,3 +185,6 @@ def unload_ipython_extension(ipython: Any) -> None:
     cleanup = getattr(ipython, "input_transformers_cleanup", None)
     while cleanup is not None and empty_body_transformer in cleanup:
         cleanup.remove(empty_body_transformer)
+    events = getattr(ipython, "events", None)
+    if events is not None and close_timelines in events.callbacks.get("pre_run_cell", []):
+        events.unregister("pre_run_cell", close_timelines)

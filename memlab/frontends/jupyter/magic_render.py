@@ -6,8 +6,12 @@ Unless ``--quiet`` (or in a terminal IPython, which cannot draw a widget), :func
 figure (:class:`~memlab.frontends.jupyter.live.LiveOutput`) at the first trial and updates it while trials run; when
 the run ends (normally, on Ctrl-C, or with an error) that output is replaced by a static record of the figure (an
 SVG, see :mod:`memlab.report.static`) and the widget is closed, so the saved notebook shows the figure without a
-kernel. A MemlabError raised while the job runs becomes the one-line UsageError; an interrupt is returned, its
-frames cleared, and raised by the magic as :func:`stopped`.
+kernel. Below it, when the run ends normally, the timeline of one plan (the best, else the last; any other picked in
+a list): :class:`~memlab.frontends.jupyter.timeline_view.TimelineView` with ``keep=True``, whose drawing is a static
+record too, updated in place at each pick, so the saved notebook keeps the timeline last picked; the list is closed
+(left as a line naming the plan drawn) when the next cell runs (:func:`close_timelines`). A MemlabError
+raised while the job runs becomes the one-line UsageError; an interrupt is returned, its frames cleared, and raised
+by the magic as :func:`stopped`.
 """
 
 from __future__ import annotations
@@ -22,9 +26,13 @@ from memlab.errors import MemlabError
 from memlab.frontends.jupyter.live import LiveOutput
 from memlab.frontends.jupyter.magic_parse import usage_error
 from memlab.frontends.jupyter.magic_run import Job
+from memlab.frontends.jupyter.timeline_view import TimelineView
 from memlab.report import Report
 
-__all__ = ["clear_chain", "show_run", "shows_widgets", "stopped"]
+__all__ = ["OPEN_TIMELINES", "clear_chain", "close_timelines", "show_run", "show_timelines", "shows_widgets", "stopped"]
+
+OPEN_TIMELINES: list[TimelineView] = []
+"""The magic's timeline lists still open (closed when the next cell runs)."""
 
 
 def shows_widgets(shell: Any) -> bool:
@@ -76,6 +84,7 @@ def _run_shown(run: Callable[[], Report], output: LiveOutput | None) -> tuple[Re
     else:
         if output is not None:
             output.finish(report, show=True)
+            show_timelines(report)
         return report, False
     print(f"Interrupted: {len(report)} plan(s) were measured; the model is as it was.")
     if output is not None:
@@ -83,6 +92,48 @@ def _run_shown(run: Callable[[], Report], output: LiveOutput | None) -> tuple[Re
     if len(report):
         display(report)
     return report, True
+
+
+def show_timelines(report: Report) -> TimelineView | None:
+    """Show the list of ``report``'s plans and the timeline of the one picked (the best, else the last) as a kept
+    record; None where no trial has a timeline (a sharded estimate). Never raises: the run's result matters more.
+
+    Example:
+        >>> show_timelines(Report([])) is None
+        True
+    """
+    try:
+        trials = list(report.trials)
+        best = report.best
+        view = TimelineView(keep=True)
+        view.update(trials, pick=next((i for i, trial in enumerate(trials) if trial is best), None))
+        if view.record is None:
+            return None
+        view.display()
+        OPEN_TIMELINES.append(view)
+        return view
+    except Exception as error:  # noqa: BLE001 - as LiveOutput.finish: a drawing problem never fails the cell
+        import warnings
+
+        warnings.warn(f"memlab could not show the timeline: {error}", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def close_timelines(info: Any = None) -> None:
+    """Close every open timeline list (what ``%load_ext memlab`` has IPython call before each cell runs): once the
+    user moves on, each list is a line of text and its drawing stays as last picked, so the saved notebook holds no
+    widget that a reload without the kernel would show as an error. Never raises.
+
+    Example:
+        >>> close_timelines(); OPEN_TIMELINES
+        []
+    """
+    while OPEN_TIMELINES:
+        view = OPEN_TIMELINES.pop()
+        try:
+            view.close()
+        except Exception:  # noqa: BLE001, S110 - a front end gone away: nothing left to close
+            pass
 
 
 def clear_chain(error: BaseException) -> None:

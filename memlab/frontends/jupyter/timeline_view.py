@@ -1,27 +1,40 @@
-"""The timeline of the plan the user picks, under a panel's figure: a "timeline of" list of the plans run, a click on
-a plan's bar in the figure, and the picked trial's step drawn as SVG
-(:func:`memlab.report.timeline_figure.timelines_svg`).
+"""The timeline of the plan the user picks: a "timeline of" list of the plans run, a click on a plan's bar in the
+figure, and the picked trial's step drawn as SVG (:func:`memlab.report.static.timeline_bundle`).
 
-The drawing is an SVG in an HTML widget: it needs no plotly to show, and the panel's saved widget state keeps it as it
-keeps the table.
+Two forms, one picker:
+
+- under a panel's figure (the default): the drawing is an SVG in an HTML widget beside the list; it needs no plotly to
+  show, and the panel's saved widget state keeps it as it keeps the table;
+- in ``%%memfit``'s output (``keep=True``): the list is a widget, and the drawing a plain output of its own that each
+  pick updates in place (a display id), a static record as the run's figure is: a saved notebook, nbconvert and
+  GitHub show the timeline last picked without a kernel. The magic's figure is that static record once its run ends,
+  so there the list picks. The list lasts until :meth:`TimelineView.close` (the magic closes it when the next cell
+  runs): its output then becomes a line of text naming the plan drawn, so that a notebook saved afterwards holds no
+  widget that a reload without its kernel would show as an error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ipywidgets as widgets
 
 from memlab.report.data import Trial
-from memlab.report.timeline_figure import timelines_svg
+from memlab.report.static import timeline_bundle
 
 __all__ = ["TimelineView"]
+
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 class TimelineView:
     """The picked plan's timeline: ``widget`` to show, :meth:`update` after each run, :meth:`follow_clicks` on the
-    figure whose bars pick a plan.
+    figure whose bars pick a plan; with ``keep``, :meth:`display` shows the list and the kept record instead.
+
+    Args:
+        keep: draw into a static record of its own (``record``, shown by :meth:`display`) rather than the widget.
+        display: how to show a bundle (IPython's ``display`` by default; tests pass their own).
 
     Example:
         >>> import memlab, torch
@@ -33,30 +46,40 @@ class TimelineView:
         (1, True)
         >>> view.show(0); "plain: peak" in view.drawing.value
         True
+        >>> kept = TimelineView(keep=True, display=lambda obj, **kw: None)
+        >>> kept.update(report.trials, pick=0); kept.record["text/plain"].startswith("memlab timeline: plain")
+        True
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep: bool = False, display: Callable[..., Any] | None = None) -> None:
         self.trials: list[Trial] = []
+        self.keep = keep
+        self.record: dict[str, Any] | None = None  # what the kept output shows (keep=True)
+        self.handle: Any = None
+        self.list_handle: Any = None  # the list's output (keep=True), a line of text once closed
+        self._display = display
         self.picker = widgets.Dropdown(
             description="timeline of", options=[], value=None,
             tooltip="The plan whose step is drawn below: memory over the step by category, its phases, its peak "
-                    "named (or click the plan's bar in the figure)",
+                    "named" + ("" if keep else " (or click the plan's bar in the figure)"),
             layout=widgets.Layout(width="auto"), style={"description_width": "initial"},
         )
         self.drawing = widgets.HTML(layout=widgets.Layout(width="100%"))
-        self.widget = widgets.VBox([self.picker, self.drawing], layout=widgets.Layout(width="100%"))
+        self.widget = widgets.VBox([self.picker] if keep else [self.picker, self.drawing],
+                                   layout=widgets.Layout(width="100%"))
         self.widget.add_class("memlab-timeline")
         self.picker.observe(self._picked, names="value")
 
-    def update(self, trials: Sequence[Trial]) -> None:
-        """The trials run so far (the figure's order); the last one with a timeline is shown."""
+    def update(self, trials: Sequence[Trial], pick: int | None = None) -> None:
+        """The trials run so far (the figure's order); trial ``pick`` is shown, else the last one with a timeline."""
         self.trials = list(trials)
         options = [(f"{index + 1}. {trial.label}", index) for index, trial in enumerate(self.trials)
                    if trial.timeline is not None]
         self.picker.options = options
         self.widget.layout.display = None if options else "none"
         if options:
-            self.show(options[-1][1])
+            shown = [index for _, index in options]
+            self.show(pick if pick in shown else shown[-1])
         else:
             self.drawing.value = ""
 
@@ -68,15 +91,57 @@ class TimelineView:
         timeline = trial.timeline
         assert timeline is not None
         timeline.label = trial.label
-        self.drawing.value = timelines_svg([timeline])
+        bundle = timeline_bundle([timeline])
+        if self.keep:
+            self.record = bundle
+            if self.handle is not None:
+                self.handle.update(bundle, raw=True)  # the kept output, in place: the notebook saves this pick
+        else:
+            self.drawing.value = bundle["image/svg+xml"]
         if self.picker.value != index:
             self.picker.value = index
+
+    def display(self) -> None:
+        """Show the list and, below it, the kept record of the picked timeline (``keep=True``; nothing where no trial
+        has a timeline). The list's own text, for a front end without its widget state, names the plan drawn."""
+        if self.record is None:
+            return
+        shown = dict(self.widget._repr_mimebundle_() or {})
+        shown["text/plain"] = f"timeline of {self._picked_label()} (a kernel picks another plan in this list)"
+        self.list_handle = self._show({key: shown[key] for key in (_WIDGET_VIEW, "text/plain") if key in shown})
+        self.handle = self._show(self.record)
+
+    def close(self) -> None:
+        """End the picking (``keep=True``): the list's output becomes a line naming the plan drawn, the widget is
+        closed, and the drawing stays as last picked.
+
+        Example:
+            >>> view = TimelineView(keep=True, display=lambda obj, **kw: None)
+            >>> view.close(); view.picker.comm is None
+            True
+        """
+        if self.list_handle is not None:
+            self.list_handle.update({"text/plain": f"timeline of {self._picked_label()}"}, raw=True)
+            self.list_handle = None
+        self.widget.close()
+        self.picker.close()
+        self.drawing.close()
+
+    def _picked_label(self) -> str:
+        return next((text for text, index in self.picker.options if index == self.picker.value), "")
 
     def follow_clicks(self, figure: Any) -> None:
         """Pick a plan by clicking one of its bars in ``figure`` (a plotly FigureWidget drawing the same trials)."""
         for trace in figure.data:
             if trace.type == "bar":
                 trace.on_click(self._clicked)
+
+    def _show(self, bundle: dict[str, Any]) -> Any:
+        if self._display is not None:
+            return self._display(bundle, raw=True, display_id=True)
+        from IPython.display import display
+
+        return display(bundle, raw=True, display_id=True)
 
     def _clicked(self, trace: Any, points: Any, state: Any) -> None:
         if points.point_inds:

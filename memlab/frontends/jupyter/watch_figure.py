@@ -16,7 +16,9 @@ cost is one small plotly update per logging step. It subscribes to the core thro
 this module. Nothing is displayed before the first step. The record is
 :func:`memlab.report.static.figure_bundle` of :func:`memlab.report.svg_steps.steps_svg` (an SVG and a text line: one
 static form per figure, as the comparison figure's record, :class:`memlab.frontends.jupyter.live.LiveOutput`;
-plotly's JSON would make JupyterLab save a PNG of it too, tripling a notebook's size).
+plotly's JSON would make JupyterLab save a PNG of it too, tripling a notebook's size). Below it, once training ends,
+the timeline of the costliest step (``Watch.timeline``: memory over that step by category, its phases, its peak
+named) as a second static record, :func:`memlab.report.static.timeline_bundle`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from memlab.report.figure import CATEGORY_COLORS, RATE_COLOR, budget_line, budget_note, empty_trace
-from memlab.report.static import figure_bundle
+from memlab.report.static import figure_bundle, timeline_bundle
 from memlab.report.svg_steps import PEAK_COLOR, StepSeries, step_series, steps_svg, steps_text
 
 __all__ = ["WatchFigure", "show_watch", "steps_figure"]
@@ -111,6 +113,8 @@ class WatchFigure:
         (2, 3)
         >>> figure.finish(); sorted(figure.record)  # one static form: the SVG (and a line of text)
         ['image/svg+xml', 'text/plain']
+        >>> figure.timeline_record is None  # this stand-in watch kept no timeline
+        True
     """
 
     def __init__(self, watched: Any, *, every: int | None = None, display: Callable[..., Any] | None = None) -> None:
@@ -120,6 +124,8 @@ class WatchFigure:
         self.widget: go.FigureWidget | None = None
         self.handle: Any = None
         self.record: dict[str, Any] | None = None
+        self.timeline_record: dict[str, Any] | None = None  # the costliest step's timeline, shown below at the end
+        self._timeline_handle: Any = None
         self._display = display
         self._warned = False
         watched.on_step(self.step)
@@ -160,6 +166,13 @@ class WatchFigure:
             self.widget._esm = ""  # see LiveOutput._finish: no 5 MB of plotly.js left in a saved notebook
             self.widget.close()
             self.widget = None
+        timeline = getattr(self.watch, "timeline", None)
+        if timeline is not None:
+            self.timeline_record = timeline_bundle([timeline])
+            if self._timeline_handle is not None and hasattr(self._timeline_handle, "update"):
+                self._timeline_handle.update(self.timeline_record, raw=True)  # a second train() of the same watch
+            else:
+                self._timeline_handle = self._show(self.timeline_record, raw=True)
 
     def _every(self) -> int:
         if self.every is not None:
