@@ -176,6 +176,12 @@ def fit_then_train(trainer: Any, rows: int, steps: int, checks: Checks, label: s
             finally:
                 watched.remove()
         peak = watched.peak_bytes
+        timeline = getattr(watched, "timeline", None)  # issue 45: the costliest step's, from the allocator's history
+        timeline_peak = None if timeline is None else timeline.peak.bytes
+        checks.add(f"{label}: watch kept its costliest step's timeline, its peak the watched peak",
+                   timeline_peak is not None and peak is not None and timeline_peak == peak,
+                   timeline_peak=timeline_peak, watched_peak=peak,
+                   timeline_label=None if timeline is None else timeline.label)
         watched_steps = [dataclasses.asdict(step) if dataclasses.is_dataclass(step) and not isinstance(step, type)
                          else str(step) for step in watched.steps]
         checks.add(f"{label}: trainer.train() ran its {steps} steps under watch", len(watched.steps) == steps,
