@@ -209,7 +209,10 @@ def _text(value: bytes | str | None) -> str:
 
 def run_pytest(limit: float, device: torch.device) -> dict[str, Any]:
     """``pytest tests/gpu``: its summary line, counts and output."""
-    code, output, seconds = _child([sys.executable, "-m", "pytest", "tests/gpu", "-v", "-p", "no:cacheprovider"], limit)
+    # In this process, one test at a time on the one GPU: no xdist workers (pyproject's -n auto), which the device
+    # machine does not install.
+    code, output, seconds = _child([sys.executable, "-m", "pytest", "tests/gpu", "-v", "-p", "no:cacheprovider",
+                                    "-o", "addopts=-rfEs"], limit)
     summary = next((line for line in reversed(output.splitlines()) if re.search(r"\d+ (passed|failed|error)", line)),
                    "")
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}

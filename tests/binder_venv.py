@@ -17,12 +17,11 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+import background
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_LIMIT_S = 900
@@ -52,12 +51,11 @@ def notebook_imports() -> list[str]:
 
 
 class BinderBuild:
-    """The background build: :meth:`start` once, :meth:`wait` for its exit status, :meth:`remove` at the end."""
+    """The background build: :meth:`start` (once per session, whichever pytest-xdist worker comes first:
+    :mod:`background`), :meth:`wait` for its exit status. The session's end removes it (``tests/conftest.py``)."""
 
     def __init__(self) -> None:
         self.folder: Path | None = None
-        self.process: subprocess.Popen[bytes] | None = None
-        self.started = 0.0
         self.seconds: float | None = None
 
     @property
@@ -79,40 +77,37 @@ class BinderBuild:
         return env
 
     def start(self) -> None:
-        if self.process is not None:
-            return
-        self.folder = Path(tempfile.mkdtemp(prefix="memlab-binder-"))
-        script = (
+        self.folder = background.shared_folder() / "binder"
+        self.folder.mkdir(exist_ok=True)
+        build = (
             f"{sys.executable} -m venv {self.venv} && "
             "pip install -r binder/requirements.txt && "
             "bash binder/postBuild"
         )
-        self.started = time.monotonic()
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=self.environment(), stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+        # The exit status lands in a file, for whichever worker runs the test to read.
+        script = f"date +%s.%N > {self.folder / 'started'}; ({build}); echo $? > {self.folder / 'status'}"
+        background.start_once("binder", ["bash", "-c", script], cwd=ROOT, env=self.environment(), log=self.log)
 
     def wait(self) -> int:
-        """The build's exit status (starting it if no one did), waiting at most what is left of
-        :data:`BUILD_LIMIT_S`."""
+        """The build's exit status (starting it if no one did), waiting at most :data:`BUILD_LIMIT_S` from its
+        start."""
         self.start()
-        assert self.process is not None
-        left = max(1.0, BUILD_LIMIT_S - (time.monotonic() - self.started))
-        status = self.process.wait(timeout=left)
-        if self.seconds is None:
-            self.seconds = time.monotonic() - self.started
-        return status
+        assert self.folder is not None
+        status, started = self.folder / "status", self.folder / "started"
+        waited = time.monotonic()
+        while not status.exists():
+            if not background.running("binder") and not status.exists():
+                return -1  # ended without writing its status: killed
+            if time.monotonic() - waited > BUILD_LIMIT_S:
+                raise TimeoutError(f"the Binder-like venv build took over {BUILD_LIMIT_S} s")
+            time.sleep(0.5)
+        time.sleep(0.1)  # written by echo: complete once the file is closed
+        if started.exists():
+            self.seconds = status.stat().st_mtime - float(started.read_text())
+        return int(status.read_text().strip() or -1)
 
     def tail(self, characters: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-characters:] if self.folder is not None else ""
-
-    def remove(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, 9)
-            self.process.wait()
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-        self.process, self.folder = None, None
 
 
 BUILD = BinderBuild()

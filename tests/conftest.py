@@ -1,6 +1,35 @@
 import gc
+import os
 
+import background
 import models  # noqa: F401  (sets threads and warning filters for every test)
+import pytest
+
+
+def pytest_configure(config):
+    # The session's shared folder for its background jobs (background.py), made by the first process to configure
+    # (xdist's controller, before it starts the workers, which inherit the variable; or the only process), which
+    # also ends the jobs and removes it at the end.
+    if background.SHARED_ENV not in os.environ:
+        background.shared_folder()
+        config.stash[_OWNS_SHARED] = True
+
+
+def pytest_unconfigure(config):
+    if config.stash.get(_OWNS_SHARED, False):
+        background.stop_all(background.shared_folder())
+        del os.environ[background.SHARED_ENV]
+
+
+_OWNS_SHARED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist (the GPU run's -o addopts=) skips it
+def pytest_xdist_auto_num_workers(config):
+    # -n auto (pyproject.toml): one worker per core, at most four. Most tests are single-threaded Python (fake-tensor
+    # dispatch, tiny models with one torch thread), so the suite ran on about one core of two before; more than four
+    # workers would each import torch and transformers for little gain.
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 def pytest_collection_finish(session):
@@ -50,12 +79,16 @@ OPTIONAL = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     import importlib.util
 
-    import pytest
-
     for item in items:
+        # Under xdist (--dist loadgroup), a test file's tests run in one worker, so that its module-scoped fixtures
+        # (the models several tests share) are built once; the browser tests share one JupyterLab and Chromium.
+        if item.get_closest_marker("xdist_group") is None:
+            group = "browser" if item.get_closest_marker("browser") else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
         for marker in item.iter_markers("needs"):
             missing = [name for name in marker.args if importlib.util.find_spec(name) is None]
             if missing:

@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+import background
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,15 +200,6 @@ def saved_size(nb: nbformat.NotebookNode) -> int:
     return len(nbformat.writes(kept).encode())
 
 
-def _claim(folder: Path, name: str) -> bool:
-    """Whether this process is the one that runs ``name`` (the first to create its claim file)."""
-    try:
-        os.close(os.open(folder / f"{name}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
-
-
 def _write(folder: Path, run: NotebookRun) -> None:
     partial = folder / f"{run.name}.json.partial"
     partial.write_text(json.dumps(run.__dict__))
@@ -224,24 +212,21 @@ def _read(folder: Path, name: str) -> NotebookRun | None:
 
 
 class NotebookRuns:
-    """The session's notebook runs: :meth:`start` the runner in the background, :meth:`result` of one notebook
-    (waiting for the runner, or running it here), :meth:`stop` at the end of the session."""
+    """The session's notebook runs: :meth:`start` the runner in the background (once per session, whichever
+    pytest-xdist worker comes first: :mod:`background`), :meth:`result` of one notebook (waiting for the runner, or
+    running it here). The session's end stops the runner (``tests/conftest.py``)."""
 
     def __init__(self) -> None:
         self.folder: Path | None = None
         self.env: dict[str, str] = {}
-        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, names: list[str]) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="memlab-notebooks-"))
+        self.folder = background.shared_folder() / "notebooks"
+        self.folder.mkdir(exist_ok=True)
         self.env = kernel_environment()
-        if not names:
-            return
-        with open(self.folder / "runner.log", "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, __file__, str(self.folder), *names], cwd=ROOT, env=self.env, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,  # its own group: stop() ends its kernels too
-            )
+        if names:
+            background.start_once("notebooks", [sys.executable, __file__, str(self.folder), *names], cwd=ROOT,
+                                  env=self.env, log=self.folder / "runner.log")
 
     def result(self, name: str) -> NotebookRun:
         if self.folder is None:  # no session hook started it (a test run by hand): run everything here
@@ -251,30 +236,17 @@ class NotebookRuns:
             done = _read(self.folder, name)
             if done is not None:
                 return done
-            if _claim(self.folder, name):
+            if background.claim(self.folder, name):
                 run = execute(name, self.folder / name, self.env)
                 _write(self.folder, run)
                 return run
-            if self.process is None or self.process.poll() is not None:
+            if not background.running("notebooks"):
                 done = _read(self.folder, name)  # it may have finished between the two reads
                 if done is not None:
                     return done
                 log = (self.folder / "runner.log").read_text(errors="replace")[-3000:]
                 return NotebookRun(name, 0.0, [], f"the notebook runner stopped before {name} ended:\n{log}")
             time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self.process = None
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = None
 
 
 RUNS = NotebookRuns()
@@ -285,7 +257,7 @@ def main(argv: list[str]) -> int:
     folder, names = Path(argv[0]), argv[1:]
     env = dict(os.environ)
     for name in names:
-        if _claim(folder, name):
+        if background.claim(folder, name):
             run = execute(name, folder / name, env)
             _write(folder, run)
             print(f"{name}: {run.seconds:.1f} s{' (failed)' if run.error else ''}", flush=True)

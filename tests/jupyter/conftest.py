@@ -1,5 +1,5 @@
 """Starts the notebook runner (:mod:`notebook_runs`) once the session knows which notebooks it will execute, so
-that they run in the background while the other tests do, and stops it when the session ends."""
+that they run in the background while the other tests do (the session's end stops it: ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if getattr(item, "originalname", None) == RUN_TEST and hasattr(item, "callspec")
     ]
     RUNS.start([name for name in dict.fromkeys(names) if not missing_apis(name)])
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    RUNS.stop()
 
 
 # The browser tests' fixtures (a Jupyter server, headless Chromium), shared by every test_browser*.py module.

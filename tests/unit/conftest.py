@@ -1,5 +1,6 @@
 """Starts the Binder-like venv build (:mod:`binder_venv`) in the background as soon as the session has collected the
-test that checks it, so that its two minutes of pip pass while the other tests run, and removes the venv at the end."""
+test that checks it, so that its two minutes of pip pass while the other tests run (the session's end removes it:
+``tests/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,3 @@ VENV_TEST = "test_a_venv_built_as_binder_builds_it_imports_every_notebooks_impor
 def pytest_collection_finish(session: pytest.Session) -> None:
     if not session.config.option.collectonly and any(item.name == VENV_TEST for item in session.items):
         BUILD.start()
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    BUILD.remove()
