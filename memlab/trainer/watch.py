@@ -108,6 +108,7 @@ class _StepMemory:
         self.hooks: list[Any] = []
         self.allocated_before = 0
         self.costliest: CostliestStep | None = None  # the costliest step's record (its timeline)
+        self.optimizer_phase: Any = None  # on CPU, the tracker's "optimizer" category while the optimizer steps
 
     def start(self) -> None:
         import torch
@@ -156,11 +157,23 @@ class _StepMemory:
         if self.probe is None or costliest is None:
             return
         costliest.mark("optimizer")
+        phase = getattr(self.probe, "phase", None)
+        if phase is not None and self.optimizer_phase is None:
+            # What the optimizer step allocates (the first step's Adam moments, say) is optimizer state, not "other".
+            self.optimizer_phase = phase("optimizer")
+            self.optimizer_phase.__enter__()
         if hasattr(self.probe, "peak_allocated"):
             import torch
 
             if costliest.may_beat(int(torch.cuda.max_memory_allocated(self.probe.device))):
                 costliest.note_gradients(trainer_model(self.trainer).parameters())
+
+    def after_optimizer(self) -> None:
+        """The optimizer step ended: back to no phase (on CPU, allocations count as "other" again)."""
+        self.mark(None)
+        phase, self.optimizer_phase = self.optimizer_phase, None
+        if phase is not None:
+            phase.__exit__(None, None, None)
 
     def forward_and_backward(self) -> Any:
         """The context of ``training_step``: on CPU what it allocates is charged to activations (gradients move to
@@ -175,6 +188,9 @@ class _StepMemory:
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
+        if self.optimizer_phase is not None:  # a step that ended without on_optimizer_step
+            self.optimizer_phase.__exit__(None, None, None)
+            self.optimizer_phase = None
         if self.costliest is not None:
             self.costliest.stop()
         if probe is None:
@@ -375,7 +391,7 @@ def _callback_class() -> type:
             self.watch._memory.before_optimizer()
 
         def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.watch._memory.mark(None)
+            self.watch._memory.after_optimizer()
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.watch.train_end()

@@ -45,6 +45,20 @@ def test_watch_keeps_the_costliest_steps_timeline(tmp_path: Path) -> None:
     assert not {"training_step", "compute_loss", "train"} & set(vars(t))
 
 
+def test_what_the_optimizer_step_allocates_is_optimizer_state(tmp_path: Path) -> None:
+    """The first step creates Adam's moments inside the optimizer step: on the timeline they are "optimizer", not
+    "other" (on CPU the watch's tracker charges the optimizer step's allocations to it)."""
+    t = trainer(tmp_path, max_steps=1)
+    w = memlab.watch(t, show=False)
+    t.train()
+    w.remove()
+    timeline = w.timeline
+    assert timeline is not None
+    moments = 2 * sum(p.numel() * p.element_size() for p in t.model.parameters() if p.requires_grad)
+    assert max(timeline.series["optimizer"]) >= moments
+    assert max(timeline.series["other"]) < moments / 4
+
+
 def test_each_micro_batch_has_its_forward_and_backward(tmp_path: Path) -> None:
     t = trainer(tmp_path, max_steps=2, gradient_accumulation_steps=2)
     w = memlab.watch(t, show=False)

@@ -323,8 +323,10 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
 
         # watch: its record (SVG) says over or within the budget as its steps do; its live figure's axes are whole.
         watch = cells.nth(WATCH_CELL).locator(".jp-OutputArea")
-        record = watch.locator("img").last
-        record.wait_for(timeout=60_000)
+        # Its steps' record first, then the timeline of its costliest step (issue 45), each an SVG image.
+        watch.locator("img").nth(1).wait_for(timeout=60_000)
+        record, timeline = watch.locator("img").first, watch.locator("img").last
+        assert "memory over one step" in timeline.evaluate("img => decodeURIComponent(img.src)")
         text = record.evaluate("img => decodeURIComponent(img.src)")
         said = re.search(r"peak ([\d.]+) (KiB|MiB) at step \d+; (over|within) the ([\d.]+) (KiB|MiB) budget", text)
         assert said, text[:600]
