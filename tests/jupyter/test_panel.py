@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from html import unescape
 from typing import Any
 
 import ipywidgets as widgets
@@ -132,7 +133,7 @@ def test_out_of_memory_is_does_not_fit_not_an_error() -> None:
     assert "does not fit" in p.table.value
     for html in (p.status.value, p.table.value):
         assert "Traceback" not in html and 'File "' not in html
-    bar = next(trace for trace in p.figure.widget.data if trace.name == "does not fit" and trace.type == "bar")
+    bar = next(trace for trace in p.figure.widget.data if trace.name == "out of memory" and trace.type == "bar")
     assert bar.y[0] == pytest.approx(64 / 1024)
     assert p.report.budget == 64 * 1024
     assert not p.run_button.disabled
@@ -224,6 +225,25 @@ def test_the_fine_tuning_levers_have_controls_and_make_plans() -> None:
     p.controls["adapter"].value = "lora"
     p.controls["lora_rank"].value = 4
     assert p.plan() == Plan(adapter="lora", lora_rank=4)
+
+
+def test_lora_alpha_shows_auto_never_zero() -> None:
+    """lora_alpha's default None (twice the rank) shows as "auto", not as 0; a number typed is the plan's alpha,
+    "auto" again is None, and a word the control does not know is said when Run is clicked."""
+    p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)
+    alpha = p.controls["lora_alpha"]
+    assert alpha.value == "auto" and "auto" in alpha.options and "twice the rank" in alpha.tooltip
+    p.controls["adapter"].value = "lora"
+    assert p.plan() == Plan(adapter="lora") and p.plan().lora_alpha is None
+    alpha.value = "32"
+    assert p.plan() == Plan(adapter="lora", lora_alpha=32)
+    alpha.value = 8  # as a plan's value is set on it (a trainer's own settings)
+    assert alpha.value == "8" and p.plan().lora_alpha == 8
+    alpha.value = None
+    assert alpha.value == "auto" and p.plan().lora_alpha is None
+    alpha.value = "lots"
+    p.run_button.click()
+    assert "lora_alpha='lots' is not a whole number" in unescape(p.status.value) and not p.report.trials
 
 
 def test_closing_a_panel_lets_its_model_go() -> None:
