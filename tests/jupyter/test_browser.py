@@ -96,7 +96,7 @@ def test_panel_runs_a_trial_and_draws_it_in_the_browser(jupyter_server: tuple[st
         expect(run).to_be_disabled(timeout=30_000)  # the kernel is running the trial
         expect(_tick_labels(plot)).to_contain_text(["plain"], timeout=RUN_TIMEOUT_MS)
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)
-        expect(panel.locator(".memlab-status")).to_contain_text("plain: fits")
+        expect(panel.locator(".memlab-status")).to_contain_text("plain: peak")  # no budget: no "fits"
 
         checkpointing = panel.locator(CHECKPOINTING_BOX)  # the checkpointing box: off, all or a number of blocks
         checkpointing.fill("all")

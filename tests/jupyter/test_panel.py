@@ -111,7 +111,9 @@ def test_run_then_checkpointing_then_run_gives_two_trials_in_report_and_figure(t
     named = sorted(label for trace in points for label in trace.text)
     assert len(named) == 2 and set(named) - {""} <= {"ckpt", "plain"} and set(named) - {""}
     assert "plain" in p.table.value and "ckpt" in p.table.value
-    assert "ckpt: fits" in p.status.value
+    # no budget: nothing to fit, so the status says no verdict, and the figure's legend has no "fits"
+    assert "ckpt: peak" in p.status.value and "(no budget set)" in p.status.value and "fits" not in p.status.value
+    assert [trace.showlegend for trace in points if trace.name == "fits"] == [False]
     assert_same(two_runs["before"], fingerprint(two_runs["model"]))
 
 
@@ -294,6 +296,8 @@ def test_clear_empties_the_report_table_and_figure_and_leaves_the_model_alone() 
     p = panel(model, small_batch(), steps=1, noise=0, budget="64MiB")
     p.run_button.click()
     assert len(p.report) == 1 and "plain" in p.table.value
+    assert "plain: fits, peak" in p.status.value  # a budget to fit: the verdict is said
+    assert next(trace for trace in p.figure.widget.data if trace.name == "fits").showlegend is True
     old_figure = p.figure
     p.clear_button.click()
     assert len(p.report) == 0 and p.report.budget == 64 * MIB

@@ -335,6 +335,8 @@ class LiveFigure:
                 "text": [names[i] for i in points],
                 "hovertext": [data["hover"][i] for i in points],
             }
+        # "fits" in the legend only where there is a budget to fit (the hover of a plan that does not fit says so)
+        columns[self._scatter_fits]["showlegend"] = data["budget_mib"] is not None
         return columns
 
     def _annotations(self, data: dict[str, Any], low_titles: float) -> list[dict[str, Any]]:
@@ -474,7 +476,7 @@ def _build_widget(categories: tuple[str, ...] = CATEGORIES) -> go.FigureWidget:
                 marker={"color": color, "symbol": symbol, "size": 11},
                 legendgroup="status",
                 showlegend=legend,
-                hovertemplate="%{hovertext}<br>%{x:.2f} MiB, %{y:.3r} samples/s<extra>" + name + "</extra>",
+                hovertemplate="%{hovertext}<br>%{x:.2f} MiB, %{y:.3r} samples/s<extra></extra>",
             ),
             row=2,
             col=2,

@@ -372,6 +372,8 @@ class PanelCore(widgets.VBox):
             return f"{trial.label}: does not fit: {judged_text(trial)} is over the budget{why}", "warn"
         rate = self._rate(trial)
         speed = "" if rate is None else f", {axis_number(rate)} {self.rate_unit}"
+        if report.budget is None and trial.budget is None:  # nothing to fit: "fits" would claim a verdict
+            return f"{trial.label}: {judged_text(trial)}{speed} (no budget set)", "ok"
         return f"{trial.label}: fits, {judged_text(trial)}{speed}", "ok"
 
     # --- display --------------------------------------------------------------------------------------------
