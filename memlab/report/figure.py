@@ -22,7 +22,14 @@ from memlab.report.colors import CATEGORY_COLORS as CATEGORY_COLORS  # re-export
 from memlab.report.data import Report, Trial
 from memlab.report.format import one_line
 from memlab.report.noise import runs_speed_interval
-from memlab.report.plan_axis import FULL_LABELS_UP_TO, PLOTLY_PANEL_PX, figure_height, plan_axis, plan_axis_layout
+from memlab.report.plan_axis import (
+    FULL_LABELS_UP_TO,
+    PLOTLY_PANEL_PX,
+    figure_height,
+    plan_axis,
+    plan_axis_layout,
+    run_labels,
+)
 from memlab.report.svg import axis_number
 from memlab.report.verdicts import FITS, OVER_BUDGET, VERDICT_WORDS, bar_marks, best_caption, best_marks, verdicts
 
@@ -490,12 +497,7 @@ def figure_data(report: Report, categories: tuple[str, ...] | None = None) -> di
         >>> d["describe"][1], d["speed_low"]
         ('micro-batch 8 x accumulation 1', [None, None])
     """
-    labels: list[str] = []
-    seen: dict[str, int] = {}
-    for trial in report.trials:
-        count = seen.get(trial.label, 0) + 1
-        seen[trial.label] = count
-        labels.append(trial.label if count == 1 else f"{trial.label} ({count})")
+    labels = run_labels([trial.label for trial in report.trials])
     numbered = len(labels) > FULL_LABELS_UP_TO
     by_category: dict[str, list[float | None]] = {name: [] for name in categories or report.categories}
     does_not_fit: list[float | None] = []

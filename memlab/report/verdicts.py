@@ -90,13 +90,19 @@ def best_caption(report: Report) -> str | None:
     best = report.best
     if best is None:
         return None
+    from memlab.report.plan_axis import run_labels  # torch-free, and nothing of the report's
+
+    names = {id(trial): name for trial, name in zip(report.trials, run_labels([t.label for t in report.trials]),
+                                                    strict=True)}
+    best_name = names.get(id(best), best.label)
     if best.samples_per_s is None:
-        return f"best: {best.label}, lowest peak among plans that fit (nothing was timed)"
+        return f"best: {best_name}, lowest peak among plans that fit (nothing was timed)"
     ties = report.ties
     if not ties:
-        return f"best: {best.label}, fastest that fits"
-    named = ", ".join(trial.label for trial in ties[:3]) + (f" and {len(ties) - 3} more" if len(ties) > 3 else "")
-    return f"best: {best.label}, fastest within noise, lowest peak among ties ({named})"
+        return f"best: {best_name}, fastest that fits"
+    named = ", ".join(names.get(id(trial), trial.label) for trial in ties[:3])
+    named += f" and {len(ties) - 3} more" if len(ties) > 3 else ""
+    return f"best: {best_name}, fastest within noise, lowest peak among ties ({named})"
 
 
 def bar_marks(

@@ -199,3 +199,20 @@ def test_the_live_figure_marks_the_same_verdicts() -> None:
     assert speed.marker.pattern.shape[1] == "" and speed.marker.color[0] == DOES_NOT_FIT_COLOR
     notes = [note.text for note in live.widget.layout.annotations]
     assert best_caption(report) in notes
+
+
+def test_a_setting_run_twice_reads_as_two_runs_everywhere() -> None:
+    """The panel runs a setting twice: two rows named alike read as a duplicated row, and "plain is named best for
+    its lower peak" among ties at the same peak was not true. The table, its footer, the caption and the figure
+    name the second run "plain (2)"."""
+    first = timed(Plan(), 300, 10.0)
+    again = timed(Plan(), 300, 10.05)
+    report = Report([first, again], budget=512 * MIB)
+    text = report.to_text()
+    rows = [line for line in text.splitlines() if " ok " in line]
+    assert [row.split()[1] for row in rows] == ["plain", "plain"] and "plain (2)" in rows[1]
+    assert "As fast within measurement noise: plain (2) (plain is named best: no lower peak among them" in text
+    assert ">plain (2)" in report._repr_html_()
+    assert best_caption(report) == "best: plain, fastest within noise, lowest peak among ties (plain (2))"
+    speed = next(trace for trace in report_figure(report).data if trace.name == "samples/s")
+    assert list(speed.x) == ["plain", "plain (2)"]
