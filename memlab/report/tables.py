@@ -479,10 +479,12 @@ def text_table(report: Report, width: int | None = None) -> str:
         keys = [key for key in keys if key not in ALL_CATEGORIES]
         lines = _text_lines(rows, names, keys)
         under.append(f"Memory by category ({', '.join(dropped)}) left out to fit {width} columns.")
-    if width is not None:
-        under = [part for line in under for part in textwrap.wrap(line, width, subsequent_indent="  ")]
+    under += footer_lines(report)
+    if width is not None:  # the lines under the table too: a 120-column terminal wraps none of them
+        under = [part for line in under for part in textwrap.wrap(line, width, subsequent_indent="  ",
+                                                                      break_long_words=False, break_on_hyphens=False)]
     held = held_line(report)
-    return "\n".join([*([held, ""] if held else []), *lines, "", *under, *footer_lines(report)])
+    return "\n".join([*([held, ""] if held else []), *lines, "", *under])
 
 
 def _text_lines(rows: list[dict[str, str]], names: dict[str, str], keys: list[str]) -> list[str]:
