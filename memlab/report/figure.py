@@ -283,10 +283,11 @@ def empty_trace(kind: str, name: str, **style: Any) -> Any:
 
 def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """What each of the :func:`comparison_traces` shows, in trace order: ``{"x": ..., "y": ..., "hovertext": ...}``
-    and, where the trace has them, ``"text"``, ``"customdata"`` (the MiB an out-of-memory plan reached; the speed's
-    interval as text), ``"marker.color"`` and the error bars ``"error_y.array"`` / ``"error_y.arrayminus"`` (how
-    far the 95% interval of the samples/s reaches above and below the bar) and ``"error_y.width"`` (their caps:
-    none on numbered, thin bars).
+    and, where the trace has them, ``"text"`` (above a speed bar: :func:`memlab.report.verdicts.bar_marks`, in
+    ``"textfont.color"``), ``"showlegend"`` (a status entry only where its mark is drawn), ``"customdata"`` (the MiB
+    an out-of-memory plan reached; the speed's interval as text), ``"marker.color"`` and the error bars
+    ``"error_y.array"`` / ``"error_y.arrayminus"`` (how far the 95% interval of the samples/s reaches above and
+    below the bar) and ``"error_y.width"`` (their caps: none on numbered, thin bars).
 
     An out-of-memory plan's "does not fit" bar is at least as high as its budget: a trial stopped by the budget
     may have reached little before the allocation that broke it (failing both, the highest peak drawn, so the bar
