@@ -470,7 +470,7 @@ def _panel_plain_against_memfit(page, cells, check: int) -> tuple[int, int, str,
     panel.locator("button", has_text="Run").first.click()
     page.wait_for_function(
         """() => [...document.querySelectorAll('.memlab-panel .memlab-status')].some(
-            status => /plain: (fits|does not fit|error)/.test(status.textContent))""",
+            status => /plain: (fits|does not fit|error|peak)/.test(status.textContent))""",
         timeout=120_000, polling=500,
     )
     cells.nth(check).click()
