@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
@@ -364,7 +365,7 @@ def _run_demo(say: Callable[..., None], run_options: RunOptions, budget: int | N
         model.to(device)
         batch = {key: value.to(device) for key, value in batch.items()}
     say(
-        f"memlab demo: a small Llama ({parameters / 1e6:.2f}M parameters, 4 layers) built from its config, "
+        f"memlab demo: a small Llama ({parameters / 1e6:.2f}M parameters, 4 layers) built from its config,\n"
         f"a batch of {rows} x {batch['input_ids'].shape[1]} random tokens, on {device}"
         + (" (one torch thread)." if device == "cpu" else ".")
     )
@@ -389,16 +390,21 @@ def _run_demo(say: Callable[..., None], run_options: RunOptions, budget: int | N
     say()
     say(text_table(report, width=width))
     say()
+
+    def said(line: str) -> None:  # the demo's own sentences kept within the terminal too, code never cut
+        say("\n".join(textwrap.wrap(line, width, subsequent_indent="  ", break_long_words=False,
+                                     break_on_hyphens=False)) if width else line)
+
     best = report.best
     if best is not None:
         speed = "" if best.samples_per_s is None else f", {best.samples_per_s:.1f} samples/s"
-        say(f"Winner: {best.label} (peak {format_bytes(best.peak_bytes)} within {format_bytes(budget)}{speed})")
+        said(f"Winner: {best.label} (peak {format_bytes(best.peak_bytes)} within {format_bytes(budget)}{speed})")
         if report.ties:
             tied = ", ".join(trial.label for trial in report.ties)
-            say(f"As fast within the timing noise: {tied}; {best.label} is named for its lower peak.")
-        say(f"Put it on a model in a notebook with memlab.apply(model, {plan_code(best.plan)}).")
+            said(f"As fast within the timing noise: {tied}; {best.label} is named for its lower peak.")
+        said(f"Put it on a model in a notebook with memlab.apply(model, {plan_code(best.plan)}).")
     else:
-        say(f"Winner: none; no plan fits {format_bytes(budget)}. Try a bigger --budget.")
+        said(f"Winner: none; no plan fits {format_bytes(budget)}. Try a bigger --budget.")
     if html_path is not None:
         write_html_report(report, html_path, title="memlab demo")
         # The path as the user wrote it (the default is relative): no folder of the machine in what is printed.

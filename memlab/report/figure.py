@@ -22,9 +22,16 @@ from memlab.report.colors import CATEGORY_COLORS as CATEGORY_COLORS  # re-export
 from memlab.report.data import Report, Trial
 from memlab.report.format import one_line
 from memlab.report.noise import runs_speed_interval
-from memlab.report.plan_axis import FULL_LABELS_UP_TO, figure_height, plan_axis, plan_axis_layout
+from memlab.report.plan_axis import (
+    FULL_LABELS_UP_TO,
+    PLOTLY_PANEL_PX,
+    figure_height,
+    plan_axis,
+    plan_axis_layout,
+    run_labels,
+)
 from memlab.report.svg import axis_number
-from memlab.report.verdicts import FITS, OVER_BUDGET, VERDICT_WORDS, best_caption, best_marks, verdicts
+from memlab.report.verdicts import FITS, OVER_BUDGET, VERDICT_WORDS, bar_marks, best_caption, best_marks, verdicts
 
 __all__ = [
     "BEST_COLOR",
@@ -35,7 +42,11 @@ __all__ = [
     "TIE_COLOR",
     "FIGURE_TITLES",
     "INTERVAL_COLOR",
+    "MARK_FONT_PX",
+    "MIN_TEXT_PX",
     "MEMORY_COLUMN",
+    "OUT_OF_MEMORY_NAME",
+    "OVER_BUDGET_NAME",
     "RATE_COLOR",
     "THROUGHPUT_COLUMN",
     "budget_line",
@@ -50,6 +61,10 @@ __all__ = [
 ]
 
 _MIB = 1024**2
+OUT_OF_MEMORY_NAME = "out of memory"
+"""The name (and legend entry) of the grey hatched bar of a plan that ran out of memory."""
+OVER_BUDGET_NAME = "over budget"
+"""The name (and legend entry) of the hatch drawn over the bars of a plan that ran over the budget."""
 DOES_NOT_FIT_COLOR = "#7F7F7F"
 BEST_COLOR = "#2CA02C"
 TIE_COLOR = "#98DF8A"
@@ -62,6 +77,11 @@ INTERVAL_COLOR = "#3B3B3B"
 """The colour of the error bars: where the median samples/s lies, 95% (:func:`memlab.report.noise.speed_interval`)."""
 
 _ERROR_CAP_PX = 4
+MARK_FONT_PX = 12
+"""The size of the words and signs above the throughput bars (best, tie, over budget): never shrunk."""
+MIN_TEXT_PX = 10
+"""The least size of text in a bar (a plan out of memory says so in its bar): smaller, plotly leaves it out (the
+hover says it)."""
 
 
 def report_figure(report: Report) -> Any:
@@ -98,7 +118,7 @@ _COLUMN_WIDTHS = (0.4, 0.6)
 
 
 def _trace_columns(categories: tuple[str, ...]) -> tuple[int, ...]:
-    return (*(MEMORY_COLUMN for _ in categories), MEMORY_COLUMN, MEMORY_COLUMN, THROUGHPUT_COLUMN)
+    return (*(MEMORY_COLUMN for _ in categories), MEMORY_COLUMN, MEMORY_COLUMN, MEMORY_COLUMN, THROUGHPUT_COLUMN)
 
 
 def comparison_figure(
@@ -136,7 +156,8 @@ def comparison_figure(
     # The legend's groups separate what the colours mean (memory categories) from what a bar's state means; a click
     # hides one entry, not its whole group. No width: the figure follows the cell.
     fig.update_layout(
-        barmode="stack", bargap=0.25, autosize=True, legend={"groupclick": "toggleitem", "tracegroupgap": 12}
+        barmode="stack", bargap=0.25, autosize=True, legend={"groupclick": "toggleitem", "tracegroupgap": 12},
+        uniformtext={"minsize": MIN_TEXT_PX, "mode": "hide"},
     )
     fig.update_xaxes(title_text="plan", type="category", automargin=True, row=1)
     fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=1, col=THROUGHPUT_COLUMN)
@@ -147,26 +168,30 @@ def comparison_figure(
 def comparison_traces(
     columns: list[dict[str, Any]] | None = None, categories: tuple[str, ...] = CATEGORIES
 ) -> list[Any]:
-    """The eight per-plan traces, styled: the five categories, "does not fit" and "error" (peak memory panel), and
-    "samples/s" (throughput panel, with its 95% interval as error bars), in that order; filled with ``columns``
-    (:func:`figure_columns`), else empty. An inference report's figure has its own ``categories`` (four, with the
-    KV cache), and so seven traces.
+    """The nine per-plan traces, styled: the five categories, "out of memory", "over budget" and "error" (peak
+    memory panel), and "samples/s" (throughput panel, with its 95% interval as error bars), in that order; filled
+    with ``columns`` (:func:`figure_columns`), else empty. An inference report's figure has its own ``categories``
+    (four, with the KV cache), and so eight traces.
 
-    The legend shows two groups: "memory" (the categories) and "status" ("does not fit", "error"). Every hover
+    The legend shows two groups: "memory" (the categories, plain colours) and "status", each verdict's mark as it
+    is drawn: "out of memory" (a grey hatched bar), "over budget" (the hatch over the plan's own colours) and
+    "error" (a red cross), each only where a plan has it (:func:`figure_columns` sets ``showlegend``). Every hover
     starts with the plan's label and its levers spelled out (``hovertext``, see :func:`figure_data`).
 
     Example:
         >>> traces = comparison_traces()
         >>> [trace.name for trace in traces][5:], traces[0].legendgroup, traces[5].legendgrouptitle.text
-        (['does not fit', 'error', 'samples/s'], 'memory', 'status')
+        (['out of memory', 'over budget', 'error', 'samples/s'], 'memory', 'status')
+        >>> traces[0].marker.pattern.shape is None  # a category's legend swatch is never hatched
+        True
     """
     traces: list[Any] = [
         empty_trace(
             "Bar",
             name,
-            # A plan over the budget keeps its colours (where its memory goes) under the "does not fit" hatch.
-            marker={"color": CATEGORY_COLORS[name], "pattern": {"fillmode": "overlay", "fgcolor": "#333333",
-                                                                "size": 8, "solidity": 0.25}},
+            # Never hatched: plotly draws a legend swatch with its trace's first bar's pattern, so a hatch here
+            # would hatch the swatch whenever the first plan is over the budget ("over budget" draws the hatch).
+            marker={"color": CATEGORY_COLORS[name]},
             legendgroup="memory",
             legendgrouptitle_text="memory" if number == 0 else None,
             hovertemplate="%{hovertext}<br>" + name + ": %{y:.2f} MiB<extra></extra>",
@@ -176,15 +201,29 @@ def comparison_traces(
     traces.append(
         empty_trace(
             "Bar",
-            "does not fit",
+            OUT_OF_MEMORY_NAME,
             marker={"color": DOES_NOT_FIT_COLOR, "pattern": {"shape": HATCH}},
             legendgroup="status",
             legendgrouptitle_text="status",
             textposition="inside",
             insidetextanchor="middle",
             hovertemplate="%{hovertext}<br>does not fit: out of memory (reached %{customdata:.2f} MiB)<extra></extra>",
-            # the legend entry stands for the hatch: on out-of-memory bars and on plans over the budget
-
+        )
+    )
+    traces.append(
+        empty_trace(
+            "Bar",
+            OVER_BUDGET_NAME,
+            # The hatch over a plan's stacked colours: a bar with a base is not stacked (plotly draws it over the
+            # stack, as in barmode "overlay"), clear but for its hatch; the categories' own hovers stay in reach.
+            base=0,
+            marker={"color": "rgba(255,255,255,0)", "line": {"width": 0},
+                    "pattern": {"shape": HATCH, "fillmode": "overlay", "fgcolor": "#333333", "size": 8,
+                                "solidity": 0.25}},
+            legendgroup="status",
+            legendgrouptitle_text="status",  # on each: plotly titles a group from its first shown trace
+            hoverinfo="skip",
+            hovertemplate="%{hovertext}<extra></extra>",
         )
     )
     traces.append(
@@ -194,6 +233,7 @@ def comparison_traces(
             mode="markers",
             marker={"symbol": "x", "size": 12, "color": BUDGET_COLOR},
             legendgroup="status",
+            legendgrouptitle_text="status",
             hovertemplate="%{hovertext}<br>error: %{text}<extra></extra>",
         )
     )
@@ -205,6 +245,9 @@ def comparison_traces(
                                                     "solidity": 0.25}},
             showlegend=False,
             textposition="outside",
+            # plotly shrinks a bar's text to the bar's width (constraintext): on narrow bars, to a few pixels
+            constraintext="none",
+            textfont={"size": MARK_FONT_PX},
             cliponaxis=False,
             error_y={
                 "type": "data",
@@ -240,10 +283,11 @@ def empty_trace(kind: str, name: str, **style: Any) -> Any:
 
 def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """What each of the :func:`comparison_traces` shows, in trace order: ``{"x": ..., "y": ..., "hovertext": ...}``
-    and, where the trace has them, ``"text"``, ``"customdata"`` (the MiB an out-of-memory plan reached; the speed's
-    interval as text), ``"marker.color"`` and the error bars ``"error_y.array"`` / ``"error_y.arrayminus"`` (how
-    far the 95% interval of the samples/s reaches above and below the bar) and ``"error_y.width"`` (their caps:
-    none on numbered, thin bars).
+    and, where the trace has them, ``"text"`` (above a speed bar: :func:`memlab.report.verdicts.bar_marks`, in
+    ``"textfont.color"``), ``"showlegend"`` (a status entry only where its mark is drawn), ``"customdata"`` (the MiB
+    an out-of-memory plan reached; the speed's interval as text), ``"marker.color"`` and the error bars
+    ``"error_y.array"`` / ``"error_y.arrayminus"`` (how far the 95% interval of the samples/s reaches above and
+    below the bar) and ``"error_y.width"`` (their caps: none on numbered, thin bars).
 
     An out-of-memory plan's "does not fit" bar is at least as high as its budget: a trial stopped by the budget
     may have reached little before the allocation that broke it (failing both, the highest peak drawn, so the bar
@@ -265,9 +309,7 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
     heights = _does_not_fit_heights(report, data)
     over = [verdict == OVER_BUDGET for verdict in data["verdict"]]
     hatch: list[str] | str = [HATCH if is_over else "" for is_over in over] if any(over) else ""
-    columns: list[dict[str, Any]] = [
-        {"x": labels, "y": values, "marker.pattern.shape": hatch} for values in data["categories"].values()
-    ]
+    columns: list[dict[str, Any]] = [{"x": labels, "y": values} for values in data["categories"].values()]
     columns.append(
         {
             "x": labels,
@@ -275,10 +317,15 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
             "customdata": data["does_not_fit"],
             # Written in the bar where bars are wide enough to hold it; numbered bars are too thin (the hover says it).
             "text": ["does not fit" if height is not None and not numbered else "" for height in heights],
-            # Its legend entry explains the hatch, so it is shown wherever a hatch is drawn (and only there).
-            "showlegend": any(height is not None for height in heights) or any(over),
+            # Each legend entry of the status group is shown where its mark is drawn, and only there.
+            "showlegend": any(height is not None for height in heights),
         }
     )
+    # the hatch over the whole stack of a plan over the budget, as high as its peak (no bars where none is over,
+    # and no hover: the categories' bars under it say what the plan is)
+    hatched = [(label, peak) for label, peak, is_over in zip(labels, data["peak_mib"], over, strict=True) if is_over]
+    columns.append({"x": [label for label, _ in hatched], "y": [peak for _, peak in hatched], "hovertext": [],
+                    "showlegend": bool(hatched)})
     columns.append({"x": labels, "y": data["error"], "text": data["error_text"],
                     "showlegend": any(value is not None for value in data["error"])})
     above, below = _interval_reach(data)
@@ -292,9 +339,11 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
                 for is_over, mark in zip(over, marks, strict=True)
             ],
             "marker.pattern.shape": hatch,
-            # The verdict on the bar itself, where the eye looks: best, its ties, and what does not fit.
-            "text": [
-                "" if numbered and not mark else "over budget" if is_over else mark
+            # The verdict on the bar itself, where the eye looks: best, its ties, and what does not fit; above the
+            # bar at MARK_FONT_PX, never shrunk to the bar's width (a sign where the word would not fit).
+            "text": bar_marks(marks, over, PLOTLY_PANEL_PX / max(1, len(labels)), MARK_FONT_PX, numbered=numbered),
+            "textfont.color": [
+                DOES_NOT_FIT_COLOR if is_over and not mark else BEST_COLOR
                 for is_over, mark in zip(over, marks, strict=True)
             ],
             "customdata": [
@@ -306,6 +355,8 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
         }
     )
     for column in columns:  # a hover only where the trace has a bar or a marker: a figure of dozens stays small
+        if "hovertext" in column:
+            continue
         column["hovertext"] = [
             hover if value is not None else "" for hover, value in zip(data["hover"], column["y"], strict=True)
         ]
@@ -447,12 +498,7 @@ def figure_data(report: Report, categories: tuple[str, ...] | None = None) -> di
         >>> d["describe"][1], d["speed_low"]
         ('micro-batch 8 x accumulation 1', [None, None])
     """
-    labels: list[str] = []
-    seen: dict[str, int] = {}
-    for trial in report.trials:
-        count = seen.get(trial.label, 0) + 1
-        seen[trial.label] = count
-        labels.append(trial.label if count == 1 else f"{trial.label} ({count})")
+    labels = run_labels([trial.label for trial in report.trials])
     numbered = len(labels) > FULL_LABELS_UP_TO
     by_category: dict[str, list[float | None]] = {name: [] for name in categories or report.categories}
     does_not_fit: list[float | None] = []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["FULL_LABELS_UP_TO", "PLOTLY_PANEL_PX", "PlanAxis", "figure_height", "plan_axis", "plan_axis_layout",
-           "text_width"]
+           "run_labels", "text_width"]
 
 FULL_LABELS_UP_TO = 12
 """Up to this many plans the bars are named by their labels; with more (a budget search tries dozens), by their
@@ -66,6 +66,23 @@ class PlanAxis:
         if self.angle == -90:
             return widest
         return (widest + line) * 0.7071
+
+
+def run_labels(labels: Sequence[str]) -> list[str]:
+    """Each plan's name as the table, the figures and the captions say it: its label, and where a label repeats (a
+    setting run twice, in the panel), `` (2)``, `` (3)``... on its later runs, so that no two rows or bars read
+    the same.
+
+    Example:
+        >>> run_labels(["plain", "ckpt", "plain"])
+        ['plain', 'ckpt', 'plain (2)']
+    """
+    seen: dict[str, int] = {}
+    names = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        names.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return names
 
 
 def text_width(text: str, font_size: float) -> float:

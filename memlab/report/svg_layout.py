@@ -131,7 +131,9 @@ class _Layout:
         speed += [("best", f"swatch:{BEST_COLOR}")] if "best" in marks else []
         speed += [("tie", f"swatch:{TIE_COLOR}")] if "tie" in marks else []
         speed += [("95% interval", "interval")] if any(low is not None for low in self.data["speed_low"]) else []
-        status = [("does not fit", "hatch")] if OUT_OF_MEMORY in verdict or OVER_BUDGET in verdict else []
+        # each verdict's mark as drawn: the grey hatch of a plan out of memory, the hatch over a plan's own colours
+        status = [("over budget", "hatch-over")] if OVER_BUDGET in verdict else []
+        status += [("out of memory", "hatch")] if OUT_OF_MEMORY in verdict else []
         status += [("error", "cross")] if ERROR in verdict else []
         groups: list[tuple[str, list[tuple[str, str]]]] = [
             ("memory", [(name, f"swatch:{CATEGORY_COLORS[name]}") for name in self.data["categories"]]),
@@ -157,9 +159,10 @@ class _Layout:
     def _legend_mark(self, x: float, y: float, mark: str) -> None:
         if mark.startswith("swatch:"):
             self.canvas.add(f'<rect x="{px(x)}" y="{px(y - 6)}" width="14" height="12" fill="{mark[7:]}"/>')
-        elif mark == "hatch":
+        elif mark in ("hatch", "hatch-over"):
+            pattern = self.hatch if mark == "hatch" else f"{self.hatch}-over"
             self.canvas.add(
-                f'<rect x="{px(x)}" y="{px(y - 6)}" width="14" height="12" fill="url(#{self.hatch})" '
+                f'<rect x="{px(x)}" y="{px(y - 6)}" width="14" height="12" fill="url(#{pattern})" '
                 f'stroke="{DOES_NOT_FIT_COLOR}"/>'
             )
         elif mark == "cross":

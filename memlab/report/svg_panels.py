@@ -24,7 +24,7 @@ from memlab.report.figure import (
 from memlab.report.format import format_rate
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, PlanAxis, text_width
 from memlab.report.svg import Svg, axis_number, escape, nice_ticks, px
-from memlab.report.verdicts import ERROR, OUT_OF_MEMORY, OVER_BUDGET, VERDICT_WORDS
+from memlab.report.verdicts import ERROR, NARROW_MARKS, OUT_OF_MEMORY, OVER_BUDGET, VERDICT_WORDS
 
 __all__ = ["Area", "Box", "PlanBars"]
 
@@ -37,7 +37,6 @@ _BUDGET_ABOVE = 4.0  # a budget more than this many times the tallest bar is wri
 _GIB_FROM_MIB = 4096.0
 
 _CHAR_WIDTH = 6.0  # about one character of 10 px bold text
-_NARROW_MARKS = {"best": "\u2605", "tie": "=", "over budget": "\u00d7"}  # where a bar is too narrow for its word
 
 
 class Box(NamedTuple):
@@ -141,9 +140,9 @@ class PlanBars:
             if low is not None and high is not None:
                 cap = min(5.0, area.bar_width / 3)
                 self.svg.interval(area.center(index), area.y(high), area.y(low), cap, INTERVAL_COLOR)
-            word = self.columns[-1]["text"][index]
+            word = mark or (OVER_BUDGET if verdict == OVER_BUDGET and not area.axis.numbered else "")
             if word and len(word) * _CHAR_WIDTH > area.bar_width * 1.4:  # narrow bars: a sign, the words in the tip
-                word = _NARROW_MARKS.get(mark or "over budget", "")
+                word = NARROW_MARKS.get(mark or OVER_BUDGET, "")
             if word:  # best, tie, over budget: on the bar, where the eye looks
                 y = area.y(max(speed, high or speed)) - 4
                 fill = BEST_COLOR if mark else DOES_NOT_FIT_COLOR

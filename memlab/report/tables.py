@@ -17,7 +17,7 @@ from memlab.plan import format_bytes
 from memlab.report.data import ALL_CATEGORIES, Report, Trial, speed_range
 from memlab.report.format import format_rate, one_line
 from memlab.report.noise import relative_half_width
-from memlab.report.plan_axis import FULL_LABELS_UP_TO
+from memlab.report.plan_axis import FULL_LABELS_UP_TO, run_labels
 
 __all__ = [
     "BEST_MARK", "TIE_MARK", "card_line", "card_text", "footer_lines", "headers", "held_line", "html_table",
@@ -104,7 +104,8 @@ def table_rows(report: Report) -> list[dict[str, str]]:
     size_unit, time_unit = table_units(report)
     rows = []
     numbered = len(report.trials) > FULL_LABELS_UP_TO  # the figures number their bars: the table says which is which
-    for number, trial in enumerate(report.trials, start=1):
+    names = run_labels([trial.label for trial in report.trials])  # a setting run twice: "plain", "plain (2)"
+    for number, (name, trial) in enumerate(zip(names, report.trials, strict=True), start=1):
         status = status_text(trial, report.fits(trial))
         notes = [note for note in trial.notes if note not in shared]
         if trial.error:
@@ -114,7 +115,7 @@ def table_rows(report: Report) -> list[dict[str, str]]:
             peak = ">= " + peak
         mark = BEST_MARK if trial is best else TIE_MARK if any(trial is tie for tie in ties) else ""
         card = trial.card_bytes if trial.status == "ok" else None
-        row = {"best": mark, "number": str(number) if numbered else "", "plan": trial.label, "status": status,
+        row = {"best": mark, "number": str(number) if numbered else "", "plan": name, "status": status,
                "peak": peak,
                "card": "-" if card is None else in_unit(card, size_unit)}
         for name in report.categories:
@@ -242,17 +243,24 @@ def footer_lines(report: Report) -> list[str]:
     """The summary under a table: the best plan, the budget, memory held before, devices, skipped plans."""
     lines = []
     best = report.best
+    names = {id(trial): name for trial, name in zip(report.trials, run_labels([t.label for t in report.trials]),
+                                                    strict=True)}
     if best is not None:
         speed = "" if best.samples_per_s is None else f", {format_rate(best.samples_per_s)} samples/s"
         card = "" if best.card_bytes is None else f", card {format_bytes(best.card_bytes)}"
         # Untimed (estimates), "best" can only mean the lowest peak: said, so that it never reads as the fastest.
         why = "lowest peak among the plans that fit, nothing was timed: " if best.samples_per_s is None else ""
-        lines.append(f"Best: {best.label} ({why}peak {format_bytes(best.peak_bytes)}{card}{speed})")
+        best_name = names.get(id(best), best.label)
+        lines.append(f"Best: {best_name} ({why}peak {format_bytes(best.peak_bytes)}{card}{speed})")
         ties = report.ties
         if ties:
             lines.append(
-                f"{TIE_MARK} As fast within measurement noise: " + ", ".join(trial.label for trial in ties)
-                + f" ({best.label} is named best for its lower peak)"
+                f"{TIE_MARK} As fast within measurement noise: "
+                + ", ".join(names.get(id(trial), trial.label) for trial in ties)
+                # "lower" only where it is: a setting run twice ties with itself at the same peak
+                + (f" ({best_name} is named best for its lower peak)"
+                   if all(trial.peak_bytes > best.peak_bytes for trial in ties)
+                   else f" ({best_name} is named best: no lower peak among them, and it comes first)")
             )
     elif report.trials:
         lines.append("Best: none of these fits")
@@ -471,10 +479,12 @@ def text_table(report: Report, width: int | None = None) -> str:
         keys = [key for key in keys if key not in ALL_CATEGORIES]
         lines = _text_lines(rows, names, keys)
         under.append(f"Memory by category ({', '.join(dropped)}) left out to fit {width} columns.")
-    if width is not None:
-        under = [part for line in under for part in textwrap.wrap(line, width, subsequent_indent="  ")]
+    under += footer_lines(report)
+    if width is not None:  # the lines under the table too: a 120-column terminal wraps none of them
+        under = [part for line in under for part in textwrap.wrap(line, width, subsequent_indent="  ",
+                                                                      break_long_words=False, break_on_hyphens=False)]
     held = held_line(report)
-    return "\n".join([*([held, ""] if held else []), *lines, "", *under, *footer_lines(report)])
+    return "\n".join([*([held, ""] if held else []), *lines, "", *under])
 
 
 def _text_lines(rows: list[dict[str, str]], names: dict[str, str], keys: list[str]) -> list[str]:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # reads a Report's trials and verdicts; imports nothing of the report at run time
     from memlab.report.data import Report
 
-__all__ = ["FITS", "OUT_OF_MEMORY", "OVER_BUDGET", "ERROR", "VERDICT_WORDS", "best_caption", "best_marks", "verdicts"]
+__all__ = ["FITS", "OUT_OF_MEMORY", "OVER_BUDGET", "ERROR", "MARK_WORDS", "NARROW_MARKS", "VERDICT_WORDS", "bar_marks",
+           "best_caption", "best_marks", "verdicts"]
 
 FITS, OVER_BUDGET, OUT_OF_MEMORY, ERROR = "fits", "over budget", "out of memory", "error"
 VERDICT_WORDS = {
@@ -23,6 +24,11 @@ VERDICT_WORDS = {
     ERROR: "error",
 }
 """Each verdict as a figure's legend and hover say it."""
+
+MARK_WORDS = {"best": "best", "tie": "tie", OVER_BUDGET: "over<br>budget"}
+"""What a plotly figure writes above a throughput bar (``<br>`` breaks a line), where the bar is wide enough."""
+NARROW_MARKS = {"best": "\u2605", "tie": "=", OVER_BUDGET: "\u00d7"}
+"""The signs written where a bar is too narrow for its word (the hover, and the SVG's tooltip, say it)."""
 
 
 def verdicts(report: Report) -> list[str]:
@@ -84,10 +90,43 @@ def best_caption(report: Report) -> str | None:
     best = report.best
     if best is None:
         return None
+    from memlab.report.plan_axis import run_labels  # torch-free, and nothing of the report's
+
+    names = {id(trial): name for trial, name in zip(report.trials, run_labels([t.label for t in report.trials]),
+                                                    strict=True)}
+    best_name = names.get(id(best), best.label)
     if best.samples_per_s is None:
-        return f"best: {best.label}, lowest peak among plans that fit (nothing was timed)"
+        return f"best: {best_name}, lowest peak among plans that fit (nothing was timed)"
     ties = report.ties
     if not ties:
-        return f"best: {best.label}, fastest that fits"
-    named = ", ".join(trial.label for trial in ties[:3]) + (f" and {len(ties) - 3} more" if len(ties) > 3 else "")
-    return f"best: {best.label}, fastest within noise, lowest peak among ties ({named})"
+        return f"best: {best_name}, fastest that fits"
+    named = ", ".join(names.get(id(trial), trial.label) for trial in ties[:3])
+    named += f" and {len(ties) - 3} more" if len(ties) > 3 else ""
+    return f"best: {best_name}, fastest within noise, lowest peak among ties ({named})"
+
+
+def bar_marks(
+    marks: list[str], over: list[bool], slot_px: float, font_px: float, *, numbered: bool = False
+) -> list[str]:
+    """What each throughput bar says above it, readable at ``font_px``: its word (:data:`MARK_WORDS`: best, tie,
+    over budget) where the widest line of it fits the bar's ``slot_px`` (its share of the axis), else its sign
+    (:data:`NARROW_MARKS`); nothing on a plan that fits with no mark, nor on one over the budget where the bars are
+    numbered (dozens of plans: its grey hatch says it). ``marks`` are :func:`best_marks`'s; ``over``: the plans
+    over the budget. Widths are estimated generously (0.6 font sizes a character).
+
+    Example:
+        >>> bar_marks(["", "best", "tie"], [True, False, False], slot_px=80, font_px=12)
+        ['over<br>budget', 'best', 'tie']
+        >>> bar_marks(["", "best", "tie"], [True, False, False], slot_px=20, font_px=12)
+        ['\u00d7', '\u2605', '=']
+    """
+    words = []
+    for mark, is_over in zip(marks, over, strict=True):
+        key = mark or (OVER_BUDGET if is_over and not numbered else "")
+        if not key:
+            words.append("")
+            continue
+        word = MARK_WORDS[key]
+        widest = max(len(line) for line in word.split("<br>")) * 0.6 * font_px
+        words.append(word if widest <= slot_px else NARROW_MARKS[key])
+    return words

@@ -155,14 +155,17 @@ print("budget:", human(budget))
 # %% [markdown]
 # ## Two plans: one picked on a typical batch, one on the worst
 #
-# `memlab.fit` keeps the trainer's effective batch (rows per optimizer step) and searches micro-batch,
-# accumulation and checkpointing for the fastest plan within the budget. Given `typical`, it judges every
-# plan on that batch; given no batch, on the dataset's worst batch.
+# `memlab.fit` keeps the trainer's effective batch (rows per optimizer step) and searches for the fastest plan
+# within the budget: the micro-batch (the accumulation follows from it) and checkpointing, as `space` names
+# them, and the levers of fit's default space that `space` does not name (bf16 autocast and 8-bit Adam among
+# them: `space` sets the values of the levers it names); the next cell prints every plan it tried. Given
+# `typical`, it judges every plan on that batch; given no batch, on the dataset's worst batch.
 
 # %%
 space = {"micro_batch": [4, 2, 1], "checkpointing": [False, True]}
 from_typical = memlab.fit(trainer, typical, budget=budget, space=space, steps=steps, noise=noise)
 from_worst = memlab.fit(trainer, budget=budget, space=space, steps=steps, noise=noise)
+print("tried:", ", ".join(trial.label for trial in from_worst.trials))
 print("picked on a typical batch:", from_typical.best.plan.label())
 print("picked on the worst batch:", from_worst.best.plan.label())
 from_worst.plot()
@@ -206,7 +209,8 @@ steps_over, steps_under = over.to_dataframe(), under.to_dataframe()
 print(f"budget {human(budget)}")
 for name, table in (("a typical", steps_over), ("the worst", steps_under)):
     print(f"picked on {name} batch: {(table.peak_bytes > budget).sum()} of {len(table)} steps over it")
-steps_over[["step", "peak_bytes", "samples_per_s", "padded_length"]]
+steps_over.assign(peak_MiB=(steps_over.peak_bytes / 2**20).round(2))[
+    ["step", "peak_MiB", "samples_per_s", "padded_length"]]
 
 # %% [markdown]
 # The plan picked on a typical batch was the faster one on that batch, and it fits every short batch: the
@@ -247,8 +251,8 @@ print(own.notes[-1])
 
 # %% [markdown]
 # Now a budget a little under that peak, as if this were the card's limit: `fit` keeps the trainer's
-# effective batch and its adapters and searches micro-batch and checkpointing; the plan it picks trains an
-# epoch under `watch`.
+# effective batch and its adapters and searches the micro-batch (2 or 1) with the levers of its default space;
+# the plan it picks trains an epoch under `watch`.
 
 # %%
 packed_budget = int(own.peak_bytes * 0.9)
@@ -267,9 +271,10 @@ print(f"packed LoRA epoch: peak {human(watched.peak_bytes)} of {human(packed_bud
 # %% [markdown]
 # ## Exercise
 #
-# Make the tail longer (`long_words = 250`, in the parameters cell, then run the notebook again) or add
-# `accumulation` to the space: `space = {"micro_batch": [4, 2, 1], "accumulation": [1, 2], ...}`. Which
-# plan does each fit pick now, and does the worst-batch pick still stay under the budget?
+# Make the tail longer (`long_words = 250`, in the parameters cell, then run the notebook again) or give
+# the search the chunked loss: `space = {"micro_batch": [4, 2, 1], "checkpointing": [False, True], "loss":
+# ["full", "chunked"]}` (the accumulation always follows from the micro-batch). Which plan does each fit pick
+# now, and does the worst-batch pick still stay under the budget?
 #
 # The next cell holds one solution, folded: click it to open.
 

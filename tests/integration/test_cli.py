@@ -38,11 +38,15 @@ def test_help_lists_the_commands() -> None:
         assert option in demo.stdout
 
 
-def test_demo_prints_a_table_and_a_winner_and_writes_html(tmp_path: Path) -> None:
+def test_demo_prints_a_table_and_a_winner_and_writes_html(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "out" / "report.html"
+    monkeypatch.setenv("COLUMNS", "120")
     result = memlab_command("demo", "--steps", "1", "--noise", "0", "--html", str(target))
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
+    # a 120-column terminal: no line wraps (the path of the report aside); piped, no carriage-return updates
+    assert [line for line in out.splitlines() if len(line) > 120 and str(target) not in line] == [], out
+    assert "\r" not in out and "\r" not in result.stderr
     assert "plan" in out and "status" in out and "peak" in out and "samples/s" in out  # the table header
     assert "does not fit" in out  # the budget forces a real choice: the plain plan does not fit
     winner = [line for line in out.splitlines() if line.startswith("Winner: ")]

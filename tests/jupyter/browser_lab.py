@@ -52,6 +52,9 @@ KERNEL_TIMEOUT_MS = 150_000
 
 
 RUN_TIMEOUT_MS = 120_000
+CHECKPOINTING_BOX = "input[list] >> nth=0"
+"""The panel's checkpointing box (off, all or a number of blocks): the first of its text boxes with a list, ahead of
+lora-alpha's (auto or a number)."""
 
 
 KERNEL_READY = """() => {
@@ -467,7 +470,7 @@ def _panel_plain_against_memfit(page, cells, check: int) -> tuple[int, int, str,
     panel.locator("button", has_text="Run").first.click()
     page.wait_for_function(
         """() => [...document.querySelectorAll('.memlab-panel .memlab-status')].some(
-            status => /plain: (fits|does not fit|error)/.test(status.textContent))""",
+            status => /plain: (fits|does not fit|error|peak)/.test(status.textContent))""",
         timeout=120_000, polling=500,
     )
     cells.nth(check).click()

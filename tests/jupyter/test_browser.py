@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from browser_lab import (
     ARTIFACTS,
+    CHECKPOINTING_BOX,
     CONTROL_NAMES,
     CUT_SHORT,
     FILLS,
@@ -87,7 +88,7 @@ def test_panel_runs_a_trial_and_draws_it_in_the_browser(jupyter_server: tuple[st
         run.wait_for(state="visible", timeout=KERNEL_TIMEOUT_MS)
         plot = panel.locator(".js-plotly-plot")
         plot.first.wait_for(state="visible", timeout=60_000)
-        expect(panel.locator("input[list]")).to_be_visible()  # checkpointing: off, all or a number of blocks
+        expect(panel.locator(CHECKPOINTING_BOX)).to_be_visible()  # checkpointing: off, all or a number of blocks
         for label in ("checkpointing", "precision", "optimizer", "offload", "budget", "micro-batch", "accumulation"):
             expect(panel.get_by_text(label, exact=True).first).to_be_visible()
 
@@ -95,9 +96,9 @@ def test_panel_runs_a_trial_and_draws_it_in_the_browser(jupyter_server: tuple[st
         expect(run).to_be_disabled(timeout=30_000)  # the kernel is running the trial
         expect(_tick_labels(plot)).to_contain_text(["plain"], timeout=RUN_TIMEOUT_MS)
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)
-        expect(panel.locator(".memlab-status")).to_contain_text("plain: fits")
+        expect(panel.locator(".memlab-status")).to_contain_text("plain: peak")  # no budget: no "fits"
 
-        checkpointing = panel.locator("input[list]")  # the checkpointing box: off, all or a number of blocks
+        checkpointing = panel.locator(CHECKPOINTING_BOX)  # the checkpointing box: off, all or a number of blocks
         checkpointing.fill("all")
         checkpointing.press("Enter")
         run.click()

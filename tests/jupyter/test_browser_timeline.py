@@ -8,6 +8,7 @@ from typing import Any
 
 from browser_lab import (
     ARTIFACTS,
+    CHECKPOINTING_BOX,
     KERNEL_TIMEOUT_MS,
     RUN_TIMEOUT_MS,
     Server,
@@ -47,7 +48,7 @@ def test_the_panels_timeline_follows_a_click_and_survives_a_reload(lab: Server, 
         run.click()
         expect(_tick_labels(plot)).to_contain_text(["plain"], timeout=RUN_TIMEOUT_MS)
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)
-        checkpointing = panel.locator("input[list]")  # the checkpointing box: off, all or a number of blocks
+        checkpointing = panel.locator(CHECKPOINTING_BOX)  # the checkpointing box: off, all or a number of blocks
         checkpointing.fill("all")
         checkpointing.press("Enter")
         run.click()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from browser_lab import (
     ARTIFACTS,
+    CHECKPOINTING_BOX,
     GLYPHS_OVERLAP,
     PLOTLY_TEXTS,
     RUN_TIMEOUT_MS,
@@ -123,6 +124,17 @@ PLOTLY_VERDICTS = """plot => {
 
 LEGEND = """plot => [...plot.querySelectorAll(".legend .traces .legendtext")].map(text => text.textContent)"""
 
+# The words and signs on the bars (best, tie, over budget; out of memory in its bar), each with the height in pixels
+# of one of its lines as drawn: plotly shrinks a bar's text by a transform, which the box shows.
+BAR_TEXT = """plot => [...plot.querySelectorAll(".barlayer .bartext")].filter(text => text.textContent.trim())
+    .map(text => [text.textContent, text.getBoundingClientRect().height / Math.max(1,
+                  text.querySelectorAll("tspan.line").length)])"""
+
+# Each legend entry's swatch: [its words, whether it is hatched] (a pattern fill, as plotly draws a bar's pattern).
+SWATCHES = r"""plot => [...plot.querySelectorAll(".legend .traces")].map(entry => [
+    entry.querySelector(".legendtext").textContent,
+    [...entry.querySelectorAll(".legendpoints path")].some(path => /url\(/.test(path.getAttribute("style") || ""))])"""
+
 # Texts (titles, axis titles, legend, annotations) whose box reaches outside the figure's: clipped.
 CLIPPED = """root => {
     const outer = root.getBoundingClientRect();
@@ -215,15 +227,22 @@ def _table_verdicts(rows: list[list[Any]]) -> dict[str, str]:
 
 def _check_plotly_face(name: str, plot: Any, table: dict[str, str]) -> None:
     """(a) the verdict drawn for each plan is the table's; the best plan's bar says "best"; (b) the legend shows
-    "does not fit" and "error" only where drawn; (c) no text outside the figure."""
+    "over budget", "out of memory" and "error" only where drawn, each swatch as its mark is drawn (the memory
+    categories' plain, the hatch only on the entries of plans that do not fit); (c) no text outside the figure."""
     drawn = plot.evaluate(PLOTLY_VERDICTS)
     assert {plan["label"]: plan["verdict"] for plan in drawn} == table, (name, drawn, table)
     for plan in drawn:
         if plan["verdict"] == OVER_BUDGET:
-            assert plan["colour"] == GREY and plan["word"] in ("over budget", "\u00d7"), (name, plan)
+            assert plan["colour"] == GREY and plan["word"] in ("over budget", "overbudget", "\u00d7"), (name, plan)
     legend = plot.evaluate(LEGEND)
-    assert ("does not fit" in legend) == any(v != FITS and v != ERROR for v in table.values()), (name, legend)
+    assert ("over budget" in legend) == (OVER_BUDGET in table.values()), (name, legend)
+    assert ("out of memory" in legend) == (OUT_OF_MEMORY in table.values()), (name, legend)
     assert ("error" in legend) == (ERROR in table.values()), (name, legend)
+    # the marks readable: a line of each at least 10 px high (a 10 px font's box is about 12 px), never shrunk
+    assert all(height >= 10 for _, height in plot.evaluate(BAR_TEXT)), (name, plot.evaluate(BAR_TEXT))
+    swatches = dict(plot.evaluate(SWATCHES))
+    assert {words for words, hatched in swatches.items() if hatched} == (
+        {"over budget", "out of memory"} & set(legend)), (name, swatches)
     assert plot.evaluate(CLIPPED) == [], name
     assert plot.locator(f"{PLOTLY_TEXTS}, .gtitle").evaluate_all(GLYPHS_OVERLAP) == [], name
 
@@ -252,7 +271,8 @@ def _check_svg_face(name: str, root: Any, table: dict[str, str]) -> None:
         assert all(hatched == (table[label] in (OVER_BUDGET, OUT_OF_MEMORY)) for verdict, hatched in groups
                    if verdict != ERROR), (name, label, groups)
     legend = drawn["legend"]
-    assert ("does not fit" in legend) == any(v in (OVER_BUDGET, OUT_OF_MEMORY) for v in table.values()), (name, legend)
+    assert ("over budget" in legend) == (OVER_BUDGET in table.values()), (name, legend)
+    assert ("out of memory" in legend) == (OUT_OF_MEMORY in table.values()), (name, legend)
     assert ("error" in legend) == (ERROR in table.values()), (name, legend)
     assert ("best" in legend) == ("best" in drawn["words"] or "\u2605" in drawn["words"]), (name, drawn)
 
@@ -306,7 +326,7 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
         run.click()
         expect(panel.locator(".memlab-report")).to_contain_text("plain", timeout=RUN_TIMEOUT_MS)
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)
-        checkpointing = panel.locator("input[list]")
+        checkpointing = panel.locator(CHECKPOINTING_BOX)
         checkpointing.fill("all")
         checkpointing.press("Enter")
         run.click()

@@ -86,8 +86,8 @@ def test_a_bar_per_setting_for_each_category_and_a_point_per_setting() -> None:
     assert bars["params"].y[0] == pytest.approx(2.0)
     assert sum(bars[name].y[1] for name in CATEGORIES) == pytest.approx(4.0)
     # The OOM setting is a "does not fit" bar, at least as high as the budget it broke; the failure an x.
-    assert bars["does not fit"].y == (None, None, None, pytest.approx(10.0), None)
-    assert bars["does not fit"].text[3] == "does not fit"
+    assert bars["out of memory"].y == (None, None, None, pytest.approx(10.0), None)
+    assert bars["out of memory"].text[3] == "does not fit"
     assert bars["error"].y == (None, None, None, None, 0.0)
     assert bars["error"].text[4] == "RuntimeError: boom"
 
@@ -192,7 +192,7 @@ def test_show_report_draws_a_whole_report_with_its_budget() -> None:
     figure.show_report(report)
     bars = traces_on(figure, "x2")
     assert bars["params"].x == ("plain", Plan(accumulation=2).label())
-    assert bars["does not fit"].y == (None, pytest.approx(1.0))  # reached nothing, yet drawn up to its budget
+    assert bars["out of memory"].y == (None, pytest.approx(1.0))  # reached nothing, yet drawn up to its budget
     assert figure.widget.layout.shapes[0].y0 == pytest.approx(1.0)
     assert figure.report == report and figure.report is not report
 

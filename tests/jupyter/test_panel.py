@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from html import unescape
 from typing import Any
 
 import ipywidgets as widgets
@@ -110,7 +111,9 @@ def test_run_then_checkpointing_then_run_gives_two_trials_in_report_and_figure(t
     named = sorted(label for trace in points for label in trace.text)
     assert len(named) == 2 and set(named) - {""} <= {"ckpt", "plain"} and set(named) - {""}
     assert "plain" in p.table.value and "ckpt" in p.table.value
-    assert "ckpt: fits" in p.status.value
+    # no budget: nothing to fit, so the status says no verdict, and the figure's legend has no "fits"
+    assert "ckpt: peak" in p.status.value and "(no budget set)" in p.status.value and "fits" not in p.status.value
+    assert [trace.showlegend for trace in points if trace.name == "fits"] == [False]
     assert_same(two_runs["before"], fingerprint(two_runs["model"]))
 
 
@@ -132,7 +135,7 @@ def test_out_of_memory_is_does_not_fit_not_an_error() -> None:
     assert "does not fit" in p.table.value
     for html in (p.status.value, p.table.value):
         assert "Traceback" not in html and 'File "' not in html
-    bar = next(trace for trace in p.figure.widget.data if trace.name == "does not fit" and trace.type == "bar")
+    bar = next(trace for trace in p.figure.widget.data if trace.name == "out of memory" and trace.type == "bar")
     assert bar.y[0] == pytest.approx(64 / 1024)
     assert p.report.budget == 64 * 1024
     assert not p.run_button.disabled
@@ -226,6 +229,25 @@ def test_the_fine_tuning_levers_have_controls_and_make_plans() -> None:
     assert p.plan() == Plan(adapter="lora", lora_rank=4)
 
 
+def test_lora_alpha_shows_auto_never_zero() -> None:
+    """lora_alpha's default None (twice the rank) shows as "auto", not as 0; a number typed is the plan's alpha,
+    "auto" again is None, and a word the control does not know is said when Run is clicked."""
+    p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)
+    alpha = p.controls["lora_alpha"]
+    assert alpha.value == "auto" and "auto" in alpha.options and "twice the rank" in alpha.tooltip
+    p.controls["adapter"].value = "lora"
+    assert p.plan() == Plan(adapter="lora") and p.plan().lora_alpha is None
+    alpha.value = "32"
+    assert p.plan() == Plan(adapter="lora", lora_alpha=32)
+    alpha.value = 8  # as a plan's value is set on it (a trainer's own settings)
+    assert alpha.value == "8" and p.plan().lora_alpha == 8
+    alpha.value = None
+    assert alpha.value == "auto" and p.plan().lora_alpha is None
+    alpha.value = "lots"
+    p.run_button.click()
+    assert "lora_alpha='lots' is not a whole number" in unescape(p.status.value) and not p.report.trials
+
+
 def test_closing_a_panel_lets_its_model_go() -> None:
     import gc
     import weakref
@@ -274,6 +296,8 @@ def test_clear_empties_the_report_table_and_figure_and_leaves_the_model_alone() 
     p = panel(model, small_batch(), steps=1, noise=0, budget="64MiB")
     p.run_button.click()
     assert len(p.report) == 1 and "plain" in p.table.value
+    assert "plain: fits, peak" in p.status.value  # a budget to fit: the verdict is said
+    assert next(trace for trace in p.figure.widget.data if trace.name == "fits").showlegend is True
     old_figure = p.figure
     p.clear_button.click()
     assert len(p.report) == 0 and p.report.budget == 64 * MIB

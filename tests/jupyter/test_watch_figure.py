@@ -67,6 +67,21 @@ def test_a_step_without_categories_draws_the_peak(tmp_path: Any) -> None:
     assert list(series["memory"]) == ["peak"]
 
 
+@pytest.mark.parametrize(("last", "tick"), [(1, 1), (3, 1), (10, 2), (40, 5), (1000, 200)])
+def test_the_step_axis_writes_whole_steps_only(last: int, tick: int) -> None:
+    """Three steps were ticked 1, 1.5, 2, 2.5, 3 and written "1 2 2 3 3"; now every tick is a whole step, at most
+    about eight of them."""
+    from types import SimpleNamespace as Record
+
+    from memlab.frontends.jupyter.watch_figure import steps_figure
+    from memlab.report.svg_steps import step_series
+
+    records = [Record(step=step, peak_bytes=2**20, samples_per_s=1.0, categories={}) for step in range(1, last + 1)]
+    figure = steps_figure(step_series(records))
+    assert figure.layout.xaxis.dtick == figure.layout.xaxis2.dtick == tick
+    assert isinstance(tick, int) and (last - 1) / tick <= 8
+
+
 def test_show_false_draws_nothing_and_show_none_outside_a_kernel_neither(tmp_path: Any) -> None:
     trainer = make_trainer(tmp_path, steps=1)
     for show in (False, None):

@@ -58,3 +58,14 @@ def test_json_names_the_best_and_why() -> None:
     data = json.loads(json_with_verdicts(Report([large, small], budget=1000)))
     assert data["best"] == {"label": "ckpt", "why": "best: ckpt, lowest peak among plans that fit (nothing was timed)"}
     assert json.loads(json_with_verdicts(Report([large], budget=800)))["best"] is None
+
+
+def test_the_built_in_names_are_written_where_a_reader_looks() -> None:
+    """They were only in ``--help``: the README's estimate line and the estimates page name every built-in shape."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    page, readme = (root / "docs" / "estimates.md").read_text(), (root / "README.md").read_text()
+    assert all(f"`{name}`" in page for name in KNOWN_SHAPES), [name for name in KNOWN_SHAPES if name not in page]
+    canonical = [name for name in KNOWN_SHAPES if name != "llama-8b"]  # llama-3-8b's other name
+    assert all(name in readme for name in canonical)

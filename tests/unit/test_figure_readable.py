@@ -85,7 +85,7 @@ def test_the_legend_separates_memory_from_status() -> None:
     figure = report_figure(report_of(3))
     groups = {trace.name: (trace.legendgroup, trace.legendgrouptitle.text) for trace in figure.data}
     assert groups["params"] == ("memory", "memory") and groups["grads"][0] == "memory"
-    assert groups["does not fit"] == ("status", "status") and groups["error"][0] == "status"
+    assert groups["out of memory"] == ("status", "status") and groups["error"][0] == "status"
     assert figure.layout.legend.groupclick == "toggleitem"
 
 
@@ -107,7 +107,7 @@ def test_hover_spells_every_plan_out() -> None:
             assert trial.plan.describe() in by_name["params"].hovertext[index]
             assert trial.plan.describe() in by_name["samples/s"].hovertext[index]
         else:
-            assert trial.plan.describe() in by_name["does not fit"].hovertext[index]
+            assert trial.plan.describe() in by_name["out of memory"].hovertext[index]
             assert by_name["params"].hovertext[index] == ""  # no bar, no hover text (small figures)
     assert all("%{hovertext}" in trace.hovertemplate for trace in figure.data)
 
@@ -216,7 +216,7 @@ def test_the_record_of_sixty_plans_is_small_and_complete() -> None:
     assert len(json.dumps(bundle)) < 150_000
     figure: dict[str, Any] = bundle[PLOTLY_MIME]
     assert set(figure) == {"data", "layout"} and "data" not in figure["layout"].get("template", {})
-    assert "plotly.js" not in json.dumps(figure) and len(figure["data"]) == 8
+    assert "plotly.js" not in json.dumps(figure) and len(figure["data"]) == 9
 
 
 def test_a_record_too_large_to_be_interactive_keeps_only_its_svg() -> None:

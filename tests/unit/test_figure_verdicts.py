@@ -3,17 +3,37 @@ legend only what it draws, and marks the best plan and its ties on the bars with
 
 from __future__ import annotations
 
+import json
 import re
 import xml.etree.ElementTree as ET
+from typing import Any
 
 import pytest
 
 from memlab.plan import Plan
 from memlab.report import Report, Trial
-from memlab.report.figure import BEST_COLOR, DOES_NOT_FIT_COLOR, HATCH, TIE_COLOR, report_figure
+from memlab.report.figure import (
+    BEST_COLOR,
+    DOES_NOT_FIT_COLOR,
+    HATCH,
+    MARK_FONT_PX,
+    MIN_TEXT_PX,
+    OUT_OF_MEMORY_NAME,
+    OVER_BUDGET_NAME,
+    TIE_COLOR,
+    report_figure,
+)
 from memlab.report.svg_layout import report_svg
 from memlab.report.tables import status_text
-from memlab.report.verdicts import ERROR, FITS, OUT_OF_MEMORY, OVER_BUDGET, best_caption, verdicts
+from memlab.report.verdicts import (
+    ERROR,
+    FITS,
+    NARROW_MARKS,
+    OUT_OF_MEMORY,
+    OVER_BUDGET,
+    best_caption,
+    verdicts,
+)
 
 MIB = 2**20
 SVG = "{http://www.w3.org/2000/svg}"
@@ -60,24 +80,70 @@ def test_the_plotly_figure_marks_each_verdict_and_the_best_on_the_bars() -> None
         over = verdict == OVER_BUDGET
         assert (speed.marker.pattern.shape[index] == HATCH) == over
         assert (speed.marker.color[index] == DOES_NOT_FIT_COLOR) == over
-        for name in ("params", "activations"):  # its memory bars hatched too, in their own colours
-            assert (traces[name].marker.pattern.shape[index] == HATCH) == over
-    assert list(speed.text[:3]) == ["over budget", "best", "tie"]
+        # its memory bars hatched too, over their own colours: the hatch is a bar as high as its peak drawn over them
+        hatch = traces[OVER_BUDGET_NAME]
+        hatched = dict(zip(hatch.x, hatch.y, strict=True))
+        label = report.trials[index].label
+        assert hatched[label] == pytest.approx(report.trials[index].peak_bytes / MIB) if over else label not in hatched
+    hatch = traces[OVER_BUDGET_NAME]
+    assert hatch.base == 0 and hatch.marker.pattern.shape == HATCH and hatch.hoverinfo == "skip"
+    assert list(speed.text[:3]) == ["over<br>budget", "best", "tie"]
     assert speed.marker.color[1] == BEST_COLOR and speed.marker.color[2] == TIE_COLOR
     caption = best_caption(report)
     assert caption == "best: ckpt, fastest within noise, lowest peak among ties (bf16)"
     assert caption in fig.layout.title.text and caption in speed.hovertext[1]
     assert "does not fit (over budget)" in speed.hovertext[0]
-    # the legend: "does not fit" (the hatch) and "error", both drawn here
-    assert traces["does not fit"].showlegend is True and traces["error"].showlegend is True
+    # the legend: each verdict's mark, all three drawn here
+    assert all(traces[name].showlegend is True for name in (OUT_OF_MEMORY_NAME, OVER_BUDGET_NAME, "error"))
 
 
 def test_the_legend_names_only_what_is_drawn() -> None:
     report = Report([timed(Plan(), 300, 10.0)], budget=512 * MIB)
     traces = {trace.name: trace for trace in report_figure(report).data}
-    assert traces["does not fit"].showlegend is False and traces["error"].showlegend is False
-    over = Report([timed(Plan(), 900, 10.0)], budget=512 * MIB)  # over the budget only: the hatch is drawn
-    assert {trace.name: trace for trace in report_figure(over).data}["does not fit"].showlegend is True
+    assert not any(traces[name].showlegend for name in (OUT_OF_MEMORY_NAME, OVER_BUDGET_NAME, "error"))
+    over = Report([timed(Plan(), 900, 10.0)], budget=512 * MIB)  # over the budget only: its hatch is drawn
+    traces = {trace.name: trace for trace in report_figure(over).data}
+    assert traces[OVER_BUDGET_NAME].showlegend is True and traces[OUT_OF_MEMORY_NAME].showlegend is False
+
+
+def _first_drawn_pattern(trace: Any) -> str:
+    """The pattern plotly.js gives a trace's legend swatch: its first point's (``getPatternAttr(shape, 0, "")``)."""
+    shape = trace.marker.pattern.shape if trace.type == "bar" else None
+    return (shape[0] if shape else "") if isinstance(shape, (list, tuple)) else (shape or "")
+
+
+@pytest.mark.parametrize("first_over", [True, False])
+def test_the_legend_swatches_show_each_mark_as_drawn(first_over: bool) -> None:
+    """The memory categories' swatches are their plain colours even when the first plan is over the budget (plotly
+    draws a bar trace's swatch with its first bar's pattern: they were hatched); the hatch has its own entries."""
+    plans = [timed(Plan(micro_batch=8), 900, 30.0), timed(Plan(checkpointing=True), 300, 10.0)]
+    report = Report(plans if first_over else plans[::-1], budget=512 * MIB)
+    fig = report_figure(report)
+    shown = [trace for trace in fig.data if trace.showlegend is not False]
+    swatches = {trace.name: _first_drawn_pattern(trace) for trace in shown}
+    assert swatches == {"params": "", "grads": "", "optimizer": "", "activations": "", "other": "",
+                        OVER_BUDGET_NAME: HATCH}
+    assert {trace.legendgrouptitle.text for trace in shown if trace.legendgroup == "status"} == {"status"}
+
+
+def test_marks_on_the_bars_are_never_shrunk_to_a_narrow_bar() -> None:
+    """plotly shrinks a bar's text to the bar's width: the marks are drawn outside at MARK_FONT_PX, unshrunk, as
+    words where the bar's share of the axis holds them, else as signs; text inside a bar is never under
+    MIN_TEXT_PX (plotly hides it; the hover says it)."""
+    few = json.loads(report_figure(mixed_report()).to_json())
+    speeds = [timed(Plan(micro_batch=2 ** (i % 4), accumulation=1 + i // 4), 300 + 60 * i, 10.0 + i % 5)
+              for i in range(12)]
+    speeds[0] = timed(Plan(micro_batch=64), 900, 30.0)
+    many = json.loads(report_figure(Report(speeds, budget=800 * MIB)).to_json())
+    for figure in (few, many):
+        speed = next(trace for trace in figure["data"] if trace["name"] == "samples/s")
+        assert speed["textposition"] == "outside" and speed["constraintext"] == "none"
+        assert speed["textfont"]["size"] == MARK_FONT_PX >= 12
+        assert figure["layout"]["uniformtext"] == {"minsize": MIN_TEXT_PX, "mode": "hide"} and MIN_TEXT_PX >= 10
+    texts = next(trace for trace in few["data"] if trace["name"] == "samples/s")["text"]
+    assert texts[:3] == ["over<br>budget", "best", "tie"]
+    texts = next(trace for trace in many["data"] if trace["name"] == "samples/s")["text"]
+    assert texts[0] == NARROW_MARKS[OVER_BUDGET] and NARROW_MARKS["best"] in texts  # 12 bars: 20 px each
 
 
 def test_the_svg_marks_each_verdict_as_the_table_does() -> None:
@@ -101,13 +167,13 @@ def test_the_svg_marks_each_verdict_as_the_table_does() -> None:
     assert any("-over)" in (rect.get("fill") or "") or "hatch" in (rect.get("fill") or "")
                for rect in over_group.iter(f"{SVG}rect"))
     text = " ".join(root.itertext())
-    assert "over budget" in text and best_caption(report) in text
+    assert "over budget" in text and "out of memory" in text and best_caption(report) in text  # the legend's too
     assert re.search(r"\btie\b", text)
 
 
 def test_the_svg_legend_leaves_out_what_is_not_drawn() -> None:
     text = " ".join(ET.fromstring(report_svg(Report([timed(Plan(), 300, 10.0)], budget=512 * MIB))).itertext())
-    assert "does not fit" not in text and "error" not in text and "tie" not in text
+    assert not any(word in text for word in ("does not fit", "over budget", "out of memory", "error", "tie"))
 
 
 def test_the_estimates_best_says_what_it_means() -> None:
@@ -126,8 +192,27 @@ def test_the_live_figure_marks_the_same_verdicts() -> None:
     live.show_report(report)
     speed = next(trace for trace in live.widget.data if trace.name == "samples/s")
     params = next(trace for trace in live.widget.data if trace.name == "params")
-    assert list(speed.text[:3]) == ["over budget", "best", "tie"]
-    assert speed.marker.pattern.shape[0] == HATCH and params.marker.pattern.shape[0] == HATCH
+    hatch = next(trace for trace in live.widget.data if trace.name == OVER_BUDGET_NAME)
+    assert list(speed.text[:3]) == ["over<br>budget", "best", "tie"]
+    assert speed.marker.pattern.shape[0] == HATCH and list(hatch.x) == ["mb8x1"] and not params.marker.pattern.shape
+    assert speed.textfont.color[1] == BEST_COLOR
     assert speed.marker.pattern.shape[1] == "" and speed.marker.color[0] == DOES_NOT_FIT_COLOR
     notes = [note.text for note in live.widget.layout.annotations]
     assert best_caption(report) in notes
+
+
+def test_a_setting_run_twice_reads_as_two_runs_everywhere() -> None:
+    """The panel runs a setting twice: two rows named alike read as a duplicated row, and "plain is named best for
+    its lower peak" among ties at the same peak was not true. The table, its footer, the caption and the figure
+    name the second run "plain (2)"."""
+    first = timed(Plan(), 300, 10.0)
+    again = timed(Plan(), 300, 10.05)
+    report = Report([first, again], budget=512 * MIB)
+    text = report.to_text()
+    rows = [line for line in text.splitlines() if " ok " in line]
+    assert [row.split()[1] for row in rows] == ["plain", "plain"] and "plain (2)" in rows[1]
+    assert "As fast within measurement noise: plain (2) (plain is named best: no lower peak among them" in text
+    assert ">plain (2)" in report._repr_html_()
+    assert best_caption(report) == "best: plain, fastest within noise, lowest peak among ties (plain (2))"
+    speed = next(trace for trace in report_figure(report).data if trace.name == "samples/s")
+    assert list(speed.x) == ["plain", "plain (2)"]

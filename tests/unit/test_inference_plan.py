@@ -138,7 +138,7 @@ def test_training_reports_are_unchanged() -> None:
     assert report.categories == CATEGORIES
     assert set(trial.breakdown) == set(CATEGORIES)
     assert "kv_cache" not in report.to_text() and "kv_cache_bytes" not in report.to_dataframe().columns
-    assert len(report.plot().data) == 8
+    assert len(report.plot().data) == 9
     with pytest.raises(ValueError, match="unknown categories"):
         Trial(memlab.Plan(), "ok", 100, {"kv_cache": 1}, None, None, None, "cpu")
 

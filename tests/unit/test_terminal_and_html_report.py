@@ -51,6 +51,19 @@ def test_the_table_keeps_within_the_terminals_columns() -> None:
     assert text_table(report, width=400) == wide  # room enough: the table as it was
 
 
+def test_the_lines_under_the_table_keep_within_the_terminal_too() -> None:
+    """The summary under the table (ties, plans not measured) went past 120 columns in the demo."""
+    report = _noted_report()
+    report.skipped = [(Plan(micro_batch=1, accumulation=8, checkpointing=True, loss="chunked"),
+                       "estimated (dry run on fake tensors) not to fit, a reason as long as the search can write "
+                       "when it says why")] * 9
+    wide = text_table(report)
+    assert any(len(line) > 120 for line in wide.splitlines()[-6:])
+    narrow = text_table(report, width=120)
+    assert max(len(line) for line in narrow.splitlines()) <= 120, narrow
+    assert " ".join(wide.split()).endswith(" ".join(narrow.split())[-40:])  # the same words, wrapped
+
+
 def test_the_demo_reads_its_width_from_columns_or_the_terminal(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import io
 

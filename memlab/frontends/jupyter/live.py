@@ -59,17 +59,18 @@ _MIB = 1024**2
 _MAX_LIVE_POINTS = 2000
 _LIVE_COLOR = "#4C78A8"
 
-# Trace order (indices into ``widget.data``): Report.plot's eight traces, then the live figure's own three.
+# Trace order (indices into ``widget.data``): Report.plot's nine traces, then the live figure's own three.
 CATEGORY_TRACES = {name: i for i, name in enumerate(CATEGORIES)}
 DOES_NOT_FIT = len(CATEGORIES)
-ERROR = DOES_NOT_FIT + 1
+OVER_BUDGET = DOES_NOT_FIT + 1
+ERROR = OVER_BUDGET + 1
 SPEED = ERROR + 1
 LIVE = SPEED + 1
 SCATTER_FITS = LIVE + 1
 SCATTER_MISSES = SCATTER_FITS + 1
 
 _TRACE_KEYS = (
-    "x", "y", "text", "customdata", "hovertext", "marker.color", "showlegend",
+    "x", "y", "text", "customdata", "hovertext", "marker.color", "textfont.color", "showlegend",
     "error_y.array", "error_y.arrayminus", "error_y.width",
 )
 _LIVE_TITLES = ("Memory of the running trial", "Memory vs throughput")
@@ -281,7 +282,7 @@ class LiveFigure:
         # then loses their marker colours in the browser.
         restyle = {key: [{**self._defaults[index], **columns[index]}[key] for index in traces] for key in _TRACE_KEYS}
         self.widget.plotly_update(restyle_data=restyle, trace_indexes=list(traces))
-        # The "does not fit" hatch, on the bars only (a scatter has no pattern): a plan over the budget is hatched.
+        # The hatch of the plans that do not fit, on the bars only (a scatter has no pattern).
         bars = [index for index in traces if self.widget.data[index].type == "bar"]
         patterns = [columns[index].get("marker.pattern.shape", self._defaults[index]["pattern"]) for index in bars]
         self.widget.plotly_update(restyle_data={"marker.pattern.shape": patterns}, trace_indexes=bars)
@@ -334,6 +335,8 @@ class LiveFigure:
                 "text": [names[i] for i in points],
                 "hovertext": [data["hover"][i] for i in points],
             }
+        # "fits" in the legend only where there is a budget to fit (the hover of a plan that does not fit says so)
+        columns[self._scatter_fits]["showlegend"] = data["budget_mib"] is not None
         return columns
 
     def _annotations(self, data: dict[str, Any], low_titles: float) -> list[dict[str, Any]]:
@@ -473,7 +476,7 @@ def _build_widget(categories: tuple[str, ...] = CATEGORIES) -> go.FigureWidget:
                 marker={"color": color, "symbol": symbol, "size": 11},
                 legendgroup="status",
                 showlegend=legend,
-                hovertemplate="%{hovertext}<br>%{x:.2f} MiB, %{y:.3r} samples/s<extra>" + name + "</extra>",
+                hovertemplate="%{hovertext}<br>%{x:.2f} MiB, %{y:.3r} samples/s<extra></extra>",
             ),
             row=2,
             col=2,
@@ -495,6 +498,7 @@ def _trace_defaults(trace: Any) -> dict[str, Any]:
         "customdata": [],
         "hovertext": [],
         "marker.color": None if marker is None else marker.color,
+        "textfont.color": None,
         "pattern": getattr(getattr(marker, "pattern", None), "shape", None),
         "showlegend": trace.showlegend,
         "error_y.array": None,

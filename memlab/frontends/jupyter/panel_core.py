@@ -37,7 +37,7 @@ from memlab.report.tables import held_line, judged_text
 from memlab.runner.remeasure import close_contenders, settle_close_race
 from memlab.runner.trial import compare
 
-__all__ = ["AS_THE_MODEL_IS", "PanelCore", "descendants", "lever_control", "user_variable_name"]
+__all__ = ["AS_THE_MODEL_IS", "AUTO", "AutoCountBox", "PanelCore", "descendants", "lever_control", "user_variable_name"]
 
 WIDE = {"description_width": "initial"}
 _COLORS = {"info": "#333", "ok": "#2b7a2b", "warn": "#8a5a00", "error": "#b00020"}
@@ -95,7 +95,8 @@ class PanelCore(widgets.VBox):
         self.figure = self._new_figure()
         self.specs: dict[str, LeverSpec] = lever_specs(self.plan_class)
         self.controls: dict[str, widgets.ValueWidget] = {
-            lever: lever_control(spec, self.rows if lever == self.rows_lever else None)
+            lever: lever_control(spec, self.rows if lever == self.rows_lever else None,
+                                 cuts_rows=lever == self.rows_lever)
             for lever, spec in self.specs.items()
         }
         self.controls["budget"] = _budget_control(options.budget)
@@ -138,10 +139,8 @@ class PanelCore(widgets.VBox):
         values = {lever: self.controls[lever].value for lever in self.specs}
         if values[self.rows_lever] == self.rows:
             values[self.rows_lever] = None
-        for lever, spec in self.specs.items():  # a count whose default is None shows None as 0 ("auto")
-            if lever != self.rows_lever and spec.type == "int" and spec.default is None and values[lever] == 0:
-                values[lever] = None
-            if spec.type == "blocks":
+        for lever, spec in self.specs.items():  # a count whose default is None shows None as "auto" (AutoCountBox)
+            if spec.type == "blocks" or (lever != self.rows_lever and spec.type == "int" and spec.default is None):
                 values[lever] = parse_lever_value(spec, str(values[lever]))
             if spec.type == "choice" and spec.default is None and values[lever] == AS_THE_MODEL_IS:
                 values[lever] = None
@@ -373,6 +372,8 @@ class PanelCore(widgets.VBox):
             return f"{trial.label}: does not fit: {judged_text(trial)} is over the budget{why}", "warn"
         rate = self._rate(trial)
         speed = "" if rate is None else f", {axis_number(rate)} {self.rate_unit}"
+        if report.budget is None and trial.budget is None:  # nothing to fit: "fits" would claim a verdict
+            return f"{trial.label}: {judged_text(trial)}{speed} (no budget set)", "ok"
         return f"{trial.label}: fits, {judged_text(trial)}{speed}", "ok"
 
     # --- display --------------------------------------------------------------------------------------------
@@ -423,20 +424,51 @@ class BlocksBox(widgets.Combobox):
     value = _BlocksText("off", help="off, all or a number of blocks").tag(sync=True)
 
 
+class _CountText(traitlets.Unicode):  # type: ignore[type-arg]
+    """Text that takes None and counts too, as the plan holds them ("auto", "16")."""
+
+    def validate(self, obj: Any, value: Any) -> Any:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            value = AUTO if value is None else str(value)
+        return super().validate(obj, value)
+
+
+AUTO = "auto"
+"""What a count whose default is None shows for None (``lora_alpha``: twice the rank), never 0."""
+
+
+class AutoCountBox(widgets.Combobox):
+    """A count whose default is None (``lora_alpha``): ``auto`` (None: what the lever's help says auto means) or a
+    number, typed or picked; ``value = 32`` (or None) shows as the plan's value would. The plan reads it through the
+    ``--try`` parser, so a word it does not know is said when Run is clicked.
+
+    Example:
+        >>> box = AutoCountBox(options=["auto", "16"], ensure_option=False); box.value = 32; box.value
+        '32'
+        >>> box.value = None; box.value
+        'auto'
+    """
+
+    value = _CountText(AUTO, help="auto, or a whole number").tag(sync=True)
+
+
 AS_THE_MODEL_IS = "model's"
 """What a choice control whose default is None shows for None (``attention``: the model's own implementation)."""
 
 
-def lever_control(spec: LeverSpec, rows: int | None) -> widgets.ValueWidget:
+def lever_control(spec: LeverSpec, rows: int | None, *, cuts_rows: bool = False) -> widgets.ValueWidget:
     """The widget for one lever, named after it, its help as the tooltip: a checkbox for a switch, a drop-down for
-    choices, a number box for a number or a count. A count whose default is None starts at ``rows`` where it is
-    given (the lever that cuts the batch: None is all of its rows), else at 0, which stands for None ("auto").
+    choices, a number box for a number or a count. The count that cuts the batch (``cuts_rows``: None is all of its
+    rows) starts at ``rows``; any other count whose default is None is an :class:`AutoCountBox` showing ``auto``
+    (what the lever's help says None means: ``lora_alpha``'s twice the rank), never 0.
 
     Example:
         >>> from memlab.plan import LEVERS
-        >>> control = lever_control(LEVERS["micro_batch"], 8)
+        >>> control = lever_control(LEVERS["micro_batch"], 8, cuts_rows=True)
         >>> control.description, control.value, control.min
         ('micro-batch', 8, 1)
+        >>> lever_control(LEVERS["lora_alpha"], None).value
+        'auto'
     """
     description = spec.name.replace("_", "-")
     if spec.type == "bool":  # wide enough for its whole name (optimizer-in-backward), next to its box
@@ -461,6 +493,11 @@ def lever_control(spec: LeverSpec, rows: int | None) -> widgets.ValueWidget:
         return widgets.BoundedFloatText(
             value=spec.default, min=0.0, max=1_000_000.0, step=0.01, description=description, tooltip=spec.help,
             style=WIDE, layout=widgets.Layout(width="170px"),
+        )
+    if spec.default is None and not cuts_rows:
+        return AutoCountBox(  # its help says what auto means
+            value=AUTO, options=[AUTO, "8", "16", "32", "64", "128"], ensure_option=False, description=description,
+            tooltip=spec.help, style=WIDE, layout=widgets.Layout(width="170px"),
         )
     if spec.default is None:
         start, least = (rows, 1) if rows is not None else (0, 0)

@@ -33,7 +33,7 @@ from memlab.report.figure import CATEGORY_COLORS, RATE_COLOR, budget_line, budge
 from memlab.report.static import figure_bundle, timeline_bundle
 from memlab.report.svg_steps import PEAK_COLOR, StepSeries, step_series, steps_svg, steps_text
 
-__all__ = ["WatchFigure", "show_watch", "steps_figure"]
+__all__ = ["WatchFigure", "show_watch", "step_tick", "steps_figure"]
 
 _MEMORY_NAMES = (*(name for name in CATEGORY_COLORS if name != "kv_cache"), "peak")
 _TITLES = ("samples/s per step", "memory per step")
@@ -83,10 +83,28 @@ def _fill(fig: Any, series: StepSeries) -> None:
         values = series["memory"].get(trace.name)
         trace.update(x=steps if values is not None else [], y=values if values is not None else [])
     fig.layout.title.text = steps_text(series)
+    # Whole steps only: with plotly's own spacing, a few steps got ticks at halves, rounded by "d" to "1 2 2 3 3".
+    fig.update_xaxes(dtick=step_tick(max(steps, default=1) - min(steps, default=1)))
     budget = series["budget_mib"]
     if budget is not None and not fig.layout.shapes:
         fig.add_shape(budget_line(budget))
         fig.add_annotation(budget_note(int(budget * 1024**2)))
+
+
+def step_tick(span: float, most: int = 8) -> int:
+    """The distance between two ticks of the step axis over ``span`` steps: 1, 2 or 5 times a power of ten, the
+    least that writes at most about ``most`` ticks, each a whole step.
+
+    Example:
+        >>> step_tick(2), step_tick(30), step_tick(1000)
+        (1, 5, 200)
+    """
+    power = 1
+    while True:
+        for factor in (1, 2, 5):
+            if span / (factor * power) <= most:
+                return factor * power
+        power *= 10
 
 
 class WatchFigure:
