@@ -75,7 +75,9 @@ class Plan:
             ``"adamw_foreach"`` (torch's foreach AdamW, what a plain loop's ``torch.optim.AdamW(params)`` runs on
             CUDA: its update holds a temporary the size of the weights; for estimating your own loop, never
             searched).
-        offload: ``"none"``, ``"optimizer"``, ``"activations"`` or ``"all"``.
+        offload: ``"none"``, ``"optimizer"``, ``"activations"``, ``"all"``, or ``"params"`` (sharded training
+            only: each GPU's shard of the weights, gradients and optimizer state in CPU memory, FSDP's
+            ``offload_params`` or DeepSpeed ZeRO-3's ``offload_param``; one GPU refuses it, saying what to write).
         adapter: ``"none"``, ``"lora"`` (peft LoRA on the linear layers of a frozen base) or ``"qlora"`` (the
             same on a base whose linear weights are held in 4-bit NF4).
         lora_rank: the adapters' rank (only with an adapter; without one it is always the default, 16).

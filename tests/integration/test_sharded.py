@@ -109,7 +109,9 @@ def test_bad_sharding_input_says_what_to_write() -> None:
     with pytest.raises(MemlabError, match="write an int >= 1"):
         memlab.estimate(config(), SHAPES, gpus=0, strategy="fsdp2")
     with pytest.raises(MemlabError, match="not estimated sharded"):
-        memlab.estimate(config(), SHAPES, Plan(adapter="lora"), gpus=2, strategy="fsdp2")
+        memlab.estimate(config(), SHAPES, Plan(optimizer_in_backward=True), gpus=2, strategy="fsdp2")
+    with pytest.raises(MemlabError, match="needs training sharded over GPUs; on one GPU write offload='optimizer'"):
+        memlab.estimate(config(), SHAPES, Plan(offload="params"))
 
 
 @pytest.mark.parametrize("plan", [Plan(), Plan(checkpointing=True)], ids=lambda p: p.label())
