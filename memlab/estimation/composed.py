@@ -40,13 +40,19 @@ from memlab.live.batch import LossFn
 from memlab.live.sharding import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, engine_settings
 from memlab.plan import Plan
 
-__all__ = ["COMPOSED_NOTE", "composed_estimate", "gathered_bytes", "needs_composition"]
+__all__ = ["COMPOSED_NOTE", "RESERVE_NOTE", "composed_estimate", "gathered_bytes", "needs_composition"]
 
 COMPOSED_NOTE = (
     "sharded from the one-GPU dry run of the same plan (memlab.estimation.composed): at each point of its step, the "
     "shards of its weights, gradients and optimizer state, the gathered units, and its activations unchanged"
 )
 """The note of every composed estimate."""
+
+RESERVE_NOTE = (
+    "reserved_bytes of a composed estimate: its allocated peak plus the one-GPU step's reserve over its own peak "
+    "(no sharded step is replayed through the allocator model; FSDP's communication streams may reserve more)"
+)
+"""The note of a composed estimate that carries a reserve."""
 
 
 def needs_composition(plan: Plan, strategy: str, load: Mapping[str, Any] | None) -> bool:
@@ -210,7 +216,13 @@ def composed_estimate(
         notes.append("ZeRO-2 cannot offload parameters: offload='params' offloads the gradients and the optimizer "
                      "state only; write strategy='zero3' to offload the parameters")
     result = sharded_trial(plan, best, torch.device(trial.device), budget, gpus, strategy, held, host, notes)
-    return dataclasses.replace(result, reserved_bytes=None)
+    reserved = None
+    if trial.reserved_bytes is not None and not strategy.startswith("zero"):
+        # the one-GPU step's reserve over its allocated peak (the allocator's rounding and cached blocks), carried
+        reserved = result.peak_bytes + max(trial.reserved_bytes - trial.peak_bytes, 0)
+        notes.append(RESERVE_NOTE)
+        result = dataclasses.replace(result, notes=tuple(dict.fromkeys(notes)))
+    return dataclasses.replace(result, reserved_bytes=reserved)
 
 
 def _series(trial: Any) -> dict[str, list[int]]:

@@ -147,3 +147,17 @@ def test_accelerates_own_loader_reads_every_sharded_config(plan: Plan, strategy:
 def test_zero2_refuses_parameter_offload_in_its_accelerate_config() -> None:
     with pytest.raises(MemlabError, match="write strategy='zero3'"):
         Plan(offload="params").to_accelerate_config(gpus=2, strategy="zero2")
+
+
+def test_the_command_line_estimates_every_sharded_lever(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from memlab.frontends.cli import main
+
+    config().save_pretrained(tmp_path)  # type: ignore[attr-defined]
+    assert main(["estimate", str(tmp_path), "--batch", "2x32", "--device", "cpu", "--gpus", "2", "--strategy",
+                 "fsdp1", "--try", "adapter=lora,qlora", "offload=none,params", "--dtype", "bf16"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "fsdp1" in line and " x2" in line]
+    assert len(lines) == 4 and all("error" not in line for line in lines), lines
+    assert main(["estimate", str(tmp_path), "--batch", "2x32", "--device", "cpu", "--gpus", "auto", "--budget",
+                 "4MiB", "--strategy", "zero3", "--try", "adapter=qlora", "checkpointing=1"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "zero3" in out and "qlora" in out, out
