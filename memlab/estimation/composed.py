@@ -8,10 +8,13 @@ runs the adapters, the load, the chunked loss and selective checkpointing as ``m
 its whole step (its :class:`~memlab.report.timeline.Timeline`): at every point of the step, each GPU holds
 
 - ``(params + grads + optimizer) / N`` of the one-GPU step's bytes (the shards; under ZeRO-2 the weights whole),
-- the gathered units: the largest sharded unit twice (the one computing and the one prefetched: FSDP2's prefetch
-  of one unit, FSDP1's ``limit_all_gathers``, ZeRO-3's prefetch bucket) in the dtype the engine gathers (the
-  compute dtype; 4-bit weights stored in bf16, ``bnb_4bit_quant_storage=bf16``, gather as their packed bytes), and
-  what stays gathered (FSDP2: the final norm and output head; FSDP1: the root unit, the embeddings too),
+- the gathered weights, in the dtype the engine gathers (the compute dtype; 4-bit weights stored in bf16,
+  ``bnb_4bit_quant_storage=bf16``, gather as their packed bytes): FSDP2, the largest block or its tail (final
+  norm and output head, gathered from forward to the head's backward), whichever is larger, as FSDP2's own dry run
+  on fake tensors holds them at its peak (one block: the prefetch that overlaps it on CUDA streams is not seen);
+  FSDP1, the largest block and the root unit (embeddings, final norm, head), which stays gathered through
+  backward (``limit_all_gathers`` bounds the blocks in flight); ZeRO-3, the largest layer twice (the one computing
+  and the prefetch bucket's),
 - one unit's unsharded gradients (the trained ones),
 - the activations and the rest (``other``) of the one-GPU step, unchanged: data parallelism does not change them.
 
@@ -197,7 +200,10 @@ def composed_estimate(
             detail["sharded_grads"] = 0 if offloaded else grads // n
             detail["optimizer"] = 0 if offloaded else optimizer // n
             point_host = ((grads // n + optimizer // n) if offloaded else 0) + (sharded_params if moves_params else 0)
-        detail["unsharded_params"] += 2 * unit + kept
+        # FSDP2 reshards its tail (final norm, head) after the head's backward: the tail or a block is gathered,
+        # never both; FSDP1's root (embeddings, norm, head) stays gathered through backward, beside a block
+        detail["unsharded_params"] += (unit + kept) if strategy == "fsdp1" else max(unit, kept) if \
+            strategy == "fsdp2" else 2 * unit
         detail["unsharded_grads"] = unit_grads
         detail["activations"] = activations
         detail["inputs"] = other

@@ -241,7 +241,8 @@ def fsdp2_torch_script(
     :func:`accelerate_config` asks for FSDP2 (the units of accelerate's ``fsdp2_prepare_model``, the layout the
     FSDP2 estimate shards with: each ``_no_split_modules`` block, the input embeddings, the final norm and head, then
     the root; accelerate's ``MixedPrecisionPolicy`` for bf16/fp16; checkpointing through the model's own switch) and
-    trains ``steps`` steps with the plan's AdamW.
+    trains ``steps`` steps with the plan's AdamW (on the adapters alone for a LoRA plan: peft's
+    ``get_peft_model`` with memlab's ``LoraConfig`` before the model is sharded).
 
     ``model_code`` is an expression building the model (on the CPU), ``batch_code`` one building this rank's
     batch. ``backend="gloo", device="cpu"`` runs it on CPU processes (what the tests do); with ``record`` set to a
@@ -253,10 +254,10 @@ def fsdp2_torch_script(
         >>> "fully_shard(units, mesh=mesh" in script and compile(script, "s.py", "exec") is not None
         True
     """
-    if plan.adapter != "none" or plan.optimizer != "adamw" or plan.offload != "none" or plan.loss != "full":
+    if plan.adapter == "qlora" or plan.optimizer != "adamw" or plan.offload != "none" or plan.loss != "full":
         raise MemlabError(
-            "fsdp2_torch_script covers plans of adamw without adapters, offload or chunked loss; write those "
-            "levers as their defaults, or use accelerate_script with the accelerate config"
+            "fsdp2_torch_script covers plans of adamw (LoRA adapters allowed) without QLoRA, offload or chunked "
+            "loss; write those levers as their defaults, or use accelerate_script with the accelerate config"
         )
     dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(plan.precision, "None")
     lines = [
@@ -275,6 +276,11 @@ def fsdp2_torch_script(
         lines.append("model.to(torch.bfloat16)")
     if plan.checkpointing:
         lines.append('model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})')
+    if plan.adapter == "lora":  # peft's adapters before sharding: FSDP2 shards frozen and trained weights alike
+        from memlab.techniques.levers_model import lora_config_code
+
+        lines += ["from peft import LoraConfig, get_peft_model",
+                  f"model = get_peft_model(model, {lora_config_code(plan)})"]
     lines += [
         f"policy = MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype={dtype}, output_dtype={dtype})",
         "# accelerate's fsdp2_prepare_model layout: the blocks, the input embeddings, the final norm and head (kept",
