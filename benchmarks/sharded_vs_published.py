@@ -3,13 +3,13 @@
 Each row is a run someone else measured on N GPUs, with the settings they published (strategy, precision, batch
 per GPU, sequence length, checkpointing, adapters) and what their figure measures (``allocated``: the allocator's
 peak; ``reserved``: ``max_memory_reserved``; ``nvidia-smi``: the card's used memory; ``unstated``: the source does
-not say), for rank 0 or the maximum over ranks. Where memlab can express the run today (full fine-tuning under
-FSDP2, ZeRO-2 or ZeRO-3, full checkpointing or none), ``estimate`` holds memlab's per-GPU figure of the same kind
-and ``ratio`` = estimate / published; where it cannot, ``estimate`` is null and ``cannot`` says what is missing
-(LoRA/QLoRA sharded, parameter offload, FSDP1, selective checkpointing, torch.compile, Float8, context or tensor
+not say), for rank 0 or the maximum over ranks. Where memlab can express the run (full fine-tuning, LoRA or QLoRA
+under FSDP1, FSDP2, ZeRO-2 or ZeRO-3, the user's load, parameter offload, full checkpointing or none), ``estimate``
+holds memlab's per-GPU figure of the same kind and ``ratio`` = estimate / published; where it cannot, ``estimate`` is
+null and ``cannot`` says what is missing (op-level selective checkpointing, torch.compile, Float8, context or tensor
 parallelism: "memlab cannot express X yet: issue 47 item 1"). Rows run with selective activation checkpointing get
 ``bounds``: memlab with no checkpointing (above) and full checkpointing (below) the selective policy.
-``fsdp2_proxy`` (FSDP1 runs of a full fine-tune): the same step estimated under FSDP2, which FSDP1 is not.
+``fsdp2_proxy``: where a row sets one, the same step estimated under FSDP2.
 
 The scaling check takes the runs published at several GPU counts with the rest equal (torchtitan's Llama 3.1 8B on
 8 and 128 H100s): published per-GPU figure against N, and memlab's at each N.
@@ -44,7 +44,8 @@ Sources (every number is quoted from them):
   batch 1, gradient checkpointing, flash attention 2); the figure ("G") is over both GPUs (139 G does not fit one
   80 GB card), its kind unstated; the 72B LoRA runs without ZeRO-3 ran out of memory on 4 A100 80GB.
 
-Run from the repository root (no GPU needed; about 10 minutes on 2 cores)::
+Run from the repository root (no GPU needed; about 30 minutes on 2 busy cores, the 70B rows 1.5-3 minutes each; in
+parts with ``--rows 12-15,18-24 --out part1.json`` and so on, joined with ``--merge``)::
 
     python -m benchmarks.sharded_vs_published
     python -m benchmarks.sharded_vs_published --markdown benchmarks/results/sharded_vs_published-cpu.json

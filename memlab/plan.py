@@ -252,7 +252,7 @@ class Plan:
         self, *, gpus: int, strategy: str = "fsdp2", layer_classes: Sequence[str] | None = None
     ) -> dict[str, Any]:
         """A config for ``accelerate launch --config_file`` (written as YAML) training this plan on ``gpus`` GPUs
-        with ``strategy`` (``"fsdp2"``, ``"zero2"``, ``"zero3"``); the training script that uses the plan's other
+        with ``strategy`` (``"fsdp2"``, ``"fsdp1"``, ``"zero2"``, ``"zero3"``); the script that uses the plan's other
         levers is :func:`memlab.export.accelerate.accelerate_script` (see
         :func:`memlab.export.accelerate.accelerate_config`)."""
         from memlab.export.accelerate import accelerate_config

@@ -37,13 +37,13 @@ from torch import nn
 from memlab.estimation.configs import model_on_meta
 from memlab.estimation.fsdp2 import DETAIL, ShardedTrial, shard_units, sharded_trial
 from memlab.estimation.gpus import GpuKind
-from memlab.estimation.load import parse_load
+from memlab.estimation.load import loaded_dtype, parse_load
 from memlab.estimation.single_gpu import estimate_plans
 from memlab.live.batch import LossFn
 from memlab.live.sharding import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, engine_settings
 from memlab.plan import Plan
 
-__all__ = ["COMPOSED_NOTE", "RESERVE_NOTE", "composed_estimate", "gathered_bytes", "needs_composition"]
+__all__ = ["COMPOSED_NOTE", "MIXED_NOTE", "RESERVE_NOTE", "composed_estimate", "gathered_bytes", "needs_composition"]
 
 COMPOSED_NOTE = (
     "sharded from the one-GPU dry run of the same plan (memlab.estimation.composed): at each point of its step, the "
@@ -76,6 +76,32 @@ def _quantized(plan: Plan, load: Mapping[str, Any] | None) -> str:
     if plan.adapter == "qlora":
         return "nf4"
     return parse_load(load, plan).quantize if load is not None else "none"
+
+
+MIXED_NOTE = (
+    "FSDP's mixed precision gathers fp32 weights in the compute dtype, so the step (the residual stream and the "
+    "checkpoints too) runs in it: the one-GPU step is run on weights loaded in that dtype, and the shards counted "
+    "at fp32"
+)
+"""The note of a composed FSDP estimate of fp32 weights under bf16/fp16 mixed precision."""
+
+
+def _mixed_precision_load(model_or_config: Any, plan: Plan, strategy: str,
+                          load: Mapping[str, Any] | None) -> tuple[Mapping[str, Any] | None, float]:
+    """The load of the one-GPU step a composed FSDP estimate reads, and the factor its weights' bytes take: FSDP's
+    ``MixedPrecision(param_dtype=bf16)`` casts fp32 weights (frozen ones too) to bf16 for the whole step, where a
+    one-GPU step under autocast keeps an fp32 residual stream; so fp32 weights are loaded in the compute dtype for
+    the step and counted at twice its bytes in the shards. Anything else (a 16-bit or 4-bit load, pure bf16
+    weights, ZeRO, which runs the whole model in bf16) is read as it is."""
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
+    if (not strategy.startswith("fsdp") or compute is None or plan.weights != "fp32" or plan.adapter == "qlora"
+            or isinstance(model_or_config, nn.Module)):  # a model is estimated as it is loaded
+        return load, 1.0
+    parsed = parse_load(load, plan)
+    if parsed.quantize != "none" or loaded_dtype(model_or_config, parsed) != torch.float32:
+        return load, 1.0
+    kept = {k: v for k, v in (load or {}).items() if k not in ("dtype", "torch_dtype")}
+    return {**kept, "dtype": compute}, 2.0
 
 
 def _compute_bytes(plan: Plan, load: Mapping[str, Any] | None) -> int:
@@ -167,8 +193,9 @@ def composed_estimate(
         ('ok', True, 'lora r4 fsdp2 x4')
     """
     one_gpu = plan.replace(offload="activations" if plan.offloads_activations else "none")
+    one_load, scale = _mixed_precision_load(model_or_config, plan, strategy, load)
     trial = estimate_plans(model_or_config, batch, [one_gpu], loss_fn=loss_fn, lr=lr, device=device, gpu=gpu,
-                           load=load)[0]
+                           load=one_load)[0]
     if trial.status != "ok":
         return ShardedTrial(plan, "error", 0, {}, None, None, None, trial.device, error=trial.error, budget=budget,
                             estimated=True, gpus=gpus, strategy=strategy, notes=trial.notes)
@@ -176,6 +203,7 @@ def composed_estimate(
     unit, kept = gathered_bytes(model_on_meta(model_or_config), strategy, element, _quantized(plan, load))
     units = max(len(shard_units(model_on_meta(model_or_config))), 1)
     series = _series(trial)
+    series["params"] = [int(v * scale) for v in series["params"]]
     offloaded = plan.offload in ("params", "optimizer", "all")
     n = gpus
     best: dict[str, int] | None = None
@@ -217,7 +245,7 @@ def composed_estimate(
     assert best is not None
     held = best["sharded_params"] + best["sharded_grads"] + best["optimizer"] + (
         best["unsharded_params"] if strategy == "zero2" else 0)
-    notes = [*trial.notes, COMPOSED_NOTE, engine_settings(plan, strategy)]
+    notes = [*trial.notes, COMPOSED_NOTE, engine_settings(plan, strategy), *([MIXED_NOTE] if scale != 1 else [])]
     if plan.offload == "params" and strategy == "zero2":
         notes.append("ZeRO-2 cannot offload parameters: offload='params' offloads the gradients and the optimizer "
                      "state only; write strategy='zero3' to offload the parameters")
