@@ -161,3 +161,22 @@ def test_the_command_line_estimates_every_sharded_lever(tmp_path: Path, capsys: 
                  "4MiB", "--strategy", "zero3", "--try", "adapter=qlora", "checkpointing=1"]) in (0, 1)
     out = capsys.readouterr().out
     assert "zero3" in out and "qlora" in out, out
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("offload", ("none", "optimizer", "params"))
+def test_a_users_accelerate_config_reads_back_as_the_strategy_and_offload(strategy: str, offload: str,
+                                                                          tmp_path: Path) -> None:
+    from memlab.live.sharding import sharding_from_accelerate
+
+    plan = Plan(offload=offload, precision="bf16")
+    if strategy == "zero2" and offload == "params":
+        return  # refused (test_zero2_refuses_parameter_offload_in_its_accelerate_config)
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(yaml.safe_dump(plan.to_accelerate_config(gpus=4, strategy=strategy)))
+    read = sharding_from_accelerate(path)
+    # FSDP's one CPU offload is the parameters' (offload_params): optimizer offload reads back as it
+    expected = "params" if strategy.startswith("fsdp") and offload != "none" else offload
+    assert read == {"gpus": 4, "strategy": strategy, "offload": expected}
+    with pytest.raises(MemlabError, match="write distributed_type: FSDP or DEEPSPEED"):
+        sharding_from_accelerate({"distributed_type": "MULTI_GPU", "num_processes": 2})
