@@ -284,6 +284,5 @@ def test_fsdp2_lora_on_two_cpu_ranks_matches_the_estimate(plan: Plan, tmp_path: 
     assert done.returncode == 0, done.stderr[-3000:]
     estimate = memlab.estimate(config(), SHAPES, plan, gpus=2, strategy="fsdp2", device="cpu")
     measured = [json.loads(Path(f"{record}{rank}.json").read_text())["peak_bytes"] for rank in (0, 1)]
-    print("lora gloo", plan.label(), "estimate", estimate.peak_bytes, "measured", measured, estimate.breakdown)
     for peak in measured:
         assert abs(estimate.peak_bytes / peak - 1) <= 0.15, (measured, estimate.peak_bytes, estimate.breakdown)
