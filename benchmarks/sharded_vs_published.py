@@ -3,13 +3,13 @@
 Each row is a run someone else measured on N GPUs, with the settings they published (strategy, precision, batch
 per GPU, sequence length, checkpointing, adapters) and what their figure measures (``allocated``: the allocator's
 peak; ``reserved``: ``max_memory_reserved``; ``nvidia-smi``: the card's used memory; ``unstated``: the source does
-not say), for rank 0 or the maximum over ranks. Where memlab can express the run today (full fine-tuning under
-FSDP2, ZeRO-2 or ZeRO-3, full checkpointing or none), ``estimate`` holds memlab's per-GPU figure of the same kind
-and ``ratio`` = estimate / published; where it cannot, ``estimate`` is null and ``cannot`` says what is missing
-(LoRA/QLoRA sharded, parameter offload, FSDP1, selective checkpointing, torch.compile, Float8, context or tensor
+not say), for rank 0 or the maximum over ranks. Where memlab can express the run (full fine-tuning, LoRA or QLoRA
+under FSDP1, FSDP2, ZeRO-2 or ZeRO-3, the user's load, parameter offload, full checkpointing or none), ``estimate``
+holds memlab's per-GPU figure of the same kind and ``ratio`` = estimate / published; where it cannot, ``estimate`` is
+null and ``cannot`` says what is missing (op-level selective checkpointing, torch.compile, Float8, context or tensor
 parallelism: "memlab cannot express X yet: issue 47 item 1"). Rows run with selective activation checkpointing get
 ``bounds``: memlab with no checkpointing (above) and full checkpointing (below) the selective policy.
-``fsdp2_proxy`` (FSDP1 runs of a full fine-tune): the same step estimated under FSDP2, which FSDP1 is not.
+``fsdp2_proxy``: where a row sets one, the same step estimated under FSDP2.
 
 The scaling check takes the runs published at several GPU counts with the rest equal (torchtitan's Llama 3.1 8B on
 8 and 128 H100s): published per-GPU figure against N, and memlab's at each N.
@@ -44,7 +44,8 @@ Sources (every number is quoted from them):
   batch 1, gradient checkpointing, flash attention 2); the figure ("G") is over both GPUs (139 G does not fit one
   80 GB card), its kind unstated; the 72B LoRA runs without ZeRO-3 ran out of memory on 4 A100 80GB.
 
-Run from the repository root (no GPU needed; about 10 minutes on 2 cores)::
+Run from the repository root (no GPU needed; about 30 minutes on 2 busy cores, the 70B rows 1.5-3 minutes each; in
+parts with ``--rows 12-15,18-24 --out part1.json`` and so on, joined with ``--merge``)::
 
     python -m benchmarks.sharded_vs_published
     python -m benchmarks.sharded_vs_published --markdown benchmarks/results/sharded_vs_published-cpu.json
@@ -124,6 +125,29 @@ def qwen_7b() -> Any:
                        tie_word_embeddings=False)
 
 
+def yi_34b() -> Any:
+    """Yi 34B's shape (a Llama): vocab 64,000, 60 layers, hidden 7,168, FFN 20,480, 56 heads, 8 KV heads."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=64_000, hidden_size=7168, intermediate_size=20_480, num_hidden_layers=60,
+                       num_attention_heads=56, num_key_value_heads=8, max_position_embeddings=4096,
+                       rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+
+def qwen_72b() -> Any:
+    """Qwen-72B (Qwen 1) as a Qwen2 of its shape: vocab 152,064, 80 layers, hidden 8,192, FFN 24,576, 64 heads."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=152_064, hidden_size=8192, intermediate_size=24_576, num_hidden_layers=80,
+                       num_attention_heads=64, num_key_value_heads=64, max_position_embeddings=8192,
+                       tie_word_embeddings=False)
+
+
+def llama31_70b() -> Any:
+    """Llama 3.1 70B's shape: Llama 3 70B's (:func:`llama3_70b`)."""
+    return llama3_70b()
+
+
 @dataclass(frozen=True)
 class Run:
     """One published multi-GPU run: where it ran, how, the per-GPU figure its authors published and what it
@@ -153,6 +177,7 @@ class Run:
     memlab_gpu: str = "H100-80GB"
     summed_over_gpus: bool = False
     differs: str = ""
+    load_dtype: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -173,9 +198,15 @@ _TT = dict(model="Llama 3.1 8B", config=llama31_8b, rows=2, tokens=8192, unit="G
                     "transformers' LlamaForCausalLM under accelerate's FSDP2 policy (reductions in bf16); the H100 "
                     "96GB HBM2e is judged with the H100-80GB kind's CUDA context against 96 GB"))
 _SELECTIVE = cannot("selective (op-level) activation checkpointing")
-_ANS = dict(gpu="RTX3090-24GB", gpus=2, strategy="FSDP1 FULL_SHARD", unit="GiB", source=ANSWER, capacity_gb=24.0)
-_ANS_Q = cannot("QLoRA sharded (4-bit weights stored in bf16 under FSDP1)")
-_ANS_L = cannot("LoRA sharded under FSDP1")
+_ANS = dict(gpu="RTX3090-24GB", gpus=2, strategy="FSDP1 FULL_SHARD", unit="GiB", source=ANSWER, capacity_gb=24.0,
+            memlab_strategy="fsdp1", memlab_gpu="RTX4090-24GB",
+            differs="the RTX 3090 is judged with the RTX4090-24GB kind's CUDA context and kernels (both 24 GB)")
+# train.py's default precision "bf16": the model (and the adapters) in bf16, no autocast
+_ANS_Q = Plan(adapter="qlora", lora_rank=64, weights="bf16", checkpointing=True)
+_ANS_L = Plan(adapter="lora", lora_rank=64, weights="bf16", checkpointing=True)
+_BF16 = dict(load_dtype="bfloat16")
+# torchtune's LoRA recipes: the model (adapters too) in bf16, LoRA on q_proj and v_proj
+_TUNE_LORA = Plan(adapter="lora", lora_rank=8, lora_targets=("q_proj", "v_proj"), weights="bf16", checkpointing=True)
 RUNS = (
     Run("torchtitan Llama 3.1 8B FSDP2, 8 GPUs", gpu="H100-96GB", gpus=8, strategy="FSDP2", published=82.4,
         settings="bf16 params / fp32 master and AdamW, batch 2x8192, selective op AC, eager",
@@ -218,20 +249,21 @@ RUNS = (
     Run("torchtune Llama 2 7B full, 4 x RTX 4090", model="llama-7b", config="llama-7b", gpu="RTX4090-24GB", gpus=4,
         strategy="FSDP1 FULL_SHARD", published=24.1, measures="unstated", rows=4, tokens=2048,
         settings="pure bf16 weights and AdamW, batch 4x2048, AC", source=f"{TUNE_0524}, '4 x RTX 4090 | Full'",
-        cannot=cannot("FSDP1 (flat parameters, limit_all_gathers)"), capacity_gb=25.8, memlab_gpu="RTX4090-24GB",
-        fsdp2_proxy=Plan(weights="bf16", checkpointing=True, optimizer="adamw_foreach")),
+        plan=Plan(weights="bf16", checkpointing=True, optimizer="adamw_foreach"), memlab_strategy="fsdp1",
+        capacity_gb=25.8, memlab_gpu="RTX4090-24GB", load_dtype="bfloat16"),
     Run("torchtune Llama 2 7B LoRA, 2 x RTX 4090", model="llama-7b", gpu="RTX4090-24GB", gpus=2,
         strategy="FSDP1 FULL_SHARD", published=16.2, measures="unstated", rows=4, tokens=2048,
         settings="LoRA r8 q,v, bf16, batch 4x2048, AC", source=f"{TUNE_0524}, '2 x RTX 4090 | LoRA'",
-        cannot=cannot("LoRA sharded under FSDP1"), capacity_gb=25.8),
+        plan=_TUNE_LORA, memlab_strategy="fsdp1", load_dtype="bfloat16", capacity_gb=25.8, memlab_gpu="RTX4090-24GB"),
     Run("torchtune Llama 2 70B LoRA, 8 x A100", model="llama-70b", gpu="A100-80GB", gpus=8,
         strategy="FSDP1 FULL_SHARD", published=26.4, measures="unstated", rows=4, tokens=4096,
         settings="LoRA r8 q,v, bf16, batch 4x4096, AC", source=f"{TUNE_0524}, '8 x A100 | LoRA'",
-        cannot=cannot("LoRA sharded under FSDP1")),
+        plan=_TUNE_LORA, memlab_strategy="fsdp1", load_dtype="bfloat16", memlab_gpu="A100-80GB"),
     Run("torchtune Llama 2 70B full, 8 x A100, PagedAdamW", model="llama-70b", gpu="A100-80GB", gpus=8,
         strategy="FSDP1 FULL_SHARD", published=70.4, measures="unstated", rows=4, tokens=4096,
         settings="pure bf16, bitsandbytes PagedAdamW, batch 4x4096, AC", source=f"{TUNE_0524}, '8 x A100 | Full'",
-        cannot=cannot("FSDP1 with a paged optimizer")),
+        plan=Plan(weights="bf16", checkpointing=True, optimizer="paged_adamw8bit"), memlab_strategy="fsdp1",
+        load_dtype="bfloat16", memlab_gpu="A100-80GB"),
     Run("torchtune Llama 3.1 70B full, 8 x A100, CPU offload", model="Llama 3.1 70B", gpu="A100-80GB", gpus=8,
         strategy="FSDP2 + CPU offload", published=13.9, unit="GiB", measures="unstated", rows=2, tokens=2048,
         settings="bf16, CPU offload, fused optimizer, compile", source=f"{TUNE_2026}, 'Llama 3.1 70B | Full'",
@@ -240,43 +272,53 @@ RUNS = (
         published=27.6, unit="GiB", measures="unstated", rows=2, tokens=2048, settings="LoRA, bf16, compile",
         source=f"{TUNE_2026}, 'Llama 3.1 70B | LoRA'", cannot=cannot("LoRA sharded and torch.compile")),
     Run("fsdp_qlora Llama 2 7B QLoRA, 2 x 3090, 1x512", model="llama-7b", published=4.98, rows=1, tokens=512,
-        settings="QLoRA r64 all linear, batch 1x512", cannot=_ANS_Q, **_ANS),
+        settings="QLoRA r64 all linear, batch 1x512", plan=_ANS_Q, **_ANS),
     Run("fsdp_qlora Llama 2 7B QLoRA, 2 x 3090, 1x2048", model="llama-7b", published=5.21, rows=1,
-        settings="QLoRA r64 all linear, batch 1x2048", cannot=_ANS_Q, **_ANS),
+        settings="QLoRA r64 all linear, batch 1x2048", plan=_ANS_Q, **_ANS),
     Run("fsdp_qlora Llama 2 7B LoRA, 2 x 3090, 1x512", model="llama-7b", published=10.24, rows=1, tokens=512,
-        settings="LoRA r64 all linear, bf16, batch 1x512 (allocated 8.28 GiB)", cannot=_ANS_L, **_ANS),
+        settings="LoRA r64 all linear, bf16, batch 1x512 (allocated 8.28 GiB)", plan=_ANS_L, **_BF16, **_ANS),
     Run("fsdp_qlora Llama 2 7B LoRA, 2 x 3090, 1x2048", model="llama-7b", published=10.22, rows=1,
-        settings="LoRA r64 all linear, bf16, batch 1x2048 (allocated 9.16 GiB)", cannot=_ANS_L, **_ANS),
+        settings="LoRA r64 all linear, bf16, batch 1x2048 (allocated 9.16 GiB)", plan=_ANS_L, **_BF16, **_ANS),
     Run("fsdp_qlora Llama 2 7B QLoRA, 2 x 3090, 10x2048", model="llama-7b", published=20.97, rows=10,
-        settings="QLoRA r64 all linear, batch 10x2048", cannot=_ANS_Q, **_ANS),
+        settings="QLoRA r64 all linear, batch 10x2048", plan=_ANS_Q, **_ANS),
     Run("fsdp_qlora Llama 2 7B LoRA, 2 x 3090, 6x2048", model="llama-7b", published=21.35, rows=6,
-        settings="LoRA r64 all linear, bf16, batch 6x2048", cannot=_ANS_L, **_ANS),
+        settings="LoRA r64 all linear, bf16, batch 6x2048", plan=_ANS_L, **_BF16, **_ANS),
     Run("fsdp_qlora Yi 34B QLoRA, 2 x 3090, 2x2048", model="Yi 34B", published=23.05, rows=2,
-        settings="QLoRA r64 all linear, batch 2x2048", cannot=_ANS_Q, **_ANS),
+        settings="QLoRA r64 all linear, batch 2x2048", plan=_ANS_Q, config=yi_34b, **_ANS),
     Run("fsdp_qlora Llama 2 70B QLoRA + CPU offload, 2 x 3090", model="llama-70b", published=14.92, rows=2,
-        settings="QLoRA r64 all linear, batch 2x2048, FSDP CPU offload",
-        cannot=cannot("QLoRA sharded with parameter offload"), **_ANS),
+        settings="QLoRA r64 all linear, batch 2x2048, FSDP CPU offload", plan=_ANS_Q.replace(offload="params"),
+        **_ANS),
     Run("peft Llama 2 70B LoRA FSDP, 8 x H100", model="llama-70b", gpu="H100-80GB", gpus=8,
         strategy="FSDP1 FULL_SHARD", published=80.0, measures="nvidia-smi", over="every rank (72-80 GB)",
         tokens=2048, rows=8, settings="LoRA r8 all linear, bf16, batch 8x2048, AC (run_peft_fsdp.sh)",
-        source=f"{PEFT_FSDP} (commit aa2ca83ca, 2024-02-26), 'Memory usage'", cannot=cannot("LoRA sharded")),
+        source=f"{PEFT_FSDP} (commit aa2ca83ca, 2024-02-26), 'Memory usage'",
+        plan=Plan(adapter="lora", lora_rank=8, precision="bf16", checkpointing=True), memlab_strategy="fsdp1",
+        load_dtype="float32", differs="examples/sft loads the base in fp32 without quantization (utils.py), and "
+        "accelerate's FSDP mixed precision computes in bf16"),
     Run("peft Llama 2 70B QLoRA FSDP + CPU offload, 2 x 24GB", model="llama-70b", gpu="RTX4090-24GB", gpus=2,
         strategy="FSDP1 + CPU offload", published=19.6, measures="nvidia-smi", tokens=2048, rows=2,
         settings="QLoRA r8 all linear, quant storage bf16, batch 2x2048, AC", capacity_gb=24.0,
         source=f"{PEFT_FSDP} (commit 6008f272a, 2024-03-13), 'Memory usage'",
-        cannot=cannot("QLoRA sharded with parameter offload")),
+        plan=Plan(adapter="qlora", lora_rank=8, precision="bf16", checkpointing=True, offload="params"),
+        memlab_strategy="fsdp1", memlab_gpu="RTX4090-24GB"),
     Run("peft Llama 2 70B QLoRA FSDP, 2 GPUs, no offload", model="llama-70b", gpu="A100-80GB", gpus=2,
         strategy="FSDP1 FULL_SHARD", published=35.6, measures="nvidia-smi", tokens=2048, rows=2,
         settings="QLoRA r8 all linear, quant storage bf16, batch 2x2048, AC",
-        source=f"{PEFT_FSDP} (commit 6008f272a, 2024-03-13), 'Memory usage'", cannot=cannot("QLoRA sharded")),
+        source=f"{PEFT_FSDP} (commit 6008f272a, 2024-03-13), 'Memory usage'",
+        plan=Plan(adapter="qlora", lora_rank=8, precision="bf16", checkpointing=True), memlab_strategy="fsdp1",
+        memlab_gpu="A100-80GB"),
     Run("peft Llama 2 70B LoRA ZeRO-3, 8 x H100", model="llama-70b", gpu="H100-80GB", gpus=8, strategy="ZeRO-3",
         published=64.0, measures="nvidia-smi", tokens=2048, rows=8,
         settings="LoRA r8 all linear, bf16, batch 8x2048, AC (run_peft_deepspeed.sh)",
-        source=f"{PEFT_DS} (commit aa2ca83ca, 2024-02-26), 'Memory usage'", cannot=cannot("LoRA under ZeRO-3")),
+        source=f"{PEFT_DS} (commit aa2ca83ca, 2024-02-26), 'Memory usage'",
+        plan=Plan(adapter="lora", lora_rank=8, precision="bf16", checkpointing=True), memlab_strategy="zero3",
+        load_dtype="bfloat16", differs="DeepSpeed's bf16 mode holds the frozen base in bf16 (the load in bf16 here)"),
     Run("peft Llama 2 70B QLoRA ZeRO-3, 2 x 40GB", model="llama-70b", gpu="A100-40GB", gpus=2, strategy="ZeRO-3",
         published=36.6, measures="nvidia-smi", tokens=2048, rows=2, capacity_gb=40.0,
         settings="QLoRA r8 all linear, quant storage bf16, batch 2x2048, AC",
-        source=f"{PEFT_DS} (commit 6008f272a, 2024-03-13), 'Memory usage'", cannot=cannot("QLoRA under ZeRO-3")),
+        source=f"{PEFT_DS} (commit 6008f272a, 2024-03-13), 'Memory usage'",
+        plan=Plan(adapter="qlora", lora_rank=8, precision="bf16", checkpointing=True), memlab_strategy="zero3",
+        memlab_gpu="A100-40GB"),
     *(Run(f"Qwen-7B full ZeRO-3, 2 x A100, 1x{n}", model="Qwen-7B", config=qwen_7b, gpu="A100-80GB", gpus=2,
           strategy="ZeRO-3", published=p, measures="unstated", over="sum of both GPUs", summed_over_gpus=True,
           rows=1, tokens=n, settings=f"bf16, fp32 AdamW state, batch 1x{n}, gradient checkpointing",
@@ -289,7 +331,8 @@ RUNS = (
         published=None, measures="outcome only", out_of_memory=True, rows=1, tokens=256,
         settings="LoRA, bf16, batch 1, finetune_lora_ds.sh with ds_config_zero2.json",
         source=f"{QWEN}, 72B ('OOM occurs on 4 A100-SXM4-80G GPUs ... without Deepspeed ZeRO 3')",
-        cannot=cannot("LoRA under ZeRO-2")),
+        plan=Plan(adapter="lora", lora_rank=64, precision="bf16", checkpointing=True), config=qwen_72b,
+        memlab_strategy="zero2", load_dtype="bfloat16", memlab_gpu="A100-80GB"),
 )
 """The published runs, each with its source."""
 
@@ -313,8 +356,9 @@ def _estimate(run: Run, plan: Plan, strategy: str, gpus: int | None = None) -> t
 
     started = time.perf_counter()
     batch = {"input_ids": (run.rows, run.tokens), "labels": (run.rows, run.tokens)}
+    load = {"dtype": getattr(torch, run.load_dtype)} if run.load_dtype else None
     trial = memlab.estimate(_model(run), batch, plan, gpus=gpus or run.gpus, strategy=strategy, gpu=run.memlab_gpu,
-                            budget=int(run.capacity_gb * GB))
+                            budget=int(run.capacity_gb * GB), load=load)
     return trial, time.perf_counter() - started
 
 
@@ -334,7 +378,12 @@ def estimate_run(run: Run) -> dict[str, Any]:
         "cannot": run.cannot, "estimate": None, "ratio": None, "fits": None, "verdict_matches": None,
     }
     if run.plan is not None:
-        trial, seconds = _estimate(run, run.plan, run.memlab_strategy)
+        try:
+            trial, seconds = _estimate(run, run.plan, run.memlab_strategy)
+        except Exception as error:  # what memlab does with the run is itself a finding: kept, said
+            row["estimate"] = {"plan": run.plan.label(), "strategy": run.memlab_strategy, "status": "error",
+                               "error": f"{type(error).__name__}: {error}", "gb": None}
+            return row
         figure = _figure(trial, run.measures)
         row.update(estimate={"plan": run.plan.label(), "strategy": run.memlab_strategy, "status": trial.status,
                              "gb": common.rounded(figure / GB, 3),
@@ -391,6 +440,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """The docs' table: the run, its source's repository, GPUs and strategy, the published per-GPU figure and its
     kind, memlab's figure of that kind (or its checkpointing bounds, or why there is none) and the ratio."""
     def memlab_cell(r: dict[str, Any]) -> str:
+        if r["estimate"] is not None and r["estimate"]["gb"] is None:
+            return f"error: {r['estimate'].get('error', r['estimate']['status'])}"
         if r["estimate"] is not None:
             return f"{r['estimate']['gb']} GB" + ("" if r["fits"] else " (does not fit)")
         if r.get("bounds"):
@@ -427,22 +478,27 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _indices(part: str) -> range:
+    first, _, last = part.partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="run the rows whose name contains this text (writes nothing)")
     parser.add_argument("--out", default=None, help="where to write the JSON (default: benchmarks/results/)")
     parser.add_argument("--markdown", default=None, metavar="JSON", help="print the docs' table of a results file")
-    parser.add_argument("--rows", default=None, help="indices of RUNS to estimate, as 0-11 (with --out: a part)")
+    parser.add_argument("--rows", default=None, help="indices of RUNS to estimate, as 0-11 or 12-15,18,20-24 (with "
+                        "--out: a part)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON", help="join parts written with --rows")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(json.loads(Path(args.markdown).read_text())["rows"]))
         return 0
     common.quiet()
-    wanted = range(len(RUNS))
+    wanted: Any = range(len(RUNS))
     if args.rows:
-        first, _, last = args.rows.partition("-")
-        wanted = range(int(first), int(last or first) + 1)
+        wanted = [index for part in args.rows.split(",") for index in _indices(part)]
     rows = []
     if args.merge:
         done = {r["run"]: r for path in args.merge for r in json.loads(Path(path).read_text())["rows"]}

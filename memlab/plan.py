@@ -75,7 +75,9 @@ class Plan:
             ``"adamw_foreach"`` (torch's foreach AdamW, what a plain loop's ``torch.optim.AdamW(params)`` runs on
             CUDA: its update holds a temporary the size of the weights; for estimating your own loop, never
             searched).
-        offload: ``"none"``, ``"optimizer"``, ``"activations"`` or ``"all"``.
+        offload: ``"none"``, ``"optimizer"``, ``"activations"``, ``"all"``, or ``"params"`` (sharded training
+            only: each GPU's shard of the weights, gradients and optimizer state in CPU memory, FSDP's
+            ``offload_params`` or DeepSpeed ZeRO-3's ``offload_param``; one GPU refuses it, saying what to write).
         adapter: ``"none"``, ``"lora"`` (peft LoRA on the linear layers of a frozen base) or ``"qlora"`` (the
             same on a base whose linear weights are held in 4-bit NF4).
         lora_rank: the adapters' rank (only with an adapter; without one it is always the default, 16).
@@ -250,7 +252,7 @@ class Plan:
         self, *, gpus: int, strategy: str = "fsdp2", layer_classes: Sequence[str] | None = None
     ) -> dict[str, Any]:
         """A config for ``accelerate launch --config_file`` (written as YAML) training this plan on ``gpus`` GPUs
-        with ``strategy`` (``"fsdp2"``, ``"zero2"``, ``"zero3"``); the training script that uses the plan's other
+        with ``strategy`` (``"fsdp2"``, ``"fsdp1"``, ``"zero2"``, ``"zero3"``); the script that uses the plan's other
         levers is :func:`memlab.export.accelerate.accelerate_script` (see
         :func:`memlab.export.accelerate.accelerate_config`)."""
         from memlab.export.accelerate import accelerate_config

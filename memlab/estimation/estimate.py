@@ -22,23 +22,17 @@ The names the single-GPU steps define are importable from here too (``estimate_p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from memlab.errors import MemlabError
 from memlab.estimation.configs import KNOWN_SHAPES, load_config, meta_model, parse_batch_shape
-from memlab.estimation.cuda_context import card_context
 from memlab.estimation.fake import BLIND_SPOTS, fake_batch
-from memlab.estimation.gpus import gpu_kind
-from memlab.estimation.sharded import sharded_estimate
-from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_inference, estimate_plans, is_inference
+from memlab.estimation.request import EstimateRequest, route
+from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_inference, estimate_plans
 from memlab.live.batch import LossFn
-from memlab.live.sharding import check_sharding
 from memlab.plan import Plan
 from memlab.report import Trial
-from memlab.trainer.entry import live_target, noted, split_plans
-from memlab.trainer.source import is_trainer
 
 if TYPE_CHECKING:
     from memlab.inference.plan import InferencePlan
@@ -100,9 +94,11 @@ def estimate(
             config, a name or a model on the meta device ``"cuda"``, even on a machine without one (the trial's
             ``device`` and notes say so).
         gpus: the number of GPUs training is sharded over (default 1); more than 1 needs a ``strategy``.
-        strategy: ``"none"`` (one GPU), ``"fsdp2"``, ``"zero2"`` or ``"zero3"``: the answer is then per GPU, for
-            ``batch`` as each GPU's micro-batch, as a :class:`memlab.estimation.sharded.ShardedTrial` (see
-            :mod:`memlab.estimation.sharded` for how each strategy is estimated).
+        strategy: ``"none"`` (one GPU), ``"fsdp2"``, ``"fsdp1"`` (accelerate's ``fsdp_version: 1``), ``"zero2"``
+            or ``"zero3"``: the answer is then per GPU, for ``batch`` as each GPU's micro-batch, as a
+            :class:`memlab.estimation.sharded.ShardedTrial` (see :mod:`memlab.estimation.sharded` for how each
+            strategy is estimated, and :mod:`memlab.estimation.composed` for adapters and quantized loads sharded);
+            its notes name the engine settings assumed. ``Plan(offload="params")`` is sharded only.
         gpu: the kind of GPU a CUDA estimate is for, which sets the CUDA context (per GPU when sharded) and, made
             without CUDA, the attention kernels emulated: a name from :data:`memlab.estimation.gpus.GPUS`, default
             ``"H100-80GB"``. The trial's notes name it.
@@ -115,7 +111,12 @@ def estimate(
             compute, the rest as the installed transformers' ``from_pretrained`` loads it by default: the
             checkpoint's own dtype since transformers 5, fp32 before). A live model, on the meta device too, is
             estimated as it is (its dtypes, quantized layers, adapters and attention implementation); ``load=`` is
-            refused for a model whose weights are in memory. The trial's notes name the load assumed.
+            refused for a model whose weights are in memory. The trial's notes name the load assumed. Sharded, a
+            dtype load is made before the weights are sharded; a 4-bit load (``bnb_4bit_quant_storage`` in the
+            compute dtype, as FSDP needs) is composed from its one-GPU dry run.
+
+    The arguments become one :class:`~memlab.estimation.request.EstimateRequest`, which every route takes (one GPU,
+    sharded, inference, a Trainer): ``load=`` reaches the sharded route as it does the others.
 
     An :class:`memlab.InferencePlan` estimates inference instead (one forward, or a generation, as
     ``memlab.measure`` runs it; see :func:`estimate_inference`): an :class:`~memlab.report.InferenceTrial` whose
@@ -135,43 +136,6 @@ def estimate(
         >>> loaded.breakdown["params"] < trial.breakdown["params"], any("dtype=torch.bf" in n for n in loaded.notes)
         (True, True)
     """
-    note = None
-    if is_trainer(model_or_config):  # its model and compute_loss; without a batch, its dataset's worst batch
-        batch, plan = split_plans(batch, plan)
-        target = live_target(model_or_config, batch, loss_fn)
-        model_or_config, batch, loss_fn, note = target.model, target.batch, target.loss_fn, target.note
-        plan = target.plan if plan is None else plan
-    elif batch is None:
-        raise MemlabError(
-            "no batch was given; write the shapes, e.g. memlab.estimate(config, {'input_ids': (1, 512), "
-            "'labels': (1, 512)}, plan), or pass a transformers Trainer"
-        )
-    plan = Plan() if plan is None else plan
-    gpu_kind(gpu)  # an unknown GPU is refused before anything is built
-    if note is not None:
-        return noted([estimate(model_or_config, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device,
-                               gpus=gpus, strategy=strategy, gpu=gpu, load=load)], note)[0]
-    if is_inference(plan):
-        if isinstance(plan, (list, tuple)):
-            raise MemlabError(
-                "estimate takes one plan, and this is a list; write memlab.estimate(model, batch, "
-                "memlab.InferencePlan(...)) for each, or estimate_plans(model, batch, [...]) for all (from "
-                "memlab.estimation.estimate import estimate_plans)"
-            )
-        if gpus != 1 or strategy != "none":
-            raise MemlabError("an InferencePlan is estimated on one device; drop gpus= and strategy=")
-        inference = cast("InferencePlan", plan)
-        return card_context(estimate_inference(model_or_config, batch, [inference], loss_fn=loss_fn, budget=budget,
-                                               device=device, gpu=gpu, load=load)[0], gpu)
-    training = cast(Plan, plan)  # anything else than a Plan is refused by estimate_plans, with what to write
-    if gpus != 1 or strategy != "none":
-        gpus, strategy = check_sharding(gpus, strategy)
-        if strategy != "none":
-            if load is not None:
-                raise MemlabError(f"load= is not estimated for strategy={strategy!r} yet; drop load= (the plan's "
-                                  "weights= sets the dtype of the sharded weights), or estimate one GPU with it")
-            return sharded_estimate(model_or_config, batch, training, gpus=gpus, strategy=strategy, loss_fn=loss_fn,
-                                    budget=budget, lr=lr, device=device, gpu=gpu)
-    trial = estimate_plans(model_or_config, batch, [training], loss_fn=loss_fn, budget=budget, lr=lr, device=device,
-                           gpu=gpu, load=load)[0]
-    return card_context(trial, gpu)
+    request = EstimateRequest(model_or_config, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device,
+                              gpus=gpus, strategy=strategy, gpu=gpu, load=load)
+    return route(request)

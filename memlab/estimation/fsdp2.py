@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from memlab.estimation.cuda_attention import attention_note
 from memlab.estimation.cuda_kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, cuda_kernels, run_emulated
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup, one_thread, target_device
 from memlab.estimation.gpus import GpuKind
+from memlab.estimation.load import apply_load, load_dtype, plan_loads
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
 from memlab.estimation.single_gpu import adamw8bit_state_bytes
@@ -326,9 +327,12 @@ def fsdp2_dry_run(
     device: str | torch.device | None = None,
     budget: int | None = None,
     gpu: GpuKind | str | None = None,
+    load: Mapping[str, Any] | None = None,
 ) -> tuple[ShardedTrial, list[dict[str, int]]]:
     """The FSDP2 estimate of one GPU of ``gpus``, and every module-level snapshot of the step as :data:`DETAIL`
-    dicts (ZeRO takes its activations from them). A step that fails is an ``"error"`` trial.
+    dicts (ZeRO takes its activations from them). A step that fails is an ``"error"`` trial. ``load``: how the user
+    loads the weights (:mod:`memlab.estimation.load`; a dtype: a quantized load is composed instead, see
+    :mod:`memlab.estimation.composed`), made on the fake model before it is sharded; None: as the config builds it.
 
     Example:
         >>> from transformers import LlamaConfig
@@ -349,7 +353,7 @@ def fsdp2_dry_run(
 
     def step(emulate: bool) -> tuple[ShardedTrial, list[dict[str, int]]]:
         return _fsdp2_step(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device, budget=budget,
-                           gpu=gpu, emulate=emulate)
+                           gpu=gpu, emulate=emulate, load=load)
 
     with one_thread():
         (trial, peaks), fell_back = run_emulated(step, emulated)
@@ -370,6 +374,7 @@ def _fsdp2_step(
     budget: int | None,
     gpu: GpuKind | str | None,
     emulate: bool,
+    load: Mapping[str, Any] | None = None,
 ) -> tuple[ShardedTrial, list[dict[str, int]]]:
     """:func:`fsdp2_dry_run`'s step, with CUDA's kernels emulated where ``emulate``."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -378,12 +383,16 @@ def _fsdp2_step(
     batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, kernels=_CPU)
     model, target = setup.model, setup.target
+    loaded = plan_loads(model_or_config, [plan], load)[0] if load is not None else None
+    if loaded is not None:  # the weights as the user loads them, before they are sharded
+        apply_load(model, loaded, setup.mode, _CPU)
     # FSDP2 shards the dtype the weights have when fully_shard runs: cast before. Not with model.to(): it swaps
     # fake parameters for new ones, which the fake mode's weak references forbid; the weights technique sets .data.
     cast_weights(model, plan)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
-    notes = [BLIND_SPOTS, FSDP_NOTE, *setup.notes, *([FULL_MASK_DROPPED] if dropped else [])]
+    notes = [BLIND_SPOTS, FSDP_NOTE, *setup.notes, *([FULL_MASK_DROPPED] if dropped else []),
+             *([loaded.note(load_dtype(model, loaded))] if loaded is not None else [])]
     if emulate:
         notes.append(EMULATED_NOTE)
     if plan.offloads_activations:

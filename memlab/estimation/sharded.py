@@ -15,13 +15,14 @@ below re-export.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from memlab.errors import MemlabError
-from memlab.estimation.configs import frozen_count, layer_counts
+from memlab.estimation.composed import composed_estimate, needs_composition
+from memlab.estimation.configs import frozen_count, layer_counts, model_on_meta
 from memlab.estimation.cuda_context import card_context
 from memlab.estimation.fsdp2 import DETAIL, FSDP2_REFUSALS, ShardedTrial, fsdp2_dry_run, shard_units
 from memlab.estimation.gpus import GpuKind, gpu_kind
@@ -34,6 +35,7 @@ from memlab.live.sharding import (
     DS_REDUCE_BUCKET,
     STRATEGIES,
     check_sharding,
+    engine_settings,
     parse_gpus,
 )
 from memlab.plan import Plan, parse_budget
@@ -44,14 +46,17 @@ __all__ = [
     "DS_ALLGATHER_BUCKET",
     "DS_PREFETCH_BUCKET",
     "DS_REDUCE_BUCKET",
+    "FSDP1_NOTE",
     "STRATEGIES",
     "ShardedTrial",
     "check_sharding",
+    "fsdp1_trial",
     "layer_counts",
     "parse_gpus",
     "shard_units",
     "sharded_estimate",
     "sharded_lines",
+    "sharded_one",
     "sharded_trials",
     "smallest_gpus",
     "zero_model_states",
@@ -70,14 +75,19 @@ def sharded_estimate(
     lr: float = 1e-5,
     device: str | torch.device | None = None,
     gpu: GpuKind | str | None = None,
+    load: Mapping[str, Any] | None = None,
 ) -> ShardedTrial:
     """The peak of one steady-state training step per GPU, sharded over ``gpus`` GPUs with ``strategy``.
 
     :func:`memlab.estimate` with ``gpus=``/``strategy=`` calls this; the arguments are its own, and ``batch`` is
     the per-GPU micro-batch. ``strategy="fsdp2"`` runs ``fully_shard`` on fake tensors; ``"zero2"``/``"zero3"``
-    compute DeepSpeed's partitioning (the module docstring gives the formulas). Adapter plans and the chunked loss
-    are not estimated sharded (a MemlabError says so). For CUDA each GPU's trial carries the CUDA context of the GPU
-    kind ``gpu`` (:func:`memlab.estimation.cuda_context.card_context`), and its ``fits`` judges the card figure.
+    compute DeepSpeed's partitioning (the module docstring gives the formulas); ``"fsdp1"`` is FSDP2's dry run with
+    FSDP1's root kept gathered (:func:`fsdp1_trial`). Adapter plans (LoRA, QLoRA), a quantized ``load`` and the
+    chunked loss are composed from their one-GPU dry run under every strategy (:mod:`memlab.estimation.composed`).
+    ``offload="params"`` keeps each GPU's shards in CPU memory (FSDP ``offload_params``, DeepSpeed ZeRO-3
+    ``offload_param``). For CUDA each GPU's trial carries the CUDA context of the GPU kind ``gpu``
+    (:func:`memlab.estimation.cuda_context.card_context`), and its ``fits`` judges the card figure; its notes name
+    the engine settings assumed.
 
     Example:
         >>> from transformers import LlamaConfig
@@ -94,18 +104,103 @@ def sharded_estimate(
     _check_plan(plan)
     gpu_kind(gpu)
     limit = parse_budget(budget)
-    if strategy == "fsdp2" and plan.optimizer in FSDP2_REFUSALS:
+    if strategy == "none":
+        trial = estimate_plans(model_or_config, batch, [plan], loss_fn=loss_fn, budget=budget, lr=lr, device=device,
+                               gpu=gpu, load=load)[0]
+        return card_context(ShardedTrial(**{f.name: getattr(trial, f.name) for f in dataclasses.fields(Trial)}), gpu)
+    if strategy.startswith("fsdp") and plan.optimizer in FSDP2_REFUSALS:
         raise MemlabError(FSDP2_REFUSALS[plan.optimizer])
-    if strategy == "fsdp2":
-        return card_context(fsdp2_dry_run(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device,
-                                          budget=limit, gpu=gpu)[0], gpu)
-    if strategy in ("zero2", "zero3"):
-        basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu)
-        return card_context(zero_trial(basis, layer_counts(model_or_config), plan, gpus, int(strategy[-1]), limit,
-                                       frozen=frozen_count(model_or_config)), gpu)
-    trial = estimate_plans(model_or_config, batch, [plan], loss_fn=loss_fn, budget=budget, lr=lr, device=device,
-                           gpu=gpu)[0]
-    return card_context(ShardedTrial(**{f.name: getattr(trial, f.name) for f in dataclasses.fields(Trial)}), gpu)
+    return card_context(sharded_one(model_or_config, batch, plan, gpus, strategy, loss_fn=loss_fn, lr=lr,
+                                    device=device, budget=limit, gpu=gpu, load=load), gpu)
+
+
+def sharded_one(
+    model_or_config: Any,
+    batch: Any,
+    plan: Plan,
+    gpus: int,
+    strategy: str,
+    *,
+    loss_fn: LossFn | None = None,
+    lr: float = 1e-5,
+    device: str | torch.device | None = None,
+    budget: int | None = None,
+    gpu: GpuKind | str | None = None,
+    load: Mapping[str, Any] | None = None,
+    basis: Trial | None = None,
+) -> ShardedTrial:
+    """One strategy's per-GPU trial (without the CUDA context): the route each plan takes, chosen once here. The
+    composed route (:mod:`memlab.estimation.composed`) for adapters, quantized loads and the chunked loss; FSDP2's
+    dry run for FSDP2 (FSDP1 from it, :func:`fsdp1_trial`); DeepSpeed's formulas over ``basis`` (a
+    :func:`~memlab.estimation.zero.zero_basis` already made, or a new one) for ZeRO. The notes name the engine
+    settings assumed.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        ...                      num_attention_heads=2, vocab_size=256)
+        >>> trial = sharded_one(config, {"input_ids": (1, 16), "labels": (1, 16)}, Plan(offload="params"), 2,
+        ...                     "fsdp1", device="cpu")
+        >>> trial.label, trial.host_bytes > 0, any("offload_params=True" in note for note in trial.notes)
+        ('offload-params fsdp1 x2', True, True)
+    """
+    if needs_composition(plan, strategy, load):
+        return composed_estimate(model_or_config, batch, plan, gpus=gpus, strategy=strategy, loss_fn=loss_fn,
+                                 budget=budget, lr=lr, device=device, gpu=gpu, load=load)
+    settings = engine_settings(plan, strategy)
+    if strategy in ("fsdp1", "fsdp2"):
+        # FSDP's one CPU offload (offload_params) moves the shards of weights, gradients and optimizer state
+        run = plan.replace(offload="optimizer") if plan.offload == "params" else plan
+        trial = fsdp2_dry_run(model_or_config, batch, run, gpus, loss_fn=loss_fn, lr=lr, device=device, budget=budget,
+                              gpu=gpu, load=load)[0]
+        trial = dataclasses.replace(trial, plan=plan, notes=(*trial.notes, settings))
+        return fsdp1_trial(trial, model_or_config) if strategy == "fsdp1" else trial
+    if basis is None:
+        basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu, load=load)
+    trial = zero_trial(basis, layer_counts(model_or_config), plan, gpus, int(strategy[-1]), budget,
+                       frozen=frozen_count(model_or_config))
+    return dataclasses.replace(trial, notes=(*trial.notes, settings))
+
+
+FSDP1_NOTE = (
+    "FSDP1 estimated by FSDP2's dry run, where the two hold the same bytes (flat parameters all-gathered one unit "
+    "at a time, limit_all_gathers' two units in flight as FSDP2's prefetch of one), with FSDP1's root unit (the "
+    "embeddings, final norm and output head) kept gathered from forward to the end of backward"
+)
+"""The note of an FSDP1 estimate made from FSDP2's dry run."""
+
+
+def fsdp1_trial(trial: ShardedTrial, model_or_config: Any) -> ShardedTrial:
+    """An FSDP1 trial from the FSDP2 dry run of the same plan: FSDP1's root unit (accelerate's TRANSFORMER_BASED_WRAP
+    leaves the embeddings, the final norm and the head in it) is not resharded after forward, where FSDP2's layout
+    reshards the input embeddings; the embeddings' gathered weights are added to the peak (in the dtype the run
+    gathers). Everything else is FSDP2's (:data:`FSDP1_NOTE`).
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        ...                      num_attention_heads=2, vocab_size=256)
+        >>> two = sharded_estimate(config, {"input_ids": (1, 16), "labels": (1, 16)}, gpus=2, strategy="fsdp2",
+        ...                        device="cpu")
+        >>> one = fsdp1_trial(two, config)
+        >>> one.peak_bytes - two.peak_bytes == 4 * 256 * 64, one.strategy
+        (True, 'fsdp1')
+    """
+    if trial.status != "ok":
+        return dataclasses.replace(trial, strategy="fsdp1")
+    model = model_on_meta(model_or_config)
+    plan = trial.plan
+    element = 2 if plan.precision != "fp32" or plan.weights == "bf16" else 4
+    embed, head = (_module(model, name) for name in ("get_input_embeddings", "get_output_embeddings"))
+    tied = embed is not None and head is not None and any(
+        p is q for p in embed.parameters() for q in head.parameters())
+    extra = 0 if embed is None or tied else element * sum(p.numel() for p in embed.parameters())
+    detail = dict(trial.detail)
+    detail["unsharded_params"] = detail.get("unsharded_params", 0) + extra
+    breakdown = dict(trial.breakdown)
+    breakdown["params"] = breakdown.get("params", 0) + extra
+    return dataclasses.replace(trial, strategy="fsdp1", detail=detail, breakdown=breakdown,
+                               peak_bytes=trial.peak_bytes + extra, notes=(*trial.notes, FSDP1_NOTE))
 
 
 def smallest_gpus(
@@ -121,13 +216,15 @@ def smallest_gpus(
     device: str | torch.device | None = None,
     gpu: GpuKind | str | None = None,
     say: Callable[[str], None] | None = None,
+    load: Mapping[str, Any] | None = None,
 ) -> dict[str, ShardedTrial | None]:
     """For each strategy, the estimate at the smallest number of GPUs in ``candidates`` whose per-GPU peak fits
     ``budget`` (None when none does: ZeRO-2 keeps whole weights on every GPU, so it may never fit; the error trial
     where every dry run failed, such as Adafactor under FSDP2). For CUDA, what
     fits is each GPU's card figure (the CUDA context of the GPU kind ``gpu`` included) where it is known.
+    ``strategies`` may name ``"fsdp1"`` too; ``load`` is how the user loads the model (as for :func:`memlab.estimate`).
 
-    The per-GPU peak falls as GPUs are added, so the candidates are bisected: FSDP2 runs a dry run per probe
+    The per-GPU peak falls as GPUs are added, so the candidates are bisected: FSDP runs a dry run per probe
     (about log2 of the number of candidates), ZeRO one dry run in all (its model states are a formula of N).
     ``say`` is told, before each dry run, what it estimates (a command line prints it: a large model takes minutes).
 
@@ -151,24 +248,21 @@ def smallest_gpus(
     names = [check_sharding(2, s)[1] for s in strategies]
     gpu_kind(gpu)
     if "none" in names:
-        raise MemlabError('strategies lists "none"; write "fsdp2", "zero2" or "zero3"')
+        raise MemlabError('strategies lists "none"; write "fsdp2", "fsdp1", "zero2" or "zero3"')
     found: dict[str, ShardedTrial | None] = {}
     single: Trial | None = None
-    counts: tuple[int, int] | None = None
+    composed = needs_composition(plan, "fsdp2", load)
     for name in names:
-        if name != "fsdp2" and single is None:
+        if name.startswith("zero") and single is None and not composed:
             _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
-            single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu)
-            counts = layer_counts(model_or_config)
+            single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu,
+                                load=load)
 
-        def run(n: int, name: str = name, one: Trial | None = single, sizes: Any = counts) -> ShardedTrial:
-            if name == "fsdp2":
-                _tell(say, f"estimating {plan.label()} with fsdp2 on {n} GPU{'s' if n > 1 else ''}")
-                return card_context(fsdp2_dry_run(model_or_config, batch, plan, n, loss_fn=loss_fn, lr=lr,
-                                                  device=device, budget=limit, gpu=gpu)[0], gpu)
-            assert one is not None and sizes is not None
-            return card_context(zero_trial(one, sizes, plan, n, int(name[-1]), limit,
-                                           frozen=frozen_count(model_or_config)), gpu)
+        def run(n: int, name: str = name, one: Trial | None = single) -> ShardedTrial:
+            if name.startswith("fsdp") or composed:
+                _tell(say, f"estimating {plan.label()} with {name} on {n} GPU{'s' if n > 1 else ''}")
+            return card_context(sharded_one(model_or_config, batch, plan, n, name, loss_fn=loss_fn, lr=lr,
+                                            device=device, budget=limit, gpu=gpu, load=load, basis=one), gpu)
 
         found[name] = _bisect(run, numbers)
     return found
@@ -187,16 +281,17 @@ def sharded_trials(
     device: str | torch.device | None = None,
     gpu: GpuKind | str | None = None,
     say: Callable[[str], None] | None = None,
+    load: Mapping[str, Any] | None = None,
 ) -> list[tuple[Plan, str, ShardedTrial | None]]:
     """Per-GPU estimates of every plan under every strategy: ``(plan, strategy, trial)``, plans outer.
 
     What ``memlab estimate --gpus`` and ``%%memfit --dry-run --gpus`` run. ``gpus`` is a number, or ``"auto"``
     (needs ``budget``): then each trial is the one at the smallest number that fits (:func:`smallest_gpus`), and
-    None where no number up to 1024 does. ``strategies`` defaults to all three (``"fsdp2"``, ``"zero2"``,
-    ``"zero3"``); ZeRO-2 and ZeRO-3 share one dry run per plan, which is FSDP2's own where the plan trains with
-    AdamW without offload (so all three cost one dry run). ``gpu`` is the GPU kind of a CUDA estimate (its CUDA
-    context is in each trial's card figure, which ``fits`` judges where it is known). ``say`` is told, before
-    each dry run, what it estimates.
+    None where no number up to 1024 does. ``strategies`` defaults to ``"fsdp2"``, ``"zero2"`` and ``"zero3"``
+    (``"fsdp1"`` when named); ZeRO-2 and ZeRO-3 share one dry run per plan, which is FSDP2's own where the plan
+    trains with AdamW without offload (so all three cost one dry run). ``gpu`` is the GPU kind of a CUDA estimate
+    (its CUDA context is in each trial's card figure, which ``fits`` judges where it is known). ``say`` is told,
+    before each dry run, what it estimates. ``load``: how the user loads the model, as for :func:`memlab.estimate`.
 
     Example:
         >>> from transformers import LlamaConfig
@@ -211,41 +306,46 @@ def sharded_trials(
     gpu_kind(gpu)  # an unknown GPU is refused before any dry run
     names = [check_sharding(2, s)[1] for s in (strategies or ("fsdp2", "zero2", "zero3"))]
     if not names or "none" in names:
-        raise MemlabError('strategies must name "fsdp2", "zero2" or "zero3"; write for example strategies=["fsdp2"]')
+        raise MemlabError('strategies must name "fsdp2", "fsdp1", "zero2" or "zero3"; write for example '
+                          'strategies=["fsdp2"]')
     limit = parse_budget(budget)
     plans = list(plans)
     for plan in plans:
         _check_plan(plan)
+        if plan.optimizer_in_backward:
+            raise MemlabError(_IN_BACKWARD)
     rows: list[tuple[Plan, str, ShardedTrial | None]] = []
     if gpus == "auto":
         if limit is None:
             raise MemlabError("gpus='auto' needs a budget; write for example a budget of 80GiB")
         for plan in plans:
             found = smallest_gpus(model_or_config, batch, plan, budget=limit, strategies=names, loss_fn=loss_fn,
-                                  lr=lr, device=device, gpu=gpu, say=say)
+                                  lr=lr, device=device, gpu=gpu, say=say, load=load)
             rows += [(plan, name, trial) for name, trial in found.items()]
         return rows
     assert isinstance(gpus, int)
-    zero = any(name != "fsdp2" for name in names)
-    counts = layer_counts(model_or_config) if zero else (0, 0)
-    frozen = frozen_count(model_or_config) if zero else 0
     for plan in plans:
-        single: Trial | None = None
-        run: tuple[ShardedTrial, list[dict[str, int]]] | None = None
+        composed = needs_composition(plan, "fsdp2", load)
+        basis: Trial | None = None
         for name in names:
-            if name == "fsdp2":
-                _tell(say, f"estimating {plan.label()} with fsdp2 on {gpus} GPU{'s' if gpus > 1 else ''}")
-                trial, peaks = fsdp2_dry_run(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device,
-                                             budget=limit, gpu=gpu)
-                if plan.optimizer == "adamw" and plan.offload == "none" and trial.status == "ok":
-                    run = (dataclasses.replace(trial, budget=None), peaks)  # ZeRO's dry run too: same plan
+            if name.startswith("fsdp") or composed:
+                _tell(say, f"estimating {plan.label()} with {name} on {gpus} GPU{'s' if gpus > 1 else ''}")
+            if name == "fsdp2" and not composed:
+                trial, peaks = fsdp2_dry_run(model_or_config, batch, plan.replace(offload="optimizer")
+                                             if plan.offload == "params" else plan, gpus, loss_fn=loss_fn, lr=lr,
+                                             device=device, budget=limit, gpu=gpu, load=load)
+                trial = dataclasses.replace(trial, plan=plan, notes=(*trial.notes, engine_settings(plan, name)))
+                if plan.optimizer == "adamw" and plan.offload == "none" and trial.status == "ok" and basis is None:
+                    # ZeRO's dry run too: same plan
+                    basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device,
+                                       run=(dataclasses.replace(trial, budget=None), peaks), gpu=gpu, load=load)
             else:
-                if single is None:
-                    if run is None:
-                        _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
-                    single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, run=run,
-                                        gpu=gpu)
-                trial = zero_trial(single, counts, plan, gpus, int(name[-1]), limit, frozen=frozen)
+                if name.startswith("zero") and basis is None and not composed:
+                    _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
+                    basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu,
+                                       load=load)
+                trial = sharded_one(model_or_config, batch, plan, gpus, name, loss_fn=loss_fn, lr=lr, device=device,
+                                    budget=limit, gpu=gpu, load=load, basis=basis)
             rows.append((plan, name, card_context(trial, gpu)))
     return rows
 
@@ -291,6 +391,13 @@ figure
     return lines
 
 
+def _module(model: torch.nn.Module, getter: str) -> torch.nn.Module | None:
+    """``model.get_input_embeddings()`` (or another getter) where the model has it, else None."""
+    method = getattr(model, getter, None)
+    found = method() if callable(method) else None
+    return found if isinstance(found, torch.nn.Module) else None
+
+
 def _tell(say: Callable[[str], None] | None, text: str) -> None:
     """Progress of a long estimate: ``text`` to ``say`` when one was given."""
     if say is not None:
@@ -321,18 +428,14 @@ def _bisect(run: Any, numbers: list[int]) -> ShardedTrial | None:
 # --- what cannot be estimated sharded -------------------------------------------------------------------------------
 
 
+_IN_BACKWARD = (
+    "optimizer_in_backward is not estimated sharded (FSDP and ZeRO step after the gradients' reduction); "
+    "write optimizer_in_backward=False, or estimate it on one GPU (gpus=1)"
+)
+
+
 def _check_plan(plan: Plan) -> None:
     if not isinstance(plan, Plan):
         raise MemlabError(f"plan is a {type(plan).__name__}; pass a memlab.Plan")
-    if plan.adapter != "none":
-        raise MemlabError(
-            f"adapter={plan.adapter!r} is not estimated sharded; estimate it on one GPU (gpus=1), where adapters "
-            "usually fit, or shard the full model (adapter='none')"
-        )
-    if plan.loss != "full":
-        raise MemlabError("loss='chunked' is not estimated sharded; write loss='full' (the estimate then leans high)")
     if plan.optimizer_in_backward:
-        raise MemlabError(
-            "optimizer_in_backward is not estimated sharded (FSDP2 and ZeRO step after the gradients' reduction); "
-            "write optimizer_in_backward=False, or estimate it on one GPU (gpus=1)"
-        )
+        raise MemlabError(_IN_BACKWARD)

@@ -31,6 +31,7 @@ was tried: a 2-GPU FSDP2 run's fragmentation is not a ZeRO step's, and it made a
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -90,11 +91,11 @@ def zero_model_states(
     grads = int((w + 4) * p / n) if stage == 2 else int(4 * p / n) + w * big
     optimizer = int((4 + optimizer_bytes) * p / n)  # fp32 master weights and the optimizer state
     host = 0
-    if offload in ("optimizer", "all"):  # ZeRO-Offload: gradients, master weights and state on the CPU
+    if offload in ("optimizer", "all", "params"):  # ZeRO-Offload: gradients, master weights and state on the CPU
         host = int((4 + 4 + optimizer_bytes) * p / n)
         grads = w * big if stage == 3 else 0
         optimizer = 0
-    if offload == "all" and stage == 3:  # ZeRO-Infinity's parameter offload
+    if offload in ("all", "params") and stage == 3:  # ZeRO-Infinity's parameter offload
         host += partition
         params = w * big
     return {"params": params, "grads": grads, "optimizer": optimizer, "host": host}
@@ -110,6 +111,7 @@ def zero_basis(
     device: str | torch.device | None = None,
     run: tuple[ShardedTrial, list[dict[str, int]]] | None = None,
     gpu: GpuKind | str | None = None,
+    load: Mapping[str, Any] | None = None,
 ) -> Trial:
     """What ZeRO shares with any data-parallel step: the largest activations of the per-GPU forward and backward
     (and the batch), taken from an FSDP2 dry run of the same plan (same per-GPU batch, weights gathered in the
@@ -129,7 +131,7 @@ def zero_basis(
     """
     one = plan.replace(offload="none", optimizer="adamw")
     trial, peaks = run if run is not None else fsdp2_dry_run(model_or_config, batch, one, 2, loss_fn=loss_fn, lr=lr,
-                                                             device=device, gpu=gpu)
+                                                             device=device, gpu=gpu, load=load)
     if trial.status != "ok":
         raise MemlabError(f"the dry run the ZeRO estimate starts from failed: {trial.error}")
     activations = max((d["activations"] for d in peaks), default=0)
@@ -186,8 +188,8 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
         f"ZeRO-{stage} model states from DeepSpeed's formulas (memlab.estimation.zero); "
         "activations from the FSDP2 dry run",
     ]
-    if plan.offload == "all" and stage == 2:
-        notes.append("ZeRO-2 cannot offload parameters: offload='all' offloads the optimizer only")
+    if plan.offload in ("all", "params") and stage == 2:
+        notes.append(f"ZeRO-2 cannot offload parameters: offload={plan.offload!r} offloads the optimizer only")
     if plan.weights == "bf16":
         notes.append("DeepSpeed keeps fp32 master weights even for bf16 weights: counted")
     held = states["params"] + states["grads"] + states["optimizer"]

@@ -1,5 +1,5 @@
-"""Plan -> accelerate: a config for ``accelerate launch --config_file`` (FSDP2 or DeepSpeed ZeRO), and the training
-script that goes with it, carrying the plan's other levers (accumulation, precision, optimizer, adapters).
+"""Plan -> accelerate: a config for ``accelerate launch --config_file`` (FSDP2, FSDP1 or DeepSpeed ZeRO), and the
+training script that goes with it, carrying the plan's other levers (accumulation, precision, optimizer, adapters).
 
 The config's keys are accelerate 1.x's own (``accelerate config`` writes the same): ``distributed_type: FSDP`` with
 an ``fsdp_config`` (``fsdp_version: 2``, ``fsdp_reshard_after_forward``, ``fsdp_auto_wrap_policy:
@@ -39,8 +39,22 @@ def _check(gpus: Any, strategy: Any) -> tuple[int, str]:
 
     gpus, strategy = check_sharding(gpus, strategy)
     if strategy == "none":
-        raise MemlabError('an accelerate config needs a strategy; write strategy="fsdp2", "zero2" or "zero3"')
+        raise MemlabError('an accelerate config needs a strategy; write strategy="fsdp2", "fsdp1", "zero2" or "zero3"')
     return gpus, strategy
+
+
+def _refuse_for(plan: Plan, strategy: str) -> None:
+    """A MemlabError where a lever's value cannot go with ``strategy`` (its fragment's ``refused``)."""
+    for lever in REGISTRY.values():
+        fragment = lever.fragment(plan, "accelerate")
+        if isinstance(fragment, Accelerate) and strategy in fragment.refused:
+            raise MemlabError(fragment.refused[strategy])
+
+
+def _fragments_of(strategy: str) -> str:
+    """The strategy whose fragments a strategy's export takes: FSDP1's keys are FSDP2's (``fsdp_offload_params``,
+    ``fsdp_activation_checkpointing`` mean the same under both versions)."""
+    return "fsdp2" if strategy == "fsdp1" else strategy
 
 
 def accelerate_config(
@@ -53,8 +67,14 @@ def accelerate_config(
       ``layer_classes`` when given, else the model's ``_no_split_modules``), ``fsdp_activation_checkpointing`` from
       the plan's checkpointing, ``fsdp_offload_params`` where it offloads the optimizer (FSDP2 offloads sharded
       weights, gradients and optimizer state together), sharded state dicts, RAM-efficient loading.
+    - ``strategy="fsdp1"``: ``fsdp_version: 1``, ``fsdp_sharding_strategy: FULL_SHARD`` (flat parameters),
+      ``fsdp_backward_prefetch: BACKWARD_PRE``, ``fsdp_use_orig_params: true`` (what peft's adapters need: frozen
+      and trained weights in one unit), ``fsdp_sync_module_states``, and FSDP2's keys for the plan's levers
+      (``fsdp_offload_params`` for ``offload="params"`` or ``"optimizer"``, ``fsdp_activation_checkpointing``);
+      accelerate's plugin limits the all-gathers in flight (``limit_all_gathers``, its default).
     - ``strategy="zero2"`` / ``"zero3"``: DeepSpeed with ``zero_stage``, the optimizer (and for ZeRO-3 with
-      ``offload="all"`` the parameters) offloaded to the CPU where the plan asks, ``zero3_init_flag`` for ZeRO-3.
+      ``offload="all"`` or ``"params"`` the parameters) offloaded to the CPU where the plan asks,
+      ``zero3_init_flag`` for ZeRO-3. ZeRO-2 cannot offload the parameters: ``offload="params"`` is refused there.
     - ``mixed_precision`` from the plan's precision; activation offload has no accelerate key here (the script
       says how).
 
@@ -69,6 +89,7 @@ def accelerate_config(
     """
     gpus, strategy = _check(gpus, strategy)
     refuse_unless_carried(plan, "accelerate", "an accelerate config")
+    _refuse_for(plan, strategy)
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -97,6 +118,22 @@ def accelerate_config(
         if names:
             section["fsdp_transformer_layer_cls_to_wrap"] = ",".join(names)
         config["distributed_type"], name = "FSDP", "fsdp_config"
+    elif strategy == "fsdp1":
+        section = {
+            "fsdp_version": 1,
+            "fsdp_sharding_strategy": "FULL_SHARD",
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_backward_prefetch": "BACKWARD_PRE",
+            "fsdp_forward_prefetch": False,
+            "fsdp_use_orig_params": True,
+            "fsdp_sync_module_states": True,
+            "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        }
+        names = _class_names(layer_classes)
+        if names:
+            section["fsdp_transformer_layer_cls_to_wrap"] = ",".join(names)
+        config["distributed_type"], name = "FSDP", "fsdp_config"
     else:
         stage = int(strategy[-1])
         section = {"zero_stage": stage, "zero3_init_flag": stage == 3,
@@ -106,7 +143,7 @@ def accelerate_config(
         fragment = lever.fragment(plan, "accelerate")
         if isinstance(fragment, Accelerate):
             config = merge_keys(config, fragment.config)
-            section = merge_keys(section, fragment.section(strategy))
+            section = merge_keys(section, fragment.section(_fragments_of(strategy)))
     config[name] = section
     return config
 
@@ -150,9 +187,10 @@ def accelerate_script(plan: Plan, *, strategy: str = "fsdp2", model_name: str = 
         >>> compile(script, "train.py", "exec") is not None
         True
     """
-    _check(2, strategy)
+    _, strategy = _check(2, strategy)
     refuse_unless_carried(plan, "accelerate", "an accelerate script")
-    code = assembled_code(plan, "accelerate", strategy)
+    _refuse_for(plan, strategy)
+    code = assembled_code(plan, "accelerate", _fragments_of(strategy))
     lines = [
         "# train.py: run with  accelerate launch --config_file memlab_accelerate.yaml train.py",
         "import torch",
@@ -203,7 +241,8 @@ def fsdp2_torch_script(
     :func:`accelerate_config` asks for FSDP2 (the units of accelerate's ``fsdp2_prepare_model``, the layout the
     FSDP2 estimate shards with: each ``_no_split_modules`` block, the input embeddings, the final norm and head, then
     the root; accelerate's ``MixedPrecisionPolicy`` for bf16/fp16; checkpointing through the model's own switch) and
-    trains ``steps`` steps with the plan's AdamW.
+    trains ``steps`` steps with the plan's AdamW (on the adapters alone for a LoRA plan: peft's
+    ``get_peft_model`` with memlab's ``LoraConfig`` before the model is sharded).
 
     ``model_code`` is an expression building the model (on the CPU), ``batch_code`` one building this rank's
     batch. ``backend="gloo", device="cpu"`` runs it on CPU processes (what the tests do); with ``record`` set to a
@@ -215,10 +254,10 @@ def fsdp2_torch_script(
         >>> "fully_shard(units, mesh=mesh" in script and compile(script, "s.py", "exec") is not None
         True
     """
-    if plan.adapter != "none" or plan.optimizer != "adamw" or plan.offload != "none" or plan.loss != "full":
+    if plan.adapter == "qlora" or plan.optimizer != "adamw" or plan.offload != "none" or plan.loss != "full":
         raise MemlabError(
-            "fsdp2_torch_script covers plans of adamw without adapters, offload or chunked loss; write those "
-            "levers as their defaults, or use accelerate_script with the accelerate config"
+            "fsdp2_torch_script covers plans of adamw (LoRA adapters allowed) without QLoRA, offload or chunked "
+            "loss; write those levers as their defaults, or use accelerate_script with the accelerate config"
         )
     dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(plan.precision, "None")
     lines = [
@@ -237,6 +276,11 @@ def fsdp2_torch_script(
         lines.append("model.to(torch.bfloat16)")
     if plan.checkpointing:
         lines.append('model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})')
+    if plan.adapter == "lora":  # peft's adapters before sharding: FSDP2 shards frozen and trained weights alike
+        from memlab.techniques.levers_model import lora_config_code
+
+        lines += ["from peft import LoraConfig, get_peft_model",
+                  f"model = get_peft_model(model, {lora_config_code(plan)})"]
     lines += [
         f"policy = MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype={dtype}, output_dtype={dtype})",
         "# accelerate's fsdp2_prepare_model layout: the blocks, the input embeddings, the final norm and head (kept",

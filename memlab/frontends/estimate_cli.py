@@ -109,9 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--strategy",
-        choices=("none", "fsdp2", "zero2", "zero3"),
+        choices=("none", "fsdp2", "fsdp1", "zero2", "zero3"),
         default=None,
-        help="how training is sharded: FSDP2 (accelerate), DeepSpeed ZeRO-2 or ZeRO-3 (default with --gpus: all three)",
+        help="how training is sharded: FSDP2 or FSDP1 (accelerate's fsdp_version 2 or 1), DeepSpeed ZeRO-2 or ZeRO-3 "
+        "(default with --gpus: fsdp2, zero2 and zero3); --try offload=params offloads each GPU's shard of the weights",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     parser.add_argument("--max-tokens", action="store_true",
@@ -146,6 +147,9 @@ def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
                        help="BitsAndBytesConfig(bnb_4bit_compute_dtype=...) (bitsandbytes' default: float32)")
     group.add_argument("--bnb-4bit-use-double-quant", action="store_true",
                        help="BitsAndBytesConfig(bnb_4bit_use_double_quant=True)")
+    group.add_argument("--bnb-4bit-quant-storage", choices=_DTYPE_NAMES[:-1], default=None,
+                       help="BitsAndBytesConfig(bnb_4bit_quant_storage=...): the dtype the 4-bit weights are stored "
+                       "in; the compute dtype (bfloat16) is what FSDP and ZeRO-3 need to shard them (same bytes)")
     group.add_argument("--llm-int8-skip-modules", metavar="NAME+NAME", default=None,
                        help="BitsAndBytesConfig(llm_int8_skip_modules=[...]): modules kept unquantized, e.g. lm_head")
 
@@ -170,7 +174,8 @@ def load_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
         config["load_in_8bit"] = True
     four_bit = {"bnb_4bit_quant_type": getattr(args, "bnb_4bit_quant_type", None),
                 "bnb_4bit_compute_dtype": getattr(args, "bnb_4bit_compute_dtype", None),
-                "bnb_4bit_use_double_quant": getattr(args, "bnb_4bit_use_double_quant", False) or None}
+                "bnb_4bit_use_double_quant": getattr(args, "bnb_4bit_use_double_quant", False) or None,
+                "bnb_4bit_quant_storage": getattr(args, "bnb_4bit_quant_storage", None)}
     for key, value in four_bit.items():
         if value is not None:
             if not config.get("load_in_4bit"):
@@ -257,9 +262,6 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                           "with --budget")
     gpus = "1" if gpus is None else gpus
     load = load_from_args(args)
-    if load is not None and (gpus != "1" or strategy not in (None, "none")):
-        raise MemlabError("the load flags are estimated on one GPU; drop --gpus/--strategy, or the load flags (the "
-                          "plan's weights= sets the dtype of sharded weights)")
     if gpus == "auto" and budget is None:
         raise MemlabError("--gpus auto needs a budget; write for example --gpus auto --budget 80GiB (or --gpu "
                           "A100-80GB: the GPU's memory is then the budget)")
@@ -284,7 +286,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return run_limits(args, model, batch, plans, budget, out, say=say, load=load)
         if sharded:
             args.gpus = gpus
-            return run_sharded(args, model, batch, plans, budget, out, say=say)
+            return run_sharded(args, config if load is not None else model, batch, plans, budget, out, say=say,
+                               load=load)
         # The config, not the meta model: its load is the one the plan implies or the flags say (the meta model
         # would be estimated as it is, in fp32).
         report = estimate_each(config, batch, plans, budget=budget, device=args.device, say=say,
@@ -425,10 +428,11 @@ def _count(number: int) -> str:
 
 def run_sharded(
     args: argparse.Namespace, model: Any, batch: Any, plans: Any, budget: int | None, out: TextIO,
-    say: Callable[[str], None] | None = None,
+    say: Callable[[str], None] | None = None, load: dict[str, Any] | None = None,
 ) -> int:
     """``memlab estimate --gpus N|auto [--strategy S]``: one line per plan and strategy, the peak per GPU (``say``
-    is told each dry run as it starts: :func:`progress_lines`).
+    is told each dry run as it starts: :func:`progress_lines`); ``load``: the load flags (:func:`load_from_args`),
+    which reach the sharded estimate as they do one GPU's.
 
     Example:
         >>> parser = argparse.ArgumentParser(prog="memlab estimate")
@@ -443,7 +447,7 @@ def run_sharded(
 
     strategies = [args.strategy] if args.strategy not in (None, "none") else None
     trials = sharded_trials(model, batch, plans, gpus=args.gpus, strategies=strategies, budget=budget,
-                            device=args.device, gpu=getattr(args, "gpu", None), say=say)
+                            device=args.device, gpu=getattr(args, "gpu", None), say=say, load=load)
     if args.json:
         import json
 
@@ -556,7 +560,7 @@ def _dry_runs(plans: int, gpus: str, strategy: str | None) -> int:
     numbers of GPUs --gpus auto tries: 4) and ZeRO's one."""
     fsdp2 = 4 if gpus == "auto" else 1
     zero = 1 if strategy in (None, "none", "zero2", "zero3") else 0
-    return plans * ((fsdp2 if strategy in (None, "none", "fsdp2") else 0) + zero)
+    return plans * ((fsdp2 if strategy in (None, "none", "fsdp2", "fsdp1") else 0) + zero)
 
 
 def estimate_each(

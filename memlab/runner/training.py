@@ -22,6 +22,7 @@ from memlab.report import Trial
 from memlab.runner.step import TrainingStep
 from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, Workload
 from memlab.techniques.accumulation import check_split, micro_batches
+from memlab.techniques.offload import PARAMS_NEED_SHARDING
 from memlab.techniques.optimizer import state_tensors
 from memlab.techniques.registry import step_techniques
 from memlab.techniques.weights import model_weights
@@ -107,6 +108,8 @@ class TrainingWorkload(Workload[Plan, TrainingRecord, Trial]):
         return check_plans(plans)
 
     def check(self, plan: Plan) -> None:
+        if plan.offload == "params":
+            raise MemlabError(PARAMS_NEED_SHARDING)
         check_split(self.context.batch, plan)
 
     def copies_parameters(self, plan: Plan) -> bool:

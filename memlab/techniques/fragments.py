@@ -166,6 +166,8 @@ class Accelerate:
         zero3: ``deepspeed_config`` keys with ZeRO-3.
         script: the script's lines (every strategy).
         by_strategy: the script's lines for one strategy only (what the YAML cannot carry there).
+        refused: why the lever's value cannot be exported with a strategy (one sentence saying what to write), by
+            strategy (ZeRO-2 cannot offload the parameters).
     """
 
     config: Mapping[str, Any] = field(default_factory=dict)
@@ -174,6 +176,7 @@ class Accelerate:
     zero3: Mapping[str, Any] = field(default_factory=dict)
     script: Code = field(default_factory=Code)
     by_strategy: Mapping[str, Code] = field(default_factory=dict)
+    refused: Mapping[str, str] = field(default_factory=dict)
 
     def section(self, strategy: str) -> Mapping[str, Any]:
         """The keys of the strategy's own section (``fsdp_config`` or ``deepspeed_config``)."""

@@ -247,6 +247,10 @@ def _offload_for_the_trainer(plan: PlanLike) -> Fragment:
 
 def _offload(target: str) -> Export:
     def fragment(plan: PlanLike) -> Fragment:
+        if plan.offload == "params" and target in ("trainer", "code", "deepspeed"):
+            # the Trainer's and plain code's one process, and to_deepspeed's ZeRO-2, cannot offload the weights
+            return ("offload='params' offloads each GPU's shard of the weights, which needs FSDP or ZeRO-3; write "
+                    "plan.to_accelerate_config(gpus=N, strategy='fsdp2' or 'zero3'), or offload='optimizer'")
         if target == "trainer":
             return _offload_for_the_trainer(plan)
         if target == "deepspeed":
@@ -262,9 +266,11 @@ def _offload(target: str) -> Export:
                 fsdp2={"fsdp_offload_params": bool(plan.offloads_optimizer)},
                 zero2={"offload_optimizer_device": device, "offload_param_device": "none"},
                 zero3={"offload_optimizer_device": device,
-                       "offload_param_device": "cpu" if plan.offload == "all" else "none"},
+                       "offload_param_device": "cpu" if plan.offload in ("all", "params") else "none"},
                 script=Code(contexts=("torch.autograd.graph.save_on_cpu(pin_memory=True)",))
                 if plan.offloads_activations else Code(),
+                refused={"zero2": "ZeRO-2 cannot offload the parameters (offload='params'); write strategy='zero3' "
+                                  "or 'fsdp2', or offload='optimizer' with zero2"} if plan.offload == "params" else {},
             )
         return Elsewhere()
 
@@ -432,14 +438,16 @@ DECLARATIONS = (
         "offload",
         "none",
         short="offload-{}",
-        choices=("none", "optimizer", "activations", "all"),
-        help="moves optimizer state and/or saved activations to CPU memory: less GPU memory, slower steps",
+        choices=("none", "optimizer", "activations", "all", "params"),
+        help="moves optimizer state and/or saved activations to CPU memory (params: sharded only, each GPU's shard "
+        "of the weights, gradients and optimizer state): less GPU memory, slower steps",
         technique=OFFLOAD,
-        slower=(("optimizer", "none"), ("activations", "none"), ("all", "none")),
+        slower=(("optimizer", "none"), ("activations", "none"), ("all", "none"), ("params", "none"),
+                ("params", "optimizer")),
         activation_key=lambda value: value in ("activations", "all"),
         # Offloaded optimizer state is not on the device at all.
-        optimizer_state={"optimizer": 0.0, "all": 0.0},
-        speed={"optimizer": (0.7, 0.7), "activations": (0.6, 0.6), "all": (0.5, 0.5)},
+        optimizer_state={"optimizer": 0.0, "all": 0.0, "params": 0.0},
+        speed={"optimizer": (0.7, 0.7), "activations": (0.6, 0.6), "all": (0.5, 0.5), "params": (0.5, 0.5)},
         on_cpu=lambda value: "none",
         on_cpu_note="offload moves nothing on a CPU-only device",
         exports=per_target(_offload),

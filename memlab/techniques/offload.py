@@ -17,8 +17,16 @@ if TYPE_CHECKING:
 
 NOTHING_TO_MOVE = "offload moves nothing on a CPU-only device: memory and speed are as without it"
 
-OPTIMIZER_OFFLOADS = ("optimizer", "all")
-"""The ``offload`` values that put the optimizer's state and update on the CPU."""
+OPTIMIZER_OFFLOADS = ("optimizer", "all", "params")
+"""The ``offload`` values that put the optimizer's state and update on the CPU (``"params"``, sharded only, puts
+each GPU's shard of the weights there too)."""
+
+PARAMS_NEED_SHARDING = (
+    "offload='params' keeps each GPU's shard of the weights in CPU memory (FSDP offload_params, DeepSpeed ZeRO-3 "
+    "offload_param), which needs training sharded over GPUs; on one GPU write offload='optimizer' (or 'all'), or "
+    "estimate it sharded: memlab.estimate(model, batch, plan, gpus=N, strategy='fsdp2')"
+)
+"""Why one GPU refuses ``offload="params"``, and what to write instead."""
 
 ACTIVATION_OFFLOADS = ("activations", "all")
 """The ``offload`` values that put the tensors saved for backward in CPU memory."""

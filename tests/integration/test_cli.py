@@ -157,7 +157,7 @@ ONE_SENTENCE = [
     ("missing-model", ["estimate"], "memlab estimate: error: memlab estimate needs MODEL; write for example memlab "
      "estimate llama-7b"),
     ("choice", ["estimate", "llama-7b", "--strategy", "zero9"], "memlab estimate: error: --strategy must be one of "
-     "none, fsdp2, zero2, zero3; got 'zero9'"),
+     "none, fsdp2, fsdp1, zero2, zero3; got 'zero9'"),
     ("choice-missing", ["estimate", "llama-7b", "--device"], "memlab estimate: error: --device needs a value after "
      "it; write for example --device cuda"),
     ("gpus", ["estimate", "llama-7b", "--gpus", "many"], "memlab estimate: --gpus 'many' is not a number of GPUs; "

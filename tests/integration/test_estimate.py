@@ -545,7 +545,7 @@ def test_a_cuda_estimate_fits_by_its_card_figure_once_the_reserve_is_known(tmp_p
         report.trials = [dataclasses.replace(t, reserved_bytes=t.peak_bytes + 2**20) for t in report.trials]
         return report
 
-    monkeypatch.setattr(sys.modules["memlab.estimation.estimate"], "estimate_plans", with_reserve)
+    monkeypatch.setattr(single_gpu, "estimate_plans", with_reserve)  # the one-GPU route reads it there
     path = _tiny_config_json(tmp_path)
     shapes = {"input_ids": (2, 32), "labels": (2, 32)}
     trial = estimate(path, shapes, device="cuda")

@@ -109,7 +109,9 @@ def test_bad_sharding_input_says_what_to_write() -> None:
     with pytest.raises(MemlabError, match="write an int >= 1"):
         memlab.estimate(config(), SHAPES, gpus=0, strategy="fsdp2")
     with pytest.raises(MemlabError, match="not estimated sharded"):
-        memlab.estimate(config(), SHAPES, Plan(adapter="lora"), gpus=2, strategy="fsdp2")
+        memlab.estimate(config(), SHAPES, Plan(optimizer_in_backward=True), gpus=2, strategy="fsdp2")
+    with pytest.raises(MemlabError, match="needs training sharded over GPUs; on one GPU write offload='optimizer'"):
+        memlab.estimate(config(), SHAPES, Plan(offload="params"))
 
 
 @pytest.mark.parametrize("plan", [Plan(), Plan(checkpointing=True)], ids=lambda p: p.label())
@@ -255,3 +257,32 @@ def test_adafactor_under_fsdp2_is_refused_with_what_to_write() -> None:
     found = smallest_gpus(config(), SHAPES, Plan(optimizer="adafactor"), budget="1GiB", strategies=["fsdp2"],
                           device="cpu")["fsdp2"]
     assert found is not None and found.status == "error" and "does not run with FSDP2" in (found.error or "")
+
+
+@pytest.mark.parametrize("plan", [Plan(adapter="lora", lora_rank=4), Plan(adapter="lora", lora_rank=4,
+                                                                          checkpointing=True)],
+                         ids=lambda p: p.label())
+def test_fsdp2_lora_on_two_cpu_ranks_matches_the_estimate(plan: Plan, tmp_path: Path) -> None:
+    """Issue 47 item 6: the same real run with peft's LoRA before fully_shard; the estimate is composed from the
+    one-GPU dry run (memlab.estimation.composed)."""
+    pytest.importorskip("peft")
+    model_code = (
+        "(torch.manual_seed(0), __import__('transformers').LlamaForCausalLM("
+        f"__import__('transformers').LlamaConfig(**{CONFIG!r})))[1]"
+    )
+    batch_code = (f"{{'input_ids': torch.randint(0, {CONFIG['vocab_size']}, {SHAPES['input_ids']}),"
+                  f" 'labels': torch.randint(0, {CONFIG['vocab_size']}, {SHAPES['labels']})}}")
+    script = tmp_path / "train.py"
+    record = str(tmp_path / "rank")
+    script.write_text("import torch\ntorch.set_num_threads(1)\n" + fsdp2_torch_script(
+        plan, model_code=model_code, batch_code=batch_code, steps=2, backend="gloo", device="cpu", record=record))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", str(script)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    estimate = memlab.estimate(config(), SHAPES, plan, gpus=2, strategy="fsdp2", device="cpu")
+    measured = [json.loads(Path(f"{record}{rank}.json").read_text())["peak_bytes"] for rank in (0, 1)]
+    for peak in measured:
+        assert abs(estimate.peak_bytes / peak - 1) <= 0.15, (measured, estimate.peak_bytes, estimate.breakdown)

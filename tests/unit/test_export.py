@@ -30,7 +30,15 @@ GRID = [
         (None, 1, 2, 4), (1, 4), (False, True), ("fp32", "bf16", "fp16"), ("adamw", "adamw8bit")
     )
 ]
-ALL_PLANS = [plan.replace(offload=offload) for plan in GRID[::7] for offload in OFFLOADS]
+# offload="params" is sharded only: the one-process exports refuse it (test_parameter_offload_is_refused_...)
+ALL_PLANS = [plan.replace(offload=offload) for plan in GRID[::7] for offload in OFFLOADS if offload != "params"]
+
+
+def test_parameter_offload_is_refused_by_the_one_process_exports() -> None:
+    plan = Plan(offload="params")
+    for export in (plan.to_training_arguments, plan.to_deepspeed, plan.to_code):
+        with pytest.raises(MemlabError, match="needs FSDP or ZeRO-3; write plan.to_accelerate_config"):
+            export()
 
 
 def _ids(plan: Plan) -> str:

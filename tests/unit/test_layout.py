@@ -248,3 +248,26 @@ def test_the_contributing_map_is_the_code() -> None:
         "missing from CONTRIBUTING.md": [],
         "not in the code": [],
     }
+
+
+def test_every_estimate_route_takes_the_one_request() -> None:
+    """memlab.estimate builds one EstimateRequest and every route takes it and nothing else (issue 47 item 5), so
+    that a setting added to the request (the user's load=) reaches every route."""
+    import importlib
+    import inspect
+    import typing
+
+    from memlab.estimation.request import ROUTES, EstimateRequest, route
+
+    assert set(ROUTES) == {"one_gpu", "sharded", "inference", "trainer"}
+    for name, function in {**ROUTES, "route": route}.items():
+        parameters = list(inspect.signature(function).parameters)
+        hints = typing.get_type_hints(function)
+        assert parameters == ["request"] and hints["request"] is EstimateRequest, name
+    estimate_module = importlib.import_module("memlab.estimation.estimate")
+    body = ast.parse(inspect.getsource(estimate_module.estimate))
+    called = {node.func.id for node in ast.walk(body) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    assert {"EstimateRequest", "route"} <= called and not called & {"estimate_plans", "sharded_estimate",
+                                                                    "estimate_inference"}
+    keywords = set(inspect.signature(estimate_module.estimate).parameters) - {"model_or_config"}
+    assert keywords <= {f.name for f in dataclasses.fields(EstimateRequest)} | {"model_or_config"}

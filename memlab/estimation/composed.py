@@ -1,0 +1,269 @@
+"""Sharded estimates composed from a one-GPU dry run of the same plan: adapters (LoRA, QLoRA), quantized loads and
+the chunked loss under FSDP1, FSDP2, ZeRO-2 and ZeRO-3, with the parameters or the optimizer offloaded.
+
+``fully_shard`` cannot run on the fake 4-bit layers of a QLoRA dry run (bitsandbytes' ``Params4bit`` is not a
+tensor FSDP2 can turn into a DTensor), and FSDP1's flat parameters cannot run on fake tensors at all. These plans
+are estimated from the one-GPU dry run of the plan (:func:`memlab.estimation.single_gpu.estimate_plans`, which
+runs the adapters, the load, the chunked loss and selective checkpointing as ``memlab.measure`` would), read over
+its whole step (its :class:`~memlab.report.timeline.Timeline`): at every point of the step, each GPU holds
+
+- ``(params + grads + optimizer) / N`` of the one-GPU step's bytes (the shards; under ZeRO-2 the weights whole),
+- the gathered weights, in the dtype the engine gathers (the compute dtype; 4-bit weights stored in bf16,
+  ``bnb_4bit_quant_storage=bf16``, gather as their packed bytes): FSDP2, the largest block or its tail (final
+  norm and output head, gathered from forward to the head's backward), whichever is larger, as FSDP2's own dry run
+  on fake tensors holds them at its peak (one block: the prefetch that overlaps it on CUDA streams is not seen);
+  FSDP1, the largest block and the root unit (embeddings, final norm, head), which stays gathered through
+  backward (``limit_all_gathers`` bounds the blocks in flight); ZeRO-3, the largest layer twice (the one computing
+  and the prefetch bucket's),
+- one unit's unsharded gradients (the trained ones),
+- the activations and the rest (``other``) of the one-GPU step, unchanged: data parallelism does not change them.
+
+The per-GPU peak is the largest such sum over the step. With ``offload="params"`` (FSDP ``offload_params=True``,
+DeepSpeed ``offload_param`` and ``offload_optimizer``) the shards live in CPU memory (``host_bytes``); with
+``offload="optimizer"`` FSDP offloads the same (its one CPU offload is the parameters'), DeepSpeed the
+gradients and the optimizer state. Two things a one-GPU step has that FSDP has not are left as they are, and said:
+autocast's cache of weight casts (none for frozen weights: adapters' bases are not cast), and fp32 adapters' casts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.estimation.configs import model_on_meta
+from memlab.estimation.fsdp2 import DETAIL, ShardedTrial, shard_units, sharded_trial
+from memlab.estimation.gpus import GpuKind
+from memlab.estimation.load import loaded_dtype, parse_load
+from memlab.estimation.single_gpu import estimate_plans
+from memlab.live.batch import LossFn
+from memlab.live.sharding import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, engine_settings
+from memlab.plan import Plan
+
+__all__ = ["COMPOSED_NOTE", "MIXED_NOTE", "RESERVE_NOTE", "composed_estimate", "gathered_bytes", "needs_composition"]
+
+COMPOSED_NOTE = (
+    "sharded from the one-GPU dry run of the same plan (memlab.estimation.composed): at each point of its step, the "
+    "shards of its weights, gradients and optimizer state, the gathered units, and its activations unchanged"
+)
+"""The note of every composed estimate."""
+
+RESERVE_NOTE = (
+    "reserved_bytes of a composed estimate: its allocated peak plus the one-GPU step's reserve over its own peak "
+    "(no sharded step is replayed through the allocator model; FSDP's communication streams may reserve more)"
+)
+"""The note of a composed estimate that carries a reserve."""
+
+
+def needs_composition(plan: Plan, strategy: str, load: Mapping[str, Any] | None) -> bool:
+    """Whether ``plan`` under ``strategy`` is estimated by composition (this module) rather than by the FSDP2 dry
+    run or ZeRO's formulas: adapters, a 4-bit or 8-bit load, the chunked loss, or FSDP1 with any of them.
+
+    Example:
+        >>> needs_composition(Plan(loss="chunked"), "fsdp2", None), needs_composition(Plan(), "zero3", None)
+        (True, False)
+        >>> needs_composition(Plan(adapter="lora"), "zero3", {"quantization_config": {"load_in_4bit": True}})
+        True
+    """
+    quantized = load is not None and parse_load(load, plan).quantize != "none"
+    return plan.adapter != "none" or quantized or plan.loss != "full"
+
+
+def _quantized(plan: Plan, load: Mapping[str, Any] | None) -> str:
+    if plan.adapter == "qlora":
+        return "nf4"
+    return parse_load(load, plan).quantize if load is not None else "none"
+
+
+MIXED_NOTE = (
+    "FSDP's mixed precision gathers fp32 weights in the compute dtype, so the step (the residual stream and the "
+    "checkpoints too) runs in it: the one-GPU step is run on weights loaded in that dtype, and the shards counted "
+    "at fp32"
+)
+"""The note of a composed FSDP estimate of fp32 weights under bf16/fp16 mixed precision."""
+
+
+def _mixed_precision_load(model_or_config: Any, plan: Plan, strategy: str,
+                          load: Mapping[str, Any] | None) -> tuple[Mapping[str, Any] | None, float]:
+    """The load of the one-GPU step a composed FSDP estimate reads, and the factor its weights' bytes take: FSDP's
+    ``MixedPrecision(param_dtype=bf16)`` casts fp32 weights (frozen ones too) to bf16 for the whole step, where a
+    one-GPU step under autocast keeps an fp32 residual stream; so fp32 weights are loaded in the compute dtype for
+    the step and counted at twice its bytes in the shards. Anything else (a 16-bit or 4-bit load, pure bf16
+    weights, ZeRO, which runs the whole model in bf16) is read as it is."""
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
+    if (not strategy.startswith("fsdp") or compute is None or plan.weights != "fp32" or plan.adapter == "qlora"
+            or isinstance(model_or_config, nn.Module)):  # a model is estimated as it is loaded
+        return load, 1.0
+    parsed = parse_load(load, plan)
+    if parsed.quantize != "none" or loaded_dtype(model_or_config, parsed) != torch.float32:
+        return load, 1.0
+    kept = {k: v for k, v in (load or {}).items() if k not in ("dtype", "torch_dtype")}
+    return {**kept, "dtype": compute}, 2.0
+
+
+def _compute_bytes(plan: Plan, load: Mapping[str, Any] | None) -> int:
+    """Bytes per gathered element: the compute dtype's where the engine gathers in it (bf16/fp16 autocast, pure
+    bf16 weights, a 16-bit load, a quantized load computing in bf16), else fp32's."""
+    if plan.precision != "fp32" or plan.weights == "bf16" or plan.adapter == "qlora":
+        return 2
+    if load is not None:
+        parsed = parse_load(load, plan)
+        if parsed.quantize != "none" or parsed.dtype in (torch.bfloat16, torch.float16):
+            return 2
+    return 4
+
+
+def gathered_bytes(model: nn.Module, strategy: str, element: int, quantize: str = "none") -> tuple[int, int]:
+    """``(the largest unit's gathered bytes, what stays gathered)`` of ``model`` under ``strategy``: each unit of
+    :func:`memlab.estimation.fsdp2.shard_units` at ``element`` bytes per parameter, its linear layers' weights at
+    the packed bytes of ``quantize`` (``"nf4"``/``"fp4"``: half a byte and the double-quantized scales, about 0.516;
+    ``"int8"``: one byte and a scale per row); what stays gathered is FSDP2's tail (final norm, output head) or FSDP1's
+    root (embeddings too), nothing under ZeRO (whose largest layer is already the unit).
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> with torch.device("meta"):
+        ...     model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        ...                                          num_attention_heads=2, vocab_size=256))
+        >>> unit, kept = gathered_bytes(model, "fsdp2", 2)
+        >>> unit == 2 * sum(p.numel() for p in model.model.layers[0].parameters()), kept == 2 * (256 * 64 + 64)
+        (True, True)
+    """
+    per_weight = {"nf4": 0.516, "fp4": 0.516, "int8": 1.0}.get(quantize)
+
+    def nbytes(module: nn.Module) -> int:
+        total = 0.0
+        for sub in module.modules():
+            for name, parameter in sub.named_parameters(recurse=False):
+                quantized = per_weight is not None and isinstance(sub, nn.Linear) and name == "weight"
+                total += parameter.numel() * (per_weight if quantized and per_weight else element)
+        return int(total)
+
+    units = shard_units(model)
+    if strategy.startswith("zero"):
+        largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+        return element * largest, 0
+    unit = max((nbytes(m) for m in units), default=0)
+    inside = {id(p) for m in units for p in m.parameters()}
+    kept_modules: list[nn.Module] = []
+    for getter in ("get_output_embeddings", *(("get_input_embeddings",) if strategy == "fsdp1" else ())):
+        module = getattr(model, getter, lambda: None)()
+        if isinstance(module, nn.Module):
+            kept_modules.append(module)
+    norms = [m for m in model.modules() if "Norm" in type(m).__name__]
+    kept_modules += norms[-1:]
+    seen: dict[int, int] = {}
+    for module in kept_modules:
+        for parameter in module.parameters():
+            if id(parameter) not in inside:
+                seen[id(parameter)] = parameter.numel() * element
+    return unit, sum(seen.values())
+
+
+def composed_estimate(
+    model_or_config: Any,
+    batch: Any,
+    plan: Plan,
+    *,
+    gpus: int,
+    strategy: str,
+    loss_fn: LossFn | None = None,
+    budget: int | None = None,
+    lr: float = 1e-5,
+    device: str | torch.device | None = None,
+    gpu: GpuKind | str | None = None,
+    load: Mapping[str, Any] | None = None,
+) -> ShardedTrial:
+    """The per-GPU estimate of ``plan`` sharded over ``gpus`` GPUs with ``strategy`` (``"fsdp1"``, ``"fsdp2"``,
+    ``"zero2"`` or ``"zero3"``), composed from its one-GPU dry run (the module docstring says how).
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        ...                      num_attention_heads=2, vocab_size=256)
+        >>> batch = {"input_ids": (1, 32), "labels": (1, 32)}
+        >>> two = composed_estimate(config, batch, Plan(adapter="lora", lora_rank=4), gpus=2, strategy="fsdp2",
+        ...                         device="cpu")
+        >>> four = composed_estimate(config, batch, Plan(adapter="lora", lora_rank=4), gpus=4, strategy="fsdp2",
+        ...                          device="cpu")
+        >>> two.status, four.peak_bytes < two.peak_bytes, four.label
+        ('ok', True, 'lora r4 fsdp2 x4')
+    """
+    one_gpu = plan.replace(offload="activations" if plan.offloads_activations else "none")
+    one_load, scale = _mixed_precision_load(model_or_config, plan, strategy, load)
+    trial = estimate_plans(model_or_config, batch, [one_gpu], loss_fn=loss_fn, lr=lr, device=device, gpu=gpu,
+                           load=one_load)[0]
+    if trial.status != "ok":
+        return ShardedTrial(plan, "error", 0, {}, None, None, None, trial.device, error=trial.error, budget=budget,
+                            estimated=True, gpus=gpus, strategy=strategy, notes=trial.notes)
+    element = _compute_bytes(plan, load)
+    unit, kept = gathered_bytes(model_on_meta(model_or_config), strategy, element, _quantized(plan, load))
+    units = max(len(shard_units(model_on_meta(model_or_config))), 1)
+    series = _series(trial)
+    series["params"] = [int(v * scale) for v in series["params"]]
+    offloaded = plan.offload in ("params", "optimizer", "all")
+    n = gpus
+    best: dict[str, int] | None = None
+    host = 0
+    for params, grads, optimizer, activations, other in zip(*(series[k] for k in
+                                                             ("params", "grads", "optimizer", "activations",
+                                                              "other")), strict=True):
+        detail = dict.fromkeys(DETAIL, 0)
+        sharded_params = params if strategy == "zero2" else params // n
+        unit_grads = max(series["grads"]) // units if strategy != "zero2" else 0
+        if strategy.startswith("fsdp"):
+            # FSDP's one CPU offload is the parameters': shards of weights, gradients and optimizer state
+            moved = offloaded
+            detail["sharded_params"] = 0 if moved else sharded_params
+            detail["sharded_grads"] = 0 if moved else grads // n
+            detail["optimizer"] = 0 if moved else optimizer // n
+            point_host = (sharded_params + grads // n + optimizer // n) if moved else 0
+        else:
+            moves_params = plan.offload == "params" and strategy == "zero3"
+            detail["sharded_params" if strategy == "zero3" else "unsharded_params"] = 0 if moves_params else \
+                sharded_params
+            detail["sharded_grads"] = 0 if offloaded else grads // n
+            detail["optimizer"] = 0 if offloaded else optimizer // n
+            point_host = ((grads // n + optimizer // n) if offloaded else 0) + (sharded_params if moves_params else 0)
+        # FSDP2 reshards its tail (final norm, head) after the head's backward: the tail or a block is gathered,
+        # never both; FSDP1's root (embeddings, norm, head) stays gathered through backward, beside a block
+        detail["unsharded_params"] += (unit + kept) if strategy == "fsdp1" else max(unit, kept) if \
+            strategy == "fsdp2" else 2 * unit
+        detail["unsharded_grads"] = unit_grads
+        detail["activations"] = activations
+        detail["inputs"] = other
+        if strategy.startswith("zero"):
+            trained = max(series["grads"]) // max(element, 1)
+            detail["communication"] = element * (min(DS_REDUCE_BUCKET, trained) + min(
+                DS_PREFETCH_BUCKET, params // max(element, 1)))
+        host = max(host, point_host)
+        if best is None or sum(detail.values()) > sum(best.values()):
+            best = detail
+    assert best is not None
+    held = best["sharded_params"] + best["sharded_grads"] + best["optimizer"] + (
+        best["unsharded_params"] if strategy == "zero2" else 0)
+    notes = [*trial.notes, COMPOSED_NOTE, engine_settings(plan, strategy), *([MIXED_NOTE] if scale != 1 else [])]
+    if plan.offload == "params" and strategy == "zero2":
+        notes.append("ZeRO-2 cannot offload parameters: offload='params' offloads the gradients and the optimizer "
+                     "state only; write strategy='zero3' to offload the parameters")
+    result = sharded_trial(plan, best, torch.device(trial.device), budget, gpus, strategy, held, host, notes)
+    reserved = None
+    if trial.reserved_bytes is not None and not strategy.startswith("zero"):
+        # the one-GPU step's reserve over its allocated peak (the allocator's rounding and cached blocks), carried
+        reserved = result.peak_bytes + max(trial.reserved_bytes - trial.peak_bytes, 0)
+        notes.append(RESERVE_NOTE)
+        result = dataclasses.replace(result, notes=tuple(dict.fromkeys(notes)))
+    return dataclasses.replace(result, reserved_bytes=reserved)
+
+
+def _series(trial: Any) -> dict[str, list[int]]:
+    """The one-GPU step's bytes by category over its timeline (or its peak's breakdown when it has none)."""
+    keys = ("params", "grads", "optimizer", "activations", "other")
+    timeline = getattr(trial, "timeline", None)
+    if timeline is None or not timeline.x:
+        return {k: [int(trial.breakdown.get(k, 0))] for k in keys}
+    length = len(timeline.x)
+    return {k: [int(v) for v in timeline.series.get(k, [0] * length)] for k in keys}

@@ -1,0 +1,186 @@
+"""One estimate request for every route: what :func:`memlab.estimate` was asked, as one object.
+
+``memlab.estimate(model_or_config, batch, plan, *, loss_fn, budget, lr, device, gpus, strategy, gpu, load)`` builds
+an :class:`EstimateRequest` once, and each route takes that object and nothing else (:data:`ROUTES`):
+
+- ``"trainer"``: a ``transformers.Trainer`` in the model's place; its model, ``compute_loss`` and worst batch make
+  a new request, which goes down one of the routes below;
+- ``"inference"``: an :class:`memlab.InferencePlan` on one device;
+- ``"sharded"``: training sharded over ``gpus`` GPUs (:mod:`memlab.estimation.sharded`);
+- ``"one_gpu"``: training on one device (:mod:`memlab.estimation.single_gpu`).
+
+A setting added to the request (the user's ``load=`` was the first) reaches every route; a route that cannot honour
+it refuses it with one :class:`~memlab.errors.MemlabError` saying what to write instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from memlab.errors import MemlabError
+from memlab.estimation.cuda_context import card_context
+from memlab.estimation.gpus import gpu_kind
+from memlab.live.batch import LossFn
+from memlab.live.sharding import check_sharding
+from memlab.plan import Plan, parse_budget
+from memlab.report import Trial
+from memlab.techniques.offload import PARAMS_NEED_SHARDING
+
+if TYPE_CHECKING:
+    from memlab.inference.plan import InferencePlan
+
+__all__ = ["ROUTES", "EstimateRequest", "route", "route_name"]
+
+
+@dataclass(frozen=True)
+class EstimateRequest:
+    """Everything :func:`memlab.estimate` was asked: the model (a live model, a config, a name or a Trainer), the
+    batch (tensors or shapes), one plan (training or inference), the loss, the budget (bytes), the learning rate,
+    the device, the GPUs and the strategy that shards them, the GPU kind and the user's load.
+
+    :meth:`checked` validates what can be validated before anything is built (the sharding, the GPU kind, the
+    budget), so that every route gets a request it can trust.
+
+    Example:
+        >>> request = EstimateRequest("llama-7b", {"input_ids": (1, 512)}, Plan(), gpus=8, strategy="FSDP2",
+        ...                           budget="80GiB").checked()
+        >>> request.gpus, request.strategy, request.budget, request.sharded
+        (8, 'fsdp2', 85899345920, True)
+        >>> request.replace(gpus=1, strategy="none").sharded
+        False
+    """
+
+    model: Any
+    batch: Any = None
+    plan: Plan | InferencePlan | None = None
+    loss_fn: LossFn | None = None
+    budget: int | str | None = None
+    lr: float = 1e-5
+    device: str | torch.device | None = None
+    gpus: int = 1
+    strategy: str = "none"
+    gpu: str | None = None
+    load: Mapping[str, Any] | None = None
+
+    def replace(self, **changes: Any) -> EstimateRequest:
+        """The same request with ``changes`` (field names as keywords)."""
+        return dataclasses.replace(self, **changes)
+
+    def checked(self) -> EstimateRequest:
+        """The request with its sharding (``gpus``, ``strategy``), GPU kind and budget checked and normalised; a
+        MemlabError saying what to write where one is wrong."""
+        gpus, strategy = check_sharding(self.gpus, self.strategy)
+        gpu_kind(self.gpu)  # an unknown GPU is refused before anything is built
+        return self.replace(gpus=gpus, strategy=strategy, budget=parse_budget(self.budget))
+
+    @property
+    def sharded(self) -> bool:
+        """Whether training is sharded over GPUs (a strategy other than ``"none"``)."""
+        return self.strategy != "none"
+
+    @property
+    def training_plan(self) -> Plan:
+        """The plan as a training :class:`~memlab.plan.Plan` (default ``Plan()``)."""
+        return Plan() if self.plan is None else cast(Plan, self.plan)
+
+
+Route = Callable[[EstimateRequest], Trial]
+
+
+def _trainer(request: EstimateRequest) -> Trial:
+    """A Trainer in the model's place: its model, loss and (without a batch) worst batch, then the other routes."""
+    from memlab.trainer.entry import live_target, noted, split_plans
+
+    batch, plan = split_plans(request.batch, request.plan)
+    target = live_target(request.model, batch, request.loss_fn)
+    inner = request.replace(model=target.model, batch=target.batch, loss_fn=target.loss_fn,
+                            plan=target.plan if plan is None else plan)
+    return cast(Trial, noted([route(inner)], target.note)[0])
+
+
+def _inference(request: EstimateRequest) -> Trial:
+    """An :class:`memlab.InferencePlan` on one device."""
+    from memlab.estimation.single_gpu import estimate_inference
+
+    if isinstance(request.plan, (list, tuple)):
+        raise MemlabError(
+            "estimate takes one plan, and this is a list; write memlab.estimate(model, batch, "
+            "memlab.InferencePlan(...)) for each, or estimate_plans(model, batch, [...]) for all (from "
+            "memlab.estimation.estimate import estimate_plans)"
+        )
+    if request.sharded or request.gpus != 1:
+        raise MemlabError("an InferencePlan is estimated on one device; drop gpus= and strategy=")
+    inference = cast("InferencePlan", request.plan)
+    return card_context(estimate_inference(request.model, request.batch, [inference], loss_fn=request.loss_fn,
+                                           budget=request.budget, device=request.device, gpu=request.gpu,
+                                           load=request.load)[0], request.gpu)
+
+
+def _sharded(request: EstimateRequest) -> Trial:
+    """Training sharded over ``gpus`` GPUs: the per-GPU estimate of :mod:`memlab.estimation.sharded`."""
+    from memlab.estimation.sharded import sharded_estimate
+
+    return sharded_estimate(request.model, request.batch, request.training_plan, gpus=request.gpus,
+                            strategy=request.strategy, loss_fn=request.loss_fn, budget=request.budget, lr=request.lr,
+                            device=request.device, gpu=request.gpu, load=request.load)
+
+
+def _one_gpu(request: EstimateRequest) -> Trial:
+    """Training on one device."""
+    from memlab.estimation.single_gpu import estimate_plans
+
+    plan = request.training_plan
+    if isinstance(plan, Plan) and plan.offload == "params":
+        raise MemlabError(PARAMS_NEED_SHARDING)
+    trial = estimate_plans(request.model, request.batch, [plan], loss_fn=request.loss_fn, budget=request.budget,
+                           lr=request.lr, device=request.device, gpu=request.gpu, load=request.load)[0]
+    return card_context(trial, request.gpu)
+
+
+ROUTES: dict[str, Route] = {"trainer": _trainer, "inference": _inference, "sharded": _sharded, "one_gpu": _one_gpu}
+"""Every route an estimate can take, each a function of the one :class:`EstimateRequest`."""
+
+
+def route_name(request: EstimateRequest) -> str:
+    """Which of :data:`ROUTES` a request takes: a Trainer first, then an inference plan, then the sharding.
+
+    Example:
+        >>> route_name(EstimateRequest("llama-7b", {}, Plan(), gpus=2, strategy="zero3"))
+        'sharded'
+        >>> route_name(EstimateRequest("llama-7b", {}, Plan()))
+        'one_gpu'
+    """
+    from memlab.estimation.single_gpu import is_inference
+    from memlab.trainer.source import is_trainer
+
+    if is_trainer(request.model):
+        return "trainer"
+    if request.batch is None:
+        raise MemlabError(
+            "no batch was given; write the shapes, e.g. memlab.estimate(config, {'input_ids': (1, 512), "
+            "'labels': (1, 512)}, plan), or pass a transformers Trainer"
+        )
+    if is_inference(request.plan):
+        return "inference"
+    return "sharded" if check_sharding(request.gpus, request.strategy)[1] != "none" else "one_gpu"
+
+
+def route(request: EstimateRequest) -> Trial:
+    """The request checked and run down its route (:func:`route_name`).
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        ...                      num_attention_heads=2, vocab_size=256)
+        >>> trial = route(EstimateRequest(config, {"input_ids": (1, 16), "labels": (1, 16)}, Plan(), device="cpu"))
+        >>> trial.status, trial.estimated
+        ('ok', True)
+    """
+    gpu_kind(request.gpu)  # an unknown GPU is refused before anything is built
+    name = route_name(request)
+    return ROUTES[name](request.checked() if name in ("sharded", "one_gpu") else request)

@@ -1,0 +1,109 @@
+"""Issue 47 item 6: DeepSpeed ZeRO-3 run for real on two gloo CPU ranks (DeepSpeed's CPU accelerator), full
+fine-tuning and LoRA, against memlab's per-GPU estimate.
+
+What each rank holds is measured as the model states DeepSpeed keeps between steps (each parameter's partition,
+``ds_tensor``; the fp32 partitions; the gradient partitions; the optimizer's state), added to the peak of what the
+second step allocates (memlab's CPU tracker). Measured on this CPU (DeepSpeed 0.19.8, the tiny Llama below): full
+fine-tune 16.75 MB per rank, LoRA r4 8.63 MB; memlab 23.6 MB and 12.9 MB, of which 7.3 MB and 4.0 MB are
+DeepSpeed's reduce and prefetch buckets as memlab counts them (``reduce_bucket_size`` and
+``stage3_prefetch_bucket_size`` elements, at most the model's size). DeepSpeed does not allocate buckets that
+size on a model this small: without them the estimate is 0.97 and 1.04 of the measured peak, which is what this test
+holds it to; with them it leans high (1.41, 1.50), which is said here rather than tuned away.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import memlab
+from memlab import Plan
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=4, vocab_size=1024, max_position_embeddings=128)
+SHAPES = {"input_ids": (2, 64), "labels": (2, 64)}
+
+SCRIPT = '''
+import json, sys, torch
+torch.set_num_threads(1)
+import deepspeed
+from transformers import LlamaConfig, LlamaForCausalLM
+from memlab.measure.tracker import MemoryTracker
+
+deepspeed.init_distributed("gloo")
+rank = torch.distributed.get_rank()
+torch.manual_seed(0)
+ds = {"train_micro_batch_size_per_gpu": ROWS, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 3},
+      "zero_force_ds_cpu_optimizer": False, "steps_per_print": 10**9}
+with deepspeed.zero.Init(config_dict_or_path=ds):
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG))
+if sys.argv[1] == "lora":
+    from peft import LoraConfig, get_peft_model
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds)
+batch = {"input_ids": torch.randint(0, VOCAB, SHAPE), "labels": torch.randint(0, VOCAB, SHAPE)}
+
+
+def step():
+    engine.backward(engine(**batch).loss)
+    engine.step()
+
+
+step()
+tracker = MemoryTracker(device="cpu")
+with tracker:
+    step()
+seen = {}
+
+
+def add(tensor):
+    if isinstance(tensor, torch.Tensor) and tensor.numel():
+        seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+
+
+for parameter in model.parameters():
+    add(getattr(parameter, "ds_tensor", None))
+inner = engine.optimizer
+for name in ("fp32_partitioned_groups_flat", "fp16_partitioned_groups_flat", "averaged_gradients"):
+    found = getattr(inner, name, None)
+    for item in (found.values() if isinstance(found, dict) else found or []):
+        for tensor in (item if isinstance(item, list) else [item]):
+            add(tensor)
+add(getattr(inner, "grad_partitions_flat_buffer", None))
+for state in getattr(getattr(inner, "optimizer", None), "state", {}).values():
+    for tensor in state.values():
+        add(tensor)
+with open(f"rank{rank}.json", "w") as out:
+    json.dump({"peak": tracker.peak_bytes + sum(seen.values()), "held": sum(seen.values())}, out)
+'''
+
+
+@pytest.mark.parametrize("plan", [Plan(), Plan(adapter="lora", lora_rank=4)], ids=lambda p: p.label())
+def test_zero3_on_two_cpu_ranks_matches_the_estimate_but_for_its_buckets(plan: Plan, tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("peft")
+    from transformers import LlamaConfig
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.replace("ROWS", str(SHAPES["input_ids"][0])).replace("CONFIG", repr(CONFIG))
+                      .replace("VOCAB", str(CONFIG["vocab_size"])).replace("SHAPE", repr(SHAPES["input_ids"])))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", str(script),
+         "lora" if plan.adapter == "lora" else "full"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    estimate = memlab.estimate(LlamaConfig(**CONFIG), SHAPES, plan, gpus=2, strategy="zero3", device="cpu")
+    without_buckets = estimate.peak_bytes - estimate.detail["communication"]  # type: ignore[attr-defined]
+    for rank in (0, 1):
+        measured = json.loads((tmp_path / f"rank{rank}.json").read_text())["peak"]
+        assert abs(without_buckets / measured - 1) <= 0.15, (rank, measured, estimate.detail)  # type: ignore[attr-defined]
+        assert estimate.peak_bytes > measured  # the buckets make it lean high, never low
