@@ -118,6 +118,14 @@ def test_sharded_dry_run_gives_the_peak_per_gpu_of_every_strategy(
     assert_same(before, fingerprint(shell.user_ns["llama"]))
 
 
+def test_fsdp1_is_a_strategy_of_the_magic_as_of_the_python_api(shell: InteractiveShell) -> None:
+    shell.user_ns.update(llama=tiny_llama(layers=2, width=32), tokens=lm_batch(rows=2, length=16))
+    report = memfit(shell, f"llama tokens --dry-run --gpus 2 --strategy fsdp1 --budget 1GiB {FAST}")
+    api = memlab.estimate(shell.user_ns["llama"], shell.user_ns["tokens"], memlab.Plan(), gpus=2, strategy="fsdp1")
+    assert [t.strategy for t in report] == ["fsdp1"]
+    assert report[0].peak_bytes == api.peak_bytes and report[0].breakdown == api.breakdown
+
+
 def test_gpus_auto_finds_the_smallest_number_that_fits(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -231,7 +239,8 @@ BAD = [
     ("gpus-not-a-number", "model batch --dry-run --gpus two", "", "write an int >= 1 such as --gpus 8"),
     ("zero-gpus", "model batch --dry-run --gpus 0", "", "--gpus '0' is not a number of GPUs"),
     ("gpus-auto-without-budget", "model batch --dry-run --gpus auto", "", "add --budget"),
-    ("unknown-strategy", "model batch --dry-run --gpus 2 --strategy ddp", "", "write --strategy fsdp2, zero2 or zero3"),
+    ("unknown-strategy", "model batch --dry-run --gpus 2 --strategy ddp", "",
+     "write --strategy fsdp1, fsdp2, zero2 or zero3"),
     ("strategy-without-gpus", "model batch --dry-run --strategy zero3", "", "add --gpus N"),
     ("search-with-gpus", "model batch --dry-run --gpus 2 --budget 1GiB --search --try checkpointing=off,on", "",
      "--search does not go with --gpus 2"),

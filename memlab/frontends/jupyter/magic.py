@@ -95,9 +95,9 @@ class MemfitMagics(Magics):
         --batch-size, --gpus and --strategy are for training.
 
         --dry-run --gpus N (or auto, with --budget) estimates training sharded over N GPUs with --strategy
-        fsdp2, zero2 or zero3 (default: all three): a line per plan and strategy with the peak per GPU and where
-        it goes, and a Report with one trial per plan and strategy. memlab never shards a live run, so --gpus
-        and --strategy need --dry-run. MODEL may live on the meta device (shapes only, no memory).
+        fsdp1, fsdp2, zero2 or zero3 (default: fsdp2, zero2 and zero3): a line per plan and strategy with the peak
+        per GPU and where it goes, and a Report with one trial per plan and strategy. memlab never shards a live
+        run, so --gpus and --strategy need --dry-run. MODEL may live on the meta device (shapes only, no memory).
 
         Examples::
 

@@ -122,10 +122,11 @@ ARGUMENTS = [
     ),
     argument(
         "--strategy",
-        metavar="fsdp2|zero2|zero3",
+        metavar="fsdp1|fsdp2|zero2|zero3",
         help=(
-            "with --dry-run --gpus: how training is sharded, FSDP2 (accelerate) or DeepSpeed ZeRO-2 / ZeRO-3 "
-            "(default: all three); r = _ then r.best.plan.to_accelerate_config(gpus=N, strategy=...) exports it"
+            "with --dry-run --gpus: how training is sharded, FSDP1 / FSDP2 (accelerate) or DeepSpeed ZeRO-2 / "
+            "ZeRO-3 (default: fsdp2, zero2 and zero3); r = _ then "
+            "r.best.plan.to_accelerate_config(gpus=N, strategy=...) exports it"
         ),
     ),
     argument(

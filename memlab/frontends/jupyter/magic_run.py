@@ -47,7 +47,7 @@ __all__ = ["APPLIED_NAME", "InferenceRequest", "Job", "TrainingRequest", "apply_
 APPLIED_NAME = "memfit_applied"
 """The user-namespace name under which ``--apply`` stores the :class:`memlab.Applied`."""
 
-_STRATEGIES = ("fsdp2", "zero2", "zero3")
+_STRATEGIES = ("fsdp1", "fsdp2", "zero2", "zero3")  # the default, when none is named: the last three
 
 
 @dataclass(frozen=True)
@@ -309,8 +309,8 @@ def _sharding(args: Any) -> tuple[int | str, list[str] | None] | None:
         name = str(unquote(args.strategy)).strip().lower()
         if name not in _STRATEGIES:
             raise usage_error(
-                f"--strategy {args.strategy!r} is unknown; write --strategy fsdp2, zero2 or zero3 (or leave it out "
-                "for all three)"
+                f"--strategy {args.strategy!r} is unknown; write --strategy fsdp1, fsdp2, zero2 or zero3 (or leave it "
+                "out for fsdp2, zero2 and zero3)"
             )
         strategies = [name]
     if args.search or args.batch_size is not None:

@@ -40,7 +40,7 @@ def usage_error(message: str) -> UsageError:
 USAGE = (
     "write %%memfit MODEL BATCH [--try KEY=V1,V2 ...] [--budget SIZE] [--batch-size N] [--steps N] "
     "[--warmup N] [--noise F] [--time-limit S] [--lr LR] [--search] [--apply] [--dry-run [--gpus N|auto] "
-    "[--strategy fsdp2|zero2|zero3]] [--inference] [--quiet] [--verbose]; "
+    "[--strategy fsdp1|fsdp2|zero2|zero3]] [--inference] [--quiet] [--verbose]; "
     "%%memfit? shows the help"
 )
 """What the one-line error of an unreadable line ends with."""
