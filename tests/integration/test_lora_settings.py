@@ -99,10 +99,10 @@ def test_the_panel_offers_them() -> None:
     from memlab.options import RunOptions
 
     panel = PanelCore(torch.nn.Linear(4, 1), torch.randn(8, 4), RunOptions())
-    assert (panel.controls["lora_alpha"].value, panel.controls["lora_dropout"].value) == (0, 0.0)
+    assert (panel.controls["lora_alpha"].value, panel.controls["lora_dropout"].value) == ("auto", 0.0)
     assert "twice the rank" in panel.controls["lora_alpha"].tooltip
     panel.controls["adapter"].value = "lora"
     panel.controls["lora_dropout"].value = 0.05
-    assert (panel.plan().lora_alpha, panel.plan().lora_dropout) == (None, 0.05)  # 0 stands for auto
+    assert (panel.plan().lora_alpha, panel.plan().lora_dropout) == (None, 0.05)  # auto: the plan's None
     panel.controls["lora_alpha"].value = 64
     assert panel.plan().label() == "lora alpha64 drop0.05"

@@ -132,8 +132,10 @@ def test_scripts_carry_the_levers() -> None:
     assert "save_on_cpu" in script
     torch_script = fsdp2_torch_script(Plan(checkpointing=True, precision="bf16"), model_code="m()", batch_code="b()")
     assert "gradient_checkpointing_enable" in torch_script and "param_dtype=torch.bfloat16" in torch_script
+    lora_script = fsdp2_torch_script(Plan(adapter="lora"), model_code="m()", batch_code="b()")
+    assert "get_peft_model" in lora_script  # the adapters before fully_shard
     with pytest.raises(MemlabError, match="fsdp2_torch_script covers"):
-        fsdp2_torch_script(Plan(adapter="lora"), model_code="m()", batch_code="b()")
+        fsdp2_torch_script(Plan(adapter="qlora"), model_code="m()", batch_code="b()")
 
 
 def test_bad_sharding_says_what_to_write() -> None:

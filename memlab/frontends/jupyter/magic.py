@@ -96,8 +96,9 @@ class MemfitMagics(Magics):
 
         --dry-run --gpus N (or auto, with --budget) estimates training sharded over N GPUs with --strategy
         fsdp1, fsdp2, zero2 or zero3 (default: fsdp2, zero2 and zero3): a line per plan and strategy with the peak
-        per GPU and where it goes, and a Report with one trial per plan and strategy. memlab never shards a live
-        run, so --gpus and --strategy need --dry-run. MODEL may live on the meta device (shapes only, no memory).
+        per GPU and where it goes, and a Report with one trial per plan and strategy.
+        memlab never shards a live run, so --gpus and --strategy need --dry-run. MODEL may live on the meta
+        device (shapes only, no memory).
 
         Examples::
 
