@@ -480,9 +480,22 @@ def _panel_plain_against_memfit(page, cells, check: int) -> tuple[int, int, str,
     return int(words[1]), int(words[2]), words[3], int(words[4])
 
 
+def busy_elsewhere() -> str:
+    """What keeps another core busy while a browser test runs: another pytest-xdist worker of the suite where the
+    workers fill every core (on a 2-core machine, the other worker runs the rest of the suite meanwhile), else a
+    process spinning (:func:`_spinning_core`)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return "the suite's other worker" if workers >= len(os.sched_getaffinity(0)) else "a process spinning"
+
+
 @contextlib.contextmanager
 def _spinning_core() -> Iterator[None]:
-    """Another process busy on a core, as on a laptop that builds something or a shared Binder."""
+    """Another process busy on a core, as on a laptop that builds something or a shared Binder. Where the suite's
+    other workers already fill the machine's other cores (:func:`busy_elsewhere`), a spinner would only take a core
+    from them: nothing more is started."""
+    if busy_elsewhere() != "a process spinning":
+        yield
+        return
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         yield
