@@ -95,3 +95,21 @@ def pytest_collection_modifyitems(config, items):
                 how = {name: OPTIONAL.get(name, f"pip install {name}") for name in missing}
                 reason = "; ".join(f"needs {name}, outside the [test] extra: {how[name]}" for name in missing)
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _no_module_hooks_left_behind():
+    # memlab hooks every module while it records a step (the timeline's module watch, the trainer's watch): a test
+    # that leaves a global hook behind has found a path where a user's kernel keeps it, slowing every forward after.
+    from torch.nn.modules import module
+
+    hook_tables = (module._global_forward_pre_hooks, module._global_forward_hooks,
+                   module._global_backward_pre_hooks, module._global_backward_hooks)
+    before = [set(table) for table in hook_tables]
+    yield
+    leaked = [hook for table, kept in zip(hook_tables, before) for key, hook in list(table.items()) if key not in kept]
+    for table, kept in zip(hook_tables, before):
+        for key in [key for key in table if key not in kept]:
+            del table[key]  # so that the tests after this one run as on a clean kernel
+    if leaked:
+        pytest.fail(f"the test left global module hooks behind: {leaked}")
