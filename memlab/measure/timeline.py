@@ -98,7 +98,8 @@ class ModuleWatch:
     def __enter__(self) -> ModuleWatch:
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-        self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post)]
+        if not self._handles:  # entered again while on: its hooks are already there (and must not be lost)
+            self._handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post)]
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -146,8 +146,9 @@ class CostliestStep:
         """The step ended with ``peak_bytes`` (its categories in ``breakdown`` where known): keep it if it is the
         costliest so far. On CUDA ``model`` and ``optimizer`` name the blocks alive before it, and
         ``allocated_before`` is what the allocator held at its start."""
-        recorder, self._recorder = self._recorder, None
-        self.stop()
+        recorder = self._recorder
+        self.stop()  # the module watch off (a caller that did not stop the step first would leave it hooked)
+        self._recorder = None
         self._marks.mark(None, len(recorder.result) if recorder is not None else time.time_ns() // 1000)
         if peak_bytes <= self.peak_bytes:
             return
