@@ -107,8 +107,9 @@ def _no_module_hooks_left_behind():
                    module._global_backward_pre_hooks, module._global_backward_hooks)
     before = [set(table) for table in hook_tables]
     yield
-    leaked = [hook for table, kept in zip(hook_tables, before) for key, hook in list(table.items()) if key not in kept]
-    for table, kept in zip(hook_tables, before):
+    leaked = [hook for table, kept in zip(hook_tables, before, strict=True)
+              for key, hook in list(table.items()) if key not in kept]
+    for table, kept in zip(hook_tables, before, strict=True):
         for key in [key for key in table if key not in kept]:
             del table[key]  # so that the tests after this one run as on a clean kernel
     if leaked:
