@@ -43,7 +43,8 @@ from memlab.live.batch import LossFn
 from memlab.live.sharding import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, engine_settings
 from memlab.plan import Plan
 
-__all__ = ["COMPOSED_NOTE", "MIXED_NOTE", "RESERVE_NOTE", "composed_estimate", "gathered_bytes", "needs_composition"]
+__all__ = ["COMPOSED_NOTE", "FSDP1_STREAMS_NOTE", "MIXED_NOTE", "RESERVE_NOTE", "composed_estimate",
+           "fsdp1_stream_pool", "gathered_bytes", "needs_composition"]
 
 COMPOSED_NOTE = (
     "sharded from the one-GPU dry run of the same plan (memlab.estimation.composed): at each point of its step, the "
@@ -56,6 +57,41 @@ RESERVE_NOTE = (
     "(no sharded step is replayed through the allocator model; FSDP's communication streams may reserve more)"
 )
 """The note of a composed estimate that carries a reserve."""
+
+FSDP1_STREAMS_NOTE = (
+    "reserved_bytes under FSDP1 adds its unshard stream's pool: FSDP1 allocates the gathered units on its own unshard "
+    "stream, whose freed blocks the default stream cannot reuse, so that stream keeps its largest holding reserved: "
+    "the root unit (embeddings, final norm, head; gathered from forward through backward) and two blocks (the one "
+    "computing and the one limit_all_gathers lets it prefetch), each rounded up to the allocator's 2 MiB, where the "
+    "allocated peak counts the root and one block; with offload='params' also the pre-unshard stream's device "
+    "copies of those units' shards; the post-backward stream's gradient buffers are not counted"
+)
+"""The note of a composed FSDP1 estimate whose reserve counts FSDP1's unshard stream (:func:`fsdp1_stream_pool`)."""
+
+_SEGMENT = 2 << 20
+"""The CUDA caching allocator rounds a large block's segment up to 2 MiB."""
+
+
+def fsdp1_stream_pool(unit: int, kept: int, gpus: int, offloaded: bool = False) -> int:
+    """The bytes FSDP1's own streams keep reserved apart from the default stream's: the unshard stream's gathered
+    root (``kept``) and two gathered blocks (``unit`` each: the one computing and the prefetched one that
+    ``limit_all_gathers`` allows), each rounded up to 2 MiB; with parameter offload, the pre-unshard stream's
+    device copies of those units' CPU shards too (``/ gpus``).
+
+    Example:
+        >>> mib = 2**20
+        >>> fsdp1_stream_pool(100 * mib, 500 * mib, 2) // mib
+        700
+        >>> fsdp1_stream_pool(101 * mib, 500 * mib, 2) // mib, fsdp1_stream_pool(100 * mib, 500 * mib, 2, True) // mib
+        (704, 1050)
+    """
+    def rounded(nbytes: int) -> int:
+        return -(-nbytes // _SEGMENT) * _SEGMENT
+
+    pool = rounded(kept) + 2 * rounded(unit)
+    if offloaded:
+        pool += rounded(kept // max(gpus, 1)) + 2 * rounded(unit // max(gpus, 1))
+    return pool
 
 
 def needs_composition(plan: Plan, strategy: str, load: Mapping[str, Any] | None) -> bool:
@@ -255,6 +291,12 @@ def composed_estimate(
         # the one-GPU step's reserve over its allocated peak (the allocator's rounding and cached blocks), carried
         reserved = result.peak_bytes + max(trial.reserved_bytes - trial.peak_bytes, 0)
         notes.append(RESERVE_NOTE)
+        if strategy == "fsdp1":
+            # the gathered root and block the allocated peak counts live in the unshard stream's pool, which holds
+            # a second block besides (and, offloaded, the shards' device copies): the default stream's part of the
+            # peak plus that pool
+            reserved += max(fsdp1_stream_pool(unit, kept, gpus, offloaded) - (unit + kept), 0)
+            notes.append(FSDP1_STREAMS_NOTE)
         result = dataclasses.replace(result, notes=tuple(dict.fromkeys(notes)))
     return dataclasses.replace(result, reserved_bytes=reserved)
 
