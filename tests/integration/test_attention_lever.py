@@ -69,10 +69,13 @@ def test_the_cuda_estimate_of_eager_keeps_the_probabilities() -> None:
                           for name in ("eager", "sdpa", "flash_attention_2"))
     assert eager.status == sdpa.status == flash.status == "ok"
     # eager under bf16 autocast: softmax in fp32 (its output kept for softmax's backward) and its bf16 copy (kept by
-    # the product with V): 6 bytes an element, for every layer; sdpa (flash backend) keeps neither
-    probabilities = rows * config.num_attention_heads * tokens * tokens * (4 + 2) * config.num_hidden_layers
+    # the product with V): 6 bytes an element, for every layer. sdpa (flash backend) keeps neither, but keeps for its
+    # own backward what eager does not: its bf16 output and its fp32 logsumexp (rows x heads x tokens each)
+    heads, head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    probabilities = rows * heads * tokens * tokens * (4 + 2) * config.num_hidden_layers
+    flash_kept = rows * heads * tokens * (head_dim * 2 + 4) * config.num_hidden_layers
     extra = eager.breakdown["activations"] - sdpa.breakdown["activations"]
-    assert abs(extra - probabilities) <= 0.05 * probabilities
+    assert extra == probabilities - flash_kept == 48_168_960
     assert flash.peak_bytes == sdpa.peak_bytes  # sdpa's flash backend keeps what flash-attention keeps
     assert any("flash_attention_2 estimated as sdpa" in note for note in flash.notes)
 
