@@ -96,6 +96,15 @@ class FakeMode(FakeTensorMode):
         self.observer: Callable[[Any, Any], None] | None = None
         """Called with each operator and what it returned (operators this mode runs inside another one are not
         reported): :meth:`memlab.measure.tracker.MemoryTracker.observe`, without one more mode on the stack."""
+        self.followable = False
+        """Whether a :class:`~memlab.measure.tracker.MemoryTracker` entered while this mode is the only one on the
+        stack follows this mode's operators (``followers``) instead of being one more mode above it: the same
+        operators, cheaper. Set by the one-GPU dry run; where a tensor subclass's operator came (this mode answers
+        it NotImplemented, and the subclass's own operators would reach a follower but not a tracker mode),
+        ``unfollowed`` is set and the dry run runs that trial again without followers."""
+        self.followers: list[Callable[[Any, Any], None]] = []
+        """Called after the observer, in order, with each operator this mode runs and what it returned."""
+        self.unfollowed = False
         self._depth = 0
 
     def __torch_dispatch__(
@@ -107,15 +116,24 @@ class FakeMode(FakeTensorMode):
         meta = _META_HANDLERS.get(func)
         if meta is not None:
             return meta(args)
-        if self.observer is None:
+        if self.observer is None and not self.followers:
             return self._dispatch(func, types, args, kwargs)
         self._depth += 1
         try:
             out = self._dispatch(func, types, args, kwargs)
         finally:
             self._depth -= 1
-        if self._depth == 0 and self.observer is not None:
-            self.observer(func, out)
+        if self._depth == 0:
+            if self.observer is not None:
+                self.observer(func, out)
+            if out is NotImplemented and self.followers:
+                self.unfollowed = True
+            try:
+                for follow in self.followers:
+                    follow(func, out)
+            except torch.OutOfMemoryError:
+                del out  # the error's traceback must not keep this operator's outputs alive
+                raise
         return out
 
     def __enter__(self) -> Any:
@@ -217,10 +235,8 @@ def _tensor_key(tensor: FakeTensor, result: list[object]) -> None:
     """What FakeTensorMode's cache key holds for a dense fake tensor of plain sizes (``extract_tensor_metadata``
     flattened): the same values, in the same order."""
     shape, stride = tensor.shape, tensor.stride()
-    memory_format: torch.memory_format | None = (
-        suggest_memory_format(tensor) if len(shape) in (4, 5) else torch.contiguous_format)
-    if not tensor.is_contiguous(memory_format=memory_format):
-        memory_format = None
+    suggested = suggest_memory_format(tensor) if len(shape) in (4, 5) else torch.contiguous_format
+    memory_format = suggested if tensor.is_contiguous(memory_format=suggested) else None
     append = result.append
     append(tensor.dtype)
     append(torch.Size)
