@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._prims_common import suggest_memory_format
+from torch._subclasses.fake_tensor import _DISPATCH_META_HANDLERS as _META_HANDLERS
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from memlab.errors import MemlabError
@@ -94,20 +96,44 @@ class FakeMode(FakeTensorMode):
         self.observer: Callable[[Any, Any], None] | None = None
         """Called with each operator and what it returned (operators this mode runs inside another one are not
         reported): :meth:`memlab.measure.tracker.MemoryTracker.observe`, without one more mode on the stack."""
+        self.followable = False
+        """Whether a :class:`~memlab.measure.tracker.MemoryTracker` entered while this mode is the only one on the
+        stack follows this mode's operators (``followers``) instead of being one more mode above it: the same
+        operators, cheaper. Set by the one-GPU dry run; where a tensor subclass's operator came (this mode answers
+        it NotImplemented, and the subclass's own operators would reach a follower but not a tracker mode),
+        ``unfollowed`` is set and the dry run runs that trial again without followers."""
+        self.followers: list[Callable[[Any, Any], None]] = []
+        """Called after the observer, in order, with each operator this mode runs and what it returned."""
+        self.unfollowed = False
         self._depth = 0
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
     ) -> Any:
-        if self.observer is None:
+        # Metadata queries (``prim.device`` above all: C++ asks a fake tensor its device tens of thousands of times a
+        # step) are answered as FakeTensorMode answers them, without its dispatch's overhead; they allocate
+        # nothing, so the observer has nothing to see.
+        meta = _META_HANDLERS.get(func)
+        if meta is not None:
+            return meta(args)
+        if self.observer is None and not self.followers:
             return self._dispatch(func, types, args, kwargs)
         self._depth += 1
         try:
             out = self._dispatch(func, types, args, kwargs)
         finally:
             self._depth -= 1
-        if self._depth == 0 and self.observer is not None:
-            self.observer(func, out)
+        if self._depth == 0:
+            if self.observer is not None:
+                self.observer(func, out)
+            if out is NotImplemented and self.followers:
+                self.unfollowed = True
+            try:
+                for follow in self.followers:
+                    follow(func, out)
+            except torch.OutOfMemoryError:
+                del out  # the error's traceback must not keep this operator's outputs alive
+                raise
         return out
 
     def __enter__(self) -> Any:
@@ -122,6 +148,33 @@ class FakeMode(FakeTensorMode):
         if self._values_modes:
             self._values_modes.pop().__exit__(*exc)
         return super().__exit__(*exc)
+
+    def _prep_args_for_hash(self, result: list[object], args: Any, state: Any, id_hashed_objects: list[object]
+                            ) -> None:
+        # FakeTensorMode's dispatch cache key, the same list of values, written for speed (a dry run builds one per
+        # operator): plain values and our own dense fake tensors inline, anything else by FakeTensorMode's own code.
+        if isinstance(args, (list, tuple, dict)):
+            result.append(type(args))
+            result.append(f"length_{len(args)}")
+        if isinstance(args, dict):
+            self._prep_args_for_hash(result, args.keys(), state, id_hashed_objects)
+            self._prep_args_for_hash(result, args.values(), state, id_hashed_objects)
+            return
+        append = result.append
+        for arg in args:
+            kind = type(arg)
+            if kind in _PLAIN_KEY_TYPES:
+                append(kind)
+                append(arg)
+            elif kind is FakeTensor and arg.fake_mode is self and arg.constant is None and (
+                    arg.layout == torch.strided and not arg._has_symbolic_sizes_strides):
+                _tensor_key(arg, result)
+            elif kind is list or kind is tuple:
+                self._prep_args_for_hash(result, arg, state, id_hashed_objects)
+            else:  # FakeTensorMode's own handling of one argument, without the tuple's two entries around it
+                mark = len(result)
+                super()._prep_args_for_hash(result, (arg,), state, id_hashed_objects)  # type: ignore[misc]
+                del result[mark:mark + 2]
 
     def may_turn_const(self, t: torch.Tensor) -> bool:
         # PyTorch keeps only one-element results constant; image token positions, grids and padding images need
@@ -171,6 +224,34 @@ class FakeMode(FakeTensorMode):
                          for a in args]
                 return func(*twins, **{**kwargs, "out_dtype": None}).to(dtype)
         return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+_PLAIN_KEY_TYPES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                              torch.memory_format})
+"""Argument types FakeTensorMode's cache key holds as (type, value)."""
+
+
+def _tensor_key(tensor: FakeTensor, result: list[object]) -> None:
+    """What FakeTensorMode's cache key holds for a dense fake tensor of plain sizes (``extract_tensor_metadata``
+    flattened): the same values, in the same order."""
+    shape, stride = tensor.shape, tensor.stride()
+    suggested = suggest_memory_format(tensor) if len(shape) in (4, 5) else torch.contiguous_format
+    memory_format = suggested if tensor.is_contiguous(memory_format=suggested) else None
+    append = result.append
+    append(tensor.dtype)
+    append(torch.Size)
+    append(f"length_{len(shape)}")
+    for size in shape:
+        append(int)
+        append(size)
+    append(tuple)
+    append(f"length_{len(stride)}")
+    for step in stride:
+        append(int)
+        append(step)
+    result += (tensor.device, tensor.layout, memory_format, tensor.storage_offset(),
+               tensor.untyped_storage().nbytes(), tensor.requires_grad, tensor.is_quantized, tensor.is_conj(),
+               tensor.is_neg(), tensor.is_inference(), tensor.is_sparse, None, None, None)
 
 
 @contextlib.contextmanager

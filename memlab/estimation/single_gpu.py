@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,7 +49,7 @@ from memlab.estimation.cuda_kernels import (
     kernel_emulation,
     run_emulated,
 )
-from memlab.estimation.fake import BLIND_SPOTS, FakeSetup, fake_setup, one_thread
+from memlab.estimation.fake import BLIND_SPOTS, FakeMode, FakeSetup, fake_setup, one_thread
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
@@ -240,7 +241,7 @@ def _dry_run(
                     mode.foreign_ops.clear()
                     return workload.trial(runner, plan, setup, trace), attention
 
-            (trial, attention), fell_back = run_emulated(run, emulated)
+            (trial, attention), fell_back = run_emulated(partial(_followed, run, mode), emulated)
             notes = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
                                        *setup.notes, foreign_ops_note(mode.foreign_ops),
                                        _load_note(load, workload, setup, plan), _four_bit_note(plan, load))
@@ -253,6 +254,21 @@ def _dry_run(
                     emulated_note if note == EMULATED_NOTE else note for note in trial.notes))
             trials.append(trial)
     return Report(trials, budget=limit)
+
+
+def _followed(run: Callable[[bool], Any], mode: FakeMode, emulate: bool) -> Any:
+    """``run(emulate)`` with the runner's trackers following the fake mode rather than stacked on it as modes (the
+    same operators, fewer Python calls per operator); again as modes where a tensor subclass's operators came,
+    which a tracker mode would not see one by one (:attr:`~memlab.estimation.fake.FakeMode.followable`)."""
+    mode.followable, mode.unfollowed = True, False
+    try:
+        result = run(emulate)
+        if mode.unfollowed:
+            mode.followable = False
+            result = run(emulate)
+    finally:
+        mode.followable = False
+    return result
 
 
 def _load_note(load: Load | None, workload: _Workload, setup: FakeSetup, plan: Any) -> str | None:

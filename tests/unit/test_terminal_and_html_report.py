@@ -96,3 +96,26 @@ def test_a_long_note_goes_under_the_html_table_numbered() -> None:
     assert table.count(note) == 1 and f"[1] {note}" in table  # once, under the table
     assert table.count(">[1]</td>") == 2  # its rows say its number
     assert ">out of memory</td>" in table  # a short note stays in its row
+
+
+def test_table_lines_are_what_pandas_printed_of_the_padded_cells() -> None:
+    import pandas
+
+    from memlab.report.tables import _LEFT, _shown_columns, _text_lines, headers, table_rows
+
+    for report in (_noted_report(), Report(_noted_report().trials[:1])):
+        rows, names = table_rows(report), headers(report)
+        keys = _shown_columns(rows, with_mark=True, categories=report.categories)
+        lines = _text_lines(rows, names, keys)
+        # each column's cells padded as _text_lines pads them, joined by pandas as before
+        cells = [[row[key] for key in keys] for row in rows]
+        width = {key: max(len(names[key]), *(len(row[key]) for row in rows)) for key in keys}
+
+        def pad(key: str, text: str, width: dict[str, int] = width) -> str:
+            return text.ljust(width[key]) if key in _LEFT else text.rjust(width[key])
+
+        header = [pad(key, names[key]) for key in keys]
+        frame = pandas.DataFrame([[pad(key, cell) for key, cell in zip(keys, row, strict=True)] for row in cells],
+                                 columns=header)
+        printed = frame.to_string(index=False, formatters={name: str for name in header})
+        assert lines == [line.rstrip() for line in printed.splitlines()]

@@ -1,0 +1,107 @@
+"""The dry run's fast paths give what the slow ones give: FakeMode's cache key is FakeTensorMode's, metadata queries
+are answered as FakeTensorMode answers them, and a tracker that follows the fake mode counts what a tracker mode
+counts."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode, _CacheKeyState
+
+from memlab.estimation.fake import FakeMode
+from memlab.measure.tracker import MemoryTracker
+
+
+def _keys(mode: FakeMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    mine = mode._cache_key(_CacheKeyState(None), func, args, kwargs)
+    # FakeTensorMode's own key for the same mode: its method, which it also calls for nested arguments
+    mode._prep_args_for_hash = types.MethodType(FakeTensorMode._prep_args_for_hash, mode)  # type: ignore[method-assign]
+    try:
+        theirs = mode._cache_key(_CacheKeyState(None), func, args, kwargs)
+    finally:
+        del mode._prep_args_for_hash
+    return mine.key, theirs.key
+
+
+def test_cache_key_is_fake_tensor_modes_own() -> None:
+    mode = FakeMode()
+    with mode:
+        plain = torch.empty(3, 4)
+        channels_last = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
+        five = torch.empty(2, 3, 4, 5, 6, dtype=torch.bfloat16)[:, 1]
+        trained = torch.empty(8, requires_grad=True)
+        cases: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+            ((plain, 1, 2.0, None, torch.float32, True), {}),
+            ((channels_last, [plain.t(), five], (1, (2, 3))), {"dim": 1, "keepdim": True, "out": trained}),
+            ((torch.Size([2, 3]), torch.empty(0), plain[1:], torch.strided, torch.channels_last, "x",
+              torch.device("cpu"), torch.empty(2, 2, 2, 2)[:, :, :1]), {"dtype": torch.bfloat16}),
+        ]
+    for args, kwargs in cases:
+        mine, theirs = _keys(mode, torch.ops.aten.add.Tensor, args, kwargs)
+        assert mine == theirs
+
+
+def test_an_argument_the_fast_key_leaves_to_fake_tensor_mode_is_still_keyed_alike() -> None:
+    mode = FakeMode()
+    other = FakeMode()
+    with other:
+        foreign = torch.empty(4)
+    with mode:
+        tensor = torch.empty(4)
+    mine, theirs = _keys(mode, torch.ops.aten.add.Tensor, (tensor, 3 + 1j, [..., torch.float16]), {})
+    assert mine == theirs
+    # a fake tensor of another mode bypasses the cache, as in FakeTensorMode
+    with pytest.raises(Exception, match="not our fake"):
+        _keys(mode, torch.ops.aten.add.Tensor, (foreign,), {})
+
+
+def test_metadata_queries_are_answered_as_fake_tensor_mode_answers_them() -> None:
+    mode = FakeMode()
+    with mode:
+        tensor = torch.empty(2, 3, device="cuda" if not torch.cuda.is_available() else "cpu").t()
+        device = torch.ops.prim.device.default(tensor)
+        sizes = torch.ops.aten.size.default(tensor)
+        strides = torch.ops.aten.stride.default(tensor)
+    assert (device, list(sizes), list(strides)) == (tensor.device, [3, 2], [1, 3])
+
+
+def _step(tracker: MemoryTracker) -> tuple[int, dict[str, int], int]:
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    batch = torch.randn(8, 16)
+    with tracker:
+        with tracker.phase("activations"):
+            loss = model(batch).pow(2).mean()
+        loss.backward()
+    return tracker.peak_bytes, dict(tracker.breakdown), tracker.live_bytes
+
+
+def test_a_tracker_that_follows_the_fake_mode_counts_what_a_tracker_mode_counts() -> None:
+    mode = FakeMode()
+    mode.followable = True
+    with mode:
+        following = MemoryTracker(device="meta")
+        followed = _step(following)
+        assert following._host is None and not mode.followers and not mode.unfollowed  # it left when it exited
+        with MemoryTracker(device="meta"):  # one mode already above the fake mode: the next is a mode again
+            as_mode = MemoryTracker(device="meta")
+            counted = _step(as_mode)
+    with FakeMode():  # not followable: a mode, as everywhere but the one-GPU dry run
+        plain = _step(MemoryTracker(device="meta"))
+    assert followed == counted == plain and followed[0] > 0
+
+
+def test_a_tensor_subclass_operator_tells_the_dry_run_to_run_again_with_tracker_modes() -> None:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    mode = FakeMode()
+    mode.followable = True
+    with mode:
+        pair = TwoTensor(torch.empty(4), torch.empty(4))
+        with MemoryTracker(device="meta") as tracker:
+            assert tracker._host is mode
+            pair * 2
+    assert mode.unfollowed
