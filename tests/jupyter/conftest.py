@@ -3,6 +3,8 @@ that they run in the background while the other tests do (the session's end stop
 
 from __future__ import annotations
 
+import builtins
+
 import pytest
 from notebook_runs import RUNS, missing_apis
 
@@ -22,3 +24,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 # The browser tests' fixtures (a Jupyter server, headless Chromium), shared by every test_browser*.py module.
 from browser_lab import chromium, jupyter_server, lab, lab_with_memfit_and_panel  # noqa: E402, F401
+
+
+@pytest.fixture(autouse=True)
+def _no_builtin_underscore():
+    # What ran before a test in this process (a doctest, any plain sys.displayhook) may have set builtins._; IPython's
+    # test shell then never sets _ (DisplayHook.update_user_ns), where a real kernel, which has no builtins._, would.
+    builtins.__dict__.pop("_", None)
