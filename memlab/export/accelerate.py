@@ -114,10 +114,6 @@ def accelerate_config(
             "fsdp_cpu_ram_efficient_loading": True,
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         }
-        names = _class_names(layer_classes)
-        if names:
-            section["fsdp_transformer_layer_cls_to_wrap"] = ",".join(names)
-        config["distributed_type"], name = "FSDP", "fsdp_config"
     elif strategy == "fsdp1":
         section = {
             "fsdp_version": 1,
@@ -130,6 +126,7 @@ def accelerate_config(
             "fsdp_cpu_ram_efficient_loading": True,
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         }
+    if strategy in ("fsdp1", "fsdp2"):
         names = _class_names(layer_classes)
         if names:
             section["fsdp_transformer_layer_cls_to_wrap"] = ",".join(names)

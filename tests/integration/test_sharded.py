@@ -114,10 +114,9 @@ def test_bad_sharding_input_says_what_to_write() -> None:
         memlab.estimate(config(), SHAPES, Plan(offload="params"))
 
 
-@pytest.mark.parametrize("plan", [Plan(), Plan(checkpointing=True)], ids=lambda p: p.label())
-def test_fsdp2_on_two_cpu_ranks_matches_the_estimate(plan: Plan, tmp_path: Path) -> None:
-    """The exported sharding, run for real: torchrun, 2 gloo ranks, fully_shard, two steps; memlab's CPU tracker
-    in each rank measures the second step."""
+def _gloo_run(plan: Plan, tmp_path: Path) -> str:
+    """The exported sharding of ``plan`` run for real: torchrun, 2 gloo ranks, fully_shard, two steps; memlab's CPU
+    tracker in each rank measures the second step into ``<record><rank>.json``. Returns that record's prefix."""
     model_code = (
         "(torch.manual_seed(0), __import__('transformers').LlamaForCausalLM("
         f"__import__('transformers').LlamaConfig(**{CONFIG!r})))[1]"
@@ -134,6 +133,14 @@ def test_fsdp2_on_two_cpu_ranks_matches_the_estimate(plan: Plan, tmp_path: Path)
         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return record
+
+
+@pytest.mark.parametrize("plan", [Plan(), Plan(checkpointing=True)], ids=lambda p: p.label())
+def test_fsdp2_on_two_cpu_ranks_matches_the_estimate(plan: Plan, tmp_path: Path) -> None:
+    """The exported sharding, run for real: torchrun, 2 gloo ranks, fully_shard, two steps; memlab's CPU tracker
+    in each rank measures the second step."""
+    record = _gloo_run(plan, tmp_path)
     estimate = memlab.estimate(config(), SHAPES, plan, gpus=2, strategy="fsdp2", device="cpu")
     for rank in (0, 1):
         measured = json.loads(Path(f"{record}{rank}.json").read_text())
@@ -266,22 +273,7 @@ def test_fsdp2_lora_on_two_cpu_ranks_matches_the_estimate(plan: Plan, tmp_path: 
     """Issue 47 item 6: the same real run with peft's LoRA before fully_shard; the estimate is composed from the
     one-GPU dry run (memlab.estimation.composed)."""
     pytest.importorskip("peft")
-    model_code = (
-        "(torch.manual_seed(0), __import__('transformers').LlamaForCausalLM("
-        f"__import__('transformers').LlamaConfig(**{CONFIG!r})))[1]"
-    )
-    batch_code = (f"{{'input_ids': torch.randint(0, {CONFIG['vocab_size']}, {SHAPES['input_ids']}),"
-                  f" 'labels': torch.randint(0, {CONFIG['vocab_size']}, {SHAPES['labels']})}}")
-    script = tmp_path / "train.py"
-    record = str(tmp_path / "rank")
-    script.write_text("import torch\ntorch.set_num_threads(1)\n" + fsdp2_torch_script(
-        plan, model_code=model_code, batch_code=batch_code, steps=2, backend="gloo", device="cpu", record=record))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", str(script)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    record = _gloo_run(plan, tmp_path)
     estimate = memlab.estimate(config(), SHAPES, plan, gpus=2, strategy="fsdp2", device="cpu")
     measured = [json.loads(Path(f"{record}{rank}.json").read_text())["peak_bytes"] for rank in (0, 1)]
     for peak in measured:
