@@ -18,7 +18,7 @@ from memlab.report import Trial
 from memlab.search.memory import FIT_MARGIN
 from memlab.search.space import micro_batch_of
 from memlab.search.speed import SpeedPrior
-from memlab.techniques.registry import REGISTRY
+from memlab.techniques.registry import REGISTRY, least_share
 
 OUTSIDE_THE_SPACE: tuple[dict[str, Any], ...] = tuple(
     {name: value} for name, lever in REGISTRY.items() for value in lever.suggest
@@ -65,11 +65,27 @@ def suggestions(
     options: RunOptions, prior: SpeedPrior, lightest: Plan | None = None,
 ) -> list[Trial]:
     """Estimates of :func:`alternatives` whose verdict figure (:attr:`~memlab.report.data.Trial.verdict_bytes`) fits
-    the budget with ``FIT_MARGIN`` to spare, the one the speed prior expects fastest first."""
+    the budget with ``FIT_MARGIN`` to spare, the one the speed prior expects fastest first. An alternative whose
+    parameters alone could not fit so (its levers' least share of those ``measured``) is not estimated.
+
+    Example:
+        >>> from memlab.search.speed import speed_prior
+        >>> weights = Trial(Plan(), "oom", 2**20, {"params": 2**20}, None, None, None, "cpu")
+        >>> suggestions(nn.Linear(2, 2), {}, [weights], {}, RunOptions(budget=2**16), speed_prior("cpu"))
+        []
+    """
     from memlab.estimation.estimate import estimate_plans  # imported here: estimate builds on the search's runner
 
-    plans = alternatives(measured, space, lightest)
-    if not plans or options.budget is None:
+    if options.budget is None:
+        return []
+    # A plan holds at least its lever's least share of the parameters measured (QLoRA's 4-bit base an eighth):
+    # where that alone leaves no margin under the budget, its estimate could only say it does not fit.
+    measured_params = min((trial.breakdown.get("params", 0) for trial in measured if trial.breakdown), default=0)
+    plans = [
+        plan for plan in alternatives(measured, space, lightest)
+        if least_share(plan, "least_params") * measured_params * FIT_MARGIN <= options.budget
+    ]
+    if not plans:
         return []
     device = next(model.parameters()).device
     report = estimate_plans(

@@ -114,33 +114,64 @@ def test_bad_sharding_input_says_what_to_write() -> None:
         memlab.estimate(config(), SHAPES, Plan(offload="params"))
 
 
-def _gloo_run(plan: Plan, tmp_path: Path) -> str:
-    """The exported sharding of ``plan`` run for real: torchrun, 2 gloo ranks, fully_shard, two steps; memlab's CPU
-    tracker in each rank measures the second step into ``<record><rank>.json``. Returns that record's prefix."""
+GLOO_PLANS = (Plan(), Plan(checkpointing=True), Plan(adapter="lora", lora_rank=4),
+              Plan(adapter="lora", lora_rank=4, checkpointing=True))
+
+# Runs each exported script in turn in one pair of ranks: the scripts' own init_process_group joins the group the
+# first one made and their destroy_process_group waits for the last; between scripts the ranks meet at a barrier.
+# One torchrun instead of one per plan: each launch costs two ranks importing torch, transformers and memlab.
+_GLOO_DRIVER = """
+import gc, runpy, sys
+import torch
+import torch.distributed as dist
+torch.set_num_threads(1)
+init, destroy = dist.init_process_group, dist.destroy_process_group
+dist.init_process_group = lambda *args, **kwargs: None if dist.is_initialized() else init(*args, **kwargs)
+dist.destroy_process_group = lambda *args, **kwargs: None
+for script in sys.argv[1:]:
+    runpy.run_path(script, run_name="__main__")
+    gc.collect()
+    dist.barrier()
+destroy()
+"""
+
+
+@pytest.fixture(scope="module")
+def gloo_records(tmp_path_factory: pytest.TempPathFactory) -> dict[Plan, str]:
+    """The exported sharding of each of :data:`GLOO_PLANS` run for real: torchrun, 2 gloo ranks, fully_shard, two
+    steps; memlab's CPU tracker in each rank measures the second step into ``<record><rank>.json``. Maps each plan
+    to that record's prefix."""
+    folder = tmp_path_factory.mktemp("gloo")
     model_code = (
         "(torch.manual_seed(0), __import__('transformers').LlamaForCausalLM("
         f"__import__('transformers').LlamaConfig(**{CONFIG!r})))[1]"
     )
     batch_code = (f"{{'input_ids': torch.randint(0, {CONFIG['vocab_size']}, {SHAPES['input_ids']}),"
                   f" 'labels': torch.randint(0, {CONFIG['vocab_size']}, {SHAPES['labels']})}}")
-    script = tmp_path / "train.py"
-    record = str(tmp_path / "rank")
-    script.write_text("import torch\ntorch.set_num_threads(1)\n" + fsdp2_torch_script(
-        plan, model_code=model_code, batch_code=batch_code, steps=2, backend="gloo", device="cpu", record=record))
+    records, scripts = {}, []
+    for number, plan in enumerate(GLOO_PLANS):
+        records[plan] = str(folder / f"plan{number}-rank")
+        script = folder / f"train{number}.py"
+        script.write_text("import torch\ntorch.set_num_threads(1)\n" + fsdp2_torch_script(
+            plan, model_code=model_code, batch_code=batch_code, steps=2, backend="gloo", device="cpu",
+            record=records[plan]))
+        scripts.append(str(script))
+    (folder / "driver.py").write_text(_GLOO_DRIVER)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", str(script)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+         str(folder / "driver.py"), *scripts],
+        capture_output=True, text=True, timeout=240, env=env, cwd=folder,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return record
+    return records
 
 
-@pytest.mark.parametrize("plan", [Plan(), Plan(checkpointing=True)], ids=lambda p: p.label())
-def test_fsdp2_on_two_cpu_ranks_matches_the_estimate(plan: Plan, tmp_path: Path) -> None:
+@pytest.mark.parametrize("plan", GLOO_PLANS[:2], ids=lambda p: p.label())
+def test_fsdp2_on_two_cpu_ranks_matches_the_estimate(plan: Plan, gloo_records: dict[Plan, str]) -> None:
     """The exported sharding, run for real: torchrun, 2 gloo ranks, fully_shard, two steps; memlab's CPU tracker
     in each rank measures the second step."""
-    record = _gloo_run(plan, tmp_path)
+    record = gloo_records[plan]
     estimate = memlab.estimate(config(), SHAPES, plan, gpus=2, strategy="fsdp2", device="cpu")
     for rank in (0, 1):
         measured = json.loads(Path(f"{record}{rank}.json").read_text())
@@ -266,14 +297,11 @@ def test_adafactor_under_fsdp2_is_refused_with_what_to_write() -> None:
     assert found is not None and found.status == "error" and "does not run with FSDP2" in (found.error or "")
 
 
-@pytest.mark.parametrize("plan", [Plan(adapter="lora", lora_rank=4), Plan(adapter="lora", lora_rank=4,
-                                                                          checkpointing=True)],
-                         ids=lambda p: p.label())
-def test_fsdp2_lora_on_two_cpu_ranks_matches_the_estimate(plan: Plan, tmp_path: Path) -> None:
+@pytest.mark.parametrize("plan", GLOO_PLANS[2:], ids=lambda p: p.label())
+def test_fsdp2_lora_on_two_cpu_ranks_matches_the_estimate(plan: Plan, gloo_records: dict[Plan, str]) -> None:
     """Issue 47 item 6: the same real run with peft's LoRA before fully_shard; the estimate is composed from the
     one-GPU dry run (memlab.estimation.composed)."""
-    pytest.importorskip("peft")
-    record = _gloo_run(plan, tmp_path)
+    record = gloo_records[plan]
     estimate = memlab.estimate(config(), SHAPES, plan, gpus=2, strategy="fsdp2", device="cpu")
     measured = [json.loads(Path(f"{record}{rank}.json").read_text())["peak_bytes"] for rank in (0, 1)]
     for peak in measured:

@@ -234,3 +234,37 @@ def test_suggestions_are_judged_on_the_card_figure_where_the_estimate_models_it(
                             EvenPrior())
     assert suggested and all(trial.verdict_figure == "card figure" for trial in suggested)
     assert all(trial.plan.adapter != "lora" for trial in suggested)  # its allocated 60 fits; its card 95 does not
+
+
+def test_suggestions_estimate_only_alternatives_whose_least_parameters_leave_room(monkeypatch):
+    import importlib
+
+    import torch
+
+    from memlab.options import RunOptions
+    from memlab.report import Report, Trial
+    from memlab.search.suggest import suggestions
+
+    class EvenPrior:
+        def ratio(self, name, value):
+            return 1.0
+
+    estimated: list[Plan] = []
+
+    def estimates(model, batch, plans, **options):  # each estimated plan needs exactly its least parameters
+        estimated.extend(plans)
+        return Report([Trial(plan, "ok", 10, {}, None, None, None, "cpu", budget=options["budget"]) for plan in plans])
+
+    monkeypatch.setattr(importlib.import_module("memlab.estimation.estimate"), "estimate_plans", estimates)
+    # 800 bytes of parameters measured: pure bf16 weights hold at least 400, QLoRA's 4-bit base 100, LoRA and
+    # Adafactor all 800. With a budget of 300 only QLoRA leaves the margin (100 x 1.1 <= 300).
+    low = Trial(Plan(), "oom", 1000, {"params": 800, "activations": 200}, None, None, None, "cpu")
+    options = RunOptions(budget=300, loss_fn=lambda m, b: m(b).sum())
+    suggested = suggestions(torch.nn.Linear(4, 1), torch.randn(2, 4), [low], default_space(8, "cpu"), options,
+                            EvenPrior())
+    assert [plan.adapter for plan in estimated] == ["qlora"]
+    assert [trial.plan.adapter for trial in suggested] == ["qlora"]
+    estimated.clear()
+    options = RunOptions(budget=50, loss_fn=lambda m, b: m(b).sum())  # not even QLoRA: nothing is estimated
+    assert suggestions(torch.nn.Linear(4, 1), torch.randn(2, 4), [low], default_space(8, "cpu"), options,
+                       EvenPrior()) == [] and estimated == []
