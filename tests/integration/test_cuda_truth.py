@@ -84,7 +84,7 @@ def test_the_table_holds_the_must_show_row() -> None:
     assert gpt2 and gpt2[0]["batch"]["input_ids"] == [4, 1024] and gpt2[0]["gpu"].startswith("NVIDIA H100")
 
 
-@functools.lru_cache(maxsize=None)  # both tests of a row read one estimate (the allocated, then the reserved)
+@functools.cache  # both tests of a row read one estimate (the allocated, then the reserved)
 def _estimate(key: str) -> Any:
     """The row's estimate, made once for both tests of a row."""
     row = json.loads(key)
