@@ -12,9 +12,11 @@ its whole step (its :class:`~memlab.report.timeline.Timeline`): at every point o
   ``bnb_4bit_quant_storage=bf16``, gather as their packed bytes): FSDP2, the largest block or its tail (final
   norm and output head, gathered from forward to the head's backward), whichever is larger, as FSDP2's own dry run
   on fake tensors holds them at its peak (one block: the prefetch that overlaps it on CUDA streams is not seen);
-  FSDP1, the largest block and the root unit (embeddings, final norm, head), which stays gathered through
-  backward (``limit_all_gathers`` bounds the blocks in flight); ZeRO-3, the largest layer twice (the one computing
-  and the prefetch bucket's),
+  FSDP1, the root unit (embeddings, final norm, head), which stays gathered through backward, and the largest
+  block, twice in a block's backward (:func:`fsdp1_blocks_gathered`: ``BACKWARD_PRE``, FSDP1's default,
+  all-gathers the block below before the current one's backward computes; with the adapters' layers as units of
+  their own, only as the block's backward ends); ZeRO-3, the largest layer twice (the one computing and the
+  prefetch bucket's),
 - one unit's unsharded gradients (the trained ones),
 - the activations and the rest (``other``) of the one-GPU step, unchanged: data parallelism does not change them.
 
@@ -28,7 +30,8 @@ autocast's cache of weight casts (none for frozen weights: adapters' bases are n
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -44,7 +47,7 @@ from memlab.live.sharding import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, engine_se
 from memlab.plan import Plan
 
 __all__ = ["COMPOSED_NOTE", "FSDP1_STREAMS_NOTE", "MIXED_NOTE", "RESERVE_NOTE", "composed_estimate",
-           "fsdp1_stream_pool", "gathered_bytes", "needs_composition"]
+           "fsdp1_blocks_gathered", "fsdp1_stream_pool", "gathered_bytes", "needs_composition"]
 
 COMPOSED_NOTE = (
     "sharded from the one-GPU dry run of the same plan (memlab.estimation.composed): at each point of its step, the "
@@ -62,9 +65,10 @@ FSDP1_STREAMS_NOTE = (
     "reserved_bytes under FSDP1 adds its unshard stream's pool: FSDP1 allocates the gathered units on its own unshard "
     "stream, whose freed blocks the default stream cannot reuse, so that stream keeps its largest holding reserved: "
     "the root unit (embeddings, final norm, head; gathered from forward through backward) and two blocks (the one "
-    "computing and the one limit_all_gathers lets it prefetch), each rounded up to the allocator's 2 MiB, where the "
-    "allocated peak counts the root and one block; with offload='params' also the pre-unshard stream's device "
-    "copies of those units' shards; the post-backward stream's gradient buffers are not counted"
+    "computing and the one prefetched: BACKWARD_PRE in backward, limit_all_gathers' second in forward), each rounded "
+    "up to the allocator's 2 MiB, beyond what the allocated peak counts (the root and one block, two in a block's "
+    "backward); with offload='params' also the pre-unshard stream's device copies of those units' shards; the "
+    "post-backward stream's gradient buffers are not counted"
 )
 """The note of a composed FSDP1 estimate whose reserve counts FSDP1's unshard stream (:func:`fsdp1_stream_pool`)."""
 
@@ -92,6 +96,58 @@ def fsdp1_stream_pool(unit: int, kept: int, gpus: int, offloaded: bool = False) 
     if offloaded:
         pool += rounded(kept // max(gpus, 1)) + 2 * rounded(unit // max(gpus, 1))
     return pool
+
+
+_BLOCK = re.compile(r"^(.*?\.\d+)(?:\.|$)")
+"""The numbered block a module is in (``model.layers.3`` of ``model.layers.3.mlp``): FSDP1's wrap policy makes each
+block a unit."""
+
+
+def fsdp1_blocks_gathered(phases: Sequence[tuple[str, int, int]], x: Sequence[int], modules: Sequence[str],
+                          nested: bool = False) -> list[int]:
+    """How many blocks FSDP1 holds gathered at each point ``x`` of a one-GPU step (its timeline's ``phases`` and the
+    module running at each point, :attr:`~memlab.report.timeline.Timeline.modules`), where ``nested`` says the
+    adapters' layers are units of their own inside the blocks (peft's ``fsdp_auto_wrap_policy``).
+
+    With ``backward_prefetch=BACKWARD_PRE`` (FSDP1's default, which accelerate and the recipes keep) each unit's
+    pre-backward hook, after its own all-gather, all-gathers the unit before it in forward's post-forward order
+    (``_pre_backward_hook`` calls ``_prefetch_handle``, ``torch/distributed/fsdp/_runtime_utils.py``;
+    ``get_handle_to_backward_prefetch``, ``_exec_order_utils.py``), and a unit is freed only in its post-backward
+    hook. A block's unit prefetches the block below it before its backward computes: two blocks through each
+    block's backward but the last one's (block 0 has none below it). With nested adapter units, a block prefetches
+    its last adapter layer instead, and the block below is all-gathered by the block's first adapter layer (in
+    forward order), whose backward ends the block's: two blocks at the end of each block's backward only. The
+    root's backward (head and loss) prefetches the last block beside the root, which is one block; forward holds
+    one (``forward_prefetch=False``; ``limit_all_gathers`` bounds the all-gathers the CPU issues ahead, not what is
+    allocated at once).
+
+    Example:
+        >>> phases = [("forward", 0, 3), ("backward", 3, 9), ("optimizer", 9, 10)]
+        >>> running = ["", "layers.0", "layers.1", "lm_head", "layers.1.mlp", "", "layers.1.attn", "layers.0",
+        ...            "layers.0.mlp", ""]
+        >>> fsdp1_blocks_gathered(phases, range(10), running)
+        [1, 1, 1, 1, 2, 2, 2, 1, 1, 1]
+        >>> fsdp1_blocks_gathered(phases, range(10), running, nested=True)
+        [1, 1, 1, 1, 1, 1, 2, 1, 1, 1]
+    """
+    counts = [1] * len(x)
+    for name, start, end in phases:
+        if name != "backward":
+            continue
+        runs: list[list[int]] = []  # [first point, last point] of each block's backward, in order
+        current = None
+        for index, point in enumerate(x):
+            match = _BLOCK.match(modules[index]) if start < point <= end else None
+            if match is None:
+                continue
+            if match.group(1) != current:
+                runs.append([index, index])
+                current = match.group(1)
+            runs[-1][1] = index
+        for first, last in runs[:-1]:
+            for index in range(last if nested else first, last + 1):
+                counts[index] = 2
+    return counts
 
 
 def needs_composition(plan: Plan, strategy: str, load: Mapping[str, Any] | None) -> bool:
@@ -242,11 +298,14 @@ def composed_estimate(
     series["params"] = [int(v * scale) for v in series["params"]]
     offloaded = plan.offload in ("params", "optimizer", "all")
     n = gpus
+    timeline = getattr(trial, "timeline", None)
+    blocks = fsdp1_blocks_gathered(timeline.phases, timeline.x, timeline.modules, plan.adapter != "none") if (
+        strategy == "fsdp1" and timeline is not None and timeline.x) else [1] * len(series["params"])
     best: dict[str, int] | None = None
+    default_peak = 0  # the most the step holds beside the gathered units (FSDP1: the default stream's part)
     host = 0
-    for params, grads, optimizer, activations, other in zip(*(series[k] for k in
-                                                             ("params", "grads", "optimizer", "activations",
-                                                              "other")), strict=True):
+    for params, grads, optimizer, activations, other, held_blocks in zip(
+            *(series[k] for k in ("params", "grads", "optimizer", "activations", "other")), blocks, strict=True):
         detail = dict.fromkeys(DETAIL, 0)
         sharded_params = params if strategy == "zero2" else params // n
         unit_grads = max(series["grads"]) // units if strategy != "zero2" else 0
@@ -265,9 +324,11 @@ def composed_estimate(
             detail["optimizer"] = 0 if offloaded else optimizer // n
             point_host = ((grads // n + optimizer // n) if offloaded else 0) + (sharded_params if moves_params else 0)
         # FSDP2 reshards its tail (final norm, head) after the head's backward: the tail or a block is gathered,
-        # never both; FSDP1's root (embeddings, norm, head) stays gathered through backward, beside a block
-        detail["unsharded_params"] += (unit + kept) if strategy == "fsdp1" else max(unit, kept) if \
+        # never both; FSDP1's root (embeddings, norm, head) stays gathered through backward, beside a block (two in
+        # a block's backward: BACKWARD_PRE's prefetch)
+        gathered = (held_blocks * unit + kept) if strategy == "fsdp1" else max(unit, kept) if \
             strategy == "fsdp2" else 2 * unit
+        detail["unsharded_params"] += gathered
         detail["unsharded_grads"] = unit_grads
         detail["activations"] = activations
         detail["inputs"] = other
@@ -276,6 +337,7 @@ def composed_estimate(
             detail["communication"] = element * (min(DS_REDUCE_BUCKET, trained) + min(
                 DS_PREFETCH_BUCKET, params // max(element, 1)))
         host = max(host, point_host)
+        default_peak = max(default_peak, sum(detail.values()) - gathered)
         if best is None or sum(detail.values()) > sum(best.values()):
             best = detail
     assert best is not None
@@ -292,10 +354,11 @@ def composed_estimate(
         reserved = result.peak_bytes + max(trial.reserved_bytes - trial.peak_bytes, 0)
         notes.append(RESERVE_NOTE)
         if strategy == "fsdp1":
-            # the gathered root and block the allocated peak counts live in the unshard stream's pool, which holds
-            # a second block besides (and, offloaded, the shards' device copies): the default stream's part of the
-            # peak plus that pool
-            reserved += max(fsdp1_stream_pool(unit, kept, gpus, offloaded) - (unit + kept), 0)
+            # the gathered root and blocks live in the unshard stream's pool, which holds two blocks (and, offloaded,
+            # the shards' device copies) from the first prefetch on; the default stream reserves the most it holds
+            # beside them, wherever in the step that is (not only at the allocated peak): that plus the pool
+            pool = fsdp1_stream_pool(unit, kept, gpus, offloaded)
+            reserved = max(reserved, default_peak + pool + max(trial.reserved_bytes - trial.peak_bytes, 0))
             notes.append(FSDP1_STREAMS_NOTE)
         result = dataclasses.replace(result, notes=tuple(dict.fromkeys(notes)))
     return dataclasses.replace(result, reserved_bytes=reserved)

@@ -33,7 +33,7 @@ from memlab.estimation.configs import one_line
 from memlab.estimation.cuda_attention import attention_note
 from memlab.estimation.cuda_kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, cuda_kernels, run_emulated
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup, one_thread, target_device
-from memlab.estimation.gpus import GpuKind
+from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.load import apply_load, load_dtype, plan_loads
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
@@ -413,7 +413,12 @@ def _fsdp2_step(
     # The allocator's reserve is replayed where the dry run's allocations are the step's own (not where the optimizer
     # state is offloaded or computed from its size).
     traced = target.type == "cuda" and not eight_bit and not plan.offloads_optimizer
-    trace = ReservedTrace(_CPU) if traced else None
+    # Each GPU's allocator, as the one-GPU estimate models it for the GPU kind: cuBLAS's workspaces as PyTorch sizes
+    # them for its compute capability, and its room (memory less the CUDA context), past which cudaMalloc fails and
+    # the allocator releases its cached segments and tries again (the FSDP2 step's freed gradient and optimizer
+    # temporaries are many tens-of-MiB segments that activations' larger blocks cannot reuse).
+    kind = gpu_kind(gpu)
+    trace = ReservedTrace(_CPU, kind.capability, capacity=kind.memory_bytes - kind.context_bytes) if traced else None
     with (fake_process_group(gpus) as mesh, quiet(), setup.mode, model_made_positions(batch),
           contextlib.ExitStack() as stack):
         for units, reshard in fsdp2_layout(model):

@@ -221,6 +221,27 @@ class Timeline:
         return [sum(values) for values in zip(*self.series.values(), strict=True)]
 
     @property
+    def modules(self) -> list[str]:
+        """The module running at each point of ``x``, as ``model.named_modules()`` names it ("" outside every module,
+        and everywhere on a timeline that keeps no trace of its events).
+
+        Example:
+            >>> from memlab.measure.timeline import Recording
+            >>> from array import array
+            >>> recording = Recording(categories=["other"], keys=array("q", [0, 0]), sizes=array("q", [4, 0]),
+            ...                       cats=array("b", [0, 0]), modules=array("i", [1, 0]), peak_event=1,
+            ...                       module_names=["(before the step)", "fc"])
+            >>> Timeline.from_recording(recording, peak_bytes=4, breakdown={"other": 4}).modules
+            ['', 'fc', '(before the step)']
+        """
+        if not self._trace:
+            return [""] * len(self.x)
+        _, _, _, _, modules, names, start, _, _ = pickle.loads(zlib.decompress(self._trace))
+        running = np.frombuffer(modules, np.int32)
+        # point x is the state after event x + start - 1 (x = 0: before the step's first event)
+        return [names[int(running[i])] if 0 <= (i := x + start - 1) < len(running) else "" for x in self.x]
+
+    @property
     def nbytes(self) -> int:
         """What the timeline weighs, pickled (it stays small whatever the model)."""
         return len(pickle.dumps(self))

@@ -1,13 +1,19 @@
-"""The reserve of a composed FSDP1 estimate counts FSDP1's unshard stream's pool (memlab.estimation.composed)."""
+"""A composed FSDP1 estimate: two blocks gathered in a block's backward (BACKWARD_PRE), and its reserve counts FSDP1's
+unshard stream's pool beside the default stream's own peak (memlab.estimation.composed)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 from transformers import LlamaConfig
 
+from memlab.estimation import composed
 from memlab.estimation.composed import (
     FSDP1_STREAMS_NOTE,
     RESERVE_NOTE,
     composed_estimate,
+    fsdp1_blocks_gathered,
     fsdp1_stream_pool,
     gathered_bytes,
 )
@@ -35,8 +41,58 @@ def test_fsdp1_reserve_adds_the_unshard_streams_second_block_to_the_carried_rese
     excess = one_gpu.reserved_bytes - one_gpu.peak_bytes
     unit, kept = gathered_bytes(model_on_meta(CONFIG), "fsdp1", 2)
     fsdp1 = composed_estimate(CONFIG, BATCH, plan, gpus=2, strategy="fsdp1", gpu="H100-80GB")
-    assert fsdp1.reserved_bytes == fsdp1.peak_bytes + excess + fsdp1_stream_pool(unit, kept, 2) - unit - kept
-    assert fsdp1.reserved_bytes > fsdp1.peak_bytes + excess + unit  # the second block, and the segments' rounding
+    # the allocated peak counts the root and one or two blocks (BACKWARD_PRE); the pool holds two rounded to the
+    # allocator's 2 MiB segments, beside the default stream's own peak, which is at least its part of the allocated
+    # peak and at most the allocated peak less the root and one block
+    gathered = fsdp1.detail["unsharded_params"]
+    assert gathered in (unit + kept, 2 * unit + kept)
+    pool = fsdp1_stream_pool(unit, kept, 2)
+    assert fsdp1.peak_bytes + excess + pool - gathered <= fsdp1.reserved_bytes
+    assert fsdp1.reserved_bytes <= fsdp1.peak_bytes + excess + pool - unit - kept
+    assert fsdp1.reserved_bytes > fsdp1.peak_bytes + excess  # the segments' rounding
     assert FSDP1_STREAMS_NOTE in fsdp1.notes and RESERVE_NOTE in fsdp1.notes
     fsdp2 = composed_estimate(CONFIG, BATCH, plan, gpus=2, strategy="fsdp2", gpu="H100-80GB")
     assert fsdp2.reserved_bytes == fsdp2.peak_bytes + excess and FSDP1_STREAMS_NOTE not in fsdp2.notes
+
+
+def test_fsdp1_holds_two_blocks_through_a_blocks_backward_or_only_as_it_ends_with_nested_adapter_units() -> None:
+    # BACKWARD_PRE: a block's unit all-gathers the block below before its own backward computes; with the adapters'
+    # layers as units inside the blocks, the block's first adapter layer does, as the block's backward ends. The
+    # root's backward (head, loss) holds one block; the last block's backward (block 0) prefetches none
+    phases = [("forward", 0, 2), ("backward", 2, 7), ("forward", 7, 8), ("backward", 8, 10), ("optimizer", 10, 11)]
+    running = ["", "model.layers.0", "lm_head", "lm_head", "model.layers.1.mlp", "", "model.layers.1.self_attn",
+               "model.layers.0.mlp", "", "model.layers.1", "model.layers.0", ""]
+    assert fsdp1_blocks_gathered(phases, range(12), running) == [1, 1, 1, 1, 2, 2, 2, 1, 1, 2, 1, 1]
+    assert fsdp1_blocks_gathered(phases, range(12), running, nested=True) == [1, 1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 1]
+
+
+def test_fsdp1s_allocated_peak_counts_the_prefetched_block_in_backward_and_fsdp2s_does_not() -> None:
+    plan = Plan(loss="chunked", weights="bf16")  # the blocks are FSDP1's only units below the root
+    unit, kept = gathered_bytes(model_on_meta(CONFIG), "fsdp1", 2)
+    fsdp1 = composed_estimate(CONFIG, BATCH, plan, gpus=2, strategy="fsdp1", gpu="H100-80GB")
+    one_gpu = estimate_plans(CONFIG, BATCH, [plan], gpu="H100-80GB")[0]
+    assert one_gpu.timeline is not None and one_gpu.timeline.peak.phase == "backward"
+    assert fsdp1.detail["unsharded_params"] == 2 * unit + kept
+    fsdp2_unit, tail = gathered_bytes(model_on_meta(CONFIG), "fsdp2", 2)
+    fsdp2 = composed_estimate(CONFIG, BATCH, plan, gpus=2, strategy="fsdp2", gpu="H100-80GB")
+    assert fsdp2.detail["unsharded_params"] == max(fsdp2_unit, tail)
+
+
+def test_fsdp1s_reserve_is_the_default_streams_own_peak_beside_the_unshard_streams_pool(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a one-GPU step whose activations peak in the head's backward (one block gathered beside the root) and fall by
+    # half a block in the next block's backward, where FSDP1 holds two: the allocated peak is there, the default
+    # stream's own peak (everything but the gathered units) at the head
+    unit, kept = gathered_bytes(model_on_meta(CONFIG), "fsdp1", 2)
+    weights, high = 8 * MIB, 64 * MIB
+    timeline = SimpleNamespace(
+        x=[0, 1, 2, 3, 4], phases=[("forward", 0, 1), ("backward", 1, 4)],
+        modules=["", "model.layers.0", "lm_head", "model.layers.1", "model.layers.0"],
+        series={"params": [weights] * 5, "grads": [0] * 5, "optimizer": [0] * 5,
+                "activations": [0, high // 2, high, high - unit // 2, high // 4], "other": [0] * 5})
+    one_gpu = SimpleNamespace(status="ok", notes=(), device="cuda", timeline=timeline, peak_bytes=weights + high,
+                              reserved_bytes=weights + high)
+    monkeypatch.setattr(composed, "estimate_plans", lambda *args, **kwargs: [one_gpu])
+    fsdp1 = composed_estimate(CONFIG, BATCH, Plan(weights="bf16"), gpus=2, strategy="fsdp1", gpu="H100-80GB")
+    assert fsdp1.peak_bytes == weights // 2 + high - unit // 2 + 2 * unit + kept
+    assert fsdp1.reserved_bytes == weights // 2 + high + fsdp1_stream_pool(unit, kept, 2)
