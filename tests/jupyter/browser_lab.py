@@ -208,16 +208,17 @@ class Server:
                 assert response.status == 204
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One JupyterLab for every test of the module (a server starts in 5 to 20 s)."""
+    """One JupyterLab for every browser test of the process (a server starts in 5 to 20 s, and its first notebook
+    page builds JupyterLab's assets; the browser tests run in one pytest-xdist worker: tests/conftest.py)."""
     with _serve("lab", tmp_path_factory.mktemp("lab")) as server:
         yield server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chromium() -> Iterator[Any]:
-    """One headless Chromium for every test of the module; each test opens its own page."""
+    """One headless Chromium for every browser test of the process; each test opens its own page."""
     from playwright.sync_api import sync_playwright
 
     _require_chromium()
