@@ -362,13 +362,15 @@ class Watch:
         for listener in self._end_listeners:
             listener()
 
-    def log_keys(self) -> dict[str, float]:
+    def log_keys(self) -> dict[str, int]:
+        # Whole numbers: the Trainer's progress line prints a float as 1.235e+09, an int as the bytes themselves
+        # (every reporter takes either).
         if not self.steps:
             return {}
         return {
-            "memory/peak_bytes": float(self.peak_bytes or 0),
-            "memory/peak_step": float(self.peak_step or 0),
-            "memory/step_peak_bytes": float(self.steps[-1].peak_bytes),
+            "memory/peak_bytes": int(self.peak_bytes or 0),
+            "memory/peak_step": int(self.peak_step or 0),
+            "memory/step_peak_bytes": int(self.steps[-1].peak_bytes),
         }
 
 

@@ -167,6 +167,8 @@ def test_watch_records_the_peak_warns_once_and_logs(tmp_path):
     logged = [entry for entry in t.state.log_history if "loss" in entry]
     assert logged and all("memory/peak_bytes" in entry for entry in logged)
     assert logged[-1]["memory/peak_step"] == 4
+    # whole numbers, which the Trainer's progress line prints as they are (a float as 1.235e+09)
+    assert all(type(entry[key]) is int for entry in logged for key in entry if key.startswith("memory/"))
     frame = w.to_dataframe()
     assert list(frame["step"]) == [1, 2, 3, 4, 5, 6] and frame["peak_bytes"].max() == w.peak_bytes
     w.remove()
