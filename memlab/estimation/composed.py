@@ -18,6 +18,9 @@ its whole step (its :class:`~memlab.report.timeline.Timeline`): at every point o
   their own, only as the block's backward ends); ZeRO-3, the largest layer twice (the one computing and the
   prefetch bucket's),
 - one unit's unsharded gradients (the trained ones),
+- under ZeRO, DeepSpeed's buckets (:mod:`memlab.estimation.zero`): ZeRO-3's reduce bucket whole
+  (``reduce_bucket_size`` elements, however few parameters the adapters train), ZeRO-2's at most the trained
+  parameters, and the prefetch bucket,
 - the activations and the rest (``other``) of the one-GPU step, unchanged: data parallelism does not change them.
 
 The per-GPU peak is the largest such sum over the step. With ``offload="params"`` (FSDP ``offload_params=True``,
@@ -25,6 +28,11 @@ DeepSpeed ``offload_param`` and ``offload_optimizer``) the shards live in CPU me
 ``offload="optimizer"`` FSDP offloads the same (its one CPU offload is the parameters'), DeepSpeed the
 gradients and the optimizer state. Two things a one-GPU step has that FSDP has not are left as they are, and said:
 autocast's cache of weight casts (none for frozen weights: adapters' bases are not cast), and fp32 adapters' casts.
+
+A CUDA estimate's reserve, under every strategy, is its allocated peak plus the one-GPU step's reserve over its own
+peak (the activations are the same step's, and so are their segments); FSDP1's adds its unshard stream's pool
+(:func:`fsdp1_stream_pool`). ZeRO's gathered layers live in DeepSpeed's all-gather stream's pool, which the
+allocated peak already counts (two largest layers).
 """
 
 from __future__ import annotations
@@ -46,8 +54,8 @@ from memlab.live.batch import LossFn
 from memlab.live.sharding import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, engine_settings
 from memlab.plan import Plan
 
-__all__ = ["COMPOSED_NOTE", "FSDP1_STREAMS_NOTE", "MIXED_NOTE", "RESERVE_NOTE", "composed_estimate",
-           "fsdp1_blocks_gathered", "fsdp1_stream_pool", "gathered_bytes", "needs_composition"]
+__all__ = ["COMPOSED_NOTE", "FSDP1_STREAMS_NOTE", "MIXED_NOTE", "RESERVE_NOTE", "ZERO_RESERVE_NOTE",
+           "composed_estimate", "fsdp1_blocks_gathered", "fsdp1_stream_pool", "gathered_bytes", "needs_composition"]
 
 COMPOSED_NOTE = (
     "sharded from the one-GPU dry run of the same plan (memlab.estimation.composed): at each point of its step, the "
@@ -60,6 +68,15 @@ RESERVE_NOTE = (
     "(no sharded step is replayed through the allocator model; FSDP's communication streams may reserve more)"
 )
 """The note of a composed estimate that carries a reserve."""
+
+ZERO_RESERVE_NOTE = (
+    "reserved_bytes of a composed ZeRO estimate: its allocated peak plus the one-GPU step's reserve over its own peak "
+    "(the activations' segments are the same step's; no ZeRO step is replayed through the allocator model); "
+    "DeepSpeed all-gathers the weights on its own stream, whose cached blocks hold the gathered layers the allocated "
+    "peak counts"
+)
+"""The note of a composed ZeRO estimate that carries a reserve (ZeRO's formulas, :mod:`memlab.estimation.zero`,
+carry none)."""
 
 FSDP1_STREAMS_NOTE = (
     "reserved_bytes under FSDP1 adds its unshard stream's pool: FSDP1 allocates the gathered units on its own unshard "
@@ -334,8 +351,9 @@ def composed_estimate(
         detail["inputs"] = other
         if strategy.startswith("zero"):
             trained = max(series["grads"]) // max(element, 1)
-            detail["communication"] = element * (min(DS_REDUCE_BUCKET, trained) + min(
-                DS_PREFETCH_BUCKET, params // max(element, 1)))
+            # ZeRO-3 allocates its reduce bucket whole, however few the trained parameters (contiguous_gradients)
+            reduce = DS_REDUCE_BUCKET if strategy == "zero3" else min(DS_REDUCE_BUCKET, trained)
+            detail["communication"] = element * (reduce + min(DS_PREFETCH_BUCKET, params // max(element, 1)))
         host = max(host, point_host)
         default_peak = max(default_peak, sum(detail.values()) - gathered)
         if best is None or sum(detail.values()) > sum(best.values()):
@@ -349,10 +367,10 @@ def composed_estimate(
                      "state only; write strategy='zero3' to offload the parameters")
     result = sharded_trial(plan, best, torch.device(trial.device), budget, gpus, strategy, held, host, notes)
     reserved = None
-    if trial.reserved_bytes is not None and not strategy.startswith("zero"):
+    if trial.reserved_bytes is not None:
         # the one-GPU step's reserve over its allocated peak (the allocator's rounding and cached blocks), carried
         reserved = result.peak_bytes + max(trial.reserved_bytes - trial.peak_bytes, 0)
-        notes.append(RESERVE_NOTE)
+        notes.append(ZERO_RESERVE_NOTE if strategy.startswith("zero") else RESERVE_NOTE)
         if strategy == "fsdp1":
             # the gathered root and blocks live in the unshard stream's pool, which holds two blocks (and, offloaded,
             # the shards' device copies) from the first prefetch on; the default stream reserves the most it holds

@@ -17,15 +17,19 @@ dry run for the others), ``P`` parameters, ``L`` the largest layer's own paramet
 - Communication buffers, which DeepSpeed's formulas leave out: the gradient reduce bucket
   (``reduce_bucket_size``, 5e8 elements by default) and, for ZeRO-2, the parameter all-gather bucket
   (``allgather_bucket_size``, 5e8) or, for ZeRO-3, the prefetch bucket (``stage3_prefetch_bucket_size``, 5e7),
-  each at most the model's size, in the weights' dtype.
+  in the weights' dtype; each at most the model's size but ZeRO-3's reduce bucket, which ZeRO-3 allocates whole
+  however few parameters are trained (``stage3.py``, ``_setup_for_real_optimizer``: ``torch.empty(
+  reduce_bucket_size)`` when ``contiguous_gradients``, its default; DeepSpeed 0.13 to 0.19).
 
 The per-GPU peak is the model states + buffers + the largest activations and the batch: it leans high, as it adds
 the largest of each. The ``host_bytes`` of offload are each rank's share of what DeepSpeed keeps in CPU
 memory (without its pinned-buffer factor).
 
-No ZeRO step is traced, so the allocator's reserve of a ZeRO estimate is not known (``reserved_bytes`` None): its
-card figure is unknown and budget verdicts judge its allocated peak, and say so. (Borrowing the FSDP2 run's reserve
-was tried: a 2-GPU FSDP2 run's fragmentation is not a ZeRO step's, and it made a 7B ZeRO-3 plan look 17 GiB over.)
+No ZeRO step is traced, so the allocator's reserve of a ZeRO estimate from these formulas is not known
+(``reserved_bytes`` None): its card figure is unknown and budget verdicts judge its allocated peak, and say so.
+(Borrowing the FSDP2 run's reserve was tried: a 2-GPU FSDP2 run's fragmentation is not a ZeRO step's, and it made a
+7B ZeRO-3 plan look 17 GiB over.) A composed ZeRO estimate (adapters, a quantized load, the chunked loss:
+:mod:`memlab.estimation.composed`) carries the reserve of its own one-GPU step over that step's peak.
 """
 
 from __future__ import annotations
@@ -174,8 +178,9 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
     k = basis.breakdown["optimizer"] / max(parameters, 1)
     states = zero_model_states(parameters, largest, gpus, stage, weight_bytes=w, optimizer_bytes=k,
                                offload=plan.offload, frozen=frozen)
-    buckets = min(DS_REDUCE_BUCKET, parameters) + min(
-        DS_ALLGATHER_BUCKET if stage == 2 else DS_PREFETCH_BUCKET, parameters + frozen)
+    # ZeRO-3 allocates its reduce bucket whole, whatever the trained parameters' count (contiguous_gradients)
+    reduce = DS_REDUCE_BUCKET if stage == 3 else min(DS_REDUCE_BUCKET, parameters)
+    buckets = reduce + min(DS_ALLGATHER_BUCKET if stage == 2 else DS_PREFETCH_BUCKET, parameters + frozen)
     detail = dict.fromkeys(DETAIL, 0)
     detail["sharded_params" if stage == 3 else "unsharded_params"] = states["params"]
     detail["sharded_grads"] = states["grads"]

@@ -4,11 +4,11 @@ fine-tuning and LoRA, against memlab's per-GPU estimate.
 What each rank holds is measured as the model states DeepSpeed keeps between steps (each parameter's partition,
 ``ds_tensor``; the fp32 partitions; the gradient partitions; the optimizer's state), added to the peak of what the
 second step allocates (memlab's CPU tracker). Measured on this CPU (DeepSpeed 0.19.8, the tiny Llama below): full
-fine-tune 16.75 MB per rank, LoRA r4 8.63 MB; memlab 23.6 MB and 12.9 MB, of which 7.3 MB and 4.0 MB are
-DeepSpeed's reduce and prefetch buckets as memlab counts them (``reduce_bucket_size`` and
-``stage3_prefetch_bucket_size`` elements, at most the model's size). DeepSpeed does not allocate buckets that
-size on a model this small: without them the estimate is 0.97 and 1.04 of the measured peak, which is what this test
-holds it to; with them it leans high (1.41, 1.50), which is said here rather than tuned away.
+fine-tune 16.75 MB per rank, LoRA r4 8.63 MB; memlab 16.3 MB and 9.0 MB without DeepSpeed's buckets (0.97 and 1.04 of
+the measured peak, which is what this test holds it to), 2,020 and 2,013 MB with them: ZeRO-3's reduce bucket is
+``reduce_bucket_size`` elements (5e8, fp32 here) however small the model, which ``stage3.py`` allocates whole as the
+optimizer is set up (``_setup_for_real_optimizer``), before what this test measures, and which memlab counts; the
+prefetch bucket is at most the model's size.
 """
 
 from __future__ import annotations
