@@ -33,6 +33,7 @@ from memlab.estimation.configs import one_line
 from memlab.estimation.cuda_attention import attention_note
 from memlab.estimation.cuda_kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, cuda_kernels, run_emulated
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup, one_thread, target_device
+from memlab.estimation.fsdp2_speed import fsdp_mem_tracker, strided_flag_once
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.load import apply_load, load_dtype, plan_loads
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
@@ -377,7 +378,6 @@ def _fsdp2_step(
     load: Mapping[str, Any] | None = None,
 ) -> tuple[ShardedTrial, list[dict[str, int]]]:
     """:func:`fsdp2_dry_run`'s step, with CUDA's kernels emulated where ``emulate``."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     batch, dropped = without_full_mask(batch)
@@ -420,7 +420,7 @@ def _fsdp2_step(
     kind = gpu_kind(gpu)
     trace = ReservedTrace(_CPU, kind.capability, capacity=kind.memory_bytes - kind.context_bytes) if traced else None
     with (fake_process_group(gpus) as mesh, quiet(), setup.mode, model_made_positions(batch),
-          contextlib.ExitStack() as stack):
+          strided_flag_once(), contextlib.ExitStack() as stack):
         for units, reshard in fsdp2_layout(model):
             fully_shard(units, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -437,7 +437,7 @@ def _fsdp2_step(
                 # not torch's default for DTensor parameters), whose temporaries are part of the peak. TrainingStep
                 # builds the Trainer's fused AdamW, so the sharded step gets the exported optimizer instead.
                 step.optimizer = build_optimizer(step.parameters, one_step, lr, device_type="cuda", fused=False)
-            tracker = FSDPMemTracker(model, step.optimizer)
+            tracker = fsdp_mem_tracker(model, step.optimizer)
             tracker.track_inputs((part,))
             # Steady state: the optimizer state exists before the tracked step (one update on zero gradients).
             for parameter in step.parameters:

@@ -556,9 +556,10 @@ class EstimateProgress:
 
 
 def _dry_runs(plans: int, gpus: str, strategy: str | None) -> int:
-    """At most how many dry runs a sharded estimate makes: per plan, FSDP2's (one, or the bisection of the 11
-    numbers of GPUs --gpus auto tries: 4) and ZeRO's one."""
-    fsdp2 = 4 if gpus == "auto" else 1
+    """At most how many dry runs a sharded estimate makes: per plan, FSDP2's (one, or the search of the 11 numbers
+    of GPUs --gpus auto tries: 5, a bisection's 4 and one more where a predicted probe missed; two where none
+    did) and ZeRO's one."""
+    fsdp2 = 5 if gpus == "auto" else 1
     zero = 1 if strategy in (None, "none", "zero2", "zero3") else 0
     return plans * ((fsdp2 if strategy in (None, "none", "fsdp2", "fsdp1") else 0) + zero)
 
