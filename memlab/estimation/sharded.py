@@ -231,9 +231,10 @@ def smallest_gpus(
 
     Example:
         >>> from transformers import LlamaConfig
-        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        ...                      num_attention_heads=2, vocab_size=256)
-        >>> found = smallest_gpus(config, {"input_ids": (1, 16), "labels": (1, 16)}, budget="3MiB",
+        >>> config = LlamaConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
+        ...                      num_attention_heads=8, vocab_size=32000)  # 99M parameters: 1.6 GB with AdamW
+        >>> # each GPU also holds ZeRO-3's reduce bucket, 5e8 elements (2 GB in fp32), whatever the model
+        >>> found = smallest_gpus(config, {"input_ids": (1, 16), "labels": (1, 16)}, budget="3.5GiB",
         ...                       strategies=["zero3"], device="cpu")
         >>> found["zero3"].gpus, found["zero3"].fits
         (2, True)
