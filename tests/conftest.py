@@ -1,3 +1,4 @@
+import collections
 import gc
 import os
 
@@ -95,6 +96,27 @@ def pytest_collection_modifyitems(config, items):
                 how = {name: OPTIONAL.get(name, f"pip install {name}") for name in missing}
                 reason = "; ".join(f"needs {name}, outside the [test] extra: {how[name]}" for name in missing)
                 item.add_marker(pytest.mark.skip(reason=reason))
+    items[:] = _in_scheduling_order(items)
+
+
+def _in_scheduling_order(items):
+    """The tests as xdist hands their groups out (pyproject.toml runs it with --no-loadscope-reorder): the browser
+    tests first, then the other groups largest first (xdist's own order). The browser group is few tests but minutes
+    long, mostly waiting on JupyterLab's kernels and Chromium: handed out last, as xdist's largest-first order did,
+    it ran while the other worker had little left, and both cores waited; first, it runs beside the CPU-bound rest.
+
+    Example:
+        >>> class Item:
+        ...     def __init__(self, group): self.group = group
+        ...     def get_closest_marker(self, name): return pytest.mark.xdist_group(self.group).mark
+        >>> [item.group for item in _in_scheduling_order([Item("a"), Item("b"), Item("browser"), Item("b")])]
+        ['browser', 'b', 'b', 'a']
+    """
+    def group(item):
+        return item.get_closest_marker("xdist_group").args[0]
+
+    sizes = collections.Counter(group(item) for item in items)
+    return sorted(items, key=lambda item: (group(item) != "browser", -sizes[group(item)]))
 
 
 @pytest.fixture(autouse=True)

@@ -67,6 +67,9 @@ from browser_lab import (
 from memlab.report import CATEGORIES
 from memlab.report.figure import BEST_COLOR, CATEGORY_COLORS
 
+# One xdist group with the other browser tests: they share the worker's JupyterLab and Chromium (tests/conftest.py).
+pytestmark = pytest.mark.browser
+
 
 def test_panel_runs_a_trial_and_draws_it_in_the_browser(jupyter_server: tuple[str, str], chromium: Any) -> None:
     from playwright.sync_api import expect

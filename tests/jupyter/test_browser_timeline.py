@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from browser_lab import (
     ARTIFACTS,
     CHECKPOINTING_BOX,
@@ -16,6 +17,9 @@ from browser_lab import (
     _save,
     _tick_labels,
 )
+
+# One xdist group with the other browser tests: they share the worker's JupyterLab and Chromium (tests/conftest.py).
+pytestmark = pytest.mark.browser
 
 CELLS = (
     "import memlab\nfrom models import lm_batch, tiny_gpt2\n"
