@@ -29,6 +29,9 @@ from browser_lab import (
     _save,
 )
 
+# One xdist group with the other browser tests: they share the worker's JupyterLab and Chromium (tests/conftest.py).
+pytestmark = pytest.mark.browser
+
 SETUP = """\
 %load_ext memlab
 import memlab
@@ -62,8 +65,6 @@ import plotly.graph_objects as go
 from memlab.frontends.jupyter.watch_figure import steps_figure
 from memlab.report.svg_steps import step_series
 
-# One xdist group with the other browser tests: they share the worker's JupyterLab and Chromium (tests/conftest.py).
-pytestmark = pytest.mark.browser
 go.FigureWidget(steps_figure(step_series(watched.steps, watched.budget)))  # the figure watch shows while it runs"""
 CELLS = (SETUP, MEMFIT, REPORT, HTML, PANEL, WATCH, WATCH_LIVE)
 MEMFIT_CELL, REPORT_CELL, PANEL_CELL, WATCH_CELL, WATCH_LIVE_CELL = 1, 2, 4, 5, 6
