@@ -51,7 +51,7 @@ from memlab.estimation.gpus import GpuKind
 from memlab.estimation.load import loaded_dtype, parse_load
 from memlab.estimation.single_gpu import estimate_plans
 from memlab.live.batch import LossFn
-from memlab.live.sharding import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET, engine_settings
+from memlab.live.sharding import DS_PREFETCH_BUCKET, ds_reduce_bucket, engine_settings
 from memlab.plan import Plan
 
 __all__ = ["COMPOSED_NOTE", "FSDP1_STREAMS_NOTE", "MIXED_NOTE", "RESERVE_NOTE", "ZERO_RESERVE_NOTE",
@@ -351,8 +351,7 @@ def composed_estimate(
         detail["inputs"] = other
         if strategy.startswith("zero"):
             trained = max(series["grads"]) // max(element, 1)
-            # ZeRO-3 allocates its reduce bucket whole, however few the trained parameters (contiguous_gradients)
-            reduce = DS_REDUCE_BUCKET if strategy == "zero3" else min(DS_REDUCE_BUCKET, trained)
+            reduce = ds_reduce_bucket(3 if strategy == "zero3" else 2, trained)
             detail["communication"] = element * (reduce + min(DS_PREFETCH_BUCKET, params // max(element, 1)))
         host = max(host, point_host)
         default_peak = max(default_peak, sum(detail.values()) - gathered)
@@ -369,14 +368,15 @@ def composed_estimate(
     reserved = None
     if trial.reserved_bytes is not None:
         # the one-GPU step's reserve over its allocated peak (the allocator's rounding and cached blocks), carried
-        reserved = result.peak_bytes + max(trial.reserved_bytes - trial.peak_bytes, 0)
+        carried = max(trial.reserved_bytes - trial.peak_bytes, 0)
+        reserved = result.peak_bytes + carried
         notes.append(ZERO_RESERVE_NOTE if strategy.startswith("zero") else RESERVE_NOTE)
         if strategy == "fsdp1":
             # the gathered root and blocks live in the unshard stream's pool, which holds two blocks (and, offloaded,
             # the shards' device copies) from the first prefetch on; the default stream reserves the most it holds
             # beside them, wherever in the step that is (not only at the allocated peak): that plus the pool
             pool = fsdp1_stream_pool(unit, kept, gpus, offloaded)
-            reserved = max(reserved, default_peak + pool + max(trial.reserved_bytes - trial.peak_bytes, 0))
+            reserved = max(reserved, default_peak + pool + carried)
             notes.append(FSDP1_STREAMS_NOTE)
         result = dataclasses.replace(result, notes=tuple(dict.fromkeys(notes)))
     return dataclasses.replace(result, reserved_bytes=reserved)

@@ -47,7 +47,7 @@ from memlab.estimation.gpus import GpuKind
 from memlab.estimation.reserved import RESERVED_NOTE
 from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_plans
 from memlab.live.batch import LossFn
-from memlab.live.sharding import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
+from memlab.live.sharding import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, ds_reduce_bucket
 from memlab.plan import Plan
 from memlab.report import Trial
 
@@ -178,9 +178,8 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
     k = basis.breakdown["optimizer"] / max(parameters, 1)
     states = zero_model_states(parameters, largest, gpus, stage, weight_bytes=w, optimizer_bytes=k,
                                offload=plan.offload, frozen=frozen)
-    # ZeRO-3 allocates its reduce bucket whole, whatever the trained parameters' count (contiguous_gradients)
-    reduce = DS_REDUCE_BUCKET if stage == 3 else min(DS_REDUCE_BUCKET, parameters)
-    buckets = reduce + min(DS_ALLGATHER_BUCKET if stage == 2 else DS_PREFETCH_BUCKET, parameters + frozen)
+    gather_bucket = DS_ALLGATHER_BUCKET if stage == 2 else DS_PREFETCH_BUCKET
+    buckets = ds_reduce_bucket(stage, parameters) + min(gather_bucket, parameters + frozen)
     detail = dict.fromkeys(DETAIL, 0)
     detail["sharded_params" if stage == 3 else "unsharded_params"] = states["params"]
     detail["sharded_grads"] = states["grads"]

@@ -17,6 +17,7 @@ __all__ = [
     "DS_REDUCE_BUCKET",
     "STRATEGIES",
     "check_sharding",
+    "ds_reduce_bucket",
     "engine_settings",
     "parse_gpus",
     "sharding_from_accelerate",
@@ -33,6 +34,18 @@ DS_ALLGATHER_BUCKET = 500_000_000
 """``allgather_bucket_size``: elements of ZeRO-2's parameter all-gather bucket."""
 DS_PREFETCH_BUCKET = 50_000_000
 """``stage3_prefetch_bucket_size``: elements of ZeRO-3's parameter prefetch bucket."""
+
+
+def ds_reduce_bucket(stage: int, trained: int) -> int:
+    """Elements of the gradient reduce bucket DeepSpeed holds at ZeRO ``stage`` with ``trained`` parameters: ZeRO-3
+    allocates it whole however few are trained (``stage3.py``: ``torch.empty(reduce_bucket_size)`` where
+    ``contiguous_gradients``, its default), ZeRO-2 is counted at most the trained parameters.
+
+    Example:
+        >>> ds_reduce_bucket(3, 1000), ds_reduce_bucket(2, 1000)
+        (500000000, 1000)
+    """
+    return DS_REDUCE_BUCKET if stage == 3 else min(DS_REDUCE_BUCKET, trained)
 
 
 def check_sharding(gpus: Any, strategy: Any) -> tuple[int, str]:
