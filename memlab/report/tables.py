@@ -507,8 +507,8 @@ def html_table(report: Report) -> str:
     """An HTML table: one unit per size column, the best row highlighted and marked, rows that do not fit greyed.
 
     Cells do not wrap (a size and its unit, a plan label, stay on one line); only the notes do, and the headers,
-    between a name and its unit, so that the table fits a notebook's output area; one still wider scrolls sideways
-    in its own box rather than spilling out of the output.
+    between a name and its unit, and its text is 12 px, so that the table fits a notebook's output area in a 1400 px
+    window; one still wider scrolls sideways in its own box rather than spilling out of the output.
 
     Example:
         >>> from memlab.plan import Plan
@@ -546,7 +546,10 @@ def html_table(report: Report) -> str:
     keys = _shown_columns(rows, with_mark=False, categories=report.categories)
     frame = pandas.DataFrame([[row[key] for key in keys] for row in rows], columns=[names[k] for k in keys])
     table = frame.to_html(index=False, escape=True, border=0, justify="left")
-    table = table.replace("<table", "<table style='white-space:nowrap'", 1).replace("<th>", _WRAPPED_HEADER)
+    # 12 px rather than JupyterLab's 13 (its cells' padding is 0.5em, so it shrinks too): a search's widest table,
+    # 14 columns with a short note's long word, is 983 px at 13 px, and a 1400 px window's output area has 968.
+    table = table.replace("<table", "<table style='white-space:nowrap;font-size:12px'", 1)
+    table = table.replace("<th>", _WRAPPED_HEADER)
     if keys[-1] == "notes":
         table = re.sub(r"<td>([^<]*)</td>(\s*</tr>)", r"<td style='white-space:normal'>\1</td>\2", table)
     numbered = [f"[{number}] {note}" for number, note in enumerate(long_notes, start=1)]

@@ -6,9 +6,11 @@ sideways. The faces: a ``%%memfit`` record, ``Report.plot()``, the HTML report (
 One notebook, one kernel, the tiny GPT-2 of ``tests/models.py`` (``noise=0``, one step). The budget lies between
 the plain plan's peak and checkpointing's, so that one plan does not fit and one does: a run capped by it (the magic,
 the panel) stops the plain plan as out of memory; the report of the two measured without a cap, judged against it,
-has the plain plan over the budget. A long note (as ``fit`` writes) on one row checks that rows stay short.
-Screenshots: ``tests/artifacts/verdicts-*.png`` (memfit, report, html-report, panel, panel-reloaded, watch-record,
-watch). The watch's live figure keeps its labels apart too (its step axis starts at the first step, not at 0).
+has the plain plan over the budget. A long note (as ``fit`` writes) on one row checks that rows stay short; a
+table of 13 searched plans, every column shown and a short note with a long word (as ``fit``'s selective
+checkpointing row has), that the widest table a search makes fits the window. Screenshots:
+``tests/artifacts/verdicts-*.png`` (memfit, report, html-report, panel, panel-reloaded, watch-record, watch,
+wide-table). The watch's live figure keeps its labels apart too (its step axis starts at the first step, not at 0).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from browser_lab import (
     GLYPHS_OVERLAP,
     PLOTLY_TEXTS,
     RUN_TIMEOUT_MS,
+    TABLES_OUTSIDE,
     Server,
     _open_notebook,
     _run_until_done,
@@ -66,8 +69,15 @@ from memlab.frontends.jupyter.watch_figure import steps_figure
 from memlab.report.svg_steps import step_series
 
 go.FigureWidget(steps_figure(step_series(watched.steps, watched.budget)))  # the figure watch shows while it runs"""
-CELLS = (SETUP, MEMFIT, REPORT, HTML, PANEL, WATCH, WATCH_LIVE)
-MEMFIT_CELL, REPORT_CELL, PANEL_CELL, WATCH_CELL, WATCH_LIVE_CELL = 1, 2, 4, 5, 6
+WIDE = """\
+from reports import report_of  # 13 plans as fit measures them: numbered, timed, some over the budget or out of memory
+searched = report_of(13).trials
+wide = memlab.Report([dataclasses.replace(trial, tokens_per_s=trial.samples_per_s and 512 * trial.samples_per_s,
+                                          notes=("checkpointing 1 of 2 blocks",) if number == 12 else ())
+                      for number, trial in enumerate(searched)], budget=report_of(13).budget)
+wide  # every column a search's table has, and a short note with a long word (fit's selective checkpointing row)"""
+CELLS = (SETUP, MEMFIT, REPORT, HTML, PANEL, WATCH, WATCH_LIVE, WIDE)
+MEMFIT_CELL, REPORT_CELL, PANEL_CELL, WATCH_CELL, WATCH_LIVE_CELL, WIDE_CELL = 1, 2, 4, 5, 6, 7
 
 FITS, OVER_BUDGET, OUT_OF_MEMORY, ERROR = "fits", "over budget", "out of memory", "error"
 STATUS_VERDICTS = {
@@ -323,6 +333,12 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
         _check_face("Report.plot", report_cell.locator(".jp-OutputArea"), report_table)
         _rows_short(rows, "Report")  # its long note does not squeeze the row
         report_cell.screenshot(path=str(ARTIFACTS / "verdicts-report.png"))
+
+        # The widest table a search makes fits a 1400 px window (JupyterLab's output area, 968 px of it for the table).
+        wide = cells.nth(WIDE_CELL)
+        wide.scroll_into_view_if_needed()
+        assert wide.locator(".jp-OutputArea").evaluate_all(TABLES_OUTSIDE) == []
+        wide.screenshot(path=str(ARTIFACTS / "verdicts-wide-table.png"))
 
         # The panel: Run the plain plan, then checkpointing, in the browser.
         panel = page.locator(".memlab-panel").first
