@@ -1,7 +1,8 @@
 """How long `memlab estimate` takes to answer the common questions, with the machine's load beside each time.
 
-Each question runs as a fresh process (imports included, as a user runs it); its wall time, the load average
-(1 minute) before and after it, and its exit status are written to ``benchmarks/results/cli_timing-<device>.json``.
+Each question runs as a fresh process (imports included, as a user runs it); its wall time, its CPU time (user and
+system, which another process on the machine changes less), the load average (1 minute) before and after it, and
+its exit status are written to ``benchmarks/results/cli_timing-<device>.json``.
 The machine this runs on may be shared with other work: the load average says how busy it was.
 
 Usage:
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -33,6 +35,7 @@ def time_question(arguments: list[str], source: Path, timeout_s: float) -> dict[
     """One question in a fresh process: its wall time, load before and after, exit status and last lines."""
     env = {**os.environ, "PYTHONPATH": str(source)}
     load_before = os.getloadavg()[0]
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     try:
         # run from the checkout: ``python -m`` puts the working directory first on the path, before PYTHONPATH
@@ -44,11 +47,17 @@ def time_question(arguments: list[str], source: Path, timeout_s: float) -> dict[
     return {
         "command": "memlab estimate " + " ".join(arguments),
         "wall_s": round(time.perf_counter() - started, 1),
+        "cpu_s": round(_cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN))
+                       - _cpu_seconds(children_before), 1),
         "load_1min_before": round(load_before, 2),
         "load_1min_after": round(os.getloadavg()[0], 2),
         "exit_status": status,
         "output_tail": out.splitlines()[-6:],
     }
+
+
+def _cpu_seconds(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,13 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(__file__).parent / "results" / "cli_timing-cpu.json"
     results = json.loads(path.read_text()) if path.exists() else {}
     results["device"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (CPU only)"
-    results["note"] = ("the machine is shared with other sessions: compare times only with their load averages; "
-                       "targets (s): " + json.dumps(TARGETS_S))
+    results.setdefault("note", "the machine is shared with other sessions: compare times only with their load "
+                                "averages; targets (s): " + json.dumps(TARGETS_S))
     runs = results.setdefault(args.tag, {})
     for name, arguments in QUESTIONS.items():
         if args.only in name:
             runs[name] = time_question(arguments, Path(args.source), args.timeout)
-            print(name, runs[name]["wall_s"], "s at load", runs[name]["load_1min_before"], flush=True)
+            print(name, runs[name]["wall_s"], "s wall,", runs[name]["cpu_s"], "s CPU at load",
+                  runs[name]["load_1min_before"], flush=True)
             path.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 

@@ -39,6 +39,12 @@ QUESTIONS: dict[str, list[str]] = {
     "gpt2 gpus 4": ["gpt2", "--budget", "6GiB", "--gpus", "4"],
     "gpt2 gpus 4 json": ["gpt2", "--budget", "6GiB", "--gpus", "4", "--json"],
     "gpt2 one gpu lora": ["gpt2", "--budget", "2GiB", "--try", "adapter=lora", "precision=bf16"],
+    "gpt2 one gpu qlora json": ["gpt2", "--budget", "2GiB", "--try", "adapter=qlora,lora", "precision=bf16",
+                                "--json"],
+    "7b with suggestions": ["llama-7b", "--budget", "24GiB"],
+    "13b lora": ["llama-13b", "--budget", "24GiB", "--try", "adapter=lora", "precision=bf16"],
+    "7b gpus 8 bf16 ckpt": ["llama-7b", "--budget", "24GiB", "--gpus", "8", "--try", "precision=bf16",
+                            "checkpointing=on"],
 }
 
 

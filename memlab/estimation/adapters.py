@@ -263,16 +263,20 @@ def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, devi
     """
     structure = ModuleStructure.capture(model)
     try:
-        if plan.adapter == "qlora" and not any(isinstance(m, FakeNF4Linear) for m in model.modules()):
-            # Quantized here unless the load already did (memlab.estimation.load: the base loaded in 4-bit).
-            dtype = compute_dtype(plan)
-            for name in quantized_targets(model):
-                parent_name, _, child = name.rpartition(".")
-                parent = model.get_submodule(parent_name) if parent_name else model
-                setattr(parent, child, FakeNF4Linear(model.get_submodule(name), dtype, mode, device))
-        with unset_fake_temporarily():
-            undo_peft = attach_adapter(model, plan.replace(adapter="lora"))
-        _make_fake(model, mode)
+        # Built without the torch-function modes of a dry run (CUDA's attention, dropout and autocast emulated):
+        # building layers runs no kernel they change, and peft's initialisers made some 45,000 calls through them
+        # per trial on a 7B model.
+        with torch._C.DisableTorchFunction():
+            if plan.adapter == "qlora" and not any(isinstance(m, FakeNF4Linear) for m in model.modules()):
+                # Quantized here unless the load already did (memlab.estimation.load: the base loaded in 4-bit).
+                dtype = compute_dtype(plan)
+                for name in quantized_targets(model):
+                    parent_name, _, child = name.rpartition(".")
+                    parent = model.get_submodule(parent_name) if parent_name else model
+                    setattr(parent, child, FakeNF4Linear(model.get_submodule(name), dtype, mode, device))
+            with unset_fake_temporarily():
+                undo_peft = attach_adapter(model, plan.replace(adapter="lora"))
+            _make_fake(model, mode)
     except BaseException:
         structure.restore()
         raise

@@ -107,6 +107,13 @@ class FakeMode(FakeTensorMode):
         self.unfollowed = False
         self._depth = 0
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo (four eval-frame switches a
+        # call, which C++ makes for every operator and metadata query of a dry run); FakeTensorMode's own, which
+        # this one calls for every operator, stays wrapped, so no Dynamo frame reaches what it runs.
+        return False
+
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
     ) -> Any:

@@ -33,7 +33,7 @@ from memlab.estimation.configs import one_line
 from memlab.estimation.cuda_attention import attention_note
 from memlab.estimation.cuda_kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, cuda_kernels, run_emulated
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup, one_thread, target_device
-from memlab.estimation.fsdp2_speed import fsdp_mem_tracker, strided_flag_once
+from memlab.estimation.fsdp2_speed import foreach_split_once, fsdp_mem_tracker, strided_flag_once
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.load import apply_load, load_dtype, plan_loads
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
@@ -420,7 +420,7 @@ def _fsdp2_step(
     kind = gpu_kind(gpu)
     trace = ReservedTrace(_CPU, kind.capability, capacity=kind.memory_bytes - kind.context_bytes) if traced else None
     with (fake_process_group(gpus) as mesh, quiet(), setup.mode, model_made_positions(batch),
-          strided_flag_once(), contextlib.ExitStack() as stack):
+          strided_flag_once(), foreach_split_once(), contextlib.ExitStack() as stack):
         for units, reshard in fsdp2_layout(model):
             fully_shard(units, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=policy)

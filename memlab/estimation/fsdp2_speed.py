@@ -1,4 +1,4 @@
-"""Two costs of the FSDP2 dry run that grow with the square of the model's size, made linear with the same results.
+"""Three costs of the FSDP2 dry run that grow with the square of the model's size, made linear with the same results.
 
 - PyTorch's ``FSDPMemTracker`` updates the peaks after every operator by walking every FSDP module it has seen and
   asking whether it is running (``_update_peak_stats``): an 80-layer model walks 80-odd modules per operator, about
@@ -12,7 +12,16 @@
   the function returns without doing anything; :func:`strided_flag_once` scans once per operator and skips the
   calls that would have returned, calling PyTorch's own otherwise.
 
-Both hold PyTorch's private names: where this torch lacks one, PyTorch's own code runs unchanged.
+- DTensor's sharding propagation of a foreach operator then makes one schema per tensor of the lists
+  (``_translate_list_op_schema``): it maps the whole argument tree with ``tree_map_only`` to pick each list's
+  element, and keeps a list of per-tensor scalars (AdamW's bias corrections) whole in every element's schema, which
+  each later step walks again (its hash, ``args_meta``, the placement scans): 723 schemas of 723 scalars each, per
+  operator, for a 70B model. :func:`foreach_split_once` picks the elements with a map over plain containers and gives
+  each element's schema its own scalar. The strategies do not change: an element's strategy reads its tensor
+  arguments alone (DTensor's pointwise rules, the only foreach operators with scalar lists, read ``TensorMeta``
+  arguments; the placement scans and counts skip numbers).
+
+All hold PyTorch's private names: where this torch lacks one, PyTorch's own code runs unchanged.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from collections.abc import Iterator
 from copy import deepcopy
 from typing import Any
 
-__all__ = ["fsdp_mem_tracker", "strided_flag_once", "tracker_class"]
+__all__ = ["foreach_split_once", "fsdp_mem_tracker", "strided_flag_once", "tracker_class"]
 
 
 def fsdp_mem_tracker(model: Any, optimizer: Any) -> Any:
@@ -114,3 +123,85 @@ def strided_flag_once() -> Iterator[None]:
     finally:
         _sharding_prop._propagate_use_strided_shard_flag = original
         last.clear()
+
+
+_NUMBERS = (int, float, bool)
+
+
+@contextlib.contextmanager
+def foreach_split_once() -> Iterator[None]:
+    """For the block, DTensor splits a foreach operator's schema into its elements' schemas in linear time (the
+    module docstring says why the strategies are PyTorch's): ``tree_map_only`` as DTensor's ``single_dim_strategy``
+    calls it, to pick each ``TupleStrategy``'s element, maps tuples, lists and dicts directly (anything else a
+    pytree holds goes to PyTorch's own), and a top-level list of numbers as long as the operator's tensor lists
+    becomes the element's number.
+
+    Example:
+        >>> from torch.distributed.tensor._ops import single_dim_strategy
+        >>> before = single_dim_strategy.tree_map_only
+        >>> with foreach_split_once():
+        ...     single_dim_strategy.tree_map_only is before
+        False
+        >>> single_dim_strategy.tree_map_only is before
+        True
+    """
+    from torch.distributed.tensor._ops import single_dim_strategy as module
+
+    original = getattr(module, "tree_map_only", None)
+    strategy_type = getattr(module, "TupleStrategy", None)
+    if original is None or strategy_type is None:
+        yield
+        return
+
+    def pick(types: Any, fn: Any, tree: Any, is_leaf: Any = None) -> Any:
+        if types is not strategy_type:
+            return original(types, fn, tree, is_leaf=is_leaf)
+        try:
+            picked = _picked(tree, fn, strategy_type)
+        except _NotPlain:
+            return original(types, fn, tree, is_leaf=is_leaf)
+        index = _element_index(fn)
+        if index is None or not isinstance(picked, tuple) or len(picked) != 2 or type(picked[0]) is not tuple:
+            return picked
+        args, kwargs = picked
+        lengths = {len(arg.children) for arg in tree[0] if type(arg) is strategy_type}
+        return tuple(arg[index] if type(arg) is list and len(lengths) == 1 and len(arg) in lengths
+                     and all(type(item) in _NUMBERS for item in arg) else new
+                     for arg, new in zip(tree[0], args, strict=True)), kwargs
+
+    module.tree_map_only = pick  # type: ignore[assignment]  # pytree's overloads, called one way here
+    try:
+        yield
+    finally:
+        module.tree_map_only = original
+
+
+class _NotPlain(Exception):
+    """A container other than a tuple, list or dict: PyTorch's own ``tree_map_only`` maps it."""
+
+
+def _picked(node: Any, fn: Any, strategy_type: type) -> Any:
+    """``tree_map_only(strategy_type, fn, node)`` for trees of tuples, lists and dicts (pytree's rebuilt containers:
+    new tuples, lists and dicts of the mapped items, in order)."""
+    kind = type(node)
+    if kind is strategy_type:
+        return fn(node)
+    if kind is tuple:
+        return tuple([_picked(item, fn, strategy_type) for item in node])
+    if kind is list:
+        return [_picked(item, fn, strategy_type) for item in node]
+    if kind is dict:
+        return {key: _picked(value, fn, strategy_type) for key, value in node.items()}
+    if isinstance(node, (tuple, list, dict)):
+        raise _NotPlain
+    return node
+
+
+def _element_index(fn: Any) -> int | None:
+    """The element ``_translate_list_op_schema``'s picking function takes (``lambda x: x.children[index]``), read
+    from its closure; None for any other function."""
+    code, closure = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or closure is None or code.co_freevars != ("index",):
+        return None
+    index = closure[0].cell_contents
+    return index if type(index) is int else None

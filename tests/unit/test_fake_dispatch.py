@@ -105,3 +105,24 @@ def test_a_tensor_subclass_operator_tells_the_dry_run_to_run_again_with_tracker_
             assert tracker._host is mode
             pair * 2
     assert mode.unfollowed
+
+
+def test_a_model_that_calls_a_compiled_function_estimates_as_without_it() -> None:
+    """FakeMode's dispatch is not wrapped in Dynamo's disable (it runs for every operator): a function compiled with
+    ``torch.compile`` inside the model still runs under it, and the estimate is the uncompiled model's."""
+    from memlab import Plan, estimate
+
+    class Scaled(nn.Module):
+        def __init__(self, compiled: bool) -> None:
+            super().__init__()
+            self.linear = nn.Linear(16, 16)
+            scale = lambda x: torch.relu(x) * 2  # noqa: E731
+            self.scale = torch.compile(scale, backend="eager") if compiled else scale
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.scale(self.linear(x))
+
+    trials = [estimate(Scaled(compiled), torch.randn(4, 16), Plan(), loss_fn=lambda m, b: m(b).sum(), device="cuda")
+              for compiled in (True, False)]
+    assert trials[0].status == "ok" and trials[0].peak_bytes == trials[1].peak_bytes > 0
+    assert trials[0].reserved_bytes == trials[1].reserved_bytes
