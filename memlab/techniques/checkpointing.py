@@ -231,8 +231,10 @@ class Checkpointing(Technique):
             return []
         count = len(checkpoint_blocks(parts.model))
         chosen = chosen_blocks(count, blocks)
-        every = " (every block)" if len(chosen) == count else ""
-        return [f"checkpointing {len(chosen)} of {count} blocks{every}: {', '.join(map(str, chosen))}"]
+        if len(chosen) == count:
+            return [f"checkpointing {count} of {count} blocks (every block)"]
+        which = f"block {chosen[0]}" if len(chosen) == 1 else f"blocks {', '.join(map(str, chosen))}"
+        return [f"checkpointing {len(chosen)} of {count} blocks ({which})"]
 
     def put_on(self, parts: StepParts) -> Undo | None:
         if parts.plan.checkpointing:

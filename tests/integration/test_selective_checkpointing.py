@@ -93,6 +93,11 @@ def test_measured_and_estimated_activations_fall_as_k_grows(llama) -> None:
         # each block checkpointed keeps less, the last one (recomputed first in backward, at the peak) no more
         assert all(more > less for more, less in zip(activations[:-1], activations[1:-1], strict=False)), activations
         assert activations[-1] <= activations[-2], activations
+    # each trial's notes say which blocks it checkpointed, as a person reads them
+    notes = [next((note for note in trial.notes if note.startswith("checkpointing ")), None)
+             for trial in measured.trials]
+    assert notes[0] is None and notes[1] == f"checkpointing 1 of {LAYERS} blocks (block {chosen_blocks(LAYERS, 1)[0]})"
+    assert notes[-1] == f"checkpointing {LAYERS} of {LAYERS} blocks (every block)"
     assert [trial.breakdown["activations"] for trial in measured.trials][-1] == pytest.approx(
         memlab.measure(llama, batch, memlab.Plan(checkpointing=True), steps=1, warmup=0, noise=0,
                        progress=False).breakdown["activations"])

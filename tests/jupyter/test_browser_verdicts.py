@@ -73,7 +73,7 @@ WIDE = """\
 from reports import report_of  # 13 plans as fit measures them: numbered, timed, some over the budget or out of memory
 searched = report_of(13).trials
 wide = memlab.Report([dataclasses.replace(trial, tokens_per_s=trial.samples_per_s and 512 * trial.samples_per_s,
-                                          notes=("checkpointing 1 of 2 blocks",) if number == 12 else ())
+                                          notes=("checkpointing 1 of 2 blocks (block 0)",) if number == 12 else ())
                       for number, trial in enumerate(searched)], budget=report_of(13).budget)
 wide  # every column a search's table has, and a short note with a long word (fit's selective checkpointing row)"""
 CELLS = (SETUP, MEMFIT, REPORT, HTML, PANEL, WATCH, WATCH_LIVE, WIDE)
