@@ -153,27 +153,42 @@ def foreach_split_once() -> Iterator[None]:
         yield
         return
 
+    last: list[Any] = [None, frozenset()]  # the last operator's arguments (held, so that their id is not reused)
+    # and the positions of their per-tensor scalar lists: every element of one operator has the same
+
     def pick(types: Any, fn: Any, tree: Any, is_leaf: Any = None) -> Any:
         if types is not strategy_type:
             return original(types, fn, tree, is_leaf=is_leaf)
+        index = _element_index(fn)
+        scalars: frozenset[int] = frozenset()
+        if index is not None and type(tree) is tuple and len(tree) == 2 and type(tree[0]) is tuple:
+            if last[0] is not tree[0]:
+                last[0], last[1] = tree[0], _scalar_lists(tree[0], strategy_type)
+            scalars = last[1]
         try:
-            picked = _picked(tree, fn, strategy_type)
+            if not scalars:
+                return _picked(tree, fn, strategy_type)
+            args = tuple(arg[index] if position in scalars else _picked(arg, fn, strategy_type)
+                         for position, arg in enumerate(tree[0]))
+            return args, _picked(tree[1], fn, strategy_type)
         except _NotPlain:
             return original(types, fn, tree, is_leaf=is_leaf)
-        index = _element_index(fn)
-        if index is None or not isinstance(picked, tuple) or len(picked) != 2 or type(picked[0]) is not tuple:
-            return picked
-        args, kwargs = picked
-        lengths = {len(arg.children) for arg in tree[0] if type(arg) is strategy_type}
-        return tuple(arg[index] if type(arg) is list and len(lengths) == 1 and len(arg) in lengths
-                     and all(type(item) in _NUMBERS for item in arg) else new
-                     for arg, new in zip(tree[0], args, strict=True)), kwargs
 
     module.tree_map_only = pick  # type: ignore[assignment]  # pytree's overloads, called one way here
     try:
         yield
     finally:
         module.tree_map_only = original
+        last.clear()
+
+
+def _scalar_lists(args: tuple[Any, ...], strategy_type: Any) -> frozenset[int]:
+    """The positions in a foreach operator's arguments of its lists of numbers, one per tensor of its lists."""
+    lengths = {len(arg.children) for arg in args if type(arg) is strategy_type}
+    if len(lengths) != 1:
+        return frozenset()
+    return frozenset(position for position, arg in enumerate(args) if type(arg) is list and len(arg) in lengths
+                     and all(type(item) in _NUMBERS for item in arg))
 
 
 class _NotPlain(Exception):
