@@ -105,6 +105,10 @@ class FakeMode(FakeTensorMode):
         self.followers: list[Callable[[Any, Any], None]] = []
         """Called after the observer, in order, with each operator this mode runs and what it returned."""
         self.unfollowed = False
+        self.tagger: Any = None
+        """A dry run of a few layers kept to be carried to the full depth
+        (:class:`~memlab.estimation.depth_log.DepthLog`): told of each operator before the observer and followers
+        (``before(func, args, kwargs, out)``), and after them (``after()``)."""
         self._depth = 0
 
     @classmethod
@@ -123,7 +127,8 @@ class FakeMode(FakeTensorMode):
         meta = _META_HANDLERS.get(func)
         if meta is not None:
             return meta(args)
-        if self.observer is None and not self.followers:
+        tagger = self.tagger
+        if self.observer is None and not self.followers and tagger is None:
             return self._dispatch(func, types, args, kwargs)
         self._depth += 1
         try:
@@ -131,6 +136,8 @@ class FakeMode(FakeTensorMode):
         finally:
             self._depth -= 1
         if self._depth == 0:
+            if tagger is not None:
+                tagger.before(func, args, kwargs, out)
             if self.observer is not None:
                 self.observer(func, out)
             if out is NotImplemented and self.followers:
@@ -141,6 +148,9 @@ class FakeMode(FakeTensorMode):
             except torch.OutOfMemoryError:
                 del out  # the error's traceback must not keep this operator's outputs alive
                 raise
+            finally:
+                if tagger is not None:
+                    tagger.after()
         return out
 
     def __enter__(self) -> Any:

@@ -165,6 +165,9 @@ class ReservedTrace:
         self._model: nn.Module | None = None
         self._placed: dict[int, int] = {}
         self._placing: list[int] | None = None
+        self.log: Any = None
+        """A :class:`~memlab.estimation.depth_log.DepthLog` told every call the trial makes to the allocator's model
+        (a dry run of a few layers, carried to the full depth); None: no log."""
 
     def pause(self) -> None:
         """Record no new storage until the runner says the trial has started (its snapshot is host memory)."""
@@ -202,12 +205,14 @@ class ReservedTrace:
         elif event.kind == "tracked":
             self.reserved_bytes = allocator.peak_reserved_bytes
             self.allocated_bytes = allocator.peak_allocated_bytes
+            if self.log is not None:
+                self.log.read()
 
     @contextlib.contextmanager
     def trial(self, model: nn.Module, batch: Batch, mode: Any = None) -> Iterator[None]:
         """Follow one trial on ``model`` and ``batch``: its placement first, then everything it allocates (through
         ``mode``'s operators when it is the dry run's :class:`~memlab.estimation.fake.FakeMode`, else as a mode)."""
-        allocator = CachingAllocator(self.capacity)
+        allocator = CachingAllocator(self.capacity) if self.log is None else self.log.allocator(self.capacity)
         self._allocator = allocator
         self._paused = False
         self.reserved_bytes = self.allocated_bytes = None
@@ -227,6 +232,8 @@ class ReservedTrace:
             tracker.mark([tensor], "params")
             self._placed.update(dict.fromkeys(self._placing, _storage_id(tensor)))
         self._placing = None
+        if self.log is not None:
+            self.log.name_storages(model)
         tracker.mark([tensor for _, tensor in named_tensors(batch)], "other")
         for handle, size in enumerate(self.workspaces):
             allocator.malloc(("cuBLAS workspace", handle), size)

@@ -49,6 +49,9 @@ from memlab.estimation.cuda_kernels import (
     kernel_emulation,
     run_emulated,
 )
+from memlab.estimation.depth import CHECK_LAYERS, ShallowModel, ShallowRun, carried_trial, plan_carries, shallow_model
+from memlab.estimation.depth_extend import SOURCE_LAYERS
+from memlab.estimation.depth_log import DepthLog, Event, LayerPaths
 from memlab.estimation.fake import BLIND_SPOTS, FakeMode, FakeSetup, fake_setup, one_thread
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
@@ -123,8 +126,48 @@ def estimate_plans(
     checked = check_plans(plans)  # type: ignore[arg-type]
     options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
     loads = plan_loads(model_or_config, checked, load)
-    training = _Workload(TrialRunner, _training_trial, loads=loads)
-    return _dry_run(model_or_config, batch, checked, options, training, budget=budget, device=device, gpu=gpu)
+    shallow = shallow_model(model_or_config) if any(plan_carries(plan) for plan in checked) else None
+    if shallow is None:
+        training = _Workload(TrialRunner, _training_trial, loads=loads)
+        return _dry_run(model_or_config, batch, checked, options, training, budget=budget, device=device, gpu=gpu)
+    # A model whose layers repeat: each plan from dry runs of three and two layers (memlab.estimation.depth), or
+    # of every layer where its step does not repeat layer by layer.
+    limit = parse_budget(budget)
+    trials = []
+    for number, plan in enumerate(checked):
+        trial = _carried(shallow, batch, plan, options, load, device=device, gpu=gpu, limit=limit)
+        if trial is None:
+            whole = _Workload(TrialRunner, _training_trial, loads=loads[number:number + 1])
+            trial = _dry_run(model_or_config, batch, [plan], options, whole, budget=budget, device=device,
+                             gpu=gpu).trials[0]
+        trials.append(trial)
+    return Report(trials, budget=limit)
+
+
+def _carried(
+    shallow: ShallowModel, batch: Any, plan: Plan, options: RunOptions, load: Mapping[str, Any] | None, *,
+    device: str | torch.device | None, gpu: GpuKind | str | None, limit: int | None,
+) -> Trial | None:
+    """``plan``'s estimate at the model's depth from its dry runs of three and two layers, None where they do not
+    carry (:func:`~memlab.estimation.depth.carried_trial`)."""
+    if not plan_carries(plan):
+        return None
+    runs: dict[int, ShallowRun] = {}
+    fell_back: set[bool] = set()
+    for layers in (SOURCE_LAYERS, CHECK_LAYERS):
+        config = shallow.configs[layers]
+        workload = _Workload(TrialRunner, _training_trial, loads=plan_loads(config, [plan], load))
+        place, (run,) = _plan_runs(config, batch, [plan], options, workload, device=device, gpu=gpu,
+                                   paths=shallow.paths)
+        if run.events is None or run.trial.status != "ok":
+            return None
+        runs[layers] = ShallowRun(run.trial, run.reserved, run.events)
+        fell_back.add(run.fell_back)
+    carried = carried_trial(shallow, runs, CATEGORIES, _capacity(gpu_kind(gpu)))
+    if carried is None or len(fell_back) != 1:
+        return None
+    trial, reserved = carried
+    return _estimated(_PlanRun(trial, reserved, fell_back.pop()), place, limit, workload)
 
 
 def estimate_inference(
@@ -206,25 +249,60 @@ def _dry_run(
     device: str | torch.device | None,
     gpu: GpuKind | str | None,
 ) -> Report:
-    """The flow of a one-device dry run: the fake model and batch (:func:`~memlab.estimation.fake.fake_setup`, once),
-    the workload's runner on a :class:`~memlab.measure.probes.FakeProbe`, each plan run under the fake mode (with
-    CUDA's kernels emulated and its allocations traced where the estimate is for CUDA), and each trial turned into
-    an estimate with its notes."""
+    """The flow of a one-device dry run: each plan's run (:func:`_plan_runs`), each trial turned into an estimate
+    with its notes."""
     limit = parse_budget(budget)
+    place, runs = _plan_runs(model_or_config, batch, plans, options, workload, device=device, gpu=gpu)
+    return Report([_estimated(run, place, limit, workload) for run in runs], budget=limit)
+
+
+@dataclass
+class _PlanRun:
+    """One plan's dry run: its trial (its notes, before it is made an estimate), its reserved peak (CUDA), whether
+    CUDA's kernels could not be emulated, and the events a depth log kept (where one was asked for)."""
+
+    trial: Trial
+    reserved: int | None
+    fell_back: bool
+    events: list[Event] | None = None
+
+
+def _plan_runs(
+    model_or_config: Any,
+    batch: Any,
+    plans: Sequence[Any],
+    options: RunOptions,
+    workload: _Workload,
+    *,
+    device: str | torch.device | None,
+    gpu: GpuKind | str | None,
+    paths: LayerPaths | None = None,
+) -> tuple[tuple[torch.device, torch.device], list[_PlanRun]]:
+    """The fake model and batch (:func:`~memlab.estimation.fake.fake_setup`, once), the workload's runner on a
+    :class:`~memlab.measure.probes.FakeProbe`, each plan run under the fake mode (with CUDA's kernels emulated and
+    its allocations traced where the estimate is for CUDA); with ``paths``, each plan's events kept by a
+    :class:`~memlab.estimation.depth_log.DepthLog` (:mod:`memlab.estimation.depth`). Returns the (target, kernels)
+    devices and the runs."""
     kind = gpu_kind(gpu)
     emulated = kernel_emulation(model_or_config, device)
     batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, options.verbose)
     mode, target, kernels = setup.mode, setup.target, setup.kernels
-    trace = (ReservedTrace(kernels, kind.capability, workload.cublas_handles, kind.memory_bytes - kind.context_bytes)
+    trace = (ReservedTrace(kernels, kind.capability, workload.cublas_handles, _capacity(kind))
              if target.type == "cuda" else None)
+    log = DepthLog(paths, setup.model) if paths is not None else None
     probe = FakeProbe(kernels, target=target, on_release=trace.release if trace is not None else None)
+    listeners = [listen for listen in (trace and trace.listen, log and log.listen) if listen]
     runner = workload.runner(setup.model, setup.batch, options, probe=probe,
-                             listener=trace.listen if trace is not None else None)
+                             listener=(lambda event: [listen(event) for listen in listeners]) if listeners else None)
+    if log is not None:
+        mode.tagger, probe.recorder = log, log.step_recorder
+        if trace is not None:
+            trace.log = log
     if workload.check_first:
         for plan in plans:
             runner.check(plan)
-    trials: list[Trial] = []
+    runs: list[_PlanRun] = []
     with one_thread(), quiet(options.verbose), mode, runner.session(), model_made_positions(batch):
         for number, plan in enumerate(plans):
             load = workload.loads[number] if number < len(workload.loads) else None
@@ -232,6 +310,8 @@ def _dry_run(
             def run(emulate: bool, plan: Any = plan, load: Load | None = load) -> tuple[Trial, CudaAttention | None]:
                 attention = None
                 with contextlib.ExitStack() as stack:
+                    if log is not None:
+                        stack.enter_context(log.watching())
                     if load is not None:  # the weights as the user loads them, before the trial places them
                         stack.callback(apply_load(setup.model, load, mode, kernels))
                     if trace is not None:
@@ -247,13 +327,26 @@ def _dry_run(
                                        _load_note(load, workload, setup, plan), _four_bit_note(plan, load))
                      if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *notes, *workload.notes(plan)))
-            trial = _as_estimate(trial, target, kernels, limit, _reserved(trial, trace))
-            emulated_note = OWN_CHECKPOINT_NOTE if fell_back else workload.emulated_note
-            if emulated_note != EMULATED_NOTE:
-                trial = dataclasses.replace(trial, notes=tuple(
-                    emulated_note if note == EMULATED_NOTE else note for note in trial.notes))
-            trials.append(trial)
-    return Report(trials, budget=limit)
+            runs.append(_PlanRun(trial, _reserved(trial, trace), fell_back,
+                                 list(log.events) if log is not None else None))
+    return (target, kernels), runs
+
+
+def _capacity(kind: GpuKind) -> int:
+    """What CUDA can give the caching allocator on a GPU of this kind: its memory less the CUDA context."""
+    return kind.memory_bytes - kind.context_bytes
+
+
+def _estimated(run: _PlanRun, place: tuple[torch.device, torch.device], limit: int | None,
+               workload: _Workload) -> Trial:
+    """A plan's run made an estimate: the devices, the budget, the reserved peak and the notes it needs."""
+    target, kernels = place
+    trial = _as_estimate(run.trial, target, kernels, limit, run.reserved)
+    emulated_note = OWN_CHECKPOINT_NOTE if run.fell_back else workload.emulated_note
+    if emulated_note != EMULATED_NOTE:
+        trial = dataclasses.replace(trial, notes=tuple(
+            emulated_note if note == EMULATED_NOTE else note for note in trial.notes))
+    return trial
 
 
 def _followed(run: Callable[[bool], Any], mode: FakeMode, emulate: bool) -> Any:

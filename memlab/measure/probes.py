@@ -30,6 +30,7 @@ from torch._subclasses.fake_tensor import is_fake
 from memlab.live.device import model_device, synchronize
 from memlab.measure.cuda import CudaPeak, cap_cuda_memory
 from memlab.measure.held import cpu_tensors_held, unique_storage_bytes
+from memlab.measure.timeline import StepRecorder
 
 __all__ = ["CpuProbe", "CudaProbe", "FakeProbe", "HeldMemory", "Probe", "probe_for"]
 
@@ -93,6 +94,15 @@ class Probe:
 
     def synchronize(self) -> None:
         """Wait for queued work before a clock is read."""
+
+    def step_recorder(self, model: nn.Module | None, categories: Sequence[str]) -> StepRecorder:
+        """The recorder of a tracked step's timeline.
+
+        Example:
+            >>> type(Probe(torch.device("cpu")).step_recorder(None, ("params", "other"))).__name__
+            'StepRecorder'
+        """
+        return StepRecorder(model, categories)
 
     def rss_bytes(self) -> int | None:
         """The process's resident memory, as context for CPU trials (None elsewhere)."""
@@ -204,6 +214,14 @@ class FakeProbe(Probe):
         super().__init__(device)
         self.optimizer_device_type = (target or device).type
         self.on_release = on_release
+        self.recorder: Callable[[nn.Module | None, Sequence[str]], StepRecorder] | None = None
+        """Makes the tracked step's recorder where a dry run keeps its step to carry it to more layers
+        (:meth:`memlab.estimation.depth_log.DepthLog.step_recorder`); None: the plain one."""
+
+    def step_recorder(self, model: nn.Module | None, categories: Sequence[str]) -> StepRecorder:
+        if self.recorder is not None:
+            return self.recorder(model, categories)
+        return super().step_recorder(model, categories)
 
     def cap(self, budget: int | None) -> contextlib.AbstractContextManager[Any]:
         if self.on_release is not None:

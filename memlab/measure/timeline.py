@@ -80,11 +80,19 @@ class ModuleWatch:
 
     def __init__(self, model: nn.Module | None) -> None:
         self.names: dict[int, str] = {}
+        self.named: set[str] = set()
         if model is not None:
-            for name, module in model.named_modules():
-                self.names.setdefault(id(module), name or type(module).__name__)
+            self.learn(model)
         self.stack: list[str] = []
         self._handles: list[Any] = []
+
+    def learn(self, model: nn.Module) -> None:
+        """Name ``model``'s modules as it has them now (modules put on it since, such as adapters, included)."""
+        self.names = {}
+        for name, module in model.named_modules():
+            self.names.setdefault(id(module), name or type(module).__name__)
+        self.named = set(self.names.values())
+        """The names the model gives (a module it does not name runs under its class's name)."""
 
     @property
     def current(self) -> str:

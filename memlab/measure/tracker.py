@@ -16,9 +16,7 @@ breakdown by category.
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -27,13 +25,10 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 
 from memlab.errors import MemlabError
+from memlab.measure.ledger import CATEGORIES, Ledger
 from memlab.plan import format_bytes
 
 __all__ = ["CATEGORIES", "INFERENCE_CATEGORIES", "MemoryTracker"]
-
-CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
-"""Where the memory of a training step goes (the tracker's categories), in the order tables and stacked bars show
-them."""
 
 INFERENCE_CATEGORIES = ("params", "activations", "kv_cache", "other")
 """Where the memory of an inference step goes (:mod:`memlab.inference`): no gradients or optimizer state, and the
@@ -64,130 +59,6 @@ def _returns_alias(func: Any) -> bool:
             result = False
     _aliasing_cache[func] = result
     return result
-
-
-def _as_int(value: Any) -> int:
-    """Storage sizes are ints, except symbolic ones under fake tensors with dynamic shapes."""
-    if type(value) is int:
-        return value
-    try:
-        return int(value)
-    except Exception:  # an unbacked symbolic size has no value to count
-        return 0
-
-
-class _Ledger:
-    """The accounting, shared with the weak-reference callbacks.
-
-    It never holds a tensor or a storage (only weak references to storages), so a freed storage's callback
-    can always run. Callbacks can fire at any allocation (cyclic garbage collection), including in the
-    middle of an update here; they therefore only queue the free while an update is under way, and the
-    queue is applied at the end of it.
-    """
-
-    def __init__(self, categories: tuple[str, ...] = CATEGORIES) -> None:
-        self.totals: dict[str, int] = dict.fromkeys(categories, 0)
-        # id(storage) -> [weakref to the storage, category, nbytes]
-        self.entries: dict[int, list[Any]] = {}
-        self.live = 0
-        self.peak = 0
-        self.peak_totals: dict[str, int] = dict(self.totals)
-        self.busy = False
-        self.pending: list[tuple[int, weakref.ref[Any]]] = []
-        # Told (id of the storage, its bytes now; 0 when it is gone) of every change, in order.
-        self.listener: Callable[[int, int], None] | None = None
-        # A timeline's recorder (memlab.measure.timeline), told every change with its category, and each new peak.
-        self.recorder: Any = None
-
-    def freed(self, key: int, ref: weakref.ref[Any]) -> None:
-        self.pending.append((key, ref))
-        if not self.busy:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.busy:
-            return
-        self.busy = True
-        try:
-            self._apply_pending()
-        finally:
-            self.busy = False
-
-    def _apply_pending(self) -> None:
-        entries, totals = self.entries, self.totals
-        while self.pending:
-            key, ref = self.pending.pop()
-            entry = entries.get(key)
-            if entry is None or entry[0] is not ref:
-                continue
-            del entries[key]
-            totals[entry[1]] -= entry[2]
-            self.live -= entry[2]
-            if self.listener is not None:
-                self.listener(key, 0)
-            if self.recorder is not None:
-                self.recorder.changed(key, 0, entry[1])
-
-    def lookup(self, storage: Any) -> list[Any] | None:
-        """The entry of a live tracked storage, or None (a stale entry of a dead one is dropped)."""
-        entry = self.entries.get(id(storage))
-        if entry is None:
-            return None
-        if entry[0]() is storage:
-            return entry
-        # Same id as a storage that died with its free still queued: apply that free first.
-        del self.entries[id(storage)]
-        self.totals[entry[1]] -= entry[2]
-        self.live -= entry[2]
-        if self.listener is not None:
-            self.listener(id(storage), 0)
-        if self.recorder is not None:
-            self.recorder.changed(id(storage), 0, entry[1])
-        return None
-
-    def add(self, storage: Any, category: str) -> int:
-        nbytes = _as_int(storage.nbytes())
-        key = id(storage)
-        ref = weakref.ref(storage, functools.partial(self.freed, key))
-        self.entries[key] = [ref, category, nbytes]
-        self.totals[category] += nbytes
-        self.live += nbytes
-        if self.listener is not None:
-            self.listener(key, nbytes)
-        if self.recorder is not None:
-            self.recorder.changed(key, nbytes, category)
-        return nbytes
-
-    def resize(self, entry: list[Any], storage: Any) -> int:
-        """Follow a tracked storage that an in-place op (``resize_``, ``out=``) has grown or shrunk."""
-        nbytes = _as_int(storage.nbytes())
-        change = nbytes - entry[2]
-        if change:
-            entry[2] = nbytes
-            self.totals[entry[1]] += change
-            self.live += change
-            if self.listener is not None:
-                self.listener(id(storage), nbytes)
-            if self.recorder is not None:
-                self.recorder.changed(id(storage), nbytes, entry[1])
-        return change
-
-    def move(self, entry: list[Any], category: str) -> None:
-        if entry[1] != category:
-            self.totals[entry[1]] -= entry[2]
-            self.totals[category] += entry[2]
-            entry[1] = category
-            if self.recorder is not None:
-                self.recorder.changed(id(entry[0]()), entry[2], category)
-
-    def note_peak(self) -> bool:
-        if self.live > self.peak:
-            self.peak = self.live
-            self.peak_totals = dict(self.totals)
-            if self.recorder is not None:
-                self.recorder.peaked()
-            return True
-        return False
 
 
 def _following_host() -> Any:
@@ -275,7 +146,7 @@ class MemoryTracker(TorchDispatchMode):
         self._active = False
         self._unpatch_resize: Callable[[], None] | None = None
         self._host: Any = None  # the fake mode this tracker follows instead of being a mode (see _following_host)
-        self._ledger = _Ledger(self.categories)
+        self._ledger = Ledger(self.categories)
         self._ledger.listener = on_storage
         if baseline:
             for category, tensors in baseline.items():
@@ -442,8 +313,9 @@ class MemoryTracker(TorchDispatchMode):
         return recorder.section(name) if recorder is not None else contextlib.nullcontext()
 
     def listen(self, recorder: Any) -> Callable[[], None]:
-        """Tell ``recorder`` (``changed(key, bytes, category)``, ``peaked()``, ``section(name)``, ``start(entries)``)
-        every change from now on, after the storages live now; returns what stops it.
+        """Tell ``recorder`` (``changed(key, bytes, category)``, ``peaked()``, ``section(name)``, ``start(entries)``,
+        and ``checked()`` where it has one: each check of the peak) every change from now on, after the storages
+        live now; returns what stops it.
 
         Example:
             >>> MemoryTracker().listen(None)()
@@ -453,9 +325,11 @@ class MemoryTracker(TorchDispatchMode):
         if recorder is not None:
             recorder.start([(key, entry[2], entry[1]) for key, entry in ledger.entries.items()])
         ledger.recorder = recorder
+        ledger.checker = getattr(recorder, "checked", None)
 
         def stop() -> None:
             ledger.recorder = None
+            ledger.checker = None
 
         return stop
 

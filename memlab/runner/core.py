@@ -33,7 +33,6 @@ from memlab.measure.cuda import CudaPeak
 from memlab.measure.oom import release_error, release_memory
 from memlab.measure.probes import Probe, probe_for
 from memlab.measure.reading import PeakReading, read_failed_peak, read_peak
-from memlab.measure.timeline import StepRecorder
 from memlab.measure.tracker import MemoryTracker
 from memlab.options import RunOptions
 from memlab.plan import Plan
@@ -306,7 +305,7 @@ class Runner(Generic[PlanT, TrialT]):
         tracker = self._tracker(attempt, limit, sample if self.options.callback else None)
         allocator: CudaPeak | None = None
         history: dict[str, Any] | None = None
-        recorder = StepRecorder(self.model, tracker.categories)
+        recorder = self.probe.step_recorder(self.model, tracker.categories)
         try:
             with self.probe.memory_history() as history, self.probe.allocator_peak() as allocator, tracker, \
                     recorder.recording(tracker):

@@ -1,0 +1,226 @@
+"""Estimates of a deep model from a dry run of three of its layers: the first, one between, and the last.
+
+A 7B Llama has 32 identical decoder layers, a 70B one 80; a dry run spends nearly all its time in them, one fake
+operator at a time. Where a transformers config builds its layers as one block repeated (the same modules,
+shapes and settings in every layer), the dry run of three layers shows everything each layer does, and
+:func:`~memlab.estimation.depth_extend.extend` plays it at the model's depth: the same events a dry run of every
+layer would tell the allocator's model and the step's tracker, replayed through them
+(:mod:`memlab.estimation.depth_replay`). The result is the estimate of the whole model, not an extrapolation of its
+numbers: the peak, its breakdown, the reserved peak and the timeline come out of the same consumers, told the same
+things.
+
+Each plan is also dry-run at two layers, and the three-layer log carried to two layers must tell its consumers
+exactly what that real dry run told them (:func:`~memlab.estimation.depth_extend.canonical`): where a plan's step
+does not repeat layer by layer (a layer that differs, work that grows with the depth outside the layers), the two
+disagree and the plan is dry-run at its full depth instead. So is a model whose layers differ in the config
+(``layer_types`` that mix sliding and full attention, dense layers before mixture-of-experts ones), and a plan
+that checkpoints only some blocks.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from memlab.estimation.configs import is_transformers_config, load_config, meta_model
+from memlab.estimation.depth_extend import SOURCE_LAYERS, NotRepeating, canonical, extend
+from memlab.estimation.depth_log import ALLOCATOR, STEP, Event, LayerPaths
+from memlab.estimation.depth_replay import replay_allocator, replay_step
+from memlab.plan import Plan
+from memlab.report import Trial
+from memlab.report.timeline import Timeline
+
+__all__ = ["CHECK_LAYERS", "ShallowModel", "ShallowRun", "carried_trial", "plan_carries", "shallow_model"]
+
+CHECK_LAYERS = 2
+"""The depth of the dry run that each carried plan is checked against."""
+
+
+@dataclass(frozen=True)
+class ShallowModel:
+    """A config whose layers repeat: where they are, how many, and its configs of fewer layers."""
+
+    paths: LayerPaths
+    depth: int
+    """The model's layers."""
+    configs: dict[int, Any]
+    """Layers -> the config with that many (:data:`~memlab.estimation.depth_extend.SOURCE_LAYERS` and
+    :data:`CHECK_LAYERS`)."""
+
+
+@dataclass
+class ShallowRun:
+    """One plan's dry run of a few layers: its trial (notes included, before it is made an estimate) and the
+    events its :class:`~memlab.estimation.depth_log.DepthLog` kept."""
+
+    trial: Trial
+    reserved: int | None
+    events: list[Event]
+
+
+# Configs asked about, by id (a config is not hashable): the config (weakly), what it said then, and the answer.
+_KNOWN: dict[int, tuple[weakref.ref[Any], dict[str, Any], ShallowModel | None]] = {}
+
+
+def shallow_model(model_or_config: Any) -> ShallowModel | None:
+    """The model's repeated layers and its configs of three and two layers, where ``model_or_config`` is a
+    transformers config (or a name of one) whose layers are one block repeated more than three times; None
+    otherwise (a live model, a config with layers that differ, no ``num_hidden_layers``).
+
+    Example:
+        >>> shallow = shallow_model("llama-7b")
+        >>> shallow.depth, shallow.paths.container, shallow.configs[3].num_hidden_layers
+        (32, 'model.layers', 3)
+        >>> from transformers import Gemma2Config
+        >>> shallow_model(Gemma2Config(num_hidden_layers=8)) is None  # sliding and full attention layers alternate
+        True
+    """
+    if isinstance(model_or_config, (str, os.PathLike)):
+        model_or_config = load_config(model_or_config)
+    if not is_transformers_config(model_or_config):
+        return None
+    config = model_or_config
+    snapshot = config.to_dict()
+    known = _KNOWN.get(id(config))
+    if known is not None and known[0]() is config and known[1] == snapshot:
+        return known[2]
+    found = _shallow_model(config)
+    key = id(config)
+    _KNOWN[key] = (weakref.ref(config, lambda _: _KNOWN.pop(key, None)), snapshot, found)
+    return found
+
+
+def _shallow_model(config: Any) -> ShallowModel | None:
+    depth = getattr(config, "num_hidden_layers", None)
+    if type(depth) is not int or depth <= SOURCE_LAYERS:
+        return None
+    configs: dict[int, Any] = {}
+    for layers in (SOURCE_LAYERS, CHECK_LAYERS):
+        shallow = _with_layers(config, layers)
+        if shallow is None:
+            return None
+        configs[layers] = shallow
+    try:
+        full, three = meta_model(config), meta_model(configs[SOURCE_LAYERS])
+    except Exception:  # noqa: BLE001 - a model that cannot be built shallow is dry-run whole
+        return None
+    paths = _layer_paths(full, depth)
+    if paths is None or _layer_paths(three, SOURCE_LAYERS) != paths:
+        return None
+    signatures = {_signature(layer) for layer in (*_layers(full, paths), *_layers(three, paths))}
+    return ShallowModel(paths, depth, configs) if len(signatures) == 1 else None
+
+
+def _with_layers(config: Any, layers: int) -> Any | None:
+    """A copy of ``config`` with ``layers`` layers; None where a per-layer setting differs between layers."""
+    depth = config.num_hidden_layers
+    shallow = copy.deepcopy(config)
+    for name, value in vars(config).items():
+        if isinstance(value, (list, tuple)) and len(value) == depth and depth > 1:
+            if any(item != value[0] for item in value):
+                return None
+            setattr(shallow, name, type(value)(value[:layers]))
+    shallow.num_hidden_layers = layers
+    return shallow
+
+
+def _layer_paths(model: nn.Module, depth: int) -> LayerPaths | None:
+    """Where ``model``'s ``depth`` layers are: its one ``nn.ModuleList`` of that length."""
+    found = [name for name, module in model.named_modules() if isinstance(module, nn.ModuleList) and
+             len(module) == depth]
+    if len(found) != 1 or not found[0]:
+        return None
+    container = found[0]
+    runner = container.rpartition(".")[0] or type(model).__name__  # ModuleWatch names the root by its class
+    return LayerPaths(container, runner)
+
+
+def _layers(model: nn.Module, paths: LayerPaths) -> list[nn.Module]:
+    return list(model.get_submodule(paths.container))
+
+
+_INDEX_WORDS = ("idx", "index", "layer_id", "layer_number")
+
+
+def _signature(layer: nn.Module) -> tuple[Any, ...]:
+    """What makes two layers the same block: their modules, tensors and plain settings (not their numbers)."""
+    parts = []
+    for name, module in layer.named_modules():
+        tensors = tuple((key, tuple(t.shape), t.dtype, t.requires_grad)
+                        for key, t in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False))
+                        if t is not None)
+        settings = tuple(sorted((key, value) for key, value in vars(module).items()
+                                if not key.startswith("_") and _plain(value)
+                                and not any(word in key for word in _INDEX_WORDS)))
+        parts.append((name, type(module).__name__, tensors, settings))
+    return tuple(parts)
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_plain(item) for item in value)
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def plan_carries(plan: Any) -> bool:
+    """Whether a plan's dry run of three layers can stand for every layer: a training plan that checkpoints every
+    block or none (``k`` blocks of the model's are spread over all its layers).
+
+    Example:
+        >>> plan_carries(Plan(checkpointing=True)), plan_carries(Plan(checkpointing=4))
+        (True, False)
+    """
+    return isinstance(plan, Plan) and isinstance(plan.checkpointing, bool)
+
+
+_SAME_FIELDS = ("plan", "status", "error", "rows_per_step", "notes", "model_weights", "device", "preexisting_bytes",
+                "context_bytes")
+
+
+def carried_trial(shallow: ShallowModel, runs: dict[int, ShallowRun], categories: Sequence[str],
+                  capacity: int | None) -> tuple[Trial, int | None] | None:
+    """The plan's trial at the model's depth and its reserved peak, from its dry runs of three and two layers;
+    None where the two do not show one step repeating layer by layer (the plan is then dry-run whole).
+
+    The three-layer log is first replayed as it is, and must give that dry run's own results (so its consumers
+    were told everything); carried to two layers, it must tell them exactly what the two-layer dry run did.
+    """
+    three, two = runs[SOURCE_LAYERS], runs[CHECK_LAYERS]
+    if three.trial.status != "ok" or any(getattr(three.trial, name) != getattr(two.trial, name)
+                                         for name in _SAME_FIELDS):
+        return None
+    allocator = any(event.consumer == ALLOCATOR for event in three.events)
+    if not _replays_itself(three, categories, capacity, allocator):
+        return None
+    try:
+        checked = extend(three.events, CHECK_LAYERS, shallow.paths)
+        if any(canonical(checked, consumer) != canonical(two.events, consumer) for consumer in (ALLOCATOR, STEP)):
+            return None
+        deep = extend(three.events, shallow.depth, shallow.paths)
+    except NotRepeating:
+        return None
+    step = replay_step(deep, categories)
+    reserved = replay_allocator(deep, capacity) if allocator else None
+    breakdown = {key: value for key, value in step.breakdown.items() if key in categories}
+    timeline = three.trial.timeline and Timeline.from_recording(
+        step.recording, peak_bytes=step.peak_bytes, breakdown=breakdown, device=three.trial.timeline.device)
+    trial = dataclasses.replace(three.trial, peak_bytes=step.peak_bytes, breakdown=breakdown, timeline=timeline)
+    return trial, (reserved[0] if reserved is not None and three.reserved is not None else None)
+
+
+def _replays_itself(run: ShallowRun, categories: Sequence[str], capacity: int | None, allocator: bool) -> bool:
+    step = replay_step(run.events, categories)
+    if step.peak_bytes != run.trial.peak_bytes or {k: v for k, v in step.breakdown.items() if k in categories} != \
+            run.trial.breakdown:
+        return False
+    if not allocator:
+        return run.reserved is None
+    read = replay_allocator(run.events, capacity)
+    return read is not None and read[0] == run.reserved

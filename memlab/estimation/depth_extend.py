@@ -1,0 +1,286 @@
+"""A three-layer dry run's events carried to any depth: what a dry run of every layer would have told the allocator's
+model and the tracked step's ledger, without running them (:mod:`memlab.estimation.depth`).
+
+The log of a dry run of three identical layers (:class:`~memlab.estimation.depth_log.DepthLog`) is a sequence of
+events, most of them belonging to one layer. Where events of several layers follow each other, layer after layer
+(the forward pass 0, 1, 2; backward 2, 1, 0; the optimizer's state made parameter by parameter), they form a
+*sweep*; everything else belongs to no layer (the embedding, the head, the loss). The model's layers are played by
+three templates: layer 0 is the first layer, layer 2 the last one, and layer 1 every layer between them. So a log
+of depth 3 becomes depth ``D`` by playing, in each sweep, layer 1's run of events once for each of the layers 1 to
+``D - 2`` (the last layer's run as layer ``D - 1``, the first's as layer 0), in the sweep's direction.
+
+Each played event gets a storage of its own layer: an event of layer ``j`` about a storage of the layer before it
+(its input) is about layer ``j - 1``'s storage in the same place. Which storage of one template plays which of
+another comes from the log itself: layers 1 and 2 run the same events in each sweep (the log is refused where they
+do not), so their storages pair up by position, and layer 1's storages that layer 2's events use pair with the
+layer 0 storages that layer 1's events use in the same place.
+
+Anything that does not fit this pattern raises :class:`NotRepeating`, and the dry run runs every layer instead.
+:func:`canonical` writes events so that two logs compare equal when they tell their consumers the same, which is
+how a log carried to depth 2 is checked against a real dry run of two layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from memlab.estimation.depth_log import Event, LayerPaths, Storage
+
+__all__ = ["SOURCE_LAYERS", "NotRepeating", "canonical", "extend"]
+
+SOURCE_LAYERS = 3
+"""The layers of the dry run that is carried to another depth: the first, one between, and the last."""
+
+_STORAGE_OPS = frozenset({"alloc", "start", "free", "resize", "move"})
+_NEW = frozenset({"alloc", "start"})
+
+
+class NotRepeating(Exception):
+    """The log does not repeat layer by layer in the way :func:`extend` assumes (said in the message)."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    layer: int | None
+    start: int
+    end: int
+
+
+def extend(events: Sequence[Event], depth: int, paths: LayerPaths) -> list[Event]:
+    """The events a dry run of ``depth`` layers would have, from ``events`` of a dry run of three.
+
+    The played events carry a new key (one per storage and layer), the module renamed to their layer, and no
+    storage record; events of no layer keep their key.
+
+    Example:
+        >>> paths = LayerPaths("layers", "Net")
+        >>> log = [Event("A", "alloc", i, 8, module=f"layers.{i}", storage=Storage(i)) for i in range(3)]
+        >>> [event.module for event in extend(log, 5, paths)]
+        ['layers.0', 'layers.1', 'layers.2', 'layers.3', 'layers.4']
+    """
+    if depth < 2:
+        raise NotRepeating(f"a depth of {depth} has no first and last layer")
+    layers = _between(events, [event.layer for event in events])
+    if any(layer is not None and not 0 <= layer < SOURCE_LAYERS for layer in layers):
+        raise NotRepeating("an event belongs to a layer the log does not have")
+    owner = _owners(events, layers)
+    # an event about a storage, made outside every layer, belongs to the layer the storage was made in
+    layers = [owner[event.storage] if event.context is None and event.storage is not None else layer
+              for event, layer in zip(events, layers, strict=True)]
+    runs = _runs(layers)
+    sweeps = _sweeps(runs)
+    versions = _Versions()
+    for sweep in sweeps:
+        _pair(events, sweep, owner, versions, paths)
+    out: list[Event] = []
+    for sweep in sweeps:
+        for run, layer in _played(sweep, depth):
+            for index in range(run.start, run.end):
+                out.append(_play(events[index], run.layer, layer, depth, owner, versions, paths))
+    return out
+
+
+def _between(events: Sequence[Event], layers: list[int | None]) -> list[int | None]:
+    """``layers`` with the events about storages made from nothing outside every module, between two events of the
+    same or of neighbouring layers, given to the layer after them: what an optimizer makes for each parameter from
+    nothing (its step counter) before what it makes from the parameter (its moments)."""
+    index = 0
+    while index < len(layers):
+        if layers[index] is not None:
+            index += 1
+            continue
+        end = index
+        while end < len(layers) and layers[end] is None and not events[end].module and \
+                events[end].storage is not None and events[end].storage.tag is None:  # type: ignore[union-attr]
+            end += 1
+        before = layers[index - 1] if index else None
+        after = layers[end] if end < len(layers) else None
+        if end > index and before is not None and after is not None and abs(after - before) <= 1:
+            layers[index:end] = [after] * (end - index)
+        index = max(end, index + 1)
+    return layers
+
+
+def _runs(layers: Sequence[int | None]) -> list[_Run]:
+    runs: list[_Run] = []
+    start = 0
+    for index in range(1, len(layers) + 1):
+        if index == len(layers) or layers[index] != layers[start] or layers[index] is None:
+            runs.append(_Run(layers[start], start, index))
+            start = index
+    return runs
+
+
+def _sweeps(runs: Sequence[_Run]) -> list[list[_Run]]:
+    """Runs of successive layers, each sweep in one direction; a run of no layer is a sweep of its own."""
+    sweeps: list[list[_Run]] = []
+    direction = 0
+    for run in runs:
+        last = sweeps[-1][-1] if sweeps else None
+        if run.layer is not None and last is not None and last.layer is not None:
+            step = run.layer - last.layer
+            if step in (1, -1) and direction in (0, step):
+                sweeps[-1].append(run)
+                direction = step
+                continue
+        sweeps.append([run])
+        direction = 0
+    return sweeps
+
+
+def _owners(events: Sequence[Event], layers: Sequence[int | None]) -> dict[Storage, int | None]:
+    """The layer each storage was made in (its first event's), None for storages of no layer."""
+    owner: dict[Storage, int | None] = {}
+    for event, layer in zip(events, layers, strict=True):
+        if event.storage is not None and event.storage not in owner:
+            if event.op not in _NEW:
+                raise NotRepeating(f"a storage is used ({event.op}) before the log saw it made")
+            owner[event.storage] = layer
+    return owner
+
+
+class _Versions:
+    """Which storage of one template plays which of another (keys: template pairs)."""
+
+    def __init__(self) -> None:
+        self.maps: dict[tuple[int, int], dict[Storage, Storage]] = {(1, 2): {}, (2, 1): {}, (0, 1): {}, (1, 0): {}}
+
+    def add(self, source: int, target: int, storage: Storage, other: Storage) -> None:
+        for pair, first, second in (((source, target), storage, other), ((target, source), other, storage)):
+            known = self.maps[pair].setdefault(first, second)
+            if known is not second:
+                raise NotRepeating(f"a storage of layer {pair[0]} plays two storages of layer {pair[1]}")
+
+    def of(self, storage: Storage, source: int, target: int) -> Storage:
+        """``storage`` (of template ``source``) as template ``target`` has it."""
+        if source == target:
+            return storage
+        path = {(0, 2): ((0, 1), (1, 2)), (2, 0): ((2, 1), (1, 0))}.get((source, target), ((source, target),))
+        for step in path:
+            found = self.maps[step].get(storage)
+            if found is None:
+                raise NotRepeating(f"no storage of layer {step[1]} plays one of layer {step[0]}")
+            storage = found
+        return storage
+
+
+def _signature(event: Event, paths: LayerPaths) -> tuple[Any, ...]:
+    layer = paths.layer_of(event.module)
+    module = event.module if layer is None else paths.rename(event.module, -1)
+    return event.consumer, event.op, event.nbytes, event.category, module
+
+
+def _pair(events: Sequence[Event], sweep: Sequence[_Run], owner: dict[Storage, int | None],
+          versions: _Versions, paths: LayerPaths) -> None:
+    """Check that layers 1 and 2 run the same events in ``sweep`` and pair their storages."""
+    middle = [run for run in sweep if run.layer == 1]
+    last = [run for run in sweep if run.layer == 2]
+    if not middle or not last:
+        if middle and not any(run.layer in (0, 2) for run in sweep):
+            raise NotRepeating("events of a middle layer alone, with no first or last layer to say their order")
+        return
+    one, two = middle[0], last[0]
+    if one.end - one.start != two.end - two.start:
+        raise NotRepeating(f"layers 1 and 2 differ: {one.end - one.start} events against {two.end - two.start}")
+    for first, second in zip(events[one.start:one.end], events[two.start:two.end], strict=True):
+        if _signature(first, paths) != _signature(second, paths):
+            raise NotRepeating(f"layers 1 and 2 differ: {_signature(first, paths)} against "
+                               f"{_signature(second, paths)}")
+        if first.storage is None or second.storage is None:
+            continue
+        if first.op in _NEW or (owner[first.storage], owner[second.storage]) == (1, 2):
+            versions.add(1, 2, first.storage, second.storage)
+        elif (owner[first.storage], owner[second.storage]) == (0, 1):
+            # what layer 1 takes from the layer before it, layer 2 takes from layer 1 in the same place
+            versions.add(0, 1, first.storage, second.storage)
+
+
+def _played(sweep: Sequence[_Run], depth: int) -> list[tuple[_Run, int | None]]:
+    """Each run of ``sweep`` with the layers it is played as, in the sweep's order."""
+    if sweep[0].layer is None:
+        return [(sweep[0], None)]
+    descending = len(sweep) > 1 and sweep[1].layer < sweep[0].layer  # type: ignore[operator]
+    played: list[tuple[_Run, int | None]] = []
+    for run in sweep:
+        layers = _layers_of(run.layer, depth)  # type: ignore[arg-type]
+        for layer in reversed(layers) if descending else layers:
+            played.append((run, layer))
+    return played
+
+
+def _layers_of(template: int, depth: int) -> list[int]:
+    return {0: [0], 1: list(range(1, depth - 1)), 2: [depth - 1]}[template]
+
+
+def _template_of(layer: int, depth: int) -> int:
+    return 0 if layer == 0 else 2 if layer == depth - 1 else 1
+
+
+def _play(event: Event, template: int | None, layer: int | None, depth: int, owner: dict[Storage, int | None],
+          versions: _Versions, paths: LayerPaths) -> Event:
+    """``event`` (of ``template``) as layer ``layer`` of a model of ``depth`` layers has it."""
+    key: Hashable = event.key
+    storage = event.storage
+    if storage is not None:
+        made_in = owner[storage]
+        if made_in is None:
+            key = storage
+        elif template is None or layer is None:
+            raise NotRepeating("an event of no layer uses a storage of a layer")
+        else:
+            target = layer + (made_in - template)
+            if not 0 <= target < depth:
+                raise NotRepeating(f"layer {layer} uses a storage of layer {target}, which a model of {depth} "
+                                   "layers does not have")
+            key = (versions.of(storage, made_in, _template_of(target, depth)), target)
+    module = event.module
+    if layer is not None:
+        named = paths.layer_of(module)
+        if named is not None and named != template:
+            raise NotRepeating(f"an event of layer {template} runs in {module}")
+        if named is not None:
+            module = paths.rename(module, layer)
+    return Event(event.consumer, event.op, key, event.nbytes, event.category, module)
+
+
+def canonical(events: Sequence[Event], consumer: str,
+              identity: Callable[[Event], Hashable] | None = None) -> list[tuple[Any, ...]]:
+    """``consumer``'s events as comparable tuples: storages numbered in the order they are made, and the frees
+    that follow each other (a batch of frees, whose order the garbage collector and dict order decide and no
+    consumer's result depends on) in the order of those numbers.
+
+    ``identity`` says which storage an event is about (default: its storage record, else its key).
+
+    Example:
+        >>> one, two = Storage(None), Storage(None)
+        >>> log = [Event("A", "alloc", 7, 8, storage=one), Event("A", "alloc", 9, 8, storage=two),
+        ...        Event("A", "free", 9, storage=two), Event("A", "free", 7, storage=one)]
+        >>> canonical(log, "A")[2:]
+        [('free', 0, 0, '', ''), ('free', 1, 0, '', '')]
+    """
+    identity = identity or (lambda event: event.storage if event.storage is not None else event.key)
+    numbers: dict[Hashable, int] = {}
+    made = 0
+    rows: list[tuple[Any, ...]] = []
+    frees: list[tuple[Any, ...]] = []
+    for event in events:
+        if event.consumer != consumer:
+            continue
+        if event.op == "free":
+            number = numbers.pop(identity(event))
+            frees.append((event.op, number, 0, event.category, event.module))
+            continue
+        if frees:
+            rows += sorted(frees)
+            frees = []
+        if event.op in _STORAGE_OPS:
+            which = identity(event)
+            if event.op in _NEW:
+                numbers[which] = made
+                made += 1
+            rows.append((event.op, numbers[which], event.nbytes, event.category, event.module))
+        else:
+            rows.append((event.op, event.category, event.module))
+    return rows + sorted(frees)
