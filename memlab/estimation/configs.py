@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from memlab.runner.quiet import without_paths
 
 __all__ = [
     "KNOWN_SHAPES",
+    "built_from",
     "checkpoint_dtype",
     "dtype_keyword",
     "is_transformers_config",
@@ -215,7 +217,22 @@ def meta_model(config: Any) -> nn.Module:
     if built is not None:
         with contextlib.suppress(AttributeError, TypeError, ValueError):
             setattr(built, dtype_keyword(), recorded)
+    _BUILT[model] = config
     return model
+
+
+_BUILT: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
+
+
+def built_from(model: nn.Module) -> Any | None:
+    """The config :func:`meta_model` built ``model`` from (a copy); None for any other model.
+
+    Example:
+        >>> config = load_config("gpt2")
+        >>> built_from(meta_model(config)).n_layer, built_from(nn.Linear(2, 2))
+        (12, None)
+    """
+    return _BUILT.get(model)
 
 
 def checkpoint_dtype(config: Any) -> torch.dtype | None:

@@ -29,30 +29,43 @@ from typing import Any
 
 from torch import nn
 
-from memlab.estimation.configs import is_transformers_config, load_config, meta_model
-from memlab.estimation.depth_extend import SOURCE_LAYERS, NotRepeating, canonical, extend
+from memlab.estimation.configs import built_from, is_transformers_config, load_config, meta_model
+from memlab.estimation.depth_extend import NotRepeating, canonical, check_layers, extend, source_layers
 from memlab.estimation.depth_log import ALLOCATOR, STEP, Event, LayerPaths
 from memlab.estimation.depth_replay import replay_allocator, replay_step
 from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.report.timeline import Timeline
 
-__all__ = ["CHECK_LAYERS", "ShallowModel", "ShallowRun", "carried_trial", "plan_carries", "shallow_model"]
-
-CHECK_LAYERS = 2
-"""The depth of the dry run that each carried plan is checked against."""
+__all__ = ["ShallowModel", "ShallowRun", "carried_trial", "plan_carries", "shallow_model"]
 
 
 @dataclass(frozen=True)
 class ShallowModel:
-    """A config whose layers repeat: where they are, how many, and its configs of fewer layers."""
+    """A config whose layers repeat: where they are, how many, and the config with fewer of them."""
 
     paths: LayerPaths
     depth: int
     """The model's layers."""
-    configs: dict[int, Any]
-    """Layers -> the config with that many (:data:`~memlab.estimation.depth_extend.SOURCE_LAYERS` and
-    :data:`CHECK_LAYERS`)."""
+    config: Any
+    """The model's config."""
+    _built: dict[int, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def with_layers(self, layers: int) -> Any:
+        """The config with ``layers`` layers (its per-layer settings, all alike, cut to as many).
+
+        Example:
+            >>> shallow_model("llama-7b").with_layers(3).num_hidden_layers
+            3
+        """
+        if layers not in self._built:
+            self._built[layers] = _with_layers(self.config, layers)
+        return self._built[layers]
+
+    def carries(self, edge: int = 1) -> bool:
+        """Whether the model is deeper than the dry run that would stand for it (:func:`~memlab.estimation.
+        depth_extend.source_layers`)."""
+        return self.depth > source_layers(edge)
 
 
 @dataclass
@@ -76,7 +89,7 @@ def shallow_model(model_or_config: Any) -> ShallowModel | None:
 
     Example:
         >>> shallow = shallow_model("llama-7b")
-        >>> shallow.depth, shallow.paths.container, shallow.configs[3].num_hidden_layers
+        >>> shallow.depth, shallow.paths.container, shallow.with_layers(3).num_hidden_layers
         (32, 'model.layers', 3)
         >>> from transformers import Gemma2Config
         >>> shallow_model(Gemma2Config(num_hidden_layers=8)) is None  # sliding and full attention layers alternate
@@ -84,6 +97,12 @@ def shallow_model(model_or_config: Any) -> ShallowModel | None:
     """
     if isinstance(model_or_config, (str, os.PathLike)):
         model_or_config = load_config(model_or_config)
+    if isinstance(model_or_config, nn.Module):
+        # memlab's own model of a config on the meta device is that config; a live model is estimated as it is
+        built = built_from(model_or_config)
+        if built is None or not _same_model(model_or_config, meta_model(built)):
+            return None
+        model_or_config = built
     if not is_transformers_config(model_or_config):
         return None
     config = model_or_config
@@ -99,23 +118,32 @@ def shallow_model(model_or_config: Any) -> ShallowModel | None:
 
 def _shallow_model(config: Any) -> ShallowModel | None:
     depth = getattr(config, "num_hidden_layers", None)
-    if type(depth) is not int or depth <= SOURCE_LAYERS:
+    source = source_layers()
+    if type(depth) is not int or depth <= source:
         return None
-    configs: dict[int, Any] = {}
-    for layers in (SOURCE_LAYERS, CHECK_LAYERS):
-        shallow = _with_layers(config, layers)
-        if shallow is None:
-            return None
-        configs[layers] = shallow
+    three = _with_layers(config, source)
+    if three is None:
+        return None
     try:
-        full, three = meta_model(config), meta_model(configs[SOURCE_LAYERS])
+        full, shallow = meta_model(config), meta_model(three)
     except Exception:  # noqa: BLE001 - a model that cannot be built shallow is dry-run whole
         return None
     paths = _layer_paths(full, depth)
-    if paths is None or _layer_paths(three, SOURCE_LAYERS) != paths:
+    if paths is None or _layer_paths(shallow, source) != paths:
         return None
-    signatures = {_signature(layer) for layer in (*_layers(full, paths), *_layers(three, paths))}
-    return ShallowModel(paths, depth, configs) if len(signatures) == 1 else None
+    signatures = {_signature(layer) for layer in (*_layers(full, paths), *_layers(shallow, paths))}
+    return ShallowModel(paths, depth, config, {source: three}) if len(signatures) == 1 else None
+
+
+def _same_model(model: nn.Module, built: nn.Module) -> bool:
+    """Whether ``model`` still is what its config builds (nothing put on it, nothing cast or frozen since)."""
+    def tensors(module: nn.Module) -> list[Any]:
+        return [(name, type(owner).__name__, tuple(t.shape), t.dtype, t.requires_grad)
+                for owner_name, owner in module.named_modules()
+                for name, t in (*owner.named_parameters(prefix=owner_name, recurse=False),
+                                *owner.named_buffers(prefix=owner_name, recurse=False))]
+
+    return tensors(model) == tensors(built)
 
 
 def _with_layers(config: Any, layers: int) -> Any | None:
@@ -143,7 +171,7 @@ def _layer_paths(model: nn.Module, depth: int) -> LayerPaths | None:
 
 
 def _layers(model: nn.Module, paths: LayerPaths) -> list[nn.Module]:
-    return list(model.get_submodule(paths.container))
+    return list(model.get_submodule(paths.container).children())
 
 
 _INDEX_WORDS = ("idx", "index", "layer_id", "layer_number")
@@ -192,7 +220,7 @@ def carried_trial(shallow: ShallowModel, runs: dict[int, ShallowRun], categories
     The three-layer log is first replayed as it is, and must give that dry run's own results (so its consumers
     were told everything); carried to two layers, it must tell them exactly what the two-layer dry run did.
     """
-    three, two = runs[SOURCE_LAYERS], runs[CHECK_LAYERS]
+    three, two = runs[source_layers()], runs[check_layers()]
     if three.trial.status != "ok" or any(getattr(three.trial, name) != getattr(two.trial, name)
                                          for name in _SAME_FIELDS):
         return None
@@ -200,7 +228,7 @@ def carried_trial(shallow: ShallowModel, runs: dict[int, ShallowRun], categories
     if not _replays_itself(three, categories, capacity, allocator):
         return None
     try:
-        checked = extend(three.events, CHECK_LAYERS, shallow.paths)
+        checked = extend(three.events, check_layers(), shallow.paths)
         if any(canonical(checked, consumer) != canonical(two.events, consumer) for consumer in (ALLOCATOR, STEP)):
             return None
         deep = extend(three.events, shallow.depth, shallow.paths)

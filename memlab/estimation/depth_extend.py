@@ -28,10 +28,28 @@ from typing import Any
 
 from memlab.estimation.depth_log import Event, LayerPaths, Storage
 
-__all__ = ["SOURCE_LAYERS", "NotRepeating", "canonical", "extend"]
+__all__ = ["NotRepeating", "canonical", "check_layers", "extend", "source_layers"]
 
-SOURCE_LAYERS = 3
-"""The layers of the dry run that is carried to another depth: the first, one between, and the last."""
+
+def source_layers(edge: int = 1) -> int:
+    """The layers of the dry run that is carried to another depth: ``edge`` first ones, one between, ``edge`` last
+    ones (three for one GPU; five for FSDP2, whose backward reaches two layers ahead).
+
+    Example:
+        >>> source_layers(), source_layers(2)
+        (3, 5)
+    """
+    return 2 * edge + 1
+
+
+def check_layers(edge: int = 1) -> int:
+    """The layers of the dry run a carried log is checked against: the source's, less the one between.
+
+    Example:
+        >>> check_layers(), check_layers(2)
+        (2, 4)
+    """
+    return 2 * edge
 
 _STORAGE_OPS = frozenset({"alloc", "start", "free", "resize", "move"})
 _NEW = frozenset({"alloc", "start"})
@@ -48,8 +66,10 @@ class _Run:
     end: int
 
 
-def extend(events: Sequence[Event], depth: int, paths: LayerPaths) -> list[Event]:
-    """The events a dry run of ``depth`` layers would have, from ``events`` of a dry run of three.
+def extend(events: Sequence[Event], depth: int, paths: LayerPaths, edge: int = 1) -> list[Event]:
+    """The events a dry run of ``depth`` layers would have, from ``events`` of a dry run of
+    :func:`source_layers` (``edge`` first and last layers played as themselves, the one between them as every other
+    layer).
 
     The played events carry a new key (one per storage and layer), the module renamed to their layer, and no
     storage record; events of no layer keep their key.
@@ -60,10 +80,11 @@ def extend(events: Sequence[Event], depth: int, paths: LayerPaths) -> list[Event
         >>> [event.module for event in extend(log, 5, paths)]
         ['layers.0', 'layers.1', 'layers.2', 'layers.3', 'layers.4']
     """
-    if depth < 2:
-        raise NotRepeating(f"a depth of {depth} has no first and last layer")
+    shape = _Shape(edge, depth)
+    if depth < check_layers(edge):
+        raise NotRepeating(f"a depth of {depth} has not {edge} first and {edge} last layers")
     layers = _between(events, [event.layer for event in events])
-    if any(layer is not None and not 0 <= layer < SOURCE_LAYERS for layer in layers):
+    if any(layer is not None and not 0 <= layer < shape.source for layer in layers):
         raise NotRepeating("an event belongs to a layer the log does not have")
     owner = _owners(events, layers)
     # an event about a storage, made outside every layer, belongs to the layer the storage was made in
@@ -71,15 +92,48 @@ def extend(events: Sequence[Event], depth: int, paths: LayerPaths) -> list[Event
               for event, layer in zip(events, layers, strict=True)]
     runs = _runs(layers)
     sweeps = _sweeps(runs)
-    versions = _Versions()
+    versions = _Versions(shape.middle)
     for sweep in sweeps:
-        _pair(events, sweep, owner, versions, paths)
+        _pair(events, sweep, owner, versions, paths, shape.middle)
     out: list[Event] = []
     for sweep in sweeps:
-        for run, layer in _played(sweep, depth):
+        for run, layer in _played(sweep, shape):
             for index in range(run.start, run.end):
-                out.append(_play(events[index], run.layer, layer, depth, owner, versions, paths))
+                out.append(_play(events[index], run.layer, layer, shape, owner, versions, paths))
     return out
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The source log's templates and the depth they are played at: templates ``0 .. edge - 1`` are the first layers,
+    ``middle`` (= ``edge``) every layer between, the rest the last layers."""
+
+    edge: int
+    depth: int
+
+    @property
+    def source(self) -> int:
+        return source_layers(self.edge)
+
+    @property
+    def middle(self) -> int:
+        return self.edge
+
+    def layers_of(self, template: int) -> list[int]:
+        """The layers ``template`` is played as."""
+        if template < self.middle:
+            return [template]
+        if template > self.middle:
+            return [self.depth - (self.source - template)]
+        return list(range(self.edge, self.depth - self.edge))
+
+    def template_of(self, layer: int) -> int:
+        """The template that plays ``layer``."""
+        if layer < self.edge:
+            return layer
+        if layer >= self.depth - self.edge:
+            return self.source - (self.depth - layer)
+        return self.middle
 
 
 def _between(events: Sequence[Event], layers: list[int | None]) -> list[int | None]:
@@ -142,10 +196,15 @@ def _owners(events: Sequence[Event], layers: Sequence[int | None]) -> dict[Stora
 
 
 class _Versions:
-    """Which storage of one template plays which of another (keys: template pairs)."""
+    """Which storage of one template plays which of another, for the middle template and its neighbours (keys:
+    template pairs)."""
 
-    def __init__(self) -> None:
-        self.maps: dict[tuple[int, int], dict[Storage, Storage]] = {(1, 2): {}, (2, 1): {}, (0, 1): {}, (1, 0): {}}
+    def __init__(self, middle: int) -> None:
+        before, after = middle - 1, middle + 1
+        self.maps: dict[tuple[int, int], dict[Storage, Storage]] = {
+            (middle, after): {}, (after, middle): {}, (before, middle): {}, (middle, before): {}}
+        self.through = {(before, after): ((before, middle), (middle, after)),
+                        (after, before): ((after, middle), (middle, before))}
 
     def add(self, source: int, target: int, storage: Storage, other: Storage) -> None:
         for pair, first, second in (((source, target), storage, other), ((target, source), other, storage)):
@@ -157,9 +216,9 @@ class _Versions:
         """``storage`` (of template ``source``) as template ``target`` has it."""
         if source == target:
             return storage
-        path = {(0, 2): ((0, 1), (1, 2)), (2, 0): ((2, 1), (1, 0))}.get((source, target), ((source, target),))
+        path = self.through.get((source, target), ((source, target),))
         for step in path:
-            found = self.maps[step].get(storage)
+            found = self.maps.get(step, {}).get(storage)
             if found is None:
                 raise NotRepeating(f"no storage of layer {step[1]} plays one of layer {step[0]}")
             storage = found
@@ -167,60 +226,75 @@ class _Versions:
 
 
 def _signature(event: Event, paths: LayerPaths) -> tuple[Any, ...]:
-    layer = paths.layer_of(event.module)
-    module = event.module if layer is None else paths.rename(event.module, -1)
-    return event.consumer, event.op, event.nbytes, event.category, module
+    names = _names(event.key, paths, -1) if event.storage is None else None
+    # A free or a new category is about a storage made earlier, whose size is its own: between layers, the one
+    # before a layer and the one before the first layer (what the head leaves) may differ.
+    nbytes = event.nbytes if event.op not in ("free", "move") else None
+    return event.consumer, event.op, nbytes, event.category, paths.rename(event.module, -1), names
+
+
+def _names(key: Any, paths: LayerPaths, layer: int, template: int | None = None, depth: int = 0) -> Any:
+    """A marker's module name (or names: the FSDP modules running at a peak check) as an event of ``template`` played
+    as ``layer`` has them: a name in the event's own layer in ``layer``, one in the layer before or after it in the
+    layer before or after ``layer`` (without ``template``: every layer number made ``layer``)."""
+    if isinstance(key, str):
+        named = paths.layer_of(key)
+        if named is None or template is None:
+            return paths.rename(key, layer)
+        target = layer + named - template
+        if not 0 <= target < depth or abs(named - template) > 1:
+            raise NotRepeating(f"an event of layer {template} names {key}")
+        return paths.rename(key, target)
+    if isinstance(key, tuple):
+        return tuple(_names(name, paths, layer, template, depth) for name in key)
+    return key
 
 
 def _pair(events: Sequence[Event], sweep: Sequence[_Run], owner: dict[Storage, int | None],
-          versions: _Versions, paths: LayerPaths) -> None:
-    """Check that layers 1 and 2 run the same events in ``sweep`` and pair their storages."""
-    middle = [run for run in sweep if run.layer == 1]
-    last = [run for run in sweep if run.layer == 2]
-    if not middle or not last:
-        if middle and not any(run.layer in (0, 2) for run in sweep):
+          versions: _Versions, paths: LayerPaths, middle: int) -> None:
+    """Check that the middle layer and the one after it run the same events in ``sweep`` and pair their storages."""
+    after = middle + 1
+    runs = [run for run in sweep if run.layer == middle]
+    nexts = [run for run in sweep if run.layer == after]
+    if not runs or not nexts:
+        if runs and len(sweep) == 1:
             raise NotRepeating("events of a middle layer alone, with no first or last layer to say their order")
         return
-    one, two = middle[0], last[0]
+    one, two = runs[0], nexts[0]
     if one.end - one.start != two.end - two.start:
-        raise NotRepeating(f"layers 1 and 2 differ: {one.end - one.start} events against {two.end - two.start}")
+        raise NotRepeating(f"layers {middle} and {after} differ: {one.end - one.start} events against "
+                           f"{two.end - two.start}")
     for first, second in zip(events[one.start:one.end], events[two.start:two.end], strict=True):
         if _signature(first, paths) != _signature(second, paths):
-            raise NotRepeating(f"layers 1 and 2 differ: {_signature(first, paths)} against "
+            raise NotRepeating(f"layers {middle} and {after} differ: {_signature(first, paths)} against "
                                f"{_signature(second, paths)}")
         if first.storage is None or second.storage is None:
             continue
-        if first.op in _NEW or (owner[first.storage], owner[second.storage]) == (1, 2):
-            versions.add(1, 2, first.storage, second.storage)
-        elif (owner[first.storage], owner[second.storage]) == (0, 1):
-            # what layer 1 takes from the layer before it, layer 2 takes from layer 1 in the same place
-            versions.add(0, 1, first.storage, second.storage)
+        pair = (owner[first.storage], owner[second.storage])
+        if first.op in _NEW or pair == (middle, after):
+            versions.add(middle, after, first.storage, second.storage)
+        elif pair == (middle - 1, middle):
+            # what the middle layer takes from the layer before it, the next takes from the middle in the same place
+            versions.add(middle - 1, middle, first.storage, second.storage)
 
 
-def _played(sweep: Sequence[_Run], depth: int) -> list[tuple[_Run, int | None]]:
+def _played(sweep: Sequence[_Run], shape: _Shape) -> list[tuple[_Run, int | None]]:
     """Each run of ``sweep`` with the layers it is played as, in the sweep's order."""
     if sweep[0].layer is None:
         return [(sweep[0], None)]
     descending = len(sweep) > 1 and sweep[1].layer < sweep[0].layer  # type: ignore[operator]
     played: list[tuple[_Run, int | None]] = []
     for run in sweep:
-        layers = _layers_of(run.layer, depth)  # type: ignore[arg-type]
+        layers = shape.layers_of(run.layer)  # type: ignore[arg-type]
         for layer in reversed(layers) if descending else layers:
             played.append((run, layer))
     return played
 
 
-def _layers_of(template: int, depth: int) -> list[int]:
-    return {0: [0], 1: list(range(1, depth - 1)), 2: [depth - 1]}[template]
-
-
-def _template_of(layer: int, depth: int) -> int:
-    return 0 if layer == 0 else 2 if layer == depth - 1 else 1
-
-
-def _play(event: Event, template: int | None, layer: int | None, depth: int, owner: dict[Storage, int | None],
+def _play(event: Event, template: int | None, layer: int | None, shape: _Shape, owner: dict[Storage, int | None],
           versions: _Versions, paths: LayerPaths) -> Event:
-    """``event`` (of ``template``) as layer ``layer`` of a model of ``depth`` layers has it."""
+    """``event`` (of ``template``) as layer ``layer`` of a model of ``shape.depth`` layers has it."""
+    depth = shape.depth
     key: Hashable = event.key
     storage = event.storage
     if storage is not None:
@@ -234,7 +308,7 @@ def _play(event: Event, template: int | None, layer: int | None, depth: int, own
             if not 0 <= target < depth:
                 raise NotRepeating(f"layer {layer} uses a storage of layer {target}, which a model of {depth} "
                                    "layers does not have")
-            key = (versions.of(storage, made_in, _template_of(target, depth)), target)
+            key = (versions.of(storage, made_in, shape.template_of(target)), target)
     module = event.module
     if layer is not None:
         named = paths.layer_of(module)
@@ -242,14 +316,35 @@ def _play(event: Event, template: int | None, layer: int | None, depth: int, own
             raise NotRepeating(f"an event of layer {template} runs in {module}")
         if named is not None:
             module = paths.rename(module, layer)
+        if storage is None:
+            key = _names(key, paths, layer, template, depth)
+    elif storage is None:
+        key = _fixed_names(key, paths, shape)
     return Event(event.consumer, event.op, key, event.nbytes, event.category, module)
+
+
+def _fixed_names(key: Any, paths: LayerPaths, shape: _Shape) -> Any:
+    """A marker of no layer's module names (an FSDP module whose backward starts while the head's runs), each in
+    the one layer its template is played as (the middle template, played as many, refused)."""
+    if isinstance(key, str):
+        named = paths.layer_of(key)
+        if named is None:
+            return key
+        layers = shape.layers_of(named)
+        if len(layers) != 1:
+            raise NotRepeating(f"an event of no layer names {key}, a layer between the first and the last")
+        return paths.rename(key, layers[0])
+    if isinstance(key, tuple):
+        return tuple(_fixed_names(name, paths, shape) for name in key)
+    return key
 
 
 def canonical(events: Sequence[Event], consumer: str,
               identity: Callable[[Event], Hashable] | None = None) -> list[tuple[Any, ...]]:
-    """``consumer``'s events as comparable tuples: storages numbered in the order they are made, and the frees
-    that follow each other (a batch of frees, whose order the garbage collector and dict order decide and no
-    consumer's result depends on) in the order of those numbers.
+    """``consumer``'s events as comparable tuples: storages numbered in the order they are made, the frees that
+    follow each other (a batch of frees, whose order the garbage collector and dict order decide and no
+    consumer's result depends on) in the order of those numbers, and a check of the peak that repeats the one before
+    it with nothing between them (which no consumer sees) left out.
 
     ``identity`` says which storage an event is about (default: its storage record, else its key).
 
@@ -282,5 +377,9 @@ def canonical(events: Sequence[Event], consumer: str,
                 made += 1
             rows.append((event.op, numbers[which], event.nbytes, event.category, event.module))
         else:
-            rows.append((event.op, event.category, event.module))
+            row = (event.op, event.category, event.module, event.key)
+            # A check right after the same check, nothing changed between them, changes nothing (FSDP2's lazy set-up
+            # runs an operator per layer that makes nothing)
+            if not (event.op == "check" and rows and rows[-1] == row):
+                rows.append(row)
     return rows + sorted(frees)

@@ -38,12 +38,14 @@ from memlab.events import Event as RunnerEvent
 from memlab.events import TrialStarted
 from memlab.measure.timeline import ModuleWatch, StepRecorder
 
-__all__ = ["ALLOCATOR", "NO_LAYER", "STEP", "DepthLog", "Event", "LayerPaths", "Storage"]
+__all__ = ["ALLOCATOR", "FSDP", "NO_LAYER", "STEP", "DepthLog", "Event", "LayerPaths", "Storage"]
 
 ALLOCATOR = "A"
 """The consumer that models the CUDA caching allocator (the reserved peak)."""
 STEP = "L"
 """The consumer that counts the tracked step by category (the peak, the breakdown, the timeline)."""
+FSDP = "F"
+"""The consumer that is PyTorch's FSDP memory tracker (an FSDP2 dry run: :mod:`memlab.estimation.fsdp2_depth`)."""
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,8 @@ class DepthLog:
         self.model = model
         self.events: list[Event] = []
         self.watch = ModuleWatch(model)
-        self._live: dict[str, dict[Hashable, Storage]] = {ALLOCATOR: {}, STEP: {}}
-        self._sticky: dict[str, int | None] = {ALLOCATOR: None, STEP: None}
+        self._live: dict[str, dict[Hashable, Storage]] = {ALLOCATOR: {}, STEP: {}, FSDP: {}}
+        self._sticky: dict[str, int | None] = {ALLOCATOR: None, STEP: None, FSDP: None}
         # Every storage the log has seen made (by an operator) or named (a parameter, a buffer), while it lives.
         self._made: dict[int, Storage] = {}
         self._refs: dict[int, weakref.ref[Any]] = {}
@@ -148,7 +150,7 @@ class DepthLog:
         self.events.clear()
         for live in self._live.values():
             live.clear()
-        self._sticky = {ALLOCATOR: None, STEP: None}
+        self._sticky = {ALLOCATOR: None, STEP: None, FSDP: None}
         self._step_bytes.clear()
         self._made.clear()
         self._refs.clear()
@@ -207,9 +209,10 @@ class DepthLog:
         ref = self._refs.get(id(storage))
         return ref is not None and ref() is storage
 
-    def _remember(self, tensor: torch.Tensor, tag: int | None) -> Storage:
-        """The record of ``tensor``'s storage (made now with ``tag`` where the log has none), kept while it lives."""
-        storage = tensor.untyped_storage()
+    def _remember(self, tensor: Any, tag: int | None) -> Storage:
+        """The record of ``tensor``'s storage (or of a storage; made now with ``tag`` where the log has none), kept
+        while it lives."""
+        storage = tensor.untyped_storage() if isinstance(tensor, torch.Tensor) else tensor
         key = id(storage)
         ref = self._refs.get(key)
         if ref is not None and ref() is storage:
@@ -245,6 +248,8 @@ class DepthLog:
                 continue
             layer = self.paths.layer_of(name)
             layer = NO_LAYER if layer is None else layer
+            local = getattr(tensor, "to_local", None)  # a sharded parameter (FSDP2's DTensor): its shard
+            tensor = local() if callable(local) else tensor
             key = _storage_key(tensor)
             # a parameter made outside the fake mode's operators (peft's adapters) is known by its name only
             records = [self._remember(tensor, layer), *(live.get(key) for live in self._live.values())]
@@ -261,7 +266,7 @@ class DepthLog:
             # the other consumer has.
             storage = self._made.get(key) if isinstance(key, int) else None
             if storage is None:
-                other = self._live[STEP if consumer == ALLOCATOR else ALLOCATOR].get(key)
+                other = self._live[ALLOCATOR if consumer == STEP else STEP].get(key)
                 storage = other if other is not None else Storage(None)
             live[key] = storage
         elif op == "free":
@@ -284,6 +289,31 @@ class DepthLog:
             self._marker(ALLOCATOR, op, self.watch)
         else:
             self._storage_event(ALLOCATOR, op, key, nbytes, "", self.watch)
+
+    def fsdp_storage(self, op: str, info: Any, storage: Any, nbytes: int, category: str) -> None:
+        """A change to PyTorch's FSDP memory tracker's books about one storage (its record ``info``; ``storage``, the
+        storage itself where it is new): :mod:`memlab.estimation.fsdp2_depth`."""
+        live = self._live[FSDP]
+        key = id(info)
+        if op == "alloc":
+            record = self._remember(storage, None) if storage is not None else Storage(None)
+            live[key] = record
+        else:
+            record = live.pop(key) if op == "free" else live[key]
+        self.events.append(Event(FSDP, op, key, nbytes, category, self.watch.current,
+                                 self._context(FSDP, self.watch), record))
+
+    def fsdp_marker(self, op: str, names: Any, category: str) -> None:
+        """A peak check (``names``: the FSDP modules running), or where a module's hook stores a snapshot or starts
+        its local peak (``names``: the module), of PyTorch's FSDP memory tracker. Names lose the root's class name,
+        which the tracker puts first."""
+        if isinstance(names, str):
+            names = names.partition(".")[2]
+        elif names is not None:
+            names = tuple(name.partition(".")[2] for name in names)
+        # The module running says where it belongs, not the module it names: FSDP2 starts a layer's backward while
+        # the layer after it still runs its own.
+        self.events.append(Event(FSDP, op, names, 0, category, self.watch.current, self._context(FSDP, self.watch)))
 
     def read(self) -> None:
         """The trial reads the allocator's peaks (its tracked step has ended)."""

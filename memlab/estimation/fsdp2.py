@@ -26,14 +26,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import one_line
 from memlab.estimation.cuda_attention import attention_note
 from memlab.estimation.cuda_kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, cuda_kernels, run_emulated
+from memlab.estimation.depth import ShallowModel, plan_carries, shallow_model
+from memlab.estimation.depth_extend import check_layers, source_layers
+from memlab.estimation.depth_log import DepthLog, Event, LayerPaths
 from memlab.estimation.fake import BLIND_SPOTS, fake_setup, one_thread, target_device
+from memlab.estimation.fsdp2_depth import FSDP2_EDGE, carried_books, logging_tracker
 from memlab.estimation.fsdp2_speed import foreach_split_once, fsdp_mem_tracker, strided_flag_once
+from memlab.estimation.fsdp2_units import fsdp2_layout, shard_units
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.load import apply_load, load_dtype, plan_loads
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
@@ -114,6 +118,7 @@ FSDP2_REFUSALS = {
 saying what to write instead."""
 
 _HOST_WITH_OFFLOAD = ("sharded_params", "sharded_grads", "optimizer")
+_EIGHT_BIT = ("adamw8bit", "paged_adamw8bit")
 _CPU = torch.device("cpu")
 
 
@@ -189,107 +194,6 @@ def sharded_trial(
     )
 
 
-def shard_units(model: nn.Module, layer_classes: Sequence[str] | None = None) -> list[nn.Module]:
-    """The blocks that become FSDP units first, as accelerate's ``TRANSFORMER_BASED_WRAP`` picks them: every module
-    whose class is in ``layer_classes`` (accelerate's ``fsdp_transformer_layer_cls_to_wrap``), else in the model's
-    ``_no_split_modules`` (Hugging Face models), else the repeated blocks memlab checkpoints
-    (:func:`memlab.techniques.checkpointing.repeated_blocks`: what a user names for a model without
-    ``_no_split_modules``, BERT's ``BertLayer``). Innermost first, as accelerate walks the model bottom up.
-
-    Example:
-        >>> from transformers import LlamaConfig, LlamaForCausalLM
-        >>> with torch.device("meta"):
-        ...     model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-        ...                                          num_attention_heads=2, vocab_size=256))
-        >>> sorted({type(unit).__name__ for unit in shard_units(model)}), len(shard_units(model))
-        (['LlamaDecoderLayer'], 3)
-    """
-    names = set(layer_classes or getattr(model, "_no_split_modules", None) or ())
-    units = [m for m in model.modules() if m is not model and type(m).__name__ in names]
-    if not units and not layer_classes:
-        from memlab.techniques.checkpointing import repeated_blocks
-
-        units = [m for m in repeated_blocks(model) if m is not model]
-    depth = {id(m): name.count(".") for name, m in model.named_modules()}
-    return sorted(units, key=lambda m: -depth.get(id(m), 0))
-
-
-def fsdp2_layout(model: nn.Module, layer_classes: Sequence[str] | None = None) -> list[tuple[list[nn.Module], bool]]:
-    """The FSDP2 units accelerate's ``fsdp2_prepare_model`` (accelerate 1.15) makes, in its order, each with its
-    ``reshard_after_forward``, before the root: each block of :func:`shard_units` (``True``); the input embeddings
-    as a unit of their own unless tied to the output ones (``True``); then the tail, the final norm and the output
-    head (with the input embeddings where the two are tied, so that the shared weight sits in one group), kept
-    gathered after forward (``False``). The root (the whole model) comes last, with FSDP2's default. A module
-    holding a weight tied to another group's joins that group (BERT's head joins its ``BertEmbeddings`` block).
-
-    Example:
-        >>> from transformers import BertConfig, BertForMaskedLM
-        >>> bert = BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2,
-        ...                                   num_attention_heads=2, intermediate_size=32))
-        >>> [([type(m).__name__ for m in unit], reshard) for unit, reshard in fsdp2_layout(bert)][-1]
-        (['BertEmbeddings', 'BertLMPredictionHead'], True)
-    """
-    layout: list[tuple[list[nn.Module], bool]] = [([unit], True) for unit in shard_units(model, layer_classes)]
-    inside = {id(m) for units, _ in layout for unit in units for m in unit.modules()}
-
-    def get(name: str) -> nn.Module | None:
-        method = getattr(model, name, None)
-        try:
-            module = method() if callable(method) else None
-        except (NotImplementedError, AttributeError):
-            return None
-        return module if isinstance(module, nn.Module) else None
-
-    embed, head = get("get_input_embeddings"), get("get_output_embeddings")
-    # Tied: a parameter both hold (accelerate compares the two .weight attributes, which misses BERT's, whose input
-    # embeddings are its BertEmbeddings module; the tied weight must sit in one group either way)
-    shared = {id(p) for p in embed.parameters()} if embed is not None else set()
-    tied = head is not None and any(id(p) in shared for p in head.parameters())
-    if embed is not None and not tied and id(embed) not in inside:
-        layout.append(([embed], True))
-    if tied and embed is not None and head is not None and id(embed) in inside:
-        # the input embeddings sit in a block (BERT's BertEmbeddings is one of its _no_split_modules): the head
-        # joins that block's group, or the tied weight would be in two groups (torch refuses it)
-        owner = next(units for units, _ in layout if any(embed is m for unit in units for m in unit.modules()))
-        owner.append(head)
-    tail = [m for m in (_final_norm(model), *((embed, head) if tied else (head,))) if m is not None
-            and id(m) not in inside and not (tied and id(embed) in inside and m is head)]
-    if tail:
-        layout.append((tail, False))
-    return [(_widened(units, model), reshard) for units, reshard in layout]
-
-
-def _widened(units: list[nn.Module], model: nn.Module) -> list[nn.Module]:
-    """``units`` with each module replaced by its nearest ancestor (below the root) that registers one of its
-    parameters itself (BERT's ``decoder.bias`` is ``cls.predictions.bias``): FSDP2 refuses a parameter that two
-    groups hold."""
-    parents = {id(child): parent for parent in model.modules() for child in parent.children()}
-    owners: dict[int, list[nn.Module]] = {}
-    for module in model.modules():
-        for parameter in module.parameters(recurse=False):
-            owners.setdefault(id(parameter), []).append(module)
-    widened: list[nn.Module] = []
-    for unit in units:
-        ancestors, module = [], unit
-        while id(module) in parents and parents[id(module)] is not model:
-            module = parents[id(module)]
-            ancestors.append(module)
-        holders = [owner for p in unit.parameters() for owner in owners.get(id(p), ())]
-        outer = [a for a in ancestors if any(a is h for h in holders)]
-        widened.append(outer[-1] if outer else unit)
-    return [m for i, m in enumerate(widened) if not any(m is n for n in widened[:i])]
-
-
-def _final_norm(model: nn.Module) -> nn.Module | None:
-    """The last norm among the base model's children (accelerate's ``_find_final_norm``)."""
-    prefix = getattr(model, "base_model_prefix", "")
-    base = getattr(model, prefix, None) if prefix else model
-    if not isinstance(base, nn.Module):
-        return None
-    norms = [m for _, m in base.named_children() if "Norm" in type(m).__name__]
-    return norms[-1] if norms else None
-
-
 @contextlib.contextmanager
 def fake_process_group(gpus: int) -> Iterator[Any]:
     """A fake process group of ``gpus`` ranks (this process is rank 0) and its CPU device mesh, for the block.
@@ -363,6 +267,23 @@ def fsdp2_dry_run(
     return trial, peaks
 
 
+@dataclass
+class _Fsdp2Run:
+    """One FSDP2 dry run before it is a trial: the tracker's peak by :data:`DETAIL` and every module-level snapshot,
+    what stays between steps (``held``), the notes, the allocator's reserved peak, 8-bit state computed from its size,
+    and the events a depth log kept (``error`` where the step failed)."""
+
+    detail: dict[str, int]
+    peaks: list[dict[str, int]]
+    held: int
+    notes: list[str]
+    reserved: int | None
+    target: torch.device
+    eight_bit_state: int | None = None
+    events: list[Event] | None = None
+    error: str | None = None
+
+
 def _fsdp2_step(
     model_or_config: Any,
     batch: Any,
@@ -377,7 +298,55 @@ def _fsdp2_step(
     emulate: bool,
     load: Mapping[str, Any] | None = None,
 ) -> tuple[ShardedTrial, list[dict[str, int]]]:
-    """:func:`fsdp2_dry_run`'s step, with CUDA's kernels emulated where ``emulate``."""
+    """:func:`fsdp2_dry_run`'s step, with CUDA's kernels emulated where ``emulate``: from dry runs of three layers and
+    two where the model's layers repeat (:mod:`memlab.estimation.depth`), else of every layer."""
+    shallow = shallow_model(model_or_config) if plan_carries(plan) and plan.optimizer not in _EIGHT_BIT else None
+    run = None
+    if shallow is not None and shallow.carries(FSDP2_EDGE):
+        runs = {layers: _fsdp2_run(shallow.with_layers(layers), batch, plan, gpus, loss_fn=loss_fn, lr=lr,
+                                   device=device, gpu=gpu, emulate=emulate, load=load, paths=shallow.paths)
+                for layers in (source_layers(FSDP2_EDGE), check_layers(FSDP2_EDGE))}
+        run = _carried(shallow, runs, gpu)
+    if run is None:
+        run = _fsdp2_run(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu,
+                         emulate=emulate, load=load)
+    return _fsdp2_trial(run, plan, gpus, budget)
+
+
+def _carried(shallow: ShallowModel, runs: dict[int, _Fsdp2Run], gpu: GpuKind | str | None) -> _Fsdp2Run | None:
+    """The dry run at the model's depth from its runs of three layers and two, None where they do not carry
+    (:func:`~memlab.estimation.fsdp2_depth.carried_books`)."""
+    three, two = runs[source_layers(FSDP2_EDGE)], runs[check_layers(FSDP2_EDGE)]
+    if three.error or two.error or three.notes != two.notes or three.events is None or two.events is None:
+        return None
+    kind = gpu_kind(gpu)
+    books = carried_books(shallow, {layers: (run.events or [], run.detail, run.peaks, run.reserved)
+                                    for layers, run in runs.items()},
+                          _fsdp_detail, list(_FSDP_KINDS), kind.memory_bytes - kind.context_bytes)
+    if books is None:
+        return None
+    detail, peaks, reserved = books
+    # What stays between steps is each layer's shards, gradients and state: the same in every layer.
+    held = three.held + (shallow.depth - source_layers(FSDP2_EDGE)) * (three.held - two.held)
+    return dataclasses.replace(three, detail=detail, peaks=peaks, held=held, reserved=reserved, events=None)
+
+
+def _fsdp2_run(
+    model_or_config: Any,
+    batch: Any,
+    plan: Plan,
+    gpus: int,
+    *,
+    loss_fn: LossFn | None,
+    lr: float,
+    device: str | torch.device | None,
+    gpu: GpuKind | str | None,
+    emulate: bool,
+    load: Mapping[str, Any] | None = None,
+    paths: LayerPaths | None = None,
+) -> _Fsdp2Run:
+    """One FSDP2 dry run of ``model_or_config`` (its events kept by a depth log where ``paths`` says where its
+    layers are)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     batch, dropped = without_full_mask(batch)
@@ -397,7 +366,7 @@ def _fsdp2_step(
         notes.append(EMULATED_NOTE)
     if plan.offloads_activations:
         notes.append("activation offload is not estimated sharded: shown as no change")
-    eight_bit = plan.optimizer in ("adamw8bit", "paged_adamw8bit")
+    eight_bit = plan.optimizer in _EIGHT_BIT
     # One micro-step of one GPU: the first micro-batch of the plan (the step's own row selection), run as a step of
     # one micro-batch. bitsandbytes cannot run on fake tensors: AdamW runs, and its state is replaced below.
     part = micro_batches(setup.batch, plan)[0]
@@ -419,16 +388,26 @@ def _fsdp2_step(
     # temporaries are many tens-of-MiB segments that activations' larger blocks cannot reuse).
     kind = gpu_kind(gpu)
     trace = ReservedTrace(_CPU, kind.capability, capacity=kind.memory_bytes - kind.context_bytes) if traced else None
+    log = DepthLog(paths, model) if paths is not None else None
     with (fake_process_group(gpus) as mesh, quiet(), setup.mode, model_made_positions(batch),
           strided_flag_once(), foreach_split_once(), contextlib.ExitStack() as stack):
+        if log is not None:
+            setup.mode.tagger = log
+            stack.enter_context(log.watching())
+            if trace is not None:
+                trace.log = log
         for units, reshard in fsdp2_layout(model):
             fully_shard(units, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=policy)
+        if log is not None:
+            log.watch.learn(model)
         if trace is not None:
             # The sharded weights are what each GPU holds when the trial starts. The trace's tracker is a mode of its
             # own (not the fake mode's observer): only an active tracker follows FSDP2's storage resize_ calls.
             stack.enter_context(trace.trial(model, setup.batch))
             trace.listen(TrialStarted(plan, 0, 1))
+        if log is not None:
+            log.name_storages()
         attention = stack.enter_context(cuda_kernels(gpu)) if emulate else None
         try:
             step = TrainingStep(model, one_step, loss_fn=loss_fn, lr=lr, optimizer_device_type=target.type)
@@ -437,7 +416,8 @@ def _fsdp2_step(
                 # not torch's default for DTensor parameters), whose temporaries are part of the peak. TrainingStep
                 # builds the Trainer's fused AdamW, so the sharded step gets the exported optimizer instead.
                 step.optimizer = build_optimizer(step.parameters, one_step, lr, device_type="cuda", fused=False)
-            tracker = fsdp_mem_tracker(model, step.optimizer)
+            tracker = (fsdp_mem_tracker(model, step.optimizer) if log is None
+                       else logging_tracker(model, step.optimizer, log))
             tracker.track_inputs((part,))
             # Steady state: the optimizer state exists before the tracked step (one update on zero gradients).
             for parameter in step.parameters:
@@ -452,17 +432,31 @@ def _fsdp2_step(
         except MemlabError:
             raise
         except Exception as error:  # noqa: BLE001 - reported as the plan's estimate, like any failure
-            return ShardedTrial(plan, "error", 0, {}, None, None, None, str(target), error=one_line(error),
-                                budget=budget, estimated=True, gpus=gpus, strategy="fsdp2"), []
+            return _Fsdp2Run({}, [], 0, notes, None, target, error=one_line(error))
         shards = [_local(p) for p in step.parameters]
-    detail, peaks = _fsdp_detail(tracker)
+        detail, peaks = _fsdp_detail(tracker.get_tracker_snapshot("peak"),
+                                     [snapshot for stats in tracker.memory_tracking.values()
+                                      for snapshots in getattr(stats, "snapshots", {}).values()
+                                      for snapshot in snapshots])
     notes += [note for note in (attention and attention_note(attention), foreign_ops_note(setup.mode.foreign_ops))
               if note]
+    return _Fsdp2Run(detail, peaks, held, notes, trace.reserved_bytes if trace is not None else None, target,
+                     eight_bit_state=adamw8bit_state_bytes(shards) if eight_bit else None,
+                     events=list(log.events) if log is not None else None)
+
+
+def _fsdp2_trial(run: _Fsdp2Run, plan: Plan, gpus: int, budget: int | None
+                 ) -> tuple[ShardedTrial, list[dict[str, int]]]:
+    """A dry run made the per-GPU trial: 8-bit state by its size, offloaded parts in host memory, the notes."""
+    target = run.target
+    if run.error is not None:
+        return ShardedTrial(plan, "error", 0, {}, None, None, None, str(target), error=run.error,
+                            budget=budget, estimated=True, gpus=gpus, strategy="fsdp2"), []
+    detail, peaks, held, notes = dict(run.detail), run.peaks, run.held, list(run.notes)
     host = 0
-    if eight_bit:
-        state = adamw8bit_state_bytes(shards)
-        held += state - detail["optimizer"]
-        detail["optimizer"] = state
+    if run.eight_bit_state is not None:
+        held += run.eight_bit_state - detail["optimizer"]
+        detail["optimizer"] = run.eight_bit_state
         notes.append("8-bit AdamW state computed from its known size (bitsandbytes cannot run on fake tensors)")
     if plan.offloads_optimizer:
         # CPUOffloadPolicy: sharded parameters, gradients and optimizer state live in CPU memory.
@@ -473,11 +467,10 @@ def _fsdp2_step(
         held = 0
         notes.append("optimizer offload = FSDP2 CPUOffloadPolicy: sharded weights, gradients and optimizer state "
                      "in CPU memory (host_bytes)")
-    if trace is not None and trace.reserved_bytes is not None:
+    if run.reserved is not None:
         notes += [RESERVED_NOTE, ONE_STREAM_NOTE]
     trial = sharded_trial(plan, detail, target, budget, gpus, "fsdp2", held, host, notes)
-    reserved = trace.reserved_bytes if trace is not None else None
-    return dataclasses.replace(trial, reserved_bytes=reserved), peaks
+    return dataclasses.replace(trial, reserved_bytes=run.reserved), peaks
 
 
 def _tell(trace: ReservedTrace | None, plan: Plan, kind: str) -> None:
@@ -487,8 +480,9 @@ def _tell(trace: ReservedTrace | None, plan: Plan, kind: str) -> None:
                                   peak_bytes=None))
 
 
-def _fsdp_detail(tracker: Any) -> tuple[dict[str, int], list[dict[str, int]]]:
-    """The tracker's peak snapshot, and every module-level snapshot, as :data:`DETAIL` dicts (device summed)."""
+def _fsdp_detail(peak: dict[Any, Any], snapshots: list[dict[Any, Any]]) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """The tracker's peak snapshot, and it with every module-level snapshot, as :data:`DETAIL` dicts (device
+    summed)."""
 
     def convert(snapshot: Any) -> dict[str, int]:
         detail = dict.fromkeys(DETAIL, 0)
@@ -499,10 +493,7 @@ def _fsdp_detail(tracker: Any) -> tuple[dict[str, int], list[dict[str, int]]]:
                     detail[name] += int(nbytes)
         return detail
 
-    peaks = [convert(tracker.get_tracker_snapshot("peak"))]
-    for stats in tracker.memory_tracking.values():
-        for snapshots in getattr(stats, "snapshots", {}).values():
-            peaks.extend(convert(snapshot) for snapshot in snapshots)
+    peaks = [convert(peak), *(convert(snapshot) for snapshot in snapshots)]
     return peaks[0], peaks
 
 

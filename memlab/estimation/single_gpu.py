@@ -49,8 +49,8 @@ from memlab.estimation.cuda_kernels import (
     kernel_emulation,
     run_emulated,
 )
-from memlab.estimation.depth import CHECK_LAYERS, ShallowModel, ShallowRun, carried_trial, plan_carries, shallow_model
-from memlab.estimation.depth_extend import SOURCE_LAYERS
+from memlab.estimation.depth import ShallowModel, ShallowRun, carried_trial, plan_carries, shallow_model
+from memlab.estimation.depth_extend import check_layers, source_layers
 from memlab.estimation.depth_log import DepthLog, Event, LayerPaths
 from memlab.estimation.fake import BLIND_SPOTS, FakeMode, FakeSetup, fake_setup, one_thread
 from memlab.estimation.gpus import GpuKind, gpu_kind
@@ -154,8 +154,8 @@ def _carried(
         return None
     runs: dict[int, ShallowRun] = {}
     fell_back: set[bool] = set()
-    for layers in (SOURCE_LAYERS, CHECK_LAYERS):
-        config = shallow.configs[layers]
+    for layers in (source_layers(), check_layers()):
+        config = shallow.with_layers(layers)
         workload = _Workload(TrialRunner, _training_trial, loads=plan_loads(config, [plan], load))
         place, (run,) = _plan_runs(config, batch, [plan], options, workload, device=device, gpu=gpu,
                                    paths=shallow.paths)

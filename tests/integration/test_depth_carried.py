@@ -141,7 +141,8 @@ def test_the_repeated_layers_are_found_where_they_are_one_block() -> None:
     assert llama is not None and gpt2 is not None
     assert (llama.paths.container, llama.paths.runner, llama.depth) == ("model.layers", "model", LAYERS)
     assert (gpt2.paths.container, gpt2.paths.runner) == ("transformer.h", "transformer")
-    assert [shallow.configs[layers].num_hidden_layers for shallow in (llama, gpt2) for layers in (3, 2)] == [3, 2] * 2
+    layers = [shallow.with_layers(number).num_hidden_layers for shallow in (llama, gpt2) for number in (3, 2)]
+    assert layers == [3, 2] * 2
 
 
 def test_layers_that_differ_are_not_carried() -> None:

@@ -17,8 +17,8 @@ from models import assert_same, fingerprint, lm_batch, mlp_batch, mlp_loss, tiny
 from torch import nn
 
 import memlab
-import memlab.runner.core as runner_core
 from memlab.errors import MemlabError
+from memlab.measure.probes import Probe
 from memlab.measure.timeline import StepRecorder
 from memlab.report.timeline import MAX_POINTS, Timeline
 from memlab.report.timeline_figure import timelines_svg
@@ -183,7 +183,8 @@ def test_recording_leaves_the_peak_and_the_timed_steps_alone(monkeypatch: pytest
 
             return contextlib.nullcontext(self.result)
 
-    monkeypatch.setattr(runner_core, "StepRecorder", NotRecording)
+    # the runner asks its probe for the tracked step's recorder
+    monkeypatch.setattr(Probe, "step_recorder", lambda self, model, categories: NotRecording(model, categories))
     plain = memlab.measure(model, batch, plan, steps=2, noise=0, progress=False)
     assert plain.timeline is None
     assert (recorded.peak_bytes, recorded.breakdown) == (plain.peak_bytes, plain.breakdown)

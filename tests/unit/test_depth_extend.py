@@ -14,7 +14,8 @@ from memlab.estimation.depth_log import NO_LAYER, Event, LayerPaths, Storage
 PATHS = LayerPaths("layers", "Net")
 
 
-def _log(depth: int, *, extra_in_last: bool = False, grows_outside: bool = False) -> list[Event]:
+def _log(depth: int, *, extra_in_last: bool = False, grows_outside: bool = False, prefetch: bool = False
+         ) -> list[Event]:
     events: list[Event] = []
 
     def made(storage: Storage, nbytes: int, module: str, context: int | None, consumer: str = "A") -> Storage:
@@ -42,12 +43,17 @@ def _log(depth: int, *, extra_in_last: bool = False, grows_outside: bool = False
             used("free", made(Storage(NO_LAYER), 4, "", None), "", None)
     used("free", head, "head", None)
     passed = made(Storage(NO_LAYER), 32, "head", None)
+    fetched = None
     for layer in reversed(range(depth)):
         module = f"layers.{layer}"
         gradient = made(Storage(layer), 32, module, layer)
         used("free", outputs[layer + 1], module, layer)
         used("free", passed, module, layer)  # what the layer after it (or the head) passed back
         passed = gradient
+        if prefetch:  # as FSDP2: a buffer for the layer two before (the embedding's for the second layer)
+            if fetched is not None:
+                used("free", fetched, module, layer)
+            fetched = made(Storage(layer), 64 if layer == 1 else 24, module, layer)
     used("free", passed, "embed", None)
     for layer in range(depth):
         made(Storage(None), 4, "", None)  # a step counter, made from nothing
@@ -64,6 +70,16 @@ def test_three_layers_played_at_a_depth_are_the_log_of_that_depth(depth: int) ->
     modules = {event.module for event in carried}
     assert {f"layers.{layer}" for layer in range(depth)} <= modules
     assert not any(name.startswith(f"layers.{depth}") for name in modules)
+
+
+@pytest.mark.parametrize("depth", [4, 6, 9])
+def test_work_two_layers_ahead_is_played_from_five_layers(depth: int) -> None:
+    """FSDP2's backward prefetches the layer two before: the second layer's buffer is the embedding's size, so its
+    run is not every middle layer's. Two first and two last layers played as themselves carry it."""
+    carried = extend(_log(5, prefetch=True), depth, PATHS, edge=2)
+    assert canonical(carried, "A") == canonical(_log(depth, prefetch=True), "A")
+    with pytest.raises(NotRepeating, match="layers 1 and 2 differ"):
+        extend(_log(3, prefetch=True), depth, PATHS)
 
 
 def test_three_layers_at_three_are_themselves() -> None:
