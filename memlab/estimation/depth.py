@@ -42,14 +42,17 @@ __all__ = ["ShallowModel", "ShallowRun", "carried_trial", "plan_carries", "shall
 
 @dataclass(frozen=True)
 class ShallowModel:
-    """A config whose layers repeat: where they are, how many, and the config with fewer of them."""
+    """A config whose layers repeat: where they are, how many, and the model with fewer of them."""
 
     paths: LayerPaths
     depth: int
     """The model's layers."""
     config: Any
-    """The model's config."""
-    _built: dict[int, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    """The model's config (memlab's own copy)."""
+    built: bool = False
+    """Whether the estimate is of memlab's model of the config on the meta device (estimated as it is, in fp32)
+    rather than of the config (loaded as the plan implies)."""
+    _made: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def with_layers(self, layers: int) -> Any:
         """The config with ``layers`` layers (its per-layer settings, all alike, cut to as many).
@@ -58,13 +61,28 @@ class ShallowModel:
             >>> shallow_model("llama-7b").with_layers(3).num_hidden_layers
             3
         """
-        if layers not in self._built:
-            self._built[layers] = _with_layers(self.config, layers)
-        return self._built[layers]
+        if layers not in self._made:
+            self._made[layers] = _with_layers(self.config, layers)
+        return self._made[layers]
+
+    def shallow(self, layers: int) -> Any:
+        """What a dry run of ``layers`` layers estimates: the config of that many, or memlab's meta model of it
+        where the estimate is of a meta model (:attr:`built`).
+
+        Example:
+            >>> type(shallow_model(meta_model(load_config("llama-7b"))).shallow(3)).__name__
+            'LlamaForCausalLM'
+        """
+        return meta_model(self.with_layers(layers)) if self.built else self.with_layers(layers)
 
     def carries(self, edge: int = 1) -> bool:
         """Whether the model is deeper than the dry run that would stand for it (:func:`~memlab.estimation.
-        depth_extend.source_layers`)."""
+        depth_extend.source_layers`).
+
+        Example:
+            >>> shallow_model("llama-7b").carries(), shallow_model("llama-7b").carries(edge=16)
+            (True, False)
+        """
         return self.depth > source_layers(edge)
 
 
@@ -78,14 +96,16 @@ class ShallowRun:
     events: list[Event]
 
 
-# Configs asked about, by id (a config is not hashable): the config (weakly), what it said then, and the answer.
-_KNOWN: dict[int, tuple[weakref.ref[Any], dict[str, Any], ShallowModel | None]] = {}
+# Configs asked about, by id (a config is not hashable): the config (weakly), what it said then (its attributes,
+# private ones such as the attention implementation included), and the answer, which holds a copy of the config.
+_KNOWN: dict[int, tuple[weakref.ref[Any], str, ShallowModel | None]] = {}
 
 
 def shallow_model(model_or_config: Any) -> ShallowModel | None:
-    """The model's repeated layers and its configs of three and two layers, where ``model_or_config`` is a
-    transformers config (or a name of one) whose layers are one block repeated more than three times; None
-    otherwise (a live model, a config with layers that differ, no ``num_hidden_layers``).
+    """The model's repeated layers, and the model with fewer of them, where ``model_or_config`` is a transformers
+    config (or a name of one), or memlab's model of one on the meta device (:func:`~memlab.estimation.configs.
+    meta_model`, as it built it), whose layers are one block repeated more than three times; None otherwise (a live
+    model, a changed meta model, a config with layers that differ, no ``num_hidden_layers``).
 
     Example:
         >>> shallow = shallow_model("llama-7b")
@@ -98,21 +118,30 @@ def shallow_model(model_or_config: Any) -> ShallowModel | None:
     if isinstance(model_or_config, (str, os.PathLike)):
         model_or_config = load_config(model_or_config)
     if isinstance(model_or_config, nn.Module):
-        # memlab's own model of a config on the meta device is that config; a live model is estimated as it is
+        # memlab's own model of a config on the meta device, as it built it: a dry run of fewer layers is of that
+        # config's meta model too; any other model is estimated as it is
         built = built_from(model_or_config)
-        if built is None or not _same_model(model_or_config, meta_model(built)):
+        if built is None or _model_signature(model_or_config) != _model_signature(meta_model(built)):
             return None
-        model_or_config = built
+        found = _cached(built)
+        return found and dataclasses.replace(found, built=True, _made={})
     if not is_transformers_config(model_or_config):
         return None
-    config = model_or_config
-    snapshot = config.to_dict()
-    known = _KNOWN.get(id(config))
+    return _cached(model_or_config)
+
+
+def _cached(config: Any) -> ShallowModel | None:
+    snapshot = repr(sorted(vars(config).items()))
+    key = id(config)
+    known = _KNOWN.get(key)
     if known is not None and known[0]() is config and known[1] == snapshot:
         return known[2]
-    found = _shallow_model(config)
-    key = id(config)
-    _KNOWN[key] = (weakref.ref(config, lambda _: _KNOWN.pop(key, None)), snapshot, found)
+    found = _shallow_model(copy.deepcopy(config))
+
+    def forget(_: Any, pop: Any = _KNOWN.pop) -> None:  # pop bound now: at exit the module's names may be gone
+        pop(key, None)
+
+    _KNOWN[key] = (weakref.ref(config, forget), snapshot, found)
     return found
 
 
@@ -132,18 +161,13 @@ def _shallow_model(config: Any) -> ShallowModel | None:
     if paths is None or _layer_paths(shallow, source) != paths:
         return None
     signatures = {_signature(layer) for layer in (*_layers(full, paths), *_layers(shallow, paths))}
-    return ShallowModel(paths, depth, config, {source: three}) if len(signatures) == 1 else None
+    return ShallowModel(paths, depth, config) if len(signatures) == 1 else None
 
 
-def _same_model(model: nn.Module, built: nn.Module) -> bool:
-    """Whether ``model`` still is what its config builds (nothing put on it, nothing cast or frozen since)."""
-    def tensors(module: nn.Module) -> list[Any]:
-        return [(name, type(owner).__name__, tuple(t.shape), t.dtype, t.requires_grad)
-                for owner_name, owner in module.named_modules()
-                for name, t in (*owner.named_parameters(prefix=owner_name, recurse=False),
-                                *owner.named_buffers(prefix=owner_name, recurse=False))]
-
-    return tensors(model) == tensors(built)
+def _model_signature(model: nn.Module) -> tuple[Any, ...]:
+    """Everything of ``model`` a dry run could see: each module (its class, plain settings, tensors and their
+    devices, hooks and a forward of its own)."""
+    return _signature(model, devices=True)
 
 
 def _with_layers(config: Any, layers: int) -> Any | None:
@@ -177,17 +201,20 @@ def _layers(model: nn.Module, paths: LayerPaths) -> list[nn.Module]:
 _INDEX_WORDS = ("idx", "index", "layer_id", "layer_number")
 
 
-def _signature(layer: nn.Module) -> tuple[Any, ...]:
-    """What makes two layers the same block: their modules, tensors and plain settings (not their numbers)."""
+def _signature(layer: nn.Module, *, devices: bool = False) -> tuple[Any, ...]:
+    """What makes two layers the same block: their modules, tensors and plain settings (not their numbers); with
+    ``devices``, the tensors' devices, and each module's hooks and any forward of its own too."""
     parts = []
     for name, module in layer.named_modules():
-        tensors = tuple((key, tuple(t.shape), t.dtype, t.requires_grad)
+        tensors = tuple((key, tuple(t.shape), t.dtype, t.requires_grad, *((t.device.type,) if devices else ()))
                         for key, t in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False))
                         if t is not None)
-        settings = tuple(sorted((key, value) for key, value in vars(module).items()
+        settings = tuple(sorted((key, _frozen(value)) for key, value in vars(module).items()
                                 if not key.startswith("_") and _plain(value)
                                 and not any(word in key for word in _INDEX_WORDS)))
-        parts.append((name, type(module).__name__, tensors, settings))
+        extra = (len(module._forward_hooks), len(module._forward_pre_hooks), len(module._backward_hooks),
+                 len(module._backward_pre_hooks), "forward" in vars(module)) if devices else ()
+        parts.append((name, type(module).__name__, tensors, settings, extra))
     return tuple(parts)
 
 
@@ -197,15 +224,27 @@ def _plain(value: Any) -> bool:
     return value is None or isinstance(value, (bool, int, float, str))
 
 
+def _frozen(value: Any) -> Any:
+    """A plain setting that can be compared in a set (lists made tuples)."""
+    return tuple(_frozen(item) for item in value) if isinstance(value, (list, tuple)) else value
+
+
 def plan_carries(plan: Any) -> bool:
-    """Whether a plan's dry run of three layers can stand for every layer: a training plan that checkpoints every
-    block or none (``k`` blocks of the model's are spread over all its layers).
+    """Whether a plan's dry run of a few layers can stand for every layer: a training plan that checkpoints every
+    block or none (``k`` blocks of the model's are spread over all its layers), with an optimizer that steps the
+    parameters together (Adafactor's per-parameter loop is not one layer's events after another; bitsandbytes'
+    8-bit state is computed from its size after the dry run).
 
     Example:
         >>> plan_carries(Plan(checkpointing=True)), plan_carries(Plan(checkpointing=4))
         (True, False)
+        >>> plan_carries(Plan(optimizer="adafactor"))
+        False
     """
-    return isinstance(plan, Plan) and isinstance(plan.checkpointing, bool)
+    return isinstance(plan, Plan) and isinstance(plan.checkpointing, bool) and plan.optimizer not in _WHOLE_OPTIMIZERS
+
+
+_WHOLE_OPTIMIZERS = ("adafactor", "adamw8bit", "paged_adamw8bit")
 
 
 _SAME_FIELDS = ("plan", "status", "error", "rows_per_step", "notes", "model_weights", "device", "preexisting_bytes",
@@ -219,23 +258,31 @@ def carried_trial(shallow: ShallowModel, runs: dict[int, ShallowRun], categories
 
     The three-layer log is first replayed as it is, and must give that dry run's own results (so its consumers
     were told everything); carried to two layers, it must tell them exactly what the two-layer dry run did.
+
+    Example:
+        >>> from memlab.measure.tracker import CATEGORIES
+        >>> shallow = shallow_model("llama-7b")
+        >>> failed = Trial(Plan(), "error", 0, {}, None, None, None, "cuda")
+        >>> runs = {3: ShallowRun(failed, None, []), 2: ShallowRun(failed, None, [])}
+        >>> carried_trial(shallow, runs, CATEGORIES, None) is None  # a failed dry run carries nothing: run it whole
+        True
     """
     three, two = runs[source_layers()], runs[check_layers()]
     if three.trial.status != "ok" or any(getattr(three.trial, name) != getattr(two.trial, name)
                                          for name in _SAME_FIELDS):
         return None
     allocator = any(event.consumer == ALLOCATOR for event in three.events)
-    if not _replays_itself(three, categories, capacity, allocator):
-        return None
     try:
+        if not _replays_itself(three, categories, capacity, allocator):
+            return None
         checked = extend(three.events, check_layers(), shallow.paths)
         if any(canonical(checked, consumer) != canonical(two.events, consumer) for consumer in (ALLOCATOR, STEP)):
             return None
         deep = extend(three.events, shallow.depth, shallow.paths)
-    except NotRepeating:
+        step = replay_step(deep, categories)
+        reserved = replay_allocator(deep, capacity) if allocator else None
+    except (NotRepeating, KeyError, ValueError):  # a log its consumers could not have been told: dry-run whole
         return None
-    step = replay_step(deep, categories)
-    reserved = replay_allocator(deep, capacity) if allocator else None
     breakdown = {key: value for key, value in step.breakdown.items() if key in categories}
     timeline = three.trial.timeline and Timeline.from_recording(
         step.recording, peak_bytes=step.peak_bytes, breakdown=breakdown, device=three.trial.timeline.device)

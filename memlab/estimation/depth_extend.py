@@ -226,11 +226,11 @@ class _Versions:
 
 
 def _signature(event: Event, paths: LayerPaths) -> tuple[Any, ...]:
-    names = _names(event.key, paths, -1) if event.storage is None else None
+    names = _names(event.names, paths, -1)
     # A free or a new category is about a storage made earlier, whose size is its own: between layers, the one
     # before a layer and the one before the first layer (what the head leaves) may differ.
     nbytes = event.nbytes if event.op not in ("free", "move") else None
-    return event.consumer, event.op, nbytes, event.category, paths.rename(event.module, -1), names
+    return event.consumer, event.op, nbytes, event.category, event.label, paths.rename(event.module, -1), names
 
 
 def _names(key: Any, paths: LayerPaths, layer: int, template: int | None = None, depth: int = 0) -> Any:
@@ -316,11 +316,10 @@ def _play(event: Event, template: int | None, layer: int | None, shape: _Shape, 
             raise NotRepeating(f"an event of layer {template} runs in {module}")
         if named is not None:
             module = paths.rename(module, layer)
-        if storage is None:
-            key = _names(key, paths, layer, template, depth)
-    elif storage is None:
-        key = _fixed_names(key, paths, shape)
-    return Event(event.consumer, event.op, key, event.nbytes, event.category, module)
+        names = _names(event.names, paths, layer, template, depth)
+    else:
+        names = _fixed_names(event.names, paths, shape)
+    return Event(event.consumer, event.op, key, event.nbytes, event.category, module, label=event.label, names=names)
 
 
 def _fixed_names(key: Any, paths: LayerPaths, shape: _Shape) -> Any:
@@ -377,7 +376,7 @@ def canonical(events: Sequence[Event], consumer: str,
                 made += 1
             rows.append((event.op, numbers[which], event.nbytes, event.category, event.module))
         else:
-            row = (event.op, event.category, event.module, event.key)
+            row = (event.op, event.label, event.module, event.names)
             # A check right after the same check, nothing changed between them, changes nothing (FSDP2's lazy set-up
             # runs an operator per layer that makes nothing)
             if not (event.op == "check" and rows and rows[-1] == row):

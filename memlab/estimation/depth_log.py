@@ -4,8 +4,9 @@
 A one-GPU dry run feeds two consumers with its storages: the model of the CUDA caching allocator
 (:class:`~memlab.estimation.reserved.ReservedTrace`, ``"A"``: every storage of the trial, its placement and warm-up
 included) and the tracked step's :class:`~memlab.measure.tracker.MemoryTracker` (``"L"``: its ledger's changes by
-category, each check of its peak, the timeline's sections). :class:`DepthLog` keeps what both were told as one list
-of :class:`Event`, in order, each with the module running and the layer it belongs to:
+category, each check of its peak, the timeline's sections); an FSDP2 dry run feeds the allocator's model and
+PyTorch's FSDP memory tracker (``"F"``, :mod:`memlab.estimation.fsdp2_depth`). :class:`DepthLog` keeps what they
+were told as one list of :class:`Event`, in order, each with the module running and the layer it belongs to:
 
 - an event made inside a layer (``model.layers.3.mlp``) belongs to that layer; one made in the module that runs the
   layers (``model``) between two of them, to the layer that ran last (a layer's hidden states are let go there);
@@ -36,7 +37,7 @@ from torch.utils._pytree import tree_leaves
 from memlab.estimation.cuda_allocator import CachingAllocator
 from memlab.events import Event as RunnerEvent
 from memlab.events import TrialStarted
-from memlab.measure.timeline import ModuleWatch, StepRecorder
+from memlab.measure.timeline import ModuleWatch, Recording, StepRecorder
 
 __all__ = ["ALLOCATOR", "FSDP", "NO_LAYER", "STEP", "DepthLog", "Event", "LayerPaths", "Storage"]
 
@@ -98,10 +99,13 @@ class Storage:
 class Event:
     """One thing a consumer was told.
 
-    ``op`` is ``"alloc"``, ``"free"``, ``"resize"`` or ``"move"`` (a storage's new category) for a storage; for the
-    step also ``"start"`` (a storage alive when the step began), ``"check"`` (its peak checked), ``"enter"`` and
-    ``"exit"`` (a section, named in ``category``); for the allocator also ``"empty_cache"``, ``"reset_peak"`` and
-    ``"read"`` (where the trial reads its peaks).
+    ``op`` is ``"alloc"``, ``"free"``, ``"resize"`` or ``"move"`` (a storage's new category) for a storage (its
+    ``key``, ``nbytes`` and ``category``); for the step also ``"start"`` (a storage alive when the step began),
+    ``"check"`` (its peak checked), ``"enter"`` and ``"exit"`` (a section, named in ``label``); for the allocator also
+    ``"empty_cache"``, ``"reset_peak"`` and ``"read"`` (where the trial reads its peaks); for the FSDP memory tracker
+    (:mod:`memlab.estimation.fsdp2_depth`) also ``"begin"``, ``"check"`` (``label``: the peak's state, ``names``:
+    the FSDP modules running), ``"reset"`` (a module's local peak started) and ``"append"`` (a module's snapshot
+    stored, ``label``: its state).
     """
 
     consumer: str
@@ -112,6 +116,10 @@ class Event:
     module: str = ""
     context: int | None = None
     storage: Storage | None = None
+    label: str = ""
+    """A section's name, or the FSDP memory tracker's state."""
+    names: Any = None
+    """The FSDP module (a name) or modules (a tuple of names) an FSDP tracker's event is about."""
 
     @property
     def layer(self) -> int | None:
@@ -125,10 +133,11 @@ class Event:
 class DepthLog:
     """Keeps a dry run's events for :mod:`memlab.estimation.depth_extend` (see the module's notes).
 
-    The dry run hands it to its parts: the fake mode calls :meth:`before` and :meth:`after` around each operator's
-    consumers, :class:`~memlab.estimation.reserved.ReservedTrace` makes its allocator with :meth:`allocator`, the
-    probe makes the tracked step's recorder with :meth:`step_recorder`, the runner's events reach :meth:`listen`,
-    and the trial runs inside :meth:`watching`.
+    The dry run hands it to its parts: the fake mode calls :meth:`operator_ran` after each operator, before its
+    consumers see the result, :class:`~memlab.estimation.reserved.ReservedTrace` makes its allocator with
+    :meth:`allocator`, the probe makes the tracked step's recorder with :meth:`step_recorder`, the runner's events
+    reach :meth:`listen`, an FSDP2 run's tracker reports to :meth:`fsdp_storage` and :meth:`fsdp_marker`, and the
+    trial runs inside :meth:`watching`.
     """
 
     def __init__(self, paths: LayerPaths, model: nn.Module) -> None:
@@ -170,7 +179,7 @@ class DepthLog:
             self._sticky[consumer] = None
         return layer
 
-    def before(self, func: Any, args: Sequence[Any], kwargs: Any, out: Any) -> None:
+    def operator_ran(self, func: Any, args: Sequence[Any], kwargs: Any, out: Any) -> None:
         """An operator has run (the fake mode calls this before its consumers see the result): the layer of each
         storage it made, by the module running, else by what it was made from."""
         backward = _in_backward()
@@ -200,9 +209,6 @@ class DepthLog:
         tag = self._made_from(tree_leaves((args, kwargs)))
         for tensor in outputs:
             self._remember(tensor, tag)
-
-    def after(self) -> None:
-        """The operator's consumers have seen it."""
 
     def _known(self, tensor: torch.Tensor) -> bool:
         storage = tensor.untyped_storage()
@@ -276,8 +282,9 @@ class DepthLog:
         self.events.append(Event(consumer, op, key, nbytes, category, watch.current, self._context(consumer, watch),
                                  storage))
 
-    def _marker(self, consumer: str, op: str, watch: ModuleWatch, name: str = "") -> None:
-        self.events.append(Event(consumer, op, None, 0, name, watch.current, self._context(consumer, watch)))
+    def _marker(self, consumer: str, op: str, watch: ModuleWatch, label: str = "") -> None:
+        self.events.append(Event(consumer, op, None, 0, "", watch.current, self._context(consumer, watch),
+                                 label=label))
 
     def allocator(self, capacity: int | None) -> CachingAllocator:
         """The caching allocator's model for :class:`~memlab.estimation.reserved.ReservedTrace`, reporting its
@@ -303,7 +310,7 @@ class DepthLog:
         self.events.append(Event(FSDP, op, key, nbytes, category, self.watch.current,
                                  self._context(FSDP, self.watch), record))
 
-    def fsdp_marker(self, op: str, names: Any, category: str) -> None:
+    def fsdp_marker(self, op: str, names: Any, label: str) -> None:
         """A peak check (``names``: the FSDP modules running), or where a module's hook stores a snapshot or starts
         its local peak (``names``: the module), of PyTorch's FSDP memory tracker. Names lose the root's class name,
         which the tracker puts first."""
@@ -313,7 +320,8 @@ class DepthLog:
             names = tuple(name.partition(".")[2] for name in names)
         # The module running says where it belongs, not the module it names: FSDP2 starts a layer's backward while
         # the layer after it still runs its own.
-        self.events.append(Event(FSDP, op, names, 0, category, self.watch.current, self._context(FSDP, self.watch)))
+        self.events.append(Event(FSDP, op, None, 0, "", self.watch.current, self._context(FSDP, self.watch),
+                                 label=label, names=names))
 
     def read(self) -> None:
         """The trial reads the allocator's peaks (its tracked step has ended)."""
@@ -335,13 +343,15 @@ class DepthLog:
             self._step_bytes[key] = nbytes
         self.name_storages()
 
-    def step_changed(self, recorder: StepRecorder, key: int, nbytes: int, category: str) -> None:
-        # The ledger tells a change as the storage's bytes and category now: a new key is an allocation, 0 bytes a
-        # free, the same bytes a new category, other bytes a resize.
+    def step_changed(self, recorder: StepRecorder, key: int, nbytes: int, category: str,
+                     tracked: bool = False) -> None:
+        """The step's ledger changed a storage: told as the storage's bytes and category now (``tracked``: whether
+        the ledger still holds it). A new key is an allocation, 0 bytes of one the ledger no longer holds a free,
+        the same bytes a new category, other bytes a resize."""
         sizes = self._step_bytes
         if key not in self._live[STEP]:
             op = "alloc"
-        elif nbytes == 0:
+        elif nbytes == 0 and not tracked:
             op = "free"
         else:
             op = "move" if sizes[key] == nbytes else "resize"
@@ -435,8 +445,15 @@ class _LoggingRecorder(StepRecorder):
         self._log.step_started(self, entries)
         super().start(entries)
 
+    @contextlib.contextmanager
+    def recording(self, tracker: Any) -> Iterator[Recording]:
+        self._tracker = tracker
+        with super().recording(tracker) as recording:
+            yield recording
+
     def changed(self, key: int, nbytes: int, category: str) -> None:
-        self._log.step_changed(self, key, nbytes, category)
+        tracker = getattr(self, "_tracker", None)
+        self._log.step_changed(self, key, nbytes, category, tracker is not None and tracker.tracks(key))
         super().changed(key, nbytes, category)
 
     def checked(self) -> None:

@@ -111,7 +111,7 @@ def replay_step(events: Iterable[Event], categories: Sequence[str]) -> StepRepla
         elif op == "check":
             ledger.note_peak()
         elif op == "enter":
-            section = recorder.section(event.category)
+            section = recorder.section(event.label)
             section.__enter__()
             sections.append(section)
         elif op == "exit":

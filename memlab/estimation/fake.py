@@ -108,7 +108,7 @@ class FakeMode(FakeTensorMode):
         self.tagger: Any = None
         """A dry run of a few layers kept to be carried to the full depth
         (:class:`~memlab.estimation.depth_log.DepthLog`): told of each operator before the observer and followers
-        (``before(func, args, kwargs, out)``), and after them (``after()``)."""
+        (``operator_ran(func, args, kwargs, out)``)."""
         self._depth = 0
 
     @classmethod
@@ -137,7 +137,7 @@ class FakeMode(FakeTensorMode):
             self._depth -= 1
         if self._depth == 0:
             if tagger is not None:
-                tagger.before(func, args, kwargs, out)
+                tagger.operator_ran(func, args, kwargs, out)
             if self.observer is not None:
                 self.observer(func, out)
             if out is NotImplemented and self.followers:
@@ -148,9 +148,6 @@ class FakeMode(FakeTensorMode):
             except torch.OutOfMemoryError:
                 del out  # the error's traceback must not keep this operator's outputs alive
                 raise
-            finally:
-                if tagger is not None:
-                    tagger.after()
         return out
 
     def __enter__(self) -> Any:

@@ -282,6 +282,8 @@ class _Fsdp2Run:
     eight_bit_state: int | None = None
     events: list[Event] | None = None
     error: str | None = None
+    held_by_layer: dict[int, int] = field(default_factory=dict)
+    """What stays between steps in each layer (runs whose events are kept)."""
 
 
 def _fsdp2_step(
@@ -298,12 +300,12 @@ def _fsdp2_step(
     emulate: bool,
     load: Mapping[str, Any] | None = None,
 ) -> tuple[ShardedTrial, list[dict[str, int]]]:
-    """:func:`fsdp2_dry_run`'s step, with CUDA's kernels emulated where ``emulate``: from dry runs of three layers and
-    two where the model's layers repeat (:mod:`memlab.estimation.depth`), else of every layer."""
+    """:func:`fsdp2_dry_run`'s step, with CUDA's kernels emulated where ``emulate``: from dry runs of five layers and
+    four where the model's layers repeat (:mod:`memlab.estimation.fsdp2_depth`), else of every layer."""
     shallow = shallow_model(model_or_config) if plan_carries(plan) and plan.optimizer not in _EIGHT_BIT else None
     run = None
     if shallow is not None and shallow.carries(FSDP2_EDGE):
-        runs = {layers: _fsdp2_run(shallow.with_layers(layers), batch, plan, gpus, loss_fn=loss_fn, lr=lr,
+        runs = {layers: _fsdp2_run(shallow.shallow(layers), batch, plan, gpus, loss_fn=loss_fn, lr=lr,
                                    device=device, gpu=gpu, emulate=emulate, load=load, paths=shallow.paths)
                 for layers in (source_layers(FSDP2_EDGE), check_layers(FSDP2_EDGE))}
         run = _carried(shallow, runs, gpu)
@@ -314,10 +316,13 @@ def _fsdp2_step(
 
 
 def _carried(shallow: ShallowModel, runs: dict[int, _Fsdp2Run], gpu: GpuKind | str | None) -> _Fsdp2Run | None:
-    """The dry run at the model's depth from its runs of three layers and two, None where they do not carry
+    """The dry run at the model's depth from its runs of five layers and four, None where they do not carry
     (:func:`~memlab.estimation.fsdp2_depth.carried_books`)."""
-    three, two = runs[source_layers(FSDP2_EDGE)], runs[check_layers(FSDP2_EDGE)]
-    if three.error or two.error or three.notes != two.notes or three.events is None or two.events is None:
+    source, check = runs[source_layers(FSDP2_EDGE)], runs[check_layers(FSDP2_EDGE)]
+    if source.error or check.error or source.notes != check.notes or source.events is None or check.events is None:
+        return None
+    held = _carried_held(source, check, shallow.depth)
+    if held is None:
         return None
     kind = gpu_kind(gpu)
     books = carried_books(shallow, {layers: (run.events or [], run.detail, run.peaks, run.reserved)
@@ -326,9 +331,17 @@ def _carried(shallow: ShallowModel, runs: dict[int, _Fsdp2Run], gpu: GpuKind | s
     if books is None:
         return None
     detail, peaks, reserved = books
-    # What stays between steps is each layer's shards, gradients and state: the same in every layer.
-    held = three.held + (shallow.depth - source_layers(FSDP2_EDGE)) * (three.held - two.held)
-    return dataclasses.replace(three, detail=detail, peaks=peaks, held=held, reserved=reserved, events=None)
+    return dataclasses.replace(source, detail=detail, peaks=peaks, held=held, reserved=reserved, events=None)
+
+
+def _carried_held(source: _Fsdp2Run, check: _Fsdp2Run, depth: int) -> int | None:
+    """What stays between steps at the model's depth: each layer's shards, gradients and state, the same in every
+    layer of both runs, and the rest, the same in both; None where they are not."""
+    layers = [*source.held_by_layer.values(), *check.held_by_layer.values()]
+    rest = {run.held - sum(run.held_by_layer.values()) for run in (source, check)}
+    if not layers or len(set(layers)) != 1 or len(rest) != 1:
+        return None
+    return rest.pop() + depth * layers[0]
 
 
 def _fsdp2_run(
@@ -372,12 +385,22 @@ def _fsdp2_run(
     part = micro_batches(setup.batch, plan)[0]
     one_step = plan.replace(micro_batch=None, accumulation=1, optimizer="adamw" if eight_bit else plan.optimizer)
     held = 0
+    held_by_layer: dict[int, int] = {}
 
     def measure_held(optimizer: torch.optim.Optimizer, *_: Any) -> None:
         # What stays between steps, right after the update and before the step sets the gradients to None.
         nonlocal held
         held = _local_bytes([*model.parameters(), *(p.grad for p in step.parameters if p.grad is not None),
                              *state_tensors(optimizer)])
+        if paths is not None:  # and layer by layer, for a run carried to more layers
+            by_layer: dict[int, list[torch.Tensor]] = {}
+            for name, parameter in model.named_parameters():
+                layer = paths.layer_of(name)
+                if layer is not None:
+                    state = [v for v in optimizer.state.get(parameter, {}).values() if isinstance(v, torch.Tensor)]
+                    grad = [parameter.grad] if parameter.grad is not None else []
+                    by_layer.setdefault(layer, []).extend([parameter, *grad, *state])
+            held_by_layer.update({layer: _local_bytes(tensors) for layer, tensors in by_layer.items()})
 
     # The allocator's reserve is replayed where the dry run's allocations are the step's own (not where the optimizer
     # state is offloaded or computed from its size).
@@ -442,7 +465,7 @@ def _fsdp2_run(
               if note]
     return _Fsdp2Run(detail, peaks, held, notes, trace.reserved_bytes if trace is not None else None, target,
                      eight_bit_state=adamw8bit_state_bytes(shards) if eight_bit else None,
-                     events=list(log.events) if log is not None else None)
+                     events=list(log.events) if log is not None else None, held_by_layer=held_by_layer)
 
 
 def _fsdp2_trial(run: _Fsdp2Run, plan: Plan, gpus: int, budget: int | None

@@ -169,7 +169,8 @@ def replay_fsdp(events: Iterable[Event], reference_types: Iterable[str]) -> tupl
 
     Example:
         >>> log = [Event("F", "begin"), Event("F", "alloc", 1, 8, "cpu|Activation"),
-        ...        Event("F", "check", ("layers.0",), "Peak Forward"), Event("F", "free", 1, 0, "cpu|Activation")]
+        ...        Event("F", "check", label="Peak Forward", names=("layers.0",)),
+        ...        Event("F", "free", 1, 0, "cpu|Activation")]
         >>> peak, modules = replay_fsdp(log, ["Activation"])
         >>> peak["cpu"], modules
         ({'Activation': 8, 'Total': 8}, [])
@@ -191,21 +192,19 @@ def replay_fsdp(events: Iterable[Event], reference_types: Iterable[str]) -> tupl
             peak = copy.deepcopy(current)
             peak_total = {device: snapshot[_TOTAL] for device, snapshot in peak.items()}
         elif op == "reset":
-            stored.setdefault(event.key, {})  # type: ignore[arg-type]
-            local_peak[event.key] = {device: snapshot[_TOTAL] for device, snapshot in current.items()}  # type: ignore[index]
+            stored.setdefault(event.names, {})
+            local_peak[event.names] = {device: snapshot[_TOTAL] for device, snapshot in current.items()}
         elif op == "append":
-            stored.setdefault(event.key, {}).setdefault(event.category, []).append(  # type: ignore[arg-type]
-                copy.deepcopy(current))
+            stored.setdefault(event.names, {}).setdefault(event.label, []).append(copy.deepcopy(current))
         elif op == "check":
-            running: tuple[str, ...] = event.key  # type: ignore[assignment]
-            for name in running:
+            for name in event.names:
                 lists = stored.get(name, {})
-                if event.category in lists:
+                if event.label in lists:
                     peaks = local_peak.setdefault(name, {})
                     for device, snapshot in current.items():
                         if peaks.get(device, 0) < snapshot[_TOTAL]:
                             peaks[device] = snapshot[_TOTAL]
-                            lists[event.category][-1][device] = copy.deepcopy(snapshot)
+                            lists[event.label][-1][device] = copy.deepcopy(snapshot)
             for device, snapshot in current.items():
                 if peak_total.get(device, 0) < snapshot[_TOTAL]:
                     peak_total[device] = snapshot[_TOTAL]
@@ -258,7 +257,7 @@ def carried_books(
     kinds: list[str],
     capacity: int | None,
 ) -> Books | None:
-    """An FSDP2 dry run's books at the model's depth, from its dry runs of three layers and two (each: its events,
+    """An FSDP2 dry run's books at the model's depth, from its dry runs of five layers and four (each: its events,
     the tracker's peak and snapshots made :data:`~memlab.estimation.fsdp2.DETAIL` by ``convert``, its reserved
     peak); None where they do not show one step repeating layer by layer. As for one GPU
     (:func:`memlab.estimation.depth.carried_trial`): the three-layer events replayed as they are must give that dry
@@ -267,18 +266,18 @@ def carried_books(
     edge = FSDP2_EDGE
     (events, detail, peaks, reserved), (two, _, _, _) = runs[source_layers(edge)], runs[check_layers(edge)]
     allocator = any(event.consumer == ALLOCATOR for event in events)
-    if convert(*replay_fsdp(events, kinds)) != (detail, peaks):
-        return None
-    read = replay_allocator(events, capacity) if allocator else None
-    if (read[0] if read is not None else None) != reserved:
-        return None
     try:
+        if convert(*replay_fsdp(events, kinds)) != (detail, peaks):
+            return None
+        read = replay_allocator(events, capacity) if allocator else None
+        if (read[0] if read is not None else None) != reserved:
+            return None
         checked = extend(events, check_layers(edge), shallow.paths, edge)
         if any(canonical(checked, consumer) != canonical(two, consumer) for consumer in (ALLOCATOR, FSDP)):
             return None
         deep = extend(events, shallow.depth, shallow.paths, edge)
-    except NotRepeating:
+        carried_detail, carried_peaks = convert(*replay_fsdp(deep, kinds))
+        read = replay_allocator(deep, capacity) if allocator else None
+    except (NotRepeating, KeyError, ValueError):  # a log its consumers could not have been told: dry-run whole
         return None
-    carried_detail, carried_peaks = convert(*replay_fsdp(deep, kinds))
-    read = replay_allocator(deep, capacity) if allocator else None
     return carried_detail, carried_peaks, read[0] if read is not None else None

@@ -20,6 +20,7 @@ def shard_units(model: nn.Module, layer_classes: Sequence[str] | None = None) ->
     ``_no_split_modules``, BERT's ``BertLayer``). Innermost first, as accelerate walks the model bottom up.
 
     Example:
+        >>> import torch
         >>> from transformers import LlamaConfig, LlamaForCausalLM
         >>> with torch.device("meta"):
         ...     model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3,

@@ -153,21 +153,21 @@ def _carried(
     if not plan_carries(plan):
         return None
     runs: dict[int, ShallowRun] = {}
-    fell_back: set[bool] = set()
+    fell_back: dict[int, bool] = {}
     for layers in (source_layers(), check_layers()):
-        config = shallow.with_layers(layers)
-        workload = _Workload(TrialRunner, _training_trial, loads=plan_loads(config, [plan], load))
-        place, (run,) = _plan_runs(config, batch, [plan], options, workload, device=device, gpu=gpu,
+        shallow_input = shallow.shallow(layers)
+        workload = _Workload(TrialRunner, _training_trial, loads=plan_loads(shallow_input, [plan], load))
+        place, (run,) = _plan_runs(shallow_input, batch, [plan], options, workload, device=device, gpu=gpu,
                                    paths=shallow.paths)
         if run.events is None or run.trial.status != "ok":
             return None
         runs[layers] = ShallowRun(run.trial, run.reserved, run.events)
-        fell_back.add(run.fell_back)
+        fell_back[layers] = run.fell_back
     carried = carried_trial(shallow, runs, CATEGORIES, _capacity(gpu_kind(gpu)))
-    if carried is None or len(fell_back) != 1:
+    if carried is None or fell_back[source_layers()] != fell_back[check_layers()]:
         return None
     trial, reserved = carried
-    return _estimated(_PlanRun(trial, reserved, fell_back.pop()), place, limit, workload)
+    return _estimated(_PlanRun(trial, reserved, fell_back[source_layers()]), place, limit, workload)
 
 
 def estimate_inference(

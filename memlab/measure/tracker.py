@@ -171,6 +171,18 @@ class MemoryTracker(TorchDispatchMode):
         """Bytes by category at the moment of the peak (all categories; the values sum to the peak)."""
         return dict(self._ledger.peak_totals)
 
+    def tracks(self, key: int) -> bool:
+        """Whether the storage ``key`` (a key the tracker's listeners were told) is tracked now: a change to 0 bytes
+        of one it still tracks is a resize, not a free.
+
+        Example:
+            >>> tracker, ones = MemoryTracker(), torch.ones(2)
+            >>> tracker.observe(torch.ops.aten.ones.default, ones)
+            >>> tracker.tracks(id(ones.untyped_storage()))
+            True
+        """
+        return key in self._ledger.entries
+
     def live_breakdown(self) -> dict[str, int]:
         """Bytes by category now.
 

@@ -15,6 +15,7 @@ import transformers
 import memlab.estimation.single_gpu as single_gpu
 from memlab import Plan
 from memlab.estimation import depth
+from memlab.estimation.configs import meta_model
 from memlab.estimation.depth import shallow_model
 
 LAYERS = 5
@@ -159,8 +160,28 @@ def test_layers_that_differ_are_not_carried() -> None:
     assert shallow_model(torch.nn.Linear(2, 2)) is None
 
 
-def test_a_config_asked_again_after_a_change_is_looked_at_again() -> None:
+def test_a_config_asked_again_after_a_change_is_looked_at_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its per-layer settings, and its attention implementation (which ``to_dict`` leaves out)."""
     config = transformers.LlamaConfig(**SMALL)
     assert shallow_model(config) is not None
+    config._attn_implementation = "eager"
+    carried, tried = _estimate(config, Plan(), monkeypatch)
+    whole, _ = _estimate(config, Plan(), monkeypatch, whole=True)
+    assert tried == [True]
+    _assert_same_estimate(carried, whole)
     config.layer_types = ["full_attention"] * (LAYERS - 1) + ["sliding_attention"]
     assert shallow_model(config) is None
+
+
+def test_memlabs_meta_model_is_carried_as_it_is_and_a_changed_one_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the command line hands a search (``--max-tokens``) and a sharded adapter estimate: memlab's own meta
+    model of a config, estimated in fp32 as it is, not as the config's bf16 checkpoint would load."""
+    config = transformers.LlamaConfig(**SMALL, dtype="bfloat16")
+    carried, tried = _estimate(meta_model(config), Plan(), monkeypatch)
+    whole, _ = _estimate(meta_model(config), Plan(), monkeypatch, whole=True)
+    assert tried == [True]
+    _assert_same_estimate(carried, whole)
+    changed = meta_model(config)
+    changed.model.layers[LAYERS - 1].mlp.act_fn = torch.nn.GELU()  # no tensor of its own: its class tells
+    _, tried = _estimate(changed, Plan(), monkeypatch)
+    assert tried == []
