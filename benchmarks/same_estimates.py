@@ -45,6 +45,12 @@ QUESTIONS: dict[str, list[str]] = {
     "13b lora": ["llama-13b", "--budget", "24GiB", "--try", "adapter=lora", "precision=bf16"],
     "7b gpus 8 bf16 ckpt": ["llama-7b", "--budget", "24GiB", "--gpus", "8", "--try", "precision=bf16",
                             "checkpointing=on"],
+    # a search over sequence lengths and a sharded adapter plan, both given memlab's meta model of the config
+    "7b lora max tokens": ["llama-7b", "--budget", "24GiB", "--try", "adapter=lora", "precision=bf16",
+                           "--max-tokens"],
+    "gpt2 fsdp2 x2 lora": ["gpt2", "--budget", "3GiB", "--gpus", "2", "--strategy", "fsdp2", "--try", "adapter=lora",
+                           "precision=bf16"],
+    "8b qlora json": ["llama-3-8b", "--budget", "16GiB", "--try", "adapter=qlora", "precision=bf16", "--json"],
 }
 
 
