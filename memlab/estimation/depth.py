@@ -233,15 +233,28 @@ def plan_carries(plan: Any) -> bool:
     """Whether a plan's dry run of a few layers can stand for every layer: a training plan that checkpoints every
     block or none (``k`` blocks of the model's are spread over all its layers), with an optimizer that steps the
     parameters together (Adafactor's per-parameter loop is not one layer's events after another; bitsandbytes'
-    8-bit state is computed from its size after the dry run).
+    8-bit state is computed from its size after the dry run), and adapters on the same layers of every block:
+    ``lora_targets`` that name a module by an index (``"layers.0.self_attn.q_proj"``) may adapt some blocks only,
+    while every block of the few-layer runs matches them, and the two runs would agree on a step the model's
+    other blocks do not take.
 
     Example:
         >>> plan_carries(Plan(checkpointing=True)), plan_carries(Plan(checkpointing=4))
         (True, False)
         >>> plan_carries(Plan(optimizer="adafactor"))
         False
+        >>> lora = Plan(adapter="lora", precision="bf16")
+        >>> plan_carries(lora.replace(lora_targets=("q_proj",))), plan_carries(lora.replace(lora_targets=("0.q_proj",)))
+        (True, False)
     """
-    return isinstance(plan, Plan) and isinstance(plan.checkpointing, bool) and plan.optimizer not in _WHOLE_OPTIMIZERS
+    return (isinstance(plan, Plan) and isinstance(plan.checkpointing, bool) and plan.optimizer not in _WHOLE_OPTIMIZERS
+            and not (plan.adapter != "none" and _names_an_index(plan.lora_targets)))
+
+
+def _names_an_index(targets: str | tuple[str, ...]) -> bool:
+    # A name with a number between its dots may pick one block of a module list (or one expert of a block's,
+    # which would be alike in every block): the conservative answer, a dry run of every layer, is exact either way.
+    return isinstance(targets, tuple) and any(part.isdigit() for name in targets for part in name.split("."))
 
 
 _WHOLE_OPTIMIZERS = ("adafactor", "adamw8bit", "paged_adamw8bit")

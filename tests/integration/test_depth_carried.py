@@ -136,6 +136,20 @@ def test_a_plan_that_checkpoints_some_blocks_is_dry_run_whole(monkeypatch: pytes
     assert any("checkpointing 2 of 5 blocks" in note for note in trial.notes), trial.notes
 
 
+def test_adapters_on_some_blocks_named_by_index_are_dry_run_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every block of the three- and two-layer runs matches targets that name blocks 0 to 2, and the two runs agree:
+    carried, all five blocks would be adapted (a larger peak than the model's, where blocks 3 and 4 have none)."""
+    config = transformers.LlamaConfig(**SMALL)
+    targets = tuple(f"layers.{index}.self_attn.{name}" for index in range(3) for name in ("q_proj", "v_proj"))
+    plan = Plan(adapter="lora", precision="bf16", lora_targets=targets)
+    trial, tried = _estimate(config, plan, monkeypatch)
+    whole, _ = _estimate(config, plan, monkeypatch, whole=True)
+    assert tried == [] and trial.status == "ok"
+    _assert_same_estimate(trial, whole)
+    everywhere, tried = _estimate(config, plan.replace(lora_targets=("q_proj", "v_proj")), monkeypatch)
+    assert tried == [True] and everywhere.peak_bytes > whole.peak_bytes
+
+
 def test_the_repeated_layers_are_found_where_they_are_one_block() -> None:
     llama = shallow_model(transformers.LlamaConfig(**SMALL))
     gpt2 = shallow_model(FAMILIES["gpt2"]())
