@@ -51,6 +51,11 @@ QUESTIONS: dict[str, list[str]] = {
     "gpt2 fsdp2 x2 lora": ["gpt2", "--budget", "3GiB", "--gpus", "2", "--strategy", "fsdp2", "--try", "adapter=lora",
                            "precision=bf16"],
     "8b qlora json": ["llama-3-8b", "--budget", "16GiB", "--try", "adapter=qlora", "precision=bf16", "--json"],
+    # the most common plan, whose autocast frees every layer's cast weights together in its cache's order
+    "7b bf16 ckpt": ["llama-7b", "--budget", "24GiB", "--try", "precision=bf16", "checkpointing=on"],
+    "70b bf16 ckpt json": ["llama-70b", "--budget", "80GiB", "--try", "precision=bf16", "checkpointing=on", "--json"],
+    "8b bf16 ckpt 4k": ["llama-3-8b", "--budget", "80GiB", "--batch", "1x4096", "--try", "precision=bf16",
+                        "checkpointing=on", "weights=bf16"],
 }
 
 

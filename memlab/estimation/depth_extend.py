@@ -90,17 +90,31 @@ def extend(events: Sequence[Event], depth: int, paths: LayerPaths, edge: int = 1
     # an event about a storage, made outside every layer, belongs to the layer the storage was made in
     layers = [owner[event.storage] if event.context is None and event.storage is not None else layer
               for event, layer in zip(events, layers, strict=True)]
-    runs = _runs(layers)
-    sweeps = _sweeps(runs)
-    versions = _Versions(shape.middle)
-    for sweep in sweeps:
-        _pair(events, sweep, owner, versions, paths, shape.middle)
+    try:
+        sweeps, versions = _paired(events, layers, owner, paths, shape)
+    except NotRepeating:
+        gathered, layers = _frees_by_layer(events, layers)
+        if gathered == list(events):
+            raise
+        events = gathered
+        sweeps, versions = _paired(events, layers, owner, paths, shape)
     out: list[Event] = []
     for sweep in sweeps:
         for run, layer in _played(sweep, shape):
             for index in range(run.start, run.end):
                 out.append(_play(events[index], run.layer, layer, shape, owner, versions, paths))
     return out
+
+
+def _paired(events: Sequence[Event], layers: Sequence[int | None], owner: dict[Storage, int | None],
+            paths: LayerPaths, shape: _Shape) -> tuple[list[list[_Run]], _Versions]:
+    """The sweeps of ``events`` (each event of the layer in ``layers``), their middle layer's storages paired with
+    the next layer's."""
+    sweeps = _sweeps(_runs(layers))
+    versions = _Versions(shape.middle)
+    for sweep in sweeps:
+        _pair(events, sweep, owner, versions, paths, shape.middle)
+    return sweeps, versions
 
 
 @dataclass(frozen=True)
@@ -155,6 +169,44 @@ def _between(events: Sequence[Event], layers: list[int | None]) -> list[int | No
             layers[index:end] = [after] * (end - index)
         index = max(end, index + 1)
     return layers
+
+
+def _frees_by_layer(events: Sequence[Event], layers: Sequence[int | None]) -> tuple[list[Event], list[int | None]]:
+    """``events`` with each batch of frees made outside every layer (frees that follow each other) whose layers
+    interleave gathered layer by layer, in the order each layer first comes in the batch, and each layer's frees in
+    the order their storages were made: the order :func:`canonical` compares frees in. A batch whose layers do not
+    interleave is left as it is; :func:`extend` gathers only a log whose layers do not repeat as it came.
+
+    Such a batch comes in an order no consumer's result depends on (the allocator model merges freed blocks alike in
+    any order; a ledger's peak is never at a free): autocast's cache of cast weights, cleared as the forward's autocast
+    ends, frees every layer's casts in its hash map's order where checkpointing kept them out of the saved tensors.
+    Left as it came, that order mixes the layers, and no layer's events could be told apart from another's.
+
+    Example:
+        >>> made = [Event("A", "alloc", i, 8, storage=Storage(i)) for i in range(4)]
+        >>> frees = [Event("A", "free", i, storage=made[i].storage) for i in (2, 0, 3, 1)]
+        >>> ordered, layers = _frees_by_layer(made + frees, [0, 0, 1, 1] + [1, 0, 1, 0])
+        >>> [event.key for event in ordered[4:]], layers[4:]
+        ([2, 3, 0, 1], [1, 1, 0, 0])
+    """
+    made: dict[Storage, int] = {}
+    for index, event in enumerate(events):
+        if event.storage is not None:
+            made.setdefault(event.storage, index)
+    ordered = list(zip(events, layers, strict=True))
+    start = 0
+    while start < len(ordered):
+        end = start
+        while end < len(ordered) and ordered[end][0].op == "free" and ordered[end][0].context is None:
+            end += 1
+        batch = ordered[start:end]
+        in_turn = [layer for index, (_, layer) in enumerate(batch) if index == 0 or batch[index - 1][1] != layer]
+        if len(set(in_turn)) < len(in_turn):  # a layer's frees come in two places or more
+            first = {layer: index for index, layer in reversed(list(enumerate(in_turn)))}
+            ordered[start:end] = sorted(batch, key=lambda pair: (
+                first[pair[1]], made.get(pair[0].storage, -1) if pair[0].storage is not None else -1))
+        start = max(end, start + 1)
+    return [event for event, _ in ordered], [layer for _, layer in ordered]
 
 
 def _runs(layers: Sequence[int | None]) -> list[_Run]:

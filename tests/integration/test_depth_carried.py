@@ -108,6 +108,22 @@ def test_qlora_is_carried_to_the_estimate_of_every_layer(monkeypatch: pytest.Mon
     _assert_same_estimate(carried, whole, series=False)
 
 
+def test_mixed_precision_with_checkpointing_is_carried_to_the_estimate_of_every_layer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The most common plan: checkpointing keeps autocast's bf16 copies of the weights out of the saved tensors, so
+    they are freed together as the forward's autocast ends, in the order of autocast's cache (a hash map of the
+    weights' addresses): every layer's mixed with the others'. The numbers are a whole dry run's; the timeline's
+    points within that batch of frees come in the cache's order, which differs from one whole dry run to the next,
+    so its peak and phases are compared."""
+    config = transformers.LlamaConfig(**SMALL)
+    for plan in (Plan(precision="bf16", checkpointing=True), Plan(precision="fp16", checkpointing=True),
+                 Plan(precision="bf16", checkpointing=True, adapter="lora")):
+        carried, tried = _estimate(config, plan, monkeypatch)
+        whole, _ = _estimate(config, plan, monkeypatch, whole=True)
+        assert tried == [True], plan.label()
+        _assert_same_estimate(carried, whole, series=False)
+
+
 def test_a_cpu_estimate_is_carried_too(monkeypatch: pytest.MonkeyPatch) -> None:
     config = transformers.LlamaConfig(**SMALL)
     carried, tried = _estimate(config, Plan(), monkeypatch, device="cpu")
