@@ -174,8 +174,9 @@ def _between(events: Sequence[Event], layers: list[int | None]) -> list[int | No
 def _frees_by_layer(events: Sequence[Event], layers: Sequence[int | None]) -> tuple[list[Event], list[int | None]]:
     """``events`` with each batch of frees made outside every layer (frees that follow each other) whose layers
     interleave gathered layer by layer, in the order each layer first comes in the batch, and each layer's frees in
-    the order their storages were made: the order :func:`canonical` compares frees in. A batch whose layers do not
-    interleave is left as it is; :func:`extend` gathers only a log whose layers do not repeat as it came.
+    the order their storages were made (as :func:`canonical`, which compares such a batch in that order, numbers
+    them). A batch whose layers do not interleave is left as it is; :func:`extend` gathers only a log whose layers
+    do not repeat as it came.
 
     Such a batch comes in an order no consumer's result depends on (the allocator model merges freed blocks alike in
     any order; a ledger's peak is never at a free): autocast's cache of cast weights, cleared as the forward's autocast
