@@ -268,7 +268,8 @@ def footer_lines(report: Report) -> list[str]:
         if reason:
             lines.append(f"Why: {reason}")
         if report.suggestions:
-            named = ", ".join(f"{t.label} (estimated {format_bytes(t.peak_bytes)})" for t in report.suggestions)
+            # the figure their verdict judged, as the table's own rows are judged (the card figure where known)
+            named = "; ".join(f"{t.label}, {judged_text(t)}" for t in report.suggestions)
             lines.append(f"Estimated to fit, outside the searched space: {named}")
         if report.shorter_sequences:
             lines.append(f"Or shorter: {report.shorter_sequences}")

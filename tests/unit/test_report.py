@@ -562,3 +562,17 @@ def test_the_table_numbers_its_rows_as_the_figures_number_their_bars_when_there_
     few = Report(many.trials[:FULL_LABELS_UP_TO])
     assert all(row["number"] == "" for row in table_rows(few))
     assert not re.search(r"^\s*#", text_table(few).splitlines()[0])
+
+
+def test_suggestions_under_a_table_name_the_figure_their_verdict_judged() -> None:
+    """Where the estimate models the card, a suggestion is judged on it (as every row of the table is), and the
+    line under the table says that figure, with its allocated peak beside it; the commands after it say the same."""
+    gib = 2**30
+    over = Trial(Plan(), "ok", 30 * gib, {}, None, None, None, "cuda", budget=24 * gib, estimated=True)
+    lora = Trial(Plan(adapter="lora", precision="bf16"), "ok", 15 * gib, {}, None, None, None, "cuda",
+                 budget=24 * gib, reserved_bytes=16 * gib, context_bytes=gib // 2, estimated=True)
+    plain_cpu = Trial(Plan(adapter="qlora", precision="bf16"), "ok", 7 * gib, {}, None, None, None, "cpu",
+                      budget=24 * gib, estimated=True)
+    text = Report([over], budget=24 * gib, suggestions=[lora, plain_cpu]).to_text()
+    line = next(line for line in text.splitlines() if line.startswith("Estimated to fit, outside the searched space"))
+    assert line.endswith("bf16 lora, card 16.50 GiB (peak 15.00 GiB); bf16 qlora, peak 7.00 GiB"), line
