@@ -31,7 +31,12 @@ TOLERANCE = 0.05
 
 # Rows not yet within 5% (estimate / measured on this CPU, torch 2.13), keyed (section, model_type, plan label).
 # They run, and are expected to fail, until fixed: the tolerance is not loosened for them.
-KNOWN_OFF: dict[tuple[str, str, str], float] = {}
+KNOWN_OFF: dict[tuple[str, ...], float] = {
+    # The H200's held-out T5 rows (2 x 512; the 2 x 1024 rows, slow here, are further off): the attention with T5's
+    # position bias is not all counted on CUDA (issue 57, item 2).
+    ("heldout", "t5", "plain", "2x512"): 0.838, ("heldout", "t5", "bf16", "2x512"): 0.784,
+    ("heldout", "t5", "bf16-weights", "2x512"): 0.672,
+}
 
 
 # Reserved peaks not yet within 5% (estimated / measured reserved on this CPU, torch 2.13). Both are checkpointed bf16
@@ -40,15 +45,30 @@ KNOWN_OFF: dict[tuple[str, str, str], float] = {}
 # a temporary as large as the weights, is within 1%. The cause is not found yet: the GPU run's diagnostic section
 # records the step's large allocations for it.
 KNOWN_OFF_RESERVED = {("cumulative", "llama", "ckpt bf16 adamw8bit"): 0.897,
-                      ("cumulative", "llama", "ckpt bf16 lora"): 0.860}
+                      ("cumulative", "llama", "ckpt bf16 lora"): 0.860,
+                      # The H200 run's rows (torch 2.11): T5's (issue 57 item 2), a model cast to bf16 in place
+                      # (item 3: the fp32 weights' freed segments), Mixtral's bf16 reserve.
+                      ("heldout", "t5", "plain", "2x512"): 0.861, ("heldout", "t5", "bf16", "2x512"): 0.797,
+                      ("heldout", "t5", "bf16-weights", "2x512"): 0.705,
+                      ("heldout", "phi3", "bf16-weights", "2x512"): 0.842,
+                      ("estimate", "mixtral", "bf16"): 1.056}
 
 
-def _known_off(row: dict[str, Any], table: dict[tuple[str, str, str], float] = KNOWN_OFF) -> float | None:
-    section = row["source"].rsplit(":", 1)[-1]
-    return table.get((section, row["config"]["model_type"], row["plan_label"]))
+def _known_off(row: dict[str, Any], table: dict[tuple[str, ...], float] = KNOWN_OFF) -> float | None:
+    """A row's ratio in ``table``, keyed with its batch's shape (``"2x512"``) where rows differ only by that."""
+    key = (row["source"].rsplit(":", 1)[-1], row["config"]["model_type"], row["plan_label"])
+    return table.get((*key, _shape(row)), table.get(key))
 
 
-def _marks(row: dict[str, Any], slow: bool, table: dict[tuple[str, str, str], float] = KNOWN_OFF) -> tuple[Any, ...]:
+def _row_id(row: dict[str, Any]) -> str:
+    return f"{row['source'].rsplit(':', 1)[-1]}-{row['config']['model_type']}-{_shape(row)}-{row['plan_label']}"
+
+
+def _shape(row: dict[str, Any]) -> str:
+    return "x".join(str(size) for size in next(iter(row["batch"].values())))
+
+
+def _marks(row: dict[str, Any], slow: bool, table: dict[tuple[str, ...], float] = KNOWN_OFF) -> tuple[Any, ...]:
     if not (slow or _quick(row)):
         return (pytest.mark.skip(reason="slow on CPU: MEMLAB_SLOW_TRUTH=1"),)
     off = _known_off(row, table)
@@ -65,8 +85,7 @@ def _params(reserved: bool = False) -> list[Any]:
     slow = os.environ.get("MEMLAB_SLOW_TRUTH") == "1"
     table = KNOWN_OFF_RESERVED if reserved else KNOWN_OFF
     return [
-        pytest.param(row, id=f"{row['source'].rsplit(':', 1)[-1]}-{row['config']['model_type']}-{row['plan_label']}",
-                     marks=_marks(row, slow, table))
+        pytest.param(row, marks=_marks(row, slow, table), id=_row_id(row))
         for row in ROWS
         if not reserved or "measured_reserved_bytes" in row
     ]
