@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
 from memlab.estimation.adapters import attach_fake_adapter, bitsandbytes_version, kept_inputs_note
 from memlab.estimation.configs import one_line
@@ -73,7 +74,9 @@ from memlab.techniques.offload import NOTHING_TO_MOVE
 if TYPE_CHECKING:
     from memlab.inference.plan import InferencePlan
 
-__all__ = ["adamw8bit_state_bytes", "estimate_inference", "estimate_plans", "is_inference"]
+__all__ = [
+    "adamw8bit_state_bytes", "cpu_rng_kept", "estimate_inference", "estimate_plans", "fake_checkpoints", "is_inference",
+]
 
 _EMULATED_INFERENCE = (
     "estimated on CPU kernels with CUDA's attention backends emulated; what other kernels hold inside themselves "
@@ -267,6 +270,61 @@ class _PlanRun:
     events: list[Event] | None = None
 
 
+@contextlib.contextmanager
+def cpu_rng_kept() -> Iterator[None]:
+    """The CPU's random-number state read before a dry run and put back after it, outside every fake and emulating
+    mode: a dry run draws from it where it builds real tensors whose values it throws away (peft's initialisers of
+    the adapters it makes fake), and the user's next draw must be what it would have been. The runner inside saves
+    and restores no random-number state of its own (its model is fake), and the device's is never read: no real
+    CUDA call is made under a dry run's modes (DESIGN.md 2.4), and a dry run runs no CUDA kernel that draws from it.
+
+    Example:
+        >>> before = torch.random.get_rng_state()
+        >>> with cpu_rng_kept():
+        ...     _ = torch.rand(3)
+        >>> torch.equal(torch.random.get_rng_state(), before)
+        True
+    """
+    state = torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+
+
+@contextlib.contextmanager
+def fake_checkpoints() -> Iterator[None]:
+    """``torch.utils.checkpoint`` keeps no device's random-number state for fake tensors while a dry run runs.
+
+    Checkpointing stashes the RNG state of every device its inputs are on (``get_device_states``:
+    ``torch.cuda.get_rng_state``) and puts it back around the recomputation in backward (``fork_rng``,
+    ``set_device_states``: ``torch.cuda.set_rng_state``). On a machine with CUDA a dry run's fake tensors are on
+    ``cuda``, so each checkpointed block of a dry run read and set the real CUDA generator under the fake mode, which
+    clones the state into a fake tensor before it is set (issue 57: the CUDA context broken on an H200, an
+    SFTTrainer's checkpointed LoRA plan). A fake step has no values for the RNG to reproduce: the devices of fake
+    inputs are skipped, so no state of theirs is read or set; real inputs keep theirs as before.
+
+    Example:
+        >>> from memlab.estimation.fake import FakeMode
+        >>> with FakeMode() as mode, fake_checkpoints():
+        ...     fake = mode.from_tensor(torch.ones(2))
+        ...     torch.utils.checkpoint.get_device_states(fake)
+        ([], [])
+    """
+    original = torch.utils.checkpoint.get_device_states
+
+    def device_states(*args: Any) -> tuple[list[int], list[torch.Tensor]]:
+        leaves = torch.utils._pytree.tree_leaves(args)
+        return original(*[leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and not is_fake(leaf)])
+
+    torch.utils.checkpoint.get_device_states = device_states
+    try:
+        yield
+    finally:
+        torch.utils.checkpoint.get_device_states = original
+
+
+@cpu_rng_kept()
 def _plan_runs(
     model_or_config: Any,
     batch: Any,
@@ -303,7 +361,8 @@ def _plan_runs(
         for plan in plans:
             runner.check(plan)
     runs: list[_PlanRun] = []
-    with one_thread(), quiet(options.verbose), mode, runner.session(), model_made_positions(batch):
+    with one_thread(), quiet(options.verbose), fake_checkpoints(), mode, runner.session(), \
+            model_made_positions(batch):
         for number, plan in enumerate(plans):
             load = workload.loads[number] if number < len(workload.loads) else None
 

@@ -300,7 +300,7 @@ class InferenceWorkload(Workload[InferencePlan, InferenceRecord, InferenceTrial]
                         f"quantize={plan.quantize!r} needs bitsandbytes; pip install bitsandbytes, or write "
                         "quantize='none'"
                     ) from None
-        if plan.weights == "bf16" and probe.device.type == "cuda":
+        if plan.weights == "bf16" and probe.device.type == "cuda" and probe.real:  # a dry run reads no device
             from memlab.live.device import cuda_bf16_supported
 
             if not cuda_bf16_supported(probe.device):

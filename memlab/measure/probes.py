@@ -10,7 +10,9 @@ The runner does the same steps everywhere; the probe says what differs by device
   set-up held (a cast to bf16, a quantization to 4-bit) is then not in the step's reserve, as it is not in the
   reserve of a user who loaded the model that way.
 - :class:`FakeProbe`: a dry run on fake tensors. It never reads or caps a real allocator, scans nothing, and
-  times nothing; it builds optimizers with the defaults of the device the estimate is for.
+  times nothing; it builds optimizers with the defaults of the device the estimate is for. It calls no CUDA
+  function at all (no cache emptied, no state read): a dry run runs under fake and emulating modes, where a real
+  CUDA call can break the process's CUDA context (DESIGN.md 2.4).
 
 :func:`probe_for` picks the probe of a model; a model on fake or meta tensors always gets a :class:`FakeProbe`, so
 a dry run can never touch the real allocator even where its fake tensors say ``"cuda"``.
@@ -19,6 +21,7 @@ a dry run can never touch the real allocator even where its fake tensors say ``"
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +33,7 @@ from torch._subclasses.fake_tensor import is_fake
 from memlab.live.device import model_device, synchronize
 from memlab.measure.cuda import CudaPeak, cap_cuda_memory
 from memlab.measure.held import cpu_tensors_held, unique_storage_bytes
+from memlab.measure.oom import release_memory
 from memlab.measure.timeline import StepRecorder
 
 __all__ = ["CpuProbe", "CudaProbe", "FakeProbe", "HeldMemory", "Probe", "probe_for"]
@@ -60,10 +64,13 @@ class Probe:
         tracker_enforces_budget: the tracker raises an out-of-memory error past the budget (no real cap here).
         times_steps: timed steps mean something (False on fake tensors).
         optimizer_device_type: whose defaults optimizers are built with (``"cuda"``: foreach updates).
+        real: the trial's tensors are real, so the runner saves and puts back the process's random-number state
+            (False on fake tensors: a dry run never reads or changes the device's state, DESIGN.md 2.4).
     """
 
     tracker_enforces_budget = True
     times_steps = True
+    real = True
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -94,6 +101,11 @@ class Probe:
 
     def synchronize(self) -> None:
         """Wait for queued work before a clock is read."""
+
+    def release(self, *, collect: bool) -> None:
+        """After a trial (and a session): garbage collected where ``collect``, and the cached blocks nothing holds
+        given back to the device (:func:`~memlab.measure.oom.release_memory`)."""
+        release_memory(collect=collect)
 
     def step_recorder(self, model: nn.Module | None, categories: Sequence[str]) -> StepRecorder:
         """The recorder of a tracked step's timeline.
@@ -202,11 +214,12 @@ class FakeProbe(Probe):
 
     Example:
         >>> probe = FakeProbe(torch.device("cpu"), target=torch.device("cuda"))
-        >>> probe.times_steps, probe.optimizer_device_type
-        (False, 'cuda')
+        >>> probe.times_steps, probe.real, probe.optimizer_device_type
+        (False, False, 'cuda')
     """
 
     times_steps = False
+    real = False
 
     def __init__(
         self, device: torch.device, target: torch.device | None = None, on_release: Callable[[], None] | None = None
@@ -227,6 +240,11 @@ class FakeProbe(Probe):
         if self.on_release is not None:
             self.on_release()
         return contextlib.nullcontext()
+
+    def release(self, *, collect: bool) -> None:
+        # No real allocator holds a fake trial's memory: only the garbage (a failed step's cycles) is collected.
+        if collect:
+            gc.collect()
 
 
 def probe_for(model: nn.Module) -> Probe:

@@ -30,7 +30,7 @@ from memlab.live.batch import Batch, count_rows, named_tensors
 from memlab.live.inputs import check_inputs
 from memlab.live.structure import ModuleStructure, unique_parameters
 from memlab.measure.cuda import CudaPeak
-from memlab.measure.oom import release_error, release_memory
+from memlab.measure.oom import release_error
 from memlab.measure.probes import Probe, probe_for
 from memlab.measure.reading import PeakReading, read_failed_peak, read_peak
 from memlab.measure.tracker import MemoryTracker
@@ -155,8 +155,9 @@ class Runner(Generic[PlanT, TrialT]):
         held = self.probe.held_before(own, [p.grad for p in unique_parameters(self.model)])
         self._held_before, self._held_bytes = held.tensors, held.bytes
         # Parameters are copied when the first trial that trains them comes: a session of adapter (or inference)
-        # trials never copies the frozen base.
-        self._values = ModelValues.capture(self.model, parameters=False)
+        # trials never copies the frozen base. A dry run's session (a fake probe) reads no random-number state: it
+        # opens under the fake mode, where no CUDA function may be called.
+        self._values = ModelValues.capture(self.model, parameters=False, rng=self.probe.real)
         self._values.detach_grads()
         try:
             yield
@@ -166,7 +167,7 @@ class Runner(Generic[PlanT, TrialT]):
             self._values = self._structure = None
             self._held_before = []
             self._held_bytes = 0
-            release_memory(collect=False)
+            self.probe.release(collect=False)
 
     def run(self, plan: PlanT, index: int = 0, total: int = 1, *, capped: bool = True) -> TrialT:
         """Measure one plan; the model is restored afterwards (inside ``session()``, or in one of its own).
@@ -242,7 +243,7 @@ class Runner(Generic[PlanT, TrialT]):
             self._structure.restore()
             self._values.restore()
             self._values.detach_grads()
-            release_memory(collect=record.status != "ok" or record.error is not None)
+            self.probe.release(collect=record.status != "ok" or record.error is not None)
         trial = workload.to_trial(record, budget=self.budget, rss_bytes=self.probe.rss_bytes())
         self.announce(TrialFinished(trial=trial, index=index, total=total))
         return trial

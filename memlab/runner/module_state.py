@@ -8,6 +8,10 @@ Two kinds of state:
 - the values (:class:`ModelValues`): the tensors a trial can change (trainable parameters and buffers), ``.grad``
   fields and random-number state. They cost a host copy, so they are taken once per ``compare``/``fit`` rather than
   once per plan, and frozen parameters are never copied.
+
+A dry run's values are its fake copy's alone (``rng=False``): the process's random-number state is the live
+model's, never read or put back under a fake or emulating mode, where a CUDA call can break the process's CUDA
+context (DESIGN.md 2.4; issue 57: ``set_rng_state_all`` under the fake mode, an illegal memory access on an H200).
 """
 
 from __future__ import annotations
@@ -42,15 +46,23 @@ class ModelValues:
 
     tensors: list[tuple[torch.Tensor, torch.Tensor]]
     grads: list[tuple[nn.Parameter, torch.Tensor | None]]
-    cpu_rng: torch.Tensor
+    cpu_rng: torch.Tensor | None
     cuda_rng: list[torch.Tensor] | None
 
     @classmethod
-    def capture(cls, model: nn.Module, *, parameters: bool = True) -> ModelValues:
+    def capture(cls, model: nn.Module, *, parameters: bool = True, rng: bool = True) -> ModelValues:
         """Copy the buffers, and the trainable parameters unless ``parameters=False`` (for trials that train
-        adapters on a frozen base: :meth:`include_parameters` adds them when a trial needs them)."""
-        values = cls([], [(p, p.grad) for p in unique_parameters(model)], torch.random.get_rng_state(),
-                     torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None)
+        adapters on a frozen base: :meth:`include_parameters` adds them when a trial needs them); with
+        ``rng=False`` (a dry run's fake model) no random-number state is read, and none is put back.
+
+        Example:
+            >>> fake = ModelValues.capture(nn.Linear(2, 2), rng=False)
+            >>> fake.cpu_rng is None and fake.cuda_rng is None
+            True
+        """
+        values = cls([], [(p, p.grad) for p in unique_parameters(model)],
+                     torch.random.get_rng_state() if rng else None,
+                     torch.cuda.get_rng_state_all() if rng and torch.cuda.is_initialized() else None)
         values._add([*model.buffers()])
         if parameters:
             values.include_parameters(model)
@@ -91,7 +103,8 @@ class ModelValues:
                 live.copy_(saved)
         for parameter, grad in self.grads:
             parameter.grad = grad
-        torch.random.set_rng_state(self.cpu_rng)
+        if self.cpu_rng is not None:
+            torch.random.set_rng_state(self.cpu_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
 

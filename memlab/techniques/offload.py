@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 from memlab.techniques.technique import StepParts, Technique, Undo
 
@@ -123,7 +124,9 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             if cpu_param.grad is None:
                 cpu_param.grad = torch.empty_like(cpu_param, pin_memory=cpu_param.is_pinned())
             cpu_param.grad.copy_(device_param.grad, non_blocking=True)
-        if torch.cuda.is_available():
+        # The copies to the host must land before the CPU steps; fake ones (a dry run) hold nothing to wait for,
+        # and no CUDA call is made under a dry run's fake mode (DESIGN.md 2.4).
+        if torch.cuda.is_available() and not all(is_fake(p) for p in self.device_parameters):
             torch.cuda.synchronize()
         self.inner.step()
         for device_param, cpu_param in zip(self.device_parameters, self.cpu_parameters, strict=True):

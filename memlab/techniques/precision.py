@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from memlab.errors import UnsupportedTechnique
 from memlab.live.device import cuda_bf16_supported
@@ -34,7 +35,10 @@ def check_precision(plan: Plan, device: torch.device, parameters: Sequence[torch
             "the trained weights are fp16, and fp16 loss scaling needs fp32 weights; load the model in fp32 "
             "(autocast computes in fp16), or write precision='bf16'"
         )
-    if device.type == "cuda" and plan.precision == "bf16" and not cuda_bf16_supported(device):
+    # A dry run's fake weights (on "cuda" where this machine has one) are checked by no real device: no CUDA call
+    # is made under its fake mode (DESIGN.md 2.4), and the GPU it is for need not be this one.
+    real = not any(is_fake(p) for p in parameters)
+    if device.type == "cuda" and plan.precision == "bf16" and real and not cuda_bf16_supported(device):
         raise UnsupportedTechnique(
             f"{torch.cuda.get_device_name(device)} has no native bf16 (emulated bf16 is slow); "
             "write precision='fp16' (loss-scaled) instead"

@@ -1,0 +1,302 @@
+"""No dry run calls a real CUDA API (DESIGN.md 2.4), on every route that takes a live object (issue 57, item 1).
+
+On an H200, ``memlab.fit(sft_trainer)`` (TRL's SFTTrainer with a peft LoRA config) killed the process's CUDA context:
+the dry run's runner saved and put back the CUDA RNG of every device while its fake mode was active. On a machine
+without CUDA that branch never ran (``torch.cuda.is_initialized()`` is False). Here it does: ``is_initialized`` says
+True, and every CUDA function that reads or changes the device's state (RNG, allocator statistics, the cache, the
+memory cap, synchronisation) is replaced by a recorder that keeps a stand-in state and marks a violation when called
+while a fake tensor mode, any other dispatch mode or a torch-function mode (CUDA's kernels emulated) is active. Each
+route runs on a live model, trainer or VLM, and must leave no violation, the live model, its gradients and the CPU
+RNG as they were, and the (stand-in) CUDA RNG untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.utils.checkpoint
+
+import memlab
+from memlab import Plan
+from memlab.estimation.fake import FakeMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from models import assert_same, fingerprint, lm_batch, tiny_llama  # noqa: E402
+
+FAST: dict[str, Any] = {"steps": 1, "noise": 0, "progress": False}
+
+# Functions of torch.cuda that reach the real device (or its allocator) when CUDA is initialised.
+RECORDED = (
+    "get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all", "manual_seed", "manual_seed_all",
+    "seed", "seed_all", "initial_seed", "empty_cache", "synchronize", "reset_peak_memory_stats",
+    "reset_max_memory_allocated", "reset_accumulated_memory_stats", "max_memory_allocated", "memory_allocated",
+    "memory_reserved", "max_memory_reserved", "memory_stats", "set_per_process_memory_fraction", "mem_get_info",
+    "current_device", "set_device", "get_device_properties", "get_device_name", "_snapshot", "_record_memory_history",
+)
+_STATE_BYTES = 16
+
+
+def active_modes() -> list[str]:
+    """The fake, dispatch and torch-function modes active now (empty outside every dry run)."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    modes = [type(mode).__name__ for mode in _get_current_dispatch_mode_stack()]
+    fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if fake is not None and type(fake).__name__ not in modes:
+        modes.append(type(fake).__name__)
+    return modes + [type(mode).__name__ for mode in _get_current_function_mode_stack()]
+
+
+class CudaRecorder:
+    """Stand-ins for torch.cuda's device functions: each call is recorded, a call under a mode is a violation."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.violations: list[str] = []
+        self.rng = [torch.arange(_STATE_BYTES, dtype=torch.uint8), torch.arange(_STATE_BYTES, dtype=torch.uint8) + 1]
+
+    def stand_in(self, name: str) -> Callable[..., Any]:
+        def called(*args: Any, **kwargs: Any) -> Any:
+            modes = active_modes()
+            self.calls.append(name)
+            if modes:
+                where = "".join(traceback.format_stack(limit=8)[:-1])
+                self.violations.append(f"torch.cuda.{name} called under {modes}:\n{where}")
+            return self.answer(name, args)
+
+        return called
+
+    def answer(self, name: str, args: tuple[Any, ...]) -> Any:
+        with torch._C.DisableTorchFunction(), _no_dispatch():
+            if name == "get_rng_state_all":
+                return [state.clone() for state in self.rng]
+            if name == "get_rng_state":
+                return self.rng[0].clone()
+            if name == "set_rng_state_all":
+                self.rng = [torch.as_tensor(state).clone() for state in args[0]]
+            elif name == "set_rng_state":
+                self.rng[0] = torch.as_tensor(args[0]).clone()
+        if name == "mem_get_info":
+            return (0, 0)
+        if name == "get_device_properties":
+            return SimpleNamespace(major=9, minor=0, name="stand-in", total_memory=0)
+        if name in ("memory_stats", "_snapshot"):
+            return {}
+        if name in ("current_device", "initial_seed") or name.startswith(("max_", "memory_")):
+            return 0
+        return None
+
+
+@contextlib.contextmanager
+def _no_dispatch() -> Iterator[None]:
+    from torch.utils._mode_utils import no_dispatch
+
+    with no_dispatch():
+        yield
+
+
+@contextlib.contextmanager
+def cuda_watched(available: bool = False) -> Iterator[CudaRecorder]:
+    """CUDA made to look initialised (and with ``available``, present), its device functions recorded (outside
+    every mode they answer as a GPU with nothing allocated would)."""
+    recorder = CudaRecorder()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_initialized", lambda: True)
+        if available:
+            patch.setattr(torch.cuda, "is_available", lambda: True)
+        for module in (torch.cuda, torch.cuda.memory, torch.cuda.random):
+            for name in RECORDED:
+                if hasattr(module, name):
+                    patch.setattr(module, name, recorder.stand_in(name))
+        yield recorder
+
+
+def check_route(run: Callable[[], Any], model: torch.nn.Module) -> tuple[Any, CudaRecorder]:
+    """Run a route with CUDA watched: no call under a mode, the live model, its grads, the CPU RNG and the device's
+    RNG as they were."""
+    before = fingerprint(model)
+    cpu_rng = torch.random.get_rng_state()
+    with cuda_watched() as recorder:
+        device_rng = [state.clone() for state in recorder.rng]
+        result = run()
+    assert not recorder.violations, "\n".join(recorder.violations[:3])
+    assert_same(before, fingerprint(model))
+    assert torch.equal(torch.random.get_rng_state(), cpu_rng), "the CPU RNG changed"
+    assert all(torch.equal(a, b) for a, b in zip(recorder.rng, device_rng, strict=True)), "the CUDA RNG changed"
+    return result, recorder
+
+
+def with_grads(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The user's model after a backward: its gradients are there, and must stay."""
+    model(**batch).loss.backward()
+    return model
+
+
+@pytest.fixture(scope="module")
+def llama() -> torch.nn.Module:
+    return with_grads(tiny_llama(), lm_batch(rows=2))
+
+
+@pytest.fixture(scope="module")
+def peft_llama() -> torch.nn.Module:
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(tiny_llama(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    return with_grads(model, lm_batch(rows=2))
+
+
+def test_the_recorder_sees_a_call_under_a_fake_mode() -> None:
+    """The check itself: a CUDA call under FakeMode, or under an emulating torch-function mode, is a violation; one
+    outside every mode is not."""
+    from memlab.estimation.cuda_kernels import cuda_kernels
+
+    with cuda_watched() as recorder:
+        torch.cuda.empty_cache()
+        assert not recorder.violations
+        with FakeMode():
+            torch.cuda.get_rng_state_all()
+        with cuda_kernels("A100-80GB"):
+            torch.cuda.synchronize()
+    assert recorder.calls == ["empty_cache", "get_rng_state_all", "synchronize"]
+    assert len(recorder.violations) == 2 and "FakeMode" in recorder.violations[0]
+
+
+def test_checkpointing_keeps_no_cuda_rng_of_fake_tensors() -> None:
+    """Where the machine has CUDA, a dry run's fake tensors are on ``cuda``, and torch.utils.checkpoint stashes the
+    RNG of their device (``get_device_states``: torch.cuda.get_rng_state) to set it again in the recomputation: a
+    real CUDA call under the fake mode for every checkpointed block. The dry run's guard keeps none for fake inputs
+    (a CPU-only torch cannot run a fake CUDA step: the stash is checked alone)."""
+    from memlab.estimation.single_gpu import fake_checkpoints
+
+    unguarded = torch.utils.checkpoint.get_device_states
+    with cuda_watched() as recorder, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+        with FakeMode():
+            fake = torch.empty(2, 4, device="cuda:0")
+            recorder.calls.clear()
+            assert torch.utils.checkpoint.get_device_states(fake)[0] == [0]  # what torch does unguarded
+            assert recorder.calls == ["get_rng_state"] and len(recorder.violations) == 1
+            with fake_checkpoints():
+                assert torch.utils.checkpoint.get_device_states(fake, torch.ones(2)) == ([], [])
+    assert recorder.calls == ["get_rng_state"] and len(recorder.violations) == 1
+    assert torch.utils.checkpoint.get_device_states is unguarded  # put back after the dry run
+
+
+def test_techniques_on_fake_cuda_weights_ask_no_device() -> None:
+    """Where the machine has CUDA, a dry run's bf16 plan asked the real GPU whether it has bf16
+    (get_device_properties) and the optimizer offload synchronised it, both under the fake mode."""
+    from memlab.techniques.offload import OffloadedOptimizer
+    from memlab.techniques.precision import check_precision
+
+    with cuda_watched(available=True) as recorder, FakeMode():
+        weight = torch.nn.Parameter(torch.empty(4, 4, device="cuda:0"))
+        recorder.calls.clear()
+        assert check_precision(Plan(precision="bf16"), torch.device("cuda", 0), [weight]) == []
+        offloaded = OffloadedOptimizer([weight], lambda parameters: torch.optim.AdamW(parameters))
+        weight.grad = torch.empty(4, 4, device="cuda:0")
+        with pytest.raises(RuntimeError, match="not linked with support for cuda"):  # its copy back: a real GPU's
+            offloaded.step()
+    assert not recorder.violations, "\n".join(recorder.violations)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("plan", [Plan(), Plan(adapter="lora", lora_rank=4), Plan(checkpointing=True, weights="bf16")],
+                         ids=["plain", "lora", "ckpt-bf16"])
+def test_estimate_of_a_live_model(llama: torch.nn.Module, plan: Plan, device: str) -> None:
+    trial, _ = check_route(lambda: memlab.estimate(llama, lm_batch(rows=2), plan, device=device), llama)
+    assert trial.status == "ok", trial.error
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_estimate_of_a_peft_model(peft_llama: torch.nn.Module, device: str) -> None:
+    trial, _ = check_route(lambda: memlab.estimate(peft_llama, lm_batch(rows=2), Plan(), device=device), peft_llama)
+    assert trial.status == "ok", trial.error
+
+
+@pytest.mark.parametrize("space", [{"checkpointing": [False, True]}, {"adapter": ["none", "lora"]}],
+                         ids=["plain", "adapters"])
+def test_fit_of_a_live_model(llama: torch.nn.Module, space: dict[str, list[Any]]) -> None:
+    """fit measures live trials (its session saves the CUDA RNG, outside every mode) and estimates others."""
+    report, recorder = check_route(
+        lambda: memlab.fit(llama, lm_batch(rows=2), budget="1GiB", space=space, max_trials=2, **FAST), llama)
+    assert report.best is not None
+    assert "get_rng_state_all" in recorder.calls  # the CUDA branch ran, outside the modes
+
+
+def test_fit_dry_run(peft_llama: torch.nn.Module) -> None:
+    report, _ = check_route(lambda: memlab.fit(peft_llama, lm_batch(rows=2), budget="1GiB", dry_run=True,
+                                               space={"checkpointing": [False, True]}, max_trials=2, **FAST),
+                            peft_llama)
+    assert report.best is not None
+
+
+def test_limits_dry_run(llama: torch.nn.Module) -> None:
+    answer, _ = check_route(lambda: memlab.limits(llama, Plan(), budget="256MiB", batch=lm_batch(rows=1, length=16),
+                                                  multiple=16, dry_run=True, device="cuda"), llama)
+    assert answer.value is not None
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_inference_estimate(llama: torch.nn.Module, device: str) -> None:
+    trial, _ = check_route(lambda: memlab.estimate(llama, {"input_ids": (2, 16)}, memlab.InferencePlan(),
+                                                   device=device), llama)
+    assert trial.status == "ok", trial.error
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("plan", [Plan(), Plan(adapter="lora", lora_rank=4)], ids=["plain", "lora"])
+def test_sharded_estimate(llama: torch.nn.Module, plan: Plan, device: str) -> None:
+    """FSDP2's dry run, and adapters sharded (composed from the one-GPU dry run)."""
+    trial, _ = check_route(lambda: memlab.estimate(llama, lm_batch(rows=2), plan, device=device, gpus=2,
+                                                   strategy="fsdp2"), llama)
+    assert trial.status == "ok", trial.error
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from trainers import make_trainer
+
+    return make_trainer(tmp_path_factory.mktemp("trainer"), steps=2)
+
+
+@pytest.fixture(scope="module")
+def sft_trainer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """TRL's SFTTrainer with a peft LoRA config: the route that broke the H200's CUDA context."""
+    pytest.importorskip("peft")
+    pytest.importorskip("trl")
+    from peft import LoraConfig
+    from test_trainer_setups import sft
+
+    return sft(tmp_path_factory.mktemp("sft"), peft_config=LoraConfig(r=4, lora_alpha=8,
+                                                                        target_modules=["q_proj", "v_proj"]))
+
+
+@pytest.mark.parametrize("which", ["trainer", "sft_trainer"])
+def test_trainer_routes(which: str, request: pytest.FixtureRequest) -> None:
+    trainer = request.getfixturevalue(which)
+    estimated, _ = check_route(lambda: memlab.estimate(trainer, Plan(), device="cuda"), trainer.model)
+    assert estimated.status == "ok", estimated.error
+    report, _ = check_route(lambda: memlab.fit(trainer, budget="1GiB", max_trials=2, **FAST), trainer.model)
+    assert report.best is not None
+
+
+def test_vlm(tmp_path: Path) -> None:
+    from vlms import FAMILIES
+
+    family = FAMILIES["llava"]()
+    model, _ = family.build()
+    batch = family.batch(2)
+    for device in ("cpu", "cuda"):
+        trial, _ = check_route(lambda device=device: memlab.estimate(model, batch, Plan(), device=device), model)
+        assert trial.status == "ok", trial.error
+    report, _ = check_route(lambda: memlab.fit(model, batch, budget="1GiB", space={"adapter": ["none", "lora"]},
+                                               max_trials=2, **FAST), model)
+    assert report.best is not None
