@@ -204,3 +204,20 @@ def test_a_position_bias_that_trains_gets_the_memory_efficient_kernels_grad_bias
             out.sum().backward()
     assert (2, 4, 40, 48) in made
     assert embedded.grad is not None and tuple(embedded.grad.shape) == (40, 40, 4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch's own selection needs a CUDA build and a GPU")
+def test_on_a_gpu_pytorchs_own_selection_agrees_with_every_case_for_its_capability() -> None:
+    capability = torch.cuda.get_device_capability()
+    gpu = dataclasses.replace(H100, capability=capability)
+    for name, inputs, keywords, _, _, _, _ in CASES:
+        if any(t.storage_offset() for t in inputs()):
+            continue  # a copy to the GPU starts its storage anew
+        tensors = [t.detach().cuda().requires_grad_(t.requires_grad) for t in inputs()]
+        tensors += [None] * (4 - len(tensors))
+        params = torch.backends.cuda.SDPAParams(*tensors, keywords.get("dropout_p", 0.0),
+                                                keywords.get("is_causal", False), keywords.get("enable_gqa", False))
+        assert torch.backends.cuda.can_use_flash_attention(params, False) == (
+            not flash_refusals(*tensors, **keywords, gpu=gpu)), name
+        assert torch.backends.cuda.can_use_efficient_attention(params, False) == (
+            not efficient_refusals(*tensors, enable_gqa=keywords.get("enable_gqa", False), gpu=gpu)), name
