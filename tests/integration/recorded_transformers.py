@@ -27,6 +27,8 @@ from packaging.version import Version
 
 CONTIGUOUS_BIAS = Version("5.20")
 """The first transformers whose ``create_position_bias_mask`` returns a contiguous mask."""
+READ = Version("5.17")
+"""The oldest release whose ``create_position_bias_mask`` was read here (5.17, 5.18, 5.19: the same function)."""
 
 
 def create_position_bias_mask_up_to_5_19(
@@ -51,12 +53,13 @@ def create_position_bias_mask_up_to_5_19(
 @contextlib.contextmanager
 def recorded_transformers(version: str | None) -> Iterator[None]:
     """While active, the installed transformers runs ``version``'s code where the two differ in memory (see the
-    module's docstring); nothing changes where ``version`` is None or keeps the same memory."""
+    module's docstring); nothing changes where ``version`` is None, keeps the same memory, or is older than the
+    releases read (5.17)."""
     import transformers
     from transformers.integrations import sdpa_attention
 
     installed = Version(transformers.__version__)
-    if version is None or not (Version(version) < CONTIGUOUS_BIAS <= installed):
+    if version is None or not (READ <= Version(version) < CONTIGUOUS_BIAS <= installed):
         yield
         return
     original = sdpa_attention.create_position_bias_mask
