@@ -12,6 +12,8 @@ fake tensors, on a machine without a GPU), the attention implementation set on t
   and their ratio (``difference_ratio``). This is the check that matters here: eager attention keeps, per layer,
   rows x heads x tokens x tokens attention probabilities (and its dropout mask) for backward, which SDPA's fused
   kernels do not;
+- ``memlab_eager_as_run``, ``difference_ratio_as_run`` (OPT rows): the eager estimate with the attention code the
+  published run's transformers had (:func:`opt_eager_4_46`) in place of today's, and its difference's ratio;
 - ``differs``: what the source's run does that memlab's estimate does not model, and why a ratio is off by more than
   15% where it is.
 
@@ -28,6 +30,12 @@ Sources (every published number below is quoted from them, nothing else is):
 - huggingface/transformers pull request #31172 ("[GPT2] Add SDPA support", vasqu, 2024-06-01, merged): its
   description says its benchmarks are "like in #31031 for gpt2-large (same setup)": the same GPU, PyTorch, float16 and
   script; its "Training benchmark" table has the same columns.
+
+- huggingface/transformers docs/source/en/model_doc/opt.md, its SDPA section (added with pull request #33298, "add
+  sdpa to OPT", whose comment of 2024-09-25 ran the benchmark "used code from here #31031"): "L40S-45GB, PyTorch
+  2.4.0, OS Debian GNU/Linux 11 using ``float16`` with facebook/opt-350m", the same columns; the rows of 2,048 tokens
+  (1 x 2048) and 8 x 1024 are estimated. The eager code that ran is transformers' OPT of late 2024 (4.46), not
+  today's: see ``_OPT_EAGER``.
 
 Rejected candidates (why) are listed in ``REJECTED`` and written into the result.
 
@@ -69,9 +77,6 @@ GPT2 = ("huggingface/transformers pull request #31172 ([GPT2] Add SDPA support, 
         "gpt2-large, 'same setup' as #31031 (rtx3080ti-16GB, PyTorch 2.2.1, float16, fxmarty's training script)")
 FP16 = {"torch_dtype": torch.float16}
 REJECTED = (
-    {"source": "huggingface/transformers pull request #33298 (add sdpa to OPT, L40S, PyTorch 2.4.0)",
-     "why": "the comment with the training table names the GPU and the script (#31031's) but not which OPT checkpoint "
-            "ran, so the model's sizes are unknown"},
     {"source": "huggingface/transformers pull request #28802 (SDPA for BERT, hackyon's gist)",
      "why": "the gist's table gives batch, length and peaks but neither the checkpoint nor the dtype nor the GPU"},
     {"source": "huggingface/transformers pull request #32092 (sdpa for Albert, albert-base-v2 fp16)",
@@ -99,6 +104,17 @@ def pythia_410m() -> Any:
     return GPTNeoXConfig(vocab_size=50_304, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
                          intermediate_size=4096, rotary_pct=0.25, max_position_embeddings=2048,
                          use_parallel_residual=True, tie_word_embeddings=False)
+
+
+def opt_350m() -> Any:
+    """facebook/opt-350m's config: vocab 50,272, hidden 1,024 projected from and to 512-wide embeddings, 24 layers,
+    16 heads, ffn 4,096 (ReLU), 2,048 positions, post-layer-norm (no final norm), dropout 0.1 and attention dropout
+    0.0, tied embeddings."""
+    from transformers import OPTConfig
+
+    return OPTConfig(vocab_size=50_272, hidden_size=1024, word_embed_proj_dim=512, num_hidden_layers=24,
+                     num_attention_heads=16, ffn_dim=4096, max_position_embeddings=2048, do_layer_norm_before=False,
+                     dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, activation_function="relu")
 
 
 def tiny_gpt2() -> Any:
@@ -150,6 +166,22 @@ _GPT2_512 = (f"{_GPT2_DROPOUT}. The published difference here is 2.99 bytes per 
              "heads x 512 x 512 = 188.7M), at 1024 it is 5.03 (fp16 probabilities 2, dropout mask 1, dropout output "
              "2 bytes), memlab's 4.0 and 4.87: memlab's difference is 34% over because its SDPA peak is 8.5% (312 MB) "
              f"under the published one while its eager peak is 2.9% under. {_GPT2_SDPA}. {_SHORT}")
+OPT = ("huggingface/transformers docs/source/en/model_doc/opt.md, SDPA section (pull request #33298's benchmark): "
+       "L40S-45GB, PyTorch 2.4.0, float16, facebook/opt-350m, #31031's training script (logits.sum() backward, no "
+       "optimizer)")
+_L40S: dict[str, Any] = dict(gpu="L40S (45GB)", estimated_for="L40S-48GB")
+_OPT_EAGER = ("eager attention as transformers ran it then (4.46, OPTAttention): after the mask is added it takes "
+              "torch.max(attn_weights, finfo(fp16).min), whose backward keeps its fp16 input, the masked scores, "
+              "then the float32 softmax (kept) and its fp16 copy (kept by the bmm with the values): 2 + 4 + 2 = 8 "
+              "bytes per attention element (the published difference is {per:.2f} bytes per element of 24 layers x "
+              "16 heads x {elements}). Today's OPT eager (transformers 5.x, eager_attention_forward) has no "
+              "torch.max: 4 + 2 = 6 bytes, what memlab counts (a dry run of it keeps what the CPU's run keeps, "
+              "tests/integration/test_eager_attention_kept.py), so memlab's difference is 6/8 = 0.75 of the "
+              "published one by the code, not by the kernels. Estimated with 4.46's eager attention in place of "
+              "today's (memlab_eager_as_run), the difference is the published one (difference_ratio_as_run). Both "
+              "published peaks are over memlab's, SDPA's by 16-19%: 426 MB at 2,048 tokens, 1,650 MB at 8,192, "
+              "about 0.2 MB a token (some four fp16 hidden-size tensors a layer) that 4.46's OPT kept and today's "
+              "does not, or that memlab misses: not established here")
 RUNS = (
     Run("pythia-410m train, fp16, 1x128", "pythia-410m-deduped", pythia_410m, tokens=128, published_eager=1789.95,
         published_sdpa=1789.95, source=f"{NEOX}, batch_size 1, seq_len 128", differs=_SHORT, **_FXMARTY),
@@ -167,6 +199,15 @@ RUNS = (
     Run("gpt2-large train, fp16, 1x1024", "gpt2-large", gpt2_large, tokens=1024, published_eager=8682.26,
         published_sdpa=4881.09, source=f"{GPT2}, batch size 1, seq len 1024",
         differs=f"{_GPT2_DROPOUT}. {_SHORT}", **_FXMARTY),
+    Run("opt-350m train, fp16, 1x2048", "opt-350m", opt_350m, tokens=2048, published_eager=15662.224,
+        published_sdpa=2715.75, source=f"{OPT}, batch_size 1, seq_len 2048",
+        differs=_OPT_EAGER.format(per=(15662.224 - 2715.75) * 1e6 / (24 * 16 * 2048**2), elements="2048 x 2048"),
+        rows=1, **_L40S),
+    Run("opt-350m train, fp16, 8x1024", "opt-350m", opt_350m, tokens=1024, published_eager=34175.763,
+        published_sdpa=8821.18, source=f"{OPT}, batch_size 8, seq_len 1024",
+        differs=_OPT_EAGER.format(per=(34175.763 - 8821.18) * 1e6 / (24 * 16 * 8 * 1024**2),
+                                  elements="8 x 1024 x 1024"),
+        rows=8, **_L40S),
 )
 """The published pairs of runs, each with its source."""
 SMOKE = (Run("tiny gpt2, fp16, 2x64", "tiny-gpt2", tiny_gpt2, tokens=64, published_eager=1.0, published_sdpa=1.0,
@@ -178,15 +219,43 @@ def logits_sum(model: Any, batch: Any) -> Any:
     return model(**batch).logits.sum()
 
 
-def estimate_one(run: Run, implementation: str) -> Any:
+def opt_eager_4_46(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float,
+                   dropout: float = 0.0, **kwargs: Any) -> tuple[Any, Any]:
+    """OPT's eager attention as transformers 4.46 computed it (``OPTAttention.forward``, Apache-2.0, the HuggingFace
+    team), in today's ``eager_attention_forward`` signature: the masked scores clamped by ``torch.max`` against the
+    dtype's minimum (its backward keeps them), the softmax in float32 cast back to fp16."""
+    from torch import nn
+
+    weights = torch.matmul(query * scaling, key.transpose(-1, -2))  # 4.46 scaled the query projection
+    if attention_mask is not None:
+        weights = weights + attention_mask
+        weights = torch.max(weights, torch.tensor(torch.finfo(weights.dtype).min, device=weights.device))
+    if weights.dtype == torch.float16:
+        weights = nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(torch.float16)
+    else:
+        weights = nn.functional.softmax(weights, dim=-1)
+    probabilities = nn.functional.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(probabilities, value).transpose(1, 2).contiguous(), weights
+
+
+def estimate_one(run: Run, implementation: str, as_run: bool = False) -> Any:
     """memlab's estimate of ``run`` with one attention implementation (set on the config; ``Plan(attention=...)``
-    can take its place once that lever exists)."""
+    can take its place once that lever exists); ``as_run``: OPT's eager attention as the published run's
+    transformers (4.46) computed it, in place of today's."""
+    from transformers.models.opt import modeling_opt
+
     import memlab
 
     config = run.config()
     config._attn_implementation = implementation
     batch = {"input_ids": (run.rows, run.tokens)}
-    return memlab.estimate(config, batch, Plan(), loss_fn=logits_sum, gpu=run.estimated_for, load=FP16)
+    today = modeling_opt.eager_attention_forward
+    if as_run:
+        modeling_opt.eager_attention_forward = opt_eager_4_46
+    try:
+        return memlab.estimate(config, batch, Plan(), loss_fn=logits_sum, gpu=run.estimated_for, load=FP16)
+    finally:
+        modeling_opt.eager_attention_forward = today
 
 
 def figure(trial: Any, measures: str) -> float:
@@ -208,6 +277,7 @@ def estimate_run(run: Run) -> dict[str, Any]:
     unit = UNITS[run.unit]
     started = time.perf_counter()
     trials = {impl: estimate_one(run, impl) for impl in IMPLEMENTATIONS}
+    as_run = estimate_one(run, "eager", as_run=True) if run.model == "opt-350m" else None
     seconds = time.perf_counter() - started
     mine = {impl: figure(trial, run.measures) / unit for impl, trial in trials.items()}
     published = {"eager": run.published_eager, "sdpa": run.published_sdpa}
@@ -231,6 +301,9 @@ def estimate_run(run: Run) -> dict[str, Any]:
         "memlab_difference": common.rounded(difference, 2),
         "difference_ratio": (common.rounded(difference / run.published_difference, 3)
                              if abs(run.published_difference) >= 10 else None),
+        "memlab_eager_as_run": None if as_run is None else common.rounded(figure(as_run, run.measures) / unit, 2),
+        "difference_ratio_as_run": None if as_run is None else common.rounded(
+            (figure(as_run, run.measures) / unit - mine["sdpa"]) / run.published_difference, 3),
         "optimizer_out": {impl: common.rounded(trial.breakdown.get("optimizer", 0) / unit, 2)
                           for impl, trial in trials.items()},
         "differs": run.differs or None,

@@ -21,6 +21,7 @@ from transformers import AutoConfig
 
 import memlab
 from memlab import Plan
+from tests.integration.recorded_transformers import recorded_transformers
 
 TABLE = Path(__file__).parents[2] / "benchmarks" / "results" / "cuda_truth.json"
 ROWS = [row for row in json.loads(TABLE.read_text())["rows"] if "offload" not in row["plan"]]
@@ -31,12 +32,7 @@ TOLERANCE = 0.05
 
 # Rows not yet within 5% (estimate / measured on this CPU, torch 2.13), keyed (section, model_type, plan label).
 # They run, and are expected to fail, until fixed: the tolerance is not loosened for them.
-KNOWN_OFF: dict[tuple[str, ...], float] = {
-    # The H200's held-out T5 rows (2 x 512; the 2 x 1024 rows, slow here, are further off): the attention with T5's
-    # position bias is not all counted on CUDA (issue 57, item 2).
-    ("heldout", "t5", "plain", "2x512"): 0.838, ("heldout", "t5", "bf16", "2x512"): 0.784,
-    ("heldout", "t5", "bf16-weights", "2x512"): 0.672,
-}
+KNOWN_OFF: dict[tuple[str, ...], float] = {}
 
 
 # Reserved peaks not yet within 5% (estimated / measured reserved on this CPU, torch 2.13). Both are checkpointed bf16
@@ -46,10 +42,8 @@ KNOWN_OFF: dict[tuple[str, ...], float] = {
 # records the step's large allocations for it.
 KNOWN_OFF_RESERVED = {("cumulative", "llama", "ckpt bf16 adamw8bit"): 0.897,
                       ("cumulative", "llama", "ckpt bf16 lora"): 0.860,
-                      # The H200 run's rows (torch 2.11): T5's (issue 57 item 2), a model cast to bf16 in place
-                      # (item 3: the fp32 weights' freed segments), Mixtral's bf16 reserve.
-                      ("heldout", "t5", "plain", "2x512"): 0.861, ("heldout", "t5", "bf16", "2x512"): 0.797,
-                      ("heldout", "t5", "bf16-weights", "2x512"): 0.705,
+                      # The H200 run's rows (torch 2.11): a model cast to bf16 in place (item 3: the fp32 weights'
+                      # freed segments), Mixtral's bf16 reserve.
                       ("heldout", "phi3", "bf16-weights", "2x512"): 0.842,
                       ("estimate", "mixtral", "bf16"): 1.056}
 
@@ -108,11 +102,13 @@ def _estimate(key: str) -> Any:
     """The row's estimate, made once for both tests of a row."""
     row = json.loads(key)
     batch = {name: tuple(shape) for name, shape in row["batch"].items()}
-    return memlab.estimate(_config(row), batch, Plan(**row["plan"]), device="cuda")
+    with recorded_transformers(row.get("transformers")):  # the code measured, where it kept other memory
+        return memlab.estimate(_config(row), batch, Plan(**row["plan"]), device="cuda")
 
 
 def _estimate_of(row: dict[str, Any]) -> Any:
-    return _estimate(json.dumps({k: row[k] for k in ("config", "architecture", "batch", "plan")}, sort_keys=True))
+    fields = ("config", "architecture", "batch", "plan", "transformers")
+    return _estimate(json.dumps({k: row.get(k) for k in fields}, sort_keys=True))
 
 
 @pytest.mark.parametrize("row", _params())
