@@ -58,3 +58,36 @@ def test_measured_on_a_live_model_with_a_cpu_budget() -> None:
     again = memlab.measure(model, resized(batch, "rows", found.next), memlab.Plan(), steps=1, warmup=0, noise=0,
                            progress=False)
     assert again.peak_bytes > budget
+
+
+WIDER = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                    vocab_size=4096, max_position_embeddings=4096)
+
+
+def test_nothing_fits_says_why_and_what_would_fit() -> None:
+    """Issue 61 item 15: value=0 said nothing of why or what to try."""
+    found = memlab.limits(WIDER, budget="20MiB", batch=SHAPES, device="cpu")
+    assert found.value == 0
+    assert found.reason is not None and "optimizer state alone hold" in found.reason, found.reason
+    assert found.suggestions, found.to_text()
+    smallest = resized(SHAPES, "tokens", found.tried[0][0])
+    for suggested in found.suggestions:  # each checked by its own estimate at the smallest size
+        again = memlab.estimate(WIDER, smallest, suggested.plan, device="cpu")
+        assert again.peak_bytes <= 20 * 2**20
+    shown = repr(found)
+    assert found.reason in shown and found.suggestions[0].plan.label() in shown and "Plan(" in shown
+
+
+def test_the_command_line_says_why_and_what_to_try(tmp_path) -> None:
+    import argparse
+    import io
+
+    from memlab.frontends.limits_cli import run_limits
+
+    args = argparse.Namespace(model="wider", config=None, batch="1x512", budget="20MiB", max_tokens=True,
+                              max_rows=False, device="cpu", gpu=None, json=False, gpus=None, strategy=None)
+    text = io.StringIO()
+    assert run_limits(args, WIDER, SHAPES, [memlab.Plan()], 20 * 2**20, text, say=lambda line: None) == 1
+    out = text.getvalue()
+    assert "why: 64 tokens per row need" in out
+    assert "memlab estimate wider --batch 1x512 --budget 20MiB --device cpu --try" in out and "--max-tokens" in out
