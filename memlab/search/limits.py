@@ -420,9 +420,14 @@ def _runner(
 
         return measured, True
     from memlab.estimation.estimate import estimate
+    from memlab.estimation.gpus import capped
+
+    # The card held to the budget, as a real cap holds it: the allocator's model gives its cache back and tries
+    # again before it runs out, so the card figure at the boundary is the capped allocator's.
+    on_card = {**keywords, "gpu": capped(keywords.get("gpu"), budget)}
 
     def estimated(size: int) -> Trial:
-        return estimate(model_or_config, resized(batch, vary, size), plan, budget=budget, **keywords)
+        return estimate(model_or_config, resized(batch, vary, size), plan, budget=budget, **on_card)
 
     return estimated, False
 
