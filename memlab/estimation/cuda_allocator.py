@@ -130,6 +130,9 @@ class CachingAllocator:
         self.allocated_bytes = 0
         self.peak_reserved_bytes = 0
         self.peak_allocated_bytes = 0
+        self.most_reserved_bytes = 0
+        """The most reserved at any time since the allocator was made, whatever :meth:`reset_peak` did: what
+        ``max_memory_reserved`` reads over a whole call (set-up and teardown included) after one reset before it."""
         self.segments = 0
         # Free blocks of each pool (small: True) as (size, address), sorted: best fit is a bisection.
         self._free: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
@@ -164,6 +167,8 @@ class CachingAllocator:
             self.reserved_bytes += taken
             if self.reserved_bytes > self.peak_reserved_bytes:
                 self.peak_reserved_bytes = self.reserved_bytes
+                if self.reserved_bytes > self.most_reserved_bytes:
+                    self.most_reserved_bytes = self.reserved_bytes
         remaining = block.size - rounded
         if remaining >= _MIN_BLOCK if small else remaining > _SMALL_SIZE:
             rest = _Block(block.address + rounded, remaining, small)

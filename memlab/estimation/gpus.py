@@ -14,11 +14,11 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memlab.errors import MemlabError
 
-__all__ = ["DEFAULT_GPU", "GPUS", "GpuKind", "gpu_kind"]
+__all__ = ["DEFAULT_GPU", "GPUS", "GpuKind", "capped", "gpu_kind"]
 
 
 @dataclass(frozen=True)
@@ -90,3 +90,24 @@ def gpu_kind(name: str | GpuKind | None = None) -> GpuKind:
     if found is None:
         raise MemlabError(f"gpu={name!r} is not a GPU memlab knows; write one of {', '.join(GPUS)}")
     return found
+
+
+def capped(kind: GpuKind | str | None, budget: int) -> GpuKind:
+    """The GPU kind ``kind`` (a name, or the default) held to ``budget`` bytes of card: what a real cap on the
+    caching allocator at that budget makes of it (:func:`memlab.measure.cuda.cap_cuda_memory`: the allocator may
+    reserve the budget less the CUDA context). Replayed on it, the allocator's model gives its cached segments back
+    and tries again before it runs out, as the capped allocator does, so that a size whose card figure is within
+    the budget there runs under the cap. The kind itself where the budget is not below its memory.
+
+    Example:
+        >>> eight = capped("H100-80GB", 8 * 2**30)
+        >>> eight.name, eight.memory_bytes == 8 * 2**30, eight.capability
+        ('H100-80GB capped at 8 GiB', True, (9, 0))
+        >>> capped(None, 10**12) is GPUS[DEFAULT_GPU]
+        True
+    """
+    found = gpu_kind(kind)
+    if budget >= found.memory_bytes:
+        return found
+    shown = f"{budget / 2**30:g} GiB" if budget % 2**20 == 0 else f"{budget:,} bytes"
+    return replace(found, name=f"{found.name} capped at {shown}", memory_bytes=budget)

@@ -43,6 +43,7 @@ from memlab.estimation.fake import FakeMode
 from memlab.events import Event, StepFinished, TrialStarted
 from memlab.live.batch import Batch, named_tensors
 from memlab.measure.tracker import MemoryTracker
+from memlab.techniques.weights import modelled_release
 
 __all__ = [
     "CUBLAS_DEFAULT_WORKSPACE_BYTES",
@@ -160,6 +161,10 @@ class ReservedTrace:
         """The cuBLAS workspaces the trial holds, one per handle (:func:`cublas_workspace_bytes`)."""
         self.reserved_bytes: int | None = None
         self.allocated_bytes: int | None = None
+        self.call_reserved_bytes: int | None = None
+        """The most the trial reserved at any time from its placement to its end, the plan's set-up (a cast) and
+        teardown included: what ``max_memory_reserved`` reads over a whole ``measure`` call, reset after the model
+        was placed (the trial's own :attr:`reserved_bytes` is its steps')."""
         self._allocator: CachingAllocator | None = None
         self._paused = False
         self._model: nn.Module | None = None
@@ -215,7 +220,7 @@ class ReservedTrace:
         allocator = CachingAllocator(self.capacity) if self.log is None else self.log.allocator(self.capacity)
         self._allocator = allocator
         self._paused = False
-        self.reserved_bytes = self.allocated_bytes = None
+        self.reserved_bytes = self.allocated_bytes = self.call_reserved_bytes = None
         live = [True]
 
         def record(key: int, size: int) -> None:
@@ -240,16 +245,19 @@ class ReservedTrace:
         # A fake mode that reports its operators is followed without one more mode on the stack (cheaper).
         observed = isinstance(mode, FakeMode) and mode.observer is None
         try:
-            if observed:
-                mode.observer = tracker.observe  # type: ignore[union-attr]
-                yield
-            else:
-                with tracker:
+            # Where the weights lever gives the cache back on CUDA (after its cast, around its undo), the model does.
+            with modelled_release(allocator.empty_cache):
+                if observed:
+                    mode.observer = tracker.observe  # type: ignore[union-attr]
                     yield
+                else:
+                    with tracker:
+                        yield
         finally:
             if observed:
                 mode.observer = None  # type: ignore[union-attr]
             live[0] = False
+            self.call_reserved_bytes = allocator.most_reserved_bytes
             self._allocator = None
             self._model, self._placed = None, {}
 

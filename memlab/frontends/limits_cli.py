@@ -42,6 +42,8 @@ def run_limits(
         0
         >>> "at most 4864 tokens per row fit in 64.0 MiB" in text.getvalue()
         True
+
+    Where nothing fits, the output says why and the commands that try what is estimated to fit instead.
     """
     from memlab.search.limits import limits
 
@@ -66,7 +68,10 @@ def run_limits(
         kept = f"{rows} row{'s' if rows != 1 else ''} per batch" if vary == "tokens" else f"{tokens} tokens per row"
         print(f"{args.model}: the {'longest sequences' if vary == 'tokens' else 'most rows'} that fit in "
               f"{format_bytes(budget)}, {kept}", file=out)
+        from memlab.frontends.estimate_next import command_for, plan_try
+
+        flag = "--max-rows" if vary == "rows" else "--max-tokens"
         for plan, result in zip(plans, found, strict=True):
             print(f"\n{plan.label()}", file=out)
-            print(result.to_text(), file=out)
+            print(result.to_text(lambda other: f"{command_for(args, plan_try(other))} {flag}"), file=out)
     return 0 if all(result.value for result in found) else 1

@@ -165,7 +165,13 @@ class TrainingStep:
 
     def close(self) -> None:
         """Take the plan off the model, last technique first: checkpointing's previous setting, adapters and weight
-        dtypes come back exactly (trained weights keep what training did)."""
+        dtypes come back exactly (trained weights keep what training did).
+
+        The step's gradients and optimizer state are let go first (the step is over): taking pure bf16 off casts
+        the trained weights back to their own dtype, and copies twice the size allocated beside the state would
+        take the card past the step's own peak (on CUDA the step's cached blocks cannot hold them)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.state.clear()  # a CPU-offloaded optimizer's inner state holds no device memory
         self._take_off_model_changes()
 
     def _take_off_model_changes(self) -> None:

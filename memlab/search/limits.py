@@ -41,9 +41,15 @@ class Limits:
     tried: list[tuple[int, Trial]] = field(default_factory=list)
     measured: bool = False
     notes: tuple[str, ...] = ()
+    reason: str | None = None
+    """Where nothing fits: why (what the smallest size tried needs, and the part no size changes)."""
+    suggestions: list[Trial] = field(default_factory=list)
+    """Where nothing fits: plans with other levers estimated to fit at the smallest size tried (as ``fit``'s
+    suggestions: the fastest expected first)."""
 
-    def to_text(self) -> str:
-        """A table of the sizes tried, memory against the budget, the answer marked.
+    def to_text(self, code: Callable[[Plan], str] | None = None) -> str:
+        """A table of the sizes tried, memory against the budget, the answer marked; where nothing fits, why, and the
+        plans estimated to fit instead, each with ``code(plan)`` (default: the plan as Python).
 
         Example:
             >>> t = Trial(Plan(), "ok", 90, {}, None, None, None, "cpu", budget=100)
@@ -58,7 +64,18 @@ class Limits:
             shown = format_bytes(trial.verdict_bytes) if trial.status == "ok" else trial.status
             lines.append(f"{size:<5} {shown:<11} {'yes' if _fits(trial, self.budget) else 'no':<4}{mark}")
         lines.append(f"{self.answer()}")
+        if self.reason:
+            lines.append(self.reason)
+        if self.suggestions:
+            lines.append(f"would fit at {self.tried[0][0] if self.tried else 0} {self._unit()} instead (estimated):")
+            lines += [f"  {trial.plan.label()}  ({format_bytes(trial.verdict_bytes)}): "
+                      f"{(code or _plan_code)(trial.plan)}" for trial in self.suggestions]
+        elif not self.value and self.reason:
+            lines.append("no combination of levers tried fits either: a larger budget (or more GPUs) is needed")
         return "\n".join([*lines, *self.notes])
+
+    def _unit(self) -> str:
+        return "tokens per row" if self.vary == "tokens" else "rows"
 
     def answer(self) -> str:
         """One sentence: the largest size that fits and the next that does not."""
@@ -69,6 +86,9 @@ class Limits:
         return f"at most {self.value} {what} fit in {format_bytes(self.budget)}{beyond}"
 
     def __str__(self) -> str:
+        return self.to_text()
+
+    def __repr__(self) -> str:
         return self.to_text()
 
     def _repr_html_(self) -> str:
@@ -88,6 +108,20 @@ class Limits:
             figure.add_vline(x=self.value, line_dash="dot", annotation_text=f"{self.value} fit")
         figure.update_layout(xaxis_title=self.vary, yaxis_title="GiB", title=self.answer(), height=360)
         return figure
+
+
+def _plan_code(plan: Plan) -> str:
+    """The plan as Python (its fields that differ from the plain plan's).
+
+    Example:
+        >>> _plan_code(Plan(weights="bf16", checkpointing=True))
+        "Plan(checkpointing=True, weights='bf16')"
+    """
+    from memlab.plan import PLAN_FIELDS
+
+    plain = Plan()
+    fields = [f"{name}={getattr(plan, name)!r}" for name in PLAN_FIELDS if getattr(plan, name) != getattr(plain, name)]
+    return f"Plan({', '.join(fields)})"
 
 
 def _fits(trial: Trial, budget: int) -> bool:
@@ -238,7 +272,72 @@ def limits(
         if size in tried or size < step:
             break
         attempt(size)
-    return _answer(tried, capacity, vary, step, measured, ceiling)
+    found = _answer(tried, capacity, vary, step, measured, ceiling)
+    if not found.value and found.tried:
+        found.reason = _why_nothing_fits(found)
+        found.suggestions = _what_would_fit(model_or_config, found, batch, measured, keywords)
+    return found
+
+
+def _why_nothing_fits(found: Limits) -> str:
+    """Why even the smallest size tried does not fit: what it needs, and the part of it no size changes (the
+    weights, their gradients and the optimizer state).
+
+    Example:
+        >>> parts = {"params": 60, "grads": 20, "optimizer": 40, "activations": 10}
+        >>> t = Trial(Plan(), "ok", 130, parts, None, None, None, "cpu", budget=100)
+        >>> said = _why_nothing_fits(Limits("tokens", 0, None, 64, t, 100, [(64, t)]))
+        >>> for part in said.split(": "):
+        ...     print(part)
+        why
+        64 tokens per row need 130 B (allocated peak) against 100 B; the weights, gradients and optimizer state alone \
+hold 120 B, more than the budget
+        no shorter sequence fits with this plan
+    """
+    size, trial = found.tried[0]
+    unit = found._unit()
+    if trial.status != "ok":
+        what = "ran out of memory" if trial.status == "oom" else f"failed ({trial.error or trial.status})"
+        return f"why: even {size} {unit} {what} under {format_bytes(found.budget)}"
+    figure = trial.verdict_figure
+    fixed = sum(trial.breakdown.get(part, 0) for part in ("params", "grads", "optimizer"))
+    said = (f"why: {size} {unit} need {format_bytes(trial.verdict_bytes)} ({figure}) against "
+            f"{format_bytes(found.budget)}")
+    if not fixed:
+        return said
+    shorter = "no shorter sequence" if found.vary == "tokens" else "no fewer rows"
+    if fixed + ((trial.context_bytes or 0) if trial.card_bytes is not None else 0) >= found.budget:
+        return (f"{said}; the weights, gradients and optimizer state alone hold {format_bytes(fixed)}, more than "
+                f"the budget: {shorter} fits with this plan")
+    return f"{said}; the weights, gradients and optimizer state hold {format_bytes(fixed)} of it"
+
+
+def _what_would_fit(model_or_config: Any, found: Limits, batch: Any, measured: bool,
+                    keywords: dict[str, Any]) -> list[Trial]:
+    """Plans with other levers estimated (dry runs at the smallest size tried) to fit the budget with fit's margin,
+    as :func:`memlab.search.suggest.combined_suggestions` finds them: the fastest expected first; at most three."""
+    from memlab.estimation.estimate import estimate
+    from memlab.search.speed import speed_prior
+    from memlab.search.suggest import combined_suggestions
+
+    size, base = found.tried[0]
+    small = resized(batch, found.vary, size)
+    asked = {key: value for key, value in keywords.items() if key in ("loss_fn", "lr")} if measured else keywords
+
+    def estimated(plans: list[Plan]) -> list[Trial]:
+        return [estimate(model_or_config, small, plan, budget=found.budget, **asked) for plan in plans]
+
+    if base.status != "ok" or not base.breakdown:  # a measured step out of memory: its dry run stands for it
+        base = estimated([base.plan])[0]
+        if base.status != "ok" or not base.breakdown:
+            return []
+
+    rows = _size_of(small, "rows")
+    try:
+        return combined_suggestions(base, estimated, budget=found.budget, rows=rows,
+                                    prior=speed_prior(str(base.device).split(":")[0]), want=3, tries=4)
+    except MemlabError:
+        return []
 
 
 def _next_size(
@@ -321,9 +420,14 @@ def _runner(
 
         return measured, True
     from memlab.estimation.estimate import estimate
+    from memlab.estimation.gpus import capped
+
+    # The card held to the budget, as a real cap holds it: the allocator's model gives its cache back and tries
+    # again before it runs out, so the card figure at the boundary is the capped allocator's.
+    on_card = {**keywords, "gpu": capped(keywords.get("gpu"), budget)}
 
     def estimated(size: int) -> Trial:
-        return estimate(model_or_config, resized(batch, vary, size), plan, budget=budget, **keywords)
+        return estimate(model_or_config, resized(batch, vary, size), plan, budget=budget, **on_card)
 
     return estimated, False
 

@@ -3,10 +3,14 @@ gradients and the optimizer state built on them are bf16 too (no fp32 master cop
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 from memlab.live.structure import trainable_parameters, unique_parameters
 from memlab.techniques.technique import StepParts, Technique
@@ -16,6 +20,46 @@ if TYPE_CHECKING:
 
 from memlab.techniques.technique import Undo
 
+_MODELLED_RELEASE: ContextVar[Callable[[], None] | None] = ContextVar("memlab_modelled_release", default=None)
+
+
+@contextlib.contextmanager
+def modelled_release(release: Callable[[], None]) -> Iterator[None]:
+    """Within the block, where the cast gives the caching allocator's cache back on a dry run's fake tensors,
+    ``release`` is called instead (a model of the allocator's ``empty_cache``): no real CUDA call is made.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.estimation.fake import FakeMode, fake_copy
+        >>> mode, said = FakeMode(), []
+        >>> model = fake_copy(nn.Linear(4, 2), mode, torch.device("cpu"))
+        >>> with modelled_release(lambda: said.append("empty_cache")), mode:
+        ...     cast_weights(model, Plan(weights="bf16"))()
+        >>> said
+        ['empty_cache', 'empty_cache', 'empty_cache']
+    """
+    token = _MODELLED_RELEASE.set(release)
+    try:
+        yield
+    finally:
+        _MODELLED_RELEASE.reset(token)
+
+
+def release_cache(tensor: torch.Tensor) -> None:
+    """Give back the caching allocator's segments that hold no tensor (``torch.cuda.empty_cache``) where ``tensor``
+    is a live CUDA tensor; where a model of the allocator follows the tensors (:func:`modelled_release`: a dry run),
+    tell it instead and call nothing of CUDA; elsewhere nothing.
+
+    Example:
+        >>> release_cache(torch.zeros(1))  # a CPU tensor: nothing to give back
+    """
+    release = _MODELLED_RELEASE.get()
+    if release is not None:  # a model of the allocator follows these tensors: it is told, CUDA is not called
+        release()
+        return
+    if tensor.device.type == "cuda" and not is_fake(tensor) and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
 
 def cast_weights(model: nn.Module, plan: Plan) -> Undo | None:
     """Put the model's floating-point parameters and buffers in bf16 for ``plan.weights == "bf16"``.
@@ -24,6 +68,11 @@ def cast_weights(model: nn.Module, plan: Plan) -> Undo | None:
     their originals are kept (on CUDA in host memory, so that the device holds only the bf16 copy while the plan
     runs). Trained weights are cast back from bf16 and so keep what training did; a trial's snapshot puts their
     exact values back afterwards. Returns None when the plan keeps the model's dtypes.
+
+    On CUDA the cast gives the caching allocator's cache back when it is done (:func:`release_cache`): the freed
+    originals' segments would otherwise stay reserved beside the step's, as they do after a user's own in-place
+    cast. Taking it off gives the cache back before the copies of the original dtype are made (the step's cached
+    blocks, half their size, cannot hold them: the card would grow past the step's peak) and after.
 
     Example:
         >>> from memlab.plan import Plan
@@ -51,11 +100,18 @@ def cast_weights(model: nn.Module, plan: Plan) -> Undo | None:
         kept.append((tensor, original.dtype, original.device, saved))
         tensor.data = original.to(torch.bfloat16)
         del original
+    if kept:
+        release_cache(kept[0][0])
 
     def undo() -> None:
+        if not kept:
+            return
+        first = kept[0][0]
+        release_cache(first)
         for tensor, dtype, device, saved in kept:
             tensor.data = saved.to(device) if saved is not None else tensor.data.to(dtype)
         kept.clear()
+        release_cache(first)
 
     return undo
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from models import lm_batch, tiny_llama
-from transformers import LlamaConfig
+from transformers import LlamaConfig, Qwen2Config
 
 import memlab
 from memlab.errors import MemlabError
+from memlab.estimation.gpus import DEFAULT_GPU, GPUS, capped
 from memlab.search.limits import MAX_RUNS, resized
 
 CONFIG = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
@@ -58,3 +59,80 @@ def test_measured_on_a_live_model_with_a_cpu_budget() -> None:
     again = memlab.measure(model, resized(batch, "rows", found.next), memlab.Plan(), steps=1, warmup=0, noise=0,
                            progress=False)
     assert again.peak_bytes > budget
+
+
+WIDER = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                    vocab_size=4096, max_position_embeddings=4096)
+
+
+def test_nothing_fits_says_why_and_what_would_fit() -> None:
+    """Issue 61 item 15: value=0 said nothing of why or what to try."""
+    found = memlab.limits(WIDER, budget="20MiB", batch=SHAPES, device="cpu")
+    assert found.value == 0
+    assert found.reason is not None and "optimizer state alone hold" in found.reason, found.reason
+    assert found.suggestions, found.to_text()
+    smallest = resized(SHAPES, "tokens", found.tried[0][0])
+    for suggested in found.suggestions:  # each checked by its own estimate at the smallest size
+        again = memlab.estimate(WIDER, smallest, suggested.plan, device="cpu")
+        assert again.peak_bytes <= 20 * 2**20
+    shown = repr(found)
+    assert found.reason in shown and found.suggestions[0].plan.label() in shown and "Plan(" in shown
+
+
+def test_the_command_line_says_why_and_what_to_try(tmp_path) -> None:
+    import argparse
+    import io
+
+    from memlab.frontends.limits_cli import run_limits
+
+    args = argparse.Namespace(model="wider", config=None, batch="1x512", budget="20MiB", max_tokens=True,
+                              max_rows=False, device="cpu", gpu=None, json=False, gpus=None, strategy=None)
+    text = io.StringIO()
+    assert run_limits(args, WIDER, SHAPES, [memlab.Plan()], 20 * 2**20, text, say=lambda line: None) == 1
+    out = text.getvalue()
+    assert "why: 64 tokens per row need" in out
+    assert "memlab estimate wider --batch 1x512 --budget 20MiB --device cpu --try" in out and "--max-tokens" in out
+
+
+# Qwen2's 151,936-token vocabulary on a small body: the loss's logits hold most of a long row's memory, as in issue
+# 57 item 4's run (bf16 + checkpointing, one row, under a real cap of the caching allocator).
+QWEN2 = Qwen2Config(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                    tie_word_embeddings=True)
+CKPT_BF16 = memlab.Plan(precision="bf16", checkpointing=True)
+ROW = {"input_ids": (1, 1024), "labels": (1, 1024)}
+
+
+def _on_the_capped_card(size: int, budget: int) -> memlab.Trial:
+    """A separate estimate at ``size`` with the allocator replayed under the cap the budget sets."""
+    return memlab.estimate(QWEN2, resized(ROW, "tokens", size), CKPT_BF16, device="cuda", budget=budget,
+                           gpu=capped(None, budget))
+
+
+def test_the_boundary_under_a_real_cap_is_the_capped_allocators() -> None:
+    """The capped allocator gives its cache back and tries again before it runs out: a size whose uncapped replay
+    reserves a little more than the cap allows still runs under it. The old answer named such a size as the one
+    that does not fit; the answer's card figure (replayed under the cap) is within the budget and the next size's
+    is not."""
+    context = GPUS[DEFAULT_GPU].context_bytes
+    uncapped = memlab.estimate(QWEN2, resized(ROW, "tokens", 1280), CKPT_BF16, device="cuda")
+    budget = uncapped.reserved_bytes - 4 * 2**20 + context  # the uncapped card is 4 MiB over
+    rescued = _on_the_capped_card(1280, budget)
+    assert rescued.reserved_bytes <= budget - context and rescued.fits  # its cache given back, it runs
+
+    found = memlab.limits(QWEN2, CKPT_BF16, budget=budget, batch=ROW, device="cuda", multiple=256)
+    assert found.value >= 1280 and found.next == found.value + 256, found.to_text()
+    at, beyond = _on_the_capped_card(found.value, budget), _on_the_capped_card(found.next, budget)
+    assert at.card_bytes <= budget < beyond.card_bytes
+    assert at.reserved_bytes <= budget - context < beyond.reserved_bytes  # the next size runs out of memory
+    assert found.trial.card_bytes == at.card_bytes
+    assert any("capped at" in note for note in found.trial.notes)
+
+
+def test_an_answer_within_the_budget_and_the_next_over_it_on_a_named_card() -> None:
+    """On a named GPU with a budget of its whole card (the CLI's --gpu), the same holds: no cap below the card."""
+    kind = GPUS["L4-24GB"]
+    found = memlab.limits(QWEN2, CKPT_BF16, budget=kind.memory_bytes, batch=ROW, device="cuda", gpu="L4-24GB",
+                          multiple=4096)
+    assert found.value and found.next == found.value + 4096, found.to_text()
+    assert found.trial.card_bytes <= kind.memory_bytes < found.next_trial.card_bytes
