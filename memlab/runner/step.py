@@ -205,6 +205,7 @@ class SharedGrads:
     def __init__(self, root: torch.Tensor) -> None:
         self._state: dict[int, list[Any]] = {}  # leaf -> [edges left, first gradient kept, still open]
         edges: dict[int, list[tuple[Any, int]]] = {}
+        leaves: list[Any] = []  # every leaf's node, alive while ids stand for them
         seen: set[Any] = set()
         stack = [root.grad_fn]
         while stack:
@@ -216,6 +217,7 @@ class SharedGrads:
                 if following is None:
                     continue
                 if type(following).__name__ == "AccumulateGrad":
+                    leaves.append(following)
                     edges.setdefault(id(following), []).append((node, slot))
                 else:
                     stack.append(following)
@@ -269,8 +271,11 @@ def _sole(grad: torch.Tensor) -> bool:
     referenced (inside a node's post-hook) by the node's outputs and this call's Python object alone."""
     if grad._base is not None or grad.is_sparse or not grad.is_contiguous():
         return False
-    storage = grad.untyped_storage()
-    return grad._use_count() <= 2 and torch._C._storage_Use_Count(storage._cdata) <= 2
+    use_count = getattr(grad, "_use_count", None)
+    storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None or storage_use_count is None:  # a torch without them: the engine's sums, as before
+        return False
+    return bool(use_count() <= 2 and storage_use_count(grad.untyped_storage()._cdata) <= 2)
 
 
 def _on_device(batch: Batch, device: torch.device) -> Batch:
