@@ -127,3 +127,24 @@ def test_three_gradients_and_a_leaf_used_once() -> None:
     loss.backward()
     assert weight.grad is not None and alone.grad is not None
     assert weight.grad.tolist() == [9.0, 9.0, 9.0] and alone.grad.tolist() == [5.0, 5.0, 5.0]
+
+
+@pytest.mark.parametrize("plan", [Plan(), Plan(precision="bf16", checkpointing=True),
+                                  Plan(precision="bf16", micro_batch=1, accumulation=2)], ids=lambda p: p.label())
+def test_a_tracked_step_trains_the_weights_an_untracked_one_does(plan: Plan) -> None:
+    from memlab.runner.step import TrainingStep
+
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(2))
+    batch = {"input_ids": ids, "labels": ids}
+    weights = []
+    for tracked in (False, True):
+        model = _tied_llama()
+        step = TrainingStep(model, plan, lr=1e-2)
+        if tracked:
+            with MemoryTracker() as tracker:
+                step(batch, tracker)
+        else:
+            step(batch)
+        step.close()
+        weights.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
