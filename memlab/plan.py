@@ -66,7 +66,8 @@ class Plan:
         accumulation: micro-batches per optimizer step (effective batch = micro_batch * accumulation).
         checkpointing: activation (gradient) checkpointing: False, True (every repeated block), or ``k`` (an int):
             that many of the model's ``L`` repeated blocks, spread evenly from the first: blocks ``i * L // k`` for
-            ``i < k`` (:func:`memlab.techniques.checkpointing.chosen_blocks`); 0 is False, ``k >= L`` is every block.
+            ``i < k`` (:func:`memlab.techniques.checkpointing.chosen_blocks`); 0 is False, ``k = L`` is True, and
+            ``k > L`` is refused.
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (fp16 uses dynamic loss scaling).
         weights: ``"fp32"`` or ``"bf16"``: the dtype of the trained weights, their grads and optimizer state.
         optimizer: ``"adamw"`` (torch's, fused where the device has it, as the Trainer builds it), ``"adamw8bit"``

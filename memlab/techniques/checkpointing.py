@@ -9,7 +9,7 @@ from typing import Any
 import torch.utils.checkpoint
 from torch import nn
 
-from memlab.errors import UnsupportedTechnique
+from memlab.errors import MemlabError, UnsupportedTechnique
 from memlab.live.structure import ModuleStructure
 from memlab.techniques.technique import StepParts, Technique, Undo
 
@@ -61,9 +61,11 @@ def enable_checkpointing(model: nn.Module, blocks: bool | int = True) -> Undo:
     """
     # The Hugging Face switch also adds an input-embedding hook that its "disable" leaves behind, so undo
     # restores the captured per-module state instead of calling "disable".
-    before = ModuleStructure.capture(model)
     every = checkpoint_blocks(model)
-    chosen = set(chosen_blocks(len(every), blocks))
+    chosen = set(chosen_blocks(len(every), blocks, type(model).__name__))
+    if len(chosen) == len(every):
+        blocks = True  # every block: the same plan as True, put on the same way
+    before = ModuleStructure.capture(model)
     if _is_hugging_face(model) and (blocks is True or _flagged_layers(model)):
         kwargs = _checkpoint_kwargs()
         switch = getattr(model, "activation_checkpointing_enable", None)
@@ -81,19 +83,31 @@ def enable_checkpointing(model: nn.Module, blocks: bool | int = True) -> Undo:
     return before.restore
 
 
-def chosen_blocks(count: int, blocks: bool | int) -> list[int]:
-    """Which of ``count`` repeated blocks ``checkpointing=blocks`` checkpoints: every one for True (or a number >=
-    ``count``), none for False, else ``k`` spread evenly from the first: the first block of each of ``k`` equal runs,
-    ``i * count // k`` for ``i < k`` (torchtune's "every n-th layer" when ``k`` divides ``count``).
+def chosen_blocks(count: int, blocks: bool | int, model: str = "the model") -> list[int]:
+    """Which of ``count`` repeated blocks ``checkpointing=blocks`` checkpoints: every one for True or for ``count``
+    itself (the same plan), none for False, else ``k`` spread evenly from the first: the first block of each of ``k``
+    equal runs, ``i * count // k`` for ``i < k`` (torchtune's "every n-th layer" when ``k`` divides ``count``). A
+    number above ``count`` is refused (``model`` names whose blocks they are), with what to write instead.
 
     The last block is chosen only when every block is: backward starts with it, so recomputing it there holds its
     activations at the step's peak anyway, and checkpointing it would cost time and save nothing.
 
     Example:
-        >>> chosen_blocks(8, 2), chosen_blocks(8, 3), chosen_blocks(4, True), chosen_blocks(4, 9), chosen_blocks(4, 0)
+        >>> chosen_blocks(8, 2), chosen_blocks(8, 3), chosen_blocks(4, True), chosen_blocks(4, 4), chosen_blocks(4, 0)
         ([0, 4], [0, 2, 5], [0, 1, 2, 3], [0, 1, 2, 3], [])
+        >>> chosen_blocks(4, 5, "LlamaForCausalLM")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: checkpointing=5, but LlamaForCausalLM has 4 blocks to checkpoint; write ...
     """
-    if blocks is True or blocks >= count:
+    if blocks is True:
+        return list(range(count))
+    if blocks > count:
+        raise MemlabError(
+            f"checkpointing={blocks}, but {model} has {count} block{'' if count == 1 else 's'} to checkpoint; write "
+            f"checkpointing=True (every block) or a number of blocks from 1 to {count}"
+        )
+    if blocks == count:
         return list(range(count))
     return [i * count // blocks for i in range(int(blocks))]
 
@@ -230,7 +244,7 @@ class Checkpointing(Technique):
         if blocks is True or not blocks:
             return []
         count = len(checkpoint_blocks(parts.model))
-        chosen = chosen_blocks(count, blocks)
+        chosen = chosen_blocks(count, blocks, type(parts.model).__name__)
         if len(chosen) == count:
             return [f"checkpointing {count} of {count} blocks (every block)"]
         which = f"block {chosen[0]}" if len(chosen) == 1 else f"blocks {', '.join(map(str, chosen))}"
