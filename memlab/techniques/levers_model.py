@@ -559,6 +559,9 @@ DECLARATIONS = (
         "sdpa can run, other values when you put them in space=",
         choices=IMPLEMENTATIONS,
         technique=ATTENTION,
+        # what attention keeps for backward is activations: a plan with another kernel has its own activation line,
+        # never the measured kernel's (fit skipped sdpa as "predicted not to fit" from eager's peak)
+        activation_key=lambda value: value,
         exports=per_target(_attention_export),
     ),
 )
