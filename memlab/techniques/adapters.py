@@ -3,6 +3,7 @@ NF4 (bitsandbytes) for QLoRA. Attached for a plan and taken off again with nothi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +77,8 @@ def carries_plan_adapters(model: nn.Module, plan: Plan) -> bool:
 
 def quantized_targets(model: nn.Module, skip_modules: Sequence[str] | None = None) -> list[str]:
     """The layers a bitsandbytes 4-bit or 8-bit load holds quantized, as transformers' bitsandbytes integration
-    chooses them (``replace_with_bnb_linear``): every ``nn.Linear`` and GPT-2-style ``Conv1D``, but the modules of
+    chooses them (``replace_with_bnb_linear``): every ``nn.Linear`` (exact ones only under transformers 5:
+    :func:`bitsandbytes_replaces`) and GPT-2-style ``Conv1D``, but the modules of
     its ``get_modules_to_not_convert`` (the output head, the tied and the last modules: ``get_keys_to_not_convert``;
     ``skip_modules``, the config's ``llm_int8_skip_modules``, which replace those when given; the model's
     ``_keep_in_fp32_modules``, such as T5's ``wo``), matched as transformers matches them. QLoRA holds these in 4-bit
@@ -92,9 +94,7 @@ def quantized_targets(model: nn.Module, skip_modules: Sequence[str] | None = Non
         >>> quantized_targets(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)))
         ['0']
     """
-    from transformers.pytorch_utils import Conv1D
-
-    layers = [name for name, m in model.named_modules() if name and (type(m) is nn.Linear or isinstance(m, Conv1D))]
+    layers = [name for name, m in model.named_modules() if name and bitsandbytes_replaces(m)]
     skip = None if skip_modules is None else list(skip_modules)
     keep = list(getattr(model, "_keep_in_fp32_modules", None) or ())
     try:  # transformers 5's own choice
@@ -111,6 +111,33 @@ def quantized_targets(model: nn.Module, skip_modules: Sequence[str] | None = Non
     not_converted = [*skip, *keep]
     return [name for name in layers
             if not any(name == key or name.endswith(f".{key}") or f".{key}." in f".{name}." for key in not_converted)]
+
+
+def bitsandbytes_replaces(module: nn.Module) -> bool:
+    """Whether transformers' bitsandbytes load (``replace_with_bnb_linear``) would replace ``module`` were it not
+    kept out by name: a GPT-2-style ``Conv1D``, and an ``nn.Linear`` as the installed transformers matches it:
+    transformers 5 replaces exact ``nn.Linear`` layers only (``type(module) is nn.Linear``: Falcon's ``FalconLinear``
+    stays in full precision, and the load warns that no linear modules were found), transformers 4 every
+    ``isinstance(module, nn.Linear)``, subclasses included.
+
+    Example:
+        >>> bitsandbytes_replaces(nn.Linear(2, 2)), bitsandbytes_replaces(nn.Conv1d(2, 2, 1))
+        (True, False)
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(module, Conv1D):
+        return True
+    return type(module) is nn.Linear if _exact_linear_only() else isinstance(module, nn.Linear)
+
+
+@functools.cache
+def _exact_linear_only() -> bool:
+    """Whether the installed transformers' bitsandbytes integration replaces exact ``nn.Linear`` layers only (5 and
+    later), not their subclasses (4)."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0]) >= 5
 
 
 def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
