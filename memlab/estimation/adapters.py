@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 
 from memlab.live.structure import ModuleStructure
 from memlab.plan import Plan
-from memlab.techniques.adapters import attach_adapter, compute_dtype, quantized_targets
+from memlab.techniques.adapters import attach_adapter, compute_dtype, qlora_targets
 
 Undo = Callable[[], None]
 
@@ -270,7 +270,7 @@ def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, devi
             if plan.adapter == "qlora" and not any(isinstance(m, FakeNF4Linear) for m in model.modules()):
                 # Quantized here unless the load already did (memlab.estimation.load: the base loaded in 4-bit).
                 dtype = compute_dtype(plan)
-                for name in quantized_targets(model):
+                for name in qlora_targets(model):
                     parent_name, _, child = name.rpartition(".")
                     parent = model.get_submodule(parent_name) if parent_name else model
                     setattr(parent, child, FakeNF4Linear(model.get_submodule(name), dtype, mode, device))

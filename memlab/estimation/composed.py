@@ -16,7 +16,8 @@ its whole step (its :class:`~memlab.report.timeline.Timeline`): at every point o
   block, twice in a block's backward (:func:`fsdp1_blocks_gathered`: ``BACKWARD_PRE``, FSDP1's default,
   all-gathers the block below before the current one's backward computes; with the adapters' layers as units of
   their own, only as the block's backward ends); ZeRO-3, the largest layer twice (the one computing and the
-  prefetch bucket's),
+  prefetch bucket's; none on one GPU, where DeepSpeed's ``NoGatherHandle`` views each partition); ZeRO-2 none (it
+  holds every weight whole),
 - one unit's unsharded gradients (the trained ones),
 - under ZeRO, DeepSpeed's buckets (:mod:`memlab.estimation.zero`): ZeRO-3's reduce bucket whole
   (``reduce_bucket_size`` elements, however few parameters the adapters train), ZeRO-2's at most the trained
@@ -325,6 +326,7 @@ def composed_estimate(
             *(series[k] for k in ("params", "grads", "optimizer", "activations", "other")), blocks, strict=True):
         detail = dict.fromkeys(DETAIL, 0)
         sharded_params = params if strategy == "zero2" else params // n
+        moves_params = plan.offload == "params" and strategy == "zero3"
         unit_grads = max(series["grads"]) // units if strategy != "zero2" else 0
         if strategy.startswith("fsdp"):
             # FSDP's one CPU offload is the parameters': shards of weights, gradients and optimizer state
@@ -334,7 +336,6 @@ def composed_estimate(
             detail["optimizer"] = 0 if moved else optimizer // n
             point_host = (sharded_params + grads // n + optimizer // n) if moved else 0
         else:
-            moves_params = plan.offload == "params" and strategy == "zero3"
             detail["sharded_params" if strategy == "zero3" else "unsharded_params"] = 0 if moves_params else \
                 sharded_params
             detail["sharded_grads"] = 0 if offloaded else grads // n
@@ -343,8 +344,9 @@ def composed_estimate(
         # FSDP2 reshards its tail (final norm, head) after the head's backward: the tail or a block is gathered,
         # never both; FSDP1's root (embeddings, norm, head) stays gathered through backward, beside a block (two in
         # a block's backward: BACKWARD_PRE's prefetch)
+        # ZeRO-2 holds every weight whole and gathers nothing; ZeRO-3 on one GPU neither (NoGatherHandle)
         gathered = (held_blocks * unit + kept) if strategy == "fsdp1" else max(unit, kept) if \
-            strategy == "fsdp2" else 2 * unit
+            strategy == "fsdp2" else 2 * unit if strategy == "zero3" and (n > 1 or moves_params) else 0
         detail["unsharded_params"] += gathered
         detail["unsharded_grads"] = unit_grads
         detail["activations"] = activations

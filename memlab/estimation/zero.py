@@ -13,7 +13,12 @@ dry run for the others), ``P`` parameters, ``L`` the largest layer's own paramet
   ``2*P + 18*P/N``. With the optimizer offloaded (ZeRO-Offload): ``w*P`` on the GPU (DeepSpeed: ``2*P``).
 - ZeRO-3: ``2*w*L`` (one layer's gathered weights and gradients) + ``(w + 4 + 4 + K) * P / N`` (partitions of the
   16-bit weights, the fp32 gradients, the fp32 master weights and the optimizer state); DeepSpeed:
-  ``4*L + 18*P/N``. Optimizer offloaded: ``2*w*L + w*P/N``; parameters too (``offload="all"``): ``2*w*L``.
+  ``4*L + 18*P/N``. Optimizer offloaded: ``2*w*L + w*P/N``; parameters too (``offload="all"``): ``2*w*L``. On one
+  GPU, ``w*L + (w + 4 + 4 + K) * P``: DeepSpeed gathers nothing there (``NoGatherHandle``: each parameter is a view
+  of its partition), though each layer's 16-bit gradients are still whole before they are reduced. The gathered
+  layer's bytes are shown as unsharded (``unsharded_params``, ``unsharded_grads``), as FSDP's gathered unit is, and
+  the partitions as sharded: a tied weight is partitioned once and gathered once, under ZeRO-3 as under FSDP2, so
+  the two show the same sharded parameters where they hold the same bytes (:func:`zero3_gathered`).
 - Communication buffers, which DeepSpeed's formulas leave out: the gradient reduce bucket
   (``reduce_bucket_size``, 5e8 elements by default) and, for ZeRO-2, the parameter all-gather bucket
   (``allgather_bucket_size``, 5e8) or, for ZeRO-3, the prefetch bucket (``stage3_prefetch_bucket_size``, 5e7),
@@ -51,7 +56,7 @@ from memlab.live.sharding import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, ds_red
 from memlab.plan import Plan
 from memlab.report import Trial
 
-__all__ = ["zero_basis", "zero_model_states", "zero_trial"]
+__all__ = ["zero3_gathered", "zero_basis", "zero_model_states", "zero_trial"]
 
 
 def zero_model_states(
@@ -89,8 +94,10 @@ def zero_model_states(
         raise MemlabError(f"ZeRO stage {stage} is not estimated; write stage=2 or stage=3")
     w, p, n, big = weight_bytes, parameters, gpus, largest_layer
     partition = int(w * (p + frozen) / n)
-    # whole weights; or a partition and one gathered layer
-    params = w * (p + frozen) if stage == 2 else partition + w * big
+    # whole weights; or a partition and one gathered layer (none on one GPU, where DeepSpeed's NoGatherHandle makes
+    # each parameter a view of its partition, unless the partitions live in CPU memory)
+    gathered = 0 if n == 1 and offload not in ("all", "params") else w * big
+    params = w * (p + frozen) if stage == 2 else partition + gathered
     # ZeRO-2: the 16-bit gradient partition and its fp32 copy; ZeRO-3: the fp32 partition and one gathered layer's.
     grads = int((w + 4) * p / n) if stage == 2 else int(4 * p / n) + w * big
     optimizer = int((4 + optimizer_bytes) * p / n)  # fp32 master weights and the optimizer state
@@ -103,6 +110,25 @@ def zero_model_states(
         host += partition
         params = w * big
     return {"params": params, "grads": grads, "optimizer": optimizer, "host": host}
+
+
+def zero3_gathered(largest_layer: int, gpus: int, *, weight_bytes: int = 2, offload: str = "none") -> dict[str, int]:
+    """Bytes of ZeRO-3's one gathered layer inside :func:`zero_model_states`'s ``"params"`` and ``"grads"``: the
+    layer's whole weights (``"params"``) and its whole 16-bit gradients before they are reduced into the partitions
+    (``"grads"``). They are what FSDP calls unsharded, and a ZeRO-3 estimate shows them as such, beside the
+    partitions (shown as sharded, as FSDP's shards are): a tied weight (GPT-2's embedding, which is also its head
+    and its largest layer) is partitioned once, and gathered once while a layer that uses it runs. On one GPU
+    DeepSpeed gathers nothing (its ``NoGatherHandle`` views each partition), unless the partitions are offloaded.
+
+    Example:
+        >>> zero3_gathered(10**7, 8)
+        {'params': 20000000, 'grads': 20000000}
+        >>> zero3_gathered(10**7, 1)
+        {'params': 0, 'grads': 20000000}
+    """
+    w = weight_bytes
+    params = 0 if gpus == 1 and offload not in ("all", "params") else w * largest_layer
+    return {"params": params, "grads": w * largest_layer}
 
 
 def zero_basis(
@@ -181,8 +207,12 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
     gather_bucket = DS_ALLGATHER_BUCKET if stage == 2 else DS_PREFETCH_BUCKET
     buckets = ds_reduce_bucket(stage, parameters) + min(gather_bucket, parameters + frozen)
     detail = dict.fromkeys(DETAIL, 0)
-    detail["sharded_params" if stage == 3 else "unsharded_params"] = states["params"]
-    detail["sharded_grads"] = states["grads"]
+    # ZeRO-3's gathered layer is unsharded, as FSDP's gathered unit: the partitions alone are sharded
+    gathered = zero3_gathered(largest, gpus, weight_bytes=w, offload=plan.offload) if stage == 3 else {}
+    detail["unsharded_params"] = gathered.get("params", 0)
+    detail["sharded_params" if stage == 3 else "unsharded_params"] = states["params"] - gathered.get("params", 0)
+    detail["unsharded_grads"] = gathered.get("grads", 0)
+    detail["sharded_grads"] = states["grads"] - gathered.get("grads", 0)
     detail["optimizer"] = states["optimizer"]
     detail["activations"] = basis.breakdown["activations"]
     detail["inputs"] = basis.breakdown["other"]

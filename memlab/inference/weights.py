@@ -128,8 +128,9 @@ def _put_back(kept: list[tuple[torch.Tensor, torch.Tensor, torch.device]]) -> No
 
 def check_quantizable(model: nn.Module, quantize: str) -> list[str]:
     """The linear layers ``quantize`` would replace: those a bitsandbytes load quantizes
-    (:func:`memlab.techniques.adapters.quantized_targets`, transformers' own choice: every ``nn.Linear`` and
-    GPT-2-style ``Conv1D`` but the output head); a clear error, before anything changes, where there are none or
+    (:func:`memlab.techniques.adapters.quantized_targets`, transformers' own choice: every ``nn.Linear`` (exact ones
+    under transformers 5) and GPT-2-style ``Conv1D`` but the output head); a clear error, before anything changes,
+    where there are none (saying why, for Falcon's ``FalconLinear``) or
     bitsandbytes cannot run them.
 
     Example:
@@ -145,10 +146,7 @@ besides its output; write quantize='none'
         return []
     targets = quantized_targets(model)
     if not targets:
-        raise UnsupportedTechnique(
-            f"quantize={quantize!r} quantizes linear layers, and this model has none besides its output; write "
-            "quantize='none'"
-        )
+        raise UnsupportedTechnique(_nothing_to_quantize(model, quantize))
     for name in targets:
         layer: Any = model.get_submodule(name)
         if layer.weight.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -157,6 +155,24 @@ besides its output; write quantize='none'
                 "write quantize='none'"
             )
     return targets
+
+
+def _nothing_to_quantize(model: nn.Module, quantize: str) -> str:
+    """Why ``quantize`` finds no layer in ``model``: none but the output head, or (transformers 5) linear layers of a
+    subclass of ``nn.Linear`` (Falcon's ``FalconLinear``), which transformers' bitsandbytes load leaves in full
+    precision too, so that ``load_in_8bit`` of that model quantizes nothing."""
+    kinds = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.Linear) and type(m) is not nn.Linear})
+    if kinds:
+        return (
+            f"quantize={quantize!r} quantizes what transformers' bitsandbytes load quantizes, and that replaces exact "
+            f"nn.Linear (and Conv1D) layers only: {type(model).__name__}'s {', '.join(kinds)} layers stay in full "
+            "precision (from_pretrained with a BitsAndBytesConfig quantizes nothing of this model); write "
+            "quantize='none' (weights='bf16' holds half the weights' bytes)"
+        )
+    return (
+        f"quantize={quantize!r} quantizes linear layers, and this model has none besides its output; write "
+        "quantize='none'"
+    )
 
 
 def quantize_linears(model: nn.Module, quantize: str, compute_dtype: torch.dtype) -> Undo:

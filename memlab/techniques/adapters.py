@@ -3,6 +3,7 @@ NF4 (bitsandbytes) for QLoRA. Attached for a plan and taken off again with nothi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from memlab.live.structure import ModuleStructure
 from memlab.techniques.targets import adapter_targets as adapter_targets  # re-exported: callers import them here
 from memlab.techniques.targets import lora_layer_types as lora_layer_types
 from memlab.techniques.targets import output_head as output_head
+from memlab.techniques.targets import task_heads
 from memlab.techniques.technique import StepParts, Technique, Undo
 
 if TYPE_CHECKING:
@@ -76,7 +78,8 @@ def carries_plan_adapters(model: nn.Module, plan: Plan) -> bool:
 
 def quantized_targets(model: nn.Module, skip_modules: Sequence[str] | None = None) -> list[str]:
     """The layers a bitsandbytes 4-bit or 8-bit load holds quantized, as transformers' bitsandbytes integration
-    chooses them (``replace_with_bnb_linear``): every ``nn.Linear`` and GPT-2-style ``Conv1D``, but the modules of
+    chooses them (``replace_with_bnb_linear``): every ``nn.Linear`` (exact ones only under transformers 5:
+    :func:`bitsandbytes_replaces`) and GPT-2-style ``Conv1D``, but the modules of
     its ``get_modules_to_not_convert`` (the output head, the tied and the last modules: ``get_keys_to_not_convert``;
     ``skip_modules``, the config's ``llm_int8_skip_modules``, which replace those when given; the model's
     ``_keep_in_fp32_modules``, such as T5's ``wo``), matched as transformers matches them. QLoRA holds these in 4-bit
@@ -92,9 +95,7 @@ def quantized_targets(model: nn.Module, skip_modules: Sequence[str] | None = Non
         >>> quantized_targets(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)))
         ['0']
     """
-    from transformers.pytorch_utils import Conv1D
-
-    layers = [name for name, m in model.named_modules() if name and (type(m) is nn.Linear or isinstance(m, Conv1D))]
+    layers = [name for name, m in model.named_modules() if name and bitsandbytes_replaces(m)]
     skip = None if skip_modules is None else list(skip_modules)
     keep = list(getattr(model, "_keep_in_fp32_modules", None) or ())
     try:  # transformers 5's own choice
@@ -113,6 +114,70 @@ def quantized_targets(model: nn.Module, skip_modules: Sequence[str] | None = Non
             if not any(name == key or name.endswith(f".{key}") or f".{key}." in f".{name}." for key in not_converted)]
 
 
+def qlora_targets(model: nn.Module) -> list[str]:
+    """The layers QLoRA holds in 4-bit: :func:`quantized_targets` less the task heads LoRA trains whole
+    (:func:`memlab.techniques.targets.task_heads`, peft's ``modules_to_save``: BERT's ``classifier``), which a 4-bit
+    layer cannot train (its weight is ``uint8``: peft's ``requires_grad_`` on it fails). A 4-bit load of a classifier
+    does the same with ``llm_int8_skip_modules`` naming them beside transformers' own (:func:`qlora_skip_modules`).
+
+    Example:
+        >>> from transformers import BertConfig, BertForSequenceClassification
+        >>> bert = BertForSequenceClassification(BertConfig(hidden_size=16, num_hidden_layers=1,
+        ...                                                 num_attention_heads=2, intermediate_size=32))
+        >>> "classifier" in quantized_targets(bert), "classifier" in qlora_targets(bert)
+        (True, False)
+    """
+    return quantized_targets(model, qlora_skip_modules(model))
+
+
+def qlora_skip_modules(model: nn.Module) -> list[str] | None:
+    """The ``llm_int8_skip_modules`` a QLoRA load of ``model`` needs: None (transformers' own choice) where LoRA
+    trains no task head whole; else the modules transformers keeps out by default and the heads.
+
+    Example:
+        >>> qlora_skip_modules(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))) is None
+        True
+    """
+    heads = task_heads(model)
+    if not heads:
+        return None
+    try:
+        from transformers.quantizers.base import HfQuantizer
+
+        default = list(HfQuantizer.get_modules_to_not_convert(model, None, None))  # type: ignore[arg-type]
+    except (ImportError, AttributeError, TypeError, IndexError):  # an older transformers, or not its model
+        head = output_head(model)
+        default = [n for n, m in model.named_modules() if head is not None and m is head]
+    return sorted({*default, *heads})
+
+
+def bitsandbytes_replaces(module: nn.Module) -> bool:
+    """Whether transformers' bitsandbytes load (``replace_with_bnb_linear``) would replace ``module`` were it not
+    kept out by name: a GPT-2-style ``Conv1D``, and an ``nn.Linear`` as the installed transformers matches it:
+    transformers 5 replaces exact ``nn.Linear`` layers only (``type(module) is nn.Linear``: Falcon's ``FalconLinear``
+    stays in full precision, and the load warns that no linear modules were found), transformers 4 every
+    ``isinstance(module, nn.Linear)``, subclasses included.
+
+    Example:
+        >>> bitsandbytes_replaces(nn.Linear(2, 2)), bitsandbytes_replaces(nn.Conv1d(2, 2, 1))
+        (True, False)
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(module, Conv1D):
+        return True
+    return type(module) is nn.Linear if _exact_linear_only() else isinstance(module, nn.Linear)
+
+
+@functools.cache
+def _exact_linear_only() -> bool:
+    """Whether the installed transformers' bitsandbytes integration replaces exact ``nn.Linear`` layers only (5 and
+    later), not their subclasses (4)."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0]) >= 5
+
+
 def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     """Put the plan's adapters on the live model; the returned function takes them off again exactly.
 
@@ -120,7 +185,8 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     (:func:`memlab.techniques.levers_model.lora_settings` with the model: the layers of :func:`adapter_targets`,
     fused experts, a task head trained whole), the very keywords ``plan.to_peft_config(model)`` writes; peft
     freezes everything but what they train. QLoRA: first the weight of each of
-    :func:`quantized_targets` (the whole base, as 4-bit loading does, not only the adapted layers) is quantized to
+    :func:`qlora_targets` (the whole base, as 4-bit loading does, not only the adapted layers; a task head LoRA
+    trains whole stays in full precision) is quantized to
     NF4 in a ``bitsandbytes.nn.Linear4bit`` that takes its place, and on CUDA the full-precision originals wait
     in host memory (their size in host RAM, and a copy each way) so that the device holds only the
     4-bit base while the plan runs. peft's ``prepare_model_for_kbit_training`` also enables input gradients for
@@ -159,7 +225,7 @@ def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
     parked: list[tuple[torch.Tensor, torch.device]] = []
     try:
         if plan.adapter == "qlora":
-            parked = _quantize(model, quantized_targets(model), compute_dtype(plan))
+            parked = _quantize(model, qlora_targets(model), compute_dtype(plan))
         inject_adapter_in_model(LoraConfig(**settings), model)
         if plan.weights != "bf16":
             _adapters_in_fp32(model)

@@ -336,8 +336,9 @@ def _weights(target: str) -> Export:
 
 def quantize_code(plan: PlanLike) -> tuple[str, ...]:
     """The lines that hold the base's linear layers in 4-bit NF4 on the model the code receives, as memlab's
-    QLoRA does (:func:`memlab.techniques.adapters.quantized_targets`, transformers' own choice: every ``nn.Linear``
-    and GPT-2-style ``Conv1D`` but the output head, the tied and last modules and those the model keeps in fp32),
+    QLoRA does (:func:`memlab.techniques.adapters.qlora_targets`, transformers' own choice: every ``nn.Linear``
+    and GPT-2-style ``Conv1D`` but the output head, the tied and last modules and those the model keeps in fp32;
+    and a task model's new head, which LoRA trains whole, kept in full precision),
     replaced by a ``bitsandbytes.nn.Linear4bit`` computing in the plan's dtype.
 
     Example:
@@ -345,6 +346,8 @@ def quantize_code(plan: PlanLike) -> tuple[str, ...]:
         >>> quantize_code(Plan(adapter="qlora", precision="bf16"))[-1]
         'quantize_nf4(model, torch.bfloat16)'
     """
+    from memlab.techniques.targets import HEAD_NAMES  # torch-free names; the module imports torch lazily
+
     compute = f"torch.{qlora_compute_dtype(plan)}"
     return (
         "# QLoRA: the base's linear layers (all but the output head) hold their weights in 4-bit NF4. Loading from",
@@ -364,13 +367,19 @@ def quantize_code(plan: PlanLike) -> tuple[str, ...]:
         "",
         '        keep = list(getattr(model, "_keep_in_fp32_modules", None) or ())',
         "        skip = HfQuantizer.get_modules_to_not_convert(model, None, keep)",
+        "        # a task model's new head trains whole (modules_to_save below): it stays in full precision, as",
+        "        # llm_int8_skip_modules=[*skip, *heads] keeps it when loading",
+        "        if model.get_output_embeddings() is None:",
+        f"            skip += [name for name in {HEAD_NAMES!r}",
+        "                     if isinstance(getattr(model, name, None), torch.nn.Module)]",
         "        layers = [(name, module) for name, module in layers",
         "                  if should_convert_module(name, skip)]",
         "    except (ImportError, AttributeError, TypeError, IndexError):  # not a transformers model",
         '        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else layers[-1][1]',
         "        layers = [(name, module) for name, module in layers if module is not head]",
         "    if not layers and not any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules()):",
-        '        raise ValueError("QLoRA holds linear layers in 4-bit, and this model has none but its head")',
+        '        raise ValueError("QLoRA holds in 4-bit the layers a bitsandbytes load quantizes (nn.Linear, "',
+        '                         "Conv1D), and this model has none besides its head; train it with LoRA instead")',
         "    for name, linear in layers:",
         "        weight = linear.weight.data.detach()",
         "        weight = weight.t() if isinstance(linear, Conv1D) else weight  # Conv1D keeps (in, out)",
@@ -559,6 +568,9 @@ DECLARATIONS = (
         "sdpa can run, other values when you put them in space=",
         choices=IMPLEMENTATIONS,
         technique=ATTENTION,
+        # what attention keeps for backward is activations: a plan with another kernel has its own activation line,
+        # never the measured kernel's (fit skipped sdpa as "predicted not to fit" from eager's peak)
+        activation_key=lambda value: value,
         exports=per_target(_attention_export),
     ),
 )

@@ -58,14 +58,33 @@ def test_estimated_on_fake_tensors_as_measured(family: dict[str, Any]) -> None:
     assert_same(family["before"], fingerprint(family["model"]))
 
 
+# the four plans measured below, and no other (the chunked loss and the attention kernel held as the model is)
+SPACE = {"optimizer": ["adamw"], "checkpointing": [False, True], "precision": ["fp32", "bf16"], "loss": ["full"],
+         "attention": [None]}
+
+
 def test_fit_within_a_small_budget(family: dict[str, Any]) -> None:
-    """A budget under the plain plan's peak: fit answers with a plan that fits (checkpointing or bf16)."""
-    budget = int(family["trial"].peak_bytes * 0.97)
-    report = memlab.fit(family["model"], family["batch"], budget=budget, max_trials=4, estimates=False,
-                        space={"optimizer": ["adamw"], "checkpointing": [False, True], "precision": ["fp32", "bf16"]},
+    """The budget is what the plan that needs least measured, a hair above: fit answers with a plan that fits it,
+    the batch taken whole; where a lever saves (more than 3% of the plain peak), the answer is not the plain plan.
+
+    The budget comes from the plans measured here, not from a premise: on these tiny models the peak is at the
+    optimizer step (weights, gradients, AdamW's state), so checkpointing and bf16 autocast may save nothing (the
+    tiny LLaVA: 882,572 and 955,746 B against plain's 882,428 B), and a fixed 0.97 of plain held in some
+    environments only."""
+    plans = [memlab.Plan(checkpointing=c, precision=p) for c in SPACE["checkpointing"] for p in SPACE["precision"]]
+    measured = list(memlab.compare(family["model"], family["batch"], plans, **FAST).trials)  # plain again, warm
+    assert all(t.status == "ok" for t in measured), [(t.plan.label(), t.error) for t in measured]
+    lowest = min(t.peak_bytes for t in measured)
+    budget = int(lowest * 1.01)  # what the process holds beside a step may differ by a few bytes between runs
+    report = memlab.fit(family["model"], family["batch"], budget=budget, max_trials=4, estimates=False, space=SPACE,
                         **FAST)
-    assert report.best is not None and report.best.fits and report.best.peak_bytes <= budget
+    assert report.best is not None and report.best.fits and report.best.peak_bytes <= budget, (
+        budget, [(t.plan.label(), t.peak_bytes) for t in measured], [(t.plan.label(), t.status, t.peak_bytes,
+                                                                    t.preexisting_bytes) for t in report.trials])
     assert report.best.rows_per_step == 2
+    plain = measured[0].peak_bytes
+    if budget < 0.97 * plain:  # a lever saves here: fit found it
+        assert report.best.plan != memlab.Plan() and report.best.peak_bytes < plain
     assert_same(family["before"], fingerprint(family["model"]))
 
 

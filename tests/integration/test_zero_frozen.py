@@ -28,9 +28,10 @@ def test_zero3_parameters_of_a_frozen_base_agree_with_fsdp2(gpus: int) -> None:
     base = frozen_count(model)
     assert base > 40 * trained  # a LoRA run: the base is nearly everything
     fsdp2_params = fsdp2.detail["sharded_params"]
-    # ZeRO-3: the partition of every weight, frozen ones included, and one gathered layer
-    assert zero3.detail["sharded_params"] == 4 * (trained + base) // gpus + 4 * largest
-    assert abs(zero3.detail["sharded_params"] - 4 * largest - fsdp2_params) <= 0.05 * fsdp2_params
+    # ZeRO-3: the partition of every weight, frozen ones included (sharded), and one gathered layer (unsharded)
+    assert zero3.detail["sharded_params"] == 4 * (trained + base) // gpus
+    assert zero3.detail["unsharded_params"] == 4 * largest
+    assert abs(zero3.detail["sharded_params"] - fsdp2_params) <= 0.05 * fsdp2_params
 
 
 def test_zero2_holds_the_whole_frozen_base_on_every_gpu() -> None:
