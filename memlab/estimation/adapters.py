@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from importlib import metadata
@@ -265,8 +266,10 @@ def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, devi
     try:
         # Built without the torch-function modes of a dry run (CUDA's attention, dropout and autocast emulated):
         # building layers runs no kernel they change, and peft's initialisers made some 45,000 calls through them
-        # per trial on a 7B model.
-        with torch._C.DisableTorchFunction():
+        # per trial on a 7B model. peft makes each adapter real (on the CPU) and moves it to its base layer's
+        # device: _FakeMoves makes that move a fake one, so a dry run for a GPU makes nothing on the real GPU.
+        moves = _FakeMoves()
+        with torch._C.DisableTorchFunction(), moves:
             if plan.adapter == "qlora" and not any(isinstance(m, FakeNF4Linear) for m in model.modules()):
                 # Quantized here unless the load already did (memlab.estimation.load: the base loaded in 4-bit).
                 dtype = compute_dtype(plan)
@@ -276,7 +279,7 @@ def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, devi
                     setattr(parent, child, FakeNF4Linear(model.get_submodule(name), dtype, mode, device))
             with unset_fake_temporarily():
                 undo_peft = attach_adapter(model, plan.replace(adapter="lora"))
-            _make_fake(model, mode)
+            _make_fake(model, mode, moves)
     except BaseException:
         structure.restore()
         raise
@@ -289,10 +292,54 @@ def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, devi
     return undo
 
 
-def _make_fake(model: nn.Module, mode: FakeTensorMode) -> None:
+class _FakeMoves:
+    """While adapters are built on a fake model (in this thread): a real tensor moved to another device (peft moves
+    each new adapter to its base layer's device and dtype, in ``_move_adapter_to_device_of_base_layer`` and
+    ``_replace_module``) becomes a ``meta`` tensor of the same shape, strides, dtype and ``requires_grad``, and the
+    device it was moved to is kept for :meth:`fake`: where the fake model is on ``cuda``, a real move would be a
+    real allocation and copy on the user's GPU. Moves within one device (a dry run for the CPU) run as they are.
+
+    ``Tensor.to`` is replaced while it lasts (a torch-function mode would see each of peft's calls, some 45,000 on a
+    7B model, and doubled the build's time); other threads' moves run as they are."""
+
+    def __init__(self) -> None:
+        self.devices: dict[int, tuple[torch.Tensor, torch.device]] = {}
+        """Each moved tensor's device, by its (meta) storage; the tensor kept alive so that no storage is reused."""
+        self._original: Any = None
+
+    def __enter__(self) -> _FakeMoves:
+        original = self._original = torch.Tensor.to
+        thread = threading.get_ident()
+
+        def to(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if threading.get_ident() == thread and type(tensor) in (torch.Tensor, nn.Parameter):
+                device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+                if device is not None and device != tensor.device:
+                    moved = torch.empty_strided(tensor.size(), tensor.stride(), dtype=dtype or tensor.dtype,
+                                                device="meta").requires_grad_(tensor.requires_grad)
+                    self.devices[moved.untyped_storage()._cdata] = (moved, device)
+                    return moved
+            return original(tensor, *args, **kwargs)
+
+        torch.Tensor.to = to  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.Tensor.to = self._original  # type: ignore[method-assign]
+
+    def fake(self, tensor: torch.Tensor, mode: FakeTensorMode) -> torch.Tensor:
+        """The fake twin of a real tensor of the model: on the device it was moved to, if it was."""
+        moved = self.devices.get(tensor.untyped_storage()._cdata) if tensor.device.type == "meta" else None
+        if moved is None:
+            return mode.from_tensor(tensor.detach())
+        with mode:
+            return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=moved[1])
+
+
+def _make_fake(model: nn.Module, mode: FakeTensorMode, moves: _FakeMoves) -> None:
     """Replace every real parameter (the adapters just built) by a fake twin."""
     for module in model.modules():
         for name, parameter in list(module._parameters.items()):
             if parameter is not None and not isinstance(parameter, FakeTensor):
-                fake = mode.from_tensor(parameter.detach())
+                fake = moves.fake(parameter, mode)
                 module._parameters[name] = nn.Parameter(fake, requires_grad=parameter.requires_grad)

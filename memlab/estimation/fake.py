@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import is_transformers_config, load_config, meta_model, one_line
+from memlab.estimation.fake_values import constant_step, on_cpu, placed
 from memlab.estimation.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
 from memlab.live.batch import Batch, StepBatches, map_tensors
 from memlab.runner.quiet import quiet
@@ -110,6 +111,12 @@ class FakeMode(FakeTensorMode):
         (:class:`~memlab.estimation.depth_log.DepthLog`): told of each operator before the observer and followers
         (``operator_ran(func, args, kwargs, out)``)."""
         self._depth = 0
+
+    @property
+    def avoid_device_init(self) -> bool:
+        # PyTorch's FakeTensorMode touches the real GPU where the machine has one: a constant moved to it is moved
+        # for real, and torch.tensor(..., device="cuda") is made there before it is faked. A dry run never does.
+        return True
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -206,13 +213,18 @@ class FakeMode(FakeTensorMode):
             foreign = self._foreign[func] = is_foreign(func)
         if foreign:
             self.foreign_ops.add(func.name().removesuffix(".default"))
-        if self.keeps_values and func in _VALUE_FACTORIES and _integer_factory(func, args, kwargs):
-            from torch.utils._mode_utils import no_dispatch
-
-            with no_dispatch():
-                made = func(*args, **kwargs)
-            if made.numel() <= VALUE_LIMIT and made.device.type != "meta":
-                return self.fake_tensor_converter.from_real_tensor(self, made, make_constant=True)
+        if self.keeps_values:  # made on the CPU, whatever device they are for (memlab.estimation.fake_values)
+            if func in _VALUE_FACTORIES and _integer_factory(func, args, kwargs):
+                device = torch.device(kwargs.get("device") or "cpu")
+                if device.type != "meta":
+                    made = on_cpu(func, args, kwargs)
+                    if made.numel() <= VALUE_LIMIT:
+                        return placed(self, made, device)
+            else:
+                stepped = constant_step(self, func, args, kwargs,
+                                        lambda: super(FakeMode, self).__torch_dispatch__(func, types, args, kwargs))
+                if stepped is not NotImplemented:
+                    return stepped
         if func is torch.ops.aten._local_scalar_dense.default:
             tensor = args[0]
             if not (isinstance(tensor, FakeTensor) and tensor.constant is not None):
@@ -442,9 +454,8 @@ def fake_batch(batch: Any, mode: FakeTensorMode, device: str | torch.device = "c
 
     def convert(name: str, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            if keep and value.device.type != "meta":
-                real = value.detach().to(device).clone()
-                return mode.fake_tensor_converter.from_real_tensor(mode, real, make_constant=True)
+            if keep and value.device.type != "meta":  # the values on the CPU, for a fake tensor on any device
+                return placed(mode, value.detach().to("cpu").clone(), device)
             return _fake_tensor(value, mode, device)
         if _is_shape(value):
             dtype = torch.int64 if _is_integer_name(name) else torch.float32

@@ -211,7 +211,17 @@ def take_rows(batch: Batch, indices: torch.Tensor) -> Batch:
     atomic batch (:func:`is_atomic`) is refused."""
     if is_atomic(batch):
         raise atomic_refusal(count_rows(batch), f"taking {len(indices)} rows")
-    return map_tensors(batch, lambda tensor: tensor.index_select(0, indices.to(tensor.device)))
+    return map_tensors(batch, lambda tensor: tensor.index_select(0, _moved(indices, tensor)))
+
+
+def _moved(indices: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """``indices`` on ``tensor``'s device; for a fake tensor (a dry run's) through its fake mode, so that a dry run
+    for a GPU makes no real copy on it."""
+    fake_mode = getattr(tensor, "fake_mode", None)
+    if fake_mode is None or indices.device == tensor.device:
+        return indices.to(tensor.device)
+    with fake_mode:
+        return indices.to(tensor.device)
 
 
 def batch_device(batch: Batch) -> torch.device | None:

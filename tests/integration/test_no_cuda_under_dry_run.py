@@ -300,3 +300,110 @@ def test_vlm(tmp_path: Path) -> None:
     report, _ = check_route(lambda: memlab.fit(model, batch, budget="1GiB", space={"adapter": ["none", "lora"]},
                                                max_trials=2, **FAST), model)
     assert report.best is not None
+
+
+# --- nothing real made on the GPU: a dry run for a GPU on a machine that has one -----------------------------------
+# Where the machine has CUDA, a dry run's fake model and batch are on "cuda". This CPU-only PyTorch cannot make a
+# real CUDA tensor: with CUDA made to look available and initialised, any real allocation or copy on it fails
+# ("Could not run 'aten::empty_strided' with arguments from the 'CUDA' backend"), so each check below fails where a
+# dry run would have made a real tensor on the user's GPU. (A whole fake CUDA step cannot run on a CPU-only PyTorch:
+# the parts that made real CUDA tensors are run alone.)
+CUDA0 = torch.device("cuda", 0)
+
+
+def _lora_layout(model: torch.nn.Module) -> dict[str, tuple[Any, ...]]:
+    return {name: (tuple(p.shape), p.dtype, p.requires_grad, p.device.type) for name, p in model.named_parameters()
+            if "lora_" in name}
+
+
+@pytest.mark.parametrize("adapter", ["lora", "qlora"])
+def test_adapters_of_a_fake_cuda_model_are_made_fake_there(adapter: str) -> None:
+    """peft made each adapter real and moved it to its base layer's device: on a GPU machine a real allocation and
+    copy per adapter. They are fake tensors on that device, laid out as on the CPU."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from memlab.estimation.adapters import attach_fake_adapter
+    from memlab.estimation.fake import fake_copy
+
+    plan = Plan(adapter=adapter, lora_rank=4)
+    layouts = {}
+    for device in (torch.device("cpu"), CUDA0):
+        mode = FakeMode()
+        live = tiny_llama()
+        with cuda_watched(available=True) as recorder:
+            model = fake_copy(live, mode, device)
+            undo = attach_fake_adapter(model, plan, mode, device)
+            assert all(isinstance(p, FakeTensor) and p.device == device for p in model.parameters())
+            layouts[device.type] = _lora_layout(model)
+            undo()
+        assert not recorder.violations and not _lora_layout(model)
+    assert layouts["cpu"] and {name: (*layout[:3], "cuda") for name, layout in layouts["cpu"].items()} == \
+        layouts["cuda"]
+
+
+@pytest.fixture(scope="module")
+def image_batch() -> dict[str, torch.Tensor]:
+    from vlms import FAMILIES
+
+    return FAMILIES["llava"]().batch(2)
+
+
+def test_an_image_batch_keeps_its_values_on_the_cpu(image_batch: dict[str, torch.Tensor]) -> None:
+    """An image batch's values were copied to the GPU (a real copy of every tensor): they stay on the CPU, the fake
+    tensors on the GPU."""
+    from memlab.estimation.fake import fake_batch
+
+    with cuda_watched(available=True):
+        batch = fake_batch(image_batch, FakeMode(), CUDA0)
+    for key, value in image_batch.items():
+        assert batch[key].device == CUDA0 and batch[key].constant.device.type == "cpu"
+        assert torch.equal(batch[key].constant, value)
+
+
+def test_values_are_computed_on_the_cpu_for_a_fake_gpu(image_batch: dict[str, torch.Tensor]) -> None:
+    """What a VLM computes from an image batch's values alone (its image tokens' mask, count, positions and
+    indices, made as llava merges its image features) is computed on the CPU: each result a fake tensor on the
+    GPU with the values a real step has; integer factories of the step (positions) too; and a real CPU tensor moved
+    to the GPU, or torch.tensor made there, inside the dry run is faked, never made real."""
+    from memlab.estimation.fake import fake_batch
+
+    ids = image_batch["input_ids"]
+    token = int(ids.max())
+    mode = FakeMode()
+    with cuda_watched(available=True), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "current_device", lambda: 0)
+        batch = fake_batch(image_batch, mode, CUDA0)
+        with mode:
+            fake_ids = batch["input_ids"]
+            # aten's operators called directly: Tensor methods on a CUDA tensor take a device guard, which a
+            # CPU-only PyTorch does not have
+            aten = torch.ops.aten
+            mask = aten.eq.Scalar(fake_ids, token)
+            count = aten.sum.default(mask).item()
+            where = aten.nonzero.default(mask)
+            positions = torch.arange(fake_ids.shape[1], device=fake_ids.device)
+            first = aten.select.int(fake_ids, 0, 0)  # a view: its values and its storage its base's
+            picked = aten.index.Tensor(aten.expand.default(aten.unsqueeze.default(positions, 0), list(ids.shape)),
+                                       [mask])
+            back = aten._to_copy.default(mask, device=torch.device("cpu"))
+            moved = aten._to_copy.default(torch.ones(3, dtype=torch.int64), device=CUDA0)
+            made = torch.tensor([1, 2], device=CUDA0)
+    assert count == int((ids == token).sum()) > 0
+    for fake, real in ((mask, ids == token), (where, (ids == token).nonzero()), (positions, torch.arange(ids.shape[1])),
+                       (first, ids[0]), (picked, torch.arange(ids.shape[1]).expand_as(ids)[ids == token])):
+        assert fake.device == CUDA0 and fake.constant.device.type == "cpu"
+        assert torch.equal(fake.constant, real)
+    assert first.untyped_storage()._cdata == fake_ids.untyped_storage()._cdata
+    assert back.device.type == "cpu" and torch.equal(back.constant, ids == token)
+    assert moved.device == CUDA0 and made.device == CUDA0
+
+
+def test_rows_of_a_fake_gpu_batch_are_taken_without_the_gpu() -> None:
+    """Cutting micro-batches moved the row indices (a real CPU tensor) to the fake batch's device for real."""
+    from memlab.estimation.fake import fake_batch
+    from memlab.live.batch import take_rows
+
+    with cuda_watched(available=True):
+        batch = fake_batch(lm_batch(rows=4), FakeMode(), CUDA0)
+        rows = take_rows(batch, torch.tensor([2, 0]))
+    assert all(tensor.device == CUDA0 and tensor.shape[0] == 2 for tensor in rows.values())
