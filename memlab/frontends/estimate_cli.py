@@ -62,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """
     from memlab.estimation.estimate import KNOWN_SHAPES
     from memlab.estimation.gpus import DEFAULT_GPU, GPUS
+    from memlab.frontends.estimate_text import shape_names
 
-    parser.description = _DESCRIPTION.format(shapes=", ".join(KNOWN_SHAPES))
+    parser.description = _DESCRIPTION.format(shapes=shape_names(KNOWN_SHAPES))
     parser.epilog = _EPILOG
     parser.add_argument("model", metavar="MODEL", help="a Hub model name, a path to a config.json, or a built-in shape")
     parser.add_argument(

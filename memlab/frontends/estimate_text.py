@@ -16,7 +16,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["WIDTH", "gpu_hint", "kept_notes", "numbered", "sharded_text", "single_text", "table_lines",
+__all__ = ["WIDTH", "gpu_hint", "kept_notes", "numbered", "shape_names", "sharded_text", "single_text", "table_lines",
            "whole_weights", "wrapped"]
 
 WIDTH = 120
@@ -53,6 +53,24 @@ def wrapped(lines: Sequence[str], width: int = WIDTH, indent: str = "  ") -> lis
         out += textwrap.wrap(line, width, initial_indent="", subsequent_indent=lead,
                              break_long_words=False, break_on_hyphens=False) or [line]
     return out
+
+
+def shape_names(shapes: dict[str, Any]) -> str:
+    """The built-in shapes as the README lists them, each once: a second name of the same shape in brackets.
+
+    Example:
+        >>> shape = ("LlamaConfig", {})
+        >>> shape_names({"llama-3-8b": shape, "gpt2": ("GPT2Config", {}), "llama-8b": shape})
+        'llama-3-8b (or llama-8b), gpt2'
+    """
+    first: dict[int, str] = {}
+    others: dict[str, list[str]] = {}
+    for name, shape in shapes.items():
+        owner = first.setdefault(id(shape), name)
+        others.setdefault(owner, [])
+        if owner != name:
+            others[owner].append(name)
+    return ", ".join(name + (f" (or {', '.join(more)})" if more else "") for name, more in others.items())
 
 
 def _sentence(text: str) -> str:

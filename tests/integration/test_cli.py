@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import importlib
 import os
 import re
@@ -41,19 +42,25 @@ def test_help_lists_the_commands() -> None:
 
 def test_demo_prints_a_table_and_a_winner_and_writes_html(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "out" / "report.html"
-    monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.delenv("COLUMNS", raising=False)
     result = memlab_command("demo", "--steps", "1", "--noise", "0", "--html", str(target))
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
-    # a 120-column terminal: no line wraps (the path of the report aside); piped, no carriage-return updates
+    # piped (no terminal, no COLUMNS): still within 120 columns (the path of the report aside; it was 261), and no
+    # carriage-return updates
     assert [line for line in out.splitlines() if len(line) > 120 and str(target) not in line] == [], out
     assert "\r" not in out and "\r" not in result.stderr
     assert "plan" in out and "status" in out and "peak" in out and "samples/s" in out  # the table header
     assert "does not fit" in out  # the budget forces a real choice: the plain plan does not fit
-    winner = [line for line in out.splitlines() if line.startswith("Winner: ")]
-    assert len(winner) == 1 and "none" not in winner[0], out
+    # the best and its ties said once (they were twice: "Best:" under the table and "Winner:" after it)
+    best = [line for line in out.splitlines() if line.startswith("Best: ")]
+    assert len(best) == 1 and "none" not in best[0] and "Winner" not in out, out
+    assert sum(line.startswith(("\u2248 As fast", "As fast")) for line in out.splitlines()) <= 1, out
     assert str(target) in out
     page = target.read_text(encoding="utf-8")
+    text = page.split("<pre>", 1)[1].split("</pre>", 1)[0]  # the text as a terminal of 100 columns prints it
+    assert all(len(line) <= 100 for line in html.unescape(text).splitlines()), text
+    assert "white-space:pre;" in page and "overflow-wrap:anywhere" not in page
     assert "<table" in page and "<svg" in page and "samples/s" in page
     # The figure is the static SVG a notebook keeps, inlined: the page opens offline and stays small (plotly.js
     # inlined made it 4.8 MB).

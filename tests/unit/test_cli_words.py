@@ -69,3 +69,27 @@ def test_the_built_in_names_are_written_where_a_reader_looks() -> None:
     assert all(f"`{name}`" in page for name in KNOWN_SHAPES), [name for name in KNOWN_SHAPES if name not in page]
     canonical = [name for name in KNOWN_SHAPES if name != "llama-8b"]  # llama-3-8b's other name
     assert all(name in readme for name in canonical)
+
+
+def test_help_says_every_exit_status_and_names_the_shapes_as_the_readme_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 61 item 5: ``memlab --help`` leaves out no exit status the README's example returns (1: nothing fits),
+    and ``estimate --help`` lists each built-in shape once, as the README's list, a second name in brackets."""
+    import contextlib
+    import re
+    from pathlib import Path
+
+    from memlab.frontends.cli import main
+
+    for argv in (["--help"], ["estimate", "--help"]):
+        with contextlib.suppress(SystemExit):
+            main(argv)
+        text = " ".join(capsys.readouterr().out.split())
+        assert re.search(r"\b1 when (nothing|none) fits", text), text[-600:]
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    shapes = re.search(r"built-in shape: ([^.]+)\.", text)
+    assert shapes is not None, text[:600]
+    listed = re.sub(r" \(or [^)]*\)", "", shapes.group(1)).split(", ")
+    readme_list = re.search(r"a shape built in:\s+([^)]+)\)", readme)
+    assert readme_list is not None and listed == " ".join(readme_list.group(1).split()).split(", "), listed
