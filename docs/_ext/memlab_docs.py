@@ -156,6 +156,16 @@ def _source_read(app: Any, docname: str, source: list[str]) -> None:
     source[0] = expand_benchmarks(source[0])
 
 
+def no_mathjax_from_a_cdn(app: Any, *_: Any) -> None:
+    """Take out Sphinx's MathJax, which every page myst-nb builds would load from a CDN: the site has no maths, and
+    makes no request outside itself (it is read offline, and behind firewalls)."""
+    for listeners in app.events.listeners.values():
+        for listener in list(listeners):
+            if getattr(listener.handler, "__module__", "") == "sphinx.ext.mathjax":
+                app.disconnect(listener.id)
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.connect("source-read", _source_read)
+    app.connect("builder-inited", no_mathjax_from_a_cdn)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -432,8 +432,8 @@ def terminal_width(stream: TextIO) -> int | None:
     return shutil.get_terminal_size().columns if hasattr(stream, "isatty") and stream.isatty() else None
 
 
-HTML_TEXT_WIDTH = 100
-"""The columns of the HTML report's text (the table as a terminal prints it, notes under it)."""
+HTML_TEXT_WIDTH = 120
+"""The columns of the HTML report's text (the table as a 120-column terminal prints it, notes under it)."""
 
 
 def write_html_report(report: Any, path: str | os.PathLike[str], *, title: str = "memlab report") -> str:
@@ -463,7 +463,7 @@ def write_html_report(report: Any, path: str | os.PathLike[str], *, title: str =
             "<!DOCTYPE html>",
             "<html><head><meta charset='utf-8'>",
             f"<title>{html.escape(title)}</title>",
-            # The text as the terminal prints it within 100 columns: its lines never broken (a table row wrapped in
+            # The text as a terminal prints it within 120 columns: its lines never broken (a table row wrapped in
             # the middle of its cells reads as two rows); a narrower window scrolls the grey box, not the page.
             "<style>body{font-family:sans-serif;margin:1.5em;max-width:70em} pre{background:#f6f6f6;padding:8px;"
             "white-space:pre;overflow-x:auto;max-width:100%;box-sizing:border-box}</style>",

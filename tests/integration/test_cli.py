@@ -58,8 +58,8 @@ def test_demo_prints_a_table_and_a_winner_and_writes_html(tmp_path: Path, monkey
     assert sum(line.startswith(("\u2248 As fast", "As fast")) for line in out.splitlines()) <= 1, out
     assert str(target) in out
     page = target.read_text(encoding="utf-8")
-    text = page.split("<pre>", 1)[1].split("</pre>", 1)[0]  # the text as a terminal of 100 columns prints it
-    assert all(len(line) <= 100 for line in html.unescape(text).splitlines()), text
+    text = page.split("<pre>", 1)[1].split("</pre>", 1)[0]  # the text as a terminal of 120 columns prints it
+    assert all(len(line) <= 120 for line in html.unescape(text).splitlines()), text
     assert "white-space:pre;" in page and "overflow-wrap:anywhere" not in page
     assert "<table" in page and "<svg" in page and "samples/s" in page
     # The figure is the static SVG a notebook keeps, inlined: the page opens offline and stays small (plotly.js

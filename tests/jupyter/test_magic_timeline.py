@@ -59,7 +59,8 @@ def test_the_magic_shows_the_best_plans_timeline_and_a_pick_updates_the_kept_rec
     [view] = views
     assert [text for text, _ in view.picker.options] == ["plain (plan 1)", "ckpt (plan 2)"]
     best = report.trials.index(report.best)  # picked first: the best plan
-    assert view.picker.value == best and picker["data"]["text/plain"].startswith(f"timeline of {best + 1}. ")
+    listed = picker["data"]["text/plain"]
+    assert view.picker.value == best and listed.startswith("timeline of ") and f"(plan {best + 1})" in listed
     timeline = report.trials[best].timeline
     assert timeline is not None and drawn["data"] == timeline_bundle([timeline])
     assert set(drawn["data"]) == {"image/svg+xml", "text/plain"}  # no widget: it shows without a kernel
@@ -80,7 +81,7 @@ def test_an_estimate_offers_each_plans_timeline(shell: InteractiveShell, front_e
     assert len(view.picker.options) == 4
     for index in range(4):  # every estimate's fake step has a timeline to pick
         view.picker.value = index
-        assert f"{index + 1}. " in view.picker.options[index][0]
+        assert view.picker.options[index][0].endswith(f"(plan {index + 1})")
         assert front_end.outputs[2]["data"]["text/plain"].startswith("memlab timeline: ")
 
 
