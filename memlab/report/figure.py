@@ -82,6 +82,7 @@ INTERVAL_COLOR = "#3B3B3B"
 
 _ERROR_CAP_PX = 4
 _SPEED_HEADROOM = 1.2
+_PAST_THE_BUDGET = 1.1
 MARK_FONT_PX = 12
 """The size of the words and signs above the throughput bars (best, tie, over budget): never shrunk."""
 MIN_TEXT_PX = 10
@@ -320,11 +321,11 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
     ``"error_y.array"`` / ``"error_y.arrayminus"`` (how far the 95% interval of the samples/s reaches above and
     below the bar) and ``"error_y.width"`` (their caps: none on numbered, thin bars).
 
-    An out-of-memory plan's "does not fit" bar is at least as high as its budget: a trial stopped by the budget
-    may have reached little before the allocation that broke it (failing both, the highest peak drawn, so the bar
-    is never invisible). A plan without an interval (timed once) gets no error bar: its reach is the string
-    ``"NaN"`` (JSON has no NaN: plotly sends a float NaN as null, which plotly.js draws as a flat cap on the bar,
-    while it reads ``"NaN"`` as NaN and skips the bar).
+    An out-of-memory plan's "does not fit" bar reaches past its budget (a tenth more): a trial stopped by the
+    budget needed more, and may have reached little before the allocation that broke it (failing both, the highest
+    peak drawn, so the bar is never invisible). A plan without an interval (timed once) gets no error bar: its reach
+    is the string ``"NaN"`` (JSON has no NaN: plotly sends a float NaN as null, which plotly.js draws as a flat cap
+    on the bar, while it reads ``"NaN"`` as NaN and skips the bar).
 
     Example:
         >>> from memlab.plan import Plan
@@ -332,7 +333,7 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
         >>> oom = Trial(Plan(), "oom", 0, {}, None, None, None, "cpu", error="out of memory", budget=2**21)
         >>> column = figure_columns(Report([oom]))[5]
         >>> column["y"], column["customdata"], column["text"], column["hovertext"]
-        ([2.0], [0.0], ['does not fit'], ['<b>plain</b><br>plain: every lever off<br>does not fit (out of memory)'])
+        ([2.2], [0.0], ['does not fit'], ['<b>plain</b><br>plain: every lever off<br>does not fit (out of memory)'])
     """
     data = figure_data(report) if data is None else data
     labels = data["labels"]
@@ -456,7 +457,9 @@ def _does_not_fit_heights(report: Report, data: Mapping[str, Any]) -> list[float
             heights.append(None)
             continue
         budget = trial.budget if trial.budget is not None else report.budget
-        height = max(reached, (budget or 0) / _MIB)
+        # Past the budget line, never stopping at it: the step needed more than the budget (how much more is not
+        # known where the budget stopped it; the hover says what it reached).
+        height = max(reached, (budget or 0) / _MIB * _PAST_THE_BUDGET)
         heights.append(height if height > 0 else floor)
     return heights
 

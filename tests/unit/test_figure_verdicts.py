@@ -226,3 +226,19 @@ def test_a_setting_run_twice_reads_as_two_runs_everywhere() -> None:
     assert best_caption(report) == "best: plain, as fast as plain (2) within noise and a lower peak"
     speed = next(trace for trace in report_figure(report).data if trace.name == "samples/s")
     assert list(speed.x) == ["plain", "plain (2)"]
+
+
+def test_a_plan_out_of_memory_is_drawn_past_the_budget_line() -> None:
+    """Issue 61 item 6: a plan the budget stopped needed more than the budget; its bar crossed the line (it stopped
+    at it, reading as a plan that reached the budget exactly), in the plotly figure and the SVG alike."""
+    from memlab.report.figure import figure_columns, figure_data
+
+    oom = Trial(Plan(micro_batch=16), "oom", 100 * MIB, {}, None, None, None, "cpu", error="out of memory")
+    report = Report([timed(Plan(), 300, 10.0), oom], budget=512 * MIB)
+    data = figure_data(report)
+    heights = figure_columns(report, data)[len(data["categories"])]["y"]
+    assert heights[0] is None and heights[1] > 512 * 1.05, heights
+    traces = {trace.name: trace for trace in report_figure(report).data}
+    assert traces[OUT_OF_MEMORY_NAME].y[1] > 512 * 1.05
+    svg = report_svg(report)
+    assert "does not fit" in svg
