@@ -33,34 +33,11 @@ from memlab.report.plan_axis import (
 from memlab.report.svg import axis_number
 from memlab.report.verdicts import FITS, OVER_BUDGET, VERDICT_WORDS, bar_marks, best_caption, best_marks, verdicts
 
-__all__ = [
-    "BEST_COLOR",
-    "BUDGET_COLOR",
-    "CATEGORY_COLORS",
-    "DOES_NOT_FIT_COLOR",
-    "HATCH",
-    "TIE_COLOR",
-    "FIGURE_TITLES",
-    "INTERVAL_COLOR",
-    "MARK_FONT_PX",
-    "MARKS_NAME",
-    "MIN_TEXT_PX",
-    "MEMORY_COLUMN",
-    "OUT_OF_MEMORY_NAME",
-    "OVER_BUDGET_NAME",
-    "RATE_COLOR",
-    "THROUGHPUT_COLUMN",
-    "budget_line",
-    "budget_note",
-    "comparison_figure",
-    "comparison_traces",
-    "finite",
-    "empty_trace",
-    "figure_columns",
-    "figure_data",
-    "report_figure",
-    "speed_range",
-]
+__all__ = ["BEST_COLOR", "BUDGET_COLOR", "CATEGORY_COLORS", "DOES_NOT_FIT_COLOR", "HATCH", "TIE_COLOR",
+    "FIGURE_TITLES", "INTERVAL_COLOR", "MARK_FONT_PX", "MARKS_NAME", "MIN_TEXT_PX", "MEMORY_COLUMN",
+    "OUT_OF_MEMORY_NAME", "OVER_BUDGET_NAME", "RATE_COLOR", "THROUGHPUT_COLUMN", "budget_line", "budget_note",
+    "comparison_figure", "comparison_traces", "finite", "empty_trace", "figure_columns", "figure_data",
+    "report_figure", "speed_range"]
 
 _MIB = 1024**2
 OUT_OF_MEMORY_NAME = "out of memory"
