@@ -44,6 +44,10 @@ nb_execution_timeout = 300
 nb_execution_raise_on_error = True
 nb_execution_in_temp = True
 nb_merge_streams = True
+# No request outside the site: myst-nb's widget manager and its require.js come from CDNs (the pages keep each
+# widget's static record, which needs neither); MathJax is taken out, Sphinx's and the one plotly's notebook
+# renderer adds to each figure (memlab_docs.no_mathjax_from_a_cdn, no_script_from_a_cdn).
+nb_ipywidgets_js: dict[str, dict[str, str]] = {}
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"

@@ -87,9 +87,15 @@ class Plan:
             list of module names (stored as a tuple); without an adapter it is always the default.
         loss: ``"full"`` or ``"chunked"``: for a causal LM with an LM head and the default loss, the head and the
             cross-entropy computed over chunks of tokens, so that only one chunk's logits exist at a time.
+        lora_alpha: the adapters' scaling numerator (their update is scaled by ``lora_alpha / lora_rank``);
+            ``None`` means ``2 * lora_rank``, what memlab's exports write (only with an adapter).
+        lora_dropout: dropout on each adapter's input, from 0.0 (none) to below 1; its mask is kept for backward
+            (only with an adapter).
         optimizer_in_backward: each trained weight gets its own optimizer (the plan's), stepped in backward as
             soon as its gradient is accumulated, so the gradients never all exist at once; refused with
             accumulation > 1, optimizer offload and fp16.
+        attention: transformers' ``attn_implementation`` for the trial: ``None`` (as the model is), ``"eager"``,
+            ``"sdpa"``, ``"flash_attention_2"`` or ``"flex_attention"``; switched on the live model and back.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
@@ -262,6 +268,25 @@ class Plan:
 
 
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
+
+
+def field_signature(cls: type) -> None:
+    """Give a dataclass whose ``__new__`` takes ``*args, **kwargs`` (to name a misspelt field) the signature of its
+    fields, so that ``help()``, ``inspect.signature`` and the API page show ``Plan(micro_batch=None, ...)``, each
+    field with its type and default, not ``Plan(*args, **kwargs)``.
+
+    Example:
+        >>> import inspect
+        >>> str(inspect.signature(Plan)).startswith("(micro_batch: 'int | None' = None, accumulation: 'int' = 1")
+        True
+    """
+    import inspect
+
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]  # type: ignore[misc]
+    cls.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+
+
+field_signature(Plan)
 
 
 def _typed(plan: Plan) -> tuple[tuple[bool, Any], ...]:

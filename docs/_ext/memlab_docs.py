@@ -156,6 +156,39 @@ def _source_read(app: Any, docname: str, source: list[str]) -> None:
     source[0] = expand_benchmarks(source[0])
 
 
+def no_mathjax_from_a_cdn(app: Any, *_: Any) -> None:
+    """Take out Sphinx's MathJax, which every page myst-nb builds would load from a CDN: the site has no maths, and
+    makes no request outside itself (it is read offline, and behind firewalls)."""
+    for listeners in app.events.listeners.values():
+        for listener in list(listeners):
+            if getattr(listener.handler, "__module__", "") == "sphinx.ext.mathjax":
+                app.disconnect(listener.id)
+
+
+CDN_SCRIPT = re.compile(r"""<script\b[^>]*\bsrc=["']https?://[^"']*["'][^>]*>\s*</script>""")
+"""A script tag that loads from outside the site (plotly's ``notebook`` renderer writes MathJax's, from a CDN)."""
+
+
+def no_script_from_a_cdn(app: Any, exception: Exception | None) -> None:
+    """Take every script that loads from outside the site out of the pages built: a notebook that myst-nb executes
+    shows plotly's figures through plotly's ``notebook`` renderer, which adds MathJax from a CDN to each (the
+    figures have no maths: nothing is lost, and no request fails offline).
+
+    Example:
+        >>> CDN_SCRIPT.sub("", '<p>a</p><script src="https://cdn.example/mathjax.js"></script><script src="x.js">')
+        '<p>a</p><script src="x.js">'
+    """
+    if exception is not None or getattr(app.builder, "format", "") != "html":
+        return
+    for page in Path(app.outdir).rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        kept = CDN_SCRIPT.sub("", text)
+        if kept != text:
+            page.write_text(kept, encoding="utf-8")
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.connect("source-read", _source_read)
+    app.connect("builder-inited", no_mathjax_from_a_cdn)
+    app.connect("build-finished", no_script_from_a_cdn)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

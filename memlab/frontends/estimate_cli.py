@@ -62,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """
     from memlab.estimation.estimate import KNOWN_SHAPES
     from memlab.estimation.gpus import DEFAULT_GPU, GPUS
+    from memlab.frontends.estimate_text import shape_names
 
-    parser.description = _DESCRIPTION.format(shapes=", ".join(KNOWN_SHAPES))
+    parser.description = _DESCRIPTION.format(shapes=shape_names(KNOWN_SHAPES))
     parser.epilog = _EPILOG
     parser.add_argument("model", metavar="MODEL", help="a Hub model name, a path to a config.json, or a built-in shape")
     parser.add_argument(
@@ -302,18 +303,16 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.json:
         print(json_with_verdicts(report), file=out)
     else:
-        print(
-            f"{args.model}: {type(model).__name__}, {_count(parameters)} parameters, batch {rows}x{tokens}, "
-            f"{len(plans)} plan{'s' if len(plans) != 1 else ''}{_for_gpu(args)}{_budget_words(args, budget)}",
-            file=out,
-        )
-        print(report.to_text(), file=out)
-        if budget is not None and not fits and report.trials:
-            from memlab.frontends.estimate_next import suggestion_lines
+        from memlab.frontends.estimate_next import suggestion_lines
+        from memlab.frontends.estimate_text import single_text
 
+        header = (f"{args.model}: {type(model).__name__}, {_count(parameters)} parameters, batch {rows}x{tokens}, "
+                  f"{len(plans)} plan{'s' if len(plans) != 1 else ''}{_for_gpu(args)}{_budget_words(args, budget)}")
+        after: list[str] = []
+        if budget is not None and not fits and report.trials:
             sharded_too = all(trial.plan.adapter == "none" for trial in report.trials)
-            for line in suggestion_lines(args, report.suggestions, sharded=sharded_too):
-                print(line, file=out)
+            after = suggestion_lines(args, report.suggestions, sharded=sharded_too, best_named=True)
+        print("\n".join(single_text(args, header, report, budget, after)), file=out)
     if budget is None:
         return 0
     return 0 if fits else 1
@@ -442,7 +441,7 @@ def run_sharded(
         (or --gpu A100-80GB: the GPU's memory is then the budget)
         2
     """
-    from memlab.estimation.sharded import sharded_lines, sharded_trials
+    from memlab.estimation.sharded import sharded_trials
     from memlab.frontends.estimate_next import searched_lines
 
     strategies = [args.strategy] if args.strategy not in (None, "none") else None
@@ -461,13 +460,14 @@ def run_sharded(
                 for plan, name, trial in trials]
         print(json.dumps(rows, indent=2, default=str), file=out)
     else:
-        print(f"{args.model}: {type(model).__name__}, per-GPU batch {batch['input_ids'][0]}x{batch['input_ids'][1]}"
-              f"{_for_gpu(args)}", file=out)
-        for line in sharded_lines(trials, budget):
-            print(line, file=out)
-        if args.gpus == "auto":
-            for line in searched_lines(args, plans, strategies or ["fsdp2", "zero2", "zero3"]):
-                print(line, file=out)
+        from memlab.frontends.estimate_text import sharded_text, whole_weights
+
+        header = (f"{args.model}: {type(model).__name__}, per-GPU batch {batch['input_ids'][0]}x"
+                  f"{batch['input_ids'][1]}, --gpus {args.gpus}{_for_gpu(args)}{_budget_words(args, budget)}")
+        searched = (searched_lines(args, plans, strategies or ["fsdp2", "zero2", "zero3"]) if args.gpus == "auto"
+                    else [])
+        weights = whole_weights(model, plans)
+        print("\n".join(sharded_text(args, header, trials, budget, searched, weights_bytes=weights)), file=out)
     fits = [trial for _, _, trial in trials if trial is not None and trial.fits]
     return 0 if budget is None or fits else 1
 

@@ -68,9 +68,12 @@ def command_for(args: argparse.Namespace, tries: Sequence[str], *, gpus: str | N
     return shlex.join(words)
 
 
-def suggestion_lines(args: argparse.Namespace, suggested: Iterable[Any], *, sharded: bool = True) -> list[str]:
+def suggestion_lines(args: argparse.Namespace, suggested: Iterable[Any], *, sharded: bool = True,
+                     best_named: bool = False) -> list[str]:
     """The lines after a table where nothing fits: each suggested trial (estimated to fit) with the command that
-    tries it, then the command that shards the plans over the fewest GPUs that fit (``sharded``).
+    tries it, then the command that shards the plans over the fewest GPUs that fit (``sharded``). ``best_named``:
+    the answer above named the first suggestion as its best, so it is not named again (its command comes first),
+    and each command stands on its own line.
 
     Example:
         >>> from memlab.plan import Plan
@@ -90,7 +93,14 @@ def suggestion_lines(args: argparse.Namespace, suggested: Iterable[Any], *, shar
 
     lines = []
     suggested = list(suggested)
-    if suggested:
+    if suggested and best_named:  # the answer's "Best:" line named the first: its command, then the others'
+        lines += ["Next: try the best:", f"  {command_for(args, plan_try(suggested[0].plan))}"]
+        for trial in suggested[1:]:
+            figure = "card" if trial.card_bytes is not None else "peak"
+            size = format_bytes(trial.card_bytes if trial.card_bytes is not None else trial.peak_bytes)
+            lines += [f"Also estimated to fit: {trial.label} ({figure} {size}):",
+                      f"  {command_for(args, plan_try(trial.plan))}"]
+    elif suggested:
         lines.append("Next: estimated to fit, outside what you tried:")
         for trial in suggested:
             figure = "card" if trial.card_bytes is not None else "peak"
@@ -101,8 +111,14 @@ def suggestion_lines(args: argparse.Namespace, suggested: Iterable[Any], *, shar
                      "checkpointing, micro-batches, the chunked loss, offload, alone or combined) fits.")
     # With the first suggestion, or the user's own plans where none fits: how long the sequences may be (limits).
     tries = plan_try(suggested[0].plan) if suggested else list(getattr(args, "try_", None) or [])
-    lines.append(f"Or the longest sequences that fit{' with ' + suggested[0].label if suggested else ''}: "
-                 f"{command_for(args, tries)} --max-tokens")
+    with_plan = (" with the best" if best_named else " with " + suggested[0].label) if suggested else ""
+    if best_named:  # the commands on their own lines: each within a terminal's width
+        lines += [f"Or the longest sequences that fit{with_plan}:", f"  {command_for(args, tries)} --max-tokens"]
+        if sharded:
+            lines += ["Or shard the training over the fewest GPUs that fit:",
+                      f"  {command_for(args, [], gpus='auto')}"]
+        return lines
+    lines.append(f"Or the longest sequences that fit{with_plan}: {command_for(args, tries)} --max-tokens")
     if sharded:
         lines.append(f"Or shard the training over the fewest GPUs that fit: {command_for(args, [], gpus='auto')}")
     return lines
@@ -118,7 +134,8 @@ def searched_lines(args: argparse.Namespace, plans: Sequence[Any], strategies: S
         ...                           device=None)
         >>> print("\\n".join(searched_lines(args, [Plan()], ["fsdp2", "zero2", "zero3"])))
         ... # doctest: +NORMALIZE_WHITESPACE
-        Searched: plain (fp32 weights, fp32 compute, adamw) with fsdp2, zero2, zero3 on 1 to 1024 GPUs.
+        Searched: plain (fp32 weights, fp32 compute, adamw) with fsdp2, zero2, zero3 on 1, 2, 4, ... 1024 GPUs
+        (powers of two; --gpus N estimates another number).
         Not searched: pure bf16 training:
           memlab estimate llama-70b --batch 1x512 --budget 80GiB --gpus auto --try precision=bf16 weights=bf16
         Not searched: adapters, which train on one GPU:
@@ -127,10 +144,11 @@ def searched_lines(args: argparse.Namespace, plans: Sequence[Any], strategies: S
     described = ", ".join(
         f"{plan.label()} ({plan.weights} weights, {plan.precision} compute, {plan.optimizer})" for plan in plans
     )
-    lines = [f"Searched: {described} with {', '.join(strategies)} on 1 to 1024 GPUs."]
+    lines = [f"Searched: {described} with {', '.join(strategies)} on 1, 2, 4, ... 1024 GPUs (powers of two; "
+             "--gpus N estimates another number)."]
     if not any(plan.weights == "bf16" for plan in plans):
-        lines.append("Not searched: pure bf16 training: "
-                     + command_for(args, ["precision=bf16", "weights=bf16"], gpus="auto"))
-    lines.append("Not searched: adapters, which train on one GPU: "
-                 + command_for(args, ["adapter=lora,qlora", "precision=bf16"]))
+        lines += ["Not searched: pure bf16 training:",
+                  "  " + command_for(args, ["precision=bf16", "weights=bf16"], gpus="auto")]
+    lines += ["Not searched: adapters, which train on one GPU:",
+              "  " + command_for(args, ["adapter=lora,qlora", "precision=bf16"])]
     return lines

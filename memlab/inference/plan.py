@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from memlab.errors import MemlabError
 from memlab.measure.tracker import INFERENCE_CATEGORIES
-from memlab.plan import LeverSpec, check_levers, grid_of, lever, lever_specs, parse_lever_axes
+from memlab.plan import LeverSpec, check_levers, field_signature, grid_of, lever, lever_specs, parse_lever_axes
 
 __all__ = [
     "INFERENCE_FIELDS",
@@ -167,6 +167,7 @@ class InferencePlan:
 
 
 INFERENCE_FIELDS = tuple(f.name for f in fields(InferencePlan))
+field_signature(InferencePlan)  # the API page and help() show its fields, not (*args, **kwargs)
 """The settings of an :class:`InferencePlan`, in order."""
 
 INFERENCE_LEVERS: dict[str, LeverSpec] = lever_specs(InferencePlan)

@@ -61,6 +61,8 @@ class Recording:
     peak_module: str = ""
     module_names: list[str] = field(default_factory=lambda: [BEFORE_STEP])
     dropped: int = 0
+    root: str = ""
+    """The name the model itself runs under in ``module_names`` (its class's: ``named_modules()`` names it "")."""
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -81,6 +83,8 @@ class ModuleWatch:
     def __init__(self, model: nn.Module | None) -> None:
         self.names: dict[int, str] = {}
         self.named: set[str] = set()
+        self.root = ""
+        """The name the model itself runs under: its class's (``named_modules()`` gives it "", as outside)."""
         if model is not None:
             self.learn(model)
         self.stack: list[str] = []
@@ -89,6 +93,7 @@ class ModuleWatch:
     def learn(self, model: nn.Module) -> None:
         """Name ``model``'s modules as it has them now (modules put on it since, such as adapters, included)."""
         self.names = {}
+        self.root = type(model).__name__
         for name, module in model.named_modules():
             self.names.setdefault(id(module), name or type(module).__name__)
         self.named = set(self.names.values())
@@ -189,8 +194,8 @@ class StepRecorder:
     """
 
     def __init__(self, model: nn.Module | None, categories: Sequence[str]) -> None:
-        self.result = Recording(tuple(categories))
         self.watch = ModuleWatch(model)
+        self.result = Recording(tuple(categories), root=self.watch.root)
         self._category_index = {name: index for index, name in enumerate(categories)}
         self._module_index: dict[str, int] = {}
         self._key_index: dict[int, int] = {}

@@ -58,6 +58,9 @@ class Trial:
         notes: remarks for the reader, such as ``"fp16 on CPU is slow"``.
         estimated: True for dry-run estimates (no real step ran).
         step_times: every timed step's seconds, in order (their median is ``step_time_s``).
+        step_runs: how many of ``step_times`` each timed run gave, in order, where a plan was timed again in turn
+            (``fit`` and ``compare`` time close contenders A B A B): their interval is of the runs' medians; empty
+            where the steps came from one run.
         timeline: the tracked step over time (:class:`~memlab.report.timeline.Timeline`: memory by category, phases,
             the peak named); None where no step was tracked (a failed warm-up, a trial loaded from a dict), and for
             sharded estimates (ZeRO is computed from formulas; FSDP2's FSDPMemTracker gives per-module peaks, not a

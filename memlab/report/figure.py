@@ -33,36 +33,17 @@ from memlab.report.plan_axis import (
 from memlab.report.svg import axis_number
 from memlab.report.verdicts import FITS, OVER_BUDGET, VERDICT_WORDS, bar_marks, best_caption, best_marks, verdicts
 
-__all__ = [
-    "BEST_COLOR",
-    "BUDGET_COLOR",
-    "CATEGORY_COLORS",
-    "DOES_NOT_FIT_COLOR",
-    "HATCH",
-    "TIE_COLOR",
-    "FIGURE_TITLES",
-    "INTERVAL_COLOR",
-    "MARK_FONT_PX",
-    "MIN_TEXT_PX",
-    "MEMORY_COLUMN",
-    "OUT_OF_MEMORY_NAME",
-    "OVER_BUDGET_NAME",
-    "RATE_COLOR",
-    "THROUGHPUT_COLUMN",
-    "budget_line",
-    "budget_note",
-    "comparison_figure",
-    "comparison_traces",
-    "finite",
-    "empty_trace",
-    "figure_columns",
-    "figure_data",
-    "report_figure",
-]
+__all__ = ["BEST_COLOR", "BUDGET_COLOR", "CATEGORY_COLORS", "DOES_NOT_FIT_COLOR", "HATCH", "TIE_COLOR",
+    "FIGURE_TITLES", "INTERVAL_COLOR", "MARK_FONT_PX", "MARKS_NAME", "MIN_TEXT_PX", "MEMORY_COLUMN",
+    "OUT_OF_MEMORY_NAME", "OVER_BUDGET_NAME", "RATE_COLOR", "THROUGHPUT_COLUMN", "budget_line", "budget_note",
+    "comparison_figure", "comparison_traces", "finite", "empty_trace", "figure_columns", "figure_data",
+    "report_figure", "speed_range"]
 
 _MIB = 1024**2
 OUT_OF_MEMORY_NAME = "out of memory"
 """The name (and legend entry) of the grey hatched bar of a plan that ran out of memory."""
+MARKS_NAME = "marks"
+"""The name of the text trace that writes best, tie and over budget above the throughput bars."""
 OVER_BUDGET_NAME = "over budget"
 """The name (and legend entry) of the hatch drawn over the bars of a plan that ran over the budget."""
 DOES_NOT_FIT_COLOR = "#7F7F7F"
@@ -77,6 +58,8 @@ INTERVAL_COLOR = "#3B3B3B"
 """The colour of the error bars: where the median samples/s lies, 95% (:func:`memlab.report.noise.speed_interval`)."""
 
 _ERROR_CAP_PX = 4
+_SPEED_HEADROOM = 1.2
+_PAST_THE_BUDGET = 1.1
 MARK_FONT_PX = 12
 """The size of the words and signs above the throughput bars (best, tie, over budget): never shrunk."""
 MIN_TEXT_PX = 10
@@ -105,7 +88,22 @@ def report_figure(report: Report) -> Any:
     axis = plan_axis(data["labels"])
     fig.update_xaxes(plan_axis_layout(axis, data["labels"]), row=1)
     fig.update_layout(title=title, margin={"t": 90}, height=figure_height(axis, _REPORT_HEIGHT))
+    fig.update_yaxes(range=speed_range(data), row=1, col=THROUGHPUT_COLUMN)
     return fig
+
+
+def speed_range(data: Mapping[str, Any]) -> list[float]:
+    """The throughput axis's range: from 0 to above the highest error bar, with room for the words over it (plotly
+    leaves a text point's words out of its autorange, so they would reach into the panel's title).
+
+    Example:
+        >>> speed_range({"samples_per_s": [10.0, None], "speed_high": [12.0, None]})
+        [0, 14.4]
+    """
+    tops = [max(speed, high if high is not None else speed)
+            for speed, high in zip(data["samples_per_s"], data["speed_high"], strict=True) if speed is not None]
+    top = max(tops, default=0.0)
+    return [0, round(top * _SPEED_HEADROOM, 6) if top > 0 else 1]
 
 
 FIGURE_TITLES = ("Throughput", "Peak memory by category")
@@ -118,7 +116,8 @@ _COLUMN_WIDTHS = (0.4, 0.6)
 
 
 def _trace_columns(categories: tuple[str, ...]) -> tuple[int, ...]:
-    return (*(MEMORY_COLUMN for _ in categories), MEMORY_COLUMN, MEMORY_COLUMN, MEMORY_COLUMN, THROUGHPUT_COLUMN)
+    return (*(MEMORY_COLUMN for _ in categories), MEMORY_COLUMN, MEMORY_COLUMN, MEMORY_COLUMN, THROUGHPUT_COLUMN,
+            THROUGHPUT_COLUMN)
 
 
 def comparison_figure(
@@ -168,10 +167,11 @@ def comparison_figure(
 def comparison_traces(
     columns: list[dict[str, Any]] | None = None, categories: tuple[str, ...] = CATEGORIES
 ) -> list[Any]:
-    """The nine per-plan traces, styled: the five categories, "out of memory", "over budget" and "error" (peak
-    memory panel), and "samples/s" (throughput panel, with its 95% interval as error bars), in that order; filled
+    """The ten per-plan traces, styled: the five categories, "out of memory", "over budget" and "error" (peak
+    memory panel), "samples/s" (throughput panel, with its 95% interval as error bars) and the words above its bars
+    (:data:`MARKS_NAME`: best, tie, over budget, at the top of each bar's error bar), in that order; filled
     with ``columns`` (:func:`figure_columns`), else empty. An inference report's figure has its own ``categories``
-    (four, with the KV cache), and so eight traces.
+    (four, with the KV cache), and so nine traces.
 
     The legend shows two groups: "memory" (the categories, plain colours) and "status", each verdict's mark as it
     is drawn: "out of memory" (a grey hatched bar), "over budget" (the hatch over the plan's own colours) and
@@ -181,7 +181,7 @@ def comparison_traces(
     Example:
         >>> traces = comparison_traces()
         >>> [trace.name for trace in traces][5:], traces[0].legendgroup, traces[5].legendgrouptitle.text
-        (['out of memory', 'over budget', 'error', 'samples/s'], 'memory', 'status')
+        (['out of memory', 'over budget', 'error', 'samples/s', 'marks'], 'memory', 'status')
         >>> traces[0].marker.pattern.shape is None  # a category's legend swatch is never hatched
         True
     """
@@ -244,11 +244,6 @@ def comparison_traces(
             marker={"color": RATE_COLOR, "pattern": {"fillmode": "overlay", "fgcolor": "#333333", "size": 8,
                                                     "solidity": 0.25}},
             showlegend=False,
-            textposition="outside",
-            # plotly shrinks a bar's text to the bar's width (constraintext): on narrow bars, to a few pixels
-            constraintext="none",
-            textfont={"size": MARK_FONT_PX},
-            cliponaxis=False,
             error_y={
                 "type": "data",
                 "symmetric": False,
@@ -259,6 +254,20 @@ def comparison_traces(
                 "width": _ERROR_CAP_PX,
             },
             hovertemplate="%{hovertext}<br>%{y:.3r} samples/s%{customdata}<extra></extra>",
+        )
+    )
+    # The words above the throughput bars (best, tie, over budget), as points at the top of each bar's whisker: a
+    # bar's own text sits on the bar, under its error bar's upper half.
+    traces.append(
+        empty_trace(
+            "Scatter",
+            MARKS_NAME,
+            mode="text",
+            textposition="top center",
+            textfont={"size": MARK_FONT_PX},
+            cliponaxis=False,
+            showlegend=False,
+            hoverinfo="skip",
         )
     )
     for trace, values in zip(traces, columns or [], strict=False):
@@ -289,11 +298,11 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
     ``"error_y.array"`` / ``"error_y.arrayminus"`` (how far the 95% interval of the samples/s reaches above and
     below the bar) and ``"error_y.width"`` (their caps: none on numbered, thin bars).
 
-    An out-of-memory plan's "does not fit" bar is at least as high as its budget: a trial stopped by the budget
-    may have reached little before the allocation that broke it (failing both, the highest peak drawn, so the bar
-    is never invisible). A plan without an interval (timed once) gets no error bar: its reach is the string
-    ``"NaN"`` (JSON has no NaN: plotly sends a float NaN as null, which plotly.js draws as a flat cap on the bar,
-    while it reads ``"NaN"`` as NaN and skips the bar).
+    An out-of-memory plan's "does not fit" bar reaches past its budget (a tenth more): a trial stopped by the
+    budget needed more, and may have reached little before the allocation that broke it (failing both, the highest
+    peak drawn, so the bar is never invisible). A plan without an interval (timed once) gets no error bar: its reach
+    is the string ``"NaN"`` (JSON has no NaN: plotly sends a float NaN as null, which plotly.js draws as a flat cap
+    on the bar, while it reads ``"NaN"`` as NaN and skips the bar).
 
     Example:
         >>> from memlab.plan import Plan
@@ -301,7 +310,7 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
         >>> oom = Trial(Plan(), "oom", 0, {}, None, None, None, "cpu", error="out of memory", budget=2**21)
         >>> column = figure_columns(Report([oom]))[5]
         >>> column["y"], column["customdata"], column["text"], column["hovertext"]
-        ([2.0], [0.0], ['does not fit'], ['<b>plain</b><br>plain: every lever off<br>does not fit (out of memory)'])
+        ([2.2], [0.0], ['does not fit'], ['<b>plain</b><br>plain: every lever off<br>does not fit (out of memory)'])
     """
     data = figure_data(report) if data is None else data
     labels = data["labels"]
@@ -339,19 +348,25 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
                 for is_over, mark in zip(over, marks, strict=True)
             ],
             "marker.pattern.shape": hatch,
-            # The verdict on the bar itself, where the eye looks: best, its ties, and what does not fit; above the
-            # bar at MARK_FONT_PX, never shrunk to the bar's width (a sign where the word would not fit).
-            "text": bar_marks(marks, over, PLOTLY_PANEL_PX / max(1, len(labels)), MARK_FONT_PX, numbered=numbered),
-            "textfont.color": [
-                DOES_NOT_FIT_COLOR if is_over and not mark else BEST_COLOR
-                for is_over, mark in zip(over, marks, strict=True)
-            ],
             "customdata": [
                 _interval_text(low, high) for low, high in zip(data["speed_low"], data["speed_high"], strict=True)
             ],
             "error_y.array": above,
             "error_y.arrayminus": below,
             "error_y.width": _ERROR_CAP_PX if not numbered else 0,  # caps wider than thin bars would only clutter
+        }
+    )
+    # The verdict by the bar, where the eye looks: best, its ties, and what does not fit; above the top of the bar's
+    # error bar (never under its whisker) at MARK_FONT_PX, never shrunk (a sign where the word would not fit).
+    words = bar_marks(marks, over, PLOTLY_PANEL_PX / max(1, len(labels)), MARK_FONT_PX, numbered=numbered)
+    shown = [i for i, word in enumerate(words) if word and data["samples_per_s"][i] is not None]
+    columns.append(
+        {
+            "x": [labels[i] for i in shown],
+            "y": [data["samples_per_s"][i] + (above[i] if isinstance(above[i], float) else 0.0) for i in shown],
+            "text": [words[i] for i in shown],
+            "textfont.color": [DOES_NOT_FIT_COLOR if over[i] and not marks[i] else BEST_COLOR for i in shown],
+            "hovertext": [],
         }
     )
     for column in columns:  # a hover only where the trace has a bar or a marker: a figure of dozens stays small
@@ -419,7 +434,9 @@ def _does_not_fit_heights(report: Report, data: Mapping[str, Any]) -> list[float
             heights.append(None)
             continue
         budget = trial.budget if trial.budget is not None else report.budget
-        height = max(reached, (budget or 0) / _MIB)
+        # Past the budget line, never stopping at it: the step needed more than the budget (how much more is not
+        # known where the budget stopped it; the hover says what it reached).
+        height = max(reached, (budget or 0) / _MIB * _PAST_THE_BUDGET)
         heights.append(height if height > 0 else floor)
     return heights
 

@@ -36,6 +36,7 @@ _MAX_BAR = 64.0
 _BUDGET_ABOVE = 4.0  # a budget more than this many times the tallest bar is written, not drawn to scale
 _GIB_FROM_MIB = 4096.0
 
+_SPEED_COLUMN = -2  # figure_columns' samples/s bars (the marks above them last)
 _CHAR_WIDTH = 6.0  # about one character of 10 px bold text
 
 
@@ -121,7 +122,7 @@ class PlanBars:
         for index, speed in enumerate(speeds):
             if speed is None:
                 continue
-            colour = self.columns[-1]["marker.color"][index]
+            colour = self.columns[_SPEED_COLUMN]["marker.color"][index]
             low, high = self.data["speed_low"][index], self.data["speed_high"][index]
             tip = f"{self.who(index)}\n{format_rate(speed)} samples/s"
             if low is not None and high is not None:

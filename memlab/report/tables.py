@@ -23,7 +23,8 @@ __all__ = [
     "BEST_MARK", "TIE_MARK", "card_line", "card_text", "footer_lines", "headers", "held_line", "html_table",
     "in_unit", "judged_text",
     "nothing_fits_reason",
-    "short_error", "UNRELIABLE", "spread_text", "status_text", "table_rows", "table_units", "text_table",
+    "short_error", "UNRELIABLE", "SPEEDS", "shown_columns", "spread_text", "status_text", "table_rows", "table_units",
+    "text_lines", "text_table",
     "verdict_text",
 ]
 
@@ -44,6 +45,8 @@ _HEADERS = {
     "notes": "notes",
 }
 _LEFT = ("best", "plan", "status", "notes")
+SPEEDS = ("step", "samples", "tokens", "prefill", "decode")
+"""The speed columns' keys (what an estimate, timing nothing, leaves out)."""
 _LONG_NOTE = 40
 """A note longer than this (characters) is written under the HTML table, numbered, and its row says its number."""
 _WRAPPED_HEADER = "<th style='white-space:normal;vertical-align:bottom'>"
@@ -198,15 +201,15 @@ def short_error(trial: Trial) -> str:
 
 def in_unit(value: float, unit: tuple[str, float]) -> str:
     """``value`` in ``unit``, three significant figures or so, no unit written (the header has it); never in
-    scientific notation: a size too small to show in the unit is ``< 1 MiB`` (in a MiB or GiB column: below a MiB
-    nobody is short of memory), else ``< 0.01``.
+    scientific notation: a size too small to show in the unit is ``< 0.01`` (in the column's unit: one unit per
+    column).
 
     Example:
         >>> GIB, MIB = ("GiB", 2**30), ("MiB", 2**20)
         >>> in_unit(3 * 2**30, GIB), in_unit(2**29, GIB), in_unit(40 * 2**20, GIB), in_unit(5 * 2**20, GIB)
         ('3.0', '0.5', '0.04', '< 0.01')
         >>> in_unit(20_480, GIB), in_unit(4096, MIB), in_unit(0, GIB), in_unit(0.0053, ("ms", 1e-3))
-        ('< 1 MiB', '< 1 MiB', '0', '5.3')
+        ('< 0.01', '< 0.01', '0', '5.3')
     """
     amount = value / unit[1]
     if amount == 0:
@@ -217,8 +220,6 @@ def in_unit(value: float, unit: tuple[str, float]) -> str:
         return f"{amount:.1f}"
     if amount >= 0.01:
         return f"{amount:.2f}"
-    if unit[0] in ("MiB", "GiB", "TiB") and value < 2**20:
-        return "< 1 MiB"
     return "< 0.01"
 
 
@@ -467,18 +468,18 @@ def text_table(report: Report, width: int | None = None) -> str:
         return "No trials yet."
     rows = table_rows(report)
     names = headers(report)
-    keys = _shown_columns(rows, with_mark=True, categories=report.categories)
-    lines = _text_lines(rows, names, keys)
+    keys = shown_columns(rows, with_mark=True, categories=report.categories)
+    lines = text_lines(rows, names, keys)
     under: list[str] = []
     if width is not None and _widest(lines) > width and "notes" in keys:
         notes = list(dict.fromkeys(row["notes"] for row in rows if row["notes"]))
         under = [f"[{number}] {note}" for number, note in enumerate(notes, start=1)]
         rows = [{**row, "notes": f"[{notes.index(row['notes']) + 1}]" if row["notes"] else ""} for row in rows]
-        lines = _text_lines(rows, names, keys)
+        lines = text_lines(rows, names, keys)
     if width is not None and _widest(lines) > width:
         dropped = [key for key in keys if key in ALL_CATEGORIES]
         keys = [key for key in keys if key not in ALL_CATEGORIES]
-        lines = _text_lines(rows, names, keys)
+        lines = text_lines(rows, names, keys)
         under.append(f"Memory by category ({', '.join(dropped)}) left out to fit {width} columns.")
     under += footer_lines(report)
     if width is not None:  # the lines under the table too: a 120-column terminal wraps none of them
@@ -488,7 +489,7 @@ def text_table(report: Report, width: int | None = None) -> str:
     return "\n".join([*([held, ""] if held else []), *lines, "", *under])
 
 
-def _text_lines(rows: list[dict[str, str]], names: dict[str, str], keys: list[str]) -> list[str]:
+def text_lines(rows: list[dict[str, str]], names: dict[str, str], keys: list[str]) -> list[str]:
     widths = {key: max(len(names[key]), *(len(row[key]) for row in rows)) for key in keys}
 
     def aligned(key: str, text: str) -> str:
@@ -544,7 +545,7 @@ def html_table(report: Report) -> str:
         if row["notes"] in long_notes:
             row["notes"] = f"[{long_notes.index(row['notes']) + 1}]"
     names = headers(report)
-    keys = _shown_columns(rows, with_mark=False, categories=report.categories)
+    keys = shown_columns(rows, with_mark=False, categories=report.categories)
     frame = pandas.DataFrame([[row[key] for key in keys] for row in rows], columns=[names[k] for k in keys])
     table = frame.to_html(index=False, escape=True, border=0, justify="left")
     # 12 px rather than JupyterLab's 13 (its cells' padding is 0.5em, so it shrinks too): a search's widest table,
@@ -561,7 +562,7 @@ def html_table(report: Report) -> str:
     return f"<div class='memlab-report' style='white-space:normal'>{top}{table}{footer}</div>"
 
 
-def _shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tuple[str, ...]) -> list[str]:
+def shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tuple[str, ...]) -> list[str]:
     """The columns worth a place: the report's memory categories; the plan numbers (where the figures number their
     bars), the card figure, the noise, the prefill and decode speeds and the notes only where some row has one."""
     optional = {"number", "card", "spread", "notes", "prefill", "decode"}

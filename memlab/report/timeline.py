@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from memlab.errors import MemlabError
 from memlab.measure.timeline import BEFORE_STEP, Recording
 
 __all__ = ["MAX_POINTS", "OUTSIDE", "Timeline", "TimelinePeak"]
@@ -162,7 +163,8 @@ class Timeline:
         phase, micro = _phase_at(recording.sections, recording.peak_event)
         by_module, layers = _alive_by_module(keys, sizes, cats, modules, recording, categories, peak_index)
         peak = TimelinePeak(
-            bytes=int(peak_bytes), phase=phase, module=recording.peak_module, by_category=by_category,
+            bytes=int(peak_bytes), phase=phase, module=_public_name(recording.peak_module, recording),
+            by_category=by_category,
             by_module=by_module, layers_held=layers, at=at, micro_batch=micro,
         )
         trace = zlib.compress(pickle.dumps(
@@ -303,8 +305,17 @@ class Timeline:
             >>> t = Timeline.from_recording(Recording(("other",)), peak_bytes=0, breakdown={})
             >>> os.path.getsize(t.save(tempfile.mktemp(suffix=".pickle"))) > 0
             True
+            >>> t.save(tempfile.gettempdir())  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            memlab.errors.MemlabError: ... is a folder; write a file's path, for example .../step.pickle
         """
         target = Path(path)
+        if target.is_dir():
+            raise MemlabError(f"{path} is a folder; write a file's path, for example {target / 'step.pickle'}")
+        if not target.parent.is_dir():
+            raise MemlabError(f"the folder of {path} does not exist; create it first, or write a path in an existing "
+                              "folder")
         with target.open("wb") as file:
             pickle.dump(self.snapshot(), file)
         return target
@@ -357,6 +368,12 @@ def _phase_at(sections: Sequence[tuple[str, int, int]], event: int) -> tuple[str
     return "", None
 
 
+def _public_name(name: str, recording: Recording) -> str:
+    """A recorded module name as ``model.named_modules()`` gives it: the model itself is "" (recorded under its
+    class's name, which no ``named_modules()`` entry has)."""
+    return "" if recording.root and name == recording.root else name
+
+
 def _alive_by_module(
     keys: np.ndarray, sizes: np.ndarray, cats: np.ndarray, modules: np.ndarray, recording: Recording,
     categories: tuple[str, ...], peak_index: int,
@@ -377,7 +394,7 @@ def _alive_by_module(
     names = recording.module_names
     totals: dict[str, int] = {}
     for module, nbytes in zip(made_by.tolist(), held.tolist(), strict=True):
-        name = names[module] or OUTSIDE
+        name = _public_name(names[module], recording) or OUTSIDE
         totals[name] = totals.get(name, 0) + nbytes
     activations = categories.index("activations") if "activations" in categories else -1
     blocks = {match.group(1) for module in set(made_by[category == activations].tolist())

@@ -23,7 +23,7 @@ from memlab.report.timeline import Timeline
 if TYPE_CHECKING:
     from memlab.report.data import Report
 
-__all__ = ["CATEGORY_COLORS", "PHASE_COLORS", "drawn_phases", "report_timelines", "timeline_figure",
+__all__ = ["CATEGORY_COLORS", "PHASE_COLORS", "drawn_phases", "phase_words", "report_timelines", "timeline_figure",
            "timeline_title", "timelines_svg"]
 
 
@@ -39,6 +39,7 @@ _PEAK = "#2A2A2A"
 _WIDTH = 900
 _ROW = 170
 _LEFT, _RIGHT, _TOP, _GAP = 70, 20, 62, 44
+_PLOTLY_LEAST_HEIGHT = 460  # the legend's ten entries (categories, the peak, the phases) without a scroll bar
 
 
 def timeline_title(timeline: Timeline) -> str:
@@ -51,6 +52,16 @@ def timeline_title(timeline: Timeline) -> str:
     """
     prefix = f"{timeline.label}: " if timeline.label else ""
     return f"{prefix}peak {format_bytes(timeline.peak.bytes)}: {timeline.peak.description}"
+
+
+def phase_words(phase: str) -> str:
+    """A phase as a legend names it: ``"optimizer step"`` (the phase, not the optimizer state's colour).
+
+    Example:
+        >>> phase_words("optimizer"), phase_words("backward")
+        ('optimizer step', 'backward')
+    """
+    return "optimizer step" if phase == "optimizer" else phase
 
 
 def report_timelines(report: Report) -> Any:
@@ -163,7 +174,7 @@ def timeline_figure(timelines: Sequence[Timeline]) -> Any:
         >>> t = Timeline(("other",), [0, 4], {"other": [0, 2]}, [("forward", 0, 4)], TimelinePeak(2, "forward", "",
         ...              {"other": 2}, {}, at=4))
         >>> [trace.name for trace in timeline_figure([t, t]).data]
-        ['other', 'peak', 'other', 'peak']
+        ['other', 'peak', 'other', 'peak', 'forward']
     """
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -171,8 +182,10 @@ def timeline_figure(timelines: Sequence[Timeline]) -> Any:
     unit, divisor, top, last = _scale(timelines)
     rows = len(timelines)
     timelines = [timeline.thinned(_points(rows)) for timeline in timelines]
+    # One plan: its peak is the figure's title. Several: each row's title names its plan's peak. The legend stands
+    # on the right, away from every title (above the plot it struck the first row's title through).
     figure = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=min(0.3 / max(rows, 1), 0.08),
-                           subplot_titles=[timeline_title(t) for t in timelines])
+                           subplot_titles=[timeline_title(t) for t in timelines] if rows > 1 else None)
     for row, timeline in enumerate(timelines, start=1):
         for name in timeline.categories:
             values = timeline.series[name]
@@ -194,11 +207,21 @@ def timeline_figure(timelines: Sequence[Timeline]) -> Any:
             hovertext=[f"{format_bytes(peak.bytes)}: {peak.description}"], hoverinfo="text",
         ), row=row, col=1)
         figure.update_yaxes(range=[0, top * 1.12], title_text=unit, row=row, col=1)
+    # The phases' shades named in the legend, as the static figure's legend names them.
+    shaded = {name for timeline in timelines for name, _, _ in timeline.phases}
+    for number, name in enumerate(phase for phase in PHASE_COLORS if phase in shaded):
+        figure.add_trace(go.Scatter(
+            x=[None], y=[None], name=phase_words(name), mode="markers", legendgroup="phases",
+            legendgrouptitle_text="phase" if number == 0 else None, hoverinfo="skip",
+            marker={"symbol": "square", "size": 14, "color": PHASE_COLORS[name],
+                    "line": {"width": 1, "color": "rgba(0,0,0,0.2)"}},
+        ), row=1, col=1)
     figure.update_xaxes(range=[0, last], title_text="allocation events in the step", row=rows, col=1)
     figure.update_layout(
         title={"text": timeline_title(timelines[0]) if rows == 1 else "memory over one step, per plan"},
-        height=120 + 200 * rows, template="plotly_white", legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
-        margin={"t": 90},
+        title_font_size=14, height=max(_PLOTLY_LEAST_HEIGHT, 120 + 200 * rows), template="plotly_white",
+        legend={"tracegroupgap": 12, "traceorder": "grouped"},
+        margin={"t": 70},
     )
     return figure
 
@@ -226,8 +249,9 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
         svg.add(f'<rect x="{px(x)}" y="32" width="10" height="10" fill="{CATEGORY_COLORS.get(name, "#B0B0B0")}"/>')
         svg.text(x + 14, 41, name)
         x += 24 + 7 * len(name)
-    for phase in ("forward", "backward", "optimizer"):
-        words = "optimizer step" if phase == "optimizer" else phase  # the phase, not the optimizer state's colour
+    shaded = {name for timeline in timelines for name, _, _ in timeline.phases}
+    for phase in (name for name in PHASE_COLORS if name in shaded):
+        words = phase_words(phase)
         svg.add(f'<rect x="{px(x)}" y="32" width="10" height="10" fill="{PHASE_COLORS[phase]}"/>')
         svg.text(x + 14, 41, words)
         x += 24 + 7 * len(words)

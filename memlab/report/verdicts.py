@@ -83,7 +83,7 @@ def best_caption(report: Report) -> str | None:
         >>> b = Trial(Plan(checkpointing=True), "ok", 500, {}, 0.55, 14.5, None, "cpu", rows_per_step=8,
         ...           step_times=(0.5, 0.6))
         >>> best_caption(Report([a, b]))
-        'best: ckpt, fastest within noise, lowest peak among ties (plain)'
+        'best: ckpt, as fast as plain within noise and a lower peak'
         >>> best_caption(Report([Trial(Plan(), "ok", 9, {}, None, None, None, "cuda", estimated=True)]))
         'best: plain, lowest peak among plans that fit (nothing was timed)'
     """
@@ -100,9 +100,12 @@ def best_caption(report: Report) -> str | None:
     ties = report.ties
     if not ties:
         return f"best: {best_name}, fastest that fits"
-    named = ", ".join(names.get(id(trial), trial.label) for trial in ties[:3])
-    named += f" and {len(ties) - 3} more" if len(ties) > 3 else ""
-    return f"best: {best_name}, fastest within noise, lowest peak among ties ({named})"
+    named = [names.get(id(trial), trial.label) for trial in ties[:3]]
+    if len(ties) == 1:
+        return f"best: {best_name}, as fast as {named[0]} within noise and a lower peak"
+    listed = ", ".join(named[:-1]) + f" and {named[-1]}" if len(ties) <= 3 else ", ".join(named) + \
+        f" and {len(ties) - 3} more"
+    return f"best: {best_name}, as fast as {listed} within noise and the lowest peak of them"
 
 
 def bar_marks(

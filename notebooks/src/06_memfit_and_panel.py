@@ -36,7 +36,7 @@ def human(num_bytes):
 
 # %% tags=["parameters"]
 # Sizes of the model and the batch, small enough for a CPU (a free Binder; how long they take depends on how
-# busy it is: the README says what was measured); on a GPU, make them bigger. The tests run every notebook with
+# busy it is: docs/workshop.md says what was measured); on a GPU, make them bigger. The tests run every notebook with
 # smaller values injected after this cell.
 hidden = 128   # width of the model
 layers = 4     # transformer blocks
@@ -52,7 +52,7 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 if device == "cpu":
     # The models here are small: one thread runs them about as fast as several, and on a shared machine (a
     # Binder, a laptop building something) torch's threads wait on each other for the busy core, up to
-    # 15 times slower (the README has the numbers). On a machine of your own, delete this line.
+    # 15 times slower (docs/workshop.md has the numbers). On a machine of your own, delete this line.
     torch.set_num_threads(1)
 where = torch.cuda.get_device_name() if device == "cuda" else f"the CPU, {torch.get_num_threads()} thread(s)"
 print("Running on", where)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,19 +42,25 @@ def test_help_lists_the_commands() -> None:
 
 def test_demo_prints_a_table_and_a_winner_and_writes_html(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "out" / "report.html"
-    monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.delenv("COLUMNS", raising=False)
     result = memlab_command("demo", "--steps", "1", "--noise", "0", "--html", str(target))
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
-    # a 120-column terminal: no line wraps (the path of the report aside); piped, no carriage-return updates
+    # piped (no terminal, no COLUMNS): still within 120 columns (the path of the report aside; it was 261), and no
+    # carriage-return updates
     assert [line for line in out.splitlines() if len(line) > 120 and str(target) not in line] == [], out
     assert "\r" not in out and "\r" not in result.stderr
     assert "plan" in out and "status" in out and "peak" in out and "samples/s" in out  # the table header
     assert "does not fit" in out  # the budget forces a real choice: the plain plan does not fit
-    winner = [line for line in out.splitlines() if line.startswith("Winner: ")]
-    assert len(winner) == 1 and "none" not in winner[0], out
+    # the best and its ties said once (they were twice: "Best:" under the table and "Winner:" after it)
+    best = [line for line in out.splitlines() if line.startswith("Best: ")]
+    assert len(best) == 1 and "none" not in best[0] and "Winner" not in out, out
+    assert sum(line.startswith(("\u2248 As fast", "As fast")) for line in out.splitlines()) <= 1, out
     assert str(target) in out
     page = target.read_text(encoding="utf-8")
+    text = page.split("<pre>", 1)[1].split("</pre>", 1)[0]  # the text as a terminal of 120 columns prints it
+    assert all(len(line) <= 120 for line in html.unescape(text).splitlines()), text
+    assert "white-space:pre;" in page and "overflow-wrap:anywhere" not in page
     assert "<table" in page and "<svg" in page and "samples/s" in page
     # The figure is the static SVG a notebook keeps, inlined: the page opens offline and stays small (plotly.js
     # inlined made it 4.8 MB).
@@ -261,13 +269,15 @@ def test_estimate_prints_the_allocated_peak_the_card_figure_and_the_verdict_on_t
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert "batch 1x512, 1 plan, for an H100-80GB" in lines[0]
-    assert lines[1].split()[:6] == ["plan", "status", "peak", "GiB", "card", "GiB"]
+    table = next(i for i, line in enumerate(lines) if line.split()[:2] == ["plan", "status"])
+    assert lines[table].split()[:6] == ["plan", "status", "peak", "GiB", "card", "GiB"]
     card = (reserved + GPUS["H100-80GB"].context_bytes) / GIB
-    row = lines[2].split()
+    row = lines[table + 1].split()
     assert row[row.index("20.0") + 1] == f"{card:.1f}"
-    assert ("ok (estimate)" in lines[2]) is (status == 0)  # 20 GiB allocated fits; the card decides
-    assert "Card: allocator reserve + CUDA context (what nvidia-smi shows); fits are judged on it" in lines
-    assert "card figure (reserve + CUDA context) modelled for an H100-80GB" in out
+    assert ("ok (estimate)" in lines[table + 1]) is (status == 0)  # 20 GiB allocated fits; the card decides
+    said = " ".join(out.split())
+    assert ("The card column is the caching allocator's reserve + the CUDA context (what nvidia-smi shows), for an "
+            "H100-80GB (its CUDA context 774.8 MiB); fits are judged on it.") in said
 
 
 def test_estimate_says_the_card_figure_is_unknown_without_a_reserve_and_names_the_gpu(
@@ -279,9 +289,9 @@ def test_estimate_says_the_card_figure_is_unknown_without_a_reserve_and_names_th
     assert main(["estimate", "llama-7b", "--budget", "24GiB", "--gpu", "L4-24GB"]) == 0
     out = capsys.readouterr().out
     assert "for an L4-24GB" in out.splitlines()[0] and "card GiB" not in out
+    said = " ".join(out.split())
     assert ("Card figure unknown (the allocator's reserve or the CUDA context is not known); fits are judged on the "
-            "allocated peak") in out
-    assert "CUDA context modelled for an L4-24GB" in out
+            "allocated peak") in said
     assert main(["estimate", "llama-7b", "--gpu", "TPU"]) == 2
     assert "--gpu must be one of H100-80GB, " in (err := capsys.readouterr().err) and "got 'TPU'" in err
 
@@ -326,12 +336,25 @@ def test_estimate_gpus_auto_prints_each_gpus_card_figure_and_the_verdict_on_it(
                  "--gpu", "H200-141GB"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert asked["gpus"] == "auto" and asked["gpu"] == "H200-141GB"
-    assert out[0] == "llama-7b: LlamaForCausalLM, per-GPU batch 1x512, for an H200-141GB"
-    assert out[1].startswith("plain        fsdp2  x4: 20.00 GiB allocated per GPU, card 22.76 GiB (sharded_params")
-    assert out[1].endswith("; fits by the card figure")
-    assert out[2].startswith("plain        zero3  x4: 20.00 GiB allocated per GPU, card 24.26 GiB")
-    assert out[2].endswith("; does not fit by the card figure")
-    assert out[3] == "plain        zero2  no number of GPUs up to 1024 fits 24.00 GiB"
+    assert out[0] == ("llama-7b: LlamaForCausalLM, per-GPU batch 1x512, --gpus auto, for an H200-141GB, budget 24GiB "
+                      "= 24.00 GiB")
+    assert out[1] == ("Best: plain with fsdp2 on 4 GPUs (card 22.76 GiB per GPU): the fewest GPUs that fit, then the "
+                      "lowest figure")
+    rows: dict[tuple[str, ...], list[str]] = {}
+    for line in out[: out.index("Where the peak goes, per GPU (MiB):")]:
+        if line.startswith(" plain "):
+            rows[tuple(line.split()[:2])] = line.split()[2:]
+    where = out.index("Where the peak goes, per GPU (MiB):")
+    assert out[where + 1].split() == ["part", "fsdp2", "zero3"] and out[where + 2].split() == ["sharded_params",
+                                                                                             "5,120", "5,120"]
+    assert rows[("plain", "fsdp2")] == ["4", "20.0", "22.8", "fits", "(card", "figure)"]
+    assert rows[("plain", "zero3")] == ["4", "20.0", "24.3", "does", "not", "fit", "(card", "figure)"]
+    assert rows[("plain", "zero2")] == ["-", "-", "-", "fits", "on", "no", "number", "of", "GPUs", "up", "to", "1024",
+                                        "[1]"]
+    # why zero2 fits nowhere: its whole fp32 weights (6.74B parameters, 25.1 GiB) on every GPU pass the budget
+    note = out[out.index("Notes:") + 1]
+    assert note.startswith("  1. ZeRO-2 keeps the whole weights on every GPU") and "25.10 GiB" in note, note
+    assert all(len(line) <= 120 for line in out)
     assert main(["estimate", "llama-7b", "--budget", "24GiB", "--gpus", "auto", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["card_bytes"] == rows[0]["reserved_bytes"] + rows[0]["context_bytes"]
@@ -482,21 +505,23 @@ def test_when_nothing_fits_the_cli_prints_the_suggestions_and_the_commands_that_
     monkeypatch.setattr(estimate_module, "estimate_plans", estimate_plans)
     assert main(["estimate", "llama-7b", "--batch", "1x512", "--budget", "24GiB"]) == 1
     out = capsys.readouterr().out
-    assert "Next: estimated to fit, outside what you tried:" in out
     lines = out.splitlines()
-    offered = [line for line in lines if line.startswith("  ") and ": memlab estimate " in line]
-    assert offered and all(" lora (" in line or " qlora (" in line or line.startswith(("  lora", "  qlora"))
-                           for line in offered)
-    for line in offered:  # each with the command that tries exactly it
-        label = line.split(" (")[0].strip()
-        command = line.split(": ", 1)[1]
+    # the best first, named once: QLoRA (the lower card figure among those expected as fast) or LoRA
+    best = next(line for line in lines if line.startswith("Best: "))
+    named = best.split("Best: ")[1].split(",")[0]
+    assert named.endswith("lora") and sum(bool(re.search(rf"(^|\s){re.escape(named)}(\s|,|$)", line))
+                                          for line in lines) == 1, out
+    offered = [(lines[i - 1], line.strip()) for i, line in enumerate(lines)
+               if line.startswith("  memlab estimate ") and " --try " in line and "--max-tokens" not in line]
+    assert len(offered) == 2, out
+    for above, command in offered:  # each with the command that tries exactly it
         assert command.startswith("memlab estimate llama-7b --batch 1x512 --budget 24GiB --try ")
         from memlab.plan import parse_grid
 
         (plan,) = parse_grid(command.split(" --try ")[1].split())
-        assert plan.label() == label
-    assert lines[-1] == ("Or shard the training over the fewest GPUs that fit: memlab estimate llama-7b --batch 1x512 "
-                         "--budget 24GiB --gpus auto")
+        assert plan.label() == named if above == "Next: try the best:" else f" {plan.label()} (" in above
+    assert lines[-2:] == ["Or shard the training over the fewest GPUs that fit:",
+                          "  memlab estimate llama-7b --batch 1x512 --budget 24GiB --gpus auto"]
 
 
 def test_a_long_estimate_shows_a_bar_with_the_time_left_on_a_terminal() -> None:
@@ -531,8 +556,11 @@ def test_gpus_auto_says_what_it_searched_and_offers_bf16_and_adapters(
         (plan, name, None) for plan in plans for name in ("fsdp2", "zero2", "zero3")])
     assert main(["estimate", "llama-70b", "--budget", "80GiB", "--gpus", "auto"]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert "Searched: plain (fp32 weights, fp32 compute, adamw) with fsdp2, zero2, zero3 on 1 to 1024 GPUs." in out
-    assert ("Not searched: pure bf16 training: memlab estimate llama-70b --batch 1x512 --budget 80GiB --gpus auto "
-            "--try precision=bf16 weights=bf16") in out
-    assert ("Not searched: adapters, which train on one GPU: memlab estimate llama-70b --batch 1x512 --budget 80GiB "
-            "--try adapter=lora,qlora precision=bf16") in out
+    searched = next(i for i, line in enumerate(out) if line.startswith("Searched: "))
+    assert " ".join(out[searched:searched + 2]).split() == (
+        "Searched: plain (fp32 weights, fp32 compute, adamw) with fsdp2, zero2, zero3 on 1, 2, 4, ... 1024 GPUs "
+        "(powers of two; --gpus N estimates another number).").split()
+    assert out[out.index("Not searched: pure bf16 training:") + 1] == (
+        "  memlab estimate llama-70b --batch 1x512 --budget 80GiB --gpus auto --try precision=bf16 weights=bf16")
+    assert out[out.index("Not searched: adapters, which train on one GPU:") + 1] == (
+        "  memlab estimate llama-70b --batch 1x512 --budget 80GiB --try adapter=lora,qlora precision=bf16")

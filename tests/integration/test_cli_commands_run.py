@@ -40,7 +40,7 @@ def _printed_commands(out: str) -> list[tuple[str, bool]]:
     commands = []
     in_fitting = False
     for line in out.splitlines():
-        if line.startswith("Next: estimated to fit"):
+        if line.startswith(("Next: estimated to fit", "Next: try the best", "Also estimated to fit")):
             in_fitting = True
         elif not line.startswith("  "):
             in_fitting = False

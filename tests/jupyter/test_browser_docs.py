@@ -50,9 +50,15 @@ def page(chromium):  # type: ignore[no-untyped-def]
     page = chromium.new_page(viewport={"width": 1300, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
+    # Issue 61 item 9: every request stays on the site (require.js, the widget manager and MathJax came from CDNs:
+    # 3 to 5 failed requests a page offline).
+    outside: list[str] = []
+    page.on("request", lambda request: outside.append(request.url)
+            if not request.url.startswith(("http://127.0.0.1", "data:", "blob:", "about:")) else None)
     yield page
     page.close()
     assert not errors, errors
+    assert not outside, outside
 
 
 def _shot(page, name: str) -> None:  # type: ignore[no-untyped-def]

@@ -117,7 +117,8 @@ PLOTLY_VERDICTS = """plot => {
     const bars = subplot => [...plot.querySelectorAll(`.subplot.${subplot} .barlayer .point path`)]
         .filter(path => path.getBoundingClientRect().height > 0.5)
         .map(path => ({x: middle(path), ...paint(path)}));
-    const words = [...plot.querySelectorAll(".subplot.xy .bartext")].map(text => [middle(text), text.textContent]);
+    const words = [...plot.querySelectorAll(".subplot.xy .bartext, .subplot.xy .textpoint text")]
+        .map(text => [middle(text), text.textContent]);
     const speed = bars("xy"), memory = bars("x2y2");
     const crosses = [...plot.querySelectorAll(".subplot.x2y2 .scatterlayer .point")].map(middle);
     const ticks = selector => [...plot.querySelectorAll(selector)].map(text => [text.textContent, middle(text)]);
@@ -138,9 +139,11 @@ PLOTLY_VERDICTS = """plot => {
 
 LEGEND = """plot => [...plot.querySelectorAll(".legend .traces .legendtext")].map(text => text.textContent)"""
 
-# The words and signs on the bars (best, tie, over budget; out of memory in its bar), each with the height in pixels
+# The words and signs on and above the bars (best, tie, over budget above the throughput bars' error bars; out of
+# memory in its bar), each with the height in pixels
 # of one of its lines as drawn: plotly shrinks a bar's text by a transform, which the box shows.
-BAR_TEXT = """plot => [...plot.querySelectorAll(".barlayer .bartext")].filter(text => text.textContent.trim())
+BAR_TEXT = """plot => [...plot.querySelectorAll(".barlayer .bartext, .subplot.xy .textpoint text")]
+    .filter(text => text.textContent.trim())
     .map(text => [text.textContent, text.getBoundingClientRect().height / Math.max(1,
                   text.querySelectorAll("tspan.line").length)])"""
 

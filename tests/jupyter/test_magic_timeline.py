@@ -57,9 +57,10 @@ def test_the_magic_shows_the_best_plans_timeline_and_a_pick_updates_the_kept_rec
     figure, picker, drawn = front_end.outputs  # the figure's record, the list, the picked plan's timeline
     assert WIDGET_VIEW not in figure["data"] and WIDGET_VIEW in picker["data"]
     [view] = views
-    assert [text for text, _ in view.picker.options] == ["1. plain", "2. ckpt"]
+    assert [text for text, _ in view.picker.options] == ["plain (plan 1)", "ckpt (plan 2)"]
     best = report.trials.index(report.best)  # picked first: the best plan
-    assert view.picker.value == best and picker["data"]["text/plain"].startswith(f"timeline of {best + 1}. ")
+    listed = picker["data"]["text/plain"]
+    assert view.picker.value == best and listed.startswith("timeline of ") and f"(plan {best + 1})" in listed
     timeline = report.trials[best].timeline
     assert timeline is not None and drawn["data"] == timeline_bundle([timeline])
     assert set(drawn["data"]) == {"image/svg+xml", "text/plain"}  # no widget: it shows without a kernel
@@ -80,7 +81,7 @@ def test_an_estimate_offers_each_plans_timeline(shell: InteractiveShell, front_e
     assert len(view.picker.options) == 4
     for index in range(4):  # every estimate's fake step has a timeline to pick
         view.picker.value = index
-        assert f"{index + 1}. " in view.picker.options[index][0]
+        assert view.picker.options[index][0].endswith(f"(plan {index + 1})")
         assert front_end.outputs[2]["data"]["text/plain"].startswith("memlab timeline: ")
 
 
@@ -116,6 +117,6 @@ def test_the_next_cell_closes_the_list_and_the_drawing_stays(shell: InteractiveS
     assert drawn["text/plain"].startswith(f"memlab timeline: {report.trials[0].label}: ")
     shell.run_cell("after = 1")  # the user moves on: IPython's pre_run_cell closes the list
     figure, listed, kept = front_end.outputs
-    assert listed["data"] == {"text/plain": f"timeline of 1. {report.trials[0].label}"}  # no widget left to save
+    assert listed["data"] == {"text/plain": f"timeline of {report.trials[0].label} (plan 1)"}  # no widget left to save
     assert kept["data"] == drawn and view.picker.comm is None and view.widget.comm is None
     assert magic_render.OPEN_TIMELINES == []

@@ -47,7 +47,7 @@ def test_an_executed_notebook_keeps_the_figure_as_svg_in_its_html(tmp_path: Path
     assert [output.output_type for output in outputs] == ["display_data"] * 3 + ["execute_result"]
     figure = outputs[0]["data"]  # the live widget's output, updated in place when the run ended
     picker, timeline = outputs[1]["data"], outputs[2]["data"]  # the list of plans, the picked plan's timeline
-    assert WIDGET_VIEW in picker and picker["text/plain"].startswith("timeline of 1. plain")
+    assert WIDGET_VIEW in picker and picker["text/plain"].startswith("timeline of plain (plan 1)")
     assert WIDGET_VIEW not in timeline and timeline["text/plain"].startswith("memlab timeline: plain: peak ")
     assert timeline["image/svg+xml"].startswith("<svg") and len(json.dumps(outputs[2])) < 100_000
     assert WIDGET_VIEW not in figure and "FigureWidget" not in figure["text/plain"]

@@ -42,7 +42,7 @@ def test_budget_units_are_read_the_same_in_any_case_and_said(text: str, gib: flo
 
 def test_the_cli_says_which_unit_it_read(capsys: pytest.CaptureFixture[str]) -> None:
     main(["estimate", "gpt2", "--batch", "1x8", "--budget", "24gb", "--device", "cpu"])
-    header = capsys.readouterr().out.splitlines()[0]
+    header = " ".join(" ".join(capsys.readouterr().out.splitlines()[:2]).split())  # within 120 columns
     assert "budget 24gb = 22.35 GiB (GB = 10^9 bytes; write 24GiB for 2^30)" in header
 
 
@@ -69,3 +69,27 @@ def test_the_built_in_names_are_written_where_a_reader_looks() -> None:
     assert all(f"`{name}`" in page for name in KNOWN_SHAPES), [name for name in KNOWN_SHAPES if name not in page]
     canonical = [name for name in KNOWN_SHAPES if name != "llama-8b"]  # llama-3-8b's other name
     assert all(name in readme for name in canonical)
+
+
+def test_help_says_every_exit_status_and_names_the_shapes_as_the_readme_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 61 item 5: ``memlab --help`` leaves out no exit status the README's example returns (1: nothing fits),
+    and ``estimate --help`` lists each built-in shape once, as the README's list, a second name in brackets."""
+    import contextlib
+    import re
+    from pathlib import Path
+
+    from memlab.frontends.cli import main
+
+    for argv in (["--help"], ["estimate", "--help"]):
+        with contextlib.suppress(SystemExit):
+            main(argv)
+        text = " ".join(capsys.readouterr().out.split())
+        assert re.search(r"\b1 when (nothing|none) fits", text), text[-600:]
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    shapes = re.search(r"built-in shape: ([^.]+)\.", text)
+    assert shapes is not None, text[:600]
+    listed = re.sub(r" \(or [^)]*\)", "", shapes.group(1)).split(", ")
+    readme_list = re.search(r"a shape built in:\s+([^)]+)\)", readme)
+    assert readme_list is not None and listed == " ".join(readme_list.group(1).split()).split(", "), listed

@@ -18,7 +18,7 @@ from reports import MIB, plans, report_of
 
 from memlab.plan import Plan, format_bytes
 from memlab.report import Report, Trial
-from memlab.report.figure import BUDGET_COLOR, INTERVAL_COLOR, figure_data, report_figure
+from memlab.report.figure import BUDGET_COLOR, INTERVAL_COLOR, MARKS_NAME, figure_data, report_figure
 from memlab.report.noise import speed_interval
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, PLOTLY_PANEL_PX, plan_axis, text_width
 from memlab.report.static import INTERACTIVE_LIMIT, PLOTLY_MIME, WIDTH, record_bundle, record_text, report_svg
@@ -68,7 +68,7 @@ def test_sixty_plans_are_numbered_level_and_every_plan_is_spelled_out_in_its_hov
         assert list(axis.ticktext[:4]) == ["1", "5", "10", "15"]
         assert list(axis.tickvals[:2]) == [report.trials[0].label, report.trials[4].label]
         assert "number" in axis.title.text
-    speed = figure.data[-1]
+    speed = next(trace for trace in figure.data if trace.name == "samples/s")
     assert speed.hovertext[36].startswith("#37 ") and report.trials[36].plan.describe() in speed.hovertext[36]
     assert figure.layout.width is None and figure.layout.autosize is True  # follows the cell
 
@@ -109,13 +109,13 @@ def test_hover_spells_every_plan_out() -> None:
         else:
             assert trial.plan.describe() in by_name["out of memory"].hovertext[index]
             assert by_name["params"].hovertext[index] == ""  # no bar, no hover text (small figures)
-    assert all("%{hovertext}" in trace.hovertemplate for trace in figure.data)
+    assert all("%{hovertext}" in trace.hovertemplate for trace in figure.data if trace.name != MARKS_NAME)
 
 
 def test_speed_intervals_are_asymmetric_error_bars() -> None:
     report = report_of(4)
     report.trials[0] = Trial(Plan(), "ok", MIB, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.5,))
-    speed = report_figure(report).data[-1]
+    speed = next(trace for trace in report_figure(report).data if trace.name == "samples/s")
     assert speed.error_y.type == "data" and speed.error_y.symmetric is False
     assert speed.error_y.array[0] == "NaN" and speed.error_y.arrayminus[0] == "NaN"  # timed once: no bar
     for index in (1, 2, 3):
@@ -216,7 +216,7 @@ def test_the_record_of_sixty_plans_is_small_and_complete() -> None:
     assert len(json.dumps(bundle)) < 150_000
     figure: dict[str, Any] = bundle[PLOTLY_MIME]
     assert set(figure) == {"data", "layout"} and "data" not in figure["layout"].get("template", {})
-    assert "plotly.js" not in json.dumps(figure) and len(figure["data"]) == 9
+    assert "plotly.js" not in json.dumps(figure) and len(figure["data"]) == 10
 
 
 def test_a_record_too_large_to_be_interactive_keeps_only_its_svg() -> None:

@@ -17,6 +17,7 @@ from memlab.report.figure import (
     DOES_NOT_FIT_COLOR,
     HATCH,
     MARK_FONT_PX,
+    MARKS_NAME,
     MIN_TEXT_PX,
     OUT_OF_MEMORY_NAME,
     OVER_BUDGET_NAME,
@@ -87,10 +88,18 @@ def test_the_plotly_figure_marks_each_verdict_and_the_best_on_the_bars() -> None
         assert hatched[label] == pytest.approx(report.trials[index].peak_bytes / MIB) if over else label not in hatched
     hatch = traces[OVER_BUDGET_NAME]
     assert hatch.base == 0 and hatch.marker.pattern.shape == HATCH and hatch.hoverinfo == "skip"
-    assert list(speed.text[:3]) == ["over<br>budget", "best", "tie"]
+    marks = traces[MARKS_NAME]
+    assert list(marks.text[:3]) == ["over<br>budget", "best", "tie"] and not speed.text
+    # each word above its bar's error bar (its whisker reaches up to the word, never through it)
+    for index, (label, height) in enumerate(zip(marks.x, marks.y, strict=True)):
+        bar = list(speed.x).index(label)
+        reach = speed.error_y.array[bar]
+        assert height == pytest.approx(speed.y[bar] + (reach if isinstance(reach, float) else 0.0)), index
+    assert any(isinstance(speed.error_y.array[list(speed.x).index(label)], float) for label in marks.x)
+    assert fig.layout.yaxis.range[1] >= 1.15 * max(marks.y)  # room above the highest for its word
     assert speed.marker.color[1] == BEST_COLOR and speed.marker.color[2] == TIE_COLOR
     caption = best_caption(report)
-    assert caption == "best: ckpt, fastest within noise, lowest peak among ties (bf16)"
+    assert caption == "best: ckpt, as fast as bf16 within noise and a lower peak"
     assert caption in fig.layout.title.text and caption in speed.hovertext[1]
     assert "does not fit (over budget)" in speed.hovertext[0]
     # the legend: each verdict's mark, all three drawn here
@@ -136,13 +145,13 @@ def test_marks_on_the_bars_are_never_shrunk_to_a_narrow_bar() -> None:
     speeds[0] = timed(Plan(micro_batch=64), 900, 30.0)
     many = json.loads(report_figure(Report(speeds, budget=800 * MIB)).to_json())
     for figure in (few, many):
-        speed = next(trace for trace in figure["data"] if trace["name"] == "samples/s")
-        assert speed["textposition"] == "outside" and speed["constraintext"] == "none"
-        assert speed["textfont"]["size"] == MARK_FONT_PX >= 12
+        marks = next(trace for trace in figure["data"] if trace["name"] == MARKS_NAME)
+        assert marks["mode"] == "text" and marks["textposition"] == "top center"
+        assert marks["textfont"]["size"] == MARK_FONT_PX >= 12
         assert figure["layout"]["uniformtext"] == {"minsize": MIN_TEXT_PX, "mode": "hide"} and MIN_TEXT_PX >= 10
-    texts = next(trace for trace in few["data"] if trace["name"] == "samples/s")["text"]
+    texts = next(trace for trace in few["data"] if trace["name"] == MARKS_NAME)["text"]
     assert texts[:3] == ["over<br>budget", "best", "tie"]
-    texts = next(trace for trace in many["data"] if trace["name"] == "samples/s")["text"]
+    texts = next(trace for trace in many["data"] if trace["name"] == MARKS_NAME)["text"]
     assert texts[0] == NARROW_MARKS[OVER_BUDGET] and NARROW_MARKS["best"] in texts  # 12 bars: 20 px each
 
 
@@ -193,9 +202,10 @@ def test_the_live_figure_marks_the_same_verdicts() -> None:
     speed = next(trace for trace in live.widget.data if trace.name == "samples/s")
     params = next(trace for trace in live.widget.data if trace.name == "params")
     hatch = next(trace for trace in live.widget.data if trace.name == OVER_BUDGET_NAME)
-    assert list(speed.text[:3]) == ["over<br>budget", "best", "tie"]
+    marks = next(trace for trace in live.widget.data if trace.name == MARKS_NAME)
+    assert list(marks.text[:3]) == ["over<br>budget", "best", "tie"]
     assert speed.marker.pattern.shape[0] == HATCH and list(hatch.x) == ["mb8x1"] and not params.marker.pattern.shape
-    assert speed.textfont.color[1] == BEST_COLOR
+    assert marks.textfont.color[1] == BEST_COLOR
     assert speed.marker.pattern.shape[1] == "" and speed.marker.color[0] == DOES_NOT_FIT_COLOR
     notes = [note.text for note in live.widget.layout.annotations]
     assert best_caption(report) in notes
@@ -213,6 +223,22 @@ def test_a_setting_run_twice_reads_as_two_runs_everywhere() -> None:
     assert [row.split()[1] for row in rows] == ["plain", "plain"] and "plain (2)" in rows[1]
     assert "As fast within measurement noise: plain (2) (plain is named best: no lower peak among them" in text
     assert ">plain (2)" in report._repr_html_()
-    assert best_caption(report) == "best: plain, fastest within noise, lowest peak among ties (plain (2))"
+    assert best_caption(report) == "best: plain, as fast as plain (2) within noise and a lower peak"
     speed = next(trace for trace in report_figure(report).data if trace.name == "samples/s")
     assert list(speed.x) == ["plain", "plain (2)"]
+
+
+def test_a_plan_out_of_memory_is_drawn_past_the_budget_line() -> None:
+    """Issue 61 item 6: a plan the budget stopped needed more than the budget; its bar crossed the line (it stopped
+    at it, reading as a plan that reached the budget exactly), in the plotly figure and the SVG alike."""
+    from memlab.report.figure import figure_columns, figure_data
+
+    oom = Trial(Plan(micro_batch=16), "oom", 100 * MIB, {}, None, None, None, "cpu", error="out of memory")
+    report = Report([timed(Plan(), 300, 10.0), oom], budget=512 * MIB)
+    data = figure_data(report)
+    heights = figure_columns(report, data)[len(data["categories"])]["y"]
+    assert heights[0] is None and heights[1] > 512 * 1.05, heights
+    traces = {trace.name: trace for trace in report_figure(report).data}
+    assert traces[OUT_OF_MEMORY_NAME].y[1] > 512 * 1.05
+    svg = report_svg(report)
+    assert "does not fit" in svg

@@ -305,7 +305,7 @@ def test_plot_has_a_trace_per_category_and_a_samples_trace(report: Report) -> No
     figure = report.plot()
     assert isinstance(figure, go.Figure)
     names = [trace.name for trace in figure.data]
-    assert names == [*CATEGORIES, "out of memory", "over budget", "error", "samples/s"]
+    assert names == [*CATEGORIES, "out of memory", "over budget", "error", "samples/s", "marks"]
     by_name = {trace.name: trace for trace in figure.data}
     assert list(by_name["params"].x) == [t.label for t in report]
     assert by_name["out of memory"].marker.pattern.shape == "/" and by_name["over budget"].marker.pattern.shape == "/"
@@ -339,7 +339,7 @@ def test_plot_and_the_live_figure_share_traces_colours_and_layout(report: Report
 def test_plot_without_budget_or_trials() -> None:
     figure = Report([ok(Plan(), 1, 1.0)]).plot()
     assert not figure.layout.shapes
-    assert len(Report([]).plot().data) == len(CATEGORIES) + 4
+    assert len(Report([]).plot().data) == len(CATEGORIES) + 5
 
 
 # --- events --------------------------------------------------------------------------------------------------------

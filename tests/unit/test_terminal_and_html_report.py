@@ -101,12 +101,12 @@ def test_a_long_note_goes_under_the_html_table_numbered() -> None:
 def test_table_lines_are_what_pandas_printed_of_the_padded_cells() -> None:
     import pandas
 
-    from memlab.report.tables import _LEFT, _shown_columns, _text_lines, headers, table_rows
+    from memlab.report.tables import _LEFT, headers, shown_columns, table_rows, text_lines
 
     for report in (_noted_report(), Report(_noted_report().trials[:1])):
         rows, names = table_rows(report), headers(report)
-        keys = _shown_columns(rows, with_mark=True, categories=report.categories)
-        lines = _text_lines(rows, names, keys)
+        keys = shown_columns(rows, with_mark=True, categories=report.categories)
+        lines = text_lines(rows, names, keys)
         # each column's cells padded as _text_lines pads them, joined by pandas as before
         cells = [[row[key] for key in keys] for row in rows]
         width = {key: max(len(names[key]), *(len(row[key]) for row in rows)) for key in keys}

@@ -49,6 +49,7 @@ from memlab.report.figure import (
     empty_trace,
     figure_columns,
     figure_data,
+    speed_range,
 )
 from memlab.report.plan_axis import figure_height, plan_axis, plan_axis_layout
 from memlab.report.static import record_bundle
@@ -59,13 +60,14 @@ _MIB = 1024**2
 _MAX_LIVE_POINTS = 2000
 _LIVE_COLOR = "#4C78A8"
 
-# Trace order (indices into ``widget.data``): Report.plot's nine traces, then the live figure's own three.
+# Trace order (indices into ``widget.data``): Report.plot's ten traces, then the live figure's own three.
 CATEGORY_TRACES = {name: i for i, name in enumerate(CATEGORIES)}
 DOES_NOT_FIT = len(CATEGORIES)
 OVER_BUDGET = DOES_NOT_FIT + 1
 ERROR = OVER_BUDGET + 1
 SPEED = ERROR + 1
-LIVE = SPEED + 1
+MARKS = SPEED + 1
+LIVE = MARKS + 1
 SCATTER_FITS = LIVE + 1
 SCATTER_MISSES = SCATTER_FITS + 1
 
@@ -292,6 +294,7 @@ class LiveFigure:
             "xaxis": plan_axis_layout(axis, data["labels"]),
             "height": height,
             "domains": (top, bottom),
+            "rates": speed_range(data),  # the throughput axis: room above the highest error bar for its word
             "speeds": [0, SCATTER_HEADROOM * max((speed or 0.0 for speed in data["samples_per_s"]), default=0.0) or 1],
         }
         if layout != self._layout:  # layout objects are set through the figure, so Python's view stays current
@@ -304,6 +307,7 @@ class LiveFigure:
                 # The rows apart by what the plan axis's ticks and title need, so they never reach the row below.
                 self.widget.layout.update({f"yaxis{n}": {"domain": top} for n in ("", "2")})
                 self.widget.layout.update({f"yaxis{n}": {"domain": bottom} for n in ("3", "4")})
+                self.widget.layout.yaxis.range = layout["rates"]
                 self.widget.layout.yaxis4.range = layout["speeds"]  # room above the top point for its name
             self._layout = layout
         self.redraws += 1

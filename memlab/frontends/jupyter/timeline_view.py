@@ -73,7 +73,8 @@ class TimelineView:
     def update(self, trials: Sequence[Trial], pick: int | None = None) -> None:
         """The trials run so far (the figure's order); trial ``pick`` is shown, else the last one with a timeline."""
         self.trials = list(trials)
-        options = [(f"{index + 1}. {trial.label}", index) for index, trial in enumerate(self.trials)
+        # "timeline of bf16 (plan 3)": the plan's name first, its number (the figure's order) after it
+        options = [(f"{trial.label} (plan {index + 1})", index) for index, trial in enumerate(self.trials)
                    if trial.timeline is not None]
         self.picker.options = options
         self.widget.layout.display = None if options else "none"

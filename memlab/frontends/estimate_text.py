@@ -1,0 +1,371 @@
+"""What ``memlab estimate`` prints: a short answer to scan, not a log.
+
+First the question as understood (the model, the batch, the budget, the GPU), then the verdict and the best plan,
+each plan named once; then the table, one unit per column, the speed columns left out (an estimate times nothing);
+then numbered notes, only those that change how the figures read (how the dry run emulates CUDA is in ``--json``);
+then the next commands to try. Every line within :data:`WIDTH` columns. The sharded answer (``--gpus``) follows the
+same order: its best (the fewest GPUs, then the lowest figure), a table of plans and strategies, where the memory
+of each goes (one unit per column), and why a strategy fits on no number of GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["WIDTH", "gpu_hint", "kept_notes", "numbered", "shape_names", "sharded_text", "single_text", "table_lines",
+           "whole_weights", "wrapped"]
+
+WIDTH = 120
+"""The widest line ``memlab estimate`` prints."""
+
+_HOW = (
+    "estimated on CPU kernels",
+    "CUDA attention emulated",
+    "reserved_bytes:",
+    "card figure (reserve + CUDA context) modelled",
+    "estimated on fake tensors: peak_bytes is the allocated peak",
+)
+"""The beginnings of the notes that say how a dry run computed its figures, not how to read them: in ``--json``,
+left out of the terminal's answer."""
+
+
+def wrapped(lines: Sequence[str], width: int = WIDTH, indent: str = "  ") -> list[str]:
+    """``lines`` kept within ``width`` columns: a longer line goes on under itself, indented; a command to copy
+    (a line of its own, ``memlab ...``) is never cut.
+
+    Example:
+        >>> wrapped(["a " * 8], width=8)
+        ['a a a a', '  a a a', '  a']
+    """
+    out = []
+    for line in lines:
+        if len(line) <= width or line.lstrip().startswith("memlab "):  # a command to copy stays whole
+            out.append(line)
+            continue
+            out.append(line)
+            continue
+        item = re.match(r"\s*\d+\. ", line)  # a numbered note goes on under its own words
+        lead = " " * item.end() if item else line[: len(line) - len(line.lstrip())] + indent
+        out += textwrap.wrap(line, width, initial_indent="", subsequent_indent=lead,
+                             break_long_words=False, break_on_hyphens=False) or [line]
+    return out
+
+
+def shape_names(shapes: dict[str, Any]) -> str:
+    """The built-in shapes as the README lists them, each once: a second name of the same shape in brackets.
+
+    Example:
+        >>> shape = ("LlamaConfig", {})
+        >>> shape_names({"llama-3-8b": shape, "gpt2": ("GPT2Config", {}), "llama-8b": shape})
+        'llama-3-8b (or llama-8b), gpt2'
+    """
+    first: dict[int, str] = {}
+    others: dict[str, list[str]] = {}
+    for name, shape in shapes.items():
+        owner = first.setdefault(id(shape), name)
+        others.setdefault(owner, [])
+        if owner != name:
+            others[owner].append(name)
+    return ", ".join(name + (f" (or {', '.join(more)})" if more else "") for name, more in others.items())
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    if re.match(r"[a-z]+\b(?! =)", text):  # a word, not a name in code ("micro_batch = ...", "peak_bytes: ...")
+        text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def numbered(notes: Sequence[str]) -> list[str]:
+    """Notes as numbered sentences, each once.
+
+    Example:
+        >>> numbered(["the card: reserve + context", "the card: reserve + context", "the load: fp32"])
+        ['  1. The card: reserve + context.', '  2. The load: fp32.']
+    """
+    return [f"  {number}. {_sentence(note)}" for number, note in enumerate(dict.fromkeys(notes), start=1)]
+
+
+def kept_notes(notes: Sequence[str]) -> list[str]:
+    """The notes worth a line in the terminal: those that change how the figures read (the load, what the dry run
+    has no rule for, rows kept), not those that say how CUDA was emulated (:data:`_HOW`, in ``--json``).
+
+    Example:
+        >>> kept_notes(["CUDA attention emulated for an H100", "weights materialised in fp32"])
+        ['weights materialised in fp32']
+    """
+    return [note for note in notes if not note.startswith(_HOW)]
+
+
+def gpu_hint(args: argparse.Namespace, budget: int | None) -> str | None:
+    """Where ``--budget`` is not the memory of the GPU the estimate assumes (no ``--gpu`` given), the ``--gpu`` that
+    matches it (the known GPU whose memory is nearest), so that the CUDA context and the allocator's behaviour are
+    that card's; None where ``--gpu`` is given, the device is the CPU or the budget is the GPU's.
+
+    Example:
+        >>> args = argparse.Namespace(gpu=None, device=None)
+        >>> print(gpu_hint(args, 24 * 2**30))
+        the budget, 24.00 GiB, is not the H100-80GB's memory (79.18 GiB) that the estimate assumes: for a 24 GB card \
+add --gpu RTX4090-24GB (memlab knows H100-80GB, H200-141GB, A100-80GB, A100-40GB, L40S-48GB, RTX4090-24GB, L4-24GB)
+        >>> gpu_hint(args, 80 * 2**30) is None
+        True
+    """
+    from memlab.estimation.gpus import GPUS, gpu_kind
+    from memlab.plan import format_bytes
+
+    if budget is None or getattr(args, "gpu", None) is not None or getattr(args, "device", None) == "cpu":
+        return None
+    assumed = gpu_kind(None)
+    if abs(budget - assumed.memory_bytes) <= 0.1 * assumed.memory_bytes:
+        return None
+    nearest = min(GPUS.values(), key=lambda kind: abs(kind.memory_bytes - budget))
+    if abs(nearest.memory_bytes - budget) > 0.1 * budget:
+        return (f"the budget, {format_bytes(budget)}, is not the {assumed.name}'s memory "
+                f"({format_bytes(assumed.memory_bytes)}) that the estimate assumes; --gpu names another card "
+                f"(memlab knows {', '.join(GPUS)})")
+    size = nearest.name.rsplit("-", 1)[-1].replace("GB", " GB")
+    return (f"the budget, {format_bytes(budget)}, is not the {assumed.name}'s memory "
+            f"({format_bytes(assumed.memory_bytes)}) that the estimate assumes: for a {size} card add --gpu "
+            f"{nearest.name} (memlab knows {', '.join(GPUS)})")
+
+
+def _card_note(args: argparse.Namespace, report: Any) -> str | None:
+    """What the card column is, and which GPU's context it counts, once."""
+    from memlab.estimation.gpus import gpu_kind
+    from memlab.plan import format_bytes
+
+    cards = [trial for trial in report.trials if trial.status == "ok" and trial.card_bytes is not None]
+    if not cards:
+        return None
+    context = cards[0].context_bytes
+    counted = "" if context is None else f" (its CUDA context {format_bytes(context)})"
+    return (f"the card column is the caching allocator's reserve + the CUDA context (what nvidia-smi shows), for an "
+            f"{gpu_kind(getattr(args, 'gpu', None)).name}{counted}; fits are judged on it")
+
+
+def single_text(args: argparse.Namespace, header: str, report: Any, budget: int | None,
+                suggestions: Sequence[str]) -> list[str]:
+    """The answer of ``memlab estimate`` on one GPU: ``header`` (the question), the verdict and the best plan, the
+    table, numbered notes, and ``suggestions`` (the commands after it, :func:`memlab.frontends.estimate_next
+    .suggestion_lines`), each plan once, within :data:`WIDTH` columns.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Report, Trial
+        >>> args = argparse.Namespace(gpu=None, device=None)
+        >>> trial = Trial(Plan(), "ok", 2**30, {"params": 2**30}, None, None, None, "cuda", estimated=True)
+        >>> print("\\n".join(single_text(args, "tiny: ...", Report([trial], budget=79 * 2**30), 79 * 2**30, [])))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        tiny: ...
+        Verdict: plain fits the budget of 79.00 GiB.
+        Best: plain (peak 1.00 GiB; nothing was timed: the lowest figure among the plans that fit)
+        <BLANKLINE>
+          plan  status        peak GiB params GiB grads GiB optimizer GiB activations GiB other GiB
+        ★ plain ok (estimate)      1.0        1.0         0             0               0         0
+        <BLANKLINE>
+        Notes:
+          1. Card figure unknown (the allocator's reserve or the CUDA context is not known); fits are judged on the
+             allocated peak.
+    """
+    from memlab.plan import format_bytes
+    from memlab.report.tables import judged_text, nothing_fits_reason
+
+    lines = [header]
+    trials = report.trials
+    fitting = [trial for trial in trials if report.fits(trial)]
+    best = report.best
+    if budget is None:
+        lines.append(f"Verdict: {len(trials)} plan{'s' if len(trials) != 1 else ''} estimated (no budget to judge).")
+    elif fitting:
+        count = (f"{fitting[0].label} fits" if len(trials) == 1
+                 else f"{len(fitting)} of the {len(trials)} plans fit")
+        lines.append(f"Verdict: {count} the budget of {format_bytes(budget)}.")
+    else:
+        reason = nothing_fits_reason(report)
+        tried = trials[0].label if len(trials) == 1 else f"none of the {len(trials)} plans tried"
+        lines.append(f"Verdict: {tried} {'does' if len(trials) == 1 else 'do'} not fit"
+                     + (f": {reason}." if reason else "."))
+    if best is not None:
+        lines.append(f"Best: {best.label} ({judged_text(best)}; nothing was timed: the lowest figure among the plans "
+                     "that fit)")
+    elif report.suggestions:
+        first = report.suggestions[0]
+        lines.append(f"Best: {first.label}, estimated to fit: {judged_text(first)}; outside what you tried (its "
+                     "command under Next)")
+    lines += ["", *table_lines(report, timed=False)]
+    notes: list[str] = []
+    card = _card_note(args, report)
+    if card is None:  # on CUDA without a reserve or a context: the card figure unknown, and what was judged instead
+        from memlab.report.tables import card_line
+
+        card = card_line(report)
+    if card is not None:
+        notes.append(card)
+    hint = gpu_hint(args, budget)
+    if hint is not None:
+        notes.append(hint)
+    from memlab.report.tables import shared_notes
+
+    shared = shared_notes(report)
+    notes += kept_notes(shared)
+    for trial in trials:
+        notes += [f"{trial.label}: {note}" for note in kept_notes([n for n in trial.notes if n not in shared])]
+        if trial.error:
+            notes.append(f"{trial.label}: {trial.error}")
+    if notes:
+        lines += ["", "Notes:", *numbered(notes)]
+    if suggestions:
+        lines += ["", *suggestions]
+    return wrapped(lines)
+
+
+def table_lines(report: Any, *, timed: bool | None = None) -> list[str]:
+    """The text table's lines alone (its header and a line per trial, no notes column, no summary): what
+    ``memlab estimate`` prints before its own summary. ``timed`` False leaves out the speed columns (an estimate has
+    none); None keeps them where a row has a figure.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Report, Trial
+        >>> r = Report([Trial(Plan(), "ok", 2**30 + 1024, {"params": 2**30, "other": 1024}, None, None, None,
+        ...                   "cuda", estimated=True)])
+        >>> print("\\n".join(table_lines(r)))
+          plan  status        peak GiB params GiB grads GiB optimizer GiB activations GiB other GiB
+        ★ plain ok (estimate)      1.0        1.0         0             0               0    < 0.01
+    """
+    from memlab.report.tables import SPEEDS, headers, shown_columns, table_rows, text_lines
+
+    rows = table_rows(report)
+    keys = [key for key in shown_columns(rows, with_mark=True, categories=report.categories) if key != "notes"]
+    if timed is None:
+        timed = any(row[key] not in ("", "-") for row in rows for key in SPEEDS)
+    if not timed:
+        keys = [key for key in keys if key not in (*SPEEDS, "spread")]
+    return text_lines(rows, headers(report), keys)
+
+
+def _gib(value: float | None) -> str:
+    from memlab.report.tables import in_unit
+
+    return "-" if value is None else in_unit(value, ("GiB", 2**30))
+
+
+def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[Any, str, Any]], budget: int | None,
+                 searched: Sequence[str], *, weights_bytes: dict[str, int] | None = None) -> list[str]:
+    """The answer of ``memlab estimate --gpus``: ``header``, the best (the fewest GPUs that fit, then the lowest
+    figure), a table of each plan and strategy (GPUs, the peak and card per GPU, the verdict and the figure it
+    judged), where each one's memory goes per GPU (a row per part, a column per strategy, one unit), why a strategy
+    fits on no number of GPUs, the notes and ``searched`` (:func:`memlab.frontends.estimate_next.searched_lines`).
+
+    ``weights_bytes``: each plan label's whole weights (what ZeRO-2 keeps on every GPU), for the reason a strategy
+    fits nowhere.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> args = argparse.Namespace(gpu=None, device=None, gpus="auto")
+        >>> print("\\n".join(sharded_text(args, "tiny", [(Plan(), "zero2", None)], 2**30, [],
+        ...                               weights_bytes={"plain": 2**31})))  # doctest: +NORMALIZE_WHITESPACE
+        tiny
+        Best: none fits the budget of 1.00 GiB on up to 1024 GPUs.
+        <BLANKLINE>
+         plan  strategy GPUs peak/GPU GiB card/GPU GiB verdict
+         plain zero2       -            -            - fits on no number of GPUs up to 1024 [1]
+        <BLANKLINE>
+        Notes:
+          1. ZeRO-2 keeps the whole weights on every GPU (it shards the gradients and optimizer state): 2.00 GiB, more
+             than the budget of 1.00 GiB, on any number of GPUs.
+          2. The budget, 1.00 GiB, is not the H100-80GB's memory (79.18 GiB) that the estimate assumes; --gpu names
+             another card (memlab knows H100-80GB, H200-141GB, A100-80GB, A100-40GB, L40S-48GB, RTX4090-24GB, L4-24GB).
+    """
+    from memlab.plan import format_bytes
+    from memlab.report.tables import verdict_text
+
+    lines = [header]
+    ran = [(plan, name, trial) for plan, name, trial in trials if trial is not None and trial.status == "ok"]
+    fitting = [item for item in ran if item[2].fits]
+    if budget is None:
+        lines.append("Best: no budget to judge; the per-GPU figures below.")
+    elif fitting:
+        plan, name, trial = min(fitting, key=lambda item: (item[2].gpus, item[2].verdict_bytes))
+        figure = "card" if trial.card_bytes is not None else "allocated peak"
+        lines.append(f"Best: {plan.label()} with {name} on {trial.gpus} GPU{'s' if trial.gpus != 1 else ''} "
+                     f"({figure} {format_bytes(trial.verdict_bytes)} per GPU): the fewest GPUs that fit, then the "
+                     "lowest figure")
+    else:
+        lines.append(f"Best: none fits the budget of {format_bytes(budget)} on up to 1024 GPUs.")
+    notes: list[str] = []
+    rows = [["plan", "strategy", "GPUs", "peak/GPU GiB", "card/GPU GiB", "verdict"]]
+    for plan, name, trial in trials:
+        if trial is None:
+            reason = _nowhere(name, plan, budget, weights_bytes or {})
+            notes.append(reason)
+            rows.append([plan.label(), name, "-", "-", "-",
+                         f"fits on no number of GPUs up to 1024 [{len(notes)}]"])
+        elif trial.status != "ok":
+            notes.append(f"{plan.label()} with {name}: {trial.error}")
+            rows.append([plan.label(), name, str(trial.gpus), "-", "-", f"error [{len(notes)}]"])
+        else:
+            verdict = "" if budget is None else verdict_text(trial, trial.fits).replace(" by the ", " (") + ")"
+            rows.append([plan.label(), name, str(trial.gpus), _gib(trial.peak_bytes), _gib(trial.card_bytes),
+                         verdict])
+    lines += ["", *_aligned(rows, left=(0, 1, 5))]
+    parts = list(dict.fromkeys(key for _, _, trial in ran for key in trial.detail))
+    if parts:  # a row per part, a column per plan and strategy: as narrow as the table above, one unit for all
+        from memlab.report.tables import in_unit
+
+        largest = max(value for _, _, trial in ran for value in trial.detail.values())
+        unit = ("GiB", 2**30) if largest >= 10 * 2**30 else ("MiB", 2**20)
+        several = len({plan.label() for plan, _, _ in ran}) > 1
+        detail = [["part", *(f"{plan.label()} {name}" if several else name for plan, name, _ in ran)]]
+        detail += [[key, *(in_unit(trial.detail.get(key) or 0, unit) for _, _, trial in ran)] for key in parts]
+        lines += ["", f"Where the peak goes, per GPU ({unit[0]}):", *_aligned(detail, left=(0,))]
+    hint = gpu_hint(args, budget)
+    if hint is not None:
+        notes.append(hint)
+    if notes:
+        lines += ["", "Notes:", *numbered(notes)]
+    if searched:
+        lines += ["", *searched]
+    return wrapped(lines)
+
+
+def whole_weights(model: Any, plans: Any) -> dict[str, int]:
+    """Each plan's whole weights in bytes (each parameter once; 2 bytes each for bf16 weights, else 4): what ZeRO-2
+    keeps on every GPU. Empty where the model is a config (its parameters are not counted here).
+
+    Example:
+        >>> import torch
+        >>> from memlab.plan import Plan
+        >>> whole_weights(torch.nn.Linear(4, 4), [Plan(), Plan(weights="bf16")])
+        {'plain': 80, 'bf16-weights': 40}
+    """
+    parameters = getattr(model, "parameters", None)
+    if not callable(parameters):
+        return {}
+    count = sum(p.numel() for p in {id(p): p for p in parameters()}.values())
+    return {plan.label(): count * (2 if plan.weights == "bf16" else 4) for plan in plans}
+
+
+def _nowhere(strategy: str, plan: Any, budget: int | None, weights: dict[str, int]) -> str:
+    """Why ``strategy`` fits ``plan`` on no number of GPUs up to 1024."""
+    from memlab.plan import format_bytes
+
+    whole = weights.get(plan.label())
+    if strategy == "zero2" and whole is not None and budget is not None and whole > budget:
+        return (f"ZeRO-2 keeps the whole weights on every GPU (it shards the gradients and optimizer state): "
+                f"{format_bytes(whole)}, more than the budget of {format_bytes(budget)}, on any number of GPUs")
+    engines = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+    return (f"{engines.get(strategy, strategy)} with {plan.label()}: even at 1024 GPUs the per-GPU peak passes the "
+            "budget"
+            + (f" of {format_bytes(budget)}" if budget is not None else "")
+            + " (what sharding does not divide: the activations, the gathered layers, the communication buffers)")
+
+
+def _aligned(rows: list[list[str]], left: tuple[int, ...]) -> list[str]:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return [" " + " ".join(cell.ljust(widths[i]) if i in left else cell.rjust(widths[i])
+                           for i, cell in enumerate(row)).rstrip() for row in rows]
