@@ -44,14 +44,20 @@ def markdown(result: dict[str, Any]) -> str:
     for name, part in parts.items():
         if part.get("not_started"):
             continue
-        drawn = _drawn(name, part)
+        drawn = draw_part(name, part)
         lines += drawn or [_counts(name, part), ""]
         lines += _failed(part)
     return "\n".join(lines)
 
 
-def _drawn(name: str, part: dict[str, Any]) -> list[str]:
-    """A part's table or sentence, where its figures are there (a part that raised has its checks only)."""
+def draw_part(name: str, part: dict[str, Any]) -> list[str]:
+    """A part's table or sentence, where its figures are there; for a part that raised or was cut (its checks only),
+    what stopped it; else nothing.
+
+    Example:
+        >>> draw_part("cap", {"checks": [{"check": "cap ran to the end", "passed": False, "error": "OOM"}]})
+        ['**cap**: did not run to the end (OOM).', '']
+    """
     try:
         drawn = RENDERERS[name](part) if name in RENDERERS else []
     except (KeyError, TypeError, IndexError, StopIteration):

@@ -115,6 +115,9 @@ def test_gpu_acceptance_sections_run_on_the_cpu(load: Any, name: str) -> None:
     assert part["checks"], name
     failed = [c for c in part["checks"] if c["passed"] is False]
     assert not failed, failed
+    tables = load("gpu_acceptance_tables")
+    if name in tables.RENDERERS:  # the docs' table of the part, drawn from what it wrote
+        assert tables.draw_part(name, part), name
     if name == "loads":  # a bf16 and a 4-bit load, each trained with LoRA (dropout 0.05) and run for inference
         rows = {(row["load"], row["workload"]): row for row in part["rows"]}
         assert set(rows) == {(load, work) for load in ("bf16", "nf4") for work in ("train", "infer")}
@@ -172,6 +175,7 @@ def test_gpu_acceptance_is_one_command_whose_parts_run_in_order_within_its_deadl
     if "budget_bytes" in first:  # ran to the end: fit on the SFTTrainer with peft, then train() under watch
         assert first["fit"]["best"] is not None and first["broken_at"] is None, first
         assert first["measured"]["status"] == "ok" and first["estimated"]["status"] == "ok"
+        assert "**SFTTrainer with a LoRA peft_config**" in load("gpu_acceptance_tables").markdown(data)
 
 
 def test_the_gpu_parts_import_no_plotly(load: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
