@@ -27,8 +27,9 @@ starts after the run's deadline (:data:`DEADLINE`, 490 s: with the wheels' insta
 the command ends within 9 minutes) or with less than :data:`START_SHARE` of its limit left; a part cut at its limit
 keeps the checks it printed. The parts it did not reach are named in the JSON as not started: they are the ones
 already verified on an H100 or the H200 (run them later with ``--sections`` and ``--keep FILE``, which joins a
-new call's parts to an earlier result). On the H200 the first eight took about 400 s (the new ones' times are
-estimates from their sizes against the sections the H200 ran): see :data:`LIMITS`.
+new call's parts to an earlier result). Expected on an H100 or H200: about 455 s for the first eight parts (timeline,
+fill and trainer as the H200 took them, the five new parts estimated from their sizes: :data:`LIMITS`), so the parts
+after them wait for a later call; no GPU was at hand to time the new ones.
 
 What comes back (at most 8 files): ``gpu_acceptance-<gpu>.json`` and the log (and ``hf_table-<gpu>.json`` where
 that part ran). Commit the results under ``benchmarks/results/``, then ``python -m benchmarks.cuda_truth`` (the
