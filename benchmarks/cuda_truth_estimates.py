@@ -1,15 +1,17 @@
-"""CUDA estimates made on a machine without CUDA, against every peak the H100 measured (``results/cuda_truth.json``).
+"""CUDA estimates made on a machine without CUDA, against every peak an H100 or the H200 measured
+(``results/cuda_truth.json``).
 
 Each training row of the table of truth (offload rows aside: offload cannot be estimated without CUDA) is
-estimated here with ``memlab.estimate(config, shapes, plan, device="cuda")`` on fake CPU tensors, and the result
-gives, per row, estimate / measured for the allocated peak and, where the H100 run recorded it without a budget, for
-the reserved peak. The rows of a checkpoint loaded as users load it (``load_rows``, since issue 40's run) are
-estimated with that load (``load=``, or for inference the ``InferencePlan`` that holds the weights so), and give the
-card figure's ratio too (estimated reserve + CUDA context over the measured ones).
+estimated here with ``memlab.estimate(config, shapes, plan, device="cuda", gpu=...)`` (the GPU kind that measured
+the row) on fake CPU tensors, and the result gives, per row, estimate / measured for the allocated peak and, where the
+run recorded it without a budget, for the reserved peak. The rows of a checkpoint loaded as users load it
+(``load_rows``, since issue 40's run) are estimated with that load (``load=``, or for inference the
+``InferencePlan`` that holds the weights so), and give the card figure's ratio too (estimated reserve + CUDA
+context over the measured ones).
 ``tests/integration/test_cuda_truth.py`` holds the training rows to 5%; this runner records the ratios and their
 spread for the README.
 
-    python -m benchmarks.cuda_truth_estimates           # every row: about 2 minutes on 2 CPU cores
+    python -m benchmarks.cuda_truth_estimates           # every row: about 30 minutes on 2 busy CPU cores
     python -m benchmarks.cuda_truth_estimates --smoke   # the two smallest one-step rows (the tests)
 
 Writes ``results/cuda_truth_estimates-cpu.json`` (the markdown table included).
@@ -66,6 +68,20 @@ def load_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
     return list(table.get("load_rows", []))
 
 
+def gpu_of(row: dict[str, Any]) -> dict[str, str]:
+    """``estimate``'s ``gpu=`` for the GPU that measured ``row`` (its CUDA context, cuBLAS workspaces and memory),
+    where memlab knows that kind; none (the default, an 80 GB H100) otherwise.
+
+    Example:
+        >>> gpu_of({"gpu": "NVIDIA H200"}), gpu_of({"gpu": "NVIDIA H100 80GB HBM3"}), gpu_of({})
+        ({'gpu': 'H200-141GB'}, {'gpu': 'H100-80GB'}, {})
+    """
+    from memlab.estimation.gpus import GPUS
+
+    name = next((kind for kind, spec in GPUS.items() if row.get("gpu") and spec.device_name == row["gpu"]), None)
+    return {"gpu": name} if name else {}
+
+
 def estimate_row(row: dict[str, Any]) -> dict[str, Any]:
     """One row estimated on this machine for ``device="cuda"``: the figures and their ratios to the H100's. A load
     row is estimated with its load (``load=`` for training, its ``InferencePlan`` for inference), and where the run
@@ -73,7 +89,7 @@ def estimate_row(row: dict[str, Any]) -> dict[str, Any]:
     import memlab
 
     batch = {name: tuple(shape) for name, shape in row["batch"].items()}
-    keywords: dict[str, Any] = {"device": "cuda"}
+    keywords: dict[str, Any] = {"device": "cuda", **gpu_of(row)}
     if "inference_plan" in row:
         plan: Any = memlab.InferencePlan(**row["inference_plan"])
     else:
@@ -87,7 +103,8 @@ def estimate_row(row: dict[str, Any]) -> dict[str, Any]:
     context = row.get("measured_context_bytes")
     card = getattr(trial, "card_bytes", None)
     return {
-        "source": row["source"], "model_type": row["config"]["model_type"], "plan_label": row["plan_label"],
+        "source": row["source"], "gpu": row.get("gpu"), "model_type": row["config"]["model_type"],
+        "plan_label": row["plan_label"],
         "plan": row.get("plan", row.get("inference_plan")), "batch": "x".join(map(str, row["batch"]["input_ids"])),
         "status": trial.status, "error": trial.error, "measured_peak_bytes": measured,
         "estimate_peak_bytes": trial.peak_bytes,
@@ -126,13 +143,20 @@ def _run_section(source: str) -> str:
 def markdown(results: Sequence[dict[str, Any]]) -> str:
     """The README's table: one line per row, GiB to two places and the ratios."""
     return common.markdown_table(
-        ["run:section", "model", "plan", "batch", "H100 GiB", "estimate GiB", "estimate / H100", "reserved ratio"],
-        [[_run_section(row["source"]), row["model_type"], row["plan_label"],
+        ["run:section", "GPU", "model", "plan", "batch", "measured GiB", "estimate GiB", "estimate / measured",
+         "reserved ratio"],
+        [[_run_section(row["source"]), _short(row.get("gpu")), row["model_type"], row["plan_label"],
           row["batch"], round(row["measured_peak_bytes"] / GIB, 2),
           None if row["status"] != "ok" else round(row["estimate_peak_bytes"] / GIB, 2), row["ratio"],
           row["reserved_ratio"]]
          for row in results],
     )
+
+
+def _short(gpu: str | None) -> str | None:
+    """``H200`` for ``NVIDIA H200``, ``H100`` for ``NVIDIA H100 80GB HBM3``."""
+    return None if gpu is None else next((word for word in gpu.split() if word[:1] in "HABL" and word[1:2].isdigit()),
+                                         gpu)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -158,8 +182,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               f"(reserved {result['reserved_ratio']}) in {result['seconds']} s", flush=True)
     payload = {
         **common.metadata_for("cuda_truth_estimates", device, args.size),
-        "truth": "results/cuda_truth.json (torch.cuda.max_memory_allocated and max_memory_reserved on an H100)",
-        "estimated_for": "device='cuda', default GPU (80 GB H100), on fake CPU tensors with CUDA's kernels emulated",
+        "truth": "results/cuda_truth.json (torch.cuda.max_memory_allocated and max_memory_reserved on an H100 and "
+                 "an H200)",
+        "estimated_for": "device='cuda', gpu= the kind that measured each row, on fake CPU tensors with CUDA's "
+                         "kernels emulated",
         "allocated": _spread([r["ratio"] for r in results if r["ratio"] is not None]),
         "reserved": _spread([r["reserved_ratio"] for r in results if r["reserved_ratio"] is not None]),
         **({"card_of_loads": _spread([r["card_ratio"] for r in results if r.get("card_ratio") is not None])}

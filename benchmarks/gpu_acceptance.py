@@ -1,120 +1,76 @@
-"""The GPU acceptance run: every CUDA path of memlab on a real GPU, in four back-to-back calls of at most 10 minutes.
+"""The GPU acceptance run: every CUDA path of memlab on a real GPU, as ONE command that ends within 9 minutes.
 
-How to run on a lent GPU (the ``run`` tool of the device README, /work/.library/device/README.md)
---------------------------------------------------------------------------------------------------
-The GPU image has torch 2.11, transformers, accelerate and peft, but not bitsandbytes (8-bit and paged AdamW, QLoRA,
-int8/NF4 inference, the 4-bit load), TRL or ``datasets`` (the SFTTrainer). Carry them as wheels, with peft (the
-first run carried it) and ``datasets``' own needs that the image lacks (dill, multiprocess). Here, once, in the
-checkout the ``run`` tool sends (``.whl/`` is in .gitignore already)::
+The command (on a lent GPU: the ``run`` tool of the device README, /work/.library/device/README.md)
+-------------------------------------------------------------------------------------------------
+The GPU image has torch 2.11, transformers, accelerate and peft, but not plotly (no part needs it: figures are
+drawn only where plotly imports), TRL or ``datasets`` (the SFTTrainer), and one of the H200 run's calls found no
+bitsandbytes (8-bit and paged AdamW, QLoRA, int8/NF4 inference, the 4-bit load). Carry these wheels, 45.8 MB in all
+(measured with ``pip download --no-deps``; their other needs are in the image). Here, once, in the checkout the
+``run`` tool sends (``.whl/`` is in .gitignore already)::
 
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d .whl bitsandbytes==0.50.2 peft==0.21.0 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+        -d .whl bitsandbytes==0.50.2 peft==0.21.2 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 
-That is 45.8 MB (bitsandbytes 43.1 MB, trl 0.9, peft 0.8, datasets 0.6, multiprocess 0.15, dill 0.12; their other
-needs are in the image), which with the working tree (about 5 MB) and a result JSON (under 1 MB) fits the 64 MiB
-that one call may carry: carry nothing else big. (``datasets`` 5.2 asks for pyarrow >= 24 and fsspec <= 2026.9.0;
-the first call prints the image's, and where ``datasets`` or TRL does not import, the SFTTrainer's checks say why
-and the rest runs.)
-
-Then four calls, back to back (a machine left idle is given back and the next call starts a fresh one, minutes),
-each with ``carry=[".whl"]`` and ``timeout_s=600``, each beginning with::
+bitsandbytes 43.1 MB, trl 0.95, peft 0.84, datasets 0.61, multiprocess 0.15, dill 0.12: with the working tree
+(about 5 MB) and the results (under 1 MB) that fits the 64 MiB one call may carry. Then one call, with
+``carry=[".whl"]`` and ``timeout_s=600``::
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; nvidia-smi;
+        .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; nvidia-smi; \
+    PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --out $OUT 2>&1 | tee $OUT/log
 
-1. issue 40's parts first (the user's loads, the Trainer and the SFTTrainer under ``watch``, the held-out
-   families), and the tests under ``tests/gpu``::
+It runs the parts in :data:`ORDER`, least verified first, each in its own Python process (so that one part's
+CUDA error, broken CUDA context or cached memory cannot touch the next) within its own limit (:data:`LIMITS`), and
+writes ``gpu_acceptance-<gpu>.json`` after every part, so that whatever happens the JSON holds what finished. No part
+starts after the run's deadline (:data:`DEADLINE`, 490 s: with the wheels' install, about 15 s, and the imports,
+the command ends within 9 minutes) or with less than :data:`START_SHARE` of its limit left; a part cut at its limit
+keeps the checks it printed. The parts it did not reach are named in the JSON as not started: they are the ones
+already verified on an H100 or the H200 (run them later with ``--sections`` and ``--keep FILE``, which joins a
+new call's parts to an earlier result). Expected on an H100 or H200: about 455 s for the first eight parts (timeline,
+fill and trainer as the H200 took them, the five new parts estimated from their sizes: :data:`LIMITS`), so the parts
+after them wait for a later call; no GPU was at hand to time the new ones.
 
-    ... python3 -c "import pyarrow, fsspec; print('pyarrow', pyarrow.__version__, 'fsspec', fsspec.__version__)"; \
-    PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --out $OUT \
-        --sections pytest,loads,trainer,heldout 2>&1 | tee $OUT/log
+What comes back (at most 8 files): ``gpu_acceptance-<gpu>.json`` and the log (and ``hf_table-<gpu>.json`` where
+that part ran). Commit the results under ``benchmarks/results/``, then ``python -m benchmarks.cuda_truth`` (the
+table of truth), ``python -m benchmarks.cuda_truth_estimates`` (the CPU-made estimates against it) and add the
+result's ``{benchmark}`` block to docs/benchmarks.md (``--markdown FILE`` prints its tables).
 
-2. copy the result JSON the first call brought back (``gpu_acceptance-cuda-nvidia-h100-80gb-hbm3.json`` on an H100;
-   on an H200 the name says so) into ``.whl/`` here, then::
+The parts, in order
+-------------------
+1. ``sft_peft`` (issue 57, item 1: the call that broke the H200's CUDA context): TRL's ``SFTTrainer`` with packing
+   and a LoRA ``peft_config``; its own ``train()`` as the reference, then ``memlab.measure``, ``estimate`` and
+   ``fit`` on it and ``train()`` under ``watch``, the CUDA context checked after each
+   (:mod:`benchmarks.gpu_sections_peft`).
+2. ``peft_model``: the user's own ``get_peft_model`` model: a hand-made step beside ``measure`` and ``estimate``,
+   then ``fit``; the CUDA context after each, the adapters bit-identical.
+3. ``encdec`` (item 2): T5-base and BART-base at 2 x 512 and 2 x 1024 in fp32, bf16 and pure bf16: a hand-made
+   step, memlab's measured peak and the CPU-made estimate (:mod:`benchmarks.gpu_sections_estimate`).
+4. ``vlm``: a LLaVA of a real shape (CLIP ViT-L/14-336 under TinyLlama-1.1B's text model), the same three figures
+   (:mod:`benchmarks.gpu_sections_vlm`).
+5. ``heldout_off`` (item 3): the held-out rows whose reserve was off on the H200, Mistral and Phi-3 in pure bf16.
+6. ``timeline`` (item 5): a step's timeline against the allocator and a hand-made step, three plans of the 1B Llama.
+7. ``fill`` (item 4): selective checkpointing, the attention lever and ``memlab.limits`` measured against the
+   estimate (:mod:`benchmarks.gpu_sections_fill`).
+8. ``trainer``: ``fit`` on a plain ``Trainer``, ``train()`` under ``watch`` and ``watch``'s overhead per step.
+9. What the H200 verified: ``loads`` (the user's bf16 and 4-bit loads), ``estimate`` (GPT-2, BERT, Llama, Mixtral
+   in four precisions), ``probe`` (peaks against a hand-made step), ``heldout`` (Qwen2, Mistral, Gemma-2, Phi-3,
+   GPT-NeoX, T5).
+10. What the H100 verified: ``pytest`` (``tests/gpu``), ``cumulative``, ``levers``, ``inference``, ``reserve``,
+    ``restore``, ``cap``, ``fit``, ``ties`` and ``hf_table`` (:mod:`benchmarks.gpu_sections` and the modules it
+    names).
 
-    ... PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --out $OUT \
-        --sections estimate,levers,inference,cumulative,probe \
-        --keep .whl/gpu_acceptance-cuda-nvidia-h100-80gb-hbm3.json 2>&1 | tee $OUT/log
-
-3. the second call's JSON into ``.whl/`` likewise (it holds the first's parts too), then::
-
-    ... PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --out $OUT \
-        --sections hf_table,ties,reserve,cap,restore,fit \
-        --keep .whl/gpu_acceptance-cuda-nvidia-h100-80gb-hbm3.json 2>&1 | tee $OUT/log
-
-4. the third call's JSON into ``.whl/`` likewise, then ``--sections timeline,fill`` (issue 45: the timeline's peak
-   against ``max_memory_allocated`` and the peak of the snapshot ``_record_memory_history`` records, for three plans
-   of the 1B Llama; issue 46: selective checkpointing, the attention lever at two lengths and ``memlab.limits``
-   measured against the estimate, :mod:`benchmarks.gpu_sections_fill`), with the same ``--keep``. If device time
-   runs short, this call is the one to leave for later.
-
-What comes back (at most 8 files): ``gpu_acceptance-<gpu>.json`` (every part so far), the log, and from the third
-call ``hf_table-<gpu>.json`` and ``.html``. The JSON is written after every part, so a call cut short keeps what
-finished, and the summary names the parts it did not start: run those with ``--sections`` and ``--keep`` the same
-way. Each call's parts have limits (:data:`LIMITS`) that add up to the deadline (560 s) at most (:data:`CALLS`).
-The first run's parts took a quarter to two thirds of their limits then, so a call should take 4 to 7 minutes,
-the three some 20 minutes of the session's 30 with the machine's start; were every part to take its whole limit,
-the third call would run short of device time, which is why the calls go in the order of importance.
-
-Commit the results under ``benchmarks/results/``, then ``python -m benchmarks.cuda_truth`` (the table of truth),
-``python -m benchmarks.cuda_truth_estimates`` (the CPU-made estimates against it, for the README) and
-``python -m benchmarks.gpu_acceptance --markdown benchmarks/results/gpu_acceptance-<gpu>.json`` for the README.
-
-What it runs
-------------
-``tests/gpu`` with pytest, then each section of :mod:`benchmarks.gpu_sections` in its own Python process (so that
-one section's failure, CUDA error or cached memory cannot touch the next), with the seeds' table
-(:mod:`benchmarks.hf_table`) among them, each within its time limit (:data:`LIMITS`), and writes everything into
-``benchmarks/results/gpu_acceptance-<device>.json`` naming the GPU, driver and library versions. While the GPU runs
-the first parts of a call, side processes that see no GPU make the estimates the ``loads``, ``heldout`` and
-``estimate`` sections compare (CPU-made, as CI makes them), one process for each. Sections:
-
-1. ``loads`` (issue 40): Llama-3.2-1B's shape (1.24B parameters) saved in bf16 with ``save_pretrained`` and loaded as
-   users load it, ``from_pretrained(folder, torch_dtype=torch.bfloat16)`` and in 4-bit through ``BitsAndBytesConfig``
-   (NF4, double quantization, bf16 compute), each in a fresh process trained with LoRA (dropout 0.05, bf16,
-   checkpointing; 4 x 1024) and run for inference (4 prompts of 512 tokens, 32 new): allocated and reserved peaks
-   and the CUDA context beside ``memlab.estimate(config, shapes, plan, load={...})`` made without a GPU (5%, 10%,
-   card 5%).
-2. ``trainer``: ``memlab.fit(trainer, budget=...)``, then ``trainer.train()`` under ``memlab.watch``, for a plain
-   ``Trainer`` and TRL's ``SFTTrainer`` with ``packing=True`` and ``peft_config=LoraConfig(..., lora_dropout=0.05)``
-   (issue 40); ``watch``'s overhead per step on each (goal under 3%).
-3. ``heldout`` (issue 40): the CPU-made estimate against the measured peak for families the table of truth does not
-   hold yet: Qwen2, Mistral, Gemma-2, Phi-3, GPT-NeoX and T5, each at two sequence lengths, in fp32, bf16 autocast
-   and pure bf16 (allocated 5%, reserved 10%).
-4. ``estimate``: ``memlab.estimate`` (CPU-made) against the measured peak for GPT-2, BERT, Llama and a Mixtral in
-   fp32, bf16, pure bf16 and fp16 (5%), with reserved peak and CUDA context beside; and the CUDA allocations of
-   100 MB or more in one tracked step (the 1B Llama's ``ckpt bf16``).
-5. ``levers``: each lever alone on Llama-3.2-1B's shape (2 x 1024): precisions, pure bf16 weights, 8-bit, paged
-   8-bit, Adafactor, fused (the default) and foreach AdamW, the chunked loss, the optimizer in backward, offload,
-   LoRA on every linear layer and on attention only: peak, breakdown, reserved, samples/s.
-6. ``inference``: a Llama-3.2-1B-shaped model in bf16, int8 and NF4 at prompts of 512 and 4096 tokens, generating
-   with the KV cache: the cache against ``kv_cache_bytes``, prefill and decode tokens/s; ``fit_inference``'s largest
-   batch re-checked in a fresh process.
-7. ``cumulative``: the levers one on top of the other on Llama-3.2-1B's shape at 2 x 2048.
-8. ``probe``: each plan's peak against a hand-made step's ``max_memory_allocated`` (within 2%); the params and
-   optimizer categories against independent byte counts (exact).
-9. ``hf_table``: the seeds' table at full size (bert-large, sequence 512, batch 4; fp16 rows in fp16), memlab and
-   ``transformers.Trainer`` side by side, with its Adafactor rows (memlab / Trainer >= 0.95 doing the same work).
-10. ``ties``: the same plan compared with itself 10 times (all ties), a plan 30% slower 10 times (all slower).
-11. ``reserve``: the cumulative section's checkpointed bf16 step with AdamW, with 8-bit AdamW and with LoRA, each
-    alone in a fresh process: reserved peak and the allocator's segments of 100 MB or more (the CPU replay of the
-    reserve is compared with a fresh process; the first run's 8-bit and LoRA rows were 10% and 14% above it).
-12. ``cap``: under a budget of 60% of the plain peak, plans that do not fit report "oom"; after 20 such trials
-    ``memory_allocated`` is where it started, to the byte.
-13. ``restore``: a CUDA model and the user's CUDA optimizer come back bit-exact after compare, fit and interrupted
-    trials.
-14. ``fit``: fit on a real budget; the chosen plan, re-measured in a fresh process, fits.
-
-A check passes (True), fails (False) or cannot be judged on this device (None: a CUDA figure on the CPU, or a
-library that is not installed, with the reason). The run starts no part when its deadline (``--deadline``, default
-560 s) would cut it (less than 60% of its limit left); parts not run say so.
+While the GPU runs the first parts, side processes that see no GPU (``CUDA_VISIBLE_DEVICES=""``, niced) make the
+estimates the estimated parts compare (CPU-made, as CI makes them), one process for each (on a GPU machine only: on
+the CPU each part makes its own). A check passes (True), fails (False) or cannot be judged on this device (None: a
+CUDA figure on the CPU, or a library that is not installed, with the reason).
 
 Run from the repository root::
 
-    python -m benchmarks.gpu_acceptance                 # everything, --full sizes, on a CUDA machine
-    python -m benchmarks.gpu_acceptance --sections levers,inference
-    python -m benchmarks.gpu_acceptance --smoke --device cpu   # every part at tiny sizes, on the CPU: the code only
+    python -m benchmarks.gpu_acceptance                  # everything, --full sizes, on a CUDA machine
+    python -m benchmarks.gpu_acceptance --sections encdec,vlm --keep FILE
+    python -m benchmarks.gpu_acceptance --smoke --device cpu   # the same command at tiny sizes on the CPU: the
+                                                               # parts in order until its 60 s deadline (the suite)
 """
 
 from __future__ import annotations
@@ -140,46 +96,55 @@ from benchmarks.gpu_sections import ROOT, SECTIONS
 from benchmarks.gpu_sections_estimate import estimates_variable, gpu_kind_name, start_side_estimates
 
 NAME = "gpu_acceptance"
-ORDER = ("pytest", "loads", "trainer", "heldout", "estimate", "levers", "inference", "cumulative", "probe",
-         "hf_table", "ties", "reserve", "cap", "restore", "fit", "timeline", "fill")
-"""The parts, most important first: issue 40's (the user's loads, the trainers, the held-out families), then the
-rest in the order of the calls (:data:`CALLS`)."""
-LIMITS = {"pytest": 80, "loads": 150, "trainer": 130, "heldout": 200,
-          "estimate": 130, "levers": 120, "inference": 100, "cumulative": 140, "probe": 60,
-          "hf_table": 130, "ties": 100, "reserve": 100, "cap": 70, "restore": 70, "fit": 90,
-          "timeline": 240, "fill": 300}
-"""Seconds each part may take at most on an H100 (the first run's figures and a margin of at least a third, or for
-the parts it did not have, a guess from their sizes; its deadline may cut a part shorter). A part is not started with
-less than :data:`START_SHARE` of its limit left. The limits of each of :data:`CALLS` add up to the deadline at most,
-so that every part of a call starts even where the parts before it take their whole limits."""
-CALLS = (("pytest", "loads", "trainer", "heldout"),
-         ("estimate", "levers", "inference", "cumulative", "probe"),
-         ("hf_table", "ties", "reserve", "cap", "restore", "fit"),
-         ("timeline", "fill"))
-"""The back-to-back calls of a lent GPU that run every part (``--sections``, joined with ``--keep``); the fourth is
-issue 45's timeline against CUDA's own history (benchmarks/gpu_sections_timeline.py) and issue 46's levers and
-limits (benchmarks/gpu_sections_fill.py)."""
-ESTIMATED = ("loads", "heldout", "estimate")
+ORDER = ("sft_peft", "peft_model", "encdec", "vlm", "heldout_off", "timeline", "fill", "trainer",
+         "loads", "estimate", "probe", "heldout",
+         "pytest", "cumulative", "levers", "inference", "reserve", "restore", "cap", "fit", "ties", "hf_table")
+"""The parts, least verified first: issue 57's path that broke the CUDA context (fit on an SFTTrainer with peft, on
+a live peft model), the families and rows the H200 found off or never ran (encoder-decoders, a VLM, the pure-bf16
+reserve), the timeline's gap and the limits' boundary, the plain Trainer; then what the H200 verified, then what the
+H100 verified."""
+LIMITS = {"sft_peft": 120, "peft_model": 90, "encdec": 120, "vlm": 90, "heldout_off": 60, "timeline": 60,
+          "fill": 150, "trainer": 100,
+          "loads": 120, "estimate": 90, "probe": 60, "heldout": 170,
+          "pytest": 80, "cumulative": 90, "levers": 80, "inference": 100, "reserve": 100, "restore": 70, "cap": 60,
+          "fit": 90, "ties": 100, "hf_table": 130}
+"""Seconds each part may take at most on an H100 or H200: what the H200 (2026-11-26) and H100 runs took, and a
+third more (timeline 33 s, fill 114, trainer 41 with its SFT half moved out, loads 89, estimate 66, probe 37,
+heldout 129; pytest 44, cumulative 63, levers 53, restore 51, cap 43, fit 64, hf_table 96); for the new parts a guess
+from their sizes against those (sft_peft the trainer section's SFT half with a train() and an estimate more, about
+80 s; peft_model about 50; encdec 12 rows of the held-out kind, each with a hand-made step, about 70; vlm three plans
+of a 1.4B model, about 40; heldout_off 4 held-out rows, about 25)."""
+ESTIMATED = ("encdec", "vlm", "heldout_off", "loads", "estimate", "heldout")
 """The parts whose CPU-made estimates a side process that sees no GPU makes while the GPU runs the parts before."""
-START_SHARE = 0.6
+START_SHARE = 0.75
+"""A part starts only with this share of its limit left before the deadline: a part cut short keeps only the checks
+it printed, so one that would not finish is better left for a later call."""
 DEFAULT_LIMIT = 120
-DEADLINE = 560.0
-"""Seconds of the whole run at the full size: the device's ten minutes less the start and the transfers."""
+DEADLINE = 490.0
+"""Seconds of the whole run at the full size, from its start: with the wheels' install (about 15 s) and the
+imports, the command ends within 9 minutes, inside the device's 10 minutes a command."""
+SMOKE = {"deadline": 60.0, "limit": 60.0, "least": 25.0}
+"""The smoke size (the suite's run of this very command on the CPU): the run's deadline, a part's limit, and the
+least time left in which a part still starts. The parts after the deadline are named as not started."""
 CPU_SLACK = 5
-"""The smoke and small sizes run on CPUs, often shared: their limits and deadline are this many times longer."""
+"""The small size runs on CPUs, often shared: its limits and deadline are this many times longer."""
 HF_TABLE_REPEATS = 1
 
 
 def run_section_here(name: str, size: str, device: torch.device) -> dict[str, Any]:
-    """One section in this process; an exception becomes a failed check with its traceback."""
+    """One section in this process; an exception becomes a failed check with its traceback, after the checks the
+    section made before it raised."""
+    from benchmarks.gpu_common import Checks
+
     common.quiet()
     started = time.perf_counter()
+    made = len(Checks.made)
     try:
         result = SECTIONS[name](size, device)
     except Exception as error:  # noqa: BLE001 - reported as a failed section, with the traceback
         failed = {"check": f"{name} ran to the end", "passed": False, "error": f"{type(error).__name__}: {error}"}
         result = {
-            "checks": [failed],
+            "checks": [*Checks.made[made:], failed],  # what it checked before it raised, then why it stopped
             "traceback": traceback.format_exc()[-4000:],
         }
     result["seconds"] = round(time.perf_counter() - started, 1)
@@ -238,11 +203,31 @@ def run_section_process(name: str, size: str, device: torch.device, limit: float
         if part.exists():
             result: dict[str, Any] = json.loads(part.read_text())
         else:
-            why = "timed out" if code is None else f"exited with {code}"
-            result = {"checks": [{"check": f"{name} ran to the end", "passed": False, "error": why}],
-                      "output_tail": output[-4000:]}
+            why = f"stopped at its limit of {limit:.0f} s" if code is None else f"exited with {code}"
+            # What it checked before it stopped (each check prints a line): kept, with the failure that it stopped.
+            result = {"checks": [*printed_checks(output),
+                                 {"check": f"{name} ran to the end", "passed": False, "error": why}],
+                      "output_tail": output[-4000:], "cut": why}
     result["process_seconds"] = round(seconds, 1)
     return result
+
+
+def printed_checks(output: str) -> list[dict[str, Any]]:
+    """The checks a section printed (:class:`benchmarks.gpu_common.Checks`), read back from its output: what a part
+    cut at its limit, or killed by a broken CUDA context, had judged.
+
+    Example:
+        >>> printed_checks('    [PASS] a: ran {"error": null}\\n    [FAIL] b: fits {"peak": 3}\\n    [n/a ] c {}')
+        [{'check': 'a: ran', 'passed': True, 'printed': '{"error": null}'}, \
+{'check': 'b: fits', 'passed': False, 'printed': '{"peak": 3}'}, {'check': 'c', 'passed': None, 'printed': '{}'}]
+    """
+    marks = {"PASS": True, "FAIL": False, "n/a ": None}
+    found = []
+    for line in output.splitlines():
+        matched = re.match(r"\s*\[(PASS|FAIL|n/a )\] (.*?) (\{.*)$", line)
+        if matched:
+            found.append({"check": matched[2], "passed": marks[matched[1]], "printed": matched[3]})
+    return found
 
 
 def run_hf_table(size: str, device: torch.device, out: Path, limit: float) -> dict[str, Any]:
@@ -348,7 +333,17 @@ def extra_versions() -> dict[str, str | None]:
 
 
 def not_started(name: str, why: str) -> dict[str, Any]:
-    return {"not_started": True, "checks": [{"check": f"{name} ran", "passed": False, "error": f"not started: {why}"}]}
+    """A part the run did not reach: not judged (None), with why; the summary names it."""
+    return {"not_started": True, "checks": [{"check": f"{name} ran", "passed": None, "why": f"not started: {why}"}]}
+
+
+def part_limits(name: str, size: str, slack: float) -> tuple[float, float]:
+    """A part's limit in seconds, and the least time left in which it still starts (:data:`START_SHARE` of its
+    limit; at the smoke size :data:`SMOKE`'s)."""
+    if size == "smoke":
+        return SMOKE["limit"], SMOKE["least"]
+    limit = LIMITS.get(name, DEFAULT_LIMIT) * slack
+    return limit, START_SHARE * limit
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -357,8 +352,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.set_defaults(size=None)
     parser.add_argument("--sections", help=f"comma-separated parts to run, from: {', '.join(ORDER)} (default: all)")
     parser.add_argument("--deadline", type=float,
-                        help=f"seconds after which no further part starts (default {DEADLINE:.0f} at the full size; "
-                             f"{CPU_SLACK} times that and the parts' limits at the others, for slow shared CPUs)")
+                        help=f"seconds after which no further part starts (default {DEADLINE:.0f} at the full size, "
+                             f"{SMOKE['deadline']:.0f} at the smoke size; at the small size {CPU_SLACK} times the "
+                             "full size's, and the parts' limits too, for slow shared CPUs)")
     parser.add_argument("--keep", type=Path, metavar="FILE",
                         help="a result of an earlier run: its parts are kept, those run now replace theirs")
     parser.add_argument("--markdown", type=Path, metavar="FILE",
@@ -393,15 +389,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                "parts": list(parts)}
     path = args.out / f"{common.result_stem(NAME, device, args.size)}.json"
     slack = 1 if args.size == "full" else CPU_SLACK
-    deadline = args.deadline if args.deadline is not None else DEADLINE * slack
+    default = SMOKE["deadline"] if args.size == "smoke" else DEADLINE * slack
+    deadline = args.deadline if args.deadline is not None else default
+    result["deadline_s"] = deadline
     with tempfile.TemporaryDirectory(prefix="memlab-estimates-") as folder:
-        sides = {name: start_estimates(args.size, device, Path(folder), name) for name in chosen if name in ESTIMATED}
+        # Side processes only beside a GPU: on the CPU they would take the cores the parts themselves need.
+        sides = {name: start_estimates(args.size, device, Path(folder), name) for name in chosen
+                 if name in ESTIMATED and device.type == "cuda"}
         try:
             for name in chosen:
                 left = deadline - (time.perf_counter() - started)
-                limit = min(LIMITS.get(name, DEFAULT_LIMIT) * slack, left)
-                if left < START_SHARE * LIMITS.get(name, DEFAULT_LIMIT) * slack:
-                    parts[name] = not_started(name, f"{left:.0f} s of the run's {deadline:.0f} s were left")
+                most, least = part_limits(name, args.size, slack)
+                limit = min(most, left)
+                if left < least:
+                    parts[name] = not_started(name, f"{left:.0f} s of the run's {deadline:.0f} s were left, "
+                                                    f"{least:.0f} s needed")
                     continue
                 print(f"== {name} (at most {limit:.0f} s)", flush=True)
                 if name == "pytest":

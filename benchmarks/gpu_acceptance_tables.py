@@ -3,6 +3,7 @@ apart from the run itself in benchmarks/gpu_acceptance.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks import common
@@ -13,64 +14,137 @@ def _gib(num_bytes: float | None) -> float | None:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The README's GPU tables, made from a result of this run (``--markdown FILE`` prints them)."""
+    """The docs' GPU tables, made from a result of this run (``--markdown FILE`` prints them): a line on the device
+    and the counts, then each part in the run's order, its table or sentence, and under it the checks that failed.
+
+    Example:
+        >>> part = {"checks": [{"check": "a fits", "passed": False, "ratio": 1.2}, {"check": "b", "passed": True}]}
+        >>> print(markdown({"parts": {"cap": part}, "device": {"cpu": "x"}, "versions": {"torch": "2", "transformers":
+        ...     "5", "bitsandbytes": None}, "summary": {"passed": 1, "failed": 1}, "seconds": 3, "date": "d"})[60:])
+        bitsandbytes None. 1 checks passed, 1 failed, in 3 s (d).
+        <BLANKLINE>
+        **cap**: 1 of 2 checks passed.
+        <BLANKLINE>
+        Failed: `a fits` (ratio 1.2).
+        <BLANKLINE>
+    """
     parts = result["parts"]
     device = result["device"]
     versions = result["versions"]
+    summary = result["summary"]
     lines = [
         f"Device: {device.get('gpu', device['cpu'])}, driver {device.get('driver')}, CUDA {device.get('cuda')}; "
         f"torch {versions['torch']}, transformers {versions['transformers']}, bitsandbytes {versions['bitsandbytes']}"
-        f". {result['summary']['passed']} checks passed, {result['summary']['failed']} failed, in "
-        f"{result['seconds']:.0f} s ({result['date']}).",
+        f". {summary['passed']} checks passed, {summary['failed']} failed, in {result['seconds']:.0f} s "
+        f"({result['date']}).",
         "",
     ]
-    if "probe" in parts:
-        lines += ["**Probe against a hand-made step** (Llama, " + _shape(parts["probe"]["model"]) + "):", ""]
-        lines.append(common.markdown_table(
-            ["plan", "memlab peak GiB", "hand-made GiB", "ratio", "optimizer state: memlab = counted"],
-            [[r["plan"], _gib(r["peak_bytes"]), _gib(r["reference_peak_bytes"]), r["peak_over_reference"],
-              "yes" if r["breakdown"].get("optimizer") == r["reference_optimizer_bytes"] else "no"]
-             for r in parts["probe"]["rows"]],
-        ))
-        lines.append("")
-    if "estimate" in parts:
-        lines += ["**Dry-run estimate (fake tensors, from the config) against the measured peak:**", ""]
-        lines.append(_estimate_table(parts["estimate"]))
-        lines.append("")
-    for name, title in (("levers", "Each lever alone"), ("cumulative", "Levers added one by one")):
-        if name not in parts:
+    if summary.get("not_started"):
+        lines += [f"Not started (the run's deadline): {', '.join(summary['not_started'])}.", ""]
+    for name, part in parts.items():
+        if part.get("not_started"):
             continue
-        part = parts[name]
-        lines += [f"**{title}** (Llama, {_shape(part['model'])}):", ""]
+        drawn = draw_part(name, part)
+        lines += drawn or [_counts(name, part), ""]
+        lines += _failed(part)
+    return "\n".join(lines)
+
+
+def draw_part(name: str, part: dict[str, Any]) -> list[str]:
+    """A part's table or sentence, where its figures are there; for a part that raised or was cut (its checks only),
+    what stopped it; else nothing.
+
+    Example:
+        >>> draw_part("cap", {"checks": [{"check": "cap ran to the end", "passed": False, "error": "OOM"}]})
+        ['**cap**: did not run to the end (OOM).', '']
+    """
+    try:
+        drawn = RENDERERS[name](part) if name in RENDERERS else []
+    except (KeyError, TypeError, IndexError, StopIteration):
+        drawn = []
+    checks = part.get("checks") or [{}]
+    if not drawn and checks[-1].get("passed") is False and checks[-1].get("check", "").endswith("ran to the end"):
+        return [_stopped(name, part), ""]
+    return drawn
+
+
+def _counts(name: str, part: dict[str, Any]) -> str:
+    checks = part.get("checks", [])
+    passed = sum(1 for c in checks if c["passed"] is True)
+    return f"**{name}**: {passed} of {len(checks)} checks passed."
+
+
+FIGURES = ("ratio", "error", "why", "memlab", "reference", "hand_made", "estimate", "measured", "budget", "peak")
+"""The figures of a failed check shown beside its name, in this order, where it has them."""
+
+
+def _failed(part: dict[str, Any]) -> list[str]:
+    """The part's failed checks, each with its telling figures (bytes as GiB), as one paragraph."""
+    failed = [check for check in part.get("checks", []) if check["passed"] is False]
+    if not failed:
+        return []
+    shown = []
+    for check in failed:
+        figures = []
+        for key in FIGURES:
+            value = check.get(key)
+            if value is None:
+                continue
+            if isinstance(value, int) and not isinstance(value, bool) and value > 2**20:
+                value = f"{value / 2**30:.2f} GiB"
+            elif isinstance(value, str):
+                value = value.strip().splitlines()[0][:160]
+            figures.append(f"{key} {value}")
+        shown.append(f"`{check['check']}`" + (f" ({', '.join(figures)})" if figures else ""))
+    return [f"Failed: {'; '.join(shown)}.", ""]
+
+
+def _probe(part: dict[str, Any]) -> list[str]:
+    return ["**Probe against a hand-made step** (Llama, " + _shape(part["model"]) + "):", "",
+            common.markdown_table(
+                ["plan", "memlab peak GiB", "hand-made GiB", "ratio", "optimizer state: memlab = counted"],
+                [[r["plan"], _gib(r["peak_bytes"]), _gib(r["reference_peak_bytes"]), r["peak_over_reference"],
+                  "yes" if r["breakdown"].get("optimizer") == r["reference_optimizer_bytes"] else "no"]
+                 for r in part["rows"]]), ""]
+
+
+def _estimate(part: dict[str, Any]) -> list[str]:
+    lines = ["**Dry-run estimate (fake tensors, from the config) against the measured peak:**", "",
+             _estimate_table(part), ""]
+    diagnostic = part.get("diagnostic")
+    if diagnostic:
+        lines += [f"**Allocations of 100 MB or more in one tracked step** ({diagnostic['row']}, Llama-1B, 2 x 1024): "
+                  f"{len(diagnostic['allocations'])}, {_gib(diagnostic['in_optimizer_bytes'])} GiB under an optimizer "
+                  "frame.", ""]
+    return lines
+
+
+def _plans(title: str) -> Any:
+    def render(part: dict[str, Any]) -> list[str]:
         reserved = any("plan_fields" in r for r in part["rows"])  # rows of runs after the first say more
-        lines.append(common.markdown_table(
+        return [f"**{title}** (Llama, {_shape(part['model'])}):", "", common.markdown_table(
             ["plan", "peak GiB", *(["reserved GiB"] if reserved else []), "saving", "optimizer GiB",
              "activations GiB", "samples/s", "speed-up"],
             [[r.get("step", r["plan"]), _gib(r["peak_bytes"]), *([_gib(r.get("reserved_bytes"))] if reserved else []),
               _percent(r.get("memory_saving")), _gib(r["breakdown"].get("optimizer")),
               _gib(r["breakdown"].get("activations")), r["samples_per_s"], r.get("speedup")] for r in part["rows"]],
-        ))
-        lines.append("")
-    if "fit" in parts:
-        fit = parts["fit"]
-        fresh = fit["fresh_process"]
-        lines.append(
-            f"**fit** on a budget of {_gib(fit['budget_bytes'])} GiB (45% of the plain peak, Llama "
+        ), ""]
+
+    return render
+
+
+def _fit(fit: dict[str, Any]) -> list[str]:
+    fresh = fit["fresh_process"]
+    return [f"**fit** on a budget of {_gib(fit['budget_bytes'])} GiB (45% of the plain peak, Llama "
             f"{_shape(fit['model'])}): chose `{fit['best']['plan']}` ({_gib(fit['best']['peak_bytes'])} GiB) after "
             f"{len(fit['trials'])} trials in {fit['fit_seconds']} s, {len(fit['skipped'])} plans skipped; re-measured "
-            f"in a fresh process: {_gib(fresh.get('peak_bytes'))} GiB."
-        )
-        lines.append("")
-    if "cap" in parts:
-        cap = parts["cap"]
-        drift = next(c for c in cap["checks"] if "to the byte" in c["check"])
-        lines.append(
-            f"**Budget cap**: {len(cap['capped'])} trials of plans over a budget of {_gib(cap['budget_bytes'])} GiB "
-            f"(60% of the plain peak) all reported oom; memory_allocated moved by {drift.get('drift')} bytes."
-        )
-        lines.append("")
-    lines += _newer_parts(parts)
-    return "\n".join(lines)
+            f"in a fresh process: {_gib(fresh.get('peak_bytes'))} GiB.", ""]
+
+
+def _cap(cap: dict[str, Any]) -> list[str]:
+    drift = next(c for c in cap["checks"] if "to the byte" in c["check"])
+    return [f"**Budget cap**: {len(cap['capped'])} trials of plans over a budget of {_gib(cap['budget_bytes'])} GiB "
+            f"(60% of the plain peak) all reported oom; memory_allocated moved by {drift.get('drift')} bytes.", ""]
 
 
 def _estimate_table(part: dict[str, Any]) -> str:
@@ -90,56 +164,151 @@ def _estimate_table(part: dict[str, Any]) -> str:
     )
 
 
-def _newer_parts(parts: dict[str, Any]) -> list[str]:
-    """The tables of the parts added after the first GPU run (inference, ties, the trainers, the diagnostic, the
-    loads and the held-out families)."""
-    lines: list[str] = []
-    if "inference" in parts and "rows" in parts["inference"]:
-        part = parts["inference"]
-        lines += [f"**Inference** (Llama, {_shape(part['model'])}, {part['new_tokens']} new tokens):", ""]
-        lines.append(common.markdown_table(
-            ["weights", "prompt", "peak GiB", "params GiB", "KV cache MiB (= kv_cache_bytes)", "prefill tokens/s",
-             "decode tokens/s"],
-            [[r["weights"], r["prompt_tokens"], _gib(r["peak_bytes"]), _gib(r["breakdown"].get("params")),
-              f"{common.mib(r['kv_cache_end_bytes'])} ({_yes(r['kv_cache_end_bytes'] == r['kv_cache_bytes_formula'])})",
-              r["prefill_tokens_per_s"], r["decode_tokens_per_s"]] for r in part["rows"]],
-        ))
-        fitted = part["fit_inference"]
-        fresh = fitted["fresh_process"]
-        lines += ["", f"fit_inference on {_gib(fitted['budget_bytes'])} GiB: largest batch {fitted['largest_batch']}"
-                      f" ({len(fitted['trials'])} sizes measured); in a fresh process: "
-                      f"{_gib(fresh.get('peak_bytes'))} GiB, fits: {fresh.get('fits')}.", ""]
-    if "ties" in parts and "same_plan_twice" in parts["ties"]:
-        ties = parts["ties"]
-        lines += [f"**Ties**: the same plan twice was a tie in {ties['same_plan_twice']['ties']} of "
-                  f"{ties['same_plan_twice']['of']} runs; a plan {ties['slowdown_calibrated']:.0%} slower was ranked "
-                  f"slower in {ties['truly_slower']['ranked_slower']} of {ties['truly_slower']['of']}.", ""]
-    if "trainer" in parts and "budget_bytes" in parts["trainer"]:
-        trainer = parts["trainer"]
-        best = trainer["fit"]["best"]
-        lines += [f"**Trainer**: fit(trainer) on {_gib(trainer['budget_bytes'])} GiB chose "
-                  f"`{best['plan'] if best else None}`; trainer.train() under watch peaked at "
-                  f"{_gib(trainer['watched_peak_bytes'])} GiB{_overhead(trainer.get('overhead'))}.", ""]
-        sft = trainer.get("sft") or {}
-        if "budget_bytes" in sft:
-            best = sft["fit"]["best"]
-            lines += [f"**SFTTrainer** (TRL, packing, LoRA with dropout 0.05): fit(trainer) on "
-                      f"{_gib(sft['budget_bytes'])} GiB chose `{best['plan'] if best else None}`; trainer.train() "
-                      f"under watch peaked at {_gib(sft['watched_peak_bytes'])} GiB{_overhead(sft.get('overhead'))}.",
-                      ""]
-        elif sft.get("missing"):
-            lines += [f"**SFTTrainer**: not run ({sft['missing']}).", ""]
-    if "loads" in parts and "rows" in parts["loads"]:
-        lines += _loads_table(parts["loads"])
-    if "heldout" in parts and "rows" in parts["heldout"]:
-        lines += ["**Held-out families: the CPU-made estimate against the measured peaks:**", "",
-                  _heldout_table(parts["heldout"]), ""]
-    diagnostic = (parts.get("estimate") or {}).get("diagnostic")
-    if diagnostic:
-        lines += [f"**Allocations of 100 MB or more in one tracked step** ({diagnostic['row']}, Llama-1B, 2 x 1024): "
-                  f"{len(diagnostic['allocations'])}, {_gib(diagnostic['in_optimizer_bytes'])} GiB under an optimizer "
-                  "frame.", ""]
+def _inference(part: dict[str, Any]) -> list[str]:
+    lines = [f"**Inference** (Llama, {_shape(part['model'])}, {part['new_tokens']} new tokens):", ""]
+    lines.append(common.markdown_table(
+        ["weights", "prompt", "peak GiB", "params GiB", "KV cache MiB (= kv_cache_bytes)", "prefill tokens/s",
+         "decode tokens/s"],
+        [[r["weights"], r["prompt_tokens"], _gib(r["peak_bytes"]), _gib(r["breakdown"].get("params")),
+          f"{common.mib(r['kv_cache_end_bytes'])} ({_yes(r['kv_cache_end_bytes'] == r['kv_cache_bytes_formula'])})",
+          r["prefill_tokens_per_s"], r["decode_tokens_per_s"]] for r in part["rows"]],
+    ))
+    fitted = part["fit_inference"]
+    fresh = fitted["fresh_process"]
+    return lines + ["", f"fit_inference on {_gib(fitted['budget_bytes'])} GiB: largest batch {fitted['largest_batch']}"
+                        f" ({len(fitted['trials'])} sizes measured); in a fresh process: "
+                        f"{_gib(fresh.get('peak_bytes'))} GiB, fits: {fresh.get('fits')}.", ""]
+
+
+def _ties(ties: dict[str, Any]) -> list[str]:
+    return [f"**Ties**: the same plan twice was a tie in {ties['same_plan_twice']['ties']} of "
+            f"{ties['same_plan_twice']['of']} runs; a plan {ties['slowdown_calibrated']:.0%} slower was ranked "
+            f"slower in {ties['truly_slower']['ranked_slower']} of {ties['truly_slower']['of']}.", ""]
+
+
+def _trainer_line(title: str, part: dict[str, Any]) -> str:
+    best = part["fit"]["best"]
+    return (f"**{title}**: fit(trainer) on {_gib(part['budget_bytes'])} GiB chose `{best['plan'] if best else None}`; "
+            f"trainer.train() under watch peaked at {_gib(part['watched_peak_bytes'])} GiB"
+            f"{_overhead(part.get('overhead'))}.")
+
+
+def _trainer(trainer: dict[str, Any]) -> list[str]:
+    if "budget_bytes" not in trainer:
+        return [_stopped("Trainer", trainer), ""]
+    lines = [_trainer_line("Trainer", trainer), ""]
+    sft = trainer.get("sft") or {}  # the runs before issue 57 ran the SFTTrainer in this part
+    if "budget_bytes" in sft:
+        lines += [_trainer_line("SFTTrainer (TRL, packing, LoRA with dropout 0.05)", sft), ""]
+    elif sft.get("missing"):
+        lines += [f"**SFTTrainer**: not run ({sft['missing']}).", ""]
     return lines
+
+
+def _stopped(title: str, part: dict[str, Any]) -> str:
+    """A part that raised or was cut: what stopped it, and the checks it made before."""
+    last = part["checks"][-1]
+    before = [c for c in part["checks"][:-1] if c["passed"] is not None]
+    error = (last.get("error") or "").strip().splitlines()[0][:200] if last["passed"] is False else "?"
+    made = f"; {sum(1 for c in before if c['passed'])} of {len(before)} checks before it passed" if before else ""
+    return f"**{title}**: did not run to the end ({error}){made}."
+
+
+def _sft_peft(part: dict[str, Any]) -> list[str]:
+    if part.get("missing"):
+        return [f"**SFTTrainer with a peft config**: not run ({part['missing']}).", ""]
+    head = (f"**SFTTrainer with a LoRA peft_config** (TRL, packing to {part['settings']['max_length']} tokens, the "
+            f"trainer's plan `{part.get('own_plan')}`, Llama {_shape(part['model'])}):")
+    reference = part.get("train_peak_bytes")
+    rows = [["the trainer's own train() (no memlab)", _gib(reference), None],
+            *[[what, _gib((part.get(key) or {}).get("peak_bytes")),
+               _ratio((part.get(key) or {}).get("peak_bytes"), reference)]
+              for what, key in (("memlab.measure(trainer)", "measured"), ("memlab.estimate(trainer)", "estimated"))]]
+    lines = [head, "", common.markdown_table(["what", "peak GiB", "/ train()"], rows), ""]
+    if "budget_bytes" in part:
+        lines += [_trainer_line("fit(trainer)", part), ""]
+    if part.get("broken_at"):
+        lines += [f"The CUDA context broke at: {part['broken_at']}.", ""]
+    return lines
+
+
+def _peft_model(part: dict[str, Any]) -> list[str]:
+    lines = [f"**The user's own get_peft_model model** (LoRA r{part['lora']['r']} on every linear layer, Llama "
+             f"{_shape(part['model'])}):", "", common.markdown_table(
+                 ["plan", "hand-made GiB", "memlab measured GiB", "measured / hand-made", "estimate GiB",
+                  "estimate / hand-made"],
+                 [[r["plan"], _gib(r["hand_made_bytes"]), _gib((r["measured"] or {}).get("peak_bytes")),
+                   r["measured_over_hand_made"], _gib((r["estimated"] or {}).get("peak_bytes")),
+                   r["estimate_over_hand_made"]] for r in part["rows"]]), ""]
+    fit = part.get("fit") or {}
+    if fit:
+        best = fit.get("best") or {}
+        lines += [f"fit on {_gib(fit['budget_bytes'])} GiB chose `{best.get('plan')}`; re-run by hand: "
+                  f"{_gib(fit.get('hand_made_bytes'))} GiB.", ""]
+    if part.get("broken_at"):
+        lines += [f"The CUDA context broke at: {part['broken_at']}.", ""]
+    return lines
+
+
+def _timeline(part: dict[str, Any]) -> list[str]:
+    return [f"**A step's timeline against the allocator** (Llama, {_shape(part['model'])}):", "",
+            common.markdown_table(
+                ["plan", "timeline peak GiB", "max_memory_allocated (hand-made step) GiB", "timeline / hand-made",
+                 "snapshot peak GiB", "timeline / snapshot", "the peak"],
+                [[r["plan"], _gib(r["timeline_peak_bytes"]), _gib(r["max_memory_allocated"]),
+                  r["timeline_over_allocated"], _gib(r["snapshot_peak_bytes"]), r["timeline_over_snapshot"],
+                  r.get("peak")] for r in part["rows"]]), ""]
+
+
+def _fill(part: dict[str, Any]) -> list[str]:
+    limits = part["limits"]
+    return [f"**Levers that fill the budget** (Llama, {_shape(part['model'])}): the estimate against the measured "
+            "peak:", "", common.markdown_table(
+                ["lever", "plan", "tokens", "measured GiB", "estimate GiB", "estimate / measured", "status"],
+                [[r["kind"], r["plan"], r["tokens"], _gib(r["measured_bytes"]), _gib(r["estimated_bytes"]),
+                  r["estimate_over_measured"], r["status"]] for r in part["rows"]]), "",
+            f"limits on {_gib(limits['budget_bytes'])} GiB: measured {limits['measured_value']} tokens "
+            f"({limits['measured_tries']} tries), estimated {limits['estimated_value']} "
+            f"({limits['estimated_tries']} tries); the next size {limits['measured_next']} (None: the model's "
+            "longest).", ""]
+
+
+def _compared(title: str) -> Any:
+    """The estimate-against-measured families (heldout, heldout_off, encdec): with a hand-made step where run."""
+
+    def render(part: dict[str, Any]) -> list[str]:
+        hand = any("hand_made_bytes" in r for r in part["rows"])
+        return [f"**{title}: the CPU-made estimate against the measured peaks:**", "", common.markdown_table(
+            ["model", "plan", "batch", *(["hand-made GiB", "measured / hand-made"] if hand else []), "estimate GiB",
+             "measured GiB", "estimate / measured", "reserved GiB", "reserved estimate / measured"],
+            [[r["model"], r["plan"], f"{r['rows']} x {r['length']}",
+              *([_gib(r.get("hand_made_bytes")), r.get("measured_over_hand_made")] if hand else []),
+              _gib(r["estimate_bytes"]), _gib(r["measured_bytes"]), r["estimate_over_measured"],
+              _gib(r.get("reserved_peak_bytes")), r.get("reserved_estimate_over_measured")] for r in part["rows"]]),
+            ""]
+
+    return render
+
+
+def _vlm(part: dict[str, Any]) -> list[str]:
+    model = part["model"]
+    return [f"**A VLM** ({model['name']}, {part['rows'][0]['rows']} x {part['rows'][0]['length']} tokens, "
+            f"{part['rows'][0]['image_tokens']} of them the image's):", "", common.markdown_table(
+                ["plan", "hand-made GiB", "measured GiB", "measured / hand-made", "estimate GiB",
+                 "estimate / measured", "reserved estimate / measured"],
+                [[r["plan"], _gib(r["hand_made_bytes"]), _gib(r["measured_bytes"]), r["measured_over_hand_made"],
+                  _gib(r["estimate_bytes"]), r["estimate_over_measured"], r["reserved_estimate_over_measured"]]
+                 for r in part["rows"]]), ""]
+
+
+def _pytest(part: dict[str, Any]) -> list[str]:
+    return [f"**tests/gpu**: {part.get('summary')}.", ""]
+
+
+def _hf_table(part: dict[str, Any]) -> list[str]:
+    return [f"**The seeds' table** (`{part['file']}`): memlab / Trainer throughput, median "
+            f"{part['throughput_ratio_median']}, lowest doing the same work {part['throughput_ratio_min_same_work']}.",
+            ""]
 
 
 def _overhead(overhead: dict[str, Any] | None) -> str:
@@ -165,16 +334,6 @@ def _loads_table(part: dict[str, Any]) -> list[str]:
     return [title, "", table, ""]
 
 
-def _heldout_table(part: dict[str, Any]) -> str:
-    return common.markdown_table(
-        ["model", "plan", "batch", "estimate GiB", "measured GiB", "estimate / measured", "reserved GiB",
-         "reserved estimate / measured", "card estimate / measured"],
-        [[r["model"], r["plan"], f"{r['rows']} x {r['length']}", _gib(r["estimate_bytes"]), _gib(r["measured_bytes"]),
-          r["estimate_over_measured"], _gib(r.get("reserved_peak_bytes")), r.get("reserved_estimate_over_measured"),
-          r.get("card_estimate_over_measured")] for r in part["rows"]],
-    )
-
-
 def _shape(model: dict[str, Any]) -> str:
     size = f"{model['parameters'] / 1e9:.2f}B parameters, " if "parameters" in model else ""
     return f"{size}hidden {model['hidden']} x {model['layers']} layers, batch {model['rows']} x {model['length']}"
@@ -186,3 +345,18 @@ def _yes(value: bool) -> str:
 
 def _percent(value: float | None) -> str | None:
     return None if value is None else f"{100 * value:.0f}%"
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    return None if value is None or not reference else round(value / reference, 4)
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "sft_peft": _sft_peft, "peft_model": _peft_model, "encdec": _compared("Encoder-decoders"), "vlm": _vlm,
+    "heldout_off": _compared("The held-out rows that were off"), "timeline": _timeline, "fill": _fill,
+    "trainer": _trainer, "loads": _loads_table, "estimate": _estimate, "probe": _probe,
+    "heldout": _compared("Held-out families"), "pytest": _pytest, "cumulative": _plans("Levers added one by one"),
+    "levers": _plans("Each lever alone"), "inference": _inference, "cap": _cap, "fit": _fit, "ties": _ties,
+    "hf_table": _hf_table,
+}
+"""Each part's table or sentence by name; a part without one (or whose figures are missing) gets its counts."""

@@ -66,7 +66,7 @@ _SMALL = Llama(hidden=512, layers=4, heads=8, kv_heads=8, intermediate=1408, voc
 SIZES: dict[str, dict[str, Any]] = {
     "smoke": {
         "probe": TINY, "cap": TINY, "restore": TINY, "levers": TINY, "fit": TINY, "cumulative": TINY,
-        "estimate_scale": "tiny", "steps": 1, "timed_steps": 1, "fit_budget_share": 0.8,
+        "peft_model": TINY, "estimate_scale": "tiny", "steps": 1, "timed_steps": 1, "fit_budget_share": 0.8,
         "inference": {"shape": TINY.replace(kv_heads=1, rows=2), "contexts": (16, 32), "new_tokens": 3},
         "ties": {"shape": TINY, "runs": (0, 0), "calibration_steps": 2},  # their runs: benchmarks.ties --smoke
         "trainer": {"shape": TINY, "examples": 12, "longest": 48, "steps": 2,
@@ -78,7 +78,7 @@ SIZES: dict[str, dict[str, Any]] = {
     },
     "small": {
         "probe": TINY, "cap": TINY, "restore": TINY, "levers": TINY, "fit": TINY, "cumulative": TINY,
-        "estimate_scale": "tiny", "steps": 1, "timed_steps": 3, "fit_budget_share": 0.8,
+        "peft_model": TINY, "estimate_scale": "tiny", "steps": 1, "timed_steps": 3, "fit_budget_share": 0.8,
         "inference": {"shape": TINY.replace(kv_heads=1, rows=2), "contexts": (32, 64), "new_tokens": 4},
         "ties": {"shape": TINY, "runs": (3, 3), "calibration_steps": 3},
         "trainer": {"shape": TINY, "examples": 16, "longest": 64, "steps": 3,
@@ -96,6 +96,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "fit": Llama(hidden=768, layers=12, heads=12, kv_heads=12, intermediate=2048, vocab=32000, rows=16,
                      length=512),
         "cumulative": LLAMA_1B,
+        # The user's own get_peft_model model (issue 57): LoRA on every linear layer of the mid-sized Llama, 8 x 512.
+        "peft_model": _MID,
         "estimate_scale": "full", "steps": 2, "timed_steps": 3, "fit_budget_share": 0.45,
         # Llama-3.2-1B's shape in bf16, int8 and NF4: 4 rows at a short and a long prompt, 32 new tokens.
         "inference": {"shape": LLAMA_1B.replace(rows=4), "contexts": (512, 4096), "new_tokens": 32},
@@ -121,13 +123,17 @@ SIZES: dict[str, dict[str, Any]] = {
 
 
 class Checks:
-    """The pass/fail lines of one section."""
+    """The pass/fail lines of one section. Every check made in the process is also kept in :attr:`made`, so that a
+    section that raises still reports the checks it made before (``gpu_acceptance.run_section_here``)."""
+
+    made: list[dict[str, Any]] = []
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
 
     def add(self, check: str, passed: bool | None, **figures: Any) -> bool | None:
         self.items.append({"check": check, "passed": None if passed is None else bool(passed), **figures})
+        Checks.made.append(self.items[-1])
         mark = {True: "PASS", False: "FAIL", None: "n/a "}[None if passed is None else bool(passed)]
         print(f"    [{mark}] {check} {json.dumps(figures, default=str)[:300]}", flush=True)
         return passed

@@ -535,16 +535,23 @@ def remeasure(request: str) -> None:
 
 
 def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
-    from benchmarks.gpu_sections_estimate import section_estimate, section_heldout
+    from benchmarks.gpu_sections_estimate import section_encdec, section_estimate, section_heldout, section_heldout_off
     from benchmarks.gpu_sections_fill import section_fill
     from benchmarks.gpu_sections_inference import section_inference
     from benchmarks.gpu_sections_loads import section_loads
+    from benchmarks.gpu_sections_peft import section_peft_model, section_sft_peft
     from benchmarks.gpu_sections_restore import section_restore
     from benchmarks.gpu_sections_runs import section_reserve, section_ties
     from benchmarks.gpu_sections_timeline import section_timeline
     from benchmarks.gpu_sections_trainer import section_trainer
+    from benchmarks.gpu_sections_vlm import section_vlm
 
     return {
+        "sft_peft": section_sft_peft,
+        "peft_model": section_peft_model,
+        "encdec": section_encdec,
+        "vlm": section_vlm,
+        "heldout_off": section_heldout_off,
         "probe": section_probe,
         "cap": section_cap,
         "restore": section_restore,

@@ -197,8 +197,47 @@ def heldout_families(scale: str) -> list[dict[str, Any]]:
     return found
 
 
-FAMILIES = {"estimate": families, "heldout": heldout_families}
+def encdec_families(scale: str) -> list[dict[str, Any]]:
+    """The encoder-decoders (issue 57, item 2): T5-base (the held-out family that was off on the H200: its rows
+    at 2 x 512 and 2 x 1024) and BART-base (6 encoder and 6 decoder layers of 768, 12 heads, 3072 in the MLP,
+    50265 tokens, learned positions), each at two lengths in fp32, bf16 autocast and pure bf16 with ``--full``; at
+    the tiny size a plan or two each."""
+    t5 = next(config for name, _, config in _heldout_shapes(scale) if name == "t5")
+    if scale == "full":
+        bart = {"model_type": "bart", "d_model": 768, "encoder_layers": 6, "decoder_layers": 6,
+                "encoder_attention_heads": 12, "decoder_attention_heads": 12, "encoder_ffn_dim": 3072,
+                "decoder_ffn_dim": 3072, "vocab_size": 50265, "max_position_embeddings": 1024}
+        return [{"name": name, "config": config, "architecture": architecture, "batch": (2, length),
+                 "plans": [FP32, BF16, PURE_BF16]}
+                for name, architecture, config in (("t5", "T5ForConditionalGeneration", t5),
+                                                   ("bart", "BartForConditionalGeneration", bart))
+                for length in (512, 1024)]
+    bart = {"model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
+            "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+            "decoder_ffn_dim": 128, "vocab_size": 256, "max_position_embeddings": 128}
+    return [{"name": "t5", "config": t5, "architecture": "T5ForConditionalGeneration", "batch": (2, 16),
+             "plans": [FP32, PURE_BF16]},
+            {"name": "bart", "config": bart, "architecture": "BartForConditionalGeneration", "batch": (2, 16),
+             "plans": [BF16]}]
+
+
+OFF_ON_THE_H200 = ("mistral", "phi3")
+"""The decoder-only held-out families whose pure-bf16 reserve was off on the H200 (0.85 and 0.84 of the measured:
+issue 57, item 3); T5's rows are the ``encdec`` part's."""
+
+
+def heldout_off_families(scale: str) -> list[dict[str, Any]]:
+    """The held-out rows that were off on the H200, in pure bf16 (:data:`OFF_ON_THE_H200`), at both lengths with
+    ``--full`` (a length each at the tiny size)."""
+    return [{**family, "plans": [PURE_BF16]} for family in heldout_families("full" if scale == "full" else "tiny")
+            if family["name"] in OFF_ON_THE_H200]
+
+
+FAMILIES = {"estimate": families, "heldout": heldout_families, "encdec": encdec_families,
+            "heldout_off": heldout_off_families}
 """Each estimate section's models, by section."""
+REFERENCED = ("encdec",)
+"""The sections whose rows also run a hand-made step (its ``max_memory_allocated`` beside memlab's measured peak)."""
 
 
 def make_config(family: dict[str, Any]) -> Any:
@@ -270,7 +309,8 @@ def estimates_variable(section: str) -> str:
 
 
 def estimate_all(request: str) -> None:
-    """Every estimate of the section ``request["section"]`` (``estimate``, ``heldout`` or ``loads``; default
+    """Every estimate of the section ``request["section"]`` (``estimate``, ``heldout``, ``heldout_off``, ``encdec``,
+    ``vlm`` or ``loads``; default
     ``estimate``) at the size ``request["size"]``, into the file ``request["out"]`` (``{row id: figures}``): run in
     a process that sees no GPU, so that the estimates are the CPU-made ones."""
     common.quiet()
@@ -288,6 +328,10 @@ def section_estimates(section: str, size: str, device: str, gpu: str | None) -> 
         from benchmarks.gpu_sections_loads import load_estimates
 
         return load_estimates(size, device, gpu)
+    if section == "vlm":
+        from benchmarks.gpu_sections_vlm import vlm_estimates
+
+        return vlm_estimates(size, device, gpu)
     from memlab import Plan
 
     return {row_id(family, Plan(**fields)): estimate_one(family, Plan(**fields), device, gpu)
@@ -305,7 +349,9 @@ def start_side_estimates(section: str, size: str, device: str, gpu: str | None, 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads),
            "MKL_NUM_THREADS": str(threads)}
     with out.with_suffix(".log").open("wb") as log:
-        process = subprocess.Popen([sys.executable, "-c", code, request], cwd=ROOT, env=env, stdout=log, stderr=log)
+        # Niced: the GPU's process launches its kernels from the CPU, and its parts come first.
+        process = subprocess.Popen([sys.executable, "-c", code, request], cwd=ROOT, env=env, stdout=log, stderr=log,
+                                   preexec_fn=lambda: os.nice(10))  # noqa: PLW1509 - no threads started yet
     return process, out
 
 
@@ -330,6 +376,35 @@ def section_heldout(size: str, device: torch.device) -> dict[str, Any]:
     autocast and pure bf16: the CPU-made estimate's allocated peak within 5% of the measured one, its reserved peak
     within 10%."""
     return compare_families("heldout", size, device)
+
+
+def section_encdec(size: str, device: torch.device) -> dict[str, Any]:
+    """The encoder-decoders (T5-base, BART-base) at two lengths in fp32, bf16 autocast and pure bf16: a hand-made
+    step's ``max_memory_allocated`` beside memlab's measured peak (2%), and the CPU-made estimate's allocated peak
+    (5%) and reserved peak (10%) against the measured ones."""
+    return compare_families("encdec", size, device)
+
+
+def section_heldout_off(size: str, device: torch.device) -> dict[str, Any]:
+    """The held-out rows whose reserve was off on the H200 (Mistral and Phi-3 in pure bf16), as ``heldout``."""
+    return compare_families("heldout_off", size, device)
+
+
+def hand_made_peak(model: nn.Module, batch: Any, plan: Any) -> int | None:
+    """A hand-made step's ``max_memory_allocated`` for ``plan`` (:func:`benchmarks.gpu_sections.reference_peak`);
+    pure bf16 weights as users make them, the model cast to bf16 for the step and back to fp32 after (its values
+    are random: only the memory is compared). None on the CPU."""
+    from benchmarks.gpu_sections import reference_peak
+
+    cast = getattr(plan, "weights", "fp32") == "bf16"
+    if cast:
+        model.to(torch.bfloat16)
+    try:
+        peak: int | None = reference_peak(model, batch, plan)["peak_bytes"]
+    finally:
+        if cast:
+            model.to(torch.float32)
+    return peak
 
 
 def compare_families(section: str, size: str, device: torch.device) -> dict[str, Any]:
@@ -363,6 +438,7 @@ def compare_families(section: str, size: str, device: torch.device) -> dict[str,
                 trial = memlab.measure(model, batch, plan, steps=1, warmup=1, progress=False, noise=0)
             card = card_reading(device)
             release(device)
+            hand = hand_made_peak(model, batch, plan) if section in REFERENCED else None
             row = {
                 "model": family["name"], "config": family["config"], "architecture": family["architecture"],
                 "batch_shapes": batch_shapes(family), "plan": plan.label(), "plan_fields": plan_fields(plan),
@@ -380,13 +456,22 @@ def compare_families(section: str, size: str, device: torch.device) -> dict[str,
             }
             rows.append(row)
             ran = trial.status == "ok" and estimate["status"] == "ok"
+            if section in REFERENCED:
+                row.update(hand_made_bytes=hand, measured_over_hand_made=ratio(trial.peak_bytes, hand),
+                           estimate_over_hand_made=ratio(estimate["peak_bytes"], hand))
+                checks.add(
+                    f"{name}: memlab's measured peak within 2% of a hand-made step's max_memory_allocated",
+                    within(trial.peak_bytes, hand, 0.02) if trial.status == "ok" else False,
+                    memlab=trial.peak_bytes, hand_made=hand, ratio=row["measured_over_hand_made"],
+                    why=None if is_cuda(device) else "a CUDA figure: max_memory_allocated",
+                )
             checks.add(
                 f"{name}: estimate within 5% of the measured allocated peak",
                 within(estimate["peak_bytes"], trial.peak_bytes, 0.05) if ran else False,
                 estimate=estimate["peak_bytes"], measured=trial.peak_bytes, ratio=row["estimate_over_measured"],
                 error=trial.error or estimate.get("error"),
             )
-            if section == "heldout":
+            if section != "estimate":
                 checks.add(
                     f"{name}: reserved estimate within 10% of the measured reserved peak",
                     within(estimate.get("reserved_bytes"), card["reserved_peak_bytes"], 0.10) if ran else None,

@@ -1,7 +1,8 @@
 """The trainer section of the GPU acceptance run (see :mod:`benchmarks.gpu_acceptance`): memlab on trainers as
 people run them, on the GPU.
 
-Two trainers on the same Llama shape:
+Two trainers on the same Llama shape (this section runs the first; the ``sft_peft`` part,
+:mod:`benchmarks.gpu_sections_peft`, runs the second with the helpers here):
 
 - a plain transformers ``Trainer`` whose dataset is a plain torch Dataset of random token rows of uneven lengths (a
   quarter of them four times as long as the rest), padded per batch;
@@ -16,7 +17,8 @@ every step within the budget. Then ``watch``'s overhead per step: ``train()`` wi
 alternating order, each step timed between two ``on_step_end`` callbacks of a timer added last (synchronised with
 the GPU); on CUDA ``watch`` reads each step's peak from the caching allocator (``max_memory_allocated``, reset at
 the step's start), the probe a user gets. The goal is an overhead under 3% (ratio of the median step times < 1.03),
-judged on a GPU only: on the CPU ``watch`` reads each step with memlab's tracker, which costs more by design.
+judged on a GPU only: on the CPU ``watch`` reads each step with memlab's tracker, which costs more by design. No
+figure is drawn (plotly is not in the GPU image).
 """
 
 from __future__ import annotations
@@ -136,12 +138,12 @@ def verdict(trial: Any) -> int:
 
 
 def fit_then_train(trainer: Any, rows: int, steps: int, checks: Checks, label: str, *,
-                   narrow: bool = False) -> dict[str, Any]:
+                   narrow: bool = False, max_trials: int | None = None) -> dict[str, Any]:
     """``fit(trainer, budget=...)`` on a budget halfway between the trainer's own plan and a checkpointed one that
     accumulates micro-batches of 2, then ``trainer.train()`` of the chosen plan under ``watch``: the figures, and
     the checks added to ``checks`` (their names start with ``label``). The search varies the micro-batch and
     checkpointing, and the other axes of fit's default space; ``narrow`` (the CPU sizes, which exercise the code)
-    keeps the trainer's own precision and optimizer."""
+    keeps the trainer's own precision and optimizer; ``max_trials`` caps the plans fit measures."""
     import memlab
     from memlab.errors import MemlabWarning
     from memlab.trainer.source import TrainerSource
@@ -156,7 +158,8 @@ def fit_then_train(trainer: Any, rows: int, steps: int, checks: Checks, label: s
                                    "checkpointing": [False, True]}
     if narrow:
         space.update(precision=[own.precision], optimizer=[own.optimizer])
-    report = memlab.fit(trainer, budget=budget, space=space, **fast)
+    report = memlab.fit(trainer, budget=budget, space=space, **fast,
+                        **({} if max_trials is None else {"max_trials": max_trials}))
     best = report.best
     checks.add(f"{label}: fit(trainer) found a plan within the budget", best is not None and best.fits,
                budget=budget, plain=verdict(plain), small=verdict(small),
@@ -240,38 +243,21 @@ def _overhead_check(checks: Checks, label: str, overhead: dict[str, Any], device
 
 def section_trainer(size: str, device: torch.device) -> dict[str, Any]:
     """11. ``fit(trainer, budget=...)``, then ``trainer.train()`` of the chosen plan under ``watch``: within the
-    budget at every step, for a plain Trainer and TRL's SFTTrainer with packing and a peft config; ``watch``'s
-    overhead per step for each."""
+    budget at every step, for a plain Trainer; ``watch``'s overhead per step. (TRL's SFTTrainer with a peft config
+    is the ``sft_peft`` part's: :mod:`benchmarks.gpu_sections_peft`.)"""
     spec = SIZES[size]["trainer"]
     shape: Llama = spec["shape"]
     checks = Checks()
     with tempfile.TemporaryDirectory(prefix="memlab-trainer-") as folder:
         trainer = make_trainer(shape, spec, device, folder)
-        narrow = size != "full"
-        plain = fit_then_train(trainer, shape.rows, spec["steps"], checks, "Trainer", narrow=narrow)
+        plain = fit_then_train(trainer, shape.rows, spec["steps"], checks, "Trainer", narrow=size != "full")
         overhead = watch_overhead(trainer, plain["budget_bytes"], spec["overhead"], device)
         _overhead_check(checks, "Trainer", overhead, device)
         del trainer
         common.release(device)
-        sft: dict[str, Any] = {"missing": sft_missing()}
-        if sft["missing"] is not None:
-            checks.add("SFTTrainer (packing, peft LoRA with dropout 0.05) ran", None, why=sft["missing"])
-        else:
-            trainer = make_sft_trainer(shape, spec, device, folder)
-            sft.update(fit_then_train(trainer, shape.rows, spec["sft"]["steps"], checks, "SFTTrainer",
-                                      narrow=narrow))
-            checks.add("SFTTrainer: memlab read LoRA with dropout 0.05 from the trainer",
-                       "lora" in sft["own_plan"] and trainer_dropout(trainer) == LORA["lora_dropout"],
-                       own=sft["own_plan"], dropout=trainer_dropout(trainer))
-            sft["overhead"] = watch_overhead(trainer, sft["budget_bytes"], spec["overhead"], device)
-            _overhead_check(checks, "SFTTrainer", sft["overhead"], device)
-            sft["settings"] = {"packing": True, "max_length": spec["sft"]["max_length"], "lora": LORA,
-                               "bf16": is_cuda(device), "examples": spec["sft"]["examples"],
-                               "longest": spec["sft"]["longest"]}
-            del trainer
     return {
         "model": dataclasses.asdict(shape), "dataset": {"examples": spec["examples"], "longest": spec["longest"]},
-        **plain, "overhead": overhead, "sft": sft, "checks": checks.items,
+        **plain, "overhead": overhead, "checks": checks.items,
     }
 
 

@@ -134,7 +134,6 @@ def timed_train(trainer: Any, warmup: int, *, watch: bool, budget: int | str | N
     live figure drawn nowhere when ``figure``) or not, and how often the figure redrew. Shared by this benchmark and
     the GPU run's trainer part."""
     import memlab
-    from memlab.frontends.jupyter.watch_figure import WatchFigure
 
     timer = _timer_class()()
     trainer.add_callback(timer)
@@ -145,6 +144,9 @@ def timed_train(trainer: Any, warmup: int, *, watch: bool, budget: int | str | N
             if watch:
                 watched = memlab.watch(trainer, budget=budget, show=False)
                 if figure:
+                    # Imported only where a figure is drawn: plotly, which it needs, is not in the GPU image.
+                    from memlab.frontends.jupyter.watch_figure import WatchFigure
+
                     drawn = WatchFigure(watched, display=lambda obj, **keywords: None)
             trainer.train()
     finally:

@@ -72,31 +72,60 @@ def test_the_truth_table_names_the_optimizer_each_run_ran(benchmarks: Any) -> No
 def test_the_summary_names_the_parts_the_deadline_left_out(benchmarks: Any) -> None:
     acceptance = benchmarks.gpu_acceptance
     parts = {"probe": {"checks": [{"check": "a", "passed": True}]},
-             "fit": acceptance.not_started("fit", "10 s of the run's 570 s were left")}
+             "fit": acceptance.not_started("fit", "10 s of the run's 490 s were left")}
     summary = acceptance.summarize(parts)
-    assert summary["not_started"] == ["fit"] and summary["failed"] == 1 and summary["passed"] == 1
+    # A part the deadline left out is not judged: named, not counted as a failure.
+    assert summary["not_started"] == ["fit"] and summary["failed"] == 0 and summary["passed"] == 1
+    assert summary["not_judged"] == 1
 
 
 def test_every_part_has_a_time_limit_and_the_limits_fit_the_order(benchmarks: Any) -> None:
     acceptance = benchmarks.gpu_acceptance
-    assert set(acceptance.ORDER) == set(acceptance.LIMITS)
+    assert set(acceptance.ORDER) == set(acceptance.LIMITS) and len(set(acceptance.ORDER)) == len(acceptance.ORDER)
     assert set(acceptance.ORDER) - {"pytest", "hf_table"} == set(acceptance.SECTIONS)
     assert set(acceptance.ESTIMATED) <= set(acceptance.SECTIONS)
 
 
-def test_the_three_calls_run_every_part_once_and_each_fits_the_deadline(benchmarks: Any) -> None:
-    # A lent GPU gives 10 minutes a call and 30 a session: every part in three calls, each call's limits within the
-    # deadline, so that each part of a call starts even if those before it take their whole limits.
+WHEELS_MB = {"bitsandbytes": 43.1, "trl": 0.95, "peft": 0.84, "datasets": 0.61, "multiprocess": 0.15, "dill": 0.12}
+"""The wheels the one command needs carried, as ``pip download --no-deps`` measured them (2026-11-26)."""
+
+
+def test_the_gpu_run_is_one_command_that_ends_within_nine_minutes(benchmarks: Any) -> None:
+    # Issue 57: one command of at most 9 minutes, its start and imports included, on a lent GPU of 15 minutes; the
+    # least verified parts first (item 1's path: fit on an SFTTrainer with peft and on a live peft model), what the
+    # H100 verified last; nothing the GPU image lacks beyond wheels under 60 MB in all.
     acceptance = benchmarks.gpu_acceptance
-    calls = acceptance.CALLS
-    assert len(calls) <= 4 and tuple(name for call in calls for name in call) == acceptance.ORDER
-    for call in calls:
-        assert sum(acceptance.LIMITS[name] for name in call) <= acceptance.DEADLINE, call
+    install_and_imports = 50  # the wheels' install (about 15 s) and the imports (torch, transformers, memlab)
+    assert acceptance.DEADLINE + install_and_imports <= 9 * 60
+    assert acceptance.ORDER[:2] == ("sft_peft", "peft_model")
+    assert acceptance.ORDER.index("encdec") < acceptance.ORDER.index("heldout")
+    assert acceptance.ORDER.index("vlm") < acceptance.ORDER.index("probe")
+    verified_on_the_h100 = ("pytest", "cumulative", "levers", "restore", "cap", "fit", "hf_table")
+    assert all(acceptance.ORDER.index(name) > acceptance.ORDER.index("heldout") for name in verified_on_the_h100)
+    assert all(acceptance.LIMITS[name] <= acceptance.DEADLINE for name in acceptance.ORDER)
     doc = acceptance.__doc__
-    for call in calls:  # the docstring's commands are the calls
-        assert f"--sections {','.join(call)}" in doc, call
-    for wheel in ("bitsandbytes==", "peft==", "trl==", "datasets==", "dill==", "multiprocess=="):
-        assert wheel in doc, wheel
+    command = doc[doc.index("python3 -m pip install"):doc.index("| tee $OUT/log")]
+    assert "--sections" not in command and "--keep" not in command  # one call, no joining
+    assert "python3 -m benchmarks.gpu_acceptance --out $OUT" in command
+    for wheel, size in WHEELS_MB.items():
+        assert f"{wheel}==" in doc and f"{wheel} {size}" in doc, wheel
+    assert sum(WHEELS_MB.values()) < 60 and "plotly" not in doc[doc.index("-d .whl"):doc.index("bitsandbytes 43")]
+
+
+def test_the_tables_show_every_part_of_the_h200_run_with_its_failed_checks(benchmarks: Any) -> None:
+    # The H200's fill and timeline call rendered as one line before; its parts are tables now, each with the checks
+    # that failed under it, and a part that broke says what stopped it.
+    results = ROOT / "benchmarks" / "results"
+    shown = benchmarks.gpu_acceptance.markdown(
+        json.loads((results / "gpu_acceptance-cuda-nvidia-h200-fill-timeline.json").read_text()))
+    timeline = shown.index("**A step's timeline against the allocator**")
+    failed = shown.index("Failed: `bf16 ckpt: timeline peak within 2% of a hand-made step's max_memory_allocated`")
+    fill = shown.index("**Levers that fill the budget**")
+    assert timeline < failed < fill and "| bf16 ckpt | 20.44 | 19.47 | 1.0495 |" in shown
+    assert "limits on 30.65 GiB: measured 2048 tokens" in shown
+    broken = benchmarks.gpu_acceptance.markdown(
+        json.loads((results / "gpu_acceptance-cuda-nvidia-h200-trainer-cuda-launch-blocking.json").read_text()))
+    assert "**Trainer**: did not run to the end (AcceleratorError: CUDA error: an illegal memory access" in broken
 
 
 def test_the_truth_table_takes_the_held_out_and_the_load_rows(benchmarks: Any) -> None:
