@@ -32,6 +32,7 @@ try:
 except ImportError:  # run as a script from inside benchmarks/
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from benchmarks import common
+from benchmarks.recorded_transformers import recorded_transformers
 
 TABLE = common.RESULTS_DIR / "cuda_truth.json"
 SMOKE_ROWS = 2
@@ -97,7 +98,8 @@ def estimate_row(row: dict[str, Any]) -> dict[str, Any]:
         if "load" in row:
             keywords["load"] = row["load"]
     started = time.perf_counter()
-    trial = memlab.estimate(_config(row), batch, plan, **keywords)
+    with recorded_transformers(row.get("transformers")):  # the code measured, where it kept other memory
+        trial = memlab.estimate(_config(row), batch, plan, **keywords)
     seconds = time.perf_counter() - started
     measured, reserved = row["measured_peak_bytes"], row.get("measured_reserved_bytes")
     context = row.get("measured_context_bytes")

@@ -1,5 +1,6 @@
-"""CUDA estimates made on this CPU against the H100's measured peaks (``benchmarks/results/cuda_truth.json``, built
-by ``python -m benchmarks.cuda_truth`` from the committed GPU runs): each within 5%. Rows whose run also recorded
+"""CUDA estimates made on this CPU, each for the GPU kind that measured its row, against the H100's and the H200's
+measured peaks (``benchmarks/results/cuda_truth.json``, built by ``python -m benchmarks.cuda_truth`` from the
+committed GPU runs): each within 5%. Rows whose run also recorded
 ``max_memory_reserved`` without a budget hold the estimate's ``reserved_bytes`` (the caching allocator replayed,
 :mod:`memlab.estimation.reserved`) to the same 5%.
 
@@ -20,8 +21,9 @@ import pytest
 from transformers import AutoConfig
 
 import memlab
+from benchmarks.cuda_truth_estimates import gpu_of
+from benchmarks.recorded_transformers import recorded_transformers
 from memlab import Plan
-from tests.integration.recorded_transformers import recorded_transformers
 
 TABLE = Path(__file__).parents[2] / "benchmarks" / "results" / "cuda_truth.json"
 ROWS = [row for row in json.loads(TABLE.read_text())["rows"] if "offload" not in row["plan"]]
@@ -109,11 +111,11 @@ def _estimate(key: str) -> Any:
     row = json.loads(key)
     batch = {name: tuple(shape) for name, shape in row["batch"].items()}
     with recorded_transformers(row.get("transformers")):  # the code measured, where it kept other memory
-        return memlab.estimate(_config(row), batch, Plan(**row["plan"]), device="cuda")
+        return memlab.estimate(_config(row), batch, Plan(**row["plan"]), device="cuda", **gpu_of(row))
 
 
 def _estimate_of(row: dict[str, Any]) -> Any:
-    fields = ("config", "architecture", "batch", "plan", "transformers")
+    fields = ("config", "architecture", "batch", "plan", "transformers", "gpu")
     return _estimate(json.dumps({k: row.get(k) for k in fields}, sort_keys=True))
 
 
@@ -123,7 +125,7 @@ def test_a_cpu_made_cuda_estimate_is_within_5_percent_of_the_h100(row: dict[str,
     assert trial.status == "ok", trial.error
     ratio = trial.peak_bytes / row["measured_peak_bytes"]
     assert abs(ratio - 1) <= TOLERANCE, f"estimate / measured = {ratio:.3f}"
-    assert any("CUDA attention emulated for NVIDIA H100" in note for note in trial.notes)
+    assert any(f"CUDA attention emulated for {row['gpu']}" in note for note in trial.notes)
 
 
 @pytest.mark.parametrize("row", _params(reserved=True))

@@ -19,8 +19,8 @@ import transformers
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import memlab
+from benchmarks.recorded_transformers import recorded_transformers
 from memlab import Plan
-from tests.integration.recorded_transformers import recorded_transformers
 
 LENGTH = 48
 T5_SIZES: dict[str, Any] = {"vocab_size": 128, "d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 2,
