@@ -46,6 +46,7 @@ from memlab.estimation.single_gpu import adamw8bit_state_bytes
 from memlab.estimation.unknown import foreign_ops_note
 from memlab.events import StepFinished, TrialStarted
 from memlab.live.batch import LossFn
+from memlab.live.compat import fsdp2_api
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import Plan
 from memlab.report import Trial
@@ -360,7 +361,7 @@ def _fsdp2_run(
 ) -> _Fsdp2Run:
     """One FSDP2 dry run of ``model_or_config`` (its events kept by a depth log where ``paths`` says where its
     layers are)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    fully_shard, MixedPrecisionPolicy = fsdp2_api()
 
     batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, kernels=_CPU)
