@@ -46,7 +46,7 @@ from memlab.estimation.single_gpu import adamw8bit_state_bytes
 from memlab.estimation.unknown import foreign_ops_note
 from memlab.events import StepFinished, TrialStarted
 from memlab.live.batch import LossFn
-from memlab.live.compat import fsdp2_api
+from memlab.live.compat import fsdp2_api, propagation_apart
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import Plan
 from memlab.report import Trial
@@ -414,7 +414,7 @@ def _fsdp2_run(
     trace = ReservedTrace(_CPU, kind.capability, capacity=kind.memory_bytes - kind.context_bytes) if traced else None
     log = DepthLog(paths, model) if paths is not None else None
     with (fake_process_group(gpus) as mesh, quiet(), setup.mode, model_made_positions(batch),
-          strided_flag_once(), foreach_split_once(), contextlib.ExitStack() as stack):
+          strided_flag_once(), foreach_split_once(), propagation_apart(), contextlib.ExitStack() as stack):
         if log is not None:
             setup.mode.tagger = log
             stack.enter_context(log.watching())
