@@ -43,8 +43,8 @@ __all__ = [
 FLOORS: dict[str, str] = {
     "torch": "2.11",
     "transformers": "5.17",
-    "peft": "0.21",
-    "bitsandbytes": "0.50",
+    "peft": "0.21.2",
+    "bitsandbytes": "0.50.2",
 }
 """The oldest release of each package memlab runs on: what CI's floor stack tests (CONTRIBUTING says what each
 floor buys); ``pyproject.toml`` declares the same. ``trl`` and ``accelerate`` are optional (the Trainer's

@@ -38,6 +38,27 @@ def test_pyproject_declares_the_floors_the_import_checks() -> None:
     assert declared == compat.FLOORS
 
 
+def test_ci_tests_exactly_the_declared_floors() -> None:
+    """.ci/run's second stack is the floors pyproject.toml declares (core and extras): "declare only what CI tests"."""
+    pins = {}
+    for line in (ROOT / ".ci" / "floor-requirements.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            pins[requirement.name] = next(iter(requirement.specifier)).version
+    text = (ROOT / "pyproject.toml").read_text()
+    floors = {}
+    for line in re.findall(r'^\s*"([a-z][^"]*>=[^"]+)",', text, re.M):
+        requirement = Requirement(line)
+        if requirement.name in pins:
+            floors.setdefault(requirement.name, set()).add(next(iter(requirement.specifier)).version)
+    assert set(floors) == set(pins)
+    for name, declared in floors.items():
+        assert {Version(v).release for v in declared} == {Version(pins[name]).release[:len(Version(v).release)]
+                                                           for v in declared}, (name, declared, pins[name])
+    for name, floor in compat.FLOORS.items():
+        assert Version(pins[name]).release[:len(Version(floor).release)] == Version(floor).release, name
+
+
 def test_this_stack_is_at_or_above_every_floor() -> None:
     assert compat.unsupported() == {}
     for package, floor in compat.FLOORS.items():
