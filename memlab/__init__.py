@@ -15,16 +15,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memlab.errors import MemlabError, UnsupportedTechnique
-from memlab.estimation import estimate
-from memlab.plan import Plan, parse_budget
-from memlab.report import InferenceTrial, Report, Trial
-from memlab.runner.apply import Applied, apply
-from memlab.runner.trial import compare, measure
-from memlab.search import fit
-from memlab.search.limits import Limits, limits
+from memlab.live.compat import check_stack
 
-from memlab.inference import InferencePlan, fit_inference, kv_cache_bytes  # isort: skip (after the core it uses)
+check_stack()  # a stack older than memlab's floors is said here, once, before any module that needs newer releases
+
+from memlab.errors import MemlabError, UnsupportedTechnique  # noqa: E402
+from memlab.estimation import estimate  # noqa: E402
+from memlab.plan import Plan, parse_budget  # noqa: E402
+from memlab.report import InferenceTrial, Report, Trial  # noqa: E402
+from memlab.runner.apply import Applied, apply  # noqa: E402
+from memlab.runner.trial import compare, measure  # noqa: E402
+from memlab.search import fit  # noqa: E402
+from memlab.search.limits import Limits, limits  # noqa: E402
+
+from memlab.inference import InferencePlan, fit_inference, kv_cache_bytes  # noqa: E402  # isort: skip (after the core it uses)
 
 if TYPE_CHECKING:
     from memlab.frontends.jupyter.panel import Panel

@@ -198,6 +198,7 @@ def meta_model(config: Any) -> nn.Module:
     recorded = checkpoint_dtype(config)
     config = copy.deepcopy(config)  # transformers writes the dtype it builds in onto the config
     model: nn.Module | None = None
+    import_modeling(config)
     with torch.device("meta"):
         for name in getattr(config, "architectures", None) or ():
             cls: Any = getattr(transformers, str(name), None)
@@ -219,6 +220,31 @@ def meta_model(config: Any) -> nn.Module:
             setattr(built, dtype_keyword(), recorded)
     _BUILT[model] = config
     return model
+
+
+def import_modeling(config: Any) -> None:
+    """Import the modeling module of ``config``'s model type (``transformers.models.gpt2.modeling_gpt2``), as building
+    its model would, before :func:`meta_model` enters the ``meta`` device: a process's first modeling import imports
+    ``torch._dynamo``, which fails inside ``torch.device("meta")`` on older torch (2.8: "Could not find LlamaModel
+    neither in transformers.models.llama nor in transformers"). A model type transformers has no module of (remote
+    code) is left to the build.
+
+    Example:
+        >>> import sys
+        >>> import_modeling(load_config("gpt2"))
+        >>> "transformers.models.gpt2.modeling_gpt2" in sys.modules
+        True
+    """
+    import importlib
+
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    model_type = getattr(config, "model_type", None)
+    if not isinstance(model_type, str) or not model_type:
+        return
+    name = model_type_to_module_name(model_type)
+    with contextlib.suppress(ImportError):
+        importlib.import_module(f"transformers.models.{name}.modeling_{name}")
 
 
 _BUILT: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch._prims_common import suggest_memory_format
-from torch._subclasses.fake_tensor import _DISPATCH_META_HANDLERS as _META_HANDLERS
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from memlab.errors import MemlabError
@@ -29,6 +28,7 @@ from memlab.estimation.configs import is_transformers_config, load_config, meta_
 from memlab.estimation.fake_values import constant_step, on_cpu, placed
 from memlab.estimation.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
 from memlab.live.batch import Batch, StepBatches, map_tensors
+from memlab.live.compat import fake_cache_key_matches, fake_meta_handlers, grouped_mm
 from memlab.runner.quiet import quiet
 
 __all__ = [
@@ -58,6 +58,8 @@ VALUE_LIMIT = 1 << 24
 IMAGE_INPUTS = ("pixel_values", "pixel_values_videos")
 """Keys that make a batch an image batch, whose integer tensors keep their values in a dry run (:func:`fake_batch`)."""
 
+_META_HANDLERS = fake_meta_handlers()
+_GROUPED_MM = grouped_mm()  # None before torch 2.8
 _ONEDNN_LSTM = 2  # mkldnn_rnn_layer's mode for an LSTM
 _ONEDNN_LSTM_WORKSPACE_FLOATS = 15.6
 """Floats of oneDNN's LSTM training workspace per hidden unit, time step and row (the upper end measured)."""
@@ -243,13 +245,17 @@ class FakeMode(FakeTensorMode):
                 with self:
                     workspace = torch.empty(floats * 4, dtype=torch.uint8, device=workspace.device)
             return output, hidden, cell, workspace
-        if func is torch.ops.aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
+        if func is _GROUPED_MM and args[0].dtype != torch.bfloat16:
             dtype = kwargs.get("out_dtype") or args[0].dtype
             with self:
                 twins = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
                          for a in args]
                 return func(*twins, **{**kwargs, "out_dtype": None}).to(dtype)
         return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+if not fake_cache_key_matches():  # a torch whose cache key takes other arguments keeps its own
+    del FakeMode._prep_args_for_hash
 
 
 _PLAIN_KEY_TYPES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,

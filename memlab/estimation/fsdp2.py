@@ -46,6 +46,7 @@ from memlab.estimation.single_gpu import adamw8bit_state_bytes
 from memlab.estimation.unknown import foreign_ops_note
 from memlab.events import StepFinished, TrialStarted
 from memlab.live.batch import LossFn
+from memlab.live.compat import fsdp2_api, propagation_apart
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import Plan
 from memlab.report import Trial
@@ -360,7 +361,7 @@ def _fsdp2_run(
 ) -> _Fsdp2Run:
     """One FSDP2 dry run of ``model_or_config`` (its events kept by a depth log where ``paths`` says where its
     layers are)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    fully_shard, MixedPrecisionPolicy = fsdp2_api()
 
     batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, kernels=_CPU)
@@ -413,7 +414,7 @@ def _fsdp2_run(
     trace = ReservedTrace(_CPU, kind.capability, capacity=kind.memory_bytes - kind.context_bytes) if traced else None
     log = DepthLog(paths, model) if paths is not None else None
     with (fake_process_group(gpus) as mesh, quiet(), setup.mode, model_made_positions(batch),
-          strided_flag_once(), foreach_split_once(), contextlib.ExitStack() as stack):
+          strided_flag_once(), foreach_split_once(), propagation_apart(), contextlib.ExitStack() as stack):
         if log is not None:
             setup.mode.tagger = log
             stack.enter_context(log.watching())

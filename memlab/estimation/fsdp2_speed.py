@@ -32,6 +32,13 @@ from collections.abc import Iterator
 from copy import deepcopy
 from typing import Any
 
+from memlab.live.compat import (
+    dtensor_single_dim_strategy,
+    fsdp_mem_tracker_class,
+    mem_tracker_total_key,
+    sharding_prop_strided_flag,
+)
+
 __all__ = ["foreach_split_once", "fsdp_mem_tracker", "strided_flag_once", "tracker_class"]
 
 
@@ -51,14 +58,12 @@ def tracker_class() -> type:
         >>> issubclass(tracker_class(), FSDPMemTracker), tracker_class() is tracker_class()
         (True, True)
     """
-    from torch.distributed._tools import mem_tracker
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    pytorchs: Any = fsdp_mem_tracker_class()
+    total = mem_tracker_total_key()
+    if not hasattr(pytorchs, "_update_peak_stats") or total is None:
+        return pytorchs  # type: ignore[no-any-return]
 
-    if not hasattr(FSDPMemTracker, "_update_peak_stats") or not hasattr(mem_tracker, "_TOTAL_KEY"):
-        return FSDPMemTracker
-    total = mem_tracker._TOTAL_KEY
-
-    class RunningModulesTracker(FSDPMemTracker):  # type: ignore[misc]
+    class RunningModulesTracker(pytorchs):  # type: ignore[misc]
         _running_index: tuple[int, dict[str, list[Any]]] = (-1, {})
 
         def _update_peak_stats(self, peak_state: Any) -> None:
@@ -92,22 +97,20 @@ def strided_flag_once() -> Iterator[None]:
     """For the block, DTensor's ``_propagate_use_strided_shard_flag`` scans an operator's arguments once, not once
     per tensor of a foreach operator's lists (the module docstring says why the result is PyTorch's).
 
-    Example:
+    Example (torch 2.11 has no such function, nor its cost: there the block changes nothing):
         >>> from torch.distributed.tensor import _sharding_prop
-        >>> before = _sharding_prop._propagate_use_strided_shard_flag
+        >>> before = getattr(_sharding_prop, "_propagate_use_strided_shard_flag", None)
         >>> with strided_flag_once():
-        ...     _sharding_prop._propagate_use_strided_shard_flag is before
-        False
-        >>> _sharding_prop._propagate_use_strided_shard_flag is before
+        ...     before is None or _sharding_prop._propagate_use_strided_shard_flag is not before
+        True
+        >>> getattr(_sharding_prop, "_propagate_use_strided_shard_flag", None) is before
         True
     """
-    from torch.distributed.tensor import _sharding_prop
-
-    original = getattr(_sharding_prop, "_propagate_use_strided_shard_flag", None)
-    strided_type = getattr(_sharding_prop, "_StridedShard", None)
-    if original is None or strided_type is None:
+    found = sharding_prop_strided_flag()
+    if found is None:
         yield
         return
+    _sharding_prop, original, strided_type = found
     last: list[Any] = [None, True]  # the last schema scanned (held, so that its id is not reused) and its answer
 
     def once(op_strategy: Any, op_schema: Any) -> None:
@@ -145,13 +148,11 @@ def foreach_split_once() -> Iterator[None]:
         >>> single_dim_strategy.tree_map_only is before
         True
     """
-    from torch.distributed.tensor._ops import single_dim_strategy as module
-
-    original = getattr(module, "tree_map_only", None)
-    strategy_type = getattr(module, "TupleStrategy", None)
-    if original is None or strategy_type is None:
+    module = dtensor_single_dim_strategy()
+    if module is None:
         yield
         return
+    original, strategy_type = module.tree_map_only, module.TupleStrategy
 
     last: list[Any] = [None, frozenset()]  # the last operator's arguments (held, so that their id is not reused)
     # and the positions of their per-tensor scalar lists: every element of one operator has the same

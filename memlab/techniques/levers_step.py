@@ -236,12 +236,11 @@ def _offload_for_the_trainer(plan: PlanLike) -> Fragment:
     keys: dict[str, object] = {}
     if plan.offloads_optimizer:  # the Trainer offloads optimizer state only through DeepSpeed
         keys["deepspeed"] = THE_DEEPSPEED_CONFIG
-    if plan.offloads_activations:  # transformers 5.x holds the checkpointed activations in pinned CPU memory
+    if plan.offloads_activations:  # transformers holds the checkpointed activations in pinned CPU memory: since
+        # 5.17 as gradient_checkpointing_kwargs' "offload" (the legacy names), then as activation_checkpointing_kwargs'
+        legacy = {**keys, "gradient_checkpointing_kwargs": {"offload": True}}
         keys["activation_checkpointing_kwargs"] = {"offload": True}
-        return Keys(keys, legacy=(
-            f"offload={plan.offload!r}: transformers before 5 has no Trainer setting that offloads activations; "
-            "upgrade transformers, or use plan.to_code() (save_on_cpu)"
-        ))
+        return Keys(keys, legacy=legacy)
     return Keys(keys)
 
 

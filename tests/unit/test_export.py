@@ -23,6 +23,8 @@ from memlab.export import deepspeed_config, pytorch_code, training_arguments
 from memlab.plan import OFFLOADS, Plan
 
 transformers = pytest.importorskip("transformers")
+# transformers 5.17 (memlab's floor) names checkpointing gradient_checkpointing*; later 5.x activation_checkpointing*.
+LEGACY = "activation_checkpointing" not in {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
 
 GRID = [
     Plan(micro_batch=mb, accumulation=acc, checkpointing=ckpt, precision=precision, optimizer=optimizer)
@@ -83,12 +85,13 @@ def _check_training_arguments(plans: list[Plan], tmp_path: Path) -> None:
         else:
             assert "per_device_train_batch_size" not in kwargs
         assert args.gradient_accumulation_steps == plan.accumulation
-        assert args.activation_checkpointing is plan.checkpointing
+        name = "gradient" if LEGACY else "activation"  # transformers 5.17 (the floor): gradient_checkpointing*
+        assert getattr(args, f"{name}_checkpointing") is plan.checkpointing
         assert args.bf16 is (plan.precision == "bf16") and args.fp16 is (plan.precision == "fp16")
         assert args.optim == {"adamw": "adamw_torch_fused", "adamw8bit": "adamw_bnb_8bit"}[plan.optimizer]
         if plan.checkpointing:
-            assert args.activation_checkpointing_kwargs["use_reentrant"] is False
-            assert args.activation_checkpointing_kwargs.get("offload", False) is plan.offloads_activations
+            assert getattr(args, f"{name}_checkpointing_kwargs")["use_reentrant"] is False
+            assert getattr(args, f"{name}_checkpointing_kwargs").get("offload", False) is plan.offloads_activations
         assert (kwargs.get("deepspeed") == deepspeed_config(plan)) is plan.offloads_optimizer
 
 
@@ -118,13 +121,16 @@ def test_legacy_names_for_older_transformers(tmp_path: Path) -> None:
     kwargs = training_arguments(plan, legacy_names=True)
     assert kwargs["gradient_checkpointing"] is True
     assert kwargs["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
-    with pytest.raises(MemlabError, match="before 5 has no Trainer setting that offloads activations"):
-        training_arguments(plan.replace(offload="activations"), legacy_names=True)  # no "offload" before 5.x
+    # transformers 5.17 (memlab's floor) offloads the checkpointed activations under the older names (issue 58: the
+    # export refused it, saying "transformers before 5")
+    offloaded = training_arguments(plan.replace(offload="activations"), legacy_names=True)
+    assert offloaded["gradient_checkpointing_kwargs"] == {"use_reentrant": False, "offload": True}
+    assert "activation_checkpointing_kwargs" not in offloaded
     assert "activation_checkpointing" not in kwargs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # the deprecated alias still works in 5.x
         args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", **kwargs)
-    assert args.activation_checkpointing is True
+    assert args.gradient_checkpointing is True and getattr(args, "activation_checkpointing", True) is True
     assert training_arguments(Plan(), legacy_names=False)["activation_checkpointing"] is False
 
 
@@ -222,7 +228,7 @@ def test_pytorch_code_runs_on_a_tiny_gpt2(plan: Plan) -> None:
     assert all(p.grad is None for p in model.parameters())  # every step ended with zero_grad
     assert torch.isfinite(namespace["loss"])
     assert model.training
-    assert model.is_activation_checkpointing is plan.checkpointing
+    assert getattr(model, "is_activation_checkpointing", model.is_gradient_checkpointing) is plan.checkpointing
 
 
 def _summed_gradients(plan: Plan, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,302 @@
+"""The installed stack: the versions memlab needs (checked once, as ``import memlab`` starts), and every private
+PyTorch name memlab relies on, looked up here and nowhere else.
+
+memlab's dry runs reach into PyTorch's internals where no public interface says what they need: the fake mode's
+metadata handlers and its dispatch cache key, the ``_grouped_mm`` operator, FSDP2's ``fully_shard`` and
+``MixedPrecisionPolicy``, ``FSDPMemTracker`` and DTensor's sharding strategies. Each is found by one function here,
+which answers None (or PyTorch's own, unchanged) where the installed torch lacks it, so that a torch without it
+runs PyTorch's own code instead of failing with an ``AttributeError`` deep inside an estimate.
+``tests/unit/test_compat.py`` checks each one against the torch it runs on; CI runs it on every stack
+CONTRIBUTING's table lists.
+
+Torch-free at import (this module is imported before torch): each look-up imports what it reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Iterator
+from importlib import metadata
+from typing import Any
+
+from memlab.errors import MemlabError
+
+__all__ = [
+    "FLOORS",
+    "UnsupportedStack",
+    "check_stack",
+    "dtensor_single_dim_strategy",
+    "fake_cache_key_matches",
+    "fake_meta_handlers",
+    "fsdp2_api",
+    "fsdp_mem_tracker_class",
+    "grouped_mm",
+    "installed_version",
+    "mem_tracker_total_key",
+    "propagation_apart",
+    "sharding_prop_strided_flag",
+    "unsupported",
+]
+
+FLOORS: dict[str, str] = {
+    "torch": "2.11",
+    "transformers": "5.17",
+    "peft": "0.21.2",
+    "bitsandbytes": "0.50.2",
+}
+"""The oldest release of each package memlab runs on: what CI's floor stack tests (CONTRIBUTING says what each
+floor buys); ``pyproject.toml`` declares the same. ``trl`` and ``accelerate`` are optional (the Trainer's
+packages) and are not checked at import."""
+
+
+class UnsupportedStack(MemlabError, ImportError):
+    """``import memlab`` on a stack below :data:`FLOORS`: the message names every package that is too old and the
+    one command that installs what memlab needs.
+
+    Example:
+        >>> raise UnsupportedStack("memlab needs torch>=2.11 (installed: torch 2.8.0); write: pip install ...")
+        Traceback (most recent call last):
+        ...
+        memlab.live.compat.UnsupportedStack: memlab needs torch>=2.11 (installed: torch 2.8.0); write: pip install ...
+    """
+
+
+def installed_version(package: str) -> str | None:
+    """The installed release of ``package`` as its distribution's metadata says (None where it is not installed),
+    read without importing it; torch's is ``torch.__version__``, the one this process runs.
+
+    Example:
+        >>> installed_version("torch") is not None, installed_version("no-such-package-memlab")
+        (True, None)
+    """
+    if package == "torch":
+        import torch
+
+        return str(torch.__version__)
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"2.11.0+cu130"`` -> ``(2, 11, 0)``; a pre-release counts as its release (``2.12.0.dev2026`` -> 2.12.0)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        return tuple(int(part) for part in version.split("+")[0].split(".")[:3] if part.isdigit())
+
+
+def unsupported() -> dict[str, str]:
+    """Each installed package of :data:`FLOORS` older than its floor, with its installed release (a package that is
+    not installed is left to the import that needs it).
+
+    Example:
+        >>> unsupported()
+        {}
+    """
+    old = {}
+    for package, floor in FLOORS.items():
+        version = installed_version(package)
+        if version is not None and _release(version) < _release(floor):
+            old[package] = version
+    return old
+
+
+def check_stack() -> None:
+    """Raise :class:`UnsupportedStack` where an installed package is older than memlab's floor, naming each and the
+    command that installs what memlab needs; ``import memlab`` calls it first, so that an old stack is said once,
+    at import, rather than as a traceback from deep inside a later estimate.
+
+    Example:
+        >>> check_stack()  # this stack is supported: nothing is raised
+    """
+    old = unsupported()
+    if not old:
+        return
+    needs = " ".join(f"'{package}>={FLOORS[package]}'" for package in old)
+    installed = ", ".join(f"{package} {version}" for package, version in old.items())
+    raise UnsupportedStack(
+        f"memlab needs {', '.join(f'{p}>={FLOORS[p]}' for p in old)} (installed: {installed}); "
+        f"write: pip install --upgrade {needs}"
+    )
+
+
+# --- private PyTorch names, each looked up once -----------------------------------------------------------------------
+
+
+@functools.cache
+def grouped_mm() -> Any:
+    """``torch.ops.aten._grouped_mm.default`` (mixture-of-experts layers; torch >= 2.8), or None where this torch
+    has no such operator.
+
+    Example:
+        >>> import torch
+        >>> grouped_mm() is torch.ops.aten._grouped_mm.default
+        True
+    """
+    import torch
+
+    packet = getattr(torch.ops.aten, "_grouped_mm", None)
+    return None if packet is None else packet.default
+
+
+@functools.cache
+def fake_meta_handlers() -> dict[Any, Any]:
+    """``FakeTensorMode``'s handlers of metadata queries (``prim.device`` and the like) by operator, which the dry
+    run's fake mode calls directly; empty where this torch has none (every query then goes through the fake mode's
+    dispatch, as PyTorch's own does).
+
+    Example:
+        >>> import torch
+        >>> torch.ops.prim.device.default in fake_meta_handlers()
+        True
+    """
+    from torch._subclasses import fake_tensor
+
+    return dict(getattr(fake_tensor, "_DISPATCH_META_HANDLERS", {}))
+
+
+_CACHE_KEY_PARAMETERS = ("self", "result", "args", "state", "id_hashed_objects")
+
+
+@functools.cache
+def fake_cache_key_matches() -> bool:
+    """Whether ``FakeTensorMode._prep_args_for_hash`` (its dispatch cache key) takes the arguments memlab's faster
+    copy of it takes (:class:`memlab.estimation.fake.FakeMode`); where it does not, PyTorch's own stays.
+
+    Example:
+        >>> fake_cache_key_matches()
+        True
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    method = getattr(FakeTensorMode, "_prep_args_for_hash", None)
+    if method is None:
+        return False
+    try:
+        parameters = tuple(inspect.signature(method).parameters)
+    except (TypeError, ValueError):
+        return False
+    return parameters == _CACHE_KEY_PARAMETERS
+
+
+def fsdp2_api() -> tuple[Any, Any]:
+    """FSDP2's ``fully_shard`` and ``MixedPrecisionPolicy`` (public in ``torch.distributed.fsdp`` since torch 2.6,
+    in ``torch.distributed._composable.fsdp`` before).
+
+    Example:
+        >>> fully_shard, policy = fsdp2_api()
+        >>> fully_shard.__name__, policy.__name__
+        ('fully_shard', 'MixedPrecisionPolicy')
+    """
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import (  # type: ignore[no-redef]
+            MixedPrecisionPolicy,
+            fully_shard,
+        )
+    return fully_shard, MixedPrecisionPolicy
+
+
+def fsdp_mem_tracker_class() -> type:
+    """PyTorch's ``FSDPMemTracker`` (``torch.distributed._tools.fsdp2_mem_tracker``).
+
+    Example:
+        >>> fsdp_mem_tracker_class().__name__
+        'FSDPMemTracker'
+    """
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    return FSDPMemTracker  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def propagation_apart() -> Iterator[None]:
+    """For the block, DTensor's propagation of an output's shape (``ShardingPropagator.
+    _propagate_tensor_meta_non_cached``, which builds fake tensors of the operator's global shapes and runs it on
+    them) runs with no dispatch mode active, so under a fake mode of its own, as it does in eager mode: there it is
+    metadata, never memory. In a dry run it would otherwise run under the dry run's fake mode, in sight of every
+    tracker, and a propagation that DTensor did not cache (torch 2.11 caches no foreach operator whose scalars
+    change from step to step: AdamW's bias corrections) would be booked as the tracked step's memory: 2.09 GiB of
+    "optimizer" per GPU for GPT-2 on 2 GPUs, where a real run holds 475 MiB.
+
+    Example:
+        >>> from torch.distributed.tensor._sharding_prop import ShardingPropagator
+        >>> before = ShardingPropagator._propagate_tensor_meta_non_cached
+        >>> with propagation_apart():
+        ...     ShardingPropagator._propagate_tensor_meta_non_cached is before
+        False
+        >>> ShardingPropagator._propagate_tensor_meta_non_cached is before
+        True
+    """
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    original = ShardingPropagator.__dict__.get("_propagate_tensor_meta_non_cached")
+    if original is None:
+        yield
+        return
+
+    def apart(self: Any, op_schema: Any) -> Any:
+        with _disable_current_modes():
+            return original(self, op_schema)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = apart  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
+
+
+def mem_tracker_total_key() -> str | None:
+    """``MemTracker``'s key of a snapshot's total, or None where this torch names it otherwise.
+
+    Example:
+        >>> mem_tracker_total_key()
+        'Total'
+    """
+    from torch.distributed._tools import mem_tracker
+
+    key = getattr(mem_tracker, "_TOTAL_KEY", None)
+    return key if isinstance(key, str) else None
+
+
+def sharding_prop_strided_flag() -> tuple[Any, Any, Any] | None:
+    """DTensor's sharding propagation module, its ``_propagate_use_strided_shard_flag`` and its ``_StridedShard``
+    placement type, or None where this torch lacks either.
+
+    Example:
+        >>> found = sharding_prop_strided_flag()  # torch 2.11 has no such flag
+        >>> found is None or found[2].__name__ == "_StridedShard"
+        True
+    """
+    from torch.distributed.tensor import _sharding_prop
+
+    flag = getattr(_sharding_prop, "_propagate_use_strided_shard_flag", None)
+    strided = getattr(_sharding_prop, "_StridedShard", None)
+    if flag is None or strided is None:
+        return None
+    return _sharding_prop, flag, strided
+
+
+def dtensor_single_dim_strategy() -> Any:
+    """DTensor's ``torch.distributed.tensor._ops.single_dim_strategy`` module (where a foreach operator's schema is
+    split into its elements'), or None where this torch has none or it lacks ``tree_map_only`` or ``TupleStrategy``.
+
+    Example:
+        >>> dtensor_single_dim_strategy().__name__
+        'torch.distributed.tensor._ops.single_dim_strategy'
+    """
+    try:
+        from torch.distributed.tensor._ops import single_dim_strategy as module
+    except ImportError:
+        return None
+    if getattr(module, "tree_map_only", None) is None or getattr(module, "TupleStrategy", None) is None:
+        return None
+    return module
