@@ -52,9 +52,9 @@ KERNEL_TIMEOUT_MS = 150_000
 
 
 RUN_TIMEOUT_MS = 120_000
-CHECKPOINTING_BOX = "input[list] >> nth=0"
-"""The panel's checkpointing box (off, all or a number of blocks): the first of its text boxes with a list, ahead of
-lora-alpha's (auto or a number)."""
+CHECKPOINTING_BOX = ".widget-dropdown:has(label:text-is('checkpointing')) select"
+"""The panel's checkpointing drop-down (off, every block or k of the model's blocks): the select labelled
+checkpointing."""
 
 
 KERNEL_READY = """() => {

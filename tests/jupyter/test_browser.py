@@ -94,7 +94,7 @@ def test_panel_runs_a_trial_and_draws_it_in_the_browser(jupyter_server: tuple[st
         run.wait_for(state="visible", timeout=KERNEL_TIMEOUT_MS)
         plot = panel.locator(".js-plotly-plot")
         plot.first.wait_for(state="visible", timeout=60_000)
-        expect(panel.locator(CHECKPOINTING_BOX)).to_be_visible()  # checkpointing: off, all or a number of blocks
+        expect(panel.locator(CHECKPOINTING_BOX)).to_be_visible()  # checkpointing: off, every block or k of the blocks
         for label in ("checkpointing", "precision", "optimizer", "offload", "budget", "micro-batch", "accumulation"):
             expect(panel.get_by_text(label, exact=True).first).to_be_visible()
 
@@ -104,9 +104,8 @@ def test_panel_runs_a_trial_and_draws_it_in_the_browser(jupyter_server: tuple[st
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)
         expect(panel.locator(".memlab-status")).to_contain_text("plain: peak")  # no budget: no "fits"
 
-        checkpointing = panel.locator(CHECKPOINTING_BOX)  # the checkpointing box: off, all or a number of blocks
-        checkpointing.fill("all")
-        checkpointing.press("Enter")
+        checkpointing = panel.locator(CHECKPOINTING_BOX)  # off, every block or k of the blocks
+        checkpointing.select_option(label="every block")
         run.click()
         expect(_tick_labels(plot)).to_contain_text(["plain", "ckpt"], timeout=RUN_TIMEOUT_MS)
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)

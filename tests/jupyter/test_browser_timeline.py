@@ -52,9 +52,8 @@ def test_the_panels_timeline_follows_a_click_and_survives_a_reload(lab: Server, 
         run.click()
         expect(_tick_labels(plot)).to_contain_text(["plain"], timeout=RUN_TIMEOUT_MS)
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)
-        checkpointing = panel.locator(CHECKPOINTING_BOX)  # the checkpointing box: off, all or a number of blocks
-        checkpointing.fill("all")
-        checkpointing.press("Enter")
+        checkpointing = panel.locator(CHECKPOINTING_BOX)  # off, every block or k of the blocks
+        checkpointing.select_option(label="every block")
         run.click()
         expect(_tick_labels(plot)).to_contain_text(["plain", "ckpt"], timeout=RUN_TIMEOUT_MS)
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)

@@ -349,9 +349,8 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
         run.click()
         expect(panel.locator(".memlab-report")).to_contain_text("plain", timeout=RUN_TIMEOUT_MS)
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)
-        checkpointing = panel.locator(CHECKPOINTING_BOX)
-        checkpointing.fill("all")
-        checkpointing.press("Enter")
+        checkpointing = panel.locator(CHECKPOINTING_BOX)  # off, every block or k of the blocks
+        checkpointing.select_option(label="every block")
         run.click()
         expect(panel.locator(".memlab-report")).to_contain_text("ckpt", timeout=RUN_TIMEOUT_MS)
         expect(run).to_be_enabled(timeout=RUN_TIMEOUT_MS)

@@ -10,6 +10,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 import pytest
 import torch
+import traitlets
 from models import assert_same, fingerprint, lm_batch, tiny_gpt2
 
 import memlab
@@ -455,3 +456,37 @@ def test_memory_held_before_is_named_only_where_it_changes_the_verdict(
     # 90 MiB with 16 MiB held before: over 80 MiB only because of it (named), over 60 MiB either way (not named)
     assert ("16.0 MiB of it was held before the run: without it, it would fit" in p.status.value) is named
     assert ("Held before the trials: 16.0 MiB" in p.table.value) is named
+
+
+def test_checkpointing_is_a_drop_down_of_exactly_the_values_the_model_allows() -> None:
+    """The checkpointing control is a real ipywidgets drop-down (no text box): off, every block, and 1 to L - 1 of
+    the model's L blocks (L of L is every block, the same plan); the plan gets False, True or the count, and a value
+    the plan would refuse (more blocks than the model has, a word, an index past the list) cannot be set."""
+    blocks = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()) for _ in range(4)))
+    model = torch.nn.Sequential(blocks, torch.nn.Linear(4, 1))
+    p = panel(model, torch.randn(8, 4), loss_fn=lambda m, b: m(b).mean(), steps=1, noise=0)
+    control = p.controls["checkpointing"]
+    assert isinstance(control, widgets.Dropdown) and not isinstance(control, widgets.Text | widgets.Combobox)
+    assert control.options == (("off", "off"), ("every block", "all"), ("1 of 4 blocks", "1"), ("2 of 4 blocks", "2"),
+                               ("3 of 4 blocks", "3"))
+    assert control.label == "off" and p.plan() == Plan()
+    made = {}
+    for index in range(len(control.options)):  # as the browser picks: by index
+        control.index = index
+        made[control.label] = p.plan().checkpointing
+    assert made == {"off": False, "every block": True, "1 of 4 blocks": 1, "2 of 4 blocks": 2, "3 of 4 blocks": 3}
+    assert [type(value) for value in made.values()] == [bool, bool, int, int, int]
+    control.value = 4  # all four of four is every block
+    assert control.label == "every block" and p.plan().checkpointing is True
+    control.value = 2
+    for invalid in (5, "5", "lots", "on", -1):
+        with pytest.raises(traitlets.TraitError):
+            control.value = invalid
+    with pytest.raises(traitlets.TraitError):
+        control.index = len(control.options)
+    assert control.label == "2 of 4 blocks" and p.plan().checkpointing == 2
+    # A model with no repeated blocks offers no count at all; tiny GPT-2's two blocks offer one.
+    assert panel(torch.nn.Linear(4, 1), torch.randn(8, 4), loss_fn=lambda m, b: m(b).mean()).controls[
+        "checkpointing"].options == (("off", "off"), ("every block", "all"))
+    assert [label for label, _ in panel(tiny_gpt2(), small_batch()).controls["checkpointing"].options] == [
+        "off", "every block", "1 of 2 blocks"]

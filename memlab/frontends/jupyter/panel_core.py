@@ -37,7 +37,10 @@ from memlab.report.tables import held_line, judged_text
 from memlab.runner.remeasure import close_contenders, settle_close_race
 from memlab.runner.trial import compare
 
-__all__ = ["AS_THE_MODEL_IS", "AUTO", "AutoCountBox", "PanelCore", "descendants", "lever_control", "user_variable_name"]
+__all__ = [
+    "AS_THE_MODEL_IS", "AUTO", "AutoCountBox", "BlocksDropdown", "PanelCore", "blocks_options", "descendants",
+    "lever_control", "model_blocks", "user_variable_name",
+]
 
 WIDE = {"description_width": "initial"}
 _COLORS = {"info": "#333", "ok": "#2b7a2b", "warn": "#8a5a00", "error": "#b00020"}
@@ -96,7 +99,8 @@ class PanelCore(widgets.VBox):
         self.specs: dict[str, LeverSpec] = lever_specs(self.plan_class)
         self.controls: dict[str, widgets.ValueWidget] = {
             lever: lever_control(spec, self.rows if lever == self.rows_lever else None,
-                                 cuts_rows=lever == self.rows_lever)
+                                 cuts_rows=lever == self.rows_lever,
+                                 blocks=model_blocks(model) if spec.type == "blocks" else None)
             for lever, spec in self.specs.items()
         }
         self.controls["budget"] = _budget_control(options.budget)
@@ -403,25 +407,66 @@ class PanelCore(widgets.VBox):
         )
 
 
-class _BlocksText(traitlets.Unicode):  # type: ignore[type-arg]
-    """Text that takes False, True and counts too, as the plan holds them ("off", "all", "4")."""
+class _BlocksValue(traitlets.Unicode):  # type: ignore[type-arg]
+    """The drop-down's value as text, taking False, True and counts too, as the plan holds them ("off", "all",
+    "2"; the model's own number of blocks is "all", the same plan)."""
 
     def validate(self, obj: Any, value: Any) -> Any:
         if isinstance(value, bool) or isinstance(value, int):
-            value = "all" if value is True else str(value or "off")
+            count = getattr(obj, "blocks", None)
+            value = "all" if value is True or (count is not None and value == count) else str(value or "off")
         return super().validate(obj, value)
 
 
-class BlocksBox(widgets.Combobox):
-    """The checkpointing control: ``off``, ``all`` or a number of blocks, typed or picked; ``value = True`` (or
-    False, or 4) shows as the plan's value would.
+def blocks_options(blocks: int | None) -> list[tuple[str, str]]:
+    """The checkpointing drop-down's choices, (label, value): off, every block, and, where the model's number of
+    repeated blocks is known, each count from 1 to one fewer (all of them is "every block", the same plan).
 
     Example:
-        >>> box = BlocksBox(options=["off", "all"], ensure_option=False); box.value = True; box.value
-        'all'
+        >>> blocks_options(3)
+        [('off', 'off'), ('every block', 'all'), ('1 of 3 blocks', '1'), ('2 of 3 blocks', '2')]
+        >>> blocks_options(None)
+        [('off', 'off'), ('every block', 'all')]
+    """
+    counts = [(f"{k} of {blocks} blocks", str(k)) for k in range(1, blocks)] if blocks else []
+    return [("off", "off"), ("every block", "all"), *counts]
+
+
+class BlocksDropdown(widgets.Dropdown):
+    """The checkpointing control: a drop-down of off, every block and each number of the model's blocks
+    (:func:`blocks_options`), so that no value the plan would refuse can be chosen. ``value = True`` (or False,
+    or 2) shows as the plan's value would; the plan reads the value through the ``--try`` parser (False, True or
+    a count, as before).
+
+    Example:
+        >>> box = BlocksDropdown(blocks=4); box.value = True; box.value, box.label
+        ('all', 'every block')
+        >>> box.value = 2; box.value, box.label
+        ('2', '2 of 4 blocks')
+        >>> box.value = 4; box.label  # all four is every block
+        'every block'
     """
 
-    value = _BlocksText("off", help="off, all or a number of blocks").tag(sync=True)
+    value = _BlocksValue("off", help="off, all or a number of blocks")
+
+    def __init__(self, blocks: int | None = None, **kwargs: Any) -> None:
+        self.blocks = blocks
+        super().__init__(options=blocks_options(blocks), value="off", **kwargs)
+
+
+def model_blocks(model: nn.Module) -> int | None:
+    """How many blocks ``checkpointing=k`` counts in ``model`` (None where it has none to checkpoint).
+
+    Example:
+        >>> model_blocks(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))), model_blocks(nn.Linear(2, 2))
+        (2, None)
+    """
+    from memlab.techniques.checkpointing import checkpoint_blocks
+
+    try:
+        return len(checkpoint_blocks(model)) or None
+    except Exception:  # noqa: BLE001 - no repeated blocks: the drop-down offers off and every block
+        return None
 
 
 class _CountText(traitlets.Unicode):  # type: ignore[type-arg]
@@ -456,9 +501,12 @@ AS_THE_MODEL_IS = "model's"
 """What a choice control whose default is None shows for None (``attention``: the model's own implementation)."""
 
 
-def lever_control(spec: LeverSpec, rows: int | None, *, cuts_rows: bool = False) -> widgets.ValueWidget:
+def lever_control(
+    spec: LeverSpec, rows: int | None, *, cuts_rows: bool = False, blocks: int | None = None
+) -> widgets.ValueWidget:
     """The widget for one lever, named after it, its help as the tooltip: a checkbox for a switch, a drop-down for
-    choices, a number box for a number or a count. The count that cuts the batch (``cuts_rows``: None is all of its
+    choices and for checkpointing (off, every block, or a number of the model's ``blocks``: :class:`BlocksDropdown`),
+    a number box for a number or a count. The count that cuts the batch (``cuts_rows``: None is all of its
     rows) starts at ``rows``; any other count whose default is None is an :class:`AutoCountBox` showing ``auto``
     (what the lever's help says None means: ``lora_alpha``'s twice the rank), never 0.
 
@@ -476,10 +524,9 @@ def lever_control(spec: LeverSpec, rows: int | None, *, cuts_rows: bool = False)
             value=spec.default, description=description, tooltip=spec.help, indent=False, style=WIDE,
             layout=widgets.Layout(width=f"{max(140, 36 + 8 * len(description))}px"),
         )
-    if spec.type == "blocks":  # off, all, or a number of blocks: text, read by the --try parser
-        return BlocksBox(
-            value="off", options=["off", "all", "1", "2", "4", "8", "16"], ensure_option=False,
-            description=description, tooltip=spec.help, style=WIDE, layout=widgets.Layout(width="200px"),
+    if spec.type == "blocks":  # off, every block, or 1 to blocks - 1 of the model's blocks: read by the --try parser
+        return BlocksDropdown(
+            blocks, description=description, tooltip=spec.help, style=WIDE, layout=widgets.Layout(width="230px"),
         )
     if spec.type == "choice":
         # A choice whose default is None (attention) offers the model's own first, as text: a drop-down holding None
