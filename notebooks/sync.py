@@ -24,6 +24,13 @@ TEMPLATE = SOURCES / "_template.py"
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 KEPT_METADATA = ("tags", "jupyter")
+LANGUAGE_INFO = {
+    "codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py", "mimetype": "text/x-python",
+    "name": "python", "nbconvert_exporter": "python", "pygments_lexer": "ipython3",
+}
+"""What ipykernel tells JupyterLab about the language, which JupyterLab writes into the notebook on every save: all
+of it but ``version`` (the kernel's Python, 3.11.7 on one machine and 3.12.1 on the next), so that a notebook run,
+cleared and saved differs from the committed file by that one line alone (tests/jupyter/test_browser_save.py)."""
 
 
 def sources() -> list[Path]:
@@ -37,7 +44,8 @@ def build(source: Path) -> NotebookNode:
     text = jupytext.reads(source.read_text(encoding="utf-8"), fmt="py:percent")
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
-    nb.metadata["language_info"] = {"name": "python"}
+    nb.metadata["language_info"] = {key: (dict(value) if isinstance(value, dict) else value)
+                                    for key, value in LANGUAGE_INFO.items()}
     for index, read in enumerate(text.cells):
         if read.cell_type == "markdown":
             cell = nbformat.v4.new_markdown_cell(read.source)

@@ -212,17 +212,23 @@ print("attention implementation:", model.config._attn_implementation)
 # Double `hidden` (the width) and measure again. Which categories grow about 4×, which about 2×, and why?
 # Make a guess from the table at the top before you run it.
 #
-# The next cell holds one solution, folded: click it to open.
+# One solution is folded below: click it to open, and copy it into a cell to run it. Run All leaves it
+# alone, so its answers stay hidden until you look.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
-# Solution
-wide_config = LlamaConfig(**{**config.to_dict(), "hidden_size": 2 * hidden, "intermediate_size": 8 * hidden})
-wide = AutoModelForCausalLM.from_config(wide_config).to(device)
-wide_trial = memlab.measure(wide, batch, memlab.Plan(), steps=1, noise=noise)
-for name in ("params", "optimizer", "activations"):
-    print(f"{name:12} x{wide_trial.breakdown[name] / max(trial.breakdown[name], 1):.1f}")
-# Weight matrices in the blocks are hidden x hidden, so they grow 4x; the embedding and output tables are
-# vocab x hidden and only double, which pulls the ratio down in a small model. Activations inside the
-# blocks are rows x tokens x hidden (about 2x), but the logits are rows x tokens x vocab and do not grow
-# with the width at all.
-del wide
+# %% [markdown]
+# <details><summary>Solution (click to open)</summary>
+#
+# ```python
+# wide_config = LlamaConfig(**{**config.to_dict(), "hidden_size": 2 * hidden, "intermediate_size": 8 * hidden})
+# wide = AutoModelForCausalLM.from_config(wide_config).to(device)
+# wide_trial = memlab.measure(wide, batch, memlab.Plan(), steps=1, noise=noise)
+# for name in ("params", "optimizer", "activations"):
+#     print(f"{name:12} x{wide_trial.breakdown[name] / max(trial.breakdown[name], 1):.1f}")
+# # Weight matrices in the blocks are hidden x hidden, so they grow 4x; the embedding and output tables are
+# # vocab x hidden and only double, which pulls the ratio down in a small model. Activations inside the
+# # blocks are rows x tokens x hidden (about 2x), but the logits are rows x tokens x vocab and do not grow
+# # with the width at all.
+# del wide
+# ```
+#
+# </details>

@@ -180,7 +180,7 @@ for t in report:
 #
 # The next cell holds one solution, folded: click it to open.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 padded = {"input_ids": batch["input_ids"], "labels": batch["labels"].clone()}
 padded["labels"][: rows // 2, seq_len // 2 :] = -100

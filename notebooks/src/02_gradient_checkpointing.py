@@ -156,7 +156,7 @@ del twin
 #
 # The next cell holds one solution, folded: click it to open.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 half = max(1, rows // 2)
 options = [

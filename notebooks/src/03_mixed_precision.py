@@ -147,7 +147,7 @@ with memlab.apply(model, memlab.Plan(precision=half)) as applied:
 #
 # The next cell holds one solution, folded: click it to open.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 bf16 = report[1]
 if bf16.status == "ok":

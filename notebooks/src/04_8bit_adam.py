@@ -139,7 +139,7 @@ for name, losses in curves.items():
 #
 # The next cell holds one solution, folded: click it to open.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 small = {name: p.numel() for name, p in model.named_parameters() if p.numel() < 4096}
 print(f"{len(small)} tensors keep fp32 state, {sum(small.values()) / n_params:.2%} of the parameters:")

@@ -143,7 +143,7 @@ print(f"one plain step here takes {plain.step_time_s * 1000:.1f} ms")
 #
 # The next cell holds one solution, folded: click it to open.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 pair = [memlab.Plan(offload="optimizer"), memlab.Plan(optimizer="adamw8bit")]
 pair = memlab.compare(model, batch, pair, steps=1, noise=noise)

@@ -196,12 +196,18 @@ print(best.plan.to_code())
 # Halve the budget and search again in one cell with the magic, applying the result. Does anything still
 # fit? If so, what did the search give up to get there? Undo it afterwards.
 #
-# The next cell holds one solution, folded: click it to open.
+# One solution is folded below: click it to open, and copy it into a cell to run it. Run All leaves it
+# alone, so its answers stay hidden until you look.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
-# Solution
-half = budget // 2
+# %% [markdown]
+# <details><summary>Solution (click to open)</summary>
+#
+# ```python
+# half = budget // 2
 # %memfit model batch --budget {half}B --batch-size $rows --steps 1 --noise $noise --quiet --apply
-if "memfit_applied" in globals():
-    print("applied:", memfit_applied.plan.label())
-    memfit_applied.undo()
+# if "memfit_applied" in globals():
+#     print("applied:", memfit_applied.plan.label())
+#     memfit_applied.undo()
+# ```
+#
+# </details>

@@ -168,7 +168,7 @@ for trial in adapters:
 #
 # The next cell holds one solution, folded: click it to open.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 for gpu, gib in (("L4-24GB", 24), ("A100-40GB", 40), ("L40S-48GB", 48), ("H100-80GB", 80)):
     trial = memlab.estimate(config, shapes, smallest.plan, budget=f"{gib}GiB", device="cuda", gpu=gpu)

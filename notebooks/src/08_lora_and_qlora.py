@@ -168,7 +168,7 @@ print(memlab.Plan(adapter="qlora", lora_rank=rank, precision="bf16").to_code()[:
 #
 # The next cell holds one solution, folded: click it to open.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 ranks = [2, 8, 32]
 plans = [memlab.Plan(adapter="lora", lora_rank=r) for r in ranks]

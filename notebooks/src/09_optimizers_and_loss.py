@@ -169,7 +169,7 @@ for plan in (memlab.Plan(), memlab.Plan(loss="chunked")):
 #
 # The next cell holds one solution, folded: click it to open.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 counted = 0
 for p in model.parameters():

@@ -165,7 +165,7 @@ print(accelerate_script(plan, strategy=smallest.strategy, model_name="meta-llama
 #
 # The next cell holds one solution, folded: click it to open.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 from memlab.estimation.sharded import smallest_gpus
 

@@ -186,7 +186,7 @@ print(f"this model, {4 * seq_len} tokens per prompt: peak {human(guess.peak_byte
 #
 # The next cell holds one solution, folded: click it to open.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 lengths = [4, 8, 16]
 sweep = memlab.compare(

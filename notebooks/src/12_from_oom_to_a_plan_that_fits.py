@@ -278,7 +278,7 @@ print(f"packed LoRA epoch: peak {human(watched.peak_bytes)} of {human(packed_bud
 #
 # The next cell holds one solution, folded: click it to open.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 space = {"micro_batch": [4, 2, 1], "checkpointing": [False, True], "loss": ["full", "chunked"]}
 result = memlab.fit(trainer, budget=budget, space=space, steps=steps, noise=noise)

@@ -332,7 +332,7 @@ for name, answer in found_big.items():
 # The next cell holds one solution, folded: click it to open. (At the full size, its dry runs take a few
 # minutes on a small CPU.)
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 chunked = memlab.Plan(adapter="lora", weights="bf16", precision="bf16", checkpointing=True, loss="chunked")
 answer = memlab.limits(big_config("sdpa"), chunked, budget=card_budget, batch=shapes, vary="tokens", multiple=256,

@@ -94,6 +94,6 @@ summary.plot()
 #
 # The next cell holds one solution, folded: click it to open.
 
-# %% jupyter={"source_hidden": true, "outputs_hidden": true}
+# %% jupyter={"source_hidden": true}
 # Solution
 print('one answer')

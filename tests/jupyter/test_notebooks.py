@@ -126,7 +126,12 @@ def test_notebook_has_the_cookbook_shape(name):
     code = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
     assert nb.cells[0].cell_type == "markdown" and sources[0].startswith(f"# {name[:2]} "), "a title first"
     assert "## Exercise" in markdown
-    assert any(cell.metadata.get("jupyter", {}).get("source_hidden") for cell in nb.cells), "a folded solution"
+    folded = [cell for cell in nb.cells if cell.metadata.get("jupyter", {}).get("source_hidden")
+              or (cell.cell_type == "markdown" and cell.source.startswith("<details><summary>Solution"))]
+    assert folded, "a folded solution: a code cell with its source hidden, or a markdown <details> that Run All skips"
+    assert not any("outputs_hidden" in cell.metadata.get("jupyter", {}) for cell in nb.cells), (
+        "outputs_hidden hides nothing (JupyterLab shows a cell's outputs when it runs it) and a save drops it"
+    )
     assert "from_pretrained(" in code, "the from_pretrained line for readers with internet"
     assert "import memlab" in code
     assert ".plot()" in code or "go.Figure" in code or "make_subplots" in code, "a plot"
@@ -148,3 +153,17 @@ def test_parameters_cell_holds_every_size_ci_overrides(name):
         if isinstance(target, ast.Name)
     }
     assert set(OVERRIDES.get(name, SMALL)) <= assigned, set(OVERRIDES.get(name, SMALL)) - assigned
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_solution_folded_in_markdown_is_python_run_all_skips(name):
+    """A solution in a markdown ``<details>`` (00, 06: Run All would have printed its answers, and 06's took
+    minutes) is one fenced block of Python a reader can copy into a cell: IPython reads it, magics and all."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and cell.source.startswith("<details><summary>Solution"):
+            assert cell.source.rstrip().endswith("</details>") and cell.source.count("```python") == 1
+            code = cell.source.split("```python\n", 1)[1].split("```", 1)[0]
+            ast.parse(TransformerManager().transform_cell(code))
