@@ -111,6 +111,35 @@ for name, measured in trial.breakdown.items():
 print(f"{'peak':12} measured {human(trial.peak_bytes):>11}")
 
 # %% [markdown]
+# ## What a lever is for: fitting a budget
+#
+# Say the device had room for 90% of that peak. The plain step no longer fits, and that is what memlab's levers
+# are for: each trades some speed for memory. Here are three plans side by side: plain; checkpointing (each
+# block's activations recomputed in backward instead of kept); and checkpointing with a micro-batch of a quarter
+# of the rows, accumulated four times. All three train in fp32: on a GPU `precision="bf16"` is the next lever,
+# but a CPU emulates bf16 slowly, so here it would only show a slower step.
+
+# %%
+budget = int(0.9 * trial.peak_bytes)
+levers = memlab.compare(
+    model,
+    batch,
+    [memlab.Plan(), memlab.Plan(checkpointing=True),
+     memlab.Plan(micro_batch=max(rows // 4, 1), accumulation=4, checkpointing=True)],
+    budget=budget,
+    steps=steps,
+    noise=noise,
+)
+print(f"budget {human(budget)}; the fastest plan that fits: {levers.best.label if levers.best else 'none'}")
+levers.plot()
+
+# %% [markdown]
+# The plain bar crosses the budget line: it does not fit. Checkpointing brings the peak under it for the price
+# of a second forward through each block in backward; accumulation cuts the activations again, for the price of
+# smaller, slower steps. `levers.best` is the fastest plan that fits. Each lever has its own notebook (01 to
+# 05); the rest of this one goes back to the plain step and looks at where its memory goes.
+
+# %% [markdown]
 # ## Inside the step: the timeline
 #
 # The breakdown is a snapshot at the moment of the peak. `trial.timeline` shows the whole step it was taken
