@@ -37,6 +37,7 @@ __all__ = [
     "mem_tracker_total_key",
     "propagation_apart",
     "sharding_prop_strided_flag",
+    "tensor_use_counts",
     "unsupported",
 ]
 
@@ -300,3 +301,22 @@ def dtensor_single_dim_strategy() -> Any:
     if getattr(module, "tree_map_only", None) is None or getattr(module, "TupleStrategy", None) is None:
         return None
     return module
+
+
+def tensor_use_counts(tensor: Any) -> tuple[int, int] | None:
+    """How many references hold ``tensor`` and its storage (``Tensor._use_count`` and ``torch._C._storage_Use_Count``,
+    both private), or None where this torch has neither: what the autograd engine reads to decide whether it may sum
+    gradients in place.
+
+    Example:
+        >>> import torch
+        >>> tensor_use_counts(torch.ones(2)) is not None
+        True
+    """
+    import torch
+
+    use_count = getattr(tensor, "_use_count", None)
+    storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None or storage_use_count is None:
+        return None
+    return int(use_count()), int(storage_use_count(tensor.untyped_storage()._cdata))

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from memlab.live.batch import Batch, LossFn, batch_device, check_loss, map_tensors, resolve_loss_fn
+from memlab.live.compat import tensor_use_counts
 from memlab.live.device import model_device
 from memlab.plan import Plan
 from memlab.techniques.registry import step_techniques
@@ -277,11 +278,10 @@ def _sole(grad: torch.Tensor) -> bool:
     referenced (inside a node's post-hook) by the node's outputs and this call's Python object alone."""
     if grad._base is not None or grad.is_sparse or not grad.is_contiguous():
         return False
-    use_count = getattr(grad, "_use_count", None)
-    storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
-    if use_count is None or storage_use_count is None:  # a torch without them: the engine's sums, as before
+    counts = tensor_use_counts(grad)
+    if counts is None:  # a torch without them: the engine's sums, as before
         return False
-    return bool(use_count() <= 2 and storage_use_count(grad.untyped_storage()._cdata) <= 2)
+    return counts[0] <= 2 and counts[1] <= 2
 
 
 def _on_device(batch: Batch, device: torch.device) -> Batch:

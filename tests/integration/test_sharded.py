@@ -239,12 +239,13 @@ def test_cli_gpus_auto_prints_the_card_figure_where_known_and_says_which_figure_
 
     config().save_pretrained(tmp_path)
     assert main(["estimate", str(tmp_path), "--batch", "2x64", "--budget", "4GiB", "--gpus", "auto"]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if " x" in line and "per GPU" in line]
-    assert [line.split()[1] for line in lines] == ["fsdp2", "zero2", "zero3"], lines
+    # The answer's table (issue 61's layout): plan, strategy, GPUs, peak per GPU, card per GPU, verdict.
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(" plain ")]
+    assert [line[1] for line in lines] == ["fsdp2", "zero2", "zero3"], lines
     fsdp2, *zero = lines
-    assert "allocated per GPU, card " in fsdp2 and fsdp2.endswith("; fits by the card figure"), fsdp2
-    for line in zero:  # no ZeRO step is traced: the verdict says it judged the allocated peak
-        assert "card figure unknown" in line and line.endswith("; fits by the allocated peak"), line
+    assert fsdp2[4] != "-" and fsdp2[-3:] == ["fits", "(card", "figure)"], fsdp2
+    for line in zero:  # no ZeRO step is traced: no card figure, and the verdict says it judged the allocated peak
+        assert line[4] == "-" and line[-3:] == ["fits", "(allocated", "peak)"], line
 
 
 PURE_BF16 = """

@@ -4,6 +4,7 @@ it assumed."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -165,7 +166,8 @@ def test_the_command_line_estimates_every_sharded_lever(tmp_path: Path, capsys: 
     config().save_pretrained(tmp_path)  # type: ignore[attr-defined]
     assert main(["estimate", str(tmp_path), "--batch", "2x32", "--device", "cpu", "--gpus", "2", "--strategy",
                  "fsdp1", "--try", "adapter=lora,qlora", "offload=none,params", "--dtype", "bf16"]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if "fsdp1" in line and " x2" in line]
+    # The answer's table: a row per plan, its strategy and number of GPUs in their columns (issue 61's layout).
+    lines = [line for line in capsys.readouterr().out.splitlines() if re.search(r"\bfsdp1\s+2\s", line)]
     assert len(lines) == 4 and all("error" not in line for line in lines), lines
     assert main(["estimate", str(tmp_path), "--batch", "2x32", "--device", "cpu", "--gpus", "auto", "--budget",
                  "4MiB", "--strategy", "zero3", "--try", "adapter=qlora", "checkpointing=1"]) in (0, 1)

@@ -37,10 +37,8 @@ from memlab.report.tables import held_line, judged_text
 from memlab.runner.remeasure import close_contenders, settle_close_race
 from memlab.runner.trial import compare
 
-__all__ = [
-    "AS_THE_MODEL_IS", "AUTO", "AutoCountBox", "BlocksDropdown", "PanelCore", "blocks_options", "descendants",
-    "lever_control", "model_blocks", "user_variable_name",
-]
+__all__ = ["AS_THE_MODEL_IS", "AUTO", "AutoCountBox", "BlocksDropdown", "PanelCore", "blocks_options", "descendants",
+           "lever_control", "model_blocks", "user_variable_name"]
 
 WIDE = {"description_width": "initial"}
 _COLORS = {"info": "#333", "ok": "#2b7a2b", "warn": "#8a5a00", "error": "#b00020"}
@@ -434,17 +432,13 @@ def blocks_options(blocks: int | None) -> list[tuple[str, str]]:
 
 class BlocksDropdown(widgets.Dropdown):
     """The checkpointing control: a drop-down of off, every block and each number of the model's blocks
-    (:func:`blocks_options`), so that no value the plan would refuse can be chosen. ``value = True`` (or False,
-    or 2) shows as the plan's value would; the plan reads the value through the ``--try`` parser (False, True or
-    a count, as before).
+    (:func:`blocks_options`), so that no value the plan would refuse can be chosen; ``value = True`` (or False, or
+    2) shows as the plan's value would, and the plan reads it through the ``--try`` parser.
 
     Example:
-        >>> box = BlocksDropdown(blocks=4); box.value = True; box.value, box.label
-        ('all', 'every block')
-        >>> box.value = 2; box.value, box.label
-        ('2', '2 of 4 blocks')
-        >>> box.value = 4; box.label  # all four is every block
-        'every block'
+        >>> box = BlocksDropdown(blocks=4); box.value = True; (box.value, box.label), (setattr(box, "value", 2),
+        ...     box.label)[1], (setattr(box, "value", 4), box.label)[1]  # all four is every block
+        (('all', 'every block'), '2 of 4 blocks', 'every block')
     """
 
     value = _BlocksValue("off", help="off, all or a number of blocks")
