@@ -248,7 +248,10 @@ def _idefics3_processor(real: bool) -> Any:
 
     tokenizer = tiny_tokenizer(IDEFICS3_SPECIALS)
     if real:
-        from transformers import Idefics3ImageProcessorPil
+        # From its module, not ``transformers``: transformers 5.17's lazy import table files this PIL class under
+        # torchvision (as its fast sibling), so the top-level name (and AutoImageProcessor's) is a placeholder that
+        # raises without torchvision; the class itself needs none (5.24 files it right: the same class either way).
+        from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
         image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": LLAVA_SIZE},
                                                     max_image_size={"longest_edge": LLAVA_SIZE})

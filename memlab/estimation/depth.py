@@ -94,6 +94,9 @@ class ShallowRun:
     trial: Trial
     reserved: int | None
     events: list[Event]
+    root: str = ""
+    """The name the model itself ran under (its class's), which the carried timeline names "" as the dry run's
+    own does."""
 
 
 # Configs asked about, by id (a config is not hashable): the config (weakly), what it said then (its attributes,
@@ -292,7 +295,7 @@ def carried_trial(shallow: ShallowModel, runs: dict[int, ShallowRun], categories
         if any(canonical(checked, consumer) != canonical(two.events, consumer) for consumer in (ALLOCATOR, STEP)):
             return None
         deep = extend(three.events, shallow.depth, shallow.paths)
-        step = replay_step(deep, categories)
+        step = replay_step(deep, categories, root=three.root)
         reserved = replay_allocator(deep, capacity) if allocator else None
     except (NotRepeating, KeyError, ValueError):  # a log its consumers could not have been told: dry-run whole
         return None

@@ -70,9 +70,10 @@ class _Named:
         pass
 
 
-def replay_step(events: Iterable[Event], categories: Sequence[str]) -> StepReplay:
+def replay_step(events: Iterable[Event], categories: Sequence[str], *, root: str = "") -> StepReplay:
     """The tracked step's peak, breakdown and recording, from the step's events of ``events``: the storages alive
     at its start, then each allocation, free, resize, new category, check of the peak and section in order.
+    ``root`` is the name the model itself ran under (its class's), named "" in the recording's timeline.
 
     Example:
         >>> log = [Event("L", "start", 1, 100, "params"), Event("L", "alloc", 2, 50, "activations", "net"),
@@ -85,6 +86,7 @@ def replay_step(events: Iterable[Event], categories: Sequence[str]) -> StepRepla
     recorder = StepRecorder(None, categories)
     watch = _Named()
     recorder.watch = watch  # type: ignore[assignment]
+    recorder.result.root = root  # the model's own name, as the dry run's recorder has it
     sections: list[contextlib.AbstractContextManager[Any]] = []
     listening = False
     for event in events:

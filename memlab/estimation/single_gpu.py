@@ -164,7 +164,7 @@ def _carried(
                                    paths=shallow.paths)
         if run.events is None or run.trial.status != "ok":
             return None
-        runs[layers] = ShallowRun(run.trial, run.reserved, run.events)
+        runs[layers] = ShallowRun(run.trial, run.reserved, run.events, run.root)
         fell_back[layers] = run.fell_back
     carried = carried_trial(shallow, runs, CATEGORIES, _capacity(gpu_kind(gpu)))
     if carried is None or fell_back[source_layers()] != fell_back[check_layers()]:
@@ -268,6 +268,8 @@ class _PlanRun:
     reserved: int | None
     fell_back: bool
     events: list[Event] | None = None
+    root: str = ""
+    """The name the model itself ran under in the depth log (its class's: the recording's root)."""
 
 
 @contextlib.contextmanager
@@ -387,7 +389,8 @@ def _plan_runs(
                      if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *notes, *workload.notes(plan)))
             runs.append(_PlanRun(trial, _reserved(trial, trace), fell_back,
-                                 list(log.events) if log is not None else None))
+                                 list(log.events) if log is not None else None,
+                                 log.watch.root if log is not None else ""))
     return (target, kernels), runs
 
 

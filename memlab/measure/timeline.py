@@ -171,8 +171,12 @@ def _nodes(value: Any) -> list[Any]:
     except Exception:  # an output pytree cannot flatten: no backward marks for it
         return []
     for leaf in leaves:
-        if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None:
-            seen.setdefault(id(leaf.grad_fn), leaf.grad_fn)
+        # Each node read once and kept while deduplicating: ``leaf.grad_fn`` may make a new Python object, and the
+        # id of one dropped at once can be the next one's, so that another output's node (a model's logits, after
+        # its loss) was taken for one already seen and left unmarked, as the memory addresses fell.
+        node = leaf.grad_fn if isinstance(leaf, torch.Tensor) else None
+        if node is not None:
+            seen.setdefault(id(node), node)
     return list(seen.values())
 
 
