@@ -35,8 +35,8 @@ from memlab.report.verdicts import FITS, OVER_BUDGET, VERDICT_WORDS, bar_marks, 
 
 __all__ = ["BEST_COLOR", "BUDGET_COLOR", "CATEGORY_COLORS", "DOES_NOT_FIT_COLOR", "HATCH", "TIE_COLOR",
     "FIGURE_TITLES", "INTERVAL_COLOR", "MARK_FONT_PX", "MARKS_NAME", "MIN_TEXT_PX", "MEMORY_COLUMN",
-    "OUT_OF_MEMORY_NAME", "OVER_BUDGET_NAME", "RATE_COLOR", "THROUGHPUT_COLUMN", "budget_line", "budget_note",
-    "comparison_figure", "comparison_traces", "finite", "empty_trace", "figure_columns", "figure_data",
+    "OUT_OF_MEMORY_NAME", "OVER_BUDGET_NAME", "PAST_THE_BUDGET", "RATE_COLOR", "THROUGHPUT_COLUMN", "budget_line",
+    "budget_note", "comparison_figure", "comparison_traces", "finite", "empty_trace", "figure_columns", "figure_data",
     "report_figure", "speed_range"]
 
 _MIB = 1024**2
@@ -59,7 +59,9 @@ INTERVAL_COLOR = "#3B3B3B"
 
 _ERROR_CAP_PX = 4
 _SPEED_HEADROOM = 1.2
-_PAST_THE_BUDGET = 1.1
+PAST_THE_BUDGET = 1.1
+"""How far past its budget an out-of-memory plan's "does not fit" bar reaches, as a multiple of the budget (at
+least: a higher peak it reached is drawn as is): past the line, never stopping at it."""
 MARK_FONT_PX = 12
 """The size of the words and signs above the throughput bars (best, tie, over budget): never shrunk."""
 MIN_TEXT_PX = 10
@@ -436,7 +438,7 @@ def _does_not_fit_heights(report: Report, data: Mapping[str, Any]) -> list[float
         budget = trial.budget if trial.budget is not None else report.budget
         # Past the budget line, never stopping at it: the step needed more than the budget (how much more is not
         # known where the budget stopped it; the hover says what it reached).
-        height = max(reached, (budget or 0) / _MIB * _PAST_THE_BUDGET)
+        height = max(reached, (budget or 0) / _MIB * PAST_THE_BUDGET)
         heights.append(height if height > 0 else floor)
     return heights
 
