@@ -518,17 +518,19 @@ class Report:
         phases shaded and each peak named (:mod:`memlab.report.timeline_figure`).
 
         The right panel stacks params, grads, optimizer, activations and other (MiB) for each plan; an
-        out-of-memory plan is a grey hatched "does not fit" bar (as high as the peak it reached, at least its
-        budget), a plan over the budget is hatched over its own colours (and its samples/s bar grey and hatched), a
-        failed plan an ``x`` on the axis, and a dashed line marks the budget. The best plan's samples/s bar is green
-        and says "best" (its ties "tie"); the legend names only the marks drawn. This is the top row of the live
-        figure (:mod:`memlab.frontends.jupyter.live`), built by the same :func:`comparison_figure`: the traces are
-        always the same nine (five categories, "out of memory", "over budget", "error", "samples/s"), in that order.
+        out-of-memory plan is a grey hatched "does not fit" bar (as high as the peak it reached, at least a tenth
+        past its budget line), a plan over the budget is hatched over its own colours (and its samples/s bar grey and
+        hatched), a failed plan an ``x`` on the axis, and a dashed line marks the budget. The best plan's samples/s
+        bar is green, with "best" written above its error bar (its ties "tie", a plan over the budget "over budget");
+        the legend names only the marks drawn. This is the top row of the live figure
+        (:mod:`memlab.frontends.jupyter.live`), built by the same :func:`comparison_figure`: the traces are always
+        the same ten (five categories, "out of memory", "over budget", "error", "samples/s", and the text trace
+        "marks" of the words above the throughput bars), in that order.
 
         Example:
             >>> r = Report([Trial(Plan(), "ok", 2**20, {"params": 2**20}, 0.5, 8.0, None, "cpu")])
-            >>> [trace.name for trace in r.plot().data][-1]
-            'samples/s'
+            >>> [trace.name for trace in r.plot().data][-2:]
+            ['samples/s', 'marks']
         """
         if kind == "timeline":
             from memlab.report.timeline_figure import report_timelines

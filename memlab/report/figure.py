@@ -35,8 +35,8 @@ from memlab.report.verdicts import FITS, OVER_BUDGET, VERDICT_WORDS, bar_marks, 
 
 __all__ = ["BEST_COLOR", "BUDGET_COLOR", "CATEGORY_COLORS", "DOES_NOT_FIT_COLOR", "HATCH", "TIE_COLOR",
     "FIGURE_TITLES", "INTERVAL_COLOR", "MARK_FONT_PX", "MARKS_NAME", "MIN_TEXT_PX", "MEMORY_COLUMN",
-    "OUT_OF_MEMORY_NAME", "OVER_BUDGET_NAME", "RATE_COLOR", "THROUGHPUT_COLUMN", "budget_line", "budget_note",
-    "comparison_figure", "comparison_traces", "finite", "empty_trace", "figure_columns", "figure_data",
+    "OUT_OF_MEMORY_NAME", "OVER_BUDGET_NAME", "PAST_THE_BUDGET", "RATE_COLOR", "THROUGHPUT_COLUMN", "budget_line",
+    "budget_note", "comparison_figure", "comparison_traces", "finite", "empty_trace", "figure_columns", "figure_data",
     "report_figure", "speed_range"]
 
 _MIB = 1024**2
@@ -59,7 +59,9 @@ INTERVAL_COLOR = "#3B3B3B"
 
 _ERROR_CAP_PX = 4
 _SPEED_HEADROOM = 1.2
-_PAST_THE_BUDGET = 1.1
+PAST_THE_BUDGET = 1.1
+"""How far past its budget an out-of-memory plan's "does not fit" bar reaches, as a multiple of the budget (at
+least: a higher peak it reached is drawn as is): past the line, never stopping at it."""
 MARK_FONT_PX = 12
 """The size of the words and signs above the throughput bars (best, tie, over budget): never shrunk."""
 MIN_TEXT_PX = 10
@@ -358,13 +360,14 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
     )
     # The verdict by the bar, where the eye looks: best, its ties, and what does not fit; above the top of the bar's
     # error bar (never under its whisker) at MARK_FONT_PX, never shrunk (a sign where the word would not fit).
-    words = bar_marks(marks, over, PLOTLY_PANEL_PX / max(1, len(labels)), MARK_FONT_PX, numbered=numbered)
+    slot_px = PLOTLY_PANEL_PX / max(1, len(labels))
+    words = bar_marks(marks, over, slot_px, MARK_FONT_PX, numbered=numbered)
     shown = [i for i, word in enumerate(words) if word and data["samples_per_s"][i] is not None]
     columns.append(
         {
             "x": [labels[i] for i in shown],
             "y": [data["samples_per_s"][i] + (above[i] if isinstance(above[i], float) else 0.0) for i in shown],
-            "text": [words[i] for i in shown],
+            "text": _staggered(words, shown, slot_px),
             "textfont.color": [DOES_NOT_FIT_COLOR if over[i] and not marks[i] else BEST_COLOR for i in shown],
             "hovertext": [],
         }
@@ -426,6 +429,27 @@ def budget_note(budget: int) -> dict[str, Any]:
 # --- the data ------------------------------------------------------------------------------------------------------
 
 
+def _staggered(words: list[str], shown: list[int], slot_px: float) -> list[str]:
+    """The ``shown`` words, every other one of a run of neighbours too wide for their bars' slots raised by a line
+    (a last line of a no-break space: a text point's lines end at its point), so two neighbours' words or signs
+    never overlap. Widths are estimated generously: 0.6 font sizes a character of a word, a font size a sign.
+
+    Example:
+        >>> _staggered(["=", "\u2605", "", "="], [0, 1, 3], slot_px=4.0)
+        ['=', '\u2605<br>\u00a0', '=']
+    """
+    def width(word: str) -> float:
+        return max(len(line) for line in word.split("<br>")) * MARK_FONT_PX * (0.6 if len(word) > 1 else 1.0)
+
+    texts: list[str] = []
+    raised = False
+    for n, i in enumerate(shown):
+        near = n > 0 and shown[n - 1] == i - 1 and 2 * slot_px < width(words[i]) + width(words[i - 1])
+        raised = near and not raised
+        texts.append(words[i] + "<br>\u00a0" if raised else words[i])
+    return texts
+
+
 def _does_not_fit_heights(report: Report, data: Mapping[str, Any]) -> list[float | None]:
     floor = max((peak for peak in data["peak_mib"] if peak), default=1.0)
     heights: list[float | None] = []
@@ -436,7 +460,7 @@ def _does_not_fit_heights(report: Report, data: Mapping[str, Any]) -> list[float
         budget = trial.budget if trial.budget is not None else report.budget
         # Past the budget line, never stopping at it: the step needed more than the budget (how much more is not
         # known where the budget stopped it; the hover says what it reached).
-        height = max(reached, (budget or 0) / _MIB * _PAST_THE_BUDGET)
+        height = max(reached, (budget or 0) / _MIB * PAST_THE_BUDGET)
         heights.append(height if height > 0 else floor)
     return heights
 

@@ -112,11 +112,15 @@ def test_panel_runs_a_trial_and_draws_it_in_the_browser(jupyter_server: tuple[st
         expect(panel.locator(".memlab-report")).to_contain_text("ckpt")
 
         # The DOM holds what the kernel measured: a stacked bar per category for both settings, and both
-        # points of the memory-vs-throughput scatter with their labels.
+        # points of the memory-vs-throughput scatter (x4, y4) with their labels.
         bars = plot.locator(".barlayer .trace.bars .point")
         assert bars.count() >= 2 * 5
-        scatter_text = plot.locator(".scatterlayer .textpoint").all_text_contents()
+        scatter_text = plot.locator(".subplot.x4y4 .scatterlayer .textpoint").all_text_contents()
         assert sorted(scatter_text) == ["ckpt", "plain"]
+        # Above the throughput bars (x, y), the "marks" text trace: "best" over one bar, "tie" over the other
+        # where the two are as fast within noise (no budget: nothing is over it).
+        marks = sorted(plot.locator(".subplot.xy .scatterlayer .textpoint").all_text_contents())
+        assert marks in (["best"], ["best", "tie"]), marks
         outputs = page.locator(".jp-OutputArea").inner_text()
         assert "Traceback" not in outputs and "Error" not in outputs
         # The widget front ends were found: no plain-text fallback, no "Error displaying widget".
@@ -324,7 +328,8 @@ def test_figures_of_1_to_60_plans_are_readable(count: int, tmp_path: Path, chrom
     figures = {"plot": report.plot(), "live": go.Figure(live.widget)}
     page_html = tmp_path / "figures.html"
     divs = [figure.to_html(full_html=False, include_plotlyjs=i == 0) for i, figure in enumerate(figures.values())]
-    page_html.write_text(f"<html><body style='margin:8px'>{report_svg(report)}{''.join(divs)}</body></html>")
+    page_html.write_text(f"<html><head><meta charset='utf-8'></head><body style='margin:8px'>{report_svg(report)}"
+                         f"{''.join(divs)}</body></html>")  # UTF-8, as a notebook or memlab's HTML report: the signs
     page = chromium.new_page(viewport={"width": 1000, "height": 900})
     try:
         page.goto(page_html.as_uri(), wait_until="load")

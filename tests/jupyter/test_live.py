@@ -17,7 +17,7 @@ from memlab.frontends.jupyter import live as live_module
 from memlab.frontends.jupyter.live import LiveFigure, LiveOutput
 from memlab.plan import Plan
 from memlab.report import CATEGORIES, Report, Trial
-from memlab.report.figure import BEST_COLOR
+from memlab.report.figure import BEST_COLOR, MARKS_NAME, PAST_THE_BUDGET
 from memlab.runner.trial import TrialRunner
 
 MIB = 1024**2
@@ -85,8 +85,10 @@ def test_a_bar_per_setting_for_each_category_and_a_point_per_setting() -> None:
         assert [y is not None for y in bars[name].y] == [True, True, True, False, False]
     assert bars["params"].y[0] == pytest.approx(2.0)
     assert sum(bars[name].y[1] for name in CATEGORIES) == pytest.approx(4.0)
-    # The OOM setting is a "does not fit" bar, at least as high as the budget it broke; the failure an x.
-    assert bars["out of memory"].y == (None, None, None, pytest.approx(10.0), None)
+    # The OOM setting is a "does not fit" bar reaching past the budget it broke (a tenth past: 11 MiB over a
+    # 10 MiB line, higher than the 3 MiB it reached); the failure an x.
+    assert PAST_THE_BUDGET == 1.1
+    assert bars["out of memory"].y == (None, None, None, pytest.approx(10.0 * PAST_THE_BUDGET), None)
     assert bars["out of memory"].text[3] == "does not fit"
     assert bars["error"].y == (None, None, None, None, 0.0)
     assert bars["error"].text[4] == "RuntimeError: boom"
@@ -94,6 +96,11 @@ def test_a_bar_per_setting_for_each_category_and_a_point_per_setting() -> None:
     speed = traces_on(figure, "x")["samples/s"]  # the top left panel, as in Report.plot
     assert speed.x == labels and speed.y == (20.0, 15.0, 30.0, None, None)
     assert speed.marker.color[0] == BEST_COLOR  # plain is the fastest that fits
+    # The words over the bars are the "marks" text trace, at the top of each bar (no error bar: timed once)
+    marks = traces_on(figure, "x")[MARKS_NAME]
+    assert (marks.type, marks.mode) == ("scatter", "text")
+    assert marks.x == ("plain", "bf16") and marks.y == (20.0, 30.0)
+    assert marks.text == ("best", "over<br>budget") and marks.textfont.color[0] == BEST_COLOR
 
     scatter = traces_on(figure, "x4")
     assert scatter["fits"].text == ("plain", "ckpt")
@@ -192,7 +199,8 @@ def test_show_report_draws_a_whole_report_with_its_budget() -> None:
     figure.show_report(report)
     bars = traces_on(figure, "x2")
     assert bars["params"].x == ("plain", Plan(accumulation=2).label())
-    assert bars["out of memory"].y == (None, pytest.approx(1.0))  # reached nothing, yet drawn up to its budget
+    # reached nothing, yet drawn past its budget line (a tenth past it)
+    assert bars["out of memory"].y == (None, pytest.approx(1.0 * PAST_THE_BUDGET))
     assert figure.widget.layout.shapes[0].y0 == pytest.approx(1.0)
     assert figure.report == report and figure.report is not report
 

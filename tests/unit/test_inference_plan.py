@@ -138,7 +138,10 @@ def test_training_reports_are_unchanged() -> None:
     assert report.categories == CATEGORIES
     assert set(trial.breakdown) == set(CATEGORIES)
     assert "kv_cache" not in report.to_text() and "kv_cache_bytes" not in report.to_dataframe().columns
-    assert len(report.plot().data) == 9
+    # five categories, "out of memory", "over budget", "error", "samples/s" and the "marks" text trace
+    traces = report.plot().data
+    assert len(traces) == 10
+    assert (traces[-1].name, traces[-1].type, traces[-1].mode) == ("marks", "scatter", "text")
     with pytest.raises(ValueError, match="unknown categories"):
         Trial(memlab.Plan(), "ok", 100, {"kv_cache": 1}, None, None, None, "cpu")
 
