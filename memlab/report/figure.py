@@ -31,7 +31,16 @@ from memlab.report.plan_axis import (
     run_labels,
 )
 from memlab.report.svg import axis_number
-from memlab.report.verdicts import FITS, OVER_BUDGET, VERDICT_WORDS, bar_marks, best_caption, best_marks, verdicts
+from memlab.report.verdicts import (
+    FITS,
+    OVER_BUDGET,
+    VERDICT_WORDS,
+    bar_marks,
+    best_caption,
+    best_marks,
+    staggered_marks,
+    verdicts,
+)
 
 __all__ = ["BEST_COLOR", "BUDGET_COLOR", "CATEGORY_COLORS", "DOES_NOT_FIT_COLOR", "HATCH", "TIE_COLOR",
     "FIGURE_TITLES", "INTERVAL_COLOR", "MARK_FONT_PX", "MARKS_NAME", "MIN_TEXT_PX", "MEMORY_COLUMN",
@@ -367,7 +376,7 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
         {
             "x": [labels[i] for i in shown],
             "y": [data["samples_per_s"][i] + (above[i] if isinstance(above[i], float) else 0.0) for i in shown],
-            "text": _staggered(words, shown, slot_px),
+            "text": staggered_marks(words, shown, slot_px, MARK_FONT_PX),
             "textfont.color": [DOES_NOT_FIT_COLOR if over[i] and not marks[i] else BEST_COLOR for i in shown],
             "hovertext": [],
         }
@@ -427,27 +436,6 @@ def budget_note(budget: int) -> dict[str, Any]:
 
 
 # --- the data ------------------------------------------------------------------------------------------------------
-
-
-def _staggered(words: list[str], shown: list[int], slot_px: float) -> list[str]:
-    """The ``shown`` words, every other one of a run of neighbours too wide for their bars' slots raised by a line
-    (a last line of a no-break space: a text point's lines end at its point), so two neighbours' words or signs
-    never overlap. Widths are estimated generously: 0.6 font sizes a character of a word, a font size a sign.
-
-    Example:
-        >>> _staggered(["=", "\u2605", "", "="], [0, 1, 3], slot_px=4.0)
-        ['=', '\u2605<br>\u00a0', '=']
-    """
-    def width(word: str) -> float:
-        return max(len(line) for line in word.split("<br>")) * MARK_FONT_PX * (0.6 if len(word) > 1 else 1.0)
-
-    texts: list[str] = []
-    raised = False
-    for n, i in enumerate(shown):
-        near = n > 0 and shown[n - 1] == i - 1 and 2 * slot_px < width(words[i]) + width(words[i - 1])
-        raised = near and not raised
-        texts.append(words[i] + "<br>\u00a0" if raised else words[i])
-    return texts
 
 
 def _does_not_fit_heights(report: Report, data: Mapping[str, Any]) -> list[float | None]:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # reads a Report's trials and verdicts; imports nothing of th
     from memlab.report.data import Report
 
 __all__ = ["FITS", "OUT_OF_MEMORY", "OVER_BUDGET", "ERROR", "MARK_WORDS", "NARROW_MARKS", "VERDICT_WORDS", "bar_marks",
-           "best_caption", "best_marks", "verdicts"]
+           "best_caption", "best_marks", "staggered_marks", "verdicts"]
 
 FITS, OVER_BUDGET, OUT_OF_MEMORY, ERROR = "fits", "over budget", "out of memory", "error"
 VERDICT_WORDS = {
@@ -133,3 +133,24 @@ def bar_marks(
         widest = max(len(line) for line in word.split("<br>")) * 0.6 * font_px
         words.append(word if widest <= slot_px else NARROW_MARKS[key])
     return words
+
+
+def staggered_marks(words: list[str], shown: list[int], slot_px: float, font_px: float) -> list[str]:
+    """The ``shown`` words, every other one of a run of neighbours too wide for their bars' slots raised by a line
+    (a last line of a no-break space: a text point's lines end at its point), so two neighbours' words or signs
+    never overlap. Widths are estimated generously: 0.6 font sizes a character of a word, a font size a sign.
+
+    Example:
+        >>> staggered_marks(["=", "\u2605", "", "="], [0, 1, 3], slot_px=4.0, font_px=12)
+        ['=', '\u2605<br>\u00a0', '=']
+    """
+    def width(word: str) -> float:
+        return max(len(line) for line in word.split("<br>")) * font_px * (0.6 if len(word) > 1 else 1.0)
+
+    texts: list[str] = []
+    raised = False
+    for n, i in enumerate(shown):
+        near = n > 0 and shown[n - 1] == i - 1 and 2 * slot_px < width(words[i]) + width(words[i - 1])
+        raised = near and not raised
+        texts.append(words[i] + "<br>\u00a0" if raised else words[i])
+    return texts
