@@ -129,9 +129,9 @@ def section_sft_peft(size: str, device: torch.device) -> dict[str, Any]:
     import memlab
     from benchmarks.gpu_sections_trainer import (
         LORA,
-        _overhead_check,
         fit_then_train,
         make_sft_trainer,
+        overhead_check,
         sft_missing,
         trainer_dropout,
         watch_overhead,
@@ -174,7 +174,7 @@ def section_sft_peft(size: str, device: torch.device) -> dict[str, Any]:
         # watch's overhead is judged on a GPU only; the CPU sizes exercise the code, which the trainer part's has.
         if guard.broken is None and fitted is not None and size == "full":
             result["overhead"] = watch_overhead(trainer, fitted["budget_bytes"], spec["overhead"], device)
-            _overhead_check(checks, "SFTTrainer", result["overhead"], device)
+            overhead_check(checks, "SFTTrainer", result["overhead"], device)
     return {**result, "broken_at": guard.broken, "tracebacks": guard.errors, "checks": checks.items}
 
 

@@ -233,7 +233,7 @@ def watch_overhead(trainer: Any, budget: int | None, spec: dict[str, Any], devic
                              for side, blocks in times.items()}}
 
 
-def _overhead_check(checks: Checks, label: str, overhead: dict[str, Any], device: torch.device) -> None:
+def overhead_check(checks: Checks, label: str, overhead: dict[str, Any], device: torch.device) -> None:
     ratio = overhead["ratio"]
     checks.add(f"{label}: watch's overhead per step under 3%",
                (ratio is not None and ratio < OVERHEAD_GOAL) if is_cuda(device) else None,
@@ -252,7 +252,7 @@ def section_trainer(size: str, device: torch.device) -> dict[str, Any]:
         trainer = make_trainer(shape, spec, device, folder)
         plain = fit_then_train(trainer, shape.rows, spec["steps"], checks, "Trainer", narrow=size != "full")
         overhead = watch_overhead(trainer, plain["budget_bytes"], spec["overhead"], device)
-        _overhead_check(checks, "Trainer", overhead, device)
+        overhead_check(checks, "Trainer", overhead, device)
         del trainer
         common.release(device)
     return {
