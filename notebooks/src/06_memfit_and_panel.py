@@ -202,7 +202,7 @@ print(best.plan.to_code())
 # %% [markdown]
 # <details><summary>Solution (click to open)</summary>
 #
-# ```python
+# ```ipython3
 # half = budget // 2
 # %memfit model batch --budget {half}B --batch-size $rows --steps 1 --noise $noise --quiet --apply
 # if "memfit_applied" in globals():
