@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -145,6 +146,9 @@ class NotebookRun:
     """What the executed notebook weighs saved, without widget state (:func:`saved_size`)."""
     two_forms: int | None = None
     """Outputs that hold a figure twice: an SVG and plotly's JSON, of which JupyterLab would store a PNG too."""
+    cpu_seconds: float | None = None
+    """The kernel's own CPU time (user and system): what the notebook costs, which, unlike :attr:`seconds`, the
+    rest of a busy machine barely changes (each kernel runs one torch thread)."""
 
 
 def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
@@ -158,11 +162,15 @@ def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
         nb, timeout=PER_NOTEBOOK_S, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}
     )
     started = time.perf_counter()
+    # The kernel is a child of this process, waited for when the client shuts it down: the children's CPU time
+    # grows by exactly the kernel's (this process runs one notebook at a time).
+    children_before = _children_cpu_seconds()
     try:
         client.execute(env=env)
     except Exception:  # noqa: BLE001 - the test reports it with the cell's traceback
         return NotebookRun(name, time.perf_counter() - started, warnings_printed(nb), traceback.format_exc()[-6000:])
     seconds = time.perf_counter() - started
+    cpu_seconds = _children_cpu_seconds() - children_before
     keep = os.environ.get(KEEP_EXECUTED)
     if keep:  # for the documentation site's build, which then shows these outputs instead of running it again
         Path(keep).mkdir(parents=True, exist_ok=True)
@@ -173,7 +181,13 @@ def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
         for cell in nb.cells
         for output in cell.get("outputs", [])
     )
-    return NotebookRun(name, seconds, warnings_printed(nb), saved_bytes=saved_size(nb), two_forms=two_forms)
+    return NotebookRun(name, seconds, warnings_printed(nb), saved_bytes=saved_size(nb), two_forms=two_forms,
+                       cpu_seconds=cpu_seconds)
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def saved_size(nb: nbformat.NotebookNode) -> int:

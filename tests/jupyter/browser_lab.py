@@ -52,6 +52,11 @@ KERNEL_TIMEOUT_MS = 150_000
 
 
 RUN_TIMEOUT_MS = 120_000
+
+
+DRAW_TIMEOUT_MS = 150_000
+"""How long a figure may take to be drawn once its cell ran: plotly lays a figure out in the page's one thread, which
+a loaded machine (the suite beside it, another process on the second core) slows many times over."""
 CHECKPOINTING_BOX = ".widget-dropdown:has(label:text-is('checkpointing')) select"
 """The panel's checkpointing drop-down (off, every block or k of the model's blocks): the select labelled
 checkpointing."""

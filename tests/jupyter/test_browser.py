@@ -35,6 +35,7 @@ from browser_lab import (
     CHECKPOINTING_BOX,
     CONTROL_NAMES,
     CUT_SHORT,
+    DRAW_TIMEOUT_MS,
     FILLS,
     FRONT_ENDS,
     GLYPHS_OVERLAP,
@@ -93,7 +94,7 @@ def test_panel_runs_a_trial_and_draws_it_in_the_browser(jupyter_server: tuple[st
         run = panel.locator("button", has_text="Run")
         run.wait_for(state="visible", timeout=KERNEL_TIMEOUT_MS)
         plot = panel.locator(".js-plotly-plot")
-        plot.first.wait_for(state="visible", timeout=60_000)
+        plot.first.wait_for(state="visible", timeout=DRAW_TIMEOUT_MS)
         expect(panel.locator(CHECKPOINTING_BOX)).to_be_visible()  # checkpointing: off, every block or k of the blocks
         for label in ("checkpointing", "precision", "optimizer", "offload", "budget", "micro-batch", "accumulation"):
             expect(panel.get_by_text(label, exact=True).first).to_be_visible()
@@ -181,7 +182,7 @@ def test_what_a_run_leaves_in_the_notebook_survives_a_reload(
         assert notebook.stat().st_size < 1_000_000  # saved as JupyterLab saves it, the panel's cell included
         assert _wait_for_record(page, cells.nth(1)) in (record_bars, -1)
         panel_bars = page.locator(".memlab-panel .js-plotly-plot .barlayer .trace.bars .point")
-        expect(panel_bars.first).to_be_visible(timeout=60_000)
+        expect(panel_bars.first).to_be_visible(timeout=DRAW_TIMEOUT_MS)
         assert panel_bars.count() >= 5
         expect(_tick_labels(page.locator(".memlab-panel .js-plotly-plot"))).to_contain_text(["plain"])
         page.screenshot(path=str(ARTIFACTS / "reload.png"), full_page=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from browser_lab import ARTIFACTS, GLYPHS_OVERLAP, Server, _open_notebook, _run_until_done
+from browser_lab import ARTIFACTS, DRAW_TIMEOUT_MS, GLYPHS_OVERLAP, Server, _open_notebook, _run_until_done
 
 # One xdist group with the other browser tests: they share the worker's JupyterLab and Chromium (tests/conftest.py).
 pytestmark = pytest.mark.browser
@@ -102,7 +102,7 @@ def test_no_text_is_drawn_over_a_legend_a_title_or_a_whisker(lab: Server, chromi
         for index, name in ((1, "report"), (2, "live"), (3, "timeline"), (4, "timelines")):
             cell = cells.nth(index)
             plot = cell.locator(".js-plotly-plot").first
-            plot.locator(".gtitle, .annotation-text").first.wait_for(state="attached", timeout=60_000)
+            plot.locator(".gtitle, .annotation-text").first.wait_for(state="attached", timeout=DRAW_TIMEOUT_MS)
             page.wait_for_timeout(500)  # plotly's second layout pass (automargin) settles
             cell.scroll_into_view_if_needed()
             cell.screenshot(path=str(ARTIFACTS / f"labels-{name}.png"))

@@ -10,6 +10,7 @@ import pytest
 from browser_lab import (
     ARTIFACTS,
     CHECKPOINTING_BOX,
+    DRAW_TIMEOUT_MS,
     KERNEL_TIMEOUT_MS,
     RUN_TIMEOUT_MS,
     Server,
@@ -76,7 +77,7 @@ def test_the_panels_timeline_follows_a_click_and_survives_a_reload(lab: Server, 
         _save(page)
         page.reload(wait_until="domcontentloaded")
         _open_notebook(page, url)
-        expect(page.locator(".memlab-panel .memlab-timeline")).to_contain_text("plain: peak", timeout=60_000)
+        expect(page.locator(".memlab-panel .memlab-timeline")).to_contain_text("plain: peak", timeout=DRAW_TIMEOUT_MS)
         expect(page.locator(".memlab-panel .memlab-timeline svg")).to_be_visible()
     finally:
         page.close()

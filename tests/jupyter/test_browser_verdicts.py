@@ -22,6 +22,7 @@ import pytest
 from browser_lab import (
     ARTIFACTS,
     CHECKPOINTING_BOX,
+    DRAW_TIMEOUT_MS,
     GLYPHS_OVERLAP,
     PLOTLY_TEXTS,
     RUN_TIMEOUT_MS,
@@ -269,11 +270,11 @@ def _check_face(name: str, area: Any, table: dict[str, str]) -> None:
     figure is a widget), else the SVG record, an <img>, which must sit inside its output area."""
     plot = area.locator(".js-plotly-plot")
     if plot.count():
-        plot.first.locator(".barlayer .point >> visible=true").first.wait_for(timeout=60_000)
+        plot.first.locator(".barlayer .point >> visible=true").first.wait_for(timeout=DRAW_TIMEOUT_MS)
         _check_plotly_face(name, plot.first, table)
         return
     record = area.locator("img[src^='data:image/svg+xml']").first
-    record.wait_for(timeout=60_000)
+    record.wait_for(timeout=DRAW_TIMEOUT_MS)
     _check_svg_face(name, record, table)
     _svg_texts_whole(name, record)
     assert record.evaluate(INSIDE_OUTPUT) == [], name
@@ -366,7 +367,7 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
         # watch: its record (SVG) says over or within the budget as its steps do; its live figure's axes are whole.
         watch = cells.nth(WATCH_CELL).locator(".jp-OutputArea")
         # Its steps' record first, then the timeline of its costliest step (issue 45), each an SVG image.
-        watch.locator("img").nth(1).wait_for(timeout=60_000)
+        watch.locator("img").nth(1).wait_for(timeout=DRAW_TIMEOUT_MS)
         record, timeline = watch.locator("img").first, watch.locator("img").last
         assert "memory over one step" in timeline.evaluate("img => decodeURIComponent(img.src)")
         text = record.evaluate("img => decodeURIComponent(img.src)")
@@ -378,7 +379,7 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
         _svg_texts_whole("watch's record", record)  # its axis title whole ("samples/s"), its title not on its legend
         assert record.evaluate(INSIDE_OUTPUT) == [], "watch's record"
         watch_live = cells.nth(WATCH_LIVE_CELL).locator(".js-plotly-plot").first
-        watch_live.locator(".barlayer .point, .scatterlayer .trace").first.wait_for(timeout=60_000)
+        watch_live.locator(".barlayer .point, .scatterlayer .trace").first.wait_for(timeout=DRAW_TIMEOUT_MS)
         y_titles = watch_live.locator(".g-ytitle text, .g-y2title text").all_text_contents()
         assert "samples/s" in y_titles, y_titles
         assert watch_live.evaluate(CLIPPED) == [], "watch"
@@ -393,7 +394,7 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
         _open_notebook(page, url)
         panel = page.locator(".memlab-panel").first
         panel_plot = panel.locator(".js-plotly-plot").first
-        panel_plot.locator(".barlayer .point >> visible=true").first.wait_for(timeout=60_000)
+        panel_plot.locator(".barlayer .point >> visible=true").first.wait_for(timeout=DRAW_TIMEOUT_MS)
         page.wait_for_timeout(1500)
         rows = panel.locator(".memlab-report").evaluate(TABLE)
         assert _table_verdicts(rows) == panel_table, rows
@@ -432,7 +433,7 @@ def test_watchs_live_figure_keeps_its_labels_apart(lab: Server, chromium: Any) -
         _open_notebook(page, url)
         _run_until_done(page, "notebook:run-all-cells", len(cells), 300)
         plot = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".js-plotly-plot").first
-        plot.locator(".scatterlayer .trace").first.wait_for(timeout=60_000)
+        plot.locator(".scatterlayer .trace").first.wait_for(timeout=DRAW_TIMEOUT_MS)
         assert plot.locator(f"{PLOTLY_TEXTS}, .gtitle").evaluate_all(GLYPHS_OVERLAP) == []
     finally:
         page.close()

@@ -27,6 +27,7 @@ ALL_NOTEBOOKS_S = 600
 DRY_RUNS = {"07_will_7b_fit.ipynb", "10_when_one_gpu_is_not_enough.ipynb"}  # no model runs: fake tensors only
 
 TIMINGS: dict[str, float] = {}
+CPU_TIMINGS: dict[str, float] = {}
 SAVED_LIMIT_BYTES = 250_000
 """The most a workshop notebook may weigh, saved after a run."""
 
@@ -43,6 +44,8 @@ def test_notebook_runs_top_to_bottom(name):
     if run.error is not None:
         pytest.fail(f"{name} stopped on an error:\n{run.error}", pytrace=False)
     TIMINGS[name] = run.seconds
+    assert run.cpu_seconds is not None and 0 < run.cpu_seconds, run
+    CPU_TIMINGS[name] = run.cpu_seconds
     print(f"{name}: {run.seconds:.1f} s")
     assert run.seconds < PER_NOTEBOOK_S, f"{name} took {run.seconds:.0f} s; the limit is {PER_NOTEBOOK_S} s"
     assert not run.warnings, run.warnings
@@ -54,11 +57,15 @@ def test_notebook_runs_top_to_bottom(name):
 
 
 def test_all_notebooks_together_run_in_under_ten_minutes():
-    if not TIMINGS:
+    """Their kernels' CPU time, not the wall clock: the notebooks run beside the rest of the suite, and on a loaded
+    machine (a run at load 15-45 on 2 cores took 797 s of wall time) the wall clock measures the machine. Each kernel
+    runs one torch thread, so on a quiet machine the two are about equal: what a reader waits for Run All."""
+    if not CPU_TIMINGS:
         pytest.skip("no notebook ran in this session")
-    total = sum(TIMINGS.values())
-    print("notebook times:", {name: round(seconds, 1) for name, seconds in TIMINGS.items()}, f"total {total:.0f} s")
-    assert total < ALL_NOTEBOOKS_S, f"the notebooks took {total:.0f} s together; the limit is {ALL_NOTEBOOKS_S} s"
+    total = sum(CPU_TIMINGS.values())
+    print("notebook CPU times:", {name: round(seconds, 1) for name, seconds in CPU_TIMINGS.items()},
+          f"total {total:.0f} s; wall {sum(TIMINGS.values()):.0f} s")
+    assert total < ALL_NOTEBOOKS_S, f"the notebooks' kernels took {total:.0f} CPU s; the limit is {ALL_NOTEBOOKS_S} s"
 
 
 # --- without a kernel -------------------------------------------------------------------------------------------
