@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
-from memlab.techniques.technique import StepParts, Technique, Undo
-
-if TYPE_CHECKING:
-    from memlab.plan import Plan
-
+from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
 
 NOTHING_TO_MOVE = "offload moves nothing on a CPU-only device: memory and speed are as without it"
 
@@ -33,7 +29,7 @@ ACTIVATION_OFFLOADS = ("activations", "all")
 """The ``offload`` values that put the tensors saved for backward in CPU memory."""
 
 
-def offloads_optimizer(plan: Plan) -> bool:
+def offloads_optimizer(plan: PlanFields) -> bool:
     """Whether ``plan`` keeps the optimizer's state and update on the CPU (what ``Plan.offloads_optimizer`` says).
 
     Example:
@@ -44,7 +40,7 @@ def offloads_optimizer(plan: Plan) -> bool:
     return plan.offload in OPTIMIZER_OFFLOADS
 
 
-def offloads_activations(plan: Plan) -> bool:
+def offloads_activations(plan: PlanFields) -> bool:
     """Whether ``plan`` keeps the tensors saved for backward in CPU memory (``Plan.offloads_activations``).
 
     Example:
@@ -55,7 +51,7 @@ def offloads_activations(plan: Plan) -> bool:
     return plan.offload in ACTIVATION_OFFLOADS
 
 
-def offload_notes(plan: Plan, device: torch.device) -> list[str]:
+def offload_notes(plan: PlanFields, device: torch.device) -> list[str]:
     """What the plan's offload means on this device.
 
     Example:
@@ -68,7 +64,7 @@ def offload_notes(plan: Plan, device: torch.device) -> list[str]:
     return []
 
 
-def activation_offload(plan: Plan, device: torch.device) -> contextlib.AbstractContextManager[object]:
+def activation_offload(plan: PlanFields, device: torch.device) -> contextlib.AbstractContextManager[object]:
     """Saved activations go to (pinned) CPU memory during forward and come back for backward."""
     if not offloads_activations(plan) or device.type == "cpu":
         return contextlib.nullcontext()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -33,6 +33,38 @@ from memlab.live.batch import Batch, LossFn
 
 Undo = Callable[[], None]
 """What takes a technique off again, exactly."""
+
+
+class PlanFields(Protocol):
+    """What a technique reads of a :class:`memlab.Plan`: its levers' values. The techniques name this shape rather
+    than the Plan, because the Plan builds on them (its levers are the registry's); a Plan is one.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> def precision_of(plan: PlanFields) -> str:
+        ...     return plan.precision
+        >>> precision_of(Plan(precision="bf16"))
+        'bf16'
+    """
+
+    @property
+    def micro_batch(self) -> int | None: ...
+    @property
+    def accumulation(self) -> int: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def weights(self) -> str: ...
+    @property
+    def optimizer(self) -> str: ...
+    @property
+    def offload(self) -> str: ...
+    @property
+    def adapter(self) -> str: ...
+    @property
+    def lora_targets(self) -> str | tuple[str, ...]: ...
+    @property
+    def loss(self) -> str: ...
 
 
 
