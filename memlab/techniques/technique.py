@@ -35,6 +35,7 @@ Undo = Callable[[], None]
 """What takes a technique off again, exactly."""
 
 
+@dataclass(frozen=True, match_args=False)  # frozen: its fields read-only, as a Plan's are (for mypy)
 class PlanFields(Protocol):
     """What a technique reads of a :class:`memlab.Plan`: its levers' values. The techniques name this shape rather
     than the Plan, because the Plan builds on them (its levers are the registry's); a Plan is one.
@@ -47,24 +48,15 @@ class PlanFields(Protocol):
         'bf16'
     """
 
-    @property
-    def micro_batch(self) -> int | None: ...
-    @property
-    def accumulation(self) -> int: ...
-    @property
-    def precision(self) -> str: ...
-    @property
-    def weights(self) -> str: ...
-    @property
-    def optimizer(self) -> str: ...
-    @property
-    def offload(self) -> str: ...
-    @property
-    def adapter(self) -> str: ...
-    @property
-    def lora_targets(self) -> str | tuple[str, ...]: ...
-    @property
-    def loss(self) -> str: ...
+    micro_batch: int | None
+    accumulation: int
+    precision: str
+    weights: str
+    optimizer: str
+    offload: str
+    adapter: str
+    lora_targets: str | tuple[str, ...]
+    loss: str
 
 
 
