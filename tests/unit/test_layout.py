@@ -230,6 +230,21 @@ def test_the_layer_graph_sees_a_type_checking_import_and_the_report_modules() ->
     assert _module_level_imports(tree) == [("memlab.plan", "Plan")]
 
 
+def test_no_import_circle_among_the_benchmarks() -> None:
+    """The benchmark modules (the GPU sections above all) import one way: every import counts here, those inside
+    functions too, since a section's lazy import of another is no delegation (issue 62)."""
+    folder = PACKAGE.parent / "benchmarks"
+    graph: dict[str, set[str]] = {path.stem: set() for path in folder.glob("*.py")}
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "benchmarks":
+                graph[path.stem] |= {alias.name for alias in node.names if alias.name in graph}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("benchmarks."):
+                graph[path.stem].add(node.module.split(".")[1])
+        graph[path.stem].discard(path.stem)
+    assert [sorted(c) for c in circles(graph)] == []
+
+
 def test_the_measure_layer_never_imports_the_report_layer() -> None:
     graph = import_graph()
     offenders = [
