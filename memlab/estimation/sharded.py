@@ -24,7 +24,14 @@ from memlab.errors import MemlabError
 from memlab.estimation.composed import composed_estimate, needs_composition
 from memlab.estimation.configs import frozen_count, layer_counts, model_on_meta
 from memlab.estimation.cuda_context import card_context
-from memlab.estimation.fsdp2 import DETAIL, FSDP2_REFUSALS, ShardedTrial, fsdp2_dry_run, shard_units
+from memlab.estimation.fsdp2 import (
+    DETAIL,
+    FSDP2_REFUSALS,
+    ShardedRequest,
+    ShardedTrial,
+    fsdp2_dry_run,
+    shard_units,
+)
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.single_gpu import estimate_plans
 from memlab.estimation.zero import zero_basis, zero_model_states, zero_trial
@@ -110,25 +117,11 @@ def sharded_estimate(
         return card_context(ShardedTrial(**{f.name: getattr(trial, f.name) for f in dataclasses.fields(Trial)}), gpu)
     if strategy.startswith("fsdp") and plan.optimizer in FSDP2_REFUSALS:
         raise MemlabError(FSDP2_REFUSALS[plan.optimizer])
-    return card_context(sharded_one(model_or_config, batch, plan, gpus, strategy, loss_fn=loss_fn, lr=lr,
-                                    device=device, budget=limit, gpu=gpu, load=load), gpu)
+    return card_context(sharded_one(ShardedRequest(model_or_config, batch, plan, gpus, strategy, loss_fn=loss_fn,
+                                                   lr=lr, device=device, budget=limit, gpu=gpu, load=load)), gpu)
 
 
-def sharded_one(
-    model_or_config: Any,
-    batch: Any,
-    plan: Plan,
-    gpus: int,
-    strategy: str,
-    *,
-    loss_fn: LossFn | None = None,
-    lr: float = 1e-5,
-    device: str | torch.device | None = None,
-    budget: int | None = None,
-    gpu: GpuKind | str | None = None,
-    load: Mapping[str, Any] | None = None,
-    basis: Trial | None = None,
-) -> ShardedTrial:
+def sharded_one(request: ShardedRequest, basis: Trial | None = None) -> ShardedTrial:
     """One strategy's per-GPU trial (without the CUDA context): the route each plan takes, chosen once here. The
     composed route (:mod:`memlab.estimation.composed`) for adapters, quantized loads and the chunked loss; FSDP2's
     dry run for FSDP2 (FSDP1 from it, :func:`fsdp1_trial`); DeepSpeed's formulas over ``basis`` (a
@@ -139,27 +132,36 @@ def sharded_one(
         >>> from transformers import LlamaConfig
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         ...                      num_attention_heads=2, vocab_size=256)
-        >>> trial = sharded_one(config, {"input_ids": (1, 16), "labels": (1, 16)}, Plan(offload="params"), 2,
-        ...                     "fsdp1", device="cpu")
+        >>> trial = sharded_one(ShardedRequest(config, {"input_ids": (1, 16), "labels": (1, 16)},
+        ...                                    Plan(offload="params"), 2, "fsdp1", device="cpu"))
         >>> trial.label, trial.host_bytes > 0, any("offload_params=True" in note for note in trial.notes)
         ('offload-params fsdp1 x2', True, True)
     """
-    if needs_composition(plan, strategy, load):
-        return composed_estimate(model_or_config, batch, plan, gpus=gpus, strategy=strategy, loss_fn=loss_fn,
-                                 budget=budget, lr=lr, device=device, gpu=gpu, load=load)
+    model_or_config, plan, strategy = request.model, request.plan, request.strategy
+    if needs_composition(plan, strategy, request.load):
+        return composed_estimate(request)
     settings = engine_settings(plan, strategy)
     if strategy in ("fsdp1", "fsdp2"):
         # FSDP's one CPU offload (offload_params) moves the shards of weights, gradients and optimizer state
-        run = plan.replace(offload="optimizer") if plan.offload == "params" else plan
-        trial = fsdp2_dry_run(model_or_config, batch, run, gpus, loss_fn=loss_fn, lr=lr, device=device, budget=budget,
-                              gpu=gpu, load=load)[0]
+        trial = fsdp2_dry_run(request.replace(plan=fsdp_run_plan(plan)))[0]
         trial = dataclasses.replace(trial, plan=plan, notes=(*trial.notes, settings))
         return fsdp1_trial(trial, model_or_config) if strategy == "fsdp1" else trial
     if basis is None:
-        basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu, load=load)
-    trial = zero_trial(basis, layer_counts(model_or_config), plan, gpus, int(strategy[-1]), budget,
+        basis = zero_basis(request)
+    trial = zero_trial(basis, layer_counts(model_or_config), plan, request.gpus, int(strategy[-1]), request.budget,
                        frozen=frozen_count(model_or_config))
     return dataclasses.replace(trial, notes=(*trial.notes, settings))
+
+
+def fsdp_run_plan(plan: Plan) -> Plan:
+    """The plan FSDP's dry run runs for ``plan``: FSDP's one CPU offload (``offload_params``) moves the shards of
+    the weights, gradients and optimizer state, which the dry run books as the optimizer's offload.
+
+    Example:
+        >>> fsdp_run_plan(Plan(offload="params")).offload, fsdp_run_plan(Plan(offload="all")).offload
+        ('optimizer', 'all')
+    """
+    return plan.replace(offload="optimizer") if plan.offload == "params" else plan
 
 
 FSDP1_NOTE = (
@@ -253,18 +255,18 @@ def smallest_gpus(
         raise MemlabError('strategies lists "none"; write "fsdp2", "fsdp1", "zero2" or "zero3"')
     found: dict[str, ShardedTrial | None] = {}
     single: Trial | None = None
+    request = ShardedRequest(model_or_config, batch, plan, numbers[0], loss_fn=loss_fn, lr=lr, device=device,
+                             budget=limit, gpu=gpu, load=load)  # each probe's GPUs and strategy replace these
     composed = needs_composition(plan, "fsdp2", load)
     for name in names:
         if name.startswith("zero") and single is None and not composed:
             _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
-            single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu,
-                                load=load)
+            single = zero_basis(request)
 
         def run(n: int, name: str = name, one: Trial | None = single) -> ShardedTrial:
             if name.startswith("fsdp") or composed:
                 _tell(say, f"estimating {plan.label()} with {name} on {n} GPU{'s' if n > 1 else ''}")
-            return card_context(sharded_one(model_or_config, batch, plan, n, name, loss_fn=loss_fn, lr=lr,
-                                            device=device, budget=limit, gpu=gpu, load=load, basis=one), gpu)
+            return card_context(sharded_one(request.replace(gpus=n, strategy=name), basis=one), gpu)
 
         found[name] = _search(run, numbers)
     return found
@@ -329,25 +331,22 @@ def sharded_trials(
     for plan in plans:
         composed = needs_composition(plan, "fsdp2", load)
         basis: Trial | None = None
+        request = ShardedRequest(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device,
+                                 budget=limit, gpu=gpu, load=load)
         for name in names:
             if name.startswith("fsdp") or composed:
                 _tell(say, f"estimating {plan.label()} with {name} on {gpus} GPU{'s' if gpus > 1 else ''}")
             if name == "fsdp2" and not composed:
-                trial, peaks = fsdp2_dry_run(model_or_config, batch, plan.replace(offload="optimizer")
-                                             if plan.offload == "params" else plan, gpus, loss_fn=loss_fn, lr=lr,
-                                             device=device, budget=limit, gpu=gpu, load=load)
+                trial, peaks = fsdp2_dry_run(request.replace(plan=fsdp_run_plan(plan)))
                 trial = dataclasses.replace(trial, plan=plan, notes=(*trial.notes, engine_settings(plan, name)))
                 if plan.optimizer == "adamw" and plan.offload == "none" and trial.status == "ok" and basis is None:
                     # ZeRO's dry run too: same plan
-                    basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device,
-                                       run=(dataclasses.replace(trial, budget=None), peaks), gpu=gpu, load=load)
+                    basis = zero_basis(request, run=(dataclasses.replace(trial, budget=None), peaks))
             else:
                 if name.startswith("zero") and basis is None and not composed:
                     _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
-                    basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu,
-                                       load=load)
-                trial = sharded_one(model_or_config, batch, plan, gpus, name, loss_fn=loss_fn, lr=lr, device=device,
-                                    budget=limit, gpu=gpu, load=load, basis=basis)
+                    basis = zero_basis(request)
+                trial = sharded_one(request.replace(strategy=name), basis=basis)
             rows.append((plan, name, card_context(trial, gpu)))
     return rows
 

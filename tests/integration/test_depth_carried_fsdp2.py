@@ -38,7 +38,8 @@ def _dry_run(config: Any, plan: Plan, gpus: int, monkeypatch: pytest.MonkeyPatch
         patch.setattr(fsdp2, "_carried", told)
         if whole:
             patch.setattr(fsdp2, "shallow_model", lambda _: None)
-        trial, peaks = fsdp2.fsdp2_dry_run(meta_model(config), SHAPES, plan, gpus, device=device, budget=1 << 30)
+        request = fsdp2.ShardedRequest(meta_model(config), SHAPES, plan, gpus, device=device, budget=1 << 30)
+        trial, peaks = fsdp2.fsdp2_dry_run(request)
     return trial, peaks, carried
 
 
