@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -48,6 +48,9 @@ from memlab.live.sharding import (
 from memlab.plan import Plan, parse_budget
 from memlab.report import Trial
 
+if TYPE_CHECKING:  # the route's request, read here; request.py routes to this module
+    from memlab.estimation.request import EstimateRequest
+
 __all__ = [
     "DETAIL",
     "DS_ALLGATHER_BUCKET",
@@ -70,55 +73,45 @@ __all__ = [
 ]
 
 
-def sharded_estimate(
-    model_or_config: Any,
-    batch: Any,
-    plan: Plan | None = None,
-    *,
-    gpus: int,
-    strategy: str,
-    loss_fn: LossFn | None = None,
-    budget: int | str | None = None,
-    lr: float = 1e-5,
-    device: str | torch.device | None = None,
-    gpu: GpuKind | str | None = None,
-    load: Mapping[str, Any] | None = None,
-) -> ShardedTrial:
-    """The peak of one steady-state training step per GPU, sharded over ``gpus`` GPUs with ``strategy``.
+def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
+    """The peak of one steady-state training step per GPU, sharded over the request's ``gpus`` GPUs with its
+    ``strategy``.
 
-    :func:`memlab.estimate` with ``gpus=``/``strategy=`` calls this; the arguments are its own, and ``batch`` is
-    the per-GPU micro-batch. ``strategy="fsdp2"`` runs ``fully_shard`` on fake tensors; ``"zero2"``/``"zero3"``
-    compute DeepSpeed's partitioning (the module docstring gives the formulas); ``"fsdp1"`` is FSDP2's dry run with
-    FSDP1's root kept gathered (:func:`fsdp1_trial`). Adapter plans (LoRA, QLoRA), a quantized ``load`` and the
-    chunked loss are composed from their one-GPU dry run under every strategy (:mod:`memlab.estimation.composed`).
-    ``offload="params"`` keeps each GPU's shards in CPU memory (FSDP ``offload_params``, DeepSpeed ZeRO-3
-    ``offload_param``). For CUDA each GPU's trial carries the CUDA context of the GPU kind ``gpu``
-    (:func:`memlab.estimation.cuda_context.card_context`), and its ``fits`` judges the card figure; its notes name
-    the engine settings assumed.
+    :func:`memlab.estimate` with ``gpus=``/``strategy=`` takes this route with its one request
+    (:class:`~memlab.estimation.request.EstimateRequest`), whose ``batch`` is the per-GPU micro-batch.
+    ``strategy="fsdp2"`` runs ``fully_shard`` on fake tensors; ``"zero2"``/``"zero3"`` compute DeepSpeed's partitioning
+    (the module docstring gives the formulas); ``"fsdp1"`` is FSDP2's dry run with FSDP1's root kept gathered
+    (:func:`fsdp1_trial`). Adapter plans (LoRA, QLoRA), a quantized ``load`` and the chunked loss are composed from
+    their one-GPU dry run under every strategy (:mod:`memlab.estimation.composed`). ``offload="params"`` keeps each
+    GPU's shards in CPU memory (FSDP ``offload_params``, DeepSpeed ZeRO-3 ``offload_param``). For CUDA each GPU's trial
+    carries the CUDA context of the GPU kind ``gpu`` (:func:`memlab.estimation.cuda_context.card_context`), and its
+    ``fits`` judges the card figure; its notes name the engine settings assumed.
 
     Example:
         >>> from transformers import LlamaConfig
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         ...                      num_attention_heads=2, vocab_size=256)
         >>> batch = {"input_ids": (1, 32), "labels": (1, 32)}
-        >>> one = sharded_estimate(config, batch, gpus=2, strategy="fsdp2", device="cpu")
-        >>> four = sharded_estimate(config, batch, gpus=4, strategy="fsdp2", device="cpu")
+        >>> from memlab.estimation.request import EstimateRequest
+        >>> one = sharded_estimate(EstimateRequest(config, batch, gpus=2, strategy="fsdp2", device="cpu"))
+        >>> four = sharded_estimate(EstimateRequest(config, batch, gpus=4, strategy="fsdp2", device="cpu"))
         >>> one.status, four.model_state_bytes < one.model_state_bytes, sum(one.breakdown.values()) == one.peak_bytes
         ('ok', True, True)
     """
-    gpus, strategy = check_sharding(gpus, strategy)
-    plan = Plan() if plan is None else plan
+    gpus, strategy = check_sharding(request.gpus, request.strategy)
+    plan, gpu = request.training_plan, request.gpu
     _check_plan(plan)
     gpu_kind(gpu)
-    limit = parse_budget(budget)
     if strategy == "none":
-        trial = estimate_plans(model_or_config, batch, [plan], loss_fn=loss_fn, budget=budget, lr=lr, device=device,
-                               gpu=gpu, load=load)[0]
+        trial = estimate_plans(request.model, request.batch, [plan], loss_fn=request.loss_fn, budget=request.budget,
+                               lr=request.lr, device=request.device, gpu=gpu, load=request.load)[0]
         return card_context(ShardedTrial(**{f.name: getattr(trial, f.name) for f in dataclasses.fields(Trial)}), gpu)
     if strategy.startswith("fsdp") and plan.optimizer in FSDP2_REFUSALS:
         raise MemlabError(FSDP2_REFUSALS[plan.optimizer])
-    return card_context(sharded_one(ShardedRequest(model_or_config, batch, plan, gpus, strategy, loss_fn=loss_fn,
-                                                   lr=lr, device=device, budget=limit, gpu=gpu, load=load)), gpu)
+    return card_context(sharded_one(ShardedRequest(request.model, request.batch, plan, gpus, strategy,
+                                                   loss_fn=request.loss_fn, lr=request.lr, device=request.device,
+                                                   budget=parse_budget(request.budget), gpu=gpu,
+                                                   load=request.load)), gpu)
 
 
 def sharded_one(request: ShardedRequest, basis: Trial | None = None) -> ShardedTrial:
@@ -182,8 +175,9 @@ def fsdp1_trial(trial: ShardedTrial, model_or_config: Any) -> ShardedTrial:
         >>> from transformers import LlamaConfig
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         ...                      num_attention_heads=2, vocab_size=256)
-        >>> two = sharded_estimate(config, {"input_ids": (1, 16), "labels": (1, 16)}, gpus=2, strategy="fsdp2",
-        ...                        device="cpu")
+        >>> from memlab.estimation.request import EstimateRequest
+        >>> two = sharded_estimate(EstimateRequest(config, {"input_ids": (1, 16), "labels": (1, 16)}, gpus=2,
+        ...                                        strategy="fsdp2", device="cpu"))
         >>> one = fsdp1_trial(two, config)
         >>> one.peak_bytes - two.peak_bytes == 4 * 256 * 64, one.strategy
         (True, 'fsdp1')
@@ -206,25 +200,18 @@ def fsdp1_trial(trial: ShardedTrial, model_or_config: Any) -> ShardedTrial:
 
 
 def smallest_gpus(
-    model_or_config: Any,
-    batch: Any,
-    plan: Plan | None = None,
+    request: ShardedRequest,
     *,
-    budget: int | str,
     strategies: Sequence[str] = ("fsdp2", "zero2", "zero3"),
     candidates: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
-    loss_fn: LossFn | None = None,
-    lr: float = 1e-5,
-    device: str | torch.device | None = None,
-    gpu: GpuKind | str | None = None,
     say: Callable[[str], None] | None = None,
-    load: Mapping[str, Any] | None = None,
 ) -> dict[str, ShardedTrial | None]:
-    """For each strategy, the estimate at the smallest number of GPUs in ``candidates`` whose per-GPU peak fits
-    ``budget`` (None when none does: ZeRO-2 keeps whole weights on every GPU, so it may never fit; the error trial
-    where every dry run failed, such as Adafactor under FSDP2). For CUDA, what
-    fits is each GPU's card figure (the CUDA context of the GPU kind ``gpu`` included) where it is known.
-    ``strategies`` may name ``"fsdp1"`` too; ``load`` is how the user loads the model (as for :func:`memlab.estimate`).
+    """For each strategy, the estimate at the smallest number of GPUs in ``candidates`` whose per-GPU peak fits the
+    request's ``budget`` (bytes; its ``gpus`` and ``strategy`` are not read) (None when none does: ZeRO-2 keeps whole
+    weights on every GPU, so it may never fit; the error trial where every dry run failed, such as Adafactor under
+    FSDP2). For CUDA, what fits is each GPU's card figure (the CUDA context of the GPU kind ``gpu`` included) where it
+    is known. ``strategies`` may name ``"fsdp1"`` too; the request's ``load`` is how the user loads the model (as for
+    :func:`memlab.estimate`).
 
     The per-GPU peak falls as GPUs are added, so the candidates are searched as a bisection would, each probe
     where the last estimate predicts the boundary (:func:`_search`: the bisection's answer, often in two probes):
@@ -236,15 +223,15 @@ def smallest_gpus(
         >>> config = LlamaConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
         ...                      num_attention_heads=8, vocab_size=32000)  # 99M parameters: 1.6 GB with AdamW
         >>> # each GPU also holds ZeRO-3's reduce bucket, 5e8 elements (2 GB in fp32), whatever the model
-        >>> found = smallest_gpus(config, {"input_ids": (1, 16), "labels": (1, 16)}, budget="3.5GiB",
-        ...                       strategies=["zero3"], device="cpu")
+        >>> request = ShardedRequest(config, {"input_ids": (1, 16), "labels": (1, 16)}, Plan(), 1,
+        ...                          budget=parse_budget("3.5GiB"), device="cpu")
+        >>> found = smallest_gpus(request, strategies=["zero3"])
         >>> found["zero3"].gpus, found["zero3"].fits
         (2, True)
     """
-    plan = Plan() if plan is None else plan
+    plan, gpu, load = request.plan, request.gpu, request.load
     _check_plan(plan)
-    limit = parse_budget(budget)
-    if limit is None:
+    if request.budget is None:
         raise MemlabError("smallest_gpus needs a budget; write for example budget='80GiB'")
     numbers = sorted({check_sharding(int(n), "fsdp2")[0] for n in candidates})
     if not numbers:
@@ -255,8 +242,6 @@ def smallest_gpus(
         raise MemlabError('strategies lists "none"; write "fsdp2", "fsdp1", "zero2" or "zero3"')
     found: dict[str, ShardedTrial | None] = {}
     single: Trial | None = None
-    request = ShardedRequest(model_or_config, batch, plan, numbers[0], loss_fn=loss_fn, lr=lr, device=device,
-                             budget=limit, gpu=gpu, load=load)  # each probe's GPUs and strategy replace these
     composed = needs_composition(plan, "fsdp2", load)
     for name in names:
         if name.startswith("zero") and single is None and not composed:
@@ -319,23 +304,20 @@ def sharded_trials(
         if plan.optimizer_in_backward:
             raise MemlabError(_IN_BACKWARD)
     rows: list[tuple[Plan, str, ShardedTrial | None]] = []
-    if gpus == "auto":
-        if limit is None:
-            raise MemlabError("gpus='auto' needs a budget; write for example a budget of 80GiB")
-        for plan in plans:
-            found = smallest_gpus(model_or_config, batch, plan, budget=limit, strategies=names, loss_fn=loss_fn,
-                                  lr=lr, device=device, gpu=gpu, say=say, load=load)
-            rows += [(plan, name, trial) for name, trial in found.items()]
-        return rows
-    assert isinstance(gpus, int)
+    if gpus == "auto" and limit is None:
+        raise MemlabError("gpus='auto' needs a budget; write for example a budget of 80GiB")
     for plan in plans:
+        request = ShardedRequest(model_or_config, batch, plan, gpus if isinstance(gpus, int) else 1, loss_fn=loss_fn,
+                                 lr=lr, device=device, budget=limit, gpu=gpu, load=load)
+        if gpus == "auto":
+            rows += [(plan, name, trial) for name, trial in smallest_gpus(request, strategies=names, say=say).items()]
+            continue
         composed = needs_composition(plan, "fsdp2", load)
         basis: Trial | None = None
-        request = ShardedRequest(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device,
-                                 budget=limit, gpu=gpu, load=load)
         for name in names:
             if name.startswith("fsdp") or composed:
-                _tell(say, f"estimating {plan.label()} with {name} on {gpus} GPU{'s' if gpus > 1 else ''}")
+                n = request.gpus
+                _tell(say, f"estimating {plan.label()} with {name} on {n} GPU{'s' if n > 1 else ''}")
             if name == "fsdp2" and not composed:
                 trial, peaks = fsdp2_dry_run(request.replace(plan=fsdp_run_plan(plan)))
                 trial = dataclasses.replace(trial, plan=plan, notes=(*trial.notes, engine_settings(plan, name)))
