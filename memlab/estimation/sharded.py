@@ -102,6 +102,7 @@ def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
     plan, gpu = request.training_plan, request.gpu
     _check_plan(plan)
     gpu_kind(gpu)
+    limit = parse_budget(request.budget)
     if strategy == "none":
         trial = estimate_plans(request.model, request.batch, [plan], loss_fn=request.loss_fn, budget=request.budget,
                                lr=request.lr, device=request.device, gpu=gpu, load=request.load)[0]
@@ -110,8 +111,7 @@ def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
         raise MemlabError(FSDP2_REFUSALS[plan.optimizer])
     return card_context(sharded_one(ShardedRequest(request.model, request.batch, plan, gpus, strategy,
                                                    loss_fn=request.loss_fn, lr=request.lr, device=request.device,
-                                                   budget=parse_budget(request.budget), gpu=gpu,
-                                                   load=request.load)), gpu)
+                                                   budget=limit, gpu=gpu, load=request.load)), gpu)
 
 
 def sharded_one(request: ShardedRequest, basis: Trial | None = None) -> ShardedTrial:
@@ -232,7 +232,8 @@ def smallest_gpus(
     plan, gpu, load = request.plan, request.gpu, request.load
     _check_plan(plan)
     if request.budget is None:
-        raise MemlabError("smallest_gpus needs a budget; write for example budget='80GiB'")
+        raise MemlabError("smallest_gpus needs a budget; give its request one, for example "
+                          "budget=parse_budget('80GiB') (from memlab.plan import parse_budget)")
     numbers = sorted({check_sharding(int(n), "fsdp2")[0] for n in candidates})
     if not numbers:
         raise MemlabError("candidates is empty; write numbers of GPUs such as candidates=(1, 2, 4, 8)")
