@@ -92,8 +92,8 @@ import torch
 
 from benchmarks import common
 from benchmarks.gpu_acceptance_tables import markdown  # noqa: E402  (the results as the docs show them)
+from benchmarks.gpu_common import estimates_variable, gpu_kind_name, start_side_estimates
 from benchmarks.gpu_sections import ROOT, SECTIONS
-from benchmarks.gpu_sections_estimate import estimates_variable, gpu_kind_name, start_side_estimates
 
 NAME = "gpu_acceptance"
 ORDER = ("sft_peft", "peft_model", "encdec", "vlm", "heldout_off", "timeline", "fill", "trainer",

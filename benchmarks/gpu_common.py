@@ -13,6 +13,7 @@ import dataclasses
 import gc
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -322,3 +323,53 @@ def in_fresh_process(function: str, request: dict[str, Any], timeout: float = 30
         return {"status": "error", "error": (done.stderr or done.stdout)[-2000:]}
     answer: dict[str, Any] = json.loads(lines[-1])
     return answer
+
+
+# --- the CPU-made estimates of a side process -------------------------------------------------------------------
+
+ESTIMATES_ENV = "MEMLAB_GPU_ESTIMATES"
+"""The prefix of the variables that point a section at a side process's estimates (:func:`estimates_variable`)."""
+
+
+def gpu_kind_name(device_name: str | None) -> str | None:
+    """memlab's name of the GPU kind torch calls ``device_name`` (for ``estimate(gpu=...)``), where this memlab
+    knows that kind; else None."""
+    from memlab.estimation.gpus import GPUS
+
+    return next((name for name, kind in GPUS.items() if device_name and kind.device_name == device_name), None)
+
+
+def estimates_variable(section: str) -> str:
+    """The environment variable that names the file of ``section``'s CPU-made estimates.
+
+    Example:
+        >>> estimates_variable("estimate"), estimates_variable("loads")
+        ('MEMLAB_GPU_ESTIMATES', 'MEMLAB_GPU_ESTIMATES_LOADS')
+    """
+    return ESTIMATES_ENV if section == "estimate" else f"{ESTIMATES_ENV}_{section.upper()}"
+
+
+def start_side_estimates(section: str, size: str, device: str, gpu: str | None, folder: Path,
+                         threads: int) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start :func:`estimate_all` for ``section`` at ``size`` in a process that sees no GPU
+    (``CUDA_VISIBLE_DEVICES=""``, ``threads`` threads), writing into ``folder``: the process and the file it writes
+    (its log beside it)."""
+    out = folder / f"estimates-{section}.json"
+    request = json.dumps({"section": section, "size": size, "device": device, "gpu": gpu, "out": str(out)})
+    code = "import sys; from benchmarks.gpu_sections_estimate import estimate_all; estimate_all(sys.argv[1])"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads),
+           "MKL_NUM_THREADS": str(threads)}
+    with out.with_suffix(".log").open("wb") as log:
+        # Niced: the GPU's process launches its kernels from the CPU, and its parts come first.
+        process = subprocess.Popen([sys.executable, "-c", code, request], cwd=ROOT, env=env, stdout=log, stderr=log,
+                                   preexec_fn=lambda: os.nice(10))  # noqa: PLW1509 - no threads started yet
+    return process, out
+
+
+def made_estimates(section: str, device: torch.device) -> tuple[dict[str, Any], str]:
+    """The estimates a side process made for ``section`` (its file, named by :func:`estimates_variable`), and where
+    they were made; none where there is no such file (the section then makes each one itself)."""
+    path = os.environ.get(estimates_variable(section))
+    if path and Path(path).exists():
+        return json.loads(Path(path).read_text()), "a side process that saw no GPU (CUDA_VISIBLE_DEVICES='')"
+    return {}, f"this process ({device.type})"

@@ -18,16 +18,13 @@ share no code with memlab's step, so that a bug in memlab's step cannot hide in 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from benchmarks import common
 from benchmarks.gpu_common import (  # noqa: F401 - ROOT, TINY, Llama and SIZES are this module's names for others too
     LLAMA_1B,
     ROOT,
@@ -49,84 +46,9 @@ from benchmarks.gpu_common import (  # noqa: F401 - ROOT, TINY, Llama and SIZES 
     unique_cuda_bytes,
     within,
 )
+from benchmarks.gpu_reference import cumulative_plans, reference_peak, remeasure_in_fresh_process
 
 # --- the hand-made reference step -------------------------------------------------------------------------------
-
-
-@contextmanager
-def reference_training(model: nn.Module, plan: Any, lr: float = 1e-5) -> Iterator[Callable[[dict[str, Any]], None]]:
-    """A training step for ``plan`` written the way a user writes one, with no memlab code in it.
-
-    Yields ``step(batch)``. Checkpointing is switched on with transformers' own call and off again afterwards; the
-    optimizer is built inside and dropped on exit. Offload of the optimizer has no reference here.
-    """
-    device = next(model.parameters()).device
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    if plan.optimizer == "adamw8bit":
-        import bitsandbytes
-
-        optimizer: Any = bitsandbytes.optim.AdamW8bit(parameters, lr=lr)
-    else:
-        optimizer = torch.optim.AdamW(parameters, lr=lr, fused=True)  # the Trainer's default, as memlab's "adamw"
-    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
-    scaler = torch.amp.GradScaler(device.type) if plan.precision == "fp16" else None
-    if plan.checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-
-    def step(batch: dict[str, Any]) -> None:
-        rows = batch["input_ids"].shape[0]
-        size = plan.micro_batch or rows
-        for index in range(plan.accumulation):
-            part = {key: value[index * size:(index + 1) * size] for key, value in batch.items()}
-            offload = (
-                torch.autograd.graph.save_on_cpu(pin_memory=True)
-                if plan.offload in ("activations", "all") else _nothing()
-            )
-            with torch.autocast(device.type, dtype=half, enabled=half is not None), offload:
-                loss = model(**part).loss
-            loss = loss.float() / plan.accumulation
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            del loss
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    try:
-        step.optimizer = optimizer  # type: ignore[attr-defined]
-        yield step
-    finally:
-        if plan.checkpointing:
-            model.gradient_checkpointing_disable()
-        model.zero_grad(set_to_none=True)
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
-def reference_peak(model: nn.Module, batch: dict[str, Any], plan: Any, steps: int = 2) -> dict[str, Any]:
-    """``max_memory_allocated`` over one steady-state reference step (after ``steps`` warm ones), and the bytes of
-    the optimizer state the reference optimizer keeps on the device."""
-    device = next(model.parameters()).device
-    with reference_training(model, plan) as step:
-        for _ in range(steps):
-            step(batch)
-        common.synchronize(device)
-        if is_cuda(device):
-            torch.cuda.reset_peak_memory_stats(device)
-        step(batch)
-        common.synchronize(device)
-        peak = int(torch.cuda.max_memory_allocated(device)) if is_cuda(device) else None
-        state = [v for s in step.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]  # type: ignore[attr-defined]
-        optimizer_bytes = unique_cuda_bytes(state) if is_cuda(device) else None
-    del step, state
-    release(device)
-    return {"peak_bytes": peak, "optimizer_bytes": optimizer_bytes}
 
 
 # --- sections ---------------------------------------------------------------------------------------------------
@@ -384,34 +306,6 @@ def section_levers(size: str, device: torch.device) -> dict[str, Any]:
     }
 
 
-def cumulative_plans() -> list[tuple[str, Any]]:
-    """Levers added one on top of the other (the first six), then other full fine-tunes and adapters."""
-    from memlab import Plan
-
-    stacked = {"precision": "bf16", "checkpointing": True, "optimizer": "adamw8bit"}
-    return [
-        ("fp32 AdamW (baseline)", Plan()),
-        ("+ bf16 autocast", Plan(precision="bf16")),
-        ("+ activation checkpointing", Plan(precision="bf16", checkpointing=True)),
-        ("+ 8-bit AdamW", Plan(**stacked)),
-        ("+ chunked loss", Plan(**stacked, loss="chunked")),
-        ("+ optimizer in backward", Plan(**stacked, loss="chunked", optimizer_in_backward=True)),
-        ("bf16 + checkpointing + 8-bit AdamW, micro-batch 1 x accumulation 2",
-         Plan(**stacked, micro_batch=1, accumulation=2)),
-        ("bf16 + checkpointing + paged 8-bit AdamW", Plan(precision="bf16", checkpointing=True,
-                                                          optimizer="paged_adamw8bit")),
-        ("bf16 + checkpointing + Adafactor", Plan(precision="bf16", checkpointing=True, optimizer="adafactor")),
-        ("bf16 + checkpointing + offloaded AdamW", Plan(precision="bf16", checkpointing=True, offload="optimizer")),
-        ("pure bf16 + checkpointing + 8-bit AdamW", Plan(weights="bf16", checkpointing=True, optimizer="adamw8bit")),
-        ("pure bf16 + checkpointing + 8-bit AdamW + chunked loss + optimizer in backward",
-         Plan(weights="bf16", checkpointing=True, optimizer="adamw8bit", loss="chunked", optimizer_in_backward=True)),
-        ("LoRA r16 + bf16 + checkpointing", Plan(adapter="lora", precision="bf16", checkpointing=True)),
-        ("LoRA r16 on attention + bf16 + checkpointing", Plan(adapter="lora", lora_targets="attention",
-                                                              precision="bf16", checkpointing=True)),
-        ("QLoRA r16 + bf16 + checkpointing", Plan(adapter="qlora", precision="bf16", checkpointing=True)),
-    ]
-
-
 def section_cumulative(size: str, device: torch.device) -> dict[str, Any]:
     """6. The levers that have landed, one on top of the other, on a Llama-3.2-1B-sized model at sequence 2048."""
     return cumulative(SIZES[size]["cumulative"], device, steps=max(2, SIZES[size]["timed_steps"] - 1),
@@ -480,58 +374,6 @@ def section_fit(size: str, device: torch.device) -> dict[str, Any]:
         "skipped": [[plan.label(), reason] for plan, reason in report.skipped],
         "fresh_process": again, "checks": checks.items,
     }
-
-
-def remeasure_in_fresh_process(shape: Llama, plan: Any, device: torch.device, steps: int, *,
-                               noise: float | None = None, segments: bool = False) -> dict[str, Any]:
-    """Measure ``plan`` on the same model and batch in a new Python process; its trial as a dict (peak, breakdown,
-    reserved, CUDA context). ``noise``: memlab's noise target (its default where None). ``segments``: on CUDA, also
-    the segments the allocator took and the allocations of 100 MB or more from the trial's start to the end of its
-    tracked step, with their frames (:func:`benchmarks.gpu_sections_estimate.large_allocations`)."""
-    request = {"shape": dataclasses.asdict(shape), "plan": dataclasses.asdict(plan), "device": str(device),
-               "steps": steps, "noise": noise, "segments": segments}
-    return in_fresh_process("benchmarks.gpu_sections:remeasure", request)
-
-
-def remeasure(request: str) -> None:
-    """The fresh process's side: build, measure, print the trial as one JSON line."""
-    import memlab
-    from benchmarks.gpu_common import card_figures, plan_fields
-    from benchmarks.gpu_sections_estimate import large_allocations
-    from memlab.events import StepFinished
-
-    common.quiet()
-    asked = json.loads(request)
-    device = torch.device(asked["device"])
-    shape = Llama(**asked["shape"])
-    model = build_llama(shape, device)
-    batch = token_batch(shape.vocab, shape.rows, shape.length, device)
-    keywords: dict[str, Any] = {} if asked.get("noise") is None else {"noise": asked["noise"]}
-    history = bool(asked.get("segments")) and is_cuda(device)
-    record = torch.cuda.memory._record_memory_history
-    snapshot: dict[str, Any] = {}
-
-    def callback(event: Any) -> None:
-        if history and isinstance(event, StepFinished) and event.kind == "tracked" and not snapshot:
-            snapshot.update(torch.cuda.memory._snapshot(device))
-            record(enabled=None, device=device)
-
-    if history:
-        record(enabled="all", context="alloc", stacks="python", max_entries=200_000, device=device)
-    try:
-        trial = memlab.measure(model, batch, memlab.Plan(**asked["plan"]), steps=asked["steps"], warmup=1,
-                               progress=False, callback=callback, **keywords)
-    finally:
-        if history and not snapshot:
-            record(enabled=None, device=device)
-    answer = {"plan": trial.plan.label(), "plan_fields": plan_fields(trial.plan), "status": trial.status,
-              "peak_bytes": trial.peak_bytes, "error": trial.error, "samples_per_s": trial.samples_per_s,
-              "breakdown": dict(trial.breakdown), **card_figures(trial)}
-    if history:
-        found = large_allocations(snapshot, device, limit=120) if snapshot else []
-        answer["segments_taken"] = [event for event in found if event["action"] == "segment_alloc"]
-        answer["large_allocations"] = [event for event in found if event["action"] == "alloc"]
-    print(json.dumps(answer))
 
 
 def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:

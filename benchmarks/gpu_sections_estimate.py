@@ -26,8 +26,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,6 @@ from torch import nn
 from benchmarks import common
 from benchmarks.gpu_common import (
     LLAMA_1B,
-    ROOT,
     SIZES,
     TINY,
     Checks,
@@ -46,20 +43,19 @@ from benchmarks.gpu_common import (
     card_figures,
     card_reading,
     fresh_peaks,
+    gpu_kind_name,
     is_cuda,
+    made_estimates,
     plan_fields,
     ratio,
     release,
     token_batch,
     within,
 )
+from benchmarks.gpu_reference import LARGE, hand_made_peak, large_allocations
 
-ESTIMATES_ENV = "MEMLAB_GPU_ESTIMATES"
-"""The prefix of the variables that point a section at a side process's estimates (:func:`estimates_variable`)."""
 DIAGNOSED = ("llama", "ckpt bf16")
 """The row whose tracked step's large allocations are recorded."""
-LARGE = 100 * 10**6
-"""Allocations at least this large are listed by the diagnostic."""
 
 FP32: dict[str, Any] = {}
 BF16, PURE_BF16, FP16 = {"precision": "bf16"}, {"weights": "bf16"}, {"precision": "fp16"}
@@ -271,14 +267,6 @@ def row_id(family: dict[str, Any], plan: Any) -> str:
     return f"{family['name']} {rows}x{length} {plan.label()}"
 
 
-def gpu_kind_name(device_name: str | None) -> str | None:
-    """memlab's name of the GPU kind torch calls ``device_name`` (for ``estimate(gpu=...)``), where this memlab
-    knows that kind; else None."""
-    from memlab.estimation.gpus import GPUS
-
-    return next((name for name, kind in GPUS.items() if device_name and kind.device_name == device_name), None)
-
-
 def estimate_one(family: dict[str, Any], plan: Any, device: str, gpu: str | None) -> dict[str, Any]:
     """One estimate's figures (and how long it took)."""
     import memlab
@@ -296,16 +284,6 @@ def estimate_one(family: dict[str, Any], plan: Any, device: str, gpu: str | None
         "breakdown": dict(trial.breakdown), **card_figures(trial), "notes": list(trial.notes),
         "seconds": round(time.perf_counter() - started, 2), "gpu": keywords.get("gpu"),
     }
-
-
-def estimates_variable(section: str) -> str:
-    """The environment variable that names the file of ``section``'s CPU-made estimates.
-
-    Example:
-        >>> estimates_variable("estimate"), estimates_variable("loads")
-        ('MEMLAB_GPU_ESTIMATES', 'MEMLAB_GPU_ESTIMATES_LOADS')
-    """
-    return ESTIMATES_ENV if section == "estimate" else f"{ESTIMATES_ENV}_{section.upper()}"
 
 
 def estimate_all(request: str) -> None:
@@ -338,32 +316,6 @@ def section_estimates(section: str, size: str, device: str, gpu: str | None) -> 
             for family in FAMILIES[section](SIZES[size]["estimate_scale"]) for fields in family["plans"]}
 
 
-def start_side_estimates(section: str, size: str, device: str, gpu: str | None, folder: Path,
-                         threads: int) -> tuple[subprocess.Popen[bytes], Path]:
-    """Start :func:`estimate_all` for ``section`` at ``size`` in a process that sees no GPU
-    (``CUDA_VISIBLE_DEVICES=""``, ``threads`` threads), writing into ``folder``: the process and the file it writes
-    (its log beside it)."""
-    out = folder / f"estimates-{section}.json"
-    request = json.dumps({"section": section, "size": size, "device": device, "gpu": gpu, "out": str(out)})
-    code = "import sys; from benchmarks.gpu_sections_estimate import estimate_all; estimate_all(sys.argv[1])"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads),
-           "MKL_NUM_THREADS": str(threads)}
-    with out.with_suffix(".log").open("wb") as log:
-        # Niced: the GPU's process launches its kernels from the CPU, and its parts come first.
-        process = subprocess.Popen([sys.executable, "-c", code, request], cwd=ROOT, env=env, stdout=log, stderr=log,
-                                   preexec_fn=lambda: os.nice(10))  # noqa: PLW1509 - no threads started yet
-    return process, out
-
-
-def made_estimates(section: str, device: torch.device) -> tuple[dict[str, Any], str]:
-    """The estimates a side process made for ``section`` (its file, named by :func:`estimates_variable`), and where
-    they were made; none where there is no such file (the section then makes each one itself)."""
-    path = os.environ.get(estimates_variable(section))
-    if path and Path(path).exists():
-        return json.loads(Path(path).read_text()), "a side process that saw no GPU (CUDA_VISIBLE_DEVICES='')"
-    return {}, f"this process ({device.type})"
-
-
 def section_estimate(size: str, device: torch.device) -> dict[str, Any]:
     """4. ``estimate`` (fake tensors, from the config, made without the GPU) against the measured peak, for four
     families and four precisions: the allocated peak within 5%, and the card figure (reserved + CUDA context)
@@ -388,23 +340,6 @@ def section_encdec(size: str, device: torch.device) -> dict[str, Any]:
 def section_heldout_off(size: str, device: torch.device) -> dict[str, Any]:
     """The held-out rows whose reserve was off on the H200 (Mistral and Phi-3 in pure bf16), as ``heldout``."""
     return compare_families("heldout_off", size, device)
-
-
-def hand_made_peak(model: nn.Module, batch: Any, plan: Any) -> int | None:
-    """A hand-made step's ``max_memory_allocated`` for ``plan`` (:func:`benchmarks.gpu_sections.reference_peak`);
-    pure bf16 weights as users make them, the model cast to bf16 for the step and back to fp32 after (its values
-    are random: only the memory is compared). None on the CPU."""
-    from benchmarks.gpu_sections import reference_peak
-
-    cast = getattr(plan, "weights", "fp32") == "bf16"
-    if cast:
-        model.to(torch.bfloat16)
-    try:
-        peak: int | None = reference_peak(model, batch, plan)["peak_bytes"]
-    finally:
-        if cast:
-            model.to(torch.float32)
-    return peak
 
 
 def compare_families(section: str, size: str, device: torch.device) -> dict[str, Any]:
@@ -532,27 +467,3 @@ def traced_trial(model: nn.Module, batch: Any, plan: Any, device: torch.device) 
     }
 
 
-def _frame(frame: dict[str, Any]) -> str:
-    return f"{Path(str(frame.get('filename', '?'))).name}:{frame.get('line')}:{frame.get('name')}"
-
-
-def large_allocations(snapshot: dict[str, Any], device: torch.device, limit: int = 60) -> list[dict[str, Any]]:
-    """The allocations (and new segments) of :data:`LARGE` bytes or more in ``snapshot``'s trace, in order: size,
-    whether an optimizer frame made it, whether it was freed before the trace ended, and its innermost frames."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    traces = snapshot.get("device_traces") or []
-    events = traces[index] if index < len(traces) else []
-    freed = {event["addr"] for event in events if event.get("action") in ("free_requested", "free_completed")}
-    found = []
-    for event in events:
-        if event.get("action") not in ("alloc", "segment_alloc") or event.get("size", 0) < LARGE:
-            continue
-        frames = [f for f in event.get("frames", []) if "site-packages/torch/utils" not in str(f.get("filename"))]
-        in_optimizer = any("/optim" in str(f.get("filename")) or "optimizer" in str(f.get("filename"))
-                           or "step" == f.get("name") for f in frames)
-        found.append({
-            "action": event["action"], "size": int(event["size"]), "mib": common.mib(event["size"]),
-            "in_optimizer": in_optimizer, "freed_in_step": event.get("addr") in freed,
-            "frames": [_frame(f) for f in frames[:10]],
-        })
-    return found[:limit]

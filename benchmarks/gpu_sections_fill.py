@@ -110,7 +110,7 @@ def limits_boundary(size: str, device: torch.device) -> dict[str, Any]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     import memlab
-    from benchmarks.gpu_sections_estimate import gpu_kind_name
+    from benchmarks.gpu_common import gpu_kind_name
 
     size = "full" if size == "full" else "smoke"
     config = Qwen2Config(**BOUNDARY_MODEL[size])

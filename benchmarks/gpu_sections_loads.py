@@ -253,12 +253,7 @@ def _measure(folder: Path, rows: list[tuple[str, str]], spec: dict[str, Any], de
 def section_loads(size: str, device: torch.device) -> dict[str, Any]:
     """Issue 40's loads: a 1B Llama checkpoint loaded in bf16 and in 4-bit NF4, each trained with LoRA (dropout
     0.05) and run for inference, each in a fresh process, beside memlab's CPU-made estimate of the same load."""
-    from benchmarks.gpu_sections_estimate import (
-        gpu_kind_name,
-        made_estimates,
-        section_estimates,
-        start_side_estimates,
-    )
+    from benchmarks.gpu_common import gpu_kind_name, made_estimates, start_side_estimates
 
     spec = SIZES[size]["loads"]
     shape: Llama = spec["shape"]
@@ -273,7 +268,7 @@ def section_loads(size: str, device: torch.device) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="memlab-loads-") as folder:
         side = None
         if not made and not is_cuda(device):  # no GPU to hide from the estimates: made here, one process fewer
-            made = section_estimates("loads", size, device.type, None)
+            made = load_estimates(size, device.type, None)
         elif not made:  # no side process of the acceptance run made them: one started here, beside the measuring
             gpu = gpu_kind_name(torch.cuda.get_device_name(device) if is_cuda(device) else None)
             side = start_side_estimates("loads", size, device.type, gpu, Path(folder),

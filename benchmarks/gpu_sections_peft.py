@@ -80,7 +80,7 @@ class Guarded:
 
 def gpu_kind(device: torch.device) -> dict[str, Any]:
     """``estimate``'s keywords for ``device``: the GPU kind memlab knows it as (the default kind where none)."""
-    from benchmarks.gpu_sections_estimate import gpu_kind_name
+    from benchmarks.gpu_common import gpu_kind_name
 
     if not is_cuda(device):
         return {"device": "cpu"}
@@ -201,7 +201,7 @@ def section_peft_model(size: str, device: torch.device) -> dict[str, Any]:
     CUDA context checked after each call and the adapters' weights bit-identical after them all."""
     import memlab
     from benchmarks.gpu_common import missing
-    from benchmarks.gpu_sections import reference_peak
+    from benchmarks.gpu_reference import reference_peak
 
     shape: Llama = SIZES[size]["peft_model"]
     checks = Checks()

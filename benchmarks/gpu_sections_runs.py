@@ -95,7 +95,7 @@ def section_reserve(size: str, device: torch.device) -> dict[str, Any]:
     a fresh process (one warm-up step, one tracked step), with the allocator's segments of 100 MB or more and their
     frames. In the cumulative section the same steps run one after the other in one process, where what an earlier
     trial left in the allocator's segments can move the reserve; a dry run replays a fresh process."""
-    from benchmarks.gpu_sections import cumulative_plans, remeasure_in_fresh_process
+    from benchmarks.gpu_reference import cumulative_plans, remeasure_in_fresh_process
 
     shape: Llama = SIZES[size]["cumulative"]
     named = dict(cumulative_plans())

@@ -54,7 +54,7 @@ def timeline_plans() -> list[tuple[str, Any]]:
 def section_timeline(size: str, device: torch.device) -> dict[str, Any]:
     """The timeline's peak against the trial's, the allocator's and the saved snapshot's, for three plans."""
     import memlab
-    from benchmarks.gpu_sections import reference_peak
+    from benchmarks.gpu_reference import reference_peak
 
     shape = LLAMA_1B.replace(length=1024) if size == "full" else TINY
     model = build_llama(shape, device)

@@ -121,7 +121,8 @@ def section_vlm(size: str, device: torch.device) -> dict[str, Any]:
     from transformers import LlavaForConditionalGeneration
 
     import memlab
-    from benchmarks.gpu_sections_estimate import gpu_kind_name, hand_made_peak, made_estimates
+    from benchmarks.gpu_common import gpu_kind_name, made_estimates
+    from benchmarks.gpu_reference import hand_made_peak
 
     spec = SPECS[scale(size)]
     made, made_on = made_estimates("vlm", device)

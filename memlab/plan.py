@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 from memlab.errors import MemlabError
 from memlab.techniques.lever import LeverSpec, check_levers, lever_specs
 from memlab.techniques.levers_model import LORA_RANK_DEFAULT
-from memlab.techniques.offload import offloads_activations, offloads_optimizer
+from memlab.techniques.offload import offloads
 from memlab.techniques.registry import REGISTRY, conflicts
 
 
@@ -154,16 +154,30 @@ class Plan:
     @property
     def offloads_optimizer(self) -> bool:
         """Whether the optimizer's state and update live on the CPU (:mod:`memlab.techniques.offload` says)."""
-        return offloads_optimizer(self)
+        return offloads(self, "optimizer")
 
     @property
     def offloads_activations(self) -> bool:
         """Whether the tensors saved for backward live in CPU memory (:mod:`memlab.techniques.offload` says)."""
-        return offloads_activations(self)
+        return offloads(self, "activations")
 
     def rows_per_step(self, batch_rows: int) -> int:
         """Rows one optimizer step consumes: ``micro_batch * accumulation`` (micro_batch defaults to the batch)."""
         return (self.micro_batch or batch_rows) * self.accumulation
+
+    def _batch_words(self, split: str, accumulated: str) -> list[str]:
+        """How the batch is taken, in ``split`` (micro-batch, accumulation) or, with no micro-batch, ``accumulated``
+        (accumulation alone, where it is not 1); the label's and the description's first words."""
+        if self.micro_batch is not None:
+            return [split.format(self.micro_batch, self.accumulation)]
+        return [accumulated.format(self.accumulation)] if self.accumulation != 1 else []
+
+    def _changed_levers(self) -> Iterator[tuple[str, LeverSpec, Any]]:
+        """``(name, spec, value)`` of every lever but the batch's two whose value is not its default."""
+        for name, spec in LEVERS.items():
+            value = getattr(self, name)
+            if name not in ("micro_batch", "accumulation") and value != spec.default:
+                yield name, spec, value
 
     def label(self) -> str:
         """A short name for tables and plots: only what differs from the plain plan is shown.
@@ -172,14 +186,9 @@ class Plan:
             >>> Plan(micro_batch=2, accumulation=4, checkpointing=True, offload="all").label()
             'mb2x4 ckpt offload-all'
         """
-        parts = []
-        if self.micro_batch is not None:
-            parts.append(f"mb{self.micro_batch}x{self.accumulation}")
-        elif self.accumulation != 1:
-            parts.append(f"accum{self.accumulation}")
-        for name, spec in LEVERS.items():
-            value = getattr(self, name)
-            if not spec.short or value == spec.default:
+        parts = self._batch_words("mb{}x{}", "accum{}")
+        for _, spec, value in self._changed_levers():
+            if not spec.short:
                 continue
             shown = "+".join(value) if isinstance(value, tuple) else value
             on = spec.type == "bool" or value is True
@@ -196,15 +205,8 @@ class Plan:
             >>> Plan().describe()
             'plain: every lever off'
         """
-        parts = []
-        if self.micro_batch is not None:
-            parts.append(f"micro-batch {self.micro_batch} x accumulation {self.accumulation}")
-        elif self.accumulation != 1:
-            parts.append(f"accumulation {self.accumulation}")
-        for name, spec in LEVERS.items():
-            value = getattr(self, name)
-            if name in ("micro_batch", "accumulation") or value == spec.default:
-                continue
+        parts = self._batch_words("micro-batch {} x accumulation {}", "accumulation {}")
+        for name, spec, value in self._changed_levers():
             words = name.replace("_", " ")
             blocks = " blocks" if spec.type == "blocks" else ""
             parts.append(words if spec.type == "bool" or value is True else f"{words} {value}{blocks}")

@@ -47,11 +47,9 @@ import torch
 from torch import nn
 
 from memlab.estimation.configs import model_on_meta
-from memlab.estimation.fsdp2 import DETAIL, ShardedTrial, shard_units, sharded_trial
-from memlab.estimation.gpus import GpuKind
+from memlab.estimation.fsdp2 import DETAIL, ShardedRequest, ShardedTrial, shard_units, sharded_trial
 from memlab.estimation.load import loaded_dtype, parse_load
 from memlab.estimation.single_gpu import estimate_plans
-from memlab.live.batch import LossFn
 from memlab.live.sharding import DS_PREFETCH_BUCKET, ds_reduce_bucket, engine_settings
 from memlab.plan import Plan
 
@@ -273,39 +271,26 @@ def gathered_bytes(model: nn.Module, strategy: str, element: int, quantize: str 
     return unit, sum(seen.values())
 
 
-def composed_estimate(
-    model_or_config: Any,
-    batch: Any,
-    plan: Plan,
-    *,
-    gpus: int,
-    strategy: str,
-    loss_fn: LossFn | None = None,
-    budget: int | None = None,
-    lr: float = 1e-5,
-    device: str | torch.device | None = None,
-    gpu: GpuKind | str | None = None,
-    load: Mapping[str, Any] | None = None,
-) -> ShardedTrial:
-    """The per-GPU estimate of ``plan`` sharded over ``gpus`` GPUs with ``strategy`` (``"fsdp1"``, ``"fsdp2"``,
-    ``"zero2"`` or ``"zero3"``), composed from its one-GPU dry run (the module docstring says how).
+def composed_estimate(request: ShardedRequest) -> ShardedTrial:
+    """The per-GPU estimate of ``request``'s plan sharded over its ``gpus`` GPUs with its ``strategy`` (``"fsdp1"``,
+    ``"fsdp2"``, ``"zero2"`` or ``"zero3"``), composed from its one-GPU dry run (the module docstring says how).
 
     Example:
         >>> from transformers import LlamaConfig
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         ...                      num_attention_heads=2, vocab_size=256)
         >>> batch = {"input_ids": (1, 32), "labels": (1, 32)}
-        >>> two = composed_estimate(config, batch, Plan(adapter="lora", lora_rank=4), gpus=2, strategy="fsdp2",
-        ...                         device="cpu")
-        >>> four = composed_estimate(config, batch, Plan(adapter="lora", lora_rank=4), gpus=4, strategy="fsdp2",
-        ...                          device="cpu")
+        >>> two = composed_estimate(ShardedRequest(config, batch, Plan(adapter="lora", lora_rank=4), 2, device="cpu"))
+        >>> four = composed_estimate(ShardedRequest(config, batch, Plan(adapter="lora", lora_rank=4), 4, device="cpu"))
         >>> two.status, four.peak_bytes < two.peak_bytes, four.label
         ('ok', True, 'lora r4 fsdp2 x4')
     """
+    model_or_config, plan, gpus, strategy = request.model, request.plan, request.gpus, request.strategy
+    budget, load = request.budget, request.load
     one_gpu = plan.replace(offload="activations" if plan.offloads_activations else "none")
     one_load, scale = _mixed_precision_load(model_or_config, plan, strategy, load)
-    trial = estimate_plans(model_or_config, batch, [one_gpu], loss_fn=loss_fn, lr=lr, device=device, gpu=gpu,
-                           load=one_load)[0]
+    trial = estimate_plans(model_or_config, request.batch, [one_gpu], loss_fn=request.loss_fn, lr=request.lr,
+                           device=request.device, gpu=request.gpu, load=one_load)[0]
     if trial.status != "ok":
         return ShardedTrial(plan, "error", 0, {}, None, None, None, trial.device, error=trial.error, budget=budget,
                             estimated=True, gpus=gpus, strategy=strategy, notes=trial.notes)

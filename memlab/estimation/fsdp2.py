@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +195,36 @@ def sharded_trial(
     )
 
 
+@dataclass(frozen=True)
+class ShardedRequest:
+    """What one sharded estimate is asked, as :func:`memlab.estimation.sharded.sharded_estimate` checked it: the
+    model (a config, a name or a model), the batch ONE GPU sees per micro-step, the plan, the GPUs and the strategy
+    that shards them, and what the dry run runs with (the loss, the learning rate, the device, the budget in bytes,
+    the GPU kind whose kernels a CUDA estimate emulates, the user's load). The sharded routes take it whole.
+
+    Example:
+        >>> request = ShardedRequest("gpt2", {"input_ids": (1, 16)}, Plan(), gpus=2)
+        >>> request.strategy, request.replace(strategy="zero3").strategy
+        ('fsdp2', 'zero3')
+    """
+
+    model: Any
+    batch: Any
+    plan: Plan
+    gpus: int
+    strategy: str = "fsdp2"
+    loss_fn: LossFn | None = None
+    lr: float = 1e-5
+    device: str | torch.device | None = None
+    budget: int | None = None
+    gpu: GpuKind | str | None = None
+    load: Mapping[str, Any] | None = None
+
+    def replace(self, **changes: Any) -> ShardedRequest:
+        """The same request with ``changes`` (field names as keywords)."""
+        return dataclasses.replace(self, **changes)
+
+
 @contextlib.contextmanager
 def fake_process_group(gpus: int) -> Iterator[Any]:
     """A fake process group of ``gpus`` ranks (this process is rank 0) and its CPU device mesh, for the block.
@@ -222,34 +252,24 @@ def fake_process_group(gpus: int) -> Iterator[Any]:
         sys.excepthook = hook
 
 
-def fsdp2_dry_run(
-    model_or_config: Any,
-    batch: Any,
-    plan: Plan,
-    gpus: int,
-    *,
-    loss_fn: LossFn | None = None,
-    lr: float = 1e-5,
-    device: str | torch.device | None = None,
-    budget: int | None = None,
-    gpu: GpuKind | str | None = None,
-    load: Mapping[str, Any] | None = None,
-) -> tuple[ShardedTrial, list[dict[str, int]]]:
-    """The FSDP2 estimate of one GPU of ``gpus``, and every module-level snapshot of the step as :data:`DETAIL`
-    dicts (ZeRO takes its activations from them). A step that fails is an ``"error"`` trial. ``load``: how the user
-    loads the weights (:mod:`memlab.estimation.load`; a dtype: a quantized load is composed instead, see
+def fsdp2_dry_run(request: ShardedRequest) -> tuple[ShardedTrial, list[dict[str, int]]]:
+    """The FSDP2 estimate of ``request``'s plan for one GPU of its ``gpus`` (its strategy is not read), and every
+    module-level snapshot of the step as :data:`DETAIL` dicts (ZeRO takes its activations from them). A step that
+    fails is an ``"error"`` trial. The request's ``load``: how the user loads the weights
+    (:mod:`memlab.estimation.load`; a dtype: a quantized load is composed instead, see
     :mod:`memlab.estimation.composed`), made on the fake model before it is sharded; None: as the config builds it.
 
     Example:
         >>> from transformers import LlamaConfig
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         ...                      num_attention_heads=2, vocab_size=256)
-        >>> trial, snapshots = fsdp2_dry_run(config, {"input_ids": (1, 16), "labels": (1, 16)}, Plan(), 2,
-        ...                                  device="cpu")
+        >>> request = ShardedRequest(config, {"input_ids": (1, 16), "labels": (1, 16)}, Plan(), 2, device="cpu")
+        >>> trial, snapshots = fsdp2_dry_run(request)
         >>> trial.status, trial.strategy, trial.detail["sharded_params"] > 0, len(snapshots) > 1
         ('ok', 'fsdp2', True, True)
     """
-    target = target_device(model_or_config, device)
+    plan, gpus, budget = request.plan, request.gpus, request.budget
+    target = target_device(request.model, request.device)
     if plan.optimizer in FSDP2_REFUSALS:
         return ShardedTrial(plan, "error", 0, {}, None, None, None, str(target), error=FSDP2_REFUSALS[plan.optimizer],
                             budget=budget, estimated=True, gpus=gpus, strategy="fsdp2"), []
@@ -258,8 +278,10 @@ def fsdp2_dry_run(
     emulated = target.type == "cuda"
 
     def step(emulate: bool) -> tuple[ShardedTrial, list[dict[str, int]]]:
-        return _fsdp2_step(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device, budget=budget,
-                           gpu=gpu, emulate=emulate, load=load)
+        def run(model: Any, paths: LayerPaths | None) -> _Fsdp2Run:
+            return _fsdp2_run(request.replace(model=model), emulate, paths)
+
+        return _fsdp2_step(request, run)
 
     with one_thread():
         (trial, peaks), fell_back = run_emulated(step, emulated)
@@ -287,33 +309,21 @@ class _Fsdp2Run:
     """What stays between steps in each layer (runs whose events are kept)."""
 
 
-def _fsdp2_step(
-    model_or_config: Any,
-    batch: Any,
-    plan: Plan,
-    gpus: int,
-    *,
-    loss_fn: LossFn | None,
-    lr: float,
-    device: str | torch.device | None,
-    budget: int | None,
-    gpu: GpuKind | str | None,
-    emulate: bool,
-    load: Mapping[str, Any] | None = None,
-) -> tuple[ShardedTrial, list[dict[str, int]]]:
-    """:func:`fsdp2_dry_run`'s step, with CUDA's kernels emulated where ``emulate``: from dry runs of five layers and
-    four where the model's layers repeat (:mod:`memlab.estimation.fsdp2_depth`), else of every layer."""
-    shallow = shallow_model(model_or_config) if plan_carries(plan) and plan.optimizer not in _EIGHT_BIT else None
+def _fsdp2_step(request: ShardedRequest, run_on: Callable[[Any, LayerPaths | None], _Fsdp2Run]
+                ) -> tuple[ShardedTrial, list[dict[str, int]]]:
+    """:func:`fsdp2_dry_run`'s step (``run_on(model, paths)``: one dry run of ``model``, CUDA's kernels emulated or
+    not): from dry runs of five layers and four where the model's layers repeat
+    (:mod:`memlab.estimation.fsdp2_depth`), else of every layer."""
+    plan = request.plan
+    shallow = shallow_model(request.model) if plan_carries(plan) and plan.optimizer not in _EIGHT_BIT else None
     run = None
     if shallow is not None and shallow.carries(FSDP2_EDGE):
-        runs = {layers: _fsdp2_run(shallow.shallow(layers), batch, plan, gpus, loss_fn=loss_fn, lr=lr,
-                                   device=device, gpu=gpu, emulate=emulate, load=load, paths=shallow.paths)
+        runs = {layers: run_on(shallow.shallow(layers), shallow.paths)
                 for layers in (source_layers(FSDP2_EDGE), check_layers(FSDP2_EDGE))}
-        run = _carried(shallow, runs, gpu)
+        run = _carried(shallow, runs, request.gpu)
     if run is None:
-        run = _fsdp2_run(model_or_config, batch, plan, gpus, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu,
-                         emulate=emulate, load=load)
-    return _fsdp2_trial(run, plan, gpus, budget)
+        run = run_on(request.model, None)
+    return _fsdp2_trial(run, plan, request.gpus, request.budget)
 
 
 def _carried(shallow: ShallowModel, runs: dict[int, _Fsdp2Run], gpu: GpuKind | str | None) -> _Fsdp2Run | None:
@@ -345,23 +355,13 @@ def _carried_held(source: _Fsdp2Run, check: _Fsdp2Run, depth: int) -> int | None
     return rest.pop() + depth * layers[0]
 
 
-def _fsdp2_run(
-    model_or_config: Any,
-    batch: Any,
-    plan: Plan,
-    gpus: int,
-    *,
-    loss_fn: LossFn | None,
-    lr: float,
-    device: str | torch.device | None,
-    gpu: GpuKind | str | None,
-    emulate: bool,
-    load: Mapping[str, Any] | None = None,
-    paths: LayerPaths | None = None,
-) -> _Fsdp2Run:
-    """One FSDP2 dry run of ``model_or_config`` (its events kept by a depth log where ``paths`` says where its
+def _fsdp2_run(request: ShardedRequest, emulate: bool, paths: LayerPaths | None = None) -> _Fsdp2Run:
+    """One FSDP2 dry run of ``request``'s model (its events kept by a depth log where ``paths`` says where its
     layers are)."""
     fully_shard, MixedPrecisionPolicy = fsdp2_api()
+    model_or_config, batch, plan, gpus, gpu, lr = (request.model, request.batch, request.plan, request.gpus,
+                                                   request.gpu, request.lr)
+    device, load, loss_fn = request.device, request.load, request.loss_fn
 
     batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, kernels=_CPU)

@@ -125,9 +125,7 @@ def _sharded(request: EstimateRequest) -> Trial:
     """Training sharded over ``gpus`` GPUs: the per-GPU estimate of :mod:`memlab.estimation.sharded`."""
     from memlab.estimation.sharded import sharded_estimate
 
-    return sharded_estimate(request.model, request.batch, request.training_plan, gpus=request.gpus,
-                            strategy=request.strategy, loss_fn=request.loss_fn, budget=request.budget, lr=request.lr,
-                            device=request.device, gpu=request.gpu, load=request.load)
+    return sharded_estimate(request)
 
 
 def _one_gpu(request: EstimateRequest) -> Trial:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,7 +24,14 @@ from memlab.errors import MemlabError
 from memlab.estimation.composed import composed_estimate, needs_composition
 from memlab.estimation.configs import frozen_count, layer_counts, model_on_meta
 from memlab.estimation.cuda_context import card_context
-from memlab.estimation.fsdp2 import DETAIL, FSDP2_REFUSALS, ShardedTrial, fsdp2_dry_run, shard_units
+from memlab.estimation.fsdp2 import (
+    DETAIL,
+    FSDP2_REFUSALS,
+    ShardedRequest,
+    ShardedTrial,
+    fsdp2_dry_run,
+    shard_units,
+)
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.single_gpu import estimate_plans
 from memlab.estimation.zero import zero_basis, zero_model_states, zero_trial
@@ -40,6 +47,9 @@ from memlab.live.sharding import (
 )
 from memlab.plan import Plan, parse_budget
 from memlab.report import Trial
+
+if TYPE_CHECKING:  # the route's request, read here; request.py routes to this module
+    from memlab.estimation.request import EstimateRequest
 
 __all__ = [
     "DETAIL",
@@ -63,72 +73,48 @@ __all__ = [
 ]
 
 
-def sharded_estimate(
-    model_or_config: Any,
-    batch: Any,
-    plan: Plan | None = None,
-    *,
-    gpus: int,
-    strategy: str,
-    loss_fn: LossFn | None = None,
-    budget: int | str | None = None,
-    lr: float = 1e-5,
-    device: str | torch.device | None = None,
-    gpu: GpuKind | str | None = None,
-    load: Mapping[str, Any] | None = None,
-) -> ShardedTrial:
-    """The peak of one steady-state training step per GPU, sharded over ``gpus`` GPUs with ``strategy``.
+def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
+    """The peak of one steady-state training step per GPU, sharded over the request's ``gpus`` GPUs with its
+    ``strategy``.
 
-    :func:`memlab.estimate` with ``gpus=``/``strategy=`` calls this; the arguments are its own, and ``batch`` is
-    the per-GPU micro-batch. ``strategy="fsdp2"`` runs ``fully_shard`` on fake tensors; ``"zero2"``/``"zero3"``
-    compute DeepSpeed's partitioning (the module docstring gives the formulas); ``"fsdp1"`` is FSDP2's dry run with
-    FSDP1's root kept gathered (:func:`fsdp1_trial`). Adapter plans (LoRA, QLoRA), a quantized ``load`` and the
-    chunked loss are composed from their one-GPU dry run under every strategy (:mod:`memlab.estimation.composed`).
-    ``offload="params"`` keeps each GPU's shards in CPU memory (FSDP ``offload_params``, DeepSpeed ZeRO-3
-    ``offload_param``). For CUDA each GPU's trial carries the CUDA context of the GPU kind ``gpu``
-    (:func:`memlab.estimation.cuda_context.card_context`), and its ``fits`` judges the card figure; its notes name
-    the engine settings assumed.
+    :func:`memlab.estimate` with ``gpus=``/``strategy=`` takes this route with its one request
+    (:class:`~memlab.estimation.request.EstimateRequest`), whose ``batch`` is the per-GPU micro-batch.
+    ``strategy="fsdp2"`` runs ``fully_shard`` on fake tensors; ``"zero2"``/``"zero3"`` compute DeepSpeed's partitioning
+    (the module docstring gives the formulas); ``"fsdp1"`` is FSDP2's dry run with FSDP1's root kept gathered
+    (:func:`fsdp1_trial`). Adapter plans (LoRA, QLoRA), a quantized ``load`` and the chunked loss are composed from
+    their one-GPU dry run under every strategy (:mod:`memlab.estimation.composed`). ``offload="params"`` keeps each
+    GPU's shards in CPU memory (FSDP ``offload_params``, DeepSpeed ZeRO-3 ``offload_param``). For CUDA each GPU's trial
+    carries the CUDA context of the GPU kind ``gpu`` (:func:`memlab.estimation.cuda_context.card_context`), and its
+    ``fits`` judges the card figure; its notes name the engine settings assumed.
 
     Example:
         >>> from transformers import LlamaConfig
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         ...                      num_attention_heads=2, vocab_size=256)
         >>> batch = {"input_ids": (1, 32), "labels": (1, 32)}
-        >>> one = sharded_estimate(config, batch, gpus=2, strategy="fsdp2", device="cpu")
-        >>> four = sharded_estimate(config, batch, gpus=4, strategy="fsdp2", device="cpu")
+        >>> from memlab.estimation.request import EstimateRequest
+        >>> one = sharded_estimate(EstimateRequest(config, batch, gpus=2, strategy="fsdp2", device="cpu"))
+        >>> four = sharded_estimate(EstimateRequest(config, batch, gpus=4, strategy="fsdp2", device="cpu"))
         >>> one.status, four.model_state_bytes < one.model_state_bytes, sum(one.breakdown.values()) == one.peak_bytes
         ('ok', True, True)
     """
-    gpus, strategy = check_sharding(gpus, strategy)
-    plan = Plan() if plan is None else plan
+    gpus, strategy = check_sharding(request.gpus, request.strategy)
+    plan, gpu = request.training_plan, request.gpu
     _check_plan(plan)
     gpu_kind(gpu)
-    limit = parse_budget(budget)
+    limit = parse_budget(request.budget)
     if strategy == "none":
-        trial = estimate_plans(model_or_config, batch, [plan], loss_fn=loss_fn, budget=budget, lr=lr, device=device,
-                               gpu=gpu, load=load)[0]
+        trial = estimate_plans(request.model, request.batch, [plan], loss_fn=request.loss_fn, budget=request.budget,
+                               lr=request.lr, device=request.device, gpu=gpu, load=request.load)[0]
         return card_context(ShardedTrial(**{f.name: getattr(trial, f.name) for f in dataclasses.fields(Trial)}), gpu)
     if strategy.startswith("fsdp") and plan.optimizer in FSDP2_REFUSALS:
         raise MemlabError(FSDP2_REFUSALS[plan.optimizer])
-    return card_context(sharded_one(model_or_config, batch, plan, gpus, strategy, loss_fn=loss_fn, lr=lr,
-                                    device=device, budget=limit, gpu=gpu, load=load), gpu)
+    return card_context(sharded_one(ShardedRequest(request.model, request.batch, plan, gpus, strategy,
+                                                   loss_fn=request.loss_fn, lr=request.lr, device=request.device,
+                                                   budget=limit, gpu=gpu, load=request.load)), gpu)
 
 
-def sharded_one(
-    model_or_config: Any,
-    batch: Any,
-    plan: Plan,
-    gpus: int,
-    strategy: str,
-    *,
-    loss_fn: LossFn | None = None,
-    lr: float = 1e-5,
-    device: str | torch.device | None = None,
-    budget: int | None = None,
-    gpu: GpuKind | str | None = None,
-    load: Mapping[str, Any] | None = None,
-    basis: Trial | None = None,
-) -> ShardedTrial:
+def sharded_one(request: ShardedRequest, basis: Trial | None = None) -> ShardedTrial:
     """One strategy's per-GPU trial (without the CUDA context): the route each plan takes, chosen once here. The
     composed route (:mod:`memlab.estimation.composed`) for adapters, quantized loads and the chunked loss; FSDP2's
     dry run for FSDP2 (FSDP1 from it, :func:`fsdp1_trial`); DeepSpeed's formulas over ``basis`` (a
@@ -139,27 +125,36 @@ def sharded_one(
         >>> from transformers import LlamaConfig
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         ...                      num_attention_heads=2, vocab_size=256)
-        >>> trial = sharded_one(config, {"input_ids": (1, 16), "labels": (1, 16)}, Plan(offload="params"), 2,
-        ...                     "fsdp1", device="cpu")
+        >>> trial = sharded_one(ShardedRequest(config, {"input_ids": (1, 16), "labels": (1, 16)},
+        ...                                    Plan(offload="params"), 2, "fsdp1", device="cpu"))
         >>> trial.label, trial.host_bytes > 0, any("offload_params=True" in note for note in trial.notes)
         ('offload-params fsdp1 x2', True, True)
     """
-    if needs_composition(plan, strategy, load):
-        return composed_estimate(model_or_config, batch, plan, gpus=gpus, strategy=strategy, loss_fn=loss_fn,
-                                 budget=budget, lr=lr, device=device, gpu=gpu, load=load)
+    model_or_config, plan, strategy = request.model, request.plan, request.strategy
+    if needs_composition(plan, strategy, request.load):
+        return composed_estimate(request)
     settings = engine_settings(plan, strategy)
     if strategy in ("fsdp1", "fsdp2"):
         # FSDP's one CPU offload (offload_params) moves the shards of weights, gradients and optimizer state
-        run = plan.replace(offload="optimizer") if plan.offload == "params" else plan
-        trial = fsdp2_dry_run(model_or_config, batch, run, gpus, loss_fn=loss_fn, lr=lr, device=device, budget=budget,
-                              gpu=gpu, load=load)[0]
+        trial = fsdp2_dry_run(request.replace(plan=fsdp_run_plan(plan)))[0]
         trial = dataclasses.replace(trial, plan=plan, notes=(*trial.notes, settings))
         return fsdp1_trial(trial, model_or_config) if strategy == "fsdp1" else trial
     if basis is None:
-        basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu, load=load)
-    trial = zero_trial(basis, layer_counts(model_or_config), plan, gpus, int(strategy[-1]), budget,
+        basis = zero_basis(request)
+    trial = zero_trial(basis, layer_counts(model_or_config), plan, request.gpus, int(strategy[-1]), request.budget,
                        frozen=frozen_count(model_or_config))
     return dataclasses.replace(trial, notes=(*trial.notes, settings))
+
+
+def fsdp_run_plan(plan: Plan) -> Plan:
+    """The plan FSDP's dry run runs for ``plan``: FSDP's one CPU offload (``offload_params``) moves the shards of
+    the weights, gradients and optimizer state, which the dry run books as the optimizer's offload.
+
+    Example:
+        >>> fsdp_run_plan(Plan(offload="params")).offload, fsdp_run_plan(Plan(offload="all")).offload
+        ('optimizer', 'all')
+    """
+    return plan.replace(offload="optimizer") if plan.offload == "params" else plan
 
 
 FSDP1_NOTE = (
@@ -180,8 +175,9 @@ def fsdp1_trial(trial: ShardedTrial, model_or_config: Any) -> ShardedTrial:
         >>> from transformers import LlamaConfig
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         ...                      num_attention_heads=2, vocab_size=256)
-        >>> two = sharded_estimate(config, {"input_ids": (1, 16), "labels": (1, 16)}, gpus=2, strategy="fsdp2",
-        ...                        device="cpu")
+        >>> from memlab.estimation.request import EstimateRequest
+        >>> two = sharded_estimate(EstimateRequest(config, {"input_ids": (1, 16), "labels": (1, 16)}, gpus=2,
+        ...                                        strategy="fsdp2", device="cpu"))
         >>> one = fsdp1_trial(two, config)
         >>> one.peak_bytes - two.peak_bytes == 4 * 256 * 64, one.strategy
         (True, 'fsdp1')
@@ -204,25 +200,18 @@ def fsdp1_trial(trial: ShardedTrial, model_or_config: Any) -> ShardedTrial:
 
 
 def smallest_gpus(
-    model_or_config: Any,
-    batch: Any,
-    plan: Plan | None = None,
+    request: ShardedRequest,
     *,
-    budget: int | str,
     strategies: Sequence[str] = ("fsdp2", "zero2", "zero3"),
     candidates: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
-    loss_fn: LossFn | None = None,
-    lr: float = 1e-5,
-    device: str | torch.device | None = None,
-    gpu: GpuKind | str | None = None,
     say: Callable[[str], None] | None = None,
-    load: Mapping[str, Any] | None = None,
 ) -> dict[str, ShardedTrial | None]:
-    """For each strategy, the estimate at the smallest number of GPUs in ``candidates`` whose per-GPU peak fits
-    ``budget`` (None when none does: ZeRO-2 keeps whole weights on every GPU, so it may never fit; the error trial
-    where every dry run failed, such as Adafactor under FSDP2). For CUDA, what
-    fits is each GPU's card figure (the CUDA context of the GPU kind ``gpu`` included) where it is known.
-    ``strategies`` may name ``"fsdp1"`` too; ``load`` is how the user loads the model (as for :func:`memlab.estimate`).
+    """For each strategy, the estimate at the smallest number of GPUs in ``candidates`` whose per-GPU peak fits the
+    request's ``budget`` (bytes; its ``gpus`` and ``strategy`` are not read) (None when none does: ZeRO-2 keeps whole
+    weights on every GPU, so it may never fit; the error trial where every dry run failed, such as Adafactor under
+    FSDP2). For CUDA, what fits is each GPU's card figure (the CUDA context of the GPU kind ``gpu`` included) where it
+    is known. ``strategies`` may name ``"fsdp1"`` too; the request's ``load`` is how the user loads the model (as for
+    :func:`memlab.estimate`).
 
     The per-GPU peak falls as GPUs are added, so the candidates are searched as a bisection would, each probe
     where the last estimate predicts the boundary (:func:`_search`: the bisection's answer, often in two probes):
@@ -234,16 +223,17 @@ def smallest_gpus(
         >>> config = LlamaConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
         ...                      num_attention_heads=8, vocab_size=32000)  # 99M parameters: 1.6 GB with AdamW
         >>> # each GPU also holds ZeRO-3's reduce bucket, 5e8 elements (2 GB in fp32), whatever the model
-        >>> found = smallest_gpus(config, {"input_ids": (1, 16), "labels": (1, 16)}, budget="3.5GiB",
-        ...                       strategies=["zero3"], device="cpu")
+        >>> request = ShardedRequest(config, {"input_ids": (1, 16), "labels": (1, 16)}, Plan(), 1,
+        ...                          budget=parse_budget("3.5GiB"), device="cpu")
+        >>> found = smallest_gpus(request, strategies=["zero3"])
         >>> found["zero3"].gpus, found["zero3"].fits
         (2, True)
     """
-    plan = Plan() if plan is None else plan
+    plan, gpu, load = request.plan, request.gpu, request.load
     _check_plan(plan)
-    limit = parse_budget(budget)
-    if limit is None:
-        raise MemlabError("smallest_gpus needs a budget; write for example budget='80GiB'")
+    if request.budget is None:
+        raise MemlabError("smallest_gpus needs a budget; give its request one, for example "
+                          "budget=parse_budget('80GiB') (from memlab.plan import parse_budget)")
     numbers = sorted({check_sharding(int(n), "fsdp2")[0] for n in candidates})
     if not numbers:
         raise MemlabError("candidates is empty; write numbers of GPUs such as candidates=(1, 2, 4, 8)")
@@ -257,14 +247,12 @@ def smallest_gpus(
     for name in names:
         if name.startswith("zero") and single is None and not composed:
             _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
-            single = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu,
-                                load=load)
+            single = zero_basis(request)
 
         def run(n: int, name: str = name, one: Trial | None = single) -> ShardedTrial:
             if name.startswith("fsdp") or composed:
                 _tell(say, f"estimating {plan.label()} with {name} on {n} GPU{'s' if n > 1 else ''}")
-            return card_context(sharded_one(model_or_config, batch, plan, n, name, loss_fn=loss_fn, lr=lr,
-                                            device=device, budget=limit, gpu=gpu, load=load, basis=one), gpu)
+            return card_context(sharded_one(request.replace(gpus=n, strategy=name), basis=one), gpu)
 
         found[name] = _search(run, numbers)
     return found
@@ -317,37 +305,31 @@ def sharded_trials(
         if plan.optimizer_in_backward:
             raise MemlabError(_IN_BACKWARD)
     rows: list[tuple[Plan, str, ShardedTrial | None]] = []
-    if gpus == "auto":
-        if limit is None:
-            raise MemlabError("gpus='auto' needs a budget; write for example a budget of 80GiB")
-        for plan in plans:
-            found = smallest_gpus(model_or_config, batch, plan, budget=limit, strategies=names, loss_fn=loss_fn,
-                                  lr=lr, device=device, gpu=gpu, say=say, load=load)
-            rows += [(plan, name, trial) for name, trial in found.items()]
-        return rows
-    assert isinstance(gpus, int)
+    if gpus == "auto" and limit is None:
+        raise MemlabError("gpus='auto' needs a budget; write for example a budget of 80GiB")
     for plan in plans:
+        request = ShardedRequest(model_or_config, batch, plan, gpus if isinstance(gpus, int) else 1, loss_fn=loss_fn,
+                                 lr=lr, device=device, budget=limit, gpu=gpu, load=load)
+        if gpus == "auto":
+            rows += [(plan, name, trial) for name, trial in smallest_gpus(request, strategies=names, say=say).items()]
+            continue
         composed = needs_composition(plan, "fsdp2", load)
         basis: Trial | None = None
         for name in names:
             if name.startswith("fsdp") or composed:
-                _tell(say, f"estimating {plan.label()} with {name} on {gpus} GPU{'s' if gpus > 1 else ''}")
+                n = request.gpus
+                _tell(say, f"estimating {plan.label()} with {name} on {n} GPU{'s' if n > 1 else ''}")
             if name == "fsdp2" and not composed:
-                trial, peaks = fsdp2_dry_run(model_or_config, batch, plan.replace(offload="optimizer")
-                                             if plan.offload == "params" else plan, gpus, loss_fn=loss_fn, lr=lr,
-                                             device=device, budget=limit, gpu=gpu, load=load)
+                trial, peaks = fsdp2_dry_run(request.replace(plan=fsdp_run_plan(plan)))
                 trial = dataclasses.replace(trial, plan=plan, notes=(*trial.notes, engine_settings(plan, name)))
                 if plan.optimizer == "adamw" and plan.offload == "none" and trial.status == "ok" and basis is None:
                     # ZeRO's dry run too: same plan
-                    basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device,
-                                       run=(dataclasses.replace(trial, budget=None), peaks), gpu=gpu, load=load)
+                    basis = zero_basis(request, run=(dataclasses.replace(trial, budget=None), peaks))
             else:
                 if name.startswith("zero") and basis is None and not composed:
                     _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
-                    basis = zero_basis(model_or_config, batch, plan, loss_fn=loss_fn, lr=lr, device=device, gpu=gpu,
-                                       load=load)
-                trial = sharded_one(model_or_config, batch, plan, gpus, name, loss_fn=loss_fn, lr=lr, device=device,
-                                    budget=limit, gpu=gpu, load=load, basis=basis)
+                    basis = zero_basis(request)
+                trial = sharded_one(request.replace(strategy=name), basis=basis)
             rows.append((plan, name, card_context(trial, gpu)))
     return rows
 

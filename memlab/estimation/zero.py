@@ -40,18 +40,22 @@ No ZeRO step is traced, so the allocator's reserve of a ZeRO estimate from these
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import model_on_meta
-from memlab.estimation.fsdp2 import DETAIL, FSDP_NOTE, ONE_STREAM_NOTE, ShardedTrial, fsdp2_dry_run, sharded_trial
-from memlab.estimation.gpus import GpuKind
+from memlab.estimation.fsdp2 import (
+    DETAIL,
+    FSDP_NOTE,
+    ONE_STREAM_NOTE,
+    ShardedRequest,
+    ShardedTrial,
+    fsdp2_dry_run,
+    sharded_trial,
+)
 from memlab.estimation.reserved import RESERVED_NOTE
 from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_plans
-from memlab.live.batch import LossFn
 from memlab.live.sharding import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, ds_reduce_bucket
 from memlab.plan import Plan
 from memlab.report import Trial
@@ -131,37 +135,27 @@ def zero3_gathered(largest_layer: int, gpus: int, *, weight_bytes: int = 2, offl
     return {"params": params, "grads": w * largest_layer}
 
 
-def zero_basis(
-    model_or_config: Any,
-    batch: Any,
-    plan: Plan,
-    *,
-    loss_fn: LossFn | None = None,
-    lr: float = 1e-5,
-    device: str | torch.device | None = None,
-    run: tuple[ShardedTrial, list[dict[str, int]]] | None = None,
-    gpu: GpuKind | str | None = None,
-    load: Mapping[str, Any] | None = None,
-) -> Trial:
+def zero_basis(request: ShardedRequest, run: tuple[ShardedTrial, list[dict[str, int]]] | None = None) -> Trial:
     """What ZeRO shares with any data-parallel step: the largest activations of the per-GPU forward and backward
     (and the batch), taken from an FSDP2 dry run of the same plan (same per-GPU batch, weights gathered in the
     compute dtype, as DeepSpeed's bf16/fp16 run them), and the optimizer's state per parameter (AdamW: 8 bytes and a
     4-byte step per tensor; 8-bit AdamW: bitsandbytes' size; others: from the one-GPU dry run). Returned as a Trial
     whose breakdown holds those three numbers. ``run``: an FSDP2 dry run of that same plan already made (at any
-    number of GPUs: data parallelism does not change the activations), used instead of a new one. ``gpu``: the GPU
-    kind whose kernels a CUDA dry run made without CUDA emulates.
+    number of GPUs: data parallelism does not change the activations), used instead of a new one. The request's
+    ``gpu``: the GPU kind whose kernels a CUDA dry run made without CUDA emulates (its GPUs, strategy and budget are
+    not read).
 
     Example:
         >>> from torch import nn
         >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
-        >>> basis = zero_basis(model, torch.randn(4, 8), Plan(), loss_fn=lambda m, b: m(b).mean())
+        >>> basis = zero_basis(ShardedRequest(model, torch.randn(4, 8), Plan(), 2, loss_fn=lambda m, b: m(b).mean()))
         >>> parameters = sum(p.numel() for p in model.parameters())
         >>> basis.breakdown["optimizer"] == 8 * parameters + 4 * 6, basis.breakdown["activations"] > 0
         (True, True)
     """
-    one = plan.replace(offload="none", optimizer="adamw")
-    trial, peaks = run if run is not None else fsdp2_dry_run(model_or_config, batch, one, 2, loss_fn=loss_fn, lr=lr,
-                                                             device=device, gpu=gpu, load=load)
+    model_or_config, plan = request.model, request.plan
+    one = request.replace(plan=plan.replace(offload="none", optimizer="adamw"), gpus=2, budget=None)
+    trial, peaks = run if run is not None else fsdp2_dry_run(one)
     if trial.status != "ok":
         raise MemlabError(f"the dry run the ZeRO estimate starts from failed: {trial.error}")
     activations = max((d["activations"] for d in peaks), default=0)
@@ -173,8 +167,8 @@ def zero_basis(
     elif plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
         state = adamw8bit_state_bytes(trained)
     else:
-        single = estimate_plans(model_or_config, batch, [plan.replace(offload="none")], loss_fn=loss_fn, lr=lr,
-                                device=device, gpu=gpu)[0]
+        single = estimate_plans(model_or_config, request.batch, [plan.replace(offload="none")],
+                                loss_fn=request.loss_fn, lr=request.lr, device=request.device, gpu=request.gpu)[0]
         if single.status != "ok":
             raise MemlabError(f"the one-GPU dry run the ZeRO estimate starts from failed: {single.error}")
         state = single.breakdown["optimizer"]

@@ -20,10 +20,9 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.export.engines import (
-    DEFAULT_LOSS,
     assembled_code,
     forward_backward,
-    optimizer_of,
+    loss_and_optimizer,
     optimizer_step,
     refuse_unless_carried,
 )
@@ -202,15 +201,7 @@ def accelerate_script(plan: Plan, *, strategy: str = "fsdp2", model_name: str = 
         f"accelerator = Accelerator({_keywords(dict(code.accelerator))})",
         f"model = AutoModelForCausalLM.from_pretrained({_keywords({'': 'MODEL_NAME', **code.load})[1:]})",
         *code.model,
-        "",
-        "",
-        *(code.loss or DEFAULT_LOSS),
-        "",
-        "",
-        "params = [p for p in model.parameters() if p.requires_grad]",
-        *code.before_optimizer,
-        f"optimizer = {optimizer_of(code)}",
-        *code.after_optimizer,
+        *loss_and_optimizer(code),
         "dataset = ...  # your dataset: dicts of tensors, dimension 0 = rows",
         f"dataloader = torch.utils.data.DataLoader(dataset, {_keywords(dict(code.data))})",
         "model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memlab.errors import MemlabError
@@ -244,16 +244,7 @@ def pytorch_code(plan: Plan) -> str:
         "device = next(model.parameters()).device",
         *code.settings,
         "model.train()",
-        "",
-        "",
-        *(code.loss or DEFAULT_LOSS),
-        "",
-        "",
-        *([*code.model, ""] if code.model else []),
-        "params = [p for p in model.parameters() if p.requires_grad]",
-        *code.before_optimizer,
-        f"optimizer = {optimizer_of(code)}",
-        *code.after_optimizer,
+        *loss_and_optimizer(code, [*code.model, ""] if code.model else []),
         "",
         "",
     ]
@@ -283,6 +274,30 @@ def optimizer_of(code: Code) -> str:
     """
     params, device = code.optimizer_over
     return code.optimizer.format(params=params or "params", device=device or "device")
+
+
+def loss_and_optimizer(code: Code, model: Sequence[str] = ()) -> list[str]:
+    """A script's loss function (the levers', or the model's own) and its optimizer over the trained parameters,
+    with ``model``'s lines between them: the middle of the plain PyTorch code and of the accelerate script.
+
+    Example:
+        >>> loss_and_optimizer(Code(optimizer="torch.optim.SGD({params}, lr=lr)"))[2:4]
+        ['def compute_loss(model, micro):', '    return model(**micro).loss']
+        >>> loss_and_optimizer(Code(optimizer="torch.optim.SGD({params}, lr=lr)"))[-1]
+        'optimizer = torch.optim.SGD(params, lr=lr)'
+    """
+    return [
+        "",
+        "",
+        *(code.loss or DEFAULT_LOSS),
+        "",
+        "",
+        *model,
+        "params = [p for p in model.parameters() if p.requires_grad]",
+        *code.before_optimizer,
+        f"optimizer = {optimizer_of(code)}",
+        *code.after_optimizer,
+    ]
 
 
 def forward_backward(code: Code, indent: str, loss: str, backward: str) -> list[str]:

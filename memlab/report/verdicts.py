@@ -57,16 +57,14 @@ def verdicts(report: Report) -> list[str]:
 
 def best_marks(report: Report) -> list[str]:
     """``"best"`` on the best trial, ``"tie"`` on those as fast within noise (:attr:`Report.ties`), ``""``
-    elsewhere: what the figures write on the bars.
+    elsewhere: what the figures write on the bars (:func:`best_caption`'s example has a tie).
 
     Example:
         >>> from memlab.plan import Plan
         >>> from memlab.report.data import Report, Trial
-        >>> a = Trial(Plan(), "ok", 900, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.6))
-        >>> b = Trial(Plan(checkpointing=True), "ok", 500, {}, 0.55, 14.5, None, "cpu", rows_per_step=8,
-        ...           step_times=(0.5, 0.6))
-        >>> best_marks(Report([a, b]))
-        ['tie', 'best']
+        >>> best_marks(Report([Trial(Plan(), "ok", 900, {}, 0.5, 16.0, None, "cpu"),
+        ...                    Trial(Plan(checkpointing=True), "error", 0, {}, None, None, None, "cpu")]))
+        ['best', '']
     """
     best, ties = report.best, report.ties
     return ["best" if trial is best else "tie" if any(trial is tie for tie in ties) else "" for trial in report.trials]
@@ -82,8 +80,8 @@ def best_caption(report: Report) -> str | None:
         >>> a = Trial(Plan(), "ok", 900, {}, 0.5, 16.0, None, "cpu", rows_per_step=8, step_times=(0.4, 0.6))
         >>> b = Trial(Plan(checkpointing=True), "ok", 500, {}, 0.55, 14.5, None, "cpu", rows_per_step=8,
         ...           step_times=(0.5, 0.6))
-        >>> best_caption(Report([a, b]))
-        'best: ckpt, as fast as plain within noise and a lower peak'
+        >>> best_marks(Report([a, b])), best_caption(Report([a, b]))
+        (['tie', 'best'], 'best: ckpt, as fast as plain within noise and a lower peak')
         >>> best_caption(Report([Trial(Plan(), "ok", 9, {}, None, None, None, "cuda", estimated=True)]))
         'best: plain, lowest peak among plans that fit (nothing was timed)'
     """

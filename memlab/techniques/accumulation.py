@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from memlab.live.batch import Batch, StepBatches, atomic_refusal, count_rows, is_atomic, take_rows
-from memlab.techniques.technique import StepParts, Technique, Undo
-
-if TYPE_CHECKING:
-    from memlab.plan import Plan
+from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
 
 
-def micro_batches(batch: Batch, plan: Plan) -> list[Batch]:
+def micro_batches(batch: Batch, plan: PlanFields) -> list[Batch]:
     """The micro-batches of one optimizer step: ``plan.accumulation`` slices of ``plan.micro_batch`` rows.
 
     Rows are taken in order and wrap around (rows repeat) when the plan asks for more rows than the batch has. An
@@ -39,7 +34,7 @@ def micro_batches(batch: Batch, plan: Plan) -> list[Batch]:
     return [take_rows(batch, order[i * size : (i + 1) * size]) for i in range(plan.accumulation)]
 
 
-def check_split(batch: Batch, plan: Plan) -> None:
+def check_split(batch: Batch, plan: PlanFields) -> None:
     """A clear error, before anything runs, for a plan whose micro-batches would cut or repeat the rows of an
     atomic batch (its micro_batch is not the batch's rows).
 
@@ -59,7 +54,7 @@ def check_split(batch: Batch, plan: Plan) -> None:
         raise atomic_refusal(rows, f"micro_batch={plan.micro_batch}")
 
 
-def scale_loss(loss: torch.Tensor, plan: Plan) -> torch.Tensor:
+def scale_loss(loss: torch.Tensor, plan: PlanFields) -> torch.Tensor:
     """The micro-batch loss weighted so that summed gradients equal the mean over the effective batch.
 
     Exact when the loss is a mean over rows (or over tokens with equal token counts per micro-batch).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,11 +17,7 @@ from memlab.techniques.targets import adapter_targets as adapter_targets  # re-e
 from memlab.techniques.targets import lora_layer_types as lora_layer_types
 from memlab.techniques.targets import output_head as output_head
 from memlab.techniques.targets import task_heads
-from memlab.techniques.technique import StepParts, Technique, Undo
-
-if TYPE_CHECKING:
-    from memlab.plan import Plan
-
+from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
 
 
 def is_peft_model(model: nn.Module) -> bool:
@@ -54,7 +50,7 @@ def carried_settings(model: nn.Module) -> str:
     return ", ".join(f"{name}={value!r}" for name, value in values.items() if value is not None)
 
 
-def carries_plan_adapters(model: nn.Module, plan: Plan) -> bool:
+def carries_plan_adapters(model: nn.Module, plan: PlanFields) -> bool:
     """True when the model is a peft model whose ``LoraConfig`` is the plan's adapter settings (each lever's
     ``from_peft``): its adapters are then what the plan trains, and nothing is put on.
 
@@ -178,7 +174,7 @@ def _exact_linear_only() -> bool:
     return int(transformers.__version__.split(".")[0]) >= 5
 
 
-def attach_adapter(model: nn.Module, plan: Plan) -> Undo | None:
+def attach_adapter(model: nn.Module, plan: PlanFields) -> Undo | None:
     """Put the plan's adapters on the live model; the returned function takes them off again exactly.
 
     LoRA: ``peft.inject_adapter_in_model`` with the plan's ``LoraConfig`` on this model
@@ -255,7 +251,7 @@ def _put_back(structure: ModuleStructure, parked: list[tuple[torch.Tensor, torch
         weight.data = weight.data.to(device)
 
 
-def compute_dtype(plan: Plan) -> torch.dtype:
+def compute_dtype(plan: PlanFields) -> torch.dtype:
     """The dtype a QLoRA base computes in: the plan's half precision (autocast or pure bf16), else fp32.
 
     Example:
@@ -385,7 +381,7 @@ def merge_deltas(
             model.get_parameter(name).copy_(value)
 
 
-def reattach_adapters(model: nn.Module, plan: Plan, trained: dict[str, torch.Tensor]) -> None:
+def reattach_adapters(model: nn.Module, plan: PlanFields, trained: dict[str, torch.Tensor]) -> None:
     """Put LoRA adapters of ``plan`` on ``model`` (peft's injection: only what the plan trains is trainable)
     holding the ``trained`` values of :func:`adapter_parameters`; a QLoRA plan's adapters go on the full-precision
     base.
@@ -409,7 +405,7 @@ def reattach_adapters(model: nn.Module, plan: Plan, trained: dict[str, torch.Ten
             parameter.data = trained[name].detach().to(parameter.device).clone()
 
 
-def carried_space(model: nn.Module, plan: Plan) -> dict[str, list[Any]]:
+def carried_space(model: nn.Module, plan: PlanFields) -> dict[str, list[Any]]:
     """Where ``model`` is a peft model that carries ``plan``'s adapters: each adapter lever pinned to the plan's value
     (a search over a trainer keeps the adapters its model already has, and its plans say so); else empty.
 
@@ -443,7 +439,7 @@ class Adapters(Technique):
     def put_on(self, parts: StepParts) -> Undo | None:
         return attach_adapter(parts.model, parts.plan)
 
-    def trains_model_weights(self, model: nn.Module, plan: Plan) -> bool:
+    def trains_model_weights(self, model: nn.Module, plan: PlanFields) -> bool:
         # Adapters put on train only their own new weights; a peft model's own adapters are the model's.
         return bool(plan.adapter == "none" or carries_plan_adapters(model, plan))
 

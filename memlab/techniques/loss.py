@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,10 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import UnsupportedTechnique
 from memlab.live.batch import Batch, LossFn, default_loss
-from memlab.techniques.technique import StepParts, Technique, Undo
-
-if TYPE_CHECKING:
-    from memlab.plan import Plan
+from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
 
 __all__ = ["CHUNKS", "IGNORE_INDEX", "chunked_causal_lm_loss", "chunked_loss_applies", "loss_for_plan"]
 
@@ -45,7 +42,7 @@ IGNORE_INDEX = -100
 _LOGIT_CHANGES = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-def loss_for_plan(model: nn.Module, plan: Plan, loss_fn: LossFn | None) -> LossFn | None:
+def loss_for_plan(model: nn.Module, plan: PlanFields, loss_fn: LossFn | None) -> LossFn | None:
     """The loss function a step of ``plan`` uses: ``loss_fn`` itself for ``loss="full"``; for ``"chunked"``, the
     chunked loss, after checking that it applies (an :class:`~memlab.errors.UnsupportedTechnique` saying what to
     write otherwise). ``loss_fn`` None or :func:`memlab.live.batch.default_loss` means the model's default loss.

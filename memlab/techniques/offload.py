@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
-from memlab.techniques.technique import StepParts, Technique, Undo
-
-if TYPE_CHECKING:
-    from memlab.plan import Plan
-
+from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
 
 NOTHING_TO_MOVE = "offload moves nothing on a CPU-only device: memory and speed are as without it"
 
@@ -33,29 +29,21 @@ ACTIVATION_OFFLOADS = ("activations", "all")
 """The ``offload`` values that put the tensors saved for backward in CPU memory."""
 
 
-def offloads_optimizer(plan: Plan) -> bool:
-    """Whether ``plan`` keeps the optimizer's state and update on the CPU (what ``Plan.offloads_optimizer`` says).
+def offloads(plan: PlanFields, part: str) -> bool:
+    """Whether ``plan`` keeps ``part`` in CPU memory: ``"optimizer"``, the optimizer's state and update
+    (``Plan.offloads_optimizer``), or ``"activations"``, the tensors saved for backward (``Plan.offloads_activations``).
 
     Example:
         >>> from memlab.plan import Plan
-        >>> offloads_optimizer(Plan(offload="all")), offloads_optimizer(Plan(offload="activations"))
+        >>> offloads(Plan(offload="all"), "optimizer"), offloads(Plan(offload="activations"), "optimizer")
+        (True, False)
+        >>> offloads(Plan(offload="activations"), "activations"), offloads(Plan(offload="optimizer"), "activations")
         (True, False)
     """
-    return plan.offload in OPTIMIZER_OFFLOADS
+    return plan.offload in {"optimizer": OPTIMIZER_OFFLOADS, "activations": ACTIVATION_OFFLOADS}[part]
 
 
-def offloads_activations(plan: Plan) -> bool:
-    """Whether ``plan`` keeps the tensors saved for backward in CPU memory (``Plan.offloads_activations``).
-
-    Example:
-        >>> from memlab.plan import Plan
-        >>> offloads_activations(Plan(offload="activations")), offloads_activations(Plan(offload="optimizer"))
-        (True, False)
-    """
-    return plan.offload in ACTIVATION_OFFLOADS
-
-
-def offload_notes(plan: Plan, device: torch.device) -> list[str]:
+def offload_notes(plan: PlanFields, device: torch.device) -> list[str]:
     """What the plan's offload means on this device.
 
     Example:
@@ -68,9 +56,9 @@ def offload_notes(plan: Plan, device: torch.device) -> list[str]:
     return []
 
 
-def activation_offload(plan: Plan, device: torch.device) -> contextlib.AbstractContextManager[object]:
+def activation_offload(plan: PlanFields, device: torch.device) -> contextlib.AbstractContextManager[object]:
     """Saved activations go to (pinned) CPU memory during forward and come back for backward."""
-    if not offloads_activations(plan) or device.type == "cpu":
+    if not offloads(plan, "activations") or device.type == "cpu":
         return contextlib.nullcontext()
     return torch.autograd.graph.save_on_cpu(pin_memory=True)
 
@@ -153,9 +141,9 @@ class Offload(Technique):
         plan = parts.plan
         if parts.device.type == "cpu":
             return None
-        if offloads_activations(plan):
+        if offloads(plan, "activations"):
             parts.forward_contexts.append(lambda: activation_offload(plan, parts.device))
-        if offloads_optimizer(plan):
+        if offloads(plan, "optimizer"):
             if parts.make_optimizer is None:
                 raise RuntimeError("the optimizer's technique goes on before offload's")
             parts.optimizer = OffloadedOptimizer(parts.parameters, parts.make_optimizer)

@@ -5,16 +5,13 @@ the Trainer builds it, or foreach, as a plain loop's ``torch.optim.AdamW(params)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.techniques.technique import StepParts, Technique, Undo
-
-if TYPE_CHECKING:
-    from memlab.plan import Plan
+from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
 
 # Devices whose fused AdamW kernel torch 2.x has (the Trainer's default optim is "adamw_torch_fused" from torch 2.8).
 FUSED_ADAMW_DEVICES = ("cuda", "cpu")
@@ -36,7 +33,7 @@ PAGED_OUTSIDE_ALLOCATOR = (
 
 def build_optimizer(
     parameters: Sequence[nn.Parameter],
-    plan: Plan,
+    plan: PlanFields,
     lr: float,
     *,
     device_type: str | None = None,
@@ -99,7 +96,7 @@ def build_optimizer(
     return torch.optim.AdamW(parameters, lr=lr, foreach=True if device_type == "cuda" else None)
 
 
-def optimizer_notes(plan: Plan, device_type: str, parameters: Sequence[torch.Tensor] = ()) -> list[str]:
+def optimizer_notes(plan: PlanFields, device_type: str, parameters: Sequence[torch.Tensor] = ()) -> list[str]:
     """What a trial's notes say about the plan's optimizer on ``device_type`` for ``parameters`` (fake ones: a dry
     run, which pages nothing).
 

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from memlab.errors import UnsupportedTechnique
 from memlab.live.device import cuda_bf16_supported
-from memlab.techniques.technique import StepParts, Technique, Undo
-
-if TYPE_CHECKING:
-    from memlab.plan import Plan
+from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def check_precision(plan: Plan, device: torch.device, parameters: Sequence[torch.Tensor] = ()) -> list[str]:
+def check_precision(plan: PlanFields, device: torch.device, parameters: Sequence[torch.Tensor] = ()) -> list[str]:
     """Notes about the plan's precision on this device; a clear error where the device cannot run it, or where
     the trained ``parameters`` are fp16 (loss scaling cannot unscale fp16 gradients).
 
@@ -50,7 +46,7 @@ def check_precision(plan: Plan, device: torch.device, parameters: Sequence[torch
     return []
 
 
-def autocast(plan: Plan, device: torch.device) -> contextlib.AbstractContextManager[object]:
+def autocast(plan: PlanFields, device: torch.device) -> contextlib.AbstractContextManager[object]:
     """The autocast context of the plan (a no-op for fp32).
 
     Example:
@@ -64,7 +60,7 @@ def autocast(plan: Plan, device: torch.device) -> contextlib.AbstractContextMana
     return torch.autocast(device_type=device.type, dtype=_DTYPES[plan.precision])
 
 
-def grad_scaler(plan: Plan, device: torch.device) -> torch.amp.GradScaler | None:
+def grad_scaler(plan: PlanFields, device: torch.device) -> torch.amp.GradScaler | None:
     """A dynamic loss scaler for fp16 (None otherwise): small fp16 gradients would underflow to zero without it."""
     if plan.precision != "fp16":
         return None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -33,6 +33,30 @@ from memlab.live.batch import Batch, LossFn
 
 Undo = Callable[[], None]
 """What takes a technique off again, exactly."""
+
+
+@dataclass(frozen=True, match_args=False)  # frozen: its fields read-only, as a Plan's are (for mypy)
+class PlanFields(Protocol):
+    """What a technique reads of a :class:`memlab.Plan`: its levers' values. The techniques name this shape rather
+    than the Plan, because the Plan builds on them (its levers are the registry's); a Plan is one.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> def precision_of(plan: PlanFields) -> str:
+        ...     return plan.precision
+        >>> precision_of(Plan(precision="bf16"))
+        'bf16'
+    """
+
+    micro_batch: int | None
+    accumulation: int
+    precision: str
+    weights: str
+    optimizer: str
+    offload: str
+    adapter: str
+    lora_targets: str | tuple[str, ...]
+    loss: str
 
 
 

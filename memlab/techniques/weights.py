@@ -6,19 +6,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
 from memlab.live.structure import trainable_parameters, unique_parameters
-from memlab.techniques.technique import StepParts, Technique
-
-if TYPE_CHECKING:
-    from memlab.plan import Plan
-
-from memlab.techniques.technique import Undo
+from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
 
 _MODELLED_RELEASE: ContextVar[Callable[[], None] | None] = ContextVar("memlab_modelled_release", default=None)
 
@@ -61,7 +55,7 @@ def release_cache(tensor: torch.Tensor) -> None:
         torch.cuda.empty_cache()
 
 
-def cast_weights(model: nn.Module, plan: Plan) -> Undo | None:
+def cast_weights(model: nn.Module, plan: PlanFields) -> Undo | None:
     """Put the model's floating-point parameters and buffers in bf16 for ``plan.weights == "bf16"``.
 
     The returned function takes the model back to its own dtypes. Frozen weights and buffers come back bit-exact:
@@ -120,7 +114,7 @@ def _unique_buffers(model: nn.Module) -> list[torch.Tensor]:
     return list({id(b): b for b in model.buffers()}.values())
 
 
-def model_weights(plan: Plan, parameters: list[nn.Parameter]) -> str | None:
+def model_weights(plan: PlanFields, parameters: list[nn.Parameter]) -> str | None:
     """``"bf16"`` or ``"fp16"`` when the plan keeps the model's dtypes and the model's trained weights are all
     held in that dtype (loaded so); None otherwise.
 

@@ -14,6 +14,7 @@ import transformers
 import memlab.estimation.fsdp2 as fsdp2
 from memlab import Plan
 from memlab.estimation.configs import meta_model
+from memlab.estimation.request import EstimateRequest
 from memlab.estimation.sharded import sharded_estimate
 
 LAYERS = 7
@@ -38,7 +39,8 @@ def _dry_run(config: Any, plan: Plan, gpus: int, monkeypatch: pytest.MonkeyPatch
         patch.setattr(fsdp2, "_carried", told)
         if whole:
             patch.setattr(fsdp2, "shallow_model", lambda _: None)
-        trial, peaks = fsdp2.fsdp2_dry_run(meta_model(config), SHAPES, plan, gpus, device=device, budget=1 << 30)
+        request = fsdp2.ShardedRequest(meta_model(config), SHAPES, plan, gpus, device=device, budget=1 << 30)
+        trial, peaks = fsdp2.fsdp2_dry_run(request)
     return trial, peaks, carried
 
 
@@ -72,9 +74,9 @@ def test_gpt2_on_eight_gpus_and_a_cpu_estimate_are_carried_too(monkeypatch: pyte
 
 def test_zero3_whose_activations_come_from_an_fsdp2_run_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     config = transformers.LlamaConfig(**SMALL)
-    carried = sharded_estimate(meta_model(config), SHAPES, gpus=4, strategy="zero3", device="cuda")
+    carried = sharded_estimate(EstimateRequest(meta_model(config), SHAPES, gpus=4, strategy="zero3", device="cuda"))
     monkeypatch.setattr(fsdp2, "shallow_model", lambda _: None)
-    whole = sharded_estimate(meta_model(config), SHAPES, gpus=4, strategy="zero3", device="cuda")
+    whole = sharded_estimate(EstimateRequest(meta_model(config), SHAPES, gpus=4, strategy="zero3", device="cuda"))
     assert dataclasses.asdict(carried) == dataclasses.asdict(whole)
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from memlab.estimation.fsdp2 import ShardedRequest
 from memlab.estimation.sharded import sharded_trials, smallest_gpus
 from memlab.frontends import estimate_cli
-from memlab.plan import Plan
+from memlab.plan import Plan, parse_budget
 
 SHAPES = {"input_ids": (1, 16), "labels": (1, 16)}
 
@@ -74,7 +75,8 @@ def test_the_sharded_search_tells_each_dry_run_before_it_starts(tiny_config: str
 
     config = load_config(tiny_config)
     said: list[str] = []
-    found = smallest_gpus(config, SHAPES, budget="3MiB", strategies=["fsdp2"], device="cpu", say=said.append)
+    request = ShardedRequest(config, SHAPES, Plan(), 1, budget=parse_budget("3MiB"), device="cpu")
+    found = smallest_gpus(request, strategies=["fsdp2"], say=said.append)
     assert found["fsdp2"] is not None
     probes = [int(re.search(r"on (\d+) GPU", text).group(1)) for text in said]  # type: ignore[union-attr]
     assert found["fsdp2"].gpus in probes and len(probes) <= 4  # bisected: about log2 of the 11 candidates

@@ -16,8 +16,10 @@ from transformers import LlamaConfig
 import memlab
 from memlab import Plan
 from memlab.errors import MemlabError
+from memlab.estimation.fsdp2 import ShardedRequest
 from memlab.estimation.sharded import layer_counts, smallest_gpus, zero_model_states
 from memlab.export.accelerate import fsdp2_torch_script
+from memlab.plan import parse_budget
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every dim 0 divides by 2 and 4, so FSDP2 pads nothing and the floor is exact.
@@ -91,14 +93,18 @@ def test_zero_formulas_equal_deepspeeds_own_functions() -> None:
     assert gpu(3, "all") == estimate_zero3_model_states_mem_needs(parameters, largest, gpus, cpu_offload=True)[1]
 
 
+def smallest_request(plan: Plan | None = None, *, budget: int | str, device: str = "cpu") -> ShardedRequest:
+    """What smallest_gpus is asked for the small config: ``plan`` within ``budget`` on ``device``."""
+    return ShardedRequest(config(), SHAPES, plan or Plan(), 1, budget=parse_budget(budget), device=device)
+
+
 def test_smallest_gpus_fits_and_one_fewer_does_not() -> None:
     for strategy in ("fsdp2", "zero3"):
         budget = memlab.estimate(config(), SHAPES, gpus=4, strategy=strategy, device="cpu").peak_bytes
-        found = smallest_gpus(config(), SHAPES, budget=budget, strategies=[strategy], device="cpu",
-                              candidates=(2, 4, 8))[strategy]
+        found = smallest_gpus(smallest_request(budget=budget), strategies=[strategy], candidates=(2, 4, 8))[strategy]
         assert found is not None and found.fits and found.strategy == strategy and found.gpus == 4
         assert not memlab.estimate(config(), SHAPES, gpus=2, strategy=strategy, device="cpu", budget=budget).fits
-    assert smallest_gpus(config(), SHAPES, budget="1KiB", strategies=["zero2"], device="cpu") == {"zero2": None}
+    assert smallest_gpus(smallest_request(budget="1KiB"), strategies=["zero2"]) == {"zero2": None}
 
 
 def test_bad_sharding_input_says_what_to_write() -> None:
@@ -195,7 +201,7 @@ def test_the_fewest_gpus_are_found_by_the_card_figure_where_it_is_known(monkeypa
     assert two.status == "ok", two.error
     assert two.context_bytes == 2**20 and two.card_bytes == two.peak_bytes + 2**20
     budget = two.peak_bytes + 2**19  # two GPUs fit by their allocated peak, not by what their cards will show
-    found = smallest_gpus(config(), SHAPES, budget=budget, strategies=["zero3"], device="cuda")["zero3"]
+    found = smallest_gpus(smallest_request(budget=budget, device="cuda"), strategies=["zero3"])["zero3"]
     assert found is not None and found.gpus == 4 and found.verdict_figure == "card figure"
     assert found.card_bytes is not None and found.card_bytes <= budget
     rows = sharded.sharded_trials(config(), SHAPES, [Plan()], gpus=2, strategies=["fsdp2", "zero3"], budget=budget,
@@ -293,8 +299,7 @@ def test_adafactor_under_fsdp2_is_refused_with_what_to_write() -> None:
         memlab.estimate(config(), SHAPES, Plan(optimizer="adafactor"), gpus=2, strategy="fsdp2", device="cpu")
     assert memlab.estimate(config(), SHAPES, Plan(optimizer="adafactor"), gpus=2, strategy="zero3",
                            device="cpu").status == "ok"
-    found = smallest_gpus(config(), SHAPES, Plan(optimizer="adafactor"), budget="1GiB", strategies=["fsdp2"],
-                          device="cpu")["fsdp2"]
+    found = smallest_gpus(smallest_request(Plan(optimizer="adafactor"), budget="1GiB"), strategies=["fsdp2"])["fsdp2"]
     assert found is not None and found.status == "error" and "does not run with FSDP2" in (found.error or "")
 
 

@@ -18,6 +18,7 @@ from memlab.estimation.composed import (
     gathered_bytes,
 )
 from memlab.estimation.configs import model_on_meta
+from memlab.estimation.fsdp2 import ShardedRequest
 from memlab.estimation.single_gpu import estimate_plans
 from memlab.plan import Plan
 
@@ -40,7 +41,7 @@ def test_fsdp1_reserve_adds_the_unshard_streams_second_block_to_the_carried_rese
     assert one_gpu.reserved_bytes is not None
     excess = one_gpu.reserved_bytes - one_gpu.peak_bytes
     unit, kept = gathered_bytes(model_on_meta(CONFIG), "fsdp1", 2)
-    fsdp1 = composed_estimate(CONFIG, BATCH, plan, gpus=2, strategy="fsdp1", gpu="H100-80GB")
+    fsdp1 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp1", gpu="H100-80GB"))
     # the allocated peak counts the root and one or two blocks (BACKWARD_PRE); the pool holds two rounded to the
     # allocator's 2 MiB segments, beside the default stream's own peak, which is at least its part of the allocated
     # peak and at most the allocated peak less the root and one block
@@ -51,7 +52,7 @@ def test_fsdp1_reserve_adds_the_unshard_streams_second_block_to_the_carried_rese
     assert fsdp1.reserved_bytes <= fsdp1.peak_bytes + excess + pool - unit - kept
     assert fsdp1.reserved_bytes > fsdp1.peak_bytes + excess  # the segments' rounding
     assert FSDP1_STREAMS_NOTE in fsdp1.notes and RESERVE_NOTE in fsdp1.notes
-    fsdp2 = composed_estimate(CONFIG, BATCH, plan, gpus=2, strategy="fsdp2", gpu="H100-80GB")
+    fsdp2 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp2", gpu="H100-80GB"))
     assert fsdp2.reserved_bytes == fsdp2.peak_bytes + excess and FSDP1_STREAMS_NOTE not in fsdp2.notes
 
 
@@ -69,12 +70,12 @@ def test_fsdp1_holds_two_blocks_through_a_blocks_backward_or_only_as_it_ends_wit
 def test_fsdp1s_allocated_peak_counts_the_prefetched_block_in_backward_and_fsdp2s_does_not() -> None:
     plan = Plan(loss="chunked", weights="bf16")  # the blocks are FSDP1's only units below the root
     unit, kept = gathered_bytes(model_on_meta(CONFIG), "fsdp1", 2)
-    fsdp1 = composed_estimate(CONFIG, BATCH, plan, gpus=2, strategy="fsdp1", gpu="H100-80GB")
+    fsdp1 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp1", gpu="H100-80GB"))
     one_gpu = estimate_plans(CONFIG, BATCH, [plan], gpu="H100-80GB")[0]
     assert one_gpu.timeline is not None and one_gpu.timeline.peak.phase == "backward"
     assert fsdp1.detail["unsharded_params"] == 2 * unit + kept
     fsdp2_unit, tail = gathered_bytes(model_on_meta(CONFIG), "fsdp2", 2)
-    fsdp2 = composed_estimate(CONFIG, BATCH, plan, gpus=2, strategy="fsdp2", gpu="H100-80GB")
+    fsdp2 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp2", gpu="H100-80GB"))
     assert fsdp2.detail["unsharded_params"] == max(fsdp2_unit, tail)
 
 
@@ -93,6 +94,7 @@ def test_fsdp1s_reserve_is_the_default_streams_own_peak_beside_the_unshard_strea
     one_gpu = SimpleNamespace(status="ok", notes=(), device="cuda", timeline=timeline, peak_bytes=weights + high,
                               reserved_bytes=weights + high)
     monkeypatch.setattr(composed, "estimate_plans", lambda *args, **kwargs: [one_gpu])
-    fsdp1 = composed_estimate(CONFIG, BATCH, Plan(weights="bf16"), gpus=2, strategy="fsdp1", gpu="H100-80GB")
+    fsdp1 = composed_estimate(ShardedRequest(CONFIG, BATCH, Plan(weights="bf16"), gpus=2, strategy="fsdp1",
+                                             gpu="H100-80GB"))
     assert fsdp1.peak_bytes == weights // 2 + high - unit // 2 + 2 * unit + kept
     assert fsdp1.reserved_bytes == weights // 2 + high + fsdp1_stream_pool(unit, kept, 2)

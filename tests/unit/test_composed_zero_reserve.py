@@ -12,6 +12,7 @@ from transformers import LlamaConfig
 import memlab
 from memlab.estimation import composed
 from memlab.estimation.composed import RESERVE_NOTE, ZERO_RESERVE_NOTE, composed_estimate
+from memlab.estimation.fsdp2 import ShardedRequest
 from memlab.estimation.sharded import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
 from memlab.estimation.zero import zero_trial
 from memlab.plan import Plan
@@ -34,15 +35,15 @@ def test_a_composed_zero_estimate_carries_the_one_gpu_steps_reserve_over_its_pea
     one_gpu = SimpleNamespace(status="ok", notes=(), device="cuda", timeline=timeline, peak_bytes=weights + high,
                               reserved_bytes=weights + high + excess)
     monkeypatch.setattr(composed, "estimate_plans", lambda *args, **kwargs: [one_gpu])
-    zero = composed_estimate(CONFIG, BATCH, Plan(adapter="lora", weights="bf16"), gpus=2, strategy=strategy,
+    request = ShardedRequest(CONFIG, BATCH, Plan(adapter="lora", weights="bf16"), gpus=2, strategy=strategy,
                              gpu="H100-80GB")
+    zero = composed_estimate(request)
     assert zero.reserved_bytes == zero.peak_bytes + excess
     assert ZERO_RESERVE_NOTE in zero.notes and RESERVE_NOTE not in zero.notes
     # a one-GPU step without a reserve (a CPU dry run) gives none
     monkeypatch.setattr(composed, "estimate_plans",
                         lambda *args, **kwargs: [SimpleNamespace(**{**vars(one_gpu), "reserved_bytes": None})])
-    assert composed_estimate(CONFIG, BATCH, Plan(adapter="lora", weights="bf16"), gpus=2, strategy=strategy,
-                             gpu="H100-80GB").reserved_bytes is None
+    assert composed_estimate(request).reserved_bytes is None
 
 
 def test_a_composed_zero3_estimate_has_a_card_figure_and_zero3s_formulas_still_have_none() -> None:
@@ -65,6 +66,6 @@ def test_zero3_counts_its_reduce_bucket_whole_however_few_the_trained_parameters
     assert zero3.detail["communication"] == 2 * (DS_REDUCE_BUCKET + min(DS_PREFETCH_BUCKET, 100 + 10**6))
     zero2 = zero_trial(basis, (100, 40), Plan(precision="bf16"), 4, 2, None)
     assert zero2.detail["communication"] < 2 * DS_REDUCE_BUCKET
-    lora = composed_estimate(CONFIG, BATCH, Plan(adapter="lora", lora_rank=4, weights="bf16"), gpus=2,
-                             strategy="zero3", gpu="H100-80GB")
+    lora = composed_estimate(ShardedRequest(CONFIG, BATCH, Plan(adapter="lora", lora_rank=4, weights="bf16"), gpus=2,
+                                            strategy="zero3", gpu="H100-80GB"))
     assert lora.detail["communication"] >= 2 * DS_REDUCE_BUCKET

@@ -163,6 +163,88 @@ def test_no_import_circle_of_more_than_three_modules() -> None:
     assert too_big == []
 
 
+def _module_level_imports(tree: ast.Module) -> list[tuple[str, str]]:
+    """``(module, name)`` for every memlab import among the module's own statements (under ``if TYPE_CHECKING:`` and
+    ``try:`` too): not those inside a function or a method."""
+    found = []
+    for statement in tree.body:
+        for node in ast.walk(statement) if isinstance(statement, (ast.If, ast.Try)) else [statement]:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("memlab"):
+                found += [(node.module, alias.name) for alias in node.names]
+            elif isinstance(node, ast.Import):
+                found += [(alias.name, "") for alias in node.names if alias.name.startswith("memlab")]
+    return found
+
+
+def layer_graph() -> dict[str, set[str]]:
+    """``{node: nodes it imports}`` where a node is one of memlab's packages (``memlab.report``: every module under
+    ``memlab/report/``) or one of its top modules (``memlab.plan``), plus each module of ``memlab/report/`` as a node
+    of its own (``memlab.report.data``), for the report's data model and its views.
+
+    Edges are the imports a module makes at module level, those for type checking included: what the module needs
+    to be read, type-checked or imported. An import inside a function is not an edge: a lazy import in a thin
+    delegation (``Plan.to_deepspeed`` calling :func:`memlab.export.deepspeed_config`, ``Report.plot`` calling
+    :func:`memlab.report.figure.report_figure`) is how a layer offers a method whose work lives in a layer above
+    it, without depending on that layer."""
+    trees = _modules()
+    known = set(trees)
+    graph: dict[str, set[str]] = {}
+
+    def layer(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    for module, tree in trees.items():
+        if module == "memlab":
+            continue
+        graph.setdefault(layer(module), set())
+        if module.startswith("memlab.report."):
+            graph.setdefault(module, set())
+        for source, name in _module_level_imports(tree):
+            target = _owner(f"{source}.{name}" if f"{source}.{name}" in known else source, known)
+            if not target or target == "memlab":
+                continue
+            if layer(target) != layer(module):
+                graph[layer(module)].add(layer(target))
+                graph.setdefault(layer(target), set())
+            elif module.startswith("memlab.report.") and target.startswith("memlab.report.") and target != module:
+                graph[module].add(target)
+                graph.setdefault(target, set())
+    return graph
+
+
+def test_no_import_circle_between_memlab_layers() -> None:
+    """No circle among memlab's packages and top modules, nor among the report's modules (issue 62): the Plan does
+    not name the exports or the techniques that build on it, the report's views import its data model and never
+    the reverse. Imports inside functions do not count (see :func:`layer_graph`)."""
+    assert [sorted(c) for c in circles(layer_graph())] == []
+
+
+def test_the_layer_graph_sees_a_type_checking_import_and_the_report_modules() -> None:
+    graph = layer_graph()
+    assert {"memlab.plan", "memlab.techniques", "memlab.export", "memlab.report", "memlab.errors"} <= set(graph)
+    assert "memlab.techniques" in graph["memlab.plan"] and "memlab.plan" in graph["memlab.export"]
+    assert "memlab.report.data" in graph["memlab.report.figure"]
+    assert "memlab.report.noise" in graph["memlab.report.data"]
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from memlab.plan import Plan\n"
+                     "def f():\n    from memlab.export import pytorch_code\n")
+    assert _module_level_imports(tree) == [("memlab.plan", "Plan")]
+
+
+def test_no_import_circle_among_the_benchmarks() -> None:
+    """The benchmark modules (the GPU sections above all) import one way: every import counts here, those inside
+    functions too, since a section's lazy import of another is no delegation (issue 62)."""
+    folder = PACKAGE.parent / "benchmarks"
+    graph: dict[str, set[str]] = {path.stem: set() for path in folder.glob("*.py")}
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "benchmarks":
+                graph[path.stem] |= {alias.name for alias in node.names if alias.name in graph}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("benchmarks."):
+                graph[path.stem].add(node.module.split(".")[1])
+        graph[path.stem].discard(path.stem)
+    assert [sorted(c) for c in circles(graph)] == []
+
+
 def test_the_measure_layer_never_imports_the_report_layer() -> None:
     graph = import_graph()
     offenders = [
