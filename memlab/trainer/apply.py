@@ -215,7 +215,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
         raise MemlabError(f"apply_to_trainer takes a transformers Trainer, not a {type(trainer).__name__}")
     check_plan_for_trainer(plan)
     check_single_process(trainer.args)
-    plan = keeps_trainer_batch(plan, trainer.args)  # Plan() keeps the trainer's batch and accumulation
+    plan = keeps_trainer_batch(plan, trainer.args)  # Plan(): the trainer's effective batch in one micro-batch
     model = trainer_model(trainer)
     if APPLIED_MARK in vars(trainer):
         raise MemlabError(

@@ -81,21 +81,50 @@ def has_own_compute_loss(trainer: Any) -> bool:
 @contextmanager
 def trainer_bookkeeping_kept(trainer: Any) -> Iterator[None]:
     """Put back the trainer's plain-data attributes after a memlab loss call (TRL's ``compute_loss`` appends
-    metrics and counts tokens), so that measuring leaves nothing in the user's next log."""
-    saved = {name: copy.deepcopy(value) for name, value in vars(trainer).items() if _is_plain_data(value)}
+    metrics and counts tokens), so that measuring leaves nothing in the user's next log.
+
+    Each attribute ends as the very object it was (a list dataset of token ids is plain data too, and the user's
+    ``trainer.train_dataset`` must stay the object they passed): one the call rebound is bound back, and a list or
+    dict the call changed in place gets its old contents back in place; one left equal is not touched.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> trainer = SimpleNamespace(train_dataset=[{"input_ids": [1, 2]}], metrics={"loss": []})
+        >>> data, metrics = trainer.train_dataset, trainer.metrics
+        >>> with trainer_bookkeeping_kept(trainer):
+        ...     trainer.metrics["loss"].append(1.0)
+        ...     trainer.train_dataset = list(data)
+        >>> trainer.train_dataset is data, trainer.metrics is metrics, trainer.metrics
+        (True, True, {'loss': []})
+    """
+    saved = {name: (value, copy.deepcopy(value)) for name, value in vars(trainer).items() if _is_plain_data(value)}
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(trainer, name, value)
+        for name, (original, contents) in saved.items():
+            if vars(trainer).get(name, _GONE) is not original:
+                setattr(trainer, name, original)
+            if original == contents:
+                continue
+            if isinstance(original, list):
+                original[:] = contents
+            elif isinstance(original, dict):
+                original.clear()
+                original.update(contents)
+            else:  # an immutable value cannot have changed in place; a tuple of lists is put back as a copy
+                setattr(trainer, name, contents)
+
+
+_GONE = object()
 
 
 def keeps_trainer_batch(plan: Plan, args: Any) -> Plan:
     """``plan`` with the trainer's effective batch where it leaves the batch open (``micro_batch=None``), as
     ``fit`` keeps it: the trainer's step holds ``per_device_train_batch_size x gradient_accumulation_steps`` rows on
-    each device (``x`` the processes in all), and a plan on it keeps them. ``Plan()`` (accumulation 1) becomes the
-    trainer's own split; ``Plan(accumulation=k)`` its effective batch in ``k`` micro-batches. A plan that names
-    its ``micro_batch`` is measured as it says. The trial's plan and ``rows_per_step`` then say what ran.
+    each device (``x`` the processes in all), and a plan on it keeps them. ``Plan()`` means what it means on every
+    object: the whole effective batch in one micro-batch; ``Plan(accumulation=k)`` the effective batch in ``k``
+    micro-batches. A plan that names its ``micro_batch`` is measured as it says. The trainer as set up is
+    ``plan=None`` (:meth:`memlab.Plan.from_trainer`). The trial's plan and ``rows_per_step`` then say what ran.
 
     Raises:
         MemlabError: an accumulation that does not divide the trainer's effective batch.
@@ -104,18 +133,17 @@ def keeps_trainer_batch(plan: Plan, args: Any) -> Plan:
         >>> from types import SimpleNamespace
         >>> args = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=2)
         >>> keeps_trainer_batch(Plan(), args).label(), keeps_trainer_batch(Plan(accumulation=4), args).label()
-        ('mb2x2', 'mb1x4')
+        ('mb4x1', 'mb1x4')
     """
     if plan.micro_batch is not None:
         return plan
     rows, steps = int(args.per_device_train_batch_size), int(args.gradient_accumulation_steps)
-    if plan.accumulation == 1:
-        return plan.replace(micro_batch=rows, accumulation=steps)
     if (rows * steps) % plan.accumulation:
         raise MemlabError(
             f"the trainer's step holds {rows * steps} rows per device (per_device_train_batch_size={rows} x "
             f"gradient_accumulation_steps={steps}), which accumulation={plan.accumulation} does not divide; write "
-            f"an accumulation that divides {rows * steps}, or name the micro_batch too"
+            f"an accumulation that divides {rows * steps}, or name the micro_batch too; the trainer as set up is "
+            "plan=None (memlab.Plan.from_trainer(trainer))"
         )
     return plan.replace(micro_batch=rows * steps // plan.accumulation)
 
@@ -193,7 +221,13 @@ class TrainerSource:
     def plan_of(trainer: Any) -> Plan:
         """The trainer's settings as a plan: :func:`plan_from_training_arguments` of its arguments, plus what the
         model says: ``weights="bf16"`` when its trained parameters are bf16, ``adapter="lora"`` (with its rank)
-        when it is a peft model, with every LoRA setting its ``LoraConfig`` says (each lever's ``from_peft``)."""
+        when it is a peft model, with every LoRA setting its ``LoraConfig`` says (each lever's ``from_peft``).
+
+        Raises:
+            MemlabError: not a trainer (or settings memlab cannot express)."""
+        if not is_trainer(trainer):
+            raise MemlabError(f"a {type(trainer).__name__} is not a transformers Trainer; pass a Trainer (TRL's "
+                              "too), or read a plan from arguments with memlab.Plan.from_training_arguments(args)")
         plan = plan_from_training_arguments(trainer.args)
         model = trainer_model(trainer)
         trained = [p for p in model.parameters() if p.requires_grad]
