@@ -18,7 +18,16 @@ from memlab.plan import Plan
 from memlab.techniques.registry import REGISTRY
 from memlab.trainer.arguments import check_single_process, plan_from_training_arguments
 
-__all__ = ["TrainerSource", "has_own_compute_loss", "is_trainer", "keeps_trainer_batch", "trainer_model"]
+__all__ = [
+    "MEASURED_TRL_TRAINERS",
+    "TrainerSource",
+    "check_trainer_kind",
+    "has_own_compute_loss",
+    "is_trainer",
+    "keeps_trainer_batch",
+    "trainer_model",
+    "trl_kind",
+]
 
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -38,6 +47,61 @@ def is_trainer(obj: Any) -> bool:
     return any(
         cls.__name__ == "Trainer" and cls.__module__.startswith("transformers.") for cls in type(obj).__mro__
     )
+
+
+MEASURED_TRL_TRAINERS = ("SFTTrainer", "DPOTrainer")
+"""TRL's trainers whose step memlab measures, estimates and fits; a trainer class of the user's own, and any
+transformers Trainer, are measured through their ``compute_loss``."""
+
+
+def trl_kind(trainer: Any) -> str | None:
+    """The name of the TRL trainer class ``trainer`` is (or derives from); None for one that is not TRL's.
+
+    Example:
+        >>> trl_kind(object()) is None
+        True
+    """
+    for cls in type(trainer).__mro__:
+        if cls.__module__.startswith("trl.") and cls.__name__.endswith("Trainer") and cls.__name__ != "_BaseTrainer":
+            return cls.__name__
+    return None
+
+
+def check_trainer_kind(trainer: Any) -> None:
+    """Refuse a TRL trainer whose step memlab cannot run (GRPO's generation, PPO, online DPO...), with what works
+    today and what to write; nothing on the trainer changes.
+
+    Example:
+        >>> check_trainer_kind(object())
+    """
+    kind = trl_kind(trainer)
+    if kind is None or kind in MEASURED_TRL_TRAINERS or _is_trl_base(kind):
+        return
+    args = getattr(trainer, "args", None)
+    rows = getattr(args, "per_device_train_batch_size", "N")
+    watch = ("memlab.watch(trainer, budget=...) works on it today: call it, then trainer.train(), and "
+             "watched.peak_bytes is every step's peak, generation included")
+    if kind == "GRPOTrainer" or hasattr(args, "num_generations"):
+        completion = getattr(args, "max_completion_length", None) or "max_completion_length"
+        generations = getattr(args, "num_generations", None) or "num_generations"
+        vocab = getattr(getattr(getattr(trainer, "model", None), "config", None), "vocab_size", None) or "vocab_size"
+        raise MemlabError(
+            f"memlab does not yet measure, estimate or fit a {kind}'s step: its dataset is prompts, and each step "
+            f"first generates {generations} completions per prompt (up to {completion} tokens) before the policy's "
+            f"forward and backward, which memlab does not run; {watch}. To size the policy's training step alone, "
+            f"measure the model on a batch of full-length generations: ids = torch.randint({vocab}, ({rows}, "
+            f"longest_prompt + {completion})); memlab.measure(trainer.model, {{'input_ids': ids, 'labels': ids}}, "
+            "memlab.Plan.from_trainer(trainer)) (the generation's KV cache and the reference model come on top)"
+        )
+    raise MemlabError(
+        f"memlab does not measure, estimate or fit a TRL {kind}: it measures transformers' Trainer and TRL's "
+        f"{' and '.join(MEASURED_TRL_TRAINERS)}; {watch}. To size the training step, measure the model on a batch "
+        "yourself: memlab.measure(trainer.model, batch, memlab.Plan(...))"
+    )
+
+
+def _is_trl_base(kind: str) -> bool:
+    return kind in ("BaseTrainer", "_BaseTrainer")
 
 
 def trainer_model(trainer: Any) -> Any:
@@ -191,6 +255,7 @@ class TrainerSource:
                 f"a {type(trainer).__name__} is not a transformers Trainer; "
                 "pass a Trainer (TRL's SFTTrainer too) or a model and a batch"
             )
+        check_trainer_kind(trainer)
         args = trainer.args
         check_single_process(args)
         model = trainer_model(trainer)
