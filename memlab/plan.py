@@ -267,9 +267,9 @@ class Plan:
             own = memlab.Plan.from_trainer(trainer)   # Plan(micro_batch=2, accumulation=2, ...)
             memlab.measure(trainer, own) == memlab.measure(trainer)   # the same plan measured
         """
-        from memlab.trainer.source import TrainerSource
+        from memlab.trainer.arguments import plan_from_trainer
 
-        return TrainerSource.plan_of(trainer)
+        return plan_from_trainer(trainer)
 
     def to_accelerate_config(
         self, *, gpus: int, strategy: str = "fsdp2", layer_classes: Sequence[str] | None = None

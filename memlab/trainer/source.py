@@ -15,8 +15,7 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
-from memlab.techniques.registry import REGISTRY
-from memlab.trainer.arguments import check_single_process, plan_from_training_arguments
+from memlab.trainer.arguments import check_single_process, is_trainer, plan_from_trainer, trainer_model
 
 __all__ = [
     "MEASURED_TRL_TRAINERS",
@@ -30,23 +29,6 @@ __all__ = [
 ]
 
 _PLAIN = (bool, int, float, str, type(None))
-
-
-def is_trainer(obj: Any) -> bool:
-    """True for a ``transformers.Trainer`` or a subclass of it (TRL's ``SFTTrainer``...), without importing them.
-
-    Example:
-        >>> import torch
-        >>> is_trainer(torch.nn.Linear(2, 2))
-        False
-        >>> class Trainer:  # a class of that name only counts when it comes from transformers
-        ...     pass
-        >>> is_trainer(Trainer())
-        False
-    """
-    return any(
-        cls.__name__ == "Trainer" and cls.__module__.startswith("transformers.") for cls in type(obj).__mro__
-    )
 
 
 MEASURED_TRL_TRAINERS = ("SFTTrainer", "DPOTrainer")
@@ -102,14 +84,6 @@ def check_trainer_kind(trainer: Any) -> None:
 
 def _is_trl_base(kind: str) -> bool:
     return kind in ("BaseTrainer", "_BaseTrainer")
-
-
-def trainer_model(trainer: Any) -> Any:
-    """The model the trainer trains, out of any ``DataParallel``/DDP wrapper (a peft model stays what it is)."""
-    model = trainer.model
-    while type(model).__name__ in ("DataParallel", "DistributedDataParallel") and hasattr(model, "module"):
-        model = model.module
-    return model
 
 
 def _is_plain_data(value: Any, limit: int = 10_000) -> bool:
@@ -284,34 +258,8 @@ class TrainerSource:
 
     @staticmethod
     def plan_of(trainer: Any) -> Plan:
-        """The trainer's settings as a plan: :func:`plan_from_training_arguments` of its arguments, plus what the
-        model says: ``weights="bf16"`` when its trained parameters are bf16, ``adapter="lora"`` (with its rank)
-        when it is a peft model, with every LoRA setting its ``LoraConfig`` says (each lever's ``from_peft``).
-
-        Raises:
-            MemlabError: not a trainer (or settings memlab cannot express)."""
-        if not is_trainer(trainer):
-            raise MemlabError(f"a {type(trainer).__name__} is not a transformers Trainer; pass a Trainer (TRL's "
-                              "too), or read a plan from arguments with memlab.Plan.from_training_arguments(args)")
-        plan = plan_from_training_arguments(trainer.args)
-        model = trainer_model(trainer)
-        trained = [p for p in model.parameters() if p.requires_grad]
-        changes: dict[str, Any] = {}
-        if trained and all(str(p.dtype) == "torch.bfloat16" for p in trained):
-            changes["weights"] = "bf16"
-        peft_config = getattr(model, "peft_config", None)
-        if isinstance(peft_config, dict) and peft_config:
-            config = next(iter(peft_config.values()))
-            if isinstance(getattr(config, "r", None), int):
-                quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(
-                    getattr(model, "base_model", None), "is_loaded_in_4bit", False
-                )
-                changes["adapter"] = "qlora" if quantized else "lora"
-                for name, lever in REGISTRY.items():
-                    value = lever.from_peft(config) if lever.from_peft is not None else None
-                    if value is not None:
-                        changes[name] = value
-        return plan.replace(**changes) if changes else plan
+        """The trainer's settings as a plan (:func:`memlab.trainer.arguments.plan_from_trainer`)."""
+        return plan_from_trainer(trainer)
 
     @staticmethod
     def make_loss_fn(trainer: Any) -> Callable[[Any, Any], Any]:
