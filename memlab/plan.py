@@ -257,6 +257,22 @@ class Plan:
 
         return plan_from_training_arguments(args)
 
+    @classmethod
+    def from_trainer(cls, trainer: Any) -> Plan:
+        """The plan a ``transformers.Trainer`` (TRL's included) trains as set up: its arguments
+        (:meth:`from_training_arguments`: its own micro-batch and accumulation among them) and what its model says
+        (bf16 weights, its peft adapters). This is what ``plan=None`` means on a trainer; ``Plan()`` there, as
+        everywhere, is the whole effective batch in one micro-batch.
+
+        Example (a tiny trainer: ``tests/integration/test_trainer_contract.py`` builds one)::
+
+            own = memlab.Plan.from_trainer(trainer)   # Plan(micro_batch=2, accumulation=2, ...)
+            memlab.measure(trainer, own) == memlab.measure(trainer)   # the same plan measured
+        """
+        from memlab.trainer.arguments import plan_from_trainer
+
+        return plan_from_trainer(trainer)
+
     def to_accelerate_config(
         self, *, gpus: int, strategy: str = "fsdp2", layer_classes: Sequence[str] | None = None
     ) -> dict[str, Any]:

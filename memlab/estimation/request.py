@@ -99,7 +99,7 @@ def _trainer(request: EstimateRequest) -> Trial:
     batch, plan = split_plans(request.batch, request.plan)
     target = live_target(request.model, batch, request.loss_fn)
     inner = request.replace(model=target.model, batch=target.batch, loss_fn=target.loss_fn,
-                            plan=target.plan if plan is None else plan)
+                            plan=target.plan_for(plan))
     return cast(Trial, noted([route(inner)], target.note)[0])
 
 

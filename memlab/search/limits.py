@@ -140,6 +140,14 @@ def _size_of(batch: Any, vary: str) -> int:
 
 
 def _values(batch: Any) -> list[Any]:
+    from memlab.live.batch import StepBatches
+
+    if batch is None or isinstance(batch, StepBatches):  # a trainer's: made from its dataset, not resized
+        raise MemlabError(
+            "limits varies a batch of tensors (or shapes), and a trainer's batches are collated from its dataset; "
+            "write memlab.limits(trainer.model, plan, budget=..., batch={'input_ids': (rows, tokens), 'labels': "
+            "(rows, tokens)}, loss_fn=...), with plan=memlab.Plan.from_trainer(trainer)"
+        )
     if isinstance(batch, Mapping):
         return list(batch.values())
     return list(batch) if isinstance(batch, (tuple, list)) else [batch]
@@ -449,8 +457,12 @@ def shorter_sequences(model: Any, batch: Any, plan: Plan, budget: int, **keyword
         >>> said.startswith("with plain, sequences of at most "), "(this batch has 2048)" in said
         (True, True)
     """
-    from memlab.live.batch import is_atomic
+    from memlab.live.batch import StepBatches, is_atomic
 
+    if isinstance(batch, StepBatches):  # a trainer's: its worst micro-batch, where its rows are padded, not packed
+        batch = batch.micro_batches(None, 1)[0]
+        if not isinstance(batch, Mapping) or "position_ids" in batch or "cu_seq_lens_q" in batch:
+            return None
     try:
         length = _size_of(batch, "tokens")
     except MemlabError:

@@ -10,7 +10,7 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.plan import Plan
 from memlab.trainer.arguments import check_single_process
-from memlab.trainer.source import is_trainer, keeps_trainer_batch, trainer_model
+from memlab.trainer.source import check_trainer_kind, is_trainer, keeps_trainer_batch, trainer_model
 
 __all__ = ["APPLIED_MARK", "TrainerApplied", "apply_to_trainer", "check_plan_for_trainer"]
 
@@ -213,9 +213,10 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
     """
     if not is_trainer(trainer):
         raise MemlabError(f"apply_to_trainer takes a transformers Trainer, not a {type(trainer).__name__}")
+    check_trainer_kind(trainer)
     check_plan_for_trainer(plan)
     check_single_process(trainer.args)
-    plan = keeps_trainer_batch(plan, trainer.args)  # Plan() keeps the trainer's batch and accumulation
+    plan = keeps_trainer_batch(plan, trainer.args)  # Plan(): the trainer's effective batch in one micro-batch
     model = trainer_model(trainer)
     if APPLIED_MARK in vars(trainer):
         raise MemlabError(

@@ -13,8 +13,16 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.plan import OPTIMIZERS, Plan
 from memlab.techniques.levers_step import OPTIMIZER_FORMS
+from memlab.techniques.registry import REGISTRY
 
-__all__ = ["TRAINER_OPTIMIZERS", "check_single_process", "plan_from_training_arguments"]
+__all__ = [
+    "TRAINER_OPTIMIZERS",
+    "check_single_process",
+    "is_trainer",
+    "plan_from_trainer",
+    "plan_from_training_arguments",
+    "trainer_model",
+]
 
 # The Trainer's names for memlab's optimizers, as the export writes them (OPTIMIZER_FORMS, the registry's one record of
 # each optimizer's forms), and the aliases transformers also takes.
@@ -122,3 +130,68 @@ def plan_from_training_arguments(args: Any) -> Plan:
         offload="activations" if checkpointing and checkpoint_kwargs.get("offload") else "none",
         loss=_loss(args),
     )
+
+
+def is_trainer(obj: Any) -> bool:
+    """True for a ``transformers.Trainer`` or a subclass of it (TRL's ``SFTTrainer``...), without importing them.
+
+    Example:
+        >>> import torch
+        >>> is_trainer(torch.nn.Linear(2, 2))
+        False
+        >>> class Trainer:  # a class of that name only counts when it comes from transformers
+        ...     pass
+        >>> is_trainer(Trainer())
+        False
+    """
+    return any(
+        cls.__name__ == "Trainer" and cls.__module__.startswith("transformers.") for cls in type(obj).__mro__
+    )
+
+
+def trainer_model(trainer: Any) -> Any:
+    """The model the trainer trains, out of any ``DataParallel``/DDP wrapper (a peft model stays what it is)."""
+    model = trainer.model
+    while type(model).__name__ in ("DataParallel", "DistributedDataParallel") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def plan_from_trainer(trainer: Any) -> Plan:
+    """The trainer's settings as a plan (:meth:`memlab.Plan.from_trainer`): :func:`plan_from_training_arguments` of
+    its arguments, plus what the model says: ``weights="bf16"`` when its trained parameters are bf16,
+    ``adapter="lora"`` (with its rank) when it is a peft model, with every LoRA setting its ``LoraConfig`` says (each
+    lever's ``from_peft``).
+
+    Raises:
+        MemlabError: not a trainer (or settings memlab cannot express).
+
+    Example:
+        >>> plan_from_trainer(object())
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: a object is not a transformers Trainer; pass a Trainer (TRL's too), or read a plan \
+from arguments with memlab.Plan.from_training_arguments(args)
+    """
+    if not is_trainer(trainer):
+        raise MemlabError(f"a {type(trainer).__name__} is not a transformers Trainer; pass a Trainer (TRL's "
+                          "too), or read a plan from arguments with memlab.Plan.from_training_arguments(args)")
+    plan = plan_from_training_arguments(trainer.args)
+    model = trainer_model(trainer)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    changes: dict[str, Any] = {}
+    if trained and all(str(p.dtype) == "torch.bfloat16" for p in trained):
+        changes["weights"] = "bf16"
+    peft_config = getattr(model, "peft_config", None)
+    if isinstance(peft_config, dict) and peft_config:
+        config = next(iter(peft_config.values()))
+        if isinstance(getattr(config, "r", None), int):
+            quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(
+                getattr(model, "base_model", None), "is_loaded_in_4bit", False
+            )
+            changes["adapter"] = "qlora" if quantized else "lora"
+            for name, lever in REGISTRY.items():
+                value = lever.from_peft(config) if lever.from_peft is not None else None
+                if value is not None:
+                    changes[name] = value
+    return plan.replace(**changes) if changes else plan

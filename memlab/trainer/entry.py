@@ -19,7 +19,7 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
-from memlab.trainer.source import TrainerSource, is_trainer
+from memlab.trainer.source import TrainerSource, is_trainer, keeps_trainer_batch
 from memlab.trainer.worst_batch import trainer_batches, worst_batch
 
 __all__ = ["LiveTarget", "live_target", "noted", "split_plans"]
@@ -38,6 +38,22 @@ class LiveTarget:
     note: str | None = None
     plan: Plan | None = None
     batch_size: int | None = None
+
+    def plan_for(self, plan: Any) -> Any:
+        """The plan a run on this target measures: ``None`` on a trainer is the trainer as set up; a ``Plan``
+        that leaves the batch open keeps the trainer's effective batch (``Plan()``: all of it in one micro-batch,
+        as on every object: :func:`~memlab.trainer.source.keeps_trainer_batch`); anything else as it is.
+
+        Example:
+            >>> import torch
+            >>> live_target(torch.nn.Linear(2, 1), torch.randn(4, 2)).plan_for(Plan()) == Plan()
+            True
+        """
+        if self.source is None:
+            return plan
+        if plan is None:
+            return self.plan
+        return keeps_trainer_batch(plan, self.source.trainer.args) if isinstance(plan, Plan) else plan
 
 
 def live_target(model_or_trainer: Any, batch: Any, loss_fn: Any = None, *, rows: int | None = None) -> LiveTarget:

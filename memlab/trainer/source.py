@@ -15,37 +15,75 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
-from memlab.techniques.registry import REGISTRY
-from memlab.trainer.arguments import check_single_process, plan_from_training_arguments
+from memlab.trainer.arguments import check_single_process, is_trainer, plan_from_trainer, trainer_model
 
-__all__ = ["TrainerSource", "has_own_compute_loss", "is_trainer", "keeps_trainer_batch", "trainer_model"]
+__all__ = [
+    "MEASURED_TRL_TRAINERS",
+    "TrainerSource",
+    "check_trainer_kind",
+    "has_own_compute_loss",
+    "is_trainer",
+    "keeps_trainer_batch",
+    "trainer_model",
+    "trl_kind",
+]
 
 _PLAIN = (bool, int, float, str, type(None))
 
 
-def is_trainer(obj: Any) -> bool:
-    """True for a ``transformers.Trainer`` or a subclass of it (TRL's ``SFTTrainer``...), without importing them.
+MEASURED_TRL_TRAINERS = ("SFTTrainer", "DPOTrainer")
+"""TRL's trainers whose step memlab measures, estimates and fits; a trainer class of the user's own, and any
+transformers Trainer, are measured through their ``compute_loss``."""
+
+
+def trl_kind(trainer: Any) -> str | None:
+    """The name of the TRL trainer class ``trainer`` is (or derives from); None for one that is not TRL's.
 
     Example:
-        >>> import torch
-        >>> is_trainer(torch.nn.Linear(2, 2))
-        False
-        >>> class Trainer:  # a class of that name only counts when it comes from transformers
-        ...     pass
-        >>> is_trainer(Trainer())
-        False
+        >>> trl_kind(object()) is None
+        True
     """
-    return any(
-        cls.__name__ == "Trainer" and cls.__module__.startswith("transformers.") for cls in type(obj).__mro__
+    for cls in type(trainer).__mro__:
+        if cls.__module__.startswith("trl.") and cls.__name__.endswith("Trainer") and cls.__name__ != "_BaseTrainer":
+            return cls.__name__
+    return None
+
+
+def check_trainer_kind(trainer: Any) -> None:
+    """Refuse a TRL trainer whose step memlab cannot run (GRPO's generation, PPO, online DPO...), with what works
+    today and what to write; nothing on the trainer changes.
+
+    Example:
+        >>> check_trainer_kind(object())
+    """
+    kind = trl_kind(trainer)
+    if kind is None or kind in MEASURED_TRL_TRAINERS or _is_trl_base(kind):
+        return
+    args = getattr(trainer, "args", None)
+    rows = getattr(args, "per_device_train_batch_size", "N")
+    watch = ("memlab.watch(trainer, budget=...) works on it today: call it, then trainer.train(), and "
+             "watched.peak_bytes is every step's peak, generation included")
+    if kind == "GRPOTrainer" or hasattr(args, "num_generations"):
+        completion = getattr(args, "max_completion_length", None) or "max_completion_length"
+        generations = getattr(args, "num_generations", None) or "num_generations"
+        vocab = getattr(getattr(getattr(trainer, "model", None), "config", None), "vocab_size", None) or "vocab_size"
+        raise MemlabError(
+            f"memlab does not yet measure, estimate or fit a {kind}'s step: its dataset is prompts, and each step "
+            f"first generates {generations} completions per prompt (up to {completion} tokens) before the policy's "
+            f"forward and backward, which memlab does not run; {watch}. To size the policy's training step alone, "
+            f"measure the model on a batch of full-length generations: ids = torch.randint({vocab}, ({rows}, "
+            f"longest_prompt + {completion})); memlab.measure(trainer.model, {{'input_ids': ids, 'labels': ids}}, "
+            "memlab.Plan.from_trainer(trainer)) (the generation's KV cache and the reference model come on top)"
+        )
+    raise MemlabError(
+        f"memlab does not measure, estimate or fit a TRL {kind}: it measures transformers' Trainer and TRL's "
+        f"{' and '.join(MEASURED_TRL_TRAINERS)}; {watch}. To size the training step, measure the model on a batch "
+        "yourself: memlab.measure(trainer.model, batch, memlab.Plan(...))"
     )
 
 
-def trainer_model(trainer: Any) -> Any:
-    """The model the trainer trains, out of any ``DataParallel``/DDP wrapper (a peft model stays what it is)."""
-    model = trainer.model
-    while type(model).__name__ in ("DataParallel", "DistributedDataParallel") and hasattr(model, "module"):
-        model = model.module
-    return model
+def _is_trl_base(kind: str) -> bool:
+    return kind in ("BaseTrainer", "_BaseTrainer")
 
 
 def _is_plain_data(value: Any, limit: int = 10_000) -> bool:
@@ -81,21 +119,50 @@ def has_own_compute_loss(trainer: Any) -> bool:
 @contextmanager
 def trainer_bookkeeping_kept(trainer: Any) -> Iterator[None]:
     """Put back the trainer's plain-data attributes after a memlab loss call (TRL's ``compute_loss`` appends
-    metrics and counts tokens), so that measuring leaves nothing in the user's next log."""
-    saved = {name: copy.deepcopy(value) for name, value in vars(trainer).items() if _is_plain_data(value)}
+    metrics and counts tokens), so that measuring leaves nothing in the user's next log.
+
+    Each attribute ends as the very object it was (a list dataset of token ids is plain data too, and the user's
+    ``trainer.train_dataset`` must stay the object they passed): one the call rebound is bound back, and a list or
+    dict the call changed in place gets its old contents back in place; one left equal is not touched.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> trainer = SimpleNamespace(train_dataset=[{"input_ids": [1, 2]}], metrics={"loss": []})
+        >>> data, metrics = trainer.train_dataset, trainer.metrics
+        >>> with trainer_bookkeeping_kept(trainer):
+        ...     trainer.metrics["loss"].append(1.0)
+        ...     trainer.train_dataset = list(data)
+        >>> trainer.train_dataset is data, trainer.metrics is metrics, trainer.metrics
+        (True, True, {'loss': []})
+    """
+    saved = {name: (value, copy.deepcopy(value)) for name, value in vars(trainer).items() if _is_plain_data(value)}
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(trainer, name, value)
+        for name, (original, contents) in saved.items():
+            if vars(trainer).get(name, _GONE) is not original:
+                setattr(trainer, name, original)
+            if original == contents:
+                continue
+            if isinstance(original, list):
+                original[:] = contents
+            elif isinstance(original, dict):
+                original.clear()
+                original.update(contents)
+            else:  # an immutable value cannot have changed in place; a tuple of lists is put back as a copy
+                setattr(trainer, name, contents)
+
+
+_GONE = object()
 
 
 def keeps_trainer_batch(plan: Plan, args: Any) -> Plan:
     """``plan`` with the trainer's effective batch where it leaves the batch open (``micro_batch=None``), as
     ``fit`` keeps it: the trainer's step holds ``per_device_train_batch_size x gradient_accumulation_steps`` rows on
-    each device (``x`` the processes in all), and a plan on it keeps them. ``Plan()`` (accumulation 1) becomes the
-    trainer's own split; ``Plan(accumulation=k)`` its effective batch in ``k`` micro-batches. A plan that names
-    its ``micro_batch`` is measured as it says. The trial's plan and ``rows_per_step`` then say what ran.
+    each device (``x`` the processes in all), and a plan on it keeps them. ``Plan()`` means what it means on every
+    object: the whole effective batch in one micro-batch; ``Plan(accumulation=k)`` the effective batch in ``k``
+    micro-batches. A plan that names its ``micro_batch`` is measured as it says. The trainer as set up is
+    ``plan=None`` (:meth:`memlab.Plan.from_trainer`). The trial's plan and ``rows_per_step`` then say what ran.
 
     Raises:
         MemlabError: an accumulation that does not divide the trainer's effective batch.
@@ -104,18 +171,17 @@ def keeps_trainer_batch(plan: Plan, args: Any) -> Plan:
         >>> from types import SimpleNamespace
         >>> args = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=2)
         >>> keeps_trainer_batch(Plan(), args).label(), keeps_trainer_batch(Plan(accumulation=4), args).label()
-        ('mb2x2', 'mb1x4')
+        ('mb4x1', 'mb1x4')
     """
     if plan.micro_batch is not None:
         return plan
     rows, steps = int(args.per_device_train_batch_size), int(args.gradient_accumulation_steps)
-    if plan.accumulation == 1:
-        return plan.replace(micro_batch=rows, accumulation=steps)
     if (rows * steps) % plan.accumulation:
         raise MemlabError(
             f"the trainer's step holds {rows * steps} rows per device (per_device_train_batch_size={rows} x "
             f"gradient_accumulation_steps={steps}), which accumulation={plan.accumulation} does not divide; write "
-            f"an accumulation that divides {rows * steps}, or name the micro_batch too"
+            f"an accumulation that divides {rows * steps}, or name the micro_batch too; the trainer as set up is "
+            "plan=None (memlab.Plan.from_trainer(trainer))"
         )
     return plan.replace(micro_batch=rows * steps // plan.accumulation)
 
@@ -163,6 +229,7 @@ class TrainerSource:
                 f"a {type(trainer).__name__} is not a transformers Trainer; "
                 "pass a Trainer (TRL's SFTTrainer too) or a model and a batch"
             )
+        check_trainer_kind(trainer)
         args = trainer.args
         check_single_process(args)
         model = trainer_model(trainer)
@@ -191,28 +258,8 @@ class TrainerSource:
 
     @staticmethod
     def plan_of(trainer: Any) -> Plan:
-        """The trainer's settings as a plan: :func:`plan_from_training_arguments` of its arguments, plus what the
-        model says: ``weights="bf16"`` when its trained parameters are bf16, ``adapter="lora"`` (with its rank)
-        when it is a peft model, with every LoRA setting its ``LoraConfig`` says (each lever's ``from_peft``)."""
-        plan = plan_from_training_arguments(trainer.args)
-        model = trainer_model(trainer)
-        trained = [p for p in model.parameters() if p.requires_grad]
-        changes: dict[str, Any] = {}
-        if trained and all(str(p.dtype) == "torch.bfloat16" for p in trained):
-            changes["weights"] = "bf16"
-        peft_config = getattr(model, "peft_config", None)
-        if isinstance(peft_config, dict) and peft_config:
-            config = next(iter(peft_config.values()))
-            if isinstance(getattr(config, "r", None), int):
-                quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(
-                    getattr(model, "base_model", None), "is_loaded_in_4bit", False
-                )
-                changes["adapter"] = "qlora" if quantized else "lora"
-                for name, lever in REGISTRY.items():
-                    value = lever.from_peft(config) if lever.from_peft is not None else None
-                    if value is not None:
-                        changes[name] = value
-        return plan.replace(**changes) if changes else plan
+        """The trainer's settings as a plan (:func:`memlab.trainer.arguments.plan_from_trainer`)."""
+        return plan_from_trainer(trainer)
 
     @staticmethod
     def make_loss_fn(trainer: Any) -> Callable[[Any, Any], Any]:

@@ -305,7 +305,8 @@ def test_a_failing_rebuild_leaves_the_trainer_and_every_other_trainer_in_the_pro
 
 
 def test_a_plan_on_a_trainer_keeps_its_effective_batch(tmp_path):
-    """issue 44: Plan() on a trainer with gradient_accumulation_steps=2 measured one per-device batch."""
+    """issue 44: Plan() on a trainer with gradient_accumulation_steps=2 measured one per-device batch; issue 59:
+    Plan() is the whole effective batch in one micro-batch, as on every object."""
     trainer = _plain(tmp_path)
     trainer.args = dataclasses.replace(trainer.args, per_device_train_batch_size=2, gradient_accumulation_steps=2)
     args = trainer.args
@@ -313,12 +314,12 @@ def test_a_plan_on_a_trainer_keeps_its_effective_batch(tmp_path):
         trainer, plans=[memlab.Plan(), memlab.Plan(accumulation=4), memlab.Plan(micro_batch=1)], steps=1, noise=0
     ).trials
     assert [t.status for t in (own, split, named)] == ["ok"] * 3, [t.error for t in (own, split, named)]
-    assert (own.plan.micro_batch, own.plan.accumulation, own.rows_per_step) == (2, 2, 4)
+    assert (own.plan.micro_batch, own.plan.accumulation, own.rows_per_step) == (4, 1, 4)
     assert (split.plan.micro_batch, split.plan.accumulation, split.rows_per_step) == (1, 4, 4)
     assert (named.plan.micro_batch, named.plan.accumulation, named.rows_per_step) == (1, 1, 1)  # as it says
     with pytest.raises(MemlabError, match="accumulation=3 does not divide"):
         memlab.measure(trainer, memlab.Plan(accumulation=3), steps=1, noise=0)
-    with memlab.apply(trainer, memlab.Plan(checkpointing=True)) as applied:
+    with memlab.apply(trainer, memlab.Plan.from_trainer(trainer).replace(checkpointing=True)) as applied:
         assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (2, 2)
         assert applied.plan.accumulation == 2
     assert trainer.args is args

@@ -1,0 +1,80 @@
+"""TRL's GRPOTrainer and the TRL trainers memlab does not run (issue 59): one MemlabError that says what works
+today (watch) and what to write, the trainer untouched; memlab.watch records a real GRPO run. Tiny Llama on CPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+import trl  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from test_trainer_contract import llama, tokenizer  # noqa: E402
+
+import memlab  # noqa: E402
+from memlab import MemlabError  # noqa: E402
+
+
+def length_reward(completions: list[Any], **_: Any) -> list[float]:
+    return [float(len(completion)) for completion in completions]
+
+
+def grpo(tmp_path: Any) -> trl.GRPOTrainer:
+    args = trl.GRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no", max_steps=2,
+                          per_device_train_batch_size=2, num_generations=2, max_completion_length=4,
+                          disable_tqdm=True, bf16=False, seed=0)
+    prompts = Dataset.from_list([{"prompt": " ".join(f"w{(i + j) % 60}" for j in range(3 + i))} for i in range(6)])
+    return trl.GRPOTrainer(model=llama(), reward_funcs=length_reward, args=args, train_dataset=prompts,
+                           processing_class=tokenizer())
+
+
+def _state(trainer: Any) -> dict[str, Any]:
+    return {"args": trainer.args, "model": trainer.model, "train_dataset": trainer.train_dataset,
+            "data_collator": trainer.data_collator, "callbacks": list(trainer.callback_handler.callbacks),
+            "weights": {k: v.clone() for k, v in trainer.model.state_dict().items()}}
+
+
+def test_grpo_is_refused_with_what_works_and_what_to_write(tmp_path: Any) -> None:
+    trainer = grpo(tmp_path)
+    before = _state(trainer)
+    calls = {"estimate": lambda: memlab.estimate(trainer), "measure": lambda: memlab.measure(trainer, steps=1),
+             "fit": lambda: memlab.fit(trainer, budget="64MiB", steps=1, noise=0, progress=False),
+             "apply": lambda: memlab.apply(trainer, memlab.Plan()),
+             "worst_batch": lambda: memlab.trainer.worst_batch(trainer)}
+    for name, call in calls.items():
+        with pytest.raises(MemlabError) as refused:
+            call()
+        said = str(refused.value)
+        assert "GRPOTrainer" in said and "memlab.watch(trainer" in said, name
+        assert "SFTTrainer, which" not in said and "returned no tensors" not in said, name  # not the SFT advice
+        assert "2 completions per prompt (up to 4 tokens)" in said, name
+    after = _state(trainer)
+    assert all(after[k] is before[k] for k in ("args", "model", "train_dataset", "data_collator"))
+    assert after["callbacks"] == before["callbacks"]
+    assert all(torch.equal(after["weights"][k], v) for k, v in before["weights"].items())
+
+    # What the refusal says to write runs: the policy's step on full-length generations, and watch on train().
+    ids = torch.randint(64, (2, 8 + 4))
+    trial = memlab.measure(trainer.model, {"input_ids": ids, "labels": ids}, memlab.Plan.from_trainer(trainer),
+                           steps=1, noise=0)
+    assert trial.status == "ok", trial.error
+    watched = memlab.watch(trainer)
+    trainer.train()
+    assert watched.peak_bytes > 0 and watched.peak_step is not None
+
+
+def test_other_trl_trainers_are_refused_in_one_sentence(tmp_path: Any) -> None:
+    class PPOTrainer(trl.GRPOTrainer):  # a generating TRL trainer of another name, as experimental ones are
+        pass
+
+    PPOTrainer.__module__ = "trl.experimental.ppo.ppo_trainer"
+    trainer = grpo(tmp_path)
+    trainer.__class__ = PPOTrainer
+    with pytest.raises(MemlabError, match=r"PPOTrainer's step.*memlab.watch\(trainer"):
+        memlab.estimate(trainer)
+    reward = trl.RewardTrainer.__new__(trl.RewardTrainer)  # not generating, not measured: refused before it is read
+    with pytest.raises(MemlabError, match=r"does not measure, estimate or fit a TRL RewardTrainer.*SFTTrainer and "
+                                          r"DPOTrainer"):
+        memlab.trainer.TrainerSource.from_trainer(reward)
