@@ -51,13 +51,17 @@ unlimited (PyTorch reserves 1.125 times the GPU's memory of them).
 
 from __future__ import annotations
 
+import contextlib
 from bisect import bisect_left, insort
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Iterator
+from contextvars import ContextVar
 
 __all__ = [
     "KIB",
     "MIB",
     "CachingAllocator",
+    "assumed_allocator",
+    "expandable_segments_assumed",
     "replay",
     "round_size",
     "segment_size",
@@ -73,6 +77,40 @@ _MIN_LARGE_ALLOC = 10 * MIB  # kMinLargeAlloc
 _ROUND_LARGE = 2 * MIB  # kRoundLarge
 _VIRTUAL = 1 << 56  # an expandable segment's addresses: taken as unlimited
 _SMALL_BASE = 1 << 58  # where the small pool's expandable segment starts (the large pool's starts at 0)
+
+
+_EXPANDABLE: ContextVar[bool] = ContextVar("memlab_expandable_segments", default=False)
+
+
+@contextlib.contextmanager
+def assumed_allocator(expandable_segments: bool) -> Iterator[None]:
+    """Every :class:`CachingAllocator` made inside (by a dry run's reserved trace, its replays at depth, FSDP2's)
+    models the allocator with or without ``expandable_segments``, unless it is told otherwise: how an estimate's
+    card figure assumes the user's ``PYTORCH_CUDA_ALLOC_CONF``.
+
+    Example:
+        >>> with assumed_allocator(expandable_segments=True):
+        ...     CachingAllocator().expandable_segments, expandable_segments_assumed()
+        (True, True)
+        >>> CachingAllocator().expandable_segments
+        False
+    """
+    token = _EXPANDABLE.set(bool(expandable_segments))
+    try:
+        yield
+    finally:
+        _EXPANDABLE.reset(token)
+
+
+def expandable_segments_assumed() -> bool:
+    """Whether the allocator models made now assume expandable segments (:func:`assumed_allocator`; default no,
+    PyTorch's default).
+
+    Example:
+        >>> expandable_segments_assumed()
+        False
+    """
+    return _EXPANDABLE.get()
 
 
 def round_size(size: int) -> int:
@@ -153,9 +191,11 @@ class CachingAllocator:
         (40, 46)
     """
 
-    def __init__(self, capacity: int | None = None, expandable_segments: bool = False) -> None:
+    def __init__(self, capacity: int | None = None, expandable_segments: bool | None = None) -> None:
         self.capacity = capacity
         """The bytes CUDA can give the allocator (None: unlimited): past them, cached segments are released."""
+        if expandable_segments is None:
+            expandable_segments = expandable_segments_assumed()
         self.expandable_segments = expandable_segments
         """Whether each pool is one expandable segment mapped in pages (``expandable_segments:True``)."""
         self.reserved_bytes = 0
@@ -453,9 +493,10 @@ class CachingAllocator:
         del self._free_blocks[block.address]
 
 
-def replay(events: Iterable[tuple[Hashable, int]], expandable_segments: bool = False) -> CachingAllocator:
+def replay(events: Iterable[tuple[Hashable, int]], expandable_segments: bool | None = None) -> CachingAllocator:
     """The allocator after ``events``: ``(key, bytes)`` pairs in order, as :meth:`CachingAllocator.record` takes them
-    (a new key allocates, 0 bytes frees), with or without ``expandable_segments``.
+    (a new key allocates, 0 bytes frees), with or without ``expandable_segments`` (default: as assumed,
+    :func:`assumed_allocator`).
 
     Example:
         >>> events = [("weights", 30 * MIB), ("x", 5 * MIB), ("x", 0), ("y", 1)]

@@ -49,7 +49,7 @@ from memlab.errors import MemlabError
 from memlab.estimation.configs import model_on_meta
 from memlab.estimation.fsdp2 import DETAIL, FSDP_NOTE, ONE_STREAM_NOTE, ShardedTrial, fsdp2_dry_run, sharded_trial
 from memlab.estimation.gpus import GpuKind
-from memlab.estimation.reserved import RESERVED_NOTE
+from memlab.estimation.reserved import EXPANDABLE_NOTE, RESERVED_NOTE
 from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_plans
 from memlab.live.batch import LossFn
 from memlab.live.sharding import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, ds_reduce_bucket
@@ -181,7 +181,7 @@ def zero_basis(
     breakdown = {"optimizer": state, "activations": activations, "other": inputs}
     return dataclasses.replace(trial, breakdown=breakdown, peak_bytes=sum(breakdown.values()),
                                notes=tuple(n for n in trial.notes if n not in (FSDP_NOTE, RESERVED_NOTE,
-                                                                                ONE_STREAM_NOTE)),
+                                                                                ONE_STREAM_NOTE, EXPANDABLE_NOTE)),
                                reserved_bytes=None)
 
 

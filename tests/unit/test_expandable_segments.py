@@ -106,3 +106,38 @@ def test_random_traces_keep_the_books_and_give_everything_back() -> None:
             allocator.free(key)
         allocator.empty_cache()
         assert allocator.reserved_bytes == 0 and allocator.allocated_bytes == 0
+
+
+def _tiny_llama() -> object:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                       vocab_size=32000)
+
+
+def test_an_estimate_says_its_card_figure_assumes_expandable_segments_and_keeps_its_allocated_peak() -> None:
+    import memlab
+    from memlab.estimation.reserved import EXPANDABLE_NOTE, RESERVED_NOTE
+
+    shapes = {"input_ids": (4, 256), "labels": (4, 256)}
+    default = memlab.estimate(_tiny_llama(), shapes, memlab.Plan(), device="cuda", gpu="H200-141GB")
+    expandable = memlab.estimate(_tiny_llama(), shapes, memlab.Plan(), device="cuda", gpu="H200-141GB",
+                                 expandable_segments=True)
+    assert default.peak_bytes == expandable.peak_bytes
+    assert default.reserved_bytes is not None and expandable.reserved_bytes is not None
+    # The logits' and the embedding's tensors (tens of MiB) take their own segments by default; expandable, the
+    # large pool is the allocated bytes rounded up to 20 MiB pages, and never less than the allocated peak.
+    assert expandable.peak_bytes < expandable.reserved_bytes < default.reserved_bytes
+    assert RESERVED_NOTE in default.notes and EXPANDABLE_NOTE not in default.notes
+    assert EXPANDABLE_NOTE in expandable.notes
+    assert expandable.card_bytes == expandable.reserved_bytes + expandable.context_bytes
+
+
+def test_expandable_segments_must_be_true_or_false() -> None:
+    import pytest
+
+    import memlab
+    from memlab.errors import MemlabError
+
+    with pytest.raises(MemlabError, match="expandable_segments=True"):
+        memlab.estimate(_tiny_llama(), {"input_ids": (1, 8)}, memlab.Plan(), expandable_segments="yes")  # type: ignore[arg-type]
