@@ -133,9 +133,10 @@ def expandable_segments_configured(environ: Mapping[str, str] | None = None) -> 
     Example:
         >>> expandable_segments_configured({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64,expandable_segments:True"})
         True
-        >>> expandable_segments_configured({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}), \
-        ...     expandable_segments_configured({})
-        (True, False)
+        >>> expandable_segments_configured({"PYTORCH_ALLOC_CONF": "expandable_segments:True"})
+        True
+        >>> expandable_segments_configured({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})
+        False
     """
     environ = os.environ if environ is None else environ
     conf = environ.get("PYTORCH_CUDA_ALLOC_CONF")
