@@ -66,6 +66,7 @@ __all__ = [
     "assumed_allocator",
     "expandable_segments_assumed",
     "expandable_segments_configured",
+    "measured_allocator_notes",
     "replay",
     "round_size",
     "segment_size",
@@ -148,6 +149,28 @@ def expandable_segments_configured(environ: Mapping[str, str] | None = None) -> 
         if key.strip() == "expandable_segments":
             setting = value.strip() == "True"
     return setting
+
+
+MEASURED_EXPANDABLE_NOTE = (
+    "reserved_bytes measured with the allocator's expandable segments (expandable_segments:True in this process's "
+    "PYTORCH_CUDA_ALLOC_CONF): a process started without them reserves more"
+)
+"""The note of a CUDA trial measured in a process whose allocator has expandable segments."""
+
+
+def measured_allocator_notes(device_type: str, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """What a trial measured on ``device_type`` says of the allocator it ran with: on CUDA with expandable segments
+    (:func:`expandable_segments_configured`), :data:`MEASURED_EXPANDABLE_NOTE`; nothing for PyTorch's default.
+
+    Example:
+        >>> measured_allocator_notes("cuda", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}) == (
+        ...     MEASURED_EXPANDABLE_NOTE,)
+        True
+        >>> measured_allocator_notes("cuda", {}), measured_allocator_notes("cpu", {"PYTORCH_ALLOC_CONF": "x"})
+        ((), ())
+    """
+    configured = device_type == "cuda" and expandable_segments_configured(environ)
+    return (MEASURED_EXPANDABLE_NOTE,) if configured else ()
 
 
 def round_size(size: int) -> int:

@@ -141,3 +141,43 @@ def test_expandable_segments_must_be_true_or_false() -> None:
 
     with pytest.raises(MemlabError, match="expandable_segments=True"):
         memlab.estimate(_tiny_llama(), {"input_ids": (1, 8)}, memlab.Plan(), expandable_segments="yes")  # type: ignore[arg-type]
+
+
+def test_fit_suggests_expandable_segments_where_only_the_reserve_missed_the_budget() -> None:
+    import dataclasses
+
+    import memlab
+    from memlab.options import RunOptions
+    from memlab.report import Trial
+    from memlab.search.allocator import EXPANDABLE_SUGGESTION, expandable_suggestions
+    from tests.models import lm_batch, tiny_llama
+
+    model, batch = tiny_llama(), lm_batch(rows=8, length=512)
+    plan = memlab.Plan()
+    default = memlab.estimate(model, batch, plan, device="cuda")
+    expandable = memlab.estimate(model, batch, plan, device="cuda", expandable_segments=True)
+    assert expandable.card_bytes < default.card_bytes
+    budget = (expandable.card_bytes + default.card_bytes) // 2
+    # What fit measured on CUDA: the allocated peak and the context fit, the reserve does not.
+    measured = dataclasses.replace(default, device="cuda:0", estimated=False, notes=())
+    found = expandable_suggestions(model, batch, [measured], RunOptions(budget=budget))
+    assert [trial.plan for trial in found] == [plan]
+    assert found[0].notes[0] == EXPANDABLE_SUGGESTION and found[0].card_bytes <= budget
+    assert 'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"' in EXPANDABLE_SUGGESTION
+    # No suggestion where the allocated peak itself is over, nor where the process already has them.
+    tight = RunOptions(budget=measured.peak_bytes)
+    assert expandable_suggestions(model, batch, [measured], tight) == []
+    failed = Trial(plan, "error", 0, {}, None, None, None, "cuda:0")
+    assert expandable_suggestions(model, batch, [failed], RunOptions(budget=budget)) == []
+
+
+def test_a_live_cuda_trial_says_when_it_ran_with_expandable_segments() -> None:
+    from memlab.estimation.cuda_allocator import MEASURED_EXPANDABLE_NOTE, measured_allocator_notes
+
+    assert measured_allocator_notes("cuda", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}) == (
+        MEASURED_EXPANDABLE_NOTE,)
+    assert measured_allocator_notes("cuda", {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}) == ()
+    # PYTORCH_CUDA_ALLOC_CONF is read first; PYTORCH_ALLOC_CONF only where it is not set.
+    assert measured_allocator_notes("cuda", {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}) != ()
+    assert measured_allocator_notes("cuda", {"PYTORCH_CUDA_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF":
+                                             "expandable_segments:True"}) == ()
