@@ -28,18 +28,45 @@ settings (no ``PYTORCH_CUDA_ALLOC_CONF``):
 
 ``allocated`` counts whole blocks, as the allocator does: a block that was not split (a 12 MiB segment for an
 11.5 MiB request) counts in full. One stream is assumed (a training step's forward and backward run on the
-current stream); expandable segments, CUDA graphs' private pools and memory fractions are not modelled.
+current stream); CUDA graphs' private pools and memory fractions are not modelled.
+
+With ``expandable_segments=True`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) each pool is one segment
+of virtual addresses that grows by mapping physical pages (``ExpandableSegment``, ``try_allocate_expandable_block``):
+
+- the pages are the pool's segment size, 2 MiB (``kSmallBuffer``) for the small pool and 20 MiB (``kLargeBuffer``)
+  for the large one; ``reserved`` counts the mapped pages (``map_block`` / ``unmap_block``);
+- a request first takes the best-fitting free mapped block, where a free block followed by unmapped addresses (the
+  segment's growing end) counts as that much larger, so any other free block that fits is taken before it
+  (``get_free_block``'s ``expandable_size``); with none, the lowest free stretch of addresses long enough (free
+  mapped blocks and unmapped ones, ``find_expandable_block``) has the pages it lacks mapped and merged into it;
+- every block is split when what remains is at least 512 bytes, in both pools (``should_split``);
+- ``empty_cache`` (and a page that would not fit the ``capacity``) unmaps every whole page of every free block
+  (``release_blocks``, ``unmap_block``); the partly used pages at a free block's ends stay mapped.
+
+Freed neighbours merge across what would have been separate segments, so a later larger request reuses them:
+the reserved peak is close to the allocated peak rounded up to pages, at most a page or so above it per pool unless
+blocks freed between live ones leave holes no later request fits. Each segment's addresses are taken as
+unlimited (PyTorch reserves 1.125 times the GPU's memory of them).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from bisect import bisect_left, insort
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 
 __all__ = [
+    "ENVIRONMENT_LINE",
     "KIB",
     "MIB",
+    "PYTHON_LINE",
     "CachingAllocator",
+    "assumed_allocator",
+    "expandable_segments_assumed",
+    "expandable_segments_configured",
+    "measured_allocator_notes",
     "replay",
     "round_size",
     "segment_size",
@@ -53,6 +80,97 @@ _SMALL_BUFFER = 2 * MIB  # kSmallBuffer
 _LARGE_BUFFER = 20 * MIB  # kLargeBuffer
 _MIN_LARGE_ALLOC = 10 * MIB  # kMinLargeAlloc
 _ROUND_LARGE = 2 * MIB  # kRoundLarge
+_VIRTUAL = 1 << 56  # an expandable segment's addresses: taken as unlimited
+_SMALL_BASE = 1 << 58  # where the small pool's expandable segment starts (the large pool's starts at 0)
+
+
+_EXPANDABLE: ContextVar[bool] = ContextVar("memlab_expandable_segments", default=False)
+
+
+@contextlib.contextmanager
+def assumed_allocator(expandable_segments: bool) -> Iterator[None]:
+    """Every :class:`CachingAllocator` made inside (by a dry run's reserved trace, its replays at depth, FSDP2's)
+    models the allocator with or without ``expandable_segments``, unless it is told otherwise: how an estimate's
+    card figure assumes the user's ``PYTORCH_CUDA_ALLOC_CONF``.
+
+    Example:
+        >>> with assumed_allocator(expandable_segments=True):
+        ...     CachingAllocator().expandable_segments, expandable_segments_assumed()
+        (True, True)
+        >>> CachingAllocator().expandable_segments
+        False
+    """
+    token = _EXPANDABLE.set(bool(expandable_segments))
+    try:
+        yield
+    finally:
+        _EXPANDABLE.reset(token)
+
+
+def expandable_segments_assumed() -> bool:
+    """Whether the allocator models made now assume expandable segments (:func:`assumed_allocator`; default no,
+    PyTorch's default).
+
+    Example:
+        >>> expandable_segments_assumed()
+        False
+    """
+    return _EXPANDABLE.get()
+
+
+ENVIRONMENT_LINE = "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+"""The shell line that turns expandable segments on for the processes it starts."""
+
+PYTHON_LINE = 'import os; os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"'
+"""The Python line that turns them on, run before torch first touches CUDA (the allocator reads it once)."""
+
+
+def expandable_segments_configured(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a CUDA process started with ``environ`` (default: this process's environment) runs the caching
+    allocator with expandable segments: ``expandable_segments:True`` in ``PYTORCH_CUDA_ALLOC_CONF``, or where that
+    is not set in ``PYTORCH_ALLOC_CONF`` (read in that order by ``CUDAAllocatorConfig::instance``; the last
+    setting of a key wins). A setting changed later with ``torch.cuda.memory._set_allocator_settings`` is not seen.
+
+    Example:
+        >>> expandable_segments_configured({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64,expandable_segments:True"})
+        True
+        >>> expandable_segments_configured({"PYTORCH_ALLOC_CONF": "expandable_segments:True"})
+        True
+        >>> expandable_segments_configured({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})
+        False
+    """
+    environ = os.environ if environ is None else environ
+    conf = environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    if conf is None:
+        conf = environ.get("PYTORCH_ALLOC_CONF", "")
+    setting = False
+    for item in conf.split(","):
+        key, _, value = item.partition(":")
+        if key.strip() == "expandable_segments":
+            setting = value.strip() == "True"
+    return setting
+
+
+MEASURED_EXPANDABLE_NOTE = (
+    "reserved_bytes measured with the allocator's expandable segments (expandable_segments:True in this process's "
+    "PYTORCH_CUDA_ALLOC_CONF): a process started without them reserves more"
+)
+"""The note of a CUDA trial measured in a process whose allocator has expandable segments."""
+
+
+def measured_allocator_notes(device_type: str, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """What a trial measured on ``device_type`` says of the allocator it ran with: on CUDA with expandable segments
+    (:func:`expandable_segments_configured`), :data:`MEASURED_EXPANDABLE_NOTE`; nothing for PyTorch's default.
+
+    Example:
+        >>> measured_allocator_notes("cuda", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}) == (
+        ...     MEASURED_EXPANDABLE_NOTE,)
+        True
+        >>> measured_allocator_notes("cuda", {}), measured_allocator_notes("cpu", {"PYTORCH_ALLOC_CONF": "x"})
+        ((), ())
+    """
+    configured = device_type == "cuda" and expandable_segments_configured(environ)
+    return (MEASURED_EXPANDABLE_NOTE,) if configured else ()
 
 
 def round_size(size: int) -> int:
@@ -85,13 +203,14 @@ def segment_size(size: int) -> int:
 class _Block:
     """A stretch of one segment: allocated or free, linked to its neighbours in the segment."""
 
-    __slots__ = ("address", "allocated", "next", "prev", "size", "small")
+    __slots__ = ("address", "allocated", "mapped", "next", "prev", "size", "small")
 
-    def __init__(self, address: int, size: int, small: bool) -> None:
+    def __init__(self, address: int, size: int, small: bool, mapped: bool = True) -> None:
         self.address = address
         self.size = size
         self.small = small
         self.allocated = False
+        self.mapped = mapped
         self.prev: _Block | None = None
         self.next: _Block | None = None
 
@@ -121,11 +240,24 @@ class CachingAllocator:
         >>> allocator.malloc("a", 30 * MIB); allocator.free("a"); allocator.malloc("b", 32 * MIB)
         >>> allocator.reserved_bytes // MIB, allocator.peak_reserved_bytes // MIB
         (32, 32)
+
+    With ``expandable_segments=True`` the large pool grows by 20 MiB pages, and freed blocks merge across them:
+
+        >>> allocator = CachingAllocator(expandable_segments=True)
+        >>> allocator.malloc("a", 12 * MIB); allocator.malloc("b", 12 * MIB)  # 24 MiB on two pages
+        >>> allocator.free("a"); allocator.free("b"); allocator.malloc("c", 22 * MIB)  # the 40 MiB freed, reused
+        >>> allocator.peak_reserved_bytes // MIB, replay([("a", 12 * MIB), ("b", 12 * MIB), ("a", 0), ("b", 0),
+        ...                                                ("c", 22 * MIB)]).peak_reserved_bytes // MIB
+        (40, 46)
     """
 
-    def __init__(self, capacity: int | None = None) -> None:
+    def __init__(self, capacity: int | None = None, expandable_segments: bool | None = None) -> None:
         self.capacity = capacity
         """The bytes CUDA can give the allocator (None: unlimited): past them, cached segments are released."""
+        if expandable_segments is None:
+            expandable_segments = expandable_segments_assumed()
+        self.expandable_segments = expandable_segments
+        """Whether each pool is one expandable segment mapped in pages (``expandable_segments:True``)."""
         self.reserved_bytes = 0
         self.allocated_bytes = 0
         self.peak_reserved_bytes = 0
@@ -139,6 +271,14 @@ class CachingAllocator:
         self._free_blocks: dict[int, _Block] = {}  # address -> free block
         self._live: dict[Hashable, _Block | None] = {}  # key -> its block (None for an empty storage)
         self._next_address = 0
+        # Expandable segments: each pool's unmapped blocks by address (at first one block of all its addresses),
+        # and its mapped bytes.
+        self._unmapped: dict[bool, list[int]] = {True: [], False: []}
+        self._unmapped_blocks: dict[int, _Block] = {}
+        self._mapped: dict[bool, int] = {True: 0, False: 0}
+        if expandable_segments:
+            for small, base in ((True, _SMALL_BASE), (False, 0)):
+                self._add_unmapped(_Block(base, _VIRTUAL, small, mapped=False))
 
     # ------------------------------------------------------------------------------------------------ events
     def malloc(self, key: Hashable, size: int) -> None:
@@ -152,7 +292,9 @@ class CachingAllocator:
         small = rounded <= _SMALL_SIZE
         free = self._free[small]
         index = bisect_left(free, (rounded, -1))
-        if index < len(free):
+        if self.expandable_segments:
+            block = self._take_expandable(rounded, small, index)
+        elif index < len(free):
             _, address = free.pop(index)
             block = self._free_blocks.pop(address)
         else:
@@ -164,13 +306,9 @@ class CachingAllocator:
             block = _Block(self._next_address, taken, small)
             self._next_address += taken
             self.segments += 1
-            self.reserved_bytes += taken
-            if self.reserved_bytes > self.peak_reserved_bytes:
-                self.peak_reserved_bytes = self.reserved_bytes
-                if self.reserved_bytes > self.most_reserved_bytes:
-                    self.most_reserved_bytes = self.reserved_bytes
+            self._reserve(taken)
         remaining = block.size - rounded
-        if remaining >= _MIN_BLOCK if small else remaining > _SMALL_SIZE:
+        if remaining >= _MIN_BLOCK if small or self.expandable_segments else remaining > _SMALL_SIZE:
             rest = _Block(block.address + rounded, remaining, small)
             rest.prev, rest.next = block, block.next
             if block.next is not None:
@@ -240,6 +378,10 @@ class CachingAllocator:
             >>> allocator.empty_cache(); allocator.reserved_bytes // MIB
             2
         """
+        if self.expandable_segments:
+            for block in list(self._free_blocks.values()):
+                self._unmap(block)
+            return
         for block in list(self._free_blocks.values()):
             if block.prev is None and block.next is None:
                 self._remove_free(block)
@@ -247,25 +389,159 @@ class CachingAllocator:
                 self.segments -= 1
 
     # ------------------------------------------------------------------------------------------- internals
+    def _reserve(self, taken: int) -> None:
+        self.reserved_bytes += taken
+        if self.reserved_bytes > self.peak_reserved_bytes:
+            self.peak_reserved_bytes = self.reserved_bytes
+            if self.reserved_bytes > self.most_reserved_bytes:
+                self.most_reserved_bytes = self.reserved_bytes
+
     def _release(self, block: _Block) -> None:
         block.allocated = False
         self.allocated_bytes -= block.size
+        self._merge(block)
+        self._add_free(block)
+
+    def _merge(self, block: _Block) -> None:
+        """Merge ``block`` (free, out of the free lists) with its free neighbours mapped as it is
+        (``try_merge_blocks``)."""
         before = block.prev
-        if before is not None and not before.allocated:
-            self._remove_free(before)
+        if before is not None and not before.allocated and before.mapped == block.mapped:
+            self._remove_free(before) if before.mapped else self._remove_unmapped(before)
             block.address = before.address
             block.size += before.size
             block.prev = before.prev
             if block.prev is not None:
                 block.prev.next = block
         after = block.next
-        if after is not None and not after.allocated:
-            self._remove_free(after)
+        if after is not None and not after.allocated and after.mapped == block.mapped:
+            self._remove_free(after) if after.mapped else self._remove_unmapped(after)
             block.size += after.size
             block.next = after.next
             if block.next is not None:
                 block.next.prev = block
+
+    # --------------------------------------------------------------------------------- expandable segments
+    @staticmethod
+    def _page(small: bool) -> int:
+        return _SMALL_BUFFER if small else _LARGE_BUFFER
+
+    def _reach(self, address: int) -> int:
+        """A free block's size for best fit under expandable segments: with the unmapped addresses after it."""
+        block = self._free_blocks[address]
+        after = block.next
+        return block.size + (after.size if after is not None and not after.mapped else 0)
+
+    def _take_expandable(self, rounded: int, small: bool, index: int) -> _Block:
+        """The free block a request of ``rounded`` bytes takes under expandable segments, out of the free lists."""
+        free = self._free[small]
+        if index < len(free):  # get_free_block: a block before the growing end that fits is taken first
+            while index + 1 < len(free) and self._reach(free[index + 1][1]) < self._reach(free[index][1]):
+                index += 1
+            _, address = free.pop(index)
+            return self._free_blocks.pop(address)
+        start = self._expandable_start(rounded, small)
+        if self.capacity is not None and self.reserved_bytes + self._to_map(start, rounded) > self.capacity:
+            self.empty_cache()  # the pages would not fit: release_cached_blocks, then the allocation again
+            start = self._expandable_start(rounded, small)
+        block = start if start.mapped else self._map(start, min(start.size, rounded))
+        while block.size < rounded:  # try_allocate_expandable_block: map what the free block lacks after it
+            after = block.next
+            assert after is not None and not after.mapped
+            block = self._map(after, min(rounded - block.size, after.size))
+        self._remove_free(block)
+        return block
+
+    def _expandable_start(self, size: int, small: bool) -> _Block:
+        """The lowest stretch of free addresses (mapped or not) of at least ``size`` bytes: its first block
+        (``find_expandable_block``)."""
+        for address in self._unmapped[small]:
+            block = self._unmapped_blocks[address]
+            if block.prev is not None and not block.prev.allocated:
+                block = block.prev
+            room, cursor = 0, block  # type: int, _Block | None
+            while room < size and cursor is not None and not cursor.allocated:
+                room += cursor.size
+                cursor = cursor.next
+            if room >= size:
+                return block
+        raise AssertionError("an expandable segment's addresses are unlimited")  # pragma: no cover
+
+    def _to_map(self, start: _Block, size: int) -> int:
+        """The bytes of the pages a request of ``size`` bytes maps from ``start`` on."""
+        page, mapped, covered = self._page(start.small), 0, 0
+        block: _Block | None = start
+        while covered < size and block is not None:
+            if block.mapped:
+                covered += block.size
+            else:
+                part = -(-min(block.size, size - covered) // page) * page
+                mapped += part
+                covered += part
+            block = block.next
+        return mapped
+
+    def _map(self, block: _Block, size: int) -> _Block:
+        """Map the pages of the first ``size`` bytes of the unmapped ``block``: a free block, merged with the free
+        mapped blocks beside it and in the free lists (``map_block``)."""
+        page = self._page(block.small)
+        size = -(-size // page) * page
+        self._remove_unmapped(block)
+        if size < block.size:
+            rest = _Block(block.address + size, block.size - size, block.small, mapped=False)
+            rest.prev, rest.next = block, block.next
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            self._add_unmapped(rest)
+        block.mapped = True
+        if self._mapped[block.small] == 0:
+            self.segments += 1
+        self._mapped[block.small] += size
+        self._reserve(size)
+        self._merge(block)
         self._add_free(block)
+        return block
+
+    def _unmap(self, block: _Block) -> None:
+        """Unmap every whole page of the free mapped ``block`` (``unmap_block``); its partly used end pages stay."""
+        page = self._page(block.small)
+        end = block.address + block.size
+        begin, stop = -(-block.address // page) * page, end // page * page
+        if begin >= stop:
+            return
+        self._remove_free(block)
+        if begin > block.address:
+            before = _Block(block.address, begin - block.address, block.small)
+            before.prev, before.next = block.prev, block
+            if block.prev is not None:
+                block.prev.next = before
+            block.prev = before
+            self._add_free(before)
+        if stop < end:
+            after = _Block(stop, end - stop, block.small)
+            after.prev, after.next = block, block.next
+            if block.next is not None:
+                block.next.prev = after
+            block.next = after
+            self._add_free(after)
+        block.address, block.size, block.mapped = begin, stop - begin, False
+        self._mapped[block.small] -= block.size
+        if self._mapped[block.small] == 0:
+            self.segments -= 1
+        self.reserved_bytes -= block.size
+        self._merge(block)
+        self._add_unmapped(block)
+
+    def _add_unmapped(self, block: _Block) -> None:
+        insort(self._unmapped[block.small], block.address)
+        self._unmapped_blocks[block.address] = block
+
+    def _remove_unmapped(self, block: _Block) -> None:
+        addresses = self._unmapped[block.small]
+        del addresses[bisect_left(addresses, block.address)]
+        del self._unmapped_blocks[block.address]
 
     def _add_free(self, block: _Block) -> None:
         insort(self._free[block.small], (block.size, block.address))
@@ -277,16 +553,19 @@ class CachingAllocator:
         del self._free_blocks[block.address]
 
 
-def replay(events: Iterable[tuple[Hashable, int]]) -> CachingAllocator:
+def replay(events: Iterable[tuple[Hashable, int]], expandable_segments: bool | None = None) -> CachingAllocator:
     """The allocator after ``events``: ``(key, bytes)`` pairs in order, as :meth:`CachingAllocator.record` takes them
-    (a new key allocates, 0 bytes frees).
+    (a new key allocates, 0 bytes frees), with or without ``expandable_segments`` (default: as assumed,
+    :func:`assumed_allocator`).
 
     Example:
-        >>> allocator = replay([("weights", 30 * MIB), ("x", 5 * MIB), ("x", 0), ("y", 1)])
-        >>> allocator.peak_reserved_bytes // MIB  # 30 MiB, a 20 MiB segment for x, a 2 MiB one for y
+        >>> events = [("weights", 30 * MIB), ("x", 5 * MIB), ("x", 0), ("y", 1)]
+        >>> replay(events).peak_reserved_bytes // MIB  # 30 MiB, a 20 MiB segment for x, a 2 MiB one for y
         52
+        >>> replay(events, expandable_segments=True).peak_reserved_bytes // MIB  # two 20 MiB pages, one of 2 MiB
+        42
     """
-    allocator = CachingAllocator()
+    allocator = CachingAllocator(expandable_segments=expandable_segments)
     for key, size in events:
         allocator.record(key, size)
     return allocator

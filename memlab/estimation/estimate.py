@@ -64,6 +64,7 @@ def estimate(
     strategy: str = "none",
     gpu: str | None = None,
     load: Mapping[str, Any] | None = None,
+    expandable_segments: bool = False,
 ) -> Trial:
     """Predict the memory of one steady-state training step of ``plan``, on fake tensors (nothing runs for real).
 
@@ -114,6 +115,10 @@ def estimate(
             refused for a model whose weights are in memory. The trial's notes name the load assumed. Sharded, a
             dtype load is made before the weights are sharded; a 4-bit load (``bnb_4bit_quant_storage`` in the
             compute dtype, as FSDP needs) is composed from its one-GPU dry run.
+        expandable_segments: whether the card figure (``reserved_bytes``) assumes the CUDA caching allocator's
+            expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, set before CUDA starts), as
+            :mod:`memlab.estimation.cuda_allocator` models them; default False, PyTorch's default. The notes say
+            so where it is True. The allocated peak is the same either way.
 
     The arguments become one :class:`~memlab.estimation.request.EstimateRequest`, which every route takes (one GPU,
     sharded, inference, a Trainer): ``load=`` reaches the sharded route as it does the others.
@@ -137,5 +142,6 @@ def estimate(
         (True, True)
     """
     request = EstimateRequest(model_or_config, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device,
-                              gpus=gpus, strategy=strategy, gpu=gpu, load=load)
+                              gpus=gpus, strategy=strategy, gpu=gpu, load=load,
+                              expandable_segments=expandable_segments)
     return route(request)

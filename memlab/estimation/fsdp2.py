@@ -41,7 +41,7 @@ from memlab.estimation.fsdp2_units import fsdp2_layout, shard_units
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.load import apply_load, load_dtype, plan_loads
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
-from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
+from memlab.estimation.reserved import ReservedTrace, reserved_notes
 from memlab.estimation.single_gpu import adamw8bit_state_bytes
 from memlab.estimation.unknown import foreign_ops_note
 from memlab.events import StepFinished, TrialStarted
@@ -492,7 +492,7 @@ def _fsdp2_trial(run: _Fsdp2Run, plan: Plan, gpus: int, budget: int | None
         notes.append("optimizer offload = FSDP2 CPUOffloadPolicy: sharded weights, gradients and optimizer state "
                      "in CPU memory (host_bytes)")
     if run.reserved is not None:
-        notes += [RESERVED_NOTE, ONE_STREAM_NOTE]
+        notes += [*reserved_notes(), ONE_STREAM_NOTE]
     trial = sharded_trial(plan, detail, target, budget, gpus, "fsdp2", held, host, notes)
     return dataclasses.replace(trial, reserved_bytes=run.reserved), peaks
 

@@ -1,6 +1,7 @@
 """One estimate request for every route: what :func:`memlab.estimate` was asked, as one object.
 
-``memlab.estimate(model_or_config, batch, plan, *, loss_fn, budget, lr, device, gpus, strategy, gpu, load)`` builds
+``memlab.estimate(model_or_config, batch, plan, *, loss_fn, budget, lr, device, gpus, strategy, gpu, load,
+expandable_segments)`` builds
 an :class:`EstimateRequest` once, and each route takes that object and nothing else (:data:`ROUTES`):
 
 - ``"trainer"``: a ``transformers.Trainer`` in the model's place; its model, ``compute_loss`` and worst batch make
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from memlab.errors import MemlabError
+from memlab.estimation.cuda_allocator import assumed_allocator
 from memlab.estimation.cuda_context import card_context
 from memlab.estimation.gpus import gpu_kind
 from memlab.live.batch import LossFn
@@ -41,7 +43,8 @@ __all__ = ["ROUTES", "EstimateRequest", "route", "route_name"]
 class EstimateRequest:
     """Everything :func:`memlab.estimate` was asked: the model (a live model, a config, a name or a Trainer), the
     batch (tensors or shapes), one plan (training or inference), the loss, the budget (bytes), the learning rate,
-    the device, the GPUs and the strategy that shards them, the GPU kind and the user's load.
+    the device, the GPUs and the strategy that shards them, the GPU kind, the user's load, and whether the card
+    figure assumes the allocator's expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``).
 
     :meth:`checked` validates what can be validated before anything is built (the sharding, the GPU kind, the
     budget), so that every route gets a request it can trust.
@@ -66,6 +69,7 @@ class EstimateRequest:
     strategy: str = "none"
     gpu: str | None = None
     load: Mapping[str, Any] | None = None
+    expandable_segments: bool = False
 
     def replace(self, **changes: Any) -> EstimateRequest:
         """The same request with ``changes`` (field names as keywords)."""
@@ -180,5 +184,10 @@ def route(request: EstimateRequest) -> Trial:
         ('ok', True)
     """
     gpu_kind(request.gpu)  # an unknown GPU is refused before anything is built
+    if not isinstance(request.expandable_segments, bool):
+        raise MemlabError(f"expandable_segments={request.expandable_segments!r} is not True or False; write "
+                          "expandable_segments=True for PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or leave "
+                          "it out for PyTorch's default allocator")
     name = route_name(request)
-    return ROUTES[name](request.checked() if name in ("sharded", "one_gpu") else request)
+    with assumed_allocator(request.expandable_segments):  # every allocator model the route makes assumes it
+        return ROUTES[name](request.checked() if name in ("sharded", "one_gpu") else request)

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memlab.estimation.cuda_allocator import MIB, CachingAllocator
+from memlab.estimation.cuda_allocator import MIB, CachingAllocator, expandable_segments_assumed
 from memlab.estimation.fake import FakeMode
 from memlab.events import Event, StepFinished, TrialStarted
 from memlab.live.batch import Batch, named_tensors
@@ -49,10 +49,12 @@ __all__ = [
     "CUBLAS_DEFAULT_WORKSPACE_BYTES",
     "CUBLAS_WORKSPACES",
     "CUBLAS_WORKSPACE_BYTES",
+    "EXPANDABLE_NOTE",
     "RESERVED_NOTE",
     "ReservedTrace",
     "cublas_workspace_bytes",
     "placement_order",
+    "reserved_notes",
 ]
 
 CUBLAS_WORKSPACE_BYTES = 32 * MIB
@@ -98,6 +100,29 @@ RESERVED_NOTE = (
     "adds the CUDA context"
 )
 """The note of an estimate that carries ``reserved_bytes``."""
+
+EXPANDABLE_NOTE = (
+    "reserved_bytes assumes the allocator's expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+    "set before CUDA starts): each pool grows in pages of 2 MiB (small) and 20 MiB (large), freed blocks merge "
+    "across them"
+)
+"""The note of an estimate whose ``reserved_bytes`` assumes expandable segments; without it, PyTorch's default."""
+
+
+def reserved_notes() -> list[str]:
+    """The notes of an estimate that carries ``reserved_bytes``: :data:`RESERVED_NOTE`, and :data:`EXPANDABLE_NOTE`
+    where the allocator's model assumes expandable segments
+    (:func:`~memlab.estimation.cuda_allocator.assumed_allocator`).
+
+    Example:
+        >>> from memlab.estimation.cuda_allocator import assumed_allocator
+        >>> reserved_notes() == [RESERVED_NOTE]
+        True
+        >>> with assumed_allocator(expandable_segments=True):
+        ...     reserved_notes()[1] == EXPANDABLE_NOTE
+        True
+    """
+    return [RESERVED_NOTE, *([EXPANDABLE_NOTE] if expandable_segments_assumed() else [])]
 
 
 def placement_order(model: nn.Module) -> list[torch.Tensor]:

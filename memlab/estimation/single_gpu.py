@@ -57,7 +57,7 @@ from memlab.estimation.fake import BLIND_SPOTS, FakeMode, FakeSetup, fake_setup,
 from memlab.estimation.gpus import GpuKind, gpu_kind
 from memlab.estimation.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
 from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
-from memlab.estimation.reserved import RESERVED_NOTE, ReservedTrace
+from memlab.estimation.reserved import ReservedTrace, reserved_notes
 from memlab.estimation.unknown import foreign_ops_note
 from memlab.live.batch import LossFn
 from memlab.live.structure import trainable_parameters
@@ -542,7 +542,7 @@ def _as_estimate(
             continue
         notes.append(note)
     if reserved is not None:
-        notes.append(RESERVED_NOTE)
+        notes += reserved_notes()
     return dataclasses.replace(
         trial,
         device=str(target) if kernels != target else trial.device,

@@ -54,7 +54,7 @@ from memlab.estimation.fsdp2 import (
     fsdp2_dry_run,
     sharded_trial,
 )
-from memlab.estimation.reserved import RESERVED_NOTE
+from memlab.estimation.reserved import EXPANDABLE_NOTE, RESERVED_NOTE
 from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_plans
 from memlab.live.sharding import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, ds_reduce_bucket
 from memlab.plan import Plan
@@ -175,7 +175,7 @@ def zero_basis(request: ShardedRequest, run: tuple[ShardedTrial, list[dict[str, 
     breakdown = {"optimizer": state, "activations": activations, "other": inputs}
     return dataclasses.replace(trial, breakdown=breakdown, peak_bytes=sum(breakdown.values()),
                                notes=tuple(n for n in trial.notes if n not in (FSDP_NOTE, RESERVED_NOTE,
-                                                                                ONE_STREAM_NOTE)),
+                                                                                ONE_STREAM_NOTE, EXPANDABLE_NOTE)),
                                reserved_bytes=None)
 
 

@@ -494,9 +494,11 @@ def _add_estimate_command(commands: Any) -> None:
     :mod:`memlab.frontends.estimate_cli`.
     """
     from memlab.frontends import estimate_cli
+    from memlab.frontends.allocator_cli import add_allocator_argument, with_allocator
 
     parser = commands.add_parser(
         "estimate", help="predict, without the hardware, whether a model fits (a dry run on fake tensors)"
     )
     estimate_cli.add_arguments(parser)
-    parser.set_defaults(handler=estimate_cli.run, command_parser=parser)
+    add_allocator_argument(parser)
+    parser.set_defaults(handler=with_allocator(estimate_cli.run), command_parser=parser)

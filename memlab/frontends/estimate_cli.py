@@ -300,6 +300,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         fits = any(report.fits(trial) for trial in report)
         if budget is not None and not fits and report.trials:
             report.suggestions = _suggestions(args, config, batch, report, grid, say)
+            from memlab.frontends.allocator_cli import expandable_suggestion  # the allocator's lever, free
+            allocator_lines = expandable_suggestion(args, config, batch, report, load=load, say=say)
     if args.json:
         print(json_with_verdicts(report), file=out)
     else:
@@ -311,7 +313,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         after: list[str] = []
         if budget is not None and not fits and report.trials:
             sharded_too = all(trial.plan.adapter == "none" for trial in report.trials)
-            after = suggestion_lines(args, report.suggestions, sharded=sharded_too, best_named=True)
+            after = [*allocator_lines, *suggestion_lines(args, report.suggestions, sharded=sharded_too,
+                                                         best_named=True)]
         print("\n".join(single_text(args, header, report, budget, after)), file=out)
     if budget is None:
         return 0

@@ -270,8 +270,11 @@ def footer_lines(report: Report) -> list[str]:
             lines.append(f"Why: {reason}")
         if report.suggestions:
             # the figure their verdict judged, as the table's own rows are judged (the card figure where known)
-            named = "; ".join(f"{t.label}, {judged_text(t)}" for t in report.suggestions)
+            allocator = [t for t in report.suggestions if t.notes and t.notes[0].startswith("with the CUDA allocator")]
+            named = "; ".join(f"{t.label}{' with expandable segments' if t in allocator else ''}, {judged_text(t)}"
+                              for t in report.suggestions)
             lines.append(f"Estimated to fit, outside the searched space: {named}")
+            lines += [f"{t.label} fits {t.notes[0]}" for t in allocator[:1]]
         if report.shorter_sequences:
             lines.append(f"Or shorter: {report.shorter_sequences}")
     if report.budget is not None:

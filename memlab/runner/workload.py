@@ -27,6 +27,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import torch
 from torch import nn
 
+from memlab.estimation.cuda_allocator import measured_allocator_notes
 from memlab.live.batch import Batch
 from memlab.measure.oom import is_oom_error
 from memlab.measure.probes import Probe
@@ -136,7 +137,8 @@ class TrialRecord:
             "context_bytes": self.reading.context_bytes,
             "rss_bytes": rss_bytes,
             "preexisting_bytes": self.held_before_bytes,
-            "notes": tuple(dict.fromkeys(self.notes)),
+            "notes": tuple(dict.fromkeys((*self.notes, *(measured_allocator_notes(device.type)
+                                                         if self.reading.reserved_bytes is not None else ())))),
             "step_times": tuple(self.step_times) if self.ok else (),
             "timeline": self.timeline(device),
         }

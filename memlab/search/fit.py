@@ -10,6 +10,7 @@ from torch import nn
 from typing_extensions import Unpack
 
 from memlab.errors import MemlabError
+from memlab.estimation.cuda_allocator import assumed_allocator, expandable_segments_configured
 from memlab.events import TrialSettled
 from memlab.live.batch import Batch, atomic_refusal, count_rows, is_atomic
 from memlab.live.device import cuda_bf16_supported, model_device
@@ -21,6 +22,7 @@ from memlab.report import Report, Trial
 from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.remeasure import settle_close_race
 from memlab.runner.trial import TrialRunner, keep_on_interrupt
+from memlab.search.allocator import expandable_suggestions
 from memlab.search.blocks import fewest_blocks
 from memlab.search.limits import shorter_sequences
 from memlab.search.space import candidate_plans, default_space, fits, micro_batch_of
@@ -136,7 +138,14 @@ def refuse_selective_for_trainer(space: Mapping[str, Sequence[Any]] | None) -> N
         )
 
 
-def _fit_module(
+def _fit_module(model: nn.Module, *args: Any) -> Report:
+    """:func:`_fit_module_here` with the allocator this process runs (``PYTORCH_CUDA_ALLOC_CONF``) assumed by every
+    dry run it makes: on CUDA, their card figures are those of this process's allocator."""
+    with assumed_allocator(expandable_segments_configured()):
+        return _fit_module_here(model, *args)
+
+
+def _fit_module_here(
     model: nn.Module,
     batch: Batch,
     batch_size: int | None,
@@ -247,6 +256,8 @@ def _fit_module(
                 plan.precision == "fp32", plan.optimizer == "adamw",
             ))
             report.suggestions = suggestions(model, batch, result.trials, resolved_space, run_options, prior, lightest)
+            if device.type == "cuda":  # the allocator's lever first: it changes nothing of the step
+                report.suggestions[:0] = expandable_suggestions(model, batch, measured, run_options)
             bar.unbounded("estimating the longest sequences that would fit")
             report.shorter_sequences = shorter_sequences(model, batch, lightest, budget, device=device,
                                                          loss_fn=run_options.loss_fn, lr=run_options.lr)
