@@ -12,7 +12,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from memlab.estimation.cuda_allocator import ENVIRONMENT_LINE, PYTHON_LINE, assumed_allocator
+from memlab.estimation.cuda_allocator import assumed_allocator
+from memlab.live.allocator_conf import ENVIRONMENT_LINE, PYTHON_LINE
 
 __all__ = ["add_allocator_argument", "expandable_suggestion", "with_allocator"]
 

@@ -27,7 +27,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import torch
 from torch import nn
 
-from memlab.estimation.cuda_allocator import measured_allocator_notes
+from memlab.live.allocator_conf import measured_allocator_notes
 from memlab.live.batch import Batch
 from memlab.measure.oom import is_oom_error
 from memlab.measure.probes import Probe

@@ -10,9 +10,9 @@ import io
 
 import pytest
 
-from memlab.estimation.cuda_allocator import ENVIRONMENT_LINE, PYTHON_LINE
 from memlab.estimation.reserved import EXPANDABLE_NOTE
 from memlab.frontends.cli import main
+from memlab.live.allocator_conf import ENVIRONMENT_LINE, PYTHON_LINE
 
 QUESTION = ["estimate", "gpt2", "--batch", "2x256", "--gpu", "H200-141GB", "--budget", "3.3GiB"]
 
