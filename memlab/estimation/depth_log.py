@@ -11,8 +11,9 @@ were told as one list of :class:`Event`, in order, each with the module running 
 - an event made inside a layer (``model.layers.3.mlp``) belongs to that layer; one made in the module that runs the
   layers (``model``) between two of them, to the layer that ran last (a layer's hidden states are let go there),
   except from the first storage made there on, where the next layer starts right after: those belong to the next
-  layer (what the runner makes for the layer it calls: with transformers before 5.24, whose checkpointing wraps a
-  layer's ``__call__`` rather than its ``forward``, the checkpoint's empty tensors, made before the layer's hooks);
+  layer (what the runner makes for the layer it calls: transformers 5.17's checkpointing wraps a layer's
+  ``__call__`` rather than its ``forward``, and torch 2.11's checkpoint makes two empty tensors before the layer's
+  hooks run);
 - a storage belongs to the layer it was made in; one made outside every module, to the layer of what it was made
   from (an optimizer's state from its parameter, a cast weight from its original), or of its name (a parameter or
   buffer under ``model.layers.3``);
