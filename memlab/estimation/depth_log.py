@@ -9,7 +9,11 @@ PyTorch's FSDP memory tracker (``"F"``, :mod:`memlab.estimation.fsdp2_depth`). :
 were told as one list of :class:`Event`, in order, each with the module running and the layer it belongs to:
 
 - an event made inside a layer (``model.layers.3.mlp``) belongs to that layer; one made in the module that runs the
-  layers (``model``) between two of them, to the layer that ran last (a layer's hidden states are let go there);
+  layers (``model``) between two of them, to the layer that ran last (a layer's hidden states are let go there),
+  except from the first storage made there on, where the next layer starts right after: those belong to the next
+  layer (what the runner makes for the layer it calls: transformers 5.17's checkpointing wraps a layer's
+  ``__call__`` rather than its ``forward``, and torch 2.11's checkpoint makes two empty tensors before the layer's
+  hooks run);
 - a storage belongs to the layer it was made in; one made outside every module, to the layer of what it was made
   from (an optimizer's state from its parameter, a cast weight from its original), or of its name (a parameter or
   buffer under ``model.layers.3``);
@@ -81,6 +85,8 @@ class LayerPaths:
         return prefix + str(layer) + ("." + rest[1] if len(rest) > 1 else "")
 
 
+_NEW_STORAGE = frozenset({"alloc", "start"})
+
 NO_LAYER = -1
 """The tag of a storage known to belong to no layer (made in the embedding or the head, or from them)."""
 
@@ -147,6 +153,10 @@ class DepthLog:
         self.watch = ModuleWatch(model)
         self._live: dict[str, dict[Hashable, Storage]] = {ALLOCATOR: {}, STEP: {}, FSDP: {}}
         self._sticky: dict[str, int | None] = {ALLOCATOR: None, STEP: None, FSDP: None}
+        # Events in the runner after a layer, from the first storage made there on, and the storages made there:
+        # they belong to the next layer if one comes next (:meth:`_context`).
+        self._pending: dict[str, list[Event]] = {ALLOCATOR: [], STEP: [], FSDP: []}
+        self._pending_made: list[Storage] = []
         # Every storage the log has seen made (by an operator) or named (a parameter, a buffer), while it lives.
         self._made: dict[int, Storage] = {}
         self._refs: dict[int, weakref.ref[Any]] = {}
@@ -160,6 +170,9 @@ class DepthLog:
         for live in self._live.values():
             live.clear()
         self._sticky = {ALLOCATOR: None, STEP: None, FSDP: None}
+        for pending in self._pending.values():
+            pending.clear()
+        self._pending_made.clear()
         self._step_bytes.clear()
         self._made.clear()
         self._refs.clear()
@@ -173,11 +186,37 @@ class DepthLog:
         layer = self.paths.layer_of(module)
         if layer is not None:
             self._sticky[consumer] = layer
+            self._settle(consumer, layer)
         elif module == self.paths.runner:
             layer = self._sticky[consumer]
         else:
             self._sticky[consumer] = None
+            self._settle(consumer, None)
         return layer
+
+    def _settle(self, consumer: str, layer: int | None) -> None:
+        """The runner's events after a layer that wait for what comes next (and, for the allocator, whose context
+        the fake mode's operators share, the storages made there) given to ``layer``, the layer that came; with
+        None (a module of no layer came), left with the layer before."""
+        pending = self._pending[consumer]
+        if layer is not None:
+            for event in pending:
+                event.context = layer
+            if consumer == ALLOCATOR:
+                for record in self._pending_made:
+                    record.tag = layer
+        pending.clear()
+        if consumer == ALLOCATOR:
+            self._pending_made.clear()
+
+    def _append(self, event: Event, watch: ModuleWatch) -> None:
+        """Log ``event``; one in the runner after a layer, from the first storage made there on, waits for what
+        comes next (:meth:`_settle`)."""
+        self.events.append(event)
+        pending = self._pending[event.consumer]
+        if event.context is not None and (pending or event.op in _NEW_STORAGE) and \
+                _innermost_named(watch) == self.paths.runner:
+            pending.append(event)
 
     def operator_ran(self, func: Any, args: Sequence[Any], kwargs: Any, out: Any) -> None:
         """An operator has run (the fake mode calls this before its consumers see the result): the layer of each
@@ -195,7 +234,9 @@ class DepthLog:
             return
         if layer is not None or module:  # made in a layer, or in a module of no layer (the norm after them)
             for tensor in outputs:
-                self._remember(tensor, NO_LAYER if layer is None else layer)
+                record = self._remember(tensor, NO_LAYER if layer is None else layer)
+                if layer is not None and module == self.paths.runner:  # the next layer's, if one comes next
+                    self._pending_made.append(record)
             return
         kwargs = kwargs or {}
         if isinstance(out, (list, tuple)) and len(outputs) == len(out):
@@ -279,12 +320,12 @@ class DepthLog:
             storage = live.pop(key)
         else:
             storage = live[key]
-        self.events.append(Event(consumer, op, key, nbytes, category, watch.current, self._context(consumer, watch),
-                                 storage))
+        self._append(Event(consumer, op, key, nbytes, category, watch.current, self._context(consumer, watch),
+                           storage), watch)
 
     def _marker(self, consumer: str, op: str, watch: ModuleWatch, label: str = "") -> None:
-        self.events.append(Event(consumer, op, None, 0, "", watch.current, self._context(consumer, watch),
-                                 label=label))
+        self._append(Event(consumer, op, None, 0, "", watch.current, self._context(consumer, watch), label=label),
+                     watch)
 
     def allocator(self, capacity: int | None) -> CachingAllocator:
         """The caching allocator's model for :class:`~memlab.estimation.reserved.ReservedTrace`, reporting its
@@ -307,8 +348,8 @@ class DepthLog:
             live[key] = record
         else:
             record = live.pop(key) if op == "free" else live[key]
-        self.events.append(Event(FSDP, op, key, nbytes, category, self.watch.current,
-                                 self._context(FSDP, self.watch), record))
+        self._append(Event(FSDP, op, key, nbytes, category, self.watch.current, self._context(FSDP, self.watch),
+                           record), self.watch)
 
     def fsdp_marker(self, op: str, names: Any, label: str) -> None:
         """A peak check (``names``: the FSDP modules running), or where a module's hook stores a snapshot or starts
@@ -320,8 +361,8 @@ class DepthLog:
             names = tuple(name.partition(".")[2] for name in names)
         # The module running says where it belongs, not the module it names: FSDP2 starts a layer's backward while
         # the layer after it still runs its own.
-        self.events.append(Event(FSDP, op, None, 0, "", self.watch.current, self._context(FSDP, self.watch),
-                                 label=label, names=names))
+        self._append(Event(FSDP, op, None, 0, "", self.watch.current, self._context(FSDP, self.watch),
+                           label=label, names=names), self.watch)
 
     def read(self) -> None:
         """The trial reads the allocator's peaks (its tracked step has ended)."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import transformers
 from transformers import AutoConfig
 
 import memlab
@@ -54,11 +55,16 @@ KNOWN_OFF_RESERVED = {("cumulative", "llama", "ckpt bf16 adamw8bit"): 0.897,
                       # 5.17.0 installed beside torch 2.13); 5.24's MoE code (the estimate here) holds the same
                       # allocated peak within 33 kB and reserves 10,114,564,096 B. A GPU row of 5.24 decides it.
                       ("estimate", "mixtral", "bf16"): 1.056}
+# Rows off only where the installed transformers is not the one the row ran: with it installed (the floor stack's 5.17,
+# .ci/run's second stack) they are within 5%, and expected to pass.
+OFF_BY_TRANSFORMERS = {("estimate", "mixtral", "bf16")}
 
 
 def _known_off(row: dict[str, Any], table: dict[tuple[str, ...], float] = KNOWN_OFF) -> float | None:
     """A row's ratio in ``table``, keyed with its batch's shape (``"2x512"``) where rows differ only by that."""
     key = (row["source"].rsplit(":", 1)[-1], row["config"]["model_type"], row["plan_label"])
+    if key in OFF_BY_TRANSFORMERS and row.get("transformers") == transformers.__version__:
+        return None
     return table.get((*key, _shape(row)), table.get(key))
 
 

@@ -6,6 +6,7 @@ same again."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import pytest
@@ -122,6 +123,38 @@ def test_mixed_precision_with_checkpointing_is_carried_to_the_estimate_of_every_
         whole, _ = _estimate(config, plan, monkeypatch, whole=True)
         assert tried == [True], plan.label()
         _assert_same_estimate(carried, whole, series=False)
+
+
+def _call_checkpointed(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """transformers 5.17's ``GradientCheckpointingLayer.__call__`` (5.24 checkpoints ``forward``), on torch 2.11's
+    checkpoint: the checkpoint wraps the layer's whole call, so what it makes first (torch 2.11: an empty tensor
+    that needs a gradient, and another that keeps the inputs; torch 2.13 makes none) is made in the runner, before
+    the layer's hooks say it runs."""
+    if self.gradient_checkpointing and self.training:
+        made = torch.empty((0,), requires_grad=True), torch.empty((0,))  # noqa: F841 - torch 2.11's, as it makes them
+        return self._gradient_checkpointing_func(functools.partial(torch.nn.Module.__call__, self, **kwargs), *args)
+    return torch.nn.Module.__call__(self, *args, **kwargs)
+
+
+@pytest.mark.parametrize("plan", [Plan(checkpointing=True), Plan(precision="bf16", checkpointing=True)],
+                         ids=["checkpointing", "bf16 checkpointing"])
+def test_checkpointing_that_wraps_each_layers_call_is_carried(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tensors the checkpoint makes in the runner before a layer runs are that layer's, not the one before's:
+    with transformers 5.17's checkpointing (played here on any release) the layers 1 and 2 of the three-layer run
+    are alike, and the plan is carried to a whole dry run's estimate."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    forward = LlamaDecoderLayer.forward
+    if forward.__code__.co_name == "forward_with_checkpointing":  # 5.24's wrapper around the layer's forward
+        monkeypatch.setattr(LlamaDecoderLayer, "forward", forward.__wrapped__)  # type: ignore[attr-defined]
+    monkeypatch.setattr(GradientCheckpointingLayer, "__call__", _call_checkpointed)
+    config = transformers.LlamaConfig(**SMALL)
+    carried, tried = _estimate(config, plan, monkeypatch)
+    whole, _ = _estimate(config, plan, monkeypatch, whole=True)
+    assert tried == [True], plan.label()
+    # autocast's casts are freed in its cache's order (test_mixed_precision_with_checkpointing_...): peak and phases
+    _assert_same_estimate(carried, whole, series=plan.precision == "fp32")
 
 
 def test_a_cpu_estimate_is_carried_too(monkeypatch: pytest.MonkeyPatch) -> None:

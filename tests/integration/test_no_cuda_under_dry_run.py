@@ -196,13 +196,22 @@ def test_techniques_on_fake_cuda_weights_ask_no_device() -> None:
     from memlab.techniques.offload import OffloadedOptimizer
     from memlab.techniques.precision import check_precision
 
+    # torch 2.11's fake mode makes one real tensor on a device the first time it fakes one there, where
+    # torch.cuda.is_available() (2.13 asks torch.accelerator): its cached init_gpu_context, run here before CUDA is made
+    # to look available on a machine without it, as any earlier fake CUDA tensor of this process has run it
+    init_gpu_context = getattr(torch._subclasses.fake_tensor, "init_gpu_context", None)
+    if init_gpu_context is not None:
+        init_gpu_context(torch.device("cuda", 0))
     with cuda_watched(available=True) as recorder, FakeMode():
         weight = torch.nn.Parameter(torch.empty(4, 4, device="cuda:0"))
         recorder.calls.clear()
         assert check_precision(Plan(precision="bf16"), torch.device("cuda", 0), [weight]) == []
         offloaded = OffloadedOptimizer([weight], lambda parameters: torch.optim.AdamW(parameters))
         weight.grad = torch.empty(4, 4, device="cuda:0")
-        with pytest.raises(RuntimeError, match="not linked with support for cuda"):  # its copy back: a real GPU's
+        # its copy back: a real GPU's, which a CPU build of torch has not (the newest stack's) and a CUDA build
+        # finds no driver for (the floor stack's torch 2.11 from PyPI, on a machine without a GPU)
+        with pytest.raises(RuntimeError, match="not linked with support for cuda|CUDA driver version is insufficient"
+                                               "|Found no NVIDIA driver"):
             offloaded.step()
     assert not recorder.violations, "\n".join(recorder.violations)
 

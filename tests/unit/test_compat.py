@@ -59,6 +59,36 @@ def test_ci_tests_exactly_the_declared_floors() -> None:
         assert Version(pins[name]).release[:len(Version(floor).release)] == Version(floor).release, name
 
 
+_FAKE_PYTHON = """#!/bin/sh
+echo "$(basename "$0") $*" >> "$CALLS"
+case "$*" in *"pytest -q -p no:cacheprovider tests/unit tests/integration"*) exit "$FLOOR_STATUS";; esac
+exit 0
+"""
+
+
+@pytest.mark.parametrize("floor_status", [0, 1])
+def test_ci_runs_the_floor_stack_always_and_fails_with_it(floor_status: int, tmp_path: Path) -> None:
+    """.ci/run's stages after the newest stack's tests (DeepSpeed's ``-m needs``, then the floor stack), played
+    with a python that only says what it was asked: with no switch set, the floor stack's unit and integration
+    tests run in ``MEMLAB_FLOOR_VENV``, after its pins are installed there, and CI's status is theirs."""
+    script = (ROOT / ".ci" / "run").read_text()
+    tail = script[script.index("# Then the tests that need a package"):]
+    venv = tmp_path / "floor"
+    for python in (tmp_path / "bin" / "python3", venv / "bin" / "python"):
+        python.parent.mkdir(parents=True)
+        python.write_text(_FAKE_PYTHON)
+        python.chmod(0o755)
+    calls = tmp_path / "calls"
+    done = subprocess.run(["bash", "-c", "set -uo pipefail\n" + tail], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "CALLS": str(calls),
+                                           "FLOOR_STATUS": str(floor_status), "MEMLAB_FLOOR_VENV": str(venv),
+                                           "HOME": str(tmp_path)})
+    floor = [line for line in calls.read_text().splitlines() if line.startswith("python ")]
+    assert floor == ["python -m pip install -q -r .ci/floor-requirements.txt -e .[test]",
+                     "python -m pytest -q -p no:cacheprovider tests/unit tests/integration"], done.stdout
+    assert done.returncode == floor_status, done.stdout + done.stderr
+
+
 def test_this_stack_is_at_or_above_every_floor() -> None:
     assert compat.unsupported() == {}
     for package, floor in compat.FLOORS.items():
