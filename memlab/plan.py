@@ -216,11 +216,12 @@ class Plan:
         """A copy with some fields changed (validated like a new Plan)."""
         return replace(self, **changes)
 
-    def to_training_arguments(self) -> dict[str, Any]:
-        """Keyword arguments for ``transformers.TrainingArguments`` that do what this plan does."""
+    def to_training_arguments(self, *, trl: bool = False) -> dict[str, Any]:
+        """Keyword arguments for ``transformers.TrainingArguments`` that do what this plan does; ``trl=True`` for a
+        TRL config (activation offload as its ``activation_offloading=True``)."""
         from memlab.export import training_arguments
 
-        return training_arguments(self)
+        return training_arguments(self, trl=trl)
 
     def to_peft_config(self, model: Any = None) -> Any:
         """The ``peft.LoraConfig`` of an adapter plan; with ``model``, on exactly the layers memlab measured (see

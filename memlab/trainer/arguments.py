@@ -19,6 +19,7 @@ __all__ = [
     "TRAINER_OPTIMIZERS",
     "check_single_process",
     "is_trainer",
+    "offloads_activations",
     "plan_from_trainer",
     "plan_from_training_arguments",
     "trainer_model",
@@ -74,6 +75,24 @@ def _checkpointing(args: Any) -> tuple[bool, dict[str, Any]]:
     return False, {}
 
 
+def offloads_activations(args: Any) -> bool:
+    """Whether ``args`` hold the step's saved activations in CPU memory: transformers' checkpointing with
+    ``activation_checkpointing_kwargs={"offload": True}`` (``gradient_checkpointing_kwargs`` before 5.x's names), or
+    TRL's ``activation_offloading=True``.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> legacy = SimpleNamespace(gradient_checkpointing=True, gradient_checkpointing_kwargs={"offload": True})
+        >>> offloads_activations(legacy)
+        True
+        >>> offloads_activations(SimpleNamespace(activation_offloading=True)), offloads_activations(SimpleNamespace())
+        (True, False)
+    """
+    checkpointing, checkpoint_kwargs = _checkpointing(args)
+    trl_offloads = bool(getattr(args, "activation_offloading", False))
+    return trl_offloads or (checkpointing and bool(checkpoint_kwargs.get("offload")))
+
+
 def _loss(args: Any) -> str:
     if not getattr(args, "use_liger_kernel", False):
         return "full"
@@ -89,6 +108,9 @@ def plan_from_training_arguments(args: Any) -> Plan:
     - ``per_device_train_batch_size`` -> ``micro_batch``; ``gradient_accumulation_steps`` -> ``accumulation``.
     - ``activation_checkpointing`` (or ``gradient_checkpointing``) -> ``checkpointing``; with
       ``activation_checkpointing_kwargs["offload"]`` -> ``offload="activations"``.
+    - TRL's ``activation_offloading=True`` (``SFTConfig``, ``DPOConfig``...) -> ``offload="activations"``, with or
+      without checkpointing: TRL holds every saved activation of the step in CPU memory, not only the checkpointed
+      ones.
     - ``bf16`` / ``fp16`` -> ``precision``; ``optim`` -> ``optimizer`` (see :data:`TRAINER_OPTIMIZERS`).
     - ``use_liger_kernel`` with Liger's fused linear cross-entropy -> ``loss="chunked"``.
 
@@ -119,7 +141,7 @@ def plan_from_training_arguments(args: Any) -> Plan:
     bf16, fp16 = bool(getattr(args, "bf16", False)), bool(getattr(args, "fp16", False))
     if bf16 and fp16:
         raise MemlabError("bf16=True and fp16=True together are not one precision; keep one of them")
-    checkpointing, checkpoint_kwargs = _checkpointing(args)
+    checkpointing, _ = _checkpointing(args)
     micro_batch = getattr(args, "per_device_train_batch_size", None)
     return Plan(
         micro_batch=micro_batch,
@@ -127,7 +149,7 @@ def plan_from_training_arguments(args: Any) -> Plan:
         checkpointing=checkpointing,
         precision="bf16" if bf16 else "fp16" if fp16 else "fp32",
         optimizer=TRAINER_OPTIMIZERS[optim],
-        offload="activations" if checkpointing and checkpoint_kwargs.get("offload") else "none",
+        offload="activations" if offloads_activations(args) else "none",
         loss=_loss(args),
     )
 
