@@ -139,7 +139,8 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None, trl: boo
     - with ``trl=True`` (for TRL's ``SFTConfig``, ``DPOConfig``, ``KTOConfig``, ``RewardConfig``), activation
       offload is TRL's ``activation_offloading=True``, with or without checkpointing: TRL holds the step's saved
       activations in (pinned) CPU memory around each training step (``trl.models.activation_offloading``), and
-      the checkpointing kwargs carry no ``offload`` of their own.
+      the checkpointing kwargs carry no ``offload`` of their own (``activation_offloading=False`` for a plan that
+      does not offload activations, so that a config that had it on is switched off).
 
     The export is faithful: a lever the Trainer cannot carry raises :class:`MemlabError` saying what to do
     instead. Pure bf16 weights and adapters are not TrainingArguments (load the model in bf16; wrap it with
@@ -169,10 +170,10 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None, trl: boo
         (True, False)
         >>> # then: trl.SFTConfig(output_dir="out", **offloaded)
     """
-    if trl and plan.offload in _OFFLOAD_WITHOUT_ACTIVATIONS:
-        rest = training_arguments(plan.replace(offload=_OFFLOAD_WITHOUT_ACTIVATIONS[plan.offload]),
-                                  legacy_names=legacy_names)
-        return {**rest, "activation_offloading": True}
+    if trl:
+        rest = plan.replace(offload=_OFFLOAD_WITHOUT_ACTIVATIONS.get(plan.offload, plan.offload))
+        kwargs = training_arguments(rest, legacy_names=legacy_names)
+        return {**kwargs, "activation_offloading": plan.offloads_activations}
     refuse_unless_carried(plan, "trainer", "TrainingArguments")
     if legacy_names is None:
         legacy_names = not _installed_uses_activation_checkpointing()

@@ -36,7 +36,14 @@ def trl_offload_stood_in(monkeypatch: pytest.MonkeyPatch) -> None:
     """TRL's activation-offloading context cannot be made without an accelerator: a no-op in its place, so that an
     SFTTrainer/DPOTrainer with ``activation_offloading=True`` can be built on this CPU."""
     for module in (trl.trainer.sft_trainer, trl.trainer.dpo_trainer):
-        monkeypatch.setattr(module, "get_act_offloading_ctx_manager", lambda model, **_: contextlib.nullcontext())
+        monkeypatch.setattr(module, "get_act_offloading_ctx_manager", lambda model, **_: StoodIn())
+
+
+class StoodIn(contextlib.AbstractContextManager):
+    """TRL's offloading context as a CPU-only machine could have it: nothing to move."""
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def hf_trainer(tmp_path: Any, offload: bool = True, **settings: Any) -> Trainer:
@@ -121,7 +128,27 @@ def test_activation_offload_plans_round_trip_through_a_trl_config(tmp_path: Any,
             plan.to_training_arguments()
 
 
-def test_a_plan_without_activation_offload_exports_no_trl_flag() -> None:
-    assert "activation_offloading" not in Plan(micro_batch=2).to_training_arguments(trl=True)
+def test_a_plan_without_activation_offload_switches_the_trl_flag_off() -> None:
+    assert Plan(micro_batch=2).to_training_arguments(trl=True)["activation_offloading"] is False
     kwargs = Plan(micro_batch=2, checkpointing=True, offload="all").to_training_arguments(trl=True)
     assert kwargs["activation_offloading"] is True and "deepspeed" in kwargs  # the optimizer through ZeRO offload
+
+
+def test_apply_switches_a_trl_trainers_offloading_and_undo_puts_it_back(tmp_path: Any,
+                                                                         trl_offload_stood_in: None) -> None:
+    """memlab.apply on an SFTTrainer: a plan without activation offload turns TRL's flag (and the context TRL
+    enters around each training step) off; one with it turns them on, without checkpointing too (TRL's form)."""
+    offloading = sft_trainer(tmp_path, activation_offloading=True)
+    args, context = offloading.args, offloading.maybe_activation_offload_context
+    plain = Plan(micro_batch=2)
+    with memlab.apply(offloading, plain):
+        assert offloading.args.activation_offloading is False
+        assert isinstance(offloading.maybe_activation_offload_context, contextlib.nullcontext)
+        assert Plan.from_trainer(offloading) == plain
+    assert offloading.args is args and offloading.maybe_activation_offload_context is context
+    other = sft_trainer(tmp_path / "other")
+    offloaded = Plan(micro_batch=1, accumulation=2, offload="activations")
+    with memlab.apply(other, offloaded):
+        assert other.args.activation_offloading is True and Plan.from_trainer(other) == offloaded
+        other.train()  # on this CPU TRL's context cannot be made: offload moves nothing, the step trains
+    assert other.args.activation_offloading is False and Plan.from_trainer(other) == Plan(micro_batch=2)
