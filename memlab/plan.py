@@ -219,9 +219,13 @@ class Plan:
     def to_training_arguments(self, *, trl: bool = False) -> dict[str, Any]:
         """Keyword arguments for ``transformers.TrainingArguments`` that do what this plan does; ``trl=True`` for a
         TRL config (activation offload as its ``activation_offloading=True``)."""
+        if trl:
+            from memlab.trainer.arguments import trl_training_arguments
+
+            return trl_training_arguments(self)
         from memlab.export import training_arguments
 
-        return training_arguments(self, trl=trl)
+        return training_arguments(self)
 
     def to_peft_config(self, model: Any = None) -> Any:
         """The ``peft.LoraConfig`` of an adapter plan; with ``model``, on exactly the layers memlab measured (see

@@ -109,11 +109,7 @@ def _installed_uses_activation_checkpointing() -> bool:
     return "activation_checkpointing" in {f.name for f in dataclasses.fields(TrainingArguments)}
 
 
-# What remains of each offload once TRL's activation_offloading carries the activations.
-_OFFLOAD_WITHOUT_ACTIVATIONS = {"activations": "none", "all": "optimizer"}
-
-
-def training_arguments(plan: Plan, *, legacy_names: bool | None = None, trl: bool = False) -> dict[str, Any]:
+def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[str, Any]:
     """Keyword arguments for ``transformers.TrainingArguments`` that do what ``plan`` does.
 
     - ``per_device_train_batch_size``: ``plan.micro_batch`` (left out when it is None: keep your own).
@@ -136,11 +132,6 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None, trl: boo
       DeepSpeed's ZeRO offload; see :func:`deepspeed_config`).
     - activation offload with checkpointing: transformers 5.x holds the checkpointed activations in pinned CPU
       memory (``activation_checkpointing_kwargs["offload"] = True``).
-    - with ``trl=True`` (for TRL's ``SFTConfig``, ``DPOConfig``, ``KTOConfig``, ``RewardConfig``), activation
-      offload is TRL's ``activation_offloading=True``, with or without checkpointing: TRL holds the step's saved
-      activations in (pinned) CPU memory around each training step (``trl.models.activation_offloading``), and
-      the checkpointing kwargs carry no ``offload`` of their own (``activation_offloading=False`` for a plan that
-      does not offload activations, so that a config that had it on is switched off).
 
     The export is faithful: a lever the Trainer cannot carry raises :class:`MemlabError` saying what to do
     instead. Pure bf16 weights and adapters are not TrainingArguments (load the model in bf16; wrap it with
@@ -152,7 +143,6 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None, trl: boo
         plan: the plan to express.
         legacy_names: True for the ``gradient_checkpointing`` names, False for ``activation_checkpointing``,
             None (default) to follow the installed transformers.
-        trl: True for the keywords of a TRL trainer's config (activation offload as ``activation_offloading``).
 
     Example:
         >>> plan = Plan(micro_batch=4, accumulation=2, precision="bf16")
@@ -165,15 +155,7 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None, trl: boo
         >>> chunked["optim"], chunked["use_liger_kernel"], chunked["liger_kernel_config"]["fused_linear_cross_entropy"]
         ('adafactor', True, True)
         >>> # then: transformers.TrainingArguments(output_dir="out", **kwargs)
-        >>> offloaded = training_arguments(Plan(micro_batch=2, offload="activations"), trl=True)
-        >>> offloaded["activation_offloading"], offloaded["activation_checkpointing"]
-        (True, False)
-        >>> # then: trl.SFTConfig(output_dir="out", **offloaded)
     """
-    if trl:
-        rest = plan.replace(offload=_OFFLOAD_WITHOUT_ACTIVATIONS.get(plan.offload, plan.offload))
-        kwargs = training_arguments(rest, legacy_names=legacy_names)
-        return {**kwargs, "activation_offloading": plan.offloads_activations}
     refuse_unless_carried(plan, "trainer", "TrainingArguments")
     if legacy_names is None:
         legacy_names = not _installed_uses_activation_checkpointing()

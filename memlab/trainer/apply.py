@@ -9,7 +9,7 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
-from memlab.trainer.arguments import check_single_process
+from memlab.trainer.arguments import check_single_process, trl_training_arguments
 from memlab.trainer.source import (
     check_trainer_kind,
     is_trainer,
@@ -153,8 +153,10 @@ def _new_arguments(args: Any, plan: Plan) -> Any:
 
     fields = {f.name for f in dataclasses.fields(args)}
     # The adapters go on the model itself (peft, below); the arguments carry the rest of the plan.
-    changes = training_arguments(plan.replace(adapter="none"), legacy_names="activation_checkpointing" not in fields,
-                                 trl="activation_offloading" in fields)  # TRL's configs offload with their own flag
+    legacy, flat = "activation_checkpointing" not in fields, plan.replace(adapter="none")
+    # TRL's configs offload activations with their own flag
+    changes = trl_training_arguments(flat, legacy_names=legacy) if "activation_offloading" in fields else \
+        training_arguments(flat, legacy_names=legacy)
     try:
         return dataclasses.replace(args, **changes)
     except Exception as error:

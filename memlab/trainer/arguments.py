@@ -23,6 +23,7 @@ __all__ = [
     "plan_from_trainer",
     "plan_from_training_arguments",
     "trainer_model",
+    "trl_training_arguments",
 ]
 
 # The Trainer's names for memlab's optimizers, as the export writes them (OPTIMIZER_FORMS, the registry's one record of
@@ -91,6 +92,33 @@ def offloads_activations(args: Any) -> bool:
     checkpointing, checkpoint_kwargs = _checkpointing(args)
     trl_offloads = bool(getattr(args, "activation_offloading", False))
     return trl_offloads or (checkpointing and bool(checkpoint_kwargs.get("offload")))
+
+
+# What remains of each offload once TRL's activation_offloading carries the activations.
+_OFFLOAD_WITHOUT_ACTIVATIONS = {"activations": "none", "all": "optimizer"}
+
+
+def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[str, Any]:
+    """Keyword arguments for a TRL trainer's config (``SFTConfig``, ``DPOConfig``, ``KTOConfig``, ``RewardConfig``)
+    that do what ``plan`` does (:meth:`memlab.Plan.to_training_arguments` with ``trl=True``): the Trainer's
+    (:func:`memlab.export.engines.training_arguments`), with activation offload as TRL's own
+    ``activation_offloading``, with or without checkpointing. TRL holds the step's saved activations in (pinned) CPU
+    memory around each training step (``trl.models.activation_offloading``), so the checkpointing keywords carry no
+    ``offload`` of their own; a plan without activation offload writes ``activation_offloading=False``, so that a
+    config that had it on is switched off. :func:`plan_from_training_arguments` reads it back.
+
+    Example:
+        >>> kwargs = trl_training_arguments(Plan(micro_batch=2, offload="activations"), legacy_names=False)
+        >>> kwargs["activation_offloading"], kwargs["activation_checkpointing"]
+        (True, False)
+        >>> trl_training_arguments(Plan(micro_batch=2))["activation_offloading"]
+        False
+        >>> # then: trl.SFTConfig(output_dir="out", **kwargs)
+    """
+    from memlab.export.engines import training_arguments
+
+    rest = plan.replace(offload=_OFFLOAD_WITHOUT_ACTIVATIONS.get(plan.offload, plan.offload))
+    return {**training_arguments(rest, legacy_names=legacy_names), "activation_offloading": plan.offloads_activations}
 
 
 def _loss(args: Any) -> str:
