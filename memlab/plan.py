@@ -216,8 +216,13 @@ class Plan:
         """A copy with some fields changed (validated like a new Plan)."""
         return replace(self, **changes)
 
-    def to_training_arguments(self) -> dict[str, Any]:
-        """Keyword arguments for ``transformers.TrainingArguments`` that do what this plan does."""
+    def to_training_arguments(self, *, trl: bool = False) -> dict[str, Any]:
+        """Keyword arguments for ``transformers.TrainingArguments`` that do what this plan does; ``trl=True`` for a
+        TRL config (activation offload as its ``activation_offloading=True``)."""
+        if trl:
+            from memlab.trainer.arguments import trl_training_arguments
+
+            return trl_training_arguments(self)
         from memlab.export import training_arguments
 
         return training_arguments(self)

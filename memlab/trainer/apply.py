@@ -9,8 +9,14 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
-from memlab.trainer.arguments import check_single_process
-from memlab.trainer.source import check_trainer_kind, is_trainer, keeps_trainer_batch, trainer_model
+from memlab.trainer.arguments import check_single_process, trl_training_arguments
+from memlab.trainer.source import (
+    check_trainer_kind,
+    is_trainer,
+    keeps_trainer_batch,
+    trainer_model,
+    trl_offload_context_for,
+)
 
 __all__ = ["APPLIED_MARK", "TrainerApplied", "apply_to_trainer", "check_plan_for_trainer"]
 
@@ -147,7 +153,10 @@ def _new_arguments(args: Any, plan: Plan) -> Any:
 
     fields = {f.name for f in dataclasses.fields(args)}
     # The adapters go on the model itself (peft, below); the arguments carry the rest of the plan.
-    changes = training_arguments(plan.replace(adapter="none"), legacy_names="activation_checkpointing" not in fields)
+    legacy, flat = "activation_checkpointing" not in fields, plan.replace(adapter="none")
+    # TRL's configs offload activations with their own flag
+    changes = trl_training_arguments(flat, legacy_names=legacy) if "activation_offloading" in fields else \
+        training_arguments(flat, legacy_names=legacy)
     try:
         return dataclasses.replace(args, **changes)
     except Exception as error:
@@ -250,6 +259,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
             trainer._train_batch_size = new_args.train_batch_size
         if rebuild is not None:  # undo gives the trainer its own accelerator object back, and the shared state
             rebuild()
+        trl_offload_context_for(trainer)
         vars(trainer)[APPLIED_MARK] = plan.label()
         if plan.adapter != "none" and not carried:
             from memlab.techniques.adapters import attach_adapter

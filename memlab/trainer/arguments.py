@@ -19,9 +19,11 @@ __all__ = [
     "TRAINER_OPTIMIZERS",
     "check_single_process",
     "is_trainer",
+    "offloads_activations",
     "plan_from_trainer",
     "plan_from_training_arguments",
     "trainer_model",
+    "trl_training_arguments",
 ]
 
 # The Trainer's names for memlab's optimizers, as the export writes them (OPTIMIZER_FORMS, the registry's one record of
@@ -74,6 +76,51 @@ def _checkpointing(args: Any) -> tuple[bool, dict[str, Any]]:
     return False, {}
 
 
+def offloads_activations(args: Any) -> bool:
+    """Whether ``args`` hold the step's saved activations in CPU memory: transformers' checkpointing with
+    ``activation_checkpointing_kwargs={"offload": True}`` (``gradient_checkpointing_kwargs`` before 5.x's names), or
+    TRL's ``activation_offloading=True``.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> legacy = SimpleNamespace(gradient_checkpointing=True, gradient_checkpointing_kwargs={"offload": True})
+        >>> offloads_activations(legacy)
+        True
+        >>> offloads_activations(SimpleNamespace(activation_offloading=True)), offloads_activations(SimpleNamespace())
+        (True, False)
+    """
+    checkpointing, checkpoint_kwargs = _checkpointing(args)
+    trl_offloads = bool(getattr(args, "activation_offloading", False))
+    return trl_offloads or (checkpointing and bool(checkpoint_kwargs.get("offload")))
+
+
+# What remains of each offload once TRL's activation_offloading carries the activations.
+_OFFLOAD_WITHOUT_ACTIVATIONS = {"activations": "none", "all": "optimizer"}
+
+
+def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[str, Any]:
+    """Keyword arguments for a TRL trainer's config (``SFTConfig``, ``DPOConfig``, ``KTOConfig``, ``RewardConfig``)
+    that do what ``plan`` does (:meth:`memlab.Plan.to_training_arguments` with ``trl=True``): the Trainer's
+    (:func:`memlab.export.engines.training_arguments`), with activation offload as TRL's own
+    ``activation_offloading``, with or without checkpointing. TRL holds the step's saved activations in (pinned) CPU
+    memory around each training step (``trl.models.activation_offloading``), so the checkpointing keywords carry no
+    ``offload`` of their own; a plan without activation offload writes ``activation_offloading=False``, so that a
+    config that had it on is switched off. :func:`plan_from_training_arguments` reads it back.
+
+    Example:
+        >>> kwargs = trl_training_arguments(Plan(micro_batch=2, offload="activations"), legacy_names=False)
+        >>> kwargs["activation_offloading"], kwargs["activation_checkpointing"]
+        (True, False)
+        >>> trl_training_arguments(Plan(micro_batch=2))["activation_offloading"]
+        False
+        >>> # then: trl.SFTConfig(output_dir="out", **kwargs)
+    """
+    from memlab.export.engines import training_arguments
+
+    rest = plan.replace(offload=_OFFLOAD_WITHOUT_ACTIVATIONS.get(plan.offload, plan.offload))
+    return {**training_arguments(rest, legacy_names=legacy_names), "activation_offloading": plan.offloads_activations}
+
+
 def _loss(args: Any) -> str:
     if not getattr(args, "use_liger_kernel", False):
         return "full"
@@ -89,6 +136,9 @@ def plan_from_training_arguments(args: Any) -> Plan:
     - ``per_device_train_batch_size`` -> ``micro_batch``; ``gradient_accumulation_steps`` -> ``accumulation``.
     - ``activation_checkpointing`` (or ``gradient_checkpointing``) -> ``checkpointing``; with
       ``activation_checkpointing_kwargs["offload"]`` -> ``offload="activations"``.
+    - TRL's ``activation_offloading=True`` (``SFTConfig``, ``DPOConfig``...) -> ``offload="activations"``, with or
+      without checkpointing: TRL holds every saved activation of the step in CPU memory, not only the checkpointed
+      ones.
     - ``bf16`` / ``fp16`` -> ``precision``; ``optim`` -> ``optimizer`` (see :data:`TRAINER_OPTIMIZERS`).
     - ``use_liger_kernel`` with Liger's fused linear cross-entropy -> ``loss="chunked"``.
 
@@ -119,7 +169,7 @@ def plan_from_training_arguments(args: Any) -> Plan:
     bf16, fp16 = bool(getattr(args, "bf16", False)), bool(getattr(args, "fp16", False))
     if bf16 and fp16:
         raise MemlabError("bf16=True and fp16=True together are not one precision; keep one of them")
-    checkpointing, checkpoint_kwargs = _checkpointing(args)
+    checkpointing, _ = _checkpointing(args)
     micro_batch = getattr(args, "per_device_train_batch_size", None)
     return Plan(
         micro_batch=micro_batch,
@@ -127,7 +177,7 @@ def plan_from_training_arguments(args: Any) -> Plan:
         checkpointing=checkpointing,
         precision="bf16" if bf16 else "fp16" if fp16 else "fp32",
         optimizer=TRAINER_OPTIMIZERS[optim],
-        offload="activations" if checkpointing and checkpoint_kwargs.get("offload") else "none",
+        offload="activations" if offloads_activations(args) else "none",
         loss=_loss(args),
     )
 

@@ -26,6 +26,7 @@ __all__ = [
     "keeps_trainer_batch",
     "trainer_model",
     "trl_kind",
+    "trl_offload_context_for",
 ]
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -80,6 +81,37 @@ def check_trainer_kind(trainer: Any) -> None:
         f"{' and '.join(MEASURED_TRL_TRAINERS)}; {watch}. To size the training step, measure the model on a batch "
         "yourself: memlab.measure(trainer.model, batch, memlab.Plan(...))"
     )
+
+
+def trl_offload_context_for(trainer: Any) -> None:
+    """Make a TRL trainer's activation-offloading context (``maybe_activation_offload_context``, which TRL builds
+    once in ``__init__`` and enters around each ``training_step``) follow ``trainer.args.activation_offloading``
+    after its arguments changed (:func:`memlab.trainer.apply.apply_to_trainer`). Off: a null context. On: TRL's
+    ``get_act_offloading_ctx_manager``, which needs an accelerator; without one (a CPU-only machine) offload moves
+    nothing and the null context stands in. A trainer without that attribute (transformers' own) is left alone.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> trainer = SimpleNamespace(args=SimpleNamespace(activation_offloading=False),
+        ...                           maybe_activation_offload_context="TRL's context")
+        >>> trl_offload_context_for(trainer); type(trainer.maybe_activation_offload_context).__name__
+        'nullcontext'
+    """
+    if "maybe_activation_offload_context" not in vars(trainer):
+        return
+    context: Any = nullcontext()
+    if getattr(trainer.args, "activation_offloading", False):
+        import torch
+
+        if isinstance(trainer.maybe_activation_offload_context, nullcontext) and (
+            torch.accelerator.current_accelerator() is not None
+        ):
+            from trl.models import get_act_offloading_ctx_manager
+
+            context = get_act_offloading_ctx_manager(model=trainer.model)
+        elif not isinstance(trainer.maybe_activation_offload_context, nullcontext):
+            return  # TRL's own context, already on
+    trainer.maybe_activation_offload_context = context
 
 
 def _is_trl_base(kind: str) -> bool:
