@@ -15,6 +15,7 @@ from browser_lab import (
     RUN_TIMEOUT_MS,
     Server,
     _open_notebook,
+    _reload_until_drawn,
     _save,
     _tick_labels,
 )
@@ -75,8 +76,7 @@ def test_the_panels_timeline_follows_a_click_and_survives_a_reload(lab: Server, 
 
         # Saved and reloaded (the kernel alive): the panel, its picked timeline included, is drawn again.
         _save(page)
-        page.reload(wait_until="domcontentloaded")
-        _open_notebook(page, url)
+        _reload_until_drawn(page, url, ".memlab-panel .memlab-timeline svg", "timeline-panel")
         expect(page.locator(".memlab-panel .memlab-timeline")).to_contain_text("plain: peak", timeout=DRAW_TIMEOUT_MS)
         expect(page.locator(".memlab-panel .memlab-timeline svg")).to_be_visible()
     finally:

@@ -29,6 +29,7 @@ from browser_lab import (
     TABLES_OUTSIDE,
     Server,
     _open_notebook,
+    _reload_until_drawn,
     _run_until_done,
     _save,
 )
@@ -390,11 +391,9 @@ def test_every_face_marks_verdicts_as_its_table_and_keeps_its_layout(lab: Server
 
         # Saved and reloaded, the kernel alive: the panel is drawn again, as wide, its marks the same.
         _save(page)
-        page.reload(wait_until="domcontentloaded")
-        _open_notebook(page, url)
+        _reload_until_drawn(page, url, ".memlab-panel .js-plotly-plot .barlayer .point", "verdicts-panel")
         panel = page.locator(".memlab-panel").first
         panel_plot = panel.locator(".js-plotly-plot").first
-        panel_plot.locator(".barlayer .point >> visible=true").first.wait_for(timeout=DRAW_TIMEOUT_MS)
         page.wait_for_timeout(1500)
         rows = panel.locator(".memlab-report").evaluate(TABLE)
         assert _table_verdicts(rows) == panel_table, rows
