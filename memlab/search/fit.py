@@ -298,7 +298,7 @@ def _dry_run(
 ) -> Report:
     """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
     estimated to fit: that one is the answer, and the plans after it are skipped as expected slower."""
-    from memlab.estimation.cuda_context import live_card_context
+    from memlab.estimation.cuda.context import live_card_context
     from memlab.estimation.estimate import estimate
 
     budget = options.budget or 0

@@ -5,10 +5,10 @@ the machines are booked, how much each GPU will hold (:func:`sharded_estimate`, 
 gpus=, strategy=)`` runs), and :func:`smallest_gpus` how many GPUs each strategy needs. ``batch`` is always what ONE
 GPU sees per micro-step (the per-GPU micro-batch); data parallelism multiplies it.
 
-**FSDP2** runs for real, on fake tensors (:mod:`memlab.estimation.fsdp2`): ``fully_shard`` over a fake process
+**FSDP2** runs for real, on fake tensors (:mod:`memlab.estimation.sharded.fsdp2`): ``fully_shard`` over a fake process
 group, memlab's own training step, PyTorch's ``FSDPMemTracker``. **ZeRO-2 / ZeRO-3** are computed
-(:mod:`memlab.estimation.zero`): DeepSpeed's formulas for the model states, the activations from the FSDP2 dry run.
-The strategies and DeepSpeed's bucket sizes are in :mod:`memlab.live.sharding` (no torch), which the names
+(:mod:`memlab.estimation.sharded.zero`): DeepSpeed's formulas for the model states, the activations from the FSDP2 dry
+run. The strategies and DeepSpeed's bucket sizes are in :mod:`memlab.live.sharding` (no torch), which the names
 below re-export.
 """
 
@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from memlab.errors import MemlabError
-from memlab.estimation.composed import composed_estimate, needs_composition
 from memlab.estimation.configs import frozen_count, layer_counts, model_on_meta
-from memlab.estimation.cuda_context import card_context
-from memlab.estimation.fsdp2 import (
+from memlab.estimation.cuda.context import card_context
+from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
+from memlab.estimation.dryrun.single_gpu import estimate_plans
+from memlab.estimation.sharded.composed import composed_estimate, needs_composition
+from memlab.estimation.sharded.fsdp2 import (
     DETAIL,
     FSDP2_REFUSALS,
     ShardedRequest,
@@ -32,9 +34,7 @@ from memlab.estimation.fsdp2 import (
     fsdp2_dry_run,
     shard_units,
 )
-from memlab.estimation.gpus import GpuKind, gpu_kind
-from memlab.estimation.single_gpu import estimate_plans
-from memlab.estimation.zero import zero_basis, zero_model_states, zero_trial
+from memlab.estimation.sharded.zero import zero_basis, zero_model_states, zero_trial
 from memlab.live.batch import LossFn
 from memlab.live.sharding import (
     DS_ALLGATHER_BUCKET,
@@ -82,10 +82,10 @@ def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
     ``strategy="fsdp2"`` runs ``fully_shard`` on fake tensors; ``"zero2"``/``"zero3"`` compute DeepSpeed's partitioning
     (the module docstring gives the formulas); ``"fsdp1"`` is FSDP2's dry run with FSDP1's root kept gathered
     (:func:`fsdp1_trial`). Adapter plans (LoRA, QLoRA), a quantized ``load`` and the chunked loss are composed from
-    their one-GPU dry run under every strategy (:mod:`memlab.estimation.composed`). ``offload="params"`` keeps each
-    GPU's shards in CPU memory (FSDP ``offload_params``, DeepSpeed ZeRO-3 ``offload_param``). For CUDA each GPU's trial
-    carries the CUDA context of the GPU kind ``gpu`` (:func:`memlab.estimation.cuda_context.card_context`), and its
-    ``fits`` judges the card figure; its notes name the engine settings assumed.
+    their one-GPU dry run under every strategy (:mod:`memlab.estimation.sharded.composed`). ``offload="params"`` keeps
+    each GPU's shards in CPU memory (FSDP ``offload_params``, DeepSpeed ZeRO-3 ``offload_param``). For CUDA each GPU's
+    trial carries the CUDA context of the GPU kind ``gpu`` (:func:`memlab.estimation.cuda.context.card_context`), and
+    its ``fits`` judges the card figure; its notes name the engine settings assumed.
 
     Example:
         >>> from transformers import LlamaConfig
@@ -116,9 +116,9 @@ def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
 
 def sharded_one(request: ShardedRequest, basis: Trial | None = None) -> ShardedTrial:
     """One strategy's per-GPU trial (without the CUDA context): the route each plan takes, chosen once here. The
-    composed route (:mod:`memlab.estimation.composed`) for adapters, quantized loads and the chunked loss; FSDP2's
-    dry run for FSDP2 (FSDP1 from it, :func:`fsdp1_trial`); DeepSpeed's formulas over ``basis`` (a
-    :func:`~memlab.estimation.zero.zero_basis` already made, or a new one) for ZeRO. The notes name the engine
+    composed route (:mod:`memlab.estimation.sharded.composed`) for adapters, quantized loads and the chunked loss;
+    FSDP2's dry run for FSDP2 (FSDP1 from it, :func:`fsdp1_trial`); DeepSpeed's formulas over ``basis`` (a
+    :func:`~memlab.estimation.sharded.zero.zero_basis` already made, or a new one) for ZeRO. The notes name the engine
     settings assumed.
 
     Example:
