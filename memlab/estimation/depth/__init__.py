@@ -6,7 +6,8 @@ told again to a fresh allocator model and ledger for the reserved and allocated 
 timeline (:mod:`.replay`); and the training plans of a config carried from three layers to all, checked against a
 dry run of two (:mod:`.carry`).
 
-Assumes the model's layers are one block repeated (found by name and checked, else refused: the plan runs at full
-depth) and that a layer's events do not depend on its depth beyond where it sits (first, middle, last). Builds on
+Assumes a transformers config that builds its layers as one block repeated (the same modules, shapes and settings
+in every layer) and a step that repeats layer by layer: the three-layer log carried to two layers must tell its
+consumers exactly what a real two-layer dry run told them, else the plan is dry-run at its full depth. Builds on
 ``cuda/`` (the allocator's model) and the configs; the dry runs (``dryrun/``, ``sharded/``) call it.
 """
