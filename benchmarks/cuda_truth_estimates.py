@@ -77,7 +77,7 @@ def gpu_of(row: dict[str, Any]) -> dict[str, str]:
         >>> gpu_of({"gpu": "NVIDIA H200"}), gpu_of({"gpu": "NVIDIA H100 80GB HBM3"}), gpu_of({})
         ({'gpu': 'H200-141GB'}, {'gpu': 'H100-80GB'}, {})
     """
-    from memlab.estimation.gpus import GPUS
+    from memlab.estimation.cuda.gpus import GPUS
 
     name = next((kind for kind, spec in GPUS.items() if row.get("gpu") and spec.device_name == row["gpu"]), None)
     return {"gpu": name} if name else {}

@@ -81,7 +81,7 @@ from typing import Any
 import torch
 
 from benchmarks import common
-from memlab.estimation.adapters import modelled_bitsandbytes
+from memlab.estimation.dryrun.adapters import modelled_bitsandbytes
 from memlab.plan import Plan
 
 NAME = "estimate_vs_published"
@@ -286,7 +286,7 @@ RUNS = (
 def estimate_run(run: Run) -> dict[str, Any]:
     """memlab's estimate of one published run, on its GPU kind, judged against that GPU's whole memory."""
     import memlab
-    from memlab.estimation.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import gpu_kind
 
     kind = gpu_kind(run.gpu)
     capacity = _capacity(run.gpu)
@@ -362,7 +362,7 @@ def trial_load(trial: Any) -> str | None:
 def _capacity(gpu: str) -> int:
     """The GPU kind's whole memory, as memlab knows it (``GpuKind.memory_bytes``: nvidia-smi's memory.total, the
     H100's torch's ``total_memory``)."""
-    from memlab.estimation.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import gpu_kind
 
     return gpu_kind(gpu).memory_bytes
 

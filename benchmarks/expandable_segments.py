@@ -63,8 +63,8 @@ def floor_bytes(peak: int, workspaces: int) -> int:
 def estimate_row(row: dict[str, Any]) -> dict[str, Any]:
     """One row estimated without and with expandable segments, beside what the H200 measured."""
     import memlab
-    from memlab.estimation.gpus import GPUS
-    from memlab.estimation.reserved import CUBLAS_WORKSPACES, cublas_workspace_bytes
+    from memlab.estimation.cuda.gpus import GPUS
+    from memlab.estimation.dryrun.reserved import CUBLAS_WORKSPACES, cublas_workspace_bytes
 
     batch = {name: tuple(shape) for name, shape in row["batch"].items()}
     keywords: dict[str, Any] = {"device": "cuda", **gpu_of(row)}

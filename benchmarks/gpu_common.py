@@ -334,7 +334,7 @@ ESTIMATES_ENV = "MEMLAB_GPU_ESTIMATES"
 def gpu_kind_name(device_name: str | None) -> str | None:
     """memlab's name of the GPU kind torch calls ``device_name`` (for ``estimate(gpu=...)``), where this memlab
     knows that kind; else None."""
-    from memlab.estimation.gpus import GPUS
+    from memlab.estimation.cuda.gpus import GPUS
 
     return next((name for name, kind in GPUS.items() if device_name and kind.device_name == device_name), None)
 

@@ -28,7 +28,7 @@ start = time.perf_counter()
 trial = memlab.estimate(name, {"input_ids": (1, 512), "labels": (1, 512)}, memlab.Plan(precision=precision),
                         gpus=gpus, strategy=strategy, budget="80GiB")
 seconds = time.perf_counter() - start
-from memlab.estimation.sharded import layer_counts
+from memlab.estimation.sharded.per_gpu import layer_counts
 parameters, largest = layer_counts(name)
 print(json.dumps({"seconds": seconds, "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "peak_bytes": trial.peak_bytes, "fits_80GiB": trial.fits, "breakdown": trial.breakdown,

@@ -92,7 +92,9 @@ def missing_apis(name: str) -> list[str]:
             "memlab.frontends.jupyter.magic (%%memfit)": _has_module("memlab.frontends.jupyter.magic"),
         },
         "07_will_7b_fit.ipynb": {"memlab.estimation.estimate": hasattr(memlab, "estimate")},
-        "10_when_one_gpu_is_not_enough.ipynb": {"memlab.estimation.sharded": _has_module("memlab.estimation.sharded")},
+        "10_when_one_gpu_is_not_enough.ipynb": {
+            "memlab.estimation.sharded.per_gpu": _has_module("memlab.estimation.sharded.per_gpu"),
+        },
         "13_how_long_can_my_sequences_be.ipynb": {"memlab.limits": hasattr(memlab, "limits")},
     }
     return [api for api, present in needs.get(name, {}).items() if not present]

@@ -1,29 +1,23 @@
 """Dry runs on fake tensors: the memory of a step predicted without the hardware and without the weights.
 
-``memlab.estimate`` is :func:`estimate`. The modules, in the order a dry run flows through them, each with what it
-models and the device it is for: [any] every estimate; [CPU] a CPU estimate; [CUDA] a CUDA estimate (with no GPU
-reachable, its kernels emulated on the CPU's: [CUDA on CPU]); [sharded] per GPU of several.
+``memlab.estimate`` is :func:`estimate`. The package, by what each part models, each with the device it is for:
+[any] every estimate; [CPU] a CPU estimate; [CUDA] a CUDA estimate (with no GPU reachable, its kernels emulated on
+the CPU's: [CUDA on CPU]); [sharded] per GPU of several.
 
-- ``estimate``        the entry point: a live model, a Trainer, a config or a name; one GPU or sharded    [any]
-- ``configs``         which model: a config by name, its model built on ``meta``, the batch's shapes       [any]
-- ``fake``            the one fake mode, the fake model and batch, the device the estimate answers for    [any]
-- ``load``            the user's load (dtype, BitsAndBytesConfig) made on the fake model (one GPU) [any]
-- ``masks``           the attention-mask decisions transformers makes from values fake tensors hide       [any]
-- ``unknown``         attention implementations and custom operators without a rule, said in notes        [any]
-- ``single_gpu``      one device: training or inference plans through memlab's own runners             [CPU, CUDA]
-- ``adapters``        LoRA / QLoRA on the fake model, bitsandbytes' bytes exactly               [CPU, CUDA, sharded]
-- ``gpus``            the GPU kind a CUDA estimate answers for: compute capability, CUDA context          [CUDA]
-- ``cuda_kernels``    whether CUDA's kernels are emulated, and the modes the step runs under       [CUDA on CPU]
-- ``cuda_autocast``   CUDA autocast's dtypes, under CPU autocast                                   [CUDA on CPU]
-- ``cuda_dropout``    CUDA's fused dropout: a one-byte mask kept for backward                      [CUDA on CPU]
-- ``cuda_attention``  CUDA's attention backends (flash, memory-efficient, math) and what they keep [CUDA on CPU]
-- ``reserved``        a trial's allocations, in order, replayed for the reserved peak; cuBLAS workspaces  [CUDA]
-- ``cuda_allocator``  PyTorch's caching allocator modelled: allocations and frees in, reserved bytes out  [CUDA]
-- ``sharded``         per-GPU estimates, and the fewest GPUs that fit                                  [sharded]
-- ``strategies``      the strategies, GPU counts and DeepSpeed's buckets, without torch                [sharded]
-- ``fsdp2``           FSDP2 run on fake tensors over a fake process group                              [sharded]
-- ``zero``            DeepSpeed ZeRO-2 / ZeRO-3 from their formulas and FSDP2's activations            [sharded]
-- ``cuda_context``    the GPU kind's CUDA context: with the reserve, what the card shows         [CUDA, sharded]
+- ``estimate``, ``request``  the entry and its routes: a live model, a Trainer, a config or a name; one GPU,
+  sharded or inference                                                                                 [any]
+- ``configs``     which model: a config by name, its model built on ``meta``, the batch's shapes          [any]
+- ``dryrun/``     the one-device dry run on fake tensors: the fake mode, model and batch, the user's load, adapters,
+  the mask decisions, what has no rule, the reserved peak, the training and inference estimates   [CPU, CUDA]
+- ``depth/``      a model whose layers repeat, dry-run at a few layers and carried to all of them   [CPU, CUDA]
+- ``cuda/``       CUDA without CUDA: the GPU kinds and their context, the device an estimate answers for, autocast,
+  dropout and attention as CUDA's kernels keep them, the caching allocator                     [CUDA on CPU]
+- ``sharded/``    per-GPU estimates: FSDP2 run on fake tensors, FSDP1 from it, ZeRO-2/3 by their formulas, composed
+  from the one-GPU run, and the fewest GPUs that fit                                                [sharded]
+
+The imports run one way, down this list: the entry imports the parts; ``sharded/`` builds on ``dryrun/``, which
+builds on ``depth/``, which builds on ``cuda/``; every part may read ``configs``. Each subpackage's ``__init__``
+says what it models and what it assumes.
 """
 
 from memlab.estimation.configs import load_config

@@ -182,7 +182,7 @@ def meta_model(config: Any) -> nn.Module:
     ``AutoModelForSeq2SeqLM`` (an encoder-decoder's config), else ``AutoModel``. ``estimate`` accepts the result
     like any model. The config is copied, never changed, and the model's config keeps the dtype the checkpoint
     recorded (``dtype``, ``torch_dtype`` before transformers 5), which a load of ``dtype="auto"`` reads
-    (:func:`memlab.estimation.load.load_dtype`).
+    (:func:`memlab.estimation.dryrun.load.load_dtype`).
 
     Example:
         >>> model = meta_model(load_config("llama-7b"))

@@ -4,15 +4,15 @@
 
 1. :mod:`memlab.estimation.configs`: which model (a live ``nn.Module``, a transformers config, or a name: a built-in
    shape such as ``"llama-7b"``, a local config, a Hub name), built on the ``meta`` device;
-2. :mod:`memlab.estimation.fake`: the model and batch on PyTorch's fake tensors (shapes, dtypes, devices and
+2. :mod:`memlab.estimation.dryrun.fake`: the model and batch on PyTorch's fake tensors (shapes, dtypes, devices and
    storages, no data: nothing is computed, no memory is taken, a 7B model's step is predicted in seconds on a
    laptop), and the device the estimate answers for;
-3. :mod:`memlab.estimation.single_gpu`: one GPU, training or inference, run by memlab's own runners exactly as
-   :func:`memlab.measure` runs them (adapters through :mod:`memlab.estimation.adapters`);
-4. :mod:`memlab.estimation.sharded`: several GPUs, per GPU: FSDP2 on fake tensors (:mod:`memlab.estimation.fsdp2`)
-   and DeepSpeed ZeRO by its formulas (:mod:`memlab.estimation.zero`); the strategies themselves are in the
-   torch-free :mod:`memlab.live.sharding`;
-5. :mod:`memlab.estimation.cuda_context`: for CUDA, the context of the GPU kind the estimate is for (``gpu=``),
+3. :mod:`memlab.estimation.dryrun.single_gpu`: one GPU, training or inference, run by memlab's own runners exactly as
+   :func:`memlab.measure` runs them (adapters through :mod:`memlab.estimation.dryrun.adapters`);
+4. :mod:`memlab.estimation.sharded.per_gpu`: several GPUs, per GPU: FSDP2 on fake tensors
+   (:mod:`memlab.estimation.sharded.fsdp2`) and DeepSpeed ZeRO by its formulas (:mod:`memlab.estimation.sharded.zero`);
+   the strategies themselves are in the torch-free :mod:`memlab.live.sharding`;
+5. :mod:`memlab.estimation.cuda.context`: for CUDA, the context of the GPU kind the estimate is for (``gpu=``),
    which with the allocator's reserve is what the card will show, and what a budget verdict judges.
 
 The names the single-GPU steps define are importable from here too (``estimate_plans``, ``estimate_inference``,
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from memlab.estimation.configs import KNOWN_SHAPES, load_config, meta_model, parse_batch_shape
-from memlab.estimation.fake import BLIND_SPOTS, fake_batch
+from memlab.estimation.dryrun.fake import BLIND_SPOTS, fake_batch
+from memlab.estimation.dryrun.single_gpu import adamw8bit_state_bytes, estimate_inference, estimate_plans
 from memlab.estimation.request import EstimateRequest, route
-from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_inference, estimate_plans
 from memlab.live.batch import LossFn
 from memlab.plan import Plan
 from memlab.report import Trial
@@ -97,18 +97,18 @@ def estimate(
         gpus: the number of GPUs training is sharded over (default 1); more than 1 needs a ``strategy``.
         strategy: ``"none"`` (one GPU), ``"fsdp2"``, ``"fsdp1"`` (accelerate's ``fsdp_version: 1``), ``"zero2"``
             or ``"zero3"``: the answer is then per GPU, for ``batch`` as each GPU's micro-batch, as a
-            :class:`memlab.estimation.sharded.ShardedTrial` (see :mod:`memlab.estimation.sharded` for how each
-            strategy is estimated, and :mod:`memlab.estimation.composed` for adapters and quantized loads sharded);
-            its notes name the engine settings assumed. ``Plan(offload="params")`` is sharded only.
+            :class:`memlab.estimation.sharded.per_gpu.ShardedTrial` (see :mod:`memlab.estimation.sharded.per_gpu` for
+            how each strategy is estimated, and :mod:`memlab.estimation.sharded.composed` for adapters and quantized
+            loads sharded); its notes name the engine settings assumed. ``Plan(offload="params")`` is sharded only.
         gpu: the kind of GPU a CUDA estimate is for, which sets the CUDA context (per GPU when sharded) and, made
-            without CUDA, the attention kernels emulated: a name from :data:`memlab.estimation.gpus.GPUS`, default
+            without CUDA, the attention kernels emulated: a name from :data:`memlab.estimation.cuda.gpus.GPUS`, default
             ``"H100-80GB"``. The trial's notes name it.
         load: how the user loads the model: the keyword arguments they pass to ``from_pretrained`` (``dtype``, or
             ``torch_dtype`` as before transformers 5; ``quantization_config`` as a ``BitsAndBytesConfig`` or its
             dict), for a training plan or an :class:`memlab.InferencePlan` alike. The dry run of a config, a name or
             a meta model materialises the weights that way, so that the allocated peak, the reserve and the card
-            figure are those of the user's run (see :mod:`memlab.estimation.load`). Default (and ``load={}``): the
-            load the plan implies (``weights="bf16"`` loads in bf16, ``adapter="qlora"`` in 4-bit NF4 with bf16
+            figure are those of the user's run (see :mod:`memlab.estimation.dryrun.load`). Default (and ``load={}``):
+            the load the plan implies (``weights="bf16"`` loads in bf16, ``adapter="qlora"`` in 4-bit NF4 with bf16
             compute, the rest as the installed transformers' ``from_pretrained`` loads it by default: the
             checkpoint's own dtype since transformers 5, fp32 before). A live model, on the meta device too, is
             estimated as it is (its dtypes, quantized layers, adapters and attention implementation); ``load=`` is
@@ -117,7 +117,7 @@ def estimate(
             compute dtype, as FSDP needs) is composed from its one-GPU dry run.
         expandable_segments: whether the card figure (``reserved_bytes``) assumes the CUDA caching allocator's
             expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, set before CUDA starts), as
-            :mod:`memlab.estimation.cuda_allocator` models them; default False, PyTorch's default. The notes say
+            :mod:`memlab.estimation.cuda.allocator` models them; default False, PyTorch's default. The notes say
             so where it is True. The allocated peak is the same either way.
 
     The arguments become one :class:`~memlab.estimation.request.EstimateRequest`, which every route takes (one GPU,

@@ -7,8 +7,8 @@ an :class:`EstimateRequest` once, and each route takes that object and nothing e
 - ``"trainer"``: a ``transformers.Trainer`` in the model's place; its model, ``compute_loss`` and worst batch make
   a new request, which goes down one of the routes below;
 - ``"inference"``: an :class:`memlab.InferencePlan` on one device;
-- ``"sharded"``: training sharded over ``gpus`` GPUs (:mod:`memlab.estimation.sharded`);
-- ``"one_gpu"``: training on one device (:mod:`memlab.estimation.single_gpu`).
+- ``"sharded"``: training sharded over ``gpus`` GPUs (:mod:`memlab.estimation.sharded.per_gpu`);
+- ``"one_gpu"``: training on one device (:mod:`memlab.estimation.dryrun.single_gpu`).
 
 A setting added to the request (the user's ``load=`` was the first) reaches every route; a route that cannot honour
 it refuses it with one :class:`~memlab.errors.MemlabError` saying what to write instead.
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from memlab.errors import MemlabError
-from memlab.estimation.cuda_allocator import assumed_allocator
-from memlab.estimation.cuda_context import card_context
-from memlab.estimation.gpus import gpu_kind
+from memlab.estimation.cuda.allocator import assumed_allocator
+from memlab.estimation.cuda.context import card_context
+from memlab.estimation.cuda.gpus import gpu_kind
 from memlab.live.batch import LossFn
 from memlab.live.sharding import check_sharding
 from memlab.plan import Plan, parse_budget
@@ -109,7 +109,7 @@ def _trainer(request: EstimateRequest) -> Trial:
 
 def _inference(request: EstimateRequest) -> Trial:
     """An :class:`memlab.InferencePlan` on one device."""
-    from memlab.estimation.single_gpu import estimate_inference
+    from memlab.estimation.dryrun.single_gpu import estimate_inference
 
     if isinstance(request.plan, (list, tuple)):
         raise MemlabError(
@@ -126,15 +126,15 @@ def _inference(request: EstimateRequest) -> Trial:
 
 
 def _sharded(request: EstimateRequest) -> Trial:
-    """Training sharded over ``gpus`` GPUs: the per-GPU estimate of :mod:`memlab.estimation.sharded`."""
-    from memlab.estimation.sharded import sharded_estimate
+    """Training sharded over ``gpus`` GPUs: the per-GPU estimate of :mod:`memlab.estimation.sharded.per_gpu`."""
+    from memlab.estimation.sharded.per_gpu import sharded_estimate
 
     return sharded_estimate(request)
 
 
 def _one_gpu(request: EstimateRequest) -> Trial:
     """Training on one device."""
-    from memlab.estimation.single_gpu import estimate_plans
+    from memlab.estimation.dryrun.single_gpu import estimate_plans
 
     plan = request.training_plan
     if isinstance(plan, Plan) and plan.offload == "params":
@@ -157,7 +157,7 @@ def route_name(request: EstimateRequest) -> str:
         >>> route_name(EstimateRequest("llama-7b", {}, Plan()))
         'one_gpu'
     """
-    from memlab.estimation.single_gpu import is_inference
+    from memlab.estimation.dryrun.single_gpu import is_inference
     from memlab.trainer.source import is_trainer
 
     if is_trainer(request.model):

@@ -7,7 +7,7 @@ TRANSFORMER_BASED_WRAP``, ``fsdp_activation_checkpointing``, ``fsdp_offload_para
 DEEPSPEED`` with a ``deepspeed_config`` (``zero_stage``, ``offload_optimizer_device``, ``offload_param_device``,
 ``zero3_init_flag``, ``gradient_accumulation_steps``). The FSDP2 wrapping is accelerate's own
 ``fsdp2_prepare_model`` (accelerate 1.15), which the FSDP2 estimate follows
-(:func:`memlab.estimation.fsdp2.fsdp2_layout`): one unit per class in the model's ``_no_split_modules`` (or
+(:func:`memlab.estimation.sharded.fsdp2.fsdp2_layout`): one unit per class in the model's ``_no_split_modules`` (or
 ``layer_classes``), the input embeddings, the final norm with the head, then the root. Write the dict with
 ``yaml.safe_dump``; :func:`fsdp2_torch_script` is the same sharding in plain PyTorch (``fully_shard``), runnable
 with ``torchrun`` where accelerate does not shard (a machine without GPUs).
@@ -273,7 +273,7 @@ def fsdp2_torch_script(
         f"policy = MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype={dtype}, output_dtype={dtype})",
         "# accelerate's fsdp2_prepare_model layout: the blocks, the input embeddings, the final norm and head (kept",
         "# gathered after forward), then the root",
-        "from memlab.estimation.fsdp2 import fsdp2_layout",
+        "from memlab.estimation.sharded.fsdp2 import fsdp2_layout",
         "",
         "for units, reshard in fsdp2_layout(model):",
         "    fully_shard(units, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)",

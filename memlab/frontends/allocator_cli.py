@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from memlab.estimation.cuda_allocator import assumed_allocator
+from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.live.allocator_conf import ENVIRONMENT_LINE, PYTHON_LINE
 
 __all__ = ["add_allocator_argument", "expandable_suggestion", "with_allocator"]
@@ -41,7 +41,7 @@ def with_allocator(handler: Callable[[argparse.Namespace], int]) -> Callable[[ar
     """``handler`` run with the allocator ``--expandable-segments`` says assumed by every estimate it makes.
 
     Example:
-        >>> from memlab.estimation.cuda_allocator import expandable_segments_assumed
+        >>> from memlab.estimation.cuda.allocator import expandable_segments_assumed
         >>> run = with_allocator(lambda args: int(expandable_segments_assumed()))
         >>> run(argparse.Namespace(expandable_segments=True)), run(argparse.Namespace())
         (1, 0)
@@ -77,7 +77,7 @@ def expandable_suggestion(args: argparse.Namespace, model: Any, batch: Any, repo
     again so, at most :data:`MOST_ESTIMATED`, the lowest card figure first), each with its card figure both ways,
     the line that sets them and the command that estimates them; none on the CPU, with ``--expandable-segments``
     already, or where no plan's reserve alone is over the budget."""
-    from memlab.estimation.cuda_context import card_contexts
+    from memlab.estimation.cuda.context import card_contexts
     from memlab.frontends.estimate_cli import estimate_each
     from memlab.frontends.estimate_next import command_for, plan_try
     from memlab.plan import format_bytes

@@ -60,8 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         >>> args.model, args.batch, args.try_
         ('llama-7b', '1x512', ['checkpointing=off,on'])
     """
+    from memlab.estimation.cuda.gpus import DEFAULT_GPU, GPUS
     from memlab.estimation.estimate import KNOWN_SHAPES
-    from memlab.estimation.gpus import DEFAULT_GPU, GPUS
     from memlab.frontends.estimate_text import shape_names
 
     parser.description = _DESCRIPTION.format(shapes=shape_names(KNOWN_SHAPES))
@@ -243,7 +243,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import dataclasses
 
     from memlab.errors import MemlabError
-    from memlab.estimation.cuda_context import card_contexts
+    from memlab.estimation.cuda.context import card_contexts
     from memlab.estimation.estimate import load_config, meta_model, parse_batch_shape
     from memlab.plan import parse_budget, parse_grid
     from memlab.search.space import keep_rows
@@ -266,7 +266,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if gpus == "auto" and budget is None:
         raise MemlabError("--gpus auto needs a budget; write for example --gpus auto --budget 80GiB (or --gpu "
                           "A100-80GB: the GPU's memory is then the budget)")
-    from memlab.estimation.sharded import parse_gpus
+    from memlab.estimation.sharded.per_gpu import parse_gpus
 
     try:
         parse_gpus(gpus)
@@ -323,7 +323,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def gpu_budget(args: argparse.Namespace) -> int | None:
     """The budget when ``--gpu`` names a GPU and no ``--budget`` is given: the GPU's memory
-    (:attr:`~memlab.estimation.gpus.GpuKind.memory_bytes`), what the card figure must fit; None otherwise (no
+    (:attr:`~memlab.estimation.cuda.gpus.GpuKind.memory_bytes`), what the card figure must fit; None otherwise (no
     ``--gpu``, or ``--device cpu``).
 
     Example:
@@ -332,7 +332,7 @@ def gpu_budget(args: argparse.Namespace) -> int | None:
         >>> gpu_budget(argparse.Namespace(gpu=None, device=None, budget=None)) is None
         True
     """
-    from memlab.estimation.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import gpu_kind
 
     name = getattr(args, "gpu", None)
     if name is None or getattr(args, "device", None) == "cpu":
@@ -391,7 +391,7 @@ def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, 
     one at a time, most promising first (:func:`memlab.search.suggest.combined_suggestions`)."""
     import dataclasses
 
-    from memlab.estimation.cuda_context import card_contexts
+    from memlab.estimation.cuda.context import card_contexts
     from memlab.search.speed import speed_prior
     from memlab.search.suggest import combined_suggestions
 
@@ -416,7 +416,7 @@ def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, 
 
 def _for_gpu(args: argparse.Namespace) -> str:
     """``, for an H100-80GB`` where the estimate is for CUDA (the GPU kind whose CUDA context it models)."""
-    from memlab.estimation.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import gpu_kind
 
     return "" if args.device == "cpu" else f", for an {gpu_kind(getattr(args, 'gpu', None)).name}"
 
@@ -444,7 +444,7 @@ def run_sharded(
         (or --gpu A100-80GB: the GPU's memory is then the budget)
         2
     """
-    from memlab.estimation.sharded import sharded_trials
+    from memlab.estimation.sharded.per_gpu import sharded_trials
     from memlab.frontends.estimate_next import searched_lines
 
     strategies = [args.strategy] if args.strategy not in (None, "none") else None

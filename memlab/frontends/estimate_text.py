@@ -114,7 +114,7 @@ add --gpu RTX4090-24GB (memlab knows H100-80GB, H200-141GB, A100-80GB, A100-40GB
         >>> gpu_hint(args, 80 * 2**30) is None
         True
     """
-    from memlab.estimation.gpus import GPUS, gpu_kind
+    from memlab.estimation.cuda.gpus import GPUS, gpu_kind
     from memlab.plan import format_bytes
 
     if budget is None or getattr(args, "gpu", None) is not None or getattr(args, "device", None) == "cpu":
@@ -135,7 +135,7 @@ add --gpu RTX4090-24GB (memlab knows H100-80GB, H200-141GB, A100-80GB, A100-40GB
 
 def _card_note(args: argparse.Namespace, report: Any) -> str | None:
     """What the card column is, and which GPU's context it counts, once."""
-    from memlab.estimation.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import gpu_kind
     from memlab.plan import format_bytes
 
     cards = [trial for trial in report.trials if trial.status == "ok" and trial.card_bytes is not None]

@@ -55,8 +55,8 @@ _NF4_FIXED_BYTES = 16 * 4 + 4 + 256 * 4  # the 16-value NF4 code, the absmax off
 
 
 HELD_AS_LOADED = "memlab_held_as_loaded"
-"""The attribute a dry run's load (:func:`memlab.estimation.load.apply_load`) sets on the model it materialised: its
-weights are held as that load gives them (a rotary ``inv_freq`` in fp32, quantization state in its dtypes), and no
+"""The attribute a dry run's load (:func:`memlab.estimation.dryrun.load.apply_load`) sets on the model it materialised:
+its weights are held as that load gives them (a rotary ``inv_freq`` in fp32, quantization state in its dtypes), and no
 plan casts them."""
 
 

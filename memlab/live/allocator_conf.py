@@ -1,7 +1,7 @@
 """The caching allocator's settings of this process, as PyTorch reads them from the environment: whether CUDA runs
 with expandable segments, and the lines that turn them on. Read by live runs (what a measured trial says of its
 allocator) and by the estimates and the search (which allocator to model); the model itself is
-:mod:`memlab.estimation.cuda_allocator`.
+:mod:`memlab.estimation.cuda.allocator`.
 """
 
 from __future__ import annotations

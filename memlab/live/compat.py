@@ -168,7 +168,7 @@ _CACHE_KEY_PARAMETERS = ("self", "result", "args", "state", "id_hashed_objects")
 @functools.cache
 def fake_cache_key_matches() -> bool:
     """Whether ``FakeTensorMode._prep_args_for_hash`` (its dispatch cache key) takes the arguments memlab's faster
-    copy of it takes (:class:`memlab.estimation.fake.FakeMode`); where it does not, PyTorch's own stays.
+    copy of it takes (:class:`memlab.estimation.dryrun.fake.FakeMode`); where it does not, PyTorch's own stays.
 
     Example:
         >>> fake_cache_key_matches()

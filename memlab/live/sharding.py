@@ -2,7 +2,8 @@
 and DeepSpeed's bucket sizes.
 
 This module imports nothing heavy (only :mod:`memlab.errors`), so that :mod:`memlab.export.accelerate` and the
-command line can check ``gpus=``/``strategy=`` without the dry-run machinery of :mod:`memlab.estimation.sharded`.
+command line can check ``gpus=``/``strategy=`` without the dry-run machinery of
+:mod:`memlab.estimation.sharded.per_gpu`.
 """
 
 from __future__ import annotations

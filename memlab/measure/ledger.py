@@ -1,7 +1,7 @@
 """A memory tracker's accounting (:class:`Ledger`): live bytes by category, their peak, and who is told of each
 change, kept by storage key. :class:`~memlab.measure.tracker.MemoryTracker` feeds it from the operators it sees
 (each storage followed by a weak reference, so that its free is counted when it happens); a dry run carried to more
-layers replays events through the same accounting by key (:mod:`memlab.estimation.depth_replay`).
+layers replays events through the same accounting by key (:mod:`memlab.estimation.depth.replay`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Ledger:
     queue is applied at the end of it.
 
     The bookkeeping itself is by key (``add_key``, ``remove_key``, ``resize_key``, ``move_key``, ``note_peak``): a
-    dry run extended to more layers (:mod:`memlab.estimation.depth_replay`) replays its events through these, with
+    dry run extended to more layers (:mod:`memlab.estimation.depth.replay`) replays its events through these, with
     no storage behind them.
 
     Example:
@@ -64,7 +64,7 @@ class Ledger:
         # A timeline's recorder (memlab.measure.timeline), told every change with its category, and each new peak.
         self.recorder: Any = None
         # Told each time the peak is checked (after an operator's allocations), new peak or not: a recorder that
-        # keeps the step to replay it (memlab.estimation.depth_log) needs where the checks fall.
+        # keeps the step to replay it (memlab.estimation.depth.log) needs where the checks fall.
         self.checker: Callable[[], None] | None = None
 
     def freed(self, key: int, ref: weakref.ref[Any]) -> None:

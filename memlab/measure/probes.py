@@ -229,7 +229,7 @@ class FakeProbe(Probe):
         self.on_release = on_release
         self.recorder: Callable[[nn.Module | None, Sequence[str]], StepRecorder] | None = None
         """Makes the tracked step's recorder where a dry run keeps its step to carry it to more layers
-        (:meth:`memlab.estimation.depth_log.DepthLog.step_recorder`); None: the plain one."""
+        (:meth:`memlab.estimation.depth.log.DepthLog.step_recorder`); None: the plain one."""
 
     def step_recorder(self, model: nn.Module | None, categories: Sequence[str]) -> StepRecorder:
         if self.recorder is not None:

@@ -62,8 +62,8 @@ def _returns_alias(func: Any) -> bool:
 
 
 def _following_host() -> Any:
-    """The fake mode of a dry run (:class:`memlab.estimation.fake.FakeMode`) that takes ``followers``, where it is
-    the only mode on the stack, else None. A tracker entered then would be the next mode above it and see exactly
+    """The fake mode of a dry run (:class:`memlab.estimation.dryrun.fake.FakeMode`) that takes ``followers``, where it
+    is the only mode on the stack, else None. A tracker entered then would be the next mode above it and see exactly
     the operators that reach it; following it sees the same, without one more Python mode per operator."""
     if torch._C._len_torch_dispatch_stack() != 1:
         return None

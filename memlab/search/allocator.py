@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from memlab.estimation.cuda_allocator import assumed_allocator
+from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.live.allocator_conf import ENVIRONMENT_LINE, PYTHON_LINE, expandable_segments_configured
 from memlab.live.batch import Batch
 from memlab.options import RunOptions
@@ -62,7 +62,7 @@ def expandable_suggestions(model: nn.Module, batch: Batch, measured: Sequence[Tr
         >>> expandable_suggestions(nn.Linear(2, 2), {}, [small], RunOptions())  # no budget: nothing to judge
         []
     """
-    from memlab.estimation.cuda_context import live_card_context
+    from memlab.estimation.cuda.context import live_card_context
     from memlab.estimation.estimate import estimate_plans  # imported here: estimate builds on the search's runner
 
     budget = options.budget

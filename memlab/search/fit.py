@@ -10,7 +10,7 @@ from torch import nn
 from typing_extensions import Unpack
 
 from memlab.errors import MemlabError
-from memlab.estimation.cuda_allocator import assumed_allocator
+from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.events import TrialSettled
 from memlab.live.allocator_conf import expandable_segments_configured
 from memlab.live.batch import Batch, atomic_refusal, count_rows, is_atomic
@@ -310,7 +310,7 @@ def _dry_run(
 ) -> Report:
     """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
     estimated to fit: that one is the answer, and the plans after it are skipped as expected slower."""
-    from memlab.estimation.cuda_context import live_card_context
+    from memlab.estimation.cuda.context import live_card_context
     from memlab.estimation.estimate import estimate
 
     budget = options.budget or 0

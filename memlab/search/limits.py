@@ -427,8 +427,8 @@ def _runner(
             return dataclasses.replace(trial, budget=budget)
 
         return measured, True
+    from memlab.estimation.cuda.gpus import capped
     from memlab.estimation.estimate import estimate
-    from memlab.estimation.gpus import capped
 
     # The card held to the budget, as a real cap holds it: the allocator's model gives its cache back and tries
     # again before it runs out, so the card figure at the boundary is the capped allocator's.

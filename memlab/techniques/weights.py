@@ -24,7 +24,7 @@ def modelled_release(release: Callable[[], None]) -> Iterator[None]:
 
     Example:
         >>> from memlab.plan import Plan
-        >>> from memlab.estimation.fake import FakeMode, fake_copy
+        >>> from memlab.estimation.dryrun.fake import FakeMode, fake_copy
         >>> mode, said = FakeMode(), []
         >>> model = fake_copy(nn.Linear(4, 2), mode, torch.device("cpu"))
         >>> with modelled_release(lambda: said.append("empty_cache")), mode:

@@ -159,7 +159,7 @@ print(accelerate_script(plan, strategy=smallest.strategy, model_name="meta-llama
 # ## Exercise
 #
 # Your GPUs have 40 GiB (A100 40GB). How many does ZeRO-2 need, and how many ZeRO-3? Why the difference?
-# Export the FSDP2 config for 8 of them as YAML too. (`memlab.estimation.sharded.smallest_gpus` is the Python
+# Export the FSDP2 config for 8 of them as YAML too. (`memlab.estimation.sharded.per_gpu.smallest_gpus` is the Python
 # form of
 # `--gpus auto`: ZeRO-2 and ZeRO-3 share one dry run there.)
 #
@@ -167,7 +167,7 @@ print(accelerate_script(plan, strategy=smallest.strategy, model_name="meta-llama
 
 # %% jupyter={"source_hidden": true}
 # Solution
-from memlab.estimation.sharded import smallest_gpus
+from memlab.estimation.sharded.per_gpu import smallest_gpus
 
 tuned = memlab.Plan(precision="bf16", checkpointing=True)
 found = smallest_gpus(model, batch, tuned, budget="40GiB", strategies=["zero2", "zero3"])

@@ -10,7 +10,7 @@ import torch
 from models import lm_batch, tiny_llama
 
 import memlab
-from memlab.estimation.adapters import bitsandbytes_version, four_bit_keeps_inputs, modelled_bitsandbytes
+from memlab.estimation.dryrun.adapters import bitsandbytes_version, four_bit_keeps_inputs, modelled_bitsandbytes
 
 pytest.importorskip("peft")
 bitsandbytes = pytest.importorskip("bitsandbytes")

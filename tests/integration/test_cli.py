@@ -262,7 +262,7 @@ def test_estimate_prints_the_allocated_peak_the_card_figure_and_the_verdict_on_t
     reserved: int, status: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     estimate_module = importlib.import_module("memlab.estimation.estimate")
-    from memlab.estimation.gpus import GPUS
+    from memlab.estimation.cuda.gpus import GPUS
 
     monkeypatch.setattr(estimate_module, "estimate_plans", _estimates_with_reserve(reserved))
     assert main(["estimate", "llama-7b", "--batch", "1x512", "--budget", "24GiB"]) == status
@@ -316,8 +316,8 @@ def test_estimate_gpus_auto_prints_each_gpus_card_figure_and_the_verdict_on_it(
 ) -> None:
     import json
 
-    from memlab.estimation import sharded
-    from memlab.estimation.cuda_context import card_context
+    from memlab.estimation.cuda.context import card_context
+    from memlab.estimation.sharded import per_gpu as sharded
 
     asked: dict[str, Any] = {}
 
@@ -550,7 +550,7 @@ def test_a_long_estimate_shows_a_bar_with_the_time_left_on_a_terminal() -> None:
 def test_gpus_auto_says_what_it_searched_and_offers_bf16_and_adapters(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from memlab.estimation import sharded
+    from memlab.estimation.sharded import per_gpu as sharded
 
     monkeypatch.setattr(sharded, "sharded_trials", lambda model, batch, plans, **keywords: [
         (plan, name, None) for plan in plans for name in ("fsdp2", "zero2", "zero3")])

@@ -77,7 +77,7 @@ def test_every_command_an_estimate_prints_runs_and_exits_as_help_says(config_dir
 def test_an_unexpected_failure_is_one_line_with_its_own_exit_status(
     config_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memlab.estimation import sharded
+    from memlab.estimation.sharded import per_gpu as sharded
 
     def broken(*args: object, **keywords: object) -> None:
         raise RuntimeError("_apply(): Couldn't swap Embedding.weight")

@@ -1,4 +1,4 @@
-"""CUDA's kernels emulated on the CPU for a CUDA dry run (memlab.estimation.cuda_kernels): dropout keeps CUDA's
+"""CUDA's kernels emulated on the CPU for a CUDA dry run (memlab.estimation.cuda.kernels): dropout keeps CUDA's
 one-byte mask, the GPU kind asked for is the one whose kernels are emulated, the sharded dry run emulates them too,
 and checkpointing's recomputation is left as it was found."""
 
@@ -11,9 +11,9 @@ from transformers import GPT2Config, LlamaConfig
 
 import memlab
 from memlab import Plan
-from memlab.estimation.cuda_dropout import CudaDropout
-from memlab.estimation.cuda_kernels import EMULATED_NOTE, cuda_kernels
-from memlab.estimation.fake import FakeMode
+from memlab.estimation.cuda.dropout import CudaDropout
+from memlab.estimation.cuda.kernels import EMULATED_NOTE, cuda_kernels
+from memlab.estimation.dryrun.fake import FakeMode
 from memlab.techniques.checkpointing import RECOMPUTE_CONTEXTS
 
 GPT2 = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=128)
@@ -168,7 +168,7 @@ class _OwnCheckpoints(torch.nn.Module):
 
 def test_a_model_that_checkpoints_itself_is_estimated_on_the_cpus_kernels_and_says_so() -> None:
     # Its recompute runs in backward, where the emulation's modes are not active, and would not match its forward.
-    from memlab.estimation.cuda_kernels import OWN_CHECKPOINT_NOTE
+    from memlab.estimation.cuda.kernels import OWN_CHECKPOINT_NOTE
 
     model, batch = _OwnCheckpoints(), torch.randn(32, 64)
     one = memlab.estimate(model, batch, Plan(), device="cuda", loss_fn=lambda m, b: m(b))
@@ -183,7 +183,7 @@ def test_a_model_that_checkpoints_itself_is_estimated_on_the_cpus_kernels_and_sa
 
 
 def test_an_inference_estimate_for_cuda_emulates_the_attention_of_the_gpu_it_names() -> None:
-    from memlab.estimation.masks import FULL_MASK_DROPPED
+    from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED
     from memlab.inference.plan import InferencePlan
 
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

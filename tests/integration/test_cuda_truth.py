@@ -2,7 +2,7 @@
 measured peaks (``benchmarks/results/cuda_truth.json``, built by ``python -m benchmarks.cuda_truth`` from the
 committed GPU runs): each within 5%. Rows whose run also recorded
 ``max_memory_reserved`` without a budget hold the estimate's ``reserved_bytes`` (the caching allocator replayed,
-:mod:`memlab.estimation.reserved`) to the same 5%.
+:mod:`memlab.estimation.dryrun.reserved`) to the same 5%.
 
 Rows of more than :data:`FAST_PEAK` measured bytes, or outside the quick sections, take too long to estimate on a
 laptop's CPU for the default run: they run with ``MEMLAB_SLOW_TRUTH=1``. Offload plans cannot be estimated without

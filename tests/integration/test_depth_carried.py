@@ -1,5 +1,5 @@
 """Issue 48: a model whose layers repeat is dry-run at three layers and two, and the three carried to its depth
-(memlab.estimation.depth): the estimate must be the dry run of every layer's, field for field, with the same
+(memlab.estimation.depth.carry): the estimate must be the dry run of every layer's, field for field, with the same
 timeline; where the step does not repeat layer by layer, every layer is dry-run instead, and the estimate is the
 same again."""
 
@@ -13,11 +13,11 @@ import pytest
 import torch
 import transformers
 
-import memlab.estimation.single_gpu as single_gpu
+import memlab.estimation.dryrun.single_gpu as single_gpu
 from memlab import Plan
-from memlab.estimation import depth
 from memlab.estimation.configs import meta_model
-from memlab.estimation.depth import shallow_model
+from memlab.estimation.depth import carry as depth
+from memlab.estimation.depth.carry import shallow_model
 
 LAYERS = 5
 SHAPES = {"input_ids": (2, 16), "labels": (2, 16)}

@@ -1,5 +1,5 @@
 """Issue 48: an FSDP2 dry run of a model whose layers repeat runs five layers and four, and carries the five to the
-model's depth (memlab.estimation.fsdp2_depth): PyTorch's FSDPMemTracker's books and the allocator's model, told
+model's depth (memlab.estimation.sharded.fsdp2_depth): PyTorch's FSDPMemTracker's books and the allocator's model, told
 the carried events, must give the estimate of a dry run of every layer, field for field, with the same module
 snapshots (what ZeRO and optimizer offload read)."""
 
@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import transformers
 
-import memlab.estimation.fsdp2 as fsdp2
+import memlab.estimation.sharded.fsdp2 as fsdp2
 from memlab import Plan
 from memlab.estimation.configs import meta_model
 from memlab.estimation.request import EstimateRequest
-from memlab.estimation.sharded import sharded_estimate
+from memlab.estimation.sharded.per_gpu import sharded_estimate
 
 LAYERS = 7
 SHAPES = {"input_ids": (2, 16), "labels": (2, 16)}

@@ -30,8 +30,8 @@ from models import (
 
 import memlab
 from memlab.errors import MemlabError
+from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED
 from memlab.estimation.estimate import BLIND_SPOTS, adamw8bit_state_bytes, estimate, estimate_plans, load_config
-from memlab.estimation.masks import FULL_MASK_DROPPED
 from memlab.techniques.optimizer import state_tensors
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
@@ -519,7 +519,7 @@ def test_the_estimate_cli_keeps_library_log_lines_out_of_its_output(tmp_path):
 
 
 def test_a_cuda_estimate_carries_the_context_of_the_gpu_it_names_and_says_so(tmp_path):
-    from memlab.estimation.gpus import GPUS
+    from memlab.estimation.cuda.gpus import GPUS
 
     path = _tiny_config_json(tmp_path)
     shapes = {"input_ids": (2, 32), "labels": (2, 32)}
@@ -539,7 +539,7 @@ def test_a_cuda_estimate_carries_the_context_of_the_gpu_it_names_and_says_so(tmp
 
 def test_a_cuda_estimate_fits_by_its_card_figure_once_the_reserve_is_known(tmp_path, monkeypatch):
     # Until the allocator's reserve is modelled, estimates carry none; a reserve given here stands in for it.
-    single_gpu = sys.modules["memlab.estimation.single_gpu"]
+    single_gpu = sys.modules["memlab.estimation.dryrun.single_gpu"]
     real = single_gpu.estimate_plans
 
     def with_reserve(*args, **kwargs):

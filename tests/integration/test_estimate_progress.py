@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from memlab.estimation.fsdp2 import ShardedRequest
-from memlab.estimation.sharded import sharded_trials, smallest_gpus
+from memlab.estimation.sharded.fsdp2 import ShardedRequest
+from memlab.estimation.sharded.per_gpu import sharded_trials, smallest_gpus
 from memlab.frontends import estimate_cli
 from memlab.plan import Plan, parse_budget
 

@@ -10,9 +10,9 @@ import torch
 from transformers import LlamaConfig
 
 import memlab
-from memlab.estimation import single_gpu
+from memlab.estimation.dryrun import single_gpu
+from memlab.estimation.dryrun.fake import one_thread
 from memlab.estimation.estimate import estimate_plans
-from memlab.estimation.fake import one_thread
 
 PLANS = [
     memlab.Plan(),

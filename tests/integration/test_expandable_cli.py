@@ -10,7 +10,7 @@ import io
 
 import pytest
 
-from memlab.estimation.reserved import EXPANDABLE_NOTE
+from memlab.estimation.dryrun.reserved import EXPANDABLE_NOTE
 from memlab.frontends.cli import main
 from memlab.live.allocator_conf import ENVIRONMENT_LINE, PYTHON_LINE
 

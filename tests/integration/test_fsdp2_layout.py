@@ -12,7 +12,7 @@ import transformers
 
 import memlab
 from memlab.errors import MemlabError
-from memlab.estimation.fsdp2 import fsdp2_layout
+from memlab.estimation.sharded.fsdp2 import fsdp2_layout
 
 
 def _bert_mlm() -> torch.nn.Module:

@@ -9,7 +9,7 @@ from transformers import LlamaConfig, Qwen2Config
 
 import memlab
 from memlab.errors import MemlabError
-from memlab.estimation.gpus import DEFAULT_GPU, GPUS, capped
+from memlab.estimation.cuda.gpus import DEFAULT_GPU, GPUS, capped
 from memlab.search.limits import MAX_RUNS, resized
 
 CONFIG = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,

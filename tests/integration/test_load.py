@@ -13,9 +13,9 @@ from torch import nn
 
 import memlab
 from memlab.errors import MemlabError
-from memlab.estimation.fake import FakeMode, fake_model
-from memlab.estimation.load import Load, apply_load, parse_load
-from memlab.estimation.reserved import cublas_workspace_bytes
+from memlab.estimation.dryrun.fake import FakeMode, fake_model
+from memlab.estimation.dryrun.load import Load, apply_load, parse_load
+from memlab.estimation.dryrun.reserved import cublas_workspace_bytes
 from memlab.inference.weights import quantization_tensors
 
 transformers = pytest.importorskip("transformers")

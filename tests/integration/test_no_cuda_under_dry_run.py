@@ -26,7 +26,7 @@ import torch.utils.checkpoint
 
 import memlab
 from memlab import Plan
-from memlab.estimation.fake import FakeMode
+from memlab.estimation.dryrun.fake import FakeMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import assert_same, fingerprint, lm_batch, tiny_llama  # noqa: E402
@@ -156,7 +156,7 @@ def peft_llama() -> torch.nn.Module:
 def test_the_recorder_sees_a_call_under_a_fake_mode() -> None:
     """The check itself: a CUDA call under FakeMode, or under an emulating torch-function mode, is a violation; one
     outside every mode is not."""
-    from memlab.estimation.cuda_kernels import cuda_kernels
+    from memlab.estimation.cuda.kernels import cuda_kernels
 
     with cuda_watched() as recorder:
         torch.cuda.empty_cache()
@@ -174,7 +174,7 @@ def test_checkpointing_keeps_no_cuda_rng_of_fake_tensors() -> None:
     RNG of their device (``get_device_states``: torch.cuda.get_rng_state) to set it again in the recomputation: a
     real CUDA call under the fake mode for every checkpointed block. The dry run's guard keeps none for fake inputs
     (a CPU-only torch cannot run a fake CUDA step: the stash is checked alone)."""
-    from memlab.estimation.single_gpu import fake_checkpoints
+    from memlab.estimation.dryrun.single_gpu import fake_checkpoints
 
     unguarded = torch.utils.checkpoint.get_device_states
     with cuda_watched() as recorder, pytest.MonkeyPatch.context() as patch:
@@ -331,8 +331,8 @@ def test_adapters_of_a_fake_cuda_model_are_made_fake_there(adapter: str) -> None
     copy per adapter. They are fake tensors on that device, laid out as on the CPU."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from memlab.estimation.adapters import attach_fake_adapter
-    from memlab.estimation.fake import fake_copy
+    from memlab.estimation.dryrun.adapters import attach_fake_adapter
+    from memlab.estimation.dryrun.fake import fake_copy
 
     plan = Plan(adapter=adapter, lora_rank=4)
     layouts = {}
@@ -360,7 +360,7 @@ def image_batch() -> dict[str, torch.Tensor]:
 def test_an_image_batch_keeps_its_values_on_the_cpu(image_batch: dict[str, torch.Tensor]) -> None:
     """An image batch's values were copied to the GPU (a real copy of every tensor): they stay on the CPU, the fake
     tensors on the GPU."""
-    from memlab.estimation.fake import fake_batch
+    from memlab.estimation.dryrun.fake import fake_batch
 
     with cuda_watched(available=True):
         batch = fake_batch(image_batch, FakeMode(), CUDA0)
@@ -374,7 +374,7 @@ def test_values_are_computed_on_the_cpu_for_a_fake_gpu(image_batch: dict[str, to
     indices, made as llava merges its image features) is computed on the CPU: each result a fake tensor on the
     GPU with the values a real step has; integer factories of the step (positions) too; and a real CPU tensor moved
     to the GPU, or torch.tensor made there, inside the dry run is faked, never made real."""
-    from memlab.estimation.fake import fake_batch
+    from memlab.estimation.dryrun.fake import fake_batch
 
     ids = image_batch["input_ids"]
     token = int(ids.max())
@@ -409,7 +409,7 @@ def test_values_are_computed_on_the_cpu_for_a_fake_gpu(image_batch: dict[str, to
 
 def test_rows_of_a_fake_gpu_batch_are_taken_without_the_gpu() -> None:
     """Cutting micro-batches moved the row indices (a real CPU tensor) to the fake batch's device for real."""
-    from memlab.estimation.fake import fake_batch
+    from memlab.estimation.dryrun.fake import fake_batch
     from memlab.live.batch import take_rows
 
     with cuda_watched(available=True):

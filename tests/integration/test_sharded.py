@@ -16,8 +16,8 @@ from transformers import LlamaConfig
 import memlab
 from memlab import Plan
 from memlab.errors import MemlabError
-from memlab.estimation.fsdp2 import ShardedRequest
-from memlab.estimation.sharded import layer_counts, smallest_gpus, zero_model_states
+from memlab.estimation.sharded.fsdp2 import ShardedRequest
+from memlab.estimation.sharded.per_gpu import layer_counts, smallest_gpus, zero_model_states
 from memlab.export.accelerate import fsdp2_torch_script
 from memlab.plan import parse_budget
 
@@ -191,7 +191,8 @@ def test_the_fewest_gpus_are_found_by_the_card_figure_where_it_is_known(monkeypa
     # model), and a context of 1 MiB keeps the card on the scale of its peak.
     import dataclasses
 
-    from memlab.estimation import gpus, sharded
+    from memlab.estimation.cuda import gpus
+    from memlab.estimation.sharded import per_gpu as sharded
 
     monkeypatch.setitem(gpus.GPUS, "H100-80GB", dataclasses.replace(gpus.GPUS["H100-80GB"], context_bytes=2**20))
     real = sharded.card_context
@@ -211,8 +212,8 @@ def test_the_fewest_gpus_are_found_by_the_card_figure_where_it_is_known(monkeypa
 
 
 def test_sharded_cuda_trials_carry_the_allocators_reserve_and_a_card_figure() -> None:
-    from memlab.estimation.fsdp2 import ONE_STREAM_NOTE
-    from memlab.estimation.sharded import sharded_trials
+    from memlab.estimation.sharded.fsdp2 import ONE_STREAM_NOTE
+    from memlab.estimation.sharded.per_gpu import sharded_trials
 
     rows = sharded_trials(config(), SHAPES, [Plan(), Plan(precision="bf16", checkpointing=True)], gpus=2,
                           device="cuda")
@@ -259,7 +260,7 @@ import json, sys
 from transformers import LlamaConfig
 from memlab import Plan
 from memlab.estimation.estimate import meta_model
-from memlab.estimation.sharded import sharded_trials
+from memlab.estimation.sharded.per_gpu import sharded_trials
 
 model = meta_model(LlamaConfig(**json.loads(sys.argv[1])))
 shapes = {key: tuple(value) for key, value in json.loads(sys.argv[2]).items()}
@@ -306,7 +307,7 @@ def test_adafactor_under_fsdp2_is_refused_with_what_to_write() -> None:
 @pytest.mark.parametrize("plan", GLOO_PLANS[2:], ids=lambda p: p.label())
 def test_fsdp2_lora_on_two_cpu_ranks_matches_the_estimate(plan: Plan, gloo_records: dict[Plan, str]) -> None:
     """Issue 47 item 6: the same real run with peft's LoRA before fully_shard; the estimate is composed from the
-    one-GPU dry run (memlab.estimation.composed)."""
+    one-GPU dry run (memlab.estimation.sharded.composed)."""
     record = gloo_records[plan]
     estimate = memlab.estimate(config(), SHAPES, plan, gpus=2, strategy="fsdp2", device="cpu")
     measured = [json.loads(Path(f"{record}{rank}.json").read_text())["peak_bytes"] for rank in (0, 1)]

@@ -10,7 +10,7 @@ from transformers import LlamaConfig
 
 import memlab
 from memlab import Plan
-from memlab.estimation.gpus import GPUS, GpuKind
+from memlab.estimation.cuda.gpus import GPUS, GpuKind
 
 # A vocabulary large enough that the warm-up's freed gradient and AdamW temporaries (tens of MiB each, in 20 MiB
 # segments) cannot hold the step's logits: an allocator with unlimited room reserves new segments beside them.

@@ -18,8 +18,8 @@ from torch import nn
 
 import memlab
 from memlab.errors import MemlabError
-from memlab.estimation.fake import fake_setup
-from memlab.estimation.load import apply_load, plan_loads
+from memlab.estimation.dryrun.fake import fake_setup
+from memlab.estimation.dryrun.load import apply_load, plan_loads
 from memlab.inference import InferencePlan
 from memlab.inference.weights import quantization_tensors
 

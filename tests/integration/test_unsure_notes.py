@@ -13,7 +13,7 @@ from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 
 import memlab
 from memlab import Plan
-from memlab.estimation.cuda_attention import sdpa_gaps
+from memlab.estimation.cuda.attention import sdpa_gaps
 
 BATCH = {"input_ids": (2, 16), "labels": (2, 16)}
 

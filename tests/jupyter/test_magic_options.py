@@ -15,7 +15,7 @@ from models import assert_same, fingerprint, lm_batch, mlp_batch, tiny_llama, ti
 from test_magic import FAST, MLP_LOSS, magic_shell, memfit
 
 import memlab
-from memlab.estimation.sharded import ShardedTrial
+from memlab.estimation.sharded.per_gpu import ShardedTrial
 from memlab.frontends.jupyter import magic_render, magic_run
 from memlab.frontends.jupyter.magic import MemfitMagics
 from memlab.frontends.jupyter.magic_parse import body_loss_fn

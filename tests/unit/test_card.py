@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from memlab.errors import MemlabError
-from memlab.estimation.cuda_context import card_context, card_contexts
-from memlab.estimation.gpus import DEFAULT_GPU, GPUS, gpu_kind
+from memlab.estimation.cuda.context import card_context, card_contexts
+from memlab.estimation.cuda.gpus import DEFAULT_GPU, GPUS, gpu_kind
 from memlab.measure import cuda
 from memlab.plan import Plan
 from memlab.report import Report, Trial

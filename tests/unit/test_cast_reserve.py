@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from memlab import Plan
-from memlab.estimation.cuda_allocator import MIB
-from memlab.estimation.reserved import ReservedTrace
+from memlab.estimation.cuda.allocator import MIB
+from memlab.estimation.dryrun.reserved import ReservedTrace
 from memlab.options import RunOptions
 from memlab.runner.trial import TrialRunner
 from memlab.techniques import weights

@@ -187,7 +187,7 @@ original = FakeTensorMode._prep_args_for_hash
 def older(self, result, args, state, id_hashed_objects=None, extra=None):  # another signature than memlab's copy
     return original(self, result, args, state, id_hashed_objects)
 FakeTensorMode._prep_args_for_hash = older
-from memlab.estimation.fake import FakeMode
+from memlab.estimation.dryrun.fake import FakeMode
 import torch
 print(FakeMode._prep_args_for_hash is older)
 with FakeMode():
@@ -227,8 +227,8 @@ def _global_shapes_made(apart: bool) -> list[tuple[int, ...]]:
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from memlab.estimation.fake import FakeMode
-    from memlab.estimation.fsdp2 import fake_process_group
+    from memlab.estimation.dryrun.fake import FakeMode
+    from memlab.estimation.sharded.fsdp2 import fake_process_group
 
     made: list[tuple[int, ...]] = []
 

@@ -1,5 +1,5 @@
 """A composed FSDP1 estimate: two blocks gathered in a block's backward (BACKWARD_PRE), and its reserve counts FSDP1's
-unshard stream's pool beside the default stream's own peak (memlab.estimation.composed)."""
+unshard stream's pool beside the default stream's own peak (memlab.estimation.sharded.composed)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import pytest
 from transformers import LlamaConfig
 
-from memlab.estimation import composed
-from memlab.estimation.composed import (
+from memlab.estimation.configs import model_on_meta
+from memlab.estimation.dryrun.single_gpu import estimate_plans
+from memlab.estimation.sharded import composed
+from memlab.estimation.sharded.composed import (
     FSDP1_STREAMS_NOTE,
     RESERVE_NOTE,
     composed_estimate,
@@ -17,9 +19,7 @@ from memlab.estimation.composed import (
     fsdp1_stream_pool,
     gathered_bytes,
 )
-from memlab.estimation.configs import model_on_meta
-from memlab.estimation.fsdp2 import ShardedRequest
-from memlab.estimation.single_gpu import estimate_plans
+from memlab.estimation.sharded.fsdp2 import ShardedRequest
 from memlab.plan import Plan
 
 CONFIG = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,

@@ -1,6 +1,6 @@
 """A composed ZeRO estimate (adapters, a quantized load, the chunked loss) carries a reserve, as a composed FSDP
 estimate does: its allocated peak plus the one-GPU step's reserve over its own peak, and so a card figure
-(memlab.estimation.composed); and ZeRO-3 counts its reduce bucket whole, as DeepSpeed allocates it."""
+(memlab.estimation.sharded.composed); and ZeRO-3 counts its reduce bucket whole, as DeepSpeed allocates it."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 from transformers import LlamaConfig
 
 import memlab
-from memlab.estimation import composed
-from memlab.estimation.composed import RESERVE_NOTE, ZERO_RESERVE_NOTE, composed_estimate
-from memlab.estimation.fsdp2 import ShardedRequest
-from memlab.estimation.sharded import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
-from memlab.estimation.zero import zero_trial
+from memlab.estimation.sharded import composed
+from memlab.estimation.sharded.composed import RESERVE_NOTE, ZERO_RESERVE_NOTE, composed_estimate
+from memlab.estimation.sharded.fsdp2 import ShardedRequest
+from memlab.estimation.sharded.per_gpu import DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET
+from memlab.estimation.sharded.zero import zero_trial
 from memlab.plan import Plan
 from memlab.report import Trial
 

@@ -1,4 +1,4 @@
-"""The caching allocator model (memlab/estimation/cuda_allocator.py) on cases worked by hand from the rules of
+"""The caching allocator model (memlab/estimation/cuda/allocator.py) on cases worked by hand from the rules of
 c10/cuda/CUDACachingAllocator.cpp."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from memlab.estimation.cuda_allocator import MIB, CachingAllocator, replay, round_size, segment_size
+from memlab.estimation.cuda.allocator import MIB, CachingAllocator, replay, round_size, segment_size
 
 
 def test_one_byte_reserves_a_2_mib_small_segment_and_allocates_512_bytes() -> None:

@@ -1,4 +1,4 @@
-"""A three-layer log played at other depths (memlab.estimation.depth_extend), on logs written here by hand: a model
+"""A three-layer log played at other depths (memlab.estimation.depth.extend), on logs written here by hand: a model
 of ``depth`` layers whose forward saves each layer's output, reads the previous one's, and frees temporaries; whose
 backward frees what forward saved and what the layer after it passed back; and whose optimizer makes, for each
 parameter, a step counter from nothing and a moment from the parameter. A log of three layers, carried to depth D,
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from memlab.estimation.depth_extend import NotRepeating, canonical, extend
-from memlab.estimation.depth_log import NO_LAYER, Event, LayerPaths, Storage
+from memlab.estimation.depth.extend import NotRepeating, canonical, extend
+from memlab.estimation.depth.log import NO_LAYER, Event, LayerPaths, Storage
 
 PATHS = LayerPaths("layers", "Net")
 
@@ -93,7 +93,7 @@ def test_a_last_layer_that_differs_is_refused() -> None:
 
 def test_work_outside_the_layers_that_grows_with_depth_shows_against_the_two_layer_log() -> None:
     """Events of no layer are played once: where their number grows with the depth, the log carried to two layers
-    is not the two-layer log, which is how a dry run finds out (memlab.estimation.depth.carried_trial)."""
+    is not the two-layer log, which is how a dry run finds out (memlab.estimation.depth.carry.carried_trial)."""
     carried = extend(_log(3, grows_outside=True), 2, PATHS)
     assert canonical(carried, "A") != canonical(_log(2, grows_outside=True), "A")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from memlab.estimation.cuda_allocator import KIB, MIB, CachingAllocator, replay
+from memlab.estimation.cuda.allocator import KIB, MIB, CachingAllocator, replay
 
 # A training step in miniature: weights, two activations (and a small tensor), the activations freed, then a gradient
 # larger than either activation.
@@ -117,7 +117,7 @@ def _tiny_llama() -> object:
 
 def test_an_estimate_says_its_card_figure_assumes_expandable_segments_and_keeps_its_allocated_peak() -> None:
     import memlab
-    from memlab.estimation.reserved import EXPANDABLE_NOTE, RESERVED_NOTE
+    from memlab.estimation.dryrun.reserved import EXPANDABLE_NOTE, RESERVED_NOTE
 
     shapes = {"input_ids": (4, 256), "labels": (4, 256)}
     default = memlab.estimate(_tiny_llama(), shapes, memlab.Plan(), device="cuda", gpu="H200-141GB")

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, _CacheKeyState
 
-from memlab.estimation.fake import FakeMode
+from memlab.estimation.dryrun.fake import FakeMode
 from memlab.measure.tracker import MemoryTracker
 
 

@@ -176,17 +176,32 @@ def _module_level_imports(tree: ast.Module) -> list[tuple[str, str]]:
     return found
 
 
-def layer_graph() -> dict[str, set[str]]:
+ESTIMATION = "memlab.estimation"
+# The estimation's subpackages, each importing only those after it (issue 62): the sharded estimates build on the
+# one-device dry run, which builds on depth carrying, which builds on the CUDA emulation.
+ESTIMATION_ORDER = ("memlab.estimation.sharded", "memlab.estimation.dryrun", "memlab.estimation.depth",
+                    "memlab.estimation.cuda")
+
+
+def _estimation_part(module: str) -> str:
+    """The node of a module inside ``memlab/estimation/``: its subpackage (``memlab.estimation.dryrun``) or, for a
+    module sitting directly in the folder, the module itself (``memlab.estimation.request``)."""
+    return ".".join(module.split(".")[:3])
+
+
+def layer_graph(trees: dict[str, ast.Module] | None = None) -> dict[str, set[str]]:
     """``{node: nodes it imports}`` where a node is one of memlab's packages (``memlab.report``: every module under
     ``memlab/report/``) or one of its top modules (``memlab.plan``), plus each module of ``memlab/report/`` as a node
-    of its own (``memlab.report.data``), for the report's data model and its views.
+    of its own (``memlab.report.data``), for the report's data model and its views, plus each subpackage of
+    ``memlab/estimation/`` (``memlab.estimation.cuda``) and each module directly in it (``memlab.estimation.configs``)
+    as a node of its own, for the estimation's parts. ``trees``: the modules read (default: memlab's own).
 
     Edges are the imports a module makes at module level, those for type checking included: what the module needs
     to be read, type-checked or imported. An import inside a function is not an edge: a lazy import in a thin
     delegation (``Plan.to_deepspeed`` calling :func:`memlab.export.deepspeed_config`, ``Report.plot`` calling
     :func:`memlab.report.figure.report_figure`) is how a layer offers a method whose work lives in a layer above
     it, without depending on that layer."""
-    trees = _modules()
+    trees = _modules() if trees is None else trees
     known = set(trees)
     graph: dict[str, set[str]] = {}
 
@@ -199,6 +214,8 @@ def layer_graph() -> dict[str, set[str]]:
         graph.setdefault(layer(module), set())
         if module.startswith("memlab.report."):
             graph.setdefault(module, set())
+        if module.startswith(ESTIMATION + "."):
+            graph.setdefault(_estimation_part(module), set())
         for source, name in _module_level_imports(tree):
             target = _owner(f"{source}.{name}" if f"{source}.{name}" in known else source, known)
             if not target or target == "memlab":
@@ -209,13 +226,18 @@ def layer_graph() -> dict[str, set[str]]:
             elif module.startswith("memlab.report.") and target.startswith("memlab.report.") and target != module:
                 graph[module].add(target)
                 graph.setdefault(target, set())
+            elif (module.startswith(ESTIMATION + ".") and target.startswith(ESTIMATION + ".")
+                  and _estimation_part(target) != _estimation_part(module)):
+                graph[_estimation_part(module)].add(_estimation_part(target))
+                graph.setdefault(_estimation_part(target), set())
     return graph
 
 
 def test_no_import_circle_between_memlab_layers() -> None:
-    """No circle among memlab's packages and top modules, nor among the report's modules (issue 62): the Plan does
-    not name the exports or the techniques that build on it, the report's views import its data model and never
-    the reverse. Imports inside functions do not count (see :func:`layer_graph`)."""
+    """No circle among memlab's packages and top modules, nor among the report's modules, nor among the estimation's
+    subpackages and top modules (issue 62): the Plan does not name the exports or the techniques that build on it,
+    the report's views import its data model and never the reverse, the CUDA emulation never imports the dry runs
+    built on it. Imports inside functions do not count (see :func:`layer_graph`)."""
     assert [sorted(c) for c in circles(layer_graph())] == []
 
 
@@ -228,6 +250,30 @@ def test_the_layer_graph_sees_a_type_checking_import_and_the_report_modules() ->
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from memlab.plan import Plan\n"
                      "def f():\n    from memlab.export import pytorch_code\n")
     assert _module_level_imports(tree) == [("memlab.plan", "Plan")]
+
+
+def test_the_estimation_parts_import_one_way() -> None:
+    """Each subpackage of ``memlab/estimation/`` imports only those below it in :data:`ESTIMATION_ORDER` (what
+    CONTRIBUTING.md writes), and every subpackage is in that order."""
+    graph = layer_graph()
+    parts = {node for node in graph if node.startswith(ESTIMATION + ".") and (
+        Path(memlab.__file__).parent / "estimation" / node.split(".")[2]).is_dir()}
+    assert parts == set(ESTIMATION_ORDER)
+    upward = [f"{part} imports {other}" for i, part in enumerate(ESTIMATION_ORDER)
+              for other in sorted(graph[part]) if other in ESTIMATION_ORDER[:i]]
+    assert upward == []
+    assert "memlab.estimation.cuda" in graph["memlab.estimation.dryrun"]
+    assert "memlab.estimation.dryrun" in graph["memlab.estimation.sharded"]
+
+
+def test_the_layer_graph_finds_a_circle_between_estimation_parts() -> None:
+    """An import of the dry run from the CUDA emulation (as ``cuda_kernels.py`` once took the target device from
+    ``fake.py``) is a circle the layout test names."""
+    trees = _modules()
+    trees["memlab.estimation.cuda.bad"] = ast.parse("from memlab.estimation.dryrun.fake import FakeMode\n")
+    found = [sorted(c) for c in circles(layer_graph(trees))]
+    assert any({"memlab.estimation.cuda", "memlab.estimation.dryrun"} <= set(c) for c in found), found
+    assert not any(node.startswith("memlab.estimation.") for c in circles(layer_graph()) for node in c)
 
 
 def test_no_import_circle_among_the_benchmarks() -> None:

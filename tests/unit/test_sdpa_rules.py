@@ -20,9 +20,9 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from memlab.estimation.cuda_attention import CudaAttention, efficient_refusals, flash_refusals, sdpa_backend
-from memlab.estimation.fake import FakeMode
-from memlab.estimation.gpus import GPUS, GpuKind
+from memlab.estimation.cuda.attention import CudaAttention, efficient_refusals, flash_refusals, sdpa_backend
+from memlab.estimation.cuda.gpus import GPUS, GpuKind
+from memlab.estimation.dryrun.fake import FakeMode
 
 BF16, FP32, FP16 = torch.bfloat16, torch.float32, torch.float16
 H100, L4 = GPUS["H100-80GB"], GPUS["L4-24GB"]

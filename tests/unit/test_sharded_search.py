@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 from memlab import Plan
-from memlab.estimation.fsdp2 import ShardedTrial
-from memlab.estimation.sharded import _search
+from memlab.estimation.sharded.fsdp2 import ShardedTrial
+from memlab.estimation.sharded.per_gpu import _search
 
 NUMBERS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 

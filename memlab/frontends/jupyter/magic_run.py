@@ -3,8 +3,8 @@ the model is touched, and the :class:`Job` it prepares from the notebook (:func:
 
 - **Training** (:class:`TrainingRequest`): ``memlab.compare`` over the ``--try`` grid, ``memlab.fit`` when
   ``--budget`` or ``--batch-size`` comes without ``--try`` (or with ``--search``), ``memlab.estimate`` with
-  ``--dry-run``, and with ``--dry-run --gpus N|auto`` :func:`memlab.estimation.sharded.sharded_trials` (a line per
-  plan and strategy, and a Report of one trial per plan and strategy). ``--apply`` puts the best plan on the live
+  ``--dry-run``, and with ``--dry-run --gpus N|auto`` :func:`memlab.estimation.sharded.per_gpu.sharded_trials` (a line
+  per plan and strategy, and a Report of one trial per plan and strategy). ``--apply`` puts the best plan on the live
   model as :data:`APPLIED_NAME`.
 - **Inference** (:class:`InferenceRequest`, ``--inference``): ``memlab.compare`` measures the ``--try`` settings of
   :class:`memlab.InferencePlan` under ``torch.inference_mode()``; ``--budget`` with one setting (``--try`` values
@@ -24,9 +24,9 @@ from typing import Any
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.estimation.cuda_context import live_card_context
+from memlab.estimation.cuda.context import live_card_context
 from memlab.estimation.estimate import estimate_plans
-from memlab.estimation.sharded import parse_gpus, sharded_lines, sharded_trials
+from memlab.estimation.sharded.per_gpu import parse_gpus, sharded_lines, sharded_trials
 from memlab.frontends.jupyter.magic_parse import DEFAULTS, body_loss_fn, lookup_name, run_options, unquote, usage_error
 from memlab.inference.fit import fit_inference
 from memlab.inference.plan import InferencePlan, parse_inference_axes, parse_inference_grid

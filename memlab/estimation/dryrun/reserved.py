@@ -1,5 +1,5 @@
 """The reserved peak of a CUDA dry run: every storage the fake trial allocates and frees, in order, replayed through
-the caching allocator's model (:mod:`memlab.estimation.cuda_allocator`).
+the caching allocator's model (:mod:`memlab.estimation.cuda.allocator`).
 
 What a real CUDA trial reports as ``reserved_bytes`` (:class:`~memlab.measure.cuda.CudaPeak` around the tracked
 step) is ``max_memory_reserved`` after ``reset_peak_memory_stats`` at the start of the tracked step: segments the
@@ -38,8 +38,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from memlab.estimation.cuda_allocator import MIB, CachingAllocator, expandable_segments_assumed
-from memlab.estimation.fake import FakeMode
+from memlab.estimation.cuda.allocator import MIB, CachingAllocator, expandable_segments_assumed
+from memlab.estimation.dryrun.fake import FakeMode
 from memlab.events import Event, StepFinished, TrialStarted
 from memlab.live.batch import Batch, named_tensors
 from memlab.measure.tracker import MemoryTracker
@@ -112,10 +112,10 @@ EXPANDABLE_NOTE = (
 def reserved_notes() -> list[str]:
     """The notes of an estimate that carries ``reserved_bytes``: :data:`RESERVED_NOTE`, and :data:`EXPANDABLE_NOTE`
     where the allocator's model assumes expandable segments
-    (:func:`~memlab.estimation.cuda_allocator.assumed_allocator`).
+    (:func:`~memlab.estimation.cuda.allocator.assumed_allocator`).
 
     Example:
-        >>> from memlab.estimation.cuda_allocator import assumed_allocator
+        >>> from memlab.estimation.cuda.allocator import assumed_allocator
         >>> reserved_notes() == [RESERVED_NOTE]
         True
         >>> with assumed_allocator(expandable_segments=True):
@@ -153,7 +153,7 @@ def _storage_id(tensor: torch.Tensor) -> int:
 
 class ReservedTrace:
     """Records one dry-run trial's allocations on ``device`` (the fake tensors' device) into a
-    :class:`~memlab.estimation.cuda_allocator.CachingAllocator` and reads its reserved peak as a CUDA trial would.
+    :class:`~memlab.estimation.cuda.allocator.CachingAllocator` and reads its reserved peak as a CUDA trial would.
 
     ``capability`` is the compute capability of the GPU kind (default an H100's) and ``handles`` the cuBLAS handles
     the workload uses (two in training, one in inference): they size the cuBLAS workspaces.
@@ -196,7 +196,7 @@ class ReservedTrace:
         self._placed: dict[int, int] = {}
         self._placing: list[int] | None = None
         self.log: Any = None
-        """A :class:`~memlab.estimation.depth_log.DepthLog` told every call the trial makes to the allocator's model
+        """A :class:`~memlab.estimation.depth.log.DepthLog` told every call the trial makes to the allocator's model
         (a dry run of a few layers, carried to the full depth); None: no log."""
 
     def pause(self) -> None:
@@ -241,7 +241,8 @@ class ReservedTrace:
     @contextlib.contextmanager
     def trial(self, model: nn.Module, batch: Batch, mode: Any = None) -> Iterator[None]:
         """Follow one trial on ``model`` and ``batch``: its placement first, then everything it allocates (through
-        ``mode``'s operators when it is the dry run's :class:`~memlab.estimation.fake.FakeMode`, else as a mode)."""
+        ``mode``'s operators when it is the dry run's :class:`~memlab.estimation.dryrun.fake.FakeMode`, else as a
+        mode)."""
         allocator = CachingAllocator(self.capacity) if self.log is None else self.log.allocator(self.capacity)
         self._allocator = allocator
         self._paused = False

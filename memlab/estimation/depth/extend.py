@@ -1,7 +1,7 @@
 """A three-layer dry run's events carried to any depth: what a dry run of every layer would have told the allocator's
-model and the tracked step's ledger, without running them (:mod:`memlab.estimation.depth`).
+model and the tracked step's ledger, without running them (:mod:`memlab.estimation.depth.carry`).
 
-The log of a dry run of three identical layers (:class:`~memlab.estimation.depth_log.DepthLog`) is a sequence of
+The log of a dry run of three identical layers (:class:`~memlab.estimation.depth.log.DepthLog`) is a sequence of
 events, most of them belonging to one layer. Where events of several layers follow each other, layer after layer
 (the forward pass 0, 1, 2; backward 2, 1, 0; the optimizer's state made parameter by parameter), they form a
 *sweep*; everything else belongs to no layer (the embedding, the head, the loss). The model's layers are played by
@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memlab.estimation.depth_log import Event, LayerPaths, Storage
+from memlab.estimation.depth.log import Event, LayerPaths, Storage
 
 __all__ = ["NotRepeating", "canonical", "check_layers", "extend", "source_layers"]
 

@@ -1,7 +1,7 @@
 """What a dry run has no rule for, said in the estimate's notes instead of quietly taking the CPU's behaviour.
 
 - **Attention implementations** other than ``"sdpa"`` (emulated for CUDA by
-  :mod:`memlab.estimation.cuda_attention`) and ``"eager"`` (plain operators, counted as they run): flash-attention,
+  :mod:`memlab.estimation.cuda.attention`) and ``"eager"`` (plain operators, counted as they run): flash-attention,
   flex attention, hub kernels, an implementation registered with transformers' ``AttentionInterface``. The CPU's
   kernels cannot run most of them (flash-attention needs its CUDA package; flex attention crashes on fake
   tensors), so on CPU kernels the fake model's config says ``"sdpa"`` instead (:func:`assume_sdpa`; the live model

@@ -13,7 +13,7 @@ fake tensors stay on the CPU and :class:`CudaAttention`, a ``TorchFunctionMode``
   of ``can_use_flash_attention`` and ``can_use_mem_efficient_attention`` in
   ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` and ``sdp_utils_cpp.h``, in the default priority flash,
   memory-efficient, math, each skipped where ``sdpa_kernel`` or ``torch.backends.cuda.enable_*_sdp`` switched it
-  off) for the GPU kind assumed (:mod:`memlab.estimation.gpus`, default an 80 GB H100, sm90). The rules that decide
+  off) for the GPU kind assumed (:mod:`memlab.estimation.cuda.gpus`, default an 80 GB H100, sm90). The rules that decide
   the common cases: flash takes no ``attn_mask``, fp16/bf16 only, head dims equal and at most 256, sm80+; the
   memory-efficient kernel takes fp32 and a mask but needs head dims aligned (8 elements in half precision, 4 in
   float32 on sm80+) and the mask's last dimension contiguous (``check_last_dim_stride_equals_1_dense``: a position
@@ -41,7 +41,7 @@ do not cover (:func:`sdpa_gaps`: inputs that are not 4-D, nested tensors) still 
 trial's note names the rule that was missing.
 
 Example:
-    >>> from memlab.estimation.fake import FakeMode
+    >>> from memlab.estimation.dryrun.fake import FakeMode
     >>> with FakeMode() as fake, CudaAttention() as attention:
     ...     q = torch.empty(2, 4, 128, 64, dtype=torch.bfloat16)
     ...     out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True, dropout_p=0.1)
@@ -59,8 +59,8 @@ import torch
 from torch.nn import functional
 from torch.overrides import TorchFunctionMode
 
-from memlab.estimation.cuda_autocast import autocast_dtype
-from memlab.estimation.gpus import GpuKind, gpu_kind
+from memlab.estimation.cuda.autocast import autocast_dtype
+from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 
 __all__ = [
     "CudaAttention", "attention_note", "efficient_refusals", "flash_refusals", "sdpa_backend", "sdpa_gaps",

@@ -1,10 +1,10 @@
 """PyTorch's ``FSDPMemTracker`` kept and replayed, so that an FSDP2 dry run of three layers can be carried to the
-model's depth (:mod:`memlab.estimation.depth`): the third consumer of a dry run's events, beside the allocator's
+model's depth (:mod:`memlab.estimation.depth.carry`): the third consumer of a dry run's events, beside the allocator's
 model and the one-GPU step's ledger.
 
 What the FSDP2 estimate reads of the tracker is its peak snapshot and every module's snapshots (by device, each
 reference type's bytes and their total). All of them are copies of one running snapshot, taken at three kinds of
-moment, which :func:`logging_tracker` reports to a :class:`~memlab.estimation.depth_log.DepthLog` as consumer
+moment, which :func:`logging_tracker` reports to a :class:`~memlab.estimation.depth.log.DepthLog` as consumer
 ``"F"``:
 
 - each change to the running snapshot (``_update_snap``: a storage added, deleted, given another reference type,
@@ -26,11 +26,11 @@ from typing import Any
 
 from torch import nn
 
-from memlab.estimation.depth import ShallowModel
-from memlab.estimation.depth_extend import NotRepeating, canonical, check_layers, extend, source_layers
-from memlab.estimation.depth_log import ALLOCATOR, FSDP, DepthLog, Event
-from memlab.estimation.depth_replay import replay_allocator
-from memlab.estimation.fsdp2_speed import tracker_class
+from memlab.estimation.depth.carry import ShallowModel
+from memlab.estimation.depth.extend import NotRepeating, canonical, check_layers, extend, source_layers
+from memlab.estimation.depth.log import ALLOCATOR, FSDP, DepthLog, Event
+from memlab.estimation.depth.replay import replay_allocator
+from memlab.estimation.sharded.fsdp2_speed import tracker_class
 
 __all__ = ["FSDP2_EDGE", "Books", "carried_books", "logging_tracker", "replay_fsdp"]
 
@@ -38,7 +38,7 @@ _TOTAL = "Total"  # the running snapshot's key for a device's sum (mem_tracker._
 
 
 def logging_tracker(model: nn.Module, optimizer: Any, log: DepthLog) -> Any:
-    """PyTorch's ``FSDPMemTracker`` of ``model`` and ``optimizer`` (of :func:`memlab.estimation.fsdp2_speed.
+    """PyTorch's ``FSDPMemTracker`` of ``model`` and ``optimizer`` (of :func:`memlab.estimation.sharded.fsdp2_speed.
     tracker_class`'s class), telling ``log`` what it does to its books (see the module's notes)."""
     base = tracker_class()
 
@@ -258,10 +258,10 @@ def carried_books(
     capacity: int | None,
 ) -> Books | None:
     """An FSDP2 dry run's books at the model's depth, from its dry runs of five layers and four (each: its events,
-    the tracker's peak and snapshots made :data:`~memlab.estimation.fsdp2.DETAIL` by ``convert``, its reserved
+    the tracker's peak and snapshots made :data:`~memlab.estimation.sharded.fsdp2.DETAIL` by ``convert``, its reserved
     peak); None where they do not show one step repeating layer by layer. As for one GPU
-    (:func:`memlab.estimation.depth.carried_trial`): the three-layer events replayed as they are must give that dry
-    run's own books, and carried to two layers must tell the tracker and the allocator exactly what the two-layer
+    (:func:`memlab.estimation.depth.carry.carried_trial`): the three-layer events replayed as they are must give that
+    dry run's own books, and carried to two layers must tell the tracker and the allocator exactly what the two-layer
     dry run did."""
     edge = FSDP2_EDGE
     (events, detail, peaks, reserved), (two, _, _, _) = runs[source_layers(edge)], runs[check_layers(edge)]

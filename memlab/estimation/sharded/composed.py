@@ -3,7 +3,7 @@ the chunked loss under FSDP1, FSDP2, ZeRO-2 and ZeRO-3, with the parameters or t
 
 ``fully_shard`` cannot run on the fake 4-bit layers of a QLoRA dry run (bitsandbytes' ``Params4bit`` is not a
 tensor FSDP2 can turn into a DTensor), and FSDP1's flat parameters cannot run on fake tensors at all. These plans
-are estimated from the one-GPU dry run of the plan (:func:`memlab.estimation.single_gpu.estimate_plans`, which
+are estimated from the one-GPU dry run of the plan (:func:`memlab.estimation.dryrun.single_gpu.estimate_plans`, which
 runs the adapters, the load, the chunked loss and selective checkpointing as ``memlab.measure`` would), read over
 its whole step (its :class:`~memlab.report.timeline.Timeline`): at every point of the step, each GPU holds
 
@@ -19,7 +19,7 @@ its whole step (its :class:`~memlab.report.timeline.Timeline`): at every point o
   prefetch bucket's; none on one GPU, where DeepSpeed's ``NoGatherHandle`` views each partition); ZeRO-2 none (it
   holds every weight whole),
 - one unit's unsharded gradients (the trained ones),
-- under ZeRO, DeepSpeed's buckets (:mod:`memlab.estimation.zero`): ZeRO-3's reduce bucket whole
+- under ZeRO, DeepSpeed's buckets (:mod:`memlab.estimation.sharded.zero`): ZeRO-3's reduce bucket whole
   (``reduce_bucket_size`` elements, however few parameters the adapters train), ZeRO-2's at most the trained
   parameters, and the prefetch bucket,
 - the activations and the rest (``other``) of the one-GPU step, unchanged: data parallelism does not change them.
@@ -47,9 +47,9 @@ import torch
 from torch import nn
 
 from memlab.estimation.configs import model_on_meta
-from memlab.estimation.fsdp2 import DETAIL, ShardedRequest, ShardedTrial, shard_units, sharded_trial
-from memlab.estimation.load import loaded_dtype, parse_load
-from memlab.estimation.single_gpu import estimate_plans
+from memlab.estimation.dryrun.load import loaded_dtype, parse_load
+from memlab.estimation.dryrun.single_gpu import estimate_plans
+from memlab.estimation.sharded.fsdp2 import DETAIL, ShardedRequest, ShardedTrial, shard_units, sharded_trial
 from memlab.live.sharding import DS_PREFETCH_BUCKET, ds_reduce_bucket, engine_settings
 from memlab.plan import Plan
 
@@ -57,8 +57,8 @@ __all__ = ["COMPOSED_NOTE", "FSDP1_STREAMS_NOTE", "MIXED_NOTE", "RESERVE_NOTE", 
            "composed_estimate", "fsdp1_blocks_gathered", "fsdp1_stream_pool", "gathered_bytes", "needs_composition"]
 
 COMPOSED_NOTE = (
-    "sharded from the one-GPU dry run of the same plan (memlab.estimation.composed): at each point of its step, the "
-    "shards of its weights, gradients and optimizer state, the gathered units, and its activations unchanged"
+    "sharded from the one-GPU dry run of the same plan (memlab.estimation.sharded.composed): at each point of its step,"
+    " the shards of its weights, gradients and optimizer state, the gathered units, and its activations unchanged"
 )
 """The note of every composed estimate."""
 
@@ -74,7 +74,7 @@ ZERO_RESERVE_NOTE = (
     "DeepSpeed all-gathers the weights on its own stream, whose cached blocks hold the gathered layers the allocated "
     "peak counts"
 )
-"""The note of a composed ZeRO estimate that carries a reserve (ZeRO's formulas, :mod:`memlab.estimation.zero`,
+"""The note of a composed ZeRO estimate that carries a reserve (ZeRO's formulas, :mod:`memlab.estimation.sharded.zero`,
 carry none)."""
 
 FSDP1_STREAMS_NOTE = (
@@ -226,8 +226,8 @@ def _compute_bytes(plan: Plan, load: Mapping[str, Any] | None) -> int:
 
 def gathered_bytes(model: nn.Module, strategy: str, element: int, quantize: str = "none") -> tuple[int, int]:
     """``(the largest unit's gathered bytes, what stays gathered)`` of ``model`` under ``strategy``: each unit of
-    :func:`memlab.estimation.fsdp2.shard_units` at ``element`` bytes per parameter, its linear layers' weights at
-    the packed bytes of ``quantize`` (``"nf4"``/``"fp4"``: half a byte and the double-quantized scales, about 0.516;
+    :func:`memlab.estimation.sharded.fsdp2.shard_units` at ``element`` bytes per parameter, its linear layers' weights
+    at the packed bytes of ``quantize`` (``"nf4"``/``"fp4"``: half a byte and the double-quantized scales, about 0.516;
     ``"int8"``: one byte and a scale per row); what stays gathered is FSDP2's tail (final norm, output head) or FSDP1's
     root (embeddings too), nothing under ZeRO (whose largest layer is already the unit).
 

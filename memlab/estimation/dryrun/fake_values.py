@@ -1,6 +1,6 @@
 """An image batch's values kept on the CPU, whatever device its fake tensors are on.
 
-A dry run of a vision-language batch keeps the values of its tensors (:func:`memlab.estimation.fake.fake_batch`):
+A dry run of a vision-language batch keeps the values of its tensors (:func:`memlab.estimation.dryrun.fake.fake_batch`):
 image token positions, grids and padding images decide shapes. PyTorch's fake tensors keep such values as
 ``constant``, a real tensor on the fake tensor's own device, and compute with them for real: on a machine with a GPU,
 a dry run for it would copy the batch to the GPU and run real kernels there, which a dry run never does (DESIGN.md

@@ -1,11 +1,11 @@
 """What a dry run of a few layers keeps, so that its step can be carried to the model's full depth
-(:mod:`memlab.estimation.depth_extend`, :mod:`memlab.estimation.depth`).
+(:mod:`memlab.estimation.depth.extend`, :mod:`memlab.estimation.depth.carry`).
 
 A one-GPU dry run feeds two consumers with its storages: the model of the CUDA caching allocator
-(:class:`~memlab.estimation.reserved.ReservedTrace`, ``"A"``: every storage of the trial, its placement and warm-up
-included) and the tracked step's :class:`~memlab.measure.tracker.MemoryTracker` (``"L"``: its ledger's changes by
-category, each check of its peak, the timeline's sections); an FSDP2 dry run feeds the allocator's model and
-PyTorch's FSDP memory tracker (``"F"``, :mod:`memlab.estimation.fsdp2_depth`). :class:`DepthLog` keeps what they
+(:class:`~memlab.estimation.dryrun.reserved.ReservedTrace`, ``"A"``: every storage of the trial, its placement and
+warm-up included) and the tracked step's :class:`~memlab.measure.tracker.MemoryTracker` (``"L"``: its ledger's changes
+by category, each check of its peak, the timeline's sections); an FSDP2 dry run feeds the allocator's model and
+PyTorch's FSDP memory tracker (``"F"``, :mod:`memlab.estimation.sharded.fsdp2_depth`). :class:`DepthLog` keeps what they
 were told as one list of :class:`Event`, in order, each with the module running and the layer it belongs to:
 
 - an event made inside a layer (``model.layers.3.mlp``) belongs to that layer; one made in the module that runs the
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from memlab.estimation.cuda_allocator import CachingAllocator
+from memlab.estimation.cuda.allocator import CachingAllocator
 from memlab.events import Event as RunnerEvent
 from memlab.events import TrialStarted
 from memlab.measure.timeline import ModuleWatch, Recording, StepRecorder
@@ -50,7 +50,8 @@ ALLOCATOR = "A"
 STEP = "L"
 """The consumer that counts the tracked step by category (the peak, the breakdown, the timeline)."""
 FSDP = "F"
-"""The consumer that is PyTorch's FSDP memory tracker (an FSDP2 dry run: :mod:`memlab.estimation.fsdp2_depth`)."""
+"""The consumer that is PyTorch's FSDP memory tracker (an FSDP2 dry run:
+:mod:`memlab.estimation.sharded.fsdp2_depth`)."""
 
 
 @dataclass(frozen=True)
@@ -109,9 +110,9 @@ class Event:
     ``key``, ``nbytes`` and ``category``); for the step also ``"start"`` (a storage alive when the step began),
     ``"check"`` (its peak checked), ``"enter"`` and ``"exit"`` (a section, named in ``label``); for the allocator also
     ``"empty_cache"``, ``"reset_peak"`` and ``"read"`` (where the trial reads its peaks); for the FSDP memory tracker
-    (:mod:`memlab.estimation.fsdp2_depth`) also ``"begin"``, ``"check"`` (``label``: the peak's state, ``names``:
-    the FSDP modules running), ``"reset"`` (a module's local peak started) and ``"append"`` (a module's snapshot
-    stored, ``label``: its state).
+    (:mod:`memlab.estimation.sharded.fsdp2_depth`) also ``"begin"``, ``"check"`` (``label``: the peak's state,
+    ``names``: the FSDP modules running), ``"reset"`` (a module's local peak started) and ``"append"`` (a module's
+    snapshot stored, ``label``: its state).
     """
 
     consumer: str
@@ -137,10 +138,10 @@ class Event:
 
 
 class DepthLog:
-    """Keeps a dry run's events for :mod:`memlab.estimation.depth_extend` (see the module's notes).
+    """Keeps a dry run's events for :mod:`memlab.estimation.depth.extend` (see the module's notes).
 
     The dry run hands it to its parts: the fake mode calls :meth:`operator_ran` after each operator, before its
-    consumers see the result, :class:`~memlab.estimation.reserved.ReservedTrace` makes its allocator with
+    consumers see the result, :class:`~memlab.estimation.dryrun.reserved.ReservedTrace` makes its allocator with
     :meth:`allocator`, the probe makes the tracked step's recorder with :meth:`step_recorder`, the runner's events
     reach :meth:`listen`, an FSDP2 run's tracker reports to :meth:`fsdp_storage` and :meth:`fsdp_marker`, and the
     trial runs inside :meth:`watching`.
@@ -328,7 +329,7 @@ class DepthLog:
                      watch)
 
     def allocator(self, capacity: int | None) -> CachingAllocator:
-        """The caching allocator's model for :class:`~memlab.estimation.reserved.ReservedTrace`, reporting its
+        """The caching allocator's model for :class:`~memlab.estimation.dryrun.reserved.ReservedTrace`, reporting its
         calls here."""
         return _LoggedAllocator(capacity, self)
 
@@ -340,7 +341,7 @@ class DepthLog:
 
     def fsdp_storage(self, op: str, info: Any, storage: Any, nbytes: int, category: str) -> None:
         """A change to PyTorch's FSDP memory tracker's books about one storage (its record ``info``; ``storage``, the
-        storage itself where it is new): :mod:`memlab.estimation.fsdp2_depth`."""
+        storage itself where it is new): :mod:`memlab.estimation.sharded.fsdp2_depth`."""
         live = self._live[FSDP]
         key = id(info)
         if op == "alloc":

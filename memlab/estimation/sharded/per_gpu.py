@@ -5,10 +5,10 @@ the machines are booked, how much each GPU will hold (:func:`sharded_estimate`, 
 gpus=, strategy=)`` runs), and :func:`smallest_gpus` how many GPUs each strategy needs. ``batch`` is always what ONE
 GPU sees per micro-step (the per-GPU micro-batch); data parallelism multiplies it.
 
-**FSDP2** runs for real, on fake tensors (:mod:`memlab.estimation.fsdp2`): ``fully_shard`` over a fake process
+**FSDP2** runs for real, on fake tensors (:mod:`memlab.estimation.sharded.fsdp2`): ``fully_shard`` over a fake process
 group, memlab's own training step, PyTorch's ``FSDPMemTracker``. **ZeRO-2 / ZeRO-3** are computed
-(:mod:`memlab.estimation.zero`): DeepSpeed's formulas for the model states, the activations from the FSDP2 dry run.
-The strategies and DeepSpeed's bucket sizes are in :mod:`memlab.live.sharding` (no torch), which the names
+(:mod:`memlab.estimation.sharded.zero`): DeepSpeed's formulas for the model states, the activations from the FSDP2 dry
+run. The strategies and DeepSpeed's bucket sizes are in :mod:`memlab.live.sharding` (no torch), which the names
 below re-export.
 """
 
@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from memlab.errors import MemlabError
-from memlab.estimation.composed import composed_estimate, needs_composition
 from memlab.estimation.configs import frozen_count, layer_counts, model_on_meta
-from memlab.estimation.cuda_context import card_context
-from memlab.estimation.fsdp2 import (
+from memlab.estimation.cuda.context import card_context
+from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
+from memlab.estimation.dryrun.single_gpu import estimate_plans
+from memlab.estimation.sharded.composed import composed_estimate, needs_composition
+from memlab.estimation.sharded.fsdp2 import (
     DETAIL,
     FSDP2_REFUSALS,
     ShardedRequest,
@@ -32,9 +34,7 @@ from memlab.estimation.fsdp2 import (
     fsdp2_dry_run,
     shard_units,
 )
-from memlab.estimation.gpus import GpuKind, gpu_kind
-from memlab.estimation.single_gpu import estimate_plans
-from memlab.estimation.zero import zero_basis, zero_model_states, zero_trial
+from memlab.estimation.sharded.zero import zero_basis, zero_model_states, zero_trial
 from memlab.live.batch import LossFn
 from memlab.live.sharding import (
     DS_ALLGATHER_BUCKET,
@@ -82,10 +82,10 @@ def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
     ``strategy="fsdp2"`` runs ``fully_shard`` on fake tensors; ``"zero2"``/``"zero3"`` compute DeepSpeed's partitioning
     (the module docstring gives the formulas); ``"fsdp1"`` is FSDP2's dry run with FSDP1's root kept gathered
     (:func:`fsdp1_trial`). Adapter plans (LoRA, QLoRA), a quantized ``load`` and the chunked loss are composed from
-    their one-GPU dry run under every strategy (:mod:`memlab.estimation.composed`). ``offload="params"`` keeps each
-    GPU's shards in CPU memory (FSDP ``offload_params``, DeepSpeed ZeRO-3 ``offload_param``). For CUDA each GPU's trial
-    carries the CUDA context of the GPU kind ``gpu`` (:func:`memlab.estimation.cuda_context.card_context`), and its
-    ``fits`` judges the card figure; its notes name the engine settings assumed.
+    their one-GPU dry run under every strategy (:mod:`memlab.estimation.sharded.composed`). ``offload="params"`` keeps
+    each GPU's shards in CPU memory (FSDP ``offload_params``, DeepSpeed ZeRO-3 ``offload_param``). For CUDA each GPU's
+    trial carries the CUDA context of the GPU kind ``gpu`` (:func:`memlab.estimation.cuda.context.card_context`), and
+    its ``fits`` judges the card figure; its notes name the engine settings assumed.
 
     Example:
         >>> from transformers import LlamaConfig
@@ -116,9 +116,9 @@ def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
 
 def sharded_one(request: ShardedRequest, basis: Trial | None = None) -> ShardedTrial:
     """One strategy's per-GPU trial (without the CUDA context): the route each plan takes, chosen once here. The
-    composed route (:mod:`memlab.estimation.composed`) for adapters, quantized loads and the chunked loss; FSDP2's
-    dry run for FSDP2 (FSDP1 from it, :func:`fsdp1_trial`); DeepSpeed's formulas over ``basis`` (a
-    :func:`~memlab.estimation.zero.zero_basis` already made, or a new one) for ZeRO. The notes name the engine
+    composed route (:mod:`memlab.estimation.sharded.composed`) for adapters, quantized loads and the chunked loss;
+    FSDP2's dry run for FSDP2 (FSDP1 from it, :func:`fsdp1_trial`); DeepSpeed's formulas over ``basis`` (a
+    :func:`~memlab.estimation.sharded.zero.zero_basis` already made, or a new one) for ZeRO. The notes name the engine
     settings assumed.
 
     Example:
@@ -200,18 +200,28 @@ def fsdp1_trial(trial: ShardedTrial, model_or_config: Any) -> ShardedTrial:
 
 
 def smallest_gpus(
-    request: ShardedRequest,
+    model_or_request: Any,
+    batch: Any = None,
+    plan: Plan | None = None,
     *,
+    budget: int | str | None = None,
     strategies: Sequence[str] = ("fsdp2", "zero2", "zero3"),
     candidates: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+    loss_fn: LossFn | None = None,
+    lr: float = 1e-5,
+    device: str | torch.device | None = None,
+    gpu: GpuKind | str | None = None,
+    load: Mapping[str, Any] | None = None,
     say: Callable[[str], None] | None = None,
 ) -> dict[str, ShardedTrial | None]:
-    """For each strategy, the estimate at the smallest number of GPUs in ``candidates`` whose per-GPU peak fits the
-    request's ``budget`` (bytes; its ``gpus`` and ``strategy`` are not read) (None when none does: ZeRO-2 keeps whole
+    """For each strategy, the estimate at the smallest number of GPUs in ``candidates`` whose per-GPU peak fits
+    ``budget`` (None when none does: ZeRO-2 keeps whole
     weights on every GPU, so it may never fit; the error trial where every dry run failed, such as Adafactor under
     FSDP2). For CUDA, what fits is each GPU's card figure (the CUDA context of the GPU kind ``gpu`` included) where it
-    is known. ``strategies`` may name ``"fsdp1"`` too; the request's ``load`` is how the user loads the model (as for
-    :func:`memlab.estimate`).
+    is known. ``strategies`` may name ``"fsdp1"`` too; ``load`` is how the user loads the model (as for
+    :func:`memlab.estimate`). The model, batch (one GPU's micro-step), plan and the dry run's settings come as
+    keywords, as a notebook writes them, or as one :class:`ShardedRequest` (its ``budget`` in bytes; its ``gpus`` and
+    ``strategy`` are not read).
 
     The per-GPU peak falls as GPUs are added, so the candidates are searched as a bisection would, each probe
     where the last estimate predicts the boundary (:func:`_search`: the bisection's answer, often in two probes):
@@ -223,17 +233,25 @@ def smallest_gpus(
         >>> config = LlamaConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=2,
         ...                      num_attention_heads=8, vocab_size=32000)  # 99M parameters: 1.6 GB with AdamW
         >>> # each GPU also holds ZeRO-3's reduce bucket, 5e8 elements (2 GB in fp32), whatever the model
-        >>> request = ShardedRequest(config, {"input_ids": (1, 16), "labels": (1, 16)}, Plan(), 1,
-        ...                          budget=parse_budget("3.5GiB"), device="cpu")
-        >>> found = smallest_gpus(request, strategies=["zero3"])
+        >>> found = smallest_gpus(config, {"input_ids": (1, 16), "labels": (1, 16)}, Plan(), budget="3.5GiB",
+        ...                       strategies=["zero3"], device="cpu")
         >>> found["zero3"].gpus, found["zero3"].fits
         (2, True)
     """
+    if isinstance(model_or_request, ShardedRequest):
+        if batch is not None or plan is not None or budget is not None:
+            raise MemlabError("smallest_gpus takes a ShardedRequest alone or the model, batch, plan and budget; "
+                              "write smallest_gpus(request, strategies=...) or smallest_gpus(model, batch, plan, "
+                              "budget='80GiB')")
+        request = model_or_request
+    else:
+        request = ShardedRequest(model_or_request, batch, plan if plan is not None else Plan(), 1, loss_fn=loss_fn,
+                                 lr=lr, device=device, gpu=gpu, load=load,
+                                 budget=None if budget is None else parse_budget(budget))
     plan, gpu, load = request.plan, request.gpu, request.load
     _check_plan(plan)
     if request.budget is None:
-        raise MemlabError("smallest_gpus needs a budget; give its request one, for example "
-                          "budget=parse_budget('80GiB') (from memlab.plan import parse_budget)")
+        raise MemlabError("smallest_gpus needs a budget; write budget='80GiB' (or give its ShardedRequest one)")
     numbers = sorted({check_sharding(int(n), "fsdp2")[0] for n in candidates})
     if not numbers:
         raise MemlabError("candidates is empty; write numbers of GPUs such as candidates=(1, 2, 4, 8)")

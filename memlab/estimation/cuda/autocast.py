@@ -11,7 +11,7 @@ step keeps for backward (GPT-2's GELU, for one, turns float32 after its ``pow``)
 - the inputs of CUDA's lower-precision ops that the CPU's list lacks (:data:`CUDA_LOWER_ONLY`: ``einsum``, ``mv``,
   ``addmv``, ``addr``, ``chain_matmul``, ``multi_dot``) are cast to the autocast dtype; the ops both lists share
   (``linear``, ``matmul``, ``mm``, ``bmm``, ``baddbmm``, ``addmm``, convolutions) are left to CPU autocast;
-- ``scaled_dot_product_attention`` is cast by :class:`~memlab.estimation.cuda_attention.CudaAttention`.
+- ``scaled_dot_product_attention`` is cast by :class:`~memlab.estimation.cuda.attention.CudaAttention`.
 
 What it does not cover: CUDA's "promote" list (ops with mixed inputs run in the widest dtype on both devices
 already), ops called below the Python API (a C++ extension, a custom kernel), and ops the CPU list casts to float32

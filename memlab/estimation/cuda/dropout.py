@@ -9,7 +9,7 @@ per element where the GPU keeps one, for every dropout of the model (two per lay
 step. In-place dropout (``F.dropout(..., inplace=True)``) is not fused on CUDA either and is left alone.
 
 Example:
-    >>> from memlab.estimation.fake import FakeMode
+    >>> from memlab.estimation.dryrun.fake import FakeMode
     >>> kept = []
     >>> with FakeMode(), CudaDropout(), torch.autograd.graph.saved_tensors_hooks(kept.append, lambda t: t):
     ...     x = torch.empty(4, 8, requires_grad=True)

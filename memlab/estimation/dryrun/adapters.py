@@ -271,7 +271,7 @@ def attach_fake_adapter(model: nn.Module, plan: Plan, mode: FakeTensorMode, devi
         moves = _FakeMoves()
         with torch._C.DisableTorchFunction(), moves:
             if plan.adapter == "qlora" and not any(isinstance(m, FakeNF4Linear) for m in model.modules()):
-                # Quantized here unless the load already did (memlab.estimation.load: the base loaded in 4-bit).
+                # Quantized here unless the load already did (memlab.estimation.dryrun.load: the base loaded in 4-bit).
                 dtype = compute_dtype(plan)
                 for name in qlora_targets(model):
                     parent_name, _, child = name.rpartition(".")

@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-2 / ZeRO-3 per GPU: computed, since they cannot run without DeepSpeed's engine.
 
 The activations (and the batch) come from the FSDP2 dry run of the same plan and per-GPU batch
-(:func:`memlab.estimation.fsdp2.fsdp2_dry_run`: its largest activations, over every module-level snapshot: data
+(:func:`memlab.estimation.sharded.fsdp2.fsdp2_dry_run`: its largest activations, over every module-level snapshot: data
 parallelism does not change them); the model states follow DeepSpeed's own formulas
 (``deepspeed/runtime/zero/stage_1_and_2.py``: ``estimate_zero2_model_states_mem_needs`` and ``stage3.py``:
 ``estimate_zero3_model_states_mem_needs``, DeepSpeed 0.19), written per dtype so that they hold for any plan. With
@@ -34,7 +34,7 @@ No ZeRO step is traced, so the allocator's reserve of a ZeRO estimate from these
 (``reserved_bytes`` None): its card figure is unknown and budget verdicts judge its allocated peak, and say so.
 (Borrowing the FSDP2 run's reserve was tried: a 2-GPU FSDP2 run's fragmentation is not a ZeRO step's, and it made a
 7B ZeRO-3 plan look 17 GiB over.) A composed ZeRO estimate (adapters, a quantized load, the chunked loss:
-:mod:`memlab.estimation.composed`) carries the reserve of its own one-GPU step over that step's peak.
+:mod:`memlab.estimation.sharded.composed`) carries the reserve of its own one-GPU step over that step's peak.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import model_on_meta
-from memlab.estimation.fsdp2 import (
+from memlab.estimation.dryrun.reserved import EXPANDABLE_NOTE, RESERVED_NOTE
+from memlab.estimation.dryrun.single_gpu import adamw8bit_state_bytes, estimate_plans
+from memlab.estimation.sharded.fsdp2 import (
     DETAIL,
     FSDP_NOTE,
     ONE_STREAM_NOTE,
@@ -54,8 +56,6 @@ from memlab.estimation.fsdp2 import (
     fsdp2_dry_run,
     sharded_trial,
 )
-from memlab.estimation.reserved import EXPANDABLE_NOTE, RESERVED_NOTE
-from memlab.estimation.single_gpu import adamw8bit_state_bytes, estimate_plans
 from memlab.live.sharding import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, ds_reduce_bucket
 from memlab.plan import Plan
 from memlab.report import Trial
@@ -213,7 +213,7 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
     detail["communication"] = w * buckets
     notes = [
         *(n for n in basis.notes if not n.startswith("fp16 on CPU")),
-        f"ZeRO-{stage} model states from DeepSpeed's formulas (memlab.estimation.zero); "
+        f"ZeRO-{stage} model states from DeepSpeed's formulas (memlab.estimation.sharded.zero); "
         "activations from the FSDP2 dry run",
     ]
     if plan.offload in ("all", "params") and stage == 2:

@@ -3,12 +3,12 @@
 What nvidia-smi shows for a training process, and what an out-of-memory error is about, is the caching allocator's
 reserve plus the CUDA context (the kernel modules loaded, per-thread stacks, library handles): the card figure
 (:attr:`memlab.report.Trial.card_bytes`). A dry run cannot read a driver, so an estimate for ``device="cuda"`` takes
-the context of a GPU kind from :data:`memlab.estimation.gpus.GPUS` (default an 80 GB H100) and says so in a note;
+the context of a GPU kind from :data:`memlab.estimation.cuda.gpus.GPUS` (default an 80 GB H100) and says so in a note;
 measured trials read it from the driver instead (:func:`memlab.measure.cuda.cuda_context_bytes`).
 
 The context depends more on the driver, the CUDA version and which kernels ran (CUDA loads modules lazily, on first
 use, since 11.7; by default on Linux since 12.2) than on the card, and grows with the number of SMs (per-thread
-stacks). Each figure in :data:`memlab.estimation.gpus.GPUS` says where it comes from; an assumed one is the
+stacks). Each figure in :data:`memlab.estimation.cuda.gpus.GPUS` says where it comes from; an assumed one is the
 measured H100's until the GPU run measures that kind (it records ``cuda_context_bytes`` with every trial).
 """
 
@@ -21,7 +21,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from memlab.estimation.gpus import GpuKind, gpu_kind
+from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.plan import format_bytes
 from memlab.report import Trial
 
@@ -39,7 +39,7 @@ def card_context(trial: TrialT, gpu: GpuKind | str | None = None, *, read_on: to
     is. The note also says whether the card figure is known: it needs the allocator's reserve as well.
 
     Example:
-        >>> from memlab.estimation.gpus import GPUS
+        >>> from memlab.estimation.cuda.gpus import GPUS
         >>> from memlab.plan import Plan
         >>> trial = Trial(Plan(), "ok", 90, {}, None, None, None, "cuda", estimated=True, reserved_bytes=100)
         >>> carded = card_context(trial)
@@ -89,7 +89,7 @@ def live_card_context(trial: TrialT, model: nn.Module) -> TrialT:
     for the default GPU kind where it is not on one (a model on the meta device estimated for CUDA).
 
     Example:
-        >>> from memlab.estimation.gpus import DEFAULT_GPU, GPUS
+        >>> from memlab.estimation.cuda.gpus import DEFAULT_GPU, GPUS
         >>> from memlab.plan import Plan
         >>> trial = Trial(Plan(), "ok", 90, {}, None, None, None, "cuda", estimated=True)
         >>> live_card_context(trial, nn.Linear(2, 2, device="meta")).context_bytes == GPUS[DEFAULT_GPU].context_bytes

@@ -3,14 +3,14 @@
 A 7B Llama has 32 identical decoder layers, a 70B one 80; a dry run spends nearly all its time in them, one fake
 operator at a time. Where a transformers config builds its layers as one block repeated (the same modules,
 shapes and settings in every layer), the dry run of three layers shows everything each layer does, and
-:func:`~memlab.estimation.depth_extend.extend` plays it at the model's depth: the same events a dry run of every
+:func:`~memlab.estimation.depth.extend.extend` plays it at the model's depth: the same events a dry run of every
 layer would tell the allocator's model and the step's tracker, replayed through them
-(:mod:`memlab.estimation.depth_replay`). The result is the estimate of the whole model, not an extrapolation of its
+(:mod:`memlab.estimation.depth.replay`). The result is the estimate of the whole model, not an extrapolation of its
 numbers: the peak, its breakdown, the reserved peak and the timeline come out of the same consumers, told the same
 things.
 
 Each plan is also dry-run at two layers, and the three-layer log carried to two layers must tell its consumers
-exactly what that real dry run told them (:func:`~memlab.estimation.depth_extend.canonical`): where a plan's step
+exactly what that real dry run told them (:func:`~memlab.estimation.depth.extend.canonical`): where a plan's step
 does not repeat layer by layer (a layer that differs, work that grows with the depth outside the layers), the two
 disagree and the plan is dry-run at its full depth instead. So is a model whose layers differ in the config
 (``layer_types`` that mix sliding and full attention, dense layers before mixture-of-experts ones), and a plan
@@ -30,9 +30,9 @@ from typing import Any
 from torch import nn
 
 from memlab.estimation.configs import built_from, is_transformers_config, load_config, meta_model
-from memlab.estimation.depth_extend import NotRepeating, canonical, check_layers, extend, source_layers
-from memlab.estimation.depth_log import ALLOCATOR, STEP, Event, LayerPaths
-from memlab.estimation.depth_replay import replay_allocator, replay_step
+from memlab.estimation.depth.extend import NotRepeating, canonical, check_layers, extend, source_layers
+from memlab.estimation.depth.log import ALLOCATOR, STEP, Event, LayerPaths
+from memlab.estimation.depth.replay import replay_allocator, replay_step
 from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.report.timeline import Timeline
@@ -89,7 +89,7 @@ class ShallowModel:
 @dataclass
 class ShallowRun:
     """One plan's dry run of a few layers: its trial (notes included, before it is made an estimate) and the
-    events its :class:`~memlab.estimation.depth_log.DepthLog` kept."""
+    events its :class:`~memlab.estimation.depth.log.DepthLog` kept."""
 
     trial: Trial
     reserved: int | None

@@ -1,5 +1,5 @@
-"""Events of a dry run (:class:`~memlab.estimation.depth_log.Event`, as kept or as carried to another depth by
-:func:`~memlab.estimation.depth_extend.extend`) told again to fresh consumers of the same kinds: the caching
+"""Events of a dry run (:class:`~memlab.estimation.depth.log.Event`, as kept or as carried to another depth by
+:func:`~memlab.estimation.depth.extend.extend`) told again to fresh consumers of the same kinds: the caching
 allocator's model gives the reserved peak, the tracker's :class:`~memlab.measure.tracker.Ledger` with a
 :class:`~memlab.measure.timeline.StepRecorder` gives the step's peak, its breakdown and its timeline. They are
 memlab's own classes, told the same calls in the same order, so their results are what the dry run's would be.
@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memlab.estimation.cuda_allocator import CachingAllocator
-from memlab.estimation.depth_log import ALLOCATOR, STEP, Event
+from memlab.estimation.cuda.allocator import CachingAllocator
+from memlab.estimation.depth.log import ALLOCATOR, STEP, Event
 from memlab.measure.ledger import Ledger
 from memlab.measure.timeline import Recording, StepRecorder
 

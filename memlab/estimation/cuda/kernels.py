@@ -4,9 +4,9 @@ does, in one place for the one-GPU and the sharded estimate.
 A dry run for ``device="cuda"`` on a CPU-only machine runs fake CPU tensors through the CPU's kernels. Where the
 CPU's choice keeps different memory than CUDA's, a ``TorchFunctionMode`` makes it CUDA's:
 
-- :class:`~memlab.estimation.cuda_autocast.CudaAutocast`: CUDA autocast's dtypes (softmax, layer norm, ...);
-- :class:`~memlab.estimation.cuda_dropout.CudaDropout`: the fused dropout and its one-byte mask;
-- :class:`~memlab.estimation.cuda_attention.CudaAttention`: the attention backend the GPU kind has, and what it
+- :class:`~memlab.estimation.cuda.autocast.CudaAutocast`: CUDA autocast's dtypes (softmax, layer norm, ...);
+- :class:`~memlab.estimation.cuda.dropout.CudaDropout`: the fused dropout and its one-byte mask;
+- :class:`~memlab.estimation.cuda.attention.CudaAttention`: the attention backend the GPU kind has, and what it
   keeps for backward.
 
 Checkpointing recomputes in backward, where no mode is active: the same modes are handed to its ``context_fn``
@@ -14,7 +14,7 @@ Checkpointing recomputes in backward, where no mode is active: the same modes ar
 update (fused or foreach AdamW) is chosen by the optimizer's target device, not here.
 
 Example:
-    >>> from memlab.estimation.fake import FakeMode
+    >>> from memlab.estimation.dryrun.fake import FakeMode
     >>> with FakeMode(), cuda_kernels("A100-80GB") as attention:
     ...     q = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16)
     ...     _ = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
@@ -30,11 +30,11 @@ from typing import Any, TypeVar
 
 import torch
 
-from memlab.estimation.cuda_attention import CudaAttention
-from memlab.estimation.cuda_autocast import CudaAutocast
-from memlab.estimation.cuda_dropout import CudaDropout
-from memlab.estimation.fake import kernels_device, target_device
-from memlab.estimation.gpus import GpuKind
+from memlab.estimation.cuda.attention import CudaAttention
+from memlab.estimation.cuda.autocast import CudaAutocast
+from memlab.estimation.cuda.devices import kernels_device, target_device
+from memlab.estimation.cuda.dropout import CudaDropout
+from memlab.estimation.cuda.gpus import GpuKind
 from memlab.techniques.checkpointing import RECOMPUTE_CONTEXTS
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The FSDP2 dry run: one steady-state training step of a plan, sharded over ``gpus`` GPUs, run on fake tensors.
 
-The model and batch are the single-GPU estimate's (:func:`memlab.estimation.fake.fake_setup`, on CPU kernels: the
+The model and batch are the single-GPU estimate's (:func:`memlab.estimation.dryrun.fake.fake_setup`, on CPU kernels: the
 fake process group's device mesh is a CPU mesh). The model is sharded with ``torch.distributed.fsdp.fully_shard``
 over a device mesh of a *fake* process group (``backend="fake"``, from ``torch.testing._internal.distributed.fake_pg``:
 collectives that move nothing, one process standing for rank 0 of ``gpus``). The wrapping is accelerate's
@@ -10,8 +10,8 @@ dtype). The step is memlab's own :class:`~memlab.runner.step.TrainingStep` (auto
 as for one GPU), for one micro-batch (``batch`` is what ONE GPU sees per micro-step), tracked by PyTorch's
 ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``, which tells sharded from unsharded parameters and
 gradients, the all-gather and reduce-scatter buffers, optimizer state and activations. What it cannot see is what
-any fake-tensor estimate cannot (see :mod:`memlab.estimation.single_gpu`), plus NCCL's own buffers. Where the plan
-offloads the optimizer, FSDP2's ``CPUOffloadPolicy`` keeps the sharded parameters, gradients and optimizer state in
+any fake-tensor estimate cannot (see :mod:`memlab.estimation.dryrun.single_gpu`), plus NCCL's own buffers. Where the
+plan offloads the optimizer, FSDP2's ``CPUOffloadPolicy`` keeps the sharded parameters, gradients and optimizer state in
 CPU memory: the per-GPU peak is then the largest module-level snapshot without them (they are reported in
 ``host_bytes``).
 """
@@ -29,21 +29,22 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import one_line
-from memlab.estimation.cuda_attention import attention_note
-from memlab.estimation.cuda_kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, cuda_kernels, run_emulated
-from memlab.estimation.depth import ShallowModel, plan_carries, shallow_model
-from memlab.estimation.depth_extend import check_layers, source_layers
-from memlab.estimation.depth_log import DepthLog, Event, LayerPaths
-from memlab.estimation.fake import BLIND_SPOTS, fake_setup, one_thread, target_device
-from memlab.estimation.fsdp2_depth import FSDP2_EDGE, carried_books, logging_tracker
-from memlab.estimation.fsdp2_speed import foreach_split_once, fsdp_mem_tracker, strided_flag_once
-from memlab.estimation.fsdp2_units import fsdp2_layout, shard_units
-from memlab.estimation.gpus import GpuKind, gpu_kind
-from memlab.estimation.load import apply_load, load_dtype, plan_loads
-from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
-from memlab.estimation.reserved import ReservedTrace, reserved_notes
-from memlab.estimation.single_gpu import adamw8bit_state_bytes
-from memlab.estimation.unknown import foreign_ops_note
+from memlab.estimation.cuda.attention import attention_note
+from memlab.estimation.cuda.devices import target_device
+from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
+from memlab.estimation.cuda.kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, cuda_kernels, run_emulated
+from memlab.estimation.depth.carry import ShallowModel, plan_carries, shallow_model
+from memlab.estimation.depth.extend import check_layers, source_layers
+from memlab.estimation.depth.log import DepthLog, Event, LayerPaths
+from memlab.estimation.dryrun.fake import BLIND_SPOTS, fake_setup, one_thread
+from memlab.estimation.dryrun.load import apply_load, load_dtype, plan_loads
+from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
+from memlab.estimation.dryrun.reserved import ReservedTrace, reserved_notes
+from memlab.estimation.dryrun.single_gpu import adamw8bit_state_bytes
+from memlab.estimation.dryrun.unknown import foreign_ops_note
+from memlab.estimation.sharded.fsdp2_depth import FSDP2_EDGE, carried_books, logging_tracker
+from memlab.estimation.sharded.fsdp2_speed import foreach_split_once, fsdp_mem_tracker, strided_flag_once
+from memlab.estimation.sharded.fsdp2_units import fsdp2_layout, shard_units
 from memlab.events import StepFinished, TrialStarted
 from memlab.live.batch import LossFn
 from memlab.live.compat import fsdp2_api, propagation_apart
@@ -197,7 +198,7 @@ def sharded_trial(
 
 @dataclass(frozen=True)
 class ShardedRequest:
-    """What one sharded estimate is asked, as :func:`memlab.estimation.sharded.sharded_estimate` checked it: the
+    """What one sharded estimate is asked, as :func:`memlab.estimation.sharded.per_gpu.sharded_estimate` checked it: the
     model (a config, a name or a model), the batch ONE GPU sees per micro-step, the plan, the GPUs and the strategy
     that shards them, and what the dry run runs with (the loss, the learning rate, the device, the budget in bytes,
     the GPU kind whose kernels a CUDA estimate emulates, the user's load). The sharded routes take it whole.
@@ -256,8 +257,9 @@ def fsdp2_dry_run(request: ShardedRequest) -> tuple[ShardedTrial, list[dict[str,
     """The FSDP2 estimate of ``request``'s plan for one GPU of its ``gpus`` (its strategy is not read), and every
     module-level snapshot of the step as :data:`DETAIL` dicts (ZeRO takes its activations from them). A step that
     fails is an ``"error"`` trial. The request's ``load``: how the user loads the weights
-    (:mod:`memlab.estimation.load`; a dtype: a quantized load is composed instead, see
-    :mod:`memlab.estimation.composed`), made on the fake model before it is sharded; None: as the config builds it.
+    (:mod:`memlab.estimation.dryrun.load`; a dtype: a quantized load is composed instead, see
+    :mod:`memlab.estimation.sharded.composed`), made on the fake model before it is sharded; None: as the config builds
+    it.
 
     Example:
         >>> from transformers import LlamaConfig
@@ -313,7 +315,7 @@ def _fsdp2_step(request: ShardedRequest, run_on: Callable[[Any, LayerPaths | Non
                 ) -> tuple[ShardedTrial, list[dict[str, int]]]:
     """:func:`fsdp2_dry_run`'s step (``run_on(model, paths)``: one dry run of ``model``, CUDA's kernels emulated or
     not): from dry runs of five layers and four where the model's layers repeat
-    (:mod:`memlab.estimation.fsdp2_depth`), else of every layer."""
+    (:mod:`memlab.estimation.sharded.fsdp2_depth`), else of every layer."""
     plan = request.plan
     shallow = shallow_model(request.model) if plan_carries(plan) and plan.optimizer not in _EIGHT_BIT else None
     run = None
@@ -328,7 +330,7 @@ def _fsdp2_step(request: ShardedRequest, run_on: Callable[[Any, LayerPaths | Non
 
 def _carried(shallow: ShallowModel, runs: dict[int, _Fsdp2Run], gpu: GpuKind | str | None) -> _Fsdp2Run | None:
     """The dry run at the model's depth from its runs of five layers and four, None where they do not carry
-    (:func:`~memlab.estimation.fsdp2_depth.carried_books`)."""
+    (:func:`~memlab.estimation.sharded.fsdp2_depth.carried_books`)."""
     source, check = runs[source_layers(FSDP2_EDGE)], runs[check_layers(FSDP2_EDGE)]
     if source.error or check.error or source.notes != check.notes or source.events is None or check.events is None:
         return None

@@ -1,6 +1,6 @@
-"""The fake side of every dry run: one fake mode, one fake copy of a model, one fake batch, one rule for the device
-an estimate answers for. Single-GPU estimates (:mod:`memlab.estimation.single_gpu`) and the FSDP2 dry run
-(:mod:`memlab.estimation.fsdp2`) build their model and batch here.
+"""The fake side of every dry run: one fake mode, one fake copy of a model, one fake batch, on the device an estimate
+answers for (:mod:`memlab.estimation.cuda.devices`). Single-GPU estimates (:mod:`memlab.estimation.dryrun.single_gpu`)
+and the FSDP2 dry run (:mod:`memlab.estimation.sharded.fsdp2`) build their model and batch here.
 
 Tensors of PyTorch's ``FakeTensorMode`` have shapes, dtypes, devices and storages, and no data: nothing is computed,
 no memory is taken. A live ``nn.Module`` is copied with ``copy.deepcopy`` whose memo already maps every parameter,
@@ -25,8 +25,9 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import is_transformers_config, load_config, meta_model, one_line
-from memlab.estimation.fake_values import constant_step, on_cpu, placed
-from memlab.estimation.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
+from memlab.estimation.cuda.devices import kernels_device, target_device
+from memlab.estimation.dryrun.fake_values import constant_step, on_cpu, placed
+from memlab.estimation.dryrun.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
 from memlab.live.batch import Batch, StepBatches, map_tensors
 from memlab.live.compat import fake_cache_key_matches, fake_meta_handlers, grouped_mm
 from memlab.runner.quiet import quiet
@@ -39,9 +40,7 @@ __all__ = [
     "fake_copy",
     "fake_model",
     "fake_setup",
-    "kernels_device",
     "one_thread",
-    "target_device",
 ]
 
 BLIND_SPOTS = (
@@ -79,7 +78,7 @@ class FakeMode(FakeTensorMode):
       time step and row (measured on torch 2.13 from 64 to 1024 hidden units: 15.0 to 15.6).
 
     ``foreign_ops`` collects the operators outside PyTorch's own it runs (custom ops, extensions' ops: see
-    :func:`memlab.estimation.unknown.is_foreign`), for the estimate's notes; the caller clears it between steps.
+    :func:`memlab.estimation.dryrun.unknown.is_foreign`), for the estimate's notes; the caller clears it between steps.
 
     Example:
         >>> with FakeMode():
@@ -110,7 +109,7 @@ class FakeMode(FakeTensorMode):
         self.unfollowed = False
         self.tagger: Any = None
         """A dry run of a few layers kept to be carried to the full depth
-        (:class:`~memlab.estimation.depth_log.DepthLog`): told of each operator before the observer and followers
+        (:class:`~memlab.estimation.depth.log.DepthLog`): told of each operator before the observer and followers
         (``operator_ran(func, args, kwargs, out)``)."""
         self._depth = 0
 
@@ -215,7 +214,7 @@ class FakeMode(FakeTensorMode):
             foreign = self._foreign[func] = is_foreign(func)
         if foreign:
             self.foreign_ops.add(func.name().removesuffix(".default"))
-        if self.keeps_values:  # made on the CPU, whatever device they are for (memlab.estimation.fake_values)
+        if self.keeps_values:  # made on the CPU, whatever device they are for (memlab.estimation.dryrun.fake_values)
             if func in _VALUE_FACTORIES and _integer_factory(func, args, kwargs):
                 device = torch.device(kwargs.get("device") or "cpu")
                 if device.type != "meta":
@@ -329,44 +328,6 @@ def _integer_factory(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) 
     return not (dtype.is_floating_point or dtype.is_complex)
 
 
-# --- devices ---------------------------------------------------------------------------------------------------------
-
-
-def target_device(model_or_config: Any, device: str | torch.device | None) -> torch.device:
-    """The device an estimate answers for: ``device`` when given, else the live model's (``"cuda"`` for a model on
-    the meta device), else ``"cuda"`` for a config or a name: "will it fit before I buy the GPU" is a question
-    about a GPU, whether or not this machine has one.
-
-    Example:
-        >>> target_device(nn.Linear(2, 2), None), target_device("gpt2", "cpu")
-        (device(type='cpu'), device(type='cpu'))
-    """
-    if device is not None:
-        target = torch.device(device)
-    elif isinstance(model_or_config, nn.Module):
-        target = next((p.device for p in model_or_config.parameters()), torch.device("cpu"))
-        if target.type == "meta":
-            target = torch.device("cuda")
-    else:
-        target = torch.device("cuda")
-    if target.type not in ("cpu", "cuda"):
-        raise MemlabError(f"device={str(target)!r} cannot be estimated; write device='cuda' or device='cpu'")
-    if target.type == "cuda" and target.index is None and torch.cuda.is_available():
-        target = torch.device("cuda", torch.cuda.current_device())
-    return target
-
-
-def kernels_device(target: torch.device) -> torch.device:
-    """The device whose kernels run the fake step for ``target``: the CPU's when ``target`` is a GPU this machine
-    does not have.
-
-    Example:
-        >>> kernels_device(torch.device("cpu"))
-        device(type='cpu')
-    """
-    return target if target.type != "cuda" or torch.cuda.is_available() else torch.device("cpu")
-
-
 # --- the fake model and batch ----------------------------------------------------------------------------------------
 
 
@@ -380,7 +341,7 @@ def fake_model(model_or_config: Any, mode: FakeTensorMode, device: torch.device)
         ('GPT2LMHeadModel', True)
     """
     if isinstance(model_or_config, nn.Module):
-        from memlab.estimation.adapters import fake_quantized_layers  # here: it builds on the techniques
+        from memlab.estimation.dryrun.adapters import fake_quantized_layers  # here: it builds on the techniques
 
         try:
             copied = fake_copy(model_or_config, mode, device)
@@ -553,8 +514,10 @@ def fake_setup(
     *,
     kernels: torch.device | None = None,
 ) -> FakeSetup:
-    """The fake model and batch of a dry run for ``device`` (see :func:`target_device`), on the kernels of
-    :func:`kernels_device` unless ``kernels`` names them (the FSDP2 dry run shards on the CPU).
+    """The fake model and batch of a dry run for ``device`` (see
+    :func:`~memlab.estimation.cuda.devices.target_device`), on the kernels of
+    :func:`~memlab.estimation.cuda.devices.kernels_device` unless ``kernels`` names them (the FSDP2 dry run shards on
+    the CPU).
 
     Example:
         >>> setup = fake_setup(nn.Linear(4, 2), {"x": (3, 4)}, "cuda")

@@ -18,8 +18,8 @@ are those of the user's run:
   ``nn.Linear`` and GPT-2-style ``Conv1D`` but the output head, the tied and last modules, the
   ``_keep_in_fp32_modules`` and the ``llm_int8_skip_modules``; ``bnb_4bit_quant_type`` NF4 or FP4: the same bytes;
   ``bnb_4bit_use_double_quant``; computing in ``bnb_4bit_compute_dtype``), laid out as bitsandbytes holds it
-  (:class:`~memlab.estimation.adapters.FakeNF4Linear`); ``load_in_8bit`` in LLM.int8
-  (:class:`~memlab.estimation.adapters.FakeInt8Linear`).
+  (:class:`~memlab.estimation.dryrun.adapters.FakeNF4Linear`); ``load_in_8bit`` in LLM.int8
+  (:class:`~memlab.estimation.dryrun.adapters.FakeInt8Linear`).
 
 Without ``load=`` (or with ``load={}``), the load is the one the plan implies (:func:`implied_load`):
 ``weights="bf16"`` loads in bf16, ``adapter="qlora"`` loads with ``BitsAndBytesConfig(load_in_4bit=True,
@@ -40,7 +40,6 @@ import torch
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.estimation.adapters import FakeInt8Linear, FakeNF4Linear
 from memlab.estimation.configs import (
     checkpoint_dtype,
     dtype_keyword,
@@ -48,6 +47,7 @@ from memlab.estimation.configs import (
     load_config,
     transformers_version,
 )
+from memlab.estimation.dryrun.adapters import FakeInt8Linear, FakeNF4Linear
 from memlab.live.structure import ModuleStructure
 from memlab.plan import Plan
 from memlab.techniques.adapters import quantized_targets
@@ -284,7 +284,7 @@ def apply_load(model: nn.Module, load: Load, mode: Any, device: torch.device) ->
     their device.
 
     Example:
-        >>> from memlab.estimation.fake import FakeMode, fake_copy
+        >>> from memlab.estimation.dryrun.fake import FakeMode, fake_copy
         >>> mode = FakeMode()
         >>> model = fake_copy(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)), mode, torch.device("cpu"))
         >>> undo = apply_load(model, Load(torch.bfloat16), mode, torch.device("cpu"))

@@ -1,7 +1,7 @@
 """The FSDP2 units of a model, as accelerate's ``fsdp2_prepare_model`` makes them (accelerate 1.15): each repeated
 block, the input embeddings, the tail (final norm and head), then the root. The FSDP2 dry run
-(:mod:`memlab.estimation.fsdp2`) and the exported accelerate script shard with them; the composed estimates count
-their all-gathers (:mod:`memlab.estimation.composed`)."""
+(:mod:`memlab.estimation.sharded.fsdp2`) and the exported accelerate script shard with them; the composed estimates
+count their all-gathers (:mod:`memlab.estimation.sharded.composed`)."""
 
 from __future__ import annotations
 

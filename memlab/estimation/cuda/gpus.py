@@ -1,9 +1,9 @@
 """The kinds of GPU a CUDA estimate made without one can answer for (``gpu=``, ``--gpu``): what each estimate
 needs to know of the card it cannot see, in one place.
 
-- the compute capability, which decides the attention kernels CUDA has (:mod:`memlab.estimation.cuda_attention`:
+- the compute capability, which decides the attention kernels CUDA has (:mod:`memlab.estimation.cuda.attention`:
   flash attention needs sm80 or newer);
-- the CUDA context of a training process on it (:mod:`memlab.estimation.cuda_context`), with where that figure comes
+- the CUDA context of a training process on it (:mod:`memlab.estimation.cuda.context`), with where that figure comes
   from.
 
 Example:

@@ -2,15 +2,15 @@
 runs them (the same :class:`~memlab.runner.step.TrainingStep`, the same :class:`~memlab.measure.tracker.MemoryTracker`,
 the same warm-up and baseline, through :class:`~memlab.runner.trial.TrialRunner` or
 :class:`~memlab.inference.run.InferenceRunner` with a :class:`~memlab.measure.probes.FakeProbe`, which never reads or
-caps a real allocator and times nothing), on the fake model and batch of :mod:`memlab.estimation.fake`.
+caps a real allocator and times nothing), on the fake model and batch of :mod:`memlab.estimation.dryrun.fake`.
 
 Both workloads share one flow (:func:`_dry_run`): the fake model and batch built once, the runner's session under
 the fake mode, each plan run with CUDA's kernels emulated and its allocations traced where the estimate is for CUDA
-(:mod:`memlab.estimation.cuda_kernels`, :mod:`memlab.estimation.reserved`), and each trial turned into an estimate
-with its notes. :func:`estimate_plans` (training) and :func:`estimate_inference` say only what differs: the runner,
-and how one plan's trial runs. Adapter plans put their adapters on the fake model first
-(:mod:`memlab.estimation.adapters`); bitsandbytes' 8-bit AdamW, where its operators cannot run on fake tensors, gets
-its state from its known size (:func:`adamw8bit_state_bytes`).
+(:mod:`memlab.estimation.cuda.kernels`, :mod:`memlab.estimation.dryrun.reserved`), and each trial turned into an
+estimate with its notes. :func:`estimate_plans` (training) and :func:`estimate_inference` say only what differs: the
+runner, and how one plan's trial runs. Adapter plans put their adapters on the fake model first
+(:mod:`memlab.estimation.dryrun.adapters`); bitsandbytes' 8-bit AdamW, where its operators cannot run on fake tensors,
+gets its state from its known size (:func:`adamw8bit_state_bytes`).
 
 What an estimate cannot see (each Trial's ``notes`` say so for the first point, and for the last two where they
 apply):
@@ -40,25 +40,25 @@ import torch.utils.checkpoint
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
-from memlab.estimation.adapters import attach_fake_adapter, bitsandbytes_version, kept_inputs_note
 from memlab.estimation.configs import one_line
-from memlab.estimation.cuda_attention import CudaAttention, attention_note
-from memlab.estimation.cuda_kernels import (
+from memlab.estimation.cuda.attention import CudaAttention, attention_note
+from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
+from memlab.estimation.cuda.kernels import (
     EMULATED_NOTE,
     OWN_CHECKPOINT_NOTE,
     cuda_kernels,
     kernel_emulation,
     run_emulated,
 )
-from memlab.estimation.depth import ShallowModel, ShallowRun, carried_trial, plan_carries, shallow_model
-from memlab.estimation.depth_extend import check_layers, source_layers
-from memlab.estimation.depth_log import DepthLog, Event, LayerPaths
-from memlab.estimation.fake import BLIND_SPOTS, FakeMode, FakeSetup, fake_setup, one_thread
-from memlab.estimation.gpus import GpuKind, gpu_kind
-from memlab.estimation.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
-from memlab.estimation.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
-from memlab.estimation.reserved import ReservedTrace, reserved_notes
-from memlab.estimation.unknown import foreign_ops_note
+from memlab.estimation.depth.carry import ShallowModel, ShallowRun, carried_trial, plan_carries, shallow_model
+from memlab.estimation.depth.extend import check_layers, source_layers
+from memlab.estimation.depth.log import DepthLog, Event, LayerPaths
+from memlab.estimation.dryrun.adapters import attach_fake_adapter, bitsandbytes_version, kept_inputs_note
+from memlab.estimation.dryrun.fake import BLIND_SPOTS, FakeMode, FakeSetup, fake_setup, one_thread
+from memlab.estimation.dryrun.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
+from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
+from memlab.estimation.dryrun.reserved import ReservedTrace, reserved_notes
+from memlab.estimation.dryrun.unknown import foreign_ops_note
 from memlab.live.batch import LossFn
 from memlab.live.structure import trainable_parameters
 from memlab.measure.probes import FakeProbe
@@ -110,8 +110,8 @@ def estimate_plans(
     """:func:`memlab.estimate` for several plans, building the fake model once: a Report of estimated Trials.
 
     The keywords are :func:`memlab.estimate`'s; each plan's weights are materialised as ``load`` (or the load the
-    plan implies) loads them (:mod:`memlab.estimation.load`). A CUDA estimate made without CUDA emulates CUDA's
-    kernels on the GPU kind ``gpu`` (default an 80 GB H100; :mod:`memlab.estimation.cuda_kernels`; the trial's notes
+    plan implies) loads them (:mod:`memlab.estimation.dryrun.load`). A CUDA estimate made without CUDA emulates CUDA's
+    kernels on the GPU kind ``gpu`` (default an 80 GB H100; :mod:`memlab.estimation.cuda.kernels`; the trial's notes
     say so). Inference plans are :func:`estimate_inference`'s.
 
     A plan that fails on fake tensors is an ``"error"`` trial; the others still run.
@@ -133,7 +133,7 @@ def estimate_plans(
     if shallow is None:
         training = _Workload(TrialRunner, _training_trial, loads=loads)
         return _dry_run(model_or_config, batch, checked, options, training, budget=budget, device=device, gpu=gpu)
-    # A model whose layers repeat: each plan from dry runs of three and two layers (memlab.estimation.depth), or
+    # A model whose layers repeat: each plan from dry runs of three and two layers (memlab.estimation.depth.carry), or
     # of every layer where its step does not repeat layer by layer.
     limit = parse_budget(budget)
     trials = []
@@ -152,7 +152,7 @@ def _carried(
     device: str | torch.device | None, gpu: GpuKind | str | None, limit: int | None,
 ) -> Trial | None:
     """``plan``'s estimate at the model's depth from its dry runs of three and two layers, None where they do not
-    carry (:func:`~memlab.estimation.depth.carried_trial`)."""
+    carry (:func:`~memlab.estimation.depth.carry.carried_trial`)."""
     if not plan_carries(plan):
         return None
     runs: dict[int, ShallowRun] = {}
@@ -191,8 +191,8 @@ def estimate_inference(
     tensors: each quantized layer holds bitsandbytes' bytes (:func:`memlab.inference.weights.quantized_bytes`)
     and makes its full weight for the product, as bitsandbytes does on CPU. ``loss_fn`` must be None (inference
     computes no loss); the other keywords are :func:`memlab.estimate`'s. With ``load=`` (a config, a name or a meta
-    model), the weights are held as that load materialises them (:mod:`memlab.estimation.load`), and each plan runs
-    in the dtype the load gives them (:func:`memlab.estimation.load.inference_loads`).
+    model), the weights are held as that load materialises them (:mod:`memlab.estimation.dryrun.load`), and each plan
+    runs in the dtype the load gives them (:func:`memlab.estimation.dryrun.load.inference_loads`).
 
     Example:
         >>> from transformers import LlamaConfig
@@ -307,7 +307,7 @@ def fake_checkpoints() -> Iterator[None]:
     inputs are skipped, so no state of theirs is read or set; real inputs keep theirs as before.
 
     Example:
-        >>> from memlab.estimation.fake import FakeMode
+        >>> from memlab.estimation.dryrun.fake import FakeMode
         >>> with FakeMode() as mode, fake_checkpoints():
         ...     fake = mode.from_tensor(torch.ones(2))
         ...     torch.utils.checkpoint.get_device_states(fake)
@@ -338,10 +338,10 @@ def _plan_runs(
     gpu: GpuKind | str | None,
     paths: LayerPaths | None = None,
 ) -> tuple[tuple[torch.device, torch.device], list[_PlanRun]]:
-    """The fake model and batch (:func:`~memlab.estimation.fake.fake_setup`, once), the workload's runner on a
+    """The fake model and batch (:func:`~memlab.estimation.dryrun.fake.fake_setup`, once), the workload's runner on a
     :class:`~memlab.measure.probes.FakeProbe`, each plan run under the fake mode (with CUDA's kernels emulated and
     its allocations traced where the estimate is for CUDA); with ``paths``, each plan's events kept by a
-    :class:`~memlab.estimation.depth_log.DepthLog` (:mod:`memlab.estimation.depth`). Returns the (target, kernels)
+    :class:`~memlab.estimation.depth.log.DepthLog` (:mod:`memlab.estimation.depth.carry`). Returns the (target, kernels)
     devices and the runs."""
     kind = gpu_kind(gpu)
     emulated = kernel_emulation(model_or_config, device)
@@ -414,7 +414,7 @@ def _estimated(run: _PlanRun, place: tuple[torch.device, torch.device], limit: i
 def _followed(run: Callable[[bool], Any], mode: FakeMode, emulate: bool) -> Any:
     """``run(emulate)`` with the runner's trackers following the fake mode rather than stacked on it as modes (the
     same operators, fewer Python calls per operator); again as modes where a tensor subclass's operators came,
-    which a tracker mode would not see one by one (:attr:`~memlab.estimation.fake.FakeMode.followable`)."""
+    which a tracker mode would not see one by one (:attr:`~memlab.estimation.dryrun.fake.FakeMode.followable`)."""
     mode.followable, mode.unfollowed = True, False
     try:
         result = run(emulate)
@@ -488,7 +488,7 @@ def _adapter_trial(
     trace: ReservedTrace | None = None,
 ) -> Trial:
     """A dry run of an adapter plan: the adapters are put on the fake model here (see
-    :mod:`memlab.estimation.adapters`), and the runner trains what they leave trainable."""
+    :mod:`memlab.estimation.dryrun.adapters`), and the runner trains what they leave trainable."""
     try:
         undo = attach_fake_adapter(model, plan, mode, device)
     except Exception as error:  # noqa: BLE001 - reported as the plan's estimate, like any failure of a plan
