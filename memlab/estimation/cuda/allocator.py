@@ -155,6 +155,17 @@ class _Block:
         self.next: _Block | None = None
 
 
+def _split(block: _Block, size: int, mapped: bool = True) -> _Block:
+    """Cut ``block`` to its first ``size`` bytes; the rest, a new block of the same pool linked after it, returned."""
+    rest = _Block(block.address + size, block.size - size, block.small, mapped=mapped)
+    rest.prev, rest.next = block, block.next
+    if block.next is not None:
+        block.next.prev = rest
+    block.next = rest
+    block.size = size
+    return rest
+
+
 class CachingAllocator:
     """PyTorch's CUDA caching allocator, replayed: :meth:`malloc` and :meth:`free` in the order the program made
     them, and the allocator's statistics after each (see the module's notes for the rules).
@@ -249,13 +260,7 @@ class CachingAllocator:
             self._reserve(taken)
         remaining = block.size - rounded
         if remaining >= _MIN_BLOCK if small or self.expandable_segments else remaining > _SMALL_SIZE:
-            rest = _Block(block.address + rounded, remaining, small)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = rounded
-            self._add_free(rest)
+            self._add_free(_split(block, rounded))
         block.allocated = True
         self._live[key] = block
         self.allocated_bytes += block.size
@@ -428,13 +433,7 @@ class CachingAllocator:
         size = -(-size // page) * page
         self._remove_unmapped(block)
         if size < block.size:
-            rest = _Block(block.address + size, block.size - size, block.small, mapped=False)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            self._add_unmapped(rest)
+            self._add_unmapped(_split(block, size, mapped=False))
         block.mapped = True
         if self._mapped[block.small] == 0:
             self.segments += 1
