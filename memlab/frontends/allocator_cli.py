@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memlab.estimation.cuda.allocator import assumed_allocator
-from memlab.live.allocator_conf import ENVIRONMENT_LINE, PYTHON_LINE
+from memlab.live.device import ENVIRONMENT_LINE, PYTHON_LINE
 
 __all__ = ["add_allocator_argument", "expandable_suggestion", "with_allocator"]
 

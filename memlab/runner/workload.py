@@ -27,8 +27,8 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import torch
 from torch import nn
 
-from memlab.live.allocator_conf import measured_allocator_notes
 from memlab.live.batch import Batch
+from memlab.live.device import measured_allocator_notes
 from memlab.measure.oom import is_oom_error
 from memlab.measure.probes import Probe
 from memlab.measure.reading import PeakReading

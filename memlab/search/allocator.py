@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from torch import nn
 
 from memlab.estimation.cuda.allocator import assumed_allocator
-from memlab.live.allocator_conf import ENVIRONMENT_LINE, PYTHON_LINE, expandable_segments_configured
 from memlab.live.batch import Batch
+from memlab.live.device import ENVIRONMENT_LINE, PYTHON_LINE, expandable_segments_configured
 from memlab.options import RunOptions
 from memlab.report import Trial
 

@@ -12,9 +12,8 @@ from typing_extensions import Unpack
 from memlab.errors import MemlabError
 from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.events import TrialSettled
-from memlab.live.allocator_conf import expandable_segments_configured
 from memlab.live.batch import Batch, atomic_refusal, count_rows, is_atomic
-from memlab.live.device import cuda_bf16_supported, model_device
+from memlab.live.device import cuda_bf16_supported, expandable_segments_configured, model_device
 from memlab.live.structure import trainable_parameters
 from memlab.measure.cuda import cuda_card_capacity
 from memlab.options import RunKeywords, RunOptions

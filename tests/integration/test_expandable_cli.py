@@ -12,7 +12,7 @@ import pytest
 
 from memlab.estimation.dryrun.reserved import EXPANDABLE_NOTE
 from memlab.frontends.cli import main
-from memlab.live.allocator_conf import ENVIRONMENT_LINE, PYTHON_LINE
+from memlab.live.device import ENVIRONMENT_LINE, PYTHON_LINE
 
 QUESTION = ["estimate", "gpt2", "--batch", "2x256", "--gpu", "H200-141GB", "--budget", "3.3GiB"]
 

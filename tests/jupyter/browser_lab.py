@@ -380,7 +380,10 @@ def _reload_until_drawn(page, url: str, drawn: str, name: str) -> None:  # type:
         for index in range(cells.count()):
             cells.nth(index).scroll_into_view_if_needed()
         try:
-            page.locator(drawn).first.wait_for(state="visible", timeout=90_000 if attempt == 0 else DRAW_TIMEOUT_MS)
+            target = page.locator(drawn).first
+            target.wait_for(state="attached", timeout=90_000 if attempt == 0 else DRAW_TIMEOUT_MS)
+            target.scroll_into_view_if_needed()  # an output far from the viewport is laid out but not painted
+            page.locator(f"{drawn} >> visible=true").first.wait_for(state="visible", timeout=30_000)
             return
         except PlaywrightTimeout as timed_out:
             if attempt == 1:

@@ -172,7 +172,7 @@ def test_fit_suggests_expandable_segments_where_only_the_reserve_missed_the_budg
 
 
 def test_a_live_cuda_trial_says_when_it_ran_with_expandable_segments() -> None:
-    from memlab.live.allocator_conf import MEASURED_EXPANDABLE_NOTE, measured_allocator_notes
+    from memlab.live.device import MEASURED_EXPANDABLE_NOTE, measured_allocator_notes
 
     assert measured_allocator_notes("cuda", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}) == (
         MEASURED_EXPANDABLE_NOTE,)
