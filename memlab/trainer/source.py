@@ -103,9 +103,8 @@ def trl_offload_context_for(trainer: Any) -> None:
     if getattr(trainer.args, "activation_offloading", False):
         import torch
 
-        if isinstance(trainer.maybe_activation_offload_context, nullcontext) and (
-            torch.accelerator.current_accelerator() is not None
-        ):
+        # is_available, not current_accelerator: a CUDA build of torch names CUDA even where no GPU or driver is.
+        if isinstance(trainer.maybe_activation_offload_context, nullcontext) and torch.accelerator.is_available():
             from trl.models import get_act_offloading_ctx_manager
 
             context = get_act_offloading_ctx_manager(model=trainer.model)

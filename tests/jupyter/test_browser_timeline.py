@@ -15,10 +15,10 @@ from browser_lab import (
     RUN_TIMEOUT_MS,
     Server,
     _open_notebook,
-    _reload_until_drawn,
     _save,
     _tick_labels,
 )
+from browser_reload import _reload_until_drawn
 
 # One xdist group with the other browser tests: they share the worker's JupyterLab and Chromium (tests/conftest.py).
 pytestmark = pytest.mark.browser

@@ -29,10 +29,10 @@ from browser_lab import (
     TABLES_OUTSIDE,
     Server,
     _open_notebook,
-    _reload_until_drawn,
     _run_until_done,
     _save,
 )
+from browser_reload import _reload_until_drawn
 
 # One xdist group with the other browser tests: they share the worker's JupyterLab and Chromium (tests/conftest.py).
 pytestmark = pytest.mark.browser
