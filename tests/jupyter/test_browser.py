@@ -64,6 +64,7 @@ from browser_lab import (
     _wait_for_record,
     busy_elsewhere,
 )
+from browser_reload import _reload_until_drawn
 
 from memlab.report import CATEGORIES
 from memlab.report.figure import BEST_COLOR, CATEGORY_COLORS
@@ -281,8 +282,7 @@ def test_notebook_06_and_a_24_plan_cell_on_a_busy_machine(lab: Server, chromium:
 
         # What a person reopens later: the same kernel (the panel draws again), then no kernel at all (everything
         # else draws from the file; the panel says it needs its kernel).
-        page.reload(wait_until="domcontentloaded")
-        _open_notebook(page, url)
+        _reload_until_drawn(page, url, ".memlab-panel .js-plotly-plot", "notebook-06-panel")
         _check_figures_and_tables(page, cells, memlab_cells)
         lab.shut_down_kernels()
         page.reload(wait_until="domcontentloaded")
