@@ -168,7 +168,16 @@ def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
     # grows by exactly the kernel's (this process runs one notebook at a time).
     children_before = _children_cpu_seconds()
     try:
-        client.execute(env=env)
+        try:
+            client.execute(env=env)
+        except RuntimeError as error:
+            # A kernel that died while starting ran no cell: the machine's failure, not the notebook's; once more.
+            if "Kernel died before replying to kernel_info" not in str(error):
+                raise
+            client = NotebookClient(
+                nb, timeout=PER_NOTEBOOK_S, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}
+            )
+            client.execute(env=env)
     except Exception:  # noqa: BLE001 - the test reports it with the cell's traceback
         return NotebookRun(name, time.perf_counter() - started, warnings_printed(nb), traceback.format_exc()[-6000:])
     seconds = time.perf_counter() - started
