@@ -109,6 +109,13 @@ def cuda_watched(available: bool = False) -> Iterator[CudaRecorder]:
     """CUDA made to look initialised (and with ``available``, present), its device functions recorded (outside
     every mode they answer as a GPU with nothing allocated would)."""
     recorder = CudaRecorder()
+    # torch 2.11's fake mode makes one real tensor on a device the first time it fakes one there, where
+    # torch.cuda.is_available() (2.13 asks torch.accelerator): its cached init_gpu_context is run here, before CUDA is
+    # made to look available on a machine without it, as the first fake CUDA tensor of the process would have; else
+    # a test that fakes the first CUDA tensor of its worker fails on a CUDA build without a driver (the floor stack)
+    init_gpu_context = getattr(torch._subclasses.fake_tensor, "init_gpu_context", None)
+    if init_gpu_context is not None:
+        init_gpu_context(torch.device("cuda", 0))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.cuda, "is_initialized", lambda: True)
         if available:
@@ -196,12 +203,6 @@ def test_techniques_on_fake_cuda_weights_ask_no_device() -> None:
     from memlab.techniques.offload import OffloadedOptimizer
     from memlab.techniques.precision import check_precision
 
-    # torch 2.11's fake mode makes one real tensor on a device the first time it fakes one there, where
-    # torch.cuda.is_available() (2.13 asks torch.accelerator): its cached init_gpu_context, run here before CUDA is made
-    # to look available on a machine without it, as any earlier fake CUDA tensor of this process has run it
-    init_gpu_context = getattr(torch._subclasses.fake_tensor, "init_gpu_context", None)
-    if init_gpu_context is not None:
-        init_gpu_context(torch.device("cuda", 0))
     with cuda_watched(available=True) as recorder, FakeMode():
         weight = torch.nn.Parameter(torch.empty(4, 4, device="cuda:0"))
         recorder.calls.clear()
