@@ -44,7 +44,9 @@ def fsdp2_layout(model: nn.Module, layer_classes: Sequence[str] | None = None) -
     as a unit of their own unless tied to the output ones (``True``); then the tail, the final norm and the output
     head (with the input embeddings where the two are tied, so that the shared weight sits in one group), kept
     gathered after forward (``False``). The root (the whole model) comes last, with FSDP2's default. A module
-    holding a weight tied to another group's joins that group (BERT's head joins its ``BertEmbeddings`` block).
+    holding a weight tied to another group's joins that group (BERT's head joins its ``BertEmbeddings`` block). A
+    weight tied to more holders than the two (T5's and BART's encoder and decoder ``embed_tokens``) stays with the
+    root, where accelerate 1.15's layout fails (FSDP2 refuses one weight in two groups).
 
     Example:
         >>> from transformers import BertConfig, BertForMaskedLM
@@ -69,7 +71,13 @@ def fsdp2_layout(model: nn.Module, layer_classes: Sequence[str] | None = None) -
     # embeddings are its BertEmbeddings module; the tied weight must sit in one group either way)
     shared = {id(p) for p in embed.parameters()} if embed is not None else set()
     tied = head is not None and any(id(p) in shared for p in head.parameters())
-    if embed is not None and not tied and id(embed) not in inside:
+    # T5 and BART: the encoder's and decoder's embed_tokens hold the input embeddings' weight too, and the model's
+    # own `shared` embedding never runs forward. accelerate 1.15 shards embed (and a tied head) in a group of their
+    # own and leaves the others to the root, which FSDP2 refuses (one weight in two groups); all of them in one group
+    # leave a member that never runs, which FSDPMemTracker fails on. The root holds them all, the weight once.
+    others = [m for m in model.modules() if m is not model and m is not embed and m is not head
+              and id(m) not in inside and any(id(p) in shared for p in m.parameters(recurse=False))]
+    if embed is not None and not tied and id(embed) not in inside and not others:
         layout.append(([embed], True))
     if tied and embed is not None and head is not None and id(embed) in inside:
         # the input embeddings sit in a block (BERT's BertEmbeddings is one of its _no_split_modules): the head
@@ -77,7 +85,8 @@ def fsdp2_layout(model: nn.Module, layer_classes: Sequence[str] | None = None) -
         owner = next(units for units, _ in layout if any(embed is m for unit in units for m in unit.modules()))
         owner.append(head)
     tail = [m for m in (_final_norm(model), *((embed, head) if tied else (head,))) if m is not None
-            and id(m) not in inside and not (tied and id(embed) in inside and m is head)]
+            and id(m) not in inside and not (tied and id(embed) in inside and m is head)
+            and not (others and (m is embed or (tied and m is head)))]
     if tail:
         layout.append((tail, False))
     return [(_widened(units, model), reshard) for units, reshard in layout]
