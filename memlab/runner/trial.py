@@ -25,6 +25,7 @@ from memlab.runner.core import Runner, register_runner, runner_for
 from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.training import TrainingWorkload, check_plans
 from memlab.runner.workload import RunnablePlan
+from memlab.trainer.arguments import is_trainer
 from memlab.trainer.entry import live_target, noted, split_plans
 from memlab.trainer.source import keeps_trainer_batch
 
@@ -59,7 +60,8 @@ def measure(
 
     ``model`` may be a ``transformers.Trainer`` (TRL's included): then the batch may be left out (the train
     dataset's worst batch is measured, said in the trial's notes), the loss is the trainer's ``compute_loss``, and
-    the plan defaults to the trainer's own settings (:mod:`memlab.trainer.entry`).
+    the plan defaults to the trainer's own settings (:mod:`memlab.trainer.entry`). On a model the plan defaults to
+    ``Plan()``, as :func:`memlab.estimate`'s does (a peft model: its adapters as they are).
 
     Keywords are :class:`~memlab.options.RunKeywords` (``loss_fn``, ``steps``, ``warmup``, ``budget``, ``lr``,
     ``callback``); no progress bar is shown for one plan. An :class:`memlab.InferencePlan` measures a forward or a
@@ -79,6 +81,8 @@ def measure(
             "memlab.compare(model, batch, plans) for a list"
         )
     batch, plan = split_plans(batch, plan)
+    if plan is None and not is_trainer(model):
+        plan = Plan()  # as estimate's default; a trainer's own settings are its default
     options["progress"] = False
     return compare(model, batch, None if plan is None else [plan], **options).trials[0]
 

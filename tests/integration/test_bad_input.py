@@ -23,6 +23,16 @@ def test_compare_without_plans_says_what_to_pass() -> None:
         memlab.compare(tiny_mlp(), mlp_batch(), None, loss_fn=mlp_loss)
 
 
+def test_measure_without_a_plan_measures_the_plain_plan_as_estimate_does() -> None:
+    """measure(model, batch) on a model (a trainer has its own default) measured Plan() no more than estimate's
+    default does: it raised compare's "no plans were given; write memlab.compare(...)"."""
+    model = tiny_mlp()
+    trial = memlab.measure(model, mlp_batch(), loss_fn=mlp_loss, steps=1, warmup=0)
+    assert trial.status == "ok" and trial.plan == memlab.Plan()
+    assert trial.breakdown == memlab.measure(model, mlp_batch(), memlab.Plan(), loss_fn=mlp_loss, steps=1,
+                                             warmup=0).breakdown
+
+
 def test_measure_given_a_list_points_to_compare_and_compare_takes_a_generator() -> None:
     model, batch = tiny_mlp(), mlp_batch()
     before = fingerprint(model)
