@@ -115,3 +115,35 @@ def test_a_plan_without_them_and_a_dry_run_change_no_setting(monkeypatch: pytest
     recorder = AllocatorRecorder(monkeypatch)
     trial = memlab.estimate(tiny_llama(), lm_batch(rows=2, length=8), Plan(expandable_segments=True), device="cuda")
     assert trial.status == "ok" and recorder.settings == [], "a dry run never touches the real allocator"
+
+
+def _llama_config() -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                       vocab_size=32000)
+
+
+def test_the_plans_lever_decides_the_allocator_its_estimate_assumes() -> None:
+    from memlab.estimation.dryrun.reserved import EXPANDABLE_NOTE
+    from memlab.estimation.estimate import estimate_plans
+
+    shapes = {"input_ids": (4, 256), "labels": (4, 256)}
+    keyword = memlab.estimate(_llama_config(), shapes, Plan(), device="cuda", gpu="H200-141GB",
+                              expandable_segments=True)
+    lever = memlab.estimate(_llama_config(), shapes, Plan(expandable_segments=True), device="cuda", gpu="H200-141GB")
+    both = memlab.estimate(_llama_config(), shapes, Plan(expandable_segments=True), device="cuda", gpu="H200-141GB",
+                           expandable_segments=True)
+    default = memlab.estimate(_llama_config(), shapes, Plan(), device="cuda", gpu="H200-141GB")
+    assert lever.reserved_bytes == keyword.reserved_bytes == both.reserved_bytes
+    assert lever.peak_bytes == default.peak_bytes and lever.reserved_bytes < default.reserved_bytes
+    assert EXPANDABLE_NOTE in lever.notes and EXPANDABLE_NOTE not in default.notes
+    # several plans in one dry run (what fit and the CLI's --try make): each plan's own allocator, as estimated alone
+    for model in (_llama_config(), tiny_llama(layers=4, width=64)):  # a config carried from a few layers; a live model
+        plain, switched = estimate_plans(model, shapes, [Plan(), Plan(expandable_segments=True)], device="cuda",
+                                         gpu="H200-141GB").trials
+        alone = [memlab.estimate(model, shapes, Plan(), device="cuda", gpu="H200-141GB", expandable_segments=on)
+                 for on in (False, True)]
+        assert plain.reserved_bytes == alone[0].reserved_bytes and EXPANDABLE_NOTE not in plain.notes
+        assert switched.reserved_bytes == alone[1].reserved_bytes != plain.reserved_bytes
+        assert EXPANDABLE_NOTE in switched.notes and switched.peak_bytes == plain.peak_bytes
