@@ -96,6 +96,8 @@ class Plan:
             accumulation > 1, optimizer offload and fp16.
         attention: transformers' ``attn_implementation`` for the trial: ``None`` (as the model is), ``"eager"``,
             ``"sdpa"``, ``"flash_attention_2"`` or ``"flex_attention"``; switched on the live model and back.
+        expandable_segments: the CUDA caching allocator's expandable segments: a live CUDA trial switches them on (and
+            back), an estimate's card figure assumes them, the exports write the line; nothing changes off CUDA.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
@@ -123,6 +125,7 @@ class Plan:
     loss: str = lever("full")
     optimizer_in_backward: bool = lever(False)
     attention: str | None = lever(None)
+    expandable_segments: bool = lever(False)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.

@@ -189,5 +189,7 @@ def route(request: EstimateRequest) -> Trial:
                           "expandable_segments=True for PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or leave "
                           "it out for PyTorch's default allocator")
     name = route_name(request)
-    with assumed_allocator(request.expandable_segments):  # every allocator model the route makes assumes it
+    # the keyword or the plan's lever: every allocator model the route makes assumes them
+    expandable = request.expandable_segments or getattr(request.plan, "expandable_segments", False) is True
+    with assumed_allocator(expandable):
         return ROUTES[name](request.checked() if name in ("sharded", "one_gpu") else request)

@@ -189,6 +189,7 @@ def accelerate_script(plan: Plan, *, strategy: str = "fsdp2", model_name: str = 
     code = assembled_code(plan, "accelerate", _fragments_of(strategy))
     lines = [
         "# train.py: run with  accelerate launch --config_file memlab_accelerate.yaml train.py",
+        *code.environment,
         "import torch",
         "from accelerate import Accelerator",
         "from transformers import AutoModelForCausalLM",

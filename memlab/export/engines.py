@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, MemlabWarning
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.techniques.fragments import (
     THE_DEEPSPEED_CONFIG,
@@ -133,6 +134,10 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[
     - activation offload with checkpointing: transformers 5.x holds the checkpointed activations in pinned CPU
       memory (``activation_checkpointing_kwargs["offload"] = True``).
 
+    - where a lever goes elsewhere (the allocator's expandable segments: the environment before CUDA starts; the
+      attention implementation: ``from_pretrained``), a :class:`~memlab.errors.MemlabWarning` says where, with the
+      line to write.
+
     The export is faithful: a lever the Trainer cannot carry raises :class:`MemlabError` saying what to do
     instead. Pure bf16 weights and adapters are not TrainingArguments (load the model in bf16; wrap it with
     ``peft.get_peft_model(model, plan.to_peft_config())``, and export the plan without them), nor is activation
@@ -160,6 +165,8 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[
     if legacy_names is None:
         legacy_names = not _installed_uses_activation_checkpointing()
     kwargs = assembled_keys(plan, "trainer", legacy=legacy_names)
+    for note in elsewhere_notes(plan, "trainer"):
+        warnings.warn(f"{plan.label()!r}: {note}", MemlabWarning, stacklevel=3)
     for name, value in kwargs.items():
         if value == THE_DEEPSPEED_CONFIG:
             kwargs[name] = deepspeed_config(plan)
@@ -237,6 +244,7 @@ def pytorch_code(plan: Plan) -> str:
         f"#   {fields}",
         "# Needs `model` (a torch.nn.Module on its device) and `batches` (an iterable of dicts of tensors,",
         "# dimension 0 = rows).",
+        *code.environment,
         "import torch",
         *code.imports,
         "",

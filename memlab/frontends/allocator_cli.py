@@ -85,7 +85,8 @@ def expandable_suggestion(args: argparse.Namespace, model: Any, batch: Any, repo
     budget = report.budget
     if budget is None or getattr(args, "expandable_segments", False) or args.device == "cpu":
         return []
-    over = sorted((trial for trial in report.trials if reserve_over(trial, budget)), key=lambda t: t.card_bytes)
+    over = sorted((trial for trial in report.trials if reserve_over(trial, budget)
+                   and not trial.plan.expandable_segments), key=lambda t: t.card_bytes)
     over = over[:MOST_ESTIMATED]
     if not over:
         return []
@@ -94,17 +95,17 @@ def expandable_suggestion(args: argparse.Namespace, model: Any, batch: Any, repo
     lines: list[str] = []
     for trial in over:
         say(f"estimating {trial.label} with the allocator's expandable segments")
-        with assumed_allocator(True):
-            found = estimate_each(model, batch, [trial.plan], budget=budget, device=args.device, say=lambda _: None,
-                                  gpu=getattr(args, "gpu", None), load=load)
+        plan = trial.plan.replace(expandable_segments=True)  # the plan suggested: --try, apply and exports take it
+        found = estimate_each(model, batch, [plan], budget=budget, device=args.device, say=lambda _: None,
+                              gpu=getattr(args, "gpu", None), load=load)
         again = card_contexts(found.trials, getattr(args, "gpu", None))[0]
         if again.status != "ok" or again.card_bytes is None or again.card_bytes > budget:
             continue
         if not lines:
             lines.append("Fits with the CUDA allocator's expandable segments (the same step, a smaller reserve):")
-        lines += [f"  {trial.label}: card {format_bytes(again.card_bytes)} ({format_bytes(trial.card_bytes)} with "
+        lines += [f"  {plan.label()}: card {format_bytes(again.card_bytes)} ({format_bytes(trial.card_bytes)} with "
                   "the default allocator), estimated so by:",
-                  f"    {command_for(args, plan_try(trial.plan))} --expandable-segments"]
+                  f"    {command_for(args, plan_try(plan))}"]
     if lines:
         lines += ["Set them before CUDA starts, in the shell:", f"  {ENVIRONMENT_LINE}",
                   "or first thing in Python, before torch touches CUDA:", f"  {PYTHON_LINE}"]

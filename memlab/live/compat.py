@@ -26,6 +26,7 @@ from memlab.errors import MemlabError
 __all__ = [
     "FLOORS",
     "UnsupportedStack",
+    "allocator_settings",
     "check_stack",
     "dtensor_single_dim_strategy",
     "fake_cache_key_matches",
@@ -36,6 +37,7 @@ __all__ = [
     "installed_version",
     "mem_tracker_total_key",
     "propagation_apart",
+    "set_allocator_settings",
     "sharding_prop_strided_flag",
     "tensor_use_counts",
     "unsupported",
@@ -320,3 +322,37 @@ def tensor_use_counts(tensor: Any) -> tuple[int, int] | None:
     if use_count is None or storage_use_count is None:
         return None
     return int(use_count()), int(storage_use_count(tensor.untyped_storage()._cdata))
+
+
+def allocator_settings() -> str | None:
+    """The caching allocator's settings string as PyTorch last parsed it (``PYTORCH_ALLOC_CONF`` /
+    ``PYTORCH_CUDA_ALLOC_CONF`` at start, or the last :func:`set_allocator_settings`), through
+    ``torch._C._accelerator_getAllocatorSettings`` (torch 2.13); None where the installed torch has no getter
+    (2.11): the environment then says what the process started with.
+
+    Example:
+        >>> allocator_settings() is None or isinstance(allocator_settings(), str)
+        True
+    """
+    import torch
+
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    return None if getter is None else str(getter())
+
+
+def set_allocator_settings(settings: str) -> None:
+    """Change the caching allocator's settings in this process, after CUDA started too (``"expandable_segments:True"``):
+    ``torch._C._accelerator_setAllocatorSettings`` where torch has it (2.11 and later; 2.13 deprecates
+    ``torch.cuda.memory._set_allocator_settings``, which calls it), else that older name. Keys not named keep their
+    value. The allocator reads ``expandable_segments`` each time it maps a new segment, so the setting decides the
+    segments made after it; segments already made stay as they are.
+
+    Example:
+        >>> set_allocator_settings("expandable_segments:False")  # PyTorch's default
+    """
+    import torch
+
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:
+        setter = torch.cuda.memory._set_allocator_settings
+    setter(settings)

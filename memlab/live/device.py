@@ -8,7 +8,7 @@ Only ``torch`` is imported, and nothing here initialises CUDA unless CUDA is ask
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -22,8 +22,10 @@ __all__ = [
     "cuda_capacity",
     "cuda_device",
     "expandable_segments_configured",
+    "expandable_segments_in_use",
     "measured_allocator_notes",
     "model_device",
+    "switch_expandable_segments_on",
     "synchronize",
 ]
 
@@ -122,12 +124,56 @@ def expandable_segments_configured(environ: Mapping[str, str] | None = None) -> 
     conf = environ.get("PYTORCH_CUDA_ALLOC_CONF")
     if conf is None:
         conf = environ.get("PYTORCH_ALLOC_CONF", "")
-    setting = False
+    return bool(_expandable_setting(conf))
+
+
+def _expandable_setting(conf: str) -> bool | None:
+    """``expandable_segments`` in an allocator settings string (the last one wins); None where it is not named."""
+    setting = None
     for item in conf.split(","):
         key, _, value = item.partition(":")
         if key.strip() == "expandable_segments":
             setting = value.strip() == "True"
     return setting
+
+
+def expandable_segments_in_use(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process's caching allocator makes its new segments expandable now: the setting PyTorch last
+    parsed where the installed torch says it and names the key (:func:`memlab.live.compat.allocator_settings`:
+    ``torch.cuda.memory._set_allocator_settings`` after start included), else the environment's
+    (:func:`expandable_segments_configured`).
+
+    Example:
+        >>> expandable_segments_in_use({}) in (True, False)
+        True
+    """
+    from memlab.live.compat import allocator_settings
+
+    parsed = _expandable_setting(allocator_settings() or "")
+    return expandable_segments_configured(environ) if parsed is None else parsed
+
+
+def switch_expandable_segments_on() -> Callable[[], None] | None:
+    """Make the CUDA caching allocator's new segments expandable now, in this process, where they are not already
+    (:func:`expandable_segments_in_use`), and return what switches them off again (PyTorch's default); None where the
+    process already makes them (it is left as it is). PyTorch's own runtime setting
+    (:func:`memlab.live.compat.set_allocator_settings`) works after CUDA started and changes only the segments made
+    after it: the ones already reserved (the model's weights) stay as they were.
+
+    Example:
+        >>> undo = switch_expandable_segments_on()  # doctest: +SKIP
+        >>> undo is None or undo()  # doctest: +SKIP
+    """
+    from memlab.live.compat import set_allocator_settings
+
+    if expandable_segments_in_use():
+        return None
+    set_allocator_settings("expandable_segments:True")
+
+    def switch_off() -> None:
+        set_allocator_settings("expandable_segments:False")
+
+    return switch_off
 
 
 MEASURED_EXPANDABLE_NOTE = (

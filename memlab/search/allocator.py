@@ -1,8 +1,9 @@
 """The CUDA allocator's expandable segments as fit's free lever: where nothing fits and a plan measured on CUDA
-failed only on the allocator's reserve (its allocated peak and the CUDA context within the budget), the plan
-estimated again with expandable segments; where that fits, a suggestion that says the line to set. They change
-what the card shows, not the step, and are set in the process's environment before CUDA starts, so fit cannot
-try them itself."""
+failed only on the allocator's reserve (its allocated peak and the CUDA context within the budget), the plan with
+``expandable_segments=True`` estimated; where that fits, a suggestion of that plan (what ``apply`` and the exports
+take) that says the line to set. They change what the card shows, not the step, and are best set in the process's
+environment before CUDA starts (a live trial switches them on for new segments only), so fit estimates them rather
+than measuring them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.live.batch import Batch
 from memlab.live.device import ENVIRONMENT_LINE, PYTHON_LINE, expandable_segments_configured
 from memlab.options import RunOptions
@@ -51,7 +51,7 @@ def reserve_only_over(trial: Trial, budget: int) -> bool:
 def expandable_suggestions(model: nn.Module, batch: Batch, measured: Sequence[Trial], options: RunOptions,
                            *, device: str = "cuda") -> list[Trial]:
     """The measured plans that :func:`reserve_only_over` says missed the budget on the reserve (the lowest peaks
-    first, at most :data:`MOST_ESTIMATED`), estimated for ``device`` with expandable segments, those whose card
+    first, at most :data:`MOST_ESTIMATED`), estimated for ``device`` with ``expandable_segments=True``, those whose card
     figure fits the budget (the verdict every table gives; no margin, unlike the other suggestions': the allocated
     peak and the context were measured within the budget, only the reserve is modelled), each noted with
     :data:`EXPANDABLE_SUGGESTION`. None where this process already runs with them, or without a budget.
@@ -68,13 +68,14 @@ def expandable_suggestions(model: nn.Module, batch: Batch, measured: Sequence[Tr
     budget = options.budget
     if budget is None or expandable_segments_configured():
         return []
-    over = sorted((trial for trial in measured if reserve_only_over(trial, budget)), key=lambda t: t.peak_bytes)
-    plans = list(dict.fromkeys(trial.plan for trial in over))[:MOST_ESTIMATED]
+    over = sorted((trial for trial in measured if reserve_only_over(trial, budget)
+                   and not trial.plan.expandable_segments), key=lambda t: t.peak_bytes)
+    # the suggestion is the plan with the lever on: what apply and the exports then take (the line included)
+    plans = list(dict.fromkeys(trial.plan.replace(expandable_segments=True) for trial in over))[:MOST_ESTIMATED]
     if not plans:
         return []
-    with assumed_allocator(True):
-        report = estimate_plans(model, batch, plans, loss_fn=options.loss_fn, budget=budget, lr=options.lr,
-                                device=device)
+    report = estimate_plans(model, batch, plans, loss_fn=options.loss_fn, budget=budget, lr=options.lr,
+                            device=device)
     found = []
     for trial in report.trials:
         trial = live_card_context(trial, model)

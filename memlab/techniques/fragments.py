@@ -103,6 +103,7 @@ class Code:
             backward of ``micro`` (the loss divided by ``divisor``) and the optimizer step, at their indentation.
         data: the accelerate script's DataLoader keywords (name -> code).
         accelerator: the accelerate script's ``Accelerator`` keywords (name -> code).
+        environment: lines at the top of the script, before torch is imported (the allocator's settings).
     """
 
     imports: Lines = ()
@@ -123,6 +124,7 @@ class Code:
     loop: Lines = ()
     data: Mapping[str, str] = field(default_factory=dict)
     accelerator: Mapping[str, str] = field(default_factory=dict)
+    environment: Lines = ()
 
     def __add__(self, other: Code) -> Code:
         """Both fragments' lines, slot by slot; a slot that one fragment replaces is taken from the one that sets

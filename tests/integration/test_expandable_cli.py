@@ -34,9 +34,15 @@ def test_a_plan_that_fits_only_with_expandable_segments_is_suggested_with_the_li
     status, text = default
     assert status == 1  # as asked (the default allocator), nothing fits
     assert "Fits with the CUDA allocator's expandable segments" in text
-    assert "  plain: card 3.23 GiB (3.54 GiB with the default allocator)" in text
+    # the plan suggested has the lever on (what --try, apply and the exports take), its command estimates it so
+    assert "  xseg: card 3.23 GiB (3.54 GiB with the default allocator)" in text
     assert ENVIRONMENT_LINE in text and PYTHON_LINE in text
-    assert "--budget 3.3GiB --gpu H200-141GB --expandable-segments" in text
+    assert "--budget 3.3GiB --gpu H200-141GB --try expandable_segments=on\n" in text
+
+
+def test_the_suggested_plan_fits_as_suggested() -> None:
+    status, text = _run([*QUESTION, "--try", "expandable_segments=on"])
+    assert status == 0 and "xseg" in text and "Fits with the CUDA allocator's expandable segments" not in text
 
 
 def test_expandable_segments_on_the_command_line_fit_and_say_so() -> None:

@@ -254,3 +254,23 @@ def test_dtensors_shape_propagation_is_not_memory_in_a_dry_run() -> None:
     GiB of "optimizer" for GPT-2 on 2 GPUs this way, where the real run holds 475 MiB)."""
     assert (48, 6) in _global_shapes_made(apart=False)  # what the trackers saw without it
     assert (48, 6) not in _global_shapes_made(apart=True)
+
+
+def test_the_allocator_settings_are_set_and_read_through_pytorchs_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``set_allocator_settings`` reaches PyTorch's setting on this torch (2.11 and 2.13 both have
+    ``_accelerator_setAllocatorSettings``; older ones ``torch.cuda.memory._set_allocator_settings``), and
+    ``allocator_settings`` reads it back where torch has a getter (2.13), None where not (2.11)."""
+    assert hasattr(torch._C, "_accelerator_setAllocatorSettings") or hasattr(torch.cuda.memory,
+                                                                             "_set_allocator_settings")
+    getter = hasattr(torch._C, "_accelerator_getAllocatorSettings")
+    try:
+        compat.set_allocator_settings("expandable_segments:True")
+        assert compat.allocator_settings() == ("expandable_segments:True" if getter else None)
+    finally:
+        compat.set_allocator_settings("expandable_segments:False")
+    assert compat.allocator_settings() in ("expandable_segments:False", None)
+    seen: list[str] = []
+    monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings", raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", seen.append, raising=False)
+    compat.set_allocator_settings("expandable_segments:True")  # a torch with only the older name
+    assert seen == ["expandable_segments:True"]

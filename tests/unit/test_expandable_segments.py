@@ -161,7 +161,7 @@ def test_fit_suggests_expandable_segments_where_only_the_reserve_missed_the_budg
     # What fit measured on CUDA: the allocated peak and the context fit, the reserve does not.
     measured = dataclasses.replace(default, device="cuda:0", estimated=False, notes=())
     found = expandable_suggestions(model, batch, [measured], RunOptions(budget=budget))
-    assert [trial.plan for trial in found] == [plan]
+    assert [trial.plan for trial in found] == [plan.replace(expandable_segments=True)]  # the plan to apply
     assert found[0].notes[0] == EXPANDABLE_SUGGESTION and found[0].card_bytes <= budget
     assert 'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"' in EXPANDABLE_SUGGESTION
     # No suggestion where the allocated peak itself is over, nor where the process already has them.

@@ -41,6 +41,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
 from memlab.estimation.configs import one_line
+from memlab.estimation.cuda.allocator import assumed_allocator, expandable_segments_assumed
 from memlab.estimation.cuda.attention import CudaAttention, attention_note
 from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.estimation.cuda.kernels import (
@@ -138,7 +139,8 @@ def estimate_plans(
     limit = parse_budget(budget)
     trials = []
     for number, plan in enumerate(checked):
-        trial = _carried(shallow, batch, plan, options, load, device=device, gpu=gpu, limit=limit)
+        with _plan_allocator(plan):  # carried to the model's depth by replays of the allocator's model
+            trial = _carried(shallow, batch, plan, options, load, device=device, gpu=gpu, limit=limit)
         if trial is None:
             whole = _Workload(TrialRunner, _training_trial, loads=loads[number:number + 1])
             trial = _dry_run(model_or_config, batch, [plan], options, whole, budget=budget, device=device,
@@ -376,6 +378,7 @@ def _plan_runs(
                     if load is not None:  # the weights as the user loads them, before the trial places them
                         stack.callback(apply_load(setup.model, load, mode, kernels))
                     if trace is not None:
+                        stack.enter_context(_plan_allocator(plan))
                         stack.enter_context(trace.trial(setup.model, setup.batch, mode))
                     if emulate:
                         attention = stack.enter_context(cuda_kernels(kind))
@@ -394,6 +397,11 @@ def _plan_runs(
     return (target, kernels), runs
 
 
+def _plan_allocator(plan: Any) -> contextlib.AbstractContextManager[None]:
+    """The allocator a plan's card figure assumes: expandable segments where its lever asks (or the estimate does)."""
+    return assumed_allocator(expandable_segments_assumed() or getattr(plan, "expandable_segments", False) is True)
+
+
 def _capacity(kind: GpuKind) -> int:
     """What CUDA can give the caching allocator on a GPU of this kind: its memory less the CUDA context."""
     return kind.memory_bytes - kind.context_bytes
@@ -403,7 +411,8 @@ def _estimated(run: _PlanRun, place: tuple[torch.device, torch.device], limit: i
                workload: _Workload) -> Trial:
     """A plan's run made an estimate: the devices, the budget, the reserved peak and the notes it needs."""
     target, kernels = place
-    trial = _as_estimate(run.trial, target, kernels, limit, run.reserved)
+    with _plan_allocator(run.trial.plan):  # its reserved notes say the allocator it assumed
+        trial = _as_estimate(run.trial, target, kernels, limit, run.reserved)
     emulated_note = OWN_CHECKPOINT_NOTE if run.fell_back else workload.emulated_note
     if emulated_note != EMULATED_NOTE:
         trial = dataclasses.replace(trial, notes=tuple(
