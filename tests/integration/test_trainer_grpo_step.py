@@ -1,0 +1,152 @@
+"""TRL's GRPOTrainer measured as it runs (issue 59): generation (the longest prompts, full-length completions), the
+reference log-probs where beta != 0 (a reference model, or the peft model with its adapters off), the old policy's
+where the config computes them, then forward, backward and the optimizer over one optimizer step's generations,
+each phase on the timeline; the trainer, its models, datasets, RNG and reward functions as they were afterwards.
+Tiny Llamas on CPU."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+import trl  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from peft import LoraConfig  # noqa: E402
+from test_trainer_contract import llama, tokenizer  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
+
+import memlab  # noqa: E402
+from memlab import MemlabError  # noqa: E402
+
+FAST: dict[str, Any] = {"steps": 1, "warmup": 0, "noise": 0, "progress": False}
+COMPLETION = 8
+
+
+class LengthReward:
+    """A reward function that keeps the completion lengths it was shown (what a trial generated)."""
+
+    __name__ = "length_reward"
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def __call__(self, completions: list[Any], completion_ids: list[list[int]], **_: Any) -> list[float]:
+        self.seen.extend(len(ids) for ids in completion_ids)
+        return [float(len(completion)) for completion in completions]
+
+
+def prompts(count: int = 6) -> Dataset:
+    """Prompts of 3 to 3 + count - 1 words: the last is the longest."""
+    return Dataset.from_list([{"prompt": " ".join(f"w{(i + j) % 60}" for j in range(3 + i))} for i in range(count)])
+
+
+def grpo(tmp_path: Any, setup: str = "no reference", reward: Any = None, **settings: Any) -> trl.GRPOTrainer:
+    """``setup``: "no reference" (beta=0), "reference" (beta>0: TRL loads a reference model from the policy's
+    path), "peft" (beta>0 with a peft_config: the reference is the base with adapters off)."""
+    config = dict(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, save_strategy="no", max_steps=1,
+                  per_device_train_batch_size=2, num_generations=2, max_completion_length=COMPLETION,
+                  disable_tqdm=True, bf16=False, seed=0, beta=0.0 if setup == "no reference" else 0.1)
+    config.update(settings)
+    model = llama()
+    if setup == "reference":
+        model.save_pretrained(tmp_path / "policy")
+        model = LlamaForCausalLM.from_pretrained(tmp_path / "policy")
+    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if setup == "peft" else None
+    return trl.GRPOTrainer(model=model, reward_funcs=reward or LengthReward(), args=trl.GRPOConfig(**config),
+                           train_dataset=prompts(), processing_class=tokenizer(), peft_config=peft)
+
+
+def _held(trainer: Any) -> dict[str, Any]:
+    """What the trainer holds, by identity, with copies of what its methods write."""
+    names = ("args", "model", "ref_model", "train_dataset", "data_collator", "reward_funcs", "_metrics", "_logs",
+             "generation_config", "generation_kwargs", "state", "optimizer")
+    held = {name: getattr(trainer, name) for name in names}
+    held["reward_items"] = list(trainer.reward_funcs)
+    held["attributes"] = set(vars(trainer))
+    held["contents"] = copy.deepcopy({"metrics": trainer._metrics, "logs": trainer._logs,
+                                      "state": vars(trainer.state), "kwargs": trainer.generation_kwargs,
+                                      "min_new_tokens": trainer.generation_config.min_new_tokens})
+    held["weights"] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    if trainer.ref_model is not None:
+        held["reference"] = {k: v.clone() for k, v in trainer.ref_model.state_dict().items()}
+    held["rng"] = torch.get_rng_state()
+    return held
+
+
+def _same(trainer: Any, held: dict[str, Any]) -> None:
+    now = _held(trainer)
+    for name in ("args", "model", "ref_model", "train_dataset", "data_collator", "reward_funcs", "_metrics", "_logs",
+                 "generation_config", "generation_kwargs", "state", "optimizer"):
+        assert now[name] is held[name], name
+    assert now["reward_items"] == held["reward_items"] and now["attributes"] == held["attributes"]
+    assert repr(now["contents"]) == repr(held["contents"])
+    assert all(torch.equal(now["weights"][k], v) for k, v in held["weights"].items())
+    if "reference" in held:
+        assert all(torch.equal(now["reference"][k], v) for k, v in held["reference"].items())
+        assert all(p.grad is None for p in trainer.ref_model.parameters())
+    assert torch.equal(now["rng"], held["rng"])
+
+
+@pytest.mark.parametrize("setup", ["no reference", "reference", "peft"])
+def test_grpo_step_measured_as_it_runs(tmp_path: Any, setup: str) -> None:
+    reward = LengthReward()
+    trainer = grpo(tmp_path, setup, reward)
+    held = _held(trainer)
+    own = memlab.Plan.from_trainer(trainer)
+    assert (own.adapter == "lora") == (setup == "peft")
+    trial = memlab.measure(trainer, **FAST)
+    assert trial.status == "ok", trial.error
+    assert trial.plan == own and trial.rows_per_step == 2
+    # The worst case: the longest prompt (row 5), both completions full length in every step.
+    assert "rows 5, 8 tokens" in " ".join(trial.notes) and "max_completion_length=8" in " ".join(trial.notes)
+    assert reward.seen and set(reward.seen) == {COMPLETION}
+    names = [name for name, _, _ in trial.timeline.phases]
+    expected = ["generation", *(["reference"] if setup != "no reference" else []), "forward", "backward", "optimizer"]
+    assert names == expected
+    assert trial.timeline.peak.phase in expected and trial.timeline.peak.bytes == trial.peak_bytes
+    held["rng"] = torch.get_rng_state()  # the runner puts the process's RNG back: compare with it after
+    _same(trainer, held)
+
+
+def test_grpo_plans_keep_the_generations_of_a_step_and_name_the_old_policy(tmp_path: Any) -> None:
+    """Two accumulation steps of 2 generations, each generation reused twice (num_iterations=2): TRL computes the
+    old policy's log-probs. Plan() is all 4 generations in one micro-batch; the trainer as set up two of 2."""
+    trainer = grpo(tmp_path, gradient_accumulation_steps=2, num_iterations=2)
+    held = _held(trainer)
+    whole, as_set_up = memlab.compare(trainer, plans=[memlab.Plan(), memlab.Plan.from_trainer(trainer)],
+                                      **FAST).trials
+    assert whole.status == as_set_up.status == "ok", (whole.error, as_set_up.error)
+    assert (whole.plan.micro_batch, whole.plan.accumulation, whole.rows_per_step) == (4, 1, 4)
+    assert (as_set_up.plan.micro_batch, as_set_up.plan.accumulation, as_set_up.rows_per_step) == (2, 2, 4)
+    names = [name for name, _, _ in as_set_up.timeline.phases]
+    assert names[:2] == ["generation", "old-policy"] and names.count("forward") == 2
+    assert as_set_up.timeline.phases[-1][0] == "optimizer"
+    held["rng"] = torch.get_rng_state()
+    _same(trainer, held)
+
+
+def test_a_reward_function_that_raises_is_named(tmp_path: Any) -> None:
+    def strict_reward(completions: list[Any], **_: Any) -> list[float]:
+        raise ValueError("expected a number in the completion")
+
+    trainer = grpo(tmp_path, reward=strict_reward)
+    held = _held(trainer)
+    with pytest.raises(MemlabError, match=r"the reward function 'strict_reward' raised ValueError: expected a number"):
+        memlab.measure(trainer, **FAST)
+    held["rng"] = torch.get_rng_state()
+    _same(trainer, held)
+
+
+def test_a_dataset_without_prompts_is_refused_before_anything_runs(tmp_path: Any) -> None:
+    trainer = grpo(tmp_path)
+    trainer.train_dataset = Dataset.from_list([{"question": "w1 w2"}, {"question": "w3"}])
+    held = _held(trainer)
+    with pytest.raises(MemlabError, match=r"row 0 of the GRPOTrainer's train_dataset has no 'prompt' \(\['question'\]\)"
+                                          r".*Dataset.from_list\(\[\{'prompt': text\}"):
+        memlab.measure(trainer, **FAST)
+    _same(trainer, held)
