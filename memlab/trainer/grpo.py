@@ -39,7 +39,7 @@ from memlab.trainer.arguments import check_single_process, plan_from_trainer, tr
 from memlab.trainer.source import trainer_bookkeeping_kept, trl_kind
 from memlab.trainer.worst_batch import SAMPLE_DEFAULT
 
-__all__ = ["GRPO_PHASES", "GRPOPrompts", "GRPOSource", "RewardFailed", "is_grpo"]
+__all__ = ["GRPO_PHASES", "GRPOPrompts", "GRPOSource", "RewardFailed", "computes_old_logps", "is_grpo"]
 
 GRPO_PHASES = ("generation", "reference", "old-policy")
 """The phases a GRPO step has before its training phases, in the order they run."""
@@ -205,7 +205,7 @@ class GRPOSource:
             RewardFailed: a reward function raised; it is named (also kept as :attr:`failure`).
         """
         trainer = self.trainer
-        old_first = _computes_old_logps(trainer)
+        old_first = computes_old_logps(trainer)
         calls = itertools.count()
         generate, logps, rewards = trainer._generate, trainer._get_per_token_logps_and_entropies, \
             trainer._calculate_rewards
@@ -267,8 +267,16 @@ class GRPOPrompts(StepBatches):
         self.source = source
 
 
-def _computes_old_logps(trainer: Any) -> bool:
-    """Whether ``_generate_and_score_completions`` computes the old policy's log-probs (TRL 1.16's rule)."""
+def computes_old_logps(trainer: Any) -> bool:
+    """Whether ``_generate_and_score_completions`` computes the old policy's log-probs (TRL 1.16's rule: the
+    generation is reused past one optimizer step, or vLLM's importance sampling needs them).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(steps_per_generation=2, gradient_accumulation_steps=2)
+        >>> computes_old_logps(SimpleNamespace(args=args, num_iterations=2))
+        True
+    """
     args = trainer.args
     every = args.steps_per_generation * trainer.num_iterations
     return bool(args.gradient_accumulation_steps % every != 0 or (

@@ -70,10 +70,10 @@ def check_trainer_kind(trainer: Any) -> None:
         generations = getattr(args, "num_generations", None) or "num_generations"
         raise MemlabError(
             f"memlab measures a {kind}'s step as it runs (generation of {generations} completions per prompt up to "
-            f"{completion} tokens, the reference log-probs, then forward, backward and the optimizer): write "
-            "memlab.measure(trainer) for the trainer as set up, or memlab.compare(trainer, plans=[memlab.Plan(...)]) "
-            f"to measure plans; it does not yet estimate, fit, limit or apply plans on a {kind}: measure the plans "
-            f"you would try instead; {watch}"
+            f"{completion} tokens, the reference log-probs, then forward, backward and the optimizer) and estimates "
+            "it: write memlab.measure(trainer) or memlab.estimate(trainer) for the trainer as set up, or "
+            "memlab.compare(trainer, plans=[memlab.Plan(...)]) to measure plans; it does not yet fit, limit or "
+            f"apply plans on a {kind}: measure the plans you would try instead; {watch}"
         )
     if hasattr(args, "num_generations"):
         completion = getattr(args, "max_completion_length", None) or "max_completion_length"

@@ -39,8 +39,7 @@ def _state(trainer: Any) -> dict[str, Any]:
 def test_grpo_is_refused_outside_measure_with_what_works_and_what_to_write(tmp_path: Any) -> None:
     trainer = grpo(tmp_path)
     before = _state(trainer)
-    calls = {"estimate": lambda: memlab.estimate(trainer),
-             "fit": lambda: memlab.fit(trainer, budget="64MiB", steps=1, noise=0, progress=False),
+    calls = {"fit": lambda: memlab.fit(trainer, budget="64MiB", steps=1, noise=0, progress=False),
              "apply": lambda: memlab.apply(trainer, memlab.Plan()),
              "worst_batch": lambda: memlab.trainer.worst_batch(trainer),
              "a batch given": lambda: memlab.measure(trainer, {"input_ids": torch.ones(2, 4, dtype=torch.long)})}
@@ -57,9 +56,10 @@ def test_grpo_is_refused_outside_measure_with_what_works_and_what_to_write(tmp_p
     assert after["callbacks"] == before["callbacks"]
     assert all(torch.equal(after["weights"][k], v) for k, v in before["weights"].items())
 
-    # What the refusal says works, works: measure, and watch on train().
+    # What the refusal says works, works: measure, estimate, and watch on train().
     trial = memlab.measure(trainer, steps=1, warmup=0, noise=0)
     assert trial.status == "ok", trial.error
+    assert memlab.estimate(trainer).status == "ok"
     watched = memlab.watch(trainer)
     trainer.train()
     assert watched.peak_bytes > 0 and watched.peak_step is not None
