@@ -133,7 +133,7 @@ class GRPOSource:
         prompts = max(generation_batch, generations) // trainer.num_generations
         examples, lengths, scanned = _longest_prompts(trainer, prompts)
         completion = int(trainer.max_completion_length)
-        rows = sorted(index for index, _ in examples)
+        rows = sorted({index for index, _ in examples})
         note = (f"generated from the train dataset's {len(rows)} longest prompt(s) (rows "
                 f"{', '.join(str(i) for i in rows[:8])}{'...' if len(rows) > 8 else ''}, {max(lengths)} tokens; "
                 f"scanned {scanned:,} examples), {trainer.num_generations} completions each, every completion "
@@ -318,7 +318,8 @@ def _longest_prompts(trainer: Any, count: int) -> tuple[list[tuple[int, Any]], l
     if not scored:
         raise MemlabError("the GRPOTrainer's train_dataset is empty; give it prompts")
     scored.sort(key=lambda item: (-item[0], item[1]))
-    picked = [scored[i % len(scored)] for i in range(count)]
+    # A dataset with fewer prompts than a generation batch: its longest stands in for the rest (the worst case).
+    picked = scored[:count] + [scored[0]] * max(count - len(scored), 0)
     return [(index, example) for _, index, example in picked], [length for length, _, _ in picked], scanned
 
 

@@ -18,7 +18,7 @@ import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 from test_trainer_contract import llama, tokenizer  # noqa: E402
-from transformers import LlamaForCausalLM  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import memlab  # noqa: E402
 from memlab import MemlabError  # noqa: E402
@@ -161,6 +161,31 @@ def test_grpo_plans_keep_the_generations_of_a_step_and_name_the_old_policy(tmp_p
     _same(trainer, held)
 
 
+def test_a_generation_batch_of_several_steps_holds_the_peak_measured_and_estimated(tmp_path: Any) -> None:
+    """steps_per_generation=8: each generation makes 16 completions, of which one optimizer step trains on 2; with
+    wide attention heads (head_dim 512) their KV cache outweighs the training step, and the peak is in generation."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=4, head_dim=512, vocab_size=64,
+                                         max_position_embeddings=128, pad_token_id=0))
+    args = trl.GRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no", max_steps=1,
+                          per_device_train_batch_size=2, num_generations=2, max_completion_length=16,
+                          steps_per_generation=8, disable_tqdm=True, bf16=False, seed=0, beta=0.0)
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=LengthReward(), args=args, train_dataset=prompts(),
+                              processing_class=tokenizer())
+    measured = memlab.measure(trainer, **FAST)
+    estimated = memlab.estimate(trainer)
+    assert measured.status == estimated.status == "ok", (measured.error, estimated.error)
+    # 8 prompts asked of 6: the longest (row 5) stands in for the 2 missing.
+    assert measured.rows_per_step == 2 and "6 longest prompt(s) (rows 0, 1, 2, 3, 4, 5, 8 tokens" in measured.notes[0]
+    assert measured.timeline.peak.phase == estimated.timeline.peak.phase == "generation"
+    measured_phases, estimated_phases = phase_peaks(measured.timeline), phase_peaks(estimated.timeline)
+    for phase in ("generation", "forward", "backward"):
+        assert abs(estimated_phases[phase] / measured_phases[phase] - 1) <= 0.05, phase
+    assert measured_phases["generation"] > 1.2 * measured_phases["backward"]
+    assert estimated.peak_bytes == estimated.timeline.peak.bytes == sum(estimated.breakdown.values())
+
+
 def test_a_reward_function_that_raises_is_named(tmp_path: Any) -> None:
     def strict_reward(completions: list[Any], **_: Any) -> list[float]:
         raise ValueError("expected a number in the completion")
@@ -181,3 +206,13 @@ def test_a_dataset_without_prompts_is_refused_before_anything_runs(tmp_path: Any
                                           r".*Dataset.from_list\(\[\{'prompt': text\}"):
         memlab.measure(trainer, **FAST)
     _same(trainer, held)
+
+
+def test_the_estimate_calls_no_cuda_and_leaves_the_rng(tmp_path: Any) -> None:
+    """DESIGN 2.4: no real CUDA call under a dry run, the generation's included (CUDA made to look initialised)."""
+    from test_no_cuda_under_dry_run import check_route
+
+    trainer = grpo(tmp_path, "peft")
+    estimated, _ = check_route(lambda: memlab.estimate(trainer, device="cuda"), trainer.model)
+    assert estimated.status == "ok", estimated.error
+    assert estimated.timeline.phases[0][0] == "generation"
