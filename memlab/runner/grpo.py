@@ -27,7 +27,7 @@ from memlab.runner.step import NO_PHASES, TrainingStep
 from memlab.runner.training import TrainingAttempt, TrainingRecord, TrainingWorkload, finite_loss
 from memlab.runner.workload import RunContext, StepKind
 from memlab.trainer.entry import LiveTarget
-from memlab.trainer.grpo import GRPOPrompts, GRPOSource
+from memlab.trainer.grpo import GRPOPrompts, GRPOSource, check_generations
 from memlab.trainer.source import TrainerSource
 
 __all__ = ["GRPOAttempt", "GRPORunner", "GRPOWorkload", "grpo_target"]
@@ -69,6 +69,10 @@ class GRPOWorkload(TrainingWorkload):
         if not isinstance(context.batch, GRPOPrompts):
             raise TypeError("a GRPO workload runs on GRPOPrompts (memlab.runner.grpo.grpo_target makes them)")
         self.source: GRPOSource = context.batch.source
+
+    def check(self, plan: Plan) -> None:
+        super().check(plan)
+        check_generations(plan, self.source)
 
     def put_on(self, plan: Plan, record: TrainingRecord) -> GRPOAttempt:
         context = self.context

@@ -39,7 +39,8 @@ from memlab.trainer.arguments import check_single_process, plan_from_trainer, tr
 from memlab.trainer.source import trainer_bookkeeping_kept, trl_kind
 from memlab.trainer.worst_batch import SAMPLE_DEFAULT
 
-__all__ = ["GRPO_PHASES", "GRPOPrompts", "GRPOSource", "RewardFailed", "computes_old_logps", "is_grpo"]
+__all__ = ["GRPO_PHASES", "GRPOPrompts", "GRPOSource", "RewardFailed", "check_generations", "computes_old_logps",
+           "is_grpo"]
 
 GRPO_PHASES = ("generation", "reference", "old-policy")
 """The phases a GRPO step has before its training phases, in the order they run."""
@@ -127,10 +128,10 @@ class GRPOSource:
         per_device, steps = int(args.per_device_train_batch_size), int(args.gradient_accumulation_steps)
         per_generation = int(args.steps_per_generation)
         generations = per_device * steps
-        # One optimizer step's generations come from ceil(steps / steps_per_generation) generation rounds; the
-        # trial generates the larger of the two at once, which is what one round holds at its peak.
+        # TRL generates per_device x steps_per_generation completions at once; one optimizer step trains on the
+        # first of them (steps_per_generation >= accumulation) or on several rounds of them (fewer).
         generation_batch = per_device * max(per_generation, 1)
-        prompts = max(generation_batch, generations) // trainer.num_generations
+        prompts = generation_batch // trainer.num_generations
         examples, lengths, scanned = _longest_prompts(trainer, prompts)
         completion = int(trainer.max_completion_length)
         rows = sorted({index for index, _ in examples})
@@ -196,10 +197,10 @@ class GRPOSource:
                 _put_back(trainer, name, contents)
 
     def generate(self, sections: Sections) -> dict[str, torch.Tensor]:
-        """One generation batch as the trainer makes it (``_generate_and_score_completions``): generation, reward
-        scoring, the reference and old-policy log-probs, each in its named section; the generated tensors then
-        marked as the step's batch (``"other"``). ``num_items_in_batch`` is left out (each micro-batch counts its
-        own).
+        """One optimizer step's generations as the trainer makes them (``_generate_and_score_completions``, once per
+        generation batch, as many times as the step needs): generation, reward scoring, the reference and
+        old-policy log-probs, each in its named section; the generated tensors then marked as the step's batch
+        (``"other"``). ``num_items_in_batch`` is left out (each micro-batch counts its own).
 
         Raises:
             RewardFailed: a reward function raised; it is named (also kept as :attr:`failure`).
@@ -234,14 +235,19 @@ class GRPOSource:
         with _instance_methods(trainer, patches), sections.phase("activations"):
             was_training = trainer.model.training
             trainer.model.train()  # TRL generates in training mode ("train" metrics, num_generations)
+            rounds: list[dict[str, torch.Tensor]] = []
             try:
-                output = trainer._generate_and_score_completions(list(self.examples))
+                while len(rounds) * self.generation_batch < self.generations:  # each round's KV cache let go
+                    output = trainer._generate_and_score_completions(list(self.examples))
+                    output.pop("num_items_in_batch", None)
+                    rounds.append({key: value for key, value in output.items() if isinstance(value, torch.Tensor)})
+                    sections.mark(list(rounds[-1].values()), "other")
+                    del output
             finally:
                 trainer.model.train(was_training)
-        output.pop("num_items_in_batch", None)
-        tensors = {key: value for key, value in output.items() if isinstance(value, torch.Tensor)}
-        sections.mark(list(tensors.values()), "other")
-        return tensors
+        if len(rounds) == 1:
+            return rounds[0]
+        return {key: torch.cat([part[key] for part in rounds]) for key in rounds[0]}
 
 
 class GRPOPrompts(StepBatches):
@@ -265,6 +271,27 @@ class GRPOPrompts(StepBatches):
 
         super().__init__(make, source.generations, f"{source.generations} generations of {width} tokens")
         self.source = source
+
+
+def check_generations(plan: Plan, source: Any) -> None:
+    """Refuse a plan whose step would train on other than the trainer's generations per optimizer step (its
+    generation is the trainer's, and so is the number of completions it makes).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> check_generations(Plan(micro_batch=2, accumulation=2), SimpleNamespace(generations=4))
+        >>> check_generations(Plan(micro_batch=8), SimpleNamespace(generations=4))
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: a plan on this GRPOTrainer trains on its 4 generations per optimizer step ...
+    """
+    if plan.micro_batch is not None and plan.micro_batch * plan.accumulation != source.generations:
+        raise MemlabError(
+            f"a plan on this GRPOTrainer trains on its {source.generations} generations per optimizer step "
+            f"(per_device_train_batch_size x gradient_accumulation_steps), and micro_batch={plan.micro_batch} x "
+            f"accumulation={plan.accumulation} is {plan.micro_batch * plan.accumulation}; write "
+            f"memlab.Plan(accumulation=k) with k dividing {source.generations}, or change the trainer's GRPOConfig"
+        )
 
 
 def computes_old_logps(trainer: Any) -> bool:

@@ -35,7 +35,7 @@ from memlab.errors import MemlabError
 from memlab.plan import Plan
 from memlab.report.data import Trial
 from memlab.report.timeline import Timeline, TimelinePeak
-from memlab.trainer.grpo import GRPOSource, computes_old_logps
+from memlab.trainer.grpo import GRPOSource, check_generations, computes_old_logps
 from memlab.trainer.source import keeps_trainer_batch
 
 __all__ = ["estimate_grpo", "sampling_bytes"]
@@ -78,6 +78,7 @@ def estimate_grpo(request: Any) -> Trial:
         raise MemlabError(f"{plan!r} is not a memlab.Plan; write memlab.estimate(trainer, memlab.Plan(...))")
     source = GRPOSource.from_trainer(trainer)
     plan = source.plan if plan is None else keeps_trainer_batch(plan, trainer.args)
+    check_generations(plan, source)
     loss_fn = request.loss_fn if request.loss_fn is not None else source.loss_fn()
     with source.generating():
         training = route(request.replace(model=source.model, batch=_generated(source), loss_fn=loss_fn, plan=plan))

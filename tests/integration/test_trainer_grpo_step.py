@@ -216,3 +216,16 @@ def test_the_estimate_calls_no_cuda_and_leaves_the_rng(tmp_path: Any) -> None:
     estimated, _ = check_route(lambda: memlab.estimate(trainer, device="cuda"), trainer.model)
     assert estimated.status == "ok", estimated.error
     assert estimated.timeline.phases[0][0] == "generation"
+
+
+def test_accumulation_over_generation_rounds_and_plans_that_change_the_generations(tmp_path: Any) -> None:
+    """steps_per_generation=1 with 2 accumulation steps: TRL generates 2 completions twice per optimizer step, and the
+    trial does the same (two generation phases, 4 rows trained); a plan of other than 4 rows is refused."""
+    trainer = grpo(tmp_path, gradient_accumulation_steps=2, steps_per_generation=1)
+    trial = memlab.measure(trainer, **FAST)
+    assert trial.status == "ok" and trial.rows_per_step == 4, trial.error
+    names = [name for name, _, _ in trial.timeline.phases]
+    assert names == ["generation", "generation", "forward", "backward", "forward", "backward", "optimizer"]
+    for plan, call in ((memlab.Plan(micro_batch=8), memlab.measure), (memlab.Plan(micro_batch=1), memlab.estimate)):
+        with pytest.raises(MemlabError, match=r"trains on its 4 generations per optimizer step.*Plan\(accumulation=k"):
+            call(trainer, plan)
