@@ -70,8 +70,12 @@ def estimate_grpo(request: Any) -> Trial:
     trainer = request.model
     batch, plan = split_plans(request.batch, request.plan)
     if batch is not None:
-        raise MemlabError("a GRPOTrainer's batch is what it generates from its train dataset's prompts; leave the "
-                          "batch out: memlab.estimate(trainer) or memlab.estimate(trainer, memlab.Plan(...))")
+        raise MemlabError(
+            "a GRPOTrainer's batch is what it generates from its train dataset's prompts, so memlab takes none with "
+            "it (and memlab.limits, which varies one, does not take a GRPOTrainer yet): write memlab.estimate(trainer) "
+            "or memlab.estimate(trainer, memlab.Plan(...)); for a longer max_completion_length or more generations, "
+            "estimate a trainer whose GRPOConfig has them"
+        )
     if request.gpus != 1 or request.strategy != "none":
         raise MemlabError("memlab estimates a GRPOTrainer's step on one device; drop gpus= and strategy=")
     if plan is not None and not isinstance(plan, Plan):

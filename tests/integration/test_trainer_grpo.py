@@ -42,14 +42,15 @@ def test_grpo_is_refused_outside_measure_with_what_works_and_what_to_write(tmp_p
     calls = {"fit": lambda: memlab.fit(trainer, budget="64MiB", steps=1, noise=0, progress=False),
              "apply": lambda: memlab.apply(trainer, memlab.Plan()),
              "worst_batch": lambda: memlab.trainer.worst_batch(trainer),
-             "a batch given": lambda: memlab.measure(trainer, {"input_ids": torch.ones(2, 4, dtype=torch.long)})}
+             "a batch given": lambda: memlab.measure(trainer, {"input_ids": torch.ones(2, 4, dtype=torch.long)}),
+             "limits": lambda: memlab.limits(trainer, memlab.Plan(), budget="64MiB", batch={"input_ids": (2, 16)})}
     for name, call in calls.items():
         with pytest.raises(MemlabError) as refused:
             call()
         said = str(refused.value)
-        assert "GRPOTrainer" in said and "memlab.measure(trainer)" in said, name
+        assert "GRPOTrainer" in said and ("memlab.measure(trainer)" in said or "memlab.estimate(trainer)" in said), name
         assert "SFTTrainer, which" not in said and "returned no tensors" not in said, name  # not the SFT advice
-        if name != "a batch given":
+        if name not in ("a batch given", "limits"):
             assert "memlab.watch(trainer" in said and "2 completions per prompt up to 4 tokens" in said, name
     after = _state(trainer)
     assert all(after[k] is before[k] for k in ("args", "model", "train_dataset", "data_collator"))
