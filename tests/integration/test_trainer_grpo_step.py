@@ -229,3 +229,27 @@ def test_accumulation_over_generation_rounds_and_plans_that_change_the_generatio
     for plan, call in ((memlab.Plan(micro_batch=8), memlab.measure), (memlab.Plan(micro_batch=1), memlab.estimate)):
         with pytest.raises(MemlabError, match=r"trains on its 4 generations per optimizer step.*Plan\(accumulation=k"):
             call(trainer, plan)
+
+
+def test_completions_are_full_length_even_where_the_policy_ends_at_once(tmp_path: Any) -> None:
+    """A policy that always puts the end-of-sequence token first (its logit raised by a hook of the user's) would
+    generate one-token completions; the trial's worst case generates max_completion_length tokens all the same, and
+    the trainer's own generation keeps ending at once afterwards."""
+    reward = LengthReward()
+    trainer = grpo(tmp_path, reward=reward)
+    eos = trainer.processing_class.eos_token_id
+
+    def ends_at_once(module: Any, inputs: Any, logits: torch.Tensor) -> torch.Tensor:
+        return logits + 1e4 * torch.nn.functional.one_hot(torch.tensor(eos), logits.shape[-1])
+
+    hook = trainer.model.lm_head.register_forward_hook(ends_at_once)
+    try:
+        trial = memlab.measure(trainer, **FAST)
+        assert trial.status == "ok", trial.error
+        assert reward.seen and set(reward.seen) == {COMPLETION}
+        reward.seen.clear()
+        trainer.model.eval()
+        trainer._generate_and_score_completions([{"prompt": "w1 w2"}] * 2)
+        assert set(reward.seen) == {1}  # the trainer as it was: no completion forced
+    finally:
+        hook.remove()
