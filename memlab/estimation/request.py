@@ -97,8 +97,15 @@ Route = Callable[[EstimateRequest], Trial]
 
 
 def _trainer(request: EstimateRequest) -> Trial:
-    """A Trainer in the model's place: its model, loss and (without a batch) worst batch, then the other routes."""
+    """A Trainer in the model's place: its model, loss and (without a batch) worst batch, then the other routes; a
+    GRPO trainer's step with its generation (:mod:`memlab.trainer.grpo_estimate`)."""
     from memlab.trainer.entry import live_target, noted, split_plans
+    from memlab.trainer.grpo import is_grpo
+
+    if is_grpo(request.model):
+        from memlab.trainer.grpo_estimate import estimate_grpo
+
+        return estimate_grpo(request)
 
     batch, plan = split_plans(request.batch, request.plan)
     target = live_target(request.model, batch, request.loss_fn)

@@ -28,6 +28,9 @@ __all__ = ["CATEGORY_COLORS", "PHASE_COLORS", "drawn_phases", "phase_words", "re
 
 
 PHASE_COLORS = {
+    "generation": "rgba(178,121,162,0.10)",
+    "reference": "rgba(157,117,93,0.12)",
+    "old-policy": "rgba(186,176,172,0.16)",
     "forward": "rgba(76,120,168,0.10)",
     "backward": "rgba(228,87,86,0.10)",
     "optimizer": "rgba(84,162,75,0.14)",

@@ -115,7 +115,7 @@ def compare(
     batch, plans = split_plans(batch, plans)
     if isinstance(plans, Iterable) and not isinstance(plans, (str, bytes, list, tuple)):
         plans = list(plans)  # a generator: looked at twice below (which runner, then each plan)
-    target = live_target(model, batch, options.get("loss_fn"))
+    target = live_target(model, batch, options.get("loss_fn"), generation=True)
     if plans is None:
         if target.plan is None:
             raise MemlabError("no plans were given; write memlab.compare(model, batch, [memlab.Plan(), ...])")
@@ -123,7 +123,9 @@ def compare(
     elif target.source is not None and isinstance(plans, Sequence):  # a plan on a trainer keeps its effective batch
         args = target.source.trainer.args
         plans = [keeps_trainer_batch(plan, args) if isinstance(plan, Plan) else plan for plan in plans]
-    runner = runner_for(plans) or TrialRunner  # a Plan, or anything else: training's checks say what is wrong
+    # A trainer kind's own runner (GRPO's generates first); else by the plans' type: a Plan, or anything else
+    # (training's checks say what is wrong).
+    runner = target.runner or runner_for(plans) or TrialRunner
     if target.source is not None:
         options["loss_fn"] = target.loss_fn
     report = run_plans(runner, target.model, target.batch, plans, RunOptions.from_keywords(options))

@@ -4,7 +4,9 @@
 - :mod:`memlab.trainer.arguments`: :func:`plan_from_training_arguments` (``TrainingArguments`` -> ``Plan``);
 - :mod:`memlab.trainer.worst_batch`: :func:`worst_batch`, the dataset's costliest micro-batch;
 - :mod:`memlab.trainer.watch`: :func:`watch`, the memory of every step of ``trainer.train()``;
-- :mod:`memlab.trainer.apply`: :func:`apply_to_trainer`, a plan on the trainer until ``undo()``.
+- :mod:`memlab.trainer.apply`: :func:`apply_to_trainer`, a plan on the trainer until ``undo()``;
+- :mod:`memlab.trainer.grpo` and :mod:`memlab.trainer.grpo_estimate`: TRL's GRPOTrainer measured as it runs
+  (generation first) and estimated on fake tensors.
 
 transformers' Trainer, TRL and datasets are imported only inside the functions that need them.
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
+from memlab.trainer.grpo import is_grpo
 from memlab.trainer.source import TrainerSource, is_trainer, keeps_trainer_batch
 from memlab.trainer.worst_batch import trainer_batches, worst_batch
 
@@ -38,6 +39,8 @@ class LiveTarget:
     note: str | None = None
     plan: Plan | None = None
     batch_size: int | None = None
+    runner: Any = None
+    """The runner a trainer kind's step needs (a GRPO trainer's generates first); None: the plans' own."""
 
     def plan_for(self, plan: Any) -> Any:
         """The plan a run on this target measures: ``None`` on a trainer is the trainer as set up; a ``Plan``
@@ -56,11 +59,15 @@ class LiveTarget:
         return keeps_trainer_batch(plan, self.source.trainer.args) if isinstance(plan, Plan) else plan
 
 
-def live_target(model_or_trainer: Any, batch: Any, loss_fn: Any = None, *, rows: int | None = None) -> LiveTarget:
+def live_target(
+    model_or_trainer: Any, batch: Any, loss_fn: Any = None, *, rows: int | None = None, generation: bool = False
+) -> LiveTarget:
     """The model, batch and loss a run measures. For a trainer without a batch: its train dataset's examples as
     :class:`~memlab.live.batch.StepBatches` (each plan's micro-batches collated by the trainer, the worst first),
     said in ``note``; its ``compute_loss`` unless ``loss_fn`` is given (``rows`` is kept for callers: every plan
-    gets the examples it needs). Nothing on the trainer changes.
+    gets the examples it needs). Nothing on the trainer changes. ``generation=True`` (``measure`` and ``compare``)
+    takes TRL's GRPOTrainer too, its step generating first (:func:`memlab.runner.grpo.grpo_target`); the entry
+    points that do not run its generation yet leave it out, and the trainer is refused with what works.
 
     Example:
         >>> live_target(object(), None)
@@ -76,6 +83,15 @@ a transformers Trainer, whose train dataset memlab reads
                 "Trainer, whose train dataset memlab reads"
             )
         return LiveTarget(model_or_trainer, batch, loss_fn)
+    if generation and is_grpo(model_or_trainer):
+        from memlab.runner.grpo import grpo_target  # the runner builds on trainer/, never the reverse at load
+
+        if batch is not None:
+            raise MemlabError(
+                "a GRPOTrainer's batch is what it generates from its train dataset's prompts; leave the batch out: "
+                "memlab.measure(trainer) or memlab.measure(trainer, memlab.Plan(...))"
+            )
+        return grpo_target(model_or_trainer, loss_fn)
     source = TrainerSource.from_trainer(model_or_trainer)
     note = None
     if batch is None:

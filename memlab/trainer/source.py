@@ -51,8 +51,9 @@ def trl_kind(trainer: Any) -> str | None:
 
 
 def check_trainer_kind(trainer: Any) -> None:
-    """Refuse a TRL trainer whose step memlab cannot run (GRPO's generation, PPO, online DPO...), with what works
-    today and what to write; nothing on the trainer changes.
+    """Refuse a TRL trainer whose step memlab cannot run here (PPO, online DPO...; GRPO outside ``measure`` and
+    ``compare``, which run its generation: :mod:`memlab.trainer.grpo`), with what works today and what to write;
+    nothing on the trainer changes.
 
     Example:
         >>> check_trainer_kind(object())
@@ -64,7 +65,17 @@ def check_trainer_kind(trainer: Any) -> None:
     rows = getattr(args, "per_device_train_batch_size", "N")
     watch = ("memlab.watch(trainer, budget=...) works on it today: call it, then trainer.train(), and "
              "watched.peak_bytes is every step's peak, generation included")
-    if kind == "GRPOTrainer" or hasattr(args, "num_generations"):
+    if kind == "GRPOTrainer":
+        completion = getattr(args, "max_completion_length", None) or "max_completion_length"
+        generations = getattr(args, "num_generations", None) or "num_generations"
+        raise MemlabError(
+            f"memlab measures a {kind}'s step as it runs (generation of {generations} completions per prompt up to "
+            f"{completion} tokens, the reference log-probs, then forward, backward and the optimizer) and estimates "
+            "it: write memlab.measure(trainer) or memlab.estimate(trainer) for the trainer as set up, or "
+            "memlab.compare(trainer, plans=[memlab.Plan(...)]) to measure plans; it does not yet fit, limit or "
+            f"apply plans on a {kind}: measure the plans you would try instead; {watch}"
+        )
+    if hasattr(args, "num_generations"):
         completion = getattr(args, "max_completion_length", None) or "max_completion_length"
         generations = getattr(args, "num_generations", None) or "num_generations"
         vocab = getattr(getattr(getattr(trainer, "model", None), "config", None), "vocab_size", None) or "vocab_size"

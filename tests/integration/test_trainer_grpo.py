@@ -36,30 +36,31 @@ def _state(trainer: Any) -> dict[str, Any]:
             "weights": {k: v.clone() for k, v in trainer.model.state_dict().items()}}
 
 
-def test_grpo_is_refused_with_what_works_and_what_to_write(tmp_path: Any) -> None:
+def test_grpo_is_refused_outside_measure_with_what_works_and_what_to_write(tmp_path: Any) -> None:
     trainer = grpo(tmp_path)
     before = _state(trainer)
-    calls = {"estimate": lambda: memlab.estimate(trainer), "measure": lambda: memlab.measure(trainer, steps=1),
-             "fit": lambda: memlab.fit(trainer, budget="64MiB", steps=1, noise=0, progress=False),
+    calls = {"fit": lambda: memlab.fit(trainer, budget="64MiB", steps=1, noise=0, progress=False),
              "apply": lambda: memlab.apply(trainer, memlab.Plan()),
-             "worst_batch": lambda: memlab.trainer.worst_batch(trainer)}
+             "worst_batch": lambda: memlab.trainer.worst_batch(trainer),
+             "a batch given": lambda: memlab.measure(trainer, {"input_ids": torch.ones(2, 4, dtype=torch.long)}),
+             "limits": lambda: memlab.limits(trainer, memlab.Plan(), budget="64MiB", batch={"input_ids": (2, 16)})}
     for name, call in calls.items():
         with pytest.raises(MemlabError) as refused:
             call()
         said = str(refused.value)
-        assert "GRPOTrainer" in said and "memlab.watch(trainer" in said, name
+        assert "GRPOTrainer" in said and ("memlab.measure(trainer)" in said or "memlab.estimate(trainer)" in said), name
         assert "SFTTrainer, which" not in said and "returned no tensors" not in said, name  # not the SFT advice
-        assert "2 completions per prompt (up to 4 tokens)" in said, name
+        if name not in ("a batch given", "limits"):
+            assert "memlab.watch(trainer" in said and "2 completions per prompt up to 4 tokens" in said, name
     after = _state(trainer)
     assert all(after[k] is before[k] for k in ("args", "model", "train_dataset", "data_collator"))
     assert after["callbacks"] == before["callbacks"]
     assert all(torch.equal(after["weights"][k], v) for k, v in before["weights"].items())
 
-    # What the refusal says to write runs: the policy's step on full-length generations, and watch on train().
-    ids = torch.randint(64, (2, 8 + 4))
-    trial = memlab.measure(trainer.model, {"input_ids": ids, "labels": ids}, memlab.Plan.from_trainer(trainer),
-                           steps=1, noise=0)
+    # What the refusal says works, works: measure, estimate, and watch on train().
+    trial = memlab.measure(trainer, steps=1, warmup=0, noise=0)
     assert trial.status == "ok", trial.error
+    assert memlab.estimate(trainer).status == "ok"
     watched = memlab.watch(trainer)
     trainer.train()
     assert watched.peak_bytes > 0 and watched.peak_step is not None
@@ -74,6 +75,8 @@ def test_other_trl_trainers_are_refused_in_one_sentence(tmp_path: Any) -> None:
     trainer.__class__ = PPOTrainer
     with pytest.raises(MemlabError, match=r"PPOTrainer's step.*memlab.watch\(trainer"):
         memlab.estimate(trainer)
+    with pytest.raises(MemlabError, match=r"does not yet measure, estimate or fit a PPOTrainer's step"):
+        memlab.measure(trainer, steps=1, warmup=0, noise=0)  # only GRPO's step is run
     reward = trl.RewardTrainer.__new__(trl.RewardTrainer)  # not generating, not measured: refused before it is read
     with pytest.raises(MemlabError, match=r"does not measure, estimate or fit a TRL RewardTrainer.*SFTTrainer and "
                                           r"DPOTrainer"):

@@ -1,0 +1,401 @@
+"""TRL's ``GRPOTrainer`` as the live object: its step as it runs, generation first (issue 59).
+
+A GRPO step generates before it trains: the device's generation batch (``per_device_train_batch_size x
+steps_per_generation`` completions, ``num_generations`` per prompt) is sampled with transformers' ``generate`` up
+to ``max_completion_length`` tokens (its KV cache and logits), scored by the reward functions, the reference
+model's (and, where the config needs them, the old policy's) per-token log-probabilities computed without
+gradients, and only then does the policy run forward and backward over one optimizer step's generations. memlab
+runs the trainer's own ``_generate_and_score_completions`` and ``compute_loss`` for that, with:
+
+- the worst case: the dataset's longest prompts, every completion full length (``min_new_tokens`` set to
+  ``max_completion_length`` for the trial, so no early end-of-sequence shortens the KV cache or the logits);
+- the step's phases named on the timeline: ``"generation"``, then ``"reference"`` (``beta != 0``) and
+  ``"old-policy"`` (where TRL computes them), then the training phases;
+- everything the trainer's methods change put back afterwards (its generation settings, metrics, logs, state).
+
+Nothing here imports TRL or the runner; :mod:`memlab.runner.grpo` runs the step.
+
+Example:
+    >>> is_grpo(object())
+    False
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from memlab.errors import MemlabError
+from memlab.live.batch import StepBatches
+from memlab.plan import Plan
+from memlab.trainer.arguments import check_single_process, plan_from_trainer, trainer_model
+from memlab.trainer.source import trainer_bookkeeping_kept, trl_kind
+from memlab.trainer.worst_batch import SAMPLE_DEFAULT
+
+__all__ = ["GRPO_PHASES", "GRPOPrompts", "GRPOSource", "RewardFailed", "check_generations", "computes_old_logps",
+           "is_grpo"]
+
+GRPO_PHASES = ("generation", "reference", "old-policy")
+"""The phases a GRPO step has before its training phases, in the order they run."""
+
+# What _generate_and_score_completions and compute_loss write on the trainer; each put back after a trial.
+_BOOKKEEPING = ("_metrics", "_logs", "_pending_metrics", "_pending_extra_logs")
+_SCAN_CHUNK = 256
+
+
+class Sections(Protocol):
+    """What the step offers the generation: a category for new allocations, and named parts of the step."""
+
+    def phase(self, category: str) -> contextlib.AbstractContextManager[None]: ...
+
+    def section(self, name: str) -> contextlib.AbstractContextManager[Any]: ...
+
+    def mark(self, tensors: Any, category: str) -> None: ...
+
+
+def is_grpo(trainer: Any) -> bool:
+    """Whether ``trainer`` is TRL's GRPOTrainer (or a class of the user's own derived from it).
+
+    Example:
+        >>> is_grpo(None)
+        False
+    """
+    return trl_kind(trainer) == "GRPOTrainer"
+
+
+class RewardFailed(MemlabError):
+    """A reward function raised while a GRPO trial scored its completions: the user's code, not the plan's."""
+
+
+@dataclass
+class GRPOSource:
+    """What memlab takes from a live GRPOTrainer.
+
+    Attributes:
+        trainer: the trainer.
+        model: its policy, unwrapped.
+        plan: the trainer as set up (:meth:`memlab.Plan.from_trainer`).
+        generations: completions per optimizer step on this device (``per_device_train_batch_size x
+            gradient_accumulation_steps``): the rows the policy trains on.
+        generation_batch: completions generated at once (``per_device_train_batch_size x steps_per_generation``).
+        examples: the generation batch's dataset rows (the longest prompts, each ``num_generations`` times).
+        prompt_tokens: the longest prompt's tokens, as the trainer tokenizes it.
+        completion_tokens: ``max_completion_length``.
+        note: which prompts, how found, and the full-length completions, for the trial's notes.
+        failure: the reward function's failure in the last trial, if one raised.
+    """
+
+    trainer: Any
+    model: Any
+    plan: Plan
+    generations: int
+    generation_batch: int
+    examples: list[Any]
+    prompt_tokens: int
+    completion_tokens: int
+    note: str
+    failure: RewardFailed | None = field(default=None)
+
+    @classmethod
+    def from_trainer(cls, trainer: Any) -> GRPOSource:
+        """Read a GRPOTrainer and find its worst generation batch; nothing on it changes.
+
+        Raises:
+            MemlabError: a colocated or served vLLM engine, a custom rollout, several processes, or a dataset
+                without prompts.
+        """
+        args = trainer.args
+        check_single_process(args)
+        if getattr(trainer, "use_vllm", False):
+            raise MemlabError(
+                "memlab measures a GRPOTrainer's generation with transformers' generate, and this trainer generates "
+                "with vLLM (use_vllm=True), whose engine memlab does not run; measure it with use_vllm=False (the "
+                "policy's step is the same), or memlab.watch(trainer) on a real run"
+            )
+        if getattr(trainer, "rollout_func", None) is not None or getattr(trainer, "environment_factories", None):
+            raise MemlabError(
+                "memlab runs a GRPOTrainer's own generation, and this one generates through a rollout_func or "
+                "environments, which memlab does not call outside training; memlab.watch(trainer) measures it "
+                "during trainer.train()"
+            )
+        per_device, steps = int(args.per_device_train_batch_size), int(args.gradient_accumulation_steps)
+        per_generation = int(args.steps_per_generation)
+        generations = per_device * steps
+        # TRL generates per_device x steps_per_generation completions at once; one optimizer step trains on the
+        # first of them (steps_per_generation >= accumulation) or on several rounds of them (fewer).
+        generation_batch = per_device * max(per_generation, 1)
+        prompts = generation_batch // trainer.num_generations
+        examples, lengths, scanned = _longest_prompts(trainer, prompts)
+        completion = int(trainer.max_completion_length)
+        rows = sorted({index for index, _ in examples})
+        note = (f"generated from the train dataset's {len(rows)} longest prompt(s) (rows "
+                f"{', '.join(str(i) for i in rows[:8])}{'...' if len(rows) > 8 else ''}, {max(lengths)} tokens; "
+                f"scanned {scanned:,} examples), {trainer.num_generations} completions each, every completion "
+                f"forced to max_completion_length={completion} tokens (the worst case: no early end-of-sequence)")
+        repeated = [example for _, example in examples for _ in range(trainer.num_generations)]
+        return cls(trainer, trainer_model(trainer), plan_from_trainer(trainer), generations, generation_batch,
+                   repeated, max(lengths), completion, note)
+
+    def prompts_batch(self) -> GRPOPrompts:
+        """The runner's batch: the step's rows as placeholders (see :class:`GRPOPrompts`)."""
+        return GRPOPrompts(self)
+
+    def loss_fn(self) -> Callable[[Any, Any], Any]:
+        """``loss_fn(model, micro_batch)``: the trainer's ``compute_loss`` on a micro-batch of generations, its
+        token count as ``num_items_in_batch`` (memlab scales the loss for accumulation itself)."""
+        trainer = self.trainer
+
+        def loss_fn(model: Any, micro_batch: Any) -> Any:
+            inputs = dict(micro_batch)
+            inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
+            context = getattr(trainer, "compute_loss_context_manager", contextlib.nullcontext)
+            with trainer_bookkeeping_kept(trainer), context():
+                return trainer.compute_loss(model, inputs)
+
+        return loss_fn
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        """The trainer set to generate full-length completions for a session of trials, and put back exactly after:
+        ``min_new_tokens`` in its generation config and kwargs, ``current_gradient_accumulation_steps`` (which
+        ``compute_loss`` reads and only ``train()`` sets), its metrics, logs and state."""
+        trainer = self.trainer
+        config = trainer.generation_config
+        kwargs = getattr(trainer, "generation_kwargs", None)
+        kwargs = kwargs if isinstance(kwargs, dict) else None
+        saved_min = config.min_new_tokens
+        saved_kwargs = dict(kwargs) if kwargs is not None else None
+        missing = object()
+        saved_steps = vars(trainer).get("current_gradient_accumulation_steps", missing)
+        saved_state = copy.deepcopy(vars(trainer.state))
+        saved = {name: copy.deepcopy(getattr(trainer, name)) for name in _BOOKKEEPING if hasattr(trainer, name)}
+        try:
+            config.min_new_tokens = self.completion_tokens
+            if kwargs is not None:
+                kwargs["min_new_tokens"] = self.completion_tokens
+            trainer.current_gradient_accumulation_steps = 1  # memlab scales the loss for accumulation itself
+            yield
+        finally:
+            config.min_new_tokens = saved_min
+            if kwargs is not None and saved_kwargs is not None:
+                kwargs.clear()
+                kwargs.update(saved_kwargs)
+            if saved_steps is missing:
+                vars(trainer).pop("current_gradient_accumulation_steps", None)
+            else:
+                trainer.current_gradient_accumulation_steps = saved_steps
+            vars(trainer.state).clear()
+            vars(trainer.state).update(saved_state)
+            for name, contents in saved.items():
+                _put_back(trainer, name, contents)
+
+    def generate(self, sections: Sections) -> dict[str, torch.Tensor]:
+        """One optimizer step's generations as the trainer makes them (``_generate_and_score_completions``, once per
+        generation batch, as many times as the step needs): generation, reward scoring, the reference and
+        old-policy log-probs, each in its named section; the generated tensors then marked as the step's batch
+        (``"other"``). ``num_items_in_batch`` is left out (each micro-batch counts its own).
+
+        Raises:
+            RewardFailed: a reward function raised; it is named (also kept as :attr:`failure`).
+        """
+        trainer = self.trainer
+        old_first = computes_old_logps(trainer)
+        calls = itertools.count()
+        generate, logps, rewards = trainer._generate, trainer._get_per_token_logps_and_entropies, \
+            trainer._calculate_rewards
+
+        def generating(*args: Any, **kwargs: Any) -> Any:
+            with sections.section("generation"):
+                return generate(*args, **kwargs)
+
+        def log_probs(*args: Any, **kwargs: Any) -> Any:
+            if torch.is_grad_enabled():  # the policy's forward in compute_loss: the training phases' own
+                return logps(*args, **kwargs)
+            name = "old-policy" if old_first and next(calls) == 0 else "reference"
+            with sections.section(name):
+                return logps(*args, **kwargs)
+
+        def scored(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return rewards(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - the user's reward function: said as what to fix
+                self.failure = _reward_failure(trainer, error)
+                raise self.failure from None
+
+        patches = {"_generate": generating, "_get_per_token_logps_and_entropies": log_probs,
+                   "_calculate_rewards": scored}
+        self.failure = None
+        with _instance_methods(trainer, patches), sections.phase("activations"):
+            was_training = trainer.model.training
+            trainer.model.train()  # TRL generates in training mode ("train" metrics, num_generations)
+            rounds: list[dict[str, torch.Tensor]] = []
+            try:
+                while len(rounds) * self.generation_batch < self.generations:  # each round's KV cache let go
+                    output = trainer._generate_and_score_completions(list(self.examples))
+                    output.pop("num_items_in_batch", None)
+                    rounds.append({key: value for key, value in output.items() if isinstance(value, torch.Tensor)})
+                    sections.mark(list(rounds[-1].values()), "other")
+                    del output
+            finally:
+                trainer.model.train(was_training)
+        if len(rounds) == 1:
+            return rounds[0]
+        return {key: torch.cat([part[key] for part in rounds]) for key in rounds[0]}
+
+
+class GRPOPrompts(StepBatches):
+    """A GRPO trial's batch before generation: ``rows x (prompt + completion)`` placeholders, one stored element
+    each (an expanded view), so that the runner counts rows and tokens and holds no memory the real step would
+    not; the GRPO workload generates the real batch in each step (``source``).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> prompts = GRPOPrompts(SimpleNamespace(generations=4, prompt_tokens=5, completion_tokens=3))
+        >>> part = prompts.micro_batches(2, 2)[0]["input_ids"]
+        >>> tuple(part.shape), part.untyped_storage().nbytes()
+        ((2, 8), 8)
+    """
+
+    def __init__(self, source: Any) -> None:
+        width = source.prompt_tokens + source.completion_tokens
+
+        def make(rows: int, steps: int) -> list[Any]:
+            return [{"input_ids": torch.zeros(1, 1, dtype=torch.long).expand(rows, width)} for _ in range(steps)]
+
+        super().__init__(make, source.generations, f"{source.generations} generations of {width} tokens")
+        self.source = source
+
+
+def check_generations(plan: Plan, source: Any) -> None:
+    """Refuse a plan whose step would train on other than the trainer's generations per optimizer step (its
+    generation is the trainer's, and so is the number of completions it makes).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> check_generations(Plan(micro_batch=2, accumulation=2), SimpleNamespace(generations=4))
+        >>> check_generations(Plan(micro_batch=8), SimpleNamespace(generations=4))
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: a plan on this GRPOTrainer trains on its 4 generations per optimizer step ...
+    """
+    if plan.micro_batch is not None and plan.micro_batch * plan.accumulation != source.generations:
+        raise MemlabError(
+            f"a plan on this GRPOTrainer trains on its {source.generations} generations per optimizer step "
+            f"(per_device_train_batch_size x gradient_accumulation_steps), and micro_batch={plan.micro_batch} x "
+            f"accumulation={plan.accumulation} is {plan.micro_batch * plan.accumulation}; write "
+            f"memlab.Plan(accumulation=k) with k dividing {source.generations}, or change the trainer's GRPOConfig"
+        )
+
+
+def computes_old_logps(trainer: Any) -> bool:
+    """Whether ``_generate_and_score_completions`` computes the old policy's log-probs (TRL 1.16's rule: the
+    generation is reused past one optimizer step, or vLLM's importance sampling needs them).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(steps_per_generation=2, gradient_accumulation_steps=2)
+        >>> computes_old_logps(SimpleNamespace(args=args, num_iterations=2))
+        True
+    """
+    args = trainer.args
+    every = args.steps_per_generation * trainer.num_iterations
+    return bool(args.gradient_accumulation_steps % every != 0 or (
+        getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_importance_sampling_correction", False)))
+
+
+def _longest_prompts(trainer: Any, count: int) -> tuple[list[tuple[int, Any]], list[int], int]:
+    """The ``count`` dataset rows whose prompts the trainer tokenizes longest (ties: the first), their lengths, and
+    how many rows were read (an iterable dataset: its first :data:`SAMPLE_DEFAULT`)."""
+    dataset = trainer.train_dataset
+    if dataset is None:
+        raise MemlabError("the GRPOTrainer has no train_dataset; pass train_dataset=Dataset.from_list([{'prompt': "
+                          "...}, ...]) to it")
+    rows: Any = dataset if hasattr(dataset, "__len__") else itertools.islice(dataset, SAMPLE_DEFAULT)
+    scored: list[tuple[int, int, Any]] = []
+    chunk: list[tuple[int, Any]] = []
+    scanned = 0
+
+    def flush() -> None:
+        prompts = []
+        for index, example in chunk:
+            if not isinstance(example, Mapping) or "prompt" not in example:
+                keys = sorted(example) if isinstance(example, Mapping) else type(example).__name__
+                raise MemlabError(f"row {index} of the GRPOTrainer's train_dataset has no 'prompt' ({keys}); a GRPO "
+                                  "dataset holds prompts: write Dataset.from_list([{'prompt': text}, ...]) (or "
+                                  "conversations as [{'role': 'user', 'content': text}])")
+            prompts.append(example["prompt"])
+        ids, _, _ = trainer._tokenize_prompts(prompts)
+        scored.extend((len(tokens), index, example) for tokens, (index, example) in zip(ids, chunk, strict=True))
+        chunk.clear()
+
+    for index, example in enumerate(rows):
+        chunk.append((index, example))
+        scanned += 1
+        if len(chunk) == _SCAN_CHUNK:
+            flush()
+    if chunk:
+        flush()
+    if not scored:
+        raise MemlabError("the GRPOTrainer's train_dataset is empty; give it prompts")
+    scored.sort(key=lambda item: (-item[0], item[1]))
+    # A dataset with fewer prompts than a generation batch: its longest stands in for the rest (the worst case).
+    picked = scored[:count] + [scored[0]] * max(count - len(scored), 0)
+    return [(index, example) for _, index, example in picked], [length for length, _, _ in picked], scanned
+
+
+def _reward_failure(trainer: Any, error: BaseException) -> RewardFailed:
+    """The reward function that raised ``error``, named, with what it must return."""
+    names = list(getattr(trainer, "reward_func_names", []) or [])
+    funcs = list(getattr(trainer, "reward_funcs", []) or [])
+    codes = {}
+    for name, func in zip(names, funcs, strict=False):
+        call = vars(type(func)).get("__call__")  # a callable object's own code
+        code = getattr(func, "__code__", None) or getattr(call, "__code__", None)
+        if code is not None:
+            codes[code] = name
+    name = next((codes[frame.f_code] for frame, _ in traceback.walk_tb(error.__traceback__)
+                 if frame.f_code in codes), names[0] if len(names) == 1 else None)
+    who = f"the reward function {name!r}" if name else "a reward function"
+    first = (str(error).strip().splitlines() or [""])[0]
+    return RewardFailed(
+        f"{who} raised {type(error).__name__}: {first}; memlab scores full-length completions with it as "
+        "trainer.train() does: fix it so that it takes (prompts, completions, completion_ids, **columns) and returns "
+        "one float (or None) per completion"
+    )
+
+
+@contextlib.contextmanager
+def _instance_methods(owner: Any, methods: dict[str, Callable[..., Any]]) -> Iterator[None]:
+    """``methods`` set on ``owner`` itself for a while (its class's stay as they are); any it had put back."""
+    missing = object()
+    saved = {name: vars(owner).get(name, missing) for name in methods}
+    try:
+        for name, method in methods.items():
+            setattr(owner, name, method)
+        yield
+    finally:
+        for name, before in saved.items():
+            if before is missing:
+                vars(owner).pop(name, None)
+            else:
+                setattr(owner, name, before)
+
+
+def _put_back(owner: Any, name: str, contents: Any) -> None:
+    """``owner.name`` given back ``contents``: the same object where it is a dict or list (emptied and refilled),
+    else bound again."""
+    value = getattr(owner, name)
+    if isinstance(value, dict) and isinstance(contents, dict):
+        value.clear()
+        value.update(contents)
+    elif isinstance(value, list) and isinstance(contents, list):
+        value[:] = contents
+    else:
+        setattr(owner, name, contents)
