@@ -16,6 +16,7 @@ from collections import Counter
 from memlab.plan import format_bytes
 from memlab.report.data import ALL_CATEGORIES, Report, Trial, speed_range
 from memlab.report.format import format_rate, one_line
+from memlab.report.host import host_lines, host_reason
 from memlab.report.noise import relative_half_width
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, run_labels
 
@@ -277,9 +278,7 @@ def footer_lines(report: Report) -> list[str]:
             lines.append(f"Or shorter: {report.shorter_sequences}")
     if report.budget is not None:
         lines.append(f"Budget: {format_bytes(report.budget)}")
-    host_budgets = sorted({t.host_budget for t in report.trials if t.host_budget is not None and t.status == "ok"})
-    if host_budgets and any(t.host_bytes for t in report.trials):  # said where some plan keeps bytes on the host
-        lines.append(f"Host budget: {format_bytes(host_budgets[0])} (host column: what each plan keeps in host memory)")
+    lines += host_lines(report)
     verdict = card_line(report)
     if verdict is not None:
         lines.append(verdict)
@@ -418,8 +417,8 @@ def nothing_fits_reason(report: Report) -> str | None:
         >>> nothing_fits_reason(Report([full], budget=850))
         'the smallest peak, 900 B (plain), is 50 B over the budget of 850 B'
     """
-    if report.best is not None or not report.trials or report.budget is None:
-        return None
+    if report.best is not None or not report.trials or report.budget is None or host_reason(report):
+        return host_reason(report) if report.best is None else None
     budget = report.budget
     states = [
         (sum(trial.breakdown.get(name, 0) for name in ("params", "grads", "optimizer")), trial)

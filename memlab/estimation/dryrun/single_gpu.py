@@ -82,7 +82,10 @@ _EMULATED_INFERENCE = (
     "estimated on CPU kernels with CUDA's attention backends emulated; what other kernels hold inside themselves "
     "as the CPU runs them"
 )
-_NO_OFFLOAD = "offload needs CUDA to be estimated: shown as no change"
+_NO_OFFLOAD = (
+    "offload needs CUDA to be estimated: the GPU's bytes shown as no change; host_bytes counts what it would keep "
+    "in pinned host memory"
+)
 _BNB_COMPUTED = (
     "bitsandbytes cannot run on fake tensors here: its 8-bit state is computed from its known size "
     "(2 bytes per parameter, fp32 moments below 4096 elements)"
