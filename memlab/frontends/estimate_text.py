@@ -309,7 +309,8 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
             notes.append(f"{plan.label()} with {name}: {trial.error}")
             rows.append([plan.label(), name, str(trial.gpus), "-", "-", f"error [{len(notes)}]"])
         else:
-            verdict = "" if budget is None else verdict_text(trial, trial.fits).replace(" by the ", " (") + ")"
+            judged = budget is not None or trial.host_budget is not None  # "by the card figure" as "(card figure)"
+            verdict = re.sub(r" by the (.+)", r" (\1)", verdict_text(trial, trial.fits)) if judged else ""
             rows.append([plan.label(), name, str(trial.gpus), _gib(trial.peak_bytes), _gib(trial.card_bytes),
                          verdict])
     lines += ["", *_aligned(rows, left=(0, 1, 5))]

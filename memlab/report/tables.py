@@ -355,9 +355,8 @@ def verdict_text(trial: Trial, fits: bool) -> str:
         'does not fit by the allocated peak'
     """
     words = "fits" if fits else "does not fit"
-    host = trial.verdict_figure == "host"
-    return f"{words} (host)" if host else f"{words} by the {trial.verdict_figure}" if str(trial.device).startswith(
-        "cuda") else words
+    figure = "(host)" if trial.verdict_figure == "host" else f"by the {trial.verdict_figure}"
+    return f"{words} {figure}" if figure == "(host)" or str(trial.device).startswith("cuda") else words
 
 
 def judged_text(trial: Trial) -> str:

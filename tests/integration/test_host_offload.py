@@ -136,6 +136,25 @@ def test_the_cli_says_does_not_fit_host_and_carries_both_in_json(tmp_path: Path)
     assert rows[1]["host_bytes"] > 64 * 1024 and rows[1]["host_budget"] == 64 * 1024
 
 
+def test_a_sharded_estimate_shares_the_node_host_budget_among_its_ranks(tmp_path: Path) -> None:
+    from memlab.frontends.cli import main
+
+    config = tiny_llama().config
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(tmp_path)
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdout", out)
+        patch.setattr(sys, "stderr", io.StringIO())
+        status = main(["estimate", str(tmp_path), "--batch", "2x16", "--gpus", "16", "--strategy", "zero2", "--try",
+                       "offload=none,optimizer", "--budget", "80GiB", "--host-budget", "64KiB"])
+    text = out.getvalue()
+    assert status == 0, text
+    rows = [line for line in text.splitlines() if line.lstrip().startswith(("plain", "offload-optimizer"))]
+    assert rows[0].endswith("fits (allocated peak)") and rows[1].endswith("does not fit (host)"), text
+    assert "per GPU" in text and "per node of 8 GPUs" in text
+
+
 def test_the_offload_accounting_matches_the_process_rss_growth() -> None:
     """The levers' own count of their host copies against RSS growth, each case in a fresh process (within 10%)."""
     done = subprocess.run([sys.executable, "-m", "benchmarks.host_rss", "--smoke"], cwd=ROOT, capture_output=True,
