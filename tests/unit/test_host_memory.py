@@ -67,3 +67,13 @@ def test_json_carries_host_bytes_and_budget_and_old_json_loads() -> None:
     assert loaded.host_bytes == 0 and loaded.host_budget is None and loaded.fits
     frame = report.to_dataframe()
     assert frame["host_bytes"][0] == 24 * GIB and frame["host_budget"][0] == 16 * GIB
+
+
+def test_the_search_never_takes_a_plan_over_the_host_budget_for_the_best() -> None:
+    from memlab.search.space import best_of
+
+    fast = Trial(Plan(offload="all"), "ok", GIB, {}, 0.5, 16.0, None, "cuda:0", host_bytes=8 * GIB,
+                 host_budget=4 * GIB)
+    slow = Trial(Plan(checkpointing=True), "ok", GIB, {}, 1.0, 8.0, None, "cuda:0", host_budget=4 * GIB)
+    assert best_of([fast, slow], 2 * GIB) is slow
+    assert Report([fast, slow], budget=2 * GIB).best is slow
