@@ -71,6 +71,19 @@ def test_a_paged_optimizer_counts_its_state_as_its_possible_spill() -> None:
     assert paged.host_bytes <= paged.breakdown["optimizer"]
 
 
+def test_a_paged_state_computed_from_its_size_is_its_spill_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bitsandbytes
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("bitsandbytes cannot run on fake tensors here")
+
+    monkeypatch.setattr(bitsandbytes.optim.AdamW8bit, "step", refuse)  # PagedAdamW8bit is built the same way
+    batch = {"input_ids": (2, 16), "labels": (2, 16)}
+    paged = memlab.estimate(tiny_llama(), batch, Plan(optimizer="paged_adamw8bit"), device="cuda")
+    assert paged.status == "ok" and any("computed from its known size" in note for note in paged.notes)
+    assert paged.host_bytes == paged.breakdown["optimizer"] > 0
+
+
 def test_estimate_judges_the_host_budget_beside_the_card_budget() -> None:
     batch = {"input_ids": (2, 16), "labels": (2, 16)}
     over = memlab.estimate(tiny_llama(), batch, Plan(offload="optimizer"), device="cuda", budget="80GiB",

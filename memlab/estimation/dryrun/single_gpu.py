@@ -518,9 +518,9 @@ def _computed_8bit_trial(runner: Runner[Any, Any], plan: Plan, failed: Trial, mo
     # The state is there all through the step: the same timeline, its optimizer bytes the 8-bit size.
     timeline = adamw.timeline and adamw.timeline.shifted("optimizer", state - breakdown["optimizer"])
     breakdown["optimizer"] = state
-    return dataclasses.replace(
-        adamw, plan=plan, peak_bytes=peak, breakdown=breakdown, notes=(*adamw.notes, _BNB_COMPUTED), timeline=timeline
-    )
+    host = adamw.host_bytes + (state if plan.optimizer == "paged_adamw8bit" else 0)  # a paged state's spill, at most
+    return dataclasses.replace(adamw, plan=plan, peak_bytes=peak, breakdown=breakdown,
+                               notes=(*adamw.notes, _BNB_COMPUTED), timeline=timeline, host_bytes=host)
 
 
 def _reserved(trial: Trial, trace: ReservedTrace | None) -> int | None:
