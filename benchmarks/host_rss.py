@@ -93,6 +93,23 @@ def measure(case: str, width: int) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows as a markdown table (MiB).
+
+    Example:
+        >>> print(markdown([{"case": "optimizer", "width": 8, "layers": 8, "rows": 8, "counted_bytes": 2**20,
+        ...                  "rss_growth_bytes": 2**20, "error": 0.0}]))
+        | case | width | layers | rows | counted MiB | RSS growth MiB | counted vs RSS |
+        |:--|--:|--:|--:|--:|--:|:--|
+        | optimizer | 8 | 8 | 8 | 1.0 | 1.0 | +0.0% |
+    """
+    from benchmarks.common import markdown_table, mib
+
+    return markdown_table(["case", "width", "layers", "rows", "counted MiB", "RSS growth MiB", "counted vs RSS"],
+                          [[r["case"], r["width"], r["layers"], r["rows"], mib(r["counted_bytes"]),
+                            mib(r["rss_growth_bytes"]), f"{r['error']:+.1%}"] for r in rows])
+
+
 def main(argv: list[str] | None = None) -> int:
     smoke = "--smoke" in (argv if argv is not None else sys.argv[1:])
     rows = []
@@ -104,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['rss_growth_bytes'] / MIB:8.1f} MiB, counted off by {row['error']:+.1%}", flush=True)
     out = Path(__file__).resolve().parent / "results" / "host_rss-cpu.json"
     if not smoke:
-        out.write_text(json.dumps({"device": "cpu", "rows": rows}, indent=2) + "\n")
+        from benchmarks.common import versions
+
+        payload = {"device": "cpu", "versions": versions(), "rows": rows, "markdown": markdown(rows)}
+        out.write_text(json.dumps(payload, indent=2) + "\n")
     return 0 if all(abs(row["error"]) <= 0.10 for row in rows) else 1
 
 
