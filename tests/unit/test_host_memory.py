@@ -77,3 +77,14 @@ def test_the_search_never_takes_a_plan_over_the_host_budget_for_the_best() -> No
     slow = Trial(Plan(checkpointing=True), "ok", GIB, {}, 1.0, 8.0, None, "cuda:0", host_budget=4 * GIB)
     assert best_of([fast, slow], 2 * GIB) is slow
     assert Report([fast, slow], budget=2 * GIB).best is slow
+
+
+def test_the_figures_say_does_not_fit_host_where_the_host_decided() -> None:
+    from memlab.report.figure import figure_data
+    from memlab.report.static import record_bundle
+
+    report = Report([_offloaded(24 * GIB, 16 * GIB), _offloaded(12 * GIB, 16 * GIB)], budget=20 * GIB)
+    data = figure_data(report)
+    assert data["verdict"] == ["over budget", "fits"]  # drawn as a plan that does not fit
+    assert "does not fit (host)" in data["hover"][0] and "does not fit" not in data["hover"][1]
+    assert "does not fit (host)" in record_bundle(report, interactive=False)["image/svg+xml"]
