@@ -178,12 +178,15 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     trials = report.trials
     fitting = [trial for trial in trials if report.fits(trial)]
     best = report.best
-    if budget is None:
+    host = [trial.host_budget for trial in trials if trial.host_budget is not None]  # --host-budget
+    if budget is None and not host:
         lines.append(f"Verdict: {len(trials)} plan{'s' if len(trials) != 1 else ''} estimated (no budget to judge).")
     elif fitting:
         count = (f"{fitting[0].label} fits" if len(trials) == 1
                  else f"{len(fitting)} of the {len(trials)} plans fit")
-        lines.append(f"Verdict: {count} the budget of {format_bytes(budget)}.")
+        judged = [*([f"the budget of {format_bytes(budget)}"] if budget is not None else []),
+                  *([f"the host budget of {format_bytes(min(host))}"] if host else [])]
+        lines.append(f"Verdict: {count} {' and '.join(judged)}.")
     else:
         reason = nothing_fits_reason(report)
         tried = trials[0].label if len(trials) == 1 else f"none of the {len(trials)} plans tried"
@@ -205,6 +208,9 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
         card = card_line(report)
     if card is not None:
         notes.append(card)
+    from memlab.report.host import host_lines
+
+    notes += host_lines(report)
     hint = gpu_hint(args, budget)
     if hint is not None:
         notes.append(hint)

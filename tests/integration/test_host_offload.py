@@ -149,6 +149,24 @@ def test_the_cli_says_does_not_fit_host_and_carries_both_in_json(tmp_path: Path)
     assert rows[1]["host_bytes"] > 64 * 1024 and rows[1]["host_budget"] == 64 * 1024
 
 
+def test_the_cli_with_only_a_host_budget_says_why_a_plan_misses_it(tmp_path: Path) -> None:
+    from memlab.frontends.cli import main
+
+    config = tiny_llama().config
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(tmp_path)
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdout", out)
+        patch.setattr(sys, "stderr", io.StringIO())
+        status = main(["estimate", str(tmp_path), "--batch", "2x16", "--try", "offload=optimizer", "--host-budget",
+                       "64KiB"])
+    text = " ".join(out.getvalue().split())
+    assert status == 1, text
+    assert "Verdict: offload-optimizer does not fit: offload-optimizer fits the device but needs" in text
+    assert "over the host budget of 64.0 KiB" in text and "Host budget: 64.0 KiB" in text
+
+
 def test_a_sharded_estimate_shares_the_node_host_budget_among_its_ranks(tmp_path: Path) -> None:
     from memlab.frontends.cli import main
 
