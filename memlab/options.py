@@ -27,7 +27,7 @@ from memlab.events import Callback
 from memlab.live.batch import LossFn
 from memlab.plan import parse_budget
 
-__all__ = ["RunKeywords", "RunOptions", "TrialKeywords", "check_learning_rate"]
+__all__ = ["RunKeywords", "RunOptions", "TrialKeywords", "check_learning_rate", "parse_host_budget"]
 
 
 class TrialKeywords(TypedDict, total=False):
@@ -36,6 +36,7 @@ class TrialKeywords(TypedDict, total=False):
     steps: int
     warmup: int
     budget: int | str | None
+    host_budget: int | str | None
     lr: float
     callback: Callback | None
     progress: bool
@@ -50,6 +51,8 @@ class RunKeywords(TrialKeywords, total=False):
     loss_fn: ``loss_fn(model, micro_batch) -> scalar tensor``; default ``model(**batch).loss`` for dict batches.
     steps: the fewest timed optimizer steps per plan (>= 1). warmup: untimed steps before them (>= 0; at least one
     always runs, since the first step creates the optimizer state). budget: bytes, or a size such as ``"8GiB"``.
+    host_budget: the host memory a plan may keep (``Trial.host_bytes``), the same way; default what the machine has
+    available as each trial starts.
     lr: the optimizer's learning rate. callback: called with every progress event (:mod:`memlab.events`).
     progress: show a progress bar. noise: timing goes on past ``steps`` until the 95% interval of the median step
     time is within +-noise of it (0.05: 5%; 0 times exactly ``steps`` steps), or ``time_limit`` seconds of timed
@@ -76,6 +79,7 @@ class RunOptions:
     steps: int = 3
     warmup: int = 1
     budget: int | None = None
+    host_budget: int | None = None
     lr: float = 1e-5
     callback: Callback | None = None
     progress: bool = True
@@ -98,6 +102,7 @@ class RunOptions:
         _check_count("warmup", self.warmup, minimum=0)
         check_learning_rate(self.lr)
         object.__setattr__(self, "budget", parse_budget(self.budget))
+        object.__setattr__(self, "host_budget", parse_host_budget(self.host_budget))
         if self.loss_fn is not None and not callable(self.loss_fn):
             raise MemlabError("loss_fn must be callable as loss_fn(model, batch) -> scalar tensor")
         if self.callback is not None and not callable(self.callback):
@@ -111,8 +116,8 @@ class RunOptions:
             >>> RunOptions.from_keywords({"step": 2})
             Traceback (most recent call last):
             ...
-            memlab.errors.MemlabError: step= is not an option; write one of loss_fn, steps, warmup, budget, lr, \
-callback, progress, noise, time_limit, verbose
+            memlab.errors.MemlabError: step= is not an option; write one of loss_fn, steps, warmup, budget, \
+host_budget, lr, callback, progress, noise, time_limit, verbose
         """
         known = [field.name for field in dataclasses.fields(cls)]
         for key in keywords:
@@ -133,6 +138,23 @@ callback, progress, noise, time_limit, verbose
         """
         options = self.replace(**changes) if changes else self
         return cast(RunKeywords, {field.name: getattr(options, field.name) for field in dataclasses.fields(options)})
+
+
+def parse_host_budget(host_budget: int | float | str | None) -> int | None:
+    """Bytes from ``host_budget=`` as :func:`memlab.plan.parse_budget` reads a budget; its errors name host_budget.
+
+    Example:
+        >>> parse_host_budget("16GiB")
+        17179869184
+        >>> parse_host_budget("lots")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: host_budget 'lots' is not understood; write ... such as 8GiB, 500MB, 1.5G
+    """
+    try:
+        return parse_budget(host_budget)
+    except MemlabError as error:
+        raise MemlabError(str(error).replace("budget", "host_budget")) from None
 
 
 def check_learning_rate(lr: Any) -> float:

@@ -65,6 +65,7 @@ def estimate(
     gpu: str | None = None,
     load: Mapping[str, Any] | None = None,
     expandable_segments: bool = False,
+    host_budget: int | str | None = None,
 ) -> Trial:
     """Predict the memory of one steady-state training step of ``plan``, on fake tensors (nothing runs for real).
 
@@ -119,6 +120,9 @@ def estimate(
             expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, set before CUDA starts), as
             :mod:`memlab.estimation.cuda.allocator` models them; default False, PyTorch's default. The notes say
             so where it is True. The allocated peak is the same either way.
+        host_budget: bytes or a size such as ``"16GiB"``: the host memory the plan may keep (``trial.host_bytes``:
+            offloaded optimizer state and activations, a paged optimizer's spill, ZeRO offload per rank); ``fits``
+            then needs it too, and ``verdict_figure`` is ``"host"`` where only it is missed. Default: not judged.
 
     The arguments become one :class:`~memlab.estimation.request.EstimateRequest`, which every route takes (one GPU,
     sharded, inference, a Trainer): ``load=`` reaches the sharded route as it does the others.
@@ -143,5 +147,5 @@ def estimate(
     """
     request = EstimateRequest(model_or_config, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device,
                               gpus=gpus, strategy=strategy, gpu=gpu, load=load,
-                              expandable_segments=expandable_segments)
+                              expandable_segments=expandable_segments, host_budget=host_budget)
     return route(request)

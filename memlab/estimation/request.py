@@ -29,6 +29,7 @@ from memlab.estimation.cuda.context import card_context
 from memlab.estimation.cuda.gpus import gpu_kind
 from memlab.live.batch import LossFn
 from memlab.live.sharding import check_sharding
+from memlab.options import parse_host_budget
 from memlab.plan import Plan, parse_budget
 from memlab.report import Trial
 from memlab.techniques.offload import PARAMS_NEED_SHARDING
@@ -44,7 +45,8 @@ class EstimateRequest:
     """Everything :func:`memlab.estimate` was asked: the model (a live model, a config, a name or a Trainer), the
     batch (tensors or shapes), one plan (training or inference), the loss, the budget (bytes), the learning rate,
     the device, the GPUs and the strategy that shards them, the GPU kind, the user's load, and whether the card
-    figure assumes the allocator's expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``).
+    figure assumes the allocator's expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), and
+    the host budget the trial's ``host_bytes`` are judged against (none: not judged).
 
     :meth:`checked` validates what can be validated before anything is built (the sharding, the GPU kind, the
     budget), so that every route gets a request it can trust.
@@ -70,6 +72,7 @@ class EstimateRequest:
     gpu: str | None = None
     load: Mapping[str, Any] | None = None
     expandable_segments: bool = False
+    host_budget: int | str | None = None
 
     def replace(self, **changes: Any) -> EstimateRequest:
         """The same request with ``changes`` (field names as keywords)."""
@@ -195,8 +198,10 @@ def route(request: EstimateRequest) -> Trial:
         raise MemlabError(f"expandable_segments={request.expandable_segments!r} is not True or False; write "
                           "expandable_segments=True for PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or leave "
                           "it out for PyTorch's default allocator")
+    host_budget = parse_host_budget(request.host_budget)
     name = route_name(request)
     # the keyword or the plan's lever: every allocator model the route makes assumes them
     expandable = request.expandable_segments or getattr(request.plan, "expandable_segments", False) is True
     with assumed_allocator(expandable):
-        return ROUTES[name](request.checked() if name in ("sharded", "one_gpu") else request)
+        trial = ROUTES[name](request.checked() if name in ("sharded", "one_gpu") else request)
+    return trial if host_budget is None else dataclasses.replace(trial, host_budget=host_budget)

@@ -495,10 +495,12 @@ def _add_estimate_command(commands: Any) -> None:
     """
     from memlab.frontends import estimate_cli
     from memlab.frontends.allocator_cli import add_allocator_argument, with_allocator
+    from memlab.frontends.host_cli import add_host_argument
 
     parser = commands.add_parser(
         "estimate", help="predict, without the hardware, whether a model fits (a dry run on fake tensors)"
     )
     estimate_cli.add_arguments(parser)
     add_allocator_argument(parser)
+    add_host_argument(parser)
     parser.set_defaults(handler=with_allocator(estimate_cli.run), command_parser=parser)

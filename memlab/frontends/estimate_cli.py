@@ -67,15 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = _DESCRIPTION.format(shapes=shape_names(KNOWN_SHAPES))
     parser.epilog = _EPILOG
     parser.add_argument("model", metavar="MODEL", help="a Hub model name, a path to a config.json, or a built-in shape")
-    parser.add_argument(
-        "--config",
-        metavar="PATH_OR_NAME",
-        default=None,
-        help="where the config comes from, when not from MODEL (a config.json, its folder, a shape or a Hub name)",
-    )
-    parser.add_argument(
-        "--batch", metavar="ROWSxTOKENS", default="1x512", help="rows and tokens per batch (default: 1x512)"
-    )
+    parser.add_argument("--config", metavar="PATH_OR_NAME", default=None, help="where the config comes from, when "
+                        "not from MODEL (a config.json, its folder, a shape or a Hub name)")
+    parser.add_argument("--batch", metavar="ROWSxTOKENS", default="1x512",
+                        help="rows and tokens per batch (default: 1x512)")
     parser.add_argument("--budget", metavar="SIZE", default=None,
                         help="memory budget such as 24GiB or 16GB (default with --gpu: that GPU's memory)")
     parser.add_argument(
@@ -245,6 +240,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from memlab.errors import MemlabError
     from memlab.estimation.cuda.context import card_contexts
     from memlab.estimation.estimate import load_config, meta_model, parse_batch_shape
+    from memlab.frontends.host_cli import host_judged
     from memlab.plan import parse_budget, parse_grid
     from memlab.search.space import keep_rows
 
@@ -293,7 +289,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         # would be estimated as it is, in fp32).
         report = estimate_each(config, batch, plans, budget=budget, device=args.device, say=say,
                                gpu=getattr(args, "gpu", None), load=load)
-        report = dataclasses.replace(report, trials=card_contexts(report.trials, getattr(args, "gpu", None)))
+        carded = card_contexts(report.trials, getattr(args, "gpu", None))
+        report = dataclasses.replace(report, trials=host_judged(carded, args))
         if kept is not None:
             for trial in report.trials:
                 trial.notes = (*trial.notes, kept)
@@ -316,9 +313,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             after = [*allocator_lines, *suggestion_lines(args, report.suggestions, sharded=sharded_too,
                                                          best_named=True)]
         print("\n".join(single_text(args, header, report, budget, after)), file=out)
-    if budget is None:
-        return 0
-    return 0 if fits else 1
+    return 0 if fits or (budget is None and getattr(args, "host_budget", None) is None) else 1
 
 
 def gpu_budget(args: argparse.Namespace) -> int | None:
@@ -446,10 +441,12 @@ def run_sharded(
     """
     from memlab.estimation.sharded.per_gpu import sharded_trials
     from memlab.frontends.estimate_next import searched_lines
+    from memlab.frontends.host_cli import host_judged_rows, node_lines
 
     strategies = [args.strategy] if args.strategy not in (None, "none") else None
     trials = sharded_trials(model, batch, plans, gpus=args.gpus, strategies=strategies, budget=budget,
                             device=args.device, gpu=getattr(args, "gpu", None), say=say, load=load)
+    trials = host_judged_rows(trials, args)  # the node's host budget, shared by its ranks
     if args.json:
         import json
 
@@ -470,9 +467,10 @@ def run_sharded(
         searched = (searched_lines(args, plans, strategies or ["fsdp2", "zero2", "zero3"]) if args.gpus == "auto"
                     else [])
         weights = whole_weights(model, plans)
-        print("\n".join(sharded_text(args, header, trials, budget, searched, weights_bytes=weights)), file=out)
+        print("\n".join([*sharded_text(args, header, trials, budget, searched, weights_bytes=weights),
+                         *node_lines(trials)]), file=out)
     fits = [trial for _, _, trial in trials if trial is not None and trial.fits]
-    return 0 if budget is None or fits else 1
+    return 0 if (budget is None and getattr(args, "host_budget", None) is None) or fits else 1
 
 
 # --- progress on stderr -----------------------------------------------------------------------------------------

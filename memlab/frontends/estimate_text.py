@@ -178,12 +178,15 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     trials = report.trials
     fitting = [trial for trial in trials if report.fits(trial)]
     best = report.best
-    if budget is None:
+    host = [trial.host_budget for trial in trials if trial.host_budget is not None]  # --host-budget
+    if budget is None and not host:
         lines.append(f"Verdict: {len(trials)} plan{'s' if len(trials) != 1 else ''} estimated (no budget to judge).")
     elif fitting:
         count = (f"{fitting[0].label} fits" if len(trials) == 1
                  else f"{len(fitting)} of the {len(trials)} plans fit")
-        lines.append(f"Verdict: {count} the budget of {format_bytes(budget)}.")
+        judged = [*([f"the budget of {format_bytes(budget)}"] if budget is not None else []),
+                  *([f"the host budget of {format_bytes(min(host))}"] if host else [])]
+        lines.append(f"Verdict: {count} {' and '.join(judged)}.")
     else:
         reason = nothing_fits_reason(report)
         tried = trials[0].label if len(trials) == 1 else f"none of the {len(trials)} plans tried"
@@ -205,6 +208,9 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
         card = card_line(report)
     if card is not None:
         notes.append(card)
+    from memlab.report.host import host_lines
+
+    notes += host_lines(report)
     hint = gpu_hint(args, budget)
     if hint is not None:
         notes.append(hint)
@@ -309,7 +315,8 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
             notes.append(f"{plan.label()} with {name}: {trial.error}")
             rows.append([plan.label(), name, str(trial.gpus), "-", "-", f"error [{len(notes)}]"])
         else:
-            verdict = "" if budget is None else verdict_text(trial, trial.fits).replace(" by the ", " (") + ")"
+            judged = budget is not None or trial.host_budget is not None  # "by the card figure" as "(card figure)"
+            verdict = re.sub(r" by the (.+)", r" (\1)", verdict_text(trial, trial.fits)) if judged else ""
             rows.append([plan.label(), name, str(trial.gpus), _gib(trial.peak_bytes), _gib(trial.card_bytes),
                          verdict])
     lines += ["", *_aligned(rows, left=(0, 1, 5))]

@@ -120,6 +120,21 @@ class Probe:
         """The process's resident memory, as context for CPU trials (None elsewhere)."""
         return None
 
+    def host_available(self) -> int | None:
+        """The host memory a live trial may take (the default ``host_budget``): what the machine has available now
+        (``psutil.virtual_memory().available``, Linux's MemAvailable); None for a dry run, which judges the host only
+        against a budget it is given.
+
+        Example:
+            >>> Probe(torch.device("cpu")).host_available() > 0
+            True
+        """
+        if not self.real:
+            return None
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+
 
 class CpuProbe(Probe):
     """A CPU (or other non-CUDA) device: tracking enforces the budget; held memory is found by a scan.

@@ -67,6 +67,11 @@ class Trial:
             step over time).
         model_weights: ``"bf16"`` or ``"fp16"`` where the model itself holds its trained weights in that dtype (loaded
             so) while the plan keeps the model's dtypes; the label then says so. None otherwise.
+        host_bytes: the most host memory (pinned and pageable) the plan needs at once beyond what the process held
+            before: what its levers keep on the host (offloaded optimizer state and activations, a paged optimizer's
+            spill), by their own accounting; 0 where the plan keeps nothing there (a CPU device moves nothing off it).
+        host_budget: the host memory in bytes the trial was judged against (``host_budget=``; a live run's default
+            is what the machine had available), if any.
 
     Example:
         >>> t = Trial(Plan(precision="bf16"), status="ok", peak_bytes=300,
@@ -96,6 +101,8 @@ class Trial:
     step_times: tuple[float, ...] = field(default_factory=tuple)
     model_weights: str | None = None
     step_runs: tuple[int, ...] = field(default_factory=tuple)
+    host_bytes: int = 0
+    host_budget: int | None = None
     timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
     categories: ClassVar[tuple[str, ...]] = CATEGORIES
@@ -108,6 +115,9 @@ class Trial:
         if self.status not in STATUSES:
             raise ValueError(f"status={self.status!r} is not one of {', '.join(STATUSES)}")
         self.peak_bytes = int(self.peak_bytes)
+        self.host_bytes = int(self.host_bytes)
+        if self.host_bytes < 0:
+            raise ValueError(f"host_bytes={self.host_bytes} is negative")
         categories = self.categories
         unknown = set(self.breakdown) - set(categories)
         if unknown:
@@ -159,20 +169,38 @@ class Trial:
         return self.peak_bytes if card is None else card
 
     @property
+    def host_fits(self) -> bool:
+        """Whether :attr:`host_bytes` are within :attr:`host_budget` (True where no host budget was given)."""
+        return self.host_budget is None or self.host_bytes <= self.host_budget
+
+    @property
     def verdict_figure(self) -> str:
-        """The name of the figure :attr:`verdict_bytes` is: ``"card figure"`` or ``"allocated peak"``.
+        """The figure that decided the verdict: ``"host"`` where the device figure is within :attr:`budget` and
+        :attr:`host_bytes` are over :attr:`host_budget`; else the device figure :attr:`verdict_bytes` is,
+        ``"card figure"`` or ``"allocated peak"``.
 
         Example:
             >>> t = Trial(Plan(), "ok", 90, {}, None, None, None, "cuda:0", budget=100, reserved_bytes=96)
             >>> t.verdict_figure, t.fits, dataclasses.replace(t, context_bytes=8).fits
             ('allocated peak', True, False)
+            >>> host = dataclasses.replace(t, host_bytes=2**30, host_budget=2**29)
+            >>> host.verdict_figure, host.fits
+            ('host', False)
         """
+        if self.device_fits and not self.host_fits:
+            return "host"
         return "allocated peak" if self.card_bytes is None else "card figure"
 
     @property
+    def device_fits(self) -> bool:
+        """Whether :attr:`verdict_bytes` are within :attr:`budget` (True where no budget was given)."""
+        return self.budget is None or self.verdict_bytes <= self.budget
+
+    @property
     def fits(self) -> bool:
-        """True when the trial ran (``status == "ok"``) and its :attr:`verdict_bytes` are within its budget, if any."""
-        return self.status == "ok" and (self.budget is None or self.verdict_bytes <= self.budget)
+        """True when the trial ran (``status == "ok"``), its :attr:`verdict_bytes` are within its budget, if any,
+        and its :attr:`host_bytes` within its host budget, if any."""
+        return self.status == "ok" and self.device_fits and self.host_fits
 
     def to_dict(self) -> dict[str, Any]:
         """A flat, JSON-friendly dict: plan fields under their own names, bytes under ``<category>_bytes``.
@@ -207,6 +235,8 @@ class Trial:
             step_times=list(self.step_times),
             model_weights=self.model_weights,
             step_runs=list(self.step_runs),
+            host_bytes=self.host_bytes,
+            host_budget=self.host_budget,
         )
         return data
 
@@ -255,6 +285,8 @@ class Trial:
             step_times=tuple(data.get("step_times") or ()),
             model_weights=data.get("model_weights"),
             step_runs=tuple(data.get("step_runs") or ()),
+            host_bytes=data.get("host_bytes") or 0,
+            host_budget=data.get("host_budget"),
         )
 
     def to_text(self) -> str:
@@ -453,7 +485,7 @@ class Report:
         other_bytes, step_time_s, samples_per_s, tokens_per_s, error``, the plan fields (``micro_batch, accumulation,
         checkpointing, precision, optimizer, offload``...), then ``device, rows_per_step, budget, reserved_bytes,
         rss_bytes, preexisting_bytes, context_bytes, card_bytes, verdict_figure, notes, estimated, step_times,
-        model_weights, step_runs``.
+        model_weights, step_runs, host_bytes, host_budget``.
 
         Example:
             >>> r = Report([Trial(Plan(), "ok", 1, {"other": 1}, 0.1, 10.0, None, "cpu")])
@@ -475,7 +507,7 @@ class Report:
             if name in frame:
                 frame[name] = frame[name].astype("float64")
         for name in ("micro_batch", "batch_size", "rows_per_step", "budget", "reserved_bytes", "rss_bytes",
-                     "context_bytes"):
+                     "context_bytes", "host_budget"):
             if name in frame:
                 frame[name] = frame[name].astype("Int64")
         return frame

@@ -34,11 +34,11 @@ from memlab.report.svg import axis_number
 from memlab.report.verdicts import (
     FITS,
     OVER_BUDGET,
-    VERDICT_WORDS,
     bar_marks,
     best_caption,
     best_marks,
     staggered_marks,
+    verdict_words,
     verdicts,
 )
 
@@ -561,19 +561,20 @@ def figure_data(report: Report, categories: tuple[str, ...] | None = None) -> di
         hover.append(f"{f'#{number} ' if numbered else ''}<b>{label}</b><br>{describe[-1]}")
         if trial is best:
             best_label = label
-    verdict = verdicts(report)
+    verdict, words = verdicts(report), verdict_words(report)
     marks = best_marks(report)
     caption = best_caption(report)
     for index, (word, mark) in enumerate(zip(verdict, marks, strict=True)):
         reason = caption if mark == "best" else "tie: as fast as the best within noise" if mark else None
         # "fits" goes without saying (a figure of dozens stays small); what does not fit, and why best, are said.
-        hover[index] += ("" if word == FITS else f"<br>{VERDICT_WORDS[word]}") + (f"<br>{reason}" if reason else "")
+        hover[index] += ("" if word == FITS else f"<br>{words[index]}") + (f"<br>{reason}" if reason else "")
     return {
         "labels": labels,
         "describe": describe,
         "hover": hover,
         "status": [trial.status for trial in report.trials],
         "verdict": verdict,
+        "verdict_words": words,
         "marks": marks,
         "caption": caption,
         "fits": [report.fits(trial) for trial in report.trials],

@@ -128,7 +128,7 @@ class PlanBars:
             if low is not None and high is not None:
                 tip += f" (95% interval {format_rate(low)} to {format_rate(high)})"
             verdict, mark = self.data["verdict"][index], self.data["marks"][index]
-            tip += f"\n{VERDICT_WORDS[verdict]}"
+            tip += f"\n{self._words(index)}"
             if mark == "best" and self.data["caption"]:
                 tip += f"\n{self.data['caption']}"
             elif mark == "tie":
@@ -207,6 +207,11 @@ class PlanBars:
         number = f"#{index + 1} " if self.count > FULL_LABELS_UP_TO else ""
         return f"{number}{self.labels[index]}"
 
+    def _words(self, index: int) -> str:
+        """A bar's verdict as its tooltip says it (a record saved before the verdicts' words: its verdict's)."""
+        words = self.data.get("verdict_words")
+        return str(words[index]) if words else VERDICT_WORDS[self.data["verdict"][index]]
+
     # --- pieces ---
 
     def _memory_tops(self) -> list[float | None]:
@@ -222,7 +227,7 @@ class PlanBars:
         total = sum(value for _, value in parts)
         spelled = ", ".join(f"{name} {axis_number(value)}" for name, value in parts if value > 0)
         verdict = self.data["verdict"][index]
-        tip = f"{self.who(index)}\npeak {axis_number(total)} {self.unit}: {spelled}\n{VERDICT_WORDS[verdict]}"
+        tip = f"{self.who(index)}\npeak {axis_number(total)} {self.unit}: {spelled}\n{self._words(index)}"
         bars = []
         base = 0.0
         for name, value in parts:

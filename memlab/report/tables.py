@@ -16,16 +16,14 @@ from collections import Counter
 from memlab.plan import format_bytes
 from memlab.report.data import ALL_CATEGORIES, Report, Trial, speed_range
 from memlab.report.format import format_rate, one_line
+from memlab.report.host import host_lines, host_reason
 from memlab.report.noise import relative_half_width
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, run_labels
 
 __all__ = [
-    "BEST_MARK", "TIE_MARK", "card_line", "card_text", "footer_lines", "headers", "held_line", "html_table",
-    "in_unit", "judged_text",
-    "nothing_fits_reason",
-    "short_error", "UNRELIABLE", "SPEEDS", "shown_columns", "spread_text", "status_text", "table_rows", "table_units",
-    "text_lines", "text_table",
-    "verdict_text",
+    "BEST_MARK", "TIE_MARK", "card_line", "card_text", "footer_lines", "headers", "held_line", "html_table", "in_unit",
+    "judged_text", "nothing_fits_reason", "short_error", "UNRELIABLE", "SPEEDS", "shown_columns", "spread_text",
+    "status_text", "table_rows", "table_units", "text_lines", "text_table", "verdict_text",
 ]
 
 _HEADERS = {
@@ -35,6 +33,7 @@ _HEADERS = {
     "status": "status",
     "peak": "peak",
     "card": "card",
+    "host": "host",
     **{name: name for name in ALL_CATEGORIES},
     "step": "time/step",
     "samples": "samples/s",
@@ -50,7 +49,7 @@ SPEEDS = ("step", "samples", "tokens", "prefill", "decode")
 _LONG_NOTE = 40
 """A note longer than this (characters) is written under the HTML table, numbered, and its row says its number."""
 _WRAPPED_HEADER = "<th style='white-space:normal;vertical-align:bottom'>"
-_SIZES = ("peak", "card", *ALL_CATEGORIES)
+_SIZES = ("peak", "card", "host", *ALL_CATEGORIES)
 _BYTE_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
 BEST_MARK, TIE_MARK = "\u2605", "\u2248"
 """How tables mark the best trial, and the trials as fast as it within noise (:attr:`Report.ties`)."""
@@ -120,7 +119,8 @@ def table_rows(report: Report) -> list[dict[str, str]]:
         card = trial.card_bytes if trial.status == "ok" else None
         row = {"best": mark, "number": str(number) if numbered else "", "plan": name, "status": status,
                "peak": peak,
-               "card": "-" if card is None else in_unit(card, size_unit)}
+               "card": "-" if card is None else in_unit(card, size_unit),
+               "host": in_unit(trial.host_bytes, size_unit) if trial.host_bytes and trial.status != "error" else "-"}
         for name in report.categories:
             row[name] = in_unit(trial.breakdown.get(name, 0), size_unit) if trial.status == "ok" else "-"
         row.update(
@@ -138,8 +138,7 @@ def table_rows(report: Report) -> list[dict[str, str]]:
 
 def table_units(report: Report) -> tuple[tuple[str, float], tuple[str, float]]:
     """The unit of the size columns (from the largest peak of the trials that ran: KiB, MiB, GiB...) and of
-    time/step (ms or s), each as
-    ``(name, size of one unit)``: one unit per column, said in the header, so that no cell carries one.
+    time/step (ms or s), each as ``(name, size of one unit)``: one unit per column, said in the header.
 
     Example:
         >>> from memlab.plan import Plan
@@ -279,6 +278,7 @@ def footer_lines(report: Report) -> list[str]:
             lines.append(f"Or shorter: {report.shorter_sequences}")
     if report.budget is not None:
         lines.append(f"Budget: {format_bytes(report.budget)}")
+    lines += host_lines(report)
     verdict = card_line(report)
     if verdict is not None:
         lines.append(verdict)
@@ -355,7 +355,8 @@ def verdict_text(trial: Trial, fits: bool) -> str:
         'does not fit by the allocated peak'
     """
     words = "fits" if fits else "does not fit"
-    return f"{words} by the {trial.verdict_figure}" if str(trial.device).startswith("cuda") else words
+    figure = "(host)" if trial.verdict_figure == "host" else f"by the {trial.verdict_figure}"
+    return f"{words} {figure}" if figure == "(host)" or str(trial.device).startswith("cuda") else words
 
 
 def judged_text(trial: Trial) -> str:
@@ -415,8 +416,8 @@ def nothing_fits_reason(report: Report) -> str | None:
         >>> nothing_fits_reason(Report([full], budget=850))
         'the smallest peak, 900 B (plain), is 50 B over the budget of 850 B'
     """
-    if report.best is not None or not report.trials or report.budget is None:
-        return None
+    if report.best is not None or not report.trials or report.budget is None or host_reason(report):
+        return host_reason(report) if report.best is None else None
     budget = report.budget
     states = [
         (sum(trial.breakdown.get(name, 0) for name in ("params", "grads", "optimizer")), trial)
@@ -474,12 +475,12 @@ def text_table(report: Report, width: int | None = None) -> str:
     keys = shown_columns(rows, with_mark=True, categories=report.categories)
     lines = text_lines(rows, names, keys)
     under: list[str] = []
-    if width is not None and _widest(lines) > width and "notes" in keys:
+    if width is not None and max(map(len, lines), default=0) > width and "notes" in keys:
         notes = list(dict.fromkeys(row["notes"] for row in rows if row["notes"]))
         under = [f"[{number}] {note}" for number, note in enumerate(notes, start=1)]
         rows = [{**row, "notes": f"[{notes.index(row['notes']) + 1}]" if row["notes"] else ""} for row in rows]
         lines = text_lines(rows, names, keys)
-    if width is not None and _widest(lines) > width:
+    if width is not None and max(map(len, lines), default=0) > width:
         dropped = [key for key in keys if key in ALL_CATEGORIES]
         keys = [key for key in keys if key not in ALL_CATEGORIES]
         lines = text_lines(rows, names, keys)
@@ -502,10 +503,6 @@ def text_lines(rows: list[dict[str, str]], names: dict[str, str], keys: list[str
     # pandas' DataFrame.to_string(index=False) printed of them, without importing pandas (half a second).
     lines = [[aligned(key, names[key]) for key in keys], *([aligned(key, row[key]) for key in keys] for row in rows)]
     return [" ".join(cells).rstrip() for cells in lines]
-
-
-def _widest(lines: list[str]) -> int:
-    return max((len(line) for line in lines), default=0)
 
 
 def html_table(report: Report) -> str:
@@ -567,8 +564,9 @@ def html_table(report: Report) -> str:
 
 def shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tuple[str, ...]) -> list[str]:
     """The columns worth a place: the report's memory categories; the plan numbers (where the figures number their
-    bars), the card figure, the noise, the prefill and decode speeds and the notes only where some row has one."""
-    optional = {"number", "card", "spread", "notes", "prefill", "decode"}
+    bars), the card figure, the host bytes, the noise, the prefill and decode speeds and the notes only where some
+    row has one."""
+    optional = {"number", "card", "host", "spread", "notes", "prefill", "decode"}
     return [
         key
         for key in _HEADERS
@@ -589,11 +587,12 @@ def _style_rows(table: str, styles: list[str]) -> str:
 
 
 def status_text(trial: Trial, fits: bool) -> str:
-    """``ok``, ``ok (estimate)``, ``does not fit (OOM)``, ``does not fit (over budget)`` or ``error``."""
+    """``ok``, ``ok (estimate)``, ``does not fit (OOM)``, ``does not fit (over budget)``, ``does not fit (host)``
+    (the device's budget holds, the host's does not: :attr:`Trial.verdict_figure`) or ``error``."""
     if trial.status == "oom":
         return "does not fit (OOM)"
     if trial.status == "error":
         return "error"
     if not fits:
-        return "does not fit (over budget)"
+        return "does not fit (host)" if trial.verdict_figure == "host" else "does not fit (over budget)"
     return "ok (estimate)" if trial.estimated else "ok"

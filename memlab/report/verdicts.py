@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # reads a Report's trials and verdicts; imports nothing of th
     from memlab.report.data import Report
 
 __all__ = ["FITS", "OUT_OF_MEMORY", "OVER_BUDGET", "ERROR", "MARK_WORDS", "NARROW_MARKS", "VERDICT_WORDS", "bar_marks",
-           "best_caption", "best_marks", "staggered_marks", "verdicts"]
+           "best_caption", "best_marks", "staggered_marks", "verdict_words", "verdicts"]
 
 FITS, OVER_BUDGET, OUT_OF_MEMORY, ERROR = "fits", "over budget", "out of memory", "error"
 VERDICT_WORDS = {
@@ -53,6 +53,21 @@ def verdicts(report: Report) -> list[str]:
         else:
             words.append(FITS if report.fits(trial) else OVER_BUDGET)
     return words
+
+
+def verdict_words(report: Report) -> list[str]:
+    """Each trial's verdict as a figure's hover says it (:data:`VERDICT_WORDS`), a plan that misses only its host
+    budget ``"does not fit (host)"`` (drawn as over the budget), as the table's status column says.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report.data import Report, Trial
+        >>> host = Trial(Plan(offload="all"), "ok", 5, {}, 0.5, 8.0, None, "cuda", host_bytes=9, host_budget=8)
+        >>> verdicts(Report([host])), verdict_words(Report([host]))
+        (['over budget'], ['does not fit (host)'])
+    """
+    return ["does not fit (host)" if word == OVER_BUDGET and trial.verdict_figure == "host" else VERDICT_WORDS[word]
+            for word, trial in zip(verdicts(report), report.trials, strict=True)]
 
 
 def best_marks(report: Report) -> list[str]:

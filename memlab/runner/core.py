@@ -217,6 +217,9 @@ class Runner(Generic[PlanT, TrialT]):
         shown = cast(Plan, plan)  # events carry any workload's plan (they read its label)
         self.announce(TrialStarted(plan=shown, index=index, total=total))
         record = workload.new_record(plan, self._held_bytes)
+        record.host_budget = self.options.host_budget
+        if record.host_budget is None:
+            record.host_budget = self.probe.host_available()  # a live run: what the machine has available now
         attempt: Attempt | None = None
         try:
             attempt = workload.put_on(plan, record)
@@ -238,6 +241,7 @@ class Runner(Generic[PlanT, TrialT]):
             del error
         finally:
             if attempt is not None:
+                record.host_bytes = attempt.host_bytes()
                 attempt.take_off()
             del attempt
             self._structure.restore()

@@ -70,6 +70,9 @@ class TrainingAttempt(Attempt):
         # Until the optimizer state exists (fp16's GradScaler may skip the first steps), a step is not steady.
         return bool(state_tensors(self.training_step.optimizer))
 
+    def host_bytes(self) -> int:
+        return self.training_step.parts.host.peak
+
     def take_off(self) -> None:
         self.training_step.close()
         self.training_step.optimizer.zero_grad(set_to_none=True)

@@ -92,6 +92,9 @@ class TrialRecord:
         self.error: str | None = None
         self.reading = PeakReading(breakdown=dict.fromkeys(categories, 0))
         self.held_before_bytes = held_before_bytes
+        # What the plan's levers kept in host memory at the most, by their own accounting, and the host budget.
+        self.host_bytes = 0
+        self.host_budget: int | None = None
         self.step_times: list[float] = []
         self.notes: list[str] = []
         # The tracked step as it went (memlab.measure.timeline), once it has run.
@@ -141,6 +144,8 @@ class TrialRecord:
                                                          if self.reading.reserved_bytes is not None else ())))),
             "step_times": tuple(self.step_times) if self.ok else (),
             "timeline": self.timeline(device),
+            "host_bytes": self.host_bytes,
+            "host_budget": self.host_budget,
         }
 
     def timeline(self, device: torch.device) -> Timeline | None:
@@ -168,6 +173,10 @@ class Attempt(ABC):
     def steady(self) -> bool:
         """Whether the steps after the warm-up's so far are steady-state (training: once optimizer state exists)."""
         return True
+
+    def host_bytes(self) -> int:
+        """The most host memory the plan's levers held at once over the steps so far, by their own accounting."""
+        return 0
 
     @abstractmethod
     def take_off(self) -> None:

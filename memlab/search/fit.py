@@ -319,13 +319,15 @@ def _dry_run(
     trials: list[Trial] = []
     with keep_on_interrupt(trials, budget):
         for position, plan in enumerate(order):
-            trial = estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device)
+            trial = estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device,
+                             host_budget=options.host_budget)
             trial = live_card_context(trial, model)
             trials.append(trial)
             if fits(trials[-1], budget):
                 reason = f"expected slower: {plan.label()} is expected faster and is estimated to fit"
                 run = lambda blocks: live_card_context(estimate(  # noqa: E731 - the same dry run, fewer blocks
-                    model, batch, blocks, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device), model)
+                    model, batch, blocks, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device,
+                    host_budget=options.host_budget), model)
                 if selective:
                     trials += fewest_blocks(trials, budget, lambda: len(checkpoint_blocks(model)), run)
                 return Report(trials, budget=budget, skipped=[(slower, reason) for slower in order[position + 1 :]])

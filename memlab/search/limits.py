@@ -125,7 +125,7 @@ def _plan_code(plan: Plan) -> str:
 
 
 def _fits(trial: Trial, budget: int) -> bool:
-    return trial.status == "ok" and trial.verdict_bytes <= budget
+    return trial.status == "ok" and trial.verdict_bytes <= budget and trial.host_fits  # the host's budget too
 
 
 def _size_of(batch: Any, vary: str) -> int:
@@ -330,7 +330,8 @@ def _what_would_fit(model_or_config: Any, found: Limits, batch: Any, measured: b
 
     size, base = found.tried[0]
     small = resized(batch, found.vary, size)
-    asked = {key: value for key, value in keywords.items() if key in ("loss_fn", "lr")} if measured else keywords
+    asked = ({key: value for key, value in keywords.items() if key in ("loss_fn", "lr", "host_budget")} if measured
+             else keywords)
 
     def estimated(plans: list[Plan]) -> list[Trial]:
         return [estimate(model_or_config, small, plan, budget=found.budget, **asked) for plan in plans]
@@ -419,7 +420,7 @@ def _runner(
     if live:
         from memlab.runner.trial import measure
 
-        run_keywords = {key: value for key, value in keywords.items() if key in ("loss_fn", "lr")}
+        run_keywords = {key: value for key, value in keywords.items() if key in ("loss_fn", "lr", "host_budget")}
 
         def measured(size: int) -> Trial:
             trial = measure(model_or_config, resized(batch, vary, size), plan, budget=budget, steps=1, warmup=0,

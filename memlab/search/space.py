@@ -222,8 +222,9 @@ def fits(trial: Trial, budget: int) -> bool:
 
 
 def best_of(trials: Iterable[Trial], budget: int) -> Trial | None:
-    """The fastest trial that fits (a tie goes to the lower peak), as :attr:`Report.best` chooses."""
-    fitting = [t for t in trials if fits(t, budget) and t.samples_per_s is not None]
+    """The fastest trial that fits (its host budget too; a tie goes to the lower peak), as :attr:`Report.best`
+    chooses."""
+    fitting = [t for t in trials if fits(t, budget) and t.host_fits and t.samples_per_s is not None]
     if not fitting:
         return None
     return max(fitting, key=lambda t: (t.samples_per_s or 0.0, -t.peak_bytes))

@@ -205,7 +205,8 @@ class Search:
     def _measured_faster_twin(self, plan: Plan) -> Trial | None:
         """A measured trial that fits and does ``plan``'s work or less (:func:`faster_twins`): ``plan`` is at most
         as fast, so it can tie that trial but never beat it."""
-        fitting = {trial.plan: trial for trial in self.trials if fits(trial, self.budget) and trial.samples_per_s}
+        fitting = {trial.plan: trial for trial in self.trials
+                   if fits(trial, self.budget) and trial.host_fits and trial.samples_per_s}
         return next((fitting[twin] for twin in faster_twins(plan, self._ranks) if twin in fitting), None)
 
     def _memory_probe(self) -> Plan | None:

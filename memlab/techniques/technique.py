@@ -60,6 +60,39 @@ class PlanFields(Protocol):
 
 
 
+class HostLedger:
+    """The host memory a step's levers hold, by their own accounting: what they keep between steps (``resident``:
+    each source says its bytes when asked, such as an offloaded optimizer's copies and state) and what comes and goes
+    within a step (offloaded activations, counted with :meth:`add` and :meth:`remove`); :attr:`peak` is the most at
+    once: the resident bytes and the most held within a step.
+
+    Example:
+        >>> ledger = HostLedger()
+        >>> ledger.resident.append(lambda: 100); ledger.add(50); ledger.add(30); ledger.remove(80)
+        >>> ledger.peak, ledger.held
+        (180, 0)
+    """
+
+    def __init__(self) -> None:
+        self.resident: list[Callable[[], int]] = []
+        self.held = 0
+        self.held_peak = 0
+
+    @property
+    def peak(self) -> int:
+        """The resident bytes now and the most held within a step so far."""
+        return sum(source() for source in self.resident) + self.held_peak
+
+    def add(self, nbytes: int) -> None:
+        """Count ``nbytes`` more held within the step."""
+        self.held += nbytes
+        self.held_peak = max(self.held_peak, self.held)
+
+    def remove(self, nbytes: int) -> None:
+        """Count ``nbytes`` given back."""
+        self.held -= nbytes
+
+
 @dataclass
 class StepParts:
     """The parts of one optimizer step, as the techniques leave them.
@@ -83,6 +116,7 @@ class StepParts:
         steps_in_backward: the parameters step during backward: no ``optimizer_step`` after it.
         watch_grads: where ``steps_in_backward``: ``watch_grads(on_grad)`` asks for ``on_grad(parameter)`` on each
             gradient before it is stepped and freed (None: stop).
+        host: what the levers hold in host memory (:class:`HostLedger`), by their own accounting.
     """
 
     model: nn.Module
@@ -101,6 +135,7 @@ class StepParts:
     optimizer_step: Callable[[Any], None] = field(default=lambda optimizer: optimizer.step())
     steps_in_backward: bool = False
     watch_grads: Callable[[Callable[[nn.Parameter], None] | None], None] | None = None
+    host: HostLedger = field(default_factory=HostLedger)
 
     def __post_init__(self) -> None:
         self.optimizer_device_type = self.optimizer_device_type or self.device.type

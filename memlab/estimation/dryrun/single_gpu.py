@@ -83,7 +83,10 @@ _EMULATED_INFERENCE = (
     "estimated on CPU kernels with CUDA's attention backends emulated; what other kernels hold inside themselves "
     "as the CPU runs them"
 )
-_NO_OFFLOAD = "offload needs CUDA to be estimated: shown as no change"
+_NO_OFFLOAD = (
+    "offload needs CUDA to be estimated: the GPU's bytes shown as no change; host_bytes counts what it would keep "
+    "in pinned host memory"
+)
 _BNB_COMPUTED = (
     "bitsandbytes cannot run on fake tensors here: its 8-bit state is computed from its known size "
     "(2 bytes per parameter, fp32 moments below 4096 elements)"
@@ -524,9 +527,9 @@ def _computed_8bit_trial(runner: Runner[Any, Any], plan: Plan, failed: Trial, mo
     # The state is there all through the step: the same timeline, its optimizer bytes the 8-bit size.
     timeline = adamw.timeline and adamw.timeline.shifted("optimizer", state - breakdown["optimizer"])
     breakdown["optimizer"] = state
-    return dataclasses.replace(
-        adamw, plan=plan, peak_bytes=peak, breakdown=breakdown, notes=(*adamw.notes, _BNB_COMPUTED), timeline=timeline
-    )
+    host = adamw.host_bytes + (state if plan.optimizer == "paged_adamw8bit" else 0)  # a paged state's spill, at most
+    return dataclasses.replace(adamw, plan=plan, peak_bytes=peak, breakdown=breakdown,
+                               notes=(*adamw.notes, _BNB_COMPUTED), timeline=timeline, host_bytes=host)
 
 
 def _reserved(trial: Trial, trace: ReservedTrace | None) -> int | None:

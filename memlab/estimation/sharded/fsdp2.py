@@ -144,7 +144,6 @@ class ShardedTrial(Trial):
     strategy: str = "none"
     detail: dict[str, int] = field(default_factory=dict)
     model_state_bytes: int = 0
-    host_bytes: int = 0
 
     @property
     def label(self) -> str:

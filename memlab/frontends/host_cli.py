@@ -1,0 +1,106 @@
+"""``memlab estimate --host-budget SIZE``: the host memory each plan may keep (offloaded optimizer state and
+activations, a paged optimizer's spill, ZeRO / FSDP offload), judged beside the GPU budget (DESIGN.md 2.4).
+
+A sharded estimate's ``host_bytes`` are per rank; a node of several GPUs runs that many ranks on one host, so the
+budget, which is the node's, is shared among them: each rank is judged against its share, and the lines under the
+table say the host memory per node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["GPUS_PER_NODE", "add_host_argument", "host_judged", "host_judged_rows", "node_lines"]
+
+GPUS_PER_NODE = 8
+"""The GPUs of one node a sharded estimate assumes where more GPUs than this train (the host budget is a node's)."""
+
+
+def add_host_argument(parser: argparse.ArgumentParser) -> None:
+    """``--host-budget SIZE``.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_host_argument(parser)
+        >>> parser.parse_args(["--host-budget", "16GiB"]).host_budget
+        '16GiB'
+    """
+    parser.add_argument(
+        "--host-budget", metavar="SIZE", default=None,
+        help="host (CPU) memory the plans may keep, such as 64GiB: offloaded optimizer state and activations, a paged "
+        "optimizer's spill, ZeRO offload (a node's, shared by its GPUs' ranks); a plan over it 'does not fit (host)' "
+        "(default: not judged)",
+    )
+
+
+def _host_budget(args: argparse.Namespace) -> int | None:
+    from memlab.options import parse_host_budget
+
+    try:
+        return parse_host_budget(getattr(args, "host_budget", None))
+    except Exception as error:  # the size's own words, as the flag is spelled
+        from memlab.errors import MemlabError
+
+        raise MemlabError(str(error).replace("host_budget", "--host-budget").replace("=", " ")) from None
+
+
+def host_judged(trials: Sequence[Any], args: argparse.Namespace) -> list[Any]:
+    """``trials`` judged against ``--host-budget`` too (unchanged without it).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Trial
+        >>> trial = Trial(Plan(offload="all"), "ok", 9, {}, None, None, None, "cuda", host_bytes=2**31)
+        >>> [t.status for t in host_judged([trial], argparse.Namespace(host_budget="1GiB"))], trial.fits
+        (['ok'], True)
+        >>> host_judged([trial], argparse.Namespace(host_budget="1GiB"))[0].verdict_figure
+        'host'
+    """
+    budget = _host_budget(args)
+    return list(trials) if budget is None else [dataclasses.replace(trial, host_budget=budget) for trial in trials]
+
+
+def host_judged_rows(rows: Sequence[tuple[Any, str, Any]], args: argparse.Namespace) -> list[tuple[Any, str, Any]]:
+    """Sharded rows ``(plan, strategy, trial or None)`` judged against ``--host-budget``: each rank against its share
+    of the node's budget (the budget over the GPUs of a node, :data:`GPUS_PER_NODE` at the most).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.estimation.sharded.fsdp2 import ShardedTrial
+        >>> rank = ShardedTrial(Plan(offload="optimizer"), "ok", 9, {}, None, None, None, "cuda", gpus=4,
+        ...                     strategy="zero2", host_bytes=2**30)
+        >>> [(t.host_budget, t.fits) for _, _, t in host_judged_rows([(rank.plan, "zero2", rank)],
+        ...                                                           argparse.Namespace(host_budget="3GiB"))]
+        [(805306368, False)]
+    """
+    budget = _host_budget(args)
+    if budget is None:
+        return list(rows)
+    return [(plan, name, trial if trial is None else
+             dataclasses.replace(trial, host_budget=budget // min(max(trial.gpus, 1), GPUS_PER_NODE)))
+            for plan, name, trial in rows]
+
+
+def node_lines(rows: Sequence[tuple[Any, str, Any]]) -> list[str]:
+    """What the sharded plans that keep bytes on the host need there, per rank and per node.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.estimation.sharded.fsdp2 import ShardedTrial
+        >>> rank = ShardedTrial(Plan(offload="optimizer"), "ok", 9, {}, None, None, None, "cuda", gpus=16,
+        ...                     strategy="zero2", host_bytes=2**30)
+        >>> node_lines([(rank.plan, "zero2", rank)])
+        ['Host memory: offload-optimizer with zero2: 1.00 GiB per GPU, 8.00 GiB per node of 8 GPUs']
+    """
+    from memlab.plan import format_bytes
+
+    lines = []
+    for plan, name, trial in rows:
+        if trial is not None and trial.status == "ok" and trial.host_bytes:
+            node = min(max(trial.gpus, 1), GPUS_PER_NODE)
+            lines.append(f"Host memory: {plan.label()} with {name}: {format_bytes(trial.host_bytes)} per GPU, "
+                         f"{format_bytes(trial.host_bytes * node)} per node of {node} GPU{'s' if node != 1 else ''}")
+    return lines
