@@ -96,6 +96,9 @@ class Plan:
             accumulation > 1, optimizer offload and fp16.
         attention: transformers' ``attn_implementation`` for the trial: ``None`` (as the model is), ``"eager"``,
             ``"sdpa"``, ``"flash_attention_2"`` or ``"flex_attention"``; switched on the live model and back.
+        compile: ``torch.compile`` on the model's forward (and so its backward) for the trial; the first step
+            compiles, and its time is the trial's ``compile_seconds``, never part of its speed. The peak measured is
+            the compiled step's; an estimate is of the eager step and says so. Refused with ``loss="chunked"``.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
@@ -123,6 +126,7 @@ class Plan:
     loss: str = lever("full")
     optimizer_in_backward: bool = lever(False)
     attention: str | None = lever(None)
+    compile: bool = lever(False)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.

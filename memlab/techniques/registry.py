@@ -80,12 +80,12 @@ def conflicts(plan: PlanLike) -> list[str]:
 
 
 STEP_ORDER = ("loss", "attention", "adapter", "weights", "micro_batch", "precision", "optimizer", "offload",
-              "optimizer_in_backward", "checkpointing")
+              "optimizer_in_backward", "checkpointing", "compile")
 """The order in which a training step puts the levers' techniques on (each named by one lever that has it): the
 loss first, since it is checked before the model is touched; the attention implementation before anything wraps
 the model's modules (it is set on the transformers model itself); adapters before pure bf16 weights, since they decide
 which weights train; the optimizer before offload and the optimizer in backward, which build on it; checkpointing
-last, on the model as the others left it."""
+on the model as the others left it; compile last, on the forward every other lever has changed."""
 
 
 def step_techniques() -> list[Technique]:

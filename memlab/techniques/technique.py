@@ -57,6 +57,7 @@ class PlanFields(Protocol):
     adapter: str
     lora_targets: str | tuple[str, ...]
     loss: str
+    compile: bool
 
 
 
@@ -83,6 +84,8 @@ class StepParts:
         steps_in_backward: the parameters step during backward: no ``optimizer_step`` after it.
         watch_grads: where ``steps_in_backward``: ``watch_grads(on_grad)`` asks for ``on_grad(parameter)`` on each
             gradient before it is stepped and freed (None: stop).
+        compiled: the model's forward runs under ``torch.compile`` (the runner reads such a step's peak from the
+            allocator: a dispatch mode would run it eagerly, and compiled kernels allocate past the dispatcher).
     """
 
     model: nn.Module
@@ -101,6 +104,7 @@ class StepParts:
     optimizer_step: Callable[[Any], None] = field(default=lambda optimizer: optimizer.step())
     steps_in_backward: bool = False
     watch_grads: Callable[[Callable[[nn.Parameter], None] | None], None] | None = None
+    compiled: bool = False
 
     def __post_init__(self) -> None:
         self.optimizer_device_type = self.optimizer_device_type or self.device.type

@@ -22,6 +22,7 @@ def test_default_plan_is_plain_and_hashable() -> None:
     assert PLAN_FIELDS == (
         "micro_batch", "accumulation", "checkpointing", "precision", "weights", "optimizer", "offload", "adapter",
         "lora_rank", "lora_targets", "lora_alpha", "lora_dropout", "loss", "optimizer_in_backward", "attention",
+        "compile",
     )
 
 
@@ -225,7 +226,7 @@ def test_a_misspelt_plan_setting_is_a_memlab_error() -> None:
         Plan(micro_batch_size=2)  # type: ignore[call-arg]
     with pytest.raises(MemlabError, match="at most"):
         Plan(1, 1, False, "fp32", "fp32", "adamw", "none", "none", 16, "all-linear", None, 0.0,  # type: ignore[call-arg]
-             "full", False, None, "extra")
+             "full", False, None, False, "extra")
     assert Plan(2, 4) == Plan(micro_batch=2, accumulation=4)
 
 

@@ -1,0 +1,145 @@
+"""``compile``: the model's forward (and so its backward, through AOTAutograd) run under ``torch.compile``.
+
+The technique puts a compiled forward on the model as an instance attribute (``model.forward``) and takes it off
+again, so the user's model object holds no compiled wrapper after a trial. Dynamo's caches are reset when it comes off
+(``torch.compiler.reset()``): each compiled trial compiles afresh rather than reaching dynamo's recompile limit
+(after which a forward silently runs eagerly) with the guards of earlier trials' settings; code the user compiled
+in the same process compiles again on its next call.
+
+Compilation happens in a trial's first warm-up step, which the runner reports as the trial's compile time, apart
+from the timed steps. Memlab's memory tracker is a ``TorchDispatchMode``, under which dynamo runs code eagerly, and a
+compiled step's kernels allocate without the dispatcher: the runner reads a compiled step's peak from the allocator
+(CUDA's statistics, the CPU allocator's profile) instead (:mod:`memlab.measure.compiled`).
+
+A dry run on fake tensors does not compile: inductor's kernels need real memory. The estimate of a compiled plan is
+the eager step's, and says so.
+
+Example:
+    >>> from torch import nn
+    >>> from memlab.plan import Plan
+    >>> model = nn.Linear(2, 1)
+    >>> parts = StepParts(model, Plan(compile=True), torch.device("cpu"))
+    >>> undo = COMPILE.put_on(parts)
+    >>> "forward" in vars(model), parts.compiled
+    (True, True)
+    >>> undo(); "forward" in vars(model)
+    False
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from memlab.errors import MemlabError
+from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys
+from memlab.techniques.lever import PlanLike
+from memlab.techniques.technique import StepParts, Technique, Undo
+
+__all__ = ["COMPILE", "Compile", "compile_conflicts", "compile_export", "ESTIMATED_EAGER"]
+
+ESTIMATED_EAGER = (
+    "compile: estimated as the eager step (a dry run on fake tensors cannot run inductor's kernels); a compiled "
+    "step's peak differs: measure it (memlab.measure) for the compiled figure"
+)
+"""The note of a compiled plan's estimate."""
+
+
+class Compile(Technique):
+    """``compile=True``: ``torch.compile`` on the model's forward for the trial; nothing on fake tensors.
+
+    Example:
+        >>> from torch import nn
+        >>> from memlab.plan import Plan
+        >>> COMPILE.put_on(StepParts(nn.Linear(2, 1), Plan(), torch.device("cpu"))) is None
+        True
+    """
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        if not parts.plan.compile or parts.fake:
+            return None
+        model = parts.model
+        own = vars(model).get("forward")
+        compiled = torch.compile(model.forward)
+
+        @functools.wraps(compiled)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return compiled(*args, **kwargs)
+            except torch._dynamo.exc.TorchDynamoException as error:  # a compile failure, not the model's error
+                first = str(error).strip().splitlines()
+                raise MemlabError(
+                    f"torch.compile could not compile this model's step ({type(error).__name__}: "
+                    f"{first[0] if first else ''}); write compile=False"
+                ) from error
+
+        model.forward = forward  # type: ignore[method-assign]
+        parts.compiled = True
+
+        def undo() -> None:
+            if own is None:
+                vars(model).pop("forward", None)
+            else:
+                model.forward = own  # type: ignore[method-assign]
+            torch.compiler.reset()
+
+        return undo
+
+    def notes(self, parts: StepParts) -> list[str]:
+        if not parts.compiled:
+            return []
+        return ["compile: the first warm-up step compiles (its time is the trial's compile_seconds, kept out of the "
+                "speed); the peak is the allocator's, the compiled kernels' memory counted under other"]
+
+    def dry_run(self, parts: StepParts) -> list[str]:
+        return [ESTIMATED_EAGER] if parts.plan.compile else []
+
+
+COMPILE = Compile()
+
+
+def compile_conflicts(plan: PlanLike) -> str:
+    """Why ``plan`` cannot compile with its other settings (``""`` when it can).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> compile_conflicts(SimpleNamespace(compile=True, loss="chunked"))[:40]
+        'compile wraps the model forward, which '
+    """
+    if plan.compile and plan.loss == "chunked":
+        return ("compile wraps the model forward, which the chunked loss does not call (it runs the model's body and "
+                "head itself); write loss='full' (compile fuses the cross-entropy) or compile=False")
+    return ""
+
+
+def compile_export(target: str) -> Export:
+    """What ``target`` writes for ``compile``: the Trainer's ``torch_compile=True``, ``model.compile()`` in the plain
+    loop and the accelerate script's model, accelerate's ``dynamo_config``; DeepSpeed's config does not compile.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> compile_export("trainer")(SimpleNamespace(compile=True)).keys
+        {'torch_compile': True}
+    """
+
+    def fragment(plan: PlanLike) -> Fragment:
+        if not plan.compile:
+            off: dict[str, Fragment] = {"trainer": Keys(), "deepspeed": Keys(), "code": Code(),
+                                        "accelerate": Accelerate()}
+            return off.get(target, Elsewhere())
+        if target == "trainer":
+            return Keys({"torch_compile": True})
+        if target == "code":
+            return Code(model=("model.compile()  # torch.compile on the forward (and its backward): the first step "
+                               "compiles",))
+        if target == "accelerate":
+            return Accelerate(config={"dynamo_config": {"dynamo_backend": "INDUCTOR"}})
+        if target == "deepspeed":
+            return Elsewhere("compile is not a DeepSpeed setting: with the Trainer pass plan.to_training_arguments() "
+                             "(torch_compile), in your own loop call model.compile() as plan.to_code() does")
+        return Elsewhere()  # peft: a LoraConfig describes the adapters only
+
+    return fragment
+
