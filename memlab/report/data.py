@@ -65,6 +65,8 @@ class Trial:
             the peak named); None where no step was tracked (a failed warm-up, a trial loaded from a dict), and for
             sharded estimates (ZeRO is computed from formulas; FSDP2's FSDPMemTracker gives per-module peaks, not a
             step over time).
+        compile_seconds: where the plan compiles (``compile=True``), the seconds of its first warm-up step, which
+            compiled the step and ran it once: never part of ``step_time_s`` (None otherwise).
         model_weights: ``"bf16"`` or ``"fp16"`` where the model itself holds its trained weights in that dtype (loaded
             so) while the plan keeps the model's dtypes; the label then says so. None otherwise.
 
@@ -96,6 +98,7 @@ class Trial:
     step_times: tuple[float, ...] = field(default_factory=tuple)
     model_weights: str | None = None
     step_runs: tuple[int, ...] = field(default_factory=tuple)
+    compile_seconds: float | None = None
     timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
     categories: ClassVar[tuple[str, ...]] = CATEGORIES
@@ -207,6 +210,7 @@ class Trial:
             step_times=list(self.step_times),
             model_weights=self.model_weights,
             step_runs=list(self.step_runs),
+            compile_seconds=self.compile_seconds,
         )
         return data
 
@@ -255,6 +259,7 @@ class Trial:
             step_times=tuple(data.get("step_times") or ()),
             model_weights=data.get("model_weights"),
             step_runs=tuple(data.get("step_runs") or ()),
+            compile_seconds=data.get("compile_seconds"),
         )
 
     def to_text(self) -> str:

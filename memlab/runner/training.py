@@ -66,6 +66,10 @@ class TrainingAttempt(Attempt):
             "optimizer": list(state_tensors(self.training_step.optimizer)),
         }
 
+    @property
+    def compiles(self) -> bool:
+        return self.training_step.parts.compiled
+
     def steady(self) -> bool:
         # Until the optimizer state exists (fp16's GradScaler may skip the first steps), a step is not steady.
         return bool(state_tensors(self.training_step.optimizer))

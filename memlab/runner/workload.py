@@ -98,6 +98,8 @@ class TrialRecord:
         self.recording: Recording | None = None
         # On CUDA, the allocator's own snapshot of the tracked step (torch.cuda.memory._snapshot()).
         self.allocator_snapshot: dict[str, Any] | None = None
+        # A compiled plan's first warm-up step, which compiles: never part of the step time.
+        self.compile_seconds: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -141,6 +143,7 @@ class TrialRecord:
                                                          if self.reading.reserved_bytes is not None else ())))),
             "step_times": tuple(self.step_times) if self.ok else (),
             "timeline": self.timeline(device),
+            "compile_seconds": self.compile_seconds,
         }
 
     def timeline(self, device: torch.device) -> Timeline | None:
@@ -168,6 +171,12 @@ class Attempt(ABC):
     def steady(self) -> bool:
         """Whether the steps after the warm-up's so far are steady-state (training: once optimizer state exists)."""
         return True
+
+    @property
+    def compiles(self) -> bool:
+        """Whether the step runs under ``torch.compile``: its first warm-up step compiles (timed apart), and its peak
+        is read from the allocator (:mod:`memlab.measure.compiled`)."""
+        return False
 
     @abstractmethod
     def take_off(self) -> None:

@@ -46,6 +46,11 @@ ESTIMATED_EAGER = (
 )
 """The note of a compiled plan's estimate."""
 
+BACKEND = "inductor"
+"""The ``torch.compile`` backend a compiled trial runs: PyTorch's default, as ``model.compile()`` and the Trainer's
+``torch_compile=True`` use it (tests that only need a compiled step may set ``"aot_eager"``, which skips inductor's
+code generation)."""
+
 
 class Compile(Technique):
     """``compile=True``: ``torch.compile`` on the model's forward for the trial; nothing on fake tensors.
@@ -62,7 +67,7 @@ class Compile(Technique):
             return None
         model = parts.model
         own = vars(model).get("forward")
-        compiled = torch.compile(model.forward)
+        compiled = torch.compile(model.forward, backend=BACKEND)
 
         @functools.wraps(compiled)
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -105,8 +110,8 @@ def compile_conflicts(plan: PlanLike) -> str:
 
     Example:
         >>> from types import SimpleNamespace
-        >>> compile_conflicts(SimpleNamespace(compile=True, loss="chunked"))[:40]
-        'compile wraps the model forward, which '
+        >>> compile_conflicts(SimpleNamespace(compile=True, loss="chunked")).split(";")[1]
+        " write loss='full' (compile fuses the cross-entropy) or compile=False"
     """
     if plan.compile and plan.loss == "chunked":
         return ("compile wraps the model forward, which the chunked loss does not call (it runs the model's body and "
