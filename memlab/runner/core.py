@@ -295,7 +295,7 @@ class Runner(Generic[PlanT, TrialT]):
                     seconds_taken.append(seconds)
                     self.announce(StepFinished(plan, index, number, "warmup", seconds, loss, None, None))
             finished = True
-            if attempt.compiles and seconds_taken:
+            if attempt.compiles and seconds_taken and self.probe.times_steps:
                 record.compile_seconds = seconds_taken[0]
             if self.probe.times_steps:
                 _WARM_DEVICE_TYPES.add(self.device.type)

@@ -129,6 +129,7 @@ class TrainingWorkload(Workload[Plan, TrainingRecord, Trial]):
             optimizer_device_type=context.probe.optimizer_device_type,
         )
         record.notes.extend(step.notes)
+        step.parts.late_notes = record.notes
         record.model_weights = model_weights(plan, step.parameters)
         return TrainingAttempt(step, context.batch)
 

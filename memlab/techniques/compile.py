@@ -11,8 +11,11 @@ from the timed steps. Memlab's memory tracker is a ``TorchDispatchMode``, under 
 compiled step's kernels allocate without the dispatcher: the runner reads a compiled step's peak from the allocator
 (CUDA's statistics, the CPU allocator's profile) instead (:mod:`memlab.measure.compiled`).
 
-A dry run on fake tensors does not compile: inductor's kernels need real memory. The estimate of a compiled plan is
-the eager step's, and says so.
+A dry run on fake tensors cannot run inductor's kernels (they need real memory), but AOTAutograd runs on fake
+tensors: the dry run compiles the forward with the ``"aot_eager_decomp_partition"`` backend, inductor's
+decompositions and its min-cut partitioner run as eager operators. So the estimate holds what the compiled step saves
+for backward, and not what inductor's fused kernels spare inside the forward (their intermediates) or reuse; it says
+so. Where dynamo cannot trace the step on fake tensors, the dry run falls back to the eager step and says that.
 
 Example:
     >>> from torch import nn
@@ -38,13 +41,25 @@ from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fra
 from memlab.techniques.lever import PlanLike
 from memlab.techniques.technique import StepParts, Technique, Undo
 
-__all__ = ["COMPILE", "Compile", "compile_conflicts", "compile_export", "ESTIMATED_EAGER"]
+__all__ = ["BACKEND", "COMPILE", "ESTIMATED_EAGER", "ESTIMATED_PARTITIONED", "FAKE_BACKEND", "Compile",
+           "compile_conflicts", "compile_export"]
 
 ESTIMATED_EAGER = (
-    "compile: estimated as the eager step (a dry run on fake tensors cannot run inductor's kernels); a compiled "
+    "compile: estimated as the eager step (dynamo could not trace this step on fake tensors: {why}); a compiled "
     "step's peak differs: measure it (memlab.measure) for the compiled figure"
 )
-"""The note of a compiled plan's estimate."""
+"""The note of a compiled plan's estimate where the dry run could not compile (``{why}``: the first line of the
+error)."""
+
+ESTIMATED_PARTITIONED = (
+    "compile: estimated with AOTAutograd's partition of the compiled step on fake tensors (what it saves for "
+    "backward, inductor's decompositions and min-cut partitioner), not inductor's fused kernels, which can hold less "
+    "inside the forward: measure it (memlab.measure) for the compiled figure"
+)
+"""The note of a compiled plan's estimate where the dry run compiled."""
+
+FAKE_BACKEND = "aot_eager_decomp_partition"
+"""The backend of a dry run's compiled forward: AOTAutograd's graphs run as eager operators (fake tensors can)."""
 
 BACKEND = "inductor"
 """The ``torch.compile`` backend a compiled trial runs: PyTorch's default, as ``model.compile()`` and the Trainer's
@@ -53,7 +68,8 @@ code generation)."""
 
 
 class Compile(Technique):
-    """``compile=True``: ``torch.compile`` on the model's forward for the trial; nothing on fake tensors.
+    """``compile=True``: ``torch.compile`` on the model's forward for the trial (on fake tensors, AOTAutograd's
+    graphs run eagerly: :data:`FAKE_BACKEND`).
 
     Example:
         >>> from torch import nn
@@ -63,21 +79,32 @@ class Compile(Technique):
     """
 
     def put_on(self, parts: StepParts) -> Undo | None:
-        if not parts.plan.compile or parts.fake:
+        if not parts.plan.compile:
             return None
         model = parts.model
         own = vars(model).get("forward")
-        compiled = torch.compile(model.forward, backend=BACKEND)
+        eager = model.forward
+        compiled = torch.compile(eager, backend=FAKE_BACKEND if parts.fake else BACKEND)
+        fell_back: list[str] = []
 
         @functools.wraps(compiled)
         def forward(*args: Any, **kwargs: Any) -> Any:
+            if fell_back:
+                return eager(*args, **kwargs)
             try:
                 return compiled(*args, **kwargs)
-            except torch._dynamo.exc.TorchDynamoException as error:  # a compile failure, not the model's error
-                first = str(error).strip().splitlines()
+            except Exception as error:
+                if parts.fake:  # the estimate of the eager step, said in the trial's notes
+                    why = _why(error)
+                    fell_back.append(why)
+                    if ESTIMATED_PARTITIONED in parts.late_notes:
+                        parts.late_notes.remove(ESTIMATED_PARTITIONED)
+                    parts.late_notes.append(ESTIMATED_EAGER.format(why=why))
+                    return eager(*args, **kwargs)
+                if not isinstance(error, torch._dynamo.exc.TorchDynamoException):
+                    raise  # the model's own error, as the eager step would raise it
                 raise MemlabError(
-                    f"torch.compile could not compile this model's step ({type(error).__name__}: "
-                    f"{first[0] if first else ''}); write compile=False"
+                    f"torch.compile could not compile this model's step ({_why(error)}); write compile=False"
                 ) from error
 
         model.forward = forward  # type: ignore[method-assign]
@@ -93,16 +120,25 @@ class Compile(Technique):
         return undo
 
     def notes(self, parts: StepParts) -> list[str]:
-        if not parts.compiled:
+        if not parts.compiled or parts.fake:
             return []
         return ["compile: the first warm-up step compiles (its time is the trial's compile_seconds, kept out of the "
                 "speed); the peak is the allocator's, the compiled kernels' memory counted under other"]
 
     def dry_run(self, parts: StepParts) -> list[str]:
-        return [ESTIMATED_EAGER] if parts.plan.compile else []
+        return [ESTIMATED_PARTITIONED] if parts.plan.compile else []
 
 
 COMPILE = Compile()
+
+
+def _why(error: BaseException) -> str:
+    """The first line of the error under dynamo's wrappers (``BackendCompilerFailed`` says only which backend
+    raised), with its type."""
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
 
 
 def compile_conflicts(plan: PlanLike) -> str:

@@ -86,6 +86,8 @@ class StepParts:
             gradient before it is stepped and freed (None: stop).
         compiled: the model's forward runs under ``torch.compile`` (the runner reads such a step's peak from the
             allocator: a dispatch mode would run it eagerly, and compiled kernels allocate past the dispatcher).
+        late_notes: notes a technique learns only while steps run (a dry run's compile that fell back to eager);
+            the trial's notes (the training workload hands its record's list here).
     """
 
     model: nn.Module
@@ -105,6 +107,7 @@ class StepParts:
     steps_in_backward: bool = False
     watch_grads: Callable[[Callable[[nn.Parameter], None] | None], None] | None = None
     compiled: bool = False
+    late_notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.optimizer_device_type = self.optimizer_device_type or self.device.type
