@@ -98,7 +98,8 @@ class Plan:
             ``"sdpa"``, ``"flash_attention_2"`` or ``"flex_attention"``; switched on the live model and back.
         compile: ``torch.compile`` on the model's forward (and so its backward) for the trial; the first step
             compiles, and its time is the trial's ``compile_seconds``, never part of its speed. The peak measured is
-            the compiled step's; an estimate is of the eager step and says so. Refused with ``loss="chunked"``.
+            the compiled step's; an estimate runs the compiled step's AOTAutograd partition on fake tensors (the
+            eager step where dynamo cannot trace it there) and says which. Refused with ``loss="chunked"``.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
