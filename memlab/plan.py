@@ -98,6 +98,10 @@ class Plan:
             ``"sdpa"``, ``"flash_attention_2"`` or ``"flex_attention"``; switched on the live model and back.
         expandable_segments: the CUDA caching allocator's expandable segments: a live CUDA trial switches them on (and
             back), an estimate's card figure assumes them, the exports write the line; nothing changes off CUDA.
+        compile: ``torch.compile`` on the model's forward (and so its backward) for the trial; the first step
+            compiles, and its time is the trial's ``compile_seconds``, never part of its speed. The peak measured is
+            the compiled step's; an estimate runs the compiled step's AOTAutograd partition on fake tensors (the
+            eager step where dynamo cannot trace it there) and says which. Refused with ``loss="chunked"``.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
@@ -126,6 +130,7 @@ class Plan:
     optimizer_in_backward: bool = lever(False)
     attention: str | None = lever(None)
     expandable_segments: bool = lever(False)
+    compile: bool = lever(False)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.

@@ -40,6 +40,7 @@ __all__ = [
     "set_allocator_settings",
     "sharding_prop_strided_flag",
     "tensor_use_counts",
+    "profiled_allocations",
     "unsupported",
 ]
 
@@ -356,3 +357,30 @@ def set_allocator_settings(settings: str) -> None:
     if setter is None:
         setter = torch.cuda.memory._set_allocator_settings
     setter(settings)
+def profiled_allocations(profile: Any) -> list[tuple[int, int]] | None:
+    """Every allocation and free a ``torch.profiler.profile(profile_memory=True)`` recorded, as ``(time in ns, bytes)``
+    in time order (frees negative), from its event tree (``kineto_results.experimental_event_tree`` and
+    ``torch._C._profiler._EventType``, both private); None where this torch has neither. What a compiled step's
+    kernels allocate passes no dispatch mode, but the CPU allocator reports it to the profiler.
+
+    Example:
+        >>> import torch
+        >>> with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as p:
+        ...     x = torch.ones(256)
+        >>> [size for _, size in profiled_allocations(p) or []][:1]
+        [1024]
+    """
+    import torch
+
+    event_type = getattr(getattr(torch._C, "_profiler", None), "_EventType", None)
+    results = getattr(getattr(profile, "profiler", None), "kineto_results", None)
+    if event_type is None or results is None or not hasattr(results, "experimental_event_tree"):
+        return None
+    found: list[tuple[int, int]] = []
+    stack = list(results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == event_type.Allocation:
+            found.append((int(node.start_time_ns), int(node.extra_fields.alloc_size)))
+    return sorted(found)

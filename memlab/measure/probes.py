@@ -31,10 +31,12 @@ from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
 from memlab.live.device import model_device, synchronize
+from memlab.measure.compiled import CpuAllocatorPeak
 from memlab.measure.cuda import CudaPeak, cap_cuda_memory
 from memlab.measure.held import cpu_tensors_held, unique_storage_bytes
 from memlab.measure.oom import release_memory
 from memlab.measure.timeline import StepRecorder
+from memlab.measure.tracker import MemoryTracker
 
 __all__ = ["CpuProbe", "CudaProbe", "FakeProbe", "HeldMemory", "Probe", "probe_for"]
 
@@ -92,6 +94,12 @@ class Probe:
 
     def allocator_peak(self) -> contextlib.AbstractContextManager[CudaPeak | None]:
         """The allocator's own peak over the block, where there is an allocator to read (None elsewhere)."""
+        return contextlib.nullcontext()
+
+    def compiled_peak(self, tracker: MemoryTracker, compiles: bool) -> contextlib.AbstractContextManager[Any]:
+        """Where a step ``compiles``, what reads its peak beside :meth:`allocator_peak` (entered after ``tracker``):
+        None where the allocator's statistics already hold it (CUDA), the CPU allocator's profile on a CPU
+        (:class:`~memlab.measure.compiled.CpuAllocatorPeak`)."""
         return contextlib.nullcontext()
 
     def memory_history(self) -> contextlib.AbstractContextManager[dict[str, Any]]:
@@ -162,6 +170,9 @@ class CpuProbe(Probe):
         import psutil
 
         return int(psutil.Process().memory_info().rss)
+
+    def compiled_peak(self, tracker: MemoryTracker, compiles: bool) -> contextlib.AbstractContextManager[Any]:
+        return CpuAllocatorPeak(tracker.live_bytes) if compiles else contextlib.nullcontext()
 
 
 class CudaProbe(Probe):

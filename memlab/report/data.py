@@ -65,6 +65,8 @@ class Trial:
             the peak named); None where no step was tracked (a failed warm-up, a trial loaded from a dict), and for
             sharded estimates (ZeRO is computed from formulas; FSDP2's FSDPMemTracker gives per-module peaks, not a
             step over time).
+        compile_seconds: where the plan compiles (``compile=True``), the seconds of its first warm-up step, which
+            compiled the step and ran it once: never part of ``step_time_s`` (None otherwise).
         model_weights: ``"bf16"`` or ``"fp16"`` where the model itself holds its trained weights in that dtype (loaded
             so) while the plan keeps the model's dtypes; the label then says so. None otherwise.
         host_bytes: the most host memory (pinned and pageable) the plan needs at once beyond what the process held
@@ -103,6 +105,7 @@ class Trial:
     step_runs: tuple[int, ...] = field(default_factory=tuple)
     host_bytes: int = 0
     host_budget: int | None = None
+    compile_seconds: float | None = None
     timeline: Timeline | None = field(default=None, repr=False, compare=False)
 
     categories: ClassVar[tuple[str, ...]] = CATEGORIES
@@ -237,6 +240,7 @@ class Trial:
             step_runs=list(self.step_runs),
             host_bytes=self.host_bytes,
             host_budget=self.host_budget,
+            compile_seconds=self.compile_seconds,
         )
         return data
 
@@ -287,6 +291,7 @@ class Trial:
             step_runs=tuple(data.get("step_runs") or ()),
             host_bytes=data.get("host_bytes") or 0,
             host_budget=data.get("host_budget"),
+            compile_seconds=data.get("compile_seconds"),
         )
 
     def to_text(self) -> str:

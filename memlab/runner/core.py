@@ -29,6 +29,7 @@ from memlab.events import Callback, Event, MemorySample, StepFinished, TrialFini
 from memlab.live.batch import Batch, count_rows, named_tensors
 from memlab.live.inputs import check_inputs
 from memlab.live.structure import ModuleStructure, unique_parameters
+from memlab.measure.compiled import CompiledStepTracker, compiled_reading
 from memlab.measure.cuda import CudaPeak
 from memlab.measure.oom import release_error
 from memlab.measure.probes import Probe, probe_for
@@ -254,9 +255,12 @@ class Runner(Generic[PlanT, TrialT]):
 
     def _tracker(self, attempt: Attempt, budget: int | None, on_sample: Any = None) -> MemoryTracker:
         other = [tensor for _, tensor in named_tensors(self.batch)] + self._held_before
-        return MemoryTracker(
+        # A compiled step runs its compiled code under a tracker that lets dynamo do so; its budget is judged on the
+        # allocator's peak afterwards (the tracker cannot see the compiled kernels' buffers).
+        kind = CompiledStepTracker if attempt.compiles else MemoryTracker
+        return kind(
             baseline={**attempt.baseline(), "other": other},
-            budget=budget if self.probe.tracker_enforces_budget else None,
+            budget=budget if self.probe.tracker_enforces_budget and not attempt.compiles else None,
             device=self.device,
             on_sample=on_sample,
             categories=self.workload.categories,
@@ -266,7 +270,7 @@ class Runner(Generic[PlanT, TrialT]):
         # Where tracking enforces a limit, the warm-up is tracked too: the first step (which creates training's
         # optimizer state) must fit as well. Where the allocator is the truth, its peak is what a failed warm-up
         # reached.
-        tracked = limit is not None and self.probe.tracker_enforces_budget
+        tracked = limit is not None and self.probe.tracker_enforces_budget and not attempt.compiles
         # A dry run times nothing, so it needs no warm process (and leaves the process as cold as it was).
         cold = self.probe.times_steps and self.device.type not in _WARM_DEVICE_TYPES
         minimum = max(self.options.warmup, 1)
@@ -295,6 +299,8 @@ class Runner(Generic[PlanT, TrialT]):
                     seconds_taken.append(seconds)
                     self.announce(StepFinished(plan, index, number, "warmup", seconds, loss, None, None))
             finished = True
+            if attempt.compiles and seconds_taken and self.probe.times_steps:
+                record.compile_seconds = seconds_taken[0]
             if self.probe.times_steps:
                 _WARM_DEVICE_TYPES.add(self.device.type)
         finally:
@@ -311,13 +317,15 @@ class Runner(Generic[PlanT, TrialT]):
         allocator: CudaPeak | None = None
         history: dict[str, Any] | None = None
         recorder = self.probe.step_recorder(self.model, tracker.categories)
+        compiled: Any = None
         try:
             with self.probe.memory_history() as history, self.probe.allocator_peak() as allocator, tracker, \
-                    recorder.recording(tracker):
+                    recorder.recording(tracker), self.probe.compiled_peak(tracker, attempt.compiles) as compiled:
                 loss = attempt.step(tracker, "tracked")
         finally:
             # Read after the allocator's block has ended (its peak is read on exit), out of memory or not.
-            record.reading = read_peak(tracker, allocator)
+            record.reading = read_peak(tracker, allocator) if not attempt.compiles else compiled_reading(
+                tracker, compiled or allocator)
             record.recording = recorder.result
             record.allocator_snapshot = history.get("snapshot") if history is not None else None
         self.announce(

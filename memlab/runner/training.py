@@ -66,6 +66,10 @@ class TrainingAttempt(Attempt):
             "optimizer": list(state_tensors(self.training_step.optimizer)),
         }
 
+    @property
+    def compiles(self) -> bool:
+        return self.training_step.parts.compiled
+
     def steady(self) -> bool:
         # Until the optimizer state exists (fp16's GradScaler may skip the first steps), a step is not steady.
         return bool(state_tensors(self.training_step.optimizer))
@@ -128,6 +132,7 @@ class TrainingWorkload(Workload[Plan, TrainingRecord, Trial]):
             optimizer_device_type=context.probe.optimizer_device_type,
         )
         record.notes.extend(step.notes)
+        step.parts.late_notes = record.notes
         record.model_weights = model_weights(plan, step.parameters)
         return TrainingAttempt(step, context.batch)
 

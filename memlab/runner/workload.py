@@ -101,6 +101,8 @@ class TrialRecord:
         self.recording: Recording | None = None
         # On CUDA, the allocator's own snapshot of the tracked step (torch.cuda.memory._snapshot()).
         self.allocator_snapshot: dict[str, Any] | None = None
+        # A compiled plan's first warm-up step, which compiles: never part of the step time.
+        self.compile_seconds: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -146,6 +148,7 @@ class TrialRecord:
             "timeline": self.timeline(device),
             "host_bytes": self.host_bytes,
             "host_budget": self.host_budget,
+            "compile_seconds": self.compile_seconds,
         }
 
     def timeline(self, device: torch.device) -> Timeline | None:
@@ -177,6 +180,11 @@ class Attempt(ABC):
     def host_bytes(self) -> int:
         """The most host memory the plan's levers held at once over the steps so far, by their own accounting."""
         return 0
+    @property
+    def compiles(self) -> bool:
+        """Whether the step runs under ``torch.compile``: its first warm-up step compiles (timed apart), and its peak
+        is read from the allocator (:mod:`memlab.measure.compiled`)."""
+        return False
 
     @abstractmethod
     def take_off(self) -> None:

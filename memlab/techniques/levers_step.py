@@ -1,12 +1,13 @@
 """The declarations of the levers that change the optimizer step: precision, the optimizer, offload, the chunked
-loss and the optimizer in backward (techniques: :mod:`memlab.techniques.precision`,
+loss, the optimizer in backward and compile (techniques: :mod:`memlab.techniques.precision`,
 :mod:`memlab.techniques.optimizer`, :mod:`memlab.techniques.offload`, :mod:`memlab.techniques.loss`,
-:mod:`memlab.techniques.optimizer_in_backward`; facets: :mod:`memlab.techniques.lever`). How each optimizer is named
+:mod:`memlab.techniques.optimizer_in_backward`,
+:mod:`memlab.techniques.compile`; facets: :mod:`memlab.techniques.lever`). How each optimizer is named
 in each export is here too (:data:`OPTIMIZER_FORMS`), once.
 
 Example:
     >>> [lever.name for lever in DECLARATIONS]
-    ['precision', 'optimizer', 'offload', 'loss', 'optimizer_in_backward']
+    ['precision', 'optimizer', 'offload', 'loss', 'optimizer_in_backward', 'compile']
     >>> OPTIMIZER_FORMS["adafactor"].trainer
     'adafactor'
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memlab.techniques.compile import COMPILE, compile_conflicts, compile_export
 from memlab.techniques.fragments import (
     THE_DEEPSPEED_CONFIG,
     Accelerate,
@@ -483,5 +485,17 @@ DECLARATIONS = (
             "peft": concerns_adapters_only,
             "accelerate": _in_backward_elsewhere("the accelerate script (sharded optimizers step after backward)"),
         },
+    ),
+    Lever(
+        "compile",
+        False,
+        short="compiled",
+        help="torch.compile on the model's forward (and backward): fused kernels, often less activation memory and "
+        "faster steps; the first step compiles (seconds to minutes, reported apart from the speed)",
+        technique=COMPILE,
+        conflicts=compile_conflicts,
+        activation_key=lambda value: value,
+        speed={True: (1.2, 1.0)},
+        exports=per_target(compile_export),
     ),
 )

@@ -81,13 +81,13 @@ def conflicts(plan: PlanLike) -> list[str]:
 
 STEP_ORDER = ("expandable_segments",
               "loss", "attention", "adapter", "weights", "micro_batch", "precision", "optimizer", "offload",
-              "optimizer_in_backward", "checkpointing")
+              "optimizer_in_backward", "checkpointing", "compile")
 """The order in which a training step puts the levers' techniques on (each named by one lever that has it): the
 loss first, since it is checked before the model is touched; the attention implementation before anything wraps
 the model's modules (it is set on the transformers model itself); adapters before pure bf16 weights, since they decide
 which weights train; the optimizer before offload and the optimizer in backward, which build on it; checkpointing
-last, on the model as the others left it. The allocator's expandable segments go on before them all, so that what
-the others allocate on a GPU lands in their segments."""
+on the model as the others left it; compile last, on the forward every other lever has changed. The allocator's
+expandable segments go on before them all, so that what the others allocate on a GPU lands in their segments."""
 
 
 def step_techniques() -> list[Technique]:

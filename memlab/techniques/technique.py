@@ -57,6 +57,7 @@ class PlanFields(Protocol):
     adapter: str
     lora_targets: str | tuple[str, ...]
     loss: str
+    compile: bool
 
 
 
@@ -117,6 +118,10 @@ class StepParts:
         watch_grads: where ``steps_in_backward``: ``watch_grads(on_grad)`` asks for ``on_grad(parameter)`` on each
             gradient before it is stepped and freed (None: stop).
         host: what the levers hold in host memory (:class:`HostLedger`), by their own accounting.
+        compiled: the model's forward runs under ``torch.compile`` (the runner reads such a step's peak from the
+            allocator: a dispatch mode would run it eagerly, and compiled kernels allocate past the dispatcher).
+        late_notes: notes a technique learns only while steps run (a dry run's compile that fell back to eager);
+            the trial's notes (the training workload hands its record's list here).
     """
 
     model: nn.Module
@@ -136,6 +141,8 @@ class StepParts:
     steps_in_backward: bool = False
     watch_grads: Callable[[Callable[[nn.Parameter], None] | None], None] | None = None
     host: HostLedger = field(default_factory=HostLedger)
+    compiled: bool = False
+    late_notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.optimizer_device_type = self.optimizer_device_type or self.device.type

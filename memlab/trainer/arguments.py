@@ -141,6 +141,7 @@ def plan_from_training_arguments(args: Any) -> Plan:
       ones.
     - ``bf16`` / ``fp16`` -> ``precision``; ``optim`` -> ``optimizer`` (see :data:`TRAINER_OPTIMIZERS`).
     - ``use_liger_kernel`` with Liger's fused linear cross-entropy -> ``loss="chunked"``.
+    - ``torch_compile`` -> ``compile``.
 
     What lives on the model rather than in the arguments (pure bf16 weights, adapters) is left at the defaults:
     :meth:`memlab.trainer.source.TrainerSource.plan` reads those from the trainer's model.
@@ -179,6 +180,7 @@ def plan_from_training_arguments(args: Any) -> Plan:
         optimizer=TRAINER_OPTIMIZERS[optim],
         offload="activations" if offloads_activations(args) else "none",
         loss=_loss(args),
+        compile=bool(getattr(args, "torch_compile", False)),
     )
 
 

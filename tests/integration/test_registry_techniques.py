@@ -17,6 +17,7 @@ from memlab.errors import MemlabError, UnsupportedTechnique
 from memlab.live.batch import count_rows
 from memlab.plan import Plan
 from memlab.runner.step import TrainingStep
+from memlab.techniques import compile as compile_technique
 from memlab.techniques.attention import unavailable
 from memlab.techniques.lever import Lever
 from memlab.techniques.registry import REGISTRY, STEP_ORDER, step_techniques
@@ -120,6 +121,8 @@ def test_the_step_puts_on_each_levers_technique_and_its_value_changes_the_step(
         return put_on(parts)
 
     monkeypatch.setattr(technique, "put_on", spy)
+    if name == "compile":  # a compiled step without inductor's code generation (42 s for tiny Llama here): the same
+        monkeypatch.setattr(compile_technique, "BACKEND", "aot_eager")  # technique, tests/integration/test_compile.py
     batch = lm_batch(rows=2, length=8)
     if name == "attention" and (reason := unavailable(llama, value)):  # no kernel here: the step refuses it, untouched
         with pytest.raises(UnsupportedTechnique, match="write attention='sdpa'"):

@@ -283,6 +283,7 @@ class _Seen:
         self.forwards = 0
         self.steps = 0
         self.saved_on_cpu = 0
+        self.compiled = 0
         head = model.get_output_embeddings()
 
         def before(module: Any, args: Any) -> None:  # the embedding: every forward, the chunked loss's included
@@ -306,6 +307,12 @@ class _Seen:
                 return super().__enter__()
 
         monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", Recorded)
+
+        def compiled(module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+            # Recorded, not compiled: inductor takes seconds per plan (tests/integration/test_compile.py runs it).
+            seen.compiled += 1
+
+        monkeypatch.setattr(torch.nn.Module, "compile", compiled)
 
     def _step(self) -> None:
         self.steps += 1
@@ -346,6 +353,7 @@ def _effects(name: str, value: Any, plan: Plan, model: Any, namespace: dict[str,
         "optimizer_in_backward": lambda: ("optimizers" in namespace) is value and (
             seen.steps > BATCHES * len(namespace["params"]) - 1) is value,
         "attention": lambda: _implementation(model) == (value or "sdpa"),  # tiny_llama loads sdpa
+        "compile": lambda: seen.compiled == int(value),
     }
     if name in checks:
         assert checks[name](), f"{name}={value!r} has no effect on the run"

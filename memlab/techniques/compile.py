@@ -1,0 +1,186 @@
+"""``compile``: the model's forward (and so its backward, through AOTAutograd) run under ``torch.compile``.
+
+The technique puts a compiled forward on the model as an instance attribute (``model.forward``) and takes it off
+again, so the user's model object holds no compiled wrapper after a trial. Dynamo's caches are reset when it comes off
+(``torch.compiler.reset()``): each compiled trial compiles afresh rather than reaching dynamo's recompile limit
+(after which a forward silently runs eagerly) with the guards of earlier trials' settings; code the user compiled
+in the same process compiles again on its next call.
+
+Compilation happens in a trial's first warm-up step, which the runner reports as the trial's compile time, apart
+from the timed steps. Memlab's memory tracker is a ``TorchDispatchMode``, under which dynamo runs code eagerly, and a
+compiled step's kernels allocate without the dispatcher: the runner reads a compiled step's peak from the allocator
+(CUDA's statistics, the CPU allocator's profile) instead (:mod:`memlab.measure.compiled`).
+
+A dry run on fake tensors cannot run inductor's kernels (they need real memory), but AOTAutograd runs on fake
+tensors: the dry run compiles the forward with the ``"aot_eager_decomp_partition"`` backend, inductor's
+decompositions and its min-cut partitioner run as eager operators. So the estimate holds what the compiled step saves
+for backward, and not what inductor's fused kernels spare inside the forward (their intermediates) or reuse; it says
+so. Where dynamo cannot trace the step on fake tensors, the dry run falls back to the eager step and says that.
+
+Example:
+    >>> from torch import nn
+    >>> from memlab.plan import Plan
+    >>> model = nn.Linear(2, 1)
+    >>> parts = StepParts(model, Plan(compile=True), torch.device("cpu"))
+    >>> undo = COMPILE.put_on(parts)
+    >>> "forward" in vars(model), parts.compiled
+    (True, True)
+    >>> undo(); "forward" in vars(model)
+    False
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from memlab.errors import MemlabError
+from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys
+from memlab.techniques.lever import PlanLike
+from memlab.techniques.technique import StepParts, Technique, Undo
+
+__all__ = ["BACKEND", "COMPILE", "ESTIMATED_EAGER", "ESTIMATED_PARTITIONED", "FAKE_BACKEND", "Compile",
+           "compile_conflicts", "compile_export"]
+
+ESTIMATED_EAGER = (
+    "compile: estimated as the eager step (dynamo could not trace this step on fake tensors: {why}); a compiled "
+    "step's peak differs: measure it (memlab.measure) for the compiled figure"
+)
+"""The note of a compiled plan's estimate where the dry run could not compile (``{why}``: the first line of the
+error)."""
+
+ESTIMATED_PARTITIONED = (
+    "compile: estimated with AOTAutograd's partition of the compiled step on fake tensors (what it saves for "
+    "backward, inductor's decompositions and min-cut partitioner), not inductor's fused kernels, which can hold less "
+    "inside the forward: measure it (memlab.measure) for the compiled figure"
+)
+"""The note of a compiled plan's estimate where the dry run compiled."""
+
+FAKE_BACKEND = "aot_eager_decomp_partition"
+"""The backend of a dry run's compiled forward: AOTAutograd's graphs run as eager operators (fake tensors can)."""
+
+BACKEND = "inductor"
+"""The ``torch.compile`` backend a compiled trial runs: PyTorch's default, as ``model.compile()`` and the Trainer's
+``torch_compile=True`` use it (tests that only need a compiled step may set ``"aot_eager"``, which skips inductor's
+code generation)."""
+
+
+class Compile(Technique):
+    """``compile=True``: ``torch.compile`` on the model's forward for the trial (on fake tensors, AOTAutograd's
+    graphs run eagerly: :data:`FAKE_BACKEND`).
+
+    Example:
+        >>> from torch import nn
+        >>> from memlab.plan import Plan
+        >>> COMPILE.put_on(StepParts(nn.Linear(2, 1), Plan(), torch.device("cpu"))) is None
+        True
+    """
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        if not parts.plan.compile:
+            return None
+        model = parts.model
+        own = vars(model).get("forward")
+        eager = model.forward
+        compiled = torch.compile(eager, backend=FAKE_BACKEND if parts.fake else BACKEND)
+        fell_back: list[str] = []
+
+        @functools.wraps(compiled)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if fell_back:
+                return eager(*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as error:
+                if parts.fake:  # the estimate of the eager step, said in the trial's notes
+                    why = _why(error)
+                    fell_back.append(why)
+                    if ESTIMATED_PARTITIONED in parts.late_notes:
+                        parts.late_notes.remove(ESTIMATED_PARTITIONED)
+                    parts.late_notes.append(ESTIMATED_EAGER.format(why=why))
+                    return eager(*args, **kwargs)
+                if not isinstance(error, torch._dynamo.exc.TorchDynamoException):
+                    raise  # the model's own error, as the eager step would raise it
+                raise MemlabError(
+                    f"torch.compile could not compile this model's step ({_why(error)}); write compile=False"
+                ) from error
+
+        model.forward = forward  # type: ignore[method-assign]
+        parts.compiled = True
+
+        def undo() -> None:
+            if own is None:
+                vars(model).pop("forward", None)
+            else:
+                model.forward = own  # type: ignore[method-assign]
+            torch.compiler.reset()
+
+        return undo
+
+    def notes(self, parts: StepParts) -> list[str]:
+        if not parts.compiled or parts.fake:
+            return []
+        return ["compile: the first warm-up step compiles (its time is the trial's compile_seconds, kept out of the "
+                "speed); the peak is the allocator's, the compiled kernels' memory counted under other"]
+
+    def dry_run(self, parts: StepParts) -> list[str]:
+        return [ESTIMATED_PARTITIONED] if parts.plan.compile else []
+
+
+COMPILE = Compile()
+
+
+def _why(error: BaseException) -> str:
+    """The first line of the error under dynamo's wrappers (``BackendCompilerFailed`` says only which backend
+    raised), with its type."""
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
+
+
+def compile_conflicts(plan: PlanLike) -> str:
+    """Why ``plan`` cannot compile with its other settings (``""`` when it can).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> compile_conflicts(SimpleNamespace(compile=True, loss="chunked")).split(";")[1]
+        " write loss='full' (compile fuses the cross-entropy) or compile=False"
+    """
+    if plan.compile and plan.loss == "chunked":
+        return ("compile wraps the model forward, which the chunked loss does not call (it runs the model's body and "
+                "head itself); write loss='full' (compile fuses the cross-entropy) or compile=False")
+    return ""
+
+
+def compile_export(target: str) -> Export:
+    """What ``target`` writes for ``compile``: the Trainer's ``torch_compile=True``, ``model.compile()`` in the plain
+    loop and the accelerate script's model, accelerate's ``dynamo_config``; DeepSpeed's config does not compile.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> compile_export("trainer")(SimpleNamespace(compile=True)).keys
+        {'torch_compile': True}
+    """
+
+    def fragment(plan: PlanLike) -> Fragment:
+        if not plan.compile:
+            off: dict[str, Fragment] = {"trainer": Keys(), "deepspeed": Keys(), "code": Code(),
+                                        "accelerate": Accelerate()}
+            return off.get(target, Elsewhere())
+        if target == "trainer":
+            return Keys({"torch_compile": True})
+        if target == "code":
+            return Code(model=("model.compile()  # torch.compile on the forward (and its backward): the first step "
+                               "compiles",))
+        if target == "accelerate":
+            return Accelerate(config={"dynamo_config": {"dynamo_backend": "INDUCTOR"}})
+        if target == "deepspeed":
+            return Elsewhere("compile is not a DeepSpeed setting: with the Trainer pass plan.to_training_arguments() "
+                             "(torch_compile), in your own loop call model.compile() as plan.to_code() does")
+        return Elsewhere()  # peft: a LoraConfig describes the adapters only
+
+    return fragment
+
