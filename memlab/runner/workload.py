@@ -180,6 +180,7 @@ class Attempt(ABC):
     def host_bytes(self) -> int:
         """The most host memory the plan's levers held at once over the steps so far, by their own accounting."""
         return 0
+
     @property
     def compiles(self) -> bool:
         """Whether the step runs under ``torch.compile``: its first warm-up step compiles (timed apart), and its peak
