@@ -178,21 +178,20 @@ class Trial:
 
     @property
     def verdict_figure(self) -> str:
-        """The figure that decided the verdict: ``"host"`` where the device figure is within :attr:`budget` and
-        :attr:`host_bytes` are over :attr:`host_budget`; else the device figure :attr:`verdict_bytes` is,
-        ``"card figure"`` or ``"allocated peak"``.
+        """The figure that decided the verdict (DESIGN 2.4): ``"host"`` where the device figure is within
+        :attr:`budget` and :attr:`host_bytes` are over :attr:`host_budget`; else ``"card"`` (:attr:`card_bytes`) or
+        ``"allocated"`` (the allocated peak), whichever :attr:`verdict_bytes` is.
 
         Example:
             >>> t = Trial(Plan(), "ok", 90, {}, None, None, None, "cuda:0", budget=100, reserved_bytes=96)
             >>> t.verdict_figure, t.fits, dataclasses.replace(t, context_bytes=8).fits
-            ('allocated peak', True, False)
-            >>> host = dataclasses.replace(t, host_bytes=2**30, host_budget=2**29)
-            >>> host.verdict_figure, host.fits
-            ('host', False)
+            ('allocated', True, False)
+            >>> dataclasses.replace(t, host_bytes=2**30, host_budget=2**29).verdict_figure
+            'host'
         """
         if self.device_fits and not self.host_fits:
             return "host"
-        return "allocated peak" if self.card_bytes is None else "card figure"
+        return "allocated" if self.card_bytes is None else "card"
 
     @property
     def device_fits(self) -> bool:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from memlab.errors import MemlabError
 
-__all__ = ["budget_words", "format_rate", "format_seconds", "one_line"]
+__all__ = ["FIGURE_WORDS", "budget_words", "format_rate", "format_seconds", "one_line"]
+
+FIGURE_WORDS = {"card": "card figure", "allocated": "allocated peak", "host": "host memory"}
+"""How text names each :attr:`memlab.report.Trial.verdict_figure` (``"card"``: the card figure, ...)."""
 
 
 def one_line(message: BaseException | str, limit: int | None = 120) -> str:

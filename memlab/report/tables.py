@@ -15,7 +15,7 @@ from collections import Counter
 
 from memlab.plan import format_bytes
 from memlab.report.data import ALL_CATEGORIES, Report, Trial, speed_range
-from memlab.report.format import format_rate, one_line
+from memlab.report.format import FIGURE_WORDS, format_rate, one_line
 from memlab.report.host import host_lines, host_reason
 from memlab.report.noise import relative_half_width
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, run_labels
@@ -355,7 +355,7 @@ def verdict_text(trial: Trial, fits: bool) -> str:
         'does not fit by the allocated peak'
     """
     words = "fits" if fits else "does not fit"
-    figure = "(host)" if trial.verdict_figure == "host" else f"by the {trial.verdict_figure}"
+    figure = "(host)" if trial.verdict_figure == "host" else f"by the {FIGURE_WORDS[trial.verdict_figure]}"
     return f"{words} {figure}" if figure == "(host)" or str(trial.device).startswith("cuda") else words
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.plan import Plan, format_bytes, parse_budget
 from memlab.report import Trial
+from memlab.report.format import FIGURE_WORDS
 
 __all__ = ["MAX_RUNS", "Limits", "limits", "resized"]
 
@@ -307,7 +308,7 @@ hold 120 B, more than the budget
     if trial.status != "ok":
         what = "ran out of memory" if trial.status == "oom" else f"failed ({trial.error or trial.status})"
         return f"why: even {size} {unit} {what} under {format_bytes(found.budget)}"
-    figure = trial.verdict_figure
+    figure = FIGURE_WORDS[trial.verdict_figure]
     fixed = sum(trial.breakdown.get(part, 0) for part in ("params", "grads", "optimizer"))
     said = (f"why: {size} {unit} need {format_bytes(trial.verdict_bytes)} ({figure}) against "
             f"{format_bytes(found.budget)}")

@@ -266,7 +266,7 @@ def test_a_measured_cuda_trial_carries_the_context_and_is_judged_on_the_card(mon
         trial = TrialRunner(model, batch, options, probe=probe).run(memlab.Plan())  # type: ignore[arg-type]
         assert trial.status == "ok" and trial.peak_bytes == trial.reserved_bytes == 10**7
         assert trial.context_bytes == 5 * 10**6 and trial.card_bytes == 15 * 10**6
-        assert trial.fits is fits and trial.verdict_figure == "card figure"
+        assert trial.fits is fits and trial.verdict_figure == "card"
 
 
 def test_on_cuda_memory_held_before_is_read_once_so_torchs_workspaces_are_not_blamed(

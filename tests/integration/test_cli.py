@@ -308,7 +308,7 @@ def test_estimate_json_carries_the_card_fields(
     (trial,) = json.loads(capsys.readouterr().out)["trials"]
     assert trial["reserved_bytes"] == 22 * GIB and trial["context_bytes"] > 0
     assert trial["card_bytes"] == trial["reserved_bytes"] + trial["context_bytes"]
-    assert trial["verdict_figure"] == "card figure" and trial["fits"] is True
+    assert trial["verdict_figure"] == "card" and trial["fits"] is True
 
 
 def test_estimate_gpus_auto_prints_each_gpus_card_figure_and_the_verdict_on_it(
@@ -358,7 +358,7 @@ def test_estimate_gpus_auto_prints_each_gpus_card_figure_and_the_verdict_on_it(
     assert main(["estimate", "llama-7b", "--budget", "24GiB", "--gpus", "auto", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["card_bytes"] == rows[0]["reserved_bytes"] + rows[0]["context_bytes"]
-    assert rows[0]["verdict_figure"] == "card figure" and rows[1]["fits"] is False
+    assert rows[0]["verdict_figure"] == "card" and rows[1]["fits"] is False
     assert [row["verdict"] for row in rows] == ["ok (estimate)", "does not fit (over budget)",
                                                 "does not fit (on no number of GPUs up to 1024)"]
 

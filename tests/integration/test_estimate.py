@@ -553,7 +553,7 @@ def test_a_cuda_estimate_fits_by_its_card_figure_once_the_reserve_is_known(tmp_p
     shapes = {"input_ids": (2, 32), "labels": (2, 32)}
     trial = estimate(path, shapes, device="cuda")
     assert trial.card_bytes == trial.peak_bytes + 2**20 + trial.context_bytes
-    assert trial.verdict_figure == "card figure"
+    assert trial.verdict_figure == "card"
     assert estimate(path, shapes, device="cuda", budget=trial.card_bytes).fits
     assert not estimate(path, shapes, device="cuda", budget=trial.card_bytes - 1).fits
     assert trial.peak_bytes <= trial.card_bytes - 1  # the allocated peak alone would have said it fits

@@ -92,7 +92,7 @@ def test_estimate_judges_the_host_budget_beside_the_card_budget() -> None:
     assert "does not fit (host)" in over.to_text()
     within = memlab.estimate(tiny_llama(), batch, Plan(offload="optimizer"), device="cuda", budget="80GiB",
                              host_budget="1GiB")
-    assert within.fits and within.verdict_figure == "card figure"
+    assert within.fits and within.verdict_figure == "card"
     with pytest.raises(memlab.MemlabError, match="host_budget 'lots'"):
         memlab.estimate(tiny_llama(), batch, Plan(), host_budget="lots")
 

@@ -203,7 +203,7 @@ def test_the_fewest_gpus_are_found_by_the_card_figure_where_it_is_known(monkeypa
     assert two.context_bytes == 2**20 and two.card_bytes == two.peak_bytes + 2**20
     budget = two.peak_bytes + 2**19  # two GPUs fit by their allocated peak, not by what their cards will show
     found = smallest_gpus(smallest_request(budget=budget, device="cuda"), strategies=["zero3"])["zero3"]
-    assert found is not None and found.gpus == 4 and found.verdict_figure == "card figure"
+    assert found is not None and found.gpus == 4 and found.verdict_figure == "card"
     assert found.card_bytes is not None and found.card_bytes <= budget
     rows = sharded.sharded_trials(config(), SHAPES, [Plan()], gpus=2, strategies=["fsdp2", "zero3"], budget=budget,
                                   device="cuda")
@@ -222,11 +222,11 @@ def test_sharded_cuda_trials_carry_the_allocators_reserve_and_a_card_figure() ->
         assert trial is not None and trial.status == "ok", trial
         if name != "fsdp2":  # no ZeRO step is traced: its reserve, and so its card figure, stay unknown
             assert trial.reserved_bytes is None and trial.card_bytes is None, (name, trial)
-            assert trial.verdict_figure == "allocated peak"
+            assert trial.verdict_figure == "allocated"
             continue
         assert trial.reserved_bytes is not None and trial.reserved_bytes >= trial.peak_bytes, (name, trial)
         assert trial.card_bytes == trial.reserved_bytes + trial.context_bytes  # type: ignore[operator]
-        assert trial.verdict_figure == "card figure"
+        assert trial.verdict_figure == "card"
         assert ONE_STREAM_NOTE in trial.notes
     for _, _, trial in sharded_trials(config(), SHAPES, [Plan()], gpus=2, device="cpu"):
         assert trial is not None and trial.reserved_bytes is None and trial.card_bytes is None

@@ -49,9 +49,9 @@ def test_a_verdict_judges_the_card_figure_where_known_else_the_allocated_peak() 
     # 20 GiB allocated fits 24 GiB; the card shows 23.5 GiB reserved and 0.75 GiB context: it does not.
     judged = cuda_trial(20 * GIB, 23 * GIB + 512 * MIB, 768 * MIB, budget=24 * GIB)
     assert judged.verdict_bytes == judged.card_bytes == 24 * GIB + 256 * MIB
-    assert judged.verdict_figure == "card figure" and not judged.fits
+    assert judged.verdict_figure == "card" and not judged.fits
     unknown = dataclasses.replace(judged, context_bytes=None)
-    assert unknown.verdict_bytes == 20 * GIB and unknown.verdict_figure == "allocated peak" and unknown.fits
+    assert unknown.verdict_bytes == 20 * GIB and unknown.verdict_figure == "allocated" and unknown.fits
     report = Report([dataclasses.replace(judged, budget=None), dataclasses.replace(unknown, budget=None)],
                     budget=24 * GIB)
     assert [report.fits(trial) for trial in report] == [False, True]
@@ -63,12 +63,12 @@ def test_the_new_fields_survive_dict_json_and_dataframe() -> None:
     trial = cuda_trial(20 * GIB, 23 * GIB, 800 * MIB, budget=24 * GIB)
     data = trial.to_dict()
     assert data["context_bytes"] == 800 * MIB and data["card_bytes"] == 23 * GIB + 800 * MIB
-    assert data["verdict_figure"] == "card figure" and data["fits"] is True
+    assert data["verdict_figure"] == "card" and data["fits"] is True
     assert Trial.from_dict(data) == trial
     report = Report([trial, cuda_trial(GIB)], budget=24 * GIB)
     again = Report.from_json(report.to_json())
     assert again == report and again.trials[0].context_bytes == 800 * MIB
-    assert json.loads(report.to_json())["trials"][1]["verdict_figure"] == "allocated peak"
+    assert json.loads(report.to_json())["trials"][1]["verdict_figure"] == "allocated"
     frame = report.to_dataframe()
     assert list(frame["context_bytes"].astype("object").fillna(-1)) == [800 * MIB, -1]
     assert "card_bytes" in frame.columns and "verdict_figure" in frame.columns

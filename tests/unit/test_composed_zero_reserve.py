@@ -52,7 +52,7 @@ def test_a_composed_zero3_estimate_has_a_card_figure_and_zero3s_formulas_still_h
     assert trial.status == "ok", trial.error
     assert trial.reserved_bytes is not None and trial.reserved_bytes >= trial.peak_bytes
     assert trial.context_bytes and trial.card_bytes == trial.reserved_bytes + trial.context_bytes
-    assert trial.verdict_figure == "card figure"
+    assert trial.verdict_figure == "card"
     full = memlab.estimate(CONFIG, BATCH, Plan(weights="bf16"), gpus=2, strategy="zero3", gpu="H100-80GB")
     assert full.status == "ok" and full.reserved_bytes is None and full.card_bytes is None
 

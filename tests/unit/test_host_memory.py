@@ -24,12 +24,12 @@ def test_a_plan_within_the_card_budget_and_over_the_host_budget_does_not_fit_by_
     assert over.verdict_bytes <= 20 * GIB  # the card budget holds
     assert not over.fits and over.verdict_figure == "host" and not over.host_fits
     within = _offloaded(12 * GIB, 16 * GIB)
-    assert within.fits and within.verdict_figure == "card figure"
+    assert within.fits and within.verdict_figure == "card"
     unjudged = _offloaded(24 * GIB, None)
-    assert unjudged.fits and unjudged.verdict_figure == "card figure"
+    assert unjudged.fits and unjudged.verdict_figure == "card"
     # over both: the device figure decided (it is checked first, as the card is what stops the run)
     both = dataclasses.replace(over, budget=5 * GIB)
-    assert not both.fits and both.verdict_figure == "card figure"
+    assert not both.fits and both.verdict_figure == "card"
 
 
 def test_the_host_verdict_is_said_in_every_face() -> None:

@@ -232,7 +232,7 @@ def test_suggestions_are_judged_on_the_card_figure_where_the_estimate_models_it(
     options = RunOptions(budget=100, loss_fn=lambda m, b: m(b).sum())
     suggested = suggestions(torch.nn.Linear(4, 1), torch.randn(2, 4), [low], default_space(8, "cpu"), options,
                             EvenPrior())
-    assert suggested and all(trial.verdict_figure == "card figure" for trial in suggested)
+    assert suggested and all(trial.verdict_figure == "card" for trial in suggested)
     assert all(trial.plan.adapter != "lora" for trial in suggested)  # its allocated 60 fits; its card 95 does not
 
 
