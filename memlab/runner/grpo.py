@@ -27,7 +27,7 @@ from memlab.runner.step import NO_PHASES, TrainingStep
 from memlab.runner.training import TrainingAttempt, TrainingRecord, TrainingWorkload, finite_loss
 from memlab.runner.workload import RunContext, StepKind
 from memlab.trainer.entry import LiveTarget
-from memlab.trainer.grpo import GRPOPrompts, GRPOSource, check_generations
+from memlab.trainer.grpo import GRPOPrompts, GRPOSource, check_generations, split_on
 from memlab.trainer.source import TrainerSource
 
 __all__ = ["GRPOAttempt", "GRPORunner", "GRPOWorkload", "grpo_target"]
@@ -77,6 +77,7 @@ class GRPOWorkload(TrainingWorkload):
     def put_on(self, plan: Plan, record: TrainingRecord) -> GRPOAttempt:
         context = self.context
         session = contextlib.ExitStack()
+        session.enter_context(split_on(self.source.trainer, plan))  # TRL chunks its log-probs by the split
         session.enter_context(self.source.generating())
         try:
             step = TrainingStep(
@@ -120,5 +121,7 @@ def grpo_target(trainer: Any, loss_fn: Any = None) -> LiveTarget:
     chosen = loss_fn if loss_fn is not None else source.loss_fn()
     trainer_source = TrainerSource(trainer=trainer, model=source.model, collator=trainer.data_collator,
                                    loss_fn=chosen, effective_batch=source.generations, plan=source.plan)
+    from memlab.trainer.grpo_estimate import grpo_plans_estimator
+
     return LiveTarget(source.model, source.prompts_batch(), chosen, trainer_source, source.note, source.plan,
-                      source.generations, runner=GRPORunner)
+                      source.generations, runner=GRPORunner, estimate=grpo_plans_estimator(trainer, loss_fn))

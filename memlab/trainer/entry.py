@@ -41,6 +41,9 @@ class LiveTarget:
     batch_size: int | None = None
     runner: Any = None
     """The runner a trainer kind's step needs (a GRPO trainer's generates first); None: the plans' own."""
+    estimate: Any = None
+    """``estimate(plans, budget=..., device=..., lr=...) -> trials``: the dry run a trainer kind's step needs (a GRPO
+    trainer's generates first), for ``fit``'s pruning; None: the model's own dry run on the batch."""
 
     def plan_for(self, plan: Any) -> Any:
         """The plan a run on this target measures: ``None`` on a trainer is the trainer as set up; a ``Plan``
