@@ -121,7 +121,5 @@ def grpo_target(trainer: Any, loss_fn: Any = None) -> LiveTarget:
     chosen = loss_fn if loss_fn is not None else source.loss_fn()
     trainer_source = TrainerSource(trainer=trainer, model=source.model, collator=trainer.data_collator,
                                    loss_fn=chosen, effective_batch=source.generations, plan=source.plan)
-    from memlab.trainer.grpo_estimate import grpo_plans_estimator
-
     return LiveTarget(source.model, source.prompts_batch(), chosen, trainer_source, source.note, source.plan,
-                      source.generations, runner=GRPORunner, estimate=grpo_plans_estimator(trainer, loss_fn))
+                      source.generations, runner=GRPORunner)

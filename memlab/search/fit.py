@@ -112,6 +112,10 @@ def fit(
         # plan neither memlab.apply(trainer, ...) nor to_training_arguments() could carry, so none is searched.
         # A trainer kind with its own step (GRPO's generates first) brings its runner and its dry run.
         kind = target if target.runner is not None else None
+        if kind is not None:
+            from memlab.trainer.grpo_suggest import with_grpo_dry_runs  # the one kind with its own step today
+
+            kind = with_grpo_dry_runs(kind, model, options.get("loss_fn"))
         report = _fit_module(target.model, target.batch, batch_size or target.batch_size, space, dry_run, estimates,
                              max_trials, False, options, kind=kind)
         return dataclasses.replace(report, trials=noted(report.trials, target.note))
@@ -254,7 +258,12 @@ def _fit_module_here(
             for before, after in settled:
                 measured[measured.index(before)] = after
     report = Report(trials, budget=budget, skipped=result.skipped)
-    if report.best is None and kind is None:  # a trainer kind's own suggestions: not yet
+    if report.best is None and kind is not None and measured:  # a trainer kind's own: its config changes
+        bar.unbounded("estimating what changes the training")
+        lightest = min(measured, key=lambda trial: trial.peak_bytes).plan
+        report.suggestions, report.shorter_sequences = kind.suggest(lightest, budget=budget, device=device,
+                                                                    lr=run_options.lr)
+    elif report.best is None and kind is None:
         bar.unbounded("estimating plans outside the searched space")
         try:
             memory, _ = search.models()

@@ -48,6 +48,8 @@ def test_grpo_is_refused_where_it_is_not_run_yet_with_what_works_and_what_to_wri
         said = str(refused.value)
         assert "GRPOTrainer" in said and ("memlab.measure(trainer)" in said or "memlab.estimate(trainer)" in said), name
         assert "SFTTrainer, which" not in said and "returned no tensors" not in said, name  # not the SFT advice
+        if name == "limits":
+            assert "names the longest max_completion_length estimated to fit" in said
         if name not in ("a batch given", "limits"):
             assert "memlab.watch(trainer" in said and "2 completions per prompt up to 4 tokens" in said, name
     after = _state(trainer)

@@ -116,11 +116,42 @@ def test_the_search_estimates_a_plans_cheap_twin_as_the_whole_step(tmp_path: Any
     """fit's search estimates a plan through its cheap twin (at most 2 micro-batches: mb1x2 for mb1x4); a GRPO step
     generates and trains on all of its generations whatever the plan, so the twin is the whole step's estimate."""
     from memlab.runner.grpo import grpo_target
+    from memlab.trainer.grpo_suggest import with_grpo_dry_runs
 
     trainer = grpo(tmp_path, per_device_train_batch_size=4)
-    estimate = grpo_target(trainer).estimate
+    estimate = with_grpo_dry_runs(grpo_target(trainer), trainer).estimate  # what fit searches with
     twin, whole = estimate([memlab.Plan(micro_batch=1, accumulation=2), memlab.Plan(micro_batch=1, accumulation=4)],
                            budget=None, device="cpu", lr=1e-5)
     assert twin.status == whole.status == "ok", (twin.error, whole.error)
     assert twin.plan.label() == "mb1x2" and whole.plan.label() == "mb1x4"
     assert twin.peak_bytes == whole.peak_bytes and twin.breakdown == whole.breakdown
+
+
+def test_where_nothing_fits_fit_suggests_what_changes_the_training_each_estimated(tmp_path: Any) -> None:
+    """A budget under every plan of the space: fit says beta=0 (no reference model), the longest
+    max_completion_length and fewer num_generations that are estimated to fit, each saying what it changes; the
+    trainer's settings are as they were afterwards."""
+    trainer = grpo(tmp_path, "reference", per_device_train_batch_size=4, num_generations=4)
+    held = _held(trainer)
+    space = {"micro_batch": [4], "checkpointing": [False], "precision": ["fp32"], "optimizer": ["adamw"]}
+    plain = memlab.estimate(trainer, memlab.Plan(micro_batch=4))
+    without_reference = sum(p.numel() * p.element_size() for p in trainer.ref_model.parameters())
+    budget = plain.peak_bytes - without_reference // 2  # beta=0 frees the reference model's weights: it fits
+    report = memlab.fit(trainer, budget=budget, space=space, max_trials=2, **FAST)
+    assert report.best is None and report.suggestions, [(t.plan.label(), t.status) for t in report.trials]
+    said = {trial.notes[0].split(")")[0]: trial for trial in report.suggestions}
+    assert "GRPOConfig(beta=0.0" in said and "no reference model" in said["GRPOConfig(beta=0.0"].notes[0]
+    shorter = [key for key in said if key.startswith("GRPOConfig(max_completion_length=")]
+    assert shorter and "completions cut at" in said[shorter[0]].notes[0]
+    longest = int(shorter[0].split("=")[1])
+    assert 1 <= longest < COMPLETION and f"{longest} tokens (of {COMPLETION})" in report.shorter_sequences
+    assert all(trial.estimated and trial.fits for trial in report.suggestions)
+    # The next token more is estimated not to fit: the bisection found the longest.
+    with_one_more = memlab.trainer.grpo_suggest._estimate(
+        trainer, report.suggestions[0].plan, "max_completion_length", longest + 1,
+        {"budget": budget, "device": "cpu", "lr": 1e-5}) if longest + 1 < COMPLETION else None
+    assert with_one_more is None or not with_one_more.fits
+    assert (trainer.beta, trainer.max_completion_length, trainer.num_generations) == (0.1, COMPLETION, 4)
+    assert (trainer.args.per_device_train_batch_size, trainer.args.generation_batch_size) == (4, 4)
+    held["rng"] = _rng()
+    _same(trainer, held)
