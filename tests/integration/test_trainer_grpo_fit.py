@@ -126,6 +126,13 @@ def test_the_search_estimates_a_plans_cheap_twin_as_the_whole_step(tmp_path: Any
     assert twin.plan.label() == "mb1x2" and whole.plan.label() == "mb1x4"
     assert twin.peak_bytes == whole.peak_bytes and twin.breakdown == whole.breakdown
 
+    # fit(dry_run=True): the same GRPO estimates, in order of expected speed, until one fits.
+    own = memlab.estimate(trainer, memlab.Plan.from_trainer(trainer), device="cpu")
+    report = memlab.fit(trainer, budget=int(own.peak_bytes * 0.8), dry_run=True, progress=False)
+    assert report.trials and all(trial.estimated for trial in report.trials)
+    assert report.best is not None and report.best.rows_per_step == 4
+    assert any("GRPO step: generation peak" in note for note in report.best.notes)
+
 
 def test_where_nothing_fits_fit_suggests_what_changes_the_training_each_estimated(tmp_path: Any) -> None:
     """A budget under every plan of the space: fit says beta=0 (no reference model), the longest
