@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("trl")
-from test_trainer_grpo_step import COMPLETION, FAST, LengthReward, _held, _rng, _same, grpo  # noqa: E402
+from test_trainer_grpo_step import COMPLETION, FAST, LengthReward, _bytes, _held, _rng, _same, grpo  # noqa: E402
 
 import memlab  # noqa: E402
 from memlab import MemlabError  # noqa: E402
@@ -31,8 +31,9 @@ class SplitReward(LengthReward):
         return super().__call__(completions, completion_ids, **columns)
 
 
-def test_fit_best_plan_trains_for_real_within_the_budget(tmp_path: Any) -> None:
-    trainer = grpo(tmp_path, per_device_train_batch_size=4, gradient_checkpointing=False)
+@pytest.mark.parametrize("setup", ["no reference", "reference", "peft"])
+def test_fit_best_plan_trains_for_real_within_the_budget(tmp_path: Any, setup: str) -> None:
+    trainer = grpo(tmp_path, setup, per_device_train_batch_size=4, gradient_checkpointing=False)
     held = _held(trainer)
     own = memlab.measure(trainer, **FAST)
     assert own.status == "ok" and own.rows_per_step == 4, own.error
@@ -63,6 +64,8 @@ def test_fit_best_plan_trains_for_real_within_the_budget(tmp_path: Any) -> None:
     assert watched.peak_bytes is not None and 0 < watched.peak_bytes <= budget, (watched.peak_bytes, budget)
     assert trainer.args is held["args"] and trainer.train_dataset is held["train_dataset"]
     assert trainer.model is held["model"] and trainer.reward_funcs is held["reward_funcs"]
+    assert trainer.ref_model is held["ref_model"] and _bytes(trainer.model) == held["weights"]  # bit-exact
+    assert (setup == "peft") == (best.plan.adapter == "lora")  # a peft policy keeps its own adapters
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (4, 1)
 
 
