@@ -224,13 +224,15 @@ class Plan:
         """A copy with some fields changed (validated like a new Plan)."""
         return replace(self, **changes)
 
-    def to_training_arguments(self, *, trl: bool = False) -> dict[str, Any]:
+    def to_training_arguments(self, *, trl: Any = False) -> dict[str, Any]:
         """Keyword arguments for ``transformers.TrainingArguments`` that do what this plan does; ``trl=True`` for a
-        TRL config (activation offload as its ``activation_offloading=True``)."""
-        if trl:
+        TRL config (activation offload as its ``activation_offloading=True``); ``trl=trl.GRPOConfig`` (or
+        ``"DPOConfig"``...) for that config class: only keywords it takes
+        (:func:`memlab.trainer.arguments.trl_training_arguments`)."""
+        if trl is not False:
             from memlab.trainer.arguments import trl_training_arguments
 
-            return trl_training_arguments(self)
+            return trl_training_arguments(self, config=None if trl is True else trl)
         from memlab.export import training_arguments
 
         return training_arguments(self)

@@ -27,7 +27,7 @@ from memlab.runner.step import NO_PHASES, TrainingStep
 from memlab.runner.training import TrainingAttempt, TrainingRecord, TrainingWorkload, finite_loss
 from memlab.runner.workload import RunContext, StepKind
 from memlab.trainer.entry import LiveTarget
-from memlab.trainer.grpo import GRPOPrompts, GRPOSource, check_generations
+from memlab.trainer.grpo import GRPOPrompts, GRPOSource, check_generations, split_on
 from memlab.trainer.source import TrainerSource
 
 __all__ = ["GRPOAttempt", "GRPORunner", "GRPOWorkload", "grpo_target"]
@@ -77,6 +77,7 @@ class GRPOWorkload(TrainingWorkload):
     def put_on(self, plan: Plan, record: TrainingRecord) -> GRPOAttempt:
         context = self.context
         session = contextlib.ExitStack()
+        session.enter_context(split_on(self.source.trainer, plan))  # TRL chunks its log-probs by the split
         session.enter_context(self.source.generating())
         try:
             step = TrainingStep(

@@ -103,15 +103,21 @@ def fit(
     """
     if is_trainer(model) or batch is None:
         # A trainer: its model, its compute_loss, its effective batch and (without a batch) its dataset's worst one.
-        target = live_target(model, batch, options.get("loss_fn"), rows=batch_size)
+        target = live_target(model, batch, options.get("loss_fn"), rows=batch_size, generation=True)
         options["loss_fn"] = target.loss_fn
         if target.plan is not None:  # a peft model keeps its own adapters: every plan searched says so
             space = {**carried_space(target.model, target.plan), **(space or {})}
         refuse_selective_for_trainer(space)
         # The Trainer's checkpointing switch covers every block or none: some blocks (checkpointing=k) would be a
         # plan neither memlab.apply(trainer, ...) nor to_training_arguments() could carry, so none is searched.
+        # A trainer kind with its own step (GRPO's generates first) brings its runner and its dry run.
+        kind = target if target.runner is not None else None
+        if kind is not None:
+            from memlab.trainer.grpo_suggest import with_grpo_dry_runs  # the one kind with its own step today
+
+            kind = with_grpo_dry_runs(kind, model, options.get("loss_fn"))
         report = _fit_module(target.model, target.batch, batch_size or target.batch_size, space, dry_run, estimates,
-                             max_trials, False, options)
+                             max_trials, False, options, kind=kind)
         return dataclasses.replace(report, trials=noted(report.trials, target.note))
     return _fit_module(model, batch, batch_size, space, dry_run, estimates, max_trials, True, options)
 
@@ -138,11 +144,11 @@ def refuse_selective_for_trainer(space: Mapping[str, Sequence[Any]] | None) -> N
         )
 
 
-def _fit_module(model: nn.Module, *args: Any) -> Report:
+def _fit_module(model: nn.Module, *args: Any, kind: Any = None) -> Report:
     """:func:`_fit_module_here` with the allocator this process runs (``PYTORCH_CUDA_ALLOC_CONF``) assumed by every
     dry run it makes: on CUDA, their card figures are those of this process's allocator."""
     with assumed_allocator(expandable_segments_configured()):
-        return _fit_module_here(model, *args)
+        return _fit_module_here(model, *args, kind=kind)
 
 
 def _fit_module_here(
@@ -155,9 +161,13 @@ def _fit_module_here(
     max_trials: int | None,
     selective: bool,
     options: RunKeywords,
+    *,
+    kind: Any = None,
 ) -> Report:
     """:func:`fit` on a module; ``selective``: whether the fewest checkpointed blocks that fit are searched for
-    (:func:`memlab.search.blocks.fewest_blocks`) when the best plan checkpoints every block."""
+    (:func:`memlab.search.blocks.fewest_blocks`) when the best plan checkpoints every block; ``kind``: a trainer
+    kind's :class:`~memlab.trainer.entry.LiveTarget` whose step has its own runner and dry run (a GRPOTrainer's),
+    else None."""
     run_options = RunOptions.from_keywords(options)
     if not isinstance(model, nn.Module):
         raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
@@ -203,13 +213,13 @@ def _fit_module_here(
     prior = speed_prior(device.type)
     run_options = run_options.replace(budget=budget)
     if dry_run:
-        return _dry_run(model, batch, candidates, batch_size, prior, run_options, selective)
+        return _dry_run(model, batch, candidates, batch_size, prior, run_options, selective, kind)
     measured: list[Trial] = []
     # The bar stays open after the search, while suggestions are estimated: no silent phase after the last plan.
     progress = run_progress(len(candidates), run_options.progress, at_most=True, then=retiming_runs(len(candidates)),
                             keep_open=True)
     with keep_on_interrupt(measured, budget), progress as bar:
-        runner = TrialRunner(model, batch, run_options, listener=bar)
+        runner = (TrialRunner if kind is None else kind.runner)(model, batch, run_options, listener=bar)
         with runner.session():
 
             def measure(plan: Plan, index: int, total: int) -> Trial:
@@ -224,6 +234,8 @@ def _fit_module_here(
             def estimate(plans: Sequence[Plan]) -> list[Trial]:
                 from memlab.estimation.estimate import estimate_plans  # here: estimate builds on the search's runner
 
+                if kind is not None:
+                    return list(kind.estimate(plans, budget=budget, device=device, lr=run_options.lr))
                 # Dry runs on fake tensors: the live model is copied onto them, never touched.
                 return list(estimate_plans(model, batch, plans, loss_fn=run_options.loss_fn, budget=budget,
                                            lr=run_options.lr, device=device).trials)
@@ -246,7 +258,12 @@ def _fit_module_here(
             for before, after in settled:
                 measured[measured.index(before)] = after
     report = Report(trials, budget=budget, skipped=result.skipped)
-    if report.best is None:
+    if report.best is None and kind is not None and measured:  # a trainer kind's own: its config changes
+        bar.unbounded("estimating what changes the training")
+        lightest = min(measured, key=lambda trial: trial.peak_bytes).plan
+        report.suggestions, report.shorter_sequences = kind.suggest(lightest, budget=budget, device=device,
+                                                                    lr=run_options.lr)
+    elif report.best is None and kind is None:
         bar.unbounded("estimating plans outside the searched space")
         try:
             memory, _ = search.models()
@@ -306,6 +323,7 @@ def _dry_run(
     prior: SpeedPrior,
     options: RunOptions,
     selective: bool,
+    kind: Any = None,
 ) -> Report:
     """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
     estimated to fit: that one is the answer, and the plans after it are skipped as expected slower."""
@@ -320,7 +338,8 @@ def _dry_run(
     with keep_on_interrupt(trials, budget):
         for position, plan in enumerate(order):
             trial = estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device,
-                             host_budget=options.host_budget)
+                             host_budget=options.host_budget) \
+                if kind is None else kind.estimate([plan], budget=budget, device=device, lr=options.lr)[0]
             trial = live_card_context(trial, model)
             trials.append(trial)
             if fits(trials[-1], budget):

@@ -6,7 +6,8 @@
 - :mod:`memlab.trainer.watch`: :func:`watch`, the memory of every step of ``trainer.train()``;
 - :mod:`memlab.trainer.apply`: :func:`apply_to_trainer`, a plan on the trainer until ``undo()``;
 - :mod:`memlab.trainer.grpo` and :mod:`memlab.trainer.grpo_estimate`: TRL's GRPOTrainer measured as it runs
-  (generation first) and estimated on fake tensors.
+  (generation first), estimated on fake tensors, fitted and applied (a plan's split of its generations);
+  :mod:`memlab.trainer.grpo_suggest`: the config changes suggested where no plan fits.
 
 transformers' Trainer, TRL and datasets are imported only inside the functions that need them.
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
 from memlab.trainer.arguments import check_single_process, trl_training_arguments
+from memlab.trainer.grpo import check_generations, is_grpo
 from memlab.trainer.source import (
     check_trainer_kind,
     is_trainer,
@@ -157,6 +159,10 @@ def _new_arguments(args: Any, plan: Plan) -> Any:
     # TRL's configs offload activations with their own flag
     changes = trl_training_arguments(flat, legacy_names=legacy) if "activation_offloading" in fields else \
         training_arguments(flat, legacy_names=legacy)
+    if "steps_per_generation" in fields:  # a GRPOConfig: the generation batch kept, steps_per_generation follows
+        from memlab.trainer.grpo import grpo_split
+
+        changes.update(grpo_split(args, plan), generation_batch_size=None)  # its __post_init__ takes one of two
     try:
         return dataclasses.replace(args, **changes)
     except Exception as error:
@@ -206,6 +212,10 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
       transformers' own hyperparameter search does);
     - a LoRA plan puts peft adapters on the trainer's model in place (every linear layer but the output head, rank
       ``plan.lora_rank``; :func:`memlab.techniques.adapters.attach_adapter`);
+    - on TRL's GRPOTrainer, the plan's split of one optimizer step's generations (``per_device_train_batch_size``
+      generations per device x accumulation) with the generation batch kept: ``steps_per_generation`` becomes
+      ``generation_batch_size / micro_batch`` (:func:`memlab.trainer.grpo.grpo_split`); a split whose micro-batch
+      does not divide the generation batch is refused;
     - ``trainer.optimizer`` and ``trainer.lr_scheduler`` are dropped, so that ``train()`` builds them for the
       plan (over the adapters only, with a LoRA plan).
 
@@ -222,10 +232,17 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
     """
     if not is_trainer(trainer):
         raise MemlabError(f"apply_to_trainer takes a transformers Trainer, not a {type(trainer).__name__}")
-    check_trainer_kind(trainer)
+    grpo = is_grpo(trainer)
+    if not grpo:
+        check_trainer_kind(trainer)
     check_plan_for_trainer(plan)
     check_single_process(trainer.args)
     plan = keeps_trainer_batch(plan, trainer.args)  # Plan(): the trainer's effective batch in one micro-batch
+    if grpo:  # its generations per optimizer step kept, its generation batch whole micro-batches
+        args = trainer.args
+        check_generations(plan, SimpleNamespace(generations=args.per_device_train_batch_size
+                                                * args.gradient_accumulation_steps,
+                                                generation_batch=args.generation_batch_size))
     model = trainer_model(trainer)
     if APPLIED_MARK in vars(trainer):
         raise MemlabError(

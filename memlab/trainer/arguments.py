@@ -8,6 +8,7 @@ nothing to import.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from memlab.errors import MemlabError
@@ -98,7 +99,7 @@ def offloads_activations(args: Any) -> bool:
 _OFFLOAD_WITHOUT_ACTIVATIONS = {"activations": "none", "all": "optimizer"}
 
 
-def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[str, Any]:
+def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None, config: Any = None) -> dict[str, Any]:
     """Keyword arguments for a TRL trainer's config (``SFTConfig``, ``DPOConfig``, ``KTOConfig``, ``RewardConfig``)
     that do what ``plan`` does (:meth:`memlab.Plan.to_training_arguments` with ``trl=True``): the Trainer's
     (:func:`memlab.export.engines.training_arguments`), with activation offload as TRL's own
@@ -106,6 +107,14 @@ def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> d
     memory around each training step (``trl.models.activation_offloading``), so the checkpointing keywords carry no
     ``offload`` of their own; a plan without activation offload writes ``activation_offloading=False``, so that a
     config that had it on is switched off. :func:`plan_from_training_arguments` reads it back.
+
+    ``config``: the config class the keywords are for (``trl.GRPOConfig``, or its name ``"GRPOConfig"``;
+    ``plan.to_training_arguments(trl=trl.GRPOConfig)``): every keyword is one it accepts, or the plan is refused
+    saying which lever it has no keyword for. A config without ``activation_offloading`` (TRL 1.16's
+    ``GRPOConfig``) gets transformers' own keywords (activations offloaded only with checkpointing); a GRPOConfig
+    refuses the chunked loss (its trainer refuses Liger's fused linear cross-entropy). A GRPOConfig built from them
+    generates one optimizer step's generations at once (its default ``steps_per_generation`` is the accumulation),
+    and ``micro_batch x accumulation`` must be a multiple of its ``num_generations``.
 
     Example:
         >>> kwargs = trl_training_arguments(Plan(micro_batch=2, offload="activations"), legacy_names=False)
@@ -117,8 +126,53 @@ def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> d
     """
     from memlab.export.engines import training_arguments
 
-    rest = plan.replace(offload=_OFFLOAD_WITHOUT_ACTIVATIONS.get(plan.offload, plan.offload))
-    return {**training_arguments(rest, legacy_names=legacy_names), "activation_offloading": plan.offloads_activations}
+    if config is None:
+        rest = plan.replace(offload=_OFFLOAD_WITHOUT_ACTIVATIONS.get(plan.offload, plan.offload))
+        return {**training_arguments(rest, legacy_names=legacy_names),
+                "activation_offloading": plan.offloads_activations}
+    cls = _config_class(config)
+    fields = {field.name for field in dataclasses.fields(cls)}
+    if legacy_names is None and "activation_checkpointing" not in fields:
+        legacy_names = True
+    name = cls.__name__
+    if name == "GRPOConfig" and plan.loss != "full":
+        raise MemlabError(
+            "a GRPOTrainer refuses Liger's fused linear cross-entropy (liger_kernel_config={'fused_linear_cross_"
+            "entropy': True}), which loss='chunked' exports to; export plan.replace(loss='full') for a GRPOConfig"
+        )
+    if "activation_offloading" in fields:
+        kwargs = trl_training_arguments(plan, legacy_names=legacy_names)
+    else:
+        try:
+            kwargs = training_arguments(plan, legacy_names=legacy_names)
+        except MemlabError as error:
+            raise MemlabError(f"{name} has no activation_offloading (TRL's own); {error}") from None
+    unknown = sorted(key for key in kwargs if key not in fields)
+    if unknown:
+        raise MemlabError(
+            f"{name} takes no {', '.join(unknown)}, which plan {plan.label()!r} needs; build it with a plan without "
+            "that lever, or pass the config class the trainer uses: plan.to_training_arguments(trl=trl.SFTConfig)"
+        )
+    return kwargs
+
+
+def _config_class(config: Any) -> type:
+    """The config class ``config`` names (a dataclass, or a class name importable from ``trl``)."""
+    if isinstance(config, str):
+        try:
+            import trl
+        except ImportError:
+            raise MemlabError(f"config {config!r} names a TRL config, and TRL is not installed; pip install trl, or "
+                              "pass the class itself") from None
+        found = getattr(trl, config, None)
+        if found is None:
+            raise MemlabError(f"trl has no {config!r}; write a TRL config's name, e.g. 'GRPOConfig' or 'DPOConfig', "
+                              "or pass the class itself")
+        config = found
+    if not (isinstance(config, type) and dataclasses.is_dataclass(config)):
+        raise MemlabError(f"{config!r} is not a config class; write trl=True, or a TRL config class such as "
+                          "trl.GRPOConfig (or its name, 'GRPOConfig')")
+    return config
 
 
 def _loss(args: Any) -> str:

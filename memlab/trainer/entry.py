@@ -41,6 +41,12 @@ class LiveTarget:
     batch_size: int | None = None
     runner: Any = None
     """The runner a trainer kind's step needs (a GRPO trainer's generates first); None: the plans' own."""
+    estimate: Any = None
+    """``estimate(plans, budget=..., device=..., lr=...) -> trials``: the dry run a trainer kind's step needs (a GRPO
+    trainer's generates first), for ``fit``'s pruning; None: the model's own dry run on the batch."""
+    suggest: Any = None
+    """``suggest(plan, budget=..., device=..., lr=...) -> (trials, sentence)``: where nothing in ``fit``'s space fits,
+    a trainer kind's own suggestions (a GRPOTrainer's config changes: :mod:`memlab.trainer.grpo_suggest`)."""
 
     def plan_for(self, plan: Any) -> Any:
         """The plan a run on this target measures: ``None`` on a trainer is the trainer as set up; a ``Plan``

@@ -40,7 +40,7 @@ from memlab.trainer.source import trainer_bookkeeping_kept, trl_kind
 from memlab.trainer.worst_batch import SAMPLE_DEFAULT
 
 __all__ = ["GRPO_PHASES", "GRPOPrompts", "GRPOSource", "RewardFailed", "check_generations", "computes_old_logps",
-           "is_grpo"]
+           "grpo_split", "is_grpo", "split_on"]
 
 GRPO_PHASES = ("generation", "reference", "old-policy")
 """The phases a GRPO step has before its training phases, in the order they run."""
@@ -292,6 +292,73 @@ def check_generations(plan: Plan, source: Any) -> None:
             f"accumulation={plan.accumulation} is {plan.micro_batch * plan.accumulation}; write "
             f"memlab.Plan(accumulation=k) with k dividing {source.generations}, or change the trainer's GRPOConfig"
         )
+    generation_batch = getattr(source, "generation_batch", None)
+    if plan.micro_batch is not None and generation_batch and generation_batch % plan.micro_batch:
+        raise MemlabError(
+            f"this GRPOTrainer generates {generation_batch} completions at once (its generation_batch_size), which "
+            f"micro_batch={plan.micro_batch} generations per device does not divide: TRL then trains on them "
+            f"steps_per_generation={generation_batch}/{plan.micro_batch} micro-batches at a time; write a micro_batch "
+            f"that divides both {generation_batch} and {source.generations} (memlab.Plan(accumulation=k), k = "
+            f"{source.generations} / micro_batch)"
+        )
+
+
+def grpo_split(args: Any, plan: Plan) -> dict[str, Any]:
+    """The GRPOConfig fields that carry ``plan``'s split of the trainer's generations on a live GRPOTrainer: the
+    generations per device (``per_device_train_batch_size``) and the accumulation, with the generation batch
+    (``generation_batch_size``: completions generated at once, a multiple of ``num_generations`` as TRL 1.16
+    requires) kept, so that ``steps_per_generation`` becomes ``generation_batch_size / micro_batch``; the
+    effective batch, the prompts and the generation itself stay what they were. A plan that leaves the micro-batch
+    open splits the trainer's generations per optimizer step into its ``accumulation`` (``Plan()``: all in one).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(per_device_train_batch_size=4, gradient_accumulation_steps=1,
+        ...                        generation_batch_size=4, steps_per_generation=1)
+        >>> grpo_split(args, Plan(micro_batch=1, accumulation=4))
+        {'per_device_train_batch_size': 1, 'gradient_accumulation_steps': 4, 'steps_per_generation': 4, \
+'generation_batch_size': 4}
+    """
+    generations = int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
+    micro_batch = plan.micro_batch or max(generations // plan.accumulation, 1)
+    generation_batch = int(args.generation_batch_size)
+    return {"per_device_train_batch_size": micro_batch, "gradient_accumulation_steps": plan.accumulation,
+            "steps_per_generation": generation_batch // micro_batch, "generation_batch_size": generation_batch}
+
+
+@contextlib.contextmanager
+def split_on(trainer: Any, plan: Plan) -> Iterator[None]:
+    """The trainer's arguments set to ``plan``'s split (:func:`grpo_split`) for a trial, and put back after: TRL
+    computes the reference and old-policy log-probs in chunks of ``per_device_train_batch_size``, so a trial of
+    another split computes them as that split would.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(per_device_train_batch_size=4, gradient_accumulation_steps=1,
+        ...                        generation_batch_size=4, steps_per_generation=1)
+        >>> trainer = SimpleNamespace(args=args)
+        >>> with split_on(trainer, Plan(micro_batch=2, accumulation=2)):
+        ...     args.per_device_train_batch_size
+        2
+        >>> args.per_device_train_batch_size, args.steps_per_generation
+        (4, 1)
+    """
+    args = trainer.args
+    changes = grpo_split(args, plan)
+    saved = {name: getattr(args, name) for name in changes}
+    missing = object()
+    saved_size = vars(trainer).get("_train_batch_size", missing)
+    try:
+        for name, value in changes.items():
+            setattr(args, name, value)
+        if saved_size is not missing and changes:
+            trainer._train_batch_size = changes["per_device_train_batch_size"]
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(args, name, value)
+        if saved_size is not missing:
+            trainer._train_batch_size = saved_size
 
 
 def computes_old_logps(trainer: Any) -> bool:

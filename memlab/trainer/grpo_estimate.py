@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ from memlab.report.timeline import Timeline, TimelinePeak
 from memlab.trainer.grpo import GRPOSource, check_generations, computes_old_logps
 from memlab.trainer.source import keeps_trainer_batch
 
-__all__ = ["estimate_grpo", "sampling_bytes"]
+__all__ = ["estimate_grpo", "grpo_plans_estimator", "sampling_bytes"]
 
 _WEIGHTS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -52,6 +53,35 @@ def sampling_bytes(rows: int, vocab: int) -> int:
         80
     """
     return 2 * rows * vocab * 4
+
+
+def grpo_plans_estimator(trainer: Any, loss_fn: Any = None) -> Callable[..., list[Trial]]:
+    """``estimate(plans, *, budget, device, lr) -> trials``: each plan's GRPO step on fake tensors
+    (:func:`estimate_grpo` through ``memlab.estimate``), what ``fit`` prunes a GRPOTrainer's plans with. The search
+    asks for a plan's cheap twin (at most 2 micro-batches: :func:`memlab.search.strategy.cheap_twin`); a GRPO step
+    generates and trains on all of the trainer's generations whatever the plan, so the twin is answered with the
+    whole step's estimate (the same micro-batch, gradients held between micro-batches alike), under the twin's plan.
+
+    Example:
+        >>> callable(grpo_plans_estimator(object()))
+        True
+    """
+
+    def estimate_plans(plans: Sequence[Plan], *, budget: int | None, device: Any, lr: float) -> list[Trial]:
+        from memlab.estimation.estimate import estimate
+
+        generations = trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps
+        trials = []
+        for plan in plans:
+            whole = plan
+            if plan.micro_batch and plan.micro_batch * plan.accumulation != generations \
+                    and generations % plan.micro_batch == 0:
+                whole = plan.replace(accumulation=generations // plan.micro_batch)
+            trial = estimate(trainer, whole, loss_fn=loss_fn, budget=budget, device=device, lr=lr)
+            trials.append(trial if whole is plan else dataclasses.replace(trial, plan=plan))
+        return trials
+
+    return estimate_plans
 
 
 def estimate_grpo(request: Any) -> Trial:
@@ -74,7 +104,8 @@ def estimate_grpo(request: Any) -> Trial:
             "a GRPOTrainer's batch is what it generates from its train dataset's prompts, so memlab takes none with "
             "it (and memlab.limits, which varies one, does not take a GRPOTrainer yet): write memlab.estimate(trainer) "
             "or memlab.estimate(trainer, memlab.Plan(...)); for a longer max_completion_length or more generations, "
-            "estimate a trainer whose GRPOConfig has them"
+            "estimate a trainer whose GRPOConfig has them; memlab.fit(trainer, budget=...) names the longest "
+            "max_completion_length estimated to fit where no plan fits"
         )
     if request.gpus != 1 or request.strategy != "none":
         raise MemlabError("memlab estimates a GRPOTrainer's step on one device; drop gpus= and strategy=")

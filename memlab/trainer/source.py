@@ -51,8 +51,9 @@ def trl_kind(trainer: Any) -> str | None:
 
 
 def check_trainer_kind(trainer: Any) -> None:
-    """Refuse a TRL trainer whose step memlab cannot run here (PPO, online DPO...; GRPO outside ``measure`` and
-    ``compare``, which run its generation: :mod:`memlab.trainer.grpo`), with what works today and what to write;
+    """Refuse a TRL trainer whose step memlab cannot run here (PPO, online DPO...; GRPO outside ``measure``,
+    ``compare``, ``estimate``, ``fit`` and ``apply``, which run its generation: :mod:`memlab.trainer.grpo`), with
+    what works today and what to write;
     nothing on the trainer changes.
 
     Example:
@@ -71,9 +72,10 @@ def check_trainer_kind(trainer: Any) -> None:
         raise MemlabError(
             f"memlab measures a {kind}'s step as it runs (generation of {generations} completions per prompt up to "
             f"{completion} tokens, the reference log-probs, then forward, backward and the optimizer) and estimates "
-            "it: write memlab.measure(trainer) or memlab.estimate(trainer) for the trainer as set up, or "
-            "memlab.compare(trainer, plans=[memlab.Plan(...)]) to measure plans; it does not yet fit, limit or "
-            f"apply plans on a {kind}: measure the plans you would try instead; {watch}"
+            "it: write memlab.measure(trainer) or memlab.estimate(trainer) for the trainer as set up, "
+            "memlab.compare(trainer, plans=[memlab.Plan(...)]) to measure plans, memlab.fit(trainer, budget=...) "
+            "to search them and memlab.apply(trainer, plan) to train with one; this call does not take a "
+            f"{kind} yet; {watch}"
         )
     if hasattr(args, "num_generations"):
         completion = getattr(args, "max_completion_length", None) or "max_completion_length"

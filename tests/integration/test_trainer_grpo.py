@@ -36,12 +36,10 @@ def _state(trainer: Any) -> dict[str, Any]:
             "weights": {k: v.clone() for k, v in trainer.model.state_dict().items()}}
 
 
-def test_grpo_is_refused_outside_measure_with_what_works_and_what_to_write(tmp_path: Any) -> None:
+def test_grpo_is_refused_where_it_is_not_run_yet_with_what_works_and_what_to_write(tmp_path: Any) -> None:
     trainer = grpo(tmp_path)
     before = _state(trainer)
-    calls = {"fit": lambda: memlab.fit(trainer, budget="64MiB", steps=1, noise=0, progress=False),
-             "apply": lambda: memlab.apply(trainer, memlab.Plan()),
-             "worst_batch": lambda: memlab.trainer.worst_batch(trainer),
+    calls = {"worst_batch": lambda: memlab.trainer.worst_batch(trainer),
              "a batch given": lambda: memlab.measure(trainer, {"input_ids": torch.ones(2, 4, dtype=torch.long)}),
              "limits": lambda: memlab.limits(trainer, memlab.Plan(), budget="64MiB", batch={"input_ids": (2, 16)})}
     for name, call in calls.items():
@@ -50,6 +48,8 @@ def test_grpo_is_refused_outside_measure_with_what_works_and_what_to_write(tmp_p
         said = str(refused.value)
         assert "GRPOTrainer" in said and ("memlab.measure(trainer)" in said or "memlab.estimate(trainer)" in said), name
         assert "SFTTrainer, which" not in said and "returned no tensors" not in said, name  # not the SFT advice
+        if name == "limits":
+            assert "names the longest max_completion_length estimated to fit" in said
         if name not in ("a batch given", "limits"):
             assert "memlab.watch(trainer" in said and "2 completions per prompt up to 4 tokens" in said, name
     after = _state(trainer)
@@ -57,10 +57,12 @@ def test_grpo_is_refused_outside_measure_with_what_works_and_what_to_write(tmp_p
     assert after["callbacks"] == before["callbacks"]
     assert all(torch.equal(after["weights"][k], v) for k, v in before["weights"].items())
 
-    # What the refusal says works, works: measure, estimate, and watch on train().
+    # What the refusal says works, works: measure, estimate, fit, apply, and watch on train().
     trial = memlab.measure(trainer, steps=1, warmup=0, noise=0)
     assert trial.status == "ok", trial.error
     assert memlab.estimate(trainer).status == "ok"
+    assert memlab.fit(trainer, budget="64MiB", steps=1, noise=0, progress=False, max_trials=2).best is not None
+    memlab.apply(trainer, memlab.Plan()).undo()
     watched = memlab.watch(trainer)
     trainer.train()
     assert watched.peak_bytes > 0 and watched.peak_step is not None
