@@ -9,8 +9,12 @@ GRPO row is estimated as the two steps TRL runs, through memlab's existing route
   generations (``per_device_train_batch_size`` rows of prompt + ``max_completion_length`` tokens, every completion
   full length, the advantages, and the reference / old-policy log-probs where the config computes them), with the
   loss TRL computes: the ``compute_loss`` of a tiny GRPOTrainer built with the row's ``GRPOConfig`` (its beta, loss
-  type, temperature), called on the real-size fake model with TRL's fused LM head added to it as ``GRPOTrainer``
-  adds it to the policy (``trl.trainer.utils.add_fused_lm_head``);
+  type, temperature), called on the real-size fake model, its log-probs computed as the source's TRL computed them:
+  trl 1.12 (the probe's) through the logits over the vocabulary (:func:`logits_log_probs`), the installed TRL
+  through the fused LM head it adds to the policy (``trl.trainer.utils.add_fused_lm_head``). Under ``bf16=True``
+  the Trainer's accelerate wraps the model's forward in autocast *and* converts its outputs to float32
+  (``Accelerator.prepare_model``, ``convert_outputs_to_fp32``): memlab's ``Plan(precision="bf16")`` autocasts
+  only, so the stand-in converts the outputs as accelerate does; ``bf16_outputs_ratio`` is the row without it;
 - **generation**: ``memlab.estimate(config, prompts, InferencePlan(...))``: the generation batch
   (``per_device_train_batch_size x steps_per_generation`` completions) decoded with transformers' ``DynamicCache``;
   to keep the run short, its last decode step is estimated as a prefill of ``prompt + completion - 2`` tokens and
@@ -72,7 +76,8 @@ PROBE = ("jsboige/CoursIA MyIA.AI.Notebooks/GenAI/PostTraining/_measurements/vra
          "beta 0, transformers generate)")
 PROBE_DIFFERS = ("the probe's peak spans the trainer's construction and 3 steps, memlab's one steady step (its "
                  "compute_loss from the installed TRL, the log-probs through the logits over the vocabulary as "
-                 "trl 1.12 computed them); the prompt length is assumed (11 tokens)")
+                 "trl 1.12 computed them, the outputs in float32 as accelerate returns them); the prompt length "
+                 "is assumed (11 tokens)")
 
 
 def qwen3(hidden: int, intermediate: int, layers: int, heads: int, tied: bool) -> Callable[[], Any]:
@@ -239,20 +244,24 @@ def _tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]")
 
 
-def logits_log_probs(trainer: Any) -> Callable[..., Any]:
+def logits_log_probs(trainer: Any, fp32_outputs: bool = True) -> Callable[..., Any]:
     """trl 1.12's ``_get_per_token_logps_and_entropies`` (before the fused LM head): the logits of the completion
     positions materialised over the vocabulary, divided by the temperature, then ``selective_log_softmax`` and the
-    entropies without gradients."""
+    entropies without gradients. ``fp32_outputs``: the model's outputs converted to float32 as the Trainer's
+    accelerate returns them under ``bf16=True`` (``Accelerator.prepare_model`` wraps the forward in autocast and
+    ``convert_outputs_to_fp32``), ``outputs`` kept alive through the loop's body as TRL keeps it."""
+    from accelerate.utils import convert_outputs_to_fp32
     from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
     def log_probs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                   batch_size: int | None = None, compute_entropy: bool = False, **_: Any) -> Any:
         step = batch_size or input_ids.size(0)
+        forward = convert_outputs_to_fp32(model.__call__) if fp32_outputs else model.__call__
         all_logps, all_entropies = [], []
         for start in range(0, input_ids.size(0), step):
             ids, mask = input_ids[start:start + step], attention_mask[start:start + step]
-            logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1).logits
-            logits = logits[:, :-1, :][:, -logits_to_keep:, :] / trainer.temperature
+            outputs = forward(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1)
+            logits = outputs.logits[:, :-1, :][:, -logits_to_keep:, :] / trainer.temperature
             all_logps.append(selective_log_softmax(logits, ids[:, -logits_to_keep:]))
             if compute_entropy:
                 with torch.no_grad():
@@ -263,14 +272,12 @@ def logits_log_probs(trainer: Any) -> Callable[..., Any]:
     return log_probs
 
 
-def grpo_loss(run: Run, folder: Path) -> Callable[[Any, Any], Any]:
-    """``loss_fn(model, generations)``: the ``compute_loss`` of a tiny GRPOTrainer built with ``run``'s GRPOConfig,
-    on the model memlab gives it: with TRL's fused LM head added to that model once (as GRPOTrainer adds it to the
-    policy) where ``run.fused_lm_head``, else scoring through the logits as trl 1.12 did."""
+def stand_in_trainer(run: Run, folder: Path) -> Any:
+    """A tiny GRPOTrainer built with ``run``'s GRPOConfig (beta, generations, batch, completion length): its
+    ``compute_loss`` is the loss of the row's step."""
     import trl
     from datasets import Dataset
     from transformers import Qwen3ForCausalLM
-    from trl.trainer.utils import add_fused_lm_head
 
     torch.manual_seed(0)
     args = trl.GRPOConfig(output_dir=str(folder), report_to=[], use_cpu=True, save_strategy="no", bf16=False,
@@ -282,8 +289,18 @@ def grpo_loss(run: Run, folder: Path) -> Callable[[Any, Any], Any]:
                               reward_funcs=lambda completions, **_: [0.5] * len(completions),
                               processing_class=_tokenizer())
     trainer.current_gradient_accumulation_steps = 1  # memlab scales the loss for accumulation itself
+    return trainer
+
+
+def grpo_loss(run: Run, folder: Path, fp32_outputs: bool = True) -> Callable[[Any, Any], Any]:
+    """``loss_fn(model, generations)``: the stand-in trainer's ``compute_loss`` on the model memlab gives it: with
+    TRL's fused LM head added to that model once (as GRPOTrainer adds it to the policy) where
+    ``run.fused_lm_head``, else scoring through the logits as trl 1.12 did (:func:`logits_log_probs`)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    trainer = stand_in_trainer(run, folder)
     if not run.fused_lm_head:
-        trainer._get_per_token_logps_and_entropies = logits_log_probs(trainer)  # type: ignore[method-assign]
+        trainer._get_per_token_logps_and_entropies = logits_log_probs(trainer, fp32_outputs)
     patched: set[int] = set()
 
     def loss_fn(model: Any, batch: Any) -> Any:
@@ -331,6 +348,10 @@ def estimate_grpo(run: Run, folder: Path) -> dict[str, Any]:
     if training.status != "ok" or generation.status != "ok":
         return {"status": f"training {training.status}, generation {generation.status}",
                 "error": training.error or generation.error}
+    # The same step with the outputs as memlab's bf16 plan leaves them (bf16): what it misses of accelerate's.
+    plain = None if run.fused_lm_head else memlab.estimate(
+        config, generations(run, vocab), run.plan(), loss_fn=grpo_loss(run, folder, fp32_outputs=False),
+        gpu=run.gpu, load=run.load)
     held = max(0, training.breakdown.get("params", 0) - generation.breakdown.get("params", 0))
     held += training.breakdown.get("optimizer", 0)
     sampling = sampling_bytes(rows, vocab)
@@ -341,6 +362,7 @@ def estimate_grpo(run: Run, folder: Path) -> dict[str, Any]:
             else "training", "reserved_bytes": max(training.reserved_bytes or 0, generation_reserved),
             "training_peak_bytes": training.peak_bytes, "generation_peak_bytes": generation_peak,
             "kv_cache_bytes": generation.breakdown.get("kv_cache", 0), "sampling_bytes": sampling,
+            "bf16_outputs_training_bytes": plain.peak_bytes if plain is not None and plain.status == "ok" else None,
             "notes": [*training.notes, *generation.notes]}
 
 
@@ -386,6 +408,9 @@ def estimate_run(run: Run, folder: Path) -> dict[str, Any]:
         "generation": common.rounded(result["generation_peak_bytes"] / unit, 3)
         if "generation_peak_bytes" in result else None,
         "kv_cache": common.rounded(result["kv_cache_bytes"] / unit, 3) if "kv_cache_bytes" in result else None,
+        "bf16_outputs_ratio": (
+            common.rounded(max(result["bf16_outputs_training_bytes"], result["generation_peak_bytes"])
+                           / (run.published * unit), 3) if result.get("bf16_outputs_training_bytes") else None),
         "bytes": {"peak": peak, "reserved": reserved, "training": result["training_peak_bytes"],
                   "generation": result.get("generation_peak_bytes")},
         "notes": result["notes"]})
@@ -393,16 +418,21 @@ def estimate_run(run: Run, folder: Path) -> dict[str, Any]:
 
 
 def markdown(rows: list[dict[str, Any]], not_expressed: list[dict[str, Any]]) -> str:
-    """The docs' tables: the rows compared (allocated and reserved ratios, the phase of the peak), and the
-    figures not compared with why."""
+    """The docs' tables: the rows compared (allocated and reserved figures in the row's unit, their ratios, the
+    phase of the peak, the ratio with the model's outputs left in bf16), and the figures not compared with why.
+
+    Example:
+        >>> print(markdown([], [{"run": "r", "source": "a/b#1 (x)", "published": "1 GB", "why": "w"}]).splitlines()[-1])
+        | r | a/b#1 | 1 GB | w |
+    """
     compared = common.markdown_table(
         ["run", "card", "published (allocated)", "memlab", "ratio", "reserved: published", "memlab", "ratio",
-         "peak in", "vague"],
+         "peak in", "ratio, outputs left bf16", "vague"],
         [[r["run"], r["card"], f"{r['published']} {r['unit']}", r.get("memlab"), r.get("ratio"),
           r["published_reserved"], r.get("memlab_reserved"), r.get("reserved_ratio"), r.get("peak_phase"),
-          "yes" if r["vague"] else "no"] for r in rows])
+          r.get("bf16_outputs_ratio"), "yes" if r["vague"] else "no"] for r in rows])
     missing = common.markdown_table(["published figure", "source", "figure", "not compared because"],
-                                    [[r["run"], r["source"].split(" ")[0], r["published"], r["why"]]
+                                    [[r["run"], r["source"].split(" ")[0].rstrip(","), r["published"], r["why"]]
                                      for r in not_expressed])
     return f"{compared}\n\n{missing}"
 

@@ -311,3 +311,26 @@ def test_trl_vs_published_route_agrees_with_the_grpo_trainers_estimate(load: Any
     ours = runner.estimate_grpo(run, tmp_path)
     assert whole.status == ours["status"] == "ok"
     assert ours["peak_bytes"] / whole.peak_bytes == pytest.approx(1.0, abs=0.05)
+
+
+def test_trl_vs_published_logits_path_scores_as_the_installed_trl(load: Any, tmp_path: Path) -> None:
+    """The benchmark's trl 1.12 log-probs (the logits over the vocabulary, the outputs in float32 as accelerate
+    returns them) are the installed TRL's fused LM head's, on the same tiny model and tokens."""
+    import dataclasses
+
+    import torch
+    from transformers import Qwen3ForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    runner = load("trl_vs_published")
+    run = dataclasses.replace(runner.SMOKE[0], fused_lm_head=False)
+    trainer = runner.stand_in_trainer(run, tmp_path)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(runner.tiny_qwen3())
+    ids = torch.randint(3, 64, (2, 7))
+    mask = torch.ones_like(ids)
+    ours, _, _ = runner.logits_log_probs(trainer)(model, ids, mask, logits_to_keep=4, compute_entropy=True)
+    add_fused_lm_head(model, temperature=trainer.temperature)
+    theirs = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(torch.arange(7) < 3, -100),
+                   fused_lm_head=True).log_probs[:, -4:]
+    assert torch.allclose(ours, theirs, atol=1e-5)
