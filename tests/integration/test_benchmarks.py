@@ -261,3 +261,76 @@ def test_timeline_cost(load: Any, tmp_path: Path) -> None:
 
     assert data["points_kept"] <= MAX_POINTS and data["saved_svg_bytes"] < 1_000_000
     assert data["plotly_json_bytes"] < 1_000_000
+
+
+def test_trl_vs_published(load: Any, tmp_path: Path) -> None:
+    runner = load("trl_vs_published")
+    result = runner.main(["--smoke", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "trl_vs_published-cpu-smoke.json").read_text())
+    assert data["benchmark"] == "trl_vs_published" and data["size"] == "smoke"
+    assert data["device"]["type"] == "cpu" and data["versions"]["torch"]
+    assert data["markdown"] == result["markdown"]
+    (row,) = data["rows"]
+    assert row["status"] == "ok", row.get("error")
+    assert row["trainer"] == "GRPOTrainer" and row["measures"] == "allocated"
+    assert row["ratio"] == round(row["memlab"] / row["published"], 3)
+    # The step's peak is the larger of its two phases, each estimated through memlab's own routes.
+    sizes = row["bytes"]
+    assert sizes["peak"] == max(sizes["training"], sizes["generation"]) and sizes["generation"] > 0
+    assert row["peak_phase"] == ("generation" if sizes["generation"] > sizes["training"] else "training")
+    # Every published row names its source, what it measures, and every row left out says why.
+    assert all(run.source and run.published > 0 for run in runner.RUNS)
+    assert all(entry["why"] and entry["source"] for entry in runner.NOT_EXPRESSED)
+
+
+def test_trl_vs_published_route_agrees_with_the_grpo_trainers_estimate(load: Any, tmp_path: Path) -> None:
+    """The benchmark's route (a config, the generations TRL builds, a stand-in trainer's compute_loss, and the
+    generation estimated apart) against memlab.estimate of a real GRPOTrainer with the same settings."""
+    import torch
+    import trl
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import Qwen3ForCausalLM
+
+    import memlab
+
+    runner = load("trl_vs_published")
+    (run,) = runner.SMOKE
+    torch.manual_seed(0)
+    args = trl.GRPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no", bf16=False,
+                          per_device_train_batch_size=run.per_device, gradient_accumulation_steps=run.accumulation,
+                          num_generations=run.num_generations, max_completion_length=run.completion_tokens,
+                          beta=run.beta, disable_tqdm=True)
+    prompts = Dataset.from_list([{"prompt": " ".join(["w1"] * run.prompt_tokens)}] * 8)
+    lora = LoraConfig(r=run.lora_rank, lora_alpha=run.lora_alpha, lora_dropout=0.05,
+                      target_modules=list(run.lora_targets), task_type="CAUSAL_LM")
+    trainer = trl.GRPOTrainer(model=Qwen3ForCausalLM(runner.tiny_qwen3()), args=args, train_dataset=prompts,
+                              reward_funcs=lambda completions, **_: [0.5] * len(completions),
+                              processing_class=runner._tokenizer(), peft_config=lora)
+    whole = memlab.estimate(trainer, device="cuda", gpu=run.gpu)
+    ours = runner.estimate_grpo(run, tmp_path)
+    assert whole.status == ours["status"] == "ok"
+    assert ours["peak_bytes"] / whole.peak_bytes == pytest.approx(1.0, abs=0.05)
+
+
+def test_trl_vs_published_logits_path_scores_as_the_installed_trl(load: Any, tmp_path: Path) -> None:
+    """The benchmark's trl 1.12 log-probs (the logits over the vocabulary, the outputs in float32 as accelerate
+    returns them) are the installed TRL's fused LM head's, on the same tiny model and tokens."""
+    import dataclasses
+
+    import torch
+    from transformers import Qwen3ForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    runner = load("trl_vs_published")
+    run = dataclasses.replace(runner.SMOKE[0], fused_lm_head=False)
+    trainer = runner.stand_in_trainer(run, tmp_path)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(runner.tiny_qwen3())
+    ids = torch.randint(3, 64, (2, 7))
+    mask = torch.ones_like(ids)
+    ours, _, _ = runner.logits_log_probs(trainer)(model, ids, mask, logits_to_keep=4, compute_entropy=True)
+    add_fused_lm_head(model, temperature=trainer.temperature)
+    theirs = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(torch.arange(7) < 3, -100),
+                   fused_lm_head=True).log_probs[:, -4:]
+    assert torch.allclose(ours, theirs, atol=1e-5)
