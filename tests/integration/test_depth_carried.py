@@ -83,6 +83,8 @@ LEVERS = {
     "micro-batches": Plan(micro_batch=1, accumulation=2),
     "chunked loss": Plan(loss="chunked"),
     "optimizer offload": Plan(offload="optimizer"),
+    "activation offload": Plan(offload="activations"),
+    "all offload": Plan(offload="all"),
     "optimizer in backward": Plan(optimizer_in_backward=True),
     "foreach adamw": Plan(optimizer="adamw_foreach"),
 }

@@ -302,7 +302,11 @@ def carried_trial(shallow: ShallowModel, runs: dict[int, ShallowRun], categories
     breakdown = {key: value for key, value in step.breakdown.items() if key in categories}
     timeline = three.trial.timeline and Timeline.from_recording(
         step.recording, peak_bytes=step.peak_bytes, breakdown=breakdown, device=three.trial.timeline.device)
-    trial = dataclasses.replace(three.trial, peak_bytes=step.peak_bytes, breakdown=breakdown, timeline=timeline)
+    # What the levers keep on the host (offloaded optimizer state and activations, a paged optimizer's spill) grows
+    # by one layer's worth a layer, as the two shallow runs show
+    host = three.trial.host_bytes + (three.trial.host_bytes - two.trial.host_bytes) * (shallow.depth - source_layers())
+    trial = dataclasses.replace(three.trial, peak_bytes=step.peak_bytes, breakdown=breakdown, timeline=timeline,
+                                host_bytes=host)
     return trial, (reserved[0] if reserved is not None and three.reserved is not None else None)
 
 
