@@ -36,7 +36,7 @@ from memlab.errors import MemlabError
 from memlab.live.batch import StepBatches
 from memlab.plan import Plan
 from memlab.trainer.arguments import check_single_process, plan_from_trainer, trainer_model
-from memlab.trainer.source import trainer_bookkeeping_kept, trl_kind
+from memlab.trainer.source import accelerate_outputs_fp32, trainer_bookkeeping_kept, trl_kind
 from memlab.trainer.worst_batch import SAMPLE_DEFAULT
 
 __all__ = ["GRPO_PHASES", "GRPOPrompts", "GRPOSource", "RewardFailed", "check_generations", "computes_old_logps",
@@ -149,14 +149,15 @@ class GRPOSource:
 
     def loss_fn(self) -> Callable[[Any, Any], Any]:
         """``loss_fn(model, micro_batch)``: the trainer's ``compute_loss`` on a micro-batch of generations, its
-        token count as ``num_items_in_batch`` (memlab scales the loss for accumulation itself)."""
+        token count as ``num_items_in_batch`` (memlab scales the loss for accumulation itself); under mixed precision
+        the outputs copied to fp32 as accelerate does (:func:`~memlab.trainer.source.accelerate_outputs_fp32`)."""
         trainer = self.trainer
 
         def loss_fn(model: Any, micro_batch: Any) -> Any:
             inputs = dict(micro_batch)
             inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
             context = getattr(trainer, "compute_loss_context_manager", contextlib.nullcontext)
-            with trainer_bookkeeping_kept(trainer), context():
+            with trainer_bookkeeping_kept(trainer), context(), accelerate_outputs_fp32(model):
                 return trainer.compute_loss(model, inputs)
 
         return loss_fn

@@ -11,6 +11,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from types import MethodType
 from typing import Any
 
 from memlab.errors import MemlabError
@@ -20,6 +21,7 @@ from memlab.trainer.arguments import check_single_process, is_trainer, plan_from
 __all__ = [
     "MEASURED_TRL_TRAINERS",
     "TrainerSource",
+    "accelerate_outputs_fp32",
     "check_trainer_kind",
     "has_own_compute_loss",
     "is_trainer",
@@ -200,6 +202,69 @@ def trainer_bookkeeping_kept(trainer: Any) -> Iterator[None]:
 _GONE = object()
 
 
+@contextmanager
+def accelerate_outputs_fp32(model: Any) -> Iterator[None]:
+    """Within it, ``model``'s forward returns its fp16/bf16 tensors copied to fp32, as a Trainer with ``bf16=True``
+    or ``fp16=True`` runs it: accelerate's ``prepare_model`` wraps the forward in autocast and in
+    ``accelerate.utils.convert_outputs_to_fp32`` (its ``native_amp`` block), so the logits' fp32 copy (tokens x
+    vocabulary x 4 bytes) is alive as long as the outputs are. memlab's precision lever brings the autocast; this
+    brings the copy, wrapped exactly as accelerate wraps it. Only where autocast is on for the model's device type
+    (the plan's precision is fp16/bf16); a forward that accelerate already wraps is left as it is. The model's
+    own ``forward`` attribute (memlab's compiled forward, say) is kept under the wrapper and put back after, also
+    on error.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(2, 2)
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16), accelerate_outputs_fp32(model):
+        ...     model(torch.ones(1, 2)).dtype
+        torch.float32
+        >>> "forward" in vars(model)
+        False
+    """
+    parameter = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    device_type = parameter.device.type if parameter is not None else "cpu"
+    if not _autocast_on(device_type) or _converts_outputs(model.forward):
+        yield
+        return
+    from accelerate.utils import convert_outputs_to_fp32
+
+    had, saved = "forward" in vars(model), vars(model).get("forward")
+    forward = model.forward
+    # accelerate's own two cases: a bound method is re-bound, anything else (an instance function) wrapped as is.
+    if hasattr(forward, "__func__"):
+        model.forward = MethodType(convert_outputs_to_fp32(forward.__func__), model)
+    else:
+        model.forward = convert_outputs_to_fp32(forward)
+    try:
+        yield
+    finally:
+        if had:
+            model.forward = saved
+        else:
+            vars(model).pop("forward", None)
+
+
+def _autocast_on(device_type: str) -> bool:
+    import torch
+
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except RuntimeError:  # a device type autocast does not know: no mixed precision there
+        return False
+
+
+def _converts_outputs(forward: Any) -> bool:
+    """Whether ``forward`` is already accelerate's fp32-output wrapper (a model a Trainer prepared before)."""
+    seen = 0
+    while forward is not None and seen < 8:
+        if type(forward).__name__ == "ConvertOutputsToFp32":
+            return True
+        forward = getattr(getattr(forward, "__func__", forward), "__wrapped__", None)
+        seen += 1
+    return False
+
+
 def keeps_trainer_batch(plan: Plan, args: Any) -> Plan:
     """``plan`` with the trainer's effective batch where it leaves the batch open (``micro_batch=None``), as
     ``fit`` keeps it: the trainer's step holds ``per_device_train_batch_size x gradient_accumulation_steps`` rows on
@@ -312,7 +377,9 @@ class TrainerSource:
 
         ``num_items_in_batch`` is passed as None where ``compute_loss`` takes it: the loss is then each
         micro-batch's mean, and memlab scales it for accumulation itself (the memory is the same). The trainer's
-        counters and metric lists are put back after each call (:func:`trainer_bookkeeping_kept`).
+        counters and metric lists are put back after each call (:func:`trainer_bookkeeping_kept`). Under mixed
+        precision the model's outputs are copied to fp32 as accelerate does in training
+        (:func:`accelerate_outputs_fp32`).
         """
         takes_count = "num_items_in_batch" in inspect.signature(trainer.compute_loss).parameters
 
@@ -320,7 +387,7 @@ class TrainerSource:
             inputs = dict(micro_batch)
             keywords = {"num_items_in_batch": None} if takes_count else {}
             context = getattr(trainer, "compute_loss_context_manager", nullcontext)
-            with trainer_bookkeeping_kept(trainer), context():
+            with trainer_bookkeeping_kept(trainer), context(), accelerate_outputs_fp32(model):
                 return trainer.compute_loss(model, inputs, **keywords)
 
         return loss_fn
