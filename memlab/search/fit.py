@@ -27,7 +27,7 @@ from memlab.search.blocks import fewest_blocks
 from memlab.search.limits import shorter_sequences
 from memlab.search.space import candidate_plans, default_space, fits, micro_batch_of
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
-from memlab.search.strategy import Search
+from memlab.search.strategy import Search, cheap_twin
 from memlab.search.suggest import suggestions
 from memlab.techniques.accumulation import check_split
 from memlab.techniques.adapters import carried_space
@@ -247,8 +247,13 @@ def _fit_module_here(
             trials = list(result.trials)
             # Checkpointing every block fits: the fewest blocks that fit are faster (memory is monotone in blocks).
             if selective:
-                trials += fewest_blocks(trials, budget, lambda: len(checkpoint_blocks(model)),
-                                        lambda plan: measure(plan, len(measured), len(candidates)))
+                # Its trials count against max_trials, and the estimates of every block count narrow it.
+                trials += fewest_blocks(
+                    trials, budget, lambda: len(checkpoint_blocks(model)),
+                    lambda plan: measure(plan, len(measured), len(candidates)),
+                    estimate=(lambda plans: estimate([cheap_twin(plan) for plan in plans])) if estimates else None,
+                    limit=None if max_trials is None else max(0, max_trials - len(measured)),
+                )
             # The original index: a live figure redraws that plan's column with the new run.
             rerun = lambda plan, index: runner.run(plan, index, len(trials))  # noqa: E731 - one line, used once
             settled = settle_close_race(
