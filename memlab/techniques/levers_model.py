@@ -531,8 +531,9 @@ DECLARATIONS = (
         choices=("all-linear", "attention"),
         open_choices=True,
         help="the layers that get LoRA adapters (with adapter lora or qlora): all-linear (every linear layer but the "
-        "head), attention (peft's default: q and v projections), or module names joined with +; fewer layers, "
-        "fewer adapter weights",
+        "head), attention (peft's default: q and v projections), or module names joined with +, fused MoE expert "
+        "parameters among them (mlp.experts.gate_up_proj: peft's target_parameters); fewer layers, fewer adapter "
+        "weights",
         technique=ADAPTERS,
         applies=with_adapter,
         from_peft=_targets_from_peft,
