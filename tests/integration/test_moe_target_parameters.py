@@ -111,3 +111,21 @@ def test_the_estimate_counts_the_adapted_experts(build: Any) -> None:
     user = _trained_by_peft(base, _user_config())
     assert estimated.breakdown["optimizer"] == 8 * sum(math.prod(shape) for shape in user.values()) + 4 * len(user)
     assert abs(estimated.peak_bytes / measured.peak_bytes - 1) < 0.01
+
+
+@pytest.mark.parametrize("build", [_qwen3_moe, _mixtral], ids=["qwen3-moe", "mixtral"])
+def test_all_linear_beside_expert_parameters_trains_what_the_recipe_trains(build: Any) -> None:
+    from peft import LoraConfig
+
+    base = build()  # HF's gpt-oss recipe: target_modules="all-linear" with explicit target_parameters
+    recipe = _trained_by_peft(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                               target_parameters=list(EXPERTS)))
+    plan = memlab.Plan(adapter="lora", lora_rank=4, lora_targets=("all-linear", *EXPERTS))
+    for config in (plan.to_peft_config(), plan.to_peft_config(model=base)):
+        assert _trained_by_peft(base, config) == recipe
+    undo = attach_adapter(base, plan)
+    assert undo is not None
+    try:
+        assert {name: tuple(p.shape) for name, p in base.named_parameters() if p.requires_grad} == recipe
+    finally:
+        undo()
