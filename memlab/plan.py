@@ -84,7 +84,8 @@ class Plan:
         lora_rank: the adapters' rank (only with an adapter; without one it is always the default, 16).
         lora_targets: the layers that get adapters: ``"all-linear"`` (every linear layer but the output head),
             ``"attention"`` (peft's default for the model's type: q and v projections for Llama-style models), or a
-            list of module names (stored as a tuple); without an adapter it is always the default.
+            list of module names (stored as a tuple; names of fused MoE expert parameters, such as
+            ``"mlp.experts.gate_up_proj"``, become peft's ``target_parameters``); without an adapter, the default.
         loss: ``"full"`` or ``"chunked"``: for a causal LM with an LM head and the default loss, the head and the
             cross-entropy computed over chunks of tokens, so that only one chunk's logits exist at a time.
         lora_alpha: the adapters' scaling numerator (their update is scaled by ``lora_alpha / lora_rank``);

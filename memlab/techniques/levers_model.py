@@ -72,10 +72,15 @@ def lora_settings(plan: PlanLike, model: Any = None) -> dict[str, Any]:
     alpha = plan.lora_alpha if plan.lora_alpha is not None else 2 * plan.lora_rank
     settings: dict[str, Any] = {"r": plan.lora_rank, "lora_alpha": alpha, "lora_dropout": plan.lora_dropout}
     if model is None:
-        from memlab.techniques.targets import HEAD_NAMES  # torch-free names; the module imports torch lazily
+        from memlab.techniques.targets import HEAD_NAMES, split_targets
 
-        settings["target_modules"] = targets if targets == "all-linear" else None if targets == "attention" \
-            else list(targets)
+        if isinstance(targets, str):
+            settings["target_modules"] = targets if targets == "all-linear" else None
+        else:
+            modules, parameters = split_targets(targets)
+            settings["target_modules"] = modules
+            if parameters:
+                settings["target_parameters"] = parameters
         # peft then trains a task model's new head whole and adapts it not, as memlab measured; on a model without
         # such a head the names match nothing (peft matches the ends of module names)
         settings["modules_to_save"] = list(HEAD_NAMES)
@@ -99,13 +104,17 @@ def _targets_from_peft(config: Any) -> Any:
         ('q_proj',)
     """
     modules = config.target_modules
+    # target_parameters (fused MoE experts) as the config names them: peft matches the end of a parameter's name
+    parameters = tuple(sorted(str(name) for name in getattr(config, "target_parameters", None) or ()))
     if modules is None:
-        return "attention"
+        return ("attention", *parameters) if parameters else "attention"
     if isinstance(modules, str):
-        return "all-linear" if modules.lower() == "all-linear" else None
+        if modules.lower() != "all-linear":
+            return None
+        return ("all-linear", *parameters) if parameters else "all-linear"
     # peft stores "all-linear" resolved into full paths; by peft's matching a leaf name adapts that layer in every
     # block, which is what such a list means
-    return tuple(sorted({str(name).rpartition(".")[2] for name in modules})) or None
+    return tuple(sorted({str(name).rpartition(".")[2] for name in modules})) + parameters or None
 
 
 def _alpha_from_peft(config: Any) -> int | None:
@@ -522,8 +531,9 @@ DECLARATIONS = (
         choices=("all-linear", "attention"),
         open_choices=True,
         help="the layers that get LoRA adapters (with adapter lora or qlora): all-linear (every linear layer but the "
-        "head), attention (peft's default: q and v projections), or module names joined with +; fewer layers, "
-        "fewer adapter weights",
+        "head), attention (peft's default: q and v projections), or module names joined with +, fused MoE expert "
+        "parameters among them (mlp.experts.gate_up_proj: peft's target_parameters); fewer layers, fewer adapter "
+        "weights",
         technique=ADAPTERS,
         applies=with_adapter,
         from_peft=_targets_from_peft,

@@ -14,7 +14,7 @@ from torch import nn
 from memlab.errors import UnsupportedTechnique
 
 __all__ = ["HEAD_NAMES", "LoraTargets", "adapter_targets", "lora_layer_types", "lora_targets_on", "output_head",
-           "task_heads"]
+           "parameter_targets", "split_targets", "task_heads"]
 
 HEAD_NAMES = ("classifier", "score", "qa_outputs")
 """The attribute names of a transformers task head that a task model creates new (sequence and token
@@ -64,8 +64,42 @@ def lora_targets_on(model: nn.Module, targets: str | tuple[str, ...] = "all-line
         LoraTargets(modules=['0'], parameters=[], fused={}, saved=[])
     """
     modules = adapter_targets(model, targets)
-    parameters, fused = _fused_experts(model, targets)
-    return LoraTargets(modules, parameters, fused, task_heads(model))
+    explicit = parameter_targets(model, targets)
+    keyword = targets if isinstance(targets, str) else "all-linear" if "all-linear" in targets else \
+        tuple(name for name in targets if name != "attention" and name not in explicit)
+    parameters, fused = _fused_experts(model, keyword) if keyword else ([], {})
+    # peft unions the target_parameters a config names with those its conversion adds; the fused rank applies only
+    # to the converted ones, as peft's rank_pattern names them
+    return LoraTargets(modules, sorted({*parameters, *explicit}), fused, task_heads(model))
+
+
+def parameter_targets(model: nn.Module, targets: str | tuple[str, ...]) -> list[str]:
+    """The entries of a tuple ``lora_targets`` that name a parameter of ``model`` outside its linear layers (a fused
+    MoE expert weight such as Qwen3-MoE's ``mlp.experts.gate_up_proj``): what peft adapts through
+    ``target_parameters``, where a parameter matches when ``module_name.param_name`` equals the entry or ends with
+    ``"." + entry``. A keyword (``"all-linear"``, ``"attention"``) names none.
+
+    Example:
+        >>> import torch
+        >>> class Experts(nn.Module):
+        ...     def __init__(self) -> None:
+        ...         super().__init__()
+        ...         self.gate_up_proj = nn.Parameter(torch.zeros(2, 4, 8))
+        >>> model = nn.ModuleDict({"experts": Experts(), "q_proj": nn.Linear(4, 4)})
+        >>> parameter_targets(model, ("q_proj", "experts.gate_up_proj")), parameter_targets(model, "all-linear")
+        (['experts.gate_up_proj'], [])
+    """
+    if isinstance(targets, str):
+        return []
+    names = [name for name in targets if name not in ("all-linear", "attention")]
+    found: set[str] = set()
+    for module_name, module in model.named_modules():
+        if isinstance(module, lora_layer_types()):
+            continue  # a linear layer's weight is adapted through the layer (target_modules)
+        for param_name, _ in module.named_parameters(recurse=False):
+            key = f"{module_name}.{param_name}" if module_name else param_name
+            found.update(name for name in names if key == name or key.endswith("." + name))
+    return sorted(found)
 
 
 def task_heads(model: nn.Module) -> list[str]:
@@ -108,6 +142,27 @@ def _fused_experts(model: nn.Module, targets: str | tuple[str, ...]) -> tuple[li
     return parameters, fused
 
 
+def split_targets(targets: tuple[str, ...]) -> tuple[Any, list[str]]:
+    """A tuple ``lora_targets`` as ``target_modules`` and ``target_parameters`` without a model: names with an
+    ``experts`` part (``"mlp.experts.gate_up_proj"``, as peft's documentation writes them) are fused expert
+    parameters; a keyword among the names stands for the list. With the model,
+    :func:`memlab.techniques.targets.lora_targets_on` finds parameters by what they are (``"gate_up_proj"`` too).
+
+    Example:
+        >>> split_targets(("q_proj", "v_proj", "mlp.experts.gate_up_proj"))
+        (['q_proj', 'v_proj'], ['mlp.experts.gate_up_proj'])
+        >>> split_targets(("all-linear", "experts.down_proj"))
+        ('all-linear', ['experts.down_proj'])
+    """
+    parameters = [name for name in targets if "experts" in name.split(".")[:-1]]
+    names = [name for name in targets if name not in parameters]
+    if "all-linear" in names:
+        return "all-linear", parameters
+    if "attention" in names:
+        return None, parameters
+    return names, parameters  # [] with parameters only: None would add peft's default layers for the model type
+
+
 def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-linear") -> list[str]:
     """Names of the linear layers that get adapters, for the plan's ``lora_targets`` (the one list both
     measurement and :func:`memlab.export.peft_config` with a model read):
@@ -117,7 +172,9 @@ def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-line
       such as BERT's ``classifier``, which peft's ``"all-linear"`` would adapt);
     - ``"attention"``: the layers peft adapts by default for the model's type
       (``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``: ``q_proj`` and ``v_proj`` for Llama-style models);
-    - a tuple of names: the linear layers whose name is one of them or ends with ``"." + name`` (peft's matching).
+    - a tuple of names: the linear layers whose name is one of them or ends with ``"." + name`` (peft's matching);
+      a keyword among them adds its layers (``("all-linear", "mlp.experts.gate_up_proj")``), and names of other
+      parameters (fused experts) are :func:`parameter_targets`, not layers.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 1))
@@ -145,6 +202,11 @@ def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-line
                 f"{model_type or type(model).__name__}; write lora_targets='all-linear' or a list of module names"
             )
         targets = tuple(DEFAULTS[model_type])
+    keywords = [t for t in targets if t in ("all-linear", "attention")]
+    if keywords:  # a keyword beside names (the names of fused expert parameters, say): its layers and theirs
+        chosen = {name for keyword in keywords for name in adapter_targets(model, keyword)}
+        chosen.update(adapter_targets(model, tuple(t for t in targets if t not in keywords)))
+        return [name for name in names if name in chosen]
     return [name for name in names if any(name == t or name.endswith("." + t) for t in targets)]
 
 
