@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 05 · Offload to CPU memory
+# # 05 · Offload to CPU memory, host memory and compile
 #
 # Offload trades GPU memory for traffic over the link between CPU and GPU (PCIe, or NVLink-C2C on some
 # machines):
@@ -21,6 +21,9 @@ import warnings
 warnings.filterwarnings("ignore", category=FutureWarning)
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # optional CPU kernels it may not find
 
+import json
+from pathlib import Path
+import plotly.graph_objects as go
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, LlamaConfig
@@ -52,6 +55,7 @@ seq_len = 64   # tokens per sequence
 steps = 3      # timed steps per measurement
 noise = 0.05   # time on past `steps` until the median step is known within +-5% (0: exactly `steps` steps)
 link_gb_per_s = 16   # CPU-GPU link in GB/s (PCIe 4.0 x16 is rated ~32 each way; real copies get less)
+measure_compile = False  # True: measure torch.compile live below (on a 2-core CPU its first step takes 30-100 s)
 
 # %%
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -133,6 +137,141 @@ print(f"one plain step here takes {plain.step_time_s * 1000:.1f} ms")
 # 3. the CPU is fast enough for the update (for optimizer offload it does AdamW over every parameter).
 #
 # It rarely pays for a model that fits once the cheaper techniques are on.
+
+# %% [markdown]
+# ## How much host memory does offload need?
+#
+# Offload does not make bytes disappear: it moves them to the host, whose RAM is also finite (and pinned
+# memory more so: the kernel cannot page it out). Every trial and estimate says what its plan keeps in host
+# memory at the most, `trial.host_bytes`, and `host_budget=` judges it beside `budget=`: a plan that fits
+# the GPU but not the host "does not fit (host)", in the table, the CLI (`--host-budget`) and the JSON
+# alike. A live run is judged against the memory the machine has available unless told otherwise.
+#
+# On this CPU the measured offload plans above keep 0 host bytes (nothing moved, and their note says so). A
+# dry run with `device="cuda"` counts what each plan would keep in pinned host memory on a GPU, beside its
+# GPU figures (without CUDA the GPU's bytes are shown as without offload; the note says that too):
+
+# %%
+offload_plans = [memlab.Plan(offload=where) for where in ("none", "optimizer", "activations")]
+on_gpu = memlab.Report([memlab.estimate(model, batch, p, device="cuda") for p in offload_plans])
+for t in on_gpu:
+    print(f"{t.label:20} GPU peak {human(t.peak_bytes):>10}  host {human(t.host_bytes):>10}")
+
+# %% [markdown]
+# The GPU and the host side by side, one pair of bars per plan:
+
+# %%
+labels = [t.label for t in on_gpu]
+figure = go.Figure([
+    go.Bar(x=labels, y=[t.peak_bytes / 2**20 for t in on_gpu], name="GPU: allocated peak"),
+    go.Bar(x=labels, y=[t.host_bytes / 2**20 for t in on_gpu], name="host: offloaded bytes"),
+])
+figure.update_layout(barmode="group", yaxis_title="MiB", title="Where each plan keeps its bytes (estimated for a GPU)")
+figure
+
+# %% [markdown]
+# Now a host budget between the two offload plans' needs: the GPU budget holds for all three, and the plan
+# that needs more host memory than the budget "does not fit (host)". The line under the table names the
+# host budget, and `verdict_figure` says which figure decided.
+
+# %%
+needs = sorted(t.host_bytes for t in on_gpu if t.host_bytes)
+host_budget = (needs[0] + needs[-1]) // 2
+judged = memlab.Report(
+    [memlab.estimate(model, batch, p, device="cuda", budget="80GiB", host_budget=host_budget) for p in offload_plans],
+    budget=memlab.parse_budget("80GiB"),
+)
+judged
+
+# %%
+for t in judged:
+    print(f"{t.label:20} fits={t.fits!s:5}  decided by the {t.verdict_figure} figure")
+
+# %% [markdown]
+# The same question for a 7B model on a real GPU: full training in bf16 with checkpointing, AdamW
+# offloaded, on an 80 GB card with a 64 GiB host budget (what a rented machine's share of RAM may be).
+# Offloaded AdamW keeps about 16 bytes per parameter on the host (an fp32 copy of the weights, a buffer for
+# their gradients, two moments), so the arithmetic is printed beside the estimate. Two things to read with it:
+# made without CUDA, the card figure is the plan's without offload (the note says so; with CUDA the GPU side
+# is modelled too), and a deep model's dry run runs three of its layers and carries their device bytes to all
+# 32: where the host figure is far below the arithmetic, it counted those three layers' host bytes only, and
+# the arithmetic is the figure to judge the host by.
+
+# %%
+config_7b = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                        num_key_value_heads=32, vocab_size=32000)
+with torch.device("meta"):
+    params_7b = sum(p.numel() for p in AutoModelForCausalLM.from_config(config_7b).parameters())
+plan_7b = memlab.Plan(precision="bf16", checkpointing=True, offload="optimizer")
+big = memlab.estimate(config_7b, {"input_ids": (1, 512), "labels": (1, 512)}, plan_7b, budget="80GiB",
+                      host_budget="64GiB", device="cuda")
+print(f"{params_7b / 1e9:.2f} billion parameters; estimate: card {human(big.card_bytes)}, "
+      f"host {human(big.host_bytes)}, fits={big.fits} (decided by the {big.verdict_figure} figure)")
+arithmetic = 16 * params_7b
+print(f"arithmetic: 16 bytes x {params_7b / 1e9:.2f} billion = {human(arithmetic)} of host memory, "
+      f"{'over' if arithmetic > memlab.parse_budget('64GiB') else 'within'} the 64 GiB host budget")
+
+# %% [markdown]
+# ## Compile: the same step, a different peak
+#
+# `Plan(compile=True)` runs the step under `torch.compile`. It moves nothing, but the compiled kernels save
+# different tensors for backward and fuse temporaries away, so the peak changes (sometimes up: PyTorch's
+# issues #122512 and #167199). The first warm-up step compiles; its time is the trial's `compile_seconds`,
+# kept out of the speed. A dry run estimates the compiled step with AOTAutograd's partition on fake
+# tensors, and its note says what that cannot see:
+
+# %%
+compile_plans = [memlab.Plan(), memlab.Plan(compile=True)]
+estimated = memlab.Report([memlab.estimate(model, batch, p) for p in compile_plans])
+for t in estimated:
+    print(f"{t.label:10} estimated peak {human(t.peak_bytes):>10}", *[n for n in t.notes if n.startswith("compile")])
+
+# %% [markdown]
+# Compiling takes 30 to 100 s on a small CPU, too long for this notebook's time limit, so the measured
+# figures come from the recorded run of `benchmarks/compile_memory.py` on a 2-core CPU (three families,
+# eager against compiled, each the median of timed steps). Set `measure_compile = True` in the parameters
+# cell to measure this notebook's model live instead.
+
+# %%
+if measure_compile:
+    live = memlab.compare(model, batch, compile_plans, steps=steps, noise=noise)
+    for t in live:
+        print(f"{t.label:10} peak {human(t.peak_bytes):>10}  {t.samples_per_s:8.1f} samples/s  "
+              f"compile {t.compile_seconds or 0:.1f} s")
+
+
+def recorded(name):
+    """A committed benchmark result, found from this folder or from memlab's checkout."""
+    for root in (Path.cwd(), *Path.cwd().parents, Path(memlab.__file__).resolve().parents[1]):
+        path = root / "benchmarks" / "results" / name
+        if path.exists():
+            return json.loads(path.read_text())
+    return None
+
+
+compiled = recorded("compile_memory-cpu.json")
+if compiled is None:
+    print("benchmarks/results/compile_memory-cpu.json is not here: open the notebook from memlab's checkout")
+else:
+    rows = compiled["families"]
+    for row in rows:
+        eager, comp = row["eager"], row["compiled"]
+        print(f"{row['family']:8} peak {human(eager['peak_bytes']):>10} -> {human(comp['peak_bytes']):>10} "
+              f"({row['compiled_over_eager_peak']:.2f}x), speed x{row['compiled_over_eager_speed']:.2f}, "
+              f"compile {comp['compile_seconds']:.0f} s, estimate's error {comp['estimate_error']:+.1%}")
+    figure = go.Figure([
+        go.Bar(x=[r["family"] for r in rows], y=[r["eager"]["peak_bytes"] / 2**20 for r in rows], name="eager"),
+        go.Bar(x=[r["family"] for r in rows], y=[r["compiled"]["peak_bytes"] / 2**20 for r in rows], name="compiled"),
+        go.Bar(x=[r["family"] for r in rows], y=[r["compiled"]["estimate_bytes"] / 2**20 for r in rows],
+               name="compiled, estimated"),
+    ])
+    figure.update_layout(barmode="group", yaxis_title="peak MiB",
+                         title=f"torch.compile on {compiled['device']['cpu']} ({compiled['date'][:10]})")
+    figure.show()
+
+# %% [markdown]
+# Compile is a lever to measure, not to assume: `fit` searches it only when you put it in `space=`
+# (`--try compile=on,off`), and the exports write the Trainer's `torch_compile=True`.
 
 # %% [markdown]
 # ## Exercise

@@ -45,3 +45,24 @@ def test_notebook_12_shows_its_steps_peaks_in_mib_and_says_what_fit_tried() -> N
     assert '"peak_bytes", "samples_per_s"' not in text and '"peak_MiB", "samples_per_s"' in text
     assert "searches micro-batch,\n# accumulation and checkpointing" not in text
     assert 'print("tried:"' in text  # the plans fit measured, beyond the levers its space names
+
+
+def test_notebook_05_shows_host_memory_and_compile_with_figures() -> None:
+    """Issue 60's notebook section: host bytes beside the GPU's with a host budget one plan misses, a 7B estimate
+    with a host budget, and compile estimated and shown from its recorded run, each with a figure."""
+    import json
+
+    text = next(source for source in SOURCES if source.stem.startswith("05_")).read_text()
+    for words in ("host_bytes", "host_budget=host_budget", 'host_budget="64GiB"', "verdict_figure",
+                  "memlab.Plan(compile=True)", "compile_seconds", 'name="GPU: allocated peak"',
+                  'name="host: offloaded bytes"', 'name="compiled, estimated"', "measure_compile = False"):
+        assert words in text, words
+    # the recorded run the compile figure reads has what the notebook reads from it
+    recorded = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "compile_memory-cpu.json"
+    data = json.loads(recorded.read_text())
+    assert {"date", "device"} <= set(data) and "cpu" in data["device"]
+    assert [row["family"] for row in data["families"]] == ["llama", "gpt2", "bert"]
+    for row in data["families"]:
+        assert {"compiled_over_eager_peak", "compiled_over_eager_speed"} <= set(row)
+        assert row["eager"]["peak_bytes"] > 0 and row["compiled"]["peak_bytes"] > 0
+        assert {"compile_seconds", "estimate_bytes", "estimate_error"} <= set(row["compiled"])
