@@ -191,11 +191,12 @@ for t in judged:
 # The same question for a 7B model on a real GPU: full training in bf16 with checkpointing, AdamW
 # offloaded, on an 80 GB card with a 64 GiB host budget (what a rented machine's share of RAM may be).
 # Offloaded AdamW keeps about 16 bytes per parameter on the host (an fp32 copy of the weights, a buffer for
-# their gradients, two moments), so the arithmetic is printed beside the estimate. Two things to read with it:
-# made without CUDA, the card figure is the plan's without offload (the note says so; with CUDA the GPU side
-# is modelled too), and a deep model's dry run runs three of its layers and carries their device bytes to all
-# 32: where the host figure is far below the arithmetic, it counted those three layers' host bytes only, and
-# the arithmetic is the figure to judge the host by.
+# their gradients, two moments), so the arithmetic is printed beside the estimate to check it: the dry run
+# runs three of the model's layers and carries what they hold, on the GPU and on the host, to all 32 (the
+# estimate is above the arithmetic: pinned host blocks are rounded up to a power of two, as PyTorch's pinned
+# allocator rounds them). One thing
+# to read with it: made without CUDA, the card figure is the plan's without offload (the note says so; with
+# CUDA the GPU side is modelled too).
 
 # %%
 config_7b = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
