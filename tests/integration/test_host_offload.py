@@ -123,63 +123,42 @@ def test_limits_stops_where_the_host_budget_is_missed() -> None:
     assert tight.next is not None and tight.next > tight.value
 
 
-def test_the_cli_says_does_not_fit_host_and_carries_both_in_json(tmp_path: Path) -> None:
+def _estimate_cli(folder: Path, *args: str) -> tuple[int, str]:
+    """``memlab estimate`` on a tiny Llama's config saved in ``folder``, with ``args``: its exit status and output."""
     from memlab.frontends.cli import main
 
     config = tiny_llama().config
     config.architectures = ["LlamaForCausalLM"]
-    config.save_pretrained(tmp_path)
+    config.save_pretrained(folder)
     out = io.StringIO()
-    args = [str(tmp_path), "--batch", "2x16", "--try", "offload=none,optimizer", "--budget", "80GiB",
-            "--host-budget", "64KiB"]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "stdout", out)
         patch.setattr(sys, "stderr", io.StringIO())
-        status = main(["estimate", *args])
-    text = out.getvalue()
+        status = main(["estimate", str(folder), "--batch", "2x16", *args])
+    return status, out.getvalue()
+
+
+def test_the_cli_says_does_not_fit_host_and_carries_both_in_json(tmp_path: Path) -> None:
+    args = ["--try", "offload=none,optimizer", "--budget", "80GiB", "--host-budget", "64KiB"]
+    status, text = _estimate_cli(tmp_path, *args)
     assert status == 0, text  # the plain plan fits both
     assert "does not fit (host)" in text and "host MiB" in text.replace("host KiB", "host MiB")
-    out = io.StringIO()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys, "stdout", out)
-        patch.setattr(sys, "stderr", io.StringIO())
-        main(["estimate", *args, "--json"])
-    rows = json.loads(out.getvalue())["trials"]
+    rows = json.loads(_estimate_cli(tmp_path, *args, "--json")[1])["trials"]
     assert [row["verdict"] for row in rows] == ["ok (estimate)", "does not fit (host)"]
     assert rows[1]["host_bytes"] > 64 * 1024 and rows[1]["host_budget"] == 64 * 1024
 
 
 def test_the_cli_with_only_a_host_budget_says_why_a_plan_misses_it(tmp_path: Path) -> None:
-    from memlab.frontends.cli import main
-
-    config = tiny_llama().config
-    config.architectures = ["LlamaForCausalLM"]
-    config.save_pretrained(tmp_path)
-    out = io.StringIO()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys, "stdout", out)
-        patch.setattr(sys, "stderr", io.StringIO())
-        status = main(["estimate", str(tmp_path), "--batch", "2x16", "--try", "offload=optimizer", "--host-budget",
-                       "64KiB"])
-    text = " ".join(out.getvalue().split())
+    status, text = _estimate_cli(tmp_path, "--try", "offload=optimizer", "--host-budget", "64KiB")
+    text = " ".join(text.split())
     assert status == 1, text
     assert "Verdict: offload-optimizer does not fit: offload-optimizer fits the device but needs" in text
     assert "over the host budget of 64.0 KiB" in text and "Host budget: 64.0 KiB" in text
 
 
 def test_a_sharded_estimate_shares_the_node_host_budget_among_its_ranks(tmp_path: Path) -> None:
-    from memlab.frontends.cli import main
-
-    config = tiny_llama().config
-    config.architectures = ["LlamaForCausalLM"]
-    config.save_pretrained(tmp_path)
-    out = io.StringIO()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys, "stdout", out)
-        patch.setattr(sys, "stderr", io.StringIO())
-        status = main(["estimate", str(tmp_path), "--batch", "2x16", "--gpus", "16", "--strategy", "zero2", "--try",
-                       "offload=none,optimizer", "--budget", "80GiB", "--host-budget", "64KiB"])
-    text = out.getvalue()
+    status, text = _estimate_cli(tmp_path, "--gpus", "16", "--strategy", "zero2", "--try", "offload=none,optimizer",
+                                 "--budget", "80GiB", "--host-budget", "64KiB")
     assert status == 0, text
     rows = [line for line in text.splitlines() if line.lstrip().startswith(("plain", "offload-optimizer"))]
     assert rows[0].endswith("fits (allocated peak)") and rows[1].endswith("does not fit (host)"), text
