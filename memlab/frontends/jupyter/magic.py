@@ -30,7 +30,7 @@ What the magic does, in order, each job in its module:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
@@ -119,7 +119,8 @@ class MemfitMagics(Magics):
 
           %memfit model batch --inference --budget 2GiB --try new_tokens=128
         """
-        request = request_for(parse_line(self.memfit, line))  # parse; the mode is chosen here, once
+        # cast: IPython 9 types @line_cell_magic's result so that mypy refuses it bound (IPython 8 leaves it untyped)
+        request = request_for(parse_line(cast(Any, self).memfit, line))  # parse; the mode is chosen here, once
         # What libraries say while the cell runs is shown once, short and without the machine's paths, after it.
         with collecting(request.args.verbose) as remarks:
             try:
