@@ -59,6 +59,7 @@ def one_run(threads: int | None, noise: float | None = None) -> dict[str, Any]:
         "samples_per_s": None if best is None else common.rounded(best.samples_per_s, 3),
         "trials": len(report.trials),
         "timed_steps": sum(len(trial.step_times) for trial in report.trials),
+        "ran": sum(trial.status == "ok" for trial in report.trials),  # an out-of-memory trial times no step
         "remeasured": [trial.label for trial in report.trials if any("in turn" in note for note in trial.notes)],
         "budget_bytes": budget,
         "seconds": common.rounded(time.perf_counter() - started, 1),

@@ -213,7 +213,7 @@ def test_stability_counts_agreeing_runs_and_one_search_answers(load: Any) -> Non
     assert summary["agreeing_pairs"] == 2  # 1-2 and 2-3; run 3 named ckpt neither best nor tied, so not 1-3
     assert summary["contradicting_pairs"] == 0  # but run 1 named run 3's winner as tied
     answer = stability.one_run(threads=1, noise=0)  # the search's code; its timing is the benchmark's business
-    assert answer["best"] is not None and answer["trials"] >= 2 and answer["timed_steps"] >= answer["trials"]
+    assert answer["best"] is not None and answer["trials"] >= 2 and answer["timed_steps"] >= answer["ran"] >= 1
 
 
 def test_watch_overhead(load: Any, tmp_path: Path) -> None:
