@@ -101,14 +101,14 @@ Route = Callable[[EstimateRequest], Trial]
 
 def _trainer(request: EstimateRequest) -> Trial:
     """A Trainer in the model's place: its model, loss and (without a batch) worst batch, then the other routes; a
-    GRPO trainer's step with its generation (:mod:`memlab.trainer.grpo_estimate`)."""
+    trainer kind with a dry run of its own (:func:`memlab.trainer.kinds.kind_of`), that one: a GRPO trainer's step
+    with its generation (:mod:`memlab.trainer.grpo_estimate`)."""
     from memlab.trainer.entry import live_target, noted, split_plans
-    from memlab.trainer.grpo import is_grpo
+    from memlab.trainer.kinds import kind_of
 
-    if is_grpo(request.model):
-        from memlab.trainer.grpo_estimate import estimate_grpo
-
-        return estimate_grpo(request)
+    kind = kind_of(request.model)
+    if kind.estimate is not None:
+        return cast(Trial, kind.estimate(request))
 
     batch, plan = split_plans(request.batch, request.plan)
     target = live_target(request.model, batch, request.loss_fn)

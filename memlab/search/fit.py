@@ -35,6 +35,7 @@ from memlab.techniques.attention import fused_attention_instead
 from memlab.techniques.checkpointing import checkpoint_blocks
 from memlab.techniques.loss import chunked_loss_applies
 from memlab.trainer.entry import live_target, noted
+from memlab.trainer.kinds import kind_of
 from memlab.trainer.source import is_trainer
 
 __all__ = ["MAX_TRIALS", "fit"]
@@ -112,10 +113,9 @@ def fit(
         # plan neither memlab.apply(trainer, ...) nor to_training_arguments() could carry, so none is searched.
         # A trainer kind with its own step (GRPO's generates first) brings its runner and its dry run.
         kind = target if target.runner is not None else None
-        if kind is not None:
-            from memlab.trainer.grpo_suggest import with_grpo_dry_runs  # the one kind with its own step today
-
-            kind = with_grpo_dry_runs(kind, model, options.get("loss_fn"))
+        declared = kind_of(model)
+        if kind is not None and declared.fit_dry_runs is not None:
+            kind = declared.fit_dry_runs(kind, model, options.get("loss_fn"))
         report = _fit_module(target.model, target.batch, batch_size or target.batch_size, space, dry_run, estimates,
                              max_trials, False, options, kind=kind)
         return dataclasses.replace(report, trials=noted(report.trials, target.note))

@@ -5,15 +5,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
 from memlab.trainer.arguments import check_single_process, trl_training_arguments
-from memlab.trainer.grpo import check_generations, is_grpo
+from memlab.trainer.kinds import TrainerKind, kind_of
 from memlab.trainer.source import (
-    check_trainer_kind,
     is_trainer,
     keeps_trainer_batch,
     trainer_model,
@@ -150,7 +148,7 @@ def _model_restorer(model: Any) -> Callable[[], None]:
     return restore
 
 
-def _new_arguments(args: Any, plan: Plan) -> Any:
+def _new_arguments(args: Any, plan: Plan, kind: TrainerKind) -> Any:
     from memlab.export.engines import training_arguments
 
     fields = {f.name for f in dataclasses.fields(args)}
@@ -159,10 +157,8 @@ def _new_arguments(args: Any, plan: Plan) -> Any:
     # TRL's configs offload activations with their own flag
     changes = trl_training_arguments(flat, legacy_names=legacy) if "activation_offloading" in fields else \
         training_arguments(flat, legacy_names=legacy)
-    if "steps_per_generation" in fields:  # a GRPOConfig: the generation batch kept, steps_per_generation follows
-        from memlab.trainer.grpo import grpo_split
-
-        changes.update(grpo_split(args, plan), generation_batch_size=None)  # its __post_init__ takes one of two
+    if kind.arguments is not None:  # a GRPOConfig: the generation batch kept, steps_per_generation follows
+        changes.update(kind.arguments(args, plan))
     try:
         return dataclasses.replace(args, **changes)
     except Exception as error:
@@ -212,7 +208,8 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
       transformers' own hyperparameter search does);
     - a LoRA plan puts peft adapters on the trainer's model in place (every linear layer but the output head, rank
       ``plan.lora_rank``; :func:`memlab.techniques.adapters.attach_adapter`);
-    - on TRL's GRPOTrainer, the plan's split of one optimizer step's generations (``per_device_train_batch_size``
+    - what the trainer's kind changes besides (its ``arguments``, :mod:`memlab.trainer.kinds`): on TRL's
+      GRPOTrainer, the plan's split of one optimizer step's generations (``per_device_train_batch_size``
       generations per device x accumulation) with the generation batch kept: ``steps_per_generation`` becomes
       ``generation_batch_size / micro_batch`` (:func:`memlab.trainer.grpo.grpo_split`); a split whose micro-batch
       does not divide the generation batch is refused;
@@ -232,17 +229,12 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
     """
     if not is_trainer(trainer):
         raise MemlabError(f"apply_to_trainer takes a transformers Trainer, not a {type(trainer).__name__}")
-    grpo = is_grpo(trainer)
-    if not grpo:
-        check_trainer_kind(trainer)
+    kind = kind_of(trainer)  # a trainer of no kind memlab takes is refused, saying which it takes
     check_plan_for_trainer(plan)
     check_single_process(trainer.args)
     plan = keeps_trainer_batch(plan, trainer.args)  # Plan(): the trainer's effective batch in one micro-batch
-    if grpo:  # its generations per optimizer step kept, its generation batch whole micro-batches
-        args = trainer.args
-        check_generations(plan, SimpleNamespace(generations=args.per_device_train_batch_size
-                                                * args.gradient_accumulation_steps,
-                                                generation_batch=args.generation_batch_size))
+    if kind.check_plan is not None:  # what the kind refuses (a GRPOTrainer: a split of other than its generations)
+        kind.check_plan(trainer, plan)
     model = trainer_model(trainer)
     if APPLIED_MARK in vars(trainer):
         raise MemlabError(
@@ -263,7 +255,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
     # undo puts it back exactly, even where the rebuild fails half-way
     restore_shared = shared_state_restorer()
     try:
-        new_args = _new_arguments(trainer.args, plan)
+        new_args = _new_arguments(trainer.args, plan, kind)
     except BaseException:
         restore_shared()
         raise

@@ -15,6 +15,7 @@ from memlab.errors import MemlabError
 from memlab.plan import OPTIMIZERS, Plan
 from memlab.techniques.levers_step import OPTIMIZER_FORMS
 from memlab.techniques.registry import REGISTRY
+from memlab.trainer.kinds import is_trainer, kind_for_config, kind_of
 
 __all__ = [
     "TRAINER_OPTIMIZERS",
@@ -109,7 +110,8 @@ def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None, conf
     config that had it on is switched off. :func:`plan_from_training_arguments` reads it back.
 
     ``config``: the config class the keywords are for (``trl.GRPOConfig``, or its name ``"GRPOConfig"``;
-    ``plan.to_training_arguments(trl=trl.GRPOConfig)``): every keyword is one it accepts, or the plan is refused
+    ``plan.to_training_arguments(trl=trl.GRPOConfig)``; or a trainer, whose kind names its config class:
+    ``plan.to_training_arguments(trl=trainer)``): every keyword is one it accepts, or the plan is refused
     saying which lever it has no keyword for. A config without ``activation_offloading`` (TRL 1.16's
     ``GRPOConfig``) gets transformers' own keywords (activations offloaded only with checkpointing); a GRPOConfig
     refuses the chunked loss (its trainer refuses Liger's fused linear cross-entropy). A GRPOConfig built from them
@@ -135,11 +137,10 @@ def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None, conf
     if legacy_names is None and "activation_checkpointing" not in fields:
         legacy_names = True
     name = cls.__name__
-    if name == "GRPOConfig" and plan.loss != "full":
-        raise MemlabError(
-            "a GRPOTrainer refuses Liger's fused linear cross-entropy (liger_kernel_config={'fused_linear_cross_"
-            "entropy': True}), which loss='chunked' exports to; export plan.replace(loss='full') for a GRPOConfig"
-        )
+    kind = kind_for_config(cls)
+    refusal = kind.export_refusal(plan) if kind is not None and kind.export_refusal is not None else ""
+    if refusal:  # what the config's trainer kind refuses (a GRPOConfig: the chunked loss)
+        raise MemlabError(refusal)
     if "activation_offloading" in fields:
         kwargs = trl_training_arguments(plan, legacy_names=legacy_names)
     else:
@@ -157,7 +158,10 @@ def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None, conf
 
 
 def _config_class(config: Any) -> type:
-    """The config class ``config`` names (a dataclass, or a class name importable from ``trl``)."""
+    """The config class ``config`` names (a dataclass, a class name importable from ``trl``, or a trainer: its
+    kind's config class, :attr:`memlab.trainer.kinds.TrainerKind.config`)."""
+    if is_trainer(config):
+        return kind_of(config).config_class()
     if isinstance(config, str):
         try:
             import trl
@@ -235,23 +239,6 @@ def plan_from_training_arguments(args: Any) -> Plan:
         offload="activations" if offloads_activations(args) else "none",
         loss=_loss(args),
         compile=bool(getattr(args, "torch_compile", False)),
-    )
-
-
-def is_trainer(obj: Any) -> bool:
-    """True for a ``transformers.Trainer`` or a subclass of it (TRL's ``SFTTrainer``...), without importing them.
-
-    Example:
-        >>> import torch
-        >>> is_trainer(torch.nn.Linear(2, 2))
-        False
-        >>> class Trainer:  # a class of that name only counts when it comes from transformers
-        ...     pass
-        >>> is_trainer(Trainer())
-        False
-    """
-    return any(
-        cls.__name__ == "Trainer" and cls.__module__.startswith("transformers.") for cls in type(obj).__mro__
     )
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
-from memlab.trainer.grpo import is_grpo
+from memlab.trainer.kinds import kind_of
 from memlab.trainer.source import TrainerSource, is_trainer, keeps_trainer_batch
 from memlab.trainer.worst_batch import trainer_batches, worst_batch
 
@@ -71,9 +71,11 @@ def live_target(
     """The model, batch and loss a run measures. For a trainer without a batch: its train dataset's examples as
     :class:`~memlab.live.batch.StepBatches` (each plan's micro-batches collated by the trainer, the worst first),
     said in ``note``; its ``compute_loss`` unless ``loss_fn`` is given (``rows`` is kept for callers: every plan
-    gets the examples it needs). Nothing on the trainer changes. ``generation=True`` (``measure`` and ``compare``)
-    takes TRL's GRPOTrainer too, its step generating first (:func:`memlab.runner.grpo.grpo_target`); the entry
-    points that do not run its generation yet leave it out, and the trainer is refused with what works.
+    gets the examples it needs). Nothing on the trainer changes. The trainer's kind (:func:`memlab.trainer.kinds.
+    kind_of`) decides what differs: its own batch (``make_batch``), and with ``generation=True`` (``measure``,
+    ``compare``, ``fit``) its own step (``target``: TRL's GRPOTrainer generates first,
+    :func:`memlab.runner.grpo.grpo_target`); the entry points that do not run that step leave it out, and the
+    trainer is refused with what works.
 
     Example:
         >>> live_target(object(), None)
@@ -89,18 +91,20 @@ a transformers Trainer, whose train dataset memlab reads
                 "Trainer, whose train dataset memlab reads"
             )
         return LiveTarget(model_or_trainer, batch, loss_fn)
-    if generation and is_grpo(model_or_trainer):
-        from memlab.runner.grpo import grpo_target  # the runner builds on trainer/, never the reverse at load
-
+    kind = kind_of(model_or_trainer)  # a trainer of no kind memlab takes is refused here, before it is read
+    if generation and kind.target is not None:  # a step of its own (GRPO's generates first), its batch its own
         if batch is not None:
             raise MemlabError(
-                "a GRPOTrainer's batch is what it generates from its train dataset's prompts; leave the batch out: "
+                f"a {kind.name}'s batch is what its step makes ({kind.batch}); leave the batch out: "
                 "memlab.measure(trainer) or memlab.measure(trainer, memlab.Plan(...))"
             )
-        return grpo_target(model_or_trainer, loss_fn)
+        return cast(LiveTarget, kind.target(model_or_trainer, loss_fn))
     source = TrainerSource.from_trainer(model_or_trainer)
     note = None
-    if batch is None:
+    if batch is None and kind.make_batch is not None:
+        batch = kind.make_batch(model_or_trainer)
+        note = f"measured on a {kind.name}'s batch: {kind.batch}"
+    elif batch is None:
         # The trainer's batch is atomic: each plan's micro-batches are collated by its collator from the
         # costliest examples (a packed or padding-free row stays whole), the worst micro-batch first.
         worst = worst_batch(model_or_trainer)

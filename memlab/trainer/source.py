@@ -17,9 +17,9 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.plan import Plan
 from memlab.trainer.arguments import check_single_process, is_trainer, plan_from_trainer, trainer_model
+from memlab.trainer.kinds import TrainerKind, kind_of
 
 __all__ = [
-    "MEASURED_TRL_TRAINERS",
     "TrainerSource",
     "accelerate_outputs_fp32",
     "check_trainer_kind",
@@ -32,11 +32,6 @@ __all__ = [
 ]
 
 _PLAIN = (bool, int, float, str, type(None))
-
-
-MEASURED_TRL_TRAINERS = ("SFTTrainer", "DPOTrainer")
-"""TRL's trainers whose step memlab measures, estimates and fits; a trainer class of the user's own, and any
-transformers Trainer, are measured through their ``compute_loss``."""
 
 
 def trl_kind(trainer: Any) -> str | None:
@@ -52,50 +47,24 @@ def trl_kind(trainer: Any) -> str | None:
     return None
 
 
-def check_trainer_kind(trainer: Any) -> None:
-    """Refuse a TRL trainer whose step memlab cannot run here (PPO, online DPO...; GRPO outside ``measure``,
-    ``compare``, ``estimate``, ``fit`` and ``apply``, which run its generation: :mod:`memlab.trainer.grpo`), with
-    what works today and what to write;
-    nothing on the trainer changes.
+def check_trainer_kind(trainer: Any) -> TrainerKind:
+    """The trainer's kind (:func:`memlab.trainer.kinds.kind_of`) where the Trainer's own step measures it: a kind
+    with a step of its own (GRPO's generates first) is refused with what takes it (its ``elsewhere``), as is a TRL
+    trainer of no declared kind (PPO, online DPO...); nothing on the trainer changes.
 
     Example:
         >>> check_trainer_kind(object())
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: a object is not a transformers Trainer; pass a Trainer (TRL's SFTTrainer, \
+DPOTrainer and GRPOTrainer too), or a model and a batch
     """
-    kind = trl_kind(trainer)
-    if kind is None or kind in MEASURED_TRL_TRAINERS or _is_trl_base(kind):
-        return
-    args = getattr(trainer, "args", None)
-    rows = getattr(args, "per_device_train_batch_size", "N")
-    watch = ("memlab.watch(trainer, budget=...) works on it today: call it, then trainer.train(), and "
-             "watched.peak_bytes is every step's peak, generation included")
-    if kind == "GRPOTrainer":
-        completion = getattr(args, "max_completion_length", None) or "max_completion_length"
-        generations = getattr(args, "num_generations", None) or "num_generations"
-        raise MemlabError(
-            f"memlab measures a {kind}'s step as it runs (generation of {generations} completions per prompt up to "
-            f"{completion} tokens, the reference log-probs, then forward, backward and the optimizer) and estimates "
-            "it: write memlab.measure(trainer) or memlab.estimate(trainer) for the trainer as set up, "
-            "memlab.compare(trainer, plans=[memlab.Plan(...)]) to measure plans, memlab.fit(trainer, budget=...) "
-            "to search them and memlab.apply(trainer, plan) to train with one; this call does not take a "
-            f"{kind} yet; {watch}"
-        )
-    if hasattr(args, "num_generations"):
-        completion = getattr(args, "max_completion_length", None) or "max_completion_length"
-        generations = getattr(args, "num_generations", None) or "num_generations"
-        vocab = getattr(getattr(getattr(trainer, "model", None), "config", None), "vocab_size", None) or "vocab_size"
-        raise MemlabError(
-            f"memlab does not yet measure, estimate or fit a {kind}'s step: its dataset is prompts, and each step "
-            f"first generates {generations} completions per prompt (up to {completion} tokens) before the policy's "
-            f"forward and backward, which memlab does not run; {watch}. To size the policy's training step alone, "
-            f"measure the model on a batch of full-length generations: ids = torch.randint({vocab}, ({rows}, "
-            f"longest_prompt + {completion})); memlab.measure(trainer.model, {{'input_ids': ids, 'labels': ids}}, "
-            "memlab.Plan.from_trainer(trainer)) (the generation's KV cache and the reference model come on top)"
-        )
-    raise MemlabError(
-        f"memlab does not measure, estimate or fit a TRL {kind}: it measures transformers' Trainer and TRL's "
-        f"{' and '.join(MEASURED_TRL_TRAINERS)}; {watch}. To size the training step, measure the model on a batch "
-        "yourself: memlab.measure(trainer.model, batch, memlab.Plan(...))"
-    )
+    kind = kind_of(trainer)
+    if kind.target is not None:
+        raise MemlabError(kind.elsewhere(trainer) if kind.elsewhere is not None else
+                          f"a {kind.name} runs a step of its own, which this call does not run; write "
+                          "memlab.measure(trainer), memlab.estimate(trainer) or memlab.fit(trainer, budget=...)")
+    return kind
 
 
 def trl_offload_context_for(trainer: Any) -> None:
@@ -126,10 +95,6 @@ def trl_offload_context_for(trainer: Any) -> None:
         elif not isinstance(trainer.maybe_activation_offload_context, nullcontext):
             return  # TRL's own context, already on
     trainer.maybe_activation_offload_context = context
-
-
-def _is_trl_base(kind: str) -> bool:
-    return kind in ("BaseTrainer", "_BaseTrainer")
 
 
 def _is_plain_data(value: Any, limit: int = 10_000) -> bool:
@@ -333,12 +298,7 @@ class TrainerSource:
             ...
             memlab.errors.MemlabError: a object is not a transformers Trainer; pass a Trainer ...
         """
-        if not is_trainer(trainer):
-            raise MemlabError(
-                f"a {type(trainer).__name__} is not a transformers Trainer; "
-                "pass a Trainer (TRL's SFTTrainer too) or a model and a batch"
-            )
-        check_trainer_kind(trainer)
+        check_trainer_kind(trainer)  # not a trainer, or a kind whose own step this call does not run: refused
         args = trainer.args
         check_single_process(args)
         model = trainer_model(trainer)

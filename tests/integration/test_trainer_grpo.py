@@ -80,6 +80,6 @@ def test_other_trl_trainers_are_refused_in_one_sentence(tmp_path: Any) -> None:
     with pytest.raises(MemlabError, match=r"does not yet measure, estimate or fit a PPOTrainer's step"):
         memlab.measure(trainer, steps=1, warmup=0, noise=0)  # only GRPO's step is run
     reward = trl.RewardTrainer.__new__(trl.RewardTrainer)  # not generating, not measured: refused before it is read
-    with pytest.raises(MemlabError, match=r"does not measure, estimate or fit a TRL RewardTrainer.*SFTTrainer and "
-                                          r"DPOTrainer"):
+    with pytest.raises(MemlabError, match=r"does not measure, estimate or fit a TRL RewardTrainer.*SFTTrainer, "
+                                          r"DPOTrainer and GRPOTrainer"):
         memlab.trainer.TrainerSource.from_trainer(reward)
