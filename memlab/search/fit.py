@@ -106,14 +106,15 @@ def fit(
         # A trainer: its model, its compute_loss, its effective batch and (without a batch) its dataset's worst one.
         target = live_target(model, batch, options.get("loss_fn"), rows=batch_size, generation=True)
         options["loss_fn"] = target.loss_fn
-        if target.plan is not None:  # a peft model keeps its own adapters: every plan searched says so
-            space = {**carried_space(target.model, target.plan), **(space or {})}
+        declared = kind_of(model)  # its kind's own levers, then a peft model's adapters kept, then the user's space
+        if target.plan is not None or declared.levers:
+            carried = carried_space(target.model, target.plan) if target.plan is not None else {}
+            space = {**declared.levers, **carried, **(space or {})}
         refuse_selective_for_trainer(space)
         # The Trainer's checkpointing switch covers every block or none: some blocks (checkpointing=k) would be a
         # plan neither memlab.apply(trainer, ...) nor to_training_arguments() could carry, so none is searched.
         # A trainer kind with its own step (GRPO's generates first) brings its runner and its dry run.
         kind = target if target.runner is not None else None
-        declared = kind_of(model)
         if kind is not None and declared.fit_dry_runs is not None:
             kind = declared.fit_dry_runs(kind, model, options.get("loss_fn"))
         report = _fit_module(target.model, target.batch, batch_size or target.batch_size, space, dry_run, estimates,

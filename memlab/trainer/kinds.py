@@ -24,9 +24,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from memlab.errors import MemlabError
@@ -56,6 +56,8 @@ class TrainerKind:
             ``fit`` (its batch, its runner); None: the Trainer's step on :attr:`make_batch`'s batch.
         estimate: ``estimate(request) -> Trial``: its own dry run for ``memlab.estimate`` (the request is
             :class:`~memlab.estimation.request.EstimateRequest`); None: the Trainer's on its batch.
+        levers: what ``fit`` searches on this kind beyond its default space (``{lever: values}``, as ``space=``
+            takes them), under what the user's ``space`` says.
         fit_dry_runs: ``fit_dry_runs(target, trainer, loss_fn) -> LiveTarget``: ``target`` with the dry run ``fit``
             prunes with and the suggestions it makes where nothing fits (needed with a ``target``).
         suggestions: the config fields those suggestions change; each changes the training, and says so.
@@ -76,6 +78,7 @@ class TrainerKind:
     make_batch: Callable[[Any], Any] | None = None
     target: Callable[[Any, Any], Any] | None = None
     estimate: Callable[[Any], Any] | None = None
+    levers: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     fit_dry_runs: Callable[[Any, Any, Any], Any] | None = None
     suggestions: tuple[str, ...] = ()
     check_plan: Callable[[Any, Any], None] | None = None

@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArgumen
 import memlab  # noqa: E402
 from memlab import MemlabError, Plan  # noqa: E402
 from memlab.trainer.grpo import GRPO_PHASES  # noqa: E402
+from memlab.trainer.grpo_suggest import CHANGES  # noqa: E402
 from memlab.trainer.kinds import KINDS, TrainerKind, declared, kind_for_config, kind_of  # noqa: E402
 
 ROWS, TOKENS, VOCAB = 2, 24, 128
@@ -46,6 +47,7 @@ def test_the_four_kinds_in_order_each_found_by_its_class() -> None:
         pass
 
     grpo = kind_of(MyGRPO.__new__(MyGRPO))
+    assert grpo.suggestions == tuple(name for name, _ in CHANGES)  # what fit suggests on it, declared
     assert grpo.name == "GRPOTrainer" and grpo.target is not None and grpo.estimate is not None
     assert grpo.phases == GRPO_PHASES  # the phases the timeline names, declared once
     assert kind_of(Trainer.__new__(Trainer)).target is None  # the Trainer's step: its compute_loss on a worst batch
@@ -79,13 +81,16 @@ def test_a_fifth_kind_is_measured_and_estimated_through_its_declaration_alone(tm
         return {"input_ids": ids, "labels": ids.clone()}
 
     kind = TrainerKind("PairTrainer", "", "TrainingArguments", "transformers",
-                       batch=f"{TOKENS}-token pairs, question and answer joined", make_batch=make_batch)
+                       batch=f"{TOKENS}-token pairs, question and answer joined", make_batch=make_batch,
+                       levers={"checkpointing": (True,), "precision": ("fp32",), "optimizer": ("adamw",)})
     with declared(kind):
         assert kind_of(trainer) is kind and KINDS[-1] is kind
         trial = memlab.measure(trainer, steps=1, warmup=0, noise=0)
         estimate = memlab.estimate(trainer)
         plans = memlab.compare(trainer, [Plan(), Plan(checkpointing=True)], steps=1, warmup=0, noise=0,
                                progress=False)
+        searched = memlab.fit(trainer, budget="1GiB", steps=1, noise=0, progress=False, max_trials=2,
+                              space={"optimizer": ("adafactor",)})  # the user's space over the kind's levers
     assert trial.status == "ok", trial.error
     assert trial.plan == Plan.from_trainer(trainer)  # the trainer as set up
     assert trial.rows_per_step == ROWS and made and set(made) == {ROWS}
@@ -93,6 +98,8 @@ def test_a_fifth_kind_is_measured_and_estimated_through_its_declaration_alone(tm
     assert estimate.status == "ok" and estimate.estimated, estimate.error
     assert any("PairTrainer's batch" in note for note in estimate.notes), estimate.notes
     assert [t.status for t in plans.trials] == ["ok", "ok"]
+    assert searched.trials and {(t.plan.checkpointing, t.plan.optimizer) for t in searched.trials} == {
+        (True, "adafactor")}  # fit searched the kind's levers, the user's space winning where both say
     # The declaration is gone with the block: the registry is the four kinds again.
     assert [k.name for k in KINDS] == ["Trainer", "SFTTrainer", "DPOTrainer", "GRPOTrainer"]
     assert kind_of(trainer).name == "Trainer"
