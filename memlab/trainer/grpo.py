@@ -28,6 +28,7 @@ import itertools
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import torch
@@ -39,8 +40,17 @@ from memlab.trainer.arguments import check_single_process, plan_from_trainer, tr
 from memlab.trainer.source import accelerate_outputs_fp32, trainer_bookkeeping_kept, trl_kind
 from memlab.trainer.worst_batch import SAMPLE_DEFAULT
 
-__all__ = ["GRPO_PHASES", "GRPOPrompts", "GRPOSource", "RewardFailed", "check_generations", "computes_old_logps",
-           "grpo_split", "is_grpo", "split_on"]
+__all__ = ["GRPO_PHASES", "VLLM_NOT_RUN", "GRPOPrompts", "GRPOSource", "RewardFailed", "check_generations",
+           "computes_old_logps", "grpo_split", "is_grpo", "split_on"]
+
+VLLM_NOT_RUN = (
+    "memlab measures a GRPOTrainer's generation by running it, and this trainer generates with vLLM "
+    "(use_vllm=True), which cannot run here (memlab does not start its engine); estimate it instead, "
+    "memlab.estimate(trainer, gpu='H100-80GB') (the engine's share by vLLM's arithmetic), or fit it in a dry run, "
+    "memlab.fit(trainer, budget=..., dry_run=True); or measure the step with GRPOConfig(use_vllm=False), which "
+    "generates with transformers (the policy's training is the same); memlab.watch(trainer) records a real run"
+)
+"""Why a GRPOTrainer that generates with vLLM is not measured, and what works instead."""
 
 GRPO_PHASES = ("generation", "reference", "old-policy")
 """The phases a GRPO step has before its training phases, in the order they run."""
@@ -104,21 +114,19 @@ class GRPOSource:
     failure: RewardFailed | None = field(default=None)
 
     @classmethod
-    def from_trainer(cls, trainer: Any) -> GRPOSource:
-        """Read a GRPOTrainer and find its worst generation batch; nothing on it changes.
+    def from_trainer(cls, trainer: Any, *, vllm: bool = False) -> GRPOSource:
+        """Read a GRPOTrainer and find its worst generation batch; nothing on it changes. ``vllm=True``: a trainer
+        that generates with vLLM is taken too (an estimate, which counts the engine's share by vLLM's arithmetic:
+        :mod:`memlab.trainer.grpo_vllm`); a measurement runs the generation, so it refuses one.
 
         Raises:
-            MemlabError: a colocated or served vLLM engine, a custom rollout, several processes, or a dataset
-                without prompts.
+            MemlabError: a vLLM engine where the generation runs (``vllm=False``), a custom rollout, several
+                processes, or a dataset without prompts.
         """
         args = trainer.args
         check_single_process(args)
-        if getattr(trainer, "use_vllm", False):
-            raise MemlabError(
-                "memlab measures a GRPOTrainer's generation with transformers' generate, and this trainer generates "
-                "with vLLM (use_vllm=True), whose engine memlab does not run; measure it with use_vllm=False (the "
-                "policy's step is the same), or memlab.watch(trainer) on a real run"
-            )
+        if getattr(trainer, "use_vllm", False) and not vllm:
+            raise MemlabError(VLLM_NOT_RUN)
         if getattr(trainer, "rollout_func", None) is not None or getattr(trainer, "environment_factories", None):
             raise MemlabError(
                 "memlab runs a GRPOTrainer's own generation, and this one generates through a rollout_func or "
@@ -168,7 +176,8 @@ class GRPOSource:
         ``min_new_tokens`` in its generation config and kwargs, ``current_gradient_accumulation_steps`` (which
         ``compute_loss`` reads and only ``train()`` sets), its metrics, logs and state."""
         trainer = self.trainer
-        config = trainer.generation_config
+        # A trainer that generates with vLLM has no generation config (its SamplingParams are vLLM's).
+        config = getattr(trainer, "generation_config", None) or SimpleNamespace(min_new_tokens=None)
         kwargs = getattr(trainer, "generation_kwargs", None)
         kwargs = kwargs if isinstance(kwargs, dict) else None
         saved_min = config.min_new_tokens

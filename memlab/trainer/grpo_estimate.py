@@ -37,6 +37,7 @@ from memlab.plan import Plan
 from memlab.report.data import Trial
 from memlab.report.timeline import Timeline, TimelinePeak
 from memlab.trainer.grpo import GRPOSource, check_generations, computes_old_logps
+from memlab.trainer.grpo_vllm import VLLMSettings, vllm_share
 from memlab.trainer.source import keeps_trainer_batch
 
 __all__ = ["estimate_grpo", "grpo_plans_estimator", "sampling_bytes"]
@@ -111,14 +112,19 @@ def estimate_grpo(request: Any) -> Trial:
         raise MemlabError("memlab estimates a GRPOTrainer's step on one device; drop gpus= and strategy=")
     if plan is not None and not isinstance(plan, Plan):
         raise MemlabError(f"{plan!r} is not a memlab.Plan; write memlab.estimate(trainer, memlab.Plan(...))")
-    source = GRPOSource.from_trainer(trainer)
+    settings = VLLMSettings.of(trainer)
+    source = GRPOSource.from_trainer(trainer, vllm=True)
     plan = source.plan if plan is None else keeps_trainer_batch(plan, trainer.args)
     check_generations(plan, source)
     loss_fn = request.loss_fn if request.loss_fn is not None else source.loss_fn()
+    if settings is not None and settings.colocated:
+        request = _on_the_card(request)
     with source.generating():
         training = route(request.replace(model=source.model, batch=_generated(source), loss_fn=loss_fn, plan=plan))
     if training.status != "ok" or training.timeline is None:
         return training
+    if settings is not None:
+        return _with_vllm(training, settings, source, request)
     parameter = next(iter(source.model.parameters()))
     weights = _WEIGHTS.get(parameter.dtype, "fp32")
     generation = estimate_inference(
@@ -150,6 +156,11 @@ def _generated(source: GRPOSource) -> dict[str, torch.Tensor]:
         batch["old_per_token_logps"] = -torch.rand(rows, completion, generator=generator)
     if source.trainer.beta != 0.0:
         batch["ref_per_token_logps"] = -torch.rand(rows, completion, generator=generator)
+    if getattr(source.trainer, "use_vllm", False):  # vLLM's own log-probs of the tokens it sampled
+        batch["sampling_per_token_logps"] = -torch.rand(rows, completion, generator=generator)
+        if getattr(source.trainer, "vllm_importance_sampling_correction", False):
+            sequence = str(getattr(source.trainer, "vllm_importance_sampling_mode", "")).startswith("sequence")
+            batch["importance_sampling_ratio"] = torch.ones(rows, 1 if sequence else completion)
     return batch
 
 
@@ -206,3 +217,74 @@ def _combined(training: Trial, generation: Trial, sampling: int, reference: int,
         reserved += peak.bytes - training_peak  # the generation's extra bytes on the training step's reserve
     return dataclasses.replace(training, peak_bytes=peak.bytes, breakdown=breakdown, timeline=timeline,
                                reserved_bytes=reserved, notes=(*training.notes, note, source.note))
+
+
+def _on_the_card(request: Any) -> Any:
+    """The request for a trainer whose vLLM engine shares the card: answered for CUDA (vLLM runs on a GPU, and so
+    does the training beside it) unless the device was given; a CPU device refused."""
+    if request.device is None:
+        return request.replace(device="cuda")
+    if torch.device(request.device).type != "cuda":
+        raise MemlabError(
+            "this GRPOTrainer's vLLM engine shares a CUDA card (vllm_mode='colocate'), and "
+            f"device={str(request.device)!r} has none; write memlab.estimate(trainer, gpu='H100-80GB') (or another "
+            "gpu=), or estimate GRPOConfig(use_vllm=False) for a CPU"
+        )
+    return request
+
+
+def _with_vllm(training: Trial, settings: VLLMSettings, source: GRPOSource, request: Any) -> Trial:
+    """The training estimate with vLLM's generation put before it: a colocated engine's share (resident, or awake
+    only while it generates with sleep mode) over the policy's training state, under ``"other"``; a served engine
+    adds nothing to this card. An error trial where the share cannot hold the weights and one sequence."""
+    from memlab.estimation.cuda.gpus import gpu_kind
+
+    line = training.timeline
+    assert line is not None
+    categories = line.categories
+    reference = _reference_bytes(source.trainer)
+    held = {"params": training.breakdown.get("params", 0), "optimizer": training.breakdown.get("optimizer", 0),
+            "other": (line.series["other"][0] if line.series.get("other") else 0) + reference}
+    if settings.colocated:
+        kind = gpu_kind(request.gpu)
+        share = vllm_share(settings, source.model, card=kind.memory_bytes, prompt=source.prompt_tokens,
+                           completion=source.completion_tokens, sequences=source.generation_batch)
+        awake, during, note = share.share, share.during_training, share.note(kind.name)
+        host = share.host
+        refusal = share.refusal()
+    else:
+        awake = during = host = 0
+        note = ("vllm_mode='server': the vLLM engine generates on the server's own GPUs (its share set by the "
+                "server's --gpu-memory-utilization), so this card holds only the policy's training; the generation "
+                "phase here is the policy's state while it waits")
+        refusal = None
+    before = awake if not settings.sleep else during
+    series: dict[str, list[int]] = {name: [] for name in categories}
+    for extra in (before, awake):
+        for name in categories:
+            series[name].append(held.get(name, 0) + (extra if name == "other" else 0))
+    for name in categories:
+        series[name].extend(value + ((reference + during) if name == "other" else 0) for value in line.series[name])
+    offset = 2
+    x = [0, 1, *(value + offset for value in line.x)]
+    phases = [("generation", 0, 1), *((name, a + offset, b + offset) for name, a, b in line.phases)]
+    generation_peak = sum(series[name][1] for name in categories)
+    training_peak = training.peak_bytes + reference + during
+    if generation_peak > training_peak:
+        breakdown = {name: series[name][1] for name in categories}
+        peak = TimelinePeak(generation_peak, "generation", "vLLM" if settings.colocated else "", breakdown, {}, at=1)
+    else:
+        breakdown = {**training.breakdown, "other": training.breakdown.get("other", 0) + reference + during}
+        peak = dataclasses.replace(line.peak, bytes=training_peak, by_category=breakdown, at=line.peak.at + offset)
+    timeline = Timeline(categories, x, series, phases, peak, events=offset + line.events, device=line.device)
+    reserved = training.reserved_bytes
+    if reserved is not None:
+        reserved += during + max(peak.bytes - training_peak, 0)
+    said = (f"GRPO step with vLLM: generation peak {generation_peak:,} bytes, training peak {training_peak:,} "
+            f"bytes; the peak is in {peak.phase}")
+    trial = dataclasses.replace(training, peak_bytes=peak.bytes, breakdown=breakdown, timeline=timeline,
+                                reserved_bytes=reserved, host_bytes=training.host_bytes + host,
+                                notes=(*training.notes, said, note, source.note))
+    if refusal is not None:
+        return dataclasses.replace(trial, status="error", error=refusal)
+    return trial
