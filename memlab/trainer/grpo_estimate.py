@@ -37,10 +37,10 @@ from memlab.plan import Plan
 from memlab.report.data import Trial
 from memlab.report.timeline import Timeline, TimelinePeak
 from memlab.trainer.grpo import GRPOSource, check_generations, computes_old_logps
-from memlab.trainer.grpo_vllm import VLLMSettings, vllm_share
+from memlab.trainer.grpo_vllm import SLEEP_LEVEL, VLLMSettings, utilization_candidates, vllm_share
 from memlab.trainer.source import keeps_trainer_batch
 
-__all__ = ["estimate_grpo", "grpo_plans_estimator", "sampling_bytes"]
+__all__ = ["estimate_grpo", "estimate_grpo_vllm", "fitted_vllm", "grpo_plans_estimator", "sampling_bytes"]
 
 _WEIGHTS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -70,15 +70,24 @@ def grpo_plans_estimator(trainer: Any, loss_fn: Any = None) -> Callable[..., lis
 
     def estimate_plans(plans: Sequence[Plan], *, budget: int | None, device: Any, lr: float) -> list[Trial]:
         from memlab.estimation.estimate import estimate
+        from memlab.estimation.request import EstimateRequest
 
         generations = trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps
+        settings = VLLMSettings.of(trainer)
+        colocated = settings is not None and settings.colocated
+        if colocated and torch.device(device).type != "cuda":
+            device = "cuda"  # the engine shares a CUDA card, and so does the training (a CPU model: for the card)
         trials = []
         for plan in plans:
             whole = plan
             if plan.micro_batch and plan.micro_batch * plan.accumulation != generations \
                     and generations % plan.micro_batch == 0:
                 whole = plan.replace(accumulation=generations // plan.micro_batch)
-            trial = estimate(trainer, whole, loss_fn=loss_fn, budget=budget, device=device, lr=lr)
+            if colocated:
+                request = EstimateRequest(trainer, None, whole, loss_fn=loss_fn, budget=budget, lr=lr, device=device)
+                trial = fitted_vllm(request.checked())
+            else:
+                trial = estimate(trainer, whole, loss_fn=loss_fn, budget=budget, device=device, lr=lr)
             trials.append(trial if whole is plan else dataclasses.replace(trial, plan=plan))
         return trials
 
@@ -94,8 +103,94 @@ def estimate_grpo(request: Any) -> Trial:
         MemlabError: a batch given, several GPUs, or what :class:`~memlab.trainer.grpo.GRPOSource` refuses.
     """
     from memlab.estimation.dryrun.single_gpu import estimate_inference
-    from memlab.estimation.request import route
     from memlab.inference.plan import InferencePlan
+
+    settings = VLLMSettings.of(request.model)
+    training, source, request = _training_step(request, settings)
+    if training.status != "ok" or training.timeline is None:
+        return training
+    if settings is not None:
+        return _with_vllm(training, settings, source, request)
+    parameter = next(iter(source.model.parameters()))
+    weights = _WEIGHTS.get(parameter.dtype, "fp32")
+    generation = estimate_inference(
+        source.model, {"input_ids": (source.generation_batch, source.prompt_tokens)},
+        InferencePlan(new_tokens=source.completion_tokens, weights=weights), device=request.device, gpu=request.gpu,
+    ).trials[0]
+    if generation.status != "ok" or generation.timeline is None:
+        return dataclasses.replace(training, notes=(*training.notes, "the generation phase could not be estimated: "
+                                                    f"{generation.error}"))
+    vocab = int(getattr(source.model.config, "vocab_size", 0) or 0)
+    reference = _reference_bytes(source.trainer)
+    return _combined(training, generation, sampling_bytes(source.generation_batch, vocab), reference, source)
+
+
+def estimate_grpo_vllm(request: Any, variants: Sequence[VLLMSettings]) -> list[Trial]:
+    """The step of a GRPOTrainer that generates with vLLM, estimated once per vLLM setting in ``variants`` (the
+    policy's training dry run made once: the engine's settings do not change it); what ``fit`` searches the engine's
+    share and sleep mode with. ``request`` as for :func:`estimate_grpo`.
+
+    Example (``tests/integration/test_trainer_grpo_vllm.py`` builds such a trainer)::
+
+        low, asleep = estimate_grpo_vllm(EstimateRequest(trainer, gpu="L4-24GB"),
+                                         [VLLMSettings("colocate", 0.1, False), VLLMSettings("colocate", 0.3, True)])
+    """
+    first = VLLMSettings.of(request.model)
+    if first is None:
+        raise MemlabError("this GRPOTrainer generates with transformers (use_vllm=False): it has no vLLM settings to "
+                          "vary; estimate it with memlab.estimate(trainer)")
+    training, source, request = _training_step(request, variants[0] if variants else first)
+    if training.status != "ok" or training.timeline is None:
+        return [training for _ in variants]
+    return [_with_vllm(training, settings, source, request) for settings in variants]
+
+
+def fitted_vllm(request: Any) -> Trial:
+    """A vLLM-generating GRPOTrainer's step with the engine's settings searched within ``request.budget``, the
+    training kept the same: the trainer's own settings first; where they do not fit, sleep mode off with the
+    smaller shares (:func:`~memlab.trainer.grpo_vllm.utilization_candidates`, largest first: each still holds the
+    generation batch at once), then sleep mode on with each of them. The first that fits, its first note naming the
+    ``GRPOConfig`` keywords; the trainer's own estimate where none does. The training dry run is made once.
+
+    Example (``tests/integration/test_trainer_grpo_vllm.py`` builds such a trainer)::
+
+        trial = fitted_vllm(EstimateRequest(trainer, budget="12GiB", gpu="L4-24GB").checked())
+    """
+    from memlab.estimation.cuda.gpus import gpu_kind
+
+    own = VLLMSettings.of(request.model)
+    if own is None or not own.colocated:
+        return estimate_grpo(request)
+    training, source, request = _training_step(request, own)
+    if training.status != "ok" or training.timeline is None:
+        return training
+    first = _with_vllm(training, own, source, request)
+    if first.fits or first.status != "ok":
+        return first
+    share = vllm_share(own, source.model, card=gpu_kind(request.gpu).memory_bytes, prompt=source.prompt_tokens,
+                       completion=source.completion_tokens, sequences=source.generation_batch)
+    shares = sorted(utilization_candidates(share), reverse=True)
+    variants = [dataclasses.replace(own, utilization=value, sleep=sleep) for sleep in (own.sleep, True)
+                for value in shares]
+    for settings in variants:
+        if settings == own:
+            continue
+        trial = _with_vllm(training, settings, source, request)
+        if trial.status == "ok" and trial.fits:
+            costs = ("the engine's weights pushed again from the policy before each generation (it slept at level "
+                     f"{SLEEP_LEVEL}), no other change") if settings.sleep and not own.sleep else \
+                "a smaller share that still holds the generation batch's KV cache at once"
+            note = (f"searched: GRPOConfig(vllm_gpu_memory_utilization={settings.utilization}, vllm_enable_sleep_mode="
+                    f"{settings.sleep}) (the trainer has {own.utilization}, {own.sleep}) keeps the training the "
+                    f"same; it costs {costs}")
+            return dataclasses.replace(trial, notes=(note, *trial.notes))
+    return first
+
+
+def _training_step(request: Any, settings: VLLMSettings | None) -> tuple[Trial, GRPOSource, Any]:
+    """The policy's training step on one optimizer step's generations, estimated (with the source read and the
+    request as answered: on the card where a vLLM engine shares it)."""
+    from memlab.estimation.request import route
     from memlab.trainer.entry import split_plans
 
     trainer = request.model
@@ -112,7 +207,6 @@ def estimate_grpo(request: Any) -> Trial:
         raise MemlabError("memlab estimates a GRPOTrainer's step on one device; drop gpus= and strategy=")
     if plan is not None and not isinstance(plan, Plan):
         raise MemlabError(f"{plan!r} is not a memlab.Plan; write memlab.estimate(trainer, memlab.Plan(...))")
-    settings = VLLMSettings.of(trainer)
     source = GRPOSource.from_trainer(trainer, vllm=True)
     plan = source.plan if plan is None else keeps_trainer_batch(plan, trainer.args)
     check_generations(plan, source)
@@ -121,22 +215,7 @@ def estimate_grpo(request: Any) -> Trial:
         request = _on_the_card(request)
     with source.generating():
         training = route(request.replace(model=source.model, batch=_generated(source), loss_fn=loss_fn, plan=plan))
-    if training.status != "ok" or training.timeline is None:
-        return training
-    if settings is not None:
-        return _with_vllm(training, settings, source, request)
-    parameter = next(iter(source.model.parameters()))
-    weights = _WEIGHTS.get(parameter.dtype, "fp32")
-    generation = estimate_inference(
-        source.model, {"input_ids": (source.generation_batch, source.prompt_tokens)},
-        InferencePlan(new_tokens=source.completion_tokens, weights=weights), device=request.device, gpu=request.gpu,
-    ).trials[0]
-    if generation.status != "ok" or generation.timeline is None:
-        return dataclasses.replace(training, notes=(*training.notes, "the generation phase could not be estimated: "
-                                                    f"{generation.error}"))
-    vocab = int(getattr(source.model.config, "vocab_size", 0) or 0)
-    reference = _reference_bytes(trainer)
-    return _combined(training, generation, sampling_bytes(source.generation_batch, vocab), reference, source)
+    return training, source, request
 
 
 def _generated(source: GRPOSource) -> dict[str, torch.Tensor]:

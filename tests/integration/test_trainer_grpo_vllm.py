@@ -22,6 +22,7 @@ from memlab import MemlabError  # noqa: E402
 from memlab.estimation.cuda.gpus import GPUS  # noqa: E402
 
 CARD = GPUS["L4-24GB"].memory_bytes
+CARD_H100 = GPUS["H100-80GB"].memory_bytes
 
 
 class EngineStandIn:
@@ -111,3 +112,23 @@ def test_measure_refuses_saying_what_works_and_changes_nothing(vllm_trainer: Any
         assert "memlab.estimate(trainer, gpu=" in said and "GRPOConfig(use_vllm=False)" in said
     assert _bytes(trainer.model) == weights and trainer.args is args and set(vars(trainer)) == attributes
     assert trainer.args.use_vllm and trainer.args.vllm_enable_sleep_mode
+
+
+def test_a_dry_run_fit_searches_the_engines_share_keeping_the_training(vllm_trainer: Any) -> None:
+    trainer = vllm_trainer(vllm_gpu_memory_utilization=0.3)
+    weights = _bytes(trainer.model)
+    own = memlab.estimate(trainer)  # the default card: an H100-80GB
+    budget = own.card_bytes // 2  # the trainer's 0.3 of the card does not fit; 0.1 does
+    report = memlab.fit(trainer, budget=budget, dry_run=True, progress=False)
+    best = report.best
+    assert best is not None and best.fits and best.estimated and best.card_bytes <= budget
+    assert best.rows_per_step == 2  # the step's generations, whatever the plan
+    assert best.notes[0].startswith("searched: GRPOConfig(vllm_gpu_memory_utilization=0.1, "
+                                    "vllm_enable_sleep_mode=False) (the trainer has 0.3, False)")
+    at_own_share = memlab.estimate(trainer, best.plan, budget=budget)  # the same plan at the trainer's 0.3
+    assert "x the H100-80GB's" in " ".join(best.notes) and not at_own_share.fits
+    assert at_own_share.peak_bytes - best.peak_bytes == int(0.3 * CARD_H100) - int(0.1 * CARD_H100)
+    # Nothing fits a budget below the policy's own step with the smallest share: the trainer's own estimate stays.
+    nothing = memlab.fit(trainer, budget="64MiB", dry_run=True, progress=False)
+    assert nothing.best is None and all(not trial.fits for trial in nothing.trials)
+    assert _bytes(trainer.model) == weights and trainer.args.vllm_gpu_memory_utilization == 0.3
