@@ -28,7 +28,7 @@ from memlab.runner.step import NO_PHASES, TrainingStep
 from memlab.runner.training import TrainingAttempt, TrainingRecord, TrainingWorkload, finite_loss
 from memlab.runner.workload import RunContext, StepKind
 from memlab.trainer.entry import LiveTarget
-from memlab.trainer.grpo import VLLM_NOT_RUN, GRPOPrompts, GRPOSource, check_generations, split_on
+from memlab.trainer.grpo import VLLM_NOT_RUN, GRPOPrompts, GRPOSource, check_generations, prepared_forward, split_on
 from memlab.trainer.source import TrainerSource
 
 __all__ = ["GRPOAttempt", "GRPORunner", "GRPOWorkload", "grpo_target"]
@@ -45,7 +45,8 @@ class GRPOAttempt(TrainingAttempt):
 
     def step(self, tracker: MemoryTracker | None, kind: StepKind) -> float:
         sections: Any = NO_PHASES if tracker is None else tracker
-        with torch.no_grad():
+        step = self.training_step
+        with torch.no_grad(), prepared_forward(self.source.trainer.model, step.plan, step.device):
             generated = self.source.generate(sections)
         # One optimizer step's generations (a generation batch may hold more: TRL trains on them in later steps).
         batch = {key: value[: self.rows] for key, value in generated.items()}
