@@ -170,7 +170,7 @@ def fitted_vllm(request: Any) -> Trial:
     share = vllm_share(own, source.model, card=gpu_kind(request.gpu).memory_bytes, prompt=source.prompt_tokens,
                        completion=source.completion_tokens, sequences=source.generation_batch)
     shares = sorted(utilization_candidates(share), reverse=True)
-    variants = [dataclasses.replace(own, utilization=value, sleep=sleep) for sleep in (own.sleep, True)
+    variants = [dataclasses.replace(own, utilization=value, sleep=sleep) for sleep in sorted({own.sleep, True})
                 for value in shares]
     for settings in variants:
         if settings == own:

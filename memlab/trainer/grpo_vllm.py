@@ -38,8 +38,8 @@ import torch
 
 from memlab.errors import MemlabError
 
-__all__ = ["BLOCK_TOKENS", "SLEEP_LEVEL", "UTILIZATIONS", "VLLMSettings", "VLLMShare", "utilization_candidates",
-           "vllm_share"]
+__all__ = ["BLOCK_TOKENS", "RUNTIME_ALLOWANCE", "SLEEP_LEVEL", "UTILIZATIONS", "VLLMSettings", "VLLMShare",
+           "utilization_candidates", "vllm_share"]
 
 SLEEP_LEVEL = 2
 """The level TRL 1.16 puts vLLM to sleep at (``llm.sleep(level=2)`` in ``VLLMGeneration``): weights and KV cache
@@ -47,6 +47,11 @@ discarded, nothing backed up on the host."""
 
 BLOCK_TOKENS = 16
 """vLLM's default KV cache block: a sequence takes whole blocks of this many tokens."""
+
+RUNTIME_ALLOWANCE = 2**30
+"""What ``fit`` leaves in a share beyond the weights and the KV cache for vLLM's own activations (its profiling
+forward of ``max_num_batched_tokens=4096`` tokens, which TRL sets), CUDA graphs and sampler: an allowance, not
+modelled (vLLM logs these at start-up; they are a few hundred MiB to about 1 GiB for models up to 8B)."""
 
 UTILIZATIONS = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 """The ``vllm_gpu_memory_utilization`` values ``fit`` tries (TRL's default is 0.3; its examples use 0.1 to 0.9)."""
@@ -137,8 +142,9 @@ class VLLMShare:
 
     @property
     def least(self) -> float:
-        """The smallest utilization whose share holds the weights and the generation batch's KV cache."""
-        return (self.weights + self.kv_batch) / self.card
+        """The smallest utilization whose share holds the weights, the generation batch's KV cache and
+        :data:`RUNTIME_ALLOWANCE`."""
+        return (self.weights + self.kv_batch + RUNTIME_ALLOWANCE) / self.card
 
     def refusal(self) -> str | None:
         """Why vLLM would not start with this share (what utilization to write), or None where it starts."""
@@ -214,14 +220,14 @@ def vllm_share(settings: VLLMSettings, model: Any, *, card: int, prompt: int, co
 
 
 def utilization_candidates(share: VLLMShare) -> list[float]:
-    """The ``vllm_gpu_memory_utilization`` values ``fit`` estimates: the smallest that holds the weights and the
-    generation batch's KV cache (rounded up to a hundredth), the values TRL users write between it and the set one
-    (:data:`UTILIZATIONS`), and the set one.
+    """The ``vllm_gpu_memory_utilization`` values ``fit`` estimates: the smallest that holds the weights, the
+    generation batch's KV cache and vLLM's runtime allowance (:attr:`VLLMShare.least`, rounded up to a hundredth),
+    the values TRL users write between it and the set one (:data:`UTILIZATIONS`), and the set one.
 
     Example:
         >>> settings = VLLMSettings("colocate", 0.5, sleep=False)
-        >>> utilization_candidates(VLLMShare(100, 50, 10, 1, 2, 0, 0, settings))
-        [0.12, 0.2, 0.25, 0.3, 0.4, 0.5]
+        >>> utilization_candidates(VLLMShare(10 * 2**30, 5 * 2**30, 2**29, 0, 2**28, 0, 0, settings))
+        [0.18, 0.2, 0.25, 0.3, 0.4, 0.5]
     """
     least = math.ceil(share.least * 100 - 1e-9) / 100
     top = share.settings.utilization

@@ -132,3 +132,15 @@ def test_a_dry_run_fit_searches_the_engines_share_keeping_the_training(vllm_trai
     nothing = memlab.fit(trainer, budget="64MiB", dry_run=True, progress=False)
     assert nothing.best is None and all(not trial.fits for trial in nothing.trials)
     assert _bytes(trainer.model) == weights and trainer.args.vllm_gpu_memory_utilization == 0.3
+
+
+def test_the_vllm_estimate_and_its_search_call_no_cuda(vllm_trainer: Any) -> None:
+    """DESIGN 2.4: no real CUDA call under a dry run (CUDA made to look initialised), the engine's share included."""
+    from test_no_cuda_under_dry_run import check_route
+
+    trainer = vllm_trainer(vllm_enable_sleep_mode=True)
+    estimated, _ = check_route(lambda: memlab.estimate(trainer, gpu="L4-24GB"), trainer.model)
+    assert estimated.status == "ok" and estimated.timeline.peak.phase == "generation", estimated.error
+    report, _ = check_route(lambda: memlab.fit(trainer, budget="3GiB", dry_run=True, progress=False), trainer.model)
+    # The smallest share searched: the weights, the generation batch's KV cache and vLLM's 1 GiB allowance.
+    assert report.best is not None and "vllm_gpu_memory_utilization=0.02" in report.best.notes[0]
