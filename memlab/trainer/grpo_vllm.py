@@ -9,7 +9,8 @@ documents and TRL 1.16 sets up (``trl/generation/vllm_generation.py``):
   leave and is preallocated at start-up (docs.vllm.ai, "gpu_memory_utilization"; vLLM also refuses to start where
   the card's free memory is below the share). So the share is held whole from the trainer's ``__init__`` on.
 - **its content**: the weights in vLLM's dtype (``dtype="auto"``, which TRL keeps: the config's dtype, float16 for
-  a float32 config) and the KV cache, ``2 x layers x kv-heads x head-dim x bytes`` a token, in blocks of 16 tokens.
+  a float32 config; packed 4-bit weights as stored, TRL loading a QLoRA policy's base with bitsandbytes) and the
+  KV cache, ``2 x layers x kv-heads x head-dim x bytes`` a token, in blocks of 16 tokens.
   A share that cannot hold the weights and one sequence of ``prompt + max_completion_length`` tokens does not start
   (vLLM's "No available memory for the cache blocks"); one that cannot hold the whole generation batch
   (``max_num_seqs = per_device_train_batch_size x steps_per_generation``) runs fewer sequences at once (slower).
@@ -209,9 +210,12 @@ def vllm_share(settings: VLLMSettings, model: Any, *, card: int, prompt: int, co
     from memlab.inference.kv import kv_cache_bytes
 
     dtype = vllm_dtype(model.config)
-    storages = {p.untyped_storage().data_ptr() if p.device.type != "meta" else id(p): p.numel()
+    # Packed 4-bit weights (bitsandbytes' uint8 storage) load into vLLM 4-bit too (TRL passes
+    # quantization="bitsandbytes"): counted as stored; the others in vLLM's dtype.
+    storages = {p.untyped_storage().data_ptr() if p.device.type != "meta" else id(p):
+                p.numel() * (p.element_size() if p.dtype in (torch.uint8, torch.int8) else dtype.itemsize)
                 for p in model.parameters()}
-    weights = sum(storages.values()) * dtype.itemsize
+    weights = sum(storages.values())
     tokens = math.ceil((prompt + completion) / BLOCK_TOKENS) * BLOCK_TOKENS
     kv_sequence = kv_cache_bytes(model.config, tokens=tokens, batch=1, dtype=dtype)
     share = int(settings.utilization * card)
