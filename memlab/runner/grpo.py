@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from memlab.errors import MemlabError
 from memlab.measure.tracker import MemoryTracker
 from memlab.plan import Plan
 from memlab.report import Trial
@@ -27,7 +28,7 @@ from memlab.runner.step import NO_PHASES, TrainingStep
 from memlab.runner.training import TrainingAttempt, TrainingRecord, TrainingWorkload, finite_loss
 from memlab.runner.workload import RunContext, StepKind
 from memlab.trainer.entry import LiveTarget
-from memlab.trainer.grpo import GRPOPrompts, GRPOSource, check_generations, split_on
+from memlab.trainer.grpo import VLLM_NOT_RUN, GRPOPrompts, GRPOSource, check_generations, prepared_forward, split_on
 from memlab.trainer.source import TrainerSource
 
 __all__ = ["GRPOAttempt", "GRPORunner", "GRPOWorkload", "grpo_target"]
@@ -44,7 +45,8 @@ class GRPOAttempt(TrainingAttempt):
 
     def step(self, tracker: MemoryTracker | None, kind: StepKind) -> float:
         sections: Any = NO_PHASES if tracker is None else tracker
-        with torch.no_grad():
+        step = self.training_step
+        with torch.no_grad(), prepared_forward(self.source.trainer.model, step.plan, step.device):
             generated = self.source.generate(sections)
         # One optimizer step's generations (a generation batch may hold more: TRL trains on them in later steps).
         batch = {key: value[: self.rows] for key, value in generated.items()}
@@ -69,6 +71,8 @@ class GRPOWorkload(TrainingWorkload):
         if not isinstance(context.batch, GRPOPrompts):
             raise TypeError("a GRPO workload runs on GRPOPrompts (memlab.runner.grpo.grpo_target makes them)")
         self.source: GRPOSource = context.batch.source
+        if getattr(self.source.trainer, "use_vllm", False):  # a dry run takes it; a live trial would run vLLM
+            raise MemlabError(VLLM_NOT_RUN)
 
     def check(self, plan: Plan) -> None:
         super().check(plan)
@@ -117,7 +121,7 @@ def grpo_target(trainer: Any, loss_fn: Any = None) -> LiveTarget:
         ...
         AttributeError: 'object' object has no attribute 'args'
     """
-    source = GRPOSource.from_trainer(trainer)
+    source = GRPOSource.from_trainer(trainer, vllm=True)  # its runner refuses vLLM; fit's dry run takes it
     chosen = loss_fn if loss_fn is not None else source.loss_fn()
     trainer_source = TrainerSource(trainer=trainer, model=source.model, collator=trainer.data_collator,
                                    loss_fn=chosen, effective_batch=source.generations, plan=source.plan)

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import itertools
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MethodType, SimpleNamespace
 from typing import Any, Protocol
 
 import torch
@@ -39,8 +41,17 @@ from memlab.trainer.arguments import check_single_process, plan_from_trainer, tr
 from memlab.trainer.source import accelerate_outputs_fp32, trainer_bookkeeping_kept, trl_kind
 from memlab.trainer.worst_batch import SAMPLE_DEFAULT
 
-__all__ = ["GRPO_PHASES", "GRPOPrompts", "GRPOSource", "RewardFailed", "check_generations", "computes_old_logps",
-           "grpo_split", "is_grpo", "split_on"]
+__all__ = ["GRPO_PHASES", "VLLM_NOT_RUN", "GRPOPrompts", "GRPOSource", "RewardFailed", "check_generations",
+           "computes_old_logps", "grpo_split", "is_grpo", "prepared_forward", "split_on"]
+
+VLLM_NOT_RUN = (
+    "memlab measures a GRPOTrainer's generation by running it, and this trainer generates with vLLM "
+    "(use_vllm=True), which cannot run here (memlab does not start its engine); estimate it instead, "
+    "memlab.estimate(trainer, gpu='H100-80GB') (the engine's share by vLLM's arithmetic), or fit it in a dry run, "
+    "memlab.fit(trainer, budget=..., dry_run=True); or measure the step with GRPOConfig(use_vllm=False), which "
+    "generates with transformers (the policy's training is the same); memlab.watch(trainer) records a real run"
+)
+"""Why a GRPOTrainer that generates with vLLM is not measured, and what works instead."""
 
 GRPO_PHASES = ("generation", "reference", "old-policy")
 """The phases a GRPO step has before its training phases, in the order they run."""
@@ -104,21 +115,19 @@ class GRPOSource:
     failure: RewardFailed | None = field(default=None)
 
     @classmethod
-    def from_trainer(cls, trainer: Any) -> GRPOSource:
-        """Read a GRPOTrainer and find its worst generation batch; nothing on it changes.
+    def from_trainer(cls, trainer: Any, *, vllm: bool = False) -> GRPOSource:
+        """Read a GRPOTrainer and find its worst generation batch; nothing on it changes. ``vllm=True``: a trainer
+        that generates with vLLM is taken too (an estimate, which counts the engine's share by vLLM's arithmetic:
+        :mod:`memlab.trainer.grpo_vllm`); a measurement runs the generation, so it refuses one.
 
         Raises:
-            MemlabError: a colocated or served vLLM engine, a custom rollout, several processes, or a dataset
-                without prompts.
+            MemlabError: a vLLM engine where the generation runs (``vllm=False``), a custom rollout, several
+                processes, or a dataset without prompts.
         """
         args = trainer.args
         check_single_process(args)
-        if getattr(trainer, "use_vllm", False):
-            raise MemlabError(
-                "memlab measures a GRPOTrainer's generation with transformers' generate, and this trainer generates "
-                "with vLLM (use_vllm=True), whose engine memlab does not run; measure it with use_vllm=False (the "
-                "policy's step is the same), or memlab.watch(trainer) on a real run"
-            )
+        if getattr(trainer, "use_vllm", False) and not vllm:
+            raise MemlabError(VLLM_NOT_RUN)
         if getattr(trainer, "rollout_func", None) is not None or getattr(trainer, "environment_factories", None):
             raise MemlabError(
                 "memlab runs a GRPOTrainer's own generation, and this one generates through a rollout_func or "
@@ -168,7 +177,8 @@ class GRPOSource:
         ``min_new_tokens`` in its generation config and kwargs, ``current_gradient_accumulation_steps`` (which
         ``compute_loss`` reads and only ``train()`` sets), its metrics, logs and state."""
         trainer = self.trainer
-        config = trainer.generation_config
+        # A trainer that generates with vLLM has no generation config (its SamplingParams are vLLM's).
+        config = getattr(trainer, "generation_config", None) or SimpleNamespace(min_new_tokens=None)
         kwargs = getattr(trainer, "generation_kwargs", None)
         kwargs = kwargs if isinstance(kwargs, dict) else None
         saved_min = config.min_new_tokens
@@ -257,7 +267,7 @@ class GRPOPrompts(StepBatches):
     not; the GRPO workload generates the real batch in each step (``source``).
 
     Example:
-        >>> from types import SimpleNamespace
+        >>> from types import MethodType, SimpleNamespace
         >>> prompts = GRPOPrompts(SimpleNamespace(generations=4, prompt_tokens=5, completion_tokens=3))
         >>> part = prompts.micro_batches(2, 2)[0]["input_ids"]
         >>> tuple(part.shape), part.untyped_storage().nbytes()
@@ -279,7 +289,7 @@ def check_generations(plan: Plan, source: Any) -> None:
     generation is the trainer's, and so is the number of completions it makes).
 
     Example:
-        >>> from types import SimpleNamespace
+        >>> from types import MethodType, SimpleNamespace
         >>> check_generations(Plan(micro_batch=2, accumulation=2), SimpleNamespace(generations=4))
         >>> check_generations(Plan(micro_batch=8), SimpleNamespace(generations=4))
         Traceback (most recent call last):
@@ -313,7 +323,7 @@ def grpo_split(args: Any, plan: Plan) -> dict[str, Any]:
     open splits the trainer's generations per optimizer step into its ``accumulation`` (``Plan()``: all in one).
 
     Example:
-        >>> from types import SimpleNamespace
+        >>> from types import MethodType, SimpleNamespace
         >>> args = SimpleNamespace(per_device_train_batch_size=4, gradient_accumulation_steps=1,
         ...                        generation_batch_size=4, steps_per_generation=1)
         >>> grpo_split(args, Plan(micro_batch=1, accumulation=4))
@@ -334,7 +344,7 @@ def split_on(trainer: Any, plan: Plan) -> Iterator[None]:
     another split computes them as that split would.
 
     Example:
-        >>> from types import SimpleNamespace
+        >>> from types import MethodType, SimpleNamespace
         >>> args = SimpleNamespace(per_device_train_batch_size=4, gradient_accumulation_steps=1,
         ...                        generation_batch_size=4, steps_per_generation=1)
         >>> trainer = SimpleNamespace(args=args)
@@ -362,12 +372,60 @@ def split_on(trainer: Any, plan: Plan) -> Iterator[None]:
             trainer._train_batch_size = saved_size
 
 
+@contextlib.contextmanager
+def prepared_forward(model: Any, plan: Plan, device: torch.device) -> Iterator[None]:
+    """``model``'s forward as ``trainer.train()`` runs it under a mixed-precision plan: accelerate's
+    ``prepare_model`` wraps each call in autocast and copies its outputs to fp32, so TRL's generation and its
+    reference / old-policy log-probs compute in bf16/fp16 there too, each forward its own autocast region (the
+    weights' low-precision copies freed after each). A forward accelerate prepared already (after a ``train()``), or
+    an fp32 plan, is left as it is; the model's own ``forward`` attribute comes back after.
+
+    Example:
+        >>> model = torch.nn.Linear(2, 2)
+        >>> with prepared_forward(model, Plan(precision="bf16"), torch.device("cpu")):
+        ...     model(torch.ones(1, 2)).dtype, torch.is_autocast_enabled("cpu")
+        (torch.float32, False)
+        >>> "forward" in vars(model)
+        False
+    """
+    if plan.precision == "fp32" or "_original_forward" in vars(model):  # accelerate's mark of a prepared model
+        yield
+        return
+    from accelerate.utils import convert_outputs_to_fp32
+
+    from memlab.techniques.precision import autocast
+
+    def each_call_autocast(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)  # generate validates its keywords against the forward's signature
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            with autocast(plan, device):
+                return function(*args, **kwargs)
+
+        return forward
+
+    had, saved = "forward" in vars(model), vars(model).get("forward")
+    original = model.forward
+    function = getattr(original, "__func__", None)
+    # accelerate's two cases: a bound method re-bound, anything else (an instance function) wrapped as it is.
+    if function is not None:
+        model.forward = MethodType(convert_outputs_to_fp32(each_call_autocast(function)), model)
+    else:
+        model.forward = convert_outputs_to_fp32(each_call_autocast(original))
+    try:
+        yield
+    finally:
+        if had:
+            model.forward = saved
+        else:
+            vars(model).pop("forward", None)
+
+
 def computes_old_logps(trainer: Any) -> bool:
     """Whether ``_generate_and_score_completions`` computes the old policy's log-probs (TRL 1.16's rule: the
     generation is reused past one optimizer step, or vLLM's importance sampling needs them).
 
     Example:
-        >>> from types import SimpleNamespace
+        >>> from types import MethodType, SimpleNamespace
         >>> args = SimpleNamespace(steps_per_generation=2, gradient_accumulation_steps=2)
         >>> computes_old_logps(SimpleNamespace(args=args, num_iterations=2))
         True

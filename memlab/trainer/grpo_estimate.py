@@ -37,9 +37,10 @@ from memlab.plan import Plan
 from memlab.report.data import Trial
 from memlab.report.timeline import Timeline, TimelinePeak
 from memlab.trainer.grpo import GRPOSource, check_generations, computes_old_logps
+from memlab.trainer.grpo_vllm import SLEEP_LEVEL, VLLMSettings, utilization_candidates, vllm_share
 from memlab.trainer.source import keeps_trainer_batch
 
-__all__ = ["estimate_grpo", "grpo_plans_estimator", "sampling_bytes"]
+__all__ = ["estimate_grpo", "estimate_grpo_vllm", "fitted_vllm", "grpo_plans_estimator", "sampling_bytes"]
 
 _WEIGHTS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -69,15 +70,24 @@ def grpo_plans_estimator(trainer: Any, loss_fn: Any = None) -> Callable[..., lis
 
     def estimate_plans(plans: Sequence[Plan], *, budget: int | None, device: Any, lr: float) -> list[Trial]:
         from memlab.estimation.estimate import estimate
+        from memlab.estimation.request import EstimateRequest
 
         generations = trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps
+        settings = VLLMSettings.of(trainer)
+        colocated = settings is not None and settings.colocated
+        if colocated and torch.device(device).type != "cuda":
+            device = "cuda"  # the engine shares a CUDA card, and so does the training (a CPU model: for the card)
         trials = []
         for plan in plans:
             whole = plan
             if plan.micro_batch and plan.micro_batch * plan.accumulation != generations \
                     and generations % plan.micro_batch == 0:
                 whole = plan.replace(accumulation=generations // plan.micro_batch)
-            trial = estimate(trainer, whole, loss_fn=loss_fn, budget=budget, device=device, lr=lr)
+            if colocated:
+                request = EstimateRequest(trainer, None, whole, loss_fn=loss_fn, budget=budget, lr=lr, device=device)
+                trial = fitted_vllm(request.checked())
+            else:
+                trial = estimate(trainer, whole, loss_fn=loss_fn, budget=budget, device=device, lr=lr)
             trials.append(trial if whole is plan else dataclasses.replace(trial, plan=plan))
         return trials
 
@@ -93,8 +103,94 @@ def estimate_grpo(request: Any) -> Trial:
         MemlabError: a batch given, several GPUs, or what :class:`~memlab.trainer.grpo.GRPOSource` refuses.
     """
     from memlab.estimation.dryrun.single_gpu import estimate_inference
-    from memlab.estimation.request import route
     from memlab.inference.plan import InferencePlan
+
+    settings = VLLMSettings.of(request.model)
+    training, source, request = _training_step(request, settings)
+    if training.status != "ok" or training.timeline is None:
+        return training
+    if settings is not None:
+        return _with_vllm(training, settings, source, request)
+    parameter = next(iter(source.model.parameters()))
+    weights = _WEIGHTS.get(parameter.dtype, "fp32")
+    generation = estimate_inference(
+        source.model, {"input_ids": (source.generation_batch, source.prompt_tokens)},
+        InferencePlan(new_tokens=source.completion_tokens, weights=weights), device=request.device, gpu=request.gpu,
+    ).trials[0]
+    if generation.status != "ok" or generation.timeline is None:
+        return dataclasses.replace(training, notes=(*training.notes, "the generation phase could not be estimated: "
+                                                    f"{generation.error}"))
+    vocab = int(getattr(source.model.config, "vocab_size", 0) or 0)
+    reference = _reference_bytes(source.trainer)
+    return _combined(training, generation, sampling_bytes(source.generation_batch, vocab), reference, source)
+
+
+def estimate_grpo_vllm(request: Any, variants: Sequence[VLLMSettings]) -> list[Trial]:
+    """The step of a GRPOTrainer that generates with vLLM, estimated once per vLLM setting in ``variants`` (the
+    policy's training dry run made once: the engine's settings do not change it); what ``fit`` searches the engine's
+    share and sleep mode with. ``request`` as for :func:`estimate_grpo`.
+
+    Example (``tests/integration/test_trainer_grpo_vllm.py`` builds such a trainer)::
+
+        low, asleep = estimate_grpo_vllm(EstimateRequest(trainer, gpu="L4-24GB"),
+                                         [VLLMSettings("colocate", 0.1, False), VLLMSettings("colocate", 0.3, True)])
+    """
+    first = VLLMSettings.of(request.model)
+    if first is None:
+        raise MemlabError("this GRPOTrainer generates with transformers (use_vllm=False): it has no vLLM settings to "
+                          "vary; estimate it with memlab.estimate(trainer)")
+    training, source, request = _training_step(request, variants[0] if variants else first)
+    if training.status != "ok" or training.timeline is None:
+        return [training for _ in variants]
+    return [_with_vllm(training, settings, source, request) for settings in variants]
+
+
+def fitted_vllm(request: Any) -> Trial:
+    """A vLLM-generating GRPOTrainer's step with the engine's settings searched within ``request.budget``, the
+    training kept the same: the trainer's own settings first; where they do not fit, sleep mode off with the
+    smaller shares (:func:`~memlab.trainer.grpo_vllm.utilization_candidates`, largest first: each still holds the
+    generation batch at once), then sleep mode on with each of them. The first that fits, its first note naming the
+    ``GRPOConfig`` keywords; the trainer's own estimate where none does. The training dry run is made once.
+
+    Example (``tests/integration/test_trainer_grpo_vllm.py`` builds such a trainer)::
+
+        trial = fitted_vllm(EstimateRequest(trainer, budget="12GiB", gpu="L4-24GB").checked())
+    """
+    from memlab.estimation.cuda.gpus import gpu_kind
+
+    own = VLLMSettings.of(request.model)
+    if own is None or not own.colocated:
+        return estimate_grpo(request)
+    training, source, request = _training_step(request, own)
+    if training.status != "ok" or training.timeline is None:
+        return training
+    first = _with_vllm(training, own, source, request)
+    if first.fits or first.status != "ok":
+        return first
+    share = vllm_share(own, source.model, card=gpu_kind(request.gpu).memory_bytes, prompt=source.prompt_tokens,
+                       completion=source.completion_tokens, sequences=source.generation_batch)
+    shares = sorted(utilization_candidates(share), reverse=True)
+    variants = [dataclasses.replace(own, utilization=value, sleep=sleep) for sleep in sorted({own.sleep, True})
+                for value in shares]
+    for settings in variants:
+        if settings == own:
+            continue
+        trial = _with_vllm(training, settings, source, request)
+        if trial.status == "ok" and trial.fits:
+            costs = ("the engine's weights pushed again from the policy before each generation (it slept at level "
+                     f"{SLEEP_LEVEL}), no other change") if settings.sleep and not own.sleep else \
+                "a smaller share that still holds the generation batch's KV cache at once"
+            note = (f"searched: GRPOConfig(vllm_gpu_memory_utilization={settings.utilization}, vllm_enable_sleep_mode="
+                    f"{settings.sleep}) (the trainer has {own.utilization}, {own.sleep}) keeps the training the "
+                    f"same; it costs {costs}")
+            return dataclasses.replace(trial, notes=(note, *trial.notes))
+    return first
+
+
+def _training_step(request: Any, settings: VLLMSettings | None) -> tuple[Trial, GRPOSource, Any]:
+    """The policy's training step on one optimizer step's generations, estimated (with the source read and the
+    request as answered: on the card where a vLLM engine shares it)."""
+    from memlab.estimation.request import route
     from memlab.trainer.entry import split_plans
 
     trainer = request.model
@@ -111,26 +207,15 @@ def estimate_grpo(request: Any) -> Trial:
         raise MemlabError("memlab estimates a GRPOTrainer's step on one device; drop gpus= and strategy=")
     if plan is not None and not isinstance(plan, Plan):
         raise MemlabError(f"{plan!r} is not a memlab.Plan; write memlab.estimate(trainer, memlab.Plan(...))")
-    source = GRPOSource.from_trainer(trainer)
+    source = GRPOSource.from_trainer(trainer, vllm=True)
     plan = source.plan if plan is None else keeps_trainer_batch(plan, trainer.args)
     check_generations(plan, source)
     loss_fn = request.loss_fn if request.loss_fn is not None else source.loss_fn()
+    if settings is not None and settings.colocated:
+        request = _on_the_card(request)
     with source.generating():
         training = route(request.replace(model=source.model, batch=_generated(source), loss_fn=loss_fn, plan=plan))
-    if training.status != "ok" or training.timeline is None:
-        return training
-    parameter = next(iter(source.model.parameters()))
-    weights = _WEIGHTS.get(parameter.dtype, "fp32")
-    generation = estimate_inference(
-        source.model, {"input_ids": (source.generation_batch, source.prompt_tokens)},
-        InferencePlan(new_tokens=source.completion_tokens, weights=weights), device=request.device, gpu=request.gpu,
-    ).trials[0]
-    if generation.status != "ok" or generation.timeline is None:
-        return dataclasses.replace(training, notes=(*training.notes, "the generation phase could not be estimated: "
-                                                    f"{generation.error}"))
-    vocab = int(getattr(source.model.config, "vocab_size", 0) or 0)
-    reference = _reference_bytes(trainer)
-    return _combined(training, generation, sampling_bytes(source.generation_batch, vocab), reference, source)
+    return training, source, request
 
 
 def _generated(source: GRPOSource) -> dict[str, torch.Tensor]:
@@ -150,6 +235,11 @@ def _generated(source: GRPOSource) -> dict[str, torch.Tensor]:
         batch["old_per_token_logps"] = -torch.rand(rows, completion, generator=generator)
     if source.trainer.beta != 0.0:
         batch["ref_per_token_logps"] = -torch.rand(rows, completion, generator=generator)
+    if getattr(source.trainer, "use_vllm", False):  # vLLM's own log-probs of the tokens it sampled
+        batch["sampling_per_token_logps"] = -torch.rand(rows, completion, generator=generator)
+        if getattr(source.trainer, "vllm_importance_sampling_correction", False):
+            sequence = str(getattr(source.trainer, "vllm_importance_sampling_mode", "")).startswith("sequence")
+            batch["importance_sampling_ratio"] = torch.ones(rows, 1 if sequence else completion)
     return batch
 
 
@@ -206,3 +296,74 @@ def _combined(training: Trial, generation: Trial, sampling: int, reference: int,
         reserved += peak.bytes - training_peak  # the generation's extra bytes on the training step's reserve
     return dataclasses.replace(training, peak_bytes=peak.bytes, breakdown=breakdown, timeline=timeline,
                                reserved_bytes=reserved, notes=(*training.notes, note, source.note))
+
+
+def _on_the_card(request: Any) -> Any:
+    """The request for a trainer whose vLLM engine shares the card: answered for CUDA (vLLM runs on a GPU, and so
+    does the training beside it) unless the device was given; a CPU device refused."""
+    if request.device is None:
+        return request.replace(device="cuda")
+    if torch.device(request.device).type != "cuda":
+        raise MemlabError(
+            "this GRPOTrainer's vLLM engine shares a CUDA card (vllm_mode='colocate'), and "
+            f"device={str(request.device)!r} has none; write memlab.estimate(trainer, gpu='H100-80GB') (or another "
+            "gpu=), or estimate GRPOConfig(use_vllm=False) for a CPU"
+        )
+    return request
+
+
+def _with_vllm(training: Trial, settings: VLLMSettings, source: GRPOSource, request: Any) -> Trial:
+    """The training estimate with vLLM's generation put before it: a colocated engine's share (resident, or awake
+    only while it generates with sleep mode) over the policy's training state, under ``"other"``; a served engine
+    adds nothing to this card. An error trial where the share cannot hold the weights and one sequence."""
+    from memlab.estimation.cuda.gpus import gpu_kind
+
+    line = training.timeline
+    assert line is not None
+    categories = line.categories
+    reference = _reference_bytes(source.trainer)
+    held = {"params": training.breakdown.get("params", 0), "optimizer": training.breakdown.get("optimizer", 0),
+            "other": (line.series["other"][0] if line.series.get("other") else 0) + reference}
+    if settings.colocated:
+        kind = gpu_kind(request.gpu)
+        share = vllm_share(settings, source.model, card=kind.memory_bytes, prompt=source.prompt_tokens,
+                           completion=source.completion_tokens, sequences=source.generation_batch)
+        awake, during, note = share.share, share.during_training, share.note(kind.name)
+        host = share.host
+        refusal = share.refusal()
+    else:
+        awake = during = host = 0
+        note = ("vllm_mode='server': the vLLM engine generates on the server's own GPUs (its share set by the "
+                "server's --gpu-memory-utilization), so this card holds only the policy's training; the generation "
+                "phase here is the policy's state while it waits")
+        refusal = None
+    before = awake if not settings.sleep else during
+    series: dict[str, list[int]] = {name: [] for name in categories}
+    for extra in (before, awake):
+        for name in categories:
+            series[name].append(held.get(name, 0) + (extra if name == "other" else 0))
+    for name in categories:
+        series[name].extend(value + ((reference + during) if name == "other" else 0) for value in line.series[name])
+    offset = 2
+    x = [0, 1, *(value + offset for value in line.x)]
+    phases = [("generation", 0, 1), *((name, a + offset, b + offset) for name, a, b in line.phases)]
+    generation_peak = sum(series[name][1] for name in categories)
+    training_peak = training.peak_bytes + reference + during
+    if generation_peak > training_peak:
+        breakdown = {name: series[name][1] for name in categories}
+        peak = TimelinePeak(generation_peak, "generation", "vLLM" if settings.colocated else "", breakdown, {}, at=1)
+    else:
+        breakdown = {**training.breakdown, "other": training.breakdown.get("other", 0) + reference + during}
+        peak = dataclasses.replace(line.peak, bytes=training_peak, by_category=breakdown, at=line.peak.at + offset)
+    timeline = Timeline(categories, x, series, phases, peak, events=offset + line.events, device=line.device)
+    reserved = training.reserved_bytes
+    if reserved is not None:
+        reserved += during + max(peak.bytes - training_peak, 0)
+    said = (f"GRPO step with vLLM: generation peak {generation_peak:,} bytes, training peak {training_peak:,} "
+            f"bytes; the peak is in {peak.phase}")
+    trial = dataclasses.replace(training, peak_bytes=peak.bytes, breakdown=breakdown, timeline=timeline,
+                                reserved_bytes=reserved, host_bytes=training.host_bytes + host,
+                                notes=(*training.notes, said, note, source.note))
+    if refusal is not None:
+        return dataclasses.replace(trial, status="error", error=refusal)
+    return trial
