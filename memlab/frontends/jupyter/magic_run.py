@@ -25,7 +25,7 @@ from torch import nn
 
 from memlab.errors import MemlabError
 from memlab.estimation.cuda.context import live_card_context
-from memlab.estimation.estimate import estimate_plans
+from memlab.estimation.estimate import estimate, estimate_plans
 from memlab.estimation.sharded.per_gpu import parse_gpus, sharded_lines, sharded_trials
 from memlab.frontends.jupyter.magic_parse import DEFAULTS, body_loss_fn, lookup_name, run_options, unquote, usage_error
 from memlab.inference.fit import fit_inference
@@ -39,6 +39,7 @@ from memlab.search import MAX_TRIALS, fit
 from memlab.search.space import keep_rows
 from memlab.trainer.apply import TrainerApplied
 from memlab.trainer.entry import live_target
+from memlab.trainer.grpo import is_grpo
 from memlab.trainer.source import is_trainer, trainer_model
 
 __all__ = ["APPLIED_NAME", "InferenceRequest", "Job", "TrainingRequest", "apply_best", "keep_rows", "prepare",
@@ -169,9 +170,13 @@ class TrainingRequest:
             )
         batch = None if args.batch is None else lookup_name(namespace, args.batch, "BATCH")
         target = None
+        grpo = is_grpo(trainer)
+        if grpo and self.sharding is not None:
+            raise usage_error(f"MODEL {args.model!r} is a GRPOTrainer, whose step memlab estimates on one device; "
+                              "drop --gpus and --strategy")
         if trainer is not None:
-            try:
-                target = live_target(trainer, batch)
+            try:  # a GRPOTrainer's batch is what it generates: its step runs (and is estimated) on the trainer
+                target = live_target(trainer, batch, generation=True)
             except MemlabError as error:
                 raise usage_error(f"MODEL {args.model!r}: {error}") from None
             batch = target.batch
@@ -216,9 +221,13 @@ class TrainingRequest:
                 space = parse_axes(args.grid) or None
                 size = effective if args.batch_size is None else args.batch_size
                 limit = MAX_TRIALS if args.max_trials is None else args.max_trials
-                return fit(model, batch, batch_size=size, space=space, dry_run=args.dry_run, max_trials=limit,
-                           **options.keywords())
-            if args.dry_run:
+                return fit(*((trainer, None) if grpo else (model, batch)), batch_size=size, space=space,
+                           dry_run=args.dry_run, max_trials=limit, **options.keywords())
+            if args.dry_run and grpo:
+                report = Report([estimate(trainer, plan, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
+                                 for plan in plans], budget=options.budget)
+                report.trials = [live_card_context(trial, model) for trial in report]
+            elif args.dry_run:
                 report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
                 report.trials = [live_card_context(trial, model) for trial in report]
             else:

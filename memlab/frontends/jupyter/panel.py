@@ -92,7 +92,7 @@ class Panel(PanelCore):
         min_interval_s: float = 0.25,
         **options: Unpack[TrialKeywords],
     ) -> None:
-        target = live_target(model, batch, loss_fn)
+        target = live_target(model, batch, loss_fn, generation=True)  # a GRPOTrainer's step generates first
         self.trainer: Any = model if target.source is not None else None
         if self.trainer is not None:
             name = name or user_variable_name(self.trainer) or "the trainer"
