@@ -17,6 +17,7 @@ How the job is shown while it runs is :mod:`memlab.frontends.jupyter.magic_rende
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +43,8 @@ from memlab.trainer.entry import live_target
 from memlab.trainer.grpo import is_grpo
 from memlab.trainer.source import is_trainer, trainer_model
 
-__all__ = ["APPLIED_NAME", "InferenceRequest", "Job", "TrainingRequest", "apply_best", "keep_rows", "prepare",
-           "request_for"]
+__all__ = ["APPLIED_NAME", "InferenceRequest", "Job", "TrainingRequest", "apply_best", "host_judged", "keep_rows",
+           "prepare", "request_for"]
 
 APPLIED_NAME = "memfit_applied"
 """The user-namespace name under which ``--apply`` stores the :class:`memlab.Applied`."""
@@ -216,7 +217,8 @@ class TrainingRequest:
                 print(f"Per GPU, {args.batch} ({rows} row{'s' if rows != 1 else ''}) being each GPU's micro-batch:")
                 for text in sharded_lines(found, options.budget):
                     print(text)
-                return Report([trial for _, _, trial in found if trial is not None], budget=options.budget)
+                return Report([host_judged(trial, options.host_budget) for _, _, trial in found if trial is not None],
+                              budget=options.budget)
             if self.search:
                 space = parse_axes(args.grid) or None
                 size = effective if args.batch_size is None else args.batch_size
@@ -224,12 +226,12 @@ class TrainingRequest:
                 return fit(*((trainer, None) if grpo else (model, batch)), batch_size=size, space=space,
                            dry_run=args.dry_run, max_trials=limit, **options.keywords())
             if args.dry_run and grpo:
-                report = Report([estimate(trainer, plan, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
-                                 for plan in plans], budget=options.budget)
+                report = Report([estimate(trainer, plan, loss_fn=loss_fn, budget=options.budget, lr=options.lr,
+                                          host_budget=options.host_budget) for plan in plans], budget=options.budget)
                 report.trials = [live_card_context(trial, model) for trial in report]
             elif args.dry_run:
                 report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
-                report.trials = [live_card_context(trial, model) for trial in report]
+                report.trials = [host_judged(live_card_context(trial, model), options.host_budget) for trial in report]
             else:
                 report = compare(model, batch, plans, **options.keywords())
             if kept is not None:
@@ -243,6 +245,20 @@ class TrainingRequest:
                            loss_fn if trainer is None else None, self.options.lr, args.model)
 
         return Job(self.options.replace(loss_fn=loss_fn), CATEGORIES, work, after)
+
+
+def host_judged(trial: Any, host_budget: int | None) -> Any:
+    """An estimated ``trial`` judged against ``--host-budget`` too (as it is without one: an estimate has no host
+    budget unless given).
+
+    Example:
+        >>> from memlab.report import Trial
+        >>> trial = Trial(Plan(), "ok", 1, {}, None, None, None, "cuda", host_bytes=2048)
+        >>> judged = host_judged(trial, 1024)
+        >>> judged.fits, judged.verdict_figure, host_judged(trial, None) is trial
+        (False, 'host', True)
+    """
+    return trial if host_budget is None else dataclasses.replace(trial, host_budget=host_budget)
 
 
 def _say(text: str) -> None:
