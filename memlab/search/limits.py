@@ -236,11 +236,14 @@ def limits(
     ``loss_fn``, ``lr``). For tokens the answer stops at the model's ``max_position_embeddings`` where its config has
     one (said in the notes).
 
-    On TRL's ``GRPOTrainer`` (``batch`` left out: it generates its own), ``vary="tokens"`` answers the longest
+    On a trainer without ``batch`` (its batches are collated from its dataset), ``vary="rows"`` answers the most
+    examples per device (``per_device_train_batch_size``, its accumulation kept); on TRL's ``GRPOTrainer`` (which
+    generates its own batch), ``vary="tokens"`` answers the longest
     ``max_completion_length`` and ``vary="rows"`` the most generations per device (``per_device_train_batch_size``,
     its accumulation and ``steps_per_generation`` kept; sizes in whole prompts of ``num_generations``), each size a
     dry run of the trainer's whole step (generation, reference log-probs, training) with the setting changed only
-    while it runs (:mod:`memlab.search.limits_grpo`); ``plan=None`` is the trainer as set up. Example:
+    while it runs (:mod:`memlab.search.limits_trainer`); ``plan=None`` is the trainer as set up. Sizes on a trainer are
+    dry runs. Example:
     ``memlab.limits(trainer, budget="24GiB", vary="tokens", multiple=128).value``.
 
     Args:
@@ -269,14 +272,14 @@ def limits(
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise MemlabError(f"multiple={multiple!r} is not allowed; write a whole number >= 1, e.g. multiple=64")
     unit = None
-    if is_grpo(model_or_config):
-        from memlab.search.limits_grpo import grpo_sizes
+    if is_grpo(model_or_config) or (batch is None and is_trainer(model_or_config)):
+        from memlab.search.limits_trainer import trainer_sizes
 
-        sizes = grpo_sizes(model_or_config, plan, vary, capacity, multiple, batch, keywords)
+        sizes = trainer_sizes(model_or_config, plan, vary, capacity, multiple, batch, keywords)
         step, run, measured, ceiling, unit = sizes.multiple, sizes.run, False, sizes.ceiling, sizes.unit
         start = max(step, min(sizes.current, ceiling or sizes.current) // step * step)
     else:
-        if batch is None and not is_trainer(model_or_config):
+        if batch is None:
             raise MemlabError("limits varies a batch: write batch={'input_ids': (rows, tokens), 'labels': (rows, "
                               "tokens)} (shapes, for a dry run) or a batch of tensors")
         plan = plan or Plan()
@@ -307,12 +310,13 @@ def limits(
     found = _answer(tried, capacity, vary, step, measured, ceiling)
     if unit is not None:
         found.unit = unit
-        found.notes = tuple(f"{ceiling} completion tokens reach the model's context (max_position_embeddings) after "
-                            "the longest prompt: longer is not tried" if note.endswith("longer is not tried") else note
-                            for note in found.notes)
+        ends = (f"{ceiling} completion tokens reach the model's context (max_position_embeddings) after the longest "
+                "prompt: longer is not tried" if vary == "tokens" else
+                f"{ceiling} examples is the train dataset's length: more are not tried")
+        found.notes = tuple(ends if note.endswith("longer is not tried") else note for note in found.notes)
     if not found.value and found.tried:
         found.reason = _why_nothing_fits(found)
-        if unit is None:  # a GRPOTrainer's: fit names the GRPOConfig changes that fit (memlab.fit(trainer, ...))
+        if unit is None:  # a trainer's: fit names the plans (and GRPOConfig changes) that fit
             found.suggestions = _what_would_fit(model_or_config, found, batch, measured, keywords)
     return found
 

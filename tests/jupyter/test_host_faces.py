@@ -6,7 +6,6 @@ runs are of a tiny Llama on the meta device (a CUDA estimate: its offloaded opti
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch

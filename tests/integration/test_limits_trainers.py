@@ -1,6 +1,7 @@
-"""memlab.limits on TRL's GRPOTrainer (issue 59): the longest max_completion_length and the most generations per
-device at which the trainer's step is estimated to fit a budget, each answer checked against estimates of trainers
-whose GRPOConfig has that size; the trainer as it was afterwards; bad input one MemlabError. Tiny Llamas on CPU."""
+"""memlab.limits on trainers (issue 59): a GRPOTrainer's longest max_completion_length and most generations per
+device, and a DPOTrainer's most examples per device, at which the trainer's step is estimated to fit a budget, each
+answer checked against estimates of trainers whose config has that size; the trainer as it was afterwards; bad input
+one MemlabError. Tiny Llamas on CPU."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import pytest
 
 pytest.importorskip("trl")
 from test_trainer_grpo_step import _held, _rng, _same, grpo  # noqa: E402
+from trl_trainers import make_dpo_trainer  # noqa: E402
 
 import memlab  # noqa: E402
 from memlab import MemlabError  # noqa: E402
-from memlab.search.limits_grpo import sized  # noqa: E402
+from memlab.search.limits_trainer import sized  # noqa: E402
 
 
 def _estimate(trainer: Any, vary: str, size: int, plan: memlab.Plan | None = None) -> memlab.Trial:
@@ -76,3 +78,23 @@ def test_bad_input_is_one_error_that_says_what_to_write(tmp_path: Any) -> None:
     assert trainer.args is args and args.per_device_train_batch_size == 2
     nothing = memlab.limits(trainer, budget="64KiB", multiple=4, device="cpu")
     assert nothing.value == 0 and nothing.reason and "nothing fits" in nothing.answer()
+
+
+def test_the_most_examples_per_device_of_a_dpo_trainer(tmp_path: Any) -> None:
+    trainer = make_dpo_trainer(tmp_path)  # 6 preference pairs, 2 per device, a reference model held apart
+    args, dataset, model = trainer.args, trainer.train_dataset, trainer.model
+    at_1, at_6 = _estimate(trainer, "rows", 1), _estimate(trainer, "rows", 6)
+    assert at_1.peak_bytes < at_6.peak_bytes
+    budget = (at_1.peak_bytes + at_6.peak_bytes) // 2
+    found = memlab.limits(trainer, budget=budget, vary="rows", device="cpu")
+    assert 1 <= found.value < 6 and found.next == found.value + 1, found.to_text()
+    assert _estimate(trainer, "rows", found.value).peak_bytes <= budget < \
+        _estimate(trainer, "rows", found.next).peak_bytes
+    assert found.trial.rows_per_step == found.value and "examples per device" in found.answer()
+    everything = memlab.limits(trainer, budget="64GiB", vary="rows", device="cpu")
+    assert everything.value == 6 and everything.next is None  # the dataset's length: more are not tried
+    assert any("train dataset's length" in note for note in everything.notes)
+    with pytest.raises(MemlabError, match=r"its sequences are its dataset's: write memlab.limits\(trainer, budget="):
+        memlab.limits(trainer, budget=budget, device="cpu")
+    assert trainer.args is args and trainer.train_dataset is dataset and trainer.model is model
+    assert args.per_device_train_batch_size == 2
