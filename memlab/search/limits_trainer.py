@@ -145,10 +145,14 @@ def trainer_sizes(trainer: Any, plan: Plan | None, vary: str, budget: int, multi
             )
         current = int(args.per_device_train_batch_size)
         base = rows_multiple(int(trainer.num_generations), max(int(args.steps_per_generation), 1)) if grpo else 1
+        if plan is not None:  # the plan's accumulation divides each size's rows per step
+            steps = int(args.gradient_accumulation_steps)
+            base = math.lcm(base, plan.accumulation // math.gcd(plan.accumulation, steps))
         step = multiple if multiple is not None else base
     if isinstance(step, bool) or not isinstance(step, int) or step < 1 or step % base:
         whole = (f" (whole prompts of num_generations={trainer.num_generations} in each generation batch)"
-                 if grpo else "")
+                 if grpo else "") + (f" (the plan's accumulation={plan.accumulation} divides each size's rows)"
+                                     if plan is not None and plan.accumulation > 1 else "")
         raise MemlabError(f"multiple={multiple!r} is not allowed here; write a whole number >= 1 that is a multiple "
                           f"of {base}{whole}, e.g. multiple={base}")
     ceiling = None

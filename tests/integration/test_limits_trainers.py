@@ -94,6 +94,10 @@ def test_the_most_examples_per_device_of_a_dpo_trainer(tmp_path: Any) -> None:
     everything = memlab.limits(trainer, budget="64GiB", vary="rows", device="cpu")
     assert everything.value == 6 and everything.next is None  # the dataset's length: more are not tried
     assert any("train dataset's length" in note for note in everything.notes)
+    split = memlab.limits(trainer, memlab.Plan(accumulation=2), budget=budget, vary="rows", device="cpu")
+    assert split.value % 2 == 0 and all(size % 2 == 0 for size, _ in split.tried)  # 2 micro-batches of each size
+    with pytest.raises(MemlabError, match=r"multiple of 2 \(the plan's accumulation=2 divides"):
+        memlab.limits(trainer, memlab.Plan(accumulation=2), budget=budget, vary="rows", multiple=3)
     with pytest.raises(MemlabError, match=r"its sequences are its dataset's: write memlab.limits\(trainer, budget="):
         memlab.limits(trainer, budget=budget, device="cpu")
     assert trainer.args is args and trainer.train_dataset is dataset and trainer.model is model
