@@ -20,6 +20,8 @@ from memlab.errors import MemlabError
 from memlab.plan import Plan, format_bytes, parse_budget
 from memlab.report import Trial
 from memlab.report.format import FIGURE_WORDS
+from memlab.trainer.grpo import is_grpo
+from memlab.trainer.source import is_trainer
 
 __all__ = ["MAX_RUNS", "Limits", "limits", "resized"]
 
@@ -47,6 +49,9 @@ class Limits:
     suggestions: list[Trial] = field(default_factory=list)
     """Where nothing fits: plans with other levers estimated to fit at the smallest size tried (as ``fit``'s
     suggestions: the fastest expected first)."""
+    unit: str | None = None
+    """What a size is where it is not tokens per row or rows: a GRPOTrainer's ``"completion tokens"``
+    (``max_completion_length``) or ``"generations per device"`` (``per_device_train_batch_size``)."""
 
     def to_text(self, code: Callable[[Plan], str] | None = None) -> str:
         """A table of the sizes tried, memory against the budget, the answer marked; where nothing fits, why, and the
@@ -76,11 +81,11 @@ class Limits:
         return "\n".join([*lines, *self.notes])
 
     def _unit(self) -> str:
-        return "tokens per row" if self.vary == "tokens" else "rows"
+        return self.unit or ("tokens per row" if self.vary == "tokens" else "rows")
 
     def answer(self) -> str:
         """One sentence: the largest size that fits and the next that does not."""
-        what = "tokens per row" if self.vary == "tokens" else "rows"
+        what = self._unit()
         if not self.value:
             return f"nothing fits: even {self.next} {what} need more than {format_bytes(self.budget)}"
         beyond = f"; {self.next} do not" if self.next is not None else ""
@@ -215,7 +220,7 @@ def limits(
     plan: Plan | None = None,
     *,
     budget: int | str,
-    batch: Any,
+    batch: Any = None,
     vary: str = "tokens",
     multiple: int | None = None,
     dry_run: bool = False,
@@ -230,6 +235,16 @@ def limits(
     own device, each is a measured step (:func:`memlab.measure` capped at the budget, out-of-memory recovered; with
     ``loss_fn``, ``lr``). For tokens the answer stops at the model's ``max_position_embeddings`` where its config has
     one (said in the notes).
+
+    On a trainer without ``batch`` (its batches are collated from its dataset), ``vary="rows"`` answers the most
+    examples per device (``per_device_train_batch_size``, its accumulation kept); on TRL's ``GRPOTrainer`` (which
+    generates its own batch), ``vary="tokens"`` answers the longest
+    ``max_completion_length`` and ``vary="rows"`` the most generations per device (``per_device_train_batch_size``,
+    its accumulation and ``steps_per_generation`` kept; sizes in whole prompts of ``num_generations``), each size a
+    dry run of the trainer's whole step (generation, reference log-probs, training) with the setting changed only
+    while it runs (:mod:`memlab.search.limits_trainer`); ``plan=None`` is the trainer as set up. Sizes on a trainer are
+    dry runs. Example:
+    ``memlab.limits(trainer, budget="24GiB", vary="tokens", multiple=128).value``.
 
     Args:
         model_or_config: what :func:`memlab.estimate` takes (a live model, a config, a name).
@@ -256,10 +271,21 @@ def limits(
     step = multiple if multiple is not None else 64 if vary == "tokens" else 1
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise MemlabError(f"multiple={multiple!r} is not allowed; write a whole number >= 1, e.g. multiple=64")
-    plan = plan or Plan()
-    start = max(step, _size_of(batch, vary) // step * step)
-    run, measured = _runner(model_or_config, plan, batch, vary, capacity, dry_run, keywords)
-    ceiling = _context(model_or_config) if vary == "tokens" else None
+    unit = None
+    if is_grpo(model_or_config) or (batch is None and is_trainer(model_or_config)):
+        from memlab.search.limits_trainer import trainer_sizes
+
+        sizes = trainer_sizes(model_or_config, plan, vary, capacity, multiple, batch, keywords)
+        step, run, measured, ceiling, unit = sizes.multiple, sizes.run, False, sizes.ceiling, sizes.unit
+        start = max(step, min(sizes.current, ceiling or sizes.current) // step * step)
+    else:
+        if batch is None:
+            raise MemlabError("limits varies a batch: write batch={'input_ids': (rows, tokens), 'labels': (rows, "
+                              "tokens)} (shapes, for a dry run) or a batch of tensors")
+        plan = plan or Plan()
+        start = max(step, _size_of(batch, vary) // step * step)
+        run, measured = _runner(model_or_config, plan, batch, vary, capacity, dry_run, keywords)
+        ceiling = _context(model_or_config) if vary == "tokens" else None
     tried: dict[int, Trial] = {}
 
     def attempt(size: int) -> None:
@@ -282,9 +308,16 @@ def limits(
             break
         attempt(size)
     found = _answer(tried, capacity, vary, step, measured, ceiling)
+    if unit is not None:
+        found.unit = unit
+        ends = (f"{ceiling} completion tokens reach the model's context (max_position_embeddings) after the longest "
+                "prompt: longer is not tried" if vary == "tokens" else
+                f"{ceiling} examples is the train dataset's length: more are not tried")
+        found.notes = tuple(ends if note.endswith("longer is not tried") else note for note in found.notes)
     if not found.value and found.tried:
         found.reason = _why_nothing_fits(found)
-        found.suggestions = _what_would_fit(model_or_config, found, batch, measured, keywords)
+        if unit is None:  # a trainer's: fit names the plans (and GRPOConfig changes) that fit
+            found.suggestions = _what_would_fit(model_or_config, found, batch, measured, keywords)
     return found
 
 

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
+from memlab.trainer.grpo import GRPOPrompts
 from memlab.trainer.kinds import kind_of
 from memlab.trainer.source import TrainerSource, is_trainer, keeps_trainer_batch
 from memlab.trainer.worst_batch import trainer_batches, worst_batch
@@ -85,6 +86,10 @@ def live_target(
 a transformers Trainer, whose train dataset memlab reads
     """
     if not is_trainer(model_or_trainer):
+        if generation and isinstance(batch, GRPOPrompts):  # a GRPO target's batch carries its trainer (the panel's)
+            from memlab.runner.grpo import grpo_target
+
+            return grpo_target(batch.source.trainer, loss_fn)
         if batch is None:
             raise MemlabError(
                 "no batch was given; pass one (a dict of tensors, a tensor or a tuple), or pass a transformers "

@@ -198,10 +198,9 @@ def _training_step(request: Any, settings: VLLMSettings | None) -> tuple[Trial, 
     if batch is not None:
         raise MemlabError(
             "a GRPOTrainer's batch is what it generates from its train dataset's prompts, so memlab takes none with "
-            "it (and memlab.limits, which varies one, does not take a GRPOTrainer yet): write memlab.estimate(trainer) "
-            "or memlab.estimate(trainer, memlab.Plan(...)); for a longer max_completion_length or more generations, "
-            "estimate a trainer whose GRPOConfig has them; memlab.fit(trainer, budget=...) names the longest "
-            "max_completion_length estimated to fit where no plan fits"
+            "it: write memlab.estimate(trainer) or memlab.estimate(trainer, memlab.Plan(...)); for the longest "
+            "max_completion_length or the most generations per device that fit, memlab.limits(trainer, budget=..., "
+            "vary='tokens' or 'rows')"
         )
     if request.gpus != 1 or request.strategy != "none":
         raise MemlabError("memlab estimates a GRPOTrainer's step on one device; drop gpus= and strategy=")

@@ -46,10 +46,11 @@ def test_grpo_is_refused_where_it_is_not_run_yet_with_what_works_and_what_to_wri
         with pytest.raises(MemlabError) as refused:
             call()
         said = str(refused.value)
-        assert "GRPOTrainer" in said and ("memlab.measure(trainer)" in said or "memlab.estimate(trainer)" in said), name
+        assert "GRPOTrainer" in said and ("memlab.measure(trainer)" in said or "memlab.estimate(trainer)" in said
+                                          or "memlab.limits(trainer, budget=" in said), name
         assert "SFTTrainer, which" not in said and "returned no tensors" not in said, name  # not the SFT advice
-        if name == "limits":
-            assert "names the longest max_completion_length estimated to fit" in said
+        if name == "limits":  # limits varies the trainer's own settings, not a batch
+            assert "vary='tokens') for the longest max_completion_length" in said
         if name not in ("a batch given", "limits"):
             assert "memlab.watch(trainer" in said and "2 completions per prompt up to 4 tokens" in said, name
     after = _state(trainer)

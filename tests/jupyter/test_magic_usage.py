@@ -68,7 +68,7 @@ def _cases() -> list[tuple[str, str, str]]:
         ("budget-negative", f"{LINE} --budget -1GiB", "write a positive value, e.g. --budget "),
         ("budget-without-unit", f"{LINE} --budget 24", "write the unit, such as 24GiB"),
         ("size-as-a-third-name", f"{LINE} 8GiB", "write --budget 8GiB"),
-        ("unknown-option", f"{LINE} --foo", "write one of --try, --budget, --batch-size"),
+        ("unknown-option", f"{LINE} --foo", "write one of --try, --budget, --host-budget, --batch-size"),
         ("unknown-option-with-value", f"{LINE} --colour=red", "write one of --try, --budget"),
         ("misspelt-option", f"{LINE} --bugdet 8GiB", "write --budget"),
         ("short-option", f"{LINE} -b 8GiB", "write --budget or --batch-size"),

@@ -28,7 +28,7 @@ NAMED_IN_DESIGN = (
     "micro_batch", "accumulation", "checkpointing", "precision", "weights", "optimizer", "offload", "adapter",
     "lora_rank", "lora_targets", "loss", "optimizer_in_backward",
 )
-TECHNIQUES = (*LEVERS, "budget")  # one control per lever the registry declares, and the budget
+TECHNIQUES = (*LEVERS, "budget", "host_budget")  # one control per lever the registry declares, and the budgets
 
 
 def small_batch() -> dict[str, torch.Tensor]:

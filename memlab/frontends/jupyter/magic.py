@@ -87,6 +87,12 @@ class MemfitMagics(Magics):
         MODEL and BATCH are looked up by name (trainer.model works too); nothing is evaluated. Wrong input
         stops with a one-line UsageError before the model is touched.
 
+        MODEL may be a transformers Trainer (TRL's DPOTrainer and GRPOTrainer too), BATCH then optional: its own
+        step is measured, searched, estimated and applied (a GRPOTrainer's generates first, from its longest
+        prompts; it takes no BATCH). --host-budget SIZE judges the host memory a plan keeps (offloaded optimizer
+        state and activations, a paged optimizer's spill) as --budget judges the GPU's: over it, a plan
+        "does not fit (host)".
+
         --inference measures inference instead of training, on the same model and with the same figure: --try
         takes the settings of memlab.InferencePlan (weights=fp32,bf16,fp16 quantize=none,int8,nf4 batch_size=N
         new_tokens=N kv_cache=on,off), each run as a forward (or a generation of new_tokens) under

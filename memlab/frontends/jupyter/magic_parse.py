@@ -72,6 +72,13 @@ ARGUMENTS = [
         help="memory budget such as 8GiB, 500MB, 1.5G: search for the fastest plan that fits it",
     ),
     argument(
+        "--host-budget",
+        dest="host_budget",
+        metavar="SIZE",
+        help="host (CPU) memory the plans may keep, such as 64GiB (offloaded optimizer state and activations, a paged "
+        "optimizer's spill): a plan over it 'does not fit (host)'; default: what the machine has available",
+    ),
+    argument(
         "--batch-size",
         dest="batch_size",
         type=int,
@@ -253,13 +260,15 @@ def run_options(args: Any, **more: Any) -> RunOptions:
         1024
     """
     keywords = {
-        "steps": args.steps, "warmup": args.warmup, "budget": unquote(args.budget), "noise": args.noise,
+        "steps": args.steps, "warmup": args.warmup, "budget": unquote(args.budget),
+        "host_budget": unquote(getattr(args, "host_budget", None)), "noise": args.noise,
         "time_limit": args.time_limit, "verbose": args.verbose, "progress": False, **more,
     }
     try:
         return RunOptions.from_keywords(keywords)
     except MemlabError as error:
-        raise usage_error(as_options(str(error), keywords)) from None
+        said = as_options(str(error), keywords).replace("host_budget '", "--host-budget '")  # the option's name
+        raise usage_error(said) from None
 
 
 # --- names ------------------------------------------------------------------------------------------------------

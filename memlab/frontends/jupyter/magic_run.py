@@ -17,6 +17,7 @@ How the job is shown while it runs is :mod:`memlab.frontends.jupyter.magic_rende
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from torch import nn
 
 from memlab.errors import MemlabError
 from memlab.estimation.cuda.context import live_card_context
-from memlab.estimation.estimate import estimate_plans
+from memlab.estimation.estimate import estimate, estimate_plans
 from memlab.estimation.sharded.per_gpu import parse_gpus, sharded_lines, sharded_trials
 from memlab.frontends.jupyter.magic_parse import DEFAULTS, body_loss_fn, lookup_name, run_options, unquote, usage_error
 from memlab.inference.fit import fit_inference
@@ -39,10 +40,11 @@ from memlab.search import MAX_TRIALS, fit
 from memlab.search.space import keep_rows
 from memlab.trainer.apply import TrainerApplied
 from memlab.trainer.entry import live_target
+from memlab.trainer.grpo import is_grpo
 from memlab.trainer.source import is_trainer, trainer_model
 
-__all__ = ["APPLIED_NAME", "InferenceRequest", "Job", "TrainingRequest", "apply_best", "keep_rows", "prepare",
-           "request_for"]
+__all__ = ["APPLIED_NAME", "InferenceRequest", "Job", "TrainingRequest", "apply_best", "host_judged", "keep_rows",
+           "prepare", "request_for"]
 
 APPLIED_NAME = "memfit_applied"
 """The user-namespace name under which ``--apply`` stores the :class:`memlab.Applied`."""
@@ -169,9 +171,13 @@ class TrainingRequest:
             )
         batch = None if args.batch is None else lookup_name(namespace, args.batch, "BATCH")
         target = None
+        grpo = is_grpo(trainer)
+        if grpo and self.sharding is not None:
+            raise usage_error(f"MODEL {args.model!r} is a GRPOTrainer, whose step memlab estimates on one device; "
+                              "drop --gpus and --strategy")
         if trainer is not None:
-            try:
-                target = live_target(trainer, batch)
+            try:  # a GRPOTrainer's batch is what it generates: its step runs (and is estimated) on the trainer
+                target = live_target(trainer, batch, generation=True)
             except MemlabError as error:
                 raise usage_error(f"MODEL {args.model!r}: {error}") from None
             batch = target.batch
@@ -211,16 +217,21 @@ class TrainingRequest:
                 print(f"Per GPU, {args.batch} ({rows} row{'s' if rows != 1 else ''}) being each GPU's micro-batch:")
                 for text in sharded_lines(found, options.budget):
                     print(text)
-                return Report([trial for _, _, trial in found if trial is not None], budget=options.budget)
+                return Report([host_judged(trial, options.host_budget) for _, _, trial in found if trial is not None],
+                              budget=options.budget)
             if self.search:
                 space = parse_axes(args.grid) or None
                 size = effective if args.batch_size is None else args.batch_size
                 limit = MAX_TRIALS if args.max_trials is None else args.max_trials
-                return fit(model, batch, batch_size=size, space=space, dry_run=args.dry_run, max_trials=limit,
-                           **options.keywords())
-            if args.dry_run:
-                report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
+                return fit(*((trainer, None) if grpo else (model, batch)), batch_size=size, space=space,
+                           dry_run=args.dry_run, max_trials=limit, **options.keywords())
+            if args.dry_run and grpo:
+                report = Report([estimate(trainer, plan, loss_fn=loss_fn, budget=options.budget, lr=options.lr,
+                                          host_budget=options.host_budget) for plan in plans], budget=options.budget)
                 report.trials = [live_card_context(trial, model) for trial in report]
+            elif args.dry_run:
+                report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
+                report.trials = [host_judged(live_card_context(trial, model), options.host_budget) for trial in report]
             else:
                 report = compare(model, batch, plans, **options.keywords())
             if kept is not None:
@@ -234,6 +245,20 @@ class TrainingRequest:
                            loss_fn if trainer is None else None, self.options.lr, args.model)
 
         return Job(self.options.replace(loss_fn=loss_fn), CATEGORIES, work, after)
+
+
+def host_judged(trial: Any, host_budget: int | None) -> Any:
+    """An estimated ``trial`` judged against ``--host-budget`` too (as it is without one: an estimate has no host
+    budget unless given).
+
+    Example:
+        >>> from memlab.report import Trial
+        >>> trial = Trial(Plan(), "ok", 1, {}, None, None, None, "cuda", host_bytes=2048)
+        >>> judged = host_judged(trial, 1024)
+        >>> judged.fits, judged.verdict_figure, host_judged(trial, None) is trial
+        (False, 'host', True)
+    """
+    return trial if host_budget is None else dataclasses.replace(trial, host_budget=host_budget)
 
 
 def _say(text: str) -> None:

@@ -4,7 +4,9 @@
 
 * a control per lever of :data:`memlab.plan.LEVERS` (micro-batch, accumulation, checkpointing, precision, weights,
   optimizer, offload, adapter, lora-rank), each labelled with the lever's name and with its ``help`` (what it does,
-  what it costs) as its tooltip, and a memory budget (such as ``8GiB``; empty for none);
+  what it costs) as its tooltip, a memory budget (such as ``8GiB``; empty for none) and a host budget (the host
+  memory a setting may keep: offloaded optimizer state and activations, a paged optimizer's spill; empty: what the
+  machine has available), a setting over it "does not fit (host)";
 * **Run** measures the setting on the live model (``memlab.compare`` with the live figure as its callback; the
   model is left bit-exact), **Apply** puts the setting on the model for real training (``memlab.apply``; the
   result is ``panel.applied``), **Undo** takes it off again, **Clear** forgets the results measured so far (the
@@ -19,7 +21,7 @@ fit, and to Undo and Run it first.
 (:func:`memlab.trainer.entry.live_target`): Run measures its model with its ``compute_loss`` on the given batch, or
 on its train dataset's worst batch; the controls start at the trainer's own settings; Apply puts the setting on the
 trainer (``memlab.apply(trainer, plan)``: the next ``trainer.train()`` trains with it) and Undo gives the trainer
-back.
+back. A GRPOTrainer's Run measures its whole step, generation first (its phases on the timeline).
 
 Messages call the model by the user's own variable name: ``name=`` when given, else the name the model has in the
 IPython user namespace (found by identity, never by ``eval``), else "the model".
@@ -36,11 +38,11 @@ import ipywidgets as widgets
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.frontends.jupyter.panel_core import PanelCore, descendants, user_variable_name
+from memlab.frontends.jupyter.panel_core import WIDE, PanelCore, descendants, user_variable_name
 from memlab.live.batch import Batch, LossFn, resolve_loss_fn
 from memlab.options import RunOptions, TrialKeywords
 from memlab.plan import Plan, format_bytes
-from memlab.report import Trial, one_line
+from memlab.report import Report, Trial, one_line
 from memlab.runner.apply import Applied, apply
 from memlab.trainer.entry import live_target
 
@@ -92,7 +94,7 @@ class Panel(PanelCore):
         min_interval_s: float = 0.25,
         **options: Unpack[TrialKeywords],
     ) -> None:
-        target = live_target(model, batch, loss_fn)
+        target = live_target(model, batch, loss_fn, generation=True)  # a GRPOTrainer's step generates first
         self.trainer: Any = model if target.source is not None else None
         if self.trainer is not None:
             name = name or user_variable_name(self.trainer) or "the trainer"
@@ -197,11 +199,39 @@ class Panel(PanelCore):
     def _mode_buttons(self) -> list[widgets.Button]:
         return [self.apply_button, self.undo_button]
 
+    def run(self) -> Trial | None:
+        """Measure the current setting (what the Run button does), against the budget and the host budget fields.
+
+        Example:
+            >>> import torch
+            >>> p = Panel(torch.nn.Linear(4, 1), torch.randn(8, 4), loss_fn=lambda m, b: m(b).mean(), steps=1)
+            >>> p.controls["host_budget"].value = "64GiB"
+            >>> p.run().host_budget == 64 * 2**30
+            True
+        """
+        if self._running:
+            return None
+        try:
+            text = str(self.controls["host_budget"].value).strip()
+            self.options = self.options.replace(host_budget=text or None)
+        except Exception as error:  # noqa: BLE001 - shown in the panel, never raised into the kernel
+            self._say(f"Cannot run: {one_line(error, limit=None)}", "error")
+            return None
+        return super().run()
+
     def _lever_rows(self) -> list[widgets.Widget]:
         c = self.controls
+        # The core builds the levers and the budget; the training panel adds the host budget beside them.
+        c["host_budget"] = _host_budget_control(self.options.host_budget)
         accumulation = widgets.HBox([c["micro_batch"], c["accumulation"], self.effective])
         others = [control for name, control in c.items() if name not in ("micro_batch", "accumulation")]
         return [accumulation, widgets.HBox(others, layout=widgets.Layout(flex_flow="row wrap"))]
+
+    def _message(self, trial: Trial | None, report: Report) -> tuple[str, str]:
+        if trial is not None and trial.status == "ok" and not trial.host_fits:
+            return (f"{trial.label}: does not fit (host): it keeps {format_bytes(trial.host_bytes)} of host memory, "
+                    f"over the host budget of {format_bytes(trial.host_budget or 0)}", "warn")
+        return super()._message(trial, report)
 
     def _refusal(self) -> str | None:
         if self.applied is not None and self.applied.active:
@@ -242,6 +272,19 @@ class Panel(PanelCore):
     def _show_effective(self) -> None:
         rows = int(self.controls["micro_batch"].value or 0) * int(self.controls["accumulation"].value or 0)
         self.effective.value = f"<span style='color:#555'>= {rows} rows per optimizer step</span>"
+
+
+def _host_budget_control(host_budget: int | None) -> widgets.Text:
+    return widgets.Text(
+        value="" if host_budget is None else format_bytes(host_budget),
+        description="host budget",
+        placeholder="e.g. 64GiB; empty: the machine's",
+        tooltip="the host (CPU) memory a setting may keep, with a unit (64GiB): offloaded optimizer state and "
+        "activations, a paged optimizer's spill; over it a setting does not fit (host); empty: what the machine has "
+        "available",
+        style=WIDE,
+        layout=widgets.Layout(width="260px"),
+    )
 
 
 def panel(model: nn.Module | Any, batch: Batch | None = None, loss_fn: LossFn | None = None, **kwargs: Any) -> Panel:

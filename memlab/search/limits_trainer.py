@@ -1,0 +1,174 @@
+"""``memlab.limits`` on a trainer (issue 59): the most examples per device any ``transformers.Trainer`` (TRL's
+DPOTrainer included) fits in a budget, and on TRL's GRPOTrainer the longest ``max_completion_length`` or the most
+generations per device.
+
+A trainer's batches are what it makes from its dataset, so ``limits`` varies the trainer's own settings instead of a
+batch:
+
+- any trainer, ``vary="rows"``: ``per_device_train_batch_size`` (its ``gradient_accumulation_steps`` kept), each
+  size's worst batch collated from the train dataset as ``memlab.estimate(trainer)`` collates it; at most the
+  dataset's length. Its sequences are its dataset's, so ``vary="tokens"`` is refused with what to write instead;
+- a GRPOTrainer, ``vary="tokens"``: ``max_completion_length`` (every completion full length, the longest prompts
+  kept); its ceiling is the model's ``max_position_embeddings`` less the longest prompt;
+- a GRPOTrainer, ``vary="rows"``: ``per_device_train_batch_size``, the generations per device in one micro-batch,
+  with ``gradient_accumulation_steps`` and ``steps_per_generation`` kept (the generation batch follows:
+  ``per_device_train_batch_size x steps_per_generation`` completions, a multiple of ``num_generations`` as TRL
+  requires, so the sizes are multiples of ``num_generations / gcd(num_generations, steps_per_generation)``).
+
+Each size is a dry run of the trainer's whole step (:func:`memlab.estimate` on the trainer: for GRPO, generation
+with its KV cache, the reference log-probs, the training step), with the setting changed on the trainer only while
+that estimate runs and put back after; nothing runs for real.
+
+Example:
+    >>> rows_multiple(num_generations=4, steps_per_generation=2)
+    2
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sized
+from dataclasses import dataclass
+from typing import Any
+
+from memlab.errors import MemlabError
+from memlab.plan import Plan
+from memlab.report.data import Trial
+
+__all__ = ["TrainerSizes", "rows_multiple", "sized", "trainer_sizes"]
+
+UNITS = {"tokens": "completion tokens", "rows": "generations per device"}
+"""What a size is on a GRPOTrainer, as the answer says it (on another trainer: ``"examples per device"``)."""
+
+
+def rows_multiple(num_generations: int, steps_per_generation: int) -> int:
+    """The smallest step of generations per device that keeps TRL's generation batch (``generations x
+    steps_per_generation``) a multiple of ``num_generations`` (whole prompts).
+
+    Example:
+        >>> rows_multiple(num_generations=8, steps_per_generation=1), rows_multiple(3, 3)
+        (8, 1)
+    """
+    return num_generations // math.gcd(num_generations, steps_per_generation)
+
+
+@contextlib.contextmanager
+def sized(trainer: Any, vary: str, size: int) -> Iterator[None]:
+    """The GRPOTrainer with ``size`` completion tokens (``vary="tokens"``) or generations per device (``"rows"``) while
+    an estimate runs; every attribute put back after (a config is no dict key: each owner is kept with its fields).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(max_completion_length=8)
+        >>> trainer = SimpleNamespace(args=args, max_completion_length=8)
+        >>> with sized(trainer, "tokens", 16):
+        ...     trainer.max_completion_length, args.max_completion_length
+        (16, 16)
+        >>> trainer.max_completion_length
+        8
+    """
+    args = trainer.args
+    if vary == "tokens":
+        changes = [(trainer, {"max_completion_length": size}), (args, {"max_completion_length": size})]
+    else:
+        changes = [(args, {"per_device_train_batch_size": size})]
+        if getattr(args, "generation_batch_size", None) is not None:  # GRPO's: the generation batch follows
+            changes[0][1]["generation_batch_size"] = size * max(int(args.steps_per_generation), 1)
+        if "_train_batch_size" in vars(trainer):
+            changes.append((trainer, {"_train_batch_size": size}))
+    saved = [(owner, {name: getattr(owner, name) for name in fields}) for owner, fields in changes]
+    try:
+        for owner, fields in changes:
+            for name, value in fields.items():
+                setattr(owner, name, value)
+        yield
+    finally:
+        for owner, fields in saved:
+            for name, value in fields.items():
+                setattr(owner, name, value)
+
+
+@dataclass
+class TrainerSizes:
+    """How ``limits`` tries sizes on a trainer: the trainer's own size, the step between sizes, the largest size
+    the model's context allows (None: no limit), ``run(size) -> Trial``, and the unit the answer names."""
+
+    current: int
+    multiple: int
+    ceiling: int | None
+    run: Callable[[int], Trial]
+    unit: str
+
+
+def trainer_sizes(trainer: Any, plan: Plan | None, vary: str, budget: int, multiple: int | None, batch: Any,
+                  keywords: dict[str, Any]) -> TrainerSizes:
+    """What :func:`memlab.limits` needs to vary a trainer (see the module); ``keywords`` are estimate's (``device``,
+    ``gpu``, ``loss_fn``, ``lr``, ``host_budget``).
+
+    Raises:
+        MemlabError: a batch given to a GRPOTrainer, ``vary="tokens"`` on another trainer, a plan that names its
+            micro_batch with ``vary="rows"``, a ``multiple`` that would split prompts, or what the estimate refuses.
+    """
+    from memlab.estimation.cuda.gpus import capped
+    from memlab.estimation.estimate import estimate
+    from memlab.trainer.grpo import GRPOSource, is_grpo
+
+    grpo = is_grpo(trainer)
+    if grpo and batch is not None:
+        raise MemlabError(
+            "a GRPOTrainer's batch is what it generates from its prompts, so limits takes none with it: write "
+            "memlab.limits(trainer, budget=..., vary='tokens') for the longest max_completion_length, or "
+            "vary='rows' for the most generations per device"
+        )
+    if not grpo and vary == "tokens":
+        raise MemlabError(
+            "limits on a trainer varies its per_device_train_batch_size, and its sequences are its dataset's: write "
+            "memlab.limits(trainer, budget=..., vary='rows'); for the longest sequences, memlab.limits(trainer.model, "
+            "plan, budget=..., batch={'input_ids': (rows, tokens), 'labels': (rows, tokens)}, loss_fn=...), with "
+            "plan=memlab.Plan.from_trainer(trainer)"
+        )
+    unknown = sorted(set(keywords) - {"device", "gpu", "loss_fn", "lr", "host_budget"})
+    if unknown:
+        raise MemlabError(f"limits on a trainer does not take {', '.join(unknown)}; drop it (the trainer's step is "
+                          "estimated on one device: device=, gpu=, loss_fn=, lr=, host_budget= are taken)")
+    args = trainer.args
+    if vary == "tokens":
+        current, base = int(trainer.max_completion_length), 1
+        step = multiple if multiple is not None else 64
+    else:
+        if plan is not None and plan.micro_batch is not None:
+            raise MemlabError(
+                f"vary='rows' varies the trainer's per_device_train_batch_size, and the plan fixes "
+                f"micro_batch={plan.micro_batch}; write the plan without it (memlab.Plan(accumulation=k) splits each "
+                "size into k micro-batches), or plan=None for the trainer as set up"
+            )
+        current = int(args.per_device_train_batch_size)
+        base = rows_multiple(int(trainer.num_generations), max(int(args.steps_per_generation), 1)) if grpo else 1
+        if plan is not None:  # the plan's accumulation divides each size's rows per step
+            steps = int(args.gradient_accumulation_steps)
+            base = math.lcm(base, plan.accumulation // math.gcd(plan.accumulation, steps))
+        step = multiple if multiple is not None else base
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1 or step % base:
+        whole = (f" (whole prompts of num_generations={trainer.num_generations} in each generation batch)"
+                 if grpo else "") + (f" (the plan's accumulation={plan.accumulation} divides each size's rows)"
+                                     if plan is not None and plan.accumulation > 1 else "")
+        raise MemlabError(f"multiple={multiple!r} is not allowed here; write a whole number >= 1 that is a multiple "
+                          f"of {base}{whole}, e.g. multiple={base}")
+    ceiling = None
+    dataset = getattr(trainer, "train_dataset", None)
+    if not grpo and isinstance(dataset, Sized):  # the worst batch holds distinct examples
+        ceiling = len(dataset)
+    if vary == "tokens":
+        source = GRPOSource.from_trainer(trainer)
+        context = getattr(getattr(source.model, "config", None), "max_position_embeddings", None)
+        if isinstance(context, int) and context > 0:
+            ceiling = context - source.prompt_tokens
+    # The card held to the budget, as a real cap holds it (as limits' own dry runs).
+    on_card = {**keywords, "gpu": capped(keywords.get("gpu"), budget)}
+
+    def run(size: int) -> Trial:
+        with sized(trainer, vary, size):
+            return estimate(trainer, plan, budget=budget, **on_card)
+
+    return TrainerSizes(current, step, ceiling, run, UNITS[vary] if grpo else "examples per device")
