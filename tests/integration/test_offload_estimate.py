@@ -121,3 +121,16 @@ def test_fit_picks_the_offload_plan_where_only_it_fits() -> None:
     report = memlab.fit(model, batch, budget=budget, dry_run=True, space=space, progress=False)
     assert report.best is not None and report.best.plan.offload == "optimizer"
     assert not next(trial for trial in report if trial.plan == Plan()).fits
+
+
+def test_a_sharded_estimate_composed_from_one_gpu_moves_the_activations_to_the_host() -> None:
+    """Adapters shard by composition from the one-GPU dry run: its saved activations leave each GPU, and each GPU's
+    host_bytes holds them (with the optimizer's offload, beside its state's)."""
+    batch = {"input_ids": (4, 64), "labels": (4, 64)}
+    lora = Plan(adapter="lora", lora_rank=4)
+    plain, moved, both = (memlab.estimate(tiny_llama(), batch, lora.replace(offload=offload), device="cuda", gpus=2,
+                                          strategy="zero3") for offload in ("none", "activations", "all"))
+    one_gpu = memlab.estimate(tiny_llama(), batch, lora.replace(offload="activations"), device="cuda")
+    assert moved.breakdown["activations"] < plain.breakdown["activations"] and moved.peak_bytes < plain.peak_bytes
+    assert plain.host_bytes == 0 and moved.host_bytes == one_gpu.host_bytes > 0
+    assert both.host_bytes > moved.host_bytes
