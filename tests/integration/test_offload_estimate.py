@@ -72,7 +72,8 @@ def test_the_saving_holds_with_the_cuda_branch_run() -> None:
         trials = _estimates(tiny_llama(), LLAMA_BATCH, ("optimizer",))
     assert not recorder.violations, "\n".join(recorder.violations[:3])
     assert trials["optimizer"].breakdown["optimizer"] == 0
-    assert trials["optimizer"].peak_bytes < trials["none"].peak_bytes - trials["none"].breakdown["optimizer"] // 2
+    plain = trials["none"]
+    assert trials["optimizer"].peak_bytes == pytest.approx(plain.peak_bytes - plain.breakdown["optimizer"], rel=0.01)
 
 
 def test_a_cpu_estimate_moves_nothing() -> None:
