@@ -1,7 +1,7 @@
 """CUDA estimates made on a machine without CUDA, against every peak an H100 or the H200 measured
 (``results/cuda_truth.json``).
 
-Each training row of the table of truth (offload rows aside: offload cannot be estimated without CUDA) is
+Each training row of the table of truth (offload rows aside: left out of the runs recorded before issue 60) is
 estimated here with ``memlab.estimate(config, shapes, plan, device="cuda", gpu=...)`` (the GPU kind that measured
 the row) on fake CPU tensors, and the result gives, per row, estimate / measured for the allocated peak and, where the
 run recorded it without a budget, for the reserved peak. The rows of a checkpoint loaded as users load it

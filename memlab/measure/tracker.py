@@ -7,6 +7,10 @@ storage and so are never counted twice. Storages that existed before tracking st
 they are given as ``baseline`` or passed to :meth:`MemoryTracker.mark`: an aliasing operator (a view, an
 in-place or ``out=`` op) that hands back such a storage does not allocate it.
 
+Storages the offload keeps in host memory (:data:`memlab.techniques.offload.HOST`: made inside its
+``host_side()`` or marked by it) are never counted: they are not the device's, even where a dry run's device and
+host are the same fake CPU.
+
 What it cannot see: memory an operator allocates and frees inside its kernel (workspaces), memory that
 never becomes a tensor (allocator caches, CUDA context), and storage-less tensors (sparse ones). On CUDA
 the allocator's own statistics (:mod:`memlab.measure.cuda`) are the reference; the tracker provides the
@@ -27,6 +31,7 @@ from torch.utils._pytree import tree_leaves
 from memlab.errors import MemlabError
 from memlab.measure.ledger import CATEGORIES, Ledger
 from memlab.plan import format_bytes
+from memlab.techniques.offload import HOST
 
 __all__ = ["CATEGORIES", "INFERENCE_CATEGORIES", "MemoryTracker"]
 
@@ -256,7 +261,7 @@ class MemoryTracker(TorchDispatchMode):
         # A fake tensor keeps its storage on meta: follow such a storage where it is tracked (FSDP2 on fake tensors).
         if storage.device.type != self._device_type and not (
             storage.device.type == "meta" and self._ledger.lookup(storage) is not None
-        ):
+        ) or HOST.holds(storage):
             return
         ledger = self._ledger
         ledger.flush()
@@ -359,16 +364,17 @@ class MemoryTracker(TorchDispatchMode):
             except Exception:  # sparse and other storage-less layouts
                 return ()
             # Fake tensors report their fake device but keep their storage on meta.
-            return (storage,) if storage.device.type == "meta" else ()
+            return (storage,) if storage.device.type == "meta" and not HOST.holds(storage) else ()
         device = tensor.device
         if device.type != self._device_type:
             return ()
         if self._device_index is not None and device.index is not None and device.index != self._device_index:
             return ()
         try:
-            return (tensor.untyped_storage(),)
+            storage = tensor.untyped_storage()
         except Exception:
             return ()
+        return () if HOST.holds(storage) else (storage,)
 
     def _register(self, tensors: Iterable[torch.Tensor | None], category: str, *, move: bool) -> int:
         ledger = self._ledger
@@ -438,6 +444,9 @@ class MemoryTracker(TorchDispatchMode):
                     if entry is not None:
                         if aliasing:
                             added += ledger.resize(entry, storage)
+                    elif HOST.depth:  # made on the host by the offload (its host_side): marked, never counted
+                        if not aliasing:
+                            HOST.hold(storage)
                     elif not aliasing:
                         added += ledger.add(storage, category)
         finally:

@@ -339,7 +339,8 @@ def _dry_run(
     budget = options.budget or 0
     speed = SpeedModel([], candidates, batch_size=batch_size, prior=prior)
     order = sorted(candidates, key=speed.expected, reverse=True)
-    device = model_device(model)
+    # a model on the meta device is estimated for CUDA (target_device), as memlab.estimate does
+    device = None if model_device(model).type == "meta" else model_device(model)
     trials: list[Trial] = []
     with keep_on_interrupt(trials, budget):
         for position, plan in enumerate(order):

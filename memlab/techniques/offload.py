@@ -3,17 +3,24 @@ what each keeps in host memory (``Trial.host_bytes``), counted by the offload it
 :class:`~memlab.techniques.technique.HostLedger`, live and on fake tensors alike.
 
 Host bytes are each tensor's storage, pinned ones rounded up to a power of two as PyTorch's caching host allocator
-rounds its blocks. A CUDA dry run on CPU kernels cannot move anything off its device (the step runs on the CPU): the
-offload then counts what it would move (the saved tensors, the optimizer's fp32 copies, gradients and state built from
-the state the dry run's optimizer holds) without moving it. A paged optimizer's spill is counted as all of its state:
-the most the driver can page to the host when the GPU runs short.
+rounds its blocks. A paged optimizer's spill is counted as all of its state: the most the driver can page to the host
+when the GPU runs short.
+
+What the offload puts on the host is not device memory, in a dry run too (issue 60): every host tensor it makes (the
+optimizer's fp32 copies, their gradients, the inner optimizer's state and temporaries, the saved activations' copies)
+is made inside :func:`host_side` or kept with :func:`keep_on_host`, and memlab's tracker counts no storage
+:data:`HOST` holds. A CUDA dry run on the CPU's kernels, whose device and host are the same fake CPU, so runs the
+offload as a GPU does: each copy to the host is a new tensor (``empty`` and ``copy_``, never a ``.to()`` that returns
+its source), and each copy back to the device (a saved tensor unpacked for backward, the new weights copied into the
+device's) is one the tracker counts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -26,6 +33,14 @@ NOTHING_TO_MOVE = (
     "offload moves nothing on a CPU-only device: memory and speed are as without it, and its host bytes are 0 "
     "(host_bytes is what a plan moves off its device)"
 )
+
+OFFLOAD_ESTIMATED = (
+    "offload estimated as a GPU runs it: what it moves to the host (the optimizer's fp32 weights, gradients and "
+    "state, the saved activations) is not in the GPU's bytes, the copies back to the GPU are; host_bytes counts its "
+    "pinned blocks rounded up to a power of two, as PyTorch's caching host allocator does, and the optimizer's state "
+    "as pageable memory"
+)
+"""The note of a CUDA estimate of an offload plan (made on fake tensors): how its host side is modelled."""
 
 OPTIMIZER_OFFLOADS = ("optimizer", "all", "params")
 """The ``offload`` values that put the optimizer's state and update on the CPU (``"params"``, sharded only, puts
@@ -69,6 +84,79 @@ def offload_notes(plan: PlanFields, device: torch.device) -> list[str]:
     return []
 
 
+class HostStorages:
+    """The storages the offload keeps in host memory, which a tracker of device memory does not count, and whether
+    the allocations made now are host ones (inside :func:`host_side`).
+
+    Where device and host differ (a live GPU, a dry run on fake CUDA tensors) the tracker tells them apart by device
+    already; a CUDA dry run on the CPU's kernels puts both on the (fake) CPU, so the storages themselves are marked.
+    Storages are keyed by identity and dropped when they are freed.
+
+    Example:
+        >>> host = HostStorages()
+        >>> weight = torch.zeros(4)
+        >>> host.hold(weight.untyped_storage()); host.holds(weight.untyped_storage()), host.holds(torch.zeros(4))
+        (True, False)
+    """
+
+    def __init__(self) -> None:
+        self.storages: dict[int, weakref.ref[Any]] = {}
+        self.depth = 0
+        """How many :func:`host_side` blocks are open: above 0, a new storage is a host one."""
+
+    def holds(self, storage: Any) -> bool:
+        """Whether ``storage`` (an ``UntypedStorage``) is one the offload keeps in host memory."""
+        ref = self.storages.get(id(storage))
+        return ref is not None and ref() is storage
+
+    def hold(self, storage: Any) -> None:
+        """Mark ``storage`` as kept in host memory, until it is freed."""
+        key = id(storage)
+        self.storages[key] = weakref.ref(storage, functools.partial(self._freed, key))
+
+    def _freed(self, key: int, ref: weakref.ref[Any]) -> None:
+        if self.storages.get(key) is ref:
+            del self.storages[key]
+
+
+HOST = HostStorages()
+"""The process's host storages, as the offload marks them (:class:`HostStorages`); memlab's tracker reads them."""
+
+
+@contextlib.contextmanager
+def host_side() -> Iterator[None]:
+    """Allocations made inside are host memory: a tracker that sees them marks them so (:data:`HOST`) and counts
+    them not, nor any later use of them.
+
+    Example:
+        >>> from memlab.measure.tracker import MemoryTracker
+        >>> with MemoryTracker() as tracker:
+        ...     with host_side():
+        ...         on_host = torch.zeros(1000)
+        ...     on_device = torch.zeros(10)
+        >>> tracker.live_bytes, HOST.holds(on_host.untyped_storage())
+        (40, True)
+    """
+    HOST.depth += 1
+    try:
+        yield
+    finally:
+        HOST.depth -= 1
+
+
+def keep_on_host(tensors: Iterable[torch.Tensor | None]) -> None:
+    """Mark the storages of ``tensors`` (None ignored) as host memory (:data:`HOST`), wherever they were made.
+
+    Example:
+        >>> copy = torch.zeros(3)
+        >>> keep_on_host([copy, None]); HOST.holds(copy.untyped_storage())
+        True
+    """
+    for tensor in tensors:
+        if tensor is not None:
+            HOST.hold(tensor.untyped_storage())
+
+
 def host_block_bytes(nbytes: int, pinned: bool) -> int:
     """Bytes a host tensor of ``nbytes`` takes: pinned ones come from PyTorch's caching host allocator, which
     rounds every block up to a power of two.
@@ -109,7 +197,8 @@ class _Saved:
 def counted_save_on_cpu(ledger: HostLedger, *, move: bool, pinned: bool) -> torch.autograd.graph.saved_tensors_hooks:
     """``torch.autograd.graph.save_on_cpu``'s hooks, each saved tensor's host copy counted on ``ledger`` while
     autograd keeps it (it is given back when the graph lets it go, after its backward). ``move=False`` counts the
-    bytes a move would take and keeps the tensor where it is (a CUDA dry run on CPU kernels).
+    bytes a move would take and keeps the tensor where it is. The host copies are host memory to memlab's tracker
+    (:func:`host_side`), on fake tensors too.
 
     Example:
         >>> ledger = HostLedger()
@@ -124,8 +213,10 @@ def counted_save_on_cpu(ledger: HostLedger, *, move: bool, pinned: bool) -> torc
 
     def pack(tensor: torch.Tensor) -> _Saved:
         if move:
-            copy = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
-                               pin_memory=pinned and not tensor.is_sparse)
+            with host_side():  # a new tensor even where the device is the (fake) CPU itself
+                copy = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
+                                   pin_memory=pinned and not tensor.is_sparse)
+            keep_on_host([copy])
             copy.copy_(tensor, non_blocking=pinned)
             saved = _Saved(copy, tensor.device)
         else:
@@ -136,47 +227,14 @@ def counted_save_on_cpu(ledger: HostLedger, *, move: bool, pinned: bool) -> torc
         return saved
 
     def unpack(saved: _Saved) -> torch.Tensor:
-        return saved.tensor if saved.device is None else saved.tensor.to(saved.device, non_blocking=pinned)
+        if saved.device is None:
+            return saved.tensor
+        if saved.tensor.device == saved.device and is_fake(saved.tensor):
+            # a CUDA dry run on the CPU's kernels: the copy back to the GPU is a new device tensor, as it is there
+            return torch.empty_like(saved.tensor).copy_(saved.tensor)
+        return saved.tensor.to(saved.device, non_blocking=pinned)
 
     return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
-
-
-def activation_offload(
-    plan: PlanFields, device: torch.device, ledger: HostLedger | None = None
-) -> contextlib.AbstractContextManager[object]:
-    """Saved activations go to (pinned) CPU memory during forward and come back for backward, counted on ``ledger``.
-
-    Example:
-        >>> from memlab.plan import Plan
-        >>> isinstance(activation_offload(Plan(offload="activations"), torch.device("cpu")), contextlib.nullcontext)
-        True
-    """
-    if not offloads(plan, "activations") or device.type == "cpu":
-        return contextlib.nullcontext()
-    return counted_save_on_cpu(HostLedger() if ledger is None else ledger, move=True, pinned=True)
-
-
-def offloaded_state_bytes(optimizer: torch.optim.Optimizer, parameters: Sequence[torch.Tensor], pinned: bool) -> int:
-    """What :class:`OffloadedOptimizer` would keep in host memory for ``parameters``, from ``optimizer``'s state on
-    the device (a CUDA dry run on CPU kernels, where nothing can move): an fp32 copy and an fp32 gradient buffer of
-    each parameter (pinned where CUDA is), and its state with each floating tensor of the parameter's shape in fp32.
-
-    Example:
-        >>> layer = nn.Linear(4, 4)
-        >>> adamw = torch.optim.AdamW(layer.parameters())
-        >>> layer(torch.ones(1, 4)).sum().backward(); adamw.step()
-        >>> offloaded_state_bytes(adamw, list(layer.parameters()), pinned=False)  # 4 x 80 bytes, and 2 steps
-        328
-    """
-    total = 0
-    for parameter in parameters:
-        fp32 = parameter.numel() * 4
-        total += 2 * host_block_bytes(fp32, pinned)
-        for value in optimizer.state.get(parameter, {}).values():
-            if isinstance(value, torch.Tensor):
-                shaped = value.is_floating_point() and value.shape == parameter.shape
-                total += fp32 if shaped else value.untyped_storage().nbytes()
-    return total
 
 
 class OffloadedOptimizer(torch.optim.Optimizer):
@@ -200,15 +258,21 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self,
         parameters: Sequence[nn.Parameter],
         make_optimizer: Callable[[Sequence[nn.Parameter]], torch.optim.Optimizer],
+        *,
+        pinned: bool | None = None,
     ) -> None:
         self.device_parameters = list(parameters)
         pin = torch.cuda.is_available()
-        self.pinned = pin
-        self.cpu_parameters = [
-            nn.Parameter(torch.empty(p.shape, dtype=torch.float32, pin_memory=pin).copy_(p.detach()))
-            for p in self.device_parameters
-        ]
-        self.inner = make_optimizer(self.cpu_parameters)
+        self.pinned = pin if pinned is None else pinned
+        """Whether its copies count as pinned blocks (:meth:`host_bytes`): where CUDA is, or as told (a CUDA dry run
+        on the CPU's kernels, whose fake copies cannot pin)."""
+        with host_side():  # new host tensors even where the device parameters are (fake) CPU ones
+            self.cpu_parameters = [
+                nn.Parameter(torch.empty(p.shape, dtype=torch.float32, pin_memory=pin).copy_(p.detach()))
+                for p in self.device_parameters
+            ]
+            self.inner = make_optimizer(self.cpu_parameters)
+        keep_on_host(self.cpu_parameters)
         super().__init__(self.device_parameters, dict(self.inner.defaults))
         # The groups' hyperparameters are the inner optimizer's (its lr, betas...), over the device parameters.
         self.param_groups[0].update({k: v for k, v in self.inner.param_groups[0].items() if k != "params"})
@@ -227,13 +291,17 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                 cpu_param.grad = None
                 continue
             if cpu_param.grad is None:
-                cpu_param.grad = torch.empty_like(cpu_param, pin_memory=cpu_param.is_pinned())
+                with host_side():
+                    cpu_param.grad = torch.empty_like(cpu_param, pin_memory=cpu_param.is_pinned())
+                keep_on_host([cpu_param.grad])
             cpu_param.grad.copy_(device_param.grad, non_blocking=True)
         # The copies to the host must land before the CPU steps; fake ones (a dry run) hold nothing to wait for,
         # and no CUDA call is made under a dry run's fake mode (DESIGN.md 2.4).
         if torch.cuda.is_available() and not all(is_fake(p) for p in self.device_parameters):
             torch.cuda.synchronize()
-        self.inner.step()
+        with host_side():  # its state and temporaries are the CPU's
+            self.inner.step()
+        keep_on_host(_state_tensors(self.inner))
         for device_param, cpu_param in zip(self.device_parameters, self.cpu_parameters, strict=True):
             device_param.copy_(cpu_param, non_blocking=True)
 
@@ -241,8 +309,8 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         return self.inner.state_dict()
 
     def host_bytes(self) -> int:
-        """What it keeps in host memory: the fp32 weights and their gradient buffers (pinned where CUDA is) and the
-        inner optimizer's state (pageable: its ``zeros_like`` does not pin).
+        """What it keeps in host memory: the fp32 weights and their gradient buffers (pinned where CUDA is, or as
+        ``pinned`` says) and the inner optimizer's state (pageable: its ``zeros_like`` does not pin).
 
         Example:
             >>> layer = nn.Linear(4, 4)
@@ -251,9 +319,9 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             >>> optimizer.host_bytes()  # weights, gradients, two moments: 4 x 80 bytes, and two 4-byte steps
             328
         """
-        copies = [*self.cpu_parameters, *(p.grad for p in self.cpu_parameters)]
-        state = [v for values in self.inner.state.values() for v in values.values() if isinstance(v, torch.Tensor)]
-        return tensors_host_bytes(copies, self.pinned) + tensors_host_bytes(state, pinned=False)
+        # A gradient buffer per weight, held or not now: each step holds them all (zero_grad lets them go after it).
+        copies = 2 * tensors_host_bytes(self.cpu_parameters, self.pinned)
+        return copies + tensors_host_bytes(_state_tensors(self.inner), pinned=False)
 
 
 class Offload(Technique):
@@ -274,33 +342,24 @@ class Offload(Technique):
         if plan.optimizer == "paged_adamw8bit" and parts.optimizer_device_type == "cuda":
             # its spill: all of its state at the most (read when asked: the optimizer is built after the techniques)
             parts.host.resident.append(lambda: tensors_host_bytes(_state_tensors(parts.optimizer), pinned=False))
-        if parts.device.type == "cpu":
-            if parts.fake and parts.optimizer_device_type == "cuda":
-                _count_without_moving(parts)
+        # A CUDA dry run on the CPU's kernels offloads as the GPU would, its host copies marked as host memory.
+        emulated = parts.device.type == "cpu" and parts.fake and parts.optimizer_device_type == "cuda"
+        if parts.device.type == "cpu" and not emulated:
             return None
         if offloads(plan, "activations"):
-            parts.forward_contexts.append(lambda: activation_offload(plan, parts.device, parts.host))
+            parts.forward_contexts.append(lambda: counted_save_on_cpu(parts.host, move=True, pinned=True))
         if offloads(plan, "optimizer"):
             if parts.make_optimizer is None:
                 raise RuntimeError("the optimizer's technique goes on before offload's")
-            offloaded = OffloadedOptimizer(parts.parameters, parts.make_optimizer)
+            offloaded = OffloadedOptimizer(parts.parameters, parts.make_optimizer, pinned=True if emulated else None)
             parts.optimizer = offloaded
             parts.host.resident.append(offloaded.host_bytes)
         return None
 
     def notes(self, parts: StepParts) -> list[str]:
+        if parts.plan.offload != "none" and parts.optimizer_device_type == "cuda" and parts.fake:
+            return [OFFLOAD_ESTIMATED]
         return offload_notes(parts.plan, parts.device)
-
-
-def _count_without_moving(parts: StepParts) -> None:
-    """A CUDA dry run on CPU kernels: what the offload would keep in (pinned) host memory, counted on the step's
-    ledger; nothing moves, since the step's device is the CPU itself."""
-    if offloads(parts.plan, "activations"):
-        parts.forward_contexts.append(lambda: counted_save_on_cpu(parts.host, move=False, pinned=True))
-    if offloads(parts.plan, "optimizer"):
-        parameters = parts.parameters
-        parts.host.resident.append(lambda: offloaded_state_bytes(parts.optimizer, parameters, pinned=True)
-                                   if parts.optimizer is not None else 0)
 
 
 def _state_tensors(optimizer: Any) -> list[torch.Tensor]:

@@ -270,7 +270,7 @@ def test_cuda_without_cuda_is_estimated_with_cpu_kernels_and_says_so():
     assert trial.status == "ok", trial.error
     assert trial.device == "cuda"
     assert any("CPU kernels" in note for note in trial.notes)
-    assert any("offload needs CUDA" in note for note in trial.notes)
+    assert any("offload estimated as a GPU runs it" in note for note in trial.notes)
     assert not any("CPU-only" in note for note in trial.notes)
 
 

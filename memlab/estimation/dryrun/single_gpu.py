@@ -21,7 +21,8 @@ apply):
   data-dependent branches take one side. Hugging Face models build their attention mask explicitly on fake tensors
   (they cannot see that it is all ones), a few bytes per token pair more than the real run;
 - CUDA, when this PyTorch cannot reach a GPU: a ``"cuda"`` estimate then runs CPU kernels under CPU autocast rules
-  (and AdamW's fused update, as the Trainer builds it on CUDA); CPU offload cannot be shown then;
+  (and AdamW's fused update, as the Trainer builds it on CUDA); CPU offload moves its host copies off the GPU's
+  count there too (:mod:`memlab.techniques.offload`);
 - bitsandbytes, where its operators cannot run on fake tensors: its 8-bit state is then computed from its known
   size (:func:`adamw8bit_state_bytes`).
 """
@@ -82,10 +83,6 @@ __all__ = [
 _EMULATED_INFERENCE = (
     "estimated on CPU kernels with CUDA's attention backends emulated; what other kernels hold inside themselves "
     "as the CPU runs them"
-)
-_NO_OFFLOAD = (
-    "offload needs CUDA to be estimated: the GPU's bytes shown as no change; host_bytes counts what it would keep "
-    "in pinned host memory"
 )
 _BNB_COMPUTED = (
     "bitsandbytes cannot run on fake tensors here: its 8-bit state is computed from its known size "
@@ -545,9 +542,7 @@ def _as_estimate(
 ) -> Trial:
     notes = [BLIND_SPOTS]
     if kernels != target:
-        notes.append(EMULATED_NOTE)
-        if getattr(trial.plan, "offload", "none") != "none":
-            notes.append(_NO_OFFLOAD)
+        notes.append(EMULATED_NOTE)  # an offload plan's own note says how its host side is modelled
     for note in trial.notes:
         # Notes about the CPU the kernels ran on do not apply to the CUDA device the estimate is for.
         if kernels != target and (note == NOTHING_TO_MOVE or note.startswith("fp16 on CPU")):

@@ -345,6 +345,8 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
         if best is None or sum(detail.values()) > sum(best.values()):
             best = detail
     assert best is not None
+    if plan.offloads_activations:  # the one-GPU run moved its saved activations off the GPU: their host copies
+        host += trial.host_bytes
     held = best["sharded_params"] + best["sharded_grads"] + best["optimizer"] + (
         best["unsharded_params"] if strategy == "zero2" else 0)
     notes = [*trial.notes, COMPOSED_NOTE, engine_settings(plan, strategy), *([MIXED_NOTE] if scale != 1 else [])]
