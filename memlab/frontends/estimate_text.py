@@ -189,9 +189,8 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
         lines.append(f"Verdict: {count} {' and '.join(judged)}.")
     else:
         reason = nothing_fits_reason(report)
-        tried = trials[0].label if len(trials) == 1 else f"none of the {len(trials)} plans tried"
-        lines.append(f"Verdict: {tried} {'does' if len(trials) == 1 else 'do'} not fit"
-                     + (f": {reason}." if reason else "."))
+        tried = f"{trials[0].label} does not fit" if len(trials) == 1 else f"none of the {len(trials)} plans tried fits"
+        lines.append(f"Verdict: {tried}" + (f": {reason}." if reason else "."))
     if best is not None:
         lines.append(f"Best: {best.label} ({judged_text(best)}; nothing was timed: the lowest figure among the plans "
                      "that fit)")
