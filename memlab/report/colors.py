@@ -17,3 +17,10 @@ CATEGORY_COLORS = {
     "other": "#B0B0B0",
 }
 """The colour of each memory category's bars and areas."""
+
+HOST_COLOR = "#9D755D"
+"""The colour of host memory (:attr:`memlab.report.Trial.host_bytes`): beside the device's categories, never one."""
+BUDGET_COLOR = "#D62728"
+"""The colour of a budget line (the device's dashed, the host's dotted) and of an error's cross."""
+HATCH = "/"
+"""The pattern of every bar of a plan that does not fit: out of memory (grey) or over a budget (its own colours)."""

@@ -18,9 +18,12 @@ from typing import Any
 
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import format_bytes
-from memlab.report.colors import CATEGORY_COLORS as CATEGORY_COLORS  # re-exported: the figures import it here
+from memlab.report.colors import BUDGET_COLOR as BUDGET_COLOR  # re-exported: the figures import them here
+from memlab.report.colors import CATEGORY_COLORS as CATEGORY_COLORS
+from memlab.report.colors import HATCH as HATCH
 from memlab.report.data import Report, Trial
 from memlab.report.format import one_line
+from memlab.report.host_figure import HOST_TITLE, add_host_panel, host_data
 from memlab.report.noise import runs_speed_interval
 from memlab.report.plan_axis import (
     FULL_LABELS_UP_TO,
@@ -59,10 +62,7 @@ DOES_NOT_FIT_COLOR = "#7F7F7F"
 BEST_COLOR = "#2CA02C"
 TIE_COLOR = "#98DF8A"
 """The colour of a samples/s bar as fast as the best within noise (a tie, :attr:`memlab.Report.ties`)."""
-HATCH = "/"
-"""The pattern of every bar of a plan that does not fit: out of memory (grey) or over the budget (its own colours)."""
 RATE_COLOR = "#72B7B2"
-BUDGET_COLOR = "#D62728"
 INTERVAL_COLOR = "#3B3B3B"
 """The colour of the error bars: where the median samples/s lies, 95% (:func:`memlab.report.noise.speed_interval`)."""
 
@@ -89,7 +89,8 @@ def report_figure(report: Report) -> Any:
         ['budget']
     """
     data = figure_data(report)
-    fig = comparison_figure(figure_columns(report, data), categories=tuple(data["categories"]))
+    host = host_data(report.trials, data["labels"])  # a panel under the memory one, where a plan keeps host bytes
+    fig = comparison_figure(figure_columns(report, data), categories=tuple(data["categories"]), host=bool(host))
     if data["budget_mib"] is not None:
         fig.add_shape(budget_line(data["budget_mib"]))
         fig.add_annotation(budget_note(report.budget or 0))
@@ -98,7 +99,11 @@ def report_figure(report: Report) -> Any:
         title += f"<br><sup>{data['caption']}</sup>"
     axis = plan_axis(data["labels"])
     fig.update_xaxes(plan_axis_layout(axis, data["labels"]), row=1)
-    fig.update_layout(title=title, margin={"t": 90}, height=figure_height(axis, _REPORT_HEIGHT))
+    height = figure_height(axis, _REPORT_HEIGHT)
+    if host:
+        add_host_panel(fig, host, data["hover"], plan_axis_layout(axis, data["labels"]))
+        height = 2 * height - 100  # the host row as tall as the first, less the title's margin
+    fig.update_layout(title=title, margin={"t": 90}, height=height)
     fig.update_yaxes(range=speed_range(data), row=1, col=THROUGHPUT_COLUMN)
     return fig
 
@@ -136,14 +141,16 @@ def comparison_figure(
     *,
     more_titles: tuple[str, ...] = (),
     categories: tuple[str, ...] = CATEGORIES,
+    host: bool = False,
 ) -> Any:  # a plotly Figure
     """The figure of :meth:`Report.plot` and of the live figure: the subplot layout, axes and per-plan traces.
 
     Row 1 is throughput (column 1) and peak memory by category (column 2), holding :func:`comparison_traces`
     filled with ``columns`` (see :func:`figure_columns`; None: empty, for a live figure to fill). ``more_titles``
     adds rows below (two titles per row) for the caller's own traces; the live figure adds one. ``categories``:
-    the stacked memory categories (an inference report's are :data:`memlab.report.INFERENCE_CATEGORIES`). plotly
-    is imported here, never when memlab is imported.
+    the stacked memory categories (an inference report's are :data:`memlab.report.INFERENCE_CATEGORIES`). ``host``:
+    a second row whose right panel is :data:`~memlab.report.host_figure.HOST_TITLE` (column 2 only; the caller's rows
+    below it). plotly is imported here, never when memlab is imported.
 
     Example:
         >>> fig = comparison_figure(more_titles=("Memory of the running trial", "Memory vs throughput"))
@@ -152,14 +159,15 @@ def comparison_figure(
     """
     from plotly.subplots import make_subplots
 
-    rows = 1 + len(more_titles) // 2
+    rows = 1 + int(host) + len(more_titles) // 2
     fig = make_subplots(
         rows=rows,
         cols=2,
+        specs=[[{}, {}], *([[None, {}]] if host else []), *([[{}, {}]] * (len(more_titles) // 2))],
         column_widths=list(_COLUMN_WIDTHS),
         horizontal_spacing=0.12,
         vertical_spacing=0.16,
-        subplot_titles=(*FIGURE_TITLES, *more_titles),
+        subplot_titles=(*FIGURE_TITLES, *((HOST_TITLE,) if host else ()), *more_titles),
     )
     for trace, column in zip(comparison_traces(columns, categories), _trace_columns(categories), strict=True):
         fig.add_trace(trace, row=1, col=column)

@@ -14,6 +14,7 @@ import hashlib
 import math
 from typing import Any
 
+from memlab.report.colors import HOST_COLOR
 from memlab.report.data import Report
 from memlab.report.figure import (
     BEST_COLOR,
@@ -25,6 +26,7 @@ from memlab.report.figure import (
     TIE_COLOR,
     figure_data,
 )
+from memlab.report.host_figure import DOES_NOT_FIT_HOST, HOST_BUDGET_NAME, HOST_NAME, host_data
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, plan_axis, text_width
 from memlab.report.svg import Svg, bold_width, escape, px, wrap
 from memlab.report.svg_panels import Box, PlanBars
@@ -44,6 +46,7 @@ _STACKED_HEIGHTS = (170.0, 230.0)
 _KEY_LINE = 16.0
 _KEY_FONT = 11.0
 _KEY_INDENT = 14.0
+_HOST_HEIGHT = 170.0
 
 
 def report_svg(report: Report) -> str:
@@ -77,6 +80,7 @@ class _Layout:
         self.bars = PlanBars(self.canvas, report, data, self.hatch)
         self.labels: list[str] = data["labels"]
         self.count = len(self.labels)
+        self.host = host_data(report.trials, self.labels)
 
     def svg(self) -> str:
         title = "memlab: memory and speed per plan"
@@ -105,6 +109,9 @@ class _Layout:
             below = bars.plan_ticks(speed)
             memory = bars.memory(Box(_LEFT, below + 44, inner, _STACKED_HEIGHTS[1]), axis)
             bottom = bars.plan_ticks(memory)
+        if self.host is not None:  # under the memory panel, as wide, the same plans under it
+            box = Box(memory.left, bottom + 44, memory.width, _HOST_HEIGHT)
+            bottom = bars.plan_ticks(bars.host(box, axis, self.host))
         height = self._key(bottom + 34)
         return self._document(height, title)
 
@@ -142,6 +149,11 @@ class _Layout:
         ]
         if self.data["budget_mib"] is not None:
             groups[-1][1].append(("budget", "budget"))
+        if self.host is not None:
+            host = [(HOST_NAME, f"swatch:{HOST_COLOR}")]
+            host += [(DOES_NOT_FIT_HOST, "hatch-over")] if any(self.host["over"]) else []
+            host += [(HOST_BUDGET_NAME, "host-budget")] if self.host["budget"] is not None else []
+            groups.append(("host", host))
         x, y = _EDGE, top
         for name, entries in (group for group in groups if group[1]):
             width = bold_width(name, 11) + 8 + sum(text_width(label, 11) + 30 for label, _ in entries)
@@ -169,8 +181,9 @@ class _Layout:
             self.canvas.cross(x + 7, y, 5, BUDGET_COLOR)
         elif mark == "interval":
             self.canvas.interval(x + 7, y - 6, y + 6, 4, INTERVAL_COLOR)
-        else:  # budget
-            self.canvas.line(x, y, x + 16, y, BUDGET_COLOR, ' stroke-width="2" stroke-dasharray="5,3"')
+        else:  # budget, host-budget
+            dashes = "2,3" if mark == "host-budget" else "5,3"
+            self.canvas.line(x, y, x + 16, y, BUDGET_COLOR, f' stroke-width="2" stroke-dasharray="{dashes}"')
 
     # --- the key ---
 
@@ -220,7 +233,8 @@ class _Layout:
         elif self.data["marks"][index] == "tie":
             state += " (as fast as the best within noise)"
         elif self.data["verdict"][index] == OVER_BUDGET:
-            state += " (does not fit: over the budget)"
+            host = self.host is not None and self.host["over"][index]
+            state += " (does not fit: over the host budget)" if host else " (does not fit: over the budget)"
         return head, words + state, "700" if label == self.data["best"] else "600"
 
 

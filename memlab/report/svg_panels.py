@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from memlab.plan import format_bytes
+from memlab.report.colors import HOST_COLOR
 from memlab.report.data import Report
 from memlab.report.figure import (
     BEST_COLOR,
@@ -22,6 +23,7 @@ from memlab.report.figure import (
     figure_columns,
 )
 from memlab.report.format import format_rate
+from memlab.report.host_figure import DOES_NOT_FIT_HOST, HOST_BUDGET_NAME, HOST_TITLE
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, PlanAxis, text_width
 from memlab.report.svg import Svg, axis_number, escape, nice_ticks, px
 from memlab.report.verdicts import ERROR, NARROW_MARKS, OUT_OF_MEMORY, OVER_BUDGET, VERDICT_WORDS
@@ -176,6 +178,35 @@ class PlanBars:
             self._budget(area, budget, drawn_budget)
         return area
 
+    def host(self, box: Box, axis: PlanAxis, host: dict[str, Any]) -> Area:
+        """The host panel in ``box`` (:func:`memlab.report.host_figure.host_data`): each plan's host memory, hatched
+        and written "does not fit (host)" where the host decided, and the host budget as a dotted line."""
+        values: list[float | None] = host["host_mib"]
+        unit, scale = _memory_unit(max([value for value in values if value is not None], default=0.0))
+        tallest = max([value for value in values if value is not None], default=0.0) * scale
+        budget = None if host["budget_mib"] is None else host["budget_mib"] * scale
+        drawn = budget is not None and (tallest == 0 or budget <= _BUDGET_ABOVE * tallest)
+        ticks = nice_ticks(max(tallest, budget if drawn and budget is not None else 0.0) * 1.08)
+        area = Area(*box, ticks[-1], axis)
+        self._frame(area, ticks, HOST_TITLE, f"host memory ({unit})")
+        for index, value in enumerate(values):
+            if value is None or value <= 0:
+                continue
+            over = host["over"][index]
+            tip = f"{self.who(index)}\nhost memory {axis_number(value * scale)} {unit}"
+            bar = self._bar(area, index, 0.0, value * scale, HOST_COLOR)
+            if over:
+                tip += f"\n{DOES_NOT_FIT_HOST}"
+                bar += self._bar(area, index, 0.0, value * scale, f"url(#{self.hatch}-over)", stroke=DOES_NOT_FIT_COLOR)
+                word = DOES_NOT_FIT_HOST if len(DOES_NOT_FIT_HOST) * _CHAR_WIDTH <= area.bar_width * 2.2 else "host"
+                bar += (f'<text x="{px(area.center(index))}" y="{px(area.y(value * scale) - 4)}" font-size="10" '
+                        f'text-anchor="middle" font-weight="700" fill="{BUDGET_COLOR}">{escape(word)}</text>')
+            verdict = "host" if over else "fits"
+            self.svg.add(f'<g class="plan host" data-verdict="{verdict}"><title>{escape(tip)}</title>{bar}</g>')
+        if budget is not None:
+            self._budget(area, budget, drawn, f"{HOST_BUDGET_NAME} {format_bytes(host['budget'])}", "2,3")
+        return area
+
     def plan_ticks(self, area: Area) -> float:
         """The plan names (or numbers) under an area and the axis title; returns the bottom of the title."""
         axis = area.axis
@@ -253,15 +284,15 @@ class PlanBars:
             )
         self.svg.add(f'<g class="plan" data-verdict="{OUT_OF_MEMORY}"><title>{escape(tip)}</title>{bar}{words}</g>')
 
-    def _budget(self, area: Area, budget: float, drawn: bool) -> None:
-        text = f"budget {format_bytes(self.report.budget or 0)}"
+    def _budget(self, area: Area, budget: float, drawn: bool, text: str = "", dashes: str = "7,4") -> None:
+        text = text or f"budget {format_bytes(self.report.budget or 0)}"
         if not drawn:
             self.svg.text(area.left + area.width - 4, area.top + 12, f"{text}: far above these bars", size=11,
                           anchor="end", fill=BUDGET_COLOR, weight="600")
             return
         y = area.y(budget)
         self.svg.line(area.left, y, area.left + area.width, y, BUDGET_COLOR,
-                      ' stroke-width="2" stroke-dasharray="7,4"')
+                      f' stroke-width="2" stroke-dasharray="{dashes}"')
         width = text_width(text, 11) + 8
         label_y = y - 5 if y - 18 >= area.top else y + 14  # below the line where it is at the very top
         right = area.left + area.width - 2

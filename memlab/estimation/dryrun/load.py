@@ -52,7 +52,8 @@ from memlab.live.structure import ModuleStructure
 from memlab.plan import Plan
 from memlab.techniques.adapters import quantized_targets
 
-__all__ = ["DTYPES", "Load", "apply_load", "default_dtype", "implied_load", "parse_load", "plan_loads"]
+__all__ = ["DTYPES", "Load", "apply_load", "default_dtype", "implied_load", "parse_load", "plan_loads", "staging_bytes",
+           "staging_note"]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -111,6 +112,14 @@ class Load:
         if config:
             words.append(f"quantization_config=BitsAndBytesConfig({config})")
         return f"from_pretrained(name, {', '.join(words)})" if words else "from_pretrained(name)"
+
+    def staging_bytes(self, model: nn.Module) -> int:
+        """:func:`staging_bytes` of this load: the most host memory it needs at once on the way to the GPU."""
+        return staging_bytes(model, self)
+
+    def staging_note(self) -> str:
+        """:func:`staging_note` of this load."""
+        return staging_note(self)
 
     def note(self, loaded: torch.dtype | None = None) -> str:
         """What an estimate says of the load it assumed; ``loaded``: the dtype it gave the weights not quantized,
@@ -461,3 +470,57 @@ def inference_loads(
             )
         held.append(plan.replace(weights=name) if hasattr(plan, "replace") else plan)
     return held, loads
+
+
+def staging_bytes(model: nn.Module, load: Load) -> int:
+    """The most host memory ``load`` needs at once on its way to the GPU (a load's CPU staging, DESIGN.md 2.4), read
+    off ``model`` before :func:`apply_load` (its shapes, as built). transformers 5 opens every checkpoint shard
+    memory-mapped (``safe_open(..., backend="mmap")``: file pages the kernel may drop, not counted) and copies each
+    tensor out of it (``core_model_loading._materialize_copy``) to the device its ``device_map`` names:
+
+    - quantized (``quantization_config`` with bitsandbytes): its quantizer places the model on the GPU
+      (``update_device_map``) and, quantizing on the fly, loads without the thread pool, one tensor after another:
+      the largest checkpoint tensor in the checkpoint's dtype (the config's, else fp32) is in host memory at once;
+    - not quantized, as :meth:`Load.code` writes it (no ``device_map``): every weight and buffer is materialised in
+      host memory in the dtype the load gives it, before the model is moved to the GPU (``model.to``, or the
+      Trainer): the whole model at once.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+        >>> staging_bytes(model, Load(torch.bfloat16)), staging_bytes(model, Load(None, "nf4"))
+        (180, 256)
+    """
+    if load.quantize != "none":
+        stored = checkpoint_dtype(getattr(model, "config", None)) or torch.float32
+        return max((tensor.numel() for tensor in model.parameters()), default=0) * stored.itemsize
+    dtype = load_dtype(model, load)
+    keep = _kept_in_fp32(model, dtype, False)
+    total, seen = 0, set()
+    for name, module in model.named_modules():
+        target = torch.float32 if any(f".{k}." in f".{name}." for k in keep) else dtype
+        tensors = [(tensor, True) for tensor in module._parameters.values()]
+        for tensor, loaded in [*tensors, *((tensor, False) for tensor in module._buffers.values())]:
+            if tensor is None or id(tensor) in seen:
+                continue
+            seen.add(id(tensor))  # buffers keep the dtype the model's code gives them (a rotary inv_freq stays fp32)
+            size = target.itemsize if loaded and tensor.is_floating_point() else tensor.element_size()
+            total += tensor.numel() * size
+    return total
+
+
+def staging_note(load: Load) -> str:
+    """What an estimate says where its load's CPU staging (:func:`staging_bytes`) is more than the step keeps in host
+    memory, and so is its ``host_bytes``. No number: the dry runs a deep model is carried from must say the same.
+
+    Example:
+        >>> staging_note(Load(torch.bfloat16))
+        "host_bytes are the load's: every weight as from_pretrained(name, dtype=torch.bfloat16) materialises it in \
+host memory (no device_map) before the model is moved to the GPU, more than the step keeps there"
+    """
+    if load.quantize != "none":
+        how = ("the largest checkpoint tensor, read from the memory-mapped checkpoint into host memory before it is "
+               "quantized on the GPU (transformers quantizes on the fly one tensor at a time)")
+    else:
+        how = (f"every weight as {load.code()} materialises it in host memory (no device_map) before the model is "
+               "moved to the GPU")
+    return f"host_bytes are the load's: {how}, more than the step keeps there"

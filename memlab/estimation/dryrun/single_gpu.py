@@ -385,12 +385,14 @@ def _plan_runs(
                     mode.foreign_ops.clear()
                     return workload.trial(runner, plan, setup, trace), attention
 
+            staged = load.staging_bytes(setup.model) if load is not None else 0  # before the load: as built
             (trial, attention), fell_back = run_emulated(partial(_followed, run, mode), emulated)
             notes = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
                                        *setup.notes, foreign_ops_note(mode.foreign_ops),
-                                       _load_note(load, workload, setup, plan), _four_bit_note(plan, load))
-                     if note]
-            trial = dataclasses.replace(trial, notes=(*trial.notes, *notes, *workload.notes(plan)))
+                                       _load_note(load, workload, setup, plan), _four_bit_note(plan, load),
+                                       load and staged > trial.host_bytes and load.staging_note()) if note]
+            trial = dataclasses.replace(trial, notes=(*trial.notes, *notes, *workload.notes(plan)),
+                                        host_bytes=max(trial.host_bytes, staged))  # the load, then the step
             runs.append(_PlanRun(trial, _reserved(trial, trace), fell_back,
                                  list(log.events) if log is not None else None,
                                  log.watch.root if log is not None else ""))
