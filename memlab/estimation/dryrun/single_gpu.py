@@ -70,6 +70,7 @@ from memlab.report import Report, Trial
 from memlab.runner.core import Runner
 from memlab.runner.quiet import quiet
 from memlab.runner.trial import TrialRunner, check_plans
+from memlab.techniques.fp8 import estimate_note as fp8_note
 from memlab.techniques.offload import NOTHING_TO_MOVE
 
 if TYPE_CHECKING:
@@ -391,7 +392,8 @@ def _plan_runs(
             (trial, attention), fell_back = run_emulated(partial(_followed, run, mode), emulated)
             notes = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
                                        *setup.notes, foreign_ops_note(mode.foreign_ops),
-                                       _load_note(load, workload, setup, plan), _four_bit_note(plan, load))
+                                       _load_note(load, workload, setup, plan), _four_bit_note(plan, load),
+                                       fp8_note(plan, target.type, kind.capability, kind.name))
                      if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *notes, *workload.notes(plan)))
             runs.append(_PlanRun(trial, _reserved(trial, trace), fell_back,
