@@ -176,10 +176,16 @@ class Fp8(Technique):
         self._converted: list[str] = []
         if not getattr(parts.plan, "fp8", False):
             return None
-        reason = unavailable(parts.device, fake=parts.fake)
+        fake = _fake(parts)
+        reason = unavailable(parts.device, fake=fake)
         if reason:
             raise UnsupportedTechnique(reason)
         model = parts.model
+        if _sharded(model):
+            raise UnsupportedTechnique(
+                "fp8 on a sharded model is not modelled: torchao converts the linear layers before FSDP2 shards them, "
+                "and this step's model is sharded already; estimate fp8 on one GPU (gpus=1), whose activations are "
+                "one rank's, or write fp8=False")
         names = converted_layers(model)
         if not names:
             raise UnsupportedTechnique(
@@ -202,7 +208,7 @@ class Fp8(Technique):
         try:
             convert_to_float8_training(model, config=Float8LinearConfig(),
                                        module_filter_fn=lambda module, fqn: fqn in chosen)
-            if parts.fake and parts.device.type == "cpu":
+            if fake and parts.device.type == "cpu":
                 hooks.extend(getattr(parent, child_name).register_forward_pre_hook(_cast_like_cuda_autocast)
                              for parent, child_name, _ in originals)
             saved_for_backward()
@@ -229,7 +235,7 @@ class Fp8(Technique):
         ]
 
     def dry_run(self, parts: StepParts) -> list[str]:
-        if not getattr(parts.plan, "fp8", False):
+        if not getattr(parts.plan, "fp8", False) or not getattr(self, "_converted", []):
             return []
         return ["fp8: estimated through torchao's own Float8Linear on fake tensors (its float8 casts and "
                 "torch._scaled_mm's output as fake kernels give them; cuBLASLt's float8 workspace not modelled)"]
@@ -237,6 +243,20 @@ class Fp8(Technique):
 
 FP8 = Fp8()
 """The ``fp8`` lever's technique."""
+
+
+def _sharded(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in model.parameters())
+
+
+def _fake(parts: StepParts) -> bool:
+    """Whether the step is a dry run: fake weights, also inside a sharded dry run's DTensors (which
+    :attr:`StepParts.fake` does not look into)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return parts.fake or any(is_fake(parameter) for parameter in parts.model.parameters())
 
 
 def fp8_conflicts(plan: PlanLike) -> str:

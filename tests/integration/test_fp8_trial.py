@@ -9,6 +9,7 @@ torchao is not in the test extra (``pip install torchao``): the tests that need 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -122,3 +123,29 @@ def test_the_exported_loop_converts_and_trains_as_written() -> None:
     exec(Plan(weights="bf16", fp8=True).to_code(), scope)  # torch runs float8 matmuls on the CPU too
     converted = [name for name, module in scope["model"].named_modules() if isinstance(module, Float8Linear)]
     assert converted == names and len(names) == 13
+
+
+def test_a_sharded_estimate_of_fp8_is_refused_saying_to_estimate_one_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memlab.errors import MemlabError
+
+    monkeypatch.setattr(fp8, "_torchao_problem", lambda: "")  # refused before torchao is imported
+    refused = r"fp8 on a sharded model is not modelled.*estimate fp8 on one GPU \(gpus=1\)"
+    with pytest.raises(MemlabError, match=refused):
+        memlab.estimate(tiny_llama(), SHAPES, FP8, gpus=2, strategy="fsdp2", gpu="H100-80GB")
+
+
+def test_the_benchmark_writes_memlabs_differences_beside_the_published_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _torchao()
+    import json
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.syspath_prepend(str(root))
+    from benchmarks import fp8_memory
+
+    result = fp8_memory.main(["--smoke", "--out", str(tmp_path)])
+    written = json.loads((tmp_path / "fp8_memory-cpu-smoke.json").read_text())
+    assert written["device"]["estimate"] == "cpu, estimate only" and written["versions"]["torchao"]
+    assert written["published"]["tensorwise_minus_bf16_gib"] == 0.12
+    assert [row["variant"] for row in result["rows"]] == [name for name, _ in fp8_memory.VARIANTS]
+    assert all(row["fp8"]["status"] == "ok" and "fp8_minus_bf16_peak_gib" in row for row in result["rows"])
