@@ -222,12 +222,12 @@ class Fp8(Technique):
         converted = getattr(self, "_converted", [])
         if not converted or not getattr(parts.plan, "fp8", False):
             return []
-        total = sum(1 for module in parts.model.modules() if isinstance(module, nn.Linear))
         kept = [name for name in _first_and_last_linear(parts.model) if name]
         saved = ", ".join(sorted({str(dtype).removeprefix("torch.") for dtype in saved_for_backward()}))
         return [
-            f"fp8: torchao's Float8Linear (tensorwise dynamic scaling) on {len(converted)} of {total} linear layers, "
-            f"the first and last ({', '.join(dict.fromkeys(kept))}) and any not divisible by 16 kept; kept in high "
+            # no count of layers: a dry run carried from three layers to the model's depth says what three did
+            f"fp8: torchao's Float8Linear (tensorwise dynamic scaling) on the linear layers but the first and last "
+            f"({', '.join(dict.fromkeys(kept))}) and any not divisible by 16; kept in high "
             f"precision: the weights, their gradients and the optimizer state in their own dtype, and each converted "
             f"layer's input and weight saved for backward as they come ({saved} for a bf16 input), cast to float8 "
             "again in backward, so the float8 copies live only inside each matmul (under torch.compile the "

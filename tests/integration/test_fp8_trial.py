@@ -60,7 +60,7 @@ def test_the_float8_step_runs_and_the_model_comes_back_exactly(monkeypatch: pyte
     trial = report.trials[0]
     assert trial.status == "ok", trial.error
     kept = next(note for note in trial.notes if note.startswith("fp8: torchao's Float8Linear"))
-    assert "on 13 of 15 linear layers" in kept and "(model.layers.0.self_attn.q_proj, lm_head)" in kept
+    assert "on the linear layers but the first and last (model.layers.0.self_attn.q_proj, lm_head)" in kept
     assert "saved for backward as they come (bfloat16 for a bf16 input)" in kept
     assert not any(isinstance(module, Float8Linear) for module in model.modules())
     assert_same(before, fingerprint(model))
@@ -149,3 +149,30 @@ def test_the_benchmark_writes_memlabs_differences_beside_the_published_ones(
     assert written["published"]["tensorwise_minus_bf16_gib"] == 0.12
     assert [row["variant"] for row in result["rows"]] == [name for name, _ in fp8_memory.VARIANTS]
     assert all(row["fp8"]["status"] == "ok" and "fp8_minus_bf16_peak_gib" in row for row in result["rows"])
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_estimate_carried_from_three_layers_is_every_layers_dry_run(
+        checkpointing: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    _torchao()
+    import dataclasses
+
+    from transformers import LlamaConfig
+
+    import memlab.estimation.dryrun.single_gpu as single_gpu
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=5, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    plan = FP8.replace(checkpointing=checkpointing)
+    tried: list[bool] = []
+    real = single_gpu.carried_trial
+    monkeypatch.setattr(single_gpu, "carried_trial", lambda *a, **k: tried.append(
+        (result := real(*a, **k)) is not None) or result)
+    carried = single_gpu.estimate_plans(config, SHAPES, [plan], device="cuda", gpu="H100-80GB")[0]
+    assert tried == [True], "carried from three layers"
+    monkeypatch.setattr(single_gpu, "shallow_model", lambda _: None)  # every layer dry-run
+    whole = single_gpu.estimate_plans(config, SHAPES, [plan], device="cuda", gpu="H100-80GB")[0]
+    assert carried.status == whole.status == "ok", (carried.error, whole.error)
+    for field in dataclasses.fields(whole):
+        if field.name != "timeline":
+            assert getattr(carried, field.name) == getattr(whole, field.name), field.name
