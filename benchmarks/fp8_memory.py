@@ -20,7 +20,7 @@ the same; the published run compiles (inductor fuses the float8 casts, eager tor
 tensors), uses per-op SAC rather than checkpointing every block, and all-gathers the weights in float8 (tensorwise).
 
 Needs torchao (``pip install torchao``; it is not in memlab's test extra). Run from the repository root (no GPU
-needed; about 7 minutes on 2 cores)::
+needed; about 3 minutes on 2 cores)::
 
     python -m benchmarks.fp8_memory
 """
