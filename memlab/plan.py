@@ -103,6 +103,10 @@ class Plan:
             compiles, and its time is the trial's ``compile_seconds``, never part of its speed. The peak measured is
             the compiled step's; an estimate runs the compiled step's AOTAutograd partition on fake tensors (the
             eager step where dynamo cannot trace it there) and says which. Refused with ``loss="chunked"``.
+        fp8: torchao's float8 training on the linear layers but the first and last (accelerate's
+            ``mixed_precision="fp8"`` with torchao); with ``precision="bf16"`` (or pure bf16 weights). A live trial
+            needs torchao and a CUDA GPU of compute capability 8.9+ (elsewhere an error trial says so); an estimate
+            runs torchao's ``Float8Linear`` on fake tensors, and its notes say what stays in high precision.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
@@ -132,6 +136,7 @@ class Plan:
     attention: str | None = lever(None)
     expandable_segments: bool = lever(False)
     compile: bool = lever(False)
+    fp8: bool = lever(False)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.

@@ -135,12 +135,13 @@ def accelerate_config(
         section = {"zero_stage": stage, "zero3_init_flag": stage == 3,
                    **({"zero3_save_16bit_model": True} if stage == 3 else {})}
         config["distributed_type"], name = "DEEPSPEED", "deepspeed_config"
+    levers: dict[str, Any] = {}  # the levers' keys of the section, which may override its defaults
     for lever in REGISTRY.values():
         fragment = lever.fragment(plan, "accelerate")
         if isinstance(fragment, Accelerate):
             config = merge_keys(config, fragment.config)
-            section = merge_keys(section, fragment.section(_fragments_of(strategy)))
-    config[name] = section
+            levers = merge_keys(levers, fragment.section(_fragments_of(strategy)))
+    config[name] = {**section, **levers}
     return config
 
 

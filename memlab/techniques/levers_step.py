@@ -163,7 +163,9 @@ def _precision(target: str) -> Export:
             return Keys({"bf16": {"enabled": True}} if half == "bf16" else {
                 "fp16": {"enabled": True, "loss_scale": 0}} if half == "fp16" else {})
         if target == "accelerate":  # accelerate's autocast and fp16 loss scaling come from the config
-            return Accelerate(config={"mixed_precision": {"fp32": "no"}.get(half, half)})
+            # accelerate's mixed_precision="fp8" is bf16 autocast with float8 linear layers (the fp8 lever's)
+            fp8 = getattr(plan, "fp8", False)
+            return Accelerate(config={"mixed_precision": "fp8" if fp8 else {"fp32": "no"}.get(half, half)})
         if target != "code" or half == "fp32":
             return Code() if target == "code" else Elsewhere()
         autocast = Code(contexts=(f"torch.autocast(device.type, dtype={_AUTOCAST[half]})",))

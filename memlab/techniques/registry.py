@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from memlab.techniques import expandable_segments, levers_batch, levers_model, levers_step
+from memlab.techniques import expandable_segments, fp8, levers_batch, levers_model, levers_step
 from memlab.techniques.lever import Lever, PlanLike
 from memlab.techniques.technique import Technique
 
@@ -32,7 +32,7 @@ __all__ = ["REGISTRY", "STEP_ORDER", "conflicts", "least_share", "refusals", "st
 
 def _declarations() -> dict[str, Lever]:
     declared: dict[str, Lever] = {}
-    for module in (levers_batch, levers_model, levers_step, expandable_segments):
+    for module in (levers_batch, levers_model, fp8, levers_step, expandable_segments):
         for lever in module.DECLARATIONS:
             declared[lever.name] = lever
     return declared
@@ -80,14 +80,16 @@ def conflicts(plan: PlanLike) -> list[str]:
 
 
 STEP_ORDER = ("expandable_segments",
-              "loss", "attention", "adapter", "weights", "micro_batch", "precision", "optimizer", "offload",
+              "loss", "attention", "adapter", "weights", "fp8", "micro_batch", "precision", "optimizer", "offload",
               "optimizer_in_backward", "checkpointing", "compile")
 """The order in which a training step puts the levers' techniques on (each named by one lever that has it): the
 loss first, since it is checked before the model is touched; the attention implementation before anything wraps
 the model's modules (it is set on the transformers model itself); adapters before pure bf16 weights, since they decide
-which weights train; the optimizer before offload and the optimizer in backward, which build on it; checkpointing
-on the model as the others left it; compile last, on the forward every other lever has changed. The allocator's
-expandable segments go on before them all, so that what the others allocate on a GPU lands in their segments."""
+which weights train; float8's linear layers after the weights' dtype is set (they share those weights) and before
+checkpointing or compile wrap the model; the optimizer before offload and the optimizer in backward, which build on
+it; checkpointing on the model as the others left it; compile last, on the forward every other lever has changed.
+The allocator's expandable segments go on before them all, so that what the others allocate on a GPU lands in their
+segments."""
 
 
 def step_techniques() -> list[Technique]:

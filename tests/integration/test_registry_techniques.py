@@ -18,6 +18,7 @@ from memlab.live.batch import count_rows
 from memlab.plan import Plan
 from memlab.runner.step import TrainingStep
 from memlab.techniques import compile as compile_technique
+from memlab.techniques import fp8
 from memlab.techniques.attention import unavailable
 from memlab.techniques.lever import Lever
 from memlab.techniques.registry import REGISTRY, STEP_ORDER, step_techniques
@@ -41,7 +42,7 @@ def sample_values(lever: Lever) -> list[Any]:
 def plan_with(name: str, value: Any) -> tuple[Plan, Plan]:
     """A plan with ``name=value`` and the same plan without it; a lever that means something only with an adapter
     (the plan drops it otherwise) is tried on a LoRA plan."""
-    for base in (Plan(), Plan(adapter="lora")):
+    for base in (Plan(), Plan(adapter="lora"), Plan(precision="bf16")):  # fp8 runs beside bf16
         try:
             plan = base.replace(**{name: value})
         except MemlabError:
@@ -128,6 +129,11 @@ def test_the_step_puts_on_each_levers_technique_and_its_value_changes_the_step(
         with pytest.raises(UnsupportedTechnique, match="write attention='sdpa'"):
             TrainingStep(llama, plan)
         assert plan in called and reason and llama.config._attn_implementation == "sdpa"
+        return
+    if name == "fp8" and fp8.unavailable(torch.device("cpu")):  # float8 matmuls need a GPU of sm89+: refused
+        with pytest.raises(UnsupportedTechnique, match="fp8 cannot run here"):
+            TrainingStep(llama, plan)
+        assert plan in called and not any(type(m).__name__ == "Float8Linear" for m in llama.modules())
         return
     done = {}
     for each in (base, plan):

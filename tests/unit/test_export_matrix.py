@@ -354,6 +354,7 @@ def _effects(name: str, value: Any, plan: Plan, model: Any, namespace: dict[str,
             seen.steps > BATCHES * len(namespace["params"]) - 1) is value,
         "attention": lambda: _implementation(model) == (value or "sdpa"),  # tiny_llama loads sdpa
         "compile": lambda: seen.compiled == int(value),
+        "fp8": lambda: any(type(m).__name__ == "Float8Linear" for m in model.modules()) is value,
     }
     if name in checks:
         assert checks[name](), f"{name}={value!r} has no effect on the run"
@@ -490,6 +491,8 @@ def _run_code(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, An
     model = tiny_llama()
     if plan.attention is not None and (reason := unavailable(model, plan.attention)):
         pytest.skip(f"the code's attention={plan.attention!r} cannot run here: {reason}")  # as bitsandbytes is
+    if plan.fp8:
+        pytest.importorskip("torchao", reason="the code's fp8 needs torchao (pip install torchao)")
     seen = _Seen(model, monkeypatch)
     before = {key: tensor.clone() for key, tensor in model.state_dict().items()}
     namespace: dict[str, Any] = {"model": model, "batches": [lm_batch(rows=ROWS, seed=i) for i in range(BATCHES)]}

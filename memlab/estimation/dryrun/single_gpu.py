@@ -71,6 +71,7 @@ from memlab.report import Report, Trial
 from memlab.runner.core import Runner
 from memlab.runner.quiet import quiet
 from memlab.runner.trial import TrialRunner, check_plans
+from memlab.techniques.fp8 import estimate_note as fp8_note
 from memlab.techniques.offload import NOTHING_TO_MOVE
 
 if TYPE_CHECKING:
@@ -390,7 +391,8 @@ def _plan_runs(
             notes = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
                                        *setup.notes, foreign_ops_note(mode.foreign_ops),
                                        _load_note(load, workload, setup, plan), _four_bit_note(plan, load),
-                                       load and staged > trial.host_bytes and load.staging_note()) if note]
+                                       load and staged > trial.host_bytes and load.staging_note(),
+                                       fp8_note(plan, target.type, kind.capability, kind.name)) if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *notes, *workload.notes(plan)),
                                         host_bytes=max(trial.host_bytes, staged))  # the load, then the step
             runs.append(_PlanRun(trial, _reserved(trial, trace), fell_back,
