@@ -44,7 +44,9 @@ Sources (every number below is quoted from them):
 - odyn-network/benchmark-finetune-dpo-v1 (a Hugging Face data set) quoting superkaiba/explore-persona-space issue
   #36: TRL's ``DPOTrainer``, Qwen2.5-7B, LoRA r=16, bf16, context 2,048, batch 1, accumulation 8, gradient
   checkpointing, one GPU, "peak" 19.08 GB. The issue itself was not readable here: the GPU, what was read and the
-  LoRA targets are not given (vague).
+  LoRA targets are not given (vague). No published DPO figure found states all of them (``NOT_EXPRESSED`` lists
+  those checked); the row is estimated as the installed TRL runs it (:func:`dpo_loss`): the policy's log-probs
+  through the fused LM head, then the reference's with the LoRA layers off, as TRL does for a peft policy.
 
 Run from the repository root (no GPU needed; about 4 minutes on 2 cores)::
 
@@ -189,10 +191,11 @@ RUNS = (
         "no precompute_ref_log_probs)", kind="dpo", unit="GB", prompt_tokens=0, completion_tokens=2048,
         per_device=1, accumulation=8, num_generations=1, beta=0.1, lora_rank=16, lora_alpha=32,
         lora_targets=("q_proj", "v_proj"), load={"dtype": torch.bfloat16},
-        differs=("estimated as the policy's step over chosen and rejected concatenated (2 rows of 2,048 tokens) "
-                 "with transformers' own loss (logits over the vocabulary, fp32 cross-entropy) standing in for "
-                 "DPO's log-probs, and the reference forward (the adapters off) not modelled: it runs without "
-                 "gradients before the policy's forward and holds less"),
+        differs=("estimated as one step over chosen and rejected concatenated (2 rows of 2,048 tokens) through "
+                 "the installed TRL's DPO loss (a stand-in DPOTrainer's compute_loss: the log-probs through its "
+                 "fused LM head, then the reference forward with the adapters off, without gradients); the "
+                 "source's TRL version is not given, and a TRL before the fused LM head held the logits over the "
+                 "vocabulary"),
         vague=("the GPU, what was read (allocated, reserved or nvidia-smi), the LoRA alpha and targets and the "
                "prompt / completion split are not given: assumed max_memory_allocated, alpha 32 on q_proj and "
                "v_proj (peft's default for Qwen2), every pair at the full 2,048 tokens")),
@@ -225,6 +228,23 @@ NOT_EXPRESSED = (
      "published": "out-of-memory reports (figures not extracted here)",
      "why": "vLLM's engine share, ZeRO-3 over several GPUs, and NeMo RL's Megatron/DTensor policy are outside "
             "memlab's one-device TRL estimate; these threads report failures, not peaks with their settings"},
+    {"run": "Qwen2.5-0.5B DPO QLoRA r64, prompts of about 1,000 tokens", "source": "huggingface/trl#5200",
+     "published": "17 GB 'GPU mem'",
+     "why": "checked for a faithful DPO row: trl 0.12, NF4 with fp16 compute, flash-attention 2 and LoRA on every "
+            "projection are given, but not the GPU, the batch size, checkpointing or what was read (the title's "
+            "17 GB reads as nvidia-smi)"},
+    {"run": "Qwen2.5-0.5B and 1.5B DPO on an A100 80GB", "source": "huggingface/trl#3168",
+     "published": "nvidia-smi screenshots (out of memory in fp32)",
+     "why": "checked for a faithful DPO row: the figures are images of nvidia-smi (the whole process, the "
+            "allocator's cache included) with DPOConfig's defaults; no allocated peak, and the lengths of the "
+            "batches that ran are not given"},
+    {"run": "Llama-3-8B LoRA DPO on an A10 24GB (LLaMA-Factory)", "source": "hiyouga/LlamaFactory#3716",
+     "published": "no figure: a configuration said to run (batch 4, cutoff 1,024, fp16, LoRA on q/v)",
+     "why": "checked for a faithful DPO row: LLaMA-Factory's own DPO step, and no memory was read"},
+    {"run": "DPO memory tables (7B, LoRA / QLoRA)",
+     "source": "theneuralbase.com/dpo, runlocalai.co (rlhf-dpo-ppo ch. 22), spheron.network DPO guide",
+     "published": "about 18 GB and more for a 7B",
+     "why": "checked for a faithful DPO row: calculations from the parameter count, not measurements"},
     {"run": "Qwen2.5-7B DPO LoRA with precompute_ref_log_probs=True",
      "source": "odyn-network/benchmark-finetune-dpo-v1, quoting superkaiba/explore-persona-space issue #36",
      "published": "31.09 GB",
@@ -366,13 +386,82 @@ def estimate_grpo(run: Run, folder: Path) -> dict[str, Any]:
             "notes": [*training.notes, *generation.notes]}
 
 
-def estimate_dpo(run: Run) -> dict[str, Any]:
-    """A DPO row: the policy's step over chosen and rejected concatenated, at the full length."""
+def tiny_qwen2() -> Any:
+    """A two-layer Qwen2 for the DPO stand-in trainer."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+
+
+class AdaptersOff:
+    """A model called with its LoRA layers switched off, as ``PeftModel.disable_adapter()`` calls it: DPO's
+    reference for a peft policy (memlab's plans inject the adapters into the model, without a ``PeftModel``)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def __call__(self, **inputs: Any) -> Any:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layers = [module for module in self.model.modules() if isinstance(module, BaseTunerLayer)]
+        for layer in layers:
+            layer.enable_adapters(False)
+        try:
+            return self.model(**inputs)
+        finally:
+            for layer in layers:
+                layer.enable_adapters(True)
+
+
+def dpo_loss(run: Run, folder: Path) -> Callable[[Any, Any], Any]:
+    """``loss_fn(model, pairs)``: TRL's DPO loss as the installed DPOTrainer computes it for a peft policy, from a
+    tiny stand-in DPOTrainer built with the row's beta and LoRA targets: the policy's log-probs through the fused LM
+    head that DPOTrainer adds to the base model, then the reference's, a forward without gradients of the same model
+    with its adapters off (:class:`AdaptersOff`, as TRL's ``use_adapter`` does for a ``PeftModel``)."""
+    import trl
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import Qwen2ForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    torch.manual_seed(0)
+    args = trl.DPOConfig(output_dir=str(folder), report_to=[], use_cpu=True, save_strategy="no", bf16=False,
+                         per_device_train_batch_size=run.per_device, beta=run.beta, disable_tqdm=True)
+    pairs = Dataset.from_list([{"prompt": "w1 w2", "chosen": " w3 w4", "rejected": " w5"}] * 2)
+    trainer = trl.DPOTrainer(model=Qwen2ForCausalLM(tiny_qwen2()), args=args, train_dataset=pairs,
+                             processing_class=_tokenizer(),
+                             peft_config=LoraConfig(r=run.lora_rank, lora_alpha=run.lora_alpha,
+                                                    target_modules=list(run.lora_targets)))
+    patched: set[int] = set()
+
+    def loss_fn(model: Any, batch: Any) -> Any:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if id(base) not in patched:
+            add_fused_lm_head(base, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
+            patched.add(id(base))
+        trainer.ref_model = AdaptersOff(model)  # memlab injects the adapters: no PeftModel to switch them off
+        inputs = dict(batch)
+        inputs.setdefault("attention_mask", torch.ones_like(inputs["input_ids"]))  # every pair at full length
+        return trainer.compute_loss(model, inputs)
+
+    return loss_fn
+
+
+def estimate_dpo(run: Run, folder: Path) -> dict[str, Any]:
+    """A DPO row: one micro-batch of pairs, chosen and rejected concatenated at the full length (``2 x
+    per_device`` rows), through TRL's DPO loss with the reference forward (:func:`dpo_loss`)."""
     import memlab
 
-    rows, tokens = 2 * run.per_device, run.prompt_tokens + run.completion_tokens
-    trial = memlab.estimate(run.config(), {"input_ids": (rows, tokens), "labels": (rows, tokens)}, run.plan(),
-                            gpu=run.gpu, load=run.load)
+    rows, prompt, completion = 2 * run.per_device, run.prompt_tokens, run.completion_tokens
+    tokens = prompt + completion
+    generator = torch.Generator().manual_seed(0)
+    mask = torch.ones(rows, tokens, dtype=torch.long)
+    mask[:, :prompt] = 0
+    pairs = {"input_ids": torch.randint(int(run.config().vocab_size), (rows, tokens), generator=generator),
+             "completion_mask": mask}
+    trial = memlab.estimate(run.config(), pairs, run.plan(), loss_fn=dpo_loss(run, folder), gpu=run.gpu,
+                            load=run.load)
     if trial.status != "ok":
         return {"status": trial.status, "error": trial.error}
     return {"status": "ok", "peak_bytes": trial.peak_bytes, "phase": "training",
@@ -383,7 +472,7 @@ def estimate_dpo(run: Run) -> dict[str, Any]:
 def estimate_run(run: Run, folder: Path) -> dict[str, Any]:
     """memlab's estimate of one published run, against its figures."""
     started = time.perf_counter()
-    result = estimate_grpo(run, folder) if run.kind == "grpo" else estimate_dpo(run)
+    result = estimate_grpo(run, folder) if run.kind == "grpo" else estimate_dpo(run, folder)
     seconds = time.perf_counter() - started
     unit = UNITS[run.unit]
     row: dict[str, Any] = {

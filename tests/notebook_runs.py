@@ -69,6 +69,10 @@ OVERRIDES = {
     # The tiny model's budget at SMALL's sizes; the 8B keeps its shape but 2 of its 32 layers (a dry run of all 32
     # takes 10 to 60 s here, and limits makes up to 8 for each attention kernel).
     "13_how_long_can_my_sequences_be.ipynb": {**SMALL, "budget": "8MiB", "big_layers": 2},
+    # A GRPO step of 4 completions (2 prompts x 2) of 6 tokens; the 8B keeps its shape in 2 of its 36 layers.
+    "14_grpo_without_running_out_of_memory.ipynb": {"hidden": 32, "layers": 1, "rows": 2, "generations": 2,
+                                                    "completion": 6, "train_steps": 2, "steps": 1, "noise": 0,
+                                                    "big_layers": 2},
 }
 
 

@@ -313,6 +313,43 @@ def test_trl_vs_published_route_agrees_with_the_grpo_trainers_estimate(load: Any
     assert ours["peak_bytes"] / whole.peak_bytes == pytest.approx(1.0, abs=0.05)
 
 
+def test_trl_vs_published_dpo_route_agrees_with_the_dpo_trainers_estimate(load: Any, tmp_path: Path) -> None:
+    """The DPO row's route (a config, chosen and rejected concatenated, TRL's DPO loss from a stand-in DPOTrainer
+    with the reference forward of the adapters switched off) against memlab.estimate of a real peft DPOTrainer with
+    the same settings; the reference forward is in it (it runs before the policy's backward)."""
+    import dataclasses
+
+    import torch
+    import trl
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import Qwen2ForCausalLM
+
+    import memlab
+
+    runner = load("trl_vs_published")
+    (published,) = [run for run in runner.RUNS if run.kind == "dpo"]
+    # 3 prompt tokens, 5 completion words + the EOS TRL appends: 9 tokens a row, one pair a micro-batch.
+    run = dataclasses.replace(published, config=runner.tiny_qwen2, gpu="H100-80GB", prompt_tokens=3,
+                              completion_tokens=6, per_device=1, lora_rank=4, lora_alpha=8,
+                              load={"dtype": torch.float32}, checkpointing=False, precision="fp32")
+    torch.manual_seed(0)
+    pairs = Dataset.from_list([{"prompt": "w1 w2 w3", "chosen": " w4 w5 w6 w7 w8",
+                                "rejected": " w9 w10 w11 w12 w13"}] * 4)
+    lora = LoraConfig(r=run.lora_rank, lora_alpha=run.lora_alpha, lora_dropout=0.05,
+                      target_modules=list(run.lora_targets), task_type="CAUSAL_LM")
+    trainer = trl.DPOTrainer(model=Qwen2ForCausalLM(runner.tiny_qwen2()), train_dataset=pairs,
+                             args=trl.DPOConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True,
+                                                save_strategy="no", bf16=False, per_device_train_batch_size=1,
+                                                beta=run.beta, disable_tqdm=True),
+                             processing_class=runner._tokenizer(), peft_config=lora)
+    whole = memlab.estimate(trainer, device="cuda", gpu=run.gpu)
+    ours = runner.estimate_dpo(run, tmp_path)
+    assert whole.status == ours["status"] == "ok", (whole.error, ours.get("error"))
+    print(f"route / trainer: {ours['peak_bytes'] / whole.peak_bytes:.3f}")
+    assert ours["peak_bytes"] / whole.peak_bytes == pytest.approx(1.0, abs=0.05)
+
+
 def test_trl_vs_published_logits_path_scores_as_the_installed_trl(load: Any, tmp_path: Path) -> None:
     """The benchmark's trl 1.12 log-probs (the logits over the vocabulary, the outputs in float32 as accelerate
     returns them) are the installed TRL's fused LM head's, on the same tiny model and tokens."""
