@@ -31,7 +31,7 @@ import sysconfig
 import warnings
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from memlab.errors import MemlabWarning
 
@@ -217,9 +217,7 @@ def _intercepted(remarks: Remarks, *, own_warnings: bool) -> Iterator[None]:
     """Warnings and log records of libraries go to ``remarks`` inside the block; the user's code's warnings (and
     memlab's own remarks, unless ``own_warnings``) go on to whatever showed warnings before."""
     with warnings.catch_warnings(), _captured_logs(remarks):
-        if any(action == "error" for action, *_ in warnings.filters):
-            # Where warnings are made errors, a library's remark must not end a trial: it is kept, as before.
-            warnings.filterwarnings("default", module=_DRIVEN_MODULES)
+        _keep_library_warnings_from_errors()
         previous = warnings.showwarning
 
         def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
@@ -235,6 +233,31 @@ def _intercepted(remarks: Remarks, *, own_warnings: bool) -> Iterator[None]:
 
         warnings.showwarning = show
         yield
+
+
+def _keep_library_warnings_from_errors() -> None:
+    """Where warnings are made errors (``error`` filters that match every module), a driven library's remark must not
+    end a trial: each such filter gets a ``default`` one for the libraries just before it, for the same category and
+    message. Filters before it (a user's ``ignore FutureWarning``, say) still come first, so they keep deciding.
+
+    Example:
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("error"); warnings.filterwarnings("ignore", category=FutureWarning)
+        ...     _keep_library_warnings_from_errors()
+        ...     [action for action, *_ in warnings.filters[:3]]
+        ['ignore', 'default', 'error']
+    """
+    rebuilt: list[Any] = []
+    for entry in warnings.filters:
+        action, message, category, module, lineno = entry
+        if action == "error" and module is None:
+            rebuilt.append(("default", message, category, re.compile(_DRIVEN_MODULES), lineno))
+        rebuilt.append(entry)
+    if len(rebuilt) != len(warnings.filters):
+        # The warnings module offers no insert at a position; its list is replaced inside the caller's
+        # catch_warnings, which puts the user's filters back afterwards.
+        cast(list[Any], warnings.filters)[:] = rebuilt
+        getattr(warnings, "_filters_mutated", lambda: None)()  # drops the per-module caches of earlier decisions
 
 
 def _library_of(filename: str, lineno: int, frame: FrameType | None) -> str | None:
