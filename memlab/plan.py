@@ -103,6 +103,8 @@ class Plan:
             compiles, and its time is the trial's ``compile_seconds``, never part of its speed. The peak measured is
             the compiled step's; an estimate runs the compiled step's AOTAutograd partition on fake tensors (the
             eager step where dynamo cannot trace it there) and says which. Refused with ``loss="chunked"``.
+        vllm_memory, vllm_sleep: a GRPOTrainer's colocated vLLM engine's share of the card and sleep mode
+            (:mod:`memlab.techniques.vllm`); None: the trainer's own; refused on anything else.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
@@ -132,6 +134,8 @@ class Plan:
     attention: str | None = lever(None)
     expandable_segments: bool = lever(False)
     compile: bool = lever(False)
+    vllm_memory: float | None = lever(None)
+    vllm_sleep: bool | None = lever(None)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.
@@ -200,7 +204,7 @@ class Plan:
             if not spec.short:
                 continue
             shown = "+".join(value) if isinstance(value, tuple) else value
-            on = spec.type == "bool" or value is True
+            on = "{" not in spec.short and (spec.type == "bool" or value is True)
             counted = f"{spec.short}{shown}" if "{" not in spec.short else spec.short.format(shown)
             parts.append(spec.short if on else counted)
         return " ".join(parts) or "plain"
@@ -218,7 +222,8 @@ class Plan:
         for name, spec, value in self._changed_levers():
             words = name.replace("_", " ")
             blocks = " blocks" if spec.type == "blocks" else ""
-            parts.append(words if spec.type == "bool" or value is True else f"{words} {value}{blocks}")
+            switch = "{" not in spec.short and (spec.type == "bool" or value is True)
+            parts.append(words if switch else f"{words} {value}{blocks}")
         return ", ".join(parts) or "plain: every lever off"
 
     def replace(self, **changes: Any) -> Plan:
