@@ -103,10 +103,11 @@ class Plan:
             compiles, and its time is the trial's ``compile_seconds``, never part of its speed. The peak measured is
             the compiled step's; an estimate runs the compiled step's AOTAutograd partition on fake tensors (the
             eager step where dynamo cannot trace it there) and says which. Refused with ``loss="chunked"``.
-        fp8: torchao's float8 training on the linear layers but the first and last (accelerate's
-            ``mixed_precision="fp8"`` with torchao); with ``precision="bf16"`` (or pure bf16 weights). A live trial
-            needs torchao and a CUDA GPU of compute capability 8.9+ (elsewhere an error trial says so); an estimate
-            runs torchao's ``Float8Linear`` on fake tensors, and its notes say what stays in high precision.
+        fp8: torchao's float8 training on the linear layers but the first and last (accelerate's fp8 with torchao),
+            with bf16; a live trial needs torchao and a GPU of compute capability 8.9+ (elsewhere an error trial says
+            so); an estimate runs torchao's ``Float8Linear`` on fake tensors, its notes name what stays high precision.
+        vllm_memory: a GRPOTrainer's colocated vLLM engine's share of the card (:mod:`memlab.techniques.vllm`).
+        vllm_sleep: that engine's sleep mode; for both, None is the trainer's own, and anything else refuses them.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
@@ -137,6 +138,8 @@ class Plan:
     expandable_segments: bool = lever(False)
     compile: bool = lever(False)
     fp8: bool = lever(False)
+    vllm_memory: float | None = lever(None)
+    vllm_sleep: bool | None = lever(None)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.
@@ -205,7 +208,7 @@ class Plan:
             if not spec.short:
                 continue
             shown = "+".join(value) if isinstance(value, tuple) else value
-            on = spec.type == "bool" or value is True
+            on = "{" not in spec.short and (spec.type == "bool" or value is True)
             counted = f"{spec.short}{shown}" if "{" not in spec.short else spec.short.format(shown)
             parts.append(spec.short if on else counted)
         return " ".join(parts) or "plain"
@@ -223,7 +226,8 @@ class Plan:
         for name, spec, value in self._changed_levers():
             words = name.replace("_", " ")
             blocks = " blocks" if spec.type == "blocks" else ""
-            parts.append(words if spec.type == "bool" or value is True else f"{words} {value}{blocks}")
+            switch = "{" not in spec.short and (spec.type == "bool" or value is True)
+            parts.append(words if switch else f"{words} {value}{blocks}")
         return ", ".join(parts) or "plain: every lever off"
 
     def replace(self, **changes: Any) -> Plan:

@@ -33,6 +33,7 @@ from memlab.options import parse_host_budget
 from memlab.plan import Plan, parse_budget
 from memlab.report import Trial
 from memlab.techniques.offload import PARAMS_NEED_SHARDING
+from memlab.techniques.vllm import no_engine
 
 if TYPE_CHECKING:
     from memlab.inference.plan import InferencePlan
@@ -139,6 +140,8 @@ def _sharded(request: EstimateRequest) -> Trial:
     """Training sharded over ``gpus`` GPUs: the per-GPU estimate of :mod:`memlab.estimation.sharded.per_gpu`."""
     from memlab.estimation.sharded.per_gpu import sharded_estimate
 
+    if isinstance(request.plan, Plan) and no_engine(request.plan):
+        raise MemlabError(no_engine(request.plan))
     return sharded_estimate(request)
 
 
@@ -149,6 +152,8 @@ def _one_gpu(request: EstimateRequest) -> Trial:
     plan = request.training_plan
     if isinstance(plan, Plan) and plan.offload == "params":
         raise MemlabError(PARAMS_NEED_SHARDING)
+    if isinstance(plan, Plan) and no_engine(plan):  # a GRPOTrainer's engine is read by its route, never here
+        raise MemlabError(no_engine(plan))
     trial = estimate_plans(request.model, request.batch, [plan], loss_fn=request.loss_fn, budget=request.budget,
                            lr=request.lr, device=request.device, gpu=request.gpu, load=request.load)[0]
     return card_context(trial, request.gpu)

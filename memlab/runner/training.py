@@ -25,6 +25,7 @@ from memlab.techniques.accumulation import check_split, micro_batches
 from memlab.techniques.offload import PARAMS_NEED_SHARDING
 from memlab.techniques.optimizer import state_tensors
 from memlab.techniques.registry import step_techniques
+from memlab.techniques.vllm import no_engine
 from memlab.techniques.weights import model_weights
 
 __all__ = ["TrainingAttempt", "TrainingRecord", "TrainingWorkload", "check_plans", "finite_loss"]
@@ -117,6 +118,8 @@ class TrainingWorkload(Workload[Plan, TrainingRecord, Trial]):
     def check(self, plan: Plan) -> None:
         if plan.offload == "params":
             raise MemlabError(PARAMS_NEED_SHARDING)
+        if no_engine(plan):  # a GRPOTrainer's vLLM engine: its estimate reads those levers before this step runs
+            raise MemlabError(no_engine(plan))
         check_split(self.context.batch, plan)
 
     def copies_parameters(self, plan: Plan) -> bool:

@@ -30,6 +30,10 @@ from memlab.techniques.fragments import concerns_adapters_only as concerns_adapt
 PlanLike = Any
 """A :class:`memlab.Plan` (typed loosely here: plan builds on this module)."""
 
+SWITCH = ("on", "off")
+"""The choices of a switch whose default is None (``vllm_sleep``): front ends offer the live object's own, on and
+off (a drop-down, ``--try vllm_sleep=on,off``); the plan stores True, False or None."""
+
 Refusal = Export
 """An export's declaration for one lever (:data:`memlab.techniques.fragments.Export`): the fragment it adds, where
 the lever goes instead (:class:`~memlab.techniques.fragments.Elsewhere`), or what to write instead (a ``str``)."""
@@ -77,6 +81,9 @@ class Lever:
         on_cpu_note: why ``on_cpu`` runs the same (what the search says of a plan it skips for that).
         blocks: a switch that also takes a count of the model's repeated blocks (``checkpointing``: False, True for
             every block, or how many); its type is ``"blocks"``.
+        value_type: the type where the default (None) does not say it: ``"float"``, None allowed (``vllm_memory``:
+            None is "as the trainer is set up"; 0 in the panel is None). A switch whose default is None is a choice
+            of :data:`SWITCH` instead, stored as a bool.
         exports: per :data:`TARGETS`, what the export writes for the lever (:mod:`memlab.techniques.fragments`: its
             fragment, :class:`~memlab.techniques.fragments.Elsewhere`, or the refusal saying what to write).
     """
@@ -107,6 +114,7 @@ class Lever:
     on_cpu_note: str = ""
     exports: Mapping[str, Refusal] = field(default_factory=dict)
     blocks: bool = False
+    value_type: str = ""
 
     @property
     def type(self) -> str:
@@ -114,6 +122,8 @@ class Lever:
         ``"int"`` (a count; None allowed where the default is None)."""
         if self.choices:
             return "choice"
+        if self.value_type:
+            return self.value_type
         if self.blocks:
             return "blocks"
         if isinstance(self.default, bool):
@@ -211,6 +221,9 @@ def check_levers(plan: Any, specs: Mapping[str, LeverSpec]) -> None:
                 example = f", e.g. {spec.default}" if isinstance(spec.default, int) and spec.default > 1 else ""
                 raise MemlabError(f"{name}={value!r} is not allowed; write a whole number >= {least}{none}{example}")
         elif spec.type == "float":
+            if spec.default is None and (value is None or value == 0):  # 0 is the panel's None
+                object.__setattr__(plan, name, None)
+                continue
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
                 raise MemlabError(f"{name}={value!r} is not allowed; write a number >= 0, e.g. 0.05")
             object.__setattr__(plan, name, float(value))
@@ -222,6 +235,12 @@ def check_levers(plan: Any, specs: Mapping[str, LeverSpec]) -> None:
                                   "number of blocks >= 0, e.g. 4")
         elif spec.type == "bool" and not isinstance(value, bool):
             raise MemlabError(f"{name}={value!r} is not allowed; write True or False")
+        elif spec.choices == SWITCH:  # a switch with None (the live object's own): stored as a bool
+            if value in SWITCH:
+                object.__setattr__(plan, name, value == "on")
+            elif not isinstance(value, bool) and not (value is None and spec.default is None):
+                raise MemlabError(f"{name}={value!r} is not allowed; write True or False ('on' / 'off'), or None "
+                                  f"({spec.none_means or 'the default'})")
         elif spec.choices and value not in spec.choices and not (value is None and spec.default is None):
             if spec.open_choices and _names(value) is not None:
                 object.__setattr__(plan, name, _names(value))

@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from memlab.techniques import expandable_segments, fp8, levers_batch, levers_model, levers_step
+from memlab.techniques import expandable_segments, fp8, levers_batch, levers_model, levers_step, vllm
 from memlab.techniques.lever import Lever, PlanLike
 from memlab.techniques.technique import Technique
 
@@ -32,7 +32,7 @@ __all__ = ["REGISTRY", "STEP_ORDER", "conflicts", "least_share", "refusals", "st
 
 def _declarations() -> dict[str, Lever]:
     declared: dict[str, Lever] = {}
-    for module in (levers_batch, levers_model, fp8, levers_step, expandable_segments):
+    for module in (levers_batch, levers_model, fp8, levers_step, expandable_segments, vllm):
         for lever in module.DECLARATIONS:
             declared[lever.name] = lever
     return declared
@@ -79,7 +79,7 @@ def conflicts(plan: PlanLike) -> list[str]:
     return [message for lever in REGISTRY.values() if lever.conflicts and (message := lever.conflicts(plan))]
 
 
-STEP_ORDER = ("expandable_segments",
+STEP_ORDER = ("vllm_memory", "expandable_segments",
               "loss", "attention", "adapter", "weights", "fp8", "micro_batch", "precision", "optimizer", "offload",
               "optimizer_in_backward", "checkpointing", "compile")
 """The order in which a training step puts the levers' techniques on (each named by one lever that has it): the
@@ -89,7 +89,9 @@ which weights train; float8's linear layers after the weights' dtype is set (the
 checkpointing or compile wrap the model; the optimizer before offload and the optimizer in backward, which build on
 it; checkpointing on the model as the others left it; compile last, on the forward every other lever has changed.
 The allocator's expandable segments go on before them all, so that what the others allocate on a GPU lands in their
-segments."""
+segments. The vLLM engine's levers (``vllm_memory``, ``vllm_sleep``) change no step: their technique, first, only
+refuses a step asked to run them before anything is put on (the GRPO estimate reads them before its training dry
+run)."""
 
 
 def step_techniques() -> list[Technique]:
@@ -97,7 +99,7 @@ def step_techniques() -> list[Technique]:
 
     Example:
         >>> [type(technique).__name__ for technique in step_techniques()][:3]
-        ['ExpandableSegments', 'Loss', 'Attention']
+        ['VLLMEngine', 'ExpandableSegments', 'Loss']
     """
     ordered: list[Technique] = []
     for name in STEP_ORDER:

@@ -10,6 +10,7 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.plan import Plan
 from memlab.trainer.arguments import check_single_process, trl_training_arguments
+from memlab.trainer.grpo_vllm import refuse_engine_change
 from memlab.trainer.kinds import TrainerKind, kind_of
 from memlab.trainer.source import (
     is_trainer,
@@ -152,8 +153,10 @@ def _new_arguments(args: Any, plan: Plan, kind: TrainerKind) -> Any:
     from memlab.export.engines import training_arguments
 
     fields = {f.name for f in dataclasses.fields(args)}
-    # The adapters go on the model itself (peft, below); the arguments carry the rest of the plan.
-    legacy, flat = "activation_checkpointing" not in fields, plan.replace(adapter="none")
+    # The adapters go on the model itself (peft, below); the arguments carry the rest of the plan, but a vLLM
+    # engine's settings, which refuse_engine_change found the trainer's own.
+    legacy = "activation_checkpointing" not in fields
+    flat = plan.replace(adapter="none", vllm_memory=None, vllm_sleep=None)
     # TRL's configs offload activations with their own flag
     changes = trl_training_arguments(flat, legacy_names=legacy) if "activation_offloading" in fields else \
         training_arguments(flat, legacy_names=legacy)
@@ -231,6 +234,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
         raise MemlabError(f"apply_to_trainer takes a transformers Trainer, not a {type(trainer).__name__}")
     kind = kind_of(trainer)  # a trainer of no kind memlab takes is refused, saying which it takes
     check_plan_for_trainer(plan)
+    refuse_engine_change(trainer, plan)  # TRL builds a GRPOTrainer's vLLM engine in its __init__
     check_single_process(trainer.args)
     plan = keeps_trainer_batch(plan, trainer.args)  # Plan(): the trainer's effective batch in one micro-batch
     if kind.check_plan is not None:  # what the kind refuses (a GRPOTrainer: a split of other than its generations)

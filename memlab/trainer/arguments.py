@@ -15,6 +15,7 @@ from memlab.errors import MemlabError
 from memlab.plan import OPTIMIZERS, Plan
 from memlab.techniques.levers_step import OPTIMIZER_FORMS
 from memlab.techniques.registry import REGISTRY
+from memlab.techniques.vllm import GRPO_ONLY, grpo_config_keywords, vllm_from_arguments, without_vllm
 from memlab.trainer.kinds import is_trainer, kind_for_config, kind_of
 
 __all__ = [
@@ -128,7 +129,10 @@ def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None, conf
     """
     from memlab.export.engines import training_arguments
 
+    asked, engine, plan = plan, grpo_config_keywords(plan), without_vllm(plan)  # a GRPOConfig's keywords, added below
     if config is None:
+        if engine:
+            raise MemlabError(f"{GRPO_ONLY}; trl=True names no config class")
         rest = plan.replace(offload=_OFFLOAD_WITHOUT_ACTIVATIONS.get(plan.offload, plan.offload))
         return {**training_arguments(rest, legacy_names=legacy_names),
                 "activation_offloading": plan.offloads_activations}
@@ -148,10 +152,11 @@ def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None, conf
             kwargs = training_arguments(plan, legacy_names=legacy_names)
         except MemlabError as error:
             raise MemlabError(f"{name} has no activation_offloading (TRL's own); {error}") from None
+    kwargs.update(engine)
     unknown = sorted(key for key in kwargs if key not in fields)
     if unknown:
         raise MemlabError(
-            f"{name} takes no {', '.join(unknown)}, which plan {plan.label()!r} needs; build it with a plan without "
+            f"{name} takes no {', '.join(unknown)}, which plan {asked.label()!r} needs; build it with a plan without "
             "that lever, or pass the config class the trainer uses: plan.to_training_arguments(trl=trl.SFTConfig)"
         )
     return kwargs
@@ -200,6 +205,8 @@ def plan_from_training_arguments(args: Any) -> Plan:
     - ``bf16`` / ``fp16`` -> ``precision``; ``optim`` -> ``optimizer`` (see :data:`TRAINER_OPTIMIZERS`).
     - ``use_liger_kernel`` with Liger's fused linear cross-entropy -> ``loss="chunked"``.
     - ``torch_compile`` -> ``compile``.
+    - a ``GRPOConfig``'s colocated vLLM engine (``use_vllm=True, vllm_mode="colocate"``): its
+      ``vllm_gpu_memory_utilization`` -> ``vllm_memory``, ``vllm_enable_sleep_mode`` -> ``vllm_sleep``.
 
     What lives on the model rather than in the arguments (pure bf16 weights, adapters) is left at the defaults:
     :meth:`memlab.trainer.source.TrainerSource.plan` reads those from the trainer's model.
@@ -239,6 +246,7 @@ def plan_from_training_arguments(args: Any) -> Plan:
         offload="activations" if offloads_activations(args) else "none",
         loss=_loss(args),
         compile=bool(getattr(args, "torch_compile", False)),
+        **vllm_from_arguments(args),
     )
 
 

@@ -36,6 +36,7 @@ from memlab.errors import MemlabError
 from memlab.plan import Plan
 from memlab.report.data import Trial
 from memlab.report.timeline import Timeline, TimelinePeak
+from memlab.techniques.vllm import FIELDS, sets_vllm, without_vllm
 from memlab.trainer.grpo import GRPOSource, check_generations, computes_old_logps
 from memlab.trainer.grpo_vllm import SLEEP_LEVEL, VLLMSettings, utilization_candidates, vllm_share
 from memlab.trainer.source import keeps_trainer_batch
@@ -88,7 +89,9 @@ def grpo_plans_estimator(trainer: Any, loss_fn: Any = None) -> Callable[..., lis
                 trial = fitted_vllm(request.checked())
             else:
                 trial = estimate(trainer, whole, loss_fn=loss_fn, budget=budget, device=device, lr=lr)
-            trials.append(trial if whole is plan else dataclasses.replace(trial, plan=plan))
+            # the asked plan, with the engine's settings the dry run chose (fitted_vllm's search)
+            engine = {name: getattr(trial.plan, name) for name in FIELDS} if colocated else {}
+            trials.append(dataclasses.replace(trial, plan=plan.replace(**engine)))
         return trials
 
     return estimate_plans
@@ -105,7 +108,7 @@ def estimate_grpo(request: Any) -> Trial:
     from memlab.estimation.dryrun.single_gpu import estimate_inference
     from memlab.inference.plan import InferencePlan
 
-    settings = VLLMSettings.of(request.model)
+    settings = VLLMSettings.for_plan(request.model, _asked(request))
     training, source, request = _training_step(request, settings)
     if training.status != "ok" or training.timeline is None:
         return training
@@ -147,10 +150,13 @@ def estimate_grpo_vllm(request: Any, variants: Sequence[VLLMSettings]) -> list[T
 
 def fitted_vllm(request: Any) -> Trial:
     """A vLLM-generating GRPOTrainer's step with the engine's settings searched within ``request.budget``, the
-    training kept the same: the trainer's own settings first; where they do not fit, sleep mode off with the
-    smaller shares (:func:`~memlab.trainer.grpo_vllm.utilization_candidates`, largest first: each still holds the
-    generation batch at once), then sleep mode on with each of them. The first that fits, its first note naming the
-    ``GRPOConfig`` keywords; the trainer's own estimate where none does. The training dry run is made once.
+    training kept the same, where the plan leaves them to the trainer (``vllm_memory`` and ``vllm_sleep`` None; a
+    plan that sets either is estimated as it is): the trainer's own settings first; where they do not fit, sleep
+    mode off with the smaller shares (:func:`~memlab.trainer.grpo_vllm.utilization_candidates`, largest first: each
+    still holds the generation batch at once), then sleep mode on with each of them. The first that fits, its plan
+    holding them (``vllm_memory``, ``vllm_sleep``: what ``plan.to_training_arguments(trl=trl.GRPOConfig)`` writes)
+    and its first note naming the ``GRPOConfig`` keywords; the trainer's own estimate where none does. The training
+    dry run is made once.
 
     Example (``tests/integration/test_trainer_grpo_vllm.py`` builds such a trainer)::
 
@@ -158,8 +164,9 @@ def fitted_vllm(request: Any) -> Trial:
     """
     from memlab.estimation.cuda.gpus import gpu_kind
 
+    asked = _asked(request)
     own = VLLMSettings.of(request.model)
-    if own is None or not own.colocated:
+    if own is None or not own.colocated or (asked is not None and sets_vllm(asked)):
         return estimate_grpo(request)
     training, source, request = _training_step(request, own)
     if training.status != "ok" or training.timeline is None:
@@ -187,6 +194,13 @@ def fitted_vllm(request: Any) -> Trial:
     return first
 
 
+def _asked(request: Any) -> Any:
+    """The plan memlab.estimate was asked for (None: the trainer as set up)."""
+    from memlab.trainer.entry import split_plans
+
+    return split_plans(request.batch, request.plan)[1]
+
+
 def _training_step(request: Any, settings: VLLMSettings | None) -> tuple[Trial, GRPOSource, Any]:
     """The policy's training step on one optimizer step's generations, estimated (with the source read and the
     request as answered: on the card where a vLLM engine shares it)."""
@@ -207,7 +221,8 @@ def _training_step(request: Any, settings: VLLMSettings | None) -> tuple[Trial, 
     if plan is not None and not isinstance(plan, Plan):
         raise MemlabError(f"{plan!r} is not a memlab.Plan; write memlab.estimate(trainer, memlab.Plan(...))")
     source = GRPOSource.from_trainer(trainer, vllm=True)
-    plan = source.plan if plan is None else keeps_trainer_batch(plan, trainer.args)
+    # the engine's levers do not change the policy's step: its dry run runs without them (_with_vllm puts them back)
+    plan = without_vllm(source.plan if plan is None else keeps_trainer_batch(plan, trainer.args))
     check_generations(plan, source)
     loss_fn = request.loss_fn if request.loss_fn is not None else source.loss_fn()
     if settings is not None and settings.colocated:
@@ -361,6 +376,7 @@ def _with_vllm(training: Trial, settings: VLLMSettings, source: GRPOSource, requ
     said = (f"GRPO step with vLLM: generation peak {generation_peak:,} bytes, training peak {training_peak:,} "
             f"bytes; the peak is in {peak.phase}")
     trial = dataclasses.replace(training, peak_bytes=peak.bytes, breakdown=breakdown, timeline=timeline,
+                                plan=training.plan.replace(**settings.plan_fields()),
                                 reserved_bytes=reserved, host_bytes=training.host_bytes + host,
                                 notes=(*training.notes, said, note, source.note))
     if refusal is not None:

@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ import torch
 from memlab.errors import MemlabError
 
 __all__ = ["BLOCK_TOKENS", "RUNTIME_ALLOWANCE", "SLEEP_LEVEL", "UTILIZATIONS", "VLLMSettings", "VLLMShare",
-           "utilization_candidates", "vllm_share"]
+           "refuse_engine_change", "utilization_candidates", "vllm_share"]
 
 SLEEP_LEVEL = 2
 """The level TRL 1.16 puts vLLM to sleep at (``llm.sleep(level=2)`` in ``VLLMGeneration``): weights and KV cache
@@ -105,6 +106,46 @@ class VLLMSettings:
                 "GPU then holds the whole engine's share, an upper bound)"
             )
         return cls(mode, utilization, bool(getattr(args, "vllm_enable_sleep_mode", False)), parallel)
+
+    @classmethod
+    def for_plan(cls, trainer: Any, plan: Any) -> VLLMSettings | None:
+        """The trainer's settings with what ``plan`` sets of them (``Plan(vllm_memory=..., vllm_sleep=...)``; None
+        fields, or no plan: the trainer's own).
+
+        Raises:
+            MemlabError: the plan sets them on a trainer without a colocated engine (nothing to set), or what
+                :meth:`of` refuses.
+
+        Example:
+            >>> from types import SimpleNamespace
+            >>> from memlab.plan import Plan
+            >>> args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
+            >>> settings = VLLMSettings.for_plan(SimpleNamespace(args=args), Plan(vllm_memory=0.2))
+            >>> settings.utilization, settings.sleep
+            (0.2, False)
+        """
+        from memlab.techniques.vllm import GRPO_ONLY, sets_vllm
+
+        own = cls.of(trainer)
+        if plan is None or not sets_vllm(plan):
+            return own
+        if own is None or not own.colocated:
+            have = "vllm_mode='server'" if own is not None else "use_vllm=False"
+            raise MemlabError(f"plan {plan.label()!r} sets a vLLM engine's share or sleep mode, and this "
+                              f"trainer's engine is not on its card ({have}): {GRPO_ONLY}, on a trainer built "
+                              "with GRPOConfig(use_vllm=True, vllm_mode='colocate'); or write the plan without them")
+        return dataclasses.replace(
+            own, utilization=own.utilization if plan.vllm_memory is None else float(plan.vllm_memory),
+            sleep=own.sleep if plan.vllm_sleep is None else bool(plan.vllm_sleep))
+
+    def plan_fields(self) -> dict[str, Any]:
+        """These settings as the Plan's levers (a served engine's are not this card's: none).
+
+        Example:
+            >>> VLLMSettings("colocate", 0.2, sleep=True).plan_fields()
+            {'vllm_memory': 0.2, 'vllm_sleep': True}
+        """
+        return {"vllm_memory": self.utilization, "vllm_sleep": self.sleep} if self.colocated else {}
 
     @property
     def colocated(self) -> bool:
@@ -174,6 +215,36 @@ class VLLMShare:
                 f"{self.card:,} bytes = {self.share:,} bytes under other, its weights {self.weights:,} bytes in "
                 f"vLLM's dtype and its KV cache the rest ({self.kv_batch:,} bytes for the generation batch); {held}"
                 f"{fewer}. Source: {_SOURCE}")
+
+
+def refuse_engine_change(trainer: Any, plan: Any) -> None:
+    """``memlab.apply(trainer, plan)``'s check: a plan whose vLLM settings differ from the trainer's is refused (its
+    engine is not changed). TRL builds the colocated engine in ``GRPOTrainer.__init__``
+    (``VLLMGeneration``: ``LLM(gpu_memory_utilization=..., enable_sleep_mode=...)``, the share preallocated then), so
+    new arguments on a built trainer would not change it; the trainer must be built again with the keywords.
+
+    Raises:
+        MemlabError: the settings differ (naming the ``GRPOConfig`` keywords to build the trainer with), or the plan
+            sets them on a trainer without a colocated engine.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from memlab.plan import Plan
+        >>> args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
+        >>> refuse_engine_change(SimpleNamespace(args=args), Plan(vllm_memory=0.3))  # the trainer's own: nothing
+    """
+    from memlab.techniques.vllm import grpo_config_keywords
+
+    wanted = VLLMSettings.for_plan(trainer, plan)
+    if wanted is None or wanted == VLLMSettings.of(trainer):
+        return
+    keywords = ", ".join(f"{key}={value!r}" for key, value in grpo_config_keywords(plan).items())
+    raise MemlabError(
+        f"plan {plan.label()!r} changes this GRPOTrainer's colocated vLLM engine, which TRL builds in "
+        "GRPOTrainer.__init__ (the share preallocated there), so memlab.apply cannot change it on a built trainer: "
+        f"build the trainer again with GRPOConfig({keywords}, ...) (plan.to_training_arguments(trl=trl.GRPOConfig) "
+        "writes them), then apply plan.replace(vllm_memory=None, vllm_sleep=None) to it if it changes anything else"
+    )
 
 
 def vllm_dtype(config: Any) -> torch.dtype:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("trl")
+import trl  # noqa: E402
 import trl.trainer.grpo_trainer as grpo_module  # noqa: E402
 from test_trainer_grpo_step import FAST, _bytes, grpo, phase_peaks  # noqa: E402
 
@@ -125,7 +126,8 @@ def test_a_dry_run_fit_searches_the_engines_share_keeping_the_training(vllm_trai
     assert best.rows_per_step == 2  # the step's generations, whatever the plan
     assert best.notes[0].startswith("searched: GRPOConfig(vllm_gpu_memory_utilization=0.1, "
                                     "vllm_enable_sleep_mode=False) (the trainer has 0.3, False)")
-    at_own_share = memlab.estimate(trainer, best.plan, budget=budget)  # the same plan at the trainer's 0.3
+    assert (best.plan.vllm_memory, best.plan.vllm_sleep) == (0.1, False)  # the plan holds what was found
+    at_own_share = memlab.estimate(trainer, best.plan.replace(vllm_memory=0.3), budget=budget)  # the trainer's 0.3
     assert "x the H100-80GB's" in " ".join(best.notes) and not at_own_share.fits
     assert at_own_share.peak_bytes - best.peak_bytes == int(0.3 * CARD_H100) - int(0.1 * CARD_H100)
     # Nothing fits a budget below the policy's own step with the smallest share: the trainer's own estimate stays.
@@ -144,3 +146,58 @@ def test_the_vllm_estimate_and_its_search_call_no_cuda(vllm_trainer: Any) -> Non
     report, _ = check_route(lambda: memlab.fit(trainer, budget="3GiB", dry_run=True, progress=False), trainer.model)
     # The smallest share searched: the weights, the generation batch's KV cache and vLLM's 1 GiB allowance.
     assert report.best is not None and "vllm_gpu_memory_utilization=0.02" in report.best.notes[0]
+
+
+def test_a_plan_read_from_the_trainer_carries_its_engine_and_the_estimate_reads_the_plans(vllm_trainer: Any) -> None:
+    """Issue 59: vllm_memory / vllm_sleep are Plan levers: the trainer's own read into its plan, a plan's used."""
+    trainer = vllm_trainer(vllm_gpu_memory_utilization=0.3)
+    own = memlab.Plan.from_trainer(trainer)
+    assert (own.vllm_memory, own.vllm_sleep) == (0.3, False)
+    as_set = memlab.estimate(trainer, gpu="L4-24GB")
+    assert as_set.plan == own and memlab.estimate(trainer, own, gpu="L4-24GB").peak_bytes == as_set.peak_bytes
+    smaller = memlab.estimate(trainer, own.replace(vllm_memory=0.1), gpu="L4-24GB")
+    assert smaller.plan.vllm_memory == 0.1 and as_set.peak_bytes - smaller.peak_bytes == int(0.3 * CARD) - int(
+        0.1 * CARD)
+    asleep = memlab.estimate(trainer, own.replace(vllm_sleep=True), gpu="L4-24GB")  # the share released in training
+    assert asleep.plan.vllm_sleep is True and asleep.timeline.peak.phase == "generation"
+    assert phase_peaks(as_set.timeline)["backward"] - phase_peaks(asleep.timeline)["backward"] == int(0.3 * CARD)
+    assert trainer.args.vllm_gpu_memory_utilization == 0.3 and not trainer.args.vllm_enable_sleep_mode
+    with pytest.raises(MemlabError, match=r"not on its card \(vllm_mode='server'\).*trl=trl.GRPOConfig"):
+        memlab.estimate(vllm_trainer(vllm_mode="server"), memlab.Plan(vllm_sleep=True), gpu="L4-24GB")
+
+
+def test_fits_best_plan_exports_its_engine_to_a_grpoconfig_that_builds_it(vllm_trainer: Any) -> None:
+    """fit's answer holds the share it found; the GRPOConfig it exports to builds a trainer estimated the same."""
+    trainer = vllm_trainer(vllm_gpu_memory_utilization=0.3)
+    budget = memlab.estimate(trainer).card_bytes // 2  # an H100-80GB: 0.3 of it does not fit, 0.1 does
+    best = memlab.fit(trainer, budget=budget, dry_run=True, progress=False).best
+    assert best is not None and (best.plan.vllm_memory, best.plan.vllm_sleep) == (0.1, False)
+    kwargs = best.plan.to_training_arguments(trl=trl.GRPOConfig)
+    assert (kwargs["vllm_gpu_memory_utilization"], kwargs["vllm_enable_sleep_mode"]) == (0.1, False)
+    rebuilt = vllm_trainer(**{key: kwargs[key] for key in ("vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")})
+    assert rebuilt.vllm_generation.settings["gpu_memory_utilization"] == 0.1  # what TRL hands vLLM
+    assert memlab.Plan.from_trainer(rebuilt).vllm_memory == 0.1
+    # The rebuilt trainer's own engine (the plan's levers left to it) is estimated as fit found it.
+    again = memlab.estimate(rebuilt, best.plan.replace(vllm_memory=None, vllm_sleep=None), budget=budget)
+    assert again.fits and again.peak_bytes == best.peak_bytes
+    assert again.plan == best.plan.replace(micro_batch=again.plan.micro_batch)  # Plan(): the trainer's micro-batch
+
+
+def test_apply_refuses_another_engine_saying_to_build_the_trainer_again(vllm_trainer: Any) -> None:
+    """TRL builds the engine in GRPOTrainer.__init__ (its share preallocated there): apply cannot change it."""
+    trainer = vllm_trainer(vllm_gpu_memory_utilization=0.3)
+    args, attributes = trainer.args, set(vars(trainer))
+    for plan in (memlab.Plan(micro_batch=2, vllm_memory=0.1), memlab.Plan(micro_batch=2, vllm_sleep=True)):
+        with pytest.raises(MemlabError, match=r"GRPOTrainer.__init__.*build the trainer again with GRPOConfig\("
+                                              r"use_vllm=True, vllm_mode='colocate', vllm_"):
+            memlab.apply(trainer, plan)
+        assert trainer.args is args and set(vars(trainer)) == attributes
+
+
+def test_a_trainer_without_a_colocated_engine_refuses_the_levers(tmp_path: Any) -> None:
+    trainer = grpo(tmp_path)  # use_vllm=False: TRL generates with transformers
+    assert memlab.Plan.from_trainer(trainer).vllm_memory is None
+    for call in (lambda: memlab.estimate(trainer, memlab.Plan(vllm_memory=0.2), gpu="L4-24GB"),
+                 lambda: memlab.apply(trainer, memlab.Plan(micro_batch=2, vllm_sleep=True))):
+        with pytest.raises(MemlabError, match=r"engine is not on its card \(use_vllm=False\)"):
+            call()

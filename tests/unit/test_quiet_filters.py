@@ -27,7 +27,7 @@ def test_a_library_warning_is_a_remark_where_every_warning_is_an_error() -> None
         with quiet():
             exec("warnings.warn('a library remark')", dict(LIBRARY))
         with pytest.raises(UserWarning):  # the user's own code still sees its filter
-            warnings.warn("the user's own")
+            warnings.warn("the user's own", stacklevel=1)
     assert remarks.lines(everything=True) == ["transformers: a library remark"]
 
 

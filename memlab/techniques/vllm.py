@@ -1,0 +1,203 @@
+"""A GRPOTrainer's colocated vLLM engine as two levers (issue 59): ``Plan(vllm_memory=...)``, its share of the card
+(TRL's ``vllm_gpu_memory_utilization``), and ``Plan(vllm_sleep=...)`` (``vllm_enable_sleep_mode``).
+
+Both keep the training the same: the engine only generates, so the policy's step is the same whatever its share, and
+neither changes the step memlab runs. None (their default) means "as the trainer is set up"; a plan read from a
+GRPOTrainer (:meth:`memlab.Plan.from_trainer`) carries the trainer's values. Only the GRPO estimate reads them
+(:mod:`memlab.trainer.grpo_estimate`: the share on the card, resident or asleep while training) and ``fit`` searches
+them there; a step of anything else that is asked to run them refuses (there is no engine to set), and so does
+``memlab.apply`` on a trainer whose values differ (TRL builds the engine in ``GRPOTrainer.__init__``). The only
+export that holds them is a ``GRPOConfig``'s keywords (:func:`grpo_config_keywords`); the others say where they go.
+
+Example:
+    >>> [lever.name for lever in DECLARATIONS]
+    ['vllm_memory', 'vllm_sleep']
+    >>> from memlab.plan import Plan
+    >>> grpo_config_keywords(Plan(vllm_memory=0.2, vllm_sleep=True))["vllm_gpu_memory_utilization"]
+    0.2
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from memlab.errors import MemlabError
+from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, concerns_adapters_only
+from memlab.techniques.lever import SWITCH, Lever, PlanLike
+from memlab.techniques.technique import StepParts, Technique, Undo
+
+__all__ = ["DECLARATIONS", "FIELDS", "VLLM", "VLLMEngine", "grpo_config_keywords", "no_engine", "sets_vllm",
+           "vllm_from_arguments",
+           "without_vllm"]
+
+FIELDS = ("vllm_memory", "vllm_sleep")
+"""The Plan fields of the colocated engine's settings."""
+
+KEYWORDS = {"vllm_memory": "vllm_gpu_memory_utilization", "vllm_sleep": "vllm_enable_sleep_mode"}
+"""Each field's ``GRPOConfig`` keyword."""
+
+GRPO_ONLY = ("vllm_memory / vllm_sleep set the colocated vLLM engine of a TRL GRPOTrainer with use_vllm=True "
+             "(GRPOConfig's vllm_gpu_memory_utilization / vllm_enable_sleep_mode): export them with "
+             "plan.to_training_arguments(trl=trl.GRPOConfig)")
+"""Where the levers go, said by every export but a GRPOConfig's."""
+
+
+def sets_vllm(plan: PlanLike) -> bool:
+    """Whether ``plan`` sets the engine (either lever not None).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> sets_vllm(Plan()), sets_vllm(Plan(vllm_sleep=True))
+        (False, True)
+    """
+    return any(getattr(plan, name) is not None for name in FIELDS)
+
+
+def without_vllm(plan: Any) -> Any:
+    """``plan`` with the engine's levers at None: the policy's training step, which they do not change.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> without_vllm(Plan(micro_batch=2, vllm_memory=0.2)) == Plan(micro_batch=2)
+        True
+    """
+    return plan.replace(**dict.fromkeys(FIELDS)) if sets_vllm(plan) else plan
+
+
+def grpo_config_keywords(plan: PlanLike) -> dict[str, Any]:
+    """The ``GRPOConfig`` keywords of the levers ``plan`` sets (none where both are None): the engine colocated,
+    its share, its sleep mode.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> grpo_config_keywords(Plan(vllm_sleep=False))
+        {'use_vllm': True, 'vllm_mode': 'colocate', 'vllm_enable_sleep_mode': False}
+        >>> grpo_config_keywords(Plan())
+        {}
+    """
+    if not sets_vllm(plan):
+        return {}
+    keywords: dict[str, Any] = {"use_vllm": True, "vllm_mode": "colocate"}
+    for name in FIELDS:
+        if getattr(plan, name) is not None:
+            keywords[KEYWORDS[name]] = getattr(plan, name)
+    return keywords
+
+
+def vllm_from_arguments(args: Any) -> dict[str, Any]:
+    """The levers' values a config sets: a colocated engine's share and sleep mode (``use_vllm=True``,
+    ``vllm_mode="colocate"``); none for any other config (no engine on this card).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> vllm_from_arguments(SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
+        ...                                     vllm_enable_sleep_mode=False))
+        {'vllm_memory': 0.3, 'vllm_sleep': False}
+        >>> vllm_from_arguments(SimpleNamespace(use_vllm=False))
+        {}
+    """
+    if not getattr(args, "use_vllm", False) or str(getattr(args, "vllm_mode", "colocate")) != "colocate":
+        return {}
+    return {"vllm_memory": float(getattr(args, "vllm_gpu_memory_utilization", 0.3)),
+            "vllm_sleep": bool(getattr(args, "vllm_enable_sleep_mode", False))}
+
+
+def no_engine(plan: PlanLike) -> str:
+    """Why a step without a vLLM engine cannot run ``plan`` (``""`` where it sets none of the engine's levers).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> no_engine(Plan()), no_engine(Plan(vllm_sleep=True))[:36]
+        ('', "plan 'vllm-sleep=True' sets a vLLM e")
+    """
+    if not sets_vllm(plan):
+        return ""
+    return (f"plan {plan.label()!r} sets a vLLM engine, and this step has none: {GRPO_ONLY}. Estimate a GRPOTrainer "
+            "built with use_vllm=True and vllm_mode='colocate' with it (memlab.estimate(trainer, plan, gpu=...)), "
+            "or write the plan without vllm_memory / vllm_sleep")
+
+
+class VLLMEngine(Technique):
+    """The engine's levers in a step: nothing to put on (the GRPO estimate reads them before its training dry run,
+    which runs without them); a step asked to run them has no engine, so it refuses.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from memlab.plan import Plan
+        >>> VLLM.put_on(StepParts(nn.Linear(2, 2), Plan(), torch.device("cpu"))) is None
+        True
+    """
+
+    def put_on(self, parts: StepParts) -> Undo | None:
+        refusal = no_engine(parts.plan)  # the runner's check said it before the model was touched; kept for any step
+        if refusal:
+            raise MemlabError(refusal)
+        return None
+
+
+VLLM = VLLMEngine()
+"""The two levers' technique."""
+
+
+def _conflicts(plan: PlanLike) -> str:
+    memory = plan.vllm_memory
+    if memory is not None and not 0.0 < memory <= 1.0:
+        return (f"vllm_memory={memory} is not a fraction of the card; write a value in (0, 1], e.g. vllm_memory=0.3 "
+                "(TRL's default), or None for the trainer's own")
+    return ""
+
+
+SAID_IN_CODE = tuple(f"# {line}" for line in textwrap.wrap(GRPO_ONLY, 100))
+"""What a script export (the plain loop, accelerate's script) says of the levers: its comment lines."""
+
+
+def _export(target: str, name: str) -> Export:
+    def fragment(plan: PlanLike) -> Fragment:
+        if getattr(plan, name) is None:
+            return ""
+        if target in ("code", "accelerate") and name == "vllm_sleep" and plan.vllm_memory is not None:
+            return ""  # vllm_memory's lines say it for both
+        if target == "code":  # a script has no engine of its own: it says where the settings go
+            return Code(environment=SAID_IN_CODE)
+        if target == "accelerate":
+            return Accelerate(script=Code(environment=SAID_IN_CODE))
+        return Elsewhere(GRPO_ONLY)  # a GRPOConfig's export adds grpo_config_keywords itself
+
+    return fragment
+
+
+def _exports(name: str) -> dict[str, Export]:
+    return {**{target: _export(target, name) for target in ("trainer", "deepspeed", "code", "accelerate")},
+            "peft": concerns_adapters_only}
+
+
+DECLARATIONS = (
+    Lever(
+        "vllm_memory",
+        None,
+        short="vllm{}",
+        help="a GRPOTrainer's colocated vLLM engine's share of the card (vllm_gpu_memory_utilization, a fraction of "
+        "the GPU's total memory, held from the trainer's start): less leaves training more, down to what holds its "
+        "weights and the generation batch's KV cache; the training the same (None: the trainer's own)",
+        technique=VLLM,
+        value_type="float",
+        conflicts=_conflicts,
+        none_means="the trainer's own share",
+        exports=_exports("vllm_memory"),
+    ),
+    Lever(
+        "vllm_sleep",
+        None,
+        short="vllm-sleep={}",
+        help="a GRPOTrainer's colocated vLLM engine asleep while the policy trains (vllm_enable_sleep_mode: its "
+        "share released after each generation); costs its weights pushed again before each generation; the "
+        "training the same (None: the trainer's own)",
+        choices=SWITCH,
+        technique=VLLM,
+        none_means="the trainer's own setting",
+        exports=_exports("vllm_sleep"),
+    ),
+)
+"""The levers' declarations (:data:`memlab.techniques.registry.REGISTRY` gathers them)."""
