@@ -202,6 +202,17 @@ def shared_state_restorer() -> Callable[[], None]:
     return restore
 
 
+def _fresh_generations(trainer: Any) -> None:
+    """TRL's GRPOTrainer starts its next ``train()`` as a new one does: no generations buffered from an earlier
+    ``train()`` (cut for the old split, they would be indexed with the new ``steps_per_generation``: IndexError)
+    and its micro-step count at 0, so that the first step generates. ``undo()`` puts both back with the rest of the
+    trainer's attributes (the buffer then matches the old split again)."""
+    if "_buffered_inputs" in vars(trainer):
+        trainer._buffered_inputs = None
+        if isinstance(vars(trainer).get("_step"), int):
+            trainer._step = 0
+
+
 def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
     """Set the trainer up to train with ``plan`` on its next ``train()``; undo with ``.undo()``.
 
@@ -217,7 +228,8 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
       ``generation_batch_size / micro_batch`` (:func:`memlab.trainer.grpo.grpo_split`); a split whose micro-batch
       does not divide the generation batch is refused;
     - ``trainer.optimizer`` and ``trainer.lr_scheduler`` are dropped, so that ``train()`` builds them for the
-      plan (over the adapters only, with a LoRA plan).
+      plan (over the adapters only, with a LoRA plan); a GRPOTrainer's generations buffered by an earlier
+      ``train()`` are dropped too (its next ``train()`` generates first, as a new trainer's does).
 
     Refused with a :class:`MemlabError`, before anything changes: optimizer offload (DeepSpeed), pure bf16 weights,
     QLoRA and the chunked loss (not yet on a live trainer; :func:`check_plan_for_trainer` says what to do), a
@@ -282,6 +294,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
                 undoes.append(detach)
         trainer.optimizer = None
         trainer.lr_scheduler = None
+        _fresh_generations(trainer)
     except BaseException:
         TrainerApplied(trainer, plan, undoes).undo()
         raise

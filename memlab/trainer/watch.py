@@ -20,7 +20,7 @@ import contextlib
 import functools
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,10 @@ if TYPE_CHECKING:
     from memlab.report.timeline import Timeline
     from memlab.trainer.watch_timeline import CostliestStep
 
-__all__ = ["NEAR_BUDGET", "WATCH_MARK", "StepRecord", "Watch", "batch_lengths", "installed_watch", "watch"]
+__all__ = [
+    "GENERATION_METHODS", "NEAR_BUDGET", "WATCH_MARK", "StepRecord", "Watch", "batch_lengths", "installed_watch",
+    "watch",
+]
 
 NEAR_BUDGET = 0.9
 """A step whose peak reaches this share of the budget triggers the (one) warning."""
@@ -417,7 +420,8 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
     ``memory/peak_step`` and ``memory/step_peak_bytes``) and wraps the trainer's ``training_step`` on the
     instance, to see each micro-batch. With a ``budget`` (bytes or a string such as ``"8GiB"``), the first step
     whose peak comes within 10% of it raises one :class:`~memlab.errors.MemlabWarning`. ``Watch.remove()`` undoes
-    both.
+    both. On TRL's GRPOTrainer each ``train()`` also marks ``"generation"``, ``"old-policy"`` and ``"reference"`` on
+    the timeline (its :data:`GENERATION_METHODS` wrapped for that ``train()`` only, then put back exactly).
 
     Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
 
@@ -466,7 +470,8 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
     @functools.wraps(original_train)
     def train(*args: Any, **kwargs: Any) -> Any:
         try:
-            return original_train(*args, **kwargs)
+            with _generation_phases(trainer, result._memory):
+                return original_train(*args, **kwargs)
         finally:
             result._memory.close()  # an interrupt anywhere in train() leaves no tracker or history behind
 
@@ -476,6 +481,68 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
     trainer.train = train
     vars(trainer)[WATCH_MARK] = result
     return result
+
+
+GENERATION_METHODS = ("_generate_and_score_completions", "_generate", "_get_per_token_logps_and_entropies")
+"""TRL's GRPOTrainer methods a watched ``train()`` wraps to mark ``"generation"``, ``"reference"`` and
+``"old-policy"`` (the phases ``memlab.measure`` names, :data:`memlab.trainer.grpo.GRPO_PHASES`)."""
+
+
+@contextlib.contextmanager
+def _generation_phases(trainer: Any, memory: _StepMemory) -> Iterator[None]:
+    """For the length of one ``train()``, a trainer that generates (TRL's GRPOTrainer) marks its generation and its
+    no-grad log-prob passes on the step's timeline: ``"old-policy"`` first where TRL computes it (the generation
+    reused past one optimizer step), then ``"reference"`` (``beta != 0``). The trainer's own attributes are put back
+    exactly after, also on an error; a trainer without these methods is left alone."""
+    if not all(callable(getattr(trainer, name, None)) for name in GENERATION_METHODS):
+        yield
+        return
+    import torch
+
+    from memlab.trainer.grpo import computes_old_logps
+
+    score, generate, logps = (getattr(trainer, name) for name in GENERATION_METHODS)
+    passes = [0]  # the no-grad log-prob passes of the current generation round
+
+    @functools.wraps(score)
+    def generate_and_score(*args: Any, **kwargs: Any) -> Any:
+        passes[0] = 0
+        try:
+            return score(*args, **kwargs)
+        finally:
+            memory.mark(None)
+
+    @functools.wraps(generate)
+    def generating(*args: Any, **kwargs: Any) -> Any:
+        memory.mark("generation")
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            memory.mark(None)
+
+    @functools.wraps(logps)
+    def log_probs(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled():  # the policy's forward in compute_loss: already "forward"
+            return logps(*args, **kwargs)
+        first, passes[0] = passes[0] == 0, passes[0] + 1
+        memory.mark("old-policy" if first and computes_old_logps(trainer) else "reference")
+        try:
+            return logps(*args, **kwargs)
+        finally:
+            memory.mark(None)
+
+    missing = object()
+    saved = {name: vars(trainer).get(name, missing) for name in GENERATION_METHODS}
+    try:
+        for name, method in zip(GENERATION_METHODS, (generate_and_score, generating, log_probs), strict=True):
+            setattr(trainer, name, method)
+        yield
+    finally:
+        for name, before in saved.items():
+            if before is missing:
+                vars(trainer).pop(name, None)
+            else:
+                vars(trainer)[name] = before
 
 
 def installed_watch(trainer: Any) -> Watch | None:
