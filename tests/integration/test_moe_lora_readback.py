@@ -92,3 +92,22 @@ def test_the_estimate_of_the_plan_read_back_counts_peft_s_adapters(build: Any) -
     expected = 8 * sum(math.prod(shape) for shape in user.values()) + 4 * len(user)
     assert memlab.estimate(base, batch, plan).breakdown["optimizer"] == expected
     assert memlab.estimate(wrapped, batch, plan).breakdown["optimizer"] == expected
+
+
+def test_plan_from_a_trainer_over_the_peft_model_builds_peft_s_adapters(tmp_path: Any) -> None:
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    base = _qwen3_moe()
+    wrapped = _wrapped(base, target_modules="all-linear")
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no", max_steps=1,
+                             per_device_train_batch_size=2)
+    data = Dataset.from_dict({"input_ids": [[(i + j) % 90 + 3 for j in range(8)] for i in range(4)]})
+    plan = memlab.Plan.from_trainer(Trainer(model=wrapped, args=args, train_dataset=data))
+    assert plan.adapter == "lora" and plan.lora_rank == 4
+    undo = attach_adapter(base, plan)
+    assert undo is not None
+    try:
+        assert _trained(base) == _trained(wrapped)
+    finally:
+        undo()
