@@ -103,9 +103,17 @@ def _targets_from_peft(config: Any) -> Any:
         >>> _targets_from_peft(SimpleNamespace(target_modules={"model.layers.0.q_proj", "model.layers.1.q_proj"}))
         ('q_proj',)
     """
+    from memlab.techniques.targets import unfused_targets
+
     modules = config.target_modules
+    # a config get_peft_model converted for fused MoE experts: the layer names it fused, so the plan's conversion
+    # builds them fused at the rank peft gave them (rank_pattern), not at the plain rank of a named parameter
+    unfused, fused = unfused_targets(config)
+    if unfused and not isinstance(modules, str):
+        modules = {*(modules or ()), *unfused}
     # target_parameters (fused MoE experts) as the config names them: peft matches the end of a parameter's name
-    parameters = tuple(sorted(str(name) for name in getattr(config, "target_parameters", None) or ()))
+    parameters = tuple(sorted(str(name) for name in getattr(config, "target_parameters", None) or ()
+                              if str(name) not in fused))
     if modules is None:
         return ("attention", *parameters) if parameters else "attention"
     if isinstance(modules, str):

@@ -14,7 +14,7 @@ from torch import nn
 from memlab.errors import UnsupportedTechnique
 
 __all__ = ["HEAD_NAMES", "LoraTargets", "adapter_targets", "lora_layer_types", "lora_targets_on", "output_head",
-           "parameter_targets", "split_targets", "task_heads"]
+           "parameter_targets", "split_targets", "task_heads", "unfused_targets"]
 
 HEAD_NAMES = ("classifier", "score", "qa_outputs")
 """The attribute names of a transformers task head that a task model creates new (sequence and token
@@ -140,6 +140,49 @@ def _fused_experts(model: nn.Module, targets: str | tuple[str, ...]) -> tuple[li
     parameters = sorted(config.target_parameters or ())
     fused = {key.rpartition("\\.")[2]: int(value) for key, value in (config.rank_pattern or {}).items()}
     return parameters, fused
+
+
+def unfused_targets(config: Any) -> tuple[set[str], set[str]]:
+    """peft's conversion of a ``LoraConfig`` for transformers 5's fused MoE experts, undone: the layer names it
+    renamed into expert and router parameters, and the parameters it added. ``get_peft_model`` rewrites the config
+    in place (``"all-linear"`` becomes the attention layers' names; ``gate_proj`` and ``up_proj``, or Mixtral's
+    ``w1`` and ``w3``, become the parameter ``gate_up_proj`` at twice the rank through ``rank_pattern``); read back
+    as it stands, a plan would build that parameter at the plain rank. A fused parameter counts as converted where
+    the config's ``rank_pattern`` gives it the rank times the number of layers fused into it, as peft writes it.
+    The config does not say the model's family, so every family's names that fuse so are given back: on the model,
+    peft's conversion turns its own names into the fused parameter again and the others match nothing.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> config = SimpleNamespace(r=4, rank_pattern={r".*\\.gate_up_proj": 8},
+        ...                          target_parameters={"gate_up_proj", "gate.weight"})
+        >>> names, converted = unfused_targets(config)
+        >>> sorted(names), sorted(converted)
+        (['gate', 'gate_proj', 'up_proj', 'w1', 'w3'], ['gate.weight', 'gate_up_proj'])
+    """
+    parameters = {str(name) for name in getattr(config, "target_parameters", None) or ()}
+    pattern, rank = getattr(config, "rank_pattern", None) or {}, getattr(config, "r", None)
+    if not parameters or not pattern or not isinstance(rank, int):
+        return set(), set()
+    try:
+        from peft.utils import transformers_weight_conversion as conversion
+    except ImportError:  # a peft without fused-expert support converted nothing
+        return set(), set()
+    import re
+
+    names: set[str] = set()
+    converted: set[str] = set()
+    renames = getattr(conversion, "_MOE_TARGET_MODULE_MAPPING", {})
+    for family, fusions in getattr(conversion, "_MOE_FUSED_TARGETS", {}).items():
+        if any(new in parameters and pattern.get(rf".*\.{re.escape(new)}") == rank * len(old)
+               for new, old in fusions.items()):
+            # this family's conversion ran: each parameter it adds (the router's gate.weight, down_proj too) goes
+            # back to its layer name, which peft's conversion without the model maps again
+            for old_name, new_name in renames.get(family, {}).items():
+                if new_name in parameters:
+                    names.add(old_name)
+                    converted.add(new_name)
+    return names, converted
 
 
 def split_targets(targets: tuple[str, ...]) -> tuple[Any, list[str]]:
