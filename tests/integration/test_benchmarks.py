@@ -165,7 +165,9 @@ def test_gpu_acceptance_is_one_command_whose_parts_run_in_order_within_its_deadl
     assert tuple(data["parts"]) == gpu_acceptance.ORDER  # every part named, in order
     assert gpu_acceptance.ORDER[:4] == ("sft_peft", "peft_model", "encdec", "vlm")
     first = data["parts"]["sft_peft"]
-    assert not first.get("not_started") and len(first["checks"]) >= 2, first
+    # Cut at its limit on a busy machine, the first part may have printed no check of its own (a run at load 10-12).
+    cut = any(c["passed"] is False for c in first["checks"])
+    assert not first.get("not_started") and len(first["checks"]) >= (1 if cut else 2), first
     failed = [c for c in (c for part in data["parts"].values() for c in part["checks"]) if c["passed"] is False]
     assert all(c["check"].endswith("ran to the end") and "stopped at its limit" in c["error"] for c in failed), failed
     ran = [name for name, part in data["parts"].items() if not part.get("not_started")]

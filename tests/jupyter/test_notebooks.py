@@ -47,7 +47,11 @@ def test_notebook_runs_top_to_bottom(name):
     assert run.cpu_seconds is not None and 0 < run.cpu_seconds, run
     CPU_TIMINGS[name] = run.cpu_seconds
     print(f"{name}: {run.seconds:.1f} s")
-    assert run.seconds < PER_NOTEBOOK_S, f"{name} took {run.seconds:.0f} s; the limit is {PER_NOTEBOOK_S} s"
+    # The kernel's CPU time, as the total below: the notebooks run beside the rest of the suite, and on a loaded
+    # machine the wall clock measures the machine (notebook 12 took 187 s of wall time at load 10-12). One torch
+    # thread a kernel, so on a quiet machine this is what a reader waits for Run All.
+    assert run.cpu_seconds < PER_NOTEBOOK_S, (
+        f"{name} took {run.cpu_seconds:.0f} CPU s ({run.seconds:.0f} s of wall time); the limit is {PER_NOTEBOOK_S} s")
     assert not run.warnings, run.warnings
     # Saved after the run, outputs and widget state included: one static form per figure keeps it small (issue 39).
     assert run.two_forms == 0, f"{name}: {run.two_forms} outputs keep a figure both as SVG and as plotly JSON"
