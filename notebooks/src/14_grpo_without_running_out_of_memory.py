@@ -28,6 +28,7 @@ from datasets import Dataset
 from memlab.estimation.cuda.gpus import GPUS
 from memlab.inference.plan import InferencePlan
 from memlab.trainer.grpo_estimate import sampling_bytes
+from memlab.trainer.grpo_vllm import VLLMSettings, vllm_share
 from tokenizers import Tokenizer, models, pre_tokenizers
 import torch
 import transformers
@@ -380,7 +381,7 @@ for gpu, size in cards.items():
 # `vllm_enable_sleep_mode=True` TRL puts the engine to sleep while the policy trains (level 2: its weights and KV
 # cache are freed) and wakes it for the next generation. `memlab.estimate(trainer, gpu=...)` adds that share to the
 # step: held through training, or only while generating when the engine sleeps. vLLM runs on a CUDA GPU
-# (`pip install vllm`); where it is not installed, the cell below does the same arithmetic for the 8B by hand.
+# (`pip install vllm`); where it is not installed, the cell below works the engine out with memlab's own arithmetic.
 
 # %%
 import importlib.util
@@ -400,17 +401,26 @@ if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available():
               f"{human(trial.verdict_bytes)}")
         print("   ", "\n    ".join(note for note in trial.notes if "vLLM" in note))
 else:
-    share = vllm_settings["vllm_gpu_memory_utilization"]
+    # memlab's own arithmetic for the engine (what the estimate above adds to a colocated trainer's step), on the 8B
+    # built on the meta device: its share of each card, its copy of the weights, the generation batch's KV cache.
+    with torch.device("meta"):
+        policy_8b = AutoModelForCausalLM.from_config(big, dtype=torch.bfloat16)
+    engine_settings = VLLMSettings("colocate", vllm_settings["vllm_gpu_memory_utilization"],
+                                   sleep=vllm_settings["vllm_enable_sleep_mode"])
+    generated = big_args["per_device_train_batch_size"] * big_args["gradient_accumulation_steps"]
     for gpu, size in cards.items():
-        found, engine = found_8b[gpu], share * size
-        weights = found["weights"]  # the base's bf16 weights: vLLM holds a copy of its own
-        if engine < weights:
-            print(f"{gpu}: vLLM's {share:.0%} is {human(engine)}, less than the {human(weights)} of weights: the "
-                  f"engine would not start (vllm_gpu_memory_utilization of at least {weights / size:.2f})")
+        engine = vllm_share(engine_settings, policy_8b, card=size, prompt=big_prompt,
+                            completion=big_args["max_completion_length"], sequences=generated)
+        if engine.refusal() is not None:
+            print(f"{gpu}: vLLM's {engine_settings.utilization:.0%} is {human(engine.share)}, less than its "
+                  f"{human(engine.weights)} of weights: the engine would not start (vllm_gpu_memory_utilization of "
+                  f"at least {engine.least:.2f})")
             continue
         # Generating, the engine's share sits beside the policy's weights and adapters; training, it sleeps.
-        generating = engine + weights
-        fits = "fits" if max(generating, found["training_card"]) <= size else "does NOT fit"
-        print(f"{gpu}: generation {human(generating)} (vLLM's {human(engine)}, of which "
-              f"{human(engine - weights)} for its KV cache, + the policy's weights), training "
-              f"{human(found['training_card'])} with the engine asleep: {fits} its {human(size)}")
+        found = found_8b[gpu]
+        generating = engine.share + found["weights"]
+        training = found["training_card"] + engine.during_training
+        fits = "fits" if max(generating, training) <= size else "does NOT fit"
+        print(f"{gpu}: generation {human(generating)} (vLLM's {human(engine.share)}, of which "
+              f"{human(engine.share - engine.weights)} for its KV cache, + the policy's weights), training "
+              f"{human(training)} with the engine asleep: {fits} its {human(size)}")
