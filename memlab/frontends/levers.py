@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from memlab.inference.plan import INFERENCE_LEVERS, InferencePlan
 from memlab.plan import LEVERS, LeverSpec, Plan
 
-__all__ = ["lever_help", "lever_specs"]
+__all__ = ["lever_help", "lever_specs", "panel_lever_specs"]
 
 
 def lever_specs(plan_class: type[Plan] | type[InferencePlan]) -> dict[str, LeverSpec]:
@@ -33,6 +33,20 @@ def lever_specs(plan_class: type[Plan] | type[InferencePlan]) -> dict[str, Lever
         kind = "choice" if choices else "bool" if isinstance(spec["default"], bool) else "int"
         specs[name] = LeverSpec(name, spec["default"], kind, spec["help"], "", choices)
     return specs
+
+
+def panel_lever_specs(plan_class: type[Plan] | type[InferencePlan]) -> dict[str, LeverSpec]:
+    """The levers the panel shows: :func:`lever_specs` but the colocated vLLM engine's (``vllm_memory``,
+    ``vllm_sleep``), which no live step runs (a GRPOTrainer with ``use_vllm=True`` is estimated, not measured:
+    :func:`memlab.estimate` and ``fit(..., dry_run=True)`` take them), so a panel would only show two dead controls.
+
+    Example:
+        >>> "vllm_memory" in lever_specs(Plan), "vllm_memory" in panel_lever_specs(Plan)
+        (True, False)
+    """
+    from memlab.techniques.vllm import FIELDS
+
+    return {name: spec for name, spec in lever_specs(plan_class).items() if name not in FIELDS}
 
 
 def lever_help(specs: Mapping[str, LeverSpec]) -> str:

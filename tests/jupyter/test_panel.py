@@ -28,7 +28,8 @@ NAMED_IN_DESIGN = (
     "micro_batch", "accumulation", "checkpointing", "precision", "weights", "optimizer", "offload", "adapter",
     "lora_rank", "lora_targets", "loss", "optimizer_in_backward",
 )
-TECHNIQUES = (*LEVERS, "budget", "host_budget")  # one control per lever the registry declares, and the budgets
+# One control per lever the registry declares but the colocated vLLM engine's (no live step runs them), and the budgets.
+TECHNIQUES = (*(lever for lever in LEVERS if not lever.startswith("vllm_")), "budget", "host_budget")
 
 
 def small_batch() -> dict[str, torch.Tensor]:
@@ -266,7 +267,10 @@ def test_closing_a_panel_lets_its_model_go() -> None:
 
 def test_every_control_has_its_lever_name_and_a_tooltip_that_says_what_it_does_and_costs() -> None:
     p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)
+    assert not {"vllm_memory", "vllm_sleep"} & set(p.controls)  # no live step runs the vLLM engine's levers
     for name, spec in LEVERS.items():
+        if name.startswith("vllm_"):
+            continue
         control = p.controls[name]
         assert control.description == name.replace("_", "-")
         assert control.tooltip == spec.help, name

@@ -26,7 +26,7 @@ from memlab.errors import MemlabError
 from memlab.events import Event
 from memlab.frontends.jupyter.live import LiveFigure
 from memlab.frontends.jupyter.timeline_view import TimelineView
-from memlab.frontends.levers import lever_specs
+from memlab.frontends.levers import panel_lever_specs
 from memlab.inference.plan import InferencePlan
 from memlab.live.batch import Batch, count_rows
 from memlab.options import RunKeywords, RunOptions
@@ -94,7 +94,7 @@ class PanelCore(widgets.VBox):
         self.min_interval_s = min_interval_s
         self.report = Report([], budget=options.budget)
         self.figure = self._new_figure()
-        self.specs: dict[str, LeverSpec] = lever_specs(self.plan_class)
+        self.specs: dict[str, LeverSpec] = panel_lever_specs(self.plan_class)
         self.controls: dict[str, widgets.ValueWidget] = {
             lever: lever_control(spec, self.rows if lever == self.rows_lever else None,
                                  cuts_rows=lever == self.rows_lever,
