@@ -104,7 +104,7 @@ def _trainer(request: EstimateRequest) -> Trial:
     """A Trainer in the model's place: its model, loss and (without a batch) worst batch, then the other routes; a
     trainer kind with a dry run of its own (:func:`memlab.trainer.kinds.kind_of`), that one: a GRPO trainer's step
     with its generation (:mod:`memlab.trainer.grpo_estimate`)."""
-    from memlab.trainer.entry import live_target, noted, split_plans
+    from memlab.trainer.entry import live_target, noted, split_plans, with_reference
     from memlab.trainer.kinds import kind_of
 
     kind = kind_of(request.model)
@@ -115,7 +115,7 @@ def _trainer(request: EstimateRequest) -> Trial:
     target = live_target(request.model, batch, request.loss_fn)
     inner = request.replace(model=target.model, batch=target.batch, loss_fn=target.loss_fn,
                             plan=target.plan_for(plan))
-    return cast(Trial, noted([route(inner)], target.note)[0])
+    return cast(Trial, with_reference(noted([route(inner)], target.note)[0], request.model))
 
 
 def _inference(request: EstimateRequest) -> Trial:

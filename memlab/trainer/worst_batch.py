@@ -20,7 +20,8 @@ from memlab.errors import MemlabError
 from memlab.live.batch import StepBatches
 from memlab.trainer.source import TrainerSource
 
-__all__ = ["SAMPLE_DEFAULT", "WorstBatch", "example_length", "example_sizes", "scan", "trainer_batches", "worst_batch"]
+__all__ = ["SAMPLE_DEFAULT", "WorstBatch", "example_cost", "example_length", "example_sizes", "scan", "trainer_batches",
+           "worst_batch"]
 
 SAMPLE_DEFAULT = 1000
 """How many examples of an iterable dataset are read to find the longest (it cannot be scanned in full)."""
@@ -258,6 +259,21 @@ class Scan:
         return best, f"{self.measured_by}, the largest collated of the longest by {', '.join(names)}"
 
 
+def example_cost(sizes: dict[str, int]) -> int:
+    """What an example adds to a collated batch: the sum of its sequences' sizes; a preference pair's (TRL's
+    ``prompt_ids``, ``chosen_ids``, ``rejected_ids``) its longer of prompt + chosen and prompt + rejected, the rows
+    its collator pads to one width.
+
+    Example:
+        >>> example_cost({"input_ids": 5, "labels": 5}), example_cost({"prompt_ids": 4, "chosen_ids": 22,
+        ...                                                            "rejected_ids": 1})
+        (10, 26)
+    """
+    if {"prompt_ids", "chosen_ids", "rejected_ids"} <= sizes.keys():
+        return sizes["prompt_ids"] + max(sizes["chosen_ids"], sizes["rejected_ids"])
+    return sum(sizes.values())
+
+
 def _sequence_columns(dataset: Any) -> list[str]:
     first = dataset[0] if len(dataset) else {}
     names = [name for name in ("length", "lengths") if name in getattr(dataset, "column_names", [])]
@@ -319,7 +335,7 @@ def scan(trainer: Any, count: int, *, sample: int = SAMPLE_DEFAULT) -> Scan:
                 how = _sizes_of(0, collated_dataset[0], collator)[1]
     for index, sizes, example in numbered:
         seen += 1
-        item = Ranked(index, sum(sizes.values()), sizes, example)
+        item = Ranked(index, example_cost(sizes), sizes, example)
         entry = (item.cost, -index, item)
         if len(heap) < count:
             heapq.heappush(heap, entry)
