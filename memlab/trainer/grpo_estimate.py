@@ -305,7 +305,9 @@ def _combined(training: Trial, generation: Trial, sampling: int, reference: int,
             f"{source.prompt_tokens} + {source.completion_tokens} tokens, the KV cache "
             f"{max(gen_line.series['kv_cache']):,} bytes at its largest, sampling {sampling:,}), training peak "
             f"{training_peak:,} bytes; the peak is in {peak.phase}{held}")
-    reserved = training.reserved_bytes
+    # The reference model's weights are allocated beside the training step's, so they are on the card too (the
+    # training dry run did not hold them: its reserve is the policy's alone).
+    reserved = None if training.reserved_bytes is None else training.reserved_bytes + reference
     if reserved is not None and peak.bytes > training_peak:
         reserved += peak.bytes - training_peak  # the generation's extra bytes on the training step's reserve
     return dataclasses.replace(training, peak_bytes=peak.bytes, breakdown=breakdown, timeline=timeline,
