@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import transformers
 from torch import nn
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -165,3 +166,21 @@ def assert_same(before: dict[str, Any], after: dict[str, Any]) -> None:
         else:
             assert before[key] == after[key], key
 
+
+MOE_EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+MOE_SMALL = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+
+
+def tiny_qwen3_moe() -> nn.Module:
+    """A 2-layer Qwen3-MoE of 4 experts (fused 3-D expert parameters in transformers 5)."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(**MOE_SMALL, intermediate_size=64, moe_intermediate_size=32, head_dim=16,
+                                         num_experts=4, num_experts_per_tok=2)
+    return transformers.Qwen3MoeForCausalLM(config)
+
+
+def tiny_mixtral() -> nn.Module:
+    """A 2-layer Mixtral of 4 experts."""
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(**MOE_SMALL, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)
+    return transformers.MixtralForCausalLM(config)

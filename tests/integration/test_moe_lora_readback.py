@@ -12,27 +12,11 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
+from models import MOE_EXPERTS, tiny_mixtral, tiny_qwen3_moe
 
 import memlab
 from memlab.techniques.adapters import attach_adapter
 from memlab.techniques.registry import REGISTRY
-
-EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
-SMALL = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
-
-
-def _qwen3_moe() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.Qwen3MoeConfig(**SMALL, intermediate_size=64, moe_intermediate_size=32, head_dim=16,
-                                         num_experts=4, num_experts_per_tok=2)
-    return transformers.Qwen3MoeForCausalLM(config)
-
-
-def _mixtral() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.MixtralConfig(**SMALL, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)
-    return transformers.MixtralForCausalLM(config)
 
 
 def _wrapped(base: torch.nn.Module, **keywords: Any) -> Any:
@@ -56,13 +40,13 @@ def _plan_of(peft_model: Any) -> memlab.Plan:
 
 
 CONFIGS = {
-    "all-linear+experts": dict(target_modules="all-linear", target_parameters=list(EXPERTS)),
+    "all-linear+experts": dict(target_modules="all-linear", target_parameters=list(MOE_EXPERTS)),
     "all-linear": dict(target_modules="all-linear"),
 }
 
 
 @pytest.mark.parametrize("keywords", list(CONFIGS.values()), ids=list(CONFIGS))
-@pytest.mark.parametrize("build", [_qwen3_moe, _mixtral], ids=["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("build", [tiny_qwen3_moe, tiny_mixtral], ids=["qwen3-moe", "mixtral"])
 def test_the_plan_of_a_converted_config_builds_peft_s_adapters(build: Any, keywords: dict[str, Any]) -> None:
     base = build()
     wrapped = _wrapped(base, **keywords)
@@ -80,7 +64,7 @@ def test_the_plan_of_a_converted_config_builds_peft_s_adapters(build: Any, keywo
             "target_modules", "target_parameters", "rank_pattern", "alpha_pattern", "modules_to_save")})) == user
 
 
-@pytest.mark.parametrize("build", [_qwen3_moe, _mixtral], ids=["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("build", [tiny_qwen3_moe, tiny_mixtral], ids=["qwen3-moe", "mixtral"])
 def test_the_estimate_of_the_plan_read_back_counts_peft_s_adapters(build: Any) -> None:
     base = build()
     wrapped = _wrapped(base, **CONFIGS["all-linear+experts"])
@@ -98,7 +82,7 @@ def test_plan_from_a_trainer_over_the_peft_model_builds_peft_s_adapters(tmp_path
     from datasets import Dataset
     from transformers import Trainer, TrainingArguments
 
-    base = _qwen3_moe()
+    base = tiny_qwen3_moe()
     wrapped = _wrapped(base, target_modules="all-linear")
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no", max_steps=1,
                              per_device_train_batch_size=2)

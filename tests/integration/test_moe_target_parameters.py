@@ -12,28 +12,12 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
+from models import MOE_EXPERTS, tiny_mixtral, tiny_qwen3_moe
 
 import memlab
 from memlab.techniques.adapters import attach_adapter
 from memlab.techniques.registry import REGISTRY
 from memlab.techniques.targets import split_targets
-
-EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
-SMALL = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
-
-
-def _qwen3_moe() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.Qwen3MoeConfig(**SMALL, intermediate_size=64, moe_intermediate_size=32, head_dim=16,
-                                         num_experts=4, num_experts_per_tok=2)
-    return transformers.Qwen3MoeForCausalLM(config)
-
-
-def _mixtral() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.MixtralConfig(**SMALL, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)
-    return transformers.MixtralForCausalLM(config)
 
 
 def _batch() -> dict[str, torch.Tensor]:
@@ -44,7 +28,7 @@ def _batch() -> dict[str, torch.Tensor]:
 def _user_config(r: int = 4) -> Any:
     from peft import LoraConfig
 
-    return LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "v_proj"], target_parameters=list(EXPERTS))
+    return LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "v_proj"], target_parameters=list(MOE_EXPERTS))
 
 
 def _trained_by_peft(model: torch.nn.Module, config: Any) -> dict[str, tuple[int, ...]]:
@@ -64,7 +48,7 @@ def _plan_of(peft_model: torch.nn.Module) -> memlab.Plan:
     return memlab.Plan(adapter="lora", **{name: value for name, value in values.items() if value is not None})
 
 
-@pytest.mark.parametrize("build", [_qwen3_moe, _mixtral], ids=["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("build", [tiny_qwen3_moe, tiny_mixtral], ids=["qwen3-moe", "mixtral"])
 def test_a_users_target_parameters_survive_the_round_trip(build: Any) -> None:
     from peft import get_peft_model
 
@@ -72,15 +56,15 @@ def test_a_users_target_parameters_survive_the_round_trip(build: Any) -> None:
     user = _trained_by_peft(base, _user_config())
     assert any(".mlp.experts." in name for name in user)
     plan = _plan_of(get_peft_model(copy.deepcopy(base), _user_config()))
-    assert set(EXPERTS) <= set(plan.lora_targets)
+    assert set(MOE_EXPERTS) <= set(plan.lora_targets)
     for config in (plan.to_peft_config(), plan.to_peft_config(model=base)):
         assert _trained_by_peft(base, config) == user  # the same weights, shapes and ranks as the user's config
-    assert sorted(plan.to_peft_config().target_parameters) == sorted(EXPERTS)
+    assert sorted(plan.to_peft_config().target_parameters) == sorted(MOE_EXPERTS)
     assert "target_parameters=" in plan.to_code()
 
 
 def test_a_plan_names_expert_parameters_itself() -> None:
-    model = _qwen3_moe()
+    model = tiny_qwen3_moe()
     plan = memlab.Plan(adapter="lora", lora_rank=4, lora_targets=("q_proj", "v_proj", "gate_up_proj"))
     config = plan.to_peft_config(model=model)
     assert config.target_parameters == ["gate_up_proj"]
@@ -101,10 +85,10 @@ def test_without_a_model_expert_names_become_target_parameters() -> None:
     assert split_targets(("mlp.experts.down_proj",)) == ([], ["mlp.experts.down_proj"])
 
 
-@pytest.mark.parametrize("build", [_qwen3_moe, _mixtral], ids=["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("build", [tiny_qwen3_moe, tiny_mixtral], ids=["qwen3-moe", "mixtral"])
 def test_the_estimate_counts_the_adapted_experts(build: Any) -> None:
     base, batch = build(), _batch()
-    plan = memlab.Plan(adapter="lora", lora_rank=4, lora_targets=("q_proj", "v_proj", *EXPERTS))
+    plan = memlab.Plan(adapter="lora", lora_rank=4, lora_targets=("q_proj", "v_proj", *MOE_EXPERTS))
     measured, estimated = memlab.measure(base, batch, plan), memlab.estimate(base, batch, plan)
     # AdamW's two fp32 moments of every weight the user's config trains (the experts' adapters among them), and a
     # 4-byte step count per tensor
@@ -113,14 +97,14 @@ def test_the_estimate_counts_the_adapted_experts(build: Any) -> None:
     assert abs(estimated.peak_bytes / measured.peak_bytes - 1) < 0.01
 
 
-@pytest.mark.parametrize("build", [_qwen3_moe, _mixtral], ids=["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("build", [tiny_qwen3_moe, tiny_mixtral], ids=["qwen3-moe", "mixtral"])
 def test_all_linear_beside_expert_parameters_trains_what_the_recipe_trains(build: Any) -> None:
     from peft import LoraConfig
 
     base = build()  # HF's gpt-oss recipe: target_modules="all-linear" with explicit target_parameters
     recipe = _trained_by_peft(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                               target_parameters=list(EXPERTS)))
-    plan = memlab.Plan(adapter="lora", lora_rank=4, lora_targets=("all-linear", *EXPERTS))
+                                               target_parameters=list(MOE_EXPERTS)))
+    plan = memlab.Plan(adapter="lora", lora_rank=4, lora_targets=("all-linear", *MOE_EXPERTS))
     for config in (plan.to_peft_config(), plan.to_peft_config(model=base)):
         assert _trained_by_peft(base, config) == recipe
     undo = attach_adapter(base, plan)
