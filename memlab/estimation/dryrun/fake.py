@@ -27,6 +27,7 @@ from memlab.errors import MemlabError
 from memlab.estimation.configs import is_transformers_config, load_config, meta_model, one_line
 from memlab.estimation.cuda.devices import kernels_device, target_device
 from memlab.estimation.dryrun.fake_values import constant_step, on_cpu, placed
+from memlab.estimation.dryrun.triton_guard import skip_fake_launches
 from memlab.estimation.dryrun.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
 from memlab.live.batch import Batch, StepBatches, map_tensors
 from memlab.live.compat import fake_cache_key_matches, fake_meta_handlers, grouped_mm
@@ -94,6 +95,10 @@ class FakeMode(FakeTensorMode):
         """Whether results computed from constant inputs alone stay constant (up to :data:`VALUE_LIMIT` elements):
         set by :func:`fake_batch` for a batch with image inputs, whose values it keeps."""
         self.foreign_ops: set[str] = set()
+        self.skipped_kernels: set[str] = set()
+        """The Triton kernels a launch of which was skipped because it was given fake tensors
+        (:mod:`memlab.estimation.dryrun.triton_guard`)."""
+        self._launch_guards: list[contextlib.AbstractContextManager[None]] = []
         self._foreign: dict[Any, bool] = {}
         self.observer: Callable[[Any, Any], None] | None = None
         """Called with each operator and what it returned (operators this mode runs inside another one are not
@@ -160,6 +165,9 @@ class FakeMode(FakeTensorMode):
 
     def __enter__(self) -> Any:
         entered = super().__enter__()
+        guard = skip_fake_launches(self.skipped_kernels)
+        guard.__enter__()
+        self._launch_guards.append(guard)
         if self.keeps_values:
             values = _constant_data()
             values.__enter__()
@@ -169,6 +177,8 @@ class FakeMode(FakeTensorMode):
     def __exit__(self, *exc: Any) -> Any:
         if self._values_modes:
             self._values_modes.pop().__exit__(*exc)
+        if self._launch_guards:
+            self._launch_guards.pop().__exit__(*exc)
         return super().__exit__(*exc)
 
     def _prep_args_for_hash(self, result: list[object], args: Any, state: Any, id_hashed_objects: list[object]

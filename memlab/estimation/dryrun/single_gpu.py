@@ -60,6 +60,7 @@ from memlab.estimation.dryrun.fake import BLIND_SPOTS, FakeMode, FakeSetup, fake
 from memlab.estimation.dryrun.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
 from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.dryrun.reserved import ReservedTrace, reserved_notes
+from memlab.estimation.dryrun.triton_guard import skipped_kernels_note
 from memlab.estimation.dryrun.unknown import foreign_ops_note
 from memlab.live.batch import LossFn
 from memlab.live.structure import trainable_parameters
@@ -384,12 +385,14 @@ def _plan_runs(
                     if emulate:
                         attention = stack.enter_context(cuda_kernels(kind))
                     mode.foreign_ops.clear()
+                    mode.skipped_kernels.clear()
                     return workload.trial(runner, plan, setup, trace), attention
 
             staged = load.staging_bytes(setup.model) if load is not None else 0  # before the load: as built
             (trial, attention), fell_back = run_emulated(partial(_followed, run, mode), emulated)
             notes = [note for note in (attention and attention_note(attention), dropped and FULL_MASK_DROPPED,
                                        *setup.notes, foreign_ops_note(mode.foreign_ops),
+                                       skipped_kernels_note(mode.skipped_kernels),
                                        _load_note(load, workload, setup, plan), _four_bit_note(plan, load),
                                        load and staged > trial.host_bytes and load.staging_note(),
                                        fp8_note(plan, target.type, kind.capability, kind.name)) if note]

@@ -41,6 +41,7 @@ from memlab.estimation.dryrun.load import apply_load, load_dtype, plan_loads
 from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.dryrun.reserved import ReservedTrace, reserved_notes
 from memlab.estimation.dryrun.single_gpu import adamw8bit_state_bytes
+from memlab.estimation.dryrun.triton_guard import skipped_kernels_note
 from memlab.estimation.dryrun.unknown import foreign_ops_note
 from memlab.estimation.sharded.fsdp2_depth import FSDP2_EDGE, carried_books, logging_tracker
 from memlab.estimation.sharded.fsdp2_speed import foreach_split_once, fsdp_mem_tracker, strided_flag_once
@@ -463,8 +464,8 @@ def _fsdp2_run(request: ShardedRequest, emulate: bool, paths: LayerPaths | None 
                                      [snapshot for stats in tracker.memory_tracking.values()
                                       for snapshots in getattr(stats, "snapshots", {}).values()
                                       for snapshot in snapshots])
-    notes += [note for note in (attention and attention_note(attention), foreign_ops_note(setup.mode.foreign_ops))
-              if note]
+    notes += [note for note in (attention and attention_note(attention), foreign_ops_note(setup.mode.foreign_ops),
+                                skipped_kernels_note(setup.mode.skipped_kernels)) if note]
     return _Fsdp2Run(detail, peaks, held, notes, trace.reserved_bytes if trace is not None else None, target,
                      eight_bit_state=adamw8bit_state_bytes(shards) if eight_bit else None,
                      events=list(log.events) if log is not None else None, held_by_layer=held_by_layer)
