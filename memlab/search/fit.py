@@ -107,9 +107,10 @@ def fit(
         target = live_target(model, batch, options.get("loss_fn"), rows=batch_size, generation=True)
         options["loss_fn"] = target.loss_fn
         declared = kind_of(model)  # its kind's own levers, then a peft model's adapters kept, then the user's space
-        if target.plan is not None or declared.levers:
-            carried = carried_space(target.model, target.plan) if target.plan is not None else {}
-            space = {**declared.levers, **carried, **(space or {})}
+        carried = carried_space(target.model, target.plan) if target.plan is not None else {}
+        # A live trainer cannot switch to DeepSpeed, which optimizer offload needs (memlab.apply refuses it): it is
+        # searched only where the space asks for it (to export with plan.to_deepspeed()).
+        space = {"offload": ["none"], **declared.levers, **carried, **(space or {})}
         refuse_selective_for_trainer(space)
         # The Trainer's checkpointing switch covers every block or none: some blocks (checkpointing=k) would be a
         # plan neither memlab.apply(trainer, ...) nor to_training_arguments() could carry, so none is searched.

@@ -155,3 +155,30 @@ def test_fit_on_a_trainer_searches_only_what_the_trainer_can_run(tmp_path: Any) 
     assert trainer.args is args and not hasattr(trainer, "_memlab_applied")
     with pytest.raises(memlab.MemlabError, match=r"space=\{'checkpointing': \[False, True\]\}"):
         memlab.fit(trainer, batch, budget=budget, space={**space, "checkpointing": [1]}, **FAST)
+
+
+def test_fit_on_a_trainer_for_cuda_searches_no_optimizer_offload(tmp_path: Any, monkeypatch: Any) -> None:
+    """On CUDA fit's default space offloads the optimizer, which a live trainer cannot run (memlab.apply refuses it:
+    DeepSpeed): on an H100, fit(sft_trainer) picked offload='all' and apply refused its own answer. A trainer's search
+    leaves it out unless the space asks for it; the model's own search keeps it."""
+    import importlib
+
+    fit_module = importlib.import_module("memlab.search.fit")  # the module: memlab.search.fit is the function
+    on_cuda = fit_module.default_space
+    monkeypatch.setattr(fit_module, "default_space",
+                        lambda batch_size, device_type, *args, **kwargs: on_cuda(batch_size, "cuda", *args, **kwargs))
+    trainer = make_trainer(tmp_path)
+    space = {"micro_batch": [ROWS], "checkpointing": [False], "precision": ["fp32"], "optimizer": ["adamw"]}
+    def searched_offloads(report: Any) -> set[str]:
+        return {t.plan.offload for t in report.trials} | {plan.offload for plan, _ in report.skipped}
+
+    searched = memlab.fit(trainer, budget="1GiB", space=space, dry_run=True, **FAST)
+    assert searched_offloads(searched) == {"none"}
+    assert searched.best is not None
+    with memlab.apply(trainer, searched.best.plan):
+        pass
+    asked = memlab.fit(trainer, budget="1GiB", space={**space, "offload": ["none", "optimizer"]}, dry_run=True, **FAST)
+    assert searched_offloads(asked) == {"none", "optimizer"}
+    batch = pad([trainer.train_dataset[i] for i in range(ROWS)])
+    on_model = memlab.fit(trainer.model, batch, budget="1GiB", space=space, dry_run=True, **FAST)
+    assert searched_offloads(on_model) == {"none", "optimizer", "all"}

@@ -126,3 +126,15 @@ def test_a_model_that_calls_a_compiled_function_estimates_as_without_it() -> Non
               for compiled in (True, False)]
     assert trials[0].status == "ok" and trials[0].peak_bytes == trials[1].peak_bytes > 0
     assert trials[0].reserved_bytes == trials[1].reserved_bytes
+
+
+def test_addmm_into_another_dtype_is_made_as_the_kernel_makes_it() -> None:
+    """TRL's fused LM head accumulates bf16 products in fp32 (``torch.addmm(acc, a, b, out_dtype=float32, out=acc)``
+    on CUDA); torch 2.11's fake mode decomposed it as the plain addmm and failed on an H100 (a TypeError)."""
+    with FakeMode():
+        acc = torch.zeros(4, 8)
+        a, b = torch.ones(4, 16, dtype=torch.bfloat16), torch.ones(16, 8, dtype=torch.bfloat16)
+        into = torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        made = torch.addmm(acc, a, b, out_dtype=torch.float32)
+    assert into is acc
+    assert (made.shape, made.dtype) == ((4, 8), torch.float32) and made is not acc

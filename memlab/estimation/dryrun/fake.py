@@ -60,6 +60,8 @@ IMAGE_INPUTS = ("pixel_values", "pixel_values_videos")
 
 _META_HANDLERS = fake_meta_handlers()
 _GROUPED_MM = grouped_mm()  # None before torch 2.8
+_ADDMM_OUT_DTYPE = frozenset(getattr(torch.ops.aten.addmm, name) for name in ("dtype", "dtype_out")
+                             if name in torch.ops.aten.addmm.overloads())
 _ONEDNN_LSTM = 2  # mkldnn_rnn_layer's mode for an LSTM
 _ONEDNN_LSTM_WORKSPACE_FLOATS = 15.6
 """Floats of oneDNN's LSTM training workspace per hidden unit, time step and row (the upper end measured)."""
@@ -254,6 +256,15 @@ class FakeMode(FakeTensorMode):
                 with self:
                     workspace = torch.empty(floats * 4, dtype=torch.uint8, device=workspace.device)
             return output, hidden, cell, workspace
+        if func in _ADDMM_OUT_DTYPE:
+            # torch 2.11's fake mode decomposes addmm's out_dtype overloads as the plain addmm, out_dtype read as beta
+            # (a TypeError; TRL's fused LM head calls them on CUDA): the result is made here, as 2.13 makes it.
+            out = kwargs.get("out")
+            if out is not None:
+                return out
+            dtype = args[3] if len(args) > 3 else kwargs["out_dtype"]
+            with self:
+                return torch.empty((args[1].shape[0], args[2].shape[1]), dtype=dtype, device=args[0].device)
         if func is _GROUPED_MM and args[0].dtype != torch.bfloat16:
             dtype = kwargs.get("out_dtype") or args[0].dtype
             with self:
