@@ -174,10 +174,14 @@ def limits_boundary(size: str, device: torch.device) -> dict[str, Any]:
                        own["status"] == "oom" if cuda else None, **own)
     measured = memlab.limits(model, plan, budget=budget, batch=batch(start), multiple=step)
     release(device)
-    result.update(measured_value=measured.value, measured_next=measured.next, measured_tries=len(measured.tried))
-    checks.add("limits: the measured answer is the dry runs' (sizes of one step)",
-               measured.value == estimated.value if is_cuda(device) else None, measured=measured.value,
-               estimated=estimated.value)
+    result.update(measured_value=measured.value, measured_next=measured.next, measured_tries=len(measured.tried),
+                  measured_tried=[[length, trial.status, (trial.error or "")[:300], trial.card_bytes]
+                                  for length, trial in measured.tried])
+    # The dry runs' answer does not count on the capped allocator giving its cache back (memlab.search.limits), so
+    # the measured steps, which may be lucky there, can go a step or two further; never shorter.
+    checks.add("limits: the measured answer is at least the dry runs', within two sizes of it",
+               estimated.value <= measured.value <= estimated.value + 2 * step if is_cuda(device) else None,
+               measured=measured.value, estimated=estimated.value)
     del model
     release(device)
     return {**result, "checks": checks.items}

@@ -6,7 +6,9 @@ rows it is linear. So a few sizes are enough: the batch's size and its double (a
 tried, the curve through them says where it crosses the budget, and the sizes on both sides of that crossing are
 tried until the largest that fits and the next that does not are a ``multiple`` apart. On a config, a name or
 another device these are dry runs on fake tensors (:func:`memlab.estimate`, at most ``MAX_RUNS``); on a live model
-on its own device they are measured trials, each out-of-memory recovered (:func:`memlab.measure`).
+on its own device they are measured trials, each out-of-memory recovered (:func:`memlab.measure`). A CUDA dry run's
+sizes are replayed on the card held to the budget; the answer is then checked on the whole card, up to
+``UNCAPPED_CHECKS`` sizes down, so that it never counts on the capped allocator giving its cache back in time.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ __all__ = ["MAX_RUNS", "Limits", "limits", "resized"]
 
 MAX_RUNS = 8
 """The most sizes ``limits`` tries."""
+UNCAPPED_CHECKS = 3
+"""The most sizes at and below a dry run's answer checked on the whole card (:func:`_checked_without_release`)."""
+UNCAPPED_NOTE = ("the answer is the largest size whose card figure is within the budget without the cap's release of "
+                 "cached segments: {sizes} fit only if the capped allocator gives its cache back in time, which "
+                 "fragmentation can stop")
 
 
 @dataclass
@@ -286,6 +293,11 @@ def limits(
         start = max(step, _size_of(batch, vary) // step * step)
         run, measured = _runner(model_or_config, plan, batch, vary, capacity, dry_run, keywords)
         ceiling = _context(model_or_config) if vary == "tokens" else None
+        if not measured:
+            from memlab.estimation.estimate import estimate
+
+            def whole_card(size: int) -> Trial:
+                return estimate(model_or_config, resized(batch, vary, size), plan, budget=capacity, **keywords)
     tried: dict[int, Trial] = {}
 
     def attempt(size: int) -> None:
@@ -307,7 +319,10 @@ def limits(
         if size in tried or size < step:
             break
         attempt(size)
+    over = [] if measured or unit is not None else _checked_without_release(tried, capacity, step, whole_card)
     found = _answer(tried, capacity, vary, step, measured, ceiling)
+    if over:
+        found.notes = (*found.notes, UNCAPPED_NOTE.format(sizes=" and ".join(f"{size} {vary}" for size in over)))
     if unit is not None:
         found.unit = unit
         ends = (f"{ceiling} completion tokens reach the model's context (max_position_embeddings) after the longest "
@@ -412,6 +427,40 @@ def _next_size(
     if size in tried:  # the curve keeps pointing at a size tried: split what is left
         size = ((low + high) // 2 if high is not None else 2 * low) // step * step
     return min(size, ceiling) if ceiling else size
+
+
+def _checked_without_release(tried: dict[int, Trial], budget: int, step: int,
+                             whole_card: Callable[[int], Trial]) -> list[int]:
+    """The dry runs' answer, checked on the whole card: the sizes (from the answer down, one ``step`` at a time, at
+    most :data:`UNCAPPED_CHECKS`) whose card figure is over the budget where nothing caps the allocator, each trial in
+    ``tried`` replaced by that one, until one fits. Returns the sizes found over.
+
+    The sizes are tried on the card held to the budget (:func:`memlab.estimation.cuda.gpus.capped`), whose
+    allocator gives its cached segments back and tries again before it runs out, as PyTorch's does. Where a size
+    fits only thanks to that, fragmentation decides: on an H100 (benchmarks/results/boundary_*.json), 1,792 tokens
+    of the Qwen2-like boundary model reserved 38 MB under the cap on the whole card and still ran out of memory under
+    it, its free memory held in split segments the release cannot give back. No card figure (a CPU): nothing to
+    check.
+
+    Example:
+        >>> from memlab.report.data import Trial
+        >>> def card(size): return Trial(Plan(), "ok", size, {}, None, None, None, "cuda:0", reserved_bytes=size,
+        ...                              context_bytes=0)
+        >>> tried = {64: card(64), 128: card(90)}  # the capped replay: 128 tokens fit a budget of 100
+        >>> _checked_without_release(tried, 100, 64, lambda size: card(size + 30)), tried[128].verdict_bytes
+        ([128], 158)
+    """
+    over: list[int] = []
+    value = max((size for size, trial in tried.items() if _fits(trial, budget)), default=0)
+    if not value or tried[value].card_bytes is None:
+        return over
+    while value >= step and len(over) < UNCAPPED_CHECKS:
+        tried[value] = whole_card(value)
+        if _fits(tried[value], budget):
+            break
+        over.append(value)
+        value -= step  # sizes are multiples of the step: the next one down, tried or not
+    return over
 
 
 def _answer(tried: Mapping[int, Trial], budget: int, vary: str, step: int, measured: bool,

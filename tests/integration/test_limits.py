@@ -109,24 +109,26 @@ def _on_the_capped_card(size: int, budget: int) -> memlab.Trial:
                            gpu=capped(None, budget))
 
 
-def test_the_boundary_under_a_real_cap_is_the_capped_allocators() -> None:
-    """The capped allocator gives its cache back and tries again before it runs out: a size whose uncapped replay
-    reserves a little more than the cap allows still runs under it. The old answer named such a size as the one
-    that does not fit; the answer's card figure (replayed under the cap) is within the budget and the next size's
-    is not."""
+def test_the_answer_does_not_count_on_the_capped_allocator_giving_its_cache_back() -> None:
+    """Under a cap the allocator gives its cached segments back and tries again before it runs out, but fragmentation
+    can stop that: on an H100 the answer limits gave (1,792 tokens of the boundary model, found on the capped
+    replay) reserved 38 MB under the cap uncapped and ran out of memory under it
+    (benchmarks/results/boundary_capped-cuda-nvidia-h100-80gb-hbm3.json). A size that fits only thanks to the release
+    is not the answer: the answer's card figure is within the budget on the whole card, the sizes above it are over
+    it, and the note names the size the capped replay alone would have answered."""
     context = GPUS[DEFAULT_GPU].context_bytes
     uncapped = memlab.estimate(QWEN2, resized(ROW, "tokens", 1280), CKPT_BF16, device="cuda")
     budget = uncapped.reserved_bytes - 4 * 2**20 + context  # the uncapped card is 4 MiB over
     rescued = _on_the_capped_card(1280, budget)
-    assert rescued.reserved_bytes <= budget - context and rescued.fits  # its cache given back, it runs
+    assert rescued.reserved_bytes <= budget - context and rescued.fits  # the capped replay: its cache given back
 
     found = memlab.limits(QWEN2, CKPT_BF16, budget=budget, batch=ROW, device="cuda", multiple=256)
-    assert found.value >= 1280 and found.next == found.value + 256, found.to_text()
-    at, beyond = _on_the_capped_card(found.value, budget), _on_the_capped_card(found.next, budget)
-    assert at.card_bytes <= budget < beyond.card_bytes
-    assert at.reserved_bytes <= budget - context < beyond.reserved_bytes  # the next size runs out of memory
+    assert 0 < found.value < 1280 and found.next is not None and found.value < found.next <= 1280, found.to_text()
+    at = memlab.estimate(QWEN2, resized(ROW, "tokens", found.value), CKPT_BF16, device="cuda", budget=budget)
+    beyond = memlab.estimate(QWEN2, resized(ROW, "tokens", found.next), CKPT_BF16, device="cuda", budget=budget)
+    assert at.card_bytes <= budget < beyond.card_bytes  # on the whole card: separate estimates, not limits' own
     assert found.trial.card_bytes == at.card_bytes
-    assert any("capped at" in note for note in found.trial.notes)
+    assert any("1280 tokens fit only if the capped allocator" in note for note in found.notes), found.notes
 
 
 def test_an_answer_within_the_budget_and_the_next_over_it_on_a_named_card() -> None:

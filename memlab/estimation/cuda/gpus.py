@@ -96,8 +96,9 @@ def capped(kind: GpuKind | str | None, budget: int) -> GpuKind:
     """The GPU kind ``kind`` (a name, or the default) held to ``budget`` bytes of card: what a real cap on the
     caching allocator at that budget makes of it (:func:`memlab.measure.cuda.cap_cuda_memory`: the allocator may
     reserve the budget less the CUDA context). Replayed on it, the allocator's model gives its cached segments back
-    and tries again before it runs out, as the capped allocator does, so that a size whose card figure is within
-    the budget there runs under the cap. The kind itself where the budget is not below its memory.
+    and tries again before it runs out, as the capped allocator does. ``limits`` searches on it and then checks its
+    answer on the whole card, since fragmentation can stop the release (:mod:`memlab.search.limits`). The kind itself
+    where the budget is not below its memory.
 
     Example:
         >>> eight = capped("H100-80GB", 8 * 2**30)
