@@ -27,9 +27,8 @@ starts after the run's deadline (:data:`DEADLINE`, 490 s: with the wheels' insta
 the command ends within 9 minutes) or with less than :data:`START_SHARE` of its limit left; a part cut at its limit
 keeps the checks it printed. The parts it did not reach are named in the JSON as not started: they are the ones
 already verified on an H100 or the H200 (run them later with ``--sections`` and ``--keep FILE``, which joins a
-new call's parts to an earlier result). Expected on an H100 or H200: about 455 s for the first eight parts (timeline,
-fill and trainer as the H200 took them, the five new parts estimated from their sizes: :data:`LIMITS`), so the parts
-after them wait for a later call; no GPU was at hand to time the new ones.
+new call's parts to an earlier result). On an H100 (2026-11-26) the first eight parts of the order then took 479 s
+and the rest waited for a later call: about four or five parts fit one call (:data:`LIMITS`).
 
 What comes back (at most 8 files): ``gpu_acceptance-<gpu>.json`` and the log (and ``hf_table-<gpu>.json`` where
 that part ran). Commit the results under ``benchmarks/results/``, then ``python -m benchmarks.cuda_truth`` (the
@@ -38,27 +37,25 @@ result's ``{benchmark}`` block to docs/benchmarks.md (``--markdown FILE`` prints
 
 The parts, in order
 -------------------
-1. ``sft_peft`` (issue 57, item 1: the call that broke the H200's CUDA context): TRL's ``SFTTrainer`` with packing
-   and a LoRA ``peft_config``; its own ``train()`` as the reference, then ``memlab.measure``, ``estimate`` and
-   ``fit`` on it and ``train()`` under ``watch``, the CUDA context checked after each
-   (:mod:`benchmarks.gpu_sections_peft`).
-2. ``peft_model``: the user's own ``get_peft_model`` model: a hand-made step beside ``measure`` and ``estimate``,
-   then ``fit``; the CUDA context after each, the adapters bit-identical.
-3. ``encdec`` (item 2): T5-base and BART-base at 2 x 512 and 2 x 1024 in fp32, bf16 and pure bf16: a hand-made
-   step, memlab's measured peak and the CPU-made estimate (:mod:`benchmarks.gpu_sections_estimate`).
-4. ``vlm``: a LLaVA of a real shape (CLIP ViT-L/14-336 under TinyLlama-1.1B's text model), the same three figures
-   (:mod:`benchmarks.gpu_sections_vlm`).
-5. ``heldout_off`` (item 3): the held-out rows whose reserve was off on the H200, Mistral and Phi-3 in pure bf16.
-6. ``timeline`` (item 5): a step's timeline against the allocator and a hand-made step, three plans of the 1B Llama.
-7. ``fill`` (item 4): selective checkpointing, the attention lever and ``memlab.limits`` measured against the
-   estimate (:mod:`benchmarks.gpu_sections_fill`).
-8. ``trainer``: ``fit`` on a plain ``Trainer``, ``train()`` under ``watch`` and ``watch``'s overhead per step.
-9. What the H200 verified: ``loads`` (the user's bf16 and 4-bit loads), ``estimate`` (GPT-2, BERT, Llama, Mixtral
+1. ``sft_peft`` (issue 57, item 1: the call that broke the H200's CUDA context, then the H100's in ``estimate``):
+   TRL's ``SFTTrainer`` with packing and a LoRA ``peft_config``; its own ``train()`` as the reference, then
+   ``memlab.measure``, ``estimate`` and ``fit`` on it and ``train()`` under ``watch``, the CUDA context checked after
+   each (:mod:`benchmarks.gpu_sections_peft`).
+2. ``fill`` (item 4): selective checkpointing, the attention lever and ``memlab.limits`` at a boundary under a real
+   cap, measured against the estimate (:mod:`benchmarks.gpu_sections_fill`); the probe of that boundary is
+   :mod:`benchmarks.gpu_boundary_probe`.
+3. What the H100 verified long before: ``pytest`` (``tests/gpu``), ``cumulative``, ``levers``, ``inference``,
+   ``reserve``, ``restore``, ``cap``, ``fit``, ``ties`` (:mod:`benchmarks.gpu_sections` and the modules it names).
+4. What the H200 verified: ``loads`` (the user's bf16 and 4-bit loads), ``estimate`` (GPT-2, BERT, Llama, Mixtral
    in four precisions), ``probe`` (peaks against a hand-made step), ``heldout`` (Qwen2, Mistral, Gemma-2, Phi-3,
    GPT-NeoX, T5).
-10. What the H100 verified: ``pytest`` (``tests/gpu``), ``cumulative``, ``levers``, ``inference``, ``reserve``,
-    ``restore``, ``cap``, ``fit``, ``ties`` and ``hf_table`` (:mod:`benchmarks.gpu_sections` and the modules it
-    names).
+5. What the H100 verified on 2026-11-26: ``peft_model`` (the user's own ``get_peft_model`` model: a hand-made step
+   beside ``measure`` and ``estimate``, then ``fit``; the adapters bit-identical), ``encdec`` (item 2: T5-base and
+   BART-base at 2 x 512 and 2 x 1024 in fp32, bf16 and pure bf16, :mod:`benchmarks.gpu_sections_estimate`), ``vlm``
+   (a LLaVA of a real shape, :mod:`benchmarks.gpu_sections_vlm`), ``heldout_off`` (item 3: Mistral and Phi-3 in
+   pure bf16), ``timeline`` (item 5: three plans of the 1B Llama against the allocator), ``trainer`` (``fit`` on a
+   plain ``Trainer``, ``train()`` under ``watch`` and its overhead per step).
+6. ``hf_table``: the seeds' table at full size.
 
 While the GPU runs the first parts, side processes that see no GPU (``CUDA_VISIBLE_DEVICES=""``, niced) make the
 estimates the estimated parts compare (CPU-made, as CI makes them), one process for each (on a GPU machine only: on
@@ -96,13 +93,14 @@ from benchmarks.gpu_common import estimates_variable, gpu_kind_name, start_side_
 from benchmarks.gpu_sections import ROOT, SECTIONS
 
 NAME = "gpu_acceptance"
-ORDER = ("sft_peft", "peft_model", "encdec", "vlm", "heldout_off", "timeline", "fill", "trainer",
-         "loads", "estimate", "probe", "heldout",
-         "pytest", "cumulative", "levers", "inference", "reserve", "restore", "cap", "fit", "ties", "hf_table")
-"""The parts, least verified first: issue 57's path that broke the CUDA context (fit on an SFTTrainer with peft, on
-a live peft model), the families and rows the H200 found off or never ran (encoder-decoders, a VLM, the pure-bf16
-reserve), the timeline's gap and the limits' boundary, the plain Trainer; then what the H200 verified, then what the
-H100 verified."""
+ORDER = ("sft_peft", "fill", "pytest", "cumulative", "levers", "inference", "reserve", "restore", "cap", "fit",
+         "ties", "loads", "estimate", "probe", "heldout",
+         "peft_model", "encdec", "vlm", "heldout_off", "timeline", "trainer", "hf_table")
+"""The parts, least verified first: the two the H100's one-command run of 2026-11-26 found failing (the SFTTrainer
+with peft, whose estimate launched TRL's Triton kernel on fake tensors, and the limits boundary of ``fill``), then
+what the H100 verified long before (``tests/gpu`` and the sections of :mod:`benchmarks.gpu_sections`), then what the
+H200 verified, then what that run verified (a live peft model, T5 and BART, a VLM, the held-out rows, the timeline,
+the Trainer), the seeds' table last."""
 LIMITS = {"sft_peft": 120, "peft_model": 90, "encdec": 120, "vlm": 90, "heldout_off": 60, "timeline": 60,
           "fill": 150, "trainer": 100,
           "loads": 120, "estimate": 90, "probe": 60, "heldout": 170,
@@ -111,9 +109,8 @@ LIMITS = {"sft_peft": 120, "peft_model": 90, "encdec": 120, "vlm": 90, "heldout_
 """Seconds each part may take at most on an H100 or H200: what the H200 (2026-11-26) and H100 runs took, and a
 third more (timeline 33 s, fill 114, trainer 41 with its SFT half moved out, loads 89, estimate 66, probe 37,
 heldout 129; pytest 44, cumulative 63, levers 53, restore 51, cap 43, fit 64, hf_table 96); for the new parts a guess
-from their sizes against those (sft_peft the trainer section's SFT half with a train() and an estimate more, about
-80 s; peft_model about 50; encdec 12 rows of the held-out kind, each with a hand-made step, about 70; vlm three plans
-of a 1.4B model, about 40; heldout_off 4 held-out rows, about 25)."""
+from their sizes against those; the H100 run of 2026-11-26 took sft_peft 70.5 s whole (22.5 where it broke),
+peft_model 69.5, encdec 37.2, vlm 41.2, heldout_off 33.0, timeline 37.9, fill 114.6, trainer 61.5)."""
 ESTIMATED = ("encdec", "vlm", "heldout_off", "loads", "estimate", "heldout")
 """The parts whose CPU-made estimates a side process that sees no GPU makes while the GPU runs the parts before."""
 START_SHARE = 0.75

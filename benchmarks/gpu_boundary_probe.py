@@ -61,7 +61,6 @@ def measured(device: torch.device, lengths: tuple[int, ...] = LENGTHS) -> list[d
             torch.cuda.reset_peak_memory_stats(device)
         own = own_loop(model, batch, 80 * 2**30, device)
         if cuda:
-            own["max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
             torch.cuda.empty_cache()
         rows.append({"tokens": length, "status": trial.status, "error": trial.error, "peak_bytes": trial.peak_bytes,
                      "reserved_bytes": trial.reserved_bytes, "card_bytes": trial.card_bytes,
@@ -76,40 +75,14 @@ def capped(device: torch.device, length: int = 1792) -> dict[str, Any]:
     """The answer's step under the real 8 GiB cap, in a fresh process: a user's loop first, then memlab's step, each
     with the whole out-of-memory message and the allocator's statistics when it ran out."""
     import memlab
-    from benchmarks.gpu_sections_fill import BOUNDARY_BUDGET
-    from memlab.measure.cuda import cap_cuda_memory, cuda_context_bytes
+    from benchmarks.gpu_sections_fill import BOUNDARY_BUDGET, own_loop
+    from memlab.measure.cuda import cuda_context_bytes
 
     config, model = _model(device)
     ids = torch.randint(0, config.vocab_size, (1, length), device=device)
     batch = {"input_ids": ids, "labels": ids}
-    result: dict[str, Any] = {"tokens": length, "context_bytes": cuda_context_bytes(device)}
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    torch.cuda.reset_peak_memory_stats(device)
-    try:
-        with cap_cuda_memory(BOUNDARY_BUDGET, device):
-            result["fraction"] = torch.cuda.get_per_process_memory_fraction(device)
-            for step in range(2):
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    loss = model(**batch).loss
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                del loss
-                result[f"step{step}"] = {"max_allocated": torch.cuda.max_memory_allocated(device),
-                                         "max_reserved": torch.cuda.max_memory_reserved(device)}
-        result["own_loop"] = "ok"
-    except torch.OutOfMemoryError as oom:
-        stats = torch.cuda.memory_stats(device)
-        result["own_loop"] = str(oom)
-        result["at_oom"] = {key: stats.get(key) for key in (
-            "allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
-            "reserved_bytes.all.peak", "inactive_split_bytes.all.current", "num_alloc_retries", "num_ooms")}
-        del oom
-    for parameter in model.parameters():
-        parameter.grad = None
-    del optimizer
-    model.gradient_checkpointing_disable()
+    result: dict[str, Any] = {"tokens": length, "context_bytes": cuda_context_bytes(device),
+                              "own_loop": own_loop(model, batch, BOUNDARY_BUDGET, device)}
     torch.cuda.empty_cache()
     trial = memlab.measure(model, batch, memlab.Plan(precision="bf16", checkpointing=True), budget=BOUNDARY_BUDGET,
                            steps=1, warmup=1, noise=0, progress=False)

@@ -102,6 +102,10 @@ BOUNDARY_MODEL: dict[str, dict[str, Any]] = {
 BOUNDARY_BUDGET = 8 * 2**30
 """The card the boundary is found for on the GPU (what the card shows: the allocator's reserve and the context)."""
 BOUNDARY_STEP = {"full": 256, "smoke": 32}
+OOM_STATS = ("allocated_bytes.all.current", "reserved_bytes.all.current", "inactive_split_bytes.all.current",
+             "num_alloc_retries", "num_ooms")
+"""The caching allocator's statistics kept where a user's loop runs out of memory (fragmentation shows in the
+inactive split bytes)."""
 BOUNDARY_START = {"full": 1024, "smoke": 64}
 
 
@@ -194,8 +198,9 @@ def _short(run: dict[str, Any]) -> dict[str, Any]:
 def own_loop(model: torch.nn.Module, batch: dict[str, torch.Tensor], budget: int,
              device: torch.device) -> dict[str, Any]:
     """Two optimizer steps as a user writes them (fused AdamW, bf16 autocast, transformers' checkpointing), the
-    caching allocator capped at ``budget`` less the CUDA context as memlab caps it: ``"ok"`` or ``"oom"``, and the
-    allocator's reserved peak. On the CPU (no cap to run under) nothing runs."""
+    caching allocator capped at ``budget`` less the CUDA context as memlab caps it: ``"ok"`` or ``"oom"`` (with the
+    whole message and :data:`OOM_STATS`), and the allocator's reserved and allocated peaks. On the CPU (no cap to run
+    under) nothing runs."""
     if not is_cuda(device):
         return {"status": None, "why": "no allocator cap on the CPU"}
     from memlab.measure.cuda import cap_cuda_memory
@@ -203,7 +208,7 @@ def own_loop(model: torch.nn.Module, batch: dict[str, torch.Tensor], budget: int
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     optimizer: torch.optim.Optimizer | None = None
-    status, error = "ok", None
+    status, error, at_oom = "ok", None, None
     torch.cuda.reset_peak_memory_stats(device)
     try:
         with cap_cuda_memory(budget, device):
@@ -216,7 +221,10 @@ def own_loop(model: torch.nn.Module, batch: dict[str, torch.Tensor], budget: int
                 optimizer.zero_grad(set_to_none=True)
                 del loss
     except torch.OutOfMemoryError as oom:
-        status, error = "oom", str(oom).splitlines()[0][:200]
+        # The whole first line: its end says how much was allocated and how much reserved but unallocated.
+        status, error = "oom", str(oom).splitlines()[0][:600]
+        stats = torch.cuda.memory_stats(device)
+        at_oom = {key: stats.get(key) for key in OOM_STATS}
         del oom
     finally:
         for parameter in model.parameters():
@@ -224,7 +232,8 @@ def own_loop(model: torch.nn.Module, batch: dict[str, torch.Tensor], budget: int
         del optimizer
         model.gradient_checkpointing_disable()
     reserved = int(torch.cuda.max_memory_reserved(device))
-    return {"status": status, "error": error, "reserved_peak_bytes": reserved}
+    return {"status": status, "error": error, "reserved_peak_bytes": reserved, "at_oom": at_oom,
+            "allocated_peak_bytes": int(torch.cuda.max_memory_allocated(device))}
 
 
 def importlib_spec(name: str) -> bool:

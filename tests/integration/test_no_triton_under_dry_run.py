@@ -1,9 +1,9 @@
 """No Triton kernel is launched on fake tensors in a dry run (memlab/estimation/dryrun/triton_guard.py).
 
-On an H100 (benchmarks/results/gpu_acceptance-cuda-nvidia-h100-80gb-hbm3-sft.json), ``memlab.estimate`` of TRL 1.16's
-SFTTrainer with a LoRA ``peft_config`` killed the CUDA context: TRL's fused LM head folds each vocabulary tile with a
-Triton kernel on CUDA (``trl/kernels/chunked_logprob.py``), and in the dry run that kernel was launched on fake
-tensors (``an illegal memory access was encountered``). This machine has no Triton, so a stand-in takes its place
+On an H100 (benchmarks/results/gpu_acceptance-cuda-nvidia-h100-80gb-hbm3-first-eight.json), ``memlab.estimate`` of
+TRL 1.16's SFTTrainer with a LoRA ``peft_config`` killed the CUDA context: TRL's fused LM head folds each vocabulary
+tile with a Triton kernel on CUDA (``trl/kernels/chunked_logprob.py``), and in the dry run that kernel was launched on
+fake tensors (``an illegal memory access was encountered``). This machine has no Triton, so a stand-in takes its place
 with Triton's two launch points (``KernelInterface.__getitem__``, ``JITFunction.run``): a launch on real tensors runs
 the kernel's Python body (TRL's own torch fallback), a launch on fake tensors fails as the GPU did. TRL's module is
 switched to its Triton branch, so the test runs TRL's own code on a fake CUDA device.
