@@ -147,3 +147,13 @@ def test_sft_trainer_with_peft_estimated_for_cuda_launches_no_kernel(
         monkeypatch.setattr(module, "_use_triton", lambda device: False)
     tiles = memlab.estimate(trainer, Plan(), device="cuda")
     assert tiles.status == "ok" and not any(note.startswith("Triton kernels") for note in tiles.notes)
+
+
+def test_an_entered_fake_mode_stays_copyable() -> None:
+    """The guard's state is plain data on the mode: a QLoRA dry run deep-copies what holds it (a generator there
+    failed with ``cannot pickle 'generator' object``, tests/integration/test_qlora_task_heads.py)."""
+    import copy
+
+    with FakeMode() as mode:
+        twin = copy.deepcopy(mode)
+    assert twin.skipped_kernels == set() and twin is not mode

@@ -107,7 +107,7 @@ def test_the_gpu_tables_are_made_from_the_committed_gpu_result(monkeypatch: pyte
         data = json.loads(path.read_text())
         assert data["device"]["gpu"] and data["versions"]["torch"]
         assert gpu_acceptance.markdown(data) in page, f"docs/benchmarks.md does not show {path.name}"
-        if "hf_table" in data["parts"]:
+        if "file" in data["parts"].get("hf_table", {}):  # a run that reached the seeds' table
             table = json.loads((path.parent / data["parts"]["hf_table"]["file"]).read_text())
             assert table["markdown"] in page
 

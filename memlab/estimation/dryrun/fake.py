@@ -27,7 +27,7 @@ from memlab.errors import MemlabError
 from memlab.estimation.configs import is_transformers_config, load_config, meta_model, one_line
 from memlab.estimation.cuda.devices import kernels_device, target_device
 from memlab.estimation.dryrun.fake_values import constant_step, on_cpu, placed
-from memlab.estimation.dryrun.triton_guard import skip_fake_launches
+from memlab.estimation.dryrun.triton_guard import start_skipping, stop_skipping
 from memlab.estimation.dryrun.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
 from memlab.live.batch import Batch, StepBatches, map_tensors
 from memlab.live.compat import fake_cache_key_matches, fake_meta_handlers, grouped_mm
@@ -100,7 +100,7 @@ class FakeMode(FakeTensorMode):
         self.skipped_kernels: set[str] = set()
         """The Triton kernels a launch of which was skipped because it was given fake tensors
         (:mod:`memlab.estimation.dryrun.triton_guard`)."""
-        self._launch_guards: list[contextlib.AbstractContextManager[None]] = []
+        self._launch_guards = 0
         self._foreign: dict[Any, bool] = {}
         self.observer: Callable[[Any, Any], None] | None = None
         """Called with each operator and what it returned (operators this mode runs inside another one are not
@@ -167,9 +167,9 @@ class FakeMode(FakeTensorMode):
 
     def __enter__(self) -> Any:
         entered = super().__enter__()
-        guard = skip_fake_launches(self.skipped_kernels)
-        guard.__enter__()
-        self._launch_guards.append(guard)
+        if not self._launch_guards:  # entered again inside itself (its dispatch does): one guard
+            start_skipping(self.skipped_kernels)
+        self._launch_guards += 1
         if self.keeps_values:
             values = _constant_data()
             values.__enter__()
@@ -180,7 +180,9 @@ class FakeMode(FakeTensorMode):
         if self._values_modes:
             self._values_modes.pop().__exit__(*exc)
         if self._launch_guards:
-            self._launch_guards.pop().__exit__(*exc)
+            self._launch_guards -= 1
+            if not self._launch_guards:
+                stop_skipping(self.skipped_kernels)
         return super().__exit__(*exc)
 
     def _prep_args_for_hash(self, result: list[object], args: Any, state: Any, id_hashed_objects: list[object]

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-__all__ = ["skip_fake_launches", "skipped_kernels_note"]
+__all__ = ["skip_fake_launches", "skipped_kernels_note", "start_skipping", "stop_skipping"]
 
 _lock = threading.Lock()
 _sinks: list[set[str]] = []
@@ -108,19 +108,15 @@ def _launch_points() -> list[tuple[type, str, Callable[[Callable[..., Any]], Cal
     return points
 
 
-@contextlib.contextmanager
-def skip_fake_launches(names: set[str]) -> Iterator[None]:
-    """While entered, a Triton launch given a fake (or meta) tensor is skipped and its kernel named in ``names``.
-
-    Entered once per dry run by :class:`~memlab.estimation.dryrun.fake.FakeMode`; nested entries share one patch,
-    which the last exit takes away. Does nothing where Triton is not imported.
+def start_skipping(names: set[str]) -> None:
+    """From now on, a Triton launch given a fake (or meta) tensor is skipped and its kernel named in ``names``, until
+    :func:`stop_skipping` with the same set. Nested calls share one patch, which the last stop takes away. Plain
+    functions rather than only a context manager, so that what enters them (:class:`~memlab.estimation.dryrun.fake.
+    FakeMode`) holds no generator and stays copyable.
 
     Example:
         >>> seen: set[str] = set()
-        >>> with skip_fake_launches(seen):
-        ...     pass
-        >>> seen
-        set()
+        >>> start_skipping(seen); stop_skipping(seen)
     """
     with _lock:
         if not _sinks:
@@ -129,15 +125,42 @@ def skip_fake_launches(names: set[str]) -> Iterator[None]:
                 _originals[(owner, attribute)] = original
                 setattr(owner, attribute, guard(original))
         _sinks.append(names)
+
+
+def stop_skipping(names: set[str]) -> None:
+    """Undo the :func:`start_skipping` that took ``names`` (the launch points come back with the last one).
+
+    Example:
+        >>> stop_skipping(set())  # never started: nothing to undo
+    """
+    with _lock:
+        at = next((index for index, sink in enumerate(_sinks) if sink is names), None)
+        if at is None:
+            return
+        del _sinks[at]
+        if not _sinks:
+            for (owner, attribute), original in _originals.items():
+                setattr(owner, attribute, original)
+            _originals.clear()
+
+
+@contextlib.contextmanager
+def skip_fake_launches(names: set[str]) -> Iterator[None]:
+    """While entered, a Triton launch given a fake (or meta) tensor is skipped and its kernel named in ``names``
+    (:func:`start_skipping`). Does nothing where Triton is not imported.
+
+    Example:
+        >>> seen: set[str] = set()
+        >>> with skip_fake_launches(seen):
+        ...     pass
+        >>> seen
+        set()
+    """
+    start_skipping(names)
     try:
         yield
     finally:
-        with _lock:
-            del _sinks[next(at for at, sink in enumerate(_sinks) if sink is names)]
-            if not _sinks:
-                for (owner, attribute), original in _originals.items():
-                    setattr(owner, attribute, original)
-                _originals.clear()
+        stop_skipping(names)
 
 
 def skipped_kernels_note(names: Iterable[str]) -> str | None:
