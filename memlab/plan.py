@@ -108,6 +108,8 @@ class Plan:
             so); an estimate runs torchao's ``Float8Linear`` on fake tensors, its notes name what stays high precision.
         vllm_memory: a GRPOTrainer's colocated vLLM engine's share of the card (:mod:`memlab.techniques.vllm`).
         vllm_sleep: that engine's sleep mode; for both, None is the trainer's own, and anything else refuses them.
+        precompute_ref: a DPOTrainer's reference log-probs computed before training (TRL's
+            ``precompute_ref_log_probs``; :mod:`memlab.techniques.precompute_ref`); None is the trainer's own.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
@@ -140,6 +142,7 @@ class Plan:
     fp8: bool = lever(False)
     vllm_memory: float | None = lever(None)
     vllm_sleep: bool | None = lever(None)
+    precompute_ref: bool | None = lever(None)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.
