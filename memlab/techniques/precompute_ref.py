@@ -166,7 +166,10 @@ def _precomputed(loss_fn: Callable[[Any, Any], Any], trainer: Any) -> Callable[[
 
     def loss(model: Any, micro_batch: Any) -> Any:
         inputs = dict(micro_batch)
-        ids = inputs["input_ids"]  # TRL's collator stacks chosen then rejected: two rows per pair
+        ids = inputs.get("input_ids", inputs.get("completion_mask"))  # chosen then rejected: two rows per pair
+        if ids is None:
+            raise MemlabError("precompute_ref=True needs the DPOTrainer's collated batch (input_ids, chosen rows then "
+                              "rejected rows), and this batch has no input_ids; write precompute_ref=None")
         pairs = ids.shape[0] // 2
         inputs["ref_chosen_logps"] = ids.new_zeros(pairs, dtype=_float32())
         inputs["ref_rejected_logps"] = ids.new_zeros(pairs, dtype=_float32())
