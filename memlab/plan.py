@@ -1,16 +1,16 @@
-"""Plan: one setting of the memory techniques, plus parsing of budgets and ``--try`` grids."""
+"""Plan: one setting of the memory techniques, plus parsing of --try grids (budgets: :mod:`memlab.sizes`)."""
 
 from __future__ import annotations
 
 import itertools
-import math
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
 
 from memlab.errors import MemlabError
+from memlab.sizes import format_bytes as format_bytes
+from memlab.sizes import parse_budget as parse_budget
 from memlab.techniques.lever import LeverSpec, check_levers, lever_specs
 from memlab.techniques.levers_model import LORA_RANK_DEFAULT
 from memlab.techniques.offload import offloads
@@ -108,6 +108,8 @@ class Plan:
             so); an estimate runs torchao's ``Float8Linear`` on fake tensors, its notes name what stays high precision.
         vllm_memory: a GRPOTrainer's colocated vLLM engine's share of the card (:mod:`memlab.techniques.vllm`).
         vllm_sleep: that engine's sleep mode; for both, None is the trainer's own, and anything else refuses them.
+        precompute_ref: a DPOTrainer's reference log-probs computed before training (TRL's
+            ``precompute_ref_log_probs``; :mod:`memlab.techniques.precompute_ref`); None is the trainer's own.
 
     Example:
         >>> Plan(micro_batch=2, accumulation=4, precision="bf16").label()
@@ -140,6 +142,7 @@ class Plan:
     fp8: bool = lever(False)
     vllm_memory: float | None = lever(None)
     vllm_sleep: bool | None = lever(None)
+    precompute_ref: bool | None = lever(None)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.
@@ -342,102 +345,6 @@ Example:
     >>> LEVERS["precision"].choices, LEVERS["checkpointing"].type
     (('fp32', 'bf16', 'fp16'), 'bool')
 """
-
-_UNITS = {
-    "B": 1,
-    "K": 1024,
-    "KB": 1000,
-    "KIB": 1024,
-    "M": 1024**2,
-    "MB": 1000**2,
-    "MIB": 1024**2,
-    "G": 1024**3,
-    "GB": 1000**3,
-    "GIB": 1024**3,
-    "T": 1024**4,
-    "TB": 1000**4,
-    "TIB": 1024**4,
-}
-_BUDGET_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
-
-
-def _likely_size(text: str) -> str:
-    """What to write for a bare number: large numbers are bytes, those in nvidia-smi's range MiB, small ones GiB."""
-    number = float(text)
-    if number >= 2**20:
-        gib = number / 1024**3
-        size = f"{gib:.3g}GiB" if gib >= 1 else f"{number / 1024**2:.3g}MiB"
-        return f"the unit: {size}, or {text}B for bytes"
-    if number >= 1024:
-        return f"the unit, such as {text}MiB (= {number / 1024:.3g}GiB), or {text}B for bytes"
-    return f"the unit, such as {text}GiB or {text}MB"
-
-
-def parse_budget(budget: int | float | str | None) -> int | None:
-    """Bytes from an int or a string such as ``"8GiB"``, ``"500MB"``, ``"1.5G"`` (G, M, K alone are binary).
-
-    Example:
-        >>> parse_budget("1.5G")
-        1610612736
-        >>> parse_budget("500MB")
-        500000000
-        >>> parse_budget("lots")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        memlab.errors.MemlabError: budget 'lots' is not understood; write ... such as 8GiB, 500MB, 1.5G
-        >>> parse_budget("24")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        memlab.errors.MemlabError: budget '24' has no unit; write the unit, such as 24GiB or 24MB
-        >>> parse_budget("25769803776")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        memlab.errors.MemlabError: budget '25769803776' has no unit; write the unit: 24GiB, or 25769803776B for bytes
-    """
-    if budget is None:
-        return None
-    if isinstance(budget, bool):
-        raise MemlabError("budget must be bytes or a size string; write for example budget='8GiB'")
-    if isinstance(budget, int):
-        if budget <= 0:
-            raise MemlabError(f"budget {budget} is not positive; write a size such as 8GiB")
-        return budget
-    if isinstance(budget, float):
-        if not math.isfinite(budget) or budget < 1:
-            raise MemlabError(f"budget {budget} is not positive (a whole number of bytes); write a size such as 8GiB")
-        return int(budget)
-    match = _BUDGET_PATTERN.match(str(budget))
-    unit = match.group(2).upper() if match else ""
-    if match is not None and not unit:
-        raise MemlabError(
-            f"budget {budget!r} has no unit; write {_likely_size(match.group(1))}"
-        )
-    if match is None or unit not in _UNITS:
-        raise MemlabError(
-            f"budget {budget!r} is not understood; write bytes as a number or a size such as 8GiB, 500MB, 1.5G"
-        )
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if value < 1:
-        raise MemlabError(f"budget {budget!r} is not positive; write a size such as 8GiB")
-    return value
-
-
-def format_bytes(num_bytes: float | None) -> str:
-    """``1536`` -> ``'1.5 KiB'``; used in tables and messages.
-
-    Example:
-        >>> format_bytes(3 * 1024**3)
-        '3.00 GiB'
-    """
-    if num_bytes is None:
-        return "-"
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(round(value, 2 if unit == "GiB" else 1)) < 1024:
-            return f"{value:.0f} B" if unit == "B" else f"{value:.{2 if unit == 'GiB' else 1}f} {unit}"
-        value /= 1024
-    return f"{value:.2f} TiB"
-
 
 _BOOLEANS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
 

@@ -38,7 +38,8 @@ def lever_specs(plan_class: type[Plan] | type[InferencePlan]) -> dict[str, Lever
 def panel_lever_specs(plan_class: type[Plan] | type[InferencePlan]) -> dict[str, LeverSpec]:
     """The levers the panel shows: :func:`lever_specs` but the colocated vLLM engine's (``vllm_memory``,
     ``vllm_sleep``), which no live step runs (a GRPOTrainer with ``use_vllm=True`` is estimated, not measured:
-    :func:`memlab.estimate` and ``fit(..., dry_run=True)`` take them), so a panel would only show two dead controls.
+    :func:`memlab.estimate` and ``fit(..., dry_run=True)`` take them), and a DPOTrainer's ``precompute_ref``, which
+    a built trainer cannot switch (a new trainer's setting): a panel would only show dead controls.
 
     Example:
         >>> "vllm_memory" in lever_specs(Plan), "vllm_memory" in panel_lever_specs(Plan)
@@ -46,7 +47,9 @@ def panel_lever_specs(plan_class: type[Plan] | type[InferencePlan]) -> dict[str,
     """
     from memlab.techniques.vllm import FIELDS
 
-    return {name: spec for name, spec in lever_specs(plan_class).items() if name not in FIELDS}
+    # nor a DPOTrainer's precompute_ref, which a built trainer cannot switch (memlab.apply refuses it)
+    hidden = (*FIELDS, "precompute_ref")
+    return {name: spec for name, spec in lever_specs(plan_class).items() if name not in hidden}
 
 
 def lever_help(specs: Mapping[str, LeverSpec]) -> str:

@@ -24,6 +24,7 @@ from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, W
 from memlab.techniques.accumulation import check_split, micro_batches
 from memlab.techniques.offload import PARAMS_NEED_SHARDING
 from memlab.techniques.optimizer import state_tensors
+from memlab.techniques.precompute_ref import step_refusal
 from memlab.techniques.registry import step_techniques
 from memlab.techniques.vllm import no_engine
 from memlab.techniques.weights import model_weights
@@ -120,6 +121,8 @@ class TrainingWorkload(Workload[Plan, TrainingRecord, Trial]):
             raise MemlabError(PARAMS_NEED_SHARDING)
         if no_engine(plan):  # a GRPOTrainer's vLLM engine: its estimate reads those levers before this step runs
             raise MemlabError(no_engine(plan))
+        if step_refusal(plan, self.loss_fn):  # a DPOTrainer's precompute_ref: the trainer's loss must take it
+            raise MemlabError(step_refusal(plan, self.loss_fn))
         check_split(self.context.batch, plan)
 
     def copies_parameters(self, plan: Plan) -> bool:

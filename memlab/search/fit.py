@@ -34,7 +34,7 @@ from memlab.techniques.adapters import carried_space
 from memlab.techniques.attention import fused_attention_instead
 from memlab.techniques.checkpointing import checkpoint_blocks
 from memlab.techniques.loss import chunked_loss_applies
-from memlab.trainer.entry import live_target, noted
+from memlab.trainer.entry import live_target, noted, with_reference
 from memlab.trainer.kinds import kind_of
 from memlab.trainer.source import is_trainer
 
@@ -110,7 +110,12 @@ def fit(
         carried = carried_space(target.model, target.plan) if target.plan is not None else {}
         # A live trainer cannot switch to DeepSpeed, which optimizer offload needs (memlab.apply refuses it): it is
         # searched only where the space asks for it (to export with plan.to_deepspeed()).
-        space = {"offload": ["none"], **declared.levers, **carried, **(space or {})}
+        # What a built trainer cannot switch (a DPOTrainer's precompute_ref: apply refuses it) is searched in dry runs
+        # only, and where the trainer sets it itself, kept as it is.
+        rebuilt = declared.dry_run_levers if dry_run else {}
+        own = {name: [getattr(target.plan, name)] for name in rebuilt
+               if target.plan is not None and getattr(target.plan, name, None) is not None}
+        space = {"offload": ["none"], **declared.levers, **rebuilt, **own, **carried, **(space or {})}
         refuse_selective_for_trainer(space)
         # The Trainer's checkpointing switch covers every block or none: some blocks (checkpointing=k) would be a
         # plan neither memlab.apply(trainer, ...) nor to_training_arguments() could carry, so none is searched.
@@ -118,8 +123,10 @@ def fit(
         kind = target if target.runner is not None else None
         if kind is not None and declared.fit_dry_runs is not None:
             kind = declared.fit_dry_runs(kind, model, options.get("loss_fn"))
+        # The model's own dry runs count a reference model the trainer holds apart (a DPOTrainer's), as estimate does.
+        held = None if kind is not None else lambda trial: with_reference(trial, model)
         report = _fit_module(target.model, target.batch, batch_size or target.batch_size, space, dry_run, estimates,
-                             max_trials, False, options, kind=kind)
+                             max_trials, False, options, kind=kind, held=held)
         return dataclasses.replace(report, trials=noted(report.trials, target.note))
     return _fit_module(model, batch, batch_size, space, dry_run, estimates, max_trials, True, options)
 
@@ -146,11 +153,11 @@ def refuse_selective_for_trainer(space: Mapping[str, Sequence[Any]] | None) -> N
         )
 
 
-def _fit_module(model: nn.Module, *args: Any, kind: Any = None) -> Report:
+def _fit_module(model: nn.Module, *args: Any, kind: Any = None, held: Any = None) -> Report:
     """:func:`_fit_module_here` with the allocator this process runs (``PYTORCH_CUDA_ALLOC_CONF``) assumed by every
     dry run it makes: on CUDA, their card figures are those of this process's allocator."""
     with assumed_allocator(expandable_segments_configured()):
-        return _fit_module_here(model, *args, kind=kind)
+        return _fit_module_here(model, *args, kind=kind, held=held)
 
 
 def _fit_module_here(
@@ -165,11 +172,13 @@ def _fit_module_here(
     options: RunKeywords,
     *,
     kind: Any = None,
+    held: Any = None,
 ) -> Report:
     """:func:`fit` on a module; ``selective``: whether the fewest checkpointed blocks that fit are searched for
     (:func:`memlab.search.blocks.fewest_blocks`) when the best plan checkpoints every block; ``kind``: a trainer
     kind's :class:`~memlab.trainer.entry.LiveTarget` whose step has its own runner and dry run (a GRPOTrainer's),
-    else None."""
+    else None; ``held``: ``held(trial) -> trial`` adds to each of the model's own dry runs what the trainer holds
+    beside the model (a DPOTrainer's reference model: :func:`memlab.trainer.entry.with_reference`), else None."""
     run_options = RunOptions.from_keywords(options)
     if not isinstance(model, nn.Module):
         raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
@@ -215,7 +224,7 @@ def _fit_module_here(
     prior = speed_prior(device.type)
     run_options = run_options.replace(budget=budget)
     if dry_run:
-        return _dry_run(model, batch, candidates, batch_size, prior, run_options, selective, kind)
+        return _dry_run(model, batch, candidates, batch_size, prior, run_options, selective, kind, held)
     measured: list[Trial] = []
     # The bar stays open after the search, while suggestions are estimated: no silent phase after the last plan.
     progress = run_progress(len(candidates), run_options.progress, at_most=True, then=retiming_runs(len(candidates)),
@@ -239,8 +248,9 @@ def _fit_module_here(
                 if kind is not None:
                     return list(kind.estimate(plans, budget=budget, device=device, lr=run_options.lr))
                 # Dry runs on fake tensors: the live model is copied onto them, never touched.
-                return list(estimate_plans(model, batch, plans, loss_fn=run_options.loss_fn, budget=budget,
-                                           lr=run_options.lr, device=device).trials)
+                trials = estimate_plans(model, batch, plans, loss_fn=run_options.loss_fn, budget=budget,
+                                        lr=run_options.lr, device=device).trials
+                return [held(trial) for trial in trials] if held is not None else list(trials)
 
             search = Search(candidates, budget=budget, batch_size=batch_size, trainable_bytes=trainable, prior=prior,
                             device_type=device.type, estimate=estimate if estimates else None,
@@ -331,6 +341,7 @@ def _dry_run(
     options: RunOptions,
     selective: bool,
     kind: Any = None,
+    held: Any = None,
 ) -> Report:
     """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
     estimated to fit: that one is the answer, and the plans after it are skipped as expected slower."""
@@ -348,7 +359,7 @@ def _dry_run(
             trial = estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device,
                              host_budget=options.host_budget) \
                 if kind is None else kind.estimate([plan], budget=budget, device=device, lr=options.lr)[0]
-            trial = live_card_context(trial, model)
+            trial = live_card_context(trial if held is None else held(trial), model)
             trials.append(trial)
             if fits(trials[-1], budget):
                 reason = f"expected slower: {plan.label()} is expected faster and is estimated to fit"

@@ -23,7 +23,15 @@ Example:
 
 from __future__ import annotations
 
-from memlab.techniques import expandable_segments, fp8, levers_batch, levers_model, levers_step, vllm
+from memlab.techniques import (
+    expandable_segments,
+    fp8,
+    levers_batch,
+    levers_model,
+    levers_step,
+    precompute_ref,
+    vllm,
+)
 from memlab.techniques.lever import Lever, PlanLike
 from memlab.techniques.technique import Technique
 
@@ -32,7 +40,8 @@ __all__ = ["REGISTRY", "STEP_ORDER", "conflicts", "least_share", "refusals", "st
 
 def _declarations() -> dict[str, Lever]:
     declared: dict[str, Lever] = {}
-    for module in (levers_batch, levers_model, fp8, levers_step, expandable_segments, vllm):
+    for module in (levers_batch, levers_model, fp8, levers_step, expandable_segments, vllm,
+                   precompute_ref):
         for lever in module.DECLARATIONS:
             declared[lever.name] = lever
     return declared
@@ -79,7 +88,7 @@ def conflicts(plan: PlanLike) -> list[str]:
     return [message for lever in REGISTRY.values() if lever.conflicts and (message := lever.conflicts(plan))]
 
 
-STEP_ORDER = ("vllm_memory", "expandable_segments",
+STEP_ORDER = ("vllm_memory", "precompute_ref", "expandable_segments",
               "loss", "attention", "adapter", "weights", "fp8", "micro_batch", "precision", "optimizer", "offload",
               "optimizer_in_backward", "checkpointing", "compile")
 """The order in which a training step puts the levers' techniques on (each named by one lever that has it): the
@@ -91,7 +100,8 @@ it; checkpointing on the model as the others left it; compile last, on the forwa
 The allocator's expandable segments go on before them all, so that what the others allocate on a GPU lands in their
 segments. The vLLM engine's levers (``vllm_memory``, ``vllm_sleep``) change no step: their technique, first, only
 refuses a step asked to run them before anything is put on (the GRPO estimate reads them before its training dry
-run)."""
+run). The reference log-probs' lever (``precompute_ref``) wraps the trainer's loss before the loss's own
+technique reads it."""
 
 
 def step_techniques() -> list[Technique]:
@@ -99,7 +109,7 @@ def step_techniques() -> list[Technique]:
 
     Example:
         >>> [type(technique).__name__ for technique in step_techniques()][:3]
-        ['VLLMEngine', 'ExpandableSegments', 'Loss']
+        ['VLLMEngine', 'PrecomputeReference', 'ExpandableSegments']
     """
     ordered: list[Technique] = []
     for name in STEP_ORDER:

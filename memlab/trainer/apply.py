@@ -9,6 +9,7 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
+from memlab.techniques.precompute_ref import refuse_precompute_change
 from memlab.trainer.arguments import check_single_process, trl_training_arguments
 from memlab.trainer.grpo_vllm import refuse_engine_change
 from memlab.trainer.kinds import TrainerKind, kind_of
@@ -156,7 +157,7 @@ def _new_arguments(args: Any, plan: Plan, kind: TrainerKind) -> Any:
     # The adapters go on the model itself (peft, below); the arguments carry the rest of the plan, but a vLLM
     # engine's settings, which refuse_engine_change found the trainer's own.
     legacy = "activation_checkpointing" not in fields
-    flat = plan.replace(adapter="none", vllm_memory=None, vllm_sleep=None)
+    flat = plan.replace(adapter="none", vllm_memory=None, vllm_sleep=None, precompute_ref=None)
     # TRL's configs offload activations with their own flag
     changes = trl_training_arguments(flat, legacy_names=legacy) if "activation_offloading" in fields else \
         training_arguments(flat, legacy_names=legacy)
@@ -233,6 +234,8 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
 
     Refused with a :class:`MemlabError`, before anything changes: optimizer offload (DeepSpeed), pure bf16 weights,
     QLoRA and the chunked loss (not yet on a live trainer; :func:`check_plan_for_trainer` says what to do), a
+    plan that changes a GRPOTrainer's vLLM engine or a DPOTrainer's ``precompute_ref`` (TRL decides both in the
+    trainer's ``__init__``: build a new trainer), a
     trainer set up for DeepSpeed or FSDP, and a trainer that already has a plan applied (``undo()`` it first). A
     peft model keeps its own adapters: a LoRA plan must carry their settings (the plan memlab read from it does).
 
@@ -247,6 +250,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
     kind = kind_of(trainer)  # a trainer of no kind memlab takes is refused, saying which it takes
     check_plan_for_trainer(plan)
     refuse_engine_change(trainer, plan)  # TRL builds a GRPOTrainer's vLLM engine in its __init__
+    refuse_precompute_change(trainer, plan)  # and computes a DPOTrainer's reference log-probs in its __init__
     check_single_process(trainer.args)
     plan = keeps_trainer_batch(plan, trainer.args)  # Plan(): the trainer's effective batch in one micro-batch
     if kind.check_plan is not None:  # what the kind refuses (a GRPOTrainer: a split of other than its generations)

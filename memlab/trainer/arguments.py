@@ -14,8 +14,9 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.plan import OPTIMIZERS, Plan
 from memlab.techniques.levers_step import OPTIMIZER_FORMS
+from memlab.techniques.precompute_ref import DPO_ONLY, dpo_config_keywords, precompute_from_arguments
 from memlab.techniques.registry import REGISTRY
-from memlab.techniques.vllm import GRPO_ONLY, grpo_config_keywords, vllm_from_arguments, without_vllm
+from memlab.techniques.vllm import GRPO_ONLY, grpo_config_keywords, sets_vllm, vllm_from_arguments, without_vllm
 from memlab.trainer.kinds import is_trainer, kind_for_config, kind_of
 
 __all__ = [
@@ -130,9 +131,11 @@ def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None, conf
     from memlab.export.engines import training_arguments
 
     asked, engine, plan = plan, grpo_config_keywords(plan), without_vllm(plan)  # a GRPOConfig's keywords, added below
+    engine.update(dpo_config_keywords(plan))  # a DPOConfig's (precompute_ref_log_probs), likewise
+    plan = plan.replace(precompute_ref=None) if plan.precompute_ref is not None else plan
     if config is None:
         if engine:
-            raise MemlabError(f"{GRPO_ONLY}; trl=True names no config class")
+            raise MemlabError(f"{GRPO_ONLY if sets_vllm(asked) else DPO_ONLY}; trl=True names no config class")
         rest = plan.replace(offload=_OFFLOAD_WITHOUT_ACTIVATIONS.get(plan.offload, plan.offload))
         return {**training_arguments(rest, legacy_names=legacy_names),
                 "activation_offloading": plan.offloads_activations}
@@ -207,6 +210,7 @@ def plan_from_training_arguments(args: Any) -> Plan:
     - ``torch_compile`` -> ``compile``.
     - a ``GRPOConfig``'s colocated vLLM engine (``use_vllm=True, vllm_mode="colocate"``): its
       ``vllm_gpu_memory_utilization`` -> ``vllm_memory``, ``vllm_enable_sleep_mode`` -> ``vllm_sleep``.
+    - a ``DPOConfig``'s ``precompute_ref_log_probs=True`` -> ``precompute_ref=True`` (False: None, the trainer's own).
 
     What lives on the model rather than in the arguments (pure bf16 weights, adapters) is left at the defaults:
     :meth:`memlab.trainer.source.TrainerSource.plan` reads those from the trainer's model.
@@ -247,6 +251,7 @@ def plan_from_training_arguments(args: Any) -> Plan:
         loss=_loss(args),
         compile=bool(getattr(args, "torch_compile", False)),
         **vllm_from_arguments(args),
+        **precompute_from_arguments(args),
     )
 
 

@@ -163,7 +163,9 @@ def noted(trials: Sequence[Any], note: str | None) -> list[Any]:
 def with_reference(trial: Any, trainer: Any) -> Any:
     """An estimate of a trainer's step with the reference model it holds apart from the policy (TRL's DPOTrainer
     with a ``ref_model``) added under ``other`` at every point: it sits on the device through the whole step, and
-    the step estimated ran the policy alone. Unchanged without one (a peft reference is the policy, adapters off).
+    the step estimated ran the policy alone. Unchanged without one (a peft reference is the policy, adapters off),
+    and for a plan that precomputes the reference log-probs where the trainer does not (``precompute_ref=True``: the
+    DPOTrainer built for it without ``ref_model`` loads none; a note says so).
 
     Example:
         >>> from memlab.report import Trial
@@ -174,6 +176,11 @@ def with_reference(trial: Any, trainer: Any) -> Any:
     reference = getattr(trainer, "ref_model", None)
     if reference is None or reference is getattr(trainer, "model", None) or trial.status != "ok":
         return trial
+    if getattr(trial.plan, "precompute_ref", None) and not getattr(trainer, "precompute_ref_logps", False):
+        return dataclasses.replace(trial, notes=(*trial.notes, (
+            "no reference model counted: a DPOTrainer built with DPOConfig(precompute_ref_log_probs=True) and without "
+            "ref_model loads none (it precomputes with the policy as loaded); passed a ref_model, it keeps it on the "
+            "device")))
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                 for t in (*reference.parameters(), *reference.buffers()) if t.device.type != "meta"}
     held = sum(storages.values())

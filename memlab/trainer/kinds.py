@@ -58,6 +58,9 @@ class TrainerKind:
             :class:`~memlab.estimation.request.EstimateRequest`); None: the Trainer's on its batch.
         levers: what ``fit`` searches on this kind beyond its default space (``{lever: values}``, as ``space=``
             takes them), under what the user's ``space`` says.
+        dry_run_levers: the same for levers a built trainer cannot switch (``memlab.apply`` refuses them: a new
+            trainer's setting, such as a DPOTrainer's ``precompute_ref``): searched by ``fit(..., dry_run=True)``
+            only, so that a measured search's answer is one ``apply`` takes; a value the trainer sets itself is kept.
         fit_dry_runs: ``fit_dry_runs(target, trainer, loss_fn) -> LiveTarget``: ``target`` with the dry run ``fit``
             prunes with and the suggestions it makes where nothing fits (needed with a ``target``).
         suggestions: the config fields those suggestions change; each changes the training, and says so.
@@ -79,6 +82,7 @@ class TrainerKind:
     target: Callable[[Any, Any], Any] | None = None
     estimate: Callable[[Any], Any] | None = None
     levers: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    dry_run_levers: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     fit_dry_runs: Callable[[Any, Any, Any], Any] | None = None
     suggestions: tuple[str, ...] = ()
     check_plan: Callable[[Any, Any], None] | None = None
@@ -119,7 +123,9 @@ KINDS: list[TrainerKind] = [
     TrainerKind("Trainer", "transformers.", "TrainingArguments", "transformers"),
     TrainerKind("SFTTrainer", "trl.", "SFTConfig"),
     TrainerKind("DPOTrainer", "trl.", "DPOConfig",
-                batch=f"{WORST_BATCH} (chosen and rejected together, as the trainer batches them)"),
+                batch=f"{WORST_BATCH} (chosen and rejected together, as the trainer batches them)",
+                # the same reference log-probs, computed before training (memlab.techniques.precompute_ref)
+                dry_run_levers={"precompute_ref": [None, True]}),
 ]
 """Every kind memlab takes, in order (the Trainer first); :func:`register` adds one. A kind whose step is its own
 is declared in its own module, which :mod:`memlab.trainer` imports (it registers the kind): GRPO's is

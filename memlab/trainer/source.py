@@ -350,4 +350,5 @@ class TrainerSource:
             with trainer_bookkeeping_kept(trainer), context(), accelerate_outputs_fp32(model):
                 return trainer.compute_loss(model, inputs, **keywords)
 
+        loss_fn.trainer = trainer  # type: ignore[attr-defined]  # what a trainer's levers read (precompute_ref)
         return loss_fn

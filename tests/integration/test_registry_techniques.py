@@ -115,6 +115,10 @@ def test_the_step_puts_on_each_levers_technique_and_its_value_changes_the_step(
         with pytest.raises(MemlabError, match="this step has none"):
             TrainingStep(llama, Plan(**{name: value}))
         return
+    if name == "precompute_ref":  # a DPOTrainer's reference log-probs: a model's own step has no reference
+        with pytest.raises(MemlabError, match="this step has no DPOTrainer's reference"):
+            TrainingStep(llama, Plan(**{name: value}))
+        return
     plan, base = plan_with(name, value)
     technique = REGISTRY[name].technique
     assert technique is not None

@@ -29,7 +29,9 @@ NAMED_IN_DESIGN = (
     "lora_rank", "lora_targets", "loss", "optimizer_in_backward",
 )
 # One control per lever the registry declares but the colocated vLLM engine's (no live step runs them), and the budgets.
-TECHNIQUES = (*(lever for lever in LEVERS if not lever.startswith("vllm_")), "budget", "host_budget")
+# the levers a built trainer sets (a GRPOTrainer's vLLM engine, a DPOTrainer's precompute_ref) have no control
+HIDDEN = {"vllm_memory", "vllm_sleep", "precompute_ref"}
+TECHNIQUES = (*(lever for lever in LEVERS if lever not in HIDDEN), "budget", "host_budget")
 
 
 def small_batch() -> dict[str, torch.Tensor]:
@@ -267,9 +269,9 @@ def test_closing_a_panel_lets_its_model_go() -> None:
 
 def test_every_control_has_its_lever_name_and_a_tooltip_that_says_what_it_does_and_costs() -> None:
     p = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)
-    assert not {"vllm_memory", "vllm_sleep"} & set(p.controls)  # no live step runs the vLLM engine's levers
+    assert not HIDDEN & set(p.controls)  # no live step switches them
     for name, spec in LEVERS.items():
-        if name.startswith("vllm_"):
+        if name in HIDDEN:
             continue
         control = p.controls[name]
         assert control.description == name.replace("_", "-")

@@ -23,7 +23,7 @@ def test_default_plan_is_plain_and_hashable() -> None:
         "micro_batch", "accumulation", "checkpointing", "precision", "weights", "optimizer", "offload", "adapter",
         "lora_rank", "lora_targets", "lora_alpha", "lora_dropout", "loss", "optimizer_in_backward", "attention",
         "expandable_segments",
-        "compile", "fp8", "vllm_memory", "vllm_sleep",
+        "compile", "fp8", "vllm_memory", "vllm_sleep", "precompute_ref",
     )
 
 
