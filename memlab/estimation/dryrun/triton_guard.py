@@ -9,12 +9,13 @@ launched the same way.
 
 Such kernels write into tensors that PyTorch made before the launch (``torch.empty``: fake, and counted by the dry
 run), so a launch that is skipped loses no allocation; only what the kernel takes inside itself is not seen, as for
-any other operator (:data:`memlab.estimation.dryrun.fake.BLIND_SPOTS`). While a :class:`~memlab.estimation.dryrun.fake.
-FakeMode` is entered, :func:`skip_fake_launches` wraps Triton's two launch points (``KernelInterface.__getitem__``,
-the ``kernel[grid](...)`` of plain, autotuned and heuristic kernels alike, and ``JITFunction.run``): a launch with a
-fake tensor among its arguments does nothing and its kernel's name is kept for the estimate's notes
-(:func:`skipped_kernels_note`); a launch with real tensors (another thread's training) runs as before. Nothing is
-imported: where Triton is not loaded (every CPU-only install) there is nothing to guard.
+any other operator (:data:`memlab.estimation.dryrun.fake.BLIND_SPOTS`). While a dry run's
+:class:`~memlab.estimation.dryrun.fake.FakeMode` is entered, :func:`start_skipping` wraps Triton's two launch
+points (``KernelInterface.__getitem__``, the ``kernel[grid](...)`` of plain, autotuned and heuristic kernels alike,
+and ``JITFunction.run``): a launch with a fake tensor among its arguments does nothing and its kernel's name is
+kept for the estimate's notes (:func:`skipped_kernels_note`); a launch with real tensors (another thread's
+training) runs as before. Nothing is imported: where Triton is not loaded (every CPU-only install) there is nothing
+to guard.
 
 Example:
     >>> names: set[str] = set()
@@ -111,8 +112,8 @@ def _launch_points() -> list[tuple[type, str, Callable[[Callable[..., Any]], Cal
 def start_skipping(names: set[str]) -> None:
     """From now on, a Triton launch given a fake (or meta) tensor is skipped and its kernel named in ``names``, until
     :func:`stop_skipping` with the same set. Nested calls share one patch, which the last stop takes away. Plain
-    functions rather than only a context manager, so that what enters them (:class:`~memlab.estimation.dryrun.fake.
-    FakeMode`) holds no generator and stays copyable.
+    functions rather than only a context manager, so that what enters them (the dry run's
+    :class:`~memlab.estimation.dryrun.fake.FakeMode`) holds no generator and stays copyable.
 
     Example:
         >>> seen: set[str] = set()
