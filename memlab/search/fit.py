@@ -34,8 +34,9 @@ from memlab.techniques.adapters import carried_space
 from memlab.techniques.attention import fused_attention_instead
 from memlab.techniques.checkpointing import checkpoint_blocks
 from memlab.techniques.loss import chunked_loss_applies
-from memlab.trainer.entry import live_target, noted, with_reference
+from memlab.trainer.entry import live_target, noted
 from memlab.trainer.kinds import kind_of
+from memlab.trainer.reference import with_reference
 from memlab.trainer.source import is_trainer
 
 __all__ = ["MAX_TRIALS", "fit"]
@@ -178,7 +179,7 @@ def _fit_module_here(
     (:func:`memlab.search.blocks.fewest_blocks`) when the best plan checkpoints every block; ``kind``: a trainer
     kind's :class:`~memlab.trainer.entry.LiveTarget` whose step has its own runner and dry run (a GRPOTrainer's),
     else None; ``held``: ``held(trial) -> trial`` adds to each of the model's own dry runs what the trainer holds
-    beside the model (a DPOTrainer's reference model: :func:`memlab.trainer.entry.with_reference`), else None."""
+    beside the model (a DPOTrainer's reference model: :func:`memlab.trainer.reference.with_reference`), else None."""
     run_options = RunOptions.from_keywords(options)
     if not isinstance(model, nn.Module):
         raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")

@@ -9,7 +9,7 @@ trainer is set up"; a plan read from a DPOConfig with it on carries True.
 A step runs ``precompute_ref=True`` as TRL runs it precomputed: the trainer's ``precompute_ref_logps`` True while
 its ``compute_loss`` runs, and each micro-batch given ``ref_chosen_logps`` / ``ref_rejected_logps`` (one float per
 pair, as TRL's collator stacks them); everything put back afterwards. So a dry run has no reference forward, and the
-trainer's estimate counts no reference weights (:func:`memlab.trainer.entry.with_reference`). A live trial on a
+trainer's estimate counts no reference weights (:func:`memlab.trainer.reference.with_reference`). A live trial on a
 trainer built without it runs the same step, but the trainer's reference model stays in memory (its notes say so).
 ``False`` on a trainer built with it is refused (it holds no reference model to run), and so is the lever on anything
 but a DPOTrainer. ``memlab.apply`` refuses a plan that changes it: TRL decides it in ``DPOTrainer.__init__``. The only

@@ -24,7 +24,7 @@ from memlab.trainer.kinds import kind_of
 from memlab.trainer.source import TrainerSource, is_trainer, keeps_trainer_batch
 from memlab.trainer.worst_batch import trainer_batches, worst_batch
 
-__all__ = ["LiveTarget", "live_target", "noted", "split_plans", "with_reference"]
+__all__ = ["LiveTarget", "live_target", "noted", "split_plans"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,44 +158,3 @@ def noted(trials: Sequence[Any], note: str | None) -> list[Any]:
     if not note:
         return list(trials)
     return [dataclasses.replace(trial, notes=(*trial.notes, note)) for trial in trials]
-
-
-def with_reference(trial: Any, trainer: Any) -> Any:
-    """An estimate of a trainer's step with the reference model it holds apart from the policy (TRL's DPOTrainer
-    with a ``ref_model``) added under ``other`` at every point: it sits on the device through the whole step, and
-    the step estimated ran the policy alone. Unchanged without one (a peft reference is the policy, adapters off),
-    and for a plan that precomputes the reference log-probs where the trainer does not (``precompute_ref=True``: the
-    DPOTrainer built for it without ``ref_model`` loads none; a note says so).
-
-    Example:
-        >>> from memlab.report import Trial
-        >>> trial = Trial(Plan(), "ok", 10, {"other": 0}, None, None, None, "cpu")
-        >>> with_reference(trial, object()) is trial
-        True
-    """
-    reference = getattr(trainer, "ref_model", None)
-    if reference is None or reference is getattr(trainer, "model", None) or trial.status != "ok":
-        return trial
-    if getattr(trial.plan, "precompute_ref", None) and not getattr(trainer, "precompute_ref_logps", False):
-        return dataclasses.replace(trial, notes=(*trial.notes, (
-            "no reference model counted: a DPOTrainer built with DPOConfig(precompute_ref_log_probs=True) and without "
-            "ref_model loads none (it precomputes with the policy as loaded); passed a ref_model, it keeps it on the "
-            "device")))
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in (*reference.parameters(), *reference.buffers()) if t.device.type != "meta"}
-    held = sum(storages.values())
-    if not held:
-        return trial
-    breakdown = {**trial.breakdown, "other": trial.breakdown.get("other", 0) + held}
-    timeline = trial.timeline
-    if timeline is not None:
-        series = {name: [value + held for value in values] if name == "other" else list(values)
-                  for name, values in timeline.series.items()}
-        by_category = {**timeline.peak.by_category,
-                       "other": timeline.peak.by_category.get("other", 0) + held}
-        peak = dataclasses.replace(timeline.peak, bytes=timeline.peak.bytes + held, by_category=by_category)
-        timeline = dataclasses.replace(timeline, series=series, peak=peak)
-    reserved = None if trial.reserved_bytes is None else trial.reserved_bytes + held
-    return dataclasses.replace(trial, peak_bytes=trial.peak_bytes + held, breakdown=breakdown, timeline=timeline,
-                               reserved_bytes=reserved,
-                               notes=(*trial.notes, f"a reference model's {held:,} bytes under other"))

@@ -39,6 +39,7 @@ from memlab.report.timeline import Timeline, TimelinePeak
 from memlab.techniques.vllm import FIELDS, sets_vllm, without_vllm
 from memlab.trainer.grpo import GRPOSource, check_generations, computes_old_logps
 from memlab.trainer.grpo_vllm import SLEEP_LEVEL, VLLMSettings, utilization_candidates, vllm_share
+from memlab.trainer.reference import reference_bytes
 from memlab.trainer.source import keeps_trainer_batch
 
 __all__ = ["estimate_grpo", "estimate_grpo_vllm", "fitted_vllm", "grpo_plans_estimator", "sampling_bytes"]
@@ -262,9 +263,7 @@ def _reference_bytes(trainer: Any) -> int:
     reference = getattr(trainer, "ref_model", None)
     if reference is None or getattr(trainer, "beta", 0.0) == 0.0:
         return 0
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in (*reference.parameters(), *reference.buffers()) if t.device.type != "meta"}
-    return sum(storages.values())
+    return reference_bytes(reference)
 
 
 def _combined(training: Trial, generation: Trial, sampling: int, reference: int, source: GRPOSource) -> Trial:

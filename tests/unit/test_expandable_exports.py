@@ -41,7 +41,10 @@ def test_the_accelerate_script_sets_them_before_torch_and_the_launcher_line_says
     script = accelerate_script(PLAN, strategy=strategy)
     head = _before_torch(script)
     assert any(ENVIRONMENT_LINE in line for line in head)
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    # set first, so that monkeypatch puts back its absence too (delenv of an absent name records nothing, and the
+    # script's line would stay in this process's environment for the tests after)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
     exec("\n".join(head), {})  # the script's own lines, run as it runs them
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert script.splitlines()[len(head):] == accelerate_script(WITHOUT, strategy=strategy).splitlines()[1:]

@@ -253,6 +253,10 @@ class ReservedTrace:
             # Frees that come after the trial (its leftovers collected later) are not this trial's.
             if live[0] and not (self._paused and size > 0 and not allocator.holds(key)):
                 allocator.record(key, size)
+                if size <= 0:
+                    # A freed weight's key is no longer that weight: the host may give its address (the key) to the
+                    # next storage (a cast's copy), which release() must not take for the original.
+                    self._placed.pop(key, None)
                 if self._placing is not None and size > 0:
                     self._placing.append(key)
 

@@ -51,14 +51,15 @@ def fsdp_mem_tracker(model: Any, optimizer: Any) -> Any:
 @functools.cache
 def tracker_class() -> type:
     """PyTorch's ``FSDPMemTracker`` with a per-operator peak update that walks only the modules that are running
-    (the module docstring says why the result is PyTorch's); PyTorch's own class where its names are not there.
+    (the module docstring says why the result is PyTorch's), and that follows a group whose member module never runs
+    its own forward (:func:`_members_tracker`); PyTorch's own class where its names are not there.
 
     Example:
         >>> from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
         >>> issubclass(tracker_class(), FSDPMemTracker), tracker_class() is tracker_class()
         (True, True)
     """
-    pytorchs: Any = fsdp_mem_tracker_class()
+    pytorchs: Any = _members_tracker(fsdp_mem_tracker_class())
     total = mem_tracker_total_key()
     if not hasattr(pytorchs, "_update_peak_stats") or total is None:
         return pytorchs  # type: ignore[no-any-return]
@@ -90,6 +91,35 @@ def tracker_class() -> type:
                     self._peak_mem_snap[dev] = deepcopy(dev_snap)
 
     return RunningModulesTracker
+
+
+def _members_tracker(pytorchs: Any) -> Any:
+    """``pytorchs`` (PyTorch's ``FSDPMemTracker``), whose backward hooks of an FSDP group pass over a member module
+    that never ran its own forward. PyTorch's tracker keys a module's stats at its pre-forward and wraps the group's
+    ``pre_backward`` / ``post_backward`` once per member, each wrapper looking its module up: TRL 1.16's fused LM
+    head (SFT, DPO and GRPO trainers) reads ``lm_head.weight`` without calling ``lm_head``, which shares a group
+    with the final norm (accelerate's layout), so the look-up failed with a ``KeyError`` naming ``FSDPLinear``. The
+    group's gathering and gradients are the same; the member that ran records them. PyTorch's class where it lacks
+    these names."""
+    if not all(hasattr(pytorchs, name) for name in ("_fsdp_param_group_pre_backward",
+                                                     "_fsdp_param_group_post_backward")):
+        return pytorchs
+
+    class GroupMembersTracker(pytorchs):  # type: ignore[misc]
+        def _fsdp_param_group_pre_backward(self, fsdp_mod: Any, original: Any) -> Any:
+            return self._if_ran(fsdp_mod, super()._fsdp_param_group_pre_backward(fsdp_mod, original), original)
+
+        def _fsdp_param_group_post_backward(self, fsdp_mod: Any, original: Any) -> Any:
+            return self._if_ran(fsdp_mod, super()._fsdp_param_group_post_backward(fsdp_mod, original), original)
+
+        def _if_ran(self, fsdp_mod: Any, tracked: Any, original: Any) -> Any:
+            @functools.wraps(original)
+            def hook(*args: Any, **kwargs: Any) -> Any:
+                return (tracked if fsdp_mod in self.memory_tracking else original)(*args, **kwargs)
+
+            return hook
+
+    return GroupMembersTracker
 
 
 @contextlib.contextmanager

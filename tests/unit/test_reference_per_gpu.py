@@ -1,0 +1,75 @@
+"""A preference trainer's reference model added to an estimate of the policy's step as each GPU holds it
+(memlab.trainer.reference): whole on one GPU and under ZeRO-1/2, its share under FSDP2 and ZeRO-3, and under FSDP2
+all of it gathered (in the mixed-precision dtype) at the peak, as TRL 1.16's prepare_fsdp / prepare_deepspeed
+set it up."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from memlab.estimation.sharded.fsdp2 import DETAIL, ShardedTrial
+from memlab.plan import Plan
+from memlab.report import Trial
+from memlab.trainer.reference import reference_bytes, with_reference
+
+REFERENCE = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.LayerNorm(10))  # 110 + 20 floats: 520 bytes
+WHOLE = 520
+
+
+def sharded(strategy: str, gpus: int = 4, precision: str = "fp32") -> ShardedTrial:
+    detail = dict.fromkeys(DETAIL, 0) | {"sharded_params": 300, "activations": 700}
+    return ShardedTrial(Plan(precision=precision), "ok", 1000, {"params": 300, "activations": 700, "other": 0},
+                        None, None, None, "cuda", gpus=gpus, strategy=strategy, detail=detail)
+
+
+def trainer(reference: torch.nn.Module | None = REFERENCE) -> SimpleNamespace:
+    return SimpleNamespace(model=torch.nn.Linear(2, 2), ref_model=reference)
+
+
+def test_the_reference_is_counted_whole_on_one_gpu() -> None:
+    trial = with_reference(Trial(Plan(), "ok", 1000, {"params": 1000, "other": 0}, None, None, None, "cuda"),
+                           trainer())
+    assert trial.peak_bytes == 1000 + WHOLE and trial.breakdown["other"] == WHOLE
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero1", "ddp"])
+def test_zero_off_engines_hold_the_whole_reference_on_each_gpu(strategy: str) -> None:
+    trial = with_reference(sharded(strategy), trainer())
+    assert trial.peak_bytes == 1000 + WHOLE
+    assert "whole on each GPU" in trial.notes[-1]
+
+
+def test_zero3_holds_a_share_of_the_reference() -> None:
+    trial = with_reference(sharded("zero3"), trainer())
+    assert trial.peak_bytes == 1000 + WHOLE // 4
+    assert trial.detail["sharded_params"] == 300 + WHOLE // 4
+    assert sum(trial.detail.values()) == trial.peak_bytes == sum(trial.breakdown.values())
+
+
+@pytest.mark.parametrize(("precision", "gathered"), [("fp32", WHOLE), ("bf16", 260)])
+def test_fsdp2_holds_a_share_and_gathers_the_whole_reference_in_the_policys_dtype(precision: str,
+                                                                                  gathered: int) -> None:
+    trial = with_reference(sharded("fsdp2", precision=precision), trainer())
+    assert trial.peak_bytes == 1000 + WHOLE // 4 + gathered
+    assert trial.detail["unsharded_params"] == gathered
+    assert sum(trial.detail.values()) == trial.peak_bytes == sum(trial.breakdown.values())
+    assert "gathered for its forward" in trial.notes[-1]
+
+
+def test_a_trainer_without_a_separate_reference_is_unchanged() -> None:
+    base = sharded("fsdp2")
+    assert with_reference(base, trainer(None)) is base
+    same = trainer()
+    same.ref_model = same.model
+    assert with_reference(base, same) is base
+
+
+def test_reference_bytes_counts_each_storage_once_and_skips_meta() -> None:
+    tied = torch.nn.Linear(3, 3, bias=False)
+    both = torch.nn.ModuleList([tied, tied])
+    assert reference_bytes(both) == 36
+    with torch.device("meta"):
+        assert reference_bytes(torch.nn.Linear(3, 3)) == 0
