@@ -30,6 +30,8 @@ __all__ = [
     "cache_bytes",
     "cache_tensors",
     "cache_tokens",
+    "can_grow",
+    "grow_cache",
     "is_causal_lm",
     "has_no_kv_cache",
     "kv_cache_bytes",
@@ -284,6 +286,54 @@ def cache_tokens(cache: Any) -> int:
         return int(cache.get_seq_length())
     except Exception:  # noqa: BLE001 - an empty cache of some layouts cannot say
         return 0
+
+
+def can_grow(cache: Any) -> bool:
+    """Whether :func:`grow_cache` can grow ``cache``: a filled ``DynamicCache`` whose layers are all full or
+    sliding-window ones (not static, quantized or linear-attention layers, nor a window that keeps its past).
+
+    Example:
+        >>> from transformers import DynamicCache
+        >>> can_grow(DynamicCache())
+        False
+    """
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = list(getattr(cache, "layers", ()) or ())
+    return bool(layers) and all(
+        (type(layer) is DynamicLayer or (type(layer) is DynamicSlidingWindowLayer and not layer.record_past))
+        and isinstance(getattr(layer, "keys", None), torch.Tensor) for layer in layers)
+
+
+def grow_cache(cache: Any, tokens: int) -> None:
+    """Grow a ``DynamicCache`` (one :func:`can_grow` accepts) by ``tokens`` positions per row to what that many
+    one-token decode steps would leave in it, without running them: what a dry run's generation skips, since its
+    decode steps differ only in the cache's length. Each layer's keys, then its values, are replaced by tensors of
+    the grown size, the new one made while the old is alive, as the step's ``torch.cat`` makes it: a full layer's
+    of every position, a sliding window's of the window it keeps, on the storage a one-token step leaves (one
+    position more than the window keeps). Hand-written because transformers has no way to extend a cache without
+    running the model; :func:`can_grow` limits it to the two layer kinds whose storage it knows.
+
+    Example:
+        >>> from transformers import DynamicCache
+        >>> cache = DynamicCache()
+        >>> _ = cache.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), 0)
+        >>> grow_cache(cache, 5)
+        >>> cache_tokens(cache), cache_bytes(cache)
+        (8, 512)
+    """
+    for layer in cache.layers:
+        window = getattr(layer, "sliding_window", None)
+        grown = layer.get_seq_length() + tokens
+        kept = grown if window is None else min(grown, window - 1)
+        stored = grown if window is None else min(grown - 1, window - 1) + 1
+        for name in ("keys", "values"):
+            old = getattr(layer, name)
+            made = old.new_empty((*old.shape[:-2], stored, old.shape[-1]))
+            setattr(layer, name, made[..., stored - kept:, :])
+            del old, made
+        if window is not None:
+            layer.cumulative_length = grown
 
 
 def track_cache(cache: Any, tracker: MemoryTracker | None) -> Callable[[], None]:

@@ -164,6 +164,14 @@ memlab.compare(model, batch, [memlab.InferencePlan(...), ...]) and a second comp
     return plans
 
 
+SKIPPED_DECODE_NOTE = (
+    "generation estimated by its shape: the prefill, the first decode step and the last (the KV cache grown to its "
+    "full length between them) instead of every decode step, so its cost does not grow with the new tokens; the "
+    "allocated peak is a step-by-step dry run's, the card figure up to about 3% below it where decode holds the peak "
+    "(the allocator's segments split as the cache grows one token at a time)"
+)
+
+
 class InferenceRecord(TrialRecord):
     """What one inference trial has found so far: what every trial records, plus the prefill and decode times and
     the KV cache at the end of the tracked step.
@@ -204,6 +212,8 @@ class InferenceAttempt(Attempt):
         result = self.run(self.plan, tracker)
         if kind == "tracked":
             self.record.cache_bytes, self.record.cache_tokens = result.cache_bytes, result.cache_tokens
+            if result.skipped_decode and SKIPPED_DECODE_NOTE not in self.record.notes:
+                self.record.notes.append(SKIPPED_DECODE_NOTE)
         elif kind == "timed":
             if result.prefill_s is not None:
                 self.record.prefill_times.append(result.prefill_s)

@@ -22,6 +22,8 @@ from memlab.inference.kv import (
     cache_bytes,
     cache_keyword,
     cache_tokens,
+    can_grow,
+    grow_cache,
     is_causal_lm,
     new_cache,
     takes_logits_to_keep,
@@ -39,8 +41,9 @@ __all__ = ["InferenceStep", "StepResult", "decoder_inputs", "is_encoder_decoder"
 
 @dataclass
 class StepResult:
-    """What one inference step did: seconds of its prefill and of each decode step (generation only), and the KV
-    cache it held at the end (bytes, tokens per row).
+    """What one inference step did: seconds of its prefill and of each decode step (generation only), the KV
+    cache it held at the end (bytes, tokens per row), and the decode steps a dry run did not run (their cache grown
+    instead: :meth:`InferenceStep.skipped`).
 
     Example:
         >>> from memlab.measure.probes import probe_for
@@ -49,13 +52,14 @@ class StepResult:
         >>> model = nn.Linear(4, 2)
         >>> step = InferenceStep(RunContext(model, torch.randn(3, 4), RunOptions(), probe_for(model), rows=3))
         >>> step(InferencePlan())
-        StepResult(prefill_s=None, decode_s=[], cache_bytes=0, cache_tokens=0)
+        StepResult(prefill_s=None, decode_s=[], cache_bytes=0, cache_tokens=0, skipped_decode=0)
     """
 
     prefill_s: float | None = None
     decode_s: list[float] = field(default_factory=list)
     cache_bytes: int = 0
     cache_tokens: int = 0
+    skipped_decode: int = 0
 
 
 class InferenceStep:
@@ -108,9 +112,17 @@ class InferenceStep:
                 next_token = logits[:, -1:].argmax(-1)
                 del logits
             self.probe.synchronize()
-            result = StepResult(prefill_s=self.clock() - started)
             sequence = torch.cat([ids, next_token], dim=1)
-            for _ in range(plan.new_tokens - 1):
+            skipped = self.skipped(plan, ids, cache)
+            result = StepResult(prefill_s=self.clock() - started, skipped_decode=skipped)
+            for index in range(plan.new_tokens - 1 - skipped):
+                if skipped and index == 1:  # the steps between the first and the last, as they would leave it
+                    if cache is not None:
+                        with _phase(tracker, "kv_cache"):
+                            grow_cache(cache, skipped)
+                    sequence = torch.cat([sequence, sequence.new_zeros((sequence.shape[0], skipped))], dim=1)
+                    if mask is not None:
+                        mask = torch.cat([mask, mask.new_ones((mask.shape[0], skipped))], dim=1)
                 self.probe.synchronize()
                 started = self.clock()
                 if mask is not None:
@@ -129,6 +141,18 @@ class InferenceStep:
             return result
         finally:
             untrack()
+
+    @staticmethod
+    def skipped(plan: InferencePlan, ids: torch.Tensor, cache: Any) -> int:
+        """The decode steps a dry run leaves out: on fake tensors, all but the first and the last (they differ only
+        in the cache's length, which :func:`~memlab.inference.kv.grow_cache` sets), so that a generation's estimate
+        costs the same at any length; none on real tensors, or where the cache cannot be grown."""
+        from torch._subclasses.fake_tensor import is_fake
+
+        skipped = plan.new_tokens - 3
+        if skipped <= 0 or not is_fake(ids) or (cache is not None and not can_grow(cache)):
+            return 0
+        return skipped
 
     def _forward(self, inputs: Any, cache: Any, use_cache: bool, *, last_only: bool) -> Any:
         if self.causal:
