@@ -155,6 +155,8 @@ class NotebookRun:
     cpu_seconds: float | None = None
     """The kernel's own CPU time (user and system): what the notebook costs, which, unlike :attr:`seconds`, the
     rest of a busy machine barely changes (each kernel runs one torch thread)."""
+    left_behind: list[str] | None = None
+    """What the run left in the kernel's working folder (a reader's ``notebooks/``), by name."""
 
 
 def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
@@ -197,7 +199,7 @@ def execute(name: str, workdir: Path, env: dict[str, str]) -> NotebookRun:
         for output in cell.get("outputs", [])
     )
     return NotebookRun(name, seconds, warnings_printed(nb), saved_bytes=saved_size(nb), two_forms=two_forms,
-                       cpu_seconds=cpu_seconds)
+                       cpu_seconds=cpu_seconds, left_behind=sorted(os.listdir(workdir)))
 
 
 def _children_cpu_seconds() -> float:

@@ -124,12 +124,6 @@ def _inference(request: EstimateRequest) -> Trial:
     """An :class:`memlab.InferencePlan` on one device."""
     from memlab.estimation.dryrun.single_gpu import estimate_inference
 
-    if isinstance(request.plan, (list, tuple)):
-        raise MemlabError(
-            "estimate takes one plan, and this is a list; write memlab.estimate(model, batch, "
-            "memlab.InferencePlan(...)) for each, or estimate_plans(model, batch, [...]) for all (from "
-            "memlab.estimation.estimate import estimate_plans)"
-        )
     if request.sharded or request.gpus != 1:
         raise MemlabError("an InferencePlan is estimated on one device; drop gpus= and strategy=")
     inference = cast("InferencePlan", request.plan)
@@ -203,6 +197,11 @@ def route(request: EstimateRequest) -> Trial:
         ('ok', True)
     """
     gpu_kind(request.gpu)  # an unknown GPU is refused before anything is built
+    if isinstance(request.plan, (list, tuple)):
+        raise MemlabError(
+            "estimate takes one plan, and this is a list; write memlab.estimate(model, batch, plan) for each, or "
+            "estimate_plans(model, batch, [...]) for all (from memlab.estimation.estimate import estimate_plans)"
+        )
     if not isinstance(request.expandable_segments, bool):
         raise MemlabError(f"expandable_segments={request.expandable_segments!r} is not True or False; write "
                           "expandable_segments=True for PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or leave "

@@ -44,10 +44,11 @@ def enable_checkpointing(model: nn.Module, blocks: bool | int = True) -> Undo:
     :func:`chosen_blocks` says); the returned function puts the model's previous setting back exactly.
 
     Hugging Face models go through their own switch (``activation_checkpointing_enable``, the successor of
-    ``gradient_checkpointing_enable``) with ``use_reentrant=False``; for ``k`` blocks, the switch's flag
-    (``gradient_checkpointing``, which transformers' ``GradientCheckpointingLayer`` reads) is then put back off on the
-    layers not chosen. Any other module (and a Hugging Face model without such layers) gets its chosen repeated blocks
-    (see :func:`checkpoint_blocks`) wrapped in non-reentrant ``torch.utils.checkpoint``.
+    ``gradient_checkpointing_enable``) with ``use_reentrant=False``; the switch's flag (``gradient_checkpointing``,
+    which transformers' ``GradientCheckpointingLayer`` reads) is then set on the chosen layers and off on the others,
+    whichever layers the switch itself picked (an override of it may pick every n-th). Any other module (and a Hugging
+    Face model without such layers) gets its chosen repeated blocks (see :func:`checkpoint_blocks`) wrapped in
+    non-reentrant ``torch.utils.checkpoint``.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
@@ -73,9 +74,9 @@ def enable_checkpointing(model: nn.Module, blocks: bool | int = True) -> Undo:
             switch(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+        # The plan's blocks, whichever the switch chose (an override of it may pick its own, every n-th layer)
         for index, layer in enumerate(_flagged_layers(model)):
-            if index not in chosen:
-                layer.__dict__["gradient_checkpointing"] = False
+            layer.__dict__["gradient_checkpointing"] = index in chosen
     else:
         for index, block in enumerate(every):
             if index in chosen:

@@ -180,27 +180,56 @@ def _rebuild_accelerator(create: Callable[[], None]) -> None:
     create()
 
 
-def shared_state_restorer() -> Callable[[], None]:
-    """What puts accelerate's process-wide state back exactly as it is now: ``PartialState`` and
+class SharedStateRestorer:
+    """What puts accelerate's process-wide state back as it was when this restorer was made: ``PartialState`` and
     ``AcceleratorState`` share one dict each among all their instances (every trainer's accelerator reads them),
     so a rebuild that resets them, or fails half-way, would otherwise leave every other trainer in the process
     without its state (``'AcceleratorState' object has no attribute 'parallelism_config'``).
 
+    Only a state that worked is put back, and only over the one memlab left (:meth:`left_by_memlab`). Arguments made
+    before the plan went on (an ``SFTConfig`` for the next trainer) reset the state and leave it empty: a trainer
+    built after the rebuild shares the rebuilt state, and emptied again, its steps would fail as above. And a
+    trainer built since whose arguments reset the state set a whole state of its own, which every accelerator reads
+    from then on, as accelerate has it: it stays.
+
     Example:
         >>> from accelerate.state import AcceleratorState
         >>> restore = shared_state_restorer()
-        >>> AcceleratorState._reset_state(); restore()
+        >>> AcceleratorState._reset_state(); restore.left_by_memlab(); restore()
     """
-    from accelerate.state import AcceleratorState, PartialState
 
-    saved = [(shared, dict(shared)) for shared in (PartialState._shared_state, AcceleratorState._shared_state)]
+    def __init__(self) -> None:
+        from accelerate.state import AcceleratorState, PartialState
 
-    def restore() -> None:
-        for shared, state in saved:  # the same dict objects: every instance shares them
+        self._shared = (PartialState._shared_state, AcceleratorState._shared_state)
+        self._saved = tuple(dict(shared) for shared in self._shared)
+        self._left: tuple[dict[str, Any], ...] | None = None
+
+    def left_by_memlab(self) -> None:
+        """Note the state as memlab leaves it (after the rebuild), to tell a later trainer's state from it."""
+        self._left = tuple(dict(shared) for shared in self._shared)
+
+    def __call__(self) -> None:
+        if not self._saved[-1]:
+            return  # no accelerator had a state to go back to
+        if self._left is not None and self._shared[-1] and not all(
+            shared.keys() == left.keys() and all(shared[key] is value for key, value in left.items())
+            for shared, left in zip(self._shared, self._left, strict=True)
+        ):
+            return  # a whole state made since memlab's rebuild (another trainer's): it stays
+        for shared, state in zip(self._shared, self._saved, strict=True):  # the same dicts: every instance shares them
             shared.clear()
             shared.update(state)
 
-    return restore
+
+def shared_state_restorer() -> SharedStateRestorer:
+    """A :class:`SharedStateRestorer` of accelerate's process-wide state as it is now.
+
+    Example:
+        >>> restore = shared_state_restorer()
+        >>> restore.left_by_memlab(); restore()
+    """
+    return SharedStateRestorer()
 
 
 def _fresh_generations(trainer: Any) -> None:
@@ -288,6 +317,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
             trainer._train_batch_size = new_args.train_batch_size
         if rebuild is not None:  # undo gives the trainer its own accelerator object back, and the shared state
             rebuild()
+        restore_shared.left_by_memlab()
         trl_offload_context_for(trainer)
         vars(trainer)[APPLIED_MARK] = plan.label()
         if plan.adapter != "none" and not carried:

@@ -70,6 +70,9 @@ class TrainerKind:
         export_refusal: ``export_refusal(plan) -> str``: why its config cannot carry ``plan`` (what to write
             instead), ``""`` when it can.
         elsewhere: ``elsewhere(trainer) -> str``: what an entry point that does not run :attr:`target`'s step says.
+        rows_per_example: rows of the batch its ``compute_loss`` takes per example its
+            ``per_device_train_batch_size`` counts (a DPOTrainer's chosen and rejected, 2): what
+            :func:`memlab.watch` counts a step's samples in, as the trainer's own samples per second does.
     """
 
     name: str
@@ -89,6 +92,7 @@ class TrainerKind:
     arguments: Callable[[Any, Any], dict[str, Any]] | None = None
     export_refusal: Callable[[Any], str] | None = None
     elsewhere: Callable[[Any], str] | None = None
+    rows_per_example: int = 1
 
     def recognises(self, cls: type) -> bool:
         """Whether ``cls`` is this kind's class (by name and module, so nothing is imported).
@@ -125,7 +129,7 @@ KINDS: list[TrainerKind] = [
     TrainerKind("DPOTrainer", "trl.", "DPOConfig",
                 batch=f"{WORST_BATCH} (chosen and rejected together, as the trainer batches them)",
                 # the same reference log-probs, computed before training (memlab.techniques.precompute_ref)
-                dry_run_levers={"precompute_ref": [None, True]}),
+                dry_run_levers={"precompute_ref": [None, True]}, rows_per_example=2),
 ]
 """Every kind memlab takes, in order (the Trainer first); :func:`register` adds one. A kind whose step is its own
 is declared in its own module, which :mod:`memlab.trainer` imports (it registers the kind): GRPO's is

@@ -54,8 +54,10 @@ class StepRecord:
         step: the trainer's ``global_step`` after the step (1 for the first).
         peak_bytes: the step's memory peak (see the module's docstring for how it is read).
         step_time_s: wall time from the step's start to its end (forward, backward, optimizer).
-        samples_per_s: rows of the step over its time.
-        lengths: tokens of each row the step trained on (attention-mask sums; padded length without a mask).
+        samples_per_s: examples of the step over its time, as the trainer counts them
+            (``per_device_train_batch_size`` counts them: a DPOTrainer's pairs, a GRPOTrainer's completions).
+        lengths: tokens of each row the step trained on (attention-mask sums; padded length without a mask; a
+            GRPOTrainer's prompt and completion).
         padded_length: the longest padded sequence of the step's micro-batches.
         categories: bytes by category (params, grads, optimizer, activations, other) at the step's peak, summing
             to ``peak_bytes``: read on CPU (memlab's tracker knows what each tensor is); empty on CUDA, whose
@@ -72,7 +74,8 @@ class StepRecord:
 
 
 def batch_lengths(inputs: Any) -> tuple[tuple[int, ...], int]:
-    """Tokens per row of a collated batch, and its padded length.
+    """Tokens per row of a collated batch (or of a GRPOTrainer's generated one: each prompt and its completion), and
+    its padded length.
 
     Example:
         >>> import torch
@@ -82,7 +85,14 @@ def batch_lengths(inputs: Any) -> tuple[tuple[int, ...], int]:
         ((4, 4, 4), 4)
         >>> batch_lengths({"input_ids": torch.zeros(1, 5), "position_ids": torch.tensor([[0, 1, 2, 0, 1]])})
         ((3, 2), 5)
+        >>> generated = {"prompt_ids": torch.zeros(2, 3), "prompt_mask": torch.tensor([[0, 1, 1], [1, 1, 1]]),
+        ...              "completion_ids": torch.zeros(2, 4), "completion_mask": torch.tensor([[1] * 4, [1, 0, 0, 0]])}
+        >>> batch_lengths(generated)
+        ((6, 4), 7)
     """
+    if _is_generated(inputs):
+        prompt, completion = _generated_lengths(inputs, "prompt"), _generated_lengths(inputs, "completion")
+        return tuple(a + b for a, b in zip(prompt[0], completion[0], strict=True)), prompt[1] + completion[1]
     ids = inputs.get("input_ids") if isinstance(inputs, dict) or hasattr(inputs, "get") else None
     mask = inputs.get("attention_mask") if ids is not None else None
     if ids is None or getattr(ids, "ndim", 0) < 1:
@@ -99,6 +109,23 @@ def batch_lengths(inputs: Any) -> tuple[tuple[int, ...], int]:
         return tuple(int(n) for n in mask.sum(-1).tolist()), padded
     rows = int(ids.shape[0]) if ids.ndim > 1 else 1
     return (padded,) * rows, padded
+
+
+def _is_generated(inputs: Any) -> bool:
+    return isinstance(inputs, dict) and "prompt_ids" in inputs and "completion_ids" in inputs
+
+
+def _generated_lengths(inputs: dict[str, Any], part: str) -> tuple[tuple[int, ...], int]:
+    return batch_lengths({"input_ids": inputs[f"{part}_ids"], "attention_mask": inputs.get(f"{part}_mask")})
+
+
+def _rows_per_example(trainer: Any) -> int:
+    from memlab.trainer.kinds import kind_of
+
+    try:
+        return kind_of(trainer).rows_per_example
+    except MemlabError:  # a trainer of no declared kind is watched too: a row is an example
+        return 1
 
 
 class _StepMemory:
@@ -237,6 +264,8 @@ class Watch:
         self._memory = _StepMemory(trainer)
         self._started = 0.0
         self._rows: list[tuple[tuple[int, ...], int]] = []
+        self._rows_per_example = _rows_per_example(trainer)
+        self._trained: Any = None  # the micro-batch the running training_step trains on
         self._callback: Any = None
         self._saved: dict[str, Any] = {}
         self.removed = False
@@ -342,8 +371,8 @@ class Watch:
             return
         elapsed = time.perf_counter() - self._started
         lengths = tuple(n for row, _ in self._rows for n in row)
-        rows = len(lengths)
-        record = StepRecord(step, peak, elapsed, rows / elapsed if elapsed > 0 else 0.0, lengths,
+        examples = len(lengths) / self._rows_per_example
+        record = StepRecord(step, peak, elapsed, examples / elapsed if elapsed > 0 else 0.0, lengths,
                             max((padded for _, padded in self._rows), default=0), self._memory.breakdown)
         self.steps.append(record)
         self._memory.keep(step, peak)
@@ -448,18 +477,25 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
 
     @functools.wraps(original)
     def training_step(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        result.saw_inputs(inputs)
+        # What the step trains on is what its compute_loss is given (a GRPOTrainer's training_step is given prompts
+        # and generates the rows it trains on); the inputs themselves where no compute_loss runs.
+        result._trained = inputs
         try:
             with result._memory.forward_and_backward():
-                return original(model, inputs, *args, **kwargs)
+                output = original(model, inputs, *args, **kwargs)
+            result.saw_inputs(result._trained)
+            return output
         except BaseException:
             result._memory.stop()  # never leave the CPU tracker's dispatch mode on after an error
             raise
         finally:
+            result._trained = None
             result._memory.mark(None)
 
     @functools.wraps(original_loss)
     def compute_loss(*args: Any, **kwargs: Any) -> Any:
+        if result._trained is not None:
+            result._trained = kwargs["inputs"] if "inputs" in kwargs else args[1] if len(args) > 1 else result._trained
         # The timeline's phases: the loss is the forward, the rest of training_step its backward.
         result._memory.mark("forward")
         try:

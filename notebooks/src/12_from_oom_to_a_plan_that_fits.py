@@ -20,6 +20,7 @@
 
 # %%
 import logging
+import tempfile
 import warnings
 
 # Quiet before the imports: some libraries warn while they load.
@@ -114,8 +115,9 @@ config = LlamaConfig(
 )
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_config(config).to(device)
+workdir = tempfile.TemporaryDirectory(prefix="nb12-")  # the trainers' output folders, removed with the kernel
 args = trl.SFTConfig(
-    output_dir="nb12-output",
+    output_dir=f"{workdir.name}/output",
     report_to=[],
     use_cpu=device == "cpu",
     save_strategy="no",
@@ -234,7 +236,7 @@ steps_over.assign(peak_MiB=(steps_over.peak_bytes / 2**20).round(2))[
 from peft import LoraConfig
 
 packed_args = trl.SFTConfig(
-    output_dir="nb12-packed", report_to=[], use_cpu=device == "cpu", save_strategy="no", num_train_epochs=1,
+    output_dir=f"{workdir.name}/packed", report_to=[], use_cpu=device == "cpu", save_strategy="no", num_train_epochs=1,
     per_device_train_batch_size=2, logging_steps=2, disable_tqdm=True, seed=0,
     packing=True, max_length=lengths[-1] // 2,
 )

@@ -18,6 +18,7 @@
 
 # %%
 import logging
+import tempfile
 import warnings
 
 # Quiet before the imports: some libraries warn while they load.
@@ -115,8 +116,11 @@ config = LlamaConfig(
     pad_token_id=0,
     eos_token_id=2,
 )
-AutoModelForCausalLM.from_config(config).save_pretrained("nb14-policy")
-# With internet, a real policy's name goes where "nb14-policy" is below: from_pretrained("Qwen/Qwen3-0.6B")
+# The policy and the trainers' output folders go in a temporary folder, removed when the kernel stops.
+workdir = tempfile.TemporaryDirectory(prefix="nb14-")
+policy_path = f"{workdir.name}/policy"
+AutoModelForCausalLM.from_config(config).save_pretrained(policy_path)
+# With internet, a real policy's name goes where policy_path is below: from_pretrained("Qwen/Qwen3-0.6B")
 print(f"{sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()):,} parameters; "
       f"{len(prompts)} prompts such as "
       f"{prompts[0]['prompt']!r}")
@@ -133,7 +137,7 @@ print(f"{sum(p.numel() for p in AutoModelForCausalLM.from_config(config).paramet
 def grpo_trainer():
     """A GRPOTrainer on the saved policy: made again later for a plan to train from its first step."""
     args = trl.GRPOConfig(
-        output_dir="nb14-output",
+        output_dir=f"{workdir.name}/output",
         report_to=[],
         use_cpu=device == "cpu",
         save_strategy="no",
@@ -151,7 +155,7 @@ def grpo_trainer():
         seed=0,
         log_level="error",
     )
-    policy = AutoModelForCausalLM.from_pretrained("nb14-policy").to(device)
+    policy = AutoModelForCausalLM.from_pretrained(policy_path).to(device)
     return trl.GRPOTrainer(model=policy, reward_funcs=close_to_the_sum, args=args, train_dataset=prompts,
                            processing_class=tokenizer)
 
@@ -289,8 +293,8 @@ lora = memlab.Plan(adapter="lora", lora_rank=16, lora_alpha=32, weights="bf16", 
 def grpo_loss(settings):
     """``loss_fn(model, batch)``: TRL's GRPO loss for ``settings``, from a tiny trainer made with them."""
     shape = trl.GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained("nb14-policy"), reward_funcs=close_to_the_sum,
-        args=trl.GRPOConfig(output_dir="nb14-shape", report_to=[], use_cpu=True, save_strategy="no",
+        model=AutoModelForCausalLM.from_pretrained(policy_path), reward_funcs=close_to_the_sum,
+        args=trl.GRPOConfig(output_dir=f"{workdir.name}/shape", report_to=[], use_cpu=True, save_strategy="no",
                             bf16=False, disable_tqdm=True, **settings),
         train_dataset=prompts, processing_class=tokenizer)
     shape.current_gradient_accumulation_steps = 1  # memlab scales the loss for accumulation itself
@@ -390,8 +394,8 @@ vllm_settings = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utiliz
                      vllm_enable_sleep_mode=True)
 if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available():
     colocated = trl.GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained("nb14-policy"), reward_funcs=close_to_the_sum,
-        args=trl.GRPOConfig(output_dir="nb14-vllm", report_to=[], save_strategy="no", max_steps=train_steps,
+        model=AutoModelForCausalLM.from_pretrained(policy_path), reward_funcs=close_to_the_sum,
+        args=trl.GRPOConfig(output_dir=f"{workdir.name}/vllm", report_to=[], save_strategy="no", max_steps=train_steps,
                             per_device_train_batch_size=rows, gradient_accumulation_steps=2,
                             num_generations=generations, max_completion_length=completion, **vllm_settings),
         train_dataset=prompts, processing_class=tokenizer)

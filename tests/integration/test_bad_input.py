@@ -78,6 +78,16 @@ def test_negative_shapes_in_estimate_are_refused() -> None:
         memlab.estimate(tiny_llama(), {"input_ids": (1, -8), "labels": (1, -8)}, device="cpu")
 
 
+def test_estimate_given_a_list_of_training_plans_says_it_takes_one() -> None:
+    """issue 71: a list of Plans was refused as "[Plan(...), ...] is not a memlab.Plan; write memlab.Plan(...)", which
+    names no fix; the inference route's own words now hold for every route."""
+    shapes = {"input_ids": (1, 8), "labels": (1, 8)}
+    for model in (tiny_llama(), "llama-7b"):
+        for plans in ([memlab.Plan(checkpointing=True)], (memlab.Plan(), memlab.Plan(precision="bf16"))):
+            with pytest.raises(MemlabError, match=r"estimate takes one plan, and this is a list; .*estimate_plans"):
+                memlab.estimate(model, shapes, plans, device="cpu")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_a_non_finite_loss_is_an_error_never_ok(value: float) -> None:
     model = tiny_mlp()

@@ -118,3 +118,26 @@ def test_fit_finds_the_fewest_blocks_that_fit() -> None:
     # one block fewer does not fit (measured in the search or here)
     assert memlab.measure(model, batch, memlab.Plan(checkpointing=fewest - 1), **options).peak_bytes > budget
     assert len(report.trials) <= 2 + 4  # plain, all, and a bisection over 8 blocks
+
+
+def test_the_plan_decides_the_blocks_where_the_models_own_switch_chooses_others() -> None:
+    """A model whose checkpointing switch picks its own layers (an override of gradient_checkpointing_enable, as TRL's
+    selective checkpointing wraps it; here every other layer, transformers' every_n_layers=2) ran checkpointing=True
+    with two blocks of four, and estimated it so (issue 71 item 13: the four-block estimate of checkpointing=True came
+    out as one block's): the blocks checkpointed are the plan's, measured, estimated and undone exactly."""
+    from transformers import LlamaForCausalLM
+
+    class EveryOther(LlamaForCausalLM):
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, **kwargs):
+            super().gradient_checkpointing_enable(gradient_checkpointing_kwargs, **{**kwargs, "every_n_layers": 2})
+
+    torch.manual_seed(0)
+    model = EveryOther(tiny_llama(layers=LAYERS).config)
+    before = fingerprint(model)
+    for k in [*range(1, LAYERS + 1), True]:
+        with memlab.apply(model, memlab.Plan(checkpointing=k), loss_fn=_loss_of(model)):
+            assert checkpointed_blocks(model) == chosen_blocks(LAYERS, k), k
+        assert_same(before, fingerprint(model))
+    shapes = {"input_ids": (1, 32), "labels": (1, 32)}
+    every, named = (memlab.estimate(model, shapes, memlab.Plan(checkpointing=k), device="cpu") for k in (True, LAYERS))
+    assert every.peak_bytes == named.peak_bytes

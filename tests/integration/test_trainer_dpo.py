@@ -107,3 +107,16 @@ def test_dpo_fit_then_trained_under_watch_within_the_budget(tmp_path: Any) -> No
         watched.remove()
     assert 0 < watched.peak_bytes <= budget
     assert trainer.args is held["args"] and trainer.model is held["model"]
+
+
+def test_a_watched_dpo_step_counts_pairs_as_the_trainer_does(tmp_path: Any) -> None:
+    """issue 71 item 8's neighbour: memlab.watch counted a DPOTrainer's chosen and rejected rows as two samples each
+    pair, twice the samples per second the trainer's own log says."""
+    trainer = dpo(tmp_path, "reference", max_steps=2)
+    watched = memlab.watch(trainer)
+    metrics = trainer.train().metrics
+    watched.remove()
+    counted = [round(step.samples_per_s * step.step_time_s) for step in watched.steps]
+    assert counted == [trainer.args.per_device_train_batch_size] * 2
+    assert sum(counted) == round(metrics["train_samples_per_second"] * metrics["train_runtime"])
+    assert all(len(step.lengths) == 2 * n for step, n in zip(watched.steps, counted, strict=True))  # chosen, rejected

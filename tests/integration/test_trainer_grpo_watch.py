@@ -98,3 +98,23 @@ def test_apply_on_a_trainer_that_trained_then_undo_trains_again(tmp_path: Any) -
     assert trainer.args.steps_per_generation == 2
     trainer.train()
     assert trainer.state.global_step == 1
+
+
+def samples_each_step(watched: Any) -> list[int]:
+    """The samples a watch counted in each step (its samples per second over the step's time)."""
+    return [round(step.samples_per_s * step.step_time_s) for step in watched.steps]
+
+
+def test_a_watched_grpo_step_counts_its_completions_as_the_trainer_does(tmp_path: Any) -> None:
+    """issue 71 item 8: memlab.watch reported 0 samples/s on every step of a GRPOTrainer (TRL's own log said 1.274
+    samples/s): its training_step is given the prompts, and the rows it trains on are generated inside it."""
+    trainer = grpo(tmp_path, gradient_accumulation_steps=2)
+    watched = memlab.watch(trainer)
+    metrics = trainer.train().metrics
+    watched.remove()
+    per_step = trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps  # completions
+    assert all(step.samples_per_s > 0 for step in watched.steps)
+    assert samples_each_step(watched) == [per_step] * trainer.args.max_steps
+    assert sum(samples_each_step(watched)) == round(metrics["train_samples_per_second"] * metrics["train_runtime"])
+    # each row's tokens: its prompt's and its completion's (at most max_completion_length)
+    assert all(len(step.lengths) == per_step and all(n > 4 for n in step.lengths) for step in watched.steps)

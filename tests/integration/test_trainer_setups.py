@@ -323,3 +323,27 @@ def test_a_plan_on_a_trainer_keeps_its_effective_batch(tmp_path):
         assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (2, 2)
         assert applied.plan.accumulation == 2
     assert trainer.args is args
+
+
+def test_undo_leaves_a_trainer_built_since_its_own_accelerate_state(tmp_path):
+    """issue 71 item 12: in a notebook, a padding-free SFTTrainer built while a plan was on
+    another trainer ended every trial of its fit in "'AcceleratorState' object has no attribute
+    'parallelism_config'". The plan went on after an SFTConfig was made (any arguments reset accelerate's
+    process-wide state), and undo() put that empty state back over the one the new trainer had set."""
+    from accelerate.state import AcceleratorState
+
+    first = _plain(tmp_path / "first")
+    assert memlab.fit(first, budget="1GiB", space={"micro_batch": [ROWS, 1]}, steps=1, warmup=0, noise=0).best
+    args = trl.SFTConfig(output_dir=str(tmp_path / "second"), report_to=[], use_cpu=True, save_strategy="no",
+                         max_steps=1, per_device_train_batch_size=ROWS, disable_tqdm=True, padding_free=True,
+                         max_length=None, bf16=False)
+    applied = memlab.apply(first, memlab.Plan(micro_batch=1, accumulation=ROWS))
+    first.train()
+    second = trl.SFTTrainer(model=llama(), args=args, train_dataset=tokens(), processing_class=tokenizer())
+    built = dict(AcceleratorState._shared_state)
+    applied.undo()
+    assert AcceleratorState._shared_state == built and second.accelerator.parallelism_config is None
+    report = memlab.fit(second, budget="1GiB", space={"micro_batch": [ROWS, 1], "checkpointing": [False]}, steps=1,
+                        warmup=0, noise=0)
+    assert [t.status for t in report.trials] == ["ok"] * len(report.trials), [t.error for t in report.trials]
+    assert memlab.measure(first, steps=1, noise=0).status == "ok"  # the first trainer reads the newer state

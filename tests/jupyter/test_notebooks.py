@@ -26,6 +26,10 @@ ALL_NOTEBOOKS_S = 600
 
 DRY_RUNS = {"07_will_7b_fit.ipynb", "10_when_one_gpu_is_not_enough.ipynb"}  # no model runs: fake tensors only
 
+KEPT = {"00_where_memory_goes.ipynb": ["step.pickle"],
+        "10_when_one_gpu_is_not_enough.ipynb": ["memlab_accelerate.yaml"]}
+"""What a notebook writes beside itself on purpose (for the reader to open; .gitignore ignores it): nothing else."""
+
 TIMINGS: dict[str, float] = {}
 CPU_TIMINGS: dict[str, float] = {}
 SAVED_LIMIT_BYTES = 250_000
@@ -53,6 +57,8 @@ def test_notebook_runs_top_to_bottom(name):
     assert run.cpu_seconds < PER_NOTEBOOK_S, (
         f"{name} took {run.cpu_seconds:.0f} CPU s ({run.seconds:.0f} s of wall time); the limit is {PER_NOTEBOOK_S} s")
     assert not run.warnings, run.warnings
+    # issue 71: Run All left notebooks/nb14-policy/ (and the trainers' output folders) untracked
+    assert run.left_behind == KEPT.get(name, []), f"{name} left {run.left_behind} beside itself"
     # Saved after the run, outputs and widget state included: one static form per figure keeps it small (issue 39).
     assert run.two_forms == 0, f"{name}: {run.two_forms} outputs keep a figure both as SVG and as plotly JSON"
     assert run.saved_bytes is not None and run.saved_bytes < SAVED_LIMIT_BYTES, (
