@@ -316,17 +316,17 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
 
     An out-of-memory plan's "does not fit" bar reaches what is known of its peak, a lower bound: the budget that
     stopped it, or more where it reached more before the allocation that broke it (failing both, the highest peak
-    drawn, so the bar is never invisible); the static figure writes the bound above it. A plan without an interval (timed once) gets no error bar: its reach
-    is the string ``"NaN"`` (JSON has no NaN: plotly sends a float NaN as null, which plotly.js draws as a flat cap
-    on the bar, while it reads ``"NaN"`` as NaN and skips the bar).
+    drawn, so the bar is never invisible), written as a bound. A plan without an interval (timed once) gets no error
+    bar: its reach is the string ``"NaN"`` (JSON has no NaN: plotly sends a float NaN as null, which plotly.js draws
+    as a flat cap on the bar, while it reads ``"NaN"`` as NaN and skips the bar).
 
     Example:
         >>> from memlab.plan import Plan
         >>> from memlab.report.data import Trial
         >>> oom = Trial(Plan(), "oom", 0, {}, None, None, None, "cpu", error="out of memory", budget=2**21)
         >>> column = figure_columns(Report([oom]))[5]
-        >>> column["y"], column["customdata"], column["text"], column["hovertext"]
-        ([2.0], [0.0], ['does not fit: \u2265 2 MiB'], ['<b>plain</b><br>plain: every lever off<br>does not fit (out of memory)'])
+        >>> column["y"], column["customdata"], column["text"], column["hovertext"][0][-28:]
+        ([2.0], [0.0], ['does not fit: \u2265 2 MiB'], 'does not fit (out of memory)')
     """
     data = figure_data(report) if data is None else data
     labels = data["labels"]
