@@ -35,7 +35,8 @@ from memlab.report.verdicts import ERROR, OUT_OF_MEMORY, OVER_BUDGET
 __all__ = ["WIDTH", "report_svg"]
 
 WIDTH = 960
-"""The width of the SVG in pixels; a narrower cell shrinks it (``max-width: 100%``)."""
+"""The width of the SVG's drawing (its viewBox) in pixels: inline it is drawn at most this wide, and as wide as a
+narrower cell (:meth:`memlab.report.svg.Svg.document`)."""
 
 _MUTED = "#666666"
 _LEFT, _RIGHT = 70.0, 24.0  # the panels' margins: the left one holds their values and the axis title
