@@ -44,7 +44,7 @@ from memlab.report.verdicts import (
     verdict_words,
     verdicts,
 )
-from memlab.techniques.precision import BF16_ON_CPU
+from memlab.techniques.precision import BF16_ON_CPU, BF16_ON_CPU_SHORT
 
 __all__ = ["BEST_COLOR", "BUDGET_COLOR", "CATEGORY_COLORS", "DOES_NOT_FIT_COLOR", "HATCH", "TIE_COLOR",
     "FIGURE_TITLES", "INTERVAL_COLOR", "MARK_FONT_PX", "MARKS_NAME", "MIN_TEXT_PX", "MEMORY_COLUMN",
@@ -483,7 +483,7 @@ def _interval_text(low: float | None, high: float | None) -> str:
 
 def _description(trial: Trial) -> str:
     """The trial's plan spelled out, with the model's own weight dtype where its label says it."""
-    words = trial.plan.describe() + (" (slow here: a CPU emulates bf16)" if BF16_ON_CPU in trial.notes else "")
+    words = trial.plan.describe() + (f" ({BF16_ON_CPU_SHORT})" if BF16_ON_CPU in trial.notes else "")
     if trial.label != trial.plan.label() and trial.model_weights is not None:
         words += f", {trial.model_weights} weights (as loaded)"
     return words

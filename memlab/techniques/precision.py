@@ -14,10 +14,12 @@ from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
-BF16_ON_CPU = ("bf16 on a CPU is slow: most CPUs have no bf16 matrix units, so PyTorch emulates its matrix products "
-               "(a GPU runs them natively: measure the speed there)")
+BF16_ON_CPU = ("bf16 on a CPU is usually slow: most CPUs have no bf16 matrix units, so PyTorch emulates its matrix "
+               "products (a GPU runs them natively: measure the speed there)")
 """The note of a plan measured in bf16 on a CPU (a tenth of fp32's speed in notebook 06), which the tables and the
 figures show where its speed is read: without it, bf16 looked like a slow choice on any device."""
+BF16_ON_CPU_SHORT = "slow on most CPUs, which emulate bf16"
+""":data:`BF16_ON_CPU` in the few words a figure writes beside such a plan."""
 
 
 def check_precision(plan: PlanFields, device: torch.device, parameters: Sequence[torch.Tensor] = ()) -> list[str]:
