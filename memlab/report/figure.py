@@ -44,10 +44,11 @@ from memlab.report.verdicts import (
     verdict_words,
     verdicts,
 )
+from memlab.techniques.precision import BF16_ON_CPU, BF16_ON_CPU_SHORT
 
 __all__ = ["BEST_COLOR", "BUDGET_COLOR", "CATEGORY_COLORS", "DOES_NOT_FIT_COLOR", "HATCH", "TIE_COLOR",
     "FIGURE_TITLES", "INTERVAL_COLOR", "MARK_FONT_PX", "MARKS_NAME", "MIN_TEXT_PX", "MEMORY_COLUMN",
-    "OUT_OF_MEMORY_NAME", "OVER_BUDGET_NAME", "PAST_THE_BUDGET", "RATE_COLOR", "THROUGHPUT_COLUMN", "budget_line",
+    "OUT_OF_MEMORY_NAME", "OVER_BUDGET_NAME", "RATE_COLOR", "THROUGHPUT_COLUMN", "budget_line",
     "budget_note", "comparison_figure", "comparison_traces", "finite", "empty_trace", "figure_columns", "figure_data",
     "report_figure", "speed_range"]
 
@@ -68,9 +69,6 @@ INTERVAL_COLOR = "#3B3B3B"
 
 _ERROR_CAP_PX = 4
 _SPEED_HEADROOM = 1.2
-PAST_THE_BUDGET = 1.1
-"""How far past its budget an out-of-memory plan's "does not fit" bar reaches, as a multiple of the budget (at
-least: a higher peak it reached is drawn as is): past the line, never stopping at it."""
 MARK_FONT_PX = 12
 """The size of the words and signs above the throughput bars (best, tie, over budget): never shrunk."""
 MIN_TEXT_PX = 10
@@ -226,7 +224,7 @@ def comparison_traces(
             legendgrouptitle_text="status",
             textposition="inside",
             insidetextanchor="middle",
-            hovertemplate="%{hovertext}<br>does not fit: out of memory (reached %{customdata:.2f} MiB)<extra></extra>",
+            hovertemplate="%{hovertext}<br>needs at least %{y:.2f} MiB (reached %{customdata:.2f})<extra></extra>",
         )
     )
     traces.append(
@@ -317,19 +315,19 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
     ``"error_y.array"`` / ``"error_y.arrayminus"`` (how far the 95% interval of the samples/s reaches above and
     below the bar) and ``"error_y.width"`` (their caps: none on numbered, thin bars).
 
-    An out-of-memory plan's "does not fit" bar reaches past its budget (a tenth more): a trial stopped by the
-    budget needed more, and may have reached little before the allocation that broke it (failing both, the highest
-    peak drawn, so the bar is never invisible). A plan without an interval (timed once) gets no error bar: its reach
-    is the string ``"NaN"`` (JSON has no NaN: plotly sends a float NaN as null, which plotly.js draws as a flat cap
-    on the bar, while it reads ``"NaN"`` as NaN and skips the bar).
+    An out-of-memory plan's "does not fit" bar reaches what is known of its peak, a lower bound: the budget that
+    stopped it, or more where it reached more before the allocation that broke it (failing both, the highest peak
+    drawn, so the bar is never invisible), written as a bound. A plan without an interval (timed once) gets no error
+    bar: its reach is the string ``"NaN"`` (JSON has no NaN: plotly sends a float NaN as null, which plotly.js draws
+    as a flat cap on the bar, while it reads ``"NaN"`` as NaN and skips the bar).
 
     Example:
         >>> from memlab.plan import Plan
         >>> from memlab.report.data import Trial
         >>> oom = Trial(Plan(), "oom", 0, {}, None, None, None, "cpu", error="out of memory", budget=2**21)
         >>> column = figure_columns(Report([oom]))[5]
-        >>> column["y"], column["customdata"], column["text"], column["hovertext"]
-        ([2.2], [0.0], ['does not fit'], ['<b>plain</b><br>plain: every lever off<br>does not fit (out of memory)'])
+        >>> column["y"], column["customdata"], column["text"], column["hovertext"][0][-28:]
+        ([2.0], [0.0], ['does not fit: \u2265 2 MiB'], 'does not fit (out of memory)')
     """
     data = figure_data(report) if data is None else data
     labels = data["labels"]
@@ -344,7 +342,8 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
             "y": heights,
             "customdata": data["does_not_fit"],
             # Written in the bar where bars are wide enough to hold it; numbered bars are too thin (the hover says it).
-            "text": ["does not fit" if height is not None and not numbered else "" for height in heights],
+            "text": [f"does not fit: \u2265 {height:,.4g} MiB" if height is not None and not numbered else ""
+                     for height in heights],
             # Each legend entry of the status group is shown where its mark is drawn, and only there.
             "showlegend": any(height is not None for height in heights),
         }
@@ -454,9 +453,9 @@ def _does_not_fit_heights(report: Report, data: Mapping[str, Any]) -> list[float
             heights.append(None)
             continue
         budget = trial.budget if trial.budget is not None else report.budget
-        # Past the budget line, never stopping at it: the step needed more than the budget (how much more is not
-        # known where the budget stopped it; the hover says what it reached).
-        height = max(reached, (budget or 0) / _MIB * PAST_THE_BUDGET)
+        # What is known of its peak, no more and no less: the step needed at least the budget that stopped it, and
+        # at least what it reached (how much more is not known; the hover says what it reached).
+        height = max(reached, (budget or 0) / _MIB)
         heights.append(height if height > 0 else floor)
     return heights
 
@@ -484,7 +483,7 @@ def _interval_text(low: float | None, high: float | None) -> str:
 
 def _description(trial: Trial) -> str:
     """The trial's plan spelled out, with the model's own weight dtype where its label says it."""
-    words = trial.plan.describe()
+    words = trial.plan.describe() + (f" ({BF16_ON_CPU_SHORT})" if BF16_ON_CPU in trial.notes else "")
     if trial.label != trial.plan.label() and trial.model_weights is not None:
         words += f", {trial.model_weights} weights (as loaded)"
     return words

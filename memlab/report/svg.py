@@ -28,8 +28,9 @@ class Svg:
         >>> svg.text(10, 20, "a < b", size=12, anchor="middle")
         >>> svg.elements
         ['<text x="10" y="20" font-size="12" text-anchor="middle">a &lt; b</text>']
-        >>> svg.document(100, 40.2, "t", defs="").startswith('<svg xmlns="http://www.w3.org/2000/svg" width="100"')
-        True
+        >>> svg.document(100, 40.2, "t", defs="")[:96]
+        '<svg xmlns="http://www.w3.org/2000/svg" width="100%" viewBox="0 0 100 41" style="max-width:100px'
+
     """
 
     def __init__(self) -> None:
@@ -83,11 +84,17 @@ class Svg:
 
     def document(self, width: float, height: float, title: str, defs: str) -> str:
         """The standalone SVG: a white ``width`` x ``height`` (rounded up) ground titled ``title``, ``defs`` (patterns)
-        and every element drawn; it shrinks with a narrower page (``max-width: 100%``)."""
+        and every element drawn, as wide as the cell or page that shows it.
+
+        Why no size in pixels: JupyterLab (and GitHub) show an SVG output as an ``<img>``, and JupyterLab's style
+        bounds its images' width but not that of an SVG's ``<img>``, which an SVG ``width="960"`` made 960 px wide in
+        an 850-px cell (its right part cut off; issue 71). Without a size of its own the drawing takes the width
+        it is given, its height following the ``viewBox``; drawn inline (a page, a widget) it stops at ``width``.
+        """
         height = math.ceil(height)
         head = (
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" style="max-width:100%;height:auto" font-family="{html.escape(FONT)}" '
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="100%" viewBox="0 0 {width} {height}" '
+            f'style="max-width:{width}px;height:auto" font-family="{html.escape(FONT)}" '
             f'font-size="11" fill="{_TEXT}" role="img" aria-label="{escape(title)}">'
             f"<title>{escape(title)}</title><defs>{defs}</defs>"
             f'<rect width="{width}" height="{height}" fill="#FFFFFF"/>'

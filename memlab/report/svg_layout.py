@@ -31,11 +31,13 @@ from memlab.report.plan_axis import FULL_LABELS_UP_TO, plan_axis, text_width
 from memlab.report.svg import Svg, bold_width, escape, px, wrap
 from memlab.report.svg_panels import Box, PlanBars
 from memlab.report.verdicts import ERROR, OUT_OF_MEMORY, OVER_BUDGET
+from memlab.techniques.precision import BF16_ON_CPU_SHORT
 
 __all__ = ["WIDTH", "report_svg"]
 
 WIDTH = 960
-"""The width of the SVG in pixels; a narrower cell shrinks it (``max-width: 100%``)."""
+"""The width of the SVG's drawing (its viewBox) in pixels: inline it is drawn at most this wide, and as wide as a
+narrower cell (:meth:`memlab.report.svg.Svg.document`)."""
 
 _MUTED = "#666666"
 _LEFT, _RIGHT = 70.0, 24.0  # the panels' margins: the left one holds their values and the axis title
@@ -188,14 +190,21 @@ class _Layout:
     # --- the key ---
 
     def _key(self, top: float) -> float:
-        """Every plan spelled out, in columns (down first), long lines wrapped; returns the figure's bottom."""
+        """Every plan spelled out, in columns (down first), long lines wrapped; returns the figure's bottom. What the
+        figure says of bf16's speed on a CPU is said once, beside the key's title, rather than after every such plan."""
         entries = [self._key_entry(index) for index in range(self.count)]
+        bf16 = f" ({BF16_ON_CPU_SHORT})"
+        slow = any(bf16 in words for _, words, _ in entries)
+        entries = [(head, words.replace(bf16, ""), weight) for head, words, weight in entries]
         inner = WIDTH - 2 * _EDGE
         widest = max(bold_width(head, _KEY_FONT) + _prose_width(words) + 30 for head, words, _ in entries)
         columns = 1 if self.count <= 6 else 3 if widest + 16 <= inner / 3 else 2
         column_width = inner / columns
         per_column = math.ceil(self.count / columns)
         self.canvas.text(_EDGE, top, "Plans", size=13, weight="600")
+        if slow:
+            self.canvas.text(_EDGE + bold_width("Plans", 13) + 10, top, f"bf16 plans: {BF16_ON_CPU_SHORT}",
+                             size=_KEY_FONT, fill=_MUTED)
         bottom = top
         numbered = self.count > FULL_LABELS_UP_TO
         number_width = text_width(str(self.count), _KEY_FONT) + 8 if numbered else 0.0

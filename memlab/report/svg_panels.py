@@ -157,6 +157,8 @@ class PlanBars:
         """The peak memory panel in ``box``: categories stacked per plan, "does not fit", errors, the budget."""
         scale = self.scale
         tallest = max([value for value in self._memory_tops() if value is not None], default=0.0) * scale
+        if "oom" in self.data["status"] and not axis.numbered:
+            tallest *= 1.12  # room above the tallest for the bound written over a bar that does not fit
         budget = None if self.data["budget_mib"] is None else self.data["budget_mib"] * scale
         drawn_budget = budget is not None and (tallest == 0 or budget <= _BUDGET_ABOVE * tallest)
         ticks = nice_ticks(max(tallest, budget if drawn_budget and budget is not None else 0.0))
@@ -270,9 +272,16 @@ class PlanBars:
         self.svg.add(f'<g class="plan" data-verdict="{verdict}"><title>{escape(tip)}</title>{"".join(bars)}</g>')
 
     def _does_not_fit(self, area: Area, index: int, height: float, scale: float) -> None:
+        """A plan out of memory: its bar as high as what is known of its peak, a lower bound, and the bound written
+        above it with an arrow up (how much more it needs is not known); on numbered bars, in its tip only."""
         reached = (self.data["does_not_fit"][index] or 0.0) * scale
-        tip = f"{self.who(index)}\ndoes not fit: out of memory (reached {axis_number(reached)} {self.unit})"
+        tip = f"{self.who(index)}\nneeds at least {axis_number(height)} {self.unit} (reached {axis_number(reached)})"
         bar = self._bar(area, index, 0.0, height, f"url(#{self.hatch})", stroke=DOES_NOT_FIT_COLOR)
+        x, top = area.center(index), area.y(height)
+        if not area.axis.numbered:
+            bar += (f'<path class="bound" d="M{px(x)} {px(top - 2)}v-9m-4 4l4-4 4 4" stroke="{DOES_NOT_FIT_COLOR}" '
+                    f'stroke-width="1.5" fill="none"/><text class="bound" x="{px(x)}" y="{px(top - 15)}" '
+                    f'font-size="10" text-anchor="middle" fill="#444444">\u2265 {axis_number(height)}</text>')
         tip += f"\n{VERDICT_WORDS[OUT_OF_MEMORY]}"
         words = ""
         tall = area.bottom - area.y(height)
@@ -294,13 +303,29 @@ class PlanBars:
         self.svg.line(area.left, y, area.left + area.width, y, BUDGET_COLOR,
                       f' stroke-width="2" stroke-dasharray="{dashes}"')
         width = text_width(text, 11) + 8
-        label_y = y - 5 if y - 18 >= area.top else y + 14  # below the line where it is at the very top
-        right = area.left + area.width - 2
+        right, label_y = self._label_place(area, y, width)
         self.svg.add(
             f'<rect x="{px(right - width)}" y="{px(label_y - 11)}" width="{px(width)}" height="15" '
             'fill="#FFFFFF" fill-opacity="0.9" rx="2"/>'
         )
         self.svg.text(right - 4, label_y, text, anchor="end", fill=BUDGET_COLOR, weight="600")
+
+    def _label_place(self, area: Area, y: float, width: float) -> tuple[float, float]:
+        """Where the budget's label goes (its right end, its baseline): just above its line (below it at the very
+        top), as far right as it covers no bar (nor the bound written above a bar that does not fit), else below the
+        line; at the right end above the line where no place is free."""
+        tops = [None if top is None else area.y(top * self.scale) - (26 if status == "oom" else 0)
+                for top, status in zip(self._memory_tops(), self.data["status"], strict=True)]
+        above = y - 5 if y - 18 >= area.top else y + 14
+        rights = [area.left + area.width - 2 - step for step in range(0, int(area.width - width), 8)]
+        places = [(right, baseline) for baseline in dict.fromkeys((above, y + 14)) for right in rights]
+        places = places or [(area.left + area.width - 2, above)]
+        half = area.bar_width / 2
+        for right, baseline in places:
+            if not any(top is not None and top < baseline + 4 and area.center(index) + half > right - width
+                       and area.center(index) - half < right for index, top in enumerate(tops)):
+                return right, baseline
+        return places[0]
 
     def _frame(self, area: Area, ticks: Sequence[float], title: str, unit: str) -> None:
         """The area's title, horizontal grid with its values, its y-axis title and its base line."""

@@ -28,12 +28,14 @@ import numpy as np
 from memlab.errors import MemlabError
 from memlab.measure.timeline import BEFORE_STEP, Recording
 
-__all__ = ["MAX_POINTS", "OUTSIDE", "Timeline", "TimelinePeak"]
+__all__ = ["MAX_POINTS", "MODEL_ITSELF", "OUTSIDE", "Timeline", "TimelinePeak"]
 
 MAX_POINTS = 1200
 """The most points a timeline keeps to draw (the peak always among them)."""
 OUTSIDE = "(outside modules)"
 """The module name of what was made outside every module of the model (the loss, the optimizer step)."""
+MODEL_ITSELF = "(the model itself)"
+"""The module name, in ``by_module``, of what the model's own forward made outside its submodules."""
 _TOP_MODULES = 16
 _BLOCK = re.compile(r"^(.*?\.\d+)(?:\.|$)")
 
@@ -46,10 +48,14 @@ class TimelinePeak:
         bytes: the peak (the trial's ``peak_bytes``).
         phase: the phase it falls in (``"forward"``, ``"backward"``, ``"optimizer"``, ``"prefill"``, ``"decode"``; ""
             outside them), and ``micro_batch`` its micro-batch (0 first; None outside them).
-        module: the module running then, as ``model.named_modules()`` names it ("" outside every module).
+        module: the module running then, as ``model.named_modules()`` names it ("" for the model itself, and outside
+            every module).
+        model: the model's class name where the model itself was running then (``module`` is ""), "" otherwise: it
+            tells the two apart, and the description names the model.
         by_category: bytes by category then; equals the trial's ``breakdown`` and adds up to ``bytes``.
         by_module: bytes alive then by the module that made them (the largest few, the rest under
-            ``"(other modules)"``; what was alive before the step under ``"(before the step)"``).
+            ``"(other modules)"``; what was alive before the step under ``"(before the step)"``, what the model's own
+            forward made under :data:`MODEL_ITSELF`, what was made outside the model under :data:`OUTSIDE`).
         layers_held: how many of the model's numbered blocks (``layers.17``) hold activations then.
         at: where it is on the timeline's x axis (events since the step began).
     """
@@ -62,6 +68,7 @@ class TimelinePeak:
     layers_held: int = 0
     at: int = 0
     micro_batch: int | None = None
+    model: str = ""
 
     @property
     def description(self) -> str:
@@ -70,8 +77,10 @@ class TimelinePeak:
         Example:
             >>> TimelinePeak(10, "backward", "model.layers.1.mlp", {}, {}, layers_held=2).description
             'backward of model.layers.1.mlp: activations of 2 layers held'
+            >>> TimelinePeak(10, "backward", "", {}, {}, model="GPT2LMHeadModel").description
+            'backward of GPT2LMHeadModel'
         """
-        where = self.module or OUTSIDE
+        where = self.module or self.model or OUTSIDE
         text = f"{self.phase} of {where}" if self.phase else f"peak in {where}"
         if self.layers_held:
             text += f": activations of {self.layers_held} layer{'s' if self.layers_held != 1 else ''} held"
@@ -164,8 +173,8 @@ class Timeline:
         by_module, layers = _alive_by_module(keys, sizes, cats, modules, recording, categories, peak_index)
         peak = TimelinePeak(
             bytes=int(peak_bytes), phase=phase, module=_public_name(recording.peak_module, recording),
-            by_category=by_category,
-            by_module=by_module, layers_held=layers, at=at, micro_batch=micro,
+            by_category=by_category, by_module=by_module, layers_held=layers, at=at, micro_batch=micro,
+            model=recording.root if recording.root and recording.peak_module == recording.root else "",
         )
         trace = zlib.compress(pickle.dumps(
             (categories, bytes(recording.keys), bytes(recording.sizes), bytes(recording.cats),
@@ -394,7 +403,8 @@ def _alive_by_module(
     names = recording.module_names
     totals: dict[str, int] = {}
     for module, nbytes in zip(made_by.tolist(), held.tolist(), strict=True):
-        name = _public_name(names[module], recording) or OUTSIDE
+        name = names[module]
+        name = MODEL_ITSELF if recording.root and name == recording.root else name or OUTSIDE
         totals[name] = totals.get(name, 0) + nbytes
     activations = categories.index("activations") if "activations" in categories else -1
     blocks = {match.group(1) for module in set(made_by[category == activations].tolist())

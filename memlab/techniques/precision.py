@@ -14,6 +14,13 @@ from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+BF16_ON_CPU = ("bf16 on a CPU is usually slow: most CPUs have no bf16 matrix units, so PyTorch emulates its matrix "
+               "products (a GPU runs them natively: measure the speed there)")
+"""The note of a plan measured in bf16 on a CPU (a tenth of fp32's speed in notebook 06), which the tables and the
+figures show where its speed is read: without it, bf16 looked like a slow choice on any device."""
+BF16_ON_CPU_SHORT = "slow on most CPUs, which emulate bf16"
+""":data:`BF16_ON_CPU` in the few words a figure writes beside such a plan."""
+
 
 def check_precision(plan: PlanFields, device: torch.device, parameters: Sequence[torch.Tensor] = ()) -> list[str]:
     """Notes about the plan's precision on this device; a clear error where the device cannot run it, or where
@@ -23,6 +30,8 @@ def check_precision(plan: PlanFields, device: torch.device, parameters: Sequence
         >>> from memlab.plan import Plan
         >>> check_precision(Plan(precision="fp16"), torch.device("cpu"))
         ['fp16 on CPU is slow: CPUs have no fast fp16 matrix units; compare bf16, or measure on the GPU']
+        >>> check_precision(Plan(precision="bf16"), torch.device("cpu")) == [BF16_ON_CPU]
+        True
     """
     if plan.precision == "fp32":
         return []
@@ -43,6 +52,8 @@ def check_precision(plan: PlanFields, device: torch.device, parameters: Sequence
         raise UnsupportedTechnique(f"mixed precision on {device.type} is not supported; write precision='fp32'")
     if device.type == "cpu" and plan.precision == "fp16":
         return ["fp16 on CPU is slow: CPUs have no fast fp16 matrix units; compare bf16, or measure on the GPU"]
+    if device.type == "cpu" and plan.precision == "bf16" and real:  # a dry run times nothing
+        return [BF16_ON_CPU]
     return []
 
 

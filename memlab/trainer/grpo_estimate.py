@@ -294,7 +294,8 @@ def _combined(training: Trial, generation: Trial, sampling: int, reference: int,
     training_peak = training.peak_bytes + reference
     if generation_peak > training_peak:
         breakdown = {name: series[name][top] for name in categories}
-        peak = TimelinePeak(generation_peak, "generation", gen_line.peak.module, breakdown, {}, at=x[top])
+        peak = TimelinePeak(generation_peak, "generation", gen_line.peak.module, breakdown, {}, at=x[top],
+                            model=gen_line.peak.model)
     else:
         breakdown = {**training.breakdown, "other": training.breakdown.get("other", 0) + reference}
         peak = dataclasses.replace(train_line.peak, bytes=training_peak, by_category=breakdown,

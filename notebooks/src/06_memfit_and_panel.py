@@ -94,6 +94,10 @@ print(f"{n_params:,} parameters; a batch of {rows} rows x {seq_len} tokens")
 loss = model(**batch).loss
 
 # %% [markdown]
+# On a CPU the bf16 plans are the slow ones, often several times slower than fp32: most CPUs have no bf16
+# matrix units, so PyTorch emulates bf16's matrix products. The figure's key and the table's note say so
+# beside those speeds; on a GPU bf16 runs natively and is usually the faster choice, so compare speeds there.
+#
 # `--quiet` leaves out the live figure. The magic returns a `memlab.Report` either way, so `_` picks it up
 # in the next cell.
 

@@ -522,3 +522,25 @@ def test_compare_times_a_close_race_again_in_turn_and_noise_zero_does_not(monkey
     events.clear()
     memlab.compare(model, batch, [memlab.Plan(), memlab.Plan()], callback=events.append, **{**options, "noise": 0})
     assert sum(isinstance(e, TrialFinished) for e in events) == 2
+
+
+def test_a_plan_timed_again_is_drawn_within_its_own_interval():
+    """Issue 71 (seen in the demo's report): a plan timed again in turn took the median of all its steps pooled as
+    its speed, while its interval spans the runs' medians without the slowest and the fastest. A first run of many
+    slow steps then set the speed and was left out of the interval: the best plan's bar at 113 samples/s under its
+    whisker of 147 to 159. The speed is the median of the runs' medians (one vote a run), within the interval."""
+    from memlab.plan import Plan
+    from memlab.report import Trial
+    from memlab.report.noise import runs_speed_interval
+    from memlab.runner.remeasure import remeasure_interleaved
+
+    def trial(times: tuple[float, ...]) -> Trial:
+        median = sorted(times)[len(times) // 2]
+        return Trial(Plan(), "ok", 9, {}, median, 8 / median, None, "cpu", rows_per_step=8, step_times=times)
+
+    first = trial((1.0,) * 6)  # measured first, on a busier machine, with more steps
+    again = iter([trial((0.5, 0.5)), trial((0.52, 0.52)), trial((0.55, 0.55))])
+    [pooled] = remeasure_interleaved([first], lambda _: next(again), rounds=3)
+    low, high = runs_speed_interval(pooled.step_times, pooled.step_runs, pooled.rows_per_step) or (0.0, 0.0)
+    assert pooled.samples_per_s is not None and low <= pooled.samples_per_s <= high, (pooled.samples_per_s, low, high)
+    assert pooled.step_time_s == pytest.approx((0.52 + 0.55) / 2)

@@ -76,3 +76,17 @@ def test_saving_to_a_folder_says_what_to_write(measured: tuple[nn.Module, memlab
     with pytest.raises(MemlabError, match="does not exist; create it first"):
         timeline.save(tmp_path / "missing" / "step.pickle")
     assert timeline.save(tmp_path / "step.pickle").stat().st_size > 0
+
+
+def test_a_peak_in_the_model_itself_names_the_model(measured: tuple[nn.Module, memlab.Report]) -> None:
+    """Issue 71 item 9: a peak while the model's own forward (or its backward) ran, outside its submodules, is titled
+    with the model's class, as it was before ``peak.module`` became ``""`` for the model; "(outside modules)" is left
+    to what runs outside the model (the loss, the optimizer step)."""
+    model, report = measured
+    in_model = [trial.timeline.peak for trial in report if trial.timeline and trial.timeline.peak.model]
+    assert in_model, [trial.timeline.peak.description for trial in report if trial.timeline]
+    for peak in in_model:
+        assert peak.module == "" and peak.model == type(model).__name__
+        assert peak.description.startswith(f"{peak.phase} of {type(model).__name__}"), peak.description
+        assert "(outside modules)" not in peak.description
+        assert peak.by_module.get("(the model itself)", 0) > 0, peak.by_module  # what its own forward made

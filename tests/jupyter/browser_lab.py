@@ -347,7 +347,9 @@ def _record_bar_count(cell) -> int:  # type: ignore[no-untyped-def]
     end without plotly shows the SVG."""
     plotly_bars = cell.locator(".jp-OutputArea .js-plotly-plot .barlayer .trace.bars .point").count()
     sources = cell.locator(".jp-OutputArea img").evaluate_all(
-        "images => images.filter(image => image.naturalWidth > 300).map(image => decodeURIComponent(image.src))"
+        # pictures larger than an icon, and SVG records (which have no size of their own: they take their cell's width)
+        "images => images.filter(image => image.naturalWidth > 300 || image.src.startsWith('data:image/svg+xml'))"
+        ".map(image => decodeURIComponent(image.src))"
     )
     svg_bars = sum(source.count('class="bar"') for source in sources if source.startswith("data:image/svg+xml"))
     pictures = [source for source in sources if source.startswith("data:image/png")]

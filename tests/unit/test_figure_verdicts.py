@@ -228,17 +228,45 @@ def test_a_setting_run_twice_reads_as_two_runs_everywhere() -> None:
     assert list(speed.x) == ["plain", "plain (2)"]
 
 
-def test_a_plan_out_of_memory_is_drawn_past_the_budget_line() -> None:
-    """Issue 61 item 6: a plan the budget stopped needed more than the budget; its bar crossed the line (it stopped
-    at it, reading as a plan that reached the budget exactly), in the plotly figure and the SVG alike."""
+def _boxes(root: ET.Element, select: Any) -> list[tuple[float, float, float, float]]:
+    """The (left, top, right, bottom) of each ``<rect>`` of the SVG that ``select`` keeps."""
+    return [(float(r.get("x") or 0), float(r.get("y") or 0), float(r.get("x") or 0) + float(r.get("width") or 0),
+             float(r.get("y") or 0) + float(r.get("height") or 0)) for r in root.iter(f"{SVG}rect") if select(r)]
+
+
+@pytest.mark.parametrize("reached_mib", [100, 530])
+def test_a_plan_out_of_memory_is_drawn_to_what_is_known_of_it_marked_as_a_bound(reached_mib: int) -> None:
+    """Issue 71 item 10 (after issue 61 item 6): a plan the budget stopped needed at least the budget, and at least
+    what it reached. Its bar reaches that lower bound, no less and no more (it reached a tenth past the line, whatever
+    was known), and says it is a bound (an arrow up and "≥ N" in the SVG, "does not fit: ≥ N MiB" in plotly)."""
     from memlab.report.figure import figure_columns, figure_data
 
-    oom = Trial(Plan(micro_batch=16), "oom", 100 * MIB, {}, None, None, None, "cpu", error="out of memory")
+    oom = Trial(Plan(micro_batch=16), "oom", reached_mib * MIB, {}, None, None, None, "cpu", error="out of memory")
     report = Report([timed(Plan(), 300, 10.0), oom], budget=512 * MIB)
+    bound = max(512, reached_mib)
     data = figure_data(report)
     heights = figure_columns(report, data)[len(data["categories"])]["y"]
-    assert heights[0] is None and heights[1] > 512 * 1.05, heights
+    assert heights == [None, pytest.approx(bound)]
     traces = {trace.name: trace for trace in report_figure(report).data}
-    assert traces[OUT_OF_MEMORY_NAME].y[1] > 512 * 1.05
-    svg = report_svg(report)
-    assert "does not fit" in svg
+    assert traces[OUT_OF_MEMORY_NAME].y[1] == pytest.approx(bound)
+    assert traces[OUT_OF_MEMORY_NAME].text[1] == f"does not fit: \u2265 {bound} MiB"
+    root = ET.fromstring(report_svg(report))
+    assert f"\u2265 {bound}" in [text.text for text in root.iter(f"{SVG}text") if text.get("class") == "bound"]
+    assert [path for path in root.iter(f"{SVG}path") if path.get("class") == "bound"]
+
+
+def test_the_budget_label_covers_no_bar() -> None:
+    """Issue 71 item 10: the demo's report drew its out-of-memory plan, last and just past the budget, under the
+    budget's label (a white box at the line's right end), so that its bar seemed to stop at the line, below the
+    ">= 22.3" its table said. The label goes where it covers no bar."""
+    plans = [Plan(), Plan(checkpointing=True), Plan(micro_batch=4, accumulation=2), Plan(micro_batch=2, accumulation=4)]
+    trials = [timed(plan, peak, 100.0) for plan, peak in zip(plans[:3], (35, 19, 18), strict=False)]
+    oom = Trial(plans[3], "oom", int(22.3 * MIB), {}, None, None, None, "cpu", error="out of memory",
+                budget=int(21.1 * MIB))
+    root = ET.fromstring(report_svg(Report([*trials, oom], budget=int(21.1 * MIB))))
+    labels = _boxes(root, lambda rect: rect.get("fill") == "#FFFFFF" and rect.get("rx") == "2")
+    bars = _boxes(root, lambda rect: rect.get("class") == "bar")
+    assert len(labels) == 1 and bars
+    left, top, right, bottom = labels[0]
+    covered = [bar for bar in bars if bar[0] < right and left < bar[2] and bar[1] < bottom and top < bar[3]]
+    assert covered == [], (labels, covered)

@@ -54,7 +54,7 @@ from memlab.report.figure import (
 from memlab.report.plan_axis import figure_height, plan_axis, plan_axis_layout
 from memlab.report.static import record_bundle
 
-__all__ = ["LiveFigure", "LiveOutput"]
+__all__ = ["LiveFigure", "LiveOutput", "responsive_widget"]
 
 _MIB = 1024**2
 _MAX_LIVE_POINTS = 2000
@@ -490,7 +490,21 @@ def _build_widget(categories: tuple[str, ...] = CATEGORIES) -> go.FigureWidget:
     fig.update_yaxes(title_text="live memory (MiB)", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text="peak memory (MiB)", rangemode="tozero", row=2, col=2)
     fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=2, col=2)
-    return go.FigureWidget(fig)
+    return responsive_widget(fig)
+
+
+def responsive_widget(figure: go.Figure) -> go.FigureWidget:
+    """``figure`` as a FigureWidget that follows its cell's width: plotly.js lays it out again when the window is
+    resized (its ``responsive`` setting, which FigureWidget leaves off: a narrower window cut the panel's figure at
+    the width it was first drawn at; issue 71).
+
+    Example:
+        >>> responsive_widget(go.Figure())._config["responsive"]
+        True
+    """
+    widget = go.FigureWidget(figure)
+    widget._config = {**widget._config, "responsive": True}
+    return widget
 
 
 def _trace_defaults(trace: Any) -> dict[str, Any]:

@@ -64,9 +64,10 @@ class TimelineView:
                     "named" + ("" if keep else " (or click the plan's bar in the figure)"),
             layout=widgets.Layout(width="auto"), style={"description_width": "initial"},
         )
-        self.drawing = widgets.HTML(layout=widgets.Layout(width="100%"))
+        # 100% wide and no margin (a widget's 2 px would take the drawing past the cell's right edge)
+        self.drawing = widgets.HTML(layout=widgets.Layout(width="100%", margin="0"))
         self.widget = widgets.VBox([self.picker] if keep else [self.picker, self.drawing],
-                                   layout=widgets.Layout(width="100%"))
+                                   layout=widgets.Layout(width="100%", margin="0"))
         self.widget.add_class("memlab-timeline")
         self.picker.observe(self._picked, names="value")
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from memlab.frontends.jupyter.live import responsive_widget
 from memlab.report.figure import CATEGORY_COLORS, RATE_COLOR, budget_line, budget_note, empty_trace
 from memlab.report.static import figure_bundle, timeline_bundle
 from memlab.report.svg_steps import PEAK_COLOR, StepSeries, step_series, steps_svg, steps_text
@@ -160,7 +161,7 @@ class WatchFigure:
         """Redraw now (shows the widget first where nothing is shown yet)."""
         series = step_series(self.watch.steps, self.watch.budget)
         if self.widget is None:
-            self.widget = go.FigureWidget(steps_figure(series))
+            self.widget = responsive_widget(steps_figure(series))
             self.handle = self._show(self.widget)
         else:
             with self.widget.batch_update():
