@@ -69,8 +69,10 @@ _ASSUMED = "assumed: the H100's figure, not yet measured on this GPU"
 # - smi: the memory.total nvidia-smi reports for the board (MiB), a few hundred MiB more than torch can use (the
 #   H100's 81,559 MiB against torch's 81,079).
 _MIB = 2**20
-_T4 = 15_102 * _MIB  # torch: Colab's Tesla T4, "total_memory=15102MB"; Unsloth's Colab notebooks print "Max memory =
-# 14.748 GB" (total_memory / 2**30); other drivers 15,095 to 15,109 MiB; nvidia-smi 15,360 MiB (modal-client#2797)
+_T4 = 15_095 * _MIB  # torch: Colab's Tesla T4 as TRL's own notebooks print it (huggingface/trl examples/notebooks/
+# grpo_trl_lora_qlora.ipynb, sft_trl_lora_qlora.ipynb: "Max memory = 14.741 GB", total_memory / 2**30), as Colab's
+# out-of-memory errors say it ("total capacity of 14.74 GiB"); other drivers 15,102 to 15,109 MiB; nvidia-smi 15,360
+# MiB (modal-labs/modal-client#2797)
 _A10G = 22_587 * _MIB  # torch: TorchCodec's basic_cuda_example (torch 2.15, CUDA 13.0), "total_memory=22587MB";
 # nvidia-smi 23,028 MiB
 _RTX3090 = 24_259 * _MIB  # torch: "total_memory=24259MB" (two reports of GeForce RTX 3090 boards); nvidia-smi 24,576
