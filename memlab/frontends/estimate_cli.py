@@ -318,8 +318,8 @@ def gpu_budget(args: argparse.Namespace) -> int | None:
     ``--gpu``, or ``--device cpu``).
 
     Example:
-        >>> gpu_budget(argparse.Namespace(gpu="A100-40GB", device=None, budget=None)) / 2**30
-        40.0
+        >>> gpu_budget(argparse.Namespace(gpu="A100-40GB", device=None, budget=None)) // 2**20  # torch's, in MiB
+        40442
         >>> gpu_budget(argparse.Namespace(gpu=None, device=None, budget=None)) is None
         True
     """
@@ -332,7 +332,7 @@ def gpu_budget(args: argparse.Namespace) -> int | None:
 
 
 def _budget_words(args: argparse.Namespace, budget: int | None) -> str:
-    """``, budget: the A100-40GB's 40.00 GiB`` where the budget is the GPU's memory (no --budget given)."""
+    """``, budget: the A100-40GB's 39.49 GiB`` where the budget is the GPU's memory (no --budget given)."""
     from memlab.plan import format_bytes
 
     if args.budget is not None:  # the unit spelled out: 24GB is 10^9-byte gigabytes, 24GiB 2^30-byte

@@ -24,8 +24,15 @@ ROOT = Path(__file__).resolve().parents[2]
 MIB, GIB = 2**20, 2**30
 
 # name, what torch calls the device, compute capability, and the board's nvidia-smi memory.total in MiB (torch's
-# total_memory, the kind's memory, is a few hundred MiB under it: the driver keeps the rest)
+# total_memory, the kind's memory, is under it: the driver keeps the rest; the H200, the A100s, the L40S, the RTX 4090
+# and the L4 were at nvidia-smi's figure before issue 71)
 NEW_KINDS = [
+    ("H200-141GB", "NVIDIA H200", (9, 0), 143_771),
+    ("A100-80GB", "NVIDIA A100-SXM4-80GB", (8, 0), 81_920),
+    ("A100-40GB", "NVIDIA A100-SXM4-40GB", (8, 0), 40_960),
+    ("L40S-48GB", "NVIDIA L40S", (8, 9), 46_068),
+    ("RTX4090-24GB", "NVIDIA GeForce RTX 4090", (8, 9), 24_564),
+    ("L4-24GB", "NVIDIA L4", (8, 9), 23_034),
     ("T4-16GB", "Tesla T4", (7, 5), 15_360),
     ("A10G-24GB", "NVIDIA A10G", (8, 6), 23_028),
     ("RTX3090-24GB", "NVIDIA GeForce RTX 3090", (8, 6), 24_576),

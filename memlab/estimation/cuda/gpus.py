@@ -63,19 +63,31 @@ _ASSUMED = "assumed: the H100's figure, not yet measured on this GPU"
 # data-centre 8.0 (A100), Ampere workstation and consumer 8.6 (A10G, RTX 3090, RTX A6000), Ada 8.9, Turing 7.5 (T4),
 # Blackwell data-centre 10.0 (B200) and consumer 12.0 (RTX 5090). Memory is what the card figure must fit when --gpu is
 # the budget, and where the modelled allocator releases its cache. The H100's is torch's total_memory, measured
-# (device.gpu_memory_bytes of the run above). The others are each marked:
-# - torch: torch.cuda.get_device_properties().total_memory (cudaDeviceProp.totalGlobalMem) as a public report printed
-#   it: torch prints it in MiB rounded down, deviceQuery prints the bytes; it varies by a few MiB across drivers;
-# - smi: the memory.total nvidia-smi reports for the board (MiB), a few hundred MiB more than torch can use (the
-#   H100's 81,559 MiB against torch's 81,079).
+# (device.gpu_memory_bytes of the run above), and so is the H200's. The others are torch's total_memory
+# (cudaDeviceProp.totalGlobalMem) as public reports print it, each cited: torch prints it in MiB rounded down,
+# deviceQuery in bytes, notebooks as total_memory / 2**30 to three decimals; it varies by a few MiB across drivers.
+# nvidia-smi's memory.total, beside each, is up to 770 MiB more than torch can use on a data-centre card (the H100's
+# 81,559 MiB against torch's 81,079); memlab used it for the H200, A100s, L40S, RTX 4090 and L4 before issue 71.
 _MIB = 2**20
 _T4 = 15_095 * _MIB  # torch: Colab's Tesla T4 as TRL's own notebooks print it (huggingface/trl examples/notebooks/
 # grpo_trl_lora_qlora.ipynb, sft_trl_lora_qlora.ipynb: "Max memory = 14.741 GB", total_memory / 2**30), as Colab's
 # out-of-memory errors say it ("total capacity of 14.74 GiB"); other drivers 15,102 to 15,109 MiB; nvidia-smi 15,360
 # MiB (modal-labs/modal-client#2797)
+_H200 = 150_109_880_320  # measured: device.gpu_memory_bytes of benchmarks/results/gpu_acceptance-cuda-nvidia-h200-
+# *.json (torch 2.11+cu130); nvidia-smi 143,771 MiB
+_A100_80 = 81_153 * _MIB  # torch: TRL's sft_nemotron_3.ipynb, "NVIDIA A100-SXM4-80GB. Max memory = 79.251 GB"
+# (total_memory / 2**30, to the MiB); nvidia-smi 81,920 MiB
+_A100_40 = 40_442 * _MIB  # torch: TRL's sft_tool_calling.ipynb, "NVIDIA A100-SXM4-40GB. Max memory = 39.494 GB"; a
+# deviceQuery with CUDA 11.4 shows 42,298,834,944 bytes (40,339 MiB: bottlerocket-os/bottlerocket#3873); nvidia-smi
+# 40,960 MiB
 _A10G = 22_587 * _MIB  # torch: TorchCodec's basic_cuda_example (torch 2.15, CUDA 13.0), "total_memory=22587MB";
 # nvidia-smi 23,028 MiB
-_RTX3090 = 24_259 * _MIB  # torch: "total_memory=24259MB" (two reports of GeForce RTX 3090 boards); nvidia-smi 24,576
+_RTX3090 = 24_259 * _MIB  # torch: "total_memory=24259MB" (two reports of GeForce RTX 3090 boards; another shows 24,575:
+# the smaller is kept); nvidia-smi 24,576
+_RTX4090 = 24_563 * _MIB  # torch: "total_memory=24563MB" (a GeForce RTX 4090); nvidia-smi 24,564 MiB
+_L40S = 45_589 * _MIB  # torch: "total_memory=45589MB, multi_processor_count=142" (an L40S); nvidia-smi 46,068 MiB
+_L4 = 22_700 * _MIB  # torch: an Unsloth-style notebook on an L4, "GPU = NVIDIA L4. Max memory = 22.168 GB"
+# (total_memory / 2**30, to the MiB); nvidia-smi 23,034 MiB (modal-labs/modal-client#2797)
 _RTX5090 = 33_677_180_928  # torch: deviceQuery's totalGlobalMem on a GeForce RTX 5090, driver 570.133.04 (CUDA 12.8;
 # aikitoria/open-gpu-kernel-modules#1); NVIDIA/nccl#1637 shows 33,680,457,728: the smaller is kept
 _A6000 = 48_676 * _MIB  # torch: "total_memory=48676MB" (an RTX A6000); nvidia-smi 49,140 MiB
@@ -86,18 +98,18 @@ GPUS: dict[str, GpuKind] = {
     kind.name: kind
     for kind in (
         GpuKind("H100-80GB", "NVIDIA H100 80GB HBM3", (9, 0), _H100_CONTEXT, _MEASURED, 85_017_493_504),
-        GpuKind("H200-141GB", "NVIDIA H200", (9, 0), _H100_CONTEXT, _ASSUMED, 143_771 * _MIB),  # smi
+        GpuKind("H200-141GB", "NVIDIA H200", (9, 0), _H100_CONTEXT, _ASSUMED, _H200),
         GpuKind("H20-96GB", "NVIDIA H20", (9, 0), _H100_CONTEXT, _ASSUMED, _H20),
         GpuKind("B200-180GB", "NVIDIA B200", (10, 0), _H100_CONTEXT, _ASSUMED, _B200),
-        GpuKind("A100-80GB", "NVIDIA A100-SXM4-80GB", (8, 0), _H100_CONTEXT, _ASSUMED, 81_920 * _MIB),  # smi
-        GpuKind("A100-40GB", "NVIDIA A100-SXM4-40GB", (8, 0), _H100_CONTEXT, _ASSUMED, 40_960 * _MIB),  # smi
-        GpuKind("L40S-48GB", "NVIDIA L40S", (8, 9), _H100_CONTEXT, _ASSUMED, 46_068 * _MIB),  # smi
+        GpuKind("A100-80GB", "NVIDIA A100-SXM4-80GB", (8, 0), _H100_CONTEXT, _ASSUMED, _A100_80),
+        GpuKind("A100-40GB", "NVIDIA A100-SXM4-40GB", (8, 0), _H100_CONTEXT, _ASSUMED, _A100_40),
+        GpuKind("L40S-48GB", "NVIDIA L40S", (8, 9), _H100_CONTEXT, _ASSUMED, _L40S),
         GpuKind("RTXA6000-48GB", "NVIDIA RTX A6000", (8, 6), _H100_CONTEXT, _ASSUMED, _A6000),
         GpuKind("RTX5090-32GB", "NVIDIA GeForce RTX 5090", (12, 0), _H100_CONTEXT, _ASSUMED, _RTX5090),
-        GpuKind("RTX4090-24GB", "NVIDIA GeForce RTX 4090", (8, 9), _H100_CONTEXT, _ASSUMED, 24_564 * _MIB),  # smi
+        GpuKind("RTX4090-24GB", "NVIDIA GeForce RTX 4090", (8, 9), _H100_CONTEXT, _ASSUMED, _RTX4090),
         GpuKind("RTX3090-24GB", "NVIDIA GeForce RTX 3090", (8, 6), _H100_CONTEXT, _ASSUMED, _RTX3090),
         GpuKind("A10G-24GB", "NVIDIA A10G", (8, 6), _H100_CONTEXT, _ASSUMED, _A10G),
-        GpuKind("L4-24GB", "NVIDIA L4", (8, 9), _H100_CONTEXT, _ASSUMED, 23_034 * _MIB),  # smi
+        GpuKind("L4-24GB", "NVIDIA L4", (8, 9), _H100_CONTEXT, _ASSUMED, _L4),
         GpuKind("T4-16GB", "Tesla T4", (7, 5), _H100_CONTEXT, _ASSUMED, _T4),
     )
 }
