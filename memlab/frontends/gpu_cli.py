@@ -123,7 +123,7 @@ and no fused attention kernel takes it); write --try precision=fp16 (autocast in
     """
     from memlab.errors import MemlabError
     from memlab.estimation.cuda.gpus import gpu_kind
-    from memlab.techniques.precision import bf16_refusal
+    from memlab.techniques.precision import TRAINER_FP16, bf16_refusal
 
     if getattr(args, "device", None) == "cpu":
         return
@@ -131,4 +131,5 @@ and no fused attention kernel takes it); write --try precision=fp16 (autocast in
     for plan in plans:
         refusal = bf16_refusal(kind.capability, kind.name, precision=getattr(plan, "precision", None))
         if refusal:
-            raise MemlabError(refusal.replace("write precision='fp16'", "write --try precision=fp16"))
+            raise MemlabError(refusal.replace("write precision='fp16'", "write --try precision=fp16")
+                              .replace(f"; {TRAINER_FP16}", ""))

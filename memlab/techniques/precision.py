@@ -46,6 +46,10 @@ def check_precision(plan: PlanFields, device: torch.device, parameters: Sequence
     return []
 
 
+TRAINER_FP16 = "a Trainer's fp16=True, bf16=False"
+"""What a Trainer's arguments say for ``precision='fp16'``, in :func:`bf16_refusal`'s text."""
+
+
 def bf16_refusal(capability: tuple[int, int], gpu: str, *, precision: str | None = None,
                  weights: str | None = None) -> str:
     """Why a step cannot run in bf16 on the GPU ``gpu`` of compute ``capability``, saying what to write; ``""``
@@ -57,7 +61,7 @@ def bf16_refusal(capability: tuple[int, int], gpu: str, *, precision: str | None
     Example:
         >>> print(bf16_refusal((7, 5), "T4-16GB", precision="bf16"))
         the T4-16GB (compute capability 7.5) has no native bf16 (emulated bf16 is slow, and no fused attention \
-kernel takes it); write precision='fp16' (autocast in fp16, loss-scaled) instead
+kernel takes it); write precision='fp16' (autocast in fp16, loss-scaled; a Trainer's fp16=True, bf16=False) instead
         >>> bf16_refusal((8, 0), "A100-80GB", precision="bf16"), bf16_refusal((7, 5), "T4-16GB", precision="fp16")
         ('', '')
     """
@@ -66,7 +70,7 @@ kernel takes it); write precision='fp16' (autocast in fp16, loss-scaled) instead
     where = (f"the {gpu} (compute capability {capability[0]}.{capability[1]}) has no native bf16 (emulated bf16 is "
              "slow, and no fused attention kernel takes it)")
     if precision == "bf16":
-        return f"{where}; write precision='fp16' (autocast in fp16, loss-scaled) instead"
+        return f"{where}; write precision='fp16' (autocast in fp16, loss-scaled; {TRAINER_FP16}) instead"
     if weights == "bf16":
         return f"{where}; write weights='fp16' (or 'fp32') instead"
     return ""

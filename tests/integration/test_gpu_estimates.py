@@ -132,3 +132,17 @@ def test_the_help_lists_every_gpu_kind(capsys: pytest.CaptureFixture[str]) -> No
     main(["estimate", "--help"])
     said = " ".join(capsys.readouterr().out.split())
     assert all(name in said for name in GPUS) and "--gpu-memory SIZE" in said and "--gpu-capability" in said
+
+
+def test_a_trainer_in_bf16_estimated_for_a_t4_is_told_its_arguments(tmp_path: Any) -> None:
+    """A Trainer set up with bf16=True, estimated for a T4, is refused as its live trial there would be, in words a
+    Trainer's user can act on."""
+    import dataclasses
+
+    from tests.trainers import make_trainer
+
+    trainer = make_trainer(tmp_path, steps=1)
+    trainer.args = dataclasses.replace(trainer.args, bf16=True)
+    with pytest.raises(MemlabError, match=re.escape("a Trainer's fp16=True, bf16=False")):
+        memlab.estimate(trainer, device="cuda", gpu="T4-16GB")
+    assert memlab.estimate(trainer, device="cuda", gpu="A10G-24GB").status == "ok"
