@@ -411,7 +411,7 @@ def _for_gpu(args: argparse.Namespace) -> str:
     """``, for an H100-80GB`` where the estimate is for CUDA (the GPU kind whose CUDA context it models)."""
     from memlab.estimation.cuda.gpus import gpu_kind
 
-    return "" if args.device == "cpu" else f", for an {gpu_kind(cli_gpu(args)).name}"
+    return "" if args.device == "cpu" else f", for {gpu_kind(cli_gpu(args)).called}"
 
 
 def _count(number: int) -> str:

@@ -145,8 +145,8 @@ def _card_note(args: argparse.Namespace, report: Any) -> str | None:
         return None
     context = cards[0].context_bytes
     counted = "" if context is None else f" (its CUDA context {format_bytes(context)})"
-    return (f"the card column is the caching allocator's reserve + the CUDA context (what nvidia-smi shows), for an "
-            f"{gpu_kind(cli_gpu(args)).name}{counted}; fits are judged on it")
+    return (f"the card column is the caching allocator's reserve + the CUDA context (what nvidia-smi shows), for "
+            f"{gpu_kind(cli_gpu(args)).called}{counted}; fits are judged on it")
 
 
 def single_text(args: argparse.Namespace, header: str, report: Any, budget: int | None,

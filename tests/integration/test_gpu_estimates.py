@@ -37,7 +37,7 @@ def test_an_estimate_for_a_t4_refuses_bf16_with_what_to_write() -> None:
     trial = memlab.estimate(CONFIG, BATCH, Plan(precision="fp16"), gpu="T4-16GB", budget="15GiB")
     assert trial.status == "ok" and trial.fits
     assert any("Tesla T4 (sm75)" in note for note in trial.notes), trial.notes
-    assert any("modelled for an T4-16GB" in note for note in trial.notes), trial.notes
+    assert any("modelled for a T4-16GB" in note for note in trial.notes), trial.notes
     assert memlab.estimate(CONFIG, BATCH, Plan(precision="bf16"), gpu="T4-16GB", device="cpu").status == "ok"
 
 
@@ -75,7 +75,7 @@ def test_the_command_refuses_bf16_on_a_t4_before_anything_runs(
     assert "the T4-16GB (compute capability 7.5) has no native bf16" in err and "write --try precision=fp16" in err
     assert seen == []
     assert main(["estimate", "llama-7b", "--gpu", "T4-16GB", "--try", "precision=fp16"]) == 0
-    assert seen == ["T4-16GB"] and "for an T4-16GB, budget: its memory, 14.74 GiB" in capsys.readouterr().out
+    assert seen == ["T4-16GB"] and "for a T4-16GB, budget: its memory, 14.74 GiB" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("flags", "name", "budget"), [

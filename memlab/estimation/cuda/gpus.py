@@ -40,6 +40,16 @@ class GpuKind:
     memory_bytes: int
 
     @property
+    def called(self) -> str:
+        """The kind's name with its article, as the name is read aloud: ``an H100-80GB``, ``a T4-16GB``.
+
+        Example:
+            >>> GPUS["L4-24GB"].called, GPUS["T4-16GB"].called, GPUS["B200-180GB"].called
+            ('an L4-24GB', 'a T4-16GB', 'a B200-180GB')
+        """
+        return f"{'an' if self.name[:1].upper() in 'AEFHILMNORSX' else 'a'} {self.name}"
+
+    @property
     def bf16(self) -> bool:
         """Whether the kind runs bfloat16 natively (:func:`memlab.live.device.bf16_capable`): where it does not, a
         plan in bf16 is refused as a trial on that GPU refuses it (:func:`bf16_refusal`)."""
