@@ -42,9 +42,9 @@ _DESCRIPTION = (
 _EPILOG = (
     "Exit status: 0 when a plan fits the budget (or no budget was given), 1 when none fits, 2 on wrong input, 3 "
     "when memlab itself failed (one line says what; MEMLAB_TRACEBACK=1 shows the traceback), 130 when interrupted; "
-    "--gpu without --budget makes that GPU's memory the budget. The table, --json's verdict and the exit status "
-    "judge each plan once, the same way. When nothing fits, the commands that try the plans estimated to fit "
-    "follow the table. "
+    "--gpu (or --gpu-memory) without --budget makes that GPU's memory the budget. The table, --json's verdict and "
+    "the exit status judge each plan once, the same way. When nothing fits, the commands that try the plans "
+    "estimated to fit follow the table. "
     "On CUDA a plan fits when what the card will show (the allocator's reserve and the CUDA context of --gpu, both "
     "modelled) is within the budget; where that card figure is unknown, its allocated peak, which leaves out "
     "allocator rounding and fragmentation and the CUDA context: keep a margin. Workspaces kernels take inside "
