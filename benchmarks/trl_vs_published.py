@@ -48,6 +48,15 @@ Sources (every number below is quoted from them):
   those checked); the row is estimated as the installed TRL runs it (:func:`dpo_loss`): the policy's log-probs
   through the fused LM head, then the reference's with the LoRA layers off, as TRL does for a peft policy.
 
+- huggingface/trl ``examples/notebooks/grpo_trl_lora_qlora.ipynb`` (TRL's own notebook, its outputs from a free
+  Colab T4 in 2025-12, as at trl 16b090302): Qwen/Qwen2-7B-Instruct in 4-bit NF4 (double quant, fp16 compute, the
+  rest in float32), LoRA r=32 on every projection, ``GRPOConfig(per_device_train_batch_size=8, num_generations=8,
+  max_completion_length=256, optim="paged_adamw_8bit", use_liger_kernel=True, gradient_checkpointing=True)``, bf16
+  and beta 0 by TRL's defaults: "Peak reserved memory = 8.832 GB" (``max_memory_reserved() / 2**30``), and its table's
+  9.6 GB for the same configuration on an A100-40GB (what was read not said). The T4 ran bf16 autocast emulated;
+  memlab refuses bf16 on a GPU without it, as its own trial there does, so that row is estimated in fp16 (its
+  ``differs`` says what that changes). The notebooks' SFT runs (a T4, an A100-40GB) are in ``NOT_EXPRESSED``.
+
 Run from the repository root (no GPU needed; about 4 minutes on 2 cores)::
 
     python -m benchmarks.trl_vs_published
@@ -151,13 +160,20 @@ class Run:
     fused_lm_head: bool = False
     """Whether the source's TRL scores completions through the fused LM head (TRL after 1.12) or, as trl 1.12 and
     before, through the logits over the vocabulary (:func:`logits_log_probs`)."""
+    measures: str = "allocated"
+    """What ``published`` is: ``allocated`` (``max_memory_allocated``), ``reserved`` (``max_memory_reserved``) or
+    ``card`` (what nvidia-smi shows: the reserve and the CUDA context); the ratio compares memlab's figure of that
+    kind."""
+    optimizer: str = "adamw"
+    lora_dropout: float = 0.05
 
     def plan(self) -> Any:
         from memlab.plan import Plan
 
         adapter = "qlora" if "quantization_config" in self.load else "lora"
-        return Plan(adapter=adapter, lora_rank=self.lora_rank, lora_alpha=self.lora_alpha, lora_dropout=0.05,
-                    lora_targets=self.lora_targets, checkpointing=self.checkpointing, precision=self.precision)
+        return Plan(adapter=adapter, lora_rank=self.lora_rank, lora_alpha=self.lora_alpha,
+                    lora_dropout=self.lora_dropout, lora_targets=self.lora_targets, checkpointing=self.checkpointing,
+                    precision=self.precision, optimizer=self.optimizer)
 
 
 def _probe(name: str, model: str, card: str, gpu: str, allocated: float, reserved: float, file: str,
@@ -166,6 +182,28 @@ def _probe(name: str, model: str, card: str, gpu: str, allocated: float, reserve
                completion_tokens=completion, num_generations=generations)
 
 
+# TRL's own notebook, GRPO with QLoRA on a free Colab T4 (examples/notebooks/grpo_trl_lora_qlora.ipynb, outputs from
+# 2025-12, as at huggingface/trl 16b090302): Qwen/Qwen2-7B-Instruct (the shape of Qwen2.5-7B: vocab 152,064, hidden
+# 3,584, 28 layers, 4 KV heads) from_pretrained(dtype="float32", attn_implementation="sdpa", BitsAndBytesConfig(nf4,
+# double quant, fp16 compute)); LoraConfig(r=32, lora_alpha=32) on every projection; GRPOConfig(per_device_train_
+# batch_size=8, num_generations=8, max_completion_length=256, optim="paged_adamw_8bit", use_liger_kernel=True,
+# gradient_checkpointing=True, max_steps=500; beta 0.0 and bf16=True by default); transformers' generate; prompts from
+# AI-MO/NuminaMath-TIR after a system prompt, in the chat template.
+TRL_GRPO_NOTEBOOK = "huggingface/trl examples/notebooks/grpo_trl_lora_qlora.ipynb (trl 16b090302, 2025-12 run)"
+TRL_GRPO_SETTINGS: dict[str, Any] = {
+    "prompt_tokens": 256, "completion_tokens": 256, "per_device": 8, "accumulation": 1, "num_generations": 8,
+    "beta": 0.0, "lora_rank": 32, "lora_alpha": 32, "lora_dropout": 0.0, "optimizer": "paged_adamw8bit",
+    "fused_lm_head": True,
+    "load": {"dtype": torch.float32, "quantization_config": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                                             "bnb_4bit_compute_dtype": torch.float16,
+                                                             "bnb_4bit_use_double_quant": True}}}
+TRL_GRPO_DIFFERS = ("the run's peak spans the trainer's construction and 500 steps of real prompts, memlab's one step "
+                    "at the prompt length assumed; Liger's fused GRPO loss is estimated as TRL's fused LM head (the "
+                    "log-probs in chunks, no logits over the vocabulary); the notebook reserved 6.773 GiB after "
+                    "loading, before training, under memlab's weights for this load (params, 7.50 GiB: the "
+                    "embeddings and LM head in float32, 2.03 GiB each)")
+TRL_GRPO_VAGUE = ("the prompts' length is not given (NuminaMath-TIR problems after a 67-word system prompt, not "
+                  "truncated): assumed 256 tokens for the longest")
 _3070 = "RTX 3070 Laptop 8GB"
 RUNS = (
     _probe("Qwen3-1.7B GRPO QLoRA, 8 x (11+96)", "Qwen3-1.7B", _3070, "RTX4090-24GB", 2.744, 3.102,
@@ -186,6 +224,20 @@ RUNS = (
            "vram_probe_results_2026-10-06_9b14b_4090.jsonl (torch 2.13.0+cu126)"),
     _probe("Qwen3-14B GRPO QLoRA, 8 x (11+288)", "Qwen3-14B", "RTX 4090", "RTX4090-24GB", 15.73, 17.508,
            "vram_probe_results_2026-10-06_9b14b_4090.jsonl (torch 2.13.0+cu126)", completion=288),
+    Run("Qwen2-7B-Instruct GRPO QLoRA r32, 8 x (256+256), T4", "Qwen2-7B-Instruct", qwen25_7b, "T4-16GB",
+        "Tesla T4 (Colab)", 8.832, f"{TRL_GRPO_NOTEBOOK}: 'Peak reserved memory = 8.832 GB' (torch.cuda."
+        "max_memory_reserved() / 2**30 after trainer.train(); 6.773 before it)", measures="reserved",
+        **TRL_GRPO_SETTINGS, precision="fp16",
+        differs=f"{TRL_GRPO_DIFFERS}; the run autocast in bf16 (GRPOConfig's default, bf16=True), which the T4 runs "
+                "emulated, its attention on the math path: memlab refuses bf16 on a GPU without it (as its own "
+                "trial there does) and the row is estimated in fp16, the same bytes but the memory-efficient "
+                "attention kernel", vague=TRL_GRPO_VAGUE),
+    Run("Qwen2-7B-Instruct GRPO QLoRA r32, 8 x (256+256), A100-40GB", "Qwen2-7B-Instruct", qwen25_7b, "A100-40GB",
+        "A100-40GB", 9.6, f"{TRL_GRPO_NOTEBOOK}: its table's 'Best (all optimizations)' row, 'VRAM (A100-40GB)' 9.6 "
+        "GB", unit="GiB", measures="card", **TRL_GRPO_SETTINGS, differs=TRL_GRPO_DIFFERS,
+        vague=f"{TRL_GRPO_VAGUE}; what the table's VRAM is is not said: its T4 cell (9.2) is 0.37 over the T4's "
+              "printed max_memory_reserved (8.832 GiB), as nvidia-smi (the reserve and the CUDA context) is; "
+              "compared with memlab's card figure, in GiB as the notebook's prints are"),
     Run("Qwen2.5-7B DPO LoRA r16, 1 pair x 2048", "Qwen2.5-7B", qwen25_7b, "H100-80GB", "not given", 19.08,
         "odyn-network/benchmark-finetune-dpo-v1, quoting superkaiba/explore-persona-space issue #36 (TRL DPO LoRA, "
         "no precompute_ref_log_probs)", kind="dpo", unit="GB", prompt_tokens=0, completion_tokens=2048,
@@ -245,6 +297,23 @@ NOT_EXPRESSED = (
      "source": "theneuralbase.com/dpo, runlocalai.co (rlhf-dpo-ppo ch. 22), spheron.network DPO guide",
      "published": "about 18 GB and more for a 7B",
      "why": "checked for a faithful DPO row: calculations from the parameter count, not measurements"},
+    {"run": "Qwen3-14B (unsloth bnb-4bit) SFT QLoRA r32 on a T4, 1 x 1,024 x 4 accumulation",
+     "source": "huggingface/trl examples/notebooks/sft_trl_lora_qlora.ipynb (2025-12 run)",
+     "published": "14.041 GiB max_memory_reserved (12.074 before training)",
+     "why": "an SFT run (this benchmark estimates TRL's GRPO and DPO steps) with TRL's own activation_offloading "
+            "(its saved-tensor hooks, not checked against memlab's offload='activations'), from a pre-quantized "
+            "Unsloth checkpoint that keeps some layers unquantized (which ones its config says; nothing is "
+            "downloaded here): 12.074 GiB reserved before training, where Qwen3-14B in NF4 is about 9"},
+    {"run": "CohereLabs/tiny-aya-global SFT QLoRA r32 on an A100-40GB, 1 x 1,024 x 4 accumulation",
+     "source": "huggingface/trl examples/notebooks/sft_tool_calling.ipynb",
+     "published": "11.928 GiB max_memory_reserved (4.648 before training)",
+     "why": "an SFT run with TRL's activation_offloading (as above), and memlab knows no config of tiny-aya-global "
+            "by name (configs.KNOWN_SHAPES; nothing is downloaded here)"},
+    {"run": "Ministral 3 VL SFT on a T4; Nemotron 3 SFT on an A100-80GB",
+     "source": "huggingface/trl examples/notebooks/sft_ministral3_vl.ipynb, sft_nemotron_3.ipynb",
+     "published": "13.881 GiB and 61.922 GiB max_memory_reserved",
+     "why": "SFT runs of models whose configs memlab does not know by name (a VLM with its image processor, a hybrid "
+            "Mamba-Transformer); their shapes would be guesses"},
     {"run": "Qwen2.5-7B DPO LoRA with precompute_ref_log_probs=True",
      "source": "odyn-network/benchmark-finetune-dpo-v1, quoting superkaiba/explore-persona-space issue #36",
      "published": "31.09 GB",
@@ -364,7 +433,8 @@ def estimate_grpo(run: Run, folder: Path) -> dict[str, Any]:
     rows = run.per_device * run.accumulation  # steps_per_generation defaults to the accumulation steps
     quantize = "nf4" if "quantization_config" in run.load else "none"
     generation = memlab.estimate(config, {"input_ids": (rows, run.prompt_tokens + run.completion_tokens - 2)},
-                                 InferencePlan(new_tokens=2, weights="bf16", quantize=quantize), gpu=run.gpu)
+                                 InferencePlan(new_tokens=2, weights="fp16" if run.precision == "fp16" else "bf16",
+                                               quantize=quantize), gpu=run.gpu)
     if training.status != "ok" or generation.status != "ok":
         return {"status": f"training {training.status}, generation {generation.status}",
                 "error": training.error or generation.error}
@@ -481,14 +551,19 @@ def estimate_run(run: Run, folder: Path) -> dict[str, Any]:
         "settings": {"prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens,
                      "per_device_train_batch_size": run.per_device, "gradient_accumulation_steps": run.accumulation,
                      "num_generations": run.num_generations, "beta": run.beta},
-        "measures": "allocated", "published": run.published, "unit": run.unit,
+        "measures": run.measures, "published": run.published, "unit": run.unit,
         "published_reserved": run.published_reserved, "differs": run.differs, "vague": run.vague,
         "status": result["status"], "seconds": common.rounded(seconds, 1)}
     if result["status"] != "ok":
         return {**row, "error": result.get("error")}
     peak, reserved = result["peak_bytes"], result["reserved_bytes"]
+    from memlab.estimation.cuda.gpus import gpu_kind
+
+    card = reserved + gpu_kind(run.gpu).context_bytes  # what nvidia-smi shows: the reserve and the CUDA context
+    compared = {"allocated": peak, "reserved": reserved, "card": card}[run.measures]
     row.update({
-        "memlab": common.rounded(peak / unit, 3), "ratio": common.rounded(peak / (run.published * unit), 3),
+        "memlab": common.rounded(compared / unit, 3), "ratio": common.rounded(compared / (run.published * unit), 3),
+        "memlab_allocated": common.rounded(peak / unit, 3), "memlab_card": common.rounded(card / unit, 3),
         "memlab_reserved": common.rounded(reserved / unit, 3),
         "reserved_ratio": (common.rounded(reserved / (run.published_reserved * unit), 3)
                            if run.published_reserved else None),
@@ -499,8 +574,9 @@ def estimate_run(run: Run, folder: Path) -> dict[str, Any]:
         "kv_cache": common.rounded(result["kv_cache_bytes"] / unit, 3) if "kv_cache_bytes" in result else None,
         "bf16_outputs_ratio": (
             common.rounded(max(result["bf16_outputs_training_bytes"], result["generation_peak_bytes"])
-                           / (run.published * unit), 3) if result.get("bf16_outputs_training_bytes") else None),
-        "bytes": {"peak": peak, "reserved": reserved, "training": result["training_peak_bytes"],
+                           / (run.published * unit), 3)
+            if result.get("bf16_outputs_training_bytes") and run.measures == "allocated" else None),
+        "bytes": {"peak": peak, "reserved": reserved, "card": card, "training": result["training_peak_bytes"],
                   "generation": result.get("generation_peak_bytes")},
         "notes": result["notes"]})
     return row
@@ -515,9 +591,9 @@ def markdown(rows: list[dict[str, Any]], not_expressed: list[dict[str, Any]]) ->
         | r | a/b#1 | 1 GB | w |
     """
     compared = common.markdown_table(
-        ["run", "card", "published (allocated)", "memlab", "ratio", "reserved: published", "memlab", "ratio",
+        ["run", "card", "published", "memlab", "ratio", "reserved: published", "memlab", "ratio",
          "peak in", "ratio, outputs left bf16", "vague"],
-        [[r["run"], r["card"], f"{r['published']} {r['unit']}", r.get("memlab"), r.get("ratio"),
+        [[r["run"], r["card"], f"{r['published']} {r['unit']} {r['measures']}", r.get("memlab"), r.get("ratio"),
           r["published_reserved"], r.get("memlab_reserved"), r.get("reserved_ratio"), r.get("peak_phase"),
           r.get("bf16_outputs_ratio"), "yes" if r["vague"] else "no"] for r in rows])
     missing = common.markdown_table(["published figure", "source", "figure", "not compared because"],

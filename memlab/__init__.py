@@ -21,6 +21,7 @@ check_stack()  # a stack older than memlab's floors is said here, once, before a
 
 from memlab.errors import MemlabError, UnsupportedTechnique  # noqa: E402
 from memlab.estimation import estimate  # noqa: E402
+from memlab.estimation.cuda.gpus import gpu_kind  # noqa: E402
 from memlab.plan import Plan, parse_budget  # noqa: E402
 from memlab.report import InferenceTrial, Report, Trial  # noqa: E402
 from memlab.runner.apply import Applied, apply  # noqa: E402
@@ -50,6 +51,7 @@ __all__ = [
     "estimate",
     "fit",
     "fit_inference",
+    "gpu_kind",
     "kv_cache_bytes",
     "limits",
     "load_ipython_extension",

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from memlab.estimation.configs import KNOWN_SHAPES, load_config, meta_model, parse_batch_shape
+from memlab.estimation.cuda.gpus import GpuKind
 from memlab.estimation.dryrun.fake import BLIND_SPOTS, fake_batch
 from memlab.estimation.dryrun.single_gpu import adamw8bit_state_bytes, estimate_inference, estimate_plans
 from memlab.estimation.request import EstimateRequest, route
@@ -62,7 +63,7 @@ def estimate(
     device: str | torch.device | None = None,
     gpus: int = 1,
     strategy: str = "none",
-    gpu: str | None = None,
+    gpu: str | GpuKind | None = None,
     load: Mapping[str, Any] | None = None,
     expandable_segments: bool = False,
     host_budget: int | str | None = None,
@@ -103,7 +104,11 @@ def estimate(
             loads sharded); its notes name the engine settings assumed. ``Plan(offload="params")`` is sharded only.
         gpu: the kind of GPU a CUDA estimate is for, which sets the CUDA context (per GPU when sharded) and, made
             without CUDA, the attention kernels emulated: a name from :data:`memlab.estimation.cuda.gpus.GPUS`, default
-            ``"H100-80GB"``. The trial's notes name it.
+            ``"H100-80GB"`` (or the name torch gives the device, ``"Tesla T4"``), or a GPU memlab does not list as
+            :func:`memlab.gpu_kind` describes it (``memlab.gpu_kind("RTX PRO 6000", memory="96GiB",
+            capability="12.0")``). The trial's notes name it. On a GPU without bf16 (compute capability below 8.0,
+            a T4) a plan in bf16 (``precision="bf16"``; an InferencePlan's ``weights="bf16"``) is refused as a trial
+            there refuses it, with the fp16 to write instead.
         load: how the user loads the model: the keyword arguments they pass to ``from_pretrained`` (``dtype``, or
             ``torch_dtype`` as before transformers 5; ``quantization_config`` as a ``BitsAndBytesConfig`` or its
             dict), for a training plan or an :class:`memlab.InferencePlan` alike. The dry run of a config, a name or

@@ -26,7 +26,7 @@ import torch
 from memlab.errors import MemlabError
 from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.estimation.cuda.context import card_context
-from memlab.estimation.cuda.gpus import gpu_kind
+from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.live.batch import LossFn
 from memlab.live.sharding import check_sharding
 from memlab.options import parse_host_budget
@@ -39,7 +39,7 @@ from memlab.techniques.vllm import no_engine
 if TYPE_CHECKING:
     from memlab.inference.plan import InferencePlan
 
-__all__ = ["ROUTES", "EstimateRequest", "route", "route_name"]
+__all__ = ["ROUTES", "EstimateRequest", "gpu_refusal", "route", "route_name"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class EstimateRequest:
     device: str | torch.device | None = None
     gpus: int = 1
     strategy: str = "none"
-    gpu: str | None = None
+    gpu: str | GpuKind | None = None
     load: Mapping[str, Any] | None = None
     expandable_segments: bool = False
     host_budget: int | str | None = None
@@ -185,6 +185,28 @@ def route_name(request: EstimateRequest) -> str:
     return "sharded" if check_sharding(request.gpus, request.strategy)[1] != "none" else "one_gpu"
 
 
+def gpu_refusal(request: EstimateRequest, *, inference: bool = False) -> str:
+    """What the GPU kind a CUDA estimate is for cannot run of the request's plan, saying what to write (``""`` where
+    it can run it, and for a CPU estimate): bf16 on a GPU without it, as a trial on that GPU refuses it
+    (:func:`memlab.techniques.precision.bf16_refusal`).
+
+    Example:
+        >>> "; write precision='fp16'" in gpu_refusal(EstimateRequest("llama-7b", {}, Plan(precision="bf16"),
+        ...                                                           gpu="T4-16GB"))
+        True
+        >>> gpu_refusal(EstimateRequest("llama-7b", {}, Plan(precision="bf16"), gpu="T4-16GB", device="cpu"))
+        ''
+    """
+    from memlab.estimation.cuda.devices import target_device
+    from memlab.techniques.precision import bf16_refusal
+
+    if isinstance(request.plan, (list, tuple)) or target_device(request.model, request.device).type != "cuda":
+        return ""
+    kind = gpu_kind(request.gpu)
+    return bf16_refusal(kind.capability, kind.name, precision=getattr(request.plan, "precision", None),
+                        weights=getattr(request.plan, "weights", None) if inference else None)
+
+
 def route(request: EstimateRequest) -> Trial:
     """The request checked and run down its route (:func:`route_name`).
 
@@ -208,6 +230,10 @@ def route(request: EstimateRequest) -> Trial:
                           "it out for PyTorch's default allocator")
     host_budget = parse_host_budget(request.host_budget)
     name = route_name(request)
+    if name != "trainer":  # a trainer's own route comes back here with its model and plan
+        refusal = gpu_refusal(request, inference=name == "inference")
+        if refusal:
+            raise MemlabError(refusal)
     # the keyword or the plan's lever: every allocator model the route makes assumes them
     expandable = request.expandable_segments or getattr(request.plan, "expandable_segments", False) is True
     with assumed_allocator(expandable):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memlab.estimation.cuda.allocator import assumed_allocator
+from memlab.frontends.gpu_cli import cli_gpu
 from memlab.live.device import ENVIRONMENT_LINE, PYTHON_LINE
 
 __all__ = ["add_allocator_argument", "expandable_suggestion", "with_allocator"]
@@ -97,8 +98,8 @@ def expandable_suggestion(args: argparse.Namespace, model: Any, batch: Any, repo
         say(f"estimating {trial.label} with the allocator's expandable segments")
         plan = trial.plan.replace(expandable_segments=True)  # the plan suggested: --try, apply and exports take it
         found = estimate_each(model, batch, [plan], budget=budget, device=args.device, say=lambda _: None,
-                              gpu=getattr(args, "gpu", None), load=load)
-        again = card_contexts(found.trials, getattr(args, "gpu", None))[0]
+                              gpu=cli_gpu(args), load=load)
+        again = card_contexts(found.trials, cli_gpu(args))[0]
         if again.status != "ok" or again.card_bytes is None or again.card_bytes > budget:
             continue
         if not lines:

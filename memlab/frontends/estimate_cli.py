@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from memlab.frontends.gpu_cli import add_gpu_arguments, check_gpu_plans, cli_gpu
+
 __all__ = [
     "EstimateProgress", "add_arguments", "estimate_each", "gpu_budget", "json_with_verdicts",
     "cli_words", "load_from_args", "progress_lines", "run", "run_sharded",
@@ -40,9 +42,9 @@ _DESCRIPTION = (
 _EPILOG = (
     "Exit status: 0 when a plan fits the budget (or no budget was given), 1 when none fits, 2 on wrong input, 3 "
     "when memlab itself failed (one line says what; MEMLAB_TRACEBACK=1 shows the traceback), 130 when interrupted; "
-    "--gpu without --budget makes that GPU's memory the budget. The table, --json's verdict and the exit status "
-    "judge each plan once, the same way. When nothing fits, the commands that try the plans estimated to fit "
-    "follow the table. "
+    "--gpu (or --gpu-memory) without --budget makes that GPU's memory the budget. The table, --json's verdict and "
+    "the exit status judge each plan once, the same way. When nothing fits, the commands that try the plans "
+    "estimated to fit follow the table. "
     "On CUDA a plan fits when what the card will show (the allocator's reserve and the CUDA context of --gpu, both "
     "modelled) is within the budget; where that card figure is unknown, its allocated peak, which leaves out "
     "allocator rounding and fragmentation and the CUDA context: keep a margin. Workspaces kernels take inside "
@@ -60,7 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         >>> args.model, args.batch, args.try_
         ('llama-7b', '1x512', ['checkpointing=off,on'])
     """
-    from memlab.estimation.cuda.gpus import DEFAULT_GPU, GPUS
     from memlab.estimation.estimate import KNOWN_SHAPES
     from memlab.frontends.estimate_text import shape_names
 
@@ -89,13 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the device to predict for (default: cuda, even on a machine without a GPU)",
     )
-    parser.add_argument(
-        "--gpu",
-        choices=tuple(GPUS),
-        default=None,
-        help=f"the kind of GPU a CUDA estimate is for: its attention kernels and the CUDA context on the card "
-        f"(default: {DEFAULT_GPU})",
-    )
+    add_gpu_arguments(parser)
     parser.add_argument(
         "--gpus",
         metavar="N|auto",
@@ -249,6 +244,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     grid = list(args.try_ or [])
     # --try micro_batch=... keeps the batch's rows per optimizer step, as %%memfit does (the same function).
     plans, kept = keep_rows(parse_grid(grid), grid, rows, f"--batch {args.batch}")
+    check_gpu_plans(args, plans)  # the GPU's flags checked, and what it cannot run refused, before anything is built
     budget = parse_budget(args.budget)
     if budget is None:
         budget = gpu_budget(args)
@@ -288,8 +284,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         # The config, not the meta model: its load is the one the plan implies or the flags say (the meta model
         # would be estimated as it is, in fp32).
         report = estimate_each(config, batch, plans, budget=budget, device=args.device, say=say,
-                               gpu=getattr(args, "gpu", None), load=load)
-        carded = card_contexts(report.trials, getattr(args, "gpu", None))
+                               gpu=cli_gpu(args), load=load)
+        carded = card_contexts(report.trials, cli_gpu(args))
         report = dataclasses.replace(report, trials=host_judged(carded, args))
         if kept is not None:
             for trial in report.trials:
@@ -322,21 +318,21 @@ def gpu_budget(args: argparse.Namespace) -> int | None:
     ``--gpu``, or ``--device cpu``).
 
     Example:
-        >>> gpu_budget(argparse.Namespace(gpu="A100-40GB", device=None, budget=None)) / 2**30
-        40.0
+        >>> gpu_budget(argparse.Namespace(gpu="A100-40GB", device=None, budget=None)) // 2**20  # torch's, in MiB
+        40442
         >>> gpu_budget(argparse.Namespace(gpu=None, device=None, budget=None)) is None
         True
     """
     from memlab.estimation.cuda.gpus import gpu_kind
 
-    name = getattr(args, "gpu", None)
+    name = cli_gpu(args)
     if name is None or getattr(args, "device", None) == "cpu":
         return None
     return gpu_kind(name).memory_bytes
 
 
 def _budget_words(args: argparse.Namespace, budget: int | None) -> str:
-    """``, budget: the A100-40GB's 40.00 GiB`` where the budget is the GPU's memory (no --budget given)."""
+    """``, budget: the A100-40GB's 39.49 GiB`` where the budget is the GPU's memory (no --budget given)."""
     from memlab.plan import format_bytes
 
     if args.budget is not None:  # the unit spelled out: 24GB is 10^9-byte gigabytes, 24GiB 2^30-byte
@@ -387,6 +383,7 @@ def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, 
     import dataclasses
 
     from memlab.estimation.cuda.context import card_contexts
+    from memlab.estimation.cuda.gpus import gpu_kind
     from memlab.search.speed import speed_prior
     from memlab.search.suggest import combined_suggestions
 
@@ -400,12 +397,13 @@ def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, 
 
     def estimate(plans: list[Any]) -> list[Any]:
         found = estimate_each(model, batch, plans, budget=report.budget, device=args.device, say=lambda _: None,
-                              gpu=getattr(args, "gpu", None))
-        return card_contexts(found.trials, getattr(args, "gpu", None))
+                              gpu=cli_gpu(args))
+        return card_contexts(found.trials, cli_gpu(args))
 
     found = combined_suggestions(lowest, estimate, budget=report.budget, rows=batch["input_ids"][0],
                                  prior=speed_prior("cpu" if args.device == "cpu" else "cuda"), want=2, tries=tries,
-                                 say=say)
+                                 say=say, half="fp16" if args.device != "cpu" and not gpu_kind(cli_gpu(args)).bf16
+                                 else "bf16")
     return [dataclasses.replace(trial) for trial in found]
 
 
@@ -413,7 +411,7 @@ def _for_gpu(args: argparse.Namespace) -> str:
     """``, for an H100-80GB`` where the estimate is for CUDA (the GPU kind whose CUDA context it models)."""
     from memlab.estimation.cuda.gpus import gpu_kind
 
-    return "" if args.device == "cpu" else f", for an {gpu_kind(getattr(args, 'gpu', None)).name}"
+    return "" if args.device == "cpu" else f", for {gpu_kind(cli_gpu(args)).called}"
 
 
 def _count(number: int) -> str:
@@ -445,7 +443,7 @@ def run_sharded(
 
     strategies = [args.strategy] if args.strategy not in (None, "none") else None
     trials = sharded_trials(model, batch, plans, gpus=args.gpus, strategies=strategies, budget=budget,
-                            device=args.device, gpu=getattr(args, "gpu", None), say=say, load=load)
+                            device=args.device, gpu=cli_gpu(args), say=say, load=load)
     trials = host_judged_rows(trials, args)  # the node's host budget, shared by its ranks
     if args.json:
         import json

@@ -18,6 +18,8 @@ import shlex
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from memlab.frontends.gpu_cli import gpu_flags
+
 __all__ = ["command_for", "plan_try", "searched_lines", "suggestion_lines"]
 
 
@@ -57,10 +59,12 @@ def command_for(args: argparse.Namespace, tries: Sequence[str], *, gpus: str | N
         'memlab estimate llama-7b --batch 1x512 --budget 24GiB --gpus auto'
     """
     words = ["memlab", "estimate", args.model]
-    for option, value in (("--config", args.config), ("--batch", args.batch), ("--budget", args.budget),
-                          ("--gpu", getattr(args, "gpu", None)), ("--device", getattr(args, "device", None))):
+    for option, value in (("--config", args.config), ("--batch", args.batch), ("--budget", args.budget)):
         if value is not None:
             words += [option, str(value)]
+    words += gpu_flags(args)
+    if getattr(args, "device", None) is not None:
+        words += ["--device", args.device]
     if gpus is not None:
         words += ["--gpus", gpus]
     if tries:

@@ -16,6 +16,8 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
+from memlab.frontends.gpu_cli import cli_gpu
+
 __all__ = ["WIDTH", "gpu_hint", "kept_notes", "numbered", "shape_names", "sharded_text", "single_text", "table_lines",
            "whole_weights", "wrapped"]
 
@@ -108,16 +110,16 @@ def gpu_hint(args: argparse.Namespace, budget: int | None) -> str | None:
 
     Example:
         >>> args = argparse.Namespace(gpu=None, device=None)
-        >>> print(gpu_hint(args, 24 * 2**30))
+        >>> print(gpu_hint(args, 24 * 2**30))  # doctest: +ELLIPSIS
         the budget, 24.00 GiB, is not the H100-80GB's memory (79.18 GiB) that the estimate assumes: for a 24 GB card \
-add --gpu RTX4090-24GB (memlab knows H100-80GB, H200-141GB, A100-80GB, A100-40GB, L40S-48GB, RTX4090-24GB, L4-24GB)
+add --gpu RTX4090-24GB (memlab knows H100-80GB, ...)
         >>> gpu_hint(args, 80 * 2**30) is None
         True
     """
     from memlab.estimation.cuda.gpus import GPUS, gpu_kind
     from memlab.plan import format_bytes
 
-    if budget is None or getattr(args, "gpu", None) is not None or getattr(args, "device", None) == "cpu":
+    if budget is None or cli_gpu(args) is not None or getattr(args, "device", None) == "cpu":
         return None
     assumed = gpu_kind(None)
     if abs(budget - assumed.memory_bytes) <= 0.1 * assumed.memory_bytes:
@@ -143,8 +145,8 @@ def _card_note(args: argparse.Namespace, report: Any) -> str | None:
         return None
     context = cards[0].context_bytes
     counted = "" if context is None else f" (its CUDA context {format_bytes(context)})"
-    return (f"the card column is the caching allocator's reserve + the CUDA context (what nvidia-smi shows), for an "
-            f"{gpu_kind(getattr(args, 'gpu', None)).name}{counted}; fits are judged on it")
+    return (f"the card column is the caching allocator's reserve + the CUDA context (what nvidia-smi shows), for "
+            f"{gpu_kind(cli_gpu(args)).called}{counted}; fits are judged on it")
 
 
 def single_text(args: argparse.Namespace, header: str, report: Any, budget: int | None,
@@ -278,7 +280,7 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
         >>> from memlab.plan import Plan
         >>> args = argparse.Namespace(gpu=None, device=None, gpus="auto")
         >>> print("\\n".join(sharded_text(args, "tiny", [(Plan(), "zero2", None)], 2**30, [],
-        ...                               weights_bytes={"plain": 2**31})))  # doctest: +NORMALIZE_WHITESPACE
+        ...                               weights_bytes={"plain": 2**31})))  # doctest: +NORMALIZE_WHITESPACE +ELLIPSIS
         tiny
         Best: none fits the budget of 1.00 GiB on up to 1024 GPUs.
         <BLANKLINE>
@@ -289,7 +291,7 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
           1. ZeRO-2 keeps the whole weights on every GPU (it shards the gradients and optimizer state): 2.00 GiB, more
              than the budget of 1.00 GiB, on any number of GPUs.
           2. The budget, 1.00 GiB, is not the H100-80GB's memory (79.18 GiB) that the estimate assumes; --gpu names
-             another card (memlab knows H100-80GB, H200-141GB, A100-80GB, A100-40GB, L40S-48GB, RTX4090-24GB, L4-24GB).
+             another card (memlab knows H100-80GB, ...).
     """
     from memlab.plan import format_bytes
     from memlab.report.tables import verdict_text

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from memlab.errors import MemlabError
+from memlab.frontends.gpu_cli import cli_gpu
 from memlab.plan import Plan, format_bytes
 
 __all__ = ["run_limits"]
@@ -53,7 +54,7 @@ def run_limits(
     if getattr(args, "gpus", None) not in (None, "1") or getattr(args, "strategy", None) not in (None, "none"):
         raise MemlabError("--max-tokens and --max-rows are for one GPU; drop --gpus/--strategy")
     vary = "rows" if args.max_rows and not args.max_tokens else "tokens"
-    keywords: dict[str, Any] = {"device": args.device or "cuda", "gpu": getattr(args, "gpu", None), "load": load}
+    keywords: dict[str, Any] = {"device": args.device or "cuda", "gpu": cli_gpu(args), "load": load}
     found = []
     for plan in plans:
         say(f"{plan.label()}: trying sizes (at most 8 dry runs)")

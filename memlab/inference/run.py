@@ -312,9 +312,11 @@ class InferenceWorkload(Workload[InferencePlan, InferenceRecord, InferenceTrial]
                     ) from None
         if plan.weights == "bf16" and probe.device.type == "cuda" and probe.real:  # a dry run reads no device
             from memlab.live.device import cuda_bf16_supported
+            from memlab.techniques.precision import bf16_refusal
 
             if not cuda_bf16_supported(probe.device):
-                raise MemlabError("this GPU has no bf16; write weights='fp16' (or 'fp32')")
+                raise MemlabError(bf16_refusal(torch.cuda.get_device_capability(probe.device),
+                                               torch.cuda.get_device_name(probe.device), weights=plan.weights))
 
     def new_record(self, plan: InferencePlan, held_before_bytes: int) -> InferenceRecord:
         return InferenceRecord(plan, held_before_bytes)

@@ -18,6 +18,7 @@ __all__ = [
     "MEASURED_EXPANDABLE_NOTE",
     "PYTHON_LINE",
     "DeviceLike",
+    "bf16_capable",
     "cuda_bf16_supported",
     "cuda_capacity",
     "cuda_device",
@@ -59,6 +60,18 @@ def cuda_device(device: DeviceLike) -> torch.device:
     return resolved
 
 
+def bf16_capable(capability: tuple[int, int]) -> bool:
+    """Whether an NVIDIA GPU of compute ``capability`` runs bfloat16 natively: 8.0 (Ampere) or newer. Older GPUs (a
+    T4, 7.5) emulate it slowly, and their kernels take no bf16 (flash attention, the memory-efficient kernel's
+    bf16): the one rule for a live GPU (:func:`cuda_bf16_supported`) and a GPU an estimate is for.
+
+    Example:
+        >>> bf16_capable((7, 5)), bf16_capable((8, 0)), bf16_capable((12, 0))
+        (False, True, True)
+    """
+    return tuple(capability) >= (8, 0)
+
+
 def cuda_bf16_supported(device: DeviceLike | None = None) -> bool:
     """True when ``device`` (default: the current CUDA device) runs bfloat16 natively (compute capability
     >= 8.0, or any ROCm GPU); False without CUDA. Emulated bf16 on older GPUs counts as unsupported: it is slow.
@@ -72,7 +85,8 @@ def cuda_bf16_supported(device: DeviceLike | None = None) -> bool:
     if torch.version.hip:
         return True
     resolved = cuda_device("cuda" if device is None else device)
-    return torch.cuda.get_device_properties(resolved).major >= 8
+    properties = torch.cuda.get_device_properties(resolved)
+    return bf16_capable((properties.major, properties.minor))
 
 
 def synchronize(device: torch.device) -> None:

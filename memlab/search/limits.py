@@ -373,6 +373,7 @@ def _what_would_fit(model_or_config: Any, found: Limits, batch: Any, measured: b
                     keywords: dict[str, Any]) -> list[Trial]:
     """Plans with other levers estimated (dry runs at the smallest size tried) to fit the budget with fit's margin,
     as :func:`memlab.search.suggest.combined_suggestions` finds them: the fastest expected first; at most three."""
+    from memlab.estimation.cuda.gpus import gpu_kind
     from memlab.estimation.estimate import estimate
     from memlab.search.speed import speed_prior
     from memlab.search.suggest import combined_suggestions
@@ -393,7 +394,9 @@ def _what_would_fit(model_or_config: Any, found: Limits, batch: Any, measured: b
     rows = _size_of(small, "rows")
     try:
         return combined_suggestions(base, estimated, budget=found.budget, rows=rows,
-                                    prior=speed_prior(str(base.device).split(":")[0]), want=3, tries=4)
+                                    prior=speed_prior(str(base.device).split(":")[0]), want=3, tries=4,
+                                    half="fp16" if str(base.device).startswith("cuda")
+                                    and not gpu_kind(keywords.get("gpu")).bf16 else "bf16")
     except MemlabError:
         return []
 

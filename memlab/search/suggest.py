@@ -127,13 +127,14 @@ COMBINED: tuple[tuple[str, tuple[Any, ...]], ...] = (
 _LIKELY_ACTIVATIONS = {("checkpointing", True): 0.2, ("precision", "bf16"): 0.6, ("loss", "chunked"): 0.8}
 
 
-def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior) -> list[Plan]:
+def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior, half: str = "bf16") -> list[Plan]:
     """Combinations of levers (:data:`COMBINED`, and micro-batches of ``rows`` with accumulation keeping ``rows``
     per step) on ``base``'s plan that the search's memory model (:class:`~memlab.search.memory.MemoryModel`, fed
     with ``base`` as an estimate) does not rule out for ``budget``, the most promising first: those likely to fit
     (activations scaled by rough shares), the fastest the speed prior expects first; then the rest by likely peak.
     A plan is ruled out only when what it needs at least (weights, gradients, optimizer state, the CUDA context)
-    is over the budget, so nothing that could fit is dropped on a guess.
+    is over the budget, so nothing that could fit is dropped on a guess. ``half``: the autocast precision tried,
+    ``"fp16"`` on a GPU without bf16 (:attr:`memlab.estimation.cuda.gpus.GpuKind.bf16`).
 
     Example:
         >>> from memlab.search.speed import speed_prior
@@ -155,8 +156,10 @@ def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior) -> l
     base_rows = micro_batch_of(base.plan, rows)
     splits = sorted({size for size in (rows, rows // 2, rows // 4, 1) if size >= 1 and rows % size == 0}, reverse=True)
     likely: list[tuple[bool, float, float, Plan]] = []
-    for values in itertools.product(*(choices for _, choices in COMBINED)):
-        changes = dict(zip((name for name, _ in COMBINED), values, strict=True))
+    levers = [(name, tuple(half if (name, value) == ("precision", "bf16") else value for value in choices))
+              for name, choices in COMBINED]
+    for values in itertools.product(*(choices for _, choices in levers)):
+        changes = dict(zip((name for name, _ in levers), values, strict=True))
         for size in splits:
             fields = {**changes, "micro_batch": None if size == rows else size, "accumulation": rows // size}
             if conflicts(_Fields(base.plan, fields)):
@@ -170,8 +173,8 @@ def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior) -> l
             if model.predict(plan) + context > budget:
                 continue  # needs more than the budget at least
             share = size / base_rows
-            for key, kept in _LIKELY_ACTIVATIONS.items():
-                share *= kept if changes[key[0]] == key[1] else 1.0
+            for (name, value), kept in _LIKELY_ACTIVATIONS.items():
+                share *= kept if changes[name] == (half if (name, value) == ("precision", "bf16") else value) else 1.0
             peak = (max(model.predict(plan), model.fixed_bytes(plan) + model.grads_bytes(plan) + activations * share)
                     * reserve + context)
             speed = (size / rows) ** prior.micro_batch_exponent
@@ -205,11 +208,12 @@ def levers_of(plan: Plan) -> set[tuple[str, Any]]:
 
 def combined_suggestions(
     base: Trial, estimate: Callable[[list[Plan]], Sequence[Trial]], *, budget: int, rows: int, prior: SpeedPrior,
-    want: int = 3, tries: int = 6, say: Callable[[str], None] | None = None,
+    want: int = 3, tries: int = 6, say: Callable[[str], None] | None = None, half: str = "bf16",
 ) -> list[Trial]:
     """Estimates (``estimate(plans) -> trials``) of the most promising :func:`combinations`, one at a time until
     ``want`` fit the budget with ``FIT_MARGIN`` to spare or ``tries`` were estimated; a combination that only adds
     levers to one found to fit is skipped (it can only be slower). The fitting ones, the fastest expected first.
+    ``half``: :func:`combinations`'s (``"fp16"`` where the GPU has no bf16).
 
     Example:
         >>> from memlab.search.speed import speed_prior
@@ -225,7 +229,7 @@ def combined_suggestions(
     """
     found: list[Trial] = []
     tried = 0
-    for plan in combinations(base, budget=budget, rows=rows, prior=prior):
+    for plan in combinations(base, budget=budget, rows=rows, prior=prior, half=half):
         if len(found) >= want or tried >= tries:
             break
         if any(levers_of(trial.plan) <= levers_of(plan) for trial in found):

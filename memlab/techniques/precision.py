@@ -9,7 +9,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from memlab.errors import UnsupportedTechnique
-from memlab.live.device import cuda_bf16_supported
+from memlab.live.device import bf16_capable, cuda_bf16_supported
 from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -43,11 +43,11 @@ def check_precision(plan: PlanFields, device: torch.device, parameters: Sequence
     # A dry run's fake weights (on "cuda" where this machine has one) are checked by no real device: no CUDA call
     # is made under its fake mode (DESIGN.md 2.4), and the GPU it is for need not be this one.
     real = not any(is_fake(p) for p in parameters)
-    if device.type == "cuda" and plan.precision == "bf16" and real and not cuda_bf16_supported(device):
-        raise UnsupportedTechnique(
-            f"{torch.cuda.get_device_name(device)} has no native bf16 (emulated bf16 is slow); "
-            "write precision='fp16' (loss-scaled) instead"
-        )
+    if device.type == "cuda" and real and not cuda_bf16_supported(device):
+        refusal = bf16_refusal(torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device),
+                               precision=plan.precision)
+        if refusal:
+            raise UnsupportedTechnique(refusal)
     if device.type not in ("cuda", "cpu", "xpu", "mps"):
         raise UnsupportedTechnique(f"mixed precision on {device.type} is not supported; write precision='fp32'")
     if device.type == "cpu" and plan.precision == "fp16":
@@ -55,6 +55,36 @@ def check_precision(plan: PlanFields, device: torch.device, parameters: Sequence
     if device.type == "cpu" and plan.precision == "bf16" and real:  # a dry run times nothing
         return [BF16_ON_CPU]
     return []
+
+
+TRAINER_FP16 = "a Trainer's fp16=True, bf16=False"
+"""What a Trainer's arguments say for ``precision='fp16'``, in :func:`bf16_refusal`'s text."""
+
+
+def bf16_refusal(capability: tuple[int, int], gpu: str, *, precision: str | None = None,
+                 weights: str | None = None) -> str:
+    """Why a step cannot run in bf16 on the GPU ``gpu`` of compute ``capability``, saying what to write; ``""``
+    where it can. The one decision for a live GPU (a trial) and a GPU kind (an estimate, ``memlab estimate --gpu``):
+    below compute capability 8.0 (a T4) there is no native bf16 (:func:`memlab.live.device.bf16_capable`), so
+    autocast in bf16 (``precision``) and an inference plan's bf16 ``weights`` are refused, with the fp16 that such
+    a GPU runs named instead. Pure bf16 training weights are not asked about here: they run there, emulated.
+
+    Example:
+        >>> print(bf16_refusal((7, 5), "T4-16GB", precision="bf16"))
+        the T4-16GB (compute capability 7.5) has no native bf16 (emulated bf16 is slow, and no fused attention \
+kernel takes it); write precision='fp16' (autocast in fp16, loss-scaled; a Trainer's fp16=True, bf16=False) instead
+        >>> bf16_refusal((8, 0), "A100-80GB", precision="bf16"), bf16_refusal((7, 5), "T4-16GB", precision="fp16")
+        ('', '')
+    """
+    if bf16_capable(capability):
+        return ""
+    where = (f"the {gpu} (compute capability {capability[0]}.{capability[1]}) has no native bf16 (emulated bf16 is "
+             "slow, and no fused attention kernel takes it)")
+    if precision == "bf16":
+        return f"{where}; write precision='fp16' (autocast in fp16, loss-scaled; {TRAINER_FP16}) instead"
+    if weights == "bf16":
+        return f"{where}; write weights='fp16' (or 'fp32') instead"
+    return ""
 
 
 def autocast(plan: PlanFields, device: torch.device) -> contextlib.AbstractContextManager[object]:

@@ -286,6 +286,28 @@ def test_trl_vs_published(load: Any, tmp_path: Path) -> None:
     assert all(entry["why"] and entry["source"] for entry in runner.NOT_EXPRESSED)
 
 
+def test_trl_vs_published_compares_the_figure_each_row_published(load: Any, tmp_path: Path) -> None:
+    """A row that published the reserve (TRL's notebooks print max_memory_reserved) is compared with memlab's
+    reserve, one that read nvidia-smi with the card figure (the reserve and the CUDA context of its GPU kind)."""
+    import dataclasses
+
+    from memlab.estimation.cuda.gpus import GPUS
+
+    runner = load("trl_vs_published")
+    smoke = runner.SMOKE[0]
+    rows = {measures: runner.estimate_run(dataclasses.replace(smoke, measures=measures, gpu="T4-16GB",
+                                                              precision="fp16"), tmp_path)
+            for measures in ("allocated", "reserved", "card")}
+    assert all(row["status"] == "ok" for row in rows.values()), rows
+    sizes = rows["card"]["bytes"]
+    assert sizes["card"] == sizes["reserved"] + GPUS["T4-16GB"].context_bytes
+    for measures, key in (("allocated", "peak"), ("reserved", "reserved"), ("card", "card")):
+        assert rows[measures]["measures"] == measures
+        assert rows[measures]["ratio"] == round(rows[measures]["bytes"][key] / (smoke.published * 1e9), 3)
+    assert {run.measures for run in runner.RUNS} == {"allocated", "reserved", "card"}
+    assert {run.gpu for run in runner.RUNS} >= {"T4-16GB", "A100-40GB"}
+
+
 def test_trl_vs_published_route_agrees_with_the_grpo_trainers_estimate(load: Any, tmp_path: Path) -> None:
     """The benchmark's route (a config, the generations TRL builds, a stand-in trainer's compute_loss, and the
     generation estimated apart) against memlab.estimate of a real GRPOTrainer with the same settings."""

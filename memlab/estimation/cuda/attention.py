@@ -126,7 +126,7 @@ def flash_refusals(
     if is_causal and query.shape[-2] != key.shape[-2]:
         refused.append("check_flash_causal_non_square_seqlens")
     if not (query.dtype == key.dtype == value.dtype and query.dtype in _HALF
-            and (query.dtype == torch.float16 or gpu.capability >= (8, 0))):
+            and (query.dtype == torch.float16 or gpu.bf16)):
         refused.append("check_dtypes_flash_attention")
     heads = _heads(query, key, value, enable_gqa, gqa=True)
     if heads:
@@ -183,8 +183,7 @@ def efficient_refusals(
     heads = _heads(query, key, value, enable_gqa, gqa=False)
     if heads:
         refused.append(heads)
-    allowed = (torch.float16, torch.float32, torch.bfloat16) if gpu.capability >= (8, 0) else (
-        torch.float16, torch.float32)
+    allowed = (torch.float16, torch.float32, torch.bfloat16) if gpu.bf16 else (torch.float16, torch.float32)
     if not (query.dtype == key.dtype == value.dtype and query.dtype in allowed):
         refused.append("check_tensor_dtype")
     return refused

@@ -63,7 +63,7 @@ HBM3, torch 2.11, CUDA 13.0)
     else:
         kind = gpu_kind(gpu)
         context = kind.context_bytes
-        where = f"modelled for an {kind.name}"
+        where = f"modelled for {kind.called}"
         known = f"{_NOTE_PREFIX} (reserve + CUDA context) {where}: context {format_bytes(context)} ({kind.source})"
         unknown = f"CUDA context {where}: {format_bytes(context)} ({kind.source})"
     if trial.reserved_bytes is None:
