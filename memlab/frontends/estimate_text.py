@@ -179,8 +179,10 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     fitting = [trial for trial in trials if report.fits(trial)]
     best = report.best
     host = [trial.host_budget for trial in trials if trial.host_budget is not None]  # --host-budget
+    failed = sum(trial.status == "error" for trial in trials)
     if budget is None and not host:
-        lines.append(f"Verdict: {len(trials)} plan{'s' if len(trials) != 1 else ''} estimated (no budget to judge).")
+        done = len(trials) - failed
+        lines.append(f"Verdict: {done} plan{'s' if done != 1 else ''} estimated (no budget to judge).")
     elif fitting:
         count = (f"{fitting[0].label} fits" if len(trials) == 1
                  else f"{len(fitting)} of the {len(trials)} plans fit")
@@ -191,6 +193,9 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
         reason = nothing_fits_reason(report)
         tried = f"{trials[0].label} does not fit" if len(trials) == 1 else f"none of the {len(trials)} plans tried fits"
         lines.append(f"Verdict: {tried}" + (f": {reason}." if reason else "."))
+    if failed:  # the exit status says it too (memlab.frontends.cli_errors.estimate_status)
+        rows = "its row says" if failed == 1 else "their rows say"
+        lines[-1] += f" {failed} plan{'s' if failed != 1 else ''} could not be estimated: {rows} error, a note why."
     if best is not None:
         lines.append(f"Best: {best.label} ({judged_text(best)}; nothing was timed: the lowest figure among the plans "
                      "that fit)")

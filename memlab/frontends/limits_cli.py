@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from memlab.errors import MemlabError
+from memlab.frontends.cli_errors import estimate_status
 from memlab.plan import Plan, format_bytes
 
 __all__ = ["run_limits"]
@@ -26,7 +27,8 @@ def run_limits(
     load: Any = None,
 ) -> int:
     """Print, for each plan, the sizes tried and the largest that fits; exit status 0 when every plan fits at
-    some size, 1 otherwise.
+    some size, 1 otherwise, 3 where a size could not be estimated (its status error:
+    :func:`~memlab.frontends.cli_errors.estimate_status`).
 
     Example:
         >>> import io
@@ -74,4 +76,5 @@ def run_limits(
         for plan, result in zip(plans, found, strict=True):
             print(f"\n{plan.label()}", file=out)
             print(result.to_text(lambda other: f"{command_for(args, plan_try(other))} {flag}"), file=out)
-    return 0 if all(result.value for result in found) else 1
+    return estimate_status(fits=all(result.value for result in found), judged=True,
+                           errors=sum(trial.status == "error" for result in found for _, trial in result.tried))
