@@ -126,7 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 _LOAD_EXAMPLE = (
     "how you load the model, as you pass it to from_pretrained (default: what the plan implies: weights=bf16 loads "
-    "in bf16, adapter=qlora in 4-bit NF4 with bf16 compute, the rest as the installed transformers loads it: the "
+    "in bf16, adapter=qlora in 4-bit NF4 with bf16 compute (what it leaves unquantized in bf16 with weights=bf16), the "
+    "rest as the installed transformers loads it: the "
     "checkpoint's own dtype since transformers 5, else fp32); e.g. --dtype bfloat16 --load-in-4bit "
     "--bnb-4bit-quant-type nf4 --bnb-4bit-compute-dtype bfloat16 --bnb-4bit-use-double-quant is "
     "from_pretrained(name, dtype=torch.bfloat16, quantization_config=BitsAndBytesConfig(load_in_4bit=True, "

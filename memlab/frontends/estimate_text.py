@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["WIDTH", "gpu_hint", "kept_notes", "numbered", "shape_names", "sharded_text", "single_text", "table_lines",
-           "whole_weights", "wrapped"]
+           "whole_weights", "wrapped", "zero_note"]
 
 WIDTH = 120
 """The widest line ``memlab estimate`` prints."""
@@ -215,6 +215,9 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     from memlab.report.host import host_lines
 
     notes += host_lines(report)
+    zero = zero_note(report)
+    if zero is not None:
+        notes.append(zero)
     hint = gpu_hint(args, budget)
     if hint is not None:
         notes.append(hint)
@@ -233,6 +236,38 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     return wrapped(lines)
 
 
+def zero_note(report: Any) -> str | None:
+    """Where a memory column shows 0 beside ``< 0.01``: that the 0 is none at all at the peak (the columns split the
+    peak by category), not a small figure rounded down, and which cells; None where the table has not both.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Report, Trial
+        >>> lora = Trial(Plan(adapter="lora"), "ok", 2**30, {"params": 2**30 - 9, "activations": 9}, None, None,
+        ...              None, "cuda")
+        >>> print(zero_note(Report([lora])))
+        a 0 in a memory column is none at all at the peak, not a small figure rounded (that is < 0.01): \
+grads, optimizer and other in lora
+        >>> zero_note(Report([Trial(Plan(), "ok", 9, {"params": 9}, None, None, None, "cuda")])) is None
+        True
+    """
+    from memlab.report.tables import table_rows
+
+    ran = [(trial, row) for trial, row in zip(report.trials, table_rows(report), strict=True) if trial.status == "ok"]
+    if not any(row[name] == "< 0.01" for _, row in ran for name in report.categories):
+        return None
+    cells: dict[str, list[str]] = {}
+    for trial, row in ran:
+        none = [name for name in report.categories if row[name] == "0"]
+        if none:
+            cells.setdefault(", ".join(none[:-1]) + (" and " if len(none) > 1 else "") + none[-1], []).append(
+                trial.label)
+    if not cells:
+        return None
+    said = "; ".join(f"{names} in {' and '.join(labels)}" for names, labels in cells.items())
+    return f"a 0 in a memory column is none at all at the peak, not a small figure rounded (that is < 0.01): {said}"
+
+
 def table_lines(report: Any, *, timed: bool | None = None) -> list[str]:
     """The text table's lines alone (its header and a line per trial, no notes column, no summary): what
     ``memlab estimate`` prints before its own summary. ``timed`` False leaves out the speed columns (an estimate has
@@ -247,7 +282,7 @@ def table_lines(report: Any, *, timed: bool | None = None) -> list[str]:
           plan  status        peak GiB params GiB grads GiB optimizer GiB activations GiB other GiB
         ★ plain ok (estimate)      1.0        1.0         0             0               0    < 0.01
     """
-    from memlab.report.tables import SPEEDS, headers, shown_columns, table_rows, text_lines
+    from memlab.report.tables import SPEEDS, headers, shown_columns, table_rows, table_units, text_lines
 
     rows = table_rows(report)
     keys = [key for key in shown_columns(rows, with_mark=True, categories=report.categories) if key != "notes"]
@@ -259,7 +294,12 @@ def table_lines(report: Any, *, timed: bool | None = None) -> list[str]:
     judged_host = any(trial.host_budget is not None for trial in report.trials)
     if max(map(len, lines), default=0) > WIDTH and "host" in keys and not judged_host:
         # Unjudged host bytes give way to the memory columns in a narrow answer; the notes say what they hold.
-        lines = text_lines(rows, headers(report), [key for key in keys if key != "host"])
+        keys = [key for key in keys if key != "host"]
+        lines = text_lines(rows, headers(report), keys)
+    if max(map(len, lines), default=0) > WIDTH:  # the size unit said once, above the table, not in every header
+        (unit, _), _ = table_units(report)
+        bare = {key: name.removesuffix(f" {unit}") for key, name in headers(report).items()}
+        lines = [f"Memory in {unit}:", *text_lines(rows, bare, keys)]
     return lines
 
 

@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from memlab.errors import MemlabError
 
-__all__ = ["FIGURE_WORDS", "budget_words", "format_rate", "format_seconds", "one_line"]
+__all__ = ["FIGURE_WORDS", "budget_words", "format_rate", "format_seconds", "one_line", "over_words"]
 
 FIGURE_WORDS = {"card": "card figure", "allocated": "allocated peak", "host": "host memory"}
 """How text names each :attr:`memlab.report.Trial.verdict_figure` (``"card"``: the card figure, ...)."""
+
+
+def over_words(trial: Any) -> str:
+    """Which budget a :class:`~memlab.report.Trial` that does not fit is over, as its status says it: ``over
+    budget`` (the device's), ``host`` (the host budget alone) or ``over budget and host`` (both).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Trial
+        >>> both = Trial(Plan(offload="all"), "ok", 9, {}, None, None, None, "cuda", budget=8, host_bytes=9,
+        ...              host_budget=8)
+        >>> import dataclasses
+        >>> over_words(both), over_words(dataclasses.replace(both, budget=10)), over_words(both.__class__(
+        ...     Plan(), "ok", 9, {}, None, None, None, "cuda", budget=8))
+        ('over budget and host', 'host', 'over budget')
+    """
+    if trial.host_fits:
+        return "over budget"
+    return "host" if trial.device_fits else "over budget and host"
 
 
 def one_line(message: BaseException | str, limit: int | None = 120) -> str:

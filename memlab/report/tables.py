@@ -15,7 +15,7 @@ from collections import Counter
 
 from memlab.plan import format_bytes
 from memlab.report.data import ALL_CATEGORIES, Report, Trial, speed_range
-from memlab.report.format import FIGURE_WORDS, format_rate, one_line
+from memlab.report.format import FIGURE_WORDS, format_rate, one_line, over_words
 from memlab.report.host import host_lines, host_reason
 from memlab.report.noise import relative_half_width
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, run_labels
@@ -347,16 +347,25 @@ def card_text(trial: Trial) -> str | None:
 
 def verdict_text(trial: Trial, fits: bool) -> str:
     """``fits`` or ``does not fit``, and on CUDA the figure the verdict judged (:attr:`Trial.verdict_figure`):
-    ``fits by the card figure``, ``does not fit by the allocated peak``.
+    ``fits by the card figure``, ``does not fit by the allocated peak``; over the host budget, which budgets refused
+    it (:func:`~memlab.report.format.over_words`): ``does not fit (host)``, ``does not fit by the card figure and
+    host memory``.
 
     Example:
+        >>> import dataclasses
         >>> from memlab.plan import Plan
-        >>> verdict_text(Trial(Plan(), "ok", 1, {}, None, None, None, "cuda:0"), False)
+        >>> trial = Trial(Plan(), "ok", 1, {}, None, None, None, "cuda:0", budget=0)
+        >>> verdict_text(trial, False)
         'does not fit by the allocated peak'
+        >>> verdict_text(dataclasses.replace(trial, host_bytes=2, host_budget=1), False)
+        'does not fit by the allocated peak and host memory'
     """
     words = "fits" if fits else "does not fit"
-    figure = "(host)" if trial.verdict_figure == "host" else f"by the {FIGURE_WORDS[trial.verdict_figure]}"
-    return f"{words} {figure}" if figure == "(host)" or str(trial.device).startswith("cuda") else words
+    if not fits and over_words(trial) == "host":
+        return "does not fit (host)"
+    device = "allocated" if trial.card_bytes is None else "card"  # the device's figure, whatever refused it
+    figure = f"by the {FIGURE_WORDS[device]}" + ("" if fits or trial.host_fits else " and host memory")
+    return f"{words} {figure}" if str(trial.device).startswith("cuda") or not trial.host_fits else words
 
 
 def judged_text(trial: Trial) -> str:
@@ -588,11 +597,12 @@ def _style_rows(table: str, styles: list[str]) -> str:
 
 def status_text(trial: Trial, fits: bool) -> str:
     """``ok``, ``ok (estimate)``, ``does not fit (OOM)``, ``does not fit (over budget)``, ``does not fit (host)``
-    (the device's budget holds, the host's does not: :attr:`Trial.verdict_figure`) or ``error``."""
+    (the device's budget holds, the host's does not), ``does not fit (over budget and host)`` (both:
+    :func:`~memlab.report.format.over_words`) or ``error``."""
     if trial.status == "oom":
         return "does not fit (OOM)"
     if trial.status == "error":
         return "error"
     if not fits:
-        return "does not fit (host)" if trial.verdict_figure == "host" else "does not fit (over budget)"
+        return f"does not fit ({over_words(trial)})"
     return "ok (estimate)" if trial.estimated else "ok"
