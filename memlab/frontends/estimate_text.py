@@ -109,7 +109,7 @@ def gpu_hint(args: argparse.Namespace, budget: int | None) -> str | None:
     Example:
         >>> args = argparse.Namespace(gpu=None, device=None)
         >>> print(gpu_hint(args, 24 * 2**30))
-        the budget, 24.00 GiB, is not the H100-80GB's memory (79.18 GiB) that the estimate assumes: for a 24 GB card \
+        the budget is not the memory of the GPU the estimate assumes, 79.18 GiB: for a 24 GB card \
 add --gpu RTX4090-24GB (memlab knows H100-80GB, H200-141GB, A100-80GB, A100-40GB, L40S-48GB, RTX4090-24GB, L4-24GB)
         >>> gpu_hint(args, 80 * 2**30) is None
         True
@@ -124,27 +124,26 @@ add --gpu RTX4090-24GB (memlab knows H100-80GB, H200-141GB, A100-80GB, A100-40GB
         return None
     nearest = min(GPUS.values(), key=lambda kind: abs(kind.memory_bytes - budget))
     if abs(nearest.memory_bytes - budget) > 0.1 * budget:
-        return (f"the budget, {format_bytes(budget)}, is not the {assumed.name}'s memory "
-                f"({format_bytes(assumed.memory_bytes)}) that the estimate assumes; --gpu names another card "
+        return (f"the budget is not the memory of the GPU the estimate assumes, {format_bytes(assumed.memory_bytes)}; "
+                "--gpu names another card "
                 f"(memlab knows {', '.join(GPUS)})")
     size = nearest.name.rsplit("-", 1)[-1].replace("GB", " GB")
-    return (f"the budget, {format_bytes(budget)}, is not the {assumed.name}'s memory "
-            f"({format_bytes(assumed.memory_bytes)}) that the estimate assumes: for a {size} card add --gpu "
+    return (f"the budget is not the memory of the GPU the estimate assumes, {format_bytes(assumed.memory_bytes)}: "
+            f"for a {size} card add --gpu "
             f"{nearest.name} (memlab knows {', '.join(GPUS)})")
 
 
 def _card_note(args: argparse.Namespace, report: Any) -> str | None:
-    """What the card column is, and which GPU's context it counts, once."""
-    from memlab.estimation.cuda.gpus import gpu_kind
+    """What the card column is, and the CUDA context it counts (the header names the GPU), once."""
     from memlab.plan import format_bytes
 
     cards = [trial for trial in report.trials if trial.status == "ok" and trial.card_bytes is not None]
     if not cards:
         return None
     context = cards[0].context_bytes
-    counted = "" if context is None else f" (its CUDA context {format_bytes(context)})"
-    return (f"the card column is the caching allocator's reserve + the CUDA context (what nvidia-smi shows), for an "
-            f"{gpu_kind(getattr(args, 'gpu', None)).name}{counted}; fits are judged on it")
+    counted = "" if context is None else f", {format_bytes(context)}"
+    return (f"the card column is the caching allocator's reserve + the CUDA context{counted} (what nvidia-smi shows); "
+            "fits are judged on it")
 
 
 def single_text(args: argparse.Namespace, header: str, report: Any, budget: int | None,
@@ -186,19 +185,21 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     elif fitting:
         count = (f"{fitting[0].label} fits" if len(trials) == 1
                  else f"{len(fitting)} of the {len(trials)} plans fit")
-        judged = [*([f"the budget of {format_bytes(budget)}"] if budget is not None else []),
+        judged = [*(["the budget"] if budget is not None else []),  # the header says the budget
                   *([f"the host budget of {format_bytes(min(host))}"] if host else [])]
         lines.append(f"Verdict: {count} {' and '.join(judged)}.")
     else:
         reason = nothing_fits_reason(report)
+        if reason and budget is not None:  # the header says the budget
+            reason = reason.replace(f"the budget of {format_bytes(budget)}", "the budget")
         tried = f"{trials[0].label} does not fit" if len(trials) == 1 else f"none of the {len(trials)} plans tried fits"
         lines.append(f"Verdict: {tried}" + (f": {reason}." if reason else "."))
     if failed:  # the exit status says it too (memlab.frontends.cli_errors.estimate_status)
         rows = "its row says" if failed == 1 else "their rows say"
         lines[-1] += f" {failed} plan{'s' if failed != 1 else ''} could not be estimated: {rows} error, a note why."
     if best is not None:
-        lines.append(f"Best: {best.label} ({judged_text(best)}; nothing was timed: the lowest figure among the plans "
-                     "that fit)")
+        lines.append(f"Best: {best.label}, {judged_text(best)}; nothing was timed: the lowest figure among the plans "
+                     "that fit")
     elif report.suggestions:
         first = report.suggestions[0]
         lines.append(f"Best: {first.label}, estimated to fit: {judged_text(first)}; outside what you tried (its "
@@ -333,7 +334,7 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
         Notes:
           1. ZeRO-2 keeps the whole weights on every GPU (it shards the gradients and optimizer state): 2.00 GiB, more
              than the budget of 1.00 GiB, on any number of GPUs.
-          2. The budget, 1.00 GiB, is not the H100-80GB's memory (79.18 GiB) that the estimate assumes; --gpu names
+          2. The budget is not the memory of the GPU the estimate assumes, 79.18 GiB; --gpu names
              another card (memlab knows H100-80GB, H200-141GB, A100-80GB, A100-40GB, L40S-48GB, RTX4090-24GB, L4-24GB).
     """
     from memlab.plan import format_bytes
