@@ -160,8 +160,8 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
         >>> print("\\n".join(single_text(args, "tiny: ...", Report([trial], budget=79 * 2**30), 79 * 2**30, [])))
         ... # doctest: +NORMALIZE_WHITESPACE
         tiny: ...
-        Verdict: plain fits the budget of 79.00 GiB.
-        Best: plain (peak 1.00 GiB; nothing was timed: the lowest figure among the plans that fit)
+        Verdict: plain fits the budget.
+        Best: plain, peak 1.00 GiB; nothing was timed: the lowest figure among the plans that fit
         <BLANKLINE>
           plan  status        peak GiB params GiB grads GiB optimizer GiB activations GiB other GiB
         ★ plain ok (estimate)      1.0        1.0         0             0               0         0
@@ -354,6 +354,9 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
     else:
         lines.append(f"Best: none fits the budget of {format_bytes(budget)} on up to 1024 GPUs.")
     notes: list[str] = []
+    peak_only = _peak_only_note(ran, budget)
+    if peak_only is not None:
+        notes.append(peak_only)
     rows = [["plan", "strategy", "GPUs", "peak/GPU GiB", "card/GPU GiB", "verdict"]]
     for plan, name, trial in trials:
         if trial is None:
@@ -367,6 +370,8 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
         else:
             judged = budget is not None or trial.host_budget is not None  # "by the card figure" as "(card figure)"
             verdict = re.sub(r" by the (.+)", r" (\1)", verdict_text(trial, trial.fits)) if judged else ""
+            if verdict and peak_only is not None and trial.card_bytes is None:  # the note says why this figure
+                verdict += f" [{notes.index(peak_only) + 1}]"
             rows.append([plan.label(), name, str(trial.gpus), _gib(trial.peak_bytes), _gib(trial.card_bytes),
                          verdict])
     lines += ["", *_aligned(rows, left=(0, 1, 5))]
@@ -388,6 +393,42 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
     if searched:
         lines += ["", *searched]
     return wrapped(lines)
+
+
+ENGINES = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+"""Each strategy as its engine names it."""
+
+
+def _peak_only_note(ran: Sequence[tuple[Any, str, Any]], budget: int | None) -> str | None:
+    """Where some strategies' rows are judged on the allocated peak (no card figure: ZeRO's, from DeepSpeed's
+    formulas, no step traced), which and why, and that the others are judged on the card figure; None where every
+    row is judged on one figure, or none is judged.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.estimation.sharded.fsdp2 import ShardedTrial
+        >>> def rank(strategy, reserved):
+        ...     return ShardedTrial(Plan(), "ok", 9, {}, None, None, None, "cuda", gpus=2, strategy=strategy,
+        ...                         reserved_bytes=reserved, context_bytes=None if reserved is None else 2**29)
+        >>> print(_peak_only_note([(Plan(), "fsdp2", rank("fsdp2", 12)), (Plan(), "zero3", rank("zero3", None))], 99))
+        ZeRO-3 is judged on its allocated peak, the other strategies on the card figure: ZeRO's figures come from \
+DeepSpeed's formulas and the FSDP2 run's activations, not a traced step, so its allocator's reserve, and so its card \
+figure, is not known; keep a margin for the reserve and the CUDA context, 512.0 MiB
+    """
+    from memlab.plan import format_bytes
+
+    judged = [trial for _, _, trial in ran if budget is not None or trial.host_budget is not None]
+    unknown = list(dict.fromkeys(ENGINES.get(trial.strategy, trial.strategy) for trial in judged
+                                 if trial.card_bytes is None))
+    if not unknown:
+        return None
+    contexts = {trial.context_bytes for trial in judged if trial.context_bytes}
+    context = f", {format_bytes(contexts.pop())}" if len(contexts) == 1 else ""
+    others = ", the other strategies on the card figure" if any(t.card_bytes is not None for t in judged) else ""
+    return (f"{' and '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} judged on "
+            f"{'its' if len(unknown) == 1 else 'their'} allocated peak{others}: ZeRO's figures come from DeepSpeed's "
+            "formulas and the FSDP2 run's activations, not a traced step, so its allocator's reserve, and so its card "
+            f"figure, is not known; keep a margin for the reserve and the CUDA context{context}")
 
 
 def whole_weights(model: Any, plans: Any) -> dict[str, int]:
@@ -415,8 +456,7 @@ def _nowhere(strategy: str, plan: Any, budget: int | None, weights: dict[str, in
     if strategy == "zero2" and whole is not None and budget is not None and whole > budget:
         return (f"ZeRO-2 keeps the whole weights on every GPU (it shards the gradients and optimizer state): "
                 f"{format_bytes(whole)}, more than the budget of {format_bytes(budget)}, on any number of GPUs")
-    engines = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
-    return (f"{engines.get(strategy, strategy)} with {plan.label()}: even at 1024 GPUs the per-GPU peak passes the "
+    return (f"{ENGINES.get(strategy, strategy)} with {plan.label()}: even at 1024 GPUs the per-GPU peak passes the "
             "budget"
             + (f" of {format_bytes(budget)}" if budget is not None else "")
             + " (what sharding does not divide: the activations, the gathered layers, the communication buffers)")

@@ -201,3 +201,35 @@ def test_bf16_weights_with_qlora_load_the_weights_not_quantized_in_bf16_as_the_n
     code, out, _ = _run(["estimate", str(config_dir), "--batch", "1x64", "--json", "--try", "adapter=qlora"])
     (plain_qlora,) = json.loads(out)["trials"]  # without weights=bf16: transformers' own dtype, said as such
     assert not any("from_pretrained(name, dtype=" in note for note in plain_qlora["notes"]), plain_qlora["notes"]
+
+
+def test_gpus_auto_says_which_figure_judged_each_strategy_and_why_zero_has_no_card_figure(
+    config_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 6: --gpus auto judged ZeRO-3 on its allocated peak and FSDP2 on its card figure in one table, without a
+    word on why ZeRO-3 has no card figure."""
+    from memlab.estimation.sharded import per_gpu
+    from memlab.estimation.sharded.fsdp2 import ShardedTrial
+
+    gib = 2**30
+
+    def sharded_trials(model: object, batch: object, plans: list[object], **keywords: object) -> list[object]:
+        budget = keywords.get("budget")
+        fsdp2 = ShardedTrial(plans[0], "ok", 30 * gib, {"activations": 30 * gib}, None, None, None, "cuda", gpus=4,
+                             strategy="fsdp2", budget=budget, reserved_bytes=33 * gib, context_bytes=gib // 2)
+        zero3 = ShardedTrial(plans[0], "ok", 29 * gib, {"activations": 29 * gib}, None, None, None, "cuda", gpus=4,
+                             strategy="zero3", budget=budget, context_bytes=gib // 2)
+        return [(plans[0], "fsdp2", fsdp2), (plans[0], "zero3", zero3)]
+
+    monkeypatch.setattr(per_gpu, "sharded_trials", sharded_trials)
+    status, out, _ = _run(["estimate", str(config_dir), "--gpus", "auto", "--budget", "80GiB"])
+    assert status == 0
+    lines = out.splitlines()
+    rows = {line.split()[1]: line for line in lines if line.startswith(" plain ")}
+    assert rows["fsdp2"].endswith("fits (card figure)"), rows
+    marker = re.search(r"fits \(allocated peak\) \[(\d+)\]$", rows["zero3"])
+    assert marker, rows
+    note = " ".join(" ".join(lines[lines.index("Notes:") + 1:]).split())
+    said = note.split(f"{marker.group(1)}. ")[1]
+    assert said.startswith("ZeRO-3 is judged on its allocated peak, the other strategies on the card figure: "), said
+    assert "not a traced step" in said.split(". ")[0] and "CUDA context, 512.0 MiB" in said, said
