@@ -5,34 +5,21 @@ up front. Real dry runs of a small Llama config saved as config.json (CUDA emula
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import io
 import json
 import re
 from pathlib import Path
 
 import pytest
-from transformers import LlamaConfig
-
-from memlab.frontends.cli import main
+from models import llama_config_dir
+from test_cli_commands_run import _run  # main() with its stdout, stderr and exit status
 
 LORA = ["--try", "precision=bf16", "weights=bf16", "adapter=lora"]
 
 
 @pytest.fixture(scope="module")
 def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("llama_256")
-    LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=4, vocab_size=1024).save_pretrained(folder)
-    return folder
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(argv)
-    return status, out.getvalue(), err.getvalue()
+    return Path(llama_config_dir(tmp_path_factory.mktemp("llama_256"), 256, heads=4, vocab=1024))
 
 
 def test_max_tokens_judges_and_names_the_card_figure_of_the_same_plan(config_dir: Path) -> None:
