@@ -15,7 +15,7 @@ from collections import Counter
 
 from memlab.plan import format_bytes
 from memlab.report.data import ALL_CATEGORIES, Report, Trial, speed_range
-from memlab.report.format import FIGURE_WORDS, format_rate, one_line, over_words
+from memlab.report.format import format_rate, one_line, over_words, verdict_text
 from memlab.report.host import host_lines, host_reason
 from memlab.report.noise import relative_half_width
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, run_labels
@@ -343,29 +343,6 @@ def card_text(trial: Trial) -> str | None:
         return None
     card = trial.card_bytes
     return "card figure unknown" if card is None else f"card {format_bytes(card)}"
-
-
-def verdict_text(trial: Trial, fits: bool) -> str:
-    """``fits`` or ``does not fit``, and on CUDA the figure the verdict judged (:attr:`Trial.verdict_figure`):
-    ``fits by the card figure``, ``does not fit by the allocated peak``; over the host budget, which budgets refused
-    it (:func:`~memlab.report.format.over_words`): ``does not fit (host)``, ``does not fit by the card figure and
-    host memory``.
-
-    Example:
-        >>> import dataclasses
-        >>> from memlab.plan import Plan
-        >>> trial = Trial(Plan(), "ok", 1, {}, None, None, None, "cuda:0", budget=0)
-        >>> verdict_text(trial, False)
-        'does not fit by the allocated peak'
-        >>> verdict_text(dataclasses.replace(trial, host_bytes=2, host_budget=1), False)
-        'does not fit by the allocated peak and host memory'
-    """
-    words = "fits" if fits else "does not fit"
-    if not fits and over_words(trial) == "host":
-        return "does not fit (host)"
-    device = "allocated" if trial.card_bytes is None else "card"  # the device's figure, whatever refused it
-    figure = f"by the {FIGURE_WORDS[device]}" + ("" if fits or trial.host_fits else " and host memory")
-    return f"{words} {figure}" if str(trial.device).startswith("cuda") or not trial.host_fits else words
 
 
 def judged_text(trial: Trial) -> str:
