@@ -326,14 +326,14 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
         >>> print("\\n".join(sharded_text(args, "tiny", [(Plan(), "zero2", None)], 2**30, [],
         ...                               weights_bytes={"plain": 2**31})))  # doctest: +NORMALIZE_WHITESPACE
         tiny
-        Best: none fits the budget of 1.00 GiB on up to 1024 GPUs.
+        Best: none fits the budget on up to 1024 GPUs.
         <BLANKLINE>
          plan  strategy GPUs peak/GPU GiB card/GPU GiB verdict
          plain zero2       -            -            - fits on no number of GPUs up to 1024 [1]
         <BLANKLINE>
         Notes:
           1. ZeRO-2 keeps the whole weights on every GPU (it shards the gradients and optimizer state): 2.00 GiB, more
-             than the budget of 1.00 GiB, on any number of GPUs.
+             than the budget, on any number of GPUs.
           2. The budget is not the memory of the GPU the estimate assumes, 79.18 GiB; --gpu names
              another card (memlab knows H100-80GB, H200-141GB, A100-80GB, A100-40GB, L40S-48GB, RTX4090-24GB, L4-24GB).
     """
@@ -352,7 +352,7 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
                      f"({figure} {format_bytes(trial.verdict_bytes)} per GPU): the fewest GPUs that fit, then the "
                      "lowest figure")
     else:
-        lines.append(f"Best: none fits the budget of {format_bytes(budget)} on up to 1024 GPUs.")
+        lines.append("Best: none fits the budget on up to 1024 GPUs.")  # the header says the budget
     notes: list[str] = []
     peak_only = _peak_only_note(ran, budget)
     if peak_only is not None:
@@ -449,17 +449,15 @@ def whole_weights(model: Any, plans: Any) -> dict[str, int]:
 
 
 def _nowhere(strategy: str, plan: Any, budget: int | None, weights: dict[str, int]) -> str:
-    """Why ``strategy`` fits ``plan`` on no number of GPUs up to 1024."""
+    """Why ``strategy`` fits ``plan`` on no number of GPUs up to 1024 (the budget's size is the header's)."""
     from memlab.plan import format_bytes
 
     whole = weights.get(plan.label())
     if strategy == "zero2" and whole is not None and budget is not None and whole > budget:
         return (f"ZeRO-2 keeps the whole weights on every GPU (it shards the gradients and optimizer state): "
-                f"{format_bytes(whole)}, more than the budget of {format_bytes(budget)}, on any number of GPUs")
+                f"{format_bytes(whole)}, more than the budget, on any number of GPUs")
     return (f"{ENGINES.get(strategy, strategy)} with {plan.label()}: even at 1024 GPUs the per-GPU peak passes the "
-            "budget"
-            + (f" of {format_bytes(budget)}" if budget is not None else "")
-            + " (what sharding does not divide: the activations, the gathered layers, the communication buffers)")
+            "budget (what sharding does not divide: the activations, the gathered layers, the communication buffers)")
 
 
 def _aligned(rows: list[list[str]], left: tuple[int, ...]) -> list[str]:

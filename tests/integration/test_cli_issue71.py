@@ -220,3 +220,19 @@ def test_gpus_auto_says_which_figure_judged_each_strategy_and_why_zero_has_no_ca
     said = note.split(f"{marker.group(1)}. ")[1]
     assert said.startswith("ZeRO-3 is judged on its allocated peak, the other strategies on the card figure: "), said
     assert "not a traced step" in said.split(". ")[0] and "CUDA context, 512.0 MiB" in said, said
+
+
+def test_the_sharded_answer_says_the_budget_once_too() -> None:
+    """Item 11's neighbour: --gpus auto said the budget in its header, its Best line and each strategy's reason."""
+    import argparse
+
+    from memlab.frontends.estimate_text import sharded_text
+    from memlab.plan import Plan
+
+    args = argparse.Namespace(gpu="A100-40GB", device=None, gpus="auto")
+    rows = [(Plan(), strategy, None) for strategy in ("fsdp2", "zero2", "zero3")]
+    lines = sharded_text(args, "tiny: --gpus auto, for an A100-40GB, budget 1GiB = 1.00 GiB", rows, 2**30, [],
+                         weights_bytes={"plain": 2**31})
+    said = " ".join(lines)
+    assert said.count("1.00 GiB") == 1 and said.count("budget") == 5, lines  # the header, Best, the three reasons
+    assert lines[1] == "Best: none fits the budget on up to 1024 GPUs."
