@@ -55,7 +55,10 @@ def run_limits(
     if getattr(args, "gpus", None) not in (None, "1") or getattr(args, "strategy", None) not in (None, "none"):
         raise MemlabError("--max-tokens and --max-rows are for one GPU; drop --gpus/--strategy")
     vary = "rows" if args.max_rows and not args.max_tokens else "tokens"
-    keywords: dict[str, Any] = {"device": args.device or "cuda", "gpu": getattr(args, "gpu", None), "load": load}
+    from memlab.frontends.host_cli import host_budget
+
+    keywords: dict[str, Any] = {"device": args.device or "cuda", "gpu": getattr(args, "gpu", None), "load": load,
+                                "host_budget": host_budget(args)}  # each size judged on the host too
     found = []
     for plan in plans:
         say(f"{plan.label()}: trying sizes (at most 8 dry runs)")

@@ -21,7 +21,7 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.plan import Plan, format_bytes, parse_budget
 from memlab.report import Trial
-from memlab.report.format import FIGURE_WORDS
+from memlab.report.format import FIGURE_WORDS, over_words
 from memlab.trainer.grpo import is_grpo
 from memlab.trainer.source import is_trainer
 
@@ -81,7 +81,9 @@ class Limits:
             shown = format_bytes(trial.verdict_bytes) if trial.status == "ok" else trial.status
             if trial.status == "ok" and column == "judged on":
                 shown += f" {_figure_word(trial)}"
-            lines.append(f"{size:<5} {shown:<11} {'yes' if _fits(trial, self.budget) else 'no':<4}{mark}")
+            fits = "yes" if _fits(trial, self.budget) else "no" if trial.host_budget is None else (
+                f"no ({over_words(dataclasses.replace(trial, budget=self.budget))})")  # which budget, of two
+            lines.append(f"{size:<5} {shown:<11} {fits:<4}{mark}")
         if "card" in names or column == "card":
             lines.append("card: the allocator's reserve + the CUDA context (what nvidia-smi shows)"
                          + ("" if self.measured else ", modelled on a card held to the budget"))

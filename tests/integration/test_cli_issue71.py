@@ -236,3 +236,17 @@ def test_the_sharded_answer_says_the_budget_once_too() -> None:
     said = " ".join(lines)
     assert said.count("1.00 GiB") == 1 and said.count("budget") == 5, lines  # the header, Best, the three reasons
     assert lines[1] == "Best: none fits the budget on up to 1024 GPUs."
+
+
+def test_max_tokens_judges_the_host_budget_too_and_says_which_budget_refused(config_dir: Path) -> None:
+    """Item 3's neighbour: --max-tokens left --host-budget out (every size judged on the GPU's budget alone)."""
+    command = ["estimate", str(config_dir), "--batch", "1x64", "--budget", "4GiB", "--try", "offload=all",
+               "--max-tokens"]
+    code, out, _ = _run([*command, "--json"])
+    (alone,) = json.loads(out)
+    code, out, _ = _run([*command, "--json", "--host-budget", "60MiB"])
+    (hosted,) = json.loads(out)
+    assert 0 < hosted["value"] < alone["value"], (hosted, alone)
+    code, out, _ = _run([*command, "--host-budget", "60MiB"])
+    refused = [line for line in out.splitlines() if re.match(r"\d+ ", line) and " no" in line]
+    assert refused and all(" no (host)" in line for line in refused), out
