@@ -266,7 +266,11 @@ grads, optimizer and other in lora
     if not cells:
         return None
     said = "; ".join(f"{names} in {' and '.join(labels)}" for names, labels in cells.items())
-    return f"a 0 in a memory column is none at all at the peak, not a small figure rounded (that is < 0.01): {said}"
+    return f"a 0 in a memory column {ZERO_WORDS}: {said}"
+
+
+ZERO_WORDS = "is none at all at the peak, not a small figure rounded (that is < 0.01)"
+"""What a 0 beside ``< 0.01`` in a table of memory means (:func:`zero_note`)."""
 
 
 def table_lines(report: Any, *, timed: bool | None = None) -> list[str]:
@@ -384,6 +388,9 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
         several = len({plan.label() for plan, _, _ in ran}) > 1
         detail = [["part", *(f"{plan.label()} {name}" if several else name for plan, name, _ in ran)]]
         detail += [[key, *(in_unit(trial.detail.get(key) or 0, unit) for _, _, trial in ran)] for key in parts]
+        cells = {cell for row in detail[1:] for cell in row[1:]}
+        if {"0", "< 0.01"} <= cells:
+            notes.append(f"a 0 under where the peak goes {ZERO_WORDS}")
         lines += ["", f"Where the peak goes, per GPU ({unit[0]}):", *_aligned(detail, left=(0,))]
     hint = gpu_hint(args, budget)
     if hint is not None:
@@ -425,10 +432,11 @@ figure, is not known; keep a margin for the reserve and the CUDA context, 512.0 
     contexts = {trial.context_bytes for trial in judged if trial.context_bytes}
     context = f", {format_bytes(contexts.pop())}" if len(contexts) == 1 else ""
     others = ", the other strategies on the card figure" if any(t.card_bytes is not None for t in judged) else ""
-    return (f"{' and '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} judged on "
-            f"{'its' if len(unknown) == 1 else 'their'} allocated peak{others}: ZeRO's figures come from DeepSpeed's "
-            "formulas and the FSDP2 run's activations, not a traced step, so its allocator's reserve, and so its card "
-            f"figure, is not known; keep a margin for the reserve and the CUDA context{context}")
+    its = "its" if len(unknown) == 1 else "their"
+    return (f"{' and '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} judged on {its} allocated peak{others}: "
+            "ZeRO's figures come from DeepSpeed's formulas and the FSDP2 run's activations, not a traced step, so "
+            f"{its} allocator's reserve, and so {its} card figure, is not known; keep a margin for the reserve and the "
+            f"CUDA context{context}")
 
 
 def whole_weights(model: Any, plans: Any) -> dict[str, int]:

@@ -250,3 +250,22 @@ def test_max_tokens_judges_the_host_budget_too_and_says_which_budget_refused(con
     code, out, _ = _run([*command, "--host-budget", "60MiB"])
     refused = [line for line in out.splitlines() if re.match(r"\d+ ", line) and " no" in line]
     assert refused and all(" no (host)" in line for line in refused), out
+
+
+def test_where_the_peak_goes_says_a_zero_is_none_at_all() -> None:
+    """Item 5's neighbour: --gpus' "where the peak goes" shows ZeRO-2's sharded parameters as 0 beside the inputs'
+    "< 0.01"."""
+    import argparse
+
+    from memlab.estimation.sharded.fsdp2 import ShardedTrial
+    from memlab.frontends.estimate_text import sharded_text
+    from memlab.plan import Plan
+
+    detail = {"sharded_params": 0, "unsharded_params": 2**30, "inputs": 4096}
+    zero2 = ShardedTrial(Plan(), "ok", 2**30 + 4096, {"params": 2**30 + 4096}, None, None, None, "cuda", gpus=2,
+                         strategy="zero2", detail=detail)
+    lines = sharded_text(argparse.Namespace(gpu=None, device=None, gpus="2"), "tiny", [(Plan(), "zero2", zero2)],
+                         None, [])
+    assert any(line.split() == ["sharded_params", "0"] for line in lines), lines
+    said = " ".join(" ".join(lines).split())
+    assert "A 0 under where the peak goes is none at all at the peak, not a small figure rounded" in said, lines
