@@ -374,7 +374,7 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
         else:
             judged = budget is not None or trial.host_budget is not None  # "by the card figure" as "(card figure)"
             verdict = re.sub(r" by the (.+)", r" (\1)", verdict_text(trial, trial.fits)) if judged else ""
-            if verdict and peak_only is not None and trial.card_bytes is None:  # the note says why this figure
+            if peak_only is not None and "allocated peak" in verdict:  # the note says why this figure
                 verdict += f" [{notes.index(peak_only) + 1}]"
             rows.append([plan.label(), name, str(trial.gpus), _gib(trial.peak_bytes), _gib(trial.card_bytes),
                          verdict])
