@@ -59,9 +59,10 @@ def unknown_name(name: str, known: Iterable[str], what: str, listed: str) -> Mem
     Example:
         >>> settings = ["micro_batch", "accumulation", "checkpointing", "precision", "weights", "optimizer", "offload"]
         >>> print(unknown_name("precison", settings, "a plan setting", "memlab.plan.LEVERS"))
-        'precison' is not a plan setting; did you mean precision? (every one, with its values: memlab.plan.LEVERS)
+        'precison' is not a plan setting; did you mean precision? write one of those memlab.plan.LEVERS lists, with \
+their values
         >>> print(unknown_name("colour", settings, "a plan setting", "memlab.plan.LEVERS"))
-        'colour' is not a plan setting, nor near one (every one, with its values: memlab.plan.LEVERS)
+        'colour' is not a plan setting, nor near one; write one of those memlab.plan.LEVERS lists, with their values
         >>> print(unknown_name("colour", ["weights", "kv_cache"], "an inference setting", "INFERENCE_LEVERS"))
         'colour' is not an inference setting; write one of weights, kv_cache
     """
@@ -69,5 +70,5 @@ def unknown_name(name: str, known: Iterable[str], what: str, listed: str) -> Mem
     if len(known) <= SHORT_LIST:
         return MemlabError(f"{name!r} is not {what}; write one of {', '.join(known)}")
     near = nearest(name, known)
-    said = f"; did you mean {' or '.join(near)}?" if near else ", nor near one"
-    return MemlabError(f"{name!r} is not {what}{said} (every one, with its values: {listed})")
+    said = f"; did you mean {' or '.join(near)}?" if near else ", nor near one;"
+    return MemlabError(f"{name!r} is not {what}{said} write one of those {listed} lists, with their values")

@@ -33,7 +33,7 @@ def usage_error(message: str) -> UsageError:
         >>> str(usage_error("fit needs a budget; write for example budget='8GiB'"))
         'fit needs a budget; write for example --budget 8GiB'
     """
-    text = " ".join(str(message).split()).replace(LEVERS_LISTED, "%%memfit?'s --try")
+    text = " ".join(str(message).split()).replace(LEVERS_LISTED, "%%memfit?")
     # the core's errors show a Python keyword (budget='8GiB'); a magic's line writes --budget 8GiB
     return UsageError(re.sub(r"\bbudget='([^']*)'", r"--budget \1", text))
 
