@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class MemlabError(ValueError):
     """Bad input to memlab: the message names the problem and what to write instead.
@@ -29,3 +31,44 @@ class MemlabWarning(UserWarning):
         >>> caught[0].category.__name__
         'MemlabWarning'
     """
+
+
+def nearest(name: str, known: Iterable[str], *, most: int = 3, cutoff: float = 0.6) -> list[str]:
+    """The names among ``known`` nearest to a misspelt ``name`` (at most ``most``, the nearest first; difflib's
+    likeness of at least ``cutoff``): what the user meant, for a message that asks "did you mean ...?".
+
+    Example:
+        >>> nearest("lama-7b", ["llama-7b", "llama-13b", "gpt2"])
+        ['llama-7b', 'llama-13b']
+        >>> nearest("nosuchknob", ["precision", "checkpointing"])
+        []
+    """
+    import difflib
+
+    return difflib.get_close_matches(name.lower(), list(known), n=most, cutoff=cutoff)
+
+
+SHORT_LIST = 6
+"""The most names an error lists whole; a longer list is named by where it is (:func:`unknown_name`)."""
+
+
+def unknown_name(name: str, known: Iterable[str], what: str, listed: str) -> MemlabError:
+    """The error for a ``name`` that is not ``what``: ``known`` whole where it is short (:data:`SHORT_LIST`), else
+    the nearest of them (:func:`nearest`) and where the whole list is (``listed``).
+
+    Example:
+        >>> settings = ["micro_batch", "accumulation", "checkpointing", "precision", "weights", "optimizer", "offload"]
+        >>> print(unknown_name("precison", settings, "a plan setting", "memlab.plan.LEVERS"))
+        'precison' is not a plan setting; did you mean precision? write one of those memlab.plan.LEVERS lists, with \
+their values
+        >>> print(unknown_name("colour", settings, "a plan setting", "memlab.plan.LEVERS"))
+        'colour' is not a plan setting, nor near one; write one of those memlab.plan.LEVERS lists, with their values
+        >>> print(unknown_name("colour", ["weights", "kv_cache"], "an inference setting", "INFERENCE_LEVERS"))
+        'colour' is not an inference setting; write one of weights, kv_cache
+    """
+    known = list(known)
+    if len(known) <= SHORT_LIST:
+        return MemlabError(f"{name!r} is not {what}; write one of {', '.join(known)}")
+    near = nearest(name, known)
+    said = f"; did you mean {' or '.join(near)}?" if near else ", nor near one;"
+    return MemlabError(f"{name!r} is not {what}{said} write one of those {listed} lists, with their values")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, unknown_name
 from memlab.sizes import format_bytes as format_bytes
 from memlab.sizes import parse_budget as parse_budget
 from memlab.techniques.lever import LeverSpec, check_levers, lever_specs
@@ -148,7 +148,7 @@ class Plan:
         # A dataclass would raise a bare TypeError for a misspelt field; a Plan says which fields there are.
         unknown = [key for key in kwargs if key not in PLAN_FIELDS]
         if unknown:
-            raise MemlabError(f"{unknown[0]!r} is not a plan setting; write one of {', '.join(PLAN_FIELDS)}")
+            raise unknown_name(unknown[0], PLAN_FIELDS, "a plan setting", LEVERS_LISTED)
         if len(args) > len(PLAN_FIELDS):
             raise MemlabError(f"a Plan takes at most {len(PLAN_FIELDS)} settings; name them, e.g. Plan(accumulation=4)")
         return super().__new__(cls)
@@ -338,6 +338,9 @@ field_signature(Plan)
 def _typed(plan: Plan) -> tuple[tuple[bool, Any], ...]:
     return tuple((isinstance(value, bool), value) for value in (getattr(plan, name) for name in PLAN_FIELDS))
 
+LEVERS_LISTED = "memlab.plan.LEVERS"
+"""Where a message sends a user for every plan setting with its values; each front end names its own list instead
+(``memlab estimate --help``, ``%%memfit?``)."""
 LEVERS: dict[str, LeverSpec] = lever_specs(Plan, REGISTRY)
 """Every Plan field's :class:`LeverSpec`, in field order (from :data:`memlab.techniques.registry.REGISTRY`).
 
@@ -403,11 +406,13 @@ def parse_value(name: str, text: str) -> Any:
 
 
 def parse_lever_axes(
-    items: str | Iterable[str] | Mapping[str, Any], specs: Mapping[str, LeverSpec], *, what: str, example: str
+    items: str | Iterable[str] | Mapping[str, Any], specs: Mapping[str, LeverSpec], *, what: str, example: str,
+    listed: str = "",
 ) -> dict[str, list[Any]]:
     """``KEY=V1,V2`` items (or a mapping of lever to values) as ``{lever: [values]}`` for any plan's levers
     (``specs``), values parsed; ``what`` names a setting in messages (``"a plan setting"``), ``example`` is shown
-    when an item cannot be read.
+    when an item cannot be read, ``listed`` says where every setting is listed (default :data:`LEVERS_LISTED`);
+    an unknown key is said with the nearest ones (:func:`memlab.errors.unknown_name`).
 
     Example:
         >>> parse_lever_axes("checkpointing=on,off", LEVERS, what="a plan setting", example="precision=fp32,bf16")
@@ -416,8 +421,9 @@ def parse_lever_axes(
 
     def check_key(key: str) -> None:
         if key not in specs:
-            raise MemlabError(f"{key!r} is not {what}; write one of {', '.join(specs)}")
+            raise unknown_name(key, specs, what, listed)
 
+    listed = listed or LEVERS_LISTED
     return parse_axis_items(
         items, check_key=check_key, parse_value=lambda key, text: parse_lever_value(specs[key], text), example=example
     )

@@ -33,6 +33,14 @@ def tiny_gpt2(layers: int = 2, width: int = 32) -> nn.Module:
     return GPT2LMHeadModel(config)
 
 
+def llama_config_dir(folder: Any, width: int, heads: int, vocab: int) -> Any:
+    """``folder`` with the config.json of a 2-layer Llama ``width`` wide (what ``memlab estimate PATH`` reads)."""
+    transformers.LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
+                             num_attention_heads=heads, num_key_value_heads=heads, vocab_size=vocab
+                             ).save_pretrained(folder)
+    return folder
+
+
 def tiny_llama(layers: int = 2, width: int = 32) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 

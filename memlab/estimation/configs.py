@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, nearest
 from memlab.runner.quiet import without_paths
 
 __all__ = [
@@ -113,9 +113,7 @@ def _built_in_hint(name: str) -> str:
         >>> _built_in_hint("meta-llama/Llama-2-7b-hf")
         ''
     """
-    import difflib
-
-    closest = difflib.get_close_matches(name.lower(), KNOWN_SHAPES, n=1, cutoff=0.6)
+    closest = nearest(name, KNOWN_SHAPES, most=1)
     if not closest and "/" in name:
         return ""
     hint = f", or a built-in shape ({', '.join(KNOWN_SHAPES)})"

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from typing_extensions import Unpack
 
-from memlab.frontends.cli_errors import SentenceParser, fraction, seconds, unknown_arguments, whole_number
+from memlab.frontends.cli_errors import (
+    EXIT_FAILED,
+    SentenceParser,
+    fraction,
+    seconds,
+    unknown_arguments,
+    whole_number,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,10 +60,6 @@ DEMO_BUDGET_FRACTION = 0.6
 
 _DEMO_DEFAULTS: dict[str, Any] = {"steps": 2, "warmup": 1, "progress": True}
 
-
-EXIT_FAILED = 3
-"""The exit status when memlab itself failed (an exception that is no MemlabError): not "nothing fits" (1), not
-wrong input (2)."""
 
 EXIT_STATUS = (
     f"Exit status: 0 done; 2 on wrong input (one line says what to write); {EXIT_FAILED} when memlab itself failed "

@@ -15,7 +15,29 @@ import re
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-__all__ = ["EXAMPLES", "SentenceParser", "fraction", "seconds", "sentence", "unknown_arguments", "whole_number"]
+__all__ = ["EXAMPLES", "EXIT_FAILED", "SentenceParser", "cli_words", "estimate_status", "fraction", "seconds",
+           "sentence", "unknown_arguments", "whole_number"]
+
+EXIT_FAILED = 3
+"""The exit status when memlab itself failed (an exception that is no MemlabError), or, in ``memlab estimate``, a
+plan could not be estimated (a row whose status is error): not "nothing fits" (1), not wrong input (2)."""
+
+
+def estimate_status(*, fits: bool, judged: bool, errors: int) -> int:
+    """``memlab estimate``'s exit status from its table, whatever the table (one GPU, ``--gpus``, ``--max-tokens``):
+    :data:`EXIT_FAILED` where ``errors`` rows say error (a number the table could not give), else 0 where a plan
+    ``fits`` or nothing was ``judged`` (no budget, GPU or host), else 1.
+
+    Example:
+        >>> estimate_status(fits=True, judged=True, errors=0), estimate_status(fits=False, judged=True, errors=0)
+        (0, 1)
+        >>> estimate_status(fits=False, judged=False, errors=0), estimate_status(fits=True, judged=True, errors=1)
+        (0, 3)
+    """
+    if errors:
+        return EXIT_FAILED
+    return 0 if fits or not judged else 1
+
 
 EXAMPLES: dict[str, str] = {
     "--budget": "20MiB",
@@ -212,3 +234,27 @@ def _choices(parser: argparse.ArgumentParser, option: str) -> list[str]:
         if option in action.option_strings or option == action.metavar or option == action.dest:
             return [str(choice) for choice in (action.choices or ())]
     return []
+
+
+_PYTHON_TO_FLAGS = (
+    ("adapter='lora'", "--try adapter=lora"),
+    ("adapter='qlora'", "--try adapter=qlora"),
+    ("load_in_4bit=True", "--load-in-4bit"),
+    ("load_in_8bit=True", "--load-in-8bit"),
+    ("a load without quantization_config", "no --load-in-4bit / --load-in-8bit"),
+    ("this load is load_in_8bit", "this load is --load-in-8bit"),
+)
+
+
+def cli_words(message: str) -> str:
+    """A core error's message with its Python keywords as the command's flags, for a user of the command line.
+
+    Example:
+        >>> cli_words("a model loaded in nf4 trains adapters only; write adapter='lora' or adapter='qlora'")
+        'a model loaded in nf4 trains adapters only; write --try adapter=lora or --try adapter=qlora'
+    """
+    from memlab.plan import LEVERS_LISTED
+
+    for python, flag in (*_PYTHON_TO_FLAGS, (LEVERS_LISTED, "memlab estimate --help")):
+        message = message.replace(python, flag)
+    return message

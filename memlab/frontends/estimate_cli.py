@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from memlab.frontends.cli_errors import cli_words, estimate_status
 from memlab.frontends.gpu_cli import add_gpu_arguments, check_gpu_plans, cli_gpu
 
 __all__ = [
@@ -41,7 +42,8 @@ _DESCRIPTION = (
 )
 _EPILOG = (
     "Exit status: 0 when a plan fits the budget (or no budget was given), 1 when none fits, 2 on wrong input, 3 "
-    "when memlab itself failed (one line says what; MEMLAB_TRACEBACK=1 shows the traceback), 130 when interrupted; "
+    "when memlab itself failed (one line says what; MEMLAB_TRACEBACK=1 shows the traceback) or a plan could not be "
+    "estimated (its row says error, a note why), 130 when interrupted; "
     "--gpu (or --gpu-memory) without --budget makes that GPU's memory the budget. The table, --json's verdict and "
     "the exit status judge each plan once, the same way. When nothing fits, the commands that try the plans "
     "estimated to fit follow the table. "
@@ -64,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """
     from memlab.estimation.estimate import KNOWN_SHAPES
     from memlab.frontends.estimate_text import shape_names
+    from memlab.frontends.levers import lever_help, model_lever_specs, trainer_levers_note
 
     parser.description = _DESCRIPTION.format(shapes=shape_names(KNOWN_SHAPES))
     parser.epilog = _EPILOG
@@ -82,7 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="extend",
         default=None,
         help="plan settings to combine, e.g. precision=fp32,bf16 checkpointing=off,on micro_batch=1,2 "
-        "accumulation=4 optimizer=adamw,adamw8bit (default: the plain plan)",
+        "accumulation=4 optimizer=adamw,adamw8bit (default: the plain plan). The settings (docs/levers.md says what "
+        "each does): "
+        + lever_help(model_lever_specs(), said=False).replace("%", "%%") + ". " + trainer_levers_note(),
     )
     parser.add_argument(
         "--device",
@@ -115,7 +120,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 _LOAD_EXAMPLE = (
     "how you load the model, as you pass it to from_pretrained (default: what the plan implies: weights=bf16 loads "
-    "in bf16, adapter=qlora in 4-bit NF4 with bf16 compute, the rest as the installed transformers loads it: the "
+    "in bf16, adapter=qlora in 4-bit NF4 with bf16 compute (what it leaves unquantized in bf16 with weights=bf16), the "
+    "rest as the installed transformers loads it: the "
     "checkpoint's own dtype since transformers 5, else fp32); e.g. --dtype bfloat16 --load-in-4bit "
     "--bnb-4bit-quant-type nf4 --bnb-4bit-compute-dtype bfloat16 --bnb-4bit-use-double-quant is "
     "from_pretrained(name, dtype=torch.bfloat16, quantization_config=BitsAndBytesConfig(load_in_4bit=True, "
@@ -207,28 +213,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         return 2
 
 
-_PYTHON_TO_FLAGS = (
-    ("adapter='lora'", "--try adapter=lora"),
-    ("adapter='qlora'", "--try adapter=qlora"),
-    ("load_in_4bit=True", "--load-in-4bit"),
-    ("load_in_8bit=True", "--load-in-8bit"),
-    ("a load without quantization_config", "no --load-in-4bit / --load-in-8bit"),
-    ("this load is load_in_8bit", "this load is --load-in-8bit"),
-)
-
-
-def cli_words(message: str) -> str:
-    """A core error's message with its Python keywords as the command's flags, for a user of the command line.
-
-    Example:
-        >>> cli_words("a model loaded in nf4 trains adapters only; write adapter='lora' or adapter='qlora'")
-        'a model loaded in nf4 trains adapters only; write --try adapter=lora or --try adapter=qlora'
-    """
-    for python, flag in _PYTHON_TO_FLAGS:
-        message = message.replace(python, flag)
-    return message
-
-
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import dataclasses
 
@@ -236,12 +220,14 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from memlab.estimation.cuda.context import card_contexts
     from memlab.estimation.estimate import load_config, meta_model, parse_batch_shape
     from memlab.frontends.host_cli import host_judged
-    from memlab.plan import parse_budget, parse_grid
+    from memlab.frontends.levers import refuse_trainer_levers
+    from memlab.plan import parse_axes, parse_budget, parse_grid
     from memlab.search.space import keep_rows
 
     batch = parse_batch_shape(args.batch)
     rows, tokens = batch["input_ids"]
     grid = list(args.try_ or [])
+    refuse_trainer_levers(parse_axes(grid), "memlab estimate")  # a trainer's own settings: refused before any run
     # --try micro_batch=... keeps the batch's rows per optimizer step, as %%memfit does (the same function).
     plans, kept = keep_rows(parse_grid(grid), grid, rows, f"--batch {args.batch}")
     check_gpu_plans(args, plans)  # the GPU's flags checked, and what it cannot run refused, before anything is built
@@ -273,16 +259,16 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         say("building the model on the meta device (shapes only, no memory)")
         model = meta_model(config)
         parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        # The config, not the meta model, for one GPU: its load is the one the plan implies or the flags say (the
+        # meta model would be estimated as it is, in fp32, and cast: another reserve, so another card figure).
         if getattr(args, "max_tokens", False) or getattr(args, "max_rows", False):
             from memlab.frontends.limits_cli import run_limits
 
-            return run_limits(args, model, batch, plans, budget, out, say=say, load=load)
+            return run_limits(args, config, batch, plans, budget, out, say=say, load=load)
         if sharded:
             args.gpus = gpus
             return run_sharded(args, config if load is not None else model, batch, plans, budget, out, say=say,
                                load=load)
-        # The config, not the meta model: its load is the one the plan implies or the flags say (the meta model
-        # would be estimated as it is, in fp32).
         report = estimate_each(config, batch, plans, budget=budget, device=args.device, say=say,
                                gpu=cli_gpu(args), load=load)
         carded = card_contexts(report.trials, cli_gpu(args))
@@ -309,7 +295,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             after = [*allocator_lines, *suggestion_lines(args, report.suggestions, sharded=sharded_too,
                                                          best_named=True)]
         print("\n".join(single_text(args, header, report, budget, after)), file=out)
-    return 0 if fits or (budget is None and getattr(args, "host_budget", None) is None) else 1
+    return estimate_status(fits=fits, judged=budget is not None or getattr(args, "host_budget", None) is not None,
+                           errors=sum(trial.status == "error" for trial in report.trials))
 
 
 def gpu_budget(args: argparse.Namespace) -> int | None:
@@ -467,8 +454,9 @@ def run_sharded(
         weights = whole_weights(model, plans)
         print("\n".join([*sharded_text(args, header, trials, budget, searched, weights_bytes=weights),
                          *node_lines(trials)]), file=out)
-    fits = [trial for _, _, trial in trials if trial is not None and trial.fits]
-    return 0 if (budget is None and getattr(args, "host_budget", None) is None) or fits else 1
+    return estimate_status(fits=any(trial is not None and trial.fits for _, _, trial in trials),
+                           judged=budget is not None or getattr(args, "host_budget", None) is not None,
+                           errors=sum(trial is not None and trial.status != "ok" for _, _, trial in trials))
 
 
 # --- progress on stderr -----------------------------------------------------------------------------------------

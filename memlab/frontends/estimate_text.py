@@ -19,7 +19,7 @@ from typing import Any
 from memlab.frontends.gpu_cli import cli_gpu
 
 __all__ = ["WIDTH", "gpu_hint", "kept_notes", "numbered", "shape_names", "sharded_text", "single_text", "table_lines",
-           "whole_weights", "wrapped"]
+           "whole_weights", "wrapped", "zero_note"]
 
 WIDTH = 120
 """The widest line ``memlab estimate`` prints."""
@@ -111,7 +111,7 @@ def gpu_hint(args: argparse.Namespace, budget: int | None) -> str | None:
     Example:
         >>> args = argparse.Namespace(gpu=None, device=None)
         >>> print(gpu_hint(args, 24 * 2**30))  # doctest: +ELLIPSIS
-        the budget, 24.00 GiB, is not the H100-80GB's memory (79.18 GiB) that the estimate assumes: for a 24 GB card \
+        the budget is not the memory of the GPU the estimate assumes, 79.18 GiB: for a 24 GB card \
 add --gpu RTX4090-24GB (memlab knows H100-80GB, ...)
         >>> gpu_hint(args, 80 * 2**30) is None
         True
@@ -126,27 +126,26 @@ add --gpu RTX4090-24GB (memlab knows H100-80GB, ...)
         return None
     nearest = min(GPUS.values(), key=lambda kind: abs(kind.memory_bytes - budget))
     if abs(nearest.memory_bytes - budget) > 0.1 * budget:
-        return (f"the budget, {format_bytes(budget)}, is not the {assumed.name}'s memory "
-                f"({format_bytes(assumed.memory_bytes)}) that the estimate assumes; --gpu names another card "
+        return (f"the budget is not the memory of the GPU the estimate assumes, {format_bytes(assumed.memory_bytes)}; "
+                "--gpu names another card "
                 f"(memlab knows {', '.join(GPUS)})")
     size = nearest.name.rsplit("-", 1)[-1].replace("GB", " GB")
-    return (f"the budget, {format_bytes(budget)}, is not the {assumed.name}'s memory "
-            f"({format_bytes(assumed.memory_bytes)}) that the estimate assumes: for a {size} card add --gpu "
+    return (f"the budget is not the memory of the GPU the estimate assumes, {format_bytes(assumed.memory_bytes)}: "
+            f"for a {size} card add --gpu "
             f"{nearest.name} (memlab knows {', '.join(GPUS)})")
 
 
 def _card_note(args: argparse.Namespace, report: Any) -> str | None:
-    """What the card column is, and which GPU's context it counts, once."""
-    from memlab.estimation.cuda.gpus import gpu_kind
+    """What the card column is, and the CUDA context it counts (the header names the GPU), once."""
     from memlab.plan import format_bytes
 
     cards = [trial for trial in report.trials if trial.status == "ok" and trial.card_bytes is not None]
     if not cards:
         return None
     context = cards[0].context_bytes
-    counted = "" if context is None else f" (its CUDA context {format_bytes(context)})"
-    return (f"the card column is the caching allocator's reserve + the CUDA context (what nvidia-smi shows), for "
-            f"{gpu_kind(cli_gpu(args)).called}{counted}; fits are judged on it")
+    counted = "" if context is None else f", {format_bytes(context)}"
+    return (f"the card column is the caching allocator's reserve + the CUDA context{counted} (what nvidia-smi shows); "
+            "fits are judged on it")
 
 
 def single_text(args: argparse.Namespace, header: str, report: Any, budget: int | None,
@@ -163,8 +162,8 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
         >>> print("\\n".join(single_text(args, "tiny: ...", Report([trial], budget=79 * 2**30), 79 * 2**30, [])))
         ... # doctest: +NORMALIZE_WHITESPACE
         tiny: ...
-        Verdict: plain fits the budget of 79.00 GiB.
-        Best: plain (peak 1.00 GiB; nothing was timed: the lowest figure among the plans that fit)
+        Verdict: plain fits the budget.
+        Best: plain, peak 1.00 GiB; nothing was timed: the lowest figure among the plans that fit
         <BLANKLINE>
           plan  status        peak GiB params GiB grads GiB optimizer GiB activations GiB other GiB
         ★ plain ok (estimate)      1.0        1.0         0             0               0         0
@@ -181,21 +180,28 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     fitting = [trial for trial in trials if report.fits(trial)]
     best = report.best
     host = [trial.host_budget for trial in trials if trial.host_budget is not None]  # --host-budget
+    failed = sum(trial.status == "error" for trial in trials)
     if budget is None and not host:
-        lines.append(f"Verdict: {len(trials)} plan{'s' if len(trials) != 1 else ''} estimated (no budget to judge).")
+        done = len(trials) - failed
+        lines.append(f"Verdict: {done} plan{'s' if done != 1 else ''} estimated (no budget to judge).")
     elif fitting:
         count = (f"{fitting[0].label} fits" if len(trials) == 1
                  else f"{len(fitting)} of the {len(trials)} plans fit")
-        judged = [*([f"the budget of {format_bytes(budget)}"] if budget is not None else []),
+        judged = [*(["the budget"] if budget is not None else []),  # the header says the budget
                   *([f"the host budget of {format_bytes(min(host))}"] if host else [])]
         lines.append(f"Verdict: {count} {' and '.join(judged)}.")
     else:
         reason = nothing_fits_reason(report)
+        if reason and budget is not None:  # the header says the budget
+            reason = reason.replace(f"the budget of {format_bytes(budget)}", "the budget")
         tried = f"{trials[0].label} does not fit" if len(trials) == 1 else f"none of the {len(trials)} plans tried fits"
         lines.append(f"Verdict: {tried}" + (f": {reason}." if reason else "."))
+    if failed:  # the exit status says it too (memlab.frontends.cli_errors.estimate_status)
+        rows = "its row says" if failed == 1 else "their rows say"
+        lines[-1] += f" {failed} plan{'s' if failed != 1 else ''} could not be estimated: {rows} error, a note why."
     if best is not None:
-        lines.append(f"Best: {best.label} ({judged_text(best)}; nothing was timed: the lowest figure among the plans "
-                     "that fit)")
+        lines.append(f"Best: {best.label}, {judged_text(best)}; nothing was timed: the lowest figure among the plans "
+                     "that fit")
     elif report.suggestions:
         first = report.suggestions[0]
         lines.append(f"Best: {first.label}, estimated to fit: {judged_text(first)}; outside what you tried (its "
@@ -212,6 +218,9 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     from memlab.report.host import host_lines
 
     notes += host_lines(report)
+    zero = zero_note(report)
+    if zero is not None:
+        notes.append(zero)
     hint = gpu_hint(args, budget)
     if hint is not None:
         notes.append(hint)
@@ -230,6 +239,42 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     return wrapped(lines)
 
 
+def zero_note(report: Any) -> str | None:
+    """Where a memory column shows 0 beside ``< 0.01``: that the 0 is none at all at the peak (the columns split the
+    peak by category), not a small figure rounded down, and which cells; None where the table has not both.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Report, Trial
+        >>> lora = Trial(Plan(adapter="lora"), "ok", 2**30, {"params": 2**30 - 9, "activations": 9}, None, None,
+        ...              None, "cuda")
+        >>> print(zero_note(Report([lora])))
+        a 0 in a memory column is none at all at the peak, not a small figure rounded (that is < 0.01): \
+grads, optimizer and other in lora
+        >>> zero_note(Report([Trial(Plan(), "ok", 9, {"params": 9}, None, None, None, "cuda")])) is None
+        True
+    """
+    from memlab.report.tables import table_rows
+
+    ran = [(trial, row) for trial, row in zip(report.trials, table_rows(report), strict=True) if trial.status == "ok"]
+    if not any(row[name] == "< 0.01" for _, row in ran for name in report.categories):
+        return None
+    cells: dict[str, list[str]] = {}
+    for trial, row in ran:
+        none = [name for name in report.categories if row[name] == "0"]
+        if none:
+            cells.setdefault(", ".join(none[:-1]) + (" and " if len(none) > 1 else "") + none[-1], []).append(
+                trial.label)
+    if not cells:
+        return None
+    said = "; ".join(f"{names} in {' and '.join(labels)}" for names, labels in cells.items())
+    return f"a 0 in a memory column {ZERO_WORDS}: {said}"
+
+
+ZERO_WORDS = "is none at all at the peak, not a small figure rounded (that is < 0.01)"
+"""What a 0 beside ``< 0.01`` in a table of memory means (:func:`zero_note`)."""
+
+
 def table_lines(report: Any, *, timed: bool | None = None) -> list[str]:
     """The text table's lines alone (its header and a line per trial, no notes column, no summary): what
     ``memlab estimate`` prints before its own summary. ``timed`` False leaves out the speed columns (an estimate has
@@ -244,7 +289,7 @@ def table_lines(report: Any, *, timed: bool | None = None) -> list[str]:
           plan  status        peak GiB params GiB grads GiB optimizer GiB activations GiB other GiB
         ★ plain ok (estimate)      1.0        1.0         0             0               0    < 0.01
     """
-    from memlab.report.tables import SPEEDS, headers, shown_columns, table_rows, text_lines
+    from memlab.report.tables import SPEEDS, headers, shown_columns, table_rows, table_units, text_lines
 
     rows = table_rows(report)
     keys = [key for key in shown_columns(rows, with_mark=True, categories=report.categories) if key != "notes"]
@@ -256,7 +301,12 @@ def table_lines(report: Any, *, timed: bool | None = None) -> list[str]:
     judged_host = any(trial.host_budget is not None for trial in report.trials)
     if max(map(len, lines), default=0) > WIDTH and "host" in keys and not judged_host:
         # Unjudged host bytes give way to the memory columns in a narrow answer; the notes say what they hold.
-        lines = text_lines(rows, headers(report), [key for key in keys if key != "host"])
+        keys = [key for key in keys if key != "host"]
+        lines = text_lines(rows, headers(report), keys)
+    if max(map(len, lines), default=0) > WIDTH:  # the size unit said once, above the table, not in every header
+        (unit, _), _ = table_units(report)
+        bare = {key: name.removesuffix(f" {unit}") for key, name in headers(report).items()}
+        lines = [f"Memory in {unit}:", *text_lines(rows, bare, keys)]
     return lines
 
 
@@ -282,15 +332,15 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
         >>> print("\\n".join(sharded_text(args, "tiny", [(Plan(), "zero2", None)], 2**30, [],
         ...                               weights_bytes={"plain": 2**31})))  # doctest: +NORMALIZE_WHITESPACE +ELLIPSIS
         tiny
-        Best: none fits the budget of 1.00 GiB on up to 1024 GPUs.
+        Best: none fits the budget on up to 1024 GPUs.
         <BLANKLINE>
          plan  strategy GPUs peak/GPU GiB card/GPU GiB verdict
          plain zero2       -            -            - fits on no number of GPUs up to 1024 [1]
         <BLANKLINE>
         Notes:
           1. ZeRO-2 keeps the whole weights on every GPU (it shards the gradients and optimizer state): 2.00 GiB, more
-             than the budget of 1.00 GiB, on any number of GPUs.
-          2. The budget, 1.00 GiB, is not the H100-80GB's memory (79.18 GiB) that the estimate assumes; --gpu names
+             than the budget, on any number of GPUs.
+          2. The budget is not the memory of the GPU the estimate assumes, 79.18 GiB; --gpu names
              another card (memlab knows H100-80GB, ...).
     """
     from memlab.plan import format_bytes
@@ -308,8 +358,11 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
                      f"({figure} {format_bytes(trial.verdict_bytes)} per GPU): the fewest GPUs that fit, then the "
                      "lowest figure")
     else:
-        lines.append(f"Best: none fits the budget of {format_bytes(budget)} on up to 1024 GPUs.")
+        lines.append("Best: none fits the budget on up to 1024 GPUs.")  # the header says the budget
     notes: list[str] = []
+    peak_only = _peak_only_note(ran, budget)
+    if peak_only is not None:
+        notes.append(peak_only)
     rows = [["plan", "strategy", "GPUs", "peak/GPU GiB", "card/GPU GiB", "verdict"]]
     for plan, name, trial in trials:
         if trial is None:
@@ -323,6 +376,8 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
         else:
             judged = budget is not None or trial.host_budget is not None  # "by the card figure" as "(card figure)"
             verdict = re.sub(r" by the (.+)", r" (\1)", verdict_text(trial, trial.fits)) if judged else ""
+            if peak_only is not None and "allocated peak" in verdict:  # the note says why this figure
+                verdict += f" [{notes.index(peak_only) + 1}]"
             rows.append([plan.label(), name, str(trial.gpus), _gib(trial.peak_bytes), _gib(trial.card_bytes),
                          verdict])
     lines += ["", *_aligned(rows, left=(0, 1, 5))]
@@ -335,6 +390,9 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
         several = len({plan.label() for plan, _, _ in ran}) > 1
         detail = [["part", *(f"{plan.label()} {name}" if several else name for plan, name, _ in ran)]]
         detail += [[key, *(in_unit(trial.detail.get(key) or 0, unit) for _, _, trial in ran)] for key in parts]
+        cells = {cell for row in detail[1:] for cell in row[1:]}
+        if {"0", "< 0.01"} <= cells:
+            notes.append(f"a 0 under where the peak goes {ZERO_WORDS}")
         lines += ["", f"Where the peak goes, per GPU ({unit[0]}):", *_aligned(detail, left=(0,))]
     hint = gpu_hint(args, budget)
     if hint is not None:
@@ -344,6 +402,43 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
     if searched:
         lines += ["", *searched]
     return wrapped(lines)
+
+
+ENGINES = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+"""Each strategy as its engine names it."""
+
+
+def _peak_only_note(ran: Sequence[tuple[Any, str, Any]], budget: int | None) -> str | None:
+    """Where some strategies' rows are judged on the allocated peak (no card figure: ZeRO's, from DeepSpeed's
+    formulas, no step traced), which and why, and that the others are judged on the card figure; None where every
+    row is judged on one figure, or none is judged.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.estimation.sharded.fsdp2 import ShardedTrial
+        >>> def rank(strategy, reserved):
+        ...     return ShardedTrial(Plan(), "ok", 9, {}, None, None, None, "cuda", gpus=2, strategy=strategy,
+        ...                         reserved_bytes=reserved, context_bytes=None if reserved is None else 2**29)
+        >>> print(_peak_only_note([(Plan(), "fsdp2", rank("fsdp2", 12)), (Plan(), "zero3", rank("zero3", None))], 99))
+        ZeRO-3 is judged on its allocated peak, the other strategies on the card figure: ZeRO's figures come from \
+DeepSpeed's formulas and the FSDP2 run's activations, not a traced step, so its allocator's reserve, and so its card \
+figure, is not known; keep a margin for the reserve and the CUDA context, 512.0 MiB
+    """
+    from memlab.plan import format_bytes
+
+    judged = [trial for _, _, trial in ran if budget is not None or trial.host_budget is not None]
+    unknown = list(dict.fromkeys(ENGINES.get(trial.strategy, trial.strategy) for trial in judged
+                                 if trial.card_bytes is None))
+    if not unknown:
+        return None
+    contexts = {trial.context_bytes for trial in judged if trial.context_bytes}
+    context = f", {format_bytes(contexts.pop())}" if len(contexts) == 1 else ""
+    others = ", the other strategies on the card figure" if any(t.card_bytes is not None for t in judged) else ""
+    its = "its" if len(unknown) == 1 else "their"
+    return (f"{' and '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} judged on {its} allocated peak{others}: "
+            "ZeRO's figures come from DeepSpeed's formulas and the FSDP2 run's activations, not a traced step, so "
+            f"{its} allocator's reserve, and so {its} card figure, is not known; keep a margin for the reserve and the "
+            f"CUDA context{context}")
 
 
 def whole_weights(model: Any, plans: Any) -> dict[str, int]:
@@ -364,18 +459,15 @@ def whole_weights(model: Any, plans: Any) -> dict[str, int]:
 
 
 def _nowhere(strategy: str, plan: Any, budget: int | None, weights: dict[str, int]) -> str:
-    """Why ``strategy`` fits ``plan`` on no number of GPUs up to 1024."""
+    """Why ``strategy`` fits ``plan`` on no number of GPUs up to 1024 (the budget's size is the header's)."""
     from memlab.plan import format_bytes
 
     whole = weights.get(plan.label())
     if strategy == "zero2" and whole is not None and budget is not None and whole > budget:
         return (f"ZeRO-2 keeps the whole weights on every GPU (it shards the gradients and optimizer state): "
-                f"{format_bytes(whole)}, more than the budget of {format_bytes(budget)}, on any number of GPUs")
-    engines = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
-    return (f"{engines.get(strategy, strategy)} with {plan.label()}: even at 1024 GPUs the per-GPU peak passes the "
-            "budget"
-            + (f" of {format_bytes(budget)}" if budget is not None else "")
-            + " (what sharding does not divide: the activations, the gathered layers, the communication buffers)")
+                f"{format_bytes(whole)}, more than the budget, on any number of GPUs")
+    return (f"{ENGINES.get(strategy, strategy)} with {plan.label()}: even at 1024 GPUs the per-GPU peak passes the "
+            "budget (what sharding does not divide: the activations, the gathered layers, the communication buffers)")
 
 
 def _aligned(rows: list[list[str]], left: tuple[int, ...]) -> list[str]:

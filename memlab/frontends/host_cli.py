@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["GPUS_PER_NODE", "add_host_argument", "host_judged", "host_judged_rows", "node_lines"]
+__all__ = ["GPUS_PER_NODE", "add_host_argument", "host_budget", "host_judged", "host_judged_rows", "node_lines"]
 
 GPUS_PER_NODE = 8
 """The GPUs of one node a sharded estimate assumes where more GPUs than this train (the host budget is a node's)."""
@@ -36,7 +36,13 @@ def add_host_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _host_budget(args: argparse.Namespace) -> int | None:
+def host_budget(args: argparse.Namespace) -> int | None:
+    """``--host-budget`` in bytes (None where it is not given); a MemlabError in the flag's words where it is wrong.
+
+    Example:
+        >>> host_budget(argparse.Namespace(host_budget="1GiB")), host_budget(argparse.Namespace())
+        (1073741824, None)
+    """
     from memlab.options import parse_host_budget
 
     try:
@@ -59,7 +65,7 @@ def host_judged(trials: Sequence[Any], args: argparse.Namespace) -> list[Any]:
         >>> host_judged([trial], argparse.Namespace(host_budget="1GiB"))[0].verdict_figure
         'host'
     """
-    budget = _host_budget(args)
+    budget = host_budget(args)
     return list(trials) if budget is None else [dataclasses.replace(trial, host_budget=budget) for trial in trials]
 
 
@@ -76,7 +82,7 @@ def host_judged_rows(rows: Sequence[tuple[Any, str, Any]], args: argparse.Namesp
         ...                                                           argparse.Namespace(host_budget="3GiB"))]
         [(805306368, False)]
     """
-    budget = _host_budget(args)
+    budget = host_budget(args)
     if budget is None:
         return list(rows)
     return [(plan, name, trial if trial is None else

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from memlab.inference.plan import INFERENCE_LEVERS, InferencePlan
 from memlab.plan import LEVERS, LeverSpec, Plan
 
-__all__ = ["lever_help", "lever_specs", "panel_lever_specs"]
+__all__ = ["lever_help", "lever_specs", "model_lever_specs", "panel_lever_specs", "refuse_trainer_levers",
+           "trainer_levers_note"]
 
 
 def lever_specs(plan_class: type[Plan] | type[InferencePlan]) -> dict[str, LeverSpec]:
@@ -36,30 +37,81 @@ def lever_specs(plan_class: type[Plan] | type[InferencePlan]) -> dict[str, Lever
 
 
 def panel_lever_specs(plan_class: type[Plan] | type[InferencePlan]) -> dict[str, LeverSpec]:
-    """The levers the panel shows: :func:`lever_specs` but the colocated vLLM engine's (``vllm_memory``,
-    ``vllm_sleep``), which no live step runs (a GRPOTrainer with ``use_vllm=True`` is estimated, not measured:
-    :func:`memlab.estimate` and ``fit(..., dry_run=True)`` take them), and a DPOTrainer's ``precompute_ref``, which
-    a built trainer cannot switch (a new trainer's setting): a panel would only show dead controls.
+    """The levers the panel shows: :func:`lever_specs` but those a built trainer's setting
+    (:attr:`~memlab.plan.LeverSpec.needs_trainer`): the colocated vLLM engine's (``vllm_memory``, ``vllm_sleep``),
+    which no live step runs (a GRPOTrainer with ``use_vllm=True`` is estimated, not measured: :func:`memlab.estimate`
+    and ``fit(..., dry_run=True)`` take them), and a DPOTrainer's ``precompute_ref``, which a built trainer cannot
+    switch (a new trainer's setting, memlab.apply refuses it): a panel would only show dead controls.
 
     Example:
         >>> "vllm_memory" in lever_specs(Plan), "vllm_memory" in panel_lever_specs(Plan)
         (True, False)
     """
-    from memlab.techniques.vllm import FIELDS
-
-    # nor a DPOTrainer's precompute_ref, which a built trainer cannot switch (memlab.apply refuses it)
-    hidden = (*FIELDS, "precompute_ref")
-    return {name: spec for name, spec in lever_specs(plan_class).items() if name not in hidden}
+    return model_lever_specs(plan_class)
 
 
-def lever_help(specs: Mapping[str, LeverSpec]) -> str:
-    """One line that names every lever with its values and says what it does (the magic's ``--try`` help).
+def model_lever_specs(plan_class: type[Plan] | type[InferencePlan] = Plan) -> dict[str, LeverSpec]:
+    """The levers a front end that builds the model itself (``memlab estimate``, from a config) can use: every one
+    but those a built trainer's setting (:attr:`~memlab.plan.LeverSpec.needs_trainer`), which only
+    ``memlab.estimate(trainer, plan)`` in Python takes.
+
+    Example:
+        >>> sorted(set(lever_specs(Plan)) - set(model_lever_specs()))
+        ['precompute_ref', 'vllm_memory', 'vllm_sleep']
+    """
+    return {name: spec for name, spec in lever_specs(plan_class).items() if not spec.needs_trainer}
+
+
+def trainer_levers_note() -> str:
+    """What a front end that builds the model itself says of the levers it leaves out (:func:`model_lever_specs`):
+    whose settings they are and where they apply.
+
+    Example:
+        >>> trainer_levers_note()[:68]
+        'Not here: vllm_memory and vllm_sleep, settings of a TRL GRPOTrainer '
+    """
+    owners: dict[str, list[str]] = {}
+    for name, spec in lever_specs(Plan).items():
+        if spec.needs_trainer:
+            owners.setdefault(spec.needs_trainer, []).append(name)
+    said = "; ".join(f"{' and '.join(names)}, setting{'s' if len(names) > 1 else ''} of {owner}"
+                     for owner, names in owners.items())
+    return f"Not here: {said}: estimate that trainer with them in Python, memlab.estimate(trainer, plan)"
+
+
+def refuse_trainer_levers(axes: Mapping[str, object], command: str) -> None:
+    """Refuse, before anything runs, the levers in ``axes`` (``{lever: values}``, :func:`memlab.plan.parse_axes`)
+    that a built trainer's setting (:attr:`~memlab.plan.LeverSpec.needs_trainer`), where ``command`` builds the model
+    itself: one MemlabError that says whose setting each is and where it applies.
+
+    Example:
+        >>> refuse_trainer_levers({"precision": ["bf16"]}, "memlab estimate")
+        >>> refuse_trainer_levers({"precompute_ref": [True]}, "memlab estimate")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: precompute_ref is a setting of a TRL DPOTrainer, and memlab estimate builds a ...
+    """
+    from memlab.errors import MemlabError
+
+    for name in axes:
+        owner = LEVERS[name].needs_trainer if name in LEVERS else ""
+        if owner:
+            raise MemlabError(f"{name} is a setting of {owner}, and {command} builds a model from its config, not "
+                              f"that trainer: estimate the trainer with it in Python, memlab.estimate(trainer, "
+                              f"memlab.Plan({name}=...)), or drop {name}")
+
+
+def lever_help(specs: Mapping[str, LeverSpec], *, said: bool = True) -> str:
+    """One line that names every lever with its values and says what it does (the magic's ``--try`` help); with
+    ``said`` False, the levers and their values alone (``memlab estimate --try``'s help).
 
     Example:
         >>> lever_help(lever_specs(InferencePlan)).split("; ")[-1].split(" (")[0]
         'kv_cache=on|off'
+        >>> lever_help(lever_specs(InferencePlan), said=False).split("; ")[-1]
+        'kv_cache=on|off'
     """
-    return "; ".join(f"{name}={_values(spec)} ({spec.help})" for name, spec in specs.items())
+    return "; ".join(f"{name}={_values(spec)}" + (f" ({spec.help})" if said else "") for name, spec in specs.items())
 
 
 def _values(spec: LeverSpec) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from memlab.errors import MemlabError
+from memlab.frontends.cli_errors import estimate_status
 from memlab.frontends.gpu_cli import cli_gpu
 from memlab.plan import Plan, format_bytes
 
@@ -27,7 +28,8 @@ def run_limits(
     load: Any = None,
 ) -> int:
     """Print, for each plan, the sizes tried and the largest that fits; exit status 0 when every plan fits at
-    some size, 1 otherwise.
+    some size, 1 otherwise, 3 where a size could not be estimated (its status error:
+    :func:`~memlab.frontends.cli_errors.estimate_status`).
 
     Example:
         >>> import io
@@ -54,7 +56,10 @@ def run_limits(
     if getattr(args, "gpus", None) not in (None, "1") or getattr(args, "strategy", None) not in (None, "none"):
         raise MemlabError("--max-tokens and --max-rows are for one GPU; drop --gpus/--strategy")
     vary = "rows" if args.max_rows and not args.max_tokens else "tokens"
-    keywords: dict[str, Any] = {"device": args.device or "cuda", "gpu": cli_gpu(args), "load": load}
+    from memlab.frontends.host_cli import host_budget
+
+    keywords: dict[str, Any] = {"device": args.device or "cuda", "gpu": cli_gpu(args), "load": load,
+                                "host_budget": host_budget(args)}  # each size judged on the host too
     found = []
     for plan in plans:
         say(f"{plan.label()}: trying sizes (at most 8 dry runs)")
@@ -75,4 +80,5 @@ def run_limits(
         for plan, result in zip(plans, found, strict=True):
             print(f"\n{plan.label()}", file=out)
             print(result.to_text(lambda other: f"{command_for(args, plan_try(other))} {flag}"), file=out)
-    return 0 if all(result.value for result in found) else 1
+    return estimate_status(fits=all(result.value for result in found), judged=True,
+                           errors=sum(trial.status == "error" for result in found for _, trial in result.tried))

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, unknown_name
 from memlab.measure.tracker import INFERENCE_CATEGORIES
 from memlab.plan import LeverSpec, check_levers, field_signature, grid_of, lever, lever_specs, parse_lever_axes
 
@@ -85,9 +85,7 @@ class InferencePlan:
     def __new__(cls, *args: Any, **kwargs: Any) -> InferencePlan:
         unknown = [key for key in kwargs if key not in INFERENCE_FIELDS]
         if unknown:
-            raise MemlabError(
-                f"{unknown[0]!r} is not an inference setting; write one of {', '.join(INFERENCE_FIELDS)}"
-            )
+            raise unknown_name(unknown[0], INFERENCE_FIELDS, "an inference setting", LISTED)
         if len(args) > len(INFERENCE_FIELDS):
             raise MemlabError(
                 f"an InferencePlan takes at most {len(INFERENCE_FIELDS)} settings; name them, e.g. "
@@ -180,6 +178,10 @@ Example:
 """
 
 
+LISTED = "memlab.inference.plan.INFERENCE_LEVERS"
+"""Where every inference setting is listed, with its values (:func:`memlab.errors.unknown_name`)."""
+
+
 def parse_inference_axes(items: str | Iterable[str] | Mapping[str, Any]) -> dict[str, list[Any]]:
     """``KEY=V1,V2`` items (or a mapping of setting to values) as ``{setting: [values]}``, values parsed.
 
@@ -192,7 +194,8 @@ def parse_inference_axes(items: str | Iterable[str] | Mapping[str, Any]) -> dict
         memlab.errors.MemlabError: 'precision' is not an inference setting; write one of batch_size, weights, \
 quantize, new_tokens, kv_cache
     """
-    return parse_lever_axes(items, INFERENCE_LEVERS, what="an inference setting", example="weights=fp32,bf16")
+    return parse_lever_axes(items, INFERENCE_LEVERS, what="an inference setting", example="weights=fp32,bf16",
+                            listed=LISTED)
 
 
 def parse_inference_grid(

@@ -2,12 +2,57 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from memlab.errors import MemlabError
 
-__all__ = ["FIGURE_WORDS", "budget_words", "format_rate", "format_seconds", "one_line"]
+__all__ = ["FIGURE_WORDS", "budget_words", "format_rate", "format_seconds", "one_line", "over_words", "verdict_text"]
 
 FIGURE_WORDS = {"card": "card figure", "allocated": "allocated peak", "host": "host memory"}
 """How text names each :attr:`memlab.report.Trial.verdict_figure` (``"card"``: the card figure, ...)."""
+
+
+def over_words(trial: Any) -> str:
+    """Which budget a :class:`~memlab.report.Trial` that does not fit is over, as its status says it: ``over
+    budget`` (the device's), ``host`` (the host budget alone) or ``over budget and host`` (both).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Trial
+        >>> both = Trial(Plan(offload="all"), "ok", 9, {}, None, None, None, "cuda", budget=8, host_bytes=9,
+        ...              host_budget=8)
+        >>> import dataclasses
+        >>> over_words(both), over_words(dataclasses.replace(both, budget=10)), over_words(both.__class__(
+        ...     Plan(), "ok", 9, {}, None, None, None, "cuda", budget=8))
+        ('over budget and host', 'host', 'over budget')
+    """
+    if trial.host_fits:
+        return "over budget"
+    return "host" if trial.device_fits else "over budget and host"
+
+
+def verdict_text(trial: Any, fits: bool) -> str:
+    """``fits`` or ``does not fit``, and on CUDA the figure the verdict judged (:attr:`Trial.verdict_figure`):
+    ``fits by the card figure``, ``does not fit by the allocated peak``; over the host budget, which budgets refused
+    it (:func:`~memlab.report.format.over_words`): ``does not fit (host)``, ``does not fit by the card figure and
+    host memory``.
+
+    Example:
+        >>> import dataclasses
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Trial
+        >>> trial = Trial(Plan(), "ok", 1, {}, None, None, None, "cuda:0", budget=0)
+        >>> verdict_text(trial, False)
+        'does not fit by the allocated peak'
+        >>> verdict_text(dataclasses.replace(trial, host_bytes=2, host_budget=1), False)
+        'does not fit by the allocated peak and host memory'
+    """
+    words = "fits" if fits else "does not fit"
+    if not fits and over_words(trial) == "host":
+        return "does not fit (host)"
+    device = "allocated" if trial.card_bytes is None else "card"  # the device's figure, whatever refused it
+    figure = f"by the {FIGURE_WORDS[device]}" + ("" if fits or trial.host_fits else " and host memory")
+    return f"{words} {figure}" if str(trial.device).startswith("cuda") or not trial.host_fits else words
 
 
 def one_line(message: BaseException | str, limit: int | None = 120) -> str:

@@ -15,7 +15,7 @@ from collections import Counter
 
 from memlab.plan import format_bytes
 from memlab.report.data import ALL_CATEGORIES, Report, Trial, speed_range
-from memlab.report.format import FIGURE_WORDS, format_rate, one_line
+from memlab.report.format import format_rate, one_line, over_words, verdict_text
 from memlab.report.host import host_lines, host_reason
 from memlab.report.noise import relative_half_width
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, run_labels
@@ -345,20 +345,6 @@ def card_text(trial: Trial) -> str | None:
     return "card figure unknown" if card is None else f"card {format_bytes(card)}"
 
 
-def verdict_text(trial: Trial, fits: bool) -> str:
-    """``fits`` or ``does not fit``, and on CUDA the figure the verdict judged (:attr:`Trial.verdict_figure`):
-    ``fits by the card figure``, ``does not fit by the allocated peak``.
-
-    Example:
-        >>> from memlab.plan import Plan
-        >>> verdict_text(Trial(Plan(), "ok", 1, {}, None, None, None, "cuda:0"), False)
-        'does not fit by the allocated peak'
-    """
-    words = "fits" if fits else "does not fit"
-    figure = "(host)" if trial.verdict_figure == "host" else f"by the {FIGURE_WORDS[trial.verdict_figure]}"
-    return f"{words} {figure}" if figure == "(host)" or str(trial.device).startswith("cuda") else words
-
-
 def judged_text(trial: Trial) -> str:
     """The figure a budget verdict on ``trial`` judges, in words: ``card 1.50 GiB (peak 1.00 GiB)`` where the card
     figure is known, else ``peak 1.00 GiB``.
@@ -588,11 +574,12 @@ def _style_rows(table: str, styles: list[str]) -> str:
 
 def status_text(trial: Trial, fits: bool) -> str:
     """``ok``, ``ok (estimate)``, ``does not fit (OOM)``, ``does not fit (over budget)``, ``does not fit (host)``
-    (the device's budget holds, the host's does not: :attr:`Trial.verdict_figure`) or ``error``."""
+    (the device's budget holds, the host's does not), ``does not fit (over budget and host)`` (both:
+    :func:`~memlab.report.format.over_words`) or ``error``."""
     if trial.status == "oom":
         return "does not fit (OOM)"
     if trial.status == "error":
         return "error"
     if not fits:
-        return "does not fit (host)" if trial.verdict_figure == "host" else "does not fit (over budget)"
+        return f"does not fit ({over_words(trial)})"
     return "ok (estimate)" if trial.estimated else "ok"

@@ -56,8 +56,9 @@ def verdicts(report: Report) -> list[str]:
 
 
 def verdict_words(report: Report) -> list[str]:
-    """Each trial's verdict as a figure's hover says it (:data:`VERDICT_WORDS`), a plan that misses only its host
-    budget ``"does not fit (host)"`` (drawn as over the budget), as the table's status column says.
+    """Each trial's verdict as a figure's hover says it (:data:`VERDICT_WORDS`), a plan that misses its host budget
+    ``"does not fit (host)"`` (or ``"(over budget and host)"``: drawn as over the budget), as the table's status column
+    says.
 
     Example:
         >>> from memlab.plan import Plan
@@ -66,7 +67,9 @@ def verdict_words(report: Report) -> list[str]:
         >>> verdicts(Report([host])), verdict_words(Report([host]))
         (['over budget'], ['does not fit (host)'])
     """
-    return ["does not fit (host)" if word == OVER_BUDGET and trial.verdict_figure == "host" else VERDICT_WORDS[word]
+    from memlab.report.format import over_words
+
+    return [f"does not fit ({over_words(trial)})" if word == OVER_BUDGET else VERDICT_WORDS[word]
             for word, trial in zip(verdicts(report), report.trials, strict=True)]
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.plan import Plan, format_bytes, parse_budget
 from memlab.report import Trial
-from memlab.report.format import FIGURE_WORDS
+from memlab.report.format import FIGURE_WORDS, over_words
 from memlab.trainer.grpo import is_grpo
 from memlab.trainer.source import is_trainer
 
@@ -70,18 +70,30 @@ class Limits:
             rows  peak        fits  (budget 100 B, dry runs)
         """
         how = "measured" if self.measured else "dry runs"
-        lines = [f"{self.vary:<5} {'peak':<11} fits  (budget {format_bytes(self.budget)}, {how})"]
+        # The column is the figure each size was judged by (verdict_bytes), named as it is: the card figure where
+        # the reserve and the CUDA context are known, else the allocated peak; each cell named where they differ.
+        names = {_figure_word(trial) for _, trial in self.tried if trial.status == "ok"}
+        column = names.pop() if len(names) == 1 else "judged on"
+        lines = [f"{self.vary:<5} {column:<11} fits  (budget {format_bytes(self.budget)}, {how})"]
         for size, trial in self.tried:
             mark = "  <- largest that fits" if size == self.value else "  <- next, does not fit" if (
                 size == self.next) else ""
             shown = format_bytes(trial.verdict_bytes) if trial.status == "ok" else trial.status
-            lines.append(f"{size:<5} {shown:<11} {'yes' if _fits(trial, self.budget) else 'no':<4}{mark}")
+            if trial.status == "ok" and column == "judged on":
+                shown += f" {_figure_word(trial)}"
+            fits = "yes" if _fits(trial, self.budget) else "no" if trial.host_budget is None else (
+                f"no ({over_words(dataclasses.replace(trial, budget=self.budget))})")  # which budget, of two
+            lines.append(f"{size:<5} {shown:<11} {fits:<4}{mark}")
+        if "card" in names or column == "card":
+            lines.append("card: the allocator's reserve + the CUDA context (what nvidia-smi shows)"
+                         + ("" if self.measured else ", modelled on a card held to the budget"))
+        lines += [f"{size} {self._unit()}: {trial.error}" for size, trial in self.tried if trial.status == "error"]
         lines.append(f"{self.answer()}")
         if self.reason:
             lines.append(self.reason)
         if self.suggestions:
             lines.append(f"would fit at {self.tried[0][0] if self.tried else 0} {self._unit()} instead (estimated):")
-            lines += [f"  {trial.plan.label()}  ({format_bytes(trial.verdict_bytes)}): "
+            lines += [f"  {trial.plan.label()}  ({_figure_word(trial)} {format_bytes(trial.verdict_bytes)}): "
                       f"{(code or _plan_code)(trial.plan)}" for trial in self.suggestions]
         elif not self.value and self.reason:
             lines.append("no combination of levers tried fits either: a larger budget (or more GPUs) is needed")
@@ -115,12 +127,19 @@ class Limits:
 
         sizes = [size for size, trial in self.tried if trial.status == "ok"]
         peaks = [trial.verdict_bytes / 2**30 for size, trial in self.tried if trial.status == "ok"]
-        figure = go.Figure(go.Scatter(x=sizes, y=peaks, mode="lines+markers", name="peak"))
+        names = {_figure_word(trial) for size, trial in self.tried if trial.status == "ok"}
+        figure = go.Figure(go.Scatter(x=sizes, y=peaks, mode="lines+markers", name=" or ".join(sorted(names))))
         figure.add_hline(y=self.budget / 2**30, line_dash="dash", annotation_text=f"budget {format_bytes(self.budget)}")
         if self.value:
             figure.add_vline(x=self.value, line_dash="dot", annotation_text=f"{self.value} fit")
         figure.update_layout(xaxis_title=self.vary, yaxis_title="GiB", title=self.answer(), height=360)
         return figure
+
+
+def _figure_word(trial: Trial) -> str:
+    """What :attr:`~memlab.report.Trial.verdict_bytes` of ``trial`` is: ``card`` (the reserve + the CUDA context)
+    where known, else ``peak`` (allocated)."""
+    return "peak" if trial.card_bytes is None else "card"
 
 
 def _plan_code(plan: Plan) -> str:

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from memlab.errors import MemlabError
-from memlab.plan import PLAN_FIELDS, Plan, parse_axes
+from memlab.errors import MemlabError, unknown_name
+from memlab.plan import LEVERS_LISTED, PLAN_FIELDS, Plan, parse_axes
 from memlab.report import Trial
 from memlab.techniques.levers_step import OPTIMIZER_RANK
 from memlab.techniques.registry import REGISTRY, conflicts
@@ -106,7 +106,7 @@ def candidate_plans(
                 "e.g. space={'micro_batch': [8, 4]}"
             )
         if key not in PLAN_FIELDS:
-            raise MemlabError(f"{key!r} is not a plan setting; write keys among {', '.join(PLAN_FIELDS)}")
+            raise unknown_name(key, PLAN_FIELDS, "a plan setting", LEVERS_LISTED)
     if isinstance(space.get("micro_batch"), (str, bytes)):
         raise MemlabError("space values are lists; write for example space={'micro_batch': [8, 4]}")
     micro: list[int] = []

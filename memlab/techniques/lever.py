@@ -86,6 +86,9 @@ class Lever:
             of :data:`SWITCH` instead, stored as a bool.
         exports: per :data:`TARGETS`, what the export writes for the lever (:mod:`memlab.techniques.fragments`: its
             fragment, :class:`~memlab.techniques.fragments.Elsewhere`, or the refusal saying what to write).
+        needs_trainer: the built trainer whose setting the lever is (``"a TRL DPOTrainer"``): a step without it
+            cannot use the lever, so a front end that builds the model itself (``memlab estimate``, from a config)
+            neither offers nor takes it. ``""``: any step can.
     """
 
     name: str
@@ -115,6 +118,7 @@ class Lever:
     exports: Mapping[str, Refusal] = field(default_factory=dict)
     blocks: bool = False
     value_type: str = ""
+    needs_trainer: str = ""
 
     @property
     def type(self) -> str:
@@ -143,7 +147,9 @@ class Lever:
 class LeverSpec:
     """What front ends know of one lever: ``type`` is ``"int"`` (a count, None allowed where the default is None),
     ``"float"`` (a number >= 0), ``"bool"``, ``"blocks"`` (False, True or a count of blocks) or ``"choice"``;
-    ``open_choices``: a tuple of names is allowed besides ``choices``. It reads as a mapping too (``spec["help"]``).
+    ``open_choices``: a tuple of names is allowed besides ``choices``; ``needs_trainer``: the built trainer the lever
+    is a setting of (:attr:`Lever.needs_trainer`), ``""`` for any step. It reads as a mapping too
+    (``spec["help"]``).
 
     Example:
         >>> LeverSpec("precision", "fp32", "choice", "autocast", "{}", ("fp32", "bf16"))["choices"]
@@ -158,6 +164,7 @@ class LeverSpec:
     choices: tuple[str, ...]
     open_choices: bool = False
     none_means: str = ""
+    needs_trainer: str = ""
 
     def __getitem__(self, key: str) -> Any:
         return getattr(self, key)
@@ -182,7 +189,7 @@ def lever_specs(plan_class: type, declared: Mapping[str, Lever] | None = None) -
                 raise TypeError(f"{plan_field.name}'s default differs between the plan and its declaration")
             specs[plan_field.name] = LeverSpec(
                 plan_field.name, declaration.default, declaration.type, declaration.help, declaration.short,
-                declaration.choices, declaration.open_choices, declaration.none_means,
+                declaration.choices, declaration.open_choices, declaration.none_means, declaration.needs_trainer,
             )
             continue
         help_text = plan_field.metadata.get("help")

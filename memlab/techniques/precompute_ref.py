@@ -260,6 +260,7 @@ DECLARATIONS = (
         none_means="the trainer's own setting",
         exports={**{target: _export(target) for target in ("trainer", "deepspeed", "code", "accelerate")},
                  "peft": concerns_adapters_only},
+        needs_trainer="a TRL DPOTrainer",
     ),
 )
 """The lever's declaration (:data:`memlab.techniques.registry.REGISTRY` gathers it)."""

@@ -42,6 +42,9 @@ GRPO_ONLY = ("vllm_memory / vllm_sleep set the colocated vLLM engine of a TRL GR
              "plan.to_training_arguments(trl=trl.GRPOConfig)")
 """Where the levers go, said by every export but a GRPOConfig's."""
 
+NEEDS = "a TRL GRPOTrainer built with use_vllm=True and vllm_mode='colocate'"
+"""The trainer whose engine the levers set (:attr:`memlab.techniques.lever.Lever.needs_trainer`)."""
+
 
 def sets_vllm(plan: PlanLike) -> bool:
     """Whether ``plan`` sets the engine (either lever not None).
@@ -113,9 +116,8 @@ def no_engine(plan: PlanLike) -> str:
     """
     if not sets_vllm(plan):
         return ""
-    return (f"plan {plan.label()!r} sets a vLLM engine, and this step has none: {GRPO_ONLY}. Estimate a GRPOTrainer "
-            "built with use_vllm=True and vllm_mode='colocate' with it (memlab.estimate(trainer, plan, gpu=...)), "
-            "or write the plan without vllm_memory / vllm_sleep")
+    return (f"plan {plan.label()!r} sets a vLLM engine, and this step has none: {GRPO_ONLY}. Estimate {NEEDS} "
+            "with it (memlab.estimate(trainer, plan, gpu=...)), or write the plan without vllm_memory / vllm_sleep")
 
 
 class VLLMEngine(Technique):
@@ -186,6 +188,7 @@ DECLARATIONS = (
         conflicts=_conflicts,
         none_means="the trainer's own share",
         exports=_exports("vllm_memory"),
+        needs_trainer=NEEDS,
     ),
     Lever(
         "vllm_sleep",
@@ -198,6 +201,7 @@ DECLARATIONS = (
         technique=VLLM,
         none_means="the trainer's own setting",
         exports=_exports("vllm_sleep"),
+        needs_trainer=NEEDS,
     ),
 )
 """The levers' declarations (:data:`memlab.techniques.registry.REGISTRY` gathers them)."""

@@ -111,3 +111,27 @@ def test_gpt2_on_the_fewest_gpus_says_the_budget_the_best_and_what_it_searched(
     notes = _notes(lines)
     assert all(re.match(r"\d+\. [A-Za-z].*\.$", note) for note in notes), notes
     assert status == (0 if lines[1] != "Best: none fits" and not lines[1].startswith("Best: none") else 1)
+
+
+def _depth(line: str) -> int:
+    """How deep the parentheses of ``line`` nest."""
+    depth = deepest = 0
+    for char in line:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def test_llama_7b_in_24_gib_says_the_gpu_and_the_budget_once_without_nested_parentheses(
+    llama_7b: tuple[int, list[str]],
+) -> None:
+    """Issue 71 item 11: the H100-80GB was named three times (the header, the card note, the budget note), the budget
+    three times (the header, the verdict, the budget note), and the Best line nested parentheses."""
+    fitting = _run(["estimate", "llama-7b", "--batch", "1x512", "--budget", "24GiB",
+                    "--try", "precision=bf16", "weights=bf16", "adapter=lora"])
+    for _, lines in (llama_7b, fitting):
+        said = " ".join(line for line in lines if not line.startswith("  memlab "))
+        said = re.sub(r"\(memlab knows [^)]*\)", "", said)  # the list of the GPUs memlab knows
+        assert said.count("H100-80GB") == 1 and said.count("24.00 GiB") == 1, said
+        answer = [line for line in lines if line.startswith(("Verdict: ", "Best: "))]
+        assert len(answer) == 2 and all(_depth(line) <= 1 for line in answer), answer

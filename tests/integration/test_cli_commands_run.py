@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from transformers import LlamaConfig
+from models import llama_config_dir
 
 from memlab.frontends.cli import EXIT_FAILED, build_parser, main
 
@@ -22,10 +22,7 @@ PROMPT = "memlab estimate "
 
 @pytest.fixture(scope="module")
 def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                num_key_value_heads=2, vocab_size=256).save_pretrained(folder)
-    return folder
+    return Path(llama_config_dir(tmp_path_factory.mktemp("tiny_llama"), 64, heads=2, vocab=256))
 
 
 def _run(argv: list[str]) -> tuple[int, str, str]:

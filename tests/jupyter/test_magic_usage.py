@@ -79,7 +79,8 @@ def _cases() -> list[tuple[str, str, str]]:
         ("try-colon", f"{LINE} --try precision:bf16", "write --try precision=bf16"),
         ("try-two-keys-spaced", f"{LINE} --try precision fp32,bf16 checkpointing on",
          "write --try precision=fp32,bf16 checkpointing=on"),
-        ("try-unknown-key", f"{LINE} --try colour=red", "write one of micro_batch, accumulation"),
+        ("try-unknown-key", f"{LINE} --try colour=red", "nor near one; write one of those %%memfit? lists"),
+        ("try-misspelt-key", f"{LINE} --try precison=bf16", "did you mean precision?"),
         ("try-unknown-value", f"{LINE} --try precision=fp64", "write one of fp32, bf16, fp16"),
         ("unclosed-quote", f'{LINE} --budget "8GiB', "close it"),
     ]

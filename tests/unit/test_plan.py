@@ -223,7 +223,7 @@ def test_a_number_without_a_unit_suggests_the_size_it_likely_means(text: str, su
 
 
 def test_a_misspelt_plan_setting_is_a_memlab_error() -> None:
-    with pytest.raises(MemlabError, match="'micro_batch_size' is not a plan setting; write one of micro_batch"):
+    with pytest.raises(MemlabError, match="'micro_batch_size' is not a plan setting; did you mean micro_batch\\?"):
         Plan(micro_batch_size=2)  # type: ignore[call-arg]
     with pytest.raises(MemlabError, match="at most"):
         Plan(*[None] * len(PLAN_FIELDS), "extra")  # one more than the plan's settings

@@ -23,8 +23,9 @@ are those of the user's run:
 
 Without ``load=`` (or with ``load={}``), the load is the one the plan implies (:func:`implied_load`):
 ``weights="bf16"`` loads in bf16, ``adapter="qlora"`` loads with ``BitsAndBytesConfig(load_in_4bit=True,
-bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_use_double_quant=True)`` and the rest as
-transformers loads it by default, anything else as transformers loads it by default. A live model (a meta model
+bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_use_double_quant=True)`` and the rest in
+bf16 with ``weights="bf16"``, else as transformers loads it by default, anything else as transformers loads it by
+default. A live model (a meta model
 too) is already loaded: it is estimated as it is, with its own dtypes, quantized layers, adapters and attention
 implementation, and ``load=`` is refused for it unless it is on the meta device (its shapes, loaded as ``load=``
 says).
@@ -148,19 +149,23 @@ def default_dtype(quantized: bool = False) -> torch.dtype | None:
 
 
 def implied_load(plan: Plan) -> Load:
-    """The load a plan implies when the user says none: ``adapter="qlora"`` loads 4-bit NF4 (double quantization,
-    bf16 compute) with the rest as transformers loads it by default, ``weights="bf16"`` loads in bf16, anything else
-    as transformers loads it by default (:func:`default_dtype`).
+    """The load a plan implies when the user says none: ``weights="bf16"`` loads in bf16 (with ``adapter="qlora"``
+    the weights not quantized, as its name says), ``adapter="qlora"`` 4-bit NF4 (double quantization, bf16 compute),
+    anything else as transformers loads it by default (:func:`default_dtype`).
 
     Example:
         >>> implied_load(Plan(weights="bf16")).dtype, implied_load(Plan(adapter="qlora")).quantize
         (torch.bfloat16, 'nf4')
         >>> print(implied_load(Plan()).code())
         from_pretrained(name)
+        >>> implied_load(Plan(weights="bf16", adapter="qlora")).dtype
+        torch.bfloat16
     """
+    bf16 = plan.weights == "bf16"
     if plan.adapter == "qlora":
-        return Load(default_dtype(quantized=True), "nf4", torch.bfloat16, double_quant=True, default=True)
-    if plan.weights == "bf16":
+        return Load(torch.bfloat16 if bf16 else default_dtype(quantized=True), "nf4", torch.bfloat16,
+                    double_quant=True, default=not bf16)
+    if bf16:
         return Load(torch.bfloat16)
     return Load(default_dtype(), default=True)
 

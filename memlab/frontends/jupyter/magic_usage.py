@@ -16,6 +16,7 @@ from IPython.core.error import UsageError
 
 from memlab.frontends.cli_errors import EXAMPLES, sentence
 from memlab.options import RunOptions
+from memlab.plan import LEVERS_LISTED
 from memlab.search import MAX_TRIALS
 
 __all__ = ["USAGE", "as_options", "at_least_one", "grid_slip", "line_sentence", "usage_error"]
@@ -32,7 +33,7 @@ def usage_error(message: str) -> UsageError:
         >>> str(usage_error("fit needs a budget; write for example budget='8GiB'"))
         'fit needs a budget; write for example --budget 8GiB'
     """
-    text = " ".join(str(message).split())
+    text = " ".join(str(message).split()).replace(LEVERS_LISTED, "%%memfit?")
     # the core's errors show a Python keyword (budget='8GiB'); a magic's line writes --budget 8GiB
     return UsageError(re.sub(r"\bbudget='([^']*)'", r"--budget \1", text))
 
