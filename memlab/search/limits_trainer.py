@@ -160,7 +160,7 @@ def trainer_sizes(trainer: Any, plan: Plan | None, vary: str, budget: int, multi
     if not grpo and isinstance(dataset, Sized):  # the worst batch holds distinct examples
         ceiling = len(dataset)
     if vary == "tokens":
-        source = GRPOSource.from_trainer(trainer)
+        source = GRPOSource.from_trainer(trainer, within_positions=False)
         context = getattr(getattr(source.model, "config", None), "max_position_embeddings", None)
         if isinstance(context, int) and context > 0:
             ceiling = context - source.prompt_tokens

@@ -115,14 +115,16 @@ class GRPOSource:
     failure: RewardFailed | None = field(default=None)
 
     @classmethod
-    def from_trainer(cls, trainer: Any, *, vllm: bool = False) -> GRPOSource:
+    def from_trainer(cls, trainer: Any, *, vllm: bool = False, within_positions: bool = True) -> GRPOSource:
         """Read a GRPOTrainer and find its worst generation batch; nothing on it changes. ``vllm=True``: a trainer
         that generates with vLLM is taken too (an estimate, which counts the engine's share by vLLM's arithmetic:
         :mod:`memlab.trainer.grpo_vllm`); a measurement runs the generation, so it refuses one.
+        ``within_positions=False`` takes completions past the model's positions (``limits``, which reads the prompts
+        to find the longest completion that fits).
 
         Raises:
             MemlabError: a vLLM engine where the generation runs (``vllm=False``), a custom rollout, several
-                processes, or a dataset without prompts.
+                processes, a dataset without prompts, or completions that reach past the model's positions.
         """
         args = trainer.args
         check_single_process(args)
@@ -143,6 +145,8 @@ class GRPOSource:
         prompts = generation_batch // trainer.num_generations
         examples, lengths, scanned = _longest_prompts(trainer, prompts)
         completion = int(trainer.max_completion_length)
+        if within_positions:
+            _check_positions(trainer_model(trainer), max(lengths), completion)
         rows = sorted({index for index, _ in examples})
         note = (f"generated from the train dataset's {len(rows)} longest prompt(s) (rows "
                 f"{', '.join(str(i) for i in rows[:8])}{'...' if len(rows) > 8 else ''}, {max(lengths)} tokens; "
@@ -525,3 +529,19 @@ def _put_back(owner: Any, name: str, contents: Any) -> None:
         value[:] = contents
     else:
         setattr(owner, name, contents)
+
+
+def _check_positions(model: Any, prompt: int, completion: int) -> None:
+    """One error where the longest prompt and a full-length completion reach past the model's positions
+    (``max_position_embeddings``): a model with learned positions fails there, and a rotary one generates past the
+    context it was trained on; ``limits(trainer, vary="tokens")`` stops at the same ceiling."""
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:
+        return
+    if prompt + completion > positions:
+        longest = max(positions - prompt, 0)
+        raise MemlabError(
+            f"the longest prompt ({prompt} tokens) and max_completion_length={completion} make {prompt + completion} "
+            f"tokens, past the model's max_position_embeddings={positions}; write GRPOConfig(max_completion_length="
+            f"{longest}) or less, or a shorter max_prompt_length"
+        )

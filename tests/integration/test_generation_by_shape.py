@@ -128,3 +128,4 @@ def test_a_cache_of_another_kind_is_not_grown() -> None:
 
     assert not can_grow(DynamicCache())  # nothing in it yet
     assert not can_grow(None)
+

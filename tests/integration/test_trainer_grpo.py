@@ -12,6 +12,7 @@ pytest.importorskip("trl")
 import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from test_trainer_contract import llama, tokenizer  # noqa: E402
+from trl_trainers import make_grpo_trainer  # noqa: E402
 
 import memlab  # noqa: E402
 from memlab import MemlabError  # noqa: E402
@@ -84,3 +85,14 @@ def test_other_trl_trainers_are_refused_in_one_sentence(tmp_path: Any) -> None:
     with pytest.raises(MemlabError, match=r"does not measure, estimate or fit a TRL RewardTrainer.*SFTTrainer, "
                                           r"DPOTrainer and GRPOTrainer"):
         memlab.trainer.TrainerSource.from_trainer(reward)
+
+
+def test_a_grpo_completion_past_the_models_positions_is_one_error_that_says_what_to_write(tmp_path: Any) -> None:
+    trainer = make_grpo_trainer(tmp_path, max_completion_length=200)  # the tiny Llama has 128 positions
+    written = r"max_position_embeddings=128; write GRPOConfig\(max_completion_length=\d+\) or less"
+    with pytest.raises(MemlabError, match=written) as refused:
+        memlab.estimate(trainer)
+    assert trainer.max_completion_length == 200
+    longest = int(str(refused.value).split("max_completion_length=")[2].split(")")[0])
+    trainer.max_completion_length = longest  # what it says to write is taken
+    assert memlab.estimate(trainer).status == "ok"
