@@ -429,6 +429,8 @@ def _answer(tried: Mapping[int, Trial], budget: int, vary: str, step: int, measu
     if following is not None and following - value > step:
         notes.append(f"not narrowed below {following - value} {found._unit()}: the search stopped at its limit of "
                      f"{stopped}" if stopped else f"not narrowed below {following - value} {found._unit()}")
+    if following is None and stopped:
+        notes.append(f"every size tried fits: the search stopped at its limit of {stopped} before one that does not")
     above = [size for size, trial in ordered if following is not None and size > following and _fits(trial, budget)]
     if above:
         notes.append(f"{above[-1]} {found._unit()} fit by their own figure, but {following} do not: the answer is the "

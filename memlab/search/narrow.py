@@ -11,7 +11,9 @@ is the bracket's middle (its double, without a high end), so a bracket of ``n`` 
 The figure need not grow with the size: a GRPO step on CUDA holds a padded copy of the expanded attention mask
 (B x heads x L x L) in the memory-efficient kernel's backward unless the sequence is a multiple of 16 tokens, so a
 longer completion can need less. The bracket's low end is therefore the largest fitting size *below* the smallest
-that does not fit, never a fitting size above one that does not.
+that does not fit, never a fitting size above one that does not, and the size one step below the answer is tried
+too (one more try) where it was not: an answer that fits only as a dip below its neighbours is not kept. Dips
+between the sizes tried (a size not a multiple of the step) are not seen.
 
 Example:
     >>> from memlab.plan import Plan
@@ -83,7 +85,7 @@ def narrow(run: Callable[[int], Trial], *, start: int, step: int, ceiling: int |
         >>> def run(size): return Trial(Plan(), "ok", size * size, {}, None, None, None, "cpu", budget=10**6)
         >>> searched = narrow(run, start=64, step=64, ceiling=None, budget=10**6, grow=(2, 4))
         >>> sorted(searched.tried), bracket(searched.tried, 10**6)
-        ([64, 128, 256, 960, 1024], (960, 1024))
+        ([64, 128, 256, 896, 960, 1024], (960, 1024))
     """
     searched = Searched()
     tried = searched.tried
@@ -112,8 +114,16 @@ def narrow(run: Callable[[int], Trial], *, start: int, step: int, ceiling: int |
     size, expected = start, None  # the last try and whether the curve said it would fit (None: not the curve's)
     while searched.stopped is None:
         low, high = bracket(tried, budget)
-        if not low or (high is not None and high - low <= step) or (high is None and low == ceiling):
+        if not low:
             break
+        if (high is not None and high - low <= step) or (high is None and low == ceiling):
+            # the size one step below the answer too, where it was not tried: a figure that dips at one size
+            # (the attention mask's copy skipped where the sequence is a multiple of 16) is not the answer then
+            below = low - step
+            if below < step or below in tried or not attempt(below) or fits(tried[below], budget):
+                break
+            size, expected = below, None
+            continue
         widths.append(None if high is None else high - low)
         # The curve misjudges here (a kink where the peak moves to another phase, the card's segments): its last try
         # fell on the other side of the budget than it said, or its last two left the bracket over half as wide.
