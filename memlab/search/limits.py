@@ -297,7 +297,7 @@ def limits(
     found = _answer(tried, capacity, vary, step, measured, ceiling, unit, searched.stopped)
     if over:
         found.notes = (*found.notes,
-                       UNCAPPED_NOTE.format(sizes=" and ".join(f"{size} {found._unit()}" for size in over)))
+                       UNCAPPED_NOTE.format(sizes=" and ".join(f"{size} {unit or vary}" for size in over)))
     if unit is not None:
         ends = (f"{ceiling} completion tokens reach the model's context (max_position_embeddings) after the longest "
                 "prompt: longer is not tried" if vary == "tokens" else
@@ -420,21 +420,24 @@ def _answer(tried: Mapping[int, Trial], budget: int, vary: str, step: int, measu
         >>> found = _answer({4: t(50), 8: t(120), 12: t(90)}, 100, "rows", 1, False, None, None, "16 tries")
         >>> found.value, found.next, found.notes[0]
         (4, 8, 'not narrowed below 4 rows: the search stopped at its limit of 16 tries')
+        >>> found.notes[1].split(":")[0]
+        '12 rows fit by their own figure, but 8 do not'
     """
     ordered = sorted(tried.items())
     value, following = bracket(tried, budget)
     found = Limits(vary, value, tried.get(value), following, None if following is None else tried[following], budget,
                    ordered, measured, unit=unit)
-    notes = []
+    notes, what = [], unit or vary
     if following is not None and following - value > step:
-        notes.append(f"not narrowed below {following - value} {found._unit()}: the search stopped at its limit of "
-                     f"{stopped}" if stopped else f"not narrowed below {following - value} {found._unit()}")
+        notes.append(f"not narrowed below {following - value} {what}: the search stopped at its limit of {stopped}"
+                     if stopped else f"not narrowed below {following - value} {what}")
     if following is None and stopped:
         notes.append(f"every size tried fits: the search stopped at its limit of {stopped} before one that does not")
     above = [size for size, trial in ordered if following is not None and size > following and _fits(trial, budget)]
     if above:
-        notes.append(f"{above[-1]} {found._unit()} fit by their own figure, but {following} do not: the answer is the "
-                     "largest size below the first that does not fit, since a step may run shorter than its longest")
+        notes.append(f"{above[-1]} {what} fit by their own figure, but {following} do not: the answer is the "
+                     "largest size below the first that does not fit, since a run meets smaller sizes too (shorter "
+                     "completions, a last batch that is not full)")
     if following is None and value == ceiling:
         notes.append(f"{ceiling} tokens is the model's context (max_position_embeddings): longer is not tried")
     found.notes = tuple(notes)
