@@ -60,7 +60,8 @@ def test_the_answer_equals_a_scan_of_every_multiple(tmp_path: Any, make: Callabl
     assert found.trial.verdict_bytes == figures[found.value] and not found.notes
 
 
-def _shaped(monkeypatch: pytest.MonkeyPatch, peak: Callable[[int], int], whole_card_adds: int = 0) -> dict[int, int]:
+def _shaped(monkeypatch: pytest.MonkeyPatch, peak: Callable[[int], int], whole_card_adds: int = 0,
+            prompt: int = 60) -> dict[int, int]:
     """Estimates replaced by figures of a 0.5B GRPO step's shape on CUDA (``peak(size)`` allocated; the reserve 0.9
     GiB above it, 0.7 GiB more where the mask's copy holds the peak, ``whole_card_adds`` more on the card not held
     to the budget); returns the card figure of each size the card held to the budget gave, as it is asked."""
@@ -69,7 +70,7 @@ def _shaped(monkeypatch: pytest.MonkeyPatch, peak: Callable[[int], int], whole_c
     def estimate(trainer: Any, plan: Any = None, *, budget: int, gpu: Any = None, **_: Any) -> memlab.Trial:
         size, capped = int(trainer.max_completion_length), not isinstance(gpu, str)
         allocated = peak(size)
-        reserved = allocated + int(0.9 * GIB) + (int(0.7 * GIB) if _copied(size) else 0) + (
+        reserved = allocated + int(0.9 * GIB) + (int(0.7 * GIB) if _copied(size, prompt) else 0) + (
             0 if capped else whole_card_adds)
         if capped:
             asked[size] = reserved + CONTEXT
@@ -80,18 +81,18 @@ def _shaped(monkeypatch: pytest.MonkeyPatch, peak: Callable[[int], int], whole_c
     return asked
 
 
-def _copied(size: int) -> bool:
+def _copied(size: int, prompt: int = 60) -> bool:
     """Whether the memory-efficient kernel's padded copy of the mask (B x heads x L x L) holds the peak: past the
-    logits' peak, and where the sequence is not a multiple of 16 (the copy is skipped there)."""
-    return size > 3300 and (size + 60) % 16 != 0
+    logits' peak, and where the sequence (``prompt`` + ``size``) is not a multiple of 16 (the copy is skipped there)."""
+    return size > 3300 and (size + prompt) % 16 != 0
 
 
-def _kinked(size: int) -> int:
+def _kinked(size: int, prompt: int = 60) -> int:
     """A 0.5B GRPO step's allocated peak: the logits' (linear) or, past 3,300 tokens, the last layer's backward with
     the mask's copy (quadratic: 8 x 14 heads x L x L bf16), as its estimates give them (8.50 GiB at 3,136 tokens,
     10.50 at 4,032)."""
     linear = int(7.2 * GIB + 0.42 * GIB * size / 1024)
-    return max(linear, int(6.0 * GIB) + 224 * (size + 60) ** 2) if _copied(size) else linear
+    return max(linear, int(6.0 * GIB) + 224 * (size + prompt) ** 2) if _copied(size, prompt) else linear
 
 
 def _grpo(tmp_path: Any) -> Any:
@@ -114,17 +115,19 @@ def test_a_kinked_figure_is_narrowed_to_one_step(tmp_path: Any, monkeypatch: pyt
 
 
 def test_a_size_that_fits_only_as_a_dip_is_not_the_answer(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the sequence is a multiple of 16 the mask's copy is skipped, so a longer completion can need less; the
+    """Where the sequence is a multiple of 16 the mask's copy is skipped, so a longer completion can need less: with
+    64-token prompts, every multiple of 16 completion tokens (the doublings tried first among them) is such a dip. The
     answer is the largest size below the first that does not fit, as a scan of every multiple of 4 finds it."""
     trainer = _grpo(tmp_path)
-    _shaped(monkeypatch, _kinked)
-    every = {size: _kinked(size) + int(0.9 * GIB) + (int(0.7 * GIB) if _copied(size) else 0) + CONTEXT
+    _shaped(monkeypatch, lambda size: _kinked(size, 64), prompt=64)
+    every = {size: _kinked(size, 64) + int(0.9 * GIB) + (int(0.7 * GIB) if _copied(size, 64) else 0) + CONTEXT
              for size in range(4, 32768 - 8, 4)}
-    budget = every[3600] - 1
-    dips = [size for size in every if size > 3600 and every[size] <= budget]
-    assert dips and every[3604] <= budget  # sizes fit above one that does not: 3,604 tokens make 3,664, 16 x 229
+    budget = every[3604] - 1
+    value, following = _scanned(every, budget)
+    assert [size for size in every if size > following and every[size] <= budget]  # sizes fit above one that does not
     found = memlab.limits(trainer, budget=budget, vary="tokens", multiple=4, device="cuda", gpu="H100-80GB")
-    assert (found.value, found.next) == _scanned(every, budget) == (3596, 3600), found.to_text()
+    assert (found.value, found.next) == (value, following) == (3600, 3604), found.to_text()
+    assert any("fit by their own figure, but 3604 do not" in note for note in found.notes), found.notes
 
 
 def test_the_answer_is_checked_on_the_whole_card(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
