@@ -4,9 +4,10 @@ Memory in tokens has a known shape: a constant (weights, gradients, optimizer st
 (the activations of every layer) and, where attention keeps its probabilities (eager), a part quadratic in them; in
 rows it is linear. So a few sizes are enough: the batch's size and its double (and quadruple, for tokens) are
 tried, the curve through them says where it crosses the budget, and the sizes on both sides of that crossing are
-tried until the largest that fits and the next that does not are a ``multiple`` apart. On a config, a name or
-another device these are dry runs on fake tensors (:func:`memlab.estimate`, at most ``MAX_RUNS``); on a live model
-on its own device they are measured trials, each out-of-memory recovered (:func:`memlab.measure`). A CUDA dry run's
+tried until the largest that fits and the next that does not are a ``multiple`` apart (:mod:`memlab.search.narrow`:
+at most ``MAX_RUNS`` tries and ``MAX_SECONDS``, the answer's notes say where it stopped short). On a config, a name
+or another device these are dry runs on fake tensors (:func:`memlab.estimate`); on a live model on its own device
+they are measured trials, each out-of-memory recovered (:func:`memlab.measure`). A CUDA dry run's
 sizes are replayed on the card held to the budget; the answer is then checked on the whole card, up to
 ``UNCAPPED_CHECKS`` sizes down, so that it never counts on the capped allocator giving its cache back in time.
 """
@@ -14,7 +15,7 @@ sizes are replayed on the card held to the budget; the answer is then checked on
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,13 +23,12 @@ from memlab.errors import MemlabError
 from memlab.plan import Plan, format_bytes, parse_budget
 from memlab.report import Trial
 from memlab.report.format import FIGURE_WORDS, over_words
+from memlab.search.narrow import MAX_RUNS, MAX_SECONDS, bracket, narrow
+from memlab.search.narrow import fits as _fits
 from memlab.trainer.grpo import is_grpo
 from memlab.trainer.source import is_trainer
 
-__all__ = ["MAX_RUNS", "Limits", "limits", "resized"]
-
-MAX_RUNS = 8
-"""The most sizes ``limits`` tries."""
+__all__ = ["MAX_RUNS", "MAX_SECONDS", "Limits", "limits", "resized"]
 UNCAPPED_CHECKS = 3
 """The most sizes at and below a dry run's answer checked on the whole card (:func:`_checked_without_release`)."""
 UNCAPPED_NOTE = ("the answer is the largest size whose card figure is within the budget without the cap's release of "
@@ -156,10 +156,6 @@ def _plan_code(plan: Plan) -> str:
     return f"Plan({', '.join(fields)})"
 
 
-def _fits(trial: Trial, budget: int) -> bool:
-    return trial.status == "ok" and trial.verdict_bytes <= budget and trial.host_fits  # the host's budget too
-
-
 def _size_of(batch: Any, vary: str) -> int:
     """The batch's rows (dimension 0) or tokens (dimension 1 of its first tensor with two dimensions)."""
     shapes = [tuple(getattr(value, "shape", value)) for value in _values(batch)]
@@ -218,29 +214,6 @@ def resized(batch: Any, vary: str, size: int) -> Any:
     return one(batch)
 
 
-def crossing(points: Sequence[tuple[int, int]], budget: int) -> float | None:
-    """Where the curve through ``points`` (size, bytes) reaches ``budget``: a parabola through the three nearest the
-    budget (memory's shape in tokens), a line through two; None when it never does.
-
-    Example:
-        >>> round(crossing([(1, 110), (2, 130), (4, 200)], 250), 6)  # 100 + 5 s + 5 s**2
-        5.0
-    """
-    import numpy as np
-
-    near = sorted(points, key=lambda point: abs(point[1] - budget))[:3]
-    if len({size for size, _ in near}) < 2:
-        return None
-    sizes = np.array([size for size, _ in near], dtype=float)
-    values = np.array([value for _, value in near], dtype=float)
-    degree = min(2, len(near) - 1)
-    coefficients = np.polyfit(sizes, values, degree)
-    coefficients[-1] -= budget
-    roots = [root.real for root in np.roots(coefficients) if abs(root.imag) < 1e-9 and root.real > 0]
-    growing = [root for root in roots if np.polyval(np.polyder(coefficients), root) > 0]
-    return float(min(growing)) if growing else None
-
-
 def limits(
     model_or_config: Any,
     plan: Plan | None = None,
@@ -257,10 +230,13 @@ def limits(
 
     Sizes are multiples of ``multiple`` (default: 64 tokens, or 1 row). On a config, a name, or with ``device=``
     other than the live model's (or ``dry_run=True``), each size is a dry run on fake tensors (:func:`memlab.estimate`
-    with ``keywords``: ``device``, ``gpu``, ``load``, ``loss_fn``...), at most :data:`MAX_RUNS`; on a live model on its
-    own device, each is a measured step (:func:`memlab.measure` capped at the budget, out-of-memory recovered; with
-    ``loss_fn``, ``lr``). For tokens the answer stops at the model's ``max_position_embeddings`` where its config has
-    one (said in the notes).
+    with ``keywords``: ``device``, ``gpu``, ``load``, ``loss_fn``...); on a live model on its own device, each is a
+    measured step (:func:`memlab.measure` capped at the budget, out-of-memory recovered; with ``loss_fn``, ``lr``).
+    The search narrows until ``value`` and ``next`` are one ``multiple`` apart (:mod:`memlab.search.narrow`), trying
+    at most :data:`MAX_RUNS` sizes and starting none after :data:`MAX_SECONDS`; where it stops short, the notes say
+    how far apart they are and which limit stopped it. ``value`` is the largest size that fits below the smallest size
+    tried that does not (the figure need not grow with the size). For tokens the answer stops at the model's
+    ``max_position_embeddings`` where its config has one (said in the notes).
 
     On a trainer without ``batch`` (its batches are collated from its dataset), ``vary="rows"`` answers the most
     examples per device (``per_device_train_batch_size``, its accumulation kept); on TRL's ``GRPOTrainer`` (which
@@ -269,7 +245,7 @@ def limits(
     its accumulation and ``steps_per_generation`` kept; sizes in whole prompts of ``num_generations``), each size a
     dry run of the trainer's whole step (generation, reference log-probs, training) with the setting changed only
     while it runs (:mod:`memlab.search.limits_trainer`); ``plan=None`` is the trainer as set up. Sizes on a trainer are
-    dry runs. Example:
+    dry runs, on CUDA each answer checked on the whole card as a model's is. Example:
     ``memlab.limits(trainer, budget="24GiB", vary="tokens", multiple=128).value``.
 
     Args:
@@ -303,6 +279,7 @@ def limits(
 
         sizes = trainer_sizes(model_or_config, plan, vary, capacity, multiple, batch, keywords)
         step, run, measured, ceiling, unit = sizes.multiple, sizes.run, False, sizes.ceiling, sizes.unit
+        whole_card = sizes.whole_card
         start = max(step, min(sizes.current, ceiling or sizes.current) // step * step)
     else:
         if batch is None:
@@ -312,38 +289,16 @@ def limits(
         start = max(step, _size_of(batch, vary) // step * step)
         run, measured = _runner(model_or_config, plan, batch, vary, capacity, dry_run, keywords)
         ceiling = _context(model_or_config) if vary == "tokens" else None
-        if not measured:
-            from memlab.estimation.estimate import estimate
-
-            def whole_card(size: int) -> Trial:
-                return estimate(model_or_config, resized(batch, vary, size), plan, budget=capacity, **keywords)
-    tried: dict[int, Trial] = {}
-
-    def attempt(size: int) -> None:
-        if size not in tried and len(tried) < MAX_RUNS:
-            tried[size] = run(size)
-
-    attempt(start)
-    if _fits(tried[start], capacity):
-        for size in (2 * start, *([4 * start] if vary == "tokens" else [])):
-            attempt(min(size, ceiling or size))
-    else:  # the smallest size says whether anything fits at all
-        attempt(step)
-    while len(tried) < MAX_RUNS and any(_fits(trial, capacity) for trial in tried.values()):
-        low = max((size for size, trial in tried.items() if _fits(trial, capacity)), default=0)
-        high = min((size for size, trial in tried.items() if not _fits(trial, capacity)), default=None)
-        if (high is not None and high - low <= step) or (high is None and low == ceiling):
-            break
-        size = _next_size(tried, capacity, low, high, step, ceiling)
-        if size in tried or size < step:
-            break
-        attempt(size)
-    over = [] if measured or unit is not None else _checked_without_release(tried, capacity, step, whole_card)
-    found = _answer(tried, capacity, vary, step, measured, ceiling)
+        whole_card = _whole_card(model_or_config, plan, batch, vary, capacity, keywords)
+    searched = narrow(run, start=start, step=step, ceiling=ceiling, budget=capacity,
+                      grow=(2, 4) if vary == "tokens" else (2,))
+    tried = searched.tried
+    over = [] if measured else _checked_without_release(tried, capacity, step, whole_card)
+    found = _answer(tried, capacity, vary, step, measured, ceiling, unit, searched.stopped)
     if over:
-        found.notes = (*found.notes, UNCAPPED_NOTE.format(sizes=" and ".join(f"{size} {vary}" for size in over)))
+        found.notes = (*found.notes,
+                       UNCAPPED_NOTE.format(sizes=" and ".join(f"{size} {unit or vary}" for size in over)))
     if unit is not None:
-        found.unit = unit
         ends = (f"{ceiling} completion tokens reach the model's context (max_position_embeddings) after the longest "
                 "prompt: longer is not tried" if vary == "tokens" else
                 f"{ceiling} examples is the train dataset's length: more are not tried")
@@ -420,37 +375,6 @@ def _what_would_fit(model_or_config: Any, found: Limits, batch: Any, measured: b
         return []
 
 
-def _next_size(
-    tried: Mapping[int, Trial], budget: int, low: int, high: int | None, step: int, ceiling: int | None
-) -> int:
-    """The size to try next: the curve's crossing rounded down to ``step``, kept strictly between what fits
-    (``low``) and what does not (``high``); where the curve says nothing, or the last try did not fit, double (or
-    split what is left).
-
-    The curve is the allocated peak's (smooth: a parabola in tokens), and the budget it must cross is the budget less
-    what the card adds to the peak (the allocator's reserve and the CUDA context) at the try nearest the budget."""
-    ok = [trial for trial in tried.values() if trial.status == "ok"]
-    guess = None
-    if ok:
-        near = min(ok, key=lambda trial: abs(trial.verdict_bytes - budget))
-        target = budget - (near.verdict_bytes - near.peak_bytes)
-        guess = crossing([(size, trial.peak_bytes) for size, trial in tried.items() if trial.status == "ok"], target)
-    # Past a try over the budget inside the bracket the curve misjudged the card (the allocator's reserve jumps):
-    # split what is left instead.
-    stuck = high is not None and len(tried) > 3 and not _fits(list(tried.values())[-1], budget)
-    if guess is None or stuck:
-        size = 2 * max(tried) if high is None else (low + high) // 2 // step * step
-    else:
-        size = int(min(guess, 1e12)) // step * step
-    if size <= low:
-        size = low + step
-    if high is not None and size >= high:
-        size = high - step
-    if size in tried:  # the curve keeps pointing at a size tried: split what is left
-        size = ((low + high) // 2 if high is not None else 2 * low) // step * step
-    return min(size, ceiling) if ceiling else size
-
-
 def _checked_without_release(tried: dict[int, Trial], budget: int, step: int,
                              whole_card: Callable[[int], Trial]) -> list[int]:
     """The dry runs' answer, checked on the whole card: the sizes (from the answer down, one ``step`` at a time, at
@@ -473,7 +397,7 @@ def _checked_without_release(tried: dict[int, Trial], budget: int, step: int,
         ([128], 158)
     """
     over: list[int] = []
-    value = max((size for size, trial in tried.items() if _fits(trial, budget)), default=0)
+    value = bracket(tried, budget)[0]
     if not value or tried[value].card_bytes is None:
         return over
     while value >= step and len(over) < UNCAPPED_CHECKS:
@@ -485,25 +409,53 @@ def _checked_without_release(tried: dict[int, Trial], budget: int, step: int,
     return over
 
 
-def _answer(tried: Mapping[int, Trial], budget: int, vary: str, step: int, measured: bool,
-            ceiling: int | None) -> Limits:
+def _answer(tried: Mapping[int, Trial], budget: int, vary: str, step: int, measured: bool, ceiling: int | None,
+            unit: str | None, stopped: str | None) -> Limits:
+    """The sizes tried as an answer: ``value`` the bracket's low end (the largest size that fits below the smallest
+    that does not), ``next`` its high end, and notes where they are not one ``step`` apart (``stopped``: the limit
+    the search reached) or where a size above ``next`` fits by its figure (a figure that does not grow with the size).
+
+    Example:
+        >>> def t(peak): return Trial(Plan(), "ok", peak, {}, None, None, None, "cpu", budget=100)
+        >>> found = _answer({4: t(50), 8: t(120), 12: t(90)}, 100, "rows", 1, False, None, None, "16 tries")
+        >>> found.value, found.next, found.notes[0]
+        (4, 8, 'not narrowed below 4 rows: the search stopped at its limit of 16 tries')
+        >>> found.notes[1].split(":")[0]
+        '12 rows fit by their own figure, but 8 do not'
+    """
     ordered = sorted(tried.items())
-    fitting = [(size, trial) for size, trial in ordered if _fits(trial, budget)]
-    value, trial = fitting[-1] if fitting else (0, None)
-    beyond = [(size, trial) for size, trial in ordered if size > value and not _fits(trial, budget)]
-    following, next_trial = beyond[0] if beyond else (None, None)
-    notes = []
+    value, following = bracket(tried, budget)
+    found = Limits(vary, value, tried.get(value), following, None if following is None else tried[following], budget,
+                   ordered, measured, unit=unit)
+    notes, what = [], unit or vary
     if following is not None and following - value > step:
-        notes.append(f"not narrowed below {following - value} {vary} in {MAX_RUNS} tries")
+        notes.append(f"not narrowed below {following - value} {what}: the search stopped at its limit of {stopped}"
+                     if stopped else f"not narrowed below {following - value} {what}")
+    if following is None and stopped:
+        notes.append(f"every size tried fits: the search stopped at its limit of {stopped} before one that does not")
+    above = [size for size, trial in ordered if following is not None and size > following and _fits(trial, budget)]
+    if above:
+        notes.append(f"{above[-1]} {what} fit by their own figure, but {following} do not: the answer is the "
+                     "largest size below the first that does not fit, since a run meets smaller sizes too (shorter "
+                     "completions, a last batch that is not full)")
     if following is None and value == ceiling:
         notes.append(f"{ceiling} tokens is the model's context (max_position_embeddings): longer is not tried")
-    return Limits(vary, value, trial, following, next_trial, budget, ordered, measured, tuple(notes))
+    found.notes = tuple(notes)
+    return found
 
 
 def _context(model_or_config: Any) -> int | None:
     config = getattr(model_or_config, "config", model_or_config)
     found = getattr(config, "max_position_embeddings", None)
     return found if isinstance(found, int) and found > 0 else None
+
+
+def _whole_card(model_or_config: Any, plan: Plan, batch: Any, vary: str, budget: int,
+                keywords: dict[str, Any]) -> Callable[[int], Trial]:
+    """A dry run of one size on the whole card (no cap at the budget): the check of a dry run's answer."""
+    from memlab.estimation.estimate import estimate
+
+    return lambda size: estimate(model_or_config, resized(batch, vary, size), plan, budget=budget, **keywords)
 
 
 def _runner(

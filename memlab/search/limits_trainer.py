@@ -92,12 +92,15 @@ def sized(trainer: Any, vary: str, size: int) -> Iterator[None]:
 @dataclass
 class TrainerSizes:
     """How ``limits`` tries sizes on a trainer: the trainer's own size, the step between sizes, the largest size
-    the model's context allows (None: no limit), ``run(size) -> Trial``, and the unit the answer names."""
+    the model's context allows (None: no limit), ``run(size) -> Trial`` (on the card held to the budget),
+    ``whole_card(size) -> Trial`` (on the whole card: the answer's check, as a model's), and the unit the answer
+    names."""
 
     current: int
     multiple: int
     ceiling: int | None
     run: Callable[[int], Trial]
+    whole_card: Callable[[int], Trial]
     unit: str
 
 
@@ -167,8 +170,9 @@ def trainer_sizes(trainer: Any, plan: Plan | None, vary: str, budget: int, multi
     # The card held to the budget, as a real cap holds it (as limits' own dry runs).
     on_card = {**keywords, "gpu": capped(keywords.get("gpu"), budget)}
 
-    def run(size: int) -> Trial:
+    def run(size: int, card: dict[str, Any] = on_card) -> Trial:
         with sized(trainer, vary, size):
-            return estimate(trainer, plan, budget=budget, **on_card)
+            return estimate(trainer, plan, budget=budget, **card)
 
-    return TrainerSizes(current, step, ceiling, run, UNITS[vary] if grpo else "examples per device")
+    return TrainerSizes(current, step, ceiling, run, lambda size: run(size, keywords),
+                        UNITS[vary] if grpo else "examples per device")
