@@ -120,6 +120,14 @@ def _in_scheduling_order(items):
 
 
 @pytest.fixture(autouse=True)
+def _answers_kept_apart(tmp_path_factory, monkeypatch):
+    # memlab estimate keeps its dry runs' answers in the user's cache (memlab/estimation/answers.py): every test gets
+    # an empty folder of its own (its subprocesses inherit the variable), so that no test writes to the real home
+    # cache and none finds a question another test asked answered without its dry runs.
+    monkeypatch.setenv("MEMLAB_CACHE_DIR", str(tmp_path_factory.mktemp("memlab-cache")))
+
+
+@pytest.fixture(autouse=True)
 def _no_module_hooks_left_behind():
     # memlab hooks every module while it records a step (the timeline's module watch, the trainer's watch): a test
     # that leaves a global hook behind has found a path where a user's kernel keeps it, slowing every forward after.
