@@ -253,3 +253,33 @@ def test_the_folder_follows_the_environment(tmp_path: Path, monkeypatch: pytest.
 
 def test_the_tests_never_write_to_the_real_cache() -> None:
     assert answers.cache_folder() != Path.home() / ".cache" / "memlab"
+
+
+# --- reuse inside one ask ----------------------------------------------------------------------------------------
+
+
+def test_gpus_auto_starts_zeros_basis_from_the_dry_run_fsdps_search_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    import memlab.estimation.sharded.zero as zero
+    from memlab.plan import Plan
+
+    config = json_config(str(llama_config_dir(Path(os.environ["MEMLAB_CACHE_DIR"]) / "model", 64, 2, 256)))
+    batch = {"input_ids": (1, 16), "labels": (1, 16)}
+    runs: list[tuple[int, int | None]] = []
+    dry_run = per_gpu.fsdp2_dry_run
+
+    def counted(request: Any) -> Any:
+        runs.append((request.gpus, request.budget))
+        return dry_run(request)
+
+    monkeypatch.setattr(per_gpu, "fsdp2_dry_run", counted)
+    monkeypatch.setattr(zero, "fsdp2_dry_run", counted)
+    budget = 2 * 2**20  # FSDP2's search probes 2 GPUs, the number ZeRO's basis is dry-run on
+    found = per_gpu.smallest_gpus(config, batch, Plan(), budget=budget, device="cpu")
+    assert (zero.BASIS_GPUS, budget) in runs
+    assert all(limit == budget for _, limit in runs)  # FSDP's search only: no dry run of ZeRO's basis apart
+    searched = len(runs)
+    # ZeRO's answers are those of a basis made by a dry run of its own
+    alone = per_gpu.smallest_gpus(config, batch, Plan(), budget=budget, device="cpu", strategies=["zero2", "zero3"])
+    assert runs[searched:] == [(zero.BASIS_GPUS, None)]
+    assert found["zero2"] is not None
+    assert (found["zero2"], found["zero3"]) == (alone["zero2"], alone["zero3"])
