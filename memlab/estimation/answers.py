@@ -29,15 +29,20 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "CACHE_ENV", "STACK", "Answers", "answers_kept", "cache_folder", "dry_run_inputs", "files_hash",
+    "CACHE_ENV", "ENVIRONMENT", "STACK", "Answers", "answers_kept", "cache_folder", "dry_run_inputs", "files_hash",
     "kept", "kept_estimate", "kept_sharded", "stack_stamp", "trial_from_row", "trial_row",
 ]
 
 CACHE_ENV = "MEMLAB_CACHE_DIR"
 """The environment variable that moves the folder of kept answers."""
 
-STACK = ("torch", "transformers", "peft", "trl", "bitsandbytes", "accelerate", "memlab")
-"""The distributions whose versions are part of every key (absent: ``None``)."""
+STACK = ("torch", "transformers", "peft", "trl", "bitsandbytes", "accelerate", "memlab", "torchao", "flash_attn",
+         "liger_kernel", "deepspeed", "triton")
+"""The distributions whose versions are part of every key (absent: ``None``): what a dry run runs, and what decides
+what a lever may do or what a note says (torchao for fp8, flash-attn for the attention)."""
+
+ENVIRONMENT = ("CUBLAS_WORKSPACE_CONFIG", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+"""The environment variables part of every key: cuBLAS's workspaces are in the card figure."""
 
 _FORMAT = 1  # the layout of an entry; a new one never reads an old one
 
@@ -225,7 +230,8 @@ def dry_run_inputs(model_or_config: Any, batch: Any, plan: Any, **settings: Any)
 
     return {"model": _config_of(model_or_config), "batch": batch, "plan": dataclasses.asdict(plan),
             **settings, "gpu": dataclasses.asdict(gpu_kind(settings.get("gpu"))),
-            "expandable_segments": expandable_segments_assumed()}
+            "expandable_segments": expandable_segments_assumed(),
+            "environment": {name: os.environ.get(name) for name in ENVIRONMENT}}
 
 
 def kept_estimate(model_or_config: Any, batch: Any, plan: Any, **settings: Any) -> list[Any]:

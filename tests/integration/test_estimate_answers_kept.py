@@ -159,7 +159,21 @@ def test_the_whole_config_is_in_the_key_not_its_name(
     assert len(stand_in) == 1
     path = Path(config) / "config.json"
     values = json.loads(path.read_text())
-    path.write_text(json.dumps({**values, "rms_norm_eps": values["rms_norm_eps"] * 10}))  # the same folder, another model
+    path.write_text(json.dumps({**values, "rms_norm_eps": values["rms_norm_eps"] * 10}))  # the same path, another model
+    ask(capsys, config)
+    assert len(stand_in) == 2
+
+
+@pytest.mark.parametrize("variable", ["CUBLAS_WORKSPACE_CONFIG", "PYTORCH_CUDA_ALLOC_CONF"])
+def test_the_environment_the_card_figure_reads_is_in_the_key(
+    capsys: pytest.CaptureFixture[str], config: str, stand_in: list[str], monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+) -> None:
+    monkeypatch.delenv(variable, raising=False)
+    ask(capsys, config)
+    ask(capsys, config)
+    assert len(stand_in) == 1
+    monkeypatch.setenv(variable, ":4096:8" if variable.startswith("CUBLAS") else "expandable_segments:True")
     ask(capsys, config)
     assert len(stand_in) == 2
 
