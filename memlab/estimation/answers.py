@@ -30,7 +30,7 @@ from typing import Any
 
 __all__ = [
     "CACHE_ENV", "ENVIRONMENT", "STACK", "Answers", "answers_kept", "cache_folder", "dry_run_inputs", "files_hash",
-    "kept", "kept_estimate", "kept_sharded", "stack_stamp", "trial_from_row", "trial_row",
+    "kept", "kept_estimate", "kept_model_facts", "kept_sharded", "stack_stamp", "trial_from_row", "trial_row",
 ]
 
 CACHE_ENV = "MEMLAB_CACHE_DIR"
@@ -77,8 +77,8 @@ def stack_stamp() -> dict[str, Any]:
 
     Example:
         >>> stamp = stack_stamp()
-        >>> sorted(stamp)[:3], len(stamp["memlab_files"])
-        (['accelerate', 'bitsandbytes', 'memlab'], 64)
+        >>> all(name in stamp for name in STACK), len(stamp["memlab_files"])
+        (True, 64)
     """
     return {"python": sys.version, **{name: _version(name) for name in STACK},
             "memlab_files": files_hash(Path(__file__).resolve().parents[1])}
@@ -281,6 +281,29 @@ def kept_sharded(model_or_config: Any, batch: Any, plan: Any, *, say: Callable[[
                 lambda: sharded_trials(model_or_config, batch, [plan], say=say, **settings),
                 dump=lambda row: [row[1], None if row[2] is None else trial_row(row[2])],
                 restore=lambda row: (plan, row[0], None if row[1] is None else trial_from_row(row[1])))
+
+
+def kept_model_facts(config: Any, model: Any = None) -> tuple[str, int]:
+    """The class name and the number of parameters (each counted once) of the meta model built from ``config``
+    (``model``, where it is built already), kept (:func:`kept`): an answer asked again builds no model.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        ...                      vocab_size=256)
+        >>> kept_model_facts(config)
+        ('LlamaForCausalLM', 82240)
+    """
+    from memlab.estimation.configs import meta_model
+    from memlab.live.structure import unique_parameters
+
+    def facts() -> list[Any]:
+        built = meta_model(config) if model is None else model
+        return [(type(built).__name__, sum(parameter.numel() for parameter in unique_parameters(built)))]
+
+    called, count = kept("model", lambda: {"model": _config_of(config)}, facts, dump=list,
+                         restore=lambda row: (str(row[0]), int(row[1])))[0]
+    return called, count
 
 
 def trial_row(trial: Any) -> dict[str, Any]:

@@ -222,6 +222,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import dataclasses
 
     from memlab.errors import MemlabError
+    from memlab.estimation.answers import kept_model_facts
     from memlab.estimation.cuda.context import card_contexts
     from memlab.estimation.estimate import load_config, meta_model, parse_batch_shape
     from memlab.frontends.host_cli import host_judged
@@ -262,8 +263,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         say(f"reading the config of {source}")
         config = load_config(source)
         say("building the model on the meta device (shapes only, no memory)")
-        model = meta_model(config)
-        parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        model = meta_model(config) if sharded and load is None else None  # what the sharded dry runs are given
+        called, parameters = kept_model_facts(config, model)
         # The config, not the meta model, for one GPU: its load is the one the plan implies or the flags say (the
         # meta model would be estimated as it is, in fp32, and cast: another reserve, so another card figure).
         if getattr(args, "max_tokens", False) or getattr(args, "max_rows", False):
@@ -272,7 +273,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return run_limits(args, config, batch, plans, budget, out, say=say, load=load)
         if sharded:
             args.gpus = gpus
-            return run_sharded(args, config if load is not None else model, batch, plans, budget, out, say=say,
+            return run_sharded(args, model if model is not None else config, batch, plans, budget, out, say=say,
                                load=load)
         report = estimate_each(config, batch, plans, budget=budget, device=args.device, say=say,
                                gpu=cli_gpu(args), load=load)
@@ -292,7 +293,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from memlab.frontends.estimate_next import suggestion_lines
         from memlab.frontends.estimate_text import single_text
 
-        header = (f"{args.model}: {type(model).__name__}, {_count(parameters)} parameters, batch {rows}x{tokens}, "
+        header = (f"{args.model}: {called}, {_count(parameters)} parameters, batch {rows}x{tokens}, "
                   f"{len(plans)} plan{'s' if len(plans) != 1 else ''}{_for_gpu(args)}{_budget_words(args, budget)}")
         after: list[str] = []
         if budget is not None and not fits and report.trials:

@@ -78,6 +78,27 @@ def test_a_question_asked_again_makes_no_dry_run_and_prints_the_same_bytes(
     assert len(counted) == 2 * made
 
 
+def test_an_answer_asked_again_builds_no_model(
+    capsys: pytest.CaptureFixture[str], config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memlab.estimation.configs as configs
+
+    built: list[str] = []
+    meta_model = configs.meta_model
+
+    def counted(model_config: Any) -> Any:
+        built.append(type(model_config).__name__)
+        return meta_model(model_config)
+
+    for module in (configs, ENTRY):
+        monkeypatch.setattr(module, "meta_model", counted)
+    first = ask(capsys, config, "--batch", "1x32")
+    assert built
+    built.clear()
+    assert ask(capsys, config, "--batch", "1x32") == first
+    assert built == []  # the header's class and parameter count were kept with the answers
+
+
 def test_a_sharded_trial_comes_back_whole(config: str) -> None:
     from memlab.plan import Plan
 
