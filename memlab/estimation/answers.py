@@ -292,7 +292,7 @@ def kept_model_facts(config: Any, model: Any = None) -> tuple[str, int]:
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
         ...                      vocab_size=256)
         >>> kept_model_facts(config)
-        ('LlamaForCausalLM', 82240)
+        ('LlamaForCausalLM', 115008)
     """
     from memlab.estimation.configs import meta_model
     from memlab.live.structure import unique_parameters
