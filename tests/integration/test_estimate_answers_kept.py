@@ -286,8 +286,16 @@ def test_the_folder_follows_the_environment(tmp_path: Path, monkeypatch: pytest.
     assert answers.cache_folder() == tmp_path / "moved"
 
 
-def test_the_tests_never_write_to_the_real_cache() -> None:
-    assert answers.cache_folder() != Path.home() / ".cache" / "memlab"
+@pytest.fixture(scope="module")
+def module_fixtures_folder() -> Path:
+    """Where a module-scoped fixture (several run the command once for a module's tests) keeps answers."""
+    return answers.cache_folder()
+
+
+def test_the_tests_never_write_to_the_real_cache(module_fixtures_folder: Path) -> None:
+    home = answers.cache_folder({})
+    assert answers.cache_folder() != home
+    assert module_fixtures_folder != home
 
 
 # --- reuse inside one ask ----------------------------------------------------------------------------------------
