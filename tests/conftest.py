@@ -1,13 +1,20 @@
 import collections
 import gc
 import os
+import shutil
+import tempfile
 
 import background
 import models  # noqa: F401  (sets threads and warning filters for every test)
 import pytest
 
+ANSWERS_ENV = "MEMLAB_CACHE_DIR"
+
 
 def pytest_configure(config):
+    # memlab estimate's kept answers: never the user's folder, even for session fixtures (each process its own)
+    config.stash[_ANSWERS] = tempfile.mkdtemp(prefix="memlab-cache-session-")
+    os.environ[ANSWERS_ENV] = config.stash[_ANSWERS]
     # The session's shared folder for its background jobs (background.py), made by the first process to configure
     # (xdist's controller, before it starts the workers, which inherit the variable; or the only process), which
     # also ends the jobs and removes it at the end.
@@ -17,12 +24,14 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    shutil.rmtree(config.stash.get(_ANSWERS, ""), ignore_errors=True)
     if config.stash.get(_OWNS_SHARED, False):
         background.stop_all(background.shared_folder())
         del os.environ[background.SHARED_ENV]
 
 
 _OWNS_SHARED = pytest.StashKey[bool]()
+_ANSWERS = pytest.StashKey[str]()
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist (the GPU run's -o addopts=) skips it
@@ -117,6 +126,22 @@ def _in_scheduling_order(items):
 
     sizes = collections.Counter(group(item) for item in items)
     return sorted(items, key=lambda item: (group(item) != "browser", -sizes[group(item)]))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _answers_kept_apart_per_module(tmp_path_factory):
+    # memlab estimate keeps its dry runs' answers in the user's cache (memlab/estimation/answers.py): every test module
+    # (its module-scoped fixtures run the command before any test's fixture) and every test gets an empty folder of
+    # its own, which subprocesses inherit, so that no test writes to the real home cache and none finds a question
+    # another test asked answered without its dry runs (pytest_configure covers what runs before these).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ANSWERS_ENV, str(tmp_path_factory.mktemp("memlab-cache-module")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _answers_kept_apart(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv(ANSWERS_ENV, str(tmp_path_factory.mktemp("memlab-cache")))
 
 
 @pytest.fixture(autouse=True)

@@ -111,6 +111,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default with --gpus: fsdp2, zero2 and zero3); --try offload=params offloads each GPU's shard of the weights",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    parser.add_argument("--no-cache", action="store_true", help="make every dry run again: use no answer kept "
+                        "from an earlier ask and keep none (they are kept in $MEMLAB_CACHE_DIR, default "
+                        "~/.cache/memlab: docs/estimates.md)")
     parser.add_argument("--max-tokens", action="store_true",
                         help="the longest sequences each plan fits in --budget, --batch's rows kept (memlab.limits)")
     parser.add_argument("--max-rows", action="store_true",
@@ -205,9 +208,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     from memlab.errors import MemlabError
+    from memlab.estimation.answers import answers_kept, cache_folder
 
-    try:
-        return _run(args, out, err)
+    try:  # the dry runs' answers kept: within this ask always, between asks unless --no-cache
+        with answers_kept(None if getattr(args, "no_cache", False) else cache_folder()):
+            return _run(args, out, err)
     except MemlabError as error:
         print(f"memlab estimate: {cli_words(str(error))}", file=err)
         return 2
@@ -217,6 +222,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import dataclasses
 
     from memlab.errors import MemlabError
+    from memlab.estimation.answers import kept_model_facts
     from memlab.estimation.cuda.context import card_contexts
     from memlab.estimation.estimate import load_config, meta_model, parse_batch_shape
     from memlab.frontends.host_cli import host_judged
@@ -257,8 +263,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         say(f"reading the config of {source}")
         config = load_config(source)
         say("building the model on the meta device (shapes only, no memory)")
-        model = meta_model(config)
-        parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        model = meta_model(config) if sharded and load is None else None  # what the sharded dry runs are given
+        called, parameters = kept_model_facts(config, model)
         # The config, not the meta model, for one GPU: its load is the one the plan implies or the flags say (the
         # meta model would be estimated as it is, in fp32, and cast: another reserve, so another card figure).
         if getattr(args, "max_tokens", False) or getattr(args, "max_rows", False):
@@ -267,7 +273,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return run_limits(args, config, batch, plans, budget, out, say=say, load=load)
         if sharded:
             args.gpus = gpus
-            return run_sharded(args, config if load is not None else model, batch, plans, budget, out, say=say,
+            return run_sharded(args, model if model is not None else config, batch, plans, budget, out, say=say,
                                load=load)
         report = estimate_each(config, batch, plans, budget=budget, device=args.device, say=say,
                                gpu=cli_gpu(args), load=load)
@@ -287,7 +293,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from memlab.frontends.estimate_next import suggestion_lines
         from memlab.frontends.estimate_text import single_text
 
-        header = (f"{args.model}: {type(model).__name__}, {_count(parameters)} parameters, batch {rows}x{tokens}, "
+        header = (f"{args.model}: {called}, {_count(parameters)} parameters, batch {rows}x{tokens}, "
                   f"{len(plans)} plan{'s' if len(plans) != 1 else ''}{_for_gpu(args)}{_budget_words(args, budget)}")
         after: list[str] = []
         if budget is not None and not fits and report.trials:
@@ -424,13 +430,14 @@ def run_sharded(
         (or --gpu A100-80GB: the GPU's memory is then the budget)
         2
     """
-    from memlab.estimation.sharded.per_gpu import sharded_trials
+    from memlab.estimation.answers import kept_sharded
     from memlab.frontends.estimate_next import searched_lines
     from memlab.frontends.host_cli import host_judged_rows, node_lines
 
     strategies = [args.strategy] if args.strategy not in (None, "none") else None
-    trials = sharded_trials(model, batch, plans, gpus=args.gpus, strategies=strategies, budget=budget,
-                            device=args.device, gpu=cli_gpu(args), say=say, load=load)
+    trials = [row for plan in plans for row in kept_sharded(model, batch, plan, gpus=args.gpus, strategies=strategies,
+                                                            budget=budget, device=args.device, gpu=cli_gpu(args),
+                                                            say=say, load=load)]
     trials = host_judged_rows(trials, args)  # the node's host budget, shared by its ranks
     if args.json:
         import json
@@ -573,11 +580,11 @@ def estimate_each(
         >>> [trial.status for trial in report]
         ['ok', 'ok']
     """
-    from memlab.estimation.estimate import estimate_plans
+    from memlab.estimation.answers import kept_estimate
     from memlab.report import Report
 
     trials = []
     for number, plan in enumerate(plans, start=1):
         say(f"estimating plan {number} of {len(plans)}: {plan.label()}")
-        trials += estimate_plans(model, batch, [plan], budget=budget, device=device, gpu=gpu, load=load).trials
+        trials += kept_estimate(model, batch, plan, budget=budget, device=device, gpu=gpu, load=load)
     return Report(trials, budget=budget)

@@ -441,8 +441,9 @@ def test_the_table_the_json_and_the_exit_status_give_one_verdict_per_trial(
     assert {label: row["verdict"] for label, row in rows.items()} == table
     assert [rows[label]["fits"] for label in ("plain", "ckpt")] == [False, True]
     # No plan fits: the exit status says so, whatever the JSON's status ("ok": the dry run ran) says.
+    # (the same question with other dry runs: --no-cache, or the first answers, kept, would be read)
     monkeypatch.setattr(estimate_module, "estimate_plans", _estimates_by_plan({"plain": 26, "ckpt": 24}))
-    assert main([*argv, "--json"]) == 1
+    assert main([*argv, "--json", "--no-cache"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert {row["verdict"] for row in data["trials"]} == {"does not fit (over budget)"}
     assert not any(row["fits"] for row in data["trials"])

@@ -34,7 +34,7 @@ from memlab.estimation.sharded.fsdp2 import (
     fsdp2_dry_run,
     shard_units,
 )
-from memlab.estimation.sharded.zero import zero_basis, zero_model_states, zero_trial
+from memlab.estimation.sharded.zero import BASIS_GPUS, zero_basis, zero_model_states, zero_trial
 from memlab.live.batch import LossFn
 from memlab.live.sharding import (
     DS_ALLGATHER_BUCKET,
@@ -114,12 +114,13 @@ def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
                                                    budget=limit, gpu=gpu, load=request.load)), gpu)
 
 
-def sharded_one(request: ShardedRequest, basis: Trial | None = None) -> ShardedTrial:
+def sharded_one(request: ShardedRequest, basis: Trial | None = None,
+                made: list[tuple[ShardedTrial, list[dict[str, int]]]] | None = None) -> ShardedTrial:
     """One strategy's per-GPU trial (without the CUDA context): the route each plan takes, chosen once here. The
     composed route (:mod:`memlab.estimation.sharded.composed`) for adapters, quantized loads and the chunked loss;
     FSDP2's dry run for FSDP2 (FSDP1 from it, :func:`fsdp1_trial`); DeepSpeed's formulas over ``basis`` (a
     :func:`~memlab.estimation.sharded.zero.zero_basis` already made, or a new one) for ZeRO. The notes name the engine
-    settings assumed.
+    settings assumed. ``made``: where FSDP's dry run (its trial and peaks) is added, for a ZeRO basis to start from.
 
     Example:
         >>> from transformers import LlamaConfig
@@ -136,7 +137,9 @@ def sharded_one(request: ShardedRequest, basis: Trial | None = None) -> ShardedT
     settings = engine_settings(plan, strategy)
     if strategy in ("fsdp1", "fsdp2"):
         # FSDP's one CPU offload (offload_params) moves the shards of weights, gradients and optimizer state
-        trial = fsdp2_dry_run(request.replace(plan=fsdp_run_plan(plan)))[0]
+        trial, peaks = fsdp2_dry_run(request.replace(plan=fsdp_run_plan(plan)))
+        if made is not None:
+            made.append((trial, peaks))
         trial = dataclasses.replace(trial, plan=plan, notes=(*trial.notes, settings))
         return fsdp1_trial(trial, model_or_config) if strategy == "fsdp1" else trial
     if basis is None:
@@ -262,18 +265,33 @@ def smallest_gpus(
     found: dict[str, ShardedTrial | None] = {}
     single: Trial | None = None
     composed = needs_composition(plan, "fsdp2", load)
+    made: list[tuple[ShardedTrial, list[dict[str, int]]]] = []  # FSDP's dry runs, for ZeRO's basis
     for name in names:
         if name.startswith("zero") and single is None and not composed:
-            _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
-            single = zero_basis(request)
+            ran = _basis_run(plan, made, BASIS_GPUS)  # the basis's own dry run, if the search made it
+            if ran is None:
+                _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")
+            single = zero_basis(request, run=ran)
 
         def run(n: int, name: str = name, one: Trial | None = single) -> ShardedTrial:
             if name.startswith("fsdp") or composed:
                 _tell(say, f"estimating {plan.label()} with {name} on {n} GPU{'s' if n > 1 else ''}")
-            return card_context(sharded_one(request.replace(gpus=n, strategy=name), basis=one), gpu)
+            return card_context(sharded_one(request.replace(gpus=n, strategy=name), basis=one, made=made), gpu)
 
         found[name] = _search(run, numbers)
     return found
+
+
+def _basis_run(plan: Plan, made: Sequence[tuple[ShardedTrial, list[dict[str, int]]]], gpus: int | None = None
+               ) -> tuple[ShardedTrial, list[dict[str, int]]] | None:
+    """An FSDP dry run already made that ZeRO's basis can start from: the plan's own where it is the basis's plan
+    (AdamW, nothing offloaded) and ran, on ``gpus`` GPUs (any, or only :data:`BASIS_GPUS`, the basis's own)."""
+    if plan.optimizer != "adamw" or plan.offload != "none":
+        return None
+    for trial, peaks in made:
+        if trial.status == "ok" and gpus in (None, trial.gpus):
+            return dataclasses.replace(trial, budget=None), peaks
+    return None
 
 
 def sharded_trials(
@@ -340,9 +358,9 @@ def sharded_trials(
             if name == "fsdp2" and not composed:
                 trial, peaks = fsdp2_dry_run(request.replace(plan=fsdp_run_plan(plan)))
                 trial = dataclasses.replace(trial, plan=plan, notes=(*trial.notes, engine_settings(plan, name)))
-                if plan.optimizer == "adamw" and plan.offload == "none" and trial.status == "ok" and basis is None:
-                    # ZeRO's dry run too: same plan
-                    basis = zero_basis(request, run=(dataclasses.replace(trial, budget=None), peaks))
+                ran = _basis_run(plan, [(trial, peaks)])
+                if ran is not None and basis is None:  # ZeRO's dry run too: same plan
+                    basis = zero_basis(request, run=ran)
             else:
                 if name.startswith("zero") and basis is None and not composed:
                     _tell(say, f"estimating {plan.label()}: the dry run that ZeRO's activations come from")

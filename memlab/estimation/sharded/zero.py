@@ -60,7 +60,7 @@ from memlab.live.sharding import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, ds_red
 from memlab.plan import Plan
 from memlab.report import Trial
 
-__all__ = ["zero3_gathered", "zero_basis", "zero_model_states", "zero_trial"]
+__all__ = ["BASIS_GPUS", "zero3_gathered", "zero_basis", "zero_model_states", "zero_trial"]
 
 
 def zero_model_states(
@@ -135,6 +135,11 @@ def zero3_gathered(largest_layer: int, gpus: int, *, weight_bytes: int = 2, offl
     return {"params": params, "grads": w * largest_layer}
 
 
+BASIS_GPUS = 2
+"""The number of GPUs of the FSDP2 dry run that :func:`zero_basis` makes (FSDP's memory tracker books a few kilobytes
+more or less of activations at other numbers)."""
+
+
 def zero_basis(request: ShardedRequest, run: tuple[ShardedTrial, list[dict[str, int]]] | None = None) -> Trial:
     """What ZeRO shares with any data-parallel step: the largest activations of the per-GPU forward and backward
     (and the batch), taken from an FSDP2 dry run of the same plan (same per-GPU batch, weights gathered in the
@@ -154,7 +159,7 @@ def zero_basis(request: ShardedRequest, run: tuple[ShardedTrial, list[dict[str, 
         (True, True)
     """
     model_or_config, plan = request.model, request.plan
-    one = request.replace(plan=plan.replace(offload="none", optimizer="adamw"), gpus=2, budget=None)
+    one = request.replace(plan=plan.replace(offload="none", optimizer="adamw"), gpus=BASIS_GPUS, budget=None)
     trial, peaks = run if run is not None else fsdp2_dry_run(one)
     if trial.status != "ok":
         raise MemlabError(f"the dry run the ZeRO estimate starts from failed: {trial.error}")
