@@ -63,38 +63,32 @@ class Limits:
     def to_text(self, code: Callable[[Plan], str] | None = None, *, budget_said: bool = False) -> str:
         """A table of the sizes tried, memory against the budget, the answer marked; where nothing fits, why, and the
         plans estimated to fit instead, each with ``code(plan)`` (default: the plan as Python). ``budget_said``: a
-        header above already names the budgets (``memlab estimate --max-tokens``), so the table and the answer call
-        them "the budget" rather than say them again.
+        header says the budgets (``memlab estimate --max-tokens``): here they are "the budget".
 
         Example:
             >>> t = Trial(Plan(), "ok", 90, {}, None, None, None, "cpu", budget=100)
             >>> print(Limits("rows", 4, t, 5, None, 100, [(4, t)]).to_text().splitlines()[0])
             rows  peak  fits  (budget 100 B, dry runs)
-            >>> print(Limits("rows", 4, t, 5, None, 100, [(4, t)]).to_text(budget_said=True).splitlines()[-1])
-            at most 4 rows fit in the budget; 5 do not
         """
-        how = "measured" if self.measured else "dry runs"
         # The column is the figure each size was judged by (verdict_bytes), named as it is: the card figure where
         # the reserve and the CUDA context are known, else the allocated peak; each cell named where they differ.
         names = {_figure_word(trial) for _, trial in self.tried if trial.status == "ok"}
         column = names.pop() if len(names) == 1 else "judged on"
         rows = []
         for size, trial in self.tried:
-            mark = "  <- largest that fits" if size == self.value else "  <- next, does not fit" if (
-                size == self.next) else ""
+            mark = "  <- largest that fits" if size == self.value else "  <- next, does not fit" * (size == self.next)
             shown = format_bytes(trial.verdict_bytes) if trial.status == "ok" else trial.status
             if trial.status == "ok" and column == "judged on":
                 shown += f" {_figure_word(trial)}"
             fits = "yes" if _fits(trial, self.budget) else "no" if trial.host_budget is None else (
                 f"no ({over_words(dataclasses.replace(trial, budget=self.budget))})")  # which budget, of two
             rows.append((str(size), shown, fits, mark))
-        # Each column as wide as its widest cell, so that the marks after "no (over budget and host)" line up too.
-        widths = [max([len(heading), *(len(row[index]) for row in rows)])
+        widths = [max([len(heading), *(len(row[index]) for row in rows)])  # each column as wide as its widest cell
                   for index, heading in enumerate((self.vary, column, "fits"))]
-        said = "" if budget_said else f"budget {format_bytes(self.budget)}, "
-        lines = [f"{self.vary:<{widths[0]}}  {column:<{widths[1]}}  {'fits':<{widths[2]}}  ({said}{how})"]
-        lines += [f"{size:<{widths[0]}}  {shown:<{widths[1]}}  {fits:<{widths[2]}}{mark}".rstrip()
-                  for size, shown, fits, mark in rows]
+        said = ("" if budget_said else f"budget {format_bytes(self.budget)}, ") + ("measured" if self.measured else
+                                                                                   "dry runs")
+        lines = [("  ".join(f"{cell:<{width}}" for cell, width in zip(row[:3], widths, strict=True)) + row[3]).rstrip()
+                 for row in [(self.vary, column, "fits", f"  ({said})"), *rows]]
         if "card" in names or column == "card":
             lines.append("card: the allocator's reserve + the CUDA context (what nvidia-smi shows)"
                          + ("" if self.measured else ", modelled on a card held to the budget"))
@@ -115,8 +109,8 @@ class Limits:
         return self.unit or ("tokens per row" if self.vary == "tokens" else "rows")
 
     def answer(self, *, budget_said: bool = False) -> str:
-        """One sentence: the largest size that fits and the next that does not, in the budget and, where the sizes
-        were judged on the host too, the host budget (``budget_said``: both called "the budget", a header says them).
+        """One sentence: the largest size that fits and the next that does not, in the budget and the host budget
+        where the sizes were judged on it too (``budget_said``: a header says them).
 
         Example:
             >>> t = Trial(Plan(), "ok", 90, {}, None, None, None, "cpu", budget=100, host_budget=2**30)
