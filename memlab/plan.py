@@ -349,6 +349,29 @@ Example:
     (('fp32', 'bf16', 'fp16'), 'bool')
 """
 
+def trainer_levers_refusal(axes: Mapping[str, Iterable[Any]], here: str, instead: str) -> str:
+    """Why a step without a built trainer cannot take ``axes`` (``{lever: values}``): the first lever set (to a value
+    other than None, the trainer's own) that is a built trainer's setting (:attr:`LeverSpec.needs_trainer`), said with
+    whose setting it is, ``here`` (what was given instead of that trainer) and ``instead`` (what to write, where
+    ``{name}`` is the lever's name); ``""`` where none is. Every front end and entry point that takes a model, not a
+    trainer, refuses with it before anything runs.
+
+    Example:
+        >>> trainer_levers_refusal({"precision": ["bf16"], "precompute_ref": [None]}, "x", "y")
+        ''
+        >>> trainer_levers_refusal({"precompute_ref": [True]}, "fit was given a Linear", "pass the trainer")[:58]
+        'precompute_ref is a setting of a TRL DPOTrainer, and fit w'
+        >>> trainer_levers_refusal({"precompute_ref": [True]}, "x", "y, {name}=...")[-42:]
+        'precompute_ref=..., or drop precompute_ref'
+    """
+    for name, values in axes.items():
+        owner = LEVERS[name].needs_trainer if name in LEVERS else ""
+        if owner and any(value is not None for value in values):
+            return (f"{name} is a setting of {owner}, and {here}, not that trainer: {instead.format(name=name)}, or "
+                    f"drop {name}")
+    return ""
+
+
 _BOOLEANS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
 
 

@@ -375,6 +375,9 @@ def peft_config(plan: Plan, model: Any = None) -> Any:
         raise MemlabError("; ".join(elsewhere_notes(plan, "peft")) or f"{plan.label()!r} has no adapters")
     missing = [keyword for keyword in written if keyword not in settings]
     assert not missing, f"levers declared inside the LoraConfig that no adapter writes: {missing}"
-    from peft import LoraConfig
+    from memlab.runner.quiet import quiet
+
+    with quiet():  # memlab's import of peft (and of bitsandbytes with it) says nothing in the cell: no result changes
+        from peft import LoraConfig
 
     return LoraConfig(**settings)

@@ -7,10 +7,12 @@ through :func:`lever_specs`, so that they build one thing per lever whatever the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+from memlab.errors import MemlabError
 from memlab.inference.plan import INFERENCE_LEVERS, InferencePlan
-from memlab.plan import LEVERS, LeverSpec, Plan
+from memlab.plan import LEVERS, LeverSpec, Plan, trainer_levers_refusal
 
 __all__ = ["lever_help", "lever_specs", "model_lever_specs", "panel_lever_specs", "refuse_trainer_levers",
            "trainer_levers_note"]
@@ -79,7 +81,7 @@ def trainer_levers_note() -> str:
     return f"Not here: {said}: estimate that trainer with them in Python, memlab.estimate(trainer, plan)"
 
 
-def refuse_trainer_levers(axes: Mapping[str, object], command: str) -> None:
+def refuse_trainer_levers(axes: Mapping[str, Iterable[Any]], command: str) -> None:
     """Refuse, before anything runs, the levers in ``axes`` (``{lever: values}``, :func:`memlab.plan.parse_axes`)
     that a built trainer's setting (:attr:`~memlab.plan.LeverSpec.needs_trainer`), where ``command`` builds the model
     itself: one MemlabError that says whose setting each is and where it applies.
@@ -91,14 +93,11 @@ def refuse_trainer_levers(axes: Mapping[str, object], command: str) -> None:
         ...
         memlab.errors.MemlabError: precompute_ref is a setting of a TRL DPOTrainer, and memlab estimate builds a ...
     """
-    from memlab.errors import MemlabError
-
-    for name in axes:
-        owner = LEVERS[name].needs_trainer if name in LEVERS else ""
-        if owner:
-            raise MemlabError(f"{name} is a setting of {owner}, and {command} builds a model from its config, not "
-                              f"that trainer: estimate the trainer with it in Python, memlab.estimate(trainer, "
-                              f"memlab.Plan({name}=...)), or drop {name}")
+    refusal = trainer_levers_refusal(axes, f"{command} builds a model from its config",
+                                     "estimate the trainer with it in Python, memlab.estimate(trainer, "
+                                     "memlab.Plan({name}=...))")
+    if refusal:
+        raise MemlabError(refusal)
 
 
 def lever_help(specs: Mapping[str, LeverSpec], *, said: bool = True) -> str:

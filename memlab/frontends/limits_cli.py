@@ -43,7 +43,9 @@ def run_limits(
         >>> run_limits(args, config, {"input_ids": (1, 512), "labels": (1, 512)}, [Plan()], 2**26, text,
         ...            say=lambda line: None)
         0
-        >>> "at most 4864 tokens per row fit in 64.0 MiB" in text.getvalue()
+        >>> print(text.getvalue().splitlines()[0])
+        tiny: the longest sequences that fit, 1 row per batch, budget: its memory, 64.0 MiB
+        >>> "at most 4864 tokens per row fit in the budget" in text.getvalue()
         True
 
     Where nothing fits, the output says why and the commands that try what is estimated to fit instead.
@@ -72,13 +74,22 @@ def run_limits(
     else:
         rows, tokens = batch["input_ids"]
         kept = f"{rows} row{'s' if rows != 1 else ''} per batch" if vary == "tokens" else f"{tokens} tokens per row"
-        print(f"{args.model}: the {'longest sequences' if vary == 'tokens' else 'most rows'} that fit in "
-              f"{format_bytes(budget)}, {kept}", file=out)
+        # The budgets said once, here, as the one-GPU answer's header says them; the tables call them "the budget".
+        from memlab.estimation.cuda.gpus import gpu_kind
+        from memlab.report.format import budget_words
+
+        gpu = "" if args.device == "cpu" else f", for {gpu_kind(cli_gpu(args)).called}"
+        given = f"budget {budget_words(str(args.budget))}" if getattr(args, "budget", None) is not None else (
+            f"budget: its memory, {format_bytes(budget)}")
+        host = keywords["host_budget"]
+        print(f"{args.model}: the {'longest sequences' if vary == 'tokens' else 'most rows'} that fit, {kept}{gpu}, "
+              f"{given}" + ("" if host is None else f", host budget {format_bytes(host)}"), file=out)
         from memlab.frontends.estimate_next import command_for, plan_try
 
         flag = "--max-rows" if vary == "rows" else "--max-tokens"
         for plan, result in zip(plans, found, strict=True):
             print(f"\n{plan.label()}", file=out)
-            print(result.to_text(lambda other: f"{command_for(args, plan_try(other))} {flag}"), file=out)
+            print(result.to_text(lambda other: f"{command_for(args, plan_try(other))} {flag}", budget_said=True),
+                  file=out)
     return estimate_status(fits=all(result.value for result in found), judged=True,
                            errors=sum(trial.status == "error" for result in found for _, trial in result.tried))

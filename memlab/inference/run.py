@@ -44,6 +44,7 @@ from memlab.measure.tracker import INFERENCE_CATEGORIES, MemoryTracker
 from memlab.options import RunKeywords, RunOptions
 from memlab.report import InferenceTrial, Report
 from memlab.runner.core import Runner, register_runner
+from memlab.runner.quiet import quiet
 from memlab.runner.trial import run_plans
 from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, Workload
 
@@ -304,7 +305,8 @@ class InferenceWorkload(Workload[InferencePlan, InferenceRecord, InferenceTrial]
             check_quantizable(model, plan.quantize)
             if probe.times_steps:  # a real run needs bitsandbytes (a dry run counts its layout)
                 try:
-                    import bitsandbytes  # noqa: F401
+                    with quiet():  # what it logs as memlab's check loads it changes no result: kept out
+                        import bitsandbytes  # noqa: F401
                 except ImportError:
                     raise MemlabError(
                         f"quantize={plan.quantize!r} needs bitsandbytes; pip install bitsandbytes, or write "

@@ -17,8 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from memlab.measure.tracker import CATEGORIES
-from memlab.plan import format_bytes
-from memlab.report.colors import BUDGET_COLOR as BUDGET_COLOR  # re-exported: the figures import them here
+from memlab.report.budget_mark import budget_line as budget_line  # re-exported: the figures import them here
+from memlab.report.budget_mark import budget_note as budget_note
+from memlab.report.budget_mark import memory_tops
+from memlab.report.colors import BUDGET_COLOR as BUDGET_COLOR
 from memlab.report.colors import CATEGORY_COLORS as CATEGORY_COLORS
 from memlab.report.colors import HATCH as HATCH
 from memlab.report.data import Report, Trial
@@ -88,10 +90,11 @@ def report_figure(report: Report) -> Any:
     """
     data = figure_data(report)
     host = host_data(report.trials, data["labels"])  # a panel under the memory one, where a plan keeps host bytes
-    fig = comparison_figure(figure_columns(report, data), categories=tuple(data["categories"]), host=bool(host))
-    if data["budget_mib"] is not None:
+    columns = figure_columns(report, data)
+    fig = comparison_figure(columns, categories=tuple(data["categories"]), host=bool(host))
+    if data["budget_mib"] is not None:  # its label where it covers no bar
         fig.add_shape(budget_line(data["budget_mib"]))
-        fig.add_annotation(budget_note(report.budget or 0))
+        fig.add_annotation(budget_note(report.budget or 0, memory_tops(columns, data), fig.layout.bargap))
     title = "memlab: memory and speed per plan"
     if data["caption"] is not None:  # why the best is best, under the title (the bars say which)
         title += f"<br><sup>{data['caption']}</sup>"
@@ -395,51 +398,6 @@ def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> lis
             hover if value is not None else "" for hover, value in zip(data["hover"], column["y"], strict=True)
         ]
     return columns
-
-
-def budget_line(budget_mib: float) -> dict[str, Any]:
-    """The dashed budget line across the peak memory panel, as a plotly shape (drawn above the bars).
-
-    Example:
-        >>> budget_line(8.0)["yref"], budget_line(8.0)["line"]["dash"], budget_line(8.0)["layer"]
-        ('y2', 'dash', 'above')
-    """
-    return {
-        "type": "line",
-        "xref": "x2 domain",
-        "x0": 0,
-        "x1": 1,
-        "yref": "y2",
-        "y0": budget_mib,
-        "y1": budget_mib,
-        "layer": "above",
-        "line": {"color": BUDGET_COLOR, "dash": "dash", "width": 2},
-        "name": "budget",
-    }
-
-
-def budget_note(budget: int) -> dict[str, Any]:
-    """The label of :func:`budget_line` (``"budget 8.0 GiB"``), as a plotly annotation: at the line's right end, just
-    above it, on a white ground, so that bars behind it never hide it.
-
-    Example:
-        >>> note = budget_note(2**20)
-        >>> note["text"], note["x"], note["xanchor"], note["bgcolor"]
-        ('budget 1.0 MiB', 1, 'right', 'rgba(255,255,255,0.85)')
-    """
-    return {
-        "text": f"budget {format_bytes(budget)}",
-        "xref": "x2 domain",
-        "yref": "y2",
-        "x": 1,
-        "y": budget / _MIB,
-        "xanchor": "right",
-        "yanchor": "bottom",
-        "showarrow": False,
-        "bgcolor": "rgba(255,255,255,0.85)",
-        "borderpad": 2,
-        "font": {"color": BUDGET_COLOR},
-    }
 
 
 # --- the data ------------------------------------------------------------------------------------------------------

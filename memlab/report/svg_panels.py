@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from memlab.plan import format_bytes
+from memlab.report.budget_mark import LabelBox, label_place, memory_tops
 from memlab.report.colors import HOST_COLOR
 from memlab.report.data import Report
 from memlab.report.figure import (
@@ -110,7 +111,7 @@ class PlanBars:
         self.columns = figure_columns(report, data)
         self.labels: list[str] = data["labels"]
         self.count = len(self.labels)
-        mib = [value for value in self._memory_tops() if value is not None]
+        mib = [value for value in memory_tops(self.columns, self.data) if value is not None]
         self.unit, self.scale = _memory_unit(max(mib, default=0.0))
 
     def speed(self, box: Box, axis: PlanAxis) -> Area:
@@ -156,7 +157,8 @@ class PlanBars:
     def memory(self, box: Box, axis: PlanAxis) -> Area:
         """The peak memory panel in ``box``: categories stacked per plan, "does not fit", errors, the budget."""
         scale = self.scale
-        tallest = max([value for value in self._memory_tops() if value is not None], default=0.0) * scale
+        tops = memory_tops(self.columns, self.data)
+        tallest = max([value for value in tops if value is not None], default=0.0) * scale
         if "oom" in self.data["status"] and not axis.numbered:
             tallest *= 1.12  # room above the tallest for the bound written over a bar that does not fit
         budget = None if self.data["budget_mib"] is None else self.data["budget_mib"] * scale
@@ -247,14 +249,6 @@ class PlanBars:
 
     # --- pieces ---
 
-    def _memory_tops(self) -> list[float | None]:
-        """Each plan's tallest memory bar in MiB: its peak, or its "does not fit" bar."""
-        heights = self.columns[len(self.data["categories"])]["y"]
-        return [
-            height if height is not None else peak
-            for height, peak in zip(heights, self.data["peak_mib"], strict=True)
-        ]
-
     def _stack(self, area: Area, index: int, scale: float, *, over: bool = False) -> None:
         parts = [(name, (values[index] or 0.0) * scale) for name, values in self.data["categories"].items()]
         total = sum(value for _, value in parts)
@@ -311,21 +305,14 @@ class PlanBars:
         self.svg.text(right - 4, label_y, text, anchor="end", fill=BUDGET_COLOR, weight="600")
 
     def _label_place(self, area: Area, y: float, width: float) -> tuple[float, float]:
-        """Where the budget's label goes (its right end, its baseline): just above its line (below it at the very
-        top), as far right as it covers no bar (nor the bound written above a bar that does not fit), else below the
-        line; at the right end above the line where no place is free."""
-        tops = [None if top is None else area.y(top * self.scale) - (26 if status == "oom" else 0)
-                for top, status in zip(self._memory_tops(), self.data["status"], strict=True)]
-        above = y - 5 if y - 18 >= area.top else y + 14
-        rights = [area.left + area.width - 2 - step for step in range(0, int(area.width - width), 8)]
-        places = [(right, baseline) for baseline in dict.fromkeys((above, y + 14)) for right in rights]
-        places = places or [(area.left + area.width - 2, above)]
-        half = area.bar_width / 2
-        for right, baseline in places:
-            if not any(top is not None and top < baseline + 4 and area.center(index) + half > right - width
-                       and area.center(index) - half < right for index, top in enumerate(tops)):
-                return right, baseline
-        return places[0]
+        """Where the budget's label goes (its right end, its baseline): :func:`~memlab.report.budget_mark.label_place`
+        in pixels measured up from the area's bottom, the bound written above a bar that does not fit counted."""
+        tops = [None if top is None else area.bottom - area.y(top * self.scale) + (26 if status == "oom" else 0)
+                for top, status in zip(memory_tops(self.columns, self.data), self.data["status"], strict=True)]
+        right, above = label_place(tops, [area.center(index) for index in range(len(tops))], area.bar_width / 2,
+                                   area.bottom - y, LabelBox(width, height=15, above=1, below=3, step=8),
+                                   left=area.left, right=area.left + area.width - 2, ceiling=area.height - 2)
+        return right, y - 5 if above else y + 14
 
     def _frame(self, area: Area, ticks: Sequence[float], title: str, unit: str) -> None:
         """The area's title, horizontal grid with its values, its y-axis title and its base line."""

@@ -545,7 +545,9 @@ def html_table(report: Report) -> str:
     held = held_line(report)
     top = "" if held is None else f"<p style='margin:2px 0 6px;font-weight:bold'>{html.escape(held)}</p>"
     table = f"<div style='max-width:100%;overflow-x:auto'>{_style_rows(table, styles)}</div>"
-    return f"<div class='memlab-report' style='white-space:normal'>{top}{table}{footer}</div>"
+    # As wide as its container, which it never widens (width 0, at least 100%): inside the panel's HTML widget (a
+    # flex item as wide as its content) the table then scrolls in its own box instead of running past the panel.
+    return f"<div class='memlab-report' style='white-space:normal;width:0;min-width:100%'>{top}{table}{footer}</div>"
 
 
 def shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tuple[str, ...]) -> list[str]:

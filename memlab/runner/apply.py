@@ -13,6 +13,7 @@ from memlab.live.batch import Batch, LossFn
 from memlab.live.structure import ModuleStructure
 from memlab.options import check_learning_rate
 from memlab.plan import Plan
+from memlab.runner.quiet import quiet
 from memlab.runner.step import TrainingStep
 from memlab.trainer.apply import apply_to_trainer
 from memlab.trainer.source import is_trainer
@@ -52,7 +53,10 @@ class Applied:
         self._before = ModuleStructure.capture(model)
         self._step: TrainingStep | None = None
         try:
-            self._step = TrainingStep(model, plan, loss_fn=loss_fn, lr=lr)
+            # What the libraries say as the plan goes on (bitsandbytes' "Failed to load CPU gemm_4bit_forward" as
+            # memlab's first import of it loads, peft's remarks) is kept out as in a trial: it changes no result.
+            with quiet():
+                self._step = TrainingStep(model, plan, loss_fn=loss_fn, lr=lr)
         except BaseException:
             self._before.restore()
             raise

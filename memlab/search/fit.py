@@ -17,7 +17,7 @@ from memlab.live.device import cuda_bf16_supported, expandable_segments_configur
 from memlab.live.structure import trainable_parameters
 from memlab.measure.cuda import cuda_card_capacity
 from memlab.options import RunKeywords, RunOptions
-from memlab.plan import Plan
+from memlab.plan import Plan, trainer_levers_refusal
 from memlab.report import Report, Trial
 from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.remeasure import settle_close_race
@@ -34,6 +34,7 @@ from memlab.techniques.adapters import carried_space
 from memlab.techniques.attention import fused_attention_instead
 from memlab.techniques.checkpointing import checkpoint_blocks
 from memlab.techniques.loss import chunked_loss_applies
+from memlab.techniques.precompute_ref import trainer_of
 from memlab.trainer.entry import live_target, noted
 from memlab.trainer.kinds import kind_of
 from memlab.trainer.reference import with_reference
@@ -129,6 +130,12 @@ def fit(
         report = _fit_module(target.model, target.batch, batch_size or target.batch_size, space, dry_run, estimates,
                              max_trials, False, options, kind=kind, held=held)
         return dataclasses.replace(report, trials=noted(report.trials, target.note))
+    if space is not None and isinstance(space, Mapping) and trainer_of(options.get("loss_fn")) is None:
+        # A built trainer's own setting (precompute_ref, the vLLM engine's) on a model: refused before any trial.
+        refusal = trainer_levers_refusal(space, f"fit was given a {type(model).__name__}",
+                                         "pass the trainer as the model, memlab.fit(trainer, space={{'{name}': ...}})")
+        if refusal:
+            raise MemlabError(refusal)
     return _fit_module(model, batch, batch_size, space, dry_run, estimates, max_trials, True, options)
 
 

@@ -60,37 +60,43 @@ class Limits:
     """What a size is where it is not tokens per row or rows: a GRPOTrainer's ``"completion tokens"``
     (``max_completion_length``) or ``"generations per device"`` (``per_device_train_batch_size``)."""
 
-    def to_text(self, code: Callable[[Plan], str] | None = None) -> str:
+    def to_text(self, code: Callable[[Plan], str] | None = None, *, budget_said: bool = False) -> str:
         """A table of the sizes tried, memory against the budget, the answer marked; where nothing fits, why, and the
-        plans estimated to fit instead, each with ``code(plan)`` (default: the plan as Python).
+        plans estimated to fit instead, each with ``code(plan)`` (default: the plan as Python). ``budget_said``: a
+        header says the budgets (``memlab estimate --max-tokens``): here they are "the budget".
 
         Example:
             >>> t = Trial(Plan(), "ok", 90, {}, None, None, None, "cpu", budget=100)
             >>> print(Limits("rows", 4, t, 5, None, 100, [(4, t)]).to_text().splitlines()[0])
-            rows  peak        fits  (budget 100 B, dry runs)
+            rows  peak  fits  (budget 100 B, dry runs)
         """
-        how = "measured" if self.measured else "dry runs"
         # The column is the figure each size was judged by (verdict_bytes), named as it is: the card figure where
         # the reserve and the CUDA context are known, else the allocated peak; each cell named where they differ.
         names = {_figure_word(trial) for _, trial in self.tried if trial.status == "ok"}
         column = names.pop() if len(names) == 1 else "judged on"
-        lines = [f"{self.vary:<5} {column:<11} fits  (budget {format_bytes(self.budget)}, {how})"]
+        rows = []
         for size, trial in self.tried:
-            mark = "  <- largest that fits" if size == self.value else "  <- next, does not fit" if (
-                size == self.next) else ""
+            mark = "  <- largest that fits" if size == self.value else "  <- next, does not fit" * (size == self.next)
             shown = format_bytes(trial.verdict_bytes) if trial.status == "ok" else trial.status
             if trial.status == "ok" and column == "judged on":
                 shown += f" {_figure_word(trial)}"
             fits = "yes" if _fits(trial, self.budget) else "no" if trial.host_budget is None else (
                 f"no ({over_words(dataclasses.replace(trial, budget=self.budget))})")  # which budget, of two
-            lines.append(f"{size:<5} {shown:<11} {fits:<4}{mark}")
+            rows.append((str(size), shown, fits, mark))
+        widths = [max([len(heading), *(len(row[index]) for row in rows)])  # each column as wide as its widest cell
+                  for index, heading in enumerate((self.vary, column, "fits"))]
+        said = ("" if budget_said else f"budget {format_bytes(self.budget)}, ") + ("measured" if self.measured else
+                                                                                   "dry runs")
+        lines = [("  ".join(f"{cell:<{width}}" for cell, width in zip(row[:3], widths, strict=True)) + row[3]).rstrip()
+                 for row in [(self.vary, column, "fits", f"  ({said})"), *rows]]
         if "card" in names or column == "card":
             lines.append("card: the allocator's reserve + the CUDA context (what nvidia-smi shows)"
                          + ("" if self.measured else ", modelled on a card held to the budget"))
         lines += [f"{size} {self._unit()}: {trial.error}" for size, trial in self.tried if trial.status == "error"]
-        lines.append(f"{self.answer()}")
+        lines.append(self.answer(budget_said=budget_said))
         if self.reason:
-            lines.append(self.reason)
+            lines.append(self.reason.replace(f"against {format_bytes(self.budget)}", "against the budget")
+                         if budget_said else self.reason)
         if self.suggestions:
             lines.append(f"would fit at {self.tried[0][0] if self.tried else 0} {self._unit()} instead (estimated):")
             lines += [f"  {trial.plan.label()}  ({_figure_word(trial)} {format_bytes(trial.verdict_bytes)}): "
@@ -102,13 +108,24 @@ class Limits:
     def _unit(self) -> str:
         return self.unit or ("tokens per row" if self.vary == "tokens" else "rows")
 
-    def answer(self) -> str:
-        """One sentence: the largest size that fits and the next that does not."""
+    def answer(self, *, budget_said: bool = False) -> str:
+        """One sentence: the largest size that fits and the next that does not, in the budget and the host budget
+        where the sizes were judged on it too (``budget_said``: a header says them).
+
+        Example:
+            >>> t = Trial(Plan(), "ok", 90, {}, None, None, None, "cpu", budget=100, host_budget=2**30)
+            >>> Limits("rows", 4, t, 5, None, 100, [(4, t)]).answer()
+            'at most 4 rows fit in 100 B and the host budget of 1.00 GiB; 5 do not'
+        """
         what = self._unit()
+        hosts = [trial.host_budget for _, trial in self.tried if trial.host_budget is not None]
+        budget = "the budget" if budget_said else format_bytes(self.budget)
+        if hosts:
+            budget += " and the host budget" + ("" if budget_said else f" of {format_bytes(min(hosts))}")
         if not self.value:
-            return f"nothing fits: even {self.next} {what} need more than {format_bytes(self.budget)}"
+            return f"nothing fits: even {self.next} {what} need more than {budget}"
         beyond = f"; {self.next} do not" if self.next is not None else ""
-        return f"at most {self.value} {what} fit in {format_bytes(self.budget)}{beyond}"
+        return f"at most {self.value} {what} fit in {budget}{beyond}"
 
     def __str__(self) -> str:
         return self.to_text()

@@ -199,8 +199,8 @@ class _StepMemory:
                 costliest.note_gradients(trainer_model(self.trainer).parameters())
 
     def after_optimizer(self) -> None:
-        """The optimizer step ended: back to no phase (on CPU, allocations count as "other" again)."""
-        self.mark(None)
+        """The optimizer's update ended: on CPU, allocations count as "other" again. The timeline's "optimizer" phase
+        stays open to the step's end (the gradients released: :class:`~memlab.trainer.watch_timeline.StepMarks`)."""
         phase, self.optimizer_phase = self.optimizer_phase, None
         if phase is not None:
             phase.__exit__(None, None, None)

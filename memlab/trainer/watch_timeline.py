@@ -19,8 +19,9 @@ depends on how the watch reads that step's memory:
   alone and the watch keeps no timeline.
 
 On both devices the phases are each micro-batch's ``"forward"`` (the trainer's ``compute_loss``), its
-``"backward"`` (the rest of ``training_step``) and the ``"optimizer"`` step (between the ``on_pre_optimizer_step``
-and ``on_optimizer_step`` callbacks).
+``"backward"`` (the rest of ``training_step``) and the ``"optimizer"`` step: from the last backward's end (the
+Trainer's gradient clipping) through the update (``on_pre_optimizer_step`` to ``on_optimizer_step``) to the step's
+end (the scheduler, the gradients released), as memlab's own step's optimizer phase holds the update and the release.
 """
 
 from __future__ import annotations
@@ -60,9 +61,23 @@ class StepMarks:
         self._open: tuple[str, int] | None = None
 
     def mark(self, name: str | None, at: int) -> None:
-        """End the open phase at ``at``; open ``name`` there (None: none)."""
+        """End the open phase at ``at``; open ``name`` there (None: none).
+
+        ``"optimizer"`` opened where no phase is open starts where the last phase ended: what the Trainer does
+        between the last backward and its optimizer step (the gradients clipped) is the optimizer step's, as the
+        gradients' release after it is (the phase stays open to the step's end), so that no part of the step is left
+        out of every phase, and the phase holds what memlab's own step's does (the update, the gradients released).
+
+        Example:
+            >>> marks = StepMarks()
+            >>> marks.mark("backward", 0); marks.mark(None, 5); marks.mark("optimizer", 8); marks.mark(None, 9)
+            >>> marks.done
+            [('backward', 0, 5), ('optimizer', 5, 9)]
+        """
         if self._open is not None:
             self.done.append((self._open[0], self._open[1], at))
+        elif name == "optimizer" and self.done:
+            at = self.done[-1][2]
         self._open = None if name is None else (name, at)
 
 

@@ -116,3 +116,21 @@ def test_the_cuda_form_reads_the_allocators_trace() -> None:
     timeline = Timeline.from_recording(recording, peak_bytes=18 * mib, breakdown={})
     assert timeline.peak.bytes == 18 * mib == max(timeline.totals)  # 13 before, an activation and a gradient
     assert timeline.peak.phase == "backward" and timeline.peak.module == CUDA_MODULE
+
+
+def test_the_optimizer_phase_holds_the_end_of_a_watched_step(tmp_path: Path) -> None:
+    """The optimizer phase was empty (AdamW updates in place: no change between on_pre_optimizer_step and
+    on_optimizer_step) and the Trainer's gradient clipping before it and the gradients' release after it were in no
+    phase: a white gap and no optimizer band on the figure. It runs from the last backward's end to the step's end,
+    holding the gradients' release, as memlab's own step's optimizer phase does."""
+    t = trainer(tmp_path, max_steps=2)  # the second step: Adam's moments exist, the update allocates nothing
+    w = memlab.watch(t, show=False)
+    t.train()
+    w.remove()
+    timeline = w.timeline
+    assert timeline is not None
+    (*_, (last, _, backward_end), (name, start, end)) = timeline.phases
+    assert (last, name) == ("backward", "optimizer") and start == backward_end < end, timeline.phases
+    assert end == timeline.x[-1], (timeline.phases, timeline.x[-1])
+    released = [grads for x, grads in zip(timeline.x, timeline.series["grads"], strict=True) if start <= x <= end]
+    assert max(released) > 0 and released[-1] == 0  # the gradients are released inside it

@@ -2,7 +2,9 @@
 the file browser open (an output area of about 850 px), the ``%%memfit`` figure and its record, the panel's figure
 and timeline, ``Report.plot()``, timelines (one, and several on one axis) and ``memlab.watch``'s figure are each
 no wider than their output area, the static records that replace the live figures (an SVG, which JupyterLab shows
-as an ``<img>``) included. Screenshots:
+as an ``<img>``) included; and no memlab table's sideways-scrolling box reaches past its output area (the panel's
+did at 1,000 px: its HTML widget grew to the table's width, so the table's right part was cut, with no scroll bar).
+Screenshots:
 ``tests/artifacts/widths-1280-*.png``, and ``widths-1000-*.png`` after the window is narrowed to 1,000 px."""
 
 from __future__ import annotations
@@ -72,6 +74,16 @@ TOO_WIDE = """area => {
     }).filter(figure => figure.width > 0 && (figure.right > box.right + 1 || figure.width > box.width + 1));
 }"""
 
+# Each memlab table's sideways-scrolling box that reaches past its output area's right edge: its right part is cut,
+# with no scroll bar to reach it.
+TABLES_CUT = """area => {
+    const right = area.getBoundingClientRect().right;
+    return [...area.querySelectorAll(".memlab-report > div")].filter(box => box.getClientRects().length)
+        .map(box => ({box: Math.round(box.getBoundingClientRect().right), area: Math.round(right),
+                      table: box.scrollWidth, shown: box.clientWidth}))
+        .filter(seen => seen.box > seen.area + 1);
+}"""
+
 FIGURE_COUNT = """area => [...area.querySelectorAll("img, svg, .js-plotly-plot")].filter(
     element => element.getClientRects().length && element.getBoundingClientRect().width > 200).length"""
 
@@ -89,6 +101,7 @@ def _too_wide(page, cells, name: str) -> list[Any]:  # type: ignore[no-untyped-d
             assert area.evaluate(FIGURE_COUNT) > 0, f"{cell_name}: no figure drawn ({name})"
             cell.screenshot(path=str(ARTIFACTS / f"widths-{name}-{cell_name}.png"))
         found += [{"cell": cell_name, **figure} for figure in area.evaluate(TOO_WIDE)]
+        found += [{"cell": cell_name, "table cut": cut} for cut in area.evaluate(TABLES_CUT)]
     return found
 
 

@@ -373,3 +373,18 @@ def test_the_live_figure_draws_infinite_nan_and_zero_speeds(speeds: list[float])
     for axis in ("yaxis", "yaxis2", "yaxis3", "yaxis4"):
         shown = getattr(figure.widget.layout, axis).range
         assert shown is None or all(math.isfinite(v) for v in shown)
+
+
+def test_the_budget_label_leaves_a_bar_just_past_the_budget_uncovered() -> None:
+    """The live figure's budget label slides left of the last bar when that bar's top is just past the budget (the
+    rule Report.plot()'s and the SVG figure's labels follow); with every bar below it, it stays at the right end."""
+    budget = int(100 * MIB)
+    figure = LiveFigure(budget=budget)
+    plain, ckpt = Plan(), Plan(checkpointing=True)
+    figure.show_report(Report([ok_trial(plain, 50, 10.0, budget), ok_trial(ckpt, 103, 8.0, budget)], budget=budget))
+    (note,) = [note for note in figure.widget.layout.annotations if str(note.text).startswith("budget ")]
+    gap = figure.widget.layout.bargap
+    assert note.x <= (2 - 0.5 - (1 - gap) / 2) / 2, note  # left of the second bar's left edge
+    figure.show_report(Report([ok_trial(plain, 50, 10.0, budget), ok_trial(ckpt, 60, 8.0, budget)], budget=budget))
+    (note,) = [note for note in figure.widget.layout.annotations if str(note.text).startswith("budget ")]
+    assert note.x == 1

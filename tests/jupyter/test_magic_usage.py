@@ -116,3 +116,18 @@ def test_each_usage_error_names_the_fix(shell: InteractiveShell, line: str, fix:
     assert fix in message, message
     assert re.search(r"\b(write|add|drop|close) ", message), message
     assert "lists the options" not in message and "%%memfit takes no value" not in message, message
+
+
+@pytest.mark.parametrize("line", [f"{LINE} --try precompute_ref=on", f"{LINE} --try precompute_ref=on --dry-run",
+                                  f"{LINE} --try vllm_sleep=on --dry-run",
+                                  f"{LINE} --try vllm_memory=0.3 --budget 1GiB --search"])
+def test_a_trainers_setting_on_a_model_is_one_usage_error(shell: InteractiveShell, line: str) -> None:
+    """precompute_ref, vllm_memory and vllm_sleep are a built trainer's settings: on a model (not a Trainer as
+    MODEL), refused before anything runs, with where they apply (the CLI's rule, refuse_trainer_levers)."""
+    name = line.split("--try ")[1].split("=")[0]
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("memfit", line)
+    message = str(caught.value)
+    assert message.startswith(f"{name} is a setting of a TRL "), message
+    assert "MODEL 'model' is a GPT2LMHeadModel" in message and f"or drop {name}" in message, message
+    assert "\n" not in message and len(message) < 400, message

@@ -38,6 +38,7 @@ from memlab.events import Event, MemorySample, StepFinished, TrialFinished, Tria
 from memlab.frontends.jupyter.live_layout import MARGIN_PX, SCATTER_HEADROOM, row_domains, spaced_labels
 from memlab.plan import Plan, parse_budget
 from memlab.report import CATEGORIES, Report
+from memlab.report.budget_mark import memory_tops
 from memlab.report.figure import (
     BEST_COLOR,
     DOES_NOT_FIT_COLOR,
@@ -352,8 +353,9 @@ class LiveFigure:
             note["text"] = title
             if index >= len(FIGURE_TITLES):  # the bottom row's titles, above its plots
                 note["y"] = low_titles
-        if self.report.budget is not None:
-            notes.append(budget_note(self.report.budget))
+        if self.report.budget is not None:  # its label where it covers no bar, as in Report.plot()'s figure
+            tops = memory_tops(figure_columns(self.report, data), data)
+            notes.append(budget_note(self.report.budget, tops, self.widget.layout.bargap or 0))
         if data["caption"] is not None:  # why the best is best, above the plots (the bars say which)
             notes.append({"text": data["caption"], "name": "best caption", "xref": "paper", "yref": "paper", "x": 0,
                           "y": 1, "yshift": 24, "xanchor": "left", "yanchor": "bottom", "showarrow": False,

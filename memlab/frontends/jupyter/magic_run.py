@@ -33,7 +33,7 @@ from memlab.inference.fit import fit_inference
 from memlab.inference.plan import InferencePlan, parse_inference_axes, parse_inference_grid
 from memlab.live.batch import LossFn, count_rows
 from memlab.options import RunOptions
-from memlab.plan import Plan, parse_axes, parse_grid
+from memlab.plan import Plan, parse_axes, parse_grid, trainer_levers_refusal
 from memlab.report import CATEGORIES, INFERENCE_CATEGORIES, Report
 from memlab.runner.trial import compare
 from memlab.search import MAX_TRIALS, fit
@@ -169,6 +169,11 @@ class TrainingRequest:
             raise usage_error(
                 f"MODEL {args.model!r} has no trainable parameters; set requires_grad=True on what should train"
             )
+        if trainer is None:  # a built trainer's own setting (precompute_ref, the vLLM engine's) on a model refused
+            refusal = trainer_levers_refusal(parse_axes(args.grid), f"MODEL {args.model!r} is a {type(model).__name__}",
+                                             "name that trainer as MODEL, e.g. %%memfit trainer --try {name}=...")
+            if refusal:
+                raise usage_error(refusal)
         batch = None if args.batch is None else lookup_name(namespace, args.batch, "BATCH")
         target = None
         grpo = is_grpo(trainer)
