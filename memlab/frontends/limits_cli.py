@@ -50,7 +50,7 @@ def run_limits(
 
     Where nothing fits, the output says why and the commands that try what is estimated to fit instead.
     """
-    from memlab.search.limits import limits
+    from memlab.search.limits import MAX_RUNS, limits
 
     if budget is None:
         raise MemlabError("--max-tokens and --max-rows need a budget; write for example --budget 24GiB, or --gpu "
@@ -64,7 +64,7 @@ def run_limits(
                                 "host_budget": host_budget(args)}  # each size judged on the host too
     found = []
     for plan in plans:
-        say(f"{plan.label()}: trying sizes (at most 8 dry runs)")
+        say(f"{plan.label()}: trying sizes (at most {MAX_RUNS} dry runs)")
         found.append(limits(model, plan, budget=budget, batch=batch, vary=vary, **keywords))
     if args.json:
         print(json.dumps([{"plan": result.trial.plan.label() if result.trial else plan.label(), "vary": vary,
