@@ -15,14 +15,12 @@ DeepSpeed's own partitions.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from ranks import CLEAN_RANK_EXIT, run_two_ranks
 from test_zoo import ZOO
 from torch import nn
 
@@ -156,20 +154,14 @@ for parameter in model.parameters():
 with open(f"rank{rank}.json", "w") as out:
     json.dump({"partitions": sum(partitions.values()), "tensors": len(partitions),
                "tied": model.lm_head.weight is model.transformer.wte.weight, "gathered": gathered}, out)
-'''
+''' + CLEAN_RANK_EXIT
 
 
 @pytest.mark.needs("deepspeed")
 def test_deepspeeds_own_zero3_partitions_of_a_tied_gpt2_are_the_estimates(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.replace("CONFIG", repr(GPT2)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", str(script)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_two_ranks(script)
     model = tied_gpt2()
     parameters, largest = layer_counts(model)
     unique = len({id(p) for p in model.parameters()})

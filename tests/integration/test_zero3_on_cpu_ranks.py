@@ -14,12 +14,10 @@ prefetch bucket is at most the model's size.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from ranks import CLEAN_RANK_EXIT, run_two_ranks
 
 import memlab
 from memlab import Plan
@@ -82,7 +80,7 @@ for state in getattr(getattr(inner, "optimizer", None), "state", {}).values():
         add(tensor)
 with open(f"rank{rank}.json", "w") as out:
     json.dump({"peak": tracker.peak_bytes + sum(seen.values()), "held": sum(seen.values())}, out)
-'''
+''' + CLEAN_RANK_EXIT
 
 
 @pytest.mark.parametrize("plan", [Plan(), Plan(adapter="lora", lora_rank=4)], ids=lambda p: p.label())
@@ -94,13 +92,7 @@ def test_zero3_on_two_cpu_ranks_matches_the_estimate_but_for_its_buckets(plan: P
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.replace("ROWS", str(SHAPES["input_ids"][0])).replace("CONFIG", repr(CONFIG))
                       .replace("VOCAB", str(CONFIG["vocab_size"])).replace("SHAPE", repr(SHAPES["input_ids"])))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", str(script),
-         "lora" if plan.adapter == "lora" else "full"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_two_ranks(script, "lora" if plan.adapter == "lora" else "full")
     estimate = memlab.estimate(LlamaConfig(**CONFIG), SHAPES, plan, gpus=2, strategy="zero3", device="cpu")
     without_buckets = estimate.peak_bytes - estimate.detail["communication"]  # type: ignore[attr-defined]
     for rank in (0, 1):
