@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.report.data import Trial
 
@@ -70,23 +71,14 @@ def sized(trainer: Any, vary: str, size: int) -> Iterator[None]:
     """
     args = trainer.args
     if vary == "tokens":
-        changes = [(trainer, {"max_completion_length": size}), (args, {"max_completion_length": size})]
+        on_trainer, on_args = {"max_completion_length": size}, {"max_completion_length": size}
     else:
-        changes = [(args, {"per_device_train_batch_size": size})]
+        on_args = {"per_device_train_batch_size": size}
         if getattr(args, "generation_batch_size", None) is not None:  # GRPO's: the generation batch follows
-            changes[0][1]["generation_batch_size"] = size * max(int(args.steps_per_generation), 1)
-        if "_train_batch_size" in vars(trainer):
-            changes.append((trainer, {"_train_batch_size": size}))
-    saved = [(owner, {name: getattr(owner, name) for name in fields}) for owner, fields in changes]
-    try:
-        for owner, fields in changes:
-            for name, value in fields.items():
-                setattr(owner, name, value)
+            on_args["generation_batch_size"] = size * max(int(args.steps_per_generation), 1)
+        on_trainer = {"_train_batch_size": size} if "_train_batch_size" in vars(trainer) else {}
+    with patched(trainer, **on_trainer), patched(args, **on_args):
         yield
-    finally:
-        for owner, fields in saved:
-            for name, value in fields.items():
-                setattr(owner, name, value)
 
 
 @dataclass

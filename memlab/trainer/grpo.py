@@ -29,16 +29,17 @@ import itertools
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import MethodType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import torch
 
 from memlab.errors import MemlabError
 from memlab.live.batch import StepBatches
+from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.trainer.arguments import check_single_process, plan_from_trainer, trainer_model
-from memlab.trainer.source import accelerate_outputs_fp32, trainer_bookkeeping_kept, trl_kind
+from memlab.trainer.source import accelerate_outputs_fp32, fp32_outputs_forward, trainer_bookkeeping_kept, trl_kind
 from memlab.trainer.worst_batch import SAMPLE_DEFAULT
 
 __all__ = ["GRPO_PHASES", "VLLM_NOT_RUN", "GRPOPrompts", "GRPOSource", "RewardFailed", "check_generations",
@@ -185,31 +186,23 @@ class GRPOSource:
         config = getattr(trainer, "generation_config", None) or SimpleNamespace(min_new_tokens=None)
         kwargs = getattr(trainer, "generation_kwargs", None)
         kwargs = kwargs if isinstance(kwargs, dict) else None
-        saved_min = config.min_new_tokens
         saved_kwargs = dict(kwargs) if kwargs is not None else None
-        missing = object()
-        saved_steps = vars(trainer).get("current_gradient_accumulation_steps", missing)
         saved_state = copy.deepcopy(vars(trainer.state))
         saved = {name: copy.deepcopy(getattr(trainer, name)) for name in _BOOKKEEPING if hasattr(trainer, name)}
-        try:
-            config.min_new_tokens = self.completion_tokens
-            if kwargs is not None:
-                kwargs["min_new_tokens"] = self.completion_tokens
-            trainer.current_gradient_accumulation_steps = 1  # memlab scales the loss for accumulation itself
-            yield
-        finally:
-            config.min_new_tokens = saved_min
-            if kwargs is not None and saved_kwargs is not None:
-                kwargs.clear()
-                kwargs.update(saved_kwargs)
-            if saved_steps is missing:
-                vars(trainer).pop("current_gradient_accumulation_steps", None)
-            else:
-                trainer.current_gradient_accumulation_steps = saved_steps
-            vars(trainer.state).clear()
-            vars(trainer.state).update(saved_state)
-            for name, contents in saved.items():
-                _put_back(trainer, name, contents)
+        with (patched(config, min_new_tokens=self.completion_tokens),
+              patched(trainer, current_gradient_accumulation_steps=1)):  # memlab scales the loss for accumulation
+            try:
+                if kwargs is not None:
+                    kwargs["min_new_tokens"] = self.completion_tokens
+                yield
+            finally:
+                if kwargs is not None and saved_kwargs is not None:
+                    kwargs.clear()
+                    kwargs.update(saved_kwargs)
+                vars(trainer.state).clear()
+                vars(trainer.state).update(saved_state)
+                for name, contents in saved.items():
+                    _put_back(trainer, name, contents)
 
     def generate(self, sections: Sections) -> dict[str, torch.Tensor]:
         """One optimizer step's generations as the trainer makes them (``_generate_and_score_completions``, once per
@@ -247,7 +240,7 @@ class GRPOSource:
         patches = {"_generate": generating, "_get_per_token_logps_and_entropies": log_probs,
                    "_calculate_rewards": scored}
         self.failure = None
-        with _instance_methods(trainer, patches), sections.phase("activations"):
+        with patched(trainer, **patches), sections.phase("activations"):
             was_training = trainer.model.training
             trainer.model.train()  # TRL generates in training mode ("train" metrics, num_generations)
             rounds: list[dict[str, torch.Tensor]] = []
@@ -358,22 +351,11 @@ def split_on(trainer: Any, plan: Plan) -> Iterator[None]:
         >>> args.per_device_train_batch_size, args.steps_per_generation
         (4, 1)
     """
-    args = trainer.args
-    changes = grpo_split(args, plan)
-    saved = {name: getattr(args, name) for name in changes}
-    missing = object()
-    saved_size = vars(trainer).get("_train_batch_size", missing)
-    try:
-        for name, value in changes.items():
-            setattr(args, name, value)
-        if saved_size is not missing and changes:
-            trainer._train_batch_size = changes["per_device_train_batch_size"]
+    changes = grpo_split(trainer.args, plan)
+    on_trainer = {"_train_batch_size": changes["per_device_train_batch_size"]} \
+        if changes and "_train_batch_size" in vars(trainer) else {}  # the trainer's own copy, where it keeps one
+    with patched(trainer.args, **changes), patched(trainer, **on_trainer):
         yield
-    finally:
-        for name, value in saved.items():
-            setattr(args, name, value)
-        if saved_size is not missing:
-            trainer._train_batch_size = saved_size
 
 
 @contextlib.contextmanager
@@ -395,8 +377,6 @@ def prepared_forward(model: Any, plan: Plan, device: torch.device) -> Iterator[N
     if plan.precision == "fp32" or "_original_forward" in vars(model):  # accelerate's mark of a prepared model
         yield
         return
-    from accelerate.utils import convert_outputs_to_fp32
-
     from memlab.techniques.precision import autocast
 
     def each_call_autocast(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -407,21 +387,8 @@ def prepared_forward(model: Any, plan: Plan, device: torch.device) -> Iterator[N
 
         return forward
 
-    had, saved = "forward" in vars(model), vars(model).get("forward")
-    original = model.forward
-    function = getattr(original, "__func__", None)
-    # accelerate's two cases: a bound method re-bound, anything else (an instance function) wrapped as it is.
-    if function is not None:
-        model.forward = MethodType(convert_outputs_to_fp32(each_call_autocast(function)), model)
-    else:
-        model.forward = convert_outputs_to_fp32(each_call_autocast(original))
-    try:
+    with patched(model, forward=fp32_outputs_forward(model, each_call_autocast)):
         yield
-    finally:
-        if had:
-            model.forward = saved
-        else:
-            vars(model).pop("forward", None)
 
 
 def computes_old_logps(trainer: Any) -> bool:
@@ -499,23 +466,6 @@ def _reward_failure(trainer: Any, error: BaseException) -> RewardFailed:
         "trainer.train() does: fix it so that it takes (prompts, completions, completion_ids, **columns) and returns "
         "one float (or None) per completion"
     )
-
-
-@contextlib.contextmanager
-def _instance_methods(owner: Any, methods: dict[str, Callable[..., Any]]) -> Iterator[None]:
-    """``methods`` set on ``owner`` itself for a while (its class's stay as they are); any it had put back."""
-    missing = object()
-    saved = {name: vars(owner).get(name, missing) for name in methods}
-    try:
-        for name, method in methods.items():
-            setattr(owner, name, method)
-        yield
-    finally:
-        for name, before in saved.items():
-            if before is missing:
-                vars(owner).pop(name, None)
-            else:
-                setattr(owner, name, before)
 
 
 def _put_back(owner: Any, name: str, contents: Any) -> None:

@@ -26,6 +26,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.report.data import Trial
 
@@ -52,17 +53,8 @@ def _changed(trainer: Any, name: str, value: Any) -> Iterator[None]:
         before = int(trainer.num_generations)
         for field in ("per_device_train_batch_size", "generation_batch_size"):
             on_args[field] = int(getattr(args, field)) * value // before
-    changes = [(trainer, {name: value}), (args, on_args)]  # a config is no dict key: it is not hashable
-    saved = [(owner, {field: getattr(owner, field) for field in fields}) for owner, fields in changes]
-    try:
-        for owner, fields in changes:
-            for field, new in fields.items():
-                setattr(owner, field, new)
+    with patched(trainer, **{name: value}), patched(args, **on_args):
         yield
-    finally:
-        for owner, fields in saved:
-            for field, old in fields.items():
-                setattr(owner, field, old)
 
 
 def _estimate(trainer: Any, plan: Plan, name: str, value: Any, options: dict[str, Any]) -> Trial:

@@ -15,6 +15,7 @@ from types import MethodType
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.trainer.arguments import check_single_process, is_trainer, plan_from_trainer, trainer_model
 from memlab.trainer.kinds import TrainerKind, kind_of
@@ -22,6 +23,7 @@ from memlab.trainer.kinds import TrainerKind, kind_of
 __all__ = [
     "TrainerSource",
     "accelerate_outputs_fp32",
+    "fp32_outputs_forward",
     "check_trainer_kind",
     "has_own_compute_loss",
     "is_trainer",
@@ -192,22 +194,29 @@ def accelerate_outputs_fp32(model: Any) -> Iterator[None]:
     if not _autocast_on(device_type) or _converts_outputs(model.forward):
         yield
         return
+    with patched(model, forward=fp32_outputs_forward(model)):
+        yield
+
+
+def fp32_outputs_forward(model: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+                         ) -> Callable[..., Any]:
+    """``model.forward`` (first wrapped by ``wrap``, where given) under ``accelerate.utils.convert_outputs_to_fp32``,
+    as accelerate's ``prepare_model`` wraps it in its two cases: a bound method's function wrapped and bound to the
+    model again, anything else (an instance function) wrapped as it is. Nothing is set on the model.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(2, 2).bfloat16()
+        >>> fp32_outputs_forward(model)(torch.ones(1, 2, dtype=torch.bfloat16)).dtype
+        torch.float32
+    """
     from accelerate.utils import convert_outputs_to_fp32
 
-    had, saved = "forward" in vars(model), vars(model).get("forward")
     forward = model.forward
-    # accelerate's own two cases: a bound method is re-bound, anything else (an instance function) wrapped as is.
-    if hasattr(forward, "__func__"):
-        model.forward = MethodType(convert_outputs_to_fp32(forward.__func__), model)
-    else:
-        model.forward = convert_outputs_to_fp32(forward)
-    try:
-        yield
-    finally:
-        if had:
-            model.forward = saved
-        else:
-            vars(model).pop("forward", None)
+    function = getattr(forward, "__func__", None)
+    if function is not None:
+        return MethodType(convert_outputs_to_fp32(wrap(function) if wrap else function), model)
+    return convert_outputs_to_fp32(wrap(forward) if wrap else forward)
 
 
 def _autocast_on(device_type: str) -> bool:

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memlab.errors import MemlabError, MemlabWarning
+from memlab.live.patching import patched
 from memlab.plan import format_bytes, parse_budget
 from memlab.trainer.source import is_trainer, trainer_model
 
@@ -537,48 +538,42 @@ def _generation_phases(trainer: Any, memory: _StepMemory) -> Iterator[None]:
 
     from memlab.trainer.grpo import computes_old_logps
 
-    score, generate, logps = (getattr(trainer, name) for name in GENERATION_METHODS)
     passes = [0]  # the no-grad log-prob passes of the current generation round
 
-    @functools.wraps(score)
-    def generate_and_score(*args: Any, **kwargs: Any) -> Any:
+    def new_round() -> bool:
         passes[0] = 0
-        try:
-            return score(*args, **kwargs)
-        finally:
-            memory.mark(None)
+        return True
 
-    @functools.wraps(generate)
-    def generating(*args: Any, **kwargs: Any) -> Any:
+    def generation() -> bool:
         memory.mark("generation")
-        try:
-            return generate(*args, **kwargs)
-        finally:
-            memory.mark(None)
+        return True
 
-    @functools.wraps(logps)
-    def log_probs(*args: Any, **kwargs: Any) -> Any:
+    def no_grad_pass() -> bool:
         if torch.is_grad_enabled():  # the policy's forward in compute_loss: already "forward"
-            return logps(*args, **kwargs)
+            return False
         first, passes[0] = passes[0] == 0, passes[0] + 1
         memory.mark("old-policy" if first and computes_old_logps(trainer) else "reference")
-        try:
-            return logps(*args, **kwargs)
-        finally:
-            memory.mark(None)
+        return True
 
-    missing = object()
-    saved = {name: vars(trainer).get(name, missing) for name in GENERATION_METHODS}
-    try:
-        for name, method in zip(GENERATION_METHODS, (generate_and_score, generating, log_probs), strict=True):
-            setattr(trainer, name, method)
+    def unmarked_after(method: Callable[..., Any], enter: Callable[[], bool]) -> Callable[..., Any]:
+        """``method`` that calls ``enter()`` first and, where it says so, leaves the timeline between phases after
+        (also on an error)."""
+
+        @functools.wraps(method)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not enter():
+                return method(*args, **kwargs)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                memory.mark(None)
+
+        return wrapper
+
+    enters = (new_round, generation, no_grad_pass)
+    with patched(trainer, **{name: unmarked_after(getattr(trainer, name), enter)
+                             for name, enter in zip(GENERATION_METHODS, enters, strict=True)}):
         yield
-    finally:
-        for name, before in saved.items():
-            if before is missing:
-                vars(trainer).pop(name, None)
-            else:
-                vars(trainer)[name] = before
 
 
 def installed_watch(trainer: Any) -> Watch | None:
