@@ -22,6 +22,7 @@ from importlib import metadata
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.live.patching import patched
 
 __all__ = [
     "FLOORS",
@@ -251,11 +252,8 @@ def propagation_apart() -> Iterator[None]:
         with _disable_current_modes():
             return original(self, op_schema)
 
-    ShardingPropagator._propagate_tensor_meta_non_cached = apart  # type: ignore[method-assign]
-    try:
+    with patched(ShardingPropagator, _propagate_tensor_meta_non_cached=apart):
         yield
-    finally:
-        ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
 
 
 def mem_tracker_total_key() -> str | None:

@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 
 from memlab.errors import MemlabError
+from memlab.live.patching import patched
 from memlab.measure.ledger import CATEGORIES, Ledger
 from memlab.plan import format_bytes
 from memlab.techniques.offload import HOST
@@ -290,12 +291,8 @@ class MemoryTracker(TorchDispatchMode):
             >>> tracker.live_breakdown()["activations"]
             4000
         """
-        previous = self._category
-        self._category = _check_category(category, self.categories)
-        try:
+        with patched(self, _category=_check_category(category, self.categories)):
             yield
-        finally:
-            self._category = previous
 
     def mark(self, tensors: Iterable[torch.Tensor | None], category: str) -> None:
         """Move the storages of ``tensors`` (``None`` ignored) to ``category``, adding those not yet tracked.

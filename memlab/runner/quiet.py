@@ -34,6 +34,7 @@ from types import FrameType
 from typing import Any, TextIO, cast
 
 from memlab.errors import MemlabWarning
+from memlab.live.patching import patched
 
 __all__ = ["QUIET_LOGGERS", "Remarks", "collecting", "matters", "quiet", "without_paths"]
 
@@ -324,18 +325,14 @@ def _captured_logs(remarks: Remarks) -> Iterator[None]:
         logger for name, logger in list(logging.root.manager.loggerDict.items())
         if isinstance(logger, logging.Logger) and "." in name and name.split(".")[0] in QUIET_LOGGERS
     ]
-    saved = [(logger, logger.handlers, logger.propagate) for logger in tops]
     handler = _CaptureHandler(capture)
-    for logger in tops:
-        logger.handlers = [handler]
-        logger.propagate = False
-    for logger in [*tops, *children]:
-        logger.addFilter(capture)
-    try:
-        yield
-    finally:
+    with contextlib.ExitStack() as kept:
+        for logger in tops:
+            kept.enter_context(patched(logger, handlers=[handler], propagate=False))
         for logger in [*tops, *children]:
-            logger.removeFilter(capture)
-        for logger, handlers, propagate in saved:
-            logger.handlers = handlers
-            logger.propagate = propagate
+            logger.addFilter(capture)
+        try:
+            yield
+        finally:
+            for logger in [*tops, *children]:
+                logger.removeFilter(capture)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.live.patching import patched
 from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, concerns_adapters_only
 from memlab.techniques.lever import SWITCH, Lever, PlanLike
 from memlab.techniques.technique import StepParts, Technique, Undo
@@ -173,12 +174,8 @@ def _precomputed(loss_fn: Callable[[Any, Any], Any], trainer: Any) -> Callable[[
         pairs = ids.shape[0] // 2
         inputs["ref_chosen_logps"] = ids.new_zeros(pairs, dtype=_float32())
         inputs["ref_rejected_logps"] = ids.new_zeros(pairs, dtype=_float32())
-        before = vars(trainer).get("precompute_ref_logps")
-        trainer.precompute_ref_logps = True
-        try:
+        with patched(trainer, precompute_ref_logps=True):
             return loss_fn(model, inputs)
-        finally:
-            trainer.precompute_ref_logps = before
 
     loss.trainer = trainer  # type: ignore[attr-defined]
     return loss

@@ -25,6 +25,7 @@ from packaging.version import InvalidVersion, Version
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
+from memlab.live.patching import patched
 from memlab.live.structure import ModuleStructure
 from memlab.plan import Plan
 from memlab.techniques.adapters import attach_adapter, compute_dtype, qlora_targets
@@ -305,10 +306,10 @@ class _FakeMoves:
     def __init__(self) -> None:
         self.devices: dict[int, tuple[torch.Tensor, torch.device]] = {}
         """Each moved tensor's device, by its (meta) storage; the tensor kept alive so that no storage is reused."""
-        self._original: Any = None
+        self._patch = contextlib.ExitStack()
 
     def __enter__(self) -> _FakeMoves:
-        original = self._original = torch.Tensor.to
+        original = torch.Tensor.to
         thread = threading.get_ident()
 
         def to(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -321,11 +322,11 @@ class _FakeMoves:
                     return moved
             return original(tensor, *args, **kwargs)
 
-        torch.Tensor.to = to  # type: ignore[method-assign,assignment]
+        self._patch.enter_context(patched(torch.Tensor, to=to))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        torch.Tensor.to = self._original  # type: ignore[method-assign]
+        self._patch.close()
 
     def fake(self, tensor: torch.Tensor, mode: FakeTensorMode) -> torch.Tensor:
         """The fake twin of a real tensor of the model: on the device it was moved to, if it was."""

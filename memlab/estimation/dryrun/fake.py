@@ -31,6 +31,7 @@ from memlab.estimation.dryrun.triton_guard import start_skipping, stop_skipping
 from memlab.estimation.dryrun.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
 from memlab.live.batch import Batch, StepBatches, map_tensors
 from memlab.live.compat import fake_cache_key_matches, fake_meta_handlers, grouped_mm
+from memlab.live.patching import patched
 from memlab.runner.quiet import quiet
 
 __all__ = [
@@ -325,11 +326,8 @@ def _constant_data() -> Iterator[None]:
 
         return made
 
-    torch.tensor, torch.as_tensor = reading(originals[0]), reading(originals[1])  # type: ignore[assignment]
-    try:
+    with patched(torch, tensor=reading(originals[0]), as_tensor=reading(originals[1])):
         yield
-    finally:
-        torch.tensor, torch.as_tensor = originals  # type: ignore[assignment]
 
 
 _VALUE_FACTORIES = {

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from memlab.live.patching import patched
+
 __all__ = ["FULL_MASK_DROPPED", "model_made_positions", "without_full_mask"]
 
 FULL_MASK_DROPPED = (
@@ -80,8 +82,5 @@ def model_made_positions(batch: Any) -> Iterator[bool]:
     def unpacked(position_ids: torch.Tensor) -> torch.Tensor | None:
         return None if is_fake(position_ids) else original(position_ids)
 
-    masking_utils.find_packed_sequence_indices = unpacked
-    try:
+    with patched(masking_utils, find_packed_sequence_indices=unpacked):
         yield True
-    finally:
-        masking_utils.find_packed_sequence_indices = original

@@ -42,6 +42,7 @@ from memlab.estimation.cuda.allocator import MIB, CachingAllocator, expandable_s
 from memlab.estimation.dryrun.fake import FakeMode
 from memlab.events import Event, StepFinished, TrialStarted
 from memlab.live.batch import Batch, named_tensors
+from memlab.live.patching import patched
 from memlab.measure.tracker import MemoryTracker
 from memlab.techniques.weights import modelled_release
 
@@ -276,16 +277,10 @@ class ReservedTrace:
         observed = isinstance(mode, FakeMode) and mode.observer is None
         try:
             # Where the weights lever gives the cache back on CUDA (after its cast, around its undo), the model does.
-            with modelled_release(allocator.empty_cache):
-                if observed:
-                    mode.observer = tracker.observe  # type: ignore[union-attr]
-                    yield
-                else:
-                    with tracker:
-                        yield
+            with modelled_release(allocator.empty_cache), (
+                    patched(mode, observer=tracker.observe) if observed else tracker):
+                yield
         finally:
-            if observed:
-                mode.observer = None  # type: ignore[union-attr]
             live[0] = False
             self.call_reserved_bytes = allocator.most_reserved_bytes
             self._allocator = None

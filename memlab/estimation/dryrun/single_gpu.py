@@ -63,6 +63,7 @@ from memlab.estimation.dryrun.reserved import ReservedTrace, reserved_notes
 from memlab.estimation.dryrun.triton_guard import skipped_kernels_note
 from memlab.estimation.dryrun.unknown import foreign_ops_note
 from memlab.live.batch import LossFn
+from memlab.live.patching import patched
 from memlab.live.structure import trainable_parameters
 from memlab.measure.probes import FakeProbe
 from memlab.measure.tracker import CATEGORIES
@@ -323,11 +324,8 @@ def fake_checkpoints() -> Iterator[None]:
         leaves = torch.utils._pytree.tree_leaves(args)
         return original(*[leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and not is_fake(leaf)])
 
-    torch.utils.checkpoint.get_device_states = device_states
-    try:
+    with patched(torch.utils.checkpoint, get_device_states=device_states):
         yield
-    finally:
-        torch.utils.checkpoint.get_device_states = original
 
 
 @cpu_rng_kept()

@@ -38,6 +38,7 @@ from memlab.live.compat import (
     mem_tracker_total_key,
     sharding_prop_strided_flag,
 )
+from memlab.live.patching import patched
 
 __all__ = ["foreach_split_once", "fsdp_mem_tracker", "strided_flag_once", "tracker_class"]
 
@@ -150,11 +151,10 @@ def strided_flag_once() -> Iterator[None]:
         if last[1]:  # PyTorch's own returns at once where no argument is strided
             original(op_strategy, op_schema)
 
-    _sharding_prop._propagate_use_strided_shard_flag = once
     try:
-        yield
+        with patched(_sharding_prop, _propagate_use_strided_shard_flag=once):
+            yield
     finally:
-        _sharding_prop._propagate_use_strided_shard_flag = original
         last.clear()
 
 
@@ -205,11 +205,10 @@ def foreach_split_once() -> Iterator[None]:
         except _NotPlain:
             return original(types, fn, tree, is_leaf=is_leaf)
 
-    module.tree_map_only = pick  # type: ignore[assignment]  # pytree's overloads, called one way here
     try:
-        yield
+        with patched(module, tree_map_only=pick):
+            yield
     finally:
-        module.tree_map_only = original
         last.clear()
 
 
