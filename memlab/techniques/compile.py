@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from memlab.errors import MemlabError
-from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys
+from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, nothing_for
 from memlab.techniques.lever import PlanLike
 from memlab.techniques.technique import StepParts, Technique, Undo
 
@@ -167,9 +167,7 @@ def compile_export(target: str) -> Export:
 
     def fragment(plan: PlanLike) -> Fragment:
         if not plan.compile:
-            off: dict[str, Fragment] = {"trainer": Keys(), "deepspeed": Keys(), "code": Code(),
-                                        "accelerate": Accelerate()}
-            return off.get(target, Elsewhere())
+            return nothing_for(target)
         if target == "trainer":
             return Keys({"torch_compile": True})
         if target == "code":

@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 from memlab.live.device import ENVIRONMENT_LINE, PYTHON_LINE, switch_expandable_segments_on
-from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, concerns_adapters_only
+from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, nothing_for, per_target_but_peft
 from memlab.techniques.lever import Lever, PlanLike
 from memlab.techniques.technique import StepParts, Technique, Undo
 
@@ -86,8 +86,7 @@ def _comments(lines: tuple[str, ...]) -> tuple[str, ...]:
 def _export(target: str) -> Export:
     def fragment(plan: PlanLike) -> Fragment:
         if not plan.expandable_segments:
-            return Keys() if target in ("trainer", "deepspeed") else Accelerate() if target == "accelerate" \
-                else Code()
+            return nothing_for(target)
         if target == "code":  # the snippet's model is on its GPU already: too late to set, so it says when
             return Code(environment=_comments(SET_BEFORE))
         if target == "accelerate":  # the script loads the model itself: the line goes before torch is imported
@@ -114,13 +113,7 @@ DECLARATIONS = (
         needs_at_least=lambda mine, theirs: not mine,
         on_cpu=lambda value: False,
         on_cpu_note="expandable segments are the CUDA allocator's: on a CPU the plan runs the same step",
-        exports={
-            "trainer": _export("trainer"),
-            "deepspeed": _export("deepspeed"),
-            "code": _export("code"),
-            "peft": concerns_adapters_only,
-            "accelerate": _export("accelerate"),
-        },
+        exports=per_target_but_peft(_export),
     ),
 )
 """The lever's declaration (:data:`memlab.techniques.registry.REGISTRY` gathers it)."""

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from memlab.errors import UnsupportedTechnique
-from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, concerns_adapters_only
+from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, nothing_for, per_target_but_peft
 from memlab.techniques.lever import Lever, PlanLike
 from memlab.techniques.technique import StepParts, Technique, Undo
 
@@ -294,9 +294,7 @@ _CONVERT = (
 def _export(target: str) -> Export:
     def fragment(plan: PlanLike) -> Fragment:
         if not plan.fp8:
-            off: dict[str, Fragment] = {"trainer": Keys(), "deepspeed": Keys(), "code": Code(),
-                                        "accelerate": Accelerate()}
-            return off.get(target, Elsewhere())
+            return nothing_for(target)
         if target == "code":
             return Code(imports=("from torchao.float8 import Float8LinearConfig, convert_to_float8_training",),
                         model=_CONVERT)
@@ -329,13 +327,7 @@ DECLARATIONS = (
         conflicts=fp8_conflicts,
         activation_key=lambda value: value,
         speed={True: (1.2, 1.0)},
-        exports={
-            "trainer": _export("trainer"),
-            "deepspeed": _export("deepspeed"),
-            "code": _export("code"),
-            "peft": concerns_adapters_only,
-            "accelerate": _export("accelerate"),
-        },
+        exports=per_target_but_peft(_export),
     ),
 )
 """The lever's declaration (:data:`memlab.techniques.registry.REGISTRY` gathers it)."""

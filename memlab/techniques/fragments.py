@@ -217,6 +217,29 @@ def per_target(make: Callable[[str], Export]) -> dict[str, Export]:
     return {target: make(target) for target in TARGETS}
 
 
+def per_target_but_peft(make: Callable[[str], Export]) -> dict[str, Export]:
+    """The ``exports`` of a lever that is not an adapter's: ``make(target)`` for each target but peft, whose is
+    :func:`concerns_adapters_only`.
+
+    Example:
+        >>> per_target_but_peft(lambda target: carried)["peft"](None)
+        Elsewhere(note='')
+    """
+    return {target: concerns_adapters_only if target == "peft" else make(target) for target in TARGETS}
+
+
+def nothing_for(target: str) -> Fragment:
+    """What ``target``'s export adds for a lever at its default that changes nothing there: empty keys (the
+    Trainer's arguments, the DeepSpeed config), no code, no accelerate settings; peft's ``LoraConfig`` is not its place.
+
+    Example:
+        >>> nothing_for("trainer"), nothing_for("peft")
+        (Keys(keys={}, legacy=None), Elsewhere(note=''))
+    """
+    empty: dict[str, Fragment] = {"trainer": Keys(), "deepspeed": Keys(), "code": Code(), "accelerate": Accelerate()}
+    return empty.get(target, Elsewhere())
+
+
 def merge_keys(into: Mapping[str, Any], keys: Mapping[str, Any]) -> dict[str, Any]:
     """``into`` with ``keys`` added: nested dicts merge, ``"_comment"`` texts join with ``"; "``, and two levers
     setting one key to different values is a declaration error.

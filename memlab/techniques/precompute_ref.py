@@ -31,7 +31,7 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.live.patching import patched
-from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, concerns_adapters_only
+from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, per_target_but_peft
 from memlab.techniques.lever import SWITCH, Lever, PlanLike
 from memlab.techniques.technique import StepParts, Technique, Undo
 
@@ -255,8 +255,7 @@ DECLARATIONS = (
         choices=SWITCH,
         technique=PRECOMPUTE,
         none_means="the trainer's own setting",
-        exports={**{target: _export(target) for target in ("trainer", "deepspeed", "code", "accelerate")},
-                 "peft": concerns_adapters_only},
+        exports=per_target_but_peft(_export),
         needs_trainer="a TRL DPOTrainer",
     ),
 )

@@ -23,7 +23,7 @@ import textwrap
 from typing import Any
 
 from memlab.errors import MemlabError
-from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, concerns_adapters_only
+from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, per_target_but_peft
 from memlab.techniques.lever import SWITCH, Lever, PlanLike
 from memlab.techniques.technique import StepParts, Technique, Undo
 
@@ -128,8 +128,9 @@ class VLLMEngine(Technique):
         >>> import torch
         >>> from torch import nn
         >>> from memlab.plan import Plan
-        >>> VLLM.put_on(StepParts(nn.Linear(2, 2), Plan(), torch.device("cpu"))) is None
-        True
+        >>> VLLM.put_on(StepParts(nn.Linear(2, 2), Plan(vllm_sleep=True), torch.device("cpu")))
+        Traceback (most recent call last):
+        memlab.errors.MemlabError: plan 'vllm-sleep=True' sets a vLLM engine, and this step has none: ...
     """
 
     def put_on(self, parts: StepParts) -> Undo | None:
@@ -171,8 +172,7 @@ def _export(target: str, name: str) -> Export:
 
 
 def _exports(name: str) -> dict[str, Export]:
-    return {**{target: _export(target, name) for target in ("trainer", "deepspeed", "code", "accelerate")},
-            "peft": concerns_adapters_only}
+    return per_target_but_peft(lambda target: _export(target, name))
 
 
 DECLARATIONS = (
