@@ -7,6 +7,12 @@ fake tensors (``an illegal memory access was encountered``). This machine has no
 with Triton's two launch points (``KernelInterface.__getitem__``, ``JITFunction.run``): a launch on real tensors runs
 the kernel's Python body (TRL's own torch fallback), a launch on fake tensors fails as the GPU did. TRL's module is
 switched to its Triton branch, so the test runs TRL's own code on a fake CUDA device.
+
+What a skipped launch would have taken is counted (memlab/estimation/dryrun/triton_launches.py): a stand-in host
+wrapper written as Liger's RMSNorm (its workspace sized by torch.cuda's multiprocessors, patched to an H100's) around
+stand-in kernels whose launch takes a global scratch known from Triton's compiled metadata, from the tensor
+descriptors in the kernel's source, from memlab's table, or from nothing (named with its bound, not counted). Each
+is estimated against the same step whose launch takes nothing: the peaks differ by exactly those bytes.
 """
 
 from __future__ import annotations
@@ -157,3 +163,161 @@ def test_an_entered_fake_mode_stays_copyable() -> None:
     with FakeMode() as mode:
         twin = copy.deepcopy(mode)
     assert twin.skipped_kernels == set() and twin is not mode
+
+
+# --- what a skipped launch would have taken: counted (memlab/estimation/dryrun/triton_launches.py) -------------------
+
+ROWS, HIDDEN, SMS = 64, 256, 132
+"""The stand-in step's rows and width, and the multiprocessors the patched torch.cuda reports (an H100's)."""
+
+
+def _use_triton(device: torch.device) -> bool:
+    """The host code's choice, as TRL's and Liger's make it: Triton on CUDA. A dry run for CUDA on this machine keeps
+    its fake tensors on the CPU's device, so the tests switch it on."""
+    return device.type == "cuda"
+
+
+def _scale_tile(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, n_cols: int, BLOCK: int = 256) -> None:
+    """The kernel's body (the stand-in runs it on real tensors): each row of ``x`` scaled by ``w`` into ``out``."""
+    out.copy_(x * w)
+
+
+def _described_tile(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, n_cols: int, BLOCK: int = 256) -> None:
+    """A kernel that makes two tensor descriptors on the device (TMA on Hopper): Triton asks a global scratch of
+    128 B per descriptor, program and pipeline stage."""
+    source = TL.make_tensor_descriptor(x, shape=[n_cols], strides=[1], block_shape=[BLOCK])
+    target = TL.make_tensor_descriptor(out, shape=[n_cols], strides=[1], block_shape=[BLOCK])
+    target.store([0], source.load([0]) * w)
+
+
+TL = types.SimpleNamespace(make_tensor_descriptor=lambda *args, **kwargs: None)
+"""Where ``_described_tile`` finds ``make_tensor_descriptor`` (never called: its launches are skipped)."""
+
+
+def _opaque_tile() -> Callable[..., None]:
+    """A kernel function whose source cannot be read (made by ``exec``): neither in memlab's table nor bounded by
+    its source."""
+    namespace: dict[str, Any] = {}
+    exec("def opaque(x, w, out, n_cols, BLOCK=256):\n    out.copy_(x * w)\n", namespace)  # noqa: S102
+    return namespace["opaque"]
+
+
+class _Scaled(torch.autograd.Function):
+    """A host wrapper around a Triton launch, as Liger's RMSNorm is written: its outputs (and, with ``workspace``, a
+    float32 buffer of one row per multiprocessor, Liger's ``_dW``) made with torch, then the kernel launched on them."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, kernel: Any, workspace: bool,
+                options: dict[str, Any]) -> torch.Tensor:
+        out = torch.empty_like(x)
+        ctx.save_for_backward(x)
+        if not _use_triton(x.device):
+            return out.copy_(x * w)
+        # A float32 statistic per row, dropped after the launch (TRL's running max): the launch's moment stays the
+        # step's peak, above the loss's 4 bytes made while ``out`` lives.
+        stats = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+        partial = None
+        if workspace:
+            sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+            partial = torch.empty((sms, x.shape[-1]), dtype=torch.float32, device=x.device)
+        kernel[(x.shape[0],)](x, w, out, x.shape[-1], BLOCK=256, **options)
+        del partial, stats
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        (x,) = ctx.saved_tensors
+        return None, x.sum(0), None, None, None  # the loss is out.sum(): each row's gradient is one
+
+
+class _ScaledModel(torch.nn.Module):
+    def __init__(self, kernel: Any, workspace: bool = False, **options: Any) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(HIDDEN))
+        self.kernel, self.workspace, self.options = kernel, workspace, options
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Scaled.apply(x, self.w, self.kernel, self.workspace, self.options).sum()
+
+
+def _estimate(kernel: Any, workspace: bool = False, **options: Any) -> memlab.Trial:
+    """The stand-in step estimated for CUDA. Its peak is the launch's moment (the batch, its output and whatever
+    the launch takes), so two estimates differ by exactly what one launch takes more."""
+    trial = memlab.estimate(_ScaledModel(kernel, workspace, **options), torch.randn(ROWS, HIDDEN), Plan(),
+                            device="cuda", loss_fn=lambda model, batch: model(batch))
+    assert trial.status == "ok", trial.error
+    return trial
+
+
+def _note(trial: memlab.Trial) -> str:
+    return next((note for note in trial.notes if note.startswith("Triton kernels")), "")
+
+
+@pytest.fixture
+def cuda_branch(triton: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host wrapper's CUDA branch on this machine: Triton chosen, and torch.cuda telling an H100's
+    multiprocessors (Liger sizes its RMSNorm workspace by them)."""
+    monkeypatch.setattr(sys.modules[__name__], "_use_triton", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: types.SimpleNamespace(multi_processor_count=SMS, name="NVIDIA H100"))
+
+
+def _kernel(fn: Callable[..., None], name: str, scratch: int | None = None) -> JITFunction:
+    """The stand-in kernel of ``fn`` named ``name``; with ``scratch``, compiled in this process with that global
+    scratch per program (as Triton keeps a compiled kernel: ``device_caches[device][0][key].metadata``)."""
+    fn.__name__ = name
+    kernel = JITFunction(fn)
+    if scratch is not None:
+        compiled = types.SimpleNamespace(metadata=types.SimpleNamespace(global_scratch_size=scratch, num_ctas=1))
+        kernel.device_caches = {0: ({"key": compiled}, None, None, None)}  # type: ignore[attr-defined]
+    return kernel
+
+
+def test_a_host_wrappers_workspace_around_a_skipped_launch_is_counted(cuda_branch: None) -> None:
+    plain = _estimate(_kernel(_scale_tile, "_scale_kernel"))
+    with_workspace = _estimate(_kernel(_scale_tile, "_scale_kernel"), workspace=True)
+    assert with_workspace.peak_bytes - plain.peak_bytes == SMS * HIDDEN * 4  # the (SMs, hidden) float32 buffer
+    assert "_scale_kernel" in _note(plain) and "no tensor descriptor in its source: 0 B" in _note(plain)
+
+
+def test_a_compiled_kernels_global_scratch_is_counted_around_its_skipped_launch(cuda_branch: None) -> None:
+    none = _estimate(_kernel(_scale_tile, "_scale_kernel", scratch=0))
+    scratch = _estimate(_kernel(_scale_tile, "_scale_kernel", scratch=384))
+    assert scratch.peak_bytes - none.peak_bytes == ROWS * 384  # a program per row, 384 B each
+    assert f"_scale_kernel (its compiled scratch: {ROWS * 384:,} B)" in _note(scratch), scratch.notes
+
+
+def test_a_kernels_tensor_descriptors_are_counted_at_tritons_bound(cuda_branch: None) -> None:
+    plain = _estimate(_kernel(_scale_tile, "_scale_kernel"))
+    described = _estimate(_kernel(_described_tile, "_described_kernel"), num_stages=2)
+    assert described.peak_bytes - plain.peak_bytes == ROWS * 128 * 2 * 2  # programs x 128 B x descriptors x stages
+    assert f"_described_kernel (its source's bound: {ROWS * 512:,} B)" in _note(described), described.notes
+
+
+def test_a_kernel_of_memlabs_table_is_counted_by_its_rule(cuda_branch: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memlab.estimation.dryrun.triton_launches import KNOWN_KERNELS, KnownKernel
+
+    plain = _estimate(_kernel(_scale_tile, "_scale_kernel"))
+    rule = KnownKernel(lambda launch: (launch.programs() or 0) * 1000, "a workspace of 1,000 B a row")
+    monkeypatch.setitem(KNOWN_KERNELS, (__name__, "_tabled_kernel"), rule)
+    tabled = _estimate(_kernel(_scale_tile, "_tabled_kernel"))
+    assert tabled.peak_bytes - plain.peak_bytes == ROWS * 1000
+    assert f"_tabled_kernel (memlab's table: {ROWS * 1000:,} B)" in _note(tabled), tabled.notes
+
+
+def test_an_unknown_kernel_is_named_with_its_bound_and_nothing_counted(cuda_branch: None) -> None:
+    plain = _estimate(_kernel(_scale_tile, "_scale_kernel"))
+    opaque = _estimate(_kernel(_opaque_tile(), "_opaque_kernel"))
+    assert opaque.peak_bytes == plain.peak_bytes
+    assert ("not counted: _opaque_kernel (at most its global scratch, programs x its compiled "
+            "global_scratch_size)") in _note(opaque), opaque.notes
+
+
+def test_trls_kernels_are_known_to_take_nothing_more(tmp_path: Path, trl_on_triton: dict[str, JITFunction]) -> None:
+    peft = pytest.importorskip("peft")
+    from test_trainer_setups import sft
+
+    trainer = sft(tmp_path, peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    note = _note(memlab.estimate(trainer, Plan(), device="cuda"))
+    assert ("counted for _backward_kernel (memlab's table: 0 B), _forward_kernel (memlab's table: 0 B)" in note
+            and "not counted" not in note), note

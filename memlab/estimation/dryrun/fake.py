@@ -28,6 +28,7 @@ from memlab.estimation.configs import is_transformers_config, load_config, meta_
 from memlab.estimation.cuda.devices import kernels_device, target_device
 from memlab.estimation.dryrun.fake_values import constant_step, on_cpu, placed
 from memlab.estimation.dryrun.triton_guard import start_skipping, stop_skipping
+from memlab.estimation.dryrun.triton_launches import SkippedKernels
 from memlab.estimation.dryrun.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
 from memlab.live.batch import Batch, StepBatches, map_tensors
 from memlab.live.compat import fake_cache_key_matches, fake_meta_handlers, grouped_mm
@@ -98,9 +99,10 @@ class FakeMode(FakeTensorMode):
         """Whether results computed from constant inputs alone stay constant (up to :data:`VALUE_LIMIT` elements):
         set by :func:`fake_batch` for a batch with image inputs, whose values it keeps."""
         self.foreign_ops: set[str] = set()
-        self.skipped_kernels: set[str] = set()
+        self.skipped_kernels = SkippedKernels()
         """The Triton kernels a launch of which was skipped because it was given fake tensors
-        (:mod:`memlab.estimation.dryrun.triton_guard`)."""
+        (:mod:`memlab.estimation.dryrun.triton_guard`), with what each launch took itself
+        (:mod:`memlab.estimation.dryrun.triton_launches`)."""
         self._launch_guards = 0
         self._foreign: dict[Any, bool] = {}
         self.observer: Callable[[Any, Any], None] | None = None

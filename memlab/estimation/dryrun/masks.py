@@ -8,8 +8,12 @@ reading them, a dry run takes the real step's branch:
 
 - :func:`without_full_mask`: an ``attention_mask`` of all ones (given as a shape, or as a real tensor of ones) is left
   out of the batch, as transformers leaves it out;
-- :func:`model_made_positions`: where the batch gives no ``position_ids``, the model makes them itself, one
-  sequence per row (``arange``), which is never a packed batch: the packed-sequence check answers so.
+- :func:`model_made_positions`: where the batch gives no ``position_ids`` (neither a dict batch nor a trainer's
+  micro-batches), the model makes them itself, one sequence per row (``arange``), which is never a packed batch: the
+  packed-sequence check answers so. Where they are given (TRL's packing and padding-free collators), the check runs
+  on the fake ones and answers "packed", as transformers answers a traced step: the block-diagonal (L, L) mask is
+  built and attention takes it, as in the real step of a packed batch (a given ``position_ids`` that packs nothing
+  is estimated with that mask too: high, never low).
 
 Example:
     >>> without_full_mask({"input_ids": (2, 8), "attention_mask": (2, 8)})
@@ -25,6 +29,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from memlab.live.batch import StepBatches
 from memlab.live.patching import patched
 
 __all__ = ["FULL_MASK_DROPPED", "model_made_positions", "without_full_mask"]
@@ -66,7 +71,7 @@ def model_made_positions(batch: Any) -> Iterator[bool]:
         ...     unpacked
         False
     """
-    if isinstance(batch, Mapping) and "position_ids" in batch:
+    if _gives_positions(batch):
         yield False
         return
     try:
@@ -84,3 +89,15 @@ def model_made_positions(batch: Any) -> Iterator[bool]:
 
     with patched(masking_utils, find_packed_sequence_indices=unpacked):
         yield True
+
+
+def _gives_positions(batch: Any) -> bool:
+    """Whether ``batch`` gives ``position_ids``: a batch's own key, or a trainer's micro-batches' (a padding-free or
+    packed collator's, which :class:`~memlab.live.batch.StepBatches` makes; the plain micro-batch is made here if
+    none was, and kept for the step)."""
+    if isinstance(batch, StepBatches):
+        try:
+            return any(name == repr("position_ids") for name, _ in batch.tensors())
+        except Exception:  # noqa: BLE001 - a collator that fails fails in the plan's own trial, said there
+            return False
+    return isinstance(batch, Mapping) and "position_ids" in batch

@@ -8,22 +8,24 @@ log-probabilities go through TRL's fused Triton kernel on CUDA, ``trl/kernels/lo
 launched the same way.
 
 Such kernels write into tensors that PyTorch made before the launch (``torch.empty``: fake, and counted by the dry
-run), so a launch that is skipped loses no allocation; only what the kernel takes inside itself is not seen, as for
-any other operator (:data:`memlab.estimation.dryrun.fake.BLIND_SPOTS`). While a dry run's
-:class:`~memlab.estimation.dryrun.fake.FakeMode` is entered, :func:`start_skipping` wraps Triton's two launch
-points (``KernelInterface.__getitem__``, the ``kernel[grid](...)`` of plain, autotuned and heuristic kernels alike,
-and ``JITFunction.run``): a launch with a fake tensor among its arguments does nothing and its kernel's name is
-kept for the estimate's notes (:func:`skipped_kernels_note`); a launch with real tensors (another thread's
-training) runs as before. Nothing is imported: where Triton is not loaded (every CPU-only install) there is nothing
-to guard.
+run); the one buffer a launch takes itself is Triton's global scratch, which
+:mod:`memlab.estimation.dryrun.triton_launches` knows or bounds from the launch (a declared table of the kernels
+memlab users meet, the compiled kernel's metadata, the kernel's source) and counts around the skipped launch. While a
+dry run's :class:`~memlab.estimation.dryrun.fake.FakeMode` is entered, :func:`start_skipping` wraps Triton's two
+launch points (``KernelInterface.__getitem__``, the ``kernel[grid](...)`` of plain, autotuned and heuristic kernels
+alike, and ``JITFunction.run``): a launch with a fake tensor among its arguments is not made, what it would have
+taken is counted (:func:`~memlab.estimation.dryrun.triton_launches.take_around_launch`), and its kernel is named,
+with how its bytes were known or what bounds them, in the estimate's notes (:func:`skipped_kernels_note`); a launch
+with real tensors (another thread's training) runs as before. Nothing is imported: where Triton is not loaded
+(every CPU-only install) there is nothing to guard.
 
 Example:
     >>> names: set[str] = set()
     >>> with skip_fake_launches(names):
     ...     pass
     >>> print(skipped_kernels_note({"_forward_kernel"}))
-    Triton kernels were not launched on fake tensors (_forward_kernel): the tensors they write into are counted, what
-    they take inside is not
+    Triton kernels were not launched on fake tensors (_forward_kernel): the tensors they write into, made around them,
+    are counted; not counted: _forward_kernel (at most its global scratch)
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
+
+from memlab.estimation.dryrun.triton_launches import Launch, LaunchCost, launch_cost, launches_note, take_around_launch
 
 __all__ = ["skip_fake_launches", "skipped_kernels_note", "start_skipping", "stop_skipping"]
 
@@ -54,22 +58,24 @@ def _has_fake(args: Iterable[Any]) -> bool:
     return False
 
 
-def _kernel_name(kernel: Any) -> str:
-    # An autotuned or heuristic kernel holds the JITFunction (``fn``), which holds the Python function (``fn``).
-    for _ in range(4):
-        name = getattr(kernel, "__name__", None)
-        if isinstance(name, str):
-            return name
-        kernel = getattr(kernel, "fn", None)
-        if kernel is None:
-            break
-    return "a Triton kernel"
-
-
-def _skipped(kernel: Any) -> None:
+def _skipped(launch: Launch) -> None:
+    """Name the skipped launch's kernel in the innermost guard's sink, with what memlab made of its bytes, and take
+    those bytes around it (outside the lock: the dry run's tracker sees the buffer)."""
+    try:
+        cost = launch_cost(launch)
+    except Exception as error:  # noqa: BLE001 - a kernel object of a Triton memlab did not read: named, not counted
+        cost = LaunchCost(None, "unknown", f"its global scratch ({type(error).__name__} reading the launch)")
     with _lock:
-        if _sinks:
-            _sinks[-1].add(_kernel_name(kernel))
+        if not _sinks:
+            return
+        sink = _sinks[-1]
+        record = getattr(sink, "record", None)
+        if record is not None:
+            record(launch.name, cost)
+        else:
+            sink.add(launch.name)
+    if cost.counted:
+        take_around_launch(cost.counted, (*launch.args, *launch.kwargs.values()))
 
 
 def _guarded_getitem(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -78,7 +84,7 @@ def _guarded_getitem(original: Callable[..., Any]) -> Callable[..., Any]:
 
         def launch_unless_fake(*args: Any, **kwargs: Any) -> Any:
             if _has_fake(args) or _has_fake(kwargs.values()):
-                _skipped(self)
+                _skipped(Launch(self, grid, args, kwargs))
                 return None
             return launch(*args, **kwargs)
 
@@ -90,7 +96,8 @@ def _guarded_getitem(original: Callable[..., Any]) -> Callable[..., Any]:
 def _guarded_run(original: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _has_fake(args) or _has_fake(kwargs.values()):
-            _skipped(self)
+            launched = {key: value for key, value in kwargs.items() if key not in ("grid", "warmup")}
+            _skipped(Launch(self, kwargs.get("grid"), args, launched))
             return None
         return original(self, *args, **kwargs)
 
@@ -165,7 +172,10 @@ def skip_fake_launches(names: set[str]) -> Iterator[None]:
 
 
 def skipped_kernels_note(names: Iterable[str]) -> str | None:
-    """The estimate's note naming the Triton kernels a dry run did not launch (None where there were none).
+    """The estimate's note naming the Triton kernels a dry run did not launch (None where there were none), and what
+    their launches took themselves: counted, with how memlab knew it, or not counted, with its bound
+    (:func:`~memlab.estimation.dryrun.triton_launches.launches_note`; ``names`` a
+    :class:`~memlab.estimation.dryrun.triton_launches.SkippedKernels` carries the costs).
 
     Example:
         >>> skipped_kernels_note([]) is None
@@ -174,5 +184,6 @@ def skipped_kernels_note(names: Iterable[str]) -> str | None:
     listed = sorted(set(names))
     if not listed:
         return None
-    return (f"Triton kernels were not launched on fake tensors ({', '.join(listed)}): the tensors they write into are "
-            "counted, what they take inside is not")
+    said = launches_note(listed, getattr(names, "costs", {}))
+    return (f"Triton kernels were not launched on fake tensors ({', '.join(listed)}): the tensors they write into, "
+            f"made around them, are counted; {said}")
