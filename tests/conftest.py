@@ -96,6 +96,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         # Under xdist (--dist loadgroup), a test file's tests run in one worker, so that its module-scoped fixtures
         # (the models several tests share) are built once; the browser tests share one JupyterLab and Chromium.
+        if item.get_closest_marker("browser") and not item.get_closest_marker("e2e"):
+            item.add_marker(pytest.mark.e2e)  # before pytest's -m deselects by the markers (this hook runs first)
         if item.get_closest_marker("xdist_group") is None:
             group = "browser" if item.get_closest_marker("browser") else item.nodeid.split("::")[0]
             item.add_marker(pytest.mark.xdist_group(group))

@@ -94,6 +94,7 @@ def test_an_encoder_decoders_shared_embedding_stays_with_the_root(make: Any) -> 
         assert estimate.peak_bytes > 0
 
 
+@pytest.mark.e2e
 def test_the_exported_t5_sharding_runs_on_two_gloo_ranks_as_estimated(tmp_path: Any) -> None:
     """The layout above is what the exported script shards with: run for real on 2 gloo ranks (fully_shard, two
     steps, memlab's CPU tracker measuring the second), each rank's peak within 15% of the estimate."""

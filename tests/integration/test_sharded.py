@@ -173,6 +173,7 @@ def gloo_records(tmp_path_factory: pytest.TempPathFactory) -> dict[Plan, str]:
     return records
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("plan", GLOO_PLANS[:2], ids=lambda p: p.label())
 def test_fsdp2_on_two_cpu_ranks_matches_the_estimate(plan: Plan, gloo_records: dict[Plan, str]) -> None:
     """The exported sharding, run for real: torchrun, 2 gloo ranks, fully_shard, two steps; memlab's CPU tracker
@@ -304,6 +305,7 @@ def test_adafactor_under_fsdp2_is_refused_with_what_to_write() -> None:
     assert found is not None and found.status == "error" and "does not run with FSDP2" in (found.error or "")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("plan", GLOO_PLANS[2:], ids=lambda p: p.label())
 def test_fsdp2_lora_on_two_cpu_ranks_matches_the_estimate(plan: Plan, gloo_records: dict[Plan, str]) -> None:
     """Issue 47 item 6: the same real run with peft's LoRA before fully_shard; the estimate is composed from the

@@ -157,6 +157,7 @@ with open(f"rank{rank}.json", "w") as out:
 ''' + CLEAN_RANK_EXIT
 
 
+@pytest.mark.e2e
 @pytest.mark.needs("deepspeed")
 def test_deepspeeds_own_zero3_partitions_of_a_tied_gpt2_are_the_estimates(tmp_path: Path) -> None:
     script = tmp_path / "train.py"

@@ -83,10 +83,10 @@ with open(f"rank{rank}.json", "w") as out:
 ''' + CLEAN_RANK_EXIT
 
 
+@pytest.mark.e2e
+@pytest.mark.needs("deepspeed")
 @pytest.mark.parametrize("plan", [Plan(), Plan(adapter="lora", lora_rank=4)], ids=lambda p: p.label())
 def test_zero3_on_two_cpu_ranks_matches_the_estimate_but_for_its_buckets(plan: Plan, tmp_path: Path) -> None:
-    pytest.importorskip("deepspeed")
-    pytest.importorskip("peft")
     from transformers import LlamaConfig
 
     script = tmp_path / "train.py"

@@ -36,6 +36,7 @@ SAVED_LIMIT_BYTES = 250_000
 """The most a workshop notebook may weigh, saved after a run."""
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(PER_NOTEBOOK_S + 60)
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_top_to_bottom(name):
@@ -66,6 +67,7 @@ def test_notebook_runs_top_to_bottom(name):
     )
 
 
+@pytest.mark.e2e
 def test_all_notebooks_together_run_in_under_ten_minutes():
     """Their kernels' CPU time, not the wall clock: the notebooks run beside the rest of the suite, and on a loaded
     machine (a run at load 15-45 on 2 cores took 797 s of wall time) the wall clock measures the machine. Each kernel

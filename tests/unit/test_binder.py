@@ -185,6 +185,7 @@ def test_postbuild_installs_the_workshop_extra_with_what_the_notebooks_import_be
     assert {"trl", "datasets"} <= {Requirement(text).name for text in extras["workshop"]}
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(960)
 def test_a_venv_built_as_binder_builds_it_imports_every_notebooks_imports():
     """Issue 39: a fresh venv (no system site-packages), ``pip install -r binder/requirements.txt``, then
