@@ -61,7 +61,7 @@ def test_ci_tests_exactly_the_declared_floors() -> None:
 
 _FAKE_PYTHON = """#!/bin/sh
 echo "$(basename "$0") $*" >> "$CALLS"
-case "$*" in *"pytest -q -p no:cacheprovider tests/unit tests/integration"*) exit "$FLOOR_STATUS";; esac
+case "$*" in *"pytest -q -p no:cacheprovider -m  tests/unit tests/integration"*) exit "$FLOOR_STATUS";; esac
 exit 0
 """
 
@@ -85,7 +85,8 @@ def test_ci_runs_the_floor_stack_always_and_fails_with_it(floor_status: int, tmp
                                            "HOME": str(tmp_path)})
     floor = [line for line in calls.read_text().splitlines() if line.startswith("python ")]
     assert floor == ["python -m pip install -q -r .ci/floor-requirements.txt -e .[test]",
-                     "python -m pytest -q -p no:cacheprovider tests/unit tests/integration"], done.stdout
+                     # -m "": the e2e tests among them too (the fake python prints the empty argument as nothing)
+                     "python -m pytest -q -p no:cacheprovider -m  tests/unit tests/integration"], done.stdout
     assert done.returncode == floor_status, done.stdout + done.stderr
 
 
@@ -274,3 +275,16 @@ def test_the_allocator_settings_are_set_and_read_through_pytorchs_names(monkeypa
     monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", seen.append, raising=False)
     compat.set_allocator_settings("expandable_segments:True")  # a torch with only the older name
     assert seen == ["expandable_segments:True"]
+
+
+def test_ci_runs_the_e2e_tests_the_readme_leaves_out_before_the_site() -> None:
+    """The README's command deselects the end-to-end tests (pyproject's addopts: ``-m 'not e2e'``); .ci/run runs
+    them as a stage of its own, after that command and before the site, which shows the notebooks they executed."""
+    import tomllib
+
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert "-m 'not e2e'" in addopts
+    script = (ROOT / ".ci" / "run").read_text()
+    readme, e2e, site = (script.index('bash -c "$test_command"'), script.index("python3 -m pytest -q -m e2e\n"),
+                         script.index("python3 -m sphinx -W"))
+    assert readme < e2e < site
