@@ -37,13 +37,15 @@ result's ``{benchmark}`` block to docs/benchmarks.md (``--markdown FILE`` prints
 
 The parts, in order
 -------------------
-1. ``sft_peft`` (issue 57, item 1: the call that broke the H200's CUDA context, then the H100's in ``estimate``):
+1. ``boundary`` (issue 69): ``memlab.limits`` at a boundary under a real cap, in a process that holds nothing but
+   its model: the answer and the next size in memlab's step and a user's own loop, and the measured route
+   (:func:`benchmarks.gpu_sections_fill.section_boundary`; the probe of that boundary is
+   :mod:`benchmarks.gpu_boundary_probe`).
+2. ``sft_peft`` (issue 57, item 1: the call that broke the H200's CUDA context, then the H100's in ``estimate``):
    TRL's ``SFTTrainer`` with packing and a LoRA ``peft_config``; its own ``train()`` as the reference, then
    ``memlab.measure``, ``estimate`` and ``fit`` on it and ``train()`` under ``watch``, the CUDA context checked after
-   each (:mod:`benchmarks.gpu_sections_peft`).
-2. ``fill`` (item 4): selective checkpointing, the attention lever and ``memlab.limits`` at a boundary under a real
-   cap, measured against the estimate (:mod:`benchmarks.gpu_sections_fill`); the probe of that boundary is
-   :mod:`benchmarks.gpu_boundary_probe`.
+   each (:mod:`benchmarks.gpu_sections_peft`). Then ``fill`` (item 4): selective checkpointing and the attention
+   lever, measured against the estimate (:mod:`benchmarks.gpu_sections_fill`).
 3. What the H100 verified long before: ``pytest`` (``tests/gpu``), ``cumulative``, ``levers``, ``inference``,
    ``reserve``, ``restore``, ``cap``, ``fit``, ``ties`` (:mod:`benchmarks.gpu_sections` and the modules it names).
 4. What the H200 verified: ``loads`` (the user's bf16 and 4-bit loads), ``estimate`` (GPT-2, BERT, Llama, Mixtral
@@ -93,16 +95,17 @@ from benchmarks.gpu_common import estimates_variable, gpu_kind_name, start_side_
 from benchmarks.gpu_sections import ROOT, SECTIONS
 
 NAME = "gpu_acceptance"
-ORDER = ("sft_peft", "fill", "pytest", "cumulative", "levers", "inference", "reserve", "restore", "cap", "fit",
-         "ties", "loads", "estimate", "probe", "heldout",
+ORDER = ("boundary", "sft_peft", "fill", "pytest", "cumulative", "levers", "inference", "reserve", "restore", "cap",
+         "fit", "ties", "loads", "estimate", "probe", "heldout",
          "peft_model", "encdec", "vlm", "heldout_off", "timeline", "trainer", "hf_table")
-"""The parts, least verified first: the two the H100's one-command run of 2026-11-26 found failing (the SFTTrainer
-with peft, whose estimate launched TRL's Triton kernel on fake tensors, and the limits boundary of ``fill``), then
+"""The parts, least verified first: the three the H100's one-command run of 2026-11-26 found failing (the limits
+boundary, in a process of its own since then: ``fill``'s model was still held when its capped runs started; the
+SFTTrainer with peft, whose estimate missed a packed batch's attention mask; the levers of ``fill``), then
 what the H100 verified long before (``tests/gpu`` and the sections of :mod:`benchmarks.gpu_sections`), then what the
 H200 verified, then what that run verified (a live peft model, T5 and BART, a VLM, the held-out rows, the timeline,
 the Trainer), the seeds' table last."""
 LIMITS = {"sft_peft": 120, "peft_model": 90, "encdec": 120, "vlm": 90, "heldout_off": 60, "timeline": 60,
-          "fill": 150, "trainer": 100,
+          "boundary": 70, "fill": 110, "trainer": 100,
           "loads": 120, "estimate": 90, "probe": 60, "heldout": 170,
           "pytest": 80, "cumulative": 90, "levers": 80, "inference": 100, "reserve": 100, "restore": 70, "cap": 60,
           "fit": 90, "ties": 100, "hf_table": 130}

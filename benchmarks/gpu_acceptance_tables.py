@@ -261,15 +261,21 @@ def _timeline(part: dict[str, Any]) -> list[str]:
 
 
 def _fill(part: dict[str, Any]) -> list[str]:
-    limits = part["limits"]
+    # Results before 2026-11-27 ran the limits boundary inside this part, under "limits".
     return [f"**Levers that fill the budget** (Llama, {_shape(part['model'])}): the estimate against the measured "
             "peak:", "", common.markdown_table(
                 ["lever", "plan", "tokens", "measured GiB", "estimate GiB", "estimate / measured", "status"],
                 [[r["kind"], r["plan"], r["tokens"], _gib(r["measured_bytes"]), _gib(r["estimated_bytes"]),
                   r["estimate_over_measured"], r["status"]] for r in part["rows"]]), "",
-            f"limits on {_gib(limits['budget_bytes'])} GiB: measured {limits['measured_value']} tokens "
+            *(_boundary(part["limits"]) if "limits" in part else [])]
+
+
+def _boundary(limits: dict[str, Any]) -> list[str]:
+    tries = limits["estimated_tries"]  # the tries themselves since 2026-11-26, a count before
+    estimated_tries = len(tries) if isinstance(tries, list) else tries
+    return [f"limits on {_gib(limits['budget_bytes'])} GiB: measured {limits['measured_value']} tokens "
             f"({limits['measured_tries']} tries), estimated {limits['estimated_value']} "
-            f"({limits['estimated_tries']} tries); the next size {limits['measured_next']} (None: the model's "
+            f"({estimated_tries} tries); the next size {limits['measured_next']} (None: the model's "
             "longest).", ""]
 
 
@@ -354,6 +360,7 @@ def _ratio(value: float | None, reference: float | None) -> float | None:
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "sft_peft": _sft_peft, "peft_model": _peft_model, "encdec": _compared("Encoder-decoders"), "vlm": _vlm,
     "heldout_off": _compared("The held-out rows that were off"), "timeline": _timeline, "fill": _fill,
+    "boundary": _boundary,
     "trainer": _trainer, "loads": _loads_table, "estimate": _estimate, "probe": _probe,
     "heldout": _compared("Held-out families"), "pytest": _pytest, "cumulative": _plans("Levers added one by one"),
     "levers": _plans("Each lever alone"), "inference": _inference, "cap": _cap, "fit": _fit, "ties": _ties,

@@ -378,7 +378,7 @@ def section_fit(size: str, device: torch.device) -> dict[str, Any]:
 
 def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
     from benchmarks.gpu_sections_estimate import section_encdec, section_estimate, section_heldout, section_heldout_off
-    from benchmarks.gpu_sections_fill import section_fill
+    from benchmarks.gpu_sections_fill import section_boundary, section_fill
     from benchmarks.gpu_sections_inference import section_inference
     from benchmarks.gpu_sections_loads import section_loads
     from benchmarks.gpu_sections_peft import section_peft_model, section_sft_peft
@@ -409,6 +409,7 @@ def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
         "reserve": section_reserve,
         "timeline": section_timeline,
         "fill": section_fill,
+        "boundary": section_boundary,
     }
 
 

@@ -84,10 +84,18 @@ def section_fill(size: str, device: torch.device) -> dict[str, Any]:
         checks.add(f"eager holds more than sdpa at {length} tokens", peaks.get("eager", 0) > peaks.get("sdpa", 0),
                    **peaks)
 
-    boundary = limits_boundary(size, device)
-    for check in boundary.pop("checks"):
-        checks.items.append(check)
-    return {"model": dataclasses.asdict(shape), "rows": rows, "limits": boundary, "checks": checks.items}
+    return {"model": dataclasses.asdict(shape), "rows": rows, "checks": checks.items}
+
+
+def section_boundary(size: str, device: torch.device) -> dict[str, Any]:
+    """``limits``' boundary under a real cap, as a part of its own: a fresh process holds nothing but its model.
+
+    It ran at the end of ``fill`` until the H100 run of 2026-11-26 (shared/gpu-runs/2026-11-26-h100-turn7): there the
+    fill rows' Llama (1.2 billion fp32 parameters, 4.6 GiB) was still alive in the process when the capped runs
+    started, so the cap of 8 GiB held it too, and the answer, the user's loop and the measured ``limits`` all ran out
+    of memory (6.5 GiB allocated before the measured route's first try). Each capped run records what the process
+    held before it (``held_besides_model_bytes``), so that a run that starts from anything but nothing shows it."""
+    return limits_boundary(size, device)
 
 
 # Qwen2-0.5B's widths and vocabulary, 8 of its 24 layers: the loss's logits are most of a long row's memory.
@@ -107,6 +115,9 @@ OOM_STATS = ("allocated_bytes.all.current", "reserved_bytes.all.current", "inact
 """The caching allocator's statistics kept where a user's loop runs out of memory (fragmentation shows in the
 inactive split bytes)."""
 BOUNDARY_START = {"full": 1024, "smoke": 64}
+HELD_BESIDES_MODEL_BYTES = 64 * 2**20
+"""What the boundary's process may hold on the GPU beside its model before a capped run (the allocator's rounding and
+what a kernel left cached, never another model: the 4.6 GiB that made the 2026-11-26 answer run out of memory)."""
 
 
 def limits_boundary(size: str, device: torch.device) -> dict[str, Any]:
@@ -122,6 +133,7 @@ def limits_boundary(size: str, device: torch.device) -> dict[str, Any]:
     with torch.device(device):
         model = Qwen2ForCausalLM(config)
     plan = memlab.Plan(precision="bf16", checkpointing=True)
+    model_bytes = sum(tensor.numel() * tensor.element_size() for tensor in (*model.parameters(), *model.buffers()))
     step, start = BOUNDARY_STEP[size], BOUNDARY_START[size]
     checks = Checks()
 
@@ -153,13 +165,17 @@ def limits_boundary(size: str, device: torch.device) -> dict[str, Any]:
     for role, length in (("answer", estimated.value), ("next", estimated.next)):
         if not length:
             continue
+        before = int(torch.cuda.memory_allocated(device)) - model_bytes if is_cuda(device) else None
+        checks.add(f"before the {role} ({length} tokens): the process holds its model and nothing else on the GPU",
+                   before < HELD_BESIDES_MODEL_BYTES if before is not None else None, held_besides_model_bytes=before)
         trial = memlab.measure(model, batch(length), plan, budget=budget, steps=1, warmup=1, noise=0,
                                progress=False)
         release(device)
         own = own_loop(model, batch(length), budget, device)
         release(device)
         estimate = estimated.trial if role == "answer" else estimated.next_trial
-        run = {"role": role, "tokens": length, "memlab_status": trial.status, "memlab_fits": trial.fits,
+        run = {"role": role, "tokens": length, "held_besides_model_bytes": before,
+               "memlab_status": trial.status, "memlab_fits": trial.fits,
                "memlab_card_bytes": trial.card_bytes, "memlab_reserved_bytes": trial.reserved_bytes,
                "memlab_peak_bytes": trial.peak_bytes, "own_loop": own,
                "estimated_card_bytes": estimate.card_bytes if estimate else None,

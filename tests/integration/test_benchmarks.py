@@ -168,7 +168,7 @@ def test_gpu_acceptance_is_one_command_whose_parts_run_in_order_within_its_deadl
     data = json.loads((tmp_path / "gpu_acceptance-cpu-smoke.json").read_text())
     assert data["benchmark"] == "gpu_acceptance" and data["size"] == "smoke" and data["deadline_s"] == 60
     assert tuple(data["parts"]) == gpu_acceptance.ORDER  # every part named, in order
-    assert gpu_acceptance.ORDER[:2] == ("sft_peft", "fill")
+    assert gpu_acceptance.ORDER[:3] == ("boundary", "sft_peft", "fill")
     first = data["parts"]["sft_peft"]
     # Cut at its limit on a busy machine, the first part may have printed no check of its own (a run at load 10-12).
     cut = any(c["passed"] is False for c in first["checks"])
