@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from types import MethodType
-from typing import Any
+from typing import Any, cast
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
@@ -23,6 +23,7 @@ __all__ = [
     "TrainerSource",
     "accelerate_outputs_fp32",
     "check_trainer_kind",
+    "dry_run_models",
     "has_own_compute_loss",
     "is_trainer",
     "keeps_trainer_batch",
@@ -165,6 +166,49 @@ def trainer_bookkeeping_kept(trainer: Any) -> Iterator[None]:
 
 
 _GONE = object()
+
+
+@contextmanager
+def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
+    """Within it, a trainer whose loss a dry run calls on ``model`` (the fake copy of its policy) holds that copy as
+    its ``model`` (and ``model_wrapped``, where it was the model) and a fake copy of its ``ref_model``: TRL's losses
+    reach the policy through ``self.model`` too (a DPOTrainer's peft reference is the policy with its adapters
+    off) and the reference through ``self.ref_model``, which would otherwise run the live weights, or fail on the
+    meta device. The reference's copy is made outside the step's tracking (its weights are counted apart:
+    :func:`memlab.trainer.reference.with_reference`). Everything is put back after; nothing changes for a live model.
+
+    Example:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> trainer = SimpleNamespace(model=torch.nn.Linear(2, 2))
+        >>> with dry_run_models(trainer, trainer.model):
+        ...     pass
+    """
+    from torch._subclasses.fake_tensor import is_fake
+
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    held = vars(trainer).get("model")
+    if first is None or not is_fake(first) or held is model:
+        yield
+        return
+    from memlab.estimation.dryrun.rebind import untracked_copy  # here: the estimation builds on the trainer
+
+    names = ("model", "model_wrapped", "ref_model")
+    saved = {name: vars(trainer)[name] for name in names if name in vars(trainer)}
+    reference = saved.get("ref_model")
+    try:
+        trainer.model = model
+        if saved.get("model_wrapped", held) is held:
+            trainer.model_wrapped = model
+        if reference is not None and hasattr(reference, "parameters") and reference is not held:
+            trainer.ref_model = untracked_copy(reference, cast(Any, first))
+        yield
+    finally:
+        for name in names:
+            if name in saved:
+                vars(trainer)[name] = saved[name]
+            else:
+                vars(trainer).pop(name, None)
 
 
 @contextmanager
@@ -347,7 +391,8 @@ class TrainerSource:
             inputs = dict(micro_batch)
             keywords = {"num_items_in_batch": None} if takes_count else {}
             context = getattr(trainer, "compute_loss_context_manager", nullcontext)
-            with trainer_bookkeeping_kept(trainer), context(), accelerate_outputs_fp32(model):
+            with trainer_bookkeeping_kept(trainer), dry_run_models(trainer, model), context(), \
+                    accelerate_outputs_fp32(model):
                 return trainer.compute_loss(model, inputs, **keywords)
 
         loss_fn.trainer = trainer  # type: ignore[attr-defined]  # what a trainer's levers read (precompute_ref)
