@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from types import MethodType
-from typing import Any, cast
+from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.plan import Plan
@@ -201,7 +201,7 @@ def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
         if saved.get("model_wrapped", held) is held:
             trainer.model_wrapped = model
         if reference is not None and hasattr(reference, "parameters") and reference is not held:
-            trainer.ref_model = untracked_copy(reference, cast(Any, first))
+            trainer.ref_model = untracked_copy(reference, first)
         yield
     finally:
         for name in names:

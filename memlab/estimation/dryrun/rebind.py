@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 __all__ = ["rebind_forwards", "untracked_copy"]
 
@@ -58,10 +59,11 @@ def rebind_forwards(copied: nn.Module, memo: Mapping[int, Any]) -> None:
                     vars(module)[name] = rebound
 
 
-def untracked_copy(model: nn.Module, like: FakeTensor) -> nn.Module:
-    """A fake copy of ``model`` (live weights, or on the meta device) in ``like``'s fake mode and on its device, made
-    without dispatching an operator, so that a tracker of the step does not see its weights (they are counted apart);
-    made once per fake mode. The model itself is not touched.
+def untracked_copy(model: nn.Module, like: torch.Tensor) -> nn.Module:
+    """A fake copy of ``model`` (live weights, or on the meta device) in the fake mode of ``like`` (a fake tensor, or
+    a tensor subclass wrapping one: an FSDP2 dry run's DTensor) and on its device, made without dispatching an
+    operator, so that a tracker of the step does not see its weights (they are counted apart); made once per fake
+    mode. The model itself is not touched.
 
     Example:
         >>> from torch._subclasses.fake_tensor import FakeTensorMode
@@ -70,6 +72,10 @@ def untracked_copy(model: nn.Module, like: FakeTensor) -> nn.Module:
         >>> isinstance(twin.weight.data, FakeTensor), twin.weight.device.type
         (True, 'cpu')
     """
+    while not isinstance(like, FakeTensor) and is_traceable_wrapper_subclass(like):
+        like = getattr(like, like.__tensor_flatten__()[0][0])  # the local tensor a DTensor wraps
+    if not isinstance(like, FakeTensor):
+        raise TypeError(f"untracked_copy needs a fake tensor to copy like, not a {type(like).__name__}")
     mode = like.fake_mode
     copies = _COPIES.setdefault(mode, {})
     if id(model) in copies:
