@@ -28,6 +28,7 @@ from memlab.runner.apply import Applied, apply  # noqa: E402
 from memlab.runner.trial import compare, measure  # noqa: E402
 from memlab.search import fit  # noqa: E402
 from memlab.search.limits import Limits, limits  # noqa: E402
+from memlab.trainer.meta import trainer_on_meta  # noqa: E402
 
 from memlab.inference import InferencePlan, fit_inference, kv_cache_bytes  # noqa: E402  # isort: skip (after the core it uses)
 
@@ -58,6 +59,7 @@ __all__ = [
     "measure",
     "panel",
     "parse_budget",
+    "trainer_on_meta",
     "unload_ipython_extension",
     "watch",
 ]

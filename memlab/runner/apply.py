@@ -16,6 +16,7 @@ from memlab.plan import Plan
 from memlab.runner.quiet import quiet
 from memlab.runner.step import TrainingStep
 from memlab.trainer.apply import apply_to_trainer
+from memlab.trainer.meta import refuse_meta
 from memlab.trainer.source import is_trainer
 
 _ACTIVE: weakref.WeakKeyDictionary[nn.Module, Applied] = weakref.WeakKeyDictionary()
@@ -192,6 +193,7 @@ def apply(model: nn.Module, plan: Plan, *, loss_fn: LossFn | None = None, lr: fl
     """
     if not isinstance(plan, Plan):
         raise MemlabError(f"plan must be a memlab.Plan, not {type(plan).__name__}; write memlab.Plan(...)")
+    refuse_meta(model, "apply")  # a model on the meta device cannot train
     if is_trainer(model):
         if loss_fn is not None:
             raise MemlabError("a trainer trains with its own compute_loss; drop loss_fn, or apply to trainer.model")

@@ -27,6 +27,7 @@ from memlab.runner.training import TrainingWorkload, check_plans
 from memlab.runner.workload import RunnablePlan
 from memlab.trainer.arguments import is_trainer
 from memlab.trainer.entry import live_target, noted, split_plans
+from memlab.trainer.meta import refuse_meta
 from memlab.trainer.source import keeps_trainer_batch
 
 __all__ = ["TrialRunner", "check_plans", "compare", "keep_on_interrupt", "measure", "run_plans"]
@@ -80,6 +81,7 @@ def measure(
             "measure takes one plan; write memlab.measure(model, batch, memlab.Plan(...)), or "
             "memlab.compare(model, batch, plans) for a list"
         )
+    refuse_meta(model, "measure")  # a model on the meta device has no values to run
     batch, plan = split_plans(batch, plan)
     if plan is None and not is_trainer(model):
         plan = Plan()  # as estimate's default; a trainer's own settings are its default
@@ -112,6 +114,7 @@ def compare(
         >>> [t.status for t in report.trials]
         ['ok', 'ok']
     """
+    refuse_meta(model, "compare")  # a model on the meta device has no values to run
     batch, plans = split_plans(batch, plans)
     if isinstance(plans, Iterable) and not isinstance(plans, (str, bytes, list, tuple)):
         plans = list(plans)  # a generator: looked at twice below (which runner, then each plan)

@@ -37,6 +37,7 @@ from memlab.techniques.loss import chunked_loss_applies
 from memlab.techniques.precompute_ref import trainer_of
 from memlab.trainer.entry import live_target, noted
 from memlab.trainer.kinds import kind_of
+from memlab.trainer.meta import refuse_meta
 from memlab.trainer.reference import with_reference
 from memlab.trainer.source import is_trainer
 
@@ -104,6 +105,8 @@ def fit(
         >>> report.best.fits, report.best.rows_per_step
         (True, 8)
     """
+    if not dry_run:
+        refuse_meta(model, "fit")  # a model on the meta device has no values to run: fit(..., dry_run=True) has none
     if is_trainer(model) or batch is None:
         # A trainer: its model, its compute_loss, its effective batch and (without a batch) its dataset's worst one.
         target = live_target(model, batch, options.get("loss_fn"), rows=batch_size, generation=True)

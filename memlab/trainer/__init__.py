@@ -10,7 +10,9 @@
   :mod:`memlab.trainer.grpo_kind` declares GRPO's (imported here: it registers the kind);
 - :mod:`memlab.trainer.grpo` and :mod:`memlab.trainer.grpo_estimate`: TRL's GRPOTrainer measured as it runs
   (generation first), estimated on fake tensors, fitted and applied (a plan's split of its generations);
-  :mod:`memlab.trainer.grpo_suggest`: the config changes suggested where no plan fits.
+  :mod:`memlab.trainer.grpo_suggest`: the config changes suggested where no plan fits;
+- :mod:`memlab.trainer.meta`: :func:`~memlab.trainer.meta.trainer_on_meta`, a trainer around a model on the meta
+  device (for ``memlab.estimate``), and the refusal of the entry points that would run it.
 
 transformers' Trainer, TRL and datasets are imported only inside the functions that need them.
 

@@ -39,7 +39,13 @@ from memlab.live.batch import StepBatches
 from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.trainer.arguments import check_single_process, plan_from_trainer, trainer_model
-from memlab.trainer.source import accelerate_outputs_fp32, fp32_outputs_forward, trainer_bookkeeping_kept, trl_kind
+from memlab.trainer.source import (
+    accelerate_outputs_fp32,
+    dry_run_models,
+    fp32_outputs_forward,
+    trainer_bookkeeping_kept,
+    trl_kind,
+)
 from memlab.trainer.worst_batch import SAMPLE_DEFAULT
 
 __all__ = ["GRPO_PHASES", "VLLM_NOT_RUN", "GRPOPrompts", "GRPOSource", "RewardFailed", "check_generations",
@@ -171,7 +177,8 @@ class GRPOSource:
             inputs = dict(micro_batch)
             inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
             context = getattr(trainer, "compute_loss_context_manager", contextlib.nullcontext)
-            with trainer_bookkeeping_kept(trainer), context(), accelerate_outputs_fp32(model):
+            with trainer_bookkeeping_kept(trainer), dry_run_models(trainer, model), context(), \
+                    accelerate_outputs_fp32(model):
                 return trainer.compute_loss(model, inputs)
 
         return loss_fn

@@ -26,22 +26,22 @@ _MIXED = {"bf16": 2, "fp16": 2}  # a mixed-precision plan's parameter dtype (FSD
 
 
 def reference_bytes(reference: Any, element_bytes: int | None = None) -> int:
-    """The bytes of ``reference``'s parameters and buffers (each storage once; meta tensors hold none); with
-    ``element_bytes``, its floating-point parameters counted at that size per element (as gathered in another dtype).
+    """The bytes of ``reference``'s parameters and buffers (each storage once; a tensor on the meta device, of a model
+    built to be estimated, at the bytes it will hold); with ``element_bytes``, its floating-point parameters counted
+    at that size per element (as gathered in another dtype).
 
     Example:
         >>> import torch
         >>> reference_bytes(torch.nn.Linear(4, 4), element_bytes=2)
         40
     """
-    storages: dict[int, int] = {}
+    storages: dict[Any, int] = {}
     for tensor in (*reference.parameters(), *reference.buffers()):
-        if tensor.device.type == "meta":
-            continue
         size = tensor.untyped_storage().nbytes()
         if element_bytes is not None and tensor.is_floating_point() and isinstance(tensor, torch.nn.Parameter):
             size = size // tensor.element_size() * element_bytes
-        storages[tensor.untyped_storage().data_ptr()] = size
+        # a meta tensor has no address: a tied weight is the same tensor
+        storages[id(tensor) if tensor.device.type == "meta" else tensor.untyped_storage().data_ptr()] = size
     return sum(storages.values())
 
 

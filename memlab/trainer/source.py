@@ -25,6 +25,7 @@ __all__ = [
     "accelerate_outputs_fp32",
     "fp32_outputs_forward",
     "check_trainer_kind",
+    "dry_run_models",
     "has_own_compute_loss",
     "is_trainer",
     "keeps_trainer_batch",
@@ -167,6 +168,41 @@ def trainer_bookkeeping_kept(trainer: Any) -> Iterator[None]:
 
 
 _GONE = object()
+
+
+@contextmanager
+def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
+    """Within it, a trainer whose loss a dry run calls on ``model`` (the fake copy of its policy) holds that copy as
+    its ``model`` (and ``model_wrapped``, where it was the model) and a fake copy of its ``ref_model``: TRL's losses
+    reach the policy through ``self.model`` too (a DPOTrainer's peft reference is the policy with its adapters
+    off) and the reference through ``self.ref_model``, which would otherwise run the live weights, or fail on the
+    meta device. The reference's copy is made outside the step's tracking (its weights are counted apart:
+    :func:`memlab.trainer.reference.with_reference`). Everything is put back after; nothing changes for a live model.
+
+    Example:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> trainer = SimpleNamespace(model=torch.nn.Linear(2, 2))
+        >>> with dry_run_models(trainer, trainer.model):
+        ...     pass
+    """
+    from torch._subclasses.fake_tensor import is_fake
+
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    held = vars(trainer).get("model")
+    if first is None or not is_fake(first) or held is model:
+        yield
+        return
+    from memlab.estimation.dryrun.rebind import untracked_copy  # here: the estimation builds on the trainer
+
+    copies: dict[str, Any] = {"model": model}
+    if vars(trainer).get("model_wrapped", held) is held:
+        copies["model_wrapped"] = model
+    reference = vars(trainer).get("ref_model")
+    if reference is not None and hasattr(reference, "parameters") and reference is not held:
+        copies["ref_model"] = untracked_copy(reference, first)
+    with patched(trainer, **copies):
+        yield
 
 
 @contextmanager
@@ -356,7 +392,8 @@ class TrainerSource:
             inputs = dict(micro_batch)
             keywords = {"num_items_in_batch": None} if takes_count else {}
             context = getattr(trainer, "compute_loss_context_manager", nullcontext)
-            with trainer_bookkeeping_kept(trainer), context(), accelerate_outputs_fp32(model):
+            with trainer_bookkeeping_kept(trainer), dry_run_models(trainer, model), context(), \
+                    accelerate_outputs_fp32(model):
                 return trainer.compute_loss(model, inputs, **keywords)
 
         loss_fn.trainer = trainer  # type: ignore[attr-defined]  # what a trainer's levers read (precompute_ref)

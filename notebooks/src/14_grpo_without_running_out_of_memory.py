@@ -27,16 +27,14 @@ logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # optional CPU kernel
 
 from datasets import Dataset
 from memlab.estimation.cuda.gpus import GPUS
-from memlab.inference.plan import InferencePlan
-from memlab.trainer.grpo_estimate import sampling_bytes
 from memlab.trainer.grpo_vllm import VLLMSettings, vllm_share
+import peft
 from tokenizers import Tokenizer, models, pre_tokenizers
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers import PreTrainedTokenizerFast, Qwen3Config
 import trl
-from trl.trainer.utils import add_fused_lm_head
 
 import memlab
 
@@ -260,100 +258,72 @@ if result.best is not None:
 #
 # Qwen3-8B with LoRA adapters on every projection, bf16 and checkpointing, 8 completions per prompt of up to
 # 1,024 tokens after a 64-token prompt, 32 completions per optimizer step: a usual GRPO fine-tune. Its weights
-# cannot be built here, and need not be: memlab estimates from the config (the shapes) on fake tensors.
-# `memlab.estimate(trainer)` does the two dry runs below by itself for a live trainer; for a model you cannot
-# build, they are written out:
-#
-# - **training**: one micro-batch of generations through the plan's step, with TRL's own loss: the
-#   `compute_loss` of a tiny GRPOTrainer made with the same `GRPOConfig`, its log-probs through the fused LM head
-#   that `GRPOTrainer` adds to the policy;
-# - **generation**: the generation batch decoded to the full length, as an inference estimate of the last decode
-#   step (the KV cache at its largest), with sampling's scores, and the adapters and their optimizer state, which
-#   stay on the card through it.
+# cannot be built here, and need not be: the policy is built on PyTorch's **meta** device (shapes and dtypes, no
+# memory, in a second), and `memlab.trainer_on_meta` builds the `GRPOTrainer` around it as you would build it to
+# train (a Trainer moves its model to the GPU as it starts, which a meta model cannot do; this is the one thing it
+# changes, through the Trainer's own `place_model_on_device` switch). `memlab.estimate(trainer, gpu=...)` then does
+# what it did for the tiny trainer above: the generation and the training step on fake tensors, TRL's own loss, the
+# peak the larger of the two phases. `memlab.measure` refuses a meta trainer (there is nothing to run) and says to
+# estimate it.
 
 # %%
 # With internet, read the real config instead (no weights are downloaded):
 #   big = transformers.AutoConfig.from_pretrained("Qwen/Qwen3-8B")
-# and the model itself, to train it: AutoModelForCausalLM.from_pretrained("Qwen/Qwen3-8B", dtype=torch.bfloat16)
+# and, to train it, load the model itself: AutoModelForCausalLM.from_pretrained("Qwen/Qwen3-8B", dtype=torch.bfloat16)
 big = Qwen3Config(vocab_size=151_936, hidden_size=4096, intermediate_size=12_288, num_hidden_layers=big_layers,
                   num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960,
                   tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
-with torch.device("meta"):  # shapes only: no memory
-    print(f"{sum(p.numel() for p in AutoModelForCausalLM.from_config(big).parameters()) / 1e9:.2f} billion "
-          f"parameters in {big_layers} layers")
-
 big_args = dict(per_device_train_batch_size=8, gradient_accumulation_steps=4, num_generations=8,
                 max_completion_length=1024, beta=0.0, gradient_checkpointing=True)
-big_prompt = 64
-lora = memlab.Plan(adapter="lora", lora_rank=16, lora_alpha=32, weights="bf16", precision="bf16",
-                   checkpointing=True,
-                   lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+big_prompt = 64  # tokens in the longest prompt: the estimate reads it from the train dataset
+long_prompts = Dataset.from_list([{"prompt": " ".join(numbers[i:i + big_prompt]), "answer": "0"} for i in range(8)])
+adapters = peft.LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                 "gate_proj", "up_proj", "down_proj"])
 
 
-def grpo_loss(settings):
-    """``loss_fn(model, batch)``: TRL's GRPO loss for ``settings``, from a tiny trainer made with them."""
-    shape = trl.GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(policy_path), reward_funcs=close_to_the_sum,
-        args=trl.GRPOConfig(output_dir=f"{workdir.name}/shape", report_to=[], use_cpu=True, save_strategy="no",
-                            bf16=False, disable_tqdm=True, **settings),
-        train_dataset=prompts, processing_class=tokenizer)
-    shape.current_gradient_accumulation_steps = 1  # memlab scales the loss for accumulation itself
-    fused = set()
-
-    def loss_fn(model, batch):
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        if id(base) not in fused:  # as GRPOTrainer does to its policy: log-probs without the full logits
-            add_fused_lm_head(base, temperature=shape.temperature, cast_lm_head_to_fp32=False,
-                              outputs=("log_probs", "entropy"))
-            fused.add(id(base))
-        return shape.compute_loss(model, {**batch, "num_items_in_batch": batch["completion_mask"].sum()})
-
-    return loss_fn
+def grpo_8b(settings):
+    """A GRPOTrainer of ``big`` with ``settings`` (GRPOConfig's keywords), its policy on the meta device."""
+    with torch.device("meta"):  # shapes only: no memory
+        policy_8b = AutoModelForCausalLM.from_config(big, dtype=torch.bfloat16)
+    return memlab.trainer_on_meta(
+        trl.GRPOTrainer, model=policy_8b, reward_funcs=close_to_the_sum, train_dataset=long_prompts,
+        processing_class=tokenizer, peft_config=adapters,
+        args=trl.GRPOConfig(output_dir=f"{workdir.name}/8b", report_to=[], save_strategy="no", bf16=True,
+                            use_cpu=device == "cpu", disable_tqdm=True, **settings))
 
 
-def grpo_8b(settings, plan, gpu):
-    """The training and generation dry runs of one GRPO step of ``big`` on the card ``gpu``: a dict of peaks."""
-    per_device, completion_tokens = settings["per_device_train_batch_size"], settings["max_completion_length"]
-    one_micro_batch = {
-        "prompt_ids": torch.randint(big.vocab_size, (per_device, big_prompt)),
-        "prompt_mask": torch.ones(per_device, big_prompt, dtype=torch.long),
-        "completion_ids": torch.randint(big.vocab_size, (per_device, completion_tokens)),
-        "completion_mask": torch.ones(per_device, completion_tokens, dtype=torch.long),
-        "advantages": torch.randn(per_device),
-    }
-    training = memlab.estimate(big, one_micro_batch, plan, loss_fn=grpo_loss(settings), gpu=gpu,
-                               load={"dtype": torch.bfloat16})
-    generated = per_device * settings["gradient_accumulation_steps"]  # the generation batch, decoded at once
-    generation = memlab.estimate(big, {"input_ids": (generated, big_prompt + completion_tokens - 2)},
-                                 InferencePlan(new_tokens=2, weights="bf16"), gpu=gpu)
-    held = training.breakdown["params"] - generation.breakdown["params"] + training.breakdown["optimizer"]
-    generation_peak = generation.peak_bytes + sampling_bytes(generated, big.vocab_size) + held
-    generation_card = generation.verdict_bytes + sampling_bytes(generated, big.vocab_size) + held
-    return {"training": training.peak_bytes, "generation": generation_peak,
-            "kv_cache": generation.breakdown.get("kv_cache", 0), "peak": max(training.peak_bytes, generation_peak),
-            "card": max(training.verdict_bytes, generation_card), "training_card": training.verdict_bytes,
-            "weights": training.breakdown["params"]}
-
+trainer_8b = grpo_8b(big_args)
+print(f"{sum(p.numel() for p in trainer_8b.model.parameters()) / 1e9:.2f} billion parameters in {big_layers} "
+      f"layers, {sum(p.numel() for p in trainer_8b.model.parameters() if p.requires_grad) / 1e6:.1f} million of "
+      "them trained (the adapters)")
 
 cards = {gpu: GPUS[gpu].memory_bytes for gpu in ("RTX4090-24GB", "H100-80GB")}  # what each card holds
 found_8b = {}
 for gpu, size in cards.items():
-    found = found_8b[gpu] = grpo_8b(big_args, lora, gpu)
-    fits = "fits" if found["card"] <= size else "does NOT fit"
-    print(f"{gpu}: allocated peak {human(found['peak'])} (training {human(found['training'])}, generation "
-          f"{human(found['generation'])} with a KV cache of {human(found['kv_cache'])}); the card would show "
-          f"{human(found['card'])}: {fits} its {human(size)}")
+    found = found_8b[gpu] = memlab.estimate(trainer_8b, gpu=gpu)
+    peaks = phase_peaks(found)
+    training = max(nbytes for phase, nbytes in peaks.items() if phase != "generation")
+    generated = big_args["per_device_train_batch_size"] * big_args["gradient_accumulation_steps"]  # decoded at once
+    # the last token is sampled, never cached
+    cache = memlab.kv_cache_bytes(big, tokens=big_prompt + big_args["max_completion_length"] - 1, batch=generated)
+    fits = "fits" if found.verdict_bytes <= size else "does NOT fit"
+    print(f"{gpu}: allocated peak {human(found.peak_bytes)} in {found.timeline.peak.phase} (generation "
+          f"{human(peaks['generation'])} with a KV cache of {human(cache)}, training {human(training)}); the card "
+          f"would show {human(found.verdict_bytes)}: {fits} its {human(size)}")
 
 # %% [markdown]
-# On the 24 GB card the peak is the generation: 32 completions of 1,088 tokens decoded at once, each keeping its
-# keys and values in every layer, beside the weights and the adapters' training state. The training step, with
-# every block checkpointed, holds less.
+# The generation holds the weights, the adapters' training state and the KV cache of 32 completions of 1,088
+# tokens, each keeping its keys and values in every layer. The training step holds the weights, the step's 32
+# generations, and, with every block checkpointed, each block's input and one block's activations at a time over a
+# micro-batch of 8 completions of 1,088 tokens: here it is the larger of the two. The 24 GB card is at its edge:
+# what it would show is within a few tens of MiB of all it has, which a real run (another driver's CUDA context,
+# fragmentation over thousands of steps) can take. The exercise below tries the two settings people reach for first.
 
 # %% [markdown]
 # ## Exercise
 #
-# On the 24 GB card, does `per_device_train_batch_size=4` with `gradient_accumulation_steps=8` (the same 32
-# completions per optimizer step) fit? And completions of 768 tokens instead of 1,024?
+# On the 24 GB card, how much room does `per_device_train_batch_size=4` with `gradient_accumulation_steps=8` (the
+# same 32 completions per optimizer step) leave? And completions of 768 tokens instead of 1,024?
 #
 # The solution below is folded in text (each 8B dry run takes up to a minute on a small CPU, and Run All skips
 # it): open it and copy it into a cell.
@@ -365,13 +335,16 @@ for gpu, size in cards.items():
 # size = cards["RTX4090-24GB"]
 # for settings in ({**big_args, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 8},
 #                  {**big_args, "max_completion_length": 768}):
-#     found = grpo_8b(settings, lora, "RTX4090-24GB")
+#     found = memlab.estimate(grpo_8b(settings), gpu="RTX4090-24GB")
+#     peaks = phase_peaks(found)
 #     print(f"{settings['per_device_train_batch_size']} x {settings['gradient_accumulation_steps']}, "
-#           f"{settings['max_completion_length']} tokens: training {human(found['training'])}, generation "
-#           f"{human(found['generation'])}: {'fits' if found['card'] <= size else 'does NOT fit'}")
-# # The smaller micro-batch shrinks the training step only: the generation batch is still 32 completions
-# # (steps_per_generation follows the accumulation), and its KV cache is what goes over. Shorter completions
-# # shrink both.
+#           f"{settings['max_completion_length']} tokens: peak in {found.timeline.peak.phase}, generation "
+#           f"{human(peaks['generation'])}, card {human(found.verdict_bytes)}: "
+#           f"{human(size - found.verdict_bytes)} left")
+# # about 22.4 GiB on the card with 4 x 8 (1.5 GiB left), about 23.6 GiB with 768 tokens (0.4 GiB left); the
+# # peak is in the training step both times. The smaller micro-batch shrinks the training step only: the
+# # generation batch is still 32 completions (steps_per_generation follows the accumulation). Shorter completions
+# # shrink both phases, the generation's KV cache most, but the training step less than halving its micro-batch.
 # ```
 #
 # </details>
@@ -406,9 +379,8 @@ if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available():
         print("   ", "\n    ".join(note for note in trial.notes if "vLLM" in note))
 else:
     # memlab's own arithmetic for the engine (what the estimate above adds to a colocated trainer's step), on the 8B
-    # built on the meta device: its share of each card, its copy of the weights, the generation batch's KV cache.
-    with torch.device("meta"):
-        policy_8b = AutoModelForCausalLM.from_config(big, dtype=torch.bfloat16)
+    # policy on the meta device: its share of each card, its copy of the weights, the generation batch's KV cache.
+    policy_8b = trainer_8b.model
     engine_settings = VLLMSettings("colocate", vllm_settings["vllm_gpu_memory_utilization"],
                                    sleep=vllm_settings["vllm_enable_sleep_mode"])
     generated = big_args["per_device_train_batch_size"] * big_args["gradient_accumulation_steps"]
@@ -420,10 +392,14 @@ else:
                   f"{human(engine.weights)} of weights: the engine would not start (vllm_gpu_memory_utilization of "
                   f"at least {engine.least:.2f})")
             continue
-        # Generating, the engine's share sits beside the policy's weights and adapters; training, it sleeps.
+        # Generating, the engine's share sits beside the policy's weights and adapters; training, it sleeps. The
+        # training phases' peak from the estimate above, with what the card adds over the allocated peak (the
+        # allocator's reserve and the CUDA context).
         found = found_8b[gpu]
-        generating = engine.share + found["weights"]
-        training = found["training_card"] + engine.during_training
+        peaks = phase_peaks(found)
+        generating = engine.share + found.breakdown["params"]
+        training = (max(nbytes for phase, nbytes in peaks.items() if phase != "generation")
+                    + found.verdict_bytes - found.peak_bytes + engine.during_training)
         fits = "fits" if max(generating, training) <= size else "does NOT fit"
         print(f"{gpu}: generation {human(generating)} (vLLM's {human(engine.share)}, of which "
               f"{human(engine.share - engine.weights)} for its KV cache, + the policy's weights), training "

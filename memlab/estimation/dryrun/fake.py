@@ -27,6 +27,7 @@ from memlab.errors import MemlabError
 from memlab.estimation.configs import is_transformers_config, load_config, meta_model, one_line
 from memlab.estimation.cuda.devices import kernels_device, target_device
 from memlab.estimation.dryrun.fake_values import constant_step, on_cpu, placed
+from memlab.estimation.dryrun.rebind import rebind_forwards
 from memlab.estimation.dryrun.triton_guard import start_skipping, stop_skipping
 from memlab.estimation.dryrun.triton_launches import SkippedKernels
 from memlab.estimation.dryrun.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
@@ -405,7 +406,9 @@ def fake_copy(model: nn.Module, mode: FakeTensorMode, device: torch.device) -> n
                     fake = nn.Parameter(fake, requires_grad=tensor.requires_grad)
                 memo[id(tensor)] = fake
     with torch.no_grad():
-        return copy.deepcopy(model, memo)
+        copied = copy.deepcopy(model, memo)
+    rebind_forwards(copied, memo)  # a forward wrapped on the live model (TRL's fused LM head) calls the copy
+    return copied
 
 
 def _fake_tensor(tensor: torch.Tensor, mode: FakeTensorMode, device: torch.device) -> torch.Tensor:
