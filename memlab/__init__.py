@@ -13,6 +13,8 @@ Inference is a mode of the same entry points: ``memlab.measure(model, batch, mem
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from memlab.live.compat import check_stack
@@ -41,6 +43,20 @@ _EXPORTS = {  # the names ``import memlab`` gives, each imported on first use (t
     "Limits": "memlab.search.limits", "limits": "memlab.search.limits", "InferencePlan": "memlab.inference",
     "fit_inference": "memlab.inference", "kv_cache_bytes": "memlab.inference",
 }
+
+
+class _Package(types.ModuleType):
+    """memlab itself: an exported name stays what it is when a submodule of the same name is imported
+    (``memlab.measure`` the function, beside the package ``memlab/measure/``), as when every name was imported
+    eagerly, the export last."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from memlab.live import cache
 
@@ -142,7 +142,7 @@ def run_kept(args: Any, out: TextIO, run: Callable[[TextIO], int]) -> int:
     if identity is None:
         return run(out)
     printed = Tee(out)
-    status = run(printed)
+    status = run(cast(TextIO, printed))  # a TextIO in all but name: write, flush, the rest from out
     keep(words, cache.cache_folder(), identity, printed.text, status)
     return status
 
