@@ -6,6 +6,8 @@ its exit status are written to ``benchmarks/results/cli_timing-<device>.json``. 
 a second fresh process (``<question>, asked again``): the answers the first kept (``memlab estimate``'s cache, an
 empty folder of the benchmark's own per question, in ``MEMLAB_CACHE_DIR``) make it, and whether its output is the
 first's byte for byte is written beside (``same_output``).
+The command line's start is timed the same way (``STARTS``: ``memlab --help``, and ``import memlab`` alone), each
+in a fresh process, with no question asked.
 The machine this runs on may be shared with other work: the load average says how busy it was.
 
 Usage:
@@ -33,31 +35,35 @@ QUESTIONS: dict[str, list[str]] = {
     "70b --gpus auto at 80GiB": ["llama-70b", "--budget", "80GiB", "--gpus", "auto"],
     "13b LoRA on an A100-40GB": ["llama-13b", "--gpu", "A100-40GB", "--try", "adapter=lora", "precision=bf16"],
 }
+STARTS: dict[str, list[str]] = {
+    "memlab --help": ["-m", "memlab", "--help"],
+    "import memlab": ["-c", "import memlab"],
+}
 AGAIN = ", asked again"
 TARGETS_S = {"7b one GPU at 24GiB, with suggestions": 15, "13b LoRA at 24GiB": 20, "70b --gpus auto at 80GiB": 60}
 
 
-def time_question(arguments: list[str], source: Path, timeout_s: float, cache: Path | None = None
-                  ) -> dict[str, object]:
+def time_question(arguments: list[str], source: Path, timeout_s: float, cache: Path | None = None, *,
+                  python: list[str] | None = None) -> dict[str, object]:
     """One question in a fresh process: its wall time, load before and after, exit status and last lines (and the
     whole output, ``stdout``, which :func:`main` drops once compared). ``cache``: the ``MEMLAB_CACHE_DIR`` it runs
-    with."""
+    with; ``python``: Python's arguments instead of ``-m memlab estimate ARGUMENTS`` (the command line's start)."""
     env = {**os.environ, "PYTHONPATH": str(source), **({"MEMLAB_CACHE_DIR": str(cache)} if cache else {})}
     load_before = os.getloadavg()[0]
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     try:
         # run from the checkout: ``python -m`` puts the working directory first on the path, before PYTHONPATH
-        done = subprocess.run([sys.executable, "-m", "memlab", "estimate", *arguments], env=env, cwd=source,
-                              capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run([sys.executable, *(python or ["-m", "memlab", "estimate", *arguments])], env=env,
+                              cwd=source, capture_output=True, text=True, timeout=timeout_s)
         status, out = done.returncode, done.stdout
     except subprocess.TimeoutExpired:
         status, out = None, ""
     return {
-        "command": "memlab estimate " + " ".join(arguments),
-        "wall_s": round(time.perf_counter() - started, 1),
+        "command": "python " + " ".join(python) if python else "memlab estimate " + " ".join(arguments),
+        "wall_s": round(time.perf_counter() - started, 2),
         "cpu_s": round(_cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN))
-                       - _cpu_seconds(children_before), 1),
+                       - _cpu_seconds(children_before), 2),
         "load_1min_before": round(load_before, 2),
         "load_1min_after": round(os.getloadavg()[0], 2),
         "exit_status": status,
@@ -83,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     results.setdefault("note", "the machine is shared with other sessions: compare times only with their load "
                                 "averages; targets (s): " + json.dumps(TARGETS_S))
     runs = results.setdefault(args.tag, {})
+    for name, python in STARTS.items():
+        if args.only in name:
+            with tempfile.TemporaryDirectory(prefix="memlab-cache-") as cache:
+                run = time_question([], Path(args.source), args.timeout, Path(cache), python=python)
+            del run["stdout"]
+            runs[name] = run
+            print(name, run["wall_s"], "s wall,", run["cpu_s"], "s CPU at load", run["load_1min_before"], flush=True)
     for name, arguments in QUESTIONS.items():
         if args.only not in name:
             continue

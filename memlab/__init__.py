@@ -13,27 +13,74 @@ Inference is a mode of the same entry points: ``memlab.measure(model, batch, mem
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from memlab.live.compat import check_stack
 
 check_stack()  # a stack older than memlab's floors is said here, once, before any module that needs newer releases
 
-from memlab.errors import MemlabError, UnsupportedTechnique  # noqa: E402
-from memlab.estimation import estimate  # noqa: E402
-from memlab.estimation.cuda.gpus import gpu_kind  # noqa: E402
-from memlab.plan import Plan, parse_budget  # noqa: E402
-from memlab.report import InferenceTrial, Report, Trial  # noqa: E402
-from memlab.runner.apply import Applied, apply  # noqa: E402
-from memlab.runner.trial import compare, measure  # noqa: E402
-from memlab.search import fit  # noqa: E402
-from memlab.search.limits import Limits, limits  # noqa: E402
-from memlab.trainer.meta import trainer_on_meta  # noqa: E402
-
-from memlab.inference import InferencePlan, fit_inference, kv_cache_bytes  # noqa: E402  # isort: skip (after the core it uses)
+from memlab.errors import MemlabError, UnsupportedTechnique  # noqa: E402  (errors.py imports nothing else)
 
 if TYPE_CHECKING:
+    from memlab.estimation import estimate
+    from memlab.estimation.cuda.gpus import gpu_kind
     from memlab.frontends.jupyter.panel import Panel
+    from memlab.inference import InferencePlan, fit_inference, kv_cache_bytes
+    from memlab.plan import Plan, parse_budget
+    from memlab.report import InferenceTrial, Report, Trial
+    from memlab.runner.apply import Applied, apply
+    from memlab.runner.trial import compare, measure
+    from memlab.search import fit
+    from memlab.search.limits import Limits, limits
+    from memlab.trainer.meta import trainer_on_meta
+
+_EXPORTS = {  # the names ``import memlab`` gives, each imported on first use (torch only then: the CLI starts fast)
+    "estimate": "memlab.estimation", "gpu_kind": "memlab.estimation.cuda.gpus", "Plan": "memlab.plan",
+    "parse_budget": "memlab.plan", "InferenceTrial": "memlab.report", "Report": "memlab.report",
+    "Trial": "memlab.report", "Applied": "memlab.runner.apply", "apply": "memlab.runner.apply",
+    "compare": "memlab.runner.trial", "measure": "memlab.runner.trial", "fit": "memlab.search",
+    "Limits": "memlab.search.limits", "limits": "memlab.search.limits", "InferencePlan": "memlab.inference",
+    "fit_inference": "memlab.inference", "kv_cache_bytes": "memlab.inference",
+    "trainer_on_meta": "memlab.trainer.meta",
+}
+
+
+class _Package(types.ModuleType):
+    """memlab itself: an exported name stays what it is when a submodule of the same name is imported
+    (``memlab.measure`` the function, beside the package ``memlab/measure/``), as when every name was imported
+    eagerly, the export last."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    """An exported name (:data:`_EXPORTS`), or a subpackage (``memlab.report``), imported on first use."""
+    import importlib
+
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __version__ = "0.1.0"
 

@@ -60,6 +60,8 @@ def pytest_collection_finish(session):
 _LAZY = (
     "peft", "peft.tuners.lora", "bitsandbytes", "bitsandbytes.optim", "accelerate", "torch.distributed.fsdp",
     "torch._inductor", "networkx", "torch.utils.checkpoint", "torch._functorch.aot_autograd",
+    # memlab's own names, which `import memlab` imports on first use
+    *(f"memlab.{name}" for name in ("estimation", "runner.trial", "runner.apply", "search", "inference", "report")),
 )
 
 

@@ -5,7 +5,10 @@ table already did) gets the trials it made before. An answer is keyed by everyth
 (:meth:`Answers.key`): the model's whole config, the batch's shapes, the plan, the load, the GPU kind (every field),
 the device, the sharding, the budget, the allocator assumed, the versions of the stack and a hash of memlab's own
 files (memlab's version does not change between commits; its files do). What is kept is the trials as data
-(:meth:`memlab.report.Trial.to_dict`), never the printed text: the words come from the code that runs.
+(:meth:`memlab.report.Trial.to_dict`), never the printed text: the words come from the code that runs. (A whole
+question's printed answer is kept apart, keyed by its words, the config it read and memlab's files:
+:mod:`memlab.frontends.estimate_kept`.) The folder, the stack's stamp and the entries' layout are
+:mod:`memlab.live.cache`'s, torch-free.
 
 Only the command line keeps answers (:func:`answers_kept` around one ask); :func:`memlab.estimate` and every other
 caller of the dry runs outside it run them as always. The folder: ``$MEMLAB_CACHE_DIR``, else
@@ -17,90 +20,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import hashlib
-import json
 import os
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
-from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from memlab.live import cache
 
 __all__ = [
     "CACHE_ENV", "ENVIRONMENT", "STACK", "Answers", "answers_kept", "cache_folder", "dry_run_inputs", "files_hash",
     "kept", "kept_estimate", "kept_model_facts", "kept_sharded", "stack_stamp", "trial_from_row", "trial_row",
 ]
 
-CACHE_ENV = "MEMLAB_CACHE_DIR"
-"""The environment variable that moves the folder of kept answers."""
+CACHE_ENV, ENVIRONMENT, STACK = cache.CACHE_ENV, cache.ENVIRONMENT, cache.STACK
+cache_folder, files_hash = cache.cache_folder, cache.files_hash  # where answers go, and memlab's files hashed
 
-STACK = ("torch", "transformers", "peft", "trl", "bitsandbytes", "accelerate", "memlab", "torchao", "flash_attn",
-         "liger_kernel", "deepspeed", "triton")
-"""The distributions whose versions are part of every key (absent: ``None``): what a dry run runs, and what decides
-what a lever may do or what a note says (torchao for fp8, flash-attn for the attention)."""
 
-ENVIRONMENT = ("CUBLAS_WORKSPACE_CONFIG", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-"""The environment variables part of every key: cuBLAS's workspaces are in the card figure."""
+def stack_stamp() -> dict[str, Any]:
+    """What every key holds of the installed stack (:func:`memlab.live.cache.stack_stamp`, which keys every answer)."""
+    return cache.stack_stamp()
 
-_FORMAT = 1  # the layout of an entry; a new one never reads an old one
 
 _CURRENT: ContextVar[Answers | None] = ContextVar("memlab_answers", default=None)
-
-
-def cache_folder(environ: Mapping[str, str] = os.environ) -> Path:
-    """Where kept answers go: ``$MEMLAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/memlab``, else ``~/.cache/memlab``.
-
-    Example:
-        >>> str(cache_folder({"MEMLAB_CACHE_DIR": "/tmp/answers"})), str(cache_folder({"XDG_CACHE_HOME": "/cache"}))
-        ('/tmp/answers', '/cache/memlab')
-    """
-    moved = environ.get(CACHE_ENV)
-    if moved:
-        return Path(moved).expanduser()
-    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "memlab"
-
-
-def _version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-@functools.cache
-def stack_stamp() -> dict[str, Any]:
-    """What every key holds of the installed stack: Python's version, each of :data:`STACK`'s and ``memlab_files``,
-    a hash of every file of the memlab package that runs (its version string stays the same between commits).
-
-    Example:
-        >>> stamp = stack_stamp()
-        >>> all(name in stamp for name in STACK), len(stamp["memlab_files"])
-        (True, 64)
-    """
-    return {"python": sys.version, **{name: _version(name) for name in STACK},
-            "memlab_files": files_hash(Path(__file__).resolve().parents[1])}
-
-
-def files_hash(folder: Path) -> str:
-    """A hash of every file under ``folder`` (names and contents; Python's ``__pycache__`` left out).
-
-    Example:
-        >>> import tempfile
-        >>> folder = Path(tempfile.mkdtemp())
-        >>> _ = (folder / "a.py").write_text("x = 1")
-        >>> before = files_hash(folder)
-        >>> _ = (folder / "a.py").write_text("x = 2")
-        >>> files_hash(folder) == before
-        False
-    """
-    digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.relative_to(folder).parts:
-            digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
 
 
 def _config_of(model_or_config: Any) -> dict[str, Any]:
@@ -130,43 +72,22 @@ class Answers:
 
     def key(self, route: str, inputs: Mapping[str, Any]) -> str:
         """The key of the answer ``route`` gives ``inputs``, with the stack's stamp (:func:`stack_stamp`)."""
-        text = json.dumps({"format": _FORMAT, "route": route, "inputs": inputs, "stack": stack_stamp()},
-                          sort_keys=True, default=repr)
-        return hashlib.sha256(text.encode()).hexdigest()
-
-    def _path(self, key: str) -> Path | None:
-        return None if self.folder is None else self.folder / "estimates" / f"{key}.json"
+        return cache.answer_key(route, inputs)
 
     def load(self, key: str) -> list[Any] | None:
         """The rows kept under ``key``, or None (none kept, or an entry that cannot be read)."""
         if key in self.memo:
             return self.memo[key]
-        path = self._path(key)
-        if path is None:
-            return None
-        try:
-            entry = json.loads(path.read_text())
-            rows = entry["rows"] if entry.get("key") == key else None
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            return None
-        if not isinstance(rows, list):
-            return None
-        self.memo[key] = rows
+        rows = None if self.folder is None else cache.read_rows(self.folder, key)
+        if rows is not None:
+            self.memo[key] = rows
         return rows
 
     def keep(self, key: str, rows: list[Any]) -> None:
         """Keep ``rows`` under ``key``: in the memo, and on disk where it can be written (else only in the memo)."""
         self.memo[key] = rows
-        path = self._path(key)
-        if path is None:
-            return
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f".{path.name}.{os.getpid()}")
-            partial.write_text(json.dumps({"key": key, "rows": rows}, default=repr))
-            os.replace(partial, path)  # a reader never sees half an entry
-        except OSError:
-            pass
+        if self.folder is not None:
+            cache.write_rows(self.folder, key, rows)
 
 
 @contextlib.contextmanager
@@ -311,6 +232,7 @@ def trial_row(trial: Any) -> dict[str, Any]:
     (:func:`trial_from_row` reads it back).
 
     Example:
+        >>> import json
         >>> from memlab.estimation.sharded.fsdp2 import ShardedTrial
         >>> from memlab.plan import Plan
         >>> trial = ShardedTrial(Plan(), "ok", 10, {"params": 10}, None, None, None, "cuda", gpus=8, strategy="zero3")

@@ -199,9 +199,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         memlab 0.1.0
         0
     """
+    words = join_dashed_values(list(argv) if argv is not None else sys.argv[1:])
+    asked = words[1:] if words[:1] == ["estimate"] else None
+    if asked is not None:  # a question asked before: its kept answer, read before torch is imported
+        from memlab.frontends.estimate_kept import asked_again
+
+        status = asked_again(asked, sys.stdout, sys.stderr)
+        if status is not None:
+            return status
     parser = build_parser()
     try:
-        args, extra = parser.parse_known_args(join_dashed_values(list(argv) if argv is not None else sys.argv[1:]))
+        args, extra = parser.parse_known_args(words)
         if extra:  # said by the command they were written to, with its options
             command: argparse.ArgumentParser = getattr(args, "command_parser", parser)
             command.exit(2, f"{command.prog}: error: {unknown_arguments(command, extra)}\n")
@@ -212,7 +220,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         print("memlab: error: choose a command, such as: memlab demo", file=sys.stderr)
         return 2
-    return run_handler(handler, args)
+    if asked is None:
+        return run_handler(handler, args)
+    from memlab.frontends.estimate_kept import asking
+
+    with asking(asked):  # the words its answer is kept under
+        return run_handler(handler, args)
 
 
 

@@ -209,10 +209,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     err = sys.stderr if err is None else err
     from memlab.errors import MemlabError
     from memlab.estimation.answers import answers_kept, cache_folder
+    from memlab.frontends.estimate_kept import run_kept
 
     try:  # the dry runs' answers kept: within this ask always, between asks unless --no-cache
         with answers_kept(None if getattr(args, "no_cache", False) else cache_folder()):
-            return _run(args, out, err)
+            return run_kept(args, out, lambda printed: _run(args, printed, err))  # the whole answer kept too
     except MemlabError as error:
         print(f"memlab estimate: {cli_words(str(error))}", file=err)
         return 2

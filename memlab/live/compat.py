@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
 from collections.abc import Iterator
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from memlab.errors import MemlabError
@@ -77,6 +79,11 @@ def installed_version(package: str) -> str | None:
         (True, None)
     """
     if package == "torch":
+        loaded = sys.modules.get("torch")
+        if loaded is None:  # torch's own version.py, where the import would find it: ``import memlab`` stays quick
+            found = _unimported_torch_version()
+            if found is not None:
+                return found
         import torch
 
         return str(torch.__version__)
@@ -84,6 +91,22 @@ def installed_version(package: str) -> str | None:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _unimported_torch_version() -> str | None:
+    """``torch.__version__`` read from the ``torch/version.py`` that ``import torch`` would run, without importing
+    torch (None where it cannot be read so)."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("torch")
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        text = (Path(folders[0]) / "version.py").read_text() if folders else ""
+    except (ImportError, OSError, ValueError):
+        return None
+    found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def _release(version: str) -> tuple[int, ...]:

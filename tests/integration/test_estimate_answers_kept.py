@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from models import llama_config_dir
 import memlab.estimation.answers as answers
 import memlab.estimation.dryrun.single_gpu as single_gpu
 import memlab.estimation.sharded.per_gpu as per_gpu
+import memlab.frontends.estimate_kept as estimate_kept
+import memlab.live.cache as cache
 from memlab.estimation.sharded.fsdp2 import ShardedTrial
 from memlab.frontends.cli import main
 from memlab.report import Report, Trial
@@ -206,7 +209,8 @@ def test_the_stack_and_memlabs_own_files_are_in_the_key(
 ) -> None:
     ask(capsys, config)
     stamp = answers.stack_stamp()
-    monkeypatch.setattr(answers, "stack_stamp", lambda: {**stamp, part: f"{stamp[part]}+changed"})
+    # where every key reads it: the dry runs' and the whole question's (memlab/live/cache.py)
+    monkeypatch.setattr(cache, "stack_stamp", lambda: {**stamp, part: f"{stamp[part]}+changed"})
     ask(capsys, config)
     assert len(stand_in) == 2
 
@@ -326,3 +330,87 @@ def test_gpus_auto_starts_zeros_basis_from_the_dry_run_fsdps_search_made(monkeyp
     assert runs[searched:] == [(zero.BASIS_GPUS, None)]
     assert found["zero2"] is not None
     assert (found["zero2"], found["zero3"]) == (alone["zero2"], alone["zero3"])
+
+
+# --- the whole answer, read before torch is imported (memlab/frontends/estimate_kept.py) --------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+_ASK_AGAIN = """
+import sys
+from memlab.frontends.cli import main
+status = main(sys.argv[1:])
+heavy = sorted(name for name in ("torch", "transformers", "peft", "memlab.estimation", "memlab.plan")
+               if name in sys.modules)
+print("imported:", heavy, file=sys.stderr)
+raise SystemExit(status)
+"""
+
+
+@pytest.mark.parametrize("words", [["--budget", "1GiB", "--try", "checkpointing=off,on"], ["--budget", "1KiB"],
+                                   ["--budget", "1GiB", "--json"]], ids=["fits", "none fits", "json"])
+def test_asked_again_in_a_fresh_process_prints_the_same_bytes_and_imports_no_torch(
+    capsys: pytest.CaptureFixture[str], config: str, words: list[str]
+) -> None:
+    first = ask(capsys, config, "--batch", "1x32", *words)
+    environment = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    again = subprocess.run([sys.executable, "-c", _ASK_AGAIN, "estimate", config, "--batch", "1x32", *words],
+                           capture_output=True, text=True, env=environment, timeout=120)
+    assert (again.returncode, again.stdout) == first
+    assert "imported: []" in again.stderr, again.stderr
+    assert "the answer kept from an earlier ask" in again.stderr
+
+
+def test_a_wrong_question_keeps_no_answer(capsys: pytest.CaptureFixture[str], config: str, stand_in: list[str]) -> None:
+    assert ask(capsys, config, "--batch", "1 by 32")[0] == 2
+    assert kept_entries() == []
+
+
+def test_a_question_whose_plan_fails_is_asked_again(
+    capsys: pytest.CaptureFixture[str], config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs: list[str] = []
+
+    def failing(model: Any, batch: Any, plans: Any, **settings: Any) -> Report:
+        runs.extend(plan.label() for plan in plans)
+        return Report([Trial(plan, "error", 0, {}, None, None, "no rule", "cuda", estimated=True) for plan in plans])
+
+    for module in (single_gpu, ENTRY):
+        monkeypatch.setattr(module, "estimate_plans", failing)
+    assert ask(capsys, config)[0] == 3
+    assert ask(capsys, config)[0] == 3
+    assert len(runs) == 1  # the dry run's answer kept, the whole answer (status 3) not: the question ran again
+
+
+def test_a_shape_answer_is_not_read_where_a_file_of_its_name_appears(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "kept"
+    estimate_kept.keep(["llama-7b"], folder, {"kind": "shape", "source": "llama-7b"}, "a table\n", 1)
+    assert estimate_kept.answered(["llama-7b"], folder) == ("a table\n", 1)
+    (tmp_path / "llama-7b").write_text("{}")  # load_config reads a path before a shape of the same name
+    assert estimate_kept.answered(["llama-7b"], folder) is None
+
+
+def test_a_hub_name_keeps_no_whole_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert estimate_kept.config_identity("meta-llama/Llama-2-7b-hf", shape=False) is None
+    file = tmp_path / "config.json"
+    file.write_text('{"model_type": "llama"}')
+    for source in (str(file), str(tmp_path)):  # a file, or the folder it is the config.json of
+        identity = estimate_kept.config_identity(source, shape=False)
+        assert identity is not None and identity["kind"] == "path"
+        estimate_kept.keep([source], tmp_path / "kept", identity, "t\n", 0)
+        assert estimate_kept.answered([source], tmp_path / "kept") == ("t\n", 0)
+    file.write_text('{"model_type": "mistral"}')
+    assert estimate_kept.answered([str(file)], tmp_path / "kept") is None
+    assert estimate_kept.answered([str(tmp_path)], tmp_path / "kept") is None
+
+
+@pytest.mark.parametrize("row", [{"stdout": 1, "status": 0}, {"stdout": "t", "status": 2},
+                                 {"stdout": "t", "status": True},
+                                 {"stdout": "t", "status": 0, "config": {"kind": "hub", "source": "x"}}, "text"])
+def test_a_whole_answer_that_does_not_read_back_is_asked_again(tmp_path: Path, row: Any) -> None:
+    words = ["llama-7b"]
+    cache.write_rows(tmp_path, estimate_kept.question_key(words), [row])
+    assert estimate_kept.answered(words, tmp_path) is None
