@@ -56,3 +56,13 @@ def make_dpo_trainer(tmp_path: Any, **settings: Any) -> trl.DPOTrainer:
              "rejected": " ".join(f"w{(i * 7 + j) % 60}" for j in range(1 + (i * 3) % 9))} for i in range(6)]
     return trl.DPOTrainer(model=llama(), ref_model=llama(), args=trl.DPOConfig(**config),
                           train_dataset=Dataset.from_list(rows), processing_class=word_tokenizer())
+
+
+def phase_peaks(timeline: Any) -> dict[str, int]:
+    """The largest total in each named phase of a timeline."""
+    totals = [sum(timeline.series[name][i] for name in timeline.categories) for i in range(len(timeline.x))]
+    peaks: dict[str, int] = {}
+    for name, start, end in timeline.phases:
+        inside = [total for x, total in zip(timeline.x, totals, strict=True) if start <= x <= end]
+        peaks[name] = max([peaks.get(name, 0), *inside])
+    return peaks

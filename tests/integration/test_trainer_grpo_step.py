@@ -22,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import memlab  # noqa: E402
 from memlab import MemlabError  # noqa: E402
+from tests.trl_trainers import phase_peaks  # noqa: E402
 
 FAST: dict[str, Any] = {"steps": 1, "warmup": 0, "noise": 0, "progress": False}
 COMPLETION = 8
@@ -59,16 +60,6 @@ def grpo(tmp_path: Any, setup: str = "no reference", reward: Any = None, **setti
     peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if setup == "peft" else None
     return trl.GRPOTrainer(model=model, reward_funcs=reward or LengthReward(), args=trl.GRPOConfig(**config),
                            train_dataset=prompts(), processing_class=tokenizer(), peft_config=peft)
-
-
-def phase_peaks(timeline: Any) -> dict[str, int]:
-    """The largest total in each named phase of a timeline."""
-    totals = [sum(timeline.series[name][i] for name in timeline.categories) for i in range(len(timeline.x))]
-    peaks: dict[str, int] = {}
-    for name, start, end in timeline.phases:
-        inside = [total for x, total in zip(timeline.x, totals, strict=True) if start <= x <= end]
-        peaks[name] = max([peaks.get(name, 0), *inside])
-    return peaks
 
 
 def _held(trainer: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 
 import memlab  # noqa: E402
 from memlab.trainer.watch import GENERATION_METHODS  # noqa: E402
+from tests.trl_trainers import phase_peaks  # noqa: E402
 
 
 def length_reward(completions: list[Any], **_: Any) -> list[float]:
@@ -35,16 +36,6 @@ def grpo(tmp_path: Any, **overrides: Any) -> trl.GRPOTrainer:
         model = LlamaForCausalLM.from_pretrained(tmp_path / "policy")
     return trl.GRPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=prompts,
                            processing_class=tokenizer())
-
-
-def phase_peaks(timeline: Any) -> dict[str, int]:
-    """The largest total in each named phase of a timeline."""
-    totals = [sum(timeline.series[name][i] for name in timeline.categories) for i in range(len(timeline.x))]
-    peaks: dict[str, int] = {}
-    for name, start, end in timeline.phases:
-        inside = [total for x, total in zip(timeline.x, totals, strict=True) if start <= x <= end]
-        peaks[name] = max([peaks.get(name, 0), *inside])
-    return peaks
 
 
 def test_a_watched_grpo_train_marks_generation_reference_and_old_policy(tmp_path: Any) -> None:

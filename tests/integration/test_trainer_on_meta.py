@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import is_fake
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import memlab
-from tests.trl_trainers import length_reward, word_tokenizer
+from tests.trl_trainers import length_reward, phase_peaks, word_tokenizer
 
 CONFIG = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, vocab_size=64, max_position_embeddings=128, pad_token_id=0)
@@ -61,16 +61,9 @@ def dpo(tmp_path: Path, meta: bool) -> trl.DPOTrainer:
     return memlab.trainer_on_meta(trl.DPOTrainer, **keywords) if meta else trl.DPOTrainer(**keywords)
 
 
-def phase_peaks(trial: memlab.Trial) -> dict[str, int]:
-    """The largest total of each named phase of a trial's timeline."""
-    timeline = trial.timeline
-    assert timeline is not None
-    totals = [sum(timeline.series[name][i] for name in timeline.categories) for i in range(len(timeline.x))]
-    peaks: dict[str, int] = {}
-    for name, start, end in timeline.phases:
-        inside = [total for x, total in zip(timeline.x, totals, strict=True) if start <= x <= end]
-        peaks[name] = max([peaks.get(name, 0), *inside])
-    return peaks
+def trial_phase_peaks(trial: memlab.Trial) -> dict[str, int]:
+    assert trial.timeline is not None
+    return phase_peaks(trial.timeline)
 
 
 def close(meta: int | None, real: int | None) -> bool:
@@ -88,7 +81,7 @@ def test_a_grpo_trainer_on_meta_is_estimated_as_with_its_weights(tmp_path: Path,
     assert on_meta.status == built.status == "ok", (on_meta.error, built.error)
     assert on_meta.device.startswith("cuda") and on_meta.plan.adapter == "lora"
     assert not any("could not be estimated" in note for note in on_meta.notes)
-    meta_phases, real_phases = phase_peaks(on_meta), phase_peaks(built)
+    meta_phases, real_phases = trial_phase_peaks(on_meta), trial_phase_peaks(built)
     assert meta_phases.keys() == real_phases.keys() >= {"generation", "forward", "backward"}
     for phase, nbytes in real_phases.items():  # both phases: the generation's and the training's
         assert close(meta_phases[phase], nbytes), phase
@@ -130,7 +123,7 @@ def test_a_dry_run_never_runs_the_live_policy(tmp_path: Path) -> None:
         trial = memlab.estimate(trainer, gpu="H100-80GB", device="cuda")
     finally:
         remove()
-    assert trial.status == "ok" and "generation" in phase_peaks(trial)
+    assert trial.status == "ok" and "generation" in trial_phase_peaks(trial)
     assert seen and all(seen), f"{seen.count(False)} of {len(seen)} layer calls ran live weights"
 
 
