@@ -67,9 +67,11 @@ def test_a_trainer_without_a_separate_reference_is_unchanged() -> None:
     assert with_reference(base, same) is base
 
 
-def test_reference_bytes_counts_each_storage_once_and_skips_meta() -> None:
+def test_reference_bytes_counts_each_storage_once_and_a_meta_model_at_what_it_will_hold() -> None:
     tied = torch.nn.Linear(3, 3, bias=False)
     both = torch.nn.ModuleList([tied, tied])
     assert reference_bytes(both) == 36
-    with torch.device("meta"):
-        assert reference_bytes(torch.nn.Linear(3, 3)) == 0
+    with torch.device("meta"):  # a reference built to be estimated (memlab.trainer_on_meta): 12 fp32 values
+        meta = torch.nn.Linear(3, 3)
+        assert reference_bytes(meta) == 48
+        assert reference_bytes(torch.nn.ModuleList([meta, meta])) == 48  # a tied weight once, by identity
