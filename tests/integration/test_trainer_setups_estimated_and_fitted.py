@@ -1,4 +1,4 @@
-"""Issue 59's "Must show" cells that no other test showed: DPO's estimate phase by phase (with a reference model,
+"""What no other trainer test shows: DPO's estimate phase by phase (with a reference model,
 precomputed reference log-probs, peft with its adapters off as the reference, peft with precomputed log-probs),
 ``fit``'s best plan trained under ``watch`` for each DPO set-up, GRPO with a peft policy and beta=0 (no reference),
 and the worst batch memlab picks checked against a brute-force scan: the trainer's step estimated on every batch
