@@ -148,8 +148,8 @@ def test_gpu_acceptance_sections_run_on_the_cpu(load: Any, name: str) -> None:
 
 
 def test_gpu_acceptance_is_one_command_whose_parts_run_in_order_within_its_deadline(load: Any, tmp_path: Path) -> None:
-    # The GPU run's very command at the smoke size: the parts in order, least verified first (the SFTTrainer with a
-    # peft config, whose fit broke the H200's CUDA context and whose estimate the H100's), each in its own process,
+    # The GPU run's very command at the smoke size: the parts in order, least verified first (limits' boundary, then
+    # the SFTTrainer with a peft config, whose fit broke the H200's CUDA context), each in its own process,
     # until the smoke deadline (60 s);
     # the JSON names every part, those not reached as not started. A part cut at the deadline on a busy machine
     # keeps the checks it printed; no check may fail but that cut.
@@ -169,7 +169,7 @@ def test_gpu_acceptance_is_one_command_whose_parts_run_in_order_within_its_deadl
     assert data["benchmark"] == "gpu_acceptance" and data["size"] == "smoke" and data["deadline_s"] == 60
     assert tuple(data["parts"]) == gpu_acceptance.ORDER  # every part named, in order
     assert gpu_acceptance.ORDER[:3] == ("boundary", "sft_peft", "fill")
-    first = data["parts"]["sft_peft"]
+    first = data["parts"][gpu_acceptance.ORDER[0]]
     # Cut at its limit on a busy machine, the first part may have printed no check of its own (a run at load 10-12).
     cut = any(c["passed"] is False for c in first["checks"])
     assert not first.get("not_started") and len(first["checks"]) >= (1 if cut else 2), first
@@ -179,9 +179,10 @@ def test_gpu_acceptance_is_one_command_whose_parts_run_in_order_within_its_deadl
     assert ran == list(gpu_acceptance.ORDER[:len(ran)])  # the parts reached are the first ones
     assert data["summary"]["not_started"] == list(gpu_acceptance.ORDER[len(ran):])
     assert seconds < data["deadline_s"] + 40, seconds  # its start, the last part's end and the JSON after the deadline
-    if "budget_bytes" in first:  # ran to the end: fit on the SFTTrainer with peft, then train() under watch
-        assert first["fit"]["best"] is not None and first["broken_at"] is None, first
-        assert first["measured"]["status"] == "ok" and first["estimated"]["status"] == "ok"
+    sft = data["parts"]["sft_peft"]  # second: reached within the smoke deadline on a quiet machine only
+    if "budget_bytes" in sft:  # ran to the end: fit on the SFTTrainer with peft, then train() under watch
+        assert sft["fit"]["best"] is not None and sft["broken_at"] is None, sft
+        assert sft["measured"]["status"] == "ok" and sft["estimated"]["status"] == "ok"
         assert "**SFTTrainer with a LoRA peft_config**" in load("gpu_acceptance_tables").markdown(data)
 
 
