@@ -161,7 +161,8 @@ def word_tokenizer(vocab_size: int) -> Any:
 
 
 def _tokenizer(source: str, config: Any) -> tuple[Any, str]:
-    """The model's own tokenizer where a local folder has its files, else :func:`word_tokenizer`; and what it is."""
+    """The model's own tokenizer where a local folder has its files (or, for a Hub name, the Hub cache has it),
+    else :func:`word_tokenizer`; and what it is."""
     names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
     if os.path.isdir(source) and any(os.path.exists(os.path.join(source, name)) for name in names):
         from transformers import AutoTokenizer
@@ -170,6 +171,20 @@ def _tokenizer(source: str, config: Any) -> tuple[Any, str]:
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer, "its own tokenizer"
+    from memlab.estimation.configs import KNOWN_SHAPES
+
+    if not os.path.exists(source) and source.lower() not in KNOWN_SHAPES:  # a Hub name: its tokenizer if it can be had
+        cached: Any = None
+        try:
+            from transformers import AutoTokenizer
+
+            cached = AutoTokenizer.from_pretrained(source, local_files_only=True)  # the cached one: no wait
+        except Exception:  # noqa: BLE001 - not cached, gated, none: the word-level one (an estimate reads lengths only)
+            pass
+        if cached is not None and len(cached) <= int(config.vocab_size):
+            if cached.pad_token is None:
+                cached.pad_token = cached.eos_token
+            return cached, "its own tokenizer"
     return word_tokenizer(int(config.vocab_size)), "a word-level tokenizer"
 
 
@@ -213,7 +228,10 @@ def _settings(args: argparse.Namespace, config: Any) -> dict[str, Any]:
         prompt = args.prompt_length or 64
         completion = settings.get("max_completion_length", 512)
         if positions is not None and prompt + completion > positions:
-            raise MemlabError(f"--prompt-length {prompt} and --max-completion-length {completion} make sequences of "
+            said = "" if args.prompt_length else " (the default)"
+            said_too = "" if args.max_completion_length else " (TRL's default)"
+            raise MemlabError(f"--prompt-length {prompt}{said} and --max-completion-length {completion}{said_too} "
+                              "make sequences of "
                               f"{prompt + completion} tokens, more than the model's {positions} positions; write "
                               f"--max-completion-length {max(1, positions - prompt)} or less")
         if args.vllm_gpu_memory_utilization is not None:

@@ -138,3 +138,13 @@ def test_the_word_tokenizer_stays_inside_the_vocabulary() -> None:
     tokenizer = word_tokenizer(40)
     ids: Any = tokenizer(" ".join(f"w{i}" for i in range(1000)))["input_ids"]
     assert max(ids) < 40 and len(ids) == 1000
+
+
+def test_a_colocated_vllm_share_is_counted(config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = ask(capsys, config, *GRPO, "--vllm-gpu-memory-utilization", "0.3", "--vllm-enable-sleep-mode",
+                           "--json")
+    assert status == 0, err
+    data = json.loads(out)
+    notes = " ".join(data["trials"][0]["notes"])
+    assert "vllm_gpu_memory_utilization=0.3" in notes and "vllm_enable_sleep_mode=True" in notes
+    assert data["peak_phase"] == "generation" and data["trainer"]["use_vllm"] is True
