@@ -67,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from memlab.estimation.estimate import KNOWN_SHAPES
     from memlab.frontends.estimate_text import shape_names
     from memlab.frontends.levers import lever_help, model_lever_specs, trainer_levers_note
+    from memlab.frontends.trainer_cli import add_trainer_arguments
 
     parser.description = _DESCRIPTION.format(shapes=shape_names(KNOWN_SHAPES))
     parser.epilog = _EPILOG
@@ -119,6 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-rows", action="store_true",
                         help="the most rows each plan fits in --budget, --batch's tokens kept (memlab.limits)")
     _add_load_arguments(parser)
+    add_trainer_arguments(parser)  # --trainer grpo|dpo with TRL's settings (memlab.frontends.trainer_cli)
 
 
 _LOAD_EXAMPLE = (
@@ -210,10 +212,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     from memlab.errors import MemlabError
     from memlab.estimation.answers import answers_kept, cache_folder
     from memlab.frontends.estimate_kept import run_kept
+    from memlab.frontends.trainer_cli import keeps_whole_answer
 
     try:  # the dry runs' answers kept: within this ask always, between asks unless --no-cache
         with answers_kept(None if getattr(args, "no_cache", False) else cache_folder()):
-            return run_kept(args, out, lambda printed: _run(args, printed, err))  # the whole answer kept too
+            keep = run_kept if keeps_whole_answer(args) else lambda _, printed, ask: ask(printed)
+            return keep(args, out, lambda printed: _run(args, printed, err))  # the whole answer kept too
     except MemlabError as error:
         print(f"memlab estimate: {cli_words(str(error))}", file=err)
         return 2
@@ -228,9 +232,12 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from memlab.estimation.estimate import load_config, meta_model, parse_batch_shape
     from memlab.frontends.host_cli import host_judged
     from memlab.frontends.levers import refuse_trainer_levers
+    from memlab.frontends.trainer_cli import asks_trainer, run_trainer
     from memlab.plan import parse_axes, parse_budget, parse_grid
     from memlab.search.space import keep_rows
 
+    if asks_trainer(args):  # a TRL trainer's step (memlab.frontends.trainer_cli)
+        return run_trainer(args, out, err)
     batch = parse_batch_shape(args.batch)
     rows, tokens = batch["input_ids"]
     grid = list(args.try_ or [])
@@ -294,8 +301,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from memlab.frontends.estimate_next import suggestion_lines
         from memlab.frontends.estimate_text import single_text
 
-        header = (f"{args.model}: {called}, {_count(parameters)} parameters, batch {rows}x{tokens}, "
-                  f"{len(plans)} plan{'s' if len(plans) != 1 else ''}{_for_gpu(args)}{_budget_words(args, budget)}")
+        header = (f"{args.model}: {called}, {count_text(parameters)} parameters, batch {rows}x{tokens}, "
+                  f"{len(plans)} plan{'s' if len(plans) != 1 else ''}{for_gpu(args)}{budget_words(args, budget)}")
         after: list[str] = []
         if budget is not None and not fits and report.trials:
             sharded_too = all(trial.plan.adapter == "none" for trial in report.trials)
@@ -325,7 +332,7 @@ def gpu_budget(args: argparse.Namespace) -> int | None:
     return gpu_kind(name).memory_bytes
 
 
-def _budget_words(args: argparse.Namespace, budget: int | None) -> str:
+def budget_words(args: argparse.Namespace, budget: int | None) -> str:
     """``, budget: the A100-40GB's 39.49 GiB`` where the budget is the GPU's memory (no --budget given)."""
     from memlab.plan import format_bytes
 
@@ -401,14 +408,14 @@ def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, 
     return [dataclasses.replace(trial) for trial in found]
 
 
-def _for_gpu(args: argparse.Namespace) -> str:
+def for_gpu(args: argparse.Namespace) -> str:
     """``, for an H100-80GB`` where the estimate is for CUDA (the GPU kind whose CUDA context it models)."""
     from memlab.estimation.cuda.gpus import gpu_kind
 
     return "" if args.device == "cpu" else f", for {gpu_kind(cli_gpu(args)).called}"
 
 
-def _count(number: int) -> str:
+def count_text(number: int) -> str:
     for size, unit in ((10**9, "B"), (10**6, "M"), (10**3, "K")):
         if number >= size:
             return f"{number / size:.2f}{unit}"
@@ -456,7 +463,7 @@ def run_sharded(
         from memlab.frontends.estimate_text import sharded_text, whole_weights
 
         header = (f"{args.model}: {type(model).__name__}, per-GPU batch {batch['input_ids'][0]}x"
-                  f"{batch['input_ids'][1]}, --gpus {args.gpus}{_for_gpu(args)}{_budget_words(args, budget)}")
+                  f"{batch['input_ids'][1]}, --gpus {args.gpus}{for_gpu(args)}{budget_words(args, budget)}")
         searched = (searched_lines(args, plans, strategies or ["fsdp2", "zero2", "zero3"]) if args.gpus == "auto"
                     else [])
         weights = whole_weights(model, plans)

@@ -1,0 +1,472 @@
+"""``memlab estimate MODEL --trainer grpo|dpo ...``: a TRL trainer's step answered from a model name or config, the
+policy built on the meta device (:func:`memlab.trainer_on_meta`), in one command.
+
+Example (nothing is downloaded with a built-in shape or a local config)::
+
+    memlab estimate llama-7b --trainer grpo --num-generations 8 --max-completion-length 1024 --prompt-length 64 \\
+        --per-device-train-batch-size 8 --gradient-accumulation-steps 4 --beta 0.0 --lora 16 --gpu RTX4090-24GB
+
+builds ``trl.GRPOConfig(...)`` (or ``trl.DPOConfig``) from the options (named after its fields), the policy on the
+meta device from the config ``memlab estimate`` reads, a tokenizer (the model's own where a local folder has its
+files; otherwise a small word-level one whose ids stay inside the config's vocabulary), prompts of
+``--prompt-length`` tokens and a reward function that returns zeros, and answers ``memlab.estimate(trainer, gpu=...)``
+with the table ``memlab estimate`` prints, the phase that holds the peak said (a GRPO step's generation or its
+training). Options of one trainer given to the other, or without ``--trainer``, are one error that says what to
+write (exit 2). trl, peft and transformers are imported only when a trainer is asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, TextIO
+
+from memlab.errors import MemlabError
+
+__all__ = ["DPO_ONLY", "GRPO_ONLY", "add_trainer_arguments", "asks_trainer", "build_trainer", "keeps_whole_answer",
+           "run_trainer", "word_tokenizer"]
+
+GRPO_ONLY = ("num_generations", "max_completion_length", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+"""The options (as ``args`` names them) only a GRPOTrainer takes."""
+DPO_ONLY = ("max_length",)
+"""The options only a DPOTrainer takes."""
+_BOTH = ("prompt_length", "per_device_train_batch_size", "gradient_accumulation_steps", "beta", "lora",
+         "gradient_checkpointing")
+_WORDS = 1000
+"""At most this many words in the word-level tokenizer (fewer where the config's vocabulary is smaller)."""
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _positive(option: str, example: int) -> Any:
+    from memlab.frontends.cli_errors import whole_number
+
+    return whole_number(option, "tokens" if "length" in option else "rows" if "batch" in option else "steps"
+                        if "steps" in option else "generations" if "generations" in option else "ranks", example)
+
+
+def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the trainer options of ``memlab estimate`` on ``parser``, each named after the TRL config's field.
+
+    Example:
+        >>> parser = argparse.ArgumentParser(prog="memlab estimate")
+        >>> add_trainer_arguments(parser)
+        >>> args = parser.parse_args(["--trainer", "grpo", "--num-generations", "8", "--beta", "0"])
+        >>> args.trainer, args.num_generations, args.beta, args.max_completion_length
+        ('grpo', 8, 0.0, None)
+    """
+    from memlab.frontends.cli_errors import fraction
+
+    group = parser.add_argument_group(
+        "trainer", "a TRL trainer's step instead of a plain training step (TRL's config fields, as "
+        "trl.GRPOConfig(...) / trl.DPOConfig(...) take them; the policy built on the meta device: "
+        "memlab.trainer_on_meta; --gpu, --budget, --dtype and --json as above)")
+    group.add_argument("--trainer", choices=("grpo", "dpo"), default=None,
+                       help="the trainer: TRL's GRPOTrainer or DPOTrainer")
+    group.add_argument("--num-generations", type=_positive("--num-generations", 8), default=None,
+                       help="GRPO: completions per prompt (TRL's default: 8)")
+    group.add_argument("--max-completion-length", type=_positive("--max-completion-length", 1024), default=None,
+                       help="GRPO: the longest completion, in tokens (TRL's default: 512)")
+    group.add_argument("--max-length", type=_positive("--max-length", 1024), default=None,
+                       help="DPO: the longest prompt and answer together, in tokens (TRL's default: 1024)")
+    group.add_argument("--prompt-length", type=_positive("--prompt-length", 64), default=None,
+                       help="tokens in each prompt (default: 64 for GRPO, half of --max-length for DPO)")
+    group.add_argument("--per-device-train-batch-size", type=_positive("--per-device-train-batch-size", 8),
+                       default=None, help="rows per device and micro-batch (TRL's default: 8)")
+    group.add_argument("--gradient-accumulation-steps", type=_positive("--gradient-accumulation-steps", 4),
+                       default=None, help="micro-batches per optimizer step (default: 1)")
+    group.add_argument("--beta", type=float, default=None,
+                       help="the KL coefficient: above 0 keeps a reference model (TRL's default: 0.0 for GRPO, 0.1 "
+                       "for DPO)")
+    group.add_argument("--lora", metavar="R", type=_positive("--lora", 16), default=None,
+                       help="LoRA adapters of rank R on all linear layers (peft.LoraConfig(r=R, lora_alpha=2R, "
+                       "target_modules='all-linear')); without it every weight trains")
+    group.add_argument("--gradient-checkpointing", choices=("on", "off"), default=None,
+                       help="activation checkpointing (TRL's default: on)")
+    group.add_argument("--vllm-gpu-memory-utilization", type=fraction("--vllm-gpu-memory-utilization", "0.3"),
+                       default=None, help="GRPO: generate with a vLLM engine colocated on the card, holding this "
+                       "share of its memory (use_vllm=True, vllm_mode='colocate')")
+    group.add_argument("--vllm-enable-sleep-mode", action="store_true", default=None,
+                       help="GRPO with --vllm-gpu-memory-utilization: the engine sleeps while the policy trains")
+
+
+def asks_trainer(args: argparse.Namespace) -> bool:
+    """Whether ``args`` ask a trainer's step: ``--trainer``, or one of its options (refused without it)."""
+    return any(getattr(args, name, None) is not None for name in ("trainer", *GRPO_ONLY, *DPO_ONLY, *_BOTH))
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Each option a trainer question cannot take, refused with what to write."""
+    given = [name for name in (*GRPO_ONLY, *DPO_ONLY, *_BOTH) if getattr(args, name, None) is not None]
+    if args.trainer is None:
+        kind = "dpo" if any(name in DPO_ONLY for name in given) else "grpo"
+        raise MemlabError(f"{_flag(given[0])} is a setting of a TRL trainer; add --trainer {kind} (or leave it out "
+                          "for a plain training step)")
+    other, wrong = ("dpo", DPO_ONLY) if args.trainer == "grpo" else ("grpo", GRPO_ONLY)
+    for name in given:
+        if name in wrong:
+            raise MemlabError(f"{_flag(name)} is a setting of --trainer {other}, not --trainer {args.trainer}; leave "
+                              f"it out, or write --trainer {other}")
+    if getattr(args, "vllm_enable_sleep_mode", None) and getattr(args, "vllm_gpu_memory_utilization", None) is None:
+        raise MemlabError("--vllm-enable-sleep-mode puts a colocated vLLM engine to sleep; add "
+                          "--vllm-gpu-memory-utilization 0.3 (its share of the card)")
+    plain = {"--try": bool(args.try_), "--gpus": args.gpus is not None,
+             "--strategy": args.strategy not in (None, "none"), "--max-tokens": bool(args.max_tokens),
+             "--max-rows": bool(args.max_rows), "--batch": args.batch != "1x512"}
+    load = {"--load-in-4bit": args.load_in_4bit, "--load-in-8bit": args.load_in_8bit}
+    for option, set_ in {**plain, **load}.items():
+        if set_:
+            instead = {"--batch": "--per-device-train-batch-size 8 and --prompt-length 64",
+                       "--try": "the trainer's own options (memlab estimate --help, trainer)"}.get(
+                option, "the question without it")
+            raise MemlabError(f"{option} is not answered with --trainer {args.trainer} yet; write {instead}, or build "
+                              "the trainer in Python: memlab.estimate(memlab.trainer_on_meta(...), gpu=...)")
+
+
+def _dtype(args: argparse.Namespace, config: Any) -> Any:
+    import torch
+
+    from memlab.estimation.configs import checkpoint_dtype
+
+    named = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+             "fp32": torch.float32, "float32": torch.float32}
+    if args.dtype is None:
+        return torch.bfloat16
+    if args.dtype == "auto":
+        return checkpoint_dtype(config) or torch.float32
+    return named[args.dtype]
+
+
+def word_tokenizer(vocab_size: int) -> Any:
+    """A word-level tokenizer (words ``w0``, ``w1``...) whose ids stay below ``vocab_size``: a built-in shape or a
+    bare config has no tokenizer of its own, and an estimate reads only the prompts' lengths.
+
+    Example:
+        >>> tokenizer = word_tokenizer(32)
+        >>> tokenizer("w0 w1 w28")["input_ids"], tokenizer.pad_token_id, len(tokenizer)
+        ([3, 4, 31], 0, 32)
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 4:
+        raise MemlabError(f"a vocabulary of {vocab_size} tokens is too small for a trainer's prompts; give a config "
+                          "whose vocab_size is 4 or more")
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[EOS]": 2, **{f"w{i}": i + 3 for i in range(min(vocab_size - 3, _WORDS))}}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]")
+
+
+def _tokenizer(source: str, config: Any) -> tuple[Any, str]:
+    """The model's own tokenizer where a local folder has its files (or, for a Hub name, the Hub cache has it),
+    else :func:`word_tokenizer`; and what it is."""
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    if os.path.isdir(source) and any(os.path.exists(os.path.join(source, name)) for name in names):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer, "its own tokenizer"
+    from memlab.estimation.configs import KNOWN_SHAPES
+
+    if not os.path.exists(source) and source.lower() not in KNOWN_SHAPES:  # a Hub name: its tokenizer if it can be had
+        cached: Any = None
+        try:
+            from transformers import AutoTokenizer
+
+            cached = AutoTokenizer.from_pretrained(source, local_files_only=True)  # the cached one: no wait
+        except Exception:  # noqa: BLE001 - not cached, gated, none: the word-level one (an estimate reads lengths only)
+            pass
+        if cached is not None and len(cached) <= int(config.vocab_size):
+            if cached.pad_token is None:
+                cached.pad_token = cached.eos_token
+            return cached, "its own tokenizer"
+    return word_tokenizer(int(config.vocab_size)), "a word-level tokenizer"
+
+
+def _text(tokenizer: Any, tokens: int, start: int = 0) -> str:
+    """Words that ``tokenizer`` makes ``tokens`` tokens of (without special tokens)."""
+    words = [f"w{(start + i) % _WORDS}" for i in range(tokens)]
+    text = " ".join(words)
+    for _ in range(4):  # another tokenizer may split a word in several: scaled until the count is right
+        count = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if count == tokens or count == 0:
+            break
+        words = (words * (tokens // max(1, count) + 2))[:max(1, len(words) * tokens // count)]
+        text = " ".join(words)
+    return text
+
+
+def _positions(config: Any) -> int | None:
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _settings(args: argparse.Namespace, config: Any) -> dict[str, Any]:
+    """The TRL config's keywords the options set (TRL's defaults for the others), checked against the model."""
+    import torch
+
+    dtype = _dtype(args, config)
+    settings: dict[str, Any] = {"bf16": dtype == torch.bfloat16}
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "beta"):
+        if getattr(args, name) is not None:
+            settings[name] = getattr(args, name)
+    if args.gradient_checkpointing is not None:
+        settings["gradient_checkpointing"] = args.gradient_checkpointing == "on"
+    positions = _positions(config)
+    if args.trainer == "grpo":
+        for name in ("num_generations", "max_completion_length"):
+            if getattr(args, name) is not None:
+                settings[name] = getattr(args, name)
+        prompt = args.prompt_length or 64
+        completion = settings.get("max_completion_length", 512)
+        if positions is not None and prompt + completion > positions:
+            said = "" if args.prompt_length else " (the default)"
+            said_too = "" if args.max_completion_length else " (TRL's default)"
+            raise MemlabError(f"--prompt-length {prompt}{said} and --max-completion-length {completion}{said_too} "
+                              "make sequences of "
+                              f"{prompt + completion} tokens, more than the model's {positions} positions; write "
+                              f"--max-completion-length {max(1, positions - prompt)} or less")
+        if args.vllm_gpu_memory_utilization is not None:
+            settings.update(use_vllm=True, vllm_mode="colocate",
+                            vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+                            vllm_enable_sleep_mode=bool(args.vllm_enable_sleep_mode))
+    else:
+        length = args.max_length or 1024
+        prompt = args.prompt_length or length // 2
+        if prompt >= length:
+            raise MemlabError(f"--prompt-length {prompt} leaves no answer within --max-length {length}; write "
+                              f"--prompt-length {max(1, length // 2)}")
+        if positions is not None and length > positions:
+            raise MemlabError(f"--max-length {length} is more than the model's {positions} positions; write "
+                              f"--max-length {positions} or less")
+        settings["max_length"] = length
+    settings["prompt_length"] = prompt
+    settings["dtype"] = dtype
+    return settings
+
+
+def _zero_reward(completions: list[Any], **_: Any) -> list[float]:
+    return [0.0 for _ in completions]
+
+
+def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: str) -> tuple[Any, dict[str, Any]]:
+    """The trainer ``args`` ask around a meta policy of ``config``, its TRL config's files under ``folder``; and the
+    settings it was built with."""
+    try:
+        import peft
+        import trl
+    except ImportError as error:
+        raise MemlabError(f"--trainer {args.trainer} needs TRL and peft, and {error.name} is not installed; write pip "
+                          "install trl peft") from None
+    from datasets import Dataset
+
+    from memlab.estimation.estimate import meta_model
+    from memlab.trainer.meta import trainer_on_meta
+
+    settings = _settings(args, config)
+    prompt, dtype = settings.pop("prompt_length"), settings.pop("dtype")
+    policy = meta_model(config).to(dtype)
+    tokenizer, told = _tokenizer(source, config)
+    common: dict[str, Any] = dict(output_dir=folder, report_to=[], save_strategy="no", use_cpu=True,
+                                  disable_tqdm=True, max_steps=1, seed=0)
+    rows = settings.get("per_device_train_batch_size", 8) * settings.get("gradient_accumulation_steps", 1)
+    keywords: dict[str, Any] = {}
+    trainer_class: Any
+    trl_args: Any
+    if args.lora is not None:
+        keywords["peft_config"] = peft.LoraConfig(r=args.lora, lora_alpha=2 * args.lora, target_modules="all-linear")
+    try:
+        if args.trainer == "grpo":
+            data = [{"prompt": _text(tokenizer, prompt, i)} for i in range(max(rows, 8))]
+            trainer_class, trl_args = trl.GRPOTrainer, trl.GRPOConfig(**common, **settings)
+            keywords["reward_funcs"] = _zero_reward
+        else:
+            answer = settings["max_length"] - prompt
+            data = [{"prompt": _text(tokenizer, prompt, i), "chosen": _text(tokenizer, answer, i + 1),
+                     "rejected": _text(tokenizer, answer, i + 2)} for i in range(max(rows, 8))]
+            trainer_class, trl_args = trl.DPOTrainer, trl.DPOConfig(**common, **settings)
+            if args.lora is None:
+                raise MemlabError("--trainer dpo on a model built on the meta device needs adapters (its reference "
+                                  "model is then the policy with its adapters off); add --lora 16")
+        with _vllm_stand_in(settings.get("use_vllm", False)):
+            trainer = trainer_on_meta(trainer_class, model=policy, args=trl_args, train_dataset=Dataset.from_list(data),
+                                      processing_class=tokenizer, **keywords)
+    except ValueError as error:  # TRL's own checks of its settings (generations dividing the batch...)
+        raise MemlabError(f"TRL refuses these settings: {_cli_words(str(error))}") from None
+    return trainer, {**settings, "prompt_length": prompt, "tokenizer": told, "dtype": str(dtype).split(".")[-1]}
+
+
+class _vllm_stand_in:  # noqa: N801 - a context manager read as a phrase
+    """TRL's colocated engine replaced, while the trainer is built, by a stand-in that holds its settings where vLLM
+    is not installed: memlab never generates with it (the estimate counts its share by vLLM's arithmetic,
+    :mod:`memlab.trainer.grpo_vllm`)."""
+
+    def __init__(self, wanted: bool) -> None:
+        self.wanted = wanted
+        self.patch: Any = None
+
+    def __enter__(self) -> None:
+        import importlib.util
+
+        if not self.wanted or importlib.util.find_spec("vllm") is not None:
+            return
+        import trl.trainer.grpo_trainer as grpo_module
+
+        from memlab.live.patching import patched
+
+        class Engine:
+            def __init__(self, **settings: Any) -> None:
+                self.settings = settings
+
+        self.patch = patched(grpo_module, VLLMGeneration=Engine)
+        self.patch.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.patch is not None:
+            self.patch.__exit__(*exc)
+
+
+def _cli_words(message: str) -> str:
+    """A TRL or memlab message about the config's fields in the command's options."""
+    import re
+
+    message = re.sub(r"GRPOConfig\(vllm_gpu_memory_utilization=([0-9.]+)\)", r"--vllm-gpu-memory-utilization \1",
+                     message)
+    for name in (*GRPO_ONLY, *DPO_ONLY, *_BOTH):
+        message = re.sub(rf"`?\b{name}\b`?", _flag(name), message)
+    return message
+
+
+def keeps_whole_answer(args: argparse.Namespace) -> bool:
+    """Whether ``memlab estimate`` may keep the whole answer of ``args`` under its words
+    (:mod:`memlab.frontends.estimate_kept`): not a trainer's read from a folder, which reads the tokenizer's files
+    too, which the kept answer's key does not hold (asked again each time).
+
+    Example:
+        >>> keeps_whole_answer(argparse.Namespace(trainer="grpo", config=None, model="llama-7b"))
+        True
+    """
+    return not (asks_trainer(args) and os.path.isdir(args.config or args.model))
+
+
+def run_trainer(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Answer the trainer question ``args`` ask: the table, the verdict and the phase of the peak (or ``--json``);
+    the exit status as for a plain step (0 fits or nothing judged, 1 does not fit, 3 could not be estimated); each
+    step said on ``err``."""
+    import contextlib
+
+    from memlab.frontends.estimate_cli import EstimateProgress
+
+    # What a library prints while the trainer is built (DeepSpeed's accelerator line) goes to err: out is the table.
+    with EstimateProgress(err, dry_runs=1) as say, contextlib.redirect_stdout(err):
+        return _answer(args, out, say)
+
+
+def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
+    import tempfile
+
+    from memlab.estimation.estimate import load_config
+    from memlab.frontends.cli_errors import estimate_status
+    from memlab.frontends.estimate_cli import budget_words, count_text, for_gpu, gpu_budget, json_with_verdicts
+    from memlab.frontends.gpu_cli import cli_gpu
+    from memlab.frontends.host_cli import host_judged
+    from memlab.plan import parse_budget
+    from memlab.report import Report
+
+    _check(args)
+    budget = parse_budget(args.budget)
+    if budget is None:
+        budget = gpu_budget(args)
+    source = args.config or args.model
+    say(f"reading the config of {source}")
+    config = load_config(source)
+    say(f"building the {args.trainer.upper()} trainer around the model on the meta device (shapes only, no memory)")
+    with tempfile.TemporaryDirectory(prefix="memlab-trainer-") as folder:
+        trainer, settings = build_trainer(args, config, source, folder)
+        say(f"estimating the {args.trainer.upper()} step")
+        import memlab
+
+        trial = memlab.estimate(trainer, gpu=cli_gpu(args), device=args.device, budget=budget)
+    model = trainer.model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    parameters = sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)
+    if trial.status == "error" and "vllm_gpu_memory_utilization=" in str(trial.error):
+        raise MemlabError(_cli_words(str(trial.error)))
+    report = Report(host_judged([trial], args), budget=budget)
+    trial = report.trials[0]
+    phases = _phase_peaks(trial)
+    peak_phase = trial.timeline.peak.phase if trial.timeline is not None else None
+    fits = report.fits(trial)
+    if args.json:
+        import json
+
+        data = json.loads(json_with_verdicts(report))
+        data["trainer"] = {"kind": args.trainer, **{key: value for key, value in settings.items()}}
+        data["phases"] = phases
+        data["peak_phase"] = peak_phase
+        print(json.dumps(data, indent=2, default=str), file=out)
+    else:
+        from memlab.frontends.estimate_text import single_text
+
+        header = (f"{args.model}: {type(base).__name__}, {count_text(parameters)} parameters, "
+                  f"{_question(args, settings)}{for_gpu(args)}{budget_words(args, budget)}")
+        lines = single_text(args, header, report, budget, [])
+        if phases:  # before the table, after the verdict and the best
+            said = ", ".join(f"{name} {_bytes(nbytes)}" for name, nbytes in phases.items())
+            import textwrap
+
+            from memlab.frontends.estimate_text import WIDTH
+
+            at = lines.index("") if "" in lines else len(lines)
+            lines[at:at] = textwrap.wrap(f"Peak: in the {peak_phase} phase (each phase's highest: {said})",
+                                         WIDTH, subsequent_indent="  ")
+        print("\n".join(lines), file=out)
+    return estimate_status(fits=fits, judged=budget is not None or getattr(args, "host_budget", None) is not None,
+                           errors=int(trial.status == "error"))
+
+
+def _bytes(nbytes: int) -> str:
+    from memlab.plan import format_bytes
+
+    return format_bytes(nbytes)
+
+
+def _question(args: argparse.Namespace, settings: dict[str, Any]) -> str:
+    """The trainer question in words, for the header."""
+    batch = settings.get("per_device_train_batch_size", 8)
+    steps = settings.get("gradient_accumulation_steps", 1)
+    parts = [f"{args.trainer.upper()}"]
+    if args.trainer == "grpo":
+        parts.append(f"{settings.get('num_generations', 8)} generations of up to "
+                     f"{settings.get('max_completion_length', 512)} tokens after {settings['prompt_length']}-token "
+                     "prompts")
+    else:
+        parts.append(f"pairs of up to {settings['max_length']} tokens, {settings['prompt_length']}-token prompts")
+    parts.append(f"batch {batch} x {steps} accumulation steps")
+    parts.append(f"beta {settings.get('beta', 0.0 if args.trainer == 'grpo' else 0.1):g}")
+    parts.append(f"LoRA r{args.lora}" if args.lora is not None else "full fine-tuning")
+    if settings.get("use_vllm"):
+        parts.append(f"vLLM share {settings['vllm_gpu_memory_utilization']:g}"
+                     + (" (sleeps while training)" if settings.get("vllm_enable_sleep_mode") else ""))
+    return ", ".join(parts)
+
+
+def _phase_peaks(trial: Any) -> dict[str, int]:
+    """The highest total of each named phase of ``trial``'s timeline (a phase that repeats, per micro-batch, once)."""
+    line = trial.timeline
+    if line is None:
+        return {}
+    totals = [sum(line.series[name][i] for name in line.categories) for i in range(len(line.x))]
+    peaks: dict[str, int] = {}
+    for name, start, end in line.phases:
+        inside = [total for x, total in zip(line.x, totals, strict=True) if start <= x <= end]
+        peaks[name] = max([peaks.get(name, 0), *inside])
+    return peaks

@@ -1,0 +1,150 @@
+"""``memlab estimate MODEL --trainer grpo|dpo ...`` (issue 68): a TRL trainer's step from a config in one command.
+
+The command's answer on a tiny config.json is the one ``memlab.estimate(memlab.trainer_on_meta(trl.GRPOTrainer,
+...))`` gives in Python with the same settings (the same word-level tokenizer and prompts: equal bytes); ``--json``
+carries each phase's peak and the phase that holds it; each bad input is one error that says what to write, exit 2.
+Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl")
+import peft  # noqa: E402
+import trl  # noqa: E402
+from datasets import Dataset  # noqa: E402
+
+import memlab  # noqa: E402
+from memlab.estimation.estimate import load_config, meta_model  # noqa: E402
+from memlab.frontends.cli import main  # noqa: E402
+from memlab.frontends.trainer_cli import word_tokenizer  # noqa: E402
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+          "max_position_embeddings": 128, "pad_token_id": 0, "tie_word_embeddings": False}
+GRPO = ["--trainer", "grpo", "--num-generations", "4", "--max-completion-length", "32", "--prompt-length", "16",
+        "--per-device-train-batch-size", "4", "--gradient-accumulation-steps", "2", "--beta", "0", "--lora", "4",
+        "--gpu", "H100-80GB"]
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("MEMLAB_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CONFIG))
+    return str(path)
+
+
+def ask(capsys: pytest.CaptureFixture[str], *words: str) -> tuple[int, str, str]:
+    try:
+        status = main(["estimate", *words, "--no-cache"])
+    except SystemExit as exit_:  # argparse's own errors
+        status = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def python_answer(path: str, folder: Path) -> memlab.Trial:
+    """The same question in Python: the trainer built around the meta policy, as docs/trainer.md writes it."""
+    import torch
+
+    config = load_config(path)
+    policy = meta_model(config).to(torch.bfloat16)
+    prompts = [{"prompt": " ".join(f"w{(i + j) % 1000}" for j in range(16))} for i in range(8)]
+    args = trl.GRPOConfig(output_dir=str(folder), report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+                          max_steps=1, seed=0, bf16=True, per_device_train_batch_size=4,
+                          gradient_accumulation_steps=2, beta=0.0, num_generations=4, max_completion_length=32)
+    trainer = memlab.trainer_on_meta(trl.GRPOTrainer, model=policy, args=args,
+                                     reward_funcs=lambda completions, **_: [0.0] * len(completions),
+                                     train_dataset=Dataset.from_list(prompts), processing_class=word_tokenizer(256),
+                                     peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    return memlab.estimate(trainer, gpu="H100-80GB")
+
+
+def test_the_grpo_answer_is_pythons_and_json_carries_the_phases(
+        config: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = ask(capsys, config, *GRPO, "--json")
+    assert status == 0, err
+    data = json.loads(out)
+    row = data["trials"][0]
+    expected = python_answer(config, tmp_path / "python")
+    assert expected.status == row["status"] == "ok", expected.error
+    # The same tokenizer, prompts and settings: the same dry run, byte for byte.
+    assert row["peak_bytes"] == expected.peak_bytes and row["reserved_bytes"] == expected.reserved_bytes
+    assert row["fits"] is True and data["trainer"]["kind"] == "grpo" and data["trainer"]["num_generations"] == 4
+    assert {"generation", "forward", "backward"} <= data["phases"].keys()
+    assert max(data["phases"].values()) == expected.peak_bytes
+    assert data["peak_phase"] == expected.timeline.peak.phase and data["peak_phase"] in data["phases"]
+
+
+def test_the_table_says_the_question_and_the_phase_of_the_peak(
+        config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = ask(capsys, config, *GRPO, "--budget", "1MiB")
+    assert status == 1, err  # over a 1 MiB budget: does not fit, as for a plain step
+    text = " ".join(out.split())
+    assert "LlamaForCausalLM" in text and "GRPO, 4 generations of up to 32 tokens after 16-token prompts" in text
+    assert "LoRA r4" in text and "Verdict:" in text and "does not fit" in text
+    assert "Peak: in the backward phase (each phase's highest: generation" in text
+
+
+def test_a_dpo_question_is_answered(config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = ask(capsys, config, "--trainer", "dpo", "--max-length", "64", "--prompt-length", "24",
+                           "--per-device-train-batch-size", "2", "--lora", "4", "--gpu", "H100-80GB", "--json")
+    assert status == 0, err
+    data = json.loads(out)
+    assert data["trials"][0]["status"] == "ok" and data["trainer"]["max_length"] == 64
+    assert data["peak_phase"] in data["phases"]
+
+
+@pytest.mark.parametrize(("words", "said"), [
+    (["--trainer", "ppo"], "--trainer must be one of grpo, dpo; got 'ppo'"),
+    (["--trainer", "grpo", "--max-completion-length", "200", "--prompt-length", "16"],
+     "more than the model's 128 positions; write --max-completion-length 112 or less"),
+    (["--trainer", "dpo", "--num-generations", "4", "--lora", "4"],
+     "--num-generations is a setting of --trainer grpo, not --trainer dpo"),
+    (["--trainer", "grpo", "--max-length", "64"], "--max-length is a setting of --trainer dpo, not --trainer grpo"),
+    (["--num-generations", "4"], "--num-generations is a setting of a TRL trainer; add --trainer grpo"),
+    (["--trainer", "dpo", "--max-length", "64"], "needs adapters"),
+    (["--trainer", "grpo", "--try", "checkpointing=on"], "--try is not answered with --trainer grpo"),
+    (["--trainer", "grpo", "--num-generations", "3", "--per-device-train-batch-size", "4", "--max-completion-length",
+      "32"], "TRL refuses"),
+    (["--trainer", "grpo", "--vllm-enable-sleep-mode"], "add --vllm-gpu-memory-utilization 0.3"),
+    (["--trainer", "grpo", *GRPO[2:], "--vllm-gpu-memory-utilization", "0.0000001"],
+     "vLLM would not start"),
+])
+def test_each_bad_input_is_one_error_saying_what_to_write(
+        config: str, capsys: pytest.CaptureFixture[str], words: list[str], said: str) -> None:
+    status, out, err = ask(capsys, config, *words)
+    assert status == 2, (out, err)
+    lines = [line for line in err.splitlines() if line.startswith("memlab estimate")]
+    assert lines and said in " ".join(err.split()), err
+    assert "Traceback" not in err and out == ""
+
+
+def test_trl_not_installed_says_what_to_install(
+        config: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "trl", None)
+    status, out, err = ask(capsys, config, "--trainer", "grpo", "--lora", "4")
+    assert status == 2 and "needs TRL and peft, and trl is not installed; write pip install trl peft" in err, err
+
+
+def test_the_word_tokenizer_stays_inside_the_vocabulary() -> None:
+    tokenizer = word_tokenizer(40)
+    ids: Any = tokenizer(" ".join(f"w{i}" for i in range(1000)))["input_ids"]
+    assert max(ids) < 40 and len(ids) == 1000
+
+
+def test_a_colocated_vllm_share_is_counted(config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = ask(capsys, config, *GRPO, "--vllm-gpu-memory-utilization", "0.3", "--vllm-enable-sleep-mode",
+                           "--json")
+    assert status == 0, err
+    data = json.loads(out)
+    notes = " ".join(data["trials"][0]["notes"])
+    assert "vllm_gpu_memory_utilization=0.3" in notes and "vllm_enable_sleep_mode=True" in notes
+    assert data["peak_phase"] == "generation" and data["trainer"]["use_vllm"] is True
