@@ -15,8 +15,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-__all__ = ["EXAMPLES", "EXIT_FAILED", "SentenceParser", "cli_words", "estimate_status", "fraction", "seconds",
-           "sentence", "unknown_arguments", "whole_number"]
+__all__ = ["DEFAULT_BATCH", "EXAMPLES", "EXIT_FAILED", "SentenceParser", "cli_words", "estimate_status", "fraction",
+           "seconds", "sentence", "unknown_arguments", "whole_number"]
 
 EXIT_FAILED = 3
 """The exit status when memlab itself failed (an exception that is no MemlabError), or, in ``memlab estimate``, a
@@ -37,6 +37,20 @@ def estimate_status(*, fits: bool, judged: bool, errors: int) -> int:
     if errors:
         return EXIT_FAILED
     return 0 if fits or not judged else 1
+
+
+class _Default(str):
+    """A default value that can be told apart from the same words typed: argparse keeps a default object as it is,
+    and a typed string is never this object.
+
+    Example:
+        >>> DEFAULT_BATCH == "1x512", DEFAULT_BATCH is "1x512"[:]
+        (True, False)
+    """
+
+
+DEFAULT_BATCH = _Default("1x512")
+"""``memlab estimate --batch``'s default (``args.batch is DEFAULT_BATCH``: not typed)."""
 
 
 EXAMPLES: dict[str, str] = {

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from memlab.frontends.cli_errors import cli_words, estimate_status
+from memlab.frontends.cli_errors import DEFAULT_BATCH, cli_words, estimate_status
 from memlab.frontends.gpu_cli import add_gpu_arguments, check_gpu_plans, cli_gpu
 
 __all__ = [
@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="a Hub model name, a path to a config.json, or a built-in shape")
     parser.add_argument("--config", metavar="PATH_OR_NAME", default=None, help="where the config comes from, when "
                         "not from MODEL (a config.json, its folder, a shape or a Hub name)")
-    parser.add_argument("--batch", metavar="ROWSxTOKENS", default="1x512",
+    parser.add_argument("--batch", metavar="ROWSxTOKENS", default=DEFAULT_BATCH,
                         help="rows and tokens per batch (default: 1x512)")
     parser.add_argument("--budget", metavar="SIZE", default=None,
                         help="memory budget such as 24GiB or 16GB (default with --gpu: that GPU's memory)")

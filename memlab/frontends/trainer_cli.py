@@ -22,6 +22,7 @@ import os
 from typing import Any, TextIO
 
 from memlab.errors import MemlabError
+from memlab.frontends.cli_errors import DEFAULT_BATCH
 
 __all__ = ["DPO_ONLY", "GRPO_ONLY", "add_trainer_arguments", "asks_trainer", "build_trainer", "keeps_whole_answer",
            "run_trainer", "word_tokenizer"]
@@ -114,7 +115,7 @@ def _check(args: argparse.Namespace) -> None:
                           "--vllm-gpu-memory-utilization 0.3 (its share of the card)")
     plain = {"--try": bool(args.try_), "--gpus": args.gpus is not None,
              "--strategy": args.strategy not in (None, "none"), "--max-tokens": bool(args.max_tokens),
-             "--max-rows": bool(args.max_rows), "--batch": args.batch != "1x512"}
+             "--max-rows": bool(args.max_rows), "--batch": args.batch is not DEFAULT_BATCH}
     load = {"--load-in-4bit": args.load_in_4bit, "--load-in-8bit": args.load_in_8bit}
     for option, set_ in {**plain, **load}.items():
         if set_:

@@ -112,6 +112,7 @@ def test_a_dpo_question_is_answered(config: str, capsys: pytest.CaptureFixture[s
     (["--num-generations", "4"], "--num-generations is a setting of a TRL trainer; add --trainer grpo"),
     (["--trainer", "dpo", "--max-length", "64"], "needs adapters"),
     (["--trainer", "grpo", "--try", "checkpointing=on"], "--try is not answered with --trainer grpo"),
+    (["--trainer", "grpo", "--batch", "1x512"], "--batch is not answered with --trainer grpo"),  # the default, typed
     (["--trainer", "grpo", "--num-generations", "3", "--per-device-train-batch-size", "4", "--max-completion-length",
       "32"], "TRL refuses"),
     (["--trainer", "grpo", "--vllm-enable-sleep-mode"], "add --vllm-gpu-memory-utilization 0.3"),
