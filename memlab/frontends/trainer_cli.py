@@ -462,12 +462,4 @@ def _question(args: argparse.Namespace, settings: dict[str, Any]) -> str:
 
 def _phase_peaks(trial: Any) -> dict[str, int]:
     """The highest total of each named phase of ``trial``'s timeline (a phase that repeats, per micro-batch, once)."""
-    line = trial.timeline
-    if line is None:
-        return {}
-    totals = [sum(line.series[name][i] for name in line.categories) for i in range(len(line.x))]
-    peaks: dict[str, int] = {}
-    for name, start, end in line.phases:
-        inside = [total for x, total in zip(line.x, totals, strict=True) if start <= x <= end]
-        peaks[name] = max([peaks.get(name, 0), *inside])
-    return peaks
+    return {} if trial.timeline is None else trial.timeline.phase_peaks()

@@ -231,6 +231,22 @@ class Timeline:
         """Bytes alive at each point of ``x`` (all categories)."""
         return [sum(values) for values in zip(*self.series.values(), strict=True)]
 
+    def phase_peaks(self) -> dict[str, int]:
+        """The highest total of each named phase (a phase that repeats, one per micro-batch, once), in order.
+
+        Example:
+            >>> line = Timeline(x=[0, 1, 2], categories=["params"], series={"params": [1, 3, 2]},
+            ...                 phases=[("forward", 0, 1), ("backward", 2, 2)],
+            ...                 peak=TimelinePeak(3, "forward", "", {}, {}))
+            >>> line.phase_peaks()
+            {'forward': 3, 'backward': 2}
+        """
+        peaks: dict[str, int] = {}
+        for name, start, end in self.phases:
+            inside = [total for x, total in zip(self.x, self.totals, strict=True) if start <= x <= end]
+            peaks[name] = max([peaks.get(name, 0), *inside])
+        return peaks
+
     @property
     def modules(self) -> list[str]:
         """The module running at each point of ``x``, as ``model.named_modules()`` names it ("" outside every module,
