@@ -96,8 +96,9 @@ def test_an_encoder_decoders_shared_embedding_stays_with_the_root(make: Any) -> 
 
 @pytest.mark.e2e
 def test_the_exported_t5_sharding_runs_on_two_gloo_ranks_as_estimated(tmp_path: Any) -> None:
-    """The layout above is what the exported script shards with: run for real on 2 gloo ranks (fully_shard, two
-    steps, memlab's CPU tracker measuring the second), each rank's peak within 15% of the estimate."""
+    """The layout above is what the exported script shards with: run for real on 2 gloo ranks (fully_shard, one
+    step, then memlab's CPU tracker measuring three more and keeping the lowest: see fsdp2_torch_script), each
+    rank's peak within 15% of the estimate."""
     import json
     import os
     import subprocess

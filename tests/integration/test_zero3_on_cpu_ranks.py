@@ -21,6 +21,7 @@ from ranks import CLEAN_RANK_EXIT, run_two_ranks
 
 import memlab
 from memlab import Plan
+from memlab.export.accelerate import MEASURED_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
@@ -55,9 +56,14 @@ def step():
 
 
 step()
-tracker = MemoryTracker(device="cpu")
-with tracker:
-    step()
+peaks = []
+# The lowest of several steps: gloo's worker thread can hold a finished collective's buffer past its step on a busy
+# CPU (memlab.export.accelerate.fsdp2_torch_script says more).
+for _ in range(MEASURED_STEPS):
+    tracker = MemoryTracker(device="cpu")
+    with tracker:
+        step()
+    peaks.append(tracker.peak_bytes)
 seen = {}
 
 
@@ -79,7 +85,7 @@ for state in getattr(getattr(inner, "optimizer", None), "state", {}).values():
     for tensor in state.values():
         add(tensor)
 with open(f"rank{rank}.json", "w") as out:
-    json.dump({"peak": tracker.peak_bytes + sum(seen.values()), "held": sum(seen.values())}, out)
+    json.dump({"peak": min(peaks) + sum(seen.values()), "held": sum(seen.values()), "peaks": peaks}, out)
 ''' + CLEAN_RANK_EXIT
 
 
@@ -91,11 +97,13 @@ def test_zero3_on_two_cpu_ranks_matches_the_estimate_but_for_its_buckets(plan: P
 
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.replace("ROWS", str(SHAPES["input_ids"][0])).replace("CONFIG", repr(CONFIG))
-                      .replace("VOCAB", str(CONFIG["vocab_size"])).replace("SHAPE", repr(SHAPES["input_ids"])))
+                      .replace("VOCAB", str(CONFIG["vocab_size"])).replace("SHAPE", repr(SHAPES["input_ids"]))
+                      .replace("MEASURED_STEPS", str(MEASURED_STEPS)))
     run_two_ranks(script, "lora" if plan.adapter == "lora" else "full")
     estimate = memlab.estimate(LlamaConfig(**CONFIG), SHAPES, plan, gpus=2, strategy="zero3", device="cpu")
     without_buckets = estimate.peak_bytes - estimate.detail["communication"]  # type: ignore[attr-defined]
     for rank in (0, 1):
-        measured = json.loads((tmp_path / f"rank{rank}.json").read_text())["peak"]
-        assert abs(without_buckets / measured - 1) <= 0.15, (rank, measured, estimate.detail)  # type: ignore[attr-defined]
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        measured = record["peak"]
+        assert abs(without_buckets / measured - 1) <= 0.15, (rank, record, estimate.detail)  # type: ignore[attr-defined]
         assert estimate.peak_bytes > measured  # the buckets make it lean high, never low
