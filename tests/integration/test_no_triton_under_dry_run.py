@@ -18,6 +18,7 @@ is estimated against the same step whose launch takes nothing: the peaks differ 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.machinery
 import sys
 import threading
@@ -71,6 +72,8 @@ def triton(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
         from transformers.utils import is_triton_available
 
         is_triton_available()
+    with contextlib.suppress(ImportError):  # and TRL imported against this machine's Triton, if it has one
+        importlib.import_module("trl.trainer.utils")
     package, runtime, jit = (types.ModuleType(name) for name in ("triton", "triton.runtime", "triton.runtime.jit"))
     for module in (package, runtime, jit):
         module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
@@ -117,10 +120,9 @@ def test_nested_dry_runs_share_one_patch(triton: types.ModuleType) -> None:
 
 @pytest.fixture
 def trl_on_triton(triton: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> dict[str, JITFunction]:
-    """TRL's fused LM head switched to its Triton branch, its kernels the stand-in's (running TRL's torch tiles).
-
-    Without a CUDA build the dry run's fake tensors sit on the CPU's device (CUDA's memory rules emulated), where TRL
-    takes its torch branch; ``_use_triton`` answers as on a GPU machine, where they sit on CUDA's."""
+    """TRL's fused LM head as on a machine with Triton (its own rule: Triton on CUDA), its kernels the stand-in's
+    (running TRL's torch tiles). A dry run for CUDA keeps its fake tensors on the CPU's device here; memlab's CUDA
+    emulation answers TRL's choice as on the GPU (memlab/estimation/cuda/branches.py)."""
     pytest.importorskip("trl")
     chunked = pytest.importorskip("trl.kernels.chunked_logprob")
     utils = pytest.importorskip("trl.trainer.utils")
@@ -128,8 +130,11 @@ def trl_on_triton(triton: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> 
         pytest.skip("this TRL has no fused LM head")
     kernels = {"_forward_kernel": JITFunction(chunked._forward_tile),
                "_backward_kernel": JITFunction(chunked._backward_tile)}
+    def use_triton(device: torch.device) -> bool:
+        return device.type in ("cuda", "xpu")
+
     for module in (chunked, utils):
-        monkeypatch.setattr(module, "_use_triton", lambda device: True)
+        monkeypatch.setattr(module, "_use_triton", use_triton)
     monkeypatch.setattr(chunked, "triton", triton, raising=False)
     for name, kernel in kernels.items():
         kernel.fn.__name__ = name  # as Triton names the kernel: the decorated function's name
@@ -138,7 +143,7 @@ def trl_on_triton(triton: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_sft_trainer_with_peft_estimated_for_cuda_launches_no_kernel(
-        tmp_path: Path, trl_on_triton: dict[str, JITFunction], monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, trl_on_triton: dict[str, JITFunction]) -> None:
     peft = pytest.importorskip("peft")
     from test_trainer_setups import sft
 
@@ -148,11 +153,10 @@ def test_sft_trainer_with_peft_estimated_for_cuda_launches_no_kernel(
     assert [kernel.fake_launches for kernel in trl_on_triton.values()] == [0, 0]
     note = next((note for note in estimated.notes if note.startswith("Triton kernels")), "")
     assert "_forward_kernel" in note and "_backward_kernel" in note, estimated.notes
-    # TRL's torch branch (the CPU's) launches nothing, and no note says otherwise.
-    for module in (sys.modules["trl.kernels.chunked_logprob"], sys.modules["trl.trainer.utils"]):
-        monkeypatch.setattr(module, "_use_triton", lambda device: False)
-    tiles = memlab.estimate(trainer, Plan(), device="cuda")
+    # Estimated for the CPU, TRL takes its torch branch (the CPU's): nothing is launched, and no note says otherwise.
+    tiles = memlab.estimate(trainer, Plan(), device="cpu")
     assert tiles.status == "ok" and not any(note.startswith("Triton kernels") for note in tiles.notes)
+    assert [kernel.fake_launches for kernel in trl_on_triton.values()] == [0, 0]
 
 
 def test_an_entered_fake_mode_stays_copyable() -> None:

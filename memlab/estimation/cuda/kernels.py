@@ -7,7 +7,9 @@ CPU's choice keeps different memory than CUDA's, a ``TorchFunctionMode`` makes i
 - :class:`~memlab.estimation.cuda.autocast.CudaAutocast`: CUDA autocast's dtypes (softmax, layer norm, ...);
 - :class:`~memlab.estimation.cuda.dropout.CudaDropout`: the fused dropout and its one-byte mask;
 - :class:`~memlab.estimation.cuda.attention.CudaAttention`: the attention backend the GPU kind has, and what it
-  keeps for backward.
+  keeps for backward;
+- :func:`~memlab.estimation.cuda.branches.gpu_branches`: libraries that choose their kernels by the tensors' device
+  (TRL's fused log-probabilities and LM head) take their GPU path.
 
 Checkpointing recomputes in backward, where no mode is active: the same modes are handed to its ``context_fn``
 (:data:`memlab.techniques.checkpointing.RECOMPUTE_CONTEXTS`) for as long as the emulation lasts. The optimizer's
@@ -32,6 +34,7 @@ import torch
 
 from memlab.estimation.cuda.attention import CudaAttention
 from memlab.estimation.cuda.autocast import CudaAutocast
+from memlab.estimation.cuda.branches import gpu_branches
 from memlab.estimation.cuda.devices import kernels_device, target_device
 from memlab.estimation.cuda.dropout import CudaDropout
 from memlab.estimation.cuda.gpus import GpuKind
@@ -44,8 +47,9 @@ __all__ = [
 ResultT = TypeVar("ResultT", bound=tuple[Any, ...])
 
 EMULATED_NOTE = (
-    "estimated on CPU kernels with CUDA's autocast dtypes, dropout, attention backends and optimizer update "
-    "emulated; what other kernels hold inside themselves (a custom operator's buffers) as the CPU runs them"
+    "estimated on CPU kernels with CUDA's autocast dtypes, dropout, attention backends, optimizer update and TRL's "
+    "kernel choices emulated; what other kernels hold inside themselves (a custom operator's buffers) as the CPU runs "
+    "them"
 )
 """The note of an estimate made under :func:`cuda_kernels`."""
 
@@ -107,6 +111,7 @@ def cuda_kernels(gpu: GpuKind | str | None = None) -> Iterator[CudaAttention]:
         stack.enter_context(CudaAutocast())
         stack.enter_context(CudaDropout())
         stack.enter_context(attention)
+        stack.enter_context(gpu_branches())
         factories = (CudaAutocast, CudaDropout, attention.twin)
         RECOMPUTE_CONTEXTS.extend(factories)
         for factory in factories:

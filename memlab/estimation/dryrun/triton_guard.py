@@ -17,7 +17,9 @@ alike, and ``JITFunction.run``): a launch with a fake tensor among its arguments
 taken is counted (:func:`~memlab.estimation.dryrun.triton_launches.take_around_launch`), and its kernel is named,
 with how its bytes were known or what bounds them, in the estimate's notes (:func:`skipped_kernels_note`); a launch
 with real tensors (another thread's training) runs as before. Nothing is imported: where Triton is not loaded
-(every CPU-only install) there is nothing to guard.
+(every CPU-only install) the only kernels to guard are memlab's stand-ins for TRL's
+(:class:`~memlab.estimation.cuda.branches.StandInKernel`, whose ``kernel[grid]`` is guarded the same way), launched
+where a dry run for CUDA follows TRL's GPU branch.
 
 Example:
     >>> names: set[str] = set()
@@ -39,6 +41,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from memlab.estimation.cuda.branches import StandInKernel
 from memlab.estimation.dryrun.triton_launches import Launch, LaunchCost, launch_cost, launches_note, take_around_launch
 
 __all__ = ["skip_fake_launches", "skipped_kernels_note", "start_skipping", "stop_skipping"]
@@ -106,7 +109,8 @@ def _guarded_run(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _launch_points() -> list[tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
     jit = sys.modules.get("triton.runtime.jit")
-    points: list[tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = []
+    points: list[tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = [
+        (StandInKernel, "__getitem__", _guarded_getitem)]
     interface = getattr(jit, "KernelInterface", None)
     if isinstance(interface, type) and "__getitem__" in vars(interface):
         points.append((interface, "__getitem__", _guarded_getitem))
