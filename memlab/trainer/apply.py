@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.techniques.precompute_ref import refuse_precompute_change
 from memlab.trainer.arguments import check_single_process, trl_training_arguments
@@ -171,6 +173,33 @@ def _new_arguments(args: Any, plan: Plan, kind: TrainerKind) -> Any:
         ) from error
 
 
+def _reference_prepared_again(trainer: Any) -> Callable[[], None]:
+    """The trainer's reference model (TRL's ``ref_model``) prepared again by the rebuilt accelerator; returns the
+    undo. TRL prepares it in the trainer's ``__init__`` (``accelerator.prepare_model(ref_model,
+    evaluation_mode=True)``), which under bf16/fp16 wraps its forward in autocast and fp32 outputs; the policy is
+    prepared again by ``train()``, the reference never. So a DPOTrainer built in fp32 and applied a bf16 plan ran its
+    reference in fp32 (its fused LM head's fp32 tiles: the step's peak), 1.8x what ``fit`` had estimated for the plan.
+    Here its forward is what the new accelerator's ``prepare_model`` makes of the forward it had before any: wrapped
+    as accelerate wraps it under mixed precision, the bare forward without."""
+    from memlab.trainer.source import fp32_outputs_forward
+
+    reference, accelerator = vars(trainer).get("ref_model"), getattr(trainer, "accelerator", None)
+    if reference is None or accelerator is None or not callable(getattr(reference, "forward", None)):
+        return lambda: None
+    bare = vars(reference).get("_original_forward", reference.forward) if "forward" in vars(reference) \
+        else reference.forward
+    changes: dict[str, Any] = {"forward": bare}
+    if getattr(accelerator, "native_amp", False):
+        from accelerate.utils import get_mixed_precision_context_manager
+
+        autocast = get_mixed_precision_context_manager(True, getattr(accelerator, "autocast_handler", None))
+        with patched(reference, forward=bare):
+            changes = {"forward": fp32_outputs_forward(reference, wrap=autocast), "_original_forward": bare}
+    stack = contextlib.ExitStack()
+    stack.enter_context(patched(reference, **changes))
+    return stack.close
+
+
 def _rebuild_accelerator(create: Callable[[], None]) -> None:
     """The trainer's accelerator built again for its (new) arguments. accelerate keeps one state per process, which
     refuses another mixed precision; it is reset first (one process here: memlab refuses DeepSpeed and FSDP)."""
@@ -317,6 +346,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
             trainer._train_batch_size = new_args.train_batch_size
         if rebuild is not None:  # undo gives the trainer its own accelerator object back, and the shared state
             rebuild()
+            undoes.append(_reference_prepared_again(trainer))
         restore_shared.left_by_memlab()
         trl_offload_context_for(trainer)
         vars(trainer)[APPLIED_MARK] = plan.label()

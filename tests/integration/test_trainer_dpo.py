@@ -120,3 +120,43 @@ def test_a_watched_dpo_step_counts_pairs_as_the_trainer_does(tmp_path: Any) -> N
     assert counted == [trainer.args.per_device_train_batch_size] * 2
     assert sum(counted) == round(metrics["train_samples_per_second"] * metrics["train_runtime"])
     assert all(len(step.lengths) == 2 * n for step, n in zip(watched.steps, counted, strict=True))  # chosen, rejected
+
+
+@pytest.mark.parametrize(("setup", "share"), [("reference", 0.6), ("reference", 0.9), ("peft", 0.75)])
+def test_dpo_fit_holds_when_trained_at_60_to_90_percent_of_the_plain_peak(
+        tmp_path: Any, setup: str, share: float) -> None:
+    """issue 68: fit named bf16 for a DPOTrainer built in fp32, and train() with it applied peaked as the fp32 step did
+    (10.29 MB against a 5.8 MB estimate and a 6.1 MB budget): TRL prepares the reference model in the trainer's
+    __init__, and the accelerator rebuilt for bf16 never prepared it again. The budget here is a share of the plain
+    step's peak as watched over every batch of the dataset."""
+    trainer = dpo(tmp_path / "plain", setup, max_steps=3)
+    watched = memlab.watch(trainer)
+    trainer.train()
+    watched.remove()
+    budget = int(share * watched.peak_bytes)  # type: ignore[operator]
+    trainer = dpo(tmp_path / "fitted", setup, max_steps=3)
+    reference = trainer.ref_model
+    forward = vars(reference).get("forward") if reference is not None else None
+    report = memlab.fit(trainer, budget=budget, **FAST)
+    assert report.best is not None and report.best.peak_bytes <= budget
+    with memlab.apply(trainer, report.best.plan):
+        watched = memlab.watch(trainer, budget=budget)
+        trainer.train()
+        watched.remove()
+    assert 0 < watched.peak_bytes <= budget, (report.best.plan.label(), watched.peak_bytes, budget)  # type: ignore[operator]
+    if reference is not None:  # the reference's forward is its own again
+        assert vars(reference).get("forward") is forward
+
+
+def test_a_reference_prepared_for_bf16_runs_in_fp32_under_an_fp32_plan(tmp_path: Any) -> None:
+    trainer = dpo(tmp_path, "reference", bf16=True)
+    reference = trainer.ref_model
+    wrapped = reference.forward
+    seen: list[bool] = []
+    inner = reference.get_decoder()  # called inside the forward, where accelerate's autocast is entered
+    hook = inner.register_forward_pre_hook(lambda module, args: seen.append(torch.is_autocast_enabled("cpu")))
+    with memlab.apply(trainer, memlab.Plan()):
+        trainer.train()
+    hook.remove()
+    assert seen and not any(seen)  # as a trainer built in fp32 runs its reference
+    assert reference.forward == wrapped
