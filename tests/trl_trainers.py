@@ -30,7 +30,8 @@ def length_reward(completions: list[Any], **_: Any) -> list[float]:
     return [float(len(completion)) for completion in completions]
 
 
-def make_grpo_trainer(tmp_path: Any, **settings: Any) -> trl.GRPOTrainer:
+def make_grpo_trainer(tmp_path: Any, reward_funcs: Any = length_reward, reward_processing_classes: Any = None,
+                      **settings: Any) -> trl.GRPOTrainer:
     """Two completions of 8 tokens per prompt, 2 generations per device, no reference model (beta=0; with
     beta > 0, TRL's reference model loaded from the policy saved under ``tmp_path``)."""
     config: dict[str, Any] = dict(output_dir=str(tmp_path / "grpo"), report_to=[], use_cpu=True, save_strategy="no",
@@ -42,8 +43,9 @@ def make_grpo_trainer(tmp_path: Any, **settings: Any) -> trl.GRPOTrainer:
     if config["beta"]:  # TRL loads the reference model from the policy's path
         model.save_pretrained(tmp_path / "policy")
         model = LlamaForCausalLM.from_pretrained(tmp_path / "policy")
-    return trl.GRPOTrainer(model=model, reward_funcs=length_reward, args=trl.GRPOConfig(**config),
-                           train_dataset=prompts, processing_class=word_tokenizer())
+    return trl.GRPOTrainer(model=model, reward_funcs=reward_funcs, args=trl.GRPOConfig(**config),
+                           train_dataset=prompts, processing_class=word_tokenizer(),
+                           reward_processing_classes=reward_processing_classes)
 
 
 def make_dpo_trainer(tmp_path: Any, **settings: Any) -> trl.DPOTrainer:

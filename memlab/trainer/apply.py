@@ -173,30 +173,45 @@ def _new_arguments(args: Any, plan: Plan, kind: TrainerKind) -> Any:
         ) from error
 
 
-def _reference_prepared_again(trainer: Any) -> Callable[[], None]:
-    """The trainer's reference model (TRL's ``ref_model``) prepared again by the rebuilt accelerator; returns the
-    undo. TRL prepares it in the trainer's ``__init__`` (``accelerator.prepare_model(ref_model,
-    evaluation_mode=True)``), which under bf16/fp16 wraps its forward in autocast and fp32 outputs; the policy is
-    prepared again by ``train()``, the reference never. So a DPOTrainer built in fp32 and applied a bf16 plan ran its
-    reference in fp32 (its fused LM head's fp32 tiles: the step's peak), 1.8x what ``fit`` had estimated for the plan.
-    Here its forward is what the new accelerator's ``prepare_model`` makes of the forward it had before any: wrapped
-    as accelerate wraps it under mixed precision, the bare forward without."""
+def _prepared_in_init(trainer: Any) -> list[Any]:
+    """The models a TRL trainer prepares with its accelerator in ``__init__`` (``accelerator.prepare_model(...,
+    evaluation_mode=True)``): its reference model, the reward models among its reward functions (GRPO, RLOO), a
+    distillation teacher."""
+    import torch
+
+    held = [vars(trainer).get("ref_model"), vars(trainer).get("teacher_model"),
+            *(vars(trainer).get("reward_funcs") or [])]
+    models: list[Any] = []
+    for model in held:
+        if isinstance(model, torch.nn.Module) and all(model is not seen for seen in models):
+            models.append(model)
+    return models
+
+
+def _prepared_again(trainer: Any) -> Callable[[], None]:
+    """The models TRL prepared in the trainer's ``__init__`` (:func:`_prepared_in_init`) prepared again by the
+    rebuilt accelerator; returns the undo. Under bf16/fp16, ``prepare_model`` wraps a model's forward in autocast and
+    fp32 outputs; ``train()`` prepares the policy again, these never. So a DPOTrainer built in fp32 and applied a bf16
+    plan ran its reference in fp32 (its fused LM head's fp32 tiles: the step's peak), 1.8x what ``fit`` had estimated
+    for the plan. Here each one's forward is what the new accelerator's ``prepare_model`` makes of the forward it had
+    before any: wrapped as accelerate wraps it under mixed precision, the bare forward without."""
     from memlab.trainer.source import fp32_outputs_forward
 
-    reference, accelerator = vars(trainer).get("ref_model"), getattr(trainer, "accelerator", None)
-    if reference is None or accelerator is None or not callable(getattr(reference, "forward", None)):
-        return lambda: None
-    bare = vars(reference).get("_original_forward", reference.forward) if "forward" in vars(reference) \
-        else reference.forward
-    changes: dict[str, Any] = {"forward": bare}
-    if getattr(accelerator, "native_amp", False):
-        from accelerate.utils import get_mixed_precision_context_manager
-
-        autocast = get_mixed_precision_context_manager(True, getattr(accelerator, "autocast_handler", None))
-        with patched(reference, forward=bare):
-            changes = {"forward": fp32_outputs_forward(reference, wrap=autocast), "_original_forward": bare}
+    accelerator = getattr(trainer, "accelerator", None)
     stack = contextlib.ExitStack()
-    stack.enter_context(patched(reference, **changes))
+    if accelerator is None:
+        return stack.close
+    mixed = bool(getattr(accelerator, "native_amp", False))
+    for model in _prepared_in_init(trainer):
+        bare = vars(model).get("_original_forward", model.forward) if "forward" in vars(model) else model.forward
+        changes: dict[str, Any] = {"forward": bare}
+        if mixed:  # a context of its own for each model, as prepare_model makes one each time
+            from accelerate.utils import get_mixed_precision_context_manager
+
+            autocast = get_mixed_precision_context_manager(True, getattr(accelerator, "autocast_handler", None))
+            with patched(model, forward=bare):
+                changes = {"forward": fp32_outputs_forward(model, wrap=autocast), "_original_forward": bare}
+        stack.enter_context(patched(model, **changes))
     return stack.close
 
 
@@ -346,7 +361,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
             trainer._train_batch_size = new_args.train_batch_size
         if rebuild is not None:  # undo gives the trainer its own accelerator object back, and the shared state
             rebuild()
-            undoes.append(_reference_prepared_again(trainer))
+            undoes.append(_prepared_again(trainer))
         restore_shared.left_by_memlab()
         trl_offload_context_for(trainer)
         vars(trainer)[APPLIED_MARK] = plan.label()
