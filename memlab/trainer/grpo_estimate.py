@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from memlab.errors import MemlabError
+from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.report.data import Trial
 from memlab.report.timeline import Timeline, TimelinePeak
@@ -110,6 +111,7 @@ def estimate_grpo(request: Any) -> Trial:
     """
     from memlab.estimation.dryrun.single_gpu import estimate_inference
     from memlab.inference.plan import InferencePlan
+    from memlab.inference.weights import HELD_AS_LOADED
 
     settings = VLLMSettings.for_plan(request.model, _asked(request))
     training, source, request = _training_step(request, settings)
@@ -119,10 +121,14 @@ def estimate_grpo(request: Any) -> Trial:
         return _with_vllm(training, settings, source, request)
     parameter = next(iter(source.model.parameters()))
     weights = _WEIGHTS.get(parameter.dtype, "fp32")
-    generation = estimate_inference(
-        source.model, {"input_ids": (source.generation_batch, source.prompt_tokens)},
-        InferencePlan(new_tokens=source.completion_tokens, weights=weights), device=request.device, gpu=request.gpu,
-    ).trials[0]
+    # TRL generates with the policy's weights as they are: a peft model's adapters stay in fp32 beside bf16 weights,
+    # which the inference plan's one dtype would cast.
+    with patched(source.model, **{HELD_AS_LOADED: True}):
+        generation = estimate_inference(
+            source.model, {"input_ids": (source.generation_batch, source.prompt_tokens)},
+            InferencePlan(new_tokens=source.completion_tokens, weights=weights), device=request.device,
+            gpu=request.gpu,
+        ).trials[0]
     if generation.status != "ok" or generation.timeline is None:
         return dataclasses.replace(training, notes=(*training.notes, "the generation phase could not be estimated: "
                                                     f"{generation.error}"))

@@ -244,3 +244,36 @@ def test_completions_are_full_length_even_where_the_policy_ends_at_once(tmp_path
         assert set(reward.seen) == {1}  # the trainer as it was: no completion forced
     finally:
         hook.remove()
+
+
+def test_the_generation_holds_a_peft_policys_adapters_in_their_own_dtype(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 policy with peft's LoRA (its adapters kept in fp32, as peft keeps them): the generation's dry run runs
+    the weights as TRL generates with them, each in its own dtype (it cast the adapters to bf16)."""
+    import memlab.estimation.dryrun.single_gpu as single_gpu
+
+    model = llama().to(torch.bfloat16)
+    config = dict(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, save_strategy="no", max_steps=1,
+                  per_device_train_batch_size=2, num_generations=2, max_completion_length=COMPLETION,
+                  disable_tqdm=True, bf16=False, seed=0, beta=0.0)
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=LengthReward(), args=trl.GRPOConfig(**config),
+                              train_dataset=prompts(), processing_class=tokenizer(),
+                              peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    dtypes = {parameter.dtype for parameter in trainer.model.parameters()}
+    assert dtypes == {torch.bfloat16, torch.float32}, dtypes
+    held = sum(tensor.numel() * tensor.element_size()  # what a dry run counts as params: buffers too (rotary's)
+               for tensor in (*trainer.model.parameters(), *trainer.model.buffers()))
+    generations: list[Any] = []
+    real = single_gpu.estimate_inference
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        report = real(*args, **kwargs)
+        generations.extend(report.trials)
+        return report
+
+    monkeypatch.setattr(single_gpu, "estimate_inference", recorded)
+    estimated = memlab.estimate(trainer, device="cpu")
+    assert estimated.status == "ok", estimated.error
+    assert len(generations) == 1 and generations[0].breakdown["params"] == held, (generations, held)
+    assert {parameter.dtype for parameter in trainer.model.parameters()} == dtypes  # the trainer's model untouched
+    assert "memlab_held_as_loaded" not in vars(trainer.model)
