@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.machinery
+import importlib.util
 import subprocess
 import sys
 import threading
@@ -223,3 +224,19 @@ def test_memlabs_stand_ins_give_what_the_installed_triton_gives() -> None:
                               text=True, timeout=300, cwd=ROOT).stdout.strip().splitlines()[-1:]
                for how in ("installed", "hidden")]
     assert answers[0] == answers[1] and answers[0][0].startswith("ok "), answers
+
+
+def test_trls_distillation_loss_takes_the_gpu_path_too() -> None:
+    """``chunked_divergence`` (the distillation trainer's loss) holds ``chunked_logprob``'s helpers by name: each is
+    answered where it is held, and its kernels are stood in for where Triton is missing."""
+    chunked = importlib.import_module("trl.kernels.chunked_logprob")
+    divergence = importlib.import_module("trl.kernels.chunked_divergence")
+    held = {name: vars(divergence)[name] for name in ("_use_triton", "_addmm_fp32", "_stats_kernel")}
+    cpu = torch.device("cpu")
+    with gpu_branches():
+        assert divergence._use_triton(cpu) and chunked._use_triton(cpu)
+        assert divergence._addmm_fp32 is chunked._addmm_fp32 is not held["_addmm_fp32"]
+        if importlib.util.find_spec("triton") is None:
+            assert isinstance(divergence._stats_kernel, StandInKernel)
+            assert divergence.triton.cdiv(5, 2) == 3
+    assert {name: vars(divergence)[name] for name in held} == held

@@ -165,21 +165,25 @@ def _on_cuda(value: Any) -> Any:
     return _AsOnCuda(value) if isinstance(value, torch.Tensor) and value.device.type == "cpu" else value
 
 
+def _wherever_held(name: str, original: Any, replacement: Any) -> list[tuple[Any, str, Any]]:
+    """``replacement`` for ``original`` in every TRL module that holds it as ``name`` (TRL imports its helpers by
+    name: ``chunked_divergence`` holds ``chunked_logprob``'s ``_use_triton`` and ``_addmm_fp32``)."""
+    return [(holder, name, replacement) for key, holder in list(sys.modules.items())
+            if key.startswith("trl.") and getattr(holder, name, None) is original]
+
+
 def _trl_patches() -> list[tuple[Any, str, Any]]:
     """(owner, attribute, value while emulating) for the TRL modules loaded; none where TRL is not imported."""
     chunked = sys.modules.get("trl.kernels.chunked_logprob")
     utils = sys.modules.get("trl.trainer.utils")
     if chunked is None or not callable(getattr(chunked, "_use_triton", None)):
         return []
-    patches: list[tuple[Any, str, Any]] = []
     use_triton = chunked._use_triton
 
     def use_triton_as_on_cuda(device: torch.device) -> bool:
         return True if _emulating() and device.type == "cpu" else use_triton(device)
 
-    for key, holder in list(sys.modules.items()):
-        if key.startswith("trl.") and getattr(holder, "_use_triton", None) is use_triton:
-            patches.append((holder, "_use_triton", use_triton_as_on_cuda))
+    patches = _wherever_held("_use_triton", use_triton, use_triton_as_on_cuda)
     triton = sys.modules.get("triton") or standin_triton()
     for key, names in _TRL_KERNELS.items():
         kernels = sys.modules.get(key)
@@ -200,7 +204,7 @@ def _trl_patches() -> list[tuple[Any, str, Any]]:
             else:
                 addmm(acc, a, b)
 
-        patches.append((chunked, "_addmm_fp32", addmm_as_on_cuda))
+        patches += _wherever_held("_addmm_fp32", addmm, addmm_as_on_cuda)
     if utils is not None:
         patches += _utils_patches(utils)
     return patches
