@@ -37,27 +37,31 @@ result's ``{benchmark}`` block to docs/benchmarks.md (``--markdown FILE`` prints
 
 The parts, in order
 -------------------
-1. ``boundary`` (issue 69): ``memlab.limits`` at a boundary under a real cap, in a process that holds nothing but
+1. ``rl``: TRL's ``DPOTrainer`` (a reference model held apart; a LoRA ``peft_config``) and ``GRPOTrainer`` (beta
+   0.04 with the reference TRL loads from the policy's path; LoRA) on a Qwen2-0.5B shape: each trainer's own
+   ``train()`` against ``memlab.estimate`` made on the GPU, and the estimate made as on a laptop (a fresh process
+   that sees no GPU and no Triton) against the GPU-made one (:mod:`benchmarks.gpu_sections_rl`).
+2. ``boundary`` (issue 69): ``memlab.limits`` at a boundary under a real cap, in a process that holds nothing but
    its model: the answer and the next size in memlab's step and a user's own loop, and the measured route
    (:func:`benchmarks.gpu_sections_fill.section_boundary`; the probe of that boundary is
    :mod:`benchmarks.gpu_boundary_probe`).
-2. ``sft_peft`` (issue 57, item 1: the call that broke the H200's CUDA context, then the H100's in ``estimate``):
+3. ``sft_peft`` (issue 57, item 1: the call that broke the H200's CUDA context, then the H100's in ``estimate``):
    TRL's ``SFTTrainer`` with packing and a LoRA ``peft_config``; its own ``train()`` as the reference, then
    ``memlab.measure``, ``estimate`` and ``fit`` on it and ``train()`` under ``watch``, the CUDA context checked after
    each (:mod:`benchmarks.gpu_sections_peft`). Then ``fill`` (item 4): selective checkpointing and the attention
    lever, measured against the estimate (:mod:`benchmarks.gpu_sections_fill`).
-3. What the H100 verified long before: ``pytest`` (``tests/gpu``), ``cumulative``, ``levers``, ``inference``,
+4. What the H100 verified long before: ``pytest`` (``tests/gpu``), ``cumulative``, ``levers``, ``inference``,
    ``reserve``, ``restore``, ``cap``, ``fit``, ``ties`` (:mod:`benchmarks.gpu_sections` and the modules it names).
-4. What the H200 verified: ``loads`` (the user's bf16 and 4-bit loads), ``estimate`` (GPT-2, BERT, Llama, Mixtral
+5. What the H200 verified: ``loads`` (the user's bf16 and 4-bit loads), ``estimate`` (GPT-2, BERT, Llama, Mixtral
    in four precisions), ``probe`` (peaks against a hand-made step), ``heldout`` (Qwen2, Mistral, Gemma-2, Phi-3,
    GPT-NeoX, T5).
-5. What the H100 verified on 2026-11-26: ``peft_model`` (the user's own ``get_peft_model`` model: a hand-made step
+6. What the H100 verified on 2026-11-26: ``peft_model`` (the user's own ``get_peft_model`` model: a hand-made step
    beside ``measure`` and ``estimate``, then ``fit``; the adapters bit-identical), ``encdec`` (item 2: T5-base and
    BART-base at 2 x 512 and 2 x 1024 in fp32, bf16 and pure bf16, :mod:`benchmarks.gpu_sections_estimate`), ``vlm``
    (a LLaVA of a real shape, :mod:`benchmarks.gpu_sections_vlm`), ``heldout_off`` (item 3: Mistral and Phi-3 in
    pure bf16), ``timeline`` (item 5: three plans of the 1B Llama against the allocator), ``trainer`` (``fit`` on a
    plain ``Trainer``, ``train()`` under ``watch`` and its overhead per step).
-6. ``hf_table``: the seeds' table at full size.
+7. ``hf_table``: the seeds' table at full size.
 
 While the GPU runs the first parts, side processes that see no GPU (``CUDA_VISIBLE_DEVICES=""``, niced) make the
 estimates the estimated parts compare (CPU-made, as CI makes them), one process for each (on a GPU machine only: on
@@ -95,16 +99,19 @@ from benchmarks.gpu_common import estimates_variable, gpu_kind_name, start_side_
 from benchmarks.gpu_sections import ROOT, SECTIONS
 
 NAME = "gpu_acceptance"
-ORDER = ("boundary", "sft_peft", "fill", "pytest", "cumulative", "levers", "inference", "reserve", "restore", "cap",
-         "fit", "ties", "loads", "estimate", "probe", "heldout",
+ORDER = ("rl", "boundary", "sft_peft", "fill", "pytest", "cumulative", "levers", "inference", "reserve", "restore",
+         "cap", "fit", "ties", "loads", "estimate", "probe", "heldout",
          "peft_model", "encdec", "vlm", "heldout_off", "timeline", "trainer", "hf_table")
-"""The parts, least verified first: the three the H100's one-command run of 2026-11-26 found failing (the limits
+"""The parts, least verified first: ``rl`` first, since TRL's DPO and GRPO ``train()`` has never been measured on a
+GPU beside memlab's estimates, and a laptop-made estimate of them now takes TRL's GPU path
+(memlab/estimation/cuda/branches.py: TRL's Triton kernels and fp32 GEMMs answered as on CUDA); then the three the
+H100's one-command run of 2026-11-26 found failing (the limits
 boundary, in a process of its own since then: ``fill``'s model was still held when its capped runs started; the
 SFTTrainer with peft, whose estimate missed a packed batch's attention mask; the levers of ``fill``), then
 what the H100 verified long before (``tests/gpu`` and the sections of :mod:`benchmarks.gpu_sections`), then what the
 H200 verified, then what that run verified (a live peft model, T5 and BART, a VLM, the held-out rows, the timeline,
 the Trainer), the seeds' table last."""
-LIMITS = {"sft_peft": 120, "peft_model": 90, "encdec": 120, "vlm": 90, "heldout_off": 60, "timeline": 60,
+LIMITS = {"rl": 150, "sft_peft": 120, "peft_model": 90, "encdec": 120, "vlm": 90, "heldout_off": 60, "timeline": 60,
           "boundary": 70, "fill": 110, "trainer": 100,
           "loads": 120, "estimate": 90, "probe": 60, "heldout": 170,
           "pytest": 80, "cumulative": 90, "levers": 80, "inference": 100, "reserve": 100, "restore": 70, "cap": 60,
@@ -112,7 +119,8 @@ LIMITS = {"sft_peft": 120, "peft_model": 90, "encdec": 120, "vlm": 90, "heldout_
 """Seconds each part may take at most on an H100 or H200: what the H200 (2026-11-26) and H100 runs took, and a
 third more (timeline 33 s, fill 114, trainer 41 with its SFT half moved out, loads 89, estimate 66, probe 37,
 heldout 129; pytest 44, cumulative 63, levers 53, restore 51, cap 43, fit 64, hf_table 96); for the new parts a guess
-from their sizes against those; the H100 run of 2026-11-26 took sft_peft 70.5 s whole (22.5 where it broke),
+from their sizes against those (rl: four 0.5B trainers built, estimated and trained, their laptop-made estimates in
+a process beside); the H100 run of 2026-11-26 took sft_peft 70.5 s whole (22.5 where it broke),
 peft_model 69.5, encdec 37.2, vlm 41.2, heldout_off 33.0, timeline 37.9, fill 114.6, trainer 61.5)."""
 ESTIMATED = ("encdec", "vlm", "heldout_off", "loads", "estimate", "heldout")
 """The parts whose CPU-made estimates a side process that sees no GPU makes while the GPU runs the parts before."""

@@ -63,6 +63,10 @@ LLAMA_1B = Llama(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192
                  tie=True)
 _MID = Llama(hidden=1024, layers=8, heads=16, kv_heads=16, intermediate=2816, vocab=32000, rows=8, length=512)
 _SMALL = Llama(hidden=512, layers=4, heads=8, kv_heads=8, intermediate=1408, vocab=32000, rows=8, length=256)
+# Qwen2-0.5B's shape (the ``rl`` part builds it as a Qwen2 from these fields): 24 layers of 896, 2 KV heads, tied head.
+QWEN2_05B = Llama(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936, rows=8, length=512,
+                  tie=True)
+_TINY_QWEN2 = Llama(hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128, vocab=64, rows=2, length=32, tie=True)
 
 SIZES: dict[str, dict[str, Any]] = {
     "smoke": {
@@ -74,6 +78,8 @@ SIZES: dict[str, dict[str, Any]] = {
                     "sft": {"examples": 12, "longest": 48, "max_length": 64, "steps": 2},
                     "overhead": {"rounds": 1, "steps": 3, "warmup": 1}},
         "loads": {"shape": TINY.replace(rows=2), "train": (2, 32), "prompt": (2, 16), "new_tokens": 3},
+        "rl": {"shape": _TINY_QWEN2, "dpo": {"rows": 2, "prompt": 6, "completion": 8, "max_length": 32, "steps": 1},
+               "grpo": {"rows": 2, "generations": 2, "prompt": 4, "completion": 4, "steps": 1}, "laptop_s": 240},
         "noise": 0,  # the smoke size exercises the code only: exactly its steps, no noise target
         "time_limit": 2.0,
     },
@@ -86,6 +92,8 @@ SIZES: dict[str, dict[str, Any]] = {
                     "sft": {"examples": 16, "longest": 64, "max_length": 128, "steps": 3},
                     "overhead": {"rounds": 3, "steps": 6, "warmup": 2}},
         "loads": {"shape": TINY.replace(rows=2), "train": (2, 64), "prompt": (2, 32), "new_tokens": 4},
+        "rl": {"shape": _TINY_QWEN2, "dpo": {"rows": 2, "prompt": 8, "completion": 12, "max_length": 32, "steps": 2},
+               "grpo": {"rows": 4, "generations": 4, "prompt": 6, "completion": 8, "steps": 1}, "laptop_s": 600},
         "noise": 0.05, "time_limit": 5.0,
     },
     "full": {
@@ -113,6 +121,12 @@ SIZES: dict[str, dict[str, Any]] = {
         # 4 prompts of 512 tokens.
         "loads": {"shape": LLAMA_1B.replace(rows=4, length=1024), "train": (4, 1024), "prompt": (4, 512),
                   "new_tokens": 32},
+        # TRL's DPO and GRPO trainers on a Qwen2-0.5B-shaped policy (random weights): DPO 2 pairs of a 128-token
+        # prompt and 256-token answers (max_length 512), GRPO 8 completions of 256 tokens after a 64-token prompt.
+        # laptop_s: the laptop's process (its estimates) at most, under the part's limit so that the GPU's figures
+        # come back; at the CPU sizes over it, so that a slow shared CPU cuts the part rather than failing a check.
+        "rl": {"shape": QWEN2_05B, "dpo": {"rows": 2, "prompt": 128, "completion": 256, "max_length": 512, "steps": 2},
+               "grpo": {"rows": 8, "generations": 8, "prompt": 64, "completion": 256, "steps": 1}, "laptop_s": 140},
         "noise": 0.05,
         # A timed trial stops at 3 s even where its median's interval is not yet within 5%: the run has ten
         # minutes for everything (the ties section keeps memlab's own defaults: its question is the timing).
@@ -308,14 +322,18 @@ def trial_row(trial: Any, baseline: Any | None = None) -> dict[str, Any]:
 # --- a fresh process --------------------------------------------------------------------------------------------
 
 
-def in_fresh_process(function: str, request: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+def in_fresh_process(function: str, request: dict[str, Any], timeout: float = 300, *,
+                     env: dict[str, str] | None = None, hide: tuple[str, ...] = ()) -> dict[str, Any]:
     """Call ``function`` (``"module:name"``, taking the request as a JSON string and printing its answer as one
-    JSON line) in a new Python process; its answer, or ``{"status": "error", "error": ...}``."""
+    JSON line) in a new Python process (``env``: variables added to its environment; ``hide``: modules that do not
+    import there, set to None in ``sys.modules`` before anything else); its answer, or ``{"status": "error",
+    "error": ...}``."""
     module, name = function.split(":")
-    code = f"import sys; from {module} import {name}; {name}(sys.argv[1])"
+    hidden = "".join(f"sys.modules[{gone!r}] = None; " for gone in hide)
+    code = f"import sys; {hidden}from {module} import {name}; {name}(sys.argv[1])"
     try:
         done = subprocess.run([sys.executable, "-c", code, json.dumps(request)], cwd=ROOT, capture_output=True,
-                              text=True, timeout=timeout)
+                              text=True, timeout=timeout, env=None if env is None else {**os.environ, **env})
     except subprocess.TimeoutExpired:
         return {"status": "error", "error": f"the fresh process took more than {timeout:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

@@ -2,8 +2,8 @@
 every section by name: probe, cap, restore, levers, cumulative and fit here; estimate and heldout in
 :mod:`benchmarks.gpu_sections_estimate`, loads in :mod:`benchmarks.gpu_sections_loads`, inference in
 :mod:`benchmarks.gpu_sections_inference`, ties and reserve in :mod:`benchmarks.gpu_sections_runs`, trainer in
-:mod:`benchmarks.gpu_sections_trainer`; what they share (sizes, checks, models, CUDA figures) in
-:mod:`benchmarks.gpu_common`.
+:mod:`benchmarks.gpu_sections_trainer`, rl (TRL's DPO and GRPO trainers) in :mod:`benchmarks.gpu_sections_rl`;
+what they share (sizes, checks, models, CUDA figures) in :mod:`benchmarks.gpu_common`.
 
 Each section builds its models from configs on the device, runs memlab and an independent reference next to it,
 and returns a dict with its figures and a list of ``checks``: ``{"check": what, "passed": True/False/None,
@@ -383,12 +383,14 @@ def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
     from benchmarks.gpu_sections_loads import section_loads
     from benchmarks.gpu_sections_peft import section_peft_model, section_sft_peft
     from benchmarks.gpu_sections_restore import section_restore
+    from benchmarks.gpu_sections_rl import section_rl
     from benchmarks.gpu_sections_runs import section_reserve, section_ties
     from benchmarks.gpu_sections_timeline import section_timeline
     from benchmarks.gpu_sections_trainer import section_trainer
     from benchmarks.gpu_sections_vlm import section_vlm
 
     return {
+        "rl": section_rl,
         "sft_peft": section_sft_peft,
         "peft_model": section_peft_model,
         "encdec": section_encdec,
