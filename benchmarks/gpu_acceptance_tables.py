@@ -232,6 +232,29 @@ def _sft_peft(part: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _rl(part: dict[str, Any]) -> list[str]:
+    """TRL's DPO and GRPO trainers: each one's own train() beside the estimates made on the GPU and as on a laptop."""
+    if part.get("missing"):
+        return [f"**TRL's DPO and GRPO trainers**: not run ({part['missing']}).", ""]
+    grpo = part["settings"]["grpo"]
+    model = part["model"]
+    head = (f"**TRL's DPO and GRPO trainers** (bf16, Qwen2 hidden {model['hidden']} x {model['layers']} layers, "
+            f"vocabulary {model['vocab']:,}; GRPO {grpo['generations']} "
+            f"generations of {grpo['completion']} tokens, beta {grpo['beta']}; the laptop's estimate made in a process "
+            "that saw no GPU and no Triton):")
+    rows = []
+    for name, row in part["trainers"].items():
+        made, laptop = row.get("gpu_made") or {}, row.get("laptop_made") or {}
+        reference = row.get("train_peak_bytes")
+        rows.append([name, _gib(reference), _gib(made.get("peak_bytes")), _ratio(made.get("peak_bytes"), reference),
+                     _gib(laptop.get("peak_bytes")), row.get("laptop_over_gpu_made")])
+    headers = ["trainer", "train() GiB", "estimate GiB", "/ train()", "laptop's GiB", "/ estimate"]
+    lines = [head, "", common.markdown_table(headers, rows), ""]
+    if part.get("broken_at"):
+        lines += [f"The CUDA context broke at: {part['broken_at']}.", ""]
+    return lines
+
+
 def _peft_model(part: dict[str, Any]) -> list[str]:
     lines = [f"**The user's own get_peft_model model** (LoRA r{part['lora']['r']} on every linear layer, Llama "
              f"{_shape(part['model'])}):", "", common.markdown_table(
@@ -358,7 +381,7 @@ def _ratio(value: float | None, reference: float | None) -> float | None:
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
-    "sft_peft": _sft_peft, "peft_model": _peft_model, "encdec": _compared("Encoder-decoders"), "vlm": _vlm,
+    "rl": _rl, "sft_peft": _sft_peft, "peft_model": _peft_model, "encdec": _compared("Encoder-decoders"), "vlm": _vlm,
     "heldout_off": _compared("The held-out rows that were off"), "timeline": _timeline, "fill": _fill,
     "boundary": _boundary,
     "trainer": _trainer, "loads": _loads_table, "estimate": _estimate, "probe": _probe,

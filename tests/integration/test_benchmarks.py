@@ -172,6 +172,11 @@ def test_gpu_acceptance_rl_part_estimates_each_trl_trainer_on_the_gpu_and_as_on_
     # A reference model held apart costs more than the base with its adapters off.
     trainers = part["trainers"]
     assert trainers["dpo_ref"]["gpu_made"]["peak_bytes"] > trainers["dpo_lora"]["gpu_made"]["peak_bytes"]
+    # The docs' table of the part: a row each, the laptop's estimate over the GPU's (1.0 on one machine).
+    table = load("gpu_acceptance_tables").draw_part("rl", part)
+    assert table[0].startswith("**TRL's DPO and GRPO trainers**"), table
+    body = [line for line in table[2].splitlines() if line.startswith("| ") and "trainer" not in line]
+    assert [line.split("|")[1].strip() for line in body] == list(trainers), table
 
 
 def test_gpu_acceptance_is_one_command_whose_parts_run_in_order_within_its_deadline(load: Any, tmp_path: Path) -> None:
