@@ -68,3 +68,17 @@ def phase_peaks(timeline: Any) -> dict[str, int]:
         inside = [total for x, total in zip(timeline.x, totals, strict=True) if start <= x <= end]
         peaks[name] = max([peaks.get(name, 0), *inside])
     return peaks
+
+
+def trained_with(trainer: Any, plan: Any, budget: int) -> int | None:
+    """``trainer.train()`` with ``plan`` applied (undone after) under ``memlab.watch`` with ``budget``: the watched
+    peak, as a user checks what ``fit`` chose."""
+    import memlab
+
+    with memlab.apply(trainer, plan):
+        watched = memlab.watch(trainer, budget=budget)
+        try:
+            trainer.train()
+        finally:
+            watched.remove()
+    return watched.peak_bytes

@@ -15,6 +15,7 @@ import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from test_trainer_contract import llama, tokenizer  # noqa: E402
+from trl_trainers import trained_with  # noqa: E402
 
 import memlab  # noqa: E402
 
@@ -101,11 +102,8 @@ def test_dpo_fit_then_trained_under_watch_within_the_budget(tmp_path: Any) -> No
     _same(trainer, held)
     kwargs = report.best.plan.to_training_arguments()
     assert (kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"]) == (1, 2)
-    with memlab.apply(trainer, report.best.plan):
-        watched = memlab.watch(trainer, budget=budget)
-        trainer.train()
-        watched.remove()
-    assert 0 < watched.peak_bytes <= budget
+    peak = trained_with(trainer, report.best.plan, budget)
+    assert peak is not None and 0 < peak <= budget
     assert trainer.args is held["args"] and trainer.model is held["model"]
 
 
@@ -139,11 +137,8 @@ def test_dpo_fit_holds_when_trained_at_60_to_90_percent_of_the_plain_peak(
     forward = vars(reference).get("forward") if reference is not None else None
     report = memlab.fit(trainer, budget=budget, **FAST)
     assert report.best is not None and report.best.peak_bytes <= budget
-    with memlab.apply(trainer, report.best.plan):
-        watched = memlab.watch(trainer, budget=budget)
-        trainer.train()
-        watched.remove()
-    assert 0 < watched.peak_bytes <= budget, (report.best.plan.label(), watched.peak_bytes, budget)  # type: ignore[operator]
+    peak = trained_with(trainer, report.best.plan, budget)
+    assert peak is not None and 0 < peak <= budget, (report.best.plan.label(), peak, budget)
     if reference is not None:  # the reference's forward is its own again
         assert vars(reference).get("forward") is forward
 

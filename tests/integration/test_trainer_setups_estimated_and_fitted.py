@@ -18,6 +18,7 @@ from datasets import Dataset  # noqa: E402
 from test_trainer_contract import llama, tokenizer  # noqa: E402
 from test_trainer_dpo import dpo  # noqa: E402
 from test_trainer_grpo_step import FAST, _bytes, _held, _rng, _same, grpo, phase_peaks  # noqa: E402
+from trl_trainers import trained_with  # noqa: E402
 
 import memlab  # noqa: E402
 
@@ -94,13 +95,8 @@ def test_dpo_fit_best_plan_trained_under_watch_within_the_budget(tmp_path: Any, 
     assert report.best is not None and report.best.plan.micro_batch == 1 and report.best.rows_per_step == 2
     assert (report.best.plan.adapter == "lora") == (name == "peft")
     dpo_same(trainer, held)
-    with memlab.apply(trainer, report.best.plan):
-        watched = memlab.watch(trainer, budget=budget)
-        try:
-            trainer.train()
-        finally:
-            watched.remove()
-    assert watched.peak_bytes is not None and 0 < watched.peak_bytes <= budget, (watched.peak_bytes, budget)
+    peak = trained_with(trainer, report.best.plan, budget)
+    assert peak is not None and 0 < peak <= budget, (peak, budget)
     assert trainer.args is held["args"] and trainer.model is held["model"]
     assert trainer.train_dataset is held["train_dataset"] and trainer.ref_model is held["ref_model"]
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (2, 1)
@@ -126,13 +122,8 @@ def test_grpo_peft_without_a_reference_measured_estimated_fitted_and_trained(tmp
     assert best is not None and best.fits and best.rows_per_step == 4 and best.plan.adapter == "lora"
     held["rng"] = _rng()
     _same(trainer, held)
-    with memlab.apply(trainer, best.plan):
-        watched = memlab.watch(trainer, budget=budget)
-        try:
-            trainer.train()
-        finally:
-            watched.remove()
-    assert watched.peak_bytes is not None and 0 < watched.peak_bytes <= budget, (watched.peak_bytes, budget)
+    peak = trained_with(trainer, best.plan, budget)
+    assert peak is not None and 0 < peak <= budget, (peak, budget)
     assert trainer.args is held["args"] and trainer.train_dataset is held["train_dataset"]
     assert trainer.model is held["model"] and trainer.reward_funcs is held["reward_funcs"]
 
