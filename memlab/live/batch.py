@@ -224,6 +224,76 @@ def _moved(indices: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
         return indices.to(tensor.device)
 
 
+def same_layout(first: Batch, second: Batch) -> bool:
+    """Whether two batches would run the same step: the same structure, every tensor of the same shape, dtype,
+    device, strides and ``requires_grad``, and the same values wherever values are known (a real tensor's, or a
+    fake tensor's kept ``constant``: an image batch's grids decide shapes); other values equal.
+
+    Example:
+        >>> same_layout({"ids": torch.zeros(2, 8)}, {"ids": torch.ones(2, 8)})  # values differ: both known
+        False
+        >>> from torch._subclasses.fake_tensor import FakeTensorMode
+        >>> with FakeTensorMode() as mode:
+        ...     first, second = torch.empty(2, 8), torch.empty(2, 8)
+        >>> same_layout({"ids": first}, {"ids": second}), same_layout({"ids": first}, {"ids": second[:1]})
+        (True, False)
+    """
+    if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor):
+        return _same_tensor(first, second)
+    if isinstance(first, Mapping) and isinstance(second, Mapping):
+        return list(first) == list(second) and all(same_layout(first[key], second[key]) for key in first)
+    if isinstance(first, (tuple, list)) and isinstance(second, (tuple, list)):
+        return type(first) is type(second) and len(first) == len(second) and all(
+            same_layout(a, b) for a, b in zip(first, second, strict=True))
+    if isinstance(first, (torch.Tensor, Mapping, tuple, list, StepBatches)) or isinstance(
+            second, (torch.Tensor, Mapping, tuple, list, StepBatches)):
+        return first is second
+    try:
+        return bool(first == second)
+    except Exception:  # noqa: BLE001 - a value that cannot say whether it equals another is taken as different
+        return first is second
+
+
+def _same_tensor(first: torch.Tensor, second: torch.Tensor) -> bool:
+    if first is second:
+        return True
+    if (first.shape, first.dtype, first.device, first.requires_grad) != (
+            second.shape, second.dtype, second.device, second.requires_grad) or first.stride() != second.stride():
+        return False
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def values(tensor: torch.Tensor) -> torch.Tensor | None:
+        if isinstance(tensor, FakeTensor):
+            return tensor.constant
+        return None if tensor.is_meta else tensor
+
+    first_values, second_values = values(first), values(second)
+    if first_values is None or second_values is None:
+        return first_values is None and second_values is None
+    with _disable_current_modes():
+        return bool(torch.equal(first_values, second_values))
+
+
+def repeats_left_out(micro: list[Batch]) -> list[Batch]:
+    """A dry run's micro-batches: each one past the second that repeats the layout of the one before it is left
+    out (:func:`same_layout`).
+
+    On fake tensors nothing depends on a tensor's values but its shapes (where values are known, they are
+    compared too), and from the second micro-batch on, the step starts each one with the same tensors alive: the
+    gradients of the ones before, the optimizer's state. A repeat's allocations are then the one before's, in the
+    same order, so its peak is the same and the step's peak with it; running it again would only take time, one
+    micro-batch's dry run each (4 of 8 on an 8B GRPO step of 4 micro-batches, warm-up included). The step still
+    holds every micro-batch, as it does live.
+
+    Example:
+        >>> parts = [torch.zeros(2, 8), torch.zeros(2, 8), torch.zeros(2, 8), torch.zeros(1, 8)]
+        >>> [tuple(part.shape) for part in repeats_left_out(parts)]
+        [(2, 8), (2, 8), (1, 8)]
+    """
+    return [part for number, part in enumerate(micro) if number < 2 or not same_layout(part, micro[number - 1])]
+
+
 def batch_device(batch: Batch) -> torch.device | None:
     for _, tensor in named_tensors(batch):
         return tensor.device

@@ -14,7 +14,15 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from memlab.live.batch import Batch, LossFn, batch_device, check_loss, map_tensors, resolve_loss_fn
+from memlab.live.batch import (
+    Batch,
+    LossFn,
+    batch_device,
+    check_loss,
+    map_tensors,
+    repeats_left_out,
+    resolve_loss_fn,
+)
 from memlab.live.compat import tensor_use_counts
 from memlab.live.device import model_device
 from memlab.plan import Plan
@@ -157,7 +165,7 @@ class TrainingStep:
         # Under a dispatch mode (memlab's tracker, a dry run's fake mode) the autograd engine sums the gradients
         # that meet at a leaf out of place; a user's own loop sums them in place (see SharedGrads).
         emulate = torch._C._len_torch_dispatch_stack() > 0 or parts.fake
-        for part in micro:
+        for part in repeats_left_out(micro) if parts.fake else micro:
             with tracker.phase("activations"):
                 with tracker.section("forward"), parts.forward_context():
                     loss = check_loss(loss_fn(self.model, part))
