@@ -6,11 +6,13 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 from typing_extensions import Unpack
 
 from memlab.errors import MemlabError
 from memlab.estimation.cuda.allocator import assumed_allocator
+from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.events import TrialSettled
 from memlab.live.batch import Batch, atomic_refusal, count_rows, is_atomic
 from memlab.live.device import cuda_bf16_supported, expandable_segments_configured, model_device
@@ -56,6 +58,7 @@ def fit(
     dry_run: bool = False,
     estimates: bool = True,
     max_trials: int | None = MAX_TRIALS,
+    gpu: str | GpuKind | None = None,
     **options: Unpack[RunKeywords],
 ) -> Report:
     """The fastest plan whose measured peak fits ``budget`` at the effective batch ``batch_size``.
@@ -92,6 +95,10 @@ def fit(
         max_trials: measure at most this many plans (the close contenders' re-runs in turn are not counted; None:
             no limit). The search measures the plans expected fastest first, so the limit cuts the least promising;
             the plans it leaves are in ``skipped``, each with its expected speed and peak.
+        gpu: with ``dry_run=True``, the GPU the dry runs are for, from any machine (a name such as
+            ``"RTX4090-24GB"`` or a :func:`~memlab.gpu_kind`): the plans that card can run are searched (bf16 where
+            it runs bf16, offload), each judged on that card's figure, the budget defaulting to its memory. Default:
+            the device the model is on (a model on the meta device: an H100's figures).
         options: :class:`~memlab.options.RunKeywords`. ``budget``: bytes or a size such as ``"8GiB"``, what the card
             may show for the process on CUDA (the allocator's reserve and the CUDA context: each trial is judged on
             that card figure, and capped at the budget less the context); default on CUDA what this process can hold
@@ -107,6 +114,10 @@ def fit(
     """
     if not dry_run:
         refuse_meta(model, "fit")  # a model on the meta device has no values to run: fit(..., dry_run=True) has none
+        if gpu is not None:
+            raise MemlabError(f"gpu={gpu!r} names the GPU a dry run is for, and fit measures on the device the model "
+                              "is on; write memlab.fit(..., dry_run=True, gpu=...) to estimate for that GPU")
+    card = gpu_kind(gpu) if gpu is not None else None
     if is_trainer(model) or batch is None:
         # A trainer: its model, its compute_loss, its effective batch and (without a batch) its dataset's worst one.
         target = live_target(model, batch, options.get("loss_fn"), rows=batch_size, generation=True)
@@ -131,7 +142,7 @@ def fit(
         # The model's own dry runs count a reference model the trainer holds apart (a DPOTrainer's), as estimate does.
         held = None if kind is not None else lambda trial: with_reference(trial, model)
         report = _fit_module(target.model, target.batch, batch_size or target.batch_size, space, dry_run, estimates,
-                             max_trials, False, options, kind=kind, held=held)
+                             max_trials, False, options, kind=kind, held=held, gpu=card)
         return dataclasses.replace(report, trials=noted(report.trials, target.note))
     if space is not None and isinstance(space, Mapping) and trainer_of(options.get("loss_fn")) is None:
         # A built trainer's own setting (precompute_ref, the vLLM engine's) on a model: refused before any trial.
@@ -139,7 +150,7 @@ def fit(
                                          "pass the trainer as the model, memlab.fit(trainer, space={{'{name}': ...}})")
         if refusal:
             raise MemlabError(refusal)
-    return _fit_module(model, batch, batch_size, space, dry_run, estimates, max_trials, True, options)
+    return _fit_module(model, batch, batch_size, space, dry_run, estimates, max_trials, True, options, gpu=card)
 
 
 def refuse_selective_for_trainer(space: Mapping[str, Sequence[Any]] | None) -> None:
@@ -164,11 +175,11 @@ def refuse_selective_for_trainer(space: Mapping[str, Sequence[Any]] | None) -> N
         )
 
 
-def _fit_module(model: nn.Module, *args: Any, kind: Any = None, held: Any = None) -> Report:
+def _fit_module(model: nn.Module, *args: Any, kind: Any = None, held: Any = None, gpu: GpuKind | None = None) -> Report:
     """:func:`_fit_module_here` with the allocator this process runs (``PYTORCH_CUDA_ALLOC_CONF``) assumed by every
     dry run it makes: on CUDA, their card figures are those of this process's allocator."""
     with assumed_allocator(expandable_segments_configured()):
-        return _fit_module_here(model, *args, kind=kind, held=held)
+        return _fit_module_here(model, *args, kind=kind, held=held, gpu=gpu)
 
 
 def _fit_module_here(
@@ -184,12 +195,14 @@ def _fit_module_here(
     *,
     kind: Any = None,
     held: Any = None,
+    gpu: GpuKind | None = None,
 ) -> Report:
     """:func:`fit` on a module; ``selective``: whether the fewest checkpointed blocks that fit are searched for
     (:func:`memlab.search.blocks.fewest_blocks`) when the best plan checkpoints every block; ``kind``: a trainer
     kind's :class:`~memlab.trainer.entry.LiveTarget` whose step has its own runner and dry run (a GRPOTrainer's),
     else None; ``held``: ``held(trial) -> trial`` adds to each of the model's own dry runs what the trainer holds
-    beside the model (a DPOTrainer's reference model: :func:`memlab.trainer.reference.with_reference`), else None."""
+    beside the model (a DPOTrainer's reference model: :func:`memlab.trainer.reference.with_reference`), else None;
+    ``gpu``: the GPU kind a dry run is for (its space, its budget, its card figures), else None."""
     run_options = RunOptions.from_keywords(options)
     if not isinstance(model, nn.Module):
         raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
@@ -204,7 +217,12 @@ def _fit_module_here(
             "no limit"
         )
     device = model_device(model)
+    # a dry run for a GPU kind searches what that card runs, wherever the model is
+    searched = torch.device("cuda") if gpu is not None else device
+    bf16 = gpu.bf16 if gpu is not None else device.type == "cuda" and cuda_bf16_supported(device)
     budget = run_options.budget
+    if budget is None and gpu is not None:
+        budget = gpu.memory_bytes  # what the card figure must fit, as memlab.estimate(..., gpu=...) judges it
     if budget is None:
         if device.type != "cuda":
             raise MemlabError(
@@ -214,8 +232,8 @@ def _fit_module_here(
     resolved_space: dict[str, Sequence[Any]] = dict(
         default_space(
             batch_size,
-            device.type,
-            device.type == "cuda" and cuda_bf16_supported(device),
+            searched.type,
+            bf16,
             chunked_loss=chunked_loss_applies(model, run_options.loss_fn),
             fused_attention=fused_attention_instead(model),
         )
@@ -232,10 +250,10 @@ def _fit_module_here(
     for plan in candidates:
         check_split(batch, plan)
     trainable = sum(p.numel() * p.element_size() for p in trainable_parameters(model))
-    prior = speed_prior(device.type)
+    prior = speed_prior(searched.type)
     run_options = run_options.replace(budget=budget)
     if dry_run:
-        return _dry_run(model, batch, candidates, batch_size, prior, run_options, selective, kind, held)
+        return _dry_run(model, batch, candidates, batch_size, prior, run_options, selective, kind, held, gpu)
     measured: list[Trial] = []
     # The bar stays open after the search, while suggestions are estimated: no silent phase after the last plan.
     progress = run_progress(len(candidates), run_options.progress, at_most=True, then=retiming_runs(len(candidates)),
@@ -353,30 +371,37 @@ def _dry_run(
     selective: bool,
     kind: Any = None,
     held: Any = None,
+    gpu: GpuKind | None = None,
 ) -> Report:
     """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
-    estimated to fit: that one is the answer, and the plans after it are skipped as expected slower."""
-    from memlab.estimation.cuda.context import live_card_context
+    estimated to fit: that one is the answer, and the plans after it are skipped as expected slower. For ``gpu``,
+    each is estimated for that GPU kind (its card figure, its CUDA context)."""
+    from memlab.estimation.cuda.context import card_context, live_card_context
     from memlab.estimation.estimate import estimate
 
     budget = options.budget or 0
     speed = SpeedModel([], candidates, batch_size=batch_size, prior=prior)
     order = sorted(candidates, key=speed.expected, reverse=True)
     # a model on the meta device is estimated for CUDA (target_device), as memlab.estimate does
-    device = None if model_device(model).type == "meta" else model_device(model)
+    device: Any = "cuda" if gpu is not None else None if model_device(model).type == "meta" else model_device(model)
+
+    def on_card(trial: Trial) -> Trial:
+        # the context of the kind asked for, else of the GPU the model is on (or the default kind's)
+        return card_context(trial, gpu) if gpu is not None else live_card_context(trial, model)
+
     trials: list[Trial] = []
     with keep_on_interrupt(trials, budget):
         for position, plan in enumerate(order):
             trial = estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device,
-                             host_budget=options.host_budget) \
-                if kind is None else kind.estimate([plan], budget=budget, device=device, lr=options.lr)[0]
-            trial = live_card_context(trial if held is None else held(trial), model)
+                             host_budget=options.host_budget, gpu=gpu) \
+                if kind is None else kind.estimate([plan], budget=budget, device=device, lr=options.lr, gpu=gpu)[0]
+            trial = on_card(trial if held is None else held(trial))
             trials.append(trial)
             if fits(trials[-1], budget):
                 reason = f"expected slower: {plan.label()} is expected faster and is estimated to fit"
-                run = lambda blocks: live_card_context(estimate(  # noqa: E731 - the same dry run, fewer blocks
+                run = lambda blocks: on_card(estimate(  # noqa: E731 - the same dry run, fewer blocks
                     model, batch, blocks, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device,
-                    host_budget=options.host_budget), model)
+                    host_budget=options.host_budget, gpu=gpu))
                 if selective:
                     trials += fewest_blocks(trials, budget, lambda: len(checkpoint_blocks(model)), run)
                 return Report(trials, budget=budget, skipped=[(slower, reason) for slower in order[position + 1 :]])

@@ -62,7 +62,7 @@ def sampling_bytes(rows: int, vocab: int) -> int:
 
 
 def grpo_plans_estimator(trainer: Any, loss_fn: Any = None) -> Callable[..., list[Trial]]:
-    """``estimate(plans, *, budget, device, lr) -> trials``: each plan's GRPO step on fake tensors
+    """``estimate(plans, *, budget, device, lr, gpu=None) -> trials``: each plan's GRPO step on fake tensors
     (:func:`estimate_grpo` through ``memlab.estimate``), what ``fit`` prunes a GRPOTrainer's plans with. The search
     asks for a plan's cheap twin (at most 2 micro-batches: :func:`memlab.search.strategy.cheap_twin`); a GRPO step
     generates and trains on all of the trainer's generations whatever the plan, so the twin is answered with the
@@ -73,7 +73,8 @@ def grpo_plans_estimator(trainer: Any, loss_fn: Any = None) -> Callable[..., lis
         True
     """
 
-    def estimate_plans(plans: Sequence[Plan], *, budget: int | None, device: Any, lr: float) -> list[Trial]:
+    def estimate_plans(plans: Sequence[Plan], *, budget: int | None, device: Any, lr: float,
+                       gpu: Any = None) -> list[Trial]:
         from memlab.estimation.estimate import estimate
         from memlab.estimation.request import EstimateRequest
 
@@ -89,10 +90,11 @@ def grpo_plans_estimator(trainer: Any, loss_fn: Any = None) -> Callable[..., lis
                     and generations % plan.micro_batch == 0:
                 whole = plan.replace(accumulation=generations // plan.micro_batch)
             if colocated:
-                request = EstimateRequest(trainer, None, whole, loss_fn=loss_fn, budget=budget, lr=lr, device=device)
+                request = EstimateRequest(trainer, None, whole, loss_fn=loss_fn, budget=budget, lr=lr, device=device,
+                                          gpu=gpu)
                 trial = fitted_vllm(request.checked())
             else:
-                trial = estimate(trainer, whole, loss_fn=loss_fn, budget=budget, device=device, lr=lr)
+                trial = estimate(trainer, whole, loss_fn=loss_fn, budget=budget, device=device, lr=lr, gpu=gpu)
             # the asked plan, with the engine's settings the dry run chose (fitted_vllm's search)
             engine = {name: getattr(trial.plan, name) for name in FIELDS} if colocated else {}
             trials.append(dataclasses.replace(trial, plan=plan.replace(**engine)))

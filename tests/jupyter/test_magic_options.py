@@ -98,6 +98,39 @@ def test_dry_run(shell: InteractiveShell) -> None:
     assert len(report) == 2 and all(t.estimated for t in report.trials)
 
 
+def test_a_dry_run_for_a_gpu_kind_from_a_cpu_kernel(shell: InteractiveShell) -> None:
+    from memlab.estimation.cuda.gpus import gpu_kind
+
+    shell.user_ns.update(llama=tiny_llama(layers=2, width=32), tokens=lm_batch(rows=2, length=16))
+    before = fingerprint(shell.user_ns["llama"])
+    kind = gpu_kind("RTX4090-24GB")
+    report = memfit(shell, f"llama tokens --dry-run --gpu RTX4090-24GB --try checkpointing=off,on {FAST}")
+    assert report.budget == kind.memory_bytes  # the card's memory judges it, as memlab estimate --gpu does
+    for trial in report:
+        api = memlab.estimate(shell.user_ns["llama"], shell.user_ns["tokens"], trial.plan, gpu="RTX4090-24GB")
+        assert (trial.peak_bytes, trial.card_bytes) == (api.peak_bytes, api.card_bytes)
+        assert trial.context_bytes == kind.context_bytes and trial.fits
+    searched = memfit(shell, f"llama tokens --dry-run --gpu T4-16GB --budget 2GiB --search --try "
+                             f"precision=fp32,fp16 {FAST}")
+    assert searched.budget == 2 * 2**30 and searched.best is not None
+    assert all(t.context_bytes == gpu_kind("T4-16GB").context_bytes for t in searched)
+    assert_same(before, fingerprint(shell.user_ns["llama"]))
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ("llama tokens --gpu RTX4090-24GB", "add --dry-run, e.g. %%memfit model batch --dry-run --gpu RTX4090-24GB"),
+    ("llama tokens --dry-run --gpu RTX9999", "--gpu 'RTX9999' is not a GPU memlab knows; write one of H100-80GB"),
+])
+def test_a_gpu_kind_without_a_dry_run_or_unknown_is_one_usage_error(
+        shell: InteractiveShell, line: str, said: str) -> None:
+    shell.user_ns.update(llama=tiny_llama(layers=2, width=32), tokens=lm_batch(rows=2, length=16))
+    before = fingerprint(shell.user_ns["llama"])
+    with pytest.raises(UsageError) as raised:
+        memfit(shell, line)
+    assert said in str(raised.value) and "\n" not in str(raised.value)
+    assert_same(before, fingerprint(shell.user_ns["llama"]))
+
+
 def test_sharded_dry_run_gives_the_peak_per_gpu_of_every_strategy(
     shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -127,6 +127,9 @@ def estimate_plans(
         >>> [t.status for t in report], [t.estimated for t in report]
         (['ok', 'ok'], [True, True])
     """
+    from memlab.estimation.request import asked_device
+
+    device = asked_device(gpu, device)  # a GPU kind named is a CUDA estimate, wherever the model is
     if is_inference(plans):
         return estimate_inference(model_or_config, batch, plans, loss_fn=loss_fn, budget=budget,  # type: ignore[arg-type]
                                   device=device, gpu=gpu, load=load)

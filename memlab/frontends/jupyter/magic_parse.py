@@ -120,6 +120,15 @@ ARGUMENTS = [
         help="estimate the plans on fake tensors instead of running them (nothing is trained)",
     ),
     argument(
+        "--gpu",
+        metavar="KIND",
+        help=(
+            "with --dry-run: the GPU the estimate is for, from any machine (RTX4090-24GB, A100-40GB, ...: "
+            "memlab.estimation.cuda.gpus.GPUS), its memory the budget unless --budget says another; default the GPU "
+            "the model is on, or an H100-80GB's figures"
+        ),
+    ),
+    argument(
         "--gpus",
         metavar="N|auto",
         help=(

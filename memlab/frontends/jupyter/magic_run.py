@@ -25,7 +25,8 @@ from typing import Any
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.estimation.cuda.context import live_card_context
+from memlab.estimation.cuda.context import card_context, live_card_context
+from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.estimation.estimate import estimate, estimate_plans
 from memlab.estimation.sharded.per_gpu import parse_gpus, sharded_lines, sharded_trials
 from memlab.frontends.jupyter.magic_parse import DEFAULTS, body_loss_fn, lookup_name, run_options, unquote, usage_error
@@ -133,6 +134,7 @@ class TrainingRequest:
     plans: list[Plan]
     search: bool
     sharding: tuple[int | str, list[str] | None] | None
+    gpu: GpuKind | None = None
 
     @classmethod
     def from_args(cls, args: Any) -> TrainingRequest:
@@ -151,12 +153,15 @@ class TrainingRequest:
         if args.apply and args.dry_run:
             raise usage_error("--apply needs measured plans, and --dry-run only estimates them; drop one of the two")
         sharding = _sharding(args)
+        gpu = _gpu(args)
         options = run_options(args, lr=args.lr)
+        if gpu is not None and options.budget is None:
+            options = options.replace(budget=gpu.memory_bytes)  # the card's memory, as memlab estimate --gpu judges
         try:
             plans = parse_grid(args.grid)
         except MemlabError as error:
             raise usage_error(str(error)) from None
-        return cls(args, options, plans, search, sharding)
+        return cls(args, options, plans, search, sharding, gpu)
 
     def prepare(
         self, namespace: MutableMapping[str, Any], model: nn.Module, cell: str | None, trainer: Any = None
@@ -211,6 +216,12 @@ class TrainingRequest:
             except MemlabError as error:
                 raise usage_error(str(error)) from None
 
+        gpu = self.gpu
+
+        def on_card(trial: Any) -> Any:
+            # the context of the kind asked for, else of the GPU the model is on (or the default kind's)
+            return card_context(trial, gpu) if gpu is not None else live_card_context(trial, model)
+
         def work(options: RunOptions) -> Report:
             if self.sharding is not None:
                 gpus, strategies = self.sharding
@@ -218,7 +229,7 @@ class TrainingRequest:
                 # several per plan, minutes each on a large model), unless the cell asked for --quiet.
                 say = None if args.quiet else _say
                 found = sharded_trials(model, batch, plans, gpus=gpus, strategies=strategies,
-                                       budget=options.budget, loss_fn=loss_fn, lr=options.lr, say=say)
+                                       budget=options.budget, loss_fn=loss_fn, lr=options.lr, say=say, gpu=gpu)
                 print(f"Per GPU, {args.batch} ({rows} row{'s' if rows != 1 else ''}) being each GPU's micro-batch:")
                 for text in sharded_lines(found, options.budget):
                     print(text)
@@ -229,14 +240,16 @@ class TrainingRequest:
                 size = effective if args.batch_size is None else args.batch_size
                 limit = MAX_TRIALS if args.max_trials is None else args.max_trials
                 return fit(*((trainer, None) if grpo else (model, batch)), batch_size=size, space=space,
-                           dry_run=args.dry_run, max_trials=limit, **options.keywords())
+                           dry_run=args.dry_run, max_trials=limit, gpu=gpu, **options.keywords())
             if args.dry_run and grpo:
                 report = Report([estimate(trainer, plan, loss_fn=loss_fn, budget=options.budget, lr=options.lr,
-                                          host_budget=options.host_budget) for plan in plans], budget=options.budget)
-                report.trials = [live_card_context(trial, model) for trial in report]
+                                          host_budget=options.host_budget, gpu=gpu) for plan in plans],
+                                budget=options.budget)
+                report.trials = [on_card(trial) for trial in report]
             elif args.dry_run:
-                report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr)
-                report.trials = [host_judged(live_card_context(trial, model), options.host_budget) for trial in report]
+                report = estimate_plans(model, batch, plans, loss_fn=loss_fn, budget=options.budget, lr=options.lr,
+                                        gpu=gpu)
+                report.trials = [host_judged(on_card(trial), options.host_budget) for trial in report]
             else:
                 report = compare(model, batch, plans, **options.keywords())
             if kept is not None:
@@ -306,6 +319,27 @@ def apply_best(
     print(
         f"Applied {best.label} to {model_name} as {APPLIED_NAME}: train with {train}; undo with {APPLIED_NAME}.undo()"
     )
+
+
+def _gpu(args: Any) -> GpuKind | None:
+    """The GPU kind ``--gpu`` names (None without it); a one-line UsageError for a live run or a kind memlab does not
+    know, saying what to write.
+
+    Example:
+        >>> from memlab.frontends.jupyter.magic_parse import read_line
+        >>> _gpu(read_line("net xs --dry-run --gpu RTX4090-24GB")).name, _gpu(read_line("net xs")) is None
+        ('RTX4090-24GB', True)
+    """
+    if args.gpu is None:
+        return None
+    name = str(unquote(args.gpu))
+    if not args.dry_run:
+        raise usage_error(f"--gpu {name} names the GPU a dry run is for, and without --dry-run memlab measures on the "
+                          f"device the model is on; add --dry-run, e.g. %%memfit model batch --dry-run --gpu {name}")
+    try:
+        return gpu_kind(name)
+    except MemlabError as error:
+        raise usage_error(str(error).replace("gpu=", "--gpu ", 1)) from None
 
 
 def _sharding(args: Any) -> tuple[int | str, list[str] | None] | None:

@@ -1,0 +1,80 @@
+"""``memlab.fit(..., dry_run=True, gpu=...)``: a laptop asks the search for a GPU it does not have. The plans that card
+runs are searched (fp16 on a T4, offload), each judged on that card's figure, the budget its memory by default, and
+each answer is ``memlab.estimate``'s for that GPU; a measured fit refuses ``gpu=``; a GRPOTrainer's dry runs too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import memlab
+from memlab.estimation.cuda.gpus import gpu_kind
+from tests.models import assert_same, fingerprint, lm_batch, tiny_llama
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+SPACE = {"micro_batch": [4, 2], "checkpointing": [False, True], "optimizer": ["adamw"]}
+
+
+def test_each_trial_is_the_estimate_for_that_gpu_and_judged_on_its_card() -> None:
+    model, batch = tiny_llama(), lm_batch(rows=4, length=16)
+    kind = gpu_kind("RTX4090-24GB")
+    report = memlab.fit(model, batch, dry_run=True, gpu="RTX4090-24GB", budget="1GiB", space=SPACE, progress=False)
+    assert report.trials and report.budget == 2**30
+    for trial in report.trials:
+        alone = memlab.estimate(model, batch, trial.plan, device="cuda", gpu="RTX4090-24GB", budget="1GiB")
+        assert (trial.peak_bytes, trial.reserved_bytes, trial.context_bytes) == (
+            alone.peak_bytes, alone.reserved_bytes, alone.context_bytes)
+        assert trial.device.startswith("cuda") and trial.context_bytes == kind.context_bytes
+        assert trial.fits == (trial.card_bytes <= report.budget)
+    assert report.best is not None and "precision" not in SPACE
+    assert {trial.plan.precision for trial in report.trials} <= {"fp32", "bf16"}
+
+
+def test_the_budget_is_the_cards_memory_by_default_and_a_t4_searches_fp16() -> None:
+    model, batch = tiny_llama(), lm_batch(rows=2, length=8)
+    report = memlab.fit(model, batch, dry_run=True, gpu="T4-16GB", progress=False,
+                        space={"micro_batch": [2], "checkpointing": [False], "optimizer": ["adamw"]})
+    assert report.budget == gpu_kind("T4-16GB").memory_bytes
+    assert report.skipped or report.trials
+    searched = {plan.precision for plan in [*(t.plan for t in report.trials), *(p for p, _ in report.skipped)]}
+    assert "fp16" in searched and "bf16" not in searched  # a T4 runs no bf16: its fast precision is fp16
+    offloads = {plan.offload for plan in [*(t.plan for t in report.trials), *(p for p, _ in report.skipped)]}
+    assert "optimizer" in offloads  # a GPU's space: the optimizer state can go to the host
+
+
+def test_a_measured_fit_refuses_gpu_and_changes_nothing() -> None:
+    model, batch = tiny_llama(), lm_batch(rows=2, length=8)
+    before = fingerprint(model)
+    with pytest.raises(memlab.MemlabError, match=r"write memlab.fit\(\.\.\., dry_run=True, gpu=\.\.\.\)"):
+        memlab.fit(model, batch, gpu="RTX4090-24GB", budget="1GiB", progress=False)
+    with pytest.raises(memlab.MemlabError, match="is not a GPU memlab knows"):
+        memlab.fit(model, batch, dry_run=True, gpu="RTX 9999", budget="1GiB", progress=False)
+    assert_same(before, fingerprint(model))
+
+
+def test_a_grpo_trainers_dry_runs_are_for_that_gpu(tmp_path: Any) -> None:
+    pytest.importorskip("trl")
+    from tests.trl_trainers import make_grpo_trainer
+
+    trainer = make_grpo_trainer(tmp_path)
+    kind = gpu_kind("A100-40GB")
+    report = memlab.fit(trainer, dry_run=True, gpu="A100-40GB", progress=False,
+                        space={"checkpointing": [False], "optimizer": ["adamw"], "precision": ["fp32"]})
+    assert report.budget == kind.memory_bytes and report.best is not None
+    alone = memlab.estimate(trainer, report.best.plan, gpu="A100-40GB", budget=kind.memory_bytes)
+    assert (report.best.peak_bytes, report.best.card_bytes) == (alone.peak_bytes, alone.card_bytes)
+    assert report.best.context_bytes == kind.context_bytes
+
+
+def test_estimate_with_a_gpu_kind_is_for_that_gpu_wherever_the_model_is() -> None:
+    model, batch = tiny_llama(), lm_batch(rows=2, length=8)
+    asked = memlab.estimate(model, batch, gpu="L4-24GB")
+    assert asked.device.startswith("cuda") and asked.card_bytes is not None
+    assert asked.context_bytes == gpu_kind("L4-24GB").context_bytes
+    assert asked.peak_bytes == memlab.estimate(model, batch, device="cuda", gpu="L4-24GB").peak_bytes
+    before = fingerprint(model)
+    with pytest.raises(memlab.MemlabError, match=r"write device='cuda' \(or leave it out\) for that GPU, or drop gpu="):
+        memlab.estimate(model, batch, device="cpu", gpu="L4-24GB")
+    assert_same(before, fingerprint(model))
