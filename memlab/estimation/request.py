@@ -26,6 +26,7 @@ import torch
 from memlab.errors import MemlabError
 from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.estimation.cuda.context import card_context
+from memlab.estimation.cuda.devices import asked_device
 from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.live.batch import LossFn
 from memlab.live.sharding import check_sharding
@@ -205,31 +206,6 @@ def gpu_refusal(request: EstimateRequest, *, inference: bool = False) -> str:
     kind = gpu_kind(request.gpu)
     return bf16_refusal(kind.capability, kind.name, precision=getattr(request.plan, "precision", None),
                         weights=getattr(request.plan, "weights", None) if inference else None)
-
-
-def asked_device(gpu: Any, device: str | torch.device | None) -> str | torch.device | None:
-    """The device an estimate is asked for: a GPU kind named (``gpu=``) asks for a CUDA estimate wherever the model
-    is, so ``device`` defaults to ``"cuda"`` with it; a CPU ``device`` beside a GPU kind is one error saying what to
-    write.
-
-    Example:
-        >>> asked_device("A100-40GB", None), asked_device(None, None), asked_device(None, "cpu")
-        ('cuda', None, 'cpu')
-        >>> asked_device("A100-40GB", "cpu")
-        Traceback (most recent call last):
-        ...
-        memlab.errors.MemlabError: gpu='A100-40GB' names the GPU a CUDA estimate is for, and device='cpu' asks for ...
-    """
-    if gpu is None:
-        return device
-    if device is None:
-        return "cuda"
-    if torch.device(device).type != "cuda":
-        raise MemlabError(f"gpu={getattr(gpu, 'name', gpu)!r} names the GPU a CUDA estimate is for, and "
-                          f"device={str(device)!r} asks for a "
-                          "CPU one; write device='cuda' (or leave it out) for that GPU, or drop gpu= to estimate for "
-                          "the CPU")
-    return device
 
 
 def route(request: EstimateRequest) -> Trial:

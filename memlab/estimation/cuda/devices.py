@@ -16,7 +16,7 @@ from torch import nn
 
 from memlab.errors import MemlabError
 
-__all__ = ["kernels_device", "target_device"]
+__all__ = ["asked_device", "kernels_device", "target_device"]
 
 
 def target_device(model_or_config: Any, device: str | torch.device | None) -> torch.device:
@@ -41,6 +41,31 @@ def target_device(model_or_config: Any, device: str | torch.device | None) -> to
     if target.type == "cuda" and target.index is None and torch.cuda.is_available():
         target = torch.device("cuda", torch.cuda.current_device())
     return target
+
+
+def asked_device(gpu: Any, device: str | torch.device | None) -> str | torch.device | None:
+    """The device an estimate is asked for: a GPU kind named (``gpu=``) asks for a CUDA estimate wherever the model
+    is, so ``device`` defaults to ``"cuda"`` with it; a CPU ``device`` beside a GPU kind is one error saying what to
+    write.
+
+    Example:
+        >>> asked_device("A100-40GB", None), asked_device(None, None), asked_device(None, "cpu")
+        ('cuda', None, 'cpu')
+        >>> asked_device("A100-40GB", "cpu")
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: gpu='A100-40GB' names the GPU a CUDA estimate is for, and device='cpu' asks for ...
+    """
+    if gpu is None:
+        return device
+    if device is None:
+        return "cuda"
+    if torch.device(device).type != "cuda":
+        raise MemlabError(f"gpu={getattr(gpu, 'name', gpu)!r} names the GPU a CUDA estimate is for, and "
+                          f"device={str(device)!r} asks for a "
+                          "CPU one; write device='cuda' (or leave it out) for that GPU, or drop gpu= to estimate for "
+                          "the CPU")
+    return device
 
 
 def kernels_device(target: torch.device) -> torch.device:

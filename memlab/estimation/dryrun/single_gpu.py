@@ -127,7 +127,7 @@ def estimate_plans(
         >>> [t.status for t in report], [t.estimated for t in report]
         (['ok', 'ok'], [True, True])
     """
-    from memlab.estimation.request import asked_device
+    from memlab.estimation.cuda.devices import asked_device
 
     device = asked_device(gpu, device)  # a GPU kind named is a CUDA estimate, wherever the model is
     if is_inference(plans):
