@@ -75,7 +75,7 @@ def live_target(
     gets the examples it needs). Nothing on the trainer changes. The trainer's kind (:func:`memlab.trainer.kinds.
     kind_of`) decides what differs: its own batch (``make_batch``), and with ``generation=True`` (``measure``,
     ``compare``, ``fit``) its own step (``target``: TRL's GRPOTrainer generates first,
-    :func:`memlab.runner.grpo.grpo_target`); the entry points that do not run that step leave it out, and the
+    :func:`memlab.trainer.kinds.TrainerKind.target`); the entry points that do not run that step leave it out, and the
     trainer is refused with what works.
 
     Example:
@@ -87,9 +87,10 @@ a transformers Trainer, whose train dataset memlab reads
     """
     if not is_trainer(model_or_trainer):
         if generation and isinstance(batch, GRPOPrompts):  # a GRPO target's batch carries its trainer (the panel's)
-            from memlab.runner.grpo import grpo_target
-
-            return grpo_target(batch.source.trainer, loss_fn)
+            trainer = batch.source.trainer
+            own_step = kind_of(trainer).target
+            assert own_step is not None  # a GRPOTrainer's kind declares its step
+            return cast(LiveTarget, own_step(trainer, loss_fn))
         if batch is None:
             raise MemlabError(
                 "no batch was given; pass one (a dict of tensors, a tensor or a tuple), or pass a transformers "
