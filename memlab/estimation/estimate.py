@@ -30,7 +30,8 @@ from memlab.estimation.configs import KNOWN_SHAPES, load_config, meta_model, par
 from memlab.estimation.cuda.gpus import GpuKind
 from memlab.estimation.dryrun.fake import BLIND_SPOTS, fake_batch
 from memlab.estimation.dryrun.single_gpu import adamw8bit_state_bytes, estimate_inference, estimate_plans
-from memlab.estimation.request import EstimateRequest, route
+from memlab.estimation.request import EstimateRequest
+from memlab.estimation.routes import route
 from memlab.live.batch import LossFn
 from memlab.plan import Plan
 from memlab.report import Trial

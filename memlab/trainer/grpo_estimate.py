@@ -215,7 +215,7 @@ def _asked(request: Any) -> Any:
 def _training_step(request: Any, settings: VLLMSettings | None) -> tuple[Trial, GRPOSource, Any]:
     """The policy's training step on one optimizer step's generations, estimated (with the source read and the
     request as answered: on the card where a vLLM engine shares it)."""
-    from memlab.estimation.request import route
+    from memlab.estimation.routes import route
     from memlab.trainer.entry import split_plans
 
     trainer = request.model

@@ -14,7 +14,8 @@ import yaml
 import memlab
 from memlab import Plan
 from memlab.errors import MemlabError
-from memlab.estimation.request import EstimateRequest, route_name
+from memlab.estimation.request import EstimateRequest
+from memlab.estimation.routes import route_name
 
 STRATEGIES = ("fsdp1", "fsdp2", "zero2", "zero3")
 SHAPES = {"input_ids": (2, 32), "labels": (2, 32)}

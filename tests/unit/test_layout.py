@@ -385,7 +385,8 @@ def test_every_estimate_route_takes_the_one_request() -> None:
     import inspect
     import typing
 
-    from memlab.estimation.request import ROUTES, EstimateRequest, route
+    from memlab.estimation.request import EstimateRequest
+    from memlab.estimation.routes import ROUTES, route
 
     assert set(ROUTES) == {"one_gpu", "sharded", "inference", "trainer"}
     for name, function in {**ROUTES, "route": route}.items():

@@ -9,5 +9,5 @@ activations (:mod:`.zero`), adapters, quantized loads and the chunked loss shard
 Assumes data parallelism over identical GPUs, the engines' defaults where the plan says nothing (accelerate's FSDP2
 wrapping, DeepSpeed's bucket sizes: :mod:`memlab.live.sharding`), and ``batch`` as what one GPU sees per micro-step.
 memlab never shards anything itself. Builds on ``dryrun/``, ``depth/`` and ``cuda/``; only the entry's routes
-(:mod:`memlab.estimation.request`) call it.
+(:mod:`memlab.estimation.routes`) call it.
 """

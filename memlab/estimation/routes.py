@@ -1,0 +1,178 @@
+"""The routes of an estimate, each a function of the one :class:`~memlab.estimation.request.EstimateRequest`
+(:data:`ROUTES`), and :func:`route`, which checks a request and runs it down its route:
+
+- ``"trainer"``: a ``transformers.Trainer`` in the model's place; its model, ``compute_loss`` and worst batch make
+  a new request, which goes down one of the routes below;
+- ``"inference"``: an :class:`memlab.InferencePlan` on one device;
+- ``"sharded"``: training sharded over ``gpus`` GPUs (:mod:`memlab.estimation.sharded.per_gpu`);
+- ``"one_gpu"``: training on one device (:mod:`memlab.estimation.dryrun.single_gpu`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+from memlab.errors import MemlabError
+from memlab.estimation.cuda.allocator import assumed_allocator
+from memlab.estimation.cuda.context import card_context
+from memlab.estimation.cuda.devices import asked_device
+from memlab.estimation.cuda.gpus import gpu_kind
+from memlab.estimation.request import EstimateRequest
+from memlab.live.sharding import check_sharding
+from memlab.options import parse_host_budget
+from memlab.plan import Plan
+from memlab.report import Trial
+from memlab.techniques.offload import PARAMS_NEED_SHARDING
+from memlab.techniques.precompute_ref import step_refusal
+from memlab.techniques.vllm import no_engine
+
+if TYPE_CHECKING:
+    from memlab.inference.plan import InferencePlan
+
+__all__ = ["ROUTES", "Route", "gpu_refusal", "route", "route_name"]
+
+
+Route = Callable[[EstimateRequest], Trial]
+
+
+def _trainer(request: EstimateRequest) -> Trial:
+    """A Trainer in the model's place: its model, loss and (without a batch) worst batch, then the other routes; a
+    trainer kind with a dry run of its own (:func:`memlab.trainer.kinds.kind_of`), that one: a GRPO trainer's step
+    with its generation (:mod:`memlab.trainer.grpo_estimate`)."""
+    from memlab.trainer.entry import live_target, noted, split_plans
+    from memlab.trainer.kinds import kind_of
+    from memlab.trainer.reference import with_reference
+
+    kind = kind_of(request.model)
+    if kind.estimate is not None:
+        return cast(Trial, kind.estimate(request))
+
+    batch, plan = split_plans(request.batch, request.plan)
+    target = live_target(request.model, batch, request.loss_fn)
+    inner = request.replace(model=target.model, batch=target.batch, loss_fn=target.loss_fn,
+                            plan=target.plan_for(plan))
+    return cast(Trial, with_reference(noted([route(inner)], target.note)[0], request.model))
+
+
+def _inference(request: EstimateRequest) -> Trial:
+    """An :class:`memlab.InferencePlan` on one device."""
+    from memlab.estimation.dryrun.single_gpu import estimate_inference
+
+    if request.sharded or request.gpus != 1:
+        raise MemlabError("an InferencePlan is estimated on one device; drop gpus= and strategy=")
+    inference = cast("InferencePlan", request.plan)
+    return card_context(estimate_inference(request.model, request.batch, [inference], loss_fn=request.loss_fn,
+                                           budget=request.budget, device=request.device, gpu=request.gpu,
+                                           load=request.load)[0], request.gpu)
+
+
+def _sharded(request: EstimateRequest) -> Trial:
+    """Training sharded over ``gpus`` GPUs: the per-GPU estimate of :mod:`memlab.estimation.sharded.per_gpu`."""
+    from memlab.estimation.sharded.per_gpu import sharded_estimate
+
+    if isinstance(request.plan, Plan) and no_engine(request.plan):
+        raise MemlabError(no_engine(request.plan))
+    return sharded_estimate(request)
+
+
+def _one_gpu(request: EstimateRequest) -> Trial:
+    """Training on one device."""
+    from memlab.estimation.dryrun.single_gpu import estimate_plans
+
+    plan = request.training_plan
+    if isinstance(plan, Plan) and plan.offload == "params":
+        raise MemlabError(PARAMS_NEED_SHARDING)
+    if isinstance(plan, Plan) and no_engine(plan):  # a GRPOTrainer's engine is read by its route, never here
+        raise MemlabError(no_engine(plan))
+    if isinstance(plan, Plan) and step_refusal(plan, request.loss_fn):  # a DPOTrainer's loss takes precompute_ref
+        raise MemlabError(step_refusal(plan, request.loss_fn))
+    trial = estimate_plans(request.model, request.batch, [plan], loss_fn=request.loss_fn, budget=request.budget,
+                           lr=request.lr, device=request.device, gpu=request.gpu, load=request.load)[0]
+    return card_context(trial, request.gpu)
+
+
+ROUTES: dict[str, Route] = {"trainer": _trainer, "inference": _inference, "sharded": _sharded, "one_gpu": _one_gpu}
+"""Every route an estimate can take, each a function of the one :class:`EstimateRequest`."""
+
+
+def route_name(request: EstimateRequest) -> str:
+    """Which of :data:`ROUTES` a request takes: a Trainer first, then an inference plan, then the sharding.
+
+    Example:
+        >>> route_name(EstimateRequest("llama-7b", {}, Plan(), gpus=2, strategy="zero3"))
+        'sharded'
+        >>> route_name(EstimateRequest("llama-7b", {}, Plan()))
+        'one_gpu'
+    """
+    from memlab.estimation.dryrun.single_gpu import is_inference
+    from memlab.trainer.source import is_trainer
+
+    if is_trainer(request.model):
+        return "trainer"
+    if request.batch is None:
+        raise MemlabError(
+            "no batch was given; write the shapes, e.g. memlab.estimate(config, {'input_ids': (1, 512), "
+            "'labels': (1, 512)}, plan), or pass a transformers Trainer"
+        )
+    if is_inference(request.plan):
+        return "inference"
+    return "sharded" if check_sharding(request.gpus, request.strategy)[1] != "none" else "one_gpu"
+
+
+def gpu_refusal(request: EstimateRequest, *, inference: bool = False) -> str:
+    """What the GPU kind a CUDA estimate is for cannot run of the request's plan, saying what to write (``""`` where
+    it can run it, and for a CPU estimate): bf16 on a GPU without it, as a trial on that GPU refuses it
+    (:func:`memlab.techniques.precision.bf16_refusal`).
+
+    Example:
+        >>> "; write precision='fp16'" in gpu_refusal(EstimateRequest("llama-7b", {}, Plan(precision="bf16"),
+        ...                                                           gpu="T4-16GB"))
+        True
+        >>> gpu_refusal(EstimateRequest("llama-7b", {}, Plan(precision="bf16"), gpu="T4-16GB", device="cpu"))
+        ''
+    """
+    from memlab.estimation.cuda.devices import target_device
+    from memlab.techniques.precision import bf16_refusal
+
+    if isinstance(request.plan, (list, tuple)) or target_device(request.model, request.device).type != "cuda":
+        return ""
+    kind = gpu_kind(request.gpu)
+    return bf16_refusal(kind.capability, kind.name, precision=getattr(request.plan, "precision", None),
+                        weights=getattr(request.plan, "weights", None) if inference else None)
+
+
+def route(request: EstimateRequest) -> Trial:
+    """The request checked and run down its route (:func:`route_name`).
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        ...                      num_attention_heads=2, vocab_size=256)
+        >>> trial = route(EstimateRequest(config, {"input_ids": (1, 16), "labels": (1, 16)}, Plan(), device="cpu"))
+        >>> trial.status, trial.estimated
+        ('ok', True)
+    """
+    gpu_kind(request.gpu)  # an unknown GPU is refused before anything is built
+    request = request.replace(device=asked_device(request.gpu, request.device))
+    if isinstance(request.plan, (list, tuple)):
+        raise MemlabError(
+            "estimate takes one plan, and this is a list; write memlab.estimate(model, batch, plan) for each, or "
+            "estimate_plans(model, batch, [...]) for all (from memlab.estimation.estimate import estimate_plans)"
+        )
+    if not isinstance(request.expandable_segments, bool):
+        raise MemlabError(f"expandable_segments={request.expandable_segments!r} is not True or False; write "
+                          "expandable_segments=True for PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or leave "
+                          "it out for PyTorch's default allocator")
+    host_budget = parse_host_budget(request.host_budget)
+    name = route_name(request)
+    if name != "trainer":  # a trainer's own route comes back here with its model and plan
+        refusal = gpu_refusal(request, inference=name == "inference")
+        if refusal:
+            raise MemlabError(refusal)
+    # the keyword or the plan's lever: every allocator model the route makes assumes them
+    expandable = request.expandable_segments or getattr(request.plan, "expandable_segments", False) is True
+    with assumed_allocator(expandable):
+        trial = ROUTES[name](request.checked() if name in ("sharded", "one_gpu") else request)
+    return trial if host_budget is None else dataclasses.replace(trial, host_budget=host_budget)
