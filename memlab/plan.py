@@ -11,8 +11,8 @@ from typing import Any, Protocol, TypeVar
 from memlab.errors import MemlabError, unknown_name
 from memlab.sizes import format_bytes as format_bytes
 from memlab.sizes import parse_budget as parse_budget
+from memlab.techniques.adapters import LORA_RANK_DEFAULT
 from memlab.techniques.lever import LeverSpec, check_levers, lever_specs
-from memlab.techniques.levers_model import LORA_RANK_DEFAULT
 from memlab.techniques.offload import offloads
 from memlab.techniques.registry import REGISTRY, conflicts
 

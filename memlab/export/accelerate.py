@@ -274,7 +274,7 @@ def fsdp2_torch_script(
     if plan.checkpointing:
         lines.append('model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})')
     if plan.adapter == "lora":  # peft's adapters before sharding: FSDP2 shards frozen and trained weights alike
-        from memlab.techniques.levers_model import lora_config_code
+        from memlab.techniques.adapters import lora_config_code
 
         lines += ["from peft import LoraConfig, get_peft_model",
                   f"model = get_peft_model(model, {lora_config_code(plan)})"]

@@ -336,7 +336,7 @@ def optimizer_step(code: Code, indent: str, zero_grad: str) -> list[str]:
 
 
 def peft_config(plan: Plan, model: Any = None) -> Any:
-    """The ``peft.LoraConfig`` of an adapter plan (:func:`memlab.techniques.levers_model.lora_settings`): rank
+    """The ``peft.LoraConfig`` of an adapter plan (:func:`memlab.techniques.adapters.lora_settings`): rank
     ``plan.lora_rank``, alpha ``plan.lora_alpha`` (None: twice the rank), dropout ``plan.lora_dropout``, on the
     plan's ``lora_targets``.
 

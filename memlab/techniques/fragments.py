@@ -65,7 +65,7 @@ class Elsewhere:
 @dataclass(frozen=True)
 class Lora:
     """The adapter's ``peft.LoraConfig`` keywords, given the model the config is for (or None): what
-    :func:`memlab.techniques.levers_model.lora_settings` writes."""
+    :func:`memlab.techniques.adapters.lora_settings` writes."""
 
     settings: Callable[[Any], Mapping[str, Any]]
 
@@ -73,7 +73,7 @@ class Lora:
 @dataclass(frozen=True)
 class InLoraConfig:
     """The lever is a keyword of the adapter's ``LoraConfig`` (as ``lora_settings`` writes it): every export
-    carries it inside the adapter's config (:func:`memlab.techniques.levers_model.in_lora_config`)."""
+    carries it inside the adapter's config (:func:`memlab.techniques.adapters.in_lora_config`)."""
 
     keyword: str
 

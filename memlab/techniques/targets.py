@@ -1,7 +1,7 @@
 """What LoRA trains on a model (:func:`lora_targets_on`): the layers it adapts, the fused expert parameters peft
 adapts in their place, and the new task heads trained whole (peft's ``modules_to_save``). It is the one computation
 that measurement (:mod:`memlab.techniques.adapters`) and the peft export (:func:`memlab.export.peft_config` with a
-model, through :func:`memlab.techniques.levers_model.lora_settings`) both read, so the export trains what the trial
+model, through :func:`memlab.techniques.adapters.lora_settings`) both read, so the export trains what the trial
 trained. It imports neither :mod:`memlab.plan` nor peft at import time, so the exports can use it."""
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def test_to_codes_4bit_layers_are_the_ones_the_trial_quantizes(make: str) -> Non
     is already in 4-bit without touching it."""
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from memlab.techniques.levers_model import quantize_code
+    from memlab.techniques.adapters import quantize_code
 
     if make == "gpt2":
         model = tiny_gpt2()

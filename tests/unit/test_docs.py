@@ -1,5 +1,6 @@
 """Issue 49: the README reads in two minutes and every link in it resolves; the benchmark tables on the site are
-the committed results (moved here from the README's tests); no file of the project is over 600 lines.
+the committed results (moved here from the README's tests); no page of the project is over 600 lines, no module over
+900.
 
 The site itself is built, with warnings as errors, by ``.ci/run`` and, reduced, by
 ``tests/jupyter/test_browser_docs.py``.
@@ -25,7 +26,9 @@ SETUP_COMMANDS = (
     "pip install torch==2.13.0 -e . && memlab demo",
     'pip install torch==2.13.0 -e ".[test]" && python -m pytest -q',  # .ci/run reads this line
 )
-MAX_LINES = 600
+MAX_LINES = {".md": 600, ".py": 900}
+"""A page longer than 600 lines is two pages; a module's cap is high enough that no concept is cut to fit it (a
+lever whole in its module: issue 72), and test_layout.py holds memlab's modules to the same figure."""
 TOO_LONG_FOR_NOW: set[str] = set()  # a file that must stay longer for a while is named here, with why
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -168,14 +171,14 @@ def _project_files() -> list[str]:
     return [str(path.relative_to(ROOT)) for path in ROOT.rglob("*") if path.is_file() and not skip & set(path.parts)]
 
 
-def test_no_file_of_the_project_is_over_600_lines() -> None:
+def test_no_file_of_the_project_is_over_its_cap() -> None:
     lengths = {
         name: len((ROOT / name).read_text(encoding="utf-8", errors="replace").splitlines())
         for name in _project_files()
         if name.endswith((".py", ".md"))
     }
     assert len(lengths) > 100, "the project's files were not found"
-    too_long = {name: lines for name, lines in lengths.items() if lines > MAX_LINES}
+    too_long = {name: lines for name, lines in lengths.items() if lines > MAX_LINES[Path(name).suffix]}
     assert set(too_long) <= TOO_LONG_FOR_NOW, {n: lines for n, lines in too_long.items() if n not in TOO_LONG_FOR_NOW}
     split = sorted(TOO_LONG_FOR_NOW - set(too_long))
-    assert not split, f"now under {MAX_LINES} lines: take them off TOO_LONG_FOR_NOW in this test: {split}"
+    assert not split, f"now under their cap ({MAX_LINES}): take them off TOO_LONG_FOR_NOW in this test: {split}"

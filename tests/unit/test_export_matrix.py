@@ -32,6 +32,7 @@ from memlab.errors import MemlabError
 from memlab.export import deepspeed_config, peft_config, pytorch_code, training_arguments
 from memlab.export.accelerate import accelerate_config, accelerate_script
 from memlab.plan import Plan
+from memlab.techniques.adapters import lora_settings
 from memlab.techniques.attention import unavailable
 from memlab.techniques.checkpointing import checkpoint_blocks, checkpointed_blocks, chosen_blocks
 from memlab.techniques.fragments import (
@@ -44,7 +45,6 @@ from memlab.techniques.fragments import (
     Keys,
     Lora,
 )
-from memlab.techniques.levers_model import lora_settings
 from memlab.techniques.registry import REGISTRY, refusals
 
 transformers = pytest.importorskip("transformers")

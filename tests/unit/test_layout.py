@@ -72,7 +72,7 @@ def test_the_run_keywords_are_the_run_options() -> None:
 
 # --- The shape of the package: what CONTRIBUTING.md's map shows is what the code is. ---
 
-MAX_MODULE_LINES = 600
+MAX_MODULE_LINES = 900  # high enough that no concept is cut to fit it (a lever whole in its module: issue 72)
 MAX_TOP_LEVEL_MODULES = 5  # besides __init__ and __main__
 MAX_CIRCLE = 3
 # The export modules count as one: Plan.to_* calls them and they read the Plan, a circle by design.
@@ -324,7 +324,7 @@ def test_the_exports_never_import_estimation() -> None:
     assert _imports_into(import_graph(), "memlab.export", ("memlab.estimation",)) == []
 
 
-def test_no_module_is_over_600_lines() -> None:
+def test_no_module_is_over_the_cap() -> None:
     long = {
         str(path.relative_to(PACKAGE)): n
         for path in PACKAGE.rglob("*.py")

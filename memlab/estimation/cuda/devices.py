@@ -45,27 +45,14 @@ def target_device(model_or_config: Any, device: str | torch.device | None) -> to
 
 def asked_device(gpu: Any, device: str | torch.device | None) -> str | torch.device | None:
     """The device an estimate is asked for: a GPU kind named (``gpu=``) asks for a CUDA estimate wherever the model
-    is, so ``device`` defaults to ``"cuda"`` with it; a CPU ``device`` beside a GPU kind is one error saying what to
-    write.
+    is, so ``device`` defaults to ``"cuda"`` with it; a ``device`` given is kept (``device="cpu"`` estimates for the
+    CPU, as memlab's own CPU searches ask with the kind their budget caps).
 
     Example:
-        >>> asked_device("A100-40GB", None), asked_device(None, None), asked_device(None, "cpu")
+        >>> asked_device("A100-40GB", None), asked_device(None, None), asked_device("A100-40GB", "cpu")
         ('cuda', None, 'cpu')
-        >>> asked_device("A100-40GB", "cpu")
-        Traceback (most recent call last):
-        ...
-        memlab.errors.MemlabError: gpu='A100-40GB' names the GPU a CUDA estimate is for, and device='cpu' asks for ...
     """
-    if gpu is None:
-        return device
-    if device is None:
-        return "cuda"
-    if torch.device(device).type != "cuda":
-        raise MemlabError(f"gpu={getattr(gpu, 'name', gpu)!r} names the GPU a CUDA estimate is for, and "
-                          f"device={str(device)!r} asks for a "
-                          "CPU one; write device='cuda' (or leave it out) for that GPU, or drop gpu= to estimate for "
-                          "the CPU")
-    return device
+    return "cuda" if gpu is not None and device is None else device
 
 
 def kernels_device(target: torch.device) -> torch.device:
