@@ -99,6 +99,23 @@ def answer_one(name: str) -> dict[str, Any]:
     return result
 
 
+def markdown(questions: dict[str, Any]) -> str:
+    """The table of the docs: each question's wall and CPU seconds beside the issue's target, and its answer."""
+    from benchmarks.common import markdown_table
+
+    rows = []
+    for name, row in questions.items():
+        answer = row.get("answer") or {}
+        if "value" in answer:
+            said = f"{answer['value']} (next {answer['next']}, {answer['sizes_tried']} sizes, {answer['budget']})"
+        elif "card_bytes" in answer:
+            said = f"card {answer['card_bytes'] / 2**30:.2f} GiB"
+        else:
+            said = "the table, as the command prints it" if row.get("exit_status") in (0, 1) else "failed"
+        rows.append([name, row["wall_s"], row["cpu_s"], row["load_1min_before"], row["target_s"], said])
+    return markdown_table(["question", "wall s", "CPU s", "load", "target s", "answer"], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="ask only the questions whose name contains this")
@@ -133,9 +150,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {row['wall_s']} s wall, {row['cpu_s']} s CPU (load {row['load_1min_before']}), "
                   f"{row.get('answer') or row['output_tail'][-1:]}", file=sys.stderr)
     import platform
+    import subprocess
 
-    payload = {"benchmark": "grpo_timing", "device": "cpu", "machine": platform.processor() or platform.machine(),
-               "cores": os.cpu_count(), "gpu_asked": GPU, "questions": results}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "status", "--porcelain", "memlab"], cwd=ROOT, capture_output=True, text=True).stdout
+    payload = {"benchmark": "grpo_timing", "date": time.strftime("%Y-%m-%d"), "commit": commit.strip(),
+               "memlab_changed_since_commit": bool(dirty.strip()), "device": "cpu",
+               "machine": platform.processor() or platform.machine(),
+               "cores": os.cpu_count(), "gpu_asked": GPU, "questions": results, "markdown": markdown(results)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     print(args.out)
