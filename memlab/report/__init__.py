@@ -10,11 +10,17 @@
   (:mod:`memlab.report.svg_layout`, :mod:`memlab.report.svg_panels`, :mod:`memlab.report.svg`), text, plotly JSON.
 - :mod:`memlab.report.format`: one-line messages, seconds and rates as text.
 
-Tables and figures are imported when first drawn, so ``import memlab`` imports neither pandas nor plotly.
+The data never imports its views: :mod:`memlab.report.views` holds them by name, and this package imports the view
+modules, each registering its functions. Pandas and plotly are imported when first drawn, so ``import memlab``
+imports neither.
 """
 
 from __future__ import annotations
 
+# The view modules register their functions as they are imported (memlab.report.views): the data asks for them by name.
+from memlab.report import figure as _figure  # noqa: F401 - registers Report.plot's figure
+from memlab.report import tables as _tables  # noqa: F401 - registers the text and HTML tables
+from memlab.report import timeline_figure as _timeline_figure  # noqa: F401 - registers the timelines' figures
 from memlab.report.data import CATEGORIES, INFERENCE_CATEGORIES, STATUSES, Report, Trial
 from memlab.report.format import format_rate, format_seconds, one_line
 from memlab.report.inference_trial import InferenceTrial

@@ -18,6 +18,7 @@ from memlab.errors import MemlabError
 from memlab.measure.tracker import CATEGORIES, INFERENCE_CATEGORIES
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.report.noise import runs_speed_interval
+from memlab.report.views import view
 
 if TYPE_CHECKING:
     import pandas
@@ -531,9 +532,7 @@ class Report:
             Best: plain (peak 2.0 KiB, 16.0 samples/s)
             Device: cpu
         """
-        from memlab.report.tables import text_table
-
-        return text_table(self)
+        return view("text_table")(self)  # type: ignore[no-any-return]
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         """IPython's plain-text view (a terminal, or text/plain): the table rather than the dataclass fields."""
@@ -544,9 +543,7 @@ class Report:
 
     def _repr_html_(self) -> str:
         """An HTML table: sizes in KiB/MiB/GiB, the best row highlighted, OOM rows marked "does not fit"."""
-        from memlab.report.tables import html_table
-
-        return html_table(self)
+        return view("html_table")(self)  # type: ignore[no-any-return]
 
     def plot(self, kind: str = "comparison") -> Any:  # a plotly.graph_objects.Figure; plotly imported only here
         """A plotly figure: samples/s per plan (left) and peak memory by category per plan (right); with
@@ -569,15 +566,11 @@ class Report:
             ['samples/s', 'marks']
         """
         if kind == "timeline":
-            from memlab.report.timeline_figure import report_timelines
-
-            return report_timelines(self)
+            return view("report_timelines")(self)
         if kind != "comparison":
             raise MemlabError(f"plot(kind={kind!r}) is not a figure memlab draws; write kind='comparison' or "
                               "kind='timeline'")
-        from memlab.report.figure import report_figure
-
-        return report_figure(self)
+        return view("report_figure")(self)
 
 
 def speed_range(trial: Trial) -> tuple[float, float]:

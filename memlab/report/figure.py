@@ -46,6 +46,7 @@ from memlab.report.verdicts import (
     verdict_words,
     verdicts,
 )
+from memlab.report.views import register_views
 from memlab.techniques.precision import BF16_ON_CPU, BF16_ON_CPU_SHORT
 
 __all__ = ["BEST_COLOR", "BUDGET_COLOR", "CATEGORY_COLORS", "DOES_NOT_FIT_COLOR", "HATCH", "TIE_COLOR",
@@ -555,3 +556,6 @@ def figure_data(report: Report, categories: tuple[str, ...] | None = None) -> di
         "budget_mib": None if report.budget is None else report.budget / _MIB,
         "unit": "MiB",
     }
+
+
+register_views(report_figure=report_figure)

@@ -19,6 +19,7 @@ from memlab.report.format import format_rate, one_line, over_words, verdict_text
 from memlab.report.host import host_lines, host_reason
 from memlab.report.noise import relative_half_width
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, run_labels
+from memlab.report.views import register_views
 
 __all__ = [
     "BEST_MARK", "TIE_MARK", "card_line", "card_text", "footer_lines", "headers", "held_line", "html_table", "in_unit",
@@ -585,3 +586,6 @@ def status_text(trial: Trial, fits: bool) -> str:
     if not fits:
         return f"does not fit ({over_words(trial)})"
     return "ok (estimate)" if trial.estimated else "ok"
+
+
+register_views(text_table=text_table, html_table=html_table)

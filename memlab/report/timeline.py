@@ -27,6 +27,7 @@ import numpy as np
 
 from memlab.errors import MemlabError
 from memlab.measure.timeline import BEFORE_STEP, Recording
+from memlab.report.views import view
 
 __all__ = ["MAX_POINTS", "MODEL_ITSELF", "OUTSIDE", "Timeline", "TimelinePeak"]
 
@@ -281,9 +282,7 @@ class Timeline:
             >>> Timeline(("other",), [0, 1], {"other": [0, 2]}, [("forward", 0, 1)], peak).plot().layout.title.text
             'peak 2 B: forward of fc'
         """
-        from memlab.report.timeline_figure import timeline_figure
-
-        return timeline_figure([self])
+        return view("timeline_figure")([self])
 
     def to_svg(self) -> str:
         """The static figure (SVG) that a notebook keeps: the same drawing as :meth:`plot`, no plotly needed.
@@ -293,9 +292,7 @@ class Timeline:
             >>> Timeline(("other",), [0, 1], {"other": [0, 2]}, [("forward", 0, 1)], peak).to_svg()[:4]
             '<svg'
         """
-        from memlab.report.timeline_figure import timelines_svg
-
-        return timelines_svg([self])
+        return view("timelines_svg")([self])  # type: ignore[no-any-return]
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         return {"text/plain": f"Timeline: peak {self.peak.bytes} bytes, {self.peak.description}",

@@ -19,6 +19,7 @@ from memlab.plan import format_bytes
 from memlab.report.colors import CATEGORY_COLORS
 from memlab.report.svg import Svg, axis_number, nice_ticks, px
 from memlab.report.timeline import Timeline
+from memlab.report.views import register_views
 
 if TYPE_CHECKING:
     from memlab.report.data import Report
@@ -301,3 +302,6 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
     svg.text(_LEFT + inner, height - 8, "allocation events in the step", anchor="end", size=10)
     title = "; ".join(timeline_title(t) for t in timelines)
     return svg.document(_WIDTH, height, title, defs="")
+
+
+register_views(report_timelines=report_timelines, timeline_figure=timeline_figure, timelines_svg=timelines_svg)
