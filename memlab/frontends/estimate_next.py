@@ -46,9 +46,11 @@ def plan_try(plan: Any) -> list[str]:
     return items
 
 
-def command_for(args: argparse.Namespace, tries: Sequence[str], *, gpus: str | None = None) -> str:
+def command_for(args: argparse.Namespace, tries: Sequence[str], *, gpus: str | None = None,
+                options: Sequence[str] | None = None) -> str:
     """The ``memlab estimate`` command the user wrote, with ``tries`` as its ``--try`` and ``gpus`` as ``--gpus``
-    (None: none).
+    (None: none). ``options``: the words that say the step instead of ``--batch`` (a TRL trainer's own options,
+    ``--trainer grpo --beta 0 ...``: :func:`memlab.frontends.trainer_cli.trainer_command`).
 
     Example:
         >>> args = argparse.Namespace(model="llama-7b", config=None, batch="1x512", budget="24GiB", gpu=None,
@@ -57,11 +59,17 @@ def command_for(args: argparse.Namespace, tries: Sequence[str], *, gpus: str | N
         'memlab estimate llama-7b --batch 1x512 --budget 24GiB --try adapter=lora'
         >>> command_for(args, [], gpus="auto")
         'memlab estimate llama-7b --batch 1x512 --budget 24GiB --gpus auto'
+        >>> command_for(args, ["checkpointing=on"], options=["--trainer", "grpo", "--beta", "0"])
+        'memlab estimate llama-7b --trainer grpo --beta 0 --budget 24GiB --try checkpointing=on'
     """
     words = ["memlab", "estimate", args.model]
-    for option, value in (("--config", args.config), ("--batch", args.batch), ("--budget", args.budget)):
+    step = [("--batch", args.batch)] if options is None else []
+    for option, value in (("--config", args.config), *step):
         if value is not None:
             words += [option, str(value)]
+    words += list(options or [])
+    if args.budget is not None:
+        words += ["--budget", str(args.budget)]
     words += gpu_flags(args)
     if getattr(args, "device", None) is not None:
         words += ["--device", args.device]

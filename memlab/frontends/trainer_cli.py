@@ -25,7 +25,7 @@ from memlab.errors import MemlabError
 from memlab.frontends.cli_errors import DEFAULT_BATCH
 
 __all__ = ["DPO_ONLY", "GRPO_ONLY", "add_trainer_arguments", "asks_trainer", "build_trainer", "keeps_whole_answer",
-           "run_trainer", "word_tokenizer"]
+           "run_trainer", "trainer_command", "word_tokenizer"]
 
 GRPO_ONLY = ("num_generations", "max_completion_length", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
 """The options (as ``args`` names them) only a GRPOTrainer takes."""
@@ -113,17 +113,57 @@ def _check(args: argparse.Namespace) -> None:
     if getattr(args, "vllm_enable_sleep_mode", None) and getattr(args, "vllm_gpu_memory_utilization", None) is None:
         raise MemlabError("--vllm-enable-sleep-mode puts a colocated vLLM engine to sleep; add "
                           "--vllm-gpu-memory-utilization 0.3 (its share of the card)")
-    plain = {"--try": bool(args.try_), "--gpus": args.gpus is not None,
+    _check_tries(args)
+    plain = {"--gpus": args.gpus is not None,
              "--strategy": args.strategy not in (None, "none"), "--max-tokens": bool(args.max_tokens),
              "--max-rows": bool(args.max_rows), "--batch": args.batch is not DEFAULT_BATCH}
     load = {"--load-in-4bit": args.load_in_4bit, "--load-in-8bit": args.load_in_8bit}
     for option, set_ in {**plain, **load}.items():
         if set_:
-            instead = {"--batch": "--per-device-train-batch-size 8 and --prompt-length 64",
-                       "--try": "the trainer's own options (memlab estimate --help, trainer)"}.get(
+            instead = {"--batch": "--per-device-train-batch-size 8 and --prompt-length 64"}.get(
                 option, "the question without it")
             raise MemlabError(f"{option} is not answered with --trainer {args.trainer} yet; write {instead}, or build "
                               "the trainer in Python: memlab.estimate(memlab.trainer_on_meta(...), gpu=...)")
+
+
+_ADAPTER_LEVERS = ("adapter", "lora_rank", "lora_targets", "lora_alpha", "lora_dropout")
+
+
+def _check_tries(args: argparse.Namespace) -> None:
+    """``--try``'s levers a trainer question cannot take (its own options say them), refused with what to write."""
+    from memlab.plan import parse_axes
+
+    if not getattr(args, "try_", None):
+        return
+    axes = parse_axes(args.try_)  # an unknown lever or value: its own error
+    trainer = args.trainer
+    split = [name for name in ("micro_batch", "accumulation") if name in axes]
+    if split:
+        raise MemlabError(f"--try {split[0]}=... is the trainer's batch split; write --per-device-train-batch-size N "
+                          "--gradient-accumulation-steps M instead (rows per micro-batch, micro-batches per optimizer "
+                          "step: the trainer's own options)")
+    if "qlora" in axes.get("adapter", ()):
+        raise MemlabError(f"--try adapter=qlora is not answered with --trainer {trainer} yet (a 4-bit base, as "
+                          "--load-in-4bit); write --lora 16 for LoRA adapters on the model as built, or build the "
+                          "trainer in Python: memlab.estimate(memlab.trainer_on_meta(...), gpu=...)")
+    adapter = [name for name in _ADAPTER_LEVERS if name in axes]
+    if adapter:
+        raise MemlabError(f"--try {adapter[0]}=... sets the trainer's adapters, which --lora sets; write --lora 16 "
+                          "(LoRA of rank 16 on all linear layers), or leave it out for full fine-tuning")
+    if "weights" in axes:
+        raise MemlabError("--try weights=... is the dtype the trainer's model is built in; write --dtype bf16 (or "
+                          "--dtype fp32)")
+    vllm = [name for name in ("vllm_memory", "vllm_sleep") if name in axes]
+    if vllm and trainer == "grpo":
+        raise MemlabError(f"--try {vllm[0]}=... is a setting of the colocated vLLM engine; write "
+                          "--vllm-gpu-memory-utilization 0.3 (and --vllm-enable-sleep-mode to put it to sleep while "
+                          "the policy trains)")
+    if vllm:
+        raise MemlabError(f"--try {vllm[0]}=... is a setting of --trainer grpo's vLLM engine, not --trainer "
+                          f"{trainer}; leave it out")
+    if "precompute_ref" in axes and trainer != "dpo":
+        raise MemlabError(f"--try precompute_ref=... is a setting of --trainer dpo (its reference log-probs computed "
+                          f"before training), not --trainer {trainer}; leave it out, or write --trainer dpo")
 
 
 def _dtype(args: argparse.Namespace, config: Any) -> Any:
@@ -372,6 +412,7 @@ def run_trainer(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
+    import dataclasses
     import tempfile
 
     from memlab.estimation.estimate import load_config
@@ -379,7 +420,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     from memlab.frontends.estimate_cli import budget_words, count_text, for_gpu, gpu_budget, json_with_verdicts
     from memlab.frontends.gpu_cli import cli_gpu
     from memlab.frontends.host_cli import host_judged
-    from memlab.plan import parse_budget
+    from memlab.plan import Plan, parse_budget, parse_grid
     from memlab.report import Report
 
     _check(args)
@@ -390,48 +431,283 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     say(f"reading the config of {source}")
     config = load_config(source)
     say(f"building the {args.trainer.upper()} trainer around the model on the meta device (shapes only, no memory)")
+    suggested: list[tuple[Any, str, str | None]] = []  # (trial, command, what it changes in the training)
     with tempfile.TemporaryDirectory(prefix="memlab-trainer-") as folder:
         trainer, settings = build_trainer(args, config, source, folder)
-        say(f"estimating the {args.trainer.upper()} step")
         import memlab
 
-        trial = memlab.estimate(trainer, gpu=cli_gpu(args), device=args.device, budget=budget)
+        own = Plan.from_trainer(trainer)
+        # --try: the trainer's own plan with the levers replaced; without it, the trainer as set up
+        plans: list[Any] = parse_grid(args.try_, base=own) if args.try_ else [None]
+        if len(plans) > 1:
+            say.expect(len(plans) - 1)
+        trials = []
+        for number, plan in enumerate(plans, start=1):
+            said = f" plan {number} of {len(plans)}: {plan.label()}" if args.try_ else ""
+            say(f"estimating the {args.trainer.upper()} step{said}")
+            trials.append(memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget))
+        for trial in trials:
+            if trial.status == "error" and "vllm_gpu_memory_utilization=" in str(trial.error):
+                raise MemlabError(_cli_words(str(trial.error)))
+        report = Report(host_judged(trials, args), budget=budget)
+        fits = any(report.fits(trial) for trial in report.trials)
+        if budget is not None and not fits:
+            suggested = _suggested(args, trainer, own, report, say)
     model = trainer.model
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     parameters = sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)
-    if trial.status == "error" and "vllm_gpu_memory_utilization=" in str(trial.error):
-        raise MemlabError(_cli_words(str(trial.error)))
-    report = Report(host_judged([trial], args), budget=budget)
-    trial = report.trials[0]
-    phases = _phase_peaks(trial)
-    peak_phase = trial.timeline.peak.phase if trial.timeline is not None else None
-    fits = report.fits(trial)
+    levers = [trial for trial, _, changes in suggested if changes is None]
     if args.json:
         import json
 
-        data = json.loads(json_with_verdicts(report))
+        everything = dataclasses.replace(report, suggestions=[trial for trial, _, _ in suggested])
+        data = json.loads(json_with_verdicts(everything))
+        for row, (_, command, changes) in zip(data["suggestions"], suggested, strict=True):
+            row["command"] = command
+            row["changes_training"] = changes
+        for row, trial in zip(data["trials"], report.trials, strict=True):
+            row["phases"] = _phase_peaks(trial)
+            row["peak_phase"] = trial.timeline.peak.phase if trial.timeline is not None else None
         data["trainer"] = {"kind": args.trainer, **{key: value for key, value in settings.items()}}
-        data["phases"] = phases
-        data["peak_phase"] = peak_phase
+        data["phases"] = data["trials"][0]["phases"]
+        data["peak_phase"] = data["trials"][0]["peak_phase"]
         print(json.dumps(data, indent=2, default=str), file=out)
     else:
         from memlab.frontends.estimate_text import single_text
 
+        report = dataclasses.replace(report, suggestions=levers)
         header = (f"{args.model}: {type(base).__name__}, {count_text(parameters)} parameters, "
-                  f"{_question(args, settings)}{for_gpu(args)}{budget_words(args, budget)}")
-        lines = single_text(args, header, report, budget, [])
-        if phases:  # before the table, after the verdict and the best
-            said = ", ".join(f"{name} {_bytes(nbytes)}" for name, nbytes in phases.items())
-            import textwrap
-
-            from memlab.frontends.estimate_text import WIDTH
-
-            at = lines.index("") if "" in lines else len(lines)
-            lines[at:at] = textwrap.wrap(f"Peak: in the {peak_phase} phase (each phase's highest: {said})",
-                                         WIDTH, subsequent_indent="  ")
+                  f"{_question(args, settings)}{_plans_words(plans)}{for_gpu(args)}{budget_words(args, budget)}")
+        after = _next_lines(args, suggested) if budget is not None and not fits else []
+        lines = single_text(args, header, report, budget, after)
+        peaks = _peak_lines(report.trials)
+        at = lines.index("") if "" in lines else len(lines)
+        lines[at:at] = peaks  # before the table, after the verdict and the best
         print("\n".join(lines), file=out)
     return estimate_status(fits=fits, judged=budget is not None or getattr(args, "host_budget", None) is not None,
-                           errors=int(trial.status == "error"))
+                           errors=sum(trial.status == "error" for trial in report.trials))
+
+
+def _plans_words(plans: list[Any]) -> str:
+    return f", {len(plans)} plans (--try)" if len(plans) > 1 else ""
+
+
+def _peak_lines(trials: list[Any]) -> list[str]:
+    """Where each plan's peak is: the phase that holds it and each phase's highest (one plan), or each plan's phase."""
+    import textwrap
+
+    from memlab.frontends.estimate_text import WIDTH
+
+    if len(trials) == 1:
+        phases = _phase_peaks(trials[0])
+        if not phases:
+            return []
+        said = ", ".join(f"{name} {_bytes(nbytes)}" for name, nbytes in phases.items())
+        peak_phase = trials[0].timeline.peak.phase
+        return textwrap.wrap(f"Peak: in the {peak_phase} phase (each phase's highest: {said})", WIDTH,
+                             subsequent_indent="  ")
+    said = "; ".join(f"{trial.label} in the {trial.timeline.peak.phase} phase" for trial in trials
+                     if trial.timeline is not None)
+    return textwrap.wrap(f"Peak: {said}", WIDTH, subsequent_indent="  ") if said else []
+
+
+_MULTIPLE = 64
+"""The completion lengths the CLI's GRPO suggestions try are multiples of this (fewer dry runs on a large model)."""
+
+
+def _suggested(args: argparse.Namespace, trainer: Any, own: Any, report: Any,
+               say: Any) -> list[tuple[Any, str, str | None]]:
+    """Where no plan fits: the lever combinations estimated to fit (the training the same), and, for GRPO where
+    none does, the GRPOConfig changes (they change the training); each with its command and, for a config change,
+    what it changes."""
+    import re
+
+    import memlab
+    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.frontends.gpu_cli import cli_gpu
+    from memlab.search.speed import speed_prior
+    from memlab.search.suggest import combinations, combined_suggestions
+
+    ran = [trial for trial in report.trials if trial.status == "ok"]
+    if not ran:
+        return []
+    lowest = min(ran, key=lambda trial: trial.verdict_bytes)
+    budget = report.budget
+    rows = int(own.micro_batch or 1) * int(own.accumulation)
+    prior = speed_prior("cpu" if args.device == "cpu" else "cuda")
+    half = "fp16" if args.device != "cpu" and not gpu_kind(cli_gpu(args)).bf16 else "bf16"
+    # The combinations the command cannot say (another dtype of the built model, QLoRA, adapters off...) are not
+    # estimated; they take no place among the few tried.
+    ordered = combinations(lowest, budget=budget, rows=rows, prior=prior, half=half)
+    unsaid = {plan for plan in ordered if _plan_options(plan, own) is None}
+    tries, said_ones = 4, 0  # dry runs of a large model take seconds each: the few most promising
+    for plan in ordered:
+        if said_ones >= 4:
+            break
+        if plan in unsaid:
+            tries += 1  # passed over, not estimated
+        else:
+            said_ones += 1
+    say.expect(4)
+    unsaid_labels = {plan.label() for plan in unsaid}
+
+    counted = iter(range(1, tries + 1))
+
+    def quiet(text: str) -> None:  # the combinations passed over unsaid, the others numbered among the 4
+        if text.rsplit(": ", 1)[-1] not in unsaid_labels:
+            say(re.sub(r"\d+ of at most \d+", f"{next(counted)} of at most 4", text, count=1))
+
+    def estimate(plans: list[Any]) -> list[Any]:
+        return [memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget)
+                for plan in plans if plan not in unsaid]
+
+    found = combined_suggestions(lowest, estimate, budget=budget, rows=rows, prior=prior, want=2, tries=tries,
+                                 say=quiet, half=half)
+    suggested: list[tuple[Any, str, str | None]] = []
+    for trial in found:
+        changes, tried = _plan_options(trial.plan, own) or ({}, [])
+        suggested.append((trial, trainer_command(args, changes, tried), None))
+    if suggested or args.trainer != "grpo":
+        return suggested
+    return _grpo_changes(args, trainer, own, lowest, budget, say)
+
+
+def _grpo_changes(args: argparse.Namespace, trainer: Any, own: Any, lowest: Any, budget: int,
+                  say: Any) -> list[tuple[Any, str, str | None]]:
+    """The GRPOConfig changes estimated to fit with ``lowest``'s plan (:func:`memlab.trainer.grpo_suggest.
+    grpo_suggestions`), each with its command and what it changes in the training."""
+    from memlab.frontends.gpu_cli import cli_gpu
+    from memlab.trainer.grpo_suggest import grpo_suggestions
+
+    completion = int(trainer.max_completion_length)
+    lengths = (completion - 1) // _MULTIPLE if completion > _MULTIPLE else completion - 1
+    say.expect(2 + max(1, lengths).bit_length() + max(0, int(trainer.num_generations) - 2))
+    say("estimating GRPOConfig changes that change the training (beta 0, a shorter max_completion_length, fewer "
+        "num_generations)")
+    found, _ = grpo_suggestions(trainer, lowest.plan, budget=budget, device=args.device, lr=1e-5,
+                                gpu=cli_gpu(args), multiple=_MULTIPLE)
+    base, tried = _plan_options(lowest.plan, own) or ({}, [])
+    suggested: list[tuple[Any, str, str | None]] = []
+    for trial in found:
+        note = trial.notes[0]
+        name, value = note.split("(", 1)[1].split(")", 1)[0].split("=", 1)
+        changes: dict[str, Any] = {**base, name: float(value) if name == "beta" else int(value)}
+        if name == "num_generations":  # the same prompts per step: the rows per device follow
+            rows = int(trainer.args.per_device_train_batch_size) * int(value) // int(trainer.num_generations)
+            changes["per_device_train_batch_size"] = rows
+        option = f"{_flag(name)} {float(value):g}" if name == "beta" else f"{_flag(name)} {value}"
+        what = f"{option}: {_cli_words(note.split('changes the training: ', 1)[-1])}"
+        suggested.append((trial, trainer_command(args, changes, tried), what))
+    return suggested
+
+
+def _next_lines(args: argparse.Namespace, suggested: list[tuple[Any, str, str | None]]) -> list[str]:
+    """The commands after the table where nothing fits: each suggestion's, what a config change changes."""
+    from memlab.report.tables import judged_text
+
+    levers = [(trial, command) for trial, command, changes in suggested if changes is None]
+    changes = [(trial, command, what) for trial, command, what in suggested if what is not None]
+    lines: list[str] = []
+    if levers:
+        lines.append("Next: estimated to fit, the training the same (levers outside what you tried):")
+        for trial, command in levers:
+            lines += [f"  {trial.label} ({judged_text(trial)}):", f"    {command}"]
+        return lines
+    if args.trainer != "grpo":
+        return ["Next: no combination of levers memlab estimated (8-bit Adam, Adafactor, checkpointing, micro-batches, "
+                "the chunked loss, offload...) fits; a shorter --max-length or a smaller --lora rank changes the "
+                "training."]
+    if not changes:
+        return ["Next: no combination of levers memlab estimated fits, nor a GRPOConfig change (--beta 0, a shorter "
+                "--max-completion-length, fewer --num-generations)."]
+    lines.append("Next: no combination of levers memlab estimated fits; these GRPOConfig changes do, each changing "
+                 "the training:")
+    for trial, command, what in changes:
+        lines += [f"  {what} ({judged_text(trial)}):", f"    {command}"]
+    return lines
+
+
+_ORDER = ("trainer", "num_generations", "max_completion_length", "max_length", "prompt_length",
+          "per_device_train_batch_size", "gradient_accumulation_steps", "beta", "lora", "gradient_checkpointing",
+          "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+"""The trainer's options as a command repeats them."""
+
+
+def trainer_command(args: argparse.Namespace, changes: dict[str, Any] | None = None,
+                    tries: Any = ()) -> str:
+    """The user's trainer command (the model, ``--trainer`` and each trainer option given, ``--dtype``, the budget,
+    ``--gpu`` and ``--device``) with ``changes`` (``{option as args names it: value}``; None leaves the option
+    out, True is a bare flag) and ``tries`` as its ``--try`` (:func:`memlab.frontends.estimate_next.command_for`).
+
+    Example:
+        >>> parser = argparse.ArgumentParser(prog="memlab estimate")
+        >>> from memlab.frontends.estimate_cli import add_arguments
+        >>> add_arguments(parser)
+        >>> args = parser.parse_args(["llama-7b", "--trainer", "grpo", "--beta", "0.04", "--lora", "16",
+        ...                           "--gpu", "L4-24GB"])
+        >>> trainer_command(args, {"beta": 0.0, "gradient_checkpointing": "on"}, ["optimizer=adamw8bit"])
+        'memlab estimate llama-7b --trainer grpo --beta 0 --lora 16 --gradient-checkpointing on --gpu L4-24GB \
+--try optimizer=adamw8bit'
+    """
+    from memlab.frontends.estimate_next import command_for
+
+    changes = changes or {}
+    words: list[str] = []
+    for name in _ORDER:
+        value = changes[name] if name in changes else getattr(args, name, None)
+        if value is None or value is False:
+            continue
+        words += [_flag(name)] if value is True else [_flag(name), f"{value:g}" if isinstance(value, float)
+                                                      else str(value)]
+    if getattr(args, "dtype", None) is not None:
+        words += ["--dtype", args.dtype]
+    return command_for(args, list(tries), options=words)
+
+
+_SAID_BY_OPTIONS = ("micro_batch", "accumulation", "checkpointing", "weights", "vllm_memory", "vllm_sleep",
+                    *_ADAPTER_LEVERS)
+
+
+def _plan_options(plan: Any, own: Any) -> tuple[dict[str, Any], list[str]] | None:
+    """What makes ``plan`` from the trainer's own plan ``own`` in the command: the trainer's options changed
+    (``{option: value}``: the batch split, checkpointing, ``--lora`` where adapters are added, the vLLM engine's
+    share), and the ``--try`` items for the other levers; None where the command cannot say it (another dtype of
+    the built model, QLoRA, adapters changed or taken off)."""
+    from memlab.plan import PLAN_FIELDS
+
+    changes: dict[str, Any] = {}
+    tries: list[str] = []
+    rows = int(own.micro_batch or 1) * int(own.accumulation)
+    size = plan.micro_batch if plan.micro_batch is not None else rows // max(int(plan.accumulation), 1)
+    if (size, plan.accumulation) != (own.micro_batch, own.accumulation):
+        changes.update(per_device_train_batch_size=size, gradient_accumulation_steps=plan.accumulation)
+    if plan.checkpointing != own.checkpointing:
+        if isinstance(plan.checkpointing, bool):
+            changes["gradient_checkpointing"] = "on" if plan.checkpointing else "off"
+        else:
+            tries.append(f"checkpointing={plan.checkpointing}")
+    if plan.weights != own.weights:
+        return None
+    adapters = tuple(getattr(plan, name) for name in _ADAPTER_LEVERS)
+    if adapters != tuple(getattr(own, name) for name in _ADAPTER_LEVERS):
+        if (own.adapter, plan.adapter) != ("none", "lora") or plan.lora_targets != "all-linear" \
+                or plan.lora_alpha not in (None, 2 * plan.lora_rank) or plan.lora_dropout != own.lora_dropout:
+            return None
+        changes["lora"] = plan.lora_rank
+    if plan.vllm_memory != own.vllm_memory:
+        if plan.vllm_memory is None:
+            return None
+        changes["vllm_gpu_memory_utilization"] = plan.vllm_memory
+    if plan.vllm_sleep != own.vllm_sleep:
+        changes["vllm_enable_sleep_mode"] = True if plan.vllm_sleep else None
+    for name in PLAN_FIELDS:
+        value = getattr(plan, name)
+        if name in _SAID_BY_OPTIONS or value == getattr(own, name):
+            continue
+        if not isinstance(value, (bool, int, float, str)):
+            return None
+        tries.append(f"{name}={('on' if value else 'off') if isinstance(value, bool) else value}")
+    return changes, tries
 
 
 def _bytes(nbytes: int) -> str:
