@@ -8,19 +8,22 @@
   and adapters, which train on one GPU: :func:`searched_lines`).
 
 A command repeats the user's own (:func:`command_for`): the model, ``--config``, ``--batch``, the budget, ``--gpu``
-and ``--device`` as given, with the new ``--try``.
+and ``--device`` as given, with the new ``--try``. For a TRL trainer's step (``--trainer grpo|dpo``), the trainer's
+own options stand for ``--batch`` (:func:`trainer_command`), and what no plan fits is answered by
+:func:`trainer_suggestions`: lever combinations on the trainer's plan, then (GRPO) the GRPOConfig changes.
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from memlab.frontends.gpu_cli import gpu_flags
 
-__all__ = ["command_for", "plan_try", "searched_lines", "suggestion_lines"]
+__all__ = ["command_for", "plan_try", "searched_lines", "suggestion_lines", "trainer_command", "trainer_next_lines",
+           "trainer_plan_options", "trainer_suggestions"]
 
 
 def plan_try(plan: Any) -> list[str]:
@@ -46,9 +49,11 @@ def plan_try(plan: Any) -> list[str]:
     return items
 
 
-def command_for(args: argparse.Namespace, tries: Sequence[str], *, gpus: str | None = None) -> str:
+def command_for(args: argparse.Namespace, tries: Sequence[str], *, gpus: str | None = None,
+                options: Sequence[str] | None = None) -> str:
     """The ``memlab estimate`` command the user wrote, with ``tries`` as its ``--try`` and ``gpus`` as ``--gpus``
-    (None: none).
+    (None: none). ``options``: the words that say the step instead of ``--batch`` (a TRL trainer's own options,
+    ``--trainer grpo --beta 0 ...``: :func:`trainer_command`).
 
     Example:
         >>> args = argparse.Namespace(model="llama-7b", config=None, batch="1x512", budget="24GiB", gpu=None,
@@ -57,11 +62,17 @@ def command_for(args: argparse.Namespace, tries: Sequence[str], *, gpus: str | N
         'memlab estimate llama-7b --batch 1x512 --budget 24GiB --try adapter=lora'
         >>> command_for(args, [], gpus="auto")
         'memlab estimate llama-7b --batch 1x512 --budget 24GiB --gpus auto'
+        >>> command_for(args, ["checkpointing=on"], options=["--trainer", "grpo", "--beta", "0"])
+        'memlab estimate llama-7b --trainer grpo --beta 0 --budget 24GiB --try checkpointing=on'
     """
     words = ["memlab", "estimate", args.model]
-    for option, value in (("--config", args.config), ("--batch", args.batch), ("--budget", args.budget)):
+    step = [("--batch", args.batch)] if options is None else []
+    for option, value in (("--config", args.config), *step):
         if value is not None:
             words += [option, str(value)]
+    words += list(options or [])
+    if args.budget is not None:
+        words += ["--budget", str(args.budget)]
     words += gpu_flags(args)
     if getattr(args, "device", None) is not None:
         words += ["--device", args.device]
@@ -156,3 +167,236 @@ def searched_lines(args: argparse.Namespace, plans: Sequence[Any], strategies: S
     lines += ["Not searched: adapters, which train on one GPU:",
               "  " + command_for(args, ["adapter=lora,qlora", "precision=bf16"])]
     return lines
+
+
+# --- a TRL trainer's step (memlab estimate --trainer): the user's command with the trainer's own options -------
+
+_ADAPTERS = ("adapter", "lora_rank", "lora_targets", "lora_alpha", "lora_dropout")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+_MULTIPLE = 64
+"""The completion lengths the CLI's GRPO suggestions try are multiples of this (fewer dry runs on a large model)."""
+
+
+def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report: Any, say: Any, *,
+                        words: Callable[[str], str] = str) -> list[tuple[Any, str, str | None]]:
+    """Where no plan of ``report`` fits: the lever combinations on the trainer's plan ``own`` estimated to fit (the
+    training the same: :func:`memlab.search.suggest.combined_suggestions`, each ``memlab.estimate(trainer, plan,
+    ...)``; those the command cannot say, :func:`trainer_plan_options`, passed over), and, for GRPO where none
+    does, the GRPOConfig changes (:func:`memlab.trainer.grpo_suggest.grpo_suggestions`, which change the training):
+    ``(trial, command, what it changes or None)`` each. ``words``: a message's config fields as the command's
+    options.
+
+    Example (``tests/integration/test_cli_trainer.py`` asks a budget nothing fits)::
+
+        for trial, command, changes in trainer_suggestions(args, trainer, memlab.Plan.from_trainer(trainer),
+                                                           report, say):
+            print(trial.label, command, changes)
+    """
+    import re
+
+    import memlab
+    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.frontends.gpu_cli import cli_gpu
+    from memlab.search.speed import speed_prior
+    from memlab.search.suggest import combinations, combined_suggestions
+
+    ran = [trial for trial in report.trials if trial.status == "ok"]
+    if not ran:
+        return []
+    lowest = min(ran, key=lambda trial: trial.verdict_bytes)
+    budget = report.budget
+    rows = int(own.micro_batch or 1) * int(own.accumulation)
+    prior = speed_prior("cpu" if args.device == "cpu" else "cuda")
+    half = "fp16" if args.device != "cpu" and not gpu_kind(cli_gpu(args)).bf16 else "bf16"
+    # The combinations the command cannot say (another dtype of the built model, QLoRA, adapters off...) are not
+    # estimated; they take no place among the few tried.
+    ordered = combinations(lowest, budget=budget, rows=rows, prior=prior, half=half)
+    unsaid = {plan for plan in ordered if trainer_plan_options(plan, own) is None}
+    tries, said_ones = 4, 0  # dry runs of a large model take seconds each: the few most promising
+    for plan in ordered:
+        if said_ones >= 4:
+            break
+        if plan in unsaid:
+            tries += 1  # passed over, not estimated
+        else:
+            said_ones += 1
+    say.expect(4)
+    unsaid_labels = {plan.label() for plan in unsaid}
+
+    counted = iter(range(1, tries + 1))
+
+    def quiet(text: str) -> None:  # the combinations passed over unsaid, the others numbered among the 4
+        if text.rsplit(": ", 1)[-1] not in unsaid_labels:
+            say(re.sub(r"\d+ of at most \d+", f"{next(counted)} of at most 4", text, count=1))
+
+    def estimate(plans: list[Any]) -> list[Any]:
+        return [memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget)
+                for plan in plans if plan not in unsaid]
+
+    found = combined_suggestions(lowest, estimate, budget=budget, rows=rows, prior=prior, want=2, tries=tries,
+                                 say=quiet, half=half)
+    suggested: list[tuple[Any, str, str | None]] = []
+    for trial in found:
+        changes, tried = trainer_plan_options(trial.plan, own) or ({}, [])
+        suggested.append((trial, trainer_command(args, changes, tried), None))
+    if suggested or args.trainer != "grpo":
+        return suggested
+    return _grpo_changes(args, trainer, own, lowest, budget, say, words)
+
+
+def _grpo_changes(args: argparse.Namespace, trainer: Any, own: Any, lowest: Any, budget: int, say: Any,
+                  words: Callable[[str], str]) -> list[tuple[Any, str, str | None]]:
+    """The GRPOConfig changes estimated to fit with ``lowest``'s plan (:func:`memlab.trainer.grpo_suggest.
+    grpo_suggestions`), each with its command and what it changes in the training."""
+    from memlab.frontends.gpu_cli import cli_gpu
+    from memlab.trainer.grpo_suggest import grpo_suggestions
+
+    completion = int(trainer.max_completion_length)
+    lengths = (completion - 1) // _MULTIPLE if completion > _MULTIPLE else completion - 1
+    say.expect(2 + max(1, lengths).bit_length() + max(0, int(trainer.num_generations) - 2))
+    say("estimating GRPOConfig changes that change the training (beta 0, a shorter max_completion_length, fewer "
+        "num_generations)")
+    found, _ = grpo_suggestions(trainer, lowest.plan, budget=budget, device=args.device, lr=1e-5,
+                                gpu=cli_gpu(args), multiple=_MULTIPLE)
+    base, tried = trainer_plan_options(lowest.plan, own) or ({}, [])
+    suggested: list[tuple[Any, str, str | None]] = []
+    for trial in found:
+        note = trial.notes[0]
+        name, value = note.split("(", 1)[1].split(")", 1)[0].split("=", 1)
+        changes: dict[str, Any] = {**base, name: float(value) if name == "beta" else int(value)}
+        if name == "num_generations":  # the same prompts per step: the rows per device follow
+            rows = int(trainer.args.per_device_train_batch_size) * int(value) // int(trainer.num_generations)
+            changes["per_device_train_batch_size"] = rows
+        option = f"{_flag(name)} {float(value):g}" if name == "beta" else f"{_flag(name)} {value}"
+        what = f"{option}: {words(note.split('changes the training: ', 1)[-1])}"
+        suggested.append((trial, trainer_command(args, changes, tried), what))
+    return suggested
+
+
+def trainer_next_lines(args: argparse.Namespace, suggested: list[tuple[Any, str, str | None]]) -> list[str]:
+    """The lines after the table where nothing fits: each of :func:`trainer_suggestions` with its command, what a
+    config change changes, or that nothing was found.
+
+    Example:
+        >>> args = argparse.Namespace(trainer="dpo")
+        >>> trainer_next_lines(args, [])[0][:48]
+        'Next: no combination of levers memlab estimated '
+    """
+    from memlab.report.tables import judged_text
+
+    levers = [(trial, command) for trial, command, changes in suggested if changes is None]
+    changes = [(trial, command, what) for trial, command, what in suggested if what is not None]
+    lines: list[str] = []
+    if levers:
+        lines.append("Next: estimated to fit, the training the same (levers outside what you tried):")
+        for trial, command in levers:
+            lines += [f"  {trial.label} ({judged_text(trial)}):", f"    {command}"]
+        return lines
+    if args.trainer != "grpo":
+        return ["Next: no combination of levers memlab estimated (8-bit Adam, Adafactor, checkpointing, micro-batches, "
+                "the chunked loss, offload...) fits; a shorter --max-length or a smaller --lora rank changes the "
+                "training."]
+    if not changes:
+        return ["Next: no combination of levers memlab estimated fits, nor a GRPOConfig change (--beta 0, a shorter "
+                "--max-completion-length, fewer --num-generations)."]
+    lines.append("Next: no combination of levers memlab estimated fits; these GRPOConfig changes do, each changing "
+                 "the training:")
+    for trial, command, what in changes:
+        lines += [f"  {what} ({judged_text(trial)}):", f"    {command}"]
+    return lines
+
+
+_ORDER = ("trainer", "num_generations", "max_completion_length", "max_length", "prompt_length",
+          "per_device_train_batch_size", "gradient_accumulation_steps", "beta", "lora", "gradient_checkpointing",
+          "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+"""The trainer's options as a command repeats them."""
+
+
+def trainer_command(args: argparse.Namespace, changes: dict[str, Any] | None = None,
+                    tries: Any = ()) -> str:
+    """The user's trainer command (the model, ``--trainer`` and each trainer option given, ``--dtype``, the budget,
+    ``--gpu`` and ``--device``) with ``changes`` (``{option as args names it: value}``; None leaves the option
+    out, True is a bare flag) and ``tries`` as its ``--try`` (:func:`memlab.frontends.estimate_next.command_for`).
+
+    Example:
+        >>> parser = argparse.ArgumentParser(prog="memlab estimate")
+        >>> from memlab.frontends.estimate_cli import add_arguments
+        >>> add_arguments(parser)
+        >>> args = parser.parse_args(["llama-7b", "--trainer", "grpo", "--beta", "0.04", "--lora", "16",
+        ...                           "--gpu", "L4-24GB"])
+        >>> trainer_command(args, {"beta": 0.0, "gradient_checkpointing": "on"}, ["optimizer=adamw8bit"])
+        'memlab estimate llama-7b --trainer grpo --beta 0 --lora 16 --gradient-checkpointing on --gpu L4-24GB \
+--try optimizer=adamw8bit'
+    """
+    changes = changes or {}
+    words: list[str] = []
+    for name in _ORDER:
+        value = changes[name] if name in changes else getattr(args, name, None)
+        if value is None or value is False:
+            continue
+        words += [_flag(name)] if value is True else [_flag(name), f"{value:g}" if isinstance(value, float)
+                                                      else str(value)]
+    if getattr(args, "dtype", None) is not None:
+        words += ["--dtype", args.dtype]
+    return command_for(args, list(tries), options=words)
+
+
+_SAID_BY_OPTIONS = ("micro_batch", "accumulation", "checkpointing", "weights", "vllm_memory", "vllm_sleep",
+                    *_ADAPTERS)
+
+
+def trainer_plan_options(plan: Any, own: Any) -> tuple[dict[str, Any], list[str]] | None:
+    """What makes ``plan`` from the trainer's own plan ``own`` in the command: the trainer's options changed
+    (``{option: value}``: the batch split, checkpointing, ``--lora`` where adapters are added, the vLLM engine's
+    share), and the ``--try`` items for the other levers; None where the command cannot say it (another dtype of
+    the built model, QLoRA, adapters changed or taken off).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> own = Plan(micro_batch=4, accumulation=2, checkpointing=True)
+        >>> trainer_plan_options(Plan(micro_batch=2, accumulation=4, optimizer="adamw8bit"), own)
+        ({'per_device_train_batch_size': 2, 'gradient_accumulation_steps': 4, 'gradient_checkpointing': 'off'}, \
+['optimizer=adamw8bit'])
+        >>> trainer_plan_options(own.replace(adapter="qlora"), own) is None
+        True
+    """
+    from memlab.plan import PLAN_FIELDS
+
+    changes: dict[str, Any] = {}
+    tries: list[str] = []
+    rows = int(own.micro_batch or 1) * int(own.accumulation)
+    size = plan.micro_batch if plan.micro_batch is not None else rows // max(int(plan.accumulation), 1)
+    if (size, plan.accumulation) != (own.micro_batch, own.accumulation):
+        changes.update(per_device_train_batch_size=size, gradient_accumulation_steps=plan.accumulation)
+    if plan.checkpointing != own.checkpointing:
+        if isinstance(plan.checkpointing, bool):
+            changes["gradient_checkpointing"] = "on" if plan.checkpointing else "off"
+        else:
+            tries.append(f"checkpointing={plan.checkpointing}")
+    if plan.weights != own.weights:
+        return None
+    adapters = tuple(getattr(plan, name) for name in _ADAPTERS)
+    if adapters != tuple(getattr(own, name) for name in _ADAPTERS):
+        if (own.adapter, plan.adapter) != ("none", "lora") or plan.lora_targets != "all-linear" \
+                or plan.lora_alpha not in (None, 2 * plan.lora_rank) or plan.lora_dropout != own.lora_dropout:
+            return None
+        changes["lora"] = plan.lora_rank
+    if plan.vllm_memory != own.vllm_memory:
+        if plan.vllm_memory is None:
+            return None
+        changes["vllm_gpu_memory_utilization"] = plan.vllm_memory
+    if plan.vllm_sleep != own.vllm_sleep:
+        changes["vllm_enable_sleep_mode"] = True if plan.vllm_sleep else None
+    for name in PLAN_FIELDS:
+        value = getattr(plan, name)
+        if name in _SAID_BY_OPTIONS or value == getattr(own, name):
+            continue
+        if not isinstance(value, (bool, int, float, str)):
+            return None
+        tries.append(f"{name}={('on' if value else 'off') if isinstance(value, bool) else value}")
+    return changes, tries

@@ -113,17 +113,54 @@ def _check(args: argparse.Namespace) -> None:
     if getattr(args, "vllm_enable_sleep_mode", None) and getattr(args, "vllm_gpu_memory_utilization", None) is None:
         raise MemlabError("--vllm-enable-sleep-mode puts a colocated vLLM engine to sleep; add "
                           "--vllm-gpu-memory-utilization 0.3 (its share of the card)")
-    plain = {"--try": bool(args.try_), "--gpus": args.gpus is not None,
+    _check_tries(args)
+    plain = {"--gpus": args.gpus is not None,
              "--strategy": args.strategy not in (None, "none"), "--max-tokens": bool(args.max_tokens),
              "--max-rows": bool(args.max_rows), "--batch": args.batch is not DEFAULT_BATCH}
     load = {"--load-in-4bit": args.load_in_4bit, "--load-in-8bit": args.load_in_8bit}
     for option, set_ in {**plain, **load}.items():
         if set_:
-            instead = {"--batch": "--per-device-train-batch-size 8 and --prompt-length 64",
-                       "--try": "the trainer's own options (memlab estimate --help, trainer)"}.get(
+            instead = {"--batch": "--per-device-train-batch-size 8 and --prompt-length 64"}.get(
                 option, "the question without it")
             raise MemlabError(f"{option} is not answered with --trainer {args.trainer} yet; write {instead}, or build "
                               "the trainer in Python: memlab.estimate(memlab.trainer_on_meta(...), gpu=...)")
+
+
+def _check_tries(args: argparse.Namespace) -> None:
+    """``--try``'s levers a trainer question cannot take (its own options say them), refused with what to write."""
+    from memlab.plan import parse_axes
+
+    if not getattr(args, "try_", None):
+        return
+    axes = parse_axes(args.try_)  # an unknown lever or value: its own error
+    trainer = args.trainer
+    split = [name for name in ("micro_batch", "accumulation") if name in axes]
+    if split:
+        raise MemlabError(f"--try {split[0]}=... is the trainer's batch split; write --per-device-train-batch-size N "
+                          "--gradient-accumulation-steps M instead (rows per micro-batch, micro-batches per optimizer "
+                          "step: the trainer's own options)")
+    if "qlora" in axes.get("adapter", ()):
+        raise MemlabError(f"--try adapter=qlora is not answered with --trainer {trainer} yet (a 4-bit base, as "
+                          "--load-in-4bit); write --lora 16 for LoRA adapters on the model as built, or build the "
+                          "trainer in Python: memlab.estimate(memlab.trainer_on_meta(...), gpu=...)")
+    adapter = [name for name in axes if name == "adapter" or name.startswith("lora_")]
+    if adapter:
+        raise MemlabError(f"--try {adapter[0]}=... sets the trainer's adapters, which --lora sets; write --lora 16 "
+                          "(LoRA of rank 16 on all linear layers), or leave it out for full fine-tuning")
+    if "weights" in axes:
+        raise MemlabError("--try weights=... is the dtype the trainer's model is built in; write --dtype bf16 (or "
+                          "--dtype fp32)")
+    vllm = [name for name in ("vllm_memory", "vllm_sleep") if name in axes]
+    if vllm and trainer == "grpo":
+        raise MemlabError(f"--try {vllm[0]}=... is a setting of the colocated vLLM engine; write "
+                          "--vllm-gpu-memory-utilization 0.3 (and --vllm-enable-sleep-mode to put it to sleep while "
+                          "the policy trains)")
+    if vllm:
+        raise MemlabError(f"--try {vllm[0]}=... is a setting of --trainer grpo's vLLM engine, not --trainer "
+                          f"{trainer}; leave it out")
+    if "precompute_ref" in axes and trainer != "dpo":
+        raise MemlabError(f"--try precompute_ref=... is a setting of --trainer dpo (its reference log-probs computed "
+                          f"before training), not --trainer {trainer}; leave it out, or write --trainer dpo")
 
 
 def _dtype(args: argparse.Namespace, config: Any) -> Any:
@@ -372,6 +409,7 @@ def run_trainer(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
+    import dataclasses
     import tempfile
 
     from memlab.estimation.estimate import load_config
@@ -379,7 +417,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     from memlab.frontends.estimate_cli import budget_words, count_text, for_gpu, gpu_budget, json_with_verdicts
     from memlab.frontends.gpu_cli import cli_gpu
     from memlab.frontends.host_cli import host_judged
-    from memlab.plan import parse_budget
+    from memlab.plan import Plan, parse_budget, parse_grid
     from memlab.report import Report
 
     _check(args)
@@ -390,48 +428,88 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     say(f"reading the config of {source}")
     config = load_config(source)
     say(f"building the {args.trainer.upper()} trainer around the model on the meta device (shapes only, no memory)")
+    suggested: list[tuple[Any, str, str | None]] = []  # (trial, command, what it changes in the training)
     with tempfile.TemporaryDirectory(prefix="memlab-trainer-") as folder:
         trainer, settings = build_trainer(args, config, source, folder)
-        say(f"estimating the {args.trainer.upper()} step")
         import memlab
 
-        trial = memlab.estimate(trainer, gpu=cli_gpu(args), device=args.device, budget=budget)
+        own = Plan.from_trainer(trainer)
+        # --try: the trainer's own plan with the levers replaced; without it, the trainer as set up
+        plans: list[Any] = parse_grid(args.try_, base=own) if args.try_ else [None]
+        if len(plans) > 1:
+            say.expect(len(plans) - 1)
+        trials = []
+        for number, plan in enumerate(plans, start=1):
+            said = f" plan {number} of {len(plans)}: {plan.label()}" if args.try_ else ""
+            say(f"estimating the {args.trainer.upper()} step{said}")
+            trials.append(memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget))
+        for trial in trials:
+            if trial.status == "error" and "vllm_gpu_memory_utilization=" in str(trial.error):
+                raise MemlabError(_cli_words(str(trial.error)))
+        report = Report(host_judged(trials, args), budget=budget)
+        fits = any(report.fits(trial) for trial in report.trials)
+        if budget is not None and not fits:
+            from memlab.frontends.estimate_next import trainer_suggestions
+
+            suggested = trainer_suggestions(args, trainer, own, report, say, words=_cli_words)
     model = trainer.model
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     parameters = sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)
-    if trial.status == "error" and "vllm_gpu_memory_utilization=" in str(trial.error):
-        raise MemlabError(_cli_words(str(trial.error)))
-    report = Report(host_judged([trial], args), budget=budget)
-    trial = report.trials[0]
-    phases = _phase_peaks(trial)
-    peak_phase = trial.timeline.peak.phase if trial.timeline is not None else None
-    fits = report.fits(trial)
+    levers = [trial for trial, _, changes in suggested if changes is None]
     if args.json:
         import json
 
-        data = json.loads(json_with_verdicts(report))
+        everything = dataclasses.replace(report, suggestions=[trial for trial, _, _ in suggested])
+        data = json.loads(json_with_verdicts(everything))
+        for row, (_, command, changes) in zip(data["suggestions"], suggested, strict=True):
+            row["command"] = command
+            row["changes_training"] = changes
+        for row, trial in zip(data["trials"], report.trials, strict=True):
+            row["phases"] = _phase_peaks(trial)
+            row["peak_phase"] = trial.timeline.peak.phase if trial.timeline is not None else None
         data["trainer"] = {"kind": args.trainer, **{key: value for key, value in settings.items()}}
-        data["phases"] = phases
-        data["peak_phase"] = peak_phase
+        data["phases"] = data["trials"][0]["phases"]
+        data["peak_phase"] = data["trials"][0]["peak_phase"]
         print(json.dumps(data, indent=2, default=str), file=out)
     else:
         from memlab.frontends.estimate_text import single_text
 
+        report = dataclasses.replace(report, suggestions=levers)
         header = (f"{args.model}: {type(base).__name__}, {count_text(parameters)} parameters, "
-                  f"{_question(args, settings)}{for_gpu(args)}{budget_words(args, budget)}")
-        lines = single_text(args, header, report, budget, [])
-        if phases:  # before the table, after the verdict and the best
-            said = ", ".join(f"{name} {_bytes(nbytes)}" for name, nbytes in phases.items())
-            import textwrap
+                  f"{_question(args, settings)}{_plans_words(plans)}{for_gpu(args)}{budget_words(args, budget)}")
+        from memlab.frontends.estimate_next import trainer_next_lines
 
-            from memlab.frontends.estimate_text import WIDTH
-
-            at = lines.index("") if "" in lines else len(lines)
-            lines[at:at] = textwrap.wrap(f"Peak: in the {peak_phase} phase (each phase's highest: {said})",
-                                         WIDTH, subsequent_indent="  ")
+        after = trainer_next_lines(args, suggested) if budget is not None and not fits else []
+        lines = single_text(args, header, report, budget, after)
+        peaks = _peak_lines(report.trials)
+        at = lines.index("") if "" in lines else len(lines)
+        lines[at:at] = peaks  # before the table, after the verdict and the best
         print("\n".join(lines), file=out)
     return estimate_status(fits=fits, judged=budget is not None or getattr(args, "host_budget", None) is not None,
-                           errors=int(trial.status == "error"))
+                           errors=sum(trial.status == "error" for trial in report.trials))
+
+
+def _plans_words(plans: list[Any]) -> str:
+    return f", {len(plans)} plans (--try)" if len(plans) > 1 else ""
+
+
+def _peak_lines(trials: list[Any]) -> list[str]:
+    """Where each plan's peak is: the phase that holds it and each phase's highest (one plan), or each plan's phase."""
+    import textwrap
+
+    from memlab.frontends.estimate_text import WIDTH
+
+    if len(trials) == 1:
+        phases = _phase_peaks(trials[0])
+        if not phases:
+            return []
+        said = ", ".join(f"{name} {_bytes(nbytes)}" for name, nbytes in phases.items())
+        peak_phase = trials[0].timeline.peak.phase
+        return textwrap.wrap(f"Peak: in the {peak_phase} phase (each phase's highest: {said})", WIDTH,
+                             subsequent_indent="  ")
+    said = "; ".join(f"{trial.label} in the {trial.timeline.peak.phase} phase" for trial in trials
+                     if trial.timeline is not None)
+    return textwrap.wrap(f"Peak: {said}", WIDTH, subsequent_indent="  ") if said else []
 
 
 def _bytes(nbytes: int) -> str:

@@ -78,24 +78,27 @@ def _said(trial: Trial, name: str, value: Any, before: Any, trainer: Any) -> Tri
 
 
 def grpo_suggestions(trainer: Any, plan: Plan, *, budget: int, device: Any, lr: float,
-                     loss_fn: Any = None) -> tuple[list[Trial], str | None]:
+                     loss_fn: Any = None, gpu: Any = None, multiple: int = 1) -> tuple[list[Trial], str | None]:
     """The GRPOConfig changes estimated to fit ``budget`` with ``plan`` (the lightest plan fit found), each trial's
     first note saying what it changes; and a sentence naming the longest ``max_completion_length`` estimated to
-    fit (None where even one token does not fit).
+    fit (None where even one token does not fit). ``gpu``: the GPU kind a CUDA estimate is for (``memlab.estimate``'s
+    ``gpu=``: its card figure and CUDA context); ``multiple``: the completion lengths tried are multiples of it (64:
+    fewer dry runs on a large model; ``memlab estimate --trainer grpo`` asks so), token by token where
+    ``max_completion_length`` is not above it.
 
     Example (a trainer nothing fits: ``tests/integration/test_trainer_grpo_fit.py`` builds one)::
 
         suggestions, longest = grpo_suggestions(trainer, memlab.Plan(micro_batch=1, accumulation=4),
                                                 budget=2_000_000, device="cpu", lr=1e-5)
     """
-    options = {"budget": budget, "device": device, "lr": lr, "loss_fn": loss_fn}
+    options = {"budget": budget, "device": device, "lr": lr, "loss_fn": loss_fn, "gpu": gpu}
     found: list[Trial] = []
     if float(getattr(trainer, "beta", 0.0)) != 0.0:
         trial = _estimate(trainer, plan, "beta", 0.0, options)
         if trial.fits:
             found.append(_said(trial, "beta", 0.0, trainer.beta, trainer))
     completion = int(trainer.max_completion_length)
-    longest, at_longest = _longest_completion(trainer, plan, completion, options)
+    longest, at_longest = _longest_completion(trainer, plan, completion, options, multiple)
     sentence = None
     if at_longest is not None:
         found.append(_said(at_longest, "max_completion_length", longest, completion, trainer))
@@ -112,16 +115,18 @@ def grpo_suggestions(trainer: Any, plan: Plan, *, budget: int, device: Any, lr: 
     return found, sentence
 
 
-def _longest_completion(trainer: Any, plan: Plan, completion: int,
-                        options: dict[str, Any]) -> tuple[int, Trial | None]:
+def _longest_completion(trainer: Any, plan: Plan, completion: int, options: dict[str, Any],
+                        multiple: int = 1) -> tuple[int, Trial | None]:
     """The longest ``max_completion_length`` below ``completion`` estimated to fit, by bisection (memory grows with
-    it), with its estimate; ``(0, None)`` where one token does not fit."""
-    low, high, best = 1, completion - 1, None
+    it) over the multiples of ``multiple`` (over every length where ``completion`` is not above ``multiple``), with
+    its estimate; ``(0, None)`` where the shortest tried does not fit."""
+    step = multiple if completion > multiple >= 1 else 1
+    low, high, best = 1, (completion - 1) // step, None
     while low <= high:
         middle = (low + high) // 2
-        trial = _estimate(trainer, plan, "max_completion_length", middle, options)
+        trial = _estimate(trainer, plan, "max_completion_length", middle * step, options)
         if trial.status == "ok" and trial.fits:
-            low, best = middle + 1, (middle, trial)
+            low, best = middle + 1, (middle * step, trial)
         else:
             high = middle - 1
     return best if best is not None else (0, None)

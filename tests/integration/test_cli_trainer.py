@@ -52,6 +52,11 @@ def ask(capsys: pytest.CaptureFixture[str], *words: str) -> tuple[int, str, str]
 
 def python_answer(path: str, folder: Path) -> memlab.Trial:
     """The same question in Python: the trainer built around the meta policy, as docs/trainer.md writes it."""
+    return memlab.estimate(python_trainer(path, folder), gpu="H100-80GB")
+
+
+def python_trainer(path: str, folder: Path) -> Any:
+    """The trainer of :data:`GRPO` built in Python around the meta policy."""
     import torch
 
     config = load_config(path)
@@ -64,7 +69,7 @@ def python_answer(path: str, folder: Path) -> memlab.Trial:
                                      reward_funcs=lambda completions, **_: [0.0] * len(completions),
                                      train_dataset=Dataset.from_list(prompts), processing_class=word_tokenizer(256),
                                      peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-    return memlab.estimate(trainer, gpu="H100-80GB")
+    return trainer
 
 
 def test_the_grpo_answer_is_pythons_and_json_carries_the_phases(
@@ -111,7 +116,15 @@ def test_a_dpo_question_is_answered(config: str, capsys: pytest.CaptureFixture[s
     (["--trainer", "grpo", "--max-length", "64"], "--max-length is a setting of --trainer dpo, not --trainer grpo"),
     (["--num-generations", "4"], "--num-generations is a setting of a TRL trainer; add --trainer grpo"),
     (["--trainer", "dpo", "--max-length", "64"], "needs adapters"),
-    (["--trainer", "grpo", "--try", "checkpointing=on"], "--try is not answered with --trainer grpo"),
+    (["--trainer", "grpo", "--try", "micro_batch=2"],
+     "write --per-device-train-batch-size N --gradient-accumulation-steps M instead"),
+    (["--trainer", "dpo", "--max-length", "64", "--lora", "4", "--try", "accumulation=2"],
+     "write --per-device-train-batch-size N --gradient-accumulation-steps M instead"),
+    (["--trainer", "grpo", "--try", "adapter=qlora"],
+     "--try adapter=qlora is not answered with --trainer grpo yet (a 4-bit base, as --load-in-4bit); write --lora 16"),
+    (["--trainer", "grpo", "--try", "adapter=lora"], "which --lora sets; write --lora 16"),
+    (["--trainer", "grpo", "--try", "precompute_ref=on"], "is a setting of --trainer dpo"),
+    (["--trainer", "grpo", "--try", "vllm_memory=0.3"], "write --vllm-gpu-memory-utilization 0.3"),
     (["--trainer", "grpo", "--batch", "1x512"], "--batch is not answered with --trainer grpo"),  # the default, typed
     (["--trainer", "grpo", "--num-generations", "3", "--per-device-train-batch-size", "4", "--max-completion-length",
       "32"], "TRL refuses"),
@@ -149,3 +162,95 @@ def test_a_colocated_vllm_share_is_counted(config: str, capsys: pytest.CaptureFi
     notes = " ".join(data["trials"][0]["notes"])
     assert "vllm_gpu_memory_utilization=0.3" in notes and "vllm_enable_sleep_mode=True" in notes
     assert data["peak_phase"] == "generation" and data["trainer"]["use_vllm"] is True
+
+
+# --- --try and the suggestions where nothing fits (the trainer's own plan with levers replaced) ----------------------
+
+DPO = ["--trainer", "dpo", "--max-length", "64", "--prompt-length", "24", "--per-device-train-batch-size", "2",
+       "--lora", "4"]
+
+
+def cli_trainer(config: str, words: list[str], folder: Path) -> Any:
+    """The trainer the CLI builds for ``words`` (memlab.trainer_on_meta around the meta policy)."""
+    import argparse
+
+    from memlab.frontends.estimate_cli import add_arguments
+    from memlab.frontends.trainer_cli import build_trainer
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return build_trainer(parser.parse_args([config, *words]), load_config(config), config, str(folder))[0]
+
+
+@pytest.mark.parametrize("kind", ["grpo", "dpo"])
+def test_try_estimates_each_plan_as_python_does(
+        config: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    words = GRPO if kind == "grpo" else [*DPO, "--gpu", "H100-80GB"]
+    status, out, err = ask(capsys, config, *words, "--try", "checkpointing=off,on", "--json")
+    assert status == 0, err
+    rows = json.loads(out)["trials"]
+    trainer = python_trainer(config, tmp_path / "python") if kind == "grpo" else cli_trainer(config, DPO, tmp_path)
+    own = memlab.Plan.from_trainer(trainer)
+    expected = [memlab.estimate(trainer, own.replace(checkpointing=value), gpu="H100-80GB") for value in (False, True)]
+    assert len(rows) == 2
+    for row, trial in zip(rows, expected, strict=True):
+        assert trial.status == row["status"] == "ok", trial.error
+        assert row["peak_bytes"] == trial.peak_bytes and row["card_bytes"] == trial.card_bytes
+    assert rows[0]["peak_bytes"] != rows[1]["peak_bytes"]  # checkpointing off and on: two plans
+    status, out, err = ask(capsys, config, *words, "--try", "checkpointing=off,on")
+    assert status == 0 and "2 of the 2 plans fit" in " ".join(out.split()), err
+
+
+def cpu_peak(capsys: pytest.CaptureFixture[str], config: str, words: list[str]) -> int:
+    status, out, err = ask(capsys, config, *words, "--device", "cpu", "--json")
+    assert status == 0, err
+    return int(json.loads(out)["trials"][0]["peak_bytes"])
+
+
+def check_commands_fit(capsys: pytest.CaptureFixture[str], config: str, words: list[str], budget: int,
+                       changes: bool) -> list[str]:
+    """Nothing asked fits ``budget``: the suggestions are printed, in the JSON too, and each command fits."""
+    import shlex
+
+    asked = [*words, "--device", "cpu", "--budget", f"{budget}B"]
+    status, text, err = ask(capsys, config, *asked)
+    assert status == 1, err
+    assert "Next:" in text and ("GRPOConfig changes do" in text) == changes, text
+    status, out, err = ask(capsys, config, *asked, "--json")
+    assert status == 1, err
+    suggestions = json.loads(out)["suggestions"]
+    assert suggestions and all(row["fits"] for row in suggestions)
+    assert all((row["changes_training"] is not None) == changes for row in suggestions)
+    commands = [row["command"] for row in suggestions]
+    for command in commands:
+        assert command in text  # each on a line of its own
+        assert command.startswith(f"memlab estimate {config} --trainer") and f"--budget {budget}B" in command
+        status, out, err = ask(capsys, *shlex.split(command)[2:])
+        assert status == 0, (command, out, err)
+        assert "fits the budget" in out
+    return commands
+
+
+def test_where_nothing_fits_lever_suggestions_are_commands_that_fit(
+        config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    words = GRPO[:-2]  # without --gpu: a CPU estimate, judged on its peak (a card's context dwarfs a tiny model)
+    budget = int(0.8 * cpu_peak(capsys, config, words))
+    commands = check_commands_fit(capsys, config, words, budget, changes=False)
+    # the batch split said with the trainer's own options, never --try micro_batch=
+    assert all("micro_batch" not in command and "accumulation=" not in command for command in commands)
+
+
+def test_where_nothing_fits_a_dpo_step_gets_lever_suggestions(
+        config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    budget = int(0.8 * cpu_peak(capsys, config, DPO))
+    check_commands_fit(capsys, config, DPO, budget, changes=False)
+
+
+def test_where_no_lever_fits_a_grpo_config_change_is_suggested(
+        config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    words = ["--trainer", "grpo", "--num-generations", "4", "--max-completion-length", "96", "--prompt-length", "16",
+             "--per-device-train-batch-size", "1", "--gradient-accumulation-steps", "4", "--beta", "0", "--lora", "4"]
+    budget = int(0.79 * cpu_peak(capsys, config, words))
+    commands = check_commands_fit(capsys, config, words, budget, changes=True)
+    # the completion lengths the CLI tries are multiples of 64 tokens
+    assert any("--max-completion-length 64 " in command for command in commands), commands
