@@ -22,18 +22,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
-import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from memlab.frontends.cli_errors import DEFAULT_BATCH, cli_words, estimate_status
-from memlab.frontends.gpu_cli import add_gpu_arguments, check_gpu_plans, cli_gpu
+from memlab.frontends.estimate_progress import EstimateProgress, estimate_each
+from memlab.frontends.estimate_text import budget_words, count_text, for_gpu, json_with_verdicts
+from memlab.frontends.gpu_cli import add_gpu_arguments, check_gpu_plans, cli_gpu, gpu_budget
 
-__all__ = [
-    "EstimateProgress", "add_arguments", "estimate_each", "gpu_budget", "json_with_verdicts",
-    "cli_words", "load_from_args", "progress_lines", "run", "run_sharded",
-]
+__all__ = ["add_arguments", "cli_words", "load_from_args", "run", "run_sharded"]
 
 _DESCRIPTION = (
     "Predict the peak memory of one training step for each plan, on fake tensors: nothing is downloaded but the "
@@ -313,68 +310,6 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                            errors=sum(trial.status == "error" for trial in report.trials))
 
 
-def gpu_budget(args: argparse.Namespace) -> int | None:
-    """The budget when ``--gpu`` names a GPU and no ``--budget`` is given: the GPU's memory
-    (:attr:`~memlab.estimation.cuda.gpus.GpuKind.memory_bytes`), what the card figure must fit; None otherwise (no
-    ``--gpu``, or ``--device cpu``).
-
-    Example:
-        >>> gpu_budget(argparse.Namespace(gpu="A100-40GB", device=None, budget=None)) // 2**20  # torch's, in MiB
-        40442
-        >>> gpu_budget(argparse.Namespace(gpu=None, device=None, budget=None)) is None
-        True
-    """
-    from memlab.estimation.cuda.gpus import gpu_kind
-
-    name = cli_gpu(args)
-    if name is None or getattr(args, "device", None) == "cpu":
-        return None
-    return gpu_kind(name).memory_bytes
-
-
-def budget_words(args: argparse.Namespace, budget: int | None) -> str:
-    """``, budget: the A100-40GB's 39.49 GiB`` where the budget is the GPU's memory (no --budget given)."""
-    from memlab.plan import format_bytes
-
-    if args.budget is not None:  # the unit spelled out: 24GB is 10^9-byte gigabytes, 24GiB 2^30-byte
-        from memlab.report.format import budget_words
-
-        return f", budget {budget_words(str(args.budget))}"
-    if budget is None:
-        return ""
-    return f", budget: its memory, {format_bytes(budget)} (--budget SIZE sets another)"
-
-
-def json_with_verdicts(report: Any) -> str:
-    """The report as JSON, each trial (and suggestion) with ``verdict``: the words its table row shows in ``status``
-    (``ok (estimate)``, ``does not fit (over budget)``...), beside ``status`` (whether it ran) and ``fits``.
-
-    Example:
-        >>> import json
-        >>> from memlab.plan import Plan
-        >>> from memlab.report import Report, Trial
-        >>> trial = Trial(Plan(), "ok", 900, {"params": 900}, None, None, None, "cuda", estimated=True)
-        >>> row = json.loads(json_with_verdicts(Report([trial], budget=800)))["trials"][0]
-        >>> row["status"], row["fits"], row["verdict"]
-        ('ok', False, 'does not fit (over budget)')
-    """
-    import json
-
-    from memlab.report.tables import status_text
-
-    data = report.to_dict()
-    for row, trial in zip(data["trials"], report.trials, strict=True):
-        row["verdict"] = status_text(trial, report.fits(trial))
-    for row, trial in zip(data["suggestions"], report.suggestions, strict=True):
-        row["verdict"] = status_text(trial, report.fits(trial))
-    # what the table's "Best:" line says: the plan's label and why (None when nothing fits)
-    from memlab.report.verdicts import best_caption
-
-    best = report.best
-    data["best"] = None if best is None else {"label": best.label, "why": best_caption(report)}
-    return json.dumps(data, indent=2, default=str)
-
-
 def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, grid: list[str],
                  say: EstimateProgress) -> list[Any]:
     """Plans outside what was tried estimated to fit, the fastest expected first: single levers and their
@@ -406,20 +341,6 @@ def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, 
                                  say=say, half="fp16" if args.device != "cpu" and not gpu_kind(cli_gpu(args)).bf16
                                  else "bf16")
     return [dataclasses.replace(trial) for trial in found]
-
-
-def for_gpu(args: argparse.Namespace) -> str:
-    """``, for an H100-80GB`` where the estimate is for CUDA (the GPU kind whose CUDA context it models)."""
-    from memlab.estimation.cuda.gpus import gpu_kind
-
-    return "" if args.device == "cpu" else f", for {gpu_kind(cli_gpu(args)).called}"
-
-
-def count_text(number: int) -> str:
-    for size, unit in ((10**9, "B"), (10**6, "M"), (10**3, "K")):
-        if number >= size:
-            return f"{number / size:.2f}{unit}"
-    return str(number)
 
 
 def run_sharded(
@@ -477,86 +398,6 @@ def run_sharded(
 # --- progress on stderr -----------------------------------------------------------------------------------------
 
 
-def progress_lines(err: TextIO, clock: Callable[[], float] = time.perf_counter) -> Callable[[str], None]:
-    """A ``say(text)`` that prints ``memlab estimate: text ... (N s so far)`` on ``err`` as each step starts.
-
-    Example:
-        >>> seconds = iter([0.0, 0.4, 12.6])
-        >>> say = progress_lines(sys.stdout, clock=lambda: next(seconds))
-        >>> say("reading the config of llama-70b"); say("estimating zero3 on 8 GPUs")
-        memlab estimate: reading the config of llama-70b ... (0 s so far)
-        memlab estimate: estimating zero3 on 8 GPUs ... (13 s so far)
-    """
-    started = clock()
-
-    def say(text: str) -> None:
-        print(f"memlab estimate: {text} ... ({clock() - started:.0f} s so far)", file=err, flush=True)
-
-    return say
-
-
-class EstimateProgress:
-    """Progress of ``memlab estimate`` on ``err``, as a context whose value is ``say(text)``, told as each step
-    starts. On a terminal: a tqdm bar of the dry runs (``dry_runs`` of them at most; :meth:`expect` adds more), with
-    the time so far and tqdm's estimate of the time left from the dry runs finished. Elsewhere (a pipe, a log):
-    one line per step with the time so far (:func:`progress_lines`), which a log keeps readable.
-
-    Example:
-        >>> import io
-        >>> with EstimateProgress(io.StringIO(), dry_runs=2) as say:
-        ...     say("reading the config of gpt2"); say("estimating plan 1 of 2: plain")
-        >>> say.bar is None  # not a terminal: lines, no bar
-        True
-    """
-
-    def __init__(self, err: TextIO, dry_runs: int, *, terminal: bool | None = None) -> None:
-        self.err = err
-        self.dry_runs = dry_runs
-        self.terminal = bool(getattr(err, "isatty", lambda: False)()) if terminal is None else terminal
-        self.lines = progress_lines(err)
-        self.bar: Any = None
-        self._running = False
-
-    def __enter__(self) -> EstimateProgress:
-        if self.terminal:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=self.dry_runs, file=self.err, unit="dry run", dynamic_ncols=True, leave=False,
-                            bar_format="memlab estimate: {desc} {bar} {n_fmt}/{total_fmt} dry runs "
-                                       "[{elapsed} so far, about {remaining} left]")
-            # One dry run of a 70B model takes most of a minute: the bar's clock ticks on through it.
-            self._stop = threading.Event()
-            self._ticker = threading.Thread(target=self._tick, daemon=True)
-            self._ticker.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self._stop.set()
-            self._ticker.join(timeout=5)
-            self.bar.close()
-
-    def _tick(self) -> None:
-        while not self._stop.wait(1.0):
-            self.bar.refresh()
-
-    def expect(self, more: int) -> None:
-        """``more`` dry runs than said at the start (the suggestions estimated when nothing fits)."""
-        self.dry_runs += more
-        if self.bar is not None:
-            self.bar.total = self.dry_runs
-            self.bar.refresh()
-
-    def __call__(self, text: str) -> None:
-        if self.bar is None:
-            self.lines(text)
-            return
-        if self._running:
-            self.bar.update(1)
-        self._running = text.startswith("estimating ")
-        self.bar.set_description_str(text)
-
-
 def _dry_runs(plans: int, gpus: str, strategy: str | None) -> int:
     """At most how many dry runs a sharded estimate makes: per plan, FSDP2's (one, or the search of the 11 numbers
     of GPUs --gpus auto tries: 5, a bisection's 4 and one more where a predicted probe missed; two where none
@@ -564,35 +405,3 @@ def _dry_runs(plans: int, gpus: str, strategy: str | None) -> int:
     fsdp2 = 5 if gpus == "auto" else 1
     zero = 1 if strategy in (None, "none", "zero2", "zero3") else 0
     return plans * ((fsdp2 if strategy in (None, "none", "fsdp2", "fsdp1") else 0) + zero)
-
-
-def estimate_each(
-    model: Any, batch: Any, plans: Any, *, budget: int | None, device: str | None, say: Callable[[str], None],
-    gpu: str | None = None, load: dict[str, Any] | None = None,
-) -> Any:
-    """The single-GPU estimates of ``plans``, one dry run at a time so that each is said as it starts (building the
-    fake model again per plan costs a fraction of a second; a dry run of a large model, seconds to minutes). ``gpu``:
-    the GPU kind whose kernels a CUDA dry run made without CUDA emulates (``--gpu``); ``load``: how the model is
-    loaded (:func:`load_from_args`).
-
-    Example:
-        >>> from transformers import LlamaConfig
-        >>> from memlab.plan import Plan
-        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        ...                      vocab_size=256)
-        >>> shapes = {"input_ids": (1, 16), "labels": (1, 16)}
-        >>> report = estimate_each(config, shapes, [Plan(), Plan(checkpointing=True)], budget=None, device="cpu",
-        ...                        say=print)
-        estimating plan 1 of 2: plain
-        estimating plan 2 of 2: ckpt
-        >>> [trial.status for trial in report]
-        ['ok', 'ok']
-    """
-    from memlab.estimation.answers import kept_estimate
-    from memlab.report import Report
-
-    trials = []
-    for number, plan in enumerate(plans, start=1):
-        say(f"estimating plan {number} of {len(plans)}: {plan.label()}")
-        trials += kept_estimate(model, batch, plan, budget=budget, device=device, gpu=gpu, load=load)
-    return Report(trials, budget=budget)

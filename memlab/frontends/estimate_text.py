@@ -18,8 +18,10 @@ from typing import Any
 
 from memlab.frontends.gpu_cli import cli_gpu
 
-__all__ = ["WIDTH", "gpu_hint", "kept_notes", "numbered", "shape_names", "sharded_text", "single_text", "table_lines",
-           "whole_weights", "wrapped", "zero_note"]
+__all__ = [
+    "WIDTH", "budget_words", "count_text", "for_gpu", "gpu_hint", "json_with_verdicts", "kept_notes", "numbered",
+    "shape_names", "sharded_text", "single_text", "table_lines", "whole_weights", "wrapped", "zero_note",
+]
 
 WIDTH = 120
 """The widest line ``memlab estimate`` prints."""
@@ -474,3 +476,60 @@ def _aligned(rows: list[list[str]], left: tuple[int, ...]) -> list[str]:
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return [" " + " ".join(cell.ljust(widths[i]) if i in left else cell.rjust(widths[i])
                            for i, cell in enumerate(row)).rstrip() for row in rows]
+
+
+def budget_words(args: argparse.Namespace, budget: int | None) -> str:
+    """``, budget: the A100-40GB's 39.49 GiB`` where the budget is the GPU's memory (no --budget given)."""
+    from memlab.plan import format_bytes
+
+    if args.budget is not None:  # the unit spelled out: 24GB is 10^9-byte gigabytes, 24GiB 2^30-byte
+        from memlab.report.format import budget_words
+
+        return f", budget {budget_words(str(args.budget))}"
+    if budget is None:
+        return ""
+    return f", budget: its memory, {format_bytes(budget)} (--budget SIZE sets another)"
+
+
+def json_with_verdicts(report: Any) -> str:
+    """The report as JSON, each trial (and suggestion) with ``verdict``: the words its table row shows in ``status``
+    (``ok (estimate)``, ``does not fit (over budget)``...), beside ``status`` (whether it ran) and ``fits``.
+
+    Example:
+        >>> import json
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Report, Trial
+        >>> trial = Trial(Plan(), "ok", 900, {"params": 900}, None, None, None, "cuda", estimated=True)
+        >>> row = json.loads(json_with_verdicts(Report([trial], budget=800)))["trials"][0]
+        >>> row["status"], row["fits"], row["verdict"]
+        ('ok', False, 'does not fit (over budget)')
+    """
+    import json
+
+    from memlab.report.tables import status_text
+
+    data = report.to_dict()
+    for row, trial in zip(data["trials"], report.trials, strict=True):
+        row["verdict"] = status_text(trial, report.fits(trial))
+    for row, trial in zip(data["suggestions"], report.suggestions, strict=True):
+        row["verdict"] = status_text(trial, report.fits(trial))
+    # what the table's "Best:" line says: the plan's label and why (None when nothing fits)
+    from memlab.report.verdicts import best_caption
+
+    best = report.best
+    data["best"] = None if best is None else {"label": best.label, "why": best_caption(report)}
+    return json.dumps(data, indent=2, default=str)
+
+
+def for_gpu(args: argparse.Namespace) -> str:
+    """``, for an H100-80GB`` where the estimate is for CUDA (the GPU kind whose CUDA context it models)."""
+    from memlab.estimation.cuda.gpus import gpu_kind
+
+    return "" if args.device == "cpu" else f", for {gpu_kind(cli_gpu(args)).called}"
+
+
+def count_text(number: int) -> str:
+    for size, unit in ((10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if number >= size:
+            return f"{number / size:.2f}{unit}"
+    return str(number)

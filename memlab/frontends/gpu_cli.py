@@ -19,7 +19,7 @@ import argparse
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["add_gpu_arguments", "check_gpu_plans", "cli_gpu", "gpu_flags"]
+__all__ = ["add_gpu_arguments", "check_gpu_plans", "cli_gpu", "gpu_budget", "gpu_flags"]
 
 
 def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,3 +133,22 @@ and no fused attention kernel takes it); write --try precision=fp16 (autocast in
         if refusal:
             raise MemlabError(refusal.replace("write precision='fp16'", "write --try precision=fp16")
                               .replace(f"; {TRAINER_FP16}", ""))
+
+
+def gpu_budget(args: argparse.Namespace) -> int | None:
+    """The budget when ``--gpu`` names a GPU and no ``--budget`` is given: the GPU's memory
+    (:attr:`~memlab.estimation.cuda.gpus.GpuKind.memory_bytes`), what the card figure must fit; None otherwise (no
+    ``--gpu``, or ``--device cpu``).
+
+    Example:
+        >>> gpu_budget(argparse.Namespace(gpu="A100-40GB", device=None, budget=None)) // 2**20  # torch's, in MiB
+        40442
+        >>> gpu_budget(argparse.Namespace(gpu=None, device=None, budget=None)) is None
+        True
+    """
+    from memlab.estimation.cuda.gpus import gpu_kind
+
+    name = cli_gpu(args)
+    if name is None or getattr(args, "device", None) == "cpu":
+        return None
+    return gpu_kind(name).memory_bytes

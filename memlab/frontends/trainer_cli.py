@@ -401,7 +401,7 @@ def run_trainer(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     step said on ``err``."""
     import contextlib
 
-    from memlab.frontends.estimate_cli import EstimateProgress
+    from memlab.frontends.estimate_progress import EstimateProgress
 
     # What a library prints while the trainer is built (DeepSpeed's accelerator line) goes to err: out is the table.
     with EstimateProgress(err, dry_runs=1) as say, contextlib.redirect_stdout(err):
@@ -414,8 +414,8 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
 
     from memlab.estimation.estimate import load_config
     from memlab.frontends.cli_errors import estimate_status
-    from memlab.frontends.estimate_cli import budget_words, count_text, for_gpu, gpu_budget, json_with_verdicts
-    from memlab.frontends.gpu_cli import cli_gpu
+    from memlab.frontends.estimate_text import budget_words, count_text, for_gpu, json_with_verdicts
+    from memlab.frontends.gpu_cli import cli_gpu, gpu_budget
     from memlab.frontends.host_cli import host_judged
     from memlab.plan import Plan, parse_budget, parse_grid
     from memlab.report import Report

@@ -528,7 +528,7 @@ def test_when_nothing_fits_the_cli_prints_the_suggestions_and_the_commands_that_
 def test_a_long_estimate_shows_a_bar_with_the_time_left_on_a_terminal() -> None:
     import io
 
-    from memlab.frontends.estimate_cli import EstimateProgress
+    from memlab.frontends.estimate_progress import EstimateProgress
 
     err = io.StringIO()
     with EstimateProgress(err, dry_runs=3, terminal=True) as say:
