@@ -30,7 +30,7 @@ from memlab.search.limits import shorter_sequences
 from memlab.search.space import candidate_plans, default_space, fits, micro_batch_of
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search, cheap_twin
-from memlab.search.suggest import suggestions
+from memlab.search.suggest import combined_suggestions, suggestions
 from memlab.techniques.accumulation import check_split
 from memlab.techniques.adapters import carried_space
 from memlab.techniques.attention import fused_attention_instead
@@ -87,8 +87,10 @@ def fit(
         space: restrict the axes, e.g. ``{"precision": ["fp32"], "micro_batch": [8, 4]}`` (keys are Plan fields;
             ``accumulation`` follows from ``batch_size / micro_batch``). Default: :func:`default_space`.
         dry_run: rank by :func:`memlab.estimation.estimate.estimate` (fake tensors, nothing runs): plans are estimated
-        in
-            order of expected speed and the first estimated to fit is the answer; nothing is timed.
+            in order of expected speed and the first estimated to fit is the answer; nothing is timed. Where none
+            fits, ``suggestions`` holds what is estimated to: lever combinations outside the space
+            (:func:`memlab.search.suggest.combined_suggestions`), or a trainer kind's own (a GRPOTrainer's config
+            changes, the longest ``max_completion_length`` in ``shorter_sequences``).
         estimates: before measuring a plan whose peak rests on a part nothing has shown yet (a new adapter, a new
             optimizer, a new mix of techniques), estimate it and a few like it on fake tensors, so that plans
             estimated not to fit are skipped unmeasured. False: only measured trials (and least-case guesses).
@@ -375,7 +377,8 @@ def _dry_run(
 ) -> Report:
     """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
     estimated to fit: that one is the answer, and the plans after it are skipped as expected slower. For ``gpu``,
-    each is estimated for that GPU kind (its card figure, its CUDA context)."""
+    each is estimated for that GPU kind (its card figure, its CUDA context). Where none fits, the suggestions are
+    estimated too (a trainer kind's own, or lever combinations outside the space)."""
     from memlab.estimation.cuda.context import card_context, live_card_context
     from memlab.estimation.estimate import estimate
 
@@ -405,4 +408,22 @@ def _dry_run(
                 if selective:
                     trials += fewest_blocks(trials, budget, lambda: len(checkpoint_blocks(model)), run)
                 return Report(trials, budget=budget, skipped=[(slower, reason) for slower in order[position + 1 :]])
-    return Report(trials, budget=budget)
+        report = Report(trials, budget=budget)
+        ran = [trial for trial in trials if trial.status == "ok"]
+        if not ran:
+            return report
+        # Nothing fits: what would, estimated as the measured search suggests it (from the lowest figure's plan).
+        lowest = min(ran, key=lambda trial: trial.verdict_bytes)
+        if kind is not None and kind.suggest is not None:  # a trainer kind's own: its config changes
+            report.suggestions, report.shorter_sequences = kind.suggest(lowest.plan, budget=budget, device=device,
+                                                                        lr=options.lr, gpu=gpu)
+        else:
+            def estimated(plans: list[Plan]) -> list[Trial]:
+                return [on_card(trial if held is None else held(trial)) for trial in (
+                    estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr,
+                             device=device, host_budget=options.host_budget, gpu=gpu) for plan in plans)]
+
+            half = "fp16" if gpu is not None and not gpu.bf16 else "bf16"
+            report.suggestions = combined_suggestions(lowest, estimated, budget=budget, rows=batch_size, prior=prior,
+                                                      want=2, tries=4, half=half)
+    return report

@@ -46,7 +46,8 @@ class LiveTarget:
     """``estimate(plans, budget=..., device=..., lr=...) -> trials``: the dry run a trainer kind's step needs (a GRPO
     trainer's generates first), for ``fit``'s pruning; None: the model's own dry run on the batch."""
     suggest: Any = None
-    """``suggest(plan, budget=..., device=..., lr=...) -> (trials, sentence)``: where nothing in ``fit``'s space fits,
+    """``suggest(plan, budget=..., device=..., lr=..., gpu=None) -> (trials, sentence)``: where nothing in ``fit``'s
+    space fits (measured, or in a dry run for the GPU kind ``gpu``),
     a trainer kind's own suggestions (a GRPOTrainer's config changes: :mod:`memlab.trainer.grpo_suggest`)."""
 
     def plan_for(self, plan: Any) -> Any:

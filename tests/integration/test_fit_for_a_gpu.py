@@ -76,3 +76,36 @@ def test_estimate_with_a_gpu_kind_is_for_that_gpu_wherever_the_model_is() -> Non
     assert asked.peak_bytes == memlab.estimate(model, batch, device="cuda", gpu="L4-24GB").peak_bytes
     on_cpu = memlab.estimate(model, batch, device="cpu", gpu="L4-24GB")  # a device given is kept
     assert on_cpu.device == "cpu" and on_cpu.card_bytes is None
+
+
+def test_a_dry_run_where_nothing_fits_suggests_what_is_estimated_to() -> None:
+    model, batch = tiny_llama(layers=2, width=64), lm_batch(rows=4, length=32)
+    space = {"micro_batch": [4], "checkpointing": [False], "optimizer": ["adamw"], "precision": ["fp32"]}
+    plain = memlab.estimate(model, batch, memlab.Plan(), device="cpu")
+    budget = int(plain.peak_bytes * 0.7)
+    before = fingerprint(model)
+    report = memlab.fit(model, batch, dry_run=True, budget=budget, space=space, progress=False)
+    assert report.best is None and report.suggestions, [t.label for t in report.trials]
+    for trial in report.suggestions:  # each the estimate of its plan, and within the budget with room to spare
+        alone = memlab.estimate(model, batch, trial.plan, device="cpu", budget=budget)
+        assert trial.estimated and trial.fits and trial.peak_bytes == alone.peak_bytes <= budget
+        assert trial.plan.label() not in {t.plan.label() for t in report.trials}
+    assert_same(before, fingerprint(model))
+
+
+def test_a_grpo_dry_run_where_nothing_fits_suggests_its_config_changes(tmp_path: Any) -> None:
+    pytest.importorskip("trl")
+    from tests.integration.test_trainer_grpo_step import COMPLETION, grpo
+
+    trainer = grpo(tmp_path, "reference", per_device_train_batch_size=4, num_generations=4)
+    space = {"micro_batch": [4], "checkpointing": [False], "precision": ["fp32"], "optimizer": ["adamw"]}
+    plain = memlab.estimate(trainer, memlab.Plan(micro_batch=4), device="cpu")
+    reference = sum(p.numel() * p.element_size() for p in trainer.ref_model.parameters())
+    budget = plain.peak_bytes - reference // 2  # beta=0 frees the reference model's weights: it fits
+    report = memlab.fit(trainer, dry_run=True, budget=budget, space=space, progress=False)
+    assert report.best is None and report.suggestions, [(t.label, t.peak_bytes, budget) for t in report.trials]
+    said = [trial.notes[0] for trial in report.suggestions]
+    assert any(note.startswith("GRPOConfig(beta=0.0)") for note in said), said
+    assert all(trial.estimated and trial.fits for trial in report.suggestions)
+    assert report.shorter_sequences is not None and f"(of {COMPLETION})" in report.shorter_sequences
+    assert (trainer.beta, trainer.max_completion_length, trainer.num_generations) == (0.1, COMPLETION, 4)
