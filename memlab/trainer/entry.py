@@ -43,8 +43,8 @@ class LiveTarget:
     runner: Any = None
     """The runner a trainer kind's step needs (a GRPO trainer's generates first); None: the plans' own."""
     estimate: Any = None
-    """``estimate(plans, budget=..., device=..., lr=...) -> trials``: the dry run a trainer kind's step needs (a GRPO
-    trainer's generates first), for ``fit``'s pruning; None: the model's own dry run on the batch."""
+    """``estimate(plans, budget=..., device=..., lr=..., gpu=None) -> trials``: the dry run a trainer kind's step
+    needs (a GRPO trainer's generates first), for ``fit``'s pruning; None: the model's own dry run on the batch."""
     suggest: Any = None
     """``suggest(plan, budget=..., device=..., lr=..., gpu=None) -> (trials, sentence)``: where nothing in ``fit``'s
     space fits (measured, or in a dry run for the GPU kind ``gpu``),
