@@ -244,6 +244,10 @@ def _fit_module_here(
         if not isinstance(space, Mapping):
             raise MemlabError("space must be a dict of plan fields to values, e.g. {'precision': ['fp32', 'bf16']}")
         resolved_space.update(space)
+    if gpu is not None and not gpu.bf16 and "bf16" in list(resolved_space.get("precision", [])):
+        half = [value for value in resolved_space["precision"] if value != "bf16"] + ["fp16"]
+        raise MemlabError(f"the {gpu.name} runs no bf16 (compute capability {gpu.capability[0]}.{gpu.capability[1]}), "
+                          f"and the space asks for it; write space={{'precision': {sorted(set(half))!r}}}")
     if is_atomic(batch):  # taken whole: each micro-batch is the batch itself, accumulation makes up batch_size
         if batch_size % rows:
             raise atomic_refusal(rows, f"batch_size={batch_size} (not a multiple of its {rows} rows)")
@@ -255,7 +259,8 @@ def _fit_module_here(
     prior = speed_prior(searched.type)
     run_options = run_options.replace(budget=budget)
     if dry_run:
-        return _dry_run(model, batch, candidates, batch_size, prior, run_options, selective, kind, held, gpu)
+        return _dry_run(model, batch, candidates, batch_size, prior, run_options, selective, kind, held, gpu,
+                        half="bf16" if bf16 else "fp16")
     measured: list[Trial] = []
     # The bar stays open after the search, while suggestions are estimated: no silent phase after the last plan.
     progress = run_progress(len(candidates), run_options.progress, at_most=True, then=retiming_runs(len(candidates)),
@@ -374,11 +379,13 @@ def _dry_run(
     kind: Any = None,
     held: Any = None,
     gpu: GpuKind | None = None,
+    half: str = "bf16",
 ) -> Report:
     """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
     estimated to fit: that one is the answer, and the plans after it are skipped as expected slower. For ``gpu``,
     each is estimated for that GPU kind (its card figure, its CUDA context). Where none fits, the suggestions are
-    estimated too (a trainer kind's own, or lever combinations outside the space)."""
+    estimated too (a trainer kind's own, or lever combinations outside the space, autocast in ``half``: the card's
+    half precision)."""
     from memlab.estimation.cuda.context import card_context, live_card_context
     from memlab.estimation.estimate import estimate
 
@@ -423,7 +430,6 @@ def _dry_run(
                     estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr,
                              device=device, host_budget=options.host_budget, gpu=gpu) for plan in plans)]
 
-            half = "fp16" if gpu is not None and not gpu.bf16 else "bf16"
             report.suggestions = combined_suggestions(lowest, estimated, budget=budget, rows=batch_size, prior=prior,
                                                       want=2, tries=4, half=half)
     return report

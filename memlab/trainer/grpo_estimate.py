@@ -41,7 +41,7 @@ from memlab.report.data import Trial
 from memlab.report.timeline import Timeline, TimelinePeak
 from memlab.techniques.vllm import FIELDS, sets_vllm, without_vllm
 from memlab.trainer.grpo import GRPOSource, check_generations, computes_old_logps
-from memlab.trainer.grpo_vllm import SLEEP_LEVEL, VLLMSettings, utilization_candidates, vllm_share
+from memlab.trainer.grpo_vllm import SLEEP_LEVEL, VLLMSettings, engine_device, utilization_candidates, vllm_share
 from memlab.trainer.reference import reference_bytes
 from memlab.trainer.source import keeps_trainer_batch
 
@@ -81,8 +81,7 @@ def grpo_plans_estimator(trainer: Any, loss_fn: Any = None) -> Callable[..., lis
         generations = trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps
         settings = VLLMSettings.of(trainer)
         colocated = settings is not None and settings.colocated
-        if colocated and torch.device(device).type != "cuda":
-            device = "cuda"  # the engine shares a CUDA card, and so does the training (a CPU model: for the card)
+        device = engine_device(trainer, device)
         trials = []
         for plan in plans:
             whole = plan

@@ -29,6 +29,7 @@ from typing import Any
 from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.report.data import Trial
+from memlab.trainer.grpo_vllm import engine_device
 
 __all__ = ["CHANGES", "grpo_suggestions", "with_grpo_dry_runs"]
 
@@ -91,7 +92,7 @@ def grpo_suggestions(trainer: Any, plan: Plan, *, budget: int, device: Any, lr: 
         suggestions, longest = grpo_suggestions(trainer, memlab.Plan(micro_batch=1, accumulation=4),
                                                 budget=2_000_000, device="cpu", lr=1e-5)
     """
-    options = {"budget": budget, "device": device, "lr": lr, "loss_fn": loss_fn, "gpu": gpu}
+    options = {"budget": budget, "device": engine_device(trainer, device), "lr": lr, "loss_fn": loss_fn, "gpu": gpu}
     found: list[Trial] = []
     if float(getattr(trainer, "beta", 0.0)) != 0.0:
         trial = _estimate(trainer, plan, "beta", 0.0, options)
@@ -118,8 +119,9 @@ def grpo_suggestions(trainer: Any, plan: Plan, *, budget: int, device: Any, lr: 
 def _longest_completion(trainer: Any, plan: Plan, completion: int, options: dict[str, Any],
                         multiple: int = 1) -> tuple[int, Trial | None]:
     """The longest ``max_completion_length`` below ``completion`` estimated to fit, by bisection (memory grows with
-    it) over the multiples of ``multiple`` (over every length where ``completion`` is not above ``multiple``), with
-    its estimate; ``(0, None)`` where the shortest tried does not fit."""
+    it) over the multiples of ``multiple`` (over every length where ``completion`` is not above ``multiple``), then
+    over the lengths below the smallest multiple where none fits, with its estimate; ``(0, None)`` where one token
+    does not fit."""
     step = multiple if completion > multiple >= 1 else 1
     low, high, best = 1, (completion - 1) // step, None
     while low <= high:
@@ -129,6 +131,8 @@ def _longest_completion(trainer: Any, plan: Plan, completion: int, options: dict
             low, best = middle + 1, (middle * step, trial)
         else:
             high = middle - 1
+    if best is None and step > 1:  # none of the multiples fits: the lengths below the smallest, one by one
+        return _longest_completion(trainer, plan, step, options)
     return best if best is not None else (0, None)
 
 

@@ -41,7 +41,7 @@ import torch
 from memlab.errors import MemlabError
 
 __all__ = ["BLOCK_TOKENS", "RUNTIME_ALLOWANCE", "SLEEP_LEVEL", "UTILIZATIONS", "VLLMSettings", "VLLMShare",
-           "refuse_engine_change", "utilization_candidates", "vllm_share"]
+           "engine_device", "refuse_engine_change", "utilization_candidates", "vllm_share"]
 
 SLEEP_LEVEL = 2
 """The level TRL 1.16 puts vLLM to sleep at (``llm.sleep(level=2)`` in ``VLLMGeneration``): weights and KV cache
@@ -308,3 +308,22 @@ def utilization_candidates(share: VLLMShare) -> list[float]:
     top = share.settings.utilization
     found = {round(value, 2) for value in UTILIZATIONS if least < value < top}
     return sorted({min(least, top), *found, top})
+
+
+def engine_device(trainer: Any, device: Any) -> Any:
+    """The device a GRPOTrainer's step is estimated for: ``device``, or CUDA where a colocated vLLM engine shares the
+    card (the training shares it too; a CPU model is then estimated for the card).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> plain = SimpleNamespace(args=SimpleNamespace(use_vllm=False))
+        >>> engine_device(plain, "cpu")
+        'cpu'
+        >>> shared = SimpleNamespace(args=SimpleNamespace(use_vllm=True, vllm_mode="colocate"))
+        >>> engine_device(shared, "cpu"), engine_device(shared, None)
+        ('cuda', 'cuda')
+    """
+    settings = VLLMSettings.of(trainer)
+    if settings is not None and settings.colocated and (device is None or torch.device(device).type != "cuda"):
+        return "cuda"
+    return device

@@ -51,6 +51,9 @@ def test_a_measured_fit_refuses_gpu_and_changes_nothing() -> None:
         memlab.fit(model, batch, gpu="RTX4090-24GB", budget="1GiB", progress=False)
     with pytest.raises(memlab.MemlabError, match="is not a GPU memlab knows"):
         memlab.fit(model, batch, dry_run=True, gpu="RTX 9999", budget="1GiB", progress=False)
+    with pytest.raises(memlab.MemlabError, match=r"the T4-16GB runs no bf16 .*; write space=\{'precision': \['fp16', "
+                                                 r"'fp32'\]\}"):
+        memlab.fit(model, batch, dry_run=True, gpu="T4-16GB", space={"precision": ["fp32", "bf16"]}, progress=False)
     assert_same(before, fingerprint(model))
 
 

@@ -117,7 +117,18 @@ def test_a_dry_run_for_a_gpu_kind_from_a_cpu_kernel(shell: InteractiveShell) -> 
     assert_same(before, fingerprint(shell.user_ns["llama"]))
 
 
+def test_an_inference_dry_run_for_a_gpu_kind(shell: InteractiveShell) -> None:
+    from memlab.estimation.cuda.gpus import gpu_kind
+
+    shell.user_ns.update(llama=tiny_llama(layers=2, width=32), tokens=lm_batch(rows=2, length=16))
+    kind = gpu_kind("RTX4090-24GB")
+    report = memfit(shell, "llama tokens --inference --dry-run --gpu RTX4090-24GB")
+    assert report.budget == kind.memory_bytes and report.trials
+    assert all(trial.context_bytes == kind.context_bytes and trial.card_bytes is not None for trial in report)
+
+
 @pytest.mark.parametrize(("line", "said"), [
+    ("llama tokens --inference --gpu RTX4090-24GB --budget 1GiB", "add --dry-run"),
     ("llama tokens --gpu RTX4090-24GB", "add --dry-run, e.g. %%memfit model batch --dry-run --gpu RTX4090-24GB"),
     ("llama tokens --dry-run --gpu RTX9999", "--gpu 'RTX9999' is not a GPU memlab knows; write one of H100-80GB"),
 ])

@@ -219,8 +219,7 @@ class TrainingRequest:
         gpu = self.gpu
 
         def on_card(trial: Any) -> Any:
-            # the context of the kind asked for, else of the GPU the model is on (or the default kind's)
-            return card_context(trial, gpu) if gpu is not None else live_card_context(trial, model)
+            return carded(trial, gpu, model)
 
         def work(options: RunOptions) -> Report:
             if self.sharding is not None:
@@ -321,6 +320,19 @@ def apply_best(
     )
 
 
+def carded(trial: Any, gpu: GpuKind | None, model: nn.Module) -> Any:
+    """A dry run's ``trial`` with the CUDA context of the card: the kind ``--gpu`` names, else the GPU the model is on
+    (the default kind's for a model off the GPU).
+
+    Example:
+        >>> from memlab.report import Trial
+        >>> trial = Trial(Plan(), "ok", 1, {}, None, None, None, "cuda", reserved_bytes=1)
+        >>> carded(trial, gpu_kind("L4-24GB"), nn.Linear(1, 1)).context_bytes == gpu_kind("L4-24GB").context_bytes
+        True
+    """
+    return card_context(trial, gpu) if gpu is not None else live_card_context(trial, model)
+
+
 def _gpu(args: Any) -> GpuKind | None:
     """The GPU kind ``--gpu`` names (None without it); a one-line UsageError for a live run or a kind memlab does not
     know, saying what to write.
@@ -403,6 +415,7 @@ class InferenceRequest:
     options: RunOptions
     plans: list[InferencePlan]
     axes: dict[str, list[Any]]
+    gpu: GpuKind | None = None
 
     @classmethod
     def from_args(cls, args: Any) -> InferenceRequest:
@@ -426,13 +439,16 @@ class InferenceRequest:
                 "--search --inference finds the fastest --try setting within --budget; add --try KEY=V1,V2 and "
                 "--budget SIZE, or drop --search"
             )
+        gpu = _gpu(args)
         options = run_options(args)
+        if gpu is not None and options.budget is None:
+            options = options.replace(budget=gpu.memory_bytes)  # the card's memory, as for training
         try:
             plans = parse_inference_grid(args.grid)
             axes = parse_inference_axes(args.grid)
         except MemlabError as error:
             raise usage_error(str(error)) from None
-        return cls(args, options, plans, axes)
+        return cls(args, options, plans, axes, gpu)
 
     def prepare(
         self, namespace: MutableMapping[str, Any], model: nn.Module, cell: str | None, trainer: Any = None
@@ -450,10 +466,12 @@ class InferenceRequest:
                 "leave the body empty"
             )
 
+        gpu = self.gpu
+
         def work(options: RunOptions) -> Report:
             if args.dry_run:
-                report = estimate_plans(model, batch, self.plans, budget=options.budget)
-                report.trials = [live_card_context(trial, model) for trial in report]
+                report = estimate_plans(model, batch, self.plans, budget=options.budget, gpu=gpu)
+                report.trials = [carded(trial, gpu, model) for trial in report]
                 return report
             if args.search:
                 return fit_inference(model, batch, goal="speed", space=self.axes, **options.keywords())
