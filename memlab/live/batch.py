@@ -294,6 +294,18 @@ def repeats_left_out(micro: list[Batch]) -> list[Batch]:
     return [part for number, part in enumerate(micro) if number < 2 or not same_layout(part, micro[number - 1])]
 
 
+def repeats_note(micro_batches: int, run: int) -> str:
+    """What a dry run says where :func:`repeats_left_out` left micro-batches out.
+
+    Example:
+        >>> repeats_note(4, 2).split(";")[0]
+        'accumulation 4: 2 of the 4 micro-batches repeat the shapes of the one before and were not run again'
+    """
+    return (f"accumulation {micro_batches}: {micro_batches - run} of the {micro_batches} micro-batches repeat the "
+            f"shapes of the one before and were not run again; their memory repeats it exactly (the timeline shows "
+            f"the {run} run)")
+
+
 def batch_device(batch: Batch) -> torch.device | None:
     for _, tensor in named_tensors(batch):
         return tensor.device

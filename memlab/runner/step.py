@@ -21,6 +21,7 @@ from memlab.live.batch import (
     check_loss,
     map_tensors,
     repeats_left_out,
+    repeats_note,
     resolve_loss_fn,
 )
 from memlab.live.compat import tensor_use_counts
@@ -165,7 +166,10 @@ class TrainingStep:
         # Under a dispatch mode (memlab's tracker, a dry run's fake mode) the autograd engine sums the gradients
         # that meet at a leaf out of place; a user's own loop sums them in place (see SharedGrads).
         emulate = torch._C._len_torch_dispatch_stack() > 0 or parts.fake
-        for part in repeats_left_out(micro) if parts.fake else micro:
+        run = repeats_left_out(micro) if parts.fake else micro
+        if len(run) < len(micro) and repeats_note(len(micro), len(run)) not in parts.late_notes:
+            parts.late_notes.append(repeats_note(len(micro), len(run)))
+        for part in run:
             with tracker.phase("activations"):
                 with tracker.section("forward"), parts.forward_context():
                     loss = check_loss(loss_fn(self.model, part))

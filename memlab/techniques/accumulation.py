@@ -88,12 +88,5 @@ class Accumulation(Technique):
         return None
 
 
-    def dry_run(self, parts: StepParts) -> list[str]:
-        if parts.plan.accumulation <= 2:
-            return []
-        return [f"accumulation {parts.plan.accumulation}: micro-batches past the second that repeat the shapes of "
-                "the one before were not run again; their memory repeats it exactly (the timeline shows the ones "
-                "run)"]
-
 
 ACCUMULATION = Accumulation()

@@ -65,8 +65,7 @@ def test_a_dry_run_of_repeats_answers_as_running_every_micro_batch(
     # warm-up and tracked step: two micro-batches each, where every one is accumulation's
     assert (len(left_out_calls), len(every_calls)) == (4, 2 * plan.accumulation)
     trial = _trial(left_out)
-    assert any(note.startswith(f"accumulation {plan.accumulation}: micro-batches past the second") for note in
-               trial.notes)
+    assert batches.repeats_note(plan.accumulation, 2) in trial.notes
 
 
 def test_two_micro_batches_are_both_run_and_say_nothing() -> None:
@@ -116,4 +115,4 @@ def test_a_grpo_step_answers_as_every_micro_batch(monkeypatch: pytest.MonkeyPatc
     every = memlab.estimate(trainer, plan, device="cuda", gpu="H100-80GB")
     assert _answer(left_out) == _answer(every)
     assert dataclasses.asdict(_trial(left_out).plan) == dataclasses.asdict(_trial(every).plan)
-    assert any(note.startswith("accumulation 4: micro-batches past the second") for note in _trial(left_out).notes)
+    assert batches.repeats_note(4, 2) in _trial(left_out).notes
