@@ -111,7 +111,7 @@ def gpu_flags(args: argparse.Namespace) -> list[str]:
 def check_gpu_plans(args: argparse.Namespace, plans: Iterable[Any]) -> None:
     """Refuse, before anything is built, a plan the GPU the command is for cannot run (autocast in bf16 on a GPU
     without bf16: :func:`memlab.techniques.precision.bf16_refusal`, as a trial there refuses it), in the command's
-    words; nothing for ``--device cpu``.
+    words; for ``--device cpu``, a GPU named or described beside it (which would be ignored) is refused.
 
     Example:
         >>> from memlab.plan import Plan
@@ -120,12 +120,22 @@ def check_gpu_plans(args: argparse.Namespace, plans: Iterable[Any]) -> None:
         ...
         memlab.errors.MemlabError: the T4-16GB (compute capability 7.5) has no native bf16 (emulated bf16 is slow, \
 and no fused attention kernel takes it); write --try precision=fp16 (autocast in fp16, loss-scaled) instead
+        >>> check_gpu_plans(argparse.Namespace(gpu="T4-16GB", device="cpu"), [Plan()])
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: --gpu names the GPU an estimate is for, and --device cpu asks for the CPU; drop \
+--device cpu to estimate for that GPU, or drop --gpu for the CPU
     """
     from memlab.errors import MemlabError
     from memlab.estimation.cuda.gpus import gpu_kind
     from memlab.techniques.precision import TRAINER_FP16, bf16_refusal
 
     if getattr(args, "device", None) == "cpu":
+        given = [flag for flag, name in (("--gpu", "gpu"), ("--gpu-memory", "gpu_memory"),
+                                         ("--gpu-capability", "gpu_capability")) if getattr(args, name, None)]
+        if given:
+            raise MemlabError(f"{given[0]} names the GPU an estimate is for, and --device cpu asks for the CPU; drop "
+                              f"--device cpu to estimate for that GPU, or drop {given[0]} for the CPU")
         return
     kind = gpu_kind(cli_gpu(args))
     for plan in plans:
