@@ -136,4 +136,9 @@ def test_refusals_name_the_kind_and_the_flag() -> None:
     with pytest.raises(MemlabError, match=re.escape("write --try precision=fp16")):
         check_gpu_plans(SimpleNamespace(gpu=None, gpu_memory="16GiB", gpu_capability="7.0", device=None),  # type: ignore[arg-type]
                         [Plan(precision="bf16")])
-    check_gpu_plans(SimpleNamespace(gpu="T4-16GB", device="cpu"), [Plan(precision="bf16")])  # type: ignore[arg-type]
+    check_gpu_plans(SimpleNamespace(gpu=None, device="cpu"), [Plan(precision="bf16")])  # type: ignore[arg-type]
+    # a GPU named beside --device cpu would be ignored: refused, whatever the plans
+    with pytest.raises(MemlabError, match=re.escape("drop --device cpu to estimate for that GPU, or drop --gpu")):
+        check_gpu_plans(SimpleNamespace(gpu="T4-16GB", device="cpu"), [Plan(precision="bf16")])  # type: ignore[arg-type]
+    with pytest.raises(MemlabError, match=re.escape("drop --gpu-memory for the CPU")):
+        check_gpu_plans(SimpleNamespace(gpu=None, gpu_memory="16GiB", device="cpu"), [Plan()])  # type: ignore[arg-type]
