@@ -167,8 +167,9 @@ class TrainingStep:
         # that meet at a leaf out of place; a user's own loop sums them in place (see SharedGrads).
         emulate = torch._C._len_torch_dispatch_stack() > 0 or parts.fake
         run = repeats_left_out(micro) if parts.fake else micro
-        if len(run) < len(micro) and repeats_note(len(micro), len(run)) not in parts.late_notes:
-            parts.late_notes.append(repeats_note(len(micro), len(run)))
+        note = repeats_note(len(micro), len(run))
+        if len(run) < len(micro) and note not in parts.late_notes:
+            parts.late_notes.append(note)
         for part in run:
             with tracker.phase("activations"):
                 with tracker.section("forward"), parts.forward_context():

@@ -395,25 +395,23 @@ def _dry_run(
     # a model on the meta device is estimated for CUDA (target_device), as memlab.estimate does
     device: Any = "cuda" if gpu is not None else None if model_device(model).type == "meta" else model_device(model)
 
-    def on_card(trial: Trial) -> Trial:
-        # the context of the kind asked for, else of the GPU the model is on (or the default kind's)
+    def dry_run(plan: Plan) -> Trial:
+        # the plan's dry run (a trainer kind's own where it has one), what the trainer holds beside the model added,
+        # with the card's context: the kind asked for, else the GPU the model is on (or the default kind's)
+        trial = estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device,
+                         host_budget=options.host_budget, gpu=gpu) \
+            if kind is None else kind.estimate([plan], budget=budget, device=device, lr=options.lr, gpu=gpu)[0]
+        trial = trial if held is None else held(trial)
         return card_context(trial, gpu) if gpu is not None else live_card_context(trial, model)
 
     trials: list[Trial] = []
     with keep_on_interrupt(trials, budget):
         for position, plan in enumerate(order):
-            trial = estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device,
-                             host_budget=options.host_budget, gpu=gpu) \
-                if kind is None else kind.estimate([plan], budget=budget, device=device, lr=options.lr, gpu=gpu)[0]
-            trial = on_card(trial if held is None else held(trial))
-            trials.append(trial)
+            trials.append(dry_run(plan))
             if fits(trials[-1], budget):
                 reason = f"expected slower: {plan.label()} is expected faster and is estimated to fit"
-                run = lambda blocks: on_card(estimate(  # noqa: E731 - the same dry run, fewer blocks
-                    model, batch, blocks, loss_fn=options.loss_fn, budget=budget, lr=options.lr, device=device,
-                    host_budget=options.host_budget, gpu=gpu))
-                if selective:
-                    trials += fewest_blocks(trials, budget, lambda: len(checkpoint_blocks(model)), run)
+                if selective:  # the same dry run, fewer blocks
+                    trials += fewest_blocks(trials, budget, lambda: len(checkpoint_blocks(model)), dry_run)
                 return Report(trials, budget=budget, skipped=[(slower, reason) for slower in order[position + 1 :]])
         report = Report(trials, budget=budget)
         ran = [trial for trial in trials if trial.status == "ok"]
@@ -425,11 +423,7 @@ def _dry_run(
             report.suggestions, report.shorter_sequences = kind.suggest(lowest.plan, budget=budget, device=device,
                                                                         lr=options.lr, gpu=gpu)
         else:
-            def estimated(plans: list[Plan]) -> list[Trial]:
-                return [on_card(trial if held is None else held(trial)) for trial in (
-                    estimate(model, batch, plan, loss_fn=options.loss_fn, budget=budget, lr=options.lr,
-                             device=device, host_budget=options.host_budget, gpu=gpu) for plan in plans)]
-
-            report.suggestions = combined_suggestions(lowest, estimated, budget=budget, rows=batch_size, prior=prior,
-                                                      want=2, tries=4, half=half)
+            report.suggestions = combined_suggestions(lowest, lambda plans: [dry_run(plan) for plan in plans],
+                                                      budget=budget, rows=batch_size, prior=prior, want=2,
+                                                      tries=4, half=half)
     return report

@@ -154,9 +154,7 @@ class TrainingRequest:
             raise usage_error("--apply needs measured plans, and --dry-run only estimates them; drop one of the two")
         sharding = _sharding(args)
         gpu = _gpu(args)
-        options = run_options(args, lr=args.lr)
-        if gpu is not None and options.budget is None:
-            options = options.replace(budget=gpu.memory_bytes)  # the card's memory, as memlab estimate --gpu judges
+        options = _for_card(run_options(args, lr=args.lr), gpu)
         try:
             plans = parse_grid(args.grid)
         except MemlabError as error:
@@ -354,6 +352,12 @@ def _gpu(args: Any) -> GpuKind | None:
         raise usage_error(str(error).replace("gpu=", "--gpu ", 1)) from None
 
 
+def _for_card(options: RunOptions, gpu: GpuKind | None) -> RunOptions:
+    """``options`` with the budget the card's memory where ``--gpu`` names one and ``--budget`` is not given, as
+    ``memlab estimate --gpu`` judges."""
+    return options.replace(budget=gpu.memory_bytes) if gpu is not None and options.budget is None else options
+
+
 def _sharding(args: Any) -> tuple[int | str, list[str] | None] | None:
     """``(gpus, strategies)`` of a sharded dry run (``--gpus``/``--strategy``), None without them; a one-line
     UsageError for a live run, a wrong value or an option that does not go with them."""
@@ -440,9 +444,7 @@ class InferenceRequest:
                 "--budget SIZE, or drop --search"
             )
         gpu = _gpu(args)
-        options = run_options(args)
-        if gpu is not None and options.budget is None:
-            options = options.replace(budget=gpu.memory_bytes)  # the card's memory, as for training
+        options = _for_card(run_options(args), gpu)
         try:
             plans = parse_inference_grid(args.grid)
             axes = parse_inference_axes(args.grid)
