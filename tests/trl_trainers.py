@@ -31,7 +31,7 @@ def length_reward(completions: list[Any], **_: Any) -> list[float]:
 
 
 def make_grpo_trainer(tmp_path: Any, reward_funcs: Any = length_reward, reward_processing_classes: Any = None,
-                      **settings: Any) -> trl.GRPOTrainer:
+                      peft_config: Any = None, **settings: Any) -> trl.GRPOTrainer:
     """Two completions of 8 tokens per prompt, 2 generations per device, no reference model (beta=0; with
     beta > 0, TRL's reference model loaded from the policy saved under ``tmp_path``)."""
     config: dict[str, Any] = dict(output_dir=str(tmp_path / "grpo"), report_to=[], use_cpu=True, save_strategy="no",
@@ -45,19 +45,21 @@ def make_grpo_trainer(tmp_path: Any, reward_funcs: Any = length_reward, reward_p
         model = LlamaForCausalLM.from_pretrained(tmp_path / "policy")
     return trl.GRPOTrainer(model=model, reward_funcs=reward_funcs, args=trl.GRPOConfig(**config),
                            train_dataset=prompts, processing_class=word_tokenizer(),
-                           reward_processing_classes=reward_processing_classes)
+                           reward_processing_classes=reward_processing_classes, peft_config=peft_config)
 
 
-def make_dpo_trainer(tmp_path: Any, **settings: Any) -> trl.DPOTrainer:
-    """Preference pairs of uneven lengths and a reference model held apart."""
+def make_dpo_trainer(tmp_path: Any, peft_config: Any = None, **settings: Any) -> trl.DPOTrainer:
+    """Preference pairs of uneven lengths and a reference model held apart (with a ``peft_config``, none: the
+    reference is the base with its adapters off)."""
     config: dict[str, Any] = dict(output_dir=str(tmp_path / "dpo"), report_to=[], use_cpu=True, save_strategy="no",
                                   max_steps=1, per_device_train_batch_size=2, disable_tqdm=True, bf16=False, seed=0)
     config.update(settings)
     rows = [{"prompt": " ".join(f"w{(i + j) % 60}" for j in range(3 + (i * 5) % 11)),
              "chosen": " ".join(f"w{(i * 3 + j) % 60}" for j in range(2 + i % 4)),
              "rejected": " ".join(f"w{(i * 7 + j) % 60}" for j in range(1 + (i * 3) % 9))} for i in range(6)]
-    return trl.DPOTrainer(model=llama(), ref_model=llama(), args=trl.DPOConfig(**config),
-                          train_dataset=Dataset.from_list(rows), processing_class=word_tokenizer())
+    return trl.DPOTrainer(model=llama(), ref_model=None if peft_config is not None else llama(),
+                          args=trl.DPOConfig(**config), train_dataset=Dataset.from_list(rows),
+                          processing_class=word_tokenizer(), peft_config=peft_config)
 
 
 def phase_peaks(timeline: Any) -> dict[str, int]:

@@ -130,9 +130,15 @@ def _plain_trainer(tmp_path: Path) -> Any:
     return transformers.Trainer(model=trl_trainers.llama(), args=args, train_dataset=tokens(), data_collator=collator)
 
 
+def _lora() -> Any:
+    return peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
+
+
 TRAINERS: dict[str, Callable[[Path], Any]] = {
     "dpo": make_dpo_trainer,
+    "dpo lora": lambda tmp_path: make_dpo_trainer(tmp_path, peft_config=_lora()),
     "grpo": lambda tmp_path: make_grpo_trainer(tmp_path, beta=0.04),
+    "grpo lora": lambda tmp_path: make_grpo_trainer(tmp_path, beta=0.04, peft_config=_lora()),
     "sft packing lora": _sft,
     "trainer": _plain_trainer,
 }
@@ -165,6 +171,29 @@ def test_a_trainer_estimated_for_cuda_on_a_laptop_is_the_gpus_estimate(
     more = 1.1 if kind in ("dpo", "grpo") else 1.0
     assert cpu_path.peak_bytes > more * laptop.peak_bytes, (kind, cpu_path.peak_bytes, laptop.peak_bytes)
     assert "_forward_kernel" in kernels and "_backward_kernel" in kernels, laptop.notes
+
+
+def test_a_model_that_checkpoints_its_own_blocks_still_takes_trls_gpu_path(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A Qwen2 that checkpoints its own blocks (the trainer's ``gradient_checkpointing``) cannot recompute under the
+    kernel emulation, and the step is made again on the CPU's kernels; TRL's loss, which runs after the blocks, must
+    still take its GPU path. On an H200 (2026-11-27, the acceptance run's ``rl`` part at a 0.5B Qwen2) the DPOTrainer +
+    LoRA estimated on a laptop came out 1.57x the one made on the GPU (3.85 against 2.45 GB) without it."""
+    from benchmarks.gpu_sections_rl import make_rl_trainer
+    from memlab.estimation.cuda.kernels import OWN_CHECKPOINT_NOTE
+
+    trainer = make_rl_trainer("dpo_lora", "smoke", True, str(tmp_path))
+    laptop = memlab.estimate(trainer, device="cuda", gpu="H200-141GB")
+    assert laptop.status == "ok", laptop.error
+    assert laptop.plan.checkpointing is True and OWN_CHECKPOINT_NOTE in laptop.notes, laptop.notes
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(cuda_kernels, "gpu_branches", contextlib.nullcontext)
+        cpu_path = memlab.estimate(trainer, device="cuda", gpu="H200-141GB")
+    request.getfixturevalue("gpu_machine")
+    on_gpu = memlab.estimate(trainer, device="cuda", gpu="H200-141GB")
+    assert (laptop.peak_bytes, laptop.card_bytes) == (on_gpu.peak_bytes, on_gpu.card_bytes)
+    assert cpu_path.peak_bytes != laptop.peak_bytes  # TRL's CPU path holds other tensors: the test can tell them apart
+    assert any(note.startswith("Triton kernels") for note in laptop.notes), laptop.notes
 
 
 def test_nothing_of_trls_stays_changed(tmp_path: Path) -> None:

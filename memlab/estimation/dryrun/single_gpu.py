@@ -383,8 +383,8 @@ def _plan_runs(
                     if trace is not None:
                         stack.enter_context(_plan_allocator(plan))
                         stack.enter_context(trace.trial(setup.model, setup.batch, mode))
-                    if emulate:
-                        attention = stack.enter_context(cuda_kernels(kind))
+                    if emulated:
+                        attention = stack.enter_context(cuda_kernels(kind, kernels=emulate))
                     mode.foreign_ops.clear()
                     mode.skipped_kernels.clear()
                     return workload.trial(runner, plan, setup, trace), attention

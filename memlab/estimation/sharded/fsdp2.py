@@ -434,7 +434,7 @@ def _fsdp2_run(request: ShardedRequest, emulate: bool, paths: LayerPaths | None 
             trace.listen(TrialStarted(plan, 0, 1))
         if log is not None:
             log.name_storages()
-        attention = stack.enter_context(cuda_kernels(gpu)) if emulate else None
+        attention = stack.enter_context(cuda_kernels(gpu, kernels=emulate)) if target.type == "cuda" else None
         try:
             step = TrainingStep(model, one_step, loss_fn=loss_fn, lr=lr, optimizer_device_type=target.type)
             if target.type == "cuda" and one_step.optimizer == "adamw":
