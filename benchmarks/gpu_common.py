@@ -79,7 +79,8 @@ SIZES: dict[str, dict[str, Any]] = {
                     "overhead": {"rounds": 1, "steps": 3, "warmup": 1}},
         "loads": {"shape": TINY.replace(rows=2), "train": (2, 32), "prompt": (2, 16), "new_tokens": 3},
         "rl": {"shape": _TINY_QWEN2, "dpo": {"rows": 2, "prompt": 6, "completion": 8, "max_length": 32, "steps": 1},
-               "grpo": {"rows": 2, "generations": 2, "prompt": 4, "completion": 4, "steps": 1}, "laptop_s": 240},
+               "grpo": {"rows": 2, "generations": 2, "prompt": 4, "completion": 4, "steps": 1}, "laptop_s": 240,
+               "trainer_s": 120},
         "noise": 0,  # the smoke size exercises the code only: exactly its steps, no noise target
         "time_limit": 2.0,
     },
@@ -93,7 +94,8 @@ SIZES: dict[str, dict[str, Any]] = {
                     "overhead": {"rounds": 3, "steps": 6, "warmup": 2}},
         "loads": {"shape": TINY.replace(rows=2), "train": (2, 64), "prompt": (2, 32), "new_tokens": 4},
         "rl": {"shape": _TINY_QWEN2, "dpo": {"rows": 2, "prompt": 8, "completion": 12, "max_length": 32, "steps": 2},
-               "grpo": {"rows": 4, "generations": 4, "prompt": 6, "completion": 8, "steps": 1}, "laptop_s": 600},
+               "grpo": {"rows": 4, "generations": 4, "prompt": 6, "completion": 8, "steps": 1}, "laptop_s": 600,
+               "trainer_s": 300},
         "noise": 0.05, "time_limit": 5.0,
     },
     "full": {
@@ -126,7 +128,8 @@ SIZES: dict[str, dict[str, Any]] = {
         # laptop_s: the laptop's process (its estimates) at most, under the part's limit so that the GPU's figures
         # come back; at the CPU sizes over it, so that a slow shared CPU cuts the part rather than failing a check.
         "rl": {"shape": QWEN2_05B, "dpo": {"rows": 2, "prompt": 128, "completion": 256, "max_length": 512, "steps": 2},
-               "grpo": {"rows": 8, "generations": 8, "prompt": 64, "completion": 256, "steps": 1}, "laptop_s": 140},
+               "grpo": {"rows": 8, "generations": 8, "prompt": 64, "completion": 256, "steps": 1}, "laptop_s": 140,
+               "trainer_s": 90},
         "noise": 0.05,
         # A timed trial stops at 3 s even where its median's interval is not yet within 5%: the run has ten
         # minutes for everything (the ties section keeps memlab's own defaults: its question is the timing).

@@ -57,7 +57,10 @@ def test_paged_8bit_adamw_on_cuda_runs_and_holds_no_more_than_8bit():
 def test_foreach_adamw_keeps_the_same_state_as_fused_adamw():
     model, batch = cuda_model(), cuda_batch()
     fused, foreach = compare_restoring(model, batch, [memlab.Plan(), memlab.Plan(optimizer="adamw_foreach")])
-    assert foreach.breakdown["optimizer"] == fused.breakdown["optimizer"]
+    # The same moments; fused AdamW keeps each parameter's step count as a float32 on the GPU, foreach on the host
+    # (the H200, 2026-11-27: 156 B more for this model's 39 parameters).
+    steps_on_the_gpu = 4 * len(list(model.parameters()))
+    assert fused.breakdown["optimizer"] - foreach.breakdown["optimizer"] == steps_on_the_gpu
 
 
 def test_the_chunked_loss_lowers_a_peak_that_the_logits_make():
