@@ -254,7 +254,8 @@ def _adapters_in_fp32(model: nn.Module) -> None:
     the H100 run showed QLoRA then keeping half the optimizer state of the same LoRA."""
     for parameter in model.parameters():
         if parameter.requires_grad and parameter.dtype in (torch.bfloat16, torch.float16):
-            parameter.data = parameter.data.float()
+            # Tensor.to, not .float(): a dry run follows adapters built for a GPU through it (dryrun/adapters.py).
+            parameter.data = parameter.data.to(torch.float32)
 
 
 def _put_back(structure: ModuleStructure, parked: list[tuple[torch.Tensor, torch.device]]) -> None:

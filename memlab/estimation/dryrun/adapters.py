@@ -313,14 +313,23 @@ class _FakeMoves:
         thread = threading.get_ident()
 
         def to(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            if threading.get_ident() == thread and type(tensor) in (torch.Tensor, nn.Parameter):
-                device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
-                if device is not None and device != tensor.device:
-                    moved = torch.empty_strided(tensor.size(), tensor.stride(), dtype=dtype or tensor.dtype,
-                                                device="meta").requires_grad_(tensor.requires_grad)
-                    self.devices[moved.untyped_storage()._cdata] = (moved, device)
-                    return moved
-            return original(tensor, *args, **kwargs)
+            if threading.get_ident() != thread or type(tensor) not in (torch.Tensor, nn.Parameter):
+                return original(tensor, *args, **kwargs)
+            device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+            if device is not None and device != tensor.device:
+                moved = torch.empty_strided(tensor.size(), tensor.stride(), dtype=dtype or tensor.dtype,
+                                            device="meta").requires_grad_(tensor.requires_grad)
+                self.devices[moved.untyped_storage()._cdata] = (moved, device)
+                return moved
+            result = original(tensor, *args, **kwargs)
+            # A moved adapter cast afterwards (QLoRA's bf16 adapters held in fp32 once they sit on their base layer's
+            # device: techniques/adapters.py, as peft does) is a new meta tensor: it goes where the one it was cast
+            # from went. Without this, a QLoRA dry run for a GPU made on a GPU machine mixed meta and CUDA tensors
+            # (the H200, 2026-11-27: "Unhandled FakeTensor Device Propagation ... cuda:0, meta").
+            known = self.devices.get(tensor.untyped_storage()._cdata) if tensor.device.type == "meta" else None
+            if known is not None and result.untyped_storage()._cdata not in self.devices:
+                self.devices[result.untyped_storage()._cdata] = (result, known[1])
+            return result
 
         self._patch.enter_context(patched(torch.Tensor, to=to))
         return self
