@@ -79,8 +79,8 @@ def expandable_suggestion(args: argparse.Namespace, model: Any, batch: Any, repo
     the line that sets them and the command that estimates them; none on the CPU, with ``--expandable-segments``
     already, or where no plan's reserve alone is over the budget."""
     from memlab.estimation.cuda.context import card_contexts
-    from memlab.frontends.estimate_next import command_for, plan_try
-    from memlab.frontends.estimate_progress import estimate_each
+    from memlab.frontends.estimate.next import command_for, plan_try
+    from memlab.frontends.estimate.progress import estimate_each
     from memlab.plan import format_bytes
 
     budget = report.budget

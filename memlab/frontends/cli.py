@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = join_dashed_values(list(argv) if argv is not None else sys.argv[1:])
     asked = words[1:] if words[:1] == ["estimate"] else None
     if asked is not None:  # a question asked before: its kept answer, read before torch is imported
-        from memlab.frontends.estimate_kept import asked_again
+        from memlab.frontends.estimate.kept import asked_again
 
         status = asked_again(asked, sys.stdout, sys.stderr)
         if status is not None:
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if asked is None:
         return run_handler(handler, args)
-    from memlab.frontends.estimate_kept import asking
+    from memlab.frontends.estimate.kept import asking
 
     with asking(asked):  # the words its answer is kept under
         return run_handler(handler, args)
@@ -507,10 +507,10 @@ def write_html_report(report: Any, path: str | os.PathLike[str], *, title: str =
 
 def _add_estimate_command(commands: Any) -> None:
     """The ``memlab estimate`` sub-command: its arguments and its handler come from
-    :mod:`memlab.frontends.estimate_cli`.
+    :mod:`memlab.frontends.estimate.cli`.
     """
-    from memlab.frontends import estimate_cli
     from memlab.frontends.allocator_cli import add_allocator_argument, with_allocator
+    from memlab.frontends.estimate import cli as estimate_cli
     from memlab.frontends.host_cli import add_host_argument
 
     parser = commands.add_parser(

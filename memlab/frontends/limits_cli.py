@@ -84,7 +84,7 @@ def run_limits(
         host = keywords["host_budget"]
         print(f"{args.model}: the {'longest sequences' if vary == 'tokens' else 'most rows'} that fit, {kept}{gpu}, "
               f"{given}" + ("" if host is None else f", host budget {format_bytes(host)}"), file=out)
-        from memlab.frontends.estimate_next import command_for, plan_try
+        from memlab.frontends.estimate.next import command_for, plan_try
 
         flag = "--max-rows" if vary == "rows" else "--max-tokens"
         for plan, result in zip(plans, found, strict=True):

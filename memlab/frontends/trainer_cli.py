@@ -345,7 +345,7 @@ def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: st
 class _vllm_stand_in:  # noqa: N801 - a context manager read as a phrase
     """TRL's colocated engine replaced, while the trainer is built, by a stand-in that holds its settings where vLLM
     is not installed: memlab never generates with it (the estimate counts its share by vLLM's arithmetic,
-    :mod:`memlab.trainer.grpo_vllm`)."""
+    :mod:`memlab.trainer.grpo.vllm`)."""
 
     def __init__(self, wanted: bool) -> None:
         self.wanted = wanted
@@ -385,7 +385,7 @@ def _cli_words(message: str) -> str:
 
 def keeps_whole_answer(args: argparse.Namespace) -> bool:
     """Whether ``memlab estimate`` may keep the whole answer of ``args`` under its words
-    (:mod:`memlab.frontends.estimate_kept`): not a trainer's read from a folder, which reads the tokenizer's files
+    (:mod:`memlab.frontends.estimate.kept`): not a trainer's read from a folder, which reads the tokenizer's files
     too, which the kept answer's key does not hold (asked again each time).
 
     Example:
@@ -401,7 +401,7 @@ def run_trainer(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     step said on ``err``."""
     import contextlib
 
-    from memlab.frontends.estimate_progress import EstimateProgress
+    from memlab.frontends.estimate.progress import EstimateProgress
 
     # What a library prints while the trainer is built (DeepSpeed's accelerator line) goes to err: out is the table.
     with EstimateProgress(err, dry_runs=1) as say, contextlib.redirect_stdout(err):
@@ -414,7 +414,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
 
     from memlab.estimation.estimate import load_config
     from memlab.frontends.cli_errors import estimate_status
-    from memlab.frontends.estimate_text import budget_words, count_text, for_gpu, json_with_verdicts
+    from memlab.frontends.estimate.text import budget_words, count_text, for_gpu, json_with_verdicts
     from memlab.frontends.gpu_cli import check_gpu_plans, cli_gpu, gpu_budget
     from memlab.frontends.host_cli import host_judged
     from memlab.plan import Plan, parse_budget, parse_grid
@@ -450,7 +450,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         report = Report(host_judged(trials, args), budget=budget)
         fits = any(report.fits(trial) for trial in report.trials)
         if budget is not None and not fits:
-            from memlab.frontends.estimate_next import trainer_suggestions
+            from memlab.frontends.estimate.next import trainer_suggestions
 
             suggested = trainer_suggestions(args, trainer, own, report, say, words=_cli_words)
     model = trainer.model
@@ -473,12 +473,12 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         data["peak_phase"] = data["trials"][0]["peak_phase"]
         print(json.dumps(data, indent=2, default=str), file=out)
     else:
-        from memlab.frontends.estimate_text import single_text
+        from memlab.frontends.estimate.text import single_text
 
         report = dataclasses.replace(report, suggestions=levers)
         header = (f"{args.model}: {type(base).__name__}, {count_text(parameters)} parameters, "
                   f"{_question(args, settings)}{_plans_words(plans)}{for_gpu(args)}{budget_words(args, budget)}")
-        from memlab.frontends.estimate_next import trainer_next_lines
+        from memlab.frontends.estimate.next import trainer_next_lines
 
         after = trainer_next_lines(args, suggested) if budget is not None and not fits else []
         lines = single_text(args, header, report, budget, after)
@@ -498,7 +498,7 @@ def _peak_lines(trials: list[Any]) -> list[str]:
     """Where each plan's peak is: the phase that holds it and each phase's highest (one plan), or each plan's phase."""
     import textwrap
 
-    from memlab.frontends.estimate_text import WIDTH
+    from memlab.frontends.estimate.text import WIDTH
 
     if len(trials) == 1:
         phases = _phase_peaks(trials[0])

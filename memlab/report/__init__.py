@@ -7,7 +7,7 @@
 - :mod:`memlab.report.figure`: the plotly figures (Report.plot and the live figure's top row).
 - :mod:`memlab.report.plan_axis`: how a figure names its bars, one per plan.
 - :mod:`memlab.report.static`: the record a notebook keeps after a run: the figure as SVG
-  (:mod:`memlab.report.svg_layout`, :mod:`memlab.report.svg_panels`, :mod:`memlab.report.svg`), text, plotly JSON.
+  (:mod:`memlab.report.svg.layout`, :mod:`memlab.report.svg.panels`, :mod:`memlab.report.svg`), text, plotly JSON.
 - :mod:`memlab.report.format`: one-line messages, seconds and rates as text.
 
 The data never imports its views: :mod:`memlab.report.views` holds them by name, and this package imports the view

@@ -5,7 +5,7 @@ host colour, the host budget as a dotted line, and a plan that fits the device b
 such panel (its figure is the two panels it always was).
 
 :func:`host_data` is the panel as plain data; :func:`host_traces` and :func:`host_budget_marks` draw it in plotly
-(:func:`memlab.report.figure.report_figure`); :meth:`memlab.report.svg_panels.PlanBars.host` draws it in the static
+(:func:`memlab.report.figure.report_figure`); :meth:`memlab.report.svg.panels.PlanBars.host` draws it in the static
 SVG. plotly is imported inside the functions that draw.
 """
 

@@ -2,7 +2,7 @@
 
 Up to :data:`FULL_LABELS_UP_TO` plans the bars are named by their labels (turned when they would touch); beyond that
 by their numbers. The plotly figures (:mod:`memlab.report.figure`, the live figure) and the static SVG
-(:mod:`memlab.report.svg_layout`) name their bars with it; text widths are estimated (:func:`text_width`).
+(:mod:`memlab.report.svg.layout`) name their bars with it; text widths are estimated (:func:`text_width`).
 """
 
 from __future__ import annotations

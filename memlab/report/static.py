@@ -1,7 +1,7 @@
 """The record of a run that a notebook keeps (:func:`record_bundle`): a static SVG of the Report's figure, a line of
 text, and plotly's JSON for front ends that draw it.
 
-Why an SVG by hand (:func:`report_svg`, laid out in :mod:`memlab.report.svg_layout`): plotly's own static export
+Why an SVG by hand (:func:`report_svg`, laid out in :mod:`memlab.report.svg.layout`): plotly's own static export
 (``Figure.write_image``) needs kaleido and a Chrome, which users, Binder and CI mostly lack, and a notebook's output
 must render with no kernel at all: after a reload, in nbconvert's HTML, on GitHub. Bars need only rectangles, lines
 and text, so memlab writes them itself, from the same plain data the plotly figure draws
@@ -19,7 +19,7 @@ from memlab.plan import format_bytes
 from memlab.report.data import Report
 from memlab.report.figure import report_figure
 from memlab.report.format import format_rate
-from memlab.report.svg_layout import WIDTH, report_svg
+from memlab.report.svg.layout import WIDTH, report_svg
 
 if TYPE_CHECKING:
     from memlab.report.timeline import Timeline

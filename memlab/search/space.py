@@ -14,7 +14,7 @@ from typing import Any
 from memlab.errors import MemlabError, unknown_name
 from memlab.plan import LEVERS_LISTED, PLAN_FIELDS, Plan, parse_axes
 from memlab.report import Trial
-from memlab.techniques.levers_step import OPTIMIZER_RANK
+from memlab.techniques.levers.step import OPTIMIZER_RANK
 from memlab.techniques.registry import REGISTRY, conflicts
 
 TECHNIQUES = tuple(name for name in PLAN_FIELDS if not REGISTRY[name].split)

@@ -3,7 +3,7 @@ NF4 (bitsandbytes) for QLoRA. Attached for a plan and taken off again with nothi
 
 The adapter levers are whole here: the technique (:data:`ADAPTERS`), the declarations of ``adapter``, ``lora_rank``,
 ``lora_targets``, ``lora_alpha`` and ``lora_dropout`` (:data:`ADAPTER_LEVERS`, listed in the registry's order by
-:mod:`memlab.techniques.levers_model`), what a peft model carries of them, and :func:`lora_settings`, the one place
+:mod:`memlab.techniques.levers.model`), what a peft model carries of them, and :func:`lora_settings`, the one place
 every ``LoraConfig``, measured or exported, is made."""
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def attach_adapter(model: nn.Module, plan: PlanFields) -> Undo | None:
     """Put the plan's adapters on the live model; the returned function takes them off again exactly.
 
     LoRA: ``peft.inject_adapter_in_model`` with the plan's ``LoraConfig`` on this model
-    (:func:`memlab.techniques.levers_model.lora_settings` with the model: the layers of :func:`adapter_targets`,
+    (:func:`memlab.techniques.levers.model.lora_settings` with the model: the layers of :func:`adapter_targets`,
     fused experts, a task head trained whole), the very keywords ``plan.to_peft_config(model)`` writes; peft
     freezes everything but what they train. QLoRA: first the weight of each of
     :func:`qlora_targets` (the whole base, as 4-bit loading does, not only the adapted layers; a task head LoRA
@@ -827,7 +827,7 @@ ADAPTER_LEVERS: tuple[Lever, ...] = (
         exports=in_lora_config("lora_dropout"),
     ),
 )
-"""The adapter levers' declarations, in the registry's order (:mod:`memlab.techniques.levers_model` lists them).
+"""The adapter levers' declarations, in the registry's order (:mod:`memlab.techniques.levers.model` lists them).
 
 Example:
     >>> [lever.name for lever in ADAPTER_LEVERS]

@@ -3,7 +3,7 @@ parameter's post-accumulate-grad hook, so the gradients never all exist at once 
 ``optimizer_in_bwd``). Peak gradients drop from all of them to about the largest parameter's.
 
 It cannot accumulate (each backward steps), nor unscale fp16 gradients all together first (GradScaler), nor offload
-the optimizer: the plan refuses those combinations (:mod:`memlab.techniques.levers_step`).
+the optimizer: the plan refuses those combinations (:mod:`memlab.techniques.levers.step`).
 
 Example:
     >>> from memlab.plan import Plan

@@ -10,8 +10,8 @@ least bytes, the speed prior, the suggestions, the export tables and :data:`meml
 :data:`REGISTRY`; a test walks every Plan field and fails when one has no declaration here (and the other way).
 
 This module does not import :mod:`memlab.plan` (plan builds on it); the technique modules it reaches import the plan
-only for type checking. The declarations live beside the techniques: ``levers_batch`` (how the batch is cut),
-``levers_model`` (what changes the model: weights, adapters, checkpointing), ``levers_step`` (what changes the step:
+only for type checking. The declarations live beside the techniques: ``levers.batch`` (how the batch is cut),
+``levers.model`` (what changes the model: weights, adapters, checkpointing), ``levers.step`` (what changes the step:
 precision, optimizer, offload, loss); :data:`memlab.plan.LEVERS` lists them in the Plan's field order.
 
 Example:
@@ -23,16 +23,11 @@ Example:
 
 from __future__ import annotations
 
-from memlab.techniques import (
-    expandable_segments,
-    fp8,
-    levers_batch,
-    levers_model,
-    levers_step,
-    precompute_ref,
-    vllm,
-)
+from memlab.techniques import expandable_segments, fp8, precompute_ref, vllm
 from memlab.techniques.lever import Lever, PlanLike
+from memlab.techniques.levers import batch as levers_batch
+from memlab.techniques.levers import model as levers_model
+from memlab.techniques.levers import step as levers_step
 from memlab.techniques.technique import Technique
 
 __all__ = ["REGISTRY", "STEP_ORDER", "conflicts", "least_share", "refusals", "step_techniques"]

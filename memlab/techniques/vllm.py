@@ -4,7 +4,7 @@
 Both keep the training the same: the engine only generates, so the policy's step is the same whatever its share, and
 neither changes the step memlab runs. None (their default) means "as the trainer is set up"; a plan read from a
 GRPOTrainer (:meth:`memlab.Plan.from_trainer`) carries the trainer's values. Only the GRPO estimate reads them
-(:mod:`memlab.trainer.grpo_estimate`: the share on the card, resident or asleep while training) and ``fit`` searches
+(:mod:`memlab.trainer.grpo.estimate`: the share on the card, resident or asleep while training) and ``fit`` searches
 them there; a step of anything else that is asked to run them refuses (there is no engine to set), and so does
 ``memlab.apply`` on a trainer whose values differ (TRL builds the engine in ``GRPOTrainer.__init__``). The only
 export that holds them is a ``GRPOConfig``'s keywords (:func:`grpo_config_keywords`); the others say where they go.

@@ -7,10 +7,10 @@
 - :mod:`memlab.trainer.apply`: :func:`apply_to_trainer`, a plan on the trainer until ``undo()``;
 - :mod:`memlab.trainer.kinds`: :func:`~memlab.trainer.kinds.kind_of`, each kind of trainer (Trainer, SFT, DPO,
   GRPO) declared once: its batch, its step's phases, its own step and dry run, its config class, its refusals;
-  :mod:`memlab.trainer.grpo_kind` declares GRPO's (imported here: it registers the kind);
-- :mod:`memlab.trainer.grpo` and :mod:`memlab.trainer.grpo_estimate`: TRL's GRPOTrainer measured as it runs
+  :mod:`memlab.trainer.grpo.kind` declares GRPO's (imported here: it registers the kind);
+- :mod:`memlab.trainer.grpo` and :mod:`memlab.trainer.grpo.estimate`: TRL's GRPOTrainer measured as it runs
   (generation first), estimated on fake tensors, fitted and applied (a plan's split of its generations);
-  :mod:`memlab.trainer.grpo_suggest`: the config changes suggested where no plan fits;
+  :mod:`memlab.trainer.grpo.suggest`: the config changes suggested where no plan fits;
 - :mod:`memlab.trainer.meta`: :func:`~memlab.trainer.meta.trainer_on_meta`, a trainer around a model on the meta
   device (for ``memlab.estimate``), and the refusal of the entry points that would run it.
 
@@ -24,9 +24,9 @@ Example:
 
 from __future__ import annotations
 
-from memlab.trainer import grpo_kind as grpo_kind  # registers the GRPOTrainer's kind in kinds.KINDS
 from memlab.trainer.apply import TrainerApplied, apply_to_trainer
 from memlab.trainer.arguments import plan_from_training_arguments
+from memlab.trainer.grpo import kind as grpo_kind  # noqa: F401  registers the GRPOTrainer's kind in kinds.KINDS
 from memlab.trainer.source import TrainerSource, is_trainer
 from memlab.trainer.watch import StepRecord, Watch, watch
 from memlab.trainer.worst_batch import WorstBatch, worst_batch

@@ -13,7 +13,7 @@ from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.techniques.precompute_ref import refuse_precompute_change
 from memlab.trainer.arguments import check_single_process, trl_training_arguments
-from memlab.trainer.grpo_vllm import refuse_engine_change
+from memlab.trainer.grpo.vllm import refuse_engine_change
 from memlab.trainer.kinds import TrainerKind, kind_of
 from memlab.trainer.source import (
     is_trainer,

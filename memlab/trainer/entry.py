@@ -48,7 +48,7 @@ class LiveTarget:
     suggest: Any = None
     """``suggest(plan, budget=..., device=..., lr=..., gpu=None) -> (trials, sentence)``: where nothing in ``fit``'s
     space fits (measured, or in a dry run for the GPU kind ``gpu``),
-    a trainer kind's own suggestions (a GRPOTrainer's config changes: :mod:`memlab.trainer.grpo_suggest`)."""
+    a trainer kind's own suggestions (a GRPOTrainer's config changes: :mod:`memlab.trainer.grpo.suggest`)."""
 
     def plan_for(self, plan: Any) -> Any:
         """The plan a run on this target measures: ``None`` on a trainer is the trainer as set up; a ``Plan``

@@ -10,8 +10,8 @@ trainer of no declared kind (TRL's PPO, RLOO, online DPO...) gets one refusal na
 
 The Trainer, SFTTrainer and DPOTrainer are declared here; a kind with a step of its own is one module that
 declares it and registers it (:func:`register`), imported by :mod:`memlab.trainer`: GRPO's is
-:mod:`memlab.trainer.grpo_kind`, whose hooks name GRPO's own modules (:mod:`memlab.trainer.grpo`,
-:mod:`memlab.trainer.grpo_estimate`, :mod:`memlab.trainer.grpo_suggest`, :mod:`memlab.runner.grpo`) and import them
+:mod:`memlab.trainer.grpo.kind`, whose hooks name GRPO's own modules (:mod:`memlab.trainer.grpo`,
+:mod:`memlab.trainer.grpo.estimate`, :mod:`memlab.trainer.grpo.suggest`, :mod:`memlab.runner.grpo`) and import them
 when called: the runner and the estimation build on this package, never the reverse at load. This module imports
 nothing of memlab but :mod:`memlab.errors`, so every part of the trainer code may ask it.
 
@@ -133,7 +133,7 @@ KINDS: list[TrainerKind] = [
 ]
 """Every kind memlab takes, in order (the Trainer first); :func:`register` adds one. A kind whose step is its own
 is declared in its own module, which :mod:`memlab.trainer` imports (it registers the kind): GRPO's is
-:mod:`memlab.trainer.grpo_kind`, so that its hooks' modules import this one, never the reverse."""
+:mod:`memlab.trainer.grpo.kind`, so that its hooks' modules import this one, never the reverse."""
 
 def is_trainer(obj: Any) -> bool:
     """True for a ``transformers.Trainer`` or a subclass of it (TRL's ``SFTTrainer``...), without importing them.

@@ -468,7 +468,7 @@ def test_a_gpu_named_without_a_budget_is_the_budget(
 def test_try_micro_batch_keeps_the_effective_batch_as_the_magic_does(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from memlab.frontends.jupyter.magic_run import keep_rows as magic_keep_rows
+    from memlab.frontends.jupyter.magic.run import keep_rows as magic_keep_rows
     from memlab.search.space import keep_rows
 
     assert magic_keep_rows is keep_rows  # one function for both faces
@@ -528,7 +528,7 @@ def test_when_nothing_fits_the_cli_prints_the_suggestions_and_the_commands_that_
 def test_a_long_estimate_shows_a_bar_with_the_time_left_on_a_terminal() -> None:
     import io
 
-    from memlab.frontends.estimate_progress import EstimateProgress
+    from memlab.frontends.estimate.progress import EstimateProgress
 
     err = io.StringIO()
     with EstimateProgress(err, dry_runs=3, terminal=True) as say:

@@ -176,7 +176,7 @@ def cli_trainer(config: str, words: list[str], folder: Path) -> Any:
     """The trainer the CLI builds for ``words`` (memlab.trainer_on_meta around the meta policy)."""
     import argparse
 
-    from memlab.frontends.estimate_cli import add_arguments
+    from memlab.frontends.estimate.cli import add_arguments
     from memlab.frontends.trainer_cli import build_trainer
 
     parser = argparse.ArgumentParser()

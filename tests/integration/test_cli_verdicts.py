@@ -159,7 +159,7 @@ def test_the_host_budgets_table_keeps_within_120_columns() -> None:
     """Item 3: llama-7b's offload plans judged on a 64 GiB host budget (116 and 157 GiB of host memory, card figures
     of 57 and 53 GiB) printed a table of 141 columns: the unit goes above the table once where every header's is too
     wide."""
-    from memlab.frontends.estimate_text import WIDTH, table_lines
+    from memlab.frontends.estimate.text import WIDTH, table_lines
     from memlab.plan import Plan
     from memlab.report import Report, Trial
 
@@ -227,7 +227,7 @@ def test_the_sharded_answer_says_the_budget_once_too() -> None:
     """Item 11's neighbour: --gpus auto said the budget in its header, its Best line and each strategy's reason."""
     import argparse
 
-    from memlab.frontends.estimate_text import sharded_text
+    from memlab.frontends.estimate.text import sharded_text
     from memlab.plan import Plan
 
     args = argparse.Namespace(gpu="A100-40GB", device=None, gpus="auto")
@@ -259,7 +259,7 @@ def test_where_the_peak_goes_says_a_zero_is_none_at_all() -> None:
     import argparse
 
     from memlab.estimation.sharded.fsdp2 import ShardedTrial
-    from memlab.frontends.estimate_text import sharded_text
+    from memlab.frontends.estimate.text import sharded_text
     from memlab.plan import Plan
 
     detail = {"sharded_params": 0, "unsharded_params": 2**30, "inputs": 4096}

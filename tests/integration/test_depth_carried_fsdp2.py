@@ -1,5 +1,5 @@
 """Issue 48: an FSDP2 dry run of a model whose layers repeat runs five layers and four, and carries the five to the
-model's depth (memlab.estimation.sharded.fsdp2_depth): PyTorch's FSDPMemTracker's books and the allocator's model, told
+model's depth (memlab.estimation.sharded.fsdp2.depth): PyTorch's FSDPMemTracker's books and the allocator's model, told
 the carried events, must give the estimate of a dry run of every layer, field for field, with the same module
 snapshots (what ZeRO and optimizer offload read)."""
 

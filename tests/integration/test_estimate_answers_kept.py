@@ -17,7 +17,7 @@ from models import llama_config_dir
 import memlab.estimation.answers as answers
 import memlab.estimation.dryrun.single_gpu as single_gpu
 import memlab.estimation.sharded.per_gpu as per_gpu
-import memlab.frontends.estimate_kept as estimate_kept
+import memlab.frontends.estimate.kept as estimate_kept
 import memlab.live.cache as cache
 from memlab.estimation.sharded.fsdp2 import ShardedTrial
 from memlab.frontends.cli import main
@@ -332,7 +332,7 @@ def test_gpus_auto_starts_zeros_basis_from_the_dry_run_fsdps_search_made(monkeyp
     assert (found["zero2"], found["zero3"]) == (alone["zero2"], alone["zero3"])
 
 
-# --- the whole answer, read before torch is imported (memlab/frontends/estimate_kept.py) --------------------------
+# --- the whole answer, read before torch is imported (memlab/frontends/estimate/kept.py) --------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
 _ASK_AGAIN = """

@@ -118,7 +118,7 @@ def test_the_command_says_what_to_write_for_a_bad_description(
 def test_the_commands_suggested_repeat_the_described_gpu() -> None:
     import argparse
 
-    from memlab.frontends.estimate_next import command_for
+    from memlab.frontends.estimate.next import command_for
 
     args = argparse.Namespace(model="llama-7b", config=None, batch="1x512", budget=None, gpu=None,
                               gpu_memory="32GiB", gpu_capability="12.0", device=None)

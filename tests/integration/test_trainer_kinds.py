@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArgumen
 import memlab  # noqa: E402
 from memlab import MemlabError, Plan  # noqa: E402
 from memlab.trainer.grpo import GRPO_PHASES  # noqa: E402
-from memlab.trainer.grpo_suggest import CHANGES  # noqa: E402
+from memlab.trainer.grpo.suggest import CHANGES  # noqa: E402
 from memlab.trainer.kinds import KINDS, TrainerKind, declared, kind_for_config, kind_of  # noqa: E402
 
 ROWS, TOKENS, VOCAB = 2, 24, 128

@@ -17,7 +17,7 @@ from models import tiny_llama  # noqa: E402
 from test_magic import FrontEnd, magic_shell  # noqa: E402
 
 import memlab  # noqa: E402
-from memlab.frontends.jupyter import magic_render  # noqa: E402
+from memlab.frontends.jupyter.magic import render as magic_render  # noqa: E402
 
 FAST = "--steps 1 --warmup 0 --noise 0 --quiet"
 HOST = "does not fit (host)"

@@ -130,8 +130,8 @@ def test_the_live_figure_stacks_the_inference_categories(
 ) -> None:
     import IPython.display
 
-    from memlab.frontends.jupyter import magic_render
     from memlab.frontends.jupyter.live import LiveOutput
+    from memlab.frontends.jupyter.magic import render as magic_render
 
     shown: list[Any] = []
 

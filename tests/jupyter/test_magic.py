@@ -24,11 +24,12 @@ from models import assert_same, fingerprint, lm_batch, mlp_batch, tiny_gpt2, tin
 
 import memlab
 from memlab.events import Event, TrialFinished, TrialStarted
-from memlab.frontends.jupyter import magic_render, magic_run
 from memlab.frontends.jupyter.live import LiveOutput
 from memlab.frontends.jupyter.magic import MemfitMagics
-from memlab.frontends.jupyter.magic_parse import empty_body_transformer
-from memlab.frontends.jupyter.magic_run import APPLIED_NAME
+from memlab.frontends.jupyter.magic import render as magic_render
+from memlab.frontends.jupyter.magic import run as magic_run
+from memlab.frontends.jupyter.magic.parse import empty_body_transformer
+from memlab.frontends.jupyter.magic.run import APPLIED_NAME
 from memlab.plan import parse_grid
 from memlab.report.static import record_bundle
 

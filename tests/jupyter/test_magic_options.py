@@ -16,10 +16,11 @@ from test_magic import FAST, MLP_LOSS, magic_shell, memfit
 
 import memlab
 from memlab.estimation.sharded.per_gpu import ShardedTrial
-from memlab.frontends.jupyter import magic_render, magic_run
 from memlab.frontends.jupyter.magic import MemfitMagics
-from memlab.frontends.jupyter.magic_parse import body_loss_fn
-from memlab.frontends.jupyter.magic_run import APPLIED_NAME
+from memlab.frontends.jupyter.magic import render as magic_render
+from memlab.frontends.jupyter.magic import run as magic_run
+from memlab.frontends.jupyter.magic.parse import body_loss_fn
+from memlab.frontends.jupyter.magic.run import APPLIED_NAME
 from memlab.options import RunOptions
 from memlab.plan import parse_grid
 from memlab.runner.apply import Applied

@@ -14,7 +14,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from test_magic import FAST, MLP_LOSS, WIDGET_VIEW, FrontEnd, magic_shell, memfit
 
-from memlab.frontends.jupyter import magic_render
+from memlab.frontends.jupyter.magic import render as magic_render
 from memlab.frontends.jupyter.timeline_view import TimelineView
 from memlab.report.static import timeline_bundle
 
@@ -100,7 +100,7 @@ def test_a_run_without_timelines_shows_no_list(shell: InteractiveShell, front_en
         report = real(*args, **options)
         return memlab.Report([dataclasses.replace(trial, timeline=None) for trial in report.trials])
 
-    from memlab.frontends.jupyter import magic_run
+    from memlab.frontends.jupyter.magic import run as magic_run
 
     real = magic_run.compare
     monkeypatch.setattr(magic_run, "compare", without_timelines)

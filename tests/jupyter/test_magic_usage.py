@@ -17,7 +17,7 @@ from IPython.testing import globalipapp
 from models import lm_batch, tiny_gpt2
 
 from memlab.frontends.cli_errors import EXAMPLES
-from memlab.frontends.jupyter.magic_parse import memfit_arguments
+from memlab.frontends.jupyter.magic.parse import memfit_arguments
 
 LINE = "model batch"
 

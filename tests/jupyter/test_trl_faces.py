@@ -19,7 +19,7 @@ from test_magic import magic_shell  # noqa: E402
 from trl_trainers import make_dpo_trainer, make_grpo_trainer  # noqa: E402
 
 import memlab  # noqa: E402
-from memlab.frontends.jupyter.magic_run import APPLIED_NAME  # noqa: E402
+from memlab.frontends.jupyter.magic.run import APPLIED_NAME  # noqa: E402
 
 FAST = "--steps 1 --warmup 0 --noise 0 --quiet"
 

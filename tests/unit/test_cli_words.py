@@ -10,7 +10,7 @@ import pytest
 from memlab.errors import MemlabError
 from memlab.estimation.configs import KNOWN_SHAPES, load_config
 from memlab.frontends.cli import main
-from memlab.frontends.estimate_text import json_with_verdicts
+from memlab.frontends.estimate.text import json_with_verdicts
 from memlab.plan import Plan, parse_budget
 from memlab.report import Report, Trial
 from memlab.report.format import budget_words

@@ -24,7 +24,7 @@ from memlab.report.figure import (
     TIE_COLOR,
     report_figure,
 )
-from memlab.report.svg_layout import report_svg
+from memlab.report.svg.layout import report_svg
 from memlab.report.tables import status_text
 from memlab.report.verdicts import (
     ERROR,

@@ -1,4 +1,4 @@
-"""The FSDP2 dry run's linear shortcuts (memlab.estimation.sharded.fsdp2_speed) give PyTorch's own results: the trial
+"""The FSDP2 dry run's linear shortcuts (memlab.estimation.sharded.fsdp2.speed) give PyTorch's own results: the trial
 and every module-level snapshot FSDPMemTracker took, for plans whose optimizer steps with foreach operators (AdamW's
 scalar lists among them); and the foreach split picks what PyTorch's ``tree_map_only`` picks."""
 
@@ -43,7 +43,7 @@ def test_the_foreach_split_picks_what_pytorch_picks_and_gives_each_element_its_s
     from torch.distributed.tensor._ops import single_dim_strategy
     from torch.utils._pytree import tree_map_only
 
-    from memlab.estimation.sharded.fsdp2_speed import foreach_split_once
+    from memlab.estimation.sharded.fsdp2.speed import foreach_split_once
 
     params, grads = TupleStrategy(["p0", "p1", "p2"]), TupleStrategy(["g0", "g1", "g2"])
     scalars, other = [0.5, 0.25, 0.125], [7, 8]  # one per tensor; a list of another length stays whole

@@ -9,7 +9,7 @@ import pytest
 
 from memlab.plan import Plan
 from memlab.report import Trial
-from memlab.trainer import grpo_suggest
+from memlab.trainer.grpo import suggest as grpo_suggest
 
 
 def _fits_up_to(limit: int, tried: list[int]) -> Any:

@@ -350,6 +350,39 @@ def test_few_modules_sit_directly_in_the_package() -> None:
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
 
 
+PREFIX_FAMILY = 3
+"""Modules of one folder sharing a name's first word (``magic_parse``, ``magic_run``, ``magic_usage``) that make a
+family: a family this large gets a folder of its own (issue 72: folders by concept, not by the size cap)."""
+
+
+def prefix_families(names: list[str]) -> dict[str, list[str]]:
+    """The families among the module ``names`` of one folder: each first word (before ``_``) that PREFIX_FAMILY or
+    more of them share, the module of that very name counted in.
+
+    Example:
+        >>> prefix_families(["svg", "svg_layout", "svg_panels", "static", "timeline", "timeline_figure"])
+        {'svg': ['svg', 'svg_layout', 'svg_panels']}
+    """
+    by_word: dict[str, list[str]] = {}
+    for name in sorted(names):
+        by_word.setdefault(name.split("_")[0], []).append(name)
+    return {word: members for word, members in by_word.items() if len(members) >= PREFIX_FAMILY}
+
+
+def test_prefix_families_find_three_of_a_name_and_leave_two_alone() -> None:
+    assert prefix_families(["grpo", "grpo_kind", "grpo_vllm", "kinds"]) == {"grpo": ["grpo", "grpo_kind", "grpo_vllm"]}
+    assert prefix_families(["timeline", "timeline_figure", "plan_axis"]) == {}
+
+
+def test_no_prefix_family_outside_its_own_folder() -> None:
+    found = {}
+    for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+        names = [p.stem for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+        for word, members in prefix_families(names).items():
+            found[f"{folder.relative_to(PACKAGE.parent).as_posix()}/{word}*"] = members
+    assert found == {}
+
+
 def _code_map() -> set[str]:
     """Every module and package of memlab, as the map writes them: ``plan.py``, ``runner/``, ``runner/step.py``."""
     entries = set()

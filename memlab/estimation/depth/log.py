@@ -5,7 +5,7 @@ A one-GPU dry run feeds two consumers with its storages: the model of the CUDA c
 (:class:`~memlab.estimation.dryrun.reserved.ReservedTrace`, ``"A"``: every storage of the trial, its placement and
 warm-up included) and the tracked step's :class:`~memlab.measure.tracker.MemoryTracker` (``"L"``: its ledger's changes
 by category, each check of its peak, the timeline's sections); an FSDP2 dry run feeds the allocator's model and
-PyTorch's FSDP memory tracker (``"F"``, :mod:`memlab.estimation.sharded.fsdp2_depth`). :class:`DepthLog` keeps what they
+PyTorch's FSDP memory tracker (``"F"``, :mod:`memlab.estimation.sharded.fsdp2.depth`). :class:`DepthLog` keeps what they
 were told as one list of :class:`Event`, in order, each with the module running and the layer it belongs to:
 
 - an event made inside a layer (``model.layers.3.mlp``) belongs to that layer; one made in the module that runs the
@@ -51,7 +51,7 @@ STEP = "L"
 """The consumer that counts the tracked step by category (the peak, the breakdown, the timeline)."""
 FSDP = "F"
 """The consumer that is PyTorch's FSDP memory tracker (an FSDP2 dry run:
-:mod:`memlab.estimation.sharded.fsdp2_depth`)."""
+:mod:`memlab.estimation.sharded.fsdp2.depth`)."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class Event:
     ``key``, ``nbytes`` and ``category``); for the step also ``"start"`` (a storage alive when the step began),
     ``"check"`` (its peak checked), ``"enter"`` and ``"exit"`` (a section, named in ``label``); for the allocator also
     ``"empty_cache"``, ``"reset_peak"`` and ``"read"`` (where the trial reads its peaks); for the FSDP memory tracker
-    (:mod:`memlab.estimation.sharded.fsdp2_depth`) also ``"begin"``, ``"check"`` (``label``: the peak's state,
+    (:mod:`memlab.estimation.sharded.fsdp2.depth`) also ``"begin"``, ``"check"`` (``label``: the peak's state,
     ``names``: the FSDP modules running), ``"reset"`` (a module's local peak started) and ``"append"`` (a module's
     snapshot stored, ``label``: its state).
     """
@@ -341,7 +341,7 @@ class DepthLog:
 
     def fsdp_storage(self, op: str, info: Any, storage: Any, nbytes: int, category: str) -> None:
         """A change to PyTorch's FSDP memory tracker's books about one storage (its record ``info``; ``storage``, the
-        storage itself where it is new): :mod:`memlab.estimation.sharded.fsdp2_depth`."""
+        storage itself where it is new): :mod:`memlab.estimation.sharded.fsdp2.depth`."""
         live = self._live[FSDP]
         key = id(info)
         if op == "alloc":

@@ -1,8 +1,8 @@
 """Sharded training: the memory of each GPU of several, before the machines are booked.
 
 Models FSDP2 as it runs (``fully_shard`` over a fake process group, PyTorch's ``FSDPMemTracker``: :mod:`.fsdp2`,
-its units as accelerate makes them: :mod:`.fsdp2_units`, its depth carried: :mod:`.fsdp2_depth`, its costs kept
-linear: :mod:`.fsdp2_speed`), FSDP1 from that run, DeepSpeed ZeRO-2/3 from their formulas and the FSDP2 run's
+its units as accelerate makes them: :mod:`.fsdp2.units`, its depth carried: :mod:`.fsdp2.depth`, its costs kept
+linear: :mod:`.fsdp2.speed`), FSDP1 from that run, DeepSpeed ZeRO-2/3 from their formulas and the FSDP2 run's
 activations (:mod:`.zero`), adapters, quantized loads and the chunked loss sharded from the one-GPU dry run
 (:mod:`.composed`), and the route each plan takes and the fewest GPUs that fit (:mod:`.per_gpu`).
 

@@ -1,6 +1,6 @@
 """The two panels of the static figure: throughput per plan (with each speed's 95% interval) and peak memory by
 category per plan (a hatched bar where a plan does not fit, a cross where it failed, the budget as a dashed line),
-each with its frame, values and plan names. Where the panels go is :mod:`memlab.report.svg_layout`'s business.
+each with its frame, values and plan names. Where the panels go is :mod:`memlab.report.svg.layout`'s business.
 
 Every bar has a ``<title>``: hovering it in a browser shows its plan and its numbers.
 """

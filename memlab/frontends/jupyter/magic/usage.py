@@ -52,7 +52,7 @@ def line_sentence(magic: Any, message: str, tokens: list[str]) -> str:
     write.
 
     Example:
-        >>> from memlab.frontends.jupyter.magic_parse import memfit_arguments
+        >>> from memlab.frontends.jupyter.magic.parse import memfit_arguments
         >>> def memfit(line):
         ...     "Measure plans."
         >>> magic = memfit_arguments(memfit)

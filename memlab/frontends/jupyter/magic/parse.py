@@ -5,7 +5,7 @@ one-line UsageError every wrong input raises (:func:`usage_error`).
 Nothing is ``eval``-ed: names are identifiers joined by dots, resolved with dictionary lookups and ``getattr``; the
 body is the user's own code, compiled once and run as their loss function. Which mode the line asks for (training or
 ``--inference``) is chosen once from what :func:`parse_line` read
-(:func:`~memlab.frontends.jupyter.magic_run.request_for`).
+(:func:`~memlab.frontends.jupyter.magic.run.request_for`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from IPython.utils.process import arg_split
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.frontends.jupyter.magic_usage import USAGE, as_options, at_least_one, grid_slip, line_sentence, usage_error
+from memlab.frontends.jupyter.magic.usage import USAGE, as_options, at_least_one, grid_slip, line_sentence, usage_error
 from memlab.frontends.levers import lever_help, lever_specs
 from memlab.inference.plan import InferencePlan
 from memlab.live.batch import Batch, LossFn

@@ -12,7 +12,7 @@ the model is touched, and the :class:`Job` it prepares from the notebook (:func:
   ``--search --budget`` the fastest ``--try`` setting that fits, and ``--dry-run`` estimates them. The cell body
   stays empty: the forward, or the generation, is the model's own.
 
-How the job is shown while it runs is :mod:`memlab.frontends.jupyter.magic_render`'s.
+How the job is shown while it runs is :mod:`memlab.frontends.jupyter.magic.render`'s.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from memlab.estimation.cuda.context import card_context, live_card_context
 from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.estimation.estimate import estimate, estimate_plans
 from memlab.estimation.sharded.per_gpu import parse_gpus, sharded_lines, sharded_trials
-from memlab.frontends.jupyter.magic_parse import DEFAULTS, body_loss_fn, lookup_name, run_options, unquote, usage_error
+from memlab.frontends.jupyter.magic.parse import DEFAULTS, body_loss_fn, lookup_name, run_options, unquote, usage_error
 from memlab.inference.fit import fit_inference
 from memlab.inference.plan import InferencePlan, parse_inference_axes, parse_inference_grid
 from memlab.live.batch import LossFn, count_rows
@@ -78,7 +78,7 @@ def request_for(args: Any) -> TrainingRequest | InferenceRequest:
     request checks the options that go together; a one-line UsageError if not.
 
     Example:
-        >>> from memlab.frontends.jupyter.magic_parse import read_line
+        >>> from memlab.frontends.jupyter.magic.parse import read_line
         >>> type(request_for(read_line("net xs"))).__name__, type(request_for(read_line("lm xs --inference"))).__name__
         ('TrainingRequest', 'InferenceRequest')
     """
@@ -91,7 +91,7 @@ def prepare(request: TrainingRequest | InferenceRequest, namespace: MutableMappi
 
     Example:
         >>> import torch
-        >>> from memlab.frontends.jupyter.magic_parse import read_line
+        >>> from memlab.frontends.jupyter.magic.parse import read_line
         >>> namespace = {"net": torch.nn.Linear(4, 1), "xs": torch.randn(8, 4)}
         >>> job = prepare(request_for(read_line("net xs --steps 1")), namespace, "net(xs).sum()")
         >>> job.categories[0], job.options.steps
@@ -123,7 +123,7 @@ class TrainingRequest:
     """A training ``%%memfit`` line, read and checked (see the module docstring).
 
     Example:
-        >>> from memlab.frontends.jupyter.magic_parse import read_line
+        >>> from memlab.frontends.jupyter.magic.parse import read_line
         >>> request = TrainingRequest.from_args(read_line("net xs --budget 1GiB"))
         >>> request.search, request.options.budget, len(request.plans)
         (True, 1073741824, 1)
@@ -336,7 +336,7 @@ def _gpu(args: Any) -> GpuKind | None:
     know, saying what to write.
 
     Example:
-        >>> from memlab.frontends.jupyter.magic_parse import read_line
+        >>> from memlab.frontends.jupyter.magic.parse import read_line
         >>> _gpu(read_line("net xs --dry-run --gpu RTX4090-24GB")).name, _gpu(read_line("net xs")) is None
         ('RTX4090-24GB', True)
     """
@@ -409,7 +409,7 @@ class InferenceRequest:
     """An ``--inference`` line, read and checked (see the module docstring).
 
     Example:
-        >>> from memlab.frontends.jupyter.magic_parse import read_line
+        >>> from memlab.frontends.jupyter.magic.parse import read_line
         >>> request = InferenceRequest.from_args(read_line("lm prompts --inference --try weights=fp32,bf16"))
         >>> [plan.label() for plan in request.plans]
         ['fp32', 'bf16']

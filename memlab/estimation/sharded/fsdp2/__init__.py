@@ -43,9 +43,9 @@ from memlab.estimation.dryrun.reserved import ReservedTrace, reserved_notes
 from memlab.estimation.dryrun.single_gpu import adamw8bit_state_bytes
 from memlab.estimation.dryrun.triton_guard import skipped_kernels_note
 from memlab.estimation.dryrun.unknown import foreign_ops_note
-from memlab.estimation.sharded.fsdp2_depth import FSDP2_EDGE, carried_books, logging_tracker
-from memlab.estimation.sharded.fsdp2_speed import foreach_split_once, fsdp_mem_tracker, strided_flag_once
-from memlab.estimation.sharded.fsdp2_units import fsdp2_layout, shard_units
+from memlab.estimation.sharded.fsdp2.depth import FSDP2_EDGE, carried_books, logging_tracker
+from memlab.estimation.sharded.fsdp2.speed import foreach_split_once, fsdp_mem_tracker, strided_flag_once
+from memlab.estimation.sharded.fsdp2.units import fsdp2_layout, shard_units
 from memlab.events import StepFinished, TrialStarted
 from memlab.live.batch import LossFn
 from memlab.live.compat import fsdp2_api, propagation_apart
@@ -315,7 +315,7 @@ def _fsdp2_step(request: ShardedRequest, run_on: Callable[[Any, LayerPaths | Non
                 ) -> tuple[ShardedTrial, list[dict[str, int]]]:
     """:func:`fsdp2_dry_run`'s step (``run_on(model, paths)``: one dry run of ``model``, CUDA's kernels emulated or
     not): from dry runs of five layers and four where the model's layers repeat
-    (:mod:`memlab.estimation.sharded.fsdp2_depth`), else of every layer."""
+    (:mod:`memlab.estimation.sharded.fsdp2.depth`), else of every layer."""
     plan = request.plan
     shallow = shallow_model(request.model) if plan_carries(plan) and plan.optimizer not in _EIGHT_BIT else None
     run = None
@@ -330,7 +330,7 @@ def _fsdp2_step(request: ShardedRequest, run_on: Callable[[Any, LayerPaths | Non
 
 def _carried(shallow: ShallowModel, runs: dict[int, _Fsdp2Run], gpu: GpuKind | str | None) -> _Fsdp2Run | None:
     """The dry run at the model's depth from its runs of five layers and four, None where they do not carry
-    (:func:`~memlab.estimation.sharded.fsdp2_depth.carried_books`)."""
+    (:func:`~memlab.estimation.sharded.fsdp2.depth.carried_books`)."""
     source, check = runs[source_layers(FSDP2_EDGE)], runs[check_layers(FSDP2_EDGE)]
     if source.error or check.error or source.notes != check.notes or source.events is None or check.events is None:
         return None

@@ -125,7 +125,7 @@ class GRPOSource:
     def from_trainer(cls, trainer: Any, *, vllm: bool = False, within_positions: bool = True) -> GRPOSource:
         """Read a GRPOTrainer and find its worst generation batch; nothing on it changes. ``vllm=True``: a trainer
         that generates with vLLM is taken too (an estimate, which counts the engine's share by vLLM's arithmetic:
-        :mod:`memlab.trainer.grpo_vllm`); a measurement runs the generation, so it refuses one.
+        :mod:`memlab.trainer.grpo.vllm`); a measurement runs the generation, so it refuses one.
         ``within_positions=False`` takes completions past the model's positions (``limits``, which reads the prompts
         to find the longest completion that fits).
 

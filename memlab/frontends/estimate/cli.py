@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from memlab.frontends.cli_errors import DEFAULT_BATCH, cli_words, estimate_status
-from memlab.frontends.estimate_progress import EstimateProgress, estimate_each
-from memlab.frontends.estimate_text import budget_words, count_text, for_gpu, json_with_verdicts
+from memlab.frontends.estimate.progress import EstimateProgress, estimate_each
+from memlab.frontends.estimate.text import budget_words, count_text, for_gpu, json_with_verdicts
 from memlab.frontends.gpu_cli import add_gpu_arguments, check_gpu_plans, cli_gpu, gpu_budget
 
 __all__ = ["add_arguments", "cli_words", "load_from_args", "run", "run_sharded"]
@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ('llama-7b', '1x512', ['checkpointing=off,on'])
     """
     from memlab.estimation.estimate import KNOWN_SHAPES
-    from memlab.frontends.estimate_text import shape_names
+    from memlab.frontends.estimate.text import shape_names
     from memlab.frontends.levers import lever_help, model_lever_specs, trainer_levers_note
     from memlab.frontends.trainer_cli import add_trainer_arguments
 
@@ -208,7 +208,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     err = sys.stderr if err is None else err
     from memlab.errors import MemlabError
     from memlab.estimation.answers import answers_kept, cache_folder
-    from memlab.frontends.estimate_kept import run_kept
+    from memlab.frontends.estimate.kept import run_kept
     from memlab.frontends.trainer_cli import keeps_whole_answer
 
     try:  # the dry runs' answers kept: within this ask always, between asks unless --no-cache
@@ -295,8 +295,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.json:
         print(json_with_verdicts(report), file=out)
     else:
-        from memlab.frontends.estimate_next import suggestion_lines
-        from memlab.frontends.estimate_text import single_text
+        from memlab.frontends.estimate.next import suggestion_lines
+        from memlab.frontends.estimate.text import single_text
 
         header = (f"{args.model}: {called}, {count_text(parameters)} parameters, batch {rows}x{tokens}, "
                   f"{len(plans)} plan{'s' if len(plans) != 1 else ''}{for_gpu(args)}{budget_words(args, budget)}")
@@ -360,7 +360,7 @@ def run_sharded(
         2
     """
     from memlab.estimation.answers import kept_sharded
-    from memlab.frontends.estimate_next import searched_lines
+    from memlab.frontends.estimate.next import searched_lines
     from memlab.frontends.host_cli import host_judged_rows, node_lines
 
     strategies = [args.strategy] if args.strategy not in (None, "none") else None
@@ -381,7 +381,7 @@ def run_sharded(
                 for plan, name, trial in trials]
         print(json.dumps(rows, indent=2, default=str), file=out)
     else:
-        from memlab.frontends.estimate_text import sharded_text, whole_weights
+        from memlab.frontends.estimate.text import sharded_text, whole_weights
 
         header = (f"{args.model}: {type(model).__name__}, per-GPU batch {batch['input_ids'][0]}x"
                   f"{batch['input_ids'][1]}, --gpus {args.gpus}{for_gpu(args)}{budget_words(args, budget)}")

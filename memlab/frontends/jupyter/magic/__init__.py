@@ -6,10 +6,10 @@ Jupyter layer is the only one that imports IPython for the magic; ``import memla
 
 What the magic does, in order, each job in its module:
 
-1. **Parse** (:mod:`~memlab.frontends.jupyter.magic_parse`): it reads its options (``%%memfit?`` shows them). Any
+1. **Parse** (:mod:`~memlab.frontends.jupyter.magic.parse`): it reads its options (``%%memfit?`` shows them). Any
    wrong input, here or in the next step, raises IPython's ``UsageError`` with one line that says what is wrong and
    what to write; then nothing has run and the model is as it was.
-2. **Run** (:mod:`~memlab.frontends.jupyter.magic_run`): it chooses the mode once, a training request or with
+2. **Run** (:mod:`~memlab.frontends.jupyter.magic.run`): it chooses the mode once, a training request or with
    ``--inference`` an inference request, each of which checks the options that go together; it looks MODEL and
    BATCH up in the user namespace (plain names, or attribute chains such as ``trainer.model``; nothing is
    ``eval``-ed), compiles the cell body once into the loss function, and checks everything it can before the model
@@ -17,7 +17,7 @@ What the magic does, in order, each job in its module:
    (a search), ``memlab.estimate`` (``--dry-run``) or a sharded estimate (``--dry-run --gpus N|auto``); with
    ``--inference`` the same over :class:`memlab.InferencePlan` settings, or the largest batch that fits. Errors
    raised by the loss while a trial runs are that trial's ``"error"`` status, not a UsageError.
-3. **Render** (:mod:`~memlab.frontends.jupyter.magic_render`): unless ``--quiet``, the live figure is displayed at
+3. **Render** (:mod:`~memlab.frontends.jupyter.magic.render`): unless ``--quiet``, the live figure is displayed at
    the first trial and updated while trials run; when the run ends (normally, on Ctrl-C, or with an error) it is
    replaced by a static record (an SVG) that the saved notebook shows without a kernel. Third-party warnings and
    log lines are kept out unless ``--verbose``, and each is said once after the cell's output, as one line without
@@ -34,9 +34,9 @@ from typing import Any, cast
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from memlab.frontends.jupyter.magic_parse import empty_body_transformer, memfit_arguments, parse_line, usage_error
-from memlab.frontends.jupyter.magic_render import close_timelines, show_run, stopped
-from memlab.frontends.jupyter.magic_run import InferenceRequest, TrainingRequest, prepare, request_for
+from memlab.frontends.jupyter.magic.parse import empty_body_transformer, memfit_arguments, parse_line, usage_error
+from memlab.frontends.jupyter.magic.render import close_timelines, show_run, stopped
+from memlab.frontends.jupyter.magic.run import InferenceRequest, TrainingRequest, prepare, request_for
 from memlab.report import Report
 from memlab.runner.quiet import collecting
 

@@ -153,7 +153,7 @@ def _card_note(args: argparse.Namespace, report: Any) -> str | None:
 def single_text(args: argparse.Namespace, header: str, report: Any, budget: int | None,
                 suggestions: Sequence[str]) -> list[str]:
     """The answer of ``memlab estimate`` on one GPU: ``header`` (the question), the verdict and the best plan, the
-    table, numbered notes, and ``suggestions`` (the commands after it, :func:`memlab.frontends.estimate_next
+    table, numbered notes, and ``suggestions`` (the commands after it, :func:`memlab.frontends.estimate.next
     .suggestion_lines`), each plan once, within :data:`WIDTH` columns.
 
     Example:
@@ -323,7 +323,7 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
     """The answer of ``memlab estimate --gpus``: ``header``, the best (the fewest GPUs that fit, then the lowest
     figure), a table of each plan and strategy (GPUs, the peak and card per GPU, the verdict and the figure it
     judged), where each one's memory goes per GPU (a row per part, a column per strategy, one unit), why a strategy
-    fits on no number of GPUs, the notes and ``searched`` (:func:`memlab.frontends.estimate_next.searched_lines`).
+    fits on no number of GPUs, the notes and ``searched`` (:func:`memlab.frontends.estimate.next.searched_lines`).
 
     ``weights_bytes``: each plan label's whole weights (what ZeRO-2 keeps on every GPU), for the reason a strategy
     fits nowhere.

@@ -24,8 +24,8 @@ from IPython.display import display
 
 from memlab.errors import MemlabError
 from memlab.frontends.jupyter.live import LiveOutput
-from memlab.frontends.jupyter.magic_parse import usage_error
-from memlab.frontends.jupyter.magic_run import Job
+from memlab.frontends.jupyter.magic.parse import usage_error
+from memlab.frontends.jupyter.magic.run import Job
 from memlab.frontends.jupyter.timeline_view import TimelineView
 from memlab.report import Report
 

@@ -30,7 +30,7 @@ from memlab.estimation.depth.carry import ShallowModel
 from memlab.estimation.depth.extend import NotRepeating, canonical, check_layers, extend, source_layers
 from memlab.estimation.depth.log import ALLOCATOR, FSDP, DepthLog, Event
 from memlab.estimation.depth.replay import replay_allocator
-from memlab.estimation.sharded.fsdp2_speed import tracker_class
+from memlab.estimation.sharded.fsdp2.speed import tracker_class
 
 __all__ = ["FSDP2_EDGE", "Books", "carried_books", "logging_tracker", "replay_fsdp"]
 
@@ -38,7 +38,7 @@ _TOTAL = "Total"  # the running snapshot's key for a device's sum (mem_tracker._
 
 
 def logging_tracker(model: nn.Module, optimizer: Any, log: DepthLog) -> Any:
-    """PyTorch's ``FSDPMemTracker`` of ``model`` and ``optimizer`` (of :func:`memlab.estimation.sharded.fsdp2_speed.
+    """PyTorch's ``FSDPMemTracker`` of ``model`` and ``optimizer`` (of :func:`memlab.estimation.sharded.fsdp2.speed.
     tracker_class`'s class), telling ``log`` what it does to its books (see the module's notes)."""
     base = tracker_class()
 

@@ -1,6 +1,6 @@
 """Writing SVG by hand: a list of elements in drawing order (:class:`Svg`), and the numbers and words they show.
 
-Nothing here knows what a memlab figure is; :mod:`memlab.report.svg_panels` and :mod:`memlab.report.svg_layout`
+Nothing here knows what a memlab figure is; :mod:`memlab.report.svg.panels` and :mod:`memlab.report.svg.layout`
 draw one with it. Coordinates are written to a tenth of a pixel (:func:`px`), text widths are estimated
 (:func:`memlab.report.plan_axis.text_width`), never measured.
 """

@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer as a trainer kind (:class:`~memlab.trainer.kinds.TrainerKind`): its declaration, whose hooks
-are GRPO's own modules (:mod:`memlab.trainer.grpo`, :mod:`memlab.trainer.grpo_estimate`,
-:mod:`memlab.trainer.grpo_suggest`, :mod:`memlab.runner.grpo`), each imported when the hook is called: the runner and
+are GRPO's own modules (:mod:`memlab.trainer.grpo`, :mod:`memlab.trainer.grpo.estimate`,
+:mod:`memlab.trainer.grpo.suggest`, :mod:`memlab.runner.grpo`), each imported when the hook is called: the runner and
 the estimation build on :mod:`memlab.trainer`, never the reverse at load. Importing this module registers the kind
 (:mod:`memlab.trainer` does); a next kind with a step of its own is a module like this one.
 
@@ -26,13 +26,13 @@ def _grpo_target(trainer: Any, loss_fn: Any) -> Any:
 
 
 def _grpo_estimate(request: Any) -> Any:
-    from memlab.trainer.grpo_estimate import estimate_grpo
+    from memlab.trainer.grpo.estimate import estimate_grpo
 
     return estimate_grpo(request)
 
 
 def _grpo_fit_dry_runs(target: Any, trainer: Any, loss_fn: Any) -> Any:
-    from memlab.trainer.grpo_suggest import with_grpo_dry_runs
+    from memlab.trainer.grpo.suggest import with_grpo_dry_runs
 
     return with_grpo_dry_runs(target, trainer, loss_fn)
 
@@ -84,7 +84,7 @@ GRPO = TrainerKind(
     elsewhere=_grpo_elsewhere,
 )
 """TRL's GRPOTrainer: its step generates first (:mod:`memlab.runner.grpo`), its dry run has a generation phase
-(:mod:`memlab.trainer.grpo_estimate`), ``fit`` suggests the config changes of :mod:`memlab.trainer.grpo_suggest`
+(:mod:`memlab.trainer.grpo.estimate`), ``fit`` suggests the config changes of :mod:`memlab.trainer.grpo.suggest`
 where nothing fits, and ``memlab.apply`` splits its generations (:func:`memlab.trainer.grpo.grpo_split`)."""
 
 register(GRPO)

@@ -5,7 +5,7 @@ Throughput (with the 95% interval of each speed as an error bar) and peak memory
 that every numbered bar has room for its number); a legend in three groups (memory, speed, status); the budget as a
 dashed line labelled at its right end; and a key under the panels that spells every plan out
 (:meth:`memlab.Plan.describe`). Sizes are pixels of a figure :data:`WIDTH` wide that shrinks with a narrower cell.
-The panels themselves are :mod:`memlab.report.svg_panels`; the SVG writing, :mod:`memlab.report.svg`.
+The panels themselves are :mod:`memlab.report.svg.panels`; the SVG writing, :mod:`memlab.report.svg`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from memlab.report.figure import (
 from memlab.report.host_figure import DOES_NOT_FIT_HOST, HOST_BUDGET_NAME, HOST_NAME, host_data
 from memlab.report.plan_axis import FULL_LABELS_UP_TO, plan_axis, text_width
 from memlab.report.svg import Svg, bold_width, escape, px, wrap
-from memlab.report.svg_panels import Box, PlanBars
+from memlab.report.svg.panels import Box, PlanBars
 from memlab.report.verdicts import ERROR, OUT_OF_MEMORY, OVER_BUDGET
 from memlab.techniques.precision import BF16_ON_CPU_SHORT
 
