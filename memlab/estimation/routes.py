@@ -24,8 +24,7 @@ from memlab.live.sharding import check_sharding
 from memlab.options import parse_host_budget
 from memlab.plan import Plan
 from memlab.report import Trial
-from memlab.techniques.offload import PARAMS_NEED_SHARDING
-from memlab.techniques.precompute_ref import step_refusal
+from memlab.techniques.registry import step_refusal
 from memlab.techniques.vllm import no_engine
 
 if TYPE_CHECKING:
@@ -82,12 +81,9 @@ def _one_gpu(request: EstimateRequest) -> Trial:
     from memlab.estimation.dryrun.single_gpu import estimate_plans
 
     plan = request.training_plan
-    if isinstance(plan, Plan) and plan.offload == "params":
-        raise MemlabError(PARAMS_NEED_SHARDING)
-    if isinstance(plan, Plan) and no_engine(plan):  # a GRPOTrainer's engine is read by its route, never here
-        raise MemlabError(no_engine(plan))
-    if isinstance(plan, Plan) and step_refusal(plan, request.loss_fn):  # a DPOTrainer's loss takes precompute_ref
-        raise MemlabError(step_refusal(plan, request.loss_fn))
+    refusal = step_refusal(plan, request.loss_fn) if isinstance(plan, Plan) else ""  # each lever's own
+    if refusal:
+        raise MemlabError(refusal)
     trial = estimate_plans(request.model, request.batch, [plan], loss_fn=request.loss_fn, budget=request.budget,
                            lr=request.lr, device=request.device, gpu=request.gpu, load=request.load)[0]
     return card_context(trial, request.gpu)

@@ -28,6 +28,7 @@ from memlab.export.engines import (
 )
 from memlab.plan import Plan
 from memlab.techniques.fragments import Accelerate, merge_keys
+from memlab.techniques.offload import NO_OFFLOAD
 from memlab.techniques.registry import REGISTRY
 
 __all__ = ["accelerate_config", "accelerate_script", "fsdp2_torch_script"]
@@ -251,7 +252,7 @@ def fsdp2_torch_script(
         >>> "fully_shard(units, mesh=mesh" in script and compile(script, "s.py", "exec") is not None
         True
     """
-    if plan.adapter == "qlora" or plan.optimizer != "adamw" or plan.offload != "none" or plan.loss != "full":
+    if plan.adapter == "qlora" or plan.optimizer != "adamw" or plan.offload != NO_OFFLOAD or plan.loss != "full":
         raise MemlabError(
             "fsdp2_torch_script covers plans of adamw (LoRA adapters allowed) without QLoRA, offload or chunked "
             "loss; write those levers as their defaults, or use accelerate_script with the accelerate config"

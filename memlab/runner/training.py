@@ -22,11 +22,8 @@ from memlab.report import Trial
 from memlab.runner.step import TrainingStep
 from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, Workload
 from memlab.techniques.accumulation import check_split, micro_batches
-from memlab.techniques.offload import PARAMS_NEED_SHARDING
 from memlab.techniques.optimizer import state_tensors
-from memlab.techniques.precompute_ref import step_refusal
-from memlab.techniques.registry import step_techniques
-from memlab.techniques.vllm import no_engine
+from memlab.techniques.registry import step_refusal, step_techniques
 from memlab.techniques.weights import model_weights
 
 __all__ = ["TrainingAttempt", "TrainingRecord", "TrainingWorkload", "check_plans", "finite_loss"]
@@ -117,12 +114,9 @@ class TrainingWorkload(Workload[Plan, TrainingRecord, Trial]):
         return check_plans(plans)
 
     def check(self, plan: Plan) -> None:
-        if plan.offload == "params":
-            raise MemlabError(PARAMS_NEED_SHARDING)
-        if no_engine(plan):  # a GRPOTrainer's vLLM engine: its estimate reads those levers before this step runs
-            raise MemlabError(no_engine(plan))
-        if step_refusal(plan, self.loss_fn):  # a DPOTrainer's precompute_ref: the trainer's loss must take it
-            raise MemlabError(step_refusal(plan, self.loss_fn))
+        refusal = step_refusal(plan, self.loss_fn)  # each lever's own (offload="params", a vLLM engine, ...)
+        if refusal:
+            raise MemlabError(refusal)
         check_split(self.context.batch, plan)
 
     def copies_parameters(self, plan: Plan) -> bool:

@@ -89,6 +89,10 @@ class Lever:
         needs_trainer: the built trainer whose setting the lever is (``"a TRL DPOTrainer"``): a step without it
             cannot use the lever, so a front end that builds the model itself (``memlab estimate``, from a config)
             neither offers nor takes it. ``""``: any step can.
+        refuses_step: ``(plan, loss_fn) -> str``: why one device's step cannot run the plan's value of the lever
+            with that loss (one sentence saying what to write), ``""`` where it can; the runner and the one-device
+            estimate ask it (:func:`memlab.techniques.registry.step_refusal`) before the model is touched. None: every
+            step can.
     """
 
     name: str
@@ -119,6 +123,7 @@ class Lever:
     blocks: bool = False
     value_type: str = ""
     needs_trainer: str = ""
+    refuses_step: Callable[[PlanLike, Any], str] | None = None
 
     @property
     def type(self) -> str:

@@ -1,6 +1,8 @@
-"""Offload to CPU: optimizer state with the update on the CPU, and activations through ``save_on_cpu``'s hooks; and
-what each keeps in host memory (``Trial.host_bytes``), counted by the offload itself on the step's parts'
-:class:`~memlab.techniques.technique.HostLedger`, live and on fake tensors alike.
+"""The ``offload`` lever whole: optimizer state with the update on the CPU, and activations through
+``save_on_cpu``'s hooks; what each keeps in host memory (``Trial.host_bytes``), counted by the offload itself on the
+step's parts' :class:`~memlab.techniques.technique.HostLedger`, live and on fake tensors alike; its values and what
+each moves (:func:`offloads`, the ``*_OFFLOADS`` tuples, which other modules ask instead of spelling the values), its
+one-device refusal, what it adds to each export, and its declaration (:data:`DECLARATIONS`).
 
 Host bytes are each tensor's storage, pinned ones rounded up to a power of two as PyTorch's caching host allocator
 rounds its blocks. A paged optimizer's spill is counted as all of its state: the most the driver can page to the host
@@ -27,6 +29,17 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
+from memlab.techniques.fragments import (
+    THE_DEEPSPEED_CONFIG,
+    Accelerate,
+    Code,
+    Elsewhere,
+    Export,
+    Fragment,
+    Keys,
+    per_target,
+)
+from memlab.techniques.lever import Lever, PlanLike
 from memlab.techniques.technique import HostLedger, PlanFields, StepParts, Technique, Undo
 
 NOTHING_TO_MOVE = (
@@ -42,6 +55,9 @@ OFFLOAD_ESTIMATED = (
 )
 """The note of a CUDA estimate of an offload plan (made on fake tensors): how its host side is modelled."""
 
+NO_OFFLOAD = "none"
+"""The ``offload`` value that moves nothing."""
+
 OPTIMIZER_OFFLOADS = ("optimizer", "all", "params")
 """The ``offload`` values that put the optimizer's state and update on the CPU (``"params"``, sharded only, puts
 each GPU's shard of the weights there too)."""
@@ -55,6 +71,13 @@ PARAMS_NEED_SHARDING = (
 
 ACTIVATION_OFFLOADS = ("activations", "all")
 """The ``offload`` values that put the tensors saved for backward in CPU memory."""
+
+WEIGHT_OFFLOADS = ("all", "params")
+"""The ``offload`` values that put each GPU's partition of the weights in CPU memory where the engine can (DeepSpeed
+ZeRO-3's ``offload_param``; ZeRO-2 cannot)."""
+
+SHARDED_ONLY = "params"
+"""The ``offload`` value that only sharded training runs (:data:`PARAMS_NEED_SHARDING`)."""
 
 
 def offloads(plan: PlanFields, part: str) -> bool:
@@ -368,3 +391,129 @@ def _state_tensors(optimizer: Any) -> list[torch.Tensor]:
 
 
 OFFLOAD = Offload()
+
+
+# --- the lever: its declaration and what it adds to each export -------------------------------------------------
+
+_PIN = 'pin = device.type == "cuda"  # pinned CPU memory makes copies to and from the GPU faster'
+
+
+def _optimizer_offload_code() -> Code:
+    return Code(
+        settings=(_PIN,),
+        before_optimizer=(
+            "# Optimizer offload: optimizer state and update live on the CPU, on copies of the weights",
+            "cpu_params = [",
+            '    torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin).copy_(p.detach())',
+            "    for p in params",
+            "]",
+            "for cpu_p in cpu_params:",
+            "    cpu_p.requires_grad_()",
+        ),
+        optimizer_over=("cpu_params", "cpu_params[0].device"),
+        before_step=(
+            "for p, cpu_p in zip(params, cpu_params):  # gradients to the CPU",
+            '    cpu_p.grad = None if p.grad is None else p.grad.to("cpu", dtype=cpu_p.dtype)',
+            "    p.grad = None",
+        ),
+        after_step=(
+            "with torch.no_grad():  # updated weights back to the device",
+            "    for p, cpu_p in zip(params, cpu_params):",
+            "        p.copy_(cpu_p, non_blocking=True)",
+        ),
+    )
+
+
+_CPU_CHECKPOINTING = {
+    "partition_activations": False,
+    "cpu_checkpointing": True,
+    "contiguous_memory_optimization": False,
+    "synchronize_checkpoint_boundary": False,
+}
+
+
+def _offload_for_deepspeed(plan: PlanLike) -> Fragment:
+    keys: dict[str, object] = {}
+    if plan.offloads_optimizer:
+        keys["zero_optimization"] = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    if plan.offloads_activations:
+        keys["activation_checkpointing"] = dict(_CPU_CHECKPOINTING)
+        if not plan.checkpointing:
+            keys["_comment"] = (
+                "DeepSpeed offloads only checkpointed activations: cpu_checkpointing acts only with "
+                "activation checkpointing on"
+            )
+    return Keys(keys)
+
+
+def _offload_for_the_trainer(plan: PlanLike) -> Fragment:
+    if plan.offloads_activations and not plan.checkpointing:
+        return (
+            f"offload={plan.offload!r} without checkpointing has no Trainer form: the Trainer offloads only "
+            "checkpointed activations; write checkpointing=True with it, or use plan.to_code() (save_on_cpu)"
+        )
+    keys: dict[str, object] = {}
+    if plan.offloads_optimizer:  # the Trainer offloads optimizer state only through DeepSpeed
+        keys["deepspeed"] = THE_DEEPSPEED_CONFIG
+    if plan.offloads_activations:  # transformers holds the checkpointed activations in pinned CPU memory: since
+        # 5.17 as gradient_checkpointing_kwargs' "offload" (the legacy names), then as activation_checkpointing_kwargs'
+        legacy = {**keys, "gradient_checkpointing_kwargs": {"offload": True}}
+        keys["activation_checkpointing_kwargs"] = {"offload": True}
+        return Keys(keys, legacy=legacy)
+    return Keys(keys)
+
+
+def _offload(target: str) -> Export:
+    def fragment(plan: PlanLike) -> Fragment:
+        if plan.offload == "params" and target in ("trainer", "code", "deepspeed"):
+            # the Trainer's and plain code's one process, and to_deepspeed's ZeRO-2, cannot offload the weights
+            return ("offload='params' offloads each GPU's shard of the weights, which needs FSDP or ZeRO-3; write "
+                    "plan.to_accelerate_config(gpus=N, strategy='fsdp2' or 'zero3'), or offload='optimizer'")
+        if target == "trainer":
+            return _offload_for_the_trainer(plan)
+        if target == "deepspeed":
+            return _offload_for_deepspeed(plan)
+        if target == "code":
+            code = _optimizer_offload_code() if plan.offloads_optimizer else Code()
+            if plan.offloads_activations:
+                code += Code(settings=(_PIN,), contexts=("torch.autograd.graph.save_on_cpu(pin_memory=pin)",))
+            return code
+        if target == "accelerate":
+            device = "cpu" if plan.offloads_optimizer else "none"
+            return Accelerate(
+                fsdp2={"fsdp_offload_params": bool(plan.offloads_optimizer)},
+                zero2={"offload_optimizer_device": device, "offload_param_device": "none"},
+                zero3={"offload_optimizer_device": device,
+                       "offload_param_device": "cpu" if plan.offload in ("all", "params") else "none"},
+                script=Code(contexts=("torch.autograd.graph.save_on_cpu(pin_memory=True)",))
+                if plan.offloads_activations else Code(),
+                refused={"zero2": "ZeRO-2 cannot offload the parameters (offload='params'); write strategy='zero3' "
+                                  "or 'fsdp2', or offload='optimizer' with zero2"} if plan.offload == "params" else {},
+            )
+        return Elsewhere()
+
+    return fragment
+
+
+DECLARATIONS = (
+    Lever(
+        "offload",
+        "none",
+        short="offload-{}",
+        choices=("none", "optimizer", "activations", "all", "params"),
+        help="moves optimizer state and/or saved activations to CPU memory (params: sharded only, each GPU's shard "
+        "of the weights, gradients and optimizer state): less GPU memory, slower steps",
+        technique=OFFLOAD,
+        slower=(("optimizer", "none"), ("activations", "none"), ("all", "none"), ("params", "none"),
+                ("params", "optimizer")),
+        activation_key=lambda value: value in ("activations", "all"),
+        # Offloaded optimizer state is not on the device at all.
+        optimizer_state={"optimizer": 0.0, "all": 0.0, "params": 0.0},
+        speed={"optimizer": (0.7, 0.7), "activations": (0.6, 0.6), "all": (0.5, 0.5), "params": (0.5, 0.5)},
+        on_cpu=lambda value: "none",
+        on_cpu_note="offload moves nothing on a CPU-only device",
+        exports=per_target(_offload),
+        refuses_step=lambda plan, loss_fn: PARAMS_NEED_SHARDING if plan.offload == SHARDED_ONLY else "",
+    ),
+)
+"""The ``offload`` lever, listed by :mod:`memlab.techniques.levers.step` in the Plan's field order."""

@@ -257,6 +257,7 @@ DECLARATIONS = (
         none_means="the trainer's own setting",
         exports=per_target_but_peft(_export),
         needs_trainer="a TRL DPOTrainer",
+        refuses_step=step_refusal,
     ),
 )
 """The lever's declaration (:data:`memlab.techniques.registry.REGISTRY` gathers it)."""

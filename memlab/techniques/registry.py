@@ -23,6 +23,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 from memlab.techniques import expandable_segments, fp8, precompute_ref, vllm
 from memlab.techniques.lever import Lever, PlanLike
 from memlab.techniques.levers import batch as levers_batch
@@ -30,7 +32,7 @@ from memlab.techniques.levers import model as levers_model
 from memlab.techniques.levers import step as levers_step
 from memlab.techniques.technique import Technique
 
-__all__ = ["REGISTRY", "STEP_ORDER", "conflicts", "least_share", "refusals", "step_techniques"]
+__all__ = ["REGISTRY", "STEP_ORDER", "conflicts", "least_share", "refusals", "step_refusal", "step_techniques"]
 
 
 def _declarations() -> dict[str, Lever]:
@@ -81,6 +83,21 @@ def conflicts(plan: PlanLike) -> list[str]:
         []
     """
     return [message for lever in REGISTRY.values() if lever.conflicts and (message := lever.conflicts(plan))]
+
+
+def step_refusal(plan: PlanLike, loss_fn: Any = None) -> str:
+    """Why one device's step cannot run ``plan`` with ``loss_fn`` (the first lever whose ``refuses_step`` says so, in
+    the Plan's order), ``""`` where it can: what the runner and the one-device estimate ask before anything runs.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> step_refusal(Plan()), step_refusal(Plan(offload="params"))[:31]
+        ('', "offload='params' keeps each GPU")
+    """
+    for lever in REGISTRY.values():
+        if lever.refuses_step is not None and (why := lever.refuses_step(plan, loss_fn)):
+            return why
+    return ""
 
 
 STEP_ORDER = ("vllm_memory", "precompute_ref", "expandable_segments",

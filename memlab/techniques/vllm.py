@@ -189,6 +189,7 @@ DECLARATIONS = (
         none_means="the trainer's own share",
         exports=_exports("vllm_memory"),
         needs_trainer=NEEDS,
+        refuses_step=lambda plan, loss_fn: no_engine(plan),
     ),
     Lever(
         "vllm_sleep",
@@ -202,6 +203,7 @@ DECLARATIONS = (
         none_means="the trainer's own setting",
         exports=_exports("vllm_sleep"),
         needs_trainer=NEEDS,
+        refuses_step=lambda plan, loss_fn: no_engine(plan),
     ),
 )
 """The levers' declarations (:data:`memlab.techniques.registry.REGISTRY` gathers them)."""

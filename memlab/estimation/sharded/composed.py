@@ -52,6 +52,7 @@ from memlab.estimation.dryrun.single_gpu import estimate_plans
 from memlab.estimation.sharded.fsdp2 import DETAIL, ShardedRequest, ShardedTrial, shard_units, sharded_trial
 from memlab.live.sharding import DS_PREFETCH_BUCKET, ds_reduce_bucket, engine_settings
 from memlab.plan import Plan
+from memlab.techniques.offload import ACTIVATION_OFFLOADS, NO_OFFLOAD, OPTIMIZER_OFFLOADS, SHARDED_ONLY
 
 __all__ = ["COMPOSED_NOTE", "FSDP1_STREAMS_NOTE", "MIXED_NOTE", "RESERVE_NOTE", "ZERO_RESERVE_NOTE",
            "composed_estimate", "fsdp1_blocks_gathered", "fsdp1_stream_pool", "gathered_bytes", "needs_composition"]
@@ -287,7 +288,7 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
     """
     model_or_config, plan, gpus, strategy = request.model, request.plan, request.gpus, request.strategy
     budget, load = request.budget, request.load
-    one_gpu = plan.replace(offload="activations" if plan.offloads_activations else "none")
+    one_gpu = plan.replace(offload=ACTIVATION_OFFLOADS[0] if plan.offloads_activations else NO_OFFLOAD)
     one_load, scale = _mixed_precision_load(model_or_config, plan, strategy, load)
     trial = estimate_plans(model_or_config, request.batch, [one_gpu], loss_fn=request.loss_fn, lr=request.lr,
                            device=request.device, gpu=request.gpu, load=one_load)[0]
@@ -299,7 +300,7 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
     units = max(len(shard_units(model_on_meta(model_or_config))), 1)
     series = _series(trial)
     series["params"] = [int(v * scale) for v in series["params"]]
-    offloaded = plan.offload in ("params", "optimizer", "all")
+    offloaded = plan.offload in OPTIMIZER_OFFLOADS
     n = gpus
     timeline = getattr(trial, "timeline", None)
     blocks = fsdp1_blocks_gathered(timeline.phases, timeline.x, timeline.modules, plan.adapter != "none") if (
@@ -311,7 +312,7 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
             *(series[k] for k in ("params", "grads", "optimizer", "activations", "other")), blocks, strict=True):
         detail = dict.fromkeys(DETAIL, 0)
         sharded_params = params if strategy == "zero2" else params // n
-        moves_params = plan.offload == "params" and strategy == "zero3"
+        moves_params = plan.offload == SHARDED_ONLY and strategy == "zero3"
         unit_grads = max(series["grads"]) // units if strategy != "zero2" else 0
         if strategy.startswith("fsdp"):
             # FSDP's one CPU offload is the parameters': shards of weights, gradients and optimizer state
@@ -350,7 +351,7 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
     held = best["sharded_params"] + best["sharded_grads"] + best["optimizer"] + (
         best["unsharded_params"] if strategy == "zero2" else 0)
     notes = [*trial.notes, COMPOSED_NOTE, engine_settings(plan, strategy), *([MIXED_NOTE] if scale != 1 else [])]
-    if plan.offload == "params" and strategy == "zero2":
+    if plan.offload == SHARDED_ONLY and strategy == "zero2":
         notes.append("ZeRO-2 cannot offload parameters: offload='params' offloads the gradients and the optimizer "
                      "state only; write strategy='zero3' to offload the parameters")
     result = sharded_trial(plan, best, torch.device(trial.device), budget, gpus, strategy, held, host, notes)

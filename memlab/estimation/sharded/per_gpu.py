@@ -47,6 +47,7 @@ from memlab.live.sharding import (
 )
 from memlab.plan import Plan, parse_budget
 from memlab.report import Trial
+from memlab.techniques.offload import OPTIMIZER_OFFLOADS, SHARDED_ONLY
 
 if TYPE_CHECKING:  # the route's request, read here; request.py routes to this module
     from memlab.estimation.request import EstimateRequest
@@ -157,7 +158,7 @@ def fsdp_run_plan(plan: Plan) -> Plan:
         >>> fsdp_run_plan(Plan(offload="params")).offload, fsdp_run_plan(Plan(offload="all")).offload
         ('optimizer', 'all')
     """
-    return plan.replace(offload="optimizer") if plan.offload == "params" else plan
+    return plan.replace(offload=OPTIMIZER_OFFLOADS[0]) if plan.offload == SHARDED_ONLY else plan
 
 
 FSDP1_NOTE = (

@@ -59,6 +59,7 @@ from memlab.estimation.sharded.fsdp2 import (
 from memlab.live.sharding import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, ds_reduce_bucket
 from memlab.plan import Plan
 from memlab.report import Trial
+from memlab.techniques.offload import NO_OFFLOAD, OPTIMIZER_OFFLOADS, WEIGHT_OFFLOADS
 
 __all__ = ["BASIS_GPUS", "zero3_gathered", "zero_basis", "zero_model_states", "zero_trial"]
 
@@ -71,7 +72,7 @@ def zero_model_states(
     *,
     weight_bytes: int = 2,
     optimizer_bytes: float = 8,
-    offload: str = "none",
+    offload: str = NO_OFFLOAD,
     frozen: int = 0,
 ) -> dict[str, int]:
     """Bytes per GPU of DeepSpeed ZeRO's model states: ``{"params", "grads", "optimizer", "host"}``.
@@ -100,23 +101,24 @@ def zero_model_states(
     partition = int(w * (p + frozen) / n)
     # whole weights; or a partition and one gathered layer (none on one GPU, where DeepSpeed's NoGatherHandle makes
     # each parameter a view of its partition, unless the partitions live in CPU memory)
-    gathered = 0 if n == 1 and offload not in ("all", "params") else w * big
+    gathered = 0 if n == 1 and offload not in WEIGHT_OFFLOADS else w * big
     params = w * (p + frozen) if stage == 2 else partition + gathered
     # ZeRO-2: the 16-bit gradient partition and its fp32 copy; ZeRO-3: the fp32 partition and one gathered layer's.
     grads = int((w + 4) * p / n) if stage == 2 else int(4 * p / n) + w * big
     optimizer = int((4 + optimizer_bytes) * p / n)  # fp32 master weights and the optimizer state
     host = 0
-    if offload in ("optimizer", "all", "params"):  # ZeRO-Offload: gradients, master weights and state on the CPU
+    if offload in OPTIMIZER_OFFLOADS:  # ZeRO-Offload: gradients, master weights and state on the CPU
         host = int((4 + 4 + optimizer_bytes) * p / n)
         grads = w * big if stage == 3 else 0
         optimizer = 0
-    if offload in ("all", "params") and stage == 3:  # ZeRO-Infinity's parameter offload
+    if offload in WEIGHT_OFFLOADS and stage == 3:  # ZeRO-Infinity's parameter offload
         host += partition
         params = w * big
     return {"params": params, "grads": grads, "optimizer": optimizer, "host": host}
 
 
-def zero3_gathered(largest_layer: int, gpus: int, *, weight_bytes: int = 2, offload: str = "none") -> dict[str, int]:
+def zero3_gathered(largest_layer: int, gpus: int, *, weight_bytes: int = 2,
+                   offload: str = NO_OFFLOAD) -> dict[str, int]:
     """Bytes of ZeRO-3's one gathered layer inside :func:`zero_model_states`'s ``"params"`` and ``"grads"``: the
     layer's whole weights (``"params"``) and its whole 16-bit gradients before they are reduced into the partitions
     (``"grads"``). They are what FSDP calls unsharded, and a ZeRO-3 estimate shows them as such, beside the
@@ -131,7 +133,7 @@ def zero3_gathered(largest_layer: int, gpus: int, *, weight_bytes: int = 2, offl
         {'params': 0, 'grads': 20000000}
     """
     w = weight_bytes
-    params = 0 if gpus == 1 and offload not in ("all", "params") else w * largest_layer
+    params = 0 if gpus == 1 and offload not in WEIGHT_OFFLOADS else w * largest_layer
     return {"params": params, "grads": w * largest_layer}
 
 
@@ -159,7 +161,7 @@ def zero_basis(request: ShardedRequest, run: tuple[ShardedTrial, list[dict[str, 
         (True, True)
     """
     model_or_config, plan = request.model, request.plan
-    one = request.replace(plan=plan.replace(offload="none", optimizer="adamw"), gpus=BASIS_GPUS, budget=None)
+    one = request.replace(plan=plan.replace(offload=NO_OFFLOAD, optimizer="adamw"), gpus=BASIS_GPUS, budget=None)
     trial, peaks = run if run is not None else fsdp2_dry_run(one)
     if trial.status != "ok":
         raise MemlabError(f"the dry run the ZeRO estimate starts from failed: {trial.error}")
@@ -172,7 +174,7 @@ def zero_basis(request: ShardedRequest, run: tuple[ShardedTrial, list[dict[str, 
     elif plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
         state = adamw8bit_state_bytes(trained)
     else:
-        single = estimate_plans(model_or_config, request.batch, [plan.replace(offload="none")],
+        single = estimate_plans(model_or_config, request.batch, [plan.replace(offload=NO_OFFLOAD)],
                                 loss_fn=request.loss_fn, lr=request.lr, device=request.device, gpu=request.gpu)[0]
         if single.status != "ok":
             raise MemlabError(f"the one-GPU dry run the ZeRO estimate starts from failed: {single.error}")
@@ -221,7 +223,7 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
         f"ZeRO-{stage} model states from DeepSpeed's formulas (memlab.estimation.sharded.zero); "
         "activations from the FSDP2 dry run",
     ]
-    if plan.offload in ("all", "params") and stage == 2:
+    if plan.offload in WEIGHT_OFFLOADS and stage == 2:
         notes.append(f"ZeRO-2 cannot offload parameters: offload={plan.offload!r} offloads the optimizer only")
     if plan.weights == "bf16":
         notes.append("DeepSpeed keeps fp32 master weights even for bf16 weights: counted")

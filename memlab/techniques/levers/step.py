@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from memlab.techniques.compile import COMPILE, compile_conflicts, compile_export
 from memlab.techniques.fragments import (
-    THE_DEEPSPEED_CONFIG,
     Accelerate,
     Code,
     Elsewhere,
@@ -30,7 +29,7 @@ from memlab.techniques.fragments import (
 )
 from memlab.techniques.lever import Lever, PlanLike
 from memlab.techniques.loss import LOSS
-from memlab.techniques.offload import OFFLOAD
+from memlab.techniques.offload import DECLARATIONS as OFFLOAD_DECLARATIONS
 from memlab.techniques.optimizer import OPTIMIZER
 from memlab.techniques.optimizer_in_backward import IN_BACKWARD
 from memlab.techniques.precision import PRECISION
@@ -176,106 +175,6 @@ def _precision(target: str) -> Export:
             backward="scaler.scale(loss).backward()",
             step=("scaler.step(optimizer)", "scaler.update()"),
         )
-
-    return fragment
-
-
-_PIN = 'pin = device.type == "cuda"  # pinned CPU memory makes copies to and from the GPU faster'
-
-
-def _optimizer_offload_code() -> Code:
-    return Code(
-        settings=(_PIN,),
-        before_optimizer=(
-            "# Optimizer offload: optimizer state and update live on the CPU, on copies of the weights",
-            "cpu_params = [",
-            '    torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin).copy_(p.detach())',
-            "    for p in params",
-            "]",
-            "for cpu_p in cpu_params:",
-            "    cpu_p.requires_grad_()",
-        ),
-        optimizer_over=("cpu_params", "cpu_params[0].device"),
-        before_step=(
-            "for p, cpu_p in zip(params, cpu_params):  # gradients to the CPU",
-            '    cpu_p.grad = None if p.grad is None else p.grad.to("cpu", dtype=cpu_p.dtype)',
-            "    p.grad = None",
-        ),
-        after_step=(
-            "with torch.no_grad():  # updated weights back to the device",
-            "    for p, cpu_p in zip(params, cpu_params):",
-            "        p.copy_(cpu_p, non_blocking=True)",
-        ),
-    )
-
-
-_CPU_CHECKPOINTING = {
-    "partition_activations": False,
-    "cpu_checkpointing": True,
-    "contiguous_memory_optimization": False,
-    "synchronize_checkpoint_boundary": False,
-}
-
-
-def _offload_for_deepspeed(plan: PlanLike) -> Fragment:
-    keys: dict[str, object] = {}
-    if plan.offloads_optimizer:
-        keys["zero_optimization"] = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
-    if plan.offloads_activations:
-        keys["activation_checkpointing"] = dict(_CPU_CHECKPOINTING)
-        if not plan.checkpointing:
-            keys["_comment"] = (
-                "DeepSpeed offloads only checkpointed activations: cpu_checkpointing acts only with "
-                "activation checkpointing on"
-            )
-    return Keys(keys)
-
-
-def _offload_for_the_trainer(plan: PlanLike) -> Fragment:
-    if plan.offloads_activations and not plan.checkpointing:
-        return (
-            f"offload={plan.offload!r} without checkpointing has no Trainer form: the Trainer offloads only "
-            "checkpointed activations; write checkpointing=True with it, or use plan.to_code() (save_on_cpu)"
-        )
-    keys: dict[str, object] = {}
-    if plan.offloads_optimizer:  # the Trainer offloads optimizer state only through DeepSpeed
-        keys["deepspeed"] = THE_DEEPSPEED_CONFIG
-    if plan.offloads_activations:  # transformers holds the checkpointed activations in pinned CPU memory: since
-        # 5.17 as gradient_checkpointing_kwargs' "offload" (the legacy names), then as activation_checkpointing_kwargs'
-        legacy = {**keys, "gradient_checkpointing_kwargs": {"offload": True}}
-        keys["activation_checkpointing_kwargs"] = {"offload": True}
-        return Keys(keys, legacy=legacy)
-    return Keys(keys)
-
-
-def _offload(target: str) -> Export:
-    def fragment(plan: PlanLike) -> Fragment:
-        if plan.offload == "params" and target in ("trainer", "code", "deepspeed"):
-            # the Trainer's and plain code's one process, and to_deepspeed's ZeRO-2, cannot offload the weights
-            return ("offload='params' offloads each GPU's shard of the weights, which needs FSDP or ZeRO-3; write "
-                    "plan.to_accelerate_config(gpus=N, strategy='fsdp2' or 'zero3'), or offload='optimizer'")
-        if target == "trainer":
-            return _offload_for_the_trainer(plan)
-        if target == "deepspeed":
-            return _offload_for_deepspeed(plan)
-        if target == "code":
-            code = _optimizer_offload_code() if plan.offloads_optimizer else Code()
-            if plan.offloads_activations:
-                code += Code(settings=(_PIN,), contexts=("torch.autograd.graph.save_on_cpu(pin_memory=pin)",))
-            return code
-        if target == "accelerate":
-            device = "cpu" if plan.offloads_optimizer else "none"
-            return Accelerate(
-                fsdp2={"fsdp_offload_params": bool(plan.offloads_optimizer)},
-                zero2={"offload_optimizer_device": device, "offload_param_device": "none"},
-                zero3={"offload_optimizer_device": device,
-                       "offload_param_device": "cpu" if plan.offload in ("all", "params") else "none"},
-                script=Code(contexts=("torch.autograd.graph.save_on_cpu(pin_memory=True)",))
-                if plan.offloads_activations else Code(),
-                refused={"zero2": "ZeRO-2 cannot offload the parameters (offload='params'); write strategy='zero3' "
-                                  "or 'fsdp2', or offload='optimizer' with zero2"} if plan.offload == "params" else {},
-            )
-        return Elsewhere()
 
     return fragment
 
@@ -437,24 +336,7 @@ DECLARATIONS = (
         on_cpu_note="paged 8-bit AdamW pages only on CUDA; on a CPU it is the unpaged 8-bit AdamW",
         exports=per_target(_optimizer),
     ),
-    Lever(
-        "offload",
-        "none",
-        short="offload-{}",
-        choices=("none", "optimizer", "activations", "all", "params"),
-        help="moves optimizer state and/or saved activations to CPU memory (params: sharded only, each GPU's shard "
-        "of the weights, gradients and optimizer state): less GPU memory, slower steps",
-        technique=OFFLOAD,
-        slower=(("optimizer", "none"), ("activations", "none"), ("all", "none"), ("params", "none"),
-                ("params", "optimizer")),
-        activation_key=lambda value: value in ("activations", "all"),
-        # Offloaded optimizer state is not on the device at all.
-        optimizer_state={"optimizer": 0.0, "all": 0.0, "params": 0.0},
-        speed={"optimizer": (0.7, 0.7), "activations": (0.6, 0.6), "all": (0.5, 0.5), "params": (0.5, 0.5)},
-        on_cpu=lambda value: "none",
-        on_cpu_note="offload moves nothing on a CPU-only device",
-        exports=per_target(_offload),
-    ),
+    *OFFLOAD_DECLARATIONS,  # in its own module (techniques/offload.py), in the Plan's field order here
     Lever(
         "loss",
         "full",
