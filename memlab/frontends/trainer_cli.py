@@ -338,7 +338,7 @@ def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: st
             trainer = trainer_on_meta(trainer_class, model=policy, args=trl_args, train_dataset=Dataset.from_list(data),
                                       processing_class=tokenizer, **keywords)
     except ValueError as error:  # TRL's own checks of its settings (generations dividing the batch...)
-        raise MemlabError(f"TRL refuses these settings: {_cli_words(str(error))}") from None
+        raise MemlabError(f"TRL refuses these settings: {_trl_words(str(error))}") from None
     return trainer, {**settings, "prompt_length": prompt, "tokenizer": told, "dtype": str(dtype).split(".")[-1]}
 
 
@@ -372,14 +372,21 @@ class _vllm_stand_in:  # noqa: N801 - a context manager read as a phrase
             self.patch.__exit__(*exc)
 
 
-def _cli_words(message: str) -> str:
-    """A TRL or memlab message about the config's fields in the command's options."""
+def _trl_words(message: str) -> str:
+    """A TRL or memlab message about the config's fields in the command's options (a name already written as an
+    option stays as it is).
+
+    Example:
+        >>> _trl_words("`max_completion_length` must be positive; or add --lora 16")
+        '--max-completion-length must be positive; or add --lora 16'
+    """
     import re
 
     message = re.sub(r"GRPOConfig\(vllm_gpu_memory_utilization=([0-9.]+)\)", r"--vllm-gpu-memory-utilization \1",
                      message)
     for name in (*GRPO_ONLY, *DPO_ONLY, *_BOTH):
-        message = re.sub(rf"`?\b{name}\b`?", _flag(name), message)
+        # not after "-": "--lora" in memlab's own messages was made "----lora"
+        message = re.sub(rf"(?<![-\w])`?{name}\b`?", _flag(name), message)
     return message
 
 
@@ -446,13 +453,13 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
             trials.append(memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget))
         for trial in trials:
             if trial.status == "error" and "vllm_gpu_memory_utilization=" in str(trial.error):
-                raise MemlabError(_cli_words(str(trial.error)))
+                raise MemlabError(_trl_words(str(trial.error)))
         report = Report(host_judged(trials, args), budget=budget)
         fits = any(report.fits(trial) for trial in report.trials)
         if budget is not None and not fits:
             from memlab.frontends.estimate.next import trainer_suggestions
 
-            suggested = trainer_suggestions(args, trainer, own, report, say, words=_cli_words)
+            suggested = trainer_suggestions(args, trainer, own, report, say, words=_trl_words)
     model = trainer.model
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     parameters = sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)

@@ -465,7 +465,7 @@ def _offload_for_the_trainer(plan: PlanLike) -> Fragment:
 
 def _offload(target: str) -> Export:
     def fragment(plan: PlanLike) -> Fragment:
-        if plan.offload == "params" and target in ("trainer", "code", "deepspeed"):
+        if plan.offload == SHARDED_ONLY and target in ("trainer", "code", "deepspeed"):
             # the Trainer's and plain code's one process, and to_deepspeed's ZeRO-2, cannot offload the weights
             return ("offload='params' offloads each GPU's shard of the weights, which needs FSDP or ZeRO-3; write "
                     "plan.to_accelerate_config(gpus=N, strategy='fsdp2' or 'zero3'), or offload='optimizer'")
@@ -484,11 +484,12 @@ def _offload(target: str) -> Export:
                 fsdp2={"fsdp_offload_params": bool(plan.offloads_optimizer)},
                 zero2={"offload_optimizer_device": device, "offload_param_device": "none"},
                 zero3={"offload_optimizer_device": device,
-                       "offload_param_device": "cpu" if plan.offload in ("all", "params") else "none"},
+                       "offload_param_device": "cpu" if plan.offload in WEIGHT_OFFLOADS else "none"},
                 script=Code(contexts=("torch.autograd.graph.save_on_cpu(pin_memory=True)",))
                 if plan.offloads_activations else Code(),
                 refused={"zero2": "ZeRO-2 cannot offload the parameters (offload='params'); write strategy='zero3' "
-                                  "or 'fsdp2', or offload='optimizer' with zero2"} if plan.offload == "params" else {},
+                                  "or 'fsdp2', or offload='optimizer' with zero2"}
+                if plan.offload == SHARDED_ONLY else {},
             )
         return Elsewhere()
 

@@ -115,7 +115,8 @@ def test_a_dpo_question_is_answered(config: str, capsys: pytest.CaptureFixture[s
      "--num-generations is a setting of --trainer grpo, not --trainer dpo"),
     (["--trainer", "grpo", "--max-length", "64"], "--max-length is a setting of --trainer dpo, not --trainer grpo"),
     (["--num-generations", "4"], "--num-generations is a setting of a TRL trainer; add --trainer grpo"),
-    (["--trainer", "dpo", "--max-length", "64"], "needs adapters"),
+    (["--trainer", "dpo", "--max-length", "64"],  # the option said as written ("----lora" before)
+     "needs adapters (its reference model is then the policy with its adapters off); add --lora 16"),
     (["--trainer", "grpo", "--gpu", "A100-40GB", "--device", "cpu"],
      "--gpu names the GPU an estimate is for, and --device cpu asks for the CPU; drop --device cpu"),
     (["--trainer", "grpo", "--try", "micro_batch=2"],
