@@ -36,7 +36,7 @@ from memlab.techniques.lever import SWITCH, Lever, PlanLike
 from memlab.techniques.technique import StepParts, Technique, Undo
 
 __all__ = ["DECLARATIONS", "DPO_ONLY", "KEYWORD", "PRECOMPUTE", "PrecomputeReference", "dpo_config_keywords",
-           "precompute_from_arguments", "precomputes", "refuse_precompute_change", "step_refusal", "trainer_of"]
+           "precompute_from_arguments", "precomputes", "refuse_precompute_change", "precompute_refusal", "trainer_of"]
 
 KEYWORD = "precompute_ref_log_probs"
 """The lever's ``DPOConfig`` keyword."""
@@ -137,13 +137,13 @@ DPOConfig(precompute_ref_log_probs=True, ...) ...
     )
 
 
-def step_refusal(plan: PlanLike, loss_fn: Any) -> str:
+def precompute_refusal(plan: PlanLike, loss_fn: Any) -> str:
     """Why a step of ``plan`` with ``loss_fn`` cannot run its ``precompute_ref`` (``""`` where it can): the runner and
     the estimate ask it before anything runs, and the technique again.
 
     Example:
         >>> from memlab.plan import Plan
-        >>> step_refusal(Plan(), None), step_refusal(Plan(precompute_ref=True), None)[:40]
+        >>> precompute_refusal(Plan(), None), precompute_refusal(Plan(precompute_ref=True), None)[:40]
         ('', "plan 'precompute-ref=True' sets precompu")
     """
     wanted = getattr(plan, "precompute_ref", None)
@@ -203,7 +203,7 @@ class PrecomputeReference(Technique):
     def put_on(self, parts: StepParts) -> Undo | None:
         if parts.plan.precompute_ref is None:
             return None
-        refusal = step_refusal(parts.plan, parts.loss_fn)
+        refusal = precompute_refusal(parts.plan, parts.loss_fn)
         if refusal:
             raise MemlabError(refusal)
         trainer = trainer_of(parts.loss_fn)
@@ -257,7 +257,7 @@ DECLARATIONS = (
         none_means="the trainer's own setting",
         exports=per_target_but_peft(_export),
         needs_trainer="a TRL DPOTrainer",
-        refuses_step=step_refusal,
+        refuses_step=precompute_refusal,
     ),
 )
 """The lever's declaration (:data:`memlab.techniques.registry.REGISTRY` gathers it)."""
