@@ -22,6 +22,18 @@ from memlab.live.compat import check_stack
 check_stack()  # a stack older than memlab's floors is said here, once, before any module that needs newer releases
 
 from memlab.errors import MemlabError, UnsupportedTechnique  # noqa: E402  (errors.py imports nothing else)
+from memlab.seams import provide  # noqa: E402  (seams.py imports nothing)
+
+
+def _plan_exports() -> types.ModuleType:
+    import memlab.export as exports
+
+    return exports
+
+
+# The package stands above every layer, so it is the one place that says which module provides a seam: the Plan's
+# to_*/from_* ask for "plan exports" (memlab/export/ builds on the Plan and is imported on the first export).
+provide("plan exports", _plan_exports)
 
 if TYPE_CHECKING:
     from memlab.estimation import estimate

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
 
 from memlab.errors import MemlabError, unknown_name
+from memlab.seams import provided
 from memlab.sizes import format_bytes as format_bytes
 from memlab.sizes import parse_budget as parse_budget
 from memlab.techniques.adapters import LORA_RANK_DEFAULT
@@ -240,39 +241,28 @@ class Plan:
     def to_training_arguments(self, *, trl: Any = False) -> dict[str, Any]:
         """Keyword arguments for ``transformers.TrainingArguments`` that do what this plan does; ``trl=True`` for a
         TRL config (activation offload as its ``activation_offloading=True``); ``trl=trl.GRPOConfig`` (or
-        ``"DPOConfig"``...) for that config class: only keywords it takes
-        (:func:`memlab.trainer.arguments.trl_training_arguments`)."""
-        if trl is not False:
-            from memlab.trainer.arguments import trl_training_arguments
-
-            return trl_training_arguments(self, config=None if trl is True else trl)
-        from memlab.export import training_arguments
-
-        return training_arguments(self)
+        ``"DPOConfig"``, or a trainer: its config class) for that config class: only keywords it takes
+        (:func:`memlab.export.training_arguments`, :func:`memlab.export.trl_training_arguments`)."""
+        return _exports().plan_training_arguments(self, trl=trl)
 
     def to_peft_config(self, model: Any = None) -> Any:
         """The ``peft.LoraConfig`` of an adapter plan; with ``model``, on exactly the layers memlab measured (see
         :func:`memlab.export.peft_config`)."""
-        from memlab.export import peft_config
-
-        return peft_config(self, model)
+        return _exports().peft_config(self, model)
 
     def to_deepspeed(self) -> dict[str, Any]:
-        """A DeepSpeed config dict for this plan (ZeRO offload where the plan offloads)."""
-        from memlab.export import deepspeed_config
-
-        return deepspeed_config(self)
+        """A DeepSpeed config dict for this plan (ZeRO offload where the plan offloads;
+        :func:`memlab.export.deepspeed_config`)."""
+        return _exports().deepspeed_config(self)
 
     def to_code(self) -> str:
-        """A plain PyTorch training-loop snippet that does what this plan does."""
-        from memlab.export import pytorch_code
-
-        return pytorch_code(self)
+        """A plain PyTorch training-loop snippet that does what this plan does (:func:`memlab.export.pytorch_code`)."""
+        return _exports().pytorch_code(self)
 
     @classmethod
     def from_training_arguments(cls, args: Any) -> Plan:
         """The plan a ``transformers.TrainingArguments`` trains: the inverse of :meth:`to_training_arguments`
-        (:func:`memlab.trainer.plan_from_training_arguments`; settings memlab cannot express are a MemlabError).
+        (:func:`memlab.export.plan_from_training_arguments`; settings memlab cannot express are a MemlabError).
 
         Example:
             >>> plan = Plan(micro_batch=4, accumulation=8, checkpointing=True, precision="bf16")
@@ -281,25 +271,21 @@ class Plan:
             >>> Plan.from_training_arguments(args) == plan
             True
         """
-        from memlab.trainer.arguments import plan_from_training_arguments
-
-        return plan_from_training_arguments(args)
+        return _exports().plan_from_training_arguments(args)
 
     @classmethod
     def from_trainer(cls, trainer: Any) -> Plan:
         """The plan a ``transformers.Trainer`` (TRL's included) trains as set up: its arguments
         (:meth:`from_training_arguments`: its own micro-batch and accumulation among them) and what its model says
-        (bf16 weights, its peft adapters). This is what ``plan=None`` means on a trainer; ``Plan()`` there, as
-        everywhere, is the whole effective batch in one micro-batch.
+        (bf16 weights, its peft adapters; :func:`memlab.export.plan_from_trainer`). This is what ``plan=None`` means
+        on a trainer; ``Plan()`` there, as everywhere, is the whole effective batch in one micro-batch.
 
         Example (a tiny trainer: ``tests/integration/test_trainer_contract.py`` builds one)::
 
             own = memlab.Plan.from_trainer(trainer)   # Plan(micro_batch=2, accumulation=2, ...)
             memlab.measure(trainer, own) == memlab.measure(trainer)   # the same plan measured
         """
-        from memlab.trainer.arguments import plan_from_trainer
-
-        return plan_from_trainer(trainer)
+        return _exports().plan_from_trainer(trainer)
 
     def to_accelerate_config(
         self, *, gpus: int, strategy: str = "fsdp2", layer_classes: Sequence[str] | None = None
@@ -308,9 +294,27 @@ class Plan:
         with ``strategy`` (``"fsdp2"``, ``"fsdp1"``, ``"zero2"``, ``"zero3"``); the script that uses the plan's other
         levers is :func:`memlab.export.accelerate.accelerate_script` (see
         :func:`memlab.export.accelerate.accelerate_config`)."""
-        from memlab.export.accelerate import accelerate_config
+        return _exports().accelerate_config(self, gpus=gpus, strategy=strategy, layer_classes=layer_classes)
 
-        return accelerate_config(self, gpus=gpus, strategy=strategy, layer_classes=layer_classes)
+
+class PlanExports(Protocol):
+    """What :mod:`memlab.export` gives the Plan's ``to_*``/``from_*`` (the seam ``"plan exports"``,
+    :mod:`memlab.seams`): the exports build on the Plan, so the Plan asks for them instead of importing them."""
+
+    def plan_training_arguments(self, plan: Plan, *, trl: Any = False) -> dict[str, Any]: ...
+    def peft_config(self, plan: Plan, model: Any = None) -> Any: ...
+    def deepspeed_config(self, plan: Plan) -> dict[str, Any]: ...
+    def pytorch_code(self, plan: Plan) -> str: ...
+    def plan_from_training_arguments(self, args: Any) -> Plan: ...
+    def plan_from_trainer(self, trainer: Any) -> Plan: ...
+    def accelerate_config(
+        self, plan: Plan, *, gpus: int, strategy: str = ..., layer_classes: Sequence[str] | None = None
+    ) -> dict[str, Any]: ...
+
+
+def _exports() -> PlanExports:
+    exports: PlanExports = provided("plan exports")
+    return exports
 
 
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))

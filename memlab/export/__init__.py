@@ -1,4 +1,6 @@
-"""Exports: a Plan carried to the engine that runs it (Trainer, DeepSpeed, peft, accelerate, plain PyTorch).
+"""Exports: a Plan carried to the engine that runs it (Trainer, TRL, DeepSpeed, peft, accelerate, plain PyTorch), and a
+trainer's arguments read back as a Plan. The Plan's ``to_*``/``from_*`` are aliases of these functions (the seam
+``"plan exports"``, :mod:`memlab.seams`): the exports build on the Plan, never the reverse.
 
 Example:
     >>> from memlab.export import training_arguments
@@ -7,6 +9,23 @@ Example:
     4
 """
 
+from memlab.export.accelerate import accelerate_config
 from memlab.export.engines import deepspeed_config, peft_config, pytorch_code, training_arguments
+from memlab.export.trainer_arguments import (
+    plan_from_trainer,
+    plan_from_training_arguments,
+    plan_training_arguments,
+    trl_training_arguments,
+)
 
-__all__ = ["deepspeed_config", "peft_config", "pytorch_code", "training_arguments"]
+__all__ = [
+    "accelerate_config",
+    "deepspeed_config",
+    "peft_config",
+    "plan_from_trainer",
+    "plan_from_training_arguments",
+    "plan_training_arguments",
+    "pytorch_code",
+    "training_arguments",
+    "trl_training_arguments",
+]

@@ -18,6 +18,7 @@ from typing_extensions import Unpack
 
 from memlab.errors import MemlabError
 from memlab.live.batch import Batch
+from memlab.live.trainer_kinds import is_trainer
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan
 from memlab.report import Report, Trial
@@ -25,7 +26,6 @@ from memlab.runner.core import Runner, register_runner, runner_for
 from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.training import TrainingWorkload, check_plans
 from memlab.runner.workload import RunnablePlan
-from memlab.trainer.arguments import is_trainer
 from memlab.trainer.entry import live_target, noted, split_plans
 from memlab.trainer.meta import refuse_meta
 from memlab.trainer.source import keeps_trainer_batch

@@ -17,6 +17,7 @@ from memlab.events import TrialSettled
 from memlab.live.batch import Batch, atomic_refusal, count_rows, is_atomic
 from memlab.live.device import cuda_bf16_supported, expandable_segments_configured, model_device
 from memlab.live.structure import trainable_parameters
+from memlab.live.trainer_kinds import kind_of
 from memlab.measure.cuda import cuda_card_capacity
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import Plan, trainer_levers_refusal
@@ -38,7 +39,6 @@ from memlab.techniques.checkpointing import checkpoint_blocks
 from memlab.techniques.loss import chunked_loss_applies
 from memlab.techniques.precompute_ref import trainer_of
 from memlab.trainer.entry import live_target, noted
-from memlab.trainer.kinds import kind_of
 from memlab.trainer.meta import refuse_meta
 from memlab.trainer.reference import with_reference
 from memlab.trainer.source import is_trainer

@@ -1,11 +1,11 @@
 """A ``transformers.Trainer`` (TRL's trainers included) as the live object memlab measures, watches and changes.
 
 - :mod:`memlab.trainer.source`: :func:`is_trainer`, :class:`TrainerSource` (its model, collator, loss and plan);
-- :mod:`memlab.trainer.arguments`: :func:`plan_from_training_arguments` (``TrainingArguments`` -> ``Plan``);
+- :mod:`memlab.export.trainer_arguments`: :func:`plan_from_training_arguments` (``TrainingArguments`` -> ``Plan``);
 - :mod:`memlab.trainer.worst_batch`: :func:`worst_batch`, the dataset's costliest micro-batch;
 - :mod:`memlab.trainer.watch`: :func:`watch`, the memory of every step of ``trainer.train()``;
 - :mod:`memlab.trainer.apply`: :func:`apply_to_trainer`, a plan on the trainer until ``undo()``;
-- :mod:`memlab.trainer.kinds`: :func:`~memlab.trainer.kinds.kind_of`, each kind of trainer (Trainer, SFT, DPO,
+- :mod:`memlab.live.trainer_kinds`: :func:`~memlab.live.trainer_kinds.kind_of`, each kind of trainer (Trainer, SFT, DPO,
   GRPO) declared once: its batch, its step's phases, its own step and dry run, its config class, its refusals;
   :mod:`memlab.trainer.grpo.kind` declares GRPO's (imported here: it registers the kind);
 - :mod:`memlab.trainer.grpo` and :mod:`memlab.trainer.grpo.estimate`: TRL's GRPOTrainer measured as it runs
@@ -24,8 +24,8 @@ Example:
 
 from __future__ import annotations
 
+from memlab.export.trainer_arguments import plan_from_training_arguments
 from memlab.trainer.apply import TrainerApplied, apply_to_trainer
-from memlab.trainer.arguments import plan_from_training_arguments
 from memlab.trainer.grpo import kind as grpo_kind  # noqa: F401  registers the GRPOTrainer's kind in kinds.KINDS
 from memlab.trainer.source import TrainerSource, is_trainer
 from memlab.trainer.watch import StepRecord, Watch, watch

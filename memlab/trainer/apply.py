@@ -9,12 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.export.trainer_arguments import check_single_process, trl_training_arguments
 from memlab.live.patching import patched
+from memlab.live.trainer_kinds import TrainerKind, kind_of
 from memlab.plan import Plan
 from memlab.techniques.precompute_ref import refuse_precompute_change
-from memlab.trainer.arguments import check_single_process, trl_training_arguments
 from memlab.trainer.grpo.vllm import refuse_engine_change
-from memlab.trainer.kinds import TrainerKind, kind_of
 from memlab.trainer.source import (
     is_trainer,
     keeps_trainer_batch,
@@ -296,7 +296,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
       transformers' own hyperparameter search does);
     - a LoRA plan puts peft adapters on the trainer's model in place (every linear layer but the output head, rank
       ``plan.lora_rank``; :func:`memlab.techniques.adapters.attach_adapter`);
-    - what the trainer's kind changes besides (its ``arguments``, :mod:`memlab.trainer.kinds`): on TRL's
+    - what the trainer's kind changes besides (its ``arguments``, :mod:`memlab.live.trainer_kinds`): on TRL's
       GRPOTrainer, the plan's split of one optimizer step's generations (``per_device_train_batch_size``
       generations per device x accumulation) with the generation batch kept: ``steps_per_generation`` becomes
       ``generation_batch_size / micro_batch`` (:func:`memlab.trainer.grpo.grpo_split`); a split whose micro-batch

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from memlab.errors import MemlabError
+from memlab.live.trainer_kinds import kind_of
 from memlab.plan import Plan
 from memlab.trainer.grpo import GRPOPrompts
-from memlab.trainer.kinds import kind_of
 from memlab.trainer.source import TrainerSource, is_trainer, keeps_trainer_batch
 from memlab.trainer.worst_batch import trainer_batches, worst_batch
 
@@ -73,11 +73,11 @@ def live_target(
     """The model, batch and loss a run measures. For a trainer without a batch: its train dataset's examples as
     :class:`~memlab.live.batch.StepBatches` (each plan's micro-batches collated by the trainer, the worst first),
     said in ``note``; its ``compute_loss`` unless ``loss_fn`` is given (``rows`` is kept for callers: every plan
-    gets the examples it needs). Nothing on the trainer changes. The trainer's kind (:func:`memlab.trainer.kinds.
+    gets the examples it needs). Nothing on the trainer changes. The trainer's kind (:func:`memlab.live.trainer_kinds.
     kind_of`) decides what differs: its own batch (``make_batch``), and with ``generation=True`` (``measure``,
     ``compare``, ``fit``) its own step (``target``: TRL's GRPOTrainer generates first,
-    :func:`memlab.trainer.kinds.TrainerKind.target`); the entry points that do not run that step leave it out, and the
-    trainer is refused with what works.
+    :func:`memlab.live.trainer_kinds.TrainerKind.target`); the entry points that do not run that step leave it out,
+    and the trainer is refused with what works.
 
     Example:
         >>> live_target(object(), None)

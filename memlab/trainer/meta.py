@@ -25,7 +25,7 @@ import copy
 from typing import Any
 
 from memlab.errors import MemlabError
-from memlab.trainer.kinds import is_trainer
+from memlab.live.trainer_kinds import is_trainer
 
 __all__ = ["meta_refusal", "on_meta", "refuse_meta", "trainer_on_meta"]
 

@@ -15,10 +15,10 @@ from types import MethodType
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.export.trainer_arguments import check_single_process, plan_from_trainer, trainer_model
 from memlab.live.patching import patched
+from memlab.live.trainer_kinds import TrainerKind, is_trainer, kind_of
 from memlab.plan import Plan
-from memlab.trainer.arguments import check_single_process, is_trainer, plan_from_trainer, trainer_model
-from memlab.trainer.kinds import TrainerKind, kind_of
 
 __all__ = [
     "TrainerSource",
@@ -51,7 +51,7 @@ def trl_kind(trainer: Any) -> str | None:
 
 
 def check_trainer_kind(trainer: Any) -> TrainerKind:
-    """The trainer's kind (:func:`memlab.trainer.kinds.kind_of`) where the Trainer's own step measures it: a kind
+    """The trainer's kind (:func:`memlab.live.trainer_kinds.kind_of`) where the Trainer's own step measures it: a kind
     with a step of its own (GRPO's generates first) is refused with what takes it (its ``elsewhere``), as is a TRL
     trainer of no declared kind (PPO, online DPO...); nothing on the trainer changes.
 
@@ -372,7 +372,7 @@ class TrainerSource:
 
     @staticmethod
     def plan_of(trainer: Any) -> Plan:
-        """The trainer's settings as a plan (:func:`memlab.trainer.arguments.plan_from_trainer`)."""
+        """The trainer's settings as a plan (:func:`memlab.export.trainer_arguments.plan_from_trainer`)."""
         return plan_from_trainer(trainer)
 
     @staticmethod

@@ -121,7 +121,7 @@ def _generated_lengths(inputs: dict[str, Any], part: str) -> tuple[tuple[int, ..
 
 
 def _rows_per_example(trainer: Any) -> int:
-    from memlab.trainer.kinds import kind_of
+    from memlab.live.trainer_kinds import kind_of
 
     try:
         return kind_of(trainer).rows_per_example

@@ -13,10 +13,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import memlab
 from memlab import Plan
 from memlab.export import deepspeed_config, pytorch_code, training_arguments
+from memlab.export.trainer_arguments import plan_from_training_arguments
 from memlab.search.space import default_space, needs_at_least
 from memlab.techniques.optimizer import FOREACH_ON_CPU
 from memlab.techniques.registry import REGISTRY
-from memlab.trainer.arguments import plan_from_training_arguments
 
 
 def _config() -> LlamaConfig:

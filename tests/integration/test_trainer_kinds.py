@@ -13,9 +13,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArgumen
 
 import memlab  # noqa: E402
 from memlab import MemlabError, Plan  # noqa: E402
+from memlab.live.trainer_kinds import KINDS, TrainerKind, declared, kind_for_config, kind_of  # noqa: E402
 from memlab.trainer.grpo import GRPO_PHASES  # noqa: E402
 from memlab.trainer.grpo.suggest import CHANGES  # noqa: E402
-from memlab.trainer.kinds import KINDS, TrainerKind, declared, kind_for_config, kind_of  # noqa: E402
 
 ROWS, TOKENS, VOCAB = 2, 24, 128
 
@@ -123,7 +123,7 @@ def test_a_trainer_of_no_declared_kind_gets_one_refusal_naming_the_kinds(tmp_pat
     with declared(TrainerKind("KTOTrainer", "trl.", "KTOConfig")):  # the refusal names what is declared
         with pytest.raises(MemlabError, match=r"it takes Trainer, SFTTrainer, DPOTrainer, GRPOTrainer and KTOTrainer"):
             kind_of(trainer)
-    with pytest.raises(MemlabError, match=r"register takes a memlab.trainer.kinds.TrainerKind, not dict"):
-        from memlab.trainer.kinds import register
+    with pytest.raises(MemlabError, match=r"register takes a memlab.live.trainer_kinds.TrainerKind, not dict"):
+        from memlab.live.trainer_kinds import register
 
         register({"name": "KTOTrainer"})  # type: ignore[arg-type]

@@ -35,10 +35,10 @@ from typing import Any, Protocol
 import torch
 
 from memlab.errors import MemlabError
+from memlab.export.trainer_arguments import check_single_process, plan_from_trainer, trainer_model
 from memlab.live.batch import StepBatches
 from memlab.live.patching import patched
 from memlab.plan import Plan
-from memlab.trainer.arguments import check_single_process, plan_from_trainer, trainer_model
 from memlab.trainer.source import (
     accelerate_outputs_fp32,
     dry_run_models,

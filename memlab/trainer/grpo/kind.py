@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer as a trainer kind (:class:`~memlab.trainer.kinds.TrainerKind`): its declaration, whose hooks
+"""TRL's GRPOTrainer as a trainer kind (:class:`~memlab.live.trainer_kinds.TrainerKind`): its declaration, whose hooks
 are GRPO's own modules (:mod:`memlab.trainer.grpo`, :mod:`memlab.trainer.grpo.estimate`,
 :mod:`memlab.trainer.grpo.suggest`, :mod:`memlab.runner.grpo`), each imported when the hook is called: the runner and
 the estimation build on :mod:`memlab.trainer`, never the reverse at load. Importing this module registers the kind
@@ -14,7 +14,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from memlab.trainer.kinds import WATCH, TrainerKind, register
+from memlab.live.trainer_kinds import WATCH, TrainerKind, register
 
 __all__ = ["GRPO"]
 

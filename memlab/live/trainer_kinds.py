@@ -207,7 +207,7 @@ def register(kind: TrainerKind) -> None:
         1
     """
     if not isinstance(kind, TrainerKind):
-        raise MemlabError(f"register takes a memlab.trainer.kinds.TrainerKind, not {type(kind).__name__}; write "
+        raise MemlabError(f"register takes a memlab.live.trainer_kinds.TrainerKind, not {type(kind).__name__}; write "
                           "register(TrainerKind('MyTrainer', 'my_package.', 'MyConfig', ...))")
     for index, known in enumerate(KINDS):
         if known.name == kind.name:

@@ -1,4 +1,5 @@
-"""A trainer's ``TrainingArguments`` read back as a memlab :class:`~memlab.plan.Plan`, and what memlab cannot measure.
+"""A Plan written as a TRL config's keywords, and a trainer's ``TrainingArguments`` (TRL's configs included) read
+back as a memlab :class:`~memlab.plan.Plan`, and what memlab cannot measure.
 
 :func:`plan_from_training_arguments` inverts :func:`memlab.export.engines.training_arguments`: for every plan the
 Trainer can express, ``plan_from_training_arguments(TrainingArguments(output_dir=..., **training_arguments(plan)))``
@@ -12,19 +13,20 @@ import dataclasses
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.export.engines import training_arguments
+from memlab.live.trainer_kinds import is_trainer, kind_for_config, kind_of
 from memlab.plan import OPTIMIZERS, Plan
 from memlab.techniques.levers.step import OPTIMIZER_FORMS
 from memlab.techniques.precompute_ref import DPO_ONLY, dpo_config_keywords, precompute_from_arguments
 from memlab.techniques.registry import REGISTRY
 from memlab.techniques.vllm import GRPO_ONLY, grpo_config_keywords, sets_vllm, vllm_from_arguments, without_vllm
-from memlab.trainer.kinds import is_trainer, kind_for_config, kind_of
 
 __all__ = [
     "TRAINER_OPTIMIZERS",
     "check_single_process",
-    "is_trainer",
     "offloads_activations",
     "plan_from_trainer",
+    "plan_training_arguments",
     "plan_from_training_arguments",
     "trainer_model",
     "trl_training_arguments",
@@ -128,8 +130,6 @@ def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None, conf
         False
         >>> # then: trl.SFTConfig(output_dir="out", **kwargs)
     """
-    from memlab.export.engines import training_arguments
-
     asked, engine, plan = plan, grpo_config_keywords(plan), without_vllm(plan)  # a GRPOConfig's keywords, added below
     engine.update(dpo_config_keywords(plan))  # a DPOConfig's (precompute_ref_log_probs), likewise
     plan = plan.replace(precompute_ref=None) if plan.precompute_ref is not None else plan
@@ -165,9 +165,25 @@ def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None, conf
     return kwargs
 
 
+def plan_training_arguments(plan: Plan, *, trl: Any = False) -> dict[str, Any]:
+    """What :meth:`memlab.Plan.to_training_arguments` returns: the Trainer's keywords
+    (:func:`memlab.export.engines.training_arguments`), or with ``trl`` a TRL config's (:func:`trl_training_arguments`;
+    ``trl=True`` for any TRL config, or the config class, its name or a trainer for exactly that class's).
+
+    Example:
+        >>> plan_training_arguments(Plan(micro_batch=2))["per_device_train_batch_size"]
+        2
+        >>> plan_training_arguments(Plan(micro_batch=2), trl=True)["activation_offloading"]
+        False
+    """
+    if trl is not False:
+        return trl_training_arguments(plan, config=None if trl is True else trl)
+    return training_arguments(plan)
+
+
 def _config_class(config: Any) -> type:
     """The config class ``config`` names (a dataclass, a class name importable from ``trl``, or a trainer: its
-    kind's config class, :attr:`memlab.trainer.kinds.TrainerKind.config`)."""
+    kind's config class, :attr:`memlab.live.trainer_kinds.TrainerKind.config`)."""
     if is_trainer(config):
         return kind_of(config).config_class()
     if isinstance(config, str):
