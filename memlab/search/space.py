@@ -14,8 +14,8 @@ from typing import Any
 from memlab.errors import MemlabError, unknown_name
 from memlab.plan import LEVERS_LISTED, PLAN_FIELDS, Plan, parse_axes
 from memlab.report import Trial
-from memlab.techniques.levers.step import OPTIMIZER_RANK
-from memlab.techniques.registry import REGISTRY, conflicts
+from memlab.techniques.core.registry import REGISTRY, conflicts
+from memlab.techniques.optimizer import OPTIMIZER_RANK
 
 TECHNIQUES = tuple(name for name in PLAN_FIELDS if not REGISTRY[name].split)
 """The plan fields other than the batch split, in the order candidates are listed (every lever the registry does

@@ -21,7 +21,7 @@ from memlab.report.svg import axis_number
 from memlab.search.memory import FIT_MARGIN, MemoryModel
 from memlab.search.space import TECHNIQUES, best_of, faster_twins, fits, micro_batch_of, needs_at_least, runs_as
 from memlab.search.speed import SPEED_MARGIN, SpeedModel, SpeedPrior
-from memlab.techniques.registry import REGISTRY
+from memlab.techniques.core.registry import REGISTRY
 
 MeasureFn = Callable[[Plan, int, int], Trial]
 """``measure(plan, index, total) -> Trial``: how the search measures one plan (``TrialRunner.run`` in ``fit``)."""

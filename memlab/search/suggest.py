@@ -18,7 +18,7 @@ from memlab.report import Trial
 from memlab.search.memory import FIT_MARGIN
 from memlab.search.space import micro_batch_of
 from memlab.search.speed import SpeedPrior
-from memlab.techniques.registry import REGISTRY, least_share
+from memlab.techniques.core.registry import REGISTRY, least_share
 
 OUTSIDE_THE_SPACE: tuple[dict[str, Any], ...] = tuple(
     {name: value} for name, lever in REGISTRY.items() for value in lever.suggest
@@ -147,7 +147,7 @@ def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior, half
     """
     from memlab.plan import Plan as PlanClass
     from memlab.search.memory import MemoryModel
-    from memlab.techniques.registry import conflicts
+    from memlab.techniques.core.registry import conflicts
 
     model = MemoryModel([], trainable_bytes=base.breakdown.get("params", 0), batch_size=rows, estimates=[base])
     context = base.context_bytes or 0
@@ -186,7 +186,8 @@ def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior, half
 
 
 class _Fields:
-    """A plan's fields with some changed, for :func:`memlab.techniques.registry.conflicts` before a Plan is made."""
+    """A plan's fields with some changed, for :func:`memlab.techniques.core.registry.conflicts` before a Plan is
+    made."""
 
     def __init__(self, plan: Plan, changes: Mapping[str, Any]) -> None:
         self._plan, self._changes = plan, changes

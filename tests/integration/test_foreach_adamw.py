@@ -14,8 +14,8 @@ import memlab
 from memlab import Plan
 from memlab.export import deepspeed_config, pytorch_code, training_arguments
 from memlab.search.space import default_space, needs_at_least
+from memlab.techniques.core.registry import REGISTRY
 from memlab.techniques.optimizer import FOREACH_ON_CPU
-from memlab.techniques.registry import REGISTRY
 from memlab.trainer.arguments import plan_from_training_arguments
 
 
