@@ -241,7 +241,7 @@ class MemoryModel:
         share = least_share(plan, "optimizer_state")
         if share == 0.0:
             return 0.0
-        adamw = self._optimizer.get(("adamw", False, family(plan)), 2 * self.trained_bytes(plan))
+        adamw = self._optimizer.get((REGISTRY["optimizer"].default, False, family(plan)), 2 * self.trained_bytes(plan))
         return adamw * share
 
     def grads_bytes(self, plan: Plan) -> float:
