@@ -180,7 +180,7 @@ def plan_needs(plan: Any) -> str | None:
 
 def optimizer_choices() -> tuple[str, ...]:
     """The optimizers this memlab's Plan takes (``adamw_foreach`` is newer than the first GPU run)."""
-    from memlab.techniques.registry import REGISTRY
+    from memlab.techniques.core.registry import REGISTRY
 
     return tuple(REGISTRY["optimizer"].choices)
 

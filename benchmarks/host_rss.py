@@ -49,8 +49,8 @@ def run_case(case: str, width: int, layers: int = LAYERS, rows: int = ROWS) -> d
     import torch
     from torch import nn
 
+    from memlab.techniques.core.technique import HostLedger
     from memlab.techniques.offload import OffloadedOptimizer, counted_save_on_cpu
-    from memlab.techniques.technique import HostLedger
 
     torch.manual_seed(0)
     torch.set_num_threads(2)

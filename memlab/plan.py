@@ -13,9 +13,9 @@ from memlab.seams import provided
 from memlab.sizes import format_bytes as format_bytes
 from memlab.sizes import parse_budget as parse_budget
 from memlab.techniques.adapters import LORA_RANK_DEFAULT
-from memlab.techniques.lever import LeverSpec, check_levers, lever_specs
+from memlab.techniques.core.lever import LeverSpec, check_levers, lever_specs
+from memlab.techniques.core.registry import REGISTRY, conflicts
 from memlab.techniques.offload import offloads
-from memlab.techniques.registry import REGISTRY, conflicts
 
 
 class _Replaceable(Protocol):
@@ -36,7 +36,7 @@ def lever(default: Any, *, help: str = "", short: str = "", choices: tuple[str, 
     """A plan field that is a lever (of a :class:`Plan` or an :class:`memlab.inference.InferencePlan`).
 
     A Plan's levers give only their default: what they mean (help, label, choices, and everything the search and
-    the exports need) is declared once in :data:`memlab.techniques.registry.REGISTRY`. An InferencePlan's give
+    the exports need) is declared once in :data:`memlab.techniques.core.registry.REGISTRY`. An InferencePlan's give
     their help and choices here.
 
     Args:
@@ -58,7 +58,7 @@ class Plan:
     """One training setting: how a batch is split and which memory levers are on.
 
     Each field is a lever: its default here, and what it means (help, label, choices, its technique, what the
-    search may assume of it, its exports) declared once in :data:`memlab.techniques.registry.REGISTRY`, from which
+    search may assume of it, its exports) declared once in :data:`memlab.techniques.core.registry.REGISTRY`, from which
     the panel, the magic, the search and the exports read it. A new lever is a field here, its declaration and its
     technique in ``memlab/techniques/``.
 
@@ -346,7 +346,7 @@ LEVERS_LISTED = "memlab.plan.LEVERS"
 """Where a message sends a user for every plan setting with its values; each front end names its own list instead
 (``memlab estimate --help``, ``%%memfit?``)."""
 LEVERS: dict[str, LeverSpec] = lever_specs(Plan, REGISTRY)
-"""Every Plan field's :class:`LeverSpec`, in field order (from :data:`memlab.techniques.registry.REGISTRY`).
+"""Every Plan field's :class:`LeverSpec`, in field order (from :data:`memlab.techniques.core.registry.REGISTRY`).
 
 Example:
     >>> LEVERS["precision"].choices, LEVERS["checkpointing"].type

@@ -24,7 +24,7 @@ from memlab.live.sharding import check_sharding
 from memlab.options import parse_host_budget
 from memlab.plan import Plan
 from memlab.report import Trial
-from memlab.techniques.registry import step_refusal
+from memlab.techniques.core.registry import step_refusal
 from memlab.techniques.vllm import no_engine
 
 if TYPE_CHECKING:

@@ -27,9 +27,9 @@ from memlab.export.engines import (
     refuse_unless_carried,
 )
 from memlab.plan import Plan
-from memlab.techniques.fragments import Accelerate, merge_keys
+from memlab.techniques.core.fragments import Accelerate, merge_keys
+from memlab.techniques.core.registry import REGISTRY
 from memlab.techniques.offload import NO_OFFLOAD
-from memlab.techniques.registry import REGISTRY
 
 __all__ = ["accelerate_config", "accelerate_script", "fsdp2_torch_script"]
 

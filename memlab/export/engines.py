@@ -1,8 +1,8 @@
 """Take a plan elsewhere: ``TrainingArguments`` keywords, a DeepSpeed config, a plain PyTorch loop, a peft config.
 
 ``Plan.to_training_arguments()``, ``Plan.to_deepspeed()``, ``Plan.to_code()`` and ``Plan.to_peft_config()`` call
-these functions. Each assembles the fragments the levers declare (:mod:`memlab.techniques.fragments`, in
-:data:`memlab.techniques.registry.REGISTRY`'s order) and names no lever: a lever's export is its declaration.
+these functions. Each assembles the fragments the levers declare (:mod:`memlab.techniques.core.fragments`, in
+:data:`memlab.techniques.core.registry.REGISTRY`'s order) and names no lever: a lever's export is its declaration.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from memlab.errors import MemlabError, MemlabWarning
 from memlab.plan import PLAN_FIELDS, Plan
-from memlab.techniques.fragments import (
+from memlab.techniques.core.fragments import (
     THE_DEEPSPEED_CONFIG,
     Accelerate,
     Code,
@@ -25,7 +25,7 @@ from memlab.techniques.fragments import (
     Lora,
     merge_keys,
 )
-from memlab.techniques.registry import REGISTRY, refusals
+from memlab.techniques.core.registry import REGISTRY, refusals
 
 __all__ = ["assembled_code", "assembled_keys", "deepspeed_config", "elsewhere_notes", "peft_config", "pytorch_code",
            "refuse_unless_carried", "training_arguments"]
@@ -86,7 +86,7 @@ def assembled_code(plan: Plan, target: str, strategy: str = "") -> Code:
 
 
 def refuse_unless_carried(plan: Plan, target: str, what: str) -> None:
-    """Raise :class:`MemlabError` when the export ``target`` (see :data:`memlab.techniques.lever.TARGETS`) cannot
+    """Raise :class:`MemlabError` when the export ``target`` (see :data:`memlab.techniques.core.lever.TARGETS`) cannot
     carry a lever of ``plan``: one message naming ``what`` and, for each lever it cannot carry, what to do
     instead. An export never drops a lever silently.
 

@@ -16,9 +16,9 @@ from memlab.errors import MemlabError
 from memlab.export.engines import training_arguments
 from memlab.live.trainer_kinds import is_trainer, kind_for_config, kind_of
 from memlab.plan import OPTIMIZERS, Plan
-from memlab.techniques.levers.step import OPTIMIZER_FORMS
+from memlab.techniques.core.registry import REGISTRY
+from memlab.techniques.optimizer import OPTIMIZER_FORMS
 from memlab.techniques.precompute_ref import DPO_ONLY, dpo_config_keywords, precompute_from_arguments
-from memlab.techniques.registry import REGISTRY
 from memlab.techniques.vllm import GRPO_ONLY, grpo_config_keywords, sets_vllm, vllm_from_arguments, without_vllm
 
 __all__ = [

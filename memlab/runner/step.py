@@ -1,9 +1,9 @@
 """One optimizer step of a plan on a live model: the levers' techniques put together.
 
 ``TrainingStep`` is what ``apply`` hands the user and what every trial runs, so the measured step and the applied
-step are the same code. It names no lever: it makes the plain step's :class:`~memlab.techniques.technique.StepParts`,
-puts on every technique of the registry in its declared order
-(:func:`memlab.techniques.registry.step_techniques`), and runs the parts they leave.
+step are the same code. It names no lever: it makes the plain step's
+:class:`~memlab.techniques.core.technique.StepParts`, puts on every technique of the registry in its declared order
+(:func:`memlab.techniques.core.registry.step_techniques`), and runs the parts they leave.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from memlab.live.batch import (
 from memlab.live.compat import tensor_use_counts
 from memlab.live.device import model_device
 from memlab.plan import Plan
-from memlab.techniques.registry import step_techniques
-from memlab.techniques.technique import StepParts, Undo
+from memlab.techniques.core.registry import step_techniques
+from memlab.techniques.core.technique import StepParts, Undo
 
 
 class Phases(Protocol):

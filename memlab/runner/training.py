@@ -22,8 +22,8 @@ from memlab.report import Trial
 from memlab.runner.step import TrainingStep
 from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, Workload
 from memlab.techniques.accumulation import check_split, micro_batches
+from memlab.techniques.core.registry import step_refusal, step_techniques
 from memlab.techniques.optimizer import state_tensors
-from memlab.techniques.registry import step_refusal, step_techniques
 from memlab.techniques.weights import model_weights
 
 __all__ = ["TrainingAttempt", "TrainingRecord", "TrainingWorkload", "check_plans", "finite_loss"]

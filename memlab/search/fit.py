@@ -28,7 +28,7 @@ from memlab.runner.trial import TrialRunner, keep_on_interrupt
 from memlab.search.allocator import expandable_suggestions
 from memlab.search.blocks import fewest_blocks
 from memlab.search.limits import shorter_sequences
-from memlab.search.space import candidate_plans, default_space, fits, micro_batch_of
+from memlab.search.space import TECHNIQUE_DEFAULTS, candidate_plans, default_space, fits, micro_batch_of
 from memlab.search.speed import SpeedModel, SpeedPrior, speed_prior
 from memlab.search.strategy import Search, cheap_twin
 from memlab.search.suggest import combined_suggestions, suggestions
@@ -37,6 +37,8 @@ from memlab.techniques.adapters import carried_space
 from memlab.techniques.attention import fused_attention_instead
 from memlab.techniques.checkpointing import checkpoint_blocks
 from memlab.techniques.loss import chunked_loss_applies
+from memlab.techniques.offload import NO_OFFLOAD
+from memlab.techniques.precision import BF16, half_precision
 from memlab.techniques.precompute_ref import trainer_of
 from memlab.trainer.entry import live_target, noted
 from memlab.trainer.meta import refuse_meta
@@ -133,7 +135,7 @@ def fit(
         rebuilt = declared.dry_run_levers if dry_run else {}
         own = {name: [getattr(target.plan, name)] for name in rebuilt
                if target.plan is not None and getattr(target.plan, name, None) is not None}
-        space = {"offload": ["none"], **declared.levers, **rebuilt, **own, **carried, **(space or {})}
+        space = {"offload": [NO_OFFLOAD], **declared.levers, **rebuilt, **own, **carried, **(space or {})}
         refuse_selective_for_trainer(space)
         # The Trainer's checkpointing switch covers every block or none: some blocks (checkpointing=k) would be a
         # plan neither memlab.apply(trainer, ...) nor to_training_arguments() could carry, so none is searched.
@@ -244,8 +246,8 @@ def _fit_module_here(
         if not isinstance(space, Mapping):
             raise MemlabError("space must be a dict of plan fields to values, e.g. {'precision': ['fp32', 'bf16']}")
         resolved_space.update(space)
-    if gpu is not None and not gpu.bf16 and "bf16" in list(resolved_space.get("precision", [])):
-        half = [value for value in resolved_space["precision"] if value != "bf16"] + ["fp16"]
+    if gpu is not None and not gpu.bf16 and BF16 in list(resolved_space.get("precision", [])):
+        half = [value for value in resolved_space["precision"] if value != BF16] + [half_precision(False)]
         raise MemlabError(f"the {gpu.name} runs no bf16 (compute capability {gpu.capability[0]}.{gpu.capability[1]}), "
                           f"and the space asks for it; write space={{'precision': {sorted(set(half))!r}}}")
     if is_atomic(batch):  # taken whole: each micro-batch is the batch itself, accumulation makes up batch_size
@@ -260,7 +262,7 @@ def _fit_module_here(
     run_options = run_options.replace(budget=budget)
     if dry_run:
         return _dry_run(model, batch, candidates, batch_size, prior, run_options, selective, kind, held, gpu,
-                        half="bf16" if bf16 else "fp16")
+                        half=half_precision(bf16))
     measured: list[Trial] = []
     # The bar stays open after the search, while suggestions are estimated: no silent phase after the last plan.
     progress = run_progress(len(candidates), run_options.progress, at_most=True, then=retiming_runs(len(candidates)),
@@ -322,8 +324,8 @@ def _fit_module_here(
             memory, _ = search.models()
             # Least-case predictions tie where nothing was measured: then the fewest rows and the most levers on.
             lightest = min(candidates, key=lambda plan: (
-                memory.predict(plan), micro_batch_of(plan, batch_size), not plan.checkpointing, plan.loss == "full",
-                plan.precision == "fp32", plan.optimizer == "adamw",
+                memory.predict(plan), micro_batch_of(plan, batch_size), not plan.checkpointing,
+                *(getattr(plan, name) == TECHNIQUE_DEFAULTS[name] for name in ("loss", "precision", "optimizer")),
             ))
             report.suggestions = suggestions(model, batch, result.trials, resolved_space, run_options, prior, lightest)
             if device.type == "cuda":  # the allocator's lever first: it changes nothing of the step
@@ -379,7 +381,7 @@ def _dry_run(
     kind: Any = None,
     held: Any = None,
     gpu: GpuKind | None = None,
-    half: str = "bf16",
+    half: str = BF16,
 ) -> Report:
     """Estimate candidates on fake tensors in order of expected speed (the prior: nothing is timed) until one is
     estimated to fit: that one is the answer, and the plans after it are skipped as expected slower. For ``gpu``,

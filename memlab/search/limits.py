@@ -25,6 +25,7 @@ from memlab.report import Trial
 from memlab.report.format import FIGURE_WORDS, over_words
 from memlab.search.narrow import MAX_RUNS, MAX_SECONDS, bracket, narrow
 from memlab.search.narrow import fits as _fits
+from memlab.techniques.precision import half_precision
 from memlab.trainer.grpo import is_grpo
 from memlab.trainer.source import is_trainer
 
@@ -386,8 +387,8 @@ def _what_would_fit(model_or_config: Any, found: Limits, batch: Any, measured: b
     try:
         return combined_suggestions(base, estimated, budget=found.budget, rows=rows,
                                     prior=speed_prior(str(base.device).split(":")[0]), want=3, tries=4,
-                                    half="fp16" if str(base.device).startswith("cuda")
-                                    and not gpu_kind(keywords.get("gpu")).bf16 else "bf16")
+                                    half=half_precision(not str(base.device).startswith("cuda")
+                                                       or gpu_kind(keywords.get("gpu")).bf16))
     except MemlabError:
         return []
 

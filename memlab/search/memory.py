@@ -26,7 +26,7 @@ from typing import Any
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.report import Trial
 from memlab.search.space import micro_batch_of
-from memlab.techniques.registry import REGISTRY, least_share
+from memlab.techniques.core.registry import REGISTRY, least_share
 
 FIT_MARGIN = 1.1
 """A plan is skipped for memory only when its predicted peak is over ``budget * FIT_MARGIN``."""
@@ -241,7 +241,7 @@ class MemoryModel:
         share = least_share(plan, "optimizer_state")
         if share == 0.0:
             return 0.0
-        adamw = self._optimizer.get(("adamw", False, family(plan)), 2 * self.trained_bytes(plan))
+        adamw = self._optimizer.get((REGISTRY["optimizer"].default, False, family(plan)), 2 * self.trained_bytes(plan))
         return adamw * share
 
     def grads_bytes(self, plan: Plan) -> float:

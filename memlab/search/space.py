@@ -14,8 +14,13 @@ from typing import Any
 from memlab.errors import MemlabError, unknown_name
 from memlab.plan import LEVERS_LISTED, PLAN_FIELDS, Plan, parse_axes
 from memlab.report import Trial
-from memlab.techniques.levers.step import OPTIMIZER_RANK
-from memlab.techniques.registry import REGISTRY, conflicts
+from memlab.techniques.adapters import with_adapter
+from memlab.techniques.attention import FUSED_ATTENTION
+from memlab.techniques.core.registry import REGISTRY, conflicts
+from memlab.techniques.loss import LOSSES
+from memlab.techniques.offload import NO_OFFLOAD, SEARCHED_OFFLOADS
+from memlab.techniques.optimizer import OPTIMIZER_RANK, SEARCHED_OPTIMIZERS
+from memlab.techniques.precision import FULL_PRECISION, half_precision
 
 TECHNIQUES = tuple(name for name in PLAN_FIELDS if not REGISTRY[name].split)
 """The plan fields other than the batch split, in the order candidates are listed (every lever the registry does
@@ -67,18 +72,17 @@ def default_space(
         >>> default_space(2, fused_attention=True)["attention"]
         [None, 'sdpa']
     """
-    half = "bf16" if device_type != "cuda" or bf16_supported else "fp16"
     space: dict[str, list[Any]] = {
         "micro_batch": divisors(batch_size),
         "checkpointing": [False, True],
-        "precision": ["fp32", half],
-        "optimizer": ["adamw", "adamw8bit"],
-        "offload": ["none", "optimizer", "all"] if device_type == "cuda" else ["none"],
+        "precision": [FULL_PRECISION, half_precision(device_type != "cuda" or bf16_supported)],
+        "optimizer": list(SEARCHED_OPTIMIZERS),
+        "offload": list(SEARCHED_OFFLOADS) if device_type == "cuda" else [NO_OFFLOAD],
     }
     if chunked_loss:
-        space["loss"] = ["full", "chunked"]
+        space["loss"] = list(LOSSES)
     if fused_attention:
-        space["attention"] = [None, "sdpa"]
+        space["attention"] = [None, FUSED_ATTENTION]
     return space
 
 
@@ -198,7 +202,7 @@ def faster_twins(plan: Plan, ranks: Iterable[int] = ()) -> list[Plan]:
     for name, value, instead in SLOWER_WITH:
         if getattr(plan, name) == value:
             twins += [twin.replace(**{name: instead}) for twin in [plan, *twins]]
-    if plan.adapter != "none":
+    if with_adapter(plan):
         lower = sorted({rank for rank in ranks if rank < plan.lora_rank}, reverse=True)
         twins += [twin.replace(lora_rank=rank) for rank in lower for twin in [plan, *twins]]
     return list(dict.fromkeys(twins))

@@ -20,7 +20,7 @@ from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.report.data import speed_range
 from memlab.search.space import TECHNIQUE_DEFAULTS, TECHNIQUES, faster_twins, micro_batch_of
-from memlab.techniques.registry import REGISTRY
+from memlab.techniques.core.registry import REGISTRY
 
 SPEED_MARGIN = 0.9
 """A plan is skipped for speed when its predicted samples/s is at most ``SPEED_MARGIN * best``."""

@@ -21,7 +21,8 @@ from memlab.report.svg import axis_number
 from memlab.search.memory import FIT_MARGIN, MemoryModel
 from memlab.search.space import TECHNIQUES, best_of, faster_twins, fits, micro_batch_of, needs_at_least, runs_as
 from memlab.search.speed import SPEED_MARGIN, SpeedModel, SpeedPrior
-from memlab.techniques.registry import REGISTRY
+from memlab.techniques.adapters import with_adapter
+from memlab.techniques.core.registry import REGISTRY
 
 MeasureFn = Callable[[Plan, int, int], Trial]
 """``measure(plan, index, total) -> Trial``: how the search measures one plan (``TrialRunner.run`` in ``fit``)."""
@@ -92,7 +93,7 @@ class Search:
         self.max_trials = max_trials
         self.estimates: list[Trial] = []
         self._estimated: set[Plan] = set()
-        self._ranks = {plan.lora_rank for plan in self.candidates if plan.adapter != "none"}
+        self._ranks = {plan.lora_rank for plan in self.candidates if with_adapter(plan)}
         for plan in self.candidates:
             same = runs_as(plan, device_type) if device_type is not None else plan
             if same != plan and same in self.candidates:

@@ -18,7 +18,13 @@ from memlab.report import Trial
 from memlab.search.memory import FIT_MARGIN
 from memlab.search.space import micro_batch_of
 from memlab.search.speed import SpeedPrior
-from memlab.techniques.registry import REGISTRY, least_share
+from memlab.techniques.adapters import ADAPTER_KINDS
+from memlab.techniques.core.registry import REGISTRY, least_share
+from memlab.techniques.loss import CHUNKED_LOSS, LOSSES
+from memlab.techniques.offload import COMBINED_OFFLOADS
+from memlab.techniques.optimizer import SEARCHED_OPTIMIZERS, SUGGESTED_OPTIMIZERS
+from memlab.techniques.precision import BF16, FULL_PRECISION
+from memlab.techniques.weights import WEIGHT_DTYPES
 
 OUTSIDE_THE_SPACE: tuple[dict[str, Any], ...] = tuple(
     {name: value} for name, lever in REGISTRY.items() for value in lever.suggest
@@ -111,23 +117,23 @@ def suggestions(
 # --- combinations of levers, when no single one fits -----------------------------------------------------------------
 
 COMBINED: tuple[tuple[str, tuple[Any, ...]], ...] = (
-    ("adapter", ("none", "lora", "qlora")),
-    ("weights", ("fp32", "bf16")),
-    ("precision", ("fp32", "bf16")),
-    ("optimizer", ("adamw", "adamw8bit", "adafactor")),
+    ("adapter", ADAPTER_KINDS),
+    ("weights", WEIGHT_DTYPES),
+    ("precision", (FULL_PRECISION, BF16)),
+    ("optimizer", (*SEARCHED_OPTIMIZERS, *SUGGESTED_OPTIMIZERS)),
     ("checkpointing", (False, True)),
-    ("loss", ("full", "chunked")),
-    ("offload", ("none", "optimizer")),
+    ("loss", LOSSES),
+    ("offload", COMBINED_OFFLOADS),
 )
 """The levers (and values) whose combinations :func:`combinations` predicts, beside the micro-batch split."""
 
 # Rough shares of the activations a lever keeps, used only to order the combinations the memory model lets through
 # (each is then estimated, and only its own estimate decides): checkpointing keeps each block's input, bf16
 # autocast halves most saved tensors, the chunked loss never holds the whole logits.
-_LIKELY_ACTIVATIONS = {("checkpointing", True): 0.2, ("precision", "bf16"): 0.6, ("loss", "chunked"): 0.8}
+_LIKELY_ACTIVATIONS = {("checkpointing", True): 0.2, ("precision", BF16): 0.6, ("loss", CHUNKED_LOSS): 0.8}
 
 
-def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior, half: str = "bf16") -> list[Plan]:
+def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior, half: str = BF16) -> list[Plan]:
     """Combinations of levers (:data:`COMBINED`, and micro-batches of ``rows`` with accumulation keeping ``rows``
     per step) on ``base``'s plan that the search's memory model (:class:`~memlab.search.memory.MemoryModel`, fed
     with ``base`` as an estimate) does not rule out for ``budget``, the most promising first: those likely to fit
@@ -147,7 +153,7 @@ def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior, half
     """
     from memlab.plan import Plan as PlanClass
     from memlab.search.memory import MemoryModel
-    from memlab.techniques.registry import conflicts
+    from memlab.techniques.core.registry import conflicts
 
     model = MemoryModel([], trainable_bytes=base.breakdown.get("params", 0), batch_size=rows, estimates=[base])
     context = base.context_bytes or 0
@@ -156,7 +162,7 @@ def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior, half
     base_rows = micro_batch_of(base.plan, rows)
     splits = sorted({size for size in (rows, rows // 2, rows // 4, 1) if size >= 1 and rows % size == 0}, reverse=True)
     likely: list[tuple[bool, float, float, Plan]] = []
-    levers = [(name, tuple(half if (name, value) == ("precision", "bf16") else value for value in choices))
+    levers = [(name, tuple(half if (name, value) == ("precision", BF16) else value for value in choices))
               for name, choices in COMBINED]
     for values in itertools.product(*(choices for _, choices in levers)):
         changes = dict(zip((name for name, _ in levers), values, strict=True))
@@ -174,7 +180,7 @@ def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior, half
                 continue  # needs more than the budget at least
             share = size / base_rows
             for (name, value), kept in _LIKELY_ACTIVATIONS.items():
-                share *= kept if changes[name] == (half if (name, value) == ("precision", "bf16") else value) else 1.0
+                share *= kept if changes[name] == (half if (name, value) == ("precision", BF16) else value) else 1.0
             peak = (max(model.predict(plan), model.fixed_bytes(plan) + model.grads_bytes(plan) + activations * share)
                     * reserve + context)
             speed = (size / rows) ** prior.micro_batch_exponent
@@ -186,7 +192,8 @@ def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior, half
 
 
 class _Fields:
-    """A plan's fields with some changed, for :func:`memlab.techniques.registry.conflicts` before a Plan is made."""
+    """A plan's fields with some changed, for :func:`memlab.techniques.core.registry.conflicts` before a Plan is
+    made."""
 
     def __init__(self, plan: Plan, changes: Mapping[str, Any]) -> None:
         self._plan, self._changes = plan, changes
@@ -208,7 +215,7 @@ def levers_of(plan: Plan) -> set[tuple[str, Any]]:
 
 def combined_suggestions(
     base: Trial, estimate: Callable[[list[Plan]], Sequence[Trial]], *, budget: int, rows: int, prior: SpeedPrior,
-    want: int = 3, tries: int = 6, say: Callable[[str], None] | None = None, half: str = "bf16",
+    want: int = 3, tries: int = 6, say: Callable[[str], None] | None = None, half: str = BF16,
 ) -> list[Trial]:
     """Estimates (``estimate(plans) -> trials``) of the most promising :func:`combinations`, one at a time until
     ``want`` fit the budget with ``FIT_MARGIN`` to spare or ``tries`` were estimated; a combination that only adds

@@ -2,9 +2,9 @@
 NF4 (bitsandbytes) for QLoRA. Attached for a plan and taken off again with nothing left behind.
 
 The adapter levers are whole here: the technique (:data:`ADAPTERS`), the declarations of ``adapter``, ``lora_rank``,
-``lora_targets``, ``lora_alpha`` and ``lora_dropout`` (:data:`ADAPTER_LEVERS`, listed in the registry's order by
-:mod:`memlab.techniques.levers.model`), what a peft model carries of them, and :func:`lora_settings`, the one place
-every ``LoraConfig``, measured or exported, is made."""
+``lora_targets``, ``lora_alpha`` and ``lora_dropout`` (:data:`DECLARATIONS`, in the registry's order), what a peft
+model carries of them, and :func:`lora_settings`, the one place every ``LoraConfig``, measured or exported, is
+made."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from torch import nn
 from memlab.errors import MemlabError, UnsupportedTechnique
 from memlab.live.device import model_device
 from memlab.live.structure import ModuleStructure
-from memlab.techniques.fragments import (
+from memlab.techniques.core.fragments import (
     TARGETS,
     Accelerate,
     Code,
@@ -29,12 +29,12 @@ from memlab.techniques.fragments import (
     Keys,
     Lora,
 )
-from memlab.techniques.lever import Lever, PlanLike
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import PlanFields, StepParts, Technique, Undo
 from memlab.techniques.targets import adapter_targets as adapter_targets  # re-exported: callers import them here
 from memlab.techniques.targets import lora_layer_types as lora_layer_types
 from memlab.techniques.targets import output_head as output_head
 from memlab.techniques.targets import task_heads
-from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
 
 
 def is_peft_model(model: nn.Module) -> bool:
@@ -61,7 +61,7 @@ def carried_settings(model: nn.Module) -> str:
     config = next(iter(configs.values()), None) if isinstance(configs, dict) and configs else None
     if config is None:
         return ""
-    values = {lever.name: lever.from_peft(config) for lever in ADAPTER_LEVERS if lever.from_peft is not None}
+    values = {lever.name: lever.from_peft(config) for lever in DECLARATIONS if lever.from_peft is not None}
     return ", ".join(f"{name}={value!r}" for name, value in values.items() if value is not None)
 
 
@@ -78,7 +78,7 @@ def carries_plan_adapters(model: nn.Module, plan: PlanFields) -> bool:
     config = next(iter(configs.values()), None) if isinstance(configs, dict) and configs else None
     if plan.adapter == "none" or config is None or not isinstance(getattr(config, "r", None), int):
         return False
-    for lever in ADAPTER_LEVERS:
+    for lever in DECLARATIONS:
         value = lever.from_peft(config) if lever.from_peft is not None else None
         if value is not None and getattr(plan, lever.name) != value:
             return False
@@ -191,7 +191,7 @@ def attach_adapter(model: nn.Module, plan: PlanFields) -> Undo | None:
     """Put the plan's adapters on the live model; the returned function takes them off again exactly.
 
     LoRA: ``peft.inject_adapter_in_model`` with the plan's ``LoraConfig`` on this model
-    (:func:`memlab.techniques.levers.model.lora_settings` with the model: the layers of :func:`adapter_targets`,
+    (:func:`lora_settings` with the model: the layers of :func:`adapter_targets`,
     fused experts, a task head trained whole), the very keywords ``plan.to_peft_config(model)`` writes; peft
     freezes everything but what they train. QLoRA: first the weight of each of
     :func:`qlora_targets` (the whole base, as 4-bit loading does, not only the adapted layers; a task head LoRA
@@ -428,7 +428,7 @@ def carried_space(model: nn.Module, plan: PlanFields) -> dict[str, list[Any]]:
     """
     if plan.adapter == "none" or not carries_plan_adapters(model, plan):
         return {}
-    return {lever.name: [getattr(plan, lever.name)] for lever in ADAPTER_LEVERS}
+    return {lever.name: [getattr(plan, lever.name)] for lever in DECLARATIONS}
 
 
 class Adapters(Technique):
@@ -438,7 +438,7 @@ class Adapters(Technique):
     Example:
         >>> from torch import nn
         >>> from memlab.plan import Plan
-        >>> from memlab.techniques.technique import StepParts
+        >>> from memlab.techniques.core.technique import StepParts
         >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
         >>> undo = ADAPTERS.put_on(StepParts(model, Plan(adapter="lora", lora_rank=2), torch.device("cpu")))
         >>> sorted(adapter_parameters(model))[0]
@@ -458,6 +458,10 @@ ADAPTERS = Adapters()
 
 
 # --- the adapter levers: their declarations, and the LoraConfig every one of them is a keyword of ------------
+
+ADAPTER_KINDS = ("none", "lora", "qlora")
+"""Every ``adapter`` value (its choices), which other modules ask instead of spelling them (:func:`with_adapter`
+asks whether a plan trains any)."""
 
 LORA_RANK_DEFAULT = 16
 """The adapters' rank when none is given (and the rank of every plan without an adapter)."""
@@ -745,12 +749,12 @@ def _adapter_elsewhere(plan: PlanLike) -> Fragment:
     )
 
 
-ADAPTER_LEVERS: tuple[Lever, ...] = (
+DECLARATIONS: tuple[Lever, ...] = (
     Lever(
         "adapter",
         "none",
         short="{}",
-        choices=("none", "lora", "qlora"),
+        choices=ADAPTER_KINDS,
         help="train LoRA adapters (peft) on a frozen base instead of every weight: far fewer grads and optimizer "
         "state; qlora also holds the base's linear weights in 4-bit NF4 (bitsandbytes)",
         technique=ADAPTERS,
@@ -827,9 +831,10 @@ ADAPTER_LEVERS: tuple[Lever, ...] = (
         exports=in_lora_config("lora_dropout"),
     ),
 )
-"""The adapter levers' declarations, in the registry's order (:mod:`memlab.techniques.levers.model` lists them).
+"""The adapter levers' declarations, in the registry's order (:data:`memlab.techniques.core.registry.REGISTRY` gathers
+them).
 
 Example:
-    >>> [lever.name for lever in ADAPTER_LEVERS]
+    >>> [lever.name for lever in DECLARATIONS]
     ['adapter', 'lora_rank', 'lora_targets', 'lora_alpha', 'lora_dropout']
 """

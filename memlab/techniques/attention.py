@@ -3,7 +3,8 @@
 :func:`switch_attention` sets an implementation with transformers' own
 ``PreTrainedModel.set_attn_implementation`` and returns what puts back every config it may change (the model's,
 each sub-config's, each nested model's); :func:`unavailable` says, before any switch, why an implementation cannot
-run here (the model class does not support it, or its kernel is not installed) and what to do instead.
+run here (the model class does not support it, or its kernel is not installed) and what to do instead. The lever's
+declaration, and where each export writes it, are here too.
 
 Example:
     >>> from tests.models import tiny_llama
@@ -22,10 +23,15 @@ from typing import Any
 from torch import nn
 
 from memlab.errors import MemlabError, UnsupportedTechnique
-from memlab.techniques.technique import StepParts, Technique, Undo
+from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, per_target
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import StepParts, Technique, Undo
 
 IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flex_attention")
 """The implementations the lever offers, as transformers spells them."""
+
+FUSED_ATTENTION = "sdpa"
+"""The implementation fit searches beside a model's eager attention (:func:`fused_attention_instead`)."""
 
 _SUPPORT_FLAG = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn",
                  "flex_attention": "_supports_flex_attn"}
@@ -131,7 +137,7 @@ class Attention(Technique):
     Example:
         >>> import torch
         >>> from memlab.plan import Plan
-        >>> from memlab.techniques.technique import StepParts
+        >>> from memlab.techniques.core.technique import StepParts
         >>> from tests.models import tiny_llama
         >>> model = tiny_llama()
         >>> undo = ATTENTION.put_on(StepParts(model, Plan(attention="eager"), torch.device("cpu")))
@@ -185,7 +191,7 @@ def fused_attention_instead(model: nn.Module) -> bool:
         >>> fused_attention_instead(LlamaForCausalLM(LlamaConfig(**config, attn_implementation="sdpa")))
         False
     """
-    return _implementation(model) == "eager" and not unavailable(model, "sdpa")
+    return _implementation(model) == "eager" and not unavailable(model, FUSED_ATTENTION)
 
 
 def _implementation(model: nn.Module) -> str:
@@ -196,3 +202,41 @@ def _implementation(model: nn.Module) -> str:
 
 ATTENTION = Attention()
 """The ``attention`` lever's technique."""
+
+
+def _attention_export(target: str) -> Export:
+    """Where each export writes ``attention``: the plain code switches the loaded model, the accelerate script loads
+    it with ``attn_implementation=``; the Trainer, DeepSpeed and peft exports leave it to the loading code."""
+
+    def export(plan: PlanLike) -> Fragment:
+        if plan.attention is None:
+            nothing: dict[str, Fragment] = {"code": Code(), "accelerate": Accelerate(), "trainer": Keys()}
+            return nothing.get(target, Elsewhere())
+        if target == "code":
+            return Code(model=(f"model.set_attn_implementation({plan.attention!r})  # or from_pretrained(..., "
+                               f"attn_implementation={plan.attention!r})",))
+        if target == "accelerate":
+            return Accelerate(script=Code(load={"attn_implementation": repr(plan.attention)}))
+        return Elsewhere(f"load the model with from_pretrained(..., attn_implementation={plan.attention!r})")
+
+    return export
+
+
+DECLARATIONS = (
+    Lever(
+        "attention",
+        None,
+        short="attn-{}",
+        help="transformers' attention implementation (attn_implementation), switched for the trial: eager keeps "
+        "each layer's attention probabilities (rows x heads x tokens^2) for backward, sdpa and flash_attention_2 keep "
+        "none; None: as the model was loaded; fit searches the model's own and sdpa where the model runs eager and "
+        "sdpa can run, other values when you put them in space=",
+        choices=IMPLEMENTATIONS,
+        technique=ATTENTION,
+        # what attention keeps for backward is activations: a plan with another kernel has its own activation line,
+        # never the measured kernel's (fit skipped sdpa as "predicted not to fit" from eager's peak)
+        activation_key=lambda value: value,
+        exports=per_target(_attention_export),
+    ),
+)
+"""The ``attention`` lever (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""

@@ -1,4 +1,6 @@
-"""Activation (gradient) checkpointing: keep fewer activations, recompute them in the backward pass."""
+"""Activation (gradient) checkpointing: keep fewer activations, recompute them in the backward pass; the lever's
+declaration, what the search assumes of it (:func:`blocks_needed`) and what each export writes for it (the lines that
+turn it on, :data:`CHECKPOINTING_CODE`, and those that checkpoint some blocks only)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from torch import nn
 
 from memlab.errors import MemlabError, UnsupportedTechnique
 from memlab.live.structure import ModuleStructure
-from memlab.techniques.technique import StepParts, Technique, Undo
+from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, per_target
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import StepParts, Technique, Undo
 
 RECOMPUTE_CONTEXTS: list[Callable[[], contextlib.AbstractContextManager[Any]]] = []
 r"""Factories of contexts the recomputation in backward runs under, besides autocast (which torch restores itself):
@@ -231,7 +235,7 @@ class Checkpointing(Technique):
 
     Example:
         >>> from memlab.plan import Plan
-        >>> from memlab.techniques.technique import StepParts
+        >>> from memlab.techniques.core.technique import StepParts
         >>> model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(3)])
         >>> undo = CHECKPOINTING.put_on(StepParts(model, Plan(checkpointing=True), torch.device("cpu")))
         >>> is_checkpointing(model)
@@ -260,3 +264,122 @@ class Checkpointing(Technique):
 
 
 CHECKPOINTING = Checkpointing()
+
+
+CHECKPOINTING_CODE = (
+    "# Activation checkpointing: keep only each block's input, recompute the rest in backward",
+    'if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5',
+    '    model.activation_checkpointing_enable({"use_reentrant": False})',
+    "else:",
+    '    model.gradient_checkpointing_enable({"use_reentrant": False})',
+)
+"""The lines that turn a Hugging Face model's activation checkpointing on (the code, the ZeRO scripts)."""
+
+_CHECKPOINTING_ELSEWHERE = (
+    "activation checkpointing is the model's, not a DeepSpeed setting: pass TrainingArguments("
+    "activation_checkpointing=True) (plan.to_training_arguments()), or call "
+    'model.gradient_checkpointing_enable({"use_reentrant": False}) as plan.to_code() does'
+)
+
+
+_BLOCKS_IMPORT = "from transformers.modeling_layers import GradientCheckpointingLayer"
+
+
+def _chosen_lines(blocks: int) -> tuple[str, ...]:
+    """Code for the blocks ``checkpointing=blocks`` checkpoints (as
+    :func:`memlab.techniques.checkpointing.chosen_blocks` chooses them): ``blocks`` and ``chosen``."""
+    return (
+        "blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]",
+        f"chosen = {{i * len(blocks) // {blocks} for i in range({blocks})}}  # the last one only when it is every one",
+    )
+
+
+def selective_checkpointing_code(blocks: int) -> Code:
+    """The code lines that checkpoint ``blocks`` of a Hugging Face model's layers, spread evenly: the model's own
+    switch, then its per-layer flag put back off on the layers not chosen.
+
+    Example:
+        >>> selective_checkpointing_code(4).model[-1]
+        '    block.gradient_checkpointing = index in chosen'
+    """
+    return Code(imports=(_BLOCKS_IMPORT,), model=(
+        *CHECKPOINTING_CODE,
+        f"# ... on {blocks} of its layers only, spread evenly: the others keep their activations and run once",
+        *_chosen_lines(blocks),
+        "for index, block in enumerate(blocks):",
+        "    block.gradient_checkpointing = index in chosen",
+    ))
+
+
+def _fsdp2_selective(blocks: int) -> Code:
+    """FSDP2's ``fsdp_activation_checkpointing`` is all or nothing: ``blocks`` layers wrapped before
+    ``accelerator.prepare`` with torch's ``apply_activation_checkpointing`` and a check function."""
+    return Code(imports=(
+        "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing",
+        _BLOCKS_IMPORT,
+    ), model=(
+        f"# Activation checkpointing of {blocks} of the model's layers, spread evenly (non-reentrant)",
+        *_chosen_lines(blocks),
+        "checkpointed = [blocks[index] for index in sorted(chosen)]",
+        "apply_activation_checkpointing(model, check_fn=lambda module: any(module is b for b in checkpointed))",
+    ))
+
+
+def _checkpointing(target: str) -> Export:
+    def fragment(plan: PlanLike) -> Fragment:
+        on = bool(plan.checkpointing)
+        some = plan.checkpointing if on and plan.checkpointing is not True else 0
+        if target == "trainer":  # transformers before 5 names it gradient_checkpointing
+            if some:
+                return (
+                    f"checkpointing={some} blocks is not a TrainingArguments setting (its activation_checkpointing is "
+                    "every block or none): export plan.replace(checkpointing=True), or keep checkpointing off in the "
+                    "arguments and checkpoint the blocks on the model before Trainer(...) as plan.to_code() does"
+                )
+            keys = {"checkpointing": on, **({"checkpointing_kwargs": {"use_reentrant": False}} if on else {})}
+            return Keys({f"activation_{key}": value for key, value in keys.items()},
+                        legacy={f"gradient_{key}": value for key, value in keys.items()})
+        if target == "deepspeed":
+            return Elsewhere(_CHECKPOINTING_ELSEWHERE if on else "")
+        if target == "code":
+            return selective_checkpointing_code(some) if some else Code(model=CHECKPOINTING_CODE if on else ())
+        if target == "accelerate":  # FSDP2 checkpoints from its config; DeepSpeed leaves it to the model
+            script = selective_checkpointing_code(some) if some else Code(model=CHECKPOINTING_CODE if on else ())
+            return Accelerate(fsdp2={"fsdp_activation_checkpointing": on and not some},
+                              by_strategy={"zero2": script, "zero3": script,
+                                           **({"fsdp2": _fsdp2_selective(some)} if some else {})})
+        return Elsewhere()
+
+    return fragment
+
+
+def blocks_needed(mine: bool | int, theirs: bool | int) -> bool:
+    """Whether checkpointing ``mine`` blocks keeps at least the activations of ``theirs`` (fewer blocks keep more).
+
+    Example:
+        >>> blocks_needed(False, 4), blocks_needed(4, 8), blocks_needed(8, 4), blocks_needed(True, 4)
+        (True, True, False, False)
+    """
+    def count(value: bool | int) -> float:
+        return float("inf") if value is True else float(value)
+
+    return count(mine) <= count(theirs)
+
+
+DECLARATIONS = (
+    Lever(
+        "checkpointing",
+        False,
+        short="ckpt",
+        help="activation checkpointing: keeps fewer activations and recomputes them in backward (about 30% slower); "
+             "a number checkpoints that many blocks, spread evenly (less recomputation)",
+        technique=CHECKPOINTING,
+        blocks=True,
+        needs_at_least=blocks_needed,
+        slower=((True, False),),
+        activation_key=lambda value: "all" if value is True else value or "off",  # True == 1: never one key
+        speed={True: (0.75, 0.75)},
+        exports=per_target(_checkpointing),
+    ),
+)
+"""The ``checkpointing`` lever (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""

@@ -16,6 +16,7 @@ tensors: the dry run compiles the forward with the ``"aot_eager_decomp_partition
 decompositions and its min-cut partitioner run as eager operators. So the estimate holds what the compiled step saves
 for backward, and not what inductor's fused kernels spare inside the forward (their intermediates) or reuse; it says
 so. Where dynamo cannot trace the step on fake tensors, the dry run falls back to the eager step and says that.
+The lever's declaration and exports are here too.
 
 Example:
     >>> from torch import nn
@@ -37,11 +38,20 @@ from typing import Any
 import torch
 
 from memlab.errors import MemlabError
-from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, nothing_for
-from memlab.techniques.lever import PlanLike
-from memlab.techniques.technique import StepParts, Technique, Undo
+from memlab.techniques.core.fragments import (
+    Accelerate,
+    Code,
+    Elsewhere,
+    Export,
+    Fragment,
+    Keys,
+    nothing_for,
+    per_target,
+)
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import StepParts, Technique, Undo
 
-__all__ = ["BACKEND", "COMPILE", "ESTIMATED_EAGER", "ESTIMATED_PARTITIONED", "FAKE_BACKEND", "Compile",
+__all__ = ["BACKEND", "COMPILE", "DECLARATIONS", "ESTIMATED_EAGER", "ESTIMATED_PARTITIONED", "FAKE_BACKEND", "Compile",
            "compile_conflicts", "compile_export"]
 
 ESTIMATED_EAGER = (
@@ -182,3 +192,19 @@ def compile_export(target: str) -> Export:
 
     return fragment
 
+
+DECLARATIONS = (
+    Lever(
+        "compile",
+        False,
+        short="compiled",
+        help="torch.compile on the model's forward (and backward): fused kernels, often less activation memory and "
+        "faster steps; the first step compiles (seconds to minutes, reported apart from the speed)",
+        technique=COMPILE,
+        conflicts=compile_conflicts,
+        activation_key=lambda value: value,
+        speed={True: (1.2, 1.0)},
+        exports=per_target(compile_export),
+    ),
+)
+"""The ``compile`` lever (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""

@@ -18,9 +18,17 @@ Example:
 from __future__ import annotations
 
 from memlab.live.device import ENVIRONMENT_LINE, PYTHON_LINE, switch_expandable_segments_on
-from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, nothing_for, per_target_but_peft
-from memlab.techniques.lever import Lever, PlanLike
-from memlab.techniques.technique import StepParts, Technique, Undo
+from memlab.techniques.core.fragments import (
+    Accelerate,
+    Code,
+    Elsewhere,
+    Export,
+    Fragment,
+    nothing_for,
+    per_target_but_peft,
+)
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import StepParts, Technique, Undo
 
 __all__ = ["CPU_NOTE", "DECLARATIONS", "EXPANDABLE_SEGMENTS", "SWITCHED_NOTE", "ExpandableSegments"]
 
@@ -116,4 +124,4 @@ DECLARATIONS = (
         exports=per_target_but_peft(_export),
     ),
 )
-"""The lever's declaration (:data:`memlab.techniques.registry.REGISTRY` gathers it)."""
+"""The lever's declaration (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""

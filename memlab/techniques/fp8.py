@@ -33,9 +33,17 @@ import torch
 from torch import nn
 
 from memlab.errors import UnsupportedTechnique
-from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, nothing_for, per_target_but_peft
-from memlab.techniques.lever import Lever, PlanLike
-from memlab.techniques.technique import StepParts, Technique, Undo
+from memlab.techniques.core.fragments import (
+    Accelerate,
+    Code,
+    Elsewhere,
+    Export,
+    Fragment,
+    nothing_for,
+    per_target_but_peft,
+)
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import StepParts, Technique, Undo
 
 __all__ = ["DECLARATIONS", "FP8", "LEAST_CAPABILITY", "NEEDS", "OLD_GPU_NOTE", "Fp8", "converted_layers",
            "estimate_note", "fp8_conflicts", "saved_for_backward", "unavailable"]
@@ -330,5 +338,5 @@ DECLARATIONS = (
         exports=per_target_but_peft(_export),
     ),
 )
-"""The lever's declaration (:data:`memlab.techniques.registry.REGISTRY` gathers it)."""
+"""The lever's declaration (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""
 

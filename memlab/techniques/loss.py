@@ -13,6 +13,7 @@ runs twice.
 
 It applies to causal LMs that transformers knows as such (``AutoModelForCausalLM`` classes and their subclasses)
 with an output head (``get_output_embeddings()``), trained with the default loss on dict batches with ``labels``.
+The lever's declaration and exports are here too (the code export's loss: :func:`chunked_loss_code`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,21 @@ from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import UnsupportedTechnique
 from memlab.live.batch import Batch, LossFn, default_loss
-from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
+from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, per_target
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import PlanFields, StepParts, Technique, Undo
 
-__all__ = ["CHUNKS", "IGNORE_INDEX", "chunked_causal_lm_loss", "chunked_loss_applies", "loss_for_plan"]
+__all__ = ["CHUNKED_LOSS", "CHUNKS", "DECLARATIONS", "FULL_LOSS", "IGNORE_INDEX", "LOSSES", "chunked_causal_lm_loss",
+           "chunked_loss_applies", "chunked_loss_code", "loss_for_plan"]
+
+FULL_LOSS = "full"
+"""The ``loss`` value of the model's own loss."""
+
+CHUNKED_LOSS = "chunked"
+"""The ``loss`` value of the chunked cross-entropy."""
+
+LOSSES = (FULL_LOSS, CHUNKED_LOSS)
+"""Every ``loss`` value (its choices), which other modules ask instead of spelling them."""
 
 CHUNKS = 8
 """Chunks of tokens the head and the loss are cut into (torchtune's ``CEWithChunkedOutputLoss`` uses 8 too)."""
@@ -221,7 +234,7 @@ class Loss(Technique):
 
     Example:
         >>> from memlab.plan import Plan
-        >>> from memlab.techniques.technique import StepParts
+        >>> from memlab.techniques.core.technique import StepParts
         >>> parts = StepParts(nn.Linear(2, 2), Plan(), torch.device("cpu"))
         >>> LOSS.put_on(parts); parts.loss_fn is None
         True
@@ -233,3 +246,85 @@ class Loss(Technique):
 
 
 LOSS = Loss()
+
+
+# Liger Kernel's fused linear cross-entropy (the head and the loss in chunks of tokens) and none of its other kernels.
+_LIGER_CHUNKED_LOSS = {
+    "fused_linear_cross_entropy": True,
+    "cross_entropy": False,
+    "rope": False,
+    "swiglu": False,
+    "rms_norm": False,
+}
+
+
+def chunked_loss_code() -> tuple[str, ...]:
+    """The lines of a ``compute_loss(model, micro)`` for ``loss="chunked"`` (what :mod:`memlab.techniques.loss`
+    does), for the plain code and the accelerate script.
+
+    Example:
+        >>> chunked_loss_code()[-1]
+        '    return total / (labels != -100).sum()'
+    """
+    return (
+        "def chunk_loss(head, hidden, labels):",
+        "    logits = head(hidden).float()",
+        '    return torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")',
+        "",
+        "",
+        "def compute_loss(model, micro):",
+        f"    # Chunked cross-entropy: the LM head and the loss over {CHUNKS} chunks of tokens, each checkpointed,",
+        "    # so that only one chunk's logits exist at a time (backward recomputes them); the same loss as",
+        "    # model(**micro).loss.",
+        '    inner = model.get_base_model() if hasattr(model, "peft_config") else model  # under peft adapters',
+        '    inputs = {k: v for k, v in micro.items() if k != "labels"}',
+        "    hidden = inner.base_model(**inputs).last_hidden_state",
+        '    labels = torch.nn.functional.pad(micro["labels"], (0, 1), value=-100)[..., 1:]  # shifted by one',
+        "    hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)",
+        f"    size = -(-labels.shape[0] // {CHUNKS})",
+        "    head = inner.get_output_embeddings()",
+        "    total = sum(",
+        "        checkpoint(chunk_loss, head, h, y, use_reentrant=False)",
+        "        for h, y in zip(hidden.split(size), labels.split(size))",
+        "    )",
+        "    return total / (labels != -100).sum()",
+    )
+
+
+def _loss(target: str) -> Export:
+    def fragment(plan: PlanLike) -> Fragment:
+        chunked = plan.loss == "chunked"
+        if target == "trainer":
+            return Keys({"use_liger_kernel": True, "liger_kernel_config": dict(_LIGER_CHUNKED_LOSS)} if chunked else {})
+        code = Code(imports=("from torch.utils.checkpoint import checkpoint",), loss=chunked_loss_code()) if chunked \
+            else Code()
+        if target == "code":
+            return code
+        if target == "accelerate":  # it calls the base model and the head itself: inside accelerate's wrapper
+            return Accelerate(script=code + Code(loss_model="accelerator.unwrap_model(model)") if chunked else code)
+        if target == "deepspeed" and chunked:
+            return Elsewhere(
+                "the chunked loss is not a DeepSpeed setting: with the Trainer pass plan.to_training_arguments() "
+                "(use_liger_kernel), in your own loop compute the loss as plan.to_code() does"
+            )
+        return Elsewhere()
+
+    return fragment
+
+
+DECLARATIONS = (
+    Lever(
+        "loss",
+        "full",
+        short="{}-loss",
+        choices=LOSSES,
+        help="chunked computes a causal LM's head and cross-entropy a chunk of tokens at a time: the full logits "
+        "never exist at once (same loss); the head runs twice per chunk (default loss and LM head only)",
+        technique=LOSS,
+        slower=(("chunked", "full"),),
+        activation_key=lambda value: value,
+        speed={"chunked": (0.95, 0.95)},
+        exports=per_target(_loss),
+    ),
+)
+"""The ``loss`` lever (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""

@@ -1,6 +1,6 @@
 """The ``offload`` lever whole: optimizer state with the update on the CPU, and activations through
 ``save_on_cpu``'s hooks; what each keeps in host memory (``Trial.host_bytes``), counted by the offload itself on the
-step's parts' :class:`~memlab.techniques.technique.HostLedger`, live and on fake tensors alike; its values and what
+step's parts' :class:`~memlab.techniques.core.technique.HostLedger`, live and on fake tensors alike; its values and what
 each moves (:func:`offloads`, the ``*_OFFLOADS`` tuples, which other modules ask instead of spelling the values), its
 one-device refusal, what it adds to each export, and its declaration (:data:`DECLARATIONS`).
 
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
-from memlab.techniques.fragments import (
+from memlab.techniques.core.fragments import (
     THE_DEEPSPEED_CONFIG,
     Accelerate,
     Code,
@@ -39,8 +39,8 @@ from memlab.techniques.fragments import (
     Keys,
     per_target,
 )
-from memlab.techniques.lever import Lever, PlanLike
-from memlab.techniques.technique import HostLedger, PlanFields, StepParts, Technique, Undo
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import HostLedger, PlanFields, StepParts, Technique, Undo
 
 NOTHING_TO_MOVE = (
     "offload moves nothing on a CPU-only device: memory and speed are as without it, and its host bytes are 0 "
@@ -78,6 +78,13 @@ ZeRO-3's ``offload_param``; ZeRO-2 cannot)."""
 
 SHARDED_ONLY = "params"
 """The ``offload`` value that only sharded training runs (:data:`PARAMS_NEED_SHARDING`)."""
+
+SEARCHED_OFFLOADS = (NO_OFFLOAD, "optimizer", "all")
+"""The ``offload`` values fit searches by default on a GPU (:func:`memlab.search.space.default_space`; on a CPU there
+is nothing to move them to, so :data:`NO_OFFLOAD` alone)."""
+
+COMBINED_OFFLOADS = (NO_OFFLOAD, "optimizer")
+"""The ``offload`` values suggestions combine with the other levers (:data:`memlab.search.suggest.COMBINED`)."""
 
 
 def offloads(plan: PlanFields, part: str) -> bool:
@@ -354,7 +361,7 @@ class Offload(Technique):
 
     Example:
         >>> from memlab.plan import Plan
-        >>> from memlab.techniques.technique import StepParts
+        >>> from memlab.techniques.core.technique import StepParts
         >>> parts = StepParts(nn.Linear(2, 2), Plan(offload="all"), torch.device("cpu"))
         >>> OFFLOAD.put_on(parts); OFFLOAD.notes(parts) == [NOTHING_TO_MOVE]
         True
@@ -517,4 +524,4 @@ DECLARATIONS = (
         refuses_step=lambda plan, loss_fn: PARAMS_NEED_SHARDING if plan.offload == SHARDED_ONLY else "",
     ),
 )
-"""The ``offload`` lever, listed by :mod:`memlab.techniques.levers.step` in the Plan's field order."""
+"""The ``offload`` lever, (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""

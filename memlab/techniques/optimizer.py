@@ -1,17 +1,21 @@
 """The optimizer of a plan, over the trainable parameters only: torch AdamW (fused where the device has it, as
 the Trainer builds it, or foreach, as a plain loop's ``torch.optim.AdamW(params)`` runs on CUDA), bitsandbytes'
-8-bit AdamW (paged on CUDA), or Adafactor."""
+8-bit AdamW (paged on CUDA), or Adafactor; how each is named in each export (:data:`OPTIMIZER_FORMS`, once), what
+the search may assume of them (:data:`OPTIMIZER_RANK`), and the lever's declaration."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from memlab.errors import MemlabError
-from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
+from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, per_target
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import PlanFields, StepParts, Technique, Undo
 
 # Devices whose fused AdamW kernel torch 2.x has (the Trainer's default optim is "adamw_torch_fused" from torch 2.8).
 FUSED_ADAMW_DEVICES = ("cuda", "cpu")
@@ -163,7 +167,7 @@ class Optimizer(Technique):
 
     Example:
         >>> from memlab.plan import Plan
-        >>> from memlab.techniques.technique import StepParts
+        >>> from memlab.techniques.core.technique import StepParts
         >>> parts = StepParts(nn.Linear(2, 2), Plan(optimizer="adafactor"), torch.device("cpu"))
         >>> OPTIMIZER.put_on(parts); type(parts.make_optimizer(parts.parameters)).__name__
         'Adafactor'
@@ -188,3 +192,156 @@ class Optimizer(Technique):
 
 
 OPTIMIZER = Optimizer()
+
+
+@dataclass(frozen=True)
+class OptimizerForm:
+    """How one of memlab's optimizers is written in each export.
+
+    Args:
+        title: its name in words.
+        trainer: the Trainer's ``optim`` name.
+        imports: the import line code needs (empty: torch's own).
+        make: the class as code calls it, after ``imports``.
+        full_name: the class with its module, for messages.
+        keywords: keywords code passes besides the parameters and ``lr``.
+        deepspeed: DeepSpeed's own optimizer type, or empty where DeepSpeed takes it as a client optimizer.
+    """
+
+    title: str
+    trainer: str
+    imports: str
+    make: str
+    full_name: str
+    keywords: str = ""
+    deepspeed: str = ""
+
+
+OPTIMIZER_FORMS = {
+    # "adamw_torch_fused" is the Trainer's own default optim from torch 2.8: memlab's "adamw" is that optimizer.
+    "adamw": OptimizerForm("AdamW", "adamw_torch_fused", "", "torch.optim.AdamW", "torch.optim.AdamW",
+                           deepspeed="AdamW"),
+    "adamw8bit": OptimizerForm("8-bit AdamW", "adamw_bnb_8bit", "import bitsandbytes as bnb", "bnb.optim.AdamW8bit",
+                               "bitsandbytes.optim.AdamW8bit"),
+    "paged_adamw8bit": OptimizerForm("paged 8-bit AdamW", "paged_adamw_8bit", "import bitsandbytes as bnb",
+                                     "bnb.optim.PagedAdamW8bit", "bitsandbytes.optim.PagedAdamW8bit"),
+    "adafactor": OptimizerForm("Adafactor", "adafactor", "from transformers.optimization import Adafactor",
+                               "Adafactor", "transformers.optimization.Adafactor",
+                               keywords="scale_parameter=False, relative_step=False"),
+    # What a plain loop's torch.optim.AdamW(params) runs on CUDA. The Trainer's "adamw_torch" builds torch's AdamW
+    # with its defaults, so foreach on CUDA too; DeepSpeed's own "AdamW" is its fused kernel, so DeepSpeed takes
+    # this one as a client optimizer.
+    "adamw_foreach": OptimizerForm("torch's foreach AdamW", "adamw_torch", "", "torch.optim.AdamW",
+                                   "torch.optim.AdamW", keywords="foreach=True"),
+}
+"""Each optimizer's :class:`OptimizerForm`, by memlab's name.
+
+Example:
+    >>> OPTIMIZER_FORMS["adafactor"].trainer
+    'adafactor'
+"""
+
+OPTIMIZER_RANK = {"paged_adamw8bit": -1, "adamw8bit": 0, "adamw": 1, "adamw_foreach": 2}
+"""Lower rank = fewer optimizer bytes for the same parameters; optimizers not listed compare only with themselves.
+Paged 8-bit AdamW ranks below the unpaged one: on CUDA its large states live outside PyTorch's allocator. The
+foreach AdamW ranks above the fused one: the same state, and its update holds a temporary the size of the weights
+(``torch._foreach_sqrt`` of the second moments) where the fused kernel holds none. Adafactor is not ranked: its
+state is far smaller, but its update's temporaries can be larger than fused AdamW's."""
+
+SEARCHED_OPTIMIZERS = ("adamw", "adamw8bit")
+"""The optimizers fit searches by default (:func:`memlab.search.space.default_space`): the same training with less
+state. Adafactor's updates differ from Adam's (:data:`SUGGESTED_OPTIMIZERS`); the foreach AdamW is a user's own loop,
+to be estimated as it is: more memory than the fused one and no faster, so neither searched nor suggested."""
+
+SUGGESTED_OPTIMIZERS = ("adafactor",)
+"""The optimizers suggested outside fit's space, since they change what is trained (the lever's ``suggest``)."""
+
+
+def _optimizer_needs_at_least(mine: str, theirs: str) -> bool:
+    if mine not in OPTIMIZER_RANK or theirs not in OPTIMIZER_RANK:
+        return False
+    return OPTIMIZER_RANK[mine] >= OPTIMIZER_RANK[theirs]
+
+
+def optimizer_code(plan: PlanLike, *, fused: bool = True) -> str:
+    """The expression that builds the plan's optimizer over ``{params}`` with ``lr`` (a template the engines fill
+    in), as memlab builds it: fused AdamW where ``{device}`` has the kernel (``fused=False``: torch's default, what
+    the accelerate script's sharded parameters take), after the import line of :data:`OPTIMIZER_FORMS`.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> optimizer_code(Plan(optimizer="adafactor"))
+        'Adafactor({params}, lr=lr, scale_parameter=False, relative_step=False)'
+    """
+    form = OPTIMIZER_FORMS[plan.optimizer]
+    extra = f", {form.keywords}" if form.keywords else ""
+    if plan.optimizer == "adamw" and fused:
+        extra = ', fused={device}.type in ("cuda", "cpu")'
+    return f"{form.make}({{params}}, lr=lr{extra})"
+
+
+def _optimizer_for_deepspeed(plan: PlanLike) -> Fragment:
+    form = OPTIMIZER_FORMS[plan.optimizer]
+    if form.deepspeed:
+        return Keys({"optimizer": {
+            "type": form.deepspeed,
+            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+        }})
+    keywords = f" ({form.keywords})" if form.keywords else ""
+    comments = [
+        f"{form.title} is not a DeepSpeed optimizer: create {form.full_name}{keywords} yourself and pass it "
+        f"(Trainer(optimizers=(optimizer, None)), or TrainingArguments(optim={form.trainer!r}), or "
+        "deepspeed.initialize(optimizer=optimizer))"
+    ]
+    keys: dict[str, object] = {"zero_allow_untested_optimizer": True}
+    if plan.offloads_optimizer:
+        keys["zero_force_ds_cpu_optimizer"] = False
+        comments.append(
+            "optimizer offload with a client optimizer: DeepSpeed's own CPU Adam is not used, so the "
+            "update runs wherever that optimizer runs it"
+        )
+    return Keys({**keys, "_comment": "; ".join(comments)})
+
+
+def _optimizer(target: str) -> Export:
+    def fragment(plan: PlanLike) -> Fragment:
+        form = OPTIMIZER_FORMS[plan.optimizer]
+        imports = (form.imports,) if form.imports else ()
+        if target == "trainer":
+            return Keys({"optim": form.trainer})
+        if target == "deepspeed":
+            return _optimizer_for_deepspeed(plan)
+        if target == "code":
+            note = ("# Fused AdamW where torch has the kernel: the Trainer's default optim adamw_torch_fused",) if (
+                plan.optimizer == "adamw") else ()
+            return Code(imports=imports, before_optimizer=note, optimizer=optimizer_code(plan))
+        if target == "accelerate":
+            return Accelerate(script=Code(imports=imports, optimizer=optimizer_code(plan, fused=False)))
+        return Elsewhere()
+
+    return fragment
+
+
+DECLARATIONS = (
+    Lever(
+        "optimizer",
+        "adamw",
+        short="{}",
+        choices=tuple(OPTIMIZER_FORMS),
+        help="adamw keeps 8 bytes of state per weight; adamw8bit (bitsandbytes) about 2, at a small cost in accuracy; "
+        "paged_adamw8bit the same, paged to CPU memory under pressure (CUDA only); adafactor factors its second "
+        "moments (a row and a column per matrix, no first moment): far less state, updates differ from Adam's; "
+        "adamw_foreach is the AdamW a plain loop builds on CUDA (foreach): adamw's state plus a temporary the size "
+        "of the weights in its update (to estimate your own loop, never searched)",
+        technique=OPTIMIZER,
+        needs_at_least=_optimizer_needs_at_least,
+        optimizer_state={"adamw8bit": 0.25, "paged_adamw8bit": 0.0, "adafactor": 0.0},
+        speed={"adamw8bit": (0.97, 0.97), "paged_adamw8bit": (0.97, 0.97), "adafactor": (0.9, 0.9),
+               "adamw_foreach": (0.98, 0.95)},
+        suggest=SUGGESTED_OPTIMIZERS,  # never searched by default (SEARCHED_OPTIMIZERS says why)
+        on_cpu=lambda value: "adamw8bit" if value == "paged_adamw8bit" else value,
+        on_cpu_note="paged 8-bit AdamW pages only on CUDA; on a CPU it is the unpaged 8-bit AdamW",
+        exports=per_target(_optimizer),
+    ),
+)
+"""The ``optimizer`` lever (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""

@@ -3,7 +3,7 @@ parameter's post-accumulate-grad hook, so the gradients never all exist at once 
 ``optimizer_in_bwd``). Peak gradients drop from all of them to about the largest parameter's.
 
 It cannot accumulate (each backward steps), nor unscale fp16 gradients all together first (GradScaler), nor offload
-the optimizer: the plan refuses those combinations (:mod:`memlab.techniques.levers.step`).
+the optimizer: the plan refuses those combinations (its declaration, :data:`DECLARATIONS`, below).
 
 Example:
     >>> from memlab.plan import Plan
@@ -22,18 +22,18 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-from memlab.techniques.technique import StepParts, Technique, Undo
+from memlab.techniques.core.fragments import Accelerate, Code, Export, Fragment, Keys, concerns_adapters_only
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import StepParts, Technique, Undo
+from memlab.techniques.offload import OPTIMIZER_OFFLOADS, SHARDED_ONLY
+from memlab.techniques.optimizer import OPTIMIZER_FORMS
 
-if TYPE_CHECKING:
-    pass
-
-
-__all__ = ["IN_BACKWARD", "InBackward", "InBackwardStepping", "OptimizerInBackward"]
+__all__ = ["DECLARATIONS", "IN_BACKWARD", "InBackward", "InBackwardStepping", "OptimizerInBackward"]
 
 
 class OptimizerInBackward(torch.optim.Optimizer):
@@ -128,7 +128,7 @@ class InBackward(Technique):
     Example:
         >>> from memlab.plan import Plan
         >>> from memlab.techniques.optimizer import OPTIMIZER
-        >>> from memlab.techniques.technique import StepParts
+        >>> from memlab.techniques.core.technique import StepParts
         >>> parts = StepParts(nn.Linear(2, 2), Plan(optimizer_in_backward=True), torch.device("cpu"))
         >>> OPTIMIZER.put_on(parts); undo = IN_BACKWARD.put_on(parts)
         >>> parts.steps_in_backward, type(parts.optimizer).__name__
@@ -150,3 +150,84 @@ class InBackward(Technique):
 
 
 IN_BACKWARD = InBackward()
+
+
+def _in_backward_conflicts(plan: PlanLike) -> str:
+    if not plan.optimizer_in_backward:
+        return ""
+    if plan.accumulation > 1:
+        return (
+            "optimizer_in_backward steps in backward, so it cannot accumulate; write accumulation=1 (a larger "
+            "micro_batch) or optimizer_in_backward=False"
+        )
+    if plan.offload in OPTIMIZER_OFFLOADS and plan.offload != SHARDED_ONLY:  # "params": sharded, refused alone
+        return (
+            "optimizer_in_backward steps each parameter on the device during backward, so it cannot offload the "
+            f"optimizer (offload={plan.offload!r}); write offload='none' or 'activations', "
+            "or optimizer_in_backward=False"
+        )
+    if plan.precision == "fp16":
+        return (
+            "optimizer_in_backward steps each parameter before the other gradients exist, so fp16's GradScaler "
+            "cannot unscale them all first; write precision='bf16' or 'fp32', or optimizer_in_backward=False"
+        )
+    return ""
+
+
+def _in_backward_elsewhere(target: str) -> Export:
+    def refusal(plan: PlanLike) -> Fragment:
+        if not plan.optimizer_in_backward:
+            return Keys() if target in ("trainer", "deepspeed") else Accelerate()
+        return (
+            f"optimizer_in_backward=True is not expressible in {target}; use the code export (plan.to_code()), "
+            "or export plan.replace(optimizer_in_backward=False)"
+        )
+
+    return refusal
+
+
+def _in_backward_code(plan: PlanLike) -> Fragment:
+    if not plan.optimizer_in_backward:
+        return Code()
+    form = OPTIMIZER_FORMS[plan.optimizer]
+    extra = ', fused=device.type in ("cuda", "cpu")' if plan.optimizer == "adamw" else (
+        f", {form.keywords}" if form.keywords else "")
+    return Code(after_optimizer=(
+        "# Optimizer in backward: each parameter has its own optimizer, stepped as soon as its gradient is",
+        "# accumulated, so the gradients never all exist at once (`optimizer.step()` below finds none: a no-op)",
+        f"optimizers = {{p: {form.make}([p], lr=lr{extra}) for p in params}}",
+        "",
+        "",
+        "def step_in_backward(p):",
+        "    optimizers[p].step()",
+        "    optimizers[p].zero_grad(set_to_none=True)",
+        "",
+        "",
+        "for p in params:",
+        "    p.register_post_accumulate_grad_hook(step_in_backward)",
+    ))
+
+
+DECLARATIONS = (
+    Lever(
+        "optimizer_in_backward",
+        False,
+        short="opt-in-bwd",
+        help="each weight gets its own optimizer, stepped in backward as soon as its gradient exists: the gradients "
+        "never all exist at once (about the largest weight's instead of all); no accumulation, fp16 or optimizer "
+        "offload with it",
+        technique=IN_BACKWARD,
+        conflicts=_in_backward_conflicts,
+        needs_at_least=lambda mine, theirs: not mine,
+        family=True,
+        least_grads={True: 0.0},
+        exports={
+            "trainer": _in_backward_elsewhere("TrainingArguments"),
+            "deepspeed": _in_backward_elsewhere("a DeepSpeed config (ZeRO steps its optimizer after backward)"),
+            "code": _in_backward_code,
+            "peft": concerns_adapters_only,
+            "accelerate": _in_backward_elsewhere("the accelerate script (sharded optimizers step after backward)"),
+        },
+    ),
+)
+"""The ``optimizer_in_backward`` lever (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""

@@ -1,4 +1,5 @@
-"""Mixed precision: ``torch.autocast`` on the model's device type, a ``GradScaler`` for fp16, fp32 master weights."""
+"""Mixed precision: ``torch.autocast`` on the model's device type, a ``GradScaler`` for fp16, fp32 master weights;
+the lever's values, its declaration and exports."""
 
 from __future__ import annotations
 
@@ -10,9 +11,33 @@ from torch._subclasses.fake_tensor import is_fake
 
 from memlab.errors import UnsupportedTechnique
 from memlab.live.device import bf16_capable, cuda_bf16_supported
-from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
+from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, per_target
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import PlanFields, StepParts, Technique, Undo
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+FULL_PRECISION = "fp32"
+"""The ``precision`` value that runs without autocast."""
+
+BF16 = "bf16"
+"""The ``precision`` value that autocasts to bfloat16."""
+
+FP16 = "fp16"
+"""The ``precision`` value that autocasts to float16, with a GradScaler."""
+
+PRECISIONS = (FULL_PRECISION, BF16, FP16)
+"""Every ``precision`` value (its choices), which other modules ask instead of spelling them."""
+
+_DTYPES = {BF16: torch.bfloat16, FP16: torch.float16}
+
+
+def half_precision(bf16: bool) -> str:
+    """The half precision a device runs: bf16 where it has it (``bf16``), fp16 where it has not.
+
+    Example:
+        >>> half_precision(True), half_precision(False)
+        ('bf16', 'fp16')
+    """
+    return BF16 if bf16 else FP16
 
 BF16_ON_CPU = ("bf16 on a CPU is usually slow: most CPUs have no bf16 matrix units, so PyTorch emulates its matrix "
                "products (a GPU runs them natively: measure the speed there)")
@@ -129,7 +154,7 @@ class Precision(Technique):
     Example:
         >>> from torch import nn
         >>> from memlab.plan import Plan
-        >>> from memlab.techniques.technique import StepParts
+        >>> from memlab.techniques.core.technique import StepParts
         >>> parts = StepParts(nn.Linear(2, 2), Plan(precision="bf16"), torch.device("cpu"))
         >>> PRECISION.put_on(parts)
         >>> with parts.forward_context():
@@ -154,3 +179,48 @@ class Precision(Technique):
 
 
 PRECISION = Precision()
+
+
+_AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+
+
+def _precision(target: str) -> Export:
+    def fragment(plan: PlanLike) -> Fragment:
+        half = plan.precision
+        if target == "trainer":
+            return Keys({"bf16": half == "bf16", "fp16": half == "fp16"})
+        if target == "deepspeed":
+            return Keys({"bf16": {"enabled": True}} if half == "bf16" else {
+                "fp16": {"enabled": True, "loss_scale": 0}} if half == "fp16" else {})
+        if target == "accelerate":  # accelerate's autocast and fp16 loss scaling come from the config
+            # accelerate's mixed_precision="fp8" is bf16 autocast with float8 linear layers (the fp8 lever's)
+            fp8 = getattr(plan, "fp8", False)
+            return Accelerate(config={"mixed_precision": "fp8" if fp8 else {"fp32": "no"}.get(half, half)})
+        if target != "code" or half == "fp32":
+            return Code() if target == "code" else Elsewhere()
+        autocast = Code(contexts=(f"torch.autocast(device.type, dtype={_AUTOCAST[half]})",))
+        if half == "bf16":
+            return autocast
+        return autocast + Code(
+            after_optimizer=("scaler = torch.amp.GradScaler(device.type)  # dynamic loss scaling for fp16",),
+            backward="scaler.scale(loss).backward()",
+            step=("scaler.step(optimizer)", "scaler.update()"),
+        )
+
+    return fragment
+
+
+DECLARATIONS = (
+    Lever(
+        "precision",
+        "fp32",
+        short="{}",
+        choices=PRECISIONS,
+        help="autocast compute dtype: bf16/fp16 halve activations and are faster on GPUs; fp16 scales the loss",
+        technique=PRECISION,
+        activation_key=lambda value: value,
+        speed={"bf16": (1.6, 1.0), "fp16": (1.6, 0.3)},
+        exports=per_target(_precision),
+    ),
+)
+"""The ``precision`` lever (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""

@@ -31,9 +31,9 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.live.patching import patched
-from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, per_target_but_peft
-from memlab.techniques.lever import SWITCH, Lever, PlanLike
-from memlab.techniques.technique import StepParts, Technique, Undo
+from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export, Fragment, per_target_but_peft
+from memlab.techniques.core.lever import SWITCH, Lever, PlanLike
+from memlab.techniques.core.technique import StepParts, Technique, Undo
 
 __all__ = ["DECLARATIONS", "DPO_ONLY", "KEYWORD", "PRECOMPUTE", "PrecomputeReference", "dpo_config_keywords",
            "precompute_from_arguments", "precomputes", "refuse_precompute_change", "precompute_refusal", "trainer_of"]
@@ -260,4 +260,4 @@ DECLARATIONS = (
         refuses_step=precompute_refusal,
     ),
 )
-"""The lever's declaration (:data:`memlab.techniques.registry.REGISTRY` gathers it)."""
+"""The lever's declaration (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""

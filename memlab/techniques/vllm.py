@@ -23,9 +23,9 @@ import textwrap
 from typing import Any
 
 from memlab.errors import MemlabError
-from memlab.techniques.fragments import Accelerate, Code, Elsewhere, Export, Fragment, per_target_but_peft
-from memlab.techniques.lever import SWITCH, Lever, PlanLike
-from memlab.techniques.technique import StepParts, Technique, Undo
+from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export, Fragment, per_target_but_peft
+from memlab.techniques.core.lever import SWITCH, Lever, PlanLike
+from memlab.techniques.core.technique import StepParts, Technique, Undo
 
 __all__ = ["DECLARATIONS", "FIELDS", "VLLM", "VLLMEngine", "grpo_config_keywords", "no_engine", "sets_vllm",
            "vllm_from_arguments",
@@ -43,7 +43,7 @@ GRPO_ONLY = ("vllm_memory / vllm_sleep set the colocated vLLM engine of a TRL GR
 """Where the levers go, said by every export but a GRPOConfig's."""
 
 NEEDS = "a TRL GRPOTrainer built with use_vllm=True and vllm_mode='colocate'"
-"""The trainer whose engine the levers set (:attr:`memlab.techniques.lever.Lever.needs_trainer`)."""
+"""The trainer whose engine the levers set (:attr:`memlab.techniques.core.lever.Lever.needs_trainer`)."""
 
 
 def sets_vllm(plan: PlanLike) -> bool:
@@ -206,4 +206,4 @@ DECLARATIONS = (
         refuses_step=lambda plan, loss_fn: no_engine(plan),
     ),
 )
-"""The levers' declarations (:data:`memlab.techniques.registry.REGISTRY` gathers them)."""
+"""The levers' declarations (:data:`memlab.techniques.core.registry.REGISTRY` gathers them)."""

@@ -1,5 +1,6 @@
 """Pure bf16 weights: the model's floating-point weights and buffers held in bf16, so that the trained weights, their
-gradients and the optimizer state built on them are bf16 too (no fp32 master copy)."""
+gradients and the optimizer state built on them are bf16 too (no fp32 master copy); the lever's declaration and
+exports."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
 from memlab.live.structure import trainable_parameters, unique_parameters
-from memlab.techniques.technique import PlanFields, StepParts, Technique, Undo
+from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, per_target
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import PlanFields, StepParts, Technique, Undo
+
+WEIGHT_DTYPES = ("fp32", "bf16")
+"""Every ``weights`` value (its choices), which other modules ask instead of spelling them."""
 
 _MODELLED_RELEASE: ContextVar[Callable[[], None] | None] = ContextVar("memlab_modelled_release", default=None)
 
@@ -147,7 +153,7 @@ class Weights(Technique):
 
     Example:
         >>> from memlab.plan import Plan
-        >>> from memlab.techniques.technique import StepParts
+        >>> from memlab.techniques.core.technique import StepParts
         >>> parts = StepParts(nn.Linear(2, 2).to(torch.bfloat16), Plan(), torch.device("cpu"))
         >>> WEIGHTS.notes(parts)[0].split(":")[0]
         "the model's weights are bf16 (loaded in bf16)"
@@ -166,3 +172,55 @@ class Weights(Technique):
 
 
 WEIGHTS = Weights()
+
+
+def _pure_bf16_elsewhere(target: str, instead: str) -> Export:
+    def refusal(plan: PlanLike) -> Fragment:
+        if plan.weights != "bf16":
+            return Keys()
+        return (
+            f"weights='bf16' (pure bf16, no fp32 master copy) is not {target}: load the model in bf16 "
+            f"(from_pretrained(name, dtype=torch.bfloat16)) and export plan.replace(weights='fp32'), or use {instead}"
+        )
+
+    return refusal
+
+
+def _weights(target: str) -> Export:
+    pure = "torch.bfloat16" if target != "peft" else ""
+
+    def fragment(plan: PlanLike) -> Fragment:
+        bf16 = plan.weights == "bf16"
+        if target == "code":
+            return Code(model=("# Pure bf16: weights, gradients and optimizer state in bf16 (no fp32 master copy)",
+                               f"model = model.to({pure})") if bf16 else ())
+        if target == "accelerate":
+            return Accelerate(script=Code(load={"dtype": pure if bf16 else "torch.float32"}))
+        return Elsewhere()
+
+    if target == "trainer":
+        return _pure_bf16_elsewhere("a TrainingArguments setting", "plan.to_code()")
+    if target == "deepspeed":
+        return _pure_bf16_elsewhere("a DeepSpeed setting (its bf16 mode keeps fp32 master weights)", "plan.to_code()")
+    return fragment
+
+
+DECLARATIONS = (
+    Lever(
+        "weights",
+        "fp32",
+        short="{}-weights",
+        choices=WEIGHT_DTYPES,
+        help="dtype of the trained weights, their grads and optimizer state: bf16 halves all three (pure bf16, no "
+        "fp32 master copy); updates are less exact",
+        technique=WEIGHTS,
+        family=True,
+        activation_key=lambda value: value,
+        least_params={"bf16": 0.5},
+        least_trained={"bf16": 0.5},
+        speed={"bf16": (1.6, 1.0)},
+        suggest=("bf16",),
+        exports=per_target(_weights),
+    ),
+)
+"""The ``weights`` lever (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""

@@ -14,7 +14,7 @@ import torch
 from models import assert_same, fingerprint, lm_batch, tiny_llama
 
 import memlab
-from memlab.techniques.registry import REGISTRY
+from memlab.techniques.core.registry import REGISTRY
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 needs_bitsandbytes = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,

@@ -15,8 +15,8 @@ from memlab import Plan
 from memlab.export import deepspeed_config, pytorch_code, training_arguments
 from memlab.export.trainer_arguments import plan_from_training_arguments
 from memlab.search.space import default_space, needs_at_least
+from memlab.techniques.core.registry import REGISTRY
 from memlab.techniques.optimizer import FOREACH_ON_CPU
-from memlab.techniques.registry import REGISTRY
 
 
 def _config() -> LlamaConfig:

@@ -15,13 +15,13 @@ import torch
 
 import memlab
 from memlab import Plan
+from memlab.techniques.core.technique import HostLedger
 from memlab.techniques.offload import (
     NOTHING_TO_MOVE,
     OffloadedOptimizer,
     counted_save_on_cpu,
     tensors_host_bytes,
 )
-from memlab.techniques.technique import HostLedger
 from tests.models import mlp_batch, mlp_loss, tiny_llama, tiny_mlp
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from models import MOE_EXPERTS, tiny_mixtral, tiny_qwen3_moe
 
 import memlab
 from memlab.techniques.adapters import attach_adapter
-from memlab.techniques.registry import REGISTRY
+from memlab.techniques.core.registry import REGISTRY
 
 
 def _wrapped(base: torch.nn.Module, **keywords: Any) -> Any:

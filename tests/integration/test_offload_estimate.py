@@ -15,8 +15,8 @@ import memlab
 from memlab import Plan
 from memlab.estimation.dryrun.fake import FakeMode
 from memlab.measure.tracker import MemoryTracker
+from memlab.techniques.core.technique import HostLedger
 from memlab.techniques.offload import HOST, OFFLOAD_ESTIMATED, OffloadedOptimizer, counted_save_on_cpu
-from memlab.techniques.technique import HostLedger
 from tests.models import mlp_batch, mlp_loss, tiny_llama, tiny_mlp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

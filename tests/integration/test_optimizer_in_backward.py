@@ -13,8 +13,8 @@ from memlab.errors import MemlabError
 from memlab.plan import Plan, parse_grid
 from memlab.search.memory import MemoryModel
 from memlab.search.space import candidate_plans, needs_at_least
+from memlab.techniques.core.registry import REGISTRY, refusals
 from memlab.techniques.optimizer_in_backward import OptimizerInBackward
-from memlab.techniques.registry import REGISTRY, refusals
 
 IN_BACKWARD = Plan(optimizer_in_backward=True)
 

@@ -20,9 +20,9 @@ from memlab.runner.step import TrainingStep
 from memlab.techniques import compile as compile_technique
 from memlab.techniques import fp8
 from memlab.techniques.attention import unavailable
-from memlab.techniques.lever import Lever
-from memlab.techniques.registry import REGISTRY, STEP_ORDER, step_techniques
-from memlab.techniques.technique import StepParts, Technique
+from memlab.techniques.core.lever import Lever
+from memlab.techniques.core.registry import REGISTRY, STEP_ORDER, step_techniques
+from memlab.techniques.core.technique import StepParts, Technique
 
 PACKAGE = Path(memlab.__file__).parent
 

@@ -17,7 +17,7 @@ from models import mlp_batch, mlp_loss, tiny_bert, tiny_mlp
 import memlab
 from memlab.errors import MemlabWarning
 from memlab.techniques.adapters import attach_adapter
-from memlab.techniques.registry import REGISTRY
+from memlab.techniques.core.registry import REGISTRY
 
 LORA = memlab.Plan(adapter="lora", lora_rank=2)
 

@@ -8,7 +8,7 @@ from memlab import Plan
 from memlab.errors import MemlabError
 from memlab.plan import LEVERS, parse_grid
 from memlab.techniques.compile import ESTIMATED_EAGER
-from memlab.techniques.registry import REGISTRY, STEP_ORDER
+from memlab.techniques.core.registry import REGISTRY, STEP_ORDER
 
 
 def test_compile_is_a_bool_lever_labelled_and_tried() -> None:

@@ -35,7 +35,7 @@ from memlab.plan import Plan
 from memlab.techniques.adapters import lora_settings
 from memlab.techniques.attention import unavailable
 from memlab.techniques.checkpointing import checkpoint_blocks, checkpointed_blocks, chosen_blocks
-from memlab.techniques.fragments import (
+from memlab.techniques.core.fragments import (
     STRATEGIES,
     TARGETS,
     Accelerate,
@@ -45,7 +45,7 @@ from memlab.techniques.fragments import (
     Keys,
     Lora,
 )
-from memlab.techniques.registry import REGISTRY, refusals
+from memlab.techniques.core.registry import REGISTRY, refusals
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")

@@ -11,7 +11,7 @@ from memlab import Plan
 from memlab.errors import MemlabError, MemlabWarning
 from memlab.export.accelerate import accelerate_script
 from memlab.plan import LEVERS, parse_grid
-from memlab.techniques.registry import REGISTRY, STEP_ORDER
+from memlab.techniques.core.registry import REGISTRY, STEP_ORDER
 
 PLAN = Plan(micro_batch=2, checkpointing=True, precision="bf16", fp8=True)
 WITHOUT = PLAN.replace(fp8=False)

@@ -12,9 +12,9 @@ from memlab.export import deepspeed_config, peft_config, pytorch_code, training_
 from memlab.export.accelerate import accelerate_config, accelerate_script
 from memlab.plan import LEVERS, Plan
 from memlab.search.space import TECHNIQUES, needs_at_least
-from memlab.techniques.lever import TARGETS
-from memlab.techniques.registry import REGISTRY
-from memlab.techniques.technique import Technique
+from memlab.techniques.core.lever import TARGETS
+from memlab.techniques.core.registry import REGISTRY
+from memlab.techniques.core.technique import Technique
 
 
 def test_every_plan_field_has_a_declaration_and_every_declaration_a_field() -> None:

@@ -1,5 +1,5 @@
 """The declaration of one lever (:class:`Lever`): what it means in the interface, the step, the search, dry runs
-and each export. :mod:`memlab.techniques.registry` gathers the declarations into ``REGISTRY``.
+and each export. :mod:`memlab.techniques.core.registry` gathers the declarations into ``REGISTRY``.
 
 What front ends know of a lever (:class:`LeverSpec`) and the check of a plan's values (:func:`check_levers`) are
 here too. This module imports neither torch nor :mod:`memlab.plan` (plan builds on it); the techniques it names do.
@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 from memlab.errors import MemlabError
 
 if TYPE_CHECKING:
-    from memlab.techniques.technique import Technique
+    from memlab.techniques.core.technique import Technique
 
-from memlab.techniques.fragments import TARGETS as TARGETS  # re-exported: the declarations import them here
-from memlab.techniques.fragments import Export, refusal_of
-from memlab.techniques.fragments import carried as carried
-from memlab.techniques.fragments import concerns_adapters_only as concerns_adapters_only
+from memlab.techniques.core.fragments import TARGETS as TARGETS  # re-exported: the declarations import them here
+from memlab.techniques.core.fragments import Export, refusal_of
+from memlab.techniques.core.fragments import carried as carried
+from memlab.techniques.core.fragments import concerns_adapters_only as concerns_adapters_only
 
 PlanLike = Any
 """A :class:`memlab.Plan` (typed loosely here: plan builds on this module)."""
@@ -35,8 +35,8 @@ SWITCH = ("on", "off")
 off (a drop-down, ``--try vllm_sleep=on,off``); the plan stores True, False or None."""
 
 Refusal = Export
-"""An export's declaration for one lever (:data:`memlab.techniques.fragments.Export`): the fragment it adds, where
-the lever goes instead (:class:`~memlab.techniques.fragments.Elsewhere`), or what to write instead (a ``str``)."""
+"""An export's declaration for one lever (:data:`memlab.techniques.core.fragments.Export`): the fragment it adds, where
+the lever goes instead (:class:`~memlab.techniques.core.fragments.Elsewhere`), or what to write instead (a ``str``)."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,10 @@ class Lever:
         choices: the allowed values of a text lever.
         open_choices: besides ``choices``, a tuple of names is allowed (``lora_targets``).
         split: the lever cuts the batch (micro_batch, accumulation) rather than being a technique axis.
-        technique: the :class:`memlab.techniques.technique.Technique` that puts the lever on a model and a step and
+        technique: the :class:`memlab.techniques.core.technique.Technique` that puts the lever on a model and a step and
             takes it off again, says the lever's notes and what a dry run makes of it. Levers that are settings of
             one technique share it (``lora_rank`` is the adapter's). The step puts the techniques on in
-            :data:`memlab.techniques.registry.STEP_ORDER`.
+            :data:`memlab.techniques.core.registry.STEP_ORDER`.
         conflicts: why a plan cannot have the lever's value together with its other settings (one sentence saying
             what to write), ``""`` when it can; it reads the plan's fields only, so the search can ask it of a
             combination before building the plan. None: the lever goes with every setting.
@@ -84,15 +84,15 @@ class Lever:
         value_type: the type where the default (None) does not say it: ``"float"``, None allowed (``vllm_memory``:
             None is "as the trainer is set up"; 0 in the panel is None). A switch whose default is None is a choice
             of :data:`SWITCH` instead, stored as a bool.
-        exports: per :data:`TARGETS`, what the export writes for the lever (:mod:`memlab.techniques.fragments`: its
-            fragment, :class:`~memlab.techniques.fragments.Elsewhere`, or the refusal saying what to write).
+        exports: per :data:`TARGETS`, what the export writes for the lever (:mod:`memlab.techniques.core.fragments`: its
+            fragment, :class:`~memlab.techniques.core.fragments.Elsewhere`, or the refusal saying what to write).
         needs_trainer: the built trainer whose setting the lever is (``"a TRL DPOTrainer"``): a step without it
             cannot use the lever, so a front end that builds the model itself (``memlab estimate``, from a config)
             neither offers nor takes it. ``""``: any step can.
         refuses_step: ``(plan, loss_fn) -> str``: why one device's step cannot run the plan's value of the lever
             with that loss (one sentence saying what to write), ``""`` where it can; the runner and the one-device
-            estimate ask it (:func:`memlab.techniques.registry.step_refusal`) before the model is touched. None: every
-            step can.
+            estimate ask it (:func:`memlab.techniques.core.registry.step_refusal`) before the model is touched.
+            None: every step can.
     """
 
     name: str
@@ -144,7 +144,7 @@ class Lever:
         return refusal_of(self.exports[target](plan))
 
     def fragment(self, plan: PlanLike, target: str) -> Any:
-        """What ``target`` writes for this lever in ``plan`` (see :mod:`memlab.techniques.fragments`)."""
+        """What ``target`` writes for this lever in ``plan`` (see :mod:`memlab.techniques.core.fragments`)."""
         return self.exports[target](plan)
 
 
@@ -182,7 +182,7 @@ def lever_specs(plan_class: type, declared: Mapping[str, Lever] | None = None) -
 
     Example:
         >>> from memlab.plan import Plan
-        >>> from memlab.techniques.registry import REGISTRY
+        >>> from memlab.techniques.core.registry import REGISTRY
         >>> list(lever_specs(Plan, REGISTRY))[:3]
         ['micro_batch', 'accumulation', 'checkpointing']
     """

@@ -1,7 +1,7 @@
 """What one lever adds to each export, as data: the engines in :mod:`memlab.export` assemble these fragments and
 name no lever.
 
-A lever's declaration (:class:`memlab.techniques.lever.Lever`) maps each of :data:`TARGETS` to a function of the
+A lever's declaration (:class:`memlab.techniques.core.lever.Lever`) maps each of :data:`TARGETS` to a function of the
 plan that returns one of:
 
 - its fragment: :class:`Keys` (Trainer keywords, DeepSpeed keys), :class:`Code` (the plain PyTorch loop's

@@ -1,11 +1,11 @@
 """The one shape of a technique, and the parts of a training step that techniques fill in.
 
-A :class:`Technique` is what a lever's declaration (:class:`memlab.techniques.lever.Lever`) names as its
+A :class:`Technique` is what a lever's declaration (:class:`memlab.techniques.core.lever.Lever`) names as its
 ``technique``. :class:`memlab.runner.step.TrainingStep` makes a :class:`StepParts` with the plain step (the whole
 batch at once, no forward context, ``loss.backward()``, ``optimizer.step()``), then puts each technique on in the
-registry's declared order (:func:`memlab.techniques.registry.step_techniques`): each may change the model and return
-what undoes that, and may replace or add parts of the step. The step then runs the parts; it names no lever. This is
-the shape of Lightning Fabric's ``Precision`` plugins (``convert_module``, ``forward_context``, ``backward``,
+registry's declared order (:func:`memlab.techniques.core.registry.step_techniques`): each may change the model and
+return what undoes that, and may replace or add parts of the step. The step then runs the parts; it names no lever.
+This is the shape of Lightning Fabric's ``Precision`` plugins (``convert_module``, ``forward_context``, ``backward``,
 ``optimizer_step``), spread over every lever rather than precision alone.
 
 Example:

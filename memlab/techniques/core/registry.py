@@ -10,9 +10,9 @@ least bytes, the speed prior, the suggestions, the export tables and :data:`meml
 :data:`REGISTRY`; a test walks every Plan field and fails when one has no declaration here (and the other way).
 
 This module does not import :mod:`memlab.plan` (plan builds on it); the technique modules it reaches import the plan
-only for type checking. The declarations live beside the techniques: ``levers.batch`` (how the batch is cut),
-``levers.model`` (what changes the model: weights, adapters, checkpointing), ``levers.step`` (what changes the step:
-precision, optimizer, offload, loss); :data:`memlab.plan.LEVERS` lists them in the Plan's field order.
+only for type checking. Each lever's declaration lives in its own module beside its technique (``DECLARATIONS`` in
+:mod:`memlab.techniques.accumulation`, :mod:`memlab.techniques.checkpointing`, ...); :data:`LEVER_MODULES` lists
+those modules in the Plan's field order, which :data:`memlab.plan.LEVERS` follows.
 
 Example:
     >>> REGISTRY["optimizer"].choices
@@ -23,28 +23,53 @@ Example:
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
-from memlab.techniques import expandable_segments, fp8, precompute_ref, vllm
-from memlab.techniques.lever import Lever, PlanLike
-from memlab.techniques.levers import batch as levers_batch
-from memlab.techniques.levers import model as levers_model
-from memlab.techniques.levers import step as levers_step
-from memlab.techniques.technique import Technique
+from memlab.techniques import (
+    accumulation,
+    adapters,
+    attention,
+    checkpointing,
+    expandable_segments,
+    fp8,
+    loss,
+    offload,
+    optimizer,
+    optimizer_in_backward,
+    precision,
+    precompute_ref,
+    vllm,
+    weights,
+)
+from memlab.techniques import compile as compiled
+from memlab.techniques.core.lever import Lever, PlanLike
+from memlab.techniques.core.technique import Technique
 
-__all__ = ["REGISTRY", "STEP_ORDER", "conflicts", "least_share", "refusals", "step_refusal", "step_techniques"]
+__all__ = ["LEVER_MODULES", "REGISTRY", "STEP_ORDER", "conflicts", "least_share", "refusals", "step_refusal",
+           "step_techniques"]
 
 
-def _declarations() -> dict[str, Lever]:
-    declared: dict[str, Lever] = {}
-    for module in (levers_batch, levers_model, fp8, levers_step, expandable_segments, vllm,
-                   precompute_ref):
-        for lever in module.DECLARATIONS:
-            declared[lever.name] = lever
-    return declared
+LEVER_MODULES: tuple[ModuleType, ...] = (
+    accumulation,  # micro_batch, accumulation
+    checkpointing,
+    weights,
+    adapters,  # adapter, lora_rank, lora_targets, lora_alpha, lora_dropout
+    attention,
+    fp8,
+    precision,
+    optimizer,
+    offload,
+    loss,
+    optimizer_in_backward,
+    compiled,
+    expandable_segments,
+    vllm,  # vllm_memory, vllm_sleep
+    precompute_ref,
+)
+"""Every lever's own module, each declaring its levers in ``DECLARATIONS``, in the Plan's field order."""
 
-
-REGISTRY: dict[str, Lever] = _declarations()
+REGISTRY: dict[str, Lever] = {lever.name: lever for module in LEVER_MODULES for lever in module.DECLARATIONS}
 """Every lever's :class:`Lever`, by Plan field name."""
 
 
