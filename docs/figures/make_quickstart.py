@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import memlab
-from memlab.report.static import report_svg
+from memlab.report.views.static import report_svg
 
 OUT = Path(__file__).resolve().parent / "quickstart.svg"
 

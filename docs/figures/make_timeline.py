@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import memlab
-from memlab.report.timeline_figure import timelines_svg
+from memlab.report.views.timeline_figure import timelines_svg
 
 OUT = Path(__file__).resolve().parent / "timeline.svg"
 

@@ -370,7 +370,7 @@ def _run_demo(say: Callable[..., None], run_options: RunOptions, budget: int | N
 
     from memlab.frontends.demo import default_batch, default_model
     from memlab.plan import Plan, format_bytes
-    from memlab.report.tables import text_table
+    from memlab.report.views.tables import text_table
     from memlab.runner.trial import measure
     from memlab.search import fit
 
@@ -455,7 +455,8 @@ HTML_TEXT_WIDTH = 120
 def write_html_report(report: Any, path: str | os.PathLike[str], *, title: str = "memlab report") -> str:
     """Write a self-contained HTML page (works offline) with the Report's figure and table.
 
-    The figure is the static SVG a notebook keeps (:func:`memlab.report.static.report_svg`: the same verdict marks,
+    The figure is the static SVG a notebook keeps (:func:`memlab.report.views.static.report_svg`: the same verdict
+    marks,
     legend and key, a tooltip on every bar), inlined: a page of a few tens of kB, where plotly's figure with plotly.js
     inlined weighed 4.8 MB. Returns the absolute path written.
 
@@ -470,8 +471,8 @@ def write_html_report(report: Any, path: str | os.PathLike[str], *, title: str =
         >>> "<svg" in page and "<table" in page and len(page) < 100_000
         True
     """
-    from memlab.report.static import report_svg
-    from memlab.report.tables import text_table
+    from memlab.report.views.static import report_svg
+    from memlab.report.views.tables import text_table
 
     figure = f"<div class='memlab-figure'>{report_svg(report)}</div>"
     page = "\n".join(

@@ -2,8 +2,8 @@
 
 An inference plan's trial is :class:`~memlab.report.inference_trial.InferenceTrial`, a Trial of its own module.
 
-Tables (:mod:`memlab.report.tables`) and figures (:mod:`memlab.report.figure`) are drawn by their own modules,
-imported when first used, so ``import memlab`` imports neither pandas nor plotly.
+Tables (:mod:`memlab.report.views.tables`) and figures (:mod:`memlab.report.views.figure`) are drawn by their own
+modules, imported when first used, so ``import memlab`` imports neither pandas nor plotly.
 """
 
 from __future__ import annotations
@@ -517,7 +517,7 @@ class Report:
                 frame[name] = frame[name].astype("Int64")
         return frame
 
-    # --- tables and figure (drawn by memlab.report.tables and memlab.report.figure) ---
+    # --- tables and figure (drawn by memlab.report.views.tables and memlab.report.views.figure) ---
 
     def to_text(self) -> str:
         """A plain-text table for the terminal: a line per trial, ★ marks the best, then a summary.
@@ -548,7 +548,7 @@ class Report:
     def plot(self, kind: str = "comparison") -> Any:  # a plotly.graph_objects.Figure; plotly imported only here
         """A plotly figure: samples/s per plan (left) and peak memory by category per plan (right); with
         ``kind="timeline"``, every plan's step over time on one time axis and one memory scale, stacked by category,
-        phases shaded and each peak named (:mod:`memlab.report.timeline_figure`).
+        phases shaded and each peak named (:mod:`memlab.report.views.timeline_figure`).
 
         The right panel stacks params, grads, optimizer, activations and other (MiB) for each plan; an
         out-of-memory plan is a grey hatched "does not fit" bar (as high as the peak it reached, at least a tenth

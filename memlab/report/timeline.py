@@ -9,7 +9,7 @@ compressed for :meth:`Timeline.save`, which writes PyTorch's memory-snapshot pic
 and https://pytorch.org/memory_viz. The x axis counts the step's allocation events (allocations, frees, resizes),
 the axis PyTorch's memory_viz draws too: a measured step and an estimated one are drawn alike.
 
-Drawing is :mod:`memlab.report.timeline_figure`'s (plotly and static SVG).
+Drawing is :mod:`memlab.report.views.timeline_figure`'s (plotly and static SVG).
 """
 
 from __future__ import annotations

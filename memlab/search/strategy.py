@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from memlab.plan import Plan, format_bytes
 from memlab.report import Trial
 from memlab.report.data import speed_range
-from memlab.report.svg import axis_number
+from memlab.report.views.svg import axis_number
 from memlab.search.memory import FIT_MARGIN, MemoryModel
 from memlab.search.space import TECHNIQUES, best_of, faster_twins, fits, micro_batch_of, needs_at_least, runs_as
 from memlab.search.speed import SPEED_MARGIN, SpeedModel, SpeedPrior

@@ -114,9 +114,9 @@ def test_bf16_measured_on_a_cpu_says_why_it_is_slow_where_its_speed_is_read():
     The trial says it (a note: the table's notes, the CLI's), and the figures say it from the trial, in the key under
     the static figure and in the plotly figure's hover of each such plan; an fp32 plan says nothing of it, nor does
     a dry run."""
-    from memlab.report.figure import report_figure
-    from memlab.report.static import report_svg
-    from memlab.report.tables import text_table
+    from memlab.report.views.figure import report_figure
+    from memlab.report.views.static import report_svg
+    from memlab.report.views.tables import text_table
     from memlab.techniques.precision import BF16_ON_CPU
 
     report = memlab.compare(tiny_gpt2(), lm_batch(rows=4), [memlab.Plan(), memlab.Plan(precision="bf16")],

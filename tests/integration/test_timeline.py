@@ -21,7 +21,7 @@ from memlab.errors import MemlabError
 from memlab.measure.probes import Probe
 from memlab.measure.timeline import StepRecorder
 from memlab.report.timeline import MAX_POINTS, Timeline
-from memlab.report.timeline_figure import timelines_svg
+from memlab.report.views.timeline_figure import timelines_svg
 
 VOCAB = 128
 ROWS = 2

@@ -67,7 +67,7 @@ from browser_lab import (
 from browser_reload import _reload_until_drawn
 
 from memlab.report import CATEGORIES
-from memlab.report.figure import BEST_COLOR, CATEGORY_COLORS
+from memlab.report.views.figure import BEST_COLOR, CATEGORY_COLORS
 
 # One xdist group with the other browser tests: they share the worker's JupyterLab and Chromium (tests/conftest.py).
 pytestmark = pytest.mark.browser
@@ -213,7 +213,7 @@ def test_a_budget_search_of_forty_plans_is_readable_in_a_browser(tmp_path: Path,
     the screenshots in tests/artifacts/ are for a person to look at."""
     from reports import report_of
 
-    from memlab.report.static import report_svg
+    from memlab.report.views.static import report_svg
 
     report = report_of(40)
     page_html = tmp_path / "plotly.html"
@@ -322,7 +322,7 @@ def test_figures_of_1_to_60_plans_are_readable(count: int, tmp_path: Path, chrom
     from reports import report_of
 
     from memlab.frontends.jupyter.live import LiveFigure
-    from memlab.report.static import report_svg
+    from memlab.report.views.static import report_svg
 
     report = report_of(count)
     live = LiveFigure(report.budget)

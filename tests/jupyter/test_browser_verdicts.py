@@ -68,7 +68,7 @@ watched.remove()"""
 WATCH_LIVE = """\
 import plotly.graph_objects as go
 from memlab.frontends.jupyter.watch_figure import steps_figure
-from memlab.report.svg.steps import step_series
+from memlab.report.views.svg.steps import step_series
 
 go.FigureWidget(steps_figure(step_series(watched.steps, watched.budget)))  # the figure watch shows while it runs"""
 WIDE = """\

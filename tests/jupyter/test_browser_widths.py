@@ -21,7 +21,7 @@ from browser_lab import (
     _run_until_done,
 )
 
-from memlab.report.static import WIDTH
+from memlab.report.views.static import WIDTH
 
 # One xdist group with the other browser tests: they share the worker's JupyterLab and Chromium (tests/conftest.py).
 pytestmark = pytest.mark.browser
@@ -118,7 +118,7 @@ def test_every_figure_fits_its_output_area_at_1280_px_with_the_file_browser_open
         _run_until_done(page, "notebook:run-all-cells", len(CELLS), KERNEL_TIMEOUT_MS / 1000 + 240)
         cells = page.locator(".jp-Notebook .jp-Cell")
         area = cells.nth(1).locator(".jp-OutputArea").first
-        # narrower than the static figures' own width (memlab.report.static.WIDTH): the issue saw 848 px
+        # narrower than the static figures' own width (memlab.report.views.static.WIDTH): the issue saw 848 px
         assert 700 < area.bounding_box()["width"] < WIDTH  # type: ignore[index]
         panel = page.locator(".memlab-panel")
         panel.locator("button", has_text="Run").first.click()

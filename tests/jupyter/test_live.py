@@ -17,7 +17,7 @@ from memlab.frontends.jupyter import live as live_module
 from memlab.frontends.jupyter.live import LiveFigure, LiveOutput
 from memlab.plan import Plan
 from memlab.report import CATEGORIES, Report, Trial
-from memlab.report.figure import BEST_COLOR, MARKS_NAME
+from memlab.report.views.figure import BEST_COLOR, MARKS_NAME
 from memlab.runner.trial import TrialRunner
 
 MIB = 1024**2
@@ -308,7 +308,7 @@ def displays(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, dict[str, Any],
 def test_live_output_shows_the_figure_at_the_first_event_then_leaves_a_static_record(
     displays: list[tuple[Any, dict[str, Any], FakeHandle]],
 ) -> None:
-    from memlab.report.static import record_bundle
+    from memlab.report.views.static import record_bundle
 
     output = LiveOutput(budget="8MiB", min_interval_s=0.0)
     assert output.figure is None and displays == []

@@ -31,7 +31,7 @@ from memlab.frontends.jupyter.magic import run as magic_run
 from memlab.frontends.jupyter.magic.parse import empty_body_transformer
 from memlab.frontends.jupyter.magic.run import APPLIED_NAME
 from memlab.plan import parse_grid
-from memlab.report.static import record_bundle
+from memlab.report.views.static import record_bundle
 
 FAST = "--steps 1 --warmup 1 --noise 0 --quiet"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

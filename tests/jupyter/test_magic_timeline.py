@@ -16,7 +16,7 @@ from test_magic import FAST, MLP_LOSS, WIDGET_VIEW, FrontEnd, magic_shell, memfi
 
 from memlab.frontends.jupyter.magic import render as magic_render
 from memlab.frontends.jupyter.timeline_view import TimelineView
-from memlab.report.static import timeline_bundle
+from memlab.report.views.static import timeline_bundle
 
 RUN = FAST.replace(" --quiet", "")
 

@@ -15,7 +15,7 @@ from trainers import make_trainer  # noqa: E402
 
 import memlab  # noqa: E402
 from memlab.frontends.jupyter.watch_figure import WatchFigure, steps_figure  # noqa: E402
-from memlab.report.svg.steps import step_series  # noqa: E402
+from memlab.report.views.svg.steps import step_series  # noqa: E402
 
 
 class Shown:
@@ -61,7 +61,7 @@ def test_redraws_every_logging_step_and_the_last_then_leaves_a_static_record(tmp
 def test_a_step_without_categories_draws_the_peak(tmp_path: Any) -> None:
     from types import SimpleNamespace as Record
 
-    from memlab.report.svg.steps import step_series
+    from memlab.report.views.svg.steps import step_series
 
     series = step_series([Record(step=1, peak_bytes=2**20, samples_per_s=1.0, categories={})])
     assert list(series["memory"]) == ["peak"]
@@ -74,7 +74,7 @@ def test_the_step_axis_writes_whole_steps_only(last: int, tick: int) -> None:
     from types import SimpleNamespace as Record
 
     from memlab.frontends.jupyter.watch_figure import steps_figure
-    from memlab.report.svg.steps import step_series
+    from memlab.report.views.svg.steps import step_series
 
     records = [Record(step=step, peak_bytes=2**20, samples_per_s=1.0, categories={}) for step in range(1, last + 1)]
     figure = steps_figure(step_series(records))

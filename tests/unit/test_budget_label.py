@@ -1,13 +1,13 @@
 """The budget's label on the plotly figure covers no bar: where a bar's top is just past the budget line at the
 right end, the label slides left to where no bar reaches it (the SVG figure's rule, shared:
-``memlab.report.budget_mark.label_place``); where none reaches it, it stays at the line's right end."""
+``memlab.report.views.budget_mark.label_place``); where none reaches it, it stays at the line's right end."""
 
 from __future__ import annotations
 
 from memlab.plan import Plan
 from memlab.report import Report, Trial
-from memlab.report.budget_mark import label_place
-from memlab.report.figure import report_figure
+from memlab.report.views.budget_mark import label_place
+from memlab.report.views.figure import report_figure
 
 MIB = 2**20
 
@@ -36,7 +36,7 @@ def test_the_label_stays_at_the_right_end_where_no_bar_reaches_it() -> None:
 
 
 def test_the_rule_takes_the_place_below_the_line_where_there_is_no_room_above() -> None:
-    from memlab.report.budget_mark import LabelBox
+    from memlab.report.views.budget_mark import LabelBox
 
     box = LabelBox(width=1.5, height=1, above=0.1, below=0.1, step=0.5)
     # no room above the line at the panel's top: below it, slid left of the bar that crosses it

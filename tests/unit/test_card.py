@@ -22,7 +22,7 @@ from memlab.estimation.cuda.gpus import DEFAULT_GPU, GPUS, gpu_kind
 from memlab.measure import cuda
 from memlab.plan import Plan
 from memlab.report import Report, Trial
-from memlab.report.tables import card_line, judged_text, nothing_fits_reason, verdict_text
+from memlab.report.views.tables import card_line, judged_text, nothing_fits_reason, verdict_text
 from memlab.search.fit import fits_only_uncapped
 from memlab.search.space import fits
 

@@ -18,10 +18,10 @@ from reports import MIB, plans, report_of
 
 from memlab.plan import Plan, format_bytes
 from memlab.report import Report, Trial
-from memlab.report.figure import BUDGET_COLOR, INTERVAL_COLOR, MARKS_NAME, figure_data, report_figure
 from memlab.report.noise import speed_interval
-from memlab.report.plan_axis import FULL_LABELS_UP_TO, PLOTLY_PANEL_PX, plan_axis, text_width
-from memlab.report.static import INTERACTIVE_LIMIT, PLOTLY_MIME, WIDTH, record_bundle, record_text, report_svg
+from memlab.report.views.figure import BUDGET_COLOR, INTERVAL_COLOR, MARKS_NAME, figure_data, report_figure
+from memlab.report.views.plan_axis import FULL_LABELS_UP_TO, PLOTLY_PANEL_PX, plan_axis, text_width
+from memlab.report.views.static import INTERACTIVE_LIMIT, PLOTLY_MIME, WIDTH, record_bundle, record_text, report_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 

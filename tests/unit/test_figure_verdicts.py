@@ -12,7 +12,7 @@ import pytest
 
 from memlab.plan import Plan
 from memlab.report import Report, Trial
-from memlab.report.figure import (
+from memlab.report.views.figure import (
     BEST_COLOR,
     DOES_NOT_FIT_COLOR,
     HATCH,
@@ -24,9 +24,9 @@ from memlab.report.figure import (
     TIE_COLOR,
     report_figure,
 )
-from memlab.report.svg.layout import report_svg
-from memlab.report.tables import status_text
-from memlab.report.verdicts import (
+from memlab.report.views.svg.layout import report_svg
+from memlab.report.views.tables import status_text
+from memlab.report.views.verdicts import (
     ERROR,
     FITS,
     NARROW_MARKS,
@@ -239,7 +239,7 @@ def test_a_plan_out_of_memory_is_drawn_to_what_is_known_of_it_marked_as_a_bound(
     """Issue 71 item 10 (after issue 61 item 6): a plan the budget stopped needed at least the budget, and at least
     what it reached. Its bar reaches that lower bound, no less and no more (it reached a tenth past the line, whatever
     was known), and says it is a bound (an arrow up and "≥ N" in the SVG, "does not fit: ≥ N MiB" in plotly)."""
-    from memlab.report.figure import figure_columns, figure_data
+    from memlab.report.views.figure import figure_columns, figure_data
 
     oom = Trial(Plan(micro_batch=16), "oom", reached_mib * MIB, {}, None, None, None, "cpu", error="out of memory")
     report = Report([timed(Plan(), 300, 10.0), oom], budget=512 * MIB)

@@ -7,8 +7,8 @@ import re
 
 from memlab import Plan
 from memlab.report import Report, Trial
-from memlab.report.colors import HOST_COLOR
-from memlab.report.static import report_svg
+from memlab.report.views.colors import HOST_COLOR
+from memlab.report.views.static import report_svg
 
 GIB = 2**30
 MIB = 2**20

@@ -8,7 +8,7 @@ import json
 
 from memlab import Plan
 from memlab.report import Report, Trial
-from memlab.report.tables import status_text, text_table, verdict_text
+from memlab.report.views.tables import status_text, text_table, verdict_text
 
 GIB = 2**30
 
@@ -80,8 +80,8 @@ def test_the_search_never_takes_a_plan_over_the_host_budget_for_the_best() -> No
 
 
 def test_the_figures_say_does_not_fit_host_where_the_host_decided() -> None:
-    from memlab.report.figure import figure_data
-    from memlab.report.static import record_bundle
+    from memlab.report.views.figure import figure_data
+    from memlab.report.views.static import record_bundle
 
     report = Report([_offloaded(24 * GIB, 16 * GIB), _offloaded(12 * GIB, 16 * GIB)], budget=20 * GIB)
     data = figure_data(report)

@@ -214,10 +214,9 @@ def layer_graph(trees: dict[str, ast.Module] | None = None) -> dict[str, set[str
     as a node of its own, for the estimation's parts. ``trees``: the modules read (default: memlab's own).
 
     Edges are the imports a module makes at module level, those for type checking included: what the module needs
-    to be read, type-checked or imported. An import inside a function is not an edge: a lazy import in a thin
-    delegation (``Plan.to_deepspeed`` calling :func:`memlab.export.deepspeed_config`, ``Report.plot`` calling
-    :func:`memlab.report.figure.report_figure`) is how a layer offers a method whose work lives in a layer above
-    it, without depending on that layer."""
+    to be read, type-checked or imported. (Imports inside functions are counted by :func:`import_graph`, which finds
+    no circle either: a layer that offers work done above it asks a seam, :mod:`memlab.seams`, or a registry,
+    :mod:`memlab.report.views`.)"""
     trees = _modules() if trees is None else trees
     known = set(trees)
     graph: dict[str, set[str]] = {}
@@ -262,11 +261,22 @@ def test_the_layer_graph_sees_a_type_checking_import_and_the_report_modules() ->
     graph = layer_graph()
     assert {"memlab.plan", "memlab.techniques", "memlab.export", "memlab.report", "memlab.errors"} <= set(graph)
     assert "memlab.techniques" in graph["memlab.plan"] and "memlab.plan" in graph["memlab.export"]
-    assert "memlab.report.data" in graph["memlab.report.figure"]
+    assert "memlab.report.data" in graph["memlab.report.views.figure"]
     assert "memlab.report.noise" in graph["memlab.report.data"]
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from memlab.plan import Plan\n"
                      "def f():\n    from memlab.export import pytorch_code\n")
     assert _module_level_imports(tree) == [("memlab.plan", "Plan")]
+
+
+def test_the_reports_data_never_imports_a_view() -> None:
+    """The report's data (``memlab/report/`` outside ``views/``) asks the views' registry
+    (``memlab/report/views/__init__.py``) for what draws it and imports no view module, at module level or inside a
+    function; ``memlab/report/__init__.py`` imports the views, which registers them (issue 72)."""
+    graph = import_graph()
+    data = [m for m in graph if m.startswith("memlab.report.") and not m.startswith("memlab.report.views")]
+    assert "memlab.report.data" in data
+    drawn = {m: sorted(t for t in graph[m] if t.startswith("memlab.report.views.")) for m in data}
+    assert {m: views for m, views in drawn.items() if views} == {}
 
 
 def test_the_estimation_parts_import_one_way() -> None:

@@ -14,7 +14,7 @@ from memlab.events import Callback, Event, MemorySample, StepFinished, TrialFini
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.report import CATEGORIES, Report, Trial
 from memlab.report.data import speed_range
-from memlab.report.figure import figure_data
+from memlab.report.views.figure import figure_data
 
 MIB = 1024**2
 
@@ -530,7 +530,7 @@ def test_step_runs_must_add_up_to_the_step_times() -> None:
 def test_the_noise_column_never_shows_over_100_percent_nor_a_bare_dash_for_a_measured_trial(
     step_times: tuple[float, ...], shown: str
 ) -> None:
-    from memlab.report.tables import table_rows
+    from memlab.report.views.tables import table_rows
 
     trial = Trial(Plan(), "ok", 2**20, {"params": 2**20}, 0.25, 32.0, None, "cpu", rows_per_step=8,
                   step_times=step_times)
@@ -544,8 +544,8 @@ def test_the_noise_column_never_shows_over_100_percent_nor_a_bare_dash_for_a_mea
 def test_the_table_numbers_its_rows_as_the_figures_number_their_bars_when_there_are_many() -> None:
     import re
 
-    from memlab.report.plan_axis import FULL_LABELS_UP_TO, plan_axis, plan_axis_layout
-    from memlab.report.tables import html_table, table_rows, text_table
+    from memlab.report.views.plan_axis import FULL_LABELS_UP_TO, plan_axis, plan_axis_layout
+    from memlab.report.views.tables import html_table, table_rows, text_table
 
     many = Report([Trial(Plan(micro_batch=rows), "ok", 100 + rows, {}, 0.1, 10.0 + rows, None, "cpu")
                    for rows in range(1, FULL_LABELS_UP_TO + 3)])

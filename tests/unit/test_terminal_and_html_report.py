@@ -13,7 +13,7 @@ from reports import report_of
 from memlab.frontends.cli import terminal_width, write_html_report
 from memlab.plan import Plan
 from memlab.report import Report, Trial
-from memlab.report.tables import text_table
+from memlab.report.views.tables import text_table
 
 MIB = 2**20
 
@@ -89,7 +89,7 @@ def test_the_html_report_is_small_and_marks_each_plans_verdict_as_its_table(tmp_
 
 
 def test_a_long_note_goes_under_the_html_table_numbered() -> None:
-    from memlab.report.tables import html_table
+    from memlab.report.views.tables import html_table
 
     table = html_table(_noted_report())
     note = "timed again in turn with ckpt, mb4x2 ckpt (3 rounds): close in speed when first measured"
@@ -101,7 +101,7 @@ def test_a_long_note_goes_under_the_html_table_numbered() -> None:
 def test_table_lines_are_what_pandas_printed_of_the_padded_cells() -> None:
     import pandas
 
-    from memlab.report.tables import _LEFT, headers, shown_columns, table_rows, text_lines
+    from memlab.report.views.tables import _LEFT, headers, shown_columns, table_rows, text_lines
 
     for report in (_noted_report(), Report(_noted_report().trials[:1])):
         rows, names = table_rows(report), headers(report)

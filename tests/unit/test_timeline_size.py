@@ -13,9 +13,9 @@ import pytest
 
 from memlab.measure.timeline import MAX_EVENTS, Recording
 from memlab.measure.tracker import CATEGORIES
-from memlab.report.static import timeline_bundle
 from memlab.report.timeline import Timeline
-from memlab.report.timeline_figure import timelines_svg
+from memlab.report.views.static import timeline_bundle
+from memlab.report.views.timeline_figure import timelines_svg
 
 MB = 1_000_000
 

@@ -389,7 +389,7 @@ allocated peak
 figure
     """
     from memlab.plan import format_bytes
-    from memlab.report.tables import card_text, verdict_text
+    from memlab.report.views.tables import card_text, verdict_text
 
     lines = []
     for plan, name, trial in trials:

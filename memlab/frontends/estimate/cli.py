@@ -371,7 +371,7 @@ def run_sharded(
     if args.json:
         import json
 
-        from memlab.report.tables import status_text
+        from memlab.report.views.tables import status_text
 
         rows = [{"strategy": name, **(trial.to_dict() if trial is not None else {"plan": plan.label()}),
                  **({"gpus": trial.gpus, "model_state_bytes": trial.model_state_bytes, "detail": trial.detail,

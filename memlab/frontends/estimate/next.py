@@ -287,7 +287,7 @@ def trainer_next_lines(args: argparse.Namespace, suggested: list[tuple[Any, str,
         >>> trainer_next_lines(args, [])[0][:48]
         'Next: no combination of levers memlab estimated '
     """
-    from memlab.report.tables import judged_text
+    from memlab.report.views.tables import judged_text
 
     levers = [(trial, command) for trial, command, changes in suggested if changes is None]
     changes = [(trial, command, what) for trial, command, what in suggested if what is not None]

@@ -175,7 +175,7 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
              allocated peak.
     """
     from memlab.plan import format_bytes
-    from memlab.report.tables import judged_text, nothing_fits_reason
+    from memlab.report.views.tables import judged_text, nothing_fits_reason
 
     lines = [header]
     trials = report.trials
@@ -212,7 +212,7 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     notes: list[str] = []
     card = _card_note(args, report)
     if card is None:  # on CUDA without a reserve or a context: the card figure unknown, and what was judged instead
-        from memlab.report.tables import card_line
+        from memlab.report.views.tables import card_line
 
         card = card_line(report)
     if card is not None:
@@ -226,7 +226,7 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     hint = gpu_hint(args, budget)
     if hint is not None:
         notes.append(hint)
-    from memlab.report.tables import shared_notes
+    from memlab.report.views.tables import shared_notes
 
     shared = shared_notes(report)
     notes += kept_notes(shared)
@@ -256,7 +256,7 @@ grads, optimizer and other in lora
         >>> zero_note(Report([Trial(Plan(), "ok", 9, {"params": 9}, None, None, None, "cuda")])) is None
         True
     """
-    from memlab.report.tables import table_rows
+    from memlab.report.views.tables import table_rows
 
     ran = [(trial, row) for trial, row in zip(report.trials, table_rows(report), strict=True) if trial.status == "ok"]
     if not any(row[name] == "< 0.01" for _, row in ran for name in report.categories):
@@ -291,7 +291,7 @@ def table_lines(report: Any, *, timed: bool | None = None) -> list[str]:
           plan  status        peak GiB params GiB grads GiB optimizer GiB activations GiB other GiB
         ★ plain ok (estimate)      1.0        1.0         0             0               0    < 0.01
     """
-    from memlab.report.tables import SPEEDS, headers, shown_columns, table_rows, table_units, text_lines
+    from memlab.report.views.tables import SPEEDS, headers, shown_columns, table_rows, table_units, text_lines
 
     rows = table_rows(report)
     keys = [key for key in shown_columns(rows, with_mark=True, categories=report.categories) if key != "notes"]
@@ -313,7 +313,7 @@ def table_lines(report: Any, *, timed: bool | None = None) -> list[str]:
 
 
 def _gib(value: float | None) -> str:
-    from memlab.report.tables import in_unit
+    from memlab.report.views.tables import in_unit
 
     return "-" if value is None else in_unit(value, ("GiB", 2**30))
 
@@ -346,7 +346,7 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
              another card (memlab knows H100-80GB, ...).
     """
     from memlab.plan import format_bytes
-    from memlab.report.tables import verdict_text
+    from memlab.report.views.tables import verdict_text
 
     lines = [header]
     ran = [(plan, name, trial) for plan, name, trial in trials if trial is not None and trial.status == "ok"]
@@ -385,7 +385,7 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
     lines += ["", *_aligned(rows, left=(0, 1, 5))]
     parts = list(dict.fromkeys(key for _, _, trial in ran for key in trial.detail))
     if parts:  # a row per part, a column per plan and strategy: as narrow as the table above, one unit for all
-        from memlab.report.tables import in_unit
+        from memlab.report.views.tables import in_unit
 
         largest = max(value for _, _, trial in ran for value in trial.detail.values())
         unit = ("GiB", 2**30) if largest >= 10 * 2**30 else ("MiB", 2**20)
@@ -506,7 +506,7 @@ def json_with_verdicts(report: Any) -> str:
     """
     import json
 
-    from memlab.report.tables import status_text
+    from memlab.report.views.tables import status_text
 
     data = report.to_dict()
     for row, trial in zip(data["trials"], report.trials, strict=True):
@@ -514,7 +514,7 @@ def json_with_verdicts(report: Any) -> str:
     for row, trial in zip(data["suggestions"], report.suggestions, strict=True):
         row["verdict"] = status_text(trial, report.fits(trial))
     # what the table's "Best:" line says: the plan's label and why (None when nothing fits)
-    from memlab.report.verdicts import best_caption
+    from memlab.report.views.verdicts import best_caption
 
     best = report.best
     data["best"] = None if best is None else {"label": best.label, "why": best_caption(report)}

@@ -2,8 +2,8 @@
 :class:`LiveOutput`, which shows it in a cell and leaves a static record there when the run ends.
 
 Four panels, always the same traces in the same order (so every redraw updates them in place). The top row is
-:meth:`memlab.Report.plot`'s figure, built by the same :func:`memlab.report.figure.comparison_figure` (the same traces,
-colours and layout); the bottom row is the live figure's own:
+:meth:`memlab.Report.plot`'s figure, built by the same :func:`memlab.report.views.figure.comparison_figure` (the same
+traces, colours and layout); the bottom row is the live figure's own:
 
 * top left, **samples/s** per setting (the best one green), each with its 95% interval as an error bar;
 * top right, **peak memory by category** per setting, stacked (params, grads, optimizer, activations, other),
@@ -14,8 +14,8 @@ colours and layout); the bottom row is the live figure's own:
 * bottom right, **memory vs throughput**: a point per setting that reached a peak (an out-of-memory one at 0
   samples/s), green where it fits the budget, grey where it does not.
 
-With many settings the bars are numbered (:func:`memlab.report.plan_axis.plan_axis`); every hover names the setting and
-spells its levers out.
+With many settings the bars are numbered (:func:`memlab.report.views.plan_axis.plan_axis`); every hover names the
+setting and spells its levers out.
 
 Redraws are batched: a step or a memory sample redraws at most once per ``min_interval_s``, while the start and the
 end of a trial always redraw. A redraw is one ``plotly_update`` message for all the traces (every trace given every
@@ -38,8 +38,8 @@ from memlab.events import Event, MemorySample, StepFinished, TrialFinished, Tria
 from memlab.frontends.jupyter.live_layout import MARGIN_PX, SCATTER_HEADROOM, row_domains, spaced_labels
 from memlab.plan import Plan, parse_budget
 from memlab.report import CATEGORIES, Report
-from memlab.report.budget_mark import memory_tops
-from memlab.report.figure import (
+from memlab.report.views.budget_mark import memory_tops
+from memlab.report.views.figure import (
     BEST_COLOR,
     DOES_NOT_FIT_COLOR,
     FIGURE_TITLES,
@@ -52,8 +52,8 @@ from memlab.report.figure import (
     figure_data,
     speed_range,
 )
-from memlab.report.plan_axis import figure_height, plan_axis, plan_axis_layout
-from memlab.report.static import record_bundle
+from memlab.report.views.plan_axis import figure_height, plan_axis, plan_axis_layout
+from memlab.report.views.static import record_bundle
 
 __all__ = ["LiveFigure", "LiveOutput", "responsive_widget"]
 
@@ -372,8 +372,8 @@ class LiveOutput:
 
     A FigureWidget in a saved notebook is a widget view that nothing draws after a reload, nbconvert or GitHub
     (they show its empty repr), and its state weighs megabytes. So the figure is displayed with a display id,
-    and :meth:`finish` updates that output in place to :func:`memlab.report.static.record_bundle` (an SVG and a line
-    of text) and closes the widget, leaving no widget view or comm behind. Nothing is created
+    and :meth:`finish` updates that output in place to :func:`memlab.report.views.static.record_bundle` (an SVG and a
+    line of text) and closes the widget, leaving no widget view or comm behind. Nothing is created
     or displayed before the first event: a run refused before it starts shows nothing.
 
     Pass it as the ``callback`` of ``memlab.compare`` / ``fit``; call :meth:`finish` when the run returns or raises

@@ -6,14 +6,14 @@ row's titles sit above that row. :func:`row_domains` leaves the gap between the 
 A scatter of dozens of plans has points too close to name each one: :func:`spaced_labels` names the best first and
 then every point whose name touches no name already written (the hover names every point).
 
-Text widths are estimated (:func:`memlab.report.plan_axis.text_width`), a little generously.
+Text widths are estimated (:func:`memlab.report.views.plan_axis.text_width`), a little generously.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memlab.report.plan_axis import PlanAxis, text_width
+from memlab.report.views.plan_axis import PlanAxis, text_width
 
 __all__ = ["MARGIN_PX", "SCATTER_HEADROOM", "SCATTER_PANEL_PX", "row_domains", "spaced_labels"]
 
@@ -36,7 +36,7 @@ def row_domains(axis: PlanAxis, height_px: int) -> tuple[tuple[float, float], tu
     whose top row's plan axis is ``axis``, and where the bottom row's titles go (the top of its domain).
 
     Example:
-        >>> from memlab.report.plan_axis import plan_axis
+        >>> from memlab.report.views.plan_axis import plan_axis
         >>> top, bottom, titles = row_domains(plan_axis(["plain", "ckpt"]), 640)
         >>> top[1], bottom[0], titles == bottom[1], round(top[0] - bottom[1], 2)
         (1.0, 0.0, True, 0.16)

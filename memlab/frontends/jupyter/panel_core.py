@@ -32,8 +32,8 @@ from memlab.live.batch import Batch, count_rows
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import LeverSpec, Plan, format_bytes, parse_budget, parse_lever_value
 from memlab.report import CATEGORIES, Report, Trial, one_line
-from memlab.report.svg import axis_number
-from memlab.report.tables import held_line, judged_text
+from memlab.report.views.svg import axis_number
+from memlab.report.views.tables import held_line, judged_text
 from memlab.runner.remeasure import close_contenders, settle_close_race
 from memlab.runner.trial import compare
 

@@ -1,5 +1,5 @@
 """The timeline of the plan the user picks: a "timeline of" list of the plans run, a click on a plan's bar in the
-figure, and the picked trial's step drawn as SVG (:func:`memlab.report.static.timeline_bundle`).
+figure, and the picked trial's step drawn as SVG (:func:`memlab.report.views.static.timeline_bundle`).
 
 Two forms, one picker:
 
@@ -21,7 +21,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from memlab.report.data import Trial
-from memlab.report.static import timeline_bundle
+from memlab.report.views.static import timeline_bundle
 
 __all__ = ["TimelineView"]
 

@@ -3,7 +3,7 @@ cell that trains; when training ends, a static record in its place, so that a sa
 kernel.
 
 Two panels, laid out like :meth:`memlab.Report.plot`'s (throughput left, memory right, the same colours, the same
-dashed budget line and its label, :func:`memlab.report.figure.budget_line`):
+dashed budget line and its label, :func:`memlab.report.views.figure.budget_line`):
 
 * **samples/s per step**: rows of the step over its wall time;
 * **memory per step**: on CPU the step's peak stacked by category (params, grads, optimizer, activations, other:
@@ -14,11 +14,11 @@ The figure redraws at most every ``trainer.args.logging_steps`` steps, and at th
 cost is one small plotly update per logging step. It subscribes to the core through
 :meth:`memlab.trainer.watch.Watch.on_step` and :meth:`~memlab.trainer.watch.Watch.on_end`; the core never imports
 this module. Nothing is displayed before the first step. The record is
-:func:`memlab.report.static.figure_bundle` of :func:`memlab.report.svg.steps.steps_svg` (an SVG and a text line: one
-static form per figure, as the comparison figure's record, :class:`memlab.frontends.jupyter.live.LiveOutput`;
+:func:`memlab.report.views.static.figure_bundle` of :func:`memlab.report.views.svg.steps.steps_svg` (an SVG and a text
+line: one static form per figure, as the comparison figure's record, :class:`memlab.frontends.jupyter.live.LiveOutput`;
 plotly's JSON would make JupyterLab save a PNG of it too, tripling a notebook's size). Below it, once training ends,
 the timeline of the costliest step (``Watch.timeline``: memory over that step by category, its phases, its peak
-named) as a second static record, :func:`memlab.report.static.timeline_bundle`.
+named) as a second static record, :func:`memlab.report.views.static.timeline_bundle`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from typing import Any
 import plotly.graph_objects as go
 
 from memlab.frontends.jupyter.live import responsive_widget
-from memlab.report.figure import CATEGORY_COLORS, RATE_COLOR, budget_line, budget_note, empty_trace
-from memlab.report.static import figure_bundle, timeline_bundle
-from memlab.report.svg.steps import PEAK_COLOR, StepSeries, step_series, steps_svg, steps_text
+from memlab.report.views.figure import CATEGORY_COLORS, RATE_COLOR, budget_line, budget_note, empty_trace
+from memlab.report.views.static import figure_bundle, timeline_bundle
+from memlab.report.views.svg.steps import PEAK_COLOR, StepSeries, step_series, steps_svg, steps_text
 
 __all__ = ["WatchFigure", "show_watch", "step_tick", "steps_figure"]
 
@@ -46,7 +46,7 @@ def steps_figure(series: StepSeries) -> go.Figure:
 
     Example:
         >>> from types import SimpleNamespace as R
-        >>> from memlab.report.svg.steps import step_series
+        >>> from memlab.report.views.svg.steps import step_series
         >>> fig = steps_figure(step_series([R(step=1, peak_bytes=2**20, samples_per_s=4.0, categories={})], 2**21))
         >>> [trace.name for trace in fig.data if len(trace.x)], [shape.name for shape in fig.layout.shapes]
         (['samples/s', 'peak'], ['budget'])

@@ -5,7 +5,7 @@ keeps its finished trials.
 Unless ``--quiet`` (or in a terminal IPython, which cannot draw a widget), :func:`show_run` displays the live
 figure (:class:`~memlab.frontends.jupyter.live.LiveOutput`) at the first trial and updates it while trials run; when
 the run ends (normally, on Ctrl-C, or with an error) that output is replaced by a static record of the figure (an
-SVG, see :mod:`memlab.report.static`) and the widget is closed, so the saved notebook shows the figure without a
+SVG, see :mod:`memlab.report.views.static`) and the widget is closed, so the saved notebook shows the figure without a
 kernel. Below it, when the run ends normally, the timeline of one plan (the best, else the last; any other picked in
 a list): :class:`~memlab.frontends.jupyter.timeline_view.TimelineView` with ``keep=True``, whose drawing is a static
 record too, updated in place at each pick, so the saved notebook keeps the timeline last picked; the list is closed

@@ -1,12 +1,12 @@
 """The record of a run that a notebook keeps (:func:`record_bundle`): a static SVG of the Report's figure, a line of
 text, and plotly's JSON for front ends that draw it.
 
-Why an SVG by hand (:func:`report_svg`, laid out in :mod:`memlab.report.svg.layout`): plotly's own static export
+Why an SVG by hand (:func:`report_svg`, laid out in :mod:`memlab.report.views.svg.layout`): plotly's own static export
 (``Figure.write_image``) needs kaleido and a Chrome, which users, Binder and CI mostly lack, and a notebook's output
 must render with no kernel at all: after a reload, in nbconvert's HTML, on GitHub. Bars need only rectangles, lines
 and text, so memlab writes them itself, from the same plain data the plotly figure draws
-(:func:`memlab.report.figure.figure_data` and :func:`~memlab.report.figure.figure_columns`), in the same colours,
-naming the bars the same way (:func:`~memlab.report.plan_axis.plan_axis`).
+(:func:`memlab.report.views.figure.figure_data` and :func:`~memlab.report.views.figure.figure_columns`), in the same
+colours, naming the bars the same way (:func:`~memlab.report.views.plan_axis.plan_axis`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from memlab.plan import format_bytes
 from memlab.report.data import Report
-from memlab.report.figure import report_figure
 from memlab.report.format import format_rate
-from memlab.report.svg.layout import WIDTH, report_svg
+from memlab.report.views.figure import report_figure
+from memlab.report.views.svg.layout import WIDTH, report_svg
 
 if TYPE_CHECKING:
     from memlab.report.timeline import Timeline
@@ -78,7 +78,7 @@ def figure_bundle(text: str, svg: str, figure: Any = None) -> dict[str, Any]:
 
 def timeline_bundle(timelines: Sequence[Timeline]) -> dict[str, Any]:
     """The record a notebook keeps of step timelines (the magic's picked plan, ``memlab.watch``'s costliest step):
-    their SVG (:func:`memlab.report.timeline_figure.timelines_svg`, thinned to a few hundred points whatever the
+    their SVG (:func:`memlab.report.views.timeline_figure.timelines_svg`, thinned to a few hundred points whatever the
     number of events, so a 70B estimate's weighs what a tiny model's does) and a line naming each peak.
 
     Example:
@@ -89,7 +89,7 @@ def timeline_bundle(timelines: Sequence[Timeline]) -> dict[str, Any]:
         >>> bundle["text/plain"], bundle["image/svg+xml"][:4]
         ('memlab timeline: plain: peak 2.0 KiB: forward of fc', '<svg')
     """
-    from memlab.report.timeline_figure import timeline_title, timelines_svg
+    from memlab.report.views.timeline_figure import timeline_title, timelines_svg
 
     text = "memlab timeline: " + "; ".join(timeline_title(timeline) for timeline in timelines)
     return figure_bundle(text, timelines_svg(timelines))

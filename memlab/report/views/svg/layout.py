@@ -1,11 +1,11 @@
 """The static figure's layout: where its title, legend, panels and key go (:func:`report_svg`).
 
 Throughput (with the 95% interval of each speed as an error bar) and peak memory by category, side by side up to
-:data:`~memlab.report.plan_axis.FULL_LABELS_UP_TO` plans, one above the other across the whole width beyond that (so
-that every numbered bar has room for its number); a legend in three groups (memory, speed, status); the budget as a
+:data:`~memlab.report.views.plan_axis.FULL_LABELS_UP_TO` plans, one above the other across the whole width beyond that
+(so that every numbered bar has room for its number); a legend in three groups (memory, speed, status); the budget as a
 dashed line labelled at its right end; and a key under the panels that spells every plan out
 (:meth:`memlab.Plan.describe`). Sizes are pixels of a figure :data:`WIDTH` wide that shrinks with a narrower cell.
-The panels themselves are :mod:`memlab.report.svg.panels`; the SVG writing, :mod:`memlab.report.svg`.
+The panels themselves are :mod:`memlab.report.views.svg.panels`; the SVG writing, :mod:`memlab.report.views.svg`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import hashlib
 import math
 from typing import Any
 
-from memlab.report.colors import HOST_COLOR
 from memlab.report.data import Report
-from memlab.report.figure import (
+from memlab.report.views.colors import HOST_COLOR
+from memlab.report.views.figure import (
     BEST_COLOR,
     BUDGET_COLOR,
     CATEGORY_COLORS,
@@ -26,18 +26,18 @@ from memlab.report.figure import (
     TIE_COLOR,
     figure_data,
 )
-from memlab.report.host_figure import DOES_NOT_FIT_HOST, HOST_BUDGET_NAME, HOST_NAME, host_data
-from memlab.report.plan_axis import FULL_LABELS_UP_TO, plan_axis, text_width
-from memlab.report.svg import Svg, bold_width, escape, px, wrap
-from memlab.report.svg.panels import Box, PlanBars
-from memlab.report.verdicts import ERROR, OUT_OF_MEMORY, OVER_BUDGET
+from memlab.report.views.host_figure import DOES_NOT_FIT_HOST, HOST_BUDGET_NAME, HOST_NAME, host_data
+from memlab.report.views.plan_axis import FULL_LABELS_UP_TO, plan_axis, text_width
+from memlab.report.views.svg import Svg, bold_width, escape, px, wrap
+from memlab.report.views.svg.panels import Box, PlanBars
+from memlab.report.views.verdicts import ERROR, OUT_OF_MEMORY, OVER_BUDGET
 from memlab.techniques.precision import BF16_ON_CPU_SHORT
 
 __all__ = ["WIDTH", "report_svg"]
 
 WIDTH = 960
 """The width of the SVG's drawing (its viewBox) in pixels: inline it is drawn at most this wide, and as wide as a
-narrower cell (:meth:`memlab.report.svg.Svg.document`)."""
+narrower cell (:meth:`memlab.report.views.svg.Svg.document`)."""
 
 _MUTED = "#666666"
 _LEFT, _RIGHT = 70.0, 24.0  # the panels' margins: the left one holds their values and the axis title
@@ -71,7 +71,7 @@ def report_svg(report: Report) -> str:
 
 
 class _Layout:
-    """One figure being laid out on its :class:`~memlab.report.svg.Svg`."""
+    """One figure being laid out on its :class:`~memlab.report.views.svg.Svg`."""
 
     def __init__(self, report: Report, data: dict[str, Any]) -> None:
         self.report = report

@@ -18,8 +18,8 @@ from memlab.report.data import ALL_CATEGORIES, Report, Trial, speed_range
 from memlab.report.format import format_rate, one_line, over_words, verdict_text
 from memlab.report.host import host_lines, host_reason
 from memlab.report.noise import relative_half_width
-from memlab.report.plan_axis import FULL_LABELS_UP_TO, run_labels
 from memlab.report.views import register_views
+from memlab.report.views.plan_axis import FULL_LABELS_UP_TO, run_labels
 
 __all__ = [
     "BEST_MARK", "TIE_MARK", "card_line", "card_text", "footer_lines", "headers", "held_line", "html_table", "in_unit",
@@ -91,7 +91,7 @@ def spread_text(trial: Trial) -> str:
 
 def table_rows(report: Report) -> list[dict[str, str]]:
     """Each trial as formatted cells: mark, number (1, 2, ... in trial order, as the figures number their bars, where
-    there are more than :data:`~memlab.report.plan_axis.FULL_LABELS_UP_TO` trials), plan, status, sizes (one unit
+    there are more than :data:`~memlab.report.views.plan_axis.FULL_LABELS_UP_TO` trials), plan, status, sizes (one unit
     for them all: :func:`table_units`; the card figure beside the allocated peak, ``-`` where it is unknown),
     time/step, samples/s and its noise, tokens/s, notes.
 

@@ -1,6 +1,6 @@
 """What every figure marks on each plan, as the table says it: its verdict, and why the best plan is best.
 
-The table's status column (:func:`memlab.report.tables.status_text`) and every figure (Report.plot, the live
+The table's status column (:func:`memlab.report.views.tables.status_text`) and every figure (Report.plot, the live
 figure, the static SVG, the HTML report) read the same :func:`verdicts`, so a plan over the budget never looks like
 one that fits, and the same :func:`best_marks` / :func:`best_caption`, so the best plan and its ties are marked on
 the bars with the reason beside them.
@@ -106,7 +106,7 @@ def best_caption(report: Report) -> str | None:
     best = report.best
     if best is None:
         return None
-    from memlab.report.plan_axis import run_labels  # torch-free, and nothing of the report's
+    from memlab.report.views.plan_axis import run_labels  # torch-free, and nothing of the report's
 
     names = {id(trial): name for trial, name in zip(report.trials, run_labels([t.label for t in report.trials]),
                                                     strict=True)}

@@ -1,8 +1,8 @@
 """The plan axis: how a figure names its bars, one per plan, so that no two ticks touch (:func:`plan_axis`).
 
 Up to :data:`FULL_LABELS_UP_TO` plans the bars are named by their labels (turned when they would touch); beyond that
-by their numbers. The plotly figures (:mod:`memlab.report.figure`, the live figure) and the static SVG
-(:mod:`memlab.report.svg.layout`) name their bars with it; text widths are estimated (:func:`text_width`).
+by their numbers. The plotly figures (:mod:`memlab.report.views.figure`, the live figure) and the static SVG
+(:mod:`memlab.report.views.svg.layout`) name their bars with it; text widths are estimated (:func:`text_width`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Figures: throughput and peak memory by category per plan (plotly), shared by Report.plot and the live figure.
 
 The same plain data (:func:`figure_data`, :func:`figure_columns`) and the same plan axis
-(:func:`memlab.report.plan_axis.plan_axis`) also draw the static SVG of :mod:`memlab.report.static`, so the figure a
-notebook keeps is the figure it showed.
+(:func:`memlab.report.views.plan_axis.plan_axis`) also draw the static SVG of :mod:`memlab.report.views.static`, so the
+figure a notebook keeps is the figure it showed.
 
-Readable from one plan to dozens: up to :data:`~memlab.report.plan_axis.FULL_LABELS_UP_TO` plans the bars are named
+Readable from one plan to dozens: up to :data:`~memlab.report.views.plan_axis.FULL_LABELS_UP_TO` plans the bars are
+named
 by their labels (turned when they would touch); beyond that by their numbers, with the label and the plan spelled out
 (:meth:`memlab.Plan.describe`) in the hover. plotly is imported inside the functions that draw, never when memlab is
 imported.
@@ -17,17 +18,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from memlab.measure.tracker import CATEGORIES
-from memlab.report.budget_mark import budget_line as budget_line  # re-exported: the figures import them here
-from memlab.report.budget_mark import budget_note as budget_note
-from memlab.report.budget_mark import memory_tops
-from memlab.report.colors import BUDGET_COLOR as BUDGET_COLOR
-from memlab.report.colors import CATEGORY_COLORS as CATEGORY_COLORS
-from memlab.report.colors import HATCH as HATCH
 from memlab.report.data import Report, Trial
 from memlab.report.format import one_line
-from memlab.report.host_figure import HOST_TITLE, add_host_panel, host_data
 from memlab.report.noise import runs_speed_interval
-from memlab.report.plan_axis import (
+from memlab.report.views import register_views
+from memlab.report.views.budget_mark import budget_line as budget_line  # re-exported: the figures import them here
+from memlab.report.views.budget_mark import budget_note as budget_note
+from memlab.report.views.budget_mark import memory_tops
+from memlab.report.views.colors import BUDGET_COLOR as BUDGET_COLOR
+from memlab.report.views.colors import CATEGORY_COLORS as CATEGORY_COLORS
+from memlab.report.views.colors import HATCH as HATCH
+from memlab.report.views.host_figure import HOST_TITLE, add_host_panel, host_data
+from memlab.report.views.plan_axis import (
     FULL_LABELS_UP_TO,
     PLOTLY_PANEL_PX,
     figure_height,
@@ -35,8 +37,8 @@ from memlab.report.plan_axis import (
     plan_axis_layout,
     run_labels,
 )
-from memlab.report.svg import axis_number
-from memlab.report.verdicts import (
+from memlab.report.views.svg import axis_number
+from memlab.report.views.verdicts import (
     FITS,
     OVER_BUDGET,
     bar_marks,
@@ -46,7 +48,6 @@ from memlab.report.verdicts import (
     verdict_words,
     verdicts,
 )
-from memlab.report.views import register_views
 from memlab.techniques.precision import BF16_ON_CPU, BF16_ON_CPU_SHORT
 
 __all__ = ["BEST_COLOR", "BUDGET_COLOR", "CATEGORY_COLORS", "DOES_NOT_FIT_COLOR", "HATCH", "TIE_COLOR",
@@ -151,8 +152,8 @@ def comparison_figure(
     filled with ``columns`` (see :func:`figure_columns`; None: empty, for a live figure to fill). ``more_titles``
     adds rows below (two titles per row) for the caller's own traces; the live figure adds one. ``categories``:
     the stacked memory categories (an inference report's are :data:`memlab.report.INFERENCE_CATEGORIES`). ``host``:
-    a second row whose right panel is :data:`~memlab.report.host_figure.HOST_TITLE` (column 2 only; the caller's rows
-    below it). plotly is imported here, never when memlab is imported.
+    a second row whose right panel is :data:`~memlab.report.views.host_figure.HOST_TITLE` (column 2 only; the caller's
+    rows below it). plotly is imported here, never when memlab is imported.
 
     Example:
         >>> fig = comparison_figure(more_titles=("Memory of the running trial", "Memory vs throughput"))
@@ -313,7 +314,7 @@ def empty_trace(kind: str, name: str, **style: Any) -> Any:
 
 def figure_columns(report: Report, data: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """What each of the :func:`comparison_traces` shows, in trace order: ``{"x": ..., "y": ..., "hovertext": ...}``
-    and, where the trace has them, ``"text"`` (above a speed bar: :func:`memlab.report.verdicts.bar_marks`, in
+    and, where the trace has them, ``"text"`` (above a speed bar: :func:`memlab.report.views.verdicts.bar_marks`, in
     ``"textfont.color"``), ``"showlegend"`` (a status entry only where its mark is drawn), ``"customdata"`` (the MiB
     an out-of-memory plan reached; the speed's interval as text), ``"marker.color"`` and the error bars
     ``"error_y.array"`` / ``"error_y.arrayminus"`` (how far the 95% interval of the samples/s reaches above and
@@ -465,11 +466,11 @@ def figure_data(report: Report, categories: tuple[str, ...] | None = None) -> di
         ``labels``: one per trial (a repeated label gets `` (2)``, `` (3)``... so bars never merge).
         ``describe``: each trial's plan spelled out (:meth:`memlab.Plan.describe`).
         ``hover``: the first lines of each trial's hover: its label (after its number where the bars are
-        numbered, see :data:`~memlab.report.plan_axis.FULL_LABELS_UP_TO`) and its description.
+        numbered, see :data:`~memlab.report.views.plan_axis.FULL_LABELS_UP_TO`) and its description.
         ``status``: each trial's status. ``fits``: the report's view of whether each trial fits.
-        ``verdict``: each trial's verdict as the table says it (:func:`memlab.report.verdicts.verdicts`).
-        ``marks``: ``"best"``, ``"tie"`` or ``""`` per trial (:func:`memlab.report.verdicts.best_marks`).
-        ``caption``: why the best is best (:func:`memlab.report.verdicts.best_caption`), or None.
+        ``verdict``: each trial's verdict as the table says it (:func:`memlab.report.views.verdicts.verdicts`).
+        ``marks``: ``"best"``, ``"tie"`` or ``""`` per trial (:func:`memlab.report.views.verdicts.best_marks`).
+        ``caption``: why the best is best (:func:`memlab.report.views.verdicts.best_caption`), or None.
         ``categories``: ``{category: [MiB or None]}``, values for trials that ran (``"ok"``), for ``categories``
         (default: the report's, :attr:`memlab.Report.categories`) in order.
         ``does_not_fit``: MiB reached by out-of-memory trials, None elsewhere.

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from memlab.errors import MemlabError
 from memlab.plan import format_bytes
-from memlab.report.colors import CATEGORY_COLORS
-from memlab.report.svg import Svg, axis_number, nice_ticks, px
 from memlab.report.timeline import Timeline
 from memlab.report.views import register_views
+from memlab.report.views.colors import CATEGORY_COLORS
+from memlab.report.views.svg import Svg, axis_number, nice_ticks, px
 
 if TYPE_CHECKING:
     from memlab.report.data import Report

@@ -1,6 +1,6 @@
 """The two panels of the static figure: throughput per plan (with each speed's 95% interval) and peak memory by
 category per plan (a hatched bar where a plan does not fit, a cross where it failed, the budget as a dashed line),
-each with its frame, values and plan names. Where the panels go is :mod:`memlab.report.svg.layout`'s business.
+each with its frame, values and plan names. Where the panels go is :mod:`memlab.report.views.svg.layout`'s business.
 
 Every bar has a ``<title>``: hovering it in a browser shows its plan and its numbers.
 """
@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from memlab.plan import format_bytes
-from memlab.report.budget_mark import LabelBox, label_place, memory_tops
-from memlab.report.colors import HOST_COLOR
 from memlab.report.data import Report
-from memlab.report.figure import (
+from memlab.report.format import format_rate
+from memlab.report.views.budget_mark import LabelBox, label_place, memory_tops
+from memlab.report.views.colors import HOST_COLOR
+from memlab.report.views.figure import (
     BEST_COLOR,
     BUDGET_COLOR,
     CATEGORY_COLORS,
@@ -23,11 +24,10 @@ from memlab.report.figure import (
     INTERVAL_COLOR,
     figure_columns,
 )
-from memlab.report.format import format_rate
-from memlab.report.host_figure import DOES_NOT_FIT_HOST, HOST_BUDGET_NAME, HOST_TITLE
-from memlab.report.plan_axis import FULL_LABELS_UP_TO, PlanAxis, text_width
-from memlab.report.svg import Svg, axis_number, escape, nice_ticks, px
-from memlab.report.verdicts import ERROR, NARROW_MARKS, OUT_OF_MEMORY, OVER_BUDGET, VERDICT_WORDS
+from memlab.report.views.host_figure import DOES_NOT_FIT_HOST, HOST_BUDGET_NAME, HOST_TITLE
+from memlab.report.views.plan_axis import FULL_LABELS_UP_TO, PlanAxis, text_width
+from memlab.report.views.svg import Svg, axis_number, escape, nice_ticks, px
+from memlab.report.views.verdicts import ERROR, NARROW_MARKS, OUT_OF_MEMORY, OVER_BUDGET, VERDICT_WORDS
 
 __all__ = ["Area", "Box", "PlanBars"]
 
@@ -57,7 +57,7 @@ class Area:
     """A plotting area: its box in pixels, the value at its top edge, and its bars' axis.
 
     Example:
-        >>> from memlab.report.plan_axis import plan_axis
+        >>> from memlab.report.views.plan_axis import plan_axis
         >>> area = Area(0, 0, 100, 50, 10.0, plan_axis(["a", "b"]))
         >>> area.y(5.0), area.center(1), area.bar_width
         (25.0, 75.0, 37.5)
@@ -88,14 +88,14 @@ class Area:
 
 
 class PlanBars:
-    """Draws a report's panels on ``svg``, from its plain data (:func:`memlab.report.figure.figure_data`); ``hatch``
-    is the id of the "does not fit" pattern the document defines.
+    """Draws a report's panels on ``svg``, from its plain data (:func:`memlab.report.views.figure.figure_data`);
+    ``hatch`` is the id of the "does not fit" pattern the document defines.
 
     Example:
         >>> from memlab.plan import Plan
         >>> from memlab.report.data import Trial
-        >>> from memlab.report.figure import figure_data
-        >>> from memlab.report.plan_axis import plan_axis
+        >>> from memlab.report.views.figure import figure_data
+        >>> from memlab.report.views.plan_axis import plan_axis
         >>> report = Report([Trial(Plan(), "ok", 2**20, {"params": 2**20}, 0.5, 8.0, None, "cpu")])
         >>> bars = PlanBars(Svg(), report, figure_data(report), "hatch")
         >>> area = bars.memory(Box(0, 0, 200, 100), plan_axis(["plain"]))
@@ -183,8 +183,8 @@ class PlanBars:
         return area
 
     def host(self, box: Box, axis: PlanAxis, host: dict[str, Any]) -> Area:
-        """The host panel in ``box`` (:func:`memlab.report.host_figure.host_data`): each plan's host memory, hatched
-        and written "does not fit (host)" where the host decided, and the host budget as a dotted line."""
+        """The host panel in ``box`` (:func:`memlab.report.views.host_figure.host_data`): each plan's host memory,
+        hatched and written "does not fit (host)" where the host decided, and the host budget as a dotted line."""
         values: list[float | None] = host["host_mib"]
         unit, scale = _memory_unit(max([value for value in values if value is not None], default=0.0))
         tallest = max([value for value in values if value is not None], default=0.0) * scale
@@ -305,7 +305,8 @@ class PlanBars:
         self.svg.text(right - 4, label_y, text, anchor="end", fill=BUDGET_COLOR, weight="600")
 
     def _label_place(self, area: Area, y: float, width: float) -> tuple[float, float]:
-        """Where the budget's label goes (its right end, its baseline): :func:`~memlab.report.budget_mark.label_place`
+        """Where the budget's label goes (its right end, its baseline):
+        :func:`~memlab.report.views.budget_mark.label_place`
         in pixels measured up from the area's bottom, the bound written above a bar that does not fit counted."""
         tops = [None if top is None else area.bottom - area.y(top * self.scale) + (26 if status == "oom" else 0)
                 for top, status in zip(memory_tops(self.columns, self.data), self.data["status"], strict=True)]

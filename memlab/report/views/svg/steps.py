@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from memlab.plan import format_bytes
-from memlab.report.figure import BUDGET_COLOR, CATEGORY_COLORS, RATE_COLOR
-from memlab.report.plan_axis import text_width
-from memlab.report.svg import Svg, axis_number, escape, nice_ticks, px
+from memlab.report.views.figure import BUDGET_COLOR, CATEGORY_COLORS, RATE_COLOR
+from memlab.report.views.plan_axis import text_width
+from memlab.report.views.svg import Svg, axis_number, escape, nice_ticks, px
 
 __all__ = ["MAX_POINTS", "PEAK_COLOR", "StepSeries", "step_series", "steps_svg", "steps_text"]
 

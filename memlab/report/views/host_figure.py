@@ -5,8 +5,8 @@ host colour, the host budget as a dotted line, and a plan that fits the device b
 such panel (its figure is the two panels it always was).
 
 :func:`host_data` is the panel as plain data; :func:`host_traces` and :func:`host_budget_marks` draw it in plotly
-(:func:`memlab.report.figure.report_figure`); :meth:`memlab.report.svg.panels.PlanBars.host` draws it in the static
-SVG. plotly is imported inside the functions that draw.
+(:func:`memlab.report.views.figure.report_figure`); :meth:`memlab.report.views.svg.panels.PlanBars.host` draws it in
+the static SVG. plotly is imported inside the functions that draw.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from memlab.plan import format_bytes
-from memlab.report.colors import BUDGET_COLOR, HATCH, HOST_COLOR
+from memlab.report.views.colors import BUDGET_COLOR, HATCH, HOST_COLOR
 
 __all__ = ["DOES_NOT_FIT_HOST", "HOST_BUDGET_NAME", "HOST_NAME", "HOST_TITLE", "HostTrial", "add_host_panel",
            "host_budget_marks", "host_data", "host_traces"]
@@ -78,7 +78,7 @@ def host_data(trials: Sequence[HostTrial], labels: list[str]) -> dict[str, Any] 
 def host_traces(data: dict[str, Any], hover: list[str]) -> list[Any]:
     """The host panel's plotly traces: :data:`HOST_NAME`, a bar per plan in the host colour (hatched, with
     :data:`DOES_NOT_FIT_HOST` above it, where the host decided), each hover starting as the figure's do (``hover``:
-    :func:`memlab.report.figure.figure_data`'s).
+    :func:`memlab.report.views.figure.figure_data`'s).
 
     Example:
         >>> data = {"labels": ["a", "b"], "host_mib": [0.0, 2048.0], "over": [False, True], "budget_mib": 1024.0}
@@ -111,12 +111,12 @@ def host_traces(data: dict[str, Any], hover: list[str]) -> list[Any]:
 
 
 def add_host_panel(fig: Any, data: dict[str, Any], hover: list[str], plan_axis: dict[str, Any]) -> None:
-    """The host panel drawn in row 2, column 2 of ``fig`` (made by :func:`memlab.report.figure.comparison_figure`
+    """The host panel drawn in row 2, column 2 of ``fig`` (made by :func:`memlab.report.views.figure.comparison_figure`
     with ``host=True``): :func:`host_traces`, its plan axis laid out as ``plan_axis`` says (the memory panel's), and
     the host budget's line where there is one.
 
     Example:
-        >>> from memlab.report.figure import comparison_figure
+        >>> from memlab.report.views.figure import comparison_figure
         >>> fig = comparison_figure(host=True)
         >>> data = {"labels": ["a"], "host_mib": [2048.0], "over": [True], "budget": 2**30, "budget_mib": 1024.0}
         >>> add_host_panel(fig, data, ["<b>a</b>"], {})

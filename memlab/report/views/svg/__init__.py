@@ -1,8 +1,9 @@
 """Writing SVG by hand: a list of elements in drawing order (:class:`Svg`), and the numbers and words they show.
 
-Nothing here knows what a memlab figure is; :mod:`memlab.report.svg.panels` and :mod:`memlab.report.svg.layout`
+Nothing here knows what a memlab figure is; :mod:`memlab.report.views.svg.panels` and
+:mod:`memlab.report.views.svg.layout`
 draw one with it. Coordinates are written to a tenth of a pixel (:func:`px`), text widths are estimated
-(:func:`memlab.report.plan_axis.text_width`), never measured.
+(:func:`memlab.report.views.plan_axis.text_width`), never measured.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import html
 import math
 from collections.abc import Callable
 
-from memlab.report.plan_axis import text_width
+from memlab.report.views.plan_axis import text_width
 
 __all__ = ["FONT", "Svg", "axis_number", "bold_width", "escape", "nice_ticks", "px", "wrap"]
 
@@ -157,7 +158,7 @@ def wrap(text: str, first: float, rest: float, width: Callable[[str], float]) ->
 
 
 def bold_width(text: str, size: float) -> float:
-    """:func:`~memlab.report.plan_axis.text_width` for bold text, which runs wider.
+    """:func:`~memlab.report.views.plan_axis.text_width` for bold text, which runs wider.
 
     Example:
         >>> bold_width("plain", 10)

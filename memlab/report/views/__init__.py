@@ -1,12 +1,12 @@
 """The views of the report's data, found by name: the data (:mod:`memlab.report.data`, :mod:`memlab.report.timeline`)
-asks here for what draws it, and each view module (:mod:`memlab.report.tables`, :mod:`memlab.report.figure`,
-:mod:`memlab.report.timeline_figure`) registers its functions as :mod:`memlab.report` imports it. So the data never
-imports its views, and a view imports the data it draws: the imports run one way.
+asks here for what draws it, and each view module (:mod:`memlab.report.views.tables`, :mod:`memlab.report.views.figure`,
+:mod:`memlab.report.views.timeline_figure`) registers its functions as :mod:`memlab.report` imports it. So the data
+never imports its views, and a view imports the data it draws: the imports run one way.
 
 Example:
     >>> import memlab.report  # registers every view
     >>> view("text_table").__module__
-    'memlab.report.tables'
+    'memlab.report.views.tables'
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ def view(name: str) -> Callable[..., Any]:
         >>> view("no such view")
         Traceback (most recent call last):
         ...
-        RuntimeError: no view 'no such view' is registered; memlab.report imports memlab.report.tables, .figure and \
-.timeline_figure, which register theirs
+        RuntimeError: no view 'no such view' is registered; memlab.report imports the modules of \
+memlab.report.views (tables, figure and timeline_figure), which register theirs
     """
     try:
         return _VIEWS[name]
     except KeyError:
-        raise RuntimeError(f"no view {name!r} is registered; memlab.report imports memlab.report.tables, .figure and "
-                           ".timeline_figure, which register theirs") from None
+        raise RuntimeError(f"no view {name!r} is registered; memlab.report imports the modules of memlab.report.views "
+                           "(tables, figure and timeline_figure), which register theirs") from None

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from memlab.plan import format_bytes
-from memlab.report.colors import BUDGET_COLOR
-from memlab.report.plan_axis import PLOTLY_PANEL_PX, text_width
+from memlab.report.views.colors import BUDGET_COLOR
+from memlab.report.views.plan_axis import PLOTLY_PANEL_PX, text_width
 
 __all__ = ["LabelBox", "budget_line", "budget_note", "label_place", "memory_tops"]
 
@@ -63,7 +63,7 @@ def label_place(tops: Sequence[float | None], centers: Sequence[float], half: fl
 
 def memory_tops(columns: Sequence[dict[str, Any]], data: dict[str, Any]) -> list[float | None]:
     """Each plan's tallest memory bar in MiB (None: no bar): its peak, or its "does not fit" bar (the column after
-    the categories' of :func:`memlab.report.figure.figure_columns`)."""
+    the categories' of :func:`memlab.report.views.figure.figure_columns`)."""
     heights = columns[len(data["categories"])]["y"]
     return [height if height is not None else peak for height, peak in zip(heights, data["peak_mib"], strict=True)]
 
@@ -93,7 +93,7 @@ def budget_note(budget: int, tops: Sequence[float | None] = (), bargap: float = 
     """The label of :func:`budget_line` (``"budget 8.0 GiB"``), as a plotly annotation on a white ground: just above
     the line at its right end, or, given the memory bars' ``tops`` (MiB, one per plan; their gap ``bargap``), where
     :func:`label_place` finds it covers none (the panel's width taken as the figure's plan axis is laid out for,
-    :data:`~memlab.report.plan_axis.PLOTLY_PANEL_PX` of the throughput panel's share).
+    :data:`~memlab.report.views.plan_axis.PLOTLY_PANEL_PX` of the throughput panel's share).
 
     Example:
         >>> note = budget_note(2**20)
