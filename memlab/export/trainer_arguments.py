@@ -15,32 +15,21 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.export.engines import training_arguments
 from memlab.live.trainer_kinds import is_trainer, kind_for_config, kind_of
-from memlab.plan import OPTIMIZERS, Plan
+from memlab.plan import Plan
+from memlab.techniques.adapters import lora_config_of
 from memlab.techniques.core.registry import REGISTRY
-from memlab.techniques.optimizer import OPTIMIZER_FORMS
-from memlab.techniques.precompute_ref import DPO_ONLY, dpo_config_keywords, precompute_from_arguments
-from memlab.techniques.vllm import GRPO_ONLY, grpo_config_keywords, sets_vllm, vllm_from_arguments, without_vllm
+from memlab.techniques.offload import trl_offload_keywords
+from memlab.techniques.precompute_ref import DPO_ONLY, dpo_config_keywords, without_precompute
+from memlab.techniques.vllm import GRPO_ONLY, grpo_config_keywords, sets_vllm, without_vllm
 
 __all__ = [
-    "TRAINER_OPTIMIZERS",
     "check_single_process",
-    "offloads_activations",
     "plan_from_trainer",
     "plan_training_arguments",
     "plan_from_training_arguments",
     "trainer_model",
     "trl_training_arguments",
 ]
-
-# The Trainer's names for memlab's optimizers, as the export writes them (OPTIMIZER_FORMS, the registry's one record of
-# each optimizer's forms), and the aliases transformers also takes.
-# "adamw_torch" is torch's AdamW with its defaults (foreach on CUDA): memlab's "adamw_foreach", not the fused "adamw".
-TRAINER_OPTIMIZERS = {
-    **{OPTIMIZER_FORMS[name].trainer: name for name in OPTIMIZERS},
-    "adamw_8bit": "adamw8bit",
-}
-"""The Trainer's ``optim`` names that are memlab optimizers (``TrainingArguments.optim`` -> ``Plan.optimizer``)."""
-
 
 def _text(value: Any) -> str:
     """An enum's value (``OptimizerNames.ADAFACTOR`` -> ``"adafactor"``) or the text itself."""
@@ -74,36 +63,6 @@ def check_single_process(args: Any) -> None:
     )
 
 
-def _checkpointing(args: Any) -> tuple[bool, dict[str, Any]]:
-    """Whether the arguments checkpoint activations, and the keywords that go with it (5.x names first)."""
-    for name in ("activation_checkpointing", "gradient_checkpointing"):
-        if getattr(args, name, False):
-            return True, dict(getattr(args, f"{name}_kwargs", None) or {})
-    return False, {}
-
-
-def offloads_activations(args: Any) -> bool:
-    """Whether ``args`` hold the step's saved activations in CPU memory: transformers' checkpointing with
-    ``activation_checkpointing_kwargs={"offload": True}`` (``gradient_checkpointing_kwargs`` before 5.x's names), or
-    TRL's ``activation_offloading=True``.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> legacy = SimpleNamespace(gradient_checkpointing=True, gradient_checkpointing_kwargs={"offload": True})
-        >>> offloads_activations(legacy)
-        True
-        >>> offloads_activations(SimpleNamespace(activation_offloading=True)), offloads_activations(SimpleNamespace())
-        (True, False)
-    """
-    checkpointing, checkpoint_kwargs = _checkpointing(args)
-    trl_offloads = bool(getattr(args, "activation_offloading", False))
-    return trl_offloads or (checkpointing and bool(checkpoint_kwargs.get("offload")))
-
-
-# What remains of each offload once TRL's activation_offloading carries the activations.
-_OFFLOAD_WITHOUT_ACTIVATIONS = {"activations": "none", "all": "optimizer"}
-
-
 def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None, config: Any = None) -> dict[str, Any]:
     """Keyword arguments for a TRL trainer's config (``SFTConfig``, ``DPOConfig``, ``KTOConfig``, ``RewardConfig``)
     that do what ``plan`` does (:meth:`memlab.Plan.to_training_arguments` with ``trl=True``): the Trainer's
@@ -132,13 +91,12 @@ def trl_training_arguments(plan: Plan, *, legacy_names: bool | None = None, conf
     """
     asked, engine, plan = plan, grpo_config_keywords(plan), without_vllm(plan)  # a GRPOConfig's keywords, added below
     engine.update(dpo_config_keywords(plan))  # a DPOConfig's (precompute_ref_log_probs), likewise
-    plan = plan.replace(precompute_ref=None) if plan.precompute_ref is not None else plan
+    plan = without_precompute(plan)
     if config is None:
         if engine:
             raise MemlabError(f"{GRPO_ONLY if sets_vllm(asked) else DPO_ONLY}; trl=True names no config class")
-        rest = plan.replace(offload=_OFFLOAD_WITHOUT_ACTIVATIONS.get(plan.offload, plan.offload))
-        return {**training_arguments(rest, legacy_names=legacy_names),
-                "activation_offloading": plan.offloads_activations}
+        rest, trl_offload = trl_offload_keywords(plan)
+        return {**training_arguments(rest, legacy_names=legacy_names), **trl_offload}
     cls = _config_class(config)
     fields = {field.name for field in dataclasses.fields(cls)}
     if legacy_names is None and "activation_checkpointing" not in fields:
@@ -203,15 +161,6 @@ def _config_class(config: Any) -> type:
     return config
 
 
-def _loss(args: Any) -> str:
-    if not getattr(args, "use_liger_kernel", False):
-        return "full"
-    config = getattr(args, "liger_kernel_config", None) or {}
-    # Liger applies its fused linear cross-entropy unless the config turns it off; its other kernels (RoPE, SwiGLU,
-    # RMSNorm) are not memlab levers and are left out of the plan.
-    return "chunked" if config.get("fused_linear_cross_entropy", True) else "full"
-
-
 def plan_from_training_arguments(args: Any) -> Plan:
     """The memlab plan that ``args`` (a ``transformers.TrainingArguments``, TRL's configs included) trains with.
 
@@ -221,7 +170,8 @@ def plan_from_training_arguments(args: Any) -> Plan:
     - TRL's ``activation_offloading=True`` (``SFTConfig``, ``DPOConfig``...) -> ``offload="activations"``, with or
       without checkpointing: TRL holds every saved activation of the step in CPU memory, not only the checkpointed
       ones.
-    - ``bf16`` / ``fp16`` -> ``precision``; ``optim`` -> ``optimizer`` (see :data:`TRAINER_OPTIMIZERS`).
+    - ``bf16`` / ``fp16`` -> ``precision``; ``optim`` -> ``optimizer``
+      (:data:`memlab.techniques.optimizer.TRAINER_OPTIMIZERS`).
     - ``use_liger_kernel`` with Liger's fused linear cross-entropy -> ``loss="chunked"``.
     - ``torch_compile`` -> ``compile``.
     - a ``GRPOConfig``'s colocated vLLM engine (``use_vllm=True, vllm_mode="colocate"``): its
@@ -247,28 +197,7 @@ def plan_from_training_arguments(args: Any) -> Plan:
         memlab.errors.MemlabError: optim='sgd' is not an optimizer memlab measures; write optim= one of ...
     """
     check_single_process(args)
-    optim = _text(getattr(args, "optim", "adamw_torch_fused"))
-    if optim not in TRAINER_OPTIMIZERS:
-        raise MemlabError(
-            f"optim={optim!r} is not an optimizer memlab measures; write optim= one of {', '.join(TRAINER_OPTIMIZERS)}"
-        )
-    bf16, fp16 = bool(getattr(args, "bf16", False)), bool(getattr(args, "fp16", False))
-    if bf16 and fp16:
-        raise MemlabError("bf16=True and fp16=True together are not one precision; keep one of them")
-    checkpointing, _ = _checkpointing(args)
-    micro_batch = getattr(args, "per_device_train_batch_size", None)
-    return Plan(
-        micro_batch=micro_batch,
-        accumulation=getattr(args, "gradient_accumulation_steps", 1),
-        checkpointing=checkpointing,
-        precision="bf16" if bf16 else "fp16" if fp16 else "fp32",
-        optimizer=TRAINER_OPTIMIZERS[optim],
-        offload="activations" if offloads_activations(args) else "none",
-        loss=_loss(args),
-        compile=bool(getattr(args, "torch_compile", False)),
-        **vllm_from_arguments(args),
-        **precompute_from_arguments(args),
-    )
+    return Plan(**{name: lever.from_arguments(args) for name, lever in REGISTRY.items() if lever.from_arguments})
 
 
 def trainer_model(trainer: Any) -> Any:
@@ -300,20 +229,9 @@ from arguments with memlab.Plan.from_training_arguments(args)
                           "too), or read a plan from arguments with memlab.Plan.from_training_arguments(args)")
     plan = plan_from_training_arguments(trainer.args)
     model = trainer_model(trainer)
-    trained = [p for p in model.parameters() if p.requires_grad]
-    changes: dict[str, Any] = {}
-    if trained and all(str(p.dtype) == "torch.bfloat16" for p in trained):
-        changes["weights"] = "bf16"
-    peft_config = getattr(model, "peft_config", None)
-    if isinstance(peft_config, dict) and peft_config:
-        config = next(iter(peft_config.values()))
-        if isinstance(getattr(config, "r", None), int):
-            quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(
-                getattr(model, "base_model", None), "is_loaded_in_4bit", False
-            )
-            changes["adapter"] = "qlora" if quantized else "lora"
-            for name, lever in REGISTRY.items():
-                value = lever.from_peft(config) if lever.from_peft is not None else None
-                if value is not None:
-                    changes[name] = value
+    said = {name: lever.from_model(model) for name, lever in REGISTRY.items() if lever.from_model is not None}
+    config = lora_config_of(model)
+    if config is not None:  # every LoRA setting its LoraConfig says
+        said.update({name: lever.from_peft(config) for name, lever in REGISTRY.items() if lever.from_peft is not None})
+    changes = {name: value for name, value in said.items() if value is not None}
     return plan.replace(**changes) if changes else plan

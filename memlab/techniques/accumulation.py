@@ -183,6 +183,7 @@ DECLARATIONS = (
         none_means="all of the batch's rows",
         split=True,
         technique=ACCUMULATION,
+        from_arguments=lambda args: getattr(args, "per_device_train_batch_size", None),
         exports=per_target(_micro_batch),
     ),
     Lever(
@@ -191,6 +192,7 @@ DECLARATIONS = (
         help="micro-batches per optimizer step: keeps the effective batch while micro-batches shrink; more steps",
         split=True,
         technique=ACCUMULATION,
+        from_arguments=lambda args: getattr(args, "gradient_accumulation_steps", 1),
         exports=per_target(_accumulation),
     ),
 )

@@ -65,6 +65,32 @@ def carried_settings(model: nn.Module) -> str:
     return ", ".join(f"{name}={value!r}" for name, value in values.items() if value is not None)
 
 
+def lora_config_of(model: nn.Module) -> Any:
+    """The ``LoraConfig`` a peft model trains with (its first adapter's), or None for a model without one.
+
+    Example:
+        >>> lora_config_of(nn.Linear(2, 2)) is None
+        True
+    """
+    configs = getattr(model, "peft_config", None)
+    config = next(iter(configs.values()), None) if isinstance(configs, dict) and configs else None
+    return config if isinstance(getattr(config, "r", None), int) else None
+
+
+def adapter_of(model: nn.Module) -> str | None:
+    """The adapter a peft model trains: ``"qlora"`` on a 4-bit base, ``"lora"`` on any other; None without one.
+
+    Example:
+        >>> adapter_of(nn.Linear(2, 2)) is None
+        True
+    """
+    if lora_config_of(model) is None:
+        return None
+    base = getattr(model, "base_model", None)
+    quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_4bit", False)
+    return "qlora" if quantized else "lora"
+
+
 def carries_plan_adapters(model: nn.Module, plan: PlanFields) -> bool:
     """True when the model is a peft model whose ``LoraConfig`` is the plan's adapter settings (each lever's
     ``from_peft``): its adapters are then what the plan trains, and nothing is put on.
@@ -766,6 +792,7 @@ DECLARATIONS: tuple[Lever, ...] = (
         least_trained={"lora": 0.0, "qlora": 0.0},
         speed={"lora": (1.3, 1.2), "qlora": (1.0, 0.8)},
         suggest=("lora", "qlora"),
+        from_model=adapter_of,
         exports={
             "trainer": _adapters_for_the_trainer,
             "deepspeed": _adapter_elsewhere,

@@ -366,6 +366,22 @@ def blocks_needed(mine: bool | int, theirs: bool | int) -> bool:
     return count(mine) <= count(theirs)
 
 
+def trainer_checkpointing(args: Any) -> tuple[bool, dict[str, Any]]:
+    """Whether a ``TrainingArguments`` checkpoints activations, and the keywords that go with it (5.x names first).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> trainer_checkpointing(SimpleNamespace(gradient_checkpointing=True, gradient_checkpointing_kwargs=None))
+        (True, {})
+        >>> trainer_checkpointing(SimpleNamespace())
+        (False, {})
+    """
+    for name in ("activation_checkpointing", "gradient_checkpointing"):
+        if getattr(args, name, False):
+            return True, dict(getattr(args, f"{name}_kwargs", None) or {})
+    return False, {}
+
+
 DECLARATIONS = (
     Lever(
         "checkpointing",
@@ -379,6 +395,7 @@ DECLARATIONS = (
         slower=((True, False),),
         activation_key=lambda value: "all" if value is True else value or "off",  # True == 1: never one key
         speed={True: (0.75, 0.75)},
+        from_arguments=lambda args: trainer_checkpointing(args)[0],
         exports=per_target(_checkpointing),
     ),
 )

@@ -204,6 +204,7 @@ DECLARATIONS = (
         conflicts=compile_conflicts,
         activation_key=lambda value: value,
         speed={True: (1.2, 1.0)},
+        from_arguments=lambda args: bool(getattr(args, "torch_compile", False)),
         exports=per_target(compile_export),
     ),
 )

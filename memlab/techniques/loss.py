@@ -312,6 +312,22 @@ def _loss(target: str) -> Export:
     return fragment
 
 
+def loss_from_arguments(args: Any) -> str:
+    """The loss a ``TrainingArguments`` trains with: chunked where Liger's fused linear cross-entropy is on
+    (``use_liger_kernel``, unless its config turns that kernel off).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> loss_from_arguments(SimpleNamespace(use_liger_kernel=True)), loss_from_arguments(SimpleNamespace())
+        ('chunked', 'full')
+    """
+    if not getattr(args, "use_liger_kernel", False):
+        return "full"
+    config = getattr(args, "liger_kernel_config", None) or {}
+    # Liger's other kernels (RoPE, SwiGLU, RMSNorm) are not memlab levers and are left out of the plan.
+    return "chunked" if config.get("fused_linear_cross_entropy", True) else "full"
+
+
 DECLARATIONS = (
     Lever(
         "loss",
@@ -324,6 +340,7 @@ DECLARATIONS = (
         slower=(("chunked", "full"),),
         activation_key=lambda value: value,
         speed={"chunked": (0.95, 0.95)},
+        from_arguments=loss_from_arguments,
         exports=per_target(_loss),
     ),
 )

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
+from memlab.techniques.checkpointing import trainer_checkpointing
 from memlab.techniques.core.fragments import (
     THE_DEEPSPEED_CONFIG,
     Accelerate,
@@ -503,6 +504,40 @@ def _offload(target: str) -> Export:
     return fragment
 
 
+def offloads_activations(args: Any) -> bool:
+    """Whether a ``TrainingArguments`` offloads activations to the CPU: checkpointing with
+    ``activation_checkpointing_kwargs={"offload": True}`` (``gradient_checkpointing_kwargs`` before 5.x's names), or
+    TRL's ``activation_offloading=True``.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> legacy = SimpleNamespace(gradient_checkpointing=True, gradient_checkpointing_kwargs={"offload": True})
+        >>> offloads_activations(legacy)
+        True
+        >>> offloads_activations(SimpleNamespace(activation_offloading=True)), offloads_activations(SimpleNamespace())
+        (True, False)
+    """
+    checkpointing, checkpoint_kwargs = trainer_checkpointing(args)
+    trl_offloads = bool(getattr(args, "activation_offloading", False))
+    return trl_offloads or (checkpointing and bool(checkpoint_kwargs.get("offload")))
+
+
+def trl_offload_keywords(plan: Any) -> tuple[Any, dict[str, bool]]:
+    """``plan`` with what remains of its offload once TRL's own ``activation_offloading`` carries the activations
+    (with or without checkpointing), and that keyword: what a TRL config writes for the lever.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> rest, keywords = trl_offload_keywords(Plan(offload="all"))
+        >>> rest.offload, keywords
+        ('optimizer', {'activation_offloading': True})
+        >>> trl_offload_keywords(Plan())[1]
+        {'activation_offloading': False}
+    """
+    rest = {"activations": NO_OFFLOAD, "all": "optimizer"}.get(plan.offload, plan.offload)
+    return plan.replace(offload=rest), {"activation_offloading": plan.offloads_activations}
+
+
 DECLARATIONS = (
     Lever(
         "offload",
@@ -520,6 +555,7 @@ DECLARATIONS = (
         speed={"optimizer": (0.7, 0.7), "activations": (0.6, 0.6), "all": (0.5, 0.5), "params": (0.5, 0.5)},
         on_cpu=lambda value: "none",
         on_cpu_note="offload moves nothing on a CPU-only device",
+        from_arguments=lambda args: "activations" if offloads_activations(args) else NO_OFFLOAD,
         exports=per_target(_offload),
         refuses_step=lambda plan, loss_fn: PARAMS_NEED_SHARDING if plan.offload == SHARDED_ONLY else "",
     ),

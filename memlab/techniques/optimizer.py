@@ -322,6 +322,36 @@ def _optimizer(target: str) -> Export:
     return fragment
 
 
+TRAINER_OPTIMIZERS = {
+    **{form.trainer: name for name, form in OPTIMIZER_FORMS.items()},
+    "adamw_8bit": "adamw8bit",
+}
+"""The Trainer's ``optim`` names that are memlab optimizers (``TrainingArguments.optim`` -> ``Plan.optimizer``): the
+names the export writes (:data:`OPTIMIZER_FORMS`) and the alias transformers also takes. ``"adamw_torch"`` is torch's
+AdamW with its defaults (foreach on CUDA): memlab's ``"adamw_foreach"``, not the fused ``"adamw"``."""
+
+
+def optimizer_from_arguments(args: Any) -> str:
+    """The optimizer a ``TrainingArguments`` builds (its ``optim``, an enum or its text), or a MemlabError naming the
+    ``optim`` names memlab measures.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> optimizer_from_arguments(SimpleNamespace(optim="adamw_bnb_8bit"))
+        'adamw8bit'
+        >>> optimizer_from_arguments(SimpleNamespace())
+        'adamw'
+
+    """
+    optim = getattr(args, "optim", "adamw_torch_fused")
+    optim = str(getattr(optim, "value", optim))  # an enum (OptimizerNames.ADAFACTOR) or its text
+    if optim not in TRAINER_OPTIMIZERS:
+        raise MemlabError(
+            f"optim={optim!r} is not an optimizer memlab measures; write optim= one of {', '.join(TRAINER_OPTIMIZERS)}"
+        )
+    return TRAINER_OPTIMIZERS[optim]
+
+
 DECLARATIONS = (
     Lever(
         "optimizer",
@@ -341,6 +371,7 @@ DECLARATIONS = (
         suggest=SUGGESTED_OPTIMIZERS,  # never searched by default (SEARCHED_OPTIMIZERS says why)
         on_cpu=lambda value: "adamw8bit" if value == "paged_adamw8bit" else value,
         on_cpu_note="paged 8-bit AdamW pages only on CUDA; on a CPU it is the unpaged 8-bit AdamW",
+        from_arguments=optimizer_from_arguments,
         exports=per_target(_optimizer),
     ),
 )

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from memlab.errors import UnsupportedTechnique
+from memlab.errors import MemlabError, UnsupportedTechnique
 from memlab.live.device import bf16_capable, cuda_bf16_supported
 from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, per_target
 from memlab.techniques.core.lever import Lever, PlanLike
@@ -210,6 +211,20 @@ def _precision(target: str) -> Export:
     return fragment
 
 
+def precision_from_arguments(args: Any) -> str:
+    """The precision a ``TrainingArguments`` trains in (``bf16`` / ``fp16``; fp32 where neither is set).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> precision_from_arguments(SimpleNamespace(bf16=True)), precision_from_arguments(SimpleNamespace())
+        ('bf16', 'fp32')
+    """
+    bf16, fp16 = bool(getattr(args, "bf16", False)), bool(getattr(args, "fp16", False))
+    if bf16 and fp16:
+        raise MemlabError("bf16=True and fp16=True together are not one precision; keep one of them")
+    return "bf16" if bf16 else "fp16" if fp16 else "fp32"
+
+
 DECLARATIONS = (
     Lever(
         "precision",
@@ -220,6 +235,7 @@ DECLARATIONS = (
         technique=PRECISION,
         activation_key=lambda value: value,
         speed={"bf16": (1.6, 1.0), "fp16": (1.6, 0.3)},
+        from_arguments=precision_from_arguments,
         exports=per_target(_precision),
     ),
 )

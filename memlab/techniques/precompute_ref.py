@@ -58,18 +58,30 @@ def dpo_config_keywords(plan: PlanLike) -> dict[str, Any]:
     return {} if value is None else {KEYWORD: bool(value)}
 
 
-def precompute_from_arguments(args: Any) -> dict[str, Any]:
-    """The lever's value a config sets: True where it precomputes (``precompute_ref_log_probs=True``); none
-    otherwise (None: the trainer's own, a reference forward in each step).
+def without_precompute(plan: Any) -> Any:
+    """``plan`` with the lever at None (the trainer's own): what the Trainer's keywords carry once the DPOConfig's
+    own keyword is written apart (:func:`dpo_config_keywords`).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> without_precompute(Plan(micro_batch=2, precompute_ref=True)) == Plan(micro_batch=2)
+        True
+    """
+    return plan.replace(precompute_ref=None) if plan.precompute_ref is not None else plan
+
+
+def precompute_from_arguments(args: Any) -> bool | None:
+    """The lever's value a config sets: True where it precomputes (``precompute_ref_log_probs=True``); None
+    otherwise (the trainer's own, a reference forward in each step).
 
     Example:
         >>> from types import SimpleNamespace
         >>> precompute_from_arguments(SimpleNamespace(precompute_ref_log_probs=True))
-        {'precompute_ref': True}
-        >>> precompute_from_arguments(SimpleNamespace())
-        {}
+        True
+        >>> precompute_from_arguments(SimpleNamespace()) is None
+        True
     """
-    return {"precompute_ref": True} if getattr(args, KEYWORD, False) is True else {}
+    return True if getattr(args, KEYWORD, False) is True else None
 
 
 def trainer_of(loss_fn: Any) -> Any:
@@ -255,6 +267,7 @@ DECLARATIONS = (
         choices=SWITCH,
         technique=PRECOMPUTE,
         none_means="the trainer's own setting",
+        from_arguments=precompute_from_arguments,
         exports=per_target_but_peft(_export),
         needs_trainer="a TRL DPOTrainer",
         refuses_step=precompute_refusal,

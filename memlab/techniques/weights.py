@@ -205,6 +205,17 @@ def _weights(target: str) -> Export:
     return fragment
 
 
+def weights_of(model: nn.Module) -> str | None:
+    """``"bf16"`` where every trained parameter of ``model`` is bf16 (pure bf16 training), else None.
+
+    Example:
+        >>> weights_of(nn.Linear(2, 2).to(torch.bfloat16)), weights_of(nn.Linear(2, 2))
+        ('bf16', None)
+    """
+    trained = [p for p in model.parameters() if p.requires_grad]
+    return "bf16" if trained and all(p.dtype == torch.bfloat16 for p in trained) else None
+
+
 DECLARATIONS = (
     Lever(
         "weights",
@@ -220,6 +231,7 @@ DECLARATIONS = (
         least_trained={"bf16": 0.5},
         speed={"bf16": (1.6, 1.0)},
         suggest=("bf16",),
+        from_model=weights_of,
         exports=per_target(_weights),
     ),
 )

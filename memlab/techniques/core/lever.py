@@ -65,6 +65,11 @@ class Lever:
             the lever's default, so that grids hold no duplicate plans. None: it always does.
         from_peft: the lever's value read from a user's peft ``LoraConfig`` (what a peft model the user wrapped
             trains with), or None where peft's config does not say it.
+        from_arguments: the lever's value read from a ``transformers.TrainingArguments`` (TRL's configs too), the
+            default where the arguments set none (:func:`memlab.export.trainer_arguments.plan_from_training_arguments`
+            asks every lever); a MemlabError for a setting memlab cannot measure. None: the arguments never set it.
+        from_model: the lever's value that a trainer's model says (its trained weights' dtype, the peft adapters it
+            carries; :meth:`memlab.Plan.from_trainer` asks every lever), or None where the model does not say it.
         needs_at_least: ``(mine, theirs) -> bool``: whether a plan with ``mine`` needs at least the memory of the
             same plan with ``theirs``, whatever the model. None (the default): values compare only with themselves.
         slower: ``(value, instead)`` pairs: the plan with ``value`` does the work of the one with ``instead`` and
@@ -107,6 +112,8 @@ class Lever:
     none_means: str = ""
     applies: Callable[[PlanLike], bool] | None = None
     from_peft: Callable[[Any], Any] | None = None
+    from_arguments: Callable[[Any], Any] | None = None
+    from_model: Callable[[Any], Any] | None = None
     needs_at_least: Callable[[Any, Any], bool] | None = None
     slower: tuple[tuple[Any, Any], ...] = ()
     family: bool = False
