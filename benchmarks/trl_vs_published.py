@@ -19,10 +19,10 @@ GRPO row is estimated as the two steps TRL runs, through memlab's existing route
   (``per_device_train_batch_size x steps_per_generation`` completions) decoded with transformers' ``DynamicCache``;
   to keep the run short, its last decode step is estimated as a prefill of ``prompt + completion - 2`` tokens and
   two decode steps (the KV cache at its full length, as at the end of ``generate``), and sampling's
-  ``2 x rows x vocab x 4`` bytes (:func:`memlab.trainer.grpo.estimate.sampling_bytes`) added; the LoRA weights and
+  ``2 x rows x vocab x 4`` bytes (:func:`memlab.kinds.grpo.estimate.sampling_bytes`) added; the LoRA weights and
   their optimizer state, held through it, are added too.
 
-The peak is the larger of the two, as :mod:`memlab.trainer.grpo.estimate` combines them for a live GRPOTrainer.
+The peak is the larger of the two, as :mod:`memlab.kinds.grpo.estimate` combines them for a live GRPOTrainer.
 
 The result records per row what the published figure measures (``allocated``: ``torch.cuda.max_memory_allocated``;
 ``reserved``: ``max_memory_reserved``), the estimate / published ``ratio`` of the same kind, and ``differs``: what
@@ -179,7 +179,7 @@ def estimate_grpo(run: Run, folder: Path) -> dict[str, Any]:
     """The training and generation estimates of a GRPO row, and the step's peak (the larger)."""
     import memlab
     from memlab.inference.plan import InferencePlan
-    from memlab.trainer.grpo.estimate import sampling_bytes
+    from memlab.kinds.grpo.estimate import sampling_bytes
 
     config = run.config()
     vocab = int(config.vocab_size)

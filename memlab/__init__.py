@@ -31,9 +31,18 @@ def _plan_exports() -> types.ModuleType:
     return exports
 
 
+def _trainer_kinds() -> tuple[Any, ...]:
+    from memlab.kinds import KINDS
+
+    return KINDS
+
+
 # The package stands above every layer, so it is the one place that says which module provides a seam: the Plan's
-# to_*/from_* ask for "plan exports" (memlab/export/ builds on the Plan and is imported on the first export).
+# to_*/from_* ask for "plan exports" (memlab/export/ builds on the Plan and is imported on the first export), and
+# memlab.live.trainer_kinds.kind_of asks for "trainer kinds" (memlab/kinds/ lists them, above the runner and the
+# estimation their hooks call, imported on the first lookup).
 provide("plan exports", _plan_exports)
+provide("trainer kinds", _trainer_kinds)
 
 if TYPE_CHECKING:
     from memlab.estimation import estimate

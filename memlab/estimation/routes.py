@@ -39,7 +39,7 @@ Route = Callable[[EstimateRequest], Trial]
 def _trainer(request: EstimateRequest) -> Trial:
     """A Trainer in the model's place: its model, loss and (without a batch) worst batch, then the other routes; a
     trainer kind with a dry run of its own (:func:`memlab.live.trainer_kinds.kind_of`), that one: a GRPO trainer's step
-    with its generation (:mod:`memlab.trainer.grpo.estimate`)."""
+    with its generation (:mod:`memlab.kinds.grpo.estimate`)."""
     from memlab.live.trainer_kinds import kind_of
     from memlab.trainer.entry import live_target, noted, split_plans
     from memlab.trainer.reference import with_reference

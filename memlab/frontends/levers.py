@@ -42,8 +42,9 @@ def panel_lever_specs(plan_class: type[Plan] | type[InferencePlan]) -> dict[str,
     """The levers the panel shows: :func:`lever_specs` but those a built trainer's setting
     (:attr:`~memlab.plan.LeverSpec.needs_trainer`): the colocated vLLM engine's (``vllm_memory``, ``vllm_sleep``),
     which no live step runs (a GRPOTrainer with ``use_vllm=True`` is estimated, not measured: :func:`memlab.estimate`
-    and ``fit(..., dry_run=True)`` take them), and a DPOTrainer's ``precompute_ref``, which a built trainer cannot
-    switch (a new trainer's setting, memlab.apply refuses it): a panel would only show dead controls.
+    and ``fit(..., dry_run=True)`` take them), and a DPOTrainer's ``precompute_ref``; a built trainer cannot change
+    any of them (each lever's :attr:`~memlab.techniques.core.lever.Lever.refuses_change`: memlab.apply refuses it), so
+    a panel would only show dead controls.
 
     Example:
         >>> "vllm_memory" in lever_specs(Plan), "vllm_memory" in panel_lever_specs(Plan)

@@ -345,7 +345,7 @@ def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: st
 class _vllm_stand_in:  # noqa: N801 - a context manager read as a phrase
     """TRL's colocated engine replaced, while the trainer is built, by a stand-in that holds its settings where vLLM
     is not installed: memlab never generates with it (the estimate counts its share by vLLM's arithmetic,
-    :mod:`memlab.trainer.grpo.vllm`)."""
+    :mod:`memlab.kinds.grpo.vllm`)."""
 
     def __init__(self, wanted: bool) -> None:
         self.wanted = wanted

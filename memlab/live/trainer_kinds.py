@@ -5,40 +5,127 @@ class in the trainer's class hierarchy), what its step runs on (the train datase
 trainer, or a batch of its own), the phases its step has before the training phases, its own step and dry run where
 the Trainer's do not do (GRPO generates first), the changes it makes to the trainer's arguments when a plan goes on,
 the config changes it suggests where nothing fits (they change the training), and the config class its plans are
-exported to. :data:`KINDS` holds them in order; :func:`kind_of` is the one lookup every entry point makes, and a
-trainer of no declared kind (TRL's PPO, RLOO, online DPO...) gets one refusal naming the kinds memlab takes.
+exported to. Its hooks are typed by the protocols below (:class:`MakeBatch`, :class:`OwnStep`...), each with the
+parameters memlab passes. :func:`kind_of` is the one lookup every entry point makes, and a trainer of no declared kind
+(TRL's PPO, RLOO, online DPO...) gets one refusal naming the kinds memlab takes.
 
-The Trainer, SFTTrainer and DPOTrainer are declared here; a kind with a step of its own is one module that
-declares it and registers it (:func:`register`), imported by :mod:`memlab.trainer`: GRPO's is
-:mod:`memlab.trainer.grpo.kind`, whose hooks name GRPO's own modules (:mod:`memlab.trainer.grpo`,
-:mod:`memlab.trainer.grpo.estimate`, :mod:`memlab.trainer.grpo.suggest`, :mod:`memlab.runner.grpo`) and import them
-when called: the runner and the estimation build on this package, never the reverse at load. This module imports
-nothing of memlab but :mod:`memlab.errors`, so every part of the trainer code may ask it.
+The kinds are declared in :mod:`memlab.kinds`, one folder a kind, above the runner and the estimation that their
+hooks call, and listed there in one tuple; the package (``memlab/__init__.py``) provides that tuple as the seam
+``"trainer kinds"`` (:mod:`memlab.seams`), which :func:`kinds` asks, so that no import registers a kind and nothing
+below :mod:`memlab.kinds` imports it. :func:`register` (and :func:`declared`, for a while) adds a kind of a user's
+on top of them. This module imports nothing of memlab but :mod:`memlab.errors` and :mod:`memlab.seams`, so every part
+of the trainer code may ask it.
 
 Example:
-    >>> [kind.name for kind in KINDS]
+    >>> [kind.name for kind in kinds()]
     ['Trainer', 'SFTTrainer', 'DPOTrainer', 'GRPOTrainer']
-    >>> KINDS[-1].phases, KINDS[-1].config
-    (('generation', 'reference', 'old-policy'), 'GRPOConfig')
+    >>> kinds()[-1].phases, kinds()[-1].config, kinds()[-1].generates
+    (('generation', 'reference', 'old-policy'), 'GRPOConfig', True)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from memlab.errors import MemlabError
+from memlab.seams import provided
 
-__all__ = ["KINDS", "WATCH", "TrainerKind", "declared", "is_trainer", "kind_for_config", "kind_of", "register"]
+__all__ = ["WATCH", "WORST_BATCH", "Arguments", "CheckPlan", "CompletionRoom", "Elsewhere", "Estimate", "ExportRefusal",
+           "FitDryRuns", "MakeBatch", "OldLogps", "OwnBatch", "OwnStep", "TrainerKind", "declared", "generates",
+           "is_trainer", "kind_for_config", "kind_of", "kinds", "register"]
 
 WORST_BATCH = "the train dataset's costliest examples, each micro-batch collated by the trainer"
+
+# The hooks' types. Their parameters' types live in the layers above (live/ imports none of them), so they are Any
+# here, and each protocol's docstring names the real type.
+
+
+class MakeBatch(Protocol):
+    """``make_batch(trainer) -> batch``: the batch its trials run on, with the trainer's ``compute_loss``
+    (``trainer``: a ``transformers.Trainer``)."""
+
+    def __call__(self, trainer: Any) -> Any: ...
+
+
+class OwnStep(Protocol):
+    """``target(trainer, loss_fn) -> LiveTarget``: a step of its own for ``measure``, ``compare`` and ``fit``
+    (its batch, its runner; :class:`memlab.trainer.entry.LiveTarget`); ``loss_fn`` None for the trainer's own."""
+
+    def __call__(self, trainer: Any, loss_fn: Any) -> Any: ...
+
+
+class Estimate(Protocol):
+    """``estimate(request) -> Trial``: its own dry run for ``memlab.estimate`` (``request``:
+    :class:`memlab.estimation.request.EstimateRequest`; the answer a :class:`memlab.report.Trial`)."""
+
+    def __call__(self, request: Any) -> Any: ...
+
+
+class FitDryRuns(Protocol):
+    """``fit_dry_runs(target, trainer, loss_fn) -> LiveTarget``: :class:`~memlab.trainer.entry.LiveTarget`
+    ``target`` with the dry run ``fit`` prunes with and the suggestions it makes where nothing fits."""
+
+    def __call__(self, target: Any, trainer: Any, loss_fn: Any) -> Any: ...
+
+
+class CheckPlan(Protocol):
+    """``check_plan(trainer, plan)``: raise :class:`~memlab.errors.MemlabError` for a :class:`memlab.Plan` that
+    ``memlab.apply`` cannot put on this kind."""
+
+    def __call__(self, trainer: Any, plan: Any) -> None: ...
+
+
+class Arguments(Protocol):
+    """``arguments(args, plan) -> dict``: the config fields ``memlab.apply`` changes besides the Trainer's own
+    (``args``: the trainer's ``TrainingArguments`` or TRL config; ``plan``: a :class:`memlab.Plan`)."""
+
+    def __call__(self, args: Any, plan: Any) -> dict[str, Any]: ...
+
+
+class ExportRefusal(Protocol):
+    """``export_refusal(plan) -> str``: why its config cannot carry the :class:`memlab.Plan` (what to write
+    instead), ``""`` when it can."""
+
+    def __call__(self, plan: Any) -> str: ...
+
+
+class Elsewhere(Protocol):
+    """``elsewhere(trainer) -> str``: what an entry point that does not run the kind's own step says of it."""
+
+    def __call__(self, trainer: Any) -> str: ...
+
+
+class OldLogps(Protocol):
+    """``old_logps(trainer) -> bool``: whether its step computes the old policy's log-probs, before the
+    reference's (:func:`memlab.watch` names the first no-grad pass of a generation round ``"old-policy"``)."""
+
+    def __call__(self, trainer: Any) -> bool: ...
+
+
+class CompletionRoom(Protocol):
+    """``completion_room(trainer) -> int | None``: the most tokens a completion can take past its longest prompt
+    (the model's positions less the prompt's), None where the model does not say (:func:`memlab.limits`'s ceiling
+    when it varies the completion's length)."""
+
+    def __call__(self, trainer: Any) -> int | None: ...
+
+
+@runtime_checkable
+class OwnBatch(Protocol):
+    """A kind's own batch that carries its trainer (a GRPO step's prompts,
+    :class:`memlab.kinds.grpo.source.GRPOPrompts`): an entry point given only the batch (the panel's) runs that
+    trainer's own step on it."""
+
+    @property
+    def trainer(self) -> Any: ...
 
 
 @dataclass(frozen=True)
 class TrainerKind:
-    """One kind of trainer, declared once.
+    """One kind of trainer, declared once (in :mod:`memlab.kinds`, its folder).
 
     Args:
         name: the class that makes a trainer this kind, found in the trainer's class hierarchy (a user's class
@@ -50,26 +137,28 @@ class TrainerKind:
         batch: what its step runs on, in words (a trial's notes and the kind's documentation).
         phases: the phases its step has before the training phases, in order (``"generation"``...), as the
             timeline names them.
-        make_batch: ``make_batch(trainer) -> batch``: the batch its trials run on, with the trainer's
-            ``compute_loss``; None: the train dataset's worst batch (:func:`memlab.trainer.worst_batch.worst_batch`).
-        target: ``target(trainer, loss_fn) -> LiveTarget``: a step of its own for ``measure``, ``compare`` and
-            ``fit`` (its batch, its runner); None: the Trainer's step on :attr:`make_batch`'s batch.
-        estimate: ``estimate(request) -> Trial``: its own dry run for ``memlab.estimate`` (the request is
-            :class:`~memlab.estimation.request.EstimateRequest`); None: the Trainer's on its batch.
+        make_batch: the batch its trials run on (:class:`MakeBatch`); None: the train dataset's worst batch
+            (:func:`memlab.trainer.worst_batch.worst_batch`).
+        target: a step of its own for ``measure``, ``compare`` and ``fit`` (:class:`OwnStep`); None: the Trainer's
+            step on :attr:`make_batch`'s batch.
+        estimate: its own dry run for ``memlab.estimate`` (:class:`Estimate`); None: the Trainer's on its batch.
         levers: what ``fit`` searches on this kind beyond its default space (``{lever: values}``, as ``space=``
-            takes them), under what the user's ``space`` says.
-        dry_run_levers: the same for levers a built trainer cannot switch (``memlab.apply`` refuses them: a new
-            trainer's setting, such as a DPOTrainer's ``precompute_ref``): searched by ``fit(..., dry_run=True)``
-            only, so that a measured search's answer is one ``apply`` takes; a value the trainer sets itself is kept.
-        fit_dry_runs: ``fit_dry_runs(target, trainer, loss_fn) -> LiveTarget``: ``target`` with the dry run ``fit``
-            prunes with and the suggestions it makes where nothing fits (needed with a ``target``).
+            takes them), under what the user's ``space`` says. A lever a built trainer cannot change (its
+            declaration's :attr:`~memlab.techniques.core.lever.Lever.refuses_change`: ``memlab.apply`` refuses it,
+            such as a DPOTrainer's ``precompute_ref``) is searched by ``fit(..., dry_run=True)`` only, so that a
+            measured search's answer is one ``apply`` takes; a value the trainer sets itself is kept.
+        fit_dry_runs: ``target`` with the dry run ``fit`` prunes with and the suggestions it makes where nothing
+            fits (:class:`FitDryRuns`; needed with a ``target``).
         suggestions: the config fields those suggestions change; each changes the training, and says so.
-        check_plan: ``check_plan(trainer, plan)``: refuse a plan ``memlab.apply`` cannot put on this kind.
-        arguments: ``arguments(args, plan) -> dict``: the config fields ``memlab.apply`` changes besides the
-            Trainer's own (:func:`memlab.export.engines.training_arguments`).
-        export_refusal: ``export_refusal(plan) -> str``: why its config cannot carry ``plan`` (what to write
-            instead), ``""`` when it can.
-        elsewhere: ``elsewhere(trainer) -> str``: what an entry point that does not run :attr:`target`'s step says.
+        check_plan: refuse a plan ``memlab.apply`` cannot put on this kind (:class:`CheckPlan`).
+        arguments: the config fields ``memlab.apply`` changes besides the Trainer's own (:class:`Arguments`;
+            the Trainer's: :func:`memlab.export.engines.training_arguments`).
+        export_refusal: why its config cannot carry a plan (:class:`ExportRefusal`).
+        elsewhere: what an entry point that does not run :attr:`target`'s step says (:class:`Elsewhere`).
+        old_logps: whether its step computes the old policy's log-probs (:class:`OldLogps`), which
+            :func:`memlab.watch` marks; None: it computes none.
+        completion_room: the completion tokens its model's positions leave past the longest prompt
+            (:class:`CompletionRoom`), for a kind that :attr:`generates`.
         rows_per_example: rows of the batch its ``compute_loss`` takes per example its
             ``per_device_train_batch_size`` counts (a DPOTrainer's chosen and rejected, 2): what
             :func:`memlab.watch` counts a step's samples in, as the trainer's own samples per second does.
@@ -81,24 +170,36 @@ class TrainerKind:
     config_module: str = "trl"
     batch: str = WORST_BATCH
     phases: tuple[str, ...] = ()
-    make_batch: Callable[[Any], Any] | None = None
-    target: Callable[[Any, Any], Any] | None = None
-    estimate: Callable[[Any], Any] | None = None
+    make_batch: MakeBatch | None = None
+    target: OwnStep | None = None
+    estimate: Estimate | None = None
     levers: Mapping[str, Sequence[Any]] = field(default_factory=dict)
-    dry_run_levers: Mapping[str, Sequence[Any]] = field(default_factory=dict)
-    fit_dry_runs: Callable[[Any, Any, Any], Any] | None = None
+    fit_dry_runs: FitDryRuns | None = None
     suggestions: tuple[str, ...] = ()
-    check_plan: Callable[[Any, Any], None] | None = None
-    arguments: Callable[[Any, Any], dict[str, Any]] | None = None
-    export_refusal: Callable[[Any], str] | None = None
-    elsewhere: Callable[[Any], str] | None = None
+    check_plan: CheckPlan | None = None
+    arguments: Arguments | None = None
+    export_refusal: ExportRefusal | None = None
+    elsewhere: Elsewhere | None = None
+    old_logps: OldLogps | None = None
+    completion_room: CompletionRoom | None = None
     rows_per_example: int = 1
+
+    @property
+    def generates(self) -> bool:
+        """Whether its step generates its batch first (its first phase is ``"generation"``, as GRPO's): its batch
+        is what it generates, and :func:`memlab.limits` varies its completions' length or its generations.
+
+        Example:
+            >>> kinds()[0].generates
+            False
+        """
+        return self.phases[:1] == ("generation",)
 
     def recognises(self, cls: type) -> bool:
         """Whether ``cls`` is this kind's class (by name and module, so nothing is imported).
 
         Example:
-            >>> KINDS[0].recognises(object)
+            >>> kinds()[0].recognises(object)
             False
         """
         return cls.__name__ == self.name and cls.__module__.startswith(self.module)
@@ -107,7 +208,7 @@ class TrainerKind:
         """Its config class, imported (transformers' or TRL's).
 
         Example:
-            >>> KINDS[0].config_class().__name__
+            >>> kinds()[0].config_class().__name__
             'TrainingArguments'
         """
         import importlib
@@ -123,17 +224,22 @@ WATCH = ("memlab.watch(trainer, budget=...) works on it today: call it, then tra
          "watched.peak_bytes is every step's peak, generation included")
 """What works on every trainer, said in each refusal."""
 
-KINDS: list[TrainerKind] = [
-    TrainerKind("Trainer", "transformers.", "TrainingArguments", "transformers"),
-    TrainerKind("SFTTrainer", "trl.", "SFTConfig"),
-    TrainerKind("DPOTrainer", "trl.", "DPOConfig",
-                batch=f"{WORST_BATCH} (chosen and rejected together, as the trainer batches them)",
-                # the same reference log-probs, computed before training (memlab.techniques.precompute_ref)
-                dry_run_levers={"precompute_ref": [None, True]}, rows_per_example=2),
-]
-"""Every kind memlab takes, in order (the Trainer first); :func:`register` adds one. A kind whose step is its own
-is declared in its own module, which :mod:`memlab.trainer` imports (it registers the kind): GRPO's is
-:mod:`memlab.trainer.grpo.kind`, so that its hooks' modules import this one, never the reverse."""
+_REGISTERED: list[TrainerKind] = []
+"""The kinds :func:`register` added on top of those :mod:`memlab.kinds` declares (a user's, a test's)."""
+
+
+def kinds() -> tuple[TrainerKind, ...]:
+    """Every kind memlab takes, in order (the Trainer first): those :mod:`memlab.kinds` lists (the seam ``"trainer
+    kinds"``), a registered kind of the same name in its place, then the other registered ones.
+
+    Example:
+        >>> [kind.config for kind in kinds()]
+        ['TrainingArguments', 'SFTConfig', 'DPOConfig', 'GRPOConfig']
+    """
+    registered = {kind.name: kind for kind in _REGISTERED}
+    listed = tuple(registered.pop(kind.name, kind) for kind in provided("trainer kinds"))
+    return (*listed, *registered.values())
+
 
 def is_trainer(obj: Any) -> bool:
     """True for a ``transformers.Trainer`` or a subclass of it (TRL's ``SFTTrainer``...), without importing them.
@@ -156,6 +262,19 @@ def is_trainer(obj: Any) -> bool:
 _TRL_BASES = ("BaseTrainer", "_BaseTrainer")
 
 
+def _nearest(trainer: Any) -> TrainerKind | str:
+    """The declared kind nearest to ``trainer``'s class in its hierarchy; else the name of the TRL trainer class of
+    no declared kind it is (``""``: none)."""
+    known = kinds()
+    for cls in type(trainer).__mro__:
+        for kind in reversed(known):  # a kind registered later may name a class an earlier one also matches
+            if kind.recognises(cls):
+                return kind
+        if cls.__module__.startswith("trl.") and cls.__name__.endswith("Trainer") and cls.__name__ not in _TRL_BASES:
+            return cls.__name__
+    return ""
+
+
 def kind_of(trainer: Any) -> TrainerKind:
     """The kind of ``trainer``: the declared class nearest to its own in its class hierarchy (a user's subclass of
     TRL's GRPOTrainer is a GRPOTrainer).
@@ -173,14 +292,27 @@ DPOTrainer and GRPOTrainer too), or a model and a batch
     """
     if not is_trainer(trainer):
         raise MemlabError(f"a {type(trainer).__name__} is not a transformers Trainer; pass a Trainer (TRL's "
-                          f"{_names(KINDS[1:])} too), or a model and a batch")
-    for cls in type(trainer).__mro__:
-        for kind in reversed(KINDS):  # a kind registered later may name a class an earlier one also matches
-            if kind.recognises(cls):
-                return kind
-        if cls.__module__.startswith("trl.") and cls.__name__.endswith("Trainer") and cls.__name__ not in _TRL_BASES:
-            raise MemlabError(_refusal(cls.__name__, trainer))
-    raise MemlabError(f"no trainer kind recognises a {type(trainer).__name__}; memlab takes {_names(KINDS)}")
+                          f"{_names(kinds()[1:])} too), or a model and a batch")
+    kind = _nearest(trainer)
+    if isinstance(kind, TrainerKind):
+        return kind
+    if kind:
+        raise MemlabError(_refusal(kind, trainer))
+    raise MemlabError(f"no trainer kind recognises a {type(trainer).__name__}; memlab takes {_names(kinds())}")
+
+
+def generates(obj: Any) -> bool:
+    """Whether ``obj`` is a trainer whose kind's step generates its batch first (:attr:`TrainerKind.generates`:
+    TRL's GRPOTrainer); False for anything else, a trainer of no declared kind included (no refusal).
+
+    Example:
+        >>> generates(object())
+        False
+    """
+    if not is_trainer(obj):
+        return False
+    kind = _nearest(obj)
+    return isinstance(kind, TrainerKind) and kind.generates
 
 
 def kind_for_config(config: type) -> TrainerKind | None:
@@ -191,52 +323,54 @@ def kind_for_config(config: type) -> TrainerKind | None:
         >>> kind_for_config(TrainingArguments).name
         'Trainer'
     """
+    known = kinds()
     for cls in config.__mro__:
-        for kind in reversed(KINDS):
+        for kind in reversed(known):
             if cls.__name__ == kind.config and cls.__module__.startswith(kind.config_module):
                 return kind
     return None
 
 
 def register(kind: TrainerKind) -> None:
-    """Add ``kind`` to :data:`KINDS` (a kind of the same name is replaced); :func:`declared` does it for a while.
+    """Add ``kind`` on top of the kinds :mod:`memlab.kinds` lists (:func:`kinds`; one of the same name is replaced
+    in its place); :func:`declared` does it for a while.
 
     Example:
         >>> register(TrainerKind("Trainer", "transformers.", "TrainingArguments", "transformers"))
-        >>> [kind.name for kind in KINDS].count("Trainer")
+        >>> [kind.name for kind in kinds()].count("Trainer")
         1
     """
     if not isinstance(kind, TrainerKind):
         raise MemlabError(f"register takes a memlab.live.trainer_kinds.TrainerKind, not {type(kind).__name__}; write "
                           "register(TrainerKind('MyTrainer', 'my_package.', 'MyConfig', ...))")
-    for index, known in enumerate(KINDS):
+    for index, known in enumerate(_REGISTERED):
         if known.name == kind.name:
-            KINDS[index] = kind
+            _REGISTERED[index] = kind
             return
-    KINDS.append(kind)
+    _REGISTERED.append(kind)
 
 
 @contextmanager
 def declared(kind: TrainerKind) -> Iterator[TrainerKind]:
-    """``kind`` registered inside the ``with`` block, and the registry as it was after it.
+    """``kind`` registered inside the ``with`` block, and the kinds as they were after it.
 
     Example:
         >>> with declared(TrainerKind("KTOTrainer", "trl.", "KTOConfig")):
-        ...     [kind.name for kind in KINDS][-1]
+        ...     [kind.name for kind in kinds()][-1]
         'KTOTrainer'
-        >>> [kind.name for kind in KINDS][-1]
+        >>> [kind.name for kind in kinds()][-1]
         'GRPOTrainer'
     """
-    before = list(KINDS)
+    before = list(_REGISTERED)
     register(kind)
     try:
         yield kind
     finally:
-        KINDS[:] = before
+        _REGISTERED[:] = before
 
 
-def _names(kinds: list[TrainerKind]) -> str:
-    names = [kind.name for kind in kinds]
+def _names(listed: Sequence[TrainerKind]) -> str:
+    names = [kind.name for kind in listed]
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
@@ -249,8 +383,8 @@ def _refusal(name: str, trainer: Any) -> str:
         generations = getattr(args, "num_generations", None) or "num_generations"
         vocab = getattr(getattr(getattr(trainer, "model", None), "config", None), "vocab_size", None) or "vocab_size"
         return (
-            f"memlab does not yet measure, estimate or fit a {name}'s step (it takes {_names(KINDS)}): its dataset is "
-            f"prompts, and each step first generates {generations} completions per prompt (up to {completion} "
+            f"memlab does not yet measure, estimate or fit a {name}'s step (it takes {_names(kinds())}): its dataset "
+            f"is prompts, and each step first generates {generations} completions per prompt (up to {completion} "
             f"tokens) before the policy's forward and backward, which memlab does not run for a {name}; {WATCH}. "
             f"To size the policy's training step alone, measure the model on a batch of full-length generations: "
             f"ids = torch.randint({vocab}, ({rows}, longest_prompt + {completion})); memlab.measure(trainer.model, "
@@ -258,7 +392,7 @@ def _refusal(name: str, trainer: Any) -> str:
             "the reference model come on top)"
         )
     return (
-        f"memlab does not measure, estimate or fit a TRL {name}: it takes {_names(KINDS)}; {WATCH}. To size the "
+        f"memlab does not measure, estimate or fit a TRL {name}: it takes {_names(kinds())}; {WATCH}. To size the "
         "training step, measure the model on a batch yourself: memlab.measure(trainer.model, batch, "
         "memlab.Plan(...))"
     )

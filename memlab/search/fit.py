@@ -36,6 +36,7 @@ from memlab.techniques.accumulation import check_split
 from memlab.techniques.adapters import carried_space
 from memlab.techniques.attention import fused_attention_instead
 from memlab.techniques.checkpointing import checkpoint_blocks
+from memlab.techniques.core.registry import built_settings
 from memlab.techniques.loss import chunked_loss_applies
 from memlab.techniques.offload import NO_OFFLOAD
 from memlab.techniques.precision import BF16, half_precision
@@ -130,12 +131,13 @@ def fit(
         carried = carried_space(target.model, target.plan) if target.plan is not None else {}
         # A live trainer cannot switch to DeepSpeed, which optimizer offload needs (memlab.apply refuses it): it is
         # searched only where the space asks for it (to export with plan.to_deepspeed()).
-        # What a built trainer cannot switch (a DPOTrainer's precompute_ref: apply refuses it) is searched in dry runs
-        # only, and where the trainer sets it itself, kept as it is.
-        rebuilt = declared.dry_run_levers if dry_run else {}
-        own = {name: [getattr(target.plan, name)] for name in rebuilt
-               if target.plan is not None and getattr(target.plan, name, None) is not None}
-        space = {"offload": [NO_OFFLOAD], **declared.levers, **rebuilt, **own, **carried, **(space or {})}
+        # What a built trainer cannot change (a DPOTrainer's precompute_ref: the lever's refuses_change, apply refuses
+        # it) is searched in dry runs only, and where the trainer sets it itself, kept as it is.
+        built = built_settings()
+        levers = {name: values for name, values in declared.levers.items() if dry_run or name not in built}
+        own = {name: [getattr(target.plan, name)] for name in levers
+               if name in built and target.plan is not None and getattr(target.plan, name, None) is not None}
+        space = {"offload": [NO_OFFLOAD], **levers, **own, **carried, **(space or {})}
         refuse_selective_for_trainer(space)
         # The Trainer's checkpointing switch covers every block or none: some blocks (checkpointing=k) would be a
         # plan neither memlab.apply(trainer, ...) nor to_training_arguments() could carry, so none is searched.

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.live.trainer_kinds import generates
 from memlab.plan import Plan, format_bytes, parse_budget
 from memlab.report import Trial
 from memlab.report.format import FIGURE_WORDS, over_words
 from memlab.search.narrow import MAX_RUNS, MAX_SECONDS, bracket, narrow
 from memlab.search.narrow import fits as _fits
 from memlab.techniques.precision import half_precision
-from memlab.trainer.grpo import is_grpo
 from memlab.trainer.source import is_trainer
 
 __all__ = ["MAX_RUNS", "MAX_SECONDS", "Limits", "limits", "resized"]
@@ -292,7 +292,7 @@ def limits(
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise MemlabError(f"multiple={multiple!r} is not allowed; write a whole number >= 1, e.g. multiple=64")
     unit = None
-    if is_grpo(model_or_config) or (batch is None and is_trainer(model_or_config)):
+    if generates(model_or_config) or (batch is None and is_trainer(model_or_config)):
         from memlab.search.limits_trainer import trainer_sizes
 
         sizes = trainer_sizes(model_or_config, plan, vary, capacity, multiple, batch, keywords)

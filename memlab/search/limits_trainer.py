@@ -34,6 +34,7 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.live.patching import patched
+from memlab.live.trainer_kinds import generates, kind_of
 from memlab.plan import Plan
 from memlab.report.data import Trial
 
@@ -107,16 +108,14 @@ def trainer_sizes(trainer: Any, plan: Plan | None, vary: str, budget: int, multi
     """
     from memlab.estimation.cuda.gpus import capped
     from memlab.estimation.estimate import estimate
-    from memlab.trainer.grpo import GRPOSource, is_grpo
-
-    grpo = is_grpo(trainer)
-    if grpo and batch is not None:
+    generating = generates(trainer)
+    if generating and batch is not None:
         raise MemlabError(
             "a GRPOTrainer's batch is what it generates from its prompts, so limits takes none with it: write "
             "memlab.limits(trainer, budget=..., vary='tokens') for the longest max_completion_length, or "
             "vary='rows' for the most generations per device"
         )
-    if not grpo and vary == "tokens":
+    if not generating and vary == "tokens":
         raise MemlabError(
             "limits on a trainer varies its per_device_train_batch_size, and its sequences are its dataset's: write "
             "memlab.limits(trainer, budget=..., vary='rows'); for the longest sequences, memlab.limits(trainer.model, "
@@ -139,26 +138,24 @@ def trainer_sizes(trainer: Any, plan: Plan | None, vary: str, budget: int, multi
                 "size into k micro-batches), or plan=None for the trainer as set up"
             )
         current = int(args.per_device_train_batch_size)
-        base = rows_multiple(int(trainer.num_generations), max(int(args.steps_per_generation), 1)) if grpo else 1
+        base = rows_multiple(int(trainer.num_generations), max(int(args.steps_per_generation), 1)) if generating else 1
         if plan is not None:  # the plan's accumulation divides each size's rows per step
             steps = int(args.gradient_accumulation_steps)
             base = math.lcm(base, plan.accumulation // math.gcd(plan.accumulation, steps))
         step = multiple if multiple is not None else base
     if isinstance(step, bool) or not isinstance(step, int) or step < 1 or step % base:
         whole = (f" (whole prompts of num_generations={trainer.num_generations} in each generation batch)"
-                 if grpo else "") + (f" (the plan's accumulation={plan.accumulation} divides each size's rows)"
+                 if generating else "") + (f" (the plan's accumulation={plan.accumulation} divides each size's rows)"
                                      if plan is not None and plan.accumulation > 1 else "")
         raise MemlabError(f"multiple={multiple!r} is not allowed here; write a whole number >= 1 that is a multiple "
                           f"of {base}{whole}, e.g. multiple={base}")
     ceiling = None
     dataset = getattr(trainer, "train_dataset", None)
-    if not grpo and isinstance(dataset, Sized):  # the worst batch holds distinct examples
+    if not generating and isinstance(dataset, Sized):  # the worst batch holds distinct examples
         ceiling = len(dataset)
-    if vary == "tokens":
-        source = GRPOSource.from_trainer(trainer, within_positions=False)
-        context = getattr(getattr(source.model, "config", None), "max_position_embeddings", None)
-        if isinstance(context, int) and context > 0:
-            ceiling = context - source.prompt_tokens
+    room = kind_of(trainer).completion_room if vary == "tokens" else None
+    if room is not None:  # the completion tokens the model's positions leave past the longest prompt
+        ceiling = room(trainer)
     # The card held to the budget, as a real cap holds it (as limits' own dry runs).
     on_card = {**keywords, "gpu": capped(keywords.get("gpu"), budget)}
 
@@ -167,4 +164,4 @@ def trainer_sizes(trainer: Any, plan: Plan | None, vary: str, budget: int, multi
             return estimate(trainer, plan, budget=budget, **card)
 
     return TrainerSizes(current, step, ceiling, run, lambda size: run(size, keywords),
-                        UNITS[vary] if grpo else "examples per device")
+                        UNITS[vary] if generating else "examples per device")

@@ -271,6 +271,7 @@ DECLARATIONS = (
         exports=per_target_but_peft(_export),
         needs_trainer="a TRL DPOTrainer",
         refuses_step=precompute_refusal,
+        refuses_change=refuse_precompute_change,
     ),
 )
 """The lever's declaration (:data:`memlab.techniques.core.registry.REGISTRY` gathers it)."""

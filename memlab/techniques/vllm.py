@@ -4,7 +4,7 @@
 Both keep the training the same: the engine only generates, so the policy's step is the same whatever its share, and
 neither changes the step memlab runs. None (their default) means "as the trainer is set up"; a plan read from a
 GRPOTrainer (:meth:`memlab.Plan.from_trainer`) carries the trainer's values. Only the GRPO estimate reads them
-(:mod:`memlab.trainer.grpo.estimate`: the share on the card, resident or asleep while training) and ``fit`` searches
+(:mod:`memlab.kinds.grpo.estimate`: the share on the card, resident or asleep while training) and ``fit`` searches
 them there; a step of anything else that is asked to run them refuses (there is no engine to set), and so does
 ``memlab.apply`` on a trainer whose values differ (TRL builds the engine in ``GRPOTrainer.__init__``). The only
 export that holds them is a ``GRPOConfig``'s keywords (:func:`grpo_config_keywords`); the others say where they go.
@@ -19,7 +19,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
+from dataclasses import dataclass
 from typing import Any
 
 from memlab.errors import MemlabError
@@ -27,9 +29,8 @@ from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export
 from memlab.techniques.core.lever import SWITCH, Lever, PlanLike
 from memlab.techniques.core.technique import StepParts, Technique, Undo
 
-__all__ = ["DECLARATIONS", "FIELDS", "VLLM", "VLLMEngine", "grpo_config_keywords", "no_engine", "sets_vllm",
-           "vllm_from_arguments",
-           "without_vllm"]
+__all__ = ["DECLARATIONS", "FIELDS", "VLLM", "VLLMEngine", "VLLMSettings", "grpo_config_keywords", "no_engine",
+           "refuse_engine_change", "sets_vllm", "vllm_from_arguments", "without_vllm"]
 
 FIELDS = ("vllm_memory", "vllm_sleep")
 """The Plan fields of the colocated engine's settings."""
@@ -120,6 +121,121 @@ def no_engine(plan: PlanLike) -> str:
             "with it (memlab.estimate(trainer, plan, gpu=...)), or write the plan without vllm_memory / vllm_sleep")
 
 
+@dataclass(frozen=True)
+class VLLMSettings:
+    """The vLLM settings of a GRPOTrainer that generates with vLLM (its ``GRPOConfig``'s, as TRL reads them).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> VLLMSettings.of(SimpleNamespace(args=SimpleNamespace(use_vllm=False), use_vllm=False)) is None
+        True
+    """
+
+    mode: str
+    utilization: float
+    sleep: bool
+    tensor_parallel: int = 1
+
+    @classmethod
+    def of(cls, trainer: Any) -> VLLMSettings | None:
+        """The trainer's vLLM settings; None where it generates with transformers.
+
+        Raises:
+            MemlabError: a mode other than ``"colocate"`` / ``"server"``, a utilization outside (0, 1], or a
+                colocated engine over several GPUs (``vllm_tensor_parallel_size > 1``: several processes).
+        """
+        args = trainer.args
+        if not getattr(trainer, "use_vllm", getattr(args, "use_vllm", False)):
+            return None
+        mode = str(getattr(args, "vllm_mode", "colocate"))
+        utilization = float(getattr(args, "vllm_gpu_memory_utilization", 0.3))
+        parallel = int(getattr(args, "vllm_tensor_parallel_size", 1) or 1)
+        if mode not in ("colocate", "server"):
+            raise MemlabError(f"vllm_mode={mode!r} is not one TRL runs; write GRPOConfig(vllm_mode='colocate') or "
+                              "vllm_mode='server'")
+        if mode == "colocate" and not 0.0 < utilization <= 1.0:
+            raise MemlabError(f"vllm_gpu_memory_utilization={utilization} is not a fraction of the card; write a "
+                              "value in (0, 1], e.g. GRPOConfig(vllm_gpu_memory_utilization=0.3)")
+        if mode == "colocate" and parallel != 1:
+            raise MemlabError(
+                f"vllm_tensor_parallel_size={parallel} spreads the colocated engine over {parallel} processes, and "
+                "memlab estimates a GRPOTrainer's step in one; estimate it with vllm_tensor_parallel_size=1 (each "
+                "GPU then holds the whole engine's share, an upper bound)"
+            )
+        return cls(mode, utilization, bool(getattr(args, "vllm_enable_sleep_mode", False)), parallel)
+
+    @classmethod
+    def for_plan(cls, trainer: Any, plan: Any) -> VLLMSettings | None:
+        """The trainer's settings with what ``plan`` sets of them (``Plan(vllm_memory=..., vllm_sleep=...)``; None
+        fields, or no plan: the trainer's own).
+
+        Raises:
+            MemlabError: the plan sets them on a trainer without a colocated engine (nothing to set), or what
+                :meth:`of` refuses.
+
+        Example:
+            >>> from types import SimpleNamespace
+            >>> from memlab.plan import Plan
+            >>> args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
+            >>> settings = VLLMSettings.for_plan(SimpleNamespace(args=args), Plan(vllm_memory=0.2))
+            >>> settings.utilization, settings.sleep
+            (0.2, False)
+        """
+        own = cls.of(trainer)
+        if plan is None or not sets_vllm(plan):
+            return own
+        if own is None or not own.colocated:
+            have = "vllm_mode='server'" if own is not None else "use_vllm=False"
+            raise MemlabError(f"plan {plan.label()!r} sets a vLLM engine's share or sleep mode, and this "
+                              f"trainer's engine is not on its card ({have}): {GRPO_ONLY}, on a trainer built "
+                              "with GRPOConfig(use_vllm=True, vllm_mode='colocate'); or write the plan without them")
+        return dataclasses.replace(
+            own, utilization=own.utilization if plan.vllm_memory is None else float(plan.vllm_memory),
+            sleep=own.sleep if plan.vllm_sleep is None else bool(plan.vllm_sleep))
+
+    def plan_fields(self) -> dict[str, Any]:
+        """These settings as the Plan's levers (a served engine's are not this card's: none).
+
+        Example:
+            >>> VLLMSettings("colocate", 0.2, sleep=True).plan_fields()
+            {'vllm_memory': 0.2, 'vllm_sleep': True}
+        """
+        return {"vllm_memory": self.utilization, "vllm_sleep": self.sleep} if self.colocated else {}
+
+    @property
+    def colocated(self) -> bool:
+        """Whether the engine shares this card (``vllm_mode="colocate"``)."""
+        return self.mode == "colocate"
+
+
+def refuse_engine_change(trainer: Any, plan: PlanLike) -> None:
+    """``memlab.apply(trainer, plan)``'s check: a plan whose vLLM settings differ from the trainer's is refused (its
+    engine is not changed). TRL builds the colocated engine in ``GRPOTrainer.__init__``
+    (``VLLMGeneration``: ``LLM(gpu_memory_utilization=..., enable_sleep_mode=...)``, the share preallocated then), so
+    new arguments on a built trainer would not change it; the trainer must be built again with the keywords.
+
+    Raises:
+        MemlabError: the settings differ (naming the ``GRPOConfig`` keywords to build the trainer with), or the plan
+            sets them on a trainer without a colocated engine.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from memlab.plan import Plan
+        >>> args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
+        >>> refuse_engine_change(SimpleNamespace(args=args), Plan(vllm_memory=0.3))  # the trainer's own: nothing
+    """
+    wanted = VLLMSettings.for_plan(trainer, plan)
+    if wanted is None or wanted == VLLMSettings.of(trainer):
+        return
+    keywords = ", ".join(f"{key}={value!r}" for key, value in grpo_config_keywords(plan).items())
+    raise MemlabError(
+        f"plan {plan.label()!r} changes this GRPOTrainer's colocated vLLM engine, which TRL builds in "
+        "GRPOTrainer.__init__ (the share preallocated there), so memlab.apply cannot change it on a built trainer: "
+        f"build the trainer again with GRPOConfig({keywords}, ...) (plan.to_training_arguments(trl=trl.GRPOConfig) "
+        "writes them), then apply plan.replace(vllm_memory=None, vllm_sleep=None) to it if it changes anything else"
+    )
+
+
 class VLLMEngine(Technique):
     """The engine's levers in a step: nothing to put on (the GRPO estimate reads them before its training dry run,
     which runs without them); a step asked to run them has no engine, so it refuses.
@@ -191,6 +307,7 @@ DECLARATIONS = (
         exports=_exports("vllm_memory"),
         needs_trainer=NEEDS,
         refuses_step=lambda plan, loss_fn: no_engine(plan),
+        refuses_change=refuse_engine_change,
     ),
     Lever(
         "vllm_sleep",
@@ -206,6 +323,7 @@ DECLARATIONS = (
         exports=_exports("vllm_sleep"),
         needs_trainer=NEEDS,
         refuses_step=lambda plan, loss_fn: no_engine(plan),
+        refuses_change=refuse_engine_change,
     ),
 )
 """The levers' declarations (:data:`memlab.techniques.core.registry.REGISTRY` gathers them)."""

@@ -5,16 +5,15 @@
 - :mod:`memlab.trainer.worst_batch`: :func:`worst_batch`, the dataset's costliest micro-batch;
 - :mod:`memlab.trainer.watch`: :func:`watch`, the memory of every step of ``trainer.train()``;
 - :mod:`memlab.trainer.apply`: :func:`apply_to_trainer`, a plan on the trainer until ``undo()``;
-- :mod:`memlab.live.trainer_kinds`: :func:`~memlab.live.trainer_kinds.kind_of`, each kind of trainer (Trainer, SFT, DPO,
-  GRPO) declared once: its batch, its step's phases, its own step and dry run, its config class, its refusals;
-  :mod:`memlab.trainer.grpo.kind` declares GRPO's (imported here: it registers the kind);
-- :mod:`memlab.trainer.grpo` and :mod:`memlab.trainer.grpo.estimate`: TRL's GRPOTrainer measured as it runs
-  (generation first), estimated on fake tensors, fitted and applied (a plan's split of its generations);
-  :mod:`memlab.trainer.grpo.suggest`: the config changes suggested where no plan fits;
+- :mod:`memlab.trainer.entry`: :func:`~memlab.trainer.entry.live_target`, what an entry point runs on a trainer;
+- :mod:`memlab.trainer.reference`: a reference model held beside the policy (DPO's, GRPO's), counted in an estimate;
 - :mod:`memlab.trainer.meta`: :func:`~memlab.trainer.meta.trainer_on_meta`, a trainer around a model on the meta
   device (for ``memlab.estimate``), and the refusal of the entry points that would run it.
 
-transformers' Trainer, TRL and datasets are imported only inside the functions that need them.
+Only what every kind uses is here; each kind (its declaration, and a step of its own where it has one: GRPO's) is in
+:mod:`memlab.kinds`, above this package, and this package asks a trainer's kind
+(:func:`memlab.live.trainer_kinds.kind_of`) rather than importing it. transformers' Trainer, TRL and datasets are
+imported only inside the functions that need them.
 
 Example:
     >>> from memlab.trainer import is_trainer
@@ -26,7 +25,6 @@ from __future__ import annotations
 
 from memlab.export.trainer_arguments import plan_from_training_arguments
 from memlab.trainer.apply import TrainerApplied, apply_to_trainer
-from memlab.trainer.grpo import kind as grpo_kind  # noqa: F401  registers the GRPOTrainer's kind in kinds.KINDS
 from memlab.trainer.source import TrainerSource, is_trainer
 from memlab.trainer.watch import StepRecord, Watch, watch
 from memlab.trainer.worst_batch import WorstBatch, worst_batch

@@ -13,8 +13,7 @@ from memlab.export.trainer_arguments import check_single_process, trl_training_a
 from memlab.live.patching import patched
 from memlab.live.trainer_kinds import TrainerKind, kind_of
 from memlab.plan import Plan
-from memlab.techniques.precompute_ref import refuse_precompute_change
-from memlab.trainer.grpo.vllm import refuse_engine_change
+from memlab.techniques.core.registry import built_settings, refuse_changes
 from memlab.trainer.source import (
     is_trainer,
     keeps_trainer_batch,
@@ -156,10 +155,10 @@ def _new_arguments(args: Any, plan: Plan, kind: TrainerKind) -> Any:
     from memlab.export.engines import training_arguments
 
     fields = {f.name for f in dataclasses.fields(args)}
-    # The adapters go on the model itself (peft, below); the arguments carry the rest of the plan, but a vLLM
-    # engine's settings, which refuse_engine_change found the trainer's own.
+    # The adapters go on the model itself (peft, below); the arguments carry the rest of the plan, but what a built
+    # trainer cannot change (a vLLM engine's settings, precompute_ref), which refuse_changes found the trainer's own.
     legacy = "activation_checkpointing" not in fields
-    flat = plan.replace(adapter="none", vllm_memory=None, vllm_sleep=None, precompute_ref=None)
+    flat = plan.replace(adapter="none", **dict.fromkeys(built_settings()))
     # TRL's configs offload activations with their own flag
     changes = trl_training_arguments(flat, legacy_names=legacy) if "activation_offloading" in fields else \
         training_arguments(flat, legacy_names=legacy)
@@ -299,7 +298,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
     - what the trainer's kind changes besides (its ``arguments``, :mod:`memlab.live.trainer_kinds`): on TRL's
       GRPOTrainer, the plan's split of one optimizer step's generations (``per_device_train_batch_size``
       generations per device x accumulation) with the generation batch kept: ``steps_per_generation`` becomes
-      ``generation_batch_size / micro_batch`` (:func:`memlab.trainer.grpo.grpo_split`); a split whose micro-batch
+      ``generation_batch_size / micro_batch`` (the GRPO kind's ``arguments``); a split whose micro-batch
       does not divide the generation batch is refused;
     - ``trainer.optimizer`` and ``trainer.lr_scheduler`` are dropped, so that ``train()`` builds them for the
       plan (over the adapters only, with a LoRA plan); a GRPOTrainer's generations buffered by an earlier
@@ -307,8 +306,9 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
 
     Refused with a :class:`MemlabError`, before anything changes: optimizer offload (DeepSpeed), pure bf16 weights,
     QLoRA and the chunked loss (not yet on a live trainer; :func:`check_plan_for_trainer` says what to do), a
-    plan that changes a GRPOTrainer's vLLM engine or a DPOTrainer's ``precompute_ref`` (TRL decides both in the
-    trainer's ``__init__``: build a new trainer), a
+    plan that changes what a built trainer cannot change, a GRPOTrainer's vLLM engine or a DPOTrainer's
+    ``precompute_ref`` (TRL decides both in the trainer's ``__init__``: build a new trainer; each lever's
+    :attr:`~memlab.techniques.core.lever.Lever.refuses_change`), a
     trainer set up for DeepSpeed or FSDP, and a trainer that already has a plan applied (``undo()`` it first). A
     peft model keeps its own adapters: a LoRA plan must carry their settings (the plan memlab read from it does).
 
@@ -322,8 +322,9 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
         raise MemlabError(f"apply_to_trainer takes a transformers Trainer, not a {type(trainer).__name__}")
     kind = kind_of(trainer)  # a trainer of no kind memlab takes is refused, saying which it takes
     check_plan_for_trainer(plan)
-    refuse_engine_change(trainer, plan)  # TRL builds a GRPOTrainer's vLLM engine in its __init__
-    refuse_precompute_change(trainer, plan)  # and computes a DPOTrainer's reference log-probs in its __init__
+    # what a built trainer cannot change (each lever's refuses_change): TRL builds a GRPOTrainer's vLLM engine and
+    # computes a DPOTrainer's reference log-probs in its __init__
+    refuse_changes(trainer, plan)
     check_single_process(trainer.args)
     plan = keeps_trainer_batch(plan, trainer.args)  # Plan(): the trainer's effective batch in one micro-batch
     if kind.check_plan is not None:  # what the kind refuses (a GRPOTrainer: a split of other than its generations)

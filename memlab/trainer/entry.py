@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from memlab.errors import MemlabError
-from memlab.live.trainer_kinds import kind_of
+from memlab.live.trainer_kinds import OwnBatch, kind_of
 from memlab.plan import Plan
-from memlab.trainer.grpo import GRPOPrompts
 from memlab.trainer.source import TrainerSource, is_trainer, keeps_trainer_batch
 from memlab.trainer.worst_batch import trainer_batches, worst_batch
 
@@ -48,7 +47,7 @@ class LiveTarget:
     suggest: Any = None
     """``suggest(plan, budget=..., device=..., lr=..., gpu=None) -> (trials, sentence)``: where nothing in ``fit``'s
     space fits (measured, or in a dry run for the GPU kind ``gpu``),
-    a trainer kind's own suggestions (a GRPOTrainer's config changes: :mod:`memlab.trainer.grpo.suggest`)."""
+    a trainer kind's own suggestions (a GRPOTrainer's config changes: :mod:`memlab.kinds.grpo.suggest`)."""
 
     def plan_for(self, plan: Any) -> Any:
         """The plan a run on this target measures: ``None`` on a trainer is the trainer as set up; a ``Plan``
@@ -87,10 +86,10 @@ def live_target(
 a transformers Trainer, whose train dataset memlab reads
     """
     if not is_trainer(model_or_trainer):
-        if generation and isinstance(batch, GRPOPrompts):  # a GRPO target's batch carries its trainer (the panel's)
-            trainer = batch.source.trainer
+        if generation and isinstance(batch, OwnBatch):  # a kind's own batch carries its trainer (GRPO's prompts)
+            trainer = batch.trainer
             own_step = kind_of(trainer).target
-            assert own_step is not None  # a GRPOTrainer's kind declares its step
+            assert own_step is not None  # a kind that makes its own batch declares its step
             return cast(LiveTarget, own_step(trainer, loss_fn))
         if batch is None:
             raise MemlabError(

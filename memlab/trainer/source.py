@@ -30,24 +30,10 @@ __all__ = [
     "is_trainer",
     "keeps_trainer_batch",
     "trainer_model",
-    "trl_kind",
     "trl_offload_context_for",
 ]
 
 _PLAIN = (bool, int, float, str, type(None))
-
-
-def trl_kind(trainer: Any) -> str | None:
-    """The name of the TRL trainer class ``trainer`` is (or derives from); None for one that is not TRL's.
-
-    Example:
-        >>> trl_kind(object()) is None
-        True
-    """
-    for cls in type(trainer).__mro__:
-        if cls.__module__.startswith("trl.") and cls.__name__.endswith("Trainer") and cls.__name__ != "_BaseTrainer":
-            return cls.__name__
-    return None
 
 
 def check_trainer_kind(trainer: Any) -> TrainerKind:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from memlab.errors import MemlabError, MemlabWarning
 from memlab.live.patching import patched
+from memlab.live.trainer_kinds import OldLogps, kind_of
 from memlab.plan import format_bytes, parse_budget
 from memlab.trainer.source import is_trainer, trainer_model
 
@@ -121,12 +122,19 @@ def _generated_lengths(inputs: dict[str, Any], part: str) -> tuple[tuple[int, ..
 
 
 def _rows_per_example(trainer: Any) -> int:
-    from memlab.live.trainer_kinds import kind_of
-
     try:
         return kind_of(trainer).rows_per_example
     except MemlabError:  # a trainer of no declared kind is watched too: a row is an example
         return 1
+
+
+def _old_logps(trainer: Any) -> OldLogps | None:
+    """The trainer's kind's :class:`~memlab.live.trainer_kinds.OldLogps` (GRPO's: whether TRL computes the old
+    policy's log-probs); None for a kind that computes none, or a trainer of no declared kind."""
+    try:
+        return kind_of(trainer).old_logps
+    except MemlabError:
+        return None
 
 
 class _StepMemory:
@@ -522,7 +530,7 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
 
 GENERATION_METHODS = ("_generate_and_score_completions", "_generate", "_get_per_token_logps_and_entropies")
 """TRL's GRPOTrainer methods a watched ``train()`` wraps to mark ``"generation"``, ``"reference"`` and
-``"old-policy"`` (the phases ``memlab.measure`` names, :data:`memlab.trainer.grpo.GRPO_PHASES`)."""
+``"old-policy"`` (the phases ``memlab.measure`` names, :data:`memlab.kinds.grpo.source.GRPO_PHASES`)."""
 
 
 @contextlib.contextmanager
@@ -536,8 +544,7 @@ def _generation_phases(trainer: Any, memory: _StepMemory) -> Iterator[None]:
         return
     import torch
 
-    from memlab.trainer.grpo import computes_old_logps
-
+    old_logps = _old_logps(trainer)
     passes = [0]  # the no-grad log-prob passes of the current generation round
 
     def new_round() -> bool:
@@ -552,7 +559,7 @@ def _generation_phases(trainer: Any, memory: _StepMemory) -> Iterator[None]:
         if torch.is_grad_enabled():  # the policy's forward in compute_loss: already "forward"
             return False
         first, passes[0] = passes[0] == 0, passes[0] + 1
-        memory.mark("old-policy" if first and computes_old_logps(trainer) else "reference")
+        memory.mark("old-policy" if first and old_logps is not None and old_logps(trainer) else "reference")
         return True
 
     def unmarked_after(method: Callable[..., Any], enter: Callable[[], bool]) -> Callable[..., Any]:

@@ -27,7 +27,8 @@ logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # optional CPU kernel
 
 from datasets import Dataset
 from memlab.estimation.cuda.gpus import GPUS
-from memlab.trainer.grpo.vllm import VLLMSettings, vllm_share
+from memlab.kinds.grpo.vllm import vllm_share
+from memlab.techniques.vllm import VLLMSettings
 import peft
 from tokenizers import Tokenizer, models, pre_tokenizers
 import torch

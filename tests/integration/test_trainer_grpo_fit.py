@@ -118,8 +118,8 @@ def test_apply_sets_the_split_and_undo_puts_the_trainer_back(tmp_path: Any) -> N
 def test_the_search_estimates_a_plans_cheap_twin_as_the_whole_step(tmp_path: Any) -> None:
     """fit's search estimates a plan through its cheap twin (at most 2 micro-batches: mb1x2 for mb1x4); a GRPO step
     generates and trains on all of its generations whatever the plan, so the twin is the whole step's estimate."""
-    from memlab.runner.grpo import grpo_target
-    from memlab.trainer.grpo.suggest import with_grpo_dry_runs
+    from memlab.kinds.grpo.step import grpo_target
+    from memlab.kinds.grpo.suggest import with_grpo_dry_runs
 
     trainer = grpo(tmp_path, per_device_train_batch_size=4)
     estimate = with_grpo_dry_runs(grpo_target(trainer), trainer).estimate  # what fit searches with
@@ -157,7 +157,7 @@ def test_where_nothing_fits_fit_suggests_what_changes_the_training_each_estimate
     assert 1 <= longest < COMPLETION and f"{longest} tokens (of {COMPLETION})" in report.shorter_sequences
     assert all(trial.estimated and trial.fits for trial in report.suggestions)
     # The next token more is estimated not to fit: the bisection found the longest.
-    with_one_more = memlab.trainer.grpo.suggest._estimate(
+    with_one_more = memlab.kinds.grpo.suggest._estimate(
         trainer, report.suggestions[0].plan, "max_completion_length", longest + 1,
         {"budget": budget, "device": "cpu", "lr": 1e-5}) if longest + 1 < COMPLETION else None
     assert with_one_more is None or not with_one_more.fits

@@ -13,9 +13,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArgumen
 
 import memlab  # noqa: E402
 from memlab import MemlabError, Plan  # noqa: E402
-from memlab.live.trainer_kinds import KINDS, TrainerKind, declared, kind_for_config, kind_of  # noqa: E402
-from memlab.trainer.grpo import GRPO_PHASES  # noqa: E402
-from memlab.trainer.grpo.suggest import CHANGES  # noqa: E402
+from memlab.kinds.grpo.source import GRPO_PHASES  # noqa: E402
+from memlab.kinds.grpo.suggest import CHANGES  # noqa: E402
+from memlab.live.trainer_kinds import TrainerKind, declared, kind_for_config, kind_of, kinds  # noqa: E402
 
 ROWS, TOKENS, VOCAB = 2, 24, 128
 
@@ -39,7 +39,7 @@ def pair_trainer(tmp_path: Any) -> PairTrainer:
 
 
 def test_the_four_kinds_in_order_each_found_by_its_class() -> None:
-    assert [kind.name for kind in KINDS] == ["Trainer", "SFTTrainer", "DPOTrainer", "GRPOTrainer"]
+    assert [kind.name for kind in kinds()] == ["Trainer", "SFTTrainer", "DPOTrainer", "GRPOTrainer"]
     for cls in (Trainer, trl.SFTTrainer, trl.DPOTrainer, trl.GRPOTrainer):
         assert kind_of(cls.__new__(cls)).name == cls.__name__
 
@@ -52,7 +52,7 @@ def test_the_four_kinds_in_order_each_found_by_its_class() -> None:
     assert grpo.phases == GRPO_PHASES  # the phases the timeline names, declared once
     assert kind_of(Trainer.__new__(Trainer)).target is None  # the Trainer's step: its compute_loss on a worst batch
     # Each kind's config class is its exports' target.
-    assert [kind.config_class() for kind in KINDS] == [TrainingArguments, trl.SFTConfig, trl.DPOConfig,
+    assert [kind.config_class() for kind in kinds()] == [TrainingArguments, trl.SFTConfig, trl.DPOConfig,
                                                        trl.GRPOConfig]
     assert kind_for_config(trl.GRPOConfig) is grpo and kind_for_config(trl.SFTConfig).name == "SFTTrainer"
 
@@ -84,7 +84,7 @@ def test_a_fifth_kind_is_measured_and_estimated_through_its_declaration_alone(tm
                        batch=f"{TOKENS}-token pairs, question and answer joined", make_batch=make_batch,
                        levers={"checkpointing": (True,), "precision": ("fp32",), "optimizer": ("adamw",)})
     with declared(kind):
-        assert kind_of(trainer) is kind and KINDS[-1] is kind
+        assert kind_of(trainer) is kind and kinds()[-1] is kind
         trial = memlab.measure(trainer, steps=1, warmup=0, noise=0)
         estimate = memlab.estimate(trainer)
         plans = memlab.compare(trainer, [Plan(), Plan(checkpointing=True)], steps=1, warmup=0, noise=0,
@@ -101,7 +101,7 @@ def test_a_fifth_kind_is_measured_and_estimated_through_its_declaration_alone(tm
     assert searched.trials and {(t.plan.checkpointing, t.plan.optimizer) for t in searched.trials} == {
         (True, "adafactor")}  # fit searched the kind's levers, the user's space winning where both say
     # The declaration is gone with the block: the registry is the four kinds again.
-    assert [k.name for k in KINDS] == ["Trainer", "SFTTrainer", "DPOTrainer", "GRPOTrainer"]
+    assert [k.name for k in kinds()] == ["Trainer", "SFTTrainer", "DPOTrainer", "GRPOTrainer"]
     assert kind_of(trainer).name == "Trainer"
 
 

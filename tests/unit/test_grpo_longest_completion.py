@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from memlab.kinds.grpo import suggest as grpo_suggest
 from memlab.plan import Plan
 from memlab.report import Trial
-from memlab.trainer.grpo import suggest as grpo_suggest
 
 
 def _fits_up_to(limit: int, tried: list[int]) -> Any:

@@ -11,7 +11,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from memlab.inference.kv import kv_cache_bytes
-from memlab.trainer.grpo.vllm import BLOCK_TOKENS, RUNTIME_ALLOWANCE, VLLMSettings, utilization_candidates, vllm_share
+from memlab.kinds.grpo.vllm import BLOCK_TOKENS, RUNTIME_ALLOWANCE, utilization_candidates, vllm_share
+from memlab.techniques.vllm import VLLMSettings
 
 CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, vocab_size=256)
 

@@ -460,3 +460,45 @@ def test_every_estimate_route_takes_the_one_request() -> None:
                                                                     "estimate_inference"}
     keywords = set(inspect.signature(estimate_module.estimate).parameters) - {"model_or_config"}
     assert keywords <= {f.name for f in dataclasses.fields(EstimateRequest)} | {"model_or_config"}
+
+
+KINDS_WING = "memlab.kinds"
+ABOVE_THE_KINDS = ("memlab.frontends",)
+"""What may import the trainer kinds (issue 72): the front ends, and the package itself (``memlab/__init__.py``,
+which provides them as the seam ``"trainer kinds"``). Every other layer (the trainer, the runner, the estimation,
+the search...) stands below them and asks a trainer's kind (:func:`memlab.live.trainer_kinds.kind_of`)."""
+
+
+def test_nothing_below_the_kinds_imports_them() -> None:
+    """No module of ``trainer/``, ``runner/``, ``estimation/``, ``search/`` (nor any other layer but the front ends)
+    imports ``memlab.kinds``, at module level or inside a function; the package provides the kinds through a seam."""
+    below = [
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        if module != "memlab" and not module.startswith((KINDS_WING, *ABOVE_THE_KINDS))
+        for target in sorted(targets)
+        if target == KINDS_WING or target.startswith(KINDS_WING + ".")
+    ]
+    assert below == []
+    assert "trainer kinds" in _seam_calls(_modules()["memlab"], "provide")
+    assert "trainer kinds" in _seam_calls(_modules()["memlab.live.trainer_kinds"], "provided")
+
+
+def _declares_a_kind(tree: ast.Module) -> bool:
+    return any(isinstance(node, ast.Call) and getattr(node.func, "id", None) == "TrainerKind"
+               for node in ast.walk(tree))
+
+
+def test_each_kind_has_its_folder_and_the_trainer_package_none() -> None:
+    """The kinds are declared in ``kinds/``, one folder a kind (each ``__init__`` declaring one, :data:`KINDS` listing
+    them all), and nowhere else: ``trainer/`` keeps only what every kind uses, no kind's module or folder."""
+    from memlab.kinds import KINDS
+
+    trees = _modules()
+    declaring = sorted(name for name, tree in trees.items() if _declares_a_kind(tree))
+    folders = sorted(p.name for p in (PACKAGE / "kinds").iterdir() if (p / "__init__.py").is_file())
+    assert declaring == [f"{KINDS_WING}.{folder}" for folder in folders]
+    assert len(KINDS) == len(folders) and len({kind.name for kind in KINDS}) == len(KINDS)
+    trainer = PACKAGE / "trainer"
+    kind_named = [p.name for p in trainer.iterdir() if p.stem in folders and p.stem != "trainer"]
+    assert [p.name for p in trainer.iterdir() if p.is_dir() and p.name != "__pycache__"] == [] and kind_named == []

@@ -187,7 +187,7 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
     """Where no plan of ``report`` fits: the lever combinations on the trainer's plan ``own`` estimated to fit (the
     training the same: :func:`memlab.search.suggest.combined_suggestions`, each ``memlab.estimate(trainer, plan,
     ...)``; those the command cannot say, :func:`trainer_plan_options`, passed over), and, for GRPO where none
-    does, the GRPOConfig changes (:func:`memlab.trainer.grpo.suggest.grpo_suggestions`, which change the training):
+    does, the GRPOConfig changes (:func:`memlab.kinds.grpo.suggest.grpo_suggestions`, which change the training):
     ``(trial, command, what it changes or None)`` each. ``words``: a message's config fields as the command's
     options.
 
@@ -251,10 +251,10 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
 
 def _grpo_changes(args: argparse.Namespace, trainer: Any, own: Any, lowest: Any, budget: int, say: Any,
                   words: Callable[[str], str]) -> list[tuple[Any, str, str | None]]:
-    """The GRPOConfig changes estimated to fit with ``lowest``'s plan (:func:`memlab.trainer.grpo.suggest.
+    """The GRPOConfig changes estimated to fit with ``lowest``'s plan (:func:`memlab.kinds.grpo.suggest.
     grpo_suggestions`), each with its command and what it changes in the training."""
     from memlab.frontends.gpu_cli import cli_gpu
-    from memlab.trainer.grpo.suggest import grpo_suggestions
+    from memlab.kinds.grpo.suggest import grpo_suggestions
 
     completion = int(trainer.max_completion_length)
     lengths = (completion - 1) // _MULTIPLE if completion > _MULTIPLE else completion - 1

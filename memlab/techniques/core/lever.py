@@ -98,6 +98,11 @@ class Lever:
             with that loss (one sentence saying what to write), ``""`` where it can; the runner and the one-device
             estimate ask it (:func:`memlab.techniques.core.registry.step_refusal`) before the model is touched.
             None: every step can.
+        refuses_change: ``(trainer, plan) -> None``: ``memlab.apply``'s check of the lever on a built trainer, whose
+            ``__init__`` decides it (a GRPOTrainer's vLLM engine, a DPOTrainer's reference log-probs): raises a
+            MemlabError, saying how to build the trainer with the plan's value, where that value is not the
+            trainer's own. Set, it makes the lever one a built trainer cannot change: ``apply`` leaves it out of the
+            arguments it changes, and ``fit`` searches it in dry runs only. None: ``apply`` changes it.
     """
 
     name: str
@@ -131,6 +136,7 @@ class Lever:
     value_type: str = ""
     needs_trainer: str = ""
     refuses_step: Callable[[PlanLike, Any], str] | None = None
+    refuses_change: Callable[[Any, PlanLike], None] | None = None
 
     @property
     def type(self) -> str:

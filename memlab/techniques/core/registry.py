@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -46,8 +47,8 @@ from memlab.techniques import compile as compiled
 from memlab.techniques.core.lever import Lever, PlanLike
 from memlab.techniques.core.technique import Technique
 
-__all__ = ["LEVER_MODULES", "REGISTRY", "STEP_ORDER", "conflicts", "least_share", "refusals", "step_refusal",
-           "step_techniques"]
+__all__ = ["LEVER_MODULES", "REGISTRY", "STEP_ORDER", "built_settings", "conflicts", "least_share", "refuse_changes",
+           "refusals", "step_refusal", "step_techniques"]
 
 
 LEVER_MODULES: tuple[ModuleType, ...] = (
@@ -123,6 +124,36 @@ def step_refusal(plan: PlanLike, loss_fn: Any = None) -> str:
         if lever.refuses_step is not None and (why := lever.refuses_step(plan, loss_fn)):
             return why
     return ""
+
+
+def built_settings() -> tuple[str, ...]:
+    """The levers a built trainer cannot change (those that declare :attr:`Lever.refuses_change`), in the Plan's
+    order: ``memlab.apply`` leaves them out of the arguments it changes and refuses a value other than the trainer's
+    own, ``fit`` searches them in dry runs only.
+
+    Example:
+        >>> built_settings()
+        ('vllm_memory', 'vllm_sleep', 'precompute_ref')
+    """
+    return tuple(name for name, lever in REGISTRY.items() if lever.refuses_change is not None)
+
+
+def refuse_changes(trainer: Any, plan: PlanLike) -> None:
+    """``memlab.apply``'s check of :func:`built_settings` on a built ``trainer``: each lever's
+    :attr:`Lever.refuses_change` in the Plan's order (one check a function, however many levers share it), the first
+    that refuses raising its MemlabError.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from memlab.plan import Plan
+        >>> refuse_changes(SimpleNamespace(args=SimpleNamespace()), Plan())  # the trainer's own settings: nothing
+    """
+    checks: list[Callable[[Any, PlanLike], None]] = []
+    for lever in REGISTRY.values():
+        if lever.refuses_change is not None and lever.refuses_change not in checks:
+            checks.append(lever.refuses_change)
+    for check in checks:
+        check(trainer, plan)
 
 
 STEP_ORDER = ("vllm_memory", "precompute_ref", "expandable_segments",

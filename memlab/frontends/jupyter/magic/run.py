@@ -33,6 +33,7 @@ from memlab.frontends.jupyter.magic.parse import DEFAULTS, body_loss_fn, lookup_
 from memlab.inference.fit import fit_inference
 from memlab.inference.plan import InferencePlan, parse_inference_axes, parse_inference_grid
 from memlab.live.batch import LossFn, count_rows
+from memlab.live.trainer_kinds import generates
 from memlab.options import RunOptions
 from memlab.plan import Plan, parse_axes, parse_grid, trainer_levers_refusal
 from memlab.report import CATEGORIES, INFERENCE_CATEGORIES, Report
@@ -41,7 +42,6 @@ from memlab.search import MAX_TRIALS, fit
 from memlab.search.space import keep_rows
 from memlab.trainer.apply import TrainerApplied
 from memlab.trainer.entry import live_target
-from memlab.trainer.grpo import is_grpo
 from memlab.trainer.source import is_trainer, trainer_model
 
 __all__ = ["APPLIED_NAME", "InferenceRequest", "Job", "TrainingRequest", "apply_best", "host_judged", "keep_rows",
@@ -179,7 +179,7 @@ class TrainingRequest:
                 raise usage_error(refusal)
         batch = None if args.batch is None else lookup_name(namespace, args.batch, "BATCH")
         target = None
-        grpo = is_grpo(trainer)
+        grpo = generates(trainer)
         if grpo and self.sharding is not None:
             raise usage_error(f"MODEL {args.model!r} is a GRPOTrainer, whose step memlab estimates on one device; "
                               "drop --gpus and --strategy")

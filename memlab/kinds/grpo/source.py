@@ -13,11 +13,11 @@ runs the trainer's own ``_generate_and_score_completions`` and ``compute_loss`` 
   ``"old-policy"`` (where TRL computes them), then the training phases;
 - everything the trainer's methods change put back afterwards (its generation settings, metrics, logs, state).
 
-Nothing here imports TRL or the runner; :mod:`memlab.runner.grpo` runs the step.
+Nothing here imports TRL or the runner; :mod:`memlab.kinds.grpo.step` runs the step.
 
 Example:
-    >>> is_grpo(object())
-    False
+    >>> GRPO_PHASES
+    ('generation', 'reference', 'old-policy')
 """
 
 from __future__ import annotations
@@ -44,12 +44,11 @@ from memlab.trainer.source import (
     dry_run_models,
     fp32_outputs_forward,
     trainer_bookkeeping_kept,
-    trl_kind,
 )
 from memlab.trainer.worst_batch import SAMPLE_DEFAULT
 
 __all__ = ["GRPO_PHASES", "VLLM_NOT_RUN", "GRPOPrompts", "GRPOSource", "RewardFailed", "check_generations",
-           "computes_old_logps", "grpo_split", "is_grpo", "prepared_forward", "split_on"]
+           "completion_room", "computes_old_logps", "grpo_split", "prepared_forward", "split_on"]
 
 VLLM_NOT_RUN = (
     "memlab measures a GRPOTrainer's generation by running it, and this trainer generates with vLLM "
@@ -76,16 +75,6 @@ class Sections(Protocol):
     def section(self, name: str) -> contextlib.AbstractContextManager[Any]: ...
 
     def mark(self, tensors: Any, category: str) -> None: ...
-
-
-def is_grpo(trainer: Any) -> bool:
-    """Whether ``trainer`` is TRL's GRPOTrainer (or a class of the user's own derived from it).
-
-    Example:
-        >>> is_grpo(None)
-        False
-    """
-    return trl_kind(trainer) == "GRPOTrainer"
 
 
 class RewardFailed(MemlabError):
@@ -125,7 +114,7 @@ class GRPOSource:
     def from_trainer(cls, trainer: Any, *, vllm: bool = False, within_positions: bool = True) -> GRPOSource:
         """Read a GRPOTrainer and find its worst generation batch; nothing on it changes. ``vllm=True``: a trainer
         that generates with vLLM is taken too (an estimate, which counts the engine's share by vLLM's arithmetic:
-        :mod:`memlab.trainer.grpo.vllm`); a measurement runs the generation, so it refuses one.
+        :mod:`memlab.kinds.grpo.vllm`); a measurement runs the generation, so it refuses one.
         ``within_positions=False`` takes completions past the model's positions (``limits``, which reads the prompts
         to find the longest completion that fits).
 
@@ -287,6 +276,12 @@ class GRPOPrompts(StepBatches):
         super().__init__(make, source.generations, f"{source.generations} generations of {width} tokens")
         self.source = source
 
+    @property
+    def trainer(self) -> Any:
+        """The GRPOTrainer whose step makes the real batch (:class:`~memlab.live.trainer_kinds.OwnBatch`): an entry
+        point given these prompts alone (the panel's) runs that trainer's own step."""
+        return self.source.trainer
+
 
 def check_generations(plan: Plan, source: Any) -> None:
     """Refuse a plan whose step would train on other than the trainer's generations per optimizer step (its
@@ -412,6 +407,24 @@ def computes_old_logps(trainer: Any) -> bool:
     every = args.steps_per_generation * trainer.num_iterations
     return bool(args.gradient_accumulation_steps % every != 0 or (
         getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_importance_sampling_correction", False)))
+
+
+def completion_room(trainer: Any) -> int | None:
+    """The tokens a completion can take past the trainer's longest prompt before the model's positions end
+    (``max_position_embeddings`` less the prompt's tokens); None where the model's config does not say. The GRPO
+    kind's :class:`~memlab.live.trainer_kinds.CompletionRoom`: ``memlab.limits(trainer, vary="tokens")``'s ceiling.
+
+    Example:
+        >>> completion_room(object())
+        Traceback (most recent call last):
+        ...
+        AttributeError: 'object' object has no attribute 'args'
+    """
+    source = GRPOSource.from_trainer(trainer, within_positions=False)
+    context = getattr(getattr(source.model, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and context > 0:
+        return int(context - source.prompt_tokens)
+    return None
 
 
 def _longest_prompts(trainer: Any, count: int) -> tuple[list[tuple[int, Any]], list[int], int]:

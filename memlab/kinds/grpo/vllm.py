@@ -20,28 +20,26 @@ documents and TRL 1.16 sets up (``trl/generation/vllm_generation.py``):
   is released and nothing of it moves to the host; the weights are pushed again from the policy at wake-up.
 - **server mode** (``vllm_mode="server"``): the engine runs on the server's own GPUs; this card holds only training.
 
+The trainer's settings as the levers read them (:class:`~memlab.techniques.vllm.VLLMSettings`) and ``memlab.apply``'s
+refusal to change them on a built trainer belong to the levers' module, :mod:`memlab.techniques.vllm`.
+
 Example:
-    >>> from types import SimpleNamespace
-    >>> args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
-    ...                        vllm_enable_sleep_mode=True, vllm_tensor_parallel_size=1)
-    >>> settings = VLLMSettings.of(SimpleNamespace(args=args, use_vllm=True))
-    >>> settings.colocated, settings.utilization, settings.sleep
-    (True, 0.3, True)
+    >>> SLEEP_LEVEL, BLOCK_TOKENS
+    (2, 16)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from memlab.errors import MemlabError
+from memlab.techniques.vllm import VLLMSettings
 
-__all__ = ["BLOCK_TOKENS", "RUNTIME_ALLOWANCE", "SLEEP_LEVEL", "UTILIZATIONS", "VLLMSettings", "VLLMShare",
-           "engine_device", "refuse_engine_change", "utilization_candidates", "vllm_share"]
+__all__ = ["BLOCK_TOKENS", "RUNTIME_ALLOWANCE", "SLEEP_LEVEL", "UTILIZATIONS", "VLLMShare", "engine_device",
+           "utilization_candidates", "vllm_share"]
 
 SLEEP_LEVEL = 2
 """The level TRL 1.16 puts vLLM to sleep at (``llm.sleep(level=2)`` in ``VLLMGeneration``): weights and KV cache
@@ -62,95 +60,6 @@ _SOURCE = ("vLLM's gpu_memory_utilization is a fraction of the card's total memo
            "weights, activations and KV cache (docs.vllm.ai); TRL 1.16 creates the engine in the trainer's __init__ "
            "and puts it to sleep at level 2 (weights and KV cache discarded) after each generation when "
            "vllm_enable_sleep_mode=True")
-
-
-@dataclass(frozen=True)
-class VLLMSettings:
-    """The vLLM settings of a GRPOTrainer that generates with vLLM (its ``GRPOConfig``'s, as TRL reads them).
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> VLLMSettings.of(SimpleNamespace(args=SimpleNamespace(use_vllm=False), use_vllm=False)) is None
-        True
-    """
-
-    mode: str
-    utilization: float
-    sleep: bool
-    tensor_parallel: int = 1
-
-    @classmethod
-    def of(cls, trainer: Any) -> VLLMSettings | None:
-        """The trainer's vLLM settings; None where it generates with transformers.
-
-        Raises:
-            MemlabError: a mode other than ``"colocate"`` / ``"server"``, a utilization outside (0, 1], or a
-                colocated engine over several GPUs (``vllm_tensor_parallel_size > 1``: several processes).
-        """
-        args = trainer.args
-        if not getattr(trainer, "use_vllm", getattr(args, "use_vllm", False)):
-            return None
-        mode = str(getattr(args, "vllm_mode", "colocate"))
-        utilization = float(getattr(args, "vllm_gpu_memory_utilization", 0.3))
-        parallel = int(getattr(args, "vllm_tensor_parallel_size", 1) or 1)
-        if mode not in ("colocate", "server"):
-            raise MemlabError(f"vllm_mode={mode!r} is not one TRL runs; write GRPOConfig(vllm_mode='colocate') or "
-                              "vllm_mode='server'")
-        if mode == "colocate" and not 0.0 < utilization <= 1.0:
-            raise MemlabError(f"vllm_gpu_memory_utilization={utilization} is not a fraction of the card; write a "
-                              "value in (0, 1], e.g. GRPOConfig(vllm_gpu_memory_utilization=0.3)")
-        if mode == "colocate" and parallel != 1:
-            raise MemlabError(
-                f"vllm_tensor_parallel_size={parallel} spreads the colocated engine over {parallel} processes, and "
-                "memlab estimates a GRPOTrainer's step in one; estimate it with vllm_tensor_parallel_size=1 (each "
-                "GPU then holds the whole engine's share, an upper bound)"
-            )
-        return cls(mode, utilization, bool(getattr(args, "vllm_enable_sleep_mode", False)), parallel)
-
-    @classmethod
-    def for_plan(cls, trainer: Any, plan: Any) -> VLLMSettings | None:
-        """The trainer's settings with what ``plan`` sets of them (``Plan(vllm_memory=..., vllm_sleep=...)``; None
-        fields, or no plan: the trainer's own).
-
-        Raises:
-            MemlabError: the plan sets them on a trainer without a colocated engine (nothing to set), or what
-                :meth:`of` refuses.
-
-        Example:
-            >>> from types import SimpleNamespace
-            >>> from memlab.plan import Plan
-            >>> args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
-            >>> settings = VLLMSettings.for_plan(SimpleNamespace(args=args), Plan(vllm_memory=0.2))
-            >>> settings.utilization, settings.sleep
-            (0.2, False)
-        """
-        from memlab.techniques.vllm import GRPO_ONLY, sets_vllm
-
-        own = cls.of(trainer)
-        if plan is None or not sets_vllm(plan):
-            return own
-        if own is None or not own.colocated:
-            have = "vllm_mode='server'" if own is not None else "use_vllm=False"
-            raise MemlabError(f"plan {plan.label()!r} sets a vLLM engine's share or sleep mode, and this "
-                              f"trainer's engine is not on its card ({have}): {GRPO_ONLY}, on a trainer built "
-                              "with GRPOConfig(use_vllm=True, vllm_mode='colocate'); or write the plan without them")
-        return dataclasses.replace(
-            own, utilization=own.utilization if plan.vllm_memory is None else float(plan.vllm_memory),
-            sleep=own.sleep if plan.vllm_sleep is None else bool(plan.vllm_sleep))
-
-    def plan_fields(self) -> dict[str, Any]:
-        """These settings as the Plan's levers (a served engine's are not this card's: none).
-
-        Example:
-            >>> VLLMSettings("colocate", 0.2, sleep=True).plan_fields()
-            {'vllm_memory': 0.2, 'vllm_sleep': True}
-        """
-        return {"vllm_memory": self.utilization, "vllm_sleep": self.sleep} if self.colocated else {}
-
-    @property
-    def colocated(self) -> bool:
-        """Whether the engine shares this card (``vllm_mode="colocate"``)."""
-        return self.mode == "colocate"
 
 
 @dataclass(frozen=True)
@@ -215,36 +124,6 @@ class VLLMShare:
                 f"{self.card:,} bytes = {self.share:,} bytes under other, its weights {self.weights:,} bytes in "
                 f"vLLM's dtype and its KV cache the rest ({self.kv_batch:,} bytes for the generation batch); {held}"
                 f"{fewer}. Source: {_SOURCE}")
-
-
-def refuse_engine_change(trainer: Any, plan: Any) -> None:
-    """``memlab.apply(trainer, plan)``'s check: a plan whose vLLM settings differ from the trainer's is refused (its
-    engine is not changed). TRL builds the colocated engine in ``GRPOTrainer.__init__``
-    (``VLLMGeneration``: ``LLM(gpu_memory_utilization=..., enable_sleep_mode=...)``, the share preallocated then), so
-    new arguments on a built trainer would not change it; the trainer must be built again with the keywords.
-
-    Raises:
-        MemlabError: the settings differ (naming the ``GRPOConfig`` keywords to build the trainer with), or the plan
-            sets them on a trainer without a colocated engine.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> from memlab.plan import Plan
-        >>> args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
-        >>> refuse_engine_change(SimpleNamespace(args=args), Plan(vllm_memory=0.3))  # the trainer's own: nothing
-    """
-    from memlab.techniques.vllm import grpo_config_keywords
-
-    wanted = VLLMSettings.for_plan(trainer, plan)
-    if wanted is None or wanted == VLLMSettings.of(trainer):
-        return
-    keywords = ", ".join(f"{key}={value!r}" for key, value in grpo_config_keywords(plan).items())
-    raise MemlabError(
-        f"plan {plan.label()!r} changes this GRPOTrainer's colocated vLLM engine, which TRL builds in "
-        "GRPOTrainer.__init__ (the share preallocated there), so memlab.apply cannot change it on a built trainer: "
-        f"build the trainer again with GRPOConfig({keywords}, ...) (plan.to_training_arguments(trl=trl.GRPOConfig) "
-        "writes them), then apply plan.replace(vllm_memory=None, vllm_sleep=None) to it if it changes anything else"
-    )
 
 
 def vllm_dtype(config: Any) -> torch.dtype:

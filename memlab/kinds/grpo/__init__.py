@@ -1,8 +1,9 @@
-"""TRL's GRPOTrainer as a trainer kind (:class:`~memlab.live.trainer_kinds.TrainerKind`): its declaration, whose hooks
-are GRPO's own modules (:mod:`memlab.trainer.grpo`, :mod:`memlab.trainer.grpo.estimate`,
-:mod:`memlab.trainer.grpo.suggest`, :mod:`memlab.runner.grpo`), each imported when the hook is called: the runner and
-the estimation build on :mod:`memlab.trainer`, never the reverse at load. Importing this module registers the kind
-(:mod:`memlab.trainer` does); a next kind with a step of its own is a module like this one.
+"""TRL's GRPOTrainer as a trainer kind (:class:`~memlab.live.trainer_kinds.TrainerKind`): its declaration, and its
+folder: the trainer as the live object (:mod:`memlab.kinds.grpo.source`), its step, generation first
+(:mod:`memlab.kinds.grpo.step`), its dry run (:mod:`memlab.kinds.grpo.estimate`), the config changes suggested where
+nothing fits (:mod:`memlab.kinds.grpo.suggest`) and its colocated vLLM engine's share
+(:mod:`memlab.kinds.grpo.vllm`). Listed in :data:`memlab.kinds.KINDS`; a next kind with a step of its own is a folder
+like this one.
 
 Example:
     >>> GRPO.name, GRPO.config, GRPO.phases
@@ -14,32 +15,16 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from memlab.live.trainer_kinds import WATCH, TrainerKind, register
+from memlab.kinds.grpo.estimate import estimate_grpo
+from memlab.kinds.grpo.source import check_generations, completion_room, computes_old_logps, grpo_split
+from memlab.kinds.grpo.step import grpo_target
+from memlab.kinds.grpo.suggest import with_grpo_dry_runs
+from memlab.live.trainer_kinds import WATCH, TrainerKind
 
 __all__ = ["GRPO"]
 
 
-def _grpo_target(trainer: Any, loss_fn: Any) -> Any:
-    from memlab.runner.grpo import grpo_target
-
-    return grpo_target(trainer, loss_fn)
-
-
-def _grpo_estimate(request: Any) -> Any:
-    from memlab.trainer.grpo.estimate import estimate_grpo
-
-    return estimate_grpo(request)
-
-
-def _grpo_fit_dry_runs(target: Any, trainer: Any, loss_fn: Any) -> Any:
-    from memlab.trainer.grpo.suggest import with_grpo_dry_runs
-
-    return with_grpo_dry_runs(target, trainer, loss_fn)
-
-
 def _grpo_check_plan(trainer: Any, plan: Any) -> None:
-    from memlab.trainer.grpo import check_generations
-
     args = trainer.args  # its generations per optimizer step kept, its generation batch whole micro-batches
     check_generations(plan, SimpleNamespace(generations=args.per_device_train_batch_size
                                             * args.gradient_accumulation_steps,
@@ -47,8 +32,6 @@ def _grpo_check_plan(trainer: Any, plan: Any) -> None:
 
 
 def _grpo_arguments(args: Any, plan: Any) -> dict[str, Any]:
-    from memlab.trainer.grpo import grpo_split
-
     # GRPOConfig's __post_init__ takes one of generation_batch_size and steps_per_generation: the split sets the latter
     return {**grpo_split(args, plan), "generation_batch_size": None}
 
@@ -78,13 +61,11 @@ GRPO = TrainerKind(
     "GRPOTrainer", "trl.", "GRPOConfig",
     batch="the generation batch made in each step from the train dataset's longest prompts, every completion full "
           "length",
-    phases=("generation", "reference", "old-policy"), target=_grpo_target, estimate=_grpo_estimate,
-    fit_dry_runs=_grpo_fit_dry_runs, suggestions=("beta", "max_completion_length", "num_generations"),
+    phases=("generation", "reference", "old-policy"), target=grpo_target, estimate=estimate_grpo,
+    fit_dry_runs=with_grpo_dry_runs, suggestions=("beta", "max_completion_length", "num_generations"),
     check_plan=_grpo_check_plan, arguments=_grpo_arguments, export_refusal=_grpo_export_refusal,
-    elsewhere=_grpo_elsewhere,
+    elsewhere=_grpo_elsewhere, old_logps=computes_old_logps, completion_room=completion_room,
 )
-"""TRL's GRPOTrainer: its step generates first (:mod:`memlab.runner.grpo`), its dry run has a generation phase
-(:mod:`memlab.trainer.grpo.estimate`), ``fit`` suggests the config changes of :mod:`memlab.trainer.grpo.suggest`
-where nothing fits, and ``memlab.apply`` splits its generations (:func:`memlab.trainer.grpo.grpo_split`)."""
-
-register(GRPO)
+"""TRL's GRPOTrainer: its step generates first (:mod:`memlab.kinds.grpo.step`), its dry run has a generation phase
+(:mod:`memlab.kinds.grpo.estimate`), ``fit`` suggests the config changes of :mod:`memlab.kinds.grpo.suggest`
+where nothing fits, and ``memlab.apply`` splits its generations (:func:`memlab.kinds.grpo.source.grpo_split`)."""

@@ -35,13 +35,13 @@ from typing import Any
 import torch
 
 from memlab.errors import MemlabError
+from memlab.kinds.grpo.source import GRPOSource, check_generations, computes_old_logps
+from memlab.kinds.grpo.vllm import SLEEP_LEVEL, VLLMSettings, engine_device, utilization_candidates, vllm_share
 from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.report.data import Trial
 from memlab.report.timeline import Timeline, TimelinePeak
 from memlab.techniques.vllm import FIELDS, sets_vllm, without_vllm
-from memlab.trainer.grpo import GRPOSource, check_generations, computes_old_logps
-from memlab.trainer.grpo.vllm import SLEEP_LEVEL, VLLMSettings, engine_device, utilization_candidates, vllm_share
 from memlab.trainer.reference import reference_bytes
 from memlab.trainer.source import keeps_trainer_batch
 
@@ -108,7 +108,7 @@ def estimate_grpo(request: Any) -> Trial:
     trainer's effective batch kept). Nothing on the trainer changes.
 
     Raises:
-        MemlabError: a batch given, several GPUs, or what :class:`~memlab.trainer.grpo.GRPOSource` refuses.
+        MemlabError: a batch given, several GPUs, or what :class:`~memlab.kinds.grpo.source.GRPOSource` refuses.
     """
     from memlab.estimation.dryrun.single_gpu import estimate_inference
     from memlab.inference.plan import InferencePlan
@@ -162,7 +162,7 @@ def fitted_vllm(request: Any) -> Trial:
     """A vLLM-generating GRPOTrainer's step with the engine's settings searched within ``request.budget``, the
     training kept the same, where the plan leaves them to the trainer (``vllm_memory`` and ``vllm_sleep`` None; a
     plan that sets either is estimated as it is): the trainer's own settings first; where they do not fit, sleep
-    mode off with the smaller shares (:func:`~memlab.trainer.grpo.vllm.utilization_candidates`, largest first: each
+    mode off with the smaller shares (:func:`~memlab.kinds.grpo.vllm.utilization_candidates`, largest first: each
     still holds the generation batch at once), then sleep mode on with each of them. The first that fits, its plan
     holding them (``vllm_memory``, ``vllm_sleep``: what ``plan.to_training_arguments(trl=trl.GRPOConfig)`` writes)
     and its first note naming the ``GRPOConfig`` keywords; the trainer's own estimate where none does. The training

@@ -1,7 +1,7 @@
 """A GRPO trial's step: the trainer's generation batch made first, then the training step over it (issue 59).
 
 The training workload with one change: each step (warm-up, tracked, timed) first generates with the trainer's own
-``_generate_and_score_completions`` (:meth:`memlab.trainer.grpo.GRPOSource.generate`: the worst prompts,
+``_generate_and_score_completions`` (:meth:`memlab.kinds.grpo.source.GRPOSource.generate`: the worst prompts,
 full-length completions, the reward functions, the reference and old-policy log-probs), then runs the plan's
 :class:`~memlab.runner.step.TrainingStep` over one optimizer step's generations, cut into the plan's
 micro-batches, with the trainer's ``compute_loss``. The timeline names ``"generation"`` (and ``"reference"``,
@@ -20,6 +20,14 @@ from typing import Any
 import torch
 
 from memlab.errors import MemlabError
+from memlab.kinds.grpo.source import (
+    VLLM_NOT_RUN,
+    GRPOPrompts,
+    GRPOSource,
+    check_generations,
+    prepared_forward,
+    split_on,
+)
 from memlab.measure.tracker import MemoryTracker
 from memlab.plan import Plan
 from memlab.report import Trial
@@ -28,7 +36,6 @@ from memlab.runner.step import NO_PHASES, TrainingStep
 from memlab.runner.training import TrainingAttempt, TrainingRecord, TrainingWorkload, finite_loss
 from memlab.runner.workload import RunContext, StepKind
 from memlab.trainer.entry import LiveTarget
-from memlab.trainer.grpo import VLLM_NOT_RUN, GRPOPrompts, GRPOSource, check_generations, prepared_forward, split_on
 from memlab.trainer.source import TrainerSource
 
 __all__ = ["GRPOAttempt", "GRPORunner", "GRPOWorkload", "grpo_target"]
@@ -64,12 +71,12 @@ class GRPOAttempt(TrainingAttempt):
 
 class GRPOWorkload(TrainingWorkload):
     """Training plans on a GRPO trainer's policy, generation in every step (the batch is
-    :class:`~memlab.trainer.grpo.GRPOPrompts`, which carries the trainer)."""
+    :class:`~memlab.kinds.grpo.source.GRPOPrompts`, which carries the trainer)."""
 
     def __init__(self, context: RunContext) -> None:
         super().__init__(context)
         if not isinstance(context.batch, GRPOPrompts):
-            raise TypeError("a GRPO workload runs on GRPOPrompts (memlab.runner.grpo.grpo_target makes them)")
+            raise TypeError("a GRPO workload runs on GRPOPrompts (memlab.kinds.grpo.step.grpo_target makes them)")
         self.source: GRPOSource = context.batch.source
         if getattr(self.source.trainer, "use_vllm", False):  # a dry run takes it; a live trial would run vLLM
             raise MemlabError(VLLM_NOT_RUN)

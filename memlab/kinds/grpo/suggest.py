@@ -1,7 +1,7 @@
 """Where no plan fits a GRPOTrainer's budget: the config changes that change the training, each estimated (issue 59).
 
 ``fit`` searches only the levers that keep the training the same. When none of its plans fits, these are said as
-suggestions, each a GRPO estimate (:func:`memlab.trainer.grpo.estimate.estimate_grpo`) of the lightest plan with one
+suggestions, each a GRPO estimate (:func:`memlab.kinds.grpo.estimate.estimate_grpo`) of the lightest plan with one
 GRPOConfig change, and each saying what it changes:
 
 - ``beta=0.0``: no reference model (its weights, where it is held apart) and no reference log-probs; the loss loses
@@ -26,10 +26,10 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from memlab.kinds.grpo.vllm import engine_device
 from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.report.data import Trial
-from memlab.trainer.grpo.vllm import engine_device
 
 __all__ = ["CHANGES", "grpo_suggestions", "with_grpo_dry_runs"]
 
@@ -147,7 +147,7 @@ def with_grpo_dry_runs(target: Any, trainer: Any, loss_fn: Any = None) -> Any:
         >>> with_grpo_dry_runs(LiveTarget(None, None, None), SimpleNamespace()).suggest.func is grpo_suggestions
         True
     """
-    from memlab.trainer.grpo.estimate import grpo_plans_estimator
+    from memlab.kinds.grpo.estimate import grpo_plans_estimator
 
     return dataclasses.replace(target, estimate=grpo_plans_estimator(trainer, loss_fn),
                                suggest=functools.partial(grpo_suggestions, trainer, loss_fn=loss_fn))
