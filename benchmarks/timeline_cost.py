@@ -6,7 +6,7 @@ a dry run on fake tensors never allocates the model) is estimated for CUDA with 
 rounds, once as memlab runs it (the timeline recorded) and once with the recorder switched off
 (:meth:`memlab.measure.timeline.StepRecorder.recording` replaced by a context that records nothing, here only).
 The result holds each round's seconds, the ratio of the medians (on / off), that both give the same peak, and the
-bytes of the timeline's static SVG (:func:`memlab.report.timeline_figure.timelines_svg`, what a saved notebook
+bytes of the timeline's static SVG (:func:`memlab.report.views.timeline_figure.timelines_svg`, what a saved notebook
 keeps) and of its plotly figure as JSON.
 """
 
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from transformers import LlamaConfig
 
     import memlab
-    from memlab.report.timeline_figure import timeline_figure, timelines_svg
+    from memlab.report.views.timeline_figure import timeline_figure, timelines_svg
 
     parser = common.build_parser((__doc__ or NAME).splitlines()[0])
     args = parser.parse_args(argv)
