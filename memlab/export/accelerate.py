@@ -29,9 +29,9 @@ from memlab.export.engines import (
 from memlab.plan import Plan
 from memlab.techniques.core.fragments import Accelerate, merge_keys
 from memlab.techniques.core.registry import REGISTRY
-from memlab.techniques.offload import NO_OFFLOAD
+from memlab.techniques.offload import NO_OFFLOAD, offload_from_accelerate
 
-__all__ = ["accelerate_config", "accelerate_script", "fsdp2_torch_script"]
+__all__ = ["accelerate_config", "accelerate_script", "fsdp2_torch_script", "sharding_from_accelerate"]
 
 
 def _check(gpus: Any, strategy: Any) -> tuple[int, str]:
@@ -326,3 +326,49 @@ def fsdp2_torch_script(
         ]
     lines.append("dist.destroy_process_group()")
     return "\n".join(lines) + "\n"
+
+
+def sharding_from_accelerate(config: Any) -> dict[str, Any]:
+    """The ``gpus``, ``strategy`` and ``offload`` of a user's accelerate config (the dict of the YAML file
+    ``accelerate launch --config_file`` reads, or the path of that file), for ``memlab.estimate(...,
+    gpus=..., strategy=...)`` and ``Plan(offload=...)``: ``distributed_type: FSDP`` with ``fsdp_version`` 1 (or none:
+    accelerate's default) or 2, ``DEEPSPEED`` with ``zero_stage`` 2 or 3; FSDP's ``fsdp_offload_params`` and
+    DeepSpeed's ``offload_param_device`` are ``offload="params"``, ``offload_optimizer_device`` alone
+    ``"optimizer"``. What it cannot map is a MemlabError saying what to write.
+
+    Example:
+        >>> sharding_from_accelerate({"distributed_type": "FSDP", "num_processes": 8,
+        ...                           "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD",
+        ...                                           "fsdp_offload_params": True}})
+        {'gpus': 8, 'strategy': 'fsdp1', 'offload': 'params'}
+        >>> sharding_from_accelerate({"distributed_type": "DEEPSPEED", "num_processes": 2,
+        ...                           "deepspeed_config": {"zero_stage": 3, "offload_optimizer_device": "cpu"}})
+        {'gpus': 2, 'strategy': 'zero3', 'offload': 'optimizer'}
+    """
+    if isinstance(config, (str, bytes)) or hasattr(config, "__fspath__"):
+        import yaml
+
+        with open(config, encoding="utf-8") as file:  # noqa: PTH123 - a path as accelerate takes it
+            config = yaml.safe_load(file)
+    if not isinstance(config, dict):
+        raise MemlabError("the accelerate config is not a mapping; pass the dict of its YAML file or the file's path")
+    gpus = int(config.get("num_processes") or 1) * int(config.get("num_machines") or 1)
+    kind = str(config.get("distributed_type", "NO")).upper()
+    if kind == "FSDP":
+        section = config.get("fsdp_config") or {}
+        version = int(section.get("fsdp_version", 1))
+        sharding = str(section.get("fsdp_sharding_strategy", "FULL_SHARD")).upper()
+        if version == 1 and sharding not in ("FULL_SHARD", "1"):
+            raise MemlabError(f"fsdp_sharding_strategy {sharding} is not estimated; memlab estimates FULL_SHARD: "
+                              "write fsdp_sharding_strategy: FULL_SHARD (or estimate with strategy='zero2' for "
+                              "SHARD_GRAD_OP, which shards gradients and optimizer state only)")
+        return {"gpus": gpus, "strategy": "fsdp2" if version == 2 else "fsdp1",
+                **offload_from_accelerate("FSDP", section)}
+    if kind == "DEEPSPEED":
+        section = config.get("deepspeed_config") or {}
+        stage = int(section.get("zero_stage", 0))
+        if stage not in (2, 3):
+            raise MemlabError(f"zero_stage {stage} is not estimated; write zero_stage: 2 or 3")
+        return {"gpus": gpus, "strategy": f"zero{stage}", **offload_from_accelerate("DEEPSPEED", section)}
+    raise MemlabError(f"distributed_type {kind} does not shard; memlab estimates FSDP and DEEPSPEED configs (write "
+                      "distributed_type: FSDP or DEEPSPEED), or one GPU with gpus=1")

@@ -33,6 +33,9 @@ DPO_ONLY = ("max_length",)
 """The options only a DPOTrainer takes."""
 _BOTH = ("prompt_length", "per_device_train_batch_size", "gradient_accumulation_steps", "beta", "lora",
          "gradient_checkpointing")
+TRAINER_CLASSES = {"grpo": "GRPOTrainer", "dpo": "DPOTrainer"}
+"""Each ``--trainer`` and the TRL class it builds (a lever a built trainer sets names that class: its
+``needs_trainer``)."""
 _WORDS = 1000
 """At most this many words in the word-level tokenizer (fewer where the config's vocabulary is smaller)."""
 
@@ -129,6 +132,7 @@ def _check(args: argparse.Namespace) -> None:
 def _check_tries(args: argparse.Namespace) -> None:
     """``--try``'s levers a trainer question cannot take (its own options say them), refused with what to write."""
     from memlab.plan import parse_axes
+    from memlab.techniques.core.registry import REGISTRY
 
     if not getattr(args, "try_", None):
         return
@@ -155,12 +159,12 @@ def _check_tries(args: argparse.Namespace) -> None:
         raise MemlabError(f"--try {vllm[0]}=... is a setting of the colocated vLLM engine; write "
                           "--vllm-gpu-memory-utilization 0.3 (and --vllm-enable-sleep-mode to put it to sleep while "
                           "the policy trains)")
-    if vllm:
-        raise MemlabError(f"--try {vllm[0]}=... is a setting of --trainer grpo's vLLM engine, not --trainer "
-                          f"{trainer}; leave it out")
-    if "precompute_ref" in axes and trainer != "dpo":
-        raise MemlabError(f"--try precompute_ref=... is a setting of --trainer dpo (its reference log-probs computed "
-                          f"before training), not --trainer {trainer}; leave it out, or write --trainer dpo")
+    for name in axes:  # a built trainer's setting (the lever's needs_trainer) of the other --trainer
+        needs = REGISTRY[name].needs_trainer
+        owner = next((option for option, cls in TRAINER_CLASSES.items() if cls in needs), trainer)
+        if owner != trainer:
+            raise MemlabError(f"--try {name}=... is a setting of --trainer {owner} ({needs}), not --trainer "
+                              f"{trainer}; leave it out, or write --trainer {owner}")
 
 
 def _dtype(args: argparse.Namespace, config: Any) -> Any:

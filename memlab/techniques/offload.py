@@ -504,6 +504,49 @@ def _offload(target: str) -> Export:
     return fragment
 
 
+def engine_offload(offload: str, strategy: str) -> str:
+    """What a sharded engine offloads for ``offload`` under ``strategy`` (``"fsdp1"``, ``"fsdp2"``, ``"zero2"``,
+    ``"zero3"``), as the note of the engine settings an estimate assumed says it; ``""`` where nothing is.
+    FSDP's one CPU offload is the parameters' (with their gradients and optimizer state); DeepSpeed offloads the
+    optimizer, and under ZeRO-3 the parameters too.
+
+    Example:
+        >>> engine_offload("optimizer", "fsdp2")
+        'offload_params=True (weights, gradients and optimizer state in CPU memory)'
+        >>> engine_offload("params", "zero3"), engine_offload("optimizer", "zero3"), engine_offload("none", "zero2")
+        ('offload_param and offload_optimizer to the CPU', 'offload_optimizer to the CPU', '')
+    """
+    if offload not in OPTIMIZER_OFFLOADS:
+        return ""
+    if strategy.startswith("fsdp"):
+        return "offload_params=True (weights, gradients and optimizer state in CPU memory)"
+    if offload == SHARDED_ONLY and strategy == "zero3":
+        return "offload_param and offload_optimizer to the CPU"
+    return "offload_optimizer to the CPU"
+
+
+def offload_from_accelerate(kind: str, section: Any) -> dict[str, str]:
+    """The lever as an accelerate config's engine section sets it (``{"offload": value}``, a Plan keyword): FSDP's
+    ``fsdp_offload_params`` and ZeRO-3's ``offload_param_device: cpu`` are ``"params"``, DeepSpeed's
+    ``offload_optimizer_device: cpu`` alone ``"optimizer"``.
+
+    Example:
+        >>> offload_from_accelerate("FSDP", {"fsdp_offload_params": True})
+        {'offload': 'params'}
+        >>> offload_from_accelerate("DEEPSPEED", {"zero_stage": 2, "offload_optimizer_device": "cpu"})
+        {'offload': 'optimizer'}
+    """
+    on_cpu = {name: str(section.get(name, "none")).lower() == "cpu"
+              for name in ("offload_param_device", "offload_optimizer_device")}
+    if kind == "FSDP":
+        value = SHARDED_ONLY if section.get("fsdp_offload_params") else NO_OFFLOAD
+    elif on_cpu["offload_param_device"] and int(section.get("zero_stage", 0)) == 3:
+        value = SHARDED_ONLY
+    else:
+        value = "optimizer" if on_cpu["offload_optimizer_device"] else NO_OFFLOAD
+    return {"offload": value}
+
+
 def offloads_activations(args: Any) -> bool:
     """Whether a ``TrainingArguments`` offloads activations to the CPU: checkpointing with
     ``activation_checkpointing_kwargs={"offload": True}`` (``gradient_checkpointing_kwargs`` before 5.x's names), or

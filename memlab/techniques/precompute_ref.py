@@ -70,6 +70,28 @@ def without_precompute(plan: Any) -> Any:
     return plan.replace(precompute_ref=None) if plan.precompute_ref is not None else plan
 
 
+def reference_unloaded(plan: Any, trainer: Any) -> str:
+    """Why no reference model is counted beside the policy where ``plan`` precomputes the reference log-probs on a
+    DPOTrainer that did not (built without ``precompute_ref_log_probs``): one built for it without ``ref_model``
+    loads none; ``""`` where the trainer's own reference model is counted.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> reference_unloaded(Plan(), object()), reference_unloaded(Plan(precompute_ref=True), object())[:28]
+        ('', 'no reference model counted: ')
+    """
+    if not getattr(plan, "precompute_ref", None) or getattr(trainer, "precompute_ref_logps", False):
+        return ""
+    return ("no reference model counted: a DPOTrainer built with DPOConfig(precompute_ref_log_probs=True) and without "
+            "ref_model loads none (it precomputes with the policy as loaded); passed a ref_model, it keeps it on the "
+            "device")
+
+
+SEARCHED = {"precompute_ref": [None, True]}
+"""What ``fit`` searches of the lever on a DPOTrainer (the trainer's own, and precomputed), in its dry runs only: a
+built trainer cannot change it (the DPO kind's ``levers``)."""
+
+
 def precompute_from_arguments(args: Any) -> bool | None:
     """The lever's value a config sets: True where it precomputes (``precompute_ref_log_probs=True``); None
     otherwise (the trainer's own, a reference forward in each step).

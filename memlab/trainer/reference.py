@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from memlab.techniques.precompute_ref import reference_unloaded
+
 __all__ = ["reference_bytes", "with_reference"]
 
 _MIXED = {"bf16": 2, "fp16": 2}  # a mixed-precision plan's parameter dtype (FSDP2's MixedPrecisionPolicy), in bytes
@@ -64,11 +66,9 @@ def with_reference(trial: Any, trainer: Any) -> Any:
     reference = getattr(trainer, "ref_model", None)
     if reference is None or reference is getattr(trainer, "model", None) or trial.status != "ok":
         return trial
-    if getattr(trial.plan, "precompute_ref", None) and not getattr(trainer, "precompute_ref_logps", False):
-        return dataclasses.replace(trial, notes=(*trial.notes, (
-            "no reference model counted: a DPOTrainer built with DPOConfig(precompute_ref_log_probs=True) and without "
-            "ref_model loads none (it precomputes with the policy as loaded); passed a ref_model, it keeps it on the "
-            "device")))
+    unloaded = reference_unloaded(trial.plan, trainer)
+    if unloaded:
+        return dataclasses.replace(trial, notes=(*trial.notes, unloaded))
     whole = reference_bytes(reference)
     if not whole:
         return trial

@@ -180,7 +180,7 @@ def test_the_command_line_estimates_every_sharded_lever(tmp_path: Path, capsys: 
 @pytest.mark.parametrize("offload", ("none", "optimizer", "params"))
 def test_a_users_accelerate_config_reads_back_as_the_strategy_and_offload(strategy: str, offload: str,
                                                                           tmp_path: Path) -> None:
-    from memlab.live.sharding import sharding_from_accelerate
+    from memlab.export.accelerate import sharding_from_accelerate
 
     plan = Plan(offload=offload, precision="bf16")
     if strategy == "zero2" and offload == "params":

@@ -49,8 +49,9 @@ from torch import nn
 from memlab.estimation.configs import model_on_meta
 from memlab.estimation.dryrun.load import loaded_dtype, parse_load
 from memlab.estimation.dryrun.single_gpu import estimate_plans
+from memlab.estimation.sharded.engine_settings import engine_settings
 from memlab.estimation.sharded.fsdp2 import DETAIL, ShardedRequest, ShardedTrial, shard_units, sharded_trial
-from memlab.live.sharding import DS_PREFETCH_BUCKET, ds_reduce_bucket, engine_settings
+from memlab.live.sharding import DS_PREFETCH_BUCKET, ds_reduce_bucket
 from memlab.plan import Plan
 from memlab.techniques.offload import ACTIVATION_OFFLOADS, NO_OFFLOAD, OPTIMIZER_OFFLOADS, SHARDED_ONLY
 

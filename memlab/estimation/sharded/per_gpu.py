@@ -26,6 +26,7 @@ from memlab.estimation.cuda.context import card_context
 from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.estimation.dryrun.single_gpu import estimate_plans
 from memlab.estimation.sharded.composed import composed_estimate, needs_composition
+from memlab.estimation.sharded.engine_settings import engine_settings
 from memlab.estimation.sharded.fsdp2 import (
     DETAIL,
     FSDP2_REFUSALS,
@@ -42,7 +43,6 @@ from memlab.live.sharding import (
     DS_REDUCE_BUCKET,
     STRATEGIES,
     check_sharding,
-    engine_settings,
     parse_gpus,
 )
 from memlab.plan import Plan, parse_budget
@@ -72,6 +72,9 @@ __all__ = [
     "smallest_gpus",
     "zero_model_states",
 ]
+
+PLAIN = Plan()
+"""The plain plan: AdamW, nothing offloaded (what ZeRO's basis runs)."""
 
 
 def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
@@ -287,7 +290,7 @@ def _basis_run(plan: Plan, made: Sequence[tuple[ShardedTrial, list[dict[str, int
                ) -> tuple[ShardedTrial, list[dict[str, int]]] | None:
     """An FSDP dry run already made that ZeRO's basis can start from: the plan's own where it is the basis's plan
     (AdamW, nothing offloaded) and ran, on ``gpus`` GPUs (any, or only :data:`BASIS_GPUS`, the basis's own)."""
-    if plan.optimizer != "adamw" or plan.offload != "none":
+    if plan.optimizer != PLAIN.optimizer or plan.offload != PLAIN.offload:
         return None
     for trial, peaks in made:
         if trial.status == "ok" and gpus in (None, trial.gpus):
