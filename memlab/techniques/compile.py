@@ -33,23 +33,17 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from memlab.errors import MemlabError
-from memlab.techniques.core.fragments import (
-    Accelerate,
-    Code,
-    Elsewhere,
-    Export,
-    Fragment,
-    Keys,
-    nothing_for,
-    per_target,
-)
+from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Keys, nothing_for, per_target
 from memlab.techniques.core.lever import Lever, PlanLike
 from memlab.techniques.core.technique import StepParts, Technique, Undo
+
+if TYPE_CHECKING:  # annotations only
+    from memlab.techniques.core.fragments import Export, Fragment
 
 __all__ = ["BACKEND", "COMPILE", "DECLARATIONS", "ESTIMATED_EAGER", "ESTIMATED_PARTITIONED", "FAKE_BACKEND", "Compile",
            "compile_conflicts", "compile_export"]

@@ -17,18 +17,15 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from memlab.live.device import ENVIRONMENT_LINE, PYTHON_LINE, switch_expandable_segments_on
-from memlab.techniques.core.fragments import (
-    Accelerate,
-    Code,
-    Elsewhere,
-    Export,
-    Fragment,
-    nothing_for,
-    per_target_but_peft,
-)
+from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, nothing_for, per_target_but_peft
 from memlab.techniques.core.lever import Lever, PlanLike
 from memlab.techniques.core.technique import StepParts, Technique, Undo
+
+if TYPE_CHECKING:  # annotations only
+    from memlab.techniques.core.fragments import Export, Fragment
 
 __all__ = ["CPU_NOTE", "DECLARATIONS", "EXPANDABLE_SEGMENTS", "SWITCHED_NOTE", "ExpandableSegments"]
 

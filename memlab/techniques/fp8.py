@@ -27,23 +27,18 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from memlab.errors import UnsupportedTechnique
-from memlab.techniques.core.fragments import (
-    Accelerate,
-    Code,
-    Elsewhere,
-    Export,
-    Fragment,
-    nothing_for,
-    per_target_but_peft,
-)
+from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, nothing_for, per_target_but_peft
 from memlab.techniques.core.lever import Lever, PlanLike
 from memlab.techniques.core.technique import StepParts, Technique, Undo
+
+if TYPE_CHECKING:  # annotations only
+    from memlab.techniques.core.fragments import Export, Fragment
 
 __all__ = ["DECLARATIONS", "FP8", "LEAST_CAPABILITY", "NEEDS", "OLD_GPU_NOTE", "Fp8", "converted_layers",
            "estimate_note", "fp8_conflicts", "saved_for_backward", "unavailable"]

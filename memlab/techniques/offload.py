@@ -23,25 +23,19 @@ import contextlib
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
 from memlab.techniques.checkpointing import trainer_checkpointing
-from memlab.techniques.core.fragments import (
-    THE_DEEPSPEED_CONFIG,
-    Accelerate,
-    Code,
-    Elsewhere,
-    Export,
-    Fragment,
-    Keys,
-    per_target,
-)
+from memlab.techniques.core.fragments import THE_DEEPSPEED_CONFIG, Accelerate, Code, Elsewhere, Keys, per_target
 from memlab.techniques.core.lever import Lever, PlanLike
 from memlab.techniques.core.technique import HostLedger, PlanFields, StepParts, Technique, Undo
+
+if TYPE_CHECKING:  # annotations only
+    from memlab.techniques.core.fragments import Export, Fragment
 
 NOTHING_TO_MOVE = (
     "offload moves nothing on a CPU-only device: memory and speed are as without it, and its host bytes are 0 "

@@ -291,39 +291,39 @@ def _exports(name: str) -> dict[str, Export]:
     return per_target_but_peft(lambda target: _export(target, name))
 
 
+def _engine_lever(name: str, short: str, help: str, **facets: Any) -> Lever:
+    """A setting of the colocated engine as a lever: None (the trainer's own) by default, read from a GRPOConfig,
+    exported there, refused on a step without the engine and on a trainer already built."""
+    return Lever(
+        name, None, short=short, help=help, technique=VLLM,
+        from_arguments=lambda args: vllm_from_arguments(args).get(name),
+        exports=_exports(name),
+        needs_trainer=NEEDS,
+        refuses_step=lambda plan, loss_fn: no_engine(plan),
+        refuses_change=refuse_engine_change,
+        **facets,
+    )
+
+
 DECLARATIONS = (
-    Lever(
+    _engine_lever(
         "vllm_memory",
-        None,
-        short="vllm{}",
-        help="a GRPOTrainer's colocated vLLM engine's share of the card (vllm_gpu_memory_utilization, a fraction of "
-        "the GPU's total memory, held from the trainer's start): less leaves training more, down to what holds its "
+        "vllm{}",
+        "a GRPOTrainer's colocated vLLM engine's share of the card (vllm_gpu_memory_utilization, a fraction of the "
+        "GPU's total memory, held from the trainer's start): less leaves training more, down to what holds its "
         "weights and the generation batch's KV cache; the training the same (None: the trainer's own)",
-        technique=VLLM,
         value_type="float",
         conflicts=_conflicts,
         none_means="the trainer's own share",
-        from_arguments=lambda args: vllm_from_arguments(args).get("vllm_memory"),
-        exports=_exports("vllm_memory"),
-        needs_trainer=NEEDS,
-        refuses_step=lambda plan, loss_fn: no_engine(plan),
-        refuses_change=refuse_engine_change,
     ),
-    Lever(
+    _engine_lever(
         "vllm_sleep",
-        None,
-        short="vllm-sleep={}",
-        help="a GRPOTrainer's colocated vLLM engine asleep while the policy trains (vllm_enable_sleep_mode: its "
-        "share released after each generation); costs its weights pushed again before each generation; the "
-        "training the same (None: the trainer's own)",
+        "vllm-sleep={}",
+        "a GRPOTrainer's colocated vLLM engine asleep while the policy trains (vllm_enable_sleep_mode: its share "
+        "released after each generation); costs its weights pushed again before each generation; the training the "
+        "same (None: the trainer's own)",
         choices=SWITCH,
-        technique=VLLM,
         none_means="the trainer's own setting",
-        from_arguments=lambda args: vllm_from_arguments(args).get("vllm_sleep"),
-        exports=_exports("vllm_sleep"),
-        needs_trainer=NEEDS,
-        refuses_step=lambda plan, loss_fn: no_engine(plan),
-        refuses_change=refuse_engine_change,
     ),
 )
 """The levers' declarations (:data:`memlab.techniques.core.registry.REGISTRY` gathers them)."""
