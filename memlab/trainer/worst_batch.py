@@ -367,7 +367,7 @@ def worst_batch(trainer: Any, micro_batch: int | None = None, *, sample: int = S
     Raises:
         MemlabError: no train dataset, examples without lengths, or a collator that fails (naming the examples).
 
-    Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
+    Example (a tiny trainer: ``tests/trainer/test_trainer.py`` builds one)::
 
         worst = memlab.trainer.worst_batch(trainer)
         print(worst.describe())   # rows 17, 3 of the train dataset, 512 and 498 tokens; scanned 2,000 ...
