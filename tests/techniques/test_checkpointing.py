@@ -6,6 +6,7 @@ Issue 46: checkpointing=k, k of the model's repeated blocks checkpointed, spread
 activations fall as k grows, the gradients are the un-checkpointed step's, the model comes back exactly, and fit
 finds the fewest blocks that fit."""
 
+
 from __future__ import annotations
 
 import copy
@@ -16,17 +17,21 @@ from typing import Any
 import pytest
 import torch
 from models import (
+    MODELS,
     assert_same,
     fingerprint,
     lm_batch,
     mlp_batch,
     mlp_loss,
+    optimizer_gradients,
+    relative_error,
     tiny_bert,
     tiny_gpt2,
     tiny_llama,
     tiny_mlp,
     tiny_t5,
 )
+from torch import nn
 
 import memlab
 from memlab import Plan
@@ -210,3 +215,43 @@ def test_the_plan_decides_the_blocks_where_the_models_own_switch_chooses_others(
     shapes = {"input_ids": (1, 32), "labels": (1, 32)}
     every, named = (memlab.estimate(model, shapes, memlab.Plan(checkpointing=k), device="cpu") for k in (True, LAYERS))
     assert every.peak_bytes == named.peak_bytes
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_checkpointing_keeps_the_gradients(name):
+    build, make_batch, loss_fn = MODELS[name]
+    model, batch = build(), make_batch(rows=4)
+    plain = optimizer_gradients(model, batch, memlab.Plan(), loss_fn)
+    checkpointed = optimizer_gradients(model, batch, memlab.Plan(checkpointing=True), loss_fn)
+    assert relative_error(checkpointed, plain) < 1e-5
+
+
+def test_checkpointing_really_recomputes_the_blocks():
+    model, batch = tiny_mlp(), mlp_batch(rows=4)
+    calls = {"count": 0}
+    block = model[0]
+    inner = block[0]  # hooks on the block itself run outside the checkpoint; its insides run twice
+    inner.register_forward_pre_hook(lambda module, args: calls.__setitem__("count", calls["count"] + 1))
+    with memlab.apply(model, memlab.Plan(checkpointing=True), loss_fn=mlp_loss) as applied:
+        applied.step(batch)
+    assert calls["count"] == 2  # once in forward, once again in backward
+    assert "forward" not in block.__dict__
+
+
+def test_hugging_face_checkpointing_goes_back_to_the_previous_setting():
+    model = tiny_gpt2()
+    before = fingerprint(model)
+    with memlab.apply(model, memlab.Plan(checkpointing=True)) as applied:
+        assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+        applied.step(lm_batch(rows=2))
+    after = fingerprint(model)
+    assert after["checkpointing"] == before["checkpointing"]
+    assert after["hooks"] == before["hooks"] and after["patched"] == before["patched"]
+
+
+def test_checkpointing_a_model_without_repeated_blocks_is_refused():
+    model = nn.Linear(4, 1)
+    before = fingerprint(model)
+    with pytest.raises(memlab.UnsupportedTechnique, match="no repeated blocks"):
+        memlab.apply(model, memlab.Plan(checkpointing=True), loss_fn=lambda m, b: m(b).mean())
+    assert_same(before, fingerprint(model))

@@ -22,6 +22,7 @@ Llamas."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import subprocess
@@ -31,6 +32,7 @@ from typing import Any
 
 import pytest
 import torch
+from models import mlp_batch, mlp_loss, tiny_llama, tiny_mlp
 
 import memlab
 from memlab import Plan
@@ -45,7 +47,6 @@ from memlab.techniques.offload import (
     tensors_host_bytes,
 )
 from memlab.techniques.technique import HostLedger
-from tests.models import mlp_batch, mlp_loss, tiny_llama, tiny_mlp
 
 pytest.importorskip("trl")
 import trl  # noqa: E402
@@ -449,3 +450,27 @@ def test_apply_switches_a_trl_trainers_offloading_and_undo_puts_it_back(tmp_path
         assert other.args.activation_offloading is True and Plan.from_trainer(other) == offloaded
         other.train()  # on this CPU TRL's context cannot be made: offload moves nothing, the step trains
     assert other.args.activation_offloading is False and Plan.from_trainer(other) == Plan(micro_batch=2)
+
+
+def test_offload_on_cpu_moves_nothing_and_says_so():
+    model, batch = tiny_mlp(), mlp_batch()
+    with memlab.apply(model, memlab.Plan(offload="all"), loss_fn=mlp_loss) as applied:
+        assert isinstance(applied.optimizer, torch.optim.AdamW)
+        applied.step(batch)
+    assert any("moves nothing" in note for note in applied.notes)
+
+
+def test_offloaded_optimizer_updates_like_the_plain_one():
+    from memlab.techniques.offload import OffloadedOptimizer
+
+    model, batch = tiny_mlp(), mlp_batch()
+    twin = copy.deepcopy(model)
+    plain = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    offloaded = OffloadedOptimizer(list(twin.parameters()), lambda ps: torch.optim.AdamW(ps, lr=1e-2))
+    for net, optimizer in ((model, plain), (twin, offloaded)):
+        for _ in range(3):
+            mlp_loss(net, batch).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for a, b in zip(model.parameters(), twin.parameters(), strict=False):
+        assert torch.allclose(a, b, atol=1e-6)
