@@ -1,4 +1,6 @@
-"""What the workshop notebooks tell a reader to write works, and what they show reads as a person reads it (issue 48:
+"""The workshop notebooks: what they tell a reader to write works, and each runs top to bottom on a CPU.
+
+What the workshop notebooks tell a reader to write works, and what they show reads as a person reads it (issue 48:
 notebook 12 told readers to put ``accumulation`` in fit's space, which fit refuses, and showed its steps' peaks in
 raw bytes).
 

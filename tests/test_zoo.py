@@ -1,4 +1,6 @@
-"""Every promise on every kind of model: measure, compare, estimate and restore across transformers' families
+"""Every public entry point on every kind of model of the zoo.
+
+Every promise on every kind of model: measure, compare, estimate and restore across transformers' families
 (decoders, mixture-of-experts, encoders, encoder-decoders, vision, audio), plain modules and odd batch types.
 
 Each case is a tiny model from a config (nothing is downloaded) and a batch the model takes. For each: the plain

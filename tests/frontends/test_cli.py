@@ -1,4 +1,6 @@
-"""The command line's words (issue 48): Llama 3 8B by name, the built-in names listed for an unknown one, budget
+"""The ``memlab`` command (memlab.frontends.cli): its words, help, the demo end to end, and bad arguments.
+
+The command line's words (issue 48): Llama 3 8B by name, the built-in names listed for an unknown one, budget
 units said plainly, a 4-bit error in the command's own flags, and "best" in --json.
 
 The ``memlab`` command: help, the demo end to end (table, winner, HTML with the figure), and bad arguments."""

@@ -1,4 +1,6 @@
-"""A step's timeline (trial.timeline) across architectures: its peak is the trial's, its categories at the peak are the
+"""A step's timeline (memlab.measure.timeline): what it records across architectures and the promises it keeps.
+
+A step's timeline (trial.timeline) across architectures: its peak is the trial's, its categories at the peak are the
 breakdown, its phases come in order, its module is a real one, recording changes nothing, and the saved snapshot opens
 with PyTorch's own memory_viz tools.
 

@@ -1,4 +1,6 @@
-"""What the card shows: the reserved peak and the CUDA context beside the allocated peak, and verdicts on them.
+"""The report's tables and card (memlab.report.tables): the card's CUDA readings, and the demo's table and HTML.
+
+What the card shows: the reserved peak and the CUDA context beside the allocated peak, and verdicts on them.
 
 No GPU here: the CUDA readings are tested with monkeypatched ``torch.cuda`` functions and a fake ``pynvml``.
 

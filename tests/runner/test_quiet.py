@@ -1,4 +1,6 @@
-"""memlab's quiet block and the user's warnings filters: where some warnings are errors (IPython always makes one
+"""memlab's quiet block (memlab.runner.quiet): the user's warnings filters, and what libraries log as they load.
+
+memlab's quiet block and the user's warnings filters: where some warnings are errors (IPython always makes one
 kind an error), a library's remark still never ends a trial, and the user's own ``ignore`` filters still decide.
 
 What bitsandbytes logs as it loads (``Failed to load CPU gemm_4bit_forward from kernels-community: No module named

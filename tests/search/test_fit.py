@@ -1,4 +1,6 @@
-"""Issue 4 (fit): the fastest plan within a budget, on tiny real models on CPU.
+"""fit (memlab.search.fit) on tiny real models: the fastest plan within a budget, and what it says when none fits.
+
+Issue 4 (fit): the fastest plan within a budget, on tiny real models on CPU.
 
 When nothing in a fit's space fits, the report says how long the sequences could be with its lightest plan."""
 

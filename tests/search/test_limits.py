@@ -1,4 +1,6 @@
-"""``memlab.limits``' table and answer as text: every column as wide as its widest cell (the "<-" marks in one column
+"""memlab.limits (memlab.search.limits): the longest sequences or most rows a plan fits, and its answer as text.
+
+``memlab.limits``' table and answer as text: every column as wide as its widest cell (the "<-" marks in one column
 whatever each row's status), the host budget in the answer where the sizes were judged on it, and, under a header
 that says the budgets (``memlab estimate --max-tokens``), no budget said again.
 

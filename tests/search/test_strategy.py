@@ -1,4 +1,6 @@
-"""Issue 4 (fit): the search's pure logic, with fake trials from formulas (no model runs).
+"""The search's logic and strategy (memlab.search), on fake trials from formulas and synthetic landscapes.
+
+Issue 4 (fit): the search's pure logic, with fake trials from formulas (no model runs).
 
 The search's strategy on synthetic landscapes: what it skips, where it stops, what it says of the plans it left, and
 the suggestions when nothing fits (the landscapes are in test_strategy.py)."""

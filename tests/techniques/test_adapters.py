@@ -1,4 +1,6 @@
-"""LoRA, QLoRA and pure bf16 on live models on CPU: what each saves, and that the model comes back exactly.
+"""The adapter lever (LoRA, QLoRA, pure bf16; memlab.techniques.adapters): live, estimated, exported and read back.
+
+LoRA, QLoRA and pure bf16 on live models on CPU: what each saves, and that the model comes back exactly.
 
 lora_dropout and lora_alpha: measured, estimated, exported and read back from a user's peft model, on tiny models.
 

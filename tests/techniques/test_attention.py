@@ -1,4 +1,6 @@
-"""The attention lever: measured on a tiny Llama (eager keeps the probabilities), the model back exactly, a kernel
+"""The attention lever (memlab.techniques.attention): measured, switched on a live model, and searched by fit.
+
+The attention lever: measured on a tiny Llama (eager keeps the probabilities), the model back exactly, a kernel
 that is not here an error trial, the CUDA estimate, the plan's text forms and the exports.
 
 The attention switch: transformers' attn_implementation on a live model, what it keeps, and back exactly.

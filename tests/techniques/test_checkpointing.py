@@ -1,4 +1,6 @@
-"""``checkpointing=k`` with ``k`` the model's number of blocks is ``checkpointing=True``, on every family the tests
+"""The checkpointing lever (memlab.techniques.checkpointing): every block, k of them, and the gradients kept.
+
+``checkpointing=k`` with ``k`` the model's number of blocks is ``checkpointing=True``, on every family the tests
 build (issue 61, item 13): the same blocks checkpointed, the same estimate and the same measured peak; a ``k`` above
 the number of blocks is refused with one MemlabError that says what to write.
 

@@ -1,4 +1,6 @@
-"""``Plan(compile=...)`` as a lever: its field, label, ``--try`` value, conflict and every export (issue 60).
+"""The compile lever (memlab.techniques.compile): declared, exported, measured and estimated.
+
+``Plan(compile=...)`` as a lever: its field, label, ``--try`` value, conflict and every export (issue 60).
 
 ``Plan(compile=True)`` measured live on the CPU (inductor, gcc here) and estimated (issue 60).
 

@@ -1,4 +1,6 @@
-"""``Plan(expandable_segments=True)`` (DESIGN.md 2.4): a lever declared as every lever is; on a live CUDA trial the
+"""The expandable_segments lever: declared, set on a CUDA trial, exported, and answered by ``memlab estimate``.
+
+``Plan(expandable_segments=True)`` (DESIGN.md 2.4): a lever declared as every lever is; on a live CUDA trial the
 allocator's expandable segments switched on and the process's setting put back after, failed or not; nothing
 changed off CUDA. PyTorch's allocator setting is recorded here (this machine has no GPU): the trial's device is made
 to read as CUDA, and every call of ``torch._C._accelerator_setAllocatorSettings`` is kept.

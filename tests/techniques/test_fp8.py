@@ -1,4 +1,6 @@
-"""``Plan(fp8=...)`` as a lever: its field, label, ``--try`` value, conflicts and every export (issue 60). None of
+"""The fp8 lever (memlab.techniques.fp8): declared, exported, and tried on a model.
+
+``Plan(fp8=...)`` as a lever: its field, label, ``--try`` value, conflicts and every export (issue 60). None of
 these need torchao: the exports write code for it, the declaration names it.
 
 The fp8 lever on a model: where torchao's float8 cannot run, an error trial that says what it needs (no torchao

@@ -1,4 +1,6 @@
-"""Host bytes of the levers that keep memory on the host (DESIGN.md 2.4, issue 60): estimated from what the dry
+"""The offload lever (memlab.techniques.offload): host bytes, the GPU side of its estimate, and the trainers' flags.
+
+Host bytes of the levers that keep memory on the host (DESIGN.md 2.4, issue 60): estimated from what the dry
 run's offload would keep, counted live by the offload itself and checked against the process's RSS growth, judged
 against host_budget= in the API and the CLI.
 

@@ -1,4 +1,6 @@
-"""optimizer="adamw_foreach": the AdamW a plain loop builds on CUDA, so that a user's own loop is estimated as it is.
+"""The optimizer lever (memlab.techniques.optimizer): foreach, fused and 8-bit AdamW, and Adafactor.
+
+optimizer="adamw_foreach": the AdamW a plain loop builds on CUDA, so that a user's own loop is estimated as it is.
 
 Its update holds ``torch._foreach_sqrt`` of the second moments, a temporary as large as the trained weights, where
 the fused AdamW (memlab's "adamw", the Trainer's default) holds none; a CPU run and a CUDA dry run both see it.

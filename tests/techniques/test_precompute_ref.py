@@ -1,4 +1,6 @@
-"""A DPOTrainer's ``precompute_ref`` lever (issue 59): ``Plan(precompute_ref=...)`` exports to a DPOConfig's
+"""The precompute_ref lever (memlab.techniques.precompute_ref): declared, exported, and run on a DPOTrainer.
+
+A DPOTrainer's ``precompute_ref`` lever (issue 59): ``Plan(precompute_ref=...)`` exports to a DPOConfig's
 ``precompute_ref_log_probs`` and reads back; the other exports say it belongs to DPOConfig; a model's own step
 refuses it; the panel does not show it.
 

@@ -1,4 +1,6 @@
-"""The registry of levers: every Plan field declared once, every facet there, and every export faithful to it.
+"""The registry of levers (memlab.techniques.registry): what it declares, and the step it runs.
+
+The registry of levers: every Plan field declared once, every facet there, and every export faithful to it.
 
 The registry runs the step: every lever's technique is an object the training step puts on, and each lever's value
 changes what the step does. Walks the registry, so a new lever is covered without an edit here."""

@@ -1,4 +1,6 @@
-"""The lora_targets lever: which layers get adapters, measured, exported, labelled and parsed.
+"""The lora_targets lever (memlab.techniques.targets): which layers and fused experts get adapters.
+
+The lora_targets lever: which layers get adapters, measured, exported, labelled and parsed.
 
 LoRA on fused MoE experts named explicitly (issue 60): peft adapts transformers 5's fused 3-D expert weights only
 through ``target_parameters``. A user's ``LoraConfig(target_modules=[...], target_parameters=[...])`` is read into

@@ -1,4 +1,6 @@
-"""vLLM's arithmetic for a GRPOTrainer that generates with it (issue 59): the weights in vLLM's dtype (packed 4-bit
+"""A GRPOTrainer that generates with vLLM (memlab.trainer.grpo.vllm): vLLM's arithmetic, and its estimates.
+
+vLLM's arithmetic for a GRPOTrainer that generates with it (issue 59): the weights in vLLM's dtype (packed 4-bit
 weights as stored), the KV cache in whole blocks, the share of the card, what a share too small says, and the
 utilizations fit tries. No trainer: a tiny Llama and the settings.
 

@@ -1,4 +1,6 @@
-"""A preference trainer's reference model added to an estimate of the policy's step as each GPU holds it
+"""A preference trainer's reference model per GPU (memlab.trainer.reference), and a DPOTrainer estimated sharded.
+
+A preference trainer's reference model added to an estimate of the policy's step as each GPU holds it
 (memlab.trainer.reference): whole on one GPU and under ZeRO-1/2, its share under FSDP2 and ZeRO-3, and under FSDP2
 all of it gathered (in the mixed-precision dtype) at the peak, as TRL 1.16's prepare_fsdp / prepare_deepspeed
 set it up.

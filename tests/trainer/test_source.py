@@ -1,4 +1,6 @@
-"""memlab.trainer.source.accelerate_outputs_fp32: accelerate's fp32-output wrapper on a model's forward for one
+"""A Trainer's step as accelerate runs it (memlab.trainer.source): the fp32 copy of mixed precision's outputs.
+
+memlab.trainer.source.accelerate_outputs_fp32: accelerate's fp32-output wrapper on a model's forward for one
 call under mixed precision, put back after (also on error), the model's own instance forward kept.
 
 A bf16/fp16 Trainer's step as accelerate runs it: the forward's fp16/bf16 outputs copied to fp32

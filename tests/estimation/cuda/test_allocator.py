@@ -1,4 +1,6 @@
-"""The caching allocator model (memlab/estimation/cuda/allocator.py) on cases worked by hand from the rules of
+"""memlab.estimation.cuda.allocator, the caching allocator's model: the default allocator and expandable segments.
+
+The caching allocator model (memlab/estimation/cuda/allocator.py) on cases worked by hand from the rules of
 c10/cuda/CUDACachingAllocator.cpp.
 
 The caching allocator's model with expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``):

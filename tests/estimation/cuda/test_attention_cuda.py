@@ -1,4 +1,7 @@
-"""The CUDA attention backend memlab's dry run assumes is the one PyTorch's own selection picks (issue 57 item 2).
+"""What a CUDA dry run's attention keeps (memlab.estimation.cuda.attention): the backend PyTorch picks, eager
+attention's kept tensors, and the encoder-decoders' attention.
+
+The CUDA attention backend memlab's dry run assumes is the one PyTorch's own selection picks (issue 57 item 2).
 
 PyTorch's selection (``select_sdp_backend`` in ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``; the shared
 filters in ``sdp_utils_cpp.h``) cannot run on a CPU build: ``torch.backends.cuda.can_use_flash_attention`` and

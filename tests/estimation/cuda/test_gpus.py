@@ -1,4 +1,6 @@
-"""The GPU kinds an estimate answers for (issue 71): the cards people train on, each with its facts; a GPU memlab does
+"""The GPU kinds (memlab.estimation.cuda.gpus): their facts, and the estimates made for them.
+
+The GPU kinds an estimate answers for (issue 71): the cards people train on, each with its facts; a GPU memlab does
 not list, described by its memory and compute capability; bf16 decided once from the capability, for a trial and
 an estimate alike.
 

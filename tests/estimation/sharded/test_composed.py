@@ -1,4 +1,6 @@
-"""A composed FSDP1 estimate: two blocks gathered in a block's backward (BACKWARD_PRE), and its reserve counts FSDP1's
+"""Composed sharded estimates (memlab.estimation.sharded.composed): FSDP1's streams and ZeRO's reserve.
+
+A composed FSDP1 estimate: two blocks gathered in a block's backward (BACKWARD_PRE), and its reserve counts FSDP1's
 unshard stream's pool beside the default stream's own peak (memlab.estimation.sharded.composed).
 
 A composed ZeRO estimate (adapters, a quantized load, the chunked loss) carries a reserve, as a composed FSDP

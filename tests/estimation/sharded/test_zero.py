@@ -1,4 +1,6 @@
-"""Issue 47 item 6: DeepSpeed ZeRO-3 run for real on two gloo CPU ranks (DeepSpeed's CPU accelerator), full
+"""ZeRO estimates (memlab.estimation.sharded.zero): against DeepSpeed's own ranks, and with a frozen base.
+
+Issue 47 item 6: DeepSpeed ZeRO-3 run for real on two gloo CPU ranks (DeepSpeed's CPU accelerator), full
 fine-tuning and LoRA, against memlab's per-GPU estimate.
 
 What each rank holds is measured as the model states DeepSpeed keeps between steps (each parameter's partition,

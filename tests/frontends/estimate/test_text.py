@@ -1,4 +1,7 @@
-"""Issue 61 item 3 (and item 4's presentation): ``memlab estimate`` answers in a short text to scan. The two
+"""``memlab estimate``'s answer as text (memlab.frontends.estimate.text): short to scan, each budget said once, every
+figure and exit status the one it names.
+
+Issue 61 item 3 (and item 4's presentation): ``memlab estimate`` answers in a short text to scan. The two
 commands a new user runs first, run for real (dry runs of the real configs): the verdict and the best plan first,
 each plan named once, one unit per column (no "< 1 MiB" in a GiB column), numbered notes that are sentences and only
 those that change the reading, a ``--gpu`` where the budget is not the assumed GPU's memory, and every line within

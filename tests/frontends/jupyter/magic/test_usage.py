@@ -1,4 +1,6 @@
-"""Every usage error of ``%%memfit`` names the fix: a list generated over the magic's declared options (each one
+"""``%%memfit``'s usage errors (memlab.frontends.jupyter.magic.usage): each names the fix.
+
+Every usage error of ``%%memfit`` names the fix: a list generated over the magic's declared options (each one
 misspelt, given without its value, with two values, with a value of the wrong kind, negative, or, for a switch,
 with a value) and the slips people make (a space before a size's unit, ``--try key value``, an unknown option, a
 third name, an autocorrected dash). Each case runs the whole magic and expects the one-line UsageError to contain
