@@ -176,7 +176,7 @@ _OPT_EAGER = ("eager attention as transformers ran it then (4.46, OPTAttention):
               "bytes per attention element (the published difference is {per:.2f} bytes per element of 24 layers x "
               "16 heads x {elements}). Today's OPT eager (transformers 5.x, eager_attention_forward) has no "
               "torch.max: 4 + 2 = 6 bytes, what memlab counts (a dry run of it keeps what the CPU's run keeps, "
-              "tests/integration/test_eager_attention_kept.py), so memlab's difference is 6/8 = 0.75 of the "
+              "tests/estimation/cuda/test_attention_cuda.py), so memlab's difference is 6/8 = 0.75 of the "
               "published one by the code, not by the kernels. Estimated with 4.46's eager attention in place of "
               "today's (memlab_eager_as_run), the difference is the published one (difference_ratio_as_run). Both "
               "published peaks are over memlab's, SDPA's by 16-19%: 426 MB at 2,048 tokens, 1,650 MB at 8,192, "

@@ -5,7 +5,7 @@ Reads ``results/gpu_acceptance-cuda-*.json`` and ``results/hf_table-cuda-*.json`
 the batch's shapes, the plan's fields, the GPU, the versions, and ``measured_peak_bytes``
 (``torch.cuda.max_memory_allocated`` of memlab's tracked step), with, where the run recorded them,
 ``measured_reserved_bytes`` (the allocator's reserved peak) and ``measured_context_bytes`` (the CUDA context: what
-the driver used beyond the allocator). ``tests/integration/test_cuda_truth.py`` estimates every training row on the
+the driver used beyond the allocator). ``tests/estimation/cuda/test_cuda_truth.py`` estimates every training row on the
 CPU for ``device="cuda"``. Inference rows (``InferencePlan`` fields) are kept apart, under ``inference_rows``, and
 so are the rows of a checkpoint loaded as users load it (the ``loads`` section: bf16 or 4-bit ``from_pretrained``,
 its keywords under ``load``), under ``load_rows``. The held-out families' rows (the ``heldout`` section) are

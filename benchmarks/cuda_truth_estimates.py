@@ -8,7 +8,7 @@ run recorded it without a budget, for the reserved peak. The rows of a checkpoin
 (``load_rows``, since issue 40's run) are estimated with that load (``load=``, or for inference the
 ``InferencePlan`` that holds the weights so), and give the card figure's ratio too (estimated reserve + CUDA
 context over the measured ones).
-``tests/integration/test_cuda_truth.py`` holds the training rows to 5%; this runner records the ratios and their
+``tests/estimation/cuda/test_cuda_truth.py`` holds the training rows to 5%; this runner records the ratios and their
 spread for the README.
 
     python -m benchmarks.cuda_truth_estimates           # every row: about 30 minutes on 2 busy CPU cores

@@ -151,7 +151,7 @@ def watch(trainer: Any, budget: int | str | None = None, *, show: bool | None = 
     when training ends, with the costliest step's timeline below it (:mod:`memlab.frontends.jupyter.watch_figure`);
     ``show=False`` never draws.
 
-    Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
+    Example (a tiny trainer: ``tests/trainer/test_trainer.py`` builds one)::
 
         watched = memlab.watch(trainer, budget="24GiB")
         trainer.train()

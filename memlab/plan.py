@@ -280,7 +280,7 @@ class Plan:
         (bf16 weights, its peft adapters; :func:`memlab.export.plan_from_trainer`). This is what ``plan=None`` means
         on a trainer; ``Plan()`` there, as everywhere, is the whole effective batch in one micro-batch.
 
-        Example (a tiny trainer: ``tests/integration/test_trainer_contract.py`` builds one)::
+        Example (a tiny trainer: ``tests/trainer/test_trainer_contract.py`` builds one)::
 
             own = memlab.Plan.from_trainer(trainer)   # Plan(micro_batch=2, accumulation=2, ...)
             memlab.measure(trainer, own) == memlab.measure(trainer)   # the same plan measured

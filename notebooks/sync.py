@@ -30,7 +30,8 @@ LANGUAGE_INFO = {
 }
 """What ipykernel tells JupyterLab about the language, which JupyterLab writes into the notebook on every save: all
 of it but ``version`` (the kernel's Python, 3.11.7 on one machine and 3.12.1 on the next), so that a notebook run,
-cleared and saved differs from the committed file by that one line alone (tests/jupyter/test_browser_save.py)."""
+cleared and saved differs from the committed file by that one line alone
+(tests/frontends/jupyter/browser/test_browser_save.py)."""
 
 
 def sources() -> list[Path]:

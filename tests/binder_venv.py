@@ -1,11 +1,11 @@
-"""A fresh virtual environment built the way Binder builds the workshop's (for ``tests/unit/test_binder.py``).
+"""A fresh virtual environment built the way Binder builds the workshop's (for ``tests/test_binder.py``).
 
 repo2docker installs ``binder/requirements.txt`` with pip, then runs ``binder/postBuild`` from the repository root.
 :class:`BinderBuild` does the same in a new venv of its own (``python -m venv``, without the system's site-packages,
 so nothing of the test environment leaks in): ``VENV/bin/pip install -r binder/requirements.txt``, then ``bash
 binder/postBuild`` with the venv first on ``PATH`` (its ``pip`` and ``python`` are the venv's). The build takes about
 two minutes (torch's CPU wheel is most of it), so the session starts it in the background once it has collected the
-test (``tests/unit/conftest.py``), and the test waits for it; run alone, the test starts it itself.
+test (``tests/conftest.py``), and the test waits for it; run alone, the test starts it itself.
 
 Here pip finds its packages in the machine's local wheel folder and index (its pip configuration) and on PyPI; the
 PyTorch CPU index that ``requirements.txt`` names is not reachable from CI, so pip is told not to retry it

@@ -42,7 +42,34 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
+# The tests whose slow part starts in the background as soon as the session has collected them, so that it runs
+# while the other tests do (the session's end stops them: pytest_unconfigure, background.py): the Binder-like venv
+# build (binder_venv, for test_binder.py) and the workshop notebooks' runs (notebook_runs, for test_notebooks.py).
+VENV_TEST = "test_a_venv_built_as_binder_builds_it_imports_every_notebooks_imports"
+RUN_TEST = "test_notebook_runs_top_to_bottom"
+
+
+def _start_background_runs(session):
+    if session.config.option.collectonly:
+        return
+    if any(item.name == VENV_TEST for item in session.items):
+        from binder_venv import BUILD
+
+        BUILD.start()
+    names = [
+        item.callspec.params["name"]
+        for item in session.items
+        if getattr(item, "originalname", None) == RUN_TEST and hasattr(item, "callspec")
+    ]
+    if not names:
+        return
+    from notebook_runs import RUNS, missing_apis
+
+    RUNS.start([name for name in dict.fromkeys(names) if not missing_apis(name)])
+
+
 def pytest_collection_finish(session):
+    _start_background_runs(session)
     # What the session imported to collect the tests (torch, transformers, memlab, ...) lives until the end and
     # holds no garbage: freeze it out of the collector's generations, so that every full gc.collect() walks only
     # what the tests made since. memlab scans the live objects once per CPU measurement session and tests count

@@ -192,3 +192,30 @@ def tiny_mixtral() -> nn.Module:
     torch.manual_seed(0)
     config = transformers.MixtralConfig(**MOE_SMALL, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)
     return transformers.MixtralForCausalLM(config)
+
+
+def optimizer_gradients(model: nn.Module, batch: Any, plan: Any, loss_fn: Any = None) -> list[torch.Tensor]:
+    """The gradients the optimizer sees at the first step of ``memlab.apply(model, plan)`` (read by a step
+    pre-hook), on a copy of the model."""
+    import copy
+
+    import memlab
+
+    model = copy.deepcopy(model)
+    applied = memlab.apply(model, plan, loss_fn=loss_fn)
+    seen: list[torch.Tensor] = []
+
+    def grab(optimizer, args, kwargs):
+        seen.extend(p.grad.detach().clone() for group in optimizer.param_groups for p in group["params"])
+
+    applied.optimizer.register_step_pre_hook(grab)
+    applied.step(batch)
+    applied.undo()
+    return seen
+
+
+def relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """The gradients' relative error, over all of them."""
+    top = torch.sqrt(sum(((g - w).double() ** 2).sum() for g, w in zip(got, want, strict=False)))
+    bottom = torch.sqrt(sum((w.double() ** 2).sum() for w in want))
+    return float(top / bottom)

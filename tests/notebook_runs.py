@@ -1,4 +1,4 @@
-"""The workshop notebooks executed for ``tests/jupyter/test_notebooks.py``, in the background of the test session.
+"""The workshop notebooks executed for ``tests/test_notebooks.py``, in the background of the test session.
 
 A notebook runs in its own kernel, a separate process, while the test process only waits: on a 2-core machine the
 other core could run the rest of the suite. So when the session has collected notebook runs, a runner process
@@ -113,7 +113,7 @@ def parameters_index(nb: nbformat.NotebookNode) -> int:
 def with_small_sizes(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     """The notebook with a cell of smaller sizes injected after its parameters cell."""
     values = OVERRIDES.get(name, SMALL)
-    source = "# Injected by tests/jupyter/test_notebooks.py: small sizes for CI\n" + "\n".join(
+    source = "# Injected by tests/test_notebooks.py: small sizes for CI\n" + "\n".join(
         f"{key} = {value!r}" for key, value in values.items()
     )
     cell = nbformat.v4.new_code_cell(source)
@@ -211,7 +211,8 @@ def saved_size(nb: nbformat.NotebookNode) -> int:
     """What an executed notebook weighs saved: its cells and outputs, without the widget state (which JupyterLab saves
     only when asked to, and nbclient always keeps: a panel's live figure carries plotly.js, about 5 MB). What CI
     cannot add is the PNG that JupyterLab's plotly extension stores beside each plotly figure when it draws one (60
-    to 150 kB a figure): tests/jupyter/test_browser.py measures notebook 06 as JupyterLab saves it, PNG included.
+    to 150 kB a figure): tests/frontends/jupyter/browser/test_browser.py measures notebook 06 as JupyterLab saves it,
+    PNG included.
 
     Example:
         >>> nb = nbformat.v4.new_notebook()
@@ -274,7 +275,7 @@ class NotebookRuns:
 
 
 RUNS = NotebookRuns()
-"""The session's runs (started by ``tests/jupyter/conftest.py`` once the session has collected its tests)."""
+"""The session's runs (started by ``tests/conftest.py`` once the session has collected its tests)."""
 
 
 def main(argv: list[str]) -> int:

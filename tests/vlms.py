@@ -6,7 +6,7 @@ count its model expects. Images are made with numpy.
 The image processors need Pillow (transformers' PIL backends; torchvision is not needed). Where Pillow is missing,
 :func:`family_batch` builds the batch as the processor does: the same processor class with a stand-in image
 processor (:class:`StandInImageProcessor`) that gives the same keys, shapes and dtypes, so the text (the image
-tokens expanded to the right count) is still the processor's own. ``tests/integration/test_vlm.py`` checks that the
+tokens expanded to the right count) is still the processor's own. ``tests/test_zoo_vlm.py`` checks that the
 two agree where Pillow is installed.
 """
 

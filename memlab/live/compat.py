@@ -6,7 +6,7 @@ metadata handlers and its dispatch cache key, the ``_grouped_mm`` operator, FSDP
 ``MixedPrecisionPolicy``, ``FSDPMemTracker`` and DTensor's sharding strategies. Each is found by one function here,
 which answers None (or PyTorch's own, unchanged) where the installed torch lacks it, so that a torch without it
 runs PyTorch's own code instead of failing with an ``AttributeError`` deep inside an estimate.
-``tests/unit/test_compat.py`` checks each one against the torch it runs on; CI runs it on every stack
+``tests/live/test_compat.py`` checks each one against the torch it runs on; CI runs it on every stack
 CONTRIBUTING's table lists.
 
 Torch-free at import (this module is imported before torch): each look-up imports what it reads.

@@ -312,7 +312,7 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
     trainer set up for DeepSpeed or FSDP, and a trainer that already has a plan applied (``undo()`` it first). A
     peft model keeps its own adapters: a LoRA plan must carry their settings (the plan memlab read from it does).
 
-    Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
+    Example (a tiny trainer: ``tests/trainer/test_trainer.py`` builds one)::
 
         applied = memlab.trainer.apply_to_trainer(trainer, memlab.Plan(micro_batch=1, accumulation=4))
         trainer.train()

@@ -90,7 +90,7 @@ def trainer_on_meta(trainer_class: type, /, *, model: Any, args: Any, **keywords
             meta device (a DPOTrainer without ``peft_config`` places the reference model it holds apart itself:
             pass a ``peft_config``, whose reference is the policy with its adapters off).
 
-    Example (``tests/integration/test_trainer_on_meta.py`` runs it)::
+    Example (``tests/trainer/test_meta.py`` runs it)::
 
         with torch.device("meta"):
             policy = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)

@@ -303,7 +303,7 @@ class Watch:
         optimizer step), the peak named; ``.plot()``, ``.save(path)`` for PyTorch's memory_viz. None before a step
         ended. See :mod:`memlab.trainer.watch_timeline` for what each device records.
 
-        Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
+        Example (a tiny trainer: ``tests/trainer/test_trainer.py`` builds one)::
 
             watched = memlab.watch(trainer)
             trainer.train()
@@ -461,7 +461,7 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
     both. On TRL's GRPOTrainer each ``train()`` also marks ``"generation"``, ``"old-policy"`` and ``"reference"`` on
     the timeline (its :data:`GENERATION_METHODS` wrapped for that ``train()`` only, then put back exactly).
 
-    Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
+    Example (a tiny trainer: ``tests/trainer/test_trainer.py`` builds one)::
 
         w = memlab.trainer.watch(trainer, budget="8GiB")
         trainer.train()

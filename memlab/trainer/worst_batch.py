@@ -367,7 +367,7 @@ def worst_batch(trainer: Any, micro_batch: int | None = None, *, sample: int = S
     Raises:
         MemlabError: no train dataset, examples without lengths, or a collator that fails (naming the examples).
 
-    Example (a tiny trainer: ``tests/integration/test_trainer.py`` builds one)::
+    Example (a tiny trainer: ``tests/trainer/test_trainer.py`` builds one)::
 
         worst = memlab.trainer.worst_batch(trainer)
         print(worst.describe())   # rows 17, 3 of the train dataset, 512 and 498 tokens; scanned 2,000 ...
@@ -401,7 +401,7 @@ def trainer_batches(trainer: Any, rows: int | None = None, *, sample: int = SAMP
     examples collated ``micro_batch`` at a time: never slices or repeats of one collated batch. ``rows`` is the
     micro-batch of a plan without one (default ``per_device_train_batch_size``).
 
-    Example (a tiny trainer: ``tests/integration/test_trainer_batches.py`` builds one)::
+    Example (a tiny trainer: ``make_trainer`` in ``tests/trainers.py`` builds one)::
 
         batches = memlab.trainer.worst_batch.trainer_batches(trainer)
         first, second = batches.micro_batches(2, 2)   # the two costliest pairs, each collated

@@ -1,6 +1,6 @@
 """The GPU acceptance run's own helpers, on the CPU (no GPU needed): what it reads from a CUDA allocator snapshot,
 how the table of CUDA truth reads plan labels back, and how a run names the parts its deadline left out. The GPU
-run itself is exercised at its smoke size by tests/integration/test_benchmarks.py."""
+run itself is exercised at its smoke size by tests/test_benchmarks.py."""
 
 from __future__ import annotations
 

@@ -191,7 +191,7 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
     ``(trial, command, what it changes or None)`` each. ``words``: a message's config fields as the command's
     options.
 
-    Example (``tests/integration/test_cli_trainer.py`` asks a budget nothing fits)::
+    Example (``tests/frontends/test_trainer_cli.py`` asks a budget nothing fits)::
 
         for trial, command, changes in trainer_suggestions(args, trainer, memlab.Plan.from_trainer(trainer),
                                                            report, say):

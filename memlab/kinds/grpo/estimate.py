@@ -143,7 +143,7 @@ def estimate_grpo_vllm(request: Any, variants: Sequence[VLLMSettings]) -> list[T
     policy's training dry run made once: the engine's settings do not change it); what ``fit`` searches the engine's
     share and sleep mode with. ``request`` as for :func:`estimate_grpo`.
 
-    Example (``tests/integration/test_trainer_grpo_vllm.py`` builds such a trainer)::
+    Example (``tests/kinds/grpo/test_grpo_vllm.py`` builds such a trainer)::
 
         low, asleep = estimate_grpo_vllm(EstimateRequest(trainer, gpu="L4-24GB"),
                                          [VLLMSettings("colocate", 0.1, False), VLLMSettings("colocate", 0.3, True)])
@@ -168,7 +168,7 @@ def fitted_vllm(request: Any) -> Trial:
     and its first note naming the ``GRPOConfig`` keywords; the trainer's own estimate where none does. The training
     dry run is made once.
 
-    Example (``tests/integration/test_trainer_grpo_vllm.py`` builds such a trainer)::
+    Example (``tests/kinds/grpo/test_grpo_vllm.py`` builds such a trainer)::
 
         trial = fitted_vllm(EstimateRequest(trainer, budget="12GiB", gpu="L4-24GB").checked())
     """

@@ -1,0 +1,166 @@
+"""The compile lever (memlab.techniques.compile): declared, exported, measured and estimated.
+
+``Plan(compile=...)`` as a lever: its field, label, ``--try`` value, conflict and every export (issue 60).
+
+``Plan(compile=True)`` measured live on the CPU (inductor, gcc here) and estimated (issue 60).
+
+A compiled trial's first warm-up step compiles and is timed apart (``compile_seconds``), never in the speed; its peak is
+the compiled step's, read from the CPU allocator's profile (memlab's tracker, a dispatch mode, would run it eagerly and
+cannot see the compiled kernels' buffers); the model comes back as it was, with no compiled forward left on it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import memlab
+from memlab import Plan
+from memlab.errors import MemlabError
+from memlab.measure.compiled import CpuAllocatorPeak
+from memlab.measure.tracker import MemoryTracker
+from memlab.plan import LEVERS, parse_grid
+from memlab.techniques import compile as compile_technique
+from memlab.techniques.compile import ESTIMATED_EAGER, ESTIMATED_PARTITIONED
+from memlab.techniques.core.registry import REGISTRY, STEP_ORDER
+from tests.models import assert_same, fingerprint, lm_batch, tiny_gpt2
+
+
+def test_compile_is_a_bool_lever_labelled_and_tried() -> None:
+    assert Plan().compile is False and LEVERS["compile"].type == "bool"
+    assert Plan(compile=True).label() == "compiled"
+    assert Plan(micro_batch=2, compile=True, precision="bf16").label() == "mb2x1 bf16 compiled"
+    assert Plan(compile=True).describe() == "compile"
+    assert [plan.compile for plan in parse_grid("compile=on,off")] == [True, False]
+    assert STEP_ORDER[-1] == "compile"  # on the forward every other lever has changed
+    with pytest.raises(MemlabError, match="compile='yes' is not allowed; write True or False"):
+        Plan(compile="yes")
+
+
+def test_compile_with_the_chunked_loss_is_refused_saying_what_to_write() -> None:
+    with pytest.raises(MemlabError, match="write loss='full' .* or compile=False"):
+        Plan(compile=True, loss="chunked")
+
+
+def test_the_trainer_export_compiles_and_reads_back() -> None:
+    from transformers import TrainingArguments
+
+    kwargs = Plan(micro_batch=4, compile=True, precision="bf16").to_training_arguments()
+    assert kwargs["torch_compile"] is True
+    assert "torch_compile" not in Plan().to_training_arguments()
+    args = TrainingArguments(output_dir="out", report_to=[], use_cpu=True, **kwargs)
+    assert Plan.from_training_arguments(args) == Plan(micro_batch=4, compile=True, precision="bf16")
+
+
+def test_the_code_export_compiles_the_model_after_the_other_model_lines() -> None:
+    code = Plan(compile=True, checkpointing=True).to_code()
+    assert "model.compile()" in code
+    assert code.index("model.compile()") > code.index("gradient_checkpointing_enable")
+    assert "compile()" not in Plan(checkpointing=True).to_code()
+
+
+def test_the_accelerate_export_sets_its_dynamo_backend() -> None:
+    for strategy in ("fsdp2", "zero2", "zero3"):
+        config = Plan(compile=True).to_accelerate_config(gpus=2, strategy=strategy)
+        assert config["dynamo_config"] == {"dynamo_backend": "INDUCTOR"}, strategy
+        assert "dynamo_config" not in Plan().to_accelerate_config(gpus=2, strategy=strategy)
+
+
+def test_deepspeed_says_where_compile_goes() -> None:
+    config = Plan(compile=True).to_deepspeed()
+    assert "torch_compile" in config.get("_comment", "")
+    assert REGISTRY["compile"].refusal(Plan(compile=True), "deepspeed") == ""
+
+
+def test_the_estimate_note_says_it_is_of_the_eager_step() -> None:
+    assert "eager step" in ESTIMATED_EAGER
+
+
+@pytest.fixture(scope="module")
+def measured() -> tuple[memlab.Report, dict, dict, torch.nn.Module]:
+    model = tiny_gpt2(layers=2, width=64)
+    before = fingerprint(model)
+    report = memlab.compare(model, lm_batch(rows=8, length=32), [Plan(), Plan(compile=True)], steps=2, noise=0)
+    return report, before, fingerprint(model), model
+
+
+def test_the_compiled_step_is_measured_apart_from_its_compile_time(measured: tuple) -> None:
+    report, _, _, _ = measured
+    eager, compiled = report.trials
+    assert (eager.status, compiled.status) == ("ok", "ok"), (eager.error, compiled.error)
+    assert eager.compile_seconds is None
+    assert compiled.compile_seconds is not None
+    # The compile (seconds) is in no timed step (milliseconds), so not in the speed.
+    assert max(compiled.step_times) * 20 < compiled.compile_seconds
+    assert any("compile_seconds" in note for note in compiled.notes)
+    assert compiled.to_dict()["compile_seconds"] == compiled.compile_seconds
+    assert memlab.Trial.from_dict(compiled.to_dict()).compile_seconds == compiled.compile_seconds
+
+
+def test_the_peak_is_the_compiled_steps_not_the_eager_one(measured: tuple) -> None:
+    report, _, _, _ = measured
+    eager, compiled = report.trials
+    # inductor frees GPT-2's intermediate activations the eager step keeps (fused kernels): about a fifth lower here.
+    assert compiled.peak_bytes < 0.9 * eager.peak_bytes
+    # What the tracker could not see (the compiled kernels' buffers) is read from the allocator, under "other".
+    assert compiled.breakdown["other"] > eager.breakdown["other"]
+    assert compiled.breakdown["params"] == eager.breakdown["params"]
+
+
+def test_the_model_comes_back_without_a_compiled_forward(measured: tuple) -> None:
+    _, before, after, model = measured
+    assert_same(before, after)
+    assert "forward" not in vars(model)
+
+
+def test_the_cpu_allocator_profile_agrees_with_the_tracker_on_an_eager_step() -> None:
+    model = tiny_gpt2(layers=2, width=64)
+    batch = {**lm_batch(rows=8, length=32)}
+    batch["labels"] = batch["input_ids"]
+    model(**batch).loss.backward()
+    with MemoryTracker() as tracker, CpuAllocatorPeak(tracker.live_bytes) as peak:
+        model(**batch).loss.backward()
+    assert peak.peak_allocated == pytest.approx(tracker.peak_bytes, rel=0.01)
+
+
+def test_a_plan_compile_cannot_run_is_an_error_trial_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._inductor.config as inductor
+
+    monkeypatch.setattr(inductor, "force_disable_caches", True)
+    monkeypatch.setattr(inductor.cpp, "cxx", ("no-such-compiler",))
+    model = tiny_gpt2(layers=1, width=32)
+    before = fingerprint(model)
+    trial = memlab.measure(model, lm_batch(rows=2, length=8), Plan(compile=True), steps=1, noise=0)
+    assert trial.status == "error"
+    assert "torch.compile could not compile this model's step" in trial.error and "compile=False" in trial.error
+    assert_same(before, fingerprint(model))
+    assert "forward" not in vars(model)
+
+
+def test_the_estimate_runs_the_compiled_steps_partition_on_fake_tensors(measured: tuple) -> None:
+    report, _, _, model = measured
+    batch = lm_batch(rows=8, length=32)
+    eager = memlab.estimate(model, batch, Plan())
+    compiled = memlab.estimate(model, batch, Plan(compile=True))
+    assert ESTIMATED_PARTITIONED in compiled.notes and ESTIMATED_PARTITIONED not in eager.notes
+    assert compiled.compile_seconds is None  # a dry run compiles nothing that runs
+    # What the compiled step saves for backward is less than the eager step's activations; inductor's fused kernels
+    # hold less still (their intermediates), so the estimate is above the compiled step measured (the memory the
+    # process held before left out: it is no plan's) and nearer to it than the eager estimate.
+    measured_eager, measured_compiled = (trial.peak_bytes - trial.preexisting_bytes for trial in report.trials)
+    assert eager.peak_bytes == pytest.approx(measured_eager, rel=0.01)
+    assert measured_compiled <= compiled.peak_bytes < 0.95 * eager.peak_bytes
+
+
+def test_an_estimate_dynamo_cannot_trace_is_of_the_eager_step_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuses(graph: torch.fx.GraphModule, inputs: list) -> None:
+        raise RuntimeError("no fake kernels for this")
+
+    monkeypatch.setattr(compile_technique, "FAKE_BACKEND", refuses)
+    model = tiny_gpt2(layers=2, width=64)
+    batch = lm_batch(rows=8, length=32)
+    eager = memlab.estimate(model, batch, Plan())
+    compiled = memlab.estimate(model, batch, Plan(compile=True))
+    assert compiled.status == "ok" and compiled.peak_bytes == eager.peak_bytes
+    said = [note for note in compiled.notes if note.startswith("compile:")]
+    assert said == [ESTIMATED_EAGER.format(why=said[0].split("fake tensors: ")[1].split("); a compiled")[0])]
+    assert "RuntimeError: no fake kernels for this" in said[0]
