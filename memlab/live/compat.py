@@ -255,13 +255,12 @@ def propagation_apart() -> Iterator[None]:
     "optimizer" per GPU for GPT-2 on 2 GPUs, where a real run holds 475 MiB.
 
     Example:
-        >>> from torch.distributed.tensor._sharding_prop import ShardingPropagator
-        >>> before = ShardingPropagator._propagate_tensor_meta_non_cached
+        >>> from torch.distributed.tensor._sharding_prop import ShardingPropagator as Propagator
+        >>> before = Propagator._propagate_tensor_meta_non_cached
         >>> with propagation_apart():
-        ...     ShardingPropagator._propagate_tensor_meta_non_cached is before
-        False
-        >>> ShardingPropagator._propagate_tensor_meta_non_cached is before
-        True
+        ...     inside = Propagator._propagate_tensor_meta_non_cached
+        >>> inside is before, Propagator._propagate_tensor_meta_non_cached is before  # replaced, then put back
+        (False, True)
     """
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
     from torch.utils._python_dispatch import _disable_current_modes

@@ -295,6 +295,9 @@ _CONVERT = (
 
 
 def _export(target: str) -> Export:
+    """What ``target``'s export writes for the lever: the conversion above (code, accelerate's script), the
+    Trainer's keyword or where it goes instead."""
+
     def fragment(plan: PlanLike) -> Fragment:
         if not plan.fp8:
             return nothing_for(target)
