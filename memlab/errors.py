@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Iterable
+from pathlib import Path
 
 
 class MemlabError(ValueError):
@@ -31,6 +34,27 @@ class MemlabWarning(UserWarning):
         >>> caught[0].category.__name__
         'MemlabWarning'
     """
+
+
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def warn_the_caller(message: str, category: type[Warning] | None = None) -> None:
+    """Warn with ``message`` (a :class:`MemlabWarning` by default) at the first line outside memlab that led here,
+    however many of memlab's own calls sit between (``plan.to_training_arguments()`` reaches the export through a
+    seam): the user's line, as a warning's location should be.
+
+    Example:
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_the_caller("the plan was undone first")
+        >>> caught[0].category.__name__, caught[0].filename.endswith("errors.py")
+        ('MemlabWarning', False)
+    """
+    frame, level = sys._getframe(1), 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category or MemlabWarning, stacklevel=level)
 
 
 def nearest(name: str, known: Iterable[str], *, most: int = 3, cutoff: float = 0.6) -> list[str]:

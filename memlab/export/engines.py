@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memlab.errors import MemlabError, MemlabWarning
+from memlab.errors import MemlabError, warn_the_caller
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.techniques.core.fragments import (
     THE_DEEPSPEED_CONFIG,
@@ -166,7 +165,7 @@ def training_arguments(plan: Plan, *, legacy_names: bool | None = None) -> dict[
         legacy_names = not _installed_uses_activation_checkpointing()
     kwargs = assembled_keys(plan, "trainer", legacy=legacy_names)
     for note in elsewhere_notes(plan, "trainer"):
-        warnings.warn(f"{plan.label()!r}: {note}", MemlabWarning, stacklevel=3)
+        warn_the_caller(f"{plan.label()!r}: {note}")
     for name, value in kwargs.items():
         if value == THE_DEEPSPEED_CONFIG:
             kwargs[name] = deepspeed_config(plan)

@@ -5,7 +5,7 @@ turn it on, :data:`CHECKPOINTING_CODE`, and those that checkpoint some blocks on
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.utils.checkpoint
@@ -378,7 +378,11 @@ def trainer_checkpointing(args: Any) -> tuple[bool, dict[str, Any]]:
     """
     for name in ("activation_checkpointing", "gradient_checkpointing"):
         if getattr(args, name, False):
-            return True, dict(getattr(args, f"{name}_kwargs", None) or {})
+            kwargs = getattr(args, f"{name}_kwargs", None) or {}
+            if not isinstance(kwargs, Mapping):
+                raise MemlabError(f"{name}_kwargs={kwargs!r} is not a dict of keywords; write for example "
+                                  f"{name}_kwargs={{'use_reentrant': False}}, or leave it out")
+            return True, dict(kwargs)
     return False, {}
 
 

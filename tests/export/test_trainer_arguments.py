@@ -53,3 +53,13 @@ def test_what_a_grpo_config_cannot_carry_is_refused_saying_what_to_write() -> No
         memlab.Plan().to_training_arguments(trl=dict)
     # trl=True stays what it was: TRL's activation_offloading keyword, for the configs that have it.
     assert memlab.Plan(micro_batch=2).to_training_arguments(trl=True)["activation_offloading"] is False
+
+
+@pytest.mark.parametrize("name", ["gradient_checkpointing", "activation_checkpointing"])
+def test_checkpointing_keywords_that_are_no_dict_are_one_error_saying_what_to_write(name: str) -> None:
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(**{name: True, f"{name}_kwargs": "use_reentrant=False"})
+    with pytest.raises(MemlabError, match=f"{name}_kwargs='use_reentrant=False' is not a dict.*write for example"):
+        memlab.Plan.from_training_arguments(args)
+

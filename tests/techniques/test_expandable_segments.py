@@ -223,8 +223,10 @@ def test_the_trainers_arguments_warn_with_the_line(recwarn: pytest.WarningsRecor
     with pytest.warns(MemlabWarning, match="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") as caught:
         kwargs = PLAN.to_training_arguments()
     assert PYTHON_LINE in str(caught[0].message)
-    with pytest.warns(MemlabWarning, match="expandable_segments:True"):
+    with pytest.warns(MemlabWarning, match="expandable_segments:True") as caught_trl:
         trl_kwargs = PLAN.to_training_arguments(trl=True)
+    # the warning points at the line that asked, past memlab's own calls (the Plan's seam, the TRL keywords)
+    assert {Path(w.filename).resolve() for w in (*caught, *caught_trl)} == {Path(__file__).resolve()}
     with warnings.catch_warnings():
         warnings.simplefilter("error", MemlabWarning)
         assert kwargs == WITHOUT.to_training_arguments() and trl_kwargs == WITHOUT.to_training_arguments(trl=True)
