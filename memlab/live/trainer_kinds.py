@@ -113,6 +113,14 @@ class CompletionRoom(Protocol):
     def __call__(self, trainer: Any) -> int | None: ...
 
 
+class StartAfresh(Protocol):
+    """``start_afresh(trainer)``: what ``memlab.apply`` resets, after a plan is put on, so that the trainer's next
+    ``train()`` starts as a new trainer's does (a GRPOTrainer's buffered generations, cut for the old split);
+    ``undo()`` puts it back with the rest of the trainer's attributes."""
+
+    def __call__(self, trainer: Any) -> None: ...
+
+
 @runtime_checkable
 class OwnBatch(Protocol):
     """A kind's own batch that carries its trainer (a GRPO step's prompts,
@@ -159,6 +167,7 @@ class TrainerKind:
             :func:`memlab.watch` marks; None: it computes none.
         completion_room: the completion tokens its model's positions leave past the longest prompt
             (:class:`CompletionRoom`), for a kind that :attr:`generates`.
+        start_afresh: what ``memlab.apply`` resets once the plan is on (:class:`StartAfresh`); None: nothing.
         rows_per_example: rows of the batch its ``compute_loss`` takes per example its
             ``per_device_train_batch_size`` counts (a DPOTrainer's chosen and rejected, 2): what
             :func:`memlab.watch` counts a step's samples in, as the trainer's own samples per second does.
@@ -182,6 +191,7 @@ class TrainerKind:
     elsewhere: Elsewhere | None = None
     old_logps: OldLogps | None = None
     completion_room: CompletionRoom | None = None
+    start_afresh: StartAfresh | None = None
     rows_per_example: int = 1
 
     @property

@@ -275,17 +275,6 @@ def shared_state_restorer() -> SharedStateRestorer:
     return SharedStateRestorer()
 
 
-def _fresh_generations(trainer: Any) -> None:
-    """TRL's GRPOTrainer starts its next ``train()`` as a new one does: no generations buffered from an earlier
-    ``train()`` (cut for the old split, they would be indexed with the new ``steps_per_generation``: IndexError)
-    and its micro-step count at 0, so that the first step generates. ``undo()`` puts both back with the rest of the
-    trainer's attributes (the buffer then matches the old split again)."""
-    if "_buffered_inputs" in vars(trainer):
-        trainer._buffered_inputs = None
-        if isinstance(vars(trainer).get("_step"), int):
-            trainer._step = 0
-
-
 def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
     """Set the trainer up to train with ``plan`` on its next ``train()``; undo with ``.undo()``.
 
@@ -374,7 +363,8 @@ def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:
                 undoes.append(detach)
         trainer.optimizer = None
         trainer.lr_scheduler = None
-        _fresh_generations(trainer)
+        if kind.start_afresh is not None:  # the kind's own state reset for the next train() (GRPO's generations)
+            kind.start_afresh(trainer)
     except BaseException:
         TrainerApplied(trainer, plan, undoes).undo()
         raise

@@ -16,7 +16,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from memlab.kinds.grpo.estimate import estimate_grpo
-from memlab.kinds.grpo.source import check_generations, completion_room, computes_old_logps, grpo_split
+from memlab.kinds.grpo.source import (
+    check_generations,
+    completion_room,
+    computes_old_logps,
+    fresh_generations,
+    grpo_split,
+)
 from memlab.kinds.grpo.step import grpo_target
 from memlab.kinds.grpo.suggest import with_grpo_dry_runs
 from memlab.live.trainer_kinds import WATCH, TrainerKind
@@ -65,6 +71,7 @@ GRPO = TrainerKind(
     fit_dry_runs=with_grpo_dry_runs, suggestions=("beta", "max_completion_length", "num_generations"),
     check_plan=_grpo_check_plan, arguments=_grpo_arguments, export_refusal=_grpo_export_refusal,
     elsewhere=_grpo_elsewhere, old_logps=computes_old_logps, completion_room=completion_room,
+    start_afresh=fresh_generations,
 )
 """TRL's GRPOTrainer: its step generates first (:mod:`memlab.kinds.grpo.step`), its dry run has a generation phase
 (:mod:`memlab.kinds.grpo.estimate`), ``fit`` suggests the config changes of :mod:`memlab.kinds.grpo.suggest`

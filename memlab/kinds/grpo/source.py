@@ -393,6 +393,25 @@ def prepared_forward(model: Any, plan: Plan, device: torch.device) -> Iterator[N
         yield
 
 
+def fresh_generations(trainer: Any) -> None:
+    """The GRPOTrainer starts its next ``train()`` as a new one does: no generations buffered from an earlier
+    ``train()`` (cut for the old split, they would be indexed with the new ``steps_per_generation``: IndexError)
+    and its micro-step count at 0, so that the first step generates (the kind's ``start_afresh``). ``undo()`` puts
+    both back with the rest of the trainer's attributes (the buffer then matches the old split again).
+
+    Example:
+        >>> class Trainer:
+        ...     pass
+        >>> trainer = Trainer(); trainer._buffered_inputs, trainer._step = ["old"], 3
+        >>> fresh_generations(trainer); trainer._buffered_inputs, trainer._step
+        (None, 0)
+    """
+    if "_buffered_inputs" in vars(trainer):
+        trainer._buffered_inputs = None
+        if isinstance(vars(trainer).get("_step"), int):
+            trainer._step = 0
+
+
 def computes_old_logps(trainer: Any) -> bool:
     """Whether ``_generate_and_score_completions`` computes the old policy's log-probs (TRL 1.16's rule: the
     generation is reused past one optimizer step, or vLLM's importance sampling needs them).
