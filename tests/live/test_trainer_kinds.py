@@ -105,6 +105,27 @@ def test_a_fifth_kind_is_measured_and_estimated_through_its_declaration_alone(tm
     assert kind_of(trainer).name == "Trainer"
 
 
+def test_apply_asks_the_kinds_start_afresh_and_undo_puts_its_state_back(tmp_path: Any) -> None:
+    trainer = pair_trainer(tmp_path)
+    trainer.pairs_buffered = ["a pair cut for the old split"]
+
+    def start_afresh(pair_trainer: Any) -> None:
+        pair_trainer.pairs_buffered = None
+
+    with declared(TrainerKind("PairTrainer", "", "TrainingArguments", "transformers", start_afresh=start_afresh)):
+        applied = memlab.apply(trainer, Plan(micro_batch=1, accumulation=2))
+        assert trainer.pairs_buffered is None  # the kind's own state reset for the next train()
+        applied.undo()
+    assert trainer.pairs_buffered == ["a pair cut for the old split"]
+
+
+def test_the_grpo_kind_starts_afresh_from_no_buffered_generations() -> None:
+    from memlab.kinds.grpo import GRPO
+    from memlab.kinds.grpo.source import fresh_generations
+
+    assert GRPO.start_afresh is fresh_generations
+
+
 def test_a_trainer_of_no_declared_kind_gets_one_refusal_naming_the_kinds(tmp_path: Any) -> None:
     class PPOTrainer(Trainer):  # a TRL trainer memlab does not take (TRL's PPO is experimental)
         pass
