@@ -40,7 +40,10 @@ STARTS: dict[str, list[str]] = {
     "import memlab": ["-c", "import memlab"],
 }
 AGAIN = ", asked again"
-TARGETS_S = {"7b one GPU at 24GiB, with suggestions": 15, "13b LoRA at 24GiB": 20, "70b --gpus auto at 80GiB": 60}
+# Issue 70's targets at a load of 2 or less (a question asked again: 1 s; the command line's start and import: 2 s).
+TARGETS_S = {"7b one GPU at 24GiB, with suggestions": 5, "13b LoRA on an A100-40GB": 8, "70b --gpus auto at 80GiB": 15,
+             "memlab --help": 2, "import memlab": 2}
+AGAIN_TARGET_S = 1
 
 
 def time_question(arguments: list[str], source: Path, timeout_s: float, cache: Path | None = None, *,
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="memlab-cache-") as cache:
                 run = time_question([], Path(args.source), args.timeout, Path(cache), python=python)
             del run["stdout"]
+            run["target_s"] = TARGETS_S.get(name)
             runs[name] = run
             print(name, run["wall_s"], "s wall,", run["cpu_s"], "s CPU at load", run["load_1min_before"], flush=True)
     for name, arguments in QUESTIONS.items():
@@ -103,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             first = time_question(arguments, Path(args.source), args.timeout, Path(cache))
             again = time_question(arguments, Path(args.source), args.timeout, Path(cache))
         again["same_output"] = again["stdout"] == first["stdout"]
+        first["target_s"], again["target_s"] = TARGETS_S.get(name), AGAIN_TARGET_S
         for key, run in ((name, first), (name + AGAIN, again)):
             del run["stdout"]
             runs[key] = run

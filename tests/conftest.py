@@ -118,6 +118,10 @@ OPTIONAL = {
 }
 
 
+# The fixtures that start JupyterLab or headless Chromium (tests/browser_lab.py).
+_BROWSER_FIXTURES = frozenset({"lab", "chromium", "jupyter_server", "lab_with_memfit_and_panel"})
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     import importlib.util
@@ -125,6 +129,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         # Under xdist (--dist loadgroup), a test file's tests run in one worker, so that its module-scoped fixtures
         # (the models several tests share) are built once; the browser tests share one JupyterLab and Chromium.
+        if _BROWSER_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.browser)  # a test that starts JupyterLab or Chromium is a browser test
         if item.get_closest_marker("browser") and not item.get_closest_marker("e2e"):
             item.add_marker(pytest.mark.e2e)  # before pytest's -m deselects by the markers (this hook runs first)
         if item.get_closest_marker("xdist_group") is None:

@@ -19,6 +19,7 @@ from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.estimation.cuda.context import card_context
 from memlab.estimation.cuda.devices import asked_device
 from memlab.estimation.cuda.gpus import gpu_kind
+from memlab.estimation.dryrun.collector import collect_only_new_objects
 from memlab.estimation.request import EstimateRequest
 from memlab.live.sharding import check_sharding
 from memlab.options import parse_host_budget
@@ -139,6 +140,7 @@ def gpu_refusal(request: EstimateRequest, *, inference: bool = False) -> str:
                         weights=getattr(request.plan, "weights", None) if inference else None)
 
 
+@collect_only_new_objects()
 def route(request: EstimateRequest) -> Trial:
     """The request checked and run down its route (:func:`route_name`).
 

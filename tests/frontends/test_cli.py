@@ -655,3 +655,19 @@ def test_gpus_auto_says_what_it_searched_and_offers_bf16_and_adapters(
         "  memlab estimate llama-70b --batch 1x512 --budget 80GiB --gpus auto --try precision=bf16 weights=bf16")
     assert out[out.index("Not searched: adapters, which train on one GPU:") + 1] == (
         "  memlab estimate llama-70b --batch 1x512 --budget 80GiB --try adapter=lora,qlora precision=bf16")
+
+
+def test_estimate_runs_without_full_collections_and_puts_the_collector_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gc
+
+    from memlab.frontends.estimate import cli as estimate_cli
+
+    monkeypatch.setenv("MEMLAB_CACHE_DIR", str(tmp_path))
+    seen: list[tuple[int, ...]] = []
+    monkeypatch.setattr(estimate_cli, "run", lambda args: seen.append(gc.get_threshold()) or 0)
+    before = gc.get_threshold()
+    assert main(["estimate", "gpt2", "--no-cache"]) == 0
+    assert seen and seen[0][:2] == before[:2] and seen[0][2] > 1000 * before[2]  # young collections as they were
+    assert gc.get_threshold() == before

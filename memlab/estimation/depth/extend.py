@@ -99,10 +99,10 @@ def extend(events: Sequence[Event], depth: int, paths: LayerPaths, edge: int = 1
         events = gathered
         sweeps, versions = _paired(events, layers, owner, paths, shape)
     out: list[Event] = []
+    play = _Player(shape, owner, versions, paths).play
     for sweep in sweeps:
         for run, layer in _played(sweep, shape):
-            for index in range(run.start, run.end):
-                out.append(_play(events[index], run.layer, layer, shape, owner, versions, paths))
+            out.extend(play(events[index], run.layer, layer) for index in range(run.start, run.end))
     return out
 
 
@@ -344,35 +344,59 @@ def _played(sweep: Sequence[_Run], shape: _Shape) -> list[tuple[_Run, int | None
     return played
 
 
-def _play(event: Event, template: int | None, layer: int | None, shape: _Shape, owner: dict[Storage, int | None],
-          versions: _Versions, paths: LayerPaths) -> Event:
-    """``event`` (of ``template``) as layer ``layer`` of a model of ``shape.depth`` layers has it."""
-    depth = shape.depth
-    key: Hashable = event.key
-    storage = event.storage
-    if storage is not None:
-        made_in = owner[storage]
-        if made_in is None:
-            key = storage
-        elif template is None or layer is None:
-            raise NotRepeating("an event of no layer uses a storage of a layer")
+class _Player:
+    """Plays events as other layers (:meth:`play`). The middle layer's events are played once for every layer
+    between the first and the last, so what an event's template decides (the layer its module is in, a storage's
+    version in another template) is worked out once and kept, not again for each layer."""
+
+    def __init__(self, shape: _Shape, owner: dict[Storage, int | None], versions: _Versions,
+                 paths: LayerPaths) -> None:
+        self.shape, self.owner, self.versions, self.paths = shape, owner, versions, paths
+        self._module_layer: dict[str, int | None] = {}
+        self._renamed: dict[tuple[str, int], str] = {}
+        self._version: dict[tuple[Storage, int, int], Storage] = {}
+
+    def play(self, event: Event, template: int | None, layer: int | None) -> Event:
+        """``event`` (of ``template``) as layer ``layer`` of a model of ``shape.depth`` layers has it."""
+        shape, paths = self.shape, self.paths
+        depth = shape.depth
+        key: Hashable = event.key
+        storage = event.storage
+        if storage is not None:
+            made_in = self.owner[storage]
+            if made_in is None:
+                key = storage
+            elif template is None or layer is None:
+                raise NotRepeating("an event of no layer uses a storage of a layer")
+            else:
+                target = layer + (made_in - template)
+                if not 0 <= target < depth:
+                    raise NotRepeating(f"layer {layer} uses a storage of layer {target}, which a model of {depth} "
+                                       "layers does not have")
+                key = (self._version_of(storage, made_in, shape.template_of(target)), target)
+        module = event.module
+        if layer is not None:
+            named = self._module_layer.get(module, -1)
+            if named == -1:
+                named = self._module_layer[module] = paths.layer_of(module)
+            if named is not None and named != template:
+                raise NotRepeating(f"an event of layer {template} runs in {module}")
+            if named is not None:
+                renamed = self._renamed.get((module, layer))
+                if renamed is None:
+                    renamed = self._renamed[module, layer] = paths.rename(module, layer)
+                module = renamed
+            names = None if event.names is None else _names(event.names, paths, layer, template, depth)
         else:
-            target = layer + (made_in - template)
-            if not 0 <= target < depth:
-                raise NotRepeating(f"layer {layer} uses a storage of layer {target}, which a model of {depth} "
-                                   "layers does not have")
-            key = (versions.of(storage, made_in, shape.template_of(target)), target)
-    module = event.module
-    if layer is not None:
-        named = paths.layer_of(module)
-        if named is not None and named != template:
-            raise NotRepeating(f"an event of layer {template} runs in {module}")
-        if named is not None:
-            module = paths.rename(module, layer)
-        names = _names(event.names, paths, layer, template, depth)
-    else:
-        names = _fixed_names(event.names, paths, shape)
-    return Event(event.consumer, event.op, key, event.nbytes, event.category, module, label=event.label, names=names)
+            names = None if event.names is None else _fixed_names(event.names, paths, shape)
+        return Event(event.consumer, event.op, key, event.nbytes, event.category, module, label=event.label,
+                     names=names)
+
+    def _version_of(self, storage: Storage, source: int, target: int) -> Storage:
+        found = self._version.get((storage, source, target))
+        if found is None:  # not kept where it raises: the next ask raises the same
+            found = self._version[storage, source, target] = self.versions.of(storage, source, target)
+        return found
 
 
 def _fixed_names(key: Any, paths: LayerPaths, shape: _Shape) -> Any:

@@ -23,6 +23,8 @@ RUN_FIRST_CODE_CELL = """() => {
     panel.content.activeCellIndex = cells.findIndex(cell => cell.model.type === "code");
     window.jupyterapp.commands.execute("notebook:run-cell");
 }"""
+pytestmark = pytest.mark.browser
+
 FIRST_CODE_CELL_RAN = """() => {
     const panel = window.jupyterapp.shell.currentWidget;
     const cell = panel.content.widgets.find(cell => cell.model.type === "code");
