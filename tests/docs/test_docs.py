@@ -168,7 +168,9 @@ def _project_files() -> list[str]:
     if listed.returncode == 0:
         return [name for name in listed.stdout.splitlines() if (ROOT / name).is_file()]
     skip = {".git", "build", "dist", "_build", "__pycache__"}
-    return [str(path.relative_to(ROOT)) for path in ROOT.rglob("*") if path.is_file() and not skip & set(path.parts)]
+    venvs = {path.parent for path in ROOT.glob("*/pyvenv.cfg")}  # a virtual environment made in the checkout
+    return [str(path.relative_to(ROOT)) for path in ROOT.rglob("*")
+            if path.is_file() and not skip & set(path.parts) and not venvs & set(path.parents)]
 
 
 def test_no_file_of_the_project_is_over_its_cap() -> None:
