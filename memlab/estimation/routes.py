@@ -19,12 +19,12 @@ from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.estimation.cuda.context import card_context
 from memlab.estimation.cuda.devices import asked_device
 from memlab.estimation.cuda.gpus import gpu_kind
-from memlab.estimation.dryrun.collector import collect_only_new_objects
 from memlab.estimation.request import EstimateRequest
 from memlab.live.sharding import check_sharding
 from memlab.options import parse_host_budget
 from memlab.plan import Plan
 from memlab.report import Trial
+from memlab.runner.collection import without_full_collections
 from memlab.techniques.core.registry import step_refusal
 from memlab.techniques.vllm import no_engine
 
@@ -140,7 +140,7 @@ def gpu_refusal(request: EstimateRequest, *, inference: bool = False) -> str:
                         weights=getattr(request.plan, "weights", None) if inference else None)
 
 
-@collect_only_new_objects()
+@without_full_collections()
 def route(request: EstimateRequest) -> Trial:
     """The request checked and run down its route (:func:`route_name`).
 

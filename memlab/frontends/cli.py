@@ -16,8 +16,6 @@ Measuring commands are quiet by default: third-party warnings (transformers, bit
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import html
 import os
 import re
@@ -25,7 +23,7 @@ import shutil
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from typing_extensions import Unpack
@@ -225,40 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if asked is None:
         return run_handler(handler, args)
     from memlab.frontends.estimate.kept import asking
+    from memlab.runner.collection import without_full_collections
 
     with asking(asked), without_full_collections():  # the words its answer is kept under; dry runs only
         return run_handler(handler, args)
-
-
-# Larger than the young collections a dry run's command makes (a few hundred); a C int, as gc.set_threshold takes.
-_NO_FULL_COLLECTION = 1 << 30
-
-
-@contextlib.contextmanager
-def without_full_collections() -> Iterator[None]:
-    """Inside it, Python's collector runs its young collections only (the full ones are what an explicit
-    ``gc.collect()`` runs); the thresholds are put back afterwards.
-
-    For ``memlab estimate``, a process of seconds that imports torch, transformers and peft on its way and runs dry
-    runs only (fake tensors: no memory of a device waits on the collector): each full collection there walks every
-    object imported so far, about 0.9 s of a 7B question's 7, and frees almost nothing. The cycles young collections
-    leave are freed when the command's process ends.
-
-    Example:
-        >>> import gc
-        >>> before = gc.get_threshold()
-        >>> with without_full_collections():
-        ...     gc.get_threshold()[2] > before[2]
-        True
-        >>> gc.get_threshold() == before
-        True
-    """
-    young, middle, full = gc.get_threshold()
-    gc.set_threshold(young, middle, max(full, _NO_FULL_COLLECTION))
-    try:
-        yield
-    finally:
-        gc.set_threshold(young, middle, full)
 
 
 def run_handler(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

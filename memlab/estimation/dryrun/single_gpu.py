@@ -56,7 +56,6 @@ from memlab.estimation.depth.carry import ShallowModel, ShallowRun, carried_tria
 from memlab.estimation.depth.extend import check_layers, source_layers
 from memlab.estimation.depth.log import DepthLog, Event, LayerPaths
 from memlab.estimation.dryrun.adapters import attach_fake_adapter, bitsandbytes_version, kept_inputs_note
-from memlab.estimation.dryrun.collector import collect_only_new_objects
 from memlab.estimation.dryrun.fake import BLIND_SPOTS, FakeMode, FakeSetup, fake_setup, one_thread
 from memlab.estimation.dryrun.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
 from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
@@ -71,6 +70,7 @@ from memlab.measure.tracker import CATEGORIES
 from memlab.options import RunOptions
 from memlab.plan import Plan, parse_budget
 from memlab.report import Report, Trial
+from memlab.runner.collection import without_full_collections
 from memlab.runner.core import Runner
 from memlab.runner.quiet import quiet
 from memlab.runner.trial import TrialRunner, check_plans
@@ -100,7 +100,7 @@ _BNB_BLOCK = 256
 _BNB_QMAP_BYTES = 2 * 256 * 4
 
 
-@collect_only_new_objects()
+@without_full_collections()
 def estimate_plans(
     model_or_config: Any,
     batch: Any,
@@ -183,7 +183,7 @@ def _carried(
     return _estimated(_PlanRun(trial, reserved, fell_back[source_layers()]), place, limit, workload)
 
 
-@collect_only_new_objects()
+@without_full_collections()
 def estimate_inference(
     model_or_config: Any,
     batch: Any,

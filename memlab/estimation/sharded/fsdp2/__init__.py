@@ -36,7 +36,6 @@ from memlab.estimation.cuda.kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, c
 from memlab.estimation.depth.carry import ShallowModel, plan_carries, shallow_model
 from memlab.estimation.depth.extend import check_layers, source_layers
 from memlab.estimation.depth.log import DepthLog, Event, LayerPaths
-from memlab.estimation.dryrun.collector import collect_only_new_objects
 from memlab.estimation.dryrun.fake import BLIND_SPOTS, fake_setup, one_thread
 from memlab.estimation.dryrun.load import apply_load, load_dtype, plan_loads
 from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
@@ -53,6 +52,7 @@ from memlab.live.compat import fsdp2_api, propagation_apart
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import Plan
 from memlab.report import Trial
+from memlab.runner.collection import without_full_collections
 from memlab.runner.quiet import quiet
 from memlab.runner.step import TrainingStep
 from memlab.techniques.accumulation import micro_batches
@@ -254,7 +254,7 @@ def fake_process_group(gpus: int) -> Iterator[Any]:
         sys.excepthook = hook
 
 
-@collect_only_new_objects()
+@without_full_collections()
 def fsdp2_dry_run(request: ShardedRequest) -> tuple[ShardedTrial, list[dict[str, int]]]:
     """The FSDP2 estimate of ``request``'s plan for one GPU of its ``gpus`` (its strategy is not read), and every
     module-level snapshot of the step as :data:`DETAIL` dicts (ZeRO takes its activations from them). A step that
