@@ -191,6 +191,7 @@ def compare_named(model: nn.Module, batch: Any, named: list[tuple[str, Any]], **
     import memlab
 
     runnable = [(name, plan) for name, plan in named if plan_needs(plan) is None]
+    options.setdefault("callback", trial_progress(time.perf_counter()))
     report = memlab.compare(model, batch, [plan for _, plan in runnable], **options)
     by_name = {name: trial for (name, _), trial in zip(runnable, report.trials, strict=True)}
     base = by_name.get(named[0][0])
@@ -202,6 +203,24 @@ def compare_named(model: nn.Module, batch: Any, named: list[tuple[str, Any]], **
             rows.append({"step": name, "plan": plan.label(), "status": "skipped", "error": plan_needs(plan),
                          "peak_bytes": None, "breakdown": {}, "samples_per_s": None})
     return {"rows": rows, "trials": by_name}
+
+
+def trial_progress(started: float) -> Callable[[Any], None]:
+    """A compare callback that prints each trial's steps and end with the seconds since ``started``: a part cut at
+    its limit still shows where its time went (the H100 of 2026-11-27 cut ``cumulative`` and ``levers`` with
+    nothing printed)."""
+    from memlab.events import StepFinished, TrialFinished
+
+    def show(event: Any) -> None:
+        at = time.perf_counter() - started
+        if isinstance(event, StepFinished) and event.kind != "timed":
+            print(f"      [{at:6.1f} s] trial {event.index + 1} {event.plan.label()}: {event.kind} step "
+                  f"{event.seconds:.2f} s", flush=True)
+        elif isinstance(event, TrialFinished):
+            print(f"      [{at:6.1f} s] trial {event.index + 1}/{event.total} {event.trial.plan.label()}: "
+                  f"{event.trial.status}", flush=True)
+
+    return show
 
 
 class Judge:

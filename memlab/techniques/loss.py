@@ -133,8 +133,12 @@ def chunked_causal_lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     total = hidden.new_zeros((), dtype=torch.float32)
     # split, not slicing: its backward concatenates the chunks' gradients once, instead of a full-size zero
     # tensor per chunk.
+    # early_stop=False: a chunk's recomputation runs to its end instead of stopping at its last saved tensor with
+    # an exception thrown through cross_entropy's C++ (nothing is left to skip after that tensor). On an H100,
+    # torch 2.11, that exception came out of a step under the allocator's history (memlab's CUDA tracked step) as
+    # "SystemError: cross_entropy_loss returned NULL without setting an exception" (pytorch issue 179536).
     for part, part_labels in zip(flat_hidden.split(size), flat_labels.split(size), strict=True):
-        total = total + checkpoint(_chunk_loss_sum, head, part, part_labels, use_reentrant=False)
+        total = total + checkpoint(_chunk_loss_sum, head, part, part_labels, use_reentrant=False, early_stop=False)
     counted = (flat_labels != IGNORE_INDEX).sum()
     loss = total / counted
     if balance is not None:
@@ -284,7 +288,8 @@ def chunked_loss_code() -> tuple[str, ...]:
         f"    size = -(-labels.shape[0] // {CHUNKS})",
         "    head = inner.get_output_embeddings()",
         "    total = sum(",
-        "        checkpoint(chunk_loss, head, h, y, use_reentrant=False)",
+        "        # early_stop=False: the recomputation runs to its end, as memlab measured it",
+        "        checkpoint(chunk_loss, head, h, y, use_reentrant=False, early_stop=False)",
         "        for h, y in zip(hidden.split(size), labels.split(size))",
         "    )",
         "    return total / (labels != -100).sum()",

@@ -146,3 +146,29 @@ def test_chunked_loss_refuses_a_model_that_adds_an_aux_loss_it_cannot_reproduce(
     with pytest.raises(UnsupportedTechnique, match="loss='full'"):
         memlab.apply(model, Plan(loss="chunked"))
     assert_same(before, fingerprint(model))
+
+
+def test_a_chunks_recomputation_throws_nothing_through_the_loss(monkeypatch):
+    # Checkpoint's early stop ends a recomputation by raising through the op that saves the last tensor (here
+    # cross_entropy's C++); under CUDA's allocator history (torch 2.11, an H100) that exception came out as a
+    # SystemError. The chunked loss's recomputation runs to its end instead.
+    import torch.utils.checkpoint as checkpointing
+
+    raised = []
+    original = checkpointing._StopRecomputationError.__init__
+
+    def counted(self, *args):
+        raised.append(self)
+        original(self, *args)
+
+    monkeypatch.setattr(checkpointing._StopRecomputationError, "__init__", counted)
+    model, batch = tiny_llama(), masked_lm_batch()
+    chunked_causal_lm_loss(model, batch).backward()
+    assert raised == []
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    # The counter sees a stop where one happens: the same head and loss checkpointed with early stop do raise.
+    head = model.get_output_embeddings()
+    hidden = torch.randn(4, head.in_features, requires_grad=True)
+    checkpointing.checkpoint(lambda h: nn.functional.cross_entropy(head(h).float(), torch.zeros(4, dtype=torch.long)),
+                             hidden, use_reentrant=False).backward()
+    assert len(raised) == 1
