@@ -41,21 +41,24 @@ The parts, in order
    a GPU: the chunked loss's ``SystemError`` in ``cross_entropy_loss`` under the allocator's history (checkpoint's
    early stop raised through the op: the chunks' recomputation now runs to its end) and a baseline read before
    earlier tests' garbage was collected.
-2. What that run cut at its limit with nothing printed: ``cumulative`` (90 s), ``levers`` (80 s) and ``restore``
+2. ``compile`` (issue 69): a user's own loop on a Qwen2-0.5B shape, eager and under ``torch.compile``, each in a
+   process of its own, against ``memlab.estimate`` made as on a laptop (:mod:`benchmarks.gpu_sections_compile`);
+   never measured since the estimate runs the compiled step's partition.
+3. What that run cut at its limit with nothing printed: ``cumulative`` (90 s), ``levers`` (80 s) and ``restore``
    (53 s left), which took 35, 44 and 45 s on the H100 of 2026-11-22, before the CUDA tracked step recorded the
    allocator's history. Their trials now print as they end (:func:`benchmarks.gpu_sections.trial_progress`).
-3. What the H100 verified long before: ``inference``, ``reserve``, ``cap``, ``fit``, ``ties``
+4. What the H100 verified long before: ``inference``, ``reserve``, ``cap``, ``fit``, ``ties``
    (:mod:`benchmarks.gpu_sections` and the modules it names).
-4. What the H200 verified: ``loads`` (the user's bf16 and 4-bit loads), ``estimate`` (GPT-2, BERT, Llama, Mixtral
+5. What the H200 verified: ``loads`` (the user's bf16 and 4-bit loads), ``estimate`` (GPT-2, BERT, Llama, Mixtral
    in four precisions), ``probe`` (peaks against a hand-made step), ``heldout`` (Qwen2, Mistral, Gemma-2, Phi-3,
    GPT-NeoX, T5).
-5. What the H100 verified on 2026-11-26: ``peft_model`` (the user's own ``get_peft_model`` model: a hand-made step
+6. What the H100 verified on 2026-11-26: ``peft_model`` (the user's own ``get_peft_model`` model: a hand-made step
    beside ``measure`` and ``estimate``, then ``fit``; the adapters bit-identical), ``encdec`` (item 2: T5-base and
    BART-base at 2 x 512 and 2 x 1024 in fp32, bf16 and pure bf16, :mod:`benchmarks.gpu_sections_estimate`), ``vlm``
    (a LLaVA of a real shape, :mod:`benchmarks.gpu_sections_vlm`), ``heldout_off`` (item 3: Mistral and Phi-3 in
    pure bf16), ``timeline`` (item 5: three plans of the 1B Llama against the allocator), ``trainer`` (``fit`` on a
    plain ``Trainer``, ``train()`` under ``watch`` and its overhead per step).
-6. What the H200 verified on 2026-11-27: ``boundary`` (issue 69: ``memlab.limits`` at a boundary under a real cap,
+7. What the H200 verified on 2026-11-27: ``boundary`` (issue 69: ``memlab.limits`` at a boundary under a real cap,
    in a process that holds nothing but its model: the answer and the next size in memlab's step and a user's own
    loop, and the measured route; :func:`benchmarks.gpu_sections_fill.section_boundary`), ``sft_peft`` (TRL's
    ``SFTTrainer`` with packing and a LoRA ``peft_config``: ``measure``, ``estimate``, ``fit`` and ``watch`` against its
@@ -65,7 +68,7 @@ The parts, in order
    each in a process of its own: the trainer's own ``train()`` against ``memlab.estimate`` made on the GPU (0.987 to
    1.046), and the estimate made as on a laptop (no GPU, no Triton) equal to the GPU-made one
    (:mod:`benchmarks.gpu_sections_rl`).
-7. ``hf_table``: the seeds' table at full size.
+8. ``hf_table``: the seeds' table at full size.
 
 While the GPU runs the first parts, side processes that see no GPU (``CUDA_VISIBLE_DEVICES=""``, niced) make the
 estimates the estimated parts compare (CPU-made, as CI makes them), one process for each (on a GPU machine only: on
@@ -103,15 +106,17 @@ from benchmarks.gpu_common import estimates_variable, gpu_kind_name, start_side_
 from benchmarks.gpu_sections import ROOT, SECTIONS
 
 NAME = "gpu_acceptance"
-ORDER = ("pytest", "cumulative", "levers", "restore", "inference", "reserve", "cap", "fit", "ties",
+ORDER = ("pytest", "compile", "cumulative", "levers", "restore", "inference", "reserve", "cap", "fit", "ties",
          "loads", "estimate", "probe", "heldout", "peft_model", "encdec", "vlm", "heldout_off", "timeline", "trainer",
          "boundary", "sft_peft", "fill", "rl", "hf_table")
-"""The parts, least verified first: ``pytest`` (two failures of the H100 of 2026-11-27 fixed since), then the three
+"""The parts, least verified first: ``pytest`` (two failures of the H100 of 2026-11-27 fixed since), the compiled
+step's estimate against a user's compiled loop (issue 69, never measured), then the three
 parts that run cut with nothing printed (``cumulative``, ``levers``, ``restore``), then what the H100 verified long
 before, what the H200 verified, what the H100 run of 2026-11-26 verified (a live peft model, T5 and BART, a VLM, the
 held-out rows, the timeline, the Trainer), and what the H200 and H100 of 2026-11-27 passed (the limits boundary, the
 SFTTrainer with peft, the levers of ``fill``, TRL's DPO and GRPO trainers); the seeds' table last."""
-LIMITS = {"rl": 210, "sft_peft": 120, "peft_model": 90, "encdec": 120, "vlm": 90, "heldout_off": 60, "timeline": 60,
+LIMITS = {"compile": 180, "rl": 210, "sft_peft": 120, "peft_model": 90, "encdec": 120, "vlm": 90, "heldout_off": 60,
+          "timeline": 60,
           "boundary": 70, "fill": 110, "trainer": 100,
           "loads": 120, "estimate": 90, "probe": 60, "heldout": 170,
           "pytest": 100, "cumulative": 150, "levers": 130, "inference": 100, "reserve": 100, "restore": 100, "cap": 60,

@@ -396,6 +396,7 @@ def section_fit(size: str, device: torch.device) -> dict[str, Any]:
 
 
 def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
+    from benchmarks.gpu_sections_compile import section_compile
     from benchmarks.gpu_sections_estimate import section_encdec, section_estimate, section_heldout, section_heldout_off
     from benchmarks.gpu_sections_fill import section_boundary, section_fill
     from benchmarks.gpu_sections_inference import section_inference
@@ -409,6 +410,7 @@ def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
     from benchmarks.gpu_sections_vlm import section_vlm
 
     return {
+        "compile": section_compile,
         "rl": section_rl,
         "sft_peft": section_sft_peft,
         "peft_model": section_peft_model,

@@ -88,7 +88,11 @@ class Compile(Technique):
         model = parts.model
         own = vars(model).get("forward")
         eager = model.forward
-        compiled = torch.compile(eager, backend=FAKE_BACKEND if parts.fake else BACKEND)
+        # A dry run compiles the fixed shapes it runs, as a user's first compiled call does: left to make the
+        # sequence symbolic, dynamo traced the rotary cosines without their batch dimension under the CUDA
+        # attention mode, and every rotary family's compiled step for a GPU was estimated as the eager one.
+        compiled = torch.compile(eager, backend=FAKE_BACKEND if parts.fake else BACKEND,
+                                 dynamic=False if parts.fake else None)
         fell_back: list[str] = []
 
         @functools.wraps(compiled)

@@ -99,7 +99,7 @@ def test_the_gpu_run_is_one_command_that_ends_within_nine_minutes(benchmarks: An
     acceptance = benchmarks.gpu_acceptance
     install_and_imports = 50  # the wheels' install (about 15 s) and the imports (torch, transformers, memlab)
     assert acceptance.DEADLINE + install_and_imports <= 9 * 60
-    assert acceptance.ORDER[0] == "pytest"  # what failed on the H100 of 2026-11-27
+    assert acceptance.ORDER[:2] == ("pytest", "compile")  # what failed on the H100 of 2026-11-27, never measured
     cut_on_2026_11_27 = ("cumulative", "levers", "restore")
     verified_long_ago = ("inference", "reserve", "cap", "fit", "ties")
     verified_on_the_h200 = ("loads", "estimate", "probe", "heldout")

@@ -22,7 +22,7 @@ from memlab.plan import LEVERS, parse_grid
 from memlab.techniques import compile as compile_technique
 from memlab.techniques.compile import ESTIMATED_EAGER, ESTIMATED_PARTITIONED
 from memlab.techniques.core.registry import REGISTRY, STEP_ORDER
-from tests.models import assert_same, fingerprint, lm_batch, tiny_gpt2
+from tests.models import assert_same, fingerprint, lm_batch, tiny_gpt2, tiny_llama, tiny_mixtral
 
 
 def test_compile_is_a_bool_lever_labelled_and_tried() -> None:
@@ -164,3 +164,24 @@ def test_an_estimate_dynamo_cannot_trace_is_of_the_eager_step_and_says_why(monke
     said = [note for note in compiled.notes if note.startswith("compile:")]
     assert said == [ESTIMATED_EAGER.format(why=said[0].split("fake tensors: ")[1].split("); a compiled")[0])]
     assert "RuntimeError: no fake kernels for this" in said[0]
+
+
+def _qwen2() -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, vocab_size=128))
+
+
+@pytest.mark.parametrize(("make", "precision"), [(tiny_llama, "bf16"), (_qwen2, "fp32"), (tiny_mixtral, "bf16")],
+                         ids=["llama-bf16", "qwen2-fp32", "mixtral-bf16"])
+def test_a_compiled_step_estimated_for_a_gpu_without_one_is_partitioned(make, precision: str) -> None:
+    # Issue 69: estimated for CUDA on the CPU, dynamo failed on every rotary family (with a symbolic sequence, under
+    # the CUDA attention mode, the rotary cosines lost their batch dimension), so the compiled step was estimated as
+    # the eager one. The dry run compiles the fixed shapes it runs.
+    model, batch = make(), lm_batch(rows=2, length=16)
+    eager = memlab.estimate(model, batch, Plan(precision=precision), device="cuda")
+    compiled = memlab.estimate(model, batch, Plan(precision=precision, compile=True), device="cuda")
+    assert [note for note in compiled.notes if note.startswith("compile:")] == [ESTIMATED_PARTITIONED]
+    assert compiled.peak_bytes < eager.peak_bytes
