@@ -264,14 +264,14 @@ def test_the_generation_holds_a_peft_policys_adapters_in_their_own_dtype(
     held = sum(tensor.numel() * tensor.element_size()  # what a dry run counts as params: buffers too (rotary's)
                for tensor in (*trainer.model.parameters(), *trainer.model.buffers()))
     generations: list[Any] = []
-    real = single_gpu.estimate_inference
+    real = single_gpu.dry_run_inference
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         report = real(*args, **kwargs)
         generations.extend(report.trials)
         return report
 
-    monkeypatch.setattr(single_gpu, "estimate_inference", recorded)
+    monkeypatch.setattr(single_gpu, "dry_run_inference", recorded)
     estimated = memlab.estimate(trainer, device="cpu")
     assert estimated.status == "ok", estimated.error
     assert len(generations) == 1 and generations[0].breakdown["params"] == held, (generations, held)

@@ -3,7 +3,7 @@ the chunked loss under FSDP1, FSDP2, ZeRO-2 and ZeRO-3, with the parameters or t
 
 ``fully_shard`` cannot run on the fake 4-bit layers of a QLoRA dry run (bitsandbytes' ``Params4bit`` is not a
 tensor FSDP2 can turn into a DTensor), and FSDP1's flat parameters cannot run on fake tensors at all. These plans
-are estimated from the one-GPU dry run of the plan (:func:`memlab.estimation.dryrun.single_gpu.estimate_plans`, which
+are estimated from the one-GPU dry run of the plan (:func:`memlab.estimation.dryrun.single_gpu.dry_run_plans`, which
 runs the adapters, the load, the chunked loss and selective checkpointing as ``memlab.measure`` would), read over
 its whole step (its :class:`~memlab.report.timeline.Timeline`): at every point of the step, each GPU holds
 
@@ -48,7 +48,7 @@ from torch import nn
 
 from memlab.estimation.configs import model_on_meta
 from memlab.estimation.dryrun.load import loaded_dtype, parse_load
-from memlab.estimation.dryrun.single_gpu import estimate_plans
+from memlab.estimation.dryrun.single_gpu import dry_run_plans
 from memlab.estimation.sharded.engine_settings import engine_settings
 from memlab.estimation.sharded.fsdp2 import DETAIL, ShardedRequest, ShardedTrial, shard_units, sharded_trial
 from memlab.live.sharding import DS_PREFETCH_BUCKET, ds_reduce_bucket
@@ -291,8 +291,8 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
     budget, load = request.budget, request.load
     one_gpu = plan.replace(offload=ACTIVATION_OFFLOADS[0] if plan.offloads_activations else NO_OFFLOAD)
     one_load, scale = _mixed_precision_load(model_or_config, plan, strategy, load)
-    trial = estimate_plans(model_or_config, request.batch, [one_gpu], loss_fn=request.loss_fn, lr=request.lr,
-                           device=request.device, gpu=request.gpu, load=one_load)[0]
+    trial = dry_run_plans(model_or_config, request.batch, [one_gpu], loss_fn=request.loss_fn, lr=request.lr,
+                          device=request.device, gpu=request.gpu, load=one_load)[0]
     if trial.status != "ok":
         return ShardedTrial(plan, "error", 0, {}, None, None, None, trial.device, error=trial.error, budget=budget,
                             estimated=True, gpus=gpus, strategy=strategy, notes=trial.notes)

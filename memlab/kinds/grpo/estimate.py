@@ -110,7 +110,7 @@ def estimate_grpo(request: Any) -> Trial:
     Raises:
         MemlabError: a batch given, several GPUs, or what :class:`~memlab.kinds.grpo.source.GRPOSource` refuses.
     """
-    from memlab.estimation.dryrun.single_gpu import estimate_inference
+    from memlab.estimation.dryrun.single_gpu import dry_run_inference
     from memlab.inference.plan import InferencePlan
     from memlab.inference.weights import HELD_AS_LOADED
 
@@ -125,7 +125,8 @@ def estimate_grpo(request: Any) -> Trial:
     # TRL generates with the policy's weights as they are: a peft model's adapters stay in fp32 beside bf16 weights,
     # which the inference plan's one dtype would cast.
     with patched(source.model, **{HELD_AS_LOADED: True}):
-        generation = estimate_inference(
+        # Without cuBLAS's workspace: the training step's, under the other its timeline starts with, holds them.
+        generation = dry_run_inference(
             source.model, {"input_ids": (source.generation_batch, source.prompt_tokens)},
             InferencePlan(new_tokens=source.completion_tokens, weights=weights), device=request.device,
             gpu=request.gpu,

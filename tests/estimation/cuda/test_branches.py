@@ -34,6 +34,7 @@ import memlab.estimation.cuda.kernels as cuda_kernels  # noqa: E402
 from memlab import Plan  # noqa: E402
 from memlab.errors import MemlabError  # noqa: E402
 from memlab.estimation.cuda.branches import StandInKernel, gpu_branches  # noqa: E402
+from memlab.estimation.dryrun.reserved import cublas_workspace_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -169,7 +170,9 @@ def test_a_trainer_estimated_for_cuda_on_a_laptop_is_the_gpus_estimate(
     # TRL's CPU path holds what its GPU kernels never do: the log-softmax of every token (DPO, GRPO); the LM head's
     # tiles folded by torch ops and copied to fp32 for the gradient GEMMs (SFT's fused head, fed every position).
     more = 1.1 if kind in ("dpo", "grpo") else 1.0
-    assert cpu_path.peak_bytes > more * laptop.peak_bytes, (kind, cpu_path.peak_bytes, laptop.peak_bytes)
+    workspaces = 2 * cublas_workspace_bytes((9, 0))  # the same in both, and most of these tiny steps' peaks
+    assert cpu_path.peak_bytes - workspaces > more * (laptop.peak_bytes - workspaces), (
+        kind, cpu_path.peak_bytes, laptop.peak_bytes)
     assert "_forward_kernel" in kernels and "_backward_kernel" in kernels, laptop.notes
 
 

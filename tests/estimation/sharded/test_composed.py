@@ -16,7 +16,7 @@ from transformers import LlamaConfig
 
 import memlab
 from memlab.estimation.configs import model_on_meta
-from memlab.estimation.dryrun.single_gpu import estimate_plans
+from memlab.estimation.dryrun.single_gpu import dry_run_plans
 from memlab.estimation.sharded import composed
 from memlab.estimation.sharded.composed import (
     FSDP1_STREAMS_NOTE,
@@ -48,7 +48,7 @@ def test_the_pool_is_the_root_and_two_blocks_rounded_to_segments_and_the_offload
 
 def test_fsdp1_reserve_adds_the_unshard_streams_second_block_to_the_carried_reserve() -> None:
     plan = Plan(adapter="lora", lora_rank=4, weights="bf16")
-    one_gpu = estimate_plans(CONFIG, BATCH, [plan], gpu="H100-80GB")[0]
+    one_gpu = dry_run_plans(CONFIG, BATCH, [plan], gpu="H100-80GB")[0]  # the composed route's basis
     assert one_gpu.reserved_bytes is not None
     excess = one_gpu.reserved_bytes - one_gpu.peak_bytes
     unit, kept = gathered_bytes(model_on_meta(CONFIG), "fsdp1", 2)
@@ -82,7 +82,7 @@ def test_fsdp1s_allocated_peak_counts_the_prefetched_block_in_backward_and_fsdp2
     plan = Plan(loss="chunked", weights="bf16")  # the blocks are FSDP1's only units below the root
     unit, kept = gathered_bytes(model_on_meta(CONFIG), "fsdp1", 2)
     fsdp1 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp1", gpu="H100-80GB"))
-    one_gpu = estimate_plans(CONFIG, BATCH, [plan], gpu="H100-80GB")[0]
+    one_gpu = dry_run_plans(CONFIG, BATCH, [plan], gpu="H100-80GB")[0]
     assert one_gpu.timeline is not None and one_gpu.timeline.peak.phase == "backward"
     assert fsdp1.detail["unsharded_params"] == 2 * unit + kept
     fsdp2_unit, tail = gathered_bytes(model_on_meta(CONFIG), "fsdp2", 2)
@@ -104,7 +104,7 @@ def test_fsdp1s_reserve_is_the_default_streams_own_peak_beside_the_unshard_strea
                 "activations": [0, high // 2, high, high - unit // 2, high // 4], "other": [0] * 5})
     one_gpu = SimpleNamespace(status="ok", notes=(), device="cuda", timeline=timeline, peak_bytes=weights + high,
                               reserved_bytes=weights + high)
-    monkeypatch.setattr(composed, "estimate_plans", lambda *args, **kwargs: [one_gpu])
+    monkeypatch.setattr(composed, "dry_run_plans", lambda *args, **kwargs: [one_gpu])
     fsdp1 = composed_estimate(ShardedRequest(CONFIG, BATCH, Plan(weights="bf16"), gpus=2, strategy="fsdp1",
                                              gpu="H100-80GB"))
     assert fsdp1.peak_bytes == weights // 2 + high - unit // 2 + 2 * unit + kept
@@ -121,14 +121,14 @@ def test_a_composed_zero_estimate_carries_the_one_gpu_steps_reserve_over_its_pea
                 "activations": [0, high, high // 2], "other": [0] * 3})
     one_gpu = SimpleNamespace(status="ok", notes=(), device="cuda", timeline=timeline, peak_bytes=weights + high,
                               reserved_bytes=weights + high + excess)
-    monkeypatch.setattr(composed, "estimate_plans", lambda *args, **kwargs: [one_gpu])
+    monkeypatch.setattr(composed, "dry_run_plans", lambda *args, **kwargs: [one_gpu])
     request = ShardedRequest(CONFIG, BATCH, Plan(adapter="lora", weights="bf16"), gpus=2, strategy=strategy,
                              gpu="H100-80GB")
     zero = composed_estimate(request)
     assert zero.reserved_bytes == zero.peak_bytes + excess
     assert ZERO_RESERVE_NOTE in zero.notes and RESERVE_NOTE not in zero.notes
     # a one-GPU step without a reserve (a CPU dry run) gives none
-    monkeypatch.setattr(composed, "estimate_plans",
+    monkeypatch.setattr(composed, "dry_run_plans",
                         lambda *args, **kwargs: [SimpleNamespace(**{**vars(one_gpu), "reserved_bytes": None})])
     assert composed_estimate(request).reserved_bytes is None
 
