@@ -277,8 +277,10 @@ def dry_run_inference(
         >>> trial.kv_cache_end_bytes == kv_cache_bytes(config, tokens=1024, batch=4, dtype="bf16"), trial.estimated
         (True, True)
     """
+    from memlab.estimation.cuda.devices import asked_device
     from memlab.inference.run import InferenceRunner, check_inference_options, check_inference_plans
 
+    device = asked_device(gpu, device)  # a GPU kind named is a CUDA estimate, wherever the model is
     checked = check_inference_plans(plans)
     options = RunOptions(loss_fn=loss_fn, steps=1, warmup=0, noise=0)
     check_inference_options(options)
