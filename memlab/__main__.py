@@ -1,6 +1,6 @@
 """``python -m memlab`` runs the ``memlab`` command (see :mod:`memlab.frontends.cli`)."""
 
-from memlab.frontends.cli import main
+from memlab.frontends.cli import console_main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    console_main()

@@ -671,3 +671,20 @@ def test_estimate_runs_without_full_collections_and_puts_the_collector_back(
     assert main(["estimate", "gpt2", "--no-cache"]) == 0
     assert seen and seen[0][:2] == before[:2] and seen[0][2] > 1000 * before[2]  # young collections as they were
     assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("dynamo_logs", [False, True])
+def test_dynamos_exit_report_is_skipped_only_where_no_logger_would_show_it(dynamo_logs, monkeypatch):
+    import atexit
+    import logging
+
+    import torch._dynamo.utils
+
+    taken_off: list[Any] = []
+    monkeypatch.setattr(atexit, "unregister", taken_off.append)
+    dynamo_log = torch._dynamo.utils.log
+    monkeypatch.setattr(dynamo_log, "level", logging.INFO if dynamo_logs else logging.WARNING)
+    dynamo_log.manager._clear_cache()  # isEnabledFor keeps its answers per level
+    assert main(["--version"]) == 0
+    dynamo_log.manager._clear_cache()
+    assert taken_off == ([] if dynamo_logs else [torch._dynamo.utils.dump_compile_times])
