@@ -9,9 +9,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import browser_lab
 import pytest
-
-from tests import browser_lab
 
 
 def _http_error(url: str, code: int) -> urllib.error.HTTPError:
