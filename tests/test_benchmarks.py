@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 # Each benchmark run end to end at its smoke size, several in processes of their own: minutes on a small CPU, so
-# they run in the e2e stage (`python -m pytest -m e2e`, after the README's command in .ci/run).
+# they run in the `e2e or slow` stage (`python -m pytest -m "e2e or slow"`, after the README's command in .ci/run).
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -211,6 +211,7 @@ SEVEN_B = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_7b_llama_is_estimated_in_under_a_minute_and_3_gb_and_meets_the_bytes_per_parameter_floor():
     """Llama-2-7B's shape, bf16 with checkpointing, batch 1x512, on a CPU-only machine.
 
@@ -507,6 +508,7 @@ def test_the_cli_compares_full_fine_tuning_with_lora_and_qlora(tmp_path):
     assert qlora["params_bytes"] < lora["params_bytes"]
 
 
+@pytest.mark.slow
 def test_the_estimate_cli_keeps_library_log_lines_out_of_its_output(tmp_path):
     # Importing bitsandbytes for a QLoRA estimate logs a warning on some CPUs: it must not reach the table.
     path = _tiny_config_json(tmp_path)

@@ -130,6 +130,7 @@ def test_help_lists_the_commands() -> None:
         assert option in demo.stdout
 
 
+@pytest.mark.slow
 def test_demo_prints_a_table_and_a_winner_and_writes_html(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "out" / "report.html"
     monkeypatch.delenv("COLUMNS", raising=False)

@@ -88,6 +88,7 @@ def test_the_grpo_answer_is_pythons_and_json_carries_the_phases(
     assert data["peak_phase"] == expected.timeline.peak.phase and data["peak_phase"] in data["phases"]
 
 
+@pytest.mark.slow
 def test_the_table_says_the_question_and_the_phase_of_the_peak(
         config: str, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = ask(capsys, config, *GRPO, "--budget", "1MiB")
@@ -186,6 +187,7 @@ def cli_trainer(config: str, words: list[str], folder: Path) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["grpo", "dpo"])
+@pytest.mark.slow
 def test_try_estimates_each_plan_as_python_does(
         config: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
     words = GRPO if kind == "grpo" else [*DPO, "--gpu", "H100-80GB"]
@@ -234,6 +236,7 @@ def check_commands_fit(capsys: pytest.CaptureFixture[str], config: str, words: l
     return commands
 
 
+@pytest.mark.slow
 def test_where_nothing_fits_lever_suggestions_are_commands_that_fit(
         config: str, capsys: pytest.CaptureFixture[str]) -> None:
     words = GRPO[:-2]  # without --gpu: a CPU estimate, judged on its peak (a card's context dwarfs a tiny model)
@@ -243,12 +246,14 @@ def test_where_nothing_fits_lever_suggestions_are_commands_that_fit(
     assert all("micro_batch" not in command and "accumulation=" not in command for command in commands)
 
 
+@pytest.mark.slow
 def test_where_nothing_fits_a_dpo_step_gets_lever_suggestions(
         config: str, capsys: pytest.CaptureFixture[str]) -> None:
     budget = int(0.8 * cpu_peak(capsys, config, DPO))
     check_commands_fit(capsys, config, DPO, budget, changes=False)
 
 
+@pytest.mark.slow
 def test_where_no_lever_fits_a_grpo_config_change_is_suggested(
         config: str, capsys: pytest.CaptureFixture[str]) -> None:
     words = ["--trainer", "grpo", "--num-generations", "4", "--max-completion-length", "96", "--prompt-length", "16",

@@ -172,6 +172,7 @@ def test_the_truth_table_takes_the_held_out_and_the_load_rows(benchmarks: Any) -
         assert result["card_ratio"] and result["load"] == loads.LOADS["nf4"]
 
 
+@pytest.mark.slow
 def test_the_reserve_section_measures_each_step_alone_and_the_truth_table_takes_its_rows(benchmarks: Any) -> None:
     part = benchmarks.gpu_sections.SECTIONS["reserve"]("smoke", torch.device("cpu"))
     assert [check["passed"] for check in part["checks"]] == [True], part["checks"]

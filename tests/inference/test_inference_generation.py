@@ -60,6 +60,7 @@ def _estimate(config: Any, rows: int, prompt: int, new: int, kv_cache: bool, dev
 
 @pytest.mark.parametrize(("name", "kv_cache", "device"), [
     *((name, kv_cache, "cuda") for name in CONFIGS for kv_cache in (True, False)), ("llama", True, "cpu")])
+@pytest.mark.slow
 def test_the_shape_costed_generation_is_the_token_by_token_dry_runs(name: str, kv_cache: bool, device: str) -> None:
     # a long generation from a short prompt, so that the last decode step holds the generation's peak
     config = CONFIGS[name]
@@ -78,6 +79,7 @@ def test_the_shape_costed_generation_is_the_token_by_token_dry_runs(name: str, k
         assert 0.97 * by_token.reserved_bytes <= by_shape.reserved_bytes <= by_token.reserved_bytes
 
 
+@pytest.mark.slow
 def test_a_dry_runs_generation_costs_the_same_forwards_at_any_length() -> None:
     config = CONFIGS["qwen2"]
     counts = []

@@ -221,6 +221,7 @@ print(type(model).__name__, next(model.parameters()).device.type, seen)
 """
 
 
+@pytest.mark.slow
 def test_a_configs_modeling_module_is_imported_before_the_meta_device() -> None:
     """On torch 2.8 the first modeling import inside ``torch.device("meta")`` failed (it imports torch._dynamo)."""
     done = _run(_META_ENTERED)
@@ -282,14 +283,15 @@ def test_the_allocator_settings_are_set_and_read_through_pytorchs_names(monkeypa
     assert seen == ["expandable_segments:True"]
 
 
-def test_ci_runs_the_e2e_tests_the_readme_leaves_out_before_the_site() -> None:
-    """The README's command deselects the end-to-end tests (pyproject's addopts: ``-m 'not e2e'``); .ci/run runs
-    them as a stage of its own, after that command and before the site, which shows the notebooks they executed."""
+def test_ci_runs_the_e2e_and_slow_tests_the_readme_leaves_out_before_the_site() -> None:
+    """The README's command deselects the end-to-end and the slow tests (pyproject's addopts: ``-m 'not e2e and not
+    slow'``); .ci/run runs exactly those as a stage of its own, after that command and before the site, which shows
+    the notebooks they executed: together the two stages run every test."""
     import tomllib
 
     addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
-    assert "-m 'not e2e'" in addopts
+    assert "-m 'not e2e and not slow'" in addopts
     script = (ROOT / ".ci" / "run").read_text()
-    readme, e2e, site = (script.index('bash -c "$test_command"'), script.index("python3 -m pytest -q -m e2e\n"),
-                         script.index("python3 -m sphinx -W"))
+    readme, e2e, site = (script.index('bash -c "$test_command"'),
+                         script.index("python3 -m pytest -q -m 'e2e or slow'\n"), script.index("python3 -m sphinx -W"))
     assert readme < e2e < site

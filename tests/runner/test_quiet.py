@@ -78,11 +78,13 @@ def loading_line() -> str:
     "memlab.apply(model, memlab.Plan(adapter='lora', lora_targets=['0']), loss_fn=lambda m, b: m(b).sum()).undo()",
     "memlab.Plan(adapter='lora').to_peft_config()",
 ], ids=["apply-8bit-adamw", "apply-lora", "to-peft-config"])
+@pytest.mark.slow
 def test_memlabs_import_of_bitsandbytes_says_nothing(loading_line: str, code: str) -> None:
     stderr = _stderr(f"{SETUP}{code}\nimport sys\nassert 'bitsandbytes' in sys.modules")
     assert loading_line not in stderr, stderr
 
 
+@pytest.mark.slow
 def test_the_users_own_import_still_says_it(loading_line: str) -> None:
     stderr = _stderr(f"{SETUP}import bitsandbytes\nmemlab.apply(model, memlab.Plan(optimizer='adamw8bit'), "
                      "loss_fn=lambda m, b: m(b).sum()).undo()")

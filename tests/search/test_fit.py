@@ -30,6 +30,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_fit_at_60_percent_of_the_plain_peak_fits_keeps_the_batch_and_beats_the_grid():
     model, batch = tiny_gpt2(), lm_batch(rows=8)
     plain = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0)
@@ -228,6 +229,7 @@ WHOLE_SPACE = {
 
 
 
+@pytest.mark.slow
 def test_a_budget_below_the_full_fine_tunes_floor_suggests_an_adapter_plan_that_fits():
     # The demo Llama (hidden 128): wide enough that rank-16 adapters are a small share of its weights.
     model, batch = default_model(), default_batch(rows=4, length=32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from models import mlp_batch, mlp_loss, tiny_mlp
 
@@ -41,6 +42,7 @@ def test_estimates_narrow_the_bisection_over_blocks() -> None:
                if t.plan.checkpointing not in (False, True) and t.status == "ok" and t.peak_bytes <= budget) == fewest
 
 
+@pytest.mark.slow
 def test_fit_measures_at_most_15_plans_on_its_benchmark() -> None:
     # benchmarks/fit_vs_grid.py --small: its Llama, batch and budget (0.6 x the plain plan's peak), default space
     size = SIZES["small"]

@@ -80,6 +80,7 @@ def test_bad_input_is_one_error_that_says_what_to_write(tmp_path: Any) -> None:
     assert nothing.value == 0 and nothing.reason and "nothing fits" in nothing.answer()
 
 
+@pytest.mark.slow
 def test_the_most_examples_per_device_of_a_dpo_trainer(tmp_path: Any) -> None:
     trainer = make_dpo_trainer(tmp_path)  # 6 preference pairs, 2 per device, a reference model held apart
     args, dataset, model = trainer.args, trainer.train_dataset, trainer.model

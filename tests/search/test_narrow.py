@@ -46,6 +46,7 @@ def _scanned(figures: dict[int, int], budget: int) -> tuple[int, int | None]:
     (lambda path: make_grpo_trainer(path), "rows", range(2, 14, 2)),  # whole prompts of num_generations=2
     (lambda path: make_dpo_trainer(path), "rows", range(1, 7)),  # at most the dataset's 6 pairs
 ], ids=["grpo-tokens", "grpo-reference-tokens", "grpo-rows", "dpo-rows"])
+@pytest.mark.slow
 def test_the_answer_equals_a_scan_of_every_multiple(tmp_path: Any, make: Callable[[Any], Any], vary: str,
                                                     sizes: Sequence[int]) -> None:
     trainer = make(tmp_path)

@@ -45,6 +45,7 @@ def model_case(index: int) -> tuple[LlamaConfig, dict[str, Any], Trial, int]:
 
 @pytest.mark.parametrize("fraction", FRACTIONS)
 @pytest.mark.parametrize("index", range(len(MODELS)))
+@pytest.mark.slow
 def test_a_combination_fits_where_no_single_lever_does(index: int, fraction: float) -> None:
     config, batch, plain, lowest = model_case(index)
     budget = int(lowest * fraction)

@@ -156,6 +156,7 @@ def test_a_model_loaded_in_bf16_says_it_trains_pure_bf16():
     assert memlab.Trial.from_dict(trial.to_dict()) == trial
 
 
+@pytest.mark.slow
 def test_fit_searches_adapters_only_when_asked():
     model, batch = tiny_llama(width=128), lm_batch()
     plain = memlab.measure(model, batch, memlab.Plan(), steps=1, noise=0, progress=False)

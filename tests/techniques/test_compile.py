@@ -176,6 +176,7 @@ def _qwen2() -> torch.nn.Module:
 
 @pytest.mark.parametrize(("make", "precision"), [(tiny_llama, "bf16"), (_qwen2, "fp32"), (tiny_mixtral, "bf16")],
                          ids=["llama-bf16", "qwen2-fp32", "mixtral-bf16"])
+@pytest.mark.slow
 def test_a_compiled_step_estimated_for_a_gpu_without_one_is_partitioned(make, precision: str) -> None:
     # Issue 69: estimated for CUDA on the CPU, dynamo failed on every rotary family (with a symbolic sequence, under
     # the CUDA attention mode, the rotary cosines lost their batch dimension), so the compiled step was estimated as

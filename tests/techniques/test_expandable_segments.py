@@ -148,6 +148,7 @@ def _llama_config() -> Any:
                        vocab_size=32000)
 
 
+@pytest.mark.slow
 def test_the_plans_lever_decides_the_allocator_its_estimate_assumes() -> None:
     from memlab.estimation.dryrun.reserved import EXPANDABLE_NOTE
     from memlab.estimation.estimate import estimate_plans

@@ -142,6 +142,7 @@ def test_a_live_cpu_trial_moves_nothing_and_is_judged_against_the_available_memo
     assert [t.host_budget for t in report] == [2 * 2**30] * 2
 
 
+@pytest.mark.slow
 def test_limits_stops_where_the_host_budget_is_missed() -> None:
     from transformers import LlamaConfig
 
@@ -201,6 +202,7 @@ def test_a_sharded_estimate_shares_the_node_host_budget_among_its_ranks(tmp_path
     assert "per GPU" in text and "per node of 8 GPUs" in text
 
 
+@pytest.mark.slow
 def test_the_offload_accounting_matches_the_process_rss_growth() -> None:
     """The levers' own count of their host copies against RSS growth, each case in a fresh process (within 10%)."""
     done = subprocess.run([sys.executable, "-m", "benchmarks.host_rss", "--smoke"], cwd=ROOT, capture_output=True,

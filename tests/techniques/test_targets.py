@@ -38,6 +38,7 @@ from memlab.techniques.targets import split_targets
 peft = pytest.importorskip("peft")
 
 
+@pytest.mark.slow
 def test_attention_targets_are_peft_defaults_and_train_fewer_weights_than_all_linear() -> None:
     model, batch = tiny_llama(width=128), lm_batch()
     before = fingerprint(model)

@@ -168,6 +168,7 @@ def test_dpo_worst_batch_is_the_largest_of_a_brute_force_scan(tmp_path: Any, row
 
 
 @pytest.mark.parametrize("per_device", [2, 4])
+@pytest.mark.slow
 def test_grpo_worst_prompts_are_the_largest_of_a_brute_force_scan(tmp_path: Any, per_device: int) -> None:
     """Two generations per prompt: a micro-batch of 2 holds one prompt's, of 4 two prompts'; every prompt (or pair)
     estimated with full-length completions."""

@@ -67,6 +67,7 @@ def train_watched(trainer: Any, plan: memlab.Plan, budget: int) -> tuple[int, in
     return watched.peak_bytes, sum(issubclass(w.category, MemlabWarning) for w in caught)
 
 
+@pytest.mark.slow
 def test_fit_on_the_worst_batch_stays_under_the_budget_where_a_typical_batch_pick_does_not(tmp_path: Any) -> None:
     trainer = make_trainer(tmp_path)
     source = TrainerSource.from_trainer(trainer)
@@ -114,6 +115,7 @@ def make_sft_trainer(tmp_path: Any) -> Any:
                           processing_class=tokenizer)
 
 
+@pytest.mark.slow
 def test_the_same_with_trl_sft_trainer(tmp_path: Any) -> None:
     sft = make_sft_trainer(tmp_path)
     source = TrainerSource.from_trainer(sft)

@@ -33,18 +33,25 @@ FAST_PEAK = 9 * 10**9
 TOLERANCE = 0.05
 
 
-# Rows not yet within 5% (estimate / measured on this CPU, torch 2.13), keyed (section, model_type, plan label).
-# They run, and are expected to fail, until fixed: the tolerance is not loosened for them.
-KNOWN_OFF: dict[tuple[str, ...], float] = {}
-
-
-# Reserved peaks not yet within 5% (estimated / measured reserved on this CPU, torch 2.13). Both are checkpointed bf16
-# steps of the 1B Llama at 2 x 2048 whose peak comes in backward: the H100 reserved 1.25 (8-bit AdamW) and 1.31
-# (LoRA) times its allocated peak there, the replay about 1.13. The same step with AdamW, whose foreach update holds
-# a temporary as large as the weights, is within 1%. The cause is not found yet: the GPU run's diagnostic section
-# records the step's large allocations for it.
-KNOWN_OFF_RESERVED = {("cumulative", "llama", "ckpt bf16 adamw8bit"): 0.897,
-                      ("cumulative", "llama", "ckpt bf16 lora"): 0.860,
+# Rows not yet within 5% (estimate / measured on this CPU, torch 2.13), keyed (section, model_type, plan label), with
+# the batch's shape where rows differ only by it, or with the row's whole source (its results file and section) where
+# only one run's row is off. They run, and are expected to fail, until fixed: the tolerance is not loosened for them.
+KNOWN_OFF: dict[tuple[str, ...], float] = {
+    # Not a miss of the model but what each side counts: bitsandbytes keeps paged 8-bit AdamW's state in CUDA
+    # managed memory, outside PyTorch's allocator, so the GPU's max_memory_allocated leaves its 2.3 GiB out, where the
+    # estimate counts it on the device until the GPU runs short (techniques/optimizer.py's PAGED_ESTIMATED).
+    ("cumulative", "llama", "ckpt bf16 paged_adamw8bit"): 1.184,
+}
+# Reserved peaks not yet within 5% (estimated / measured reserved on this CPU, torch 2.13).
+KNOWN_OFF_RESERVED = {("cumulative", "llama", "ckpt bf16 paged_adamw8bit"): 1.271,  # its state, as above
+                      # The H100 run of 2026-11-22 (its adapters rows): LoRA's and QLoRA's checkpointed bf16 steps of
+                      # the 1B Llama at 2 x 2048 reserved 1.31 and 1.68 times their allocated peaks; the same steps
+                      # in the H100 run of 2026-11-27 reserved 1.13 and 1.20 times theirs, and the replay is within
+                      # 1.4% of those. The earlier run's reserve is the outlier; what it held is not traced.
+                      ("gpu_acceptance-cuda-nvidia-h100-80gb-hbm3-adapters:cumulative", "llama", "ckpt bf16 lora"):
+                          0.860,
+                      ("gpu_acceptance-cuda-nvidia-h100-80gb-hbm3-adapters:cumulative", "llama", "ckpt bf16 qlora"):
+                          0.707,
                       # The H200 run's rows (torch 2.11), read as the step's own reserve (benchmarks/cuda_truth.py
                       # _step_card). Gemma-2's pure bf16 at 2 x 512 (a slow row): the replay reserves 1.148 times
                       # the step's 13.80 GB, close to the whole call's 16.16 GB that the old reading hid it behind;
@@ -65,7 +72,8 @@ def _known_off(row: dict[str, Any], table: dict[tuple[str, ...], float] = KNOWN_
     key = (row["source"].rsplit(":", 1)[-1], row["config"]["model_type"], row["plan_label"])
     if key in OFF_BY_TRANSFORMERS and row.get("transformers") == transformers.__version__:
         return None
-    return table.get((*key, _shape(row)), table.get(key))
+    whole_source = (row["source"], *key[1:])
+    return table.get(whole_source, table.get((*key, _shape(row)), table.get(key)))
 
 
 def _row_id(row: dict[str, Any]) -> str:

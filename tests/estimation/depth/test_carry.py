@@ -111,6 +111,7 @@ def test_qlora_is_carried_to_the_estimate_of_every_layer(monkeypatch: pytest.Mon
     _assert_same_estimate(carried, whole, series=False)
 
 
+@pytest.mark.slow
 def test_mixed_precision_with_checkpointing_is_carried_to_the_estimate_of_every_layer(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The most common plan: checkpointing keeps autocast's bf16 copies of the weights out of the saved tensors, so

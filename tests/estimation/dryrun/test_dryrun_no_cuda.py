@@ -220,6 +220,7 @@ def test_techniques_on_fake_cuda_weights_ask_no_device() -> None:
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("plan", [Plan(), Plan(adapter="lora", lora_rank=4), Plan(checkpointing=True, weights="bf16"),
                                   Plan(compile=True)], ids=["plain", "lora", "ckpt-bf16", "compiled"])
+@pytest.mark.slow
 def test_estimate_of_a_live_model(llama: torch.nn.Module, plan: Plan, device: str) -> None:
     trial, _ = check_route(lambda: memlab.estimate(llama, lm_batch(rows=2), plan, device=device), llama)
     assert trial.status == "ok", trial.error
@@ -298,6 +299,7 @@ def test_trainer_routes(which: str, request: pytest.FixtureRequest) -> None:
     assert report.best is not None
 
 
+@pytest.mark.slow
 def test_vlm(tmp_path: Path) -> None:
     from vlms import FAMILIES
 

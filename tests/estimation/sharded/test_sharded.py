@@ -274,6 +274,7 @@ print(json.dumps([{"weights": plan.weights, "strategy": name, "status": trial.st
 """
 
 
+@pytest.mark.slow
 def test_pure_bf16_weights_are_estimated_under_every_strategy(tmp_path: Path) -> None:
     # The FSDP2 dry run (which ZeRO's estimates run too) casts the fake weights before fully_shard; model.to() failed
     # there ("Couldn't swap Embedding.weight": the fake mode's weak references to them forbid the swap). It failed

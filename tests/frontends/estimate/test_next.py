@@ -46,6 +46,7 @@ def _printed_commands(out: str) -> list[tuple[str, bool]]:
     return commands
 
 
+@pytest.mark.slow
 def test_every_command_an_estimate_prints_runs_and_exits_as_help_says(config_dir: Path) -> None:
     folder = shlex.quote(str(config_dir))
     # Nothing fits 1 MiB in the plain plan: the suggestions (bf16 weights, QLoRA...) and the --gpus auto command;

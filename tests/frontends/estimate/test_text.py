@@ -176,6 +176,7 @@ def verdicts_config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(llama_config_dir(tmp_path_factory.mktemp("llama_256"), 256, heads=4, vocab=1024))
 
 
+@pytest.mark.slow
 def test_max_tokens_judges_and_names_the_card_figure_of_the_same_plan(verdicts_config_dir: Path) -> None:
     """Item 1: --max-tokens showed a "peak" that was a card figure, and not the one the plan's own estimate gives
     (it dry-ran the meta model, loaded in fp32 and cast, where the estimate loads the config as the plan implies)."""
@@ -396,6 +397,7 @@ def test_the_sharded_answer_says_the_budget_once_too() -> None:
     assert lines[1] == "Best: none fits the budget on up to 1024 GPUs."
 
 
+@pytest.mark.slow
 def test_max_tokens_judges_the_host_budget_too_and_says_which_budget_refused(verdicts_config_dir: Path) -> None:
     """Item 3's neighbour: --max-tokens left --host-budget out (every size judged on the GPU's budget alone)."""
     command = ["estimate", str(verdicts_config_dir), "--batch", "1x64", "--budget", "4GiB", "--try", "offload=all",

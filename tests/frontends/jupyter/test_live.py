@@ -238,6 +238,7 @@ def test_as_the_callback_of_compare_it_draws_every_trial() -> None:
     assert max(figure.widget.data[live_module.LIVE].y) <= report.trials[-1].peak_bytes / MIB + 1e-9
 
 
+@pytest.mark.slow
 def test_a_close_race_timed_again_keeps_its_columns_and_ends_with_the_pooled_trials(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -356,6 +357,7 @@ def test_live_output_never_raises_when_the_record_fails(
     [[float("inf"), 8.0], [float("nan"), 8.0], [0.0, 0.0], [float("inf")], [float("inf")] * 200],
     ids=["infinite", "nan", "zero", "one-infinite", "200-infinite"],
 )
+@pytest.mark.slow
 def test_the_live_figure_draws_infinite_nan_and_zero_speeds(speeds: list[float]) -> None:
     import math
 

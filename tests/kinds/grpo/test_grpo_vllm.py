@@ -166,6 +166,7 @@ def test_measure_refuses_saying_what_works_and_changes_nothing(vllm_trainer: Any
     assert trainer.args.use_vllm and trainer.args.vllm_enable_sleep_mode
 
 
+@pytest.mark.slow
 def test_a_dry_run_fit_searches_the_engines_share_keeping_the_training(vllm_trainer: Any) -> None:
     trainer = vllm_trainer(vllm_gpu_memory_utilization=0.3)
     weights = _bytes(trainer.model)

@@ -61,6 +61,7 @@ def test_an_fsdp2_dry_run_is_carried_to_the_one_of_every_layer(name: str, monkey
     assert carried_peaks == whole_peaks
 
 
+@pytest.mark.slow
 def test_gpt2_on_eight_gpus_and_a_cpu_estimate_are_carried_too(monkeypatch: pytest.MonkeyPatch) -> None:
     gpt2 = transformers.GPT2Config(n_layer=LAYERS, n_embd=32, n_head=2, vocab_size=128, n_positions=64,
                                    bos_token_id=0, eos_token_id=0)

@@ -32,6 +32,7 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_an_executed_notebook_keeps_the_figure_as_svg_in_its_html(tmp_path: Path) -> None:
     from nbclient import NotebookClient
     from nbconvert import HTMLExporter
