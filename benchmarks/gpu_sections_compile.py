@@ -6,11 +6,11 @@ and no Triton) for this GPU kind.
 
 On an H100 (2026-11-26) the compiled loop held 10.6 GiB where memlab, estimating it as the eager step, said 13.1
 (1.235 allocated, 1.374 reserved). The estimate now runs the compiled step's AOTAutograd partition on fake tensors
-(:mod:`memlab.techniques.compile`), for that step on this project's CPU for an H100: 13.50 GB against the eager
-14.02 GB, 1.19 of the 10.6 GiB measured. What it leaves out is inductor's fusion: the partition's operators run one
-by one, so the forward's fp32 upcast of the logits (2 x 1,024 x 151,936) and their log-softmax exist whole, where
-inductor's kernels never materialise them. Until that is modelled this part's compiled checks are expected to fail;
-it says by how much. float8 (torchao) is not measured here: the GPU image has no torchao.
+(:mod:`memlab.techniques.compile`), with the pointwise values inductor computes inside the kernels that read them
+left uncounted: for that step on this project's CPU for an H100, 12.95 GB against the eager 14.09 GB, 1.14 of the
+10.6 GiB measured (13.50 GB, 1.19, with the partition's operators run one by one). What it still leaves out (the
+buffers inductor reuses, the kernels it picks) is not found; until it is, this part's compiled checks are expected to
+fail, and it says by how much. float8 (torchao) is not measured here: the GPU image has no torchao.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ in-place or ``out=`` op) that hands back such a storage does not allocate it.
 
 Storages the offload keeps in host memory (:data:`memlab.techniques.offload.HOST`: made inside its
 ``host_side()`` or marked by it) are never counted: they are not the device's, even where a dry run's device and
-host are the same fake CPU.
+host are the same fake CPU. Nor are those made inside :func:`memlab.techniques.compile.inlined`: the dry run of a
+compiled step makes there what inductor computes inside a fused kernel and never allocates.
 
 What it cannot see: memory an operator allocates and frees inside its kernel (workspaces), memory that
 never becomes a tensor (allocator caches, CUDA context), and storage-less tensors (sparse ones). On CUDA
@@ -32,6 +33,7 @@ from memlab.errors import MemlabError
 from memlab.live.patching import patched
 from memlab.measure.ledger import CATEGORIES, Ledger
 from memlab.plan import format_bytes
+from memlab.techniques.compile import INLINED
 from memlab.techniques.offload import HOST
 
 __all__ = ["CATEGORIES", "INFERENCE_CATEGORIES", "MemoryTracker"]
@@ -444,6 +446,8 @@ class MemoryTracker(TorchDispatchMode):
                     elif HOST.depth:  # made on the host by the offload (its host_side): marked, never counted
                         if not aliasing:
                             HOST.hold(storage)
+                    elif INLINED.depth:
+                        continue
                     elif not aliasing:
                         added += ledger.add(storage, category)
         finally:

@@ -12,10 +12,12 @@ compiled step's kernels allocate without the dispatcher: the runner reads a comp
 (CUDA's statistics, the CPU allocator's profile) instead (:mod:`memlab.measure.compiled`).
 
 A dry run on fake tensors cannot run inductor's kernels (they need real memory), but AOTAutograd runs on fake
-tensors: the dry run compiles the forward with the ``"aot_eager_decomp_partition"`` backend, inductor's
-decompositions and its min-cut partitioner run as eager operators. So the estimate holds what the compiled step saves
-for backward, and not what inductor's fused kernels spare inside the forward (their intermediates) or reuse; it says
-so. Where dynamo cannot trace the step on fake tensors, the dry run falls back to the eager step and says that.
+tensors: the dry run compiles the forward with :func:`fused_replay_backend`, inductor's decompositions and its
+min-cut partitioner (what the compiled step saves for backward), each of the forward and backward graphs then run
+operator by operator, with the values inductor computes inside a fused kernel left uncounted (:func:`inlined_nodes`:
+a pointwise operator's result that only pointwise operators and reductions read). What inductor's memory planning
+reuses beyond that is not modelled; the estimate says so. Where dynamo cannot trace the step on fake tensors, the dry
+run falls back to the eager step and says that.
 The lever's declaration and exports are here too.
 
 Example:
@@ -32,7 +34,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,7 +51,7 @@ if TYPE_CHECKING:  # annotations only
     from memlab.techniques.core.fragments import Export, Fragment
 
 __all__ = ["BACKEND", "COMPILE", "DECLARATIONS", "ESTIMATED_EAGER", "ESTIMATED_PARTITIONED", "FAKE_BACKEND", "Compile",
-           "compile_conflicts", "compile_export"]
+           "INLINED", "compile_conflicts", "compile_export", "fused_replay_backend", "inlined", "inlined_nodes"]
 
 ESTIMATED_EAGER = (
     "compile: estimated as the eager step (dynamo could not trace this step on fake tensors: {why}); a compiled "
@@ -57,13 +62,123 @@ error)."""
 
 ESTIMATED_PARTITIONED = (
     "compile: estimated with AOTAutograd's partition of the compiled step on fake tensors (what it saves for "
-    "backward, inductor's decompositions and min-cut partitioner), not inductor's fused kernels, which can hold less "
-    "inside the forward: measure it (memlab.measure) for the compiled figure"
+    "backward, inductor's decompositions and min-cut partitioner), pointwise results fused into the kernels that "
+    "read them left uncounted; inductor's own reuse of buffers is not modelled: measure it (memlab.measure) for the "
+    "compiled figure"
 )
 """The note of a compiled plan's estimate where the dry run compiled."""
 
-FAKE_BACKEND = "aot_eager_decomp_partition"
-"""The backend of a dry run's compiled forward: AOTAutograd's graphs run as eager operators (fake tensors can)."""
+
+class _Inlined(threading.local):
+    depth = 0
+    """How many :func:`inlined` blocks are open in this thread."""
+
+
+INLINED = _Inlined()
+"""How many :func:`inlined` blocks are open in each thread; memlab's tracker reads it."""
+
+
+@contextlib.contextmanager
+def inlined() -> Iterator[None]:
+    """While open (in this thread), the storages operators make are not counted by any tracker: values a compiler
+    computes inside the kernel of their users, which never take memory of their own (the dry run of a compiled step,
+    :func:`fused_replay_backend`). An operator that hands back a storage already counted is unaffected.
+
+    Example:
+        >>> from memlab.measure.tracker import MemoryTracker
+        >>> tracker = MemoryTracker()
+        >>> with tracker:
+        ...     with inlined():
+        ...         kept = torch.ones(256)
+        ...     counted = kept * 2
+        >>> tracker.peak_bytes
+        1024
+    """
+    INLINED.depth += 1
+    try:
+        yield
+    finally:
+        INLINED.depth -= 1
+
+
+_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "prod", "var", "var_mean", "std", "any", "all",
+                         "argmax", "argmin", "logsumexp"})
+"""The reductions inductor folds a pointwise producer into (as a prologue of the reduction's kernel)."""
+
+
+_REALIZE_READS = 4
+"""Inductor's ``realize_reads_threshold``: a value read by more kernels than this is stored once, not recomputed."""
+
+
+def inlined_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes of an AOTAutograd graph whose values inductor computes inside the kernels that read them and never
+    allocates: pointwise operators (``torch.Tag.pointwise``) whose every user is a pointwise operator or a reduction,
+    none of them the graph's output (a value saved for backward or returned is allocated) or a matrix product, a
+    view or any other operator that reads memory.
+
+    Example:
+        >>> def step(x, w):
+        ...     return (x.sin() * 2).sum(), (x.cos() @ w)
+        >>> graph = torch.fx.experimental.proxy_tensor.make_fx(step)(torch.ones(2, 2), torch.ones(2, 2)).graph
+        >>> sorted(str(node.target) for node in inlined_nodes(graph))
+        ['aten.mul.Tensor', 'aten.sin.default']
+    """
+    def pointwise(node: torch.fx.Node) -> bool:
+        return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+                and torch.Tag.pointwise in node.target.tags)
+
+    def reduction(node: torch.fx.Node) -> bool:
+        return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+                and node.target.overloadpacket.__name__ in _REDUCTIONS)
+
+    return {node for node in graph.nodes
+            if pointwise(node) and 0 < len(node.users) <= _REALIZE_READS
+            and all(pointwise(user) or reduction(user) for user in node.users)}
+
+
+def _replay(graph_module: torch.fx.GraphModule, example_inputs: Any) -> Callable[[list[Any]], Any]:
+    """AOTAutograd's compiler of a dry run's forward and backward graphs: each run operator by operator, values freed
+    after their last use (as inductor's generated code frees them), :func:`inlined_nodes` made uncounted."""
+    fused = inlined_nodes(graph_module.graph)
+
+    class Replay(torch.fx.Interpreter):
+        def run_node(self, node: torch.fx.Node) -> Any:
+            if node in fused:
+                with inlined():
+                    return super().run_node(node)
+            return super().run_node(node)
+
+    def run(args: list[Any]) -> Any:
+        return Replay(graph_module).boxed_run(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd hands the arguments over as a list it owns
+    return run
+
+
+def fused_replay_backend(graph_module: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+    """The ``torch.compile`` backend of a dry run: torch's ``aot_eager_decomp_partition`` (inductor's
+    decompositions and min-cut partitioner, so what the compiled step saves for backward), its graphs run by
+    :func:`_replay` instead of as plain eager code, so that what inductor would fuse is not counted.
+
+    Example:
+        >>> compiled = torch.compile(lambda x: (x.sin() * 2).sum(), backend=fused_replay_backend)
+        >>> float(compiled(torch.zeros(4)))
+        0.0
+    """
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch import config as functorch_config
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.compile_fx import select_decomp_table
+
+    with functorch_config.patch(unlift_effect_tokens=True):
+        return aot_autograd(
+            fw_compiler=_replay, bw_compiler=_replay, decompositions=select_decomp_table,
+            partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
+        )(graph_module, example_inputs)
+
+
+FAKE_BACKEND: Any = fused_replay_backend
+"""The backend of a dry run's compiled forward (:func:`fused_replay_backend`)."""
 
 BACKEND = "inductor"
 """The ``torch.compile`` backend a compiled trial runs: PyTorch's default, as ``model.compile()`` and the Trainer's

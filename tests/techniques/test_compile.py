@@ -20,7 +20,7 @@ from memlab.measure.compiled import CpuAllocatorPeak
 from memlab.measure.tracker import MemoryTracker
 from memlab.plan import LEVERS, parse_grid
 from memlab.techniques import compile as compile_technique
-from memlab.techniques.compile import ESTIMATED_EAGER, ESTIMATED_PARTITIONED
+from memlab.techniques.compile import ESTIMATED_EAGER, ESTIMATED_PARTITIONED, inlined
 from memlab.techniques.core.registry import REGISTRY, STEP_ORDER
 from tests.models import assert_same, fingerprint, lm_batch, tiny_gpt2, tiny_llama, tiny_mixtral
 
@@ -143,12 +143,50 @@ def test_the_estimate_runs_the_compiled_steps_partition_on_fake_tensors(measured
     compiled = memlab.estimate(model, batch, Plan(compile=True))
     assert ESTIMATED_PARTITIONED in compiled.notes and ESTIMATED_PARTITIONED not in eager.notes
     assert compiled.compile_seconds is None  # a dry run compiles nothing that runs
-    # What the compiled step saves for backward is less than the eager step's activations; inductor's fused kernels
-    # hold less still (their intermediates), so the estimate is above the compiled step measured (the memory the
-    # process held before left out: it is no plan's) and nearer to it than the eager estimate.
+    # What the compiled step saves for backward is less than the eager step's activations, and inductor's fused
+    # kernels hold no intermediates of their own: the estimate is within 5% of the compiled step measured (the memory
+    # the process held before left out: it is no plan's), where AOTAutograd's partition run operator by operator was
+    # 12.7% over it.
     measured_eager, measured_compiled = (trial.peak_bytes - trial.preexisting_bytes for trial in report.trials)
     assert eager.peak_bytes == pytest.approx(measured_eager, rel=0.01)
-    assert measured_compiled <= compiled.peak_bytes < 0.95 * eager.peak_bytes
+    assert compiled.peak_bytes == pytest.approx(measured_compiled, rel=0.05)
+    assert compiled.peak_bytes < 0.95 * eager.peak_bytes
+
+
+class _PointwiseChain(torch.nn.Module):
+    """A weight, then four pointwise operators on a 1 MiB activation, then a reduction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(512, 512))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x @ self.weight * 2).sin() * 3 + 1).exp().sum()
+
+
+def test_the_intermediates_inductor_fuses_are_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, batch, mib = _PointwiseChain(), torch.ones(512, 512), 2**20
+    plan = Plan(compile=True)
+
+    def estimate() -> int:
+        return memlab.estimate(model, batch, plan, loss_fn=lambda m, b: m(b)).peak_bytes
+
+    fused = estimate()
+    monkeypatch.setattr(compile_technique, "FAKE_BACKEND", "aot_eager_decomp_partition")
+    one_by_one = estimate()
+    # Run one by one, the chain's operators hold two 1 MiB values at once (an operator's input and its output); fused,
+    # the matrix product's output and the kernel's own values alone are what the forward allocates.
+    assert one_by_one - fused >= mib
+
+
+def test_the_inlined_values_are_uncounted_and_their_frees_change_nothing() -> None:
+    with MemoryTracker() as tracker:
+        with inlined():
+            fused = torch.ones(1024)
+        stored = fused * 2
+        del fused
+        assert tracker.live_bytes == 4096
+    assert tracker.peak_bytes == 4096 and stored.numel() == 1024
 
 
 def test_an_estimate_dynamo_cannot_trace_is_of_the_eager_step_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,12 +204,48 @@ def test_an_estimate_dynamo_cannot_trace_is_of_the_eager_step_and_says_why(monke
     assert "RuntimeError: no fake kernels for this" in said[0]
 
 
-def _qwen2() -> torch.nn.Module:
+def _qwen2(width: int = 32, vocab: int = 128) -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1, vocab_size=128))
+    return Qwen2ForCausalLM(Qwen2Config(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, vocab_size=vocab))
+
+
+def _gpt2() -> torch.nn.Module:
+    return tiny_gpt2(layers=2, width=64)
+
+
+def _llama() -> torch.nn.Module:
+    return tiny_llama(layers=2, width=64)
+
+
+# Issue 69: the compiled estimate against inductor's compiled step measured on this CPU, per family of
+# tests/models.py and precision (8 x 32 tokens). Those not yet within 5%, with their ratio (estimate / measured; the
+# partition run operator by operator before pointwise fusion was modelled: GPT-2 1.127 and 1.121, Llama 1.025 and
+# 1.078, Qwen2 1.093 and 1.255, Mixtral 1.033 and 1.084): what else inductor spares there is not found yet, nor
+# what GPT-2's bf16 step holds beyond the estimate.
+COMPILED_OFF = {("qwen2", "fp32"): 1.093, ("qwen2", "bf16"): 1.189, ("llama", "bf16"): 1.056,
+                ("mixtral", "bf16"): 1.059, ("gpt2", "bf16"): 0.949}
+FAMILIES = {"gpt2": _gpt2, "llama": _llama, "qwen2": lambda: _qwen2(width=64, vocab=512), "mixtral": tiny_mixtral}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.slow
+def test_the_compiled_estimate_against_the_compiled_step_measured_here(family: str, precision: str,
+                                                                        request: pytest.FixtureRequest) -> None:
+    if (family, precision) in COMPILED_OFF:
+        ratio = COMPILED_OFF[family, precision]
+        request.applymarker(pytest.mark.xfail(reason=f"not yet within 5% (ratio {ratio})", strict=True))
+    model, batch = FAMILIES[family](), lm_batch(rows=8, length=32)
+    plan = Plan(precision=precision, compile=True)
+    estimated = memlab.estimate(model, batch, plan)
+    assert estimated.notes and ESTIMATED_PARTITIONED in estimated.notes
+    measured = memlab.measure(model, batch, plan, steps=2, noise=0)
+    assert measured.status == "ok", measured.error
+    ratio = estimated.peak_bytes / (measured.peak_bytes - measured.preexisting_bytes)
+    assert abs(ratio - 1) <= 0.05, f"estimate / measured = {ratio:.3f}"
 
 
 @pytest.mark.parametrize(("make", "precision"), [(tiny_llama, "bf16"), (_qwen2, "fp32"), (tiny_mixtral, "bf16")],
