@@ -122,14 +122,15 @@ def test_the_cpu_allocator_profile_agrees_with_the_tracker_on_an_eager_step() ->
     assert peak.peak_allocated == pytest.approx(tracker.peak_bytes, rel=0.01)
 
 
-def test_a_plan_compile_cannot_run_is_an_error_trial_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plan_compile_cannot_run_is_an_error_trial_saying_why() -> None:
     import torch._inductor.config as inductor
 
-    monkeypatch.setattr(inductor, "force_disable_caches", True)
-    monkeypatch.setattr(inductor.cpp, "cxx", ("no-such-compiler",))
     model = tiny_gpt2(layers=1, width=32)
     before = fingerprint(model)
-    trial = memlab.measure(model, lm_batch(rows=2, length=8), Plan(compile=True), steps=1, noise=0)
+    # inductor's own patch: on torch 2.11 a monkeypatched cpp.cxx was deleted, not restored, and every compile after
+    # this test in the process failed with "torch._inductor.config.cpp.cxx does not exist"
+    with inductor.patch({"force_disable_caches": True, "cpp.cxx": ("no-such-compiler",)}):
+        trial = memlab.measure(model, lm_batch(rows=2, length=8), Plan(compile=True), steps=1, noise=0)
     assert trial.status == "error"
     assert "torch.compile could not compile this model's step" in trial.error and "compile=False" in trial.error
     assert_same(before, fingerprint(model))
@@ -221,12 +222,15 @@ def _llama() -> torch.nn.Module:
 
 
 # Issue 69: the compiled estimate against inductor's compiled step measured on this CPU, per family of
-# tests/models.py and precision (8 x 32 tokens). Those not yet within 5%, with their ratio (estimate / measured; the
-# partition run operator by operator before pointwise fusion was modelled: GPT-2 1.127 and 1.121, Llama 1.025 and
-# 1.078, Qwen2 1.093 and 1.255, Mixtral 1.033 and 1.084): what else inductor spares there is not found yet, nor
-# what GPT-2's bf16 step holds beyond the estimate.
-COMPILED_OFF = {("qwen2", "fp32"): 1.093, ("qwen2", "bf16"): 1.189, ("llama", "bf16"): 1.056,
-                ("mixtral", "bf16"): 1.059, ("gpt2", "bf16"): 0.949}
+# tests/models.py and precision (8 x 32 tokens). Those not yet within 5%, with their ratio (estimate / measured), per
+# torch release CI runs (its inductor is what is measured): on 2.13 the partition run operator by operator before
+# pointwise fusion was modelled gave GPT-2 1.127 and 1.121, Llama 1.025 and 1.078, Qwen2 1.093 and 1.255, Mixtral
+# 1.033 and 1.084. What else inductor spares is not found yet, nor what GPT-2's bf16 step holds beyond the estimate.
+COMPILED_OFF = {
+    "2.13": {("qwen2", "fp32"): 1.093, ("qwen2", "bf16"): 1.189, ("llama", "bf16"): 1.056,
+             ("mixtral", "bf16"): 1.059, ("gpt2", "bf16"): 0.949},
+    "2.11": {("qwen2", "fp32"): 1.104, ("qwen2", "bf16"): 1.181},  # the others 0.976 to 1.047
+}
 FAMILIES = {"gpt2": _gpt2, "llama": _llama, "qwen2": lambda: _qwen2(width=64, vocab=512), "mixtral": tiny_mixtral}
 
 
@@ -235,8 +239,9 @@ FAMILIES = {"gpt2": _gpt2, "llama": _llama, "qwen2": lambda: _qwen2(width=64, vo
 @pytest.mark.slow
 def test_the_compiled_estimate_against_the_compiled_step_measured_here(family: str, precision: str,
                                                                         request: pytest.FixtureRequest) -> None:
-    if (family, precision) in COMPILED_OFF:
-        ratio = COMPILED_OFF[family, precision]
+    off = COMPILED_OFF.get(".".join(torch.__version__.split(".")[:2]), {})
+    if (family, precision) in off:
+        ratio = off[family, precision]
         request.applymarker(pytest.mark.xfail(reason=f"not yet within 5% (ratio {ratio})", strict=True))
     model, batch = FAMILIES[family](), lm_batch(rows=8, length=32)
     plan = Plan(precision=precision, compile=True)
