@@ -49,6 +49,7 @@ from memlab.techniques.weights import modelled_release
 __all__ = [
     "CUBLAS_DEFAULT_WORKSPACE_BYTES",
     "CUBLAS_WORKSPACES",
+    "INFERENCE_CUBLAS_WORKSPACES",
     "CUBLAS_WORKSPACE_BYTES",
     "EXPANDABLE_NOTE",
     "RESERVED_NOTE",
@@ -67,7 +68,10 @@ CUBLAS_DEFAULT_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
 
 CUBLAS_WORKSPACES = 2
 """cuBLAS handles are per thread: in training the forward's (the Python thread) and the backward's (autograd's
-device thread); inference has the first only."""
+device thread); inference has the first only (:data:`INFERENCE_CUBLAS_WORKSPACES`)."""
+
+INFERENCE_CUBLAS_WORKSPACES = 1
+"""An inference step's cuBLAS handles: the forward's alone."""
 
 
 def cublas_workspace_bytes(capability: tuple[int, int] = (9, 0), config: str | None = None) -> int:

@@ -59,7 +59,13 @@ from memlab.estimation.dryrun.adapters import attach_fake_adapter, bitsandbytes_
 from memlab.estimation.dryrun.fake import BLIND_SPOTS, FakeMode, FakeSetup, fake_setup, one_thread
 from memlab.estimation.dryrun.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
 from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
-from memlab.estimation.dryrun.reserved import CUBLAS_WORKSPACES, ReservedTrace, cublas_workspace_bytes, reserved_notes
+from memlab.estimation.dryrun.reserved import (
+    CUBLAS_WORKSPACES,
+    INFERENCE_CUBLAS_WORKSPACES,
+    ReservedTrace,
+    cublas_workspace_bytes,
+    reserved_notes,
+)
 from memlab.estimation.dryrun.triton_guard import skipped_kernels_note
 from memlab.estimation.dryrun.unknown import foreign_ops_note
 from memlab.live.batch import LossFn
@@ -241,7 +247,7 @@ def estimate_inference(
     """
     report = dry_run_inference(model_or_config, batch, plans, loss_fn=loss_fn, budget=budget, device=device, gpu=gpu,
                                load=load)
-    return with_cublas_workspaces(report, 1, gpu)
+    return with_cublas_workspaces(report, INFERENCE_CUBLAS_WORKSPACES, gpu)
 
 
 @without_full_collections()
@@ -286,7 +292,7 @@ def dry_run_inference(
     check_inference_options(options)
     checked, loads = inference_loads(model_or_config, checked, load)
     inference = _Workload(InferenceRunner, _inference_trial, check_first=True, notes=_quantized_note,
-                          emulated_note=_EMULATED_INFERENCE, cublas_handles=1, loads=loads)
+                          emulated_note=_EMULATED_INFERENCE, cublas_handles=INFERENCE_CUBLAS_WORKSPACES, loads=loads)
     return _dry_run(model_or_config, batch, checked, options, inference, budget=budget, device=device, gpu=gpu)
 
 
