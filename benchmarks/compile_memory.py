@@ -5,9 +5,10 @@ weights and token ids, are measured on this device with ``memlab.compare`` (``Pl
 the peak (and the peak less the memory the process held before, which is no plan's), samples/s of the timed steps,
 and the compiled trial's ``compile_seconds`` (its first warm-up step: compiling and one step), never in the speed.
 Each plan is also estimated on fake tensors (``memlab.estimate``): the compiled plan's estimate runs the compiled
-step's AOTAutograd partition (inductor's decompositions and min-cut partitioner) or, where dynamo cannot trace it on
-fake tensors, the eager step; its note says which. The estimate's error is against the measured peak less the
-memory held before. The machine's load average is recorded at the start and the end (the timings depend on it).
+step's AOTAutograd partition (inductor's decompositions, joint-graph passes and min-cut partitioner) or, where
+dynamo cannot trace it on fake tensors, the eager step; its note says which. The estimate's error is against the
+measured peak less the memory held before. The machine's load average is recorded at the start and the end (the
+timings depend on it).
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ compiled step's kernels allocate without the dispatcher: the runner reads a comp
 (CUDA's statistics, the CPU allocator's profile) instead (:mod:`memlab.measure.compiled`).
 
 A dry run on fake tensors cannot run inductor's kernels (they need real memory), but AOTAutograd runs on fake
-tensors: the dry run compiles the forward with :func:`fused_replay_backend`, inductor's decompositions and its
-min-cut partitioner (what the compiled step saves for backward), each of the forward and backward graphs then run
+tensors: the dry run compiles the forward with :func:`fused_replay_backend`, inductor's decompositions, its
+joint-graph passes and min-cut partitioner (what the compiled step saves for backward), each of the forward and
+backward graphs then run
 operator by operator, with the values inductor computes inside a fused kernel left uncounted (:func:`inlined_nodes`:
 a pointwise operator's result that only pointwise operators and reductions read). What inductor's memory planning
 reuses beyond that is not modelled; the estimate says so. Where dynamo cannot trace the step on fake tensors, the dry
@@ -62,9 +63,9 @@ error)."""
 
 ESTIMATED_PARTITIONED = (
     "compile: estimated with AOTAutograd's partition of the compiled step on fake tensors (what it saves for "
-    "backward, inductor's decompositions and min-cut partitioner), pointwise results fused into the kernels that "
-    "read them left uncounted; inductor's own reuse of buffers is not modelled: measure it (memlab.measure) for the "
-    "compiled figure"
+    "backward, inductor's decompositions, joint-graph passes and partitioner), pointwise results fused into the "
+    "kernels that read them left uncounted; inductor's own reuse of buffers is not modelled: measure it "
+    "(memlab.measure) for the compiled figure"
 )
 """The note of a compiled plan's estimate where the dry run compiled."""
 
@@ -109,12 +110,17 @@ _REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "prod", "v
 _REALIZE_READS = 4
 """Inductor's ``realize_reads_threshold``: a value read by more kernels than this is stored once, not recomputed."""
 
+_HEAVY_ON_CPU = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
+"""The operators after which inductor's CPU code stores a value that more than one operator reads rather than
+compute it again in each (``StorageBox.should_realize_on_reuse``: GPT-2's tanh GELU, for one)."""
+
 
 def inlined_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """The nodes of an AOTAutograd graph whose values inductor computes inside the kernels that read them and never
     allocates: pointwise operators (``torch.Tag.pointwise``) whose every user is a pointwise operator or a reduction,
     none of them the graph's output (a value saved for backward or returned is allocated) or a matrix product, a
-    view or any other operator that reads memory.
+    view or any other operator that reads memory. On the CPU, a value read by more than one operator whose fused
+    computation holds an exponential, logarithm, sigmoid or tanh is stored (:data:`_HEAVY_ON_CPU`).
 
     Example:
         >>> def step(x, w):
@@ -131,9 +137,22 @@ def inlined_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
         return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
                 and node.target.overloadpacket.__name__ in _REDUCTIONS)
 
-    return {node for node in graph.nodes
-            if pointwise(node) and 0 < len(node.users) <= _REALIZE_READS
-            and all(pointwise(user) or reduction(user) for user in node.users)}
+    def on_cpu(node: torch.fx.Node) -> bool:
+        value = node.meta.get("val")
+        return isinstance(value, torch.Tensor) and value.device.type == "cpu"
+
+    inlined: set[torch.fx.Node] = set()
+    heavy: set[torch.fx.Node] = set()  # pointwise nodes whose fused computation holds a heavy operator
+    for node in graph.nodes:  # in topological order: a node's inlined producers are decided before it
+        if not pointwise(node):
+            continue
+        if (node.target.overloadpacket.__name__ in _HEAVY_ON_CPU  # type: ignore[union-attr]
+                or any(producer in heavy for producer in node.all_input_nodes if producer in inlined)):
+            heavy.add(node)
+        if (0 < len(node.users) <= _REALIZE_READS and all(pointwise(user) or reduction(user) for user in node.users)
+                and not (len(node.users) > 1 and node in heavy and on_cpu(node))):
+            inlined.add(node)
+    return inlined
 
 
 def _replay(graph_module: torch.fx.GraphModule, example_inputs: Any) -> Callable[[list[Any]], Any]:
@@ -156,8 +175,9 @@ def _replay(graph_module: torch.fx.GraphModule, example_inputs: Any) -> Callable
 
 
 def fused_replay_backend(graph_module: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
-    """The ``torch.compile`` backend of a dry run: torch's ``aot_eager_decomp_partition`` (inductor's
-    decompositions and min-cut partitioner, so what the compiled step saves for backward), its graphs run by
+    """The ``torch.compile`` backend of a dry run: AOTAutograd with inductor's decompositions and its own
+    ``partition_fn`` (the joint-graph passes, then the min-cut partitioner: what the compiled step saves for
+    backward), its graphs run by
     :func:`_replay` instead of as plain eager code, so that what inductor would fuse is not counted.
 
     Example:
@@ -167,13 +187,20 @@ def fused_replay_backend(graph_module: torch.fx.GraphModule, example_inputs: lis
     """
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import config as functorch_config
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-    from torch._inductor.compile_fx import select_decomp_table
+    from torch._guards import detect_fake_mode
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import partition_fn, select_decomp_table
+    from torch._inductor.virtualized import V
 
-    with functorch_config.patch(unlift_effect_tokens=True):
+    # Inductor's own partition_fn: its joint-graph passes (a one-hot scatter on zeros made pointwise, for one, which
+    # is cross-entropy's backward: a vocabulary-wide fp32 tensor) before the min-cut partitioner. Shape padding is
+    # left out: its check times real matrix products, which fake tensors cannot run.
+    # The passes that fold random operators (dropout's) make their seeds in inductor's fake mode, as its backend does.
+    fake_mode = detect_fake_mode(example_inputs)
+    with (functorch_config.patch(unlift_effect_tokens=True), inductor_config.patch(shape_padding=False),
+          V.set_fake_mode(fake_mode) if fake_mode is not None else contextlib.nullcontext()):
         return aot_autograd(
-            fw_compiler=_replay, bw_compiler=_replay, decompositions=select_decomp_table,
-            partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
+            fw_compiler=_replay, bw_compiler=_replay, decompositions=select_decomp_table, partition_fn=partition_fn,
         )(graph_module, example_inputs)
 
 

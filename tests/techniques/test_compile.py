@@ -10,6 +10,10 @@ cannot see the compiled kernels' buffers); the model comes back as it was, with 
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -190,6 +194,61 @@ def test_the_inlined_values_are_uncounted_and_their_frees_change_nothing() -> No
     assert tracker.peak_bytes == 4096 and stored.numel() == 1024
 
 
+def test_a_compiled_cross_entropys_backward_holds_no_one_hot_target() -> None:
+    # Inductor's joint-graph passes make cross-entropy's backward scatter of -1 onto zeros (a one-hot tensor as large as
+    # the logits, in fp32) a pointwise select that its gradient's kernel computes: a compiled step's backward allocates
+    # the logits' gradient alone. The dry run's partition once left the passes out and counted the one-hot tensor too
+    # (the issue's H100 step: 12.81 GB estimated, 11.34 measured, its 151,936-token vocabulary's one-hot 1.24 GB).
+    def backward_peak(loss_of: Callable[..., torch.Tensor]) -> int:
+        logits = torch.randn(64, 4096, requires_grad=True)
+        loss = loss_of(logits, torch.randint(0, 4096, (64,)))
+        with MemoryTracker() as tracker:
+            loss.backward()
+        return tracker.peak_bytes
+
+    torch.compiler.reset()
+    logits_bytes = 64 * 4096 * 4
+    compiled = torch.compile(torch.nn.functional.cross_entropy, backend=compile_technique.fused_replay_backend)
+    try:
+        assert backward_peak(compiled) <= logits_bytes + 1024
+    finally:
+        torch.compiler.reset()
+    assert backward_peak(torch.nn.functional.cross_entropy) >= 2 * logits_bytes  # eager holds the one-hot too
+
+
+class _TwoDropouts(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(64, 64), torch.nn.Linear(64, 1)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.drop(self.first(self.drop(x)).relu())).sum()
+
+
+def test_a_compiled_step_with_dropout_is_partitioned_not_estimated_eager() -> None:
+    # Inductor's joint-graph passes fold the random operators' seeds in its fake mode (BERT's classifier in
+    # benchmarks/compile_memory.py fell back to the eager estimate when the dry run's backend did not set it).
+    estimated = memlab.estimate(_TwoDropouts(), torch.ones(32, 64), Plan(compile=True), loss_fn=lambda m, b: m(b))
+    assert [note for note in estimated.notes if note.startswith("compile:")] == [ESTIMATED_PARTITIONED]
+
+
+def test_a_value_read_twice_after_a_tanh_is_stored_on_the_cpu_and_fused_elsewhere() -> None:
+    # Inductor's CPU code stores a value more than one operator reads when its computation holds an exponential, a
+    # logarithm, a sigmoid or a tanh (GPT-2's GELU) instead of computing it in each reader; on a GPU it computes it in
+    # each.
+    def step(x: torch.Tensor) -> torch.Tensor:
+        y = x.tanh() * 2
+        return ((y + 1) * y.sin()).sum()
+
+    def inlined_names(device: str) -> set[str]:
+        graph = torch.fx.experimental.proxy_tensor.make_fx(step)(torch.ones(4, 4, device=device)).graph
+        return {node.name for node in compile_technique.inlined_nodes(graph)}
+
+    assert inlined_names("meta") == {"tanh", "mul", "add", "sin", "mul_1"}
+    assert inlined_names("cpu") == {"tanh", "add", "sin", "mul_1"}  # the doubled tanh, read by two, is stored
+
+
 def test_an_estimate_dynamo_cannot_trace_is_of_the_eager_step_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuses(graph: torch.fx.GraphModule, inputs: list) -> None:
         raise RuntimeError("no fake kernels for this")
@@ -225,11 +284,11 @@ def _llama() -> torch.nn.Module:
 # tests/models.py and precision (8 x 32 tokens). Those not yet within 5%, with their ratio (estimate / measured), per
 # torch release CI runs (its inductor is what is measured): on 2.13 the partition run operator by operator before
 # pointwise fusion was modelled gave GPT-2 1.127 and 1.121, Llama 1.025 and 1.078, Qwen2 1.093 and 1.255, Mixtral
-# 1.033 and 1.084. What else inductor spares is not found yet, nor what GPT-2's bf16 step holds beyond the estimate.
+# 1.033 and 1.084; with fusion but before inductor's joint-graph passes, Qwen2 1.093 and 1.189, Llama's and Mixtral's
+# bf16 1.056 and 1.059. What GPT-2's bf16 step holds beyond the estimate is not found yet.
 COMPILED_OFF = {
-    "2.13": {("qwen2", "fp32"): 1.093, ("qwen2", "bf16"): 1.189, ("llama", "bf16"): 1.056,
-             ("mixtral", "bf16"): 1.059, ("gpt2", "bf16"): 0.949},
-    "2.11": {("qwen2", "fp32"): 1.104, ("qwen2", "bf16"): 1.181},  # the others 0.976 to 1.047
+    "2.13": {("gpt2", "bf16"): 0.934, ("qwen2", "bf16"): 1.053},  # the others 0.957 to 1.010
+    "2.11": {("qwen2", "bf16"): 1.071},  # the others within 5% (GPT-2 1.029 and 0.995, Qwen2 fp32 1.000)
 }
 FAMILIES = {"gpt2": _gpt2, "llama": _llama, "qwen2": lambda: _qwen2(width=64, vocab=512), "mixtral": tiny_mixtral}
 
@@ -265,3 +324,21 @@ def test_a_compiled_step_estimated_for_a_gpu_without_one_is_partitioned(make, pr
     compiled = memlab.estimate(model, batch, Plan(precision=precision, compile=True), device="cuda")
     assert [note for note in compiled.notes if note.startswith("compile:")] == [ESTIMATED_PARTITIONED]
     assert compiled.peak_bytes < eager.peak_bytes
+
+
+@pytest.mark.slow
+def test_the_issues_compiled_step_estimated_here_is_within_5_percent_of_the_h100() -> None:
+    # Issue 69's user loop (a Qwen2-0.5B shape, 2 x 1,024 tokens, bf16 autocast, fused AdamW) measured compiled and
+    # eager on an H100 (2026-11-28), against the estimates this CPU makes for that GPU as the run's laptop side did.
+    from benchmarks.gpu_sections_compile import estimates
+
+    result = Path(__file__).parents[2] / "benchmarks" / "results" / (
+        "gpu_acceptance-cuda-nvidia-h100-80gb-hbm3-compile-levers.json")
+    part = json.loads(result.read_text())["parts"]["compile"]
+    made = estimates("full", part["estimated_for"])
+    for variant in ("eager", "compiled"):
+        measured = part["measured"][variant]
+        assert made[variant]["status"] == "ok", made[variant]["error"]
+        assert made[variant]["peak_bytes"] / measured["allocated_bytes"] == pytest.approx(1, abs=0.05), variant
+        assert made[variant]["reserved_bytes"] / measured["reserved_bytes"] == pytest.approx(1, abs=0.05), variant
+    assert made["compiled"]["note"] == ESTIMATED_PARTITIONED
