@@ -285,15 +285,21 @@ def _llama() -> torch.nn.Module:
 # torch release CI runs (its inductor is what is measured): on 2.13 the partition run operator by operator before
 # pointwise fusion was modelled gave GPT-2 1.127 and 1.121, Llama 1.025 and 1.078, Qwen2 1.093 and 1.255, Mixtral
 # 1.033 and 1.084; with fusion but before inductor's joint-graph passes, Qwen2 1.093 and 1.189, Llama's and Mixtral's
-# bf16 1.056 and 1.059. What GPT-2's bf16 step holds beyond the estimate is not found yet.
+# bf16 1.056 and 1.059. GPT-2's bf16 steps on 2.13: the compiled step's peak is a 230,528-byte scratch buffer that
+# oneDNN's bf16 matrix product allocates inside inductor's backward (an operand in the layout inductor hands it; the
+# eager step's matrix products allocate none, and on 2.11 the same step is within 5%): CPU memory a GPU's matrix
+# product does not take. Qwen2's bf16
+# steps: its loss's fp32 logits and log-probabilities, read through a reshape, are not stored by inductor (0.5 MiB
+# each here); followed through views, the rule leaves out values inductor does store, and every family falls under.
 COMPILED_OFF = {
-    "2.13": {("gpt2", "bf16"): 0.934, ("qwen2", "bf16"): 1.053},  # the others 0.957 to 1.010
-    "2.11": {("qwen2", "bf16"): 1.071},  # the others within 5% (GPT-2 1.029 and 0.995, Qwen2 fp32 1.000)
+    "2.13": {("gpt2", "bf16"): 0.934, ("gpt2", "pure-bf16"): 0.870, ("qwen2", "bf16"): 1.053,
+             ("qwen2", "pure-bf16"): 1.091},  # the others 0.950 to 1.030
+    "2.11": {("qwen2", "bf16"): 1.071, ("qwen2", "pure-bf16"): 1.091},  # the others 0.960 to 1.047
 }
 FAMILIES = {"gpt2": _gpt2, "llama": _llama, "qwen2": lambda: _qwen2(width=64, vocab=512), "mixtral": tiny_mixtral}
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "pure-bf16"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.slow
 def test_the_compiled_estimate_against_the_compiled_step_measured_here(family: str, precision: str,
@@ -303,7 +309,7 @@ def test_the_compiled_estimate_against_the_compiled_step_measured_here(family: s
         ratio = off[family, precision]
         request.applymarker(pytest.mark.xfail(reason=f"not yet within 5% (ratio {ratio})", strict=True))
     model, batch = FAMILIES[family](), lm_batch(rows=8, length=32)
-    plan = Plan(precision=precision, compile=True)
+    plan = Plan(weights="bf16", compile=True) if precision == "pure-bf16" else Plan(precision=precision, compile=True)
     estimated = memlab.estimate(model, batch, plan)
     assert estimated.notes and ESTIMATED_PARTITIONED in estimated.notes
     measured = memlab.measure(model, batch, plan, steps=2, noise=0)
