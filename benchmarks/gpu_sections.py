@@ -295,8 +295,8 @@ def section_levers(size: str, device: torch.device) -> dict[str, Any]:
           ("8-bit AdamW", "paged 8-bit AdamW"), lambda eight, paged: paged.peak_bytes <= 1.01 * eight.peak_bytes)
     judge("Adafactor keeps at most 10% of AdamW's optimizer state (factored second moments, no first moment)",
           (plain, "Adafactor"), lambda base, t: state(t) <= 0.1 * state(base))
-    trained = [p for p in model.parameters() if p.requires_grad]
     if "foreach AdamW" in dict(named):
+        trained = [p for p in model.parameters() if p.requires_grad]
         # Fused AdamW keeps each parameter's step count as a 4-byte tensor on the device, foreach AdamW on the host
         # (torch.optim.AdamW's _init_group): the H100 of 2026-11-28 showed 584 bytes, 146 tensors' counts, apart.
         judge("foreach AdamW keeps fused AdamW's optimizer state but its on-device step counts",
@@ -308,18 +308,16 @@ def section_levers(size: str, device: torch.device) -> dict[str, Any]:
               lambda base, t: t.peak_bytes >= 0.999 * base.peak_bytes)
     judge("the chunked loss does not raise the peak", (plain, "chunked loss"),
           lambda base, t: t.peak_bytes <= 1.001 * base.peak_bytes)
-    largest_grad = max(p.numel() * p.element_size() for p in trained)
 
     def in_backward(base: Any, t: Any) -> bool:
         # Its saving is the gradients the plain peak holds: none where that peak is the forward's end (the H100 of
-        # 2026-11-28, fp32 at 2 x 1024: parameters, optimizer state and activations only).
+        # 2026-11-28, fp32 at 2 x 1024: parameters, optimizer state and activations only), where it can only not raise
+        # the peak; the cumulative part, whose peak holds gradients, shows the saving (13.6 -> 11.2 GB there).
         held = int(base.breakdown.get("grads", 0))
-        lowered = t.peak_bytes < base.peak_bytes if held else t.peak_bytes <= 1.001 * base.peak_bytes
-        return lowered and int(t.breakdown.get("grads", 0)) <= largest_grad
+        return t.peak_bytes < base.peak_bytes if held else t.peak_bytes <= 1.001 * base.peak_bytes
 
-    judge("the optimizer in backward holds at most one parameter's gradient at its peak, and lowers the peak where "
-          "the plain peak holds gradients (never raises it)", (plain, "optimizer in backward"), in_backward,
-          largest_gradient_bytes=largest_grad)
+    judge("the optimizer in backward lowers the peak where the plain peak holds gradients, and never raises it",
+          (plain, "optimizer in backward"), in_backward)
     judge("pure bf16 weights hold at most 55% of fp32's parameter bytes", (plain, "pure bf16 weights"),
           lambda base, t: t.breakdown.get("params", 0) <= 0.55 * base.breakdown.get("params", 1))
     judge("offloading the optimizer leaves no optimizer state on the device and lowers the peak",

@@ -110,9 +110,12 @@ _REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "prod", "v
 _REALIZE_READS = 4
 """Inductor's ``realize_reads_threshold``: a value read by more kernels than this is stored once, not recomputed."""
 
-_HEAVY_ON_CPU = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
+_HEAVY_ON_CPU = (frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
+                 if tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 13)
+                 else frozenset({"exp", "sigmoid"}))
 """The operators after which inductor's CPU code stores a value that more than one operator reads rather than
-compute it again in each (``StorageBox.should_realize_on_reuse``: GPT-2's tanh GELU, for one)."""
+compute it again in each (``StorageBox.should_realize_on_reuse``'s list: torch 2.13's seven, GPT-2's tanh GELU among
+them; torch 2.11's exp and sigmoid, and so taken for the releases before 2.13)."""
 
 
 def inlined_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
