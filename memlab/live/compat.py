@@ -31,8 +31,10 @@ __all__ = [
     "UnsupportedStack",
     "allocator_settings",
     "check_stack",
+    "checkpoint_traced",
     "dtensor_single_dim_strategy",
     "fake_cache_key_matches",
+    "fake_rules_for_higher_order_operators",
     "fake_meta_handlers",
     "fsdp2_api",
     "fsdp_mem_tracker_class",
@@ -187,6 +189,46 @@ def fake_meta_handlers() -> dict[Any, Any]:
     from torch._subclasses import fake_tensor
 
     return dict(getattr(fake_tensor, "_DISPATCH_META_HANDLERS", {}))
+
+
+def checkpoint_traced() -> bool:
+    """Whether ``torch.utils.checkpoint`` takes the call being made now as traced for ``torch.compile``
+    (AOTAutograd's proxy mode active: its private ``_is_compiling``, which decides that a ``context_fn`` must give
+    selective-checkpointing modes; ``torch.compiler.is_compiling()`` is False there on torch 2.11).
+
+    Example:
+        >>> checkpoint_traced()
+        False
+    """
+    import torch
+    import torch.utils.checkpoint
+
+    traced = getattr(torch.utils.checkpoint, "_is_compiling", None)
+    return bool(traced(None, (), {})) if traced is not None else torch.compiler.is_compiling()
+
+
+def fake_rules_for_higher_order_operators(mode_type: type) -> None:
+    """Give ``mode_type`` (a ``FakeTensorMode`` subclass) every higher-order operator's rule for ``FakeTensorMode``
+    that it lacks: their dispatch looks a mode's rule up by its exact type (``HigherOrderOperator.python_key_table``,
+    private), so a subclass has none, and an operator such as ``run_and_save_rng_state``, which a compiled step
+    with checkpointing runs, failed in the dry run. Operators made later get theirs at the next call.
+
+    Example:
+        >>> import torch
+        >>> from torch._subclasses.fake_tensor import FakeTensorMode
+        >>> class Mode(FakeTensorMode):
+        ...     pass
+        >>> fake_rules_for_higher_order_operators(Mode)
+        >>> Mode in torch.ops.higher_order.run_and_save_rng_state.python_key_table
+        True
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for operator in list(getattr(torch._ops, "_higher_order_ops", {}).values()):
+        table = getattr(operator, "python_key_table", {})
+        if FakeTensorMode in table and mode_type not in table:
+            operator.py_impl(mode_type)(table[FakeTensorMode])
 
 
 _CACHE_KEY_PARAMETERS = ("self", "result", "args", "state", "id_hashed_objects")

@@ -12,6 +12,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from memlab.errors import MemlabError, UnsupportedTechnique
+from memlab.live.compat import checkpoint_traced
 from memlab.live.structure import ModuleStructure
 from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, per_target
 from memlab.techniques.core.lever import Lever, PlanLike
@@ -23,9 +24,17 @@ a dry run for CUDA without CUDA puts its emulation of CUDA's kernels here (``Tor
 in backward). Read when checkpointing is turned on; empty, checkpointing passes torch nothing more."""
 
 
+def _recompute_every_operator(ctx: Any, operator: Any, *args: Any, **kwargs: Any) -> Any:
+    return torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
+
+
 def _contexts() -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
     """``torch.utils.checkpoint``'s ``context_fn``: nothing around the forward, the registered contexts around the
-    recomputation."""
+    recomputation. Under ``torch.compile`` the recomputation is traced with the forward, under the contexts the
+    forward ran in, and a ``context_fn`` must give the selective-checkpointing modes: those of plain checkpointing,
+    every operator recomputed (what ``torch.compile`` uses where no ``context_fn`` is given)."""
+    if checkpoint_traced():
+        return torch.utils.checkpoint.create_selective_checkpoint_contexts(_recompute_every_operator)
     stack = contextlib.ExitStack()
     factories = list(RECOMPUTE_CONTEXTS)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.utils.checkpoint as checkpoint
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -168,6 +169,9 @@ def test_every_private_name_is_found_on_this_torch() -> None:
     else:
         assert found is None
     assert compat.dtensor_single_dim_strategy() is not None
+    # The compiled checkpoint's and the higher-order operators' look-ups, not their fallbacks.
+    assert callable(checkpoint._is_compiling) and compat.checkpoint_traced() is False
+    assert "run_and_save_rng_state" in torch._ops._higher_order_ops
 
 
 def test_a_torch_without_grouped_mm_or_with_another_cache_key_keeps_its_own(monkeypatch: pytest.MonkeyPatch) -> None:

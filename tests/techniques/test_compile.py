@@ -249,6 +249,24 @@ def test_a_value_read_twice_after_an_exp_is_stored_on_the_cpu_and_fused_elsewher
     assert inlined_names("cpu") == {"exp", "add", "sin", "mul_1"}  # the doubled exp, read by two, is stored
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_compiled_step_with_checkpointing_is_partitioned_not_estimated_eager(device: str) -> None:
+    # A compiled step with checkpointing fell back to the eager estimate: on the CPU, the recomputation's
+    # run_and_save_rng_state had no rule for the dry run's fake mode (a subclass of FakeTensorMode, which a
+    # higher-order operator's dispatch does not look through); for CUDA, the checkpoint's context_fn that carries the
+    # emulation of CUDA's kernels into the recomputation gave no selective-checkpointing modes, which torch.compile
+    # requires of a context_fn.
+    model, batch = tiny_llama(layers=2, width=64), lm_batch(rows=8, length=32)
+    plan = Plan(checkpointing=True, compile=True)
+    estimated = memlab.estimate(model, batch, plan, device=device)
+    assert [note for note in estimated.notes if note.startswith("compile:")] == [ESTIMATED_PARTITIONED]
+    if device == "cpu":
+        measured = memlab.measure(model, batch, plan, steps=2, noise=0)
+        assert measured.status == "ok", measured.error
+        ratio = estimated.peak_bytes / (measured.peak_bytes - measured.preexisting_bytes)
+        assert ratio == pytest.approx(1, abs=0.05)
+
+
 class _ReadTwiceAfterTanh(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

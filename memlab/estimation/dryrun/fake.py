@@ -32,7 +32,12 @@ from memlab.estimation.dryrun.triton_guard import start_skipping, stop_skipping
 from memlab.estimation.dryrun.triton_launches import SkippedKernels
 from memlab.estimation.dryrun.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
 from memlab.live.batch import Batch, StepBatches, map_tensors
-from memlab.live.compat import fake_cache_key_matches, fake_meta_handlers, grouped_mm
+from memlab.live.compat import (
+    fake_cache_key_matches,
+    fake_meta_handlers,
+    fake_rules_for_higher_order_operators,
+    grouped_mm,
+)
 from memlab.live.patching import patched
 from memlab.runner.quiet import quiet
 
@@ -173,6 +178,7 @@ class FakeMode(FakeTensorMode):
         entered = super().__enter__()
         if not self._launch_guards:  # entered again inside itself (its dispatch does): one guard
             start_skipping(self.skipped_kernels)
+            fake_rules_for_higher_order_operators(type(self))
         self._launch_guards += 1
         if self.keeps_values:
             values = _constant_data()
