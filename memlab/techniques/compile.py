@@ -191,16 +191,21 @@ def fused_replay_backend(graph_module: torch.fx.GraphModule, example_inputs: lis
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import config as functorch_config
     from torch._guards import detect_fake_mode
+    from torch._inductor import compile_fx
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import partition_fn, select_decomp_table
     from torch._inductor.virtualized import V
 
+    from memlab.live.patching import patched
+
     # Inductor's own partition_fn: its joint-graph passes (a one-hot scatter on zeros made pointwise, for one, which
     # is cross-entropy's backward: a vocabulary-wide fp32 tensor) before the min-cut partitioner. Shape padding is
     # left out: its check times real matrix products, which fake tensors cannot run.
-    # The passes that fold random operators (dropout's) make their seeds in inductor's fake mode, as its backend does.
+    # The passes that fold random operators (dropout's) make their seeds in inductor's fake mode, as its backend does;
+    # the partition_fn's CUDA device context would set the real GPU's current device where there is one.
     fake_mode = detect_fake_mode(example_inputs)
     with (functorch_config.patch(unlift_effect_tokens=True), inductor_config.patch(shape_padding=False),
+          patched(compile_fx, get_cuda_device_context=lambda graph: contextlib.nullcontext()),
           V.set_fake_mode(fake_mode) if fake_mode is not None else contextlib.nullcontext()):
         return aot_autograd(
             fw_compiler=_replay, bw_compiler=_replay, decompositions=select_decomp_table, partition_fn=partition_fn,

@@ -256,9 +256,16 @@ def test_a_compiled_step_with_checkpointing_is_partitioned_not_estimated_eager(d
     # higher-order operator's dispatch does not look through); for CUDA, the checkpoint's context_fn that carries the
     # emulation of CUDA's kernels into the recomputation gave no selective-checkpointing modes, which torch.compile
     # requires of a context_fn.
+    from torch._inductor import compile_fx
+
+    def touches_the_gpu(graph: torch.fx.GraphModule) -> None:
+        raise AssertionError("the dry run set a real CUDA device")
+
     model, batch = tiny_llama(layers=2, width=64), lm_batch(rows=8, length=32)
     plan = Plan(checkpointing=True, compile=True)
-    estimated = memlab.estimate(model, batch, plan, device=device)
+    with pytest.MonkeyPatch.context() as patch:  # inductor's partition sets the current GPU where there is one
+        patch.setattr(compile_fx, "get_cuda_device_context", touches_the_gpu)
+        estimated = memlab.estimate(model, batch, plan, device=device)
     assert [note for note in estimated.notes if note.startswith("compile:")] == [ESTIMATED_PARTITIONED]
     if device == "cpu":
         measured = memlab.measure(model, batch, plan, steps=2, noise=0)
