@@ -37,13 +37,13 @@ result's ``{benchmark}`` block to docs/benchmarks.md (``--markdown FILE`` prints
 
 The parts, in order
 -------------------
-1. ``pytest`` (``tests/gpu``): on the H100 of 2026-11-27, 33 passed and 2 failed, both fixed since and waiting for
-   a GPU: the chunked loss's ``SystemError`` in ``cross_entropy_loss`` under the allocator's history (checkpoint's
-   early stop raised through the op: the chunks' recomputation now runs to its end) and a baseline read before
-   earlier tests' garbage was collected.
+1. ``pytest`` (``tests/gpu``): on the H100 of 2026-11-27, 33 passed and 2 failed (the chunked loss's
+   ``SystemError`` under the allocator's history, a baseline read before earlier tests' garbage was collected); both
+   fixed, 35 passed on the H100 later that day (90 s) and on the H200 of 2026-11-28 (73 s).
 2. ``compile`` (issue 69): a user's own loop on a Qwen2-0.5B shape, eager and under ``torch.compile``, each in a
-   process of its own, against ``memlab.estimate`` made as on a laptop (:mod:`benchmarks.gpu_sections_compile`);
-   never measured since the estimate runs the compiled step's partition.
+   process of its own, against ``memlab.estimate`` made as on a laptop (:mod:`benchmarks.gpu_sections_compile`):
+   the compiled estimate 1.129 of the loop's allocated peak on the H100 of 2026-11-28, 1.020 on that day's H200 once
+   the dry run ran inductor's joint-graph passes before its partitioner.
 3. What that run cut at its limit with nothing printed: ``cumulative`` (90 s), ``levers`` (80 s) and ``restore``
    (53 s left), which took 35, 44 and 45 s on the H100 of 2026-11-22, before the CUDA tracked step recorded the
    allocator's history. Their trials now print as they end (:func:`benchmarks.gpu_sections.trial_progress`).
@@ -109,8 +109,8 @@ NAME = "gpu_acceptance"
 ORDER = ("pytest", "compile", "cumulative", "levers", "restore", "inference", "reserve", "cap", "fit", "ties",
          "loads", "estimate", "probe", "heldout", "peft_model", "encdec", "vlm", "heldout_off", "timeline", "trainer",
          "boundary", "sft_peft", "fill", "rl", "hf_table")
-"""The parts, least verified first: ``pytest`` (two failures of the H100 of 2026-11-27 fixed since), the compiled
-step's estimate against a user's compiled loop (issue 69, never measured), then the three
+"""The parts, least verified first: ``pytest`` (every test passed on the H100 and H200 since two failures of
+2026-11-27 were fixed), the compiled step's estimate against a user's compiled loop (issue 69), then the three
 parts that run cut with nothing printed (``cumulative``, ``levers``, ``restore``), then what the H100 verified long
 before, what the H200 verified, what the H100 run of 2026-11-26 verified (a live peft model, T5 and BART, a VLM, the
 held-out rows, the timeline, the Trainer), and what the H200 and H100 of 2026-11-27 passed (the limits boundary, the

@@ -118,7 +118,7 @@ SIZES: dict[str, dict[str, Any]] = {
         # steps each, 2 warm-up steps dropped: 20 step times a side.
         "trainer": {"shape": _MID, "examples": 48, "longest": 1024, "steps": 4,
                     "sft": {"examples": 64, "longest": 1024, "max_length": 1024, "steps": 4},
-                    "overhead": {"rounds": 2, "steps": 12, "warmup": 2}},
+                    "overhead": {"rounds": 4, "steps": 12, "warmup": 2}},
         # Llama-3.2-1B's shape saved in bf16 and loaded as users load it: LoRA on 4 x 1024, generation after
         # 4 prompts of 512 tokens.
         "loads": {"shape": LLAMA_1B.replace(rows=4, length=1024), "train": (4, 1024), "prompt": (4, 512),

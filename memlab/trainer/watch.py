@@ -113,6 +113,17 @@ def batch_lengths(inputs: Any) -> tuple[tuple[int, ...], int]:
     return (padded,) * rows, padded
 
 
+_LENGTH_KEYS = ("input_ids", "attention_mask", "cu_seq_lens_q", "position_ids", "prompt_ids", "prompt_mask",
+                "completion_ids", "completion_mask")
+
+
+def _length_inputs(inputs: Any) -> dict[str, Any] | None:
+    """The entries of a micro-batch that :func:`batch_lengths` reads (references, nothing copied), or None."""
+    if not (isinstance(inputs, dict) or hasattr(inputs, "get")):
+        return None
+    return {key: inputs.get(key) for key in _LENGTH_KEYS if inputs.get(key) is not None}
+
+
 def _is_generated(inputs: Any) -> bool:
     return isinstance(inputs, dict) and "prompt_ids" in inputs and "completion_ids" in inputs
 
@@ -272,7 +283,7 @@ class Watch:
         self._end_listeners: list[Callable[[], None]] = []
         self._memory = _StepMemory(trainer)
         self._started = 0.0
-        self._rows: list[tuple[tuple[int, ...], int]] = []
+        self._inputs: list[dict[str, Any] | None] = []  # what each micro-batch's lengths are read from
         self._rows_per_example = _rows_per_example(trainer)
         self._trained: Any = None  # the micro-batch the running training_step trains on
         self._callback: Any = None
@@ -367,22 +378,25 @@ class Watch:
     # ---------------------------------------------------------------------------------- what the callback calls
     def step_begin(self) -> None:
         self._memory.stop()  # a step that never ended (an interrupted train()) is not counted
-        self._rows = []
+        self._inputs = []
         self._started = time.perf_counter()
         self._memory.start()
 
     def saw_inputs(self, inputs: Any) -> None:
-        self._rows.append(batch_lengths(inputs))
+        # Only the tensors are kept here; their lengths are read at the step's end, after the probe's synchronize:
+        # read here, a CUDA batch's tolist() held the host until the backward it had just queued ended.
+        self._inputs.append(_length_inputs(inputs))
 
     def step_end(self, step: int) -> None:
         peak = self._memory.stop()
         if peak is None:
             return
         elapsed = time.perf_counter() - self._started
-        lengths = tuple(n for row, _ in self._rows for n in row)
+        rows, self._inputs = [batch_lengths(inputs) for inputs in self._inputs], []
+        lengths = tuple(n for row, _ in rows for n in row)
         examples = len(lengths) / self._rows_per_example
         record = StepRecord(step, peak, elapsed, examples / elapsed if elapsed > 0 else 0.0, lengths,
-                            max((padded for _, padded in self._rows), default=0), self._memory.breakdown)
+                            max((padded for _, padded in rows), default=0), self._memory.breakdown)
         self.steps.append(record)
         self._memory.keep(step, peak)
         if self.budget is not None and not self.warned and peak >= NEAR_BUDGET * self.budget:

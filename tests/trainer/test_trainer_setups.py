@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 import warnings
 
 import pytest
@@ -347,3 +348,27 @@ def test_undo_leaves_a_trainer_built_since_its_own_accelerate_state(tmp_path):
                         warmup=0, noise=0)
     assert [t.status for t in report.trials] == ["ok"] * len(report.trials), [t.error for t in report.trials]
     assert memlab.measure(first, steps=1, noise=0).status == "ok"  # the first trainer reads the newer state
+
+
+def test_watch_reads_a_packed_steps_lengths_only_after_the_step_ended(tmp_path, monkeypatch):
+    # On a GPU a length read is a host read of a device tensor: made mid-step, it waits for the backward just queued.
+    watch_module = sys.modules["memlab.trainer.watch"]  # the package's name `watch` is the function
+
+    trainer = sft(tmp_path, packing=True, max_length=32)
+    calls: list[bool] = []
+    read = watch_module.batch_lengths
+
+    def spy(inputs):
+        calls.append(watched._memory.probe is None)  # the step's probe (its synchronize, on CUDA) has ended
+        return read(inputs)
+
+    monkeypatch.setattr(watch_module, "batch_lengths", spy)
+    watched = watch(trainer)
+    try:
+        trainer.train()
+    finally:
+        watched.remove()
+    assert calls and all(calls)
+    packed = [sum(step.lengths) for step in watched.steps]
+    assert len(watched.steps) == 2 and all(0 < total <= ROWS * 32 for total in packed)
+    assert all(len(step.lengths) >= ROWS for step in watched.steps)  # each packed row holds whole sequences
