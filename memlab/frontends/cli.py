@@ -222,6 +222,10 @@ def console_main() -> NoReturn:
         >>> console_main()  # doctest: +SKIP
         memlab 0.1.0
     """
+    if sys.argv[1:2] == ["estimate"]:  # dry runs only: what they never run is not imported (issue 70)
+        from memlab.frontends.unused_imports import SkipUnusedImports
+
+        sys.meta_path.insert(0, SkipUnusedImports())
     status = main()
     gc.freeze()
     sys.exit(status)

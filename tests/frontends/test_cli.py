@@ -689,3 +689,53 @@ def test_dynamos_exit_report_is_skipped_only_where_no_logger_would_show_it(dynam
     assert main(["--version"]) == 0
     dynamo_log.manager._clear_cache()
     assert taken_off == ([] if dynamo_logs else [torch._dynamo.utils.dump_compile_times])
+
+
+AN_ESTIMATES_IMPORTS = """
+import importlib.util, sys
+import torch
+from memlab.frontends.unused_imports import SkipUnusedImports
+finder = SkipUnusedImports()
+sys.meta_path.insert(0, finder)
+from peft import LoraConfig, inject_adapter_in_model
+layer = torch.nn.Sequential(torch.nn.Linear(8, 8))
+inject_adapter_in_model(LoraConfig(r=2, target_modules=["0"]), layer)
+import peft.import_utils as peft_checks
+from transformers import LlamaConfig, LlamaForCausalLM
+LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                             vocab_size=32))
+from transformers.utils import import_utils as transformers_checks
+print(finder in sys.meta_path, "bitsandbytes" in sys.modules, "scipy" in sys.modules, peft_checks.is_bnb_available(),
+      transformers_checks.is_scipy_available(), type(layer[0]).__module__,
+      importlib.util.find_spec("bitsandbytes") is not None, importlib.util.find_spec("scipy") is not None)
+"""
+
+
+@pytest.mark.slow  # a fresh process importing torch, transformers and peft: 5 s of a core
+def test_the_estimate_command_imports_no_bitsandbytes_or_scipy_and_makes_its_adapters_and_models():
+    # A fresh process, as the command is: peft's adapters and a transformers model made, neither package imported,
+    # and neither hidden afterwards from code that asks for it by name.
+    for package in ("peft", "bitsandbytes"):
+        pytest.importorskip(package)
+    scipy_installed = importlib.util.find_spec("scipy") is not None  # the floor stack has none
+    done = subprocess.run([sys.executable, "-c", AN_ESTIMATES_IMPORTS], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False", "False", "False", "False", "peft.tuners.lora.layer", "True",
+                                   str(scipy_installed)]
+
+
+def test_only_the_estimate_command_line_skips_unused_imports(monkeypatch):
+    import memlab.frontends.cli as cli
+    from memlab.frontends.unused_imports import SkipUnusedImports
+
+    seen: list[bool] = []
+    monkeypatch.setattr(cli, "main", lambda: seen.append(
+        any(isinstance(finder, SkipUnusedImports) for finder in sys.meta_path)) or 0)
+    monkeypatch.setattr(cli.gc, "freeze", lambda: None)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the finder never outlives the test
+    for words, installed in ((["memlab", "demo"], False), (["memlab", "estimate", "gpt2"], True)):
+        monkeypatch.setattr(sys, "argv", words)
+        with pytest.raises(SystemExit):
+            cli.console_main()
+        assert seen.pop() is installed

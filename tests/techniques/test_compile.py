@@ -87,6 +87,7 @@ def measured() -> tuple[memlab.Report, dict, dict, torch.nn.Module]:
     return report, before, fingerprint(model), model
 
 
+@pytest.mark.slow  # the measured fixture compiles a GPT-2 with inductor: 33 s of a core
 def test_the_compiled_step_is_measured_apart_from_its_compile_time(measured: tuple) -> None:
     report, _, _, _ = measured
     eager, compiled = report.trials
@@ -100,6 +101,7 @@ def test_the_compiled_step_is_measured_apart_from_its_compile_time(measured: tup
     assert memlab.Trial.from_dict(compiled.to_dict()).compile_seconds == compiled.compile_seconds
 
 
+@pytest.mark.slow  # the measured fixture compiles a GPT-2 with inductor: 33 s of a core
 def test_the_peak_is_the_compiled_steps_not_the_eager_one(measured: tuple) -> None:
     report, _, _, _ = measured
     eager, compiled = report.trials
@@ -110,6 +112,7 @@ def test_the_peak_is_the_compiled_steps_not_the_eager_one(measured: tuple) -> No
     assert compiled.breakdown["params"] == eager.breakdown["params"]
 
 
+@pytest.mark.slow  # the measured fixture compiles a GPT-2 with inductor: 33 s of a core
 def test_the_model_comes_back_without_a_compiled_forward(measured: tuple) -> None:
     _, before, after, model = measured
     assert_same(before, after)
@@ -141,6 +144,7 @@ def test_a_plan_compile_cannot_run_is_an_error_trial_saying_why() -> None:
     assert "forward" not in vars(model)
 
 
+@pytest.mark.slow  # the measured fixture compiles a GPT-2 with inductor: 33 s of a core
 def test_the_estimate_runs_the_compiled_steps_partition_on_fake_tensors(measured: tuple) -> None:
     report, _, _, model = measured
     batch = lm_batch(rows=8, length=32)
@@ -249,7 +253,8 @@ def test_a_value_read_twice_after_an_exp_is_stored_on_the_cpu_and_fused_elsewher
     assert inlined_names("cpu") == {"exp", "add", "sin", "mul_1"}  # the doubled exp, read by two, is stored
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
+# On the CPU it compiles and runs the step with inductor, 24 s of a core: slow; the CUDA estimate only partitions.
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.slow), "cuda"])
 def test_a_compiled_step_with_checkpointing_is_partitioned_not_estimated_eager(device: str) -> None:
     # A compiled step with checkpointing fell back to the eager estimate: on the CPU, the recomputation's
     # run_and_save_rng_state had no rule for the dry run's fake mode (a subclass of FakeTensorMode, which a
