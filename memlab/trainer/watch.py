@@ -341,6 +341,7 @@ class Watch:
         """Take the callback and the ``training_step`` and ``train`` wrappers off the trainer (a step being watched
         is ended). Calling it again does nothing."""
         self._memory.close()
+        self._inputs = []
         self.removed = True
         self.take_off()
 
@@ -414,6 +415,7 @@ class Watch:
 
     def train_end(self) -> None:
         self._memory.close()
+        self._inputs = []
         for listener in self._end_listeners:
             listener()
 
@@ -533,6 +535,7 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
                 return original_train(*args, **kwargs)
         finally:
             result._memory.close()  # an interrupt anywhere in train() leaves no tracker or history behind
+            result._inputs = []  # nor a micro-batch's tensors held for a step that did not end
 
     trainer.callback_handler.callbacks.insert(0, callback)
     trainer.training_step = training_step
