@@ -707,8 +707,10 @@ LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_la
 from transformers.utils import import_utils as transformers_checks
 losses_took_scipy = "scipy.optimize" in sys.modules
 from transformers import FNetConfig, FNetModel  # its Fourier transform takes scipy's where it is installed
+# (without scipy, transformers' own fallback for it fails: the floor stack, which has none, builds the plain one)
 fnet = FNetModel(FNetConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, vocab_size=32,
-                            max_position_embeddings=8, tpu_short_seq_length=8, use_tpu_fourier_optimizations=True))
+                            max_position_embeddings=8, tpu_short_seq_length=8,
+                            use_tpu_fourier_optimizations=importlib.util.find_spec("scipy") is not None))
 print(sorted(finder.waiting), "bitsandbytes" in sys.modules, losses_took_scipy, peft_checks.is_bnb_available(),
       transformers_checks.is_scipy_available(), type(layer[0]).__module__,
       importlib.util.find_spec("bitsandbytes") is not None, importlib.util.find_spec("scipy") is not None,
