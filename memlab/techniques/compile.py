@@ -15,9 +15,11 @@ A dry run on fake tensors cannot run inductor's kernels (they need real memory),
 tensors: the dry run compiles the forward with :func:`fused_replay_backend`, inductor's decompositions, its
 joint-graph passes and min-cut partitioner (what the compiled step saves for backward), each of the forward and
 backward graphs then run
-operator by operator, with the values inductor computes inside a fused kernel left uncounted (:func:`inlined_nodes`:
-a pointwise operator's result that only pointwise operators and reductions read). What inductor's memory planning
-reuses beyond that is not modelled; the estimate says so. Where dynamo cannot trace the step on fake tensors, the dry
+operator by operator, with the values inductor computes inside a fused kernel left uncounted: on the CPU those its own
+lowering does not store (:func:`stored_by_inductor`, each fused computation's inputs kept until its kernel runs:
+:func:`kernel_last_uses`), for a GPU those of a rule (:func:`inlined_nodes`: a pointwise operator's result that only
+pointwise operators and reductions read), which its measured steps favour. What inductor's memory planning reuses
+beyond that is not modelled; the estimate says so. Where dynamo cannot trace the step on fake tensors, the dry
 run falls back to the eager step and says that.
 The lever's declaration and exports are here too.
 
@@ -38,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,7 +54,8 @@ if TYPE_CHECKING:  # annotations only
     from memlab.techniques.core.fragments import Export, Fragment
 
 __all__ = ["BACKEND", "COMPILE", "DECLARATIONS", "ESTIMATED_EAGER", "ESTIMATED_PARTITIONED", "FAKE_BACKEND", "Compile",
-           "INLINED", "compile_conflicts", "compile_export", "fused_replay_backend", "inlined", "inlined_nodes"]
+           "INLINED", "compile_conflicts", "compile_export", "fused_replay_backend", "inlined", "inlined_nodes",
+           "kernel_last_uses", "stored_by_inductor"]
 
 ESTIMATED_EAGER = (
     "compile: estimated as the eager step (dynamo could not trace this step on fake tensors: {why}); a compiled "
@@ -158,12 +161,115 @@ def inlined_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return inlined
 
 
-def _replay(graph_module: torch.fx.GraphModule, example_inputs: Any) -> Callable[[list[Any]], Any]:
+def _is_view(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s operator returns a view of an argument (no storage of its own)."""
+    return isinstance(node.target, torch._ops.OpOverload) and any(
+        returned.alias_info is not None for returned in node.target._schema.returns)
+
+
+def _viewed(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose storage ``node`` views (``node`` itself where it is no view)."""
+    while _is_view(node) and node.args and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node
+
+
+def stored_by_inductor(graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+                       backward: bool) -> set[torch.fx.Node] | None:
+    """The nodes of an AOTAutograd graph whose values inductor stores in a buffer of their own, as its own lowering
+    (``GraphLowering``, on the graph's fake inputs) decides, every other value computed inside the kernels that read
+    it; no kernel is generated or compiled. None where the lowering fails. A buffer's value is its last node in the
+    graph's order among those it was lowered from (a view's: the node it views).
+
+    Example:
+        >>> from torch._subclasses.fake_tensor import FakeTensorMode
+        >>> def step(x, w):
+        ...     return ((x.sin() * 2) @ w).cos().sum()
+        >>> with FakeTensorMode() as mode:
+        ...     x, w = torch.ones(8, 8), torch.ones(8, 8)
+        ...     graph = torch.fx.experimental.proxy_tensor.make_fx(step)(x, w)
+        ...     sorted(node.name for node in stored_by_inductor(graph, [x, w], backward=False))
+        ['mm', 'mul', 'sum_1']
+    """
+    from torch._guards import detect_fake_mode
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    fake_mode = detect_fake_mode(example_inputs)
+    try:
+        # What the lowering makes is not the step's memory: no tracker counts it.
+        with inlined(), (V.set_fake_mode(fake_mode) if fake_mode is not None else contextlib.nullcontext()):
+            lowering = GraphLowering(graph_module, example_inputs=list(example_inputs), is_inference=False,
+                                     is_backward=backward, shape_env=getattr(fake_mode, "shape_env", None))
+            with V.set_graph_handler(lowering):
+                lowering.run(*example_inputs)
+    except Exception:  # noqa: BLE001  # any failure of inductor's lowering: the rule of inlined_nodes decides instead
+        return None
+    order = {node: index for index, node in enumerate(graph_module.graph.nodes)}
+    stored: set[torch.fx.Node] = set()
+    for buffer in lowering.buffers:
+        origins = [node for node in buffer.origins if node in order]
+        if origins:
+            stored.add(_viewed(max(origins, key=order.__getitem__)))
+    return stored
+
+
+def kernel_last_uses(graph: torch.fx.Graph, fused: set[torch.fx.Node]) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """After which node each value is freed when the ``fused`` values are computed inside the kernels of the stored
+    values that read them (``torch.fx.Interpreter``'s ``user_to_last_uses``): a value a fused computation reads lives
+    until the last kernel that computes it has run, its output allocated beside it, as inductor's code frees it.
+
+    Example:
+        >>> def step(x):
+        ...     h = x * 3
+        ...     return (h.cos() * 2).sum()
+        >>> graph = torch.fx.experimental.proxy_tensor.make_fx(step)(torch.ones(4)).graph
+        >>> nodes = {node.name: node for node in graph.nodes}
+        >>> freed = kernel_last_uses(graph, {nodes["cos"], nodes["mul_1"]})
+        >>> sorted(node.name for node in freed[nodes["sum_1"]])  # h is read by the sum's kernel, not by the cos
+        ['cos', 'mul', 'mul_1']
+    """
+    nodes = list(graph.nodes)
+    in_kernel: set[torch.fx.Node] = set()
+    for node in nodes:  # a fused value, or a view of one, is computed inside its readers' kernels
+        if node in fused or (_is_view(node) and node.args and node.args[0] in in_kernel):
+            in_kernel.add(node)
+    kernel: dict[torch.fx.Node, int] = {}
+    for index in range(len(nodes) - 1, -1, -1):
+        node = nodes[index]
+        kernel[node] = max(kernel[user] for user in node.users) if node in in_kernel and node.users else index
+    last_uses: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in nodes:
+        if node.users:
+            last_uses.setdefault(nodes[max(kernel[user] for user in node.users)], []).append(node)
+    return last_uses
+
+
+def _replay(graph_module: torch.fx.GraphModule, example_inputs: Any, *, backward: bool = False
+            ) -> Callable[[list[Any]], Any]:
     """AOTAutograd's compiler of a dry run's forward and backward graphs: each run operator by operator, values freed
-    after their last use (as inductor's generated code frees them), :func:`inlined_nodes` made uncounted."""
-    fused = inlined_nodes(graph_module.graph)
+    as inductor's generated code frees them, the values its kernels compute inside them made uncounted.
+
+    On the CPU, inductor's own lowering decides what is stored (:func:`stored_by_inductor`), and what a fused
+    computation reads lives until its kernel runs (:func:`kernel_last_uses`). For a GPU, and where the lowering
+    fails, the rule of :func:`inlined_nodes` decides, each value freed after its last reader: on the H100 and the H200
+    that estimate was 1.02-1.03 of the compiled step's allocated peak, the lowering's 0.98 (reserved: 0.95)."""
+    graph = graph_module.graph
+    on_cpu = all(value.device.type == "cpu" for value in example_inputs if isinstance(value, torch.Tensor))
+    stored = stored_by_inductor(graph_module, example_inputs, backward=backward) if on_cpu else None
+    if stored is None:
+        fused, last_uses = inlined_nodes(graph), None
+    else:
+        fused = {node for node in graph.nodes if node.op == "call_function" and node not in stored
+                 and not _is_view(node) and isinstance(node.meta.get("val"), torch.Tensor)}
+        last_uses = kernel_last_uses(graph, fused)
 
     class Replay(torch.fx.Interpreter):
+        def __init__(self) -> None:
+            super().__init__(graph_module)
+            if last_uses is not None:
+                self.user_to_last_uses = last_uses
+
         def run_node(self, node: torch.fx.Node) -> Any:
             if node in fused:
                 with inlined():
@@ -171,7 +277,7 @@ def _replay(graph_module: torch.fx.GraphModule, example_inputs: Any) -> Callable
             return super().run_node(node)
 
     def run(args: list[Any]) -> Any:
-        return Replay(graph_module).boxed_run(args)
+        return Replay().boxed_run(args)
 
     run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd hands the arguments over as a list it owns
     return run
@@ -208,7 +314,8 @@ def fused_replay_backend(graph_module: torch.fx.GraphModule, example_inputs: lis
           patched(compile_fx, get_cuda_device_context=lambda graph: contextlib.nullcontext()),
           V.set_fake_mode(fake_mode) if fake_mode is not None else contextlib.nullcontext()):
         return aot_autograd(
-            fw_compiler=_replay, bw_compiler=_replay, decompositions=select_decomp_table, partition_fn=partition_fn,
+            fw_compiler=_replay, bw_compiler=functools.partial(_replay, backward=True),
+            decompositions=select_decomp_table, partition_fn=partition_fn,
         )(graph_module, example_inputs)
 
 
