@@ -38,7 +38,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
+import operator
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -179,7 +181,9 @@ def stored_by_inductor(graph_module: torch.fx.GraphModule, example_inputs: Seque
     """The nodes of an AOTAutograd graph whose values inductor stores in a buffer of their own, as its own lowering
     (``GraphLowering``, on the graph's fake inputs) decides, every other value computed inside the kernels that read
     it; no kernel is generated or compiled. None where the lowering fails. A buffer's value is its last node in the
-    graph's order among those it was lowered from (a view's: the node it views).
+    graph's order among those it was lowered from (a view's: the node it views; a copy made in the layout an extern
+    kernel asks for: that kernel's). Several stored values one kernel computes are allocated together in inductor's
+    code, each here at its own node: its scheduler's fusion is not modelled.
 
     Example:
         >>> from torch._subclasses.fake_tensor import FakeTensorMode
@@ -245,23 +249,24 @@ def kernel_last_uses(graph: torch.fx.Graph, fused: set[torch.fx.Node]) -> dict[t
     return last_uses
 
 
-def _replay(graph_module: torch.fx.GraphModule, example_inputs: Any, *, backward: bool = False
+def _replay(graph_module: torch.fx.GraphModule, example_inputs: Any, *, lowered: bool, backward: bool = False
             ) -> Callable[[list[Any]], Any]:
     """AOTAutograd's compiler of a dry run's forward and backward graphs: each run operator by operator, values freed
     as inductor's generated code frees them, the values its kernels compute inside them made uncounted.
 
-    On the CPU, inductor's own lowering decides what is stored (:func:`stored_by_inductor`), and what a fused
-    computation reads lives until its kernel runs (:func:`kernel_last_uses`). For a GPU, and where the lowering
-    fails, the rule of :func:`inlined_nodes` decides, each value freed after its last reader: on the H100 and the H200
-    that estimate was 1.02-1.03 of the compiled step's allocated peak, the lowering's 0.98 (reserved: 0.95)."""
+    ``lowered`` (a step estimated for the CPU): inductor's own lowering decides what is stored
+    (:func:`stored_by_inductor`), and what a fused computation reads lives until its kernel runs
+    (:func:`kernel_last_uses`). Otherwise (a step estimated for a GPU, on fake tensors of either device), and where
+    the lowering fails, the rule of :func:`inlined_nodes` decides, each value freed after its last reader: on the
+    issue's H100 step that estimate is 1.03 of the allocated peak (reserved 1.05), the lowering's 0.98 (0.95)."""
     graph = graph_module.graph
-    on_cpu = all(value.device.type == "cpu" for value in example_inputs if isinstance(value, torch.Tensor))
-    stored = stored_by_inductor(graph_module, example_inputs, backward=backward) if on_cpu else None
+    stored = stored_by_inductor(graph_module, example_inputs, backward=backward) if lowered else None
     if stored is None:
         fused, last_uses = inlined_nodes(graph), None
     else:
         fused = {node for node in graph.nodes if node.op == "call_function" and node not in stored
-                 and not _is_view(node) and isinstance(node.meta.get("val"), torch.Tensor)}
+                 and node.target is not operator.getitem and not _is_view(node)
+                 and isinstance(node.meta.get("val"), torch.Tensor)}
         last_uses = kernel_last_uses(graph, fused)
 
     class Replay(torch.fx.Interpreter):
@@ -281,6 +286,11 @@ def _replay(graph_module: torch.fx.GraphModule, example_inputs: Any, *, backward
 
     run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd hands the arguments over as a list it owns
     return run
+
+
+_TARGET_DEVICE: contextvars.ContextVar[str | None] = contextvars.ContextVar("memlab_compile_target", default=None)
+"""The device type a dry run's compiled step is estimated for, while :class:`Compile`'s forward compiles it (a GPU
+estimate made without one runs on CPU fake tensors); :func:`fused_replay_backend` reads it (None: its inputs')."""
 
 
 def fused_replay_backend(graph_module: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
@@ -313,8 +323,12 @@ def fused_replay_backend(graph_module: torch.fx.GraphModule, example_inputs: lis
     with (functorch_config.patch(unlift_effect_tokens=True), inductor_config.patch(shape_padding=False),
           patched(compile_fx, get_cuda_device_context=lambda graph: contextlib.nullcontext()),
           V.set_fake_mode(fake_mode) if fake_mode is not None else contextlib.nullcontext()):
+        target = _TARGET_DEVICE.get() or next(
+            (value.device.type for value in example_inputs if isinstance(value, torch.Tensor)), "cpu")
+        lowered = target == "cpu"
         return aot_autograd(
-            fw_compiler=_replay, bw_compiler=functools.partial(_replay, backward=True),
+            fw_compiler=functools.partial(_replay, lowered=lowered),
+            bw_compiler=functools.partial(_replay, lowered=lowered, backward=True),
             decompositions=select_decomp_table, partition_fn=partition_fn,
         )(graph_module, example_inputs)
 
@@ -356,6 +370,8 @@ class Compile(Technique):
         def forward(*args: Any, **kwargs: Any) -> Any:
             if fell_back:
                 return eager(*args, **kwargs)
+            # The step's own device type: a GPU estimate made without one compiles CPU fake tensors.
+            target = _TARGET_DEVICE.set(parts.optimizer_device_type if parts.fake else None)
             try:
                 return compiled(*args, **kwargs)
             except Exception as error:
@@ -371,6 +387,8 @@ class Compile(Technique):
                 raise MemlabError(
                     f"torch.compile could not compile this model's step ({_why(error)}); write compile=False"
                 ) from error
+            finally:
+                _TARGET_DEVICE.reset(target)
 
         model.forward = forward  # type: ignore[method-assign]
         parts.compiled = True
