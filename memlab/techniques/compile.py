@@ -196,11 +196,18 @@ def stored_by_inductor(graph_module: torch.fx.GraphModule, example_inputs: Seque
         ['mm', 'mul', 'sum_1']
     """
     from torch._guards import detect_fake_mode
+    from torch._inductor.codecache import CacheBase
     from torch._inductor.graph import GraphLowering
     from torch._inductor.virtualized import V
+    from torch.utils._python_dispatch import _disable_current_modes
 
     fake_mode = detect_fake_mode(example_inputs)
     try:
+        # A matrix product's lowering keys inductor's autotuning cache by the machine, read once a process (cached):
+        # the GPU's name where there is one. Read here with the dry run's modes off, so that no CUDA function is
+        # called under a fake mode (DESIGN.md 2.4).
+        with _disable_current_modes():
+            CacheBase.get_system()
         # What the lowering makes is not the step's memory: no tracker counts it.
         with inlined(), (V.set_fake_mode(fake_mode) if fake_mode is not None else contextlib.nullcontext()):
             lowering = GraphLowering(graph_module, example_inputs=list(example_inputs), is_inference=False,
