@@ -47,6 +47,7 @@ provide("trainer kinds", _trainer_kinds)
 if TYPE_CHECKING:
     from memlab.estimation import estimate
     from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.estimation.dryrun.load import model_on_meta
     from memlab.frontends.jupyter.panel import Panel
     from memlab.inference import InferencePlan, fit_inference, kv_cache_bytes
     from memlab.plan import Plan, parse_budget
@@ -64,7 +65,7 @@ _EXPORTS = {  # the names ``import memlab`` gives, each imported on first use (t
     "compare": "memlab.runner.trial", "measure": "memlab.runner.trial", "fit": "memlab.search",
     "Limits": "memlab.search.limits", "limits": "memlab.search.limits", "InferencePlan": "memlab.inference",
     "fit_inference": "memlab.inference", "kv_cache_bytes": "memlab.inference",
-    "trainer_on_meta": "memlab.trainer.meta",
+    "trainer_on_meta": "memlab.trainer.meta", "model_on_meta": "memlab.estimation.dryrun.load",
 }
 
 
@@ -125,6 +126,7 @@ __all__ = [
     "limits",
     "load_ipython_extension",
     "measure",
+    "model_on_meta",
     "panel",
     "parse_budget",
     "trainer_on_meta",

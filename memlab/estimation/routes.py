@@ -31,7 +31,7 @@ from memlab.techniques.vllm import no_engine
 if TYPE_CHECKING:
     from memlab.inference.plan import InferencePlan
 
-__all__ = ["ROUTES", "Route", "gpu_refusal", "route", "route_name"]
+__all__ = ["ROUTES", "Route", "gpu_note", "route", "route_name"]
 
 
 Route = Callable[[EstimateRequest], Trial]
@@ -118,26 +118,25 @@ def route_name(request: EstimateRequest) -> str:
     return "sharded" if check_sharding(request.gpus, request.strategy)[1] != "none" else "one_gpu"
 
 
-def gpu_refusal(request: EstimateRequest, *, inference: bool = False) -> str:
-    """What the GPU kind a CUDA estimate is for cannot run of the request's plan, saying what to write (``""`` where
-    it can run it, and for a CPU estimate): bf16 on a GPU without it, as a trial on that GPU refuses it
-    (:func:`memlab.techniques.precision.bf16_refusal`).
+def gpu_note(request: EstimateRequest, *, inference: bool = False) -> str:
+    """What the GPU kind a CUDA estimate is for does differently with the request's plan, as a note (``""`` where
+    nothing, and for a CPU estimate): bf16 on a GPU without native bf16 runs emulated, as a trial on that GPU runs it
+    (:func:`memlab.techniques.precision.bf16_emulated`).
 
     Example:
-        >>> "; write precision='fp16'" in gpu_refusal(EstimateRequest("llama-7b", {}, Plan(precision="bf16"),
-        ...                                                           gpu="T4-16GB"))
+        >>> "emulates it" in gpu_note(EstimateRequest("llama-7b", {}, Plan(precision="bf16"), gpu="T4-16GB"))
         True
-        >>> gpu_refusal(EstimateRequest("llama-7b", {}, Plan(precision="bf16"), gpu="T4-16GB", device="cpu"))
+        >>> gpu_note(EstimateRequest("llama-7b", {}, Plan(precision="bf16"), gpu="T4-16GB", device="cpu"))
         ''
     """
     from memlab.estimation.cuda.devices import target_device
-    from memlab.techniques.precision import bf16_refusal
+    from memlab.techniques.precision import bf16_emulated
 
     if isinstance(request.plan, (list, tuple)) or target_device(request.model, request.device).type != "cuda":
         return ""
     kind = gpu_kind(request.gpu)
-    return bf16_refusal(kind.capability, kind.name, precision=getattr(request.plan, "precision", None),
-                        weights=getattr(request.plan, "weights", None) if inference else None)
+    return bf16_emulated(kind.capability, kind.name, precision=getattr(request.plan, "precision", None),
+                         weights=getattr(request.plan, "weights", None) if inference else None)
 
 
 @without_full_collections()
@@ -165,12 +164,12 @@ def route(request: EstimateRequest) -> Trial:
                           "it out for PyTorch's default allocator")
     host_budget = parse_host_budget(request.host_budget)
     name = route_name(request)
-    if name != "trainer":  # a trainer's own route comes back here with its model and plan
-        refusal = gpu_refusal(request, inference=name == "inference")
-        if refusal:
-            raise MemlabError(refusal)
+    # a trainer's own route comes back here with its model and plan
+    note = "" if name == "trainer" else gpu_note(request, inference=name == "inference")
     # the keyword or the plan's lever: every allocator model the route makes assumes them
     expandable = request.expandable_segments or getattr(request.plan, "expandable_segments", False) is True
     with assumed_allocator(expandable):
         trial = ROUTES[name](request.checked() if name in ("sharded", "one_gpu") else request)
+    if note and note not in trial.notes:
+        trial = dataclasses.replace(trial, notes=[*trial.notes, note])
     return trial if host_budget is None else dataclasses.replace(trial, host_budget=host_budget)

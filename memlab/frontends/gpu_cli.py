@@ -4,8 +4,8 @@
 ``--gpu-capability MAJOR.MINOR`` describe a GPU it does not list (both needed), or, with ``--gpu``, change that fact
 of the named kind (an A100-40GB partitioned to 20 GiB): :func:`memlab.estimation.cuda.gpus.gpu_kind` makes the kind
 either way, as ``memlab.gpu_kind(name, memory=..., capability=...)`` does in Python. :func:`cli_gpu` is what every
-part of the command passes on as ``gpu=``; a plan the GPU cannot run (bf16 on a T4) is refused before anything is
-built (:func:`check_gpu_plans`).
+part of the command passes on as ``gpu=``; a GPU named beside ``--device cpu`` is refused before anything is built
+(:func:`check_gpu_flags`).
 
 Example:
     >>> args = argparse.Namespace(gpu=None, gpu_memory="32GiB", gpu_capability="12.0", device=None)
@@ -16,10 +16,9 @@ Example:
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["add_gpu_arguments", "check_gpu_plans", "cli_gpu", "gpu_budget", "gpu_flags"]
+__all__ = ["add_gpu_arguments", "check_gpu_flags", "cli_gpu", "gpu_budget", "gpu_flags"]
 
 
 def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,27 +107,20 @@ def gpu_flags(args: argparse.Namespace) -> list[str]:
     return words
 
 
-def check_gpu_plans(args: argparse.Namespace, plans: Iterable[Any]) -> None:
-    """Refuse, before anything is built, a plan the GPU the command is for cannot run (autocast in bf16 on a GPU
-    without bf16: :func:`memlab.techniques.precision.bf16_refusal`, as a trial there refuses it), in the command's
-    words; for ``--device cpu``, a GPU named or described beside it (which would be ignored) is refused.
+def check_gpu_flags(args: argparse.Namespace) -> None:
+    """Refuse, before anything is built, a GPU named or described beside ``--device cpu`` (which would be ignored).
+    A plan in bf16 for a GPU without native bf16 is not refused: it runs emulated, as the user's run would, and its
+    estimate says so (:func:`memlab.techniques.precision.bf16_emulated`).
 
     Example:
-        >>> from memlab.plan import Plan
-        >>> check_gpu_plans(argparse.Namespace(gpu="T4-16GB", device=None), [Plan(precision="bf16")])
-        Traceback (most recent call last):
-        ...
-        memlab.errors.MemlabError: the T4-16GB (compute capability 7.5) has no native bf16 (emulated bf16 is slow, \
-and no fused attention kernel takes it); write --try precision=fp16 (autocast in fp16, loss-scaled) instead
-        >>> check_gpu_plans(argparse.Namespace(gpu="T4-16GB", device="cpu"), [Plan()])
+        >>> check_gpu_flags(argparse.Namespace(gpu="T4-16GB", device=None))
+        >>> check_gpu_flags(argparse.Namespace(gpu="T4-16GB", device="cpu"))
         Traceback (most recent call last):
         ...
         memlab.errors.MemlabError: --gpu names the GPU an estimate is for, and --device cpu asks for the CPU; drop \
 --device cpu to estimate for that GPU, or drop --gpu for the CPU
     """
     from memlab.errors import MemlabError
-    from memlab.estimation.cuda.gpus import gpu_kind
-    from memlab.techniques.precision import TRAINER_FP16, bf16_refusal
 
     if getattr(args, "device", None) == "cpu":
         given = [flag for flag, name in (("--gpu", "gpu"), ("--gpu-memory", "gpu_memory"),
@@ -136,13 +128,6 @@ and no fused attention kernel takes it); write --try precision=fp16 (autocast in
         if given:
             raise MemlabError(f"{given[0]} names the GPU an estimate is for, and --device cpu asks for the CPU; drop "
                               f"--device cpu to estimate for that GPU, or drop {given[0]} for the CPU")
-        return
-    kind = gpu_kind(cli_gpu(args))
-    for plan in plans:
-        refusal = bf16_refusal(kind.capability, kind.name, precision=getattr(plan, "precision", None))
-        if refusal:
-            raise MemlabError(refusal.replace("write precision='fp16'", "write --try precision=fp16")
-                              .replace(f"; {TRAINER_FP16}", ""))
 
 
 def gpu_budget(args: argparse.Namespace) -> int | None:

@@ -426,13 +426,13 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     from memlab.estimation.estimate import load_config
     from memlab.frontends.cli_errors import estimate_status
     from memlab.frontends.estimate.text import budget_words, count_text, for_gpu, json_with_verdicts
-    from memlab.frontends.gpu_cli import check_gpu_plans, cli_gpu, gpu_budget
+    from memlab.frontends.gpu_cli import check_gpu_flags, cli_gpu, gpu_budget
     from memlab.frontends.host_cli import host_judged
     from memlab.plan import Plan, parse_budget, parse_grid
     from memlab.report import Report
 
     _check(args)
-    check_gpu_plans(args, [])  # a GPU named beside --device cpu is refused, as without --trainer
+    check_gpu_flags(args)  # a GPU named beside --device cpu is refused, as without --trainer
     budget = parse_budget(args.budget)
     if budget is None:
         budget = gpu_budget(args)

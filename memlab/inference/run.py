@@ -312,13 +312,6 @@ class InferenceWorkload(Workload[InferencePlan, InferenceRecord, InferenceTrial]
                         f"quantize={plan.quantize!r} needs bitsandbytes; pip install bitsandbytes, or write "
                         "quantize='none'"
                     ) from None
-        if plan.weights == "bf16" and probe.device.type == "cuda" and probe.real:  # a dry run reads no device
-            from memlab.live.device import cuda_bf16_supported
-            from memlab.techniques.precision import bf16_refusal
-
-            if not cuda_bf16_supported(probe.device):
-                raise MemlabError(bf16_refusal(torch.cuda.get_device_capability(probe.device),
-                                               torch.cuda.get_device_name(probe.device), weights=plan.weights))
 
     def new_record(self, plan: InferencePlan, held_before_bytes: int) -> InferenceRecord:
         return InferenceRecord(plan, held_before_bytes)
@@ -328,6 +321,14 @@ class InferenceWorkload(Workload[InferencePlan, InferenceRecord, InferenceTrial]
             record.notes.append(_FP16_CPU_NOTE)
         if self.inference_step.decoder_note:
             record.notes.append(self.inference_step.decoder_note)
+        probe = self.context.probe
+        if plan.weights == "bf16" and probe.device.type == "cuda" and probe.real:  # a dry run reads no device
+            from memlab.live.device import cuda_bf16_supported
+            from memlab.techniques.precision import bf16_emulated
+
+            if not cuda_bf16_supported(probe.device):
+                record.notes.append(bf16_emulated(torch.cuda.get_device_capability(probe.device),
+                                                  torch.cuda.get_device_name(probe.device), weights=plan.weights))
         self.context.model.eval()  # as serving and evaluation run it (no dropout); the session puts the flags back
         undo = prepare_weights(self.context.model, plan)
         return InferenceAttempt(self.inference_step, plan, record, undo)

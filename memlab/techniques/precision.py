@@ -69,48 +69,51 @@ def check_precision(plan: PlanFields, device: torch.device, parameters: Sequence
     # A dry run's fake weights (on "cuda" where this machine has one) are checked by no real device: no CUDA call
     # is made under its fake mode (DESIGN.md 2.4), and the GPU it is for need not be this one.
     real = not any(is_fake(p) for p in parameters)
+    notes = []
     if device.type == "cuda" and real and not cuda_bf16_supported(device):
-        refusal = bf16_refusal(torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device),
-                               precision=plan.precision)
-        if refusal:
-            raise UnsupportedTechnique(refusal)
+        emulated = bf16_emulated(torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device),
+                                 precision=plan.precision)
+        notes += [emulated] if emulated else []
     if device.type not in ("cuda", "cpu", "xpu", "mps"):
         raise UnsupportedTechnique(f"mixed precision on {device.type} is not supported; write precision='fp32'")
     if device.type == "cpu" and plan.precision == "fp16":
         return ["fp16 on CPU is slow: CPUs have no fast fp16 matrix units; compare bf16, or measure on the GPU"]
     if device.type == "cpu" and plan.precision == "bf16" and real:  # a dry run times nothing
         return [BF16_ON_CPU]
-    return []
+    return notes
 
 
 TRAINER_FP16 = "a Trainer's fp16=True, bf16=False"
-"""What a Trainer's arguments say for ``precision='fp16'``, in :func:`bf16_refusal`'s text."""
+"""What a Trainer's arguments say for ``precision='fp16'``, in :func:`bf16_emulated`'s text."""
 
 
-def bf16_refusal(capability: tuple[int, int], gpu: str, *, precision: str | None = None,
-                 weights: str | None = None) -> str:
-    """Why a step cannot run in bf16 on the GPU ``gpu`` of compute ``capability``, saying what to write; ``""``
-    where it can. The one decision for a live GPU (a trial) and a GPU kind (an estimate, ``memlab estimate --gpu``):
-    below compute capability 8.0 (a T4) there is no native bf16 (:func:`memlab.live.device.bf16_capable`), so
-    autocast in bf16 (``precision``) and an inference plan's bf16 ``weights`` are refused, with the fp16 that such
-    a GPU runs named instead. Pure bf16 training weights are not asked about here: they run there, emulated.
+def bf16_emulated(capability: tuple[int, int], gpu: str, *, precision: str | None = None,
+                  weights: str | None = None) -> str:
+    """What a step in bf16 costs on the GPU ``gpu`` of compute ``capability`` that has no native bf16, as a note;
+    ``""`` where it has it, or where nothing runs in bf16. The one text for a live GPU (a trial) and a GPU kind (an
+    estimate, ``memlab estimate --gpu``): below compute capability 8.0 (a T4) PyTorch emulates bf16
+    (``torch.cuda.is_bf16_supported(including_emulation=True)``), so autocast in bf16 (``precision``) and bf16
+    ``weights`` run, as transformers and TRL run them there (TRL's T4 notebooks train so): slower than fp16, and no
+    fused attention kernel takes bf16 there, so attention runs PyTorch's math kernel, which keeps its
+    probabilities for backward (the estimate follows that kernel). It is estimated and measured as it runs, never
+    refused; the note names the fp16 that such a GPU runs natively.
 
     Example:
-        >>> print(bf16_refusal((7, 5), "T4-16GB", precision="bf16"))
-        the T4-16GB (compute capability 7.5) has no native bf16 (emulated bf16 is slow, and no fused attention \
-kernel takes it); write precision='fp16' (autocast in fp16, loss-scaled; a Trainer's fp16=True, bf16=False) instead
-        >>> bf16_refusal((8, 0), "A100-80GB", precision="bf16"), bf16_refusal((7, 5), "T4-16GB", precision="fp16")
+        >>> print(bf16_emulated((7, 5), "T4-16GB", precision="bf16"))
+        the T4-16GB (compute capability 7.5) has no native bf16: PyTorch emulates it (slower than fp16, and \
+attention runs the math kernel, which keeps its probabilities for backward), as this step runs it; precision='fp16' \
+(autocast in fp16, loss-scaled; a Trainer's fp16=True, bf16=False) runs natively there
+        >>> bf16_emulated((8, 0), "A100-80GB", precision="bf16"), bf16_emulated((7, 5), "T4-16GB", precision="fp16")
         ('', '')
     """
-    if bf16_capable(capability):
+    if bf16_capable(capability) or BF16 not in (precision, weights):
         return ""
-    where = (f"the {gpu} (compute capability {capability[0]}.{capability[1]}) has no native bf16 (emulated bf16 is "
-             "slow, and no fused attention kernel takes it)")
-    if precision == "bf16":
-        return f"{where}; write precision='fp16' (autocast in fp16, loss-scaled; {TRAINER_FP16}) instead"
-    if weights == "bf16":
-        return f"{where}; write weights='fp16' (or 'fp32') instead"
-    return ""
+    where = (f"the {gpu} (compute capability {capability[0]}.{capability[1]}) has no native bf16: PyTorch emulates "
+             "it (slower than fp16, and attention runs the math kernel, which keeps its probabilities for "
+             "backward), as this step runs it")
+    if precision == BF16:
+        return f"{where}; precision='fp16' (autocast in fp16, loss-scaled; {TRAINER_FP16}) runs natively there"
+    return f"{where}; weights='fp16' runs natively there"
 
 
 def autocast(plan: PlanFields, device: torch.device) -> contextlib.AbstractContextManager[object]:

@@ -52,7 +52,8 @@ class GpuKind:
     @property
     def bf16(self) -> bool:
         """Whether the kind runs bfloat16 natively (:func:`memlab.live.device.bf16_capable`): where it does not, a
-        plan in bf16 is refused as a trial on that GPU refuses it (:func:`bf16_refusal`)."""
+        plan in bf16 runs emulated, as a trial on that GPU runs it, and says so
+        (:func:`memlab.techniques.precision.bf16_emulated`)."""
         from memlab.live.device import bf16_capable
 
         return bf16_capable(self.capability)

@@ -53,8 +53,8 @@ from memlab.live.structure import ModuleStructure
 from memlab.plan import Plan
 from memlab.techniques.adapters import quantized_targets
 
-__all__ = ["DTYPES", "Load", "apply_load", "default_dtype", "implied_load", "parse_load", "plan_loads", "staging_bytes",
-           "staging_note"]
+__all__ = ["DTYPES", "Load", "apply_load", "default_dtype", "implied_load", "model_on_meta", "parse_load", "plan_loads",
+           "staging_bytes", "staging_note"]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -339,6 +339,74 @@ def apply_load(model: nn.Module, load: Load, mode: Any, device: torch.device) ->
     return undo
 
 
+def model_on_meta(model_or_config: Any, /, **load: Any) -> nn.Module:
+    """The model of a config (or a name, as :func:`memlab.estimation.configs.load_config` reads it, or the config of
+    a model on the meta device) built on the meta device as ``from_pretrained(name, **load)`` would load it, with no
+    memory and nothing downloaded but the config: every weight in the dtype the load gives it (``dtype``, or
+    ``torch_dtype``; the modules transformers keeps in fp32 kept so), and for a ``quantization_config``
+    (``BitsAndBytesConfig(load_in_4bit=True, ...)`` or ``load_in_8bit``) transformers' own quantizer puts
+    bitsandbytes' layers in place of the layers it quantizes, as ``from_pretrained`` does before it reads a weight,
+    and marks the model loaded so (``is_loaded_in_4bit``, ``hf_quantizer``). peft, TRL and transformers then treat
+    it as the quantized model the load gives them (TRL casts a 4-bit model's adapters to bf16 itself), and
+    :func:`memlab.trainer_on_meta` builds a trainer around it for :func:`memlab.estimate`. A model given is never
+    changed: its config is built again. Bad keywords are one MemlabError saying what to write.
+
+    Example:
+        >>> import torch
+        >>> from transformers import BitsAndBytesConfig, LlamaConfig
+        >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+        ...                      vocab_size=128)
+        >>> policy = model_on_meta(config, dtype=torch.float16,
+        ...                        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"))
+        >>> type(policy.model.layers[0].mlp.up_proj).__name__, policy.is_loaded_in_4bit, policy.lm_head.weight.dtype
+        ('Linear4bit', True, torch.float16)
+    """
+    from memlab.estimation.configs import meta_model
+
+    parsed = parse_load(load, None)
+    if isinstance(model_or_config, nn.Module):
+        if not _on_meta(model_or_config):
+            raise MemlabError(f"this {type(model_or_config).__name__} is already loaded (its weights are in memory); "
+                              "build its trainer as usual and estimate it, or pass its config: "
+                              "memlab.model_on_meta(model.config, **load)")
+        model_or_config = getattr(model_or_config, "config", None)
+        if model_or_config is None:
+            raise MemlabError("model_on_meta builds a transformers model from its config, and this module has none; "
+                              "pass a config or a model name")
+    config = model_or_config if is_transformers_config(model_or_config) else load_config(model_or_config)
+    model = meta_model(config)
+    dtype = loaded_dtype(config, parsed)
+    keep = _kept_in_fp32(model, dtype, parsed.quantize != "none")
+    for name, module in model.named_modules():
+        target = torch.float32 if any(f".{k}." in f".{name}." for k in keep) else dtype
+        for parameter in module._parameters.values():
+            if parameter is not None and parameter.is_floating_point() and parameter.dtype != target:
+                parameter.data = parameter.data.to(target)
+    model.config.dtype = dtype  # as from_pretrained records it
+    if parsed.quantize != "none":
+        _quantize_on_meta(model, load["quantization_config"], dtype)
+    return model
+
+
+def _quantize_on_meta(model: nn.Module, quantization_config: Any, dtype: torch.dtype) -> None:
+    """transformers' bitsandbytes quantizer on a model on the meta device, as ``from_pretrained`` runs it around the
+    weights it reads (which a meta model never has): its layers replaced, the model marked quantized."""
+    from transformers import BitsAndBytesConfig
+    from transformers.quantizers import AutoHfQuantizer
+
+    if isinstance(quantization_config, Mapping):
+        quantization_config = BitsAndBytesConfig(**quantization_config)
+    quantizer = AutoHfQuantizer.from_config(quantization_config, pre_quantized=False)
+    quantizer.preprocess_model(model=model, dtype=dtype, device_map=None)
+    if not any(type(module).__module__.startswith("bitsandbytes") for module in model.modules()):
+        bits = "4-bit" if getattr(quantization_config, "load_in_4bit", False) else "8-bit"
+        raise MemlabError(f"a {bits} load quantizes no layer of this {type(model).__name__} (bitsandbytes replaces "
+                          "linear layers, and transformers keeps its head and skip modules out); drop "
+                          "quantization_config and train it as it is, or with LoRA adapters on it")
+    model.hf_quantizer = quantizer
+    quantizer.postprocess_model(model)
+
+
 def _kept_in_fp32(model: nn.Module, dtype: torch.dtype, quantized: bool) -> set[str]:
     """The modules transformers keeps in fp32 for ``dtype``: ``_keep_in_fp32_modules`` under fp16 (and, before
     transformers 5, when quantizing), ``_keep_in_fp32_modules_strict`` under fp16 and bf16."""
@@ -422,6 +490,11 @@ def live_load_note(model: nn.Module, plan: Any) -> str | None:
 step: the card figure is that of the model loaded with from_pretrained(name, dtype=torch.bfloat16)...
     """
     dtypes = {parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()}
+    loaded_in_4bit = any(isinstance(module, FakeNF4Linear) and not isinstance(module, FakeInt8Linear)
+                         or type(module).__name__ in ("Linear4bit", "LinearNF4", "LinearFP4")
+                         for module in model.modules())
+    if getattr(plan, "adapter", "none") == "qlora" and loaded_in_4bit:
+        return None  # loaded in 4-bit by the user already: the step changes nothing of the load
     if getattr(plan, "adapter", "none") == "qlora":
         done, load = "quantized to 4-bit", implied_load(plan)
     elif getattr(plan, "weights", "fp32") == "bf16" and dtypes - {torch.bfloat16}:

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 from memlab.frontends.cli_errors import DEFAULT_BATCH, cli_words, estimate_status
 from memlab.frontends.estimate.progress import EstimateProgress, estimate_each
 from memlab.frontends.estimate.text import budget_words, count_text, for_gpu, json_with_verdicts
-from memlab.frontends.gpu_cli import add_gpu_arguments, check_gpu_plans, cli_gpu, gpu_budget
+from memlab.frontends.gpu_cli import add_gpu_arguments, check_gpu_flags, cli_gpu, gpu_budget
 
 __all__ = ["add_arguments", "cli_words", "load_from_args", "run", "run_sharded"]
 
@@ -241,7 +241,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     refuse_trainer_levers(parse_axes(grid), "memlab estimate")  # a trainer's own settings: refused before any run
     # --try micro_batch=... keeps the batch's rows per optimizer step, as %%memfit does (the same function).
     plans, kept = keep_rows(parse_grid(grid), grid, rows, f"--batch {args.batch}")
-    check_gpu_plans(args, plans)  # the GPU's flags checked, and what it cannot run refused, before anything is built
+    check_gpu_flags(args)  # the GPU's flags checked before anything is built
     budget = parse_budget(args.budget)
     if budget is None:
         budget = gpu_budget(args)
