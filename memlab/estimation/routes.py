@@ -171,5 +171,5 @@ def route(request: EstimateRequest) -> Trial:
     with assumed_allocator(expandable):
         trial = ROUTES[name](request.checked() if name in ("sharded", "one_gpu") else request)
     if note and note not in trial.notes:
-        trial = dataclasses.replace(trial, notes=[*trial.notes, note])
+        trial = dataclasses.replace(trial, notes=(*trial.notes, note))
     return trial if host_budget is None else dataclasses.replace(trial, host_budget=host_budget)

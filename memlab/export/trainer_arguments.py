@@ -16,7 +16,7 @@ from memlab.errors import MemlabError
 from memlab.export.engines import training_arguments
 from memlab.live.trainer_kinds import is_trainer, kind_for_config, kind_of
 from memlab.plan import Plan
-from memlab.techniques.adapters import lora_config_of
+from memlab.techniques.adapters import lora_config_of, peft_plan_values
 from memlab.techniques.core.registry import REGISTRY
 from memlab.techniques.offload import trl_offload_keywords
 from memlab.techniques.precompute_ref import DPO_ONLY, dpo_config_keywords, without_precompute
@@ -232,6 +232,6 @@ from arguments with memlab.Plan.from_training_arguments(args)
     said = {name: lever.from_model(model) for name, lever in REGISTRY.items() if lever.from_model is not None}
     config = lora_config_of(model)
     if config is not None:  # every LoRA setting its LoraConfig says
-        said.update({name: lever.from_peft(config) for name, lever in REGISTRY.items() if lever.from_peft is not None})
+        said.update(peft_plan_values(model, config))
     changes = {name: value for name, value in said.items() if value is not None}
     return plan.replace(**changes) if changes else plan

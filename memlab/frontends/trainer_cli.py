@@ -24,20 +24,25 @@ from typing import Any, TextIO
 from memlab.errors import MemlabError
 from memlab.frontends.cli_errors import DEFAULT_BATCH
 
-__all__ = ["DPO_ONLY", "GRPO_ONLY", "add_trainer_arguments", "asks_trainer", "build_trainer", "keeps_whole_answer",
+__all__ = ["OPTION_KINDS", "add_trainer_arguments", "asks_trainer", "build_trainer", "keeps_whole_answer",
            "run_trainer", "word_tokenizer"]
 
-GRPO_ONLY = ("num_generations", "max_completion_length", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
-"""The options (as ``args`` names them) only a GRPOTrainer takes."""
-DPO_ONLY = ("max_length",)
-"""The options only a DPOTrainer takes."""
-_BOTH = ("prompt_length", "per_device_train_batch_size", "gradient_accumulation_steps", "beta", "lora",
-         "gradient_checkpointing")
-TRAINER_CLASSES = {"grpo": "GRPOTrainer", "dpo": "DPOTrainer"}
+TRAINER_CLASSES = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "grpo": "GRPOTrainer"}
 """Each ``--trainer`` and the TRL class it builds (a lever a built trainer sets names that class: its
 ``needs_trainer``)."""
+_ALL = tuple(TRAINER_CLASSES)
+OPTION_KINDS: dict[str, tuple[str, ...]] = {
+    "num_generations": ("grpo",), "max_completion_length": ("grpo",), "vllm_gpu_memory_utilization": ("grpo",),
+    "vllm_enable_sleep_mode": ("grpo",), "max_length": ("sft", "dpo"), "packing": ("sft",),
+    "padding_free": ("sft",), "completion_only_loss": ("sft",), "beta": ("dpo", "grpo"),
+    **{name: _ALL for name in ("prompt_length", "per_device_train_batch_size", "gradient_accumulation_steps", "lora",
+                               "gradient_checkpointing", "optim", "activation_offloading", "use_liger_kernel", "bf16",
+                               "fp16")},
+}
+"""Each trainer option (as ``args`` names it) and the ``--trainer`` kinds that take it."""
 _WORDS = 1000
 """At most this many words in the word-level tokenizer (fewer where the config's vocabulary is smaller)."""
+_LOAD_OPTIONS = ("load_in_4bit", "load_in_8bit")
 
 
 def _flag(name: str) -> str:
@@ -65,30 +70,52 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
 
     group = parser.add_argument_group(
         "trainer", "a TRL trainer's step instead of a plain training step (TRL's config fields, as "
-        "trl.GRPOConfig(...) / trl.DPOConfig(...) take them; the policy built on the meta device: "
-        "memlab.trainer_on_meta; --gpu, --budget, --dtype and --json as above)")
-    group.add_argument("--trainer", choices=("grpo", "dpo"), default=None,
-                       help="the trainer: TRL's GRPOTrainer or DPOTrainer")
+        "trl.SFTConfig(...) / trl.DPOConfig(...) / trl.GRPOConfig(...) take them; the policy built on the meta "
+        "device, loaded as the load options say: memlab.model_on_meta, memlab.trainer_on_meta; --gpu, --budget, the "
+        "load options and --json as above)")
+    on_off = ("on", "off")
+    group.add_argument("--trainer", choices=_ALL, default=None,
+                       help="the trainer: TRL's SFTTrainer, DPOTrainer or GRPOTrainer")
     group.add_argument("--num-generations", type=_positive("--num-generations", 8), default=None,
                        help="GRPO: completions per prompt (TRL's default: 8)")
     group.add_argument("--max-completion-length", type=_positive("--max-completion-length", 1024), default=None,
                        help="GRPO: the longest completion, in tokens (TRL's default: 512)")
     group.add_argument("--max-length", type=_positive("--max-length", 1024), default=None,
-                       help="DPO: the longest prompt and answer together, in tokens (TRL's default: 1024)")
+                       help="SFT: the longest (or packed) sequence; DPO: the longest prompt and answer together; in "
+                       "tokens (TRL's default: 1024)")
     group.add_argument("--prompt-length", type=_positive("--prompt-length", 64), default=None,
-                       help="tokens in each prompt (default: 64 for GRPO, half of --max-length for DPO)")
+                       help="tokens in each prompt (default: 64 for GRPO, half of --max-length for DPO; SFT: prompt "
+                       "and completion examples, default none: plain text)")
+    group.add_argument("--packing", action="store_true", default=None,
+                       help="SFT: examples packed into rows of --max-length tokens")
+    group.add_argument("--padding-free", action="store_true", default=None,
+                       help="SFT: rows concatenated without padding (TRL's padding_free=True)")
+    group.add_argument("--completion-only-loss", choices=on_off, default=None,
+                       help="SFT: the loss on the completion's tokens only (TRL's default: on for prompt and "
+                       "completion examples)")
     group.add_argument("--per-device-train-batch-size", type=_positive("--per-device-train-batch-size", 8),
                        default=None, help="rows per device and micro-batch (TRL's default: 8)")
     group.add_argument("--gradient-accumulation-steps", type=_positive("--gradient-accumulation-steps", 4),
                        default=None, help="micro-batches per optimizer step (default: 1)")
     group.add_argument("--beta", type=float, default=None,
-                       help="the KL coefficient: above 0 keeps a reference model (TRL's default: 0.0 for GRPO, 0.1 "
-                       "for DPO)")
+                       help="DPO, GRPO: the KL coefficient: above 0 keeps a reference model (TRL's default: 0.0 for "
+                       "GRPO, 0.1 for DPO)")
     group.add_argument("--lora", metavar="R", type=_positive("--lora", 16), default=None,
                        help="LoRA adapters of rank R on all linear layers (peft.LoraConfig(r=R, lora_alpha=2R, "
-                       "target_modules='all-linear')); without it every weight trains")
-    group.add_argument("--gradient-checkpointing", choices=("on", "off"), default=None,
+                       "target_modules='all-linear')); without it every weight trains; with --load-in-4bit, QLoRA")
+    group.add_argument("--gradient-checkpointing", choices=on_off, default=None,
                        help="activation checkpointing (TRL's default: on)")
+    group.add_argument("--optim", metavar="NAME", default=None,
+                       help="the optimizer as transformers names it: adamw_torch_fused (the default), adamw_torch, "
+                       "adamw_8bit, paged_adamw_8bit, adafactor")
+    group.add_argument("--activation-offloading", action="store_true", default=None,
+                       help="the step's saved activations held in CPU memory (TRL's activation_offloading=True, "
+                       "transformers' gradient_checkpointing_kwargs={'offload': True})")
+    group.add_argument("--use-liger-kernel", action="store_true", default=None,
+                       help="Liger's kernels: its fused losses and model patches (needs liger-kernel installed)")
+    group.add_argument("--bf16", choices=on_off, default=None,
+                       help="autocast in bf16 (TRL's default: on, unless --fp16 on)")
+    group.add_argument("--fp16", choices=on_off, default=None, help="autocast in fp16, loss-scaled (default: off)")
     group.add_argument("--vllm-gpu-memory-utilization", type=fraction("--vllm-gpu-memory-utilization", "0.3"),
                        default=None, help="GRPO: generate with a vLLM engine colocated on the card, holding this "
                        "share of its memory (use_vllm=True, vllm_mode='colocate')")
@@ -98,35 +125,59 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
 
 def asks_trainer(args: argparse.Namespace) -> bool:
     """Whether ``args`` ask a trainer's step: ``--trainer``, or one of its options (refused without it)."""
-    return any(getattr(args, name, None) is not None for name in ("trainer", *GRPO_ONLY, *DPO_ONLY, *_BOTH))
+    return any(getattr(args, name, None) is not None for name in ("trainer", *OPTION_KINDS))
 
 
 def _check(args: argparse.Namespace) -> None:
     """Each option a trainer question cannot take, refused with what to write."""
-    given = [name for name in (*GRPO_ONLY, *DPO_ONLY, *_BOTH) if getattr(args, name, None) is not None]
+    given = [name for name in OPTION_KINDS if getattr(args, name, None) is not None]
     if args.trainer is None:
-        kind = "dpo" if any(name in DPO_ONLY for name in given) else "grpo"
+        kinds = OPTION_KINDS[given[0]]
+        kind = "grpo" if "grpo" in kinds and len(kinds) < len(_ALL) else kinds[0]
         raise MemlabError(f"{_flag(given[0])} is a setting of a TRL trainer; add --trainer {kind} (or leave it out "
                           "for a plain training step)")
-    other, wrong = ("dpo", DPO_ONLY) if args.trainer == "grpo" else ("grpo", GRPO_ONLY)
     for name in given:
-        if name in wrong:
-            raise MemlabError(f"{_flag(name)} is a setting of --trainer {other}, not --trainer {args.trainer}; leave "
-                              f"it out, or write --trainer {other}")
+        kinds = OPTION_KINDS[name]
+        if args.trainer not in kinds:
+            said = " or ".join(f"--trainer {kind}" for kind in kinds)
+            raise MemlabError(f"{_flag(name)} is a setting of {said}, not --trainer {args.trainer}; leave it out, or "
+                              f"write {said}")
     if getattr(args, "vllm_enable_sleep_mode", None) and getattr(args, "vllm_gpu_memory_utilization", None) is None:
         raise MemlabError("--vllm-enable-sleep-mode puts a colocated vLLM engine to sleep; add "
                           "--vllm-gpu-memory-utilization 0.3 (its share of the card)")
+    if args.bf16 == "on" and args.fp16 == "on":
+        raise MemlabError("--bf16 on and --fp16 on ask two autocast dtypes; write one of them")
+    if args.optim is not None:
+        _check_optim(args.optim)
+    quantized = [_flag(name) for name in _LOAD_OPTIONS if getattr(args, name, False)]
+    if quantized and args.lora is None:
+        raise MemlabError(f"{quantized[0]} loads a quantized base, which trains adapters only; add --lora 16 "
+                          "(QLoRA with --load-in-4bit)")
     _check_tries(args)
     plain = {"--gpus": args.gpus is not None,
              "--strategy": args.strategy not in (None, "none"), "--max-tokens": bool(args.max_tokens),
              "--max-rows": bool(args.max_rows), "--batch": args.batch is not DEFAULT_BATCH}
-    load = {"--load-in-4bit": args.load_in_4bit, "--load-in-8bit": args.load_in_8bit}
-    for option, set_ in {**plain, **load}.items():
+    for option, set_ in plain.items():
         if set_:
             instead = {"--batch": "--per-device-train-batch-size 8 and --prompt-length 64"}.get(
                 option, "the question without it")
             raise MemlabError(f"{option} is not answered with --trainer {args.trainer} yet; write {instead}, or build "
                               "the trainer in Python: memlab.estimate(memlab.trainer_on_meta(...), gpu=...)")
+
+
+def _check_optim(name: str) -> None:
+    """``--optim``: a name transformers knows and memlab estimates, or one error naming what to write."""
+    from transformers.training_args import OptimizerNames
+
+    from memlab.errors import unknown_name
+    from memlab.techniques.optimizer import TRAINER_OPTIMIZERS
+
+    known = [option.value for option in OptimizerNames]
+    if name not in known:
+        raise unknown_name(name, known, "an optimizer transformers knows", "transformers' OptimizerNames")
+    if name not in TRAINER_OPTIMIZERS:
+        raise MemlabError(f"--optim {name} is not an optimizer memlab estimates; write one of "
+                          f"{', '.join(TRAINER_OPTIMIZERS)}")
 
 
 def _check_tries(args: argparse.Namespace) -> None:
@@ -144,9 +195,8 @@ def _check_tries(args: argparse.Namespace) -> None:
                           "--gradient-accumulation-steps M instead (rows per micro-batch, micro-batches per optimizer "
                           "step: the trainer's own options)")
     if "qlora" in axes.get("adapter", ()):
-        raise MemlabError(f"--try adapter=qlora is not answered with --trainer {trainer} yet (a 4-bit base, as "
-                          "--load-in-4bit); write --lora 16 for LoRA adapters on the model as built, or build the "
-                          "trainer in Python: memlab.estimate(memlab.trainer_on_meta(...), gpu=...)")
+        raise MemlabError("--try adapter=qlora is how the trainer's model is loaded: write --load-in-4bit "
+                          "--bnb-4bit-quant-type nf4 --lora 16 (QLoRA: LoRA adapters on a 4-bit base)")
     adapter = [name for name in axes if name == "adapter" or name.startswith("lora_")]
     if adapter:
         raise MemlabError(f"--try {adapter[0]}=... sets the trainer's adapters, which --lora sets; write --lora 16 "
@@ -167,18 +217,16 @@ def _check_tries(args: argparse.Namespace) -> None:
                               f"{trainer}; leave it out, or write --trainer {owner}")
 
 
-def _dtype(args: argparse.Namespace, config: Any) -> Any:
+def _load(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``from_pretrained`` keywords the load options say (:func:`memlab.frontends.estimate.cli.load_from_args`),
+    the policy in bf16 where ``--dtype`` is not given."""
     import torch
 
-    from memlab.estimation.configs import checkpoint_dtype
+    from memlab.frontends.estimate.cli import load_from_args
 
-    named = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "fp32": torch.float32, "float32": torch.float32}
-    if args.dtype is None:
-        return torch.bfloat16
-    if args.dtype == "auto":
-        return checkpoint_dtype(config) or torch.float32
-    return named[args.dtype]
+    load = load_from_args(args) or {}
+    load.setdefault("dtype", torch.bfloat16)
+    return load
 
 
 def word_tokenizer(vocab_size: int) -> Any:
@@ -252,17 +300,20 @@ def _positions(config: Any) -> int | None:
 
 
 def _settings(args: argparse.Namespace, config: Any) -> dict[str, Any]:
-    """The TRL config's keywords the options set (TRL's defaults for the others), checked against the model."""
-    import torch
-
-    dtype = _dtype(args, config)
-    settings: dict[str, Any] = {"bf16": dtype == torch.bfloat16}
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "beta"):
+    """The TRL config's keywords the options set (TRL's defaults for the others), checked against the model, and the
+    prompt's length (``"prompt_length"``: None for SFT on plain text)."""
+    settings: dict[str, Any] = {}
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "beta", "optim", "packing",
+                 "padding_free", "use_liger_kernel"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
-    if args.gradient_checkpointing is not None:
-        settings["gradient_checkpointing"] = args.gradient_checkpointing == "on"
+    for name in ("gradient_checkpointing", "completion_only_loss", "bf16", "fp16"):
+        if getattr(args, name) is not None:
+            settings[name] = getattr(args, name) == "on"
+    if settings.get("fp16") and "bf16" not in settings:
+        settings["bf16"] = False  # TRL's default bf16 gives way to the fp16 asked
     positions = _positions(config)
+    prompt: int | None
     if args.trainer == "grpo":
         for name in ("num_generations", "max_completion_length"):
             if getattr(args, name) is not None:
@@ -282,16 +333,18 @@ def _settings(args: argparse.Namespace, config: Any) -> dict[str, Any]:
                             vllm_enable_sleep_mode=bool(args.vllm_enable_sleep_mode))
     else:
         length = args.max_length or 1024
-        prompt = args.prompt_length or length // 2
-        if prompt >= length:
+        prompt = args.prompt_length or (length // 2 if args.trainer == "dpo" else None)
+        if prompt is not None and prompt >= length:
             raise MemlabError(f"--prompt-length {prompt} leaves no answer within --max-length {length}; write "
                               f"--prompt-length {max(1, length // 2)}")
         if positions is not None and length > positions:
             raise MemlabError(f"--max-length {length} is more than the model's {positions} positions; write "
                               f"--max-length {positions} or less")
         settings["max_length"] = length
+    if args.trainer == "sft" and settings.get("completion_only_loss") and prompt is None:
+        raise MemlabError("--completion-only-loss on needs prompt and completion examples; add --prompt-length 64 "
+                          "(the prompt's tokens; the completion fills --max-length)")
     settings["prompt_length"] = prompt
-    settings["dtype"] = dtype
     return settings
 
 
@@ -300,8 +353,8 @@ def _zero_reward(completions: list[Any], **_: Any) -> list[float]:
 
 
 def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: str) -> tuple[Any, dict[str, Any]]:
-    """The trainer ``args`` ask around a meta policy of ``config``, its TRL config's files under ``folder``; and the
-    settings it was built with."""
+    """The trainer ``args`` ask around a meta policy of ``config`` loaded as the load options say
+    (:func:`memlab.model_on_meta`), its TRL config's files under ``folder``; and the settings it was built with."""
     try:
         import peft
         import trl
@@ -310,40 +363,74 @@ def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: st
                           "install trl peft") from None
     from datasets import Dataset
 
-    from memlab.estimation.estimate import meta_model
+    from memlab.estimation.dryrun.load import loaded_dtype, model_on_meta
     from memlab.trainer.meta import trainer_on_meta
 
     settings = _settings(args, config)
-    prompt, dtype = settings.pop("prompt_length"), settings.pop("dtype")
-    policy = meta_model(config).to(dtype)
+    prompt = settings.pop("prompt_length")
+    load = _load(args)
+    policy = model_on_meta(config, **load)
     tokenizer, told = _tokenizer(source, config)
     common: dict[str, Any] = dict(output_dir=folder, report_to=[], save_strategy="no", use_cpu=True,
                                   disable_tqdm=True, max_steps=1, seed=0)
     rows = settings.get("per_device_train_batch_size", 8) * settings.get("gradient_accumulation_steps", 1)
+    count = max(rows, 8)
     keywords: dict[str, Any] = {}
-    trainer_class: Any
-    trl_args: Any
+    config_class: Any = {"sft": trl.SFTConfig, "dpo": trl.DPOConfig, "grpo": trl.GRPOConfig}[args.trainer]
+    trainer_class: Any = getattr(trl, TRAINER_CLASSES[args.trainer])
     if args.lora is not None:
         keywords["peft_config"] = peft.LoraConfig(r=args.lora, lora_alpha=2 * args.lora, target_modules="all-linear")
+    if args.trainer == "dpo" and args.lora is None:
+        raise MemlabError("--trainer dpo on a model built on the meta device needs adapters (its reference model is "
+                          "then the policy with its adapters off); add --lora 16")
+    if args.trainer == "grpo":
+        assert prompt is not None
+        data = [{"prompt": _text(tokenizer, prompt, i)} for i in range(count)]
+        keywords["reward_funcs"] = _zero_reward
+    elif args.trainer == "dpo":
+        assert prompt is not None
+        answer = settings["max_length"] - prompt
+        data = [{"prompt": _text(tokenizer, prompt, i), "chosen": " " + _text(tokenizer, answer, i + 1),
+                 "rejected": " " + _text(tokenizer, answer, i + 2)} for i in range(count)]
+    elif prompt is not None:  # SFT on prompt and completion examples, each as long as --max-length allows
+        data = [{"prompt": _text(tokenizer, prompt, i),
+                 "completion": " " + _text(tokenizer, settings["max_length"] - prompt, i + 1)} for i in range(count)]
+    # A completion starts after a space, as text does: the prompt's last word and the completion's first would
+    # otherwise merge into one token, which TRL warns of and cuts from the prompt.
+    else:  # SFT on plain text: each example as long as --max-length, the costliest rows (packed or not)
+        data = [{"text": _text(tokenizer, settings["max_length"], i)} for i in range(count)]
     try:
-        if args.trainer == "grpo":
-            data = [{"prompt": _text(tokenizer, prompt, i)} for i in range(max(rows, 8))]
-            trainer_class, trl_args = trl.GRPOTrainer, trl.GRPOConfig(**common, **settings)
-            keywords["reward_funcs"] = _zero_reward
-        else:
-            answer = settings["max_length"] - prompt
-            data = [{"prompt": _text(tokenizer, prompt, i), "chosen": _text(tokenizer, answer, i + 1),
-                     "rejected": _text(tokenizer, answer, i + 2)} for i in range(max(rows, 8))]
-            trainer_class, trl_args = trl.DPOTrainer, trl.DPOConfig(**common, **settings)
-            if args.lora is None:
-                raise MemlabError("--trainer dpo on a model built on the meta device needs adapters (its reference "
-                                  "model is then the policy with its adapters off); add --lora 16")
+        trl_args = config_class(**common, **settings)
         with _vllm_stand_in(settings.get("use_vllm", False)):
             trainer = trainer_on_meta(trainer_class, model=policy, args=trl_args, train_dataset=Dataset.from_list(data),
                                       processing_class=tokenizer, **keywords)
+    except ImportError as error:  # TRL's check of an optional package it needs (Liger)
+        if "liger" in str(error).lower():
+            raise MemlabError("--use-liger-kernel needs Liger's kernels, and liger-kernel is not installed; write pip "
+                              "install liger-kernel, or leave --use-liger-kernel out") from None
+        raise
     except ValueError as error:  # TRL's own checks of its settings (generations dividing the batch...)
         raise MemlabError(f"TRL refuses these settings: {_trl_words(str(error))}") from None
-    return trainer, {**settings, "prompt_length": prompt, "tokenizer": told, "dtype": str(dtype).split(".")[-1]}
+    dtype = loaded_dtype(config, _parsed_load(load))
+    # TRL's activation offloading is not set on the config: TRL's OffloadActivations needs an accelerator to be
+    # built (none here); the estimate runs it as memlab's offload lever, which is what it is (Plan.from_trainer
+    # reads activation_offloading=True as offload="activations").
+    return trainer, {**settings, "prompt_length": prompt, "tokenizer": told, "dtype": str(dtype).split(".")[-1],
+                     "load": _load_words(load), "activation_offloading": bool(args.activation_offloading)}
+
+
+def _parsed_load(load: dict[str, Any]) -> Any:
+    from memlab.estimation.dryrun.load import parse_load
+
+    return parse_load(load, None)
+
+
+def _load_words(load: dict[str, Any]) -> str | None:
+    """The quantization a load asks, in the header's words (None where it quantizes nothing)."""
+    parsed = _parsed_load(load)
+    if parsed.quantize == "none":
+        return None
+    return "8-bit" if parsed.quantize == "int8" else f"4-bit {parsed.quantize.upper()}"
 
 
 class _vllm_stand_in:  # noqa: N801 - a context manager read as a phrase
@@ -388,7 +475,7 @@ def _trl_words(message: str) -> str:
 
     message = re.sub(r"GRPOConfig\(vllm_gpu_memory_utilization=([0-9.]+)\)", r"--vllm-gpu-memory-utilization \1",
                      message)
-    for name in (*GRPO_ONLY, *DPO_ONLY, *_BOTH):
+    for name in OPTION_KINDS:
         # not after "-": "--lora" in memlab's own messages was made "----lora"
         message = re.sub(rf"(?<![-\w])`?{name}\b`?", _flag(name), message)
     return message
@@ -413,10 +500,45 @@ def run_trainer(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import contextlib
 
     from memlab.frontends.estimate.progress import EstimateProgress
+    from memlab.runner.quiet import collecting
 
     # What a library prints while the trainer is built (DeepSpeed's accelerator line) goes to err: out is the table.
-    with EstimateProgress(err, dry_runs=1) as say, contextlib.redirect_stdout(err):
-        return _answer(args, out, say)
+    # What TRL, transformers, datasets and bitsandbytes say of the stand-in trainer memlab builds (its deprecated
+    # names, its datasets' progress bars, a CPU kernel bitsandbytes did not find) is about memlab's code, not the
+    # user's: only their errors are said, once each, after the answer.
+    with collecting(rule=_errors_only) as remarks:
+        with EstimateProgress(err, dry_runs=1) as say, contextlib.redirect_stdout(err), _no_progress_bars():
+            status = _answer(args, out, say)
+    for line in remarks.lines():
+        print(f"memlab estimate: a library said while the trainer was estimated: {line}", file=err)
+    return status
+
+
+def _errors_only(source: str, kind: type[Warning] | int) -> bool:
+    """Which library remarks the trainer question shows: log records at ERROR or above, and warnings of libraries
+    memlab does not drive (a reward function's, say)."""
+    import logging
+
+    from memlab.runner.quiet import QUIET_LOGGERS
+
+    return kind >= logging.ERROR if isinstance(kind, int) else source not in QUIET_LOGGERS
+
+
+class _no_progress_bars:  # noqa: N801 - a context manager read as a phrase
+    """The datasets library's progress bars (TRL maps memlab's stand-in examples through it) off while the trainer
+    is built, and back as they were."""
+
+    def __enter__(self) -> None:
+        from datasets.utils import logging as datasets_logging
+
+        self.was_on = datasets_logging.is_progress_bar_enabled()
+        datasets_logging.disable_progress_bar()
+
+    def __exit__(self, *exc: Any) -> None:
+        from datasets.utils import logging as datasets_logging
+
+        if self.was_on:
+            datasets_logging.enable_progress_bar()
 
 
 def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
@@ -446,8 +568,11 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         import memlab
 
         own = Plan.from_trainer(trainer)
+        if settings["activation_offloading"]:  # the trainer as the user's config sets it up (build_trainer)
+            own = own.replace(offload="all" if own.offload == "optimizer" else "activations")
         # --try: the trainer's own plan with the levers replaced; without it, the trainer as set up
-        plans: list[Any] = parse_grid(args.try_, base=own) if args.try_ else [None]
+        plans: list[Any] = parse_grid(args.try_, base=own) if args.try_ else [
+            own if settings["activation_offloading"] else None]
         if len(plans) > 1:
             say.expect(len(plans) - 1)
         trials = []
@@ -539,11 +664,27 @@ def _question(args: argparse.Namespace, settings: dict[str, Any]) -> str:
         parts.append(f"{settings.get('num_generations', 8)} generations of up to "
                      f"{settings.get('max_completion_length', 512)} tokens after {settings['prompt_length']}-token "
                      "prompts")
-    else:
+    elif args.trainer == "dpo":
         parts.append(f"pairs of up to {settings['max_length']} tokens, {settings['prompt_length']}-token prompts")
+    else:
+        how = ", packed" if settings.get("packing") else ", padding-free" if settings.get("padding_free") else ""
+        what = (f"{settings['prompt_length']}-token prompts and their completions"
+                if settings["prompt_length"] is not None else "text")
+        parts.append(f"{what} of up to {settings['max_length']} tokens{how}")
     parts.append(f"batch {batch} x {steps} accumulation steps")
-    parts.append(f"beta {settings.get('beta', 0.0 if args.trainer == 'grpo' else 0.1):g}")
-    parts.append(f"LoRA r{args.lora}" if args.lora is not None else "full fine-tuning")
+    if args.trainer != "sft":
+        parts.append(f"beta {settings.get('beta', 0.0 if args.trainer == 'grpo' else 0.1):g}")
+    adapters = f"LoRA r{args.lora}" if args.lora is not None else "full fine-tuning"
+    if settings.get("load"):
+        kind = "QLoRA" if settings["load"].startswith("4") else "LoRA"
+        article = "an" if settings["load"].startswith("8") else "a"
+        adapters = f"{kind} r{args.lora} on {article} {settings['load']} base"
+    parts.append(adapters)
+    for name, said in (("optim", "{}"), ("use_liger_kernel", "Liger's kernels")):
+        if settings.get(name):
+            parts.append(said.format(settings[name]))
+    if args.activation_offloading:
+        parts.append("activations offloaded")
     if settings.get("use_vllm"):
         parts.append(f"vLLM share {settings['vllm_gpu_memory_utilization']:g}"
                      + (" (sleeps while training)" if settings.get("vllm_enable_sleep_mode") else ""))

@@ -29,7 +29,7 @@ import re
 import sys
 import sysconfig
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, TextIO, cast
 
@@ -38,7 +38,7 @@ from memlab.live.patching import patched
 
 __all__ = ["QUIET_LOGGERS", "Remarks", "collecting", "matters", "quiet", "without_paths"]
 
-QUIET_LOGGERS = ("transformers", "bitsandbytes", "peft", "accelerate", "torch")
+QUIET_LOGGERS = ("transformers", "bitsandbytes", "peft", "accelerate", "torch", "trl", "datasets")
 """The libraries kept quiet: their log records (child loggers' too) and the warnings raised in their modules (or
 in memlab's, where a library's warning points at its caller) are kept as :class:`Remarks`."""
 _OWN = "memlab"
@@ -111,8 +111,11 @@ class Remarks:
         (['transformers: FutureWarning: `evaluation_strategy` is deprecated'], 2)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, rule: Callable[[str, type[Warning] | int], bool] | None = None) -> None:
         self._lines: dict[str, bool] = {}
+        self.matters = rule or matters
+        """Whether a remark of a library (its name) of a kind (a warning's category, a log record's level) is shown:
+        :func:`matters`, unless the front end that collects says otherwise."""
 
     def add(self, source: str, text: str, *, shown: bool = False) -> None:
         """Keep one remark of ``source`` (a library's name): its paths cut, its lines joined, its length bounded;
@@ -149,11 +152,14 @@ class Remarks:
 
 
 @contextlib.contextmanager
-def collecting(verbose: bool = False) -> Iterator[Remarks]:
+def collecting(verbose: bool = False,
+               rule: Callable[[str, type[Warning] | int], bool] | None = None) -> Iterator[Remarks]:
     """Gather, for the whole block, what libraries say (:func:`quiet` blocks inside add to it, and so does what runs
     outside them, such as an import that logs); the caller shows the :class:`Remarks` once, at the end. memlab's own
     :class:`~memlab.errors.MemlabWarning` is gathered too, so that no warning header with a path is printed. With
-    ``verbose`` nothing is gathered and everything comes through as the libraries wrote it.
+    ``verbose`` nothing is gathered and everything comes through as the libraries wrote it. ``rule``: which remarks
+    are shown, where not :func:`matters` (a front end whose libraries run code memlab wrote, not the user's: the
+    command line's stand-in trainer).
 
     Example:
         >>> import logging
@@ -163,7 +169,7 @@ def collecting(verbose: bool = False) -> Iterator[Remarks]:
         >>> remarks.lines()
         ['bitsandbytes: no GPU library in lib', "memlab: memlab: a remark of memlab's"]
     """
-    remarks = Remarks()
+    remarks = Remarks(rule)
     if verbose:
         yield remarks
         return
@@ -230,7 +236,7 @@ def _intercepted(remarks: Remarks, *, own_warnings: bool) -> Iterator[None]:
                 return
             kind = "" if category in (UserWarning, MemlabWarning) else f"{category.__name__}: "
             source = _OWN if own else source
-            remarks.add(source, f"{kind}{message}", shown=matters(source, category))
+            remarks.add(source, f"{kind}{message}", shown=remarks.matters(source, category))
 
         warnings.showwarning = show
         yield
@@ -302,7 +308,7 @@ class _Capture(logging.Filter):
             except Exception:  # noqa: BLE001 - a record that cannot format itself is still a remark
                 text = str(record.msg)
             source = record.name.split(".")[0]
-            self.remarks.add(source, text, shown=matters(source, record.levelno))
+            self.remarks.add(source, text, shown=self.remarks.matters(source, record.levelno))
         return False
 
 

@@ -61,8 +61,47 @@ def carried_settings(model: nn.Module) -> str:
     config = next(iter(configs.values()), None) if isinstance(configs, dict) and configs else None
     if config is None:
         return ""
-    values = {lever.name: lever.from_peft(config) for lever in DECLARATIONS if lever.from_peft is not None}
+    values = peft_plan_values(model, config)
     return ", ".join(f"{name}={value!r}" for name, value in values.items() if value is not None)
+
+
+def peft_plan_values(model: nn.Module, config: Any) -> dict[str, Any]:
+    """The plan's LoRA settings a peft ``config`` on ``model`` says (each lever's ``from_peft``; None where the plan
+    keeps its default), its targets named ``"all-linear"`` where they are every layer that adapts on this model:
+    peft stores ``target_modules="all-linear"`` resolved into the layers' paths, which a plan's label would list
+    one by one.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        >>> config = SimpleNamespace(r=4, lora_alpha=8, lora_dropout=0.0, target_modules={"0"})
+        >>> peft_plan_values(model, config)["lora_targets"]
+        'all-linear'
+    """
+    values = {lever.name: lever.from_peft(config) for lever in DECLARATIONS if lever.from_peft is not None}
+    targets = values.get("lora_targets")
+    if isinstance(targets, tuple) and targets and set(targets) == _all_linear_leaves(model):
+        values["lora_targets"] = "all-linear"
+    return values
+
+
+_PEFT_PARTS = ("base_layer", "lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_dropout",
+               "lora_magnitude_vector")
+
+
+def _all_linear_leaves(model: nn.Module) -> set[str]:
+    """The last names of the layers ``lora_targets="all-linear"`` adapts on ``model`` (a peft model's base layers,
+    not its adapters' own)."""
+    from memlab.techniques.targets import adapter_targets
+
+    base: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
+    leaves = set()
+    for name in adapter_targets(base, "all-linear"):
+        parts = name.split(".")
+        host = parts[:next((i for i, part in enumerate(parts) if part in _PEFT_PARTS), len(parts))]
+        if host:  # a layer peft wrapped is named by its host, whose base layer and adapters are linear layers too
+            leaves.add(host[-1])
+    return leaves
 
 
 def lora_config_of(model: nn.Module) -> Any:
@@ -104,9 +143,8 @@ def carries_plan_adapters(model: nn.Module, plan: PlanFields) -> bool:
     config = next(iter(configs.values()), None) if isinstance(configs, dict) and configs else None
     if plan.adapter == "none" or config is None or not isinstance(getattr(config, "r", None), int):
         return False
-    for lever in DECLARATIONS:
-        value = lever.from_peft(config) if lever.from_peft is not None else None
-        if value is not None and getattr(plan, lever.name) != value:
+    for name, value in peft_plan_values(model, config).items():
+        if value is not None and getattr(plan, name) != value:
             return False
     return True
 

@@ -21,7 +21,7 @@ import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 import memlab  # noqa: E402
-from memlab.estimation.estimate import load_config, meta_model  # noqa: E402
+from memlab.estimation.estimate import load_config  # noqa: E402
 from memlab.frontends.cli import main  # noqa: E402
 from memlab.frontends.trainer_cli import word_tokenizer  # noqa: E402
 
@@ -59,8 +59,7 @@ def python_trainer(path: str, folder: Path) -> Any:
     """The trainer of :data:`GRPO` built in Python around the meta policy."""
     import torch
 
-    config = load_config(path)
-    policy = meta_model(config).to(torch.bfloat16)
+    policy = memlab.model_on_meta(load_config(path), dtype=torch.bfloat16)
     prompts = [{"prompt": " ".join(f"w{(i + j) % 1000}" for j in range(16))} for i in range(8)]
     args = trl.GRPOConfig(output_dir=str(folder), report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
                           max_steps=1, seed=0, bf16=True, per_device_train_batch_size=4,
@@ -109,12 +108,25 @@ def test_a_dpo_question_is_answered(config: str, capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.parametrize(("words", "said"), [
-    (["--trainer", "ppo"], "--trainer must be one of grpo, dpo; got 'ppo'"),
+    (["--trainer", "ppo"], "--trainer must be one of sft, dpo, grpo; got 'ppo'"),
     (["--trainer", "grpo", "--max-completion-length", "200", "--prompt-length", "16"],
      "more than the model's 128 positions; write --max-completion-length 112 or less"),
     (["--trainer", "dpo", "--num-generations", "4", "--lora", "4"],
      "--num-generations is a setting of --trainer grpo, not --trainer dpo"),
-    (["--trainer", "grpo", "--max-length", "64"], "--max-length is a setting of --trainer dpo, not --trainer grpo"),
+    (["--trainer", "grpo", "--max-length", "64"],
+     "--max-length is a setting of --trainer sft or --trainer dpo, not --trainer grpo"),
+    (["--trainer", "dpo", "--packing", "--lora", "4"], "--packing is a setting of --trainer sft, not --trainer dpo"),
+    (["--packing"], "--packing is a setting of a TRL trainer; add --trainer sft"),
+    (["--trainer", "sft", "--max-length", "64", "--completion-only-loss", "on"],
+     "needs prompt and completion examples; add --prompt-length"),
+    (["--trainer", "sft", "--optim", "adamw_8bti"], "'adamw_8bti' is not an optimizer transformers knows; did you mean"),
+    (["--trainer", "sft", "--optim", "sgd"], "--optim sgd is not an optimizer memlab estimates; write one of"),
+    (["--trainer", "sft", "--load-in-4bit"], "--load-in-4bit loads a quantized base, which trains adapters only; add "
+     "--lora 16"),
+    (["--trainer", "sft", "--bf16", "on", "--fp16", "on"], "ask two autocast dtypes; write one of them"),
+    (["--trainer", "sft", "--max-length", "64", "--load-in-4bit", "--lora", "4", "--llm-int8-skip-modules",
+      "model+lm_head"],
+     "a 4-bit load quantizes no layer of this LlamaForCausalLM"),
     (["--num-generations", "4"], "--num-generations is a setting of a TRL trainer; add --trainer grpo"),
     (["--trainer", "dpo", "--max-length", "64"],  # the option said as written ("----lora" before)
      "needs adapters (its reference model is then the policy with its adapters off); add --lora 16"),
@@ -125,7 +137,8 @@ def test_a_dpo_question_is_answered(config: str, capsys: pytest.CaptureFixture[s
     (["--trainer", "dpo", "--max-length", "64", "--lora", "4", "--try", "accumulation=2"],
      "write --per-device-train-batch-size N --gradient-accumulation-steps M instead"),
     (["--trainer", "grpo", "--try", "adapter=qlora"],
-     "--try adapter=qlora is not answered with --trainer grpo yet (a 4-bit base, as --load-in-4bit); write --lora 16"),
+     "--try adapter=qlora is how the trainer's model is loaded: write --load-in-4bit --bnb-4bit-quant-type nf4 "
+     "--lora 16"),
     (["--trainer", "grpo", "--try", "adapter=lora"], "which --lora sets; write --lora 16"),
     (["--trainer", "grpo", "--try", "precompute_ref=on"], "is a setting of --trainer dpo"),
     (["--trainer", "grpo", "--try", "vllm_memory=0.3"], "write --vllm-gpu-memory-utilization 0.3"),
@@ -262,3 +275,60 @@ def test_where_no_lever_fits_a_grpo_config_change_is_suggested(
     commands = check_commands_fit(capsys, config, words, budget, changes=True)
     # the completion lengths the CLI tries are multiples of 64 tokens
     assert any("--max-completion-length 64 " in command for command in commands), commands
+
+
+# --- SFT, quantized loads and TRL's optimizer and offload flags (issue 83) -------------------------------------------
+
+SFT_QLORA = ["--trainer", "sft", "--max-length", "48", "--packing", "--per-device-train-batch-size", "2",
+             "--lora", "4", "--load-in-4bit", "--bnb-4bit-quant-type", "nf4", "--bnb-4bit-use-double-quant",
+             "--bnb-4bit-compute-dtype", "float16", "--dtype", "float16", "--optim", "paged_adamw_8bit",
+             "--gpu", "T4-16GB"]
+
+
+def python_sft_trainer(path: str, folder: Path) -> Any:
+    """:data:`SFT_QLORA` built in Python as docs/trainer.md writes it: the policy loaded 4-bit on the meta device."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                      bnb_4bit_compute_dtype=torch.float16)
+    policy = memlab.model_on_meta(load_config(path), dtype=torch.float16, quantization_config=quantization)
+    texts = [{"text": " ".join(f"w{(i + j) % 1000}" for j in range(48))} for i in range(8)]
+    args = trl.SFTConfig(output_dir=str(folder), report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+                         max_steps=1, seed=0, per_device_train_batch_size=2, max_length=48, packing=True,
+                         optim="paged_adamw_8bit")
+    return memlab.trainer_on_meta(trl.SFTTrainer, model=policy, args=args, train_dataset=Dataset.from_list(texts),
+                                  processing_class=word_tokenizer(256),
+                                  peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+
+
+def test_a_qlora_sft_question_is_pythons(config: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = ask(capsys, config, *SFT_QLORA, "--json")
+    assert status == 0, err
+    data = json.loads(out)
+    row = data["trials"][0]
+    expected = memlab.estimate(python_sft_trainer(config, tmp_path), gpu="T4-16GB")
+    assert expected.status == row["status"] == "ok", expected.error
+    assert row["peak_bytes"] == expected.peak_bytes and row["reserved_bytes"] == expected.reserved_bytes
+    assert row["adapter"] == "qlora" and row["optimizer"] == "paged_adamw8bit"
+    assert data["trainer"]["kind"] == "sft" and data["trainer"]["packing"] is True
+    status, out, err = ask(capsys, config, *SFT_QLORA)
+    assert status == 0, err
+    header = " ".join(out.split())
+    assert "SFT, text of up to 48 tokens, packed" in header and "QLoRA r4 on a 4-bit NF4 base" in header
+    assert "paged_adamw_8bit" in header and "lora down_proj" not in header  # the targets said once: all-linear
+    unquantized = ["--trainer", "sft", "--max-length", "48", "--packing", "--per-device-train-batch-size", "2",
+                   "--lora", "4", "--dtype", "float16", "--gpu", "T4-16GB", "--json"]
+    plain = ask(capsys, config, *unquantized)
+    assert json.loads(plain[1])["trials"][0]["params_bytes"] > 1.5 * row["params_bytes"]  # the base in 4 bits
+
+
+def test_the_trainer_question_is_quiet(config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """memlab's own progress only: no progress bar, no library warning of the stand-in trainer memlab builds, no
+    TRL warning about its own stand-in data (the completions start after a space)."""
+    status, out, err = ask(capsys, config, "--trainer", "dpo", "--max-length", "64", "--lora", "4",
+                           "--load-in-4bit", "--activation-offloading", "--gpu", "H100-80GB")
+    assert status == 0, err
+    assert all(line.startswith("memlab estimate:") for line in err.splitlines()), err
+    assert "offload-activations" in out and "activations offloaded" in " ".join(out.split())
+    assert max(len(line) for line in out.splitlines()) <= 120, out
