@@ -545,12 +545,14 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     import dataclasses
     import tempfile
 
+    from memlab.estimation.cuda.gpus import gpu_kind
     from memlab.estimation.estimate import load_config
     from memlab.frontends.cli_errors import estimate_status
-    from memlab.frontends.estimate.text import budget_words, count_text, for_gpu, json_with_verdicts
+    from memlab.frontends.estimate.text import json_with_verdicts
     from memlab.frontends.gpu_cli import check_gpu_flags, cli_gpu, gpu_budget
     from memlab.frontends.host_cli import host_judged
-    from memlab.plan import Plan, parse_budget, parse_grid
+    from memlab.frontends.trainer_floor import trainer_weight_bytes
+    from memlab.plan import parse_budget, parse_grid
     from memlab.report import Report
 
     _check(args)
@@ -567,9 +569,11 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         trainer, settings = build_trainer(args, config, source, folder)
         import memlab
 
-        own = Plan.from_trainer(trainer)
-        if settings["activation_offloading"]:  # the trainer as the user's config sets it up (build_trainer)
-            own = own.replace(offload="all" if own.offload == "optimizer" else "activations")
+        weights = trainer_weight_bytes(trainer)
+        context = 0 if args.device == "cpu" else gpu_kind(cli_gpu(args)).context_bytes
+        if budget is not None and weights + context > budget:  # known before any dry run: none is made
+            return _foregone(args, config, source, settings, trainer, (weights, context, budget), out, say)
+        own = _own_plan(trainer, settings)
         # --try: the trainer's own plan with the levers replaced; without it, the trainer as set up
         plans: list[Any] = parse_grid(args.try_, base=own) if args.try_ else [
             own if settings["activation_offloading"] else None]
@@ -589,9 +593,8 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
             from memlab.frontends.estimate.next import trainer_suggestions
 
             suggested = trainer_suggestions(args, trainer, own, report, say, words=_trl_words)
-    model = trainer.model
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    parameters = sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)
+            if not suggested:
+                suggested = _quantized_alternative(args, config, source, budget, say)
     levers = [trial for trial, _, changes in suggested if changes is None]
     if args.json:
         import json
@@ -612,8 +615,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         from memlab.frontends.estimate.text import single_text
 
         report = dataclasses.replace(report, suggestions=levers)
-        header = (f"{args.model}: {type(base).__name__}, {count_text(parameters)} parameters, "
-                  f"{_question(args, settings)}{_plans_words(plans)}{for_gpu(args)}{budget_words(args, budget)}")
+        header = _header(args, trainer, settings, plans, budget)
         from memlab.frontends.estimate.next import trainer_next_lines
 
         after = trainer_next_lines(args, suggested) if budget is not None and not fits else []
@@ -624,6 +626,96 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         print("\n".join(lines), file=out)
     return estimate_status(fits=fits, judged=budget is not None or getattr(args, "host_budget", None) is not None,
                            errors=sum(trial.status == "error" for trial in report.trials))
+
+
+def _own_plan(trainer: Any, settings: dict[str, Any]) -> Any:
+    """The trainer's plan as the user's config sets it up (:meth:`memlab.Plan.from_trainer`), with the activation
+    offloading :func:`build_trainer` could not set on the config."""
+    from memlab.plan import Plan
+
+    own = Plan.from_trainer(trainer)
+    if settings["activation_offloading"]:
+        own = own.replace(offload="all" if own.offload == "optimizer" else "activations")
+    return own
+
+
+def _quantized_alternative(args: argparse.Namespace, config: Any, source: str, budget: int,
+                           say: Any) -> list[tuple[Any, str, str | None]]:
+    """The same trainer on a 4-bit base (QLoRA: :data:`memlab.frontends.trainer_floor.QUANTIZED_BASE`, computing in
+    the GPU's half precision, LoRA of rank 16 where none was asked), estimated; ``[(trial, command, what it
+    changes)]`` where it fits, else nothing. None for a base already quantized."""
+    import copy
+    import tempfile
+
+    import memlab
+    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.frontends.estimate.next import trainer_command
+    from memlab.frontends.gpu_cli import cli_gpu
+    from memlab.frontends.trainer_floor import QUANTIZED_BASE
+    from memlab.search.memory import FIT_MARGIN
+
+    if args.load_in_4bit or args.load_in_8bit:
+        return []
+    half = "bfloat16" if args.device == "cpu" or gpu_kind(cli_gpu(args)).bf16 else "float16"
+    changes: dict[str, Any] = {**QUANTIZED_BASE, "bnb_4bit_compute_dtype": half, "lora": args.lora or 16}
+    asked = copy.copy(args)
+    vars(asked).update(changes)
+    say("estimating the same trainer on a 4-bit base (QLoRA: --load-in-4bit)")
+    with tempfile.TemporaryDirectory(prefix="memlab-trainer-") as folder:
+        trainer, settings = build_trainer(asked, config, source, folder)
+        own = _own_plan(trainer, settings)
+        trial = memlab.estimate(trainer, own if settings["activation_offloading"] else None, gpu=cli_gpu(args),
+                                device=args.device, budget=budget)
+    if trial.status != "ok" or trial.verdict_bytes * FIT_MARGIN > budget:
+        return []
+    what = ("--load-in-4bit: the base held in 4-bit NF4 (QLoRA), whose adapters train against the quantized weights"
+            + ("" if args.lora else "; --lora 16: LoRA adapters instead of every weight"))
+    return [(trial, trainer_command(args, changes), what)]
+
+
+def _foregone(args: argparse.Namespace, config: Any, source: str, settings: dict[str, Any], trainer: Any,
+              sizes: tuple[int, int, int], out: TextIO, say: Any) -> int:
+    """The answer where the weights as loaded and the CUDA context are over the budget (``sizes``: those and the
+    budget): said at once, with the 4-bit base estimated where it fits, and exit status 1."""
+    import json
+
+    from memlab.frontends.estimate.next import trainer_next_lines
+    from memlab.frontends.trainer_floor import floor_verdict
+    from memlab.plan import format_bytes
+
+    weights, context, budget = sizes
+    suggested = _quantized_alternative(args, config, source, budget, say)
+    if args.json:
+        data = {"trials": [], "fits": False, "weights_bytes": weights, "context_bytes": context, "budget": budget,
+                "suggestions": [{"label": trial.label, "card_bytes": trial.card_bytes, "peak_bytes": trial.peak_bytes,
+                                 "fits": True, "command": command, "changes_training": what}
+                                for trial, command, what in suggested],
+                "trainer": {"kind": args.trainer, **settings}}
+        print(json.dumps(data, indent=2, default=str), file=out)
+        return 1
+    lines = [_header(args, trainer, settings, [None], budget),
+             floor_verdict(weights, context, budget, settings["dtype"])]
+    if suggested:
+        lines += trainer_next_lines(args, suggested, levers_tried=False)
+    else:
+        need = format_bytes(weights + context)
+        lines.append(f"Next: a GPU with more than {need} of memory"
+                     + ("" if args.load_in_4bit or args.load_in_8bit else
+                        ", or a 4-bit base (--load-in-4bit --lora 16), which memlab estimated over the budget too"))
+    print("\n".join(lines), file=out)
+    return 1
+
+
+def _header(args: argparse.Namespace, trainer: Any, settings: dict[str, Any], plans: list[Any],
+            budget: int | None) -> str:
+    """The answer's first line: the model, its parameters, the question and the GPU with its budget."""
+    from memlab.frontends.estimate.text import budget_words, count_text, for_gpu
+
+    model = trainer.model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    parameters = sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)
+    return (f"{args.model}: {type(base).__name__}, {count_text(parameters)} parameters, "
+            f"{_question(args, settings)}{_plans_words(plans)}{for_gpu(args)}{budget_words(args, budget)}")
 
 
 def _plans_words(plans: list[Any]) -> str:

@@ -94,7 +94,8 @@ def _all_linear_leaves(model: nn.Module) -> set[str]:
     not its adapters' own)."""
     from memlab.techniques.targets import adapter_targets
 
-    base: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
+    wrapped: Any = model
+    base: Any = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else model
     leaves = set()
     for name in adapter_targets(base, "all-linear"):
         parts = name.split(".")

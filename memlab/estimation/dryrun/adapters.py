@@ -116,6 +116,35 @@ def nf4_bytes(numel: int) -> int:
     return (numel + 1) // 2 + blocks + 4 * math.ceil(blocks / NESTED_BLOCK)
 
 
+def loaded_weight_bytes(model: nn.Module) -> int:
+    """Bytes of ``model``'s parameters as they are held once loaded (a model on the meta device too): each in its
+    dtype, a bitsandbytes 4-bit layer's weight in its NF4 layout (:func:`nf4_bytes`), an 8-bit layer's as int8 with a
+    float32 scale per row; a parameter shared by two modules counted once. What no lever of a training step can
+    lower: the figure a budget must hold before anything runs.
+
+    Example:
+        >>> loaded_weight_bytes(nn.Linear(4, 4))  # 16 weights and 4 biases in fp32
+        80
+    """
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        kind = type(module).__name__ if type(module).__module__.startswith("bitsandbytes") else ""
+        for name, parameter in module.named_parameters(recurse=False):
+            if id(parameter) in seen:
+                continue
+            seen.add(id(parameter))
+            if name == "weight" and kind in ("Linear4bit", "LinearNF4", "LinearFP4"):
+                rows, columns = linear_features(module)  # packed or not yet (on the meta device): its layout
+                total += nf4_bytes(rows * columns)
+            elif name == "weight" and kind == "Linear8bitLt":
+                rows, columns = linear_features(module)
+                total += rows * columns + 4 * columns
+            else:
+                total += parameter.numel() * parameter.element_size()
+    return total
+
+
 class FakeNF4Linear(nn.Linear):
     """A linear layer whose weight is 4-bit (NF4 or FP4: the same bytes), for fake tensors, laid out as
     bitsandbytes' ``Params4bit`` holds it: the packed values as a frozen uint8 parameter, and as buffers its

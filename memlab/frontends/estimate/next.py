@@ -22,8 +22,8 @@ from typing import Any
 
 from memlab.frontends.gpu_cli import gpu_flags
 
-__all__ = ["command_for", "plan_try", "searched_lines", "suggestion_lines", "trainer_command", "trainer_next_lines",
-           "trainer_plan_options", "trainer_suggestions"]
+__all__ = ["command_for", "largest_split", "plan_try", "searched_lines", "suggestion_lines", "trainer_command",
+           "trainer_next_lines", "trainer_plan_options", "trainer_suggestions"]
 
 
 def plan_try(plan: Any) -> list[str]:
@@ -184,11 +184,14 @@ _MULTIPLE = 64
 
 def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report: Any, say: Any, *,
                         words: Callable[[str], str] = str) -> list[tuple[Any, str, str | None]]:
-    """Where no plan of ``report`` fits: the lever combinations on the trainer's plan ``own`` estimated to fit (the
-    training the same: :func:`memlab.search.suggest.combined_suggestions`, each ``memlab.estimate(trainer, plan,
-    ...)``; those the command cannot say, :func:`trainer_plan_options`, passed over), and, for GRPO where none
-    does, the GRPOConfig changes (:func:`memlab.kinds.grpo.suggest.grpo_suggestions`, which change the training):
-    ``(trial, command, what it changes or None)`` each. ``words``: a message's config fields as the command's
+    """Where no plan of ``report`` fits, what does, as the plain command answers it: first the trainer's own batch
+    split (the most rows per device that fit, the effective batch kept: ``--per-device-train-batch-size`` and
+    ``--gradient-accumulation-steps``, the rest as set up: :func:`largest_split`); where no split fits, the lever
+    combinations on the trainer's plan ``own`` estimated to fit (the training the same:
+    :func:`memlab.search.suggest.combined_suggestions`, each ``memlab.estimate(trainer, plan, ...)``; those the command
+    cannot say, :func:`trainer_plan_options`, passed over); and where none does, for GRPO the GRPOConfig changes
+    (:func:`memlab.kinds.grpo.suggest.grpo_suggestions`, which change the training). ``(trial, command, what it
+    changes or None)`` each, every command estimated to fit. ``words``: a message's config fields as the command's
     options.
 
     Example (``tests/frontends/test_trainer_cli.py`` asks a budget nothing fits)::
@@ -210,6 +213,14 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
         return []
     lowest = min(ran, key=lambda trial: trial.verdict_bytes)
     budget = report.budget
+
+    def estimate_one(plan: Any) -> Any:
+        return memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget)
+
+    split = largest_split(lowest.plan, estimate_one, budget, say)
+    if split is not None:
+        changes, tried = trainer_plan_options(split.plan, own) or ({}, [])
+        return [(split, trainer_command(args, changes, tried), None)]
     rows = int(own.micro_batch or 1) * int(own.accumulation)
     prior = speed_prior("cpu" if args.device == "cpu" else "cuda")
     half = "fp16" if args.device != "cpu" and not gpu_kind(cli_gpu(args)).bf16 else "bf16"
@@ -235,8 +246,7 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
             say(re.sub(r"\d+ of at most \d+", f"{next(counted)} of at most 4", text, count=1))
 
     def estimate(plans: list[Any]) -> list[Any]:
-        return [memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget)
-                for plan in plans if plan not in unsaid]
+        return [estimate_one(plan) for plan in plans if plan not in unsaid]
 
     found = combined_suggestions(lowest, estimate, budget=budget, rows=rows, prior=prior, want=2, tries=tries,
                                  say=quiet, half=half)
@@ -247,6 +257,54 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
     if suggested or args.trainer != "grpo":
         return suggested
     return _grpo_changes(args, trainer, own, lowest, budget, say, words)
+
+
+def largest_split(plan: Any, estimate: Callable[[Any], Any], budget: int, say: Any) -> Any | None:
+    """The estimate of ``plan`` with the most rows per micro-batch that fits ``budget`` (with the search's margin),
+    the rows per optimizer step kept (``micro_batch`` x ``accumulation``, each a whole divisor) and every other lever
+    as it is; None where not even one row per micro-batch fits. The estimates fall as the micro-batch shrinks, so
+    the smallest is tried first, then the larger ones halved between what fits and what does not: a few dry runs.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Trial
+        >>> def estimate(plan):  # a stand-in: 3 units a row
+        ...     return Trial(plan, "ok", 3 * plan.micro_batch, {}, None, None, None, "cuda", estimated=True)
+        >>> say = lambda text: None
+        >>> largest_split(Plan(micro_batch=8, accumulation=1), estimate, 14, say).plan.label()
+        'mb4x2'
+        >>> largest_split(Plan(micro_batch=8), lambda plan: estimate(plan.replace(micro_batch=9)), 14, say) is None
+        True
+    """
+    from memlab.search.memory import FIT_MARGIN
+
+    rows = int(plan.micro_batch or 1) * int(plan.accumulation)
+    sizes = [size for size in range(1, int(plan.micro_batch or rows)) if rows % size == 0]
+    if not sizes:
+        return None
+    fitting: Any = None
+
+    def fits(size: int) -> bool:
+        nonlocal fitting
+        split = plan.replace(micro_batch=size, accumulation=rows // size)
+        say(f"estimating the batch split {size} x {rows // size} (rows per device x accumulation steps)")
+        trial = estimate(split)
+        if trial.status == "ok" and trial.verdict_bytes * FIT_MARGIN <= budget:
+            if fitting is None or fitting.plan.micro_batch < size:
+                fitting = trial
+            return True
+        return False
+
+    if not fits(sizes[0]):
+        return None
+    low, high = 0, len(sizes) - 1  # sizes[low] fits; the largest that fits is found between them
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(sizes[middle]):
+            low = middle
+        else:
+            high = middle - 1
+    return fitting
 
 
 def _grpo_changes(args: argparse.Namespace, trainer: Any, own: Any, lowest: Any, budget: int, say: Any,
@@ -278,9 +336,11 @@ def _grpo_changes(args: argparse.Namespace, trainer: Any, own: Any, lowest: Any,
     return suggested
 
 
-def trainer_next_lines(args: argparse.Namespace, suggested: list[tuple[Any, str, str | None]]) -> list[str]:
-    """The lines after the table where nothing fits: each of :func:`trainer_suggestions` with its command, what a
-    config change changes, or that nothing was found.
+def trainer_next_lines(args: argparse.Namespace, suggested: list[tuple[Any, str, str | None]], *,
+                       levers_tried: bool = True) -> list[str]:
+    """The lines after the answer where nothing asked fits: each of :func:`trainer_suggestions` with its command;
+    where no lever combination fits (``levers_tried``: some were estimated), the changes to the training that do
+    (a GRPOConfig change, a 4-bit base), each with what it changes; or that nothing was found.
 
     Example:
         >>> args = argparse.Namespace(trainer="dpo")
@@ -297,23 +357,27 @@ def trainer_next_lines(args: argparse.Namespace, suggested: list[tuple[Any, str,
         for trial, command in levers:
             lines += [f"  {trial.label} ({judged_text(trial)}):", f"    {command}"]
         return lines
-    if args.trainer != "grpo":
-        return ["Next: no combination of levers memlab estimated (8-bit Adam, Adafactor, checkpointing, micro-batches, "
-                "the chunked loss, offload...) fits; a shorter --max-length or a smaller --lora rank changes the "
-                "training."]
+    grpo = args.trainer == "grpo"
     if not changes:
-        return ["Next: no combination of levers memlab estimated fits, nor a GRPOConfig change (--beta 0, a shorter "
-                "--max-completion-length, fewer --num-generations)."]
-    lines.append("Next: no combination of levers memlab estimated fits; these GRPOConfig changes do, each changing "
-                 "the training:")
+        if grpo:
+            return ["Next: no combination of levers memlab estimated fits, nor a GRPOConfig change (--beta 0, a "
+                    "shorter --max-completion-length, fewer --num-generations)."]
+        return ["Next: no combination of levers memlab estimated (8-bit Adam, Adafactor, checkpointing, micro-batches, "
+                "the chunked loss, offload...) fits, nor a 4-bit base; a shorter --max-length or a smaller --lora rank "
+                "changes the training."]
+    first = "Next: no combination of levers memlab estimated fits; " if levers_tried else "Next: "
+    lines.append(f"{first}these changes do, each changing the training:")
     for trial, command, what in changes:
         lines += [f"  {what} ({judged_text(trial)}):", f"    {command}"]
     return lines
 
 
-_ORDER = ("trainer", "num_generations", "max_completion_length", "max_length", "prompt_length",
-          "per_device_train_batch_size", "gradient_accumulation_steps", "beta", "lora", "gradient_checkpointing",
-          "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+_ORDER = ("trainer", "num_generations", "max_completion_length", "max_length", "prompt_length", "packing",
+          "padding_free", "completion_only_loss", "per_device_train_batch_size", "gradient_accumulation_steps", "beta",
+          "lora", "gradient_checkpointing", "optim", "activation_offloading", "use_liger_kernel", "bf16", "fp16",
+          "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "load_in_4bit", "load_in_8bit",
+          "bnb_4bit_quant_type", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant", "bnb_4bit_quant_storage",
+          "llm_int8_skip_modules")
 """The trainer's options as a command repeats them."""
 
 
