@@ -119,7 +119,8 @@ def test_a_dpo_question_is_answered(config: str, capsys: pytest.CaptureFixture[s
     (["--packing"], "--packing is a setting of a TRL trainer; add --trainer sft"),
     (["--trainer", "sft", "--max-length", "64", "--completion-only-loss", "on"],
      "needs prompt and completion examples; add --prompt-length"),
-    (["--trainer", "sft", "--optim", "adamw_8bti"], "'adamw_8bti' is not an optimizer transformers knows; did you mean"),
+    (["--trainer", "sft", "--optim", "adamw_8bti"],
+     "'adamw_8bti' is not an optimizer transformers knows; did you mean"),
     (["--trainer", "sft", "--optim", "sgd"], "--optim sgd is not an optimizer memlab estimates; write one of"),
     (["--trainer", "sft", "--load-in-4bit"], "--load-in-4bit loads a quantized base, which trains adapters only; add "
      "--lora 16"),

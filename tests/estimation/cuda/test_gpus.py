@@ -23,7 +23,7 @@ from transformers import LlamaConfig
 import memlab
 from memlab.errors import MemlabError
 from memlab.estimation.cuda.attention import efficient_refusals, flash_refusals, sdpa_backend
-from memlab.estimation.cuda.gpus import DEFAULT_GPU, GPUS, GpuKind, gpu_kind
+from memlab.estimation.cuda.gpus import DEFAULT_GPU, GPUS, gpu_kind
 from memlab.frontends.cli import main
 from memlab.plan import Plan
 from memlab.report import Report, Trial
