@@ -31,7 +31,8 @@ from memlab.trainer.source import is_trainer
 
 __all__ = ["MAX_RUNS", "MAX_SECONDS", "Limits", "limits", "resized"]
 UNCAPPED_CHECKS = 3
-"""The most sizes at and below a dry run's answer checked on the whole card (:func:`_checked_without_release`)."""
+"""The sizes at and below a dry run's answer checked on the whole card one ``multiple`` apart, tried or not
+(:func:`_checked_without_release`); below them only the sizes already tried are checked."""
 UNCAPPED_NOTE = ("the answer is the largest size whose card figure is within the budget without the cap's release of "
                  "cached segments: {sizes} fit only if the capped allocator gives its cache back in time, which "
                  "fragmentation can stop")
@@ -395,9 +396,11 @@ def _what_would_fit(model_or_config: Any, found: Limits, batch: Any, measured: b
 
 def _checked_without_release(tried: dict[int, Trial], budget: int, step: int,
                              whole_card: Callable[[int], Trial]) -> list[int]:
-    """The dry runs' answer, checked on the whole card: the sizes (from the answer down, one ``step`` at a time, at
-    most :data:`UNCAPPED_CHECKS`) whose card figure is over the budget where nothing caps the allocator, each trial in
-    ``tried`` replaced by that one, until one fits. Returns the sizes found over.
+    """The dry runs' answer, checked on the whole card: from the answer down, each size whose card figure is over the
+    budget where nothing caps the allocator has its trial in ``tried`` replaced by that one, until one fits. The first
+    :data:`UNCAPPED_CHECKS` sizes are one ``step`` apart, tried or not; past them, the largest size tried that still
+    fits only by the capped replay, and so on: whatever the walk, the answer left in ``tried`` is a size checked on the
+    whole card (or none fits). Returns the sizes found over.
 
     The sizes are tried on the card held to the budget (:func:`memlab.estimation.cuda.gpus.capped`), whose
     allocator gives its cached segments back and tries again before it runs out, as PyTorch's does. Where a size
@@ -418,12 +421,14 @@ def _checked_without_release(tried: dict[int, Trial], budget: int, step: int,
     value = bracket(tried, budget)[0]
     if not value or tried[value].card_bytes is None:
         return over
-    while value >= step and len(over) < UNCAPPED_CHECKS:
+    while value >= step:
         tried[value] = whole_card(value)
         if _fits(tried[value], budget):
             break
         over.append(value)
-        value -= step  # sizes are multiples of the step: the next one down, tried or not
+        # Sizes are multiples of the step: the next one down, tried or not, for the first checks; then the answer the
+        # sizes tried give now (a capped replay's, until it too is checked), or the next one down where none is left.
+        value = value - step if len(over) < UNCAPPED_CHECKS else bracket(tried, budget)[0] or value - step
     return over
 
 

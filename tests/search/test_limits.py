@@ -186,3 +186,32 @@ def test_an_answer_within_the_budget_and_the_next_over_it_on_a_named_card() -> N
                           multiple=4096)
     assert found.value and found.next == found.value + 4096, found.to_text()
     assert found.trial.card_bytes <= kind.memory_bytes < found.next_trial.card_bytes
+
+
+def test_an_answer_found_after_every_step_down_was_over_is_checked_on_the_whole_card_too() -> None:
+    """Past the sizes walked one step at a time below the capped replay's answer, the answer left was the largest size
+    tried below them, a capped replay never checked on the whole card: a size that fits only if the capped allocator
+    gives its cache back could be named. Now every size the answer falls to is checked too. Here the release saves
+    2.5 GiB: the capped replay fits up to 2,304 tokens, the whole card up to 768, and the dry runs tried 1,024 (the
+    batch's length), 2,048, 2,304 and 4,096."""
+    from memlab.search.limits import UNCAPPED_CHECKS, _answer, _checked_without_release
+
+    step, budget, context = 256, 8 * 2**30, 800 * 2**20
+
+    def card(size: int, released: bool) -> Trial:
+        reserved = 7 * 2**30 + 256 * 2**20 + (size - 1024) * 400 * 2**20 // step - (2560 * 2**20 if released else 0)
+        return Trial(Plan(), "ok", reserved, {}, None, None, None, "cuda:0", reserved_bytes=reserved,
+                     context_bytes=context)
+
+    tried = {size: card(size, released=True) for size in (1024, 2048, 2304, 4096)}  # the capped replay's tries
+    assert [size for size, trial in tried.items() if trial.card_bytes <= budget] == [1024, 2048, 2304]
+    checked: list[int] = []
+
+    def whole_card(size: int) -> Trial:
+        checked.append(size)
+        return card(size, released=False)
+
+    over = _checked_without_release(tried, budget, step, whole_card)
+    found = _answer(tried, budget, "tokens", step, False, None, None, None)
+    assert found.value == 768 and found.trial.card_bytes <= budget, found.to_text()  # checked on the whole card
+    assert over == checked[:-1] == [2304, 2048, 1792, 1024] and len(over) > UNCAPPED_CHECKS
