@@ -502,15 +502,22 @@ def parse_axis_items(
     return axes
 
 
-def grid_of(base: PlanT, axes: Mapping[str, Sequence[Any]]) -> list[PlanT]:
+def grid_of(base: PlanT, axes: Mapping[str, Sequence[Any]], left_out: list[str] | None = None) -> list[PlanT]:
     """``base`` with every combination of the axes' values, in the given order, each distinct plan once (any plan
     with a ``replace`` method: a Plan or an InferencePlan).
 
-    A combination whose settings cannot go together (the registry's ``conflicts``) is left out, unless every one is.
+    A combination whose settings cannot go together (the registry's ``conflicts``) is left out, unless every one is;
+    ``left_out`` (a list) gets each one's settings and why, in words.
 
     Example:
         >>> [p.label() for p in grid_of(Plan(), {"checkpointing": [False, True]})]
         ['plain', 'ckpt']
+        >>> said = []
+        >>> [p.label() for p in grid_of(Plan(), {"optimizer_in_backward": [False, True], "accumulation": [1, 2]},
+        ...                             said)]
+        ['plain', 'accum2', 'opt-in-bwd']
+        >>> said[0][:60]
+        'optimizer_in_backward=on accumulation=2 (optimizer_in_backwa'
     """
     plans: list[PlanT] = []
     refused: MemlabError | None = None
@@ -522,6 +529,10 @@ def grid_of(base: PlanT, axes: Mapping[str, Sequence[Any]]) -> list[PlanT]:
             if not isinstance(base, Plan) or not conflicts(SimpleNamespace(**{**vars(base), **changes})):
                 raise
             refused = refused or error
+            if left_out is not None:
+                words = " ".join(f"{name}={_said(value)}" for name, value in changes.items()
+                                 if value != getattr(base, name))
+                left_out.append(f"{words} ({error})")
             continue
         if plan not in plans:
             plans.append(plan)
@@ -530,11 +541,18 @@ def grid_of(base: PlanT, axes: Mapping[str, Sequence[Any]]) -> list[PlanT]:
     return plans or [base]
 
 
-def parse_grid(items: str | Iterable[str] | Mapping[str, Any], base: Plan | None = None) -> list[Plan]:
-    """Plans for every combination of ``KEY=V1,V2`` items (or a mapping of field to values), in the given order.
+def parse_grid(items: str | Iterable[str] | Mapping[str, Any], base: Plan | None = None,
+               left_out: list[str] | None = None) -> list[Plan]:
+    """Plans for every combination of ``KEY=V1,V2`` items (or a mapping of field to values), in the given order;
+    ``left_out`` gets the combinations that cannot go together, with why (:func:`grid_of`).
 
     Example:
         >>> [p.label() for p in parse_grid(["precision=fp32,bf16", "checkpointing=off,on"])]
         ['plain', 'ckpt', 'bf16', 'ckpt bf16']
     """
-    return grid_of(base or Plan(), parse_axes(items))
+    return grid_of(base or Plan(), parse_axes(items), left_out)
+
+
+def _said(value: Any) -> str:
+    """A lever's value as ``--try`` writes it."""
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)

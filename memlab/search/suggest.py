@@ -140,7 +140,8 @@ def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior, half
     (activations scaled by rough shares), the fastest the speed prior expects first; then the rest by likely peak.
     A plan is ruled out only when what it needs at least (weights, gradients, optimizer state, the CUDA context)
     is over the budget, so nothing that could fit is dropped on a guess. ``half``: the autocast precision tried,
-    ``"fp16"`` on a GPU without bf16 (:attr:`memlab.estimation.cuda.gpus.GpuKind.bf16`).
+    ``"fp16"`` on a GPU without bf16 (:attr:`memlab.estimation.cuda.gpus.GpuKind.bf16`), where pure bf16 weights,
+    which such a GPU emulates, are not combined either.
 
     Example:
         >>> from memlab.search.speed import speed_prior
@@ -162,7 +163,9 @@ def combinations(base: Trial, *, budget: int, rows: int, prior: SpeedPrior, half
     base_rows = micro_batch_of(base.plan, rows)
     splits = sorted({size for size in (rows, rows // 2, rows // 4, 1) if size >= 1 and rows % size == 0}, reverse=True)
     likely: list[tuple[bool, float, float, Plan]] = []
-    levers = [(name, tuple(half if (name, value) == ("precision", BF16) else value for value in choices))
+    # Where the GPU has no native bf16 (half is fp16), pure bf16 weights would run emulated: not suggested there.
+    levers = [(name, tuple(half if (name, value) == ("precision", BF16) else value for value in choices
+                           if half == BF16 or (name, value) != ("weights", BF16)))
               for name, choices in COMBINED]
     for values in itertools.product(*(choices for _, choices in levers)):
         changes = dict(zip((name for name, _ in levers), values, strict=True))

@@ -150,7 +150,8 @@ def default_dtype(quantized: bool = False) -> torch.dtype | None:
 
 def implied_load(plan: Plan) -> Load:
     """The load a plan implies when the user says none: ``weights="bf16"`` loads in bf16 (with ``adapter="qlora"``
-    the weights not quantized, as its name says), ``adapter="qlora"`` 4-bit NF4 (double quantization, bf16 compute),
+    the weights not quantized, as its name says), ``adapter="qlora"`` 4-bit NF4 (double quantization, computing in
+    bf16, or in fp16 where the plan autocasts in fp16),
     anything else as transformers loads it by default (:func:`default_dtype`).
 
     Example:
@@ -160,10 +161,13 @@ def implied_load(plan: Plan) -> Load:
         from_pretrained(name)
         >>> implied_load(Plan(weights="bf16", adapter="qlora")).dtype
         torch.bfloat16
+        >>> implied_load(Plan(precision="fp16", adapter="qlora")).compute_dtype  # a T4's QLoRA
+        torch.float16
     """
     bf16 = plan.weights == "bf16"
-    if plan.adapter == "qlora":
-        return Load(torch.bfloat16 if bf16 else default_dtype(quantized=True), "nf4", torch.bfloat16,
+    if plan.adapter == "qlora":  # computing in the plan's autocast dtype: fp16 where it autocasts in fp16 (a T4)
+        compute = torch.float16 if getattr(plan, "precision", None) == "fp16" else torch.bfloat16
+        return Load(torch.bfloat16 if bf16 else default_dtype(quantized=True), "nf4", compute,
                     double_quant=True, default=not bf16)
     if bf16:
         return Load(torch.bfloat16)
@@ -586,14 +590,19 @@ def staging_bytes(model: nn.Module, load: Load) -> int:
     return total
 
 
+HOST_OF_LOAD = "the host memory the plan needs at once (host_bytes; --host-budget judges it) is the load's"
+"""How :func:`staging_note` begins."""
+
+
 def staging_note(load: Load) -> str:
     """What an estimate says where its load's CPU staging (:func:`staging_bytes`) is more than the step keeps in host
     memory, and so is its ``host_bytes``. No number: the dry runs a deep model is carried from must say the same.
 
     Example:
         >>> staging_note(Load(torch.bfloat16))
-        "host_bytes are the load's: every weight as from_pretrained(name, dtype=torch.bfloat16) materialises it in \
-host memory (no device_map) before the model is moved to the GPU, more than the step keeps there"
+        "the host memory the plan needs at once (host_bytes; --host-budget judges it) is the load's: every weight as \
+from_pretrained(name, dtype=torch.bfloat16) materialises it in host memory (no device_map) before the model is \
+moved to the GPU, more than the step keeps there"
     """
     if load.quantize != "none":
         how = ("the largest checkpoint tensor, read from the memory-mapped checkpoint into host memory before it is "
@@ -601,4 +610,4 @@ host memory (no device_map) before the model is moved to the GPU, more than the 
     else:
         how = (f"every weight as {load.code()} materialises it in host memory (no device_map) before the model is "
                "moved to the GPU")
-    return f"host_bytes are the load's: {how}, more than the step keeps there"
+    return (f"{HOST_OF_LOAD}: {how}, more than the step keeps there")

@@ -240,7 +240,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     grid = list(args.try_ or [])
     refuse_trainer_levers(parse_axes(grid), "memlab estimate")  # a trainer's own settings: refused before any run
     # --try micro_batch=... keeps the batch's rows per optimizer step, as %%memfit does (the same function).
-    plans, kept = keep_rows(parse_grid(grid), grid, rows, f"--batch {args.batch}")
+    left_out: list[str] = []
+    plans, kept = keep_rows(parse_grid(grid, left_out=left_out), grid, rows, f"--batch {args.batch}")
     check_gpu_flags(args)  # the GPU's flags checked before anything is built
     budget = parse_budget(args.budget)
     if budget is None:
@@ -284,6 +285,9 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                                gpu=cli_gpu(args), load=load)
         carded = card_contexts(report.trials, cli_gpu(args))
         report = dataclasses.replace(report, trials=host_judged(carded, args))
+        if left_out:  # the grid's combinations that cannot go together: said, each with why
+            kept = "; ".join([*([kept] if kept else []), f"--try's grid left out {len(left_out)} of its "
+                              f"{len(plans) + len(left_out)} combinations: {'; '.join(left_out)}"])
         if kept is not None:
             for trial in report.trials:
                 trial.notes = (*trial.notes, kept)

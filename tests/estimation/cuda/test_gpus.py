@@ -126,6 +126,7 @@ def test_suggestions_for_a_gpu_without_bf16_autocast_in_fp16() -> None:
     base = Trial(Plan(), "ok", 17 * GIB, parts, None, None, None, "cuda", estimated=True)
     plans = combinations(base, budget=12 * GIB, rows=4, prior=speed_prior("cuda"), half="fp16")
     assert plans and {plan.precision for plan in plans} == {"fp32", "fp16"}
+    assert {plan.weights for plan in plans} == {"fp32"}  # pure bf16 weights would run emulated on such a GPU
     assert "bf16" in {plan.precision for plan in combinations(base, budget=12 * GIB, rows=4,
                                                                prior=speed_prior("cuda"))}
 

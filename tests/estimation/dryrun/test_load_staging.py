@@ -10,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import memlab
 from memlab import Plan
+from memlab.estimation.dryrun.load import HOST_OF_LOAD
 from memlab.inference.plan import InferencePlan
 from memlab.report import Trial
 from memlab.report.inference_trial import InferenceTrial
@@ -34,7 +35,7 @@ def _bytes_as_loaded(config: LlamaConfig, dtype: torch.dtype) -> int:
 
 
 def _staging_notes(trial: Trial) -> list[str]:
-    return [note for note in trial.notes if note.startswith("host_bytes are the load's")]
+    return [note for note in trial.notes if note.startswith(HOST_OF_LOAD)]
 
 
 def test_a_load_without_device_map_stages_every_weight_in_host_memory() -> None:
