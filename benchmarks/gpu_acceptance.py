@@ -140,7 +140,7 @@ class Part:
 
 
 PARTS: tuple[Part, ...] = (
-    Part("boundary", 70, ("benchmarks/gpu_sections_fill.py", "memlab/search", *DRY_RUN, "memlab/measure")),
+    Part("boundary", 100, ("benchmarks/gpu_sections_fill.py", "memlab/search", *DRY_RUN, "memlab/measure")),
     Part("heldout", 170, (*ESTIMATE_SECTIONS, *DRY_RUN, *STEP), estimated=True),
     Part("cast_reserve", 180, ("benchmarks/gpu_sections_cast.py", *ESTIMATE_SECTIONS, *DRY_RUN)),
     Part("fp8", 120, ("benchmarks/gpu_sections_fp8.py", *DRY_RUN, *STEP), needs=("torchao",)),
@@ -176,7 +176,8 @@ PARTS: tuple[Part, ...] = (
 )
 """Every part in issue 86's order (the order within a tier of the queue). The limits: what the H200 and H100 runs
 took and a third more (pytest 80 s, compile 121, levers 135, sft_peft 110, rl 196, heldout 129, loads 89, estimate 66,
-boundary 48, fill 114); for the parts of issue 86 a guess from their sizes: ``cast_reserve`` twelve programs three at
+boundary 48 before its user's loops ran in fresh processes, fill 114); for the parts of issue 86 a guess from their
+sizes: ``cast_reserve`` twelve programs three at
 a time and twelve laptop-made estimates beside them, ``fp8`` four processes on Llama-3.2-1B's shape, ``grpo_1024``
 two 0.5B trainers generating 8 x 1,024 tokens, ``grpo_8b`` one 8B trainer doing the same, ``compile_families`` four
 compiled or eager loops."""
