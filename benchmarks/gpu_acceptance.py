@@ -366,7 +366,8 @@ def run_hf_table(size: str, device: torch.device, out: Path, limit: float) -> di
 
 
 def summarize(parts: dict[str, Any]) -> dict[str, Any]:
-    """Counts of passed, failed and not-judged checks, and the names of the failed ones."""
+    """Counts of passed, failed and not-judged checks, the names of the failed ones, and the parts not started (the
+    deadline) or not run (another issue's, not on this checkout)."""
     passed = failed = unjudged = 0
     failures = []
     for name, part in parts.items():
@@ -379,7 +380,8 @@ def summarize(parts: dict[str, Any]) -> dict[str, Any]:
             else:
                 unjudged += 1
     return {"passed": passed, "failed": failed, "not_judged": unjudged, "failures": failures,
-            "not_started": [name for name, part in parts.items() if part.get("not_started")]}
+            "not_started": [name for name, part in parts.items() if part.get("not_started")],
+            "unavailable": [name for name, part in parts.items() if part.get("unavailable")]}
 
 
 def start_estimates(size: str, device: torch.device, folder: Path,
@@ -416,11 +418,12 @@ def _read_log(out: Path) -> str:
 
 
 def extra_versions() -> dict[str, str | None]:
-    """The versions of the libraries only some parts need (TRL and what ``datasets`` reads), None where absent."""
+    """The versions of the libraries only some parts need (TRL and what ``datasets`` reads, torchao, Liger), None where
+    absent."""
     from importlib import metadata
 
     found: dict[str, str | None] = {}
-    for package in ("trl", "datasets", "pyarrow"):
+    for package in ("trl", "datasets", "pyarrow", "torchao", "liger-kernel"):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -633,6 +636,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     limit = min(limit, deadline - (time.perf_counter() - started))
                     parts[name] = run_section_process(name, args.size, device, limit, env)
                 parts[name].update(at, queued=place.as_json(), **({"wheels": said} if said else {}))
+                if parts[name].get("cut") and limit < most:  # the run's deadline cut it, not its own limit
+                    parts[name]["cut_by_deadline"] = True
                 result.update(parts=dict(parts), summary=summarize(parts), wheels=wheels.said,
                               seconds=round(time.perf_counter() - started, 1))
                 common.write_json(result, path)  # after every part, so that a run cut short keeps what it measured

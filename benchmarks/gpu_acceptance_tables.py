@@ -44,6 +44,9 @@ def markdown(result: dict[str, Any]) -> str:
     for name, part in parts.items():
         if part.get("not_started"):
             continue
+        if part.get("unavailable"):
+            lines += [f"**{name}**: not run ({part['unavailable']}).", ""]
+            continue
         drawn = draw_part(name, part)
         lines += drawn or [_counts(name, part), ""]
         lines += _failed(part)

@@ -97,7 +97,8 @@ class PartRun:
     """When the part ran (ISO, UTC): its own date where recorded, else its run's (or the run it was kept from)."""
     verdict: str
     """``"passed"`` (no check failed, some passed), ``"failed"`` (a check failed, or the part was cut or raised) or
-    ``"not judged"`` (every check None: a library missing, a CPU figure)."""
+    ``"not judged"`` (every check None: a library missing, a CPU figure; or cut by the run's deadline before a check
+    failed)."""
     passed: int
     failed: int
     device: str
@@ -126,7 +127,8 @@ def verdict(checks: Sequence[Mapping[str, Any]]) -> str:
 
 def runs_in(result: Mapping[str, Any], source: str) -> list[PartRun]:
     """The parts a result ran (not those its deadline left out, nor those it could not run), each with its own
-    date."""
+    date; a part the run's deadline cut is judged by the checks it printed (none failed: not judged, so that the
+    next run takes it among the parts never judged)."""
     kept = result.get("kept_from") or {}
     device = result.get("device", {})
     found = []
@@ -135,8 +137,12 @@ def runs_in(result: Mapping[str, Any], source: str) -> list[PartRun]:
             continue
         date = part.get("date") or (kept.get("date") if name in kept.get("parts", ()) else None) or result["date"]
         checks = part.get("checks", [])
+        judged = verdict(checks)
+        if part.get("cut_by_deadline"):  # an unfinished run: failed where a check it printed failed, else unjudged
+            printed = [check for check in checks if not check.get("check", "").endswith("ran to the end")]
+            judged = "failed" if verdict(printed) == "failed" else "not judged"
         found.append(PartRun(
-            part=name, date=date, verdict=verdict(checks), passed=sum(c.get("passed") is True for c in checks),
+            part=name, date=date, verdict=judged, passed=sum(c.get("passed") is True for c in checks),
             failed=sum(c.get("passed") is False for c in checks), device=device.get("gpu") or device.get("type", "?"),
             source=source, commit=part.get("commit") or result.get("commit"), digest=part.get("code_digest")))
     return found

@@ -53,9 +53,16 @@ def test_each_part_s_newest_run_is_read_with_its_own_date(bench: Any, tmp_path: 
     old = result("2026-11-26T01:00:00+00:00", {"a": part(True), "b": part(True, False), "c": part(None)})
     kept = result("2026-11-28T02:00:00+00:00", {"a": part(False), "b": part(True)},
                   kept_from={"date": "2026-11-27T00:00:00+00:00", "parts": ["b"]})
+    stopped = {"check": "x ran to the end", "passed": False, "error": "stopped at its limit of 30 s"}
     late = result("2026-11-29T00:00:00+00:00", {"a": {"not_started": True, **part(None)},
                                                 "d": {"unavailable": "not here", **part(None)},
-                                                "e": part(True, date="2026-11-28T23:00:00+00:00")})
+                                                "e": part(True, date="2026-11-28T23:00:00+00:00"),
+                                                "f": {"checks": [{"check": "c", "passed": True}, stopped],
+                                                      "cut": "stopped", "cut_by_deadline": True},
+                                                "g": {"checks": [{"check": "c", "passed": False}, stopped],
+                                                      "cut": "stopped", "cut_by_deadline": True},
+                                                "h": {"checks": [{"check": "c", "passed": True}, stopped],
+                                                      "cut": "stopped"}})
     cpu = {**result("2026-11-30T00:00:00+00:00", {"a": part(True)}), "device": {"type": "cpu"}}
     smoke = {**result("2026-11-30T00:00:00+00:00", {"a": part(True)}), "size": "smoke"}
     for name, payload in (("1.json", old), ("2.json", kept), ("3.json", late), ("4.json", cpu), ("5.json", smoke)):
@@ -66,7 +73,10 @@ def test_each_part_s_newest_run_is_read_with_its_own_date(bench: Any, tmp_path: 
     runs = bench.gpu_queue.history([tmp_path / "results", tmp_path / "shared", tmp_path / "absent"])
     latest = bench.gpu_queue.newest(runs)
 
-    assert sorted(runs) == ["a", "b", "c", "e"] and len(runs["a"]) == 2  # not started, unavailable, CPU, smoke: out
+    assert sorted(runs) == ["a", "b", "c", "e", "f", "g", "h"] and len(runs["a"]) == 2  # not started, unavailable,
+    # CPU, smoke: out
+    # cut by the run's deadline: judged by what it printed; cut at its own limit: failed
+    assert [latest[name].verdict for name in "fgh"] == ["not judged", "failed", "failed"]
     assert (latest["a"].verdict, latest["a"].source) == ("failed", "2.json")
     assert (latest["b"].verdict, latest["b"].date) == ("passed", "2026-11-27T00:00:00+00:00")  # the kept run's date
     assert latest["c"].verdict == "not judged" and latest["e"].date == "2026-11-28T23:00:00+00:00"
