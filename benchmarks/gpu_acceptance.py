@@ -638,6 +638,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 parts[name].update(at, queued=place.as_json(), **({"wheels": said} if said else {}))
                 if parts[name].get("cut") and limit < most:  # the run's deadline cut it, not its own limit
                     parts[name]["cut_by_deadline"] = True
+                result["versions"].update(extra_versions())  # with what the wheels installed so far
                 result.update(parts=dict(parts), summary=summarize(parts), wheels=wheels.said,
                               seconds=round(time.perf_counter() - started, 1))
                 common.write_json(result, path)  # after every part, so that a run cut short keeps what it measured
