@@ -1,91 +1,70 @@
-"""The GPU acceptance run: every CUDA path of memlab on a real GPU, as ONE command that ends within 9 minutes.
+"""The GPU acceptance run: every CUDA path of memlab on a real GPU, as ONE command that ends within 9 minutes and
+spends its first minutes on what matters most: the parts whose newest run failed or whose code changed since.
 
 The command (on a lent GPU: the ``run`` tool of the device README, /work/.library/device/README.md)
 -------------------------------------------------------------------------------------------------
-The GPU image has torch 2.11, transformers, accelerate and peft, but not plotly (no part needs it: figures are
-drawn only where plotly imports), TRL or ``datasets`` (the SFTTrainer), and one of the H200 run's calls found no
-bitsandbytes (8-bit and paged AdamW, QLoRA, int8/NF4 inference, the 4-bit load). Carry these wheels, 45.8 MB in all
-(measured with ``pip download --no-deps``; their other needs are in the image). Here, once, in the checkout the
-``run`` tool sends (``.whl/`` is in .gitignore already)::
+Here, once before a call, in the checkout the ``run`` tool sends (``.gpu/`` is ignored by git)::
 
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d .whl bitsandbytes==0.50.2 peft==0.21.2 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+    python -m benchmarks.gpu_acceptance --prepare
 
-bitsandbytes 43.1 MB, trl 0.95, peft 0.84, datasets 0.61, multiprocess 0.15, dill 0.12: with the working tree
-(about 5 MB) and the results (under 1 MB) that fits the 64 MiB one call may carry. Then one call, with
-``carry=[".whl"]`` and ``timeout_s=600``::
+It downloads the wheels the GPU image lacks into ``.gpu/wheels/`` (:data:`benchmarks.gpu_queue.WHEELS`: peft,
+bitsandbytes slimmed to its CUDA 13 libraries, TRL, ``datasets``, dill, multiprocess, torchao, liger-kernel; about
+13 MiB, the working tree about 12 MiB), writes ``.gpu/checkout.json`` (the commit, and for each part whether its code
+changed since its newest run, as git says here: the GPU machine gets no ``.git``), and prints the queue and the call.
+The call, with ``carry=[".gpu"]`` and ``timeout_s=600`` (:data:`DEVICE_COMMAND`, one line)::
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; nvidia-smi; \
-    PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --out $OUT 2>&1 | tee $OUT/log
+    nvidia-smi; set -o pipefail; PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --full --out $OUT 2>&1 |
+    tee $OUT/log
 
-It runs the parts in :data:`ORDER`, least verified first, each in its own Python process (so that one part's
-CUDA error, broken CUDA context or cached memory cannot touch the next) within its own limit (:data:`LIMITS`), and
-writes ``gpu_acceptance-<gpu>.json`` after every part, so that whatever happens the JSON holds what finished. No part
-starts after the run's deadline (:data:`DEADLINE`, 490 s: with the wheels' install, about 15 s, and the imports,
-the command ends within 9 minutes) or with less than :data:`START_SHARE` of its limit left; a part cut at its limit
-keeps the checks it printed. The parts it did not reach are named in the JSON as not started: they are the ones
-already verified on an H100 or the H200 (run them later with ``--sections`` and ``--keep FILE``, which joins a
-new call's parts to an earlier result). On an H100 (2026-11-26) the first eight parts of the order then took 479 s
-and the rest waited for a later call: about four or five parts fit one call (:data:`LIMITS`).
+The run puts the parts in the queue of :mod:`benchmarks.gpu_queue` (stale first: a failed part whose code changed
+since, then the parts never judged on a GPU, then those whose code changed since they passed, then failed ones whose
+code did not change, last the current ones; :data:`PARTS`' order within each tier), installs the carried wheels with
+``pip install --no-index --no-deps --target`` (peft and bitsandbytes before the first part, the others before the
+first part that needs them, each said in the output), and runs each part in its own Python process (so that one
+part's CUDA error, broken CUDA context or cached memory cannot touch the next) within its own limit
+(``Part.limit_s``), writing ``gpu_acceptance-<gpu>.json`` after every part, so that whatever happens the JSON holds
+what finished. No part starts after the run's deadline (:data:`DEADLINE`, 490 s: with the wheels' install and the
+imports the command ends within 9 minutes, under the 10 a command may take and inside the 15 minutes of device time a
+session has, the machine's start included) or with less than :data:`START_SHARE` of its limit left; a part cut at its
+limit keeps the checks it printed; the parts not reached are named as not started, and the next call takes them first
+once this one's results are committed. Each part's result records the commit it ran at, the digest of the code it
+checks and its date, which the next call's queue reads.
 
-What comes back (at most 8 files): ``gpu_acceptance-<gpu>.json`` and the log (and ``hf_table-<gpu>.json`` where
-that part ran). Commit the results under ``benchmarks/results/``, then ``python -m benchmarks.cuda_truth`` (the
-table of truth), ``python -m benchmarks.cuda_truth_estimates`` (the CPU-made estimates against it) and add the
-result's ``{benchmark}`` block to docs/benchmarks.md (``--markdown FILE`` prints its tables).
+What comes back (at most 8 files): ``gpu_acceptance-<gpu>.json``, the log (and ``hf_table-<gpu>.json`` where that
+part ran). Commit the result under ``benchmarks/results/`` (a suffix naming the call), add its ``{benchmark}`` block
+to docs/benchmarks.md (``--markdown FILE`` prints its tables), and write the bar again (``--bar``: every part's newest
+result, :data:`BAR`), then ``python -m benchmarks.cuda_truth`` and ``python -m benchmarks.cuda_truth_estimates`` where
+the truth's parts ran.
 
-The parts, in order
--------------------
-1. ``pytest`` (``tests/gpu``): on the H100 of 2026-11-27, 33 passed and 2 failed (the chunked loss's
-   ``SystemError`` under the allocator's history, a baseline read before earlier tests' garbage was collected); both
-   fixed, 35 passed on the H100 later that day (90 s) and on the H200 of 2026-11-28 (73 s).
-2. ``compile`` (issue 69): a user's own loop on a Qwen2-0.5B shape, eager and under ``torch.compile``, each in a
-   process of its own, against ``memlab.estimate`` made as on a laptop (:mod:`benchmarks.gpu_sections_compile`):
-   the compiled estimate 1.129 of the loop's allocated peak on the H100 of 2026-11-28, 1.020 on that day's H200 once
-   the dry run ran inductor's joint-graph passes before its partitioner.
-3. What that run cut at its limit with nothing printed: ``cumulative`` (90 s), ``levers`` (80 s) and ``restore``
-   (53 s left), which took 35, 44 and 45 s on the H100 of 2026-11-22, before the CUDA tracked step recorded the
-   allocator's history. Their trials now print as they end (:func:`benchmarks.gpu_sections.trial_progress`).
-4. What the H100 verified long before: ``inference``, ``reserve``, ``cap``, ``fit``, ``ties``
-   (:mod:`benchmarks.gpu_sections` and the modules it names).
-5. What the H200 verified: ``loads`` (the user's bf16 and 4-bit loads), ``estimate`` (GPT-2, BERT, Llama, Mixtral
-   in four precisions), ``probe`` (peaks against a hand-made step), ``heldout`` (Qwen2, Mistral, Gemma-2, Phi-3,
-   GPT-NeoX, T5).
-6. What the H100 verified on 2026-11-26: ``peft_model`` (the user's own ``get_peft_model`` model: a hand-made step
-   beside ``measure`` and ``estimate``, then ``fit``; the adapters bit-identical), ``encdec`` (item 2: T5-base and
-   BART-base at 2 x 512 and 2 x 1024 in fp32, bf16 and pure bf16, :mod:`benchmarks.gpu_sections_estimate`), ``vlm``
-   (a LLaVA of a real shape, :mod:`benchmarks.gpu_sections_vlm`), ``heldout_off`` (item 3: Mistral and Phi-3 in
-   pure bf16), ``timeline`` (item 5: three plans of the 1B Llama against the allocator), ``trainer`` (``fit`` on a
-   plain ``Trainer``, ``train()`` under ``watch`` and its overhead per step).
-7. What the H200 verified on 2026-11-27: ``boundary`` (issue 69: ``memlab.limits`` at a boundary under a real cap,
-   in a process that holds nothing but its model: the answer and the next size in memlab's step and a user's own
-   loop, and the measured route; :func:`benchmarks.gpu_sections_fill.section_boundary`), ``sft_peft`` (TRL's
-   ``SFTTrainer`` with packing and a LoRA ``peft_config``: ``measure``, ``estimate``, ``fit`` and ``watch`` against its
-   own ``train()``, :mod:`benchmarks.gpu_sections_peft`) and ``fill`` (selective checkpointing and the attention lever,
-   :mod:`benchmarks.gpu_sections_fill`); and what the H100 passed on 2026-11-27: ``rl``, TRL's ``DPOTrainer`` (a
-   reference model held apart; a LoRA ``peft_config``) and ``GRPOTrainer`` (beta 0.04; LoRA) on a Qwen2-0.5B shape,
-   each in a process of its own: the trainer's own ``train()`` against ``memlab.estimate`` made on the GPU (0.987 to
-   1.046), and the estimate made as on a laptop (no GPU, no Triton) equal to the GPU-made one
-   (:mod:`benchmarks.gpu_sections_rl`).
-8. ``hf_table``: the seeds' table at full size.
-
+The parts and what each checks
+------------------------------
+:data:`PARTS` declares each: its limit in seconds on an H100 or H200 (what the runs took, and a third more; for the
+parts of issue 86 a guess from their sizes), the paths whose change makes its newest run stale, and the wheels it
+needs beyond peft and bitsandbytes. The order within a tier is issue 86's: the limits boundary, the held-out families
+and the cast-after-load reserve, float8, GRPO at 1,024 tokens and on Qwen3-8B's shape, the loads and the estimates,
+compile on two more families, the published trainers (issue 83's part: skipped with its reason until its module is on
+the branch), then the parts the latest runs passed, the seeds' table last. A check passes (True), fails (False) or
+cannot be judged on this device (None: a CUDA figure on the CPU, or a library that is not installed, with the reason).
 While the GPU runs the first parts, side processes that see no GPU (``CUDA_VISIBLE_DEVICES=""``, niced) make the
-estimates the estimated parts compare (CPU-made, as CI makes them), one process for each (on a GPU machine only: on
-the CPU each part makes its own). A check passes (True), fails (False) or cannot be judged on this device (None: a
-CUDA figure on the CPU, or a library that is not installed, with the reason).
+estimates the estimated parts compare (CPU-made, as CI makes them), one process for each (on a GPU machine only).
 
 Run from the repository root::
 
-    python -m benchmarks.gpu_acceptance                  # everything, --full sizes, on a CUDA machine
+    python -m benchmarks.gpu_acceptance --queue                 # the order a run would take, and why
+    python -m benchmarks.gpu_acceptance                         # everything, --full sizes, on a CUDA machine
     python -m benchmarks.gpu_acceptance --sections encdec,vlm --keep FILE
-    python -m benchmarks.gpu_acceptance --smoke --device cpu   # the same command at tiny sizes on the CPU: the
-                                                               # parts in order until its 60 s deadline (the suite)
+    python -m benchmarks.gpu_acceptance --bar                   # benchmarks/results/gpu_acceptance_bar.json
+    python -m benchmarks.gpu_acceptance --smoke --device cpu    # the same command at tiny sizes on the CPU: the
+                                                                # queue until its 60 s deadline (the suite)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
+import importlib
+import importlib.util
 import json
 import os
 import re
@@ -94,45 +73,118 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from benchmarks import common
-from benchmarks.gpu_acceptance_tables import markdown  # noqa: E402  (the results as the docs show them)
+from benchmarks.gpu_acceptance_tables import bar_markdown, markdown  # the results as the docs show them
 from benchmarks.gpu_common import estimates_variable, gpu_kind_name, start_side_estimates
+from benchmarks.gpu_queue import (
+    BASE,
+    CARRIED,
+    SITE,
+    TIERS,
+    TRL,
+    WHEEL_FOLDER,
+    CodeState,
+    Queued,
+    code_digest,
+    fetch,
+    head,
+    history,
+    history_folders,
+    install,
+    newest,
+    queue,
+    tree_bytes,
+    write_checkout,
+)
 from benchmarks.gpu_sections import ROOT, SECTIONS
 
 NAME = "gpu_acceptance"
-ORDER = ("pytest", "compile", "cumulative", "levers", "restore", "inference", "reserve", "cap", "fit", "ties",
-         "loads", "estimate", "probe", "heldout", "peft_model", "encdec", "vlm", "heldout_off", "timeline", "trainer",
-         "boundary", "sft_peft", "fill", "rl", "hf_table")
-"""The parts, least verified first: ``pytest`` (every test passed on the H100 and H200 since two failures of
-2026-11-27 were fixed), the compiled step's estimate against a user's compiled loop (issue 69), then the three
-parts that run cut with nothing printed (``cumulative``, ``levers``, ``restore``), then what the H100 verified long
-before, what the H200 verified, what the H100 run of 2026-11-26 verified (a live peft model, T5 and BART, a VLM, the
-held-out rows, the timeline, the Trainer), and what the H200 and H100 of 2026-11-27 passed (the limits boundary, the
-SFTTrainer with peft, the levers of ``fill``, TRL's DPO and GRPO trainers); the seeds' table last."""
-LIMITS = {"compile": 180, "rl": 210, "sft_peft": 170, "peft_model": 90, "encdec": 120, "vlm": 90, "heldout_off": 60,
-          "timeline": 60,
-          "boundary": 70, "fill": 110, "trainer": 100,
-          "loads": 120, "estimate": 90, "probe": 60, "heldout": 170,
-          "pytest": 100, "cumulative": 150, "levers": 180, "inference": 100, "reserve": 100, "restore": 100, "cap": 60,
-          "fit": 90, "ties": 100, "hf_table": 130}
-"""Seconds each part may take at most on an H100 or H200: what the H200 (2026-11-26) and H100 runs took, and a
-third more (timeline 33 s, fill 114, trainer 41 with its SFT half moved out, loads 89, estimate 66, probe 37,
-heldout 129; pytest 44, cumulative 63, levers 53, restore 51, cap 43, fit 64, hf_table 96); for the new parts a guess
-from their sizes against those (rl: four 0.5B trainers built, estimated and trained, their laptop-made estimates in
-a process beside); the H100 run of 2026-11-26 took sft_peft 70.5 s whole (22.5 where it broke),
-peft_model 69.5, encdec 37.2, vlm 41.2, heldout_off 33.0, timeline 37.9, fill 114.6, trainer 61.5). On the H200 of
-2026-11-27 ``pytest`` was cut at 80 s, before its last files (its tests grew); on the H100 of 2026-11-27 it took
-64.5 s (100 s now), and ``cumulative``, ``levers`` and ``restore`` were cut at 90, 80 and 53 s. On the H100 of
-2026-11-28 ``levers`` took 134.5 s whole (16 trials in 94 s, then three timed again), ``restore`` finished within
-100 s, and ``sft_peft`` was cut at 120 s in its last measurement (the watch's overhead), every check before it
-passed."""
-ESTIMATED = ("encdec", "vlm", "heldout_off", "loads", "estimate", "heldout")
+BAR = "gpu_acceptance_bar"
+"""The committed summary (``benchmarks/results/gpu_acceptance_bar.json``): every part's newest result."""
+DEVICE_COMMAND = ("nvidia-smi; set -o pipefail; PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_acceptance --full "
+                  "--out $OUT 2>&1 | tee $OUT/log")
+"""The device tool's command, with ``carry=[".gpu"]`` and ``timeout_s=600`` (``--prepare`` first, here)."""
+
+STEP = ("memlab/runner", "memlab/measure", "memlab/techniques")
+"""What a measured trial runs through."""
+DRY_RUN = ("memlab/estimation",)
+TRAINERS = ("memlab/trainer", "memlab/kinds")
+ESTIMATE_SECTIONS = ("benchmarks/gpu_sections_estimate.py", "benchmarks/gpu_reference.py")
+COMPILE = ("benchmarks/gpu_sections_compile.py", "memlab/techniques/compile.py", "memlab/measure/compiled.py",
+           *DRY_RUN)
+RL = ("benchmarks/gpu_sections_rl.py", "benchmarks/gpu_sections_peft.py", *TRAINERS, *DRY_RUN)
+LEVERS = ("benchmarks/gpu_sections.py", "benchmarks/gpu_reference.py", *STEP)
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One part of the run: what it is called, how long it may take, what it checks and needs."""
+
+    name: str
+    limit_s: float
+    """Seconds at most on an H100 or H200."""
+    checks: tuple[str, ...]
+    """The paths (files or folders, from the repository root) whose change makes its newest run stale."""
+    needs: tuple[str, ...] = ()
+    """The carried wheels it needs beyond :data:`benchmarks.gpu_queue.BASE` (names of ``WHEELS`` there)."""
+    estimated: bool = False
+    """Its CPU-made estimates are made by a side process while the GPU runs the parts before it."""
+    provided_by: str | None = None
+    """``"module:function"`` of a section another issue provides; the part is skipped, with why, until it exists."""
+
+
+PARTS: tuple[Part, ...] = (
+    Part("boundary", 100, ("benchmarks/gpu_sections_fill.py", "memlab/search", *DRY_RUN, "memlab/measure")),
+    Part("heldout", 170, (*ESTIMATE_SECTIONS, *DRY_RUN, *STEP), estimated=True),
+    Part("cast_reserve", 180, ("benchmarks/gpu_sections_cast.py", *ESTIMATE_SECTIONS, *DRY_RUN)),
+    Part("fp8", 120, ("benchmarks/gpu_sections_fp8.py", *DRY_RUN, *STEP), needs=("torchao",)),
+    Part("grpo_1024", 240, RL, needs=TRL),
+    Part("grpo_8b", 240, RL, needs=TRL),
+    Part("loads", 120, ("benchmarks/gpu_sections_loads.py", *DRY_RUN, *STEP, "memlab/inference"), estimated=True),
+    Part("estimate", 90, (*ESTIMATE_SECTIONS, *DRY_RUN, *STEP), estimated=True),
+    Part("compile_families", 240, COMPILE),
+    Part("published", 240, ("benchmarks/gpu_sections_published.py", *TRAINERS, *DRY_RUN),
+         needs=(*TRL, "liger-kernel"), provided_by="benchmarks.gpu_sections_published:section_published"),
+    Part("levers", 180, LEVERS),
+    Part("pytest", 100, ("tests/gpu", "tests/models.py", *STEP), needs=(*TRL, "torchao")),
+    Part("compile", 180, COMPILE),
+    Part("rl", 210, RL, needs=TRL),
+    Part("sft_peft", 170, ("benchmarks/gpu_sections_peft.py", "benchmarks/gpu_sections_trainer.py", *TRAINERS,
+                           *DRY_RUN, "memlab/search"), needs=TRL),
+    Part("fill", 110, ("benchmarks/gpu_sections_fill.py", *DRY_RUN, *STEP)),
+    Part("cumulative", 150, LEVERS),
+    Part("restore", 100, ("benchmarks/gpu_sections_restore.py", *STEP, "memlab/live")),
+    Part("encdec", 120, (*ESTIMATE_SECTIONS, *DRY_RUN, *STEP), estimated=True),
+    Part("heldout_off", 60, (*ESTIMATE_SECTIONS, *DRY_RUN, *STEP), estimated=True),
+    Part("vlm", 90, ("benchmarks/gpu_sections_vlm.py", *DRY_RUN, *STEP), estimated=True),
+    Part("peft_model", 90, ("benchmarks/gpu_sections_peft.py", *DRY_RUN, *STEP, "memlab/search")),
+    Part("timeline", 60, ("benchmarks/gpu_sections_timeline.py", *STEP)),
+    Part("trainer", 100, ("benchmarks/gpu_sections_trainer.py", *TRAINERS, "memlab/search", *STEP)),
+    Part("probe", 60, LEVERS),
+    Part("inference", 100, ("benchmarks/gpu_sections_inference.py", "memlab/inference", "memlab/measure")),
+    Part("reserve", 100, ("benchmarks/gpu_sections_runs.py", *STEP, "memlab/estimation/cuda")),
+    Part("cap", 60, ("benchmarks/gpu_sections.py", *STEP)),
+    Part("fit", 90, (*LEVERS, "memlab/search")),
+    Part("ties", 100, ("benchmarks/gpu_sections_runs.py", "benchmarks/ties.py", "memlab/report", *STEP)),
+    Part("hf_table", 130, ("benchmarks/hf_table.py", *STEP, "memlab/export")),
+)
+"""Every part in issue 86's order (the order within a tier of the queue). The limits: what the H200 and H100 runs
+took and a third more (pytest 80 s, compile 121, levers 135, sft_peft 110, rl 196, heldout 129, loads 89, estimate 66,
+boundary 48 before its user's loops ran in fresh processes, fill 114); for the parts of issue 86 a guess from their
+sizes: ``cast_reserve`` twelve programs three at
+a time and twelve laptop-made estimates beside them, ``fp8`` four processes on Llama-3.2-1B's shape, ``grpo_1024``
+two 0.5B trainers generating 8 x 1,024 tokens, ``grpo_8b`` one 8B trainer doing the same, ``compile_families`` four
+compiled or eager loops."""
+BY_NAME = {part.name: part for part in PARTS}
+ORDER = tuple(part.name for part in PARTS)
+LIMITS = {part.name: part.limit_s for part in PARTS}
+ESTIMATED = tuple(part.name for part in PARTS if part.estimated)
 """The parts whose CPU-made estimates a side process that sees no GPU makes while the GPU runs the parts before."""
 START_SHARE = 0.75
 """A part starts only with this share of its limit left before the deadline: a part cut short keeps only the checks
@@ -149,16 +201,41 @@ CPU_SLACK = 5
 HF_TABLE_REPEATS = 1
 
 
+def unavailable(name: str) -> str | None:
+    """Why part ``name`` cannot run on this checkout (its section is another issue's, not here yet), or None."""
+    provided = BY_NAME[name].provided_by if name in BY_NAME else None
+    if provided is None:
+        return None
+    module = provided.split(":")[0]
+    if importlib.util.find_spec(module) is None:
+        return (f"{module.replace('.', '/')}.py is not on this branch yet (issue 83 provides "
+                f"{provided.replace(':', '.')}(size, device), with its own checks)")
+    return None
+
+
+def section_function(name: str) -> Callable[[str, torch.device], dict[str, Any]]:
+    """Part ``name``'s section: :data:`benchmarks.gpu_sections.SECTIONS`' or the one its ``provided_by`` names."""
+    provided = BY_NAME[name].provided_by if name in BY_NAME else None
+    if provided is None:
+        return SECTIONS[name]
+    module, function = provided.split(":")
+    found: Callable[[str, torch.device], dict[str, Any]] = getattr(importlib.import_module(module), function)
+    return found
+
+
 def run_section_here(name: str, size: str, device: torch.device) -> dict[str, Any]:
     """One section in this process; an exception becomes a failed check with its traceback, after the checks the
-    section made before it raised."""
+    section made before it raised; a part this checkout cannot run (:func:`unavailable`) is skipped with why."""
     from benchmarks.gpu_common import Checks
 
     common.quiet()
+    why = unavailable(name)
+    if why is not None:
+        return skipped(name, why)
     started = time.perf_counter()
     made = len(Checks.made)
     try:
-        result = SECTIONS[name](size, device)
+        result = section_function(name)(size, device)
     except Exception as error:  # noqa: BLE001 - reported as a failed section, with the traceback
         failed = {"check": f"{name} ran to the end", "passed": False, "error": f"{type(error).__name__}: {error}"}
         result = {
@@ -289,7 +366,8 @@ def run_hf_table(size: str, device: torch.device, out: Path, limit: float) -> di
 
 
 def summarize(parts: dict[str, Any]) -> dict[str, Any]:
-    """Counts of passed, failed and not-judged checks, and the names of the failed ones."""
+    """Counts of passed, failed and not-judged checks, the names of the failed ones, and the parts not started (the
+    deadline) or not run (another issue's, not on this checkout)."""
     passed = failed = unjudged = 0
     failures = []
     for name, part in parts.items():
@@ -302,7 +380,8 @@ def summarize(parts: dict[str, Any]) -> dict[str, Any]:
             else:
                 unjudged += 1
     return {"passed": passed, "failed": failed, "not_judged": unjudged, "failures": failures,
-            "not_started": [name for name, part in parts.items() if part.get("not_started")]}
+            "not_started": [name for name, part in parts.items() if part.get("not_started")],
+            "unavailable": [name for name, part in parts.items() if part.get("unavailable")]}
 
 
 def start_estimates(size: str, device: torch.device, folder: Path,
@@ -339,11 +418,12 @@ def _read_log(out: Path) -> str:
 
 
 def extra_versions() -> dict[str, str | None]:
-    """The versions of the libraries only some parts need (TRL and what ``datasets`` reads), None where absent."""
+    """The versions of the libraries only some parts need (TRL and what ``datasets`` reads, torchao, Liger), None where
+    absent."""
     from importlib import metadata
 
     found: dict[str, str | None] = {}
-    for package in ("trl", "datasets", "pyarrow"):
+    for package in ("trl", "datasets", "pyarrow", "torchao", "liger-kernel"):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -365,19 +445,110 @@ def part_limits(name: str, size: str, slack: float) -> tuple[float, float]:
     return limit, START_SHARE * limit
 
 
+def skipped(name: str, why: str) -> dict[str, Any]:
+    """A part that cannot run on this checkout: not judged (None), with why; the summary names it."""
+    return {"unavailable": why, "checks": [{"check": f"{name} ran", "passed": None, "why": f"skipped: {why}"}]}
+
+
+def stamp(part: Part, commit: str | None) -> dict[str, Any]:
+    """What a part's result records of the code it ran: its date, the commit and the digest of its paths (what the
+    next run's queue compares)."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
+            "code_digest": code_digest(part.checks, ROOT)}
+
+
+def plan_queue(folders: Sequence[Path], listed: Sequence[str] | None = None,
+               state: CodeState | None = None) -> list[Queued]:
+    """The parts in the order this run takes them: stale first (:func:`benchmarks.gpu_queue.queue`) over the runs in
+    ``folders``; ``listed``: those parts only, in that order (each with its tier and why)."""
+    state = state or CodeState(ROOT)
+    latest = newest(history(folders))
+    queued = queue(ORDER, latest, lambda name, run: state.changed(name, BY_NAME[name].checks, run))
+    if listed is None:
+        return queued
+    by_part = {place.part: place for place in queued}
+    return [by_part[name] for name in listed]
+
+
+def bar(folders: Sequence[Path] = (common.RESULTS_DIR,), state: CodeState | None = None) -> dict[str, Any]:
+    """Every part's newest result in the committed runs of ``folders`` (and each declared part never run): its
+    verdict, checks, device, commit and date, with its limit; the rows and their markdown (:data:`BAR`)."""
+    state = state or CodeState(ROOT)
+    latest = newest(history(folders))
+    rows = []
+    for name in [*ORDER, *sorted(set(latest) - set(ORDER))]:
+        run = latest.get(name)
+        part = BY_NAME.get(name)
+        row: dict[str, Any] = {"part": name, "limit_s": part.limit_s if part else None}
+        if run is not None:
+            inferred = None if run.commit else state.commit_before(run.date)
+            row.update(verdict=run.verdict, passed=run.passed, failed=run.failed, device=run.device,
+                       commit=run.commit[:7] if run.commit else None,
+                       commit_before=inferred[:7] if inferred else None, date=run.date, source=run.source)
+        rows.append(row)
+    return {"benchmark": BAR, "rows": rows, "markdown": bar_markdown(rows)}
+
+
+def write_bar(out: Path) -> dict[str, Any]:
+    """:func:`bar` of the committed results, written as ``out/gpu_acceptance_bar.json``."""
+    made = bar()
+    common.write_json(made, out / f"{BAR}.json")
+    return made
+
+
+def prepare() -> list[Queued]:
+    """``--prepare``: the wheels downloaded into ``.gpu/wheels``, ``.gpu/checkout.json`` written, what a call
+    carries said; the queue."""
+    wheels = fetch()
+    write_checkout(ORDER, {part.name: part.checks for part in PARTS})
+    carried = sum(path.stat().st_size for path in CARRIED.rglob("*") if path.is_file())
+    tree = tree_bytes() or 0
+    print(f"{CARRIED.relative_to(ROOT)}/: {len(wheels)} wheels and checkout.json, {carried / 2**20:.1f} MiB; with the "
+          f"working tree ({tree / 2**20:.1f} MiB) a call carries {(carried + tree) / 2**20:.1f} MiB of 64")
+    for wheel in wheels:
+        print(f"  {wheel.name} {wheel.stat().st_size / 2**20:.2f} MiB")
+    return plan_queue(history_folders(ROOT), state=CodeState(ROOT))
+
+
+def print_queue(queued: Sequence[Queued]) -> None:
+    for place in queued:
+        said = unavailable(place.part)
+        print(f"  {TIERS[place.tier]:<24} {place.part:<17} {LIMITS[place.part]:>4.0f} s  "
+              f"{'skipped: ' + said if said else place.why}")
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the acceptance parts, write ``gpu_acceptance-<device>.json``, print the summary; return the result."""
     parser = common.build_parser((__doc__ or NAME).splitlines()[0])
     parser.set_defaults(size=None)
-    parser.add_argument("--sections", help=f"comma-separated parts to run, from: {', '.join(ORDER)} (default: all)")
+    parser.add_argument("--sections", help=f"comma-separated parts to run in this order, from: {', '.join(ORDER)} "
+                                           "(default: every part, stale first)")
+    parser.add_argument("--order", choices=("stale", "listed"), default="stale",
+                        help="stale: the queue of benchmarks/gpu_queue.py (default); listed: the parts as declared")
+    parser.add_argument("--history", type=Path, action="append", metavar="DIR",
+                        help="a folder of earlier results the queue reads (repeatable; default: benchmarks/results "
+                             "and /work/shared/gpu-runs where it exists)")
     parser.add_argument("--deadline", type=float,
                         help=f"seconds after which no further part starts (default {DEADLINE:.0f} at the full size, "
                              f"{SMOKE['deadline']:.0f} at the smoke size; at the small size {CPU_SLACK} times the "
                              "full size's, and the parts' limits too, for slow shared CPUs)")
     parser.add_argument("--keep", type=Path, metavar="FILE",
                         help="a result of an earlier run: its parts are kept, those run now replace theirs")
+    parser.add_argument("--wheels", type=Path, default=WHEEL_FOLDER,
+                        help="the carried wheels (default .gpu/wheels: --prepare downloads them)")
+    parser.add_argument("--site", type=Path, default=SITE,
+                        help=f"where the wheels are installed (default {SITE})")
+    parser.add_argument("--no-install", action="store_true",
+                        help="install no carried wheel (the smoke size never does)")
     parser.add_argument("--markdown", type=Path, metavar="FILE",
                         help="print the README tables of a result written by this run, and run nothing")
+    parser.add_argument("--queue", action="store_true", help="print the order a run would take, and why; run nothing")
+    parser.add_argument("--prepare", action="store_true",
+                        help="download the wheels into .gpu/wheels and write .gpu/checkout.json (here, before a call "
+                             "to the GPU machine), then print the queue and the call; run nothing")
+    parser.add_argument("--bar", action="store_true",
+                        help=f"write {BAR}.json into --out from the committed results (every part's newest); run "
+                             "nothing")
     parser.add_argument("--section", help=argparse.SUPPRESS)
     parser.add_argument("--part", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -385,6 +556,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result = json.loads(args.markdown.read_text())
         print(markdown(result))
         return result
+    if args.bar:
+        made = write_bar(args.out)
+        print(made["markdown"])
+        return made
+    folders = args.history or history_folders(ROOT)
+    if args.prepare or args.queue:
+        queued = prepare() if args.prepare else plan_queue(folders)
+        print_queue(queued)
+        if args.prepare:
+            print(f"\nthe call (carry=[\".gpu\"], timeout_s=600):\n{DEVICE_COMMAND}")
+        return {"queue": [place.as_json() for place in queued]}
     if args.size is None:
         args.size = "full" if torch.cuda.is_available() and args.device != "cpu" else "small"
     device = common.resolve_device(args, parser)
@@ -392,18 +574,28 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result = run_section_here(args.section, args.size, device)
         args.part.write_text(json.dumps(result, default=common._jsonable, allow_nan=False))
         return result
-    chosen = ORDER if not args.sections else tuple(s.strip() for s in args.sections.split(","))
-    unknown = [s for s in chosen if s not in ORDER]
+    listed = None if not args.sections else [s.strip() for s in args.sections.split(",")]
+    unknown = [s for s in listed or () if s not in ORDER]
     if unknown:
         parser.error(f"--sections: {unknown[0]!r} is not a part; write some of {', '.join(ORDER)}")
+    if listed is None and args.order == "listed":
+        listed = list(ORDER)
     common.quiet()
     started = time.perf_counter()
+    wheels = Wheels(args.wheels, args.site, args.size != "smoke" and not args.no_install)
+    wheels.need(BASE, "every part (memlab itself)")  # before anything here imports memlab
+    queued = plan_queue(folders, listed)
+    print("the queue:", flush=True)
+    print_queue(queued)
     result = common.metadata_for(NAME, device, args.size)
     result["versions"].update(extra_versions())
+    checkout = head(ROOT)
+    result.update(checkout, queue=[place.as_json() for place in queued])
     parts: dict[str, Any] = {}
     if args.keep:
         earlier = json.loads(args.keep.read_text())
-        parts.update({name: part for name, part in earlier["parts"].items() if name not in chosen})
+        parts.update({name: part for name, part in earlier["parts"].items()
+                      if name not in {place.part for place in queued}})
         result["kept_from"] = {"date": earlier["date"], "command": earlier["command"], "seconds": earlier["seconds"],
                                "parts": list(parts)}
     path = args.out / f"{common.result_stem(NAME, device, args.size)}.json"
@@ -411,20 +603,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     default = SMOKE["deadline"] if args.size == "smoke" else DEADLINE * slack
     deadline = args.deadline if args.deadline is not None else default
     result["deadline_s"] = deadline
+    order = [place.part for place in queued]
     with tempfile.TemporaryDirectory(prefix="memlab-estimates-") as folder:
         # Side processes only beside a GPU: on the CPU they would take the cores the parts themselves need.
-        sides = {name: start_estimates(args.size, device, Path(folder), name) for name in chosen
+        sides = {name: start_estimates(args.size, device, Path(folder), name) for name in order
                  if name in ESTIMATED and device.type == "cuda"}
         try:
-            for name in chosen:
+            for place in queued:
+                name = place.part
+                why = unavailable(name)
+                if why is not None:
+                    parts[name] = skipped(name, why)
+                    print(f"== {name}: skipped ({why})", flush=True)
+                    continue
                 left = deadline - (time.perf_counter() - started)
                 most, least = part_limits(name, args.size, slack)
-                limit = min(most, left)
                 if left < least:
                     parts[name] = not_started(name, f"{left:.0f} s of the run's {deadline:.0f} s were left, "
                                                     f"{least:.0f} s needed")
                     continue
-                print(f"== {name} (at most {limit:.0f} s)", flush=True)
+                said = wheels.need(BY_NAME[name].needs, name)
+                limit = min(most, deadline - (time.perf_counter() - started))
+                print(f"== {name} (at most {limit:.0f} s; {TIERS[place.tier]})", flush=True)
+                at = stamp(BY_NAME[name], checkout["commit"])
                 if name == "pytest":
                     parts[name] = run_pytest(limit, device)
                 elif name == "hf_table":
@@ -434,7 +635,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     # A wait for the side process is the part's time: the run's deadline holds.
                     limit = min(limit, deadline - (time.perf_counter() - started))
                     parts[name] = run_section_process(name, args.size, device, limit, env)
-                result.update(parts={n: parts[n] for n in ORDER if n in parts}, summary=summarize(parts),
+                parts[name].update(at, queued=place.as_json(), **({"wheels": said} if said else {}))
+                if parts[name].get("cut") and limit < most:  # the run's deadline cut it, not its own limit
+                    parts[name]["cut_by_deadline"] = True
+                result["versions"].update(extra_versions())  # with what the wheels installed so far
+                result.update(parts=dict(parts), summary=summarize(parts), wheels=wheels.said,
                               seconds=round(time.perf_counter() - started, 1))
                 common.write_json(result, path)  # after every part, so that a run cut short keeps what it measured
         finally:
@@ -442,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 if side.poll() is None:
                     side.kill()
                     side.wait()
-    result.update(parts={n: parts[n] for n in ORDER if n in parts}, summary=summarize(parts),
+    result.update(parts=dict(parts), summary=summarize(parts), wheels=wheels.said,
                   seconds=round(time.perf_counter() - started, 1))
     common.write_json(result, path)
     summary = result["summary"]
@@ -451,9 +656,32 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for failure in summary["failures"]:
         print(f"  FAILED {failure}")
     if summary["not_started"]:
-        print(f"  not started (run them with --sections {','.join(summary['not_started'])} --keep {path}): "
-              f"{', '.join(summary['not_started'])}")
+        print(f"  not started (the next call takes them first once this result is committed; or now: --sections "
+              f"{','.join(summary['not_started'])} --keep {path}): {', '.join(summary['not_started'])}")
     return result
+
+
+
+class Wheels:
+    """The carried wheels installed as the run needs them (:func:`benchmarks.gpu_queue.install`), each said once in
+    the output and kept in :attr:`said` for the result; nothing where installing is off."""
+
+    def __init__(self, folder: Path, site: Path, on: bool) -> None:
+        self.folder, self.site, self.on = folder, site, on
+        self.done: set[str] = set()
+        self.said: list[str] = []
+
+    def need(self, dists: Sequence[str], by: str) -> list[str]:
+        """Install those of ``dists`` not installed by this run yet, for ``by``: the lines said."""
+        wanted = [dist for dist in dists if dist not in self.done]
+        self.done |= set(wanted)
+        if not self.on or not wanted:
+            return []
+        lines = [f"for {by}: {line}" for line in install(wanted, self.folder, self.site)]
+        for line in lines:
+            print(f"  wheels {line}", flush=True)
+        self.said += lines
+        return lines
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ def markdown(result: dict[str, Any]) -> str:
     for name, part in parts.items():
         if part.get("not_started"):
             continue
+        if part.get("unavailable"):
+            lines += [f"**{name}**: not run ({part['unavailable']}).", ""]
+            continue
         drawn = draw_part(name, part)
         lines += drawn or [_counts(name, part), ""]
         lines += _failed(part)
@@ -255,6 +258,104 @@ def _rl(part: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _grpo(title: str) -> Callable[[dict[str, Any]], list[str]]:
+    """The GRPO parts of issue 86: each trainer's own train() beside the GPU-made and laptop-made estimates."""
+
+    def render(part: dict[str, Any]) -> list[str]:
+        if part.get("missing"):
+            return [f"**{title}**: not run ({part['missing']}).", ""]
+        settings, model = part["settings"], part["model"]
+        grpo = settings["grpo"]
+        laptop = "on the meta device" if settings.get("laptop_on_meta") else "built on the CPU"
+        head = (f"**{title}** ({model['family']}, hidden {model['hidden']} x {model['layers']} layers, vocabulary "
+                f"{model['vocab']:,}, weights {settings.get('dtype')}; {grpo['generations']} generations of "
+                f"{grpo['completion']} tokens after {grpo['prompt']}, beta {grpo['beta']}; the laptop's trainer "
+                f"{laptop}, in a process that saw no GPU and no Triton):")
+        rows = []
+        for name, row in part["trainers"].items():
+            made, theirs = row.get("gpu_made") or {}, row.get("laptop_made") or {}
+            reference = row.get("train_peak_bytes")
+            rows.append([name, _gib(reference), _gib(made.get("peak_bytes")), _ratio(made.get("peak_bytes"), reference),
+                         _gib(theirs.get("peak_bytes")), _ratio(theirs.get("peak_bytes"), reference)])
+        headers = ["trainer", "train() GiB", "GPU-made GiB", "/ train()", "laptop-made GiB", "/ train()"]
+        return [head, "", common.markdown_table(headers, rows), ""]
+
+    return render
+
+
+def _fp8(part: dict[str, Any]) -> list[str]:
+    """Pure bf16 with torchao's float8: a user's loop against the laptop-made estimate."""
+    head = (f"**Pure bf16 and torchao's float8** (Llama {_shape(part['model'])}, estimated for "
+            f"{part['estimated_for']}; float8: {part['float8']}):")
+    rows = [[r["row"], _gib(r["loop"].get("allocated_bytes")), _gib(r["estimate"].get("peak_bytes")),
+             r["estimate_over_allocated"], _gib(r["loop"].get("card_bytes")), _gib(r["estimate"].get("card_bytes")),
+             r["card_estimate_over_measured"]] for r in part["rows"]]
+    headers = ["plan", "loop's allocated GiB", "estimate GiB", "/ loop", "loop's reserved + context GiB",
+               "card estimate GiB", "/ loop"]
+    return [head, "", common.markdown_table(headers, rows), ""]
+
+
+def _cast_reserve(part: dict[str, Any]) -> list[str]:
+    """Built in fp32, cast to bf16, trained: the program's peaks against the laptop-made estimate."""
+    head = (f"**The cast-after-load reserve** (each family built in fp32 on the GPU, `.to(torch.bfloat16)`, fused "
+            f"AdamW; estimated for {part['estimated_for']} with `Plan(weights=\"bf16\")` and "
+            "`load={\"dtype\": torch.float32}`):")
+    rows = [[r["model"], f"{r['rows']} x {r['length']}", _gib(r["program"].get("allocated_bytes")),
+             _gib(r["estimate"].get("peak_bytes")), r["estimate_over_measured"],
+             _gib(r["program"].get("reserved_peak_bytes")), _gib(r["estimate"].get("reserved_bytes")),
+             r["reserved_estimate_over_measured"]] for r in part["rows"]]
+    headers = ["model", "batch", "allocated GiB", "estimate GiB", "/ allocated", "reserved GiB",
+               "reserved estimate GiB", "/ reserved"]
+    return [head, "", common.markdown_table(headers, rows), ""]
+
+
+def _compile_families(part: dict[str, Any]) -> list[str]:
+    """A user's loop, eager and compiled, on each family against the laptop-made estimate."""
+    rows = []
+    for family, found in part["families"].items():
+        for variant in ("eager", "compiled"):
+            loop, made = found["measured"].get(variant) or {}, found["estimates"].get(variant) or {}
+            allocated, reserved = loop.get("allocated_bytes"), loop.get("reserved_bytes")
+            rows.append([family, variant, _gib(allocated), _gib(made.get("peak_bytes")),
+                         _ratio(made.get("peak_bytes"), allocated), _gib(reserved), _gib(made.get("reserved_bytes")),
+                         _ratio(made.get("reserved_bytes"), reserved)])
+    headers = ["family", "step", "loop's allocated GiB", "estimate GiB", "/ loop", "loop's reserved GiB",
+               "reserved estimate GiB", "/ loop"]
+    return [f"**torch.compile on more families** (estimated for {part['estimated_for']} as on a laptop):", "",
+            common.markdown_table(headers, rows), ""]
+
+
+def bar_markdown(rows: list[dict[str, Any]]) -> str:
+    """The bar: one line of counts, then each part's newest GPU result (the run's JSON named), its checks, device,
+    commit (``<=`` where the run recorded none: the last commit before its date) and date, and the part's limit.
+
+    Example:
+        >>> print(bar_markdown([{"part": "cap", "limit_s": 60, "verdict": "passed", "passed": 5, "failed": 0,
+        ...     "device": "NVIDIA H200", "commit": None, "commit_before": "abc1234",
+        ...     "date": "2026-11-26T01:55:05+00:00", "source": "x.json"},
+        ...     {"part": "fp8", "limit_s": 120}]))
+        2 parts; on its newest GPU run 1 passed, 0 failed; 1 never ran on a GPU.
+        <BLANKLINE>
+        | part | newest run | checks passed / failed | device | commit | date (UTC) | limit s | result |
+        |:--|:--|:--|:--|:--|:--|--:|:--|
+        | cap | pass | 5 / 0 | NVIDIA H200 | <= abc1234 | 2026-11-26 01:55 | 60 | x.json |
+        | fp8 | never run | - | - | - | - | 120 | - |
+    """
+    shown, counts = [], {"passed": 0, "failed": 0, "never": 0}
+    for row in rows:
+        ran = row.get("verdict")
+        counts["never" if ran in (None, "not judged") else ran] += 1
+        newest = {"passed": "pass", "failed": "FAIL", "not judged": "not judged", None: "never run"}[ran]
+        commit = row.get("commit") or (f"<= {row['commit_before']}" if row.get("commit_before") else None)
+        date = row["date"][:16].replace("T", " ") if row.get("date") else None
+        shown.append([row["part"], newest, f"{row['passed']} / {row['failed']}" if ran else None, row.get("device"),
+                      commit, date, row.get("limit_s"), row.get("source")])
+    head = (f"{len(rows)} parts; on its newest GPU run {counts['passed']} passed, {counts['failed']} failed; "
+            f"{counts['never']} never ran on a GPU.")
+    headers = ["part", "newest run", "checks passed / failed", "device", "commit", "date (UTC)", "limit s", "result"]
+    return "\n".join([head, "", common.markdown_table(headers, shown)])
+
+
 def _peft_model(part: dict[str, Any]) -> list[str]:
     lines = [f"**The user's own get_peft_model model** (LoRA r{part['lora']['r']} on every linear layer, Llama "
              f"{_shape(part['model'])}):", "", common.markdown_table(
@@ -387,6 +488,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "trainer": _trainer, "loads": _loads_table, "estimate": _estimate, "probe": _probe,
     "heldout": _compared("Held-out families"), "pytest": _pytest, "cumulative": _plans("Levers added one by one"),
     "levers": _plans("Each lever alone"), "inference": _inference, "cap": _cap, "fit": _fit, "ties": _ties,
-    "hf_table": _hf_table,
+    "hf_table": _hf_table, "fp8": _fp8, "cast_reserve": _cast_reserve, "compile_families": _compile_families,
+    "grpo_1024": _grpo("GRPO at 1,024 completion tokens"), "grpo_8b": _grpo("A Qwen3-8B-shaped LoRA GRPO step"),
 }
 """Each part's table or sentence by name; a part without one (or whose figures are missing) gets its counts."""

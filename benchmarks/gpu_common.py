@@ -67,6 +67,35 @@ _SMALL = Llama(hidden=512, layers=4, heads=8, kv_heads=8, intermediate=1408, voc
 QWEN2_05B = Llama(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab=151936, rows=8, length=512,
                   tie=True)
 _TINY_QWEN2 = Llama(hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128, vocab=64, rows=2, length=32, tie=True)
+# Qwen3-8B's shape (``grpo_8b`` builds it as a Qwen3, heads of 128): 36 layers of 4096, 8 KV heads, untied head.
+QWEN3_8B = Llama(hidden=4096, layers=36, heads=32, kv_heads=8, intermediate=12288, vocab=151936, rows=8, length=2048)
+_TINY_QWEN3 = Llama(hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128, vocab=64, rows=2, length=32)
+
+
+def grpo_setups(size: str) -> dict[str, dict[str, Any]]:
+    """The GRPO parts' setups at ``size`` (issue 86), as the ``rl`` part's entry of :data:`SIZES` (its ``grpo``
+    settings, the process limits), with the trainers each builds, the policy's family and dtype, whether the laptop
+    builds it on the meta device, and the estimate's tolerance against ``train()``:
+
+    - ``grpo_1024``: Qwen2-0.5B's shape, 8 completions of 1,024 tokens after a 64-token prompt, with a reference
+      (beta 0.04, the policy saved and loaded back) and with LoRA, fp32 weights under bf16 autocast, as ``rl``;
+    - ``grpo_8b``: Qwen3-8B's shape in bf16 (the H200's 141 GB holds it whole) with LoRA, 8 completions of 1,024
+      tokens after a 128-token prompt; the laptop asks of a policy on the meta device (``memlab.trainer_on_meta``),
+      as a user without the card must.
+
+    At the CPU sizes the tiny Qwen2 and Qwen3 with completions of a few tokens: the code, not the figures."""
+    full = size == "full"
+    long = {"rows": 8, "generations": 8, "prompt": 64, "completion": 1024, "steps": 1} if full else \
+        {"rows": 2, "generations": 2, "prompt": 4, "completion": 8, "steps": 1}
+    big = {**long, "prompt": 128} if full else long
+    limits = {"laptop_s": 150, "trainer_s": 110} if full else {"laptop_s": 240, "trainer_s": 120}
+    return {
+        "grpo_1024": {"shape": QWEN2_05B if full else _TINY_QWEN2, "family": "qwen2", "grpo": long,
+                      "trainers": ("grpo", "grpo_lora"), "tolerance": 0.02, **limits},
+        "grpo_8b": {"shape": QWEN3_8B if full else _TINY_QWEN3, "family": "qwen3", "dtype": "bfloat16",
+                    "laptop_meta": True, "grpo": big, "trainers": ("grpo_lora",), "tolerance": 0.02,
+                    **({"laptop_s": 180, "trainer_s": 200} if full else limits)},
+    }
 
 SIZES: dict[str, dict[str, Any]] = {
     "smoke": {
@@ -83,6 +112,7 @@ SIZES: dict[str, dict[str, Any]] = {
                "trainer_s": 120},
         "noise": 0,  # the smoke size exercises the code only: exactly its steps, no noise target
         "time_limit": 2.0,
+        **grpo_setups("smoke"),
     },
     "small": {
         "probe": TINY, "cap": TINY, "restore": TINY, "levers": TINY, "fit": TINY, "cumulative": TINY,
@@ -97,6 +127,7 @@ SIZES: dict[str, dict[str, Any]] = {
                "grpo": {"rows": 4, "generations": 4, "prompt": 6, "completion": 8, "steps": 1}, "laptop_s": 600,
                "trainer_s": 300},
         "noise": 0.05, "time_limit": 5.0,
+        **grpo_setups("small"),
     },
     "full": {
         "probe": _MID,
@@ -134,6 +165,7 @@ SIZES: dict[str, dict[str, Any]] = {
         # A timed trial stops at 3 s even where its median's interval is not yet within 5%: the run has ten
         # minutes for everything (the ties section keeps memlab's own defaults: its question is the timing).
         "time_limit": 3.0,
+        **grpo_setups("full"),
     },
 }
 

@@ -1,9 +1,11 @@
 """The training sections of the GPU acceptance run (see :mod:`benchmarks.gpu_acceptance`), and :data:`SECTIONS`,
 every section by name: probe, cap, restore, levers, cumulative and fit here; estimate and heldout in
-:mod:`benchmarks.gpu_sections_estimate`, loads in :mod:`benchmarks.gpu_sections_loads`, inference in
-:mod:`benchmarks.gpu_sections_inference`, ties and reserve in :mod:`benchmarks.gpu_sections_runs`, trainer in
-:mod:`benchmarks.gpu_sections_trainer`, rl (TRL's DPO and GRPO trainers) in :mod:`benchmarks.gpu_sections_rl`;
-what they share (sizes, checks, models, CUDA figures) in :mod:`benchmarks.gpu_common`.
+:mod:`benchmarks.gpu_sections_estimate`, cast_reserve in :mod:`benchmarks.gpu_sections_cast`, fp8 in
+:mod:`benchmarks.gpu_sections_fp8`, compile and compile_families in :mod:`benchmarks.gpu_sections_compile`, loads in
+:mod:`benchmarks.gpu_sections_loads`, inference in :mod:`benchmarks.gpu_sections_inference`, ties and reserve in
+:mod:`benchmarks.gpu_sections_runs`, trainer in :mod:`benchmarks.gpu_sections_trainer`, rl (TRL's DPO and GRPO
+trainers), grpo_1024 and grpo_8b in :mod:`benchmarks.gpu_sections_rl`; what they share (sizes, checks, models, CUDA
+figures) in :mod:`benchmarks.gpu_common`.
 
 Each section builds its models from configs on the device, runs memlab and an independent reference next to it,
 and returns a dict with its figures and a list of ``checks``: ``{"check": what, "passed": True/False/None,
@@ -408,14 +410,16 @@ def section_fit(size: str, device: torch.device) -> dict[str, Any]:
 
 
 def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
-    from benchmarks.gpu_sections_compile import section_compile
+    from benchmarks.gpu_sections_cast import section_cast_reserve
+    from benchmarks.gpu_sections_compile import section_compile, section_compile_families
     from benchmarks.gpu_sections_estimate import section_encdec, section_estimate, section_heldout, section_heldout_off
     from benchmarks.gpu_sections_fill import section_boundary, section_fill
+    from benchmarks.gpu_sections_fp8 import section_fp8
     from benchmarks.gpu_sections_inference import section_inference
     from benchmarks.gpu_sections_loads import section_loads
     from benchmarks.gpu_sections_peft import section_peft_model, section_sft_peft
     from benchmarks.gpu_sections_restore import section_restore
-    from benchmarks.gpu_sections_rl import section_rl
+    from benchmarks.gpu_sections_rl import section_grpo_8b, section_grpo_1024, section_rl
     from benchmarks.gpu_sections_runs import section_reserve, section_ties
     from benchmarks.gpu_sections_timeline import section_timeline
     from benchmarks.gpu_sections_trainer import section_trainer
@@ -445,6 +449,11 @@ def _sections() -> dict[str, Callable[[str, torch.device], dict[str, Any]]]:
         "timeline": section_timeline,
         "fill": section_fill,
         "boundary": section_boundary,
+        "cast_reserve": section_cast_reserve,
+        "fp8": section_fp8,
+        "grpo_1024": section_grpo_1024,
+        "grpo_8b": section_grpo_8b,
+        "compile_families": section_compile_families,
     }
 
 

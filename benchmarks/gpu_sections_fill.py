@@ -10,8 +10,9 @@ On Llama-3.2-1B's shape (the tiny Llama at the smoke size), bf16 autocast:
   vocabulary, 8 of its 24 layers, 32,768 positions), bf16 + checkpointing, one row, under a real 8 GiB cap of the
   caching allocator: the longest length the CPU-made dry runs name (sizes of 256 tokens) and the next size are each
   run on the GPU under that cap, as memlab measures them (``memlab.measure`` with the budget) and in a user's own
-  loop (fused AdamW, autocast, two steps, the allocator capped the same way): the answer must run and the next must
-  not fit. The measured limits (steps capped at the budget, each out-of-memory recovered) are recorded beside them.
+  loop (fused AdamW, autocast, two steps, the allocator capped the same way; on a GPU each in a fresh process that
+  holds nothing but the model, issue 86): the answer must run and the next must not fit. The measured limits (steps
+  capped at the budget, each out-of-memory recovered) are recorded beside them.
 Run it alone with ``python -m benchmarks.gpu_sections_fill [--smoke]``; the suite runs it at the smoke size on the CPU.
 """
 
@@ -120,27 +121,52 @@ HELD_BESIDES_MODEL_BYTES = 64 * 2**20
 what a kernel left cached, never another model: the 4.6 GiB that made the 2026-11-26 answer run out of memory)."""
 
 
-def limits_boundary(size: str, device: torch.device) -> dict[str, Any]:
-    """``limits``' answer and the next size, each run under a real cap of the caching allocator at the budget."""
+def boundary_model(size: str, device: torch.device) -> tuple[Any, torch.nn.Module]:
+    """The boundary's Qwen2-like config and its model (fp32, random weights) made on ``device``."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    import memlab
-    from benchmarks.gpu_common import gpu_kind_name
-
-    size = "full" if size == "full" else "smoke"
     config = Qwen2Config(**BOUNDARY_MODEL[size])
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen2ForCausalLM(config)
+        return config, Qwen2ForCausalLM(config)
+
+
+def boundary_batch(vocab: int, length: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """One row of ``length`` random tokens (the same in every process)."""
+    ids = torch.randint(0, vocab, (1, length), device=device, generator=torch.Generator(device=device).manual_seed(1))
+    return {"input_ids": ids, "labels": ids}
+
+
+def own_loop_here(request: str) -> None:
+    """:func:`own_loop` at one length in a process of its own, which holds nothing but the boundary's model (issue
+    86: a size ``limits`` names must train in a fresh process): prints its answer as one JSON line."""
+    import json
+
+    from benchmarks import common
+
+    asked = json.loads(request)
+    common.quiet()
+    device = torch.device(asked["device"])
+    config, model = boundary_model(asked["size"], device)
+    answer = own_loop(model, boundary_batch(config.vocab_size, asked["length"], device), asked["budget"], device)
+    print(json.dumps({"answered": "ok", **answer}), flush=True)
+
+
+def limits_boundary(size: str, device: torch.device) -> dict[str, Any]:
+    """``limits``' answer and the next size, each run under a real cap of the caching allocator at the budget: in
+    memlab's step here, and on a GPU in a user's own loop in a fresh process each."""
+    import memlab
+    from benchmarks.gpu_common import gpu_kind_name, in_fresh_process
+
+    size = "full" if size == "full" else "smoke"
+    config, model = boundary_model(size, device)
     plan = memlab.Plan(precision="bf16", checkpointing=True)
     model_bytes = sum(tensor.numel() * tensor.element_size() for tensor in (*model.parameters(), *model.buffers()))
     step, start = BOUNDARY_STEP[size], BOUNDARY_START[size]
     checks = Checks()
 
     def batch(length: int) -> dict[str, torch.Tensor]:
-        ids = torch.randint(0, config.vocab_size, (1, length), device=device,
-                            generator=torch.Generator(device=device).manual_seed(1))
-        return {"input_ids": ids, "labels": ids}
+        return boundary_batch(config.vocab_size, length, device)
 
     if is_cuda(device):
         budget = BOUNDARY_BUDGET
@@ -171,7 +197,11 @@ def limits_boundary(size: str, device: torch.device) -> dict[str, Any]:
         trial = memlab.measure(model, batch(length), plan, budget=budget, steps=1, warmup=1, noise=0,
                                progress=False)
         release(device)
-        own = own_loop(model, batch(length), budget, device)
+        if is_cuda(device):  # a fresh process: what a user who starts the answer's training holds
+            own = in_fresh_process("benchmarks.gpu_sections_fill:own_loop_here",
+                                   {"size": size, "device": str(device), "length": length, "budget": budget}, 120)
+        else:
+            own = own_loop(model, batch(length), budget, device)
         release(device)
         estimate = estimated.trial if role == "answer" else estimated.next_trial
         run = {"role": role, "tokens": length, "held_besides_model_bytes": before,
@@ -185,12 +215,13 @@ def limits_boundary(size: str, device: torch.device) -> dict[str, Any]:
         cuda = is_cuda(device)
         if role == "answer":
             checks.add(f"the answer ({length} tokens) runs under the cap (memlab's step)", trial.fits, **_short(run))
-            checks.add(f"the answer ({length} tokens) trains under the cap (a user's own loop)",
+            checks.add(f"the answer ({length} tokens) trains under the cap (a user's own loop, a fresh process)",
                        own["status"] == "ok" if cuda else None, **own)
         else:
             checks.add(f"the next size ({length} tokens) does not fit under the cap (memlab's step)",
                        not trial.fits, **_short(run))
-            checks.add(f"the next size ({length} tokens) runs out of memory under the cap (a user's own loop)",
+            checks.add(f"the next size ({length} tokens) runs out of memory under the cap (a user's own loop, a fresh "
+                       "process)",
                        own["status"] == "oom" if cuda else None, **own)
     measured = memlab.limits(model, plan, budget=budget, batch=batch(start), multiple=step)
     release(device)

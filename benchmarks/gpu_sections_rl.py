@@ -21,6 +21,10 @@ kind. Checks: the GPU-made peak within :data:`~benchmarks.gpu_sections_peft.ESTI
 (GPU only), the laptop-made peak within :data:`LAPTOP_TOLERANCE` of the GPU-made one (a laptop's dry run of TRL takes
 TRL's GPU path: :mod:`memlab.estimation.cuda.branches`), and the CUDA context alive after each call (``Guarded``).
 At the CPU sizes both estimates are made for an H100 on the CPU, in the two kinds of process.
+
+The GRPO parts of issue 86 (``grpo_1024``, ``grpo_8b``: :func:`benchmarks.gpu_common.grpo_setups`) run the same
+machinery on another setup of :data:`~benchmarks.gpu_common.SIZES` (:func:`rl_section`): their own shape, family and
+dtype, their trainers, their tolerance, and a laptop that may build the policy on the meta device.
 """
 
 from __future__ import annotations
@@ -75,21 +79,38 @@ def qwen2(shape: Llama, cpu: bool, seed: int = 0) -> Any:
         return Qwen2ForCausalLM(config)
 
 
+def causal_lm(shape: Llama, family: str, device: str, dtype: str | None = None, seed: int = 0) -> Any:
+    """A ``family`` (``"qwen2"``, ``"qwen3"``) causal LM of ``shape`` with random weights, made on ``device``
+    (``"meta"`` too) in ``dtype`` (default fp32) directly, as ``from_config(config, dtype=...)`` makes it."""
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+
+    fields: dict[str, Any] = dict(
+        hidden_size=shape.hidden, intermediate_size=shape.intermediate, num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
+        tie_word_embeddings=shape.tie, max_position_embeddings=max(2048, shape.length), pad_token_id=0)
+    config = Qwen3Config(**fields, head_dim=shape.hidden // shape.heads) if family == "qwen3" else Qwen2Config(**fields)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype or "float32"))
+
+
 def words(count: int, start: int) -> str:
     """``count`` words of the word tokenizer (one token each), from ``w{start}`` on."""
     return " ".join(f"w{(start + j) % 61}" for j in range(count))
 
 
-def make_rl_trainer(kind: str, size: str, cpu: bool, folder: str) -> Any:
+def make_rl_trainer(kind: str, size: str, cpu: bool, folder: str, setup: str = "rl", meta: bool = False) -> Any:
     """The ``kind`` trainer of :data:`TRAINERS` at ``size`` (on the CPU where ``cpu``, else the GPU), bf16, seeds
-    and data fixed: the one builder of the GPU's process and the laptop's."""
+    and data fixed: the one builder of the GPU's process and the laptop's. ``setup``: the entry of
+    :data:`~benchmarks.gpu_common.SIZES` it is built from; ``meta``: its policy on the meta device, the trainer built
+    with ``memlab.trainer_on_meta`` (a LoRA trainer, whose reference is the policy with its adapters off)."""
     import trl
     from datasets import Dataset
     from peft import LoraConfig
 
     from benchmarks.gpu_sections_trainer import word_tokenizer
 
-    spec = SIZES[size]["rl"]
+    spec = SIZES[size][setup]
     shape: Llama = spec["shape"]
     common_args: dict[str, Any] = dict(output_dir=str(Path(folder) / kind), report_to=[], save_strategy="no",
                                        disable_tqdm=True, bf16=True, use_cpu=cpu, seed=0, logging_steps=1,
@@ -111,13 +132,20 @@ def make_rl_trainer(kind: str, size: str, cpu: bool, folder: str) -> Any:
     args = trl.GRPOConfig(**common_args, max_steps=grpo["steps"], per_device_train_batch_size=grpo["rows"],
                           num_generations=grpo["generations"], max_completion_length=grpo["completion"],
                           beta=GRPO_BETA, use_vllm=False)
-    model = qwen2(shape, cpu)
+    if "family" in spec:
+        model = causal_lm(shape, spec["family"], "meta" if meta else "cpu" if cpu else "cuda", spec.get("dtype"))
+    else:
+        model = qwen2(shape, cpu)
     if peft is None:  # TRL loads the reference from the policy's path: a checkpoint, saved and loaded back
         model.save_pretrained(Path(folder) / f"{kind}-policy")
         model = type(model).from_pretrained(Path(folder) / f"{kind}-policy")
-    return trl.GRPOTrainer(model=model, reward_funcs=completion_length, args=args,
-                           train_dataset=Dataset.from_list(prompts), processing_class=word_tokenizer(),
-                           peft_config=peft)
+    keywords = dict(model=model, reward_funcs=completion_length, args=args, train_dataset=Dataset.from_list(prompts),
+                    processing_class=word_tokenizer(), peft_config=peft)
+    if meta:
+        import memlab
+
+        return memlab.trainer_on_meta(trl.GRPOTrainer, **keywords)
+    return trl.GRPOTrainer(**keywords)
 
 
 def completion_length(completions: list[Any], **_: Any) -> list[float]:
@@ -136,9 +164,12 @@ def laptop_estimates(request: str) -> None:
                               "triton_hidden": "triton" in sys.modules and sys.modules["triton"] is None,
                               "trainers": {}}
     with tempfile.TemporaryDirectory(prefix="memlab-rl-laptop-") as folder:
+        setup = asked.get("setup", "rl")
+        meta = bool(SIZES[asked["size"]][setup].get("laptop_meta"))
+        answer["meta"] = meta
         for kind in asked["trainers"]:
             try:
-                trainer = make_rl_trainer(kind, asked["size"], True, folder)
+                trainer = make_rl_trainer(kind, asked["size"], True, folder, setup, meta=meta)
                 answer["trainers"][kind] = figures(memlab.estimate(trainer, device="cuda", gpu=asked["gpu"]))
             except Exception as error:  # noqa: BLE001 - reported as that trainer's failed estimate
                 answer["trainers"][kind] = {"status": "error", "error": f"{type(error).__name__}: {str(error)[:400]}"}
@@ -147,13 +178,15 @@ def laptop_estimates(request: str) -> None:
     print(json.dumps(answer, default=common._jsonable), flush=True)
 
 
-def start_laptop(size: str, gpu: str, pool: concurrent.futures.ThreadPoolExecutor) -> concurrent.futures.Future[Any]:
+def start_laptop(size: str, gpu: str, pool: concurrent.futures.ThreadPoolExecutor,
+                 setup: str = "rl") -> concurrent.futures.Future[Any]:
     """:func:`laptop_estimates` in a fresh process that sees no GPU and no Triton, started now (its answer later)."""
     threads = "8"  # half a 16-core GPU machine: the GPU's process beside it launches its kernels from the CPU
     env = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    request = {"size": size, "gpu": gpu, "trainers": list(TRAINERS)}
+    spec = SIZES[size][setup]
+    request = {"size": size, "gpu": gpu, "trainers": list(spec.get("trainers", TRAINERS)), "setup": setup}
     return pool.submit(in_fresh_process, "benchmarks.gpu_sections_rl:laptop_estimates", request,
-                       SIZES[size]["rl"]["laptop_s"], env=env, hide=("triton",))
+                       spec["laptop_s"], env=env, hide=("triton",))
 
 
 def model_bytes(*models: Any) -> int:
@@ -169,7 +202,7 @@ def model_bytes(*models: Any) -> int:
     return sum(seen.values())
 
 
-def one_trainer(name: str, size: str, device: torch.device, folder: str) -> dict[str, Any]:
+def one_trainer(name: str, size: str, device: torch.device, folder: str, setup: str = "rl") -> dict[str, Any]:
     """The ``name`` trainer built on ``device``, estimated (``gpu_made``) and trained with no memlab
     (``train_peak_bytes``), what the process held beside its models before ``train()``, and the checks made (the
     CUDA context alive after each call)."""
@@ -179,7 +212,7 @@ def one_trainer(name: str, size: str, device: torch.device, folder: str) -> dict
     checks = Checks()
     guard = Guarded(checks, device)
     started = time.perf_counter()
-    trainer = guard(f"{name}: built", lambda: make_rl_trainer(name, size, not is_cuda(device), folder))
+    trainer = guard(f"{name}: built", lambda: make_rl_trainer(name, size, not is_cuda(device), folder, setup))
     built = time.perf_counter()
     seconds: dict[str, Any] = {"built": round(built - started, 1)}
     if trainer is None:
@@ -210,7 +243,7 @@ def one_trainer_here(request: str) -> None:
     common.quiet()
     device = torch.device(asked["device"])
     with tempfile.TemporaryDirectory(prefix="memlab-rl-") as folder:
-        answer = one_trainer(asked["name"], asked["size"], device, folder)
+        answer = one_trainer(asked["name"], asked["size"], device, folder, asked.get("setup", "rl"))
     print(json.dumps({"status": "ok", **answer}, default=common._jsonable), flush=True)
 
 
@@ -221,10 +254,21 @@ def section_rl(size: str, device: torch.device) -> dict[str, Any]:
     On a GPU each trainer runs in a process of its own: in one process, the H200's first run (2026-11-27) measured
     each ``train()`` with what the trainers before it left allocated (GRPO + LoRA 6.54 GB, 2.59 GB alone), and
     :data:`HELD_CHECK` says so where it happens again."""
-    spec = SIZES[size]["rl"]
+    return rl_section(size, device, "rl")
+
+
+def rl_section(size: str, device: torch.device, setup: str) -> dict[str, Any]:
+    """The trainers of ``setup`` (an entry of :data:`~benchmarks.gpu_common.SIZES`: ``rl``, ``grpo_1024``,
+    ``grpo_8b``), each estimated on the GPU and on a laptop and trained, with the checks of :func:`section_rl`."""
+    spec = SIZES[size][setup]
+    names: tuple[str, ...] = spec.get("trainers", TRAINERS)
+    tolerance = spec.get("tolerance", ESTIMATE_TOLERANCE)
     checks = Checks()
-    settings = {"dpo": spec["dpo"], "grpo": {**spec["grpo"], "beta": GRPO_BETA}, "lora": LORA, "bf16": True}
-    result: dict[str, Any] = {"model": {"family": "qwen2", **dataclasses.asdict(spec["shape"])},
+    settings = {"grpo": {**spec["grpo"], "beta": GRPO_BETA}, "lora": LORA, "bf16": True,
+                "dtype": spec.get("dtype", "float32"), "laptop_on_meta": bool(spec.get("laptop_meta")),
+                "tolerance": tolerance, **({"dpo": spec["dpo"]} if "dpo" in spec else {})}
+    result: dict[str, Any] = {"setup": setup,
+                              "model": {"family": spec.get("family", "qwen2"), **dataclasses.asdict(spec["shape"])},
                               "missing": rl_missing(), "settings": settings}
     if result["missing"] is not None:
         checks.add("TRL's DPO and GRPO trainers ran", None, why=result["missing"])
@@ -237,13 +281,14 @@ def section_rl(size: str, device: torch.device) -> dict[str, Any]:
     tracebacks: dict[str, str] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool, \
             tempfile.TemporaryDirectory(prefix="memlab-rl-") as folder:
-        laptop = start_laptop(size, gpu, pool)
-        for name in TRAINERS:
+        laptop = start_laptop(size, gpu, pool, setup)
+        for name in names:
             if is_cuda(device):
                 row = in_fresh_process("benchmarks.gpu_sections_rl:one_trainer_here",
-                                       {"name": name, "size": size, "device": str(device)}, spec["trainer_s"])
+                                       {"name": name, "size": size, "device": str(device), "setup": setup},
+                                       spec["trainer_s"])
             else:
-                row = one_trainer(name, size, device, folder)
+                row = one_trainer(name, size, device, folder, setup)
             for check in row.pop("checks", []):
                 checks.add(check.pop("check"), check.pop("passed"), **check)
             if row.get("status") == "error":
@@ -257,12 +302,12 @@ def section_rl(size: str, device: torch.device) -> dict[str, Any]:
                 held = row.get("held_besides_models_bytes")
                 checks.add(f"{name}: {HELD_CHECK}", None if held is None else held <= HELD_LIMIT, held_bytes=held)
                 ours = made.get("peak_bytes") if made and made.get("status") == "ok" else None
-                checks.add(f"{label}: peak within {ESTIMATE_TOLERANCE:.0%} of the trainer's own train()'s "
-                           "max_memory_allocated", False if ours is None else within(ours, peak, ESTIMATE_TOLERANCE),
+                checks.add(f"{label}: peak within {tolerance:.0%} of the trainer's own train()'s "
+                           "max_memory_allocated", False if ours is None else within(ours, peak, tolerance),
                            memlab=ours, reference=peak, ratio=ratio(ours, peak),
                            error=(made or {}).get("error") or row.get("error"))
             else:
-                checks.add(f"{label}: peak within {ESTIMATE_TOLERANCE:.0%} of train()'s", None,
+                checks.add(f"{label}: peak within {tolerance:.0%} of train()'s", None,
                            why="train()'s max_memory_allocated is a CUDA figure: on the CPU the code runs, unjudged"
                            + (" (no train() at the smoke size)" if size == "smoke" else ""))
             trainers[name] = row
@@ -270,7 +315,7 @@ def section_rl(size: str, device: torch.device) -> dict[str, Any]:
         waited = time.perf_counter()
         answer = laptop.result()
         result["laptop_waited_s"] = round(time.perf_counter() - waited, 1)
-    result["laptop"] = {key: answer.get(key) for key in ("status", "error", "cuda_available", "triton_hidden")}
+    result["laptop"] = {key: answer.get(key) for key in ("status", "error", "cuda_available", "triton_hidden", "meta")}
     checks.add("the laptop's process saw no GPU and no Triton",
                answer.get("cuda_available") is False and answer.get("triton_hidden") is True,
                **result["laptop"])
@@ -285,5 +330,22 @@ def section_rl(size: str, device: torch.device) -> dict[str, Any]:
         checks.add(f"{name}: the laptop-made estimate's peak within {LAPTOP_TOLERANCE:.0%} of the GPU-made one",
                    False if agree is None else agree, laptop=theirs, gpu_made=ours, ratio=row["laptop_over_gpu_made"],
                    error=laptop_made.get("error"))
+        if setup != "rl" and is_cuda(device):  # issue 86: GRPO's laptop-made figure against train() itself
+            peak = row.get("train_peak_bytes")
+            checks.add(f"{name}: the laptop-made estimate's peak within {tolerance:.0%} of the trainer's own "
+                       "train()'s max_memory_allocated", False if theirs is None else within(theirs, peak, tolerance),
+                       memlab=theirs, reference=peak, ratio=ratio(theirs, peak))
     return {**result, "trainers": trainers, "broken_at": broken or None, "tracebacks": tracebacks,
             "checks": checks.items}
+
+
+def section_grpo_1024(size: str, device: torch.device) -> dict[str, Any]:
+    """Issue 86: GRPO at 1,024 completion tokens on Qwen2-0.5B's shape, with a reference (beta 0.04) and with LoRA:
+    the GPU-made and the laptop-made estimates within 2% of the trainer's own ``train()``."""
+    return rl_section(size, device, "grpo_1024")
+
+
+def section_grpo_8b(size: str, device: torch.device) -> dict[str, Any]:
+    """Issue 86: a Qwen3-8B-shaped LoRA GRPO step in bf16 (1,024 completion tokens), the laptop's estimate asked of a
+    policy on the meta device: both within 2% of the trainer's own ``train()``."""
+    return rl_section(size, device, "grpo_8b")

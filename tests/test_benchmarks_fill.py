@@ -4,6 +4,7 @@ stopping at the model's positions."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from benchmarks.gpu_sections_fill import limits_boundary
@@ -17,3 +18,14 @@ def test_the_fill_sections_limits_part_tests_a_boundary() -> None:
     roles = {run["role"]: run for run in part["runs"]}
     assert roles["answer"]["memlab_fits"] and not roles["next"]["memlab_fits"]
     assert part["estimated_next"] < part["config"]["max_position_embeddings"]  # a boundary, not the positions
+
+
+@pytest.mark.slow  # a fresh process that imports torch, transformers and memlab: about 8 s
+def test_the_boundary_s_own_loop_runs_in_a_process_of_its_own() -> None:
+    # Issue 86: on a GPU the answer and the next size are trained by a user's own loop in a fresh process each (what
+    # a user who starts that training holds); on the CPU the process answers that there is no cap to run under.
+    from benchmarks.gpu_common import in_fresh_process
+
+    answer = in_fresh_process("benchmarks.gpu_sections_fill:own_loop_here",
+                              {"size": "smoke", "device": "cpu", "length": 64, "budget": 2**30}, 120)
+    assert answer == {"answered": "ok", "status": None, "why": "no allocator cap on the CPU"}, answer
