@@ -24,6 +24,9 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    # The frozen heap (below) back in the collector's care for the teardown: frozen, Triton's nanobind objects
+    # outlived it and nanobind printed a hundred lines of "leaked" objects at each worker's exit.
+    gc.unfreeze()
     shutil.rmtree(config.stash.get(_ANSWERS, ""), ignore_errors=True)
     if config.stash.get(_OWNS_SHARED, False):
         background.stop_all(background.shared_folder())
