@@ -13,7 +13,7 @@ import argparse
 import difflib
 import re
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 __all__ = ["DEFAULT_BATCH", "EXAMPLES", "EXIT_FAILED", "SentenceParser", "cli_words", "estimate_status", "fraction",
            "seconds", "sentence", "unknown_arguments", "whole_number"]
@@ -75,8 +75,19 @@ EXAMPLES: dict[str, str] = {
 choice)."""
 
 
+class WholeWords(argparse.HelpFormatter):
+    """argparse's help, wrapped between words only: a setting with its values (``optimizer=adamw|adamw8bit|
+    paged_adamw8bit``) or a name with hyphens stays whole on its line, never cut into two halves."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+
 class SentenceParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one sentence on stderr that says what to write (:func:`sentence`), exit 2.
+    """An ArgumentParser whose errors are one sentence on stderr that says what to write (:func:`sentence`), exit 2,
+    and whose help breaks lines between words only (:class:`WholeWords`).
 
     Example:
         >>> import contextlib, io
@@ -88,6 +99,10 @@ class SentenceParser(argparse.ArgumentParser):
         >>> err.getvalue()
         "memlab demo: error: --steps must be a whole number of steps such as 3; got 'many'\\n"
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", WholeWords)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {sentence(self, message)}\n")

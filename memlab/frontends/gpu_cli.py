@@ -36,6 +36,7 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpu",
         choices=tuple(GPUS),
+        metavar="NAME",
         default=None,
         help=f"the kind of GPU a CUDA estimate is for: its attention kernels and the CUDA context on the card "
         f"(default: {DEFAULT_GPU}); one of {', '.join(GPUS)}",

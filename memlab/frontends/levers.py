@@ -65,13 +65,16 @@ def model_lever_specs(plan_class: type[Plan] | type[InferencePlan] = Plan) -> di
     return {name: spec for name, spec in lever_specs(plan_class).items() if not spec.needs_trainer}
 
 
-def trainer_levers_note() -> str:
+def trainer_levers_note(asked: Mapping[str, str] | None = None) -> str:
     """What a front end that builds the model itself says of the levers it leaves out (:func:`model_lever_specs`):
-    whose settings they are and where they apply.
+    whose settings they are and where they apply; ``asked``: how the front end asks a trainer with each (the command
+    line's trainer question), where not in Python.
 
     Example:
         >>> trainer_levers_note()[:68]
         'Not here: vllm_memory and vllm_sleep, settings of a TRL GRPOTrainer '
+        >>> trainer_levers_note({"vllm_memory": "--trainer grpo --vllm-gpu-memory-utilization 0.3"})[-61:]
+        'vllm_memory: --trainer grpo --vllm-gpu-memory-utilization 0.3'
     """
     owners: dict[str, list[str]] = {}
     for name, spec in lever_specs(Plan).items():
@@ -79,13 +82,18 @@ def trainer_levers_note() -> str:
             owners.setdefault(spec.needs_trainer, []).append(name)
     said = "; ".join(f"{' and '.join(names)}, setting{'s' if len(names) > 1 else ''} of {owner}"
                      for owner, names in owners.items())
+    if asked:
+        return f"Not here: {said}; ask that trainer's question instead: " + "; ".join(
+            f"{name}: {words}" for name, words in asked.items())
     return f"Not here: {said}: estimate that trainer with them in Python, memlab.estimate(trainer, plan)"
 
 
-def refuse_trainer_levers(axes: Mapping[str, Iterable[Any]], command: str) -> None:
+def refuse_trainer_levers(axes: Mapping[str, Iterable[Any]], command: str,
+                          asked: Mapping[str, str] | None = None) -> None:
     """Refuse, before anything runs, the levers in ``axes`` (``{lever: values}``, :func:`memlab.plan.parse_axes`)
     that a built trainer's setting (:attr:`~memlab.plan.LeverSpec.needs_trainer`), where ``command`` builds the model
-    itself: one MemlabError that says whose setting each is and where it applies.
+    itself: one MemlabError that says whose setting each is and where it applies (``asked``: the command's own
+    trainer question for each, where it has one; else Python's).
 
     Example:
         >>> refuse_trainer_levers({"precision": ["bf16"]}, "memlab estimate")
@@ -94,9 +102,12 @@ def refuse_trainer_levers(axes: Mapping[str, Iterable[Any]], command: str) -> No
         ...
         memlab.errors.MemlabError: precompute_ref is a setting of a TRL DPOTrainer, and memlab estimate builds a ...
     """
-    refusal = trainer_levers_refusal(axes, f"{command} builds a model from its config",
-                                     "estimate the trainer with it in Python, memlab.estimate(trainer, "
-                                     "memlab.Plan({name}=...))")
+    instead = "estimate the trainer with it in Python, memlab.estimate(trainer, memlab.Plan({name}=...))"
+    for name in axes:  # the command's own trainer question, where it has one for this lever
+        if asked and name in asked:
+            instead = f"ask the trainer's question: {command} {asked[name]}"
+            break
+    refusal = trainer_levers_refusal(axes, f"{command} builds a model from its config", instead)
     if refusal:
         raise MemlabError(refusal)
 
@@ -109,9 +120,11 @@ def lever_help(specs: Mapping[str, LeverSpec], *, said: bool = True) -> str:
         >>> lever_help(lever_specs(InferencePlan)).split("; ")[-1].split(" (")[0]
         'kv_cache=on|off'
         >>> lever_help(lever_specs(InferencePlan), said=False).split("; ")[-1]
-        'kv_cache=on|off'
+        'kv_cache=on | off'
     """
-    return "; ".join(f"{name}={_values(spec)}" + (f" ({spec.help})" if said else "") for name, spec in specs.items())
+    # The command line's help: the values spaced, so that a terminal's width wraps a long list between them.
+    return "; ".join(f"{name}={_values(spec) if said else _values(spec).replace('|', ' | ')}"
+                     + (f" ({spec.help})" if said else "") for name, spec in specs.items())
 
 
 def _values(spec: LeverSpec) -> str:

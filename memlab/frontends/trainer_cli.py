@@ -24,8 +24,8 @@ from typing import Any, TextIO
 from memlab.errors import MemlabError
 from memlab.frontends.cli_errors import DEFAULT_BATCH
 
-__all__ = ["OPTION_KINDS", "add_trainer_arguments", "asks_trainer", "build_trainer", "keeps_whole_answer",
-           "run_trainer", "word_tokenizer"]
+__all__ = ["OPTION_KINDS", "TRAINER_LEVERS_ASKED", "add_trainer_arguments", "asks_trainer", "build_trainer",
+           "keeps_whole_answer", "run_trainer", "word_tokenizer"]
 
 TRAINER_CLASSES = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "grpo": "GRPOTrainer"}
 """Each ``--trainer`` and the TRL class it builds (a lever a built trainer sets names that class: its
@@ -40,6 +40,12 @@ OPTION_KINDS: dict[str, tuple[str, ...]] = {
                                "fp16")},
 }
 """Each trainer option (as ``args`` names it) and the ``--trainer`` kinds that take it."""
+TRAINER_LEVERS_ASKED = {
+    "precompute_ref": "--trainer dpo --lora 16 --try precompute_ref=off,on",
+    "vllm_memory": "--trainer grpo --vllm-gpu-memory-utilization 0.3",
+    "vllm_sleep": "--trainer grpo --vllm-gpu-memory-utilization 0.3 --vllm-enable-sleep-mode",
+}
+"""How the trainer question asks each lever only a built trainer has (the plain command refuses them, saying so)."""
 _WORDS = 1000
 """At most this many words in the word-level tokenizer (fewer where the config's vocabulary is smaller)."""
 _LOAD_OPTIONS = ("load_in_4bit", "load_in_8bit")
@@ -76,14 +82,15 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
     on_off = ("on", "off")
     group.add_argument("--trainer", choices=_ALL, default=None,
                        help="the trainer: TRL's SFTTrainer, DPOTrainer or GRPOTrainer")
-    group.add_argument("--num-generations", type=_positive("--num-generations", 8), default=None,
+    group.add_argument("--num-generations", metavar="N", type=_positive("--num-generations", 8), default=None,
                        help="GRPO: completions per prompt (TRL's default: 8)")
-    group.add_argument("--max-completion-length", type=_positive("--max-completion-length", 1024), default=None,
+    group.add_argument("--max-completion-length", metavar="TOKENS",
+                       type=_positive("--max-completion-length", 1024), default=None,
                        help="GRPO: the longest completion, in tokens (TRL's default: 512)")
-    group.add_argument("--max-length", type=_positive("--max-length", 1024), default=None,
+    group.add_argument("--max-length", metavar="TOKENS", type=_positive("--max-length", 1024), default=None,
                        help="SFT: the longest (or packed) sequence; DPO: the longest prompt and answer together; in "
                        "tokens (TRL's default: 1024)")
-    group.add_argument("--prompt-length", type=_positive("--prompt-length", 64), default=None,
+    group.add_argument("--prompt-length", metavar="TOKENS", type=_positive("--prompt-length", 64), default=None,
                        help="tokens in each prompt (default: 64 for GRPO, half of --max-length for DPO; SFT: prompt "
                        "and completion examples, default none: plain text)")
     group.add_argument("--packing", action="store_true", default=None,
@@ -93,11 +100,13 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--completion-only-loss", choices=on_off, default=None,
                        help="SFT: the loss on the completion's tokens only (TRL's default: on for prompt and "
                        "completion examples)")
-    group.add_argument("--per-device-train-batch-size", type=_positive("--per-device-train-batch-size", 8),
+    group.add_argument("--per-device-train-batch-size", metavar="ROWS",
+                       type=_positive("--per-device-train-batch-size", 8),
                        default=None, help="rows per device and micro-batch (TRL's default: 8)")
-    group.add_argument("--gradient-accumulation-steps", type=_positive("--gradient-accumulation-steps", 4),
+    group.add_argument("--gradient-accumulation-steps", metavar="STEPS",
+                       type=_positive("--gradient-accumulation-steps", 4),
                        default=None, help="micro-batches per optimizer step (default: 1)")
-    group.add_argument("--beta", type=float, default=None,
+    group.add_argument("--beta", metavar="BETA", type=float, default=None,
                        help="DPO, GRPO: the KL coefficient: above 0 keeps a reference model (TRL's default: 0.0 for "
                        "GRPO, 0.1 for DPO)")
     group.add_argument("--lora", metavar="R", type=_positive("--lora", 16), default=None,
@@ -116,7 +125,8 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--bf16", choices=on_off, default=None,
                        help="autocast in bf16 (TRL's default: on, unless --fp16 on)")
     group.add_argument("--fp16", choices=on_off, default=None, help="autocast in fp16, loss-scaled (default: off)")
-    group.add_argument("--vllm-gpu-memory-utilization", type=fraction("--vllm-gpu-memory-utilization", "0.3"),
+    group.add_argument("--vllm-gpu-memory-utilization", metavar="SHARE",
+                       type=fraction("--vllm-gpu-memory-utilization", "0.3"),
                        default=None, help="GRPO: generate with a vLLM engine colocated on the card, holding this "
                        "share of its memory (use_vllm=True, vllm_mode='colocate')")
     group.add_argument("--vllm-enable-sleep-mode", action="store_true", default=None,

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from memlab.estimation.estimate import KNOWN_SHAPES
     from memlab.frontends.estimate.text import shape_names
     from memlab.frontends.levers import lever_help, model_lever_specs, trainer_levers_note
-    from memlab.frontends.trainer_cli import add_trainer_arguments
+    from memlab.frontends.trainer_cli import TRAINER_LEVERS_ASKED, add_trainer_arguments
 
     parser.description = _DESCRIPTION.format(shapes=shape_names(KNOWN_SHAPES))
     parser.epilog = _EPILOG
@@ -85,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="plan settings to combine, e.g. precision=fp32,bf16 checkpointing=off,on micro_batch=1,2 "
         "accumulation=4 optimizer=adamw,adamw8bit (default: the plain plan). The settings (docs/levers.md says what "
         "each does): "
-        + lever_help(model_lever_specs(), said=False).replace("%", "%%") + ". " + trainer_levers_note(),
+        + lever_help(model_lever_specs(), said=False).replace("%", "%%") + ". "
+        + trainer_levers_note(TRAINER_LEVERS_ASKED),
     )
     parser.add_argument(
         "--device",
@@ -135,18 +136,18 @@ _DTYPE_NAMES = ("bfloat16", "float16", "float32", "bf16", "fp16", "fp32", "auto"
 def _add_load_arguments(parser: argparse.ArgumentParser) -> None:
     """The load flags: one per ``from_pretrained`` / ``BitsAndBytesConfig`` keyword (:func:`load_from_args`)."""
     group = parser.add_argument_group("load", _LOAD_EXAMPLE)
-    group.add_argument("--dtype", "--torch-dtype", dest="dtype", choices=_DTYPE_NAMES, default=None,
+    group.add_argument("--dtype", "--torch-dtype", dest="dtype", choices=_DTYPE_NAMES, metavar="DTYPE", default=None,
                        help="from_pretrained(dtype=...): the dtype of the weights not quantized (--torch-dtype is "
-                       "the same, as transformers before 5 names it)")
+                       f"the same, as transformers before 5 names it): {', '.join(_DTYPE_NAMES)}")
     group.add_argument("--load-in-4bit", action="store_true", help="BitsAndBytesConfig(load_in_4bit=True)")
     group.add_argument("--load-in-8bit", action="store_true", help="BitsAndBytesConfig(load_in_8bit=True)")
     group.add_argument("--bnb-4bit-quant-type", choices=("nf4", "fp4"), default=None,
                        help="BitsAndBytesConfig(bnb_4bit_quant_type=...) (bitsandbytes' default: fp4)")
-    group.add_argument("--bnb-4bit-compute-dtype", choices=_DTYPE_NAMES[:-1], default=None,
+    group.add_argument("--bnb-4bit-compute-dtype", choices=_DTYPE_NAMES[:-1], metavar="DTYPE", default=None,
                        help="BitsAndBytesConfig(bnb_4bit_compute_dtype=...) (bitsandbytes' default: float32)")
     group.add_argument("--bnb-4bit-use-double-quant", action="store_true",
                        help="BitsAndBytesConfig(bnb_4bit_use_double_quant=True)")
-    group.add_argument("--bnb-4bit-quant-storage", choices=_DTYPE_NAMES[:-1], default=None,
+    group.add_argument("--bnb-4bit-quant-storage", choices=_DTYPE_NAMES[:-1], metavar="DTYPE", default=None,
                        help="BitsAndBytesConfig(bnb_4bit_quant_storage=...): the dtype the 4-bit weights are stored "
                        "in; the compute dtype (bfloat16) is what FSDP and ZeRO-3 need to shard them (same bytes)")
     group.add_argument("--llm-int8-skip-modules", metavar="NAME+NAME", default=None,
@@ -216,7 +217,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             keep = run_kept if keeps_whole_answer(args) else lambda _, printed, ask: ask(printed)
             return keep(args, out, lambda printed: _run(args, printed, err))  # the whole answer kept too
     except MemlabError as error:
-        print(f"memlab estimate: {cli_words(str(error))}", file=err)
+        import textwrap
+
+        from memlab.frontends.estimate.text import WIDTH
+
+        # Wrapped to the answer's width, never inside a word: a command to copy stays whole on its line.
+        said = textwrap.wrap(f"memlab estimate: {cli_words(str(error))}", WIDTH, subsequent_indent="  ",
+                             break_long_words=False, break_on_hyphens=False)
+        print("\n".join(said), file=err)
         return 2
 
 
@@ -229,7 +237,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from memlab.estimation.estimate import load_config, meta_model, parse_batch_shape
     from memlab.frontends.host_cli import host_judged
     from memlab.frontends.levers import refuse_trainer_levers
-    from memlab.frontends.trainer_cli import asks_trainer, run_trainer
+    from memlab.frontends.trainer_cli import TRAINER_LEVERS_ASKED, asks_trainer, run_trainer
     from memlab.plan import parse_axes, parse_budget, parse_grid
     from memlab.search.space import keep_rows
 
@@ -238,7 +246,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     batch = parse_batch_shape(args.batch)
     rows, tokens = batch["input_ids"]
     grid = list(args.try_ or [])
-    refuse_trainer_levers(parse_axes(grid), "memlab estimate")  # a trainer's own settings: refused before any run
+    # a trainer's own settings: refused before any run, with the trainer question that asks them
+    refuse_trainer_levers(parse_axes(grid), f"memlab estimate {args.model}", TRAINER_LEVERS_ASKED)
     # --try micro_batch=... keeps the batch's rows per optimizer step, as %%memfit does (the same function).
     left_out: list[str] = []
     plans, kept = keep_rows(parse_grid(grid, left_out=left_out), grid, rows, f"--batch {args.batch}")

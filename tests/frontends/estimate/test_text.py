@@ -28,6 +28,7 @@ from models import llama_config_dir
 from test_next import _run  # main() with its stdout, stderr and exit status
 
 from memlab.frontends.cli import main
+from memlab.frontends.trainer_cli import TRAINER_LEVERS_ASKED
 
 WIDTH = 120
 
@@ -210,15 +211,17 @@ def test_a_trainers_own_setting_is_refused_up_front_and_not_offered(
     status, out, err = _run(["estimate", str(verdicts_config_dir), "--device", "cpu", "--try", item])
     key = item.split("=")[0]
     assert status == 2 and out == "", out
-    (line,) = err.strip().splitlines()
+    line = " ".join(err.split())  # one message, wrapped to the answer's width
     assert line.startswith(f"memlab estimate: {key} is a setting of a TRL {owner}"), line
-    assert f"memlab.estimate(trainer, memlab.Plan({key}=...))" in line, line
+    asked = TRAINER_LEVERS_ASKED[key]  # the command's own trainer question, not Python (issue 84, item 5)
+    assert f"ask the trainer's question: memlab estimate {verdicts_config_dir} {asked}" in line, line
+    assert all(len(text) <= 120 for text in err.splitlines()), err
     status, out, _ = _run(["estimate", "--help"])
     assert status == 0
     said = " ".join(out.split())
     settings = said.split("The settings")[1].split("Not here:")[0]
-    assert "precision=fp32|bf16|fp16" in settings and f"{key}=" not in settings, settings
-    assert key in said.split("Not here:")[1]
+    assert "precision=fp32 | bf16 | fp16" in settings and f"{key}=" not in settings, settings
+    assert key in said.split("Not here:")[1] and asked in said.split("Not here:")[1]
 
 
 def _error_trial(plan: object, **more: object) -> object:
