@@ -109,14 +109,14 @@ a transformers Trainer, whose train dataset memlab reads
     note = None
     if batch is None and kind.make_batch is not None:
         batch = kind.make_batch(model_or_trainer)
-        note = f"measured on a {kind.name}'s batch: {kind.batch}"
+        note = f"the step runs on a {kind.name}'s batch: {kind.batch}"
     elif batch is None:
         # The trainer's batch is atomic: each plan's micro-batches are collated by its collator from the
         # costliest examples (a packed or padding-free row stays whole), the worst micro-batch first.
         worst = worst_batch(model_or_trainer)
         batch = trainer_batches(model_or_trainer)
-        note = (f"measured on the train dataset's worst batch: {worst.describe()}; each micro-batch collated by "
-                "the trainer from the costliest examples")
+        note = (f"the step runs on the train dataset's worst batch: {worst.describe()}; each micro-batch collated "
+                "by the trainer from the costliest examples")
     notes = [note] if note else []
     if source.loss_note:
         notes.append(source.loss_note)

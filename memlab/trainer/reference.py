@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from memlab.sizes import format_bytes
 from memlab.techniques.precompute_ref import reference_unloaded
 
 __all__ = ["reference_bytes", "with_reference"]
@@ -78,17 +79,17 @@ def with_reference(trial: Any, trainer: Any) -> Any:
         held = -(-whole // gpus)
         if strategy == "fsdp2":
             gathered = reference_bytes(reference, _MIXED.get(trial.plan.precision))
-        how = (f"a reference model's {held:,}-byte share under other (of {whole:,}, sharded over {gpus} GPUs as TRL "
-               f"prepares it for {strategy})")
+        how = (f"a reference model's {format_bytes(held)} share under other (of {format_bytes(whole)}, sharded over "
+               f"{gpus} GPUs as TRL prepares it for {strategy})")
         if gathered:
-            how += (f", and all of it gathered for its forward ({gathered:,} bytes), counted at the step's peak: "
+            how += (f", and all of it gathered for its forward ({format_bytes(gathered)}), counted at the step's peak: "
                     "TRL runs it after the policy's forward, so this is at most the backward's rise above the end of "
                     "the forward too high")
         else:
             how += ", gathered a module at a time for its forward (not counted)"
     else:
         held = whole
-        how = f"a reference model's {held:,} bytes under other" + (
+        how = f"a reference model's {format_bytes(held)} under other" + (
             f" (whole on each GPU: TRL loads it with ZeRO off under {strategy})" if gpus > 1 else "")
     return _added(trial, held, gathered, how)
 

@@ -79,7 +79,8 @@ def shape_names(shapes: dict[str, Any]) -> str:
 
 def _sentence(text: str) -> str:
     text = text.strip()
-    if re.match(r"[a-z]+\b(?! =)", text):  # a word, not a name in code ("micro_batch = ...", "peak_bytes: ...")
+    # a word, not a name in code ("micro_batch = ...", "peak_bytes: ...") nor a plan's label ("qlora: ...")
+    if re.match(r"[a-z]+\b(?! =)(?!:)", text):
         text = text[0].upper() + text[1:]
     return text if text.endswith((".", "!", "?")) else text + "."
 
@@ -88,8 +89,9 @@ def numbered(notes: Sequence[str]) -> list[str]:
     """Notes as numbered sentences, each once.
 
     Example:
-        >>> numbered(["the card: reserve + context", "the card: reserve + context", "the load: fp32"])
-        ['  1. The card: reserve + context.', '  2. The load: fp32.']
+        >>> numbered(["the card: reserve + context", "the card: reserve + context", "the load: fp32",
+        ...           "qlora: 4-bit weights"])
+        ['  1. The card: reserve + context.', '  2. The load: fp32.', '  3. qlora: 4-bit weights.']
     """
     return [f"  {number}. {_sentence(note)}" for number, note in enumerate(dict.fromkeys(notes), start=1)]
 
@@ -114,7 +116,7 @@ def gpu_hint(args: argparse.Namespace, budget: int | None) -> str | None:
         >>> args = argparse.Namespace(gpu=None, device=None)
         >>> print(gpu_hint(args, 24 * 2**30))  # doctest: +ELLIPSIS
         the budget is not the memory of the GPU the estimate assumes, 79.18 GiB: for a 24 GB card \
-add --gpu RTX4090-24GB (memlab knows H100-80GB, ...)
+add --gpu RTX4090-24GB
         >>> gpu_hint(args, 80 * 2**30) is None
         True
     """
@@ -129,12 +131,10 @@ add --gpu RTX4090-24GB (memlab knows H100-80GB, ...)
     nearest = min(GPUS.values(), key=lambda kind: abs(kind.memory_bytes - budget))
     if abs(nearest.memory_bytes - budget) > 0.1 * budget:
         return (f"the budget is not the memory of the GPU the estimate assumes, {format_bytes(assumed.memory_bytes)}; "
-                "--gpu names another card "
-                f"(memlab knows {', '.join(GPUS)})")
+                "--gpu names another card (memlab estimate --help lists the kinds memlab knows)")
     size = nearest.name.rsplit("-", 1)[-1].replace("GB", " GB")
     return (f"the budget is not the memory of the GPU the estimate assumes, {format_bytes(assumed.memory_bytes)}: "
-            f"for a {size} card add --gpu "
-            f"{nearest.name} (memlab knows {', '.join(GPUS)})")
+            f"for a {size} card add --gpu {nearest.name}")
 
 
 def _card_note(args: argparse.Namespace, report: Any) -> str | None:
@@ -220,6 +220,9 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     from memlab.report.host import host_lines
 
     notes += host_lines(report)
+    grads = grads_note(report)
+    if grads:
+        notes.append(grads)
     zero = zero_note(report)
     if zero is not None:
         notes.append(zero)
@@ -239,6 +242,37 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
     if suggestions:
         lines += ["", *suggestions]
     return wrapped(lines)
+
+
+def grads_note(report: Any) -> str | None:
+    """Where a plan that trains shows no gradients at its peak (a LoRA step peaks before its adapters' gradients
+    exist): that they come after the peak, and how large they get; None where no plan does.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.report import Report, Trial
+        >>> from memlab.report.timeline import Timeline, TimelinePeak
+        >>> peak = TimelinePeak(10, "backward", "", {"grads": 0, "activations": 10}, {})
+        >>> line = Timeline(["grads", "activations"], [0, 1], {"grads": [0, 3], "activations": [10, 2]},
+        ...                 [("backward", 0, 1)], peak)
+        >>> lora = Trial(Plan(adapter="lora"), "ok", 10, {"grads": 0, "activations": 10}, None, None, None, "cuda",
+        ...              timeline=line)
+        >>> print(grads_note(Report([lora])))
+        the grads column is 0 at the peak: lora peaks in backward before any gradient is kept; its gradients, 3 B at \
+most, come later in the step
+    """
+    from memlab.plan import format_bytes
+
+    said = []
+    for trial in report.trials:
+        line = trial.timeline
+        if trial.status != "ok" or trial.breakdown.get("grads", 0) or line is None:
+            continue
+        most = max(line.series.get("grads", [0]) or [0])
+        if most:
+            said.append(f"{trial.label} peaks in {line.peak.phase or 'its step'} before any gradient is kept; its "
+                        f"gradients, {format_bytes(most)} at most, come later in the step")
+    return f"the grads column is 0 at the peak: {'; '.join(said)}" if said else None
 
 
 def zero_note(report: Any) -> str | None:
@@ -342,8 +376,8 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
         Notes:
           1. ZeRO-2 keeps the whole weights on every GPU (it shards the gradients and optimizer state): 2.00 GiB, more
              than the budget, on any number of GPUs.
-          2. The budget is not the memory of the GPU the estimate assumes, 79.18 GiB; --gpu names
-             another card (memlab knows H100-80GB, ...).
+          2. The budget is not the memory of the GPU the estimate assumes, 79.18 GiB; --gpu names another card
+             (memlab estimate --help lists the kinds memlab knows).
     """
     from memlab.plan import format_bytes
     from memlab.report.views.tables import verdict_text

@@ -41,6 +41,7 @@ from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.report.data import Trial
 from memlab.report.timeline import Timeline, TimelinePeak
+from memlab.sizes import format_bytes
 from memlab.techniques.vllm import FIELDS, sets_vllm, without_vllm
 from memlab.trainer.reference import reference_bytes
 from memlab.trainer.source import keeps_trainer_batch
@@ -310,11 +311,11 @@ def _combined(training: Trial, generation: Trial, sampling: int, reference: int,
                                    at=train_line.peak.at + offset)
     timeline = Timeline(categories, x, series, phases, peak, events=offset + train_line.events,
                         device=train_line.device)
-    held = f"; a reference model's {reference:,} bytes under other" if reference else ""
-    note = (f"GRPO step: generation peak {generation_peak:,} bytes ({source.generation_batch} completions of "
+    held = f"; a reference model's {format_bytes(reference)} under other" if reference else ""
+    note = (f"GRPO step: generation peak {format_bytes(generation_peak)} ({source.generation_batch} completions of "
             f"{source.prompt_tokens} + {source.completion_tokens} tokens, the KV cache "
-            f"{max(gen_line.series['kv_cache']):,} bytes at its largest, sampling {sampling:,}), training peak "
-            f"{training_peak:,} bytes; the peak is in {peak.phase}{held}")
+            f"{format_bytes(max(gen_line.series['kv_cache']))} at its largest, sampling {format_bytes(sampling)}), "
+            f"training peak {format_bytes(training_peak)}; the peak is in {peak.phase}{held}")
     # The reference model's weights are allocated beside the training step's, so they are on the card too (the
     # training dry run did not hold them: its reserve is the policy's alone).
     reserved = None if training.reserved_bytes is None else training.reserved_bytes + reference
@@ -388,8 +389,8 @@ def _with_vllm(training: Trial, settings: VLLMSettings, source: GRPOSource, requ
     reserved = training.reserved_bytes
     if reserved is not None:
         reserved += during + max(peak.bytes - training_peak, 0)
-    said = (f"GRPO step with vLLM: generation peak {generation_peak:,} bytes, training peak {training_peak:,} "
-            f"bytes; the peak is in {peak.phase}")
+    said = (f"GRPO step with vLLM: generation peak {format_bytes(generation_peak)}, training peak "
+            f"{format_bytes(training_peak)}; the peak is in {peak.phase}")
     trial = dataclasses.replace(training, peak_bytes=peak.bytes, breakdown=breakdown, timeline=timeline,
                                 plan=training.plan.replace(**settings.plan_fields()),
                                 reserved_bytes=reserved, host_bytes=training.host_bytes + host,

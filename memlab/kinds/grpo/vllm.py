@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from memlab.sizes import format_bytes
 from memlab.techniques.vllm import VLLMSettings
 
 __all__ = ["BLOCK_TOKENS", "RUNTIME_ALLOWANCE", "SLEEP_LEVEL", "UTILIZATIONS", "VLLMShare", "engine_device",
@@ -102,28 +103,29 @@ class VLLMShare:
         if self.share >= self.weights + self.kv_sequence:
             return None
         least = math.ceil((self.weights + self.kv_batch) / self.card * 100) / 100
-        return (f"vllm_gpu_memory_utilization={self.settings.utilization} gives vLLM {self.share:,} bytes of this "
-                f"{self.card:,}-byte card, less than its weights ({self.weights:,} bytes) and the KV cache of one "
-                f"sequence ({self.kv_sequence:,} bytes): vLLM would not start ('No available memory for the cache "
-                f"blocks'); write GRPOConfig(vllm_gpu_memory_utilization={min(least, 1.0)}) or more, which also holds "
-                "the generation batch's KV cache")
+        return (f"vllm_gpu_memory_utilization={self.settings.utilization} gives vLLM {format_bytes(self.share)} of "
+                f"this card of {format_bytes(self.card)}, less than its weights ({format_bytes(self.weights)}) and the "
+                f"KV cache of one sequence ({format_bytes(self.kv_sequence)}): vLLM would not start ('No available "
+                f"memory for the cache blocks'); write GRPOConfig(vllm_gpu_memory_utilization={min(least, 1.0)}) "
+                "or more, which also holds the generation batch's KV cache")
 
     def note(self, gpu_name: str) -> str:
         """The arithmetic and its source, for the trial's notes."""
         utilization = self.settings.utilization
         if self.settings.sleep:
             held = (f"vllm_enable_sleep_mode=True: awake only while it generates; asleep (level {SLEEP_LEVEL}) during "
-                    f"the reference / old-policy log-probs and training, where it holds {self.asleep:,} bytes "
-                    f"(vLLM's CUDA graphs, which it keeps, are not counted) and keeps {self.host:,} bytes on the host")
+                    f"the reference / old-policy log-probs and training, where it holds {format_bytes(self.asleep)} "
+                    f"(vLLM's CUDA graphs, which it keeps, are not counted) and keeps {format_bytes(self.host)} on the "
+                    "host")
         else:
             held = "resident through the whole step (vllm_enable_sleep_mode=False), training included"
         fewer = "" if self.share >= self.weights + self.kv_batch else (
             f"; the share holds fewer than the generation batch's sequences at once (its KV cache needs "
-            f"{self.kv_batch:,} bytes): vLLM then generates them in turns, slower")
+            f"{format_bytes(self.kv_batch)}): vLLM then generates them in turns, slower")
         return (f"colocated vLLM engine: vllm_gpu_memory_utilization={utilization} x the {gpu_name}'s "
-                f"{self.card:,} bytes = {self.share:,} bytes under other, its weights {self.weights:,} bytes in "
-                f"vLLM's dtype and its KV cache the rest ({self.kv_batch:,} bytes for the generation batch); {held}"
-                f"{fewer}. Source: {_SOURCE}")
+                f"{format_bytes(self.card)} = {format_bytes(self.share)} under other, its weights "
+                f"{format_bytes(self.weights)} in vLLM's dtype and its KV cache the rest "
+                f"({format_bytes(self.kv_batch)} for the generation batch); {held}{fewer}. Source: {_SOURCE}")
 
 
 def vllm_dtype(config: Any) -> torch.dtype:
