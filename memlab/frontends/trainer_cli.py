@@ -362,9 +362,30 @@ def _zero_reward(completions: list[Any], **_: Any) -> list[float]:
     return [0.0 for _ in completions]
 
 
-def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: str) -> tuple[Any, dict[str, Any]]:
+def question_settings(args: argparse.Namespace, config: Any) -> dict[str, Any]:
+    """What ``args`` ask of the trainer, before it is built: the TRL config's keywords (:func:`_settings`) with the
+    prompt's length, the policy's dtype, its quantization in words and whether activations are offloaded (what the
+    answer's header says)."""
+    from memlab.estimation.dryrun.load import loaded_dtype
+
+    load = _load(args)
+    dtype = loaded_dtype(config, _parsed_load(load))
+    # TRL's activation offloading is not set on the config: TRL's OffloadActivations needs an accelerator to be
+    # built (none here); the estimate runs it as memlab's offload lever, which is what it is (Plan.from_trainer
+    # reads activation_offloading=True as offload="activations").
+    return {**_settings(args, config), "dtype": str(dtype).split(".")[-1], "load": _load_words(load),
+            "activation_offloading": bool(args.activation_offloading)}
+
+
+_SAID_ONLY = ("prompt_length", "dtype", "load", "activation_offloading", "tokenizer")
+"""The keys of :func:`question_settings` that are not the TRL config's keywords."""
+
+
+def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: str,
+                  policy: Any = None) -> tuple[Any, dict[str, Any]]:
     """The trainer ``args`` ask around a meta policy of ``config`` loaded as the load options say
-    (:func:`memlab.model_on_meta`), its TRL config's files under ``folder``; and the settings it was built with."""
+    (:func:`memlab.model_on_meta`; ``policy``: that policy, built already), its TRL config's files under ``folder``;
+    and the settings it was built with (:func:`question_settings`, and the tokenizer in words)."""
     try:
         import peft
         import trl
@@ -373,13 +394,14 @@ def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: st
                           "install trl peft") from None
     from datasets import Dataset
 
-    from memlab.estimation.dryrun.load import loaded_dtype, model_on_meta
+    from memlab.estimation.dryrun.load import model_on_meta
     from memlab.trainer.meta import trainer_on_meta
 
-    settings = _settings(args, config)
-    prompt = settings.pop("prompt_length")
-    load = _load(args)
-    policy = model_on_meta(config, **load)
+    said = question_settings(args, config)
+    settings = {key: value for key, value in said.items() if key not in _SAID_ONLY}
+    prompt = said["prompt_length"]
+    if policy is None:
+        policy = model_on_meta(config, **_load(args))
     tokenizer, told = _tokenizer(source, config)
     common: dict[str, Any] = dict(output_dir=folder, report_to=[], save_strategy="no", use_cpu=True,
                                   disable_tqdm=True, max_steps=1, seed=0)
@@ -421,12 +443,7 @@ def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: st
         raise
     except ValueError as error:  # TRL's own checks of its settings (generations dividing the batch...)
         raise MemlabError(f"TRL refuses these settings: {_trl_words(str(error))}") from None
-    dtype = loaded_dtype(config, _parsed_load(load))
-    # TRL's activation offloading is not set on the config: TRL's OffloadActivations needs an accelerator to be
-    # built (none here); the estimate runs it as memlab's offload lever, which is what it is (Plan.from_trainer
-    # reads activation_offloading=True as offload="activations").
-    return trainer, {**settings, "prompt_length": prompt, "tokenizer": told, "dtype": str(dtype).split(".")[-1],
-                     "load": _load_words(load), "activation_offloading": bool(args.activation_offloading)}
+    return trainer, {**said, "tokenizer": told}
 
 
 def _parsed_load(load: dict[str, Any]) -> Any:
@@ -556,12 +573,13 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     import tempfile
 
     from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.estimation.dryrun.adapters import loaded_weight_bytes
+    from memlab.estimation.dryrun.load import model_on_meta
     from memlab.estimation.estimate import load_config
     from memlab.frontends.cli_errors import estimate_status
     from memlab.frontends.estimate.text import json_with_verdicts
     from memlab.frontends.gpu_cli import check_gpu_flags, cli_gpu, gpu_budget
     from memlab.frontends.host_cli import host_judged
-    from memlab.frontends.trainer_floor import trainer_weight_bytes
     from memlab.plan import parse_budget, parse_grid
     from memlab.report import Report
 
@@ -576,13 +594,15 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     say(f"building the {args.trainer.upper()} trainer around the model on the meta device (shapes only, no memory)")
     suggested: list[tuple[Any, str, str | None]] = []  # (trial, command, what it changes in the training)
     with tempfile.TemporaryDirectory(prefix="memlab-trainer-") as folder:
-        trainer, settings = build_trainer(args, config, source, folder)
-        import memlab
-
-        weights = trainer_weight_bytes(trainer)
+        # Known before the trainer is built and any dry run made: the weights as loaded, which no lever lowers.
+        policy = model_on_meta(config, **_load(args))
+        weights = loaded_weight_bytes(policy)
         context = 0 if args.device == "cpu" else gpu_kind(cli_gpu(args)).context_bytes
-        if budget is not None and weights + context > budget:  # known before any dry run: none is made
-            return _foregone(args, config, source, settings, trainer, (weights, context, budget), out, say)
+        if budget is not None and weights + context > budget:
+            return _foregone(args, config, source, question_settings(args, config), policy,
+                             (weights, context, budget), out, say)
+        trainer, settings = build_trainer(args, config, source, folder, policy)
+        import memlab
         own = _own_plan(trainer, settings)
         # --try: the trainer's own plan with the levers replaced; without it, the trainer as set up
         plans: list[Any] = parse_grid(args.try_, base=own) if args.try_ else [
@@ -625,7 +645,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         from memlab.frontends.estimate.text import single_text
 
         report = dataclasses.replace(report, suggestions=levers)
-        header = _header(args, trainer, settings, plans, budget)
+        header = _header(args, trainer.model, settings, plans, budget)
         from memlab.frontends.estimate.next import trainer_next_lines
 
         after = trainer_next_lines(args, suggested) if budget is not None and not fits else []
@@ -658,74 +678,89 @@ def _quantized_alternative(args: argparse.Namespace, config: Any, source: str, b
     import tempfile
 
     import memlab
-    from memlab.estimation.cuda.gpus import gpu_kind
-    from memlab.frontends.estimate.next import trainer_command
+    from memlab.frontends.estimate.next import largest_split, trainer_command, trainer_plan_options
     from memlab.frontends.gpu_cli import cli_gpu
-    from memlab.frontends.trainer_floor import QUANTIZED_BASE
+    from memlab.frontends.trainer_floor import four_bit_changes
     from memlab.search.memory import FIT_MARGIN
 
     if args.load_in_4bit or args.load_in_8bit:
         return []
-    half = "bfloat16" if args.device == "cpu" or gpu_kind(cli_gpu(args)).bf16 else "float16"
-    changes: dict[str, Any] = {**QUANTIZED_BASE, "bnb_4bit_compute_dtype": half, "lora": args.lora or 16}
+    changes = four_bit_changes(args)
     asked = copy.copy(args)
     vars(asked).update(changes)
     say("estimating the same trainer on a 4-bit base (QLoRA: --load-in-4bit)")
     with tempfile.TemporaryDirectory(prefix="memlab-trainer-") as folder:
         trainer, settings = build_trainer(asked, config, source, folder)
         own = _own_plan(trainer, settings)
-        trial = memlab.estimate(trainer, own if settings["activation_offloading"] else None, gpu=cli_gpu(args),
-                                device=args.device, budget=budget)
-    if trial.status != "ok" or trial.verdict_bytes * FIT_MARGIN > budget:
+
+        def estimate(plan: Any) -> Any:
+            return memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget)
+
+        trial = estimate(own if settings["activation_offloading"] else None)
+        if trial.status == "ok" and trial.verdict_bytes * FIT_MARGIN > budget:  # no margin: a smaller batch split
+            split = largest_split(trial, estimate, budget, say)
+            if split is not None:
+                split_changes, _ = trainer_plan_options(split.plan, own) or ({}, [])
+                changes.update(split_changes)
+                trial = split
+    if trial.status != "ok" or trial.verdict_bytes > budget:
         return []
     what = ("--load-in-4bit: the base held in 4-bit NF4 (QLoRA), whose adapters train against the quantized weights"
             + ("" if args.lora else "; --lora 16: LoRA adapters instead of every weight"))
+    if trial.verdict_bytes * FIT_MARGIN > budget:
+        what += f"; less than {round((FIT_MARGIN - 1) * 100)}% of the budget to spare"
     return [(trial, trainer_command(args, changes), what)]
 
 
-def _foregone(args: argparse.Namespace, config: Any, source: str, settings: dict[str, Any], trainer: Any,
+def _foregone(args: argparse.Namespace, config: Any, source: str, settings: dict[str, Any], policy: Any,
               sizes: tuple[int, int, int], out: TextIO, say: Any) -> int:
     """The answer where the weights as loaded and the CUDA context are over the budget (``sizes``: those and the
-    budget): said at once, with the 4-bit base estimated where it fits, and exit status 1."""
+    budget), said at once, with no dry run (exit status 1): what changes that, each from the weights' layout alone
+    (a 4-bit base's weights, computed on the meta device; a GPU with more memory), with the command that asks it."""
     import json
 
-    from memlab.frontends.estimate.next import trainer_next_lines
-    from memlab.frontends.trainer_floor import floor_verdict
-    from memlab.plan import format_bytes
+    from memlab.estimation.dryrun.adapters import loaded_weight_bytes
+    from memlab.estimation.dryrun.load import model_on_meta
+    from memlab.frontends.estimate.next import trainer_command
+    from memlab.frontends.trainer_floor import floor_verdict, four_bit_changes, remedies
 
     weights, context, budget = sizes
-    suggested = _quantized_alternative(args, config, source, budget, say)
+    quantized = bool(args.load_in_4bit or args.load_in_8bit)
+    four_bit: int | None = None
+    command = None
+    if not quantized:
+        say("weighing the same model on a 4-bit base (its layout on the meta device, no dry run)")
+        changes = four_bit_changes(args)
+        load = {**_load(args), "quantization_config": {key: value for key, value in changes.items()
+                                                       if key.startswith(("load_in", "bnb_"))}}
+        four_bit = loaded_weight_bytes(model_on_meta(config, **load))
+        command = trainer_command(args, changes)
     if args.json:
         data = {"trials": [], "fits": False, "weights_bytes": weights, "context_bytes": context, "budget": budget,
-                "suggestions": [{"label": trial.label, "card_bytes": trial.card_bytes, "peak_bytes": trial.peak_bytes,
-                                 "fits": True, "command": command, "changes_training": what}
-                                for trial, command, what in suggested],
+                "four_bit_weights_bytes": four_bit, "four_bit_command": command,
                 "trainer": {"kind": args.trainer, **settings}}
         print(json.dumps(data, indent=2, default=str), file=out)
         return 1
-    lines = [_header(args, trainer, settings, [None], budget),
+    lines = [_header(args, policy, settings, [None], budget),
              floor_verdict(weights, context, budget, settings["dtype"])]
-    if suggested:
-        lines += trainer_next_lines(args, suggested, levers_tried=False)
-    else:
-        need = format_bytes(weights + context)
-        lines.append(f"Next: a GPU with more than {need} of memory"
-                     + ("" if args.load_in_4bit or args.load_in_8bit else
-                        ", or a 4-bit base (--load-in-4bit --lora 16), which memlab estimated over the budget too"))
+    lines += remedies(weights + context, budget, four_bit, context, command)
     print("\n".join(lines), file=out)
     return 1
 
 
-def _header(args: argparse.Namespace, trainer: Any, settings: dict[str, Any], plans: list[Any],
+def _header(args: argparse.Namespace, model: Any, settings: dict[str, Any], plans: list[Any],
             budget: int | None) -> str:
-    """The answer's first line: the model, its parameters, the question and the GPU with its budget."""
-    from memlab.frontends.estimate.text import budget_words, count_text, for_gpu
+    """The answer's first line, wrapped to the answer's width: the model (the trainer's, or the policy), its
+    parameters, the question and the GPU with its budget."""
+    import textwrap
 
-    model = trainer.model
+    from memlab.frontends.estimate.text import WIDTH, budget_words, count_text, for_gpu
+
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     parameters = sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)
-    return (f"{args.model}: {type(base).__name__}, {count_text(parameters)} parameters, "
+    text = (f"{args.model}: {type(base).__name__}, {count_text(parameters)} parameters, "
             f"{_question(args, settings)}{_plans_words(plans)}{for_gpu(args)}{budget_words(args, budget)}")
+    return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  "))
 
 
 def _plans_words(plans: list[Any]) -> str:

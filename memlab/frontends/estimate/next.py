@@ -217,7 +217,7 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
     def estimate_one(plan: Any) -> Any:
         return memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget)
 
-    split = largest_split(lowest.plan, estimate_one, budget, say)
+    split = largest_split(lowest, estimate_one, budget, say)
     if split is not None:
         changes, tried = trainer_plan_options(split.plan, own) or ({}, [])
         return [(split, trainer_command(args, changes, tried), None)]
@@ -259,52 +259,46 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
     return _grpo_changes(args, trainer, own, lowest, budget, say, words)
 
 
-def largest_split(plan: Any, estimate: Callable[[Any], Any], budget: int, say: Any) -> Any | None:
-    """The estimate of ``plan`` with the most rows per micro-batch that fits ``budget`` (with the search's margin),
-    the rows per optimizer step kept (``micro_batch`` x ``accumulation``, each a whole divisor) and every other lever
-    as it is; None where not even one row per micro-batch fits. The estimates fall as the micro-batch shrinks, so
-    the smallest is tried first, then the larger ones halved between what fits and what does not: a few dry runs.
+def largest_split(base: Any, estimate: Callable[[Any], Any], budget: int, say: Any) -> Any | None:
+    """The estimate of ``base``'s plan with the most rows per micro-batch that fits ``budget`` (with the search's
+    margin), the rows per optimizer step kept (``micro_batch`` x ``accumulation``, each a whole divisor) and every
+    other lever as it is; None where not even one row per micro-batch fits. ``base`` is the trial of the plan as it
+    is: the size tried first is the largest its activations per row predict to fit, then the next smaller ones, so a
+    split that fits costs one dry run where the prediction holds (a large model's dry run takes seconds).
 
     Example:
         >>> from memlab.plan import Plan
         >>> from memlab.report import Trial
-        >>> def estimate(plan):  # a stand-in: 3 units a row
-        ...     return Trial(plan, "ok", 3 * plan.micro_batch, {}, None, None, None, "cuda", estimated=True)
-        >>> say = lambda text: None
-        >>> largest_split(Plan(micro_batch=8, accumulation=1), estimate, 14, say).plan.label()
-        'mb4x2'
-        >>> largest_split(Plan(micro_batch=8), lambda plan: estimate(plan.replace(micro_batch=9)), 14, say) is None
+        >>> def estimate(plan):  # a stand-in: 3 units a row, 2 of weights
+        ...     size = plan.micro_batch
+        ...     return Trial(plan, "ok", 2 + 3 * size, {"params": 2, "activations": 3 * size}, None, None, None,
+        ...                  "cuda", estimated=True)
+        >>> tried = []
+        >>> base = estimate(Plan(micro_batch=8))
+        >>> largest_split(base, estimate, 16, tried.append).plan.label(), len(tried)
+        ('mb4x2', 1)
+        >>> largest_split(base, lambda plan: estimate(plan.replace(micro_batch=9)), 16, tried.append) is None
         True
     """
     from memlab.search.memory import FIT_MARGIN
 
+    plan = base.plan
     rows = int(plan.micro_batch or 1) * int(plan.accumulation)
     sizes = [size for size in range(1, int(plan.micro_batch or rows)) if rows % size == 0]
     if not sizes:
         return None
-    fitting: Any = None
-
-    def fits(size: int) -> bool:
-        nonlocal fitting
+    # What grows with the rows: the verdict's figure less the weights, gradients, optimizer state and CUDA context
+    # (the allocator's reserve grows with the activations, so it is counted with them).
+    fixed = sum(base.breakdown.get(name, 0) for name in ("params", "grads", "optimizer")) + (base.context_bytes or 0)
+    per_row = max(base.verdict_bytes - fixed, 0) / max(int(plan.micro_batch or rows), 1)
+    predicted = [size for size in sizes if (fixed + per_row * size) * FIT_MARGIN <= budget] or sizes[:1]
+    for size in reversed(sizes[:len([s for s in sizes if s <= predicted[-1]])]):
         split = plan.replace(micro_batch=size, accumulation=rows // size)
         say(f"estimating the batch split {size} x {rows // size} (rows per device x accumulation steps)")
         trial = estimate(split)
         if trial.status == "ok" and trial.verdict_bytes * FIT_MARGIN <= budget:
-            if fitting is None or fitting.plan.micro_batch < size:
-                fitting = trial
-            return True
-        return False
-
-    if not fits(sizes[0]):
-        return None
-    low, high = 0, len(sizes) - 1  # sizes[low] fits; the largest that fits is found between them
-    while low < high:
-        middle = (low + high + 1) // 2
-        if fits(sizes[middle]):
-            low = middle
-        else:
-            high = middle - 1
-    return fitting
+            return trial
+    return None
 
 
 def _grpo_changes(args: argparse.Namespace, trainer: Any, own: Any, lowest: Any, budget: int, say: Any,
