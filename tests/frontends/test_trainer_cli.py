@@ -333,3 +333,50 @@ def test_the_trainer_question_is_quiet(config: str, capsys: pytest.CaptureFixtur
     assert all(line.startswith("memlab estimate:") for line in err.splitlines()), err
     assert "offload-activations" in out and "activations offloaded" in " ".join(out.split())
     assert max(len(line) for line in out.splitlines()) <= 120, out
+
+
+# --- the advice where nothing asked fits (issue 84, items 1 and 2) ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_where_the_batch_does_not_fit_its_split_comes_first(
+        config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The trainer's own batch split, as its own options, before any lever: a DPO question of 8 rows per device that
+    fits as 2 x 4 was told that no lever fits (llama-3-8b on a 24 GB card)."""
+    words = ["--trainer", "dpo", "--max-length", "64", "--prompt-length", "24", "--per-device-train-batch-size", "8",
+             "--lora", "4", "--device", "cpu"]
+    one_row = ["--per-device-train-batch-size", "1", "--gradient-accumulation-steps", "8"]
+    single = cpu_peak(capsys, config, [*words[:6], *one_row, *words[8:-2]])
+    # room for one row per micro-batch with the search's margin, not for two: only the whole split fits
+    status, out, err = ask(capsys, config, *words, "--budget", f"{int(1.15 * single)}B", "--json")
+    assert status == 1, err
+    suggestions = json.loads(out)["suggestions"]
+    assert suggestions and suggestions[0]["changes_training"] is None, suggestions
+    first = suggestions[0]["command"]
+    assert " ".join(one_row) in first, first
+    assert "--try" not in first  # the split alone: every other lever as the trainer has it
+    status, out, err = ask(capsys, *first.split()[2:])
+    assert status == 0 and "fits the budget" in out, (first, out, err)
+
+
+def test_weights_over_the_budget_are_said_before_any_dry_run(
+        config: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A question whose weights alone (as loaded) are over the budget stops at once, saying so and what changes it
+    (a 4-bit base, with the command that asks it): the T4's 8B GRPO question searched levers for 4 minutes."""
+    def never(*args: Any, **keywords: Any) -> None:
+        raise AssertionError("a dry run was made for a foregone answer")
+
+    monkeypatch.setattr(memlab, "estimate", never)
+    words = ["--trainer", "grpo", "--num-generations", "4", "--max-completion-length", "32", "--lora", "4",
+             "--device", "cpu", "--budget", "150KiB"]
+    status, out, err = ask(capsys, config, *words)
+    assert status == 1, err
+    said = " ".join(out.split())
+    assert "Verdict: does not fit: the weights alone, as loaded (bfloat16), are" in said, out
+    assert "no lever of the step changes the weights, so none was searched" in said
+    assert "a 4-bit base (QLoRA): its weights are" in said and "--load-in-4bit" in said
+    command = next(line.strip() for line in out.splitlines() if "--load-in-4bit" in line)
+    assert max(len(line) for line in out.splitlines() if line.strip() != command) <= 120, out
+    status, out, err = ask(capsys, config, *words, "--json")
+    data = json.loads(out)
+    assert status == 1 and data["fits"] is False and data["weights_bytes"] > 150 * 1024 > data["four_bit_weights_bytes"]
