@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 QUESTIONS: dict[str, list[str]] = {
     "7b one GPU at 24GiB, with suggestions": ["llama-7b", "--budget", "24GiB"],
@@ -127,6 +128,31 @@ def main(argv: list[str] | None = None) -> int:
             print(key, run["wall_s"], "s wall,", run["cpu_s"], "s CPU at load", run["load_1min_before"], flush=True)
         path.write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+_SHOWN = ("7b one GPU at 24GiB, with suggestions", "13b LoRA on an A100-40GB", "13b LoRA at 24GiB",
+          "70b --gpus auto at 80GiB")
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """Every run kept in the result, in the order it was made, as a table: each question's wall time (seconds)
+    and the 1-minute load before the 7B question (what the machine was doing): the history the docs link to.
+
+    Example:
+        >>> run = {"7b one GPU at 24GiB, with suggestions": {"wall_s": 4.8, "load_1min_before": 1.0}}
+        >>> print(markdown({"device": "cpu", "s81": run}).splitlines()[-1])
+        | s81 | 4.8 | - | - | - | 1.0 |
+    """
+    from benchmarks import common
+
+    rows = []
+    for tag, run in result.items():
+        if not isinstance(run, dict) or not any(name in run for name in _SHOWN):
+            continue
+        seven = run.get(_SHOWN[0], {})
+        rows.append([tag, *(run[name].get("wall_s") if isinstance(run.get(name), dict) else None for name in _SHOWN),
+                     seven.get("load_1min_before") if isinstance(seven, dict) else None])
+    return common.markdown_table(["run", *_SHOWN, "load before the 7b"], rows)
 
 
 if __name__ == "__main__":
