@@ -36,8 +36,8 @@ So a dry run does the same on its fake copy, and nothing else:
   :data:`~memlab.estimation.dryrun.triton_launches.KNOWN_KERNELS`);
 - in every dry run, a ``torch.compile`` that Liger's chunked losses make returns their function uncompiled when it
   is given fake tensors (compiled code given a fake tensor reads its missing data: the process crashes), the compiled
-  one otherwise. An uncompiled chunk keeps what inductor would fuse away, so for 0.6.x's compiled chunk the figure
-  is an upper bound of the compiled step's (the note says so); 0.8.x compiles only per-token arithmetic.
+  one otherwise. 0.8.x compiles only per-token arithmetic; 0.6.x compiles a whole chunk, which may hold less than
+  it does uncompiled (inductor fuses what eager keeps): the note says so.
 
 The figure is then the installed release's: its host code and its chunking ran. A release outside
 :data:`MODELLED_LIGER` (those memlab's tests ran against watched steps) is still run as installed; the note names it
@@ -192,12 +192,14 @@ def liger_kernels(trainer: Any) -> Iterator[LigerKernels | None]:
 @dataclass
 class LigerRun:
     """What :func:`on_fake_model` did in one dry run: the kernels put on (``patched``: Liger's class name and how
-    many modules, ``replaced``: module globals answered with Liger's) and the release; :attr:`notes` says it."""
+    many modules, ``replaced``: module globals answered with Liger's), the release, and the compiled functions of
+    Liger's chunked losses that ran uncompiled on fake tensors (``uncompiled``, as they run); :attr:`notes` says
+    it."""
 
     asked: LigerKernels | None = None
     patched: dict[str, int] = field(default_factory=dict)
     replaced: list[str] = field(default_factory=list)
-    eager_losses: bool = False
+    uncompiled: set[str] = field(default_factory=set)
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -211,10 +213,12 @@ class LigerRun:
             version = self.asked.version_note()
             if version:
                 said.append(version)
-        if self.eager_losses:
-            said.append("Liger's chunked losses ran uncompiled on the fake tensors (their torch.compile cannot run on "
-                        "them): where a release compiles a whole chunk (0.6.x), the figure is an upper bound of the "
-                        "compiled step's")
+        if self.uncompiled:
+            ran = ", ".join(sorted(self.uncompiled))
+            said.append(f"Liger's chunked losses ran uncompiled on the fake tensors ({ran}: their torch.compile "
+                        "cannot run on them): 0.8.x compiles only per-token arithmetic; where a "
+                        "release compiles a whole chunk (0.6.x), the compiled chunk may hold less than this (inductor "
+                        "fuses what eager keeps)")
         return tuple(said)
 
 
@@ -227,8 +231,8 @@ def on_fake_model(model: nn.Module) -> Iterator[LigerRun]:
 
     Example:
         >>> with on_fake_model(nn.Linear(2, 2)) as run:
-        ...     run.notes
-        ()
+        ...     run.asked is None, run.patched
+        (True, {})
     """
     run = LigerRun(asked=getattr(_state, "asked", None))
     with contextlib.ExitStack() as stack:
@@ -236,7 +240,7 @@ def on_fake_model(model: nn.Module) -> Iterator[LigerRun]:
             replaced = stack.enter_context(_applied(model, run.asked.config))
             run.patched = _patched_modules(model)
             run.replaced = [f"{name} -> {getattr(liger, '__name__', name)}" for name, liger in replaced.items()]
-        run.eager_losses = stack.enter_context(_eager_on_fakes())
+        stack.enter_context(_eager_on_fakes(run.uncompiled))
         _state.depth = getattr(_state, "depth", 0) + 1
         stack.callback(_leave)
         yield run
@@ -352,27 +356,25 @@ def _patched_modules(model: nn.Module) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def _eager_on_fakes() -> Iterator[bool]:
+def _eager_on_fakes(uncompiled: set[str]) -> Iterator[None]:
     """While entered, each loaded module of Liger's chunked losses sees a ``torch`` whose ``compile`` returns a
-    function that runs uncompiled when given a fake tensor and compiled otherwise (every release makes its
-    ``torch.compile`` inside the loss's forward, through its module's ``torch``). Yields whether any was loaded."""
+    function that runs uncompiled when given a fake tensor (its name added to ``uncompiled``) and compiled otherwise
+    (every release makes its ``torch.compile`` inside the loss's forward, through its module's ``torch``)."""
     losses = [module for name, module in list(sys.modules.items())
               if name.startswith(_CHUNKED_LOSSES) and isinstance(getattr(module, "torch", None), types.ModuleType)]
-    if not losses:
-        yield False
-        return
     with contextlib.ExitStack() as stack:
         for module in losses:
-            stack.enter_context(patched(module, torch=_TorchEagerOnFakes(module.torch)))
-        yield True
+            stack.enter_context(patched(module, torch=_TorchEagerOnFakes(module.torch, uncompiled)))
+        yield
 
 
 class _TorchEagerOnFakes(types.ModuleType):
     """``torch`` as Liger's chunked losses see it in a dry run: the module itself but for ``compile``."""
 
-    def __init__(self, torch_module: types.ModuleType) -> None:
+    def __init__(self, torch_module: types.ModuleType, uncompiled: set[str]) -> None:
         super().__init__(torch_module.__name__)
         self._torch = torch_module
+        self._uncompiled = uncompiled
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._torch, name)
@@ -381,10 +383,13 @@ class _TorchEagerOnFakes(types.ModuleType):
         if function is None:  # used as @torch.compile(...)
             return lambda inner: self.compile(inner, **options)
         compiled = self._torch.compile(function, **options)
+        inner = getattr(function, "func", function)  # 0.8.x compiles a functools.partial
+        name = str(getattr(function, "__name__", None) or getattr(inner, "__name__", "a loss"))
 
         @functools.wraps(function)
         def eager_on_fakes(*args: Any, **kwargs: Any) -> Any:
             if _has_fake((*args, *kwargs.values())):
+                self._uncompiled.add(name)
                 return function(*args, **kwargs)
             return compiled(*args, **kwargs)
 
