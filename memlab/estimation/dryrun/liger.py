@@ -206,7 +206,8 @@ class LigerRun:
         said: list[str] = []
         if self.asked is not None:
             config = ", ".join(f"{key}={value}" for key, value in sorted(self.asked.config.items())) or "its defaults"
-            kernels = [f"{name} x {count}" for name, count in sorted(self.patched.items())] + self.replaced
+            # names, not counts: a model whose layers repeat is dry-run at a few layers and carried to all of them
+            kernels = sorted(self.patched) + self.replaced
             said.append(f"use_liger_kernel: liger-kernel {self.asked.version}'s kernels put on the model as train() "
                         f"puts them ({config}): {', '.join(kernels) or 'none for this model type'}; their host code "
                         "ran on the fake tensors and their Triton launches were counted from it")

@@ -13,7 +13,7 @@ tracker, a dispatch mode), as the estimate does.
 
 Measured here (2026-11-28, liger-kernel 0.8.5, fp32, estimate / watched): SFT Llama 1.014, SFT Qwen2 1.014, DPO
 (reference held apart, its weights left out of both) 1.000, GRPO 1.014, GRPO with Liger's GRPO loss 1.014, DPO with
-Liger's DPO loss 1.000; the same trainers estimated without Liger were 12-19% above the Liger step. Liger's fused
+Liger's DPO loss 1.000; the same trainers estimated without Liger were 11-17% above the Liger step. Liger's fused
 linear cross-entropy on a 32,000-token vocabulary: 1.000. liger-kernel 0.6.4 (in a folder of its own): GRPO loss
 1.014, DPO loss 1.000; its model patches cannot import under transformers 5.24 (one error, as train() fails). What
 remains of each gap is the estimate's without Liger: the attention mask transformers builds on fake tensors.
@@ -90,7 +90,7 @@ def test_a_liger_step_is_estimated_within_2_percent_of_its_watched_train(tmp_pat
     assert {name: vars(module).get("forward") for name, module in trainer.model.named_modules()} == live
     assert _modeling_globals() == held
     said = " ".join(estimate.notes)
-    assert "LigerRMSNorm x 9" in said and "LigerSwiGLUMLP x 4" in said and "-> liger_rotary_pos_emb" in said, said
+    assert "LigerRMSNorm, LigerSwiGLUMLP, modeling_" in said and "-> liger_rotary_pos_emb" in said, said
     launched: list[str] = []
     watched = watched_peak(_trainer(kind, tmp_path / "watched"), launched)
     assert set(launched) == LAYER_KERNELS  # train() ran Liger's kernels, here as their stand-ins
@@ -193,7 +193,8 @@ def test_liger_chunked_losses_run_uncompiled_on_fake_tensors_only() -> None:
             hidden, weight, torch.randint(40, (2, 8)), torch.ones(2, 8), torch.randn(2))
         loss.backward()
         assert fused_linear_ppo.torch is not torch and fused_linear_ppo.torch.zeros is torch.zeros
-    assert run.uncompiled == {"_compute_loss_from_logps"} and weight.grad is not None and weight.grad.shape == weight.shape
+    assert run.uncompiled == {"_compute_loss_from_logps"}  # 0.8.5 compiles this partial inside its forward
+    assert weight.grad is not None and weight.grad.shape == weight.shape
     assert fused_linear_ppo.torch is torch
     assert any("ran uncompiled" in note for note in run.notes)
 
@@ -218,3 +219,12 @@ def test_another_liger_release_in_a_folder_of_its_own(tmp_path: Path, release: s
         assert any("ran uncompiled" in note for note in step["notes"]), step["notes"]
     assert "liger-kernel 0.6.4 cannot patch a model" in result["patches"] and "HybridCache" in result["patches"]
     assert "pip install -U liger-kernel" in result["patches"]
+
+
+def test_a_comparison_of_fake_values_reads_unequal_instead_of_failing() -> None:
+    """Liger's cross-entropy backward asks ``torch.equal(grad_output, 1)``; on fake tensors that raised
+    DataDependentOutputException and the dry run failed. It reads unequal, as ``.item()`` reads 0."""
+    from memlab.estimation.dryrun.fake import FakeMode
+
+    with FakeMode():
+        assert torch.equal(torch.ones(3), torch.ones(3)) is False
