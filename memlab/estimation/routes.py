@@ -41,19 +41,21 @@ def _trainer(request: EstimateRequest) -> Trial:
     """A Trainer in the model's place: its model, loss and (without a batch) worst batch, then the other routes; a
     trainer kind with a dry run of its own (:func:`memlab.live.trainer_kinds.kind_of`), that one: a GRPO trainer's step
     with its generation (:mod:`memlab.kinds.grpo.estimate`)."""
+    from memlab.estimation.dryrun.liger import liger_kernels
     from memlab.live.trainer_kinds import kind_of
     from memlab.trainer.entry import live_target, noted, split_plans
     from memlab.trainer.reference import with_reference
 
     kind = kind_of(request.model)
-    if kind.estimate is not None:
-        return cast(Trial, kind.estimate(request))
+    with liger_kernels(request.model):  # its dry runs put on Liger's kernels as its train() would
+        if kind.estimate is not None:
+            return cast(Trial, kind.estimate(request))
 
-    batch, plan = split_plans(request.batch, request.plan)
-    target = live_target(request.model, batch, request.loss_fn)
-    inner = request.replace(model=target.model, batch=target.batch, loss_fn=target.loss_fn,
-                            plan=target.plan_for(plan))
-    return cast(Trial, with_reference(noted([route(inner)], target.note)[0], request.model))
+        batch, plan = split_plans(request.batch, request.plan)
+        target = live_target(request.model, batch, request.loss_fn)
+        inner = request.replace(model=target.model, batch=target.batch, loss_fn=target.loss_fn,
+                                plan=target.plan_for(plan))
+        return cast(Trial, with_reference(noted([route(inner)], target.note)[0], request.model))
 
 
 def _inference(request: EstimateRequest) -> Trial:

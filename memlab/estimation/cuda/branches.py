@@ -22,6 +22,11 @@ keeps its own answers):
   (:mod:`memlab.estimation.dryrun.triton_guard` guards :class:`StandInKernel` too); TRL's host code, which makes every
   tensor the kernels write into, runs as on the GPU.
 
+Liger Kernel does so in its fused linear cross-entropy (``liger_kernel/ops/fused_linear_cross_entropy.py``, 0.8.x):
+``_can_use_mm_out`` reads the input's device, and on CUDA one ``(chunk, vocabulary)`` logits buffer is made before
+the chunks and each chunk's logits written into it (``torch.mm(out=)``), where elsewhere each chunk makes its own
+(two alive as the next replaces the last). While emulating, it answers as on CUDA.
+
 Nothing stays changed afterwards: every attribute is put back, and the stand-in ``triton`` never stays in
 ``sys.modules``.
 
@@ -172,6 +177,21 @@ def _wherever_held(name: str, original: Any, replacement: Any) -> list[tuple[Any
             if key.startswith("trl.") and getattr(holder, name, None) is original]
 
 
+def _liger_patches() -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, value while emulating) for Liger's fused linear cross-entropy, where it is loaded."""
+    fused = sys.modules.get("liger_kernel.ops.fused_linear_cross_entropy")
+    can_use = getattr(fused, "_can_use_mm_out", None)
+    if not callable(can_use):
+        return []
+
+    def can_use_as_on_cuda(_input: torch.Tensor, weight: torch.Tensor) -> bool:
+        if _emulating() and _input.device.type == "cpu":
+            return bool(can_use(_on_cuda(_input), weight))
+        return bool(can_use(_input, weight))
+
+    return [(fused, "_can_use_mm_out", can_use_as_on_cuda)]
+
+
 def _trl_patches() -> list[tuple[Any, str, Any]]:
     """(owner, attribute, value while emulating) for the TRL modules loaded; none where TRL is not imported."""
     chunked = sys.modules.get("trl.kernels.chunked_logprob")
@@ -255,7 +275,7 @@ def gpu_branches() -> Iterator[None]:
     global _entered
     with _lock:
         if _entered == 0:
-            for owner, attribute, value in _trl_patches():
+            for owner, attribute, value in (*_trl_patches(), *_liger_patches()):
                 _patches.enter_context(patched(owner, **{attribute: value}))
         _entered += 1
     _state.depth = getattr(_state, "depth", 0) + 1

@@ -256,6 +256,8 @@ class FakeMode(FakeTensorMode):
                 if tensor.dtype == torch.bool:
                     return False
                 return 0.0 if tensor.dtype.is_floating_point or tensor.dtype.is_complex else 0
+        if func is torch.ops.aten.equal.default:  # values compared, which fakes hide: read as unequal (the branch
+            return False  # Liger's cross-entropy backward takes when its grad_output is not 1, in place either way)
         if func is torch.ops.aten.nonzero.default:
             tensor = args[0]
             with self:

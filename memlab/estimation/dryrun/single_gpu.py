@@ -57,6 +57,7 @@ from memlab.estimation.depth.extend import check_layers, source_layers
 from memlab.estimation.depth.log import DepthLog, Event, LayerPaths
 from memlab.estimation.dryrun.adapters import attach_fake_adapter, bitsandbytes_version, kept_inputs_note
 from memlab.estimation.dryrun.fake import BLIND_SPOTS, FakeMode, FakeSetup, fake_setup, one_thread
+from memlab.estimation.dryrun.liger import on_fake_model
 from memlab.estimation.dryrun.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
 from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
 from memlab.estimation.dryrun.reserved import (
@@ -470,8 +471,8 @@ def _plan_runs(
         for plan in plans:
             runner.check(plan)
     runs: list[_PlanRun] = []
-    with one_thread(), quiet(options.verbose), fake_checkpoints(), mode, runner.session(), \
-            model_made_positions(batch):
+    with one_thread(), quiet(options.verbose), fake_checkpoints(), on_fake_model(setup.model) as liger, mode, \
+            runner.session(), model_made_positions(batch):
         for number, plan in enumerate(plans):
             load = workload.loads[number] if number < len(workload.loads) else None
 
@@ -498,7 +499,8 @@ def _plan_runs(
                                        skipped_kernels_note(mode.skipped_kernels),
                                        _load_note(load, workload, setup, plan), _four_bit_note(plan, load),
                                        load and staged > trial.host_bytes and load.staging_note(),
-                                       fp8_note(plan, target.type, kind.capability, kind.name)) if note]
+                                       fp8_note(plan, target.type, kind.capability, kind.name), *liger.notes)
+                     if note]
             trial = dataclasses.replace(trial, notes=(*trial.notes, *notes, *workload.notes(plan)),
                                         host_bytes=max(trial.host_bytes, staged))  # the load, then the step
             runs.append(_PlanRun(trial, _reserved(trial, trace), fell_back,

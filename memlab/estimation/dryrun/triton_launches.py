@@ -204,7 +204,12 @@ KNOWN_KERNELS: dict[tuple[str, str], KnownKernel] = {
     ("liger_kernel.ops.cross_entropy", "liger_cross_entropy_kernel"): KnownKernel(_nothing, _LIGER),
     ("liger_kernel.ops.utils", "element_mul_kernel"): KnownKernel(_nothing, _LIGER),
     **{("liger_kernel.ops.rms_norm", name): KnownKernel(_nothing, _LIGER)
-       for name in ("_rms_norm_forward_kernel", "_rms_norm_backward_kernel")},
+       for name in ("_rms_norm_forward_kernel", "_rms_norm_backward_kernel", "_block_rms_norm_forward_kernel",
+                    "_block_rms_norm_backward_kernel")},
+    **{("liger_kernel.ops.swiglu", name): KnownKernel(_nothing, _LIGER)
+       for name in ("_swiglu_forward_kernel", "_swiglu_backward_kernel", "_swiglu_forward_kernel_tiled",
+                    "_swiglu_backward_kernel_tiled")},
+    ("liger_kernel.ops.rope", "_triton_rope"): KnownKernel(_nothing, _LIGER),
     **{("bitsandbytes.backends.triton.kernels_4bit", name): KnownKernel(_nothing, _BNB)
        for name in ("quantize_fp4_blockwise_kernel", "quantize_nf4_blockwise_kernel", "quantize_4bit_blockwise_kernel",
                     "dequant_4bit_kernel", "dequant_fp4_kernel", "dequant_nf4_kernel")},
@@ -216,7 +221,8 @@ KNOWN_KERNELS: dict[tuple[str, str], KnownKernel] = {
                     "_optimizer_update_1state_8bit_blockwise_triton_kernel",
                     "_optimizer_update_2state_8bit_blockwise_triton_kernel")},
 }
-"""Kernels read from their sources (TRL 1.16's ``trl/kernels``, Liger's ``ops`` modules, bitsandbytes 0.50's Triton
+"""Kernels read from their sources (TRL 1.16's ``trl/kernels``, Liger's ``ops`` modules in 0.6.4 and 0.8.5: the
+layer kernels its patches launch (RMSNorm, SwiGLU, RoPE) and its cross-entropy's, bitsandbytes 0.50's Triton
 backend), by (module, name), with the bytes a launch takes beyond its arguments: none makes a tensor descriptor on
 the device, so none asks Triton for scratch. A kernel not here is counted by the rules after the table."""
 

@@ -111,6 +111,7 @@ def estimate_grpo(request: Any) -> Trial:
     Raises:
         MemlabError: a batch given, several GPUs, or what :class:`~memlab.kinds.grpo.source.GRPOSource` refuses.
     """
+    from memlab.estimation.dryrun.liger import liger_kernels
     from memlab.estimation.dryrun.single_gpu import dry_run_inference
     from memlab.inference.plan import InferencePlan
     from memlab.inference.weights import HELD_AS_LOADED
@@ -125,7 +126,7 @@ def estimate_grpo(request: Any) -> Trial:
     weights = _WEIGHTS.get(parameter.dtype, "fp32")
     # TRL generates with the policy's weights as they are: a peft model's adapters stay in fp32 beside bf16 weights,
     # which the inference plan's one dtype would cast.
-    with patched(source.model, **{HELD_AS_LOADED: True}):
+    with patched(source.model, **{HELD_AS_LOADED: True}), liger_kernels(source.trainer):  # as train() generates
         # Without cuBLAS's workspace: the training step's, under the other its timeline starts with, holds them.
         generation = dry_run_inference(
             source.model, {"input_ids": (source.generation_batch, source.prompt_tokens)},
@@ -216,6 +217,7 @@ def _asked(request: Any) -> Any:
 def _training_step(request: Any, settings: VLLMSettings | None) -> tuple[Trial, GRPOSource, Any]:
     """The policy's training step on one optimizer step's generations, estimated (with the source read and the
     request as answered: on the card where a vLLM engine shares it)."""
+    from memlab.estimation.dryrun.liger import liger_kernels
     from memlab.estimation.routes import route
     from memlab.trainer.entry import split_plans
 
@@ -239,7 +241,7 @@ def _training_step(request: Any, settings: VLLMSettings | None) -> tuple[Trial, 
     loss_fn = request.loss_fn if request.loss_fn is not None else source.loss_fn()
     if settings is not None and settings.colocated:
         request = _on_the_card(request)
-    with source.generating():
+    with source.generating(), liger_kernels(trainer):  # Liger's kernels as train() puts them on
         training = route(request.replace(model=source.model, batch=_generated(source), loss_fn=loss_fn, plan=plan))
     return training, source, request
 

@@ -272,3 +272,25 @@ def test_trls_distillation_loss_takes_the_gpu_path_too() -> None:
             assert isinstance(divergence._stats_kernel, StandInKernel)
             assert divergence.triton.cdiv(5, 2) == 3
     assert {name: vars(divergence)[name] for name in held} == held
+
+
+def test_ligers_fused_cross_entropy_takes_its_cuda_path_in_a_dry_run_for_cuda() -> None:
+    """Liger's fused linear cross-entropy makes one logits buffer for all its chunks on CUDA (``torch.mm(out=)``)
+    and a new one per chunk elsewhere: its device check answers as on CUDA while emulating, in this thread only."""
+    fused = pytest.importorskip("liger_kernel.ops.fused_linear_cross_entropy")
+    hidden, weight = torch.randn(4, 8), torch.randn(16, 8)
+    seen: list[bool] = []
+
+    def elsewhere() -> None:
+        with torch.no_grad():  # grad mode is the thread's own
+            seen.append(fused._can_use_mm_out(hidden, weight))
+
+    with torch.no_grad():  # as inside Liger's autograd function
+        assert not fused._can_use_mm_out(hidden, weight)
+        with gpu_branches():
+            assert fused._can_use_mm_out(hidden, weight)
+            thread = threading.Thread(target=elsewhere)
+            thread.start()
+            thread.join()
+        assert not fused._can_use_mm_out(hidden, weight)
+    assert seen == [False]
