@@ -38,7 +38,7 @@ from memlab.live.patching import patched
 
 __all__ = ["QUIET_LOGGERS", "Remarks", "collecting", "matters", "quiet", "without_paths"]
 
-QUIET_LOGGERS = ("transformers", "bitsandbytes", "peft", "accelerate", "torch", "trl", "datasets")
+QUIET_LOGGERS = ("transformers", "bitsandbytes", "peft", "accelerate", "torch", "trl", "datasets", "liger_kernel")
 """The libraries kept quiet: their log records (child loggers' too) and the warnings raised in their modules (or
 in memlab's, where a library's warning points at its caller) are kept as :class:`Remarks`."""
 _OWN = "memlab"
