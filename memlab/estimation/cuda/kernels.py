@@ -112,8 +112,8 @@ def cuda_kernels(gpu: GpuKind | str | None = None, *, kernels: bool = True) -> I
     whoever checkpoints: a trainer's ``gradient_checkpointing`` that TRL's DPOTrainer turns off around its reference
     forward and back on with its own keywords, in place of memlab's, recomputed the next step's blocks on the CPU's
     kernels, where the forward had run CUDA's; the recompute did not match, and the step was made again on the CPU's
-    kernels (a Qwen2 DPOTrainer with prompts of unequal lengths: its padding mask sent the CPU's attention to the math
-    path, which keeps the whole attention matrix).
+    kernels (a DPOTrainer on rows of unequal lengths: with their padding mask the CPU's attention saves other tensors
+    than CUDA's memory-efficient kernel).
 
     With ``kernels=False`` (the step made again after a recompute did not match its forward under the modes:
     :data:`OWN_CHECKPOINT_NOTE`) only the libraries' device choices answer as on the GPU
