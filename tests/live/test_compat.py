@@ -174,6 +174,31 @@ def test_every_private_name_is_found_on_this_torch() -> None:
     assert "run_and_save_rng_state" in torch._ops._higher_order_ops
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_every_checkpoints_recompute_goes_through_the_wrap_and_its_forward_does_not(reentrant: bool) -> None:
+    # Both of torch's checkpoints, through their private _CheckpointFrame and CheckpointFunction: a model's own
+    # checkpoint recomputes in backward under what the wrap adds (the CUDA emulation's modes).
+    calls: list[str] = []
+
+    def wrap(function: object) -> object:
+        calls.append("forward")
+
+        def recompute(*args: object, **kwargs: object) -> object:
+            calls.append("recompute")
+            return function(*args, **kwargs)  # type: ignore[operator]
+
+        return recompute
+
+    x = torch.ones(3, requires_grad=True)
+    with compat.checkpoint_recomputations(wrap):
+        y = checkpoint.checkpoint(torch.sin, x, use_reentrant=reentrant)
+    assert (checkpoint._CheckpointFrame.__name__, checkpoint.CheckpointFunction.__name__) == (
+        "_CheckpointFrame", "CheckpointFunction")  # put back
+    y.sum().backward()
+    assert calls == ["forward", "recompute"]
+    assert torch.equal(x.grad, torch.ones(3).cos())
+
+
 def test_a_torch_without_grouped_mm_or_with_another_cache_key_keeps_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
