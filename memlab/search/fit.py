@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, refuse_class
 from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.events import TrialSettled
@@ -117,6 +117,7 @@ def fit(
         >>> report.best.fits, report.best.rows_per_step
         (True, 8)
     """
+    refuse_class(model, "fit")
     if not dry_run:
         refuse_meta(model, "fit")  # a model on the meta device has no values to run: fit(..., dry_run=True) has none
         if gpu is not None:
