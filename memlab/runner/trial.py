@@ -26,7 +26,7 @@ from memlab.runner.core import Runner, register_runner, runner_for
 from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.training import TrainingWorkload, check_plans
 from memlab.runner.workload import RunnablePlan
-from memlab.trainer.entry import live_target, noted, split_plans
+from memlab.trainer.entry import live_target, noted, split_plans, trainer_state
 from memlab.trainer.meta import refuse_meta
 from memlab.trainer.source import keeps_trainer_batch
 
@@ -133,7 +133,8 @@ def compare(
     runner = target.runner or runner_for(plans) or TrialRunner
     if target.source is not None:
         options["loss_fn"] = target.loss_fn
-    report = run_plans(runner, target.model, target.batch, plans, RunOptions.from_keywords(options))
+    with trainer_state(model, target.batch, target.loss_fn):  # emptied by arguments made since: the trainer's own
+        report = run_plans(runner, target.model, target.batch, plans, RunOptions.from_keywords(options))
     if target.note:
         report = Report(noted(report.trials, target.note), budget=report.budget)
     return report
