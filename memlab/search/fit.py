@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, refuse_class
 from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.events import TrialSettled
@@ -41,7 +41,7 @@ from memlab.techniques.loss import chunked_loss_applies
 from memlab.techniques.offload import NO_OFFLOAD
 from memlab.techniques.precision import BF16, half_precision
 from memlab.techniques.precompute_ref import trainer_of
-from memlab.trainer.entry import live_target, noted
+from memlab.trainer.entry import live_target, noted, trainer_state
 from memlab.trainer.meta import refuse_meta
 from memlab.trainer.reference import with_reference
 from memlab.trainer.source import is_trainer
@@ -117,6 +117,7 @@ def fit(
         >>> report.best.fits, report.best.rows_per_step
         (True, 8)
     """
+    refuse_class(model, "fit")
     if not dry_run:
         refuse_meta(model, "fit")  # a model on the meta device has no values to run: fit(..., dry_run=True) has none
         if gpu is not None:
@@ -181,11 +182,15 @@ def refuse_selective_for_trainer(space: Mapping[str, Sequence[Any]] | None) -> N
         )
 
 
-def _fit_module(model: nn.Module, *args: Any, kind: Any = None, held: Any = None, gpu: GpuKind | None = None) -> Report:
+def _fit_module(model: nn.Module, batch: Batch, batch_size: int | None, space: Mapping[str, Sequence[Any]] | None,
+                dry_run: bool, estimates: bool, max_trials: int | None, selective: bool, options: RunKeywords, *,
+                kind: Any = None, held: Any = None, gpu: GpuKind | None = None) -> Report:
     """:func:`_fit_module_here` with the allocator this process runs (``PYTORCH_CUDA_ALLOC_CONF``) assumed by every
-    dry run it makes: on CUDA, their card figures are those of this process's allocator."""
-    with assumed_allocator(expandable_segments_configured()):
-        return _fit_module_here(model, *args, kind=kind, held=held, gpu=gpu)
+    dry run it makes: on CUDA, their card figures are those of this process's allocator; a trainer's step (behind
+    the loss, or its own batch) reads its own accelerate state (:func:`memlab.trainer.entry.trainer_state`)."""
+    with assumed_allocator(expandable_segments_configured()), trainer_state(model, batch, options.get("loss_fn")):
+        return _fit_module_here(model, batch, batch_size, space, dry_run, estimates, max_trials, selective, options,
+                                kind=kind, held=held, gpu=gpu)
 
 
 def _fit_module_here(

@@ -368,6 +368,7 @@ def _quantize(
         )
         weight: Any = bitsandbytes.nn.Params4bit(values.contiguous().clone(), requires_grad=False, quant_type="nf4")
         quantized.weight = weight.to(device)  # moving it quantizes it (bitsandbytes' Params4bit.to)
+        quantized.support_avx512bf16_for_cpu = False  # CPU_REPACKING_OFF says why
         quantized.bias = original.bias  # type: ignore[assignment]  # the same frozen bias, shared
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -700,6 +701,17 @@ def _adapters_for_the_trainer(plan: PlanLike) -> Fragment:
 
 
 
+CPU_REPACKING_OFF = (
+    "# bitsandbytes repacks a 4-bit weight for AVX512-BF16 CPUs at its first forward in eval mode, which fails",
+    "# for a layer not in tiles of 32 x 64 and leaves training after it without the input's gradient: off",
+    "layer.support_avx512bf16_for_cpu = False",
+)
+"""What every 4-bit layer memlab builds (a trial's, the exported script's) sets, so that bitsandbytes 0.50's repacking
+of an eval-mode layer's weight for AVX512-BF16 CPUs is never taken: it raised "shape '[32, 0]' is invalid for input
+of size 16" on a 32 x 32 layer, and once repacked a layer gives its input no gradient (a custom operator without
+autograd). On a GPU the flag means nothing."""
+
+
 def quantize_code(plan: PlanLike) -> tuple[str, ...]:
     """The lines that hold the base's linear layers in 4-bit NF4 on the model the code receives, as memlab's
     QLoRA does (:func:`memlab.techniques.adapters.qlora_targets`, transformers' own choice: every ``nn.Linear``
@@ -753,6 +765,7 @@ def quantize_code(plan: PlanLike) -> tuple[str, ...]:
         '                                  compute_dtype=compute_dtype, quant_type="nf4", device="meta")',
         "        layer.weight = bnb.nn.Params4bit(weight.contiguous().cpu(), requires_grad=False,",
         '                                         quant_type="nf4").to(weight.device)  # moving it quantizes it',
+        *(f"        {line}" for line in CPU_REPACKING_OFF),
         "        layer.bias = linear.bias",
         '        parent, _, child = name.rpartition(".")',
         "        setattr(model.get_submodule(parent) if parent else model, child, layer)",

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memlab.errors import MemlabError, MemlabWarning
+from memlab.errors import MemlabError, MemlabWarning, refuse_class
 from memlab.live.patching import patched
 from memlab.live.trainer_kinds import OldLogps, kind_of
 from memlab.plan import format_bytes, parse_budget
@@ -485,6 +485,7 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
         w.to_dataframe()
         w.remove()
     """
+    refuse_class(trainer, "watch", trainer_only=True)
     if not is_trainer(trainer):
         raise MemlabError(f"watch takes a transformers Trainer, not a {type(trainer).__name__}; pass your trainer")
     if installed_watch(trainer) is not None:
