@@ -566,10 +566,11 @@ def _header_cell(key: str, name: str) -> str:
 
 def _cell(key: str, value: str) -> str:
     """A body cell: words in the wrapping columns may go onto several lines, the others' on one (``>= 1.2``); the
-    plan's, the status's and the notes' left-aligned, numbers right-aligned."""
+    plan's, the status's and the notes' left-aligned (numbers as the notebook aligns a cell: JupyterLab to the right).
+    Every byte here is in a saved notebook once per row and column: nothing more is said."""
     wrapping = ";white-space:normal" if key in _WRAPPING else ""
-    side = "left" if key in _LEFT else "right"
-    return f"<td style='{_PADDING};text-align:{side}{wrapping}'>{html.escape(value)}</td>"
+    side = ";text-align:left" if key in _LEFT else ""
+    return f"<td style='{_PADDING}{side}{wrapping}'>{html.escape(value)}</td>"
 
 
 def shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tuple[str, ...]) -> list[str]:
