@@ -52,4 +52,4 @@ def test_the_number_columns_headers_are_turned_and_the_words_wrap() -> None:
     for row in range(len(report.trials)):
         for key, (style, text) in zip(keys, cells[row * len(keys):(row + 1) * len(keys)], strict=True):
             assert ("white-space:normal" in style) == (key in (*words, "spread")), (key, text)
-    assert "does not fit (OOM)" in page and ">&gt;= 8.0</td>" in page  # a bound's sign beside its number
+    assert "does not fit (OOM)" in page and ">&gt;=&nbsp;8.0</td>" in page  # a bound's sign kept by its number

@@ -570,7 +570,9 @@ def _cell(key: str, value: str) -> str:
     Every byte here is in a saved notebook once per row and column: nothing more is said."""
     wrapping = ";white-space:normal" if key in _WRAPPING else ""
     side = ";text-align:left" if key in _LEFT else ""
-    return f"<td style='{_PADDING}{side}{wrapping}'>{html.escape(value)}</td>"
+    # JupyterLab's cells wrap whatever the table says: a bound keeps its sign by a space that does not break
+    text = html.escape(value) if key in _WRAPPING else html.escape(value).replace(" ", "&nbsp;")
+    return f"<td style='{_PADDING}{side}{wrapping}'>{text}</td>"
 
 
 def shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tuple[str, ...]) -> list[str]:
