@@ -82,7 +82,9 @@ def fit(
     Args:
         model: the model to train, on its device; or a ``transformers.Trainer`` (TRL's included), whose model,
             ``compute_loss`` and effective batch are used (:mod:`memlab.trainer.entry`); checkpointing is then
-            searched as the Trainer's switch runs it, every block or none (no ``checkpointing=k``).
+            searched as the Trainer's switch runs it, every block or none (no ``checkpointing=k``). The trainer as
+            built (``Plan.from_trainer``) is measured first where the space holds it: the report's first row is then
+            what ``memlab.measure(trainer)`` measures.
         batch: one batch (dict of tensors, tensor, or tuple); rows repeat where ``batch_size`` asks for more. With a
             trainer it may be left out: the train dataset's worst batch is measured (said in the trials' notes).
         batch_size: the effective batch (rows per optimizer step); default: the rows of ``batch`` (a trainer's:
@@ -149,7 +151,7 @@ def fit(
         # The model's own dry runs count a reference model the trainer holds apart (a DPOTrainer's), as estimate does.
         held = None if kind is not None else lambda trial: with_reference(trial, model)
         report = _fit_module(target.model, target.batch, batch_size or target.batch_size, space, dry_run, estimates,
-                             max_trials, False, options, kind=kind, held=held, gpu=card)
+                             max_trials, False, options, kind=kind, held=held, gpu=card, first=target.plan)
         return dataclasses.replace(report, trials=noted(report.trials, target.note))
     if space is not None and isinstance(space, Mapping) and trainer_of(options.get("loss_fn")) is None:
         # A built trainer's own setting (precompute_ref, the vLLM engine's) on a model: refused before any trial.
@@ -184,13 +186,13 @@ def refuse_selective_for_trainer(space: Mapping[str, Sequence[Any]] | None) -> N
 
 def _fit_module(model: nn.Module, batch: Batch, batch_size: int | None, space: Mapping[str, Sequence[Any]] | None,
                 dry_run: bool, estimates: bool, max_trials: int | None, selective: bool, options: RunKeywords, *,
-                kind: Any = None, held: Any = None, gpu: GpuKind | None = None) -> Report:
+                kind: Any = None, held: Any = None, gpu: GpuKind | None = None, first: Plan | None = None) -> Report:
     """:func:`_fit_module_here` with the allocator this process runs (``PYTORCH_CUDA_ALLOC_CONF``) assumed by every
     dry run it makes: on CUDA, their card figures are those of this process's allocator; a trainer's step (behind
     the loss, or its own batch) reads its own accelerate state (:func:`memlab.trainer.entry.trainer_state`)."""
     with assumed_allocator(expandable_segments_configured()), trainer_state(model, batch, options.get("loss_fn")):
         return _fit_module_here(model, batch, batch_size, space, dry_run, estimates, max_trials, selective, options,
-                                kind=kind, held=held, gpu=gpu)
+                                kind=kind, held=held, gpu=gpu, first=first)
 
 
 def _fit_module_here(
@@ -207,13 +209,16 @@ def _fit_module_here(
     kind: Any = None,
     held: Any = None,
     gpu: GpuKind | None = None,
+    first: Plan | None = None,
 ) -> Report:
     """:func:`fit` on a module; ``selective``: whether the fewest checkpointed blocks that fit are searched for
     (:func:`memlab.search.blocks.fewest_blocks`) when the best plan checkpoints every block; ``kind``: a trainer
     kind's :class:`~memlab.trainer.entry.LiveTarget` whose step has its own runner and dry run (a GRPOTrainer's),
     else None; ``held``: ``held(trial) -> trial`` adds to each of the model's own dry runs what the trainer holds
     beside the model (a DPOTrainer's reference model: :func:`memlab.trainer.reference.with_reference`), else None;
-    ``gpu``: the GPU kind a dry run is for (its space, its budget, its card figures), else None."""
+    ``gpu``: the GPU kind a dry run is for (its space, its budget, its card figures), else None; ``first``: the plan a
+    measured search runs first where the space holds it (a trainer as built, so that the report's first row is what
+    ``memlab.measure(trainer)`` measures), else the search's own first."""
     run_options = RunOptions.from_keywords(options)
     if not isinstance(model, nn.Module):
         raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
@@ -300,6 +305,8 @@ def _fit_module_here(
             search = Search(candidates, budget=budget, batch_size=batch_size, trainable_bytes=trainable, prior=prior,
                             device_type=device.type, estimate=estimate if estimates else None,
                             max_trials=max_trials)
+            if first is not None and first in search.pending:
+                search.record(measure(first, 0, len(candidates)))
             result = search.run(measure, on_step=bar.advance)
             trials = list(result.trials)
             # Checkpointing every block fits: the fewest blocks that fit are faster (memory is monotone in blocks).
