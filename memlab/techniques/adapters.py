@@ -34,7 +34,7 @@ from memlab.techniques.core.technique import PlanFields, StepParts, Technique, U
 from memlab.techniques.targets import adapter_targets as adapter_targets  # re-exported: callers import them here
 from memlab.techniques.targets import lora_layer_types as lora_layer_types
 from memlab.techniques.targets import output_head as output_head
-from memlab.techniques.targets import task_heads
+from memlab.techniques.targets import targets_as_planned, task_heads
 
 
 def is_peft_model(model: nn.Module) -> bool:
@@ -79,30 +79,8 @@ def peft_plan_values(model: nn.Module, config: Any) -> dict[str, Any]:
         'all-linear'
     """
     values = {lever.name: lever.from_peft(config) for lever in DECLARATIONS if lever.from_peft is not None}
-    targets = values.get("lora_targets")
-    if isinstance(targets, tuple) and targets and set(targets) == _all_linear_leaves(model):
-        values["lora_targets"] = "all-linear"
+    values["lora_targets"] = targets_as_planned(model, values.get("lora_targets"))
     return values
-
-
-_PEFT_PARTS = ("base_layer", "lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_dropout",
-               "lora_magnitude_vector")
-
-
-def _all_linear_leaves(model: nn.Module) -> set[str]:
-    """The last names of the layers ``lora_targets="all-linear"`` adapts on ``model`` (a peft model's base layers,
-    not its adapters' own)."""
-    from memlab.techniques.targets import adapter_targets
-
-    wrapped: Any = model
-    base: Any = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else model
-    leaves = set()
-    for name in adapter_targets(base, "all-linear"):
-        parts = name.split(".")
-        host = parts[:next((i for i, part in enumerate(parts) if part in _PEFT_PARTS), len(parts))]
-        if host:  # a layer peft wrapped is named by its host, whose base layer and adapters are linear layers too
-            leaves.add(host[-1])
-    return leaves
 
 
 def lora_config_of(model: nn.Module) -> Any:
@@ -145,7 +123,8 @@ def carries_plan_adapters(model: nn.Module, plan: PlanFields) -> bool:
     if plan.adapter == "none" or config is None or not isinstance(getattr(config, "r", None), int):
         return False
     for name, value in peft_plan_values(model, config).items():
-        if value is not None and getattr(plan, name) != value:
+        asked = getattr(plan, name)
+        if value is not None and (targets_as_planned(model, asked) if name == "lora_targets" else asked) != value:
             return False
     return True
 
