@@ -117,7 +117,8 @@ print(f"{'peak':12} measured {human(trial.peak_bytes):>11}")
 # are for: each trades some speed for memory. Here are three plans side by side: plain; checkpointing (each
 # block's activations recomputed in backward instead of kept); and checkpointing with a micro-batch of a quarter
 # of the rows, accumulated four times. All three train in fp32: on a GPU `precision="bf16"` is the next lever,
-# but a CPU emulates bf16 slowly, so here it would only show a slower step.
+# but a CPU without bf16 units (most laptops and Binder's) emulates bf16 slowly, so here it would only show a slower
+# step.
 
 # %%
 budget = int(0.9 * trial.peak_bytes)
