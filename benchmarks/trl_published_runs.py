@@ -82,7 +82,9 @@ QWEN3 = {"Qwen3-1.7B": qwen3(2048, 6144, 28, 16, True), "Qwen3-4B": qwen3(2560, 
 LOSSES = {
     "trl": "the installed TRL's compute_loss (its fused LM head)",
     "logits": "the installed TRL's compute_loss, its log-probs through the logits over the vocabulary in float32 as "
-              "trl 1.12 computed them (benchmarks.trl_vs_published.logits_log_probs)",
+              "trl 1.10 to 1.13 computed them (trl 1.12's code, copied: benchmarks.trl_vs_published.logits_log_probs)",
+    "logits-1.9.2": "as 'logits', the logits divided by the temperature in place as trl 1.9.2 and before did "
+                    "(logits.div_), where trl 1.10 made a new float32 tensor of them",
     "liger-0.26.2": "TRL 0.26.2's compute_liger_loss (the backbone's hidden states into Liger's "
                     "LigerFusedLinearGRPOLoss with the LM head's weight, outside the model's autocast as TRL "
                     "0.26.2's _ForwardRedirection calls it) on the installed TRL's GRPOTrainer",
@@ -119,6 +121,8 @@ class Run:
     liger: str | None = None
     """The liger-kernel release the source ran, where its loss is Liger's and it is not the installed one: the row
     is estimated in a process of its own with that release first on the path."""
+    other_losses: tuple[str, ...] = ()
+    """Other losses (keys of :data:`LOSSES`) the row is estimated with too, where the source's TRL is not certain."""
     prompt_range: tuple[int, ...] = ()
     """Other prompt lengths the row is estimated at too, where the prompts' length is a guess: how much it moves."""
     differs: str = PROBE_DIFFERS
@@ -133,10 +137,20 @@ class Run:
         return str(self.settings.get("optim", "adamw_torch_fused"))
 
 
+PROBE_0911 = (
+    "which TRL the 2026-09-11 campaign ran is not recorded with its results: the probe's docstring names trl 1.9.2 "
+    "(the recipe's, PT_11d) and trl 1.12. Its three figures are 0.41 to 0.43 GiB under trl 1.12's estimate, about "
+    "one float32 copy of the logits of a micro-batch (8 x 96 x 151,936 x 4 bytes, 0.435 GiB), the copy trl 1.10 "
+    "and later make where trl 1.9.2 divides the logits by the temperature in place, while the same 8B settings "
+    "measured later (a 3080 Ti, 2026-10-06; the 3070 itself at 16 generations, 2026-09-22: 7.85 GiB) match trl "
+    "1.12's within 0.5%: estimated with trl 1.9.2's code, trl 1.12's ratio beside it (ratio_with_loss)")
+
+
 def _probe(name: str, model: str, card: str, gpu: str, allocated: float, reserved: float, file: str,
-           completion: int = 96) -> Run:
+           completion: int = 96, trl_192: bool = False) -> Run:
     return Run(name, model, QWEN3[model], gpu, card, allocated, f"{PROBE}, {file}", published_reserved=reserved,
-               completion_tokens=completion, settings={**PROBE_SETTINGS, "max_completion_length": completion})
+               completion_tokens=completion, settings={**PROBE_SETTINGS, "max_completion_length": completion},
+               **({"loss": "logits-1.9.2", "other_losses": ("logits",), "vague": PROBE_0911} if trl_192 else {}))
 
 
 # TRL's own notebook, GRPO with QLoRA on a free Colab T4 (examples/notebooks/grpo_trl_lora_qlora.ipynb as added by
@@ -165,8 +179,9 @@ TRL_GRPO_DIFFERS = (
     "trainer's construction and 500 steps of real prompts, memlab's one step at the prompt length assumed, every "
     "completion 256 tokens; liger-kernel 0.6.4's GRPO loss runs its whole chunk (logits, log-softmax, the gradients "
     "of the hidden states and of the frozen LM head's weight) compiled, here uncompiled on fake tensors, which may "
-    "hold more; Liger's model patches are left off (0.6.4's cannot be imported under transformers 5; the step's "
-    "peak is in the loss, where under checkpointing they take no part)")
+    "hold more; its model patches (RMSNorm, SwiGLU, RoPE) are put on as transformers 5 puts them, without the "
+    "fused linear cross-entropy forward transformers 4.57 put on too (only generation ran that forward, and without "
+    "labels it computes the logits as the model's own does)")
 TRL_GRPO_VAGUE = (
     "the prompts' length is not given: the system prompt (369 characters) in Qwen2's chat template is about 90 "
     "tokens; the longest NuminaMath-TIR problem among the 500 the run drew is not known here (the notebook's first "
@@ -174,11 +189,12 @@ TRL_GRPO_VAGUE = (
 _3070 = "RTX 3070 Laptop 8GB"
 RUNS = (
     _probe("Qwen3-1.7B GRPO QLoRA, 8 x (11+96)", "Qwen3-1.7B", _3070, "RTX4090-24GB", 2.744, 3.102,
-           "vram_probe_results_2026-09-11.jsonl (torch 2.13.0+cu126)"),
+           "vram_probe_results_2026-09-11.jsonl (torch 2.13.0+cu126)", trl_192=True),
     _probe("Qwen3-4B GRPO QLoRA, 8 x (11+96)", "Qwen3-4B", _3070, "RTX4090-24GB", 4.096, 5.0,
-           "vram_probe_results_2026-09-11_4b.jsonl, pull request #15640 (4.096 GiB allocated, 5.0 reserved)"),
+           "vram_probe_results_2026-09-11_4b.jsonl, pull request #15640 (4.096 GiB allocated, 5.0 reserved)",
+           trl_192=True),
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+96)", "Qwen3-8B", _3070, "RTX4090-24GB", 7.406, 8.172,
-           "vram_probe_results_2026-09-11_8b.jsonl (torch 2.13.0+cu126)"),
+           "vram_probe_results_2026-09-11_8b.jsonl (torch 2.13.0+cu126)", trl_192=True),
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+96), 3080 Ti", "Qwen3-8B", "RTX 3080 Ti Laptop 16GB", "RTX4090-24GB", 7.85,
            8.6, "vram_probe_results_2026-10-06_8b_3080ti16.jsonl (torch 2.12.0+cu126)"),
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+160)", "Qwen3-8B", _3070, "RTX4090-24GB", 9.155, 10.184,
@@ -215,7 +231,9 @@ RUNS = (
         loss="trl",
         differs=("built as the installed TRL's DPOTrainer around a peft policy (its reference: the policy with its "
                  "adapters off), every pair 2,048 tokens; the source's TRL version is not given, and a TRL before "
-                 "the fused LM head held the logits over the vocabulary"),
+                 "the fused LM head held the logits over the vocabulary; memlab estimated this trainer on the CPU's "
+                 "kernels, not CUDA's emulated ones (its note: the model checkpoints its own blocks, whose "
+                 "recompute the emulation could not follow), so attention and autocast are as the CPU runs them"),
         vague=("the GPU, what was read (allocated, reserved or nvidia-smi), the LoRA alpha and targets and the "
                "prompt / answer split are not given: assumed max_memory_allocated, alpha 32 on q_proj and v_proj "
                "(peft's default for Qwen2), prompts of 64 tokens and answers filling the 2,048")),

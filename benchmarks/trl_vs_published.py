@@ -134,13 +134,14 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Te
     return torch.cat(entropies, dim=0).reshape(original_shape)
 
 
-def logits_log_probs(trainer: Any) -> Callable[..., Any]:
+def logits_log_probs(trainer: Any, in_place: bool = False) -> Callable[..., Any]:
     """trl 1.12's ``_get_per_token_logps_and_entropies`` for a text model (before the fused LM head), copied: the
-    logits of the completion positions materialised over the vocabulary, divided by the temperature, then
-    :func:`selective_log_softmax` and the entropies without gradients (:func:`entropy_from_logits`), ``outputs``
-    kept alive through the loop's body as TRL keeps it. The model's outputs are in float32 where the Trainer's
-    accelerate converts them under ``bf16=True`` (memlab's trainer route wraps the model's forward so, as
-    ``Accelerator.prepare_model`` does)."""
+    logits of the completion positions materialised over the vocabulary, divided by the temperature into a new
+    tensor (trl 1.10 to 1.13; ``in_place``: ``logits.div_(temperature)``, as trl 1.9.2 and before divide them, with
+    no second copy), then :func:`selective_log_softmax` and the entropies without gradients
+    (:func:`entropy_from_logits`), ``outputs`` kept alive through the loop's body as TRL keeps it. The model's
+    outputs are in float32 where the Trainer's accelerate converts them under ``bf16=True`` (memlab's trainer route
+    wraps the model's forward so, as ``Accelerator.prepare_model`` does)."""
 
     def log_probs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                   batch_size: int | None = None, compute_entropy: bool = False, **_: Any) -> Any:
@@ -149,7 +150,8 @@ def logits_log_probs(trainer: Any) -> Callable[..., Any]:
         for start in range(0, input_ids.size(0), step):
             ids, mask = input_ids[start:start + step], attention_mask[start:start + step]
             outputs = model(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1, use_cache=False)
-            logits = outputs.logits[:, :-1, :][:, -logits_to_keep:, :] / trainer.temperature
+            logits = outputs.logits[:, :-1, :][:, -logits_to_keep:, :]
+            logits = logits.div_(trainer.temperature) if in_place else logits / trainer.temperature
             all_logps.append(selective_log_softmax(logits, ids[:, -logits_to_keep:]))
             if compute_entropy:
                 with torch.no_grad():
@@ -239,8 +241,8 @@ def build_trainer(run: Run, folder: Path, *, loss: str | None = None, liger_patc
     trainer = memlab.trainer_on_meta(trainer_class, model=policy, args=trl.GRPOConfig(**common_args, **settings),
                                      reward_funcs=_zero_reward, train_dataset=prompts, processing_class=tokenizer,
                                      peft_config=lora)
-    if loss == "logits":
-        trainer._get_per_token_logps_and_entropies = logits_log_probs(trainer)
+    if loss in ("logits", "logits-1.9.2"):
+        trainer._get_per_token_logps_and_entropies = logits_log_probs(trainer, in_place=loss == "logits-1.9.2")
     return trainer
 
 
@@ -285,8 +287,8 @@ def _liger_folder(release: str, under: Path) -> Path:
 
 
 def estimate_in_process_of_its_own(run: Run, folder: Path) -> dict[str, Any]:
-    """:func:`estimate_trainer` of ``run`` in a child process whose path puts ``run.liger`` first (Liger's model
-    patches off: a release before 0.7 cannot import them under transformers 5), with ``run.prompt_range`` too."""
+    """:func:`estimate_trainer` of ``run`` in a child process whose path puts ``run.liger`` first (a 0.6.x release's
+    model patches imported there with :func:`hybrid_cache_stand_in`), with ``run.prompt_range`` too."""
     libraries = _liger_folder(str(run.liger), folder)
     out = folder / "row.json"
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(libraries), str(ROOT)])}
@@ -298,17 +300,31 @@ def estimate_in_process_of_its_own(run: Run, folder: Path) -> dict[str, Any]:
     return result
 
 
+def hybrid_cache_stand_in() -> bool:
+    """Give ``transformers.cache_utils`` a class named ``HybridCache`` where transformers 5 has none (it was
+    removed): liger-kernel 0.6.x's Gemma 2 and 3 modules import it for their type hints, so without it none of its
+    model patches can be imported (its Llama and Qwen2 ones included, which never use it). True where it was given."""
+    import transformers.cache_utils
+
+    if hasattr(transformers.cache_utils, "HybridCache"):
+        return False
+    transformers.cache_utils.HybridCache = type("HybridCache", (transformers.cache_utils.Cache,), {})
+    return True
+
+
 def _row_child(name: str, out: Path) -> None:
     """The child of :func:`estimate_in_process_of_its_own`: the row named, estimated here, written to ``out``."""
     import importlib.metadata
 
     (run,) = [run for run in RUNS if run.name == name]
     version = importlib.metadata.version("liger-kernel")
+    stand_in = hybrid_cache_stand_in() if version.startswith("0.6.") else False
     with tempfile.TemporaryDirectory() as folder:
-        result = estimate_trainer(run, Path(folder), liger_patches=False)
+        result = estimate_trainer(run, Path(folder))
         result["liger_kernel"] = version
-        result["at_prompts"] = {str(tokens): estimate_trainer(run, Path(folder), liger_patches=False,
-                                                              prompt_tokens=tokens) for tokens in run.prompt_range}
+        result["hybrid_cache_stand_in"] = stand_in
+        result["at_prompts"] = {str(tokens): estimate_trainer(run, Path(folder), prompt_tokens=tokens)
+                                for tokens in run.prompt_range}
     out.write_text(json.dumps(result))
 
 
@@ -326,8 +342,8 @@ def how_estimated(run: Run) -> str:
     said = (f"memlab.trainer_on_meta(trl.{trainer}) around memlab.model_on_meta(config, **load), estimated with "
             f"memlab.estimate(trainer, gpu='{run.gpu}'); loss: {LOSSES[run.loss]}")
     if run.liger:
-        said += (f"; liger-kernel {run.liger} (the run's) in a process of its own, its model patches left off "
-                 "(they cannot be imported under transformers 5)")
+        said += (f"; liger-kernel {run.liger} (the run's) in a process of its own, its model patches on (imported "
+                 "under transformers 5 with a stand-in for the HybridCache class its Gemma modules name)")
     return said
 
 
@@ -338,6 +354,7 @@ def estimate_run(run: Run, folder: Path) -> dict[str, Any]:
     installed = None
     if run.liger and result.get("status") == "ok":  # the same notebook as the installed TRL runs it
         installed = estimate_trainer(run, folder, loss="trl")
+    others = {loss: estimate_trainer(run, folder, loss=loss) for loss in run.other_losses}
     seconds = time.perf_counter() - started
     unit = UNITS[run.unit]
     row: dict[str, Any] = {
@@ -370,6 +387,10 @@ def estimate_run(run: Run, folder: Path) -> dict[str, Any]:
                   for tokens, other in result.get("at_prompts", {}).items() if other.get("status") == "ok"}
     if at_prompts:
         row["ratio_at_prompt_tokens"] = at_prompts
+    ratio_with = {loss: common.rounded(_compared(run, other) / published, 3)
+                  for loss, other in others.items() if other.get("status") == "ok"}
+    if ratio_with:
+        row["ratio_with_loss"] = ratio_with
     if installed is not None and installed.get("status") == "ok":
         row["installed_trl"] = {
             "what": "the same notebook built with the installed TRL's GRPOTrainer (its own loss, the installed "
@@ -388,7 +409,8 @@ def markdown(rows: list[dict[str, Any]], not_expressed: list[dict[str, Any]]) ->
         >>> print(markdown([], [{"run": "r", "source": "a/b#1 (x)", "published": "1 GB", "why": "w"}]).splitlines()[-1])
         | r | a/b#1 | 1 GB | w |
     """
-    loss_words = {"trl": "installed TRL's", "logits": "trl 1.12's (logits)", "liger-0.26.2": "TRL 0.26.2's Liger"}
+    loss_words = {"trl": "installed TRL's", "logits": "trl 1.12's (logits)", "logits-1.9.2": "trl 1.9.2's (logits)",
+                  "liger-0.26.2": "TRL 0.26.2's Liger"}
     compared = common.markdown_table(
         ["run", "card", "published", "memlab", "ratio", "reserved: published", "memlab", "ratio",
          "paged state", "peak in", "loss", "vague"],
