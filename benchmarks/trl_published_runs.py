@@ -82,9 +82,7 @@ QWEN3 = {"Qwen3-1.7B": qwen3(2048, 6144, 28, 16, True), "Qwen3-4B": qwen3(2560, 
 LOSSES = {
     "trl": "the installed TRL's compute_loss (its fused LM head)",
     "logits": "the installed TRL's compute_loss, its log-probs through the logits over the vocabulary in float32 as "
-              "trl 1.10 to 1.13 computed them (trl 1.12's code, copied: benchmarks.trl_vs_published.logits_log_probs)",
-    "logits-1.9.2": "as 'logits', the logits divided by the temperature in place as trl 1.9.2 and before did "
-                    "(logits.div_), where trl 1.10 made a new float32 tensor of them",
+              "trl 1.12 computed them (its code, copied: benchmarks.trl_vs_published.logits_log_probs)",
     "liger-0.26.2": "TRL 0.26.2's compute_liger_loss (the backbone's hidden states into Liger's "
                     "LigerFusedLinearGRPOLoss with the LM head's weight, outside the model's autocast as TRL "
                     "0.26.2's _ForwardRedirection calls it) on the installed TRL's GRPOTrainer",
@@ -121,8 +119,6 @@ class Run:
     liger: str | None = None
     """The liger-kernel release the source ran, where its loss is Liger's and it is not the installed one: the row
     is estimated in a process of its own with that release first on the path."""
-    other_losses: tuple[str, ...] = ()
-    """Other losses (keys of :data:`LOSSES`) the row is estimated with too, where the source's TRL is not certain."""
     prompt_range: tuple[int, ...] = ()
     """Other prompt lengths the row is estimated at too, where the prompts' length is a guess: how much it moves."""
     differs: str = PROBE_DIFFERS
@@ -138,19 +134,19 @@ class Run:
 
 
 PROBE_0911 = (
-    "which TRL the 2026-09-11 campaign ran is not recorded with its results: the probe's docstring names trl 1.9.2 "
-    "(the recipe's, PT_11d) and trl 1.12. Its three figures are 0.41 to 0.43 GiB under trl 1.12's estimate, about "
-    "one float32 copy of the logits of a micro-batch (8 x 96 x 151,936 x 4 bytes, 0.435 GiB), the copy trl 1.10 "
-    "and later make where trl 1.9.2 divides the logits by the temperature in place, while the same 8B settings "
-    "measured later (a 3080 Ti, 2026-10-06; the 3070 itself at 16 generations, 2026-09-22: 7.85 GiB) match trl "
-    "1.12's within 0.5%: estimated with trl 1.9.2's code, trl 1.12's ratio beside it (ratio_with_loss)")
+    "; this campaign (2026-09-11, the 3070 Laptop, torch 2.13) measured the 8B at 7.406 GiB where the same settings "
+    "measured 7.85 on 2026-10-06 (a 3080 Ti, torch 2.12) and 7.85 on the 3070 itself at 16 generations on "
+    "2026-09-22 (torch 2.6): memlab's 7.82 matches the later runs, and its three rows are 0.41 to 0.43 GiB under "
+    "memlab, about one float32 copy of a micro-batch's logits (8 x 96 x 151,936 x 4 bytes, 0.435 GiB). What "
+    "differed in its environment is not recorded; trl 1.9.2 (the probe recipe's TRL), which divides the logits by "
+    "the temperature in place, was checked and does not change memlab's peak (it is in backward)")
 
 
 def _probe(name: str, model: str, card: str, gpu: str, allocated: float, reserved: float, file: str,
-           completion: int = 96, trl_192: bool = False) -> Run:
+           completion: int = 96, campaign: str = "") -> Run:
     return Run(name, model, QWEN3[model], gpu, card, allocated, f"{PROBE}, {file}", published_reserved=reserved,
                completion_tokens=completion, settings={**PROBE_SETTINGS, "max_completion_length": completion},
-               **({"loss": "logits-1.9.2", "other_losses": ("logits",), "vague": PROBE_0911} if trl_192 else {}))
+               differs=PROBE_DIFFERS + campaign)
 
 
 # TRL's own notebook, GRPO with QLoRA on a free Colab T4 (examples/notebooks/grpo_trl_lora_qlora.ipynb as added by
@@ -189,12 +185,12 @@ TRL_GRPO_VAGUE = (
 _3070 = "RTX 3070 Laptop 8GB"
 RUNS = (
     _probe("Qwen3-1.7B GRPO QLoRA, 8 x (11+96)", "Qwen3-1.7B", _3070, "RTX4090-24GB", 2.744, 3.102,
-           "vram_probe_results_2026-09-11.jsonl (torch 2.13.0+cu126)", trl_192=True),
+           "vram_probe_results_2026-09-11.jsonl (torch 2.13.0+cu126)", campaign=PROBE_0911),
     _probe("Qwen3-4B GRPO QLoRA, 8 x (11+96)", "Qwen3-4B", _3070, "RTX4090-24GB", 4.096, 5.0,
            "vram_probe_results_2026-09-11_4b.jsonl, pull request #15640 (4.096 GiB allocated, 5.0 reserved)",
-           trl_192=True),
+           campaign=PROBE_0911),
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+96)", "Qwen3-8B", _3070, "RTX4090-24GB", 7.406, 8.172,
-           "vram_probe_results_2026-09-11_8b.jsonl (torch 2.13.0+cu126)", trl_192=True),
+           "vram_probe_results_2026-09-11_8b.jsonl (torch 2.13.0+cu126)", campaign=PROBE_0911),
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+96), 3080 Ti", "Qwen3-8B", "RTX 3080 Ti Laptop 16GB", "RTX4090-24GB", 7.85,
            8.6, "vram_probe_results_2026-10-06_8b_3080ti16.jsonl (torch 2.12.0+cu126)"),
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+160)", "Qwen3-8B", _3070, "RTX4090-24GB", 9.155, 10.184,

@@ -22,7 +22,8 @@ source's is run (:data:`benchmarks.trl_published_runs.LOSSES`), on the installed
   model's autocast (TRL 0.26.2's ``_ForwardRedirection`` calls it through the model's own ``forward``, not the
   autocast wrapper accelerate put on the instance), with the liger-kernel release the run had (0.6.4: installed
   with ``pip install --no-deps --target`` into a temporary folder and put first on the path of a process of its own;
-  its model patches cannot be imported under transformers 5, so they are left off there, and the row says so). The
+  its model patches import there once ``transformers.cache_utils`` has a stand-in for the ``HybridCache`` class
+  its Gemma modules name: :func:`hybrid_cache_stand_in`). The
   same notebook built as the installed TRL runs it (its own loss, liger-kernel's installed patches) is estimated too
   and recorded beside the row (``installed_trl``), not compared: it is not the run that printed the figure.
 
@@ -134,14 +135,13 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Te
     return torch.cat(entropies, dim=0).reshape(original_shape)
 
 
-def logits_log_probs(trainer: Any, in_place: bool = False) -> Callable[..., Any]:
+def logits_log_probs(trainer: Any) -> Callable[..., Any]:
     """trl 1.12's ``_get_per_token_logps_and_entropies`` for a text model (before the fused LM head), copied: the
-    logits of the completion positions materialised over the vocabulary, divided by the temperature into a new
-    tensor (trl 1.10 to 1.13; ``in_place``: ``logits.div_(temperature)``, as trl 1.9.2 and before divide them, with
-    no second copy), then :func:`selective_log_softmax` and the entropies without gradients
-    (:func:`entropy_from_logits`), ``outputs`` kept alive through the loop's body as TRL keeps it. The model's
-    outputs are in float32 where the Trainer's accelerate converts them under ``bf16=True`` (memlab's trainer route
-    wraps the model's forward so, as ``Accelerator.prepare_model`` does)."""
+    logits of the completion positions materialised over the vocabulary, divided by the temperature, then
+    :func:`selective_log_softmax` and the entropies without gradients (:func:`entropy_from_logits`), ``outputs``
+    kept alive through the loop's body as TRL keeps it. The model's outputs are in float32 where the Trainer's
+    accelerate converts them under ``bf16=True`` (memlab's trainer route wraps the model's forward so, as
+    ``Accelerator.prepare_model`` does)."""
 
     def log_probs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                   batch_size: int | None = None, compute_entropy: bool = False, **_: Any) -> Any:
@@ -150,8 +150,7 @@ def logits_log_probs(trainer: Any, in_place: bool = False) -> Callable[..., Any]
         for start in range(0, input_ids.size(0), step):
             ids, mask = input_ids[start:start + step], attention_mask[start:start + step]
             outputs = model(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1, use_cache=False)
-            logits = outputs.logits[:, :-1, :][:, -logits_to_keep:, :]
-            logits = logits.div_(trainer.temperature) if in_place else logits / trainer.temperature
+            logits = outputs.logits[:, :-1, :][:, -logits_to_keep:, :] / trainer.temperature
             all_logps.append(selective_log_softmax(logits, ids[:, -logits_to_keep:]))
             if compute_entropy:
                 with torch.no_grad():
@@ -241,8 +240,8 @@ def build_trainer(run: Run, folder: Path, *, loss: str | None = None, liger_patc
     trainer = memlab.trainer_on_meta(trainer_class, model=policy, args=trl.GRPOConfig(**common_args, **settings),
                                      reward_funcs=_zero_reward, train_dataset=prompts, processing_class=tokenizer,
                                      peft_config=lora)
-    if loss in ("logits", "logits-1.9.2"):
-        trainer._get_per_token_logps_and_entropies = logits_log_probs(trainer, in_place=loss == "logits-1.9.2")
+    if loss == "logits":
+        trainer._get_per_token_logps_and_entropies = logits_log_probs(trainer)
     return trainer
 
 
@@ -354,7 +353,6 @@ def estimate_run(run: Run, folder: Path) -> dict[str, Any]:
     installed = None
     if run.liger and result.get("status") == "ok":  # the same notebook as the installed TRL runs it
         installed = estimate_trainer(run, folder, loss="trl")
-    others = {loss: estimate_trainer(run, folder, loss=loss) for loss in run.other_losses}
     seconds = time.perf_counter() - started
     unit = UNITS[run.unit]
     row: dict[str, Any] = {
@@ -387,10 +385,6 @@ def estimate_run(run: Run, folder: Path) -> dict[str, Any]:
                   for tokens, other in result.get("at_prompts", {}).items() if other.get("status") == "ok"}
     if at_prompts:
         row["ratio_at_prompt_tokens"] = at_prompts
-    ratio_with = {loss: common.rounded(_compared(run, other) / published, 3)
-                  for loss, other in others.items() if other.get("status") == "ok"}
-    if ratio_with:
-        row["ratio_with_loss"] = ratio_with
     if installed is not None and installed.get("status") == "ok":
         row["installed_trl"] = {
             "what": "the same notebook built with the installed TRL's GRPOTrainer (its own loss, the installed "
@@ -409,8 +403,7 @@ def markdown(rows: list[dict[str, Any]], not_expressed: list[dict[str, Any]]) ->
         >>> print(markdown([], [{"run": "r", "source": "a/b#1 (x)", "published": "1 GB", "why": "w"}]).splitlines()[-1])
         | r | a/b#1 | 1 GB | w |
     """
-    loss_words = {"trl": "installed TRL's", "logits": "trl 1.12's (logits)", "logits-1.9.2": "trl 1.9.2's (logits)",
-                  "liger-0.26.2": "TRL 0.26.2's Liger"}
+    loss_words = {"trl": "installed TRL's", "logits": "trl 1.12's (logits)", "liger-0.26.2": "TRL 0.26.2's Liger"}
     compared = common.markdown_table(
         ["run", "card", "published", "memlab", "ratio", "reserved: published", "memlab", "ratio",
          "paged state", "peak in", "loss", "vague"],
