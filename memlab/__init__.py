@@ -208,6 +208,9 @@ def panel(
         >>> p.run_button.click(); len(p.report)
         1
     """
+    from memlab.errors import refuse_class
+
+    refuse_class(model, "panel")
     if inference:
         if loss_fn is not None:
             raise MemlabError("loss_fn is for training, and the inference panel runs the model's forward; drop it")

@@ -96,3 +96,57 @@ their values
     near = nearest(name, known)
     said = f"; did you mean {' or '.join(near)}?" if near else ", nor near one;"
     return MemlabError(f"{name!r} is not {what}{said} write one of those {listed} lists, with their values")
+
+
+
+def class_refusal(value: object, call: str, *, trainer_only: bool = False) -> MemlabError | None:
+    """The error for a class given where ``memlab.<call>`` takes an object built from it (``type(model)``, or
+    ``GPT2LMHeadModel`` written for ``model``), saying what to build and pass; None for anything else. The kind of
+    class is read from its bases' names, so that nothing is imported: a transformers Trainer, config or model, a
+    torch module. ``trainer_only``: the call takes a trainer alone (``watch``).
+
+    Example:
+        >>> import torch
+        >>> print(class_refusal(torch.nn.Linear, "measure"))
+        memlab.measure was given the class Linear, not a model built from it; build one and pass it: model = \
+Linear(...), then memlab.measure(model, ...)
+        >>> print(class_refusal(torch.nn.Linear, "watch", trainer_only=True))
+        memlab.watch takes a trainer, and was given the class Linear; build the trainer and pass it: trainer = \
+Trainer(model=model, args=..., train_dataset=...), then memlab.watch(trainer)
+        >>> class_refusal(torch.nn.Linear(2, 2), "measure") is None
+        True
+    """
+    if not isinstance(value, type):
+        return None
+    name = value.__name__
+    bases = {(cls.__module__.split(".")[0], cls.__name__) for cls in value.__mro__}
+    if ("transformers", "Trainer") in bases:
+        built, how = "trainer", f"{name}(model=model, args=..., train_dataset=...)"
+    elif trainer_only:
+        return MemlabError(f"memlab.{call} takes a trainer, and was given the class {name}; build the trainer and "
+                           f"pass it: trainer = Trainer(model=model, args=..., train_dataset=...), then "
+                           f"memlab.{call}(trainer)")
+    elif bases & {("transformers", "PreTrainedConfig"), ("transformers", "PretrainedConfig")}:
+        built, how = "config", f"{name}(...) (or {name}.from_pretrained(name_or_path))"
+    elif ("transformers", "PreTrainedModel") in bases:
+        built, how = "model", f"{name}(config) (or {name}.from_pretrained(name_or_path))"
+    else:
+        built, how = "model", f"{name}(...)"
+    return MemlabError(f"memlab.{call} was given the class {name}, not a {built} built from it; build one and pass "
+                       f"it: {built} = {how}, then memlab.{call}({built}, ...)")
+
+
+def refuse_class(value: object, call: str, *, trainer_only: bool = False) -> None:
+    """Raise :func:`class_refusal`'s error for a class given where an object is taken, before anything is touched.
+
+    Example:
+        >>> refuse_class(object(), "measure")
+        >>> refuse_class(object, "measure")
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: memlab.measure was given the class object, not a model built from it; build one \
+and pass it: model = object(...), then memlab.measure(model, ...)
+    """
+    refusal = class_refusal(value, call, trainer_only=trainer_only)
+    if refusal is not None:
+        raise refusal

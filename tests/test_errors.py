@@ -73,6 +73,46 @@ def test_a_model_or_batch_on_the_meta_device_points_to_estimate() -> None:
         memlab.measure(tiny_mlp(), meta_batch, memlab.Plan(), loss_fn=mlp_loss)
 
 
+_SHAPES = {"input_ids": (1, 16), "labels": (1, 16)}
+_GIVEN_A_CLASS: dict[str, Callable[[type], object]] = {  # every entry point that takes a model, given its class
+    "measure": lambda cls: memlab.measure(cls, lm_batch(), memlab.Plan()),
+    "compare": lambda cls: memlab.compare(cls, lm_batch(), [memlab.Plan()]),
+    "fit": lambda cls: memlab.fit(cls, lm_batch(), budget="1GiB", batch_size=8),
+    "apply": lambda cls: memlab.apply(cls, memlab.Plan()),
+    "estimate": lambda cls: memlab.estimate(cls, _SHAPES, memlab.Plan(), device="cpu"),
+    "limits": lambda cls: memlab.limits(cls, memlab.Plan(), budget="1GiB", batch=_SHAPES, device="cpu"),
+    "panel": lambda cls: memlab.panel(cls, lm_batch()),
+    "fit_inference": lambda cls: memlab.fit_inference(cls, lm_batch()),
+}
+
+
+@pytest.mark.parametrize("call", sorted(_GIVEN_A_CLASS))
+def test_a_class_for_a_model_says_to_build_one_at_every_entry_point(call: str) -> None:
+    """``memlab.measure(type(model), batch, plan)`` raised a raw ``TypeError: Module.parameters() missing 1 required
+    positional argument`` (the meta-device check called ``parameters`` on the class); estimate, limits and panel said
+    "not type" or "cannot estimate a type" without saying that a model is built from it."""
+    model_class = type(tiny_llama())
+    with pytest.raises(MemlabError, match=rf"memlab.{call} was given the class LlamaForCausalLM, not a model built "
+                                          rf"from it; build one and pass it: model = LlamaForCausalLM\(config\)"):
+        _GIVEN_A_CLASS[call](model_class)
+
+
+def test_a_class_for_a_trainer_or_config_says_which_to_build() -> None:
+    from transformers import LlamaConfig, Trainer
+
+    with pytest.raises(MemlabError, match=r"memlab.watch takes a trainer, and was given the class LlamaForCausalLM; "
+                                          r"build the trainer"):
+        memlab.watch(type(tiny_llama()))
+    with pytest.raises(MemlabError, match=r"memlab.measure was given the class Trainer, not a trainer built from it;"
+                                          r" build one and pass it: trainer = Trainer\(model=model"):
+        memlab.measure(Trainer)
+    with pytest.raises(MemlabError, match=r"the class LlamaConfig, not a config built from it; .*config = "
+                                          r"LlamaConfig\(...\)"):
+        memlab.estimate(LlamaConfig, _SHAPES, memlab.Plan(), device="cpu")
+    with pytest.raises(MemlabError, match=r"memlab.kv_cache_bytes was given the class LlamaConfig"):
+        memlab.kv_cache_bytes(LlamaConfig, tokens=16)  # a raw TypeError before (get_text_config on the class)
+
+
 def test_negative_shapes_in_estimate_are_refused() -> None:
     with pytest.raises(MemlabError, match="size below 1"):
         memlab.estimate(tiny_llama(), {"input_ids": (1, -8), "labels": (1, -8)}, device="cpu")

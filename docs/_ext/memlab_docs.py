@@ -62,6 +62,8 @@ def benchmark_markdown(name: str) -> str:
     data = json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))
     if name.startswith("gpu_acceptance-"):
         return str(importlib.import_module("benchmarks.gpu_acceptance").markdown(data))
+    if name.startswith("cli_timing-"):  # every run kept under its tag: the table is made from all of them
+        return str(importlib.import_module("benchmarks.cli_timing").markdown(data))
     if name.startswith("estimate_vs_published-"):
         return importlib.import_module("benchmarks.estimate_vs_published").markdown(data["rows"])
     return str(data["markdown"])

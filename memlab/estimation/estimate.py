@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from memlab.errors import refuse_class
 from memlab.estimation.configs import KNOWN_SHAPES, load_config, meta_model, parse_batch_shape
 from memlab.estimation.cuda.gpus import GpuKind
 from memlab.estimation.dryrun.fake import BLIND_SPOTS, fake_batch
@@ -151,6 +152,7 @@ def estimate(
         >>> loaded.breakdown["params"] < trial.breakdown["params"], any("dtype=torch.bf" in n for n in loaded.notes)
         (True, True)
     """
+    refuse_class(model_or_config, "estimate")
     request = EstimateRequest(model_or_config, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device,
                               gpus=gpus, strategy=strategy, gpu=gpu, load=load,
                               expandable_segments=expandable_segments, host_budget=host_budget)

@@ -170,7 +170,10 @@ def route(request: EstimateRequest) -> Trial:
     note = "" if name == "trainer" else gpu_note(request, inference=name == "inference")
     # the keyword or the plan's lever: every allocator model the route makes assumes them
     expandable = request.expandable_segments or getattr(request.plan, "expandable_segments", False) is True
-    with assumed_allocator(expandable):
+    from memlab.trainer.entry import trainer_state  # here: the trainer builds on the estimation
+
+    # a trainer's step (given, or behind the loss) reads its own accelerate state, emptied by arguments made since
+    with assumed_allocator(expandable), trainer_state(request.model, request.batch, request.loss_fn):
         trial = ROUTES[name](request.checked() if name in ("sharded", "one_gpu") else request)
     if note and note not in trial.notes:
         trial = dataclasses.replace(trial, notes=(*trial.notes, note))

@@ -349,8 +349,9 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 def demo_space(batch_size: int) -> dict[str, list[Any]]:
     """What ``memlab demo`` searches on a CPU: the batch split (micro-batches down to a quarter of the batch)
-    and checkpointing, in fp32 with AdamW. bf16 and 8-bit AdamW run slowly on a CPU (they are there for GPUs), so
-    leaving them out keeps the demo under a minute; on CUDA it searches ``fit``'s whole default space.
+    and checkpointing, in fp32 with AdamW: 8-bit AdamW is for GPUs, and bf16 is slow on a CPU that emulates it
+    (:func:`memlab.frontends.demo.cpu_search_note` says which this one does), so leaving them out keeps the demo under
+    a minute; on CUDA it searches ``fit``'s whole default space.
 
     Example:
         >>> demo_space(8)["micro_batch"], demo_space(6)["micro_batch"]
@@ -430,7 +431,7 @@ def _run_demo(say: Callable[..., None], run_options: RunOptions, budget: int | N
               html_path: str | os.PathLike[str] | None, started: float, width: int | None) -> int:
     import torch
 
-    from memlab.frontends.demo import default_batch, default_model
+    from memlab.frontends.demo import cpu_search_note, default_batch, default_model
     from memlab.plan import Plan, format_bytes
     from memlab.report.views.tables import text_table
     from memlab.runner.trial import measure
@@ -466,7 +467,7 @@ def _run_demo(say: Callable[..., None], run_options: RunOptions, budget: int | N
     space = None
     if device == "cpu":
         space = demo_space(batch_size)
-        say("(On a CPU the search keeps fp32 and AdamW: bf16 and 8-bit AdamW are for GPUs and slow here.)")
+        say(cpu_search_note())
     report = fit(model, batch, batch_size=batch_size, space=space, **run_options.keywords(budget=budget))
     say()
     say(text_table(report, width=width))

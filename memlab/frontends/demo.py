@@ -6,10 +6,14 @@ With a real model you would write ``AutoModelForCausalLM.from_pretrained(name)``
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
-__all__ = ["DEFAULT_LENGTH", "DEFAULT_ROWS", "VOCAB_SIZE", "default_batch", "default_model"]
+from memlab.techniques.precision import bf16_on_cpu, cpu_bf16_units
+
+__all__ = ["DEFAULT_LENGTH", "DEFAULT_ROWS", "VOCAB_SIZE", "cpu_search_note", "default_batch", "default_model"]
 
 VOCAB_SIZE = 1000
 """Vocabulary size of :func:`default_model`; :func:`default_batch` draws token ids below it."""
@@ -67,3 +71,22 @@ def default_batch(rows: int = DEFAULT_ROWS, length: int = DEFAULT_LENGTH, seed: 
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB_SIZE, (rows, length), generator=generator)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def cpu_search_note(flags: Iterable[str] | None = None) -> str:
+    """What ``memlab demo`` says of its search on a CPU with ``flags`` (default: this machine's): it keeps fp32 and
+    AdamW, and why, from the precision lever's one rule for bf16 on a CPU
+    (:func:`memlab.techniques.precision.cpu_bf16_units`).
+
+    Example:
+        >>> print(cpu_search_note({"avx2"}))
+        (On a CPU the search keeps fp32 and AdamW: 8-bit AdamW is for GPUs, and this CPU emulates bf16, slowly: it \
+lists no bf16 matrix units (amx_bf16, avx512_bf16 or Arm's bf16).)
+        >>> "natively" in cpu_search_note({"amx_bf16"}) and "Plan(precision='bf16')" in cpu_search_note({"amx_bf16"})
+        True
+    """
+    if cpu_bf16_units(flags):
+        return (f"(On a CPU the search keeps fp32 and AdamW, to stay short: 8-bit AdamW is for GPUs, and "
+                f"{bf16_on_cpu(flags)}: memlab.compare(model, batch, [memlab.Plan(), "
+                "memlab.Plan(precision='bf16')]) measures it here.)")
+    return f"(On a CPU the search keeps fp32 and AdamW: 8-bit AdamW is for GPUs, and {bf16_on_cpu(flags)}.)"

@@ -228,11 +228,11 @@ def _check_tries(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``from_pretrained`` keywords the load options say (:func:`memlab.frontends.estimate.cli.load_from_args`),
+    """The ``from_pretrained`` keywords the load options say (:func:`memlab.frontends.load_cli.load_from_args`),
     the policy in bf16 where ``--dtype`` is not given."""
     import torch
 
-    from memlab.frontends.estimate.cli import load_from_args
+    from memlab.frontends.load_cli import load_from_args
 
     load = load_from_args(args) or {}
     load.setdefault("dtype", torch.bfloat16)

@@ -36,7 +36,7 @@ from typing import Any
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, refuse_class
 from memlab.inference.plan import InferencePlan, parse_inference_grid
 from memlab.inference.run import InferenceRunner, check_inference_options, compare_inference
 from memlab.live.batch import Batch
@@ -112,6 +112,7 @@ def fit_inference(
         >>> sorted(t.label for t in report)
         ['bf16', 'fp32']
     """
+    refuse_class(model, "fit_inference")
     run_options = RunOptions.from_keywords(options)
     check_inference_options(run_options)
     if not isinstance(model, nn.Module):

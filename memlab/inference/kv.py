@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, refuse_class
 from memlab.measure.tracker import MemoryTracker
 
 __all__ = [
@@ -137,6 +137,7 @@ def kv_cache_bytes(config: Any, tokens: int, batch: int = 1, dtype: str | torch.
     for name, value in (("tokens", tokens), ("batch", batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise MemlabError(f"{name}={value!r} is not allowed; write a whole number >= 0")
+    refuse_class(config, "kv_cache_bytes")
     layers, kv_heads, head_dim = kv_shape(config)
     return 2 * layers * kv_heads * head_dim * tokens * batch * _element_bytes(dtype)
 

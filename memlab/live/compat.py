@@ -18,7 +18,7 @@ import contextlib
 import functools
 import inspect
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ __all__ = [
     "UnsupportedStack",
     "allocator_settings",
     "check_stack",
+    "checkpoint_recomputations",
     "checkpoint_traced",
     "dtensor_single_dim_strategy",
     "fake_cache_key_matches",
@@ -205,6 +206,53 @@ def checkpoint_traced() -> bool:
 
     traced = getattr(torch.utils.checkpoint, "_is_compiling", None)
     return bool(traced(None, (), {})) if traced is not None else torch.compiler.is_compiling()
+
+
+@contextlib.contextmanager
+def checkpoint_recomputations(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """While active, each ``torch.utils.checkpoint`` whose forward runs recomputes in backward with ``wrap(function)``
+    instead of ``function``, ``wrap`` called as the forward runs: the non-reentrant checkpoint's ``recompute_fn``
+    (what its private ``_CheckpointFrame`` calls from the saved tensors' unpack hook, whoever made the checkpoint and
+    whatever its ``context_fn``) and the reentrant one's ``run_function`` (its private ``CheckpointFunction``, whose
+    forward still calls the function unwrapped). A torch without them keeps its own checkpoint: the recompute is
+    not wrapped.
+
+    Example:
+        >>> import torch
+        >>> calls = []
+        >>> def wrap(function):
+        ...     def recompute(*args, **kwargs):
+        ...         calls.append("recompute")
+        ...         return function(*args, **kwargs)
+        ...     return recompute
+        >>> x = torch.ones(2, requires_grad=True)
+        >>> with checkpoint_recomputations(wrap):
+        ...     y = torch.utils.checkpoint.checkpoint(torch.sin, x, use_reentrant=False)
+        >>> y.sum().backward(); calls
+        ['recompute']
+    """
+    import torch.utils.checkpoint as checkpoint
+
+    frame: Any = getattr(checkpoint, "_CheckpointFrame", None)
+    function: Any = getattr(checkpoint, "CheckpointFunction", None)
+    patches: dict[str, Any] = {}
+    if isinstance(frame, type):
+        class WrappedFrame(frame):  # type: ignore[misc, valid-type]
+            def __init__(self, recompute_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+                super().__init__(wrap(recompute_fn), *args, **kwargs)
+
+        patches["_CheckpointFrame"] = WrappedFrame
+    if isinstance(function, type) and hasattr(function, "apply"):
+        class WrappedFunction(function):  # type: ignore[misc, valid-type]
+            @staticmethod
+            def forward(ctx: Any, run_function: Callable[..., Any], preserve_rng_state: bool, *args: Any) -> Any:
+                outputs = function.forward(ctx, run_function, preserve_rng_state, *args)
+                ctx.run_function = wrap(run_function)  # what its backward recomputes with
+                return outputs
+
+        patches["CheckpointFunction"] = WrappedFunction
+    with patched(checkpoint, **patches):
+        yield
 
 
 def fake_rules_for_higher_order_operators(mode_type: type) -> None:

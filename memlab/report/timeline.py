@@ -37,6 +37,8 @@ OUTSIDE = "(outside modules)"
 """The module name of what was made outside every module of the model (the loss, the optimizer step)."""
 MODEL_ITSELF = "(the model itself)"
 """The module name, in ``by_module``, of what the model's own forward made outside its submodules."""
+UNTRACKED = "(beyond memlab's tracking)"
+"""What a saved snapshot names the bytes a trial's peak holds beyond the tracked ones (held all through the step)."""
 _TOP_MODULES = 16
 _BLOCK = re.compile(r"^(.*?\.\d+)(?:\.|$)")
 
@@ -125,6 +127,10 @@ class Timeline:
     label: str = ""
     _trace: bytes = field(default=b"", repr=False)
     _allocator: bytes = field(default=b"", repr=False)
+    _held: tuple[tuple[str, int, str], ...] = field(default=(), repr=False)
+    """``(category, bytes, what)`` counted all through the step beside the recorded trace (an estimate's cuBLAS
+    workspaces, 8-bit state computed from its size): :meth:`snapshot` holds them too, so its replay peaks at
+    ``peak.bytes``."""
 
     @classmethod
     def from_recording(
@@ -184,13 +190,15 @@ class Timeline:
         # Level 1: a step's allocator history with its Python frames pickles to tens of MB, which level 6 took
         # 0.9 s a trial to compress on this project's CPU (level 1: 0.07 s, a tenth larger).
         allocator = zlib.compress(pickle.dumps(dict(allocator_snapshot)), 1) if allocator_snapshot else b""
+        held = (("other", offset, UNTRACKED),) if offset else ()  # the allocator's own snapshot holds it already
         return cls(categories, x, series, phases, peak, events=events - start, device=device,
-                   _trace=trace, _allocator=allocator)
+                   _trace=trace, _allocator=allocator, _held=held)
 
     # ------------------------------------------------------------------------------------------------ views
-    def shifted(self, category: str, change: int) -> Timeline:
+    def shifted(self, category: str, change: int, what: str = "") -> Timeline:
         """This timeline with ``change`` bytes more under ``category`` all through the step (a state computed from
-        its size rather than allocated, as 8-bit AdamW's in an estimate).
+        its size rather than allocated, as 8-bit AdamW's in an estimate; an estimate's cuBLAS workspaces), which
+        its :meth:`snapshot` holds too, named ``what``.
 
         Example:
             >>> peak = TimelinePeak(3, "", "", {"optimizer": 1, "other": 2}, {})
@@ -203,7 +211,8 @@ class Timeline:
         by_category = dict(self.peak.by_category)
         by_category[category] = by_category.get(category, 0) + change
         peak = dataclasses.replace(self.peak, bytes=self.peak.bytes + change, by_category=by_category)
-        return dataclasses.replace(self, series=series, peak=peak, _allocator=b"")
+        held = (*self._held, (category, change, what or f"{category} counted from its size"))
+        return dataclasses.replace(self, series=series, peak=peak, _allocator=b"", _held=held)
 
     def thinned(self, limit: int) -> Timeline:
         """This timeline drawn with at most about ``limit`` points (each stretch's highest and lowest, the peak kept
@@ -304,20 +313,24 @@ class Timeline:
     def snapshot(self) -> dict[str, Any]:
         """The step as PyTorch's memory snapshot (the dict ``torch.cuda.memory._snapshot()`` returns): on CUDA the
         allocator's own, recorded around the tracked step; elsewhere made from memlab's tracking, each storage a
-        block with the module that made it as its frame (its category and phase as the frame's function).
+        block with the module that made it as its frame (its category and phase as the frame's function), and
+        what the peak holds beside them all through the step (an estimate's cuBLAS workspaces) a block each; a
+        timeline composed of others (a GRPO step's) as it is drawn. Replayed, it peaks at ``peak.bytes``.
 
         Example:
             >>> from memlab.measure.timeline import Recording
             >>> from array import array
             >>> rec = Recording(("other",), array("q", [0, 0]), array("q", [4, 0]), array("b", [0, 0]),
-            ...                 array("i", [1, 1]), module_names=["(before the step)", "fc"])
+            ...                 array("i", [1, 1]), peak_event=1, module_names=["(before the step)", "fc"])
             >>> snap = Timeline.from_recording(rec, peak_bytes=4, breakdown={"other": 4}).snapshot()
             >>> [e["action"] for e in snap["device_traces"][0]], snap["segments"]
             (['alloc', 'free_requested', 'free_completed'], [])
         """
         if self._allocator:
             return dict(pickle.loads(zlib.decompress(self._allocator)))
-        return _snapshot_from_trace(pickle.loads(zlib.decompress(self._trace)), self.phases)
+        if not self._trace:  # composed from other timelines (a GRPO step's generation and training): as drawn
+            return _snapshot_from_series(self)
+        return _snapshot_from_trace(pickle.loads(zlib.decompress(self._trace)), self.phases, self._held)
 
     def save(self, path: str | Path) -> Path:
         """Write :meth:`snapshot` as a pickle at ``path``: open it at https://pytorch.org/memory_viz (drag the file
@@ -432,12 +445,19 @@ def _alive_by_module(
     return kept, len(blocks)
 
 
-def _snapshot_from_trace(trace: tuple[Any, ...], phases: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
+def _snapshot_from_trace(
+    trace: tuple[Any, ...], phases: Sequence[tuple[str, int, int]], held: Sequence[tuple[str, int, str]] = ()
+) -> dict[str, Any]:
+    """The recorded step as PyTorch's snapshot: each storage a block, what was alive before the step and still is
+    in ``segments``, the step's changes in the trace; ``held`` amounts (category, bytes, what) all through the step
+    beside them: a positive one a block of its own, a negative one taken off that category's blocks alive all
+    through (8-bit state in place of the fp32 state recorded)."""
     categories, keys, sizes, cats, modules, names, start, sections, _ = trace
     keys, sizes = np.frombuffer(keys, np.int64).tolist(), np.frombuffer(sizes, np.int64).tolist()
     cats, modules = np.frombuffer(cats, np.int8).tolist(), np.frombuffer(modules, np.int32).tolist()
     section_of = _section_names(sections, len(sizes))
     live: dict[int, tuple[int, int, list[dict[str, Any]]]] = {}  # key -> address, size, frames
+    through: dict[int, int] = {}  # key -> category, for what was alive before the step
     address = 1 << 32
     events: list[dict[str, Any]] = []
 
@@ -449,27 +469,80 @@ def _snapshot_from_trace(trace: tuple[Any, ...], phases: Sequence[tuple[str, int
     for index, (key, size) in enumerate(zip(keys, sizes, strict=True)):
         old = live.get(key)
         if old is not None and old[1] == size:
+            if key in through:
+                through[key] = cats[index]
             continue  # a storage moved to another category: the allocator sees nothing
         if old is not None:
             del live[key]
             if index >= start:
                 for action in ("free_requested", "free_completed"):
                     events.append(_entry(action, old[0], old[1], index - start, old[2]))
+        through.pop(key, None)
         if size:
             where = frames(index)
             live[key] = (address, size, where)
             if index >= start:
                 events.append(_entry("alloc", address, size, index - start, where))
+            else:
+                through[key] = cats[index]
             address += -(-size // 512) * 512 or 512
-    segments = [
+    blocks = list(live.values())
+    for category, nbytes, what in held:
+        if nbytes > 0:
+            blocks.append((address, nbytes, [{"filename": what, "line": 0, "name": category},
+                                             {"filename": "memlab step", "line": 0, "name": BEFORE_STEP}]))
+            address += -(-nbytes // 512) * 512
+            continue
+        owed = -nbytes
+        for key in [key for key, cat in through.items() if categories[cat] == category and key in live]:
+            index = blocks.index(live[key])
+            block_address, size, where = blocks[index]
+            taken = min(owed, size)
+            blocks[index] = (block_address, size - taken, where)
+            owed -= taken
+            if not owed:
+                break
+    return {"segments": _segments(blocks), "device_traces": [events], "allocator_settings": {}}
+
+
+def _segments(blocks: Sequence[tuple[int, int, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Each block alive at the end of the step, ``(address, size, frames)``, as a segment of its own."""
+    return [
         {"device": 0, "address": addr, "total_size": size, "allocated_size": size, "active_size": size,
          "requested_size": size, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
          "is_expandable": False, "frames": [],
          "blocks": [{"address": addr, "size": size, "requested_size": size, "state": "active_allocated",
                      "frames": where}]}
-        for addr, size, where in live.values()
+        for addr, size, where in blocks if size
     ]
-    return {"segments": segments, "device_traces": [events], "allocator_settings": {}}
+
+
+def _snapshot_from_series(timeline: Timeline) -> dict[str, Any]:
+    """A timeline without a recorded trace as PyTorch's snapshot: each category's rise from one drawn point to the
+    next a block, its fall freeing the newest blocks first (a block freed in part: freed, and its rest allocated
+    again), so that a replay goes through the drawn totals and peaks at the timeline's peak."""
+    blocks: dict[str, list[tuple[int, int, list[dict[str, Any]]]]] = {name: [] for name in timeline.categories}
+    address = 1 << 32
+    events: list[dict[str, Any]] = []
+    for point, moment in enumerate(timeline.x):
+        section = next((name for name, first, end in timeline.phases if first <= moment <= end), "") or BEFORE_STEP
+        for name in timeline.categories:
+            change = timeline.series[name][point] - (timeline.series[name][point - 1] if point else 0)
+            where = [{"filename": "memlab step", "line": 0, "name": name},
+                     {"filename": "memlab step", "line": 0, "name": section}]
+            while change < 0:  # the first point is what was alive before the step: no event
+                block_address, size, made = blocks[name].pop()
+                if point:
+                    for action in ("free_requested", "free_completed"):
+                        events.append(_entry(action, block_address, size, moment, made))
+                change += size
+            if change > 0:
+                blocks[name].append((address, change, where))
+                if point:
+                    events.append(_entry("alloc", address, change, moment, where))
+                address += -(-change // 512) * 512
+    return {"segments": _segments([block for kept in blocks.values() for block in kept]), "device_traces": [events],
+            "allocator_settings": {}}
 
 
 def _entry(action: str, address: int, size: int, time: int, frames: list[dict[str, Any]]) -> dict[str, Any]:

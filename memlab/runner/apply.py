@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from torch import nn
 
-from memlab.errors import MemlabError, MemlabWarning
+from memlab.errors import MemlabError, MemlabWarning, refuse_class
 from memlab.live.batch import Batch, LossFn
 from memlab.live.structure import ModuleStructure
 from memlab.options import check_learning_rate
@@ -193,6 +193,7 @@ def apply(model: nn.Module, plan: Plan, *, loss_fn: LossFn | None = None, lr: fl
     """
     if not isinstance(plan, Plan):
         raise MemlabError(f"plan must be a memlab.Plan, not {type(plan).__name__}; write memlab.Plan(...)")
+    refuse_class(model, "apply")
     refuse_meta(model, "apply")  # a model on the meta device cannot train
     if is_trainer(model):
         if loss_fn is not None:

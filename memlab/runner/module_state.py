@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from memlab.live.structure import trainable_parameters, unique_parameters
+from memlab.techniques.offload import keep_on_host
 
 __all__ = ["ModelValues"]
 
@@ -63,6 +64,7 @@ class ModelValues:
         values = cls([], [(p, p.grad) for p in unique_parameters(model)],
                      torch.random.get_rng_state() if rng else None,
                      torch.cuda.get_rng_state_all() if rng and torch.cuda.is_initialized() else None)
+        keep_on_host([values.cpu_rng, *(values.cuda_rng or [])])
         values._add([*model.buffers()])
         if parameters:
             values.include_parameters(model)
@@ -85,7 +87,10 @@ class ModelValues:
             if id(tensor) in seen:
                 continue
             seen.add(id(tensor))
-            self.tensors.append((tensor, _copy_to_cpu(tensor.detach())))
+            copy = _copy_to_cpu(tensor.detach())
+            # Host memory however the model's device is (a CPU one too): memlab's trackers count it as no device's.
+            keep_on_host([copy])
+            self.tensors.append((tensor, copy))
 
     @property
     def host_bytes(self) -> int:

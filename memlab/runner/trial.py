@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, refuse_class
 from memlab.live.batch import Batch
 from memlab.live.trainer_kinds import is_trainer
 from memlab.options import RunKeywords, RunOptions
@@ -26,7 +26,7 @@ from memlab.runner.core import Runner, register_runner, runner_for
 from memlab.runner.progress import retiming_runs, run_progress
 from memlab.runner.training import TrainingWorkload, check_plans
 from memlab.runner.workload import RunnablePlan
-from memlab.trainer.entry import live_target, noted, split_plans
+from memlab.trainer.entry import live_target, noted, split_plans, trainer_state
 from memlab.trainer.meta import refuse_meta
 from memlab.trainer.source import keeps_trainer_batch
 
@@ -81,6 +81,7 @@ def measure(
             "measure takes one plan; write memlab.measure(model, batch, memlab.Plan(...)), or "
             "memlab.compare(model, batch, plans) for a list"
         )
+    refuse_class(model, "measure")  # type(model) for model: say what to build, before anything is touched
     refuse_meta(model, "measure")  # a model on the meta device has no values to run
     batch, plan = split_plans(batch, plan)
     if plan is None and not is_trainer(model):
@@ -114,6 +115,7 @@ def compare(
         >>> [t.status for t in report.trials]
         ['ok', 'ok']
     """
+    refuse_class(model, "compare")
     refuse_meta(model, "compare")  # a model on the meta device has no values to run
     batch, plans = split_plans(batch, plans)
     if isinstance(plans, Iterable) and not isinstance(plans, (str, bytes, list, tuple)):
@@ -131,7 +133,8 @@ def compare(
     runner = target.runner or runner_for(plans) or TrialRunner
     if target.source is not None:
         options["loss_fn"] = target.loss_fn
-    report = run_plans(runner, target.model, target.batch, plans, RunOptions.from_keywords(options))
+    with trainer_state(model, target.batch, target.loss_fn):  # emptied by arguments made since: the trainer's own
+        report = run_plans(runner, target.model, target.batch, plans, RunOptions.from_keywords(options))
     if target.note:
         report = Report(noted(report.trials, target.note), budget=report.budget)
     return report

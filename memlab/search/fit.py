@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, refuse_class
 from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.events import TrialSettled
@@ -41,7 +41,7 @@ from memlab.techniques.loss import chunked_loss_applies
 from memlab.techniques.offload import NO_OFFLOAD
 from memlab.techniques.precision import BF16, half_precision
 from memlab.techniques.precompute_ref import trainer_of
-from memlab.trainer.entry import live_target, noted
+from memlab.trainer.entry import live_target, noted, trainer_state
 from memlab.trainer.meta import refuse_meta
 from memlab.trainer.reference import with_reference
 from memlab.trainer.source import is_trainer
@@ -82,7 +82,9 @@ def fit(
     Args:
         model: the model to train, on its device; or a ``transformers.Trainer`` (TRL's included), whose model,
             ``compute_loss`` and effective batch are used (:mod:`memlab.trainer.entry`); checkpointing is then
-            searched as the Trainer's switch runs it, every block or none (no ``checkpointing=k``).
+            searched as the Trainer's switch runs it, every block or none (no ``checkpointing=k``). The trainer as
+            built (``Plan.from_trainer``) is measured first where the space holds it: the report's first row is then
+            what ``memlab.measure(trainer)`` measures.
         batch: one batch (dict of tensors, tensor, or tuple); rows repeat where ``batch_size`` asks for more. With a
             trainer it may be left out: the train dataset's worst batch is measured (said in the trials' notes).
         batch_size: the effective batch (rows per optimizer step); default: the rows of ``batch`` (a trainer's:
@@ -117,6 +119,7 @@ def fit(
         >>> report.best.fits, report.best.rows_per_step
         (True, 8)
     """
+    refuse_class(model, "fit")
     if not dry_run:
         refuse_meta(model, "fit")  # a model on the meta device has no values to run: fit(..., dry_run=True) has none
         if gpu is not None:
@@ -148,7 +151,7 @@ def fit(
         # The model's own dry runs count a reference model the trainer holds apart (a DPOTrainer's), as estimate does.
         held = None if kind is not None else lambda trial: with_reference(trial, model)
         report = _fit_module(target.model, target.batch, batch_size or target.batch_size, space, dry_run, estimates,
-                             max_trials, False, options, kind=kind, held=held, gpu=card)
+                             max_trials, False, options, kind=kind, held=held, gpu=card, first=target.plan)
         return dataclasses.replace(report, trials=noted(report.trials, target.note))
     if space is not None and isinstance(space, Mapping) and trainer_of(options.get("loss_fn")) is None:
         # A built trainer's own setting (precompute_ref, the vLLM engine's) on a model: refused before any trial.
@@ -181,11 +184,15 @@ def refuse_selective_for_trainer(space: Mapping[str, Sequence[Any]] | None) -> N
         )
 
 
-def _fit_module(model: nn.Module, *args: Any, kind: Any = None, held: Any = None, gpu: GpuKind | None = None) -> Report:
+def _fit_module(model: nn.Module, batch: Batch, batch_size: int | None, space: Mapping[str, Sequence[Any]] | None,
+                dry_run: bool, estimates: bool, max_trials: int | None, selective: bool, options: RunKeywords, *,
+                kind: Any = None, held: Any = None, gpu: GpuKind | None = None, first: Plan | None = None) -> Report:
     """:func:`_fit_module_here` with the allocator this process runs (``PYTORCH_CUDA_ALLOC_CONF``) assumed by every
-    dry run it makes: on CUDA, their card figures are those of this process's allocator."""
-    with assumed_allocator(expandable_segments_configured()):
-        return _fit_module_here(model, *args, kind=kind, held=held, gpu=gpu)
+    dry run it makes: on CUDA, their card figures are those of this process's allocator; a trainer's step (behind
+    the loss, or its own batch) reads its own accelerate state (:func:`memlab.trainer.entry.trainer_state`)."""
+    with assumed_allocator(expandable_segments_configured()), trainer_state(model, batch, options.get("loss_fn")):
+        return _fit_module_here(model, batch, batch_size, space, dry_run, estimates, max_trials, selective, options,
+                                kind=kind, held=held, gpu=gpu, first=first)
 
 
 def _fit_module_here(
@@ -202,13 +209,16 @@ def _fit_module_here(
     kind: Any = None,
     held: Any = None,
     gpu: GpuKind | None = None,
+    first: Plan | None = None,
 ) -> Report:
     """:func:`fit` on a module; ``selective``: whether the fewest checkpointed blocks that fit are searched for
     (:func:`memlab.search.blocks.fewest_blocks`) when the best plan checkpoints every block; ``kind``: a trainer
     kind's :class:`~memlab.trainer.entry.LiveTarget` whose step has its own runner and dry run (a GRPOTrainer's),
     else None; ``held``: ``held(trial) -> trial`` adds to each of the model's own dry runs what the trainer holds
     beside the model (a DPOTrainer's reference model: :func:`memlab.trainer.reference.with_reference`), else None;
-    ``gpu``: the GPU kind a dry run is for (its space, its budget, its card figures), else None."""
+    ``gpu``: the GPU kind a dry run is for (its space, its budget, its card figures), else None; ``first``: the plan a
+    measured search runs first where the space holds it (a trainer as built, so that the report's first row is what
+    ``memlab.measure(trainer)`` measures), else the search's own first."""
     run_options = RunOptions.from_keywords(options)
     if not isinstance(model, nn.Module):
         raise MemlabError(f"model must be a torch nn.Module, not {type(model).__name__}")
@@ -295,6 +305,8 @@ def _fit_module_here(
             search = Search(candidates, budget=budget, batch_size=batch_size, trainable_bytes=trainable, prior=prior,
                             device_type=device.type, estimate=estimate if estimates else None,
                             max_trials=max_trials)
+            if first is not None and first in search.pending:
+                search.record(measure(first, 0, len(candidates)))
             result = search.run(measure, on_step=bar.advance)
             trials = list(result.trials)
             # Checkpointing every block fits: the fewest blocks that fit are faster (memory is monotone in blocks).

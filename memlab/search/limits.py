@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, refuse_class
 from memlab.live.trainer_kinds import generates
 from memlab.plan import Plan, format_bytes, parse_budget
 from memlab.report import Trial
@@ -284,6 +284,7 @@ def limits(
         >>> found.trial.peak_bytes <= 64 * 2**20 < found.next_trial.peak_bytes, found.next - found.value
         (True, 64)
     """
+    refuse_class(model_or_config, "limits")
     if vary not in ("tokens", "rows"):
         raise MemlabError(f"vary={vary!r} is not known; write vary='tokens' or vary='rows'")
     capacity = parse_budget(budget)

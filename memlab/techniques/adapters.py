@@ -34,7 +34,7 @@ from memlab.techniques.core.technique import PlanFields, StepParts, Technique, U
 from memlab.techniques.targets import adapter_targets as adapter_targets  # re-exported: callers import them here
 from memlab.techniques.targets import lora_layer_types as lora_layer_types
 from memlab.techniques.targets import output_head as output_head
-from memlab.techniques.targets import task_heads
+from memlab.techniques.targets import targets_as_planned, task_heads
 
 
 def is_peft_model(model: nn.Module) -> bool:
@@ -79,30 +79,8 @@ def peft_plan_values(model: nn.Module, config: Any) -> dict[str, Any]:
         'all-linear'
     """
     values = {lever.name: lever.from_peft(config) for lever in DECLARATIONS if lever.from_peft is not None}
-    targets = values.get("lora_targets")
-    if isinstance(targets, tuple) and targets and set(targets) == _all_linear_leaves(model):
-        values["lora_targets"] = "all-linear"
+    values["lora_targets"] = targets_as_planned(model, values.get("lora_targets"))
     return values
-
-
-_PEFT_PARTS = ("base_layer", "lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_dropout",
-               "lora_magnitude_vector")
-
-
-def _all_linear_leaves(model: nn.Module) -> set[str]:
-    """The last names of the layers ``lora_targets="all-linear"`` adapts on ``model`` (a peft model's base layers,
-    not its adapters' own)."""
-    from memlab.techniques.targets import adapter_targets
-
-    wrapped: Any = model
-    base: Any = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else model
-    leaves = set()
-    for name in adapter_targets(base, "all-linear"):
-        parts = name.split(".")
-        host = parts[:next((i for i, part in enumerate(parts) if part in _PEFT_PARTS), len(parts))]
-        if host:  # a layer peft wrapped is named by its host, whose base layer and adapters are linear layers too
-            leaves.add(host[-1])
-    return leaves
 
 
 def lora_config_of(model: nn.Module) -> Any:
@@ -145,7 +123,8 @@ def carries_plan_adapters(model: nn.Module, plan: PlanFields) -> bool:
     if plan.adapter == "none" or config is None or not isinstance(getattr(config, "r", None), int):
         return False
     for name, value in peft_plan_values(model, config).items():
-        if value is not None and getattr(plan, name) != value:
+        asked = getattr(plan, name)
+        if value is not None and (targets_as_planned(model, asked) if name == "lora_targets" else asked) != value:
             return False
     return True
 
@@ -368,6 +347,7 @@ def _quantize(
         )
         weight: Any = bitsandbytes.nn.Params4bit(values.contiguous().clone(), requires_grad=False, quant_type="nf4")
         quantized.weight = weight.to(device)  # moving it quantizes it (bitsandbytes' Params4bit.to)
+        quantized.support_avx512bf16_for_cpu = False  # CPU_REPACKING_OFF says why
         quantized.bias = original.bias  # type: ignore[assignment]  # the same frozen bias, shared
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -700,6 +680,17 @@ def _adapters_for_the_trainer(plan: PlanLike) -> Fragment:
 
 
 
+CPU_REPACKING_OFF = (
+    "# bitsandbytes repacks a 4-bit weight for AVX512-BF16 CPUs at its first forward in eval mode, which fails",
+    "# for a layer not in tiles of 32 x 64 and leaves training after it without the input's gradient: off",
+    "layer.support_avx512bf16_for_cpu = False",
+)
+"""What every 4-bit layer memlab builds (a trial's, the exported script's) sets, so that bitsandbytes 0.50's repacking
+of an eval-mode layer's weight for AVX512-BF16 CPUs is never taken: it raised "shape '[32, 0]' is invalid for input
+of size 16" on a 32 x 32 layer, and once repacked a layer gives its input no gradient (a custom operator without
+autograd). On a GPU the flag means nothing."""
+
+
 def quantize_code(plan: PlanLike) -> tuple[str, ...]:
     """The lines that hold the base's linear layers in 4-bit NF4 on the model the code receives, as memlab's
     QLoRA does (:func:`memlab.techniques.adapters.qlora_targets`, transformers' own choice: every ``nn.Linear``
@@ -753,6 +744,7 @@ def quantize_code(plan: PlanLike) -> tuple[str, ...]:
         '                                  compute_dtype=compute_dtype, quant_type="nf4", device="meta")',
         "        layer.weight = bnb.nn.Params4bit(weight.contiguous().cpu(), requires_grad=False,",
         '                                         quant_type="nf4").to(weight.device)  # moving it quantizes it',
+        *(f"        {line}" for line in CPU_REPACKING_OFF),
         "        layer.bias = linear.bias",
         '        parent, _, child = name.rpartition(".")',
         "        setattr(model.get_submodule(parent) if parent else model, child, layer)",

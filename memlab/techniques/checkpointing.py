@@ -5,51 +5,71 @@ turn it on, :data:`CHECKPOINTING_CODE`, and those that checkpoint some blocks on
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch.utils.checkpoint
 from torch import nn
 
 from memlab.errors import MemlabError, UnsupportedTechnique
-from memlab.live.compat import checkpoint_traced
+from memlab.live.compat import checkpoint_recomputations, checkpoint_traced
 from memlab.live.structure import ModuleStructure
 from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export, Fragment, Keys, per_target
 from memlab.techniques.core.lever import Lever, PlanLike
 from memlab.techniques.core.technique import StepParts, Technique, Undo
 
 RECOMPUTE_CONTEXTS: list[Callable[[], contextlib.AbstractContextManager[Any]]] = []
-r"""Factories of contexts the recomputation in backward runs under, besides autocast (which torch restores itself):
-a dry run for CUDA without CUDA puts its emulation of CUDA's kernels here (``TorchFunctionMode``\ s are not active
-in backward). Read when checkpointing is turned on; empty, checkpointing passes torch nothing more."""
+r"""Factories of contexts the recomputation in backward runs under, besides autocast (which torch restores itself),
+registered by :func:`recomputed_under`: a dry run for CUDA without CUDA puts its emulation of CUDA's kernels here
+(``TorchFunctionMode``\ s are not active in backward). Empty, no recomputation is changed."""
 
 
-def _recompute_every_operator(ctx: Any, operator: Any, *args: Any, **kwargs: Any) -> Any:
-    return torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _contexts() -> tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]:
-    """``torch.utils.checkpoint``'s ``context_fn``: nothing around the forward, the registered contexts around the
-    recomputation. Under ``torch.compile`` the recomputation is traced with the forward, under the contexts the
-    forward ran in, and a ``context_fn`` must give the selective-checkpointing modes: those of plain checkpointing,
-    every operator recomputed (what ``torch.compile`` uses where no ``context_fn`` is given)."""
-    if checkpoint_traced():
-        return torch.utils.checkpoint.create_selective_checkpoint_contexts(_recompute_every_operator)
-    stack = contextlib.ExitStack()
+def _under_recompute_contexts(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` run under fresh contexts of the factories registered now (as a checkpoint's forward runs), for
+    its recomputation in backward; ``function`` itself where none are, or where ``torch.compile`` traces the
+    checkpoint (its recomputation is traced with the forward, under the modes the forward ran in)."""
     factories = list(RECOMPUTE_CONTEXTS)
+    if not factories or checkpoint_traced():
+        return function
 
-    @contextlib.contextmanager
-    def recompute() -> Any:
-        with stack:
+    def recompute(*args: Any, **kwargs: Any) -> Any:
+        with contextlib.ExitStack() as stack:
             for factory in factories:
                 stack.enter_context(factory())
+            return function(*args, **kwargs)
+
+    return recompute
+
+
+@contextlib.contextmanager
+def recomputed_under(*factories: Callable[[], contextlib.AbstractContextManager[Any]]) -> Iterator[None]:
+    """``factories`` in :data:`RECOMPUTE_CONTEXTS` while active, and each ``torch.utils.checkpoint`` whose forward
+    runs meanwhile recomputing in backward under a fresh context of each factory registered then: memlab's
+    checkpointing and a model's own alike (a trainer's ``gradient_checkpointing``, which TRL's DPOTrainer turns off
+    around its reference forward and back on with the trainer's keywords, replacing memlab's; a model that calls
+    ``torch.utils.checkpoint`` itself), reentrant or not (:func:`memlab.live.compat.checkpoint_recomputations`).
+
+    Example:
+        >>> seen = []
+        >>> @contextlib.contextmanager
+        ... def watched():
+        ...     seen.append("recompute")
+        ...     yield
+        >>> x = torch.ones(2, requires_grad=True)
+        >>> with recomputed_under(watched):
+        ...     y = torch.utils.checkpoint.checkpoint(torch.sin, x, use_reentrant=False)
+        ...     y.sum().backward()
+        >>> seen, RECOMPUTE_CONTEXTS
+        (['recompute'], [])
+    """
+    hooked = bool(RECOMPUTE_CONTEXTS)  # an enclosing call has wrapped the recomputations already
+    RECOMPUTE_CONTEXTS.extend(factories)
+    try:
+        with contextlib.nullcontext() if hooked else checkpoint_recomputations(_under_recompute_contexts):
             yield
-
-    return contextlib.nullcontext(), recompute()
-
-
-def _checkpoint_kwargs() -> dict[str, Any]:
-    return {"use_reentrant": False, **({"context_fn": _contexts} if RECOMPUTE_CONTEXTS else {})}
+    finally:
+        for factory in factories:
+            RECOMPUTE_CONTEXTS.remove(factory)
 
 
 def enable_checkpointing(model: nn.Module, blocks: bool | int = True) -> Undo:
@@ -81,7 +101,7 @@ def enable_checkpointing(model: nn.Module, blocks: bool | int = True) -> Undo:
         blocks = True  # every block: the same plan as True, put on the same way
     before = ModuleStructure.capture(model)
     if _is_hugging_face(model) and (blocks is True or _flagged_layers(model)):
-        kwargs = _checkpoint_kwargs()
+        kwargs = {"use_reentrant": False}
         switch = getattr(model, "activation_checkpointing_enable", None)
         if switch is not None:
             switch(activation_checkpointing_kwargs=kwargs)
@@ -226,12 +246,11 @@ _MEMLAB_MARK = "_memlab_checkpointed"
 
 def _wrap_forward(block: nn.Module) -> None:
     original = block.forward
-    options = _checkpoint_kwargs()
 
     def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return original(*args, **kwargs)
-        return torch.utils.checkpoint.checkpoint(original, *args, **options, **kwargs)
+        return torch.utils.checkpoint.checkpoint(original, *args, use_reentrant=False, **kwargs)
 
     setattr(checkpointed_forward, _MEMLAB_MARK, True)
     # An instance attribute shadows the class's forward; restoring the captured state removes it again.

@@ -4,7 +4,8 @@ the lever's values, its declaration and exports."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import functools
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -40,12 +41,80 @@ def half_precision(bf16: bool) -> str:
     """
     return BF16 if bf16 else FP16
 
-BF16_ON_CPU = ("bf16 on a CPU is usually slow: most CPUs have no bf16 matrix units, so PyTorch emulates its matrix "
-               "products (a GPU runs them natively: measure the speed there)")
-"""The note of a plan measured in bf16 on a CPU (a tenth of fp32's speed in notebook 06), which the tables and the
-figures show where its speed is read: without it, bf16 looked like a slow choice on any device."""
-BF16_ON_CPU_SHORT = "slow on most CPUs, which emulate bf16"
+CPU_BF16_UNITS = ("amx_bf16", "avx512_bf16", "bf16")
+"""The CPU flags of bf16 matrix units, as Linux's ``/proc/cpuinfo`` names them: x86's AMX and AVX512-BF16, Arm's BF16
+extension. PyTorch's bf16 matrix products on a CPU go through oneDNN, which runs them natively on these units; on a
+CPU without any of them it emulates them, several times slower than fp32."""
+
+BF16_ON_CPU = ("bf16 on this CPU is emulated, so slow: it lists no bf16 matrix units (amx_bf16, avx512_bf16 or Arm's "
+               "bf16), so PyTorch emulates its matrix products (a GPU runs them natively: measure the speed there)")
+"""The note of a plan measured in bf16 on a CPU without bf16 matrix units (:func:`cpu_bf16_units`), which the tables
+and the figures show where its speed is read: without it, bf16 looked like a slow choice on any device. A CPU with
+them runs bf16 natively, and its measured speed needs no note."""
+BF16_ON_CPU_SHORT = "slow on this CPU, which emulates bf16"
 """:data:`BF16_ON_CPU` in the few words a figure writes beside such a plan."""
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The flags a ``/proc/cpuinfo`` text lists: its ``flags`` lines (x86) and ``Features`` lines (Arm).
+
+    Example:
+        >>> sorted(cpu_flags("processor : 0\\nflags : fpu avx512f avx512_bf16\\n"))
+        ['avx512_bf16', 'avx512f', 'fpu']
+        >>> sorted(cpu_flags("Features : fp asimd bf16"))
+        ['asimd', 'bf16', 'fp']
+    """
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip().lower() in ("flags", "features"):
+            flags.update(value.split())
+    return frozenset(flags)
+
+
+@functools.cache
+def machine_cpu_flags() -> frozenset[str]:
+    """This machine's CPU flags (:func:`cpu_flags` of ``/proc/cpuinfo``, read once); none where it cannot be read
+    (macOS, Windows): then no bf16 matrix unit is known.
+
+    Example:
+        >>> isinstance(machine_cpu_flags(), frozenset)
+        True
+    """
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as file:
+            return cpu_flags(file.read())
+    except OSError:
+        return frozenset()
+
+
+def cpu_bf16_units(flags: Iterable[str] | None = None) -> tuple[str, ...]:
+    """The bf16 matrix units (:data:`CPU_BF16_UNITS`) among ``flags`` (default: this machine's,
+    :func:`machine_cpu_flags`): the one rule for whether bf16 is native on a CPU, which a bf16 trial's note, the demo
+    and the notebooks follow.
+
+    Example:
+        >>> cpu_bf16_units({"avx512f", "avx512_bf16", "amx_bf16"}), cpu_bf16_units({"avx2", "fma"})
+        (('amx_bf16', 'avx512_bf16'), ())
+    """
+    found = machine_cpu_flags() if flags is None else frozenset(flags)
+    return tuple(unit for unit in CPU_BF16_UNITS if unit in found)
+
+
+def bf16_on_cpu(flags: Iterable[str] | None = None) -> str:
+    """What bf16 is on a CPU with ``flags`` (default: this machine's), in a sentence a front end shows: native on its
+    bf16 matrix units (named), or emulated and slow.
+
+    Example:
+        >>> bf16_on_cpu({"amx_bf16", "avx512_bf16"})
+        'this CPU runs bf16 natively, on its bf16 matrix units (amx_bf16, avx512_bf16)'
+        >>> bf16_on_cpu({"avx2"})
+        "this CPU emulates bf16, slowly: it lists no bf16 matrix units (amx_bf16, avx512_bf16 or Arm's bf16)"
+    """
+    units = cpu_bf16_units(flags)
+    if units:
+        return f"this CPU runs bf16 natively, on its bf16 matrix units ({', '.join(units)})"
+    return "this CPU emulates bf16, slowly: it lists no bf16 matrix units (amx_bf16, avx512_bf16 or Arm's bf16)"
 
 
 def check_precision(plan: PlanFields, device: torch.device, parameters: Sequence[torch.Tensor] = ()) -> list[str]:
@@ -56,7 +125,7 @@ def check_precision(plan: PlanFields, device: torch.device, parameters: Sequence
         >>> from memlab.plan import Plan
         >>> check_precision(Plan(precision="fp16"), torch.device("cpu"))
         ['fp16 on CPU is slow: CPUs have no fast fp16 matrix units; compare bf16, or measure on the GPU']
-        >>> check_precision(Plan(precision="bf16"), torch.device("cpu")) == [BF16_ON_CPU]
+        >>> check_precision(Plan(precision="bf16"), torch.device("cpu")) == ([] if cpu_bf16_units() else [BF16_ON_CPU])
         True
     """
     if plan.precision == "fp32":
@@ -78,7 +147,7 @@ def check_precision(plan: PlanFields, device: torch.device, parameters: Sequence
         raise UnsupportedTechnique(f"mixed precision on {device.type} is not supported; write precision='fp32'")
     if device.type == "cpu" and plan.precision == "fp16":
         return ["fp16 on CPU is slow: CPUs have no fast fp16 matrix units; compare bf16, or measure on the GPU"]
-    if device.type == "cpu" and plan.precision == "bf16" and real:  # a dry run times nothing
+    if device.type == "cpu" and plan.precision == "bf16" and real and not cpu_bf16_units():  # a dry run times nothing
         return [BF16_ON_CPU]
     return notes
 

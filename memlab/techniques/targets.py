@@ -14,7 +14,7 @@ from torch import nn
 from memlab.errors import UnsupportedTechnique
 
 __all__ = ["HEAD_NAMES", "LoraTargets", "adapter_targets", "lora_layer_types", "lora_targets_on", "output_head",
-           "parameter_targets", "split_targets", "task_heads", "unfused_targets"]
+           "parameter_targets", "split_targets", "targets_as_planned", "task_heads", "unfused_targets"]
 
 HEAD_NAMES = ("classifier", "score", "qa_outputs")
 """The attribute names of a transformers task head that a task model creates new (sequence and token
@@ -251,6 +251,33 @@ def adapter_targets(model: nn.Module, targets: str | tuple[str, ...] = "all-line
         chosen.update(adapter_targets(model, tuple(t for t in targets if t not in keywords)))
         return [name for name in names if name in chosen]
     return [name for name in names if any(name == t or name.endswith("." + t) for t in targets)]
+
+
+_PEFT_PARTS = ("base_layer", "lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_dropout",
+               "lora_magnitude_vector")
+
+
+def targets_as_planned(model: nn.Module, targets: Any) -> Any:
+    """``lora_targets`` as a plan names them on ``model`` (a peft model's base layers): ``"all-linear"`` where a tuple
+    of layer names is every layer ``"all-linear"`` adapts there (peft stores ``target_modules="all-linear"`` resolved
+    into the layers' paths, which a plan's label would list one by one); anything else as it is.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        >>> targets_as_planned(model, ("0",)), targets_as_planned(model, ("1",))
+        ('all-linear', ('1',))
+    """
+    if not isinstance(targets, tuple) or not targets:
+        return targets
+    wrapped: Any = model
+    base: Any = wrapped.get_base_model() if hasattr(wrapped, "get_base_model") else model
+    leaves = set()
+    for name in adapter_targets(base, "all-linear"):
+        parts = name.split(".")
+        host = parts[:next((i for i, part in enumerate(parts) if part in _PEFT_PARTS), len(parts))]
+        if host:  # a layer peft wrapped is named by its host, whose base layer and adapters are linear layers too
+            leaves.add(host[-1])
+    return "all-linear" if set(targets) == leaves else targets
 
 
 def lora_layer_types() -> tuple[type[nn.Module], ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from memlab.errors import MemlabError
@@ -21,7 +21,7 @@ from memlab.trainer.source import (
     trl_offload_context_for,
 )
 
-__all__ = ["APPLIED_MARK", "TrainerApplied", "apply_to_trainer", "check_plan_for_trainer"]
+__all__ = ["APPLIED_MARK", "TrainerApplied", "accelerate_state_of", "apply_to_trainer", "check_plan_for_trainer"]
 
 
 def check_plan_for_trainer(plan: Plan) -> None:
@@ -273,6 +273,42 @@ def shared_state_restorer() -> SharedStateRestorer:
         >>> restore.left_by_memlab(); restore()
     """
     return SharedStateRestorer()
+
+
+@contextlib.contextmanager
+def accelerate_state_of(trainer: Any) -> Iterator[None]:
+    """Within it, accelerate's process-wide state is the trainer's own where it was emptied since the trainer was
+    built, and it is put back exactly after. transformers empties ``AcceleratorState``'s shared state whenever
+    arguments read their device (any ``TrainingArguments`` or ``SFTConfig`` made, a plan written back included),
+    and every trainer built before reads that state through its accelerator: TRL's ``compute_loss`` then fails
+    (``'AcceleratorState' object has no attribute 'parallelism_config'``), as the trainer's own ``train()`` would.
+    The entry points run a trainer's step inside it (:func:`memlab.trainer.entry.trainer_state`): the trainer's
+    accelerator is built again for its own arguments, which fills the state, and the trainer gets its own
+    accelerator object back, reading it. Where the state is there (the usual case), nothing happens.
+
+    Example:
+        >>> with accelerate_state_of(None):
+        ...     pass
+    """
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    create = getattr(trainer, "create_accelerator_and_postprocess", None)
+    if create is None or AcceleratorState._shared_state or getattr(trainer, "accelerator", None) is None:
+        yield
+        return
+    shared = (PartialState._shared_state, AcceleratorState._shared_state, GradientState._shared_state)
+    saved = tuple(dict(state) for state in shared)
+    restore_trainer = _trainer_restorer(trainer)
+    try:
+        create()
+    finally:
+        restore_trainer()
+    try:
+        yield
+    finally:
+        for state, before in zip(shared, saved, strict=True):  # the same dicts: every instance shares them
+            state.clear()
+            state.update(before)
 
 
 def apply_to_trainer(trainer: Any, plan: Plan) -> TrainerApplied:

@@ -13,17 +13,19 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from memlab.errors import MemlabError
 from memlab.live.trainer_kinds import OwnBatch, kind_of
 from memlab.plan import Plan
+from memlab.trainer.apply import accelerate_state_of
 from memlab.trainer.source import TrainerSource, is_trainer, keeps_trainer_batch
 from memlab.trainer.worst_batch import trainer_batches, worst_batch
 
-__all__ = ["LiveTarget", "live_target", "noted", "split_plans"]
+__all__ = ["LiveTarget", "live_target", "noted", "split_plans", "trainer_state"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +125,28 @@ a transformers Trainer, whose train dataset memlab reads
     note = "; ".join(notes) or None
     chosen_loss = loss_fn if loss_fn is not None else source.loss_fn
     return LiveTarget(source.model, batch, chosen_loss, source, note, source.plan, source.effective_batch)
+
+
+@contextlib.contextmanager
+def trainer_state(model_or_trainer: Any, batch: Any = None, loss_fn: Any = None) -> Iterator[None]:
+    """Within it, the trainer a run is on (given in the model's place, or behind its loss or its own batch, as
+    :func:`live_target` hands them to the panel and the magic) reads its own accelerate state: where a
+    ``TrainingArguments`` made since the trainer was built emptied it, the state is the trainer's for the run and
+    put back after (:func:`memlab.trainer.apply.accelerate_state_of`). Nothing happens for a model.
+
+    Example:
+        >>> import torch
+        >>> with trainer_state(torch.nn.Linear(2, 1), torch.randn(4, 2)):
+        ...     pass
+    """
+    trainer = model_or_trainer if is_trainer(model_or_trainer) else getattr(loss_fn, "trainer", None)
+    if trainer is None and isinstance(batch, OwnBatch):
+        trainer = batch.trainer
+    if trainer is None:
+        yield
+        return
+    with accelerate_state_of(trainer):
+        yield
 
 
 def split_plans(batch: Any, plans: Any) -> tuple[Any, Any]:

@@ -103,6 +103,10 @@ def trainer_on_meta(trainer_class: type, /, *, model: Any, args: Any, **keywords
             cls.__name__ == "Trainer" and cls.__module__.startswith("transformers.") for cls in trainer_class.__mro__):
         raise MemlabError(f"trainer_on_meta takes a Trainer class first, not {trainer_class!r}; write "
                           "memlab.trainer_on_meta(trl.GRPOTrainer, model=policy, args=trl.GRPOConfig(...), ...)")
+    if isinstance(model, type):  # a class given for the model: one error, not Module.parameters()'s
+        raise MemlabError(f"trainer_on_meta takes a model on the meta device as model=, and was given the class "
+                          f"{model.__name__}; write model=memlab.model_on_meta(config or name, dtype=...) (the model "
+                          "built on the meta device as from_pretrained loads it)")
     if not on_meta(model):
         raise MemlabError(
             f"this {type(model).__name__} is not on the meta device; build its trainer as usual and estimate it "

@@ -5,9 +5,19 @@ How memory is read per optimizer step:
 
 - on CUDA: the caching allocator's ``max_memory_allocated`` over the step (reset at its start),
   through :class:`memlab.measure.cuda.CudaPeak`;
-- on CPU: memlab's :class:`~memlab.measure.tracker.MemoryTracker` (a ``TorchDispatchMode``) over the step, with the
-  parameters, gradients and optimizer state that exist at the step's start as its baseline: live tensor bytes,
-  exact, and a few microseconds of Python per operator (CPU training of a real model is slow anyway).
+- on CPU: memlab's :class:`~memlab.measure.tracker.MemoryTracker` (a ``TorchDispatchMode``) over the step: live
+  tensor bytes, exact, and a few microseconds of Python per operator (CPU training of a real model is slow anyway).
+  Like the allocator on CUDA, and like a measured trial (:mod:`memlab.measure.held`), it counts everything the
+  process holds: the parameters, gradients and optimizer state as such, and under ``"other"`` every other tensor
+  alive when ``train()`` began (a reference model, the notebook's own tensors: one scan of the live objects, before
+  ``train()``'s clock starts). One tracker follows the whole ``train()``, so what a step leaves alive for the next
+  (a GRPOTrainer's generations, trained on over several steps) counts in the next step too.
+
+How speed is read: a step's ``samples_per_s`` is its examples over its own wall time (``on_step_begin`` to
+``on_step_end``: the forward, backward and optimizer step, and a GRPOTrainer's generation in the step that
+generates), not what ``train()`` does between steps (logging, evaluation, saving, a live figure's redraw);
+``Watch.samples_per_s`` is the examples of every step over ``train()``'s wall time, what transformers'
+``train_samples_per_second`` counts.
 
 The costliest step (the highest peak) is kept as a timeline, ``Watch.timeline``: on CPU from the tracker's changes, on
 CUDA from the caching allocator's own history without stack traces, read only when a step beats the costliest so
@@ -24,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memlab.errors import MemlabError, MemlabWarning
+from memlab.errors import MemlabError, MemlabWarning, refuse_class
 from memlab.live.patching import patched
 from memlab.live.trainer_kinds import OldLogps, kind_of
 from memlab.plan import format_bytes, parse_budget
@@ -55,9 +65,12 @@ class StepRecord:
     Attributes:
         step: the trainer's ``global_step`` after the step (1 for the first).
         peak_bytes: the step's memory peak (see the module's docstring for how it is read).
-        step_time_s: wall time from the step's start to its end (forward, backward, optimizer).
-        samples_per_s: examples of the step over its time, as the trainer counts them
-            (``per_device_train_batch_size`` counts them: a DPOTrainer's pairs, a GRPOTrainer's completions).
+        step_time_s: wall time from the step's start to its end (``on_step_begin`` to ``on_step_end``: forward,
+            backward, the optimizer step, and a GRPOTrainer's generation where the step generates).
+        samples_per_s: examples of the step over ``step_time_s``, as the trainer counts them
+            (``per_device_train_batch_size`` counts them: a DPOTrainer's pairs, a GRPOTrainer's completions); a step
+            that generates is slower than one that trains on generations made before it. The rate over a whole
+            ``train()``, time between steps included, is :attr:`Watch.samples_per_s`.
         lengths: tokens of each row the step trained on (attention-mask sums; padded length without a mask; a
             GRPOTrainer's prompt and completion).
         padded_length: the longest padded sequence of the step's micro-batches.
@@ -149,11 +162,13 @@ def _old_logps(trainer: Any) -> OldLogps | None:
 
 
 class _StepMemory:
-    """The memory peak of one step on the model's device; started at the step's start, read at its end."""
+    """The memory peak of one step on the model's device; started at the step's start, read at its end. On CPU one
+    tracker follows a whole ``train()`` (:meth:`prepare`), its peak started again at each step."""
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.probe: Any = None
+        self.tracker: Any = None  # on CPU, the MemoryTracker of the running train()
         self.breakdown: dict[str, int] = {}
         self.hooks: list[Any] = []
         self.allocated_before = 0
@@ -177,17 +192,16 @@ class _StepMemory:
             self.costliest.begin(model)  # the allocator's history cleared before the peak is reset
             self.probe = CudaPeak(device)
         else:
-            from memlab.measure.tracker import MemoryTracker
-
-            optimizer = getattr(self.trainer, "optimizer", None)
-            optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
-            state = getattr(optimizer, "state", {}) or {}
-            state_tensors = [v for s in state.values() for v in s.values() if isinstance(v, torch.Tensor)]
             parameters = list(model.parameters())
-            tracker = self.probe = MemoryTracker(
-                baseline={"params": parameters, "grads": [p.grad for p in parameters], "optimizer": state_tensors},
-                device=device,
-            )
+            tracker = self.tracker if self.tracker is not None else self.prepare(scan=False)
+            if tracker.device != device:  # the model moved since train() began
+                tracker = self.prepare(scan=False)
+            # What is what now (the optimizer state the first step made, the gradients it left), and the peak from now.
+            tracker.mark(parameters, "params")
+            tracker.mark([p.grad for p in parameters], "grads")
+            tracker.mark(self._optimizer_state(), "optimizer")
+            tracker.reset_peak()
+            self.probe = tracker
 
             def mark(param: Any) -> None:
                 tracker.mark([param.grad], "grads")
@@ -195,6 +209,38 @@ class _StepMemory:
             self.hooks = [p.register_post_accumulate_grad_hook(mark) for p in parameters if p.requires_grad]
             self.costliest.begin(model, tracker)
         self.probe.__enter__()
+
+    def prepare(self, *, scan: bool = True) -> Any:
+        """``train()`` begins: the tracker that follows it (None on CUDA, whose allocator counts every block), whose
+        baseline is the parameters, gradients and optimizer state, and on CPU (``scan``) under ``"other"`` every other
+        tensor the process holds now: one scan of the live objects (:func:`memlab.measure.held.cpu_tensors_held`), as
+        a measured trial's session makes. The tracker keeps no tensor alive (it follows storages by weak reference)."""
+        import torch
+
+        from memlab.measure.held import cpu_tensors_held
+        from memlab.measure.tracker import MemoryTracker
+
+        model = trainer_model(self.trainer)
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        if device.type == "cuda":
+            self.tracker = None
+            return None
+        parameters = list(model.parameters())
+        grads = [p.grad for p in parameters]
+        state = self._optimizer_state()
+        held = cpu_tensors_held([*parameters, *state]) if scan and device.type == "cpu" else []
+        self.tracker = MemoryTracker(
+            baseline={"params": parameters, "grads": grads, "optimizer": state, "other": held}, device=device
+        )
+        return self.tracker
+
+    def _optimizer_state(self) -> list[Any]:
+        import torch
+
+        optimizer = getattr(self.trainer, "optimizer", None)
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
+        state = getattr(optimizer, "state", {}) or {}
+        return [v for s in state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
     def mark(self, phase: str | None) -> None:
         """The step enters ``phase`` (``"forward"``, ``"backward"``, ``"optimizer"``; None: between them)."""
@@ -260,8 +306,9 @@ class _StepMemory:
                                allocated_before=self.allocated_before)
 
     def close(self) -> None:
-        """Training ended: nothing recorded any more (the allocator's history off again)."""
+        """Training ended: nothing recorded any more (the allocator's history off again, the CPU tracker let go)."""
         self.stop()
+        self.tracker = None
         if self.costliest is not None:
             self.costliest.close()
 
@@ -272,6 +319,9 @@ class Watch:
     Attributes:
         steps: a :class:`StepRecord` per optimizer step, in order.
         budget: bytes (None: no warning).
+        train_time_s: the wall time of the watched ``train()`` calls, from the Trainer's ``on_train_begin`` to its
+            ``on_train_end`` (what its ``train_runtime`` measures: the time between steps and before the first
+            included), summed over the calls.
     """
 
     def __init__(self, trainer: Any, budget: int | None) -> None:
@@ -283,6 +333,8 @@ class Watch:
         self._end_listeners: list[Callable[[], None]] = []
         self._memory = _StepMemory(trainer)
         self._started = 0.0
+        self.train_time_s = 0.0
+        self._train_started: float | None = None
         self._inputs: list[dict[str, Any] | None] = []  # what each micro-batch's lengths are read from
         self._rows_per_example = _rows_per_example(trainer)
         self._trained: Any = None  # the micro-batch the running training_step trains on
@@ -302,6 +354,25 @@ class Watch:
     @property
     def peak_step(self) -> int | None:
         return None if self.peak is None else self.peak.step
+
+    @property
+    def samples(self) -> float:
+        """The examples every watched step trained on, as the trainer counts them (see :class:`StepRecord`)."""
+        return sum(len(record.lengths) for record in self.steps) / self._rows_per_example
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """The examples of every watched step over :attr:`train_time_s`: the rate a whole ``train()`` ran at, time
+        between steps included, what transformers' ``train_samples_per_second`` (and TRL's) counts; None before a
+        ``train()`` ended. A step's own rate (:attr:`StepRecord.samples_per_s`) leaves out the time between steps.
+
+        Example (a tiny trainer: ``tests/trainer/test_watch.py`` builds one)::
+
+            watched = memlab.watch(trainer)
+            output = trainer.train()
+            watched.samples_per_s, output.metrics["train_samples_per_second"]  # the same rate, each timed by its own
+        """
+        return self.samples / self.train_time_s if self.train_time_s > 0 and self.steps else None
 
     @property
     def peak_lengths(self) -> tuple[int, ...]:
@@ -380,8 +451,8 @@ class Watch:
     def step_begin(self) -> None:
         self._memory.stop()  # a step that never ended (an interrupted train()) is not counted
         self._inputs = []
-        self._started = time.perf_counter()
         self._memory.start()
+        self._started = time.perf_counter()  # the step's own time: memlab's set-up of its reading left out
 
     def saw_inputs(self, inputs: Any) -> None:
         # Only the tensors are kept here; their lengths are read at the step's end, after the probe's synchronize:
@@ -413,7 +484,13 @@ class Watch:
         for listener in self._listeners:
             listener(record)
 
+    def train_begin(self) -> None:
+        self._train_started = time.perf_counter()
+
     def train_end(self) -> None:
+        if self._train_started is not None:  # before the listeners: a figure's last drawing is not training time
+            self.train_time_s += time.perf_counter() - self._train_started
+            self._train_started = None
         self._memory.close()
         self._inputs = []
         for listener in self._end_listeners:
@@ -439,6 +516,9 @@ def _callback_class() -> type:
     class MemlabWatchCallback(TrainerCallback):  # type: ignore[misc]
         def __init__(self, watch: Watch) -> None:
             self.watch = watch
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.watch.train_begin()
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.watch.step_begin()
@@ -485,6 +565,7 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
         w.to_dataframe()
         w.remove()
     """
+    refuse_class(trainer, "watch", trainer_only=True)
     if not is_trainer(trainer):
         raise MemlabError(f"watch takes a transformers Trainer, not a {type(trainer).__name__}; pass your trainer")
     if installed_watch(trainer) is not None:
@@ -531,6 +612,7 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
     @functools.wraps(original_train)
     def train(*args: Any, **kwargs: Any) -> Any:
         try:
+            result._memory.prepare()  # before the Trainer's clock starts: what the process holds, scanned once
             with _generation_phases(trainer, result._memory):
                 return original_train(*args, **kwargs)
         finally:

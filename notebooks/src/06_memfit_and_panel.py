@@ -94,10 +94,18 @@ print(f"{n_params:,} parameters; a batch of {rows} rows x {seq_len} tokens")
 loss = model(**batch).loss
 
 # %% [markdown]
-# On a CPU the bf16 plans are the slow ones, often several times slower than fp32: most CPUs have no bf16
-# matrix units, so PyTorch emulates bf16's matrix products. The figure's key and the table's note say so
-# beside those speeds; on a GPU bf16 runs natively and is usually the faster choice, so compare speeds there.
-#
+# On a CPU, bf16's speed depends on the CPU. One whose flags list bf16 matrix units (`amx_bf16` or
+# `avx512_bf16`: recent Xeons, AMD's Zen 4) runs bf16's matrix products natively, and the speeds above are its own;
+# others emulate them, often several times slower than fp32, and there the figure's key and the table's note say so
+# beside those speeds. The next cell says which this CPU is. On a GPU bf16 runs natively and is usually the faster
+# choice, so compare speeds there.
+
+# %%
+from memlab.techniques.precision import bf16_on_cpu
+
+print(bf16_on_cpu() if device == "cpu" else "a GPU of compute capability 8.0 or more runs bf16 natively")
+
+# %% [markdown]
 # `--quiet` leaves out the live figure. The magic returns a `memlab.Report` either way, so `_` picks it up
 # in the next cell.
 

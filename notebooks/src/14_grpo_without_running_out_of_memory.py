@@ -168,26 +168,38 @@ print(f"{args.per_device_train_batch_size * args.gradient_accumulation_steps} co
 # ## Train it for real under `memlab.watch`
 #
 # `memlab.watch(trainer)` records every step's peak while `trainer.train()` runs, draws the steps live and
-# keeps the costliest step's timeline. In a GRPO step, TRL generates inside the step before the first forward:
-# a step that generates holds more than one that trains on generations made before it.
+# keeps the costliest step's timeline. A step's peak counts everything the process holds then, as a GPU's allocator
+# would: the policy's weights, gradients and optimizer state, the reference model, and what earlier steps left. In a
+# GRPO step, TRL generates inside the step before the first forward: a step that generates holds more, and takes
+# longer, than one that trains on generations made before it (with `num_iterations=2` and two micro-batches a
+# step, every other step generates).
 
 # %%
 watched = memlab.watch(trainer)
 try:
-    trainer.train()
+    output = trainer.train()
 finally:
     watched.remove()
 print(f"peak {human(watched.peak_bytes)} at step {watched.peak_step}")
-watched.to_dataframe()[["step", "peak_bytes", "samples_per_s"]]
+print(f"{watched.samples_per_s:.1f} completions/s over train()'s {watched.train_time_s:.2f} s "
+      f"(TRL's train_samples_per_second: {output.metrics['train_samples_per_second']:.1f})")
+watched.to_dataframe()[["step", "peak_bytes", "step_time_s", "samples_per_s"]]
+
+# %% [markdown]
+# Two rates, each defined once. `watched.samples_per_s` counts the completions of every step over the whole
+# `train()`, the time between steps included (logging, the figure's redraws): what TRL's `train_samples_per_second`
+# counts, each timed by its own clock. The table's `samples_per_s` is each step's own: its completions over its own
+# `step_time_s`, generation included where the step generates, nothing between steps.
 
 # %% [markdown]
 # ## One step, every phase named
 #
 # `memlab.measure(trainer)` runs one GRPO step the way `train()` does, on its worst case: the longest prompts,
 # every completion generated to the full `max_completion_length` (a policy that stops early holds less), and
-# names each phase on its timeline. `memlab.estimate(trainer)` makes the same step on fake tensors, nothing run
-# for real, with the generation as one phase and the training as the others; on a GPU it would also say what the
-# card shows.
+# names each phase on its timeline. Its peak is the same quantity as the watch's, everything the process holds at
+# the step's peak, on the worst case rather than on what the policy generated. `memlab.estimate(trainer)` makes the
+# same step on fake tensors, nothing run for real, with the generation as one phase and the training as the others;
+# on a GPU it would also say what the card shows.
 
 # %%
 measured = memlab.measure(trainer, steps=steps, noise=noise)
@@ -224,7 +236,9 @@ print(f"{'step':12} measured {human(measured.peak_bytes):>12}   estimated {human
 #
 # Give the step 80% of its measured peak. `memlab.fit(trainer, budget=...)` keeps the completions of one
 # optimizer step (the GRPO objective stays the same) and searches how they are split into micro-batches, the
-# precision and the optimizer; `memlab.apply` puts the best plan on the trainer until `undo()`. Checkpointing is
+# precision and the optimizer; `memlab.apply` puts the best plan on the trainer until `undo()`. The first plan it
+# measures is the trainer as built (`mb4x2`: two micro-batches of 4), the step `memlab.measure(trainer)` measured
+# above, so the figure's first bar is that peak; `plain` would be all 8 completions in one micro-batch. Checkpointing is
 # left out of the space here: with transformers 5.24, TRL's generation switches it off and on again through
 # names transformers has deprecated, and memlab passes that warning on.
 
@@ -233,13 +247,15 @@ budget = int(0.8 * measured.peak_bytes)
 space = {"micro_batch": [2 * rows, rows, rows // 2], "checkpointing": [False]}
 result = memlab.fit(trainer, budget=budget, space=space, steps=steps, noise=noise, max_trials=4, progress=False)
 print("budget:", human(budget))
-print("tried:", ", ".join(trial.label for trial in result.trials))
+print("tried:", ", ".join(f"{trial.label} ({human(trial.peak_bytes)})" for trial in result.trials))
 print("best:", result.best.plan.label() if result.best else "none fits")
 result.plot()
 
 # %% [markdown]
 # The best plan is applied to a fresh trainer, which trains from its first step as a new run would (the trainer
-# above has already trained, and TRL keeps its generations between calls of `train()`).
+# above has already trained, and TRL keeps its generations between calls of `train()`). The two peaks printed are
+# one quantity, a step's peak with everything the process holds: fit's from its worst-case step (every completion
+# at full length), the watch's from the costliest step `train()` ran, on the completions the policy wrote.
 
 # %%
 if result.best is not None:
@@ -252,7 +268,8 @@ if result.best is not None:
         watched.remove()
         applied.undo()
     verdict = "within" if watched.peak_bytes <= budget else "OVER"
-    print(f"{result.best.plan.label()}: trained at a peak of {human(watched.peak_bytes)}, {verdict} the budget")
+    print(f"{result.best.plan.label()}: fit measured a peak of {human(result.best.peak_bytes)} on the worst case; "
+          f"trained at a peak of {human(watched.peak_bytes)}, {verdict} the budget")
 
 # %% [markdown]
 # ## Will GRPO on an 8B model fit?

@@ -66,34 +66,69 @@ FLOOR_TESTS = ("tests --ignore=tests/frontends/jupyter --ignore=tests/gpu"
 _FAKE_PYTHON = """#!/bin/sh
 echo "$(basename "$0") $*" >> "$CALLS"
 case "$*" in *"pytest -q -p no:cacheprovider -m  $FLOOR_TESTS"*) exit "$FLOOR_STATUS";; esac
+case "$*" in "-m pytest -q -p no:cacheprovider") exit "$NEWEST_STATUS";; esac
 exit 0
 """
 
 
-@pytest.mark.parametrize("floor_status", [0, 1])
-def test_ci_runs_the_floor_stack_always_and_fails_with_it(floor_status: int, tmp_path: Path) -> None:
-    """.ci/run's stages after the newest stack's tests (DeepSpeed's ``-m needs``, then the floor stack), played
-    with a python that only says what it was asked: with no switch set, the floor stack's tests (all but the
-    Jupyter faces', the GPU's and the notebooks' runs) run in ``MEMLAB_FLOOR_VENV``, after its pins are installed
-    there, and CI's status is theirs."""
+@pytest.mark.parametrize(("floor_status", "newest_status"), [(0, 0), (1, 0), (0, 1)])
+def test_ci_runs_the_floor_and_the_newest_torch_stacks_always_and_fails_with_either(
+    floor_status: int, newest_status: int, tmp_path: Path
+) -> None:
+    """.ci/run's stages after the README's stack's tests (DeepSpeed's ``-m needs``, the floor stack, the newest
+    torch), played with a python that only says what it was asked: with no switch set, the floor stack's tests (all
+    but the Jupyter faces', the GPU's and the notebooks' runs) run in ``MEMLAB_FLOOR_VENV`` after its pins are
+    installed there, then the README's tests in ``MEMLAB_NEWEST_VENV`` after the newest torch is (whatever the floor
+    said), and CI fails where either does."""
     script = (ROOT / ".ci" / "run").read_text()
     tail = script[script.index("# Then the tests that need a package"):]
-    venv = tmp_path / "floor"
-    for python in (tmp_path / "bin" / "python3", venv / "bin" / "python"):
+    floor_venv, newest_venv = tmp_path / "floor", tmp_path / "newest"
+    for python in (tmp_path / "bin" / "python3", floor_venv / "bin" / "python", newest_venv / "bin" / "python"):
         python.parent.mkdir(parents=True)
         python.write_text(_FAKE_PYTHON)
         python.chmod(0o755)
     calls = tmp_path / "calls"
     done = subprocess.run(["bash", "-c", "set -uo pipefail\n" + tail], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "CALLS": str(calls),
-                                           "FLOOR_STATUS": str(floor_status), "FLOOR_TESTS": FLOOR_TESTS,
-                                           "MEMLAB_FLOOR_VENV": str(venv),
-                                           "HOME": str(tmp_path)})
-    floor = [line for line in calls.read_text().splitlines() if line.startswith("python ")]
-    assert floor == ["python -m pip install -q -r .ci/floor-requirements.txt -e .[test]",
-                     # -m "": the e2e tests among them too (the fake python prints the empty argument as nothing)
-                     f"python -m pytest -q -p no:cacheprovider -m  {FLOOR_TESTS}"], done.stdout
-    assert done.returncode == floor_status, done.stdout + done.stderr
+                                           "FLOOR_STATUS": str(floor_status), "NEWEST_STATUS": str(newest_status),
+                                           "FLOOR_TESTS": FLOOR_TESTS, "MEMLAB_FLOOR_VENV": str(floor_venv),
+                                           "MEMLAB_NEWEST_VENV": str(newest_venv), "HOME": str(tmp_path)})
+    stacks = [line for line in calls.read_text().splitlines() if line.startswith("python ")]
+    assert stacks == ["python -m pip install -q -r .ci/floor-requirements.txt -e .[test]",
+                      # -m "": the e2e tests among them too (the fake python prints the empty argument as nothing)
+                      f"python -m pytest -q -p no:cacheprovider -m  {FLOOR_TESTS}",
+                      "python -m pip install -q -r .ci/newest-requirements.txt -e .[test]",
+                      "python -m pytest -q -p no:cacheprovider"], done.stdout  # the README's, as it says it
+    assert done.returncode == (floor_status or newest_status), done.stdout + done.stderr
+
+
+def test_readme_pyproject_and_contributing_name_the_torch_releases_ci_tests() -> None:
+    """The range CI tests at both ends, and the newest: the floor (.ci/floor-requirements.txt, pyproject's
+    ``torch>=``), the README's pin and the newest torch (.ci/newest-requirements.txt) are the ones README.md,
+    pyproject.toml and CONTRIBUTING.md's table of stacks name, the newest within pyproject's range."""
+    newest = _pins(".ci/newest-requirements.txt")["torch"]
+    floor = _pins(".ci/floor-requirements.txt")["torch"]
+    readme = (ROOT / "README.md").read_text()
+    pinned = re.search(r"pip install torch==([\d.]+) -e \"\.\[test\]\" && python -m pytest", readme)
+    assert pinned is not None
+    assert Version(floor) < Version(pinned.group(1)) < Version(newest)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    declared = next(Requirement(line.strip().strip('",')) for line in pyproject.splitlines()
+                    if line.strip().startswith('"torch>='))
+    assert newest in declared.specifier and floor in declared.specifier
+    table = [row for row in (ROOT / "CONTRIBUTING.md").read_text().splitlines() if row.startswith("| ")]
+    for text, where in ((readme, "README.md"), (pyproject, "pyproject.toml"), ("\n".join(table), "CONTRIBUTING.md")):
+        for release in (floor, pinned.group(1), newest):
+            assert release in text, (release, where)
+
+
+def _pins(path: str) -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / path).read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            pins[requirement.name] = next(iter(requirement.specifier)).version
+    return pins
 
 
 def test_this_stack_is_at_or_above_every_floor() -> None:
@@ -172,6 +207,31 @@ def test_every_private_name_is_found_on_this_torch() -> None:
     # The compiled checkpoint's and the higher-order operators' look-ups, not their fallbacks.
     assert callable(checkpoint._is_compiling) and compat.checkpoint_traced() is False
     assert "run_and_save_rng_state" in torch._ops._higher_order_ops
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_every_checkpoints_recompute_goes_through_the_wrap_and_its_forward_does_not(reentrant: bool) -> None:
+    # Both of torch's checkpoints, through their private _CheckpointFrame and CheckpointFunction: a model's own
+    # checkpoint recomputes in backward under what the wrap adds (the CUDA emulation's modes).
+    calls: list[str] = []
+
+    def wrap(function: object) -> object:
+        calls.append("forward")
+
+        def recompute(*args: object, **kwargs: object) -> object:
+            calls.append("recompute")
+            return function(*args, **kwargs)  # type: ignore[operator]
+
+        return recompute
+
+    x = torch.ones(3, requires_grad=True)
+    with compat.checkpoint_recomputations(wrap):
+        y = checkpoint.checkpoint(torch.sin, x, use_reentrant=reentrant)
+    assert (checkpoint._CheckpointFrame.__name__, checkpoint.CheckpointFunction.__name__) == (
+        "_CheckpointFrame", "CheckpointFunction")  # put back
+    y.sum().backward()
+    assert calls == ["forward", "recompute"]
+    assert torch.equal(x.grad, torch.ones(3).cos())
 
 
 def test_a_torch_without_grouped_mm_or_with_another_cache_key_keeps_its_own(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -214,7 +214,7 @@ def test_html_names_every_plan_and_marks_what_does_not_fit(report: Report) -> No
         assert trial.label in page
     assert page.count("does not fit") == 2  # the OOM and the plan over the 800 MiB budget
     assert "\u2605 best" in page and "bf16 \u2605 best" in page
-    assert "peak MiB" in page and "<td>900</td>" in page  # one unit per size column, said in the header
+    assert "peak MiB" in page and ">900</td>" in page  # one unit per size column, said in the header
     assert "white-space:nowrap" in page  # no size or label wraps
     assert "RuntimeError: shapes do not match" in page and "Traceback line two" not in page  # errors: one line
     assert "fp16 on CPU is slow" in page
@@ -556,7 +556,7 @@ def test_the_table_numbers_its_rows_as_the_figures_number_their_bars_when_there_
         assert row["number"] == str(number)
         assert hover.startswith(f"#{number} <b>{row['plan']}</b>")
     assert text_table(many).splitlines()[0].split()[:2] == ["#", "plan"]
-    assert "<th style='white-space:normal;vertical-align:bottom'>#</th>" in html_table(many)
+    assert ">#</th>" in html_table(many)
     axis = plan_axis_layout(plan_axis(data["labels"]), data["labels"])
     assert axis["title"]["text"] == "plan number (the table's # column)"
     few = Report(many.trials[:FULL_LABELS_UP_TO])

@@ -106,6 +106,8 @@ def test_model_on_meta_loads_as_from_pretrained_and_refuses_what_it_cannot(check
         memlab.model_on_meta(real, dtype=torch.bfloat16)
     with pytest.raises(memlab.MemlabError, match="write only dtype"):
         memlab.model_on_meta(CONFIG, device_map="auto")
+    with pytest.raises(memlab.MemlabError, match=r"was given the class Qwen2ForCausalLM; write model=memlab.model_on"):
+        memlab.trainer_on_meta(trl.SFTTrainer, model=type(real), args=trl.SFTConfig(output_dir="x", use_cpu=True))
     with pytest.raises(memlab.MemlabError, match="bnb_4bit_quant_type='nf5' is not one bitsandbytes has"):
         memlab.model_on_meta(CONFIG, quantization_config={"load_in_4bit": True, "bnb_4bit_quant_type": "nf5"})
 

@@ -20,6 +20,7 @@ import torch
 from memlab.estimation.sharded.fsdp2 import DETAIL, ShardedTrial
 from memlab.plan import Plan
 from memlab.report import Trial
+from memlab.sizes import format_bytes
 from memlab.trainer.reference import reference_bytes, with_reference
 
 pytest.importorskip("trl")
@@ -115,6 +116,8 @@ def test_the_sharded_reference_is_each_gpus_share_and_fsdp2_gathers_it(tmp_path:
         trial = memlab.estimate(trainer, gpus=2, strategy=strategy)
         assert trial.status == "ok", trial.error
         notes[strategy] = next(note for note in trial.notes if "reference model" in note)
-    assert f"{share:,}-byte share" in notes["fsdp2"] and f"gathered for its forward ({whole:,} bytes)" in notes["fsdp2"]
-    assert f"{share:,}-byte share" in notes["zero3"] and "a module at a time" in notes["zero3"]
-    assert f"{whole:,} bytes" in notes["zero2"] and "whole on each GPU" in notes["zero2"]
+    assert f"{format_bytes(share)} share" in notes["fsdp2"]
+    assert f"gathered for its forward ({format_bytes(whole)})" in notes["fsdp2"]
+    assert f"{format_bytes(share)} share" in notes["zero3"] and "a module at a time" in notes["zero3"]
+    assert f"reference model's {format_bytes(whole)} under other" in notes["zero2"]
+    assert "whole on each GPU" in notes["zero2"]

@@ -51,3 +51,32 @@ def test_generation_and_log_probs_run_under_autocast_as_in_train(tmp_path: Any) 
     assert watched.peak_bytes > 0
     assert trained == {True: {torch.bfloat16}, False: {torch.bfloat16}}, trained  # what train() computes in
     assert measured == trained, (measured, trained)
+
+
+def test_a_reference_model_computes_under_autocast_as_in_train(tmp_path: Any) -> None:
+    """TRL's reference model held apart (beta > 0 without peft) is prepared by accelerate too, for evaluation: under
+    a bf16 plan its log-probs compute in bf16, in train() with the plan written back and in memlab's measured step of
+    a trainer built without it (fit's bf16 plans on notebook 14's trainer: the reference computed in fp32 there, a
+    peak of 5.76 MB in the reference phase where train() peaked at 4.81 MB in backward)."""
+    built = grpo(tmp_path / "built", "reference", per_device_train_batch_size=2, gradient_checkpointing=False)
+    written_back = grpo(tmp_path / "bf16", "reference", bf16=True, per_device_train_batch_size=2,
+                        gradient_checkpointing=False)
+
+    def reference_dtypes(trainer: Any) -> tuple[set[torch.dtype], Any]:
+        seen: set[torch.dtype] = set()
+        layer = trainer.ref_model.model.layers[0].self_attn.q_proj
+        return seen, layer.register_forward_hook(lambda module, inputs, output: seen.add(output.dtype))
+
+    measured, handle = reference_dtypes(built)
+    try:
+        trial = memlab.measure(built, memlab.Plan.from_trainer(built).replace(precision="bf16"), **FAST)
+    finally:
+        handle.remove()
+    assert trial.status == "ok", trial.error
+    trained, handle = reference_dtypes(written_back)
+    try:
+        written_back.train()
+    finally:
+        handle.remove()
+    assert trained == {torch.bfloat16}, trained
+    assert measured == trained, (measured, trained)

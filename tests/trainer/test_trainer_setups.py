@@ -350,6 +350,50 @@ def test_undo_leaves_a_trainer_built_since_its_own_accelerate_state(tmp_path):
     assert memlab.measure(first, steps=1, noise=0).status == "ok"  # the first trainer reads the newer state
 
 
+def test_arguments_made_after_a_trainer_was_built_leave_memlab_running_it(tmp_path):
+    """Any arguments made (here a plan written back) empty accelerate's process-wide state, which a trainer built
+    before reads: memlab measures and estimates it with its own state, and puts the emptied one back."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    padding_free = sft(tmp_path / "padding-free", padding_free=True, max_length=None, bf16=False)
+    trl.SFTConfig(output_dir=str(tmp_path / "written back"), use_cpu=True, report_to=[],
+                  **Plan(micro_batch=1, accumulation=2).to_training_arguments())
+    emptied = (dict(PartialState._shared_state), dict(AcceleratorState._shared_state))
+    assert not emptied[1]
+    for trial in (memlab.measure(padding_free, steps=1, warmup=0, noise=0), memlab.estimate(padding_free)):
+        assert trial.status == "ok", trial.error
+    assert (PartialState._shared_state, AcceleratorState._shared_state) == emptied
+
+
+@pytest.mark.slow
+def test_arguments_made_after_trainers_were_built_leave_memlab_running_them(tmp_path):
+    """issue 84 item 12: with a packing and a padding-free SFTTrainer built, both estimated, the first fitted and its
+    plan written back (SFTConfig(**best.to_training_arguments())), every trial of the second's fit was
+    "'AcceleratorState' object has no attribute 'parallelism_config'". Any arguments made reset accelerate's
+    process-wide state, which every trainer built before reads (its own train() fails the same way): memlab now runs
+    a trainer's step with the trainer's own state and puts the process's back after. A GRPOTrainer's generation read
+    the emptied state too."""
+    from accelerate.state import AcceleratorState, PartialState
+    from trl_trainers import make_grpo_trainer
+
+    packed = sft(tmp_path / "packed", packing=True, max_length=32, bf16=False)
+    padding_free = sft(tmp_path / "padding-free", padding_free=True, max_length=None, bf16=False)
+    grpo = make_grpo_trainer(tmp_path)
+    assert memlab.estimate(packed).status == memlab.estimate(padding_free).status == "ok"
+    fast = dict(steps=1, warmup=0, noise=0, progress=False)
+    best = memlab.fit(packed, budget="1GiB", max_trials=4, **fast).best
+    assert best is not None
+    trl.SFTConfig(output_dir=str(tmp_path / "written back"), use_cpu=True, report_to=[],
+                  **best.plan.to_training_arguments())
+    emptied = (dict(PartialState._shared_state), dict(AcceleratorState._shared_state))
+    assert not emptied[1]  # what transformers leaves: the trainers built before read an empty state
+    report = memlab.fit(padding_free, budget="1GiB", max_trials=4, **fast)
+    assert [t.status for t in report.trials] == ["ok"] * len(report.trials), [t.error for t in report.trials]
+    for trial in (memlab.estimate(padding_free), memlab.measure(grpo, steps=1, warmup=0, noise=0)):
+        assert trial.status == "ok", trial.error
+    assert (PartialState._shared_state, AcceleratorState._shared_state) == emptied  # put back as it was
+
+
 def test_watch_reads_a_packed_steps_lengths_only_after_the_step_ended(tmp_path, monkeypatch):
     # On a GPU a length read is a host read of a device tensor: made mid-step, it waits for the backward just queued.
     watch_module = sys.modules["memlab.trainer.watch"]  # the package's name `watch` is the function

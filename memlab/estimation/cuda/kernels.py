@@ -11,9 +11,10 @@ CPU's choice keeps different memory than CUDA's, a ``TorchFunctionMode`` makes i
 - :func:`~memlab.estimation.cuda.branches.gpu_branches`: libraries that choose their kernels by the tensors' device
   (TRL's fused log-probabilities and LM head) take their GPU path.
 
-Checkpointing recomputes in backward, where no mode is active: the same modes are handed to its ``context_fn``
-(:data:`memlab.techniques.checkpointing.RECOMPUTE_CONTEXTS`) for as long as the emulation lasts. The optimizer's
-update (fused or foreach AdamW) is chosen by the optimizer's target device, not here.
+Checkpointing recomputes in backward, where no mode is active: every checkpoint whose forward runs under the
+emulation, memlab's or the model's own, recomputes under fresh modes of the same kinds
+(:func:`memlab.techniques.checkpointing.recomputed_under`), so that its recompute runs the kernels its forward ran.
+The optimizer's update (fused or foreach AdamW) is chosen by the optimizer's target device, not here.
 
 Example:
     >>> from memlab.estimation.dryrun.fake import FakeMode
@@ -38,7 +39,7 @@ from memlab.estimation.cuda.branches import gpu_branches
 from memlab.estimation.cuda.devices import kernels_device, target_device
 from memlab.estimation.cuda.dropout import CudaDropout
 from memlab.estimation.cuda.gpus import GpuKind
-from memlab.techniques.checkpointing import RECOMPUTE_CONTEXTS
+from memlab.techniques.checkpointing import recomputed_under
 
 __all__ = [
     "EMULATED_NOTE", "OWN_CHECKPOINT_NOTE", "cuda_kernels", "kernel_emulation", "recompute_mismatch", "run_emulated",
@@ -54,12 +55,13 @@ EMULATED_NOTE = (
 """The note of an estimate made under :func:`cuda_kernels`."""
 
 OWN_CHECKPOINT_NOTE = (
-    "CUDA's kernels not emulated: the model checkpoints its own blocks (torch.utils.checkpoint), whose recompute "
-    "in backward runs without the emulation and would not match its forward; estimated with the CPU's kernels "
-    "(dropout noise, attention and autocast dtypes as the CPU keeps them; TRL's kernel choices still the GPU's). "
-    "Plan(checkpointing=True) checkpoints through memlab, whose recompute is emulated"
+    "CUDA's kernels not emulated: a checkpoint's recompute in backward did not match its forward under the "
+    "emulation; estimated with the CPU's kernels (dropout noise, attention and autocast dtypes as the CPU keeps "
+    "them; TRL's kernel choices still the GPU's)"
 )
-"""The note of a CUDA estimate whose emulated step failed in a checkpoint's recompute, made again without it."""
+"""The note of a CUDA estimate whose emulated step failed in a checkpoint's recompute, made again without it: every
+checkpoint recomputes under the emulation (:func:`cuda_kernels`), so a mismatch is one the modes did not cause alike
+in the forward and its recompute."""
 
 
 def kernel_emulation(model_or_config: Any, device: str | torch.device | None) -> bool:
@@ -74,8 +76,7 @@ def kernel_emulation(model_or_config: Any, device: str | torch.device | None) ->
 
 
 def recompute_mismatch(error: str | None) -> bool:
-    """Whether a trial's ``error`` is a non-reentrant checkpoint's recompute that did not match its forward: what
-    a model's own ``torch.utils.checkpoint`` gives under the emulation (its recompute runs without the modes).
+    """Whether a trial's ``error`` is a non-reentrant checkpoint's recompute that did not match its forward.
 
     Example:
         >>> recompute_mismatch("CheckpointError: torch.utils.checkpoint: Recomputed values for the following tensors "
@@ -107,11 +108,18 @@ def cuda_kernels(gpu: GpuKind | str | None = None, *, kernels: bool = True) -> I
     """CUDA's kernels emulated for the GPU kind ``gpu`` (default an H100) while active, forward and checkpointing's
     recomputation alike; yields the attention mode, whose ``backends`` and ``gaps`` the trial's notes report.
 
-    With ``kernels=False`` (the step made again after a model's own checkpoint could not recompute under the modes:
+    Every ``torch.utils.checkpoint`` whose forward runs meanwhile recomputes under fresh modes of the same kinds,
+    whoever checkpoints: a trainer's ``gradient_checkpointing`` that TRL's DPOTrainer turns off around its reference
+    forward and back on with its own keywords, in place of memlab's, recomputed the next step's blocks on the CPU's
+    kernels, where the forward had run CUDA's; the recompute did not match, and the step was made again on the CPU's
+    kernels (a DPOTrainer on rows of unequal lengths: with their padding mask the CPU's attention saves other tensors
+    than CUDA's memory-efficient kernel).
+
+    With ``kernels=False`` (the step made again after a recompute did not match its forward under the modes:
     :data:`OWN_CHECKPOINT_NOTE`) only the libraries' device choices answer as on the GPU
     (:func:`~memlab.estimation.cuda.branches.gpu_branches`: TRL's loss runs after the model's blocks, never inside their
-    recompute), and it yields None. Without them a DPOTrainer + LoRA whose model checkpoints its blocks was estimated
-    along TRL's CPU path: 1.57x the estimate made on an H200 (3.85 against 2.45 GB)."""
+    recompute), and it yields None. Without them, the DPOTrainer + LoRA of the H200's run of 2026-11-27, made again so,
+    was estimated along TRL's CPU path: 1.57x the estimate made on the GPU (3.85 against 2.45 GB)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(gpu_branches())
         if not kernels:
@@ -121,8 +129,5 @@ def cuda_kernels(gpu: GpuKind | str | None = None, *, kernels: bool = True) -> I
         stack.enter_context(CudaAutocast())
         stack.enter_context(CudaDropout())
         stack.enter_context(attention)
-        factories = (CudaAutocast, CudaDropout, attention.twin)
-        RECOMPUTE_CONTEXTS.extend(factories)
-        for factory in factories:
-            stack.callback(RECOMPUTE_CONTEXTS.remove, factory)
+        stack.enter_context(recomputed_under(CudaAutocast, CudaDropout, attention.twin))
         yield attention

@@ -320,8 +320,9 @@ def with_cublas_workspaces(report: Report, handles: int, gpu: GpuKind | str | No
         if trial.status == "ok" and str(trial.device).startswith("cuda"):
             breakdown = dict(trial.breakdown)
             breakdown["other"] = breakdown.get("other", 0) + workspaces
+            timeline = trial.timeline and trial.timeline.shifted("other", workspaces, "cuBLAS workspaces")
             trial = dataclasses.replace(trial, peak_bytes=trial.peak_bytes + workspaces, breakdown=breakdown,
-                                        timeline=trial.timeline and trial.timeline.shifted("other", workspaces))
+                                        timeline=timeline)
         trials.append(trial)
     return dataclasses.replace(report, trials=trials)
 

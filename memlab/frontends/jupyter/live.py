@@ -35,7 +35,13 @@ from typing import Any
 import plotly.graph_objects as go
 
 from memlab.events import Event, MemorySample, StepFinished, TrialFinished, TrialSettled, TrialStarted
-from memlab.frontends.jupyter.live_layout import MARGIN_PX, SCATTER_HEADROOM, row_domains, spaced_labels
+from memlab.frontends.jupyter.live_layout import (
+    MARGIN_PX,
+    SCATTER_HEADROOM,
+    label_positions,
+    row_domains,
+    spaced_labels,
+)
 from memlab.plan import Plan, parse_budget
 from memlab.report import CATEGORIES, Report
 from memlab.report.views.budget_mark import memory_tops
@@ -73,7 +79,7 @@ SCATTER_FITS = LIVE + 1
 SCATTER_MISSES = SCATTER_FITS + 1
 
 _TRACE_KEYS = (
-    "x", "y", "text", "customdata", "hovertext", "marker.color", "textfont.color", "showlegend",
+    "x", "y", "text", "textposition", "customdata", "hovertext", "marker.color", "textfont.color", "showlegend",
     "error_y.array", "error_y.arrayminus", "error_y.width",
 )
 _LIVE_TITLES = ("Memory of the running trial", "Memory vs throughput")
@@ -332,12 +338,14 @@ class LiveFigure:
         shown = spaced_labels([text[i] for i in drawn], [peaks[i] for i in drawn], [speeds[i] for i in drawn],
                               height_px=scatter_px)
         names = dict(zip(drawn, shown, strict=True))
+        where = dict(zip(drawn, label_positions([peaks[i] for i in drawn]), strict=True))
         for index, fits in ((self._scatter_fits, True), (self._scatter_misses, False)):
             points = [i for i in range(len(labels)) if i in names and data["fits"][i] == fits]
             columns[index] = {
                 "x": [peaks[i] for i in points],
                 "y": [speeds[i] for i in points],
                 "text": [names[i] for i in points],
+                "textposition": [where[i] for i in points],
                 "hovertext": [data["hover"][i] for i in points],
             }
         # "fits" in the legend only where there is a budget to fit (the hover of a plan that does not fit says so)
@@ -519,6 +527,7 @@ def _trace_defaults(trace: Any) -> dict[str, Any]:
         "hovertext": [],
         "marker.color": None if marker is None else marker.color,
         "textfont.color": None,
+        "textposition": getattr(trace, "textposition", None),
         "pattern": getattr(getattr(marker, "pattern", None), "shape", None),
         "showlegend": trace.showlegend,
         "error_y.array": None,

@@ -15,12 +15,18 @@ from collections.abc import Sequence
 
 from memlab.report.views.plan_axis import PlanAxis, text_width
 
-__all__ = ["MARGIN_PX", "SCATTER_HEADROOM", "SCATTER_PANEL_PX", "row_domains", "spaced_labels"]
+__all__ = ["MARGIN_PX", "RIGHT_PART", "SCATTER_HEADROOM", "SCATTER_PANEL_PX", "label_positions", "row_domains",
+           "spaced_labels"]
 
 MARGIN_PX = 40
 """The live figure's top and bottom margins."""
 SCATTER_PANEL_PX = 300.0
 """The width the scatter's labels are spaced for: its panel in a figure about 800 px wide (wider only spaces more)."""
+
+RIGHT_PART = 0.5
+"""A point beyond this share of the scatter's peak axis has its name written to its left, ending at it: centred, the
+name of the right-most point (the largest peak, at 95% of the axis) ran past the plot's edge, where plotly cuts it
+("accum2 ck" in a 1,000-px window)."""
 
 SCATTER_HEADROOM = 1.2
 """The scatter's speed axis runs to this many times the fastest speed, so that the top point's name stays inside."""
@@ -47,6 +53,19 @@ def row_domains(axis: PlanAxis, height_px: int) -> tuple[tuple[float, float], tu
     return (1.0 - row, 1.0), (0.0, row), row
 
 
+def label_positions(xs: Sequence[float]) -> list[str]:
+    """Where the scatter writes each point's name (plotly's ``textposition``): above it, centred; or, beyond
+    :data:`RIGHT_PART` of the axis (which plotly draws from 0 to a little past the largest value), above it and to its
+    left, ending at it, so that no name runs past the plot's right edge however narrow the cell.
+
+    Example:
+        >>> label_positions([1.0, 6.0, 10.0])
+        ['top center', 'top left', 'top left']
+    """
+    span = 1.05 * max((abs(x) for x in xs), default=0.0) or 1.0
+    return ["top left" if abs(x) / span > RIGHT_PART else "top center" for x in xs]
+
+
 def spaced_labels(
     names: Sequence[str],
     xs: Sequence[float],
@@ -68,9 +87,11 @@ def spaced_labels(
     y_span = SCATTER_HEADROOM * max((abs(y) for y in ys), default=0.0) or 1.0
     written: list[tuple[float, float, float, float]] = []
     shown = []
-    for name, x, y in zip(names, xs, ys, strict=True):
+    for name, x, y, where in zip(names, xs, ys, label_positions(xs), strict=True):
         centre, bottom = x / x_span * width_px, y / y_span * height_px + 6
         half = text_width(name, _LABEL_FONT) / 2
+        if where == "top left":  # written to the point's left, ending at it
+            centre -= half
         box = (centre - half, centre + half, bottom, bottom + _LABEL_LINE)
         clear = all(box[1] <= b[0] or b[1] <= box[0] or box[3] <= b[2] or b[3] <= box[2] for b in written)
         if clear and name:

@@ -38,7 +38,7 @@ import ipywidgets as widgets
 from torch import nn
 from typing_extensions import Unpack
 
-from memlab.frontends.jupyter.panel_core import WIDE, PanelCore, descendants, user_variable_name
+from memlab.frontends.jupyter.panel_core import PanelCore, descendants, size_control, user_variable_name
 from memlab.live.batch import Batch, LossFn, resolve_loss_fn
 from memlab.options import RunOptions, TrialKeywords
 from memlab.plan import Plan, format_bytes
@@ -275,15 +275,11 @@ class Panel(PanelCore):
 
 
 def _host_budget_control(host_budget: int | None) -> widgets.Text:
-    return widgets.Text(
-        value="" if host_budget is None else format_bytes(host_budget),
-        description="host budget",
-        placeholder="e.g. 64GiB; empty: the machine's",
+    return size_control(
+        host_budget, description="host budget", placeholder="e.g. 64GiB; empty: free RAM",
         tooltip="the host (CPU) memory a setting may keep, with a unit (64GiB): offloaded optimizer state and "
         "activations, a paged optimizer's spill; over it a setting does not fit (host); empty: what the machine has "
         "available",
-        style=WIDE,
-        layout=widgets.Layout(width="260px"),
     )
 
 

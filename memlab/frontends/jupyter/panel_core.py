@@ -15,6 +15,7 @@ identity, never by ``eval``), else "the model".
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -32,6 +33,7 @@ from memlab.live.batch import Batch, count_rows
 from memlab.options import RunKeywords, RunOptions
 from memlab.plan import LeverSpec, Plan, format_bytes, parse_budget, parse_lever_value
 from memlab.report import CATEGORIES, Report, Trial, one_line
+from memlab.report.views.plan_axis import text_width
 from memlab.report.views.svg import axis_number
 from memlab.report.views.tables import held_line, judged_text
 from memlab.runner.remeasure import close_contenders, settle_close_race
@@ -550,14 +552,28 @@ def lever_control(
     )
 
 
-def _budget_control(budget: int | None) -> widgets.Text:
+def size_control(value: int | None, *, description: str, placeholder: str, tooltip: str) -> widgets.Text:
+    """A text field for a size (a budget), wide enough for its label and its whole placeholder: a field sized by hand
+    cut its placeholder short ("e.g. 64GiB; empty: the mac" in the host budget's 260 px).
+
+    Example:
+        >>> box = size_control(None, description="budget", placeholder="e.g. 8GiB; empty: none", tooltip="...")
+        >>> box.layout.width
+        '249px'
+    """
+    # The label and the field's text at JupyterLab's 13 px, estimated generously; the field's padding and border, and
+    # the gap between label and field.
+    width = text_width(description, 13) + text_width(placeholder, 13) + 30
     return widgets.Text(
-        value="" if budget is None else format_bytes(budget),
-        description="budget",
-        placeholder="e.g. 8GiB; empty: none",
+        value="" if value is None else format_bytes(value), description=description, placeholder=placeholder,
+        tooltip=tooltip, style=WIDE, layout=widgets.Layout(width=f"{math.ceil(width)}px"),
+    )
+
+
+def _budget_control(budget: int | None) -> widgets.Text:
+    return size_control(
+        budget, description="budget", placeholder="e.g. 8GiB; empty: none",
         tooltip="the memory a setting may use, with a unit (8GiB, 500MB): over it a setting does not fit; empty: none",
-        style=WIDE,
-        layout=widgets.Layout(width="230px"),
     )
 
 

@@ -53,7 +53,13 @@ class GRPOAttempt(TrainingAttempt):
     def step(self, tracker: MemoryTracker | None, kind: StepKind) -> float:
         sections: Any = NO_PHASES if tracker is None else tracker
         step = self.training_step
-        with torch.no_grad(), prepared_forward(self.source.trainer.model, step.plan, step.device):
+        # The policy's and a reference model's forwards as train() runs them: accelerate prepares both (the
+        # reference for evaluation), each call in the plan's autocast.
+        models = [self.source.trainer.model, getattr(self.source.trainer, "ref_model", None)]
+        with torch.no_grad(), contextlib.ExitStack() as prepared:
+            for model in models:
+                if model is not None:
+                    prepared.enter_context(prepared_forward(model, step.plan, step.device))
             generated = self.source.generate(sections)
         # One optimizer step's generations (a generation batch may hold more: TRL trains on them in later steps).
         batch = {key: value[: self.rows] for key, value in generated.items()}

@@ -1,8 +1,9 @@
-"""Tables of a Report: plain text for terminals and HTML for notebooks, both rendered by pandas.
+"""Tables of a Report: plain text for terminals and HTML for notebooks.
 
-The cells are formatted here (sizes in KiB/MiB/GiB, one line per message); pandas lays them out. Per-row
-highlighting of the HTML table (the best row, rows that do not fit) is added to pandas' ``to_html`` output by
-:func:`_style_rows`, because the library way (``DataFrame.style``) needs jinja2, which memlab does not depend on.
+The cells are formatted here (sizes in KiB/MiB/GiB, one line per message), and laid out here too: the text table's
+columns padded as pandas' ``to_string`` would pad them, the HTML table written cell by cell (:func:`html_table`: the
+best row highlighted, rows that do not fit greyed, each cell's wrapping and padding its own, which pandas' ``to_html``
+cannot say and its ``DataFrame.style`` would need jinja2 for).
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ SPEEDS = ("step", "samples", "tokens", "prefill", "decode")
 """The speed columns' keys (what an estimate, timing nothing, leaves out)."""
 _LONG_NOTE = 40
 """A note longer than this (characters) is written under the HTML table, numbered, and its row says its number."""
-_WRAPPED_HEADER = "<th style='white-space:normal;vertical-align:bottom'>"
 _SIZES = ("peak", "card", "host", *ALL_CATEGORIES)
 _BYTE_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
 BEST_MARK, TIE_MARK = "\u2605", "\u2248"
@@ -495,18 +495,18 @@ def text_lines(rows: list[dict[str, str]], names: dict[str, str], keys: list[str
 def html_table(report: Report) -> str:
     """An HTML table: one unit per size column, the best row highlighted and marked, rows that do not fit greyed.
 
-    Cells do not wrap (a size and its unit, a plan label, stay on one line); only the notes do, and the headers,
-    between a name and its unit, and its text is 12 px, so that the table fits a notebook's output area in a 1400 px
-    window; one still wider scrolls sideways in its own box rather than spilling out of the output.
+    Laid out to fit a notebook's output in a 1,000-px window with the file browser open (about 540 px beside the
+    prompt; a search's table of 13 columns was 830 px there, its speeds out of sight): the number columns' headers
+    turned to read upwards, so that each is as narrow as its numbers; the plan's name, the status, the noise and the
+    notes wrap between words, the other cells never (``>= 1.2``); the cells' padding is 3 px and the text 12 px. One
+    still wider scrolls sideways in its own box rather than spilling out of the output.
 
     Example:
         >>> from memlab.plan import Plan
         >>> r = Report([Trial(Plan(), "ok", 2048, {"params": 2048}, 0.25, 16.0, None, "cpu")])
-        >>> "plain ★ best" in html_table(r)
-        True
+        >>> "plain ★ best" in html_table(r), "writing-mode:vertical-rl" in html_table(r)  # "peak KiB" turned
+        (True, True)
     """
-    import pandas
-
     if not report.trials:
         return "<div class='memlab-report'><p>No trials yet.</p></div>"
     best = report.best
@@ -533,22 +533,46 @@ def html_table(report: Report) -> str:
             row["notes"] = f"[{long_notes.index(row['notes']) + 1}]"
     names = headers(report)
     keys = shown_columns(rows, with_mark=False, categories=report.categories)
-    frame = pandas.DataFrame([[row[key] for key in keys] for row in rows], columns=[names[k] for k in keys])
-    table = frame.to_html(index=False, escape=True, border=0, justify="left")
-    # 12 px rather than JupyterLab's 13 (its cells' padding is 0.5em, so it shrinks too): a search's widest table,
-    # 14 columns with a short note's long word, is 983 px at 13 px, and a 1400 px window's output area has 968.
-    table = table.replace("<table", "<table style='white-space:nowrap;font-size:12px'", 1)
-    table = table.replace("<th>", _WRAPPED_HEADER)
-    if keys[-1] == "notes":
-        table = re.sub(r"<td>([^<]*)</td>(\s*</tr>)", r"<td style='white-space:normal'>\1</td>\2", table)
+    head = "".join(_header_cell(key, names[key]) for key in keys)
+    body = "".join(
+        (f"<tr style='{style}'>" if style else "<tr>") + "".join(_cell(key, row[key]) for key in keys) + "</tr>"
+        for row, style in zip(rows, styles, strict=True)
+    )
+    table = (f"<table style='white-space:nowrap;font-size:12px'><thead><tr>{head}</tr></thead>"
+             f"<tbody>{body}</tbody></table>")
     numbered = [f"[{number}] {note}" for number, note in enumerate(long_notes, start=1)]
     footer = "".join(f"<p style='margin:2px 0'>{html.escape(line)}</p>" for line in [*numbered, *footer_lines(report)])
     held = held_line(report)
     top = "" if held is None else f"<p style='margin:2px 0 6px;font-weight:bold'>{html.escape(held)}</p>"
-    table = f"<div style='max-width:100%;overflow-x:auto'>{_style_rows(table, styles)}</div>"
+    table = f"<div style='max-width:100%;overflow-x:auto'>{table}</div>"
     # As wide as its container, which it never widens (width 0, at least 100%): inside the panel's HTML widget (a
     # flex item as wide as its content) the table then scrolls in its own box instead of running past the panel.
     return f"<div class='memlab-report' style='white-space:normal;width:0;min-width:100%'>{top}{table}{footer}</div>"
+
+
+_PADDING = "padding:3px"  # JupyterLab's cells have 6 px: 13 columns gave 78 px of a 630-px area to it
+_WRAPPING = frozenset(("plan", "status", "spread", "notes"))  # words: a line may break between them
+
+
+def _header_cell(key: str, name: str) -> str:
+    """A column's header: a number column's turned to read upwards (its numbers are far narrower than
+    ``activations KiB`` or ``samples/s``), the plan's, the status's and the notes' level, left-aligned."""
+    text = html.escape(name)
+    if key in _LEFT or key == "number":
+        return f"<th style='{_PADDING};white-space:normal;vertical-align:bottom;text-align:left'>{text}</th>"
+    return (f"<th style='{_PADDING};vertical-align:bottom;text-align:left'><span style='writing-mode:vertical-rl;"
+            f"transform:rotate(180deg);white-space:nowrap'>{text}</span></th>")
+
+
+def _cell(key: str, value: str) -> str:
+    """A body cell: words in the wrapping columns may go onto several lines, the others' on one (``>= 1.2``); the
+    plan's, the status's and the notes' left-aligned (numbers as the notebook aligns a cell: JupyterLab to the right).
+    Every byte here is in a saved notebook once per row and column: nothing more is said."""
+    wrapping = ";white-space:normal" if key in _WRAPPING else ""
+    side = ";text-align:left" if key in _LEFT else ""
+    # JupyterLab's cells wrap whatever the table says: a bound keeps its sign by a space that does not break
+    text = html.escape(value) if key in _WRAPPING else html.escape(value).replace(" ", "&nbsp;")
+    return f"<td style='{_PADDING}{side}{wrapping}'>{text}</td>"
 
 
 def shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tuple[str, ...]) -> list[str]:
@@ -563,16 +587,6 @@ def shown_columns(rows: list[dict[str, str]], *, with_mark: bool, categories: tu
         and (key not in ALL_CATEGORIES or key in categories)
         and (key not in optional or any(row[key] not in ("", "-") for row in rows))
     ]
-
-
-def _style_rows(table: str, styles: list[str]) -> str:
-    """Add ``style`` to each body row of a ``DataFrame.to_html`` table, in order (see the module docstring)."""
-    head, _, body = table.partition("<tbody>")
-    parts = body.split("<tr>")
-    styled = [parts[0]] + [
-        (f"<tr style='{style}'>" if style else "<tr>") + part for style, part in zip(styles, parts[1:], strict=True)
-    ]
-    return head + "<tbody>" + "".join(styled)
 
 
 def status_text(trial: Trial, fits: bool) -> str:

@@ -24,8 +24,8 @@ from memlab.report.views.svg import Svg, axis_number, nice_ticks, px
 if TYPE_CHECKING:
     from memlab.report.data import Report
 
-__all__ = ["CATEGORY_COLORS", "PHASE_COLORS", "drawn_phases", "phase_words", "report_timelines", "timeline_figure",
-           "timeline_title", "timelines_svg"]
+__all__ = ["CATEGORY_COLORS", "PHASE_COLORS", "drawn_phases", "legend_rows", "phase_words", "report_timelines",
+           "timeline_figure", "timeline_title", "timelines_svg"]
 
 
 PHASE_COLORS = {
@@ -43,7 +43,13 @@ _PEAK = "#2A2A2A"
 _WIDTH = 900
 _ROW = 170
 _LEFT, _RIGHT, _TOP, _GAP = 70, 20, 62, 44
-_PLOTLY_LEAST_HEIGHT = 460  # the legend's ten entries (categories, the peak, the phases) without a scroll bar
+_LEGEND_FONT = 11.0  # the SVG's legend: its text's size (the document's default) and its line
+_LEGEND_LINE = 16
+# The plotly legend, as plotly.js lays it out at its default 12 px font (a little generously: a legend one pixel taller
+# than the plot gets a scroll bar): an entry's line, the gap between two groups (tracegroupgap), and its padding; the
+# figure's top and bottom margins.
+_PLOTLY_ENTRY_PX, _PLOTLY_GROUP_GAP, _PLOTLY_LEGEND_PAD = 20, 12, 24
+_PLOTLY_MARGINS = 70 + 80
 
 
 def timeline_title(timeline: Timeline) -> str:
@@ -221,13 +227,45 @@ def timeline_figure(timelines: Sequence[Timeline]) -> Any:
                     "line": {"width": 1, "color": "rgba(0,0,0,0.2)"}},
         ), row=1, col=1)
     figure.update_xaxes(range=[0, last], title_text="allocation events in the step", row=rows, col=1)
+    # Tall enough for the whole legend beside the plot: a taller legend gets a scroll bar and hides its last entries
+    # (a GRPO step's six phases under the five categories lost "optimizer step" at 460 px).
+    categories = {trace.name for trace in figure.data if trace.showlegend is not False and trace.legendgroup != "phases"
+                  and trace.legendgroup != "peak"}
+    phases = sum(1 for trace in figure.data if trace.legendgroup == "phases")
+    entries = len(categories) + 1 + (phases + 1 if phases else 0)  # the peak; the phases and their title
+    groups = len(categories) + 1 + (1 if phases else 0)  # a group a category, so that a click hides it in every row
+    legend_px = _PLOTLY_ENTRY_PX * entries + _PLOTLY_GROUP_GAP * (groups - 1) + _PLOTLY_LEGEND_PAD
     figure.update_layout(
         title={"text": timeline_title(timelines[0]) if rows == 1 else "memory over one step, per plan"},
-        title_font_size=14, height=max(_PLOTLY_LEAST_HEIGHT, 120 + 200 * rows), template="plotly_white",
-        legend={"tracegroupgap": 12, "traceorder": "grouped"},
-        margin={"t": 70},
+        title_font_size=14, height=max(120 + 200 * rows, _PLOTLY_MARGINS + legend_px), template="plotly_white",
+        legend={"tracegroupgap": _PLOTLY_GROUP_GAP, "traceorder": "grouped"},
+        margin={"t": 70, "b": 80},
     )
     return figure
+
+
+def legend_rows(entries: Sequence[str], *, left: float = _LEFT, right: float = _WIDTH - _RIGHT,
+                font_size: float = _LEGEND_FONT) -> list[list[tuple[float, str]]]:
+    """The static figure's legend laid out in rows within ``left`` to ``right``: each entry (a swatch and its words)
+    at its x, a new row where the next would reach past ``right`` (the SVG cuts what runs past its width: a GRPO step's
+    six phases after the five categories ran 120 px past it).
+
+    Example:
+        >>> [[words for _, words in row] for row in legend_rows(["params", "grads", "a long one"], right=200)]
+        [['params', 'grads'], ['a long one']]
+    """
+    from memlab.report.views.plan_axis import text_width
+
+    rows: list[list[tuple[float, str]]] = [[]]
+    x = left
+    for words in entries:
+        width = 14 + text_width(words, font_size)
+        if rows[-1] and x + width > right:
+            rows.append([])
+            x = left
+        rows[-1].append((x, words))
+        x += width + 12
+    return rows
 
 
 def timelines_svg(timelines: Sequence[Timeline]) -> str:
@@ -248,19 +286,18 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
     svg = Svg()
     svg.text(_LEFT, 22, "memory over one step" + (", per plan" if len(timelines) > 1 else ""), size=14, weight="bold")
     names = [name for name in timelines[0].categories if any(any(t.series.get(name, [])) for t in timelines)]
-    x = _LEFT
-    for name in names:
-        svg.add(f'<rect x="{px(x)}" y="32" width="10" height="10" fill="{CATEGORY_COLORS.get(name, "#B0B0B0")}"/>')
-        svg.text(x + 14, 41, name)
-        x += 24 + 7 * len(name)
     shaded = {name for timeline in timelines for name, _, _ in timeline.phases}
-    for phase in (name for name in PHASE_COLORS if name in shaded):
-        words = phase_words(phase)
-        svg.add(f'<rect x="{px(x)}" y="32" width="10" height="10" fill="{PHASE_COLORS[phase]}"/>')
-        svg.text(x + 14, 41, words)
-        x += 24 + 7 * len(words)
+    colours = {name: CATEGORY_COLORS.get(name, "#B0B0B0") for name in names}
+    colours.update({phase_words(phase): PHASE_COLORS[phase] for phase in PHASE_COLORS if phase in shaded})
+    legend = legend_rows(list(colours))
+    for line, entries in enumerate(legend):
+        for x, words in entries:
+            baseline = 41 + _LEGEND_LINE * line
+            svg.add(f'<rect x="{px(x)}" y="{px(baseline - 9)}" width="10" height="10" fill="{colours[words]}"/>')
+            svg.text(x + 14, baseline, words)
+    below = _TOP + _LEGEND_LINE * (len(legend) - 1)  # the rows start under the legend's last line
     for row, timeline in enumerate(timelines):
-        bottom = _TOP + row * (_ROW + _GAP) + _ROW + 18
+        bottom = below + row * (_ROW + _GAP) + _ROW + 18
 
         def at_x(value: float) -> float:
             return _LEFT + inner * value / last
@@ -298,7 +335,7 @@ def timelines_svg(timelines: Sequence[Timeline]) -> str:
         px_, py_ = at_x(peak.at), at_y(peak.bytes)
         svg.add(f'<path d="M{px(px_ - 6)} {px(py_ - 10)}h12l-6 9z" fill="{_PEAK}"/>')
         svg.line(px_, py_, px_, bottom, _PEAK, ' stroke-width="1" stroke-dasharray="3 3"')
-    height = _TOP + len(timelines) * (_ROW + _GAP) + 20
+    height = below + len(timelines) * (_ROW + _GAP) + 20
     svg.text(_LEFT + inner, height - 8, "allocation events in the step", anchor="end", size=10)
     title = "; ".join(timeline_title(t) for t in timelines)
     return svg.document(_WIDTH, height, title, defs="")

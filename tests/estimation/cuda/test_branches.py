@@ -178,17 +178,19 @@ def test_a_trainer_estimated_for_cuda_on_a_laptop_is_the_gpus_estimate(
 
 def test_a_model_that_checkpoints_its_own_blocks_still_takes_trls_gpu_path(
         tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    """A Qwen2 that checkpoints its own blocks (the trainer's ``gradient_checkpointing``) cannot recompute under the
-    kernel emulation, and the step is made again on the CPU's kernels; TRL's loss, which runs after the blocks, must
-    still take its GPU path. On an H200 (2026-11-27, the acceptance run's ``rl`` part at a 0.5B Qwen2) the DPOTrainer +
-    LoRA estimated on a laptop came out 1.57x the one made on the GPU (3.85 against 2.45 GB) without it."""
+    """A Qwen2 that checkpoints its own blocks (the trainer's ``gradient_checkpointing``, which TRL's DPOTrainer turns
+    off around its reference forward and back on with the trainer's keywords, in place of memlab's) recomputes them
+    under the kernel emulation, where it was made again on the CPU's kernels; TRL's loss, which runs after the blocks,
+    takes its GPU path either way. On an H200 (2026-11-27, the acceptance run's ``rl`` part at a 0.5B Qwen2) the
+    DPOTrainer + LoRA estimated on a laptop came out 1.57x the one made on the GPU (3.85 against 2.45 GB) without it."""
     from benchmarks.gpu_sections_rl import make_rl_trainer
-    from memlab.estimation.cuda.kernels import OWN_CHECKPOINT_NOTE
+    from memlab.estimation.cuda.kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE
 
     trainer = make_rl_trainer("dpo_lora", "smoke", True, str(tmp_path))
     laptop = memlab.estimate(trainer, device="cuda", gpu="H200-141GB")
     assert laptop.status == "ok", laptop.error
-    assert laptop.plan.checkpointing is True and OWN_CHECKPOINT_NOTE in laptop.notes, laptop.notes
+    assert laptop.plan.checkpointing is True and trainer.args.gradient_checkpointing
+    assert EMULATED_NOTE in laptop.notes and OWN_CHECKPOINT_NOTE not in laptop.notes, laptop.notes
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(cuda_kernels, "gpu_branches", contextlib.nullcontext)
         cpu_path = memlab.estimate(trainer, device="cuda", gpu="H200-141GB")

@@ -144,42 +144,79 @@ def test_the_cli_emulates_the_kernels_of_the_gpu_it_names(tmp_path, capsys: pyte
     assert emulated and all("NVIDIA L4 (sm89)" in note for note in emulated), trial["notes"]
 
 
+WIDE = 1024
+"""The width of a block's activations."""
+
+
 class _Block(torch.nn.Module):
+    """A block whose activations are wider than its input (what its recompute holds is most of the step's peak)."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.linear, self.dropout = torch.nn.Linear(64, 64), torch.nn.Dropout(0.1)
+        self.up, self.dropout, self.down = torch.nn.Linear(64, WIDE), torch.nn.Dropout(0.1), torch.nn.Linear(WIDE, 64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(F.gelu(self.linear(x)))
+        return self.down(self.dropout(F.gelu(self.up(x))))
 
 
-class _OwnCheckpoints(torch.nn.Module):
-    """A model that checkpoints its blocks itself, not through memlab."""
+class _Blocks(torch.nn.Module):
+    """Three blocks with dropout after a stem (their inputs require grad, as a reentrant checkpoint needs);
+    ``reentrant`` None: it checkpoints none of them itself (memlab may), else every block through
+    ``torch.utils.checkpoint`` of that kind, not through memlab."""
 
-    def __init__(self) -> None:
+    def __init__(self, reentrant: bool | None = None) -> None:
         super().__init__()
+        self.reentrant, self.stem = reentrant, torch.nn.Linear(64, 64)
         self.blocks, self.head = torch.nn.ModuleList(_Block() for _ in range(3)), torch.nn.Linear(64, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
         for block in self.blocks:
-            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if self.training else block(x)
+            own = self.training and self.reentrant is not None
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=self.reentrant) if own else block(x)
         return self.head(x).mean()
 
 
-def test_a_model_that_checkpoints_itself_is_estimated_on_the_cpus_kernels_and_says_so() -> None:
-    # Its recompute runs in backward, where the emulation's modes are not active, and would not match its forward.
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_model_that_checkpoints_itself_recomputes_on_cudas_kernels(reentrant: bool) -> None:
+    # Its recompute runs in backward, where the emulation's modes are not active: non-reentrant, it did not match
+    # its forward and the step was made again on the CPU's kernels (a note said so); reentrant, nothing checks, and
+    # the recompute kept the CPU's float32 dropout noise where CUDA keeps a one-byte mask.
+    from memlab.estimation.cuda.kernels import OWN_CHECKPOINT_NOTE
+
+    rows, loss = 512, (lambda m, b: m(b))
+    batch = torch.randn(rows, 64)
+    own = memlab.estimate(_Blocks(reentrant), batch, Plan(), device="cuda", loss_fn=loss)
+    assert own.status == "ok", own.error
+    assert EMULATED_NOTE in own.notes and OWN_CHECKPOINT_NOTE not in own.notes, own.notes
+    # The peak is in a block's recompute: there CUDA's dropout keeps one byte an element, the CPU's four.
+    on_cpu = memlab.estimate(_Blocks(reentrant), batch, Plan(), device="cpu", loss_fn=loss)
+    assert on_cpu.breakdown["activations"] - own.breakdown["activations"] == (4 - 1) * rows * WIDE
+    if not reentrant:  # the same blocks checkpointed by memlab: the same step
+        memlabs = memlab.estimate(_Blocks(), batch, Plan(checkpointing=True), device="cuda", loss_fn=loss)
+        assert own.peak_bytes == memlabs.peak_bytes, (own.breakdown, memlabs.breakdown)
+        sharded = memlab.estimate(_Blocks(reentrant), batch, Plan(), device="cuda", gpus=2, strategy="fsdp2",
+                                  loss_fn=loss)
+        assert sharded.status == "ok", sharded.error
+        assert EMULATED_NOTE in sharded.notes and OWN_CHECKPOINT_NOTE not in sharded.notes
+    assert not RECOMPUTE_CONTEXTS
+
+
+def test_a_recompute_that_does_not_match_under_the_emulation_is_made_again_on_the_cpus_kernels(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # What is left of the fallback: a recompute the modes change unlike its forward (here: the emulation's
+    # recompute hook made a no-op, as on a torch whose checkpoint memlab cannot reach).
+    import memlab.techniques.checkpointing as checkpointing
     from memlab.estimation.cuda.kernels import OWN_CHECKPOINT_NOTE
     from memlab.estimation.dryrun.reserved import cublas_workspace_bytes
 
-    model, batch = _OwnCheckpoints(), torch.randn(32, 64)
-    one = memlab.estimate(model, batch, Plan(), device="cuda", loss_fn=lambda m, b: m(b))
+    monkeypatch.setattr(checkpointing, "_under_recompute_contexts", lambda function: function)
+    model, batch, loss = _Blocks(reentrant=False), torch.randn(32, 64), (lambda m, b: m(b))
+    one = memlab.estimate(model, batch, Plan(), device="cuda", loss_fn=loss)
     assert one.status == "ok", one.error
     assert OWN_CHECKPOINT_NOTE in one.notes and EMULATED_NOTE not in one.notes
-    on_cpu = memlab.estimate(model, batch, Plan(), device="cpu", loss_fn=lambda m, b: m(b))
+    on_cpu = memlab.estimate(model, batch, Plan(), device="cpu", loss_fn=loss)
     assert one.peak_bytes == on_cpu.peak_bytes + 2 * cublas_workspace_bytes((9, 0))  # the step's cuBLAS workspaces
-    sharded = memlab.estimate(model, batch, Plan(), device="cuda", gpus=2, strategy="fsdp2", loss_fn=lambda m, b: m(b))
-    assert sharded.status == "ok", sharded.error
-    assert OWN_CHECKPOINT_NOTE in sharded.notes and EMULATED_NOTE not in sharded.notes
     assert not RECOMPUTE_CONTEXTS
 
 

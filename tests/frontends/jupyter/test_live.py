@@ -390,3 +390,17 @@ def test_the_budget_label_leaves_a_bar_just_past_the_budget_uncovered() -> None:
     figure.show_report(Report([ok_trial(plain, 50, 10.0, budget), ok_trial(ckpt, 60, 8.0, budget)], budget=budget))
     (note,) = [note for note in figure.widget.layout.annotations if str(note.text).startswith("budget ")]
     assert note.x == 1
+
+
+def test_a_points_name_near_the_right_edge_ends_at_its_point() -> None:
+    """Issue 84 item 9: the scatter's right-most point (the largest peak, at 95% of its axis) had its name centred
+    above it, half of it past the plot's edge, where plotly cuts it ("accum2 ck" in a 1,000-px window). Names in the
+    axis's right part are written to their point's left, ending at it; the others centred."""
+    figure = LiveFigure(clock=FakeClock())
+    trials = [ok_trial(Plan(), 2.0, 20.0), ok_trial(Plan(accumulation=2, checkpointing=True), 8.0, 9.0)]
+    for index, trial in enumerate(trials):
+        run_trial(figure, trial, index, len(trials))
+    figure.flush()
+    scatter = traces_on(figure, "x4")["fits"]
+    where = dict(zip(scatter.text, scatter.textposition, strict=True))
+    assert where == {"plain": "top center", "accum2 ckpt": "top left"}

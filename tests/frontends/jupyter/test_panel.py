@@ -499,3 +499,17 @@ def test_checkpointing_is_a_drop_down_of_exactly_the_values_the_model_allows() -
         "checkpointing"].options == (("off", "off"), ("every block", "all"))
     assert [label for label, _ in panel(tiny_gpt2(), small_batch()).controls["checkpointing"].options] == [
         "off", "every block", "1 of 2 blocks"]
+
+
+def test_the_budget_fields_are_wide_enough_for_their_label_and_placeholder() -> None:
+    """Issue 84 item 9: the host budget's placeholder was cut ("e.g. 64GiB; empty: the mac") in its 260-px field.
+    Each text field of the panel is as wide as its label and its whole placeholder at JupyterLab's 13 px, estimated
+    generously (a character is 0.6 of the font size), with room for the field's padding."""
+    from memlab.report.views.plan_axis import text_width
+
+    board = panel(tiny_gpt2(), small_batch(), steps=1, noise=0)
+    fields = [control for control in board.controls.values() if isinstance(control, widgets.Text)]
+    assert {field.description for field in fields} >= {"budget", "host budget"}
+    for field in fields:
+        needs = text_width(field.description, 13) + text_width(field.placeholder, 13) + 24
+        assert int(field.layout.width.removesuffix("px")) >= needs, (field.description, field.layout.width, needs)

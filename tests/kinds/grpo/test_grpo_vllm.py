@@ -24,6 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from memlab.inference.kv import kv_cache_bytes
 from memlab.kinds.grpo.vllm import BLOCK_TOKENS, RUNTIME_ALLOWANCE, utilization_candidates, vllm_share
+from memlab.sizes import format_bytes
 from memlab.techniques.vllm import VLLMSettings
 
 pytest.importorskip("trl")
@@ -110,7 +111,8 @@ def test_the_colocated_share_is_held_through_training_or_only_while_it_generates
         names = [name for name, _, _ in trial.timeline.phases]
         assert names[0] == "generation" and names[-1] == "optimizer"
         said = " ".join(trial.notes)
-        assert f"vllm_gpu_memory_utilization=0.3 x the L4-24GB's {CARD:,} bytes = {share:,} bytes" in said
+        assert (f"vllm_gpu_memory_utilization=0.3 x the L4-24GB's {format_bytes(CARD)} = {format_bytes(share)} "
+                "under other") in said
         assert "docs.vllm.ai" in said and "level 2" in said
         # Generating: the engine's whole share over the policy's weights and optimizer state (what the sleeping
         # engine's timeline starts from).

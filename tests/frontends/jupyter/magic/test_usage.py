@@ -153,8 +153,9 @@ def _cli_error(item: str) -> str:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         assert main(["estimate", "llama-7b", "--device", "cpu", "--try", item]) == 2
-    (line,) = err.getvalue().strip().splitlines()
-    return line
+    lines = err.getvalue().strip().splitlines()
+    assert lines[0].startswith("memlab estimate: ") and all(line.startswith("  ") for line in lines[1:]), lines
+    return " ".join(" ".join(lines).split())  # one message, wrapped to the answer's width
 
 
 def _listed(message: str) -> list[str]:
