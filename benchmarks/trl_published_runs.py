@@ -227,9 +227,7 @@ RUNS = (
         loss="trl",
         differs=("built as the installed TRL's DPOTrainer around a peft policy (its reference: the policy with its "
                  "adapters off), every pair 2,048 tokens; the source's TRL version is not given, and a TRL before "
-                 "the fused LM head held the logits over the vocabulary; memlab estimated this trainer on the CPU's "
-                 "kernels, not CUDA's emulated ones (its note: the model checkpoints its own blocks, whose "
-                 "recompute the emulation could not follow), so attention and autocast are as the CPU runs them"),
+                 "the fused LM head held the logits over the vocabulary"),
         vague=("the GPU, what was read (allocated, reserved or nvidia-smi), the LoRA alpha and targets and the "
                "prompt / answer split are not given: assumed max_memory_allocated, alpha 32 on q_proj and v_proj "
                "(peft's default for Qwen2), prompts of 64 tokens and answers filling the 2,048")),
