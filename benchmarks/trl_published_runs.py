@@ -1,6 +1,8 @@
 """The GPU memory figures others published for TRL's GRPO and DPO steps, with the settings they ran: the rows
 :mod:`benchmarks.trl_vs_published` estimates (``RUNS``) and those it cannot compare, with why (``NOT_EXPRESSED``).
-Its docstring names each source and what its figure measures; every number here is quoted from them.
+Its docstring names each source and what its figure measures; every number here is quoted from them, and each row's
+trainer is built with the keywords its source wrote (``load``: ``from_pretrained``'s, ``lora``: ``LoraConfig``'s,
+``settings``: ``GRPOConfig``'s or ``DPOConfig``'s).
 """
 
 from __future__ import annotations
@@ -12,16 +14,24 @@ from typing import Any
 import torch
 
 ALL_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-NF4_DQ = {"dtype": torch.bfloat16,
-          "quantization_config": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
-                                  "bnb_4bit_compute_dtype": torch.bfloat16, "bnb_4bit_use_double_quant": True}}
+NF4_DQ_BF16 = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": torch.bfloat16,
+               "bnb_4bit_use_double_quant": True}
+NF4_DQ_FP16 = {**NF4_DQ_BF16, "bnb_4bit_compute_dtype": torch.float16}
 PROBE = ("jsboige/CoursIA MyIA.AI.Notebooks/GenAI/PostTraining/_measurements/vram_wall_probe.py (trl 1.12 "
          "GRPOTrainer, QLoRA nf4-dq r8 all-proj, 8 generations per device x 4 accumulation, bf16, checkpointing, "
          "beta 0, transformers generate)")
-PROBE_DIFFERS = ("the probe's peak spans the trainer's construction and 3 steps, memlab's one steady step (its "
-                 "compute_loss from the installed TRL, the log-probs through the logits over the vocabulary as "
-                 "trl 1.12 computed them, the outputs in float32 as accelerate returns them); the prompt length "
-                 "is assumed (11 tokens)")
+PROBE_DIFFERS = ("the probe's peak spans the trainer's construction and 3 steps, memlab's one steady step; built "
+                 "with the installed TRL (1.16) as the probe built it, its log-probs through the logits over the "
+                 "vocabulary as trl 1.12 computed them (TRL 1.16 adds a fused LM head); the prompt length is "
+                 "assumed (11 tokens)")
+PROBE_LOAD = {"dtype": torch.bfloat16, "quantization_config": NF4_DQ_BF16}
+"""The probe's ``from_pretrained(model_id, quantization_config=bnb, device_map={"": 0})``: no dtype, so
+transformers 5's default (``"auto"``: the checkpoint's bf16) for what is not quantized."""
+PROBE_LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "bias": "none", "target_modules": list(ALL_PROJ)}
+PROBE_SETTINGS: dict[str, Any] = {"num_generations": 8, "beta": 0.0, "per_device_train_batch_size": 8,
+                                  "gradient_accumulation_steps": 4, "learning_rate": 5e-6, "max_steps": 3,
+                                  "max_completion_length": 96, "seed": 0, "bf16": True,
+                                  "gradient_checkpointing": True}
 
 
 def qwen3(hidden: int, intermediate: int, layers: int, heads: int, tied: bool) -> Callable[[], Any]:
@@ -48,6 +58,16 @@ def qwen25_7b() -> Any:
                        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
 
 
+def qwen2_7b_instruct() -> Any:
+    """Qwen/Qwen2-7B-Instruct's config: Qwen2.5-7B's shape with 32,768 positions, bos 151,643, eos 151,645."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=152_064, hidden_size=3584, intermediate_size=18_944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32_768,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=151_643, eos_token_id=151_645,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
+
+
 def tiny_qwen3() -> Any:
     """A two-layer Qwen3 for the smoke run."""
     from transformers import Qwen3Config
@@ -59,10 +79,21 @@ def tiny_qwen3() -> Any:
 QWEN3 = {"Qwen3-1.7B": qwen3(2048, 6144, 28, 16, True), "Qwen3-4B": qwen3(2560, 9728, 36, 32, True),
          "Qwen3-8B": qwen3(4096, 12_288, 36, 32, False), "Qwen3-14B": qwen3(5120, 17_408, 40, 40, False)}
 
+LOSSES = {
+    "trl": "the installed TRL's compute_loss (its fused LM head)",
+    "logits": "the installed TRL's compute_loss, its log-probs through the logits over the vocabulary in float32 as "
+              "trl 1.12 computed them (its code, copied: benchmarks.trl_vs_published.logits_log_probs)",
+    "liger-0.26.2": "TRL 0.26.2's compute_liger_loss (the backbone's hidden states into Liger's "
+                    "LigerFusedLinearGRPOLoss with the LM head's weight, outside the model's autocast as TRL "
+                    "0.26.2's _ForwardRedirection calls it) on the installed TRL's GRPOTrainer",
+}
+"""How a row's loss is computed: the installed TRL's own, or the source's TRL's as copied here."""
+
 
 @dataclass(frozen=True)
 class Run:
-    """One published run: the step's settings, the GPU it ran on, and its allocated (and reserved) peak."""
+    """One published run: the trainer its source built (model, load, LoRA, the TRL config's keywords), the GPU it
+    ran on, and its published peak."""
 
     name: str
     model: str
@@ -77,74 +108,89 @@ class Run:
     unit: str = "GiB"
     published_reserved: float | None = None
     prompt_tokens: int = 11
+    """The prompts' length in tokens (the dataset's longest, as memlab picks the costliest batch): assumed."""
     completion_tokens: int = 96
-    per_device: int = 8
-    accumulation: int = 4
-    num_generations: int = 8
-    beta: float = 0.0
-    lora_rank: int = 8
-    lora_alpha: int = 16
-    lora_targets: tuple[str, ...] = ALL_PROJ
-    load: dict[str, Any] = field(default_factory=lambda: dict(NF4_DQ))
+    """GRPO: ``max_completion_length``; DPO: the chosen and rejected answers' tokens."""
+    load: dict[str, Any] = field(default_factory=lambda: dict(PROBE_LOAD))
+    lora: dict[str, Any] = field(default_factory=lambda: dict(PROBE_LORA))
+    settings: dict[str, Any] = field(default_factory=lambda: dict(PROBE_SETTINGS))
+    loss: str = "logits"
+    """A key of :data:`LOSSES`."""
+    liger: str | None = None
+    """The liger-kernel release the source ran, where its loss is Liger's and it is not the installed one: the row
+    is estimated in a process of its own with that release first on the path."""
+    prompt_range: tuple[int, ...] = ()
+    """Other prompt lengths the row is estimated at too, where the prompts' length is a guess: how much it moves."""
     differs: str = PROBE_DIFFERS
     vague: str | None = None
-    checkpointing: bool = True
-    precision: str = "bf16"
-    fused_lm_head: bool = False
-    """Whether the source's TRL scores completions through the fused LM head (TRL after 1.12) or, as trl 1.12 and
-    before, through the logits over the vocabulary (:func:`logits_log_probs`)."""
     measures: str = "allocated"
     """What ``published`` is: ``allocated`` (``max_memory_allocated``), ``reserved`` (``max_memory_reserved``) or
     ``card`` (what nvidia-smi shows: the reserve and the CUDA context); the ratio compares memlab's figure of that
-    kind."""
-    optimizer: str = "adamw"
-    lora_dropout: float = 0.05
+    kind (a reserve less the paged optimizer state that lives outside it)."""
 
-    def plan(self) -> Any:
-        from memlab.plan import Plan
+    @property
+    def optim(self) -> str:
+        return str(self.settings.get("optim", "adamw_torch_fused"))
 
-        adapter = "qlora" if "quantization_config" in self.load else "lora"
-        return Plan(adapter=adapter, lora_rank=self.lora_rank, lora_alpha=self.lora_alpha,
-                    lora_dropout=self.lora_dropout, lora_targets=self.lora_targets, checkpointing=self.checkpointing,
-                    precision=self.precision, optimizer=self.optimizer)
+
+PROBE_0911 = (
+    "; this campaign (2026-09-11, the 3070 Laptop, torch 2.13) measured the 8B at 7.406 GiB where the same settings "
+    "measured 7.85 on 2026-10-06 (a 3080 Ti, torch 2.12) and 7.85 on the 3070 itself at 16 generations on "
+    "2026-09-22 (torch 2.6): memlab's 7.82 matches the later runs, and its three rows are 0.41 to 0.43 GiB under "
+    "memlab, about one float32 copy of a micro-batch's logits (8 x 96 x 151,936 x 4 bytes, 0.435 GiB). What "
+    "differed in its environment is not recorded; trl 1.9.2 (the probe recipe's TRL), which divides the logits by "
+    "the temperature in place, was checked and does not change memlab's peak (it is in backward)")
 
 
 def _probe(name: str, model: str, card: str, gpu: str, allocated: float, reserved: float, file: str,
-           completion: int = 96, generations: int = 8) -> Run:
+           completion: int = 96, campaign: str = "") -> Run:
     return Run(name, model, QWEN3[model], gpu, card, allocated, f"{PROBE}, {file}", published_reserved=reserved,
-               completion_tokens=completion, num_generations=generations)
+               completion_tokens=completion, settings={**PROBE_SETTINGS, "max_completion_length": completion},
+               differs=PROBE_DIFFERS + campaign)
 
 
-# TRL's own notebook, GRPO with QLoRA on a free Colab T4 (examples/notebooks/grpo_trl_lora_qlora.ipynb, outputs from
-# 2025-12, as at huggingface/trl 16b090302): Qwen/Qwen2-7B-Instruct (the shape of Qwen2.5-7B: vocab 152,064, hidden
-# 3,584, 28 layers, 4 KV heads) from_pretrained(dtype="float32", attn_implementation="sdpa", BitsAndBytesConfig(nf4,
-# double quant, fp16 compute)); LoraConfig(r=32, lora_alpha=32) on every projection; GRPOConfig(per_device_train_
-# batch_size=8, num_generations=8, max_completion_length=256, optim="paged_adamw_8bit", use_liger_kernel=True,
-# gradient_checkpointing=True, max_steps=500; beta 0.0 and bf16=True by default); transformers' generate; prompts from
-# AI-MO/NuminaMath-TIR after a system prompt, in the chat template.
-TRL_GRPO_NOTEBOOK = "huggingface/trl examples/notebooks/grpo_trl_lora_qlora.ipynb (trl 16b090302, 2025-12 run)"
+# TRL's own notebook, GRPO with QLoRA on a free Colab T4 (examples/notebooks/grpo_trl_lora_qlora.ipynb as added by
+# huggingface/trl c9a9e25, PR #4660, its outputs from a run of 2025-12-19: trl 0.26.2 and liger-kernel 0.6.4, the
+# latest of each that day): Qwen/Qwen2-7B-Instruct from_pretrained(attn_implementation="sdpa", dtype=torch.float16,
+# BitsAndBytesConfig(load_in_4bit, fp16 compute, double quant, nf4)); LoraConfig(r=32, lora_alpha=32) on every
+# projection; GRPOConfig(learning_rate=2e-5, max_steps=500, per_device_train_batch_size=8,
+# max_completion_length=256, num_generations=8, optim="paged_adamw_8bit", use_liger_kernel=True,
+# gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False}; beta 0.0 and bf16=True by
+# TRL's defaults); transformers' generate; prompts from AI-MO/NuminaMath-TIR after a system prompt, in the chat
+# template.
+TRL_GRPO_NOTEBOOK = ("huggingface/trl examples/notebooks/grpo_trl_lora_qlora.ipynb (c9a9e25, PR #4660; run "
+                     "2025-12-19: trl 0.26.2, liger-kernel 0.6.4)")
 TRL_GRPO_SETTINGS: dict[str, Any] = {
-    "prompt_tokens": 256, "completion_tokens": 256, "per_device": 8, "accumulation": 1, "num_generations": 8,
-    "beta": 0.0, "lora_rank": 32, "lora_alpha": 32, "lora_dropout": 0.0, "optimizer": "paged_adamw8bit",
-    "fused_lm_head": True,
-    "load": {"dtype": torch.float32, "quantization_config": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
-                                                             "bnb_4bit_compute_dtype": torch.float16,
-                                                             "bnb_4bit_use_double_quant": True}}}
-TRL_GRPO_DIFFERS = ("the run's peak spans the trainer's construction and 500 steps of real prompts, memlab's one step "
-                    "at the prompt length assumed; Liger's fused GRPO loss is estimated as TRL's fused LM head (the "
-                    "log-probs in chunks, no logits over the vocabulary); the notebook reserved 6.773 GiB after "
-                    "loading, before training, under memlab's weights for this load (params, 7.50 GiB: the "
-                    "embeddings and LM head in float32, 2.03 GiB each)")
-TRL_GRPO_VAGUE = ("the prompts' length is not given (NuminaMath-TIR problems after a 67-word system prompt, not "
-                  "truncated): assumed 256 tokens for the longest")
+    "learning_rate": 2e-5, "max_steps": 500, "per_device_train_batch_size": 8, "max_completion_length": 256,
+    "num_generations": 8, "optim": "paged_adamw_8bit", "use_liger_kernel": True, "gradient_checkpointing": True,
+    "gradient_checkpointing_kwargs": {"use_reentrant": False}, "log_completions": False}
+TRL_GRPO_PROMPT = 256
+TRL_GRPO_ROW: dict[str, Any] = {
+    "prompt_tokens": TRL_GRPO_PROMPT, "completion_tokens": 256, "settings": TRL_GRPO_SETTINGS,
+    "load": {"dtype": torch.float16, "quantization_config": NF4_DQ_FP16},
+    "lora": {"r": 32, "lora_alpha": 32, "target_modules": list(ALL_PROJ)},
+    "loss": "liger-0.26.2", "liger": "0.6.4"}
+TRL_GRPO_DIFFERS = (
+    "the run's peak spans the loading (6.773 GiB reserved before training: the load's own transients included), the "
+    "trainer's construction and 500 steps of real prompts, memlab's one step at the prompt length assumed, every "
+    "completion 256 tokens; liger-kernel 0.6.4's GRPO loss runs its whole chunk (logits, log-softmax, the gradients "
+    "of the hidden states and of the frozen LM head's weight) compiled, here uncompiled on fake tensors, which may "
+    "hold more; its model patches (RMSNorm, SwiGLU, RoPE) are put on as transformers 5 puts them, without the "
+    "fused linear cross-entropy forward transformers 4.57 put on too (only generation ran that forward, and without "
+    "labels it computes the logits as the model's own does)")
+TRL_GRPO_VAGUE = (
+    "the prompts' length is not given: the system prompt (369 characters) in Qwen2's chat template is about 90 "
+    "tokens; the longest NuminaMath-TIR problem among the 500 the run drew is not known here (the notebook's first "
+    "is 141 characters, about 45 tokens): assumed 256 tokens in all for the longest prompt")
 _3070 = "RTX 3070 Laptop 8GB"
 RUNS = (
     _probe("Qwen3-1.7B GRPO QLoRA, 8 x (11+96)", "Qwen3-1.7B", _3070, "RTX4090-24GB", 2.744, 3.102,
-           "vram_probe_results_2026-09-11.jsonl (torch 2.13.0+cu126)"),
+           "vram_probe_results_2026-09-11.jsonl (torch 2.13.0+cu126)", campaign=PROBE_0911),
     _probe("Qwen3-4B GRPO QLoRA, 8 x (11+96)", "Qwen3-4B", _3070, "RTX4090-24GB", 4.096, 5.0,
-           "pull request #15640 (4.096 GiB allocated, 5.0 reserved)"),
+           "vram_probe_results_2026-09-11_4b.jsonl, pull request #15640 (4.096 GiB allocated, 5.0 reserved)",
+           campaign=PROBE_0911),
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+96)", "Qwen3-8B", _3070, "RTX4090-24GB", 7.406, 8.172,
-           "vram_probe_results_2026-09-11_8b.jsonl (torch 2.13.0+cu126)"),
+           "vram_probe_results_2026-09-11_8b.jsonl (torch 2.13.0+cu126)", campaign=PROBE_0911),
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+96), 3080 Ti", "Qwen3-8B", "RTX 3080 Ti Laptop 16GB", "RTX4090-24GB", 7.85,
            8.6, "vram_probe_results_2026-10-06_8b_3080ti16.jsonl (torch 2.12.0+cu126)"),
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+160)", "Qwen3-8B", _3070, "RTX4090-24GB", 9.155, 10.184,
@@ -157,33 +203,34 @@ RUNS = (
            "vram_probe_results_2026-10-06_9b14b_4090.jsonl (torch 2.13.0+cu126)"),
     _probe("Qwen3-14B GRPO QLoRA, 8 x (11+288)", "Qwen3-14B", "RTX 4090", "RTX4090-24GB", 15.73, 17.508,
            "vram_probe_results_2026-10-06_9b14b_4090.jsonl (torch 2.13.0+cu126)", completion=288),
-    Run("Qwen2-7B-Instruct GRPO QLoRA r32, 8 x (256+256), T4", "Qwen2-7B-Instruct", qwen25_7b, "T4-16GB",
+    Run("Qwen2-7B-Instruct GRPO QLoRA r32, 8 x (256+256), T4", "Qwen2-7B-Instruct", qwen2_7b_instruct, "T4-16GB",
         "Tesla T4 (Colab)", 8.832, f"{TRL_GRPO_NOTEBOOK}: 'Peak reserved memory = 8.832 GB' (torch.cuda."
         "max_memory_reserved() / 2**30 after trainer.train(); 6.773 before it)", measures="reserved",
-        **TRL_GRPO_SETTINGS, precision="fp16",
-        differs=f"{TRL_GRPO_DIFFERS}; the run autocast in bf16 (GRPOConfig's default, bf16=True), which the T4 runs "
-                "emulated, its attention on the math path: memlab refuses bf16 on a GPU without it (as its own "
-                "trial there does) and the row is estimated in fp16, the same bytes but the memory-efficient "
-                "attention kernel", vague=TRL_GRPO_VAGUE),
-    Run("Qwen2-7B-Instruct GRPO QLoRA r32, 8 x (256+256), A100-40GB", "Qwen2-7B-Instruct", qwen25_7b, "A100-40GB",
-        "A100-40GB", 9.6, f"{TRL_GRPO_NOTEBOOK}: its table's 'Best (all optimizations)' row, 'VRAM (A100-40GB)' 9.6 "
-        "GB", unit="GiB", measures="card", **TRL_GRPO_SETTINGS, differs=TRL_GRPO_DIFFERS,
-        vague=f"{TRL_GRPO_VAGUE}; what the table's VRAM is is not said: its T4 cell (9.2) is 0.37 over the T4's "
-              "printed max_memory_reserved (8.832 GiB), as nvidia-smi (the reserve and the CUDA context) is; "
+        **TRL_GRPO_ROW, prompt_range=(128, 384),
+        differs=f"{TRL_GRPO_DIFFERS}; the run autocast in bf16 (GRPOConfig's default) emulated on the T4, as "
+                "memlab estimates it (generation under it; TRL 0.26.2's Liger loss outside it, in the model's "
+                "fp16)", vague=TRL_GRPO_VAGUE),
+    Run("Qwen2-7B-Instruct GRPO QLoRA r32, 8 x (256+256), A100-40GB", "Qwen2-7B-Instruct", qwen2_7b_instruct,
+        "A100-40GB", "A100-40GB", 9.6, f"{TRL_GRPO_NOTEBOOK}: its table's 'Best (all optimizations)' row, "
+        "'VRAM (A100-40GB)' 9.6 GB", unit="GiB", measures="card", **TRL_GRPO_ROW, differs=TRL_GRPO_DIFFERS,
+        vague=f"{TRL_GRPO_VAGUE}; the run behind the table is not published (its TRL and Liger assumed the T4 "
+              "run's), nor what its VRAM is: its T4 cell (9.2) is 0.37 over the T4's printed max_memory_reserved "
+              "(8.832 GiB), as nvidia-smi (the reserve, the paged optimizer state and the CUDA context) is; "
               "compared with memlab's card figure, in GiB as the notebook's prints are"),
     Run("Qwen2.5-7B DPO LoRA r16, 1 pair x 2048", "Qwen2.5-7B", qwen25_7b, "H100-80GB", "not given", 19.08,
         "odyn-network/benchmark-finetune-dpo-v1, quoting superkaiba/explore-persona-space issue #36 (TRL DPO LoRA, "
-        "no precompute_ref_log_probs)", kind="dpo", unit="GB", prompt_tokens=0, completion_tokens=2048,
-        per_device=1, accumulation=8, num_generations=1, beta=0.1, lora_rank=16, lora_alpha=32,
-        lora_targets=("q_proj", "v_proj"), load={"dtype": torch.bfloat16},
-        differs=("estimated as one step over chosen and rejected concatenated (2 rows of 2,048 tokens) through "
-                 "the installed TRL's DPO loss (a stand-in DPOTrainer's compute_loss: the log-probs through its "
-                 "fused LM head, then the reference forward with the adapters off, without gradients); the "
-                 "source's TRL version is not given, and a TRL before the fused LM head held the logits over the "
-                 "vocabulary"),
+        "no precompute_ref_log_probs)", kind="dpo", unit="GB", prompt_tokens=64, completion_tokens=1984,
+        load={"dtype": torch.bfloat16},
+        lora={"r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj"]},
+        settings={"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "beta": 0.1, "bf16": True,
+                  "gradient_checkpointing": True, "max_length": 2048},
+        loss="trl",
+        differs=("built as the installed TRL's DPOTrainer around a peft policy (its reference: the policy with its "
+                 "adapters off), every pair 2,048 tokens; the source's TRL version is not given, and a TRL before "
+                 "the fused LM head held the logits over the vocabulary"),
         vague=("the GPU, what was read (allocated, reserved or nvidia-smi), the LoRA alpha and targets and the "
-               "prompt / completion split are not given: assumed max_memory_allocated, alpha 32 on q_proj and "
-               "v_proj (peft's default for Qwen2), every pair at the full 2,048 tokens")),
+               "prompt / answer split are not given: assumed max_memory_allocated, alpha 32 on q_proj and v_proj "
+               "(peft's default for Qwen2), prompts of 64 tokens and answers filling the 2,048")),
 )
 """The published runs memlab can express, each with its source."""
 
@@ -230,23 +277,35 @@ NOT_EXPRESSED = (
      "source": "theneuralbase.com/dpo, runlocalai.co (rlhf-dpo-ppo ch. 22), spheron.network DPO guide",
      "published": "about 18 GB and more for a 7B",
      "why": "checked for a faithful DPO row: calculations from the parameter count, not measurements"},
-    {"run": "Qwen3-14B (unsloth bnb-4bit) SFT QLoRA r32 on a T4, 1 x 1,024 x 4 accumulation",
-     "source": "huggingface/trl examples/notebooks/sft_trl_lora_qlora.ipynb (2025-12 run)",
+    {"run": "Qwen3-14B (unsloth bnb-4bit) SFT QLoRA r32 on a T4, Liger and activation offloading, 1 x 1,024 x 4",
+     "source": "huggingface/trl examples/notebooks/sft_trl_lora_qlora.ipynb (f6834206a, PR #4336; run 2025-10-24: "
+               "trl 0.24, liger-kernel 0.6.2 by their dates)",
      "published": "14.041 GiB max_memory_reserved (12.074 before training)",
-     "why": "an SFT run (this benchmark estimates TRL's GRPO and DPO steps) with TRL's own activation_offloading "
-            "(its saved-tensor hooks, not checked against memlab's offload='activations'), from a pre-quantized "
-            "Unsloth checkpoint that keeps some layers unquantized (which ones its config says; nothing is "
-            "downloaded here): 12.074 GiB reserved before training, where Qwen3-14B in NF4 is about 9"},
+     "why": "the checkpoint is Unsloth's pre-quantized unsloth/qwen3-14b-unsloth-bnb-4bit, whose config.json's "
+            "quantization_config keeps a list of layers unquantized (llm_int8_skip_modules, Unsloth's 'dynamic' "
+            "choice per layer): 12.074 GiB reserved before training, where Qwen3-14B loaded in NF4 with fp16 "
+            "embeddings and head is about 9. That list is not readable here (nothing is downloaded), so the "
+            "policy's weights would be a guess of 3 GiB; TRL 0.24's SFTTrainer also ran Liger's fused linear "
+            "cross-entropy in the model's forward, and the data set's longest conversation (HuggingFaceH4/"
+            "Multilingual-Thinking, cut at max_length 1,024) is not given"},
     {"run": "CohereLabs/tiny-aya-global SFT QLoRA r32 on an A100-40GB, 1 x 1,024 x 4 accumulation",
-     "source": "huggingface/trl examples/notebooks/sft_tool_calling.ipynb",
+     "source": "huggingface/trl examples/notebooks/sft_tool_calling.ipynb (9fc9a7dce, PR #5123)",
      "published": "11.928 GiB max_memory_reserved (4.648 before training)",
-     "why": "an SFT run with TRL's activation_offloading (as above), and memlab knows no config of tiny-aya-global "
-            "by name (configs.KNOWN_SHAPES; nothing is downloaded here)"},
-    {"run": "Ministral 3 VL SFT on a T4; Nemotron 3 SFT on an A100-80GB",
-     "source": "huggingface/trl examples/notebooks/sft_ministral3_vl.ipynb, sft_nemotron_3.ipynb",
-     "published": "13.881 GiB and 61.922 GiB max_memory_reserved",
-     "why": "SFT runs of models whose configs memlab does not know by name (a VLM with its image processor, a hybrid "
-            "Mamba-Transformer); their shapes would be guesses"},
+     "why": "the model's config.json (a Cohere2 shape) is not readable here and memlab knows no config of it by name "
+            "(configs.KNOWN_SHAPES; nothing is downloaded), so its shape would be a guess"},
+    {"run": "Ministral 3 3B VL SFT on a T4 (a QLoRA VLM)",
+     "source": "huggingface/trl examples/notebooks/sft_ministral3_vl.ipynb (903b57dd8, PR #4626)",
+     "published": "13.881 GiB max_memory_reserved (6.346 before training)",
+     "why": "mistralai/Ministral-3-3B-Instruct-2512-BF16's config.json (its text model and its Pixtral vision "
+            "tower) and its image processor's settings (the patches an image makes) are not readable here: the "
+            "vision tower's shape and the image tokens a row holds would be guesses"},
+    {"run": "Nemotron 3 Nano 30B-A3B LoRA SFT on an A100-80GB (an MoE)",
+     "source": "huggingface/trl examples/notebooks/sft_nemotron_3.ipynb (6648832df, PR #5272)",
+     "published": "61.922 GiB max_memory_reserved (58.939 before training)",
+     "why": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 is a hybrid of Mamba-2, attention and MoE layers (128 "
+            "routed experts and a shared one, as NVIDIA's pages describe it) whose config.json values (hidden "
+            "size, the layer pattern, the Mamba heads, the experts' widths) are not readable here; published "
+            "descriptions give counts, not the shape"},
     {"run": "Qwen2.5-7B DPO LoRA with precompute_ref_log_probs=True",
      "source": "odyn-network/benchmark-finetune-dpo-v1, quoting superkaiba/explore-persona-space issue #36",
      "published": "31.09 GB",
