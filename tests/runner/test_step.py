@@ -43,15 +43,17 @@ def _allocated_peak(step: Any, folder: Path) -> int:
     return max([0] + [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"])
 
 
-def _users_step_peak(model: Any, batch: dict[str, torch.Tensor], folder: Path) -> int:
-    """A user's bf16 + checkpointing loop (fused AdamW, as memlab's 'adamw' and the GPU run's reference): the peak
-    of one steady step above its parameters and optimizer state."""
+def _users_step_peak(model: Any, batch: dict[str, torch.Tensor], folder: Path, autocast: bool = True,
+                     checkpointing: bool = True) -> int:
+    """A user's loop, bf16 autocast + checkpointing unless told otherwise (fused AdamW, as memlab's 'adamw' and the
+    GPU run's reference): the peak of one steady step above its parameters and optimizer state."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = model(**batch).loss
         loss.float().backward()
         del loss
@@ -62,7 +64,8 @@ def _users_step_peak(model: Any, batch: dict[str, torch.Tensor], folder: Path) -
         step()
         return _allocated_peak(step, folder)
     finally:
-        model.gradient_checkpointing_disable()
+        if checkpointing:
+            model.gradient_checkpointing_disable()
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +89,42 @@ def test_measured_and_estimated_steps_hold_what_a_users_loop_holds(tied: Any, tm
     from memlab.estimation.dryrun.reserved import cublas_workspace_bytes
 
     # The user's loop ran on this CPU; on an H100 it would hold cuBLAS's two workspaces too, as the estimate does.
+    for device, workspaces in (("cpu", 0), ("cuda", 2 * cublas_workspace_bytes((9, 0)))):
+        estimate = memlab.estimate(model, batch, plan, device=device)
+        estimated = estimate.peak_bytes - estimate.breakdown["params"] - estimate.breakdown["optimizer"]
+        assert abs(estimated - workspaces - users) < embedding * 0.02, (device, estimated, users, embedding)
+
+
+def _tied_gemma2() -> Any:
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, max_position_embeddings=64,
+                          tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return Gemma2ForCausalLM(config)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_gemma2s_tied_step_holds_what_a_users_loop_holds(precision: str, tmp_path: Path) -> None:
+    """Gemma-2 as the H200's held-out rows ran it (no checkpointing): its embedding output scaled by sqrt(hidden),
+    its logits soft-capped, the head tied to the embedding. Under bf16 autocast the engine (no mode) keeps the head's
+    gradient, a fresh fp32 copy made by the cast's backward, and adds the embedding's into it in place: two fp32
+    copies of the embedding at its backward, where memlab's step before issue 57 item 5 held three (0.71 of an
+    embedding more at this model's peak). In fp32 the head's gradient is a transposed view and both sum out of place."""
+    model = _tied_gemma2()
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.config.final_logit_softcapping
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "labels": ids}
+    embedding = model.model.embed_tokens.weight.numel() * 4
+    users = _users_step_peak(model, batch, tmp_path, autocast=precision == "bf16", checkpointing=False)
+    plan = Plan(precision=precision)
+    trial = memlab.measure(model, batch, plan, steps=1, warmup=1)
+    assert trial.status == "ok", trial.error
+    beyond_weights = trial.peak_bytes - trial.breakdown["params"] - trial.breakdown["optimizer"]
+    assert abs(beyond_weights - users) < embedding * 0.02, (beyond_weights, users, embedding)
+    from memlab.estimation.dryrun.reserved import cublas_workspace_bytes
+
     for device, workspaces in (("cpu", 0), ("cuda", 2 * cublas_workspace_bytes((9, 0)))):
         estimate = memlab.estimate(model, batch, plan, device=device)
         estimated = estimate.peak_bytes - estimate.breakdown["params"] - estimate.breakdown["optimizer"]
