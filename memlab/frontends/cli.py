@@ -467,7 +467,7 @@ def _run_demo(say: Callable[..., None], run_options: RunOptions, budget: int | N
     space = None
     if device == "cpu":
         space = demo_space(batch_size)
-        say(cpu_search_note())
+        say(textwrap.fill(cpu_search_note(), width or DEMO_WIDTH, break_long_words=False, break_on_hyphens=False))
     report = fit(model, batch, batch_size=batch_size, space=space, **run_options.keywords(budget=budget))
     say()
     say(text_table(report, width=width))
