@@ -61,6 +61,8 @@ class EstimateRequest:
     load: Mapping[str, Any] | None = None
     expandable_segments: bool = False
     host_budget: int | str | None = None
+    live_layers: bool = False
+    """A live model's repeated layers may be carried from a dry run of a few (a Trainer's model: its route sets it)."""
 
     def replace(self, **changes: Any) -> EstimateRequest:
         """The same request with ``changes`` (field names as keywords)."""

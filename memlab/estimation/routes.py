@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from memlab.errors import MemlabError
 from memlab.estimation.cuda.allocator import assumed_allocator
@@ -38,9 +38,10 @@ Route = Callable[[EstimateRequest], Trial]
 
 
 def _trainer(request: EstimateRequest) -> Trial:
-    """A Trainer in the model's place: its model, loss and (without a batch) worst batch, then the other routes; a
-    trainer kind with a dry run of its own (:func:`memlab.live.trainer_kinds.kind_of`), that one: a GRPO trainer's step
-    with its generation (:mod:`memlab.kinds.grpo.estimate`)."""
+    """A Trainer in the model's place: its model, loss and (without a batch) worst batch, then the other routes (its
+    model's repeated layers carried from a few where it is on the meta device: ``live_layers``); a trainer kind with
+    a dry run of its own (:func:`memlab.live.trainer_kinds.kind_of`), that one: a GRPO trainer's step with its
+    generation (:mod:`memlab.kinds.grpo.estimate`)."""
     from memlab.estimation.dryrun.liger import liger_kernels
     from memlab.live.trainer_kinds import kind_of
     from memlab.trainer.entry import live_target, noted, split_plans
@@ -54,7 +55,7 @@ def _trainer(request: EstimateRequest) -> Trial:
         batch, plan = split_plans(request.batch, request.plan)
         target = live_target(request.model, batch, request.loss_fn)
         inner = request.replace(model=target.model, batch=target.batch, loss_fn=target.loss_fn,
-                                plan=target.plan_for(plan))
+                                plan=target.plan_for(plan), live_layers=True)
         return cast(Trial, with_reference(noted([route(inner)], target.note)[0], request.model))
 
 
@@ -81,14 +82,18 @@ def _sharded(request: EstimateRequest) -> Trial:
 
 def _one_gpu(request: EstimateRequest) -> Trial:
     """Training on one device."""
-    from memlab.estimation.dryrun.single_gpu import estimate_plans
+    from memlab.estimation.dryrun.single_gpu import estimate_plans, estimate_trainer_model
 
     plan = request.training_plan
     refusal = step_refusal(plan, request.loss_fn) if isinstance(plan, Plan) else ""  # each lever's own
     if refusal:
         raise MemlabError(refusal)
-    trial = estimate_plans(request.model, request.batch, [plan], loss_fn=request.loss_fn, budget=request.budget,
-                           lr=request.lr, device=request.device, gpu=request.gpu, load=request.load)[0]
+    keywords: dict[str, Any] = dict(loss_fn=request.loss_fn, budget=request.budget, lr=request.lr,
+                                    device=request.device, gpu=request.gpu, load=request.load)
+    if request.live_layers and isinstance(plan, Plan):
+        trial = estimate_trainer_model(request.model, request.batch, plan, **keywords)
+    else:
+        trial = estimate_plans(request.model, request.batch, [plan], **keywords)[0]
     return card_context(trial, request.gpu)
 
 

@@ -14,7 +14,9 @@ exactly what that real dry run told them (:func:`~memlab.estimation.depth.extend
 does not repeat layer by layer (a layer that differs, work that grows with the depth outside the layers), the two
 disagree and the plan is dry-run at its full depth instead. So is a model whose layers differ in the config
 (``layer_types`` that mix sliding and full attention, dense layers before mixture-of-experts ones), and a plan
-that checkpoints only some blocks.
+that checkpoints only some blocks. A live model on the meta device whose layers repeat (a TRL trainer's, built by
+:func:`memlab.trainer_on_meta`: :func:`live_shallow_model`) is carried the same way, copied with its first three
+layers and with two, its adapters, hooks and wrapped forwards as they are.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from memlab.estimation.configs import built_from, is_transformers_config, load_config, meta_model
@@ -37,7 +40,7 @@ from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.report.timeline import Timeline
 
-__all__ = ["ShallowModel", "ShallowRun", "carried_trial", "plan_carries", "shallow_model"]
+__all__ = ["ShallowModel", "ShallowRun", "carried_trial", "live_shallow_model", "plan_carries", "shallow_model"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class ShallowModel:
     """Whether the estimate is of memlab's model of the config on the meta device (estimated as it is, in fp32)
     rather than of the config (loaded as the plan implies)."""
     _made: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    live: nn.Module | None = dataclasses.field(default=None, compare=False, repr=False)
+    """A live model whose first layers stand for all of them (:func:`live_shallow_model`; the dry run copies it
+    with fewer: :func:`memlab.estimation.dryrun.rebind.first_layers`); None: the config's."""
 
     def with_layers(self, layers: int) -> Any:
         """The config with ``layers`` layers (its per-layer settings, all alike, cut to as many).
@@ -131,6 +137,38 @@ def shallow_model(model_or_config: Any) -> ShallowModel | None:
     if not is_transformers_config(model_or_config):
         return None
     return _cached(model_or_config)
+
+
+def live_shallow_model(model: nn.Module) -> ShallowModel | None:
+    """The repeated layers of a live model on the meta device, its weights plain tensors (a Trainer's, as built:
+    every block alike, more than three; not a quantized one), which a dry run copies with its first few layers only
+    (its config as it is: a forward that loops over ``config.num_hidden_layers`` layers fails, and the plan is
+    dry-run whole); None otherwise.
+
+    Each carried plan is still checked against a real dry run of two layers (:func:`carried_trial`).
+
+    Example:
+        >>> shallow = live_shallow_model(meta_model(load_config("llama-7b")))
+        >>> shallow.depth, shallow.paths.container, shallow.live is not None
+        (32, 'model.layers', True)
+        >>> live_shallow_model(nn.Linear(2, 2)) is None
+        True
+    """
+    config = getattr(model, "config", None)
+    depth = getattr(config, "num_hidden_layers", None)
+    if type(depth) is not int or depth <= source_layers() or _with_layers(config, source_layers()) is None:
+        return None  # a per-layer setting that differs (sliding and full attention) is read by the layer's index
+    tensors = (*model.parameters(), *model.buffers())
+    # A copy of a few layers copies no data only on the meta device; bitsandbytes' quantized weights (tensor
+    # subclasses) are made fake by the dry run from the live model's own layers, and are dry-run whole.
+    if any(tensor.device.type != "meta" or type(tensor) not in (torch.Tensor, nn.Parameter) for tensor in tensors):
+        return None
+    paths = _layer_paths(model, depth)
+    if paths is None:
+        return None
+    if len({_signature(layer, devices=True) for layer in _layers(model, paths)}) != 1:
+        return None
+    return ShallowModel(paths, depth, config, live=model)
 
 
 def _cached(config: Any) -> ShallowModel | None:

@@ -39,7 +39,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-__all__ = ["rebind_forwards", "untracked_copy"]
+__all__ = ["first_layers", "rebind_forwards", "untracked_copy"]
 
 _COPIES: weakref.WeakKeyDictionary[Any, dict[int, nn.Module]] = weakref.WeakKeyDictionary()
 """Each fake mode's untracked copies, by the id of the model copied: one copy a dry run, whatever its calls."""
@@ -57,6 +57,26 @@ def rebind_forwards(copied: nn.Module, memo: Mapping[int, Any]) -> None:
                 rebound = _rebound(value, memo, _DEPTH)
                 if rebound is not value:
                     vars(module)[name] = rebound
+
+
+def first_layers(model: nn.Module, container: str, layers: int) -> nn.Module:
+    """A copy of ``model`` (on the meta device: no data is copied) with the first ``layers`` modules of its
+    ``container`` list only, its own forwards closing over the copy (:func:`rebind_forwards`); ``model`` itself
+    unchanged. What a dry run of a few of a live model's repeated layers runs (:mod:`memlab.estimation.depth.carry`).
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(2, 2), nn.ModuleList(nn.Linear(2, 2) for _ in range(5)))
+        >>> len(first_layers(model.to("meta"), "1", 3)[1]), len(model[1])
+        (3, 5)
+    """
+    left_out = nn.Identity()
+    listed = model.get_submodule(container)
+    memo: dict[int, Any] = {id(layer): left_out for layer in list(listed.children())[layers:]}
+    copied = copy.deepcopy(model, memo)
+    kept = copied.get_submodule(container)
+    kept._modules = {name: layer for name, layer in kept._modules.items() if layer is not left_out}
+    rebind_forwards(copied, memo)
+    return copied
 
 
 def untracked_copy(model: nn.Module, like: torch.Tensor) -> nn.Module:

@@ -52,7 +52,14 @@ from memlab.estimation.cuda.kernels import (
     kernel_emulation,
     run_emulated,
 )
-from memlab.estimation.depth.carry import ShallowModel, ShallowRun, carried_trial, plan_carries, shallow_model
+from memlab.estimation.depth.carry import (
+    ShallowModel,
+    ShallowRun,
+    carried_trial,
+    live_shallow_model,
+    plan_carries,
+    shallow_model,
+)
 from memlab.estimation.depth.extend import check_layers, source_layers
 from memlab.estimation.depth.log import DepthLog, Event, LayerPaths
 from memlab.estimation.dryrun.adapters import attach_fake_adapter, bitsandbytes_version, kept_inputs_note
@@ -60,6 +67,7 @@ from memlab.estimation.dryrun.fake import BLIND_SPOTS, FakeMode, FakeSetup, fake
 from memlab.estimation.dryrun.liger import on_fake_model
 from memlab.estimation.dryrun.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
 from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
+from memlab.estimation.dryrun.rebind import first_layers
 from memlab.estimation.dryrun.reserved import (
     CUBLAS_WORKSPACES,
     INFERENCE_CUBLAS_WORKSPACES,
@@ -89,7 +97,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "adamw8bit_state_bytes", "cpu_rng_kept", "dry_run_inference", "dry_run_plans", "estimate_inference",
-    "estimate_plans", "fake_checkpoints", "is_inference", "with_cublas_workspaces",
+    "estimate_plans", "estimate_trainer_model", "fake_checkpoints", "is_inference", "with_cublas_workspaces",
 ]
 
 _EMULATED_INFERENCE = (
@@ -146,6 +154,20 @@ def estimate_plans(
     return with_cublas_workspaces(report, CUBLAS_WORKSPACES, gpu)
 
 
+def estimate_trainer_model(model: nn.Module, batch: Any, plan: Plan, **keywords: Any) -> Trial:
+    """:func:`estimate_plans` of one training plan of a Trainer's model (its route's), whose repeated layers are
+    carried from a dry run of a few where it is on the meta device, as a config's are (:func:`dry_run_plans`'
+    ``live_layers``); ``keywords`` are :func:`estimate_plans`'.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+        >>> estimate_trainer_model(model, torch.randn(8, 16), Plan(), loss_fn=lambda m, b: m(b).mean()).status
+        'ok'
+    """
+    report = dry_run_plans(model, batch, [plan], live_layers=True, **keywords)
+    return with_cublas_workspaces(report, CUBLAS_WORKSPACES, keywords.get("gpu"))[0]
+
+
 @without_full_collections()
 def dry_run_plans(
     model_or_config: Any,
@@ -158,9 +180,12 @@ def dry_run_plans(
     device: str | torch.device | None = None,
     gpu: GpuKind | str | None = None,
     load: Mapping[str, Any] | None = None,
+    live_layers: bool = False,
 ) -> Report:
     """:func:`estimate_plans` of training plans without cuBLAS's workspaces in the allocated peak: what the sharded
     routes compose their per-GPU figures from (:mod:`memlab.estimation.sharded.composed`), which do not count them.
+    With ``live_layers``, a live model whose layers repeat is carried from its first few layers as a config is
+    (:func:`~memlab.estimation.depth.carry.live_shallow_model`: a Trainer's model, as its route asks).
 
     Example:
         >>> model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
@@ -176,7 +201,11 @@ def dry_run_plans(
     checked = check_plans(plans)  # type: ignore[arg-type]
     options = RunOptions(loss_fn=loss_fn, lr=lr, steps=1, warmup=1)  # validates before anything is built
     loads = plan_loads(model_or_config, checked, load)
-    shallow = shallow_model(model_or_config) if any(plan_carries(plan) for plan in checked) else None
+    shallow = None
+    if any(plan_carries(plan) for plan in checked):
+        shallow = shallow_model(model_or_config)
+        if shallow is None and live_layers and isinstance(model_or_config, nn.Module) and load is None:
+            shallow = live_shallow_model(model_or_config)
     if shallow is None:
         training = _Workload(TrialRunner, _training_trial, loads=loads)
         return _dry_run(model_or_config, batch, checked, options, training, budget=budget, device=device, gpu=gpu)
@@ -206,10 +235,16 @@ def _carried(
     runs: dict[int, ShallowRun] = {}
     fell_back: dict[int, bool] = {}
     for layers in (source_layers(), check_layers()):
-        shallow_input = shallow.shallow(layers)
-        workload = _Workload(TrialRunner, _training_trial, loads=plan_loads(shallow_input, [plan], load))
-        place, (run,) = _plan_runs(shallow_input, batch, [plan], options, workload, device=device, gpu=gpu,
-                                   paths=shallow.paths)
+        try:
+            shallow_input = (shallow.shallow(layers) if shallow.live is None
+                             else first_layers(shallow.live, shallow.paths.container, layers))
+            workload = _Workload(TrialRunner, _training_trial, loads=plan_loads(shallow_input, [plan], load))
+            place, (run,) = _plan_runs(shallow_input, batch, [plan], options, workload, device=device, gpu=gpu,
+                                       paths=shallow.paths)
+        except Exception:  # noqa: BLE001 - a live model's copy of a few layers that cannot be set up: dry-run whole
+            if shallow.live is None:
+                raise
+            return None
         if run.events is None or run.trial.status != "ok":
             return None
         runs[layers] = ShallowRun(run.trial, run.reserved, run.events, run.root)
