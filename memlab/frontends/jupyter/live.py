@@ -38,7 +38,6 @@ from memlab.events import Event, MemorySample, StepFinished, TrialFinished, Tria
 from memlab.frontends.jupyter.live_layout import (
     MARGIN_PX,
     SCATTER_HEADROOM,
-    label_positions,
     row_domains,
     spaced_labels,
 )
@@ -331,14 +330,14 @@ class LiveFigure:
         peaks = [dnf if dnf is not None else peak for dnf, peak in zip(does_not_fit, data["peak_mib"], strict=True)]
         speeds = [speed or 0.0 for speed in data["samples_per_s"]]
         # Where the bars are numbered, the points are too; the fastest that fit are named first, and a point whose
-        # name would touch another's is left unnamed (its hover names it).
+        # name would touch another's above it goes below it, else is left unnamed (its hover names it).
         drawn = [i for i, peak in enumerate(peaks) if peak is not None]
         drawn.sort(key=lambda i: (not data["fits"][i], -speeds[i]))
         text = plan_axis(labels).text
         shown = spaced_labels([text[i] for i in drawn], [peaks[i] for i in drawn], [speeds[i] for i in drawn],
                               height_px=scatter_px)
-        names = dict(zip(drawn, shown, strict=True))
-        where = dict(zip(drawn, label_positions([peaks[i] for i in drawn]), strict=True))
+        names = {i: name for i, (name, _) in zip(drawn, shown, strict=True)}
+        where = {i: position for i, (_, position) in zip(drawn, shown, strict=True)}
         for index, fits in ((self._scatter_fits, True), (self._scatter_misses, False)):
             points = [i for i in range(len(labels)) if i in names and data["fits"][i] == fits]
             columns[index] = {

@@ -73,28 +73,35 @@ def spaced_labels(
     *,
     height_px: float,
     width_px: float = SCATTER_PANEL_PX,
-) -> list[str]:
-    """The names to write above the points ``(xs[i], ys[i])`` of a scatter ``width_px`` by ``height_px``: each
-    point's name, or ``""`` where it would touch a name already written. Points come first to last, so the caller
-    puts the best first. The x axis is taken to run from 0 to a little past the largest value (as plotly draws it), the
-    y axis to :data:`SCATTER_HEADROOM` times the largest.
+) -> list[tuple[str, str]]:
+    """The name to write by each point ``(xs[i], ys[i])`` of a scatter ``width_px`` by ``height_px``, and where
+    (plotly's ``textposition``): above it (:func:`label_positions`), else below it where above would touch a name
+    already written, else ``""`` (its hover names it). Points come first to last, so the caller puts the best first.
+    The x axis is taken to run from 0 to a little past the largest value (as plotly draws it), the y axis from 0 to
+    :data:`SCATTER_HEADROOM` times the largest.
 
     Example:
         >>> spaced_labels(["a", "b", "c"], [10.0, 10.1, 50.0], [5.0, 5.0, 1.0], height_px=200)
-        ['a', '', 'c']
+        [('a', 'top center'), ('b', 'bottom center'), ('c', 'top left')]
+        >>> spaced_labels(["a", "b", "c"], [10.0, 10.1, 10.2], [5.0, 5.0, 5.0], height_px=200)[2]
+        ('', 'top left')
     """
     x_span = 1.05 * max((abs(x) for x in xs), default=0.0) or 1.0
     y_span = SCATTER_HEADROOM * max((abs(y) for y in ys), default=0.0) or 1.0
     written: list[tuple[float, float, float, float]] = []
     shown = []
-    for name, x, y, where in zip(names, xs, ys, label_positions(xs), strict=True):
-        centre, bottom = x / x_span * width_px, y / y_span * height_px + 6
+    for name, x, y, above in zip(names, xs, ys, label_positions(xs), strict=True):
         half = text_width(name, _LABEL_FONT) / 2
-        if where == "top left":  # written to the point's left, ending at it
-            centre -= half
-        box = (centre - half, centre + half, bottom, bottom + _LABEL_LINE)
-        clear = all(box[1] <= b[0] or b[1] <= box[0] or box[3] <= b[2] or b[3] <= box[2] for b in written)
-        if clear and name:
-            written.append(box)
-        shown.append(name if clear else "")
+        centre = x / x_span * width_px - (half if above == "top left" else 0.0)  # "left": ending at the point
+        point_y = y / y_span * height_px
+        chosen = ("", above)
+        for where, bottom in ((above, point_y + 6), (above.replace("top", "bottom"), point_y - 6 - _LABEL_LINE)):
+            box = (centre - half, centre + half, bottom, bottom + _LABEL_LINE)
+            clear = bottom >= 0 and all(
+                box[1] <= b[0] or b[1] <= box[0] or box[3] <= b[2] or b[3] <= box[2] for b in written)
+            if clear and name:
+                written.append(box)
+                chosen = (name, where)
+                break
+        shown.append(chosen)
     return shown
