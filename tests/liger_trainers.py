@@ -10,6 +10,7 @@ decoder-only model on TRL 1.16's right-padded batch: no truncation, no padding-f
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import torch
@@ -154,16 +155,14 @@ def watched_peak(trainer: Any, launched: list[str] | None = None) -> int:
 
 
 def estimated_step(trainer: Any) -> tuple[int, Any]:
-    """``memlab.estimate(trainer)`` for this CPU, less a reference model held apart (``memlab.watch`` counts what
-    the step makes, not the weights that were there before it), and the estimate."""
+    """``memlab.estimate(trainer)`` for this CPU: its peak and the estimate. A reference model held apart counts in
+    both the estimate and :func:`watched_peak` (``memlab.watch`` counts all the process holds, as a GPU's allocator
+    does), so the trainer estimated must be dropped before another is watched."""
     import memlab
-    from memlab.trainer.reference import reference_bytes
 
     estimate = memlab.estimate(trainer, device="cpu")
     assert estimate.status == "ok", estimate.error
-    reference = getattr(trainer, "ref_model", None)
-    held_apart = reference_bytes(reference) if reference is not None and getattr(trainer, "beta", 0.0) else 0
-    return estimate.peak_bytes - held_apart, estimate
+    return estimate.peak_bytes, estimate
 
 
 def _compare_losses(folder: Any) -> dict[str, Any]:
@@ -181,8 +180,11 @@ def _compare_losses(folder: Any) -> dict[str, Any]:
               "dpo loss": lambda path: dpo_trainer(path, liger=False, trainer_class=LigerLossDPOTrainer)}
     for name, make in makers.items():
         estimated, estimate = estimated_step(make(folder / name.replace(" ", "_") / "estimated"))
+        notes = list(estimate.notes)
+        del estimate
+        gc.collect()  # the estimated trainer gone before the next is watched (watch counts all the process holds)
         watched = watched_peak(make(folder / name.replace(" ", "_") / "watched"))
-        result[name] = {"estimated": estimated, "watched": watched, "notes": list(estimate.notes)}
+        result[name] = {"estimated": estimated, "watched": watched, "notes": notes}
     try:
         import memlab
 
