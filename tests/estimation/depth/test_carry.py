@@ -28,6 +28,17 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS, num
 def _estimate(config: Any, plan: Plan, monkeypatch: pytest.MonkeyPatch, *, whole: bool = False,
               device: str = "cuda", **keywords: Any) -> tuple[Any, list[bool]]:
     """The estimate of ``plan``, and for each plan whether it was carried from three layers (empty: not tried)."""
+    with monkeypatch.context() as patch:
+        carried = counting_carried(patch)
+        if whole:
+            patch.setattr(single_gpu, "shallow_model", lambda _: None)
+        trial = single_gpu.estimate_plans(config, SHAPES, [plan], device=device, budget="1GiB", **keywords)[0]
+    return trial, carried
+
+
+def counting_carried(patch: pytest.MonkeyPatch) -> list[bool]:
+    """A list that gets, for each plan the dry run estimates under ``patch``, whether it was carried from three
+    layers (:func:`memlab.estimation.depth.carry.carried_trial` gave a trial)."""
     carried: list[bool] = []
     real = depth.carried_trial
 
@@ -36,12 +47,8 @@ def _estimate(config: Any, plan: Plan, monkeypatch: pytest.MonkeyPatch, *, whole
         carried.append(result is not None)
         return result
 
-    with monkeypatch.context() as patch:
-        patch.setattr(single_gpu, "carried_trial", told)
-        if whole:
-            patch.setattr(single_gpu, "shallow_model", lambda _: None)
-        trial = single_gpu.estimate_plans(config, SHAPES, [plan], device=device, budget="1GiB", **keywords)[0]
-    return trial, carried
+    patch.setattr(single_gpu, "carried_trial", told)
+    return carried
 
 
 def _assert_same_estimate(carried: Any, whole: Any, *, series: bool = True) -> None:

@@ -20,7 +20,7 @@ from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
 
 import memlab
 import memlab.estimation.dryrun.single_gpu as single_gpu
-from memlab.estimation.depth import carry as depth
+from tests.estimation.depth.test_carry import counting_carried
 from tests.trl_trainers import word_tokenizer
 
 CONFIG = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=5, num_attention_heads=4,
@@ -55,16 +55,8 @@ def _trainer(kind: str, tmp_path: Path, *, meta: bool = True, four_bit: bool = F
 
 def _estimate(trainer: Any, monkeypatch: pytest.MonkeyPatch, *, whole: bool = False) -> tuple[Any, list[bool]]:
     """The trainer's estimate, and for each plan whether it was carried from three layers (empty: not tried)."""
-    carried: list[bool] = []
-    real = depth.carried_trial
-
-    def told(*args: Any, **kwargs: Any) -> Any:
-        result = real(*args, **kwargs)
-        carried.append(result is not None)
-        return result
-
     with monkeypatch.context() as patch:
-        patch.setattr(single_gpu, "carried_trial", told)
+        carried = counting_carried(patch)
         if whole:
             patch.setattr(single_gpu, "live_shallow_model", lambda _: None)
         trial = memlab.estimate(trainer, gpu="RTX4090-24GB")
