@@ -83,16 +83,22 @@ def test_measured_and_estimated_steps_hold_what_a_users_loop_holds(tied: Any, tm
     plan = Plan(precision="bf16", checkpointing=True)
     trial = memlab.measure(model, batch, plan, steps=1, warmup=1)
     assert trial.status == "ok", trial.error
-    beyond_weights = trial.peak_bytes - trial.breakdown["params"] - trial.breakdown["optimizer"]
     # Before the fix memlab's step held one more fp32 copy of the tied embedding (4 MiB here) than the user's loop.
-    assert abs(beyond_weights - users) < embedding * 0.02, (beyond_weights, users, embedding)
+    _same_as_users(model, batch, plan, trial, users, within=embedding * 0.02)
+
+
+def _same_as_users(model: Any, batch: Any, plan: Plan, trial: Any, users: int, within: float) -> None:
+    """The measured ``trial`` and the cpu and cuda estimates of ``plan`` hold, beyond weights and optimizer state,
+    what the user's loop held (``users``), within ``within`` bytes. The user's loop ran on this CPU; on an H100 it
+    would hold cuBLAS's two workspaces too, as the estimate does."""
     from memlab.estimation.dryrun.reserved import cublas_workspace_bytes
 
-    # The user's loop ran on this CPU; on an H100 it would hold cuBLAS's two workspaces too, as the estimate does.
+    beyond_weights = trial.peak_bytes - trial.breakdown["params"] - trial.breakdown["optimizer"]
+    assert abs(beyond_weights - users) < within, (beyond_weights, users, within)
     for device, workspaces in (("cpu", 0), ("cuda", 2 * cublas_workspace_bytes((9, 0)))):
         estimate = memlab.estimate(model, batch, plan, device=device)
         estimated = estimate.peak_bytes - estimate.breakdown["params"] - estimate.breakdown["optimizer"]
-        assert abs(estimated - workspaces - users) < embedding * 0.02, (device, estimated, users, embedding)
+        assert abs(estimated - workspaces - users) < within, (device, estimated, users, within)
 
 
 def _tied_gemma2() -> Any:
@@ -121,14 +127,7 @@ def test_gemma2s_tied_step_holds_what_a_users_loop_holds(precision: str, tmp_pat
     plan = Plan(precision=precision)
     trial = memlab.measure(model, batch, plan, steps=1, warmup=1)
     assert trial.status == "ok", trial.error
-    beyond_weights = trial.peak_bytes - trial.breakdown["params"] - trial.breakdown["optimizer"]
-    assert abs(beyond_weights - users) < embedding * 0.02, (beyond_weights, users, embedding)
-    from memlab.estimation.dryrun.reserved import cublas_workspace_bytes
-
-    for device, workspaces in (("cpu", 0), ("cuda", 2 * cublas_workspace_bytes((9, 0)))):
-        estimate = memlab.estimate(model, batch, plan, device=device)
-        estimated = estimate.peak_bytes - estimate.breakdown["params"] - estimate.breakdown["optimizer"]
-        assert abs(estimated - workspaces - users) < embedding * 0.02, (device, estimated, users, embedding)
+    _same_as_users(model, batch, plan, trial, users, within=embedding * 0.02)
 
 
 def _tied_gradients(autocast: bool, emulate: bool) -> tuple[torch.Tensor, int]:
