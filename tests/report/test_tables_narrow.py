@@ -1,8 +1,8 @@
 """The HTML table fits a notebook's output in a 1,000-px window (issue 84 item 9: a search's 13 columns were 830 px
 where about 540 are shown, time, samples/s and noise scrolled out of sight): each number column's header is turned to
 read upwards (its numbers are far narrower than ``activations KiB``), the plan's name, the status, the noise and the
-notes wrap between words, the numbers never, and the cells' padding is 3 px. JupyterLab in Chromium measures the
-table itself: tests/frontends/jupyter/browser/test_browser_notebook_widths.py."""
+notes wrap between words, the numbers never, and the cells' padding is 3 px (2 px at the sides). JupyterLab in
+Chromium measures the table itself: tests/frontends/jupyter/browser/test_browser_notebook_widths.py."""
 
 from __future__ import annotations
 

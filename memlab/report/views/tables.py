@@ -498,7 +498,8 @@ def html_table(report: Report) -> str:
     Laid out to fit a notebook's output in a 1,000-px window with the file browser open (about 540 px beside the
     prompt; a search's table of 13 columns was 830 px there, its speeds out of sight): the number columns' headers
     turned to read upwards, so that each is as narrow as its numbers; the plan's name, the status, the noise and the
-    notes wrap between words, the other cells never (``>= 1.2``); the cells' padding is 3 px and the text 12 px. One
+    notes wrap between words, the other cells never (``>= 1.2``); the cells' padding is 3 px above and below, 2 px at
+    the sides, and the text 12 px. One
     still wider scrolls sideways in its own box rather than spilling out of the output.
 
     Example:
@@ -550,7 +551,9 @@ def html_table(report: Report) -> str:
     return f"<div class='memlab-report' style='white-space:normal;width:0;min-width:100%'>{top}{table}{footer}</div>"
 
 
-_PADDING = "padding:3px"  # JupyterLab's cells have 6 px: 13 columns gave 78 px of a 630-px area to it
+# JupyterLab's cells have 6 px: 13 columns gave 78 px of a 630-px area to it. 2 px at the sides keeps a search's
+# 14 columns inside 548 px with room for wider speeds (3 px left CI's run 3 px over).
+_PADDING = "padding:3px 2px"
 _WRAPPING = frozenset(("plan", "status", "spread", "notes"))  # words: a line may break between them
 
 
