@@ -103,11 +103,17 @@ SIDEWAYS = """() => [...document.querySelectorAll(".jp-NotebookPanel-notebook, .
     .filter(box => box.offsetWidth && box.scrollWidth > box.clientWidth + 1)
     .map(box => `the notebook is ${box.scrollWidth} px wide in ${box.clientWidth} px: it scrolls sideways`)"""
 
-# The texts of an SVG record that reach past its drawing (its viewBox), laid out by the browser.
+# The texts of an SVG record that reach past its drawing (its viewBox), laid out by the browser. Each text's box as
+# drawn, turned axis titles included (getBBox is the box before the text's own rotation: a turned title 56 units long
+# centred 22 units from the edge would read as starting at -6), in the viewBox's units.
 SVG_TEXT_CUT = """() => {
     const svg = document.querySelector("svg");
-    const view = svg.viewBox.baseVal;
-    return [...svg.querySelectorAll("text")].map(text => [text.textContent, text.getBBox()])
+    const view = svg.viewBox.baseVal, drawing = svg.getBoundingClientRect();
+    const scale = view.width / drawing.width;
+    return [...svg.querySelectorAll("text")].map(text => {
+        const drawn = text.getBoundingClientRect();
+        return [text.textContent, {x: view.x + (drawn.left - drawing.left) * scale, width: drawn.width * scale}];
+    })
         .filter(([, box]) => box.width && (box.x < view.x - 1 || box.x + box.width > view.x + view.width + 1))
         .map(([words, box]) => `${JSON.stringify(words)} at ${Math.round(box.x)}-${Math.round(box.x + box.width)} `
                                + `in a drawing ${Math.round(view.width)} wide`);
@@ -226,3 +232,19 @@ def test_a_workshop_notebook_fits_its_output_areas_at_1280_and_1000_px(name: str
         scratch.close()
         page.close()
         lab.shut_down_kernels()
+
+
+def test_the_svg_check_sees_a_cut_text_and_passes_a_turned_title_drawn_inside(chromium: Any) -> None:
+    """A title turned upwards 22 units from the left edge (memlab's axis titles) is inside its drawing, though its
+    box before the turn starts at -6; a text starting at -20 is cut."""
+    page = chromium.new_page()
+    try:
+        turned = ("<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 200 100' width='400' height='200'>"
+                  "<text x='22' y='50' text-anchor='middle' font-size='10' transform='rotate(-90 22 50)'>"
+                  "samples per second</text></svg>")
+        assert cut_in_svg(page, turned) == []
+        cut = ("<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 200 100' width='400' height='200'>"
+               "<text x='-20' y='50' font-size='10'>samples/s</text></svg>")
+        assert [text.split(" at ")[0] for text in cut_in_svg(page, cut)] == ['"samples/s"']
+    finally:
+        page.close()
