@@ -203,6 +203,8 @@ class InferenceAttempt(Attempt):
         (None, 0, True)
     """
 
+    warms_state = False  # a request leaves nothing the next one starts from: a dry run tracks the first
+
     def __init__(self, run: InferenceStep, plan: InferencePlan, record: InferenceRecord, undo: Any) -> None:
         self.run = run
         self.plan = plan

@@ -1,7 +1,8 @@
 """The one runner: a session on a live model that runs plans of any :class:`~memlab.runner.workload.Workload`.
 
 Snapshot once, then for each plan: put it on, step, measure, take it off, restore. A trial's steps: ``max(warmup,
-1)`` untimed warm-up steps (training's first creates the optimizer state, so what follows is a steady-state step),
+1)`` untimed warm-up steps (training's first creates the optimizer state, so what follows is a steady-state step;
+a dry run of a step that leaves no state, an inference request, has none: it times nothing, so nothing is warmed),
 one tracked step that gives the peak and its composition by category, and at least ``steps`` timed steps without
 tracking, whose median is the step time. Timing goes on until the 95% interval of that median is within ``noise``
 of it (:mod:`memlab.report.noise`) or ``time_limit`` seconds of timed steps have run. The first trial of a process
@@ -273,7 +274,8 @@ class Runner(Generic[PlanT, TrialT]):
         tracked = limit is not None and self.probe.tracker_enforces_budget and not attempt.compiles
         # A dry run times nothing, so it needs no warm process (and leaves the process as cold as it was).
         cold = self.probe.times_steps and self.device.type not in _WARM_DEVICE_TYPES
-        minimum = max(self.options.warmup, 1)
+        # A dry run of a step that leaves no state (a request) has nothing to warm: its first step is the tracked one.
+        minimum = 0 if not self.probe.times_steps and not attempt.warms_state else max(self.options.warmup, 1)
         seconds_taken: list[float] = []
         allocator: CudaPeak | None = None
         finished = False

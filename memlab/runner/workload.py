@@ -177,6 +177,10 @@ class Attempt(ABC):
         """Whether the steps after the warm-up's so far are steady-state (training: once optimizer state exists)."""
         return True
 
+    warms_state = True
+    """Whether a first step leaves state the next one starts from (training's optimizer state, a GradScaler's scale):
+    where it leaves none, a dry run, which times nothing, tracks the first step without a warm-up before it."""
+
     def host_bytes(self) -> int:
         """The most host memory the plan's levers held at once over the steps so far, by their own accounting."""
         return 0

@@ -84,3 +84,30 @@ def test_the_runner_never_imports_the_inference_mode() -> None:
             elif isinstance(node, ast.Import):
                 imported += [(path.name, alias.name) for alias in node.names]
     assert [(name, module) for name, module in imported if module.startswith("memlab.inference")] == []
+
+
+def test_a_dry_run_tracks_a_requests_first_step_and_warms_a_training_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On fake tensors nothing is timed: a request leaves no state, so its first step is the tracked one (a warm-up
+    before it doubled a GRPO estimate's generation); training's first step still makes the optimizer state first."""
+    from transformers import LlamaConfig
+
+    from memlab.estimation.dryrun.single_gpu import dry_run_inference, dry_run_plans
+    from memlab.inference.step import InferenceStep
+    from memlab.runner.step import TrainingStep
+
+    calls = {"request": 0, "training": 0}
+
+    def counting(kind: str, original: object) -> object:
+        def call(self: object, *args: object, **kwargs: object) -> object:
+            calls[kind] += 1
+            return original(self, *args, **kwargs)  # type: ignore[operator]
+        return call
+
+    monkeypatch.setattr(InferenceStep, "__call__", counting("request", InferenceStep.__call__))
+    monkeypatch.setattr(TrainingStep, "__call__", counting("training", TrainingStep.__call__))
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=64)
+    request = dry_run_inference(config, {"input_ids": (1, 8)}, memlab.InferencePlan(new_tokens=2), device="cpu")
+    assert request[0].status == "ok" and calls["request"] == 1
+    training = dry_run_plans(config, {"input_ids": (2, 8), "labels": (2, 8)}, [memlab.Plan()], device="cpu")
+    assert training[0].status == "ok" and training[0].breakdown["optimizer"] > 0 and calls["training"] == 2
