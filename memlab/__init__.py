@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from memlab.runner.trial import compare, measure
     from memlab.search import fit
     from memlab.search.limits import Limits, limits
+    from memlab.techniques.vllm import VLLMServer
     from memlab.trainer.meta import trainer_on_meta
 
 _EXPORTS = {  # the names ``import memlab`` gives, each imported on first use (torch only then: the CLI starts fast)
@@ -66,6 +67,7 @@ _EXPORTS = {  # the names ``import memlab`` gives, each imported on first use (t
     "Limits": "memlab.search.limits", "limits": "memlab.search.limits", "InferencePlan": "memlab.inference",
     "fit_inference": "memlab.inference", "kv_cache_bytes": "memlab.inference",
     "trainer_on_meta": "memlab.trainer.meta", "model_on_meta": "memlab.estimation.dryrun.load",
+    "VLLMServer": "memlab.techniques.vllm",
 }
 
 
@@ -116,6 +118,7 @@ __all__ = [
     "Report",
     "Trial",
     "UnsupportedTechnique",
+    "VLLMServer",
     "apply",
     "compare",
     "estimate",

@@ -36,6 +36,7 @@ from memlab.estimation.routes import route
 from memlab.live.batch import LossFn
 from memlab.plan import Plan
 from memlab.report import Trial
+from memlab.techniques.vllm import VLLMServer, check_vllm_server
 
 if TYPE_CHECKING:
     from memlab.inference.plan import InferencePlan
@@ -69,6 +70,7 @@ def estimate(
     load: Mapping[str, Any] | None = None,
     expandable_segments: bool = False,
     host_budget: int | str | None = None,
+    vllm_server: VLLMServer | None = None,
 ) -> Trial:
     """Predict the memory of one steady-state training step of ``plan``, on fake tensors (nothing runs for real).
 
@@ -130,6 +132,11 @@ def estimate(
         host_budget: bytes or a size such as ``"16GiB"``: the host memory the plan may keep (``trial.host_bytes``:
             offloaded optimizer state and activations, a paged optimizer's spill, ZeRO offload per rank); ``fits``
             then needs it too, and ``verdict_figure`` is ``"host"`` where only it is missed. Default: not judged.
+        vllm_server: for a GRPOTrainer that generates on a vLLM server (``vllm_mode="server"``), the server's
+            ``trl vllm-serve`` settings, :class:`memlab.VLLMServer` (its GPU kind, tensor and data parallel sizes,
+            ``gpu_memory_utilization``, ``max_model_len``); default: TRL's defaults on the GPU kind ``gpu``. The
+            trial's notes say what each of the server's GPUs holds, and the trial is an error where the server would
+            not start (:mod:`memlab.kinds.grpo.server`). Refused for any other model or trainer.
 
     The arguments become one :class:`~memlab.estimation.request.EstimateRequest`, which every route takes (one GPU,
     sharded, inference, a Trainer): ``load=`` reaches the sharded route as it does the others.
@@ -153,7 +160,9 @@ def estimate(
         (True, True)
     """
     refuse_class(model_or_config, "estimate")
+    check_vllm_server(model_or_config, vllm_server)
     request = EstimateRequest(model_or_config, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device,
                               gpus=gpus, strategy=strategy, gpu=gpu, load=load,
-                              expandable_segments=expandable_segments, host_budget=host_budget)
+                              expandable_segments=expandable_segments, host_budget=host_budget,
+                              vllm_server=vllm_server)
     return route(request)

@@ -24,6 +24,7 @@ from memlab.plan import Plan, parse_budget
 
 if TYPE_CHECKING:
     from memlab.inference.plan import InferencePlan
+    from memlab.techniques.vllm import VLLMServer
 
 __all__ = ["EstimateRequest"]
 
@@ -34,7 +35,7 @@ class EstimateRequest:
     batch (tensors or shapes), one plan (training or inference), the loss, the budget (bytes), the learning rate,
     the device, the GPUs and the strategy that shards them, the GPU kind, the user's load, and whether the card
     figure assumes the allocator's expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), and
-    the host budget the trial's ``host_bytes`` are judged against (none: not judged).
+    the host budget the trial's ``host_bytes`` are judged against (none: not judged), and a GRPOTrainer's vLLM server.
 
     :meth:`checked` validates what can be validated before anything is built (the sharding, the GPU kind, the
     budget), so that every route gets a request it can trust.
@@ -61,6 +62,8 @@ class EstimateRequest:
     load: Mapping[str, Any] | None = None
     expandable_segments: bool = False
     host_budget: int | str | None = None
+    vllm_server: VLLMServer | None = None
+    """A GRPOTrainer's vLLM server (``vllm_mode="server"``): its ``trl vllm-serve`` settings (None: TRL's defaults)."""
     live_layers: bool = False
     """A live model's repeated layers may be carried from a dry run of a few (a Trainer's model: its route sets it)."""
 

@@ -29,8 +29,9 @@ from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export
 from memlab.techniques.core.lever import SWITCH, Lever, PlanLike
 from memlab.techniques.core.technique import StepParts, Technique, Undo
 
-__all__ = ["DECLARATIONS", "FIELDS", "VLLM", "VLLMEngine", "VLLMSettings", "grpo_config_keywords", "no_engine",
-           "refuse_engine_change", "sets_vllm", "vllm_from_arguments", "without_vllm"]
+__all__ = ["DECLARATIONS", "FIELDS", "VLLM", "VLLMEngine", "VLLMServer", "VLLMSettings", "check_vllm_server",
+           "grpo_config_keywords", "no_engine", "refuse_engine_change", "sets_vllm", "vllm_from_arguments",
+           "without_vllm"]
 
 FIELDS = ("vllm_memory", "vllm_sleep")
 """The Plan fields of the colocated engine's settings."""
@@ -119,6 +120,97 @@ def no_engine(plan: PlanLike) -> str:
         return ""
     return (f"plan {plan.label()!r} sets a vLLM engine, and this step has none: {GRPO_ONLY}. Estimate {NEEDS} "
             "with it (memlab.estimate(trainer, plan, gpu=...)), or write the plan without vllm_memory / vllm_sleep")
+
+
+@dataclass(frozen=True)
+class VLLMServer:
+    """The memory settings of the ``trl vllm-serve`` command a GRPOTrainer with ``vllm_mode="server"`` generates on:
+    its options, by TRL's names, TRL's defaults where not given.
+
+    Attributes:
+        gpu: the server's GPU kind (a name from :data:`memlab.estimation.cuda.gpus.GPUS` or a
+            :func:`memlab.gpu_kind`); None: the kind the trainer is estimated for. What each of its GPUs holds is
+            :mod:`memlab.kinds.grpo.server`'s.
+        tensor_parallel_size: the GPUs one engine spans (``--tensor-parallel-size``).
+        data_parallel_size: the engines (``--data-parallel-size``), each on its own GPUs.
+        gpu_memory_utilization: the fraction of each GPU's total memory vLLM preallocates.
+        max_model_len: the longest sequence the server accepts; None: the model's ``max_position_embeddings``.
+
+    Example:
+        >>> try:
+        ...     VLLMServer(gpu_memory_utilization=1.5)
+        ... except MemlabError as error:
+        ...     print(str(error)[:52])
+        gpu_memory_utilization=1.5 is not a fraction of a GP
+    """
+
+    gpu: Any = None
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise MemlabError(f"{name}={value!r} is not a number of GPUs; write a whole number >= 1, e.g. "
+                                  f"VLLMServer({name}=1)")
+        if not 0.0 < float(self.gpu_memory_utilization) <= 1.0:
+            raise MemlabError(f"gpu_memory_utilization={self.gpu_memory_utilization} is not a fraction of a GPU; "
+                              "write a value in (0, 1], e.g. VLLMServer(gpu_memory_utilization=0.9) "
+                              "(trl vllm-serve's default)")
+        if self.max_model_len is not None and (isinstance(self.max_model_len, bool)
+                                               or not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            raise MemlabError(f"max_model_len={self.max_model_len!r} is not a length in tokens; write a whole number "
+                              ">= 1, or None for the model's own")
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs the server holds: ``tensor_parallel_size x data_parallel_size``."""
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    def command(self, model_name: str) -> str:
+        """The ``trl vllm-serve`` command these settings are (defaults left out).
+
+        Example:
+            >>> VLLMServer(tensor_parallel_size=2, max_model_len=4096).command("Qwen/Qwen2.5-7B")
+            'trl vllm-serve --model Qwen/Qwen2.5-7B --tensor-parallel-size 2 --max-model-len 4096'
+        """
+        words = ["trl vllm-serve", "--model", model_name]
+        for option, value, default in (("--tensor-parallel-size", self.tensor_parallel_size, 1),
+                                       ("--data-parallel-size", self.data_parallel_size, 1),
+                                       ("--gpu-memory-utilization", self.gpu_memory_utilization, 0.9),
+                                       ("--max-model-len", self.max_model_len, None)):
+            if value != default:
+                words += [option, str(value)]
+        return " ".join(words)
+
+
+def check_vllm_server(model: Any, server: Any) -> None:
+    """Refuse ``vllm_server=`` where ``model`` is not a GRPOTrainer that generates on a vLLM server.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> check_vllm_server(SimpleNamespace(args=SimpleNamespace(use_vllm=True, vllm_mode="server")), VLLMServer())
+        >>> try:
+        ...     check_vllm_server(SimpleNamespace(args=SimpleNamespace(use_vllm=False)), VLLMServer())
+        ... except MemlabError as error:
+        ...     print(str(error)[-76:])
+        is not one (use_vllm=False); leave vllm_server out, or estimate that trainer
+    """
+    if server is None:
+        return
+    if not isinstance(server, VLLMServer):
+        raise MemlabError(f"vllm_server={server!r} is not a VLLMServer; write vllm_server=memlab.VLLMServer("
+                          "tensor_parallel_size=1, gpu_memory_utilization=0.9), the trl vllm-serve settings")
+    args = getattr(model, "args", None)
+    mode = str(getattr(args, "vllm_mode", "colocate")) if getattr(args, "use_vllm", False) else None
+    if mode != "server":
+        have = "use_vllm=False" if mode is None else f"vllm_mode={mode!r}"
+        raise MemlabError("vllm_server= describes the vLLM server a GRPOTrainer built with GRPOConfig(use_vllm=True, "
+                          f"vllm_mode='server') generates on, and this is not one ({have}); leave vllm_server out, or "
+                          "estimate that trainer")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from memlab.errors import MemlabError
+from memlab.kinds.grpo.server import server_memory
 from memlab.kinds.grpo.source import GRPOSource, check_generations, computes_old_logps
 from memlab.kinds.grpo.vllm import SLEEP_LEVEL, VLLMSettings, engine_device, utilization_candidates, vllm_share
 from memlab.live.patching import patched
@@ -42,7 +43,7 @@ from memlab.plan import Plan
 from memlab.report.data import Trial
 from memlab.report.timeline import Timeline, TimelinePeak
 from memlab.sizes import format_bytes
-from memlab.techniques.vllm import FIELDS, sets_vllm, without_vllm
+from memlab.techniques.vllm import FIELDS, VLLMServer, sets_vllm, without_vllm
 from memlab.trainer.reference import reference_bytes
 from memlab.trainer.source import keeps_trainer_batch
 
@@ -365,10 +366,11 @@ def _with_vllm(training: Trial, settings: VLLMSettings, source: GRPOSource, requ
         refusal = share.refusal()
     else:
         awake = during = host = 0
-        note = ("vllm_mode='server': the vLLM engine generates on the server's own GPUs (its share set by the "
-                "server's --gpu-memory-utilization), so this card holds only the policy's training; the generation "
-                "phase here is the policy's state while it waits")
-        refusal = None
+        served = server_memory(request.vllm_server or VLLMServer(), source.model, trainer_gpu=request.gpu,
+                               sequence_tokens=source.prompt_tokens + source.completion_tokens,
+                               sequences=source.generation_batch)
+        note = served.note() + "; the generation phase here is the policy's state while it waits"
+        refusal = served.refusal()
     before = awake if not settings.sleep else during
     series: dict[str, list[int]] = {name: [] for name in categories}
     for extra in (before, awake):

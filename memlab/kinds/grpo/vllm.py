@@ -137,7 +137,8 @@ def vllm_dtype(config: Any) -> torch.dtype:
         >>> vllm_dtype(LlamaConfig(dtype="float32")), vllm_dtype(LlamaConfig(dtype="bfloat16"))
         (torch.float16, torch.bfloat16)
     """
-    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    # transformers 5 names it dtype (reading torch_dtype there logs a deprecation); earlier releases torch_dtype.
+    dtype = getattr(config, "dtype" if hasattr(config, "dtype") else "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, torch.float32)
     if dtype == torch.float32:

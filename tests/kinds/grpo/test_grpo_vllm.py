@@ -255,3 +255,97 @@ def test_a_trainer_without_a_colocated_engine_refuses_the_levers(tmp_path: Any) 
                  lambda: memlab.apply(trainer, memlab.Plan(micro_batch=2, vllm_sleep=True))):
         with pytest.raises(MemlabError, match=r"engine is not on its card \(use_vllm=False\)"):
             call()
+
+
+# The vLLM server a GRPOTrainer with vllm_mode="server" generates on (issue 85): each of the server's GPUs, by vLLM's
+# arithmetic (memlab.kinds.grpo.server), with trl vllm-serve's settings given as memlab.VLLMServer.
+
+
+def test_each_server_gpu_holds_its_tensor_parallel_part_and_the_kv_cache_its_share_leaves() -> None:
+    from types import SimpleNamespace
+
+    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.kinds.grpo.server import served_weight_bytes, server_memory
+
+    model = LlamaForCausalLM(LlamaConfig(**{**CONFIG, "num_attention_heads": 4}, num_key_value_heads=2,
+                                         max_position_embeddings=4096))  # float32: vLLM serves it in float16
+    parameters = sum(p.numel() for p in model.parameters())
+    one = server_memory(memlab.VLLMServer(gpu="L4-24GB"), model, trainer_gpu="H100-80GB", sequence_tokens=40,
+                        sequences=8)
+    two = server_memory(memlab.VLLMServer(tensor_parallel_size=2), model, trainer_gpu="L4-24GB",
+                        sequence_tokens=40, sequences=8)
+    assert one.gpu.name == two.gpu.name == "L4-24GB" and one.share == two.share == int(0.9 * CARD)
+    assert one.weights == parameters * 2 and two.weights == parameters  # halved over two GPUs
+    per_token = kv_cache_bytes(model.config, tokens=1, dtype=torch.float16)
+    assert one.kv_token == per_token and two.kv_token == per_token // 2  # the two kv-heads split
+    assert one.kv_cache == one.share - one.weights - RUNTIME_ALLOWANCE and one.max_model_len == 4096
+    assert one.refusal() is None and one.at_once == 8 and "all at once" in one.note()
+    # Four GPUs for two kv-heads: each GPU keeps one head (vLLM replicates them), not half of one.
+    assert server_memory(memlab.VLLMServer(tensor_parallel_size=4), model, trainer_gpu="L4-24GB",
+                         sequence_tokens=40, sequences=8).kv_token == per_token // 2
+    # A QLoRA policy's base is served unquantized: its packed layer at its full element count, adapters left out.
+    packed = model.model.layers[0].mlp.up_proj
+    packed.weight = torch.nn.Parameter(torch.zeros(64 * 128 // 2, 1, dtype=torch.uint8), requires_grad=False)
+    packed.weight.quant_state = SimpleNamespace(shape=torch.Size([128, 64]))  # type: ignore[attr-defined]
+    packed.register_parameter("lora_A", torch.nn.Parameter(torch.zeros(4, 64)))
+    assert served_weight_bytes(model, torch.float16) == parameters * 2
+
+    # A small share: the KV cache left cannot hold one max_model_len sequence, so vLLM would not start; a
+    # max_model_len over the model's own is refused as vLLM refuses it; then the utilization asked exceeds what the
+    # card has free after the CUDA context.
+    room_for_1040 = round((RUNTIME_ALLOWANCE + one.weights + 1040 * one.kv_token) / CARD, 7)
+    short = server_memory(memlab.VLLMServer(gpu="L4-24GB", gpu_memory_utilization=room_for_1040), model,
+                          trainer_gpu=None, sequence_tokens=40, sequences=8)
+    said = short.refusal()
+    assert short.tokens_held == 1040 and said is not None and "vLLM would not start" in said
+    assert "--max-model-len 48" in said  # the trainer's longest sequence, in whole blocks
+    longer = server_memory(memlab.VLLMServer(max_model_len=8192), model, trainer_gpu=None, sequence_tokens=40,
+                           sequences=8).refusal()
+    assert longer is not None and "max_position_embeddings=4096" in longer and "--max-model-len 4096" in longer
+    small = gpu_kind("small", memory="1280MiB", capability="8.0")
+    assert "vLLM would not start" in str(server_memory(memlab.VLLMServer(gpu=small), model, trainer_gpu=None,
+                                                       sequence_tokens=40, sequences=8).refusal())
+    whole = server_memory(memlab.VLLMServer(gpu="T4-16GB", gpu_memory_utilization=1.0), model, trainer_gpu=None,
+                          sequence_tokens=40, sequences=8)
+    said = whole.refusal()
+    t4 = GPUS["T4-16GB"]
+    most = math.floor((t4.memory_bytes - t4.context_bytes) / t4.memory_bytes * 100) / 100
+    assert said is not None and f"write --gpu-memory-utilization {most} or less" in said
+    # Fewer tokens than the batch needs: some sequences wait their turn.
+    crowded = server_memory(memlab.VLLMServer(gpu="L4-24GB", gpu_memory_utilization=room_for_1040,
+                                              max_model_len=512), model, trainer_gpu=None, sequence_tokens=400,
+                            sequences=8)
+    assert crowded.refusal() is None and crowded.at_once == 2 and "2 at once per engine, the rest in turns" in (
+        crowded.note())
+    # The trainer's sequences longer than the server takes: refused as vLLM refuses such a request.
+    cut = server_memory(memlab.VLLMServer(max_model_len=256), model, trainer_gpu=None, sequence_tokens=400,
+                        sequences=8).refusal()
+    assert cut is not None and "400 tokens" in cut and "--max-model-len 400" in cut
+
+
+def test_a_served_trainer_says_what_each_server_gpu_holds(vllm_trainer: Any) -> None:
+    trainer = vllm_trainer(vllm_mode="server")
+    default = memlab.estimate(trainer, gpu="L4-24GB")
+    given = memlab.estimate(trainer, gpu="L4-24GB",
+                            vllm_server=memlab.VLLMServer(gpu="H100-80GB", tensor_parallel_size=2,
+                                                          data_parallel_size=2, gpu_memory_utilization=0.5))
+    assert default.status == given.status == "ok", (default.error, given.error)
+    assert "the server's 1 L4-24GB GPU (tensor_parallel_size=1" in " ".join(default.notes)
+    said = " ".join(given.notes)
+    assert "the server's 4 H100-80GB GPUs (tensor_parallel_size=2, data_parallel_size=2" in said
+    assert f"share {format_bytes(int(0.5 * CARD_H100))}" in said
+    assert given.peak_bytes == default.peak_bytes  # the trainer's card is the trainer's alone either way
+    # A server that would not start is an error trial saying what to write.
+    refused = memlab.estimate(trainer, gpu="L4-24GB", vllm_server=memlab.VLLMServer(gpu_memory_utilization=0.04))
+    assert refused.status == "error" and "vLLM would not start" in refused.error and "--max-model-len" in refused.error
+
+
+def test_vllm_server_is_refused_where_no_server_generates(vllm_trainer: Any) -> None:
+    colocated = vllm_trainer()
+    with pytest.raises(MemlabError, match=r"vllm_mode='server'\) generates on, and this is not one \(vllm_mode="
+                                          r"'colocate'\); leave vllm_server out"):
+        memlab.estimate(colocated, gpu="L4-24GB", vllm_server=memlab.VLLMServer())
+    with pytest.raises(MemlabError, match="is not a VLLMServer; write vllm_server=memlab.VLLMServer"):
+        memlab.estimate(vllm_trainer(vllm_mode="server"), gpu="L4-24GB", vllm_server={"tensor_parallel_size": 2})
+    with pytest.raises(MemlabError, match="tensor_parallel_size=0 is not a number of GPUs"):
+        memlab.VLLMServer(tensor_parallel_size=0)
