@@ -20,7 +20,7 @@ import shlex
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from memlab.frontends.gpu_cli import gpu_flags
+from memlab.frontends.cli.gpu import gpu_flags
 
 __all__ = ["command_for", "largest_split", "plan_try", "searched_lines", "suggestion_lines", "trainer_command",
            "trainer_next_lines", "trainer_plan_options", "trainer_suggestions"]
@@ -194,7 +194,7 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
     changes or None)`` each, every command estimated to fit. ``words``: a message's config fields as the command's
     options.
 
-    Example (``tests/frontends/test_trainer_cli.py`` asks a budget nothing fits)::
+    Example (``tests/frontends/cli/test_trainer_cli.py`` asks a budget nothing fits)::
 
         for trial, command, changes in trainer_suggestions(args, trainer, memlab.Plan.from_trainer(trainer),
                                                            report, say):
@@ -204,7 +204,7 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
 
     import memlab
     from memlab.estimation.cuda.gpus import gpu_kind
-    from memlab.frontends.gpu_cli import cli_gpu
+    from memlab.frontends.cli.gpu import cli_gpu
     from memlab.search.speed import speed_prior
     from memlab.search.suggest import combinations, combined_suggestions
 
@@ -305,7 +305,7 @@ def _grpo_changes(args: argparse.Namespace, trainer: Any, own: Any, lowest: Any,
                   words: Callable[[str], str]) -> list[tuple[Any, str, str | None]]:
     """The GRPOConfig changes estimated to fit with ``lowest``'s plan (:func:`memlab.kinds.grpo.suggest.
     grpo_suggestions`), each with its command and what it changes in the training."""
-    from memlab.frontends.gpu_cli import cli_gpu
+    from memlab.frontends.cli.gpu import cli_gpu
     from memlab.kinds.grpo.suggest import grpo_suggestions
 
     completion = int(trainer.max_completion_length)
@@ -379,11 +379,11 @@ def trainer_command(args: argparse.Namespace, changes: dict[str, Any] | None = N
                     tries: Any = ()) -> str:
     """The user's trainer command (the model, ``--trainer`` and each trainer option given, ``--dtype``, the budget,
     ``--gpu`` and ``--device``) with ``changes`` (``{option as args names it: value}``; None leaves the option
-    out, True is a bare flag) and ``tries`` as its ``--try`` (:func:`memlab.frontends.estimate.next.command_for`).
+    out, True is a bare flag) and ``tries`` as its ``--try`` (:func:`memlab.frontends.cli.estimate.next.command_for`).
 
     Example:
         >>> parser = argparse.ArgumentParser(prog="memlab estimate")
-        >>> from memlab.frontends.estimate.cli import add_arguments
+        >>> from memlab.frontends.cli.estimate.command import add_arguments
         >>> add_arguments(parser)
         >>> args = parser.parse_args(["llama-7b", "--trainer", "grpo", "--beta", "0.04", "--lora", "16",
         ...                           "--gpu", "L4-24GB"])

@@ -22,7 +22,7 @@ import os
 from typing import Any, TextIO
 
 from memlab.errors import MemlabError
-from memlab.frontends.cli_errors import DEFAULT_BATCH
+from memlab.frontends.cli.errors import DEFAULT_BATCH
 
 __all__ = ["OPTION_KINDS", "TRAINER_LEVERS_ASKED", "add_trainer_arguments", "asks_trainer", "build_trainer",
            "keeps_whole_answer", "run_trainer", "word_tokenizer"]
@@ -56,7 +56,7 @@ def _flag(name: str) -> str:
 
 
 def _positive(option: str, example: int) -> Any:
-    from memlab.frontends.cli_errors import whole_number
+    from memlab.frontends.cli.errors import whole_number
 
     return whole_number(option, "tokens" if "length" in option else "rows" if "batch" in option else "steps"
                         if "steps" in option else "generations" if "generations" in option else "ranks", example)
@@ -72,7 +72,7 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
         >>> args.trainer, args.num_generations, args.beta, args.max_completion_length
         ('grpo', 8, 0.0, None)
     """
-    from memlab.frontends.cli_errors import fraction
+    from memlab.frontends.cli.errors import fraction
 
     group = parser.add_argument_group(
         "trainer", "a TRL trainer's step instead of a plain training step (TRL's config fields, as "
@@ -228,11 +228,11 @@ def _check_tries(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``from_pretrained`` keywords the load options say (:func:`memlab.frontends.load_cli.load_from_args`),
+    """The ``from_pretrained`` keywords the load options say (:func:`memlab.frontends.cli.load.load_from_args`),
     the policy in bf16 where ``--dtype`` is not given."""
     import torch
 
-    from memlab.frontends.load_cli import load_from_args
+    from memlab.frontends.cli.load import load_from_args
 
     load = load_from_args(args) or {}
     load.setdefault("dtype", torch.bfloat16)
@@ -510,7 +510,7 @@ def _trl_words(message: str) -> str:
 
 def keeps_whole_answer(args: argparse.Namespace) -> bool:
     """Whether ``memlab estimate`` may keep the whole answer of ``args`` under its words
-    (:mod:`memlab.frontends.estimate.kept`): not a trainer's read from a folder, which reads the tokenizer's files
+    (:mod:`memlab.frontends.cli.estimate.kept`): not a trainer's read from a folder, which reads the tokenizer's files
     too, which the kept answer's key does not hold (asked again each time).
 
     Example:
@@ -526,7 +526,7 @@ def run_trainer(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     step said on ``err``."""
     import contextlib
 
-    from memlab.frontends.estimate.progress import EstimateProgress
+    from memlab.frontends.cli.estimate.progress import EstimateProgress
     from memlab.runner.quiet import collecting
 
     # What a library prints while the trainer is built (DeepSpeed's accelerator line) goes to err: out is the table.
@@ -576,10 +576,10 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     from memlab.estimation.dryrun.adapters import loaded_weight_bytes
     from memlab.estimation.dryrun.load import model_on_meta
     from memlab.estimation.estimate import load_config
-    from memlab.frontends.cli_errors import estimate_status
-    from memlab.frontends.estimate.text import json_with_verdicts
-    from memlab.frontends.gpu_cli import check_gpu_flags, cli_gpu, gpu_budget
-    from memlab.frontends.host_cli import host_judged
+    from memlab.frontends.cli.errors import estimate_status
+    from memlab.frontends.cli.estimate.text import json_with_verdicts
+    from memlab.frontends.cli.gpu import check_gpu_flags, cli_gpu, gpu_budget
+    from memlab.frontends.cli.host import host_judged
     from memlab.plan import parse_budget, parse_grid
     from memlab.report import Report
 
@@ -620,7 +620,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         report = Report(host_judged(trials, args), budget=budget)
         fits = any(report.fits(trial) for trial in report.trials)
         if budget is not None and not fits:
-            from memlab.frontends.estimate.next import trainer_suggestions
+            from memlab.frontends.cli.estimate.next import trainer_suggestions
 
             suggested = trainer_suggestions(args, trainer, own, report, say, words=_trl_words)
             if not suggested:
@@ -642,11 +642,11 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         data["peak_phase"] = data["trials"][0]["peak_phase"]
         print(json.dumps(data, indent=2, default=str), file=out)
     else:
-        from memlab.frontends.estimate.text import single_text
+        from memlab.frontends.cli.estimate.text import single_text
 
         report = dataclasses.replace(report, suggestions=levers)
         header = _header(args, trainer.model, settings, plans, budget)
-        from memlab.frontends.estimate.next import trainer_next_lines
+        from memlab.frontends.cli.estimate.next import trainer_next_lines
 
         after = trainer_next_lines(args, suggested) if budget is not None and not fits else []
         lines = single_text(args, header, report, budget, after)
@@ -671,16 +671,16 @@ def _own_plan(trainer: Any, settings: dict[str, Any]) -> Any:
 
 def _quantized_alternative(args: argparse.Namespace, config: Any, source: str, budget: int,
                            say: Any) -> list[tuple[Any, str, str | None]]:
-    """The same trainer on a 4-bit base (QLoRA: :data:`memlab.frontends.trainer_floor.QUANTIZED_BASE`, computing in
+    """The same trainer on a 4-bit base (QLoRA: :data:`memlab.frontends.cli.trainer_floor.QUANTIZED_BASE`, computing in
     the GPU's half precision, LoRA of rank 16 where none was asked), estimated; ``[(trial, command, what it
     changes)]`` where it fits, else nothing. None for a base already quantized."""
     import copy
     import tempfile
 
     import memlab
-    from memlab.frontends.estimate.next import largest_split, trainer_command, trainer_plan_options
-    from memlab.frontends.gpu_cli import cli_gpu
-    from memlab.frontends.trainer_floor import four_bit_changes
+    from memlab.frontends.cli.estimate.next import largest_split, trainer_command, trainer_plan_options
+    from memlab.frontends.cli.gpu import cli_gpu
+    from memlab.frontends.cli.trainer_floor import four_bit_changes
     from memlab.search.memory import FIT_MARGIN
 
     if args.load_in_4bit or args.load_in_8bit:
@@ -721,8 +721,8 @@ def _foregone(args: argparse.Namespace, config: Any, source: str, settings: dict
 
     from memlab.estimation.dryrun.adapters import loaded_weight_bytes
     from memlab.estimation.dryrun.load import model_on_meta
-    from memlab.frontends.estimate.next import trainer_command
-    from memlab.frontends.trainer_floor import floor_verdict, four_bit_changes, remedies
+    from memlab.frontends.cli.estimate.next import trainer_command
+    from memlab.frontends.cli.trainer_floor import floor_verdict, four_bit_changes, remedies
 
     weights, context, budget = sizes
     quantized = bool(args.load_in_4bit or args.load_in_8bit)
@@ -754,7 +754,7 @@ def _header(args: argparse.Namespace, model: Any, settings: dict[str, Any], plan
     parameters, the question and the GPU with its budget."""
     import textwrap
 
-    from memlab.frontends.estimate.text import WIDTH, budget_words, count_text, for_gpu
+    from memlab.frontends.cli.estimate.text import WIDTH, budget_words, count_text, for_gpu
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     parameters = sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)
@@ -771,7 +771,7 @@ def _peak_lines(trials: list[Any]) -> list[str]:
     """Where each plan's peak is: the phase that holds it and each phase's highest (one plan), or each plan's phase."""
     import textwrap
 
-    from memlab.frontends.estimate.text import WIDTH
+    from memlab.frontends.cli.estimate.text import WIDTH
 
     if len(trials) == 1:
         phases = _phase_peaks(trials[0])
