@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """
     from memlab.estimation.estimate import KNOWN_SHAPES
     from memlab.frontends.cli.estimate.text import shape_names
-    from memlab.frontends.cli.trainer import TRAINER_LEVERS_ASKED, add_trainer_arguments
+    from memlab.frontends.cli.trainer import add_trainer_arguments, levers_asked
     from memlab.frontends.levers import lever_help, model_lever_specs, trainer_levers_note
 
     parser.description = _DESCRIPTION.format(shapes=shape_names(KNOWN_SHAPES))
@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "accumulation=4 optimizer=adamw,adamw8bit (default: the plain plan). The settings (docs/levers.md says what "
         "each does): "
         + lever_help(model_lever_specs(), said=False).replace("%", "%%") + ". "
-        + trainer_levers_note(TRAINER_LEVERS_ASKED),
+        + trainer_levers_note(levers_asked()),
     )
     parser.add_argument(
         "--device",
@@ -162,7 +162,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from memlab.estimation.cuda.context import card_contexts
     from memlab.estimation.estimate import load_config, meta_model, parse_batch_shape
     from memlab.frontends.cli.host import host_judged
-    from memlab.frontends.cli.trainer import TRAINER_LEVERS_ASKED, asks_trainer, run_trainer
+    from memlab.frontends.cli.trainer import asks_trainer, levers_asked, run_trainer
     from memlab.frontends.levers import refuse_trainer_levers
     from memlab.plan import parse_axes, parse_budget, parse_grid
     from memlab.search.space import keep_rows
@@ -173,7 +173,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     rows, tokens = batch["input_ids"]
     grid = list(args.try_ or [])
     # a trainer's own settings: refused before any run, with the trainer question that asks them
-    refuse_trainer_levers(parse_axes(grid), f"memlab estimate {args.model}", TRAINER_LEVERS_ASKED)
+    refuse_trainer_levers(parse_axes(grid), f"memlab estimate {args.model}", levers_asked())
     # --try micro_batch=... keeps the batch's rows per optimizer step, as %%memfit does (the same function).
     left_out: list[str] = []
     plans, kept = keep_rows(parse_grid(grid, left_out=left_out), grid, rows, f"--batch {args.batch}")

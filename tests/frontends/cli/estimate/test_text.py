@@ -28,7 +28,7 @@ from models import llama_config_dir
 from test_next import _run  # main() with its stdout, stderr and exit status
 
 from memlab.frontends.cli.main import main
-from memlab.frontends.cli.trainer import TRAINER_LEVERS_ASKED
+from memlab.frontends.cli.trainer import levers_asked
 
 WIDTH = 120
 
@@ -213,7 +213,7 @@ def test_a_trainers_own_setting_is_refused_up_front_and_not_offered(
     assert status == 2 and out == "", out
     line = " ".join(err.split())  # one message, wrapped to the answer's width
     assert line.startswith(f"memlab estimate: {key} is a setting of a TRL {owner}"), line
-    asked = TRAINER_LEVERS_ASKED[key]  # the command's own trainer question, not Python (issue 84, item 5)
+    asked = levers_asked()[key]  # the command's own trainer question, not Python (issue 84, item 5)
     assert f"ask the trainer's question: memlab estimate {verdicts_config_dir} {asked}" in line, line
     assert all(len(text) <= 120 for text in err.splitlines()), err
     status, out, _ = _run(["estimate", "--help"])
