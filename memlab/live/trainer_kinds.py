@@ -242,6 +242,11 @@ class TrainerCli:
         tries: ``--try LEVER=...`` on it refused, ``{lever: what to write instead}`` (its options say them).
         changes: the config changes that fit where no lever does (:class:`CliChanges`; they change the training).
         none_fit: what the answer says where nothing fits ("" for the words every kind's answer says).
+        said_by: the levers its options say (``{lever: option}``: a suggested plan's value written as that option;
+            a flag given where the value is true, left out otherwise; None cannot be said by an option that takes a
+            value).
+        building: what holds while its trainer is built, given its settings (GRPO's: a stand-in for a vLLM engine
+            where vLLM is not installed); None: nothing.
     """
 
     word: str
@@ -254,6 +259,8 @@ class TrainerCli:
     tries: Mapping[str, str] = field(default_factory=dict)
     changes: CliChanges | None = None
     none_fit: str = ""
+    said_by: Mapping[str, str] = field(default_factory=dict)
+    building: Callable[[dict[str, Any]], AbstractContextManager[None]] | None = None
 
 
 @runtime_checkable

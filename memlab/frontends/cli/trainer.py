@@ -321,6 +321,8 @@ def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: st
     except ImportError as error:
         raise MemlabError(f"--trainer {args.trainer} needs TRL and peft, and {error.name} is not installed; write pip "
                           "install trl peft") from None
+    import contextlib
+
     from datasets import Dataset
 
     from memlab.estimation.dryrun.load import model_on_meta
@@ -347,7 +349,8 @@ def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: st
     keywords.update(own)
     try:
         trl_args = config_class(**common, **settings)
-        with _vllm_stand_in(settings.get("use_vllm", False)):
+        building = _cli(kind).building
+        with building(settings) if building is not None else contextlib.nullcontext():
             trainer = trainer_on_meta(trainer_class, model=policy, args=trl_args, train_dataset=Dataset.from_list(data),
                                       processing_class=tokenizer, **keywords)
     except ImportError as error:  # TRL's check of an optional package it needs (Liger)
@@ -374,36 +377,6 @@ def _load_words(load: dict[str, Any]) -> str | None:
     return "8-bit" if parsed.quantize == "int8" else f"4-bit {parsed.quantize.upper()}"
 
 
-class _vllm_stand_in:  # noqa: N801 - a context manager read as a phrase
-    """TRL's colocated engine replaced, while the trainer is built, by a stand-in that holds its settings where vLLM
-    is not installed: memlab never generates with it (the estimate counts its share by vLLM's arithmetic,
-    :mod:`memlab.kinds.grpo.vllm`)."""
-
-    def __init__(self, wanted: bool) -> None:
-        self.wanted = wanted
-        self.patch: Any = None
-
-    def __enter__(self) -> None:
-        import importlib.util
-
-        if not self.wanted or importlib.util.find_spec("vllm") is not None:
-            return
-        import trl.trainer.grpo_trainer as grpo_module
-
-        from memlab.live.patching import patched
-
-        class Engine:
-            def __init__(self, **settings: Any) -> None:
-                self.settings = settings
-
-        self.patch = patched(grpo_module, VLLMGeneration=Engine)
-        self.patch.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.patch is not None:
-            self.patch.__exit__(*exc)
-
-
 def _trl_words(message: str) -> str:
     """A TRL or memlab message about the config's fields in the command's options (a name already written as an
     option stays as it is).
@@ -411,12 +384,15 @@ def _trl_words(message: str) -> str:
     Example:
         >>> _trl_words("`max_completion_length` must be positive; or add --lora 16")
         '--max-completion-length must be positive; or add --lora 16'
+        >>> _trl_words("GRPOConfig(vllm_gpu_memory_utilization=0.3) leaves no room")
+        '--vllm-gpu-memory-utilization 0.3 leaves no room'
     """
     import re
 
-    message = re.sub(r"GRPOConfig\(vllm_gpu_memory_utilization=([0-9.]+)\)", r"--vllm-gpu-memory-utilization \1",
-                     message)
-    for name in option_kinds():
+    options = option_kinds()
+    message = re.sub(r"\b\w+Config\((\w+)=([0-9.]+)\)",  # GRPOConfig(vllm_gpu_memory_utilization=0.3)
+                     lambda found: f"{_flag(found[1])} {found[2]}" if found[1] in options else found[0], message)
+    for name in options:
         # not after "-": "--lora" in memlab's own messages was made "----lora"
         message = re.sub(rf"(?<![-\w])`?{name}\b`?", _flag(name), message)
     return message

@@ -96,11 +96,43 @@ def _changes(trainer: Any, plan: Any, budget: int, estimate: dict[str, Any],
     return changed
 
 
+class _vllm_stand_in:  # noqa: N801 - a context manager read as a phrase
+    """TRL's colocated engine replaced, while the trainer is built, by a stand-in that holds its settings where vLLM
+    is not installed: memlab never generates with it (the estimate counts its share by vLLM's arithmetic,
+    :mod:`memlab.kinds.grpo.vllm`)."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.wanted = bool(settings.get("use_vllm", False))
+        self.patch: Any = None
+
+    def __enter__(self) -> None:
+        import importlib.util
+
+        if not self.wanted or importlib.util.find_spec("vllm") is not None:
+            return
+        import trl.trainer.grpo_trainer as grpo_module
+
+        from memlab.live.patching import patched
+
+        class Engine:
+            def __init__(self, **settings: Any) -> None:
+                self.settings = settings
+
+        self.patch = patched(grpo_module, VLLMGeneration=Engine)
+        self.patch.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.patch is not None:
+            self.patch.__exit__(*exc)
+
+
 _VLLM = ("is a setting of the colocated vLLM engine; write --vllm-gpu-memory-utilization 0.3 (and "
          "--vllm-enable-sleep-mode to put it to sleep while the policy trains)")
 
 GRPO_CLI = TrainerCli(
     "grpo", settings=_settings, examples=_examples, question=_question, check=_check, changes=_changes,
+    building=_vllm_stand_in, said_by={"vllm_memory": "vllm_gpu_memory_utilization",
+                                      "vllm_sleep": "vllm_enable_sleep_mode"},
     options=(
         CliOption("num_generations", "GRPO: completions per prompt (TRL's default: 8)", metavar="N", example="8",
                   before="prompt_length"),

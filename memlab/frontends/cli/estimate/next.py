@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from memlab.frontends.cli.gpu import gpu_flags
-from memlab.frontends.cli.options import option_order
+from memlab.frontends.cli.options import cli_kinds, option_order, trainer_options
 from memlab.live.trainer_kinds import CliChanges, cli_kind
 
 __all__ = ["command_for", "largest_split", "plan_try", "searched_lines", "suggestion_lines", "trainer_command",
@@ -382,8 +382,12 @@ def trainer_command(args: argparse.Namespace, changes: dict[str, Any] | None = N
     return command_for(args, list(tries), options=words)
 
 
-_SAID_BY_OPTIONS = ("micro_batch", "accumulation", "checkpointing", "weights", "vllm_memory", "vllm_sleep",
-                    *_ADAPTERS)
+_SAID_BY_OPTIONS = ("micro_batch", "accumulation", "checkpointing", "weights", *_ADAPTERS)
+
+
+def _said_by_options() -> dict[str, str]:
+    """The levers a kind's own options say (its CLI facet's ``said_by``), every kind's."""
+    return {lever: option for kind in cli_kinds() if kind.cli is not None for lever, option in kind.cli.said_by.items()}
 
 
 def trainer_plan_options(plan: Any, own: Any) -> tuple[dict[str, Any], list[str]] | None:
@@ -422,15 +426,20 @@ def trainer_plan_options(plan: Any, own: Any) -> tuple[dict[str, Any], list[str]
                 or plan.lora_alpha not in (None, 2 * plan.lora_rank) or plan.lora_dropout != own.lora_dropout:
             return None
         changes["lora"] = plan.lora_rank
-    if plan.vllm_memory != own.vllm_memory:
-        if plan.vllm_memory is None:
-            return None
-        changes["vllm_gpu_memory_utilization"] = plan.vllm_memory
-    if plan.vllm_sleep != own.vllm_sleep:
-        changes["vllm_enable_sleep_mode"] = True if plan.vllm_sleep else None
+    said = _said_by_options()
+    flags = {name for name, option in trainer_options().items() if option.value == "flag"}
+    for lever, option in said.items():  # a lever a kind's own option says (GRPO's vLLM engine)
+        value = getattr(plan, lever)
+        if value != getattr(own, lever):
+            if option in flags:
+                changes[option] = True if value else None
+            elif value is None:
+                return None
+            else:
+                changes[option] = value
     for name in PLAN_FIELDS:
         value = getattr(plan, name)
-        if name in _SAID_BY_OPTIONS or value == getattr(own, name):
+        if name in _SAID_BY_OPTIONS or name in said or value == getattr(own, name):
             continue
         if not isinstance(value, (bool, int, float, str)):
             return None
