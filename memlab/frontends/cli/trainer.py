@@ -119,9 +119,9 @@ def _check(args: argparse.Namespace) -> None:
             said = " or ".join(f"--trainer {kind}" for kind in kinds)
             raise MemlabError(f"{_flag(name)} is a setting of {said}, not --trainer {args.trainer}; leave it out, or "
                               f"write {said}")
-    check = cli_kind(args.trainer).cli
-    if check is not None and check.check is not None:
-        check.check(args)
+    own_check = _cli(cli_kind(args.trainer)).check  # its own options that do not go together
+    if own_check is not None:
+        own_check(args)
     if args.bf16 == "on" and args.fp16 == "on":
         raise MemlabError("--bf16 on and --fp16 on ask two autocast dtypes; write one of them")
     if args.optim is not None:
