@@ -53,8 +53,8 @@ from memlab.techniques.offload import (
 pytest.importorskip("trl")
 import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from test_trainer_contract import arguments, llama, pad, rows, tokenizer  # noqa: E402
 from test_dpo import preferences  # noqa: E402
+from test_trainer_contract import arguments, llama, pad, rows, tokenizer  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,9 +15,9 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from test_trainer_contract import llama, tokenizer  # noqa: E402
 from test_dpo import dpo  # noqa: E402
 from test_grpo_step import FAST, _bytes, _held, _rng, _same, grpo, phase_peaks  # noqa: E402
+from test_trainer_contract import llama, tokenizer  # noqa: E402
 from trl_trainers import trained_with  # noqa: E402
 
 import memlab  # noqa: E402
