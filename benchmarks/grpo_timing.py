@@ -79,8 +79,8 @@ def answer_one(name: str) -> dict[str, Any]:
             raise ValueError("a command-line question runs as its own process")
         import memlab
         from memlab.estimation.estimate import load_config
-        from memlab.frontends.cli import build_parser
-        from memlab.frontends.trainer_cli import build_trainer
+        from memlab.frontends.cli.main import build_parser
+        from memlab.frontends.cli.trainer import build_trainer
 
         args = build_parser().parse_args(["estimate", source, "--trainer", "grpo", *question["options"],
                                           "--gpu", GPU])

@@ -35,7 +35,7 @@ def one_run(threads: int | None, noise: float | None = None) -> dict[str, Any]:
     search's noise target (default: the demo's; 0 times exactly one step per plan, for a smoke test of the code)."""
     import torch
 
-    from memlab.frontends.cli import DEMO_BUDGET_FRACTION, demo_space
+    from memlab.frontends.cli.main import DEMO_BUDGET_FRACTION, demo_space
     from memlab.frontends.demo import default_batch, default_model
     from memlab.plan import Plan
     from memlab.runner.trial import measure

@@ -97,7 +97,7 @@ PAGED_MIN_ELEMENTS = 100_000
 
 
 def _words(count: int, start: int = 0) -> str:
-    """``count`` words that :func:`memlab.frontends.trainer_cli.word_tokenizer` makes one token each."""
+    """``count`` words that :func:`memlab.frontends.cli.trainer.word_tokenizer` makes one token each."""
     return " ".join(f"w{(start + i) % 60}" for i in range(count))
 
 
@@ -215,7 +215,7 @@ def build_trainer(run: Run, folder: Path, *, loss: str | None = None, liger_patc
     from datasets import Dataset
 
     import memlab
-    from memlab.frontends.trainer_cli import word_tokenizer
+    from memlab.frontends.cli.trainer import word_tokenizer
 
     loss = loss or run.loss
     prompt = prompt_tokens or run.prompt_tokens

@@ -556,3 +556,33 @@ def test_the_test_layout_refuses_an_issue_name_a_flat_pile_and_a_module_memlab_l
     assert _test_file_misplaced(Path("frontends/jupyter/browser/test_panel.py")) == (
         "test_panel.py does not start browser")
     assert _test_file_misplaced(Path("test_plan.py")) is None and _test_file_misplaced(Path("test_zoo_vlm.py")) is None
+
+
+def _kind_test_misplaced(relative: Path, kinds: list[str]) -> str | None:
+    """Why a test file (``relative`` to ``tests/``) named for a trainer kind (one of ``kinds``, the folders of
+    ``memlab/kinds/``, as one of the words of its name) sits outside that kind's test folder, ``tests/kinds/<kind>/``;
+    None where it sits there or names no kind."""
+    words = relative.stem.removeprefix("test_").split("_")
+    for kind in kinds:
+        if kind in words and relative.parent.parts[:2] != ("kinds", kind):
+            return f"{relative.as_posix()} is named for the {kind} kind: its place is tests/kinds/{kind}/"
+    return None
+
+
+def test_each_kind_s_tests_live_in_its_folder() -> None:
+    """A kind's code is its folder of ``memlab/kinds/`` and its tests are ``tests/kinds/<kind>/`` (issue 87): a test
+    file whose name says a kind (``test_trainer_grpo_step.py``) anywhere else fails. transformers' Trainer is every
+    kind's base and its folder's name is also ``memlab/trainer/``'s, so its name says no kind; the cross-cutting
+    folders (the docs, the GPU suite, the browser) are named for what they test."""
+    kinds = sorted(p.name for p in (PACKAGE / "kinds").iterdir()
+                   if (p / "__init__.py").is_file() and p.name != "trainer")
+    assert {"sft", "dpo", "grpo"} <= set(kinds)
+    files = [path.relative_to(TESTS) for path in TESTS.rglob("test_*.py")]
+    files = [relative for relative in files if not any(relative.parts[:len(folder)] == folder
+                                                        for folder in _CROSS_CUTTING_FOLDERS)]
+    assert {relative: why for relative in files if (why := _kind_test_misplaced(relative, kinds))} == {}
+    assert _kind_test_misplaced(Path("trainer/test_trainer_grpo_step.py"), kinds) == (
+        "trainer/test_trainer_grpo_step.py is named for the grpo kind: its place is tests/kinds/grpo/")
+    assert _kind_test_misplaced(Path("kinds/dpo/test_grpo_fit.py"), kinds) is not None  # another kind's folder
+    assert _kind_test_misplaced(Path("kinds/grpo/test_grpo_step.py"), kinds) is None
+    assert _kind_test_misplaced(Path("search/test_limits_trainer.py"), kinds) is None  # the Trainer says no kind

@@ -7,7 +7,7 @@ the device, the sharding, the budget, the allocator assumed, the versions of the
 files (memlab's version does not change between commits; its files do). What is kept is the trials as data
 (:meth:`memlab.report.Trial.to_dict`), never the printed text: the words come from the code that runs. (A whole
 question's printed answer is kept apart, keyed by its words, the config it read and memlab's files:
-:mod:`memlab.frontends.estimate.kept`.) The folder, the stack's stamp and the entries' layout are
+:mod:`memlab.frontends.cli.estimate.kept`.) The folder, the stack's stamp and the entries' layout are
 :mod:`memlab.live.cache`'s, torch-free.
 
 Only the command line keeps answers (:func:`answers_kept` around one ask); :func:`memlab.estimate` and every other

@@ -4,7 +4,7 @@ memlab's own files: :func:`stack_stamp`), an answer's key (:func:`answer_key`) a
 (:func:`read_rows`, :func:`write_rows`).
 
 The dry runs' answers (:mod:`memlab.estimation.answers`) and a whole question's answer
-(:mod:`memlab.frontends.estimate.kept`, read before torch is imported) both keep theirs here, in one layout.
+(:mod:`memlab.frontends.cli.estimate.kept`, read before torch is imported) both keep theirs here, in one layout.
 """
 
 from __future__ import annotations

@@ -25,17 +25,19 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from memlab.errors import MemlabError
 from memlab.seams import provided
 
-__all__ = ["WATCH", "WORST_BATCH", "Arguments", "CheckPlan", "CompletionRoom", "Elsewhere", "Estimate", "ExportRefusal",
-           "FitDryRuns", "MakeBatch", "OldLogps", "OwnBatch", "OwnStep", "TrainerKind", "declared", "generates",
-           "is_trainer", "kind_for_config", "kind_of", "kinds", "register"]
+__all__ = ["WATCH", "WORST_BATCH", "Arguments", "CheckPlan", "CliChanges", "CliCheck", "CliExamples", "CliOption",
+           "CliQuestion", "CliSettings", "CliWords", "CompletionRoom", "Elsewhere", "Estimate", "ExportRefusal",
+           "FitDryRuns", "KindSizes", "MakeBatch", "OldLogps", "OwnBatch", "OwnStep", "Sizes", "TrainerCli",
+           "TrainerKind", "cli_kind", "declared", "generates", "is_trainer", "kind_for_config", "kind_of",
+           "kind_or_none", "kinds", "register"]
 
 WORST_BATCH = "the train dataset's costliest examples, each micro-batch collated by the trainer"
 
@@ -121,6 +123,146 @@ class StartAfresh(Protocol):
     def __call__(self, trainer: Any) -> None: ...
 
 
+class Sizes(Protocol):
+    """``sizes(trainer, vary) -> KindSizes``: what :func:`memlab.limits` varies on a kind that :attr:`generates`
+    (``vary``: ``"tokens"`` or ``"rows"``), in place of a Trainer's ``per_device_train_batch_size``: its size now,
+    the step between sizes, the unit the answer names and each size set on the trainer while its dry run runs."""
+
+    def __call__(self, trainer: Any, vary: str) -> KindSizes: ...
+
+
+@dataclass(frozen=True)
+class KindSizes:
+    """A generating kind's sizes for :func:`memlab.limits` (:class:`Sizes`): ``current``, the trainer's own size;
+    ``multiple``, the step between sizes that keeps its batches whole (1: any); ``unit``, the answer's word for a
+    size (``"completion tokens"``); ``sized(size)``, a context manager that holds ``size`` on the trainer while an
+    estimate runs and puts every attribute back after; ``why``: what keeps the sizes multiples of ``multiple``, said
+    where a ``multiple`` given is not one."""
+
+    current: int
+    multiple: int
+    unit: str
+    sized: Callable[[int], AbstractContextManager[None]]
+    why: str = ""
+
+
+# --- what a kind adds to the command line (memlab estimate MODEL --trainer WORD): its CLI facet -------------------
+
+
+@dataclass(frozen=True)
+class CliOption:
+    """One option a kind adds to ``memlab estimate --trainer``, named after its config's field (``name`` as the
+    parsed arguments hold it: ``"num_generations"`` is ``--num-generations``).
+
+    Args:
+        name: the config field it sets, as ``args`` names it.
+        help: its help text.
+        metavar: the word its help shows for the value (None for a flag or a choice).
+        value: what it takes: ``"count"`` (a whole number >= 1), ``"fraction"`` (a share above 0, at most 1),
+            ``"float"``, ``"flag"`` (no value: True when given) or ``"on_off"``.
+        example: the value an error's fix writes (``"8"``).
+        before: the option every kind takes (or another kind's) it is listed before, in the help and in a repeated
+            command; None: after every kind's options.
+    """
+
+    name: str
+    help: str
+    metavar: str | None = None
+    value: str = "count"
+    example: str = ""
+    before: str | None = None
+
+
+class CliSettings(Protocol):
+    """``settings(args, positions) -> dict``: the config's keywords its own options set (its defaults for the
+    others where the question needs them), checked against the model's ``positions`` (None: the config does not
+    say), and ``"prompt_length"``: each prompt's tokens (None: plain text); ``args``: the parsed options. Raises
+    :class:`~memlab.errors.MemlabError` for settings that do not go together, saying what to write."""
+
+    def __call__(self, args: Any, positions: int | None) -> dict[str, Any]: ...
+
+
+class CliExamples(Protocol):
+    """``examples(args, settings, tokenizer, text, count) -> (examples, keywords)``: the stand-in train dataset's
+    ``count`` examples (``text(tokens, start)``: words ``tokenizer`` makes that many tokens of) and the trainer's
+    other keywords (a reward function); raises :class:`~memlab.errors.MemlabError` for a trainer it cannot build on
+    a meta model."""
+
+    def __call__(self, args: Any, settings: dict[str, Any], tokenizer: Any, text: Callable[[int, int], str],
+                 count: int) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...
+
+
+class CliQuestion(Protocol):
+    """``question(settings) -> CliWords``: the answer's header's words for the question (its examples, its loss,
+    its engine)."""
+
+    def __call__(self, settings: dict[str, Any]) -> CliWords: ...
+
+
+@dataclass(frozen=True)
+class CliWords:
+    """What a kind's question says in the answer's header: ``examples`` after its name (``"4 generations of up to
+    64 tokens after 16-token prompts"``), ``loss`` after the batch (``"beta 0"``), ``engine`` at the end."""
+
+    examples: str
+    loss: str = ""
+    engine: str = ""
+
+
+class CliCheck(Protocol):
+    """``check(args)``: raise :class:`~memlab.errors.MemlabError` for its options that do not go together."""
+
+    def __call__(self, args: Any) -> None: ...
+
+
+class CliChanges(Protocol):
+    """``changes(trainer, plan, budget, estimate, say) -> [(trial, {option: value}, option words, what changes)]``:
+    where no lever combination fits, the config changes that do (they change the training), each estimated on
+    ``plan`` (``estimate``: the keywords ``memlab.estimate`` takes: ``device``, ``gpu``; ``say(text)`` each step,
+    ``say.expect(n)`` the steps to come)."""
+
+    def __call__(self, trainer: Any, plan: Any, budget: int, estimate: dict[str, Any],
+                 say: Any) -> list[tuple[Any, dict[str, Any], str, str]]: ...
+
+
+@dataclass(frozen=True)
+class TrainerCli:
+    """What a kind adds to ``memlab estimate MODEL --trainer WORD`` (:mod:`memlab.frontends.cli.trainer`), beside
+    the options every kind takes (the batch split, ``--lora``, the precision...).
+
+    Args:
+        word: its ``--trainer`` value (``"grpo"``).
+        settings: its config's keywords from its options (:class:`CliSettings`).
+        examples: the stand-in dataset its trainer is built on (:class:`CliExamples`).
+        question: the header's words (:class:`CliQuestion`).
+        options: its own options (:class:`CliOption`); one two kinds take is one declaration.
+        check: its options that do not go together, refused before anything runs (:class:`CliCheck`).
+        asks: how the question asks each lever only its built trainer has (``{lever: options}``), which the plain
+            command's refusal says.
+        tries: ``--try LEVER=...`` on it refused, ``{lever: what to write instead}`` (its options say them).
+        changes: the config changes that fit where no lever does (:class:`CliChanges`; they change the training).
+        none_fit: what the answer says where nothing fits ("" for the words every kind's answer says).
+        said_by: the levers its options say (``{lever: option}``: a suggested plan's value written as that option;
+            a flag given where the value is true, left out otherwise; None cannot be said by an option that takes a
+            value).
+        building: what holds while its trainer is built, given its settings (GRPO's: a stand-in for a vLLM engine
+            where vLLM is not installed); None: nothing.
+    """
+
+    word: str
+    settings: CliSettings
+    examples: CliExamples
+    question: CliQuestion
+    options: tuple[CliOption, ...] = ()
+    check: CliCheck | None = None
+    asks: Mapping[str, str] = field(default_factory=dict)
+    tries: Mapping[str, str] = field(default_factory=dict)
+    changes: CliChanges | None = None
+    none_fit: str = ""
+    said_by: Mapping[str, str] = field(default_factory=dict)
+    building: Callable[[dict[str, Any]], AbstractContextManager[None]] | None = None
+
+
 @runtime_checkable
 class OwnBatch(Protocol):
     """A kind's own batch that carries its trainer (a GRPO step's prompts,
@@ -171,6 +313,12 @@ class TrainerKind:
         rows_per_example: rows of the batch its ``compute_loss`` takes per example its
             ``per_device_train_batch_size`` counts (a DPOTrainer's chosen and rejected, 2): what
             :func:`memlab.watch` counts a step's samples in, as the trainer's own samples per second does.
+        sizes: what :func:`memlab.limits` varies on a kind that :attr:`generates` (:class:`Sizes`: its completions'
+            length or its generations per device); None: a Trainer's examples per device.
+        generation_methods: the trainer's methods :func:`memlab.watch` wraps for one ``train()`` to mark its
+            phases on the timeline: the generation round's, the generation's, and the no-grad log-prob pass's (the
+            old policy's or the reference's), in that order; ``()``: none to mark.
+        cli: what it adds to ``memlab estimate MODEL --trainer WORD`` (:class:`TrainerCli`); None: not asked there.
     """
 
     name: str
@@ -193,6 +341,9 @@ class TrainerKind:
     completion_room: CompletionRoom | None = None
     start_afresh: StartAfresh | None = None
     rows_per_example: int = 1
+    sizes: Sizes | None = None
+    generation_methods: tuple[str, ...] = ()
+    cli: TrainerCli | None = None
 
     @property
     def generates(self) -> bool:
@@ -214,6 +365,15 @@ class TrainerKind:
         """
         return cls.__name__ == self.name and cls.__module__.startswith(self.module)
 
+    def trainer_class(self) -> type:
+        """Its trainer class, imported from its config's package (transformers' or TRL's).
+
+        Example:
+            >>> kinds()[0].trainer_class().__name__
+            'Trainer'
+        """
+        return self._imported(self.name)
+
     def config_class(self) -> type:
         """Its config class, imported (transformers' or TRL's).
 
@@ -221,13 +381,17 @@ class TrainerKind:
             >>> kinds()[0].config_class().__name__
             'TrainingArguments'
         """
+        return self._imported(self.config)
+
+    def _imported(self, name: str) -> type:
         import importlib
 
         try:
-            return getattr(importlib.import_module(self.config_module), self.config)  # type: ignore[no-any-return]
+            return getattr(importlib.import_module(self.config_module), name)  # type: ignore[no-any-return]
         except (ImportError, AttributeError):
-            raise MemlabError(f"a {self.name}'s config is {self.config_module}.{self.config}, which is not "
-                              f"installed; pip install {self.config_module}") from None
+            raise MemlabError(f"a {self.name}'s {'config' if name == self.config else 'class'} is "
+                              f"{self.config_module}.{name}, which is not installed; pip install "
+                              f"{self.config_module}") from None
 
 
 WATCH = ("memlab.watch(trainer, budget=...) works on it today: call it, then trainer.train(), and "
@@ -323,6 +487,34 @@ def generates(obj: Any) -> bool:
         return False
     kind = _nearest(obj)
     return isinstance(kind, TrainerKind) and kind.generates
+
+
+def kind_or_none(obj: Any) -> TrainerKind | None:
+    """The kind of ``obj`` where it is a trainer of a declared kind; None for anything else (no refusal: what
+    :func:`memlab.watch` asks, which takes every trainer).
+
+    Example:
+        >>> kind_or_none(object()) is None
+        True
+    """
+    if not is_trainer(obj):
+        return None
+    kind = _nearest(obj)
+    return kind if isinstance(kind, TrainerKind) else None
+
+
+def cli_kind(word: str) -> TrainerKind:
+    """The kind ``memlab estimate --trainer WORD`` asks (its :attr:`TrainerKind.cli`'s ``word``).
+
+    Example:
+        >>> cli_kind("grpo").name
+        'GRPOTrainer'
+    """
+    for kind in kinds():
+        if kind.cli is not None and kind.cli.word == word:
+            return kind
+    words = [kind.cli.word for kind in kinds() if kind.cli is not None]
+    raise MemlabError(f"--trainer {word} names no trainer kind; write one of {', '.join(words)}")
 
 
 def kind_for_config(config: type) -> TrainerKind | None:

@@ -3,83 +3,66 @@ DPOTrainer included) fits in a budget, and on TRL's GRPOTrainer the longest ``ma
 generations per device.
 
 A trainer's batches are what it makes from its dataset, so ``limits`` varies the trainer's own settings instead of a
-batch:
-
-- any trainer, ``vary="rows"``: ``per_device_train_batch_size`` (its ``gradient_accumulation_steps`` kept), each
-  size's worst batch collated from the train dataset as ``memlab.estimate(trainer)`` collates it; at most the
-  dataset's length. Its sequences are its dataset's, so ``vary="tokens"`` is refused with what to write instead;
-- a GRPOTrainer, ``vary="tokens"``: ``max_completion_length`` (every completion full length, the longest prompts
-  kept); its ceiling is the model's ``max_position_embeddings`` less the longest prompt;
-- a GRPOTrainer, ``vary="rows"``: ``per_device_train_batch_size``, the generations per device in one micro-batch,
-  with ``gradient_accumulation_steps`` and ``steps_per_generation`` kept (the generation batch follows:
-  ``per_device_train_batch_size x steps_per_generation`` completions, a multiple of ``num_generations`` as TRL
-  requires, so the sizes are multiples of ``num_generations / gcd(num_generations, steps_per_generation)``).
+batch: on any trainer, ``vary="rows"``, ``per_device_train_batch_size`` (its ``gradient_accumulation_steps`` kept),
+each size's worst batch collated from the train dataset as ``memlab.estimate(trainer)`` collates it, at most the
+dataset's length (its sequences are its dataset's, so ``vary="tokens"`` is refused with what to write instead); on a
+kind that generates, what its kind's sizes say (:attr:`memlab.live.trainer_kinds.TrainerKind.sizes`: a GRPOTrainer's
+completions' length or generations per device, :mod:`memlab.kinds.grpo.sizes`), up to the completion tokens its
+model's positions leave (:attr:`~memlab.live.trainer_kinds.TrainerKind.completion_room`).
 
 Each size is a dry run of the trainer's whole step (:func:`memlab.estimate` on the trainer: for GRPO, generation
 with its KV cache, the reference log-probs, the training step), with the setting changed on the trainer only while
 that estimate runs and put back after; nothing runs for real.
 
 Example:
-    >>> rows_multiple(num_generations=4, steps_per_generation=2)
+    >>> from types import SimpleNamespace
+    >>> trainer = SimpleNamespace(args=SimpleNamespace(per_device_train_batch_size=8))
+    >>> with examples_sized(trainer, 2):
+    ...     trainer.args.per_device_train_batch_size
     2
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Sized
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.live.patching import patched
-from memlab.live.trainer_kinds import generates, kind_of
+from memlab.live.trainer_kinds import KindSizes, generates, kind_of
 from memlab.plan import Plan
 from memlab.report.data import Trial
 
-__all__ = ["TrainerSizes", "rows_multiple", "sized", "trainer_sizes"]
-
-UNITS = {"tokens": "completion tokens", "rows": "generations per device"}
-"""What a size is on a GRPOTrainer, as the answer says it (on another trainer: ``"examples per device"``)."""
-
-
-def rows_multiple(num_generations: int, steps_per_generation: int) -> int:
-    """The smallest step of generations per device that keeps TRL's generation batch (``generations x
-    steps_per_generation``) a multiple of ``num_generations`` (whole prompts).
-
-    Example:
-        >>> rows_multiple(num_generations=8, steps_per_generation=1), rows_multiple(3, 3)
-        (8, 1)
-    """
-    return num_generations // math.gcd(num_generations, steps_per_generation)
+__all__ = ["TrainerSizes", "examples_sized", "kind_sizes", "sized", "trainer_sizes"]
 
 
 @contextlib.contextmanager
-def sized(trainer: Any, vary: str, size: int) -> Iterator[None]:
-    """The GRPOTrainer with ``size`` completion tokens (``vary="tokens"``) or generations per device (``"rows"``) while
-    an estimate runs; every attribute put back after (a config is no dict key: each owner is kept with its fields).
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> args = SimpleNamespace(max_completion_length=8)
-        >>> trainer = SimpleNamespace(args=args, max_completion_length=8)
-        >>> with sized(trainer, "tokens", 16):
-        ...     trainer.max_completion_length, args.max_completion_length
-        (16, 16)
-        >>> trainer.max_completion_length
-        8
-    """
-    args = trainer.args
-    if vary == "tokens":
-        on_trainer, on_args = {"max_completion_length": size}, {"max_completion_length": size}
-    else:
-        on_args = {"per_device_train_batch_size": size}
-        if getattr(args, "generation_batch_size", None) is not None:  # GRPO's: the generation batch follows
-            on_args["generation_batch_size"] = size * max(int(args.steps_per_generation), 1)
-        on_trainer = {"_train_batch_size": size} if "_train_batch_size" in vars(trainer) else {}
-    with patched(trainer, **on_trainer), patched(args, **on_args):
+def examples_sized(trainer: Any, size: int) -> Iterator[None]:
+    """The trainer with ``size`` examples per device while an estimate runs (its ``per_device_train_batch_size``,
+    and the batch size the Trainer keeps from it); every attribute put back after."""
+    on_trainer = {"_train_batch_size": size} if "_train_batch_size" in vars(trainer) else {}
+    with patched(trainer, **on_trainer), patched(trainer.args, per_device_train_batch_size=size):
         yield
+
+
+def kind_sizes(trainer: Any, vary: str) -> KindSizes:
+    """What ``limits`` varies on ``trainer``: its kind's sizes (:attr:`~memlab.live.trainer_kinds.TrainerKind.sizes`)
+    where its kind declares them, else its examples per device."""
+    declared = kind_of(trainer).sizes
+    if declared is not None:
+        return declared(trainer, vary)
+    return KindSizes(int(trainer.args.per_device_train_batch_size), 1, "examples per device",
+                     functools.partial(examples_sized, trainer))
+
+
+def sized(trainer: Any, vary: str, size: int) -> AbstractContextManager[None]:
+    """The trainer with ``size`` set as ``limits`` sets it (:func:`kind_sizes`) while an estimate runs."""
+    return kind_sizes(trainer, vary).sized(size)
 
 
 @dataclass
@@ -126,9 +109,9 @@ def trainer_sizes(trainer: Any, plan: Plan | None, vary: str, budget: int, multi
     if unknown:
         raise MemlabError(f"limits on a trainer does not take {', '.join(unknown)}; drop it (the trainer's step is "
                           "estimated on one device: device=, gpu=, loss_fn=, lr=, host_budget= are taken)")
-    args = trainer.args
+    sizes = kind_sizes(trainer, vary)
+    current, base = sizes.current, sizes.multiple
     if vary == "tokens":
-        current, base = int(trainer.max_completion_length), 1
         step = multiple if multiple is not None else 64
     else:
         if plan is not None and plan.micro_batch is not None:
@@ -137,16 +120,13 @@ def trainer_sizes(trainer: Any, plan: Plan | None, vary: str, budget: int, multi
                 f"micro_batch={plan.micro_batch}; write the plan without it (memlab.Plan(accumulation=k) splits each "
                 "size into k micro-batches), or plan=None for the trainer as set up"
             )
-        current = int(args.per_device_train_batch_size)
-        base = rows_multiple(int(trainer.num_generations), max(int(args.steps_per_generation), 1)) if generating else 1
         if plan is not None:  # the plan's accumulation divides each size's rows per step
-            steps = int(args.gradient_accumulation_steps)
+            steps = int(trainer.args.gradient_accumulation_steps)
             base = math.lcm(base, plan.accumulation // math.gcd(plan.accumulation, steps))
         step = multiple if multiple is not None else base
     if isinstance(step, bool) or not isinstance(step, int) or step < 1 or step % base:
-        whole = (f" (whole prompts of num_generations={trainer.num_generations} in each generation batch)"
-                 if generating else "") + (f" (the plan's accumulation={plan.accumulation} divides each size's rows)"
-                                     if plan is not None and plan.accumulation > 1 else "")
+        whole = sizes.why + (f" (the plan's accumulation={plan.accumulation} divides each size's rows)"
+                             if plan is not None and plan.accumulation > 1 else "")
         raise MemlabError(f"multiple={multiple!r} is not allowed here; write a whole number >= 1 that is a multiple "
                           f"of {base}{whole}, e.g. multiple={base}")
     ceiling = None
@@ -160,8 +140,7 @@ def trainer_sizes(trainer: Any, plan: Plan | None, vary: str, budget: int, multi
     on_card = {**keywords, "gpu": capped(keywords.get("gpu"), budget)}
 
     def run(size: int, card: dict[str, Any] = on_card) -> Trial:
-        with sized(trainer, vary, size):
+        with sizes.sized(size):
             return estimate(trainer, plan, budget=budget, **card)
 
-    return TrainerSizes(current, step, ceiling, run, lambda size: run(size, keywords),
-                        UNITS[vary] if generating else "examples per device")
+    return TrainerSizes(current, step, ceiling, run, lambda size: run(size, keywords), sizes.unit)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from memlab.errors import MemlabError, MemlabWarning, refuse_class
 from memlab.live.patching import patched
-from memlab.live.trainer_kinds import OldLogps, kind_of
+from memlab.live.trainer_kinds import OldLogps, kind_of, kind_or_none
 from memlab.plan import format_bytes, parse_budget
 from memlab.trainer.source import is_trainer, trainer_model
 
@@ -44,10 +44,7 @@ if TYPE_CHECKING:
     from memlab.report.timeline import Timeline
     from memlab.trainer.watch_timeline import CostliestStep
 
-__all__ = [
-    "GENERATION_METHODS", "NEAR_BUDGET", "WATCH_MARK", "StepRecord", "Watch", "batch_lengths", "installed_watch",
-    "watch",
-]
+__all__ = ["NEAR_BUDGET", "WATCH_MARK", "StepRecord", "Watch", "batch_lengths", "installed_watch", "watch"]
 
 NEAR_BUDGET = 0.9
 """A step whose peak reaches this share of the budget triggers the (one) warning."""
@@ -555,7 +552,7 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
     instance, to see each micro-batch. With a ``budget`` (bytes or a string such as ``"8GiB"``), the first step
     whose peak comes within 10% of it raises one :class:`~memlab.errors.MemlabWarning`. ``Watch.remove()`` undoes
     both. On TRL's GRPOTrainer each ``train()`` also marks ``"generation"``, ``"old-policy"`` and ``"reference"`` on
-    the timeline (its :data:`GENERATION_METHODS` wrapped for that ``train()`` only, then put back exactly).
+    the timeline (its kind's ``generation_methods`` wrapped for that ``train()`` only, then put back exactly).
 
     Example (a tiny trainer: ``tests/trainer/test_trainer.py`` builds one)::
 
@@ -627,18 +624,16 @@ def watch(trainer: Any, budget: int | str | None = None) -> Watch:
     return result
 
 
-GENERATION_METHODS = ("_generate_and_score_completions", "_generate", "_get_per_token_logps_and_entropies")
-"""TRL's GRPOTrainer methods a watched ``train()`` wraps to mark ``"generation"``, ``"reference"`` and
-``"old-policy"`` (the phases ``memlab.measure`` names, :data:`memlab.kinds.grpo.source.GRPO_PHASES`)."""
-
-
 @contextlib.contextmanager
 def _generation_phases(trainer: Any, memory: _StepMemory) -> Iterator[None]:
     """For the length of one ``train()``, a trainer that generates (TRL's GRPOTrainer) marks its generation and its
     no-grad log-prob passes on the step's timeline: ``"old-policy"`` first where TRL computes it (the generation
     reused past one optimizer step), then ``"reference"`` (``beta != 0``). The trainer's own attributes are put back
-    exactly after, also on an error; a trainer without these methods is left alone."""
-    if not all(callable(getattr(trainer, name, None)) for name in GENERATION_METHODS):
+    exactly after, also on an error; a trainer without these methods is left alone. The methods are its kind's
+    (:attr:`memlab.live.trainer_kinds.TrainerKind.generation_methods`: TRL's GRPOTrainer's)."""
+    kind = kind_or_none(trainer)
+    methods = kind.generation_methods if kind is not None else ()
+    if not methods or not all(callable(getattr(trainer, name, None)) for name in methods):
         yield
         return
     import torch
@@ -678,7 +673,7 @@ def _generation_phases(trainer: Any, memory: _StepMemory) -> Iterator[None]:
 
     enters = (new_round, generation, no_grad_pass)
     with patched(trainer, **{name: unmarked_after(getattr(trainer, name), enter)
-                             for name, enter in zip(GENERATION_METHODS, enters, strict=True)}):
+                             for name, enter in zip(methods, enters, strict=True)}):
         yield
 
 

@@ -449,7 +449,7 @@ def test_a_config_json_path_is_read(tmp_path):
 
 
 def test_the_cli_prints_a_table_of_plans_with_fit_or_no_fit(tmp_path):
-    from memlab.frontends.estimate import cli as estimate_cli
+    from memlab.frontends.cli.estimate import command as estimate_cli
 
     path = _tiny_config_json(tmp_path)
     parser = argparse.ArgumentParser(prog="memlab estimate")
@@ -492,7 +492,7 @@ def test_the_cli_prints_a_table_of_plans_with_fit_or_no_fit(tmp_path):
 
 
 def test_the_memlab_command_runs_estimate(tmp_path, capsys):
-    cli = importlib.import_module("memlab.frontends.cli")
+    cli = importlib.import_module("memlab.frontends.cli.main")
     path = _tiny_config_json(tmp_path)
     assert cli.main(["estimate", path, "--batch", "1x32", "--device", "cpu"]) == 0
     assert "ok (estimate)" in capsys.readouterr().out
@@ -501,7 +501,7 @@ def test_the_memlab_command_runs_estimate(tmp_path, capsys):
 
 
 def test_the_cli_compares_full_fine_tuning_with_lora_and_qlora(tmp_path):
-    from memlab.frontends.estimate import cli as estimate_cli
+    from memlab.frontends.cli.estimate import command as estimate_cli
 
     path = _tiny_config_json(tmp_path)
     parser = argparse.ArgumentParser(prog="memlab estimate")

@@ -1,4 +1,4 @@
-"""The ``memlab`` command (memlab.frontends.cli): its words, help, the demo end to end, and bad arguments.
+"""The ``memlab`` command (memlab.frontends.cli.main): its words, help, the demo end to end, and bad arguments.
 
 The command line's words (issue 48): Llama 3 8B by name, the built-in names listed for an unknown one, budget
 units said plainly, a 4-bit error in the command's own flags, and "best" in --json.
@@ -23,8 +23,8 @@ import memlab.runner.trial
 import memlab.search
 from memlab.errors import MemlabError
 from memlab.estimation.configs import KNOWN_SHAPES, load_config
-from memlab.frontends.cli import build_parser, demo_space, main, plan_code
-from memlab.frontends.estimate.text import json_with_verdicts
+from memlab.frontends.cli.estimate.text import json_with_verdicts
+from memlab.frontends.cli.main import build_parser, demo_space, main, plan_code
 from memlab.plan import Plan, parse_budget
 from memlab.report import Report, Trial
 from memlab.report.format import budget_words
@@ -94,7 +94,7 @@ def test_help_says_every_exit_status_and_names_the_shapes_as_the_readme_does(
     import re
     from pathlib import Path
 
-    from memlab.frontends.cli import main
+    from memlab.frontends.cli.main import main
 
     for argv in (["--help"], ["estimate", "--help"]):
         with contextlib.suppress(SystemExit):
@@ -461,7 +461,7 @@ def test_the_demo_runs_on_one_torch_thread_on_a_cpu_and_gives_the_callers_thread
 
     import torch
 
-    from memlab.frontends.cli import run_demo
+    from memlab.frontends.cli.main import run_demo
 
     seen: list[int] = []
     def fit_seeing_threads(*args: Any, **kwargs: Any) -> Report:
@@ -619,7 +619,7 @@ def test_when_nothing_fits_the_cli_prints_the_suggestions_and_the_commands_that_
 def test_a_long_estimate_shows_a_bar_with_the_time_left_on_a_terminal() -> None:
     import io
 
-    from memlab.frontends.estimate.progress import EstimateProgress
+    from memlab.frontends.cli.estimate.progress import EstimateProgress
 
     err = io.StringIO()
     with EstimateProgress(err, dry_runs=3, terminal=True) as say:
@@ -663,7 +663,7 @@ def test_estimate_runs_without_full_collections_and_puts_the_collector_back(
 ) -> None:
     import gc
 
-    from memlab.frontends.estimate import cli as estimate_cli
+    from memlab.frontends.cli.estimate import command as estimate_cli
 
     monkeypatch.setenv("MEMLAB_CACHE_DIR", str(tmp_path))
     seen: list[tuple[int, ...]] = []
@@ -694,7 +694,7 @@ def test_dynamos_exit_report_is_skipped_only_where_no_logger_would_show_it(dynam
 AN_ESTIMATES_IMPORTS = """
 import importlib.util, sys
 import torch
-from memlab.frontends.unused_imports import SkipUnusedImports
+from memlab.frontends.cli.unused_imports import SkipUnusedImports
 finder = SkipUnusedImports()
 sys.meta_path.insert(0, finder)
 from peft import LoraConfig, inject_adapter_in_model
@@ -734,8 +734,8 @@ def test_the_estimate_command_imports_no_bitsandbytes_or_scipy_and_makes_its_ada
 
 
 def test_only_the_estimate_command_line_skips_unused_imports(monkeypatch):
-    import memlab.frontends.cli as cli
-    from memlab.frontends.unused_imports import SkipUnusedImports
+    import memlab.frontends.cli.main as cli
+    from memlab.frontends.cli.unused_imports import SkipUnusedImports
 
     seen: list[bool] = []
     monkeypatch.setattr(cli, "main", lambda: seen.append(
@@ -754,7 +754,7 @@ import atexit, sys
 marker = sys.argv[1]
 atexit.register(lambda: open(marker, "w").write("atexit ran"))
 sys.argv = ["memlab", "--version"]
-from memlab.frontends.cli import console_main
+from memlab.frontends.cli.main import console_main
 console_main()
 """
 

@@ -28,7 +28,7 @@ from reports import report_of
 from memlab.errors import MemlabError
 from memlab.estimation.cuda.context import card_context, card_contexts
 from memlab.estimation.cuda.gpus import DEFAULT_GPU, GPUS, gpu_kind
-from memlab.frontends.cli import terminal_width, write_html_report
+from memlab.frontends.cli.main import terminal_width, write_html_report
 from memlab.measure import cuda
 from memlab.plan import Plan
 from memlab.report import Report, Trial

@@ -98,7 +98,7 @@ def test_a_dry_run_where_nothing_fits_suggests_what_is_estimated_to() -> None:
 
 def test_a_grpo_dry_run_where_nothing_fits_suggests_its_config_changes(tmp_path: Any) -> None:
     pytest.importorskip("trl")
-    from test_trainer_grpo_step import COMPLETION, grpo
+    from test_grpo_step import COMPLETION, grpo
 
     trainer = grpo(tmp_path, "reference", per_device_train_batch_size=4, num_generations=4)
     space = {"micro_batch": [4], "checkpointing": [False], "precision": ["fp32"], "optimizer": ["adamw"]}

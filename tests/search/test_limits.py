@@ -131,7 +131,7 @@ def test_the_command_line_says_why_and_what_to_try(tmp_path) -> None:
     import argparse
     import io
 
-    from memlab.frontends.limits_cli import run_limits
+    from memlab.frontends.cli.limits import run_limits
 
     args = argparse.Namespace(model="wider", config=None, batch="1x512", budget="20MiB", max_tokens=True,
                               max_rows=False, device="cpu", gpu=None, json=False, gpus=None, strategy=None)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("trl")
-from test_trainer_grpo_step import _held, _rng, _same, grpo  # noqa: E402
+from test_grpo_step import _held, _rng, _same, grpo  # noqa: E402
 from trl_trainers import make_dpo_trainer  # noqa: E402
 
 import memlab  # noqa: E402

@@ -37,7 +37,7 @@ from memlab import Plan
 from memlab.errors import MemlabError, MemlabWarning
 from memlab.estimation.dryrun.reserved import EXPANDABLE_NOTE
 from memlab.export.accelerate import accelerate_script
-from memlab.frontends.cli import main
+from memlab.frontends.cli.main import main
 from memlab.live.device import ENVIRONMENT_LINE, PYTHON_LINE
 from memlab.plan import LEVERS, parse_grid
 from memlab.runner.step import TrainingStep

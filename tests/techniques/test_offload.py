@@ -53,8 +53,8 @@ from memlab.techniques.offload import (
 pytest.importorskip("trl")
 import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from test_dpo import preferences  # noqa: E402
 from test_trainer_contract import arguments, llama, pad, rows, tokenizer  # noqa: E402
-from test_trainer_dpo import preferences  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,7 +159,7 @@ def test_limits_stops_where_the_host_budget_is_missed() -> None:
 
 def _estimate_cli(folder: Path, *args: str) -> tuple[int, str]:
     """``memlab estimate`` on a tiny Llama's config saved in ``folder``, with ``args``: its exit status and output."""
-    from memlab.frontends.cli import main
+    from memlab.frontends.cli.main import main
 
     config = tiny_llama().config
     config.architectures = ["LlamaForCausalLM"]

@@ -24,7 +24,7 @@ from memlab.plan import LEVERS, parse_grid
 trl = pytest.importorskip("trl")
 pytest.importorskip("trl")
 pytest.importorskip("peft")
-from test_trainer_dpo import FAST, _held, _same, dpo  # noqa: E402
+from test_dpo import FAST, _held, _same, dpo  # noqa: E402
 
 
 def _config(tmp_path: Any, **kwargs: Any) -> Any:

@@ -2,7 +2,7 @@
 reward models among a GRPOTrainer's reward functions) follow the plan's precision in ``train()``, as the policy does.
 accelerate wraps a prepared model's forward in autocast under bf16; ``train()`` prepares the policy again for the
 plan, these never, so they ran in the precision the trainer was built with (a DPOTrainer built in fp32 and applied
-bf16 peaked 1.8x over its estimate: tests/trainer/test_trainer_dpo.py). Tiny Llamas on CPU."""
+bf16 peaked 1.8x over its estimate: tests/kinds/dpo/test_dpo.py). Tiny Llamas on CPU."""
 
 from __future__ import annotations
 

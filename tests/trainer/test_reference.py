@@ -25,7 +25,7 @@ from memlab.trainer.reference import reference_bytes, with_reference
 
 pytest.importorskip("trl")
 pytest.importorskip("peft")
-from test_trainer_dpo import _held, _same, dpo  # noqa: E402
+from test_dpo import _held, _same, dpo  # noqa: E402
 
 import memlab  # noqa: E402
 

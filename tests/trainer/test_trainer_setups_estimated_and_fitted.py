@@ -15,9 +15,9 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from test_dpo import dpo  # noqa: E402
+from test_grpo_step import FAST, _bytes, _held, _rng, _same, grpo, phase_peaks  # noqa: E402
 from test_trainer_contract import llama, tokenizer  # noqa: E402
-from test_trainer_dpo import dpo  # noqa: E402
-from test_trainer_grpo_step import FAST, _bytes, _held, _rng, _same, grpo, phase_peaks  # noqa: E402
 from trl_trainers import trained_with  # noqa: E402
 
 import memlab  # noqa: E402
@@ -85,7 +85,7 @@ def test_dpo_estimate_holds_the_reference_model(tmp_path: Any) -> None:
 
 @pytest.mark.parametrize("setup", ["precomputed", "peft", "peft precomputed"])
 def test_dpo_fit_best_plan_trained_under_watch_within_the_budget(tmp_path: Any, setup: str) -> None:
-    """The reference model's set-up: test_trainer_dpo.py's test_dpo_fit_then_trained_under_watch_within_the_budget."""
+    """The reference model's set-up: test_dpo.py's test_dpo_fit_then_trained_under_watch_within_the_budget."""
     name, settings = DPO_SETUPS[setup]
     trainer = dpo(tmp_path, name, **settings)
     held = dpo_held(trainer)

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+from memlab.kinds.dpo.cli import DPO_CLI
 from memlab.live.trainer_kinds import WORST_BATCH, TrainerKind
 from memlab.techniques import precompute_ref
 
@@ -18,7 +19,7 @@ DPO = TrainerKind(
     "DPOTrainer", "trl.", "DPOConfig",
     batch=f"{WORST_BATCH} (chosen and rejected together, as the trainer batches them)",
     # the same reference log-probs, computed before training (memlab.techniques.precompute_ref)
-    levers=precompute_ref.SEARCHED, rows_per_example=2,
+    levers=precompute_ref.SEARCHED, rows_per_example=2, cli=DPO_CLI,
 )
 """TRL's DPOTrainer: the Trainer's step on its collated pairs; what its reference model adds is counted beside the
 policy (:func:`memlab.trainer.reference.with_reference`)."""

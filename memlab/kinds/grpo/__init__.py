@@ -1,9 +1,10 @@
 """TRL's GRPOTrainer as a trainer kind (:class:`~memlab.live.trainer_kinds.TrainerKind`): its declaration, and its
 folder: the trainer as the live object (:mod:`memlab.kinds.grpo.source`), its step, generation first
 (:mod:`memlab.kinds.grpo.step`), its dry run (:mod:`memlab.kinds.grpo.estimate`), the config changes suggested where
-nothing fits (:mod:`memlab.kinds.grpo.suggest`) and its colocated vLLM engine's share
-(:mod:`memlab.kinds.grpo.vllm`). Listed in :data:`memlab.kinds.KINDS`; a next kind with a step of its own is a folder
-like this one.
+nothing fits (:mod:`memlab.kinds.grpo.suggest`), its colocated vLLM engine's share
+(:mod:`memlab.kinds.grpo.vllm`), what ``limits`` varies on it (:mod:`memlab.kinds.grpo.sizes`) and what it adds to
+``memlab estimate --trainer grpo`` (:mod:`memlab.kinds.grpo.cli`). Listed in :data:`memlab.kinds.KINDS`; a next
+kind with a step of its own is a folder like this one.
 
 Example:
     >>> GRPO.name, GRPO.config, GRPO.phases
@@ -15,7 +16,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from memlab.kinds.grpo.cli import GRPO_CLI
 from memlab.kinds.grpo.estimate import estimate_grpo
+from memlab.kinds.grpo.sizes import grpo_sizes
 from memlab.kinds.grpo.source import (
     check_generations,
     completion_room,
@@ -71,7 +74,9 @@ GRPO = TrainerKind(
     fit_dry_runs=with_grpo_dry_runs, suggestions=("beta", "max_completion_length", "num_generations"),
     check_plan=_grpo_check_plan, arguments=_grpo_arguments, export_refusal=_grpo_export_refusal,
     elsewhere=_grpo_elsewhere, old_logps=computes_old_logps, completion_room=completion_room,
-    start_afresh=fresh_generations,
+    start_afresh=fresh_generations, sizes=grpo_sizes, cli=GRPO_CLI,
+    # TRL's methods memlab.watch wraps to mark a generation round, its generation, its no-grad log-prob passes
+    generation_methods=("_generate_and_score_completions", "_generate", "_get_per_token_logps_and_entropies"),
 )
 """TRL's GRPOTrainer: its step generates first (:mod:`memlab.kinds.grpo.step`), its dry run has a generation phase
 (:mod:`memlab.kinds.grpo.estimate`), ``fit`` suggests the config changes of :mod:`memlab.kinds.grpo.suggest`

@@ -87,7 +87,7 @@ def grpo_suggestions(trainer: Any, plan: Plan, *, budget: int, device: Any, lr: 
     fewer dry runs on a large model; ``memlab estimate --trainer grpo`` asks so), token by token where
     ``max_completion_length`` is not above it.
 
-    Example (a trainer nothing fits: ``tests/trainer/test_trainer_grpo_fit.py`` builds one)::
+    Example (a trainer nothing fits: ``tests/kinds/grpo/test_grpo_fit.py`` builds one)::
 
         suggestions, longest = grpo_suggestions(trainer, memlab.Plan(micro_batch=1, accumulation=4),
                                                 budget=2_000_000, device="cpu", lr=1e-5)

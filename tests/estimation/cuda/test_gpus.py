@@ -24,7 +24,7 @@ import memlab
 from memlab.errors import MemlabError
 from memlab.estimation.cuda.attention import efficient_refusals, flash_refusals, sdpa_backend
 from memlab.estimation.cuda.gpus import DEFAULT_GPU, GPUS, gpu_kind
-from memlab.frontends.cli import main
+from memlab.frontends.cli.main import main
 from memlab.plan import Plan
 from memlab.report import Report, Trial
 from memlab.search.speed import speed_prior
@@ -144,7 +144,7 @@ def test_the_docs_list_every_gpu_kind() -> None:
 
 
 def test_refusals_name_the_kind_and_the_flag() -> None:
-    from memlab.frontends.gpu_cli import check_gpu_flags
+    from memlab.frontends.cli.gpu import check_gpu_flags
 
     check_gpu_flags(SimpleNamespace(gpu=None, gpu_memory="16GiB", gpu_capability="7.0", device=None))  # type: ignore[arg-type]
     check_gpu_flags(SimpleNamespace(gpu=None, device="cpu"))  # type: ignore[arg-type]

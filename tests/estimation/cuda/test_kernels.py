@@ -133,7 +133,7 @@ def test_a_dry_run_takes_the_mask_branch_a_real_step_takes() -> None:
 def test_the_cli_emulates_the_kernels_of_the_gpu_it_names(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from memlab.frontends.cli import main
+    from memlab.frontends.cli.main import main
 
     LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=4, vocab_size=256, architectures=["LlamaForCausalLM"]).save_pretrained(tmp_path)

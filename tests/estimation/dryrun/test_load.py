@@ -200,7 +200,7 @@ def test_a_live_model_refuses_a_load():
 
 
 def _cli(*argv):
-    from memlab.frontends.estimate import cli as estimate_cli
+    from memlab.frontends.cli.estimate import command as estimate_cli
 
     parser = argparse.ArgumentParser(prog="memlab estimate")
     estimate_cli.add_arguments(parser)

@@ -190,7 +190,7 @@ class _Records(logging.Handler):
 
 
 def test_memlabs_load_path_raises_no_deprecation_warning(checkpoints, tmp_path):
-    from memlab.frontends.estimate import cli as estimate_cli
+    from memlab.frontends.cli.estimate import command as estimate_cli
 
     folder = checkpoints["llama", torch.bfloat16]
     records = _Records()

@@ -244,7 +244,7 @@ def test_sharded_cuda_trials_without_a_trace_of_their_own_keep_the_card_unknown(
 def test_cli_gpus_auto_prints_the_card_figure_where_known_and_says_which_figure_it_judged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from memlab.frontends.cli import main
+    from memlab.frontends.cli.main import main
 
     config().save_pretrained(tmp_path)
     assert main(["estimate", str(tmp_path), "--batch", "2x64", "--budget", "4GiB", "--gpus", "auto"]) == 0

@@ -162,7 +162,7 @@ def test_zero2_refuses_parameter_offload_in_its_accelerate_config() -> None:
 
 
 def test_the_command_line_estimates_every_sharded_lever(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from memlab.frontends.cli import main
+    from memlab.frontends.cli.main import main
 
     config().save_pretrained(tmp_path)  # type: ignore[attr-defined]
     assert main(["estimate", str(tmp_path), "--batch", "2x32", "--device", "cpu", "--gpus", "2", "--strategy",

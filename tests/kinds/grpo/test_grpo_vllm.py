@@ -30,7 +30,7 @@ from memlab.techniques.vllm import VLLMSettings
 pytest.importorskip("trl")
 import trl  # noqa: E402
 import trl.trainer.grpo_trainer as grpo_module  # noqa: E402
-from test_trainer_grpo_step import FAST, _bytes, grpo, phase_peaks  # noqa: E402
+from test_grpo_step import FAST, _bytes, grpo, phase_peaks  # noqa: E402
 
 import memlab  # noqa: E402
 from memlab import MemlabError  # noqa: E402

@@ -14,7 +14,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from memlab.frontends.cli_errors import EXAMPLES, sentence
+from memlab.frontends.cli.errors import EXAMPLES, sentence
 from memlab.options import RunOptions
 from memlab.plan import LEVERS_LISTED
 from memlab.search import MAX_TRIALS

@@ -358,7 +358,7 @@ def test_the_html_report_keeps_its_text_inside_its_box(tmp_path: Path, chromium:
     (tests/artifacts/html-report.png) shows it."""
     from reports import report_of
 
-    from memlab.frontends.cli import write_html_report
+    from memlab.frontends.cli.main import write_html_report
 
     target = tmp_path / "report.html"
     write_html_report(report_of(24), target, title="memlab demo")

@@ -54,7 +54,7 @@ assert [report.fits(trial) for trial in report.trials] == [False, True], (plain.
 MEMFIT = "%%memfit model batch --try checkpointing=off,on --budget {budget_kib}KiB --steps 1 --noise 0"
 REPORT = "display(report)\nreport.plot()"
 HTML = (
-    "from memlab.frontends.cli import write_html_report\n"
+    "from memlab.frontends.cli.main import write_html_report\n"
     "write_html_report(report, 'report.html', title='memlab demo');"
 )
 PANEL = "p = memlab.panel(model, batch, steps=1, noise=0, budget=budget)\np"

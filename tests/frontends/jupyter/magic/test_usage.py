@@ -25,8 +25,8 @@ from IPython.testing import globalipapp
 from models import lm_batch, tiny_gpt2
 from test_magic import magic_shell, memfit
 
-from memlab.frontends.cli import main
-from memlab.frontends.cli_errors import EXAMPLES
+from memlab.frontends.cli.errors import EXAMPLES
+from memlab.frontends.cli.main import main
 from memlab.frontends.jupyter.magic.parse import memfit_arguments
 from memlab.plan import PLAN_FIELDS
 

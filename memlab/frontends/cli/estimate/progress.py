@@ -102,7 +102,7 @@ def estimate_each(
     """The single-GPU estimates of ``plans``, one dry run at a time so that each is said as it starts (building the
     fake model again per plan costs a fraction of a second; a dry run of a large model, seconds to minutes). ``gpu``:
     the GPU kind whose kernels a CUDA dry run made without CUDA emulates (``--gpu``); ``load``: how the model is
-    loaded (:func:`memlab.frontends.load_cli.load_from_args`).
+    loaded (:func:`memlab.frontends.cli.load.load_from_args`).
 
     Example:
         >>> from transformers import LlamaConfig

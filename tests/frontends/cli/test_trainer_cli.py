@@ -22,8 +22,8 @@ from datasets import Dataset  # noqa: E402
 
 import memlab  # noqa: E402
 from memlab.estimation.estimate import load_config  # noqa: E402
-from memlab.frontends.cli import main  # noqa: E402
-from memlab.frontends.trainer_cli import word_tokenizer  # noqa: E402
+from memlab.frontends.cli.main import main  # noqa: E402
+from memlab.frontends.cli.trainer import word_tokenizer  # noqa: E402
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
@@ -193,8 +193,8 @@ def cli_trainer(config: str, words: list[str], folder: Path) -> Any:
     """The trainer the CLI builds for ``words`` (memlab.trainer_on_meta around the meta policy)."""
     import argparse
 
-    from memlab.frontends.estimate.cli import add_arguments
-    from memlab.frontends.trainer_cli import build_trainer
+    from memlab.frontends.cli.estimate.command import add_arguments
+    from memlab.frontends.cli.trainer import build_trainer
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -22,30 +22,30 @@ import os
 from typing import Any, TextIO
 
 from memlab.errors import MemlabError
-from memlab.frontends.cli_errors import DEFAULT_BATCH
+from memlab.frontends.cli.errors import DEFAULT_BATCH
+from memlab.frontends.cli.options import cli_kinds, option_kinds, trainer_options
+from memlab.live.trainer_kinds import CliOption, TrainerCli, TrainerKind, cli_kind
 
-__all__ = ["OPTION_KINDS", "TRAINER_LEVERS_ASKED", "add_trainer_arguments", "asks_trainer", "build_trainer",
-           "keeps_whole_answer", "run_trainer", "word_tokenizer"]
+__all__ = ["add_trainer_arguments", "asks_trainer", "build_trainer", "keeps_whole_answer", "levers_asked",
+           "run_trainer", "word_tokenizer"]
 
-TRAINER_CLASSES = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "grpo": "GRPOTrainer"}
-"""Each ``--trainer`` and the TRL class it builds (a lever a built trainer sets names that class: its
-``needs_trainer``)."""
-_ALL = tuple(TRAINER_CLASSES)
-OPTION_KINDS: dict[str, tuple[str, ...]] = {
-    "num_generations": ("grpo",), "max_completion_length": ("grpo",), "vllm_gpu_memory_utilization": ("grpo",),
-    "vllm_enable_sleep_mode": ("grpo",), "max_length": ("sft", "dpo"), "packing": ("sft",),
-    "padding_free": ("sft",), "completion_only_loss": ("sft",), "beta": ("dpo", "grpo"),
-    **{name: _ALL for name in ("prompt_length", "per_device_train_batch_size", "gradient_accumulation_steps", "lora",
-                               "gradient_checkpointing", "optim", "activation_offloading", "use_liger_kernel", "bf16",
-                               "fp16")},
-}
-"""Each trainer option (as ``args`` names it) and the ``--trainer`` kinds that take it."""
-TRAINER_LEVERS_ASKED = {
-    "precompute_ref": "--trainer dpo --lora 16 --try precompute_ref=off,on",
-    "vllm_memory": "--trainer grpo --vllm-gpu-memory-utilization 0.3",
-    "vllm_sleep": "--trainer grpo --vllm-gpu-memory-utilization 0.3 --vllm-enable-sleep-mode",
-}
-"""How the trainer question asks each lever only a built trainer has (the plain command refuses them, saying so)."""
+
+def levers_asked() -> dict[str, str]:
+    """How the trainer question asks each lever only a built trainer has (the plain command refuses them, saying so):
+    each kind's CLI facet's ``asks``.
+
+    Example:
+        >>> levers_asked()["precompute_ref"]
+        '--trainer dpo --lora 16 --try precompute_ref=off,on'
+    """
+    return {lever: options for kind in cli_kinds() for lever, options in _cli(kind).asks.items()}
+
+
+def _cli(kind: TrainerKind) -> TrainerCli:
+    assert kind.cli is not None
+    return kind.cli
+
+
 _WORDS = 1000
 """At most this many words in the word-level tokenizer (fewer where the config's vocabulary is smaller)."""
 _LOAD_OPTIONS = ("load_in_4bit", "load_in_8bit")
@@ -56,14 +56,30 @@ def _flag(name: str) -> str:
 
 
 def _positive(option: str, example: int) -> Any:
-    from memlab.frontends.cli_errors import whole_number
+    from memlab.frontends.cli.errors import whole_number
 
     return whole_number(option, "tokens" if "length" in option else "rows" if "batch" in option else "steps"
                         if "steps" in option else "generations" if "generations" in option else "ranks", example)
 
 
+def _add_option(group: Any, option: CliOption) -> None:
+    """``option`` declared on ``group`` as its value says."""
+    from memlab.frontends.cli.errors import fraction
+
+    flag = _flag(option.name)
+    if option.value == "flag":
+        group.add_argument(flag, action="store_true", default=None, help=option.help)
+    elif option.value == "on_off":
+        group.add_argument(flag, choices=("on", "off"), default=None, help=option.help)
+    else:
+        kind: Any = {"count": lambda: _positive(flag, int(option.example)), "float": lambda: float,
+                     "fraction": lambda: fraction(flag, option.example), "text": lambda: None}[option.value]()
+        group.add_argument(flag, metavar=option.metavar, type=kind, default=None, help=option.help)
+
+
 def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare the trainer options of ``memlab estimate`` on ``parser``, each named after the TRL config's field.
+    """Declare the trainer options of ``memlab estimate`` on ``parser``, each named after the TRL config's field:
+    those every kind takes and each kind's own (:mod:`memlab.frontends.cli.options`).
 
     Example:
         >>> parser = argparse.ArgumentParser(prog="memlab estimate")
@@ -72,89 +88,40 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
         >>> args.trainer, args.num_generations, args.beta, args.max_completion_length
         ('grpo', 8, 0.0, None)
     """
-    from memlab.frontends.cli_errors import fraction
-
+    kinds = cli_kinds()
+    configs = " / ".join(f"{kind.config_module}.{kind.config}(...)" for kind in kinds)
     group = parser.add_argument_group(
-        "trainer", "a TRL trainer's step instead of a plain training step (TRL's config fields, as "
-        "trl.SFTConfig(...) / trl.DPOConfig(...) / trl.GRPOConfig(...) take them; the policy built on the meta "
-        "device, loaded as the load options say: memlab.model_on_meta, memlab.trainer_on_meta; --gpu, --budget, the "
-        "load options and --json as above)")
-    on_off = ("on", "off")
-    group.add_argument("--trainer", choices=_ALL, default=None,
-                       help="the trainer: TRL's SFTTrainer, DPOTrainer or GRPOTrainer")
-    group.add_argument("--num-generations", metavar="N", type=_positive("--num-generations", 8), default=None,
-                       help="GRPO: completions per prompt (TRL's default: 8)")
-    group.add_argument("--max-completion-length", metavar="TOKENS",
-                       type=_positive("--max-completion-length", 1024), default=None,
-                       help="GRPO: the longest completion, in tokens (TRL's default: 512)")
-    group.add_argument("--max-length", metavar="TOKENS", type=_positive("--max-length", 1024), default=None,
-                       help="SFT: the longest (or packed) sequence; DPO: the longest prompt and answer together; in "
-                       "tokens (TRL's default: 1024)")
-    group.add_argument("--prompt-length", metavar="TOKENS", type=_positive("--prompt-length", 64), default=None,
-                       help="tokens in each prompt (default: 64 for GRPO, half of --max-length for DPO; SFT: prompt "
-                       "and completion examples, default none: plain text)")
-    group.add_argument("--packing", action="store_true", default=None,
-                       help="SFT: examples packed into rows of --max-length tokens")
-    group.add_argument("--padding-free", action="store_true", default=None,
-                       help="SFT: rows concatenated without padding (TRL's padding_free=True)")
-    group.add_argument("--completion-only-loss", choices=on_off, default=None,
-                       help="SFT: the loss on the completion's tokens only (TRL's default: on for prompt and "
-                       "completion examples)")
-    group.add_argument("--per-device-train-batch-size", metavar="ROWS",
-                       type=_positive("--per-device-train-batch-size", 8),
-                       default=None, help="rows per device and micro-batch (TRL's default: 8)")
-    group.add_argument("--gradient-accumulation-steps", metavar="STEPS",
-                       type=_positive("--gradient-accumulation-steps", 4),
-                       default=None, help="micro-batches per optimizer step (default: 1)")
-    group.add_argument("--beta", metavar="BETA", type=float, default=None,
-                       help="DPO, GRPO: the KL coefficient: above 0 keeps a reference model (TRL's default: 0.0 for "
-                       "GRPO, 0.1 for DPO)")
-    group.add_argument("--lora", metavar="R", type=_positive("--lora", 16), default=None,
-                       help="LoRA adapters of rank R on all linear layers (peft.LoraConfig(r=R, lora_alpha=2R, "
-                       "target_modules='all-linear')); without it every weight trains; with --load-in-4bit, QLoRA")
-    group.add_argument("--gradient-checkpointing", choices=on_off, default=None,
-                       help="activation checkpointing (TRL's default: on)")
-    group.add_argument("--optim", metavar="NAME", default=None,
-                       help="the optimizer as transformers names it: adamw_torch_fused (the default), adamw_torch, "
-                       "adamw_8bit, paged_adamw_8bit, adafactor")
-    group.add_argument("--activation-offloading", action="store_true", default=None,
-                       help="the step's saved activations held in CPU memory (TRL's activation_offloading=True, "
-                       "transformers' gradient_checkpointing_kwargs={'offload': True})")
-    group.add_argument("--use-liger-kernel", action="store_true", default=None,
-                       help="Liger's kernels: its fused losses and model patches (needs liger-kernel installed)")
-    group.add_argument("--bf16", choices=on_off, default=None,
-                       help="autocast in bf16 (TRL's default: on, unless --fp16 on)")
-    group.add_argument("--fp16", choices=on_off, default=None, help="autocast in fp16, loss-scaled (default: off)")
-    group.add_argument("--vllm-gpu-memory-utilization", metavar="SHARE",
-                       type=fraction("--vllm-gpu-memory-utilization", "0.3"),
-                       default=None, help="GRPO: generate with a vLLM engine colocated on the card, holding this "
-                       "share of its memory (use_vllm=True, vllm_mode='colocate')")
-    group.add_argument("--vllm-enable-sleep-mode", action="store_true", default=None,
-                       help="GRPO with --vllm-gpu-memory-utilization: the engine sleeps while the policy trains")
+        "trainer", f"a TRL trainer's step instead of a plain training step (TRL's config fields, as {configs} take "
+        "them; the policy built on the meta device, loaded as the load options say: memlab.model_on_meta, "
+        "memlab.trainer_on_meta; --gpu, --budget, the load options and --json as above)")
+    names = [kind.name for kind in kinds]
+    group.add_argument("--trainer", choices=[_cli(kind).word for kind in kinds], default=None,
+                       help=f"the trainer: TRL's {', '.join(names[:-1])} or {names[-1]}")
+    for option in trainer_options().values():
+        _add_option(group, option)
 
 
 def asks_trainer(args: argparse.Namespace) -> bool:
     """Whether ``args`` ask a trainer's step: ``--trainer``, or one of its options (refused without it)."""
-    return any(getattr(args, name, None) is not None for name in ("trainer", *OPTION_KINDS))
+    return any(getattr(args, name, None) is not None for name in ("trainer", *option_kinds()))
 
 
 def _check(args: argparse.Namespace) -> None:
     """Each option a trainer question cannot take, refused with what to write."""
-    given = [name for name in OPTION_KINDS if getattr(args, name, None) is not None]
+    taken = option_kinds()
+    given = [name for name in taken if getattr(args, name, None) is not None]
     if args.trainer is None:
-        kinds = OPTION_KINDS[given[0]]
-        kind = "grpo" if "grpo" in kinds and len(kinds) < len(_ALL) else kinds[0]
-        raise MemlabError(f"{_flag(given[0])} is a setting of a TRL trainer; add --trainer {kind} (or leave it out "
-                          "for a plain training step)")
+        raise MemlabError(f"{_flag(given[0])} is a setting of a TRL trainer; add --trainer {taken[given[0]][0]} (or "
+                          "leave it out for a plain training step)")
     for name in given:
-        kinds = OPTION_KINDS[name]
+        kinds = taken[name]
         if args.trainer not in kinds:
             said = " or ".join(f"--trainer {kind}" for kind in kinds)
             raise MemlabError(f"{_flag(name)} is a setting of {said}, not --trainer {args.trainer}; leave it out, or "
                               f"write {said}")
-    if getattr(args, "vllm_enable_sleep_mode", None) and getattr(args, "vllm_gpu_memory_utilization", None) is None:
-        raise MemlabError("--vllm-enable-sleep-mode puts a colocated vLLM engine to sleep; add "
-                          "--vllm-gpu-memory-utilization 0.3 (its share of the card)")
+    own_check = _cli(cli_kind(args.trainer)).check  # its own options that do not go together
+    if own_check is not None:
+        own_check(args)
     if args.bf16 == "on" and args.fp16 == "on":
         raise MemlabError("--bf16 on and --fp16 on ask two autocast dtypes; write one of them")
     if args.optim is not None:
@@ -214,25 +181,24 @@ def _check_tries(args: argparse.Namespace) -> None:
     if "weights" in axes:
         raise MemlabError("--try weights=... is the dtype the trainer's model is built in; write --dtype bf16 (or "
                           "--dtype fp32)")
-    vllm = [name for name in ("vllm_memory", "vllm_sleep") if name in axes]
-    if vllm and trainer == "grpo":
-        raise MemlabError(f"--try {vllm[0]}=... is a setting of the colocated vLLM engine; write "
-                          "--vllm-gpu-memory-utilization 0.3 (and --vllm-enable-sleep-mode to put it to sleep while "
-                          "the policy trains)")
+    tries = _cli(cli_kind(trainer)).tries  # a lever its own options say
+    said = [name for name in tries if name in axes]
+    if said:
+        raise MemlabError(f"--try {said[0]}=... {tries[said[0]]}")
     for name in axes:  # a built trainer's setting (the lever's needs_trainer) of the other --trainer
         needs = REGISTRY[name].needs_trainer
-        owner = next((option for option, cls in TRAINER_CLASSES.items() if cls in needs), trainer)
+        owner = next((_cli(kind).word for kind in cli_kinds() if needs and kind.name in needs), trainer)
         if owner != trainer:
             raise MemlabError(f"--try {name}=... is a setting of --trainer {owner} ({needs}), not --trainer "
                               f"{trainer}; leave it out, or write --trainer {owner}")
 
 
 def _load(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``from_pretrained`` keywords the load options say (:func:`memlab.frontends.load_cli.load_from_args`),
+    """The ``from_pretrained`` keywords the load options say (:func:`memlab.frontends.cli.load.load_from_args`),
     the policy in bf16 where ``--dtype`` is not given."""
     import torch
 
-    from memlab.frontends.load_cli import load_from_args
+    from memlab.frontends.cli.load import load_from_args
 
     load = load_from_args(args) or {}
     load.setdefault("dtype", torch.bfloat16)
@@ -310,56 +276,19 @@ def _positions(config: Any) -> int | None:
 
 
 def _settings(args: argparse.Namespace, config: Any) -> dict[str, Any]:
-    """The TRL config's keywords the options set (TRL's defaults for the others), checked against the model, and the
-    prompt's length (``"prompt_length"``: None for SFT on plain text)."""
+    """The TRL config's keywords the options set (TRL's defaults for the others): those every kind takes, and its
+    kind's own (its CLI facet's ``settings``, checked against the model), with the prompt's length
+    (``"prompt_length"``: None for plain text)."""
     settings: dict[str, Any] = {}
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "beta", "optim", "packing",
-                 "padding_free", "use_liger_kernel"):
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "optim", "use_liger_kernel"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
-    for name in ("gradient_checkpointing", "completion_only_loss", "bf16", "fp16"):
+    for name in ("gradient_checkpointing", "bf16", "fp16"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name) == "on"
     if settings.get("fp16") and "bf16" not in settings:
         settings["bf16"] = False  # TRL's default bf16 gives way to the fp16 asked
-    positions = _positions(config)
-    prompt: int | None
-    if args.trainer == "grpo":
-        for name in ("num_generations", "max_completion_length"):
-            if getattr(args, name) is not None:
-                settings[name] = getattr(args, name)
-        prompt = args.prompt_length or 64
-        completion = settings.get("max_completion_length", 512)
-        if positions is not None and prompt + completion > positions:
-            said = "" if args.prompt_length else " (the default)"
-            said_too = "" if args.max_completion_length else " (TRL's default)"
-            raise MemlabError(f"--prompt-length {prompt}{said} and --max-completion-length {completion}{said_too} "
-                              "make sequences of "
-                              f"{prompt + completion} tokens, more than the model's {positions} positions; write "
-                              f"--max-completion-length {max(1, positions - prompt)} or less")
-        if args.vllm_gpu_memory_utilization is not None:
-            settings.update(use_vllm=True, vllm_mode="colocate",
-                            vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-                            vllm_enable_sleep_mode=bool(args.vllm_enable_sleep_mode))
-    else:
-        length = args.max_length or 1024
-        prompt = args.prompt_length or (length // 2 if args.trainer == "dpo" else None)
-        if prompt is not None and prompt >= length:
-            raise MemlabError(f"--prompt-length {prompt} leaves no answer within --max-length {length}; write "
-                              f"--prompt-length {max(1, length // 2)}")
-        if positions is not None and length > positions:
-            raise MemlabError(f"--max-length {length} is more than the model's {positions} positions; write "
-                              f"--max-length {positions} or less")
-        settings["max_length"] = length
-    if args.trainer == "sft" and settings.get("completion_only_loss") and prompt is None:
-        raise MemlabError("--completion-only-loss on needs prompt and completion examples; add --prompt-length 64 "
-                          "(the prompt's tokens; the completion fills --max-length)")
-    settings["prompt_length"] = prompt
-    return settings
-
-
-def _zero_reward(completions: list[Any], **_: Any) -> list[float]:
-    return [0.0 for _ in completions]
+    return {**settings, **_cli(cli_kind(args.trainer)).settings(args, _positions(config))}
 
 
 def question_settings(args: argparse.Namespace, config: Any) -> dict[str, Any]:
@@ -388,10 +317,12 @@ def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: st
     and the settings it was built with (:func:`question_settings`, and the tokenizer in words)."""
     try:
         import peft
-        import trl
+        import trl  # noqa: F401 - the trainers the command builds are TRL's
     except ImportError as error:
         raise MemlabError(f"--trainer {args.trainer} needs TRL and peft, and {error.name} is not installed; write pip "
                           "install trl peft") from None
+    import contextlib
+
     from datasets import Dataset
 
     from memlab.estimation.dryrun.load import model_on_meta
@@ -408,32 +339,18 @@ def build_trainer(args: argparse.Namespace, config: Any, source: str, folder: st
     rows = settings.get("per_device_train_batch_size", 8) * settings.get("gradient_accumulation_steps", 1)
     count = max(rows, 8)
     keywords: dict[str, Any] = {}
-    config_class: Any = {"sft": trl.SFTConfig, "dpo": trl.DPOConfig, "grpo": trl.GRPOConfig}[args.trainer]
-    trainer_class: Any = getattr(trl, TRAINER_CLASSES[args.trainer])
+    kind = cli_kind(args.trainer)
+    config_class: Any = kind.config_class()
+    trainer_class: Any = kind.trainer_class()
     if args.lora is not None:
         keywords["peft_config"] = peft.LoraConfig(r=args.lora, lora_alpha=2 * args.lora, target_modules="all-linear")
-    if args.trainer == "dpo" and args.lora is None:
-        raise MemlabError("--trainer dpo on a model built on the meta device needs adapters (its reference model is "
-                          "then the policy with its adapters off); add --lora 16")
-    if args.trainer == "grpo":
-        assert prompt is not None
-        data = [{"prompt": _text(tokenizer, prompt, i)} for i in range(count)]
-        keywords["reward_funcs"] = _zero_reward
-    elif args.trainer == "dpo":
-        assert prompt is not None
-        answer = settings["max_length"] - prompt
-        data = [{"prompt": _text(tokenizer, prompt, i), "chosen": " " + _text(tokenizer, answer, i + 1),
-                 "rejected": " " + _text(tokenizer, answer, i + 2)} for i in range(count)]
-    elif prompt is not None:  # SFT on prompt and completion examples, each as long as --max-length allows
-        data = [{"prompt": _text(tokenizer, prompt, i),
-                 "completion": " " + _text(tokenizer, settings["max_length"] - prompt, i + 1)} for i in range(count)]
-    # A completion starts after a space, as text does: the prompt's last word and the completion's first would
-    # otherwise merge into one token, which TRL warns of and cuts from the prompt.
-    else:  # SFT on plain text: each example as long as --max-length, the costliest rows (packed or not)
-        data = [{"text": _text(tokenizer, settings["max_length"], i)} for i in range(count)]
+    data, own = _cli(kind).examples(args, {**settings, "prompt_length": prompt}, tokenizer,
+                                    lambda tokens, start: _text(tokenizer, tokens, start), count)
+    keywords.update(own)
     try:
         trl_args = config_class(**common, **settings)
-        with _vllm_stand_in(settings.get("use_vllm", False)):
+        building = _cli(kind).building
+        with building(settings) if building is not None else contextlib.nullcontext():
             trainer = trainer_on_meta(trainer_class, model=policy, args=trl_args, train_dataset=Dataset.from_list(data),
                                       processing_class=tokenizer, **keywords)
     except ImportError as error:  # TRL's check of an optional package it needs (Liger)
@@ -460,36 +377,6 @@ def _load_words(load: dict[str, Any]) -> str | None:
     return "8-bit" if parsed.quantize == "int8" else f"4-bit {parsed.quantize.upper()}"
 
 
-class _vllm_stand_in:  # noqa: N801 - a context manager read as a phrase
-    """TRL's colocated engine replaced, while the trainer is built, by a stand-in that holds its settings where vLLM
-    is not installed: memlab never generates with it (the estimate counts its share by vLLM's arithmetic,
-    :mod:`memlab.kinds.grpo.vllm`)."""
-
-    def __init__(self, wanted: bool) -> None:
-        self.wanted = wanted
-        self.patch: Any = None
-
-    def __enter__(self) -> None:
-        import importlib.util
-
-        if not self.wanted or importlib.util.find_spec("vllm") is not None:
-            return
-        import trl.trainer.grpo_trainer as grpo_module
-
-        from memlab.live.patching import patched
-
-        class Engine:
-            def __init__(self, **settings: Any) -> None:
-                self.settings = settings
-
-        self.patch = patched(grpo_module, VLLMGeneration=Engine)
-        self.patch.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.patch is not None:
-            self.patch.__exit__(*exc)
-
-
 def _trl_words(message: str) -> str:
     """A TRL or memlab message about the config's fields in the command's options (a name already written as an
     option stays as it is).
@@ -497,12 +384,15 @@ def _trl_words(message: str) -> str:
     Example:
         >>> _trl_words("`max_completion_length` must be positive; or add --lora 16")
         '--max-completion-length must be positive; or add --lora 16'
+        >>> _trl_words("GRPOConfig(vllm_gpu_memory_utilization=0.3) leaves no room")
+        '--vllm-gpu-memory-utilization 0.3 leaves no room'
     """
     import re
 
-    message = re.sub(r"GRPOConfig\(vllm_gpu_memory_utilization=([0-9.]+)\)", r"--vllm-gpu-memory-utilization \1",
-                     message)
-    for name in OPTION_KINDS:
+    options = option_kinds()
+    message = re.sub(r"\b\w+Config\((\w+)=([0-9.]+)\)",  # GRPOConfig(vllm_gpu_memory_utilization=0.3)
+                     lambda found: f"{_flag(found[1])} {found[2]}" if found[1] in options else found[0], message)
+    for name in options:
         # not after "-": "--lora" in memlab's own messages was made "----lora"
         message = re.sub(rf"(?<![-\w])`?{name}\b`?", _flag(name), message)
     return message
@@ -510,7 +400,7 @@ def _trl_words(message: str) -> str:
 
 def keeps_whole_answer(args: argparse.Namespace) -> bool:
     """Whether ``memlab estimate`` may keep the whole answer of ``args`` under its words
-    (:mod:`memlab.frontends.estimate.kept`): not a trainer's read from a folder, which reads the tokenizer's files
+    (:mod:`memlab.frontends.cli.estimate.kept`): not a trainer's read from a folder, which reads the tokenizer's files
     too, which the kept answer's key does not hold (asked again each time).
 
     Example:
@@ -526,7 +416,7 @@ def run_trainer(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     step said on ``err``."""
     import contextlib
 
-    from memlab.frontends.estimate.progress import EstimateProgress
+    from memlab.frontends.cli.estimate.progress import EstimateProgress
     from memlab.runner.quiet import collecting
 
     # What a library prints while the trainer is built (DeepSpeed's accelerator line) goes to err: out is the table.
@@ -576,10 +466,10 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     from memlab.estimation.dryrun.adapters import loaded_weight_bytes
     from memlab.estimation.dryrun.load import model_on_meta
     from memlab.estimation.estimate import load_config
-    from memlab.frontends.cli_errors import estimate_status
-    from memlab.frontends.estimate.text import json_with_verdicts
-    from memlab.frontends.gpu_cli import check_gpu_flags, cli_gpu, gpu_budget
-    from memlab.frontends.host_cli import host_judged
+    from memlab.frontends.cli.errors import estimate_status
+    from memlab.frontends.cli.estimate.text import json_with_verdicts
+    from memlab.frontends.cli.gpu import check_gpu_flags, cli_gpu, gpu_budget
+    from memlab.frontends.cli.host import host_judged
     from memlab.plan import parse_budget, parse_grid
     from memlab.report import Report
 
@@ -620,7 +510,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         report = Report(host_judged(trials, args), budget=budget)
         fits = any(report.fits(trial) for trial in report.trials)
         if budget is not None and not fits:
-            from memlab.frontends.estimate.next import trainer_suggestions
+            from memlab.frontends.cli.estimate.next import trainer_suggestions
 
             suggested = trainer_suggestions(args, trainer, own, report, say, words=_trl_words)
             if not suggested:
@@ -642,11 +532,11 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         data["peak_phase"] = data["trials"][0]["peak_phase"]
         print(json.dumps(data, indent=2, default=str), file=out)
     else:
-        from memlab.frontends.estimate.text import single_text
+        from memlab.frontends.cli.estimate.text import single_text
 
         report = dataclasses.replace(report, suggestions=levers)
         header = _header(args, trainer.model, settings, plans, budget)
-        from memlab.frontends.estimate.next import trainer_next_lines
+        from memlab.frontends.cli.estimate.next import trainer_next_lines
 
         after = trainer_next_lines(args, suggested) if budget is not None and not fits else []
         lines = single_text(args, header, report, budget, after)
@@ -671,16 +561,16 @@ def _own_plan(trainer: Any, settings: dict[str, Any]) -> Any:
 
 def _quantized_alternative(args: argparse.Namespace, config: Any, source: str, budget: int,
                            say: Any) -> list[tuple[Any, str, str | None]]:
-    """The same trainer on a 4-bit base (QLoRA: :data:`memlab.frontends.trainer_floor.QUANTIZED_BASE`, computing in
+    """The same trainer on a 4-bit base (QLoRA: :data:`memlab.frontends.cli.trainer_floor.QUANTIZED_BASE`, computing in
     the GPU's half precision, LoRA of rank 16 where none was asked), estimated; ``[(trial, command, what it
     changes)]`` where it fits, else nothing. None for a base already quantized."""
     import copy
     import tempfile
 
     import memlab
-    from memlab.frontends.estimate.next import largest_split, trainer_command, trainer_plan_options
-    from memlab.frontends.gpu_cli import cli_gpu
-    from memlab.frontends.trainer_floor import four_bit_changes
+    from memlab.frontends.cli.estimate.next import largest_split, trainer_command, trainer_plan_options
+    from memlab.frontends.cli.gpu import cli_gpu
+    from memlab.frontends.cli.trainer_floor import four_bit_changes
     from memlab.search.memory import FIT_MARGIN
 
     if args.load_in_4bit or args.load_in_8bit:
@@ -721,8 +611,8 @@ def _foregone(args: argparse.Namespace, config: Any, source: str, settings: dict
 
     from memlab.estimation.dryrun.adapters import loaded_weight_bytes
     from memlab.estimation.dryrun.load import model_on_meta
-    from memlab.frontends.estimate.next import trainer_command
-    from memlab.frontends.trainer_floor import floor_verdict, four_bit_changes, remedies
+    from memlab.frontends.cli.estimate.next import trainer_command
+    from memlab.frontends.cli.trainer_floor import floor_verdict, four_bit_changes, remedies
 
     weights, context, budget = sizes
     quantized = bool(args.load_in_4bit or args.load_in_8bit)
@@ -754,7 +644,7 @@ def _header(args: argparse.Namespace, model: Any, settings: dict[str, Any], plan
     parameters, the question and the GPU with its budget."""
     import textwrap
 
-    from memlab.frontends.estimate.text import WIDTH, budget_words, count_text, for_gpu
+    from memlab.frontends.cli.estimate.text import WIDTH, budget_words, count_text, for_gpu
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     parameters = sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)
@@ -771,7 +661,7 @@ def _peak_lines(trials: list[Any]) -> list[str]:
     """Where each plan's peak is: the phase that holds it and each phase's highest (one plan), or each plan's phase."""
     import textwrap
 
-    from memlab.frontends.estimate.text import WIDTH
+    from memlab.frontends.cli.estimate.text import WIDTH
 
     if len(trials) == 1:
         phases = _phase_peaks(trials[0])
@@ -796,21 +686,11 @@ def _question(args: argparse.Namespace, settings: dict[str, Any]) -> str:
     """The trainer question in words, for the header."""
     batch = settings.get("per_device_train_batch_size", 8)
     steps = settings.get("gradient_accumulation_steps", 1)
-    parts = [f"{args.trainer.upper()}"]
-    if args.trainer == "grpo":
-        parts.append(f"{settings.get('num_generations', 8)} generations of up to "
-                     f"{settings.get('max_completion_length', 512)} tokens after {settings['prompt_length']}-token "
-                     "prompts")
-    elif args.trainer == "dpo":
-        parts.append(f"pairs of up to {settings['max_length']} tokens, {settings['prompt_length']}-token prompts")
-    else:
-        how = ", packed" if settings.get("packing") else ", padding-free" if settings.get("padding_free") else ""
-        what = (f"{settings['prompt_length']}-token prompts and their completions"
-                if settings["prompt_length"] is not None else "text")
-        parts.append(f"{what} of up to {settings['max_length']} tokens{how}")
+    words = _cli(cli_kind(args.trainer)).question(settings)
+    parts = [f"{args.trainer.upper()}", words.examples]
     parts.append(f"batch {batch} x {steps} accumulation steps")
-    if args.trainer != "sft":
-        parts.append(f"beta {settings.get('beta', 0.0 if args.trainer == 'grpo' else 0.1):g}")
+    if words.loss:
+        parts.append(words.loss)
     adapters = f"LoRA r{args.lora}" if args.lora is not None else "full fine-tuning"
     if settings.get("load"):
         kind = "QLoRA" if settings["load"].startswith("4") else "LoRA"
@@ -822,9 +702,8 @@ def _question(args: argparse.Namespace, settings: dict[str, Any]) -> str:
             parts.append(said.format(settings[name]))
     if args.activation_offloading:
         parts.append("activations offloaded")
-    if settings.get("use_vllm"):
-        parts.append(f"vLLM share {settings['vllm_gpu_memory_utilization']:g}"
-                     + (" (sleeps while training)" if settings.get("vllm_enable_sleep_mode") else ""))
+    if words.engine:
+        parts.append(words.engine)
     return ", ".join(parts)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-from test_trainer_grpo_step import FAST, grpo  # noqa: E402
+from test_grpo_step import FAST, grpo  # noqa: E402
 
 import memlab  # noqa: E402
 

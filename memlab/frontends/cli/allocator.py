@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memlab.estimation.cuda.allocator import assumed_allocator
-from memlab.frontends.gpu_cli import cli_gpu
+from memlab.frontends.cli.gpu import cli_gpu
 from memlab.live.device import ENVIRONMENT_LINE, PYTHON_LINE
 
 __all__ = ["add_allocator_argument", "expandable_suggestion", "with_allocator"]
@@ -79,8 +79,8 @@ def expandable_suggestion(args: argparse.Namespace, model: Any, batch: Any, repo
     the line that sets them and the command that estimates them; none on the CPU, with ``--expandable-segments``
     already, or where no plan's reserve alone is over the budget."""
     from memlab.estimation.cuda.context import card_contexts
-    from memlab.frontends.estimate.next import command_for, plan_try
-    from memlab.frontends.estimate.progress import estimate_each
+    from memlab.frontends.cli.estimate.next import command_for, plan_try
+    from memlab.frontends.cli.estimate.progress import estimate_each
     from memlab.plan import format_bytes
 
     budget = report.budget

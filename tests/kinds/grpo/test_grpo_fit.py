@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("trl")
-from test_trainer_grpo_step import COMPLETION, FAST, LengthReward, _bytes, _held, _rng, _same, grpo  # noqa: E402
+from test_grpo_step import COMPLETION, FAST, LengthReward, _bytes, _held, _rng, _same, grpo  # noqa: E402
 
 import memlab  # noqa: E402
 from memlab import MemlabError  # noqa: E402

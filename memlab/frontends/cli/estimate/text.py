@@ -16,7 +16,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from memlab.frontends.gpu_cli import cli_gpu
+from memlab.frontends.cli.gpu import cli_gpu
 
 __all__ = [
     "WIDTH", "budget_words", "count_text", "for_gpu", "gpu_hint", "json_with_verdicts", "kept_notes", "numbered",
@@ -153,7 +153,7 @@ def _card_note(args: argparse.Namespace, report: Any) -> str | None:
 def single_text(args: argparse.Namespace, header: str, report: Any, budget: int | None,
                 suggestions: Sequence[str]) -> list[str]:
     """The answer of ``memlab estimate`` on one GPU: ``header`` (the question), the verdict and the best plan, the
-    table, numbered notes, and ``suggestions`` (the commands after it, :func:`memlab.frontends.estimate.next
+    table, numbered notes, and ``suggestions`` (the commands after it, :func:`memlab.frontends.cli.estimate.next
     .suggestion_lines`), each plan once, within :data:`WIDTH` columns.
 
     Example:
@@ -198,7 +198,7 @@ def single_text(args: argparse.Namespace, header: str, report: Any, budget: int 
             reason = reason.replace(f"the budget of {format_bytes(budget)}", "the budget")
         tried = f"{trials[0].label} does not fit" if len(trials) == 1 else f"none of the {len(trials)} plans tried fits"
         lines.append(f"Verdict: {tried}" + (f": {reason}." if reason else "."))
-    if failed:  # the exit status says it too (memlab.frontends.cli_errors.estimate_status)
+    if failed:  # the exit status says it too (memlab.frontends.cli.errors.estimate_status)
         rows = "its row says" if failed == 1 else "their rows say"
         lines[-1] += f" {failed} plan{'s' if failed != 1 else ''} could not be estimated: {rows} error, a note why."
     if best is not None:
@@ -357,7 +357,7 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
     """The answer of ``memlab estimate --gpus``: ``header``, the best (the fewest GPUs that fit, then the lowest
     figure), a table of each plan and strategy (GPUs, the peak and card per GPU, the verdict and the figure it
     judged), where each one's memory goes per GPU (a row per part, a column per strategy, one unit), why a strategy
-    fits on no number of GPUs, the notes and ``searched`` (:func:`memlab.frontends.estimate.next.searched_lines`).
+    fits on no number of GPUs, the notes and ``searched`` (:func:`memlab.frontends.cli.estimate.next.searched_lines`).
 
     ``weights_bytes``: each plan label's whole weights (what ZeRO-2 keeps on every GPU), for the reason a strategy
     fits nowhere.

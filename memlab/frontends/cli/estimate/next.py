@@ -20,7 +20,9 @@ import shlex
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from memlab.frontends.gpu_cli import gpu_flags
+from memlab.frontends.cli.gpu import gpu_flags
+from memlab.frontends.cli.options import cli_kinds, option_order, trainer_options
+from memlab.live.trainer_kinds import CliChanges, cli_kind
 
 __all__ = ["command_for", "largest_split", "plan_try", "searched_lines", "suggestion_lines", "trainer_command",
            "trainer_next_lines", "trainer_plan_options", "trainer_suggestions"]
@@ -178,10 +180,6 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-_MULTIPLE = 64
-"""The completion lengths the CLI's GRPO suggestions try are multiples of this (fewer dry runs on a large model)."""
-
-
 def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report: Any, say: Any, *,
                         words: Callable[[str], str] = str) -> list[tuple[Any, str, str | None]]:
     """Where no plan of ``report`` fits, what does, as the plain command answers it: first the trainer's own batch
@@ -189,12 +187,12 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
     ``--gradient-accumulation-steps``, the rest as set up: :func:`largest_split`); where no split fits, the lever
     combinations on the trainer's plan ``own`` estimated to fit (the training the same:
     :func:`memlab.search.suggest.combined_suggestions`, each ``memlab.estimate(trainer, plan, ...)``; those the command
-    cannot say, :func:`trainer_plan_options`, passed over); and where none does, for GRPO the GRPOConfig changes
-    (:func:`memlab.kinds.grpo.suggest.grpo_suggestions`, which change the training). ``(trial, command, what it
-    changes or None)`` each, every command estimated to fit. ``words``: a message's config fields as the command's
-    options.
+    cannot say, :func:`trainer_plan_options`, passed over); and where none does, the config changes its kind's CLI
+    facet estimates (GRPO's: :func:`memlab.kinds.grpo.suggest.grpo_suggestions`, which change the training).
+    ``(trial, command, what it changes or None)`` each, every command estimated to fit. ``words``: a message's
+    config fields as the command's options.
 
-    Example (``tests/frontends/test_trainer_cli.py`` asks a budget nothing fits)::
+    Example (``tests/frontends/cli/test_trainer_cli.py`` asks a budget nothing fits)::
 
         for trial, command, changes in trainer_suggestions(args, trainer, memlab.Plan.from_trainer(trainer),
                                                            report, say):
@@ -204,7 +202,7 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
 
     import memlab
     from memlab.estimation.cuda.gpus import gpu_kind
-    from memlab.frontends.gpu_cli import cli_gpu
+    from memlab.frontends.cli.gpu import cli_gpu
     from memlab.search.speed import speed_prior
     from memlab.search.suggest import combinations, combined_suggestions
 
@@ -254,9 +252,10 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
     for trial in found:
         changes, tried = trainer_plan_options(trial.plan, own) or ({}, [])
         suggested.append((trial, trainer_command(args, changes, tried), None))
-    if suggested or args.trainer != "grpo":
+    facet = cli_kind(args.trainer).cli
+    if suggested or facet is None or facet.changes is None:
         return suggested
-    return _grpo_changes(args, trainer, own, lowest, budget, say, words)
+    return _config_changes(args, facet.changes, trainer, own, lowest, budget, say, words)
 
 
 def largest_split(base: Any, estimate: Callable[[Any], Any], budget: int, say: Any) -> Any | None:
@@ -301,33 +300,17 @@ def largest_split(base: Any, estimate: Callable[[Any], Any], budget: int, say: A
     return None
 
 
-def _grpo_changes(args: argparse.Namespace, trainer: Any, own: Any, lowest: Any, budget: int, say: Any,
-                  words: Callable[[str], str]) -> list[tuple[Any, str, str | None]]:
-    """The GRPOConfig changes estimated to fit with ``lowest``'s plan (:func:`memlab.kinds.grpo.suggest.
-    grpo_suggestions`), each with its command and what it changes in the training."""
-    from memlab.frontends.gpu_cli import cli_gpu
-    from memlab.kinds.grpo.suggest import grpo_suggestions
+def _config_changes(args: argparse.Namespace, changes: CliChanges, trainer: Any, own: Any, lowest: Any, budget: int,
+                    say: Any, words: Callable[[str], str]) -> list[tuple[Any, str, str | None]]:
+    """The config changes of the trainer's kind (its CLI facet's ``changes``: GRPO's,
+    :func:`memlab.kinds.grpo.suggest.grpo_suggestions`) estimated to fit with ``lowest``'s plan, each with its command
+    and what it changes in the training."""
+    from memlab.frontends.cli.gpu import cli_gpu
 
-    completion = int(trainer.max_completion_length)
-    lengths = (completion - 1) // _MULTIPLE if completion > _MULTIPLE else completion - 1
-    say.expect(2 + max(1, lengths).bit_length() + max(0, int(trainer.num_generations) - 2))
-    say("estimating GRPOConfig changes that change the training (beta 0, a shorter max_completion_length, fewer "
-        "num_generations)")
-    found, _ = grpo_suggestions(trainer, lowest.plan, budget=budget, device=args.device, lr=1e-5,
-                                gpu=cli_gpu(args), multiple=_MULTIPLE)
+    found = changes(trainer, lowest.plan, budget, {"device": args.device, "gpu": cli_gpu(args)}, say)
     base, tried = trainer_plan_options(lowest.plan, own) or ({}, [])
-    suggested: list[tuple[Any, str, str | None]] = []
-    for trial in found:
-        note = trial.notes[0]
-        name, value = note.split("(", 1)[1].split(")", 1)[0].split("=", 1)
-        changes: dict[str, Any] = {**base, name: float(value) if name == "beta" else int(value)}
-        if name == "num_generations":  # the same prompts per step: the rows per device follow
-            rows = int(trainer.args.per_device_train_batch_size) * int(value) // int(trainer.num_generations)
-            changes["per_device_train_batch_size"] = rows
-        option = f"{_flag(name)} {float(value):g}" if name == "beta" else f"{_flag(name)} {value}"
-        what = f"{option}: {words(note.split('changes the training: ', 1)[-1])}"
-        suggested.append((trial, trainer_command(args, changes, tried), what))
-    return suggested
+    return [(trial, trainer_command(args, {**base, **changed}, tried), f"{option}: {words(what)}")
+            for trial, changed, option, what in found]
 
 
 def trainer_next_lines(args: argparse.Namespace, suggested: list[tuple[Any, str, str | None]], *,
@@ -351,11 +334,10 @@ def trainer_next_lines(args: argparse.Namespace, suggested: list[tuple[Any, str,
         for trial, command in levers:
             lines += [f"  {trial.label} ({judged_text(trial)}):", f"    {command}"]
         return lines
-    grpo = args.trainer == "grpo"
     if not changes:
-        if grpo:
-            return ["Next: no combination of levers memlab estimated fits, nor a GRPOConfig change (--beta 0, a "
-                    "shorter --max-completion-length, fewer --num-generations)."]
+        facet = cli_kind(args.trainer).cli
+        if facet is not None and facet.none_fit:
+            return [facet.none_fit]
         return ["Next: no combination of levers memlab estimated (8-bit Adam, Adafactor, checkpointing, micro-batches, "
                 "the chunked loss, offload...) fits, nor a 4-bit base; a shorter --max-length or a smaller --lora rank "
                 "changes the training."]
@@ -366,24 +348,20 @@ def trainer_next_lines(args: argparse.Namespace, suggested: list[tuple[Any, str,
     return lines
 
 
-_ORDER = ("trainer", "num_generations", "max_completion_length", "max_length", "prompt_length", "packing",
-          "padding_free", "completion_only_loss", "per_device_train_batch_size", "gradient_accumulation_steps", "beta",
-          "lora", "gradient_checkpointing", "optim", "activation_offloading", "use_liger_kernel", "bf16", "fp16",
-          "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "load_in_4bit", "load_in_8bit",
-          "bnb_4bit_quant_type", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant", "bnb_4bit_quant_storage",
-          "llm_int8_skip_modules")
-"""The trainer's options as a command repeats them."""
+_LOAD_ORDER = ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_compute_dtype",
+               "bnb_4bit_use_double_quant", "bnb_4bit_quant_storage", "llm_int8_skip_modules")
+"""The load options, as a command repeats them after the trainer's."""
 
 
 def trainer_command(args: argparse.Namespace, changes: dict[str, Any] | None = None,
                     tries: Any = ()) -> str:
     """The user's trainer command (the model, ``--trainer`` and each trainer option given, ``--dtype``, the budget,
     ``--gpu`` and ``--device``) with ``changes`` (``{option as args names it: value}``; None leaves the option
-    out, True is a bare flag) and ``tries`` as its ``--try`` (:func:`memlab.frontends.estimate.next.command_for`).
+    out, True is a bare flag) and ``tries`` as its ``--try`` (:func:`memlab.frontends.cli.estimate.next.command_for`).
 
     Example:
         >>> parser = argparse.ArgumentParser(prog="memlab estimate")
-        >>> from memlab.frontends.estimate.cli import add_arguments
+        >>> from memlab.frontends.cli.estimate.command import add_arguments
         >>> add_arguments(parser)
         >>> args = parser.parse_args(["llama-7b", "--trainer", "grpo", "--beta", "0.04", "--lora", "16",
         ...                           "--gpu", "L4-24GB"])
@@ -393,7 +371,7 @@ def trainer_command(args: argparse.Namespace, changes: dict[str, Any] | None = N
     """
     changes = changes or {}
     words: list[str] = []
-    for name in _ORDER:
+    for name in ("trainer", *option_order(), *_LOAD_ORDER):  # the trainer's options as the help lists them
         value = changes[name] if name in changes else getattr(args, name, None)
         if value is None or value is False:
             continue
@@ -404,8 +382,12 @@ def trainer_command(args: argparse.Namespace, changes: dict[str, Any] | None = N
     return command_for(args, list(tries), options=words)
 
 
-_SAID_BY_OPTIONS = ("micro_batch", "accumulation", "checkpointing", "weights", "vllm_memory", "vllm_sleep",
-                    *_ADAPTERS)
+_SAID_BY_OPTIONS = ("micro_batch", "accumulation", "checkpointing", "weights", *_ADAPTERS)
+
+
+def _said_by_options() -> dict[str, str]:
+    """The levers a kind's own options say (its CLI facet's ``said_by``), every kind's."""
+    return {lever: option for kind in cli_kinds() if kind.cli is not None for lever, option in kind.cli.said_by.items()}
 
 
 def trainer_plan_options(plan: Any, own: Any) -> tuple[dict[str, Any], list[str]] | None:
@@ -444,15 +426,20 @@ def trainer_plan_options(plan: Any, own: Any) -> tuple[dict[str, Any], list[str]
                 or plan.lora_alpha not in (None, 2 * plan.lora_rank) or plan.lora_dropout != own.lora_dropout:
             return None
         changes["lora"] = plan.lora_rank
-    if plan.vllm_memory != own.vllm_memory:
-        if plan.vllm_memory is None:
-            return None
-        changes["vllm_gpu_memory_utilization"] = plan.vllm_memory
-    if plan.vllm_sleep != own.vllm_sleep:
-        changes["vllm_enable_sleep_mode"] = True if plan.vllm_sleep else None
+    said = _said_by_options()
+    flags = {name for name, option in trainer_options().items() if option.value == "flag"}
+    for lever, option in said.items():  # a lever a kind's own option says (GRPO's vLLM engine)
+        value = getattr(plan, lever)
+        if value != getattr(own, lever):
+            if option in flags:
+                changes[option] = True if value else None
+            elif value is None:
+                return None
+            else:
+                changes[option] = value
     for name in PLAN_FIELDS:
         value = getattr(plan, name)
-        if name in _SAID_BY_OPTIONS or value == getattr(own, name):
+        if name in _SAID_BY_OPTIONS or name in said or value == getattr(own, name):
             continue
         if not isinstance(value, (bool, int, float, str)):
             return None

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from models import llama_config_dir
 
-from memlab.frontends.cli import EXIT_FAILED, build_parser, main
+from memlab.frontends.cli.main import EXIT_FAILED, build_parser, main
 
 PROMPT = "memlab estimate "
 

@@ -16,8 +16,10 @@ from test_trainer_contract import llama, tokenizer  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
 import memlab  # noqa: E402
-from memlab.trainer.watch import GENERATION_METHODS  # noqa: E402
+from memlab.kinds.grpo import GRPO  # noqa: E402
 from tests.trl_trainers import phase_peaks  # noqa: E402
+
+GENERATION_METHODS = GRPO.generation_methods
 
 
 def length_reward(completions: list[Any], **_: Any) -> list[float]:

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from memlab.errors import MemlabError
-from memlab.frontends.cli_errors import estimate_status
-from memlab.frontends.gpu_cli import cli_gpu
+from memlab.frontends.cli.errors import estimate_status
+from memlab.frontends.cli.gpu import cli_gpu
 from memlab.plan import Plan, format_bytes
 
 __all__ = ["run_limits"]
@@ -29,7 +29,7 @@ def run_limits(
 ) -> int:
     """Print, for each plan, the sizes tried and the largest that fits; exit status 0 when every plan fits at
     some size, 1 otherwise, 3 where a size could not be estimated (its status error:
-    :func:`~memlab.frontends.cli_errors.estimate_status`).
+    :func:`~memlab.frontends.cli.errors.estimate_status`).
 
     Example:
         >>> import io
@@ -58,7 +58,7 @@ def run_limits(
     if getattr(args, "gpus", None) not in (None, "1") or getattr(args, "strategy", None) not in (None, "none"):
         raise MemlabError("--max-tokens and --max-rows are for one GPU; drop --gpus/--strategy")
     vary = "rows" if args.max_rows and not args.max_tokens else "tokens"
-    from memlab.frontends.host_cli import host_budget
+    from memlab.frontends.cli.host import host_budget
 
     keywords: dict[str, Any] = {"device": args.device or "cuda", "gpu": cli_gpu(args), "load": load,
                                 "host_budget": host_budget(args)}  # each size judged on the host too
@@ -84,7 +84,7 @@ def run_limits(
         host = keywords["host_budget"]
         print(f"{args.model}: the {'longest sequences' if vary == 'tokens' else 'most rows'} that fit, {kept}{gpu}, "
               f"{given}" + ("" if host is None else f", host budget {format_bytes(host)}"), file=out)
-        from memlab.frontends.estimate.next import command_for, plan_try
+        from memlab.frontends.cli.estimate.next import command_for, plan_try
 
         flag = "--max-rows" if vary == "rows" else "--max-tokens"
         for plan, result in zip(plans, found, strict=True):

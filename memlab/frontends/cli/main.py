@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from typing_extensions import Unpack
 
-from memlab.frontends.cli_errors import (
+from memlab.frontends.cli.errors import (
     EXIT_FAILED,
     SentenceParser,
     fraction,
@@ -221,7 +221,7 @@ def console_main() -> NoReturn:
         memlab 0.1.0
     """
     if sys.argv[1:2] == ["estimate"]:  # dry runs only: what they never run is not imported (issue 70)
-        from memlab.frontends.unused_imports import SkipUnusedImports
+        from memlab.frontends.cli.unused_imports import SkipUnusedImports
 
         sys.meta_path.insert(0, SkipUnusedImports())
     exit_without_teardown(main())
@@ -264,7 +264,7 @@ def _main(argv: Sequence[str] | None) -> int:
     words = join_dashed_values(list(argv) if argv is not None else sys.argv[1:])
     asked = words[1:] if words[:1] == ["estimate"] else None
     if asked is not None:  # a question asked before: its kept answer, read before torch is imported
-        from memlab.frontends.estimate.kept import asked_again
+        from memlab.frontends.cli.estimate.kept import asked_again
 
         status = asked_again(asked, sys.stdout, sys.stderr)
         if status is not None:
@@ -284,7 +284,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     if asked is None:
         return run_handler(handler, args)
-    from memlab.frontends.estimate.kept import asking
+    from memlab.frontends.cli.estimate.kept import asking
     from memlab.runner.collection import without_full_collections
 
     with asking(asked), without_full_collections():  # the words its answer is kept under; dry runs only
@@ -571,11 +571,11 @@ def write_html_report(report: Any, path: str | os.PathLike[str], *, title: str =
 
 def _add_estimate_command(commands: Any) -> None:
     """The ``memlab estimate`` sub-command: its arguments and its handler come from
-    :mod:`memlab.frontends.estimate.cli`.
+    :mod:`memlab.frontends.cli.estimate.command`.
     """
-    from memlab.frontends.allocator_cli import add_allocator_argument, with_allocator
-    from memlab.frontends.estimate import cli as estimate_cli
-    from memlab.frontends.host_cli import add_host_argument
+    from memlab.frontends.cli.allocator import add_allocator_argument, with_allocator
+    from memlab.frontends.cli.estimate import command as estimate_cli
+    from memlab.frontends.cli.host import add_host_argument
 
     parser = commands.add_parser(
         "estimate", help="predict, without the hardware, whether a model fits (a dry run on fake tensors)"

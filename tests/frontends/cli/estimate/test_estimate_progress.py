@@ -12,7 +12,7 @@ import pytest
 
 from memlab.estimation.sharded.fsdp2 import ShardedRequest
 from memlab.estimation.sharded.per_gpu import sharded_trials, smallest_gpus
-from memlab.frontends.estimate import cli as estimate_cli
+from memlab.frontends.cli.estimate import command as estimate_cli
 from memlab.plan import Plan, parse_budget
 
 SHAPES = {"input_ids": (1, 16), "labels": (1, 16)}

@@ -17,10 +17,10 @@ from models import llama_config_dir
 import memlab.estimation.answers as answers
 import memlab.estimation.dryrun.single_gpu as single_gpu
 import memlab.estimation.sharded.per_gpu as per_gpu
-import memlab.frontends.estimate.kept as estimate_kept
+import memlab.frontends.cli.estimate.kept as estimate_kept
 import memlab.live.cache as cache
 from memlab.estimation.sharded.fsdp2 import ShardedTrial
-from memlab.frontends.cli import main
+from memlab.frontends.cli.main import main
 from memlab.report import Report, Trial
 
 ENTRY = sys.modules["memlab.estimation.estimate"]  # the module (the package's name for it is the function)
@@ -332,12 +332,12 @@ def test_gpus_auto_starts_zeros_basis_from_the_dry_run_fsdps_search_made(monkeyp
     assert (found["zero2"], found["zero3"]) == (alone["zero2"], alone["zero3"])
 
 
-# --- the whole answer, read before torch is imported (memlab/frontends/estimate/kept.py) --------------------------
+# --- the whole answer, read before torch is imported (memlab/frontends/cli/estimate/kept.py) --------------------------
 
 ROOT = Path(__file__).resolve().parents[3]
 _ASK_AGAIN = """
 import sys
-from memlab.frontends.cli import main
+from memlab.frontends.cli.main import main
 status = main(sys.argv[1:])
 heavy = sorted(name for name in ("torch", "transformers", "peft", "memlab.estimation", "memlab.plan")
                if name in sys.modules)

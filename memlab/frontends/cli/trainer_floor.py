@@ -25,7 +25,7 @@ dtype is the GPU's half precision)."""
 def floor_verdict(weights: int, context: int, budget: int, dtype: str) -> str:
     """The verdict of a question whose weights (in ``dtype``, as loaded) and CUDA ``context`` are over ``budget``,
     wrapped to the command's width."""
-    from memlab.frontends.estimate.text import WIDTH
+    from memlab.frontends.cli.estimate.text import WIDTH
     from memlab.plan import format_bytes
 
     with_context = f", with the CUDA context {format_bytes(weights + context)}," if context else ""
@@ -46,7 +46,7 @@ def four_bit_changes(args: Any) -> dict[str, Any]:
         'float16'
     """
     from memlab.estimation.cuda.gpus import gpu_kind
-    from memlab.frontends.gpu_cli import cli_gpu
+    from memlab.frontends.cli.gpu import cli_gpu
 
     half = "bfloat16" if getattr(args, "device", None) == "cpu" or gpu_kind(cli_gpu(args)).bf16 else "float16"
     return {**QUANTIZED_BASE, "bnb_4bit_compute_dtype": half, "lora": getattr(args, "lora", None) or 16}
@@ -67,7 +67,7 @@ def remedies(needed: int, budget: int, four_bit: int | None, context: int, comma
             memlab estimate x --load-in-4bit
           or a GPU with more than 16.00 GiB of memory.
     """
-    from memlab.frontends.estimate.text import WIDTH
+    from memlab.frontends.cli.estimate.text import WIDTH
     from memlab.plan import format_bytes
 
     lines = ["Next: what changes that:"]

@@ -13,9 +13,8 @@ of a large model takes minutes, so each step (the config, each plan, each number
 said on stderr as it starts, with the time so far (:func:`progress_lines`); stdout holds only the table (or the
 JSON).
 
-``memlab.frontends.cli`` builds the sub-command with :func:`add_arguments` and runs it with :func:`run`; this module
-imports
-neither torch nor transformers until :func:`run` is called.
+``memlab.frontends.cli.main`` builds the sub-command with :func:`add_arguments` and runs it with :func:`run`; this
+module imports neither torch nor transformers until :func:`run` is called.
 """
 
 from __future__ import annotations
@@ -25,11 +24,11 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from memlab.frontends.cli_errors import DEFAULT_BATCH, cli_words, estimate_status
-from memlab.frontends.estimate.progress import EstimateProgress, estimate_each
-from memlab.frontends.estimate.text import budget_words, count_text, for_gpu, json_with_verdicts
-from memlab.frontends.gpu_cli import add_gpu_arguments, check_gpu_flags, cli_gpu, gpu_budget
-from memlab.frontends.load_cli import add_load_arguments, load_from_args
+from memlab.frontends.cli.errors import DEFAULT_BATCH, cli_words, estimate_status
+from memlab.frontends.cli.estimate.progress import EstimateProgress, estimate_each
+from memlab.frontends.cli.estimate.text import budget_words, count_text, for_gpu, json_with_verdicts
+from memlab.frontends.cli.gpu import add_gpu_arguments, check_gpu_flags, cli_gpu, gpu_budget
+from memlab.frontends.cli.load import add_load_arguments, load_from_args
 
 __all__ = ["add_arguments", "cli_words", "run", "run_sharded"]
 
@@ -63,9 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ('llama-7b', '1x512', ['checkpointing=off,on'])
     """
     from memlab.estimation.estimate import KNOWN_SHAPES
-    from memlab.frontends.estimate.text import shape_names
+    from memlab.frontends.cli.estimate.text import shape_names
+    from memlab.frontends.cli.trainer import add_trainer_arguments, levers_asked
     from memlab.frontends.levers import lever_help, model_lever_specs, trainer_levers_note
-    from memlab.frontends.trainer_cli import TRAINER_LEVERS_ASKED, add_trainer_arguments
 
     parser.description = _DESCRIPTION.format(shapes=shape_names(KNOWN_SHAPES))
     parser.epilog = _EPILOG
@@ -87,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "accumulation=4 optimizer=adamw,adamw8bit (default: the plain plan). The settings (docs/levers.md says what "
         "each does): "
         + lever_help(model_lever_specs(), said=False).replace("%", "%%") + ". "
-        + trainer_levers_note(TRAINER_LEVERS_ASKED),
+        + trainer_levers_note(levers_asked()),
     )
     parser.add_argument(
         "--device",
@@ -118,8 +117,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the longest sequences each plan fits in --budget, --batch's rows kept (memlab.limits)")
     parser.add_argument("--max-rows", action="store_true",
                         help="the most rows each plan fits in --budget, --batch's tokens kept (memlab.limits)")
-    add_load_arguments(parser)  # how the model is loaded (memlab.frontends.load_cli)
-    add_trainer_arguments(parser)  # --trainer grpo|dpo with TRL's settings (memlab.frontends.trainer_cli)
+    add_load_arguments(parser)  # how the model is loaded (memlab.frontends.cli.load)
+    add_trainer_arguments(parser)  # --trainer grpo|dpo with TRL's settings (memlab.frontends.cli.trainer)
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -136,8 +135,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     err = sys.stderr if err is None else err
     from memlab.errors import MemlabError
     from memlab.estimation.answers import answers_kept, cache_folder
-    from memlab.frontends.estimate.kept import run_kept
-    from memlab.frontends.trainer_cli import keeps_whole_answer
+    from memlab.frontends.cli.estimate.kept import run_kept
+    from memlab.frontends.cli.trainer import keeps_whole_answer
 
     try:  # the dry runs' answers kept: within this ask always, between asks unless --no-cache
         with answers_kept(None if getattr(args, "no_cache", False) else cache_folder()):
@@ -146,7 +145,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     except MemlabError as error:
         import textwrap
 
-        from memlab.frontends.estimate.text import WIDTH
+        from memlab.frontends.cli.estimate.text import WIDTH
 
         # Wrapped to the answer's width, never inside a word: a command to copy stays whole on its line.
         said = textwrap.wrap(f"memlab estimate: {cli_words(str(error))}", WIDTH, subsequent_indent="  ",
@@ -162,19 +161,19 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from memlab.estimation.answers import kept_model_facts
     from memlab.estimation.cuda.context import card_contexts
     from memlab.estimation.estimate import load_config, meta_model, parse_batch_shape
-    from memlab.frontends.host_cli import host_judged
+    from memlab.frontends.cli.host import host_judged
+    from memlab.frontends.cli.trainer import asks_trainer, levers_asked, run_trainer
     from memlab.frontends.levers import refuse_trainer_levers
-    from memlab.frontends.trainer_cli import TRAINER_LEVERS_ASKED, asks_trainer, run_trainer
     from memlab.plan import parse_axes, parse_budget, parse_grid
     from memlab.search.space import keep_rows
 
-    if asks_trainer(args):  # a TRL trainer's step (memlab.frontends.trainer_cli)
+    if asks_trainer(args):  # a TRL trainer's step (memlab.frontends.cli.trainer)
         return run_trainer(args, out, err)
     batch = parse_batch_shape(args.batch)
     rows, tokens = batch["input_ids"]
     grid = list(args.try_ or [])
     # a trainer's own settings: refused before any run, with the trainer question that asks them
-    refuse_trainer_levers(parse_axes(grid), f"memlab estimate {args.model}", TRAINER_LEVERS_ASKED)
+    refuse_trainer_levers(parse_axes(grid), f"memlab estimate {args.model}", levers_asked())
     # --try micro_batch=... keeps the batch's rows per optimizer step, as %%memfit does (the same function).
     left_out: list[str] = []
     plans, kept = keep_rows(parse_grid(grid, left_out=left_out), grid, rows, f"--batch {args.batch}")
@@ -210,7 +209,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         # The config, not the meta model, for one GPU: its load is the one the plan implies or the flags say (the
         # meta model would be estimated as it is, in fp32, and cast: another reserve, so another card figure).
         if getattr(args, "max_tokens", False) or getattr(args, "max_rows", False):
-            from memlab.frontends.limits_cli import run_limits
+            from memlab.frontends.cli.limits import run_limits
 
             return run_limits(args, config, batch, plans, budget, out, say=say, load=load)
         if sharded:
@@ -230,13 +229,13 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         fits = any(report.fits(trial) for trial in report)
         if budget is not None and not fits and report.trials:
             report.suggestions = _suggestions(args, config, batch, report, grid, say)
-            from memlab.frontends.allocator_cli import expandable_suggestion  # the allocator's lever, free
+            from memlab.frontends.cli.allocator import expandable_suggestion  # the allocator's lever, free
             allocator_lines = expandable_suggestion(args, config, batch, report, load=load, say=say)
     if args.json:
         print(json_with_verdicts(report), file=out)
     else:
-        from memlab.frontends.estimate.next import suggestion_lines
-        from memlab.frontends.estimate.text import single_text
+        from memlab.frontends.cli.estimate.next import suggestion_lines
+        from memlab.frontends.cli.estimate.text import single_text
 
         header = (f"{args.model}: {called}, {count_text(parameters)} parameters, batch {rows}x{tokens}, "
                   f"{len(plans)} plan{'s' if len(plans) != 1 else ''}{for_gpu(args)}{budget_words(args, budget)}")
@@ -300,8 +299,8 @@ def run_sharded(
         2
     """
     from memlab.estimation.answers import kept_sharded
-    from memlab.frontends.estimate.next import searched_lines
-    from memlab.frontends.host_cli import host_judged_rows, node_lines
+    from memlab.frontends.cli.estimate.next import searched_lines
+    from memlab.frontends.cli.host import host_judged_rows, node_lines
 
     strategies = [args.strategy] if args.strategy not in (None, "none") else None
     trials = [row for plan in plans for row in kept_sharded(model, batch, plan, gpus=args.gpus, strategies=strategies,
@@ -321,7 +320,7 @@ def run_sharded(
                 for plan, name, trial in trials]
         print(json.dumps(rows, indent=2, default=str), file=out)
     else:
-        from memlab.frontends.estimate.text import sharded_text, whole_weights
+        from memlab.frontends.cli.estimate.text import sharded_text, whole_weights
 
         header = (f"{args.model}: {type(model).__name__}, per-GPU batch {batch['input_ids'][0]}x"
                   f"{batch['input_ids'][1]}, --gpus {args.gpus}{for_gpu(args)}{budget_words(args, budget)}")

@@ -1,5 +1,5 @@
-"""``memlab estimate``'s answer as text (memlab.frontends.estimate.text): short to scan, each budget said once, every
-figure and exit status the one it names.
+"""``memlab estimate``'s answer as text (memlab.frontends.cli.estimate.text): short to scan, each budget said once,
+every figure and exit status the one it names.
 
 Issue 61 item 3 (and item 4's presentation): ``memlab estimate`` answers in a short text to scan. The two
 commands a new user runs first, run for real (dry runs of the real configs): the verdict and the best plan first,
@@ -27,8 +27,8 @@ import pytest
 from models import llama_config_dir
 from test_next import _run  # main() with its stdout, stderr and exit status
 
-from memlab.frontends.cli import main
-from memlab.frontends.trainer_cli import TRAINER_LEVERS_ASKED
+from memlab.frontends.cli.main import main
+from memlab.frontends.cli.trainer import levers_asked
 
 WIDTH = 120
 
@@ -213,7 +213,7 @@ def test_a_trainers_own_setting_is_refused_up_front_and_not_offered(
     assert status == 2 and out == "", out
     line = " ".join(err.split())  # one message, wrapped to the answer's width
     assert line.startswith(f"memlab estimate: {key} is a setting of a TRL {owner}"), line
-    asked = TRAINER_LEVERS_ASKED[key]  # the command's own trainer question, not Python (issue 84, item 5)
+    asked = levers_asked()[key]  # the command's own trainer question, not Python (issue 84, item 5)
     assert f"ask the trainer's question: memlab estimate {verdicts_config_dir} {asked}" in line, line
     assert all(len(text) <= 120 for text in err.splitlines()), err
     status, out, _ = _run(["estimate", "--help"])
@@ -238,7 +238,7 @@ def test_every_error_row_makes_the_exit_status_non_zero(verdicts_config_dir: Pat
     estimate_module = importlib.import_module("memlab.estimation.estimate")
     from memlab.estimation.sharded import per_gpu
     from memlab.estimation.sharded.fsdp2 import ShardedTrial
-    from memlab.frontends.cli_errors import EXIT_FAILED
+    from memlab.frontends.cli.errors import EXIT_FAILED
     from memlab.report import Report
 
     def estimate_plans(model: object, batch: object, plans: list[object], **keywords: object) -> Report:
@@ -319,7 +319,7 @@ def test_the_host_budgets_table_keeps_within_120_columns() -> None:
     """Item 3: llama-7b's offload plans judged on a 64 GiB host budget (116 and 157 GiB of host memory, card figures
     of 57 and 53 GiB) printed a table of 141 columns: the unit goes above the table once where every header's is too
     wide."""
-    from memlab.frontends.estimate.text import WIDTH, table_lines
+    from memlab.frontends.cli.estimate.text import WIDTH, table_lines
     from memlab.plan import Plan
     from memlab.report import Report, Trial
 
@@ -388,7 +388,7 @@ def test_the_sharded_answer_says_the_budget_once_too() -> None:
     """Item 11's neighbour: --gpus auto said the budget in its header, its Best line and each strategy's reason."""
     import argparse
 
-    from memlab.frontends.estimate.text import sharded_text
+    from memlab.frontends.cli.estimate.text import sharded_text
     from memlab.plan import Plan
 
     args = argparse.Namespace(gpu="A100-40GB", device=None, gpus="auto")
@@ -421,7 +421,7 @@ def test_where_the_peak_goes_says_a_zero_is_none_at_all() -> None:
     import argparse
 
     from memlab.estimation.sharded.fsdp2 import ShardedTrial
-    from memlab.frontends.estimate.text import sharded_text
+    from memlab.frontends.cli.estimate.text import sharded_text
     from memlab.plan import Plan
 
     detail = {"sharded_params": 0, "unsharded_params": 2**30, "inputs": 4096}

@@ -16,8 +16,8 @@ Each is hidden (``sys.modules`` maps it to None, so that ``import`` raises Impor
 while the module that would import it runs its import, with the library's own cached checks of it
 (``functools.lru_cache``) cleared first; peft's are asked then and keep that answer, transformers' are cleared again
 after. Once that import ends the package imports as before, for any code that asks for it by name. Only
-:func:`memlab.frontends.cli.console_main` installs the finder, for ``estimate`` alone: a notebook's kernel or a test
-that imports peft or transformers keeps their support of both.
+:func:`memlab.frontends.cli.main.console_main` installs the finder, for ``estimate`` alone: a notebook's kernel or a
+test that imports peft or transformers keeps their support of both.
 """
 
 from __future__ import annotations
