@@ -247,6 +247,8 @@ class TrainerCli:
             value).
         building: what holds while its trainer is built, given its settings (GRPO's: a stand-in for a vLLM engine
             where vLLM is not installed); None: nothing.
+        estimate_keywords: what its options add to each ``memlab.estimate(trainer, ...)`` beyond the trainer
+            (GRPO's: the vLLM server a served trainer generates on, ``vllm_server=``); None: nothing.
     """
 
     word: str
@@ -261,6 +263,7 @@ class TrainerCli:
     none_fit: str = ""
     said_by: Mapping[str, str] = field(default_factory=dict)
     building: Callable[[dict[str, Any]], AbstractContextManager[None]] | None = None
+    estimate_keywords: Callable[[Any], dict[str, Any]] | None = None
 
 
 @runtime_checkable

@@ -500,12 +500,16 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         if len(plans) > 1:
             say.expect(len(plans) - 1)
         trials = []
+        asked = _cli(cli_kind(args.trainer)).estimate_keywords
+        keywords = asked(args) if asked is not None else {}
         for number, plan in enumerate(plans, start=1):
             said = f" plan {number} of {len(plans)}: {plan.label()}" if args.try_ else ""
             say(f"estimating the {args.trainer.upper()} step{said}")
-            trials.append(memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget))
-        for trial in trials:
-            if trial.status == "error" and "vllm_gpu_memory_utilization=" in str(trial.error):
+            trials.append(memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget,
+                                          **keywords))
+        for trial in trials:  # a vLLM engine that would not start: the options that start it, as one error
+            if trial.status == "error" and ("vllm_gpu_memory_utilization=" in str(trial.error)
+                                            or "trl vllm-serve" in str(trial.error)):
                 raise MemlabError(_trl_words(str(trial.error)))
         report = Report(host_judged(trials, args), budget=budget)
         fits = any(report.fits(trial) for trial in report.trials)

@@ -40,6 +40,8 @@ def _settings(args: Any, positions: int | None) -> dict[str, Any]:
         settings.update(use_vllm=True, vllm_mode="colocate",
                         vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
                         vllm_enable_sleep_mode=bool(args.vllm_enable_sleep_mode))
+    if args.vllm_mode == "server":
+        settings.update(use_vllm=True, vllm_mode="server")
     settings["prompt_length"] = prompt
     return settings
 
@@ -55,7 +57,9 @@ def _examples(args: Any, settings: dict[str, Any], tokenizer: Any, text: Callabl
 
 def _question(settings: dict[str, Any]) -> CliWords:
     engine = ""
-    if settings.get("use_vllm"):
+    if settings.get("vllm_mode") == "server":
+        engine = "generating on a vLLM server"
+    elif settings.get("use_vllm"):
         engine = (f"vLLM share {settings['vllm_gpu_memory_utilization']:g}"
                   + (" (sleeps while training)" if settings.get("vllm_enable_sleep_mode") else ""))
     return CliWords(f"{settings.get('num_generations', 8)} generations of up to "
@@ -63,10 +67,46 @@ def _question(settings: dict[str, Any]) -> CliWords:
                     "prompts", loss=f"beta {settings.get('beta', 0.0):g}", engine=engine)
 
 
+_SERVER_OPTIONS = ("vllm_server_gpu", "vllm_server_tensor_parallel_size", "vllm_server_data_parallel_size",
+                   "vllm_server_gpu_memory_utilization", "vllm_server_max_model_len")
+"""The options of the ``trl vllm-serve`` command a served trainer generates on (its GRPOConfig holds none of them)."""
+
+
 def _check(args: Any) -> None:
+    from memlab.estimation.cuda.gpus import gpu_kind
+
     if getattr(args, "vllm_enable_sleep_mode", None) and getattr(args, "vllm_gpu_memory_utilization", None) is None:
         raise MemlabError("--vllm-enable-sleep-mode puts a colocated vLLM engine to sleep; add "
                           "--vllm-gpu-memory-utilization 0.3 (its share of the card)")
+    mode = getattr(args, "vllm_mode", None)
+    if mode not in (None, "colocate", "server"):
+        raise MemlabError(f"--vllm-mode {mode} is not one TRL runs; write --vllm-mode server (a trl vllm-serve "
+                          "server's GPUs) or --vllm-gpu-memory-utilization 0.3 (an engine colocated on the card)")
+    if mode == "colocate" and getattr(args, "vllm_gpu_memory_utilization", None) is None:
+        raise MemlabError("--vllm-mode colocate shares the card with a vLLM engine; add "
+                          "--vllm-gpu-memory-utilization 0.3 (its share of the card)")
+    if mode == "server" and getattr(args, "vllm_gpu_memory_utilization", None) is not None:
+        raise MemlabError("--vllm-gpu-memory-utilization is the share of a colocated engine, and --vllm-mode server "
+                          "generates on the server's own GPUs; write --vllm-server-gpu-memory-utilization 0.9 (trl "
+                          "vllm-serve's --gpu-memory-utilization) instead")
+    given = [name for name in _SERVER_OPTIONS if getattr(args, name, None) is not None]
+    if given and mode != "server":
+        raise MemlabError(f"--{given[0].replace('_', '-')} is a setting of the trl vllm-serve server a trainer "
+                          "generates on; add --vllm-mode server")
+    if getattr(args, "vllm_server_gpu", None) is not None:
+        gpu_kind(args.vllm_server_gpu)  # an unknown GPU: its own error, with the names memlab knows
+
+
+def _estimate_keywords(args: Any) -> dict[str, Any]:
+    """A served trainer's server (``vllm_server=``), from the ``--vllm-server-*`` options (trl vllm-serve's
+    defaults for the rest)."""
+    if getattr(args, "vllm_mode", None) != "server":
+        return {}
+    from memlab.techniques.vllm import VLLMServer
+
+    given = {name.removeprefix("vllm_server_"): getattr(args, name) for name in _SERVER_OPTIONS
+             if getattr(args, name, None) is not None}
+    return {"vllm_server": VLLMServer(**given)}
 
 
 def _changes(trainer: Any, plan: Any, budget: int, estimate: dict[str, Any],
@@ -117,6 +157,9 @@ class _vllm_stand_in:  # noqa: N801 - a context manager read as a phrase
         class Engine:
             def __init__(self, **settings: Any) -> None:
                 self.settings = settings
+                # a served trainer asks its server's logprobs mode while it is built (TRL 1.16)
+                info = {"model_config": {"logprobs_mode": "processed_logprobs"}}
+                self.vllm_client = type("Client", (), {"get_server_info": staticmethod(lambda: info)})()
 
         self.patch = patched(grpo_module, VLLMGeneration=Engine)
         self.patch.__enter__()
@@ -131,8 +174,8 @@ _VLLM = ("is a setting of the colocated vLLM engine; write --vllm-gpu-memory-uti
 
 GRPO_CLI = TrainerCli(
     "grpo", settings=_settings, examples=_examples, question=_question, check=_check, changes=_changes,
-    building=_vllm_stand_in, said_by={"vllm_memory": "vllm_gpu_memory_utilization",
-                                      "vllm_sleep": "vllm_enable_sleep_mode"},
+    building=_vllm_stand_in, estimate_keywords=_estimate_keywords,
+    said_by={"vllm_memory": "vllm_gpu_memory_utilization", "vllm_sleep": "vllm_enable_sleep_mode"},
     options=(
         CliOption("num_generations", "GRPO: completions per prompt (TRL's default: 8)", metavar="N", example="8",
                   before="prompt_length"),
@@ -144,6 +187,18 @@ GRPO_CLI = TrainerCli(
                   value="fraction", example="0.3"),
         CliOption("vllm_enable_sleep_mode", "GRPO with --vllm-gpu-memory-utilization: the engine sleeps while the "
                   "policy trains", value="flag"),
+        CliOption("vllm_mode", "GRPO: 'server' generates on a trl vllm-serve server's own GPUs (use_vllm=True, "
+                  "vllm_mode='server'), answered for them too", metavar="MODE", value="text", example="server"),
+        CliOption("vllm_server_gpu", "GRPO with --vllm-mode server: the server's GPU kind (default: --gpu's)",
+                  metavar="GPU", value="text", example="H100-80GB"),
+        CliOption("vllm_server_tensor_parallel_size", "GRPO with --vllm-mode server: trl vllm-serve's "
+                  "--tensor-parallel-size (default 1)", metavar="N", example="1"),
+        CliOption("vllm_server_data_parallel_size", "GRPO with --vllm-mode server: trl vllm-serve's "
+                  "--data-parallel-size (default 1)", metavar="N", example="1"),
+        CliOption("vllm_server_gpu_memory_utilization", "GRPO with --vllm-mode server: trl vllm-serve's "
+                  "--gpu-memory-utilization (default 0.9)", metavar="SHARE", value="fraction", example="0.9"),
+        CliOption("vllm_server_max_model_len", "GRPO with --vllm-mode server: trl vllm-serve's --max-model-len "
+                  "(default: the model's)", metavar="TOKENS", example="4096"),
     ),
     asks={"vllm_memory": "--trainer grpo --vllm-gpu-memory-utilization 0.3",
           "vllm_sleep": "--trainer grpo --vllm-gpu-memory-utilization 0.3 --vllm-enable-sleep-mode"},

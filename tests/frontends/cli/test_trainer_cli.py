@@ -150,6 +150,15 @@ def test_a_dpo_question_is_answered(config: str, capsys: pytest.CaptureFixture[s
     (["--trainer", "grpo", "--vllm-enable-sleep-mode"], "add --vllm-gpu-memory-utilization 0.3"),
     (["--trainer", "grpo", *GRPO[2:], "--vllm-gpu-memory-utilization", "0.0000001"],
      "vLLM would not start"),
+    (["--trainer", "grpo", "--vllm-server-tensor-parallel-size", "2"], "add --vllm-mode server"),
+    (["--trainer", "grpo", "--vllm-mode", "served"], "write --vllm-mode server"),
+    (["--trainer", "grpo", "--vllm-mode", "server", "--vllm-gpu-memory-utilization", "0.3"],
+     "write --vllm-server-gpu-memory-utilization 0.9"),
+    (["--trainer", "grpo", "--vllm-mode", "server", "--vllm-server-gpu", "H99"], "H99"),
+    (["--trainer", "grpo", *GRPO[2:], "--vllm-mode", "server", "--vllm-server-max-model-len", "4096"],
+     "write --max-model-len 128 or less"),
+    (["--trainer", "grpo", *GRPO[2:], "--vllm-mode", "server", "--vllm-server-max-model-len", "32"],
+     "write trl vllm-serve --max-model-len 48 or more"),
 ])
 def test_each_bad_input_is_one_error_saying_what_to_write(
         config: str, capsys: pytest.CaptureFixture[str], words: list[str], said: str) -> None:
@@ -181,6 +190,21 @@ def test_a_colocated_vllm_share_is_counted(config: str, capsys: pytest.CaptureFi
     notes = " ".join(data["trials"][0]["notes"])
     assert "vllm_gpu_memory_utilization=0.3" in notes and "vllm_enable_sleep_mode=True" in notes
     assert data["peak_phase"] == "generation" and data["trainer"]["use_vllm"] is True
+
+
+def test_a_served_trainer_is_answered_for_the_servers_gpus(config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = ask(capsys, config, *GRPO, "--vllm-mode", "server", "--vllm-server-gpu", "L4-24GB",
+                           "--vllm-server-tensor-parallel-size", "2", "--vllm-server-gpu-memory-utilization", "0.5",
+                           "--json")
+    assert status == 0, err
+    data = json.loads(out)
+    notes = " ".join(data["trials"][0]["notes"])
+    assert "the server's 2 L4-24GB GPUs (tensor_parallel_size=2, data_parallel_size=1, gpu_memory_utilization=0.5)" in (
+        notes)
+    assert "max_model_len 128" in notes and "this card holds only the policy's training" in notes
+    assert data["trainer"]["use_vllm"] is True and data["trainer"]["vllm_mode"] == "server"
+    status, text, err = ask(capsys, config, *GRPO, "--vllm-mode", "server")
+    assert status == 0 and "generating on a vLLM server" in " ".join(text.split()), (text, err)
 
 
 # --- --try and the suggestions where nothing fits (the trainer's own plan with levers replaced) ----------------------
