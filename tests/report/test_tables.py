@@ -33,7 +33,7 @@ from memlab.measure import cuda
 from memlab.plan import Plan
 from memlab.report import Report, Trial
 from memlab.report.views.tables import card_line, judged_text, nothing_fits_reason, text_table, verdict_text
-from memlab.search.fit import fits_only_uncapped
+from memlab.search.fitting.measured import fits_only_uncapped
 from memlab.search.space import fits
 
 GIB = 1024**3
