@@ -28,7 +28,7 @@ import torch
 
 from memlab.errors import refuse_class
 from memlab.estimation.configs import KNOWN_SHAPES, load_config, meta_model, parse_batch_shape
-from memlab.estimation.cuda.gpus import GpuKind
+from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.estimation.dryrun.fake import BLIND_SPOTS, fake_batch
 from memlab.estimation.dryrun.single_gpu import adamw8bit_state_bytes, estimate_inference, estimate_plans
 from memlab.estimation.request import EstimateRequest
@@ -153,7 +153,9 @@ def estimate(
         (True, True)
     """
     refuse_class(model_or_config, "estimate")
+    # the GPU's name resolved here, once: an unknown one refused before anything is built, the kind travels below
+    kind = gpu_kind(gpu) if gpu is not None else None
     request = EstimateRequest(model_or_config, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device,
-                              gpus=gpus, strategy=strategy, gpu=gpu, load=load,
+                              gpus=gpus, strategy=strategy, gpu=kind, load=load,
                               expandable_segments=expandable_segments, host_budget=host_budget)
     return route(request)
