@@ -137,20 +137,23 @@ def kept(route: str, inputs: Mapping[str, Any] | Callable[[], Mapping[str, Any]]
 def dry_run_inputs(model_or_config: Any, batch: Any, plan: Any, **settings: Any) -> dict[str, Any]:
     """What decides a dry run of ``plan`` on ``model_or_config`` (a config, or the meta model built from one) for
     ``batch`` (shapes), with ``settings`` (``device``, ``budget``, ``load``, ``strategies``...) as they are given
-    and ``gpu`` as the whole GPU kind it names (a described one too), the allocator assumed beside them.
+    and ``gpu`` as the whole GPU kind (a described one too; the default where None), the allocator assumed beside
+    them.
 
     Example:
         >>> from transformers import LlamaConfig
         >>> from memlab.plan import Plan
-        >>> inputs = dry_run_inputs(LlamaConfig(num_hidden_layers=2), {"input_ids": (1, 8)}, Plan(), gpu="T4-16GB")
+        >>> from memlab.estimation.cuda.gpus import GPUS
+        >>> inputs = dry_run_inputs(LlamaConfig(num_hidden_layers=2), {"input_ids": (1, 8)}, Plan(),
+        ...                         gpu=GPUS["T4-16GB"])
         >>> inputs["model"]["config"]["num_hidden_layers"], inputs["gpu"]["capability"], inputs["plan"]["precision"]
         (2, (7, 5), 'fp32')
     """
     from memlab.estimation.cuda.allocator import expandable_segments_assumed
-    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import kind_or_default
 
     return {"model": _config_of(model_or_config), "batch": batch, "plan": dataclasses.asdict(plan),
-            **settings, "gpu": dataclasses.asdict(gpu_kind(settings.get("gpu"))),
+            **settings, "gpu": dataclasses.asdict(kind_or_default(settings.get("gpu"))),
             "expandable_segments": expandable_segments_assumed(),
             "environment": {name: os.environ.get(name) for name in ENVIRONMENT}}
 

@@ -21,6 +21,7 @@ The names the single-GPU steps define are importable from here too (``estimate_p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ import torch
 
 from memlab.errors import refuse_class
 from memlab.estimation.configs import KNOWN_SHAPES, load_config, meta_model, parse_batch_shape
-from memlab.estimation.cuda.gpus import GpuKind
+from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.estimation.dryrun.fake import BLIND_SPOTS, fake_batch
 from memlab.estimation.dryrun.single_gpu import adamw8bit_state_bytes, estimate_inference, estimate_plans
 from memlab.estimation.request import EstimateRequest
@@ -161,8 +162,12 @@ def estimate(
     """
     refuse_class(model_or_config, "estimate")
     check_vllm_server(model_or_config, vllm_server)
+    if vllm_server is not None and vllm_server.gpu is not None:  # the server's GPU resolved here too
+        vllm_server = dataclasses.replace(vllm_server, gpu=gpu_kind(vllm_server.gpu))
+    # the GPU's name resolved here, once: an unknown one refused before anything is built, the kind travels below
+    kind = gpu_kind(gpu) if gpu is not None else None
     request = EstimateRequest(model_or_config, batch, plan, loss_fn=loss_fn, budget=budget, lr=lr, device=device,
-                              gpus=gpus, strategy=strategy, gpu=gpu, load=load,
+                              gpus=gpus, strategy=strategy, gpu=kind, load=load,
                               expandable_segments=expandable_segments, host_budget=host_budget,
                               vllm_server=vllm_server)
     return route(request)

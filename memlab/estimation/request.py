@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
+from memlab.estimation.cuda.gpus import GpuKind
 from memlab.live.batch import LossFn
 from memlab.live.sharding import check_sharding
 from memlab.plan import Plan, parse_budget
@@ -37,8 +37,9 @@ class EstimateRequest:
     figure assumes the allocator's expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), and
     the host budget the trial's ``host_bytes`` are judged against (none: not judged), and a GRPOTrainer's vLLM server.
 
-    :meth:`checked` validates what can be validated before anything is built (the sharding, the GPU kind, the
-    budget), so that every route gets a request it can trust.
+    :meth:`checked` validates what can be validated before anything is built (the sharding, the budget), so that
+    every route gets a request it can trust; ``gpu`` comes resolved (a :class:`GpuKind`, or None where none was
+    named).
 
     Example:
         >>> request = EstimateRequest("llama-7b", {"input_ids": (1, 512)}, Plan(), gpus=8, strategy="FSDP2",
@@ -58,7 +59,9 @@ class EstimateRequest:
     device: str | torch.device | None = None
     gpus: int = 1
     strategy: str = "none"
-    gpu: str | GpuKind | None = None
+    gpu: GpuKind | None = None
+    """The GPU kind a CUDA estimate is for, resolved where its name came in (``memlab.estimate``); None: none named
+    (the default kind's figures, and the model's own device unless ``device`` says)."""
     load: Mapping[str, Any] | None = None
     expandable_segments: bool = False
     host_budget: int | str | None = None
@@ -72,10 +75,10 @@ class EstimateRequest:
         return dataclasses.replace(self, **changes)
 
     def checked(self) -> EstimateRequest:
-        """The request with its sharding (``gpus``, ``strategy``), GPU kind and budget checked and normalised; a
-        MemlabError saying what to write where one is wrong."""
+        """The request with its sharding (``gpus``, ``strategy``) and budget checked and normalised; a MemlabError
+        saying what to write where one is wrong. (The GPU kind was resolved, an unknown one refused, where the request
+        was made: :func:`memlab.estimate`.)"""
         gpus, strategy = check_sharding(self.gpus, self.strategy)
-        gpu_kind(self.gpu)  # an unknown GPU is refused before anything is built
         return self.replace(gpus=gpus, strategy=strategy, budget=parse_budget(self.budget))
 
     @property

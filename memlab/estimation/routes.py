@@ -18,7 +18,7 @@ from memlab.errors import MemlabError
 from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.estimation.cuda.context import card_context
 from memlab.estimation.cuda.devices import asked_device
-from memlab.estimation.cuda.gpus import gpu_kind
+from memlab.estimation.cuda.gpus import kind_or_default
 from memlab.estimation.request import EstimateRequest
 from memlab.live.sharding import check_sharding
 from memlab.options import parse_host_budget
@@ -131,9 +131,10 @@ def gpu_note(request: EstimateRequest, *, inference: bool = False) -> str:
     (:func:`memlab.techniques.precision.bf16_emulated`).
 
     Example:
-        >>> "emulates it" in gpu_note(EstimateRequest("llama-7b", {}, Plan(precision="bf16"), gpu="T4-16GB"))
+        >>> from memlab.estimation.cuda.gpus import GPUS
+        >>> "emulates it" in gpu_note(EstimateRequest("llama-7b", {}, Plan(precision="bf16"), gpu=GPUS["T4-16GB"]))
         True
-        >>> gpu_note(EstimateRequest("llama-7b", {}, Plan(precision="bf16"), gpu="T4-16GB", device="cpu"))
+        >>> gpu_note(EstimateRequest("llama-7b", {}, Plan(precision="bf16"), gpu=GPUS["T4-16GB"], device="cpu"))
         ''
     """
     from memlab.estimation.cuda.devices import target_device
@@ -141,7 +142,7 @@ def gpu_note(request: EstimateRequest, *, inference: bool = False) -> str:
 
     if isinstance(request.plan, (list, tuple)) or target_device(request.model, request.device).type != "cuda":
         return ""
-    kind = gpu_kind(request.gpu)
+    kind = kind_or_default(request.gpu)
     return bf16_emulated(kind.capability, kind.name, precision=getattr(request.plan, "precision", None),
                          weights=getattr(request.plan, "weights", None) if inference else None)
 
@@ -158,7 +159,6 @@ def route(request: EstimateRequest) -> Trial:
         >>> trial.status, trial.estimated
         ('ok', True)
     """
-    gpu_kind(request.gpu)  # an unknown GPU is refused before anything is built
     request = request.replace(device=asked_device(request.gpu, request.device))
     if isinstance(request.plan, (list, tuple)):
         raise MemlabError(

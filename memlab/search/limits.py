@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memlab.errors import MemlabError, refuse_class
+from memlab.estimation.cuda.gpus import gpu_kind
 from memlab.live.trainer_kinds import generates
 from memlab.plan import Plan, format_bytes, parse_budget
 from memlab.report import Trial
@@ -293,6 +294,8 @@ def limits(
     step = multiple if multiple is not None else 64 if vary == "tokens" else 1
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise MemlabError(f"multiple={multiple!r} is not allowed; write a whole number >= 1, e.g. multiple=64")
+    if keywords.get("gpu") is not None:  # the GPU's name resolved here, once: every dry run below takes the kind
+        keywords["gpu"] = gpu_kind(keywords["gpu"])
     unit = None
     if generates(model_or_config) or (batch is None and is_trainer(model_or_config)):
         from memlab.search.limits_trainer import trainer_sizes
@@ -367,7 +370,7 @@ def _what_would_fit(model_or_config: Any, found: Limits, batch: Any, measured: b
                     keywords: dict[str, Any]) -> list[Trial]:
     """Plans with other levers estimated (dry runs at the smallest size tried) to fit the budget with fit's margin,
     as :func:`memlab.search.suggest.combined_suggestions` finds them: the fastest expected first; at most three."""
-    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import kind_or_default
     from memlab.estimation.estimate import estimate
     from memlab.search.speed import speed_prior
     from memlab.search.suggest import combined_suggestions
@@ -390,7 +393,7 @@ def _what_would_fit(model_or_config: Any, found: Limits, batch: Any, measured: b
         return combined_suggestions(base, estimated, budget=found.budget, rows=rows,
                                     prior=speed_prior(str(base.device).split(":")[0]), want=3, tries=4,
                                     half=half_precision(not str(base.device).startswith("cuda")
-                                                       or gpu_kind(keywords.get("gpu")).bf16))
+                                                       or kind_or_default(keywords.get("gpu")).bf16))
     except MemlabError:
         return []
 

@@ -127,14 +127,15 @@ class VLLMServer:
     """The memory settings of the ``trl vllm-serve`` command a GRPOTrainer with ``vllm_mode="server"`` generates on:
     its options, by TRL's names, TRL's defaults where not given.
 
-    Attributes:
-        gpu: the server's GPU kind (a name from :data:`memlab.estimation.cuda.gpus.GPUS` or a
-            :func:`memlab.gpu_kind`); None: the kind the trainer is estimated for. What each of its GPUs holds is
-            :mod:`memlab.kinds.grpo.server`'s.
-        tensor_parallel_size: the GPUs one engine spans (``--tensor-parallel-size``).
-        data_parallel_size: the engines (``--data-parallel-size``), each on its own GPUs.
-        gpu_memory_utilization: the fraction of each GPU's total memory vLLM preallocates.
-        max_model_len: the longest sequence the server accepts; None: the model's ``max_position_embeddings``.
+    Args:
+        gpu (str | GpuKind | None): the server's GPU kind (a name from :data:`memlab.estimation.cuda.gpus.GPUS` or a
+            :func:`memlab.gpu_kind`, which :func:`memlab.estimate` resolves); None: the kind the trainer is
+            estimated for.
+        tensor_parallel_size (int): the GPUs one engine spans (``--tensor-parallel-size``).
+        data_parallel_size (int): the engines (``--data-parallel-size``), each on its own GPUs.
+        gpu_memory_utilization (float): the fraction of each GPU's total memory vLLM preallocates.
+        max_model_len (int | None): the longest sequence the server accepts; None: the model's
+            ``max_position_embeddings``.
 
     Example:
         >>> try:

@@ -14,6 +14,7 @@ import torch
 from transformers import Gemma2Config, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config
 
 import memlab
+from memlab.estimation.cuda.gpus import GPUS
 from memlab.estimation.dryrun.single_gpu import estimate_inference
 from memlab.inference.kv import cache_bytes, cache_tokens, can_grow, grow_cache, new_cache
 from memlab.inference.plan import InferencePlan
@@ -55,7 +56,7 @@ def counted_forwards() -> Iterator[list[int]]:
 def _estimate(config: Any, rows: int, prompt: int, new: int, kv_cache: bool, device: str) -> memlab.Trial:
     return estimate_inference(config, {"input_ids": (rows, prompt)},
                               InferencePlan(new_tokens=new, weights="bf16", kv_cache=kv_cache), device=device,
-                              gpu="H100-80GB")[0]
+                              gpu=GPUS["H100-80GB"])[0]
 
 
 @pytest.mark.parametrize(("name", "kv_cache", "device"), [

@@ -33,7 +33,7 @@ from memlab.measure import cuda
 from memlab.plan import Plan
 from memlab.report import Report, Trial
 from memlab.report.views.tables import card_line, judged_text, nothing_fits_reason, text_table, verdict_text
-from memlab.search.fit import fits_only_uncapped
+from memlab.search.fitting.measured import fits_only_uncapped
 from memlab.search.space import fits
 
 GIB = 1024**3
@@ -270,7 +270,7 @@ def test_every_gpu_kind_says_where_its_context_comes_from() -> None:
 
 def test_card_context_models_the_gpu_or_reads_the_live_one(monkeypatch: pytest.MonkeyPatch) -> None:
     estimated = dataclasses.replace(cuda_trial(GIB, 2 * GIB), device="cuda", estimated=True, notes=("a",))
-    a100 = card_context(estimated, "A100-80GB")
+    a100 = card_context(estimated, GPUS["A100-80GB"])
     assert a100.context_bytes == GPUS["A100-80GB"].context_bytes and a100.card_bytes is not None
     assert a100.notes[0] == "a" and "modelled for an A100-80GB" in a100.notes[-1]
     assert "assumed" in a100.notes[-1] and "card figure (reserve + CUDA context)" in a100.notes[-1]
@@ -282,7 +282,7 @@ def test_card_context_models_the_gpu_or_reads_the_live_one(monkeypatch: pytest.M
     assert read.context_bytes == 500 * MIB and "read on cuda:0" in read.notes[-1]
     assert len(read.notes) == len(a100.notes)  # the modelled note is replaced, not added to
     cpu = dataclasses.replace(estimated, device="cpu")
-    assert card_contexts([cpu], "L4-24GB") == [cpu]
+    assert card_contexts([cpu], GPUS["L4-24GB"]) == [cpu]
 
 
 

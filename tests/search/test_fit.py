@@ -6,8 +6,6 @@ When nothing in a fit's space fits, the report says how long the sequences could
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 from models import assert_same, fingerprint, lm_batch, tiny_gpt2, tiny_llama
@@ -169,9 +167,10 @@ def test_a_first_trial_that_fits_only_by_its_allocated_peak_runs_again_under_the
         return Trial(plan, "ok", 980, {}, 0.1, 10.0, None, "cuda:0", budget=budget, reserved_bytes=1300)
 
     monkeypatch.setattr(TrialRunner, "run", run)
-    fit_module = sys.modules["memlab.search.fit"]  # the module: memlab.search.fit the name is the function
-    monkeypatch.setattr(fit_module, "suggestions", lambda *args, **kwargs: [])  # no estimates here
-    monkeypatch.setattr(fit_module, "shorter_sequences", lambda *args, **kwargs: None)  # nor the longest that fits
+    from memlab.search.fitting import choice
+
+    monkeypatch.setattr(choice, "suggestions", lambda *args, **kwargs: [])  # no estimates here
+    monkeypatch.setattr(choice, "shorter_sequences", lambda *args, **kwargs: None)  # nor the longest that fits
     model = tiny_llama()
     report = fit(model, lm_batch(), budget=budget, space={"precision": ["fp32"], "optimizer": ["adamw"],
                                                         "offload": ["none"], "checkpointing": [False]},
@@ -264,12 +263,12 @@ def test_fit_searches_the_chunked_loss_by_default_where_it_applies():
 
 
 def test_ctrl_c_while_fit_computes_its_suggestions_keeps_the_finished_trials(monkeypatch):
-    fit_module = sys.modules["memlab.search.fit"]  # the module: memlab.search.fit the name is the function
+    from memlab.search.fitting import choice
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(fit_module, "suggestions", interrupted)
+    monkeypatch.setattr(choice, "suggestions", interrupted)
     model, batch = tiny_llama(), lm_batch(rows=2)
     before = fingerprint(model)
     space = {"micro_batch": [2], "precision": ["fp32"], "optimizer": ["adamw"], "checkpointing": [False],

@@ -69,7 +69,8 @@ def _shaped(monkeypatch: pytest.MonkeyPatch, peak: Callable[[int], int], whole_c
     asked: dict[int, int] = {}
 
     def estimate(trainer: Any, plan: Any = None, *, budget: int, gpu: Any = None, **_: Any) -> memlab.Trial:
-        size, capped = int(trainer.max_completion_length), not isinstance(gpu, str)
+        # the card held to the budget is memlab.estimation.cuda.gpus.capped's kind; the whole card, the kind asked for
+        size, capped = int(trainer.max_completion_length), " capped at " in getattr(gpu, "name", "")
         allocated = peak(size)
         reserved = allocated + int(0.9 * GIB) + (int(0.7 * GIB) if _copied(size, prompt) else 0) + (
             0 if capped else whole_card_adds)

@@ -35,6 +35,7 @@ import torch
 import memlab
 from memlab import Plan
 from memlab.errors import MemlabError, MemlabWarning
+from memlab.estimation.cuda.gpus import GPUS
 from memlab.estimation.dryrun.reserved import EXPANDABLE_NOTE
 from memlab.export.accelerate import accelerate_script
 from memlab.frontends.cli.main import main
@@ -166,7 +167,7 @@ def test_the_plans_lever_decides_the_allocator_its_estimate_assumes() -> None:
     # several plans in one dry run (what fit and the CLI's --try make): each plan's own allocator, as estimated alone
     for model in (_llama_config(), tiny_llama(layers=4, width=64)):  # a config carried from a few layers; a live model
         plain, switched = estimate_plans(model, shapes, [Plan(), Plan(expandable_segments=True)], device="cuda",
-                                         gpu="H200-141GB").trials
+                                         gpu=GPUS["H200-141GB"]).trials
         alone = [memlab.estimate(model, shapes, Plan(), device="cuda", gpu="H200-141GB", expandable_segments=on)
                  for on in (False, True)]
         assert plain.reserved_bytes == alone[0].reserved_bytes and EXPANDABLE_NOTE not in plain.notes

@@ -23,6 +23,7 @@ from models import assert_same, fingerprint, lm_batch, tiny_llama
 import memlab
 from memlab import Plan
 from memlab.errors import MemlabError, MemlabWarning
+from memlab.estimation.cuda.gpus import GPUS
 from memlab.export.accelerate import accelerate_script
 from memlab.plan import LEVERS, parse_grid
 from memlab.techniques import fp8
@@ -249,10 +250,10 @@ def test_the_estimate_carried_from_three_layers_is_every_layers_dry_run(
     real = single_gpu.carried_trial
     monkeypatch.setattr(single_gpu, "carried_trial", lambda *a, **k: tried.append(
         (result := real(*a, **k)) is not None) or result)
-    carried = single_gpu.estimate_plans(config, SHAPES, [plan], device="cuda", gpu="H100-80GB")[0]
+    carried = single_gpu.estimate_plans(config, SHAPES, [plan], device="cuda", gpu=GPUS["H100-80GB"])[0]
     assert tried == [True], "carried from three layers"
     monkeypatch.setattr(single_gpu, "shallow_model", lambda _: None)  # every layer dry-run
-    whole = single_gpu.estimate_plans(config, SHAPES, [plan], device="cuda", gpu="H100-80GB")[0]
+    whole = single_gpu.estimate_plans(config, SHAPES, [plan], device="cuda", gpu=GPUS["H100-80GB"])[0]
     assert carried.status == whole.status == "ok", (carried.error, whole.error)
     for field in dataclasses.fields(whole):
         if field.name != "timeline":

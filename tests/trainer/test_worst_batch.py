@@ -167,11 +167,10 @@ def test_fit_on_a_trainer_for_cuda_searches_no_optimizer_offload(tmp_path: Any, 
     """On CUDA fit's default space offloads the optimizer, which a live trainer cannot run (memlab.apply refuses it:
     DeepSpeed): on an H100, fit(sft_trainer) picked offload='all' and apply refused its own answer. A trainer's search
     leaves it out unless the space asks for it; the model's own search keeps it."""
-    import importlib
+    from memlab.search.fitting import space as fit_space
 
-    fit_module = importlib.import_module("memlab.search.fit")  # the module: memlab.search.fit is the function
-    on_cuda = fit_module.default_space
-    monkeypatch.setattr(fit_module, "default_space",
+    on_cuda = fit_space.default_space
+    monkeypatch.setattr(fit_space, "default_space",
                         lambda batch_size, device_type, *args, **kwargs: on_cuda(batch_size, "cuda", *args, **kwargs))
     trainer = make_trainer(tmp_path)
     space = {"micro_batch": [ROWS], "checkpointing": [False], "precision": ["fp32"], "optimizer": ["adamw"]}

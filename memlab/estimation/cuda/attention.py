@@ -60,7 +60,7 @@ from torch.nn import functional
 from torch.overrides import TorchFunctionMode
 
 from memlab.estimation.cuda.autocast import autocast_dtype
-from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
+from memlab.estimation.cuda.gpus import GpuKind, kind_or_default
 
 __all__ = [
     "CudaAttention", "attention_note", "efficient_refusals", "flash_refusals", "sdpa_backend", "sdpa_gaps",
@@ -96,7 +96,7 @@ def _strides(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: 
 
 def flash_refusals(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None, *,
-    dropout_p: float = 0.0, is_causal: bool = False, enable_gqa: bool = False, gpu: GpuKind | str | None = None,
+    dropout_p: float = 0.0, is_causal: bool = False, enable_gqa: bool = False, gpu: GpuKind | None = None,
 ) -> list[str]:
     """The filters of ``can_use_flash_attention`` (sdp_utils.cpp) the call fails on ``gpu``, by their names in
     PyTorch's source; empty where flash attention takes it.
@@ -106,7 +106,7 @@ def flash_refusals(
         >>> flash_refusals(q, q, q), flash_refusals(q.float(), q.float(), q.float(), torch.zeros(8, 8))
         ([], ['check_for_attn_mask', 'check_dtypes_flash_attention'])
     """
-    gpu = gpu_kind(gpu)
+    gpu = kind_or_default(gpu)
     refused = []
     if not torch.backends.cuda.flash_sdp_enabled():
         refused.append("check_runtime_disabled_flash")
@@ -149,7 +149,7 @@ def _gemm_alignment(dtype: torch.dtype, gpu: GpuKind) -> int:
 
 def efficient_refusals(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None, *,
-    enable_gqa: bool = False, gpu: GpuKind | str | None = None,
+    enable_gqa: bool = False, gpu: GpuKind | None = None,
 ) -> list[str]:
     """The filters of ``can_use_mem_efficient_attention`` (sdp_utils.cpp) the call fails on ``gpu``, by their names
     in PyTorch's source; empty where the memory-efficient kernel takes it. Grouped-query heads are refused, as by the
@@ -161,7 +161,7 @@ def efficient_refusals(
         >>> efficient_refusals(q, q, q, torch.zeros(1, 2, 8, 8)), efficient_refusals(q, q, q, bias)
         ([], ['check_last_dim_stride_equals_1_dense'])
     """
-    gpu = gpu_kind(gpu)
+    gpu = kind_or_default(gpu)
     refused = []
     if not torch.backends.cuda.mem_efficient_sdp_enabled():
         refused.append("check_runtime_disabled_mem_efficient")
@@ -198,9 +198,9 @@ def sdpa_backend(
     dropout_p: float = 0.0,
     is_causal: bool = False,
     enable_gqa: bool = False,
-    gpu: GpuKind | str | None = None,
+    gpu: GpuKind | None = None,
 ) -> str:
-    """The backend PyTorch's CUDA ``scaled_dot_product_attention`` picks on ``gpu`` (a GPU kind or its name,
+    """The backend PyTorch's CUDA ``scaled_dot_product_attention`` picks on ``gpu`` (a GPU kind,
     default an H100): ``"flash"``, ``"efficient"`` (memory-efficient) or ``"math"`` (``select_sdp_backend``: the
     first of flash, memory-efficient and math whose filters all pass).
 
@@ -209,7 +209,7 @@ def sdpa_backend(
         >>> sdpa_backend(q.bfloat16(), q.bfloat16(), q.bfloat16()), sdpa_backend(q, q, q)
         ('flash', 'efficient')
         >>> import dataclasses
-        >>> sdpa_backend(q, q, q, gpu=dataclasses.replace(gpu_kind(), capability=(4, 0)))
+        >>> sdpa_backend(q, q, q, gpu=dataclasses.replace(kind_or_default(None), capability=(4, 0)))
         'math'
     """
     if not flash_refusals(query, key, value, attn_mask, dropout_p=dropout_p, is_causal=is_causal,
@@ -368,9 +368,9 @@ class CudaAttention(TorchFunctionMode):
     the trial's notes.
     """
 
-    def __init__(self, gpu: GpuKind | str | None = None) -> None:
+    def __init__(self, gpu: GpuKind | None = None) -> None:
         super().__init__()
-        self.gpu = gpu_kind(gpu)
+        self.gpu = kind_or_default(gpu)
         self.backends: set[str] = set()
         self.gaps: set[str] = set()
 

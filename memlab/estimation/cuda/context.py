@@ -21,7 +21,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
+from memlab.estimation.cuda.gpus import GpuKind, kind_or_default
 from memlab.plan import format_bytes
 from memlab.report import Trial
 
@@ -32,7 +32,7 @@ TrialT = TypeVar("TrialT", bound=Trial)
 _NOTE_PREFIX = "card figure"
 
 
-def card_context(trial: TrialT, gpu: GpuKind | str | None = None, *, read_on: torch.device | None = None) -> TrialT:
+def card_context(trial: TrialT, gpu: GpuKind | None = None, *, read_on: torch.device | None = None) -> TrialT:
     """``trial`` with the CUDA context of its card (:attr:`~memlab.report.Trial.context_bytes`) and a note saying
     where the figure comes from: modelled for the GPU kind ``gpu`` (default: an H100-80GB), or read from the
     driver on ``read_on`` (a live GPU: a dry run of a model that lives there). A trial not on CUDA is returned as it
@@ -61,7 +61,7 @@ HBM3, torch 2.11, CUDA 13.0)
         known = f"{_NOTE_PREFIX} (reserve + CUDA context): context {format_bytes(context)} {where}"
         unknown = f"CUDA context {format_bytes(context)} {where}"
     else:
-        kind = gpu_kind(gpu)
+        kind = kind_or_default(gpu)
         context = kind.context_bytes
         where = f"modelled for {kind.called}"
         known = f"{_NOTE_PREFIX} (reserve + CUDA context) {where}: context {format_bytes(context)} ({kind.source})"
@@ -74,11 +74,11 @@ HBM3, torch 2.11, CUDA 13.0)
     return dataclasses.replace(trial, context_bytes=context, notes=(*notes, note))
 
 
-def card_contexts(trials: Sequence[TrialT], gpu: GpuKind | str | None = None) -> list[TrialT]:
+def card_contexts(trials: Sequence[TrialT], gpu: GpuKind | None = None) -> list[TrialT]:
     """:func:`card_context` of each trial, for the GPU kind ``gpu``.
 
     Example:
-        >>> card_contexts([], "L4-24GB")
+        >>> card_contexts([], None)
         []
     """
     return [card_context(trial, gpu) for trial in trials]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from memlab.errors import MemlabError
 
-__all__ = ["DEFAULT_GPU", "GPUS", "GpuKind", "capped", "gpu_kind", "parse_capability"]
+__all__ = ["DEFAULT_GPU", "GPUS", "GpuKind", "capped", "gpu_kind", "kind_or_default", "parse_capability"]
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,18 @@ def gpu_kind(
     return found
 
 
+def kind_or_default(kind: GpuKind | None) -> GpuKind:
+    """``kind``, or the default kind (:data:`DEFAULT_GPU`) where None: what the code below the entry points reads of
+    a GPU kind they resolved (:func:`gpu_kind` is called where a name comes in: ``memlab.estimate``, ``fit``,
+    ``limits``, the front ends; below them a kind travels as a :class:`GpuKind`, or None where none was named).
+
+    Example:
+        >>> kind_or_default(None).name, kind_or_default(GPUS["T4-16GB"]).name
+        ('H100-80GB', 'T4-16GB')
+    """
+    return GPUS[DEFAULT_GPU] if kind is None else kind
+
+
 def _known(name: str | GpuKind) -> GpuKind | None:
     """The listed kind of this name or torch device name (any case); None where there is none."""
     if isinstance(name, GpuKind):
@@ -244,8 +256,8 @@ def parse_capability(capability: tuple[int, int] | str | float) -> tuple[int, in
     return major, minor
 
 
-def capped(kind: GpuKind | str | None, budget: int) -> GpuKind:
-    """The GPU kind ``kind`` (a name, or the default) held to ``budget`` bytes of card: what a real cap on the
+def capped(kind: GpuKind | None, budget: int) -> GpuKind:
+    """The GPU kind ``kind`` (or the default) held to ``budget`` bytes of card: what a real cap on the
     caching allocator at that budget makes of it (:func:`memlab.measure.cuda.cap_cuda_memory`: the allocator may
     reserve the budget less the CUDA context). Replayed on it, the allocator's model gives its cached segments back
     and tries again before it runs out, as the capped allocator does. ``limits`` searches on it and then checks its
@@ -253,13 +265,13 @@ def capped(kind: GpuKind | str | None, budget: int) -> GpuKind:
     where the budget is not below its memory.
 
     Example:
-        >>> eight = capped("H100-80GB", 8 * 2**30)
+        >>> eight = capped(GPUS["H100-80GB"], 8 * 2**30)
         >>> eight.name, eight.memory_bytes == 8 * 2**30, eight.capability
         ('H100-80GB capped at 8 GiB', True, (9, 0))
         >>> capped(None, 10**12) is GPUS[DEFAULT_GPU]
         True
     """
-    found = gpu_kind(kind)
+    found = kind_or_default(kind)
     if budget >= found.memory_bytes:
         return found
     shown = f"{budget / 2**30:g} GiB" if budget % 2**20 == 0 else f"{budget:,} bytes"

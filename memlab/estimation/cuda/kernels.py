@@ -17,8 +17,9 @@ emulation, memlab's or the model's own, recomputes under fresh modes of the same
 The optimizer's update (fused or foreach AdamW) is chosen by the optimizer's target device, not here.
 
 Example:
+    >>> from memlab.estimation.cuda.gpus import GPUS
     >>> from memlab.estimation.dryrun.fake import FakeMode
-    >>> with FakeMode(), cuda_kernels("A100-80GB") as attention:
+    >>> with FakeMode(), cuda_kernels(GPUS["A100-80GB"]) as attention:
     ...     q = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16)
     ...     _ = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     >>> attention.gpu.name, attention.backends
@@ -104,7 +105,7 @@ def run_emulated(run: Callable[[bool], ResultT], emulate: bool) -> tuple[ResultT
 
 
 @contextlib.contextmanager
-def cuda_kernels(gpu: GpuKind | str | None = None, *, kernels: bool = True) -> Iterator[CudaAttention | None]:
+def cuda_kernels(gpu: GpuKind | None = None, *, kernels: bool = True) -> Iterator[CudaAttention | None]:
     """CUDA's kernels emulated for the GPU kind ``gpu`` (default an H100) while active, forward and checkpointing's
     recomputation alike; yields the attention mode, whose ``backends`` and ``gaps`` the trial's notes report.
 

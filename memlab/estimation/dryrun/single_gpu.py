@@ -44,7 +44,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from memlab.estimation.configs import one_line
 from memlab.estimation.cuda.allocator import assumed_allocator, expandable_segments_assumed
 from memlab.estimation.cuda.attention import CudaAttention, attention_note
-from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
+from memlab.estimation.cuda.gpus import GpuKind, kind_or_default
 from memlab.estimation.cuda.kernels import (
     EMULATED_NOTE,
     OWN_CHECKPOINT_NOTE,
@@ -126,7 +126,7 @@ def estimate_plans(
     budget: int | str | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
-    gpu: GpuKind | str | None = None,
+    gpu: GpuKind | None = None,
     load: Mapping[str, Any] | None = None,
 ) -> Report:
     """:func:`memlab.estimate` for several plans, building the fake model once: a Report of estimated Trials.
@@ -178,7 +178,7 @@ def dry_run_plans(
     budget: int | str | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
-    gpu: GpuKind | str | None = None,
+    gpu: GpuKind | None = None,
     load: Mapping[str, Any] | None = None,
     live_layers: bool = False,
 ) -> Report:
@@ -190,8 +190,8 @@ def dry_run_plans(
     Example:
         >>> model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
         >>> batch = torch.randn(8, 16)
-        >>> bare = dry_run_plans(model, batch, Plan(), loss_fn=lambda m, b: m(b).mean(), gpu="H100-80GB")[0]
-        >>> held = estimate_plans(model, batch, Plan(), loss_fn=lambda m, b: m(b).mean(), gpu="H100-80GB")[0]
+        >>> bare = dry_run_plans(model, batch, Plan(), loss_fn=lambda m, b: m(b).mean(), gpu=kind_or_default(None))[0]
+        >>> held = estimate_plans(model, batch, Plan(), loss_fn=lambda m, b: m(b).mean(), gpu=kind_or_default(None))[0]
         >>> held.peak_bytes - bare.peak_bytes == 2 * 32 * 2**20
         True
     """
@@ -226,7 +226,7 @@ def dry_run_plans(
 
 def _carried(
     shallow: ShallowModel, batch: Any, plan: Plan, options: RunOptions, load: Mapping[str, Any] | None, *,
-    device: str | torch.device | None, gpu: GpuKind | str | None, limit: int | None,
+    device: str | torch.device | None, gpu: GpuKind | None, limit: int | None,
 ) -> Trial | None:
     """``plan``'s estimate at the model's depth from its dry runs of three and two layers, None where they do not
     carry (:func:`~memlab.estimation.depth.carry.carried_trial`)."""
@@ -249,7 +249,7 @@ def _carried(
             return None
         runs[layers] = ShallowRun(run.trial, run.reserved, run.events, run.root)
         fell_back[layers] = run.fell_back
-    carried = carried_trial(shallow, runs, CATEGORIES, _capacity(gpu_kind(gpu)))
+    carried = carried_trial(shallow, runs, CATEGORIES, _capacity(kind_or_default(gpu)))
     if carried is None or fell_back[source_layers()] != fell_back[check_layers()]:
         return None
     trial, reserved = carried
@@ -265,7 +265,7 @@ def estimate_inference(
     loss_fn: LossFn | None = None,
     budget: int | str | None = None,
     device: str | torch.device | None = None,
-    gpu: GpuKind | str | None = None,
+    gpu: GpuKind | None = None,
     load: Mapping[str, Any] | None = None,
 ) -> Report:
     """:func:`dry_run_inference` with, on CUDA, the forward's cuBLAS workspace in the allocated peak
@@ -277,8 +277,9 @@ def estimate_inference(
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         ...                      num_key_value_heads=2, vocab_size=256)
         >>> shapes, plan = {"input_ids": (1, 16)}, InferencePlan(weights="bf16", new_tokens=2)
-        >>> held = estimate_inference(config, shapes, plan, gpu="H100-80GB")[0]
-        >>> held.peak_bytes - dry_run_inference(config, shapes, plan, gpu="H100-80GB")[0].peak_bytes == 32 * 2**20
+        >>> h100 = kind_or_default(None)
+        >>> held = estimate_inference(config, shapes, plan, gpu=h100)[0]
+        >>> held.peak_bytes - dry_run_inference(config, shapes, plan, gpu=h100)[0].peak_bytes == 32 * 2**20
         True
     """
     report = dry_run_inference(model_or_config, batch, plans, loss_fn=loss_fn, budget=budget, device=device, gpu=gpu,
@@ -295,7 +296,7 @@ def dry_run_inference(
     loss_fn: LossFn | None = None,
     budget: int | str | None = None,
     device: str | torch.device | None = None,
-    gpu: GpuKind | str | None = None,
+    gpu: GpuKind | None = None,
     load: Mapping[str, Any] | None = None,
 ) -> Report:
     """Inference plans estimated on fake tensors: the same :class:`~memlab.inference.run.InferenceRunner` as
@@ -332,7 +333,7 @@ def dry_run_inference(
     return _dry_run(model_or_config, batch, checked, options, inference, budget=budget, device=device, gpu=gpu)
 
 
-def with_cublas_workspaces(report: Report, handles: int, gpu: GpuKind | str | None = None) -> Report:
+def with_cublas_workspaces(report: Report, handles: int, gpu: GpuKind | None = None) -> Report:
     """``report`` with ``handles`` cuBLAS workspaces (as PyTorch sizes them for the GPU kind ``gpu``) under
     ``other`` all through each CUDA trial's step. PyTorch takes a handle's workspace from the caching allocator at
     its first matrix product and keeps it, so a real step's ``max_memory_allocated`` holds them: ``memlab.measure``
@@ -343,11 +344,11 @@ def with_cublas_workspaces(report: Report, handles: int, gpu: GpuKind | str | No
     Example:
         >>> from memlab.plan import Plan
         >>> trial = Trial(Plan(), "ok", 100, {"params": 100}, None, None, None, "cuda", estimated=True)
-        >>> held = with_cublas_workspaces(Report([trial]), 2, "H100-80GB")[0]
+        >>> held = with_cublas_workspaces(Report([trial]), 2, kind_or_default(None))[0]
         >>> held.peak_bytes - 100 == held.breakdown["other"] == 2 * 32 * 2**20
         True
     """
-    workspaces = handles * cublas_workspace_bytes(gpu_kind(gpu).capability)
+    workspaces = handles * cublas_workspace_bytes(kind_or_default(gpu).capability)
     if not workspaces:
         return report
     trials = []
@@ -397,7 +398,7 @@ def _dry_run(
     *,
     budget: int | str | None,
     device: str | torch.device | None,
-    gpu: GpuKind | str | None,
+    gpu: GpuKind | None,
 ) -> Report:
     """The flow of a one-device dry run: each plan's run (:func:`_plan_runs`), each trial turned into an estimate
     with its notes."""
@@ -479,7 +480,7 @@ def _plan_runs(
     workload: _Workload,
     *,
     device: str | torch.device | None,
-    gpu: GpuKind | str | None,
+    gpu: GpuKind | None,
     paths: LayerPaths | None = None,
 ) -> tuple[tuple[torch.device, torch.device], list[_PlanRun]]:
     """The fake model and batch (:func:`~memlab.estimation.dryrun.fake.fake_setup`, once), the workload's runner on a
@@ -487,7 +488,7 @@ def _plan_runs(
     its allocations traced where the estimate is for CUDA); with ``paths``, each plan's events kept by a
     :class:`~memlab.estimation.depth.log.DepthLog` (:mod:`memlab.estimation.depth.carry`). Returns the (target, kernels)
     devices and the runs."""
-    kind = gpu_kind(gpu)
+    kind = kind_or_default(gpu)
     emulated = kernel_emulation(model_or_config, device)
     batch, dropped = without_full_mask(batch)
     setup = fake_setup(model_or_config, batch, device, options.verbose)

@@ -23,7 +23,7 @@ import torch
 from memlab.errors import MemlabError
 from memlab.estimation.configs import frozen_count, layer_counts, model_on_meta
 from memlab.estimation.cuda.context import card_context
-from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
+from memlab.estimation.cuda.gpus import GpuKind
 from memlab.estimation.dryrun.single_gpu import estimate_plans
 from memlab.estimation.sharded.composed import composed_estimate, needs_composition
 from memlab.estimation.sharded.engine_settings import engine_settings
@@ -105,7 +105,6 @@ def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
     gpus, strategy = check_sharding(request.gpus, request.strategy)
     plan, gpu = request.training_plan, request.gpu
     _check_plan(plan)
-    gpu_kind(gpu)
     limit = parse_budget(request.budget)
     if strategy == "none":
         trial = estimate_plans(request.model, request.batch, [plan], loss_fn=request.loss_fn, budget=request.budget,
@@ -217,7 +216,7 @@ def smallest_gpus(
     loss_fn: LossFn | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
-    gpu: GpuKind | str | None = None,
+    gpu: GpuKind | None = None,
     load: Mapping[str, Any] | None = None,
     say: Callable[[str], None] | None = None,
 ) -> dict[str, ShardedTrial | None]:
@@ -263,7 +262,6 @@ def smallest_gpus(
     if not numbers:
         raise MemlabError("candidates is empty; write numbers of GPUs such as candidates=(1, 2, 4, 8)")
     names = [check_sharding(2, s)[1] for s in strategies]
-    gpu_kind(gpu)
     if "none" in names:
         raise MemlabError('strategies lists "none"; write "fsdp2", "fsdp1", "zero2" or "zero3"')
     found: dict[str, ShardedTrial | None] = {}
@@ -309,7 +307,7 @@ def sharded_trials(
     loss_fn: LossFn | None = None,
     lr: float = 1e-5,
     device: str | torch.device | None = None,
-    gpu: GpuKind | str | None = None,
+    gpu: GpuKind | None = None,
     say: Callable[[str], None] | None = None,
     load: Mapping[str, Any] | None = None,
 ) -> list[tuple[Plan, str, ShardedTrial | None]]:
@@ -333,7 +331,6 @@ def sharded_trials(
         [('zero2', 'zero2 x2'), ('zero3', 'zero3 x2')]
     """
     gpus = parse_gpus(gpus)
-    gpu_kind(gpu)  # an unknown GPU is refused before any dry run
     names = [check_sharding(2, s)[1] for s in (strategies or ("fsdp2", "zero2", "zero3"))]
     if not names or "none" in names:
         raise MemlabError('strategies must name "fsdp2", "fsdp1", "zero2" or "zero3"; write for example '

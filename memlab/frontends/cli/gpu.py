@@ -4,8 +4,8 @@
 ``--gpu-capability MAJOR.MINOR`` describe a GPU it does not list (both needed), or, with ``--gpu``, change that fact
 of the named kind (an A100-40GB partitioned to 20 GiB): :func:`memlab.estimation.cuda.gpus.gpu_kind` makes the kind
 either way, as ``memlab.gpu_kind(name, memory=..., capability=...)`` does in Python. :func:`cli_gpu` is what every
-part of the command passes on as ``gpu=``; a GPU named beside ``--device cpu`` is refused before anything is built
-(:func:`check_gpu_flags`).
+part of the command passes on as ``gpu=``: the kind resolved here, the one place the command line resolves it; a GPU
+named beside ``--device cpu`` is refused before anything is built (:func:`check_gpu_flags`).
 
 Example:
     >>> args = argparse.Namespace(gpu=None, gpu_memory="32GiB", gpu_capability="12.0", device=None)
@@ -16,7 +16,10 @@ Example:
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memlab.estimation.cuda.gpus import GpuKind
 
 __all__ = ["add_gpu_arguments", "check_gpu_flags", "cli_gpu", "gpu_budget", "gpu_flags"]
 
@@ -49,12 +52,13 @@ def add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
                         "(torch.cuda.get_device_capability()); with --gpu, that GPU with this capability")
 
 
-def cli_gpu(args: argparse.Namespace) -> Any:
-    """The ``gpu=`` the command's flags say: ``--gpu``'s name (None: the default kind), or the kind
-    ``--gpu-memory`` / ``--gpu-capability`` describe; a MemlabError in the command's words where they are wrong.
+def cli_gpu(args: argparse.Namespace) -> GpuKind | None:
+    """The ``gpu=`` the command's flags say: the kind ``--gpu`` names (None where none is named: the default
+    kind's figures), or the kind ``--gpu-memory`` / ``--gpu-capability`` describe; a MemlabError in the command's
+    words where they are wrong.
 
     Example:
-        >>> cli_gpu(argparse.Namespace(gpu="L4-24GB")), cli_gpu(argparse.Namespace(gpu=None))
+        >>> cli_gpu(argparse.Namespace(gpu="L4-24GB")).name, cli_gpu(argparse.Namespace(gpu=None))
         ('L4-24GB', None)
         >>> cli_gpu(argparse.Namespace(gpu=None, gpu_memory="lots", gpu_capability="8.6"))
         Traceback (most recent call last):
@@ -69,7 +73,7 @@ def cli_gpu(args: argparse.Namespace) -> Any:
     name = getattr(args, "gpu", None)
     memory, capability = getattr(args, "gpu_memory", None), getattr(args, "gpu_capability", None)
     if memory is None and capability is None:
-        return name
+        return None if name is None else gpu_kind(name)
     try:
         parse_budget(memory)
     except MemlabError:
@@ -142,9 +146,7 @@ def gpu_budget(args: argparse.Namespace) -> int | None:
         >>> gpu_budget(argparse.Namespace(gpu=None, device=None, budget=None)) is None
         True
     """
-    from memlab.estimation.cuda.gpus import gpu_kind
-
-    name = cli_gpu(args)
-    if name is None or getattr(args, "device", None) == "cpu":
+    kind = cli_gpu(args)
+    if kind is None or getattr(args, "device", None) == "cpu":
         return None
-    return gpu_kind(name).memory_bytes
+    return kind.memory_bytes

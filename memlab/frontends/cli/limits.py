@@ -75,10 +75,10 @@ def run_limits(
         rows, tokens = batch["input_ids"]
         kept = f"{rows} row{'s' if rows != 1 else ''} per batch" if vary == "tokens" else f"{tokens} tokens per row"
         # The budgets said once, here, as the one-GPU answer's header says them; the tables call them "the budget".
-        from memlab.estimation.cuda.gpus import gpu_kind
+        from memlab.estimation.cuda.gpus import kind_or_default
         from memlab.report.format import budget_words
 
-        gpu = "" if args.device == "cpu" else f", for {gpu_kind(cli_gpu(args)).called}"
+        gpu = "" if args.device == "cpu" else f", for {kind_or_default(cli_gpu(args)).called}"
         given = f"budget {budget_words(str(args.budget))}" if getattr(args, "budget", None) is not None else (
             f"budget: its memory, {format_bytes(budget)}")
         host = keywords["host_budget"]

@@ -462,7 +462,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     import dataclasses
     import tempfile
 
-    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import kind_or_default
     from memlab.estimation.dryrun.adapters import loaded_weight_bytes
     from memlab.estimation.dryrun.load import model_on_meta
     from memlab.estimation.estimate import load_config
@@ -487,7 +487,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         # Known before the trainer is built and any dry run made: the weights as loaded, which no lever lowers.
         policy = model_on_meta(config, **_load(args))
         weights = loaded_weight_bytes(policy)
-        context = 0 if args.device == "cpu" else gpu_kind(cli_gpu(args)).context_bytes
+        context = 0 if args.device == "cpu" else kind_or_default(cli_gpu(args)).context_bytes
         if budget is not None and weights + context > budget:
             return _foregone(args, config, source, question_settings(args, config), policy,
                              (weights, context, budget), out, say)

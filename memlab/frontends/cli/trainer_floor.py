@@ -45,10 +45,10 @@ def four_bit_changes(args: Any) -> dict[str, Any]:
         ...                                  lora=None))["bnb_4bit_compute_dtype"]
         'float16'
     """
-    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import kind_or_default
     from memlab.frontends.cli.gpu import cli_gpu
 
-    half = "bfloat16" if getattr(args, "device", None) == "cpu" or gpu_kind(cli_gpu(args)).bf16 else "float16"
+    half = "bfloat16" if getattr(args, "device", None) == "cpu" or kind_or_default(cli_gpu(args)).bf16 else "float16"
     return {**QUANTIZED_BASE, "bnb_4bit_compute_dtype": half, "lora": getattr(args, "lora", None) or 16}
 
 

@@ -73,8 +73,6 @@ _SERVER_OPTIONS = ("vllm_server_gpu", "vllm_server_tensor_parallel_size", "vllm_
 
 
 def _check(args: Any) -> None:
-    from memlab.estimation.cuda.gpus import gpu_kind
-
     if getattr(args, "vllm_enable_sleep_mode", None) and getattr(args, "vllm_gpu_memory_utilization", None) is None:
         raise MemlabError("--vllm-enable-sleep-mode puts a colocated vLLM engine to sleep; add "
                           "--vllm-gpu-memory-utilization 0.3 (its share of the card)")
@@ -93,8 +91,6 @@ def _check(args: Any) -> None:
     if given and mode != "server":
         raise MemlabError(f"--{given[0].replace('_', '-')} is a setting of the trl vllm-serve server a trainer "
                           "generates on; add --vllm-mode server")
-    if getattr(args, "vllm_server_gpu", None) is not None:
-        gpu_kind(args.vllm_server_gpu)  # an unknown GPU: its own error, with the names memlab knows
 
 
 def _estimate_keywords(args: Any) -> dict[str, Any]:

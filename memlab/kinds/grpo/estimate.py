@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,6 +46,9 @@ from memlab.sizes import format_bytes
 from memlab.techniques.vllm import FIELDS, VLLMServer, sets_vllm, without_vllm
 from memlab.trainer.reference import reference_bytes
 from memlab.trainer.source import keeps_trainer_batch
+
+if TYPE_CHECKING:
+    from memlab.estimation.cuda.gpus import GpuKind
 
 __all__ = ["estimate_grpo", "estimate_grpo_vllm", "fitted_vllm", "grpo_plans_estimator", "sampling_bytes"]
 
@@ -76,7 +79,7 @@ def grpo_plans_estimator(trainer: Any, loss_fn: Any = None) -> Callable[..., lis
     """
 
     def estimate_plans(plans: Sequence[Plan], *, budget: int | None, device: Any, lr: float,
-                       gpu: Any = None) -> list[Trial]:
+                       gpu: GpuKind | None = None) -> list[Trial]:
         from memlab.estimation.estimate import estimate
         from memlab.estimation.request import EstimateRequest
 
@@ -149,7 +152,7 @@ def estimate_grpo_vllm(request: Any, variants: Sequence[VLLMSettings]) -> list[T
 
     Example (``tests/kinds/grpo/test_grpo_vllm.py`` builds such a trainer)::
 
-        low, asleep = estimate_grpo_vllm(EstimateRequest(trainer, gpu="L4-24GB"),
+        low, asleep = estimate_grpo_vllm(EstimateRequest(trainer, gpu=GPUS["L4-24GB"]),
                                          [VLLMSettings("colocate", 0.1, False), VLLMSettings("colocate", 0.3, True)])
     """
     first = VLLMSettings.of(request.model)
@@ -174,9 +177,9 @@ def fitted_vllm(request: Any) -> Trial:
 
     Example (``tests/kinds/grpo/test_grpo_vllm.py`` builds such a trainer)::
 
-        trial = fitted_vllm(EstimateRequest(trainer, budget="12GiB", gpu="L4-24GB").checked())
+        trial = fitted_vllm(EstimateRequest(trainer, budget="12GiB", gpu=GPUS["L4-24GB"]).checked())
     """
-    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import kind_or_default
 
     asked = _asked(request)
     own = VLLMSettings.of(request.model)
@@ -188,7 +191,7 @@ def fitted_vllm(request: Any) -> Trial:
     first = _with_vllm(training, own, source, request)
     if first.fits or first.status != "ok":
         return first
-    share = vllm_share(own, source.model, card=gpu_kind(request.gpu).memory_bytes, prompt=source.prompt_tokens,
+    share = vllm_share(own, source.model, card=kind_or_default(request.gpu).memory_bytes, prompt=source.prompt_tokens,
                        completion=source.completion_tokens, sequences=source.generation_batch)
     shares = sorted(utilization_candidates(share), reverse=True)
     variants = [dataclasses.replace(own, utilization=value, sleep=sleep) for sleep in sorted({own.sleep, True})
@@ -349,7 +352,7 @@ def _with_vllm(training: Trial, settings: VLLMSettings, source: GRPOSource, requ
     """The training estimate with vLLM's generation put before it: a colocated engine's share (resident, or awake
     only while it generates with sleep mode) over the policy's training state, under ``"other"``; a served engine
     adds nothing to this card. An error trial where the share cannot hold the weights and one sequence."""
-    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import kind_or_default
 
     line = training.timeline
     assert line is not None
@@ -358,7 +361,7 @@ def _with_vllm(training: Trial, settings: VLLMSettings, source: GRPOSource, requ
     held = {"params": training.breakdown.get("params", 0), "optimizer": training.breakdown.get("optimizer", 0),
             "other": (line.series["other"][0] if line.series.get("other") else 0) + reference}
     if settings.colocated:
-        kind = gpu_kind(request.gpu)
+        kind = kind_or_default(request.gpu)
         share = vllm_share(settings, source.model, card=kind.memory_bytes, prompt=source.prompt_tokens,
                            completion=source.completion_tokens, sequences=source.generation_batch)
         awake, during, note = share.share, share.during_training, share.note(kind.name)

@@ -25,7 +25,7 @@ Example:
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
     ...                                      num_attention_heads=4, vocab_size=256))
-    >>> server_memory(VLLMServer(gpu="H100-80GB", tensor_parallel_size=2), model, trainer_gpu=None,
+    >>> server_memory(VLLMServer(tensor_parallel_size=2), model, trainer_gpu=None,
     ...               sequence_tokens=64, sequences=8).weights  # half of 115,008 weights, 2 bytes each
     115008
 """
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
+from memlab.estimation.cuda.gpus import GpuKind, kind_or_default
 from memlab.kinds.grpo.vllm import BLOCK_TOKENS, RUNTIME_ALLOWANCE, vllm_dtype
 from memlab.sizes import format_bytes
 from memlab.techniques.vllm import VLLMServer
@@ -153,23 +153,27 @@ def served_weight_bytes(model: Any, dtype: torch.dtype) -> int:
     return sum(elements.values()) * dtype.itemsize
 
 
-def server_memory(server: VLLMServer, model: Any, *, trainer_gpu: str | GpuKind | None, sequence_tokens: int,
+def server_memory(server: VLLMServer, model: Any, *, trainer_gpu: GpuKind | None, sequence_tokens: int,
                   sequences: int) -> ServerMemory:
-    """What each GPU of ``server`` holds serving ``model`` for ``sequences`` sequences of ``sequence_tokens`` tokens.
+    """What each GPU of ``server`` holds serving ``model`` for ``sequences`` sequences of ``sequence_tokens`` tokens;
+    the server's GPU kind (resolved, as :func:`memlab.estimate` resolves it) or, where it names none, the trainer's.
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
         >>> model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         ...                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
         ...                                      max_position_embeddings=4096))
-        >>> memory = server_memory(VLLMServer(gpu="T4-16GB"), model, trainer_gpu=None, sequence_tokens=320,
+        >>> from memlab.estimation.cuda.gpus import GPUS
+        >>> memory = server_memory(VLLMServer(gpu=GPUS["T4-16GB"]), model, trainer_gpu=None, sequence_tokens=320,
         ...                        sequences=8)
         >>> memory.refusal() is None, memory.at_once, memory.max_model_len
         (True, 8, 4096)
     """
     from memlab.inference.kv import kv_cache_bytes, kv_shape
 
-    kind = gpu_kind(server.gpu if server.gpu is not None else trainer_gpu)
+    if server.gpu is not None and not isinstance(server.gpu, GpuKind):
+        raise TypeError(f"server_memory takes a resolved GPU kind, not {server.gpu!r}: memlab.estimate resolves it")
+    kind = kind_or_default(server.gpu if server.gpu is not None else trainer_gpu)
     config = model.config
     dtype = vllm_dtype(config)
     parallel = server.tensor_parallel_size

@@ -24,12 +24,15 @@ import contextlib
 import dataclasses
 import functools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlab.kinds.grpo.vllm import engine_device
 from memlab.live.patching import patched
 from memlab.plan import Plan
 from memlab.report.data import Trial
+
+if TYPE_CHECKING:
+    from memlab.estimation.cuda.gpus import GpuKind
 
 __all__ = ["CHANGES", "grpo_suggestions", "with_grpo_dry_runs"]
 
@@ -78,8 +81,10 @@ def _said(trial: Trial, name: str, value: Any, before: Any, trainer: Any) -> Tri
     return dataclasses.replace(trial, notes=(note, *trial.notes))
 
 
-def grpo_suggestions(trainer: Any, plan: Plan, *, budget: int, device: Any, lr: float,
-                     loss_fn: Any = None, gpu: Any = None, multiple: int = 1) -> tuple[list[Trial], str | None]:
+def grpo_suggestions(
+    trainer: Any, plan: Plan, *, budget: int, device: Any, lr: float, loss_fn: Any = None, gpu: GpuKind | None = None,
+    multiple: int = 1,
+) -> tuple[list[Trial], str | None]:
     """The GRPOConfig changes estimated to fit ``budget`` with ``plan`` (the lightest plan fit found), each trial's
     first note saying what it changes; and a sentence naming the longest ``max_completion_length`` estimated to
     fit (None where even one token does not fit). ``gpu``: the GPU kind a CUDA estimate is for (``memlab.estimate``'s

@@ -67,13 +67,13 @@ def test_the_cards_people_train_on_are_known(name: str, device_name: str, capabi
 
 def test_a_t4_has_no_flash_attention_and_no_bf16_kernel() -> None:
     q = torch.empty(1, 4, 64, 64, dtype=torch.float16, requires_grad=True)
-    assert "check_flash_attention_hardware_support" in flash_refusals(q, q, q, is_causal=True, gpu="T4-16GB")
-    assert sdpa_backend(q, q, q, is_causal=True, gpu="T4-16GB") == "efficient"
-    assert sdpa_backend(q.float(), q.float(), q.float(), is_causal=True, gpu="T4-16GB") == "efficient"
+    assert "check_flash_attention_hardware_support" in flash_refusals(q, q, q, is_causal=True, gpu=GPUS["T4-16GB"])
+    assert sdpa_backend(q, q, q, is_causal=True, gpu=GPUS["T4-16GB"]) == "efficient"
+    assert sdpa_backend(q.float(), q.float(), q.float(), is_causal=True, gpu=GPUS["T4-16GB"]) == "efficient"
     half = q.detach().bfloat16().requires_grad_()
-    assert "check_tensor_dtype" in efficient_refusals(half, half, half, gpu="T4-16GB")
-    assert sdpa_backend(half, half, half, is_causal=True, gpu="T4-16GB") == "math"
-    assert sdpa_backend(half, half, half, is_causal=True, gpu="A10G-24GB") == "flash"
+    assert "check_tensor_dtype" in efficient_refusals(half, half, half, gpu=GPUS["T4-16GB"])
+    assert sdpa_backend(half, half, half, is_causal=True, gpu=GPUS["T4-16GB"]) == "math"
+    assert sdpa_backend(half, half, half, is_causal=True, gpu=GPUS["A10G-24GB"]) == "flash"
 
 
 def test_a_gpu_memlab_does_not_list_is_described() -> None:
@@ -215,6 +215,6 @@ def test_the_command_estimates_bf16_on_a_t4_and_says_it_is_emulated(
     seen: list[Any] = []
     monkeypatch.setattr(importlib.import_module("memlab.estimation.estimate"), "estimate_plans", _estimates(seen))
     assert main(["estimate", "llama-7b", "--gpu", "T4-16GB", "--try", "precision=fp16"]) == 0
-    assert seen == ["T4-16GB"] and "for a T4-16GB, budget: its memory, 14.74 GiB" in capsys.readouterr().out
+    assert seen == [GPUS["T4-16GB"]] and "for a T4-16GB, budget: its memory, 14.74 GiB" in capsys.readouterr().out
     assert main(["estimate", "llama-7b", "--gpu", "T4-16GB", "--try", "precision=fp32,bf16"]) == 0
-    assert len(seen) > 1 and set(seen) == {"T4-16GB"}
+    assert len(seen) > 1 and set(seen) == {GPUS["T4-16GB"]}

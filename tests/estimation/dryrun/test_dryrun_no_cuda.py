@@ -27,6 +27,7 @@ import torch.utils.checkpoint
 
 import memlab
 from memlab import Plan
+from memlab.estimation.cuda.gpus import GPUS
 from memlab.estimation.dryrun.fake import FakeMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -171,7 +172,7 @@ def test_the_recorder_sees_a_call_under_a_fake_mode() -> None:
         assert not recorder.violations
         with FakeMode():
             torch.cuda.get_rng_state_all()
-        with cuda_kernels("A100-80GB"):
+        with cuda_kernels(GPUS["A100-80GB"]):
             torch.cuda.synchronize()
     assert recorder.calls == ["empty_cache", "get_rng_state_all", "synchronize"]
     assert len(recorder.violations) == 2 and "FakeMode" in recorder.violations[0]

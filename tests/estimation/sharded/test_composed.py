@@ -16,6 +16,7 @@ from transformers import LlamaConfig
 
 import memlab
 from memlab.estimation.configs import model_on_meta
+from memlab.estimation.cuda.gpus import GPUS
 from memlab.estimation.dryrun.single_gpu import dry_run_plans
 from memlab.estimation.sharded import composed
 from memlab.estimation.sharded.composed import (
@@ -48,11 +49,11 @@ def test_the_pool_is_the_root_and_two_blocks_rounded_to_segments_and_the_offload
 
 def test_fsdp1_reserve_adds_the_unshard_streams_second_block_to_the_carried_reserve() -> None:
     plan = Plan(adapter="lora", lora_rank=4, weights="bf16")
-    one_gpu = dry_run_plans(CONFIG, BATCH, [plan], gpu="H100-80GB")[0]  # the composed route's basis
+    one_gpu = dry_run_plans(CONFIG, BATCH, [plan], gpu=GPUS["H100-80GB"])[0]  # the composed route's basis
     assert one_gpu.reserved_bytes is not None
     excess = one_gpu.reserved_bytes - one_gpu.peak_bytes
     unit, kept = gathered_bytes(model_on_meta(CONFIG), "fsdp1", 2)
-    fsdp1 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp1", gpu="H100-80GB"))
+    fsdp1 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp1", gpu=GPUS["H100-80GB"]))
     # the allocated peak counts the root and one or two blocks (BACKWARD_PRE); the pool holds two rounded to the
     # allocator's 2 MiB segments, beside the default stream's own peak, which is at least its part of the allocated
     # peak and at most the allocated peak less the root and one block
@@ -63,7 +64,7 @@ def test_fsdp1_reserve_adds_the_unshard_streams_second_block_to_the_carried_rese
     assert fsdp1.reserved_bytes <= fsdp1.peak_bytes + excess + pool - unit - kept
     assert fsdp1.reserved_bytes > fsdp1.peak_bytes + excess  # the segments' rounding
     assert FSDP1_STREAMS_NOTE in fsdp1.notes and RESERVE_NOTE in fsdp1.notes
-    fsdp2 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp2", gpu="H100-80GB"))
+    fsdp2 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp2", gpu=GPUS["H100-80GB"]))
     assert fsdp2.reserved_bytes == fsdp2.peak_bytes + excess and FSDP1_STREAMS_NOTE not in fsdp2.notes
 
 
@@ -81,12 +82,12 @@ def test_fsdp1_holds_two_blocks_through_a_blocks_backward_or_only_as_it_ends_wit
 def test_fsdp1s_allocated_peak_counts_the_prefetched_block_in_backward_and_fsdp2s_does_not() -> None:
     plan = Plan(loss="chunked", weights="bf16")  # the blocks are FSDP1's only units below the root
     unit, kept = gathered_bytes(model_on_meta(CONFIG), "fsdp1", 2)
-    fsdp1 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp1", gpu="H100-80GB"))
-    one_gpu = dry_run_plans(CONFIG, BATCH, [plan], gpu="H100-80GB")[0]
+    fsdp1 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp1", gpu=GPUS["H100-80GB"]))
+    one_gpu = dry_run_plans(CONFIG, BATCH, [plan], gpu=GPUS["H100-80GB"])[0]
     assert one_gpu.timeline is not None and one_gpu.timeline.peak.phase == "backward"
     assert fsdp1.detail["unsharded_params"] == 2 * unit + kept
     fsdp2_unit, tail = gathered_bytes(model_on_meta(CONFIG), "fsdp2", 2)
-    fsdp2 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp2", gpu="H100-80GB"))
+    fsdp2 = composed_estimate(ShardedRequest(CONFIG, BATCH, plan, gpus=2, strategy="fsdp2", gpu=GPUS["H100-80GB"]))
     assert fsdp2.detail["unsharded_params"] == max(fsdp2_unit, tail)
 
 
@@ -106,7 +107,7 @@ def test_fsdp1s_reserve_is_the_default_streams_own_peak_beside_the_unshard_strea
                               reserved_bytes=weights + high)
     monkeypatch.setattr(composed, "dry_run_plans", lambda *args, **kwargs: [one_gpu])
     fsdp1 = composed_estimate(ShardedRequest(CONFIG, BATCH, Plan(weights="bf16"), gpus=2, strategy="fsdp1",
-                                             gpu="H100-80GB"))
+                                             gpu=GPUS["H100-80GB"]))
     assert fsdp1.peak_bytes == weights // 2 + high - unit // 2 + 2 * unit + kept
     assert fsdp1.reserved_bytes == weights // 2 + high + fsdp1_stream_pool(unit, kept, 2)
 
@@ -123,7 +124,7 @@ def test_a_composed_zero_estimate_carries_the_one_gpu_steps_reserve_over_its_pea
                               reserved_bytes=weights + high + excess)
     monkeypatch.setattr(composed, "dry_run_plans", lambda *args, **kwargs: [one_gpu])
     request = ShardedRequest(CONFIG, BATCH, Plan(adapter="lora", weights="bf16"), gpus=2, strategy=strategy,
-                             gpu="H100-80GB")
+                             gpu=GPUS["H100-80GB"])
     zero = composed_estimate(request)
     assert zero.reserved_bytes == zero.peak_bytes + excess
     assert ZERO_RESERVE_NOTE in zero.notes and RESERVE_NOTE not in zero.notes
@@ -135,12 +136,12 @@ def test_a_composed_zero_estimate_carries_the_one_gpu_steps_reserve_over_its_pea
 
 def test_a_composed_zero3_estimate_has_a_card_figure_and_zero3s_formulas_still_have_none() -> None:
     plan = Plan(adapter="lora", lora_rank=4, weights="bf16")
-    trial = memlab.estimate(CONFIG, BATCH, plan, gpus=2, strategy="zero3", gpu="H100-80GB")
+    trial = memlab.estimate(CONFIG, BATCH, plan, gpus=2, strategy="zero3", gpu=GPUS["H100-80GB"])
     assert trial.status == "ok", trial.error
     assert trial.reserved_bytes is not None and trial.reserved_bytes >= trial.peak_bytes
     assert trial.context_bytes and trial.card_bytes == trial.reserved_bytes + trial.context_bytes
     assert trial.verdict_figure == "card"
-    full = memlab.estimate(CONFIG, BATCH, Plan(weights="bf16"), gpus=2, strategy="zero3", gpu="H100-80GB")
+    full = memlab.estimate(CONFIG, BATCH, Plan(weights="bf16"), gpus=2, strategy="zero3", gpu=GPUS["H100-80GB"])
     assert full.status == "ok" and full.reserved_bytes is None and full.card_bytes is None
 
 
@@ -154,5 +155,5 @@ def test_zero3_counts_its_reduce_bucket_whole_however_few_the_trained_parameters
     zero2 = zero_trial(basis, (100, 40), Plan(precision="bf16"), 4, 2, None)
     assert zero2.detail["communication"] < 2 * DS_REDUCE_BUCKET
     lora = composed_estimate(ShardedRequest(CONFIG, BATCH, Plan(adapter="lora", lora_rank=4, weights="bf16"), gpus=2,
-                                            strategy="zero3", gpu="H100-80GB"))
+                                            strategy="zero3", gpu=GPUS["H100-80GB"]))
     assert lora.detail["communication"] >= 2 * DS_REDUCE_BUCKET

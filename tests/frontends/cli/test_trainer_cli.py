@@ -154,7 +154,7 @@ def test_a_dpo_question_is_answered(config: str, capsys: pytest.CaptureFixture[s
     (["--trainer", "grpo", "--vllm-mode", "served"], "write --vllm-mode server"),
     (["--trainer", "grpo", "--vllm-mode", "server", "--vllm-gpu-memory-utilization", "0.3"],
      "write --vllm-server-gpu-memory-utilization 0.9"),
-    (["--trainer", "grpo", "--vllm-mode", "server", "--vllm-server-gpu", "H99"], "H99"),
+    (["--trainer", "grpo", *GRPO[2:], "--vllm-mode", "server", "--vllm-server-gpu", "H99"], "H99"),
     (["--trainer", "grpo", *GRPO[2:], "--vllm-mode", "server", "--vllm-server-max-model-len", "4096"],
      "write --max-model-len 128 or less"),
     (["--trainer", "grpo", *GRPO[2:], "--vllm-mode", "server", "--vllm-server-max-model-len", "32"],

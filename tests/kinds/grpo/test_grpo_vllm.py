@@ -270,10 +270,11 @@ def test_each_server_gpu_holds_its_tensor_parallel_part_and_the_kv_cache_its_sha
     model = LlamaForCausalLM(LlamaConfig(**{**CONFIG, "num_attention_heads": 4}, num_key_value_heads=2,
                                          max_position_embeddings=4096))  # float32: vLLM serves it in float16
     parameters = sum(p.numel() for p in model.parameters())
-    one = server_memory(memlab.VLLMServer(gpu="L4-24GB"), model, trainer_gpu="H100-80GB", sequence_tokens=40,
+    l4 = GPUS["L4-24GB"]
+    one = server_memory(memlab.VLLMServer(gpu=l4), model, trainer_gpu=GPUS["H100-80GB"], sequence_tokens=40,
                         sequences=8)
-    two = server_memory(memlab.VLLMServer(tensor_parallel_size=2), model, trainer_gpu="L4-24GB",
-                        sequence_tokens=40, sequences=8)
+    two = server_memory(memlab.VLLMServer(tensor_parallel_size=2), model, trainer_gpu=l4, sequence_tokens=40,
+                        sequences=8)
     assert one.gpu.name == two.gpu.name == "L4-24GB" and one.share == two.share == int(0.9 * CARD)
     assert one.weights == parameters * 2 and two.weights == parameters  # halved over two GPUs
     per_token = kv_cache_bytes(model.config, tokens=1, dtype=torch.float16)
@@ -281,7 +282,7 @@ def test_each_server_gpu_holds_its_tensor_parallel_part_and_the_kv_cache_its_sha
     assert one.kv_cache == one.share - one.weights - RUNTIME_ALLOWANCE and one.max_model_len == 4096
     assert one.refusal() is None and one.at_once == 8 and "all at once" in one.note()
     # Four GPUs for two kv-heads: each GPU keeps one head (vLLM replicates them), not half of one.
-    assert server_memory(memlab.VLLMServer(tensor_parallel_size=4), model, trainer_gpu="L4-24GB",
+    assert server_memory(memlab.VLLMServer(tensor_parallel_size=4), model, trainer_gpu=l4,
                          sequence_tokens=40, sequences=8).kv_token == per_token // 2
     # A QLoRA policy's base is served unquantized: its packed layer at its full element count, adapters left out.
     packed = model.model.layers[0].mlp.up_proj
@@ -294,7 +295,7 @@ def test_each_server_gpu_holds_its_tensor_parallel_part_and_the_kv_cache_its_sha
     # max_model_len over the model's own is refused as vLLM refuses it; then the utilization asked exceeds what the
     # card has free after the CUDA context.
     room_for_1040 = round((RUNTIME_ALLOWANCE + one.weights + 1040 * one.kv_token) / CARD, 7)
-    short = server_memory(memlab.VLLMServer(gpu="L4-24GB", gpu_memory_utilization=room_for_1040), model,
+    short = server_memory(memlab.VLLMServer(gpu=l4, gpu_memory_utilization=room_for_1040), model,
                           trainer_gpu=None, sequence_tokens=40, sequences=8)
     said = short.refusal()
     assert short.tokens_held == 1040 and said is not None and "vLLM would not start" in said
@@ -305,14 +306,14 @@ def test_each_server_gpu_holds_its_tensor_parallel_part_and_the_kv_cache_its_sha
     small = gpu_kind("small", memory="1280MiB", capability="8.0")
     assert "vLLM would not start" in str(server_memory(memlab.VLLMServer(gpu=small), model, trainer_gpu=None,
                                                        sequence_tokens=40, sequences=8).refusal())
-    whole = server_memory(memlab.VLLMServer(gpu="T4-16GB", gpu_memory_utilization=1.0), model, trainer_gpu=None,
+    whole = server_memory(memlab.VLLMServer(gpu=GPUS["T4-16GB"], gpu_memory_utilization=1.0), model, trainer_gpu=None,
                           sequence_tokens=40, sequences=8)
     said = whole.refusal()
     t4 = GPUS["T4-16GB"]
     most = math.floor((t4.memory_bytes - t4.context_bytes) / t4.memory_bytes * 100) / 100
     assert said is not None and f"write --gpu-memory-utilization {most} or less" in said
     # Fewer tokens than the batch needs: some sequences wait their turn.
-    crowded = server_memory(memlab.VLLMServer(gpu="L4-24GB", gpu_memory_utilization=room_for_1040,
+    crowded = server_memory(memlab.VLLMServer(gpu=l4, gpu_memory_utilization=room_for_1040,
                                               max_model_len=512), model, trainer_gpu=None, sequence_tokens=400,
                             sequences=8)
     assert crowded.refusal() is None and crowded.at_once == 2 and "2 at once per engine, the rest in turns" in (

@@ -31,7 +31,7 @@ from memlab.errors import MemlabError
 from memlab.estimation.configs import one_line
 from memlab.estimation.cuda.attention import attention_note
 from memlab.estimation.cuda.devices import target_device
-from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
+from memlab.estimation.cuda.gpus import GpuKind, kind_or_default
 from memlab.estimation.cuda.kernels import EMULATED_NOTE, OWN_CHECKPOINT_NOTE, cuda_kernels, run_emulated
 from memlab.estimation.depth.carry import ShallowModel, plan_carries, shallow_model
 from memlab.estimation.depth.extend import check_layers, source_layers
@@ -219,7 +219,7 @@ class ShardedRequest:
     lr: float = 1e-5
     device: str | torch.device | None = None
     budget: int | None = None
-    gpu: GpuKind | str | None = None
+    gpu: GpuKind | None = None
     load: Mapping[str, Any] | None = None
 
     def replace(self, **changes: Any) -> ShardedRequest:
@@ -330,7 +330,7 @@ def _fsdp2_step(request: ShardedRequest, run_on: Callable[[Any, LayerPaths | Non
     return _fsdp2_trial(run, plan, request.gpus, request.budget)
 
 
-def _carried(shallow: ShallowModel, runs: dict[int, _Fsdp2Run], gpu: GpuKind | str | None) -> _Fsdp2Run | None:
+def _carried(shallow: ShallowModel, runs: dict[int, _Fsdp2Run], gpu: GpuKind | None) -> _Fsdp2Run | None:
     """The dry run at the model's depth from its runs of five layers and four, None where they do not carry
     (:func:`~memlab.estimation.sharded.fsdp2.depth.carried_books`)."""
     source, check = runs[source_layers(FSDP2_EDGE)], runs[check_layers(FSDP2_EDGE)]
@@ -339,7 +339,7 @@ def _carried(shallow: ShallowModel, runs: dict[int, _Fsdp2Run], gpu: GpuKind | s
     held = _carried_held(source, check, shallow.depth)
     if held is None:
         return None
-    kind = gpu_kind(gpu)
+    kind = kind_or_default(gpu)
     books = carried_books(shallow, {layers: (run.events or [], run.detail, run.peaks, run.reserved)
                                     for layers, run in runs.items()},
                           _fsdp_detail, list(_FSDP_KINDS), kind.memory_bytes - kind.context_bytes)
@@ -414,7 +414,7 @@ def _fsdp2_run(request: ShardedRequest, emulate: bool, paths: LayerPaths | None 
     # them for its compute capability, and its room (memory less the CUDA context), past which cudaMalloc fails and
     # the allocator releases its cached segments and tries again (the FSDP2 step's freed gradient and optimizer
     # temporaries are many tens-of-MiB segments that activations' larger blocks cannot reuse).
-    kind = gpu_kind(gpu)
+    kind = kind_or_default(gpu)
     trace = ReservedTrace(_CPU, kind.capability, capacity=kind.memory_bytes - kind.context_bytes) if traced else None
     log = DepthLog(paths, model) if paths is not None else None
     with (fake_process_group(gpus) as mesh, quiet(), setup.mode, model_made_positions(batch),

@@ -258,7 +258,7 @@ def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, 
     import dataclasses
 
     from memlab.estimation.cuda.context import card_contexts
-    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import kind_or_default
     from memlab.search.speed import speed_prior
     from memlab.search.suggest import combined_suggestions
 
@@ -277,7 +277,8 @@ def _suggestions(args: argparse.Namespace, model: Any, batch: Any, report: Any, 
 
     found = combined_suggestions(lowest, estimate, budget=report.budget, rows=batch["input_ids"][0],
                                  prior=speed_prior("cpu" if args.device == "cpu" else "cuda"), want=2, tries=tries,
-                                 say=say, half="fp16" if args.device != "cpu" and not gpu_kind(cli_gpu(args)).bf16
+                                 say=say,
+                                 half="fp16" if args.device != "cpu" and not kind_or_default(cli_gpu(args)).bf16
                                  else "bf16")
     return [dataclasses.replace(trial) for trial in found]
 

@@ -201,7 +201,7 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
     import re
 
     import memlab
-    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import kind_or_default
     from memlab.frontends.cli.gpu import cli_gpu
     from memlab.search.speed import speed_prior
     from memlab.search.suggest import combinations, combined_suggestions
@@ -221,7 +221,7 @@ def trainer_suggestions(args: argparse.Namespace, trainer: Any, own: Any, report
         return [(split, trainer_command(args, changes, tried), None)]
     rows = int(own.micro_batch or 1) * int(own.accumulation)
     prior = speed_prior("cpu" if args.device == "cpu" else "cuda")
-    half = "fp16" if args.device != "cpu" and not gpu_kind(cli_gpu(args)).bf16 else "bf16"
+    half = "fp16" if args.device != "cpu" and not kind_or_default(cli_gpu(args)).bf16 else "bf16"
     # The combinations the command cannot say (another dtype of the built model, QLoRA, adapters off...) are not
     # estimated; they take no place among the few tried.
     ordered = combinations(lowest, budget=budget, rows=rows, prior=prior, half=half)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from memlab.estimation.cuda.gpus import GpuKind
 
 __all__ = ["EstimateProgress", "estimate_each", "progress_lines"]
 
@@ -97,7 +100,7 @@ class EstimateProgress:
 
 def estimate_each(
     model: Any, batch: Any, plans: Any, *, budget: int | None, device: str | None, say: Callable[[str], None],
-    gpu: str | None = None, load: dict[str, Any] | None = None,
+    gpu: GpuKind | None = None, load: dict[str, Any] | None = None,
 ) -> Any:
     """The single-GPU estimates of ``plans``, one dry run at a time so that each is said as it starts (building the
     fake model again per plan costs a fraction of a second; a dry run of a large model, seconds to minutes). ``gpu``:

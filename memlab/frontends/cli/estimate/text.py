@@ -120,12 +120,12 @@ add --gpu RTX4090-24GB
         >>> gpu_hint(args, 80 * 2**30) is None
         True
     """
-    from memlab.estimation.cuda.gpus import GPUS, gpu_kind
+    from memlab.estimation.cuda.gpus import GPUS, kind_or_default
     from memlab.plan import format_bytes
 
     if budget is None or cli_gpu(args) is not None or getattr(args, "device", None) == "cpu":
         return None
-    assumed = gpu_kind(None)
+    assumed = kind_or_default(None)
     if abs(budget - assumed.memory_bytes) <= 0.1 * assumed.memory_bytes:
         return None
     nearest = min(GPUS.values(), key=lambda kind: abs(kind.memory_bytes - budget))
@@ -557,9 +557,9 @@ def json_with_verdicts(report: Any) -> str:
 
 def for_gpu(args: argparse.Namespace) -> str:
     """``, for an H100-80GB`` where the estimate is for CUDA (the GPU kind whose CUDA context it models)."""
-    from memlab.estimation.cuda.gpus import gpu_kind
+    from memlab.estimation.cuda.gpus import kind_or_default
 
-    return "" if args.device == "cpu" else f", for {gpu_kind(cli_gpu(args)).called}"
+    return "" if args.device == "cpu" else f", for {kind_or_default(cli_gpu(args)).called}"
 
 
 def count_text(number: int) -> str:
