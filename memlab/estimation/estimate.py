@@ -38,7 +38,7 @@ from memlab.plan import Plan
 from memlab.report import Trial
 
 if TYPE_CHECKING:
-    from memlab.inference.plan import InferencePlan
+    from memlab.plan import InferencePlan
 
 __all__ = [
     "BLIND_SPOTS",

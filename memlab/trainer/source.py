@@ -17,6 +17,7 @@ from typing import Any
 from memlab.errors import MemlabError
 from memlab.export.trainer_arguments import check_single_process, plan_from_trainer, trainer_model
 from memlab.live.patching import patched
+from memlab.live.rebind import untracked_copy
 from memlab.live.trainer_kinds import TrainerKind, is_trainer, kind_of
 from memlab.plan import Plan
 
@@ -179,8 +180,6 @@ def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
     if first is None or not is_fake(first) or held is model:
         yield
         return
-    from memlab.estimation.dryrun.rebind import untracked_copy  # here: the estimation builds on the trainer
-
     copies: dict[str, Any] = {"model": model}
     if vars(trainer).get("model_wrapped", held) is held:
         copies["model_wrapped"] = model

@@ -49,11 +49,11 @@ from memlab.estimation.sharded.fsdp2.units import fsdp2_layout, shard_units
 from memlab.events import StepFinished, TrialStarted
 from memlab.live.batch import LossFn
 from memlab.live.compat import fsdp2_api, propagation_apart
+from memlab.live.quiet import quiet
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.runner.collection import without_full_collections
-from memlab.runner.quiet import quiet
 from memlab.runner.step import TrainingStep
 from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import build_optimizer, state_tensors
