@@ -83,18 +83,27 @@ def _owner(module: str, known: set[str]) -> str:
     return module
 
 
+def _landings(target: str, module: str, known: set[str]) -> list[str]:
+    """The modules an import of ``target`` made by ``module`` runs: ``target`` and every package above it (their
+    ``__init__`` files run first), but memlab itself and the packages ``module`` is in (already running)."""
+    parts = target.split(".")
+    ancestors = [".".join(parts[:end]) for end in range(2, len(parts) + 1)]
+    return [name for name in ancestors if name in known and name != module and not module.startswith(name + ".")]
+
+
 def import_graph() -> dict[str, set[str]]:
     """``{module: modules it imports}`` over memlab, function-level imports included (imports for type checking
-    only are not: they never run), packages' ``__init__``
-    as the package's own node."""
+    only are not: they never run), packages' ``__init__`` as the package's own node, and an import of a module
+    counted as one of every package above it too (``from memlab.report.data import Trial`` runs
+    ``memlab/report/__init__.py`` first: issue 87)."""
     trees = _modules()
     known = set(trees)
     graph: dict[str, set[str]] = {name: set() for name in known}
     for module, tree in trees.items():
         for source, name in _imports(tree, runtime=True):
             target = _owner(f"{source}.{name}" if f"{source}.{name}" in known else source, known)
-            if target and target != "memlab" and target != module:
-                graph[module].add(target)
+            if target and target != "memlab":
+                graph[module].update(_landings(target, module, known))
     return graph
 
 
@@ -149,10 +158,21 @@ def test_circles_finds_a_circle_and_leaves_a_chain_alone() -> None:
 
 
 def test_no_import_circle_at_all() -> None:
-    """Every import counted, function-level ones included (issue 72): the report's data and its views, the request
-    and its routes, the adapters and their declarations, the command and its parts, the trainer's entry and the GRPO
-    step, the Plan and its exports each import one way."""
+    """Every import counted, function-level ones included (issue 72), and the packages' ``__init__`` files an import
+    runs (issue 87): the report's data and its views, the request and its routes, the adapters and their
+    declarations, the command and its parts, the trainer's entry and the GRPO step, the Plan and its exports each
+    import one way."""
     assert [sorted(found) for found in circles(import_graph())] == []
+
+
+def test_the_import_graph_counts_the_packages_an_import_runs() -> None:
+    known = set(_modules())
+    assert _landings("memlab.report.views.tables", "memlab.runner.core", known) == [
+        "memlab.report", "memlab.report.views", "memlab.report.views.tables"]
+    # the packages the importer is in run already
+    assert _landings("memlab.estimation.dryrun.fake", "memlab.estimation.dryrun.single_gpu", known) == [
+        "memlab.estimation.dryrun.fake"]
+    assert "memlab.report" not in import_graph()["memlab.report.data"]
 
 
 def test_the_plan_imports_neither_the_exports_nor_the_trainer() -> None:
@@ -180,19 +200,6 @@ def test_every_seam_asked_for_is_provided() -> None:
     assert asked and asked <= _seam_calls(trees["memlab"], "provide")
 
 
-def _module_level_imports(tree: ast.Module) -> list[tuple[str, str]]:
-    """``(module, name)`` for every memlab import among the module's own statements (under ``if TYPE_CHECKING:`` and
-    ``try:`` too): not those inside a function or a method."""
-    found = []
-    for statement in tree.body:
-        for node in ast.walk(statement) if isinstance(statement, (ast.If, ast.Try)) else [statement]:
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("memlab"):
-                found += [(node.module, alias.name) for alias in node.names]
-            elif isinstance(node, ast.Import):
-                found += [(alias.name, "") for alias in node.names if alias.name.startswith("memlab")]
-    return found
-
-
 ESTIMATION = "memlab.estimation"
 # The estimation's subpackages, each importing only those after it (issue 62): the sharded estimates build on the
 # one-device dry run, which builds on depth carrying, which builds on the CUDA emulation.
@@ -213,10 +220,11 @@ def layer_graph(trees: dict[str, ast.Module] | None = None) -> dict[str, set[str
     ``memlab/estimation/`` (``memlab.estimation.cuda``) and each module directly in it (``memlab.estimation.configs``)
     as a node of its own, for the estimation's parts. ``trees``: the modules read (default: memlab's own).
 
-    Edges are the imports a module makes at module level, those for type checking included: what the module needs
-    to be read, type-checked or imported. (Imports inside functions are counted by :func:`import_graph`, which finds
-    no circle either: a layer that offers work done above it asks a seam, :mod:`memlab.seams`, or a registry,
-    :mod:`memlab.report.views`.)"""
+    Edges are every import a module makes: at module level, inside a function (a lazy import runs too, later), and
+    for type checking (what the module needs to be type-checked); an import of a module inside a package runs the
+    package's ``__init__`` too, which is the package's node. A layer that offers work done above it asks a seam
+    (:mod:`memlab.seams`) or a registry (:mod:`memlab.report.views`) instead of importing it (issue 87: four lazy
+    imports closed a circle of eight packages: export, report, trainer and runner imported back up)."""
     trees = _modules() if trees is None else trees
     known = set(trees)
     graph: dict[str, set[str]] = {}
@@ -232,7 +240,7 @@ def layer_graph(trees: dict[str, ast.Module] | None = None) -> dict[str, set[str
             graph.setdefault(module, set())
         if module.startswith(ESTIMATION + "."):
             graph.setdefault(_estimation_part(module), set())
-        for source, name in _module_level_imports(tree):
+        for source, name in _imports(tree):
             target = _owner(f"{source}.{name}" if f"{source}.{name}" in known else source, known)
             if not target or target == "memlab":
                 continue
@@ -251,10 +259,22 @@ def layer_graph(trees: dict[str, ast.Module] | None = None) -> dict[str, set[str
 
 def test_no_import_circle_between_memlab_layers() -> None:
     """No circle among memlab's packages and top modules, nor among the report's modules, nor among the estimation's
-    subpackages and top modules (issue 62): the Plan does not name the exports or the techniques that build on it,
-    the report's views import its data model and never the reverse, the CUDA emulation never imports the dry runs
-    built on it. Imports inside functions do not count (see :func:`layer_graph`)."""
+    subpackages and top modules (issue 62), every import counted: module level, inside functions, for type checking,
+    and the packages' ``__init__`` files (issue 87): the Plan does not name the exports or the techniques that build
+    on it, the report's views import its data model and never the reverse, the CUDA emulation never imports the dry
+    runs built on it, and no layer reaches back up through a lazy import (what two layers need sits below both, in
+    ``live/``, or beside the Plan)."""
     assert [sorted(c) for c in circles(layer_graph())] == []
+
+
+def test_the_layer_graph_finds_a_circle_closed_by_a_lazy_import() -> None:
+    """An import inside a function of the exports back up to the runner (as ``export/engines.py`` once took its
+    quiet block from ``runner/quiet.py``) closes a circle: the runner applies plans to trainers, which read the
+    exports."""
+    trees = _modules()
+    trees["memlab.export.bad"] = ast.parse("def f():\n    from memlab.runner.core import Runner\n")
+    found = [sorted(c) for c in circles(layer_graph(trees))]
+    assert any({"memlab.export", "memlab.runner"} <= set(c) for c in found), found
 
 
 def test_the_layer_graph_sees_a_type_checking_import_and_the_report_modules() -> None:
@@ -263,9 +283,11 @@ def test_the_layer_graph_sees_a_type_checking_import_and_the_report_modules() ->
     assert "memlab.techniques" in graph["memlab.plan"] and "memlab.plan" in graph["memlab.export"]
     assert "memlab.report.data" in graph["memlab.report.views.figure"]
     assert "memlab.report.noise" in graph["memlab.report.data"]
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from memlab.plan import Plan\n"
-                     "def f():\n    from memlab.export import pytorch_code\n")
-    assert _module_level_imports(tree) == [("memlab.plan", "Plan")]
+    trees = _modules()
+    trees["memlab.events.bad"] = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                           "    from memlab.plan import Plan\ndef f():\n"
+                                           "    from memlab.export import pytorch_code\n")
+    assert {"memlab.plan", "memlab.export"} <= layer_graph(trees)["memlab.events"]
 
 
 def test_the_reports_data_never_imports_a_view() -> None:
