@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
 
 from memlab.errors import MemlabError, unknown_name
-from memlab.seams import provided
+from memlab.seams import Seam, provided
 from memlab.sizes import format_bytes as format_bytes
 from memlab.sizes import parse_budget as parse_budget
 from memlab.techniques.adapters import LORA_RANK_DEFAULT
@@ -299,8 +299,10 @@ class Plan:
 
 
 class PlanExports(Protocol):
-    """What :mod:`memlab.export` gives the Plan's ``to_*``/``from_*`` (the seam ``"plan exports"``,
-    :mod:`memlab.seams`): the exports build on the Plan, so the Plan asks for them instead of importing them."""
+    """What :mod:`memlab.export` gives the Plan's ``to_*``/``from_*`` (the seam :data:`PLAN_EXPORTS`,
+    :mod:`memlab.seams`): the exports build on the Plan, so the Plan asks for them instead of importing them. The
+    package's loader returns the module :mod:`memlab.export` as this protocol, so mypy checks each function here
+    against the export's own signature."""
 
     def plan_training_arguments(self, plan: Plan, *, trl: Any = False) -> dict[str, Any]: ...
     def peft_config(self, plan: Plan, model: Any = None) -> Any: ...
@@ -313,9 +315,13 @@ class PlanExports(Protocol):
     ) -> dict[str, Any]: ...
 
 
+PLAN_EXPORTS: Seam[PlanExports] = Seam("plan exports")
+"""The seam the Plan asks for its exports (:mod:`memlab.seams`): ``memlab/__init__.py`` provides it with
+:mod:`memlab.export`, which the type checker holds to :class:`PlanExports`."""
+
+
 def _exports() -> PlanExports:
-    exports: PlanExports = provided("plan exports")
-    return exports
+    return provided(PLAN_EXPORTS)
 
 
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))

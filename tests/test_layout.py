@@ -183,21 +183,79 @@ def test_the_plan_imports_neither_the_exports_nor_the_trainer() -> None:
     assert "memlab.plan" in graph["memlab.export.engines"]
 
 
-def _seam_calls(tree: ast.AST, function: str) -> set[str]:
-    """The seams named by each ``function("...")`` call in ``tree`` (``provided("plan exports")``)."""
+def _seams_declared(trees: dict[str, ast.Module]) -> dict[str, tuple[str, str, str]]:
+    """``{seam: (module, variable, type)}`` for each ``NAME: Seam[T] = Seam("seam")`` in memlab (the layer that asks
+    declares it)."""
+    found = {}
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(node.annotation, ast.Subscript) and ast.unparse(node.annotation.value) == "Seam"
+                    and isinstance(node.value, ast.Call) and isinstance(node.value.args[0], ast.Constant)):
+                found[node.value.args[0].value] = (module, node.target.id, ast.unparse(node.annotation.slice))
+    return found
+
+
+def _provisions(tree: ast.Module) -> dict[str, str]:
+    """``{seam: the loader's return annotation}`` for each ``provide("seam", loader)`` in ``tree`` (the package's)."""
+    returns = {node.name: ast.unparse(node.returns) if node.returns else "" for node in tree.body
+               if isinstance(node, ast.FunctionDef)}
     return {
-        node.args[0].value
+        node.args[0].value: returns.get(ast.unparse(node.args[1]), "")
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-        and function in (getattr(node.func, "id", None), getattr(node.func, "attr", None))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "provide"
+        and isinstance(node.args[0], ast.Constant)
     }
 
 
-def test_every_seam_asked_for_is_provided() -> None:
-    """Each ``provided("...")`` in memlab names a seam that ``memlab/__init__.py`` provides."""
+def _asked(tree: ast.Module) -> list[str]:
+    """The argument of each ``provided(...)`` call in ``tree``, as written."""
+    return [ast.unparse(node.args[0]) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "provided" and node.args]
+
+
+def test_every_seam_is_typed_and_provided_by_a_loader_of_its_type() -> None:
+    """Each seam is declared typed by the layer that asks (``PLAN_EXPORTS: Seam[PlanExports]``), provided once by
+    ``memlab/__init__.py`` through a loader annotated with that type (so that mypy holds what the loader returns,
+    the module ``memlab.export`` itself, to the protocol the Plan calls), and asked for by its declaration, never by
+    a string (issue 87)."""
     trees = _modules()
-    asked = set().union(*(_seam_calls(tree, "provided") for name, tree in trees.items() if name != "memlab.seams"))
-    assert asked and asked <= _seam_calls(trees["memlab"], "provide")
+    declared = _seams_declared(trees)
+    assert {"plan exports", "trainer kinds"} <= set(declared)
+    assert _provisions(trees["memlab"]) == {seam: typed for seam, (_, _, typed) in declared.items()}
+    variables = {variable for _, variable, _ in declared.values()}
+    asked = {(module, argument) for module, tree in trees.items() if module != "memlab.seams"
+             for argument in _asked(tree)}
+    assert asked and {(module, argument) for module, argument in asked if argument not in variables} == set()
+    assert ("memlab.plan", "PLAN_EXPORTS") in asked and declared["plan exports"][:2] == ("memlab.plan", "PLAN_EXPORTS")
+
+
+def test_every_view_asked_for_is_registered() -> None:
+    """Each ``view("...")`` in memlab (the report's data asking for what draws it) names a view that a module of
+    ``memlab/report/views/`` registers as :mod:`memlab.report` imports it (issue 87: a misspelt name failed only when
+    that view was drawn)."""
+    import memlab.report  # noqa: F401  (registers every view)
+    from memlab.report.views import view
+
+    def registered(name: str) -> bool:
+        try:
+            return callable(view(name))
+        except RuntimeError:
+            return False
+
+    asked = {
+        (module, node.args[0].value)
+        for module, tree in _modules().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "view" and node.args
+        and isinstance(node.args[0], ast.Constant) and module != "memlab.report.views"
+    }
+    assert len(asked) >= 6
+    assert {(module, name) for module, name in asked if not registered(name)} == set()
+    names = [ast.unparse(node.args[0]) for tree in _modules().values() for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "view" and node.args
+             and not isinstance(node.args[0], ast.Constant)]
+    assert names == []  # every view is asked for by its name written out, which this test reads
 
 
 ESTIMATION = "memlab.estimation"
@@ -502,8 +560,10 @@ def test_nothing_below_the_kinds_imports_them() -> None:
         if target == KINDS_WING or target.startswith(KINDS_WING + ".")
     ]
     assert below == []
-    assert "trainer kinds" in _seam_calls(_modules()["memlab"], "provide")
-    assert "trainer kinds" in _seam_calls(_modules()["memlab.live.trainer_kinds"], "provided")
+    trees = _modules()
+    assert "trainer kinds" in _provisions(trees["memlab"])
+    assert _seams_declared(trees)["trainer kinds"][0] == "memlab.live.trainer_kinds"
+    assert "TRAINER_KINDS" in _asked(trees["memlab.live.trainer_kinds"])
 
 
 def _declares_a_kind(tree: ast.Module) -> bool:
