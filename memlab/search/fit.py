@@ -14,7 +14,7 @@ from memlab.errors import MemlabError, refuse_class
 from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
 from memlab.events import TrialSettled
-from memlab.live.batch import Batch, atomic_refusal, count_rows, is_atomic
+from memlab.live.batch import Batch, atomic_refusal, count_rows, is_atomic, trainer_of
 from memlab.live.device import cuda_bf16_supported, expandable_segments_configured, model_device
 from memlab.live.structure import trainable_parameters
 from memlab.live.trainer_kinds import kind_of
@@ -40,7 +40,6 @@ from memlab.techniques.core.registry import built_settings
 from memlab.techniques.loss import chunked_loss_applies
 from memlab.techniques.offload import NO_OFFLOAD
 from memlab.techniques.precision import BF16, half_precision
-from memlab.techniques.precompute_ref import trainer_of
 from memlab.trainer.entry import live_target, noted, trainer_state
 from memlab.trainer.meta import refuse_meta
 from memlab.trainer.reference import with_reference
