@@ -74,7 +74,15 @@ _EXPORTS = {  # the names ``import memlab`` gives, each imported on first use (t
 class _Package(types.ModuleType):
     """memlab itself: an exported name stays what it is when a submodule of the same name is imported
     (``memlab.measure`` the function, beside the package ``memlab/measure/``), as when every name was imported
-    eagerly, the export last."""
+    eagerly, the export last.
+
+    Why it stays (issue 87 asked): Python's import system sets each submodule on its parent package with
+    ``setattr`` once the submodule has run (``importlib._bootstrap._find_and_load_unlocked``), so without this class
+    ``import memlab.measure.tracker``, made before the first ``memlab.measure``, leaves ``memlab.measure`` the package
+    and ``memlab.measure(model, ...)`` a TypeError; a module's own ``__getattr__`` is asked only for a name it lacks,
+    and only its class's ``__setattr__`` sees that assignment. Both names are the contract (DESIGN.md section 2:
+    ``memlab.measure(...)``; section 4: the ``measure/`` package, which every layer imports): only renaming the
+    package would let this class go."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _EXPORTS and isinstance(value, types.ModuleType):
