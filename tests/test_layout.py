@@ -426,6 +426,15 @@ def test_the_techniques_never_import_the_runner_or_the_measure_layer() -> None:
     assert _imports_into(import_graph(), "memlab.techniques", ("memlab.runner", "memlab.measure")) == []
 
 
+def test_live_imports_nothing_of_memlab_but_errors_and_seams() -> None:
+    """``memlab/live/`` stands below every layer that reads the user's objects (CONTRIBUTING.md): what two layers
+    need sits there (issue 87: the quiet block, the model's values, the fake copies), and it reaches up to none."""
+    graph = import_graph()
+    layers = {".".join(module.split(".")[:2]) for module in graph if module != "memlab"}
+    others = tuple(sorted(layers - {"memlab.live", "memlab.errors", "memlab.seams"}))
+    assert "memlab.runner" in others and _imports_into(graph, "memlab.live", others) == []
+
+
 def test_the_exports_never_import_estimation() -> None:
     """An export reads the plan and the sharding facts (``memlab.live.sharding``), never the dry-run machinery."""
     assert _imports_into(import_graph(), "memlab.export", ("memlab.estimation",)) == []
