@@ -119,7 +119,7 @@ def litgpt_plan() -> Plan:
 
 def litgpt_inference(four_bit: bool) -> Any:
     """litgpt's generate/base.py: bf16 weights (NF4 with double quantization for bnb.nf4-dq), 50 new tokens."""
-    from memlab.inference.plan import InferencePlan
+    from memlab.plan import InferencePlan
 
     return InferencePlan(weights="bf16", quantize="nf4" if four_bit else "none", new_tokens=50)
 
@@ -128,7 +128,7 @@ def optimum_generate(new_tokens: int, four_bit: bool = False) -> Callable[[], An
     """benchmark_gptq.py: fp16 weights (4-bit for --bitsandbytes, fp16 compute), greedy ``generate`` with the cache."""
 
     def plan() -> Any:
-        from memlab.inference.plan import InferencePlan
+        from memlab.plan import InferencePlan
 
         return InferencePlan(weights="fp16", quantize="nf4" if four_bit else "none", new_tokens=new_tokens)
 

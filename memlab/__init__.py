@@ -25,22 +25,23 @@ from memlab.errors import MemlabError, UnsupportedTechnique  # noqa: E402  (erro
 from memlab.seams import provide  # noqa: E402  (seams.py imports nothing)
 
 
-def _plan_exports() -> types.ModuleType:
+def _plan_exports() -> PlanExports:
     import memlab.export as exports
 
-    return exports
+    return exports  # the module as the protocol: mypy checks each function the Plan calls against the export's own
 
 
-def _trainer_kinds() -> tuple[Any, ...]:
+def _trainer_kinds() -> tuple[TrainerKind, ...]:
     from memlab.kinds import KINDS
 
     return KINDS
 
 
 # The package stands above every layer, so it is the one place that says which module provides a seam: the Plan's
-# to_*/from_* ask for "plan exports" (memlab/export/ builds on the Plan and is imported on the first export), and
-# memlab.live.trainer_kinds.kind_of asks for "trainer kinds" (memlab/kinds/ lists them, above the runner and the
-# estimation their hooks call, imported on the first lookup).
+# to_*/from_* ask for "plan exports" (memlab.plan.PLAN_EXPORTS: memlab/export/ builds on the Plan and is imported on
+# the first export), and memlab.live.trainer_kinds.kind_of asks for "trainer kinds" (TRAINER_KINDS: memlab/kinds/
+# lists them, above the runner and the estimation their hooks call, imported on the first lookup). Each loader
+# returns its seam's type (tests/test_layout.py checks it), which mypy holds what it returns to.
 provide("plan exports", _plan_exports)
 provide("trainer kinds", _trainer_kinds)
 
@@ -50,7 +51,8 @@ if TYPE_CHECKING:
     from memlab.estimation.dryrun.load import model_on_meta
     from memlab.frontends.jupyter.panel import Panel
     from memlab.inference import InferencePlan, fit_inference, kv_cache_bytes
-    from memlab.plan import Plan, parse_budget
+    from memlab.live.trainer_kinds import TrainerKind
+    from memlab.plan import Plan, PlanExports, parse_budget
     from memlab.report import InferenceTrial, Report, Trial
     from memlab.runner.apply import Applied, apply
     from memlab.runner.trial import compare, measure
@@ -74,7 +76,15 @@ _EXPORTS = {  # the names ``import memlab`` gives, each imported on first use (t
 class _Package(types.ModuleType):
     """memlab itself: an exported name stays what it is when a submodule of the same name is imported
     (``memlab.measure`` the function, beside the package ``memlab/measure/``), as when every name was imported
-    eagerly, the export last."""
+    eagerly, the export last.
+
+    Why it stays (issue 87 asked): Python's import system sets each submodule on its parent package with
+    ``setattr`` once the submodule has run (``importlib._bootstrap._find_and_load_unlocked``), so without this class
+    ``import memlab.measure.tracker``, made before the first ``memlab.measure``, leaves ``memlab.measure`` the package
+    and ``memlab.measure(model, ...)`` a TypeError; a module's own ``__getattr__`` is asked only for a name it lacks,
+    and only its class's ``__setattr__`` sees that assignment. Both names are the contract (DESIGN.md section 2:
+    ``memlab.measure(...)``; section 4: the ``measure/`` package, which every layer imports): only renaming the
+    package would let this class go."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _EXPORTS and isinstance(value, types.ModuleType):

@@ -24,7 +24,7 @@ class UnsupportedTechnique(MemlabError):
 
 
 class MemlabWarning(UserWarning):
-    """memlab's own remarks; shown even while third-party warnings are kept quiet (:func:`memlab.runner.quiet.quiet`).
+    """memlab's own remarks; shown even while third-party warnings are kept quiet (:func:`memlab.live.quiet.quiet`).
 
     Example:
         >>> import warnings

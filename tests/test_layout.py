@@ -83,18 +83,27 @@ def _owner(module: str, known: set[str]) -> str:
     return module
 
 
+def _landings(target: str, module: str, known: set[str]) -> list[str]:
+    """The modules an import of ``target`` made by ``module`` runs: ``target`` and every package above it (their
+    ``__init__`` files run first), but memlab itself and the packages ``module`` is in (already running)."""
+    parts = target.split(".")
+    ancestors = [".".join(parts[:end]) for end in range(2, len(parts) + 1)]
+    return [name for name in ancestors if name in known and name != module and not module.startswith(name + ".")]
+
+
 def import_graph() -> dict[str, set[str]]:
     """``{module: modules it imports}`` over memlab, function-level imports included (imports for type checking
-    only are not: they never run), packages' ``__init__``
-    as the package's own node."""
+    only are not: they never run), packages' ``__init__`` as the package's own node, and an import of a module
+    counted as one of every package above it too (``from memlab.report.data import Trial`` runs
+    ``memlab/report/__init__.py`` first: issue 87)."""
     trees = _modules()
     known = set(trees)
     graph: dict[str, set[str]] = {name: set() for name in known}
     for module, tree in trees.items():
         for source, name in _imports(tree, runtime=True):
             target = _owner(f"{source}.{name}" if f"{source}.{name}" in known else source, known)
-            if target and target != "memlab" and target != module:
-                graph[module].add(target)
+            if target and target != "memlab":
+                graph[module].update(_landings(target, module, known))
     return graph
 
 
@@ -149,10 +158,21 @@ def test_circles_finds_a_circle_and_leaves_a_chain_alone() -> None:
 
 
 def test_no_import_circle_at_all() -> None:
-    """Every import counted, function-level ones included (issue 72): the report's data and its views, the request
-    and its routes, the adapters and their declarations, the command and its parts, the trainer's entry and the GRPO
-    step, the Plan and its exports each import one way."""
+    """Every import counted, function-level ones included (issue 72), and the packages' ``__init__`` files an import
+    runs (issue 87): the report's data and its views, the request and its routes, the adapters and their
+    declarations, the command and its parts, the trainer's entry and the GRPO step, the Plan and its exports each
+    import one way."""
     assert [sorted(found) for found in circles(import_graph())] == []
+
+
+def test_the_import_graph_counts_the_packages_an_import_runs() -> None:
+    known = set(_modules())
+    assert _landings("memlab.report.views.tables", "memlab.runner.core", known) == [
+        "memlab.report", "memlab.report.views", "memlab.report.views.tables"]
+    # the packages the importer is in run already
+    assert _landings("memlab.estimation.dryrun.fake", "memlab.estimation.dryrun.single_gpu", known) == [
+        "memlab.estimation.dryrun.fake"]
+    assert "memlab.report" not in import_graph()["memlab.report.data"]
 
 
 def test_the_plan_imports_neither_the_exports_nor_the_trainer() -> None:
@@ -163,34 +183,79 @@ def test_the_plan_imports_neither_the_exports_nor_the_trainer() -> None:
     assert "memlab.plan" in graph["memlab.export.engines"]
 
 
-def _seam_calls(tree: ast.AST, function: str) -> set[str]:
-    """The seams named by each ``function("...")`` call in ``tree`` (``provided("plan exports")``)."""
+def _seams_declared(trees: dict[str, ast.Module]) -> dict[str, tuple[str, str, str]]:
+    """``{seam: (module, variable, type)}`` for each ``NAME: Seam[T] = Seam("seam")`` in memlab (the layer that asks
+    declares it)."""
+    found = {}
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(node.annotation, ast.Subscript) and ast.unparse(node.annotation.value) == "Seam"
+                    and isinstance(node.value, ast.Call) and isinstance(node.value.args[0], ast.Constant)):
+                found[node.value.args[0].value] = (module, node.target.id, ast.unparse(node.annotation.slice))
+    return found
+
+
+def _provisions(tree: ast.Module) -> dict[str, str]:
+    """``{seam: the loader's return annotation}`` for each ``provide("seam", loader)`` in ``tree`` (the package's)."""
+    returns = {node.name: ast.unparse(node.returns) if node.returns else "" for node in tree.body
+               if isinstance(node, ast.FunctionDef)}
     return {
-        node.args[0].value
+        node.args[0].value: returns.get(ast.unparse(node.args[1]), "")
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-        and function in (getattr(node.func, "id", None), getattr(node.func, "attr", None))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "provide"
+        and isinstance(node.args[0], ast.Constant)
     }
 
 
-def test_every_seam_asked_for_is_provided() -> None:
-    """Each ``provided("...")`` in memlab names a seam that ``memlab/__init__.py`` provides."""
+def _asked(tree: ast.Module) -> list[str]:
+    """The argument of each ``provided(...)`` call in ``tree``, as written."""
+    return [ast.unparse(node.args[0]) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "provided" and node.args]
+
+
+def test_every_seam_is_typed_and_provided_by_a_loader_of_its_type() -> None:
+    """Each seam is declared typed by the layer that asks (``PLAN_EXPORTS: Seam[PlanExports]``), provided once by
+    ``memlab/__init__.py`` through a loader annotated with that type (so that mypy holds what the loader returns,
+    the module ``memlab.export`` itself, to the protocol the Plan calls), and asked for by its declaration, never by
+    a string (issue 87)."""
     trees = _modules()
-    asked = set().union(*(_seam_calls(tree, "provided") for name, tree in trees.items() if name != "memlab.seams"))
-    assert asked and asked <= _seam_calls(trees["memlab"], "provide")
+    declared = _seams_declared(trees)
+    assert {"plan exports", "trainer kinds"} <= set(declared)
+    assert _provisions(trees["memlab"]) == {seam: typed for seam, (_, _, typed) in declared.items()}
+    variables = {variable for _, variable, _ in declared.values()}
+    asked = {(module, argument) for module, tree in trees.items() if module != "memlab.seams"
+             for argument in _asked(tree)}
+    assert asked and {(module, argument) for module, argument in asked if argument not in variables} == set()
+    assert ("memlab.plan", "PLAN_EXPORTS") in asked and declared["plan exports"][:2] == ("memlab.plan", "PLAN_EXPORTS")
 
 
-def _module_level_imports(tree: ast.Module) -> list[tuple[str, str]]:
-    """``(module, name)`` for every memlab import among the module's own statements (under ``if TYPE_CHECKING:`` and
-    ``try:`` too): not those inside a function or a method."""
-    found = []
-    for statement in tree.body:
-        for node in ast.walk(statement) if isinstance(statement, (ast.If, ast.Try)) else [statement]:
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("memlab"):
-                found += [(node.module, alias.name) for alias in node.names]
-            elif isinstance(node, ast.Import):
-                found += [(alias.name, "") for alias in node.names if alias.name.startswith("memlab")]
-    return found
+def test_every_view_asked_for_is_registered() -> None:
+    """Each ``view("...")`` in memlab (the report's data asking for what draws it) names a view that a module of
+    ``memlab/report/views/`` registers as :mod:`memlab.report` imports it (issue 87: a misspelt name failed only when
+    that view was drawn)."""
+    import memlab.report  # noqa: F401  (registers every view)
+    from memlab.report.views import view
+
+    def registered(name: str) -> bool:
+        try:
+            return callable(view(name))
+        except RuntimeError:
+            return False
+
+    asked = {
+        (module, node.args[0].value)
+        for module, tree in _modules().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "view" and node.args
+        and isinstance(node.args[0], ast.Constant) and module != "memlab.report.views"
+    }
+    assert len(asked) >= 6
+    assert {(module, name) for module, name in asked if not registered(name)} == set()
+    names = [ast.unparse(node.args[0]) for tree in _modules().values() for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "view" and node.args
+             and not isinstance(node.args[0], ast.Constant)]
+    assert names == []  # every view is asked for by its name written out, which this test reads
 
 
 ESTIMATION = "memlab.estimation"
@@ -213,10 +278,11 @@ def layer_graph(trees: dict[str, ast.Module] | None = None) -> dict[str, set[str
     ``memlab/estimation/`` (``memlab.estimation.cuda``) and each module directly in it (``memlab.estimation.configs``)
     as a node of its own, for the estimation's parts. ``trees``: the modules read (default: memlab's own).
 
-    Edges are the imports a module makes at module level, those for type checking included: what the module needs
-    to be read, type-checked or imported. (Imports inside functions are counted by :func:`import_graph`, which finds
-    no circle either: a layer that offers work done above it asks a seam, :mod:`memlab.seams`, or a registry,
-    :mod:`memlab.report.views`.)"""
+    Edges are every import a module makes: at module level, inside a function (a lazy import runs too, later), and
+    for type checking (what the module needs to be type-checked); an import of a module inside a package runs the
+    package's ``__init__`` too, which is the package's node. A layer that offers work done above it asks a seam
+    (:mod:`memlab.seams`) or a registry (:mod:`memlab.report.views`) instead of importing it (issue 87: four lazy
+    imports closed a circle of eight packages: export, report, trainer and runner imported back up)."""
     trees = _modules() if trees is None else trees
     known = set(trees)
     graph: dict[str, set[str]] = {}
@@ -232,7 +298,7 @@ def layer_graph(trees: dict[str, ast.Module] | None = None) -> dict[str, set[str
             graph.setdefault(module, set())
         if module.startswith(ESTIMATION + "."):
             graph.setdefault(_estimation_part(module), set())
-        for source, name in _module_level_imports(tree):
+        for source, name in _imports(tree):
             target = _owner(f"{source}.{name}" if f"{source}.{name}" in known else source, known)
             if not target or target == "memlab":
                 continue
@@ -251,10 +317,22 @@ def layer_graph(trees: dict[str, ast.Module] | None = None) -> dict[str, set[str
 
 def test_no_import_circle_between_memlab_layers() -> None:
     """No circle among memlab's packages and top modules, nor among the report's modules, nor among the estimation's
-    subpackages and top modules (issue 62): the Plan does not name the exports or the techniques that build on it,
-    the report's views import its data model and never the reverse, the CUDA emulation never imports the dry runs
-    built on it. Imports inside functions do not count (see :func:`layer_graph`)."""
+    subpackages and top modules (issue 62), every import counted: module level, inside functions, for type checking,
+    and the packages' ``__init__`` files (issue 87): the Plan does not name the exports or the techniques that build
+    on it, the report's views import its data model and never the reverse, the CUDA emulation never imports the dry
+    runs built on it, and no layer reaches back up through a lazy import (what two layers need sits below both, in
+    ``live/``, or beside the Plan)."""
     assert [sorted(c) for c in circles(layer_graph())] == []
+
+
+def test_the_layer_graph_finds_a_circle_closed_by_a_lazy_import() -> None:
+    """An import inside a function of the exports back up to the runner (as ``export/engines.py`` once took its
+    quiet block from ``runner/quiet.py``) closes a circle: the runner applies plans to trainers, which read the
+    exports."""
+    trees = _modules()
+    trees["memlab.export.bad"] = ast.parse("def f():\n    from memlab.runner.core import Runner\n")
+    found = [sorted(c) for c in circles(layer_graph(trees))]
+    assert any({"memlab.export", "memlab.runner"} <= set(c) for c in found), found
 
 
 def test_the_layer_graph_sees_a_type_checking_import_and_the_report_modules() -> None:
@@ -263,9 +341,11 @@ def test_the_layer_graph_sees_a_type_checking_import_and_the_report_modules() ->
     assert "memlab.techniques" in graph["memlab.plan"] and "memlab.plan" in graph["memlab.export"]
     assert "memlab.report.data" in graph["memlab.report.views.figure"]
     assert "memlab.report.noise" in graph["memlab.report.data"]
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from memlab.plan import Plan\n"
-                     "def f():\n    from memlab.export import pytorch_code\n")
-    assert _module_level_imports(tree) == [("memlab.plan", "Plan")]
+    trees = _modules()
+    trees["memlab.events.bad"] = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                           "    from memlab.plan import Plan\ndef f():\n"
+                                           "    from memlab.export import pytorch_code\n")
+    assert {"memlab.plan", "memlab.export"} <= layer_graph(trees)["memlab.events"]
 
 
 def test_the_reports_data_never_imports_a_view() -> None:
@@ -344,6 +424,15 @@ def _imports_into(graph: dict[str, set[str]], layer: str, below: tuple[str, ...]
 def test_the_techniques_never_import_the_runner_or_the_measure_layer() -> None:
     """Techniques read what they need of the user's objects from ``memlab.live``, below them, never from above."""
     assert _imports_into(import_graph(), "memlab.techniques", ("memlab.runner", "memlab.measure")) == []
+
+
+def test_live_imports_nothing_of_memlab_but_errors_and_seams() -> None:
+    """``memlab/live/`` stands below every layer that reads the user's objects (CONTRIBUTING.md): what two layers
+    need sits there (issue 87: the quiet block, the model's values, the fake copies), and it reaches up to none."""
+    graph = import_graph()
+    layers = {".".join(module.split(".")[:2]) for module in graph if module != "memlab"}
+    others = tuple(sorted(layers - {"memlab.live", "memlab.errors", "memlab.seams"}))
+    assert "memlab.runner" in others and _imports_into(graph, "memlab.live", others) == []
 
 
 def test_the_exports_never_import_estimation() -> None:
@@ -480,8 +569,10 @@ def test_nothing_below_the_kinds_imports_them() -> None:
         if target == KINDS_WING or target.startswith(KINDS_WING + ".")
     ]
     assert below == []
-    assert "trainer kinds" in _seam_calls(_modules()["memlab"], "provide")
-    assert "trainer kinds" in _seam_calls(_modules()["memlab.live.trainer_kinds"], "provided")
+    trees = _modules()
+    assert "trainer kinds" in _provisions(trees["memlab"])
+    assert _seams_declared(trees)["trainer kinds"][0] == "memlab.live.trainer_kinds"
+    assert "TRAINER_KINDS" in _asked(trees["memlab.live.trainer_kinds"])
 
 
 def _declares_a_kind(tree: ast.Module) -> bool:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from memlab.errors import MemlabError, nearest
-from memlab.runner.quiet import without_paths
+from memlab.live.quiet import without_paths
 
 __all__ = [
     "KNOWN_SHAPES",
@@ -151,7 +151,7 @@ def _hub_problem(name: str) -> str | None:
 
 def one_line(error: BaseException) -> str:
     """An error as one line for a trial or a message: its type and the first line of its text, the machine's paths
-    cut to their last part (:func:`~memlab.runner.quiet.without_paths`).
+    cut to their last part (:func:`~memlab.live.quiet.without_paths`).
 
     Example:
         >>> one_line(ValueError("\\n  shapes differ\\n  (2, 3) vs (3, 2)"))

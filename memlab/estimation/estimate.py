@@ -40,7 +40,7 @@ from memlab.report import Trial
 from memlab.techniques.vllm import VLLMServer, check_vllm_server
 
 if TYPE_CHECKING:
-    from memlab.inference.plan import InferencePlan
+    from memlab.plan import InferencePlan
 
 __all__ = [
     "BLIND_SPOTS",

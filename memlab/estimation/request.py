@@ -23,7 +23,7 @@ from memlab.live.sharding import check_sharding
 from memlab.plan import Plan, parse_budget
 
 if TYPE_CHECKING:
-    from memlab.inference.plan import InferencePlan
+    from memlab.plan import InferencePlan
     from memlab.techniques.vllm import VLLMServer
 
 __all__ = ["EstimateRequest"]

@@ -29,7 +29,7 @@ from memlab.techniques.core.registry import step_refusal
 from memlab.techniques.vllm import no_engine
 
 if TYPE_CHECKING:
-    from memlab.inference.plan import InferencePlan
+    from memlab.plan import InferencePlan
 
 __all__ = ["ROUTES", "Route", "gpu_note", "route", "route_name"]
 

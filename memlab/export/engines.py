@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memlab.errors import MemlabError, warn_the_caller
+from memlab.live.quiet import quiet
 from memlab.plan import PLAN_FIELDS, Plan
 from memlab.techniques.core.fragments import (
     THE_DEEPSPEED_CONFIG,
@@ -374,8 +375,6 @@ def peft_config(plan: Plan, model: Any = None) -> Any:
         raise MemlabError("; ".join(elsewhere_notes(plan, "peft")) or f"{plan.label()!r} has no adapters")
     missing = [keyword for keyword in written if keyword not in settings]
     assert not missing, f"levers declared inside the LoraConfig that no adapter writes: {missing}"
-    from memlab.runner.quiet import quiet
-
     with quiet():  # memlab's import of peft (and of bitsandbytes with it) says nothing in the cell: no result changes
         from peft import LoraConfig
 

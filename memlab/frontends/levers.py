@@ -1,7 +1,7 @@
 """The levers a front end offers, for either mode: one :class:`~memlab.plan.LeverSpec` per field of the plan class.
 
 A training :class:`memlab.Plan` declares its levers as :data:`memlab.plan.LEVERS`; an :class:`memlab.InferencePlan`
-as :data:`memlab.inference.plan.INFERENCE_LEVERS`. Front ends (the magic's help, the panel's controls) read both
+as :data:`memlab.plan.INFERENCE_LEVERS`. Front ends (the magic's help, the panel's controls) read both
 through :func:`lever_specs`, so that they build one thing per lever whatever the mode.
 """
 
@@ -11,8 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from memlab.errors import MemlabError
-from memlab.inference.plan import INFERENCE_LEVERS, InferencePlan
-from memlab.plan import LEVERS, LeverSpec, Plan, trainer_levers_refusal
+from memlab.plan import INFERENCE_LEVERS, LEVERS, InferencePlan, LeverSpec, Plan, trainer_levers_refusal
 
 __all__ = ["lever_help", "lever_specs", "model_lever_specs", "panel_lever_specs", "refuse_trainer_levers",
            "trainer_levers_note"]

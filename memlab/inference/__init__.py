@@ -1,8 +1,8 @@
 """Inference memory: how large a batch the trained model can serve or evaluate with, and what bf16, fp16, 8-bit or
 4-bit weights and the KV cache cost, on the same core as training (same probes, same restore, same report).
 
-- :mod:`memlab.inference.plan`: :class:`InferencePlan` (weights' dtype, quantization, batch size, new tokens, KV
-  cache) and ``--try`` grids over it.
+- :class:`~memlab.plan.InferencePlan` (weights' dtype, quantization, batch size, new tokens, KV cache) and ``--try``
+  grids over it are data, in :mod:`memlab.plan` beside the training Plan (the report reads them back).
 - :mod:`memlab.inference.run`: measuring it on the live model, on the one runner of training trials with an
   inference workload (:func:`measure_inference`, :func:`compare_inference`; importing it registers
   :class:`InferenceRunner` for an InferencePlan, so ``memlab.measure`` and ``memlab.compare`` run it there).
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from memlab.inference.fit import LargestBatchReport, fit_inference
 from memlab.inference.kv import kv_cache_bytes
-from memlab.inference.plan import InferencePlan, parse_inference_grid
 from memlab.inference.run import InferenceRunner, compare_inference, measure_inference
+from memlab.plan import InferencePlan, parse_inference_grid
 
 __all__ = [
     "InferencePlan",

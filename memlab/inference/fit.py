@@ -10,7 +10,7 @@ Two goals:
   size that fitted and the smallest that did not. Inference memory is close to a line
   in the batch (weights plus per-row activations and cache), so a search usually measures four or five sizes. The
   answer is always a measured trial.
-- ``goal="speed"``: every combination of ``space`` (settings of :class:`~memlab.inference.plan.InferencePlan`, on
+- ``goal="speed"``: every combination of ``space`` (settings of :class:`~memlab.plan.InferencePlan`, on
   top of ``base``) is measured against the budget, and ``report.best`` is the fastest that fits, judged with the
   noise rules of :class:`memlab.Report`.
 
@@ -37,12 +37,12 @@ from torch import nn
 from typing_extensions import Unpack
 
 from memlab.errors import MemlabError, refuse_class
-from memlab.inference.plan import InferencePlan, parse_inference_grid
 from memlab.inference.run import InferenceRunner, check_inference_options, compare_inference
 from memlab.live.batch import Batch
 from memlab.live.device import model_device
 from memlab.measure.cuda import cuda_card_capacity
 from memlab.options import RunKeywords, RunOptions
+from memlab.plan import InferencePlan, parse_inference_grid
 from memlab.report import Report, Trial
 from memlab.runner.progress import run_progress
 from memlab.runner.trial import keep_on_interrupt

@@ -15,7 +15,7 @@ with the rest. The weights (quantization scales included) count as ``"params"``,
 and memory held before the run as ``"other"``.
 
 Example:
-    >>> from memlab.inference.plan import InferencePlan
+    >>> from memlab.plan import InferencePlan
     >>> model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
     >>> trial = measure_inference(model, torch.randn(8, 16), InferencePlan(weights="bf16"), steps=1, noise=0)
     >>> trial.status, trial.breakdown["params"] == 2 * sum(p.numel() for p in model.parameters())
@@ -34,17 +34,17 @@ from typing_extensions import Unpack
 
 from memlab.errors import MemlabError
 from memlab.inference.kv import learned_positions
-from memlab.inference.plan import InferencePlan
 from memlab.inference.step import InferenceStep, is_encoder_decoder
 from memlab.inference.weights import check_quantizable, prepare_weights, quantization_tensors
 from memlab.live.batch import Batch, atomic_refusal, is_atomic
 from memlab.live.inputs import DECODER_KEYS
+from memlab.live.quiet import quiet
 from memlab.live.structure import unique_parameters
 from memlab.measure.tracker import INFERENCE_CATEGORIES, MemoryTracker
 from memlab.options import RunKeywords, RunOptions
+from memlab.plan import InferencePlan
 from memlab.report import InferenceTrial, Report
 from memlab.runner.core import Runner, register_runner
-from memlab.runner.quiet import quiet
 from memlab.runner.trial import run_plans
 from memlab.runner.workload import Attempt, RunContext, StepKind, TrialRecord, Workload
 

@@ -29,11 +29,11 @@ from memlab.inference.kv import (
     takes_logits_to_keep,
     track_cache,
 )
-from memlab.inference.plan import InferencePlan
 from memlab.inference.weights import DTYPES
 from memlab.live.batch import Batch, map_tensors, take_rows
 from memlab.live.inputs import DECODER_KEYS
 from memlab.measure.tracker import MemoryTracker
+from memlab.plan import InferencePlan
 from memlab.runner.workload import RunContext
 
 __all__ = ["InferenceStep", "StepResult", "decoder_inputs", "is_encoder_decoder", "model_inputs"]

@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from memlab.errors import MemlabError, UnsupportedTechnique
-from memlab.inference.plan import InferencePlan
 from memlab.live.device import model_device
 from memlab.live.structure import ModuleStructure, unique_parameters
+from memlab.plan import InferencePlan
 from memlab.techniques.adapters import quantized_targets
 
 __all__ = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,6 +13,30 @@ from torch import nn
 from memlab.errors import MemlabError
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TrainerLoss:
+    """A loss that runs a trainer's own ``compute_loss`` (:meth:`memlab.trainer.source.TrainerSource.make_loss_fn`),
+    with the trainer as a field: what a trainer's levers read of the step (``precompute_ref``: whether the trainer is
+    a DPOTrainer, and runs it precomputed), asked with :func:`trainer_of`.
+
+    Example:
+        >>> loss = TrainerLoss("a trainer", lambda model, batch: batch * 2)
+        >>> loss(None, 3), trainer_of(loss), trainer_of(lambda model, batch: 0)
+        (6, 'a trainer', None)
+    """
+
+    trainer: Any
+    loss: Callable[[Any, Any], Any]
+
+    def __call__(self, model: Any, micro_batch: Any) -> Any:
+        return self.loss(model, micro_batch)
+
+
+def trainer_of(loss_fn: Any) -> Any:
+    """The trainer whose ``compute_loss`` ``loss_fn`` runs (a :class:`TrainerLoss`), or None."""
+    return loss_fn.trainer if isinstance(loss_fn, TrainerLoss) else None
 
 
 class StepBatches:

@@ -4,7 +4,7 @@
 whatever its name, and the contents of every dict, set and list it holds: hooks, the parameter/buffer/submodule
 registries, flags a library sets lazily), plus the instance state of the plain objects modules hold (a transformers
 config, say). Cheap: shallow copies, no tensor data. The values a trial changes are
-:class:`memlab.runner.module_state.ModelValues`.
+:class:`memlab.live.module_state.ModelValues`.
 """
 
 from __future__ import annotations

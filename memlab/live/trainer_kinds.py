@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from memlab.errors import MemlabError
-from memlab.seams import provided
+from memlab.seams import Seam, provided
 
 __all__ = ["WATCH", "WORST_BATCH", "Arguments", "CheckPlan", "CliChanges", "CliCheck", "CliExamples", "CliOption",
            "CliQuestion", "CliSettings", "CliWords", "CompletionRoom", "Elsewhere", "Estimate", "ExportRefusal",
@@ -401,6 +401,9 @@ WATCH = ("memlab.watch(trainer, budget=...) works on it today: call it, then tra
          "watched.peak_bytes is every step's peak, generation included")
 """What works on every trainer, said in each refusal."""
 
+TRAINER_KINDS: Seam[tuple[TrainerKind, ...]] = Seam("trainer kinds")
+"""The seam :func:`kinds` asks for the declared kinds; ``memlab/__init__.py`` provides :data:`memlab.kinds.KINDS`."""
+
 _REGISTERED: list[TrainerKind] = []
 """The kinds :func:`register` added on top of those :mod:`memlab.kinds` declares (a user's, a test's)."""
 
@@ -414,7 +417,7 @@ def kinds() -> tuple[TrainerKind, ...]:
         ['TrainingArguments', 'SFTConfig', 'DPOConfig', 'GRPOConfig']
     """
     registered = {kind.name: kind for kind in _REGISTERED}
-    listed = tuple(registered.pop(kind.name, kind) for kind in provided("trainer kinds"))
+    listed = tuple(registered.pop(kind.name, kind) for kind in provided(TRAINER_KINDS))
     return (*listed, *registered.values())
 
 

@@ -7,7 +7,7 @@ storage and so are never counted twice. Storages that existed before tracking st
 they are given as ``baseline`` or passed to :meth:`MemoryTracker.mark`: an aliasing operator (a view, an
 in-place or ``out=`` op) that hands back such a storage does not allocate it.
 
-Storages the offload keeps in host memory (:data:`memlab.techniques.offload.HOST`: made inside its
+Storages the offload keeps in host memory (:data:`memlab.live.host.HOST`: made inside
 ``host_side()`` or marked by it) are never counted: they are not the device's, even where a dry run's device and
 host are the same fake CPU. Nor are those made inside :func:`memlab.techniques.compile.inlined`: the dry run of a
 compiled step makes there what inductor computes inside a fused kernel and never allocates.
@@ -30,11 +30,11 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 
 from memlab.errors import MemlabError
+from memlab.live.host import HOST
 from memlab.live.patching import patched
 from memlab.measure.ledger import CATEGORIES, Ledger
 from memlab.plan import format_bytes
 from memlab.techniques.compile import INLINED
-from memlab.techniques.offload import HOST
 
 __all__ = ["CATEGORIES", "INFERENCE_CATEGORIES", "MemoryTracker"]
 

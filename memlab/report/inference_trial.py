@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from memlab.measure.tracker import INFERENCE_CATEGORIES
-from memlab.plan import PLAN_FIELDS
+from memlab.plan import INFERENCE_FIELDS, PLAN_FIELDS, InferencePlan
 from memlab.report.data import Trial
 
 __all__ = ["INFERENCE_CATEGORIES", "InferenceTrial"]
@@ -38,7 +38,7 @@ class InferenceTrial(Trial):
         context_tokens: tokens per row the KV cache holds at the end (prompt + new_tokens - 1 when generating).
 
     Example:
-        >>> from memlab.inference.plan import InferencePlan
+        >>> from memlab.plan import InferencePlan
         >>> t = InferenceTrial(InferencePlan(weights="bf16"), "ok", 300, {"params": 100, "kv_cache": 50}, 0.1, 40.0,
         ...                    640.0, "cpu", kv_cache_end_bytes=50, context_tokens=16)
         >>> t.label, t.breakdown
@@ -57,7 +57,7 @@ class InferenceTrial(Trial):
 
     def _plan_values(self) -> dict[str, Any]:
         values: dict[str, Any] = {"mode": self.mode}
-        values.update({name: getattr(self.plan, name) for name in _inference_fields()})
+        values.update({name: getattr(self.plan, name) for name in INFERENCE_FIELDS})
         values.update(
             prefill_tokens_per_s=self.prefill_tokens_per_s,
             decode_tokens_per_s=self.decode_tokens_per_s,
@@ -68,10 +68,8 @@ class InferenceTrial(Trial):
 
     @classmethod
     def _keywords(cls, data: Mapping[str, Any]) -> dict[str, Any]:
-        from memlab.inference.plan import InferencePlan
-
         keywords = super()._keywords({key: value for key, value in data.items() if key not in PLAN_FIELDS})
-        keywords["plan"] = InferencePlan(**{name: data[name] for name in _inference_fields() if name in data})
+        keywords["plan"] = InferencePlan(**{name: data[name] for name in INFERENCE_FIELDS if name in data})
         keywords.update(
             prefill_tokens_per_s=data.get("prefill_tokens_per_s"),
             decode_tokens_per_s=data.get("decode_tokens_per_s"),
@@ -80,8 +78,3 @@ class InferenceTrial(Trial):
         )
         return keywords
 
-
-def _inference_fields() -> tuple[str, ...]:
-    from memlab.inference.plan import INFERENCE_FIELDS
-
-    return INFERENCE_FIELDS

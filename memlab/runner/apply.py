@@ -10,10 +10,10 @@ from torch import nn
 
 from memlab.errors import MemlabError, MemlabWarning, refuse_class
 from memlab.live.batch import Batch, LossFn
+from memlab.live.quiet import quiet
 from memlab.live.structure import ModuleStructure
 from memlab.options import check_learning_rate
 from memlab.plan import Plan
-from memlab.runner.quiet import quiet
 from memlab.runner.step import TrainingStep
 from memlab.trainer.apply import apply_to_trainer
 from memlab.trainer.meta import refuse_meta

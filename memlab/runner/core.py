@@ -29,6 +29,8 @@ from memlab.errors import MemlabError
 from memlab.events import Callback, Event, MemorySample, StepFinished, TrialFinished, TrialSettled, TrialStarted
 from memlab.live.batch import Batch, count_rows, named_tensors
 from memlab.live.inputs import check_inputs
+from memlab.live.module_state import ModelValues
+from memlab.live.quiet import quiet
 from memlab.live.structure import ModuleStructure, unique_parameters
 from memlab.measure.compiled import CompiledStepTracker, compiled_reading
 from memlab.measure.cuda import CudaPeak
@@ -40,8 +42,6 @@ from memlab.options import RunOptions
 from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.report.noise import fewest_values, relative_half_width
-from memlab.runner.module_state import ModelValues
-from memlab.runner.quiet import quiet
 from memlab.runner.remeasure import settle_close_race
 from memlab.runner.workload import Attempt, RunContext, TrialRecord, Workload
 

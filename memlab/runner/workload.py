@@ -29,6 +29,7 @@ from torch import nn
 
 from memlab.live.batch import Batch
 from memlab.live.device import measured_allocator_notes
+from memlab.live.quiet import without_paths
 from memlab.measure.oom import is_oom_error
 from memlab.measure.probes import Probe
 from memlab.measure.reading import PeakReading
@@ -36,7 +37,6 @@ from memlab.measure.timeline import Recording
 from memlab.measure.tracker import CATEGORIES, MemoryTracker
 from memlab.options import RunOptions
 from memlab.report.timeline import Timeline
-from memlab.runner.quiet import without_paths
 
 __all__ = ["Attempt", "RunContext", "RunnablePlan", "StepKind", "TrialRecord", "Workload"]
 

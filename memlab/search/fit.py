@@ -12,7 +12,7 @@ from typing_extensions import Unpack
 from memlab.errors import MemlabError, refuse_class
 from memlab.estimation.cuda.allocator import assumed_allocator
 from memlab.estimation.cuda.gpus import GpuKind, gpu_kind
-from memlab.live.batch import Batch
+from memlab.live.batch import Batch, trainer_of
 from memlab.live.device import expandable_segments_configured
 from memlab.live.trainer_kinds import kind_of
 from memlab.options import RunKeywords, RunOptions
@@ -25,7 +25,6 @@ from memlab.search.fitting.space import fit_space
 from memlab.techniques.adapters import carried_space
 from memlab.techniques.core.registry import built_settings
 from memlab.techniques.offload import NO_OFFLOAD
-from memlab.techniques.precompute_ref import trainer_of
 from memlab.trainer.entry import LiveTarget, live_target, noted, trainer_state
 from memlab.trainer.meta import refuse_meta
 from memlab.trainer.reference import with_reference

@@ -10,25 +10,24 @@ when the GPU runs short.
 
 What the offload puts on the host is not device memory, in a dry run too (issue 60): every host tensor it makes (the
 optimizer's fp32 copies, their gradients, the inner optimizer's state and temporaries, the saved activations' copies)
-is made inside :func:`host_side` or kept with :func:`keep_on_host`, and memlab's tracker counts no storage
-:data:`HOST` holds. A CUDA dry run on the CPU's kernels, whose device and host are the same fake CPU, so runs the
-offload as a GPU does: each copy to the host is a new tensor (``empty`` and ``copy_``, never a ``.to()`` that returns
-its source), and each copy back to the device (a saved tensor unpacked for backward, the new weights copied into the
-device's) is one the tracker counts.
+is made inside :func:`~memlab.live.host.host_side` or kept with :func:`~memlab.live.host.keep_on_host`, and
+memlab's tracker counts no storage :data:`~memlab.live.host.HOST` holds. A CUDA dry run on the CPU's kernels, whose
+device and host are the same fake CPU, so runs the offload as a GPU does: each copy to the host is a new tensor
+(``empty`` and ``copy_``, never a ``.to()`` that returns its source), and each copy back to the device (a saved
+tensor unpacked for backward, the new weights copied into the device's) is one the tracker counts.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
+from memlab.live.host import host_side, keep_on_host
 from memlab.techniques.checkpointing import trainer_checkpointing
 from memlab.techniques.core.fragments import THE_DEEPSPEED_CONFIG, Accelerate, Code, Elsewhere, Keys, per_target
 from memlab.techniques.core.lever import Lever, PlanLike
@@ -109,79 +108,6 @@ def offload_notes(plan: PlanFields, device: torch.device) -> list[str]:
     return []
 
 
-class HostStorages:
-    """The storages the offload keeps in host memory, which a tracker of device memory does not count, and whether
-    the allocations made now are host ones (inside :func:`host_side`).
-
-    Where device and host differ (a live GPU, a dry run on fake CUDA tensors) the tracker tells them apart by device
-    already; a CUDA dry run on the CPU's kernels puts both on the (fake) CPU, so the storages themselves are marked.
-    Storages are keyed by identity and dropped when they are freed.
-
-    Example:
-        >>> host = HostStorages()
-        >>> weight = torch.zeros(4)
-        >>> host.hold(weight.untyped_storage()); host.holds(weight.untyped_storage()), host.holds(torch.zeros(4))
-        (True, False)
-    """
-
-    def __init__(self) -> None:
-        self.storages: dict[int, weakref.ref[Any]] = {}
-        self.depth = 0
-        """How many :func:`host_side` blocks are open: above 0, a new storage is a host one."""
-
-    def holds(self, storage: Any) -> bool:
-        """Whether ``storage`` (an ``UntypedStorage``) is one the offload keeps in host memory."""
-        ref = self.storages.get(id(storage))
-        return ref is not None and ref() is storage
-
-    def hold(self, storage: Any) -> None:
-        """Mark ``storage`` as kept in host memory, until it is freed."""
-        key = id(storage)
-        self.storages[key] = weakref.ref(storage, functools.partial(self._freed, key))
-
-    def _freed(self, key: int, ref: weakref.ref[Any]) -> None:
-        if self.storages.get(key) is ref:
-            del self.storages[key]
-
-
-HOST = HostStorages()
-"""The process's host storages, as the offload marks them (:class:`HostStorages`); memlab's tracker reads them."""
-
-
-@contextlib.contextmanager
-def host_side() -> Iterator[None]:
-    """Allocations made inside are host memory: a tracker that sees them marks them so (:data:`HOST`) and counts
-    them not, nor any later use of them.
-
-    Example:
-        >>> from memlab.measure.tracker import MemoryTracker
-        >>> with MemoryTracker() as tracker:
-        ...     with host_side():
-        ...         on_host = torch.zeros(1000)
-        ...     on_device = torch.zeros(10)
-        >>> tracker.live_bytes, HOST.holds(on_host.untyped_storage())
-        (40, True)
-    """
-    HOST.depth += 1
-    try:
-        yield
-    finally:
-        HOST.depth -= 1
-
-
-def keep_on_host(tensors: Iterable[torch.Tensor | None]) -> None:
-    """Mark the storages of ``tensors`` (None ignored) as host memory (:data:`HOST`), wherever they were made.
-
-    Example:
-        >>> copy = torch.zeros(3)
-        >>> keep_on_host([copy, None]); HOST.holds(copy.untyped_storage())
-        True
-    """
-    for tensor in tensors:
-        if tensor is not None:
-            HOST.hold(tensor.untyped_storage())
-
-
 def host_block_bytes(nbytes: int, pinned: bool) -> int:
     """Bytes a host tensor of ``nbytes`` takes: pinned ones come from PyTorch's caching host allocator, which
     rounds every block up to a power of two.
@@ -223,7 +149,7 @@ def counted_save_on_cpu(ledger: HostLedger, *, move: bool, pinned: bool) -> torc
     """``torch.autograd.graph.save_on_cpu``'s hooks, each saved tensor's host copy counted on ``ledger`` while
     autograd keeps it (it is given back when the graph lets it go, after its backward). ``move=False`` counts the
     bytes a move would take and keeps the tensor where it is. The host copies are host memory to memlab's tracker
-    (:func:`host_side`), on fake tensors too.
+    (:func:`~memlab.live.host.host_side`), on fake tensors too.
 
     Example:
         >>> ledger = HostLedger()

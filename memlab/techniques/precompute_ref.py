@@ -30,13 +30,14 @@ from collections.abc import Callable
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.live.batch import TrainerLoss, trainer_of
 from memlab.live.patching import patched
 from memlab.techniques.core.fragments import Accelerate, Code, Elsewhere, Export, Fragment, per_target_but_peft
 from memlab.techniques.core.lever import SWITCH, Lever, PlanLike
 from memlab.techniques.core.technique import StepParts, Technique, Undo
 
 __all__ = ["DECLARATIONS", "DPO_ONLY", "KEYWORD", "PRECOMPUTE", "PrecomputeReference", "dpo_config_keywords",
-           "precompute_from_arguments", "precomputes", "refuse_precompute_change", "precompute_refusal", "trainer_of"]
+           "precompute_from_arguments", "precomputes", "refuse_precompute_change", "precompute_refusal"]
 
 KEYWORD = "precompute_ref_log_probs"
 """The lever's ``DPOConfig`` keyword."""
@@ -104,17 +105,6 @@ def precompute_from_arguments(args: Any) -> bool | None:
         True
     """
     return True if getattr(args, KEYWORD, False) is True else None
-
-
-def trainer_of(loss_fn: Any) -> Any:
-    """The trainer whose ``compute_loss`` ``loss_fn`` calls (:meth:`memlab.trainer.source.TrainerSource.
-    make_loss_fn` marks it), or None.
-
-    Example:
-        >>> trainer_of(lambda model, batch: 0) is None
-        True
-    """
-    return getattr(loss_fn, "trainer", None)
 
 
 def precomputes(trainer: Any) -> bool:
@@ -195,7 +185,7 @@ def precompute_refusal(plan: PlanLike, loss_fn: Any) -> str:
     return ""
 
 
-def _precomputed(loss_fn: Callable[[Any, Any], Any], trainer: Any) -> Callable[[Any, Any], Any]:
+def _precomputed(loss_fn: Callable[[Any, Any], Any], trainer: Any) -> TrainerLoss:
     """``loss_fn`` run as TRL runs a precomputed step: the flag on, each micro-batch given its pairs' reference
     log-probs (zeros: their values change no memory), both put back after the call."""
 
@@ -211,8 +201,7 @@ def _precomputed(loss_fn: Callable[[Any, Any], Any], trainer: Any) -> Callable[[
         with patched(trainer, precompute_ref_logps=True):
             return loss_fn(model, inputs)
 
-    loss.trainer = trainer  # type: ignore[attr-defined]
-    return loss
+    return TrainerLoss(trainer, loss)
 
 
 def _float32() -> Any:

@@ -10,7 +10,9 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.export.trainer_arguments import check_single_process, trl_training_arguments
+from memlab.live.module_state import ModelValues
 from memlab.live.patching import patched
+from memlab.live.structure import ModuleStructure
 from memlab.live.trainer_kinds import TrainerKind, kind_of
 from memlab.plan import Plan
 from memlab.techniques.core.registry import built_settings, refuse_changes
@@ -138,9 +140,6 @@ def _trainer_restorer(trainer: Any) -> Callable[[], None]:
 
 
 def _model_restorer(model: Any) -> Callable[[], None]:
-    from memlab.live.structure import ModuleStructure
-    from memlab.runner.module_state import ModelValues
-
     structure = ModuleStructure.capture(model)
     values = ModelValues.capture(model)
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from memlab.errors import MemlabError
+from memlab.live.batch import trainer_of
 from memlab.live.trainer_kinds import OwnBatch, kind_of
 from memlab.plan import Plan
 from memlab.trainer.apply import accelerate_state_of
@@ -139,7 +140,7 @@ def trainer_state(model_or_trainer: Any, batch: Any = None, loss_fn: Any = None)
         >>> with trainer_state(torch.nn.Linear(2, 1), torch.randn(4, 2)):
         ...     pass
     """
-    trainer = model_or_trainer if is_trainer(model_or_trainer) else getattr(loss_fn, "trainer", None)
+    trainer = model_or_trainer if is_trainer(model_or_trainer) else trainer_of(loss_fn)
     if trainer is None and isinstance(batch, OwnBatch):
         trainer = batch.trainer
     if trainer is None:

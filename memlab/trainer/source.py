@@ -16,7 +16,9 @@ from typing import Any
 
 from memlab.errors import MemlabError
 from memlab.export.trainer_arguments import check_single_process, plan_from_trainer, trainer_model
+from memlab.live.batch import TrainerLoss
 from memlab.live.patching import patched
+from memlab.live.rebind import untracked_copy
 from memlab.live.trainer_kinds import TrainerKind, is_trainer, kind_of
 from memlab.plan import Plan
 
@@ -179,8 +181,6 @@ def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
     if first is None or not is_fake(first) or held is model:
         yield
         return
-    from memlab.estimation.dryrun.rebind import untracked_copy  # here: the estimation builds on the trainer
-
     copies: dict[str, Any] = {"model": model}
     if vars(trainer).get("model_wrapped", held) is held:
         copies["model_wrapped"] = model
@@ -333,7 +333,8 @@ class TrainerSource:
         args = trainer.args
         check_single_process(args)
         model = trainer_model(trainer)
-        plan, loss_fn, loss_note = cls.plan_of(trainer), cls.make_loss_fn(trainer), None
+        plan, loss_note = cls.plan_of(trainer), None
+        loss_fn: Callable[[Any, Any], Any] = cls.make_loss_fn(trainer)
         if plan.loss == "chunked":
             if has_own_compute_loss(trainer):
                 plan = plan.replace(loss="full")
@@ -362,7 +363,7 @@ class TrainerSource:
         return plan_from_trainer(trainer)
 
     @staticmethod
-    def make_loss_fn(trainer: Any) -> Callable[[Any, Any], Any]:
+    def make_loss_fn(trainer: Any) -> TrainerLoss:
         """``loss_fn(model, micro_batch)`` calling ``trainer.compute_loss(model, inputs)`` in the trainer's own
         loss context, on a copy of the batch dict (TRL writes into it).
 
@@ -382,5 +383,4 @@ class TrainerSource:
                     accelerate_outputs_fp32(model):
                 return trainer.compute_loss(model, inputs, **keywords)
 
-        loss_fn.trainer = trainer  # type: ignore[attr-defined]  # what a trainer's levers read (precompute_ref)
-        return loss_fn
+        return TrainerLoss(trainer, loss_fn)  # the trainer a field: what its levers read (precompute_ref)

@@ -17,9 +17,9 @@ import memlab
 from memlab.estimation.cuda.gpus import GPUS
 from memlab.estimation.dryrun.single_gpu import estimate_inference
 from memlab.inference.kv import cache_bytes, cache_tokens, can_grow, grow_cache, new_cache
-from memlab.inference.plan import InferencePlan
 from memlab.inference.run import SKIPPED_DECODE_NOTE
 from memlab.inference.step import InferenceStep
+from memlab.plan import InferencePlan
 
 CONFIGS = {
     "llama": LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -544,3 +544,15 @@ def test_a_plan_timed_again_is_drawn_within_its_own_interval():
     low, high = runs_speed_interval(pooled.step_times, pooled.step_runs, pooled.rows_per_step) or (0.0, 0.0)
     assert pooled.samples_per_s is not None and low <= pooled.samples_per_s <= high, (pooled.samples_per_s, low, high)
     assert pooled.step_time_s == pytest.approx((0.52 + 0.55) / 2)
+
+
+def test_memlab_measure_stays_the_function_when_its_package_is_imported_first():
+    """``memlab.measure`` (the function) and ``memlab/measure/`` (the package) share a name; an import of the package
+    before the first ``memlab.measure`` leaves the function in place (memlab/__init__.py's _Package: issue 87)."""
+    import subprocess
+    import sys
+
+    code = ("import types, memlab.measure.tracker, memlab; from memlab.measure.probes import Probe; "
+            "print(isinstance(memlab.measure, types.FunctionType), memlab.measure.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "memlab.runner.trial"]

@@ -39,10 +39,10 @@ from models import mlp_batch, mlp_loss, tiny_llama, tiny_mlp
 import memlab
 from memlab import Plan
 from memlab.estimation.dryrun.fake import FakeMode
+from memlab.live.host import HOST
 from memlab.measure.tracker import MemoryTracker
 from memlab.techniques.core.technique import HostLedger
 from memlab.techniques.offload import (
-    HOST,
     NOTHING_TO_MOVE,
     OFFLOAD_ESTIMATED,
     OffloadedOptimizer,

@@ -58,7 +58,7 @@ class ShallowModel:
     _made: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
     live: nn.Module | None = dataclasses.field(default=None, compare=False, repr=False)
     """A live model whose first layers stand for all of them (:func:`live_shallow_model`; the dry run copies it
-    with fewer: :func:`memlab.estimation.dryrun.rebind.first_layers`); None: the config's."""
+    with fewer: :func:`memlab.live.rebind.first_layers`); None: the config's."""
 
     def with_layers(self, layers: int) -> Any:
         """The config with ``layers`` layers (its per-layer settings, all alike, cut to as many).

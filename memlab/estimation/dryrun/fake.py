@@ -27,7 +27,6 @@ from memlab.errors import MemlabError
 from memlab.estimation.configs import is_transformers_config, load_config, meta_model, one_line
 from memlab.estimation.cuda.devices import kernels_device, target_device
 from memlab.estimation.dryrun.fake_values import constant_step, on_cpu, placed
-from memlab.estimation.dryrun.rebind import rebind_forwards
 from memlab.estimation.dryrun.triton_guard import start_skipping, stop_skipping
 from memlab.estimation.dryrun.triton_launches import SkippedKernels
 from memlab.estimation.dryrun.unknown import assume_sdpa, attention_implementation_note, is_foreign, unknown_attention
@@ -39,7 +38,8 @@ from memlab.live.compat import (
     grouped_mm,
 )
 from memlab.live.patching import patched
-from memlab.runner.quiet import quiet
+from memlab.live.quiet import quiet
+from memlab.live.rebind import rebind_forwards
 
 __all__ = [
     "BLIND_SPOTS",

@@ -527,7 +527,7 @@ def inference_loads(
 
     Example:
         >>> from transformers import LlamaConfig
-        >>> from memlab.inference.plan import InferencePlan
+        >>> from memlab.plan import InferencePlan
         >>> plans, loads = inference_loads(LlamaConfig(), [InferencePlan()], {"dtype": torch.bfloat16})
         >>> plans[0].weights, loads[0].dtype
         ('bf16', torch.bfloat16)

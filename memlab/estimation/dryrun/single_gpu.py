@@ -34,7 +34,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.utils.checkpoint
@@ -67,7 +67,6 @@ from memlab.estimation.dryrun.fake import BLIND_SPOTS, FakeMode, FakeSetup, fake
 from memlab.estimation.dryrun.liger import on_fake_model
 from memlab.estimation.dryrun.load import Load, apply_load, inference_loads, live_load_note, load_dtype, plan_loads
 from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED, model_made_positions, without_full_mask
-from memlab.estimation.dryrun.rebind import first_layers
 from memlab.estimation.dryrun.reserved import (
     CUBLAS_WORKSPACES,
     INFERENCE_CUBLAS_WORKSPACES,
@@ -79,21 +78,19 @@ from memlab.estimation.dryrun.triton_guard import skipped_kernels_note
 from memlab.estimation.dryrun.unknown import foreign_ops_note
 from memlab.live.batch import LossFn
 from memlab.live.patching import patched
+from memlab.live.quiet import quiet
+from memlab.live.rebind import first_layers
 from memlab.live.structure import trainable_parameters
 from memlab.measure.probes import FakeProbe
 from memlab.measure.tracker import CATEGORIES
 from memlab.options import RunOptions
-from memlab.plan import Plan, parse_budget
+from memlab.plan import InferencePlan, Plan, parse_budget
 from memlab.report import Report, Trial
 from memlab.runner.collection import without_full_collections
 from memlab.runner.core import Runner
-from memlab.runner.quiet import quiet
 from memlab.runner.trial import TrialRunner, check_plans
 from memlab.techniques.fp8 import estimate_note as fp8_note
 from memlab.techniques.offload import NOTHING_TO_MOVE
-
-if TYPE_CHECKING:
-    from memlab.inference.plan import InferencePlan
 
 __all__ = [
     "adamw8bit_state_bytes", "cpu_rng_kept", "dry_run_inference", "dry_run_plans", "estimate_inference",
@@ -273,7 +270,7 @@ def estimate_inference(
 
     Example:
         >>> from transformers import LlamaConfig
-        >>> from memlab.inference.plan import InferencePlan
+        >>> from memlab.plan import InferencePlan
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         ...                      num_key_value_heads=2, vocab_size=256)
         >>> shapes, plan = {"input_ids": (1, 16)}, InferencePlan(weights="bf16", new_tokens=2)
@@ -312,7 +309,7 @@ def dry_run_inference(
 
     Example:
         >>> from transformers import LlamaConfig
-        >>> from memlab.inference.plan import InferencePlan
+        >>> from memlab.plan import InferencePlan
         >>> from memlab.inference.kv import kv_cache_bytes
         >>> config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         ...                      num_key_value_heads=2, vocab_size=256)
@@ -627,15 +624,13 @@ def _quantized_note(plan: InferencePlan) -> tuple[str, ...]:
 
 
 def is_inference(plans: Any) -> bool:
-    """Whether ``plans`` (one plan or a list) asks for inference: an :class:`~memlab.inference.plan.InferencePlan`.
+    """Whether ``plans`` (one plan or a list) asks for inference: an :class:`~memlab.plan.InferencePlan`.
 
     Example:
-        >>> from memlab.inference.plan import InferencePlan
+        >>> from memlab.plan import InferencePlan
         >>> is_inference([Plan(), InferencePlan()]), is_inference(Plan())
         (True, False)
     """
-    from memlab.inference.plan import InferencePlan
-
     if isinstance(plans, InferencePlan):
         return True
     return isinstance(plans, (list, tuple)) and any(isinstance(plan, InferencePlan) for plan in plans)

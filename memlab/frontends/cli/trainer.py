@@ -417,7 +417,7 @@ def run_trainer(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import contextlib
 
     from memlab.frontends.cli.estimate.progress import EstimateProgress
-    from memlab.runner.quiet import collecting
+    from memlab.live.quiet import collecting
 
     # What a library prints while the trainer is built (DeepSpeed's accelerator line) goes to err: out is the table.
     # What TRL, transformers, datasets and bitsandbytes say of the stand-in trainer memlab builds (its deprecated
@@ -436,7 +436,7 @@ def _errors_only(source: str, kind: type[Warning] | int) -> bool:
     memlab does not drive (a reward function's, say)."""
     import logging
 
-    from memlab.runner.quiet import QUIET_LOGGERS
+    from memlab.live.quiet import QUIET_LOGGERS
 
     return kind >= logging.ERROR if isinstance(kind, int) else source not in QUIET_LOGGERS
 

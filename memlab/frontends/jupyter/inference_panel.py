@@ -23,11 +23,11 @@ from typing_extensions import Unpack
 from memlab.errors import MemlabError
 from memlab.frontends.jupyter.panel_core import PanelCore
 from memlab.inference.fit import fit_inference
-from memlab.inference.plan import InferencePlan
 from memlab.inference.run import check_inference_options
 from memlab.live.batch import Batch
 from memlab.live.device import model_device
 from memlab.options import RunOptions, TrialKeywords
+from memlab.plan import InferencePlan
 from memlab.report import INFERENCE_CATEGORIES, Trial, one_line
 
 __all__ = ["InferencePanel"]

@@ -66,8 +66,8 @@ _MIB = 1024**2
 _MAX_LIVE_POINTS = 2000
 _LIVE_COLOR = "#4C78A8"
 
-# Trace order (indices into ``widget.data``): Report.plot's ten traces, then the live figure's own three.
-CATEGORY_TRACES = {name: i for i, name in enumerate(CATEGORIES)}
+# Trace order (indices into ``widget.data``): Report.plot's ten traces (the categories', then the marks'), then the
+# live figure's own three.
 DOES_NOT_FIT = len(CATEGORIES)
 OVER_BUDGET = DOES_NOT_FIT + 1
 ERROR = OVER_BUDGET + 1

@@ -28,10 +28,9 @@ from memlab.events import Event
 from memlab.frontends.jupyter.live import LiveFigure
 from memlab.frontends.jupyter.timeline_view import TimelineView
 from memlab.frontends.levers import panel_lever_specs
-from memlab.inference.plan import InferencePlan
 from memlab.live.batch import Batch, count_rows
 from memlab.options import RunKeywords, RunOptions
-from memlab.plan import LeverSpec, Plan, format_bytes, parse_budget, parse_lever_value
+from memlab.plan import InferencePlan, LeverSpec, Plan, format_bytes, parse_budget, parse_lever_value
 from memlab.report import CATEGORIES, Report, Trial, one_line
 from memlab.report.views.plan_axis import text_width
 from memlab.report.views.svg import axis_number

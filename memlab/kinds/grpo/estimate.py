@@ -39,7 +39,7 @@ from memlab.kinds.grpo.server import server_memory
 from memlab.kinds.grpo.source import GRPOSource, check_generations, computes_old_logps
 from memlab.kinds.grpo.vllm import SLEEP_LEVEL, VLLMSettings, engine_device, utilization_candidates, vllm_share
 from memlab.live.patching import patched
-from memlab.plan import Plan
+from memlab.plan import InferencePlan, Plan
 from memlab.report.data import Trial
 from memlab.report.timeline import Timeline, TimelinePeak
 from memlab.sizes import format_bytes
@@ -117,7 +117,6 @@ def estimate_grpo(request: Any) -> Trial:
     """
     from memlab.estimation.dryrun.liger import liger_kernels
     from memlab.estimation.dryrun.single_gpu import dry_run_inference
-    from memlab.inference.plan import InferencePlan
     from memlab.inference.weights import HELD_AS_LOADED
 
     settings = VLLMSettings.for_plan(request.model, _asked(request))

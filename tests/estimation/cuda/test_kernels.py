@@ -222,7 +222,7 @@ def test_a_recompute_that_does_not_match_under_the_emulation_is_made_again_on_th
 
 def test_an_inference_estimate_for_cuda_emulates_the_attention_of_the_gpu_it_names() -> None:
     from memlab.estimation.dryrun.masks import FULL_MASK_DROPPED
-    from memlab.inference.plan import InferencePlan
+    from memlab.plan import InferencePlan
 
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=256)

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import memlab
 from memlab import Plan
 from memlab.estimation.dryrun.load import HOST_OF_LOAD
-from memlab.inference.plan import InferencePlan
+from memlab.plan import InferencePlan
 from memlab.report import Trial
 from memlab.report.inference_trial import InferenceTrial
 from tests.models import tiny_llama

@@ -17,7 +17,7 @@ from models import assert_same, fingerprint, tiny_llama
 
 import memlab
 from memlab.inference import LargestBatchReport
-from memlab.inference.plan import INFERENCE_LEVERS
+from memlab.plan import INFERENCE_LEVERS
 from memlab.report import INFERENCE_CATEGORIES, InferenceTrial
 
 FAST = "--steps 1 --warmup 0 --noise 0 --quiet"

@@ -50,8 +50,6 @@ def wrapped(lines: Sequence[str], width: int = WIDTH, indent: str = "  ") -> lis
         if len(line) <= width or line.lstrip().startswith("memlab "):  # a command to copy stays whole
             out.append(line)
             continue
-            out.append(line)
-            continue
         item = re.match(r"\s*\d+\. ", line)  # a numbered note goes on under its own words
         lead = " " * item.end() if item else line[: len(line) - len(line.lstrip())] + indent
         out += textwrap.wrap(line, width, initial_indent="", subsequent_indent=lead,

@@ -21,7 +21,7 @@ What the magic does, in order, each job in its module:
    the first trial and updated while trials run; when the run ends (normally, on Ctrl-C, or with an error) it is
    replaced by a static record (an SVG) that the saved notebook shows without a kernel. Third-party warnings and
    log lines are kept out unless ``--verbose``, and each is said once after the cell's output, as one line without
-   the machine's paths (:func:`memlab.runner.quiet.collecting`).
+   the machine's paths (:func:`memlab.live.quiet.collecting`).
 4. With ``--apply`` it puts the best plan on the live model with ``memlab.apply`` and stores what it returns as
    ``memfit_applied`` in the user namespace (``memfit_applied.undo()`` takes it off again).
 5. The Report is the cell's value: IPython shows its table, and ``r = _`` keeps it. Ctrl-C stops the cell with a
@@ -37,8 +37,8 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from memlab.frontends.jupyter.magic.parse import empty_body_transformer, memfit_arguments, parse_line, usage_error
 from memlab.frontends.jupyter.magic.render import close_timelines, show_run, stopped
 from memlab.frontends.jupyter.magic.run import InferenceRequest, TrainingRequest, prepare, request_for
+from memlab.live.quiet import collecting
 from memlab.report import Report
-from memlab.runner.quiet import collecting
 
 __all__ = ["MemfitMagics", "load_ipython_extension", "unload_ipython_extension"]
 

@@ -24,10 +24,9 @@ from torch import nn
 from memlab.errors import MemlabError
 from memlab.frontends.jupyter.magic.usage import USAGE, as_options, at_least_one, grid_slip, line_sentence, usage_error
 from memlab.frontends.levers import lever_help, lever_specs
-from memlab.inference.plan import InferencePlan
 from memlab.live.batch import Batch, LossFn
 from memlab.options import RunOptions
-from memlab.plan import Plan
+from memlab.plan import InferencePlan, Plan
 from memlab.search import MAX_TRIALS
 
 __all__ = [

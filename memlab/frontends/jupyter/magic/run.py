@@ -31,11 +31,18 @@ from memlab.estimation.estimate import estimate, estimate_plans
 from memlab.estimation.sharded.per_gpu import parse_gpus, sharded_lines, sharded_trials
 from memlab.frontends.jupyter.magic.parse import DEFAULTS, body_loss_fn, lookup_name, run_options, unquote, usage_error
 from memlab.inference.fit import fit_inference
-from memlab.inference.plan import InferencePlan, parse_inference_axes, parse_inference_grid
 from memlab.live.batch import LossFn, count_rows
 from memlab.live.trainer_kinds import generates
 from memlab.options import RunOptions
-from memlab.plan import Plan, parse_axes, parse_grid, trainer_levers_refusal
+from memlab.plan import (
+    InferencePlan,
+    Plan,
+    parse_axes,
+    parse_grid,
+    parse_inference_axes,
+    parse_inference_grid,
+    trainer_levers_refusal,
+)
 from memlab.report import CATEGORIES, INFERENCE_CATEGORIES, Report
 from memlab.runner.trial import compare
 from memlab.search import MAX_TRIALS, fit

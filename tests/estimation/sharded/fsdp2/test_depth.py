@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import transformers
 
-import memlab.estimation.sharded.fsdp2 as fsdp2
+import memlab.estimation.sharded.fsdp2.run as fsdp2
 from memlab import Plan
 from memlab.estimation.configs import meta_model
 from memlab.estimation.request import EstimateRequest

@@ -12,8 +12,8 @@ import pytest
 from transformers import LlamaConfig
 
 from memlab import Plan
-from memlab.estimation.sharded import fsdp2
 from memlab.estimation.sharded.fsdp2 import ShardedRequest, fsdp2_dry_run
+from memlab.estimation.sharded.fsdp2 import run as fsdp2
 
 CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2, vocab_size=256)
 BATCH = {"input_ids": (1, 32), "labels": (1, 32)}

@@ -15,7 +15,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing import globalipapp
 from models import mlp_batch, tiny_mlp
 
-from memlab.runner.quiet import collecting, quiet, without_paths
+from memlab.live.quiet import collecting, quiet, without_paths
 
 SITE = sysconfig.get_path("purelib")
 HOME = str(Path.home())

@@ -10,8 +10,8 @@ import memlab
 from memlab.errors import MemlabError
 from memlab.inference.fit import LargestBatchReport, search_largest_batch
 from memlab.inference.kv import kv_cache_bytes, kv_shape
-from memlab.inference.plan import InferencePlan, parse_inference_axes, parse_inference_grid
 from memlab.inference.weights import quantized_bytes
+from memlab.plan import InferencePlan, parse_inference_axes, parse_inference_grid
 from memlab.report import CATEGORIES, INFERENCE_CATEGORIES, InferenceTrial, Report, Trial
 
 

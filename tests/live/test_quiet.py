@@ -1,4 +1,4 @@
-"""memlab's quiet block (memlab.runner.quiet): the user's warnings filters, and what libraries log as they load.
+"""memlab's quiet block (memlab.live.quiet): the user's warnings filters, and what libraries log as they load.
 
 memlab's quiet block and the user's warnings filters: where some warnings are errors (IPython always makes one
 kind an error), a library's remark still never ends a trial, and the user's own ``ignore`` filters still decide.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from memlab.runner.quiet import collecting, quiet
+from memlab.live.quiet import collecting, quiet
 
 LIBRARY = {"__name__": "transformers.modeling_utils", "warnings": warnings}
 

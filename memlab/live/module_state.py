@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from memlab.live.host import keep_on_host
 from memlab.live.structure import trainable_parameters, unique_parameters
-from memlab.techniques.offload import keep_on_host
 
 __all__ = ["ModelValues"]
 

@@ -7,7 +7,7 @@ import torch
 from models import assert_same, fingerprint, lm_batch, mlp_batch, mlp_loss, tiny_llama, tiny_mlp
 
 import memlab
-from memlab.runner.module_state import ModelValues
+from memlab.live.module_state import ModelValues
 
 
 def _hidden_states_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
