@@ -382,7 +382,7 @@ def test_an_unknown_hub_name_fails_in_seconds_whether_online_or_not(monkeypatch)
 def test_estimate_takes_only_the_keywords_a_dry_run_uses():
     import inspect
 
-    only_estimate = ["gpus", "strategy", "gpu", "load", "expandable_segments", "host_budget"]
+    only_estimate = ["gpus", "strategy", "gpu", "load", "expandable_segments", "host_budget", "vllm_server"]
     for function, sharding in ((estimate, only_estimate), (estimate_plans, ["gpu", "load"])):
         keywords = [p.name for p in inspect.signature(function).parameters.values() if p.kind is p.KEYWORD_ONLY]
         assert keywords == ["loss_fn", "budget", "lr", "device", *sharding]

@@ -66,6 +66,7 @@ class ServerMemory:
         model_len: the model's own longest (its ``max_position_embeddings``).
         sequence_tokens: one of the trainer's sequences (prompt + completion).
         sequences: the trainer's generation batch, spread over the server's engines.
+        model_name: the served model's name, as ``--model`` takes it (the config's ``_name_or_path``, or MODEL).
     """
 
     gpu: GpuKind
@@ -79,6 +80,7 @@ class ServerMemory:
     model_len: int
     sequence_tokens: int
     sequences: int
+    model_name: str = "MODEL"
 
     @property
     def tokens_held(self) -> int:
@@ -131,7 +133,7 @@ class ServerMemory:
                 f"{format_bytes(self.weights)}, vLLM's runtime {format_bytes(self.runtime)} (an allowance), KV cache "
                 f"{format_bytes(self.kv_cache)} ({self.tokens_held:,} tokens; max_model_len {self.max_model_len:,}); "
                 f"the trainer's {self.sequences} sequences of {self.sequence_tokens} tokens {turns}; this card holds "
-                f"only the policy's training. Source: {_SOURCE}")
+                f"only the policy's training. The server: {server.command(self.model_name)}. Source: {_SOURCE}")
 
 
 def served_weight_bytes(model: Any, dtype: torch.dtype) -> int:
@@ -184,5 +186,6 @@ def server_memory(server: VLLMServer, model: Any, *, trainer_gpu: GpuKind | None
     weights = math.ceil(served_weight_bytes(model, dtype) / parallel)
     kv_cache = max(0, share - weights - RUNTIME_ALLOWANCE)
     own = int(getattr(config, "max_position_embeddings", 0) or sequence_tokens)
+    name = str(getattr(config, "_name_or_path", "") or "MODEL")
     return ServerMemory(kind, server, share, weights, RUNTIME_ALLOWANCE, kv_cache, kv_token,
-                        server.max_model_len or own, own, sequence_tokens, sequences)
+                        server.max_model_len or own, own, sequence_tokens, sequences, name)

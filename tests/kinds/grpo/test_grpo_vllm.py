@@ -334,6 +334,7 @@ def test_a_served_trainer_says_what_each_server_gpu_holds(vllm_trainer: Any) -> 
     assert "the server's 1 L4-24GB GPU (tensor_parallel_size=1" in " ".join(default.notes)
     said = " ".join(given.notes)
     assert "the server's 4 H100-80GB GPUs (tensor_parallel_size=2, data_parallel_size=2" in said
+    assert "--tensor-parallel-size 2 --data-parallel-size 2 --gpu-memory-utilization 0.5." in said  # its command
     assert f"share {format_bytes(int(0.5 * CARD_H100))}" in said
     assert given.peak_bytes == default.peak_bytes  # the trainer's card is the trainer's alone either way
     # A server that would not start is an error trial saying what to write.
