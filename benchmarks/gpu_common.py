@@ -242,6 +242,22 @@ def token_batch(vocab: int, rows: int, length: int, device: torch.device, seed: 
     return common.to_device(common.lm_batch(vocab=vocab, rows=rows, length=length, seed=seed), device)
 
 
+def adamw_steps(model: nn.Module, batch: dict[str, torch.Tensor], steps: int, device: torch.device) -> float:
+    """``steps`` plain training steps of ``model`` on ``batch`` (its own loss, torch's AdamW, fused on CUDA, the
+    gradients freed after each step), as a user's loop runs them; the seconds they took."""
+    import time
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=is_cuda(device))
+    started = time.perf_counter()
+    for _ in range(steps):
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del loss
+    return round(time.perf_counter() - started, 1)
+
+
 def parameter_count(model: nn.Module) -> int:
     """Distinct parameters (a tied head counts once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

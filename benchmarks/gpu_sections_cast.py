@@ -26,6 +26,7 @@ import torch
 from benchmarks import common
 from benchmarks.gpu_common import (
     Checks,
+    adamw_steps,
     card_reading,
     gpu_kind_name,
     in_fresh_process,
@@ -77,17 +78,9 @@ def user_program(row: dict[str, Any], device: torch.device) -> dict[str, Any]:
         torch.cuda.memory._record_memory_history(max_entries=2_000_000, context=None, stacks="python")
     model = make_model(row, device).to(torch.bfloat16)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=is_cuda(device))
     rows_, length = row["batch"]
     batch = token_batch(make_config(row).vocab_size, rows_, length, device)
-    started = time.perf_counter()
-    for _ in range(STEPS):
-        loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        del loss
-    figures: dict[str, Any] = {"seconds": round(time.perf_counter() - started, 1)}
+    figures: dict[str, Any] = {"seconds": adamw_steps(model, batch, STEPS, device)}
     if is_cuda(device):
         figures["allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
         figures.update(card_reading(device))

@@ -35,6 +35,7 @@ from benchmarks.gpu_common import (
     TINY,
     Checks,
     Llama,
+    adamw_steps,
     card_reading,
     gpu_kind_name,
     in_fresh_process,
@@ -105,16 +106,8 @@ def user_loop(shape: Llama, fields: dict[str, Any], device: torch.device) -> dic
     if fields.get("checkpointing"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=is_cuda(device))
     batch = token_batch(shape.vocab, shape.rows, shape.length, device)
-    started = time.perf_counter()
-    for _ in range(STEPS):
-        loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        del loss
-    figures: dict[str, Any] = {"converted_layers": converted, "seconds": round(time.perf_counter() - started, 1)}
+    figures: dict[str, Any] = {"converted_layers": converted, "seconds": adamw_steps(model, batch, STEPS, device)}
     if is_cuda(device):
         figures["allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
         figures.update(card_reading(device))
