@@ -67,9 +67,20 @@ def _question(settings: dict[str, Any]) -> CliWords:
                     "prompts", loss=f"beta {settings.get('beta', 0.0):g}", engine=engine)
 
 
-_SERVER_OPTIONS = ("vllm_server_gpu", "vllm_server_tensor_parallel_size", "vllm_server_data_parallel_size",
-                   "vllm_server_gpu_memory_utilization", "vllm_server_max_model_len")
+_SERVER = (
+    CliOption("vllm_server_gpu", "GRPO with --vllm-mode server: the server's GPU kind (default: --gpu's)",
+              metavar="GPU", value="text", example="H100-80GB"),
+    CliOption("vllm_server_tensor_parallel_size", "GRPO with --vllm-mode server: trl vllm-serve's "
+              "--tensor-parallel-size (default 1)", metavar="N", example="1"),
+    CliOption("vllm_server_data_parallel_size", "GRPO with --vllm-mode server: trl vllm-serve's "
+              "--data-parallel-size (default 1)", metavar="N", example="1"),
+    CliOption("vllm_server_gpu_memory_utilization", "GRPO with --vllm-mode server: trl vllm-serve's "
+              "--gpu-memory-utilization (default 0.9)", metavar="SHARE", value="fraction", example="0.9"),
+    CliOption("vllm_server_max_model_len", "GRPO with --vllm-mode server: trl vllm-serve's --max-model-len "
+              "(default: the model's)", metavar="TOKENS", example="4096"),
+)
 """The options of the ``trl vllm-serve`` command a served trainer generates on (its GRPOConfig holds none of them)."""
+_SERVER_OPTIONS = tuple(option.name for option in _SERVER)
 
 
 def _check(args: Any) -> None:
@@ -185,16 +196,7 @@ GRPO_CLI = TrainerCli(
                   "policy trains", value="flag"),
         CliOption("vllm_mode", "GRPO: 'server' generates on a trl vllm-serve server's own GPUs (use_vllm=True, "
                   "vllm_mode='server'), answered for them too", metavar="MODE", value="text", example="server"),
-        CliOption("vllm_server_gpu", "GRPO with --vllm-mode server: the server's GPU kind (default: --gpu's)",
-                  metavar="GPU", value="text", example="H100-80GB"),
-        CliOption("vllm_server_tensor_parallel_size", "GRPO with --vllm-mode server: trl vllm-serve's "
-                  "--tensor-parallel-size (default 1)", metavar="N", example="1"),
-        CliOption("vllm_server_data_parallel_size", "GRPO with --vllm-mode server: trl vllm-serve's "
-                  "--data-parallel-size (default 1)", metavar="N", example="1"),
-        CliOption("vllm_server_gpu_memory_utilization", "GRPO with --vllm-mode server: trl vllm-serve's "
-                  "--gpu-memory-utilization (default 0.9)", metavar="SHARE", value="fraction", example="0.9"),
-        CliOption("vllm_server_max_model_len", "GRPO with --vllm-mode server: trl vllm-serve's --max-model-len "
-                  "(default: the model's)", metavar="TOKENS", example="4096"),
+        *_SERVER,
     ),
     asks={"vllm_memory": "--trainer grpo --vllm-gpu-memory-utilization 0.3",
           "vllm_sleep": "--trainer grpo --vllm-gpu-memory-utilization 0.3 --vllm-enable-sleep-mode"},
