@@ -15,6 +15,7 @@ from torch import nn
 
 from memlab.errors import MemlabError, nearest
 from memlab.live.quiet import without_paths
+from memlab.live.sharding import whole_shape
 
 __all__ = [
     "KNOWN_SHAPES",
@@ -305,18 +306,36 @@ def dtype_keyword() -> str:
 
 
 def model_on_meta(model_or_config: Any) -> nn.Module:
-    """The model on the ``meta`` device: a live model itself, a config's or a name's built by :func:`meta_model`.
+    """The model on the ``meta`` device: a live model itself (one whose parameters ZeRO-3 partitioned: a copy on the
+    meta device with each parameter whole, :func:`memlab.live.sharding.whole_shape`), a config's or a name's built by
+    :func:`meta_model`.
 
     Example:
         >>> model_on_meta("gpt2").transformer.wte.weight.device.type
         'meta'
     """
     if isinstance(model_or_config, nn.Module):
+        if any(getattr(parameter, "ds_shape", None) is not None for parameter in model_or_config.parameters()):
+            return _whole_on_meta(model_or_config)
         return model_or_config
     if isinstance(model_or_config, (str, os.PathLike)):
         model_or_config = load_config(model_or_config)
     return meta_model(model_or_config)
 
+
+
+def _whole_on_meta(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` on the meta device, each parameter and buffer at its whole shape (ties kept)."""
+    import copy
+
+    memo: dict[int, Any] = {}
+    for tensor in (*model.parameters(), *model.buffers()):
+        if id(tensor) not in memo:
+            whole = torch.empty(whole_shape(tensor), dtype=tensor.dtype, device="meta")
+            memo[id(tensor)] = nn.Parameter(whole, requires_grad=tensor.requires_grad) if isinstance(
+                tensor, nn.Parameter) else whole
+    with torch.no_grad():
+        return copy.deepcopy(model, memo)
 
 def layer_counts(model_or_config: Any) -> tuple[int, int]:
     """``(trainable parameters, the largest layer's own parameters)`` as DeepSpeed counts them

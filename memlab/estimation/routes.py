@@ -41,22 +41,29 @@ def _trainer(request: EstimateRequest) -> Trial:
     """A Trainer in the model's place: its model, loss and (without a batch) worst batch, then the other routes (its
     model's repeated layers carried from a few where it is on the meta device: ``live_layers``); a trainer kind with
     a dry run of its own (:func:`memlab.live.trainer_kinds.kind_of`), that one: a GRPO trainer's step with its
-    generation (:mod:`memlab.kinds.grpo.estimate`)."""
+    generation (:mod:`memlab.kinds.grpo.estimate`). A trainer set up for DeepSpeed or FSDP goes down the sharded
+    route per GPU (:func:`memlab.trainer.sharding.sharded_trainer_request`)."""
     from memlab.estimation.dryrun.liger import liger_kernels
     from memlab.live.trainer_kinds import kind_of
     from memlab.trainer.entry import live_target, noted, split_plans
     from memlab.trainer.reference import with_reference
+    from memlab.trainer.sharding import sharded_trainer_request, zero3_gathering_off
 
     kind = kind_of(request.model)
-    with liger_kernels(request.model):  # its dry runs put on Liger's kernels as its train() would
+    request, sharding_note = sharded_trainer_request(request, kind.name, own_step=kind.estimate is not None)
+    with liger_kernels(request.model), zero3_gathering_off():  # its dry runs put on Liger's kernels as train() would
         if kind.estimate is not None:
             return cast(Trial, kind.estimate(request))
 
         batch, plan = split_plans(request.batch, request.plan)
-        target = live_target(request.model, batch, request.loss_fn)
-        inner = request.replace(model=target.model, batch=target.batch, loss_fn=target.loss_fn,
-                                plan=target.plan_for(plan), live_layers=True)
-        return cast(Trial, with_reference(noted([route(inner)], target.note)[0], request.model))
+        target = live_target(request.model, batch, request.loss_fn, sharded=request.sharded)
+        plan = target.plan_for(plan)
+        if sharding_note:
+            plan = sharding_note.plan_for(plan)
+        inner = request.replace(model=target.model, batch=target.batch, loss_fn=target.loss_fn, plan=plan,
+                                live_layers=True)
+        notes = "; ".join(filter(None, [target.note, sharding_note.note if sharding_note else None])) or None
+        return cast(Trial, with_reference(noted([route(inner)], notes)[0], request.model))
 
 
 def _inference(request: EstimateRequest) -> Trial:
@@ -73,10 +80,13 @@ def _inference(request: EstimateRequest) -> Trial:
 
 def _sharded(request: EstimateRequest) -> Trial:
     """Training sharded over ``gpus`` GPUs: the per-GPU estimate of :mod:`memlab.estimation.sharded.per_gpu`."""
+    from memlab.estimation.sharded.forked import in_forked_child, launched
     from memlab.estimation.sharded.per_gpu import sharded_estimate
 
     if isinstance(request.plan, Plan) and no_engine(request.plan):
         raise MemlabError(no_engine(request.plan))
+    if launched():  # a launched script's rank: its process group cannot share the process with the dry run's
+        return in_forked_child(lambda: sharded_estimate(request))
     return sharded_estimate(request)
 
 

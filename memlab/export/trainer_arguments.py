@@ -37,7 +37,8 @@ def _text(value: Any) -> str:
 
 
 def check_single_process(args: Any) -> None:
-    """Refuse arguments that train over several processes: memlab measures one process on one device.
+    """Refuse arguments that train over several processes where memlab runs the trainer's step in this one process
+    (``measure``, ``compare``, ``fit``, ``apply``); ``memlab.estimate(trainer)`` answers them per GPU.
 
     Example:
         >>> from types import SimpleNamespace
@@ -46,20 +47,20 @@ def check_single_process(args: Any) -> None:
         Traceback (most recent call last):
         ...
         memlab.errors.MemlabError: this trainer is set up for DeepSpeed (deepspeed='ds.json'), and memlab measures one
-        process on one device; estimate the per-GPU peak with memlab.estimate(..., gpus=N, strategy=...) ...
+        process on one device; memlab.estimate(trainer, gpus=N) answers it per GPU ...
     """
     deepspeed = getattr(args, "deepspeed", None)
     fsdp = getattr(args, "fsdp", None)
     if deepspeed:
-        engine, setting, strategy = "DeepSpeed", f"deepspeed={deepspeed!r}", '"zero2" or "zero3"'
+        engine, setting = "DeepSpeed", f"deepspeed={deepspeed!r}"
     elif fsdp:
-        engine, setting, strategy = "FSDP", f"fsdp={_text(fsdp) if not isinstance(fsdp, list) else fsdp!r}", '"fsdp2"'
+        engine, setting = "FSDP", f"fsdp={_text(fsdp) if not isinstance(fsdp, list) else fsdp!r}"
     else:
         return
     raise MemlabError(
         f"this trainer is set up for {engine} ({setting}), and memlab measures one process on one device; "
-        f"estimate the per-GPU peak with memlab.estimate(model, batch, plan, gpus=N, strategy={strategy}) "
-        "and launch with plan.to_accelerate_config(gpus=N, strategy=...)"
+        "memlab.estimate(trainer, gpus=N) answers it per GPU (N the processes it will run in), and "
+        "plan.to_accelerate_config(gpus=N, strategy=...) writes the launch"
     )
 
 
@@ -179,11 +180,11 @@ def plan_from_training_arguments(args: Any) -> Plan:
     - a ``DPOConfig``'s ``precompute_ref_log_probs=True`` -> ``precompute_ref=True`` (False: None, the trainer's own).
 
     What lives on the model rather than in the arguments (pure bf16 weights, adapters) is left at the defaults:
-    :meth:`memlab.trainer.source.TrainerSource.plan` reads those from the trainer's model.
+    :meth:`memlab.trainer.source.TrainerSource.plan` reads those from the trainer's model. The plan is one process's
+    step: ``deepspeed`` / ``fsdp`` are the engine's, which :func:`memlab.trainer.sharding.trainer_sharding` reads.
 
     Raises:
-        MemlabError: for a setting memlab cannot measure (an ``optim`` it has no optimizer for, DeepSpeed, FSDP),
-            naming it.
+        MemlabError: for a setting memlab cannot measure (an ``optim`` it has no optimizer for), naming it.
 
     Example:
         >>> from types import SimpleNamespace
@@ -196,7 +197,6 @@ def plan_from_training_arguments(args: Any) -> Plan:
         ...
         memlab.errors.MemlabError: optim='sgd' is not an optimizer memlab measures; write optim= one of ...
     """
-    check_single_process(args)
     return Plan(**{name: lever.from_arguments(args) for name, lever in REGISTRY.items() if lever.from_arguments})
 
 

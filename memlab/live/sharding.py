@@ -20,6 +20,7 @@ __all__ = [
     "check_sharding",
     "ds_reduce_bucket",
     "parse_gpus",
+    "whole_shape",
 ]
 
 STRATEGIES = ("none", "fsdp1", "fsdp2", "zero2", "zero3")
@@ -89,3 +90,17 @@ def parse_gpus(value: Any) -> int | str:
     if number < 1 or (isinstance(value, float) and value != number):
         raise MemlabError(f"gpus={value!r} is not a number of GPUs; write an int >= 1 such as 8, or auto")
     return number
+
+
+def whole_shape(tensor: Any) -> tuple[int, ...]:
+    """A tensor's shape; a ZeRO-3 partitioned parameter's whole shape (DeepSpeed's ``ds_shape``: outside a gather
+    its data is empty on every rank, as ``deepspeed.zero.Init``, and transformers' ``from_pretrained`` under a
+    ZeRO-3 config, leave it before training).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> whole_shape(SimpleNamespace(shape=(0,), ds_shape=(1024, 128))), whole_shape(SimpleNamespace(shape=(4, 2)))
+        ((1024, 128), (4, 2))
+    """
+    shape = getattr(tensor, "ds_shape", None)
+    return tuple(shape) if shape is not None else tuple(tensor.shape)

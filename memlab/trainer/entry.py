@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from memlab.errors import MemlabError
+from memlab.export.trainer_arguments import check_single_process
 from memlab.live.batch import trainer_of
 from memlab.live.trainer_kinds import OwnBatch, kind_of
 from memlab.plan import Plan
@@ -70,14 +71,16 @@ class LiveTarget:
 
 
 def live_target(
-    model_or_trainer: Any, batch: Any, loss_fn: Any = None, *, rows: int | None = None, generation: bool = False
+    model_or_trainer: Any, batch: Any, loss_fn: Any = None, *, rows: int | None = None, generation: bool = False,
+    sharded: bool = False,
 ) -> LiveTarget:
     """The model, batch and loss a run measures. For a trainer without a batch: its train dataset's examples as
     :class:`~memlab.live.batch.StepBatches` (each plan's micro-batches collated by the trainer, the worst first),
     said in ``note``; its ``compute_loss`` unless ``loss_fn`` is given (``rows`` is kept for callers: every plan
-    gets the examples it needs). Nothing on the trainer changes. The trainer's kind (:func:`memlab.live.trainer_kinds.
-    kind_of`) decides what differs: its own batch (``make_batch``), and with ``generation=True`` (``measure``,
-    ``compare``, ``fit``) its own step (``target``: TRL's GRPOTrainer generates first,
+    gets the examples it needs). Nothing on the trainer changes. A trainer set up for DeepSpeed or FSDP is refused
+    (its step would run here in one process) unless ``sharded``: the caller estimates it per GPU. The trainer's kind
+    (:func:`memlab.live.trainer_kinds.kind_of`) decides what differs: its own batch (``make_batch``), and with
+    ``generation=True`` (``measure``, ``compare``, ``fit``) its own step (``target``: TRL's GRPOTrainer generates first,
     :func:`memlab.live.trainer_kinds.TrainerKind.target`); the entry points that do not run that step leave it out,
     and the trainer is refused with what works.
 
@@ -108,6 +111,8 @@ a transformers Trainer, whose train dataset memlab reads
                 "memlab.measure(trainer) or memlab.measure(trainer, memlab.Plan(...))"
             )
         return cast(LiveTarget, kind.target(model_or_trainer, loss_fn))
+    if not sharded:  # a run of its step in this one process; an estimate per GPU takes DeepSpeed and FSDP
+        check_single_process(model_or_trainer.args)
     source = TrainerSource.from_trainer(model_or_trainer)
     note = None
     if batch is None and kind.make_batch is not None:

@@ -16,10 +16,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
 
+from memlab.live.sharding import whole_shape
 from memlab.sizes import format_bytes
 from memlab.techniques.precompute_ref import reference_unloaded
 
@@ -40,11 +42,14 @@ def reference_bytes(reference: Any, element_bytes: int | None = None) -> int:
     """
     storages: dict[Any, int] = {}
     for tensor in (*reference.parameters(), *reference.buffers()):
-        size = tensor.untyped_storage().nbytes()
+        partitioned = getattr(tensor, "ds_shape", None) is not None  # ZeRO-3's: its data empty outside a gather
+        size = math.prod(whole_shape(tensor)) * tensor.element_size() if partitioned else (
+            tensor.untyped_storage().nbytes())
         if element_bytes is not None and tensor.is_floating_point() and isinstance(tensor, torch.nn.Parameter):
             size = size // tensor.element_size() * element_bytes
-        # a meta tensor has no address: a tied weight is the same tensor
-        storages[id(tensor) if tensor.device.type == "meta" else tensor.untyped_storage().data_ptr()] = size
+        # a meta tensor (or a partition) has no address of its own: a tied weight is the same tensor
+        meta = tensor.device.type == "meta" or partitioned
+        storages[id(tensor) if meta else tensor.untyped_storage().data_ptr()] = size
     return sum(storages.values())
 
 

@@ -15,7 +15,7 @@ from types import MethodType
 from typing import Any
 
 from memlab.errors import MemlabError
-from memlab.export.trainer_arguments import check_single_process, plan_from_trainer, trainer_model
+from memlab.export.trainer_arguments import plan_from_trainer, trainer_model
 from memlab.live.batch import TrainerLoss
 from memlab.live.patching import patched
 from memlab.live.rebind import untracked_copy
@@ -317,11 +317,12 @@ class TrainerSource:
 
     @classmethod
     def from_trainer(cls, trainer: Any) -> TrainerSource:
-        """Read a trainer; nothing on it changes.
+        """Read a trainer; nothing on it changes. One set up for DeepSpeed or FSDP is read too: the entry points
+        that run its step in this process refuse it (:func:`memlab.trainer.entry.live_target`), an estimate answers
+        it per GPU (:mod:`memlab.trainer.sharding`).
 
         Raises:
-            MemlabError: not a trainer, or DeepSpeed / FSDP / an optimizer memlab cannot measure
-                in its arguments.
+            MemlabError: not a trainer, or an optimizer memlab cannot measure in its arguments.
 
         Example:
             >>> TrainerSource.from_trainer(object())
@@ -331,7 +332,6 @@ class TrainerSource:
         """
         check_trainer_kind(trainer)  # not a trainer, or a kind whose own step this call does not run: refused
         args = trainer.args
-        check_single_process(args)
         model = trainer_model(trainer)
         plan, loss_note = cls.plan_of(trainer), None
         loss_fn: Callable[[Any, Any], Any] = cls.make_loss_fn(trainer)

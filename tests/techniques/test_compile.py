@@ -11,8 +11,12 @@ cannot see the compiled kernels' buffers); the model comes back as it was, with 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -414,13 +418,42 @@ def _llama() -> torch.nn.Module:
 # decides what is stored on the CPU, and a fused computation's inputs live until its kernel runs. GPT-2's pure bf16
 # step: its peak is a 230,528-byte scratch buffer that oneDNN's bf16 matrix product allocates inside the compiled
 # backward (the allocator's profile sees it; no tensor holds it): CPU memory a GPU's matrix product does not take.
+# On 2.11, Mixtral's bf16 step is 1.051 in a fresh process: its measured peak falls later in the backward (16 KB of
+# gradients, 1.19 MB of activations, 0.55 MB that no tracked tensor holds) than the estimate's (49 KB of gradients,
+# 1.84 MB of activations).
 COMPILED_OFF = {
-    "2.13": {("gpt2", "pure-bf16"): 0.922},  # the others 0.966 to 1.040
-    # 0.951 to 1.043, each in a fresh process; after other compiled steps in one process, 2.11's measured peak was up
-    # to 0.2 MB higher (Llama's 0.942 to 0.950 then)
-    "2.11": {},
+    "2.13": {("gpt2", "pure-bf16"): 0.944},  # the others 0.984 to 1.040
+    "2.11": {("mixtral", "bf16"): 1.051},  # the others 0.974 to 1.033
 }
 FAMILIES = {"gpt2": _gpt2, "llama": _llama, "qwen2": lambda: _qwen2(width=64, vocab=512), "mixtral": tiny_mixtral}
+
+# Each compiled step is estimated and measured in a process of its own. In one process, the measured peak of a
+# compiled step depends on the ones compiled before it (on 2.11 up to 0.2 MB higher: Llama's bf16 step is 0.997 alone,
+# 0.949 after the seven before it in this test's order), so a worker's order of tests would decide the ratio.
+_COMPILED_RATIO = """
+import json, sys
+import memlab
+from memlab import Plan
+from tests.models import lm_batch
+from tests.techniques.test_compile import ESTIMATED_PARTITIONED, FAMILIES
+family, precision = sys.argv[1:3]
+model, batch = FAMILIES[family](), lm_batch(rows=8, length=32)
+plan = Plan(weights="bf16", compile=True) if precision == "pure-bf16" else Plan(precision=precision, compile=True)
+estimated = memlab.estimate(model, batch, plan)
+measured = memlab.measure(model, batch, plan, steps=2, noise=0)
+print(json.dumps({"partitioned": ESTIMATED_PARTITIONED in estimated.notes, "measured_status": measured.status,
+                  "error": measured.error, "estimated": estimated.peak_bytes,
+                  "measured": measured.peak_bytes - measured.preexisting_bytes}))
+"""
+
+
+def _compiled_in_a_fresh_process(family: str, precision: str) -> dict[str, Any]:
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-c", _COMPILED_RATIO, family, precision], capture_output=True, text=True,
+                          env=env, cwd=root, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "pure-bf16"])
@@ -432,13 +465,10 @@ def test_the_compiled_estimate_against_the_compiled_step_measured_here(family: s
     if (family, precision) in off:
         ratio = off[family, precision]
         request.applymarker(pytest.mark.xfail(reason=f"not yet within 5% (ratio {ratio})", strict=True))
-    model, batch = FAMILIES[family](), lm_batch(rows=8, length=32)
-    plan = Plan(weights="bf16", compile=True) if precision == "pure-bf16" else Plan(precision=precision, compile=True)
-    estimated = memlab.estimate(model, batch, plan)
-    assert estimated.notes and ESTIMATED_PARTITIONED in estimated.notes
-    measured = memlab.measure(model, batch, plan, steps=2, noise=0)
-    assert measured.status == "ok", measured.error
-    ratio = estimated.peak_bytes / (measured.peak_bytes - measured.preexisting_bytes)
+    step = _compiled_in_a_fresh_process(family, precision)
+    assert step["partitioned"]
+    assert step["measured_status"] == "ok", step["error"]
+    ratio = step["estimated"] / step["measured"]
     assert abs(ratio - 1) <= 0.05, f"estimate / measured = {ratio:.3f}"
 
 

@@ -105,23 +105,28 @@ _A6000 = 48_676 * _MIB  # torch: "total_memory=48676MB" (an RTX A6000); nvidia-s
 _H20 = 97_285 * _MIB  # torch: "total_memory=97285MB, multi_processor_count=78" (an H20); nvidia-smi 97,871 MiB
 _B200 = 182_631 * _MIB  # torch: "total_memory=182631MB" and 182,642 MiB (two B200s; pytorch/ao#4002 reads 178.35 GiB);
 # nvidia-smi 183,359 MiB
+# The kinds not yet measured: name, torch's device name, capability and memory; their context is _ASSUMED's.
+_ASSUMED_KINDS = (
+    ("H200-141GB", "NVIDIA H200", (9, 0), _H200),
+    ("H20-96GB", "NVIDIA H20", (9, 0), _H20),
+    ("B200-180GB", "NVIDIA B200", (10, 0), _B200),
+    ("A100-80GB", "NVIDIA A100-SXM4-80GB", (8, 0), _A100_80),
+    ("A100-40GB", "NVIDIA A100-SXM4-40GB", (8, 0), _A100_40),
+    ("L40S-48GB", "NVIDIA L40S", (8, 9), _L40S),
+    ("RTXA6000-48GB", "NVIDIA RTX A6000", (8, 6), _A6000),
+    ("RTX5090-32GB", "NVIDIA GeForce RTX 5090", (12, 0), _RTX5090),
+    ("RTX4090-24GB", "NVIDIA GeForce RTX 4090", (8, 9), _RTX4090),
+    ("RTX3090-24GB", "NVIDIA GeForce RTX 3090", (8, 6), _RTX3090),
+    ("A10G-24GB", "NVIDIA A10G", (8, 6), _A10G),
+    ("L4-24GB", "NVIDIA L4", (8, 9), _L4),
+    ("T4-16GB", "Tesla T4", (7, 5), _T4),
+)
 GPUS: dict[str, GpuKind] = {
     kind.name: kind
     for kind in (
         GpuKind("H100-80GB", "NVIDIA H100 80GB HBM3", (9, 0), _H100_CONTEXT, _MEASURED, 85_017_493_504),
-        GpuKind("H200-141GB", "NVIDIA H200", (9, 0), _H100_CONTEXT, _ASSUMED, _H200),
-        GpuKind("H20-96GB", "NVIDIA H20", (9, 0), _H100_CONTEXT, _ASSUMED, _H20),
-        GpuKind("B200-180GB", "NVIDIA B200", (10, 0), _H100_CONTEXT, _ASSUMED, _B200),
-        GpuKind("A100-80GB", "NVIDIA A100-SXM4-80GB", (8, 0), _H100_CONTEXT, _ASSUMED, _A100_80),
-        GpuKind("A100-40GB", "NVIDIA A100-SXM4-40GB", (8, 0), _H100_CONTEXT, _ASSUMED, _A100_40),
-        GpuKind("L40S-48GB", "NVIDIA L40S", (8, 9), _H100_CONTEXT, _ASSUMED, _L40S),
-        GpuKind("RTXA6000-48GB", "NVIDIA RTX A6000", (8, 6), _H100_CONTEXT, _ASSUMED, _A6000),
-        GpuKind("RTX5090-32GB", "NVIDIA GeForce RTX 5090", (12, 0), _H100_CONTEXT, _ASSUMED, _RTX5090),
-        GpuKind("RTX4090-24GB", "NVIDIA GeForce RTX 4090", (8, 9), _H100_CONTEXT, _ASSUMED, _RTX4090),
-        GpuKind("RTX3090-24GB", "NVIDIA GeForce RTX 3090", (8, 6), _H100_CONTEXT, _ASSUMED, _RTX3090),
-        GpuKind("A10G-24GB", "NVIDIA A10G", (8, 6), _H100_CONTEXT, _ASSUMED, _A10G),
-        GpuKind("L4-24GB", "NVIDIA L4", (8, 9), _H100_CONTEXT, _ASSUMED, _L4),
-        GpuKind("T4-16GB", "Tesla T4", (7, 5), _H100_CONTEXT, _ASSUMED, _T4),
+        *(GpuKind(name, device, capability, _H100_CONTEXT, _ASSUMED, memory)
+          for name, device, capability, memory in _ASSUMED_KINDS),
     )
 }
 """The GPU kinds an estimate knows, by name."""

@@ -40,6 +40,7 @@ from memlab.live.compat import (
 from memlab.live.patching import patched
 from memlab.live.quiet import quiet
 from memlab.live.rebind import rebind_forwards
+from memlab.live.sharding import whole_shape
 
 __all__ = [
     "BLIND_SPOTS",
@@ -423,6 +424,9 @@ def _fake_tensor(tensor: torch.Tensor, mode: FakeTensorMode, device: torch.devic
     """A fake twin of ``tensor`` on ``device``: same shape, strides, dtype; no data."""
     if isinstance(tensor, FakeTensor) and tensor.fake_mode is mode and tensor.device == device:
         return tensor
+    if getattr(tensor, "ds_shape", None) is not None:  # a ZeRO-3 partition: the whole parameter, as gathered
+        with mode:
+            return torch.empty(whole_shape(tensor), dtype=tensor.dtype, device=device)
     detached = tensor.detach()
     if detached.device == device and not isinstance(detached, FakeTensor):
         return mode.from_tensor(detached)  # views and tied storages stay shared

@@ -62,11 +62,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
-from torch._subclasses.fake_tensor import is_fake
 
 from memlab.errors import MemlabError
+from memlab.estimation.dryrun.triton_guard import has_fake
 from memlab.live.patching import patched
 
 __all__ = [
@@ -389,18 +388,9 @@ class _TorchEagerOnFakes(types.ModuleType):
 
         @functools.wraps(function)
         def eager_on_fakes(*args: Any, **kwargs: Any) -> Any:
-            if _has_fake((*args, *kwargs.values())):
+            if has_fake((*args, *kwargs.values())):
                 self._uncompiled.add(name)
                 return function(*args, **kwargs)
             return compiled(*args, **kwargs)
 
         return eager_on_fakes
-
-
-def _has_fake(values: Any) -> bool:
-    for value in values:
-        if isinstance(value, torch.Tensor) and (value.is_meta or is_fake(value)):
-            return True
-        if isinstance(value, (list, tuple)) and _has_fake(value):
-            return True
-    return False

@@ -34,12 +34,13 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 import torch.utils.checkpoint
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+from typing_extensions import Unpack
 
 from memlab.estimation.configs import one_line
 from memlab.estimation.cuda.allocator import assumed_allocator, expandable_segments_assumed
@@ -113,18 +114,25 @@ _BNB_BLOCK = 256
 _BNB_QMAP_BYTES = 2 * 256 * 4
 
 
+class FakeRunKeywords(TypedDict, total=False):
+    """The keywords every estimate on fake tensors takes (:func:`memlab.estimate`'s): ``estimate_plans(model, batch,
+    plans, **keywords)`` passes them on whole to the dry run of training or inference plans."""
+
+    loss_fn: LossFn | None
+    budget: int | str | None
+    device: str | torch.device | None
+    gpu: GpuKind | None
+    load: Mapping[str, Any] | None
+
+
 @without_full_collections()
 def estimate_plans(
     model_or_config: Any,
     batch: Any,
     plans: Sequence[Plan] | Plan | Sequence[InferencePlan] | InferencePlan,
     *,
-    loss_fn: LossFn | None = None,
-    budget: int | str | None = None,
     lr: float = 1e-5,
-    device: str | torch.device | None = None,
-    gpu: GpuKind | None = None,
-    load: Mapping[str, Any] | None = None,
+    **keywords: Unpack[FakeRunKeywords],
 ) -> Report:
     """:func:`memlab.estimate` for several plans, building the fake model once: a Report of estimated Trials.
 
@@ -144,11 +152,9 @@ def estimate_plans(
         (['ok', 'ok'], [True, True])
     """
     if is_inference(plans):
-        return estimate_inference(model_or_config, batch, plans, loss_fn=loss_fn, budget=budget,  # type: ignore[arg-type]
-                                  device=device, gpu=gpu, load=load)
-    report = dry_run_plans(model_or_config, batch, plans, loss_fn=loss_fn, budget=budget, lr=lr,  # type: ignore[arg-type]
-                           device=device, gpu=gpu, load=load)
-    return with_cublas_workspaces(report, CUBLAS_WORKSPACES, gpu)
+        return estimate_inference(model_or_config, batch, plans, **keywords)  # type: ignore[arg-type]
+    report = dry_run_plans(model_or_config, batch, plans, lr=lr, **keywords)  # type: ignore[arg-type]
+    return with_cublas_workspaces(report, CUBLAS_WORKSPACES, keywords.get("gpu"))
 
 
 def estimate_trainer_model(model: nn.Module, batch: Any, plan: Plan, **keywords: Any) -> Trial:
@@ -258,12 +264,7 @@ def estimate_inference(
     model_or_config: Any,
     batch: Any,
     plans: Sequence[InferencePlan] | InferencePlan,
-    *,
-    loss_fn: LossFn | None = None,
-    budget: int | str | None = None,
-    device: str | torch.device | None = None,
-    gpu: GpuKind | None = None,
-    load: Mapping[str, Any] | None = None,
+    **keywords: Unpack[FakeRunKeywords],
 ) -> Report:
     """:func:`dry_run_inference` with, on CUDA, the forward's cuBLAS workspace in the allocated peak
     (:func:`with_cublas_workspaces`): what a process that runs only this inference holds.
@@ -279,9 +280,8 @@ def estimate_inference(
         >>> held.peak_bytes - dry_run_inference(config, shapes, plan, gpu=h100)[0].peak_bytes == 32 * 2**20
         True
     """
-    report = dry_run_inference(model_or_config, batch, plans, loss_fn=loss_fn, budget=budget, device=device, gpu=gpu,
-                               load=load)
-    return with_cublas_workspaces(report, INFERENCE_CUBLAS_WORKSPACES, gpu)
+    report = dry_run_inference(model_or_config, batch, plans, **keywords)
+    return with_cublas_workspaces(report, INFERENCE_CUBLAS_WORKSPACES, keywords.get("gpu"))
 
 
 @without_full_collections()
@@ -289,12 +289,7 @@ def dry_run_inference(
     model_or_config: Any,
     batch: Any,
     plans: Sequence[InferencePlan] | InferencePlan,
-    *,
-    loss_fn: LossFn | None = None,
-    budget: int | str | None = None,
-    device: str | torch.device | None = None,
-    gpu: GpuKind | None = None,
-    load: Mapping[str, Any] | None = None,
+    **keywords: Unpack[FakeRunKeywords],
 ) -> Report:
     """Inference plans estimated on fake tensors: the same :class:`~memlab.inference.run.InferenceRunner` as
     ``memlab.measure`` (the same steps, tracker and categories) with a :class:`~memlab.measure.probes.FakeProbe`.
@@ -320,14 +315,16 @@ def dry_run_inference(
     from memlab.estimation.cuda.devices import asked_device
     from memlab.inference.run import InferenceRunner, check_inference_options, check_inference_plans
 
-    device = asked_device(gpu, device)  # a GPU kind named is a CUDA estimate, wherever the model is
+    gpu = keywords.get("gpu")
+    device = asked_device(gpu, keywords.get("device"))  # a GPU kind named is a CUDA estimate, wherever the model is
     checked = check_inference_plans(plans)
-    options = RunOptions(loss_fn=loss_fn, steps=1, warmup=0, noise=0)
+    options = RunOptions(loss_fn=keywords.get("loss_fn"), steps=1, warmup=0, noise=0)
     check_inference_options(options)
-    checked, loads = inference_loads(model_or_config, checked, load)
+    checked, loads = inference_loads(model_or_config, checked, keywords.get("load"))
     inference = _Workload(InferenceRunner, _inference_trial, check_first=True, notes=_quantized_note,
                           emulated_note=_EMULATED_INFERENCE, cublas_handles=INFERENCE_CUBLAS_WORKSPACES, loads=loads)
-    return _dry_run(model_or_config, batch, checked, options, inference, budget=budget, device=device, gpu=gpu)
+    return _dry_run(model_or_config, batch, checked, options, inference, budget=keywords.get("budget"), device=device,
+                    gpu=gpu)
 
 
 def with_cublas_workspaces(report: Report, handles: int, gpu: GpuKind | None = None) -> Report:

@@ -52,11 +52,18 @@ _sinks: list[set[str]] = []
 _originals: dict[tuple[type, str], Any] = {}
 
 
-def _has_fake(args: Iterable[Any]) -> bool:
-    for value in args:
+def has_fake(values: Iterable[Any]) -> bool:
+    """Whether ``values`` (a call's arguments, lists and tuples looked into) hold a fake or meta tensor: a call a
+    dry run makes, which must not launch a real kernel.
+
+    Example:
+        >>> has_fake([1, (torch.empty(2, device="meta"),)]), has_fake([torch.zeros(2)])
+        (True, False)
+    """
+    for value in values:
         if isinstance(value, torch.Tensor) and (value.is_meta or is_fake(value)):
             return True
-        if isinstance(value, (list, tuple)) and _has_fake(value):
+        if isinstance(value, (list, tuple)) and has_fake(value):
             return True
     return False
 
@@ -86,7 +93,7 @@ def _guarded_getitem(original: Callable[..., Any]) -> Callable[..., Any]:
         launch = original(self, grid)
 
         def launch_unless_fake(*args: Any, **kwargs: Any) -> Any:
-            if _has_fake(args) or _has_fake(kwargs.values()):
+            if has_fake(args) or has_fake(kwargs.values()):
                 _skipped(Launch(self, grid, args, kwargs))
                 return None
             return launch(*args, **kwargs)
@@ -98,7 +105,7 @@ def _guarded_getitem(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _guarded_run(original: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _has_fake(args) or _has_fake(kwargs.values()):
+        if has_fake(args) or has_fake(kwargs.values()):
             launched = {key: value for key, value in kwargs.items() if key not in ("grid", "warmup")}
             _skipped(Launch(self, kwargs.get("grid"), args, launched))
             return None
@@ -182,6 +189,8 @@ def skipped_kernels_note(names: Iterable[str]) -> str | None:
     :class:`~memlab.estimation.dryrun.triton_launches.SkippedKernels` carries the costs).
 
     Example:
+        >>> skipped_kernels_note(["_rms_norm_forward"]).startswith("Triton kernels were not launched on fake tensors")
+        True
         >>> skipped_kernels_note([]) is None
         True
     """

@@ -131,9 +131,9 @@ def _check(args: argparse.Namespace) -> None:
         raise MemlabError(f"{quantized[0]} loads a quantized base, which trains adapters only; add --lora 16 "
                           "(QLoRA with --load-in-4bit)")
     _check_tries(args)
-    plain = {"--gpus": args.gpus is not None,
-             "--strategy": args.strategy not in (None, "none"), "--max-tokens": bool(args.max_tokens),
-             "--max-rows": bool(args.max_rows), "--batch": args.batch is not DEFAULT_BATCH}
+    _check_sharding(args)
+    plain = {"--max-tokens": bool(args.max_tokens), "--max-rows": bool(args.max_rows),
+             "--batch": args.batch is not DEFAULT_BATCH}
     for option, set_ in plain.items():
         if set_:
             instead = {"--batch": "--per-device-train-batch-size 8 and --prompt-length 64"}.get(
@@ -141,6 +141,30 @@ def _check(args: argparse.Namespace) -> None:
             raise MemlabError(f"{option} is not answered with --trainer {args.trainer} yet; write {instead}, or build "
                               "the trainer in Python: memlab.estimate(memlab.trainer_on_meta(...), gpu=...)")
 
+
+
+def _check_sharding(args: argparse.Namespace) -> None:
+    """``--gpus N --strategy S`` with a trainer: the step per GPU, as ``memlab.estimate(trainer, gpus=N,
+    strategy=S)`` answers it; what it cannot take refused with what to write."""
+    from memlab.live.sharding import check_sharding, parse_gpus
+
+    if args.gpus is None and args.strategy in (None, "none"):
+        return
+    if args.gpus is not None:
+        args.gpus = parse_gpus(args.gpus)  # "8" as an int from here on
+    if args.gpus == "auto":
+        raise MemlabError(f"--gpus auto is not answered with --trainer {args.trainer} yet; write the GPUs the run is "
+                          "launched on, e.g. --gpus 8 --strategy zero3")
+    if cli_kind(args.trainer).estimate is not None:  # a step of its own (GRPO's generation): one device
+        raise MemlabError(f"--gpus is not answered with --trainer {args.trainer} yet: its generation is estimated on "
+                          "one device; leave --gpus and --strategy out for one GPU's step")
+    if isinstance(args.gpus, int) and args.gpus > 1 and args.strategy in (None, "none"):
+        raise MemlabError(f"--gpus {args.gpus} needs a strategy; add --strategy fsdp2, zero2 or zero3 (the engine the "
+                          "run is launched with)")
+    gpus, strategy = check_sharding(args.gpus if args.gpus is not None else 1, args.strategy or "none")
+    if gpus == 1 and strategy != "none":
+        raise MemlabError(f"--strategy {strategy} shards over several GPUs; add --gpus 8 (the GPUs the run is "
+                          "launched on)")
 
 def _check_optim(name: str) -> None:
     """``--optim``: a name transformers knows and memlab estimates, or one error naming what to write."""
@@ -488,7 +512,8 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         policy = model_on_meta(config, **_load(args))
         weights = loaded_weight_bytes(policy)
         context = 0 if args.device == "cpu" else kind_or_default(cli_gpu(args)).context_bytes
-        if budget is not None and weights + context > budget:
+        sharded = {"gpus": args.gpus, "strategy": args.strategy} if args.gpus not in (None, 1) else {}
+        if budget is not None and weights + context > budget and not sharded:
             return _foregone(args, config, source, question_settings(args, config), policy,
                              (weights, context, budget), out, say)
         trainer, settings = build_trainer(args, config, source, folder, policy)
@@ -506,14 +531,14 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
             said = f" plan {number} of {len(plans)}: {plan.label()}" if args.try_ else ""
             say(f"estimating the {args.trainer.upper()} step{said}")
             trials.append(memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget,
-                                          **keywords))
+                                          **keywords, **sharded))
         for trial in trials:  # a vLLM engine that would not start: the options that start it, as one error
             if trial.status == "error" and ("vllm_gpu_memory_utilization=" in str(trial.error)
                                             or "trl vllm-serve" in str(trial.error)):
                 raise MemlabError(_trl_words(str(trial.error)))
         report = Report(host_judged(trials, args), budget=budget)
         fits = any(report.fits(trial) for trial in report.trials)
-        if budget is not None and not fits:
+        if budget is not None and not fits and not sharded:  # the suggestions are one GPU's
             from memlab.frontends.cli.estimate.next import trainer_suggestions
 
             suggested = trainer_suggestions(args, trainer, own, report, say, words=_trl_words)
@@ -543,6 +568,9 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         from memlab.frontends.cli.estimate.next import trainer_next_lines
 
         after = trainer_next_lines(args, suggested) if budget is not None and not fits else []
+        if sharded and budget is not None and not fits:
+            after = [f"Next: nothing is suggested per GPU yet; ask again with more --gpus than {args.gpus}, or with "
+                     "--strategy zero3 (every GPU holds a share of the weights)"]
         lines = single_text(args, header, report, budget, after)
         peaks = _peak_lines(report.trials)
         at = lines.index("") if "" in lines else len(lines)
@@ -652,9 +680,14 @@ def _header(args: argparse.Namespace, model: Any, settings: dict[str, Any], plan
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     parameters = sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)
+    sharded = (f", per GPU of {args.gpus} under {_STRATEGY_WORDS[args.strategy]}"
+               if isinstance(args.gpus, int) and args.gpus > 1 else "")
     text = (f"{args.model}: {type(base).__name__}, {count_text(parameters)} parameters, "
-            f"{_question(args, settings)}{_plans_words(plans)}{for_gpu(args)}{budget_words(args, budget)}")
+            f"{_question(args, settings)}{_plans_words(plans)}{sharded}{for_gpu(args)}{budget_words(args, budget)}")
     return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  "))
+
+
+_STRATEGY_WORDS = {"fsdp1": "FSDP1", "fsdp2": "FSDP2", "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3"}
 
 
 def _plans_words(plans: list[Any]) -> str:

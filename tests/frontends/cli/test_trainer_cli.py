@@ -145,6 +145,12 @@ def test_a_dpo_question_is_answered(config: str, capsys: pytest.CaptureFixture[s
     (["--trainer", "grpo", "--try", "precompute_ref=on"], "is a setting of --trainer dpo"),
     (["--trainer", "grpo", "--try", "vllm_memory=0.3"], "write --vllm-gpu-memory-utilization 0.3"),
     (["--trainer", "grpo", "--batch", "1x512"], "--batch is not answered with --trainer grpo"),  # the default, typed
+    (["--trainer", "grpo", "--gpus", "2", "--strategy", "zero3"], "--gpus is not answered with --trainer grpo yet"),
+    (["--trainer", "sft", "--gpus", "auto", "--strategy", "zero3"], "write the GPUs the run is launched on, e.g. "
+     "--gpus 8 --strategy zero3"),
+    (["--trainer", "sft", "--gpus", "4"], "--gpus 4 needs a strategy; add --strategy fsdp2, zero2 or zero3"),
+    (["--trainer", "sft", "--strategy", "zero2"], "--strategy zero2 shards over several GPUs; add --gpus 8"),
+    (["--trainer", "sft", "--gpus", "two", "--strategy", "zero2"], "is not a number of GPUs"),
     (["--trainer", "grpo", "--num-generations", "3", "--per-device-train-batch-size", "4", "--max-completion-length",
       "32"], "TRL refuses"),
     (["--trainer", "grpo", "--vllm-enable-sleep-mode"], "add --vllm-gpu-memory-utilization 0.3"),
@@ -347,6 +353,24 @@ def test_a_qlora_sft_question_is_pythons(config: str, tmp_path: Path, capsys: py
                    "--lora", "4", "--dtype", "float16", "--gpu", "T4-16GB", "--json"]
     plain = ask(capsys, config, *unquantized)
     assert json.loads(plain[1])["trials"][0]["params_bytes"] > 1.5 * row["params_bytes"]  # the base in 4 bits
+
+
+def test_a_sharded_sft_question_is_pythons_per_gpu(config: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 85: --gpus N --strategy S with --trainer: memlab.estimate(trainer, gpus=N, strategy=S) per GPU
+    status, out, err = ask(capsys, config, *SFT_QLORA[:-2], "--gpus", "4", "--strategy", "zero3", "--gpu",
+                           "A100-40GB", "--json")
+    assert status == 0, err
+    row = json.loads(out)["trials"][0]
+    expected = memlab.estimate(python_sft_trainer(config, tmp_path), gpu="A100-40GB", gpus=4, strategy="zero3")
+    assert expected.status == row["status"] == "ok", expected.error
+    assert row["peak_bytes"] == expected.peak_bytes and row["label"].endswith("zero3 x4")
+    status, out, err = ask(capsys, config, *SFT_QLORA[:-2], "--gpus", "4", "--strategy", "zero3", "--gpu",
+                           "A100-40GB", "--budget", "1MiB")
+    assert status == 1, err
+    text = " ".join(out.split())
+    assert "per GPU of 4 under DeepSpeed ZeRO-3, for an A100-40GB" in text
+    assert "Next: nothing is suggested per GPU yet; ask again with more --gpus than 4" in text
 
 
 def test_the_trainer_question_is_quiet(config: str, capsys: pytest.CaptureFixture[str]) -> None:

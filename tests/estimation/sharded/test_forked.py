@@ -1,0 +1,75 @@
+"""Issue 85: a sharded estimate asked in a process torch.distributed already runs in (a launched script's rank) runs
+in a forked child; the process's own group, model and answers stay as they were."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from models import lm_batch, tiny_llama
+
+import memlab
+from memlab import MemlabError, Plan
+from memlab.estimation.sharded.forked import in_forked_child, launched
+
+
+def test_the_childs_error_is_raised_here_as_it_was() -> None:
+    def refuses() -> None:
+        raise MemlabError("write gpus=2 instead")
+
+    with pytest.raises(MemlabError, match="write gpus=2 instead"):
+        in_forked_child(refuses)
+
+
+def test_an_error_that_does_not_pickle_comes_back_as_one_that_says_what_it_was() -> None:
+    class Unpicklable(Exception):
+        def __reduce__(self) -> tuple:
+            raise TypeError("no")
+
+    def fails() -> None:
+        raise Unpicklable("held a lock")
+
+    with pytest.raises(MemlabError, match="Unpicklable: held a lock"):
+        in_forked_child(fails)
+
+
+def test_a_child_that_dies_is_said() -> None:
+    with pytest.raises(MemlabError, match="ended without an answer"):
+        in_forked_child(lambda: os._exit(3))
+
+
+@contextlib.contextmanager
+def one_rank_group() -> Iterator[None]:
+    """This process as a launched rank: a gloo group of one, destroyed after the block."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_estimate_in_a_launched_rank_is_the_one_made_before_and_the_group_still_works() -> None:
+    model, batch = tiny_llama(layers=2, width=64), lm_batch(rows=2, length=16)
+    before = memlab.estimate(model, batch, Plan(), gpus=4, strategy="fsdp2", device="cpu")
+    weights = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+    with one_rank_group():
+        assert launched()
+        inside = memlab.estimate(model, batch, Plan(), gpus=4, strategy="fsdp2", device="cpu")
+        assert dist.is_initialized() and dist.get_world_size() == 1
+        summed = torch.ones(3)
+        dist.all_reduce(summed)
+        assert summed.tolist() == [1.0, 1.0, 1.0]
+    assert not launched()
+    assert inside.status == before.status == "ok", inside.error
+    assert (inside.gpus, inside.strategy) == (4, "fsdp2")
+    assert (inside.peak_bytes, inside.breakdown) == (before.peak_bytes, before.breakdown)
+    assert all(torch.equal(weights[name], parameter) for name, parameter in model.named_parameters())
