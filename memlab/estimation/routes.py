@@ -62,8 +62,11 @@ def _trainer(request: EstimateRequest) -> Trial:
             plan = sharding_note.plan_for(plan)
         inner = request.replace(model=target.model, batch=target.batch, loss_fn=target.loss_fn, plan=plan,
                                 live_layers=True)
-        notes = "; ".join(filter(None, [target.note, sharding_note.note if sharding_note else None])) or None
-        return cast(Trial, with_reference(noted([route(inner)], notes)[0], request.model))
+        trial = route(inner)
+        said = [target.note]
+        if sharding_note:
+            said += [sharding_note.note, sharding_note.host_note(trial.host_bytes)]
+        return cast(Trial, with_reference(noted([trial], "; ".join(filter(None, said)) or None)[0], request.model))
 
 
 def _inference(request: EstimateRequest) -> Trial:

@@ -237,6 +237,28 @@ class ShardedTrainer:
             )
         return plan.replace(offload=engine)
 
+    def host_note(self, host_bytes: int | None) -> str | None:
+        """The host memory a node holds for the offload (each rank's ``host_bytes`` times the ranks on a node: the
+        launch's ``LOCAL_WORLD_SIZE``, else 8 GPUs a node, or fewer where fewer are asked), or None without offload.
+
+        Example:
+            >>> read = ShardedTrainer(TrainerSharding("zero3", "optimizer", 1, "DeepSpeed ZeRO-3 (deepspeed=...)"), 16)
+            >>> read.host_note(2 * 2**30)
+            'host memory per node: 16.00 GiB (8 ranks a node x 2.00 GiB offloaded each; a node of 8 GPUs assumed)'
+        """
+        import os
+
+        from memlab.sizes import format_bytes
+
+        if not host_bytes:
+            return None
+        local = os.environ.get("LOCAL_WORLD_SIZE", "")
+        ranks = int(local) if local.isdigit() and self.sharding.world_size > 1 else min(self.gpus, 8)
+        said = "the launch's LOCAL_WORLD_SIZE" if local.isdigit() and self.sharding.world_size > 1 else (
+            f"a node of {ranks} GPUs assumed")
+        return (f"host memory per node: {format_bytes(ranks * host_bytes)} ({ranks} ranks a node x "
+                f"{format_bytes(host_bytes)} offloaded each; {said})")
+
     @property
     def note(self) -> str:
         """What the estimate read from the trainer, and where its GPU count comes from."""

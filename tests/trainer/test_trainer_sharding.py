@@ -87,6 +87,7 @@ def test_the_engines_offload_is_the_plans_and_its_buckets_are_said_unread(tmp_pa
     notes = "; ".join(read.notes)
     assert "offload_optimizer to the CPU" in notes
     assert "its reduce_bucket_size 200000000.0 not read: DeepSpeed's defaults estimated" in notes
+    assert "host memory per node: " in notes and "(4 ranks a node x " in notes
     with pytest.raises(MemlabError, match=r"offloads 'activations' too, which memlab does not estimate together"):
         memlab.estimate(t, Plan(checkpointing=True, offload="activations"), gpus=4, device="cpu")
 
