@@ -55,8 +55,9 @@ from memlab.live.sharding import DS_PREFETCH_BUCKET, ds_reduce_bucket
 from memlab.plan import Plan
 from memlab.techniques.offload import ACTIVATION_OFFLOADS, NO_OFFLOAD, OPTIMIZER_OFFLOADS, SHARDED_ONLY
 
-__all__ = ["COMPOSED_NOTE", "FSDP1_STREAMS_NOTE", "MIXED_NOTE", "RESERVE_NOTE", "ZERO_RESERVE_NOTE",
-           "composed_estimate", "fsdp1_blocks_gathered", "fsdp1_stream_pool", "gathered_bytes", "needs_composition"]
+__all__ = ["COMPOSED_NOTE", "DEEPSPEED_CAST_NOTE", "FSDP1_STREAMS_NOTE", "MIXED_NOTE", "RESERVE_NOTE",
+           "ZERO_RESERVE_NOTE", "composed_estimate", "fsdp1_blocks_gathered", "fsdp1_stream_pool", "gathered_bytes",
+           "needs_composition"]
 
 COMPOSED_NOTE = (
     "sharded from the one-GPU dry run of the same plan (memlab.estimation.sharded.composed): at each point of its step,"
@@ -202,7 +203,7 @@ def _mixed_precision_load(model_or_config: Any, plan: Plan, strategy: str,
     ``MixedPrecision(param_dtype=bf16)`` casts fp32 weights (frozen ones too) to bf16 for the whole step, where a
     one-GPU step under autocast keeps an fp32 residual stream; so fp32 weights are loaded in the compute dtype for
     the step and counted at twice its bytes in the shards. Anything else (a 16-bit or 4-bit load, pure bf16
-    weights, ZeRO, which runs the whole model in bf16) is read as it is."""
+    weights, ZeRO, whose bf16 mode casts the weights: :func:`_deepspeed_casts`) is read as it is."""
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
     if (not strategy.startswith("fsdp") or compute is None or plan.weights != "fp32" or plan.adapter == "qlora"
             or isinstance(model_or_config, nn.Module)):  # a model is estimated as it is loaded
@@ -213,6 +214,25 @@ def _mixed_precision_load(model_or_config: Any, plan: Plan, strategy: str,
     kept = {k: v for k, v in (load or {}).items() if k not in ("dtype", "torch_dtype")}
     return {**kept, "dtype": compute}, 2.0
 
+
+
+DEEPSPEED_CAST_NOTE = ("DeepSpeed's bf16 mode runs the whole module in bf16: it casts the weights as loaded (fp32 "
+                       "here, frozen ones too) and keeps fp32 copies of the trained ones in its optimizer; the "
+                       "weights are counted in bf16")
+
+
+def _deepspeed_casts(model_or_config: Any, plan: Plan, strategy: str, load: Mapping[str, Any] | None) -> bool:
+    """Whether DeepSpeed casts the plan's fp32 weights to bf16 (``"bf16": {"enabled": true}``, which a Trainer's
+    ``bf16=True`` sets): under ZeRO with bf16 mixed precision, where the weights are held in fp32 (a live model
+    loaded so, or a config's fp32 load). Its fp16 mode casts to fp16, which a training plan's weights cannot say;
+    left as loaded."""
+    if not strategy.startswith("zero") or plan.precision != "bf16" or plan.weights != "fp32" or (
+            plan.adapter == "qlora"):
+        return False
+    if isinstance(model_or_config, nn.Module):
+        return any(parameter.dtype == torch.float32 for parameter in model_or_config.parameters())
+    parsed = parse_load(load, plan)
+    return parsed.quantize == "none" and loaded_dtype(model_or_config, parsed) == torch.float32
 
 def _compute_bytes(plan: Plan, load: Mapping[str, Any] | None) -> int:
     """Bytes per gathered element: the compute dtype's where the engine gathers in it (bf16/fp16 autocast, pure
@@ -291,6 +311,9 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
     budget, load = request.budget, request.load
     one_gpu = plan.replace(offload=ACTIVATION_OFFLOADS[0] if plan.offloads_activations else NO_OFFLOAD)
     one_load, scale = _mixed_precision_load(model_or_config, plan, strategy, load)
+    cast = _deepspeed_casts(model_or_config, plan, strategy, load)
+    if cast:
+        one_gpu = one_gpu.replace(weights="bf16")
     trial = dry_run_plans(model_or_config, request.batch, [one_gpu], loss_fn=request.loss_fn, lr=request.lr,
                           device=request.device, gpu=request.gpu, load=one_load)[0]
     if trial.status != "ok":
@@ -351,7 +374,8 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
         host += trial.host_bytes
     held = best["sharded_params"] + best["sharded_grads"] + best["optimizer"] + (
         best["unsharded_params"] if strategy == "zero2" else 0)
-    notes = [*trial.notes, COMPOSED_NOTE, engine_settings(plan, strategy), *([MIXED_NOTE] if scale != 1 else [])]
+    notes = [*trial.notes, COMPOSED_NOTE, engine_settings(plan, strategy), *([MIXED_NOTE] if scale != 1 else []),
+             *([DEEPSPEED_CAST_NOTE] if cast else [])]
     if plan.offload == SHARDED_ONLY and strategy == "zero2":
         notes.append("ZeRO-2 cannot offload parameters: offload='params' offloads the gradients and the optimizer "
                      "state only; write strategy='zero3' to offload the parameters")

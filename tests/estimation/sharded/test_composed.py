@@ -12,6 +12,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 from transformers import LlamaConfig
 
 import memlab
@@ -157,3 +158,27 @@ def test_zero3_counts_its_reduce_bucket_whole_however_few_the_trained_parameters
     lora = composed_estimate(ShardedRequest(CONFIG, BATCH, Plan(adapter="lora", lora_rank=4, weights="bf16"), gpus=2,
                                             strategy="zero3", gpu=GPUS["H100-80GB"]))
     assert lora.detail["communication"] >= 2 * DS_REDUCE_BUCKET
+
+
+def test_deepspeeds_bf16_mode_counts_fp32_loaded_weights_in_bf16_as_it_casts_them() -> None:
+    # Issue 85: a trainer whose model was loaded in fp32 (PEFT's Llama 2 70B LoRA ZeRO-3 script loads with no dtype)
+    # under bf16: DeepSpeed's bf16 mode casts the whole module, frozen base included. The composed estimate counted the
+    # base in fp32 (1.81 of the published per-GPU figure for that run, asked as its trainer; 0.88 now).
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
+                         vocab_size=256)
+    batch = {"input_ids": (2, 32), "labels": (2, 32)}
+    plan = Plan(adapter="lora", lora_rank=4, precision="bf16", checkpointing=True)
+
+    def sharded(strategy: str, dtype: torch.dtype) -> memlab.Trial:
+        return memlab.estimate(config, batch, plan, gpus=2, strategy=strategy, device="cpu", load={"dtype": dtype})
+
+    fp32, bf16 = sharded("zero3", torch.float32), sharded("zero3", torch.bfloat16)
+    assert fp32.status == bf16.status == "ok", (fp32.error, bf16.error)
+    assert composed.DEEPSPEED_CAST_NOTE in fp32.notes and composed.DEEPSPEED_CAST_NOTE not in bf16.notes
+    base = sum(p.numel() for p in model_on_meta(config).parameters())
+    # each GPU's partition of the base in bf16 (2 bytes a parameter, over 2 GPUs) and of the adapters, cast too
+    assert base <= fp32.detail["sharded_params"] < 1.1 * base <= 2 * base
+    assert fp32.detail["sharded_params"] <= bf16.detail["sharded_params"]  # a bf16 load leaves peft's adapters fp32
+    assert abs(fp32.peak_bytes / bf16.peak_bytes - 1) < 0.05
+    fsdp = sharded("fsdp2", torch.float32)  # FSDP keeps fp32 shards and gathers in bf16: its own rule, unchanged
+    assert fsdp.status == "ok" and composed.DEEPSPEED_CAST_NOTE not in fsdp.notes and composed.MIXED_NOTE in fsdp.notes
