@@ -460,3 +460,15 @@ def test_trl_vs_published_logits_path_scores_as_the_installed_trl(load: Any, tmp
                    fused_lm_head=True).log_probs[:, -4:]
     assert torch.allclose(ours, theirs, atol=1e-5)
     assert entropies is not None and entropies.shape == (2, 4)
+
+
+def test_trainer_sharded_vs_published_asks_each_row_as_its_trainer_per_gpu(load: Any, tmp_path: Path) -> None:
+    runner = load("trainer_sharded_vs_published")
+    assert runner.main(["--smoke", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "trainer_sharded_vs_published-cpu-smoke.json").read_text())
+    assert data["benchmark"] == "trainer_sharded_vs_published" and data["size"] == "smoke"
+    assert data["device"]["type"] == "cpu" and data["versions"]["torch"]
+    (row,) = data["rows"]
+    assert row["label"].endswith("zero3 x2") and row["card_gb"] > 0
+    assert abs(row["ratio"] - row["card_gb"] / row["published_gb"]) < 0.01
+    assert {run.name for run in runner.ROWS} >= {"peft Llama 2 70B LoRA SFTTrainer, ZeRO-3, 8 x H100"}
