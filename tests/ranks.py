@@ -23,6 +23,31 @@ _os._exit(0)
 """
 
 
+# The lines of a rank's script that define deepspeed_held(module, optimizer): the bytes DeepSpeed holds between steps
+# on the rank (each parameter's partition, ds_tensor; the fp32 and 16-bit flat partitions; the gradient partitions;
+# the optimizer's state), each storage once. A script adds them before it calls the function.
+DEEPSPEED_HELD = """
+def deepspeed_held(module, optimizer):
+    seen = {}
+
+    def add(tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.numel():
+            seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+
+    for parameter in module.parameters():
+        add(getattr(parameter, "ds_tensor", None))
+    for name in ("fp32_partitioned_groups_flat", "fp16_partitioned_groups_flat", "averaged_gradients"):
+        found = getattr(optimizer, name, None)
+        for item in (found.values() if isinstance(found, dict) else found or []):
+            for tensor in (item if isinstance(item, list) else [item]):
+                add(tensor)
+    add(getattr(optimizer, "grad_partitions_flat_buffer", None))
+    for state in getattr(getattr(optimizer, "optimizer", None), "state", {}).values():
+        for tensor in state.values():
+            add(tensor)
+    return sum(seen.values())
+"""
+
 def run_two_ranks(script: Path, *args: str, timeout: float = 300) -> None:
     """Run ``script`` (with ``args``) in two ranks in its own folder; a rank that fails fails the caller with the
     launch's last output. Example: ``run_two_ranks(tmp_path / "train.py", "lora")``."""

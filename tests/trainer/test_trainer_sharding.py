@@ -219,32 +219,12 @@ class Peaks(TrainerCallback):
 
 trainer.add_callback(Peaks())
 trainer.train()
-seen = {}
-
-
-def add(tensor):
-    if isinstance(tensor, torch.Tensor) and tensor.numel():
-        seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-
-
-# What DeepSpeed holds between steps, as tests/estimation/sharded/test_zero.py reads it
-for parameter in trainer.model_wrapped.module.parameters():
-    add(getattr(parameter, "ds_tensor", None))
-inner = trainer.model_wrapped.optimizer
-for name in ("fp32_partitioned_groups_flat", "fp16_partitioned_groups_flat", "averaged_gradients"):
-    found = getattr(inner, name, None)
-    for item in (found.values() if isinstance(found, dict) else found or []):
-        for tensor in (item if isinstance(item, list) else [item]):
-            add(tensor)
-add(getattr(inner, "grad_partitions_flat_buffer", None))
-for state in getattr(getattr(inner, "optimizer", None), "state", {}).values():
-    for tensor in state.values():
-        add(tensor)
+held = deepspeed_held(trainer.model_wrapped.module, trainer.model_wrapped.optimizer)  # between steps
 rank = torch.distributed.get_rank()
 with open(f"rank{rank}.json", "w") as out:
     json.dump({"estimated": estimate.peak_bytes, "communication": estimate.detail["communication"],
                "status": estimate.status, "error": estimate.error, "notes": list(estimate.notes),
-               "measured": min(peaks[1:]) + sum(seen.values()), "peaks": peaks}, out)
+               "measured": min(peaks[1:]) + held, "peaks": peaks}, out)
 '''
 
 
@@ -256,7 +236,7 @@ def test_a_trainer_launched_on_two_zero3_ranks_estimates_itself_within_5_percent
     # Measured as test_zero.py measures ZeRO-3 (the model states DeepSpeed holds between steps, plus the peak of a
     # later step; the lowest of four), against the estimate without DeepSpeed's buckets: its reduce bucket
     # (reduce_bucket_size, 5e8 elements) is allocated as the optimizer is set up, before the steps measured.
-    from ranks import CLEAN_RANK_EXIT, run_two_ranks
+    from ranks import CLEAN_RANK_EXIT, DEEPSPEED_HELD, run_two_ranks
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -264,8 +244,8 @@ def test_a_trainer_launched_on_two_zero3_ranks_estimates_itself_within_5_percent
                                  num_key_value_heads=4, vocab_size=1024, max_position_embeddings=128)
                      ).save_pretrained(tmp_path / "checkpoint")
     script = tmp_path / "train.py"
-    script.write_text(RANK_SCRIPT.replace("CHECKPOINT", str(tmp_path / "checkpoint")).replace("STEPS", "5")
-                      + CLEAN_RANK_EXIT)
+    lines = RANK_SCRIPT.replace("CHECKPOINT", str(tmp_path / "checkpoint")).replace("STEPS", "5")
+    script.write_text(DEEPSPEED_HELD + lines + CLEAN_RANK_EXIT)
     run_two_ranks(script)
     for rank in (0, 1):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())

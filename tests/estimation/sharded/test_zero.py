@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from models import lm_batch, tiny_llama
-from ranks import CLEAN_RANK_EXIT, run_two_ranks
+from ranks import CLEAN_RANK_EXIT, DEEPSPEED_HELD, run_two_ranks
 
 import memlab
 from memlab import Plan
@@ -73,28 +73,9 @@ for _ in range(MEASURED_STEPS):
     with tracker:
         step()
     peaks.append(tracker.peak_bytes)
-seen = {}
-
-
-def add(tensor):
-    if isinstance(tensor, torch.Tensor) and tensor.numel():
-        seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-
-
-for parameter in model.parameters():
-    add(getattr(parameter, "ds_tensor", None))
-inner = engine.optimizer
-for name in ("fp32_partitioned_groups_flat", "fp16_partitioned_groups_flat", "averaged_gradients"):
-    found = getattr(inner, name, None)
-    for item in (found.values() if isinstance(found, dict) else found or []):
-        for tensor in (item if isinstance(item, list) else [item]):
-            add(tensor)
-add(getattr(inner, "grad_partitions_flat_buffer", None))
-for state in getattr(getattr(inner, "optimizer", None), "state", {}).values():
-    for tensor in state.values():
-        add(tensor)
+held = deepspeed_held(model, engine.optimizer)
 with open(f"rank{rank}.json", "w") as out:
-    json.dump({"peak": min(peaks) + sum(seen.values()), "held": sum(seen.values()), "peaks": peaks}, out)
+    json.dump({"peak": min(peaks) + held, "held": held, "peaks": peaks}, out)
 ''' + CLEAN_RANK_EXIT
 
 
@@ -105,9 +86,10 @@ def test_zero3_on_two_cpu_ranks_matches_the_estimate_but_for_its_buckets(plan: P
     from transformers import LlamaConfig
 
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT.replace("ROWS", str(SHAPES["input_ids"][0])).replace("CONFIG", repr(CONFIG))
-                      .replace("VOCAB", str(CONFIG["vocab_size"])).replace("SHAPE", repr(SHAPES["input_ids"]))
-                      .replace("MEASURED_STEPS", str(MEASURED_STEPS)))
+    lines = (SCRIPT.replace("ROWS", str(SHAPES["input_ids"][0])).replace("CONFIG", repr(CONFIG))
+             .replace("VOCAB", str(CONFIG["vocab_size"])).replace("SHAPE", repr(SHAPES["input_ids"]))
+             .replace("MEASURED_STEPS", str(MEASURED_STEPS)))
+    script.write_text(DEEPSPEED_HELD + lines)
     run_two_ranks(script, "lora" if plan.adapter == "lora" else "full")
     estimate = memlab.estimate(LlamaConfig(**CONFIG), SHAPES, plan, gpus=2, strategy="zero3", device="cpu")
     without_buckets = estimate.peak_bytes - estimate.detail["communication"]  # type: ignore[attr-defined]
