@@ -486,16 +486,28 @@ def test_a_compiled_step_estimated_for_a_gpu_without_one_is_partitioned(make, pr
     assert compiled.peak_bytes < eager.peak_bytes
 
 
+_ISSUE_ESTIMATES = """
+import json, sys
+from benchmarks.gpu_sections_compile import estimates
+print(json.dumps(estimates("full", sys.argv[1])))
+"""
+
+
 @pytest.mark.slow
 def test_the_issues_compiled_step_estimated_here_is_within_5_percent_of_the_h100() -> None:
     # Issue 69's user loop (a Qwen2-0.5B shape, 2 x 1,024 tokens, bf16 autocast, fused AdamW) measured compiled and
-    # eager on an H100 (2026-11-28), against the estimates this CPU makes for that GPU as the run's laptop side did.
-    from benchmarks.gpu_sections_compile import estimates
-
-    result = Path(__file__).parents[2] / "benchmarks" / "results" / (
-        "gpu_acceptance-cuda-nvidia-h100-80gb-hbm3-compile-levers.json")
+    # eager on an H100 (2026-11-28), against the estimates this CPU makes for that GPU as the run's laptop side did:
+    # in a process of its own, a plain one (no frozen collector, as the test session has). The compiled reserve was
+    # 1.092 of the H100's there, and 1.033 in this session's process: a young collection freed a fake tensor held in
+    # a reference cycle whenever the process's history made one run (memlab.runner.collection).
+    root = Path(__file__).resolve().parents[2]
+    result = root / "benchmarks" / "results" / "gpu_acceptance-cuda-nvidia-h100-80gb-hbm3-compile-levers.json"
     part = json.loads(result.read_text())["parts"]["compile"]
-    made = estimates("full", part["estimated_for"])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-c", _ISSUE_ESTIMATES, part["estimated_for"]], capture_output=True,
+                          text=True, env=env, cwd=root, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    made = json.loads(done.stdout.strip().splitlines()[-1])
     for variant in ("eager", "compiled"):
         measured = part["measured"][variant]
         assert made[variant]["status"] == "ok", made[variant]["error"]
