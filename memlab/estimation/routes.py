@@ -83,13 +83,13 @@ def _inference(request: EstimateRequest) -> Trial:
 
 def _sharded(request: EstimateRequest) -> Trial:
     """Training sharded over ``gpus`` GPUs: the per-GPU estimate of :mod:`memlab.estimation.sharded.per_gpu`."""
-    from memlab.estimation.sharded.forked import in_forked_child, launched
+    from memlab.estimation.sharded.forked import in_forked_child, launched, refused_by_autograd
     from memlab.estimation.sharded.per_gpu import sharded_estimate
 
     if isinstance(request.plan, Plan) and no_engine(request.plan):
         raise MemlabError(no_engine(request.plan))
     if launched():  # a launched script's rank: its process group cannot share the process with the dry run's
-        return in_forked_child(lambda: sharded_estimate(request))
+        return refused_by_autograd(in_forked_child(lambda: sharded_estimate(request)))
     return sharded_estimate(request)
 
 

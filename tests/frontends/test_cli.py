@@ -670,7 +670,8 @@ def test_estimate_runs_without_full_collections_and_puts_the_collector_back(
     monkeypatch.setattr(estimate_cli, "run", lambda args: seen.append(gc.get_threshold()) or 0)
     before = gc.get_threshold()
     assert main(["estimate", "gpt2", "--no-cache"]) == 0
-    assert seen and seen[0][:2] == before[:2] and seen[0][2] > 1000 * before[2]  # young collections as they were
+    # none of its own, young ones included: a dry run's answer must not depend on when one runs
+    assert seen and seen[0][1] == before[1] and seen[0][0] > 1000 * before[0] and seen[0][2] > 1000 * before[2]
     assert gc.get_threshold() == before
 
 

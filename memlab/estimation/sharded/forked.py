@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from memlab.errors import MemlabError
 
-__all__ = ["in_forked_child", "launched"]
+__all__ = ["AUTOGRAD_FORK_REFUSAL", "in_forked_child", "launched", "refused_by_autograd"]
 
 Result = TypeVar("Result")
 
@@ -78,6 +78,29 @@ def in_forked_child(work: Callable[[], Result]) -> Result:
     if status == "error":
         raise value
     return value  # type: ignore[no-any-return]
+
+
+AUTOGRAD_FORK_REFUSAL = (
+    "this process has run a backward pass with autograd's device threads (a training step on a GPU), which PyTorch "
+    "refuses to use again in a forked process, and memlab.estimate runs a launched rank's sharded dry run in one; "
+    "ask before the first training step (before trainer.train()), or before the launch: memlab.estimate(trainer, "
+    "gpus=N) in a notebook, or memlab estimate MODEL --trainer sft --gpus N --strategy zero3"
+)
+
+
+def refused_by_autograd(trial: Any) -> Any:
+    """``trial`` as it is, or the one error that says what to do where the forked child's dry run failed on
+    PyTorch's autograd-and-fork check (``Unable to handle autograd's threading in combination with fork-based
+    multiprocessing``).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> refused_by_autograd(SimpleNamespace(status="ok", error=None)).status
+        'ok'
+    """
+    if getattr(trial, "status", None) == "error" and "autograd's threading" in str(getattr(trial, "error", "")):
+        raise MemlabError(AUTOGRAD_FORK_REFUSAL)
+    return trial
 
 
 def _picklable(error: BaseException) -> BaseException:

@@ -73,3 +73,19 @@ def test_a_sharded_estimate_in_a_launched_rank_is_the_one_made_before_and_the_gr
     assert (inside.gpus, inside.strategy) == (4, "fsdp2")
     assert (inside.peak_bytes, inside.breakdown) == (before.peak_bytes, before.breakdown)
     assert all(torch.equal(weights[name], parameter) for name, parameter in model.named_parameters())
+
+
+def test_a_dry_run_that_autograd_refuses_in_the_child_is_one_error_saying_when_to_ask() -> None:
+    # Seen here: a process that ran a backward with autograd's device threads before it forked; PyTorch's check in
+    # the child fails the dry run, which comes back as an error trial
+    from types import SimpleNamespace
+
+    from memlab.estimation.sharded.forked import refused_by_autograd
+
+    failed = SimpleNamespace(status="error", error="RuntimeError: Unable to handle autograd's threading in combination "
+                                                   "with fork-based multiprocessing. See https://github.com/pytorch/"
+                                                   "pytorch/wiki/Autograd-and-Fork")
+    with pytest.raises(MemlabError, match=r"ask before the first training step \(before trainer.train\(\)\)"):
+        refused_by_autograd(failed)
+    other = SimpleNamespace(status="error", error="RuntimeError: something else")
+    assert refused_by_autograd(other) is other
