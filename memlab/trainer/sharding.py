@@ -107,9 +107,11 @@ def _said(name: str, value: Any, state: Any) -> str:
     """How the trainer set the engine: its argument (a file's name, ``...`` for a dict) or accelerate's config."""
     if not value:
         return "accelerate launch's config"
-    shown = "..." if isinstance(value, Mapping) else repr(value) if not isinstance(value, (str, Path)) else (
-        repr(Path(value).name))
-    return f"{name}={shown}"
+    if isinstance(value, Mapping):
+        return f"{name}=..."
+    if isinstance(value, (str, Path)):
+        return f"{name}={Path(value).name!r}"
+    return f"{name}={value!r}"
 
 
 def _deepspeed_config(plugin: Any, argument: Any) -> Mapping[str, Any] | None:
@@ -151,8 +153,11 @@ def _fsdp_config(plugin: Any, args: Any) -> dict[str, Any] | None:
     fsdp = getattr(args, "fsdp", None)
     if not fsdp:
         return None
-    options = fsdp.split() if isinstance(fsdp, str) else [str(getattr(option, "value", option)) for option in fsdp] \
-        if isinstance(fsdp, (list, tuple)) else []
+    options: list[str] = []
+    if isinstance(fsdp, str):
+        options = fsdp.split()
+    elif isinstance(fsdp, (list, tuple)):
+        options = [str(getattr(option, "value", option)) for option in fsdp]
     section = dict(getattr(args, "fsdp_config", None) or {})
     version = int(section.get("version") or section.get("fsdp_version") or 2)  # transformers 5 defaults to FSDP2
     strategies = [option for option in options if option not in ("offload", "auto_wrap")]
