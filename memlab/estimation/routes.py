@@ -50,10 +50,14 @@ def _trainer(request: EstimateRequest) -> Trial:
     from memlab.trainer.sharding import sharded_trainer_request, zero3_gathering_off
 
     kind = kind_of(request.model)
-    request, sharding_note = sharded_trainer_request(request, kind.name, own_step=kind.estimate is not None)
+    request, sharding_note = sharded_trainer_request(request)
     with liger_kernels(request.model), zero3_gathering_off():  # its dry runs put on Liger's kernels as train() would
         if kind.estimate is not None:
-            return cast(Trial, kind.estimate(request))
+            trial = cast(Trial, kind.estimate(request))
+            if sharding_note is None:
+                return trial
+            engine = (sharding_note.note, sharding_note.host_note(trial.host_bytes))
+            return dataclasses.replace(trial, notes=(*trial.notes, *filter(None, engine)))
 
         batch, plan = split_plans(request.batch, request.plan)
         target = live_target(request.model, batch, request.loss_fn, sharded=request.sharded)

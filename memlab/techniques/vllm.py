@@ -230,12 +230,14 @@ class VLLMSettings:
     tensor_parallel: int = 1
 
     @classmethod
-    def of(cls, trainer: Any) -> VLLMSettings | None:
-        """The trainer's vLLM settings; None where it generates with transformers.
+    def of(cls, trainer: Any, *, gpus: int = 1) -> VLLMSettings | None:
+        """The trainer's vLLM settings; None where it generates with transformers. ``gpus``: the processes it is
+        estimated for (a colocated engine spans ``vllm_tensor_parallel_size`` of them).
 
         Raises:
             MemlabError: a mode other than ``"colocate"`` / ``"server"``, a utilization outside (0, 1], or a
-                colocated engine over several GPUs (``vllm_tensor_parallel_size > 1``: several processes).
+                colocated engine over more GPUs than one (``vllm_tensor_parallel_size > 1``) where the ``gpus``
+                processes are not whole groups of it (TRL refuses such a launch).
         """
         args = trainer.args
         if not getattr(trainer, "use_vllm", getattr(args, "use_vllm", False)):
@@ -249,16 +251,23 @@ class VLLMSettings:
         if mode == "colocate" and not 0.0 < utilization <= 1.0:
             raise MemlabError(f"vllm_gpu_memory_utilization={utilization} is not a fraction of the card; write a "
                               "value in (0, 1], e.g. GRPOConfig(vllm_gpu_memory_utilization=0.3)")
-        if mode == "colocate" and parallel != 1:
+        if mode == "colocate" and parallel != 1 and gpus == 1:
             raise MemlabError(
                 f"vllm_tensor_parallel_size={parallel} spreads the colocated engine over {parallel} processes, and "
-                "memlab estimates a GRPOTrainer's step in one; estimate it with vllm_tensor_parallel_size=1 (each "
-                "GPU then holds the whole engine's share, an upper bound)"
+                f"this is asked for one; say the GPUs the run is launched on: memlab.estimate(trainer, gpus={parallel}"
+                ", strategy='zero3') (or its strategy), or estimate it with vllm_tensor_parallel_size=1"
+            )
+        if mode == "colocate" and gpus % parallel:
+            raise MemlabError(
+                f"vllm_tensor_parallel_size={parallel} does not divide the {gpus} training processes: TRL groups "
+                f"the ranks {parallel} by {parallel} for the colocated engine and refuses a launch whose world size "
+                f"is not a multiple of it; write GRPOConfig(vllm_tensor_parallel_size=...) dividing {gpus}, or "
+                f"gpus={gpus + (-gpus) % parallel}"
             )
         return cls(mode, utilization, bool(getattr(args, "vllm_enable_sleep_mode", False)), parallel)
 
     @classmethod
-    def for_plan(cls, trainer: Any, plan: Any) -> VLLMSettings | None:
+    def for_plan(cls, trainer: Any, plan: Any, *, gpus: int = 1) -> VLLMSettings | None:
         """The trainer's settings with what ``plan`` sets of them (``Plan(vllm_memory=..., vllm_sleep=...)``; None
         fields, or no plan: the trainer's own).
 
@@ -274,7 +283,7 @@ class VLLMSettings:
             >>> settings.utilization, settings.sleep
             (0.2, False)
         """
-        own = cls.of(trainer)
+        own = cls.of(trainer, gpus=gpus)
         if plan is None or not sets_vllm(plan):
             return own
         if own is None or not own.colocated:

@@ -278,35 +278,26 @@ class ShardedTrainer:
         return note
 
 
-def sharded_trainer_request(request: Any, kind: str, *, own_step: bool = False) -> tuple[Any, ShardedTrainer | None]:
+def sharded_trainer_request(request: Any) -> tuple[Any, ShardedTrainer | None]:
     """An estimate's request for a trainer (:class:`~memlab.estimation.request.EstimateRequest`) with the sharding
     the trainer is set up for (:func:`trainer_sharding`): ``gpus`` those given, else the processes it runs in, and
-    its strategy; unchanged (and None) for a trainer of one process. ``kind`` names the trainer's kind, whose step
-    of its own (``own_step``: GRPO's generation) is not yet estimated per GPU.
+    its strategy; unchanged (and None) for a trainer of one process.
 
     Raises:
-        MemlabError: a trainer set up for DeepSpeed or FSDP in one process with no ``gpus=``, a ``strategy=`` other
-            than the one it is set up for, or a kind with a step of its own; each says what to write.
+        MemlabError: a trainer set up for DeepSpeed or FSDP in one process with no ``gpus=``, or a ``strategy=`` other
+            than the one it is set up for; each says what to write.
 
     Example:
         >>> from types import SimpleNamespace
         >>> from memlab.estimation.request import EstimateRequest
         >>> args = SimpleNamespace(deepspeed={"zero_optimization": {"stage": 2}}, fsdp=None, world_size=1)
-        >>> request, read = sharded_trainer_request(EstimateRequest(SimpleNamespace(args=args), None, None, gpus=4),
-        ...                                         "Trainer")
+        >>> request, read = sharded_trainer_request(EstimateRequest(SimpleNamespace(args=args), None, None, gpus=4))
         >>> request.gpus, request.strategy, read.sharding.strategy
         (4, 'zero2', 'zero2')
     """
     sharding = trainer_sharding(request.model)
     if sharding is None:
         return request, None
-    if own_step:
-        raise MemlabError(
-            f"this {kind} is set up for {sharding.setting}, and memlab estimates a {kind}'s step (its generation "
-            "with it) on one device only; ask for one GPU's step with a trainer built without deepspeed= or fsdp=, "
-            "or for the sharded training alone with memlab.estimate(model, batch, plan, gpus=N, "
-            f"strategy={sharding.strategy!r})"
-        )
     if request.strategy not in ("none", sharding.strategy):
         raise MemlabError(
             f"this trainer is set up for {sharding.setting}, which memlab estimates as strategy="
@@ -320,3 +311,19 @@ def sharded_trainer_request(request: Any, kind: str, *, own_step: bool = False) 
             "be launched on: memlab.estimate(trainer, gpus=8) for accelerate launch --num_processes 8"
         )
     return request.replace(gpus=gpus, strategy=sharding.strategy), ShardedTrainer(sharding, gpus)
+
+
+def engine_plan(trainer: Any, plan: Any, gpus: int) -> Any:
+    """``plan`` with the CPU offload of the engine ``trainer`` is set up for (:meth:`ShardedTrainer.plan_for`);
+    unchanged for a trainer of one process (asked with ``gpus=`` and ``strategy=``).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from memlab.plan import Plan
+        >>> args = SimpleNamespace(deepspeed={"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}},
+        ...                        fsdp=None, world_size=1)
+        >>> engine_plan(SimpleNamespace(args=args), Plan(), 8).offload
+        'params'
+    """
+    sharding = trainer_sharding(trainer)
+    return plan if sharding is None else ShardedTrainer(sharding, gpus).plan_for(plan)

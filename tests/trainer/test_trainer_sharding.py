@@ -169,17 +169,6 @@ def test_a_dpo_trainers_reference_is_sharded_as_trl_prepares_it(tmp_path: Path) 
     assert "sharded over 2 GPUs as TRL prepares it for zero3" in "; ".join(read.notes)
 
 
-def test_a_grpo_trainer_set_up_for_deepspeed_is_refused_with_what_works(tmp_path: Path) -> None:
-    pytest.importorskip("trl")
-    from liger_trainers import grpo_trainer
-
-    grpo = grpo_trainer(tmp_path, liger=False)
-    grpo.args.deepspeed = ZERO3
-    with pytest.raises(MemlabError, match=r"estimates a GRPOTrainer's step \(its generation with it\) on one device "
-                                          r"only; .*strategy='zero3'"):
-        memlab.estimate(grpo, gpus=2, device="cpu")
-
-
 def test_a_plain_trainer_is_unchanged(tmp_path: Path) -> None:
     t = trainer(tmp_path, per_device_train_batch_size=2)
     assert trainer_sharding(t) is None

@@ -155,9 +155,6 @@ def _check_sharding(args: argparse.Namespace) -> None:
     if args.gpus == "auto":
         raise MemlabError(f"--gpus auto is not answered with --trainer {args.trainer} yet; write the GPUs the run is "
                           "launched on, e.g. --gpus 8 --strategy zero3")
-    if cli_kind(args.trainer).estimate is not None:  # a step of its own (GRPO's generation): one device
-        raise MemlabError(f"--gpus is not answered with --trainer {args.trainer} yet: its generation is estimated on "
-                          "one device; leave --gpus and --strategy out for one GPU's step")
     if isinstance(args.gpus, int) and args.gpus > 1 and args.strategy in (None, "none"):
         raise MemlabError(f"--gpus {args.gpus} needs a strategy; add --strategy fsdp2, zero2 or zero3 (the engine the "
                           "run is launched with)")
@@ -505,6 +502,8 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     source = args.config or args.model
     say(f"reading the config of {source}")
     config = load_config(source)
+    if args.config and args.model:  # the name the answer's commands load (trl vllm-serve --model), not the file's
+        config._name_or_path = args.model
     say(f"building the {args.trainer.upper()} trainer around the model on the meta device (shapes only, no memory)")
     suggested: list[tuple[Any, str, str | None]] = []  # (trial, command, what it changes in the training)
     with tempfile.TemporaryDirectory(prefix="memlab-trainer-") as folder:
@@ -682,6 +681,9 @@ def _header(args: argparse.Namespace, model: Any, settings: dict[str, Any], plan
     parameters = sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)
     sharded = (f", per GPU of {args.gpus} under {_STRATEGY_WORDS[args.strategy]}"
                if isinstance(args.gpus, int) and args.gpus > 1 else "")
+    if sharded and getattr(args, "vllm_mode", None) == "server":
+        serving = (args.vllm_server_tensor_parallel_size or 1) * (args.vllm_server_data_parallel_size or 1)
+        sharded += f" (and {serving} more serving vLLM: {args.gpus + serving} GPUs in all)"
     text = (f"{args.model}: {type(base).__name__}, {count_text(parameters)} parameters, "
             f"{_question(args, settings)}{_plans_words(plans)}{sharded}{for_gpu(args)}{budget_words(args, budget)}")
     return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  "))

@@ -40,6 +40,8 @@ def _settings(args: Any, positions: int | None) -> dict[str, Any]:
         settings.update(use_vllm=True, vllm_mode="colocate",
                         vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
                         vllm_enable_sleep_mode=bool(args.vllm_enable_sleep_mode))
+        if args.vllm_tensor_parallel_size is not None:
+            settings["vllm_tensor_parallel_size"] = args.vllm_tensor_parallel_size
     if args.vllm_mode == "server":
         settings.update(use_vllm=True, vllm_mode="server")
     settings["prompt_length"] = prompt
@@ -87,6 +89,11 @@ def _check(args: Any) -> None:
     if getattr(args, "vllm_enable_sleep_mode", None) and getattr(args, "vllm_gpu_memory_utilization", None) is None:
         raise MemlabError("--vllm-enable-sleep-mode puts a colocated vLLM engine to sleep; add "
                           "--vllm-gpu-memory-utilization 0.3 (its share of the card)")
+    if getattr(args, "vllm_tensor_parallel_size", None) is not None and getattr(
+            args, "vllm_gpu_memory_utilization", None) is None:
+        raise MemlabError("--vllm-tensor-parallel-size spreads a colocated vLLM engine over several ranks; add "
+                          "--vllm-gpu-memory-utilization 0.3 (its share of each card) and --gpus 8 --strategy zero3 "
+                          "(or --vllm-server-tensor-parallel-size for a trl vllm-serve server)")
     mode = getattr(args, "vllm_mode", None)
     if mode not in (None, "colocate", "server"):
         raise MemlabError(f"--vllm-mode {mode} is not one TRL runs; write --vllm-mode server (a trl vllm-serve "
@@ -194,6 +201,8 @@ GRPO_CLI = TrainerCli(
                   value="fraction", example="0.3"),
         CliOption("vllm_enable_sleep_mode", "GRPO with --vllm-gpu-memory-utilization: the engine sleeps while the "
                   "policy trains", value="flag"),
+        CliOption("vllm_tensor_parallel_size", "GRPO with --vllm-gpu-memory-utilization and --gpus: the colocated "
+                  "engine spans this many ranks (default 1)", metavar="N", example="2"),
         CliOption("vllm_mode", "GRPO: 'server' generates on a trl vllm-serve server's own GPUs (use_vllm=True, "
                   "vllm_mode='server'), answered for them too", metavar="MODE", value="text", example="server"),
         *_SERVER,

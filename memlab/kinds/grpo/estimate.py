@@ -45,12 +45,14 @@ from memlab.report.timeline import Timeline, TimelinePeak
 from memlab.sizes import format_bytes
 from memlab.techniques.vllm import FIELDS, VLLMServer, sets_vllm, without_vllm
 from memlab.trainer.reference import reference_bytes
+from memlab.trainer.sharding import engine_plan
 from memlab.trainer.source import keeps_trainer_batch
 
 if TYPE_CHECKING:
     from memlab.estimation.cuda.gpus import GpuKind
 
-__all__ = ["estimate_grpo", "estimate_grpo_vllm", "fitted_vllm", "grpo_plans_estimator", "sampling_bytes"]
+__all__ = ["EngineMemory", "engine_memory", "estimate_grpo", "estimate_grpo_vllm", "fitted_vllm", "generation_trial",
+           "grpo_plans_estimator", "sampling_bytes", "source_sampling_bytes"]
 
 _WEIGHTS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -113,35 +115,54 @@ def estimate_grpo(request: Any) -> Trial:
     trainer's effective batch kept). Nothing on the trainer changes.
 
     Raises:
-        MemlabError: a batch given, several GPUs, or what :class:`~memlab.kinds.grpo.source.GRPOSource` refuses.
+        MemlabError: a batch given, or what :class:`~memlab.kinds.grpo.source.GRPOSource` refuses. With ``gpus=`` and
+            ``strategy=`` (or a trainer set up for DeepSpeed or FSDP), the step per GPU
+            (:func:`~memlab.kinds.grpo.sharded.sharded_grpo_step`).
     """
+    from memlab.estimation.sharded.fsdp2 import ShardedTrial
+    from memlab.kinds.grpo.sharded import sharded_grpo_step
+
+    settings = VLLMSettings.for_plan(request.model, _asked(request), gpus=request.gpus)
+    training, source, request = _training_step(request, settings)
+    if training.status != "ok":
+        return training
+    if isinstance(training, ShardedTrial) and training.gpus > 1:
+        return sharded_grpo_step(training, settings, source, request)
+    if training.timeline is None:
+        return training
+    if settings is not None:
+        return _with_vllm(training, settings, source, request)
+    generation = generation_trial(source, request)
+    if generation.status != "ok" or generation.timeline is None:
+        return dataclasses.replace(training, notes=(*training.notes, "the generation phase could not be estimated: "
+                                                    f"{generation.error}"))
+    reference = _reference_bytes(source.trainer)
+    return _combined(training, generation, source_sampling_bytes(source), reference, source)
+
+
+def generation_trial(source: GRPOSource, request: Any) -> Trial:
+    """The generation phase's dry run: the generation batch's prompts decoded to ``max_completion_length`` new tokens
+    with transformers' ``generate`` on the policy as it is (the module docstring)."""
     from memlab.estimation.dryrun.liger import liger_kernels
     from memlab.estimation.dryrun.single_gpu import dry_run_inference
     from memlab.inference.weights import HELD_AS_LOADED
 
-    settings = VLLMSettings.for_plan(request.model, _asked(request))
-    training, source, request = _training_step(request, settings)
-    if training.status != "ok" or training.timeline is None:
-        return training
-    if settings is not None:
-        return _with_vllm(training, settings, source, request)
     parameter = next(iter(source.model.parameters()))
     weights = _WEIGHTS.get(parameter.dtype, "fp32")
     # TRL generates with the policy's weights as they are: a peft model's adapters stay in fp32 beside bf16 weights,
     # which the inference plan's one dtype would cast.
     with patched(source.model, **{HELD_AS_LOADED: True}), liger_kernels(source.trainer):  # as train() generates
         # Without cuBLAS's workspace: the training step's, under the other its timeline starts with, holds them.
-        generation = dry_run_inference(
+        return dry_run_inference(
             source.model, {"input_ids": (source.generation_batch, source.prompt_tokens)},
             InferencePlan(new_tokens=source.completion_tokens, weights=weights), device=request.device,
             gpu=request.gpu,
         ).trials[0]
-    if generation.status != "ok" or generation.timeline is None:
-        return dataclasses.replace(training, notes=(*training.notes, "the generation phase could not be estimated: "
-                                                    f"{generation.error}"))
-    vocab = int(getattr(source.model.config, "vocab_size", 0) or 0)
-    reference = _reference_bytes(source.trainer)
-    return _combined(training, generation, sampling_bytes(source.generation_batch, vocab), reference, source)
+
+
+def source_sampling_bytes(source: GRPOSource) -> int:
+    """What sampling adds to the generation batch's decode step (:func:`sampling_bytes` of the policy's vocabulary)."""
+    return sampling_bytes(source.generation_batch, int(getattr(source.model.config, "vocab_size", 0) or 0))
 
 
 def estimate_grpo_vllm(request: Any, variants: Sequence[VLLMSettings]) -> list[Trial]:
@@ -233,14 +254,15 @@ def _training_step(request: Any, settings: VLLMSettings | None) -> tuple[Trial, 
             "max_completion_length or the most generations per device that fit, memlab.limits(trainer, budget=..., "
             "vary='tokens' or 'rows')"
         )
-    if request.gpus != 1 or request.strategy != "none":
-        raise MemlabError("memlab estimates a GRPOTrainer's step on one device; drop gpus= and strategy=")
     if plan is not None and not isinstance(plan, Plan):
         raise MemlabError(f"{plan!r} is not a memlab.Plan; write memlab.estimate(trainer, memlab.Plan(...))")
-    source = GRPOSource.from_trainer(trainer, vllm=True)
+    sharded = request.gpus != 1 or request.strategy != "none"
+    source = GRPOSource.from_trainer(trainer, vllm=True, sharded=sharded)
     # the engine's levers do not change the policy's step: its dry run runs without them (_with_vllm puts them back)
     plan = without_vllm(source.plan if plan is None else keeps_trainer_batch(plan, trainer.args))
     check_generations(plan, source)
+    if sharded:
+        plan = engine_plan(trainer, plan, request.gpus)
     loss_fn = request.loss_fn if request.loss_fn is not None else source.loss_fn()
     if settings is not None and settings.colocated:
         request = _on_the_card(request)
@@ -347,32 +369,55 @@ def _on_the_card(request: Any) -> Any:
     return request
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineMemory:
+    """What a GRPOTrainer's vLLM engine holds on one of the trainer's GPUs (bytes): ``awake`` while it generates,
+    ``during`` while the policy trains (a sleeping or served engine: 0), ``host`` kept in CPU memory; the note that
+    says how, and why vLLM would not start (None where it starts)."""
+
+    awake: int
+    during: int
+    host: int
+    note: str
+    refusal: str | None
+
+
+def engine_memory(settings: VLLMSettings, source: GRPOSource, request: Any, *, ranks: int = 1) -> EngineMemory:
+    """The engine's memory on a trainer's GPU: a colocated engine's share (:func:`~memlab.kinds.grpo.vllm.vllm_share`,
+    its tensor-parallel part), or nothing for a served one, whose own GPUs the note answers
+    (:func:`~memlab.kinds.grpo.server.server_memory`: the generation batches of all ``ranks`` training processes,
+    which TRL gathers and sends to it).
+
+    Example (``tests/kinds/grpo/test_grpo_vllm.py`` builds such a trainer)::
+
+        engine = engine_memory(VLLMSettings.of(trainer), GRPOSource.from_trainer(trainer, vllm=True), request)
+    """
+    from memlab.estimation.cuda.gpus import kind_or_default
+
+    tokens = source.prompt_tokens + source.completion_tokens
+    if settings.colocated:
+        kind = kind_or_default(request.gpu)
+        share = vllm_share(settings, source.model, card=kind.memory_bytes, prompt=source.prompt_tokens,
+                           completion=source.completion_tokens, sequences=source.generation_batch)
+        return EngineMemory(share.share, share.during_training, share.host, share.note(kind.name), share.refusal())
+    served = server_memory(request.vllm_server or VLLMServer(), source.model, trainer_gpu=request.gpu,
+                           sequence_tokens=tokens, sequences=source.generation_batch * ranks)
+    return EngineMemory(0, 0, 0, served.note() + "; the generation phase here is the policy's state while it waits",
+                        served.refusal())
+
+
 def _with_vllm(training: Trial, settings: VLLMSettings, source: GRPOSource, request: Any) -> Trial:
     """The training estimate with vLLM's generation put before it: a colocated engine's share (resident, or awake
     only while it generates with sleep mode) over the policy's training state, under ``"other"``; a served engine
     adds nothing to this card. An error trial where the share cannot hold the weights and one sequence."""
-    from memlab.estimation.cuda.gpus import kind_or_default
-
     line = training.timeline
     assert line is not None
     categories = line.categories
     reference = _reference_bytes(source.trainer)
     held = {"params": training.breakdown.get("params", 0), "optimizer": training.breakdown.get("optimizer", 0),
             "other": (line.series["other"][0] if line.series.get("other") else 0) + reference}
-    if settings.colocated:
-        kind = kind_or_default(request.gpu)
-        share = vllm_share(settings, source.model, card=kind.memory_bytes, prompt=source.prompt_tokens,
-                           completion=source.completion_tokens, sequences=source.generation_batch)
-        awake, during, note = share.share, share.during_training, share.note(kind.name)
-        host = share.host
-        refusal = share.refusal()
-    else:
-        awake = during = host = 0
-        served = server_memory(request.vllm_server or VLLMServer(), source.model, trainer_gpu=request.gpu,
-                               sequence_tokens=source.prompt_tokens + source.completion_tokens,
-                               sequences=source.generation_batch)
-        note = served.note() + "; the generation phase here is the policy's state while it waits"
-        refusal = served.refusal()
+    engine = engine_memory(settings, source, request)
+    awake, during, host, note, refusal = engine.awake, engine.during, engine.host, engine.note, engine.refusal
     before = awake if not settings.sleep else during
     series: dict[str, list[int]] = {name: [] for name in categories}
     for extra in (before, awake):

@@ -111,19 +111,23 @@ class GRPOSource:
     failure: RewardFailed | None = field(default=None)
 
     @classmethod
-    def from_trainer(cls, trainer: Any, *, vllm: bool = False, within_positions: bool = True) -> GRPOSource:
+    def from_trainer(cls, trainer: Any, *, vllm: bool = False, within_positions: bool = True,
+                     sharded: bool = False) -> GRPOSource:
         """Read a GRPOTrainer and find its worst generation batch; nothing on it changes. ``vllm=True``: a trainer
         that generates with vLLM is taken too (an estimate, which counts the engine's share by vLLM's arithmetic:
         :mod:`memlab.kinds.grpo.vllm`); a measurement runs the generation, so it refuses one.
         ``within_positions=False`` takes completions past the model's positions (``limits``, which reads the prompts
-        to find the longest completion that fits).
+        to find the longest completion that fits). ``sharded=True``: a trainer set up for DeepSpeed or FSDP is taken
+        (the per-GPU estimate: each rank generates and trains on the same per-device batch as one GPU would).
 
         Raises:
             MemlabError: a vLLM engine where the generation runs (``vllm=False``), a custom rollout, several
-                processes, a dataset without prompts, or completions that reach past the model's positions.
+                processes (without ``sharded``), a dataset without prompts, or completions that reach past the
+                model's positions.
         """
         args = trainer.args
-        check_single_process(args)
+        if not sharded:
+            check_single_process(args)
         if getattr(trainer, "use_vllm", False) and not vllm:
             raise MemlabError(VLLM_NOT_RUN)
         if getattr(trainer, "rollout_func", None) is not None or getattr(trainer, "environment_factories", None):
@@ -138,7 +142,8 @@ class GRPOSource:
         # TRL generates per_device x steps_per_generation completions at once; one optimizer step trains on the
         # first of them (steps_per_generation >= accumulation) or on several rounds of them (fewer).
         generation_batch = per_device * max(per_generation, 1)
-        prompts = generation_batch // trainer.num_generations
+        # a rank's share of the generation batch may end inside a prompt's group: that prompt counted whole
+        prompts = -(-generation_batch // trainer.num_generations)
         examples, lengths, scanned = _longest_prompts(trainer, prompts)
         completion = int(trainer.max_completion_length)
         if within_positions:
@@ -148,7 +153,7 @@ class GRPOSource:
                 f"{', '.join(str(i) for i in rows[:8])}{'...' if len(rows) > 8 else ''}, {max(lengths)} tokens; "
                 f"scanned {scanned:,} examples), {trainer.num_generations} completions each, every completion "
                 f"forced to max_completion_length={completion} tokens (the worst case: no early end-of-sequence)")
-        repeated = [example for _, example in examples for _ in range(trainer.num_generations)]
+        repeated = [example for _, example in examples for _ in range(trainer.num_generations)][:generation_batch]
         return cls(trainer, trainer_model(trainer), plan_from_trainer(trainer), generations, generation_batch,
                    repeated, max(lengths), completion, note)
 

@@ -122,9 +122,12 @@ class VLLMShare:
         fewer = "" if self.share >= self.weights + self.kv_batch else (
             f"; the share holds fewer than the generation batch's sequences at once (its KV cache needs "
             f"{format_bytes(self.kv_batch)}): vLLM then generates them in turns, slower")
+        parallel = self.settings.tensor_parallel
+        split = (f" (its part on each of the {parallel} ranks of its tensor-parallel group, which generates their "
+                 "prompts together, its kv-heads split too)") if parallel > 1 else ""
         return (f"colocated vLLM engine: vllm_gpu_memory_utilization={utilization} x the {gpu_name}'s "
                 f"{format_bytes(self.card)} = {format_bytes(self.share)} under other, its weights "
-                f"{format_bytes(self.weights)} in vLLM's dtype and its KV cache the rest "
+                f"{format_bytes(self.weights)} in vLLM's dtype{split} and its KV cache the rest "
                 f"({format_bytes(self.kv_batch)} for the generation batch); {held}{fewer}. Source: {_SOURCE}")
 
 
@@ -160,7 +163,7 @@ def vllm_share(settings: VLLMSettings, model: Any, *, card: int, prompt: int, co
         >>> share.share, share.kv_sequence, share.during_training
         (536870912, 8192, 0)
     """
-    from memlab.inference.kv import kv_cache_bytes
+    from memlab.inference.kv import kv_cache_bytes, kv_shape
 
     dtype = vllm_dtype(model.config)
     # Packed 4-bit weights (bitsandbytes' uint8 storage) load into vLLM 4-bit too (TRL passes
@@ -168,12 +171,17 @@ def vllm_share(settings: VLLMSettings, model: Any, *, card: int, prompt: int, co
     storages = {p.untyped_storage().data_ptr() if p.device.type != "meta" else id(p):
                 p.numel() * (p.element_size() if p.dtype in (torch.uint8, torch.int8) else dtype.itemsize)
                 for p in model.parameters()}
-    weights = sum(storages.values())
+    # An engine over tensor_parallel GPUs (TRL groups that many ranks) splits the weights and the kv-heads over them
+    # (the heads replicated where there are fewer) and generates the whole group's prompts.
+    parallel = settings.tensor_parallel
+    weights = math.ceil(sum(storages.values()) / parallel)
     tokens = math.ceil((prompt + completion) / BLOCK_TOKENS) * BLOCK_TOKENS
-    kv_sequence = kv_cache_bytes(model.config, tokens=tokens, batch=1, dtype=dtype)
+    _, kv_heads, _ = kv_shape(model.config)
+    kv_sequence = kv_cache_bytes(model.config, tokens=tokens, batch=1, dtype=dtype) * max(1, kv_heads // parallel) \
+        // kv_heads
     share = int(settings.utilization * card)
     host = weights if SLEEP_LEVEL == 1 and settings.sleep else 0
-    return VLLMShare(card, share, weights, kv_sequence, kv_sequence * sequences, 0, host, settings)
+    return VLLMShare(card, share, weights, kv_sequence, kv_sequence * sequences * parallel, 0, host, settings)
 
 
 def utilization_candidates(share: VLLMShare) -> list[float]:

@@ -145,7 +145,9 @@ def test_a_dpo_question_is_answered(config: str, capsys: pytest.CaptureFixture[s
     (["--trainer", "grpo", "--try", "precompute_ref=on"], "is a setting of --trainer dpo"),
     (["--trainer", "grpo", "--try", "vllm_memory=0.3"], "write --vllm-gpu-memory-utilization 0.3"),
     (["--trainer", "grpo", "--batch", "1x512"], "--batch is not answered with --trainer grpo"),  # the default, typed
-    (["--trainer", "grpo", "--gpus", "2", "--strategy", "zero3"], "--gpus is not answered with --trainer grpo yet"),
+    (["--trainer", "grpo", "--vllm-tensor-parallel-size", "2"], "add --vllm-gpu-memory-utilization 0.3"),
+    (["--trainer", "grpo", *GRPO[2:], "--gpus", "3", "--strategy", "zero3", "--vllm-gpu-memory-utilization", "0.3",
+      "--vllm-tensor-parallel-size", "2"], "vllm_tensor_parallel_size=2 does not divide the 3 training processes"),
     (["--trainer", "sft", "--gpus", "auto", "--strategy", "zero3"], "write the GPUs the run is launched on, e.g. "
      "--gpus 8 --strategy zero3"),
     (["--trainer", "sft", "--gpus", "4"], "--gpus 4 needs a strategy; add --strategy fsdp2, zero2 or zero3"),
@@ -211,6 +213,26 @@ def test_a_served_trainer_is_answered_for_the_servers_gpus(config: str, capsys: 
     assert data["trainer"]["use_vllm"] is True and data["trainer"]["vllm_mode"] == "server"
     status, text, err = ask(capsys, config, *GRPO, "--vllm-mode", "server")
     assert status == 0 and "generating on a vLLM server" in " ".join(text.split()), (text, err)
+
+
+def test_a_sharded_grpo_question_with_a_server_is_pythons_per_gpu(
+        config: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 85: --trainer grpo --gpus N --strategy S, the vLLM server's GPUs beside the training's
+    words = [*GRPO, "--gpus", "4", "--strategy", "zero3", "--vllm-mode", "server"]
+    status, out, err = ask(capsys, config, *words, "--json")
+    assert status == 0, err
+    row = json.loads(out)["trials"][0]
+    trainer = cli_trainer(config, words, tmp_path)
+    expected = memlab.estimate(trainer, gpu="H100-80GB", gpus=4, strategy="zero3", vllm_server=memlab.VLLMServer())
+    assert expected.status == row["status"] == "ok", expected.error
+    assert row["peak_bytes"] == expected.peak_bytes and row["label"].endswith("zero3 x4")
+    assert json.loads(out)["phases"].keys() == {"weight sync", "generation", "training"}
+    status, text, err = ask(capsys, config, *words)
+    said = " ".join(text.split())
+    assert status == 0, err
+    assert "per GPU of 4 under DeepSpeed ZeRO-3 (and 1 more serving vLLM: 5 GPUs in all)" in said
+    assert "Peak: in the training phase (each phase's highest: weight sync" in said
+    assert "the server's 1 H100-80GB GPU" in said and "the trainer's 32 sequences" in said
 
 
 # --- --try and the suggestions where nothing fits (the trainer's own plan with levers replaced) ----------------------
