@@ -33,6 +33,7 @@ __all__ = [
     "check_stack",
     "checkpoint_recomputations",
     "checkpoint_traced",
+    "current_autograd_node",
     "dtensor_single_dim_strategy",
     "fake_cache_key_matches",
     "fake_rules_for_higher_order_operators",
@@ -433,6 +434,21 @@ def tensor_use_counts(tensor: Any) -> tuple[int, int] | None:
     if use_count is None or storage_use_count is None:
         return None
     return int(use_count()), int(storage_use_count(tensor.untyped_storage()._cdata))
+
+
+def current_autograd_node() -> Any:
+    """The autograd node whose backward this thread is running now (``torch._C._current_autograd_node``, private),
+    or None outside backward and where this torch has no such function: its ``name()`` (``"GatherBackward0"``) says
+    which derivative formula runs the operator being dispatched.
+
+    Example:
+        >>> current_autograd_node() is None
+        True
+    """
+    import torch
+
+    current = getattr(torch._C, "_current_autograd_node", None)
+    return None if current is None else current()
 
 
 def allocator_settings() -> str | None:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -30,13 +31,14 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 
 from memlab.errors import MemlabError
+from memlab.live.compat import current_autograd_node
 from memlab.live.host import HOST
 from memlab.live.patching import patched
 from memlab.measure.ledger import CATEGORIES, Ledger
 from memlab.plan import format_bytes
 from memlab.techniques.compile import INLINED
 
-__all__ = ["CATEGORIES", "INFERENCE_CATEGORIES", "MemoryTracker"]
+__all__ = ["CATEGORIES", "FILLED_IN_PLACE", "FILLS", "INFERENCE_CATEGORIES", "FormulaFills", "MemoryTracker"]
 
 INFERENCE_CATEGORIES = ("params", "activations", "kv_cache", "other")
 """Where the memory of an inference step goes (:mod:`memlab.inference`): no gradients or optimizer state, and the
@@ -49,6 +51,65 @@ _SAMPLE_INTERVAL_S = 1e-3
 _FRESH_DESPITE_ALIASING = frozenset({torch.ops.aten.lift_fresh.default})
 
 _aliasing_cache: dict[Any, bool] = {}
+
+_aten = torch.ops.aten
+FILLED_IN_PLACE: dict[Any, tuple[Any, frozenset[str]]] = {
+    _aten.scatter_add.default: (_aten.scatter_add_.default,
+                                frozenset({"GatherBackward0", "CummaxBackward0", "CumminBackward0"})),
+    _aten.index_add.default: (_aten.index_add_.default, frozenset({"IndexSelectBackward0"})),
+    _aten.masked_scatter.default: (_aten.masked_scatter_.default, frozenset({"MaskedSelectBackward0"})),
+    _aten.index_put.default: (_aten.index_put_.default, frozenset({"IndexBackward0"})),
+}
+"""Derivative formulas that make a gradient as zeros and fill them in place, except where a tensor is "subclass-like"
+(PyTorch's ``areAnyTensorSubclassLike``: a fake tensor, or any tensor while a dispatch mode is on the stack, so
+every tensor a tracker or a dry run sees), where they fill them out of place and hold the zeros and their filled copy
+at once: the out-of-place operator, its in-place twin, and the autograd nodes whose formula calls it so (PyTorch's
+``gather_backward``, ``cummaxmin_backward``, ``index_select_backward``, ``masked_select_backward``,
+``index_backward``). Left so, a step that gathers from the float32 logits over the vocabulary (TRL's log-probs) held
+one more copy of them in backward than the unobserved step: 0.43 GiB in a GRPO step of 8 x 96 tokens of Qwen3."""
+_ZEROS = frozenset({_aten.new_zeros.default, _aten.zeros.default, _aten.zeros_like.default})
+_FILLING_NODES = frozenset().union(*(names for _, names in FILLED_IN_PLACE.values()))
+FILLS = _ZEROS | FILLED_IN_PLACE.keys()
+"""The operators a mode hands to :meth:`FormulaFills.run`: the zeros factories and the out-of-place fills."""
+
+
+class FormulaFills:
+    """The fills of :data:`FILLED_IN_PLACE` made in place, as the unobserved step makes them, by a dispatch mode (the
+    tracker, the dry run's fake mode): the zeros a filling formula makes are remembered (weakly, with their autograd
+    node), and that formula's out-of-place fill of those very zeros runs as its in-place twin and returns them. Any
+    other call of these operators (a model's own ``scatter_add``) runs as it was called.
+
+    Example:
+        >>> x = torch.ones(256, 256, requires_grad=True)
+        >>> picked = x.gather(1, torch.zeros(256, 1, dtype=torch.long))
+        >>> with MemoryTracker() as tracker:
+        ...     picked.sum().backward()
+        >>> tracker.peak_bytes // 1024  # x's gradient, 256 KiB: its zeros filled in place, as without the tracker
+        256
+    """
+
+    __slots__ = ("_fresh",)
+
+    def __init__(self) -> None:
+        self._fresh: tuple[int, weakref.ref[torch.Tensor]] | None = None
+
+    def run(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+            call: Callable[[Any, Sequence[Any], Mapping[str, Any]], Any]) -> Any:
+        """``func`` (one of :data:`FILLS`) on ``args``, run through ``call(operator, args, kwargs)``: in place where
+        it fills the zeros its derivative formula has just made."""
+        node = current_autograd_node()
+        if func in _ZEROS:
+            out = call(func, args, kwargs)
+            if node is not None and node.name() in _FILLING_NODES:
+                self._fresh = (id(node), weakref.ref(out))
+            return out
+        fresh, self._fresh = self._fresh, None
+        in_place, names = FILLED_IN_PLACE[func]
+        if (node is None or fresh is None or fresh[0] != id(node) or fresh[1]() is not args[0]
+                or node.name() not in names):
+            return call(func, args, kwargs)
+        call(in_place, args, kwargs)
+        return args[0]
 
 
 def _returns_alias(func: Any) -> bool:
@@ -77,6 +138,10 @@ def _following_host() -> Any:
         return None
     mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
     return mode if getattr(mode, "followable", False) is True else None
+
+
+def _call(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    return func(*args, **kwargs)
 
 
 def _check_category(category: str, categories: tuple[str, ...] = CATEGORIES) -> str:
@@ -154,6 +219,7 @@ class MemoryTracker(TorchDispatchMode):
         self._active = False
         self._unpatch_resize: Callable[[], None] | None = None
         self._host: Any = None  # the fake mode this tracker follows instead of being a mode (see _following_host)
+        self._fills = FormulaFills()
         self._ledger = Ledger(self.categories)
         self._ledger.listener = on_storage
         if baseline:
@@ -402,7 +468,10 @@ class MemoryTracker(TorchDispatchMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        out = func(*args, **(kwargs or {}))
+        if func in FILLS:
+            out = self._fills.run(func, args, kwargs or {}, _call)
+        else:
+            out = func(*args, **(kwargs or {}))
         try:
             self.observe(func, out)
         except torch.OutOfMemoryError:

@@ -204,6 +204,7 @@ def test_every_private_name_is_found_on_this_torch() -> None:
     else:
         assert found is None
     assert compat.dtensor_single_dim_strategy() is not None
+    assert callable(torch._C._current_autograd_node) and compat.current_autograd_node() is None
     # The compiled checkpoint's and the higher-order operators' look-ups, not their fallbacks.
     assert callable(checkpoint._is_compiling) and compat.checkpoint_traced() is False
     assert "run_and_save_rng_state" in torch._ops._higher_order_ops

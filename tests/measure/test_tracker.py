@@ -307,3 +307,20 @@ def test_unknown_category_is_refused() -> None:
             pass
     with pytest.raises(MemlabError):
         MemoryTracker(baseline={"weights": []})
+
+
+def test_a_gathers_backward_under_the_tracker_holds_what_it_holds_without_it() -> None:
+    """Under any dispatch mode PyTorch's gather_backward fills its zeros with the out-of-place scatter_add (a tensor
+    is "subclass-like" then): the tracker runs its in-place twin, so the step it watches allocates as it does
+    unwatched, with the same gradient."""
+    torch.manual_seed(0)
+    x = torch.randn(256, 256, requires_grad=True)
+    index = torch.randint(0, 256, (256, 4))
+    x.gather(1, index).square().sum().backward()
+    unwatched, x.grad = x.grad, None
+    picked = x.gather(1, index).square()
+    with MemoryTracker() as tracker:
+        picked.sum().backward()
+    assert torch.equal(x.grad, unwatched)
+    # the gradient of x and the incoming one, not the zeros and their filled copy as well
+    assert tracker.peak_bytes < 256 * 256 * 4 + 2 * 256 * 4 * 4 + 64

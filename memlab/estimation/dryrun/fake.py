@@ -41,6 +41,7 @@ from memlab.live.patching import patched
 from memlab.live.quiet import quiet
 from memlab.live.rebind import rebind_forwards
 from memlab.live.sharding import whole_shape
+from memlab.measure.tracker import FILLS, FormulaFills
 
 __all__ = [
     "BLIND_SPOTS",
@@ -85,6 +86,9 @@ class FakeMode(FakeTensorMode):
       nonzero, so the estimate leans high rather than failing;
     - ``_grouped_mm`` (mixture-of-experts layers) accepts float32, as the CPU kernel does, where its fake rule asks
       for bf16: it is computed on bf16 twins and its result has the inputs' dtype;
+    - a derivative formula that fills fresh zeros in place on real tensors (``gather``'s: ``scatter_add_``) and out
+      of place on fake ones fills them in place here too (:class:`~memlab.measure.tracker.FormulaFills`), so the dry
+      run does not hold the zeros and their filled copy at once;
     - oneDNN's LSTM layer (``mkldnn_rnn_layer``) keeps a workspace for backward that its fake rule leaves empty:
       it is given the size the real kernel takes, :data:`_ONEDNN_LSTM_WORKSPACE_FLOATS` floats per hidden unit,
       time step and row (measured on torch 2.13 from 64 to 1024 hidden units: 15.0 to 15.6).
@@ -129,6 +133,7 @@ class FakeMode(FakeTensorMode):
         (:class:`~memlab.estimation.depth.log.DepthLog`): told of each operator before the observer and followers
         (``operator_ran(func, args, kwargs, out)``)."""
         self._depth = 0
+        self._fills = FormulaFills()
 
     @property
     def avoid_device_init(self) -> bool:
@@ -271,6 +276,9 @@ class FakeMode(FakeTensorMode):
                 with self:
                     workspace = torch.empty(floats * 4, dtype=torch.uint8, device=workspace.device)
             return output, hidden, cell, workspace
+        if func in FILLS:
+            return self._fills.run(func, args, kwargs,
+                                   lambda op, a, k: super(FakeMode, self).__torch_dispatch__(op, types, a, k))
         if func in _ADDMM_OUT_DTYPE:
             # torch 2.11's fake mode decomposes addmm's out_dtype overloads as the plain addmm, out_dtype read as beta
             # (a TypeError; TRL's fused LM head calls them on CUDA): the result is made here, as 2.13 makes it.

@@ -138,3 +138,86 @@ def test_addmm_into_another_dtype_is_made_as_the_kernel_makes_it() -> None:
         made = torch.addmm(acc, a, b, out_dtype=torch.float32)
     assert into is acc
     assert (made.shape, made.dtype) == ((4, 8), torch.float32) and made is not acc
+
+
+_FILLED = {  # a step whose backward runs a formula of FILLED_IN_PLACE: its input is (64, 1000) floats
+    "gather": lambda x: x.gather(1, torch.zeros(64, 1, dtype=torch.long)),
+    "index_select": lambda x: x.index_select(0, torch.zeros(3, dtype=torch.long)),
+    "index": lambda x: x[torch.zeros(3, dtype=torch.long)],
+    "cummax": lambda x: x.cummax(1)[0],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_FILLED))
+def test_a_formula_that_fills_zeros_fills_them_in_place_as_the_real_kernels_do(name: str) -> None:
+    """gather's backward makes its gradient as zeros and fills them with scatter_add_ on real tensors, with the
+    out-of-place scatter_add on fake ones (PyTorch's areAnyTensorSubclassLike): the dry run held the zeros and their
+    filled copy at once, a whole input more than the GPU (TRL's log-probs over float32 logits: 0.43 GiB)."""
+    size = 64 * 1000 * 4
+    with FakeMode() as mode:
+        x = torch.empty(64, 1000, requires_grad=True)
+        picked = _FILLED[name](x)
+        tracker = MemoryTracker(device="meta")
+        mode.observer = tracker.observe
+        picked.sum().backward()
+    assert size <= tracker.peak_bytes < 1.01 * size  # x's gradient alone
+
+
+def test_a_scatter_add_outside_a_formula_still_makes_its_own_tensor() -> None:
+    with FakeMode() as mode:
+        zeros, index, ones = torch.zeros(8, 100), torch.zeros(8, 1, dtype=torch.long), torch.ones(8, 1)
+        tracker = MemoryTracker(device="meta")
+        mode.observer = tracker.observe
+        filled = zeros.scatter_add(1, index, ones)
+        assert filled is not zeros and tracker.live_bytes == 8 * 100 * 4
+
+
+def _tied_qwen3() -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=8192, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+
+
+def _row_log_probs_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """trl 1.12's log-probs of the given tokens: the float32 logits divided by the temperature, gathered, less their
+    logsumexp row by row (its selective_log_softmax)."""
+    ids = batch["input_ids"]
+    logits = model(input_ids=ids).logits.float() / 1.0
+    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return (torch.stack([torch.logsumexp(row, dim=-1) for row in logits]) - picked).mean()
+
+
+def test_a_tied_qwen3_gathering_its_log_probs_is_estimated_as_its_unobserved_step_allocates() -> None:
+    """A tiny Qwen3 from its config with tied embeddings, its loss gathering log-probs from the float32 logits as
+    trl 1.12's GRPO did: the estimate's peak is what the CPU allocator reports for the same step run for real with
+    no mode on the stack (torch.profiler's memory events), and its weights are the tied model's, the embedding once.
+    Before the gather's backward was filled in place the estimate was 1.25 times the step's peak."""
+    from transformers import AutoModelForCausalLM
+
+    import memlab
+    from memlab.measure.compiled import CpuAllocatorPeak
+
+    torch.manual_seed(0)
+    batch = {"input_ids": torch.randint(0, 8192, (4, 32))}
+    trial = memlab.estimate(_tied_qwen3(), batch, memlab.Plan(), loss_fn=_row_log_probs_loss, device="cpu")
+    assert trial.status == "ok", trial.error
+    model = AutoModelForCausalLM.from_config(_tied_qwen3())
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    weights = sum(4 * t.numel() for t in (*model.parameters(), *model.buffers()))  # the tied weight once
+    assert trial.breakdown["params"] == weights
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def step() -> None:
+        _row_log_probs_loss(model, batch).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # the optimizer's state made, as the estimate's steady step has it
+    state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+                if torch.is_tensor(t))
+    with CpuAllocatorPeak(weights + state + batch["input_ids"].numel() * 8) as peak:
+        step()
+    if not peak.peak_allocated:
+        pytest.skip("this torch's profiler gives no allocation events")
+    assert trial.peak_bytes == pytest.approx(peak.peak_allocated, rel=0.01)
