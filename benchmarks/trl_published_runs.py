@@ -17,13 +17,17 @@ ALL_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "dow
 NF4_DQ_BF16 = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": torch.bfloat16,
                "bnb_4bit_use_double_quant": True}
 NF4_DQ_FP16 = {**NF4_DQ_BF16, "bnb_4bit_compute_dtype": torch.float16}
-PROBE = ("jsboige/CoursIA MyIA.AI.Notebooks/GenAI/PostTraining/_measurements/vram_wall_probe.py (trl 1.12 "
-         "GRPOTrainer, QLoRA nf4-dq r8 all-proj, 8 generations per device x 4 accumulation, bf16, checkpointing, "
-         "beta 0, transformers generate)")
+PROBE_AT = "jsboige/CoursIA MyIA.AI.Notebooks/GenAI/PostTraining/_measurements/vram_wall_probe.py"
+PROBE_RECIPE = ("GRPOTrainer, QLoRA nf4-dq r8 all-proj, 8 generations per device x 4 accumulation, bf16, "
+                "checkpointing, beta 0, transformers generate")
+PROBE = f"{PROBE_AT} (trl 1.12 {PROBE_RECIPE})"
+PROBE_192 = f"{PROBE_AT} (trl 1.9.2 {PROBE_RECIPE})"
 PROBE_DIFFERS = ("the probe's peak spans the trainer's construction and 3 steps, memlab's one steady step; built "
                  "with the installed TRL (1.16) as the probe built it, its log-probs through the logits over the "
                  "vocabulary as trl 1.12 computed them (TRL 1.16 adds a fused LM head); the prompt length is "
                  "assumed (11 tokens)")
+PROBE_DIFFERS_192 = PROBE_DIFFERS.replace(
+    "as trl 1.12 computed them", "as trl 1.9.2 computed them (the logits divided by the temperature in place)")
 PROBE_LOAD = {"dtype": torch.bfloat16, "quantization_config": NF4_DQ_BF16}
 """The probe's ``from_pretrained(model_id, quantization_config=bnb, device_map={"": 0})``: no dtype, so
 transformers 5's default (``"auto"``: the checkpoint's bf16) for what is not quantized."""
@@ -83,6 +87,12 @@ LOSSES = {
     "trl": "the installed TRL's compute_loss (its fused LM head)",
     "logits": "the installed TRL's compute_loss, its log-probs through the logits over the vocabulary in float32 as "
               "trl 1.12 computed them (its code, copied: benchmarks.trl_vs_published.logits_log_probs)",
+    "logits-1.9.2": "the installed TRL's compute_loss, its log-probs through the logits over the vocabulary in float32 "
+                    "as trl 1.9.2 computed them: trl 1.12's code but for logits.div_(self.temperature), the division "
+                    "in place on a view of the model's output (huggingface/trl#5254; trl 1.10 divides into a new "
+                    "tensor again, #6554), whose backward's CopySlices holds a float32 gradient the size of that "
+                    "output besides the slice's (huggingface/trl#6553): one more copy of the logits than trl 1.12's "
+                    "(benchmarks.trl_vs_published.logits_log_probs with in_place=True)",
     "liger-0.26.2": "TRL 0.26.2's compute_liger_loss (the backbone's hidden states into Liger's "
                     "LigerFusedLinearGRPOLoss with the LM head's weight, outside the model's autocast as TRL "
                     "0.26.2's _ForwardRedirection calls it) on the installed TRL's GRPOTrainer",
@@ -134,19 +144,30 @@ class Run:
 
 
 PROBE_0911 = (
-    "; this campaign (2026-09-11, the 3070 Laptop, torch 2.13) measured the 8B at 7.406 GiB where the same settings "
-    "measured 7.85 on 2026-10-06 (a 3080 Ti, torch 2.12) and 7.85 on the 3070 itself at 16 generations on "
-    "2026-09-22 (torch 2.6): memlab's 7.82 matches the later runs, and its three rows are 0.41 to 0.43 GiB under "
-    "memlab, about one float32 copy of a micro-batch's logits (8 x 96 x 151,936 x 4 bytes, 0.435 GiB). What "
-    "differed in its environment is not recorded; trl 1.9.2 (the probe recipe's TRL), which divides the logits by "
-    "the temperature in place, was checked and does not change memlab's peak (it is in backward)")
+    "; this campaign (2026-09-11, the 3070 Laptop, torch 2.13) ran trl 1.12 (pull request #15634: 'le venv porte "
+    "trl 1.12'), which divides the logits by the temperature into a new tensor; the later campaigns ran trl 1.9.2 "
+    "(2026-09-22: pull request #17366), whose in-place division holds one more float32 copy of the logits in "
+    "backward: the same 8B settings measured 7.406 GiB here, 7.85 on 2026-09-22 and 2026-10-06 (0.444 GiB more, "
+    "8 x 97 x 151,936 x 4 bytes being 0.439)")
+PROBE_0922 = (
+    "; this campaign (2026-09-22, the 3070 Laptop, torch 2.6) ran trl 1.9.2 (pull request #17366: 'torch "
+    "2.6.0+cu124, trl 1.9.2 vérifié'), which divides the logits by the temperature in place")
+PROBE_1006 = (
+    "; this campaign's TRL (2026-10-06) is not recorded (its jsonl records torch only): trl 1.9.2 assumed, as on "
+    "2026-09-22, whose figures its 3080 Ti run reproduced to the last digit at 160 and 288 tokens (9.155 and 11.773 "
+    "GiB, under torch 2.12 where 2026-09-22 ran 2.6); with trl 1.12's division (the 'logits' loss) the row is one "
+    "float32 copy of the logits lower")
 
 
 def _probe(name: str, model: str, card: str, gpu: str, allocated: float, reserved: float, file: str,
-           completion: int = 96, campaign: str = "") -> Run:
-    return Run(name, model, QWEN3[model], gpu, card, allocated, f"{PROBE}, {file}", published_reserved=reserved,
+           completion: int = 96, campaign: str = "", trl: str = "1.12") -> Run:
+    """A row of the probe run under ``trl`` (1.12 or 1.9.2): its source, its log-probs (:data:`LOSSES`) and what
+    differs said for that release."""
+    source, loss, differs = (PROBE, "logits", PROBE_DIFFERS) if trl == "1.12" else (
+        PROBE_192, "logits-1.9.2", PROBE_DIFFERS_192)
+    return Run(name, model, QWEN3[model], gpu, card, allocated, f"{source}, {file}", published_reserved=reserved,
                completion_tokens=completion, settings={**PROBE_SETTINGS, "max_completion_length": completion},
-               differs=PROBE_DIFFERS + campaign)
+               loss=loss, differs=differs + campaign)
 
 
 # TRL's own notebook, GRPO with QLoRA on a free Colab T4 (examples/notebooks/grpo_trl_lora_qlora.ipynb as added by
@@ -192,17 +213,20 @@ RUNS = (
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+96)", "Qwen3-8B", _3070, "RTX4090-24GB", 7.406, 8.172,
            "vram_probe_results_2026-09-11_8b.jsonl (torch 2.13.0+cu126)", campaign=PROBE_0911),
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+96), 3080 Ti", "Qwen3-8B", "RTX 3080 Ti Laptop 16GB", "RTX4090-24GB", 7.85,
-           8.6, "vram_probe_results_2026-10-06_8b_3080ti16.jsonl (torch 2.12.0+cu126)"),
+           8.6, "vram_probe_results_2026-10-06_8b_3080ti16.jsonl (torch 2.12.0+cu126)", campaign=PROBE_1006,
+           trl="1.9.2"),
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+160)", "Qwen3-8B", _3070, "RTX4090-24GB", 9.155, 10.184,
            "vram_probe_results_2026-09-22_envelope8b.jsonl (torch 2.6.0+cu124; past the card's 8 GB: the "
-           "laptop's shared memory)", completion=160),
+           "laptop's shared memory)", completion=160, campaign=PROBE_0922, trl="1.9.2"),
     _probe("Qwen3-8B GRPO QLoRA, 8 x (11+288)", "Qwen3-8B", _3070, "RTX4090-24GB", 11.773, 13.641,
            "vram_probe_results_2026-09-22_envelope8b.jsonl (torch 2.6.0+cu124; past the card's 8 GB: the "
-           "laptop's shared memory)", completion=288),
+           "laptop's shared memory)", completion=288, campaign=PROBE_0922, trl="1.9.2"),
     _probe("Qwen3-14B GRPO QLoRA, 8 x (11+96)", "Qwen3-14B", "RTX 4090", "RTX4090-24GB", 11.638, 12.512,
-           "vram_probe_results_2026-10-06_9b14b_4090.jsonl (torch 2.13.0+cu126)"),
+           "vram_probe_results_2026-10-06_9b14b_4090.jsonl (torch 2.13.0+cu126)", campaign=PROBE_1006,
+           trl="1.9.2"),
     _probe("Qwen3-14B GRPO QLoRA, 8 x (11+288)", "Qwen3-14B", "RTX 4090", "RTX4090-24GB", 15.73, 17.508,
-           "vram_probe_results_2026-10-06_9b14b_4090.jsonl (torch 2.13.0+cu126)", completion=288),
+           "vram_probe_results_2026-10-06_9b14b_4090.jsonl (torch 2.13.0+cu126)", completion=288,
+           campaign=PROBE_1006, trl="1.9.2"),
     Run("Qwen2-7B-Instruct GRPO QLoRA r32, 8 x (256+256), T4", "Qwen2-7B-Instruct", qwen2_7b_instruct, "T4-16GB",
         "Tesla T4 (Colab)", 8.832, f"{TRL_GRPO_NOTEBOOK}: 'Peak reserved memory = 8.832 GB' (torch.cuda."
         "max_memory_reserved() / 2**30 after trainer.train(); 6.773 before it)", measures="reserved",

@@ -17,6 +17,10 @@ source's is run (:data:`benchmarks.trl_published_runs.LOSSES`), on the installed
 - ``logits`` (trl 1.12, jsboige/CoursIA's probe): log-probs through the logits over the vocabulary
   (:func:`logits_log_probs`, the trainer's ``_get_per_token_logps_and_entropies``), where TRL 1.16 adds a fused
   LM head;
+- ``logits-1.9.2`` (trl 1.9.2, the probe's later campaigns): the same, the logits divided by the temperature in place
+  (``logits.div_(self.temperature)``, huggingface/trl#5254, until #6554 made it a division again in trl 1.10): an
+  in-place operation on a view of the model's output, whose backward goes through ``CopySlices`` and holds a gradient
+  the size of that output (huggingface/trl#6553) besides the slice's;
 - ``liger-0.26.2`` (TRL's T4 notebook): TRL 0.26.2's ``compute_liger_loss`` (:func:`liger_grpo_trainer`), which
   hands the backbone's hidden states and the LM head's weight to Liger's ``LigerFusedLinearGRPOLoss`` outside the
   model's autocast (TRL 0.26.2's ``_ForwardRedirection`` calls it through the model's own ``forward``, not the
@@ -42,7 +46,8 @@ Sources (every number below is quoted from them):
 
 - jsboige/CoursIA, ``MyIA.AI.Notebooks/GenAI/PostTraining/_measurements/vram_wall_probe.py`` (pull request #15634,
   2026-09-11) and its ``vram_probe_results_*.jsonl`` (#15634, #15640, #15643, and the 2026-09-22 and 2026-10-06
-  files): TRL's ``GRPOTrainer`` (trl 1.12), ``from_pretrained(model, quantization_config=BitsAndBytesConfig(nf4,
+  files): TRL's ``GRPOTrainer`` (trl 1.12 on 2026-09-11, #15634; trl 1.9.2 on 2026-09-22, #17366, and assumed on
+  2026-10-06, whose TRL is not recorded), ``from_pretrained(model, quantization_config=BitsAndBytesConfig(nf4,
   double quant, bf16 compute), device_map={"": 0})`` (no dtype: transformers 5's "auto", the checkpoint's bf16),
   ``LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05)`` on q/k/v/o/gate/up/down,
   ``GRPOConfig(num_generations=8, beta=0.0, per_device_train_batch_size=8, gradient_accumulation_steps=4,
@@ -135,13 +140,14 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Te
     return torch.cat(entropies, dim=0).reshape(original_shape)
 
 
-def logits_log_probs(trainer: Any) -> Callable[..., Any]:
+def logits_log_probs(trainer: Any, in_place: bool = False) -> Callable[..., Any]:
     """trl 1.12's ``_get_per_token_logps_and_entropies`` for a text model (before the fused LM head), copied: the
-    logits of the completion positions materialised over the vocabulary, divided by the temperature, then
-    :func:`selective_log_softmax` and the entropies without gradients (:func:`entropy_from_logits`), ``outputs``
-    kept alive through the loop's body as TRL keeps it. The model's outputs are in float32 where the Trainer's
-    accelerate converts them under ``bf16=True`` (memlab's trainer route wraps the model's forward so, as
-    ``Accelerator.prepare_model`` does)."""
+    logits of the completion positions materialised over the vocabulary, divided by the temperature into a new
+    tensor (trl 1.10 and later; ``in_place``: ``logits.div_(self.temperature)`` on the view of the model's output,
+    as trl 1.9.2 and the releases since huggingface/trl#5254 divide them), then :func:`selective_log_softmax` and
+    the entropies without gradients (:func:`entropy_from_logits`), ``outputs`` kept alive through the loop's body
+    as TRL keeps it. The model's outputs are in float32 where the Trainer's accelerate converts them under
+    ``bf16=True`` (memlab's trainer route wraps the model's forward so, as ``Accelerator.prepare_model`` does)."""
 
     def log_probs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                   batch_size: int | None = None, compute_entropy: bool = False, **_: Any) -> Any:
@@ -150,7 +156,11 @@ def logits_log_probs(trainer: Any) -> Callable[..., Any]:
         for start in range(0, input_ids.size(0), step):
             ids, mask = input_ids[start:start + step], attention_mask[start:start + step]
             outputs = model(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1, use_cache=False)
-            logits = outputs.logits[:, :-1, :][:, -logits_to_keep:, :] / trainer.temperature
+            logits = outputs.logits[:, :-1, :][:, -logits_to_keep:, :]
+            if in_place:  # trl 1.9.2: its backward's CopySlices holds a gradient of the whole output
+                logits.div_(trainer.temperature)
+            else:
+                logits = logits / trainer.temperature
             all_logps.append(selective_log_softmax(logits, ids[:, -logits_to_keep:]))
             if compute_entropy:
                 with torch.no_grad():
@@ -240,8 +250,8 @@ def build_trainer(run: Run, folder: Path, *, loss: str | None = None, liger_patc
     trainer = memlab.trainer_on_meta(trainer_class, model=policy, args=trl.GRPOConfig(**common_args, **settings),
                                      reward_funcs=_zero_reward, train_dataset=prompts, processing_class=tokenizer,
                                      peft_config=lora)
-    if loss == "logits":
-        trainer._get_per_token_logps_and_entropies = logits_log_probs(trainer)
+    if loss in ("logits", "logits-1.9.2"):
+        trainer._get_per_token_logps_and_entropies = logits_log_probs(trainer, in_place=loss == "logits-1.9.2")
     return trainer
 
 
@@ -403,7 +413,8 @@ def markdown(rows: list[dict[str, Any]], not_expressed: list[dict[str, Any]]) ->
         >>> print(markdown([], [{"run": "r", "source": "a/b#1 (x)", "published": "1 GB", "why": "w"}]).splitlines()[-1])
         | r | a/b#1 | 1 GB | w |
     """
-    loss_words = {"trl": "installed TRL's", "logits": "trl 1.12's (logits)", "liger-0.26.2": "TRL 0.26.2's Liger"}
+    loss_words = {"trl": "installed TRL's", "logits": "trl 1.12's (logits)", "logits-1.9.2": "trl 1.9.2's (logits)",
+                  "liger-0.26.2": "TRL 0.26.2's Liger"}
     compared = common.markdown_table(
         ["run", "card", "published", "memlab", "ratio", "reserved: published", "memlab", "ratio",
          "paged state", "peak in", "loss", "vague"],

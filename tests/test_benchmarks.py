@@ -460,6 +460,9 @@ def test_trl_vs_published_logits_path_scores_as_the_installed_trl(load: Any, tmp
                    fused_lm_head=True).log_probs[:, -4:]
     assert torch.allclose(ours, theirs, atol=1e-5)
     assert entropies is not None and entropies.shape == (2, 4)
+    in_place, _, _ = runner.logits_log_probs(SimpleNamespace(temperature=0.7), in_place=True)(model, ids, mask, 4)
+    divided, _, _ = runner.logits_log_probs(SimpleNamespace(temperature=0.7))(model, ids, mask, 4)
+    assert torch.allclose(in_place, divided) and not torch.allclose(in_place, ours)  # trl 1.9.2's: same values
 
 
 def test_trainer_sharded_vs_published_asks_each_row_as_its_trainer_per_gpu(load: Any, tmp_path: Path) -> None:
