@@ -38,9 +38,10 @@ allocated peak already counts (two largest layers).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -53,11 +54,12 @@ from memlab.estimation.sharded.engine_settings import engine_settings
 from memlab.estimation.sharded.fsdp2 import DETAIL, ShardedRequest, ShardedTrial, shard_units, sharded_trial
 from memlab.live.sharding import DS_PREFETCH_BUCKET, ds_reduce_bucket
 from memlab.plan import Plan
+from memlab.report import Trial
 from memlab.techniques.offload import ACTIVATION_OFFLOADS, NO_OFFLOAD, OPTIMIZER_OFFLOADS, SHARDED_ONLY
 
-__all__ = ["COMPOSED_NOTE", "DEEPSPEED_CAST_NOTE", "FSDP1_STREAMS_NOTE", "MIXED_NOTE", "RESERVE_NOTE",
-           "ZERO_RESERVE_NOTE", "composed_estimate", "fsdp1_blocks_gathered", "fsdp1_stream_pool", "gathered_bytes",
-           "needs_composition"]
+__all__ = ["COMPOSED_NOTE", "DEEPSPEED_ADAPTER_CAST_NOTE", "DEEPSPEED_CAST_NOTE", "FSDP1_STREAMS_NOTE", "MIXED_NOTE",
+           "RESERVE_NOTE", "ZERO_RESERVE_NOTE", "composed_estimate", "fsdp1_blocks_gathered", "fsdp1_stream_pool",
+           "gathered_bytes", "needs_composition", "one_gpu_runs_kept"]
 
 COMPOSED_NOTE = (
     "sharded from the one-GPU dry run of the same plan (memlab.estimation.sharded.composed): at each point of its step,"
@@ -219,6 +221,41 @@ def _mixed_precision_load(model_or_config: Any, plan: Plan, strategy: str,
 DEEPSPEED_CAST_NOTE = ("DeepSpeed's bf16 mode runs the whole module in bf16: it casts the weights as loaded (fp32 "
                        "here, frozen ones too) and keeps fp32 copies of the trained ones in its optimizer; the "
                        "weights are counted in bf16")
+DEEPSPEED_ADAPTER_CAST_NOTE = ("DeepSpeed's bf16 mode runs the whole module in bf16: it casts the fp32 weights (here "
+                               "the trained adapters only; the rest is loaded in 16 bits) and keeps fp32 copies of "
+                               "the trained ones in its optimizer; the weights are counted in bf16")
+
+
+_KEPT_RUNS: dict[Any, Trial] | None = None
+"""The one-GPU dry runs kept inside :func:`one_gpu_runs_kept` (None outside it)."""
+
+
+@contextlib.contextmanager
+def one_gpu_runs_kept() -> Iterator[None]:
+    """Inside the block, a composed estimate of a model (by identity) and one-GPU plan already estimated in it reuses
+    that dry run: what a search over numbers of GPUs asks again and again (the same model, batch and loss at each
+    number; only the composition depends on the number). Outside it, each estimate makes its own.
+
+    Example:
+        >>> with one_gpu_runs_kept():
+        ...     pass
+    """
+    global _KEPT_RUNS
+    outer = _KEPT_RUNS
+    _KEPT_RUNS = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _KEPT_RUNS = outer
+
+
+def _cast_note(model_or_config: Any) -> str:
+    """What :func:`_deepspeed_casts` casts, said: every weight loaded in fp32, or only the trained ones (peft's fp32
+    adapters on a 16-bit base)."""
+    if isinstance(model_or_config, nn.Module) and all(
+            parameter.requires_grad for parameter in model_or_config.parameters() if parameter.dtype == torch.float32):
+        return DEEPSPEED_ADAPTER_CAST_NOTE
+    return DEEPSPEED_CAST_NOTE
 
 
 def _deepspeed_casts(model_or_config: Any, plan: Plan, strategy: str, load: Mapping[str, Any] | None) -> bool:
@@ -314,8 +351,14 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
     cast = _deepspeed_casts(model_or_config, plan, strategy, load)
     if cast:
         one_gpu = one_gpu.replace(weights="bf16")
-    trial = dry_run_plans(model_or_config, request.batch, [one_gpu], loss_fn=request.loss_fn, lr=request.lr,
-                          device=request.device, gpu=request.gpu, load=one_load)[0]
+    key = (id(model_or_config), one_gpu, repr(one_load), str(request.device), request.gpu, request.live_layers)
+    trial = _KEPT_RUNS.get(key) if _KEPT_RUNS is not None else None
+    if trial is None:
+        trial = dry_run_plans(model_or_config, request.batch, [one_gpu], loss_fn=request.loss_fn, lr=request.lr,
+                              device=request.device, gpu=request.gpu, load=one_load,
+                              live_layers=request.live_layers)[0]
+        if _KEPT_RUNS is not None:
+            _KEPT_RUNS[key] = trial
     if trial.status != "ok":
         return ShardedTrial(plan, "error", 0, {}, None, None, None, trial.device, error=trial.error, budget=budget,
                             estimated=True, gpus=gpus, strategy=strategy, notes=trial.notes)
@@ -375,7 +418,7 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
     held = best["sharded_params"] + best["sharded_grads"] + best["optimizer"] + (
         best["unsharded_params"] if strategy == "zero2" else 0)
     notes = [*trial.notes, COMPOSED_NOTE, engine_settings(plan, strategy), *([MIXED_NOTE] if scale != 1 else []),
-             *([DEEPSPEED_CAST_NOTE] if cast else [])]
+             *([_cast_note(model_or_config)] if cast else [])]
     if plan.offload == SHARDED_ONLY and strategy == "zero2":
         notes.append("ZeRO-2 cannot offload parameters: offload='params' offloads the gradients and the optimizer "
                      "state only; write strategy='zero3' to offload the parameters")

@@ -182,3 +182,12 @@ def test_deepspeeds_bf16_mode_counts_fp32_loaded_weights_in_bf16_as_it_casts_the
     assert abs(fp32.peak_bytes / bf16.peak_bytes - 1) < 0.05
     fsdp = sharded("fsdp2", torch.float32)  # FSDP keeps fp32 shards and gathers in bf16: its own rule, unchanged
     assert fsdp.status == "ok" and composed.DEEPSPEED_CAST_NOTE not in fsdp.notes and composed.MIXED_NOTE in fsdp.notes
+
+
+def test_the_cast_note_says_which_weights_deepspeed_casts() -> None:
+    # A 16-bit base with peft's fp32 adapters: DeepSpeed's bf16 mode casts the adapters only, and the note says so.
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.bfloat16), torch.nn.Linear(4, 4))
+    model[0].requires_grad_(False)
+    assert composed._cast_note(model) == composed.DEEPSPEED_ADAPTER_CAST_NOTE
+    model[0].float()  # the frozen base loaded in fp32 too
+    assert composed._cast_note(model) == composed.DEEPSPEED_CAST_NOTE
