@@ -25,7 +25,7 @@ from memlab.estimation.configs import frozen_count, layer_counts, model_on_meta
 from memlab.estimation.cuda.context import card_context
 from memlab.estimation.cuda.gpus import GpuKind
 from memlab.estimation.dryrun.single_gpu import estimate_plans
-from memlab.estimation.sharded.composed import composed_estimate, needs_composition
+from memlab.estimation.sharded.composed import composed_estimate, needs_composition, one_gpu_runs_kept
 from memlab.estimation.sharded.engine_settings import engine_settings
 from memlab.estimation.sharded.fsdp2 import (
     DETAIL,
@@ -68,6 +68,7 @@ __all__ = [
     "sharded_estimate",
     "sharded_lines",
     "sharded_one",
+    "search_gpus",
     "sharded_trials",
     "smallest_gpus",
     "zero_model_states",
@@ -114,7 +115,8 @@ def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
         raise MemlabError(FSDP2_REFUSALS[plan.optimizer])
     return card_context(sharded_one(ShardedRequest(request.model, request.batch, plan, gpus, strategy,
                                                    loss_fn=request.loss_fn, lr=request.lr, device=request.device,
-                                                   budget=limit, gpu=gpu, load=request.load)), gpu)
+                                                   budget=limit, gpu=gpu, load=request.load,
+                                                   live_layers=request.live_layers)), gpu)
 
 
 def sharded_one(request: ShardedRequest, basis: Trial | None = None,
@@ -280,7 +282,8 @@ def smallest_gpus(
                 _tell(say, f"estimating {plan.label()} with {name} on {n} GPU{'s' if n > 1 else ''}")
             return card_context(sharded_one(request.replace(gpus=n, strategy=name), basis=one, made=made), gpu)
 
-        found[name] = _search(run, numbers)
+        with one_gpu_runs_kept():  # a composed estimate's one-GPU dry run made once for every number probed
+            found[name] = _search(run, numbers)
     return found
 
 
@@ -423,6 +426,22 @@ def _tell(say: Callable[[str], None] | None, text: str) -> None:
     """Progress of a long estimate: ``text`` to ``say`` when one was given."""
     if say is not None:
         say(text)
+
+
+def search_gpus(run: Callable[[int], ShardedTrial], numbers: Sequence[int]) -> ShardedTrial | None:
+    """The trial at the fewest of ``numbers`` (ascending) whose per-GPU figure fits its budget, ``run(n)`` making
+    the estimate at ``n`` GPUs; None where none does (or the error trial where every estimate failed). What
+    :func:`smallest_gpus` searches with, for any estimate that answers per GPU (a Trainer's: ``memlab estimate MODEL
+    --trainer sft --gpus auto``).
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> def run(n):
+        ...     return ShardedTrial(Plan(), "ok", 64 // n, {}, None, None, None, "cuda", budget=10, gpus=n)
+        >>> search_gpus(run, [1, 2, 4, 8, 16]).gpus
+        8
+    """
+    return _search(run, list(numbers))
 
 
 def _search(run: Callable[[int], ShardedTrial], numbers: list[int]) -> ShardedTrial | None:

@@ -99,6 +99,9 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"the trainer: TRL's {', '.join(names[:-1])} or {names[-1]}")
     for option in trainer_options().values():
         _add_option(group, option)
+    group.add_argument("--accelerate-config", metavar="FILE", default=None,
+                       help="with --gpus N --strategy S: write the accelerate config of the run answered to FILE (the "
+                            "answer prints the accelerate launch command that reads it)")
 
 
 def asks_trainer(args: argparse.Namespace) -> bool:
@@ -149,12 +152,20 @@ def _check_sharding(args: argparse.Namespace) -> None:
     from memlab.live.sharding import check_sharding, parse_gpus
 
     if args.gpus is None and args.strategy in (None, "none"):
+        if getattr(args, "accelerate_config", None):
+            raise MemlabError("--accelerate-config writes the accelerate config of a run over several GPUs; add "
+                              "--gpus 8 --strategy zero3 (the GPUs and the engine the run is launched with)")
         return
     if args.gpus is not None:
         args.gpus = parse_gpus(args.gpus)  # "8" as an int from here on
     if args.gpus == "auto":
-        raise MemlabError(f"--gpus auto is not answered with --trainer {args.trainer} yet; write the GPUs the run is "
-                          "launched on, e.g. --gpus 8 --strategy zero3")
+        if args.budget is None and args.gpu is None:
+            raise MemlabError("--gpus auto needs a budget; write for example --gpus auto --budget 80GiB (or --gpu "
+                              "A100-80GB: the GPU's memory is then the budget)")
+        if args.strategy in (None, "none"):
+            args.strategy = "zero3"  # TRL's and open-r1's multi-GPU recipes; the header says it
+            args.strategy_assumed = True
+        return
     if isinstance(args.gpus, int) and args.gpus > 1 and args.strategy in (None, "none"):
         raise MemlabError(f"--gpus {args.gpus} needs a strategy; add --strategy fsdp2, zero2 or zero3 (the engine the "
                           "run is launched with)")
@@ -487,6 +498,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
     from memlab.estimation.dryrun.adapters import loaded_weight_bytes
     from memlab.estimation.dryrun.load import model_on_meta
     from memlab.estimation.estimate import load_config
+    from memlab.estimation.sharded.composed import one_gpu_runs_kept
     from memlab.frontends.cli.errors import estimate_status
     from memlab.frontends.cli.estimate.text import json_with_verdicts
     from memlab.frontends.cli.gpu import check_gpu_flags, cli_gpu, gpu_budget
@@ -526,11 +538,22 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         trials = []
         asked = _cli(cli_kind(args.trainer)).estimate_keywords
         keywords = asked(args) if asked is not None else {}
-        for number, plan in enumerate(plans, start=1):
-            said = f" plan {number} of {len(plans)}: {plan.label()}" if args.try_ else ""
-            say(f"estimating the {args.trainer.upper()} step{said}")
-            trials.append(memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget,
-                                          **keywords, **sharded))
+        with one_gpu_runs_kept():  # --gpus auto's search and the answer share one dry run per plan
+            if args.gpus == "auto":
+                found = _fewest_gpus(args, trainer, plans[0], budget, keywords, say)
+                if found is None:
+                    print(_header(args, trainer.model, settings, plans, budget), file=out)
+                    print(f"Verdict: does not fit on up to {FEWEST_GPUS[-1]} GPUs under "
+                          f"{_STRATEGY_WORDS[args.strategy]}; ask with a 4-bit base (--load-in-4bit), LoRA (--lora 16) "
+                          "or offload (--try offload=optimizer)", file=out)
+                    return 1
+                args.gpus, args.gpus_searched = found, True
+                sharded = {"gpus": found, "strategy": args.strategy}
+            for number, plan in enumerate(plans, start=1):
+                said = f" plan {number} of {len(plans)}: {plan.label()}" if args.try_ else ""
+                say(f"estimating the {args.trainer.upper()} step{said}")
+                trials.append(memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget,
+                                              **keywords, **sharded))
         for trial in trials:  # a vLLM engine that would not start: the options that start it, as one error
             if trial.status == "error" and ("vllm_gpu_memory_utilization=" in str(trial.error)
                                             or "trl vllm-serve" in str(trial.error)):
@@ -556,6 +579,9 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
             row["phases"] = _phase_peaks(trial)
             row["peak_phase"] = trial.timeline.peak.phase if trial.timeline is not None else None
         data["trainer"] = {"kind": args.trainer, **{key: value for key, value in settings.items()}}
+        if sharded:
+            data["launch"] = launch_lines(args, report.trials[0], wrap=False,
+                                          model_name=str(getattr(config, "_name_or_path", "") or args.model))
         data["phases"] = data["trials"][0]["phases"]
         data["peak_phase"] = data["trials"][0]["peak_phase"]
         print(json.dumps(data, indent=2, default=str), file=out)
@@ -570,6 +596,9 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         if sharded and budget is not None and not fits:
             after = [f"Next: nothing is suggested per GPU yet; ask again with more --gpus than {args.gpus}, or with "
                      "--strategy zero3 (every GPU holds a share of the weights)"]
+        if sharded:
+            after += launch_lines(args, report.trials[0],
+                                  model_name=str(getattr(config, "_name_or_path", "") or args.model))
         lines = single_text(args, header, report, budget, after)
         peaks = _peak_lines(report.trials)
         at = lines.index("") if "" in lines else len(lines)
@@ -577,6 +606,89 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         print("\n".join(lines), file=out)
     return estimate_status(fits=fits, judged=budget is not None or getattr(args, "host_budget", None) is not None,
                            errors=sum(trial.status == "error" for trial in report.trials))
+
+
+FEWEST_GPUS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+"""The numbers of GPUs ``--gpus auto`` searches with a trainer (as the plain question's: powers of two)."""
+
+
+def _fewest_gpus(args: argparse.Namespace, trainer: Any, plan: Any, budget: int | None, keywords: dict[str, Any],
+                 say: Any) -> int | None:
+    """``--gpus auto``: the fewest of :data:`FEWEST_GPUS` whose per-GPU step of ``trainer`` under ``--strategy`` fits
+    ``budget``, found as the plain question's search finds it (:func:`~memlab.estimation.sharded.per_gpu.
+    search_gpus`); None where none does. Its estimates share their one-GPU dry run (the caller's
+    :func:`~memlab.estimation.sharded.composed.one_gpu_runs_kept`)."""
+    import memlab
+    from memlab.estimation.sharded.per_gpu import search_gpus
+    from memlab.frontends.cli.gpu import cli_gpu
+
+    def run(gpus: int) -> Any:
+        say(f"estimating the {args.trainer.upper()} step per GPU of {gpus} under {_STRATEGY_WORDS[args.strategy]}")
+        return memlab.estimate(trainer, plan, gpu=cli_gpu(args), device=args.device, budget=budget, gpus=gpus,
+                               strategy=args.strategy, **keywords)
+
+    found = search_gpus(run, list(FEWEST_GPUS))
+    return found.gpus if found is not None and found.status == "ok" and found.fits else None
+
+
+def launch_lines(args: argparse.Namespace, trial: Any, *, model_name: str, wrap: bool = True) -> list[str]:
+    """The commands that start the run answered per GPU, as TRL's docs lay them out: ``accelerate launch`` with the
+    config of its engine (written to ``--accelerate-config FILE``: the strategy, its CPU offload and the mixed
+    precision; the trainer's own arguments keep the rest, checkpointing included), and for a GRPO trainer that
+    generates on a vLLM server, ``trl vllm-serve`` on GPUs of its own.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from memlab.plan import Plan
+        >>> args = SimpleNamespace(gpus=7, strategy="zero3", accelerate_config=None, vllm_mode="server",
+        ...                        vllm_server_tensor_parallel_size=None, vllm_server_data_parallel_size=None,
+        ...                        vllm_server_gpu_memory_utilization=None, vllm_server_max_model_len=None)
+        >>> for line in launch_lines(args, SimpleNamespace(plan=Plan(precision="bf16")),
+        ...                          model_name="Qwen/Qwen2.5-7B"):
+        ...     print(line)
+        Launch: CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6 accelerate launch --config_file accelerate.yaml --num_processes 7
+          train.py (--accelerate-config accelerate.yaml writes its config: DeepSpeed ZeRO-3, mixed precision bf16)
+        Serve: CUDA_VISIBLE_DEVICES=7 trl vllm-serve --model Qwen/Qwen2.5-7B
+    """
+    from memlab.plan import Plan
+    from memlab.techniques.vllm import VLLMServer
+
+    plan = trial.plan
+    engine = Plan(precision=plan.precision, offload=plan.offload if plan.offload in ("optimizer", "params", "all")
+                  else "none")
+    written = args.accelerate_config
+    said = f"DeepSpeed ZeRO-{args.strategy[-1]}" if args.strategy.startswith("zero") else args.strategy.upper()
+    said += "" if engine.offload == "none" else f", offload {engine.offload}"
+    said += f", mixed precision {engine.precision}" if engine.precision != "fp32" else ", no mixed precision"
+    if written:
+        import yaml
+
+        try:
+            config = engine.to_accelerate_config(gpus=args.gpus, strategy=args.strategy)
+        except MemlabError as error:
+            raise MemlabError(f"--accelerate-config: {error}") from None
+        with open(written, "w", encoding="utf-8") as file:
+            yaml.safe_dump(config, file, sort_keys=False)
+    server = getattr(args, "vllm_mode", None) == "server"
+    devices = f"CUDA_VISIBLE_DEVICES={','.join(str(i) for i in range(args.gpus))} " if server else ""
+    how = f"written to {written}: {said}" if written else (
+        f"--accelerate-config accelerate.yaml writes its config: {said}")
+    lines = [f"Launch: {devices}accelerate launch --config_file {written or 'accelerate.yaml'} --num_processes "
+             f"{args.gpus} train.py ({how})"]
+    if server:
+        given = {name.removeprefix("vllm_server_"): getattr(args, name) for name in (
+            "vllm_server_tensor_parallel_size", "vllm_server_data_parallel_size", "vllm_server_gpu_memory_utilization",
+            "vllm_server_max_model_len") if getattr(args, name, None) is not None}
+        served = VLLMServer(**given)
+        own = ",".join(str(args.gpus + i) for i in range(served.gpus))
+        lines.append(f"Serve: CUDA_VISIBLE_DEVICES={own} {served.command(model_name)}")
+    import textwrap
+
+    from memlab.frontends.cli.estimate.text import WIDTH
+
+    # whole words only: a command's paths and options are copied from it
+    return ["\n".join(textwrap.wrap(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False,
+                                     break_long_words=False)) for line in lines] if wrap else lines
 
 
 def _own_plan(trainer: Any, settings: dict[str, Any]) -> Any:
@@ -681,6 +793,10 @@ def _header(args: argparse.Namespace, model: Any, settings: dict[str, Any], plan
     parameters = sum(p.numel() for name, p in base.named_parameters() if "lora_" not in name)
     sharded = (f", per GPU of {args.gpus} under {_STRATEGY_WORDS[args.strategy]}"
                if isinstance(args.gpus, int) and args.gpus > 1 else "")
+    if getattr(args, "gpus_searched", False):
+        assumed = " (assumed: --strategy sets another)" if getattr(args, "strategy_assumed", False) else ""
+        sharded = (f", per GPU of the fewest GPUs that fit (--gpus auto, powers of two): {args.gpus} under "
+                   f"{_STRATEGY_WORDS[args.strategy]}{assumed}")
     if sharded and getattr(args, "vllm_mode", None) == "server":
         serving = (args.vllm_server_tensor_parallel_size or 1) * (args.vllm_server_data_parallel_size or 1)
         sharded += f" (and {serving} more serving vLLM: {args.gpus + serving} GPUs in all)"

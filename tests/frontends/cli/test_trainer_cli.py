@@ -146,10 +146,10 @@ def test_a_dpo_question_is_answered(config: str, capsys: pytest.CaptureFixture[s
     (["--trainer", "grpo", "--try", "vllm_memory=0.3"], "write --vllm-gpu-memory-utilization 0.3"),
     (["--trainer", "grpo", "--batch", "1x512"], "--batch is not answered with --trainer grpo"),  # the default, typed
     (["--trainer", "grpo", "--vllm-tensor-parallel-size", "2"], "add --vllm-gpu-memory-utilization 0.3"),
+    (["--trainer", "sft", "--accelerate-config", "a.yaml"], "add --gpus 8 --strategy zero3"),
     (["--trainer", "grpo", *GRPO[2:], "--gpus", "3", "--strategy", "zero3", "--vllm-gpu-memory-utilization", "0.3",
       "--vllm-tensor-parallel-size", "2"], "vllm_tensor_parallel_size=2 does not divide the 3 training processes"),
-    (["--trainer", "sft", "--gpus", "auto", "--strategy", "zero3"], "write the GPUs the run is launched on, e.g. "
-     "--gpus 8 --strategy zero3"),
+    (["--trainer", "sft", "--gpus", "auto", "--strategy", "zero3", "--device", "cpu"], "--gpus auto needs a budget"),
     (["--trainer", "sft", "--gpus", "4"], "--gpus 4 needs a strategy; add --strategy fsdp2, zero2 or zero3"),
     (["--trainer", "sft", "--strategy", "zero2"], "--strategy zero2 shards over several GPUs; add --gpus 8"),
     (["--trainer", "sft", "--gpus", "two", "--strategy", "zero2"], "is not a number of GPUs"),
@@ -233,6 +233,39 @@ def test_a_sharded_grpo_question_with_a_server_is_pythons_per_gpu(
     assert "per GPU of 4 under DeepSpeed ZeRO-3 (and 1 more serving vLLM: 5 GPUs in all)" in said
     assert "Peak: in the training phase (each phase's highest: weight sync" in said
     assert "the server's 1 H100-80GB GPU" in said and "the trainer's 32 sequences" in said
+    # The commands that start the run answered: accelerate's launch reading the config written, and the server.
+    written = tmp_path / "accelerate.yaml"
+    status, text, err = ask(capsys, config, *words, "--accelerate-config", str(written))
+    said = " ".join(text.split())
+    assert status == 0, err
+    assert (f"Launch: CUDA_VISIBLE_DEVICES=0,1,2,3 accelerate launch --config_file {written} --num_processes 4 "
+            "train.py (written to") in said
+    assert f"Serve: CUDA_VISIBLE_DEVICES=4 trl vllm-serve --model {config}" in said
+    from memlab.export.accelerate import sharding_from_accelerate
+
+    assert sharding_from_accelerate(str(written)) == {"gpus": 4, "strategy": "zero3", "offload": "none"}
+
+
+def test_gpus_auto_answers_the_fewest_gpus_that_fit_as_python_finds_them(
+        config: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 85: --gpus auto with --trainer, the strategy assumed (ZeRO-3) where none is given and said
+    words = [*DPO, "--device", "cpu"]
+    trainer = cli_trainer(config, words, tmp_path)
+    peaks = {n: memlab.estimate(trainer, gpus=n, strategy="zero3", device="cpu").peak_bytes for n in (2, 4, 8)}
+    assert peaks[2] > peaks[4] > peaks[8], peaks
+    budget = f"{(peaks[4] + peaks[8]) // 2}B"  # 8 GPUs fit, 4 do not
+    status, out, err = ask(capsys, config, *words, "--gpus", "auto", "--budget", budget, "--json")
+    assert status == 0, err
+    row = json.loads(out)["trials"][0]
+    assert row["label"].endswith("zero3 x8") and row["peak_bytes"] == peaks[8] and row["fits"] is True
+    status, text, err = ask(capsys, config, *words, "--gpus", "auto", "--budget", budget)
+    said = " ".join(text.split())
+    assert status == 0, err
+    assert ("per GPU of the fewest GPUs that fit (--gpus auto, powers of two): 8 under DeepSpeed ZeRO-3 (assumed: "
+            "--strategy sets another)") in said
+    assert "--num_processes 8" in said
+    status, text, err = ask(capsys, config, *words, "--gpus", "auto", "--budget", "1MiB")
+    assert status == 1 and "does not fit on up to 1024 GPUs under DeepSpeed ZeRO-3" in " ".join(text.split()), err
 
 
 # --- --try and the suggestions where nothing fits (the trainer's own plan with levers replaced) ----------------------

@@ -201,7 +201,8 @@ class ShardedRequest:
     """What one sharded estimate is asked, as :func:`memlab.estimation.sharded.per_gpu.sharded_estimate` checked it: the
     model (a config, a name or a model), the batch ONE GPU sees per micro-step, the plan, the GPUs and the strategy
     that shards them, and what the dry run runs with (the loss, the learning rate, the device, the budget in bytes,
-    the GPU kind whose kernels a CUDA estimate emulates, the user's load). The sharded routes take it whole.
+    the GPU kind whose kernels a CUDA estimate emulates, the user's load; ``live_layers``: a Trainer's model whose
+    repeated layers the one-GPU dry runs may carry from a few, as its route asks). The sharded routes take it whole.
 
     Example:
         >>> request = ShardedRequest("gpt2", {"input_ids": (1, 16)}, Plan(), gpus=2)
@@ -220,6 +221,7 @@ class ShardedRequest:
     budget: int | None = None
     gpu: GpuKind | None = None
     load: Mapping[str, Any] | None = None
+    live_layers: bool = False
 
     def replace(self, **changes: Any) -> ShardedRequest:
         """The same request with ``changes`` (field names as keywords)."""
