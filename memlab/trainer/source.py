@@ -187,8 +187,19 @@ def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
     reference = vars(trainer).get("ref_model")
     if reference is not None and hasattr(reference, "parameters") and reference is not held:
         copies["ref_model"] = untracked_copy(reference, first)
-    with patched(trainer, **copies):
+    accelerator = getattr(trainer, "accelerator", None)
+    # A launched rank's dry run is that rank's step alone: TRL's losses gather and reduce their metrics over the
+    # processes, which a fake tensor cannot be sent to (and the forked copy a launched rank estimates in has no
+    # group); each collective answers with this rank's own value.
+    alone = ({"gather": _own, "gather_for_metrics": _own, "reduce": _own}
+             if int(getattr(accelerator, "num_processes", 1) or 1) > 1 else {})
+    with patched(trainer, **copies), patched(accelerator, **alone):
         yield
+
+
+def _own(data: Any, *_: Any, **__: Any) -> Any:
+    """A collective over one process: its own data."""
+    return data
 
 
 @contextmanager

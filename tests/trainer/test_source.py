@@ -10,7 +10,7 @@ the trainer sees in ``trainer.train()``; an fp32 trainer's forward is left alone
 
 from __future__ import annotations
 
-from types import MethodType
+from types import MethodType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -177,3 +177,25 @@ def test_fp32_trainer_forward_is_left_alone(tmp_path: Any, kind: str) -> None:
     assert vars(trainer.model).get("forward") is own
     assert set(trainer.seen.dtypes) == {torch.float32}
     assert not any(accelerates(forward) for forward in trainer.seen.forwards)
+
+
+def test_a_dry_run_of_a_launched_ranks_step_gathers_nothing_over_the_processes() -> None:
+    # Issue 85: TRL's losses gather their metrics over the processes (accelerator.gather, reduce); a launched rank's
+    # dry run is its step alone, whose fake tensors cannot be sent (and its forked copy has no group).
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memlab.trainer.source import dry_run_models
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("a collective ran")
+
+    accelerator = SimpleNamespace(num_processes=2, gather=refuse, gather_for_metrics=refuse, reduce=refuse)
+    trainer = SimpleNamespace(model=torch.nn.Linear(2, 2), accelerator=accelerator)
+    with FakeTensorMode():
+        fake = torch.nn.Linear(2, 2)
+    with dry_run_models(trainer, fake):
+        value = torch.ones(2)
+        assert trainer.accelerator.gather(value) is value and trainer.accelerator.reduce(value, "sum") is value
+        assert trainer.accelerator.gather_for_metrics(value) is value
+    assert trainer.accelerator.gather is refuse  # put back
