@@ -39,6 +39,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from memlab.live.sharding import whole_shape
+
 __all__ = ["first_layers", "rebind_forwards", "untracked_copy"]
 
 _COPIES: weakref.WeakKeyDictionary[Any, dict[int, nn.Module]] = weakref.WeakKeyDictionary()
@@ -104,15 +106,36 @@ def untracked_copy(model: nn.Module, like: torch.Tensor) -> nn.Module:
     for module in model.modules():
         for tensor in [*module._parameters.values(), *module._buffers.values(), *vars(module).values()]:
             if isinstance(tensor, torch.Tensor) and id(tensor) not in memo:
-                shell = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device="meta")
+                shape = whole_shape(tensor)  # a ZeRO-3 partition (empty outside a gather) at its whole shape
+                shell = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device="meta") \
+                    if shape == tuple(tensor.shape) else torch.empty(shape, dtype=tensor.dtype, device="meta")
                 fake = FakeTensor(mode, shell, like.device)
                 memo[id(tensor)] = nn.Parameter(fake, requires_grad=tensor.requires_grad) \
                     if isinstance(tensor, nn.Parameter) else fake
     with torch.no_grad():
         copied = copy.deepcopy(model, memo)
     rebind_forwards(copied, memo)
+    _drop_engine_hooks(copied)
     copies[id(model)] = copied
     return copied
+
+
+_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def _drop_engine_hooks(model: nn.Module) -> None:
+    """Take DeepSpeed's hooks off a copy: ZeRO-3 hooks every module of a model it prepared (TRL's reference under
+    ``prepare_deepspeed``) to gather its partitions, which the copy's whole-shaped fake weights have not; the copy runs
+    as the gathered module does."""
+    for module in model.modules():
+        for name in _HOOKS:
+            hooks = getattr(module, name, None)
+            if not hooks:
+                continue
+            for key, hook in list(hooks.items()):
+                function = getattr(hook, "__func__", getattr(hook, "func", hook))
+                if str(getattr(function, "__module__", "") or "").startswith("deepspeed"):
+                    del hooks[key]
 
 
 def _copied(value: Any, memo: Mapping[int, Any]) -> Any:

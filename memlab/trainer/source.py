@@ -185,6 +185,8 @@ def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
     if vars(trainer).get("model_wrapped", held) is held:
         copies["model_wrapped"] = model
     reference = vars(trainer).get("ref_model")
+    if type(reference).__name__ == "DeepSpeedEngine":  # TRL's prepare_deepspeed wraps a ZeRO-3 reference
+        reference = reference.module
     if reference is not None and hasattr(reference, "parameters") and reference is not held:
         copies["ref_model"] = untracked_copy(reference, first)
     accelerator = getattr(trainer, "accelerator", None)
