@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,3 +59,49 @@ def run_two_ranks(script: Path, *args: str, timeout: float = 300) -> None:
         capture_output=True, text=True, timeout=timeout, env=env, cwd=script.parent,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+# The lines of a rank's script that define ``ds``, a DeepSpeed ZeRO-3 config for a Trainer (its batch and
+# accumulation from the arguments; DeepSpeed's CPU Adam not forced, so torch's AdamW runs), ``steps``, each step's own
+# peak as memlab's tracker sees it, and ``Peaks``, the callback that records them: ``trainer.add_callback(Peaks())``.
+ZERO3_STEPS = """
+import json, torch
+torch.set_num_threads(1)
+from transformers import TrainerCallback
+from memlab.measure.tracker import MemoryTracker
+
+ds = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
+      "gradient_accumulation_steps": "auto", "zero_force_ds_cpu_optimizer": False, "steps_per_print": 10**9}
+steps = []
+
+
+class Peaks(TrainerCallback):
+    def on_step_begin(self, *args, **kwargs):
+        self.tracker = MemoryTracker(device="cpu")
+        self.tracker.__enter__()
+
+    def on_step_end(self, *args, **kwargs):
+        self.tracker.__exit__(None, None, None)
+        steps.append(self.tracker.peak_bytes)
+"""
+
+
+def run_zero3_ranks(folder: Path, body: str, *, hidden: int, intermediate: int, vocab: int,
+                    timeout: float = 900) -> list[dict[str, Any]]:
+    """Save a 4-layer Llama checkpoint (``hidden`` x ``intermediate``, ``vocab`` tokens) in ``folder``, run ``body``
+    (its ``CHECKPOINT`` that checkpoint's path; :data:`DEEPSPEED_HELD` and :data:`ZERO3_STEPS` before it) in two
+    ranks, and return what each rank wrote to ``rank<N>.json``."""
+    import json
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=4,
+                                 num_attention_heads=4, num_key_value_heads=4, vocab_size=vocab,
+                                 max_position_embeddings=256)).save_pretrained(folder / "checkpoint")
+    script = folder / "train.py"
+    lines = body.replace("CHECKPOINT", str(folder / "checkpoint"))
+    script.write_text(DEEPSPEED_HELD + ZERO3_STEPS + lines + CLEAN_RANK_EXIT)
+    run_two_ranks(script, timeout=timeout)
+    return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]

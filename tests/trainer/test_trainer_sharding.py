@@ -177,43 +177,24 @@ def test_a_plain_trainer_is_unchanged(tmp_path: Path) -> None:
 
 
 RANK_SCRIPT = '''
-import json, os, torch
-torch.set_num_threads(1)
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 import memlab
-from memlab.measure.tracker import MemoryTracker
 
-ds = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
-      "gradient_accumulation_steps": "auto", "zero_force_ds_cpu_optimizer": False, "steps_per_print": 10**9}
-args = TrainingArguments(output_dir="out", deepspeed=ds, per_device_train_batch_size=2, max_steps=STEPS, report_to=[],
+args = TrainingArguments(output_dir="out", deepspeed=ds, per_device_train_batch_size=2, max_steps=5, report_to=[],
                          save_strategy="no", logging_steps=10**6, learning_rate=1e-5, optim="adamw_torch",
                          disable_tqdm=True, use_cpu=True)
 model = AutoModelForCausalLM.from_pretrained("CHECKPOINT")  # partitioned as it loads: ZeRO-3 is on
 ids = [[(i * 7 + j) % 1000 + 3 for j in range(64)] for i in range(32)]
 trainer = Trainer(model=model, args=args, train_dataset=Dataset.from_dict({"input_ids": ids, "labels": ids}))
 estimate = memlab.estimate(trainer, device="cpu")  # in the launched rank: the world size is the launch's
-peaks = []
-
-
-class Peaks(TrainerCallback):
-    def on_step_begin(self, *args, **kwargs):
-        self.tracker = MemoryTracker(device="cpu")
-        self.tracker.__enter__()
-
-    def on_step_end(self, *args, **kwargs):
-        self.tracker.__exit__(None, None, None)
-        peaks.append(self.tracker.peak_bytes)
-
-
 trainer.add_callback(Peaks())
 trainer.train()
 held = deepspeed_held(trainer.model_wrapped.module, trainer.model_wrapped.optimizer)  # between steps
-rank = torch.distributed.get_rank()
-with open(f"rank{rank}.json", "w") as out:
+with open(f"rank{torch.distributed.get_rank()}.json", "w") as out:
     json.dump({"estimated": estimate.peak_bytes, "communication": estimate.detail["communication"],
                "status": estimate.status, "error": estimate.error, "notes": list(estimate.notes),
-               "measured": min(peaks[1:]) + held, "peaks": peaks}, out)
+               "measured": min(steps[1:]) + held, "peaks": steps}, out)
 '''
 
 
@@ -225,19 +206,9 @@ def test_a_trainer_launched_on_two_zero3_ranks_estimates_itself_within_5_percent
     # Measured as test_zero.py measures ZeRO-3 (the model states DeepSpeed holds between steps, plus the peak of a
     # later step; the lowest of four), against the estimate without DeepSpeed's buckets: its reduce bucket
     # (reduce_bucket_size, 5e8 elements) is allocated as the optimizer is set up, before the steps measured.
-    from ranks import CLEAN_RANK_EXIT, DEEPSPEED_HELD, run_two_ranks
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from ranks import run_zero3_ranks
 
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                                 num_key_value_heads=4, vocab_size=1024, max_position_embeddings=128)
-                     ).save_pretrained(tmp_path / "checkpoint")
-    script = tmp_path / "train.py"
-    lines = RANK_SCRIPT.replace("CHECKPOINT", str(tmp_path / "checkpoint")).replace("STEPS", "5")
-    script.write_text(DEEPSPEED_HELD + lines + CLEAN_RANK_EXIT)
-    run_two_ranks(script)
-    for rank in (0, 1):
-        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for record in run_zero3_ranks(tmp_path, RANK_SCRIPT, hidden=128, intermediate=256, vocab=1024, timeout=300):
         assert record["status"] == "ok", record["error"]
         assert "DeepSpeed ZeRO-3 (deepspeed=...) on 2 GPUs (the 2 processes it runs in)" in "; ".join(record["notes"])
         without_buckets = record["estimated"] - record["communication"]
@@ -246,17 +217,12 @@ def test_a_trainer_launched_on_two_zero3_ranks_estimates_itself_within_5_percent
 
 
 DPO_RANK_SCRIPT = '''
-import json, torch
-torch.set_num_threads(1)
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, TrainerCallback
+from transformers import AutoModelForCausalLM
 import trl
 import memlab
 from memlab.frontends.cli.trainer import word_tokenizer
-from memlab.measure.tracker import MemoryTracker
 
-ds = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
-      "gradient_accumulation_steps": "auto", "zero_force_ds_cpu_optimizer": False, "steps_per_print": 10**9}
 args = trl.DPOConfig(output_dir="out", deepspeed=ds, per_device_train_batch_size=2, max_length=96, max_steps=4,
                      report_to=[], save_strategy="no", logging_steps=10**6, learning_rate=1e-5, optim="adamw_torch",
                      disable_tqdm=True, use_cpu=True, bf16=False, seed=0)
@@ -268,19 +234,6 @@ rows = [{"prompt": " ".join(f"w{(i * 7 + j) % 900}" for j in range(32)),
 trainer = trl.DPOTrainer(model=model, ref_model=reference, args=args, train_dataset=Dataset.from_list(rows),
                          processing_class=word_tokenizer(2048))
 estimate = memlab.estimate(trainer, device="cpu")  # TRL prepared the reference for ZeRO-3 in __init__
-steps = []
-
-
-class Peaks(TrainerCallback):
-    def on_step_begin(self, *args, **kwargs):
-        self.tracker = MemoryTracker(device="cpu")
-        self.tracker.__enter__()
-
-    def on_step_end(self, *args, **kwargs):
-        self.tracker.__exit__(None, None, None)
-        steps.append(self.tracker.peak_bytes)
-
-
 trainer.add_callback(Peaks())
 trainer.train()
 held = deepspeed_held(trainer.model_wrapped.module, trainer.model_wrapped.optimizer)  # between steps
@@ -310,19 +263,9 @@ def test_a_dpo_trainer_with_its_reference_launched_on_two_zero3_ranks_estimates_
     # engine of its own, hooked to gather its partitions: the dry run copies the module, without DeepSpeed's hooks),
     # asked from inside the launched script. Measured as the Trainer's test above: DeepSpeed's states between steps,
     # the reference's partitions, and a later step's own peak (the lowest of three).
-    from ranks import CLEAN_RANK_EXIT, DEEPSPEED_HELD, run_two_ranks
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from ranks import run_zero3_ranks
 
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                                 num_key_value_heads=4, vocab_size=2048, max_position_embeddings=256)
-                     ).save_pretrained(tmp_path / "checkpoint")
-    script = tmp_path / "train.py"
-    lines = DPO_RANK_SCRIPT.replace("CHECKPOINT", str(tmp_path / "checkpoint"))
-    script.write_text(DEEPSPEED_HELD + lines + CLEAN_RANK_EXIT)
-    run_two_ranks(script, timeout=900)
-    for rank in (0, 1):
-        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for record in run_zero3_ranks(tmp_path, DPO_RANK_SCRIPT, hidden=512, intermediate=1024, vocab=2048):
         assert record["status"] == "ok", record["error"]
         assert "sharded over 2 GPUs as TRL prepares it for zero3" in "; ".join(record["notes"])
         without_buckets = record["estimated"] - record["communication"]

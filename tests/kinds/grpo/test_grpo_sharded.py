@@ -7,12 +7,10 @@ phases on the timeline and the peak in the largest. Tiny Llamas on CPU; vLLM rep
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 import pytest
-import torch
 
 pytest.importorskip("trl")
 pytest.importorskip("peft")
@@ -138,17 +136,12 @@ def test_a_grpo_trainer_set_up_for_deepspeed_is_read_as_it_is_set_up(tmp_path: A
 
 
 RANK_SCRIPT = '''
-import json, torch
-torch.set_num_threads(1)
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, TrainerCallback
+from transformers import AutoModelForCausalLM
 import trl
 import memlab
 from memlab.frontends.cli.trainer import word_tokenizer
-from memlab.measure.tracker import MemoryTracker
 
-ds = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
-      "gradient_accumulation_steps": "auto", "zero_force_ds_cpu_optimizer": False, "steps_per_print": 10**9}
 args = trl.GRPOConfig(output_dir="out", deepspeed=ds, per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=48, max_steps=4, report_to=[], save_strategy="no", logging_steps=10**6,
                       learning_rate=1e-5, optim="adamw_torch", disable_tqdm=True, use_cpu=True, bf16=False, beta=0.0,
@@ -158,7 +151,7 @@ prompts = Dataset.from_list([{"prompt": " ".join(f"w{(i * 7 + j) % 900}" for j i
 trainer = trl.GRPOTrainer(model=model, reward_funcs=lambda completions, **_: [0.0] * len(completions), args=args,
                           train_dataset=prompts, processing_class=word_tokenizer(2048))
 estimate = memlab.estimate(trainer, device="cpu")  # in the launched rank: the world size is the launch's
-generation, steps = [], []
+generation = []
 own = trainer._generate_and_score_completions
 
 
@@ -170,18 +163,6 @@ def tracked(*args, **kwargs):
 
 
 trainer._generate_and_score_completions = tracked
-
-
-class Peaks(TrainerCallback):
-    def on_step_begin(self, *args, **kwargs):
-        self.tracker = MemoryTracker(device="cpu")
-        self.tracker.__enter__()
-
-    def on_step_end(self, *args, **kwargs):
-        self.tracker.__exit__(None, None, None)
-        steps.append(self.tracker.peak_bytes)
-
-
 trainer.add_callback(Peaks())
 trainer.train()
 held = deepspeed_held(trainer.model_wrapped.module, trainer.model_wrapped.optimizer)  # between steps
@@ -203,19 +184,9 @@ def test_a_grpo_trainer_launched_on_two_zero3_ranks_estimates_each_phase_within_
     # steps plus the phase's own peak in a later step (the lowest of three; the first makes the optimizer state),
     # against the estimate without DeepSpeed's reduce bucket (5e8 elements, allocated as the optimizer is set up).
     # Weights of 512 x 1024: past ZeRO-3's persistence threshold (1e5 elements), so they are partitioned.
-    from ranks import CLEAN_RANK_EXIT, DEEPSPEED_HELD, run_two_ranks
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from ranks import run_zero3_ranks
 
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                                 num_key_value_heads=4, vocab_size=2048, max_position_embeddings=256)
-                     ).save_pretrained(tmp_path / "checkpoint")
-    script = tmp_path / "train.py"
-    lines = RANK_SCRIPT.replace("CHECKPOINT", str(tmp_path / "checkpoint"))
-    script.write_text(DEEPSPEED_HELD + lines + CLEAN_RANK_EXIT)
-    run_two_ranks(script, timeout=900)
-    for rank in (0, 1):
-        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for record in run_zero3_ranks(tmp_path, RANK_SCRIPT, hidden=512, intermediate=1024, vocab=2048):
         assert record["status"] == "ok", record["error"]
         said = "; ".join(record["notes"])
         assert "ZeRO-3 gathers the whole policy on every rank for generate" in said
