@@ -190,11 +190,11 @@ def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
     if reference is not None and hasattr(reference, "parameters") and reference is not held:
         copies["ref_model"] = untracked_copy(reference, first)
     accelerator = getattr(trainer, "accelerator", None)
-    # A launched rank's dry run is that rank's step alone: TRL's losses gather and reduce their metrics over the
-    # processes, which a fake tensor cannot be sent to (and the forked copy a launched rank estimates in has no
-    # group); each collective answers with this rank's own value.
-    alone = ({"gather": _own, "gather_for_metrics": _own, "reduce": _own}
-             if int(getattr(accelerator, "num_processes", 1) or 1) > 1 else {})
+    # A dry run is one rank's step alone: TRL's losses gather and reduce their metrics over the processes, which a
+    # fake tensor cannot be sent to (the forked copy a launched rank estimates in has no group, and a trainer set up
+    # for DeepSpeed in one process gathers through torch.distributed all the same); each collective answers with
+    # this rank's own value.
+    alone = {"gather": _own, "gather_for_metrics": _own, "reduce": _own} if accelerator is not None else {}
     with patched(trainer, **copies), patched(accelerator, **alone):
         yield
 
