@@ -472,6 +472,13 @@ def test_trainer_sharded_vs_published_asks_each_row_as_its_trainer_per_gpu(load:
     assert data["benchmark"] == "trainer_sharded_vs_published" and data["size"] == "smoke"
     assert data["device"]["type"] == "cpu" and data["versions"]["torch"]
     (row,) = data["rows"]
-    assert row["label"].endswith("zero3 x2") and row["card_gb"] > 0
+    assert row["status"] == "ok" and row["label"].endswith("zero3 x2") and row["card_gb"] > 0
+    assert row["sharding"] == "DeepSpeed ZeRO-3 (deepspeed=...)"
     assert abs(row["ratio"] - row["card_gb"] / row["published_gb"]) < 0.01
-    assert {run.name for run in runner.ROWS} >= {"peft Llama 2 70B LoRA SFTTrainer, ZeRO-3, 8 x H100"}
+    assert {run.name for run in runner.ROWS} >= {
+        "peft Llama 2 70B LoRA SFTTrainer, ZeRO-3, 8 x H100", "peft Llama 2 70B LoRA SFTTrainer, FSDP1, 8 x H100",
+        "peft Llama 2 70B QLoRA SFTTrainer, FSDP1 + CPU offload, 2 GPUs",
+        "peft Llama 2 70B QLoRA SFTTrainer, FSDP1, 2 GPUs, no offload",
+        "peft Llama 2 70B QLoRA SFTTrainer, ZeRO-3, 2 x 40GB"}
+    assert all(run.deepspeed or run.fsdp for run in runner.ROWS)  # each row says its engine as the trainer's own
+    assert all(entry["why"] for entry in runner.NOT_EXPRESSED)
