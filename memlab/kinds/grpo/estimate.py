@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -127,7 +127,10 @@ def estimate_grpo(request: Any) -> Trial:
     if training.status != "ok":
         return training
     if isinstance(training, ShardedTrial) and training.gpus > 1:
-        return sharded_grpo_step(training, settings, source, request)
+        return sharded_grpo_step(
+            training, settings, source, generation=lambda: generation_trial(source, request),
+            engine_of=lambda ranks: engine_memory(cast(VLLMSettings, settings), source, request, ranks=ranks),
+            sampling=source_sampling_bytes(source))
     if training.timeline is None:
         return training
     if settings is not None:

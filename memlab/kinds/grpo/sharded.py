@@ -35,13 +35,15 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from memlab.kinds.grpo.estimate import engine_memory, generation_trial, source_sampling_bytes
 from memlab.report.timeline import Timeline, TimelinePeak
 from memlab.sizes import format_bytes
 from memlab.trainer.reference import reference_bytes, with_reference
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from memlab.estimation.sharded.fsdp2 import ShardedTrial
+    from memlab.kinds.grpo.estimate import EngineMemory
     from memlab.kinds.grpo.source import GRPOSource
     from memlab.report.data import Trial
     from memlab.techniques.vllm import VLLMSettings
@@ -89,11 +91,15 @@ def gathered_for_sync(strategy: str, *, whole: int, largest: int, unit: int, pef
                      f"{format_bytes(largest)})")
 
 
-def sharded_grpo_step(training: ShardedTrial, settings: VLLMSettings | None, source: GRPOSource,
-                      request: Any) -> Trial:
+def sharded_grpo_step(training: ShardedTrial, settings: VLLMSettings | None, source: GRPOSource, *,
+                      generation: Callable[[], Trial], engine_of: Callable[[int], EngineMemory],
+                      sampling: int) -> Trial:
     """The GRPO step per GPU from its sharded training step (``training``, the policy on one optimizer step's
     generations): the weight sync (with vLLM), the generation and the training, the peak the largest (the module
-    docstring). ``request`` is the estimate's, its GPU kind and vLLM server those answered.
+    docstring). What one rank's generation holds comes from the one-device estimate's parts
+    (:mod:`memlab.kinds.grpo.estimate`): ``generation()``, the dry run of transformers' ``generate``;
+    ``engine_of(ranks)``, a vLLM engine's memory on a trainer's GPU; ``sampling``, what sampling adds to the decode
+    step.
 
     Example (``tests/kinds/grpo/test_grpo_sharded.py`` builds the trainer)::
 
@@ -119,13 +125,12 @@ def sharded_grpo_step(training: ShardedTrial, settings: VLLMSettings | None, sou
     said: list[str] = []
     engine = None
     if settings is None:
-        generation = generation_trial(source, request)
-        if generation.status != "ok" or generation.timeline is None:
+        decoded = generation()
+        if decoded.status != "ok" or decoded.timeline is None:
             return dataclasses.replace(training, status="error",
-                                       error=f"the generation phase could not be estimated: {generation.error}")
-        line = generation.timeline
+                                       error=f"the generation phase could not be estimated: {decoded.error}")
+        line = decoded.timeline
         # as on one GPU: the decode's activations and KV cache, sampling's scores after the prefill, its other
-        sampling = source_sampling_bytes(source)
         points = [(line.series["activations"][i] + line.series["kv_cache"][i] + (sampling if i else 0),
                    line.series["other"][i]) for i in range(len(line.x))]
         decode, other = max(points, key=sum)
@@ -136,7 +141,7 @@ def sharded_grpo_step(training: ShardedTrial, settings: VLLMSettings | None, sou
         said.append(f"generation with transformers: {how}; the KV cache and decode step of {source.generation_batch} "
                     f"completions of {source.prompt_tokens} + {source.completion_tokens} tokens on each rank")
     else:
-        engine = engine_memory(settings, source, request, ranks=gpus)
+        engine = engine_of(gpus)
         # FSDP pushes each parameter as it stores it (full_tensor), ZeRO in the dtype it computes in
         largest = max(_parameter_sizes(source.model, None if strategy.startswith("fsdp") else element), default=0)
         gathered, how = gathered_for_sync(strategy, whole=whole, largest=largest, unit=unit,
