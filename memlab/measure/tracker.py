@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -75,9 +74,9 @@ FILLS = _ZEROS | FILLED_IN_PLACE.keys()
 
 class FormulaFills:
     """The fills of :data:`FILLED_IN_PLACE` made in place, as the unobserved step makes them, by a dispatch mode (the
-    tracker, the dry run's fake mode): the zeros a filling formula makes are remembered (weakly, with their autograd
-    node), and that formula's out-of-place fill of those very zeros runs as its in-place twin and returns them. Any
-    other call of these operators (a model's own ``scatter_add``) runs as it was called.
+    tracker, the dry run's fake mode): the zeros a filling formula makes are remembered (their storage, with their
+    autograd node), and that formula's out-of-place fill of those very zeros runs as its in-place twin and returns
+    them. Any other call of these operators (a model's own ``scatter_add``) runs as it was called.
 
     Example:
         >>> x = torch.ones(256, 256, requires_grad=True)
@@ -91,7 +90,8 @@ class FormulaFills:
     __slots__ = ("_fresh",)
 
     def __init__(self) -> None:
-        self._fresh: tuple[int, weakref.ref[torch.Tensor]] | None = None
+        # the node itself, held: torch 2.11 wraps a node anew once its last wrapper is gone, so ids do not match
+        self._fresh: tuple[Any, int] | None = None
 
     def run(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
             call: Callable[[Any, Sequence[Any], Mapping[str, Any]], Any]) -> Any:
@@ -101,15 +101,21 @@ class FormulaFills:
         if func in _ZEROS:
             out = call(func, args, kwargs)
             if node is not None and node.name() in _FILLING_NODES:
-                self._fresh = (id(node), weakref.ref(out))
+                self._fresh = (node, _storage_key(out))
             return out
         fresh, self._fresh = self._fresh, None
         in_place, names = FILLED_IN_PLACE[func]
-        if (node is None or fresh is None or fresh[0] != id(node) or fresh[1]() is not args[0]
+        if (node is None or fresh is None or fresh[0] is not node or fresh[1] != _storage_key(args[0])
                 or node.name() not in names):
             return call(func, args, kwargs)
         call(in_place, args, kwargs)
         return args[0]
+
+
+def _storage_key(tensor: Any) -> int:
+    """The storage a tensor views, by its C++ address: the same zeros, whether the Python object the formula hands on is
+    the one the mode returned (torch 2.13) or a new wrapper of them (torch 2.11)."""
+    return int(tensor.untyped_storage()._cdata) if isinstance(tensor, torch.Tensor) else -1
 
 
 def _returns_alias(func: Any) -> bool:
