@@ -57,7 +57,7 @@ def one_rank_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def test_a_sharded_estimate_in_a_launched_rank_is_the_one_made_before_and_the_group_still_works() -> None:
+def _launched_rank_check() -> None:
     model, batch = tiny_llama(layers=2, width=64), lm_batch(rows=2, length=16)
     before = memlab.estimate(model, batch, Plan(), gpus=4, strategy="fsdp2", device="cpu")
     weights = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
@@ -73,6 +73,22 @@ def test_a_sharded_estimate_in_a_launched_rank_is_the_one_made_before_and_the_gr
     assert (inside.gpus, inside.strategy) == (4, "fsdp2")
     assert (inside.peak_bytes, inside.breakdown) == (before.peak_bytes, before.breakdown)
     assert all(torch.equal(weights[name], parameter) for name, parameter in model.named_parameters())
+
+
+def test_a_sharded_estimate_in_a_launched_rank_is_the_one_made_before_and_the_group_still_works() -> None:
+    # In a process of its own, as a launched rank is: one that ran a backward on fake CUDA tensors before (another
+    # test in this worker) has autograd's device threads, which PyTorch refuses to use in a forked child (the next
+    # test's error).
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[2]
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+            "from test_forked import _launched_rank_check\n_launched_rank_check()")
+    done = subprocess.run([sys.executable, "-c", code, str(tests), str(Path(__file__).parent)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_a_dry_run_that_autograd_refuses_in_the_child_is_one_error_saying_when_to_ask() -> None:
