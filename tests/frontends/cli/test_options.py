@@ -19,8 +19,8 @@ ORDER_BEFORE = ["num_generations", "max_completion_length", "max_length", "promp
                 "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode"]
 # Issue 85's, after them: a colocated engine over several ranks, a served GRPOTrainer's mode and its trl vllm-serve
 # server's settings.
-SERVER = ["vllm_tensor_parallel_size", "vllm_mode", "vllm_server_gpu", "vllm_server_tensor_parallel_size", "vllm_server_data_parallel_size",
-          "vllm_server_gpu_memory_utilization", "vllm_server_max_model_len"]
+SERVER = ["vllm_tensor_parallel_size", "vllm_mode", "vllm_server_gpu", "vllm_server_tensor_parallel_size",
+          "vllm_server_data_parallel_size", "vllm_server_gpu_memory_utilization", "vllm_server_max_model_len"]
 
 
 def _nothing(*_: Any) -> Any:
