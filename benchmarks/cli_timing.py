@@ -59,6 +59,18 @@ TRAINER_QUESTIONS: dict[str, list[str]] = {
         "llama-3-8b", "--trainer", "sft", "--lora", "16", "--use-liger-kernel", "--activation-offloading", "--gpu",
         "A100-40GB"],
 }
+# Issue 85's trainer questions beyond one GPU: TRL's and open-r1's layout, 7 GPUs training a 7B GRPO policy under
+# ZeRO-3 and one serving vLLM; a 70B DPO LoRA question answered at the fewest GPUs that fit. Target: 30 s each.
+SHARDED_TRAINER_QUESTIONS: dict[str, list[str]] = {
+    "7b GRPO on 7 + 1 H100s, ZeRO-3 and a vLLM server": [
+        QWEN2_7B_INSTRUCT, "--trainer", "grpo", "--gpus", "7", "--strategy", "zero3", "--vllm-mode", "server",
+        "--per-device-train-batch-size", "8", "--num-generations", "8", "--max-completion-length", "1024",
+        "--prompt-length", "256", "--gpu", "H100-80GB"],
+    "70b DPO LoRA --gpus auto on H100s": [
+        "llama-70b", "--trainer", "dpo", "--lora", "16", "--gpus", "auto", "--max-length", "1024",
+        "--per-device-train-batch-size", "1", "--dtype", "bfloat16", "--gpu", "H100-80GB"],
+}
+TRAINER_QUESTIONS.update(SHARDED_TRAINER_QUESTIONS)
 QUESTIONS.update(TRAINER_QUESTIONS)
 STARTS: dict[str, list[str]] = {
     "memlab --help": ["-m", "memlab", "--help"],
@@ -174,7 +186,7 @@ def markdown(result: dict[str, Any]) -> str:
     Example:
         >>> run = {"7b one GPU at 24GiB, with suggestions": {"wall_s": 4.8, "load_1min_before": 1.0}}
         >>> print(markdown({"device": "cpu", "s81": run}).splitlines()[-1])
-        | s81 | 4.8 | - | - | - | - | - | - | 1.0 |
+        | s81 | 4.8 | - | - | - | - | - | - | - | - | 1.0 |
     """
     from benchmarks import common
 
