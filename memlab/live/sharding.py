@@ -16,6 +16,7 @@ __all__ = [
     "DS_ALLGATHER_BUCKET",
     "DS_PREFETCH_BUCKET",
     "DS_REDUCE_BUCKET",
+    "ENGINE_NAMES",
     "STRATEGIES",
     "check_sharding",
     "ds_reduce_bucket",
@@ -26,6 +27,9 @@ __all__ = [
 STRATEGIES = ("none", "fsdp1", "fsdp2", "zero2", "zero3")
 """How training is spread over GPUs: ``"none"`` (one GPU), FSDP1 (accelerate's ``fsdp_version: 1``), FSDP2,
 DeepSpeed ZeRO stage 2 or 3."""
+
+ENGINE_NAMES = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+"""Each sharding strategy as its engine names it."""
 
 # DeepSpeed's defaults (deepspeed/runtime/zero/config.py), in elements.
 DS_REDUCE_BUCKET = 500_000_000

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 from memlab.errors import MemlabError
 from memlab.frontends.cli.errors import DEFAULT_BATCH
 from memlab.frontends.cli.options import cli_kinds, option_kinds, trainer_options
+from memlab.live.sharding import ENGINE_NAMES
 from memlab.live.trainer_kinds import CliOption, TrainerCli, TrainerKind, cli_kind
 
 __all__ = ["add_trainer_arguments", "asks_trainer", "build_trainer", "keeps_whole_answer", "levers_asked",
@@ -567,6 +568,9 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
             if not suggested:
                 suggested = _quantized_alternative(args, config, source, budget, say)
     levers = [trial for trial, _, changes in suggested if changes is None]
+    model_name = str(getattr(config, "_name_or_path", "") or args.model)
+    if sharded and args.accelerate_config:
+        _write_accelerate_config(args, report.trials[0])
     if args.json:
         import json
 
@@ -580,8 +584,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
             row["peak_phase"] = trial.timeline.peak.phase if trial.timeline is not None else None
         data["trainer"] = {"kind": args.trainer, **{key: value for key, value in settings.items()}}
         if sharded:
-            data["launch"] = launch_lines(args, report.trials[0], wrap=False,
-                                          model_name=str(getattr(config, "_name_or_path", "") or args.model))
+            data["launch"] = launch_lines(args, report.trials[0], wrap=False, model_name=model_name)
         data["phases"] = data["trials"][0]["phases"]
         data["peak_phase"] = data["trials"][0]["peak_phase"]
         print(json.dumps(data, indent=2, default=str), file=out)
@@ -597,8 +600,7 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
             after = [f"Next: nothing is suggested per GPU yet; ask again with more --gpus than {args.gpus}, or with "
                      "--strategy zero3 (every GPU holds a share of the weights)"]
         if sharded:
-            after += launch_lines(args, report.trials[0],
-                                  model_name=str(getattr(config, "_name_or_path", "") or args.model))
+            after += launch_lines(args, report.trials[0], model_name=model_name)
         lines = single_text(args, header, report, budget, after)
         peaks = _peak_lines(report.trials)
         at = lines.index("") if "" in lines else len(lines)
@@ -631,6 +633,27 @@ def _fewest_gpus(args: argparse.Namespace, trainer: Any, plan: Any, budget: int 
     return found.gpus if found is not None and found.status == "ok" and found.fits else None
 
 
+def _engine_plan(plan: Any) -> Any:
+    """What the accelerate config of a trainer's run carries of ``plan``: its mixed precision and CPU offload (the
+    trainer's arguments carry the rest)."""
+    from memlab.plan import Plan
+
+    return Plan(precision=plan.precision, offload=plan.offload if plan.offload in ("optimizer", "params", "all")
+                else "none")
+
+
+def _write_accelerate_config(args: argparse.Namespace, trial: Any) -> None:
+    """``--accelerate-config FILE``: the accelerate config of the run answered, written as YAML."""
+    import yaml
+
+    try:
+        config = _engine_plan(trial.plan).to_accelerate_config(gpus=args.gpus, strategy=args.strategy)
+    except MemlabError as error:
+        raise MemlabError(f"--accelerate-config: {error}") from None
+    with open(args.accelerate_config, "w", encoding="utf-8") as file:
+        yaml.safe_dump(config, file, sort_keys=False)
+
+
 def launch_lines(args: argparse.Namespace, trial: Any, *, model_name: str, wrap: bool = True) -> list[str]:
     """The commands that start the run answered per GPU, as TRL's docs lay them out: ``accelerate launch`` with the
     config of its engine (written to ``--accelerate-config FILE``: the strategy, its CPU offload and the mixed
@@ -650,25 +673,13 @@ def launch_lines(args: argparse.Namespace, trial: Any, *, model_name: str, wrap:
           train.py (--accelerate-config accelerate.yaml writes its config: DeepSpeed ZeRO-3, mixed precision bf16)
         Serve: CUDA_VISIBLE_DEVICES=7 trl vllm-serve --model Qwen/Qwen2.5-7B
     """
-    from memlab.plan import Plan
     from memlab.techniques.vllm import VLLMServer
 
-    plan = trial.plan
-    engine = Plan(precision=plan.precision, offload=plan.offload if plan.offload in ("optimizer", "params", "all")
-                  else "none")
+    engine = _engine_plan(trial.plan)
     written = args.accelerate_config
-    said = f"DeepSpeed ZeRO-{args.strategy[-1]}" if args.strategy.startswith("zero") else args.strategy.upper()
+    said = _STRATEGY_WORDS[args.strategy]
     said += "" if engine.offload == "none" else f", offload {engine.offload}"
     said += f", mixed precision {engine.precision}" if engine.precision != "fp32" else ", no mixed precision"
-    if written:
-        import yaml
-
-        try:
-            config = engine.to_accelerate_config(gpus=args.gpus, strategy=args.strategy)
-        except MemlabError as error:
-            raise MemlabError(f"--accelerate-config: {error}") from None
-        with open(written, "w", encoding="utf-8") as file:
-            yaml.safe_dump(config, file, sort_keys=False)
     server = getattr(args, "vllm_mode", None) == "server"
     devices = f"CUDA_VISIBLE_DEVICES={','.join(str(i) for i in range(args.gpus))} " if server else ""
     how = f"written to {written}: {said}" if written else (
@@ -805,7 +816,8 @@ def _header(args: argparse.Namespace, model: Any, settings: dict[str, Any], plan
     return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  "))
 
 
-_STRATEGY_WORDS = {"fsdp1": "FSDP1", "fsdp2": "FSDP2", "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3"}
+_STRATEGY_WORDS = {name: f"DeepSpeed {words}" if name.startswith("zero") else words
+                   for name, words in ENGINE_NAMES.items()}
 
 
 def _plans_words(plans: list[Any]) -> str:

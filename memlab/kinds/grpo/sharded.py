@@ -33,8 +33,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Any
 
+from memlab.live.sharding import ENGINE_NAMES, whole_shape
 from memlab.report.timeline import Timeline, TimelinePeak
 from memlab.sizes import format_bytes
 from memlab.trainer.reference import reference_bytes, with_reference
@@ -49,9 +51,6 @@ if TYPE_CHECKING:
     from memlab.techniques.vllm import VLLMSettings
 
 __all__ = ["gathered_for_generation", "gathered_for_sync", "sharded_grpo_step"]
-
-_GATHERING = {"zero3": "ZeRO-3", "fsdp2": "FSDP2", "fsdp1": "FSDP1", "zero2": "ZeRO-2"}
-
 
 def gathered_for_generation(strategy: str, *, whole: int, unit: int, gather: bool) -> tuple[int, str]:
     """The weights a rank gathers while transformers' ``generate`` runs (bytes), and how: ``whole`` (the policy's
@@ -68,7 +67,7 @@ def gathered_for_generation(strategy: str, *, whole: int, unit: int, gather: boo
     if strategy == "zero3" and gather:
         return whole, (f"ZeRO-3 gathers the whole policy on every rank for generate ({format_bytes(whole)}; "
                        "GRPOConfig(ds3_gather_for_generation=False) gathers a module at a time, slower)")
-    return unit, (f"{_GATHERING.get(strategy, strategy)} gathers the weights a unit at a time as in the training "
+    return unit, (f"{ENGINE_NAMES.get(strategy, strategy)} gathers the weights a unit at a time as in the training "
                   f"forward ({format_bytes(unit)})")
 
 
@@ -87,7 +86,7 @@ def gathered_for_sync(strategy: str, *, whole: int, largest: int, unit: int, pef
                        f"weights ({format_bytes(whole)})")
     if strategy == "fsdp1":
         return unit, f"FSDP1 summons one unit at a time to push it ({format_bytes(unit)})"
-    return largest, (f"{_GATHERING.get(strategy, strategy)} gathers one parameter at a time to push it (the largest, "
+    return largest, (f"{ENGINE_NAMES.get(strategy, strategy)} gathers one parameter at a time to push it (the largest, "
                      f"{format_bytes(largest)})")
 
 
@@ -182,10 +181,6 @@ def sharded_grpo_step(training: ShardedTrial, settings: VLLMSettings | None, sou
 def _parameter_sizes(model: Any, element: int | None) -> list[int]:
     """The bytes of each of ``model``'s parameters (a tied one once), whole (a ZeRO-3 partition at its whole shape),
     floating-point elements at ``element`` bytes where given (the dtype the engine holds them in)."""
-    import math
-
-    from memlab.live.sharding import whole_shape
-
     sizes = {}
     for parameter in model.parameters():
         per = element if element is not None and parameter.is_floating_point() else parameter.element_size()

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memlab.frontends.cli.gpu import cli_gpu
+from memlab.live.sharding import ENGINE_NAMES
 
 __all__ = [
     "WIDTH", "budget_words", "count_text", "for_gpu", "gpu_hint", "json_with_verdicts", "kept_notes", "numbered",
@@ -438,8 +439,8 @@ def sharded_text(args: argparse.Namespace, header: str, trials: Sequence[tuple[A
     return wrapped(lines)
 
 
-ENGINES = {"fsdp2": "FSDP2", "fsdp1": "FSDP1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
-"""Each strategy as its engine names it."""
+ENGINES = ENGINE_NAMES
+"""Each strategy as its engine names it (:data:`memlab.live.sharding.ENGINE_NAMES`)."""
 
 
 def _peak_only_note(ran: Sequence[tuple[Any, str, Any]], budget: int | None) -> str | None:
