@@ -86,11 +86,68 @@ class Peaks(TrainerCallback):
 """
 
 
+# The lines of a rank's script that make accelerate shard a Trainer with FSDP on this CPU. accelerate 1.15 takes an
+# FSDP plugin only on a GPU-like device (AcceleratorState sets DistributedType.FSDP for MULTI_GPU, MULTI_XPU...,
+# not MULTI_CPU), so a CPU rank launched with fsdp= would train unsharded under DDP. These lines set FSDP where the
+# trainer gives a plugin, as accelerate does on a GPU (state.py); the sharding itself is then torch's fully_shard on
+# gloo, which the bare-model rank tests (tests/estimation/sharded/test_sharded.py) run without accelerate.
+FSDP_ON_CPU = """
+import accelerate.state
+from accelerate.utils import DistributedType
+
+_accelerator_state = accelerate.state.AcceleratorState.__init__
+
+
+def _fsdp_on_cpu(self, *args, fsdp_plugin=None, **kwargs):
+    _accelerator_state(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+    if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+        if self._mixed_precision != "no":
+            fsdp_plugin.set_mixed_precision(self._mixed_precision)
+        self.fsdp_plugin = fsdp_plugin
+        self.distributed_type = DistributedType.FSDP
+        accelerate.state.PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+
+accelerate.state.AcceleratorState.__init__ = _fsdp_on_cpu
+"""
+
+# The lines of a rank's script that define fsdp2_held(model, optimizer): the bytes a rank holds between FSDP2 steps
+# (each parameter's shard, the optimizer state's shards), each storage once.
+FSDP2_HELD = """
+def fsdp2_held(model, optimizer):
+    seen = {}
+    tensors = [*model.parameters(), *(t for state in optimizer.state.values() for t in state.values())]
+    for tensor in tensors:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        if isinstance(local, torch.Tensor) and local.numel():
+            seen[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
+    return sum(seen.values())
+"""
+
+# FSDP2 from a Trainer's arguments: one unit per Llama block, as accelerate's TRANSFORMER_BASED_WRAP makes them.
+FSDP2_ARGS = 'fsdp=True, fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}'
+
+
+def run_fsdp2_ranks(folder: Path, body: str, *, hidden: int, intermediate: int, vocab: int,
+                    timeout: float = 900) -> list[dict[str, Any]]:
+    """As :func:`run_zero3_ranks`, for a ``body`` whose trainer is set up for FSDP2 (its arguments ``FSDP2_ARGS``):
+    :data:`FSDP_ON_CPU`, :data:`FSDP2_HELD` and :data:`ZERO3_STEPS`'s ``steps`` and ``Peaks`` before it."""
+    return _run_checkpoint_ranks(folder, FSDP_ON_CPU + FSDP2_HELD + ZERO3_STEPS + body.replace(
+        "FSDP2_ARGS", FSDP2_ARGS), hidden=hidden, intermediate=intermediate, vocab=vocab, timeout=timeout)
+
+
 def run_zero3_ranks(folder: Path, body: str, *, hidden: int, intermediate: int, vocab: int,
                     timeout: float = 900) -> list[dict[str, Any]]:
     """Save a 4-layer Llama checkpoint (``hidden`` x ``intermediate``, ``vocab`` tokens) in ``folder``, run ``body``
     (its ``CHECKPOINT`` that checkpoint's path; :data:`DEEPSPEED_HELD` and :data:`ZERO3_STEPS` before it) in two
     ranks, and return what each rank wrote to ``rank<N>.json``."""
+    return _run_checkpoint_ranks(folder, DEEPSPEED_HELD + ZERO3_STEPS + body, hidden=hidden,
+                                 intermediate=intermediate, vocab=vocab, timeout=timeout)
+
+
+def _run_checkpoint_ranks(folder: Path, script_text: str, *, hidden: int, intermediate: int, vocab: int,
+                          timeout: float) -> list[dict[str, Any]]:
+    """Save the checkpoint :func:`run_zero3_ranks` names, run ``script_text`` in two ranks, read their records."""
     import json
 
     import torch
@@ -101,7 +158,6 @@ def run_zero3_ranks(folder: Path, body: str, *, hidden: int, intermediate: int, 
                                  num_attention_heads=4, num_key_value_heads=4, vocab_size=vocab,
                                  max_position_embeddings=256)).save_pretrained(folder / "checkpoint")
     script = folder / "train.py"
-    lines = body.replace("CHECKPOINT", str(folder / "checkpoint"))
-    script.write_text(DEEPSPEED_HELD + ZERO3_STEPS + lines + CLEAN_RANK_EXIT)
+    script.write_text(script_text.replace("CHECKPOINT", str(folder / "checkpoint")) + CLEAN_RANK_EXIT)
     run_two_ranks(script, timeout=timeout)
     return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]

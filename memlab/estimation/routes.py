@@ -46,12 +46,13 @@ def _trainer(request: EstimateRequest) -> Trial:
     from memlab.estimation.dryrun.liger import liger_kernels
     from memlab.live.trainer_kinds import kind_of
     from memlab.trainer.entry import live_target, noted, split_plans
-    from memlab.trainer.reference import with_reference
+    from memlab.trainer.reference import sharded_as, with_reference
     from memlab.trainer.sharding import sharded_trainer_request, zero3_gathering_off
 
     kind = kind_of(request.model)
     request, sharding_note = sharded_trainer_request(request)
-    with liger_kernels(request.model), zero3_gathering_off():  # its dry runs put on Liger's kernels as train() would
+    # its dry runs put on Liger's kernels as train() would, and hold its reference as the strategy does
+    with liger_kernels(request.model), zero3_gathering_off(), sharded_as(request.strategy):
         if kind.estimate is not None:
             trial = cast(Trial, kind.estimate(request))
             if sharding_note is None:

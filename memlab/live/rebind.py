@@ -113,6 +113,7 @@ def untracked_copy(model: nn.Module, like: torch.Tensor) -> nn.Module:
                 memo[id(tensor)] = nn.Parameter(fake, requires_grad=tensor.requires_grad) \
                     if isinstance(tensor, nn.Parameter) else fake
     with torch.no_grad():
+        _plain_fsdp2_copies(model, memo)
         copied = copy.deepcopy(model, memo)
     rebind_forwards(copied, memo)
     _drop_engine_hooks(copied)
@@ -121,21 +122,53 @@ def untracked_copy(model: nn.Module, like: torch.Tensor) -> nn.Module:
 
 
 _HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_ENGINES = ("deepspeed", "torch.distributed.fsdp")
+"""The modules whose hooks gather a sharded model's weights: a copy at whole shapes runs as the gathered model."""
+
+
+def _plain_fsdp2_copies(model: nn.Module, memo: dict[int, Any]) -> None:
+    """Copies of ``model``'s FSDP2 modules (TRL's ``prepare_fsdp`` puts ``fully_shard`` on a reference) put in
+    ``memo`` as their own classes, without FSDP's state and hooks, so that ``copy.deepcopy`` takes them: FSDP2 makes
+    each module it shards an instance of a subclass whose ``__deepcopy__`` raises, and its state holds the process
+    group. Descendants first, so that a module's copy finds its sharded children copied."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed
+        return
+    for module in reversed(list(model.modules())):
+        if not isinstance(module, FSDPModule):
+            continue
+        plain: type[nn.Module] = next(base for base in type(module).__bases__ if base is not FSDPModule)
+        twin = object.__new__(plain)
+        memo[id(module)] = twin
+        state = {}
+        for name, value in vars(module).items():
+            if name.startswith("__composable_api"):  # fully_shard's state and registry (torch's contract keys)
+                continue
+            if name in _HOOKS:
+                value = type(value)((key, hook) for key, hook in value.items() if not _engine_hook(hook))
+            state[name] = value
+        twin.__dict__.update(copy.deepcopy(state, memo))
 
 
 def _drop_engine_hooks(model: nn.Module) -> None:
     """Take DeepSpeed's hooks off a copy: ZeRO-3 hooks every module of a model it prepared (TRL's reference under
     ``prepare_deepspeed``) to gather its partitions, which the copy's whole-shaped fake weights have not; the copy runs
-    as the gathered module does."""
+    as the gathered module does. FSDP2's are left out as its modules are copied (:func:`_plain_fsdp2_copies`)."""
     for module in model.modules():
         for name in _HOOKS:
             hooks = getattr(module, name, None)
             if not hooks:
                 continue
             for key, hook in list(hooks.items()):
-                function = getattr(hook, "__func__", getattr(hook, "func", hook))
-                if str(getattr(function, "__module__", "") or "").startswith("deepspeed"):
+                if _engine_hook(hook):
                     del hooks[key]
+
+
+def _engine_hook(hook: Any) -> bool:
+    """Whether ``hook`` is DeepSpeed's or FSDP's (:data:`_ENGINES`)."""
+    function = getattr(hook, "__func__", getattr(hook, "func", hook))
+    return str(getattr(function, "__module__", "") or "").startswith(_ENGINES)
 
 
 def _copied(value: Any, memo: Mapping[int, Any]) -> Any:

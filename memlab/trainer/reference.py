@@ -15,8 +15,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import weakref
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -25,8 +29,12 @@ from memlab.live.sharding import whole_shape
 from memlab.sizes import format_bytes
 from memlab.techniques.precompute_ref import reference_unloaded
 
-__all__ = ["reference_bytes", "with_reference"]
+__all__ = ["gathered_in_forward", "held_while_running", "reference_bytes", "sharded_as", "with_reference"]
 
+_STRATEGY: ContextVar[str] = ContextVar("memlab_reference_strategy", default="none")
+"""The strategy the trainer's estimate is made for (:func:`sharded_as`)."""
+_HOLDING: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+"""The copies :func:`held_while_running` has hooked (a dry run's copy is made once per fake mode)."""
 _MIXED = {"bf16": 2, "fp16": 2}  # a mixed-precision plan's parameter dtype (FSDP2's MixedPrecisionPolicy), in bytes
 
 
@@ -42,7 +50,9 @@ def reference_bytes(reference: Any, element_bytes: int | None = None) -> int:
     """
     storages: dict[Any, int] = {}
     for tensor in (*reference.parameters(), *reference.buffers()):
-        partitioned = getattr(tensor, "ds_shape", None) is not None  # ZeRO-3's: its data empty outside a gather
+        # ZeRO-3's partition (its data empty outside a gather) or FSDP2's DTensor (its shape the whole, its data a
+        # shard): neither has a storage of the whole
+        partitioned = getattr(tensor, "ds_shape", None) is not None or hasattr(tensor, "to_local")
         size = math.prod(whole_shape(tensor)) * tensor.element_size() if partitioned else (
             tensor.untyped_storage().nbytes())
         if element_bytes is not None and tensor.is_floating_point() and isinstance(tensor, torch.nn.Parameter):
@@ -51,6 +61,68 @@ def reference_bytes(reference: Any, element_bytes: int | None = None) -> int:
         meta = tensor.device.type == "meta" or partitioned
         storages[id(tensor) if meta else tensor.untyped_storage().data_ptr()] = size
     return sum(storages.values())
+
+
+@contextlib.contextmanager
+def sharded_as(strategy: str) -> Iterator[None]:
+    """Within the block, a trainer's estimate is made for ``strategy`` (memlab's name, ``"none"`` for one GPU): what
+    its dry run holds of the reference (:func:`gathered_in_forward`) follows it.
+
+    Example:
+        >>> with sharded_as("fsdp2"):
+        ...     pass
+    """
+    token = _STRATEGY.set(strategy)
+    try:
+        yield
+    finally:
+        _STRATEGY.reset(token)
+
+
+def gathered_in_forward(trainer: Any) -> int:
+    """The bytes each rank gathers for the forward of ``trainer``'s reference where the estimate is made for FSDP2
+    (:func:`sharded_as`): TRL's ``prepare_fsdp`` puts one ``fully_shard`` on the whole reference, so all of it is
+    gathered, in the mixed-precision parameter dtype. A dry run of the step holds them while the reference's
+    forward runs (:func:`held_while_running`); 0 for any other estimate.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> gathered_in_forward(SimpleNamespace(ref_model=None))
+        0
+    """
+    reference = getattr(trainer, "ref_model", None)
+    if _STRATEGY.get() != "fsdp2" or reference is None or reference is getattr(trainer, "model", None) \
+            or not hasattr(reference, "parameters"):
+        return 0
+    args = getattr(trainer, "args", None)
+    mixed = bool(getattr(args, "bf16", False) or getattr(args, "fp16", False))
+    return reference_bytes(reference, _MIXED["bf16"] if mixed else None)
+
+
+def held_while_running(module: torch.nn.Module, size: int) -> None:
+    """Make ``module`` (a dry run's copy of a reference) allocate ``size`` bytes as its forward starts and free them
+    as it ends, as FSDP2's gather and reshard of the whole reference do, so that the step's tracker holds them at the
+    moment they are held; hooked once.
+
+    Example:
+        >>> copy = torch.nn.Linear(2, 2)
+        >>> held_while_running(copy, 64)
+        >>> copy(torch.zeros(1, 2)).shape
+        torch.Size([1, 2])
+    """
+    if size <= 0 or module in _HOLDING:
+        return
+    _HOLDING.add(module)
+    held: list[torch.Tensor] = []
+
+    def gather(running: torch.nn.Module, *_: Any) -> None:
+        held.append(torch.empty(size, dtype=torch.uint8, device=next(running.parameters()).device))
+
+    def reshard(*_: Any) -> None:
+        held.clear()
+
+    module.register_forward_pre_hook(gather)
+    module.register_forward_hook(reshard)
 
 
 def with_reference(trial: Any, trainer: Any) -> Any:
@@ -82,11 +154,15 @@ def with_reference(trial: Any, trainer: Any) -> Any:
     gathered = 0
     if gpus > 1 and strategy in ("fsdp2", "zero3"):
         held = -(-whole // gpus)
-        if strategy == "fsdp2":
+        in_forward = gathered_in_forward(trainer) if strategy == "fsdp2" else 0
+        if strategy == "fsdp2" and not in_forward:
             gathered = reference_bytes(reference, _MIXED.get(trial.plan.precision))
         how = (f"a reference model's {format_bytes(held)} share under other (of {format_bytes(whole)}, sharded over "
                f"{gpus} GPUs as TRL prepares it for {strategy})")
-        if gathered:
+        if in_forward:
+            how += (f", and all of it gathered for its forward ({format_bytes(in_forward)}), held in the step while "
+                    "that forward runs (under activations)")
+        elif gathered:
             how += (f", and all of it gathered for its forward ({format_bytes(gathered)}), counted at the step's peak: "
                     "TRL runs it after the policy's forward, so this is at most the backward's rise above the end of "
                     "the forward too high")

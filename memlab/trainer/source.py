@@ -21,6 +21,7 @@ from memlab.live.patching import patched
 from memlab.live.rebind import untracked_copy
 from memlab.live.trainer_kinds import TrainerKind, is_trainer, kind_of
 from memlab.plan import Plan
+from memlab.trainer.reference import gathered_in_forward, held_while_running
 
 __all__ = [
     "TrainerSource",
@@ -175,6 +176,7 @@ def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
         ...     pass
     """
     from torch._subclasses.fake_tensor import is_fake
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     held = vars(trainer).get("model")
@@ -189,6 +191,8 @@ def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
         reference = reference.module
     if reference is not None and hasattr(reference, "parameters") and reference is not held:
         copies["ref_model"] = untracked_copy(reference, first)
+        if is_traceable_wrapper_subclass(first):  # a sharded dry run: FSDP2 gathers a whole reference as TRL shards it
+            held_while_running(copies["ref_model"], gathered_in_forward(trainer))
     accelerator = getattr(trainer, "accelerator", None)
     # A dry run is one rank's step alone: TRL's losses gather and reduce their metrics over the processes, which a
     # fake tensor cannot be sent to (the forked copy a launched rank estimates in has no group, and a trainer set up

@@ -121,3 +121,31 @@ def test_the_sharded_reference_is_each_gpus_share_and_fsdp2_gathers_it(tmp_path:
     assert f"{format_bytes(share)} share" in notes["zero3"] and "a module at a time" in notes["zero3"]
     assert f"reference model's {format_bytes(whole)} under other" in notes["zero2"]
     assert "whole on each GPU" in notes["zero2"]
+
+
+def test_a_copy_held_while_running_holds_the_gathered_bytes_only_during_its_forward() -> None:
+    from memlab.measure.tracker import MemoryTracker
+    from memlab.trainer.reference import held_while_running
+
+    module = torch.nn.Linear(4, 4)
+    held_while_running(module, 1 << 20)
+    held_while_running(module, 1 << 20)  # hooked once
+    with MemoryTracker(device="cpu") as tracker:
+        module(torch.zeros(2, 4))
+    assert (1 << 20) <= tracker.peak_bytes < (1 << 20) + 4096
+    assert tracker.live_bytes < 4096
+
+
+def test_an_fsdp2_estimate_holds_the_gathered_reference_while_its_forward_runs(tmp_path: Any) -> None:
+    # Asked with strategy="fsdp2" or read from the trainer's fsdp= arguments alike (test_trainer_fsdp2_ranks.py checks
+    # the launched trainer against its ranks); under ZeRO-3 the reference is gathered a module at a time instead.
+    trainer = dpo(tmp_path, "reference")
+    asked = memlab.estimate(trainer, gpus=2, strategy="fsdp2")
+    trainer.args.fsdp, trainer.args.fsdp_config = True, {"version": 2}
+    read = memlab.estimate(trainer, gpus=2)
+    assert asked.status == read.status == "ok", (asked.error, read.error)
+    assert asked.peak_bytes == read.peak_bytes
+    whole = reference_bytes(trainer.ref_model)
+    note = next(note for note in read.notes if "reference model" in note)
+    assert f"all of it gathered for its forward ({format_bytes(whole)}), held in the step while" in note
+    assert read.detail["activations"] >= whole  # the dry run held it, under activations

@@ -42,7 +42,7 @@ from memlab.sizes import format_bytes
 from memlab.trainer.reference import reference_bytes, with_reference
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from memlab.estimation.sharded.fsdp2 import ShardedTrial
     from memlab.kinds.grpo.estimate import EngineMemory
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from memlab.report.data import Trial
     from memlab.techniques.vllm import VLLMSettings
 
-__all__ = ["gathered_for_generation", "gathered_for_sync", "sharded_grpo_step"]
+__all__ = ["fsdp2_generation_gathers", "gathered_for_generation", "gathered_for_sync", "sharded_grpo_step"]
 
 def gathered_for_generation(strategy: str, *, whole: int, unit: int, gather: bool) -> tuple[int, str]:
     """The weights a rank gathers while transformers' ``generate`` runs (bytes), and how: ``whole`` (the policy's
@@ -69,6 +69,37 @@ def gathered_for_generation(strategy: str, *, whole: int, unit: int, gather: boo
                        "GRPOConfig(ds3_gather_for_generation=False) gathers a module at a time, slower)")
     return unit, (f"{ENGINE_NAMES.get(strategy, strategy)} gathers the weights a unit at a time as in the training "
                   f"forward ({format_bytes(unit)})")
+
+
+def fsdp2_generation_gathers(model: Any, gpus: int, element: int | None) -> tuple[int, str]:
+    """The weights a rank holds gathered while transformers' ``generate`` runs under FSDP2 (bytes), and how. TRL 1.16
+    gathers nothing itself (``DistributedBackend.summon_full_params`` is a no-op for FSDP2); each decode step's forward
+    gathers the units accelerate made (:func:`~memlab.estimation.sharded.fsdp2.units.fsdp2_layout`) one after another.
+    The tail (final norm and head, ``reshard_after_forward=False``) stays gathered from the first step on; the
+    largest other unit is the most gathered at once, and while FSDP2 gathers it it holds, beside the unit's own
+    gathered parameters, the all-gather's output buffer (the whole unit) and its input (the rank's shard): torch's
+    ``foreach_all_gather`` then ``foreach_all_gather_copy_out``. ``element``: the bytes a floating-point parameter is
+    gathered in (the mixed-precision policy's), None for as held.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        >>> fsdp2_generation_gathers(model, 2, None)[0]  # no blocks: the whole model is the root unit
+        0
+    """
+    from memlab.estimation.sharded.fsdp2.units import fsdp2_layout
+
+    def size(modules: list[Any]) -> int:
+        return sum(_parameter_sizes([p for module in modules for p in module.parameters()], element))
+
+    layout = fsdp2_layout(model)
+    kept = sum(size(units) for units, reshard in layout if not reshard)
+    largest = max((size(units) for units, reshard in layout if reshard), default=0)
+    gathering = 2 * largest + -(-largest // gpus)
+    return kept + gathering, (
+        f"FSDP2 gathers the weights a unit at a time as in the training forward: the head's unit stays gathered "
+        f"({format_bytes(kept)}), and gathering the largest unit holds it with the all-gather's buffers "
+        f"({format_bytes(gathering)})")
 
 
 def gathered_for_sync(strategy: str, *, whole: int, largest: int, unit: int, peft: bool) -> tuple[int, str]:
@@ -119,7 +150,7 @@ def sharded_grpo_step(training: ShardedTrial, settings: VLLMSettings | None, sou
     held = {"params": weights_held, "grads": grads_held, "optimizer": detail.get("optimizer", 0),
             "activations": 0, "other": reference_share + buckets}
     element = 2 if training.plan.precision in ("bf16", "fp16") or training.plan.weights == "bf16" else None
-    whole = sum(_parameter_sizes(source.model, element))
+    whole = sum(_parameter_sizes(source.model.parameters(), element))
     phases: list[tuple[str, dict[str, int]]] = []
     said: list[str] = []
     engine = None
@@ -133,8 +164,11 @@ def sharded_grpo_step(training: ShardedTrial, settings: VLLMSettings | None, sou
         points = [(line.series["activations"][i] + line.series["kv_cache"][i] + (sampling if i else 0),
                    line.series["other"][i]) for i in range(len(line.x))]
         decode, other = max(points, key=sum)
-        gathered, how = gathered_for_generation(strategy, whole=whole, unit=unit,
-                                                gather=bool(getattr(trainer.args, "ds3_gather_for_generation", True)))
+        if strategy == "fsdp2":
+            gathered, how = fsdp2_generation_gathers(source.model, gpus, element)
+        else:
+            gathered, how = gathered_for_generation(
+                strategy, whole=whole, unit=unit, gather=bool(getattr(trainer.args, "ds3_gather_for_generation", True)))
         phases.append(("generation", {**held, "params": weights_held + gathered, "activations": decode,
                                       "other": held["other"] + other}))
         said.append(f"generation with transformers: {how}; the KV cache and decode step of {source.generation_batch} "
@@ -142,7 +176,8 @@ def sharded_grpo_step(training: ShardedTrial, settings: VLLMSettings | None, sou
     else:
         engine = engine_of(gpus)
         # FSDP pushes each parameter as it stores it (full_tensor), ZeRO in the dtype it computes in
-        largest = max(_parameter_sizes(source.model, None if strategy.startswith("fsdp") else element), default=0)
+        pushed = None if strategy.startswith("fsdp") else element
+        largest = max(_parameter_sizes(source.model.parameters(), pushed), default=0)
         gathered, how = gathered_for_sync(strategy, whole=whole, largest=largest, unit=unit,
                                           peft=hasattr(source.model, "peft_config"))
         awake_before = engine.awake if not settings.sleep else engine.during
@@ -178,11 +213,11 @@ def sharded_grpo_step(training: ShardedTrial, settings: VLLMSettings | None, sou
     return trial
 
 
-def _parameter_sizes(model: Any, element: int | None) -> list[int]:
-    """The bytes of each of ``model``'s parameters (a tied one once), whole (a ZeRO-3 partition at its whole shape),
+def _parameter_sizes(parameters: Iterable[Any], element: int | None) -> list[int]:
+    """The bytes of each of ``parameters`` (a tied one once), whole (a ZeRO-3 partition at its whole shape),
     floating-point elements at ``element`` bytes where given (the dtype the engine holds them in)."""
     sizes = {}
-    for parameter in model.parameters():
+    for parameter in parameters:
         per = element if element is not None and parameter.is_floating_point() else parameter.element_size()
         sizes[id(parameter)] = math.prod(whole_shape(parameter)) * per
     return list(sizes.values())

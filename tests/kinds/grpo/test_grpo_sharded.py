@@ -56,8 +56,12 @@ def test_each_rank_generates_and_trains_and_the_peak_is_the_larger_phase(tmp_pat
         assert phases["generation"]["params"] == whole
     elif strategy == "zero3":  # ds3_gather_for_generation: the whole policy over its shard
         assert phases["generation"]["params"] == trial.detail["sharded_params"] + whole
-    else:  # FSDP2 gathers as the training forward does
-        assert phases["generation"]["params"] == trial.detail["sharded_params"] + trial.detail["unsharded_params"]
+    else:  # FSDP2 gathers a unit at a time: the head's unit kept, the largest block with the all-gather's buffers
+        layers = trainer.model.model.layers
+        block, tail = _weights(layers[0]), _weights(trainer.model.lm_head) + _weights(trainer.model.model.norm)
+        assert all(_weights(layer) == block for layer in layers) and block > _weights(trainer.model.model.embed_tokens)
+        gathered = tail + 2 * block + block // 2
+        assert phases["generation"]["params"] == trial.detail["sharded_params"] + gathered
     said = " ".join(trial.notes)
     assert f"GRPO step per GPU of 2 ({strategy}): generation" in said and "the peak is in" in said
 
