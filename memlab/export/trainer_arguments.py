@@ -59,7 +59,8 @@ def check_single_process(args: Any) -> None:
         return
     raise MemlabError(
         f"this trainer is set up for {engine} ({setting}), and memlab measures one process on one device; "
-        "memlab.estimate(trainer, gpus=N) answers it per GPU (N the processes it will run in), and "
+        "memlab.estimate(trainer, gpus=N) answers it per GPU (N the processes it will run in), "
+        "memlab.limits(trainer, budget=..., vary='rows', gpus=N) the most examples per GPU that fit, and "
         "plan.to_accelerate_config(gpus=N, strategy=...) writes the launch"
     )
 

@@ -83,7 +83,8 @@ class TrainerSizes:
 def trainer_sizes(trainer: Any, plan: Plan | None, vary: str, budget: int, multiple: int | None, batch: Any,
                   keywords: dict[str, Any]) -> TrainerSizes:
     """What :func:`memlab.limits` needs to vary a trainer (see the module); ``keywords`` are estimate's (``device``,
-    ``gpu``, ``loss_fn``, ``lr``, ``host_budget``).
+    ``gpu``, ``gpus``, ``strategy``, ``loss_fn``, ``lr``, ``host_budget``): with ``gpus`` (or a trainer launched on
+    several processes, or set up for DeepSpeed or FSDP), each size is the per-GPU estimate.
 
     Raises:
         MemlabError: a batch given to a GRPOTrainer, ``vary="tokens"`` on another trainer, a plan that names its
@@ -105,10 +106,11 @@ def trainer_sizes(trainer: Any, plan: Plan | None, vary: str, budget: int, multi
             "plan, budget=..., batch={'input_ids': (rows, tokens), 'labels': (rows, tokens)}, loss_fn=...), with "
             "plan=memlab.Plan.from_trainer(trainer)"
         )
-    unknown = sorted(set(keywords) - {"device", "gpu", "loss_fn", "lr", "host_budget"})
+    unknown = sorted(set(keywords) - {"device", "gpu", "gpus", "strategy", "loss_fn", "lr", "host_budget"})
     if unknown:
         raise MemlabError(f"limits on a trainer does not take {', '.join(unknown)}; drop it (the trainer's step is "
-                          "estimated on one device: device=, gpu=, loss_fn=, lr=, host_budget= are taken)")
+                          "estimated as memlab.estimate(trainer) estimates it: device=, gpu=, gpus=, strategy=, "
+                          "loss_fn=, lr=, host_budget= are taken)")
     sizes = kind_sizes(trainer, vary)
     current, base = sizes.current, sizes.multiple
     if vary == "tokens":

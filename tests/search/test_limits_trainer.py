@@ -103,3 +103,31 @@ def test_the_most_examples_per_device_of_a_dpo_trainer(tmp_path: Any) -> None:
         memlab.limits(trainer, budget=budget, device="cpu")
     assert trainer.args is args and trainer.train_dataset is dataset and trainer.model is model
     assert args.per_device_train_batch_size == 2
+
+
+def test_the_most_examples_per_gpu_of_a_trainer_sharded_over_several(tmp_path: Any) -> None:
+    # Issue 85: limits on a trainer that will be launched on several GPUs answers per GPU: each size is the estimate
+    # per GPU (gpus= and strategy= as memlab.estimate takes them, or the trainer's own deepspeed= / fsdp= setup).
+    trainer = make_dpo_trainer(tmp_path)
+    args = trainer.args
+
+    def per_gpu(size: int) -> memlab.Trial:
+        with sized(trainer, "rows", size):
+            return memlab.estimate(trainer, gpus=2, strategy="fsdp2", device="cpu")
+
+    at_1, at_6 = per_gpu(1), per_gpu(6)
+    assert at_1.peak_bytes < at_6.peak_bytes < _estimate(trainer, "rows", 6).peak_bytes
+    budget = (at_1.peak_bytes + at_6.peak_bytes) // 2
+    found = memlab.limits(trainer, budget=budget, vary="rows", gpus=2, strategy="fsdp2", device="cpu")
+    assert 1 <= found.value < 6, found.to_text()
+    assert per_gpu(found.value).peak_bytes <= budget < per_gpu(found.next).peak_bytes
+    assert found.trial.gpus == 2 and found.trial.strategy == "fsdp2"
+    args.fsdp, args.fsdp_config = True, {"version": 2}  # set up for FSDP2: read, with the GPUs it will run on
+    read = memlab.limits(trainer, budget=budget, vary="rows", gpus=2, device="cpu")
+    assert read.value == found.value
+    with pytest.raises(MemlabError, match=r"runs in one process here; say how many GPUs"):
+        memlab.limits(trainer, budget=budget, vary="rows", device="cpu")
+    with pytest.raises(MemlabError, match=r"memlab.limits\(trainer, budget=..., vary='rows', gpus=N\)"):
+        memlab.fit(trainer, budget=budget)
+    args.fsdp, args.fsdp_config = "", {}
+    assert args.per_device_train_batch_size == 2
