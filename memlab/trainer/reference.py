@@ -29,10 +29,15 @@ from memlab.live.sharding import whole_shape
 from memlab.sizes import format_bytes
 from memlab.techniques.precompute_ref import reference_unloaded
 
-__all__ = ["gathered_in_forward", "held_while_running", "reference_bytes", "sharded_as", "with_reference"]
+__all__ = ["count_gradients", "gathered_in_forward", "held_while_running", "reference_bytes", "sharded_as",
+           "reference_gradients", "with_reference"]
 
 _STRATEGY: ContextVar[str] = ContextVar("memlab_reference_strategy", default="none")
 """The strategy the trainer's estimate is made for (:func:`sharded_as`)."""
+_GRADIENTS: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
+"""Each trainer's reference copy's gradients, by parameter, as its last dry run made them (:func:`count_gradients`)."""
+_GRADIENTS_OF: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, int]] = weakref.WeakKeyDictionary()
+"""Each hooked copy's record (a copy is made once per fake mode and hooked once)."""
 _HOLDING: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 """The copies :func:`held_while_running` has hooked (a dry run's copy is made once per fake mode)."""
 _MIXED = {"bf16": 2, "fp16": 2}  # a mixed-precision plan's parameter dtype (FSDP2's MixedPrecisionPolicy), in bytes
@@ -125,6 +130,52 @@ def held_while_running(module: torch.nn.Module, size: int) -> None:
     module.register_forward_hook(reshard)
 
 
+def count_gradients(trainer: Any, copy: torch.nn.Module) -> None:
+    """Record the gradients ``copy`` (a dry run's copy of ``trainer``'s reference) receives in the step, for
+    :func:`with_reference`: a reference whose parameters require grad and whose forward the loss runs with grad on
+    (TRL 0.26's Liger DPO loss with a ``ref_model`` the user passed) gets gradients in step 1, and nothing frees
+    them (the optimizer and ``zero_grad`` hold the policy's only), so every later step holds them. Called as each
+    step's loss starts; what an earlier dry run recorded is dropped.
+
+    Example:
+        >>> class Trainer: ...
+        >>> trainer, copy = Trainer(), torch.nn.Linear(2, 2)
+        >>> count_gradients(trainer, copy)
+        >>> copy(torch.ones(1, 2)).sum().backward()
+        >>> reference_gradients(trainer)
+        24
+    """
+    seen = _GRADIENTS_OF.get(copy)
+    if seen is None:
+        seen = _GRADIENTS_OF[copy] = {}
+
+        def made(parameter: torch.Tensor) -> None:
+            if parameter.grad is not None:
+                seen[id(parameter)] = parameter.grad.numel() * parameter.grad.element_size()
+
+        for parameter in copy.parameters():
+            if parameter.requires_grad:
+                parameter.register_post_accumulate_grad_hook(made)
+    seen.clear()
+    with contextlib.suppress(TypeError):  # an object that takes no weak reference: nothing is recorded
+        _GRADIENTS[trainer] = seen
+
+
+def reference_gradients(trainer: Any) -> int:
+    """The bytes of the gradients the last dry run of ``trainer``'s step gave its reference (:func:`count_gradients`),
+    0 where it gave none.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> reference_gradients(SimpleNamespace())
+        0
+    """
+    try:
+        return sum(_GRADIENTS.get(trainer, {}).values())
+    except TypeError:
+        return 0
+
+
 def with_reference(trial: Any, trainer: Any) -> Any:
     """An estimate of a trainer's step with the reference model it holds apart from the policy (TRL's DPOTrainer
     with a ``ref_model``) added under ``other`` at every point, as each GPU holds it (the module docstring): the
@@ -172,6 +223,15 @@ def with_reference(trial: Any, trainer: Any) -> Any:
         held = whole
         how = f"a reference model's {format_bytes(held)} under other" + (
             f" (whole on each GPU: TRL loads it with ZeRO off under {strategy})" if gpus > 1 else "")
+    gradients = reference_gradients(trainer)
+    if gradients and gpus == 1:
+        held += gradients
+        how += (f", and its gradients ({format_bytes(gradients)}): the loss runs the reference with grad on and its "
+                "parameters require grad, so step 1 makes them and every later step holds them (nothing frees "
+                "them); ref_model.requires_grad_(False) before training drops them")
+    elif gradients:
+        how += (f"; the loss also gives the reference gradients ({format_bytes(gradients)} whole), which this "
+                "sharded estimate does not count; ref_model.requires_grad_(False) before training drops them")
     return _added(trial, held, gathered, how)
 
 

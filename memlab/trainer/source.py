@@ -21,7 +21,7 @@ from memlab.live.patching import patched
 from memlab.live.rebind import untracked_copy
 from memlab.live.trainer_kinds import TrainerKind, is_trainer, kind_of
 from memlab.plan import Plan
-from memlab.trainer.reference import gathered_in_forward, held_while_running
+from memlab.trainer.reference import count_gradients, gathered_in_forward, held_while_running
 
 __all__ = [
     "TrainerSource",
@@ -191,6 +191,7 @@ def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
         reference = reference.module
     if reference is not None and hasattr(reference, "parameters") and reference is not held:
         copies["ref_model"] = untracked_copy(reference, first)
+        count_gradients(trainer, copies["ref_model"])
         if is_traceable_wrapper_subclass(first):  # a sharded dry run: FSDP2 gathers a whole reference as TRL shards it
             held_while_running(copies["ref_model"], gathered_in_forward(trainer))
     accelerator = getattr(trainer, "accelerator", None)

@@ -149,3 +149,36 @@ def test_an_fsdp2_estimate_holds_the_gathered_reference_while_its_forward_runs(t
     note = next(note for note in read.notes if "reference model" in note)
     assert f"all of it gathered for its forward ({format_bytes(whole)}), held in the step while" in note
     assert read.detail["activations"] >= whole  # the dry run held it, under activations
+
+
+def test_a_reference_the_loss_runs_with_grad_on_holds_its_gradients_from_step_1_on(tmp_path: Any) -> None:
+    # TRL 0.26's Liger DPO loss ran a ref_model the user passed with grad on (its hidden states into the fused loss):
+    # step 1 gives the reference gradients that nothing frees (the optimizer and zero_grad hold the policy's), so
+    # every later step holds them (tests/estimation/dryrun/test_liger.py checks one against its watched train()).
+    import trl
+    from test_dpo import preferences
+    from test_trainer_contract import llama, tokenizer
+
+    from memlab.trainer.reference import reference_gradients
+
+    class ReferenceWithGrad(trl.DPOTrainer):
+        def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            ids = inputs["input_ids"]
+            return (model(input_ids=ids).logits - self.ref_model(input_ids=ids).logits).float().pow(2).mean()
+
+    reference = llama()
+    trainer = ReferenceWithGrad(model=llama(), ref_model=reference, train_dataset=preferences(),
+                                processing_class=tokenizer(), args=trl.DPOConfig(
+                                    output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
+                                    max_steps=1, per_device_train_batch_size=2, bf16=False, seed=0))
+    with_grad = memlab.estimate(trainer, device="cpu")
+    whole = sum(parameter.numel() * parameter.element_size() for parameter in reference.parameters())
+    assert reference_gradients(trainer) == whole  # every weight of the reference got its gradient
+    note = next(note for note in with_grad.notes if "reference model" in note)
+    assert f"and its gradients ({format_bytes(whole)})" in note and "ref_model.requires_grad_(False)" in note
+    assert all(parameter.grad is None for parameter in reference.parameters())  # the dry run's copy got them
+    reference.requires_grad_(False)
+    frozen = memlab.estimate(trainer, device="cpu")
+    assert reference_gradients(trainer) == 0 and not any("its gradients" in note for note in frozen.notes)
+    assert with_grad.peak_bytes - frozen.peak_bytes >= whole
