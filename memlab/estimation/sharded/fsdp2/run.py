@@ -131,7 +131,9 @@ class ShardedTrial(Trial):
 
     ``peak_bytes`` and ``breakdown`` are per GPU (the five categories of every Trial: ``"other"`` holds the
     communication buffers and the batch); ``detail`` splits the peak finer (:data:`DETAIL`: sharded and unsharded
-    parameters and gradients, optimizer state, activations, communication buffers, inputs); ``model_state_bytes`` is
+    parameters and gradients, optimizer state, activations, communication buffers, inputs; a trainer's answer adds
+    its load beside them, outside the peak: ``"load"``, each GPU's bytes while its model is loaded and wrapped, and
+    ``"load_host"``, a node's host bytes meanwhile: :mod:`memlab.estimation.sharded.loading`); ``model_state_bytes`` is
     what each GPU holds between steps for the weights, gradients and optimizer state; ``host_bytes`` is each rank's
     CPU memory for offloaded state.
 
