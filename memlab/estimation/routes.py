@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from memlab.errors import MemlabError
@@ -42,8 +43,10 @@ def _trainer(request: EstimateRequest) -> Trial:
     model's repeated layers carried from a few where it is on the meta device: ``live_layers``); a trainer kind with
     a dry run of its own (:func:`memlab.live.trainer_kinds.kind_of`), that one: a GRPO trainer's step with its
     generation (:mod:`memlab.kinds.grpo.estimate`). A trainer set up for DeepSpeed or FSDP goes down the sharded
-    route per GPU (:func:`memlab.trainer.sharding.sharded_trainer_request`)."""
+    route per GPU (:func:`memlab.trainer.sharding.sharded_trainer_request`), and the load of its models said beside
+    the step (:func:`memlab.estimation.sharded.loading.with_load`)."""
     from memlab.estimation.dryrun.liger import liger_kernels
+    from memlab.estimation.sharded.loading import with_load
     from memlab.live.trainer_kinds import kind_of
     from memlab.trainer.entry import live_target, noted, split_plans
     from memlab.trainer.reference import sharded_as, with_reference
@@ -51,14 +54,18 @@ def _trainer(request: EstimateRequest) -> Trial:
 
     kind = kind_of(request.model)
     request, sharding_note = sharded_trainer_request(request)
+    trainer = request.model
+    # the model loaded and wrapped before the step, said beside it (one GPU: nothing)
+    world_size = sharding_note.sharding.world_size if sharding_note else int(getattr(trainer.args, "world_size", 1))
+    loaded = partial(with_load, trainer=trainer, own=sharding_note is not None, world_size=world_size)
     # its dry runs put on Liger's kernels as train() would, and hold its reference as the strategy does
     with liger_kernels(request.model), zero3_gathering_off(), sharded_as(request.strategy):
         if kind.estimate is not None:
             trial = cast(Trial, kind.estimate(request))
-            if sharding_note is None:
-                return trial
-            engine = (sharding_note.note, sharding_note.host_note(trial.host_bytes))
-            return dataclasses.replace(trial, notes=(*trial.notes, *filter(None, engine)))
+            if sharding_note is not None:
+                engine = (sharding_note.note, sharding_note.host_note(trial.host_bytes))
+                trial = dataclasses.replace(trial, notes=(*trial.notes, *filter(None, engine)))
+            return cast(Trial, loaded(trial))
 
         batch, plan = split_plans(request.batch, request.plan)
         target = live_target(request.model, batch, request.loss_fn, sharded=request.sharded)
@@ -71,7 +78,7 @@ def _trainer(request: EstimateRequest) -> Trial:
         said = [target.note]
         if sharding_note:
             said += [sharding_note.note, sharding_note.host_note(trial.host_bytes)]
-        return cast(Trial, with_reference(noted([trial], "; ".join(filter(None, said)) or None)[0], request.model))
+        return cast(Trial, loaded(with_reference(noted([trial], "; ".join(filter(None, said)) or None)[0], trainer)))
 
 
 def _inference(request: EstimateRequest) -> Trial:

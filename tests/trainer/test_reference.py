@@ -102,6 +102,8 @@ def test_dpo_is_estimated_sharded_with_fsdp2_and_zero3(tmp_path: Any, setup: str
         assert trial.status == "ok", (strategy, trial.error)
         assert trial.gpus == 2 and trial.strategy == strategy
         assert sum(trial.breakdown.values()) == trial.peak_bytes == sum(trial.detail.values())
+        load = next(note for note in trial.notes if note.startswith("the load"))
+        assert ("the reference model: " in load) == (setup == "reference")  # TRL prepares it before the policy
         # each GPU's activations are the one-GPU step's (the same micro-batch on every GPU)
         assert trial.detail["activations"] == pytest.approx(one.breakdown["activations"], rel=0.05)
     _same(trainer, held)

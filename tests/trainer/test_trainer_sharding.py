@@ -106,6 +106,38 @@ def test_fsdp_arguments_as_transformers_5_writes_them_and_as_before(tmp_path: Pa
     assert trainer_sharding(version1).strategy == "fsdp1"
 
 
+def test_the_load_is_said_beside_the_step_per_gpu_and_per_node(tmp_path: Path) -> None:
+    # Issue 85, "the load": the per-rank peak while the model is loaded and wrapped, beside the step's, and the host
+    # memory a node holds meanwhile (memlab.estimation.sharded.loading; test_loading.py derives each engine's figure)
+    t = trainer(tmp_path)
+    parameters = list(t.model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in parameters)
+    buffers = sum(b.numel() * b.element_size() for b in t.model.buffers())
+    blocks = [sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in t.model.model.layers]
+    t.args.fsdp, t.args.fsdp_config = True, {"version": 2, "cpu_ram_efficient_loading": True}
+    efficient = memlab.estimate(t, gpus=2, device="cpu")
+    assert efficient.status == "ok", efficient.error
+    # accelerate's fsdp2_load_full_state_dict: each rank's shards and one whole weight sent from rank 0; transformers
+    # read the full fp32 weights on both ranks' host
+    largest = max(p.numel() * p.element_size() for p in parameters)
+    assert efficient.load_bytes == -(-weights // 2) + largest + buffers
+    assert efficient.load_host_bytes == 2 * (weights + buffers)
+    note = next(note for note in efficient.notes if note.startswith("the load"))
+    assert "then FSDP2 wrapping" in note and "with cpu_ram_efficient_loading" in note
+    assert "below the step's" in note and "the step is the run's peak" in note
+    assert "host memory per node while loading: " in note and "(2 ranks a node x " in note
+    t.args.fsdp_config = {"version": 2, "cpu_ram_efficient_loading": False}
+    moved = memlab.estimate(t, gpus=2, device="cpu")
+    # fully_shard moves the second block whole to the GPU beside the first one's shard
+    assert moved.load_bytes == -(-blocks[0] // 2) + blocks[1] + -(-blocks[1] // 2) + buffers
+    assert "without cpu_ram_efficient_loading" in "; ".join(moved.notes)
+    t.args.fsdp, t.args.deepspeed = None, {"zero_optimization": {"stage": 3}}
+    zero3 = memlab.estimate(t, gpus=2, device="cpu")
+    # the model was built before ZeRO-3 was set (no zero.Init partitions): DeepSpeed moves it whole to each GPU
+    assert zero3.load_bytes == weights + buffers
+    assert "loaded whole before ZeRO-3 was set" in "; ".join(zero3.notes)
+
+
 def test_a_launched_trainers_accelerator_is_read_before_its_arguments() -> None:
     from accelerate.utils import FullyShardedDataParallelPlugin
 

@@ -3,7 +3,8 @@ activations, a paged optimizer's spill, ZeRO / FSDP offload), judged beside the 
 
 A sharded estimate's ``host_bytes`` are per rank; a node of several GPUs runs that many ranks on one host, so the
 budget, which is the node's, is shared among them: each rank is judged against its share, and the lines under the
-table say the host memory per node.
+table say the host memory per node. A trainer's per-GPU answer says its load too, per GPU and per node
+(:func:`load_lines`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["GPUS_PER_NODE", "add_host_argument", "host_budget", "host_judged", "host_judged_rows", "node_lines"]
+__all__ = ["GPUS_PER_NODE", "add_host_argument", "host_budget", "host_judged", "host_judged_rows", "load_lines",
+           "node_lines"]
 
 GPUS_PER_NODE = 8
 """The GPUs of one node a sharded estimate assumes where more GPUs than this train (the host budget is a node's)."""
@@ -109,4 +111,44 @@ def node_lines(rows: Sequence[tuple[Any, str, Any]]) -> list[str]:
             node = min(max(trial.gpus, 1), GPUS_PER_NODE)
             lines.append(f"Host memory: {plan.label()} with {name}: {format_bytes(trial.host_bytes)} per GPU, "
                          f"{format_bytes(trial.host_bytes * node)} per node of {node} GPU{'s' if node != 1 else ''}")
+    return lines
+
+
+def load_lines(trials: Sequence[Any], budget: int | None) -> list[str]:
+    """The load of a trainer's per-GPU answer (``load_bytes`` and ``load_host_bytes``,
+    :func:`memlab.estimation.sharded.loading.with_load`), a line a plan wrapped to the answer's width: its GPU bytes
+    beside the step's peak, which of the two is the run's peak, over ``budget`` where it is, and the host memory a
+    node holds while loading.
+
+    Example:
+        >>> from memlab.plan import Plan
+        >>> from memlab.estimation.sharded.fsdp2 import ShardedTrial
+        >>> rank = ShardedTrial(Plan(), "ok", 2**30, {}, None, None, None, "cuda", gpus=8, strategy="fsdp2",
+        ...                     load_bytes=3 * 2**30, load_host_bytes=2**34)
+        >>> said = " ".join(" ".join(load_lines([rank], 2 * 2**30)).split())
+        >>> said.startswith("Load: 3.00 GiB per GPU while the model loads and is wrapped, above the step's peak")
+        True
+        >>> "the load is the run's peak per GPU, over the 2.00 GiB budget" in said, said[-45:]
+        (True, 'host memory per node while loading: 16.00 GiB')
+    """
+    import textwrap
+
+    from memlab.frontends.cli.estimate.text import WIDTH
+    from memlab.plan import format_bytes
+
+    lines = []
+    for trial in trials:
+        load = getattr(trial, "load_bytes", None)
+        if trial.status != "ok" or load is None:
+            continue
+        label = f" ({trial.label})" if len(trials) > 1 else ""
+        above = load > trial.peak_bytes
+        line = (f"Load{label}: {format_bytes(load)} per GPU while the model loads and is wrapped, "
+                f"{'above' if above else 'below'} the step's peak ({format_bytes(trial.peak_bytes)}): the "
+                f"{'load' if above else 'step'} is the run's peak per GPU")
+        if budget is not None and load + (trial.context_bytes or 0) > budget:  # the card's figure: with the context
+            line += f", over the {format_bytes(budget)} budget"
+        host = trial.load_host_bytes or 0  # none: bitsandbytes quantizes on the GPU as it loads
+        line += f"; host memory per node while loading: {format_bytes(host) if host else 'only the mapped checkpoint'}"
+        lines += textwrap.wrap(line, WIDTH, subsequent_indent="  ")
     return lines

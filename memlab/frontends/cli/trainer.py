@@ -582,6 +582,9 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         for row, trial in zip(data["trials"], report.trials, strict=True):
             row["phases"] = _phase_peaks(trial)
             row["peak_phase"] = trial.timeline.peak.phase if trial.timeline is not None else None
+            load = getattr(trial, "load_bytes", None)
+            if load is not None:  # the load per GPU and the host per node meanwhile
+                row["load"] = {"gpu_bytes": load, "host_node_bytes": getattr(trial, "load_host_bytes", None)}
         data["trainer"] = {"kind": args.trainer, **{key: value for key, value in settings.items()}}
         if sharded:
             data["launch"] = launch_lines(args, report.trials[0], wrap=False, model_name=model_name)
@@ -602,7 +605,9 @@ def _answer(args: argparse.Namespace, out: TextIO, say: Any) -> int:
         if sharded:
             after += launch_lines(args, report.trials[0], model_name=model_name)
         lines = single_text(args, header, report, budget, after)
-        peaks = _peak_lines(report.trials)
+        from memlab.frontends.cli.host import load_lines
+
+        peaks = _peak_lines(report.trials) + load_lines(report.trials, budget)
         at = lines.index("") if "" in lines else len(lines)
         lines[at:at] = peaks  # before the table, after the verdict and the best
         print("\n".join(lines), file=out)

@@ -420,12 +420,33 @@ def test_a_sharded_sft_question_is_pythons_per_gpu(config: str, tmp_path: Path,
     expected = memlab.estimate(python_sft_trainer(config, tmp_path), gpu="A100-40GB", gpus=4, strategy="zero3")
     assert expected.status == row["status"] == "ok", expected.error
     assert row["peak_bytes"] == expected.peak_bytes and row["label"].endswith("zero3 x4")
+    # the load beside the step (issue 85): bitsandbytes makes the 4-bit base whole on each GPU as it loads
+    assert row["load"] == {"gpu_bytes": expected.load_bytes, "host_node_bytes": expected.load_host_bytes}
     status, out, err = ask(capsys, config, *SFT_QLORA[:-2], "--gpus", "4", "--strategy", "zero3", "--gpu",
                            "A100-40GB", "--budget", "1MiB")
     assert status == 1, err
     text = " ".join(out.split())
     assert "per GPU of 4 under DeepSpeed ZeRO-3, for an A100-40GB" in text
     assert "Next: nothing is suggested per GPU yet; ask again with more --gpus than 4" in text
+    assert "Load: " in text and " per GPU while the model loads and is wrapped, below the step's peak (" in text
+    assert "host memory per node while loading: only the mapped checkpoint" in text
+    assert "The load (from_pretrained, then ZeRO-3 wrapping): " in text  # the note that says how
+
+
+@pytest.mark.slow
+def test_a_load_above_the_steps_peak_is_said_to_be_the_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 85: GPT-2's 4-bit base made whole on each of 8 GPUs (its embeddings stay 16-bit) outweighs a step of
+    # 16 tokens that holds an eighth of it: the answer says the load is the run's peak
+    words = ["gpt2", "--trainer", "sft", "--max-length", "16", "--per-device-train-batch-size", "1", "--lora", "4",
+             "--load-in-4bit", "--gpus", "8", "--strategy", "fsdp2"]
+    status, out, err = ask(capsys, *words, "--json")
+    assert status == 0, err
+    row = json.loads(out)["trials"][0]
+    assert row["load"]["gpu_bytes"] > row["peak_bytes"]
+    status, out, err = ask(capsys, *words)
+    text = " ".join(out.split())
+    assert "above the step's peak" in text and "the load is the run's peak per GPU;" in text
+    assert "The load (from_pretrained, then FSDP2 wrapping): " in text and "the load is this run's peak" in text
 
 
 def test_the_trainer_question_is_quiet(config: str, capsys: pytest.CaptureFixture[str]) -> None:

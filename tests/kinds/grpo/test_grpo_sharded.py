@@ -64,6 +64,15 @@ def test_each_rank_generates_and_trains_and_the_peak_is_the_larger_phase(tmp_pat
         assert phases["generation"]["params"] == trial.detail["sharded_params"] + gathered
     said = " ".join(trial.notes)
     assert f"GRPO step per GPU of 2 ({strategy}): generation" in said and "the peak is in" in said
+    # The load beside the step (the kind's own estimate route): under FSDP2 as memlab's accelerate config launches it
+    # (cpu_ram_efficient_loading), each rank's shards and one whole weight; the full fp32 weights on both ranks' host.
+    engine = {"zero3": "ZeRO-3", "zero2": "ZeRO-2", "fsdp2": "FSDP2"}[strategy]
+    assert f"the load (from_pretrained, then {engine} wrapping): " in said and "below the step's" in said
+    buffers = sum(b.numel() * b.element_size() for b in trainer.model.buffers())
+    assert trial.load_host_bytes == 2 * (whole + buffers)
+    if strategy == "fsdp2":
+        largest = max(p.numel() * p.element_size() for p in trainer.model.parameters())
+        assert trial.load_bytes == -(-whole // 2) + largest + buffers
 
 
 def test_zero3_without_gathering_for_generation_holds_a_unit_not_the_policy(tmp_path: Any) -> None:

@@ -133,7 +133,9 @@ class ShardedTrial(Trial):
     communication buffers and the batch); ``detail`` splits the peak finer (:data:`DETAIL`: sharded and unsharded
     parameters and gradients, optimizer state, activations, communication buffers, inputs); ``model_state_bytes`` is
     what each GPU holds between steps for the weights, gradients and optimizer state; ``host_bytes`` is each rank's
-    CPU memory for offloaded state.
+    CPU memory for offloaded state. A trainer's answer says its load beside the step (None elsewhere,
+    :mod:`memlab.estimation.sharded.loading`): ``load_bytes``, each GPU's bytes while its model is loaded and wrapped,
+    and ``load_host_bytes``, a node's host bytes meanwhile.
 
     Example:
         >>> t = ShardedTrial(Plan(), "ok", 10, {"params": 10}, None, None, None, "cuda", gpus=8, strategy="zero3")
@@ -145,6 +147,8 @@ class ShardedTrial(Trial):
     strategy: str = "none"
     detail: dict[str, int] = field(default_factory=dict)
     model_state_bytes: int = 0
+    load_bytes: int | None = None
+    load_host_bytes: int | None = None
 
     @property
     def label(self) -> str:
