@@ -32,7 +32,7 @@ from memlab.techniques.vllm import no_engine
 if TYPE_CHECKING:
     from memlab.plan import InferencePlan
 
-__all__ = ["ROUTES", "Route", "gpu_note", "route", "route_name"]
+__all__ = ["FIRST_STEP_FITS", "ROUTES", "Route", "first_step_said", "gpu_note", "route", "route_name"]
 
 
 Route = Callable[[EstimateRequest], Trial]
@@ -207,4 +207,40 @@ def route(request: EstimateRequest) -> Trial:
         trial = ROUTES[name](request.checked() if name in ("sharded", "one_gpu") else request)
     if note and note not in trial.notes:
         trial = dataclasses.replace(trial, notes=(*trial.notes, note))
+    trial = first_step_said(trial)
     return trial if host_budget is None else dataclasses.replace(trial, host_budget=host_budget)
+
+
+FIRST_STEP_FITS = "step 1 fits the budget and the steps after it do not"
+
+
+def first_step_said(trial: Trial) -> Trial:
+    """``trial`` with a note where its first training step fits its budget and the steady step (the estimate) does
+    not: step 1's ``optimizer.step()`` makes the optimizer state, which every later step holds from its start
+    (:meth:`memlab.report.timeline.Timeline.first_step`). Unchanged otherwise, and where the note is there already.
+
+    Example:
+        >>> from memlab.report.timeline import Timeline, TimelinePeak
+        >>> line = Timeline(("optimizer", "activations"), [0, 1, 2], {"optimizer": [4, 4, 4],
+        ...                 "activations": [0, 5, 1]}, [("backward", 0, 1), ("optimizer", 2, 2)],
+        ...                 TimelinePeak(9, "backward", "", {"optimizer": 4, "activations": 5}, {}, at=1))
+        >>> trial = Trial(Plan(), "ok", 9, {"optimizer": 4, "activations": 5}, None, None, None, "cpu", timeline=line,
+        ...               budget=8)
+        >>> first_step_said(trial).notes[-1][:57]
+        'step 1 fits the budget and the steps after it do not: its'
+    """
+    from memlab.sizes import format_bytes
+
+    timeline = trial.timeline
+    if trial.status != "ok" or trial.budget is None or timeline is None or trial.device_fits or any(
+            FIRST_STEP_FITS in note for note in trial.notes):
+        return trial
+    first = timeline.first_step()
+    if first is None or trial.verdict_bytes - (trial.peak_bytes - first.peak.bytes) > trial.budget:
+        return trial
+    state = timeline.peak.by_category.get("optimizer", 0)
+    note = (f"{FIRST_STEP_FITS}: its peak is {format_bytes(first.peak.bytes)} against "
+            f"{format_bytes(trial.peak_bytes)}, as its optimizer.step() makes the optimizer state "
+            f"({format_bytes(state)}) that every later step holds from its start; "
+            "trial.timeline.plot(first_step=True) draws both steps")
+    return dataclasses.replace(trial, notes=(*trial.notes, note))

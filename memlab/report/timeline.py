@@ -232,6 +232,38 @@ class Timeline:
         return dataclasses.replace(self, x=[self.x[i] for i in chosen],
                                    series={name: [values[i] for i in chosen] for name, values in self.series.items()})
 
+    def first_step(self) -> Timeline | None:
+        """Training's first step, drawn from this steady one (what an estimate and a tracked step are): the same step
+        without the optimizer state before its ``"optimizer"`` phase, which torch's and bitsandbytes' optimizers make
+        in the first ``optimizer.step()``; from that phase on the state is drawn whole (at most what step 1 holds
+        while making it). Labelled ``"step 1"``; its peak is step 1's. None without an optimizer phase or state
+        (inference, a frozen model, a sharded estimate's phases).
+
+        Example:
+            >>> peak = TimelinePeak(9, "backward", "", {"optimizer": 4, "activations": 5}, {}, at=1)
+            >>> phases = [("forward", 0, 0), ("backward", 1, 1), ("optimizer", 2, 2)]
+            >>> t = Timeline(("optimizer", "activations"), [0, 1, 2], {"optimizer": [4, 4, 4],
+            ...              "activations": [0, 5, 1]}, phases, peak)
+            >>> first = t.first_step()
+            >>> first.series["optimizer"], first.peak.bytes, first.peak.phase, first.label
+            ([0, 0, 4], 5, 'backward', 'step 1')
+        """
+        start = next((first for name, first, _ in reversed(self.phases) if name == "optimizer"), None)
+        if start is None or not any(self.series.get("optimizer", ())):
+            return None
+        series = {name: [0 if name == "optimizer" and x < start else value for x, value in zip(self.x, values,
+                                                                                                  strict=True)]
+                  for name, values in self.series.items()}
+        totals = [sum(values) for values in zip(*series.values(), strict=True)]
+        point = max(range(len(totals)), key=totals.__getitem__)
+        at = self.x[point]
+        phase = next((name for name, first, end in self.phases if first <= at <= end), "")
+        by_category = {name: series[name][point] for name in self.categories}
+        peak = TimelinePeak(totals[point], phase, self.peak.module if at == self.peak.at else "", by_category, {},
+                            at=at, model=self.peak.model if at == self.peak.at else "")
+        return dataclasses.replace(self, series=series, peak=peak, label="step 1", _trace=b"", _allocator=b"",
+                                   _held=())
+
     @property
     def from_allocator(self) -> bool:
         """Whether :meth:`save` writes the CUDA allocator's own snapshot of the step (else one made from memlab's
@@ -285,15 +317,21 @@ class Timeline:
         """What the timeline weighs, pickled (it stays small whatever the model)."""
         return len(pickle.dumps(self))
 
-    def plot(self) -> Any:
-        """A plotly figure: memory over the step stacked by category, the phases shaded, the peak marked and named.
+    def plot(self, first_step: bool = False) -> Any:
+        """A plotly figure: memory over the step stacked by category, the phases shaded, the peak marked and named;
+        with ``first_step=True``, training's first step (:meth:`first_step`) in a row above it, on the same scale:
+        why step 2 can run out of memory where step 1 did not.
 
         Example:
             >>> peak = TimelinePeak(2, "forward", "fc", {"other": 2}, {})
             >>> Timeline(("other",), [0, 1], {"other": [0, 2]}, [("forward", 0, 1)], peak).plot().layout.title.text
             'peak 2 B: forward of fc'
         """
-        return view("timeline_figure")([self])
+        first = self.first_step() if first_step else None
+        if first is None:
+            return view("timeline_figure")([self])
+        later = dataclasses.replace(self, label=f"{self.label}: step 2 and after" if self.label else "step 2 and after")
+        return view("timeline_figure")([first, later])
 
     def to_svg(self) -> str:
         """The static figure (SVG) that a notebook keeps: the same drawing as :meth:`plot`, no plotly needed.

@@ -175,3 +175,27 @@ def test_deepspeeds_own_zero3_partitions_of_a_tied_gpt2_are_the_estimates(tmp_pa
         # DeepSpeed pads each partition to ceil(numel / 2) elements: at most one element per parameter
         assert 0 <= ranks["partitions"] - zero3.detail["sharded_params"] <= 4 * unique, (ranks, zero3.detail)
         assert abs(ranks["partitions"] - fsdp2.detail["sharded_params"]) <= _padding(model, 2)
+
+
+def test_a_trainer_whose_first_step_fits_and_second_does_not_is_said_not_to_fit(tmp_path: Path) -> None:
+    # Issue 85: "why does step 2 run out of memory when step 1 did not": torch's AdamW makes its state in step 1's
+    # optimizer.step(), which every later step holds from its start. The estimate is the steady step; its timeline
+    # draws step 1 too, and a budget between the two peaks is said to be missed, with why.
+    from trainers import make_trainer
+
+    trainer = make_trainer(tmp_path)
+    free = memlab.estimate(trainer, device="cpu")
+    first = free.timeline.first_step()
+    assert first is not None and first.peak.bytes < free.peak_bytes
+    optimizer = free.timeline.peak.by_category["optimizer"]
+    assert optimizer > 0 and first.series["optimizer"][0] == 0  # no state before step 1's optimizer.step()
+    budget = (first.peak.bytes + free.peak_bytes) // 2
+    trial = memlab.estimate(trainer, device="cpu", budget=budget)
+    assert trial.peak_bytes == free.peak_bytes and not trial.fits
+    said = next(note for note in trial.notes if "step 1 fits the budget" in note)
+    assert f"its peak is {memlab.sizes.format_bytes(first.peak.bytes)}" in said
+    figure = trial.timeline.plot(first_step=True)
+    titles = [annotation.text for annotation in figure.layout.annotations]
+    assert titles[0].startswith("step 1: peak") and "step 2 and after" in titles[1]
+    roomy = memlab.estimate(trainer, device="cpu", budget=free.peak_bytes * 2)
+    assert roomy.fits and not any("step 1 fits" in note for note in roomy.notes)
