@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from memlab.errors import MemlabError
 from memlab.estimation.configs import one_line
@@ -50,11 +51,13 @@ from memlab.events import StepFinished, TrialStarted
 from memlab.live.batch import LossFn
 from memlab.live.compat import fsdp2_api, propagation_apart
 from memlab.live.quiet import quiet
+from memlab.live.structure import trainable_parameters
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.runner.collection import without_full_collections
 from memlab.runner.step import TrainingStep
+from memlab.sizes import format_bytes
 from memlab.techniques.accumulation import micro_batches
 from memlab.techniques.optimizer import build_optimizer, state_tensors
 from memlab.techniques.weights import cast_weights
@@ -381,12 +384,17 @@ def _fsdp2_run(request: ShardedRequest, emulate: bool, paths: LayerPaths | None 
     # FSDP2 shards the dtype the weights have when fully_shard runs: cast before. Not with model.to(): it swaps
     # fake parameters for new ones, which the fake mode's weak references forbid; the weights technique sets .data.
     cast_weights(model, plan)
+    upcast = accelerate_upcast(model, plan)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
     notes = [BLIND_SPOTS, FSDP_NOTE, *setup.notes, *([FULL_MASK_DROPPED] if dropped else []),
              *([loaded.note(load_dtype(model, loaded))] if loaded is not None else [])]
     if emulate:
         notes.append(EMULATED_NOTE)
+    if upcast:
+        notes.append(f"accelerate upcasts the trained weights to fp32 under mixed precision before sharding them "
+                     f"(fsdp2_prepare_model; {format_bytes(upcast)} more, whole): their shards, gradients and "
+                     "optimizer state are fp32, the step computes in the policy's dtype")
     if plan.offloads_activations:
         notes.append("activation offload is not estimated sharded: shown as no change")
     eight_bit = plan.optimizer in _EIGHT_BIT
@@ -394,6 +402,8 @@ def _fsdp2_run(request: ShardedRequest, emulate: bool, paths: LayerPaths | None 
     # one micro-batch. bitsandbytes cannot run on fake tensors: AdamW runs, and its state is replaced below.
     part = micro_batches(setup.batch, plan)[0]
     one_step = plan.replace(micro_batch=None, accumulation=1, optimizer="adamw" if eight_bit else plan.optimizer)
+    if upcast:  # the weights as accelerate leaves them (trained fp32, frozen bf16): the step casts none again
+        one_step = one_step.replace(weights="fp32")
     held = 0
     held_by_layer: dict[int, int] = {}
 
@@ -476,6 +486,27 @@ def _fsdp2_run(request: ShardedRequest, emulate: bool, paths: LayerPaths | None 
     return _Fsdp2Run(detail, peaks, held, notes, trace.reserved_bytes if trace is not None else None, target,
                      eight_bit_state=adamw8bit_state_bytes(shards) if eight_bit else None,
                      events=list(log.events) if log is not None else None, held_by_layer=held_by_layer)
+
+
+def accelerate_upcast(model: nn.Module, plan: Plan) -> int:
+    """accelerate's FSDP2 upcast (``fsdp2_prepare_model``, accelerate 1.15): under mixed precision every trained
+    weight not in fp32 is made fp32 before ``fully_shard`` (FSDP2 wants one dtype among a unit's trained weights;
+    the ``MixedPrecisionPolicy`` casts them to the compute dtype for the step), unless the model holds 4-bit weights.
+    A bf16 model trained in full so holds fp32 shards, gradients and AdamW state. The bytes the cast adds, whole.
+
+    Example:
+        >>> model = nn.Linear(4, 4, dtype=torch.bfloat16)
+        >>> accelerate_upcast(model, Plan(precision="bf16")), model.weight.dtype
+        (40, torch.float32)
+    """
+    if plan.precision not in ("bf16", "fp16") or any(type(p).__name__ == "Params4bit" for p in model.parameters()):
+        return 0
+    added = 0
+    for parameter in trainable_parameters(model):
+        if parameter.is_floating_point() and parameter.dtype != torch.float32:
+            added += parameter.numel() * (4 - parameter.element_size())
+            parameter.data = parameter.data.float()  # .data: fake parameters cannot be swapped (see cast_weights)
+    return added
 
 
 def _fsdp2_trial(run: _Fsdp2Run, plan: Plan, gpus: int, budget: int | None
