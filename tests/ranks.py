@@ -25,8 +25,9 @@ _os._exit(0)
 
 
 # The lines of a rank's script that define deepspeed_held(module, optimizer): the bytes DeepSpeed holds between steps
-# on the rank (each parameter's partition, ds_tensor; the fp32 and 16-bit flat partitions; the gradient partitions;
-# the optimizer's state), each storage once. A script adds them before it calls the function.
+# on the rank (each parameter's partition, ds_tensor, and the persistent parameters whole: those under
+# stage3_param_persistence_threshold, gathered once and never released; the fp32 and 16-bit flat partitions; the
+# gradient partitions; the optimizer's state), each storage once. A script adds them before it calls the function.
 DEEPSPEED_HELD = """
 def deepspeed_held(module, optimizer):
     seen = {}
@@ -37,6 +38,8 @@ def deepspeed_held(module, optimizer):
 
     for parameter in module.parameters():
         add(getattr(parameter, "ds_tensor", None))
+        if getattr(parameter, "ds_persist", False):
+            add(parameter.data)
     for name in ("fp32_partitioned_groups_flat", "fp16_partitioned_groups_flat", "averaged_gradients"):
         found = getattr(optimizer, name, None)
         for item in (found.values() if isinstance(found, dict) else found or []):

@@ -30,6 +30,7 @@ __all__ = [
     "model_on_meta",
     "one_line",
     "parse_batch_shape",
+    "persistent_count",
     "transformers_version",
 ]
 
@@ -369,6 +370,21 @@ def frozen_count(model_or_config: Any) -> int:
     model = model_on_meta(model_or_config)
     frozen = {id(p): p.numel() for p in model.parameters() if not p.requires_grad}
     return sum(frozen.values())
+
+
+def persistent_count(model_or_config: Any, threshold: int) -> int:
+    """Elements of the parameters ZeRO-3 keeps whole on every rank: those of at most ``threshold`` elements
+    (``stage3_param_persistence_threshold``; DeepSpeed 0.19's ``mark_persistent_parameters`` and ``zero.Init``:
+    ``ds_numel <= threshold``), trained or frozen, tied weights once.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 2))  # weights of 100 and 20, biases of 10 and 2
+        >>> persistent_count(model, 100), persistent_count(model, 99)
+        (132, 32)
+    """
+    model = model_on_meta(model_or_config)
+    sizes = {id(p): p.numel() for p in model.parameters()}
+    return sum(size for size in sizes.values() if size <= threshold)
 
 
 def parse_batch_shape(text: str, names: Sequence[str] = ("input_ids", "labels")) -> dict[str, tuple[int, ...]]:

@@ -19,7 +19,7 @@ import torch
 
 from memlab.estimation.cuda.gpus import GpuKind
 from memlab.live.batch import LossFn
-from memlab.live.sharding import check_sharding
+from memlab.live.sharding import ZeroSettings, check_sharding
 from memlab.plan import Plan, parse_budget
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ class EstimateRequest:
     batch (tensors or shapes), one plan (training or inference), the loss, the budget (bytes), the learning rate,
     the device, the GPUs and the strategy that shards them, the GPU kind, the user's load, and whether the card
     figure assumes the allocator's expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), and
-    the host budget the trial's ``host_bytes`` are judged against (none: not judged), and a GRPOTrainer's vLLM server.
+    the host budget the trial's ``host_bytes`` are judged against (none: not judged), a GRPOTrainer's vLLM server, and
+    the DeepSpeed settings a trainer's config gives a ZeRO estimate.
 
     :meth:`checked` validates what can be validated before anything is built (the sharding, the budget), so that
     every route gets a request it can trust; ``gpu`` comes resolved (a :class:`GpuKind`, or None where none was
@@ -69,6 +70,9 @@ class EstimateRequest:
     """A GRPOTrainer's vLLM server (``vllm_mode="server"``): its ``trl vllm-serve`` settings (None: TRL's defaults)."""
     live_layers: bool = False
     """A live model's repeated layers may be carried from a dry run of a few (a Trainer's model: its route sets it)."""
+    zero: ZeroSettings | None = None
+    """DeepSpeed's bucket sizes and persistence threshold a ZeRO estimate uses: a trainer's DeepSpeed config read (its
+    route sets it); None: DeepSpeed's defaults."""
 
     def replace(self, **changes: Any) -> EstimateRequest:
         """The same request with ``changes`` (field names as keywords)."""

@@ -5,7 +5,10 @@ ZeRO-3 (``deepspeed=`` a config dict or JSON file, or an accelerate config launc
 What the trainer's own accelerator says comes first (it merges the arguments with the accelerate config of
 ``accelerate launch``); its arguments where it says nothing. Both are turned into the accelerate config's own
 keys and read by :func:`memlab.export.accelerate.sharding_from_accelerate`, the one place that maps an engine's
-settings to memlab's ``strategy`` and ``offload``.
+settings to memlab's ``strategy`` and ``offload``. A DeepSpeed config's bucket sizes and persistence threshold are
+read as :class:`memlab.live.sharding.ZeroSettings` (its ``"auto"`` as transformers fills it from the model's hidden
+size), which the ZeRO estimate sizes its buffers by; its batch keys are checked for the GPUs asked
+(:func:`deepspeed_batch_refusal`) before anything runs, as transformers checks them when ``train()`` starts.
 
 Example:
     >>> from types import SimpleNamespace
@@ -20,33 +23,39 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memlab.errors import MemlabError
+from memlab.live.sharding import ZeroSettings, check_accelerate, hidden_size_of
 
 
 @dataclass(frozen=True)
 class TrainerSharding:
     """How a trainer shards its training: memlab's ``strategy`` (``"zero2"``, ``"zero3"``, ``"fsdp1"``,
     ``"fsdp2"``) and ``offload`` (a :class:`~memlab.plan.Plan`'s), the processes it runs in now (``world_size``:
-    1 in a notebook, ``accelerate launch``'s count in a launched script), and how the trainer says it (for notes)."""
+    1 in a notebook, ``accelerate launch``'s count in a launched script), how the trainer says it (for notes), the
+    DeepSpeed settings memlab does not model (``unread``: each key and value) and those it does (``zero``: its bucket
+    sizes and persistence threshold; None under FSDP)."""
 
     strategy: str
     offload: str
     world_size: int
     setting: str
     unread: tuple[str, ...] = ()
+    zero: ZeroSettings | None = field(default=None, repr=False)
 
 
 def trainer_sharding(trainer: Any) -> TrainerSharding | None:
     """The sharding ``trainer`` is set up for, or None for one process (see the module docstring).
 
     Raises:
-        MemlabError: a DeepSpeed config that does not parse, a ZeRO stage or FSDP sharding memlab does not estimate;
-            each says what to write.
+        MemlabError: a DeepSpeed config that does not parse (or whose bucket sizes are no numbers of elements), a ZeRO
+            stage or FSDP sharding memlab does not estimate, FSDP2 where the installed accelerate has none; each says
+            what to write.
 
     Example:
         >>> from types import SimpleNamespace
@@ -78,21 +87,26 @@ def trainer_sharding(trainer: Any) -> TrainerSharding | None:
             "offload_param_device": (section.get("offload_param") or {}).get("device", "none"),
         }}
         setting = f"DeepSpeed ZeRO-{stage} ({_said('deepspeed', getattr(args, 'deepspeed', None), state)})"
-        unread = tuple(f"{name} {section[name]}" for name, default in _DEEPSPEED_DEFAULTS.items()
-                       if name in section and _number(section[name]) != default)
+        unread = tuple(f"{name} {section[name]}" for name, default in _UNREAD.items()
+                       if stage == 3 and name in section and _number(section[name]) != default)
+        model_config = getattr(getattr(trainer, "model", None), "config", None)
+        zero = ZeroSettings.from_config(section, hidden_size=hidden_size_of(model_config), stage=stage)
     else:
         fsdp = _fsdp_config(getattr(state, "fsdp_plugin", None), args)
         if fsdp is None:
             return None
         config = {"distributed_type": "FSDP", "fsdp_config": fsdp}
         setting = f"FSDP{fsdp['fsdp_version']} ({_said('fsdp', getattr(args, 'fsdp', None), state)})"
-        unread = ()
+        unread, zero = (), None
+        if getattr(state, "fsdp_plugin", None) is None:  # a launched trainer's accelerate built its plugin: it has it
+            check_accelerate(f"FSDP{fsdp['fsdp_version']}".lower(), f"this trainer's {setting}")
     sharding = sharding_from_accelerate(config)
-    return TrainerSharding(sharding["strategy"], sharding["offload"], world_size, setting, unread)
+    return TrainerSharding(sharding["strategy"], sharding["offload"], world_size, setting, unread, zero)
 
 
-# DeepSpeed's own defaults for the buckets the ZeRO estimate sizes (memlab.live.sharding), by config key.
-_DEEPSPEED_DEFAULTS = {"reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e7}
+# ZeRO-3 settings that change what a rank holds and that the estimate does not model, with DeepSpeed's defaults
+# (deepspeed/runtime/zero/config.py): said in the note where a config sets them otherwise.
+_UNREAD = {"stage3_model_persistence_threshold": float(sys.maxsize), "stage3_max_live_parameters": 1e9}
 
 
 def _number(value: Any) -> float | None:
@@ -101,6 +115,65 @@ def _number(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
+"""The DeepSpeed config's batch keys transformers fills from the arguments, or checks against them."""
+
+
+def deepspeed_batch_refusal(trainer: Any, gpus: int) -> str | None:
+    """What transformers would refuse as ``train()`` starts on ``gpus`` processes, said up front: a DeepSpeed
+    config's batch keys given as numbers (not ``"auto"``) that disagree with the trainer's arguments
+    (``HfTrainerDeepSpeedConfig.trainer_config_process``, transformers 5: ``train_micro_batch_size_per_gpu`` is
+    ``per_device_train_batch_size``, ``gradient_accumulation_steps`` is the arguments', ``train_batch_size`` is
+    ``world_size x per_device_train_batch_size x gradient_accumulation_steps``; with ``auto_find_batch_size`` only
+    the accumulation is held to them). Read from the ``deepspeed=`` argument as the user wrote it (transformers
+    fills its ``"auto"`` for the processes the arguments were made in), or, without one, from a launched trainer's
+    accelerator. None where nothing disagrees, or where the trainer has no DeepSpeed config to read.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(deepspeed={"train_batch_size": 16, "zero_optimization": {"stage": 3}},
+        ...                        per_device_train_batch_size=2, gradient_accumulation_steps=1, world_size=1)
+        >>> deepspeed_batch_refusal(SimpleNamespace(args=args), 8) is None
+        True
+        >>> print(deepspeed_batch_refusal(SimpleNamespace(args=args), 4))  # doctest: +NORMALIZE_WHITESPACE
+        this trainer's DeepSpeed config has train_batch_size 16, and on 4 GPUs its arguments make it 8 (4 GPUs x
+        per_device_train_batch_size 2 x gradient_accumulation_steps 1): transformers refuses it as train() starts;
+        write "auto" for train_batch_size in the DeepSpeed config (transformers then fills it for the launch), or
+        train_batch_size: 8
+    """
+    args = trainer.args
+    state = getattr(getattr(trainer, "accelerator", None), "state", None)
+    argument = getattr(args, "deepspeed", None)
+    running = int(getattr(args, "world_size", 1) or 1)
+    config = _deepspeed_config(None, argument) if argument else (
+        _deepspeed_config(getattr(state, "deepspeed_plugin", None), None) if running == gpus else None)
+    if config is None or all(config.get(key, "auto") in ("auto", None) for key in _BATCH_KEYS):
+        return None
+    per_device, accumulation = int(args.per_device_train_batch_size), int(args.gradient_accumulation_steps)
+    expected: dict[str, tuple[int, str]] = {
+        "train_micro_batch_size_per_gpu": (per_device, "per_device_train_batch_size"),
+        "gradient_accumulation_steps": (accumulation, "the arguments' own"),
+        "train_batch_size": (gpus * per_device * accumulation,
+                             f"{gpus} GPUs x per_device_train_batch_size {per_device} x gradient_accumulation_steps "
+                             f"{accumulation}"),
+    }
+    if getattr(args, "auto_find_batch_size", False):
+        expected = {"gradient_accumulation_steps": expected["gradient_accumulation_steps"]}
+    wrong = [(key, config[key], *expected[key]) for key in _BATCH_KEYS
+             if key in expected and config.get(key, "auto") not in ("auto", None)
+             and _number(config[key]) != expected[key][0]]
+    if not wrong:
+        return None
+    given = ", ".join(f"{key} {value}" for key, value, _, _ in wrong)
+    them = "it" if len(wrong) == 1 else "them"
+    made = f"{wrong[0][2]} ({wrong[0][3]})" if len(wrong) == 1 else "; ".join(
+        f"{key} {number} ({words})" for key, _, number, words in wrong)
+    return (f"this trainer's DeepSpeed config has {given}, and on {gpus} GPUs its arguments make {them} {made}: "
+            f"transformers refuses {them} as train() starts; write \"auto\" for "
+            f"{' and '.join(key for key, _, _, _ in wrong)} in the DeepSpeed config (transformers then fills {them} "
+            "for the launch), or " + ", ".join(f"{key}: {number}" for key, _, number, _ in wrong))
 
 
 def _said(name: str, value: Any, state: Any) -> str:
@@ -273,8 +346,8 @@ class ShardedTrainer:
             said += f"; it runs in {running} processes now"
         note = f"per GPU as the trainer is set up: {self.sharding.setting} on {self.gpus} GPUs ({said})"
         if self.sharding.unread:
-            note += (f"; its {', '.join(self.sharding.unread)} not read: DeepSpeed's defaults estimated (the engine "
-                     "settings below)")
+            note += (f"; its {', '.join(self.sharding.unread)} not modelled: the estimate is of DeepSpeed's defaults "
+                     "for them")
         return note
 
 
@@ -284,8 +357,9 @@ def sharded_trainer_request(request: Any) -> tuple[Any, ShardedTrainer | None]:
     its strategy; unchanged (and None) for a trainer of one process.
 
     Raises:
-        MemlabError: a trainer set up for DeepSpeed or FSDP in one process with no ``gpus=``, or a ``strategy=`` other
-            than the one it is set up for; each says what to write.
+        MemlabError: a trainer set up for DeepSpeed or FSDP in one process with no ``gpus=``, a ``strategy=`` other
+            than the one it is set up for, or a DeepSpeed config whose batch keys the GPUs and arguments disagree with
+            (:func:`deepspeed_batch_refusal`); each says what to write.
 
     Example:
         >>> from types import SimpleNamespace
@@ -310,7 +384,11 @@ def sharded_trainer_request(request: Any) -> tuple[Any, ShardedTrainer | None]:
             f"this trainer is set up for {sharding.setting} but runs in one process here; say how many GPUs it will "
             "be launched on: memlab.estimate(trainer, gpus=8) for accelerate launch --num_processes 8"
         )
-    return request.replace(gpus=gpus, strategy=sharding.strategy), ShardedTrainer(sharding, gpus)
+    refusal = deepspeed_batch_refusal(request.model, gpus) if sharding.zero is not None else None
+    if refusal:
+        raise MemlabError(refusal)
+    return (request.replace(gpus=gpus, strategy=sharding.strategy, zero=sharding.zero),
+            ShardedTrainer(sharding, gpus))
 
 
 def engine_plan(trainer: Any, plan: Any, gpus: int) -> Any:

@@ -26,7 +26,8 @@ from torch import nn
 
 import memlab
 from memlab import Plan
-from memlab.estimation.configs import layer_counts
+from memlab.estimation.configs import layer_counts, persistent_count
+from memlab.live.sharding import DS_PERSISTENCE_THRESHOLD
 
 ROOT = Path(__file__).resolve().parents[2]
 # a GPT-2 whose tied embedding is its largest layer, as the real GPT-2's is
@@ -76,10 +77,12 @@ def test_every_route_holds_gpt2s_tied_embedding_once() -> None:
         assert zero3["unsharded_grads"] == 4 * embedding
         assert fsdp2["unsharded_params"] >= 4 * embedding
     # the model states DeepSpeed's formula gives are unchanged beyond one GPU (fp32: the partitions of weights and
-    # gradients, one gathered layer of each, the master weights and AdamW's state)
+    # gradients, one gathered layer of each, the master weights and AdamW's state), and beside them the parameters
+    # under ZeRO-3's persistence threshold whole (the formula leaves them out)
     zero3 = routes["zero3", 4]
+    assert zero3.detail["persistent_params"] == 4 * persistent_count(model, DS_PERSISTENCE_THRESHOLD)
     assert zero3.model_state_bytes == 4 * parameters // 4 + 4 * largest + 4 * parameters // 4 + 4 * largest + \
-        int(zero3.detail["optimizer"])
+        int(zero3.detail["optimizer"]) + zero3.detail["persistent_params"]
 
 
 @pytest.mark.parametrize("strategy", ["zero2", "zero3", "fsdp2"])

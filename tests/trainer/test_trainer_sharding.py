@@ -24,6 +24,8 @@ from test_trainer import pad_collator, trainer  # noqa: E402
 
 import memlab  # noqa: E402
 from memlab import MemlabError, Plan  # noqa: E402
+from memlab.estimation.configs import layer_counts, persistent_count  # noqa: E402
+from memlab.live.sharding import DS_PERSISTENCE_THRESHOLD, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET  # noqa: E402
 from memlab.trainer.sharding import trainer_sharding  # noqa: E402
 
 ZERO3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
@@ -75,7 +77,7 @@ def test_a_deepspeed_trainer_is_estimated_per_gpu_as_the_same_trainer_asked_with
     assert all(torch.equal(before[name], parameter) for name, parameter in sharded.model.named_parameters())
 
 
-def test_the_engines_offload_is_the_plans_and_its_buckets_are_said_unread(tmp_path: Path) -> None:
+def test_the_engines_offload_is_the_plans_and_its_buckets_are_read(tmp_path: Path) -> None:
     t = trainer(tmp_path)
     t.args.deepspeed = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
                                               "reduce_bucket_size": 2e8}}
@@ -83,10 +85,13 @@ def test_the_engines_offload_is_the_plans_and_its_buckets_are_said_unread(tmp_pa
     asked = memlab.estimate(t, Plan.from_trainer(t).replace(offload="optimizer"), gpus=4, strategy="zero2",
                             device="cpu")
     assert read.status == "ok" and read.host_bytes and read.host_bytes > 0
+    # ZeRO-2's buckets are at most the model's size: this tiny model's, under 2e8 and 5e8 alike
     assert (read.peak_bytes, read.host_bytes) == (asked.peak_bytes, asked.host_bytes)
     notes = "; ".join(read.notes)
     assert "offload_optimizer to the CPU" in notes
-    assert "its reduce_bucket_size 200000000.0 not read: DeepSpeed's defaults estimated" in notes
+    assert ("DeepSpeed ZeRO stage 2, reduce_bucket_size 2e8 (the config's), allgather_bucket_size 5e8 (DeepSpeed's "
+            "default)") in notes
+    assert "not modelled" not in notes
     assert "host memory per node: " in notes and "(4 ranks a node x " in notes
     with pytest.raises(MemlabError, match=r"offloads 'activations' too, which memlab does not estimate together"):
         memlab.estimate(t, Plan(checkpointing=True, offload="activations"), gpus=4, device="cpu")
@@ -166,6 +171,11 @@ def test_a_launched_trainers_accelerator_is_read_before_its_arguments() -> None:
     (None, r"cannot be read \(No such file or directory\)"),
     ({"zero_optimization": {"stage": 1}}, r"zero_optimization.stage 1, which memlab does not estimate per GPU; write"),
     ({"train_batch_size": 8}, r"zero_optimization.stage 0, which memlab does not estimate"),
+    ({"zero_optimization": {"stage": 2, "allgather_bucket_size": "auto"}},
+     r"allgather_bucket_size is \"auto\", which transformers does not fill .*write a number of elements, such as "
+     r"allgather_bucket_size: 5e8"),
+    ({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": -1}},
+     r"stage3_prefetch_bucket_size is -1, which is not a number of elements; write a whole number >= 0"),
 ])
 def test_a_deepspeed_config_memlab_cannot_read_is_one_error_that_says_what_to_write(
         tmp_path: Path, config: Any, match: str) -> None:
@@ -187,6 +197,75 @@ def test_a_deepspeed_config_file_is_read(tmp_path: Path) -> None:
     assert read is not None
     assert (read.strategy, read.offload, read.world_size) == ("zero3", "params", 4)
     assert read.setting == "DeepSpeed ZeRO-3 (deepspeed='zero3.json')"
+
+
+def test_a_deepspeed_configs_buckets_and_persistence_threshold_are_the_estimates(tmp_path: Path) -> None:
+    t = trainer(tmp_path)
+    asked = memlab.estimate(t, gpus=4, strategy="zero3", device="cpu")  # DeepSpeed's defaults
+    parameters, _ = layer_counts(t.model)
+    t.args.deepspeed = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 1000,
+                                              "stage3_prefetch_bucket_size": 500,
+                                              "stage3_param_persistence_threshold": 0}}
+    before = dict(vars(t.args))
+    read = memlab.estimate(t, gpus=4, device="cpu")
+    assert read.status == asked.status == "ok", (read.error, asked.error)
+    assert dict(vars(t.args)) == before
+    w = 4  # fp32 weights
+    buckets = asked.detail["communication"] - read.detail["communication"]
+    assert buckets == w * (DS_REDUCE_BUCKET - 1000 + min(DS_PREFETCH_BUCKET, parameters) - 500)
+    # DeepSpeed's default threshold (1e5 elements) keeps every weight of this tiny model whole on each rank; 0 none
+    kept = asked.detail["persistent_params"] - read.detail["persistent_params"]
+    assert kept == w * persistent_count(t.model, DS_PERSISTENCE_THRESHOLD) == w * parameters
+    assert asked.peak_bytes - read.peak_bytes == buckets + kept
+    assert ("reduce_bucket_size 1,000 (the config's), stage3_prefetch_bucket_size 500 (the config's), "
+            "stage3_param_persistence_threshold 0 (the config's)") in "; ".join(read.notes)
+    # "auto" as transformers fills it from the model's hidden_size (32)
+    names = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+    t.args.deepspeed = {"zero_optimization": {"stage": 3, **dict.fromkeys(names, "auto")}}
+    auto = memlab.estimate(t, gpus=4, device="cpu")
+    assert auto.detail["communication"] == w * (32 * 32 + int(0.9 * 32 * 32))
+    assert auto.detail["persistent_params"] == w * persistent_count(t.model, 320)
+    assert ("stage3_param_persistence_threshold 320 (the config's \"auto\": 10 x hidden_size, hidden_size 32)"
+            in "; ".join(auto.notes))
+    t.args.deepspeed = {"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e6}}
+    assert ("its stage3_max_live_parameters 1000000.0 not modelled: the estimate is of DeepSpeed's defaults for them"
+            in "; ".join(memlab.estimate(t, gpus=4, device="cpu").notes))
+
+
+def test_a_deepspeed_batch_that_the_gpus_asked_disagree_with_is_one_error_up_front(tmp_path: Path) -> None:
+    t = trainer(tmp_path)  # per_device_train_batch_size 2, gradient_accumulation_steps 1
+    t.args.deepspeed = {"zero_optimization": {"stage": 2}, "train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                        "gradient_accumulation_steps": "auto"}
+    before = dict(vars(t.args))
+    with pytest.raises(MemlabError, match=r"DeepSpeed config has train_batch_size 16, and on 4 GPUs its arguments "
+                                          r"make it 8 \(4 GPUs x per_device_train_batch_size 2 x "
+                                          r"gradient_accumulation_steps 1\): transformers refuses it as train\(\) "
+                                          r"starts; write \"auto\" for train_batch_size .* or train_batch_size: 8"):
+        memlab.estimate(t, gpus=4, device="cpu")
+    assert dict(vars(t.args)) == before
+    assert memlab.estimate(t, gpus=8, device="cpu").status == "ok"  # 8 x 2 x 1
+    t.args.deepspeed = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 4,
+                        "gradient_accumulation_steps": 2}
+    with pytest.raises(MemlabError, match=r"has train_micro_batch_size_per_gpu 4, gradient_accumulation_steps 2, .*"
+                                          r"train_micro_batch_size_per_gpu: 2, gradient_accumulation_steps: 1"):
+        memlab.estimate(t, gpus=8, device="cpu")
+
+
+def test_fsdp2_where_the_installed_accelerate_has_none_is_one_error(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import accelerate.utils.fsdp_utils as fsdp_utils
+
+    t = trainer(tmp_path)
+    t.args.fsdp, t.args.fsdp_config = True, {"version": 2}
+    monkeypatch.delattr(fsdp_utils, "fsdp2_prepare_model")  # an accelerate from before FSDP2
+    before = dict(vars(t.args))
+    with pytest.raises(MemlabError, match=r"this trainer's FSDP2 \(fsdp=True\) runs on accelerate's FSDP2 .*has none; "
+                                          r"write pip install -U accelerate .*fsdp_config=\{'version': 1\}"):
+        memlab.estimate(t, gpus=2, device="cpu")
+    assert dict(vars(t.args)) == before
+    t.args.fsdp_config = {"version": 1}
+    read = trainer_sharding(t)
+    assert read is not None and read.strategy == "fsdp1"
 
 
 def test_a_dpo_trainers_reference_is_sharded_as_trl_prepares_it(tmp_path: Path) -> None:

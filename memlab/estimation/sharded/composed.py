@@ -21,7 +21,10 @@ its whole step (its :class:`~memlab.report.timeline.Timeline`): at every point o
 - one unit's unsharded gradients (the trained ones),
 - under ZeRO, DeepSpeed's buckets (:mod:`memlab.estimation.sharded.zero`): ZeRO-3's reduce bucket whole
   (``reduce_bucket_size`` elements, however few parameters the adapters train), ZeRO-2's at most the trained
-  parameters, and the prefetch bucket,
+  parameters, and the gather bucket (ZeRO-2's all-gather, ZeRO-3's prefetch), each the request's DeepSpeed
+  settings (a trainer's config, else DeepSpeed's defaults); under ZeRO-3 the model's parameters of at most
+  ``stage3_param_persistence_threshold`` elements whole beside their partitions, in the compute dtype (adapters
+  memlab adds in the dry run are not among them: their small matrices, partitioned, lean low by their whole size),
 - the activations and the rest (``other``) of the one-GPU step, unchanged: data parallelism does not change them.
 
 The per-GPU peak is the largest such sum over the step. With ``offload="params"`` (FSDP ``offload_params=True``,
@@ -47,12 +50,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from memlab.estimation.configs import model_on_meta
+from memlab.estimation.configs import model_on_meta, persistent_count
 from memlab.estimation.dryrun.load import loaded_dtype, parse_load
 from memlab.estimation.dryrun.single_gpu import dry_run_plans
 from memlab.estimation.sharded.engine_settings import engine_settings
 from memlab.estimation.sharded.fsdp2 import DETAIL, ShardedRequest, ShardedTrial, shard_units, sharded_trial
-from memlab.live.sharding import DS_PREFETCH_BUCKET, ds_reduce_bucket
+from memlab.live.sharding import ZeroSettings
 from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.techniques.offload import ACTIVATION_OFFLOADS, NO_OFFLOAD, OPTIMIZER_OFFLOADS, SHARDED_ONLY
@@ -363,7 +366,10 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
         return ShardedTrial(plan, "error", 0, {}, None, None, None, trial.device, error=trial.error, budget=budget,
                             estimated=True, gpus=gpus, strategy=strategy, notes=trial.notes)
     element = _compute_bytes(plan, load)
+    zero = request.zero or ZeroSettings()
     unit, kept = gathered_bytes(model_on_meta(model_or_config), strategy, element, _quantized(plan, load))
+    persistent = element * persistent_count(model_or_config, zero.stage3_param_persistence_threshold) if (
+        strategy == "zero3" and (gpus > 1 or plan.offload == SHARDED_ONLY)) else 0
     units = max(len(shard_units(model_on_meta(model_or_config))), 1)
     series = _series(trial)
     series["params"] = [int(v * scale) for v in series["params"]]
@@ -391,6 +397,7 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
         else:
             detail["sharded_params" if strategy == "zero3" else "unsharded_params"] = 0 if moves_params else \
                 sharded_params
+            detail["persistent_params"] = persistent
             detail["sharded_grads"] = 0 if offloaded else grads // n
             detail["optimizer"] = 0 if offloaded else optimizer // n
             point_host = ((grads // n + optimizer // n) if offloaded else 0) + (sharded_params if moves_params else 0)
@@ -406,8 +413,9 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
         detail["inputs"] = other
         if strategy.startswith("zero"):
             trained = max(series["grads"]) // max(element, 1)
-            reduce = ds_reduce_bucket(3 if strategy == "zero3" else 2, trained)
-            detail["communication"] = element * (reduce + min(DS_PREFETCH_BUCKET, params // max(element, 1)))
+            stage = 3 if strategy == "zero3" else 2
+            detail["communication"] = element * (zero.reduce_bucket(stage, trained)
+                                                 + zero.gather_bucket(stage, params // max(element, 1)))
         host = max(host, point_host)
         default_peak = max(default_peak, sum(detail.values()) - gathered)
         if best is None or sum(detail.values()) > sum(best.values()):
@@ -415,10 +423,10 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
     assert best is not None
     if plan.offloads_activations:  # the one-GPU run moved its saved activations off the GPU: their host copies
         host += trial.host_bytes
-    held = best["sharded_params"] + best["sharded_grads"] + best["optimizer"] + (
+    held = best["sharded_params"] + best["persistent_params"] + best["sharded_grads"] + best["optimizer"] + (
         best["unsharded_params"] if strategy == "zero2" else 0)
-    notes = [*trial.notes, COMPOSED_NOTE, engine_settings(plan, strategy), *([MIXED_NOTE] if scale != 1 else []),
-             *([_cast_note(model_or_config)] if cast else [])]
+    notes = [*trial.notes, COMPOSED_NOTE, engine_settings(plan, strategy, request.zero),
+             *([MIXED_NOTE] if scale != 1 else []), *([_cast_note(model_or_config)] if cast else [])]
     if plan.offload == SHARDED_ONLY and strategy == "zero2":
         notes.append("ZeRO-2 cannot offload parameters: offload='params' offloads the gradients and the optimizer "
                      "state only; write strategy='zero3' to offload the parameters")

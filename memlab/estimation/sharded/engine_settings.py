@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from memlab.live.sharding import ZeroSettings
 from memlab.techniques.offload import engine_offload
 
 __all__ = ["engine_settings"]
 
 
-def engine_settings(plan: Any, strategy: str) -> str:
-    """The engine settings a sharded estimate of ``plan`` assumed, as one note: the sharding, the mixed precision,
-    what is offloaded, checkpointing, and the adapters (a QLoRA plan's 4-bit weights stored in bf16, which is what
-    lets FSDP and ZeRO-3 shard them).
+def engine_settings(plan: Any, strategy: str, zero: ZeroSettings | None = None) -> str:
+    """The engine settings a sharded estimate of ``plan`` assumed, as one note: the sharding (under ZeRO, the bucket
+    sizes and persistence threshold of ``zero``, each with where it came from; None: DeepSpeed's defaults), the mixed
+    precision, what is offloaded, checkpointing, and the adapters (a QLoRA plan's 4-bit weights stored in bf16, which
+    is what lets FSDP and ZeRO-3 shard them).
 
     Example:
         >>> class P:
@@ -36,8 +38,8 @@ def engine_settings(plan: Any, strategy: str) -> str:
         parts.append("accelerate fsdp_version 2, fully_shard per block (TRANSFORMER_BASED_WRAP), "
                      "reshard_after_forward, one unit prefetched")
     elif strategy in ("zero2", "zero3"):
-        parts.append(f"DeepSpeed ZeRO stage {strategy[-1]}, reduce_bucket_size 5e8, "
-                     + ("allgather_bucket_size 5e8" if strategy == "zero2" else "stage3_prefetch_bucket_size 5e7"))
+        stage = int(strategy[-1])
+        parts.append(f"DeepSpeed ZeRO stage {stage}, {(zero or ZeroSettings()).describe(stage)}")
     sixteen = "bf16" if "bf16" in (plan.precision, plan.weights) else plan.precision
     parts.append(f"mixed precision {sixteen}" if sixteen != "fp32" else "fp32 (no mixed precision)")
     parts += [offload] if (offload := engine_offload(plan.offload, strategy)) else []

@@ -9,7 +9,7 @@ GPU sees per micro-step (the per-GPU micro-batch); data parallelism multiplies i
 group, memlab's own training step, PyTorch's ``FSDPMemTracker``. **ZeRO-2 / ZeRO-3** are computed
 (:mod:`memlab.estimation.sharded.zero`): DeepSpeed's formulas for the model states, the activations from the FSDP2 dry
 run. The strategies and DeepSpeed's bucket sizes are in :mod:`memlab.live.sharding` (no torch), which the names
-below re-export.
+below re-export; a trainer's own DeepSpeed settings come in the request (``zero``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from memlab.errors import MemlabError
-from memlab.estimation.configs import frozen_count, layer_counts, model_on_meta
+from memlab.estimation.configs import frozen_count, layer_counts, model_on_meta, persistent_count
 from memlab.estimation.cuda.context import card_context
 from memlab.estimation.cuda.gpus import GpuKind
 from memlab.estimation.dryrun.single_gpu import estimate_plans
@@ -42,6 +42,7 @@ from memlab.live.sharding import (
     DS_PREFETCH_BUCKET,
     DS_REDUCE_BUCKET,
     STRATEGIES,
+    ZeroSettings,
     check_sharding,
     parse_gpus,
 )
@@ -116,7 +117,7 @@ def sharded_estimate(request: EstimateRequest) -> ShardedTrial:
     return card_context(sharded_one(ShardedRequest(request.model, request.batch, plan, gpus, strategy,
                                                    loss_fn=request.loss_fn, lr=request.lr, device=request.device,
                                                    budget=limit, gpu=gpu, load=request.load,
-                                                   live_layers=request.live_layers)), gpu)
+                                                   live_layers=request.live_layers, zero=request.zero)), gpu)
 
 
 def sharded_one(request: ShardedRequest, basis: Trial | None = None,
@@ -139,7 +140,7 @@ def sharded_one(request: ShardedRequest, basis: Trial | None = None,
     model_or_config, plan, strategy = request.model, request.plan, request.strategy
     if needs_composition(plan, strategy, request.load):
         return composed_estimate(request)
-    settings = engine_settings(plan, strategy)
+    settings = engine_settings(plan, strategy, request.zero)
     if strategy in ("fsdp1", "fsdp2"):
         # FSDP's one CPU offload (offload_params) moves the shards of weights, gradients and optimizer state
         trial, peaks = fsdp2_dry_run(request.replace(plan=fsdp_run_plan(plan)))
@@ -149,8 +150,10 @@ def sharded_one(request: ShardedRequest, basis: Trial | None = None,
         return fsdp1_trial(trial, model_or_config) if strategy == "fsdp1" else trial
     if basis is None:
         basis = zero_basis(request)
-    trial = zero_trial(basis, layer_counts(model_or_config), plan, request.gpus, int(strategy[-1]), request.budget,
-                       frozen=frozen_count(model_or_config))
+    stage, zero = int(strategy[-1]), request.zero or ZeroSettings()
+    persistent = persistent_count(model_or_config, zero.stage3_param_persistence_threshold) if stage == 3 else 0
+    trial = zero_trial(basis, layer_counts(model_or_config), plan, request.gpus, stage, request.budget,
+                       frozen=frozen_count(model_or_config), persistent=persistent, zero=zero)
     return dataclasses.replace(trial, notes=(*trial.notes, settings))
 
 

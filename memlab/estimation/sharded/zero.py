@@ -25,6 +25,16 @@ dry run for the others), ``P`` parameters, ``L`` the largest layer's own paramet
   in the weights' dtype; each at most the model's size but ZeRO-3's reduce bucket, which ZeRO-3 allocates whole
   however few parameters are trained (``stage3.py``, ``_setup_for_real_optimizer``: ``torch.empty(
   reduce_bucket_size)`` when ``contiguous_gradients``, its default; DeepSpeed 0.13 to 0.19).
+- ZeRO-3's persistent parameters: those of at most ``stage3_param_persistence_threshold`` elements (1e5 by default)
+  stay gathered on every rank from their first use on (``partitioned_param_coordinator.py`` never releases a
+  ``ds_persist`` parameter; ``stage3.py``'s ``_post_step`` gathers them again after each step), beside their
+  partition, which stays in the flat partitions as every parameter's does; their gradients and optimizer state are
+  partitioned as the others' are. ``w`` bytes per such element are added on every rank (none on one GPU, where the
+  gathered parameter is a view of its partition), shown as ``persistent_params``.
+  The gathered layer is counted at its whole size even where some of its parameters persist (it leans high).
+
+The sizes and the threshold are the trainer's DeepSpeed config's where the estimate is of a trainer (its numbers, its
+``"auto"`` as transformers fills them), else DeepSpeed's defaults (:class:`memlab.live.sharding.ZeroSettings`).
 
 The per-GPU peak is the model states + buffers + the largest activations and the batch: it leans high, as it adds
 the largest of each. The ``host_bytes`` of offload are each rank's share of what DeepSpeed keeps in CPU
@@ -56,7 +66,7 @@ from memlab.estimation.sharded.fsdp2 import (
     fsdp2_dry_run,
     sharded_trial,
 )
-from memlab.live.sharding import DS_ALLGATHER_BUCKET, DS_PREFETCH_BUCKET, ds_reduce_bucket
+from memlab.live.sharding import ZeroSettings
 from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.techniques.offload import NO_OFFLOAD, OPTIMIZER_OFFLOADS, WEIGHT_OFFLOADS
@@ -74,11 +84,14 @@ def zero_model_states(
     optimizer_bytes: float = 8,
     offload: str = NO_OFFLOAD,
     frozen: int = 0,
+    persistent: int = 0,
 ) -> dict[str, int]:
     """Bytes per GPU of DeepSpeed ZeRO's model states: ``{"params", "grads", "optimizer", "host"}``.
 
     ``parameters`` are the trained ones; ``frozen`` parameters (a LoRA run's base) hold weights only, whole on
     every GPU under ZeRO-2 and partitioned under ZeRO-3, with no gradients, master copy or optimizer state.
+    ``persistent``: elements of the parameters (trained or frozen) ZeRO-3 keeps whole on every rank beside their
+    partition (:func:`memlab.estimation.configs.persistent_count`); ZeRO-2 does not read it.
 
     The formulas are DeepSpeed's (module docstring), per dtype: ``weight_bytes`` per 16-bit weight (4 for fp32
     training), ``optimizer_bytes`` of optimizer state per parameter (AdamW: 8), ``offload`` as in the Plan
@@ -94,6 +107,9 @@ def zero_model_states(
         True
         >>> zero_model_states(10**6, 10**4, 8, 3, frozen=10**9)["params"] == 2 * (10**9 + 10**6) // 8 + 2 * 10**4
         True
+        >>> kept = zero_model_states(10**9, 10**7, 8, 3, persistent=10**5)  # whole on each rank, beside the partition
+        >>> kept["params"] - zero_model_states(10**9, 10**7, 8, 3)["params"]
+        200000
     """
     if stage not in (2, 3):
         raise MemlabError(f"ZeRO stage {stage} is not estimated; write stage=2 or stage=3")
@@ -101,8 +117,9 @@ def zero_model_states(
     partition = int(w * (p + frozen) / n)
     # whole weights; or a partition and one gathered layer (none on one GPU, where DeepSpeed's NoGatherHandle makes
     # each parameter a view of its partition, unless the partitions live in CPU memory)
-    gathered = 0 if n == 1 and offload not in WEIGHT_OFFLOADS else w * big
-    params = w * (p + frozen) if stage == 2 else partition + gathered
+    held = zero3_gathered(big, n, weight_bytes=w, offload=offload, persistent=persistent)
+    gathered, kept = held["params"], held["persistent"] if stage == 3 else 0
+    params = w * (p + frozen) if stage == 2 else partition + gathered + kept
     # ZeRO-2: the 16-bit gradient partition and its fp32 copy; ZeRO-3: the fp32 partition and one gathered layer's.
     grads = int((w + 4) * p / n) if stage == 2 else int(4 * p / n) + w * big
     optimizer = int((4 + optimizer_bytes) * p / n)  # fp32 master weights and the optimizer state
@@ -113,28 +130,31 @@ def zero_model_states(
         optimizer = 0
     if offload in WEIGHT_OFFLOADS and stage == 3:  # ZeRO-Infinity's parameter offload
         host += partition
-        params = w * big
+        params = w * big + kept
     return {"params": params, "grads": grads, "optimizer": optimizer, "host": host}
 
 
 def zero3_gathered(largest_layer: int, gpus: int, *, weight_bytes: int = 2,
-                   offload: str = NO_OFFLOAD) -> dict[str, int]:
-    """Bytes of ZeRO-3's one gathered layer inside :func:`zero_model_states`'s ``"params"`` and ``"grads"``: the
-    layer's whole weights (``"params"``) and its whole 16-bit gradients before they are reduced into the partitions
-    (``"grads"``). They are what FSDP calls unsharded, and a ZeRO-3 estimate shows them as such, beside the
-    partitions (shown as sharded, as FSDP's shards are): a tied weight (GPT-2's embedding, which is also its head
-    and its largest layer) is partitioned once, and gathered once while a layer that uses it runs. On one GPU
-    DeepSpeed gathers nothing (its ``NoGatherHandle`` views each partition), unless the partitions are offloaded.
+                   offload: str = NO_OFFLOAD, persistent: int = 0) -> dict[str, int]:
+    """Bytes of what ZeRO-3 holds gathered inside :func:`zero_model_states`'s ``"params"`` and ``"grads"``: the
+    one gathered layer's whole weights (``"params"``) and its whole 16-bit gradients before they are reduced into
+    the partitions (``"grads"``), and the ``persistent`` elements' weights, gathered for good (``"persistent"``).
+    The layer is what FSDP calls unsharded, and a ZeRO-3 estimate shows it as such, beside the partitions (shown as
+    sharded, as FSDP's shards are) and the persistent parameters (``persistent_params``): a tied weight (GPT-2's
+    embedding, which is also its head and its largest layer) is partitioned once, and gathered once while a layer
+    that uses it runs. On one GPU DeepSpeed gathers nothing (its ``NoGatherHandle`` views each partition), unless the
+    partitions are offloaded.
 
     Example:
-        >>> zero3_gathered(10**7, 8)
-        {'params': 20000000, 'grads': 20000000}
-        >>> zero3_gathered(10**7, 1)
-        {'params': 0, 'grads': 20000000}
+        >>> zero3_gathered(10**7, 8, persistent=10**5)
+        {'params': 20000000, 'grads': 20000000, 'persistent': 200000}
+        >>> zero3_gathered(10**7, 1, persistent=10**5)
+        {'params': 0, 'grads': 20000000, 'persistent': 0}
     """
     w = weight_bytes
-    params = 0 if gpus == 1 and offload not in WEIGHT_OFFLOADS else w * largest_layer
-    return {"params": params, "grads": w * largest_layer}
+    gathering = gpus > 1 or offload in WEIGHT_OFFLOADS
+    return {"params": w * largest_layer if gathering else 0, "grads": w * largest_layer,
+            "persistent": w * persistent if gathering else 0}
 
 
 BASIS_GPUS = 2
@@ -187,11 +207,13 @@ def zero_basis(request: ShardedRequest, run: tuple[ShardedTrial, list[dict[str, 
 
 
 def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, stage: int,
-               budget: int | None, *, frozen: int = 0) -> ShardedTrial:
+               budget: int | None, *, frozen: int = 0, persistent: int = 0,
+               zero: ZeroSettings | None = None) -> ShardedTrial:
     """The ZeRO-``stage`` estimate of one GPU of ``gpus``: :func:`zero_model_states` for ``counts`` (see
-    :func:`memlab.estimation.configs.layer_counts`) and ``frozen`` parameters (see
-    :func:`memlab.estimation.configs.frozen_count`), the communication buckets, and the activations and batch of
-    ``basis`` (:func:`zero_basis`).
+    :func:`memlab.estimation.configs.layer_counts`), ``frozen`` parameters (see
+    :func:`memlab.estimation.configs.frozen_count`) and ``persistent`` elements kept whole (ZeRO-3), the
+    communication buckets of ``zero`` (a trainer's DeepSpeed config read; None: DeepSpeed's defaults), and the
+    activations and batch of ``basis`` (:func:`zero_basis`).
 
     Example:
         >>> basis = Trial(Plan(), "ok", 860, {"optimizer": 800, "activations": 50, "other": 10}, None, None, None,
@@ -199,19 +221,26 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
         >>> trial = zero_trial(basis, (100, 40), Plan(precision="bf16"), 4, 3, None)
         >>> trial.model_state_bytes == 2 * 100 // 4 + 2 * 40 + 4 * 100 // 4 + 2 * 40 + (4 + 8) * 100 // 4, trial.label
         (True, 'bf16 zero3 x4')
+        >>> small = zero_trial(basis, (100, 40), Plan(precision="bf16"), 4, 3, None,
+        ...                    zero=ZeroSettings(reduce_bucket_size=1000))
+        >>> trial.detail["communication"] - small.detail["communication"] == 2 * (5 * 10**8 - 1000)
+        True
     """
     parameters, largest = counts
+    zero = zero if zero is not None else ZeroSettings()
     w = 2 if plan.precision != "fp32" or plan.weights == "bf16" else 4
     k = basis.breakdown["optimizer"] / max(parameters, 1)
     states = zero_model_states(parameters, largest, gpus, stage, weight_bytes=w, optimizer_bytes=k,
-                               offload=plan.offload, frozen=frozen)
-    gather_bucket = DS_ALLGATHER_BUCKET if stage == 2 else DS_PREFETCH_BUCKET
-    buckets = ds_reduce_bucket(stage, parameters) + min(gather_bucket, parameters + frozen)
+                               offload=plan.offload, frozen=frozen, persistent=persistent)
+    buckets = zero.reduce_bucket(stage, parameters) + zero.gather_bucket(stage, parameters + frozen)
     detail = dict.fromkeys(DETAIL, 0)
     # ZeRO-3's gathered layer is unsharded, as FSDP's gathered unit: the partitions alone are sharded
-    gathered = zero3_gathered(largest, gpus, weight_bytes=w, offload=plan.offload) if stage == 3 else {}
+    gathered = zero3_gathered(largest, gpus, weight_bytes=w, offload=plan.offload,
+                              persistent=persistent) if stage == 3 else {}
     detail["unsharded_params"] = gathered.get("params", 0)
-    detail["sharded_params" if stage == 3 else "unsharded_params"] = states["params"] - gathered.get("params", 0)
+    detail["persistent_params"] = gathered.get("persistent", 0)
+    detail["sharded_params" if stage == 3 else "unsharded_params"] = (
+        states["params"] - gathered.get("params", 0) - gathered.get("persistent", 0))
     detail["unsharded_grads"] = gathered.get("grads", 0)
     detail["sharded_grads"] = states["grads"] - gathered.get("grads", 0)
     detail["optimizer"] = states["optimizer"]
@@ -227,6 +256,10 @@ def zero_trial(basis: Trial, counts: tuple[int, int], plan: Plan, gpus: int, sta
         notes.append(f"ZeRO-2 cannot offload parameters: offload={plan.offload!r} offloads the optimizer only")
     if plan.weights == "bf16":
         notes.append("DeepSpeed keeps fp32 master weights even for bf16 weights: counted")
+    if detail["persistent_params"]:
+        notes.append(f"{persistent:,} elements in parameters of at most stage3_param_persistence_threshold "
+                     f"{zero.stage3_param_persistence_threshold:,} elements each kept whole on every rank, beside "
+                     "their partition (persistent_params)")
     held = states["params"] + states["grads"] + states["optimizer"]
     return sharded_trial(plan, detail, torch.device(basis.device), budget, gpus, f"zero{stage}", held, states["host"],
                          notes)

@@ -36,7 +36,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.kinds.grpo.server import server_memory
-from memlab.kinds.grpo.source import GRPOSource, check_generations, computes_old_logps
+from memlab.kinds.grpo.source import GRPOSource, check_generations, check_processes, computes_old_logps
 from memlab.kinds.grpo.vllm import SLEEP_LEVEL, VLLMSettings, engine_device, utilization_candidates, vllm_share
 from memlab.live.patching import patched
 from memlab.plan import InferencePlan, Plan
@@ -260,6 +260,8 @@ def _training_step(request: Any, settings: VLLMSettings | None) -> tuple[Trial, 
     if plan is not None and not isinstance(plan, Plan):
         raise MemlabError(f"{plan!r} is not a memlab.Plan; write memlab.estimate(trainer, memlab.Plan(...))")
     sharded = request.gpus != 1 or request.strategy != "none"
+    if sharded:  # TRL checked its batches for the processes the trainer was built in, not for those asked
+        check_processes(trainer.args, request.gpus)
     source = GRPOSource.from_trainer(trainer, vllm=True, sharded=sharded)
     # the engine's levers do not change the policy's step: its dry run runs without them (_with_vllm puts them back)
     plan = without_vllm(source.plan if plan is None else keeps_trainer_batch(plan, trainer.args))

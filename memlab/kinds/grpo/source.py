@@ -26,6 +26,7 @@ import contextlib
 import copy
 import functools
 import itertools
+import math
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ from memlab.trainer.source import (
 from memlab.trainer.worst_batch import SAMPLE_DEFAULT
 
 __all__ = ["GRPO_PHASES", "VLLM_NOT_RUN", "GRPOPrompts", "GRPOSource", "RewardFailed", "check_generations",
-           "completion_room", "computes_old_logps", "grpo_split", "prepared_forward", "split_on"]
+           "check_processes", "completion_room", "computes_old_logps", "grpo_split", "prepared_forward", "split_on"]
 
 VLLM_NOT_RUN = (
     "memlab measures a GRPOTrainer's generation by running it, and this trainer generates with vLLM "
@@ -316,6 +317,72 @@ def check_generations(plan: Plan, source: Any) -> None:
             f"that divides both {generation_batch} and {source.generations} (memlab.Plan(accumulation=k), k = "
             f"{source.generations} / micro_batch)"
         )
+
+
+def check_processes(args: Any, gpus: int) -> None:
+    """TRL's checks of a GRPOConfig's batches (TRL 1.16, ``GRPOConfig.__post_init__``) for ``gpus`` processes, which
+    TRL made for the processes the config was built in: the generation batch (``per_device_train_batch_size x
+    processes x steps_per_generation``, its ``generation_batch_size``) holds whole prompt groups of
+    ``num_generations``, and so does the evaluation's (``per_device_eval_batch_size x processes``, of
+    ``num_generations_eval``) where the config evaluates. ``steps_per_generation`` is read as the config holds it
+    (a script that sets ``generation_batch_size`` instead is held to it in the message).
+
+    Raises:
+        MemlabError: a batch that ``gpus`` processes make which num_generations does not divide; it says which numbers
+            to write.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(per_device_train_batch_size=1, steps_per_generation=1, num_generations=8,
+        ...                        do_eval=False)
+        >>> check_processes(args, 8)
+        >>> check_processes(args, 4)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memlab.errors.MemlabError: this GRPOTrainer on 4 GPUs generates per_device_train_batch_size 1 x 4 processes \
+x steps_per_generation 1 = 4 completions at once ... write per_device_train_batch_size=2, steps_per_generation=2, \
+num_generations=4, or gpus=8 ...
+    """
+    per_device, per_generation = int(args.per_device_train_batch_size), int(args.steps_per_generation)
+    generations = int(args.num_generations)
+    strategy = str(getattr(getattr(args, "eval_strategy", "no"), "value", getattr(args, "eval_strategy", "no")))
+    if getattr(args, "do_eval", False) and strategy != "no":
+        evaluated = int(getattr(args, "num_generations_eval", None) or generations)
+        per_eval = int(args.per_device_eval_batch_size)
+        if per_eval * gpus % evaluated:
+            raise MemlabError(
+                f"this GRPOTrainer on {gpus} GPUs evaluates per_device_eval_batch_size {per_eval} x {gpus} processes "
+                f"= {per_eval * gpus} completions at once, which num_generations_eval={evaluated} does not divide: "
+                "GRPOConfig refuses it as each launched process builds it; write per_device_eval_batch_size="
+                f"{_dividing(per_eval, gpus, evaluated)}, or gpus={_dividing(gpus, per_eval, evaluated)}"
+            )
+    total = per_device * gpus * per_generation
+    if total % generations == 0:
+        return
+    options = [f"per_device_train_batch_size={_dividing(per_device, gpus * per_generation, generations)}",
+               f"steps_per_generation={_dividing(per_generation, per_device * gpus, generations)}"]
+    divisors = [d for d in range(generations - 1, 1, -1) if total % d == 0]
+    options += [f"num_generations={divisors[0]}"] if divisors else []
+    options.append(f"or gpus={_dividing(gpus, per_device * per_generation, generations)}")
+    raise MemlabError(
+        f"this GRPOTrainer on {gpus} GPUs generates per_device_train_batch_size {per_device} x {gpus} processes x "
+        f"steps_per_generation {per_generation} = {total} completions at once (TRL's generation_batch_size), which "
+        f"num_generations={generations} does not divide: GRPOConfig refuses it as each launched process builds it "
+        f"(TRL checked it for the processes this one was built in); write {', '.join(options)} (a script that sets "
+        f"generation_batch_size instead of steps_per_generation: a multiple of "
+        f"{math.lcm(per_device * gpus, generations)})"
+    )
+
+
+def _dividing(value: int, times: int, groups: int) -> int:
+    """The smallest number at least ``value`` that, times ``times``, ``groups`` divides.
+
+    Example:
+        >>> _dividing(1, 4, 8), _dividing(3, 2, 8)
+        (2, 4)
+    """
+    step = groups // math.gcd(groups, times)
+    return -(-value // step) * step
 
 
 def grpo_split(args: Any, plan: Plan) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from memlab.events import StepFinished, TrialStarted
 from memlab.live.batch import LossFn
 from memlab.live.compat import fsdp2_api, propagation_apart
 from memlab.live.quiet import quiet
+from memlab.live.sharding import ZeroSettings
 from memlab.live.structure import trainable_parameters
 from memlab.measure.tracker import CATEGORIES
 from memlab.plan import Plan
@@ -70,6 +71,7 @@ __all__ = [
 DETAIL = (
     "sharded_params",
     "unsharded_params",
+    "persistent_params",
     "sharded_grads",
     "unsharded_grads",
     "optimizer",
@@ -77,7 +79,9 @@ DETAIL = (
     "communication",
     "inputs",
 )
-"""The finer categories of a sharded estimate (:attr:`ShardedTrial.detail`), in bytes per GPU at the peak."""
+"""The finer categories of a sharded estimate (:attr:`ShardedTrial.detail`), in bytes per GPU at the peak:
+``persistent_params`` are ZeRO-3's parameters under ``stage3_param_persistence_threshold``, whole on every GPU
+beside their partition (none under FSDP)."""
 
 FSDP_NOTE = "FSDP2 estimated with fully_shard on fake tensors and a fake process group (FSDPMemTracker)"
 """The note of every FSDP2 dry run."""
@@ -92,6 +96,7 @@ ONE_STREAM_NOTE = (
 _DETAIL_TO_CATEGORY = {
     "sharded_params": "params",
     "unsharded_params": "params",
+    "persistent_params": "params",
     "sharded_grads": "grads",
     "unsharded_grads": "grads",
     "optimizer": "optimizer",
@@ -209,7 +214,8 @@ class ShardedRequest:
     model (a config, a name or a model), the batch ONE GPU sees per micro-step, the plan, the GPUs and the strategy
     that shards them, and what the dry run runs with (the loss, the learning rate, the device, the budget in bytes,
     the GPU kind whose kernels a CUDA estimate emulates, the user's load; ``live_layers``: a Trainer's model whose
-    repeated layers the one-GPU dry runs may carry from a few, as its route asks). The sharded routes take it whole.
+    repeated layers the one-GPU dry runs may carry from a few, as its route asks), and the DeepSpeed settings a ZeRO
+    estimate sizes its buffers by (``zero``). The sharded routes take it whole.
 
     Example:
         >>> request = ShardedRequest("gpt2", {"input_ids": (1, 16)}, Plan(), gpus=2)
@@ -229,6 +235,9 @@ class ShardedRequest:
     gpu: GpuKind | None = None
     load: Mapping[str, Any] | None = None
     live_layers: bool = False
+    zero: ZeroSettings | None = None
+    """DeepSpeed's bucket sizes and persistence threshold a ZeRO estimate uses (a trainer's config read); None:
+    DeepSpeed's defaults."""
 
     def replace(self, **changes: Any) -> ShardedRequest:
         """The same request with ``changes`` (field names as keywords)."""
