@@ -59,7 +59,8 @@ def _trainer(request: EstimateRequest) -> Trial:
     world_size = sharding_note.sharding.world_size if sharding_note else int(getattr(trainer.args, "world_size", 1))
     loaded = partial(with_load, trainer=trainer, own=sharding_note is not None, world_size=world_size)
     # its dry runs put on Liger's kernels as train() would, and hold its reference as the strategy does
-    with liger_kernels(request.model), zero3_gathering_off(), sharded_as(request.strategy):
+    precision = request.plan.precision if isinstance(request.plan, Plan) else None
+    with liger_kernels(request.model), zero3_gathering_off(), sharded_as(request.strategy, precision):
         if kind.estimate is not None:
             trial = cast(Trial, kind.estimate(request))
             if sharding_note is not None:

@@ -29,11 +29,13 @@ from memlab.live.sharding import whole_shape
 from memlab.sizes import format_bytes
 from memlab.techniques.precompute_ref import reference_unloaded
 
-__all__ = ["count_gradients", "gathered_in_forward", "held_while_running", "reference_bytes", "sharded_as",
-           "reference_gradients", "with_reference"]
+__all__ = ["count_gradients", "gathered_in_forward", "held_in_run", "held_while_running", "reference_bytes",
+           "reference_gradients", "sharded_as", "with_reference"]
 
-_STRATEGY: ContextVar[str] = ContextVar("memlab_reference_strategy", default="none")
-"""The strategy the trainer's estimate is made for (:func:`sharded_as`)."""
+_STRATEGY: ContextVar[tuple[str, str | None]] = ContextVar("memlab_reference_strategy", default=("none", None))
+"""The strategy and precision the trainer's estimate is made for (:func:`sharded_as`)."""
+_HELD_IN_RUN: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+"""Each trainer's gathered reference as its last dry run held it (:func:`held_while_running`)."""
 _GRADIENTS: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
 """Each trainer's reference copy's gradients, by parameter, as its last dry run made them (:func:`count_gradients`)."""
 _GRADIENTS_OF: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, int]] = weakref.WeakKeyDictionary()
@@ -69,15 +71,16 @@ def reference_bytes(reference: Any, element_bytes: int | None = None) -> int:
 
 
 @contextlib.contextmanager
-def sharded_as(strategy: str) -> Iterator[None]:
-    """Within the block, a trainer's estimate is made for ``strategy`` (memlab's name, ``"none"`` for one GPU): what
-    its dry run holds of the reference (:func:`gathered_in_forward`) follows it.
+def sharded_as(strategy: str, precision: str | None = None) -> Iterator[None]:
+    """Within the block, a trainer's estimate is made for ``strategy`` (memlab's name, ``"none"`` for one GPU) and
+    the plan's ``precision`` (None: the trainer's own): what its dry run holds of the reference
+    (:func:`gathered_in_forward`) follows them.
 
     Example:
-        >>> with sharded_as("fsdp2"):
+        >>> with sharded_as("fsdp2", "bf16"):
         ...     pass
     """
-    token = _STRATEGY.set(strategy)
+    token = _STRATEGY.set((strategy, precision))
     try:
         yield
     finally:
@@ -87,34 +90,41 @@ def sharded_as(strategy: str) -> Iterator[None]:
 def gathered_in_forward(trainer: Any) -> int:
     """The bytes each rank gathers for the forward of ``trainer``'s reference where the estimate is made for FSDP2
     (:func:`sharded_as`): TRL's ``prepare_fsdp`` puts one ``fully_shard`` on the whole reference, so all of it is
-    gathered, in the mixed-precision parameter dtype. A dry run of the step holds them while the reference's
-    forward runs (:func:`held_while_running`); 0 for any other estimate.
+    gathered, in the mixed-precision parameter dtype (the plan's, else the trainer's ``bf16`` / ``fp16``). A dry
+    run of a loss that runs the reference holds them while its forward runs (:func:`held_while_running`); 0 for any
+    other estimate.
 
     Example:
         >>> from types import SimpleNamespace
         >>> gathered_in_forward(SimpleNamespace(ref_model=None))
         0
     """
+    strategy, precision = _STRATEGY.get()
     reference = getattr(trainer, "ref_model", None)
-    if _STRATEGY.get() != "fsdp2" or reference is None or reference is getattr(trainer, "model", None) \
+    if strategy != "fsdp2" or reference is None or reference is getattr(trainer, "model", None) \
             or not hasattr(reference, "parameters"):
         return 0
-    args = getattr(trainer, "args", None)
-    mixed = bool(getattr(args, "bf16", False) or getattr(args, "fp16", False))
-    return reference_bytes(reference, _MIXED["bf16"] if mixed else None)
+    if precision is None:
+        args = getattr(trainer, "args", None)
+        precision = "bf16" if getattr(args, "bf16", False) or getattr(args, "fp16", False) else "fp32"
+    return reference_bytes(reference, _MIXED.get(precision))
 
 
-def held_while_running(module: torch.nn.Module, size: int) -> None:
-    """Make ``module`` (a dry run's copy of a reference) allocate ``size`` bytes as its forward starts and free them
-    as it ends, as FSDP2's gather and reshard of the whole reference do, so that the step's tracker holds them at the
-    moment they are held; hooked once.
+def held_while_running(trainer: Any, module: torch.nn.Module, size: int) -> None:
+    """Make ``module`` (a dry run's copy of ``trainer``'s reference) allocate ``size`` bytes as its forward starts
+    and free them as it ends, as FSDP2's gather and reshard of the whole reference do, so that the step's tracker
+    holds them at the moment they are held; hooked once. :func:`held_in_run` then says the dry run held them (a
+    GRPOTrainer's loss never runs its reference: TRL computes the reference's log-probs as it generates).
 
     Example:
-        >>> copy = torch.nn.Linear(2, 2)
-        >>> held_while_running(copy, 64)
-        >>> copy(torch.zeros(1, 2)).shape
-        torch.Size([1, 2])
+        >>> class Trainer: ...
+        >>> trainer, copy = Trainer(), torch.nn.Linear(2, 2)
+        >>> held_while_running(trainer, copy, 64)
+        >>> held_in_run(trainer), copy(torch.zeros(1, 2)).shape, held_in_run(trainer)
+        (0, torch.Size([1, 2]), 64)
     """
+    with contextlib.suppress(TypeError):  # an object that takes no weak reference: never said held
+        _HELD_IN_RUN.pop(trainer, None)  # this call's loss is the one that counts
     if size <= 0 or module in _HOLDING:
         return
     _HOLDING.add(module)
@@ -122,12 +132,29 @@ def held_while_running(module: torch.nn.Module, size: int) -> None:
 
     def gather(running: torch.nn.Module, *_: Any) -> None:
         held.append(torch.empty(size, dtype=torch.uint8, device=next(running.parameters()).device))
+        with contextlib.suppress(TypeError):
+            _HELD_IN_RUN[trainer] = size
 
     def reshard(*_: Any) -> None:
         held.clear()
 
     module.register_forward_pre_hook(gather)
     module.register_forward_hook(reshard)
+
+
+def held_in_run(trainer: Any) -> int:
+    """The bytes of the gathered reference the last dry run of ``trainer``'s loss held (:func:`held_while_running`),
+    0 where its loss did not run the reference.
+
+    Example:
+        >>> class Trainer: ...
+        >>> held_in_run(Trainer())
+        0
+    """
+    try:
+        return _HELD_IN_RUN.get(trainer, 0)
+    except TypeError:
+        return 0
 
 
 def count_gradients(trainer: Any, copy: torch.nn.Module) -> None:
@@ -205,7 +232,7 @@ def with_reference(trial: Any, trainer: Any) -> Any:
     gathered = 0
     if gpus > 1 and strategy in ("fsdp2", "zero3"):
         held = -(-whole // gpus)
-        in_forward = gathered_in_forward(trainer) if strategy == "fsdp2" else 0
+        in_forward = held_in_run(trainer) if strategy == "fsdp2" else 0
         if strategy == "fsdp2" and not in_forward:
             gathered = reference_bytes(reference, _MIXED.get(trial.plan.precision))
         how = (f"a reference model's {format_bytes(held)} share under other (of {format_bytes(whole)}, sharded over "

@@ -192,8 +192,9 @@ def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
     if reference is not None and hasattr(reference, "parameters") and reference is not held:
         copies["ref_model"] = untracked_copy(reference, first)
         count_gradients(trainer, copies["ref_model"])
-        if is_traceable_wrapper_subclass(first):  # a sharded dry run: FSDP2 gathers a whole reference as TRL shards it
-            held_while_running(copies["ref_model"], gathered_in_forward(trainer))
+        # a sharded dry run (DTensor weights): FSDP2 gathers a whole reference as TRL shards it
+        gathers = gathered_in_forward(trainer) if is_traceable_wrapper_subclass(first) else 0
+        held_while_running(trainer, copies["ref_model"], gathers)
     accelerator = getattr(trainer, "accelerator", None)
     # A dry run is one rank's step alone: TRL's losses gather and reduce their metrics over the processes, which a
     # fake tensor cannot be sent to (the forked copy a launched rank estimates in has no group, and a trainer set up

@@ -73,7 +73,9 @@ def test_bad_input_is_one_error_that_says_what_to_write(tmp_path: Any) -> None:
         memlab.limits(trainer, memlab.Plan(micro_batch=2), budget="1GiB", vary="rows")
     with pytest.raises(MemlabError, match=r"multiple of 2 .* e.g. multiple=2"):
         memlab.limits(trainer, budget="1GiB", vary="rows", multiple=3)
-    with pytest.raises(MemlabError, match=r"does not take gpus"):
+    with pytest.raises(MemlabError, match=r"does not take batch_size"):
+        memlab.limits(trainer, budget="1GiB", batch_size=2)
+    with pytest.raises(MemlabError, match=r"gpus=2 needs a strategy"):  # per GPU: the sharding says how
         memlab.limits(trainer, budget="1GiB", gpus=2)
     assert trainer.args is args and args.per_device_train_batch_size == 2
     nothing = memlab.limits(trainer, budget="64KiB", multiple=4, device="cpu")

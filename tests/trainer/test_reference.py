@@ -127,15 +127,21 @@ def test_the_sharded_reference_is_each_gpus_share_and_fsdp2_gathers_it(tmp_path:
 
 def test_a_copy_held_while_running_holds_the_gathered_bytes_only_during_its_forward() -> None:
     from memlab.measure.tracker import MemoryTracker
-    from memlab.trainer.reference import held_while_running
+    from memlab.trainer.reference import held_in_run, held_while_running
 
-    module = torch.nn.Linear(4, 4)
-    held_while_running(module, 1 << 20)
-    held_while_running(module, 1 << 20)  # hooked once
+    class Trainer:
+        pass
+
+    trainer, module = Trainer(), torch.nn.Linear(4, 4)
+    held_while_running(trainer, module, 1 << 20)
+    held_while_running(trainer, module, 1 << 20)  # hooked once
+    assert held_in_run(trainer) == 0  # not until the forward runs
     with MemoryTracker(device="cpu") as tracker:
         module(torch.zeros(2, 4))
     assert (1 << 20) <= tracker.peak_bytes < (1 << 20) + 4096
-    assert tracker.live_bytes < 4096
+    assert tracker.live_bytes < 4096 and held_in_run(trainer) == 1 << 20
+    held_while_running(trainer, module, 0)  # the next dry run's loss: nothing held until it runs the reference
+    assert held_in_run(trainer) == 0
 
 
 def test_an_fsdp2_estimate_holds_the_gathered_reference_while_its_forward_runs(tmp_path: Any) -> None:
@@ -184,3 +190,22 @@ def test_a_reference_the_loss_runs_with_grad_on_holds_its_gradients_from_step_1_
     frozen = memlab.estimate(trainer, device="cpu")
     assert reference_gradients(trainer) == 0 and not any("its gradients" in note for note in frozen.notes)
     assert with_grad.peak_bytes - frozen.peak_bytes >= whole
+
+
+def test_where_no_loss_runs_the_reference_under_fsdp2_its_gathered_whole_is_counted_at_the_peak(tmp_path: Any) -> None:
+    # A GRPOTrainer computes its reference's log-probs as it generates, not in its loss; a composed estimate (an
+    # adapter plan) runs the step on one GPU: neither dry run holds the gathered reference, so it is added at the peak.
+    from test_grpo_step import grpo
+
+    policy = grpo(tmp_path / "grpo", "reference")
+    trial = memlab.estimate(policy, gpus=2, strategy="fsdp2", device="cpu")
+    assert trial.status == "ok", trial.error
+    gathered = reference_bytes(policy.ref_model)
+    note = next(note for note in trial.notes if "reference model" in note)
+    assert f"gathered for its forward ({format_bytes(gathered)}), counted at the step's peak" in note
+    trainer = dpo(tmp_path / "dpo", "reference")
+    memlab.estimate(trainer, gpus=2, strategy="fsdp2")  # its loss runs the reference: held in the step
+    composed = memlab.estimate(trainer, memlab.Plan.from_trainer(trainer).replace(adapter="lora"), gpus=2,
+                               strategy="fsdp2")
+    assert composed.status == "ok", composed.error
+    assert "counted at the step's peak" in next(note for note in composed.notes if "reference model" in note)

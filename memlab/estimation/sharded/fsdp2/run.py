@@ -159,6 +159,19 @@ class ShardedTrial(Trial):
     load_host_bytes: int | None = None
 
     @property
+    def verdict_bytes(self) -> int:
+        """The figure a budget verdict judges (:attr:`Trial.verdict_bytes`), or the load's with the CUDA context where
+        it is higher: the run's peak per GPU is then its load, which must fit too.
+
+        Example:
+            >>> t = ShardedTrial(Plan(), "ok", 10, {}, None, None, None, "cpu", gpus=2, strategy="fsdp2", load_bytes=12)
+            >>> t.verdict_bytes
+            12
+        """
+        figure = super().verdict_bytes
+        return figure if self.load_bytes is None else max(figure, self.load_bytes + (self.context_bytes or 0))
+
+    @property
     def label(self) -> str:
         """The plan's label, then the strategy and the number of GPUs (``"ckpt bf16 fsdp2 x8"``), so that the
         trials of several strategies tell apart in one Report (its table and figure).
