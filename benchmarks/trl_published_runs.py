@@ -1,8 +1,8 @@
-"""The GPU memory figures others published for TRL's GRPO and DPO steps, with the settings they ran: the rows
+"""The GPU memory figures others published for TRL's GRPO, DPO and SFT steps, with the settings they ran: the rows
 :mod:`benchmarks.trl_vs_published` estimates (``RUNS``) and those it cannot compare, with why (``NOT_EXPRESSED``).
 Its docstring names each source and what its figure measures; every number here is quoted from them, and each row's
 trainer is built with the keywords its source wrote (``load``: ``from_pretrained``'s, ``lora``: ``LoraConfig``'s,
-``settings``: ``GRPOConfig``'s or ``DPOConfig``'s).
+``settings``: ``GRPOConfig``'s, ``DPOConfig``'s or ``SFTConfig``'s).
 """
 
 from __future__ import annotations
@@ -72,6 +72,46 @@ def qwen2_7b_instruct() -> Any:
                        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
 
 
+def tiny_aya_global() -> Any:
+    """CohereLabs/tiny-aya-global's config (a Cohere2 shape), as rasbt/LLMs-from-scratch@50be26871e06
+    ``ch05/15_tiny-aya/standalone-tiny-aya.ipynb`` writes it out (``TINY_AYA_CONFIG``, whose 3,349,227,520 parameters
+    this config has too): hidden 2,048, intermediate 11,008, 36 layers (three sliding-window ones of 4,096 to each
+    full one), 16 heads, 4 KV heads of 128, vocab 262,144, tied embeddings, rope 50,000. Its maximum position (500,000
+    or 8,192) sizes no tensor: Cohere2's rotary embedding holds the inverse frequencies only."""
+    from transformers import Cohere2Config
+
+    return Cohere2Config(vocab_size=262_144, hidden_size=2048, intermediate_size=11_008, num_hidden_layers=36,
+                         num_attention_heads=16, num_key_value_heads=4, sliding_window=4096,
+                         layer_types=(["sliding_attention"] * 3 + ["full_attention"]) * 9, layer_norm_eps=1e-5,
+                         logit_scale=1.0, tie_word_embeddings=True, attention_bias=False, bos_token_id=2,
+                         eos_token_id=3, pad_token_id=0, max_position_embeddings=500_000,
+                         rope_parameters={"rope_type": "default", "rope_theta": 50_000.0})
+
+
+NEMOTRON_3_NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+"""Nemotron 3 Nano 30B-A3B's 52 layers: 23 Mamba-2 (M), 23 MoE (E) and 6 attention (*)."""
+
+
+def nemotron_3_nano_30b() -> Any:
+    """nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16's config.json, as jax-ml/jax-llm-examples@8b4b24602e06
+    ``nemotron3/tests/test_model.py`` copies it whole (``NEMOTRON3_30B_JSON``): hidden 2,688, the 52 layers of
+    :data:`NEMOTRON_3_NANO_PATTERN`, Mamba-2 with 64 heads of 64 and a state of 128, 32 attention heads and 2 KV
+    heads of 128, 128 routed experts of 1,856 (6 a token) and a shared one of 3,712, relu2, vocab 131,072, untied;
+    31,577,937,344 parameters. Attention is ``eager``, as the notebook's ``from_pretrained`` asks."""
+    from transformers import NemotronHConfig
+
+    return NemotronHConfig(
+        hidden_size=2688, hybrid_override_pattern=NEMOTRON_3_NANO_PATTERN, num_hidden_layers=52, mamba_num_heads=64,
+        mamba_head_dim=64, ssm_state_size=128, n_groups=8, conv_kernel=4, expand=2, chunk_size=128,
+        num_attention_heads=32, num_key_value_heads=2, head_dim=128, intermediate_size=1856,
+        moe_intermediate_size=1856, moe_shared_expert_intermediate_size=3712, n_routed_experts=128,
+        n_shared_experts=1, num_experts_per_tok=6, n_group=1, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=2.5, mlp_hidden_act="relu2", vocab_size=131_072, tie_word_embeddings=False,
+        layer_norm_epsilon=1e-5, residual_in_fp32=False, max_position_embeddings=262_144,
+        mamba_ssm_cache_dtype="float32", use_conv_bias=True, mamba_proj_bias=False, time_step_min=0.001,
+        time_step_max=0.1, time_step_floor=1e-4, rope_theta=10_000, attn_implementation="eager")
+
+
 def tiny_qwen3() -> Any:
     """A two-layer Qwen3 for the smoke run."""
     from transformers import Qwen3Config
@@ -96,6 +136,11 @@ LOSSES = {
     "liger-0.26.2": "TRL 0.26.2's compute_liger_loss (the backbone's hidden states into Liger's "
                     "LigerFusedLinearGRPOLoss with the LM head's weight, outside the model's autocast as TRL "
                     "0.26.2's _ForwardRedirection calls it) on the installed TRL's GRPOTrainer",
+    "sft-logits": "TRL 0.28 and 0.29's SFTTrainer.compute_loss on the installed TRL's SFTTrainer: the model's own loss "
+                  "over the logits (transformers' ForCausalLMLoss, in float32), then the entropy (in chunks of 128 "
+                  "rows) and the argmax token accuracy from the same logits without gradients; TRL 1.16 scores the "
+                  "tokens through a fused LM head that never holds the logits "
+                  "(benchmarks.trl_vs_published.logits_sft_trainer)",
 }
 """How a row's loss is computed: the installed TRL's own, or the source's TRL's as copied here."""
 
@@ -115,12 +160,14 @@ class Run:
     published: float
     source: str
     kind: str = "grpo"
+    """The TRL trainer built: ``grpo``, ``dpo`` or ``sft``."""
     unit: str = "GiB"
     published_reserved: float | None = None
     prompt_tokens: int = 11
     """The prompts' length in tokens (the dataset's longest, as memlab picks the costliest batch): assumed."""
     completion_tokens: int = 96
-    """GRPO: ``max_completion_length``; DPO: the chosen and rejected answers' tokens."""
+    """GRPO: ``max_completion_length``; DPO: the chosen and rejected answers' tokens; SFT: each row's tokens (plain
+    text, the data set's longest as the trainer cuts it at ``max_length``)."""
     load: dict[str, Any] = field(default_factory=lambda: dict(PROBE_LOAD))
     lora: dict[str, Any] = field(default_factory=lambda: dict(PROBE_LORA))
     settings: dict[str, Any] = field(default_factory=lambda: dict(PROBE_SETTINGS))
@@ -203,6 +250,44 @@ TRL_GRPO_VAGUE = (
     "the prompts' length is not given: the system prompt (369 characters) in Qwen2's chat template is about 90 "
     "tokens; the longest NuminaMath-TIR problem among the 500 the run drew is not known here (the notebook's first "
     "is 141 characters, about 45 tokens): assumed 256 tokens in all for the longest prompt")
+# TRL's SFT notebooks (their runs dated by the trackio run ids they print; TRL's latest release that day). Neither
+# sets gradient_checkpointing or bf16: SFTConfig's defaults, True both, in trl 0.28 and 0.29 as in 1.16.
+TRL_SFT_TOOLS = ("huggingface/trl examples/notebooks/sft_tool_calling.ipynb (9fc9a7dce, PR #5123; run 2026-02-18: "
+                 "trl 0.28.0)")
+TRL_SFT_TOOLS_SETTINGS: dict[str, Any] = {
+    "per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "warmup_steps": 5, "learning_rate": 2e-4,
+    "optim": "paged_adamw_8bit", "logging_steps": 1, "max_length": 1024, "activation_offloading": True}
+TRL_SFT_TOOLS_DIFFERS = (
+    "the run's peak spans the loading (4.648 GiB reserved before training: the load's own transients included), the "
+    "trainer's construction and 5 optimizer steps, memlab's one steady step; built with the installed TRL (1.16) "
+    "running trl 0.28's compute_loss (the logits over the 262,144-token vocabulary); TRL's activation offloading "
+    "(its context needs an accelerator to be built) estimated as memlab's offload='activations', which moves every "
+    "saved tensor (TRL's keeps the output head's on the GPU); the printed cells are not all the committed code's: "
+    "dataset['train'][0] prints 'messages' rows and the SFTTrainer cell tokenized an eval set, where the code makes "
+    "prompt-completion rows and passes none: the run behind the figure may have had other settings too")
+TRL_SFT_TOOLS_VAGUE = (
+    "the rows' token lengths are not printed: each is the tool-aware chat template's system preamble and two tool "
+    "schemas (about 3,500 characters rendered, 800 to 1,000 tokens) around a short query and its call; assumed every "
+    "row cut at max_length 1,024, the most the config allows")
+TRL_SFT_NEMOTRON = ("huggingface/trl examples/notebooks/sft_nemotron_3.ipynb (6648832df, PR #5272; run 2026-03-10: "
+                    "trl 0.29.0, transformers 5.3 or later, mamba-ssm 2.2.5 and causal-conv1d 1.5.2)")
+TRL_SFT_NEMOTRON_SETTINGS: dict[str, Any] = {
+    "per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "num_train_epochs": 1,
+    "learning_rate": 2e-4, "optim": "paged_adamw_8bit", "logging_steps": 10, "max_length": 128,
+    "gradient_checkpointing": False}
+TRL_SFT_NEMOTRON_DIFFERS = (
+    "the run's peak spans the loading (58.939 GiB reserved before training), the trainer's construction and 250 "
+    "optimizer steps, memlab's one steady step; built with the installed TRL (1.16) and transformers (5.24) running "
+    "trl 0.29's compute_loss (the logits over the vocabulary); the LoRA targets name the attention's and the shared "
+    "expert's projections (the 128 routed experts are 3-D parameters, not modules): 3,289,088 trained parameters, "
+    "the run's 13.2 MB adapter in float32; the run had mamba-ssm, so transformers ran each Mamba-2 mixer through its "
+    "fused mamba_split_conv1d_scan_combined, which recomputes the scan in backward, where the dry run (no mamba-ssm "
+    "here) took transformers' PyTorch chunked scan, which keeps 34 MB a Mamba layer for backward at 128 tokens "
+    "(0.7 GiB over the 23): the estimate is high by up to that, about 1% of the figure")
+TRL_SFT_NEMOTRON_VAGUE = (
+    "the rows' token lengths are not printed: each of HuggingFaceH4/Multilingual-Thinking's conversations holds a "
+    "system prompt, a question, a reasoning trace and an answer (the first printed is over 2,000 characters); "
+    "assumed every row cut at max_length 128, the most the config allows")
 _3070 = "RTX 3070 Laptop 8GB"
 RUNS = (
     _probe("Qwen3-1.7B GRPO QLoRA, 8 x (11+96)", "Qwen3-1.7B", _3070, "RTX4090-24GB", 2.744, 3.102,
@@ -255,6 +340,18 @@ RUNS = (
         vague=("the GPU, what was read (allocated, reserved or nvidia-smi), the LoRA alpha and targets and the "
                "prompt / answer split are not given: assumed max_memory_allocated, alpha 32 on q_proj and v_proj "
                "(peft's default for Qwen2), prompts of 64 tokens and answers filling the 2,048")),
+    Run("tiny-aya-global SFT QLoRA r32, 1 x 1024 x 4, A100-40GB", "tiny-aya-global", tiny_aya_global, "A100-40GB",
+        "A100-SXM4-40GB (Colab)", 11.928, f"{TRL_SFT_TOOLS}: 'Peak reserved memory = 11.928 GB' (torch.cuda."
+        "max_memory_reserved() / 2**30 after trainer.train(); 4.648 before it)", kind="sft", measures="reserved",
+        prompt_tokens=0, completion_tokens=1024, load={"dtype": torch.float16, "quantization_config": NF4_DQ_FP16},
+        lora={"r": 32, "lora_alpha": 32, "target_modules": list(ALL_PROJ)}, settings=TRL_SFT_TOOLS_SETTINGS,
+        loss="sft-logits", differs=TRL_SFT_TOOLS_DIFFERS, vague=TRL_SFT_TOOLS_VAGUE),
+    Run("Nemotron-3-Nano-30B-A3B SFT LoRA r8, 1 x 128 x 4, A100-80GB", "NVIDIA-Nemotron-3-Nano-30B-A3B",
+        nemotron_3_nano_30b, "A100-80GB", "A100-SXM4-80GB", 61.922, f"{TRL_SFT_NEMOTRON}: 'Peak reserved memory = "
+        "61.922 GB' (torch.cuda.max_memory_reserved() / 2**30 after trainer.train(); 58.939 before it)", kind="sft",
+        measures="reserved", prompt_tokens=0, completion_tokens=128, load={"dtype": torch.bfloat16},
+        lora={"r": 8, "lora_alpha": 16, "target_modules": list(ALL_PROJ)}, settings=TRL_SFT_NEMOTRON_SETTINGS,
+        loss="sft-logits", differs=TRL_SFT_NEMOTRON_DIFFERS, vague=TRL_SFT_NEMOTRON_VAGUE),
 )
 """The published runs memlab can express, each with its source."""
 
@@ -312,24 +409,12 @@ NOT_EXPRESSED = (
             "policy's weights would be a guess of 3 GiB; TRL 0.24's SFTTrainer also ran Liger's fused linear "
             "cross-entropy in the model's forward, and the data set's longest conversation (HuggingFaceH4/"
             "Multilingual-Thinking, cut at max_length 1,024) is not given"},
-    {"run": "CohereLabs/tiny-aya-global SFT QLoRA r32 on an A100-40GB, 1 x 1,024 x 4 accumulation",
-     "source": "huggingface/trl examples/notebooks/sft_tool_calling.ipynb (9fc9a7dce, PR #5123)",
-     "published": "11.928 GiB max_memory_reserved (4.648 before training)",
-     "why": "the model's config.json (a Cohere2 shape) is not readable here and memlab knows no config of it by name "
-            "(configs.KNOWN_SHAPES; nothing is downloaded), so its shape would be a guess"},
     {"run": "Ministral 3 3B VL SFT on a T4 (a QLoRA VLM)",
      "source": "huggingface/trl examples/notebooks/sft_ministral3_vl.ipynb (903b57dd8, PR #4626)",
      "published": "13.881 GiB max_memory_reserved (6.346 before training)",
      "why": "mistralai/Ministral-3-3B-Instruct-2512-BF16's config.json (its text model and its Pixtral vision "
             "tower) and its image processor's settings (the patches an image makes) are not readable here: the "
             "vision tower's shape and the image tokens a row holds would be guesses"},
-    {"run": "Nemotron 3 Nano 30B-A3B LoRA SFT on an A100-80GB (an MoE)",
-     "source": "huggingface/trl examples/notebooks/sft_nemotron_3.ipynb (6648832df, PR #5272)",
-     "published": "61.922 GiB max_memory_reserved (58.939 before training)",
-     "why": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 is a hybrid of Mamba-2, attention and MoE layers (128 "
-            "routed experts and a shared one, as NVIDIA's pages describe it) whose config.json values (hidden "
-            "size, the layer pattern, the Mamba heads, the experts' widths) are not readable here; published "
-            "descriptions give counts, not the shape"},
     {"run": "Qwen2.5-7B DPO LoRA with precompute_ref_log_probs=True",
      "source": "odyn-network/benchmark-finetune-dpo-v1, quoting superkaiba/explore-persona-space issue #36",
      "published": "31.09 GB",

@@ -1,15 +1,18 @@
-"""memlab's estimate of TRL's GRPO and DPO steps against GPU memory figures that others published (issues 59, 83).
+"""memlab's estimate of TRL's GRPO, DPO and SFT steps against GPU memory figures that others published (issues 59, 83).
 
 Each row is a run someone measured on a named GPU, with the settings they published. memlab builds the trainer
 each source built, the way it built it, on this CPU and on the meta device (no weight exists, nothing is
 downloaded): the model's config written from the Hub's ``config.json`` values (:mod:`benchmarks.trl_published_runs`),
 ``memlab.model_on_meta(config, **load)`` with the source's ``from_pretrained`` keywords (its ``dtype`` and
 ``BitsAndBytesConfig``: transformers' own quantizer puts bitsandbytes' layers in place), the source's
-``LoraConfig``, and ``memlab.trainer_on_meta(trl.GRPOTrainer or trl.DPOTrainer, args=GRPOConfig/DPOConfig(...))``
+``LoraConfig``, and ``memlab.trainer_on_meta(trl.GRPOTrainer, trl.DPOTrainer or trl.SFTTrainer, args=...Config(...))``
 with the keywords the source wrote (``optim``, ``use_liger_kernel``, ``gradient_checkpointing``, batch,
 generations, lengths); TRL casts a quantized model's adapters itself. ``memlab.estimate(trainer, gpu=...)`` then
 estimates the step for the GPU kind the row names: a GRPO step's generation (transformers' ``generate``, every
-completion at ``max_completion_length``) and its training micro-batches, a DPO step with its peft reference.
+completion at ``max_completion_length``) and its training micro-batches, a DPO step with its peft reference, an SFT
+step on rows of the length assumed. TRL's ``activation_offloading=True`` cannot be built without an accelerator
+(its context asks for one): the trainer is built without it and estimated with its plan's ``offload="activations"``,
+as ``memlab estimate --trainer sft --activation-offloading`` does.
 
 Where the installed TRL (1.16) computes the loss differently from the source's TRL, the row's ``loss`` says how the
 source's is run (:data:`benchmarks.trl_published_runs.LOSSES`), on the installed TRL's trainer:
@@ -30,6 +33,10 @@ source's is run (:data:`benchmarks.trl_published_runs.LOSSES`), on the installed
   its Gemma modules name: :func:`hybrid_cache_stand_in`). The
   same notebook built as the installed TRL runs it (its own loss, liger-kernel's installed patches) is estimated too
   and recorded beside the row (``installed_trl``), not compared: it is not the run that printed the figure.
+- ``sft-logits`` (TRL 0.28 and 0.29, TRL's SFT notebooks): ``SFTTrainer.compute_loss`` as those releases ran it
+  (:func:`logits_sft_trainer`): the model's own loss over the logits, then the entropy and the token accuracy from
+  the same logits, where TRL 1.16 scores the tokens through a fused LM head that never holds them. The installed
+  TRL's estimate is recorded beside the row too (``installed_trl``).
 
 The result records per row what the published figure measures (``allocated``: ``torch.cuda.max_memory_allocated``;
 ``reserved``: ``max_memory_reserved``; ``card``: nvidia-smi, the reserve and the CUDA context) and the estimate /
@@ -69,11 +76,25 @@ Sources (every number below is quoted from them):
   optim="paged_adamw_8bit", use_liger_kernel=True, gradient_checkpointing=True)``, bf16 and beta 0 by TRL's
   defaults: "Peak reserved memory = 8.832 GB" (``max_memory_reserved() / 2**30``, never reset: the loading's
   6.773 included), and its table's 9.6 GB for the same configuration on an A100-40GB (what was read not said).
-  TRL's SFT notebooks are in ``NOT_EXPRESSED``, with why.
+- huggingface/trl ``examples/notebooks/sft_tool_calling.ipynb`` (9fc9a7dce, PR #5123; its trackio run of 2026-02-18:
+  trl 0.28.0): CohereLabs/tiny-aya-global ``from_pretrained(dtype=torch.float16, BitsAndBytesConfig(load_in_4bit,
+  fp16 compute, double quant, nf4))``, LoRA r=32 on every projection, ``SFTConfig(per_device_train_batch_size=1,
+  gradient_accumulation_steps=4, optim="paged_adamw_8bit", max_length=1024, activation_offloading=True)``
+  (checkpointing and bf16 by TRL's defaults) on an A100-SXM4-40GB: "Peak reserved memory = 11.928 GB"
+  (``max_memory_reserved() / 2**30``, 4.648 before training). Its config is rasbt/LLMs-from-scratch@50be26871e06's
+  ``ch05/15_tiny-aya/standalone-tiny-aya.ipynb`` (``TINY_AYA_CONFIG``).
+- huggingface/trl ``examples/notebooks/sft_nemotron_3.ipynb`` (6648832df, PR #5272; its run of 2026-03-10: trl
+  0.29.0, mamba-ssm 2.2.5): nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 ``from_pretrained(dtype=torch.bfloat16,
+  attn_implementation="eager")``, LoRA r=8 on q/k/v/o/gate/up/down, ``SFTConfig(per_device_train_batch_size=1,
+  gradient_accumulation_steps=4, optim="paged_adamw_8bit", max_length=128, gradient_checkpointing=False)`` on an
+  A100-SXM4-80GB: "Peak reserved memory = 61.922 GB" (58.939 before training). Its config.json is the one
+  jax-ml/jax-llm-examples@8b4b24602e06's ``nemotron3/tests/test_model.py`` copies (``NEMOTRON3_30B_JSON``).
+  TRL's other SFT notebooks are in ``NOT_EXPRESSED``, with why.
 
 Run from the repository root (no GPU needed; about 10 minutes on 2 cores)::
 
     python -m benchmarks.trl_vs_published
+    python -m benchmarks.trl_vs_published --only SFT --out /tmp   # the rows whose name holds "SFT"
 """
 
 from __future__ import annotations
@@ -210,6 +231,37 @@ def liger_grpo_trainer() -> type:
     return LigerLossGRPOTrainer
 
 
+def logits_sft_trainer() -> type:
+    """The installed TRL's SFTTrainer whose ``compute_loss`` is TRL 0.28's (0.29's is the same without Liger), copied:
+    transformers' ``Trainer.compute_loss`` (the model's own loss over the logits, ``ForCausalLMLoss`` in float32), then
+    without gradients the entropy of every position (:func:`entropy_from_logits`, in chunks of 128 rows) and the
+    argmax token accuracy from a contiguous copy of the shifted logits, ``outputs`` alive throughout as TRL keeps it.
+    TRL 1.16 computes the same figures through its fused LM head (``fused_lm_head=True``), which never holds the
+    logits; without that keyword its patched forward is the model's own."""
+    import transformers
+    import trl
+
+    class LogitsSFTTrainer(trl.SFTTrainer):  # type: ignore[misc]
+        def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            labels = inputs["labels"]
+            inputs["use_cache"] = False
+            loss, outputs = transformers.Trainer.compute_loss(self, model, inputs, return_outputs=True,
+                                                              num_items_in_batch=num_items_in_batch)
+            with torch.no_grad():
+                per_token_entropy = entropy_from_logits(outputs.logits)
+                mask = inputs["attention_mask"]
+                entropy = torch.sum(per_token_entropy * mask) / mask.sum()
+                predictions = outputs.logits[..., :-1, :].contiguous().argmax(dim=-1)
+                shift_labels = labels[..., 1:].contiguous()
+                counted = shift_labels != -100
+                accuracy = ((predictions == shift_labels) & counted).sum() / counted.sum().clamp(min=1)
+            self.logits_metrics = (entropy, accuracy)  # TRL logs their .item(), which fake tensors have not
+            return (loss, outputs) if return_outputs else loss
+
+    return LogitsSFTTrainer
+
+
 def _zero_reward(completions: list[Any], **_: Any) -> list[float]:
     return [0.0 for _ in completions]
 
@@ -217,9 +269,10 @@ def _zero_reward(completions: list[Any], **_: Any) -> list[float]:
 def build_trainer(run: Run, folder: Path, *, loss: str | None = None, liger_patches: bool | None = None,
                   prompt_tokens: int | None = None) -> Any:
     """``run``'s trainer as its source built it, on the meta device: ``memlab.model_on_meta(config, **run.load)``,
-    the source's LoRA and TRL config keywords, ``memlab.trainer_on_meta``; prompts (and DPO answers) of the row's
-    lengths in a word-level tokenizer (an estimate reads their lengths only). ``loss`` replaces the row's (a key of
-    :data:`LOSSES`); ``liger_patches`` False builds it with ``use_liger_kernel=False``."""
+    the source's LoRA and TRL config keywords, ``memlab.trainer_on_meta``; prompts (and DPO answers, SFT rows) of the
+    row's lengths in a word-level tokenizer (an estimate reads their lengths only). ``loss`` replaces the row's (a key
+    of :data:`LOSSES`); ``liger_patches`` False builds it with ``use_liger_kernel=False``. TRL's
+    ``activation_offloading`` is left off the config (:func:`estimate_trainer` estimates it as memlab's offload)."""
     import peft
     import trl
     from datasets import Dataset
@@ -235,6 +288,7 @@ def build_trainer(run: Run, folder: Path, *, loss: str | None = None, liger_patc
     settings = dict(run.settings)
     if liger_patches is False:
         settings["use_liger_kernel"] = False
+    settings.pop("activation_offloading", None)  # TRL's context needs an accelerator to be built
     common_args = dict(output_dir=str(folder), report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True)
     lora = peft.LoraConfig(task_type="CAUSAL_LM", **run.lora)
     rows = settings.get("per_device_train_batch_size", 8) * settings.get("gradient_accumulation_steps", 1)
@@ -245,6 +299,11 @@ def build_trainer(run: Run, folder: Path, *, loss: str | None = None, liger_patc
         return memlab.trainer_on_meta(trl.DPOTrainer, model=policy, args=trl.DPOConfig(**common_args, **settings),
                                       train_dataset=Dataset.from_list(pairs), processing_class=tokenizer,
                                       peft_config=lora)
+    if run.kind == "sft":
+        texts = Dataset.from_list([{"text": _words(run.completion_tokens, i)} for i in range(max(rows, 8))])
+        sft_class = logits_sft_trainer() if loss == "sft-logits" else trl.SFTTrainer
+        return memlab.trainer_on_meta(sft_class, model=policy, args=trl.SFTConfig(**common_args, **settings),
+                                      train_dataset=texts, processing_class=tokenizer, peft_config=lora)
     trainer_class = liger_grpo_trainer() if loss == "liger-0.26.2" else trl.GRPOTrainer
     prompts = Dataset.from_list([{"prompt": _words(prompt, i)} for i in range(max(rows, 8))])
     trainer = memlab.trainer_on_meta(trainer_class, model=policy, args=trl.GRPOConfig(**common_args, **settings),
@@ -270,11 +329,16 @@ def paged_state_bytes(trainer: Any) -> int:
 
 def estimate_trainer(run: Run, folder: Path, **build: Any) -> dict[str, Any]:
     """``memlab.estimate`` of :func:`build_trainer`'s trainer for ``run.gpu``: the peak, the reserve, the paged
-    state outside it, each phase's highest, and the estimate's notes."""
+    state outside it, each phase's highest, and the estimate's notes. A row with TRL's ``activation_offloading`` is
+    estimated with the trainer's own plan and its saved activations offloaded (what TRL's context does)."""
     import memlab
 
     trainer = build_trainer(run, folder, **build)
-    trial = memlab.estimate(trainer, gpu=run.gpu)
+    plan = None
+    if run.settings.get("activation_offloading"):
+        own = memlab.Plan.from_trainer(trainer)
+        plan = own.replace(offload="all" if own.offload == "optimizer" else "activations")
+    trial = memlab.estimate(trainer, plan, gpu=run.gpu)
     if trial.status != "ok":
         return {"status": trial.status, "error": trial.error}
     phases = trial.timeline.phase_peaks() if trial.timeline is not None else {}
@@ -345,11 +409,17 @@ def _compared(run: Run, result: dict[str, Any]) -> int:
             "card": reserved + result["context_bytes"]}[run.measures]
 
 
+TRAINERS = {"grpo": "GRPOTrainer", "dpo": "DPOTrainer", "sft": "SFTTrainer"}
+"""The TRL trainer class of each row kind."""
+
+
 def how_estimated(run: Run) -> str:
     """In words, how the row was estimated: the trainer built as its source built it, and its loss."""
-    trainer = "DPOTrainer" if run.kind == "dpo" else "GRPOTrainer"
-    said = (f"memlab.trainer_on_meta(trl.{trainer}) around memlab.model_on_meta(config, **load), estimated with "
-            f"memlab.estimate(trainer, gpu='{run.gpu}'); loss: {LOSSES[run.loss]}")
+    said = (f"memlab.trainer_on_meta(trl.{TRAINERS[run.kind]}) around memlab.model_on_meta(config, **load), "
+            f"estimated with memlab.estimate(trainer, gpu='{run.gpu}'); loss: {LOSSES[run.loss]}")
+    if run.settings.get("activation_offloading"):
+        said += ("; TRL's activation_offloading as memlab's offload='activations' (the trainer built without it: "
+                 "TRL's context needs an accelerator)")
     if run.liger:
         said += (f"; liger-kernel {run.liger} (the run's) in a process of its own, its model patches on (imported "
                  "under transformers 5 with a stand-in for the HybridCache class its Gemma modules name)")
@@ -361,12 +431,12 @@ def estimate_run(run: Run, folder: Path) -> dict[str, Any]:
     started = time.perf_counter()
     result = estimate_in_process_of_its_own(run, folder) if run.liger else estimate_trainer(run, folder)
     installed = None
-    if run.liger and result.get("status") == "ok":  # the same notebook as the installed TRL runs it
-        installed = estimate_trainer(run, folder, loss="trl")
+    if (run.liger or (run.kind == "sft" and run.loss != "trl")) and result.get("status") == "ok":
+        installed = estimate_trainer(run, folder, loss="trl")  # the same notebook as the installed TRL runs it
     seconds = time.perf_counter() - started
     unit = UNITS[run.unit]
     row: dict[str, Any] = {
-        "run": run.name, "trainer": "DPOTrainer" if run.kind == "dpo" else "GRPOTrainer", "model": run.model,
+        "run": run.name, "trainer": TRAINERS[run.kind], "model": run.model,
         "card": run.card, "gpu_estimated_for": run.gpu, "source": run.source, "estimated": how_estimated(run),
         "load": run.load, "lora": run.lora, "settings": run.settings, "loss": run.loss,
         "prompt_tokens": run.prompt_tokens, "completion_tokens": run.completion_tokens,
@@ -397,8 +467,9 @@ def estimate_run(run: Run, folder: Path) -> dict[str, Any]:
         row["ratio_at_prompt_tokens"] = at_prompts
     if installed is not None and installed.get("status") == "ok":
         row["installed_trl"] = {
-            "what": "the same notebook built with the installed TRL's GRPOTrainer (its own loss, the installed "
-                    "liger-kernel's model patches), not the run that printed the figure",
+            "what": f"the same notebook built with the installed TRL's {TRAINERS[run.kind]} (its own loss"
+                    + (", the installed liger-kernel's model patches" if run.liger else "")
+                    + "), not the run that printed the figure",
             "memlab": common.rounded(_compared(run, installed) / unit, 3),
             "ratio": common.rounded(_compared(run, installed) / published, 3), "peak_phase": installed["phase"]}
     return row
@@ -414,7 +485,7 @@ def markdown(rows: list[dict[str, Any]], not_expressed: list[dict[str, Any]]) ->
         | r | a/b#1 | 1 GB | w |
     """
     loss_words = {"trl": "installed TRL's", "logits": "trl 1.12's (logits)", "logits-1.9.2": "trl 1.9.2's (logits)",
-                  "liger-0.26.2": "TRL 0.26.2's Liger"}
+                  "liger-0.26.2": "TRL 0.26.2's Liger", "sft-logits": "TRL 0.28/0.29's SFT (logits)"}
     compared = common.markdown_table(
         ["run", "card", "published", "memlab", "ratio", "reserved: published", "memlab", "ratio",
          "paged state", "peak in", "loss", "vague"],
@@ -461,7 +532,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     size = "smoke" if args.smoke else "published"
     payload = {
         **common.metadata_for(NAME, torch.device("cpu"), size),
-        "what": ("memlab.estimate of TRL GRPO and DPO trainers others published, each built on the meta device as "
+        "what": ("memlab.estimate of TRL GRPO, DPO and SFT trainers others published, each built on the meta device as "
                  "its source built it, made on this CPU for the GPU kind each row names (the module's docstring "
                  "says how)"),
         "rows": rows, "not_expressed": not_expressed,

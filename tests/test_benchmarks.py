@@ -439,6 +439,38 @@ def test_trl_vs_published_builds_the_notebooks_trainer_as_it_was_built(load: Any
     assert result["reserved_bytes"] > result["paged_bytes"] > 0
 
 
+def test_trl_vs_published_builds_the_sft_notebooks_trainer_as_it_was_built(load: Any, tmp_path: Path) -> None:
+    """The tool-calling SFT notebook's row, at a tiny size: an SFTTrainer around a policy loaded as its
+    from_pretrained loads it (fp16, NF4 with fp16 compute), TRL's bf16 cast of the adapters, trl 0.28's loss over
+    the logits, rows of the length assumed; TRL's activation offloading (its context needs an accelerator) left
+    off the config and estimated as memlab's offload of the saved activations."""
+    import dataclasses
+
+    import torch
+    import trl
+    from transformers import Cohere2Config
+
+    runner = load("trl_vs_published")
+    (notebook,) = [run for run in runner.RUNS if run.name.startswith("tiny-aya-global SFT")]
+
+    def tiny() -> Any:
+        return Cohere2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, logit_scale=1.0)
+
+    run = dataclasses.replace(notebook, config=tiny, completion_tokens=12,
+                              settings={**notebook.settings, "max_length": 12})
+    trainer = runner.build_trainer(run, tmp_path)
+    assert isinstance(trainer, trl.SFTTrainer) and type(trainer).__name__ == "LogitsSFTTrainer"
+    assert trainer.model.is_loaded_in_4bit and not trainer.args.activation_offloading
+    assert trainer.args.gradient_checkpointing and trainer.args.bf16  # SFTConfig's defaults, as the notebook ran
+    assert {p.dtype for p in trainer.model.parameters() if p.requires_grad} == {torch.bfloat16}
+    row = runner.estimate_run(run, tmp_path)
+    assert row["status"] == "ok", row.get("error")
+    assert row["trainer"] == "SFTTrainer" and "offload='activations'" in row["estimated"]
+    assert row["installed_trl"]["memlab"] > 0  # TRL 1.16's own loss estimated beside it
+    assert any("offload estimated as a GPU runs it" in note for note in row["notes"])
+
+
 def test_trl_vs_published_logits_path_scores_as_the_installed_trl(load: Any, tmp_path: Path) -> None:
     """The benchmark's copy of trl 1.12's log-probs (the logits over the vocabulary, its own selective log-softmax)
     gives the installed TRL's fused LM head's values, on the same tiny model and tokens."""
