@@ -251,13 +251,16 @@ def test_two_zero3_ranks_hold_what_the_load_says_while_from_pretrained_partition
     # DeepSpeed's CPU accelerator: a rank's "GPU" is this host too, so each rank's peak while from_pretrained runs is
     # its GPU figure (its partition, one module gathered whole, the buffers), and rank 0's adds the checkpoint it
     # alone reads. Measured (2026-11-29): rank 1 2,361,728 bytes, the figure exactly; rank 0 6,036,352 and 6,036,864
-    # in two runs, the figure 6,036,480 (a few hundred bytes of DeepSpeed's own come and go).
+    # in two runs, the figure 6,036,480 (a few hundred bytes of DeepSpeed's own come and go). With the other core busy,
+    # some runs held one or two 128 x 128 weights more (+64 KiB, +128 KiB): a weight of the module before still whole
+    # as the next is gathered, which depends on timing; the bound allows two.
     from ranks import run_zero3_ranks
 
     rank0, rank1 = run_zero3_ranks(tmp_path, ZERO3_LOAD, hidden=128, intermediate=256, vocab=1024, timeout=600)
     assert rank0["partitioned"] and rank1["partitioned"]
-    assert abs(rank1["peak"] - rank1["gpu"]) <= 1024, rank1
-    assert abs(rank0["peak"] - (rank0["gpu"] + rank0["checkpoint"])) <= 1024, rank0
+    slack = 2 * 128 * 128 * 4 + 1024
+    assert -1024 <= rank1["peak"] - rank1["gpu"] <= slack, rank1
+    assert -1024 <= rank0["peak"] - (rank0["gpu"] + rank0["checkpoint"]) <= slack, rank0
 
 
 FSDP_LOAD = '''
