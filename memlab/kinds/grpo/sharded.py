@@ -145,12 +145,15 @@ def sharded_grpo_step(training: ShardedTrial, settings: VLLMSettings | None, sou
         reference_share = -(-reference_bytes(trainer.ref_model) // gpus)
     detail = training.detail
     unit = detail.get("unsharded_params", 0)
-    weights_held = detail.get("sharded_params", 0) + (unit if strategy == "zero2" else 0)
+    # ZeRO-3's persistent parameters (under stage3_param_persistence_threshold) stay whole on every rank
+    weights_held = detail.get("sharded_params", 0) + detail.get("persistent_params", 0) + (
+        unit if strategy == "zero2" else 0)
     grads_held = detail.get("sharded_grads", 0) if strategy == "zero3" else 0
     buckets = detail.get("communication", 0) if strategy.startswith("zero") else 0
     held = {"params": weights_held, "grads": grads_held, "optimizer": detail.get("optimizer", 0),
             "activations": 0, "other": reference_share + buckets}
     element = 2 if training.plan.precision in ("bf16", "fp16") or training.plan.weights == "bf16" else None
+    # a whole gather counted whole, the persistent parameters (whole already) too: their few bytes on a large model
     whole = sum(_parameter_sizes(source.model.parameters(), element))
     phases: list[tuple[str, dict[str, int]]] = []
     said: list[str] = []

@@ -54,8 +54,9 @@ def test_each_rank_generates_and_trains_and_the_peak_is_the_larger_phase(tmp_pat
     whole = _weights(trainer.model)
     if strategy == "zero2":  # whole weights on every rank, nothing gathered
         assert phases["generation"]["params"] == whole
-    elif strategy == "zero3":  # ds3_gather_for_generation: the whole policy over its shard
-        assert phases["generation"]["params"] == trial.detail["sharded_params"] + whole
+    elif strategy == "zero3":  # ds3_gather_for_generation: the whole policy over its shard (persistent ones whole)
+        held = trial.detail["sharded_params"] + trial.detail["persistent_params"]
+        assert phases["generation"]["params"] == held + whole
     else:  # FSDP2 gathers a unit at a time: the head's unit kept, the largest block with the all-gather's buffers
         layers = trainer.model.model.layers
         block, tail = _weights(layers[0]), _weights(trainer.model.lm_head) + _weights(trainer.model.model.norm)
