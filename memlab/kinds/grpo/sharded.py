@@ -84,9 +84,13 @@ def fsdp2_generation_gathers(model: Any, gpus: int, element: int | None) -> tupl
 
     Example:
         >>> import torch
-        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-        >>> fsdp2_generation_gathers(model, 2, None)[0]  # no blocks: the whole model is the root unit
-        0
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> with torch.device("meta"):
+        ...     model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        ...                                          num_attention_heads=2, vocab_size=256))
+        >>> head, block = (256 * 64 + 64) * 4, (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) * 4  # the tail; a block, fp32
+        >>> fsdp2_generation_gathers(model, 2, None)[0] == head + 2 * block + block // 2
+        True
     """
     from memlab.estimation.sharded.fsdp2.units import fsdp2_layout
 
