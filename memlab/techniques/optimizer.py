@@ -20,6 +20,8 @@ from memlab.techniques.core.technique import PlanFields, StepParts, Technique, U
 # Devices whose fused AdamW kernel torch 2.x has (the Trainer's default optim is "adamw_torch_fused" from torch 2.8).
 FUSED_ADAMW_DEVICES = ("cuda", "cpu")
 
+EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit")
+"""bitsandbytes' 8-bit AdamWs: their state is sized, not the weights' dtype (2 bytes a trained weight, and scales)."""
 PAGED_ON_CPU = "paged_adamw8bit pages its state only on CUDA: on cpu this is the unpaged 8-bit AdamW (same state)"
 PAGED_ESTIMATED = (
     "paged_adamw8bit is estimated as the unpaged 8-bit AdamW: its state counted on the device, where it stays "
@@ -73,7 +75,7 @@ def build_optimizer(
     if not parameters:
         raise MemlabError("the model has no trainable parameters; set requires_grad=True on what should train")
     device_type = device_type or parameters[0].device.type
-    if plan.optimizer in ("adamw8bit", "paged_adamw8bit"):
+    if plan.optimizer in EIGHT_BIT_OPTIMIZERS:
         # Imported here: bitsandbytes is heavy and prints at import; `import memlab` must not pull it in.
         import bitsandbytes
 

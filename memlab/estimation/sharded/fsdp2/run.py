@@ -60,7 +60,7 @@ from memlab.runner.collection import without_full_collections
 from memlab.runner.step import TrainingStep
 from memlab.sizes import format_bytes
 from memlab.techniques.accumulation import micro_batches
-from memlab.techniques.optimizer import build_optimizer, state_tensors
+from memlab.techniques.optimizer import EIGHT_BIT_OPTIMIZERS, build_optimizer, state_tensors
 from memlab.techniques.weights import cast_weights
 
 __all__ = [
@@ -129,7 +129,6 @@ FSDP2_REFUSALS = {
 saying what to write instead."""
 
 _HOST_WITH_OFFLOAD = ("sharded_params", "sharded_grads", "optimizer")
-_EIGHT_BIT = ("adamw8bit", "paged_adamw8bit")
 _CPU = torch.device("cpu")
 
 
@@ -349,7 +348,8 @@ def _fsdp2_step(request: ShardedRequest, run_on: Callable[[Any, LayerPaths | Non
     not): from dry runs of five layers and four where the model's layers repeat
     (:mod:`memlab.estimation.sharded.fsdp2.depth`), else of every layer."""
     plan = request.plan
-    shallow = shallow_model(request.model) if plan_carries(plan) and plan.optimizer not in _EIGHT_BIT else None
+    carried = plan_carries(plan) and plan.optimizer not in EIGHT_BIT_OPTIMIZERS
+    shallow = shallow_model(request.model) if carried else None
     run = None
     if shallow is not None and shallow.carries(FSDP2_EDGE):
         runs = {layers: run_on(shallow.shallow(layers), shallow.paths)
@@ -419,7 +419,7 @@ def _fsdp2_run(request: ShardedRequest, emulate: bool, paths: LayerPaths | None 
                      "optimizer state are fp32, the step computes in the policy's dtype")
     if plan.offloads_activations:
         notes.append("activation offload is not estimated sharded: shown as no change")
-    eight_bit = plan.optimizer in _EIGHT_BIT
+    eight_bit = plan.optimizer in EIGHT_BIT_OPTIMIZERS
     # One micro-step of one GPU: the first micro-batch of the plan (the step's own row selection), run as a step of
     # one micro-batch. bitsandbytes cannot run on fake tensors: AdamW runs, and its state is replaced below.
     part = micro_batches(setup.batch, plan)[0]
