@@ -131,12 +131,14 @@ def fsdp2_held(model, optimizer):
 FSDP2_ARGS = 'fsdp=True, fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}'
 
 
-def run_fsdp2_ranks(folder: Path, body: str, *, hidden: int, intermediate: int, vocab: int,
-                    timeout: float = 900) -> list[dict[str, Any]]:
+def run_fsdp2_ranks(folder: Path, body: str, *, hidden: int, intermediate: int, vocab: int, layers: int = 4,
+                    positions: int = 256, timeout: float = 900) -> list[dict[str, Any]]:
     """As :func:`run_zero3_ranks`, for a ``body`` whose trainer is set up for FSDP2 (its arguments ``FSDP2_ARGS``):
-    :data:`FSDP_ON_CPU`, :data:`FSDP2_HELD` and :data:`ZERO3_STEPS`'s ``steps`` and ``Peaks`` before it."""
+    :data:`FSDP_ON_CPU`, :data:`FSDP2_HELD` and :data:`ZERO3_STEPS`'s ``steps`` and ``Peaks`` before it; a Llama of
+    ``layers`` blocks and ``positions`` positions."""
     return _run_checkpoint_ranks(folder, FSDP_ON_CPU + FSDP2_HELD + ZERO3_STEPS + body.replace(
-        "FSDP2_ARGS", FSDP2_ARGS), hidden=hidden, intermediate=intermediate, vocab=vocab, timeout=timeout)
+        "FSDP2_ARGS", FSDP2_ARGS), hidden=hidden, intermediate=intermediate, vocab=vocab, layers=layers,
+        positions=positions, timeout=timeout)
 
 
 def run_zero3_ranks(folder: Path, body: str, *, hidden: int, intermediate: int, vocab: int,
@@ -149,7 +151,7 @@ def run_zero3_ranks(folder: Path, body: str, *, hidden: int, intermediate: int, 
 
 
 def _run_checkpoint_ranks(folder: Path, script_text: str, *, hidden: int, intermediate: int, vocab: int,
-                          timeout: float) -> list[dict[str, Any]]:
+                          timeout: float, layers: int = 4, positions: int = 256) -> list[dict[str, Any]]:
     """Save the checkpoint :func:`run_zero3_ranks` names, run ``script_text`` in two ranks, read their records."""
     import json
 
@@ -157,9 +159,9 @@ def _run_checkpoint_ranks(folder: Path, script_text: str, *, hidden: int, interm
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=4,
+    LlamaForCausalLM(LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                                  num_attention_heads=4, num_key_value_heads=4, vocab_size=vocab,
-                                 max_position_embeddings=256)).save_pretrained(folder / "checkpoint")
+                                 max_position_embeddings=positions)).save_pretrained(folder / "checkpoint")
     script = folder / "train.py"
     script.write_text(script_text.replace("CHECKPOINT", str(folder / "checkpoint")) + CLEAN_RANK_EXIT)
     run_two_ranks(script, timeout=timeout)

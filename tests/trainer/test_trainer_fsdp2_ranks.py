@@ -60,12 +60,12 @@ record(estimate, held=fsdp2_held(trainer.model, trainer.optimizer),
 LORA_BF16_SCRIPT = COMMON.replace('bf16=False', 'bf16=True') + '''
 import peft
 
-rows = [{"text": " ".join(f"w{(i * 7 + j) % 900}" for j in range(90))} for i in range(32)]
+rows = [{"text": " ".join(f"w{(i * 7 + j) % 200}" for j in range(500))} for i in range(32)]
 lora = peft.LoraConfig(r=8, lora_alpha=16, task_type="CAUSAL_LM", target_modules=["q_proj", "k_proj", "v_proj",
                                                                                   "o_proj", "gate_proj", "up_proj",
                                                                                   "down_proj"])
-trainer = trl.SFTTrainer(model=model, args=trl.SFTConfig(per_device_train_batch_size=8, max_length=96, **common),
-                         train_dataset=Dataset.from_list(rows), processing_class=word_tokenizer(2048),
+trainer = trl.SFTTrainer(model=model, args=trl.SFTConfig(per_device_train_batch_size=8, max_length=512, **common),
+                         train_dataset=Dataset.from_list(rows), processing_class=word_tokenizer(256),
                          peft_config=lora)
 estimate = memlab.estimate(trainer, device="cpu")
 trainer.add_callback(Peaks())
@@ -149,13 +149,18 @@ def test_a_bf16_model_under_fsdp2_mixed_precision_trains_fp32_shards_as_accelera
         assert abs(record["estimated"] / measured - 1) <= 0.05, (record["estimated"] / measured, record)
 
 
-def test_an_fp32_lora_model_under_fsdp2_bf16_mixed_precision_estimates_itself_within_5_percent(
-        tmp_path: Path) -> None:
-    # TRL's peft_config on an fp32 model, bf16=True: the composed estimate (the one-GPU dry run under autocast,
-    # sharded) against two ranks whose MixedPrecisionPolicy computes in bf16: 1.005 (2026-11-29). Running the
-    # one-GPU step on weights cast to bf16 instead, as a config's fp32 load is, gave 0.956: it is not what these
-    # ranks hold, and stays the config's alone.
-    for record in _ranks(tmp_path, LORA_BF16_SCRIPT):
+def test_an_fp32_lora_model_under_fsdp2_bf16_mixed_precision_runs_its_step_in_bf16(tmp_path: Path) -> None:
+    # TRL's peft_config on an fp32 model, bf16=True: the ranks' MixedPrecisionPolicy gathers the fp32 weights in
+    # bf16, so the residual stream and the checkpoints are bf16, as a config's fp32 load is estimated. 8 blocks of
+    # 8 x 512 tokens, a 256-token vocabulary, so that the checkpoints outweigh the logits: 1.004 (2026-11-29); run
+    # under autocast on the fp32 weights, as the composed estimate of a model did before, 1.109.
+    from ranks import run_fsdp2_ranks
+
+    records = run_fsdp2_ranks(tmp_path, LORA_BF16_SCRIPT, hidden=512, intermediate=1024, vocab=256, layers=8,
+                              positions=1024)
+    for record in records:
+        assert record["status"] == "ok", record["error"]
+        assert "the one-GPU step is run on the weights in that dtype" in "; ".join(record["notes"])
         measured = record["held"] + min(record["steps"][1:])
         assert abs(record["estimated"] / measured - 1) <= 0.05, (record["estimated"] / measured, record)
 

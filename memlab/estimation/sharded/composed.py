@@ -59,6 +59,7 @@ from memlab.live.sharding import ZeroSettings
 from memlab.plan import Plan
 from memlab.report import Trial
 from memlab.techniques.offload import ACTIVATION_OFFLOADS, NO_OFFLOAD, OPTIMIZER_OFFLOADS, SHARDED_ONLY
+from memlab.techniques.optimizer import EIGHT_BIT_OPTIMIZERS
 
 __all__ = ["COMPOSED_NOTE", "DEEPSPEED_ADAPTER_CAST_NOTE", "DEEPSPEED_CAST_NOTE", "FSDP1_STREAMS_NOTE", "MIXED_NOTE",
            "RESERVE_NOTE", "ZERO_RESERVE_NOTE", "composed_estimate", "fsdp1_blocks_gathered", "fsdp1_stream_pool",
@@ -196,7 +197,7 @@ def _quantized(plan: Plan, load: Mapping[str, Any] | None) -> str:
 
 MIXED_NOTE = (
     "FSDP's mixed precision gathers fp32 weights in the compute dtype, so the step (the residual stream and the "
-    "checkpoints too) runs in it: the one-GPU step is run on weights loaded in that dtype, and the shards counted "
+    "checkpoints too) runs in it: the one-GPU step is run on the weights in that dtype, and the shards counted "
     "at fp32"
 )
 """The note of a composed FSDP estimate of fp32 weights under bf16/fp16 mixed precision."""
@@ -259,6 +260,18 @@ def _cast_note(model_or_config: Any) -> str:
             parameter.requires_grad for parameter in model_or_config.parameters() if parameter.dtype == torch.float32):
         return DEEPSPEED_ADAPTER_CAST_NOTE
     return DEEPSPEED_CAST_NOTE
+
+
+def _fsdp_casts_live(model_or_config: Any, plan: Plan, strategy: str) -> bool:
+    """Whether FSDP's mixed precision casts a live model's fp32 weights for the step, as :func:`_mixed_precision_load`
+    has a config's fp32 load cast: under FSDP with bf16/fp16 mixed precision, where every floating-point weight is
+    held in fp32 (a model loaded so; a 16-bit base with fp32 adapters computes as loaded already). Two FSDP2 ranks
+    of an fp32 LoRA model with bf16=True hold the step so (tests/trainer/test_trainer_fsdp2_ranks.py)."""
+    if not strategy.startswith("fsdp") or plan.precision not in ("bf16", "fp16") or plan.weights != "fp32" or (
+            plan.adapter == "qlora") or not isinstance(model_or_config, nn.Module):
+        return False
+    floating = [p for p in model_or_config.parameters() if p.is_floating_point()]
+    return bool(floating) and all(p.dtype == torch.float32 for p in floating)
 
 
 def _deepspeed_casts(model_or_config: Any, plan: Plan, strategy: str, load: Mapping[str, Any] | None) -> bool:
@@ -352,8 +365,11 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
     one_gpu = plan.replace(offload=ACTIVATION_OFFLOADS[0] if plan.offloads_activations else NO_OFFLOAD)
     one_load, scale = _mixed_precision_load(model_or_config, plan, strategy, load)
     cast = _deepspeed_casts(model_or_config, plan, strategy, load)
-    if cast:
+    live = _fsdp_casts_live(model_or_config, plan, strategy)
+    if cast or live:
         one_gpu = one_gpu.replace(weights="bf16")
+    if live:  # the step in the compute dtype; the shards, their gradients and optimizer state held in fp32
+        scale = 2.0
     key = (id(model_or_config), one_gpu, repr(one_load), str(request.device), request.gpu, request.live_layers)
     trial = _KEPT_RUNS.get(key) if _KEPT_RUNS is not None else None
     if trial is None:
@@ -373,6 +389,9 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
     units = max(len(shard_units(model_on_meta(model_or_config))), 1)
     series = _series(trial)
     series["params"] = [int(v * scale) for v in series["params"]]
+    if live:  # the bf16 run held the trained weights' gradients and optimizer state in bf16 (8-bit state is sized)
+        scaled = ("grads",) if plan.optimizer in EIGHT_BIT_OPTIMIZERS else ("grads", "optimizer")
+        series.update({name: [2 * v for v in series[name]] for name in scaled})
     offloaded = plan.offload in OPTIMIZER_OFFLOADS
     n = gpus
     timeline = getattr(trial, "timeline", None)
