@@ -35,20 +35,9 @@ def record(estimate, **measured):
                    "estimated": estimate.peak_bytes, "steps": steps, **measured}, out)
 '''
 
-SFT_SCRIPT = COMMON + '''
+SFT_STEPS = '''
 rows = [{"text": " ".join(f"w{(i * 7 + j) % 900}" for j in range(90))} for i in range(32)]
-trainer = trl.SFTTrainer(model=model, args=trl.SFTConfig(per_device_train_batch_size=2, max_length=96, **common),
-                         train_dataset=Dataset.from_list(rows), processing_class=word_tokenizer(2048))
-estimate = memlab.estimate(trainer, device="cpu")
-trainer.add_callback(Peaks())
-trainer.train()
-record(estimate, held=fsdp2_held(trainer.model, trainer.optimizer))
-'''
-
-SFT_BF16_SCRIPT = COMMON.replace('bf16=False', 'bf16=True').replace(
-    'from_pretrained("CHECKPOINT")', 'from_pretrained("CHECKPOINT", dtype=torch.bfloat16)') + '''
-rows = [{"text": " ".join(f"w{(i * 7 + j) % 900}" for j in range(90))} for i in range(32)]
-trainer = trl.SFTTrainer(model=model, args=trl.SFTConfig(per_device_train_batch_size=8, max_length=96, **common),
+trainer = trl.SFTTrainer(model=model, args=trl.SFTConfig(per_device_train_batch_size=ROWS, max_length=96, **common),
                          train_dataset=Dataset.from_list(rows), processing_class=word_tokenizer(2048))
 estimate = memlab.estimate(trainer, device="cpu")
 trainer.add_callback(Peaks())
@@ -56,6 +45,11 @@ trainer.train()
 record(estimate, held=fsdp2_held(trainer.model, trainer.optimizer),
        dtypes=sorted({str(p.dtype) for p in trainer.model.parameters()}))
 '''
+SFT_SCRIPT = COMMON + SFT_STEPS.replace("ROWS", "2")
+# 8 rows: the peak in backward, where the estimate's CUDA-like foreach AdamW does not differ from the CPU's loop
+SFT_BF16_SCRIPT = COMMON.replace('bf16=False', 'bf16=True').replace(
+    'from_pretrained("CHECKPOINT")', 'from_pretrained("CHECKPOINT", dtype=torch.bfloat16)') + SFT_STEPS.replace(
+    "ROWS", "8")
 
 LORA_BF16_SCRIPT = COMMON.replace('bf16=False', 'bf16=True') + '''
 import peft
@@ -140,8 +134,7 @@ def test_a_bf16_model_under_fsdp2_mixed_precision_trains_fp32_shards_as_accelera
         tmp_path: Path) -> None:
     # from_pretrained(dtype=bf16) and bf16=True: accelerate's fsdp2_prepare_model makes every trained weight fp32
     # before fully_shard (its MixedPrecisionPolicy computes in bf16), so the shards, gradients and AdamW state are
-    # fp32. Estimated as bf16 weights, this step was 0.60 of its ranks (at 2 rows; 8 rows keep the peak in backward,
-    # where the estimate's CUDA-like foreach AdamW does not differ from the CPU's loop).
+    # fp32. Estimated as bf16 weights, this step was 0.60 of its ranks (at 2 rows).
     for record in _ranks(tmp_path, SFT_BF16_SCRIPT):
         assert record["dtypes"] == ["torch.float32"]
         assert "accelerate upcasts the trained weights to fp32 under mixed precision" in "; ".join(record["notes"])
