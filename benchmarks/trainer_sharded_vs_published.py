@@ -155,11 +155,7 @@ ROWS = (
                  "mixed_precision bf16), batch 8 x 2048 packed, 4 accumulation steps, gradient checkpointing "
                  "(use_reentrant False), flash attention 2, adamw_torch, FSDP1 FULL_SHARD, BACKWARD_PRE, "
                  "use_orig_params false, no offload",
-        differs="memlab runs the trainer's fp32 model's step under autocast, with an fp32 residual stream and fp32 "
-                "checkpoints, where FSDP1's MixedPrecision(param_dtype=bf16) gathers the fp32 weights in bf16 and "
-                "the whole step runs in bf16 (the composed estimate of a config casts them, that of a model does not: "
-                "memlab/estimation/sharded/composed.py's _mixed_precision_load returns early for an nn.Module); the "
-                "published range includes the FULL_STATE_DICT save at the end, which memlab does not estimate "
+        differs="the published range includes the FULL_STATE_DICT save at the end, which memlab does not estimate "
                 "(a training step only); the wrap policy is peft's fsdp_auto_wrap_policy in the source (LoRA layers "
                 "their own units), transformers' by LlamaDecoderLayer here; sdpa for flash-attention 2; TRL 1.16's "
                 "packing",

@@ -29,17 +29,10 @@ from memlab.live.sharding import whole_shape
 from memlab.sizes import format_bytes
 from memlab.techniques.precompute_ref import reference_unloaded
 
-__all__ = ["count_gradients", "gathered_in_forward", "held_in_run", "held_while_running", "reference_bytes",
-           "reference_gradients", "sharded_as", "with_reference"]
+__all__ = ["gathered_in_forward", "held_while_running", "reference_bytes", "sharded_as", "with_reference"]
 
 _STRATEGY: ContextVar[tuple[str, str | None]] = ContextVar("memlab_reference_strategy", default=("none", None))
 """The strategy and precision the trainer's estimate is made for (:func:`sharded_as`)."""
-_HELD_IN_RUN: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-"""Each trainer's gathered reference as its last dry run held it (:func:`held_while_running`)."""
-_GRADIENTS: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
-"""Each trainer's reference copy's gradients, by parameter, as its last dry run made them (:func:`count_gradients`)."""
-_GRADIENTS_OF: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, int]] = weakref.WeakKeyDictionary()
-"""Each hooked copy's record (a copy is made once per fake mode and hooked once)."""
 _HOLDING: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 """The copies :func:`held_while_running` has hooked (a dry run's copy is made once per fake mode)."""
 _MIXED = {"bf16": 2, "fp16": 2}  # a mixed-precision plan's parameter dtype (FSDP2's MixedPrecisionPolicy), in bytes
@@ -110,21 +103,18 @@ def gathered_in_forward(trainer: Any) -> int:
     return reference_bytes(reference, _MIXED.get(precision))
 
 
-def held_while_running(trainer: Any, module: torch.nn.Module, size: int) -> None:
-    """Make ``module`` (a dry run's copy of ``trainer``'s reference) allocate ``size`` bytes as its forward starts
-    and free them as it ends, as FSDP2's gather and reshard of the whole reference do, so that the step's tracker
-    holds them at the moment they are held; hooked once. :func:`held_in_run` then says the dry run held them (a
-    GRPOTrainer's loss never runs its reference: TRL computes the reference's log-probs as it generates).
+def held_while_running(module: torch.nn.Module, size: int) -> None:
+    """Make ``module`` (a dry run's copy of a reference) allocate ``size`` bytes as its forward starts and free them
+    as it ends, as FSDP2's gather and reshard of the whole reference do, so that the step's tracker holds them at the
+    moment they are held; hooked once. Where the loss does not run the reference (a GRPOTrainer computes its
+    reference's log-probs as it generates), nothing is held: :func:`with_reference` counts them at the peak then.
 
     Example:
-        >>> class Trainer: ...
-        >>> trainer, copy = Trainer(), torch.nn.Linear(2, 2)
-        >>> held_while_running(trainer, copy, 64)
-        >>> held_in_run(trainer), copy(torch.zeros(1, 2)).shape, held_in_run(trainer)
-        (0, torch.Size([1, 2]), 64)
+        >>> copy = torch.nn.Linear(2, 2)
+        >>> held_while_running(copy, 64)
+        >>> copy(torch.zeros(1, 2)).shape
+        torch.Size([1, 2])
     """
-    with contextlib.suppress(TypeError):  # an object that takes no weak reference: never said held
-        _HELD_IN_RUN.pop(trainer, None)  # this call's loss is the one that counts
     if size <= 0 or module in _HOLDING:
         return
     _HOLDING.add(module)
@@ -132,8 +122,6 @@ def held_while_running(trainer: Any, module: torch.nn.Module, size: int) -> None
 
     def gather(running: torch.nn.Module, *_: Any) -> None:
         held.append(torch.empty(size, dtype=torch.uint8, device=next(running.parameters()).device))
-        with contextlib.suppress(TypeError):
-            _HELD_IN_RUN[trainer] = size
 
     def reshard(*_: Any) -> None:
         held.clear()
@@ -142,65 +130,16 @@ def held_while_running(trainer: Any, module: torch.nn.Module, size: int) -> None
     module.register_forward_hook(reshard)
 
 
-def held_in_run(trainer: Any) -> int:
-    """The bytes of the gathered reference the last dry run of ``trainer``'s loss held (:func:`held_while_running`),
-    0 where its loss did not run the reference.
+def _held_in_dry_run(trial: Any, trainer: Any) -> int:
+    """The gathered reference the dry run of ``trial`` held while the reference's forward ran
+    (:func:`held_while_running`): an FSDP2 dry run (not one composed from one GPU's step) of a loss that runs the
+    reference (not a GRPOTrainer's); 0 otherwise. Decided from the trial and the trainer, so that an estimate made in
+    a forked child (a launched rank's) says the same."""
+    from memlab.live.trainer_kinds import generates
 
-    Example:
-        >>> class Trainer: ...
-        >>> held_in_run(Trainer())
-        0
-    """
-    try:
-        return _HELD_IN_RUN.get(trainer, 0)
-    except TypeError:
+    if getattr(trial, "strategy", "none") != "fsdp2" or getattr(trial, "composed", False) or generates(trainer):
         return 0
-
-
-def count_gradients(trainer: Any, copy: torch.nn.Module) -> None:
-    """Record the gradients ``copy`` (a dry run's copy of ``trainer``'s reference) receives in the step, for
-    :func:`with_reference`: a reference whose parameters require grad and whose forward the loss runs with grad on
-    (TRL 0.26's Liger DPO loss with a ``ref_model`` the user passed) gets gradients in step 1, and nothing frees
-    them (the optimizer and ``zero_grad`` hold the policy's only), so every later step holds them. Called as each
-    step's loss starts; what an earlier dry run recorded is dropped.
-
-    Example:
-        >>> class Trainer: ...
-        >>> trainer, copy = Trainer(), torch.nn.Linear(2, 2)
-        >>> count_gradients(trainer, copy)
-        >>> copy(torch.ones(1, 2)).sum().backward()
-        >>> reference_gradients(trainer)
-        24
-    """
-    seen = _GRADIENTS_OF.get(copy)
-    if seen is None:
-        seen = _GRADIENTS_OF[copy] = {}
-
-        def made(parameter: torch.Tensor) -> None:
-            if parameter.grad is not None:
-                seen[id(parameter)] = parameter.grad.numel() * parameter.grad.element_size()
-
-        for parameter in copy.parameters():
-            if parameter.requires_grad:
-                parameter.register_post_accumulate_grad_hook(made)
-    seen.clear()
-    with contextlib.suppress(TypeError):  # an object that takes no weak reference: nothing is recorded
-        _GRADIENTS[trainer] = seen
-
-
-def reference_gradients(trainer: Any) -> int:
-    """The bytes of the gradients the last dry run of ``trainer``'s step gave its reference (:func:`count_gradients`),
-    0 where it gave none.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> reference_gradients(SimpleNamespace())
-        0
-    """
-    try:
-        return sum(_GRADIENTS.get(trainer, {}).values())
-    except TypeError:
-        return 0
+    return gathered_in_forward(trainer)
 
 
 def with_reference(trial: Any, trainer: Any) -> Any:
@@ -232,7 +171,7 @@ def with_reference(trial: Any, trainer: Any) -> Any:
     gathered = 0
     if gpus > 1 and strategy in ("fsdp2", "zero3"):
         held = -(-whole // gpus)
-        in_forward = held_in_run(trainer) if strategy == "fsdp2" else 0
+        in_forward = _held_in_dry_run(trial, trainer)
         if strategy == "fsdp2" and not in_forward:
             gathered = reference_bytes(reference, _MIXED.get(trial.plan.precision))
         how = (f"a reference model's {format_bytes(held)} share under other (of {format_bytes(whole)}, sharded over "
@@ -250,15 +189,6 @@ def with_reference(trial: Any, trainer: Any) -> Any:
         held = whole
         how = f"a reference model's {format_bytes(held)} under other" + (
             f" (whole on each GPU: TRL loads it with ZeRO off under {strategy})" if gpus > 1 else "")
-    gradients = reference_gradients(trainer)
-    if gradients and gpus == 1:
-        held += gradients
-        how += (f", and its gradients ({format_bytes(gradients)}): the loss runs the reference with grad on and its "
-                "parameters require grad, so step 1 makes them and every later step holds them (nothing frees "
-                "them); ref_model.requires_grad_(False) before training drops them")
-    elif gradients:
-        how += (f"; the loss also gives the reference gradients ({format_bytes(gradients)} whole), which this "
-                "sharded estimate does not count; ref_model.requires_grad_(False) before training drops them")
     return _added(trial, held, gathered, how)
 
 

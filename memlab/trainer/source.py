@@ -21,7 +21,7 @@ from memlab.live.patching import patched
 from memlab.live.rebind import untracked_copy
 from memlab.live.trainer_kinds import TrainerKind, is_trainer, kind_of
 from memlab.plan import Plan
-from memlab.trainer.reference import count_gradients, gathered_in_forward, held_while_running
+from memlab.trainer.reference import gathered_in_forward, held_while_running
 
 __all__ = [
     "TrainerSource",
@@ -191,10 +191,9 @@ def dry_run_models(trainer: Any, model: Any) -> Iterator[None]:
         reference = reference.module
     if reference is not None and hasattr(reference, "parameters") and reference is not held:
         copies["ref_model"] = untracked_copy(reference, first)
-        count_gradients(trainer, copies["ref_model"])
         # a sharded dry run (DTensor weights): FSDP2 gathers a whole reference as TRL shards it
         gathers = gathered_in_forward(trainer) if is_traceable_wrapper_subclass(first) else 0
-        held_while_running(trainer, copies["ref_model"], gathers)
+        held_while_running(copies["ref_model"], gathers)
     accelerator = getattr(trainer, "accelerator", None)
     # A dry run is one rank's step alone: TRL's losses gather and reduce their metrics over the processes, which a
     # fake tensor cannot be sent to (the forked copy a launched rank estimates in has no group, and a trainer set up

@@ -464,7 +464,7 @@ def composed_estimate(request: ShardedRequest) -> ShardedTrial:
             reserved = max(reserved, default_peak + pool + carried)
             notes.append(FSDP1_STREAMS_NOTE)
         result = dataclasses.replace(result, notes=tuple(dict.fromkeys(notes)))
-    return dataclasses.replace(result, reserved_bytes=reserved)
+    return dataclasses.replace(result, reserved_bytes=reserved, composed=True)
 
 
 def _series(trial: Any) -> dict[str, list[int]]:

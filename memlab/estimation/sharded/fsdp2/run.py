@@ -142,7 +142,8 @@ class ShardedTrial(Trial):
     what each GPU holds between steps for the weights, gradients and optimizer state; ``host_bytes`` is each rank's
     CPU memory for offloaded state. A trainer's answer says its load beside the step (None elsewhere,
     :mod:`memlab.estimation.sharded.loading`): ``load_bytes``, each GPU's bytes while its model is loaded and wrapped,
-    and ``load_host_bytes``, a node's host bytes meanwhile.
+    and ``load_host_bytes``, a node's host bytes meanwhile. ``composed``: made from one GPU's dry run
+    (:mod:`memlab.estimation.sharded.composed`), not a sharded one.
 
     Example:
         >>> t = ShardedTrial(Plan(), "ok", 10, {"params": 10}, None, None, None, "cuda", gpus=8, strategy="zero3")
@@ -156,6 +157,7 @@ class ShardedTrial(Trial):
     model_state_bytes: int = 0
     load_bytes: int | None = None
     load_host_bytes: int | None = None
+    composed: bool = False
 
     @property
     def verdict_bytes(self) -> int:
