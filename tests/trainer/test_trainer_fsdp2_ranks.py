@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+from packaging.version import Version
 
 pytestmark = [pytest.mark.e2e]
 
@@ -168,12 +170,12 @@ def test_a_dpo_trainers_fsdp2_reference_is_gathered_while_its_forward_runs(tmp_p
         assert abs(record["estimated"] / measured - 1) <= 0.05, (record["estimated"] / measured, record)
 
 
-# The GRPO training phase under FSDP2 reads 0.932 of what the ranks hold: a later step's training (after generation)
-# peaks in the backward of the first blocks about one block's weights (10.5 MB here) above the estimate. The head's
-# unit left gathered by generation accounts for 4.2 MB of it; the rest is not traced yet (the SFT and DPO trainers'
-# steps under FSDP2 are within 0.1%). The test holds the known ratio, and fails once it is fixed, for its bound to
-# become 5%.
-GRPO_TRAINING_RATIO = (0.91, 0.95)
+# The GRPO training phase under FSDP2 reads 0.932 of what the ranks hold on torch 2.13 (1.000 on the floor stack's
+# torch 2.11, TRL 1.16 on both): a later step's training (after generation) peaks in the backward of TRL's chunked
+# log-prob (trl/kernels/chunked_logprob.py, _backward_tile) about one block's weights (10.5 MB here) above the
+# estimate. The head's unit left gathered by generation accounts for 4.2 MB; the rest is not traced. The test holds
+# the known ratio there, and fails once it is fixed, for its bound to become 5%.
+GRPO_TRAINING_RATIO = (0.91, 0.95) if Version(torch.__version__.split("+")[0]) >= Version("2.13") else (0.95, 1.05)
 
 
 def test_a_grpo_trainer_launched_on_two_fsdp2_ranks_estimates_each_phase(tmp_path: Path) -> None:
